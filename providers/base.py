@@ -1,0 +1,129 @@
+"""The provider contract: observe, offerings, create, delete.
+
+Modelled on SkyPilot's sky/clouds and dstack's Compute backends: a provider is
+small, speaks only its cloud's API, and knows nothing of jobs or the solver.
+Everything crossing this boundary is plain, immutable data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+Market = Literal["spot", "on-demand"]
+
+# Logical ownership tags. Each provider maps them onto its cloud's rules
+# (GCE labels allow no '/' or '.', for example) but keeps their meaning.
+TAG_FLEET = "fleetops.io/fleet"  # which fleet owns the instance: the only proof of ownership
+TAG_POOL = "fleetops.io/pool"  # the Pool document the instance belongs to
+TAG_CREATE_KEY = "fleetops.io/create-key"  # the idempotency key it was created with
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """What a provider needs to know of one Pool to observe or launch into it."""
+
+    name: str
+    cloud: str
+    region: str
+    zones: tuple[str, ...]
+    instance_types: tuple[str, ...]
+    settings: Mapping[str, object] = field(default_factory=dict)  # the pool's cloud section
+
+
+@dataclass(frozen=True)
+class Offering:
+    """One instance type purchasable in one zone, with today's prices (USD/hour)."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    gpus: int
+    gpu_type: str | None
+    cpu: float
+    memory_gib: float
+    on_demand_price: float
+    spot_price: float | None  # None: no spot market for this type here
+    available: bool = True  # False: the provider knows the zone is out of capacity
+
+    def price(self, market: Market) -> float:
+        if market == "spot":
+            if self.spot_price is None:
+                raise ValueError(f"{self.instance_type} has no spot price in {self.zone}")
+            return self.spot_price
+        return self.on_demand_price
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance as the cloud reports it, owned by this fleet."""
+
+    id: str
+    provider: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: Market
+    state: Literal["pending", "running", "stopping", "terminated"]
+    pool: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+    launched_at: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("pending", "running")
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """Launch one instance. `key` is the idempotency key: the same key twice yields one instance."""
+
+    key: str
+    pool: PoolTarget
+    zone: str
+    instance_type: str
+    market: Market
+    max_price: float | None = None  # spot: the most we pay per hour
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What the reconciler hands a provider factory."""
+
+    fleet: str
+    state_dir: Path  # the config repo's .reconcile/ directory
+    options: Mapping[str, str] = field(default_factory=dict)  # e.g. endpoint_url for tests
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A cloud the reconciler can drive. Implementations must never touch an
+    instance whose TAG_FLEET is not this fleet's name."""
+
+    name: str
+
+    def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        """Every live instance of this fleet in the pools' regions (any pool, even removed ones)."""
+        ...
+
+    def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
+        """Offerings for the pools' instance types and zones, with prices."""
+        ...
+
+    def create(self, request: CreateRequest) -> Instance:
+        """Launch, or return the instance already launched with request.key.
+        Raises CapacityError when the zone has no capacity."""
+        ...
+
+    def delete(self, instance: Instance) -> None:
+        """Terminate an instance this fleet owns; raise OwnershipError otherwise.
+        Deleting an instance that is already gone is not an error."""
+        ...
+
+
+def ownership_tags(fleet: str, pool: str, key: str) -> dict[str, str]:
+    return {TAG_FLEET: fleet, TAG_POOL: pool, TAG_CREATE_KEY: key}

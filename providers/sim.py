@@ -1,0 +1,179 @@
+"""The simulated cloud: the embedded default provider.
+
+It serves aws, gcp and azure from the shipped catalog, needs no credentials,
+and keeps its whole world in one JSON file (.reconcile/sim/cloud.json) so a
+demo, a test or a CI run can interrupt spot instances, exhaust zones and watch
+the reconciler heal. Faults are part of the file, so they survive processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.catalog import load_catalog
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+
+_EMPTY = {"next_id": 1, "instances": {}, "keys": {}, "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "latency_ms": 0}, "calls": 0}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class SimCloud:
+    """The simulated world: file-backed, safe against concurrent processes."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir) / "sim"
+        self.path = self.dir / "cloud.json"
+
+    @contextlib.contextmanager
+    def world(self, write: bool = True) -> Iterator[dict]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "cloud.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = json.loads(self.path.read_text()) if self.path.exists() else json.loads(json.dumps(_EMPTY))
+            yield data
+            if write:
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
+
+    # -- faults, for tests and demos ------------------------------------------------
+    def interrupt(self, instance_id: str, reason: str = "spot-interruption") -> dict:
+        with self.world() as w:
+            inst = w["instances"].get(instance_id)
+            if inst is None or inst["state"] == "terminated":
+                raise ProviderError(f"sim: no live instance {instance_id!r}")
+            inst["state"], inst["terminated_reason"] = "terminated", reason
+            return inst
+
+    def exhaust(self, zone: str, instance_type: str | None = None, market: str | None = None, restore: bool = False) -> None:
+        entry = {"zone": zone, "instance_type": instance_type, "market": market}
+        with self.world() as w:
+            ex = [e for e in w["faults"]["exhausted"] if e != entry]
+            w["faults"]["exhausted"] = ex if restore else ex + [entry]
+
+    def set_fault(self, **faults) -> None:
+        with self.world() as w:
+            w["faults"].update(faults)
+
+    def plant(self, cloud: str, region: str, zone: str, instance_type: str, tags: dict[str, str], market: str = "on-demand") -> str:
+        """Add an instance the reconciler did not create (a colleague's, another fleet's)."""
+        with self.world() as w:
+            iid = self._new_id(w, cloud)
+            w["instances"][iid] = dict(id=iid, cloud=cloud, region=region, zone=zone, instance_type=instance_type, market=market, state="running", tags=tags, launched_at=_now())
+            return iid
+
+    def instances(self) -> list[dict]:
+        with self.world(write=False) as w:
+            return list(w["instances"].values())
+
+    @staticmethod
+    def _new_id(w: dict, cloud: str) -> str:
+        n = w["next_id"]
+        w["next_id"] = n + 1
+        return f"sim-{cloud}-{n:05d}"
+
+    @staticmethod
+    def exhausted(w: dict, zone: str, instance_type: str, market: str) -> bool:
+        return any(
+            e["zone"] == zone and e["instance_type"] in (None, instance_type) and e["market"] in (None, market)
+            for e in w["faults"]["exhausted"]
+        )
+
+
+class SimProvider:
+    """Provider protocol over SimCloud."""
+
+    name = "sim"
+
+    def __init__(self, ctx: ProviderContext):
+        self.ctx = ctx
+        self.cloud = SimCloud(ctx.state_dir)
+        self.catalog = load_catalog()
+
+    def _call(self, w: dict) -> None:
+        """Account one API call and apply the injected faults that every call can hit."""
+        f = w["faults"]
+        w["calls"] += 1
+        if f.get("latency_ms"):
+            time.sleep(f["latency_ms"] / 1000)
+        if f.get("throttle", 0) > 0:
+            f["throttle"] -= 1
+            raise TransientProviderError("sim: RequestLimitExceeded (throttled)")
+        if f.get("fail_after") is not None:
+            if f["fail_after"] <= 0:
+                raise TransientProviderError("sim: injected failure (timeout)")
+            f["fail_after"] -= 1
+
+    def _to_instance(self, d: dict) -> Instance:
+        return Instance(
+            id=d["id"], provider=self.name, cloud=d["cloud"], region=d["region"], zone=d["zone"],
+            instance_type=d["instance_type"], market=d["market"], state=d["state"],
+            pool=d["tags"].get(TAG_POOL, ""), tags=dict(d["tags"]), launched_at=d.get("launched_at", ""),
+        )
+
+    def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        with self.cloud.world(write=False) as w:
+            return [
+                self._to_instance(d) for d in w["instances"].values()
+                if d["tags"].get(TAG_FLEET) == self.ctx.fleet and d["state"] in ("pending", "running")
+            ]
+
+    def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
+        with self.cloud.world(write=False) as w:
+            out: dict[tuple, Offering] = {}
+            for p in pools:
+                for z in p.zones:
+                    for t in p.instance_types:
+                        o = self.catalog.offering(p.cloud, p.region, z, t)
+                        if o is None:
+                            continue
+                        if self.cloud.exhausted(w, z, t, "on-demand") and self.cloud.exhausted(w, z, t, "spot"):
+                            o = Offering(**{**o.__dict__, "available": False})
+                        elif self.cloud.exhausted(w, z, t, "spot"):
+                            o = Offering(**{**o.__dict__, "spot_price": None})
+                        out[(p.cloud, z, t)] = o
+            return list(out.values())
+
+    def create(self, request: CreateRequest) -> Instance:
+        with self.cloud.world() as w:
+            existing = w["keys"].get(request.key)
+            if existing is not None:  # idempotent retry: the same key never makes a second instance
+                return self._to_instance(w["instances"][existing])
+            self._call(w)
+            p = request.pool
+            if self.catalog.offering(p.cloud, p.region, request.zone, request.instance_type) is None:
+                raise ProviderError(f"sim: {request.instance_type} is not offered in {p.cloud}/{request.zone}")
+            if self.cloud.exhausted(w, request.zone, request.instance_type, request.market):
+                raise CapacityError(
+                    f"sim: InsufficientCapacity for {request.market} {request.instance_type} in {request.zone}",
+                    cloud=p.cloud, zone=request.zone, instance_type=request.instance_type, market=request.market,
+                )
+            iid = self.cloud._new_id(w, p.cloud)
+            tags = {**request.tags, TAG_CREATE_KEY: request.key}
+            w["instances"][iid] = dict(
+                id=iid, cloud=p.cloud, region=p.region, zone=request.zone, instance_type=request.instance_type,
+                market=request.market, state="running", tags=tags, launched_at=_now(), max_price=request.max_price,
+            )
+            w["keys"][request.key] = iid
+            return self._to_instance(w["instances"][iid])
+
+    def delete(self, instance: Instance) -> None:
+        with self.cloud.world() as w:
+            d = w["instances"].get(instance.id)
+            if d is None or d["state"] == "terminated":
+                return
+            if d["tags"].get(TAG_FLEET) != self.ctx.fleet:
+                raise OwnershipError(f"sim: refusing to delete {instance.id}: it is not owned by fleet {self.ctx.fleet!r}")
+            self._call(w)
+            d["state"], d["terminated_reason"] = "terminated", "deleted-by-reconciler"

@@ -1,0 +1,115 @@
+"""Carry a plan out through the providers: create, re-place, then delete.
+
+Make before break: new capacity is created first; an instance is deleted only
+after every replica it hosted has somewhere to go. Each create carries the
+plan's idempotency key, so a retry (or a rerun of the same plan after a crash)
+never yields a second instance. Failures are collected, not raised midway:
+the report says exactly what happened."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, ownership_tags
+from reconciler.errors import CapacityError, ProviderError, TransientProviderError
+from reconciler.model import DesiredState
+from reconciler.observe import Fleet, Observed, pool_target
+from reconciler.plan import CreateAction, Plan
+from reconciler.state import State
+
+RETRIES = 4
+BACKOFF_S = 0.2
+
+
+@dataclass
+class ApplyReport:
+    plan_id: str
+    created: dict[str, str] = field(default_factory=dict)  # plan ref -> instance id
+    deleted: list[str] = field(default_factory=list)
+    skipped_deletes: dict[str, str] = field(default_factory=dict)  # instance id -> why it was kept
+    failures: list[str] = field(default_factory=list)
+    failed_refs: dict[str, str] = field(default_factory=dict)  # plan ref -> error
+    placements: dict[str, list[str]] = field(default_factory=dict)  # job -> instance ids, as now recorded
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _retry(call, what: str):
+    """Retry throttling and timeouts with exponential backoff; other errors go straight up."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except TransientProviderError:
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(BACKOFF_S * 2**attempt)
+    raise AssertionError(what)
+
+
+def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction) -> Instance:
+    provider = fleet.provider(c.provider)
+    tags = {**ownership_tags(desired.fleet, c.pool, c.key), "fleetops.io/plan": plan.id}
+    req = CreateRequest(
+        key=c.key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
+        market=c.market, max_price=c.max_price, tags=tags,  # type: ignore[arg-type]
+    )
+    return _retry(lambda: provider.create(req), f"create {c.ref}")
+
+
+def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State) -> ApplyReport:
+    report = ApplyReport(plan.id)
+    existing = {i.id: i for i in observed.instances}
+    already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
+
+    for c in plan.creates:
+        if c.key in already:  # created by an earlier, interrupted run of this same plan
+            report.created[c.ref] = already[c.key].id
+            continue
+        try:
+            inst = _create(fleet, desired, plan, c)
+            report.created[c.ref] = inst.id
+            existing[inst.id] = inst
+        except CapacityError as e:
+            state.mark_short(e.cloud, e.zone, e.instance_type, e.market)
+            report.failed_refs[c.ref] = str(e)
+            report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e} (zone marked short; the next run places the work elsewhere)")
+        except ProviderError as e:
+            report.failed_refs[c.ref] = str(e)
+            report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
+
+    # Placements: a job moves only if every replica's new instance exists.
+    stranded: set[str] = set()  # instances still hosting a replica that could not move
+    placements: dict[str, list[str]] = {}
+    for j in plan.jobs:
+        if j.action in ("keep", "place", "move"):
+            ids = [report.created.get(r) if r.startswith("+") else r for r in j.instances]
+            if all(ids):
+                placements[j.job] = ids  # type: ignore[assignment]
+                continue
+            if j.previous:
+                placements[j.job] = list(j.previous)
+                stranded.update(j.previous)
+        # evicted and pending jobs are no longer placed
+
+    for d in plan.deletes:
+        if d.instance_id in stranded:
+            report.skipped_deletes[d.instance_id] = "still hosts a replica whose new instance could not be created"
+            continue
+        inst = existing.get(d.instance_id)
+        if inst is None:  # already gone (interrupted, or deleted by an earlier run)
+            report.deleted.append(d.instance_id)
+            continue
+        try:
+            _retry(lambda: fleet.provider(d.provider).delete(inst), f"delete {d.instance_id}")
+            report.deleted.append(d.instance_id)
+        except ProviderError as e:
+            report.failures.append(f"delete {d.instance_id}: {e}")
+
+    gone = set(report.deleted)
+    state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
+    state.serial += 1
+    report.placements = state.placements
+    return report

@@ -1,0 +1,233 @@
+"""`reconcile`: the command line, a thin typer layer over reconciler.api.
+
+Exit codes: 0 success (and, with --detailed-exitcode, no changes), 2 changes
+present (--detailed-exitcode), 1 any error. Errors print one actionable message."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from reconciler.errors import ApplyError, ConfigError, ReconcileError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Declarative GitOps reconciler for multi-cloud ML compute fleets.")
+sim_app = typer.Typer(no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
+app.add_typer(sim_app, name="sim")
+
+ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
+ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
+TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT time limit in seconds.")
+OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
+
+
+def _options(pairs: Optional[list[str]]) -> dict:
+    out = {}
+    for p in pairs or []:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--provider-option {p!r} is not KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def _fail(e: ReconcileError) -> None:
+    typer.echo(f"Error: {e}", err=True)
+    raise typer.Exit(e.exit_code)
+
+
+@app.command()
+def validate(config_dir: Path = ConfigDir) -> None:
+    """Validate the desired state; report every error as file:line: kind/name: field: message."""
+    from reconciler import api
+
+    try:
+        d = api.validate(config_dir)
+    except ConfigError as e:
+        for diag in e.diagnostics:
+            typer.echo(str(diag), err=True)
+        typer.echo(f"{len(e.diagnostics)} error(s)", err=True)
+        raise typer.Exit(1)
+    except ReconcileError as e:
+        _fail(e)
+    typer.echo(f"ok: fleet {d.fleet}: {len(d.tenants)} tenants, {len(d.pools)} pools, {len(d.jobs)} jobs")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of every kind (for editor validation of the config repo)."""
+    from reconciler.model import KINDS
+
+    typer.echo(json.dumps({k: cls.model_json_schema(by_alias=True) for k, cls in KINDS.items()}, indent=2))
+
+
+@app.command()
+def plan(
+    config_dir: Path = ConfigDir,
+    fmt: str = typer.Option("human", "--format", help="human | markdown | json"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also save the plan as JSON here (for apply --plan)."),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode", help="Exit 2 when the plan has changes."),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
+    provider_option: Optional[list[str]] = OptionOpt,
+) -> None:
+    """Observe the fleet, solve placement and provisioning, print the plan."""
+    from reconciler import api
+    from reconciler.render import render
+
+    if fmt not in ("human", "markdown", "json"):
+        raise typer.BadParameter("--format must be human, markdown or json")
+    try:
+        res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=_options(provider_option))
+    except ConfigError as e:
+        for diag in e.diagnostics:
+            typer.echo(str(diag), err=True)
+        raise typer.Exit(1)
+    except ReconcileError as e:
+        _fail(e)
+    if out is not None:
+        out.write_text(res.plan.to_json())
+    typer.echo(render(res.plan, fmt, str(out) if out else None), nl=False)
+    if detailed_exitcode and res.plan.has_changes:
+        raise typer.Exit(2)
+
+
+@app.command()
+def apply(
+    config_dir: Path = ConfigDir,
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply this saved plan (refused if stale)."),
+    auto_approve: bool = typer.Option(False, "--auto-approve", help="Do not ask before applying."),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
+    provider_option: Optional[list[str]] = OptionOpt,
+) -> None:
+    """Apply a plan through the providers, then write status/ back into the config dir."""
+    from reconciler import api
+    from reconciler.plan import Plan
+    from reconciler.render import render_human, summary_line
+
+    opts = _options(provider_option)
+    try:
+        saved = None
+        if plan_file is not None:
+            try:
+                saved = Plan.from_json(plan_file.read_text())
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
+        elif not auto_approve:
+            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts)
+            typer.echo(render_human(preview.plan), nl=False)
+            if not preview.plan.has_changes:
+                return
+            if not sys.stdin.isatty():
+                typer.echo("Error: not a terminal; re-run with --auto-approve or apply a saved --plan", err=True)
+                raise typer.Exit(1)
+            if not typer.confirm("Apply this plan?"):
+                typer.echo("Apply cancelled.")
+                raise typer.Exit(1)
+            saved = preview.plan
+        res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts)
+    except ConfigError as e:
+        for diag in e.diagnostics:
+            typer.echo(str(diag), err=True)
+        raise typer.Exit(1)
+    except ApplyError as e:
+        r = e.result.report  # type: ignore[attr-defined]
+        typer.echo(f"Applied plan {e.result.plan.id} partly: {len(r.created)} created, {len(r.deleted)} deleted.")  # type: ignore[attr-defined]
+        _fail(e)
+    except ReconcileError as e:
+        _fail(e)
+    r = res.report
+    typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
+    typer.echo(f"{len(r.created)} created, {len(r.deleted)} deleted; status written to {res.status_dir}")
+    for iid, why in r.skipped_deletes.items():
+        typer.echo(f"kept {iid}: {why}")
+
+
+@app.command()
+def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--format", help="human | json")) -> None:
+    """Show the fleet, jobs, conditions and cost per tenant from the status files."""
+    from reconciler import api
+
+    st = api.read_status(config_dir)
+    if fmt == "json":
+        typer.echo(json.dumps(st, indent=2, default=str))
+        return
+    if st["fleet"] is None:
+        typer.echo("No status yet: run `reconcile apply` first.")
+        raise typer.Exit(1)
+    f = st["fleet"]["status"]
+    typer.echo(f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, ${f['hourlyCost']:,.2f}/h, "
+               f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (plan {f['plan']})")
+    for t, c in f["tenants"].items():
+        typer.echo(f"  tenant {t}: ${c['hourlyCost']:,.2f}/h")
+    for name, j in st["jobs"].items():
+        c = j["status"]["conditions"][0]
+        typer.echo(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
+
+
+@app.command()
+def unlock(lock_id: str, config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory.")) -> None:
+    """Break a stale apply lock held by LOCK_ID."""
+    from reconciler.state import break_lock
+
+    try:
+        break_lock(config_dir, lock_id)
+    except ReconcileError as e:
+        _fail(e)
+    typer.echo(f"lock {lock_id} broken")
+
+
+@app.command("providers")
+def list_providers() -> None:
+    """List the providers the CLI can find (built-in and entry points)."""
+    from providers.registry import available
+
+    for name, target in sorted(available().items()):
+        typer.echo(f"{name}\t{target}")
+
+
+def _sim(config_dir: Path):
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    return SimCloud(state_dir(config_dir))
+
+
+@sim_app.command("interrupt")
+def sim_interrupt(instance_id: str, config_dir: Path = typer.Option(Path("."), "--dir"), reason: str = "spot-interruption") -> None:
+    """Reclaim an instance, as a spot interruption or a lost host would."""
+    try:
+        _sim(config_dir).interrupt(instance_id, reason)
+    except ReconcileError as e:
+        _fail(e)
+    typer.echo(f"interrupted {instance_id}")
+
+
+@sim_app.command("exhaust")
+def sim_exhaust(zone: str, config_dir: Path = typer.Option(Path("."), "--dir"), instance_type: Optional[str] = typer.Option(None, "--type"),
+                market: Optional[str] = typer.Option(None, "--market"), restore: bool = typer.Option(False, "--restore")) -> None:
+    """Mark a zone (optionally one type/market) out of capacity, or --restore it."""
+    _sim(config_dir).exhaust(zone, instance_type, market, restore=restore)
+    typer.echo(f"{'restored' if restore else 'exhausted'} {zone} {instance_type or '*'} {market or '*'}")
+
+
+@sim_app.command("ls")
+def sim_ls(config_dir: Path = typer.Option(Path("."), "--dir"), all_: bool = typer.Option(False, "--all", help="Include terminated.")) -> None:
+    """List the simulated cloud's instances."""
+    for i in _sim(config_dir).instances():
+        if all_ or i["state"] != "terminated":
+            typer.echo(f"{i['id']}\t{i['state']}\t{i['cloud']}/{i['zone']}\t{i['instance_type']}\t{i['market']}\t{i['tags'].get('fleetops.io/pool', '-')}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""One small error hierarchy. Every error carries a message a user can act on;
+the CLI maps any ReconcileError to exit code 1 and prints only its message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ReconcileError(Exception):
+    """Base of every error the reconciler raises on purpose."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem in the desired state, pinned to a file and line."""
+
+    file: str
+    line: int
+    kind: str
+    name: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.kind}/{self.name}" if self.kind else "-"
+        return f"{self.file}:{self.line}: {where}: {self.field}: {self.message}"
+
+
+class ConfigError(ReconcileError):
+    """The desired state is invalid; carries every diagnostic, not just the first."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = sorted(diagnostics, key=lambda d: (d.file, d.line, d.field))
+        n = len(self.diagnostics)
+        lines = "\n".join(str(d) for d in self.diagnostics)
+        super().__init__(f"{n} error{'s' if n != 1 else ''} in desired state:\n{lines}")
+
+
+class ProviderError(ReconcileError):
+    """A provider call failed in a way the next run may not fix by itself."""
+
+
+class CapacityError(ProviderError):
+    """The cloud has no capacity for this request in this zone right now.
+
+    Not fatal for the fleet: the zone is remembered as short and the next solve
+    places the work elsewhere."""
+
+    def __init__(self, message: str, *, cloud: str, zone: str, instance_type: str, market: str):
+        super().__init__(message)
+        self.cloud, self.zone, self.instance_type, self.market = cloud, zone, instance_type, market
+
+
+class TransientProviderError(ProviderError):
+    """Throttling, timeouts: safe to retry with the same idempotency key."""
+
+
+class OwnershipError(ProviderError):
+    """Refused to touch a resource this fleet does not own."""
+
+
+class PluginError(ReconcileError):
+    """A provider plugin could not be found or loaded."""
+
+
+class StalePlanError(ReconcileError):
+    """A saved plan no longer matches the desired or observed state."""
+
+
+class LockError(ReconcileError):
+    """Another apply holds the lock."""
+
+
+class GuardrailError(ReconcileError):
+    """The plan breaks a GuardrailPolicy; nothing was changed."""
+
+
+class SolverError(ReconcileError):
+    """The solver found no answer at all (not even 'place nothing')."""
+
+
+class ApplyError(ReconcileError):
+    """Some plan actions failed; the message lists what succeeded and what did not."""

@@ -1,0 +1,301 @@
+"""Load a config directory into a validated DesiredState, reporting every error at once.
+
+Each YAML node keeps its line number so that a pydantic error on
+`spec.resources.gpus` is reported as `jobs.yaml:14: Job/train: spec.resources.gpus: ...`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from providers.catalog import load_catalog
+from reconciler.errors import ConfigError, Diagnostic
+from reconciler.model import (
+    KINDS,
+    DesiredState,
+    GuardrailPolicy,
+    GuardrailPolicySpec,
+    Job,
+    Pool,
+    SpotPolicy,
+    SpotPolicySpec,
+    Tenant,
+    Topology,
+    region_matches,
+)
+from reconciler.topology import node_id, topology_nodes
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_NODES = 200_000  # per file, after alias expansion: stops YAML "billion laughs"
+SKIP_DIRS = {"status", "node_modules"}  # plus every hidden directory (.reconcile, .git, .github)
+
+
+@dataclass
+class _Parsed:
+    file: str
+    line: int
+    body: Any
+    lines: dict[tuple, int] = field(default_factory=dict)
+
+    def line_of(self, loc: tuple) -> int:
+        """The line of the deepest node on `loc` that exists in the source."""
+        for n in range(len(loc), -1, -1):
+            if loc[:n] in self.lines:
+                return self.lines[loc[:n]]
+        return self.line
+
+
+class _Converter:
+    """Turns a composed YAML node tree into Python values, recording each node's line."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.count = 0
+        self.scalars = yaml.SafeLoader("")
+
+    def convert(self, node: yaml.Node, path: tuple, lines: dict, diags: list[Diagnostic]) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise _TooBig()
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            self.scalars.flatten_mapping(node)  # resolves '<<' merge keys
+            out: dict = {}
+            for k_node, v_node in node.value:
+                key = self.scalars.construct_object(k_node) if isinstance(k_node, yaml.ScalarNode) else None
+                if not isinstance(key, (str, int, float, bool)):
+                    diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>", "mapping keys must be plain scalars"))
+                    continue
+                if key in out:
+                    diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path + (key,))), f"duplicate key {key!r}"))
+                out[key] = self.convert(v_node, path + (key,), lines, diags)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(v, path + (i,), lines, diags) for i, v in enumerate(node.value)]
+        return self.scalars.construct_object(node)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
+    """YAML files under root, skipping hidden and status dirs; symlinks must stay inside root."""
+    out = []
+    real_root = root.resolve()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(p.startswith(".") or p in SKIP_DIRS for p in rel.parts[:-1]) or rel.name.startswith("."):
+            continue
+        if path.suffix not in (".yaml", ".yml"):
+            continue
+        if path.is_symlink() and not path.resolve().is_relative_to(real_root):
+            diags.append(Diagnostic(str(rel), 1, "", "", "<file>", f"symlink points outside the config directory ({path.resolve()})"))
+            continue
+        if path.is_file():
+            out.append(path)
+    return out
+
+
+def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed]:
+    rel = str(path.relative_to(root))
+    if path.stat().st_size > MAX_FILE_BYTES:
+        diags.append(Diagnostic(rel, 1, "", "", "<file>", f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB"))
+        return []
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        diags.append(Diagnostic(rel, line, "", "", "<file>", f"not valid UTF-8 (byte {e.start})"))
+        return []
+    docs = []
+    conv = _Converter(rel)
+    try:
+        for node in yaml.compose_all(text, Loader=yaml.SafeLoader):
+            if node is None:
+                continue
+            lines: dict[tuple, int] = {}
+            body = conv.convert(node, (), lines, diags)
+            docs.append(_Parsed(rel, node.start_mark.line + 1, body, lines))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}"))
+    except yaml.YAMLError as e:
+        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
+    except _TooBig:
+        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"more than {MAX_NODES} YAML nodes (alias expansion?): refusing"))
+    except RecursionError:
+        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", "YAML nested too deeply"))
+    return docs
+
+
+def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
+    body = doc.body
+    if not isinstance(body, dict):
+        diags.append(Diagnostic(doc.file, doc.line, "", "", "<document>", f"expected a mapping with apiVersion/kind/metadata/spec, got {type(body).__name__}"))
+        return None
+    kind = body.get("kind")
+    meta = body.get("metadata")
+    name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
+    if kind not in KINDS:
+        known = ", ".join(sorted(KINDS))
+        diags.append(Diagnostic(doc.file, doc.line_of(("kind",)), str(kind or ""), name, "kind", f"unknown kind {kind!r} (expected one of {known})"))
+        return None
+    try:
+        return KINDS[kind].model_validate(body)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            # Union branches add their type names to loc; keep the path the user wrote.
+            clean = tuple(p for p in loc if isinstance(p, int) or not any(c in str(p) for c in "[]('\""))
+            clean = tuple(p for p in clean if p not in ("int", "str", "float", "bool"))
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            diags.append(Diagnostic(doc.file, doc.line_of(clean), kind, name, ".".join(map(str, clean)) or "<document>", msg))
+        return None
+
+
+def load(root: str | Path) -> DesiredState:
+    """Parse and validate every document under `root`. Raises ConfigError listing all problems."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError([Diagnostic(str(root), 0, "", "", "<dir>", "config directory does not exist")])
+    diags: list[Diagnostic] = []
+    files = _config_files(root, diags)
+    if not files and not diags:
+        diags.append(Diagnostic(str(root), 0, "", "", "<dir>", "no .yaml files found"))
+    parsed = [d for f in files for d in _parse_file(root, f, diags)]
+    validated: list[tuple[_Parsed, Any]] = []
+    for doc in parsed:
+        obj = _validate_doc(doc, diags)
+        if obj is not None:
+            validated.append((doc, obj))
+    state = _assemble(validated, diags)
+    if diags or state is None:
+        raise ConfigError(diags)
+    return state
+
+
+def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> DesiredState | None:
+    by_kind: dict[str, dict[str, tuple[_Parsed, Any]]] = {k: {} for k in KINDS}
+    for doc, obj in validated:
+        seen = by_kind[obj.kind]
+        if obj.name in seen:
+            first = seen[obj.name][0]
+            diags.append(Diagnostic(doc.file, doc.line_of(("metadata", "name")), obj.kind, obj.name, "metadata.name", f"duplicate {obj.kind} name (first defined at {first.file}:{first.line})"))
+            continue
+        seen[obj.name] = (doc, obj)
+
+    def single(kind: str, required: bool):
+        docs = list(by_kind[kind].values())
+        for doc, obj in docs[1:]:
+            diags.append(Diagnostic(doc.file, doc.line, kind, obj.name, "kind", f"only one {kind} per fleet is allowed (another is {docs[0][1].name} at {docs[0][0].file}:{docs[0][0].line})"))
+        if required and not docs:
+            diags.append(Diagnostic("<config>", 0, kind, "-", "kind", f"a {kind} document is required"))
+        return docs[0][1] if docs else None
+
+    topology: Topology | None = single("Topology", required=True)
+    spot: SpotPolicy | None = single("SpotPolicy", required=False)
+    guard: GuardrailPolicy | None = single("GuardrailPolicy", required=False)
+    tenants = {n: o for n, (_, o) in by_kind["Tenant"].items()}
+    pools = {n: o for n, (_, o) in by_kind["Pool"].items()}
+    jobs = {n: o for n, (_, o) in by_kind["Job"].items()}
+    if topology is not None:
+        _check_references(topology, by_kind, guard, diags)
+    if topology is None:
+        return None
+    digest = hashlib.sha256(
+        json.dumps([o.model_dump(mode="json", by_alias=True) for _, o in sorted(validated, key=lambda x: (x[1].kind, x[1].name))], sort_keys=True).encode()
+    ).hexdigest()
+    return DesiredState(
+        topology=topology, tenants=tenants, pools=pools, jobs=jobs,
+        spot_policy=spot.spec if spot else SpotPolicySpec(),
+        guardrails=guard.spec if guard else GuardrailPolicySpec(),
+        digest=digest,
+    )
+
+
+def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy | None, diags: list[Diagnostic]) -> None:
+    catalog = load_catalog()
+    nodes = topology_nodes(topology.spec)
+    regions = {(c, r) for c, ct in topology.spec.clouds.items() for r in ct.regions}
+    region_names = {r for _, r in regions} | {f"{c}/{r}" for c, r in regions}
+
+    def err(doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
+        diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
+
+    for i, link in enumerate(topology.spec.links):
+        doc = next(iter(by_kind["Topology"].values()))[0]
+        for end, loc in ((link.source, "from"), (link.target, "to")):
+            if end not in nodes:
+                err(doc, topology, ("spec", "links", i, loc), f"unknown topology node {end!r}")
+
+    # Which GPU types each pool can offer, to catch jobs nothing can run.
+    pool_gpu_types: dict[str, set[str]] = {}
+    for name, (doc, pool) in by_kind["Pool"].items():
+        s = pool.spec
+        pool_gpu_types[name] = set()
+        if (s.cloud, s.region) not in regions:
+            err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in the Topology")
+            continue
+        known_zones = topology.spec.clouds[s.cloud].regions[s.region].zones
+        for i, z in enumerate(s.zones):
+            if z not in known_zones:
+                err(doc, pool, ("spec", "zones", i), f"zone {z!r} is not in {s.cloud}/{s.region} (known: {', '.join(known_zones)})")
+        in_catalog = s.cloud in catalog.regions
+        for i, t in enumerate(s.instance_types):
+            shape = catalog.shape(s.cloud, t)
+            if shape is None:
+                if in_catalog:
+                    err(doc, pool, ("spec", "instance_types", i), f"unknown {s.cloud} instance type {t!r}")
+                continue
+            if shape.regions is not None and s.region not in shape.regions:
+                err(doc, pool, ("spec", "instance_types", i), f"{t} is not offered in {s.region} (only {', '.join(shape.regions)})")
+                continue
+            if shape.gpu_type:
+                pool_gpu_types[name].add(shape.gpu_type)
+        if guard is not None and not region_matches(guard.spec.allowed_regions, s.cloud, s.region):
+            err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in GuardrailPolicy/{guard.name} allowed_regions")
+        for section in ("aws", "gcp", "azure"):
+            if getattr(s, section) is not None and section != s.cloud:
+                err(doc, pool, ("spec", section), f"a {section} section on a {s.cloud} pool")
+
+    if guard is not None and guard.spec.allowed_regions:
+        gdoc = by_kind["GuardrailPolicy"][guard.name][0]
+        for i, r in enumerate(guard.spec.allowed_regions):
+            if r not in region_names:
+                err(gdoc, guard, ("spec", "allowed_regions", i), f"unknown region {r!r}")
+
+    for name, (doc, job) in by_kind["Job"].items():
+        s = job.spec
+        if s.tenant not in by_kind["Tenant"]:
+            err(doc, job, ("spec", "tenant"), f"unknown tenant {s.tenant!r}")
+        if s.pools is not None:
+            for i, p in enumerate(s.pools):
+                if p not in by_kind["Pool"]:
+                    err(doc, job, ("spec", "pools", i), f"unknown pool {p!r}")
+        if s.regions is not None:
+            for i, r in enumerate(s.regions):
+                if r not in region_names:
+                    err(doc, job, ("spec", "regions", i), f"unknown region {r!r}")
+        if s.data is not None and s.data.location not in nodes:
+            err(doc, job, ("spec", "data", "location"), f"unknown topology node {s.data.location!r} (use cloud, cloud/region or cloud/region/zone)")
+        gt = s.resources.gpu_type
+        if gt:
+            candidates = s.pools if s.pools is not None else list(pool_gpu_types)
+            if not any(gt in pool_gpu_types.get(p, ()) for p in candidates):
+                offered = sorted(set().union(*pool_gpu_types.values())) if pool_gpu_types else []
+                err(doc, job, ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r} (pools offer: {', '.join(offered) or 'none'})")
+
+
+__all__ = ["load", "node_id"]

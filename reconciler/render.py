@@ -1,0 +1,118 @@
+"""Render a plan for people: a terminal table (rich), a PR comment (markdown), or JSON."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from reconciler.plan import Plan
+
+MARKDOWN_MAX_ROWS = 60  # per section; GitHub comments are capped at 65,536 characters
+
+
+def summary_line(plan: Plan) -> str:
+    c = plan.counts()
+    return (
+        f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
+        f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged; "
+        f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
+    )
+
+
+def _solver_line(plan: Plan) -> str:
+    s = plan.solver
+    quality = "optimal" if s.optimal else f"feasible, gap {s.gap:.2%}"
+    return f"CP-SAT {quality} in {s.seconds:.2f}s; plan {plan.id}"
+
+
+def render_human(plan: Plan, width: int = 120) -> str:
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False)
+    if not plan.has_changes:
+        con.print("No changes. The fleet matches the desired state.")
+    if plan.creates:
+        t = Table(title="Instances to create", title_justify="left")
+        for col in ("ref", "pool", "cloud/zone", "type", "market", "$/h"):
+            t.add_column(col)
+        for c in plan.creates:
+            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, c.market, f"{c.price:.3f}")
+        con.print(t)
+    if plan.deletes:
+        t = Table(title="Instances to delete", title_justify="left")
+        for col in ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"):
+            t.add_column(col)
+        for d in plan.deletes:
+            t.add_row(d.instance_id, d.pool, f"{d.cloud}/{d.zone}", d.instance_type, d.market, f"{d.price:.3f}", d.reason)
+        con.print(t)
+    moving = [j for j in plan.jobs if j.action in ("place", "move", "evict")]
+    if moving:
+        t = Table(title="Job placements", title_justify="left")
+        for col in ("job", "tenant", "action", "instances", "from"):
+            t.add_column(col)
+        for j in moving:
+            t.add_row(j.job, j.tenant, j.action, ", ".join(j.instances) or "-", ", ".join(j.previous) or "-")
+        con.print(t)
+    pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
+    if pending:
+        t = Table(title="Pending jobs", title_justify="left")
+        for col in ("job", "tenant", "reason"):
+            t.add_column(col)
+        for j in pending:
+            t.add_row(j.job, j.tenant, j.reason)
+        con.print(t)
+    for v in plan.violations:
+        con.print(f"GUARDRAIL: {v}")
+    con.print(f"Plan: {summary_line(plan)}")
+    con.print(_solver_line(plan))
+    return buf.getvalue()
+
+
+def _md_table(header: list[str], rows: list[list[str]], truncated_note: str) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows[:MARKDOWN_MAX_ROWS]:
+        out.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
+    if len(rows) > MARKDOWN_MAX_ROWS:
+        out.append(f"\n_... {len(rows) - MARKDOWN_MAX_ROWS} more rows truncated; {truncated_note}_")
+    return out
+
+
+def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
+    note = f"the full plan is in `{full_plan_path}`" if full_plan_path else "run `reconcile plan --format json` for the full plan"
+    lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
+    if not plan.has_changes:
+        lines += ["No changes. The fleet matches the desired state.", ""]
+    for v in plan.violations:
+        lines.append(f"> :no_entry: **Guardrail:** {v}")
+    if plan.violations:
+        lines.append("")
+    clouds = sorted({c.cloud for c in plan.creates} | {d.cloud for d in plan.deletes})
+    for cloud in clouds:
+        cr = [c for c in plan.creates if c.cloud == cloud]
+        de = [d for d in plan.deletes if d.cloud == cloud]
+        lines += [f"<details><summary>{cloud}: {len(cr)} to create, {len(de)} to delete</summary>", ""]
+        rows = [["+ create", c.ref, c.pool, c.zone, c.instance_type, c.market, f"{c.price:.3f}"] for c in cr]
+        rows += [["- delete", d.instance_id, d.pool, d.zone, d.instance_type, d.market, f"{d.price:.3f}"] for d in de]
+        lines += _md_table(["action", "instance", "pool", "zone", "type", "market", "$/h"], rows, note)
+        lines += ["", "</details>", ""]
+    moving = [j for j in plan.jobs if j.action in ("place", "move")]
+    if moving:
+        lines += [f"<details><summary>Job placements ({len(moving)})</summary>", ""]
+        lines += _md_table(["job", "tenant", "action", "instances"], [[j.job, j.tenant, j.action, ", ".join(j.instances)] for j in moving], note)
+        lines += ["", "</details>", ""]
+    pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
+    if pending:
+        lines += [f"**Pending jobs ({len(pending)})**", ""]
+        lines += _md_table(["job", "tenant", "state", "reason"], [[j.job, j.tenant, j.action, j.reason] for j in pending], note)
+        lines.append("")
+    lines.append(f"<sub>{_solver_line(plan)}</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def render(plan: Plan, fmt: str, full_plan_path: str | None = None) -> str:
+    if fmt == "json":
+        return plan.to_json() + "\n"
+    if fmt == "markdown":
+        return render_markdown(plan, full_plan_path)
+    return render_human(plan)
