@@ -41,11 +41,13 @@ class SimCloud:
         with open(self.dir / "cloud.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = json.loads(self.path.read_text()) if self.path.exists() else json.loads(json.dumps(_EMPTY))
-            yield data
-            if write:
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
+            try:
+                yield data
+            finally:  # also on error: injected faults count down even when a call fails
+                if write:
+                    tmp = self.path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                    os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
 
     # -- faults, for tests and demos ------------------------------------------------
     def interrupt(self, instance_id: str, reason: str = "spot-interruption") -> dict:
@@ -130,20 +132,16 @@ class SimProvider:
             ]
 
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
-        with self.cloud.world(write=False) as w:
-            out: dict[tuple, Offering] = {}
-            for p in pools:
-                for z in p.zones:
-                    for t in p.instance_types:
-                        o = self.catalog.offering(p.cloud, p.region, z, t)
-                        if o is None:
-                            continue
-                        if self.cloud.exhausted(w, z, t, "on-demand") and self.cloud.exhausted(w, z, t, "spot"):
-                            o = Offering(**{**o.__dict__, "available": False})
-                        elif self.cloud.exhausted(w, z, t, "spot"):
-                            o = Offering(**{**o.__dict__, "spot_price": None})
+        """Catalog offerings. Like a real cloud, the sim does not advertise exhausted
+        capacity: an exhausted zone is discovered when a create fails."""
+        out: dict[tuple, Offering] = {}
+        for p in pools:
+            for z in p.zones:
+                for t in p.instance_types:
+                    o = self.catalog.offering(p.cloud, p.region, z, t)
+                    if o is not None:
                         out[(p.cloud, z, t)] = o
-            return list(out.values())
+        return list(out.values())
 
     def create(self, request: CreateRequest) -> Instance:
         with self.cloud.world() as w:

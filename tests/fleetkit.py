@@ -1,0 +1,82 @@
+"""Build config directories and observed fleets from plain data, for tests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from providers.base import Instance
+from providers.catalog import load_catalog
+from reconciler.observe import Observed, PoolOffering
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "examples" / "quickstart"
+
+TOPOLOGY = {
+    "aws": {"us-east-1": ["us-east-1a", "us-east-1b"], "us-west-2": ["us-west-2a"]},
+    "gcp": {"us-central1": ["us-central1-a", "us-central1-b"]},
+    "azure": {"eastus": ["eastus-1", "eastus-2"]},
+}
+
+
+def doc(kind: str, name: str, spec: dict) -> dict:
+    return {"apiVersion": "fleetops.io/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def topology(name: str = "test", clouds: dict | None = None, links: list | None = None) -> dict:
+    clouds = clouds or TOPOLOGY
+    spec = {"clouds": {c: {"regions": {r: {"zones": z} for r, z in regs.items()}} for c, regs in clouds.items()}}
+    if links:
+        spec["links"] = links
+    return doc("Topology", name, spec)
+
+
+def tenant(name: str, **quota) -> dict:
+    return doc("Tenant", name, {"quota": quota} if quota else {})
+
+
+def pool(name: str, cloud: str, region: str, zones: list[str], types: list[str], market: str = "on-demand", lo: int = 0, hi: int = 20) -> dict:
+    return doc("Pool", name, {"cloud": cloud, "region": region, "zones": zones, "instance_types": types, "market": market, "min_instances": lo, "max_instances": hi})
+
+
+def job(name: str, tenant: str = "t", gpus: int = 0, gpu_type: str | None = None, cpu: float = 1, mem: float = 1, replicas: int = 1, **spec) -> dict:
+    res = {"gpus": gpus, "cpu": cpu, "memory_gib": mem}
+    if gpu_type:
+        res["gpu_type"] = gpu_type
+    return doc("Job", name, {"tenant": tenant, "resources": res, "replicas": replicas, **spec})
+
+
+def write_config(path: Path, docs: list[dict]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "fleet.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return path
+
+
+def copy_quickstart(tmp: Path) -> Path:
+    dst = tmp / "quickstart"
+    shutil.copytree(QUICKSTART, dst, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    return dst
+
+
+def catalog_observed(desired, instances: list[Instance] = (), placements: dict | None = None, short=frozenset()) -> Observed:
+    """The fleet as the sim provider would report it, without touching any file."""
+    cat = load_catalog()
+    offerings = []
+    for p in desired.pools.values():
+        s = p.spec
+        for z in s.zones:
+            for t in s.instance_types:
+                o = cat.offering(s.cloud, s.region, z, t)
+                if o is not None:
+                    offerings.append(PoolOffering(p.name, o))
+    return Observed(
+        instances=tuple(instances), offerings=tuple(offerings), placements=placements or {}, short=frozenset(short),
+        providers={p: "sim" for p in desired.pools},
+    )
+
+
+def instance(iid: str, pool: str, cloud: str, region: str, zone: str, itype: str, market: str = "on-demand", fleet: str = "test") -> Instance:
+    return Instance(id=iid, provider="sim", cloud=cloud, region=region, zone=zone, instance_type=itype, market=market,
+                    state="running", pool=pool, tags={"fleetops.io/fleet": fleet, "fleetops.io/pool": pool})

@@ -1,0 +1,245 @@
+"""The whole pipeline on the simulated cloud, through the CLI and the library API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from providers.sim import SimCloud
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import ApplyError, GuardrailError, LockError, StalePlanError
+from reconciler.state import ApplyLock, load_state, state_dir
+from tests.fleetkit import copy_quickstart, doc, job, pool, tenant, topology, write_config
+from tests.invariants import check_plan
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def qs(tmp_path):
+    return copy_quickstart(tmp_path)
+
+
+def live(cfg):
+    return [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated"]
+
+
+def test_quickstart_plans_applies_and_converges(qs):
+    res = api.plan(qs)
+    check_plan(res.desired, res.observed, res.plan)
+    assert res.plan.solver.optimal
+    counts = res.plan.counts()
+    assert counts["place"] == 10 and counts["pending"] == 0 and counts["delete"] == 0
+    out = cli("apply", qs, "--auto-approve")
+    assert out.exit_code == 0, out.output
+    assert len(live(qs)) == counts["create"]
+    again = cli("plan", qs, "--detailed-exitcode")
+    assert again.exit_code == 0, again.output
+    assert "No changes" in again.output
+    # Status files: one per job and pool, with conditions and cost.
+    st = yaml.safe_load((qs / "status/jobs/llm-pretrain.yaml").read_text())["status"]
+    assert st["phase"] == "Running" and len(st["instances"]) == 2 and st["hourlyCost"] > 60
+    assert st["conditions"][0]["type"] == "Placed" and st["conditions"][0]["status"] == "True"
+    pool_st = yaml.safe_load((qs / "status/pools/aws-cpu.yaml").read_text())["status"]
+    assert pool_st["conditions"][0]["type"] == "Provisioned" and pool_st["conditions"][0]["status"] == "True"
+    fleet = yaml.safe_load((qs / "status/fleet.yaml").read_text())["status"]
+    assert fleet["hourlyCost"] == pytest.approx(res.plan.cost_after, abs=0.01)
+    assert set(fleet["tenants"]) == {"research", "product", "platform"}
+
+
+def test_spot_interruption_is_healed_in_one_run(qs):
+    cli("apply", qs, "--auto-approve")
+    spot = next(i for i in live(qs) if i["market"] == "spot")
+    before = yaml.safe_load((qs / "status/fleet.yaml").read_text())["status"]["hourlyCost"]
+    assert cli("sim", "interrupt", spot["id"], "--dir", qs).exit_code == 0
+    drift = cli("plan", qs, "--detailed-exitcode")
+    assert drift.exit_code == 2, drift.output
+    assert "1 to create" in drift.output
+    healed = cli("apply", qs, "--auto-approve")
+    assert healed.exit_code == 0, healed.output
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
+    after = yaml.safe_load((qs / "status/fleet.yaml").read_text())["status"]
+    assert after["jobs"]["pending"] == 0 and after["hourlyCost"] == pytest.approx(before, abs=0.5)
+    assert spot["id"] not in {i["id"] for i in live(qs)}
+
+
+def test_capacity_error_marks_zone_short_and_next_run_goes_elsewhere(qs):
+    cloud = SimCloud(state_dir(qs))
+    plan = api.plan(qs).plan
+    target = next(c for c in plan.creates if c.pool == "gcp-l4-spot")
+    cloud.exhaust(target.zone)  # the cloud says "no" only at create time: the plan did not know
+    out = cli("apply", qs, "--auto-approve")
+    assert out.exit_code == 1
+    assert "InsufficientCapacity" in out.output and "zone marked short" in out.output
+    assert ("gcp", target.zone, target.instance_type, target.market) in load_state(qs).short_now()
+    embed = yaml.safe_load((qs / "status/jobs/embed-batch.yaml").read_text())["status"]
+    assert embed["phase"] == "Pending" and embed["conditions"][0]["reason"] == "ProvisioningFailed"
+    retry = api.plan(qs).plan
+    assert all(c.zone != target.zone for c in retry.creates if c.pool == "gcp-l4-spot")
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
+
+
+def test_saved_plan_applies_once_and_goes_stale(qs, tmp_path):
+    out = tmp_path / "plan.json"
+    assert cli("plan", qs, "--format", "json", "--out", out).exit_code == 0
+    saved = json.loads(out.read_text())
+    assert saved["creates"] and saved["id"]
+    assert cli("apply", qs, "--plan", out).exit_code == 0
+    stale = cli("apply", qs, "--plan", out)
+    assert stale.exit_code == 1 and "stale plan" in stale.output
+    # Editing the desired state also makes a plan stale, before any provider call.
+    cli("plan", qs, "--out", out)
+    (qs / "jobs/platform.yaml").write_text((qs / "jobs/platform.yaml").read_text().replace("cpu: 2,", "cpu: 3,"))
+    n = len(live(qs))
+    with pytest.raises(StalePlanError, match="desired state changed"):
+        from reconciler.plan import Plan
+        api.apply(qs, saved_plan=Plan.from_json(out.read_text()))
+    assert len(live(qs)) == n
+
+
+def test_rerun_after_crash_creates_no_duplicates(qs, monkeypatch):
+    """Creates carry idempotency keys: replaying the same creates yields the same instances."""
+    monkeypatch.setattr("reconciler.apply.BACKOFF_S", 0.0)
+    res = api.plan(qs)
+    sim = SimCloud(state_dir(qs))
+    from reconciler.apply import apply_plan
+    from reconciler.observe import Fleet
+    from reconciler.state import State
+    fleet = Fleet(res.desired, state_dir(qs))
+    # First attempt dies after 3 creates (the sim times out every call after that).
+    sim.set_fault(fail_after=3)
+    report = apply_plan(res.desired, res.observed, res.plan, fleet, State())
+    assert len(report.created) == 3 and not report.ok
+    sim.set_fault(fail_after=None)
+    # Replaying the same plan: the three keys already exist and are reused.
+    report2 = apply_plan(res.desired, res.observed, res.plan, fleet, State())
+    assert report2.ok
+    assert {k: v for k, v in report2.created.items() if k in report.created} == report.created
+    assert len(live(qs)) == len(res.plan.creates)
+    keys = [i["tags"]["fleetops.io/create-key"] for i in live(qs)]
+    assert len(keys) == len(set(keys))
+
+
+def test_killed_apply_then_rerun_converges_without_leaks(qs):
+    """SIGKILL an apply mid-flight (slow cloud), rerun: no duplicates, no leaked instances."""
+    SimCloud(state_dir(qs)).set_fault(latency_ms=150)
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "apply", str(qs), "--auto-approve"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    import time
+    deadline = time.time() + 30
+    while time.time() < deadline and len(live(qs)) < 3:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    n_partial = len(live(qs))
+    assert 0 < n_partial < 10
+    SimCloud(state_dir(qs)).set_fault(latency_ms=0)
+    # The dead process's lock is stale (its pid is gone) and is taken over.
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
+    res = api.plan(qs)
+    used = {i for j in res.plan.jobs for i in j.instances}
+    pool_min = {"aws-cpu"}
+    for inst in live(qs):
+        assert inst["id"] in used or inst["tags"]["fleetops.io/pool"] in pool_min, f"leaked {inst['id']}"
+    keys = [i["tags"]["fleetops.io/create-key"] for i in live(qs)]
+    assert len(keys) == len(set(keys))
+
+
+def test_unmanaged_instances_survive_everything(qs):
+    sim = SimCloud(state_dir(qs))
+    theirs = sim.plant("aws", "us-east-1", "us-east-1a", "p4d.24xlarge", tags={"owner": "someone"})
+    other = sim.plant("aws", "us-east-1", "us-east-1a", "p4d.24xlarge", tags={"fleetops.io/fleet": "another-fleet", "fleetops.io/pool": "aws-a100"})
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    # Remove every job: the reconciler deletes its own idle instances, nobody else's.
+    for f in (qs / "jobs").glob("*.yaml"):
+        f.unlink()
+    out = cli("apply", qs, "--auto-approve", "--allow-destroy", "20")
+    assert out.exit_code == 0, out.output
+    alive = {i["id"] for i in live(qs)}
+    assert theirs in alive and other in alive
+    assert len([i for i in live(qs) if i["tags"].get("fleetops.io/fleet") == "quickstart"]) == 1  # aws-cpu min 1
+    from providers.base import Instance
+    from providers.sim import SimProvider
+    from providers.base import ProviderContext
+    from reconciler.errors import OwnershipError
+    prov = SimProvider(ProviderContext("quickstart", state_dir(qs)))
+    with pytest.raises(OwnershipError):
+        prov.delete(Instance(theirs, "sim", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "on-demand", "running", "aws-a100"))
+
+
+def test_destroy_guardrail_refuses_before_any_call(qs):
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    for f in (qs / "jobs").glob("*.yaml"):
+        f.unlink()
+    n = len(live(qs))
+    plan = cli("plan", qs)
+    assert "GUARDRAIL: max_destroy_per_apply: would destroy 9 instances, the limit is 6" in plan.output
+    with pytest.raises(GuardrailError, match="--allow-destroy 9"):
+        api.apply(qs)
+    assert len(live(qs)) == n
+    assert cli("apply", qs, "--auto-approve", "--allow-destroy", "9").exit_code == 0
+    assert len(live(qs)) == 1
+
+
+def test_lock_stops_a_second_apply(qs):
+    with ApplyLock(qs) as held:
+        with pytest.raises(LockError, match=held.id):
+            api.apply(qs)
+        out = cli("apply", qs, "--auto-approve")
+        assert out.exit_code == 1 and f"reconcile unlock {held.id}" in out.output
+    assert not live(qs)
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+
+
+def test_throttling_is_retried(qs):
+    SimCloud(state_dir(qs)).set_fault(throttle=2)
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
+
+
+def test_markdown_and_json_formats(qs):
+    md = cli("plan", qs, "--format", "markdown")
+    assert md.exit_code == 0
+    assert md.output.startswith("### fleetops plan for `quickstart`")
+    assert "**10 to create, 0 to delete; jobs: 10 placed" in md.output
+    assert "<details><summary>aws:" in md.output
+    js = json.loads(cli("plan", qs, "--format", "json").output)
+    assert js["solver"]["optimal"] is True and len(js["jobs"]) == 10
+
+
+def test_bad_config_changes_nothing(qs):
+    (qs / "jobs/oops.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: oops}\nspec: {tenant: research}\n")
+    out = cli("apply", qs, "--auto-approve")
+    assert out.exit_code == 1 and "oops.yaml:4: Job/oops: spec.resources: Field required" in out.output
+    assert not (qs / ".reconcile/sim/cloud.json").exists() or not live(qs)
+
+
+def test_interactive_apply_needs_a_terminal(qs):
+    out = cli("apply", qs)
+    assert out.exit_code == 1 and "--auto-approve" in out.output
+    assert not live(qs)
+
+
+def test_partial_failure_exit_code_and_report(tmp_path):
+    cfg = write_config(tmp_path / "c", [topology(), tenant("t"),
+                                        pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="on-demand"),
+                                        job("a", gpus=1, gpu_type="A100", cpu=4, mem=16)])
+    SimCloud(state_dir(cfg)).exhaust("us-central1-a", market="on-demand")
+    with pytest.raises(ApplyError, match="zone marked short") as e:
+        api.apply(cfg)
+    assert e.value.result.report.failures  # type: ignore[attr-defined]
+    nxt = api.plan(cfg).plan
+    assert nxt.jobs[0].action == "pending" and "cool-off" in nxt.jobs[0].reason

@@ -1,0 +1,176 @@
+"""Loading and validating the desired state: every error at once, with file, line and field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from reconciler.cli import app
+from reconciler.errors import ConfigError
+from reconciler.load import load
+from tests.fleetkit import QUICKSTART, job, pool, tenant, topology, write_config
+
+
+def errors_of(path) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    return [str(d) for d in e.value.diagnostics]
+
+
+def test_quickstart_loads():
+    d = load(QUICKSTART)
+    assert d.fleet == "quickstart"
+    assert len(d.jobs) == 10 and len(d.tenants) == 3 and len(d.pools) == 6
+    assert d.jobs["llm-pretrain"].spec.replicas == 2
+    assert d.spot_policy.max_spot_fraction == 0.5
+
+
+def test_digest_changes_with_content_not_with_file_layout(tmp_path):
+    docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
+    a = load(write_config(tmp_path / "a", docs)).digest
+    split = tmp_path / "b"
+    split.mkdir()
+    for i, d in enumerate(docs):
+        (split / f"{i}.yaml").write_text(yaml.safe_dump(d))
+    assert load(split).digest == a
+    docs[-1]["spec"]["resources"]["gpus"] = 2
+    docs[-1]["spec"]["resources"]["cpu"] = 2
+    assert load(write_config(tmp_path / "c", docs)).digest != a
+
+
+def test_every_error_reported_with_file_line_and_field(tmp_path):
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    (tmp_path / "jobs.yaml").write_text(
+        "apiVersion: fleetops.io/v1alpha1\n"
+        "kind: Job\n"
+        "metadata: {name: train}\n"
+        "spec:\n"
+        "  tenant: nobody\n"                      # line 5: unknown tenant
+        "  resources:\n"
+        "    gpus: \"8\"\n"                       # line 7: a string is not an int
+        "    gpu_type: A100\n"
+        "  colour: blue\n"                        # line 9: unknown field
+        "---\n"
+        "apiVersion: fleetops.io/v1alpha1\n"
+        "kind: Job\n"
+        "metadata: {name: infer}\n"
+        "spec:\n"
+        "  tenant: nobody\n"                      # line 15
+        "  resources: {gpus: 1, gpu_type: Z9000}\n"  # line 16: nothing offers it
+        "  pools: [ghost]\n"                      # line 17: unknown pool
+    )
+    errs = errors_of(tmp_path)
+    assert "jobs.yaml:7: Job/train: spec.resources.gpus: Input should be a valid integer" in errs
+    assert "jobs.yaml:9: Job/train: spec.colour: unknown field" in errs
+    assert "jobs.yaml:15: Job/infer: spec.tenant: unknown tenant 'nobody'" in errs
+    assert "jobs.yaml:17: Job/infer: spec.pools.0: unknown pool 'ghost'" in errs
+    assert any(e.startswith("jobs.yaml:16: Job/infer: spec.resources.gpu_type: no pool offers gpu_type 'Z9000'") for e in errs)
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    (tmp_path / "broken.yaml").write_text("kind: Tenant\nmetadata:\n  name: [unclosed\n")
+    errs = errors_of(tmp_path)
+    assert any(e.startswith("broken.yaml:") and "invalid YAML" in e for e in errs), errs
+
+
+def test_duplicate_names_and_keys(tmp_path):
+    write_config(tmp_path, [topology(), tenant("a"), tenant("a")])
+    (tmp_path / "dup.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Tenant\nkind: Tenant\nmetadata: {name: b}\nspec: {}\n")
+    errs = errors_of(tmp_path)
+    assert any("metadata.name: duplicate Tenant name (first defined at fleet.yaml" in e for e in errs), errs
+    assert any(e.startswith("dup.yaml:3:") and "duplicate key 'kind'" in e for e in errs), errs
+
+
+@pytest.mark.parametrize(
+    "spec_patch,field,fragment",
+    [
+        ({"replicas": 0}, "spec.replicas", "greater than or equal to 1"),
+        ({"resources": {"gpus": -1, "gpu_type": "A100"}}, "spec.resources.gpus", "greater than or equal to 0"),
+        ({"resources": {"gpus": 10**12, "gpu_type": "A100"}}, "spec.resources.gpus", "less than or equal"),
+        ({"resources": {"gpus": 1}}, "spec.resources", "gpu_type is required"),
+        ({"spot": "sometimes"}, "spec.spot", "Input should be"),
+        ({"priority": "urgent"}, "spec.priority", "Input should be"),
+        ({"data": {"location": "mars/olympus"}}, "spec.data.location", "unknown topology node"),
+        ({"regions": ["atlantis"]}, "spec.regions.0", "unknown region"),
+    ],
+)
+def test_job_field_errors(tmp_path, spec_patch, field, fragment):
+    j = job("j", gpus=1, gpu_type="A100")
+    j["spec"].update(spec_patch)
+    write_config(tmp_path, [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]), j])
+    errs = errors_of(tmp_path)
+    assert any(f"Job/j: {field}: " in e and fragment in e for e in errs), errs
+
+
+def test_pool_errors(tmp_path):
+    write_config(tmp_path, [
+        topology(), tenant("t"),
+        pool("a", "aws", "us-east-1", ["us-east-1z"], ["p4d.24xlarge"]),
+        pool("b", "aws", "eu-north-9", ["x"], ["p4d.24xlarge"]),
+        pool("c", "aws", "us-west-2", ["us-west-2a"], ["p5.48xlarge", "warp-drive.1x"]),
+        pool("d", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=5, hi=2),
+    ])
+    errs = errors_of(tmp_path)
+    assert any("Pool/a: spec.zones.0: zone 'us-east-1z' is not in aws/us-east-1" in e for e in errs), errs
+    assert any("Pool/b: spec.region: region aws/eu-north-9 is not in the Topology" in e for e in errs), errs
+    assert any("Pool/c: spec.instance_types.0: p5.48xlarge is not offered in us-west-2" in e for e in errs), errs
+    assert any("Pool/c: spec.instance_types.1: unknown aws instance type 'warp-drive.1x'" in e for e in errs), errs
+    assert any("Pool/d: spec: " in e and "min_instances (5) exceeds max_instances (2)" in e for e in errs), errs
+
+
+def test_missing_topology_and_unknown_kind(tmp_path):
+    write_config(tmp_path, [tenant("t"), {"apiVersion": "fleetops.io/v1alpha1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}}])
+    errs = errors_of(tmp_path)
+    assert any("a Topology document is required" in e for e in errs)
+    assert any("kind: unknown kind 'Widget'" in e for e in errs)
+
+
+def test_yaml_bomb_is_refused_quickly(tmp_path):
+    write_config(tmp_path, [topology()])
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i-1}"] * 10) + "]")
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    errs = errors_of(tmp_path)
+    assert any(e.startswith("bomb.yaml:1:") and "alias expansion" in e for e in errs), errs
+
+
+def test_non_utf8_and_symlink_outside(tmp_path):
+    cfg = tmp_path / "cfg"
+    write_config(cfg, [topology()])
+    (cfg / "latin1.yaml").write_bytes(b"kind: Tenant\nmetadata: {name: caf\xe9}\n")
+    secret = tmp_path / "outside.yaml"
+    secret.write_text("kind: Tenant\n")
+    (cfg / "link.yaml").symlink_to(secret)
+    errs = errors_of(cfg)
+    assert any(e.startswith("latin1.yaml:2:") and "not valid UTF-8" in e for e in errs), errs
+    assert any(e.startswith("link.yaml:1:") and "symlink points outside" in e for e in errs), errs
+
+
+def test_status_and_hidden_dirs_are_not_config(tmp_path):
+    write_config(tmp_path, [topology(), tenant("t")])
+    for d in ("status/jobs", ".reconcile", ".github/workflows"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "x.yaml").write_text("this: is not a document\n")
+    assert load(tmp_path).fleet == "test"
+
+
+def test_cli_validate_exit_codes(tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["validate", str(QUICKSTART)])
+    assert ok.exit_code == 0 and "10 jobs" in ok.output
+    write_config(tmp_path, [topology(), job("j", tenant="ghost")])
+    bad = runner.invoke(app, ["validate", str(tmp_path)])
+    assert bad.exit_code == 1
+    assert "fleet.yaml:" in bad.output and "Job/j: spec.tenant: unknown tenant 'ghost'" in bad.output
+
+
+def test_schema_covers_every_kind():
+    res = CliRunner().invoke(app, ["schema"])
+    assert res.exit_code == 0
+    import json
+    schemas = json.loads(res.output)
+    assert set(schemas) == {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "Topology"}
+    assert "resources" in json.dumps(schemas["Job"])
