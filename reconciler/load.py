@@ -293,7 +293,9 @@ def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy 
         gt = s.resources.gpu_type
         if gt:
             candidates = s.pools if s.pools is not None else list(pool_gpu_types)
-            if not any(gt in pool_gpu_types.get(p, ()) for p in candidates):
+            # A cloud the shipped catalog does not know (a plugin's) can only be checked at plan time.
+            unknown_cloud = any(p in by_kind["Pool"] and by_kind["Pool"][p][1].spec.cloud not in catalog.regions for p in candidates)
+            if not unknown_cloud and not any(gt in pool_gpu_types.get(p, ()) for p in candidates):
                 offered = sorted(set().union(*pool_gpu_types.values())) if pool_gpu_types else []
                 err(doc, job, ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r} (pools offer: {', '.join(offered) or 'none'})")
 

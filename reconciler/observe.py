@@ -28,6 +28,7 @@ class Observed:
     offerings: tuple[PoolOffering, ...]
     placements: dict[str, tuple[str, ...]]  # job -> instance id per replica, from the last apply
     short: frozenset[tuple[str, str, str, str]] = frozenset()  # (cloud, zone, type, market) in cool-off
+    lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job -> its instances that vanished
     providers: dict[str, str] = field(default_factory=dict)  # pool -> provider name
 
     @property
@@ -101,7 +102,11 @@ class Fleet:
                 surviving = tuple(i for i in iids if i in alive)
                 if surviving:
                     placements[job] = surviving
+        lost = {
+            job: tuple(i for i in iids if i not in alive) for job, iids in state.placements.items()
+            if job in self.desired.jobs and any(i not in alive for i in iids)
+        }
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
-            placements=placements, short=state.short_now(), providers=providers,
+            placements=placements, short=state.short_now(), providers=providers, lost=lost,
         )

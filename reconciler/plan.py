@@ -203,7 +203,9 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             now = tuple(assigned.get(job, ()))
             if now:
                 action: JobAction = "keep" if sorted(now) == sorted(prev) and len(prev) == d.replicas else ("move" if prev else "place")
-                jobs.append(JobChange(job, d.tenant, action, now, prev))
+                gone = observed.lost.get(job)
+                note = f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)" if gone and action != "keep" else ""
+                jobs.append(JobChange(job, d.tenant, action, now, prev, note))
             else:
                 reason = problem.static_pending.get(job) or pending_reason(d, problem, solution)
                 jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, reason))

@@ -165,12 +165,12 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     price_of = {(po.offering.cloud, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
     for inst in observed.instances:
         pool = desired.pools.get(inst.pool)
-        shape = catalog.shape(inst.cloud, inst.instance_type)
+        # The provider's offering is the authority on shape and price; the catalog fills gaps.
         off = price_of.get((inst.cloud, inst.zone, inst.instance_type)) or catalog.offering(inst.cloud, inst.region, inst.zone, inst.instance_type)
         blocker = None
         if pool is None:
             blocker = f"pool {inst.pool!r} is no longer in the desired state"
-        elif shape is None or off is None:
+        elif off is None:
             blocker = f"instance type {inst.instance_type} is unknown in {inst.zone}"
         elif inst.instance_type not in pool.spec.instance_types or inst.zone not in pool.spec.zones or inst.region != pool.spec.region:
             blocker = f"drifted from Pool/{pool.name} (type or zone no longer allowed)"
@@ -182,8 +182,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         price = (off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od)
         caps.append(Capacity(
             key=inst.id, pool=inst.pool, provider=inst.provider, cloud=inst.cloud, region=inst.region, zone=inst.zone,
-            instance_type=inst.instance_type, market=inst.market, gpus=shape.gpus if shape else 0,
-            gpu_type=shape.gpu_type if shape else None, cpu=shape.cpu if shape else 0, memory_gib=shape.memory_gib if shape else 0,
+            instance_type=inst.instance_type, market=inst.market, gpus=off.gpus if off else 0,
+            gpu_type=off.gpu_type if off else None, cpu=off.cpu if off else 0, memory_gib=off.memory_gib if off else 0,
             price=price, on_demand_price=od, instance_id=inst.id, keep_blocker=blocker,
         ))
 
@@ -257,11 +257,11 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity]) -> str:
     """The first rule, in the order a user would check them, that leaves no capacity."""
     what = f"{d.gpus}x {d.gpu_type}" if d.gpus else f"{d.cpu:g} vCPU / {d.memory_gib:g} GiB (CPU-only)"
-    catalog = load_catalog()
+    shapes: dict[str, list] = {}  # pool -> the offerings its provider reports
+    for po in observed.offerings:
+        shapes.setdefault(po.pool, []).append(po.offering)
     pools = [p for p in desired.pools.values() if d.pools is None or p.name in d.pools]
-    typed = [p for p in pools if any(
-        (s := catalog.shape(p.spec.cloud, t)) is not None and (s.gpu_type == d.gpu_type if d.gpus else s.gpus == 0)
-        for t in p.spec.instance_types)]
+    typed = [p for p in pools if any((o.gpu_type == d.gpu_type if d.gpus else o.gpus == 0) for o in shapes.get(p.name, []))]
     if not typed:
         return f"no pool offers {what}" + (" (CPU jobs do not run on GPU instances)" if not d.gpus else "")
     in_region = [p for p in typed if region_matches(list(d.regions) if d.regions else None, p.spec.cloud, p.spec.region)
@@ -269,8 +269,8 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
     if not in_region:
         return f"no pool offers {what} in an allowed region (job regions: {', '.join(d.regions or ['any'])})"
     big = [p for p in in_region if any(
-        (s := catalog.shape(p.spec.cloud, t)) is not None and s.gpus >= d.gpus and s.cpu >= d.cpu and s.memory_gib >= d.memory_gib
-        for t in p.spec.instance_types)]
+        o.gpus >= d.gpus and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (o.gpu_type == d.gpu_type if d.gpus else o.gpus == 0)
+        for o in shapes.get(p.name, []))]
     if not big:
         return f"no instance type in an allowed pool is large enough for one replica ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB)"
     markets = {m for p in big for m in p.spec.markets()}

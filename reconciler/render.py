@@ -49,10 +49,10 @@ def render_human(plan: Plan, width: int = 120) -> str:
     moving = [j for j in plan.jobs if j.action in ("place", "move", "evict")]
     if moving:
         t = Table(title="Job placements", title_justify="left")
-        for col in ("job", "tenant", "action", "instances", "from"):
+        for col in ("job", "tenant", "action", "instances", "from", "note"):
             t.add_column(col)
         for j in moving:
-            t.add_row(j.job, j.tenant, j.action, ", ".join(j.instances) or "-", ", ".join(j.previous) or "-")
+            t.add_row(j.job, j.tenant, j.action, ", ".join(j.instances) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
         con.print(t)
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
@@ -99,7 +99,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     moving = [j for j in plan.jobs if j.action in ("place", "move")]
     if moving:
         lines += [f"<details><summary>Job placements ({len(moving)})</summary>", ""]
-        lines += _md_table(["job", "tenant", "action", "instances"], [[j.job, j.tenant, j.action, ", ".join(j.instances)] for j in moving], note)
+        lines += _md_table(["job", "tenant", "action", "instances", "note"], [[j.job, j.tenant, j.action, ", ".join(j.instances), j.reason] for j in moving], note)
         lines += ["", "</details>", ""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:

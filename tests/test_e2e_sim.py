@@ -66,6 +66,8 @@ def test_spot_interruption_is_healed_in_one_run(qs):
     drift = cli("plan", qs, "--detailed-exitcode")
     assert drift.exit_code == 2, drift.output
     assert "1 to create" in drift.output
+    replaced = [j for j in api.plan(qs).plan.jobs if j.action == "place"]
+    assert len(replaced) == 1 and replaced[0].reason == f"replaces {spot['id']}: gone (spot interruption or lost capacity)"
     healed = cli("apply", qs, "--auto-approve")
     assert healed.exit_code == 0, healed.output
     assert cli("plan", qs, "--detailed-exitcode").exit_code == 0

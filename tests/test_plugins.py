@@ -1,0 +1,56 @@
+"""Third-party providers load through the `reconciler.providers` entry point group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fleetkit import job, pool, tenant, topology, write_config
+
+PLUGIN = Path(__file__).parent / "plugins" / "fleetops-onprem"
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory) -> Path:
+    """pip-install the plugin package into its own target directory (a real install)."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(PLUGIN)],
+                   check=True, capture_output=True)
+    return target
+
+
+def run(plugin_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), str(Path(__file__).parent.parent)])}
+    return subprocess.run([sys.executable, "-m", "reconciler.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_finds_the_installed_plugin(plugin_path):
+    out = run(plugin_path, "providers")
+    assert out.returncode == 0
+    assert "onprem\tonprem_provider:OnPremProvider" in out.stdout
+    assert "sim\tproviders.sim:SimProvider" in out.stdout
+
+
+def test_plugin_drives_a_full_apply(plugin_path, tmp_path):
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={"onprem": {"dc1": ["rack-a", "rack-b"]}}), tenant("t"),
+        pool("dgx", "onprem", "dc1", ["rack-a", "rack-b"], ["dgx-a100"], hi=4),
+        job("train", gpus=8, gpu_type="A100", cpu=100, mem=800, replicas=2),
+        job("probe", gpus=2, gpu_type="A100", cpu=16, mem=64),
+    ])
+    applied = run(plugin_path, "apply", str(cfg), "--provider", "onprem", "--auto-approve")
+    assert applied.returncode == 0, applied.stderr
+    assert "3 created" in applied.stdout  # two for the gang (one rack), one for the probe
+    again = run(plugin_path, "plan", str(cfg), "--provider", "onprem", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_unknown_provider_is_a_clear_error(tmp_path):
+    cfg = write_config(tmp_path / "cfg", [topology(), tenant("t")])
+    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--provider", "nope"], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "unknown provider 'nope'; installed: aws, azure, gcp, sim" in out.stderr
