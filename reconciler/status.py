@@ -108,9 +108,10 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
         mine = sorted((i for i in instances if i.pool == name), key=lambda i: i.id)
         cost = sum(inst_price(i.id) for i in mine)
         lo, hi = pool.spec.min_instances, pool.spec.max_instances
-        failed = [f for f in report.failures if f" in " in f and any(z in f for z in pool.spec.zones)]
+        failed = [report.failed_refs[c.ref] for c in plan.creates if c.pool == name and c.ref in report.failed_refs]
         ok = lo <= len(mine) <= hi and not failed
-        msg = f"{len(mine)} instance(s), within [{lo}, {hi}]" if ok else (failed[0] if failed else f"{len(mine)} instance(s), outside [{lo}, {hi}]")
+        msg = f"{len(mine)} instance(s), within [{lo}, {hi}]" if ok else (
+            f"{len(failed)} create(s) failed: {failed[0]}" if failed else f"{len(mine)} instance(s), outside [{lo}, {hi}]")
         path = root / "pools" / f"{name}.yaml"
         _write(path, {
             "apiVersion": API_VERSION, "kind": "PoolStatus", "metadata": {"name": name},

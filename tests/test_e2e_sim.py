@@ -87,6 +87,10 @@ def test_capacity_error_marks_zone_short_and_next_run_goes_elsewhere(qs):
     assert ("gcp", target.zone, target.instance_type, target.market) in load_state(qs).short_now()
     embed = yaml.safe_load((qs / "status/jobs/embed-batch.yaml").read_text())["status"]
     assert embed["phase"] == "Pending" and embed["conditions"][0]["reason"] == "ProvisioningFailed"
+    l4 = yaml.safe_load((qs / "status/pools/gcp-l4-spot.yaml").read_text())["status"]["conditions"][0]
+    assert l4["status"] == "False" and "1 create(s) failed: sim: InsufficientCapacity" in l4["message"]
+    others = yaml.safe_load((qs / "status/pools/gcp-a100.yaml").read_text())["status"]["conditions"][0]
+    assert others["status"] == "True"
     retry = api.plan(qs).plan
     assert all(c.zone != target.zone for c in retry.creates if c.pool == "gcp-l4-spot")
     assert cli("apply", qs, "--auto-approve").exit_code == 0
