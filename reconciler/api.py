@@ -19,7 +19,8 @@ from reconciler.observe import Fleet, Observed
 from reconciler.plan import Plan, make_plan
 from reconciler.problem import Problem, build_problem
 from reconciler.solve import Solution, solve
-from reconciler.state import ApplyLock, load_state, save_state, state_dir
+from reconciler.backend import backend_for
+from reconciler.state import state_dir
 from reconciler.status import write_status
 
 DEFAULT_TIME_LIMIT = 20.0
@@ -54,26 +55,30 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
 
 
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-         allow_destroy: int | None = None, options: dict | None = None) -> PlanResult:
+         allow_destroy: int | None = None, options: dict | None = None, state: str | None = None) -> PlanResult:
+    """`state`: the state backend URL (None/'local' or s3://bucket/prefix)."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
+    backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
-    observed = fleet.observe(load_state(config_dir))
+    observed = fleet.observe(backend.load())
     return _plan(desired, observed, provider, time_limit, allow_destroy)
 
 
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
-          time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None) -> ApplyResult:
+          time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
+          state: str | None = None) -> ApplyResult:
     """Plan (or take a saved plan), check guardrails, apply, write status.
 
     Raises StalePlanError or GuardrailError before any provider call; raises
     ApplyError after writing status when some actions failed."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
-    with ApplyLock(config_dir):
-        state = load_state(config_dir)
+    backend = backend_for(config_dir, state)
+    with backend.lock():
+        current = backend.load()
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
-        observed = fleet.observe(state)
+        observed = fleet.observe(current)
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
                 raise StalePlanError(f"the plan is for fleet {saved_plan.fleet!r}, this config is fleet {desired.fleet!r}")
@@ -86,9 +91,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
             the_plan = _plan(desired, observed, provider, time_limit, allow_destroy).plan
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
-        report = apply_plan(desired, observed, the_plan, fleet, state)
-        save_state(config_dir, state)
-        after = fleet.observe(state).instances
+        report = apply_plan(desired, observed, the_plan, fleet, current)
+        backend.save(current)
+        after = fleet.observe(current).instances
         status_dir = write_status(config_dir, desired, the_plan, report, list(after))
     result = ApplyResult(the_plan, report, status_dir)
     if not report.ok:

@@ -22,6 +22,7 @@ ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
 TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT time limit in seconds.")
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
+StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default) or s3://bucket/prefix.")
 
 
 def _options(pairs: Optional[list[str]]) -> dict:
@@ -74,6 +75,7 @@ def plan(
     time_limit: float = TimeLimitOpt,
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
     provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
     from reconciler import api
@@ -82,7 +84,8 @@ def plan(
     if fmt not in ("human", "markdown", "json"):
         raise typer.BadParameter("--format must be human, markdown or json")
     try:
-        res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=_options(provider_option))
+        res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                       options=_options(provider_option), state=state)
     except ConfigError as e:
         for diag in e.diagnostics:
             typer.echo(str(diag), err=True)
@@ -105,6 +108,7 @@ def apply(
     time_limit: float = TimeLimitOpt,
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
     provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
 ) -> None:
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler import api
@@ -120,7 +124,7 @@ def apply(
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
         elif not auto_approve:
-            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts)
+            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state)
             typer.echo(render_human(preview.plan), nl=False)
             if not preview.plan.has_changes:
                 return
@@ -131,7 +135,8 @@ def apply(
                 typer.echo("Apply cancelled.")
                 raise typer.Exit(1)
             saved = preview.plan
-        res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts)
+        res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                        options=opts, state=state)
     except ConfigError as e:
         for diag in e.diagnostics:
             typer.echo(str(diag), err=True)
@@ -172,12 +177,12 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
 
 
 @app.command()
-def unlock(lock_id: str, config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory.")) -> None:
+def unlock(lock_id: str, config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory."), state: Optional[str] = StateOpt) -> None:
     """Break a stale apply lock held by LOCK_ID."""
-    from reconciler.state import break_lock
+    from reconciler.backend import backend_for
 
     try:
-        break_lock(config_dir, lock_id)
+        backend_for(config_dir, state).unlock(lock_id)
     except ReconcileError as e:
         _fail(e)
     typer.echo(f"lock {lock_id} broken")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -47,21 +46,27 @@ def state_dir(config_dir: Path) -> Path:
     return Path(config_dir) / ".reconcile"
 
 
-def load_state(config_dir: Path) -> State:
-    path = state_dir(config_dir) / "state.json"
-    if not path.exists():
-        return State()
-    raw = json.loads(path.read_text())
+def state_to_json(state: State) -> str:
+    return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())), "short": state.short}, indent=1)
+
+
+def state_from_json(text: str) -> State:
+    raw = json.loads(text)
     now = utcnow()
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
     return State(placements=raw.get("placements", {}), short=short, serial=raw.get("serial", 0))
+
+
+def load_state(config_dir: Path) -> State:
+    path = state_dir(config_dir) / "state.json"
+    return state_from_json(path.read_text()) if path.exists() else State()
 
 
 def save_state(config_dir: Path, state: State) -> None:
     d = state_dir(config_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / "state.json.tmp"
-    tmp.write_text(json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())), "short": state.short}, indent=1))
+    tmp.write_text(state_to_json(state))
     os.replace(tmp, d / "state.json")
 
 
@@ -132,4 +137,4 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-__all__ = ["State", "load_state", "save_state", "ApplyLock", "break_lock", "state_dir", "utcnow", "time"]
+__all__ = ["State", "load_state", "save_state", "state_to_json", "state_from_json", "ApplyLock", "break_lock", "state_dir", "utcnow"]

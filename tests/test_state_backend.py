@@ -1,0 +1,121 @@
+"""Shared state and locking: the s3 backend against a real moto server over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from providers.sim import SimCloud
+from reconciler import api
+from reconciler.backend import S3Backend, backend_for
+from reconciler.errors import LockError
+from reconciler.state import State, state_dir
+from tests.fleetkit import copy_quickstart
+
+BUCKET = "fleet-state"
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(moto_url, monkeypatch, request):
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL_S3": moto_url}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3")
+    bucket = f"{BUCKET}-{abs(hash(request.node.name)) % 10**8}"
+    s3.create_bucket(Bucket=bucket)
+    return env, f"s3://{bucket}/fleets/quickstart", s3, bucket
+
+
+def test_state_round_trips_through_s3(s3_env, tmp_path):
+    _, url, s3, bucket = s3_env
+    backend = backend_for(tmp_path, url)
+    assert isinstance(backend, S3Backend)
+    assert backend.load().placements == {}
+    st = State(placements={"job": ["i-1", "i-2"]}, serial=3)
+    st.mark_short("aws", "us-east-1a", "p4d.24xlarge", "spot")
+    backend.save(st)
+    raw = json.loads(s3.get_object(Bucket=bucket, Key="fleets/quickstart/state.json")["Body"].read())
+    assert raw["placements"] == {"job": ["i-1", "i-2"]} and raw["serial"] == 3
+    again = backend.load()
+    assert again.placements == st.placements and again.short_now() == st.short_now()
+
+
+def test_apply_with_s3_state_converges_and_keeps_nothing_local(s3_env, tmp_path):
+    _, url, s3, bucket = s3_env
+    qs = copy_quickstart(tmp_path)
+    api.apply(qs, state=url)
+    assert not (state_dir(qs) / "state.json").exists()
+    assert "placements" in json.loads(s3.get_object(Bucket=bucket, Key="fleets/quickstart/state.json")["Body"].read())
+    assert not api.plan(qs, state=url).plan.has_changes
+    # The lock object is gone once the apply is over.
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleets/quickstart/lock.json")
+
+
+def test_lock_is_exclusive_and_names_its_holder(s3_env, tmp_path):
+    _, url, _, _ = s3_env
+    a, b = backend_for(tmp_path, url), backend_for(tmp_path, url)
+    with a.lock() as held:
+        with pytest.raises(LockError, match=f"another apply holds the lock s3://.*: {held} \\(pid {os.getpid()}"):
+            with b.lock():
+                pass
+        with pytest.raises(LockError, match="refusing to break it"):
+            b.unlock("not-the-holder")
+    with b.lock():  # released: the next one gets it
+        pass
+
+
+def test_expired_lock_is_taken_over_and_unlock_breaks_a_live_one(s3_env, tmp_path):
+    from datetime import timedelta
+
+    _, url, s3, bucket = s3_env
+    short = S3Backend(url, ttl=timedelta(seconds=-1))  # every lock it writes is already expired
+    stuck = short.lock()
+    stuck.__enter__()  # a runner that died holding the lock
+    with backend_for(tmp_path, url).lock():
+        pass
+    live = backend_for(tmp_path, url)
+    ctx = live.lock()
+    lock_id = ctx.__enter__()
+    from typer.testing import CliRunner
+    from reconciler.cli import app
+    out = CliRunner().invoke(app, ["unlock", lock_id, "--state", url])
+    assert out.exit_code == 0, out.output
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleets/quickstart/lock.json")
+
+
+def test_two_concurrent_applies_exactly_one_proceeds(s3_env, tmp_path):
+    env, url, _, _ = s3_env
+    qs = copy_quickstart(tmp_path)
+    SimCloud(state_dir(qs)).set_fault(latency_ms=100)  # a slow cloud keeps the first apply inside its lock
+    penv = {**os.environ, **env, "FLEETOPS_STATE": url}
+    cmd = [sys.executable, "-m", "reconciler.cli", "apply", str(qs), "--auto-approve"]
+    procs = [subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    time.sleep(0.05)
+    procs.append(subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 1], results
+    loser = next(r for r in results if r[0] == 1)
+    assert "another apply holds the lock s3://" in loser[2] and "reconcile unlock" in loser[2]
+    winner = next(r for r in results if r[0] == 0)
+    assert "Applied plan" in winner[1]
+    SimCloud(state_dir(qs)).set_fault(latency_ms=0)
+    assert not api.plan(qs, state=url).plan.has_changes
