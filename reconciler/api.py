@@ -114,3 +114,91 @@ def read_status(config_dir: str | Path) -> dict:
         for p in sorted((root / kind).glob("*.yaml")) if (root / kind).exists() else []:
             out[kind][p.stem] = yaml.safe_load(p.read_text())
     return out
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job: str
+    base: str  # "absent", "running on 2x p4d.24xlarge (aws/us-east-1b)", "pending: <reason>"
+    head: str
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What merging a change does to the fleet, against the same observed fleet."""
+
+    base_ref: str
+    base: Plan
+    head: Plan
+    documents: tuple[str, ...]  # "+ Job/x", "- Pool/y", "~ Tenant/z"
+    jobs: tuple[JobOutcome, ...]  # only jobs whose outcome differs
+    capacity: tuple[tuple[str, int, int], ...]  # (pool type market, base count, head count) where they differ
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.documents or self.jobs or self.capacity)
+
+
+def _outcomes(plan: Plan, placed_types: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for j in plan.jobs:
+        if j.instances:
+            kinds = sorted({placed_types.get(i, i) for i in j.instances})
+            out[j.job] = f"running on {len(j.instances)}x {', '.join(kinds)}"
+        else:
+            out[j.job] = f"pending: {j.reason}"
+    return out
+
+
+def _resulting_fleet(plan: Plan, observed: Observed) -> tuple[dict[str, int], dict[str, str]]:
+    counts: dict[str, int] = {}
+    types: dict[str, str] = {}
+    for i in observed.instances:
+        if i.id in plan.kept:
+            key = f"{i.pool} {i.instance_type} {i.market}"
+            counts[key] = counts.get(key, 0) + 1
+            types[i.id] = f"{i.instance_type} ({i.cloud}/{i.zone})"
+    for c in plan.creates:
+        key = f"{c.pool} {c.instance_type} {c.market}"
+        counts[key] = counts.get(key, 0) + 1
+        types[c.ref] = f"{c.instance_type} ({c.cloud}/{c.zone})"
+    return counts, types
+
+
+def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
+         options: dict | None = None, state: str | None = None) -> DiffResult:
+    """Plan the config at `base_ref` and the working config against the same fleet, and
+    report only what differs: the change a pull request makes, not the fleet's drift."""
+    import tempfile
+
+    from reconciler.gitops import export_config
+
+    config_dir = Path(config_dir)
+    head = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state)
+    with tempfile.TemporaryDirectory() as tmp:
+        base_dir = export_config(config_dir, base_ref, Path(tmp) / "base")
+        base_desired = load(base_dir)
+        backend = backend_for(config_dir, state)
+        fleet = Fleet(base_desired, state_dir(config_dir), provider, options)  # the same fleet state as head
+        base = _plan(base_desired, fleet.observe(backend.load()), provider, time_limit, None)
+    docs = []
+    bd, hd = base.desired, head.desired
+    for kind, b, h in (("Tenant", bd.tenants, hd.tenants), ("Pool", bd.pools, hd.pools), ("Job", bd.jobs, hd.jobs)):
+        for name in sorted(set(b) | set(h)):
+            if name not in b:
+                docs.append(f"+ {kind}/{name}")
+            elif name not in h:
+                docs.append(f"- {kind}/{name}")
+            elif b[name] != h[name]:
+                docs.append(f"~ {kind}/{name}")
+    for kind, b, h in (("SpotPolicy", bd.spot_policy, hd.spot_policy), ("GuardrailPolicy", bd.guardrails, hd.guardrails),
+                       ("Topology", bd.topology, hd.topology)):
+        if b != h:
+            docs.append(f"~ {kind}")
+    bcount, btypes = _resulting_fleet(base.plan, base.observed)
+    hcount, htypes = _resulting_fleet(head.plan, head.observed)
+    bout, hout = _outcomes(base.plan, btypes), _outcomes(head.plan, htypes)
+    jobs = tuple(JobOutcome(j, bout.get(j, "absent"), hout.get(j, "absent"))
+                 for j in sorted(set(bout) | set(hout)) if bout.get(j, "absent") != hout.get(j, "absent"))
+    capacity = tuple((k, bcount.get(k, 0), hcount.get(k, 0)) for k in sorted(set(bcount) | set(hcount)) if bcount.get(k, 0) != hcount.get(k, 0))
+    return DiffResult(base_ref, base.plan, head.plan, tuple(docs), jobs, capacity)

@@ -109,6 +109,8 @@ def apply(
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
+    commit: bool = typer.Option(False, "--commit", help="Commit the status/ changes (and nothing else) to git."),
+    status_branch: Optional[str] = typer.Option(None, "--status-branch", help="With --commit: commit status to this branch instead of the current one."),
 ) -> None:
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler import api
@@ -142,16 +144,69 @@ def apply(
             typer.echo(str(diag), err=True)
         raise typer.Exit(1)
     except ApplyError as e:
-        r = e.result.report  # type: ignore[attr-defined]
-        typer.echo(f"Applied plan {e.result.plan.id} partly: {len(r.created)} created, {len(r.deleted)} deleted.")  # type: ignore[attr-defined]
+        res = e.result  # type: ignore[attr-defined]
+        typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
+        if commit:
+            _commit_status(config_dir, res, status_branch)
         _fail(e)
     except ReconcileError as e:
         _fail(e)
+    if commit:
+        _commit_status(config_dir, res, status_branch)
     r = res.report
     typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
     typer.echo(f"{len(r.created)} created, {len(r.deleted)} deleted; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
         typer.echo(f"kept {iid}: {why}")
+
+
+def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
+    from reconciler.gitops import commit_status
+    from reconciler.render import summary_line
+
+    r = res.report
+    head = f"fleetops: apply {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted" + ("" if r.ok else f", {len(r.failures)} failed")
+    body = [summary_line(res.plan), ""] + [f"failed: {f}" for f in r.failures]
+    try:
+        sha = commit_status(config_dir, "\n".join([head, "", *body]).rstrip() + "\n", branch)
+    except ReconcileError as e:
+        _fail(e)
+    typer.echo(f"status committed: {sha[:12]}" if sha else "status unchanged: nothing to commit")
+
+
+@app.command()
+def diff(
+    config_dir: Path = ConfigDir,
+    base: str = typer.Option(..., "--base", help="The git ref to compare with (e.g. origin/main)."),
+    fmt: str = typer.Option("markdown", "--format", help="markdown | json"),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode", help="Exit 2 when the change alters the fleet."),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
+) -> None:
+    """Plan the change a PR makes: this config vs the one at --base, against the same fleet."""
+    from dataclasses import asdict
+
+    from reconciler import api
+    from reconciler.render import render_diff_markdown
+
+    try:
+        d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state)
+    except ConfigError as e:
+        for diag in e.diagnostics:
+            typer.echo(str(diag), err=True)
+        raise typer.Exit(1)
+    except ReconcileError as e:
+        _fail(e)
+    if fmt == "json":
+        typer.echo(json.dumps({"base": base, "documents": d.documents, "jobs": [asdict(j) for j in d.jobs],
+                               "capacity": [list(c) for c in d.capacity], "cost_base": d.base.cost_after,
+                               "cost_head": d.head.cost_after}, indent=2))
+    else:
+        typer.echo(render_diff_markdown(d), nl=False)
+    if detailed_exitcode and d.has_changes:
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -168,7 +223,7 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
         raise typer.Exit(1)
     f = st["fleet"]["status"]
     typer.echo(f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, ${f['hourlyCost']:,.2f}/h, "
-               f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (plan {f['plan']})")
+               f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})")
     for t, c in f["tenants"].items():
         typer.echo(f"  tenant {t}: ${c['hourlyCost']:,.2f}/h")
     for name, j in st["jobs"].items():

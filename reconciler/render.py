@@ -116,3 +116,24 @@ def render(plan: Plan, fmt: str, full_plan_path: str | None = None) -> str:
     if fmt == "markdown":
         return render_markdown(plan, full_plan_path)
     return render_human(plan)
+
+
+def render_diff_markdown(d) -> str:
+    """A PR comment for `reconcile diff`: what merging this change does to the fleet."""
+    delta = d.head.cost_after - d.base.cost_after
+    lines = [f"### fleetops: what this change does (against `{d.base_ref}`)", ""]
+    if not d.has_changes:
+        return "\n".join(lines + ["No change to the fleet.", ""]) + "\n"
+    lines += [f"**{len(d.documents)} document(s) changed; {len(d.jobs)} job outcome(s) change; "
+              f"fleet ${d.base.cost_after:,.2f}/h -> ${d.head.cost_after:,.2f}/h ({delta:+,.2f})**", ""]
+    if d.documents:
+        lines += ["```diff", *d.documents, "```", ""]
+    if d.capacity:
+        lines += _md_table(["pool type market", "before", "after"], [[k, str(b), str(h)] for k, b, h in d.capacity], "see the JSON plan")
+        lines.append("")
+    if d.jobs:
+        lines += _md_table(["job", "before", "after"], [[j.job, j.base, j.head] for j in d.jobs], "see the JSON plan")
+        lines.append("")
+    for v in d.head.violations:
+        lines.append(f"> :no_entry: **Guardrail:** {v}")
+    return "\n".join(lines) + "\n"

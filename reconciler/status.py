@@ -96,7 +96,7 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
             "apiVersion": API_VERSION, "kind": "JobStatus", "metadata": {"name": name},
             "status": {
                 "phase": "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
-                "hourlyCost": round(cost, 4), "plan": plan.id,
+                "hourlyCost": round(cost, 4),
                 "conditions": _conditions(path, [cond], now),
             },
         })
@@ -117,19 +117,26 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
             "apiVersion": API_VERSION, "kind": "PoolStatus", "metadata": {"name": name},
             "status": {
                 "instances": [{"id": i.id, "type": i.instance_type, "zone": i.zone, "market": i.market} for i in mine],
-                "hourlyCost": round(cost, 4), "plan": plan.id,
+                "hourlyCost": round(cost, 4),
                 "conditions": _conditions(path, [Condition("Provisioned", ok, "Provisioned" if ok else "ProvisioningFailed", msg)], now),
             },
         })
     fleet_cost = sum(inst_price(i.id) for i in instances)
     path = root / "fleet.yaml"
+    # The last plan that changed something; a run that changes nothing leaves status untouched.
+    last = plan.id
+    if not plan.has_changes and report.ok and path.exists():
+        try:
+            last = (yaml.safe_load(path.read_text()) or {}).get("status", {}).get("lastChangedBy", plan.id)
+        except yaml.YAMLError:
+            pass
     _write(path, {
         "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet},
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
             "tenants": {t: {"hourlyCost": round(c, 4)} for t, c in sorted(tenant_cost.items())},
             "jobs": {"running": sum(1 for j in desired.jobs if report.placements.get(j)), "pending": sum(1 for j in desired.jobs if not report.placements.get(j))},
-            "plan": plan.id, "failures": report.failures,
+            "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },
     })

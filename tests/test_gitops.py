@@ -1,0 +1,151 @@
+"""The config repo as a git repo: PR -> diff/plan markdown -> merge -> apply --commit ->
+spot interruption -> scheduled run heals and commits status."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from providers.sim import SimCloud
+from reconciler.cli import app
+from reconciler.state import state_dir
+from tests.fleetkit import QUICKSTART
+
+runner = CliRunner()
+NEW_JOB = """apiVersion: fleetops.io/v1alpha1
+kind: Job
+metadata: {name: rl-rollouts}
+spec:
+  tenant: research
+  replicas: 1
+  resources: {gpus: 4, gpu_type: A10G, cpu: 40, memory_gib: 160}
+"""
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    for k, v in {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
+                 "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.com"}.items():
+        monkeypatch.setenv(k, v)
+    r = tmp_path / "fleet-config"
+    shutil.copytree(QUICKSTART, r, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    (r / ".gitignore").write_text(".reconcile/\n")
+    git(r, "init", "-q", "-b", "main")
+    git(r, "add", ".")
+    git(r, "commit", "-q", "-m", "initial fleet")
+    return r
+
+
+def changed_files(repo, rev="HEAD"):
+    return git(repo, "show", "--name-only", "--format=", rev).splitlines()
+
+
+def test_pull_request_to_healing_run(repo):
+    # Day 0: the fleet is applied from main and status is committed.
+    out = cli("apply", repo, "--auto-approve", "--commit")
+    assert out.exit_code == 0, out.output
+    assert "status committed" in out.output
+    assert git(repo, "log", "-1", "--format=%s").startswith("fleetops: apply ")
+    assert all(f.startswith("status/") for f in changed_files(repo))
+    assert git(repo, "status", "--porcelain") == ""
+
+    # A pull request adds a job.
+    git(repo, "checkout", "-q", "-b", "add-rl")
+    (repo / "jobs" / "rl.yaml").write_text(NEW_JOB)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "add rl-rollouts")
+    d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
+    assert d.exit_code == 2, d.output
+    assert "+ Job/rl-rollouts" in d.output
+    assert "| rl-rollouts | absent | running on 1x g5.12xlarge" in d.output
+    assert "aws-a10g g5.12xlarge" in d.output  # one more 4-GPU A10G instance
+    md = cli("plan", repo, "--format", "markdown", "--detailed-exitcode")
+    assert md.exit_code == 2 and "**1 to create, 0 to delete; jobs: 1 placed" in md.output
+    # The base branch alone would change nothing: the PR's diff is exactly its own change.
+    assert cli("diff", repo, "--base", "HEAD", "--detailed-exitcode").exit_code == 0
+
+    # Merge, then the apply-on-merge job commits status.
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "add-rl", "-m", "Merge add-rl")
+    out = cli("apply", repo, "--auto-approve", "--commit")
+    assert out.exit_code == 0, out.output
+    assert yaml.safe_load((repo / "status/jobs/rl-rollouts.yaml").read_text())["status"]["phase"] == "Running"
+    assert git(repo, "show", "HEAD:status/jobs/rl-rollouts.yaml")  # committed, not just written
+
+    # A spot instance is reclaimed; the scheduled run detects drift, heals and commits.
+    spot = next(i for i in SimCloud(state_dir(repo)).instances() if i["market"] == "spot" and i["state"] == "running")
+    cli("sim", "interrupt", spot["id"], "--dir", repo)
+    assert cli("plan", repo, "--detailed-exitcode").exit_code == 2
+    heal = cli("apply", repo, "--auto-approve", "--commit")
+    assert heal.exit_code == 0, heal.output
+    assert cli("plan", repo, "--detailed-exitcode").exit_code == 0
+    log = git(repo, "log", "--format=%s").splitlines()
+    assert sum(s.startswith("fleetops: apply ") for s in log) == 3
+    assert "1 created" in log[0]
+    fleet = yaml.safe_load(git(repo, "show", "HEAD:status/fleet.yaml"))["status"]
+    assert fleet["jobs"] == {"running": 11, "pending": 0}
+    assert spot["id"] not in git(repo, "show", "HEAD:status/fleet.yaml") + "".join(
+        git(repo, "show", f"HEAD:status/pools/{p}") for p in git(repo, "ls-tree", "--name-only", "HEAD", "status/pools/").replace("status/pools/", "").split())
+    # A run that changes nothing commits nothing.
+    again = cli("apply", repo, "--auto-approve", "--commit")
+    assert again.exit_code == 0 and "nothing to commit" in again.output
+
+
+def test_commit_never_takes_anything_but_status(repo):
+    (repo / "tenants.yaml").write_text((repo / "tenants.yaml").read_text() + "\n# a staged edit\n")
+    git(repo, "add", "tenants.yaml")
+    (repo / "notes.txt").write_text("untracked\n")
+    assert cli("apply", repo, "--auto-approve", "--commit").exit_code == 0
+    assert all(f.startswith("status/") for f in changed_files(repo))
+    porcelain = git(repo, "status", "--porcelain")
+    assert "M  tenants.yaml" in porcelain and "?? notes.txt" in porcelain  # still staged / untracked
+
+
+def test_status_branch_leaves_main_alone(repo):
+    main_before = git(repo, "rev-parse", "main")
+    out = cli("apply", repo, "--auto-approve", "--commit", "--status-branch", "fleet-status")
+    assert out.exit_code == 0, out.output
+    assert git(repo, "rev-parse", "main") == main_before
+    assert git(repo, "status", "--porcelain") == "?? status/"  # written, but not committed to main
+    # The status branch holds status/ only, with its own history (like gh-pages).
+    files = git(repo, "ls-tree", "-r", "--name-only", "fleet-status").splitlines()
+    assert "status/fleet.yaml" in files and all(f.startswith("status/") for f in files)
+    spot = next(i for i in SimCloud(state_dir(repo)).instances() if i["market"] == "spot")
+    cli("sim", "interrupt", spot["id"], "--dir", repo)
+    second = cli("apply", repo, "--auto-approve", "--commit", "--status-branch", "fleet-status")
+    assert second.exit_code == 0, second.output
+    assert git(repo, "rev-list", "--count", "fleet-status") == "2"
+    assert git(repo, "rev-parse", "main") == main_before
+
+
+def test_bot_identity_only_when_none_is_configured(repo, monkeypatch):
+    for k in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(repo.parent))  # no global git config
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    assert cli("apply", repo, "--auto-approve", "--commit").exit_code == 0
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "fleetops-reconciler <fleetops-reconciler@users.noreply.github.com>"
+    git(repo, "config", "user.name", "ci-bot")
+    git(repo, "config", "user.email", "ci@example.com")
+    cli("sim", "interrupt", SimCloud(state_dir(repo)).instances()[0]["id"], "--dir", repo)
+    assert cli("apply", repo, "--auto-approve", "--commit").exit_code == 0
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "ci-bot <ci@example.com>"
+
+
+def test_diff_outside_git_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "cfg"
+    shutil.copytree(QUICKSTART, cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    out = cli("diff", cfg, "--base", "main")
+    assert out.exit_code == 1 and "not inside a git repository" in out.output
