@@ -92,6 +92,10 @@ def plan(
         raise typer.Exit(1)
     except ReconcileError as e:
         _fail(e)
+    from reconciler.render import markdown_truncates
+
+    if out is None and fmt == "markdown" and markdown_truncates(res.plan):
+        out = Path("plan.json")  # the comment is cut short: keep the whole plan somewhere
     if out is not None:
         out.write_text(res.plan.to_json())
     typer.echo(render(res.plan, fmt, str(out) if out else None), nl=False)

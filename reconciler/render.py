@@ -9,7 +9,8 @@ from rich.table import Table
 
 from reconciler.plan import Plan
 
-MARKDOWN_MAX_ROWS = 60  # per section; GitHub comments are capped at 65,536 characters
+MARKDOWN_MAX_ROWS = 60  # per section
+MARKDOWN_MAX_CHARS = 60_000  # GitHub caps a comment at 65,536 characters
 
 
 def summary_line(plan: Plan) -> str:
@@ -78,6 +79,15 @@ def _md_table(header: list[str], rows: list[list[str]], truncated_note: str) -> 
     return out
 
 
+def markdown_truncates(plan: Plan) -> bool:
+    per_cloud = {}
+    for a in (*plan.creates, *plan.deletes):
+        per_cloud[a.cloud] = per_cloud.get(a.cloud, 0) + 1
+    moving = sum(j.action in ("place", "move") for j in plan.jobs)
+    pending = sum(j.action in ("pending", "evict") for j in plan.jobs)
+    return max([moving, pending, *per_cloud.values()], default=0) > MARKDOWN_MAX_ROWS
+
+
 def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     note = f"the full plan is in `{full_plan_path}`" if full_plan_path else "run `reconcile plan --format json` for the full plan"
     lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
@@ -107,7 +117,10 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += _md_table(["job", "tenant", "state", "reason"], [[j.job, j.tenant, j.action, j.reason] for j in pending], note)
         lines.append("")
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if len(text) > MARKDOWN_MAX_CHARS:
+        text = text[:MARKDOWN_MAX_CHARS].rsplit("\n", 1)[0] + f"\n\n_... truncated at {MARKDOWN_MAX_CHARS} characters; {note}_\n"
+    return text
 
 
 def render(plan: Plan, fmt: str, full_plan_path: str | None = None) -> str:

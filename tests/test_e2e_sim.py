@@ -249,3 +249,24 @@ def test_partial_failure_exit_code_and_report(tmp_path):
     assert e.value.result.report.failures  # type: ignore[attr-defined]
     nxt = api.plan(cfg).plan
     assert nxt.jobs[0].action == "pending" and "cool-off" in nxt.jobs[0].reason
+
+
+def test_long_markdown_plan_is_truncated_and_full_plan_saved(tmp_path, monkeypatch):
+    cfg = write_config(tmp_path / "c", [topology(), tenant("t"),
+                                        pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=100),
+                                        *[job(f"job-{i:03d}", gpus=1, gpu_type="A100", cpu=4, mem=16, spot="never") for i in range(75)]])
+    monkeypatch.chdir(tmp_path)
+    out = cli("plan", cfg, "--format", "markdown")
+    assert out.exit_code == 0
+    assert "_... 15 more rows truncated; the full plan is in `plan.json`_" in out.output
+    assert out.output.count("| + create |") == 60
+    full = json.loads((tmp_path / "plan.json").read_text())
+    assert len(full["creates"]) == 75
+
+
+def test_markdown_shows_guardrail_violations(qs):
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    for f in (qs / "jobs").glob("*.yaml"):
+        f.unlink()
+    md = cli("plan", qs, "--format", "markdown").output
+    assert "> :no_entry: **Guardrail:** max_destroy_per_apply: would destroy 9 instances" in md
