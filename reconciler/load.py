@@ -146,7 +146,7 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
     kind = body.get("kind")
     meta = body.get("metadata")
     name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         known = ", ".join(sorted(KINDS))
         diags.append(Diagnostic(doc.file, doc.line_of(("kind",)), str(kind or ""), name, "kind", f"unknown kind {kind!r} (expected one of {known})"))
         return None
