@@ -17,7 +17,8 @@ from reconciler.explain import pending_reason
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem import Capacity, Demand, Problem
-from reconciler.solve import Solution, Unit
+from reconciler.problem import Unit
+from reconciler.solve import Solution
 
 PLAN_FORMAT = 1
 JobAction = Literal["keep", "place", "move", "evict", "pending"]

@@ -86,6 +86,16 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """One decision unit: an existing instance, one slot of an offer, or a whole aggregated offer."""
+
+    key: str
+    cap: Capacity
+    count: int  # how many instances this unit may stand for (1 unless aggregate)
+    slot: int = 0  # position among the slots of one offer (they are used in order)
+
+
+@dataclass(frozen=True)
 class Problem:
     demands: tuple[Demand, ...]
     capacities: tuple[Capacity, ...]
@@ -282,3 +292,15 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
     if not any(o.pool in names for o in offers):
         return "every matching zone is out of capacity or in cool-off after a capacity error; retry later or add zones"
     return f"no capacity matches {what} under the pool, market and spot price rules"
+
+
+def units_of(problem: Problem) -> list[Unit]:
+    units = []
+    for c in problem.capacities:
+        if c.existing:
+            units.append(Unit(c.key, c, 1))
+        elif c.aggregate:
+            units.append(Unit(c.key, c, c.max_new))
+        else:
+            units.extend(Unit(f"{c.key}#{k}", c, 1, k) for k in range(c.max_new))
+    return units

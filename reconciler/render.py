@@ -24,6 +24,9 @@ def summary_line(plan: Plan) -> str:
 
 def _solver_line(plan: Plan) -> str:
     s = plan.solver
+    if s.status == "GREEDY_FALLBACK":
+        return (f"CP-SAT found no solution in {s.seconds:.2f}s: this plan is greedy best-fit (work gap up to {s.gap:.1%}); "
+                f"raise --time-limit for a better one; plan {plan.id}")
     quality = "optimal" if s.optimal else f"feasible, gap {s.gap:.2%}"
     return f"CP-SAT {quality} in {s.seconds:.2f}s; plan {plan.id}"
 

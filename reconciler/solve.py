@@ -19,19 +19,11 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit
+from reconciler.greedy import Greedy, greedy
+from reconciler.problem import DIMS, Demand, Problem, Unit, fit, units_of
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SCALE = {"gpus": 1, "cpu": 1000, "memory_gib": 1000}  # CPU and memory in thousandths
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One decision unit: an existing instance, one slot of an offer, or a whole aggregated offer."""
-
-    key: str
-    cap: Capacity
-    count: int  # how many instances this unit may stand for (1 unless aggregate)
 
 
 @dataclass(frozen=True)
@@ -49,22 +41,10 @@ class Solution:
     cost_milli: int = 0
 
 
-def _units(problem: Problem) -> list[Unit]:
-    units = []
-    for c in problem.capacities:
-        if c.existing:
-            units.append(Unit(c.key, c, 1))
-        elif c.aggregate:
-            units.append(Unit(c.key, c, c.max_new))
-        else:
-            units.extend(Unit(f"{c.key}#{k}", c, 1) for k in range(c.max_new))
-    return units
-
-
 def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None, seed: int = 0) -> Solution:
     t0 = time.monotonic()
     m = cp_model.CpModel()
-    units = _units(problem)
+    units = units_of(problem)
     demands = problem.demands
 
     use: dict[str, cp_model.IntVar] = {}
@@ -83,19 +63,24 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
                 m.add(use[prev[u.cap.key]] >= use[u.key])
             prev[u.cap.key] = u.key
 
+    # Placement variables per shape, not per demand: demands that differ only in tenant or
+    # priority are interchangeable for capacity, so one x per (shape, unit) is exact and
+    # the per-demand counts (quotas, objective) are tied to it by one equation per shape.
+    groups = _shape_groups(demands)
     x: dict[tuple[str, str], cp_model.IntVar] = {}
     by_unit: dict[str, list[tuple[Demand, cp_model.IntVar]]] = {u.key: [] for u in units}
-    by_demand: dict[str, list[tuple[Unit, cp_model.IntVar]]] = {d.key: [] for d in demands}
-    for d in demands:
-        total = len(d.jobs) * d.replicas
+    by_group: dict[str, list[tuple[Unit, cp_model.IntVar]]] = {gk: [] for gk in groups}
+    for gk, members in groups.items():
+        rep = members[0]
+        total = sum(len(d.jobs) * d.replicas for d in members)
         for u in units:
-            f = fit(d, u.cap)
+            f = fit(rep, u.cap)
             if f <= 0 or (u.cap.existing and u.cap.keep_blocker is not None):
                 continue
-            v = m.new_int_var(0, min(total, f * u.count), f"x[{d.key},{u.key}]")
-            x[(d.key, u.key)] = v
-            by_unit[u.key].append((d, v))
-            by_demand[d.key].append((u, v))
+            v = m.new_int_var(0, min(total, f * u.count), f"x[{gk},{u.key}]")
+            x[(gk, u.key)] = v
+            by_unit[u.key].append((rep, v))
+            by_group[gk].append((u, v))
 
     # Capacity in every dimension; GPUs can never be overcommitted.
     for u in units:
@@ -109,9 +94,10 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
 
     # Demands: all replicas of a gang or none, in one zone; identical jobs counted.
     placed: dict[str, cp_model.IntVar] = {}
-    for d in demands:
-        pairs = by_demand[d.key]
-        if d.gang:
+    for gk, members in groups.items():
+        pairs = by_group[gk]
+        if members[0].gang:
+            d = members[0]
             p = m.new_bool_var(f"placed[{d.key}]")
             m.add(sum(v for _, v in pairs) == d.replicas * p)
             zones = sorted({(u.cap.cloud, u.cap.zone) for u, _ in pairs})
@@ -120,10 +106,11 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
                 m.add(sum(y.values()) == p)
                 for u, v in pairs:
                     m.add(v <= d.replicas * y[(u.cap.cloud, u.cap.zone)])
+            placed[d.key] = p
         else:
-            p = m.new_int_var(0, len(d.jobs), f"placed[{d.key}]")
-            m.add(sum(v for _, v in pairs) == p)
-        placed[d.key] = p
+            for d in members:
+                placed[d.key] = m.new_int_var(0, len(d.jobs), f"placed[{d.key}]")
+            m.add(sum(v for _, v in pairs) == sum(placed[d.key] for d in members))
 
     # Tenant quotas: exact, on requested resources.
     for tenant, caps in problem.tenant_caps.items():
@@ -164,8 +151,8 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     cost = sum(round(u.cap.price * MILLI) * use[u.key] for u in units)
     unit_by_key = {u.key: u for u in units}
     egress_terms = []
-    for (dk, uk), v in x.items():
-        e = problem.egress.get((dk, unit_by_key[uk].cap.key))
+    for (gk, uk), v in x.items():
+        e = problem.egress.get((groups[gk][0].key, unit_by_key[uk].cap.key))
         if e:
             egress_terms.append(round(e * MILLI) * v)
     total_cost = cost + sum(egress_terms)
@@ -174,35 +161,40 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
 
     work = sum(d.weight * d.replicas * placed[d.key] for d in demands)
 
-    # Stage 1: most priority-weighted work. Hint: what runs now stays.
-    for (dk, uk), n in problem.running.items():
-        if (dk, uk) in x:
-            m.add_hint(x[(dk, uk)], n)
-    for u in units:
-        if u.cap.existing:
-            m.add_hint(use[u.key], 1 if u.cap.keep_blocker is None else 0)
+    # Stage 1: most priority-weighted work, warm-started from greedy best-fit (which
+    # itself keeps running replicas where they are), so CP-SAT never does worse.
+    g = greedy(problem)
+    if time_limit <= 0:  # --time-limit 0: greedy best-fit only
+        return _from_greedy(g, units, problem, None, t0)
+    for uk, v in use.items():
+        m.add_hint(v, g.use.get(uk, 0))
+    for key, n in _by_group(g.x, groups).items():
+        if key in x:
+            m.add_hint(x[key], n)
+    for dk, v in placed.items():
+        m.add_hint(v, g.placed.get(dk, 0))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = max(0.1, time_limit / 2)
     m.maximize(work)
     st1 = solver.solve(m)
+    if st1 == cp_model.INFEASIBLE:
+        raise SolverError(
+            "the fleet's hard rules contradict each other even with no job placed: check pool min_instances "
+            "against max_hourly_budget, max_spot_fraction and pools that can buy nothing"
+        )
     if st1 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if st1 == cp_model.INFEASIBLE:
-            raise SolverError(
-                "the fleet's hard rules contradict each other even with no job placed: check pool min_instances "
-                "against max_hourly_budget, max_spot_fraction and pools that can buy nothing"
-            )
-        raise SolverError(f"CP-SAT found no solution within {time_limit:.0f}s; raise --time-limit")
+        return _from_greedy(g, units, problem, solver, t0)
     best_work = round(solver.objective_value)
     stage1_optimal = st1 == cp_model.OPTIMAL
 
     # Stage 2: cheapest, then least churn, among answers placing that much work.
     kept_terms = []
-    for (dk, uk), n in problem.running.items():
-        if (dk, uk) in x:
-            k = m.new_int_var(0, n, f"kept[{dk},{uk}]")
-            m.add(k <= x[(dk, uk)])
+    for (gk, uk), n in _by_group(problem.running, groups).items():
+        if (gk, uk) in x:
+            k = m.new_int_var(0, n, f"kept[{gk},{uk}]")
+            m.add(k <= x[(gk, uk)])
             kept_terms.append(k)
     running_total = sum(problem.running.values())
     created = sum(use[u.key] for u in units if not u.cap.existing)
@@ -219,14 +211,74 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     obj, bound = solver.objective_value, solver.best_objective_bound
     gap = 0.0 if st2 == cp_model.OPTIMAL or obj <= 0 else max(0.0, (obj - bound) / obj)
 
-    x_val = {k: solver.value(v) for k, v in x.items() if solver.value(v) > 0}
+    placed_val = {d.key: solver.value(placed[d.key]) for d in demands}
+    x_val = _split({k: solver.value(v) for k, v in x.items() if solver.value(v) > 0}, groups, placed_val, problem.running)
     return Solution(
         status="OPTIMAL" if (st2 == cp_model.OPTIMAL and stage1_optimal) else "FEASIBLE",
         optimal=st2 == cp_model.OPTIMAL and stage1_optimal,
         gap=gap, seconds=time.monotonic() - t0,
         keep=frozenset(u.cap.instance_id for u in units if u.cap.existing and solver.value(use[u.key])),
         new_units={u.key: solver.value(use[u.key]) for u in units if not u.cap.existing and solver.value(use[u.key]) > 0},
-        x=x_val, placed={d.key: solver.value(placed[d.key]) for d in demands},
+        x=x_val, placed=placed_val,
         units=unit_by_key, work=best_work, cost_milli=solver.value(cost),
     )
 
+
+
+def _from_greedy(g: Greedy, units: list[Unit], problem: Problem, solver: cp_model.CpSolver | None, t0: float) -> Solution:
+    """CP-SAT found nothing in time (or had no time): answer with greedy best-fit, and say so."""
+    bound = solver.best_objective_bound if solver is not None else None
+    gap = max(0.0, (bound - g.work) / bound) if bound and bound > 0 and math.isfinite(bound) else 1.0
+    by_key = {u.key: u for u in units}
+    return Solution(
+        status="GREEDY_FALLBACK", optimal=False, gap=gap, seconds=time.monotonic() - t0,
+        keep=frozenset(by_key[k].cap.instance_id for k, n in g.use.items() if n and by_key[k].cap.existing),
+        new_units={k: n for k, n in g.use.items() if n and not by_key[k].cap.existing},
+        x={k: n for k, n in g.x.items() if n}, placed=dict(g.placed), units=by_key, work=g.work,
+        cost_milli=round(g.cost * MILLI),
+    )
+
+
+def _shape_groups(demands: tuple[Demand, ...]) -> dict[str, list[Demand]]:
+    """Demands interchangeable for capacity: same resources and placement rules.
+    Gangs stay alone (each picks its own zone)."""
+    out: dict[tuple, list[Demand]] = {}
+    for d in demands:
+        key = ("gang", d.key) if d.gang else (d.gpus, d.gpu_type, d.cpu, d.memory_gib, d.spot, d.pools, d.regions,
+                                             d.data_location, d.data_gib, d.hours)
+        out.setdefault(key, []).append(d)
+    return {f"s{i}": members for i, members in enumerate(out.values())}
+
+
+def _by_group(per_demand: dict[tuple[str, str], int], groups: dict[str, list[Demand]]) -> dict[tuple[str, str], int]:
+    of = {d.key: gk for gk, members in groups.items() for d in members}
+    out: dict[tuple[str, str], int] = {}
+    for (dk, uk), n in per_demand.items():
+        out[(of[dk], uk)] = out.get((of[dk], uk), 0) + n
+    return out
+
+
+def _split(xg: dict[tuple[str, str], int], groups: dict[str, list[Demand]], placed: dict[str, int],
+           running: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Share each shape's replicas per unit among its demands: replicas go back where their
+    demand runs now first, so the plan's moves are the ones the solver counted."""
+    out: dict[tuple[str, str], int] = {}
+    for gk, members in groups.items():
+        left = {d.key: placed.get(d.key, 0) * d.replicas for d in members}
+        cells = [(uk, n) for (g, uk), n in xg.items() if g == gk]
+        room = dict(cells)
+        for uk, _ in cells:  # pass 1: running replicas stay
+            for d in members:
+                take = min(running.get((d.key, uk), 0), left[d.key], room[uk])
+                if take:
+                    out[(d.key, uk)] = out.get((d.key, uk), 0) + take
+                    left[d.key] -= take
+                    room[uk] -= take
+        for uk, _ in cells:  # pass 2: the rest, in demand order
+            for d in members:
+                take = min(left[d.key], room[uk])
+                if take:
+                    out[(d.key, uk)] = out.get((d.key, uk), 0) + take
+                    left[d.key] -= take
+                    room[uk] -= take
+    return out

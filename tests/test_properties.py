@@ -11,6 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.greedy import greedy
 from reconciler.load import load
 from reconciler.plan import make_plan
 from reconciler.problem import build_problem
@@ -54,6 +55,13 @@ def test_solver_answer_keeps_every_rule(jobs, q1, q2, spot_frac, budget, existin
     solution = solve(problem, time_limit=5, workers=1)
     plan = make_plan(desired, observed, problem, solution)
     check_plan(desired, observed, plan)
+    # Greedy best-fit is a valid answer too, and CP-SAT (warm-started from it) never places less work.
+    g = greedy(problem)
+    gplan = make_plan(desired, observed, problem, solve(problem, time_limit=0))
+    check_plan(desired, observed, gplan)
+    assert solution.work >= g.work
+    if solution.optimal:
+        assert solution.cost_milli / 1000 <= g.cost + 0.01 or solution.work > g.work  # costs are rounded to 0.1 cent
     # Whenever nothing binds (no quota, spot or budget limits), all placeable work is placed.
     if solution.optimal:
         for j in plan.jobs:

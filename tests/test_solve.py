@@ -210,3 +210,28 @@ def test_topology_shortest_paths():
     assert idx.distance("aws/us-east-1", "gcp", "us-central1", "us-central1-a").egress_per_gb == pytest.approx(0.01)
     # Azure is reached over the internet: out of aws (0.01 to the cloud node) + 0.09 + into the region (0.01).
     assert idx.distance("aws/us-east-1", "azure", "eastus", "eastus-1").egress_per_gb == pytest.approx(0.11)
+
+
+def test_greedy_fallback_is_valid_and_said_so(tmp_path):
+    """When CP-SAT has no answer in time, the plan is greedy best-fit and says so."""
+    from reconciler.greedy import greedy
+    docs = [topology(), tenant("t", gpus=6), pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-8g"], hi=3),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=2)]
+    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=4, mem=16) for i in range(5)]
+    docs.append(job("gang", gpus=8, gpu_type="A100", cpu=90, mem=600, replicas=2, priority="low"))
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired)
+    problem = build_problem(desired, observed)
+    g = greedy(problem)
+    solution = solve(problem, time_limit=0)  # no time for CP-SAT at all
+    assert solution.status == "GREEDY_FALLBACK" and not solution.optimal
+    plan = make_plan(desired, observed, problem, solution)
+    check_plan(desired, observed, plan)
+    # Greedy buys the cheapest instance per job (a2-highgpu-1g) until the pool's max of 3 stops it.
+    assert solution.work == g.work and plan.counts()["place"] == 3
+    from reconciler.render import render_human
+    assert "CP-SAT found no solution" in render_human(plan) and "greedy best-fit" in render_human(plan)
+    # With time, CP-SAT sees that one 8-GPU instance holds all five jobs.
+    full = solve(problem, time_limit=10)
+    assert full.optimal and full.work > g.work
+    assert sum(full.placed.values()) == 5
