@@ -47,14 +47,28 @@ def greedy(problem: Problem) -> Greedy:
     fleet = {"gpus": 0.0, "spot_gpus": 0.0}
     dim = "gpus" if any(u.cap.gpus for u in units) else "cpu"
 
-    # Existing instances start open only if something runs on them; others open on demand.
-    for u in units:
-        if u.cap.existing and u.cap.keep_blocker is None and any(uk == u.key for (_, uk) in problem.running):
-            _open(g, u, open_, pool_count, fleet, dim, existing=True)
-
     order = sorted(problem.demands, key=lambda d: (-d.priority, -d.gang, -_dominant(d, units), d.key))
+    by_key = {u.key: u for u in units}
+    opened: dict[str, _Inst] = {}  # existing instances opened so far
+
+    # Phase 1: what runs stays where it is (whole gangs only), within quotas and pool limits.
+    running_of: dict[str, list[tuple[str, int]]] = {}
+    for (dk, uk), n in problem.running.items():
+        if uk in by_key and by_key[uk].cap.keep_blocker is None:
+            running_of.setdefault(dk, []).append((uk, n))
     for d in order:
-        for _ in range(len(d.jobs)):
+        cells = sorted(running_of.get(d.key, []))
+        if d.gang:
+            if sum(n for _, n in cells) == d.replicas and _keep(g, problem, d, cells, by_key, opened, open_, pool_count, fleet, dim, tenant_used):
+                g.placed[d.key] = 1
+        else:
+            for cell in cells:
+                if _keep(g, problem, d, [cell], by_key, opened, open_, pool_count, fleet, dim, tenant_used):
+                    g.placed[d.key] += cell[1]
+
+    # Phase 2: everything else, by priority and size.
+    for d in order:
+        for _ in range(len(d.jobs) - g.placed[d.key]):
             need = {k: d.req(k) * d.replicas for k in DIMS}
             caps = problem.tenant_caps.get(d.tenant, {})
             if any(tenant_used.setdefault(d.tenant, {k: 0.0 for k in DIMS})[k] + need[k] > caps[k] + 1e-9 for k in caps):
@@ -76,6 +90,40 @@ def greedy(problem: Problem) -> Greedy:
                     continue
                 _open(g, u, open_, pool_count, fleet, dim, existing=u.cap.existing)
     return g
+
+
+def _keep(g: Greedy, problem: Problem, d: Demand, cells: list[tuple[str, int]], by_key: dict[str, Unit],
+          opened: dict[str, "_Inst"], open_: list["_Inst"], pool_count: dict, fleet: dict, dim: str, tenant_used: dict) -> bool:
+    """Keep replicas of d on the existing instances they run on now (cells: unit key,
+    replicas there); all or nothing."""
+    replicas = sum(n for _, n in cells)
+    caps = problem.tenant_caps.get(d.tenant, {})
+    used = tenant_used.setdefault(d.tenant, {k: 0.0 for k in DIMS})
+    if any(used[k] + d.req(k) * replicas > caps[k] + 1e-9 for k in caps):
+        return False
+    new_per_pool: dict[str, int] = {}
+    for uk, n in cells:
+        inst = opened.get(uk)
+        free = inst.free if inst else [by_key[uk].cap.gpus, by_key[uk].cap.cpu, by_key[uk].cap.memory_gib]
+        if free[0] < d.gpus * n or free[1] < d.cpu * n - 1e-9 or free[2] < d.memory_gib * n - 1e-9:
+            return False
+        if inst is None:
+            pool = by_key[uk].cap.pool
+            new_per_pool[pool] = new_per_pool.get(pool, 0) + 1
+    if any(pool_count[p] + k > problem.pool_bounds[p][1] for p, k in new_per_pool.items()):
+        return False
+    if problem.budget is not None and g.cost + sum(by_key[uk].cap.price for uk, _ in cells if uk not in opened) > problem.budget + 1e-9:
+        return False
+    for uk, n in cells:
+        if uk not in opened:
+            opened[uk] = _open(g, by_key[uk], open_, pool_count, fleet, dim, existing=True)
+        for _ in range(n):
+            _take(d, opened[uk])
+        g.x[(d.key, uk)] = g.x.get((d.key, uk), 0) + n
+    for k in DIMS:
+        used[k] += d.req(k) * replicas
+    g.work += d.weight * replicas
+    return True
 
 
 def _open(g: Greedy, u: Unit, open_: list[_Inst], pool_count: dict, fleet: dict, dim: str, existing: bool) -> _Inst:
@@ -168,7 +216,8 @@ def _try_zone(g, problem, d, units, open_, pool_count, fleet, dim, allow_spot, z
     if left:
         # Cheapest per replica first; existing idle instances cost their price like new ones.
         offers = sorted((u for u in units if (u.cap.cloud, u.cap.zone) == zone and fit(d, u.cap)),
-                        key=lambda u: (u.cap.price / min(fit(d, u.cap), d.replicas) + problem.egress.get((d.key, u.cap.key), 0.0), u.cap.key, u.slot))
+                        key=lambda u: (u.cap.price / min(fit(d, u.cap), d.replicas) + problem.egress.get((d.key, u.cap.key), 0.0),
+                                       not u.cap.existing, u.cap.key, u.slot))  # at equal price, an idle instance we have
         bought: dict[str, int] = {}
         spent = 0.0
         counts = dict(pool_count)

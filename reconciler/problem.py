@@ -125,6 +125,22 @@ def fit(d: Demand, c: Capacity) -> int:
     return max(0, n)
 
 
+def _ffd_bins(demands: list[Demand], c: Capacity) -> int:
+    """Instances of c that first-fit decreasing needs for all these replicas."""
+    items = sorted(((d.gpus, d.cpu, d.memory_gib) for d in demands for _ in range(len(d.jobs) * d.replicas)), reverse=True)
+    bins: list[list[float]] = []
+    for g, cpu, mem in items:
+        for b in bins:
+            if b[0] >= g and b[1] >= cpu - 1e-9 and b[2] >= mem - 1e-9:
+                b[0] -= g
+                b[1] -= cpu
+                b[2] -= mem
+                break
+        else:
+            bins.append([c.gpus - g, c.cpu - cpu, c.memory_gib - mem])
+    return len(bins)
+
+
 def _exact_in_aggregate(c: Capacity, demands: list[Demand]) -> bool:
     """True when any multiset of these replicas whose totals fit n instances also packs into n."""
     fits = [fit(d, c) for d in demands]
@@ -220,12 +236,17 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     sized: list[Capacity] = []
     for c in offers:
         compatible = [d for d in demands if fit(d, c) > 0]
-        # Packing each class alone is a valid packing, so no optimum needs more of this offer.
+        aggregate = _exact_in_aggregate(c, compatible)
+        # Any valid packing of every compatible replica bounds how many of this offer an optimum
+        # needs (it never buys an instance its replicas could do without). Slots cost a variable
+        # each, so their bound is worth the tighter first-fit-decreasing count.
         bound = sum(math.ceil(len(d.jobs) * d.replicas / fit(d, c)) for d in compatible)
+        if not aggregate and bound > 1:
+            bound = min(bound, _ffd_bins(compatible, c))
         lo, hi = pool_bounds[c.pool]
         n = min(max(bound, lo), hi)
         if n > 0:
-            sized.append(Capacity(**{**c.__dict__, "max_new": n, "aggregate": _exact_in_aggregate(c, compatible)}))
+            sized.append(Capacity(**{**c.__dict__, "max_new": n, "aggregate": aggregate}))
     caps.extend(sized)
 
     by_id = {c.instance_id: c for c in caps if c.existing}

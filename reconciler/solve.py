@@ -168,15 +168,20 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         return _from_greedy(g, units, problem, None, t0)
     for uk, v in use.items():
         m.add_hint(v, g.use.get(uk, 0))
-    for key, n in _by_group(g.x, groups).items():
-        if key in x:
-            m.add_hint(x[key], n)
+    gx = _by_group(g.x, groups)
+    for key, v in x.items():  # a complete hint: CP-SAT ignores most of a partial one at this size
+        m.add_hint(v, gx.get(key, 0))
     for dk, v in placed.items():
         m.add_hint(v, g.placed.get(dk, 0))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = max(0.1, time_limit / 2)
+    # Presolve costs more than it saves on this model: at 1k jobs it took the whole stage-1
+    # budget, while without it the warm-start hint is a solution in under a second
+    # (bench/README.md). Slots are already ordered, so symmetry detection is not needed either.
+    solver.parameters.cp_model_presolve = False
+    solver.parameters.symmetry_level = 0
     m.maximize(work)
     st1 = solver.solve(m)
     if st1 == cp_model.INFEASIBLE:
@@ -201,26 +206,44 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     churn_max = running_total + sum(u.count for u in units if not u.cap.existing) + 1
     m.add(work >= best_work)
     m.clear_hints()
-    for v in [*use.values(), *x.values(), *placed.values()]:
-        m.add_hint(v, solver.value(v))
+    if g.work >= best_work:
+        # Greedy already places that much work and, unlike stage 1's answer, it chose
+        # cheap capacity and kept what runs: a far better start for the cost stage.
+        hint_use, hint_x, hint_placed = g.use, _by_group(g.x, groups), g.placed
+    else:
+        hint_use = {k: solver.value(v) for k, v in use.items()}
+        hint_x = {k: solver.value(v) for k, v in x.items()}
+        hint_placed = {k: solver.value(v) for k, v in placed.items()}
+    for k, v in use.items():
+        m.add_hint(v, hint_use.get(k, 0))
+    for k, v in x.items():
+        m.add_hint(v, hint_x.get(k, 0))
+    for k, v in placed.items():
+        m.add_hint(v, hint_placed.get(k, 0))
     m.minimize(total_cost * churn_max + (running_total - sum(kept_terms)) + created)
     solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.monotonic() - t0))
     st2 = solver.solve(m)
-    if st2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise SolverError(f"CP-SAT lost its stage-1 answer in stage 2 (status {solver.status_name(st2)})")
-    obj, bound = solver.objective_value, solver.best_objective_bound
-    gap = 0.0 if st2 == cp_model.OPTIMAL or obj <= 0 else max(0.0, (obj - bound) / obj)
+    if st2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        value = solver.value
+        obj, bound = solver.objective_value, solver.best_objective_bound
+        gap = 0.0 if st2 == cp_model.OPTIMAL or obj <= 0 else max(0.0, (obj - bound) / obj)
+    else:  # no time left to improve on the hint: it is a valid answer, with an unknown cost gap
+        hints = {**{use[k].index: n for k, n in hint_use.items() if k in use}, **{x[k].index: n for k, n in hint_x.items() if k in x},
+                 **{placed[k].index: n for k, n in hint_placed.items() if k in placed}}
+        value = lambda v: hints.get(v.index, 0)  # noqa: E731
+        gap = 1.0
 
-    placed_val = {d.key: solver.value(placed[d.key]) for d in demands}
-    x_val = _split({k: solver.value(v) for k, v in x.items() if solver.value(v) > 0}, groups, placed_val, problem.running)
+    placed_val = {d.key: value(placed[d.key]) for d in demands}
+    x_val = _split({k: value(v) for k, v in x.items() if value(v) > 0}, groups, placed_val, problem.running)
+    cost_val = sum(round(u.cap.price * MILLI) * value(use[u.key]) for u in units)
     return Solution(
         status="OPTIMAL" if (st2 == cp_model.OPTIMAL and stage1_optimal) else "FEASIBLE",
         optimal=st2 == cp_model.OPTIMAL and stage1_optimal,
         gap=gap, seconds=time.monotonic() - t0,
-        keep=frozenset(u.cap.instance_id for u in units if u.cap.existing and solver.value(use[u.key])),
-        new_units={u.key: solver.value(use[u.key]) for u in units if not u.cap.existing and solver.value(use[u.key]) > 0},
+        keep=frozenset(u.cap.instance_id for u in units if u.cap.existing and value(use[u.key])),
+        new_units={u.key: value(use[u.key]) for u in units if not u.cap.existing and value(use[u.key]) > 0},
         x=x_val, placed=placed_val,
-        units=unit_by_key, work=best_work, cost_milli=solver.value(cost),
+        units=unit_by_key, work=best_work, cost_milli=cost_val,
     )
 
 
