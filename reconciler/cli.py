@@ -36,7 +36,13 @@ def _options(pairs: Optional[list[str]]) -> dict:
 
 
 def _fail(e: ReconcileError) -> None:
-    typer.echo(f"Error: {e}", err=True)
+    """Print an error a user can act on (every diagnostic, for a bad config) and exit."""
+    if isinstance(e, ConfigError):
+        for diag in e.diagnostics:
+            typer.echo(str(diag), err=True)
+        typer.echo(f"{len(e.diagnostics)} error(s) in the desired state; nothing was changed", err=True)
+    else:
+        typer.echo(f"Error: {e}", err=True)
     raise typer.Exit(e.exit_code)
 
 
@@ -47,11 +53,6 @@ def validate(config_dir: Path = ConfigDir) -> None:
 
     try:
         d = api.validate(config_dir)
-    except ConfigError as e:
-        for diag in e.diagnostics:
-            typer.echo(str(diag), err=True)
-        typer.echo(f"{len(e.diagnostics)} error(s)", err=True)
-        raise typer.Exit(1)
     except ReconcileError as e:
         _fail(e)
     typer.echo(f"ok: fleet {d.fleet}: {len(d.tenants)} tenants, {len(d.pools)} pools, {len(d.jobs)} jobs")
@@ -86,10 +87,6 @@ def plan(
     try:
         res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
                        options=_options(provider_option), state=state)
-    except ConfigError as e:
-        for diag in e.diagnostics:
-            typer.echo(str(diag), err=True)
-        raise typer.Exit(1)
     except ReconcileError as e:
         _fail(e)
     from reconciler.render import markdown_truncates
@@ -143,10 +140,6 @@ def apply(
             saved = preview.plan
         res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
                         options=opts, state=state)
-    except ConfigError as e:
-        for diag in e.diagnostics:
-            typer.echo(str(diag), err=True)
-        raise typer.Exit(1)
     except ApplyError as e:
         res = e.result  # type: ignore[attr-defined]
         typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
@@ -197,10 +190,6 @@ def diff(
 
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state)
-    except ConfigError as e:
-        for diag in e.diagnostics:
-            typer.echo(str(diag), err=True)
-        raise typer.Exit(1)
     except ReconcileError as e:
         _fail(e)
     if fmt == "json":
