@@ -21,23 +21,12 @@ from tests.fleetkit import copy_quickstart
 BUCKET = "fleet-state"
 
 
-@pytest.fixture(scope="module")
-def moto_url():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def s3_env(moto_url, monkeypatch, request):
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL_S3": moto_url}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+def s3_env(aws_env, monkeypatch, request):
+    from tests.conftest import AWS_ENV
+
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL_S3": aws_env}
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
     s3 = boto3.client("s3")
     bucket = f"{BUCKET}-{abs(hash(request.node.name)) % 10**8}"
     s3.create_bucket(Bucket=bucket)
@@ -99,6 +88,11 @@ def test_expired_lock_is_taken_over_and_unlock_breaks_a_live_one(s3_env, tmp_pat
     out = CliRunner().invoke(app, ["unlock", lock_id, "--state", url])
     assert out.exit_code == 0, out.output
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleets/quickstart/lock.json")
+    # The broken holders finish later: they no longer hold the lock, so they delete nothing.
+    with backend_for(tmp_path, url).lock():
+        ctx.__exit__(None, None, None)
+        stuck.__exit__(None, None, None)
+        assert "Contents" in s3.list_objects_v2(Bucket=bucket, Prefix="fleets/quickstart/lock.json")
 
 
 def test_two_concurrent_applies_exactly_one_proceeds(s3_env, tmp_path):

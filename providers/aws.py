@@ -1,0 +1,233 @@
+"""AWS EC2 through boto3.
+
+Ownership is the `fleetops.io/fleet` tag: observe filters on it and delete
+refuses anything without it. Creates are idempotent twice over: the ClientToken
+is derived from the plan's key (EC2 returns the same instance for a retried
+token), and an instance already carrying the key's tag is returned as is (some
+EC2-compatible endpoints, moto among them, ignore ClientToken).
+
+boto3 is imported lazily. Credentials come from the standard AWS chain and are
+never printed: errors carry only the AWS error code and message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.catalog import load_catalog
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+
+CAPACITY_CODES = {
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow",
+    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported",
+}
+TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
+SPOT_PRICE_MAX_AGE = timedelta(days=7)  # older spot history is not today's price: use the catalog
+STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
+          "shutting-down": "terminated", "terminated": "terminated"}
+
+
+def client_token(key: str) -> str:
+    """EC2 ClientTokens are at most 64 ASCII characters; keys are shorter, but be safe."""
+    return key if len(key) <= 64 and key.isascii() else hashlib.sha256(key.encode()).hexdigest()[:64]
+
+
+class AwsProvider:
+    name = "aws"
+
+    def __init__(self, ctx: ProviderContext):
+        import boto3
+        from botocore.config import Config
+
+        self.ctx = ctx
+        self.endpoint = ctx.options.get("endpoint_url")
+        self.session = boto3.session.Session()
+        self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
+        self.catalog = load_catalog()
+        self._clients: dict[str, Any] = {}
+
+    # -- plumbing ------------------------------------------------------------------
+    def ec2(self, region: str):
+        if region not in self._clients:
+            self._clients[region] = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint, config=self.config)
+        return self._clients[region]
+
+    def _call(self, what: str, fn, *, cloud_zone: tuple[str, str, str] | None = None, **kw):
+        """One EC2 call with our error mapping (botocore already retried throttling)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(**kw)
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code, msg = err.get("Code", "Unknown"), err.get("Message", "")
+            text = f"aws: {what}: {code}: {msg}"
+            if code in CAPACITY_CODES and cloud_zone is not None:
+                zone, itype, market = cloud_zone
+                raise CapacityError(text, cloud="aws", zone=zone, instance_type=itype, market=market) from None
+            if code in TRANSIENT_CODES:
+                raise TransientProviderError(text) from None
+            raise ProviderError(text) from None
+        except BotoCoreError as e:  # connection errors, timeouts, missing credentials
+            raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}") from None
+
+    def _regions(self, pools: Sequence[PoolTarget]) -> list[str]:
+        extra = [r for r in self.ctx.options.get("regions", "").split(",") if r]
+        return sorted({p.region for p in pools} | set(extra))
+
+    # -- observe -------------------------------------------------------------------
+    def _to_instance(self, region: str, d: dict) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in d.get("Tags", [])}
+        return Instance(
+            id=d["InstanceId"], provider=self.name, cloud="aws", region=region, zone=d["Placement"]["AvailabilityZone"],
+            instance_type=d["InstanceType"], market="spot" if d.get("InstanceLifecycle") == "spot" else "on-demand",
+            state=STATES.get(d["State"]["Name"], "terminated"), pool=tags.get(TAG_POOL, ""), tags=tags,
+            launched_at=d["LaunchTime"].isoformat() if hasattr(d.get("LaunchTime"), "isoformat") else str(d.get("LaunchTime", "")),
+        )
+
+    def _describe(self, region: str, filters: list[dict]) -> list[Instance]:
+        pages = self.ec2(region).get_paginator("describe_instances").paginate(Filters=filters, PaginationConfig={"PageSize": 100})
+        out = []
+        for page in self._call("describe_instances", lambda: list(pages)):
+            for res in page["Reservations"]:
+                out.extend(self._to_instance(region, d) for d in res["Instances"])
+        return out
+
+    def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        found: list[Instance] = []
+        for region in self._regions(pools):
+            found += self._describe(region, [
+                {"Name": f"tag:{TAG_FLEET}", "Values": [self.ctx.fleet]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ])
+        return [i for i in found if i.tags.get(TAG_FLEET) == self.ctx.fleet]
+
+    # -- offerings -----------------------------------------------------------------
+    def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
+        out: list[Offering] = []
+        by_region: dict[str, list[PoolTarget]] = {}
+        for p in pools:
+            by_region.setdefault(p.region, []).append(p)
+        for region, rpools in sorted(by_region.items()):
+            types = sorted({t for p in rpools for t in p.instance_types})
+            ec2 = self.ec2(region)
+            offered = set()
+            for page in self._call("describe_instance_type_offerings", lambda: list(ec2.get_paginator("describe_instance_type_offerings").paginate(
+                    LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
+                offered.update((o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"])
+            shapes = self._shapes(ec2, types)
+            spot = self._spot_prices(ec2, types)
+            for p in rpools:
+                for z in p.zones:
+                    for t in p.instance_types:
+                        if (t, z) not in offered:
+                            continue
+                        cat = self.catalog.offering("aws", region, z, t)
+                        shape = shapes.get(t)
+                        if cat is None and shape is None:
+                            continue
+                        gpus, gpu_type, cpu, mem = (cat.gpus, cat.gpu_type, cat.cpu, cat.memory_gib) if cat else shape  # type: ignore[misc]
+                        od = cat.on_demand_price if cat else None
+                        if od is None:
+                            continue  # no price known: the solver cannot weigh it
+                        out.append(Offering(
+                            cloud="aws", region=region, zone=z, instance_type=t, gpus=gpus, gpu_type=gpu_type, cpu=cpu,
+                            memory_gib=mem, on_demand_price=od, spot_price=spot.get((t, z), cat.spot_price if cat else None),
+                        ))
+        return out
+
+    def _shapes(self, ec2, types: list[str]) -> dict[str, tuple[int, str | None, float, float]]:
+        """Shapes of types the catalog may not know, from DescribeInstanceTypes."""
+        out = {}
+        try:
+            resp = self._call("describe_instance_types", ec2.describe_instance_types, InstanceTypes=types)
+        except ProviderError:
+            return out  # an unknown type in the list: the catalog still covers the known ones
+        for t in resp.get("InstanceTypes", []):
+            gpus = t.get("GpuInfo", {}).get("Gpus", [])
+            count = sum(g.get("Count", 0) for g in gpus)
+            name = gpus[0].get("Name") if gpus else None
+            if name == "A100" and gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0) >= 80_000:
+                name = "A100-80GB"
+            out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
+        return out
+
+    def _spot_prices(self, ec2, types: list[str]) -> dict[tuple[str, str], float]:
+        """Latest Linux spot price per (type, zone) from the last week's history."""
+        now = datetime.now(timezone.utc)
+        latest: dict[tuple[str, str], tuple[datetime, float]] = {}
+        pages = ec2.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now - SPOT_PRICE_MAX_AGE)
+        for page in self._call("describe_spot_price_history", lambda: list(pages)):
+            for h in page["SpotPriceHistory"]:
+                ts = h["Timestamp"]
+                if now - ts > SPOT_PRICE_MAX_AGE:
+                    continue
+                key = (h["InstanceType"], h["AvailabilityZone"])
+                if key not in latest or ts > latest[key][0]:
+                    latest[key] = (ts, float(h["SpotPrice"]))
+        return {k: v for k, (_, v) in latest.items()}
+
+    # -- create / delete -----------------------------------------------------------
+    def create(self, request: CreateRequest) -> Instance:
+        p = request.pool
+        ec2 = self.ec2(p.region)
+        existing = [i for i in self._describe(p.region, [{"Name": f"tag:{TAG_CREATE_KEY}", "Values": [request.key]}])
+                    if i.state != "terminated" and i.tags.get(TAG_FLEET) == self.ctx.fleet]
+        if existing:
+            return existing[0]
+        s = dict(p.settings)
+        params: dict[str, Any] = {
+            "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1, "ClientToken": client_token(request.key),
+            "Placement": {"AvailabilityZone": request.zone},
+            "TagSpecifications": [
+                {"ResourceType": rt, "Tags": [{"Key": k, "Value": v} for k, v in sorted(request.tags.items())]}
+                for rt in ("instance", "volume")
+            ],
+        }
+        if s.get("launch_template"):
+            lt = s["launch_template"]
+            params["LaunchTemplate"] = {"LaunchTemplateId": lt} if lt.startswith("lt-") else {"LaunchTemplateName": lt}
+        if s.get("ami"):
+            params["ImageId"] = s["ami"]
+        if "ImageId" not in params and "LaunchTemplate" not in params:
+            raise ProviderError(f"aws: pool {p.name} needs aws.ami or aws.launch_template to launch instances")
+        if s.get("subnets", {}).get(request.zone):
+            params["SubnetId"] = s["subnets"][request.zone]
+        if s.get("security_groups"):
+            params["SecurityGroupIds"] = list(s["security_groups"])
+        if s.get("key_name"):
+            params["KeyName"] = s["key_name"]
+        if s.get("iam_instance_profile"):
+            prof = s["iam_instance_profile"]
+            params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
+        if request.market == "spot":
+            opts: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if request.max_price is not None:
+                opts["MaxPrice"] = f"{request.max_price:.4f}"
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": opts}
+        resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
+                          cloud_zone=(request.zone, request.instance_type, request.market), **params)
+        return self._to_instance(p.region, resp["Instances"][0])
+
+    def delete(self, instance: Instance) -> None:
+        ec2 = self.ec2(instance.region)
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = ec2.describe_instances(InstanceIds=[instance.id])
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
+                return
+            raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
+        found = [d for r in resp["Reservations"] for d in r["Instances"]]
+        if not found or found[0]["State"]["Name"] in ("shutting-down", "terminated"):
+            return
+        tags = {t["Key"]: t["Value"] for t in found[0].get("Tags", [])}
+        if tags.get(TAG_FLEET) != self.ctx.fleet:
+            raise OwnershipError(f"aws: refusing to terminate {instance.id}: its {TAG_FLEET} tag is "
+                                 f"{tags.get(TAG_FLEET)!r}, not {self.ctx.fleet!r}")
+        self._call(f"terminate_instances {instance.id}", ec2.terminate_instances, InstanceIds=[instance.id])

@@ -1,0 +1,159 @@
+"""The AWS provider with boto3 against a real moto server over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from typer.testing import CliRunner
+
+from providers.aws import AwsProvider
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import CapacityError, OwnershipError
+from tests.conftest import AWS_ENV
+from tests.fleetkit import ROOT
+
+AMI = "ami-03cf127a"  # one of moto's built-in images
+
+
+@pytest.fixture
+def fleet():
+    return f"fleet-{uuid.uuid4().hex[:8]}"  # moto's state is shared by the session: one fleet per test
+
+
+@pytest.fixture
+def prov(aws_env, tmp_path, fleet):
+    return AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env}))
+
+
+@pytest.fixture
+def ec2(aws_env):
+    """An independent client, for planting and checking."""
+    return boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+
+
+def target(name="a10g", zones=("us-east-1a", "us-east-1b"), types=("g5.xlarge", "g5.12xlarge")):
+    return PoolTarget(name=name, cloud="aws", region="us-east-1", zones=zones, instance_types=types,
+                      settings={"ami": AMI, "security_groups": [], "subnets": {}})
+
+
+def req(fleet, key, market="on-demand", zone="us-east-1a", itype="g5.xlarge"):
+    return CreateRequest(key=key, pool=target(), zone=zone, instance_type=itype, market=market,
+                         max_price=1.006 if market == "spot" else None, tags=ownership_tags(fleet, "a10g", key))
+
+
+def test_create_observe_delete_spot_and_on_demand(prov, fleet, ec2):
+    od = prov.create(req(fleet, "k-od"))
+    spot = prov.create(req(fleet, "k-spot", market="spot", zone="us-east-1b"))
+    assert (od.market, od.zone, od.instance_type, od.pool) == ("on-demand", "us-east-1a", "g5.xlarge", "a10g")
+    assert (spot.market, spot.zone) == ("spot", "us-east-1b")
+    seen = {i.id: i for i in prov.observe([target()])}
+    assert set(seen) == {od.id, spot.id}
+    assert seen[spot.id].tags[TAG_CREATE_KEY] == "k-spot"
+    raw = ec2.describe_instances(InstanceIds=[spot.id])["Reservations"][0]["Instances"][0]
+    assert raw["InstanceLifecycle"] == "spot" and raw["ImageId"] == AMI
+    prov.delete(spot)
+    prov.delete(spot)  # already gone: not an error
+    assert {i.id for i in prov.observe([target()])} == {od.id}
+
+
+def test_retry_with_the_same_key_returns_the_same_instance(prov, fleet):
+    first = prov.create(req(fleet, "k-same"))
+    again = prov.create(req(fleet, "k-same"))
+    assert again.id == first.id
+    assert [i.id for i in prov.observe([target()])] == [first.id]
+
+
+def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fleet, ec2):
+    mine = prov.create(req(fleet, "k-mine"))
+    bare = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    other = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": "someone-else"}]}])["Instances"][0]["InstanceId"]
+    assert [i.id for i in prov.observe([target()])] == [mine.id]
+    for iid in (bare, other):
+        with pytest.raises(OwnershipError, match="refusing to terminate"):
+            prov.delete(mine.__class__(**{**mine.__dict__, "id": iid}))
+        state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        assert state == "running"
+
+
+def test_observe_paginates(prov, fleet, ec2):
+    ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=130, MaxCount=130, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}, {"Key": "fleetops.io/pool", "Value": "a10g"}]}])
+    assert len(prov.observe([target()])) == 130  # pages of 100
+
+
+def test_capacity_errors_become_capacity_errors(prov, fleet):
+    def no_capacity(**kwargs):
+        raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
+                                     "Message": "We currently do not have sufficient g5.xlarge capacity in us-east-1a."}}, "RunInstances")
+
+    prov.ec2("us-east-1").meta.events.register("before-call.ec2.RunInstances", no_capacity)
+    with pytest.raises(CapacityError) as e:
+        prov.create(req(fleet, "k-cap", market="spot"))
+    assert (e.value.zone, e.value.instance_type, e.value.market) == ("us-east-1a", "g5.xlarge", "spot")
+    assert "testing-secret" not in str(e.value)
+
+
+def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
+    offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
+    g5 = offs[("us-east-1a", "g5.xlarge")]
+    assert (g5.gpus, g5.gpu_type, g5.cpu, g5.memory_gib) == (1, "A10G", 4, 16)
+    assert g5.on_demand_price == pytest.approx(1.006)
+    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used.
+    assert 0.3 < g5.spot_price < 0.45
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "aws-only"
+    shutil.copytree(ROOT / "examples" / "aws-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    return cfg
+
+
+def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):
+    cfg = _config(tmp_path)
+    opts = {"endpoint_url": aws_env}
+    planted = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4
+    assert not api.plan(cfg, provider="aws", options=opts).plan.has_changes
+    # An independent client, the AWS CLI, sees exactly the instances the reconciler created.
+    env = {**os.environ, **AWS_ENV}
+    out = subprocess.run([str(Path(sys.executable).parent / "aws"), "ec2", "describe-instances", "--endpoint-url", aws_env,
+                          "--region", "us-east-1", "--filters", "Name=tag:fleetops.io/fleet,Values=aws-fleet",
+                          "Name=instance-state-name,Values=running", "--output", "json"],
+                         capture_output=True, text=True, env=env, check=True)
+    ids = {i["InstanceId"] for r in json.loads(out.stdout)["Reservations"] for i in r["Instances"]}
+    west = {i.id for i in api.plan(cfg, provider="aws", options=opts).observed.instances if i.region == "us-west-2"}
+    assert ids | west == set(res.report.created.values())
+    # Remove every job: our instances go, the planted one stays.
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    api.apply(cfg, provider="aws", options=opts)
+    assert not api.plan(cfg, provider="aws", options=opts).observed.instances
+    state = ec2.describe_instances(InstanceIds=[planted])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state == "running"
+
+
+def test_cli_against_moto(aws_env, tmp_path):
+    cfg = _config(tmp_path)
+    runner = CliRunner()
+    args = ["--provider", "aws", "-o", f"endpoint_url={aws_env}"]
+    plan = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert plan.exit_code == 2, plan.output
+    applied = runner.invoke(app, ["apply", str(cfg), "--auto-approve", *args])
+    assert applied.exit_code == 0, applied.output
+    again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert again.exit_code == 0, again.output
+    for out in (plan.output, applied.output, again.output):
+        assert AWS_ENV["AWS_SECRET_ACCESS_KEY"] not in out
