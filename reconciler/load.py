@@ -30,7 +30,7 @@ from reconciler.model import (
     Topology,
     region_matches,
 )
-from reconciler.topology import node_id, topology_nodes
+from reconciler.topology import topology_nodes
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000  # per file, after alias expansion: stops YAML "billion laughs"
@@ -300,4 +300,4 @@ def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy 
                 err(doc, job, ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r} (pools offer: {', '.join(offered) or 'none'})")
 
 
-__all__ = ["load", "node_id"]
+__all__ = ["load"]

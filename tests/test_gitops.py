@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from providers.sim import SimCloud
 from reconciler.cli import app
 from reconciler.state import state_dir
-from tests.fleetkit import QUICKSTART
+from tests.fleetkit import QUICKSTART, ROOT
 
 runner = CliRunner()
 NEW_JOB = """apiVersion: fleetops.io/v1alpha1
@@ -39,9 +39,9 @@ def repo(tmp_path, monkeypatch):
     for k, v in {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
                  "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.com"}.items():
         monkeypatch.setenv(k, v)
-    r = tmp_path / "fleet-config"
-    shutil.copytree(QUICKSTART, r, ignore=shutil.ignore_patterns(".reconcile", "status"))
-    (r / ".gitignore").write_text(".reconcile/\n")
+    r = tmp_path / "fleet-config"  # the ready config repo of examples/gitops, as its own git repo
+    shutil.copytree(ROOT / "examples" / "gitops", r, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    assert (r / ".github" / "workflows" / "reconcile.yml").exists() and ".reconcile/" in (r / ".gitignore").read_text()
     git(r, "init", "-q", "-b", "main")
     git(r, "add", ".")
     git(r, "commit", "-q", "-m", "initial fleet")
