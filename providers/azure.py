@@ -1,0 +1,472 @@
+"""Azure virtual machines through azure-mgmt-compute.
+
+Scope: a pool launches into one subscription and resource group (its `azure:`
+section, else the run's `-o subscription_id=... -o resource_group=...`). Observe
+lists the VMs of every such resource group (the SDK follows nextLink) and keeps
+those whose fleet tag is ours.
+
+Ownership is the fleet tag. Azure tag names may not contain < > % & \\ ? /, so the
+logical tags are stored with '/' replaced by '_' (`fleetops.io/fleet` becomes
+`fleetops.io_fleet`) and mapped back when observing. Delete reads the VM first and
+refuses anything whose fleet tag is not ctx.fleet.
+
+Creates are idempotent by name: the VM name is derived from the fleet and the
+plan's key, and an existing VM of that name carrying our tags is returned instead
+of being written again. The NIC is created by Compute itself
+(networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
+deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
+Long-running operations are polled to the end (bounded by `lro_timeout`).
+
+Credentials: azure.identity.DefaultAzureCredential (imported lazily). Tokens are
+never printed or logged; errors carry only ARM's error code and message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.catalog import load_catalog
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+
+log = logging.getLogger(__name__)
+
+CAPACITY_CODES = {
+    "SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
+    "OverconstrainedZonalAllocationRequest", "QuotaExceeded", "NotAvailableForSubscription",
+}
+# OperationNotAllowed is also what a quota (regional cores, spot "LowPriorityCores") or a max price
+# below the current spot price looks like; other OperationNotAllowed errors are configuration errors.
+CAPACITY_HINTS = ("quota", "maxprice", "max price", "spot price")
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+TRANSIENT_CODES = {"TooManyRequests", "RetryableError", "ServerTimeout", "InternalServerError", "ServiceUnavailable"}
+STATES = {"creating": "pending", "updating": "running", "migrating": "running", "succeeded": "running",
+          "deleting": "stopping"}
+POWER_STATES = {"running": "running", "starting": "pending", "stopping": "stopping", "stopped": "stopping",
+                "deallocating": "stopping", "deallocated": "stopping"}
+TAG_NAME_FORBIDDEN = set('<>%&\\?/')
+LOGICAL_PREFIX, AZURE_PREFIX = "fleetops.io/", "fleetops.io_"
+DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # Gen2, as the GPU sizes (ND H100 v5 ...) require
+NETWORK_API_VERSION = "2020-11-01"  # lets Compute create the NIC itself
+TEST_CREDENTIAL = "fake-for-tests"  # TEST ONLY: a static bearer token, refused without a custom endpoint
+
+_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I)
+
+
+# -- names and tags -------------------------------------------------------------------------------
+def azure_tag_name(name: str) -> str:
+    """A logical tag name as Azure allows it: fleetops.io/fleet -> fleetops.io_fleet."""
+    return "".join("_" if c in TAG_NAME_FORBIDDEN else c for c in name)
+
+
+def azure_tags(tags: dict[str, str] | Any) -> dict[str, str]:
+    return {azure_tag_name(k): str(v) for k, v in dict(tags).items()}
+
+
+def logical_tags(tags: dict[str, str] | None) -> dict[str, str]:
+    """Back from Azure: our own tags regain their '/'; anyone else's tags are left alone."""
+    return {(LOGICAL_PREFIX + k[len(AZURE_PREFIX):] if k.startswith(AZURE_PREFIX) else k): v for k, v in (tags or {}).items()}
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", s.lower())).strip("-")
+
+
+def vm_name(fleet: str, key: str) -> str:
+    """The VM (and Linux computer) name for a create key: deterministic, <= 64 of [a-z0-9-].
+
+    Readable (`<fleet>-<key>`) when that is lossless; otherwise shortened and made
+    unique with a hash of the exact fleet and key, so distinct keys never share a name."""
+    f, k = _slug(fleet), _slug(key)
+    name = f"{f}-{k}"
+    if f == fleet and k == key and len(name) <= 64 and f and k:
+        return name
+    digest = hashlib.sha256(f"{fleet}\0{key}".encode()).hexdigest()[:12]
+    head = "-".join(p for p in (f[:20].strip("-"), k[:28].strip("-")) if p)
+    return f"{head}-{digest}" if head else f"vm-{digest}"
+
+
+def parse_image(image: str | None) -> dict[str, str]:
+    """An image reference: a resource id (custom or gallery image) or a publisher:offer:sku:version URN."""
+    image = image or DEFAULT_IMAGE
+    if image.startswith("/"):
+        return {"id": image}
+    parts = image.split(":")
+    if len(parts) != 4 or not all(parts):
+        raise ProviderError(f"azure: image {image!r} is neither an image resource id nor a publisher:offer:sku:version URN")
+    return dict(zip(("publisher", "offer", "sku", "version"), parts))
+
+
+def zone_number(region: str, zone: str) -> str:
+    """Topology zones are '<region>-<n>' (eastus-1); ARM wants the bare '1'."""
+    prefix = f"{region}-"
+    n = zone[len(prefix):] if zone.startswith(prefix) else ""
+    if not n.isdigit():
+        raise ProviderError(f"azure: zone {zone!r} is not of the form {region}-<number> (e.g. {region}-1)")
+    return n
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One subscription and resource group: what Azure lists and addresses VMs by."""
+
+    subscription: str
+    resource_group: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.subscription.lower(), self.resource_group.lower()
+
+    def vm_id(self, name: str) -> str:
+        # Built here, not taken from ARM, which may spell the group in another case: ids must be stable.
+        return f"/subscriptions/{self.subscription.lower()}/resourceGroups/{self.resource_group.lower()}/providers/Microsoft.Compute/virtualMachines/{name}"
+
+
+class StaticTokenCredential:
+    """TEST ONLY: a TokenCredential that hands out a fixed bearer token, for a local ARM fake."""
+
+    def __init__(self, token: str):
+        self._token = token
+
+    def get_token(self, *scopes: str, claims: str | None = None, tenant_id: str | None = None, **kwargs: Any):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken(self._token, int(time.time()) + 3600)
+
+    def __repr__(self) -> str:
+        return "StaticTokenCredential(<redacted>)"
+
+
+# -- the provider ---------------------------------------------------------------------------------
+class AzureProvider:
+    name = "azure"
+
+    def __init__(self, ctx: ProviderContext):
+        import azure.mgmt.compute  # noqa: F401 - fail at load time (registry: "install the extra") if missing
+
+        self.ctx = ctx
+        self.catalog = load_catalog()
+        self.endpoint = self._opt("endpoint")
+        if self.endpoint and not self.endpoint.startswith("https://"):
+            raise ProviderError(f"azure: endpoint {self.endpoint!r} must be https:// (bearer tokens are only sent over TLS)")
+        self.ca_bundle = self._opt("ca_bundle")
+        self.polling_interval = self._float("polling_interval", 5.0)
+        self.lro_timeout = self._float("lro_timeout", 1800.0)
+        self.max_retries = int(self._float("max_retries", 3))
+        self._credential: Any = None
+        self._clients: dict[str, Any] = {}
+
+    # -- plumbing ------------------------------------------------------------------
+    def _opt(self, key: str) -> str | None:
+        """An option; `azure_<key>` wins over `<key>` so runs that mix providers can keep them apart."""
+        value = self.ctx.options.get(f"azure_{key}") or self.ctx.options.get(key)
+        return str(value) if value else None
+
+    def _float(self, key: str, default: float) -> float:
+        raw = self._opt(key)
+        try:
+            return float(raw) if raw is not None else default
+        except ValueError:
+            raise ProviderError(f"azure: option {key}={raw!r} is not a number") from None
+
+    def credential(self):
+        if self._credential is None:
+            mode = self._opt("credential") or "default"
+            if mode == TEST_CREDENTIAL:
+                if not self.endpoint:
+                    raise ProviderError(f"azure: credential={TEST_CREDENTIAL} is for a local ARM fake; it needs endpoint=https://...")
+                self._credential = StaticTokenCredential(TEST_CREDENTIAL)
+            elif mode == "default":
+                from azure.identity import DefaultAzureCredential
+
+                self._credential = DefaultAzureCredential()
+            else:
+                raise ProviderError(f"azure: unknown credential {mode!r} (leave it unset for DefaultAzureCredential)")
+        return self._credential
+
+    def compute(self, subscription: str):
+        key = subscription.lower()
+        if key not in self._clients:
+            from azure.mgmt.compute import ComputeManagementClient
+
+            kwargs: dict[str, Any] = {"polling_interval": self.polling_interval, "retry_total": self.max_retries,
+                                      "user_agent": "fleetops-reconciler"}
+            if self.endpoint:
+                kwargs["base_url"] = self.endpoint
+            if self.ca_bundle:
+                kwargs["connection_verify"] = self.ca_bundle
+            self._clients[key] = ComputeManagementClient(self.credential(), subscription, **kwargs)
+        return self._clients[key]
+
+    def _default_subscription(self) -> str | None:
+        return self._opt("subscription_id") or os.environ.get("AZURE_SUBSCRIPTION_ID") or None
+
+    def _scope(self, settings: dict | Any) -> Scope:
+        s = dict(settings or {})
+        sub = s.get("subscription_id") or self._default_subscription()
+        rg = s.get("resource_group") or self._opt("resource_group")
+        if not sub or not rg:
+            raise ProviderError("azure: no subscription/resource group: set azure.subscription_id and azure.resource_group on "
+                                "the pool, or pass -o subscription_id=... -o resource_group=... (or set AZURE_SUBSCRIPTION_ID)")
+        return Scope(str(sub), str(rg))
+
+    def _scopes(self, pools: Sequence[PoolTarget]) -> list[Scope]:
+        """Every resource group to look in: the pools', the run's default, and `resource_groups`
+        (comma-separated `group` or `subscription/group`), so instances of removed pools are still found."""
+        found: dict[tuple[str, str], Scope] = {}
+        for p in pools:
+            sc = self._scope(p.settings)
+            found.setdefault(sc.key, sc)
+        default_sub, default_rg = self._default_subscription(), self._opt("resource_group")
+        if default_sub and default_rg:
+            found.setdefault(Scope(default_sub, default_rg).key, Scope(default_sub, default_rg))
+        for item in (self._opt("resource_groups") or "").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            sub, _, rg = item.rpartition("/")
+            sub = sub or default_sub
+            if not sub:
+                raise ProviderError(f"azure: resource_groups entry {item!r} needs a subscription (subscription/group)")
+            found.setdefault(Scope(sub, rg).key, Scope(sub, rg))
+        return sorted(found.values(), key=lambda s: s.key)
+
+    def _call(self, what: str, fn: Callable[[], Any], *, capacity: tuple[str, str, str] | None = None) -> Any:
+        """One ARM call (the SDK already retried throttling) with our error mapping."""
+        from azure.core.exceptions import AzureError
+
+        try:
+            return fn()
+        except AzureError as e:
+            raise self._map_error(what, e, capacity) from None
+
+    def _map_error(self, what: str, e: Exception, capacity: tuple[str, str, str] | None) -> ProviderError:
+        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError, ServiceResponseError
+
+        if isinstance(e, ClientAuthenticationError):  # includes azure.identity's CredentialUnavailableError
+            return ProviderError(f"azure: {what}: not authenticated ({type(e).__name__}); DefaultAzureCredential looks at "
+                                 "AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, workload or managed identity, and `az login`")
+        if isinstance(e, (ServiceRequestError, ServiceResponseError)):
+            return TransientProviderError(f"azure: {what}: {type(e).__name__}: {e}")
+        if not isinstance(e, HttpResponseError):
+            return ProviderError(f"azure: {what}: {type(e).__name__}: {e}")
+        code, message = _error_code(e)
+        text = f"azure: {what}: {code or e.status_code}: {message}"
+        capacity_like = code in CAPACITY_CODES or (
+            code == "OperationNotAllowed" and any(h in message.lower() for h in CAPACITY_HINTS))
+        if capacity_like and capacity is not None:
+            zone, itype, market = capacity
+            return CapacityError(text, cloud="azure", zone=zone, instance_type=itype, market=market)
+        if e.status_code in TRANSIENT_STATUS or code in TRANSIENT_CODES:
+            return TransientProviderError(text)
+        return ProviderError(text)
+
+    def _get(self, scope: Scope, name: str, *, expand: str | None = None):
+        """The VM, or None if there is none of that name."""
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        client = self.compute(scope.subscription)
+        kw = {"expand": expand} if expand else {}
+        try:
+            return client.virtual_machines.get(scope.resource_group, name, **kw)
+        except ResourceNotFoundError:
+            return None
+        except AzureError as e:
+            raise self._map_error(f"get VM {name}", e, None) from None
+
+    def _wait(self, what: str, poller, capacity: tuple[str, str, str] | None = None) -> tuple[bool, Any]:
+        """Poll a long-running operation to its end, or for lro_timeout: (finished, its result).
+        An operation that ended Failed raises, mapped like any other ARM error."""
+        self._call(what, lambda: poller.wait(timeout=self.lro_timeout), capacity=capacity)
+        if not poller.done():
+            return False, None
+        return True, self._call(what, poller.result, capacity=capacity)
+
+    # -- observe -------------------------------------------------------------------
+    def _state(self, scope: Scope, vm) -> str:
+        prov = str(getattr(vm, "provisioning_state", None) or "succeeded").lower()
+        if prov in STATES:
+            return STATES[prov]
+        # Failed: an allocation that never happened, or a running VM whose last update failed.
+        # Only the instance view's power state tells them apart.
+        view = getattr(vm, "instance_view", None)
+        if view is None:
+            full = self._get(scope, vm.name, expand="instanceView")
+            view = getattr(full, "instance_view", None) if full is not None else None
+        for status in getattr(view, "statuses", None) or []:
+            code = str(getattr(status, "code", "") or "")
+            if code.startswith("PowerState/"):
+                return POWER_STATES.get(code.split("/", 1)[1].lower(), "terminated")
+        return "terminated"
+
+    def _to_instance(self, scope: Scope, vm, state: str | None = None) -> Instance:
+        tags = logical_tags(vm.tags)
+        location = str(vm.location).lower()
+        zones = list(getattr(vm, "zones", None) or [])
+        priority = str(getattr(getattr(vm, "priority", None), "value", getattr(vm, "priority", None)) or "Regular").lower()
+        created = getattr(vm, "time_created", None)
+        hardware = getattr(vm, "hardware_profile", None)
+        return Instance(
+            id=scope.vm_id(vm.name), provider=self.name, cloud="azure", region=location,
+            zone=f"{location}-{zones[0]}" if zones else location,
+            instance_type=str(getattr(hardware, "vm_size", "") or ""),
+            market="spot" if priority in ("spot", "low") else "on-demand",
+            state=state or self._state(scope, vm),  # type: ignore[arg-type]
+            pool=tags.get(TAG_POOL, ""), tags=tags,
+            launched_at=created.isoformat() if hasattr(created, "isoformat") else str(created or ""),
+        )
+
+    def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        fleet_tag = azure_tag_name(TAG_FLEET)
+        out: list[Instance] = []
+        for scope in self._scopes(pools):
+            client = self.compute(scope.subscription)
+            vms = self._call(f"list VMs in {scope.resource_group}",
+                             lambda: list(client.virtual_machines.list(scope.resource_group)))
+            for vm in vms:
+                if (vm.tags or {}).get(fleet_tag) != self.ctx.fleet:
+                    continue  # not ours: never reported, so never planned against
+                inst = self._to_instance(scope, vm)
+                if inst.state != "terminated":
+                    out.append(inst)
+        return sorted(out, key=lambda i: i.id)
+
+    # -- offerings -----------------------------------------------------------------
+    def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
+        """Shapes and list prices (on-demand and spot) from the shipped catalog, with its date."""
+        seen: dict[tuple[str, str], Offering] = {}
+        for p in pools:
+            for z in p.zones:
+                for t in p.instance_types:
+                    o = self.catalog.offering("azure", p.region, z, t)
+                    if o is not None:
+                        seen.setdefault((z, t), o)
+        return [seen[k] for k in sorted(seen)]
+
+    # -- create --------------------------------------------------------------------
+    def _vm_body(self, request: CreateRequest, name: str, zone: str) -> dict:
+        p = request.pool
+        s = dict(p.settings)
+        subnet = s.get("subnet_id")
+        if not subnet:
+            raise ProviderError(f"azure: pool {p.name} needs azure.subnet_id (the subnet the VMs' NICs go in)")
+        key = s.get("ssh_public_key")
+        if not key:
+            raise ProviderError(f"azure: pool {p.name} needs azure.ssh_public_key (password login is disabled)")
+        user = s.get("admin_username") or "fleetops"
+        props: dict[str, Any] = {
+            "hardwareProfile": {"vmSize": request.instance_type},
+            "storageProfile": {
+                "imageReference": parse_image(s.get("image")),
+                "osDisk": {"createOption": "FromImage", "deleteOption": "Delete"},
+            },
+            "osProfile": {
+                "computerName": name, "adminUsername": user,
+                "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                    {"path": f"/home/{user}/.ssh/authorized_keys", "keyData": key}]}},
+            },
+            "networkProfile": {
+                "networkApiVersion": NETWORK_API_VERSION,
+                "networkInterfaceConfigurations": [{"name": f"{name}-nic", "properties": {
+                    "primary": True, "deleteOption": "Delete",
+                    "ipConfigurations": [{"name": "ipconfig1", "properties": {"primary": True, "subnet": {"id": subnet}}}],
+                }}],
+            },
+        }
+        if request.market == "spot":
+            props["priority"] = "Spot"
+            props["evictionPolicy"] = "Delete"  # an evicted VM is gone, disks and NIC with it: nothing to clean up
+            props["billingProfile"] = {"maxPrice": request.max_price if request.max_price is not None else -1}
+        else:
+            props["priority"] = "Regular"
+        return {"location": p.region, "zones": [zone], "tags": azure_tags(request.tags), "properties": props}
+
+    def create(self, request: CreateRequest) -> Instance:
+        p = request.pool
+        scope = self._scope(p.settings)
+        client = self.compute(scope.subscription)
+        name = vm_name(self.ctx.fleet, request.key)
+        zone = zone_number(p.region, request.zone)
+        capacity = (request.zone, request.instance_type, request.market)
+        body = self._vm_body(request, name, zone)
+
+        existing = self._get(scope, name)
+        if existing is not None:
+            tags = logical_tags(existing.tags)
+            if tags.get(TAG_FLEET) != self.ctx.fleet:
+                raise OwnershipError(f"azure: VM {name} exists in {scope.resource_group} and is not ours (its {TAG_FLEET} tag "
+                                     f"is {tags.get(TAG_FLEET)!r}, not {self.ctx.fleet!r}); refusing to overwrite it")
+            if tags.get(TAG_CREATE_KEY) != request.key:
+                raise ProviderError(f"azure: VM {name} belongs to create key {tags.get(TAG_CREATE_KEY)!r}, not {request.key!r}")
+            state = str(existing.provisioning_state or "").lower()
+            if state == "deleting":
+                raise TransientProviderError(f"azure: VM {name} is still being deleted; retry")
+            if state != "failed":
+                return self._to_instance(scope, existing)  # created by an earlier attempt with this key
+            self._delete(scope, name)  # a failed earlier allocation: clear it and try again
+
+        poller = self._call(f"create VM {name} ({request.instance_type} in {request.zone})",
+                            lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body),
+                            capacity=capacity)
+        try:
+            done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity)
+        except CapacityError:
+            self._discard_failed(scope, name)
+            raise
+        if not done:  # still allocating after lro_timeout: report it pending; the next run sees how it ended
+            vm = self._get(scope, name)
+            if vm is None:
+                raise TransientProviderError(f"azure: VM {name} is not visible yet; retry")
+            return self._to_instance(scope, vm, state="pending")
+        return self._to_instance(scope, vm)
+
+    def _discard_failed(self, scope: Scope, name: str) -> None:
+        """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours."""
+        try:
+            vm = self._get(scope, name)
+            if vm is not None and str(vm.provisioning_state or "").lower() == "failed" \
+                    and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet:
+                self._delete(scope, name)
+        except ProviderError as e:  # the next create with this key clears it instead
+            log.warning("azure: could not remove failed VM %s: %s", name, e)
+
+    # -- delete --------------------------------------------------------------------
+    def _delete(self, scope: Scope, name: str) -> None:
+        client = self.compute(scope.subscription)
+        poller = self._call(f"delete VM {name}", lambda: client.virtual_machines.begin_delete(scope.resource_group, name))
+        if not self._wait(f"delete VM {name}", poller)[0]:
+            raise TransientProviderError(f"azure: deleting VM {name} did not finish within {self.lro_timeout:.0f}s")
+
+    def delete(self, instance: Instance) -> None:
+        m = _VM_ID.match(instance.id)
+        if m is None:
+            raise ProviderError(f"azure: {instance.id!r} is not a virtual machine resource id")
+        scope, name = Scope(m.group(1), m.group(2)), m.group(3)
+        vm = self._get(scope, name)
+        if vm is None:
+            return  # already gone
+        tags = logical_tags(vm.tags)
+        if tags.get(TAG_FLEET) != self.ctx.fleet:
+            raise OwnershipError(f"azure: refusing to delete VM {name}: its {TAG_FLEET} tag is {tags.get(TAG_FLEET)!r}, "
+                                 f"not {self.ctx.fleet!r}")
+        if str(vm.provisioning_state or "").lower() == "deleting":
+            return
+        self._delete(scope, name)
+
+
+def _error_code(e) -> tuple[str, str]:
+    """ARM's error code and message; a capacity code nested in details wins (ARM wraps them)."""
+    err = getattr(e, "error", None)
+    code = str(getattr(err, "code", "") or "")
+    message = str(getattr(err, "message", "") or getattr(e, "message", "") or e)
+    for detail in getattr(err, "details", None) or []:
+        dcode = str(getattr(detail, "code", "") or "")
+        if dcode in CAPACITY_CODES:
+            return dcode, str(getattr(detail, "message", "") or message)
+    return code, message.splitlines()[0] if message else ""

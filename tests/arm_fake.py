@@ -1,0 +1,480 @@
+"""A small Azure Resource Manager fake: the Microsoft.Compute/virtualMachines subset, over HTTPS.
+
+It speaks the wire protocol the real SDK expects, so tests drive
+azure.mgmt.compute.ComputeManagementClient unmodified:
+
+* PUT/GET/DELETE .../resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}
+  and GET .../virtualMachines (a page of `value` plus `nextLink`), api-version required;
+* PUT answers 201 with provisioningState "Creating" and an Azure-AsyncOperation URL,
+  DELETE answers 202 with Azure-AsyncOperation and Location URLs (204 if already gone);
+  each operation reports "InProgress" on its first poll and its outcome on the next;
+* an allocation failure is an asynchronous operation that ends "Failed" with the
+  ARM error (code ZonalAllocationFailed ...) and leaves the VM in provisioningState
+  "Failed", as Azure does; synchronous errors use the ARM error body
+  {"error": {"code", "message", "target"?}};
+* bearer tokens are checked, resource groups and path segments are case-insensitive,
+  and list responses spell the resource group in upper case in `id` (Compute does).
+
+The request body is validated the way ARM would reject it (tag names, spot settings,
+a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
+silently accepted VM. Test-side fault injection: exhaust(), plant(), fail_next().
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import ipaddress
+import json
+import re
+import ssl
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+TOKEN = "fake-for-tests"  # the bearer providers.azure's test-only credential hands out; any other is 401
+VM_TYPE = "Microsoft.Compute/virtualMachines"
+ZONES = ("1", "2", "3")
+TAG_NAME_FORBIDDEN = set('<>%&\\?/')
+
+_VM = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/virtualmachines(?:/([^/]+))?/?$", re.I)
+_OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (CA:TRUE, so it can be its own trust anchor)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "arm-fake.local")])
+    now = dt.datetime.now(dt.timezone.utc)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                    x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "arm-fake.pem", directory / "arm-fake.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class ArmError(Exception):
+    def __init__(self, status: int, code: str, message: str, target: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.target, self.headers = status, code, message, target, headers or {}
+
+    def body(self) -> dict:
+        err = {"code": self.code, "message": self.message}
+        if self.target:
+            err["target"] = self.target
+        return {"error": err}
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str  # "create" | "delete"
+    key: tuple[str, str, str]  # (subscription, resource group, vm name), lower case
+    location: str
+    polls: int = 0
+    error: dict | None = None  # the ARM error the operation ends with
+    start: str = field(default_factory=lambda: _now())
+
+
+@dataclass
+class Injected:
+    status: int
+    code: str
+    message: str
+    method: str | None
+    remaining: int
+    headers: dict
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class ArmFake:
+    """The in-memory ARM. Start with start(); base_url and ca_path are then set."""
+
+    def __init__(self, cert_dir: Path, *, subscription: str = "00000000-0000-0000-0000-00000000f1ee",
+                 resource_groups: tuple[str, ...] = ("fleet-rg",), page_size: int = 20):
+        self.subscription = subscription
+        self.resource_groups = {rg.lower(): rg for rg in resource_groups}
+        self.page_size = page_size
+        self.token = TOKEN  # tests may rotate it to see a 401
+        self.vms: dict[tuple[str, str, str], dict] = {}  # (sub, rg, name) lower -> VM JSON as stored
+        self.ops: dict[str, Operation] = {}
+        self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
+        self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
+        self._inject: list[Injected] = []
+        self.lock = threading.RLock()
+        self.cert_path, self._key_path = make_certificate(cert_dir)
+        self.base_url = ""
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ca_path(self) -> str:
+        return str(self.cert_path)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> "ArmFake":
+        fake = self
+
+        class Handler(_Handler):
+            arm = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert_path, self._key_path)
+        self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+        self.base_url = f"https://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="arm-fake",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)  # type: ignore[union-attr]
+            self._server = None
+
+    # -- fault injection and inspection (test side) --------------------------------
+    def exhaust(self, location: str, zone: str, code: str = "ZonalAllocationFailed") -> None:
+        """Every later VM create in this zone fails asynchronously with `code`."""
+        with self.lock:
+            self.exhausted[(location.lower(), zone)] = code
+
+    def replenish(self, location: str, zone: str) -> None:
+        with self.lock:
+            self.exhausted.pop((location.lower(), zone), None)
+
+    def fail_next(self, status: int, code: str, message: str, *, method: str | None = None, count: int = 1,
+                  headers: dict | None = None) -> None:
+        """The next `count` requests (of `method`, if given) fail synchronously with this ARM error."""
+        with self.lock:
+            self._inject.append(Injected(status, code, message, method, count, headers or {}))
+
+    def plant(self, name: str, *, resource_group: str | None = None, tags: dict | None = None, location: str = "eastus",
+              zone: str | None = "1", vm_size: str = "Standard_NC4as_T4_v3", priority: str | None = None) -> dict:
+        """A VM that someone else created (provisioningState Succeeded)."""
+        rg = resource_group or next(iter(self.resource_groups.values()))
+        body = {"location": location, "tags": tags or {}, "properties": {
+            "hardwareProfile": {"vmSize": vm_size},
+            "storageProfile": {"imageReference": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
+                                                  "version": "latest"}},
+        }}
+        if zone:
+            body["zones"] = [zone]
+        if priority:
+            body["properties"]["priority"] = priority
+        with self.lock:
+            vm = self._new_vm(self.subscription, rg, name, body)
+            vm["properties"]["provisioningState"] = "Succeeded"
+            self.vms[(self.subscription.lower(), rg.lower(), name.lower())] = vm
+            return copy.deepcopy(vm)
+
+    def evict(self, name: str, resource_group: str | None = None) -> None:
+        """A spot eviction with evictionPolicy Delete: the VM is simply gone."""
+        rg = (resource_group or next(iter(self.resource_groups.values()))).lower()
+        with self.lock:
+            del self.vms[(self.subscription.lower(), rg, name.lower())]
+
+    def snapshot(self) -> dict[str, dict]:
+        """Every VM by name, as stored (a deep copy)."""
+        with self.lock:
+            return {vm["name"]: copy.deepcopy(vm) for vm in self.vms.values()}
+
+    def requests(self, method: str, fragment: str = "") -> list[str]:
+        with self.lock:
+            return [p for m, p in self.log if m == method and fragment.lower() in p.lower()]
+
+    # -- the ARM semantics ---------------------------------------------------------
+    def _vm_id(self, sub: str, rg: str, name: str) -> str:
+        return f"/subscriptions/{sub}/resourceGroups/{rg}/providers/{VM_TYPE}/{name}"
+
+    def _new_vm(self, sub: str, rg: str, name: str, body: dict) -> dict:
+        props = copy.deepcopy(body.get("properties", {}))
+        props.update({"vmId": str(uuid.uuid4()), "provisioningState": "Creating", "timeCreated": _now()})
+        vm = {"id": self._vm_id(sub, rg, name), "name": name, "type": VM_TYPE, "location": body["location"].lower(),
+              "tags": dict(body.get("tags") or {}), "properties": props}
+        if body.get("zones"):
+            vm["zones"] = list(body["zones"])
+        return vm
+
+    def _check_scope(self, sub: str, rg: str) -> None:
+        if sub.lower() != self.subscription.lower():
+            raise ArmError(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
+        if rg.lower() not in self.resource_groups:
+            raise ArmError(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+
+    def _not_found(self, rg: str, name: str) -> ArmError:
+        return ArmError(404, "ResourceNotFound", f"The Resource '{VM_TYPE}/{name}' under resource group '{rg}' was not found. "
+                                                 "For more details please go to https://aka.ms/ARMResourceNotFoundFix")
+
+    def _validate(self, name: str, body: dict) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]|[A-Za-z0-9]", name):
+            raise ArmError(400, "InvalidParameter", f"The VM name '{name}' is invalid.", "vmName")
+        if not isinstance(body.get("location"), str) or not body["location"]:
+            raise ArmError(400, "LocationRequired", "The location property is required for this definition.")
+        tags = body.get("tags") or {}
+        if len(tags) > 50:
+            raise ArmError(400, "InvalidTemplate", "The number of tags exceeds the limit of 50.")
+        for k, v in tags.items():
+            if TAG_NAME_FORBIDDEN & set(k) or len(k) > 512:
+                raise ArmError(400, "InvalidTagNameCharacters",
+                               f"The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters.")
+            if not isinstance(v, str) or len(v) > 256:
+                raise ArmError(400, "InvalidTagValueLength", f"The tag value of '{k}' must be a string of at most 256 characters.")
+        for z in body.get("zones") or []:
+            if z not in ZONES:
+                raise ArmError(400, "InvalidParameter", f"The zone '{z}' is not valid; allowed: {', '.join(ZONES)}.", "zones")
+        p = body.get("properties") or {}
+        if not (p.get("hardwareProfile") or {}).get("vmSize"):
+            raise ArmError(400, "InvalidParameter", "Required parameter 'hardwareProfile.vmSize' is missing (null).", "vmSize")
+        image = (p.get("storageProfile") or {}).get("imageReference") or {}
+        if not image.get("id") and not all(image.get(k) for k in ("publisher", "offer", "sku", "version")):
+            raise ArmError(400, "InvalidParameter", "The image reference needs an id or publisher, offer, sku and version.",
+                           "imageReference")
+        os_profile = p.get("osProfile") or {}
+        if not os_profile.get("adminUsername") or not os_profile.get("computerName"):
+            raise ArmError(400, "InvalidParameter", "Required parameter 'osProfile.adminUsername' is missing (null).", "adminUsername")
+        linux = os_profile.get("linuxConfiguration") or {}
+        keys = (linux.get("ssh") or {}).get("publicKeys") or []
+        if linux.get("disablePasswordAuthentication") and not keys:
+            raise ArmError(400, "InvalidParameter", "Authentication using either SSH or by user name and password must be enabled "
+                                                    "in Linux profile.", "linuxConfiguration")
+        for k in keys:
+            if not str(k.get("keyData", "")).startswith(("ssh-", "ecdsa-")) or not k.get("path"):
+                raise ArmError(400, "InvalidParameter", "The value of parameter linuxConfiguration.ssh.publicKeys.keyData is invalid.",
+                               "linuxConfiguration.ssh.publicKeys.keyData")
+        net = p.get("networkProfile") or {}
+        if net.get("networkInterfaceConfigurations"):
+            if not net.get("networkApiVersion"):
+                raise ArmError(400, "InvalidParameter", "networkApiVersion is required with networkInterfaceConfigurations.",
+                               "networkApiVersion")
+            for nic in net["networkInterfaceConfigurations"]:
+                ipcs = (nic.get("properties") or {}).get("ipConfigurations") or []
+                if not nic.get("name") or not ipcs or not all(((i.get("properties") or {}).get("subnet") or {}).get("id") for i in ipcs):
+                    raise ArmError(400, "InvalidParameter", "Each network interface configuration needs a name and "
+                                                            "ip configurations with a subnet id.", "networkInterfaceConfigurations")
+        elif not net.get("networkInterfaces"):
+            raise ArmError(400, "InvalidParameter", "The network profile needs at least one network interface.", "networkProfile")
+        priority = p.get("priority", "Regular")
+        if priority not in ("Regular", "Spot", "Low"):
+            raise ArmError(400, "InvalidParameter", f"The value '{priority}' of parameter 'priority' is invalid.", "priority")
+        if priority == "Spot" and p.get("evictionPolicy") not in ("Delete", "Deallocate"):
+            raise ArmError(400, "InvalidParameter", "evictionPolicy must be Delete or Deallocate for Spot VMs.", "evictionPolicy")
+        if priority != "Spot" and (p.get("evictionPolicy") or p.get("billingProfile")):
+            raise ArmError(400, "InvalidParameter", "evictionPolicy and billingProfile can only be set for Spot VMs.", "priority")
+        max_price = (p.get("billingProfile") or {}).get("maxPrice")
+        if max_price is not None and not (max_price == -1 or (isinstance(max_price, (int, float)) and max_price > 0)):
+            raise ArmError(400, "InvalidParameter", "billingProfile.maxPrice must be -1 or a positive number.", "maxPrice")
+
+    def put_vm(self, sub: str, rg: str, name: str, body: dict, base: str, api_version: str) -> tuple[int, dict, dict]:
+        self._check_scope(sub, rg)
+        key = (sub.lower(), rg.lower(), name.lower())
+        existing = self.vms.get(key)
+        if existing is not None:
+            if existing["properties"].get("provisioningState") == "Deleting":
+                raise ArmError(409, "OperationNotAllowed", f"The VM '{name}' is being deleted.")
+            if body.get("zones") and body.get("zones") != existing.get("zones"):
+                raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'zones' is not allowed.", "zones")
+            existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, the rest kept
+            return 200, copy.deepcopy(existing), {}
+        self._validate(name, body)
+        vm = self._new_vm(sub, self.resource_groups[rg.lower()], name, body)
+        self.vms[key] = vm
+        op = Operation(str(uuid.uuid4()), "create", key, vm["location"])
+        zone = (vm.get("zones") or [None])[0]
+        code = self.exhausted.get((vm["location"], zone)) if zone else None
+        if code is not None:
+            op.error = {"code": code, "message": (
+                f"Allocation failed. We do not have sufficient capacity for the requested VM size "
+                f"{vm['properties']['hardwareProfile']['vmSize']} in this zone. Read more about improving likelihood of "
+                "allocation success at http://aka.ms/allocation-guidance")}
+        self.ops[op.id] = op
+        return 201, copy.deepcopy(vm), {"Azure-AsyncOperation": self._op_url(base, sub, op, api_version)}
+
+    def delete_vm(self, sub: str, rg: str, name: str, base: str, api_version: str) -> tuple[int, dict | None, dict]:
+        self._check_scope(sub, rg)
+        key = (sub.lower(), rg.lower(), name.lower())
+        vm = self.vms.get(key)
+        if vm is None:
+            return 204, None, {}
+        vm["properties"]["provisioningState"] = "Deleting"
+        op = Operation(str(uuid.uuid4()), "delete", key, vm["location"])
+        self.ops[op.id] = op
+        url = self._op_url(base, sub, op, api_version)
+        return 202, None, {"Azure-AsyncOperation": url, "Location": url + "&monitor=true"}
+
+    def _op_url(self, base: str, sub: str, op: Operation, api_version: str) -> str:
+        return f"{base}/subscriptions/{sub}/providers/Microsoft.Compute/locations/{op.location}/operations/{op.id}?api-version={api_version}"
+
+    def poll(self, op_id: str, monitor: bool) -> tuple[int, dict | None, dict]:
+        op = self.ops.get(op_id)
+        if op is None:
+            raise ArmError(404, "NotFound", f"The operation '{op_id}' was not found.")
+        op.polls += 1
+        if op.polls == 1:
+            if monitor:
+                return 202, None, {}
+            return 200, {"startTime": op.start, "status": "InProgress", "name": op.id}, {}
+        self._finish(op)
+        if monitor:
+            return (204, None, {}) if op.error is None else (200, {"error": op.error}, {})
+        done = {"startTime": op.start, "endTime": _now(), "name": op.id}
+        if op.error is not None:
+            return 200, {**done, "status": "Failed", "error": op.error}, {}
+        return 200, {**done, "status": "Succeeded"}, {}
+
+    def _finish(self, op: Operation) -> None:
+        vm = self.vms.get(op.key)
+        if vm is None:
+            return
+        if op.kind == "delete":
+            if vm["properties"].get("provisioningState") == "Deleting":
+                del self.vms[op.key]
+        elif vm["properties"].get("provisioningState") == "Creating":
+            vm["properties"]["provisioningState"] = "Failed" if op.error else "Succeeded"
+
+    def instance_view(self, vm: dict) -> dict:
+        state = vm["properties"].get("provisioningState", "Succeeded")
+        statuses = [{"code": f"ProvisioningState/{state.lower()}", "level": "Info" if state != "Failed" else "Error",
+                     "displayStatus": f"Provisioning {state.lower()}"}]
+        if state == "Succeeded":
+            statuses.append({"code": "PowerState/running", "level": "Info", "displayStatus": "VM running"})
+        return {"statuses": statuses}
+
+    def list_vms(self, sub: str, rg: str, skip: int, base: str, path: str, api_version: str) -> dict:
+        self._check_scope(sub, rg)
+        mine = sorted((vm for k, vm in self.vms.items() if k[:2] == (sub.lower(), rg.lower())), key=lambda v: v["name"].lower())
+        page = []
+        for vm in mine[skip:skip + self.page_size]:
+            shown = copy.deepcopy(vm)
+            shown["id"] = self._vm_id(sub, rg.upper(), vm["name"])  # Compute often upper-cases the group in ids
+            page.append(shown)
+        out: dict = {"value": page}
+        if skip + self.page_size < len(mine):
+            out["nextLink"] = f"{base}{path}?api-version={api_version}&%24skiptoken={skip + self.page_size}"
+        return out
+
+    def take_injected(self, method: str) -> ArmError | None:
+        for inj in self._inject:
+            if inj.remaining > 0 and (inj.method is None or inj.method == method):
+                inj.remaining -= 1
+                return ArmError(inj.status, inj.code, inj.message, headers=inj.headers)
+        return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    arm: ArmFake
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # noqa: A002 - quiet: the fake keeps its own request log
+        pass
+
+    def _send(self, status: int, body: dict | None, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        if body is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("x-ms-request-id", str(uuid.uuid4()))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if data:
+            self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        arm = self.arm
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        parts = urlsplit(self.path)
+        query = {k.lower(): v[-1] for k, v in parse_qs(parts.query).items()}
+        base = f"https://{self.headers.get('Host')}"
+        try:
+            with arm.lock:
+                arm.log.append((method, self.path))
+                if self.headers.get("Authorization") != f"Bearer {arm.token}":
+                    raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.",
+                                   headers={"WWW-Authenticate": 'Bearer authorization_uri="https://login.invalid", error="invalid_token"'})
+                injected = arm.take_injected(method)
+                if injected is not None:
+                    raise injected
+                api_version = query.get("api-version")
+                if not api_version:
+                    raise ArmError(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is required "
+                                                                      "for all requests.")
+                if m := _OP.match(parts.path):
+                    if method != "GET":
+                        raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")
+                    status, body, headers = arm.poll(m.group(3), monitor=query.get("monitor") == "true")
+                    return self._send(status, body, headers)
+                m = _VM.match(parts.path)
+                if m is None:
+                    raise ArmError(404, "InvalidResourceType", f"The resource type could not be found for path {parts.path}.")
+                sub, rg, name = m.groups()
+                if name is None:
+                    if method != "GET":
+                        raise ArmError(405, "MethodNotAllowed", f"{method} is not supported on the collection.")
+                    skip = int(query.get("$skiptoken", "0"))
+                    return self._send(200, arm.list_vms(sub, rg, skip, base, parts.path, api_version))
+                if method == "GET":
+                    arm._check_scope(sub, rg)
+                    vm = arm.vms.get((sub.lower(), rg.lower(), name.lower()))
+                    if vm is None:
+                        raise arm._not_found(rg, name)
+                    shown = copy.deepcopy(vm)
+                    if query.get("$expand") == "instanceView":
+                        shown["properties"]["instanceView"] = arm.instance_view(vm)
+                    return self._send(200, shown)
+                if method == "PUT":
+                    try:
+                        body = json.loads(raw or b"{}")
+                    except json.JSONDecodeError:
+                        raise ArmError(400, "InvalidRequestContent", "The request content was invalid and could not be deserialized.")
+                    status, out, headers = arm.put_vm(sub, rg, name, body, base, api_version)
+                    return self._send(status, out, headers)
+                if method == "DELETE":
+                    status, out, headers = arm.delete_vm(sub, rg, name, base, api_version)
+                    return self._send(status, out, headers)
+                raise ArmError(405, "MethodNotAllowed", f"{method} is not supported.")
+        except ArmError as e:
+            self._send(e.status, e.body(), e.headers)
+
+    def do_GET(self):  # noqa: N802
+        self._handle("GET")
+
+    def do_PUT(self):  # noqa: N802
+        self._handle("PUT")
+
+    def do_DELETE(self):  # noqa: N802
+        self._handle("DELETE")

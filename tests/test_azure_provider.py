@@ -1,0 +1,318 @@
+"""The Azure provider with the real azure-mgmt-compute client against a local ARM fake over HTTPS."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from providers.azure import AzureProvider, azure_tag_name, logical_tags, parse_image, vm_name, zone_number
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, PoolTarget, ProviderContext, ownership_tags
+from providers.catalog import load_catalog
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
+from tests.arm_fake import ArmFake
+from tests.fleetkit import ROOT
+
+FLEET = "az-fleet"
+RG = "fleetops-gpu"
+SUBNET = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net/providers/Microsoft.Network/virtualNetworks/v/subnets/gpu"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOY38JP6o2SAHiqpcdRC9ZRlU//IINSrl2JLx0Ao/SPq test"
+
+
+@pytest.fixture
+def arm(tmp_path):
+    fake = ArmFake(tmp_path / "tls", resource_groups=(RG, "other-team")).start()
+    yield fake
+    fake.stop()
+
+
+def options(arm: ArmFake, **extra: str) -> dict[str, str]:
+    return {"endpoint": arm.base_url, "ca_bundle": arm.ca_path, "credential": "fake-for-tests",
+            "subscription_id": arm.subscription, "resource_group": RG, "polling_interval": "0.01", **extra}
+
+
+@pytest.fixture
+def prov(arm, tmp_path):
+    return AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm)))
+
+
+def target(name="t4", zones=("eastus-1", "eastus-2"), types=("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3"), **settings):
+    s = {"subscription_id": None, "resource_group": RG, "image": None, "subnet_id": SUBNET, "admin_username": "fleetops",
+         "ssh_public_key": SSH_KEY, **settings}
+    return PoolTarget(name=name, cloud="azure", region="eastus", zones=zones, instance_types=types, settings=s)
+
+
+def req(key, market="on-demand", zone="eastus-1", itype="Standard_NC4as_T4_v3", fleet=FLEET, pool=None):
+    return CreateRequest(key=key, pool=pool or target(), zone=zone, instance_type=itype, market=market,
+                         max_price=0.526 if market == "spot" else None, tags=ownership_tags(fleet, "t4", key))
+
+
+def ours(pool="t4", fleet=FLEET):
+    return {azure_tag_name(TAG_FLEET): fleet, azure_tag_name(TAG_POOL): pool}
+
+
+# -- create / observe / delete --------------------------------------------------------------------
+def test_create_observe_delete_spot_and_regular(prov, arm):
+    regular = prov.create(req("k-od"))
+    spot = prov.create(req("k-spot", market="spot", zone="eastus-2"))
+    assert (regular.market, regular.zone, regular.region, regular.instance_type, regular.pool, regular.state) == (
+        "on-demand", "eastus-1", "eastus", "Standard_NC4as_T4_v3", "t4", "running")
+    assert (spot.market, spot.zone) == ("spot", "eastus-2")
+    assert regular.id.endswith(f"/virtualMachines/{vm_name(FLEET, 'k-od')}") and regular.launched_at
+
+    # What ARM stored, read from the fake directly.
+    vms = arm.snapshot()
+    raw = vms[vm_name(FLEET, "k-spot")]
+    p = raw["properties"]
+    assert raw["zones"] == ["2"] and raw["location"] == "eastus" and p["provisioningState"] == "Succeeded"
+    assert (p["priority"], p["evictionPolicy"], p["billingProfile"]) == ("Spot", "Delete", {"maxPrice": 0.526})
+    assert vms[vm_name(FLEET, "k-od")]["properties"]["priority"] == "Regular"
+    assert "billingProfile" not in vms[vm_name(FLEET, "k-od")]["properties"]
+    assert raw["tags"] == {"fleetops.io_fleet": FLEET, "fleetops.io_pool": "t4", "fleetops.io_create-key": "k-spot"}
+    assert p["storageProfile"]["imageReference"] == {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
+                                                     "version": "latest"}
+    assert p["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    linux = p["osProfile"]["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] is True
+    assert linux["ssh"]["publicKeys"] == [{"path": "/home/fleetops/.ssh/authorized_keys", "keyData": SSH_KEY}]
+    nic = p["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+    assert nic["deleteOption"] == "Delete" and nic["ipConfigurations"][0]["properties"]["subnet"] == {"id": SUBNET}
+    # The long-running operation was polled to the end: InProgress, then Succeeded.
+    assert len(arm.requests("GET", "/operations/")) == 4
+
+    seen = {i.id: i for i in prov.observe([target()])}
+    assert set(seen) == {regular.id, spot.id}  # the fake lists ids with an upper-cased group: ids stay stable
+    assert seen[spot.id].tags[TAG_CREATE_KEY] == "k-spot" and seen[spot.id].tags[TAG_FLEET] == FLEET
+    assert seen[spot.id].market == "spot" and seen[regular.id].zone == "eastus-1"
+
+    prov.delete(spot)
+    assert vm_name(FLEET, "k-spot") not in arm.snapshot()
+    prov.delete(spot)  # already gone: not an error
+    assert [i.id for i in prov.observe([target()])] == [regular.id]
+
+
+def test_retry_with_the_same_key_yields_one_vm(prov, arm):
+    first = prov.create(req("k-same"))
+    again = prov.create(req("k-same"))
+    assert again.id == first.id
+    assert len(arm.snapshot()) == 1 and len(arm.requests("PUT")) == 1
+    assert [i.id for i in prov.observe([target()])] == [first.id]
+
+
+def test_a_failed_earlier_attempt_is_cleared_and_retried(arm, tmp_path):
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, max_retries="0")))
+    arm.exhaust("eastus", "1")
+    arm.fail_next(500, "InternalServerError", "boom", method="DELETE")  # the clean-up after the failure fails too
+    with pytest.raises(CapacityError):
+        prov.create(req("k-retry"))
+    name = vm_name(FLEET, "k-retry")
+    assert arm.snapshot()[name]["properties"]["provisioningState"] == "Failed"
+    assert prov.observe([target()]) == []  # a VM that never allocated is not a live instance
+    arm.replenish("eastus", "1")
+    inst = prov.create(req("k-retry"))
+    assert inst.state == "running" and arm.snapshot()[name]["properties"]["provisioningState"] == "Succeeded"
+    assert len(arm.requests("PUT")) == 2
+
+
+# -- ownership ------------------------------------------------------------------------------------
+def test_unmanaged_and_foreign_vms_are_invisible_and_untouchable(prov, arm):
+    mine = prov.create(req("k-mine"))
+    arm.plant("bare-vm")
+    arm.plant("their-vm", tags=ours(fleet="someone-else"))
+    arm.plant("old-style", tags={TAG_FLEET.replace("/", "-"): FLEET})  # not our tag name
+    assert [i.id for i in prov.observe([target()])] == [mine.id]
+    for name in ("bare-vm", "their-vm", "old-style"):
+        with pytest.raises(OwnershipError, match="refusing to delete"):
+            prov.delete(replace(mine, id=mine.id.rsplit("/", 1)[0] + "/" + name))
+        assert arm.snapshot()[name]["properties"]["provisioningState"] == "Succeeded"
+    assert arm.requests("DELETE") == []
+
+
+def test_create_never_overwrites_a_vm_it_does_not_own(prov, arm):
+    name = vm_name(FLEET, "k-taken")
+    arm.plant(name, tags=ours(fleet="someone-else"))
+    with pytest.raises(OwnershipError, match="not ours"):
+        prov.create(req("k-taken"))
+    assert arm.snapshot()[name]["tags"] == ours(fleet="someone-else") and arm.requests("PUT") == []
+
+
+# -- errors ---------------------------------------------------------------------------------------
+def test_zonal_allocation_failure_is_a_capacity_error_and_leaves_nothing_behind(prov, arm):
+    arm.exhaust("eastus", "1")
+    with pytest.raises(CapacityError) as e:
+        prov.create(req("k-cap", market="spot"))
+    assert (e.value.cloud, e.value.zone, e.value.instance_type, e.value.market) == (
+        "azure", "eastus-1", "Standard_NC4as_T4_v3", "spot")
+    assert "ZonalAllocationFailed" in str(e.value) and "fake-for-tests" not in str(e.value)
+    assert arm.snapshot() == {}  # the Failed VM Azure keeps was deleted
+    assert prov.create(req("k-cap-2", zone="eastus-2")).zone == "eastus-2"
+
+
+@pytest.mark.parametrize("status,code,message,expected", [
+    (409, "SkuNotAvailable", "The requested size for resource is currently not available in location 'eastus' zones '1'.",
+     CapacityError),
+    (409, "OperationNotAllowed", "Operation could not be completed as it results in exceeding approved LowPriorityCores "
+                                 "quota. Current Limit: 4, Current Usage: 4, Additional Required: 4", CapacityError),
+    (409, "QuotaExceeded", "Quota exceeded for standardNCASv3_T4Family.", CapacityError),
+    (400, "InvalidParameter", "The value of parameter imageReference is invalid.", ProviderError),
+    (409, "OperationNotAllowed", "The VM is being updated.", ProviderError),
+    (429, "TooManyRequests", "The request is being throttled.", TransientProviderError),
+    (503, "ServiceUnavailable", "The service is unavailable.", TransientProviderError),
+])
+def test_arm_errors_map_to_reconciler_errors(arm, tmp_path, status, code, message, expected):
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, max_retries="0")))
+    arm.fail_next(status, code, message, method="PUT", headers={"Retry-After": "1"} if status == 429 else None)
+    with pytest.raises(ProviderError) as e:
+        prov.create(req("k-err"))
+    assert type(e.value) is expected and code in str(e.value)
+    assert arm.snapshot() == {}
+
+
+def test_a_rejected_token_is_an_authentication_error(prov, arm):
+    arm.token = "rotated"
+    with pytest.raises(ProviderError, match="not authenticated") as e:
+        prov.observe([target()])
+    assert "fake-for-tests" not in str(e.value) and "rotated" not in str(e.value)
+
+
+def test_the_test_credential_needs_a_local_https_endpoint(tmp_path):
+    with pytest.raises(ProviderError, match="local ARM fake"):
+        AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"credential": "fake-for-tests"})).observe(
+            [target(subscription_id="s")])
+    with pytest.raises(ProviderError, match="https"):
+        AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": "http://127.0.0.1:1"}))
+
+
+def test_pool_settings_are_checked_before_any_call(prov, arm):
+    with pytest.raises(ProviderError, match="subnet_id"):
+        prov.create(req("k", pool=target(subnet_id=None)))
+    with pytest.raises(ProviderError, match="ssh_public_key"):
+        prov.create(req("k", pool=target(ssh_public_key=None)))
+    with pytest.raises(ProviderError, match="URN"):
+        prov.create(req("k", pool=target(image="ubuntu")))
+    assert arm.log == []
+
+
+# -- observe and offerings ------------------------------------------------------------------------
+def test_observe_follows_next_link(prov, arm):
+    for n in range(45):
+        arm.plant(f"bulk-{n:03d}", tags={**ours(), azure_tag_name(TAG_CREATE_KEY): f"k{n}"}, zone=str(n % 3 + 1),
+                  priority="Spot" if n % 2 else None)
+    for n in range(7):
+        arm.plant(f"stranger-{n}")
+    seen = prov.observe([target()])
+    assert len(seen) == 45 and {i.zone for i in seen} == {"eastus-1", "eastus-2", "eastus-3"}
+    assert sum(i.market == "spot" for i in seen) == 22
+    assert len(arm.requests("GET", "/virtualMachines?")) == 3  # 52 VMs in pages of 20
+
+
+def test_observe_covers_every_resource_group_of_the_pools_and_options(arm, tmp_path):
+    arm.plant("in-other", resource_group="other-team", tags=ours())
+    arm.plant("in-main", tags=ours())
+    base = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm)))
+    assert [i.id.rsplit("/", 1)[1] for i in base.observe([target()])] == ["in-main"]
+    assert {i.id.rsplit("/", 1)[1] for i in base.observe([target(), target("b", resource_group="Other-Team")])} == {
+        "in-main", "in-other"}
+    extra = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, resource_groups="other-team")))
+    assert {i.id.rsplit("/", 1)[1] for i in extra.observe([target()])} == {"in-main", "in-other"}
+
+
+def test_offerings_come_from_the_catalog(prov, arm):
+    offs = {(o.zone, o.instance_type): o for o in prov.offerings([target(), target("dup")])}
+    assert len(offs) == 4
+    cat = load_catalog().offering("azure", "eastus", "eastus-2", "Standard_NC64as_T4_v3")
+    assert offs[("eastus-2", "Standard_NC64as_T4_v3")] == cat
+    assert (cat.gpus, cat.gpu_type, cat.on_demand_price) == (4, "T4", 4.352) and cat.spot_price < cat.on_demand_price
+    assert arm.log == []
+
+
+# -- names and tags -------------------------------------------------------------------------------
+def test_vm_names_are_deterministic_valid_and_distinct():
+    assert vm_name("azure-fleet", "dea60f2355d2-0001") == "azure-fleet-dea60f2355d2-0001"
+    odd = ["K/1", "k_1", "k-1", "x" * 200, "x" * 201, "", "ünï"]
+    names = [vm_name("my.fleet", k) for k in odd]
+    assert len(set(names)) == len(odd)
+    for n in names:
+        assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?", n), n
+    assert vm_name("my.fleet", "K/1") == names[0]
+
+
+def test_tag_names_and_zones_map_both_ways():
+    assert azure_tag_name(TAG_FLEET) == "fleetops.io_fleet"
+    logical = ownership_tags(FLEET, "t4", "k") | {"fleetops.io/plan": "p1", "team": "ml"}
+    azure = {azure_tag_name(k): v for k, v in logical.items()}
+    assert not any(set(k) & set('<>%&\\?/') for k in azure)
+    assert logical_tags(azure) == logical
+    assert zone_number("eastus", "eastus-3") == "3"
+    with pytest.raises(ProviderError):
+        zone_number("eastus", "westeurope-1")
+    assert parse_image("/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/galleries/x/images/y") == {
+        "id": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/galleries/x/images/y"}
+
+
+# -- the whole pipeline ---------------------------------------------------------------------------
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "azure-only"
+    shutil.copytree(ROOT / "examples" / "azure-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    return cfg
+
+
+def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    arm.plant("hand-made", tags={"owner": "alice"})
+    res = api.apply(cfg, provider="azure", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4
+    again = api.plan(cfg, provider="azure", options=opts)
+    assert not again.plan.has_changes
+    assert {i.id for i in again.observed.instances} == set(res.report.created.values())
+
+    # Independently: the fake holds exactly our four VMs plus the hand-made one.
+    vms = arm.snapshot()
+    fleet_vms = {n: v for n, v in vms.items() if v["tags"].get("fleetops.io_fleet") == "azure-fleet"}
+    assert set(vms) - set(fleet_vms) == {"hand-made"} and len(fleet_vms) == 4
+    assert all(v["properties"]["provisioningState"] == "Succeeded" for v in fleet_vms.values())
+    sizes = sorted((v["properties"]["hardwareProfile"]["vmSize"], v["properties"]["priority"]) for v in fleet_vms.values())
+    assert sizes == [("Standard_NC24ads_A100_v4", "Regular")] * 2 + [("Standard_NC4as_T4_v3", "Regular"),
+                                                                       ("Standard_NC4as_T4_v3", "Spot")]
+    assert {v["properties"]["storageProfile"]["imageReference"]["offer"] for v in fleet_vms.values()} == {"ubuntu-hpc"}
+
+    # Remove every job: our VMs go, the hand-made one stays.
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    api.apply(cfg, provider="azure", options=opts)
+    assert not api.plan(cfg, provider="azure", options=opts).observed.instances
+    assert set(arm.snapshot()) == {"hand-made"}
+
+
+def test_apply_routes_around_an_exhausted_zone(arm, tmp_path):
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    arm.exhaust("eastus", "1")
+    with pytest.raises(ApplyError, match="zone marked short"):
+        api.apply(cfg, provider="azure", options=opts)
+    assert all(v["properties"]["provisioningState"] == "Succeeded" for v in arm.snapshot().values())
+    res = api.apply(cfg, provider="azure", options=opts)
+    assert res.report.ok
+    assert not api.plan(cfg, provider="azure", options=opts).plan.has_changes
+    vms = arm.snapshot()
+    assert len(vms) == 4 and all(v["zones"] != ["1"] for v in vms.values())
+
+
+def test_cli_plan_apply_plan(arm, tmp_path):
+    cfg = _config(tmp_path)
+    args = ["--provider", "azure"] + [a for k, v in options(arm).items() for a in ("-o", f"{k}={v}")]
+    runner = CliRunner()
+    plan = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert plan.exit_code == 2, plan.output
+    applied = runner.invoke(app, ["apply", str(cfg), "--auto-approve", *args])
+    assert applied.exit_code == 0, applied.output
+    again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert again.exit_code == 0, again.output
+    assert len(arm.snapshot()) == 4
