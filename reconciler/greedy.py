@@ -66,6 +66,17 @@ def greedy(problem: Problem) -> Greedy:
                 if _keep(g, problem, d, [cell], by_key, opened, open_, pool_count, fleet, dim, tenant_used):
                     g.placed[d.key] += cell[1]
 
+    # Pool minimums, before any job: they are owed whatever else happens, so they come out of
+    # the budget first (and can host work). Idle existing instances first, then the cheapest.
+    for pool, (lo, _) in problem.pool_bounds.items():
+        for u in sorted((u for u in units if u.cap.pool == pool), key=lambda u: (not u.cap.existing, u.cap.price, u.cap.key, u.slot)):
+            if pool_count[pool] >= lo:
+                break
+            if (u.cap.existing and u.cap.keep_blocker is None and not g.use[u.key]) or (not u.cap.existing and g.use[u.key] < u.count):
+                if u.cap.market == "spot" and not allow_spot:
+                    continue
+                _open(g, u, open_, pool_count, fleet, dim, existing=u.cap.existing)
+
     # Phase 2: everything else, by priority and size.
     for d in order:
         for _ in range(len(d.jobs) - g.placed[d.key]):
@@ -80,15 +91,6 @@ def greedy(problem: Problem) -> Greedy:
             for k in DIMS:
                 tenant_used[d.tenant][k] += need[k]
 
-    # Pool minimums: keep idle existing instances first, then buy the cheapest.
-    for pool, (lo, _) in problem.pool_bounds.items():
-        for u in sorted((u for u in units if u.cap.pool == pool), key=lambda u: (not u.cap.existing, u.cap.price, u.cap.key, u.slot)):
-            if pool_count[pool] >= lo:
-                break
-            if (u.cap.existing and u.cap.keep_blocker is None and not g.use[u.key]) or (not u.cap.existing and g.use[u.key] < u.count):
-                if u.cap.market == "spot" and not allow_spot:
-                    continue
-                _open(g, u, open_, pool_count, fleet, dim, existing=u.cap.existing)
     return g
 
 

@@ -156,8 +156,8 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         if e:
             egress_terms.append(round(e * MILLI) * v)
     total_cost = cost + sum(egress_terms)
-    if problem.budget is not None:
-        m.add(cost <= round(problem.budget * MILLI))
+    if problem.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
+        m.add(sum(math.ceil(u.cap.price * MILLI) * use[u.key] for u in units) <= math.floor(problem.budget * MILLI))
 
     work = sum(d.weight * d.replicas * placed[d.key] for d in demands)
 
