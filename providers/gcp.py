@@ -1,0 +1,403 @@
+"""GCP Compute Engine through google-cloud-compute (the REST transport).
+
+Ownership is the `fleetops-fleet` label. GCE label keys and values allow only
+lowercase letters, digits, `_` and `-` (at most 63 characters, keys start with a
+letter), so the logical tags map onto labels: `fleetops.io/X` becomes the key
+`fleetops-X`, and a value becomes itself with `.` spelled `_` (exact and
+reversible for every name the config allows: names have no `_`). Any other value
+is lowercased, cleaned and suffixed with a hash of the original, so two different
+values never share a label. observe filters on the fleet label server-side and
+checks it again client-side; delete reads the instance first and refuses anything
+whose label is not this fleet's.
+
+Creates are idempotent twice over: the instance name is derived from the plan's
+key (a second insert of that name is a 409, and an existing instance carrying our
+fleet label and the key's label is returned as is), and the insert's requestId is
+a UUID derived from the key, so GCE itself answers a retried insert with the
+original operation. Every insert and delete waits on its zone operation; the
+operation's errors are what report a stockout or an exhausted quota.
+
+Spot instances use provisioningModel SPOT with instanceTerminationAction DELETE:
+a preempted instance disappears and the next run replaces it. GCE has no bid
+price for Spot VMs, so request.max_price is enforced by the planner (catalog
+prices), not by the cloud.
+
+google.cloud.compute_v1 is imported lazily. Credentials are Application Default
+Credentials (google.auth.default) and are never printed; with the `endpoint`
+option (a local fake or emulator) the client sends no credentials at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.catalog import load_catalog
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+
+LABEL_PREFIX = "fleetops-"
+LABEL_FLEET = "fleetops-fleet"
+LABEL_POOL = "fleetops-pool"
+LABEL_CREATE_KEY = "fleetops-create-key"
+LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING")
+STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "REPAIRING": "running",
+          "STOPPING": "stopping", "SUSPENDING": "stopping", "SUSPENDED": "stopping", "TERMINATED": "terminated"}
+# Operation error codes (and HTTP error texts) that mean "no capacity here now": the zone is marked short.
+CAPACITY_CODES = frozenset({
+    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED",
+    "REGION_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "quotaExceeded",
+})
+CAPACITY_TEXT = re.compile(r"does not have enough resources available|Machine type with name '[^']+' does not exist in zone"
+                           r"|state:STOCKOUT|is currently unavailable in the", re.I)
+# Retrying later helps: throttling, and "the resource is busy with another operation".
+TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "resourceNotReady"})
+TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
+GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-")  # accelerator-optimized: GPUs come with the machine type, no live migration
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+DEFAULT_NETWORK = "global/networks/default"
+DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+REQUEST_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-5b1e-8c3f-2a7e0f6d9b41")  # fixed: the same key always gives the same requestId
+MAX_PAGE = 500  # GCE's largest page
+WAIT_CALL_S = 150.0  # zoneOperations.wait returns by itself after at most ~120 s
+
+_VALUE_OK = re.compile(r"^[a-z0-9.-]{0,63}$")
+_INSTANCE_ID = re.compile(r"^projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$")
+
+
+# ---------------------------------------------------------------- naming
+
+
+def _digest(text: str, n: int = 10) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def label_value(value: str) -> str:
+    """A GCE label value for a tag value: exact (`.` as `_`) when that is possible, else cleaned plus a hash."""
+    if _VALUE_OK.fullmatch(value):
+        return value.replace(".", "_")
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", value.lower())[:52].strip("-")  # no `_`, so it never reads back as a `.`
+    return f"{cleaned}-{_digest(value)}" if cleaned else _digest(value)
+
+
+def tag_value(label: str) -> str:
+    """The inverse of label_value for the exact case (hashed values read back as they are)."""
+    return label.replace("_", ".")
+
+
+def label_key(tag: str) -> str:
+    """`fleetops.io/X` -> `fleetops-X`; any other key cleaned into GCE's key format."""
+    key = LABEL_PREFIX + tag.split("/", 1)[1] if tag.startswith("fleetops.io/") else tag
+    key = re.sub(r"[^a-z0-9_-]", "-", key.lower())
+    if not key[:1].isalpha():
+        key = "t-" + key
+    return key[:63]
+
+
+def tag_key(label: str) -> str:
+    return "fleetops.io/" + label[len(LABEL_PREFIX):] if label.startswith(LABEL_PREFIX) else label
+
+
+def instance_name(key: str) -> str:
+    """A deterministic RFC 1035 instance name for a create key: `fo-<key>`, hashed when the key does not fit as is."""
+    base = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+    name = f"fo-{base}"
+    if base == key and len(name) <= 63 and not name.endswith("-"):
+        return name
+    return f"fo-{base[:49]}".rstrip("-") + f"-{_digest(key)}"
+
+
+def request_id(fleet: str, key: str) -> str:
+    """The insert's requestId: GCE answers a repeated requestId with the original operation."""
+    return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{fleet}\n{key}"))
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ---------------------------------------------------------------- the provider
+
+
+class GcpProvider:
+    name = "gcp"
+
+    def __init__(self, ctx: ProviderContext):
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import compute_v1
+
+        self.ctx = ctx
+        self.compute = compute_v1
+        self.catalog = load_catalog()
+        self.timeout = self._seconds("timeout", 60)  # one HTTP call
+        self.operation_timeout = self._seconds("operation_timeout", 900)  # one insert or delete, start to DONE
+        self.read_retry = self._read_retry(self._seconds("retry_timeout", 30))  # a read's retries, all told
+        self.fleet_label = label_value(ctx.fleet)
+        endpoint = ctx.options.get("endpoint")
+        self.default_project: str | None = ctx.options.get("project")
+        if endpoint:
+            # A local fake or emulator. The REST transport keeps an explicit http:// scheme
+            # from api_endpoint (it only prepends its url_scheme, https, when none is given).
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials, options = AnonymousCredentials(), ClientOptions(api_endpoint=endpoint)
+        else:
+            import google.auth
+            from google.auth.exceptions import DefaultCredentialsError
+
+            try:
+                credentials, adc_project = google.auth.default(scopes=list(SCOPES))
+            except DefaultCredentialsError:
+                raise ProviderError("gcp: no Application Default Credentials found: run `gcloud auth application-default login`, "
+                                    "attach a service account, or set GOOGLE_APPLICATION_CREDENTIALS") from None
+            self.default_project = self.default_project or adc_project
+            options = ClientOptions()
+        self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options, transport="rest")
+        self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
+
+    # -- plumbing ------------------------------------------------------------------
+    def _seconds(self, option: str, default: float) -> float:
+        raw = self.ctx.options.get(option)
+        try:
+            value = float(raw) if raw is not None else default
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ProviderError(f"gcp: option {option}={raw!r} must be a positive number of seconds")
+        return value
+
+    @staticmethod
+    def _read_retry(budget: float):
+        """Reads (get, list, operation wait) retry throttling and outages for at most `budget` seconds; the
+        client's own default would keep at it for 10 minutes. Inserts are retried by apply, with the same
+        requestId, so GCE never runs one twice."""
+        import requests
+        from google.api_core import exceptions as gexc
+        from google.api_core.retry import Retry, if_exception_type
+
+        return Retry(initial=0.25, maximum=4.0, multiplier=2.0, timeout=budget, predicate=if_exception_type(
+            gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway,
+            gexc.GatewayTimeout, gexc.DeadlineExceeded, requests.ConnectionError))
+
+    def _project(self, pool: PoolTarget) -> str:
+        project = pool.settings.get("project") or self.default_project
+        if not project:
+            raise ProviderError(f"gcp: pool {pool.name} has no project: set gcp.project in the Pool or pass -o project=ID")
+        return str(project)
+
+    def _call(self, what: str, fn: Callable[[], Any], *, where: tuple[str, str, str] | None = None,
+              passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+        """One API call with our error mapping. `where` = (zone, type, market) makes capacity errors CapacityErrors;
+        exceptions in `passthrough` (NotFound, Conflict) reach the caller unmapped."""
+        from google.api_core import exceptions as gexc
+        from google.auth import exceptions as aexc
+        import requests
+
+        try:
+            return fn()
+        except passthrough:
+            raise
+        except gexc.GoogleAPICallError as e:
+            reasons = {str(d.get("reason", "")) for d in (e.errors or []) if isinstance(d, dict)}
+            text = f"gcp: {what}: HTTP {e.code}: {e.message}"
+            if where is not None and (reasons & CAPACITY_CODES or any(c in e.message for c in CAPACITY_CODES)
+                                      or CAPACITY_TEXT.search(e.message)):
+                raise CapacityError(text, cloud="gcp", zone=where[0], instance_type=where[1], market=where[2]) from None
+            if e.code in TRANSIENT_HTTP or reasons & TRANSIENT_REASONS:
+                raise TransientProviderError(text) from None
+            raise ProviderError(text) from None
+        except gexc.RetryError as e:  # the client's own retries of a read ran out
+            raise TransientProviderError(f"gcp: {what}: {e.message}; last error: {e.cause}") from None
+        except (requests.ConnectionError, requests.Timeout, aexc.TransportError) as e:
+            raise TransientProviderError(f"gcp: {what}: {type(e).__name__}") from None
+        except aexc.GoogleAuthError as e:  # refresh failures: the message names the problem, never the secret
+            raise ProviderError(f"gcp: {what}: credentials: {type(e).__name__}: {e}") from None
+
+    def _wait(self, what: str, project: str, zone: str, op) -> Any:
+        """Wait for a zone operation to be DONE. zoneOperations.wait may return early (best effort), so loop."""
+        deadline = time.monotonic() + self.operation_timeout
+        pause = 0.05
+        while op.status != self.compute.Operation.Status.DONE:
+            if time.monotonic() > deadline:
+                raise TransientProviderError(f"gcp: {what}: operation {op.name} is not done after {self.operation_timeout:.0f} s; "
+                                             "a rerun resumes it")
+            started = time.monotonic()
+            name = op.name
+            op = self._call(f"{what}: wait for {name}", lambda: self.operations.wait(
+                project=project, zone=zone, operation=name, timeout=WAIT_CALL_S, retry=self.read_retry))
+            if op.status != self.compute.Operation.Status.DONE and time.monotonic() - started < 1.0:
+                time.sleep(pause)  # the wait came back at once: do not spin
+                pause = min(pause * 2, 2.0)
+        return op
+
+    @staticmethod
+    def _op_errors(op) -> list[tuple[str, str]]:
+        return [(e.code, e.message) for e in op.error.errors] if "error" in op else []
+
+    def _get(self, project: str, zone: str, name: str):
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._call(f"get {name} in {zone}", lambda: self.instances.get(
+                project=project, zone=zone, instance=name, timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound,))
+        except NotFound:
+            return None
+
+    def _to_instance(self, project: str, d) -> Instance:
+        zone = _last(d.zone)
+        labels = dict(d.labels)
+        tags = {tag_key(k): (tag_value(v) if k.startswith(LABEL_PREFIX) else v) for k, v in labels.items()}
+        if labels.get(LABEL_FLEET) == self.fleet_label:
+            tags[TAG_FLEET] = self.ctx.fleet  # exact, even where the label had to be hashed
+        sched = d.scheduling
+        spot = sched.provisioning_model == "SPOT" or bool(sched.preemptible)
+        return Instance(
+            id=f"projects/{project}/zones/{zone}/instances/{d.name}", provider=self.name, cloud="gcp",
+            region=zone.rsplit("-", 1)[0], zone=zone, instance_type=_last(d.machine_type),
+            market="spot" if spot else "on-demand", state=STATES.get(d.status, "terminated"),  # type: ignore[arg-type]
+            pool=tags.get(TAG_POOL, ""), tags=tags, launched_at=d.creation_timestamp,
+        )
+
+    def _locate(self, instance: Instance) -> tuple[str, str, str]:
+        m = _INSTANCE_ID.fullmatch(instance.id)
+        if m:
+            return m.group(1), m.group(2), m.group(3)
+        if not self.default_project:
+            raise ProviderError(f"gcp: cannot tell the project of instance {instance.id}; pass -o project=ID")
+        return self.default_project, instance.zone, instance.id
+
+    # -- observe -------------------------------------------------------------------
+    def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        projects = {self._project(p) for p in pools}
+        if self.default_project:
+            projects.add(self.default_project)  # instances of removed pools stay visible, so they can be cleaned up
+        status = " OR ".join(f"(status = {s})" for s in LIVE_STATUSES)
+        flt = f'(labels.{LABEL_FLEET} = "{self.fleet_label}") AND ({status})'
+        found: list[Instance] = []
+        for project in sorted(projects):
+            request = self.compute.AggregatedListInstancesRequest(project=project, filter=flt, max_results=MAX_PAGE)
+            scopes = self._call(f"list instances in {project}", lambda: list(
+                self.instances.aggregated_list(request=request, timeout=self.timeout, retry=self.read_retry)))
+            for _scope, scoped in scopes:
+                for d in scoped.instances:
+                    if d.labels.get(LABEL_FLEET) == self.fleet_label and d.status in LIVE_STATUSES:
+                        found.append(self._to_instance(project, d))
+        return found
+
+    # -- offerings -----------------------------------------------------------------
+    def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
+        """Shapes and list prices from the shipped catalog (its date is the price date). Types the catalog
+        does not list in a pool's region are left out: without a price the solver cannot weigh them."""
+        seen: dict[tuple[str, str], Offering] = {}
+        for p in pools:
+            for z in p.zones:
+                for t in p.instance_types:
+                    o = self.catalog.offering("gcp", p.region, z, t)
+                    if o is not None:
+                        seen.setdefault((z, t), o)
+        return list(seen.values())
+
+    # -- create / delete -----------------------------------------------------------
+    def _resource(self, request: CreateRequest, name: str):
+        c = self.compute
+        p, zone, itype = request.pool, request.zone, request.instance_type
+        s = dict(p.settings)
+        tags = {**request.tags, TAG_FLEET: self.ctx.fleet, TAG_POOL: p.name, TAG_CREATE_KEY: request.key}
+        labels = {label_key(k): label_value(str(v)) for k, v in tags.items()}
+        shape = self.catalog.shape("gcp", itype)
+        gpus = itype.startswith(GPU_FAMILIES) or bool(shape and shape.gpus)
+        if request.market == "spot":
+            scheduling = c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
+                                      on_host_maintenance="TERMINATE", automatic_restart=False)
+        else:
+            scheduling = c.Scheduling(provisioning_model="STANDARD", automatic_restart=True,
+                                      on_host_maintenance="TERMINATE" if gpus else "MIGRATE")
+        network = s.get("network")
+        subnetwork = s.get("subnetwork")
+        nic = c.NetworkInterface()
+        if network:
+            nic.network = network if "/" in network else f"global/networks/{network}"
+        if subnetwork:
+            nic.subnetwork = subnetwork if "/" in subnetwork else f"regions/{p.region}/subnetworks/{subnetwork}"
+        if not network and not subnetwork:
+            nic.network = DEFAULT_NETWORK
+        resource = c.Instance(
+            name=name, machine_type=f"zones/{zone}/machineTypes/{itype}", labels=labels, scheduling=scheduling,
+            network_interfaces=[nic],
+            disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
+                source_image=s.get("image") or DEFAULT_IMAGE, disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
+        )
+        if s.get("service_account"):
+            resource.service_accounts = [c.ServiceAccount(email=s["service_account"], scopes=list(SCOPES))]
+        return resource
+
+    def create(self, request: CreateRequest) -> Instance:
+        from google.api_core.exceptions import Conflict
+
+        project, zone = self._project(request.pool), request.zone
+        name = instance_name(request.key)
+        where = (zone, request.instance_type, request.market)
+        what = f"insert {request.market} {request.instance_type} in {zone}"
+        insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=self._resource(request, name),
+                                                    request_id=request_id(self.ctx.fleet, request.key))
+        try:
+            op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
+                            where=where, passthrough=(Conflict,))
+        except Conflict:  # the name is taken: ours from an earlier try, or someone else's
+            return self._adopt(project, zone, name, request)
+        op = self._wait(what, project, zone, op)
+        errors = self._op_errors(op)
+        if errors:
+            codes = {code for code, _ in errors}
+            if "RESOURCE_ALREADY_EXISTS" in codes:
+                return self._adopt(project, zone, name, request)
+            text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
+            if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
+                raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
+            raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
+        d = self._get(project, zone, name)
+        if d is None:
+            if request.market == "spot":  # preempted (and deleted) before we could look: no spot capacity there
+                raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
+                                    instance_type=request.instance_type, market=request.market)
+            raise ProviderError(f"gcp: {what}: {name} was created but is gone")
+        return self._to_instance(project, d)
+
+    def _adopt(self, project: str, zone: str, name: str, request: CreateRequest) -> Instance:
+        d = self._get(project, zone, name)
+        if d is None:
+            raise TransientProviderError(f"gcp: {name} in {zone} was reported to exist but is gone; retry")
+        owner = d.labels.get(LABEL_FLEET)
+        if owner != self.fleet_label:
+            raise OwnershipError(f"gcp: an instance named {name} already exists in {project}/{zone} and is not fleet "
+                                 f"{self.ctx.fleet!r}'s (its {LABEL_FLEET} label is {owner!r}); refusing to adopt it")
+        if d.labels.get(LABEL_CREATE_KEY) != label_value(request.key):
+            raise ProviderError(f"gcp: {name} in {zone} belongs to this fleet but was created with another key "
+                                f"({d.labels.get(LABEL_CREATE_KEY)!r}, not {request.key!r})")
+        return self._to_instance(project, d)
+
+    def delete(self, instance: Instance) -> None:
+        from google.api_core.exceptions import NotFound
+
+        project, zone, name = self._locate(instance)
+        d = self._get(project, zone, name)
+        if d is None:
+            return  # already gone
+        owner = d.labels.get(LABEL_FLEET)
+        if owner != self.fleet_label:
+            raise OwnershipError(f"gcp: refusing to delete {instance.id}: its {LABEL_FLEET} label is {owner!r}, "
+                                 f"not {self.fleet_label!r}")
+        what = f"delete {name} in {zone}"
+        try:
+            op = self._call(what, lambda: self.instances.delete_unary(project=project, zone=zone, instance=name,
+                                                                      timeout=self.timeout), passthrough=(NotFound,))
+        except NotFound:
+            return
+        op = self._wait(what, project, zone, op)
+        errors = [(code, msg) for code, msg in self._op_errors(op) if code != "RESOURCE_NOT_FOUND"]
+        if errors:
+            raise ProviderError(f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors))

@@ -1,0 +1,656 @@
+"""A small Compute Engine v1 fake: the instances and zone-operations subset, over HTTP.
+
+It speaks the REST wire protocol google.cloud.compute_v1 uses, so tests drive the
+real InstancesClient and ZoneOperationsClient unmodified:
+
+* POST   /compute/v1/projects/{p}/zones/{z}/instances             insert (requestId dedup, 409 on a taken name)
+* GET    /compute/v1/projects/{p}/zones/{z}/instances/{name}      get (404 notFound)
+* DELETE /compute/v1/projects/{p}/zones/{z}/instances/{name}      delete (404 notFound)
+* GET    /compute/v1/projects/{p}/aggregated/instances            aggregatedList: `filter` (the AIP-160 subset GCE
+                                                                  accepts: comparisons, AND/OR/NOT, parentheses),
+                                                                  maxResults/pageToken, NO_RESULTS_ON_PAGE warnings
+* GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
+* POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
+
+Resources have the real JSON shapes: Operation (kind compute#operation, id, name,
+operationType, status PENDING/RUNNING/DONE, progress, targetLink, targetId, zone,
+selfLink, error.errors[] plus httpErrorStatusCode on failure) and Instance (kind
+compute#instance, string id, zone and machineType URLs, status, labels,
+labelFingerprint, scheduling, disks, networkInterfaces). HTTP errors use the
+Google JSON error body {"error": {"code", "message", "errors": [{"message",
+"domain", "reason"}]}}.
+
+An operation advances one step per poll (get or wait): PENDING -> RUNNING -> DONE,
+so a client must poll at least twice and must cope with a wait that returns before
+DONE, which the real API documents as possible. An inserted instance exists
+(PROVISIONING) while its operation runs and is RUNNING once it is DONE; a deleted
+one is STOPPING until its operation is DONE, then gone.
+
+Insert bodies are validated the way GCE rejects them (RFC 1035 names, label
+formats, machine type paths and zones, a boot disk with an image, a network
+interface, Spot scheduling, GPU machine families needing onHostMaintenance
+TERMINATE, requestId a UUID), so a provider bug shows up as a 400 and not as a
+silently accepted instance.
+
+Test-side fault injection: exhaust(zone), withhold(zone, type), fail_next(status),
+plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
+operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
+instances(), requests(), log, insert_bodies.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import json
+import random
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+API = "https://www.googleapis.com/compute/v1"  # GCE writes its own URLs into resources, whatever host was called
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f",
+         "europe-west4-a", "europe-west4-b", "europe-west4-c")
+GPU_FAMILIES = ("a2-", "a3-", "g2-")  # accelerator-optimized: their GPUs come with the machine type
+NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+MACHINE_TYPE_RE = re.compile(r"^(?:(?:https?://[^/]+)?/?compute/v1/)?(?:projects/[^/]+/)?zones/([^/]+)/machineTypes/([a-z0-9-]+)$")
+CAPACITY_MESSAGES = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED": "The zone 'projects/{p}/zones/{z}' does not have enough resources available to fulfill "
+                                    "the request.  Try a different zone, or try again later.",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "The zone 'projects/{p}/zones/{z}' does not have enough resources available "
+                                                 "to fulfill the request.  '(resource type:compute)'.",
+    "QUOTA_EXCEEDED": "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally.",
+}
+
+_INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
+_OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
+_AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances/?$")
+
+
+class GceError(Exception):
+    """An HTTP error in Google's JSON error format."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message,
+                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+
+
+def _invalid(field_name: str, value: Any, why: str) -> GceError:
+    return GceError(400, "invalid", f"Invalid value for field '{field_name}': '{value}'. {why}")
+
+
+def _now() -> str:
+    # GCE timestamps are RFC 3339 with the Pacific offset; any offset parses the same.
+    return dt.datetime.now(dt.timezone(dt.timedelta(hours=-7))).isoformat(timespec="milliseconds")
+
+
+def _fingerprint() -> str:
+    return base64.b64encode(random.randbytes(8)).decode()
+
+
+@dataclass
+class Operation:
+    project: str
+    zone: str
+    name: str
+    op_type: str  # insert | delete
+    target: str  # instance name
+    target_id: str
+    error: dict | None = None  # {"code", "message"} the operation ends with
+    http_error: tuple[int, str] | None = None
+    polls: int = 0
+    steps: int = 2
+    on_done: Callable[[], None] | None = None
+    insert_time: str = field(default_factory=_now)
+    id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
+
+    @property
+    def status(self) -> str:
+        if self.polls >= self.steps:
+            return "DONE"
+        return "RUNNING" if self.polls else "PENDING"
+
+    def json(self) -> dict:
+        base = f"{API}/projects/{self.project}/zones/{self.zone}"
+        body = {
+            "kind": "compute#operation", "id": self.id, "name": self.name, "zone": base, "operationType": self.op_type,
+            "targetLink": f"{base}/instances/{self.target}", "targetId": self.target_id, "status": self.status,
+            "user": "fleetops-test@example.iam.gserviceaccount.com", "progress": 100 if self.status == "DONE" else 0,
+            "insertTime": self.insert_time, "selfLink": f"{base}/operations/{self.name}",
+        }
+        if self.status != "PENDING":
+            body["startTime"] = self.insert_time
+        if self.status == "DONE":
+            body["endTime"] = _now()
+            if self.error is not None:
+                body["error"] = {"errors": [{**self.error, "errorDetails": [{"help": {"links": [{
+                    "description": "Troubleshooting documentation",
+                    "url": "https://cloud.google.com/compute/docs/resource-error"}]}}]}]}
+                if self.http_error:
+                    body["httpErrorStatusCode"], body["httpErrorMessage"] = self.http_error
+        return body
+
+
+@dataclass
+class Injected:
+    status: int
+    reason: str
+    message: str
+    method: str | None
+    path_contains: str | None
+    remaining: int
+
+
+# ------------------------------------------------------------------ filters (AIP-160 subset)
+
+_TOKEN = re.compile(r'\s*(?:(\()|(\))|(!=|<=|>=|=|<|>|:)|"((?:[^"\\]|\\.)*)"|([^\s()=!<>:"]+))')
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"unexpected character at {pos}")
+        pos = m.end()
+        lp, rp, op, quoted, word = m.groups()
+        if lp:
+            out.append(("(", lp))
+        elif rp:
+            out.append((")", rp))
+        elif op:
+            out.append(("op", op))
+        elif quoted is not None:
+            out.append(("str", quoted.replace('\\"', '"')))
+        elif word in ("AND", "OR", "NOT"):
+            out.append((word, word))
+        else:
+            out.append(("word", word))
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
+
+
+def _lookup(resource: dict, path: str) -> Any:
+    cur: Any = resource
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _compare(actual: Any, op: str, want: str) -> bool:
+    if op == ":" and want == "*":
+        return actual is not None
+    if actual is None:
+        return op == "!="
+    if isinstance(actual, bool):
+        actual = "true" if actual else "false"
+    text = str(actual)
+    if op == "=":
+        return text == want
+    if op == "!=":
+        return text != want
+    if op == ":":
+        return want in text
+    try:
+        a, b = float(text), float(want)
+    except ValueError:
+        a, b = text, want  # type: ignore[assignment]
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+def parse_filter(text: str) -> Callable[[dict], bool]:
+    """Compile a filter: sequence := factor {[AND] factor}; factor := term {OR term} (OR binds tighter, as in AIP-160);
+    term := [NOT] ( '(' sequence ')' | field op value )."""
+    tokens = _tokenize(text)
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos][0] if pos < len(tokens) else None
+
+    def take(kind: str) -> str:
+        nonlocal pos
+        if peek() != kind:
+            raise ValueError(f"expected {kind} at token {pos}")
+        pos += 1
+        return tokens[pos - 1][1]
+
+    def sequence() -> Callable[[dict], bool]:
+        parts = [factor()]
+        while peek() in ("AND", "(", "word", "NOT"):
+            if peek() == "AND":
+                take("AND")
+            parts.append(factor())
+        return lambda r: all(p(r) for p in parts)
+
+    def factor() -> Callable[[dict], bool]:
+        parts = [term()]
+        while peek() == "OR":
+            take("OR")
+            parts.append(term())
+        return lambda r: any(p(r) for p in parts)
+
+    def term() -> Callable[[dict], bool]:
+        if peek() == "NOT":
+            take("NOT")
+            inner = term()
+            return lambda r: not inner(r)
+        if peek() == "(":
+            take("(")
+            inner = sequence()
+            take(")")
+            return inner
+        path = take("word")
+        op = take("op")
+        if peek() == "str":
+            value = take("str")
+        else:
+            value = take("word")
+        return lambda r: _compare(_lookup(r, path), op, value)
+
+    if not tokens:
+        return lambda r: True
+    pred = sequence()
+    if pos != len(tokens):
+        raise ValueError(f"unexpected token {tokens[pos][1]!r}")
+    return pred
+
+
+# ------------------------------------------------------------------ the fake
+
+
+class GceFake:
+    """The in-memory Compute Engine. start() binds 127.0.0.1 on a free port and sets `url`."""
+
+    def __init__(self, *, zones: tuple[str, ...] = ZONES, page_limit: int = 500, op_steps: int = 2):
+        self.zones = set(zones)
+        self.page_limit = page_limit  # the server's own cap on a page, below the client's maxResults if set low
+        self.op_steps = op_steps  # polls an operation takes to reach DONE
+        self.machine_types: set[str] | None = None  # None: any well-formed name exists in every zone
+        self.honour_filters = True  # False: list `filter`s are parsed but ignored (a lax GCE-compatible endpoint)
+        self.conflicts = "http"  # a taken name: "http" answers 409 at once; "operation" fails the operation instead
+        self.lock = threading.RLock()
+        self.instances_by_key: dict[tuple[str, str, str], dict] = {}  # (project, zone, name) -> Instance JSON
+        self.operations: dict[tuple[str, str, str], Operation] = {}
+        self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}  # (project, requestId) -> operation key
+        self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
+        self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
+        self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
+        self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
+        self._inject: list[Injected] = []
+        self._ips = 2
+        self.url = ""
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> "GceFake":
+        fake = self
+
+        class Handler(_Handler):
+            gce = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="gce-fake", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)  # type: ignore[union-attr]
+            self._server = None
+
+    def __enter__(self) -> "GceFake":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- fault injection and inspection (test side) --------------------------------
+    def exhaust(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
+        """Every later insert in `zone` is accepted, then its operation ends with `code` and no instance."""
+        if code not in CAPACITY_MESSAGES:
+            raise ValueError(f"unknown capacity code {code}")
+        with self.lock:
+            self.exhausted[zone] = code
+
+    def replenish(self, zone: str) -> None:
+        with self.lock:
+            self.exhausted.pop(zone, None)
+
+    def withhold(self, zone: str, machine_type: str) -> None:
+        """`machine_type` does not exist in `zone`: inserts are rejected with 400, as GCE does."""
+        with self.lock:
+            self.withheld.add((zone, machine_type))
+
+    def fail_next(self, status: int, reason: str, message: str = "", *, method: str | None = None,
+                  path_contains: str | None = None, count: int = 1) -> None:
+        """The next `count` matching requests fail synchronously with this HTTP error."""
+        with self.lock:
+            self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count))
+
+    def forget_request_ids(self) -> None:
+        """GCE remembers a requestId for a limited time; forget them all, as if it had passed."""
+        with self.lock:
+            self.request_ids.clear()
+
+    def plant(self, project: str, zone: str, name: str, *, machine_type: str = "g2-standard-4",
+              labels: dict[str, str] | None = None, status: str = "RUNNING", spot: bool = False) -> dict:
+        """An instance someone else created, straight into the state (no operation)."""
+        body = {"name": name, "machineType": f"zones/{zone}/machineTypes/{machine_type}", "labels": labels or {},
+                "scheduling": {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE",
+                               "instanceTerminationAction": "STOP"} if spot else {"onHostMaintenance": "TERMINATE"},
+                "disks": [{"boot": True, "autoDelete": True,
+                           "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+                "networkInterfaces": [{"network": "global/networks/default"}]}
+        with self.lock:
+            inst = self._materialize(project, zone, body)
+            inst["status"] = status
+            self.instances_by_key[(project, zone, name)] = inst
+            return copy.deepcopy(inst)
+
+    def instances(self, project: str | None = None) -> list[dict]:
+        """A copy of every instance (any status), sorted by zone and name."""
+        with self.lock:
+            return [copy.deepcopy(v) for (p, z, n), v in sorted(self.instances_by_key.items())
+                    if project is None or p == project]
+
+    def requests(self, method: str, path_contains: str = "") -> list[tuple[str, str, dict[str, list[str]]]]:
+        with self.lock:
+            return [r for r in self.log if r[0] == method and path_contains in r[1]]
+
+    # -- request handling ----------------------------------------------------------
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict | None) -> tuple[int, dict]:
+        with self.lock:
+            self.log.append((method, path, query))
+            for inj in self._inject:
+                if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
+                    inj.remaining -= 1
+                    raise GceError(inj.status, inj.reason, inj.message)
+            q = {k: v[-1] for k, v in query.items()}
+            if m := _INSTANCES.match(path):
+                project, zone, name = m.groups()
+                self._check_zone(zone)
+                if name is None and method == "POST":
+                    return 200, self._insert(project, zone, body or {}, q.get("requestId"))
+                if name is not None and method == "GET":
+                    return 200, copy.deepcopy(self._instance(project, zone, name))
+                if name is not None and method == "DELETE":
+                    return 200, self._delete(project, zone, name)
+            elif m := _AGGREGATED.match(path):
+                if method == "GET":
+                    return 200, self._aggregated(m.group(1), q)
+            elif m := _OPERATION.match(path):
+                project, zone, name, wait = m.groups()
+                if (method, bool(wait)) in (("GET", False), ("POST", True)):
+                    return 200, self._poll(project, zone, name)
+            raise GceError(404, "notFound", f"The requested URL {path} was not found on this server.")
+
+    def _check_zone(self, zone: str) -> None:
+        if zone not in self.zones:
+            raise _invalid("zone", zone, "Unknown zone.")
+
+    def _instance(self, project: str, zone: str, name: str) -> dict:
+        inst = self.instances_by_key.get((project, zone, name))
+        if inst is None:
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        return inst
+
+    def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, **kw) -> Operation:
+        name = f"operation-{int(dt.datetime.now().timestamp() * 1000)}-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
+        op = Operation(project, zone, name, op_type, target, target_id, steps=self.op_steps, **kw)
+        self.operations[(project, zone, name)] = op
+        if op.status == "DONE" and op.on_done:
+            op.on_done()
+        return op
+
+    def _poll(self, project: str, zone: str, name: str) -> dict:
+        op = self.operations.get((project, zone, name))
+        if op is None:
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/operations/{name}' was not found")
+        if op.status != "DONE":
+            op.polls += 1
+            if op.status == "DONE" and op.on_done is not None:
+                op.on_done()
+        return op.json()
+
+    def _validate(self, project: str, zone: str, body: dict) -> None:
+        name = body.get("name", "")
+        if not NAME_RE.fullmatch(name or ""):
+            raise _invalid("resource.name", name, "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+        mt = body.get("machineType", "")
+        m = MACHINE_TYPE_RE.fullmatch(mt)
+        if not m:
+            raise _invalid("resource.machineType", mt, "Must be a URL to a valid Compute resource of the correct type.")
+        mt_zone, mt_name = m.groups()
+        if mt_zone != zone:
+            raise _invalid("resource.machineType", mt, f"Machine type must be in zone '{zone}'.")
+        if (zone, mt_name) in self.withheld or (self.machine_types is not None and mt_name not in self.machine_types):
+            raise _invalid("resource.machineType", mt, f"Machine type with name '{mt_name}' does not exist in zone '{zone}'.")
+        labels = body.get("labels") or {}
+        if len(labels) > 64:
+            raise _invalid("resource.labels", "", "Resources can have at most 64 labels.")
+        for k, v in labels.items():
+            if not LABEL_KEY_RE.fullmatch(k):
+                raise _invalid("resource.labels", "", f"Label key '{k}' violates format constraints. The key must start "
+                               "with a lowercase character, can only contain lowercase letters, numeric characters, "
+                               "underscores and dashes. The key can be at most 63 characters long.")
+            if not LABEL_VALUE_RE.fullmatch(v):
+                raise _invalid("resource.labels", "", f"Label value '{v}' violates format constraints. The value can only "
+                               "contain lowercase letters, numeric characters, underscores and dashes. The value can be "
+                               "at most 63 characters long.")
+        disks = body.get("disks") or []
+        boot = [d for d in disks if d.get("boot")]
+        if len(boot) != 1:
+            raise _invalid("resource.disks", "", "Exactly one boot disk must be specified.")
+        params = boot[0].get("initializeParams") or {}
+        if not boot[0].get("source") and not params.get("sourceImage"):
+            raise GceError(400, "required", "Required field 'resource.disks[0].initializeParams.sourceImage' not specified")
+        if params.get("diskType") and f"zones/{zone}/diskTypes/" not in params["diskType"]:
+            raise _invalid("resource.disks[0].initializeParams.diskType", params["diskType"], "Disk type must be in the "
+                           "instance's zone.")
+        nics = body.get("networkInterfaces") or []
+        if not nics or not (nics[0].get("network") or nics[0].get("subnetwork")):
+            raise GceError(400, "required", "Required field 'resource.networkInterfaces' not specified")
+        sched = body.get("scheduling") or {}
+        model = sched.get("provisioningModel", "STANDARD")
+        if model not in ("STANDARD", "SPOT"):
+            raise _invalid("resource.scheduling.provisioningModel", model, "Unknown provisioning model.")
+        gpus = mt_name.startswith(GPU_FAMILIES) or bool(body.get("guestAccelerators"))
+        if model == "SPOT":
+            if sched.get("automaticRestart", True):
+                raise _invalid("resource.scheduling.automaticRestart", "true", "Spot instances cannot be automatically "
+                               "restarted.")
+            if sched.get("onHostMaintenance", "TERMINATE") != "TERMINATE":
+                raise _invalid("resource.scheduling.onHostMaintenance", sched["onHostMaintenance"], "Spot instances "
+                               "cannot be live migrated.")
+            if sched.get("instanceTerminationAction", "STOP") not in ("STOP", "DELETE"):
+                raise _invalid("resource.scheduling.instanceTerminationAction", sched["instanceTerminationAction"],
+                               "Unknown termination action.")
+        if gpus and sched.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+            raise _invalid("resource.scheduling.onHostMaintenance", sched.get("onHostMaintenance", "MIGRATE"),
+                           "Instances with guest accelerators do not support live migration.")
+
+    def _materialize(self, project: str, zone: str, body: dict) -> dict:
+        """The Instance resource GCE stores for an insert body: URLs expanded, defaults filled."""
+        name = body["name"]
+        mt = MACHINE_TYPE_RE.fullmatch(body["machineType"]).group(2)  # type: ignore[union-attr]
+        base = f"{API}/projects/{project}/zones/{zone}"
+        sched = dict(body.get("scheduling") or {})
+        spot = sched.get("provisioningModel") == "SPOT"
+        sched.setdefault("provisioningModel", "STANDARD")
+        sched.setdefault("onHostMaintenance", "TERMINATE" if spot else "MIGRATE")
+        sched.setdefault("automaticRestart", not spot)
+        sched["preemptible"] = spot
+        if spot:
+            sched.setdefault("instanceTerminationAction", "STOP")
+        boot = next(d for d in body["disks"] if d.get("boot"))
+        self._ips += 1
+        nic = body["networkInterfaces"][0]
+        inst = {
+            "kind": "compute#instance", "id": str(random.randrange(10**18, 10**19)), "creationTimestamp": _now(),
+            "name": name, "machineType": f"{base}/machineTypes/{mt}", "status": "PROVISIONING", "zone": base,
+            "networkInterfaces": [{
+                "kind": "compute#networkInterface", "name": "nic0", "networkIP": f"10.128.{self._ips // 250}.{self._ips % 250}",
+                "network": _expand(project, nic.get("network") or "global/networks/default"),
+                **({"subnetwork": _expand(project, nic["subnetwork"])} if nic.get("subnetwork") else {}),
+                "fingerprint": _fingerprint(), "stackType": "IPV4_ONLY",
+            }],
+            "disks": [{"kind": "compute#attachedDisk", "type": "PERSISTENT", "mode": "READ_WRITE", "index": 0,
+                       "source": f"{base}/disks/{boot.get('deviceName') or name}", "deviceName": boot.get("deviceName") or name,
+                       "boot": True, "autoDelete": bool(boot.get("autoDelete", False)), "interface": "SCSI",
+                       "diskSizeGb": str((boot.get("initializeParams") or {}).get("diskSizeGb") or 10)}],
+            "metadata": {"kind": "compute#metadata", "fingerprint": _fingerprint(), **({"items": body["metadata"]["items"]}
+                                                                                         if (body.get("metadata") or {}).get("items") else {})},
+            "serviceAccounts": body.get("serviceAccounts") or [],
+            "selfLink": f"{base}/instances/{name}", "scheduling": sched, "cpuPlatform": "Unknown CPU Platform",
+            "labels": dict(body.get("labels") or {}), "labelFingerprint": _fingerprint(), "startRestricted": False,
+            "deletionProtection": False, "fingerprint": _fingerprint(), "lastStartTimestamp": _now(),
+        }
+        if body.get("guestAccelerators"):
+            inst["guestAccelerators"] = body["guestAccelerators"]
+        return inst
+
+    def _insert(self, project: str, zone: str, body: dict, request_id: str | None) -> dict:
+        if request_id is not None:
+            try:
+                if uuid.UUID(request_id).int == 0:
+                    raise ValueError
+            except ValueError:
+                raise _invalid("requestId", request_id, "Must be a valid UUID other than all zeros.") from None
+            if (project, request_id) in self.request_ids:  # a retry: the original operation, whatever became of it
+                return self.operations[self.request_ids[(project, request_id)]].json()
+        self._validate(project, zone, body)
+        name = body["name"]
+        taken = (project, zone, name) in self.instances_by_key
+        exists = f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists"
+        if taken and self.conflicts == "http":
+            raise GceError(409, "alreadyExists", exists)
+        self.insert_bodies.append((project, zone, copy.deepcopy(body)))
+        if taken:
+            op = self._new_op(project, zone, "insert", name, self.instances_by_key[(project, zone, name)]["id"],
+                              error={"code": "RESOURCE_ALREADY_EXISTS", "message": exists}, http_error=(409, "CONFLICT"))
+        elif zone in self.exhausted:
+            code = self.exhausted[zone]
+            op = self._new_op(project, zone, "insert", name, str(random.randrange(10**18, 10**19)),
+                              error={"code": code, "message": CAPACITY_MESSAGES[code].format(p=project, z=zone)},
+                              http_error=(503, "SERVICE UNAVAILABLE") if code.startswith("ZONE_") else (403, "FORBIDDEN"))
+        else:
+            inst = self._materialize(project, zone, body)
+            self.instances_by_key[(project, zone, name)] = inst
+
+            def running(key=(project, zone, name), iid=inst["id"]) -> None:
+                cur = self.instances_by_key.get(key)
+                if cur is not None and cur["id"] == iid and cur["status"] == "PROVISIONING":
+                    cur["status"] = "RUNNING"
+
+            op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running)
+        if request_id is not None:
+            self.request_ids[(project, request_id)] = (project, zone, op.name)
+        return op.json()
+
+    def _delete(self, project: str, zone: str, name: str) -> dict:
+        inst = self._instance(project, zone, name)
+        inst["status"] = "STOPPING"
+
+        def gone(key=(project, zone, name), iid=inst["id"]) -> None:
+            cur = self.instances_by_key.get(key)
+            if cur is not None and cur["id"] == iid:
+                del self.instances_by_key[key]
+
+        return self._new_op(project, zone, "delete", name, inst["id"], on_done=gone).json()
+
+    def _aggregated(self, project: str, q: dict[str, str]) -> dict:
+        try:
+            pred = parse_filter(q.get("filter", ""))
+        except ValueError as e:
+            raise _invalid("filter", q.get("filter", ""), f"Invalid list filter expression: {e}.") from None
+        try:
+            limit = min(int(q.get("maxResults", "500")), 500, self.page_limit)
+            if limit < 0:
+                raise ValueError
+        except ValueError:
+            raise _invalid("maxResults", q.get("maxResults"), "Must be between 0 and 500.") from None
+        try:
+            offset = int(base64.urlsafe_b64decode(q["pageToken"]).decode().split(":")[1]) if q.get("pageToken") else 0
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise _invalid("pageToken", q.get("pageToken"), "Invalid page token.") from None
+        matching = [(z, inst) for (p, z, n), inst in sorted(self.instances_by_key.items())
+                    if p == project and (pred(inst) or not self.honour_filters)]
+        page = matching[offset:offset + limit] if limit else []
+        items: dict[str, dict] = {}
+        for z, inst in page:
+            items.setdefault(f"zones/{z}", {"instances": []})["instances"].append(copy.deepcopy(inst))
+        for z in sorted(self.zones):
+            items.setdefault(f"zones/{z}", {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{z}' on this page.",
+                "data": [{"key": "scope", "value": f"zones/{z}"}]}})
+        out = {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
+               "items": dict(sorted(items.items())), "selfLink": f"{API}/projects/{project}/aggregated/instances"}
+        if offset + len(page) < len(matching):
+            out["nextPageToken"] = base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset + len(page)}".encode()).decode()
+        return out
+
+
+def _expand(project: str, ref: str) -> str:
+    if ref.startswith("http"):
+        return ref
+    if ref.startswith("projects/"):
+        return f"{API}/{ref}"
+    return f"{API}/projects/{project}/{ref}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    gce: GceFake
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:  # quiet
+        pass
+
+    def _serve(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                raise GceError(400, "parseError", "Parse Error") from None
+            status, payload = self.gce.handle(method, parts.path, query, body)
+        except GceError as e:
+            status, payload = e.status, e.body()
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")

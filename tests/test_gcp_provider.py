@@ -1,0 +1,384 @@
+"""The GCP provider with the real google-cloud-compute client against a local Compute Engine fake over HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, PoolTarget, ProviderContext, ownership_tags
+from providers.gcp import (
+    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, label_key, label_value, request_id, tag_value,
+)
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
+from tests.fleetkit import ROOT
+from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
+
+PROJECT = "fleet-test-project"
+FLEET = "gcp-test.fleet"  # a '.' in the name: the label spells it '_'
+ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
+
+
+@pytest.fixture
+def gce():
+    fake = GceFake().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def prov(gce, tmp_path):
+    return GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": gce.url, "project": PROJECT}))
+
+
+def target(name="l4", zones=(ZONE_A, ZONE_B), types=("g2-standard-4", "n2-standard-16"), **settings):
+    return PoolTarget(name=name, cloud="gcp", region="us-central1", zones=zones, instance_types=types, settings=settings)
+
+
+def req(key, market="on-demand", zone=ZONE_A, itype="g2-standard-4", pool=None, fleet=FLEET):
+    pool = pool or target()
+    return CreateRequest(key=key, pool=pool, zone=zone, instance_type=itype, market=market,
+                         max_price=0.7068 if market == "spot" else None, tags=ownership_tags(fleet, pool.name, key))
+
+
+def stored(gce: GceFake, name: str) -> dict:
+    return next(i for i in gce.instances(PROJECT) if i["name"] == name)
+
+
+# ---------------------------------------------------------------- naming
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=120))
+def test_names_and_labels_are_valid_and_deterministic_for_any_key(key):
+    name = instance_name(key)
+    assert NAME_RE.fullmatch(name) and name == instance_name(key)
+    assert LABEL_VALUE_RE.fullmatch(label_value(key)) and LABEL_KEY_RE.fullmatch(label_key(key))
+    assert re.fullmatch(r"[0-9a-f-]{36}", request_id(FLEET, key)) and request_id(FLEET, key) != request_id("other", key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", fullmatch=True),
+       st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", fullmatch=True))
+def test_config_names_map_to_labels_exactly_and_never_collide(a, b):
+    """Every name the config allows (fleet, pool) survives the round trip, and two names never share a label."""
+    assert tag_value(label_value(a)) == a
+    assert (label_value(a) == label_value(b)) == (a == b)
+
+
+def test_plan_keys_keep_their_spelling_and_odd_keys_are_hashed():
+    assert instance_name("d42109a49d5f-0001") == "fo-d42109a49d5f-0001"
+    long = "K" * 80
+    assert instance_name(long) != instance_name(long + "x") and len(instance_name(long)) <= 63
+    assert label_value("Team_A") != label_value("team-a")
+    assert label_key("fleetops.io/create-key") == "fleetops-create-key"
+
+
+# ---------------------------------------------------------------- create / observe / delete
+
+
+def test_create_observe_delete_spot_and_on_demand(prov, gce):
+    od = prov.create(req("k-od"))
+    spot = prov.create(req("k-spot", market="spot", zone=ZONE_B))
+    assert (od.market, od.zone, od.region, od.instance_type, od.pool, od.state) == (
+        "on-demand", ZONE_A, "us-central1", "g2-standard-4", "l4", "running")
+    assert (spot.market, spot.zone) == ("spot", ZONE_B)
+    assert spot.id == f"projects/{PROJECT}/zones/{ZONE_B}/instances/fo-k-spot"
+    seen = {i.id: i for i in prov.observe([target()])}
+    assert set(seen) == {od.id, spot.id}
+    assert seen[spot.id].tags[TAG_CREATE_KEY] == "k-spot" and seen[spot.id].tags[TAG_FLEET] == FLEET
+    assert seen[spot.id].tags[TAG_POOL] == "l4" and seen[spot.id].market == "spot"
+
+    raw = stored(gce, "fo-k-spot")  # what GCE itself holds
+    assert raw["status"] == "RUNNING" and raw["labels"][LABEL_FLEET] == "gcp-test_fleet"
+    assert raw["scheduling"]["provisioningModel"] == "SPOT" and raw["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert stored(gce, "fo-k-od")["scheduling"]["provisioningModel"] == "STANDARD"
+    # Every insert was waited on: PENDING -> RUNNING -> DONE takes two polls of zoneOperations.wait.
+    assert len(gce.requests("POST", "/wait")) == 4
+
+    prov.delete(spot)
+    prov.delete(spot)  # already gone: not an error
+    assert [i["name"] for i in gce.instances(PROJECT)] == ["fo-k-od"]
+    assert {i.id for i in prov.observe([target()])} == {od.id}
+
+
+def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
+    sa = "fleetops-node@fleet-test-project.iam.gserviceaccount.com"
+    pool = target(image="projects/my-images/global/images/family/gpu-node", network="ml-vpc", subnetwork="gpu",
+                  service_account=sa)
+    prov.create(req("k-gpu", pool=pool))
+    prov.create(req("k-cpu", pool=pool, itype="n2-standard-16"))
+    prov.create(req("k-spot-cpu", pool=target(), itype="n2-standard-16", market="spot"))
+    bodies = {b["name"]: b for _, _, b in gce.insert_bodies}
+    gpu, cpu, spot = bodies["fo-k-gpu"], bodies["fo-k-cpu"], bodies["fo-k-spot-cpu"]
+    assert gpu["machineType"] == f"zones/{ZONE_A}/machineTypes/g2-standard-4"
+    assert gpu["disks"][0]["initializeParams"]["sourceImage"] == "projects/my-images/global/images/family/gpu-node"
+    assert gpu["disks"][0]["autoDelete"] is True and gpu["disks"][0]["boot"] is True
+    assert gpu["networkInterfaces"] == [{"network": "global/networks/ml-vpc",
+                                         "subnetwork": "regions/us-central1/subnetworks/gpu"}]
+    assert gpu["serviceAccounts"] == [{"email": sa, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+    # GPUs cannot live-migrate; CPU-only on-demand VMs can; Spot never restarts.
+    assert gpu["scheduling"] == {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE", "automaticRestart": True}
+    assert cpu["scheduling"]["onHostMaintenance"] == "MIGRATE"
+    assert spot["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+                                  "onHostMaintenance": "TERMINATE", "automaticRestart": False}
+    assert spot["disks"][0]["initializeParams"]["sourceImage"] == DEFAULT_IMAGE
+    assert spot["networkInterfaces"] == [{"network": "global/networks/default"}]
+    assert gpu["labels"] == {"fleetops-fleet": "gcp-test_fleet", "fleetops-pool": "l4", "fleetops-create-key": "k-gpu"}
+
+
+@pytest.mark.parametrize("conflicts", ["http", "operation"])
+def test_retry_with_the_same_key_yields_one_instance(prov, gce, conflicts):
+    gce.conflicts = conflicts
+    first = prov.create(req("k-same"))
+    again = prov.create(req("k-same"))  # GCE answers the repeated requestId with the original operation
+    assert again.id == first.id
+    inserts = gce.requests("POST", f"/zones/{ZONE_A}/instances")
+    assert len(inserts) == 2 and inserts[0][2]["requestId"] == inserts[1][2]["requestId"]
+    assert len(gce.insert_bodies) == 1
+    gce.forget_request_ids()  # much later: the requestId is forgotten, the name still taken (409 or failed op) and ours
+    assert prov.create(req("k-same")).id == first.id
+    assert [i["name"] for i in gce.instances(PROJECT)] == ["fo-k-same"]
+    assert [i.id for i in prov.observe([target()])] == [first.id]
+
+
+def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, gce):
+    mine = prov.create(req("k-mine"))
+    gce.plant(PROJECT, ZONE_A, "bare")
+    gce.plant(PROJECT, ZONE_A, "theirs", labels={LABEL_FLEET: "someone-else", "fleetops-pool": "l4"})
+    gce.plant(PROJECT, ZONE_B, "fo-k-taken", labels={"team": "vision"})  # squats on the name key k-taken maps to
+    assert [i.id for i in prov.observe([target()])] == [mine.id]
+    for name, zone in (("bare", ZONE_A), ("theirs", ZONE_A), ("fo-k-taken", ZONE_B)):
+        impostor = Instance(id=f"projects/{PROJECT}/zones/{zone}/instances/{name}", provider="gcp", cloud="gcp",
+                            region="us-central1", zone=zone, instance_type="g2-standard-4", market="on-demand",
+                            state="running", pool="l4", tags={TAG_FLEET: FLEET})
+        with pytest.raises(OwnershipError, match="refusing to delete"):
+            prov.delete(impostor)
+    with pytest.raises(OwnershipError, match="refusing to adopt"):
+        prov.create(req("k-taken", zone=ZONE_B))
+    after = {i["name"]: i for i in gce.instances(PROJECT)}
+    assert {n: after[n]["status"] for n in ("bare", "theirs", "fo-k-taken")} == dict.fromkeys(("bare", "theirs", "fo-k-taken"), "RUNNING")
+    assert after["fo-k-taken"]["labels"] == {"team": "vision"}
+    assert not gce.requests("DELETE")
+
+
+def test_observe_paginates_and_filters_server_side(prov, gce):
+    gce.page_limit = 4
+    zones = (ZONE_A, ZONE_B, "us-central1-c", "europe-west4-a")
+    for n in range(11):
+        gce.plant(PROJECT, zones[n % 4], f"mine-{n:02d}", labels={LABEL_FLEET: "gcp-test_fleet", "fleetops-pool": "l4"},
+                  spot=n % 2 == 1)
+    gce.plant(PROJECT, ZONE_A, "mine-stopping", labels={LABEL_FLEET: "gcp-test_fleet"}, status="STOPPING")
+    gce.plant(PROJECT, ZONE_A, "mine-stopped", labels={LABEL_FLEET: "gcp-test_fleet"}, status="TERMINATED")
+    for n in range(6):
+        gce.plant(PROJECT, ZONE_B, f"other-{n}", labels={LABEL_FLEET: "gcp-test-fleet"})  # '-' is not '.': not ours
+    found = prov.observe([target()])
+    assert sorted(i.id.rsplit("/", 1)[1] for i in found) == [f"mine-{n:02d}" for n in range(11)]
+    assert {i.market for i in found if i.id.endswith(("01", "03"))} == {"spot"}
+    assert {i.region for i in found} == {"us-central1", "europe-west4"}  # a removed pool's region is still watched
+    lists = gce.requests("GET", "/aggregated/instances")
+    assert len(lists) == 3  # 11 matches, 4 a page: the filter ran on the server
+    assert "pageToken" not in lists[0][2] and all("pageToken" in q for _, _, q in lists[1:])
+
+
+def test_the_observe_filter_selects_exactly_this_fleets_live_instances(prov, gce):
+    prov.observe([target()])
+    flt = gce.requests("GET", "/aggregated/instances")[0][2]["filter"][0]
+    match = parse_filter(flt)
+    ours = {"labels": {LABEL_FLEET: "gcp-test_fleet"}}
+    assert all(match({**ours, "status": s}) for s in LIVE_STATUSES)
+    assert not any(match({**ours, "status": s}) for s in ("STOPPING", "TERMINATED", "SUSPENDED"))
+    assert not match({"labels": {LABEL_FLEET: "other"}, "status": "RUNNING"}) and not match({"status": "RUNNING"})
+
+
+def test_observe_checks_ownership_itself_even_if_the_server_ignores_the_filter(prov, gce):
+    gce.honour_filters = False
+    mine = prov.create(req("k-mine"))
+    gce.plant(PROJECT, ZONE_A, "bare")
+    gce.plant(PROJECT, ZONE_A, "theirs", labels={LABEL_FLEET: "someone-else"})
+    gce.plant(PROJECT, ZONE_B, "mine-stopping", labels={LABEL_FLEET: "gcp-test_fleet"}, status="STOPPING")
+    assert [i.id for i in prov.observe([target()])] == [mine.id]
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_reads_ride_out_a_blip_and_give_up_on_an_outage(prov, gce, tmp_path):
+    mine = prov.create(req("k-blip"))
+    gce.fail_next(503, "backendError", method="GET", path_contains="/aggregated", count=2)
+    assert [i.id for i in prov.observe([target()])] == [mine.id]  # retried by the client
+    gce.fail_next(503, "backendError", method="GET", count=10_000)
+    impatient = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+        "endpoint": gce.url, "project": PROJECT, "retry_timeout": "1"}))
+    for call in (lambda: impatient.observe([target()]), lambda: impatient.delete(mine)):
+        with pytest.raises(TransientProviderError, match="503"):
+            _within(10.0, call)
+
+
+def _within(seconds: float, call):
+    """Run call() but fail (not hang) if it takes longer than `seconds`."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still retrying after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED"])
+def test_operation_capacity_errors_become_capacity_errors(prov, gce, code):
+    gce.exhaust(ZONE_B, code)
+    with pytest.raises(CapacityError, match=code) as e:
+        prov.create(req("k-cap", market="spot", zone=ZONE_B))
+    assert (e.value.cloud, e.value.zone, e.value.instance_type, e.value.market) == ("gcp", ZONE_B, "g2-standard-4", "spot")
+    assert len(gce.requests("POST", "/wait")) == 2  # the error arrived in the finished operation
+    assert gce.instances(PROJECT) == []
+    assert prov.create(req("k-elsewhere", zone=ZONE_A)).zone == ZONE_A  # other zones are unaffected
+
+
+def test_a_machine_type_missing_from_the_zone_is_a_capacity_error(prov, gce):
+    gce.withhold(ZONE_A, "g2-standard-4")
+    with pytest.raises(CapacityError, match="does not exist in zone") as e:
+        prov.create(req("k-sku"))
+    assert (e.value.zone, e.value.instance_type) == (ZONE_A, "g2-standard-4")
+
+
+@pytest.mark.parametrize("status, reason, message, error", [
+    (503, "backendError", "Backend Error", TransientProviderError),
+    (429, "rateLimitExceeded", "Rate Limit Exceeded", TransientProviderError),
+    (403, "rateLimitExceeded", "Rate Limit Exceeded", TransientProviderError),
+    (503, "resourceExhausted", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: The zone 'projects/p/zones/us-central1-a' does "
+     "not have enough resources available to fulfill the request.", CapacityError),
+    (403, "quotaExceeded", "Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.", CapacityError),
+    (403, "forbidden", "Required 'compute.instances.create' permission for 'projects/p/zones/us-central1-a/instances/x'",
+     ProviderError),
+])
+def test_http_errors_are_mapped(prov, gce, status, reason, message, error):
+    gce.fail_next(status, reason, message, method="POST", path_contains="/instances")
+    with pytest.raises(ProviderError) as e:
+        prov.create(req("k-http"))
+    assert type(e.value) is error and message in str(e.value)
+    assert prov.create(req("k-http")).state == "running"  # a retry with the same key goes through
+
+
+def test_a_request_gce_rejects_is_a_provider_error_not_capacity(prov, gce):
+    with pytest.raises(ProviderError) as e:
+        prov.create(req("k-bad", itype="G2-Standard-4"))  # machine type names are lower case
+    assert type(e.value) is ProviderError and "HTTP 400" in str(e.value) and "machineType" in str(e.value)
+    assert gce.instances(PROJECT) == []
+
+
+def test_deleting_an_instance_busy_with_another_operation_is_retried_later(prov, gce):
+    mine = prov.create(req("k-busy"))
+    gce.fail_next(400, "resourceNotReady", f"The resource '{mine.id}' is not ready", method="DELETE")
+    with pytest.raises(TransientProviderError, match="not ready"):
+        prov.delete(mine)
+    prov.delete(mine)
+    assert gce.instances(PROJECT) == []
+
+
+def test_bad_timeouts_are_rejected(gce, tmp_path):
+    with pytest.raises(ProviderError, match="timeout='soon'"):
+        GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": gce.url, "timeout": "soon"}))
+
+
+def test_missing_credentials_are_an_actionable_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ProviderError, match="Application Default Credentials|GOOGLE_APPLICATION_CREDENTIALS"):
+        GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={}))
+
+
+def test_adc_supplies_the_default_project_and_its_secret_stays_out_of_errors(monkeypatch, tmp_path):
+    adc = tmp_path / "adc.json"
+    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "id.apps.googleusercontent.com",
+                               "client_secret": "adc-secret-never-printed", "refresh_token": "refresh-never-printed"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "adc-project")
+    p = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"timeout": "5"}))
+    assert p.default_project == "adc-project" and p._project(target()) == "adc-project"
+    assert p._project(target(project="pool-project")) == "pool-project"
+
+
+# ---------------------------------------------------------------- the whole pipeline
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "gcp-only"
+    shutil.copytree(ROOT / "examples" / "gcp-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    return cfg
+
+
+def _ours(gce: GceFake) -> list[dict]:
+    return [i for i in gce.instances(PROJECT) if i["labels"].get(LABEL_FLEET) == "gcp-fleet"]
+
+
+def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    planted = gce.plant(PROJECT, ZONE_A, "hand-made", machine_type="a2-highgpu-1g")
+    res = api.apply(cfg, provider="gcp", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4
+    again = api.plan(cfg, provider="gcp", options=opts)
+    assert not again.plan.has_changes
+    # The fake's own state, read directly: exactly the instances the reconciler reported creating.
+    ours = _ours(gce)
+    assert {f"projects/{PROJECT}/zones/{_zone(i)}/instances/{i['name']}" for i in ours} == set(res.report.created.values())
+    assert all(i["status"] == "RUNNING" for i in ours)
+    assert sorted(i["scheduling"]["provisioningModel"] for i in ours) == ["SPOT", "STANDARD", "STANDARD", "STANDARD"]
+    assert {i["labels"]["fleetops-pool"] for i in ours} == {"a100", "l4"}
+    assert all(i["labels"]["fleetops-plan"] == res.plan.id for i in ours)
+    status = api.read_status(cfg)
+    assert sum(len(p["status"]["instances"]) for p in status["pools"].values()) == 4
+    # Remove every job: our instances go, the hand-made one stays.
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    api.apply(cfg, provider="gcp", options=opts)
+    assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
+    assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
+
+
+def _zone(inst: dict) -> str:
+    return inst["zone"].rsplit("/", 1)[1]
+
+
+def test_a_stocked_out_zone_is_marked_short_and_the_next_run_goes_elsewhere(gce, tmp_path):
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    gce.exhaust(ZONE_A)
+    with pytest.raises(ApplyError, match="zone marked short"):
+        api.apply(cfg, provider="gcp", options=opts)
+    res = api.apply(cfg, provider="gcp", options=opts)
+    assert res.report.ok
+    assert all(_zone(i) != ZONE_A for i in _ours(gce)) and len(_ours(gce)) == 4
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+
+
+def test_cli_against_the_fake(gce, tmp_path):
+    cfg = _config(tmp_path)
+    runner = CliRunner()
+    args = ["--provider", "gcp", "-o", f"endpoint={gce.url}", "-o", f"project={PROJECT}"]
+    plan = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert plan.exit_code == 2, plan.output
+    applied = runner.invoke(app, ["apply", str(cfg), "--auto-approve", *args])
+    assert applied.exit_code == 0, applied.output
+    again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
+    assert again.exit_code == 0, again.output
+    assert len(_ours(gce)) == 4
