@@ -1,94 +1,231 @@
-"""A seeded fleet generator: 3 clouds, 6 regions, real catalog instance types.
+"""A seeded generator of large, valid fleet configs for the plan-time benchmark.
 
-Job mix: ~55% 1-GPU jobs (A100, A10G, L4, T4), ~15% 2/4-GPU A100 jobs, ~15% 8-GPU A100
-gangs of 2-4 replicas, ~15% CPU-only jobs; 8 tenants; mixed priorities and spot rules;
-some jobs carry a data location and size. `python -m bench.generate OUT --jobs 1000 --seed 1`.
+The fleet spans the 3 clouds and 6 regions of the shipped catalog
+(providers/data/catalog.json). Pools come from the catalog: in every region, one
+pool per GPU family offered there plus one CPU pool, on the first
+`zones_per_region` catalog zones, spot or on-demand, with a high max_instances.
+A GPU pool takes the family's types of at least `min_gpus` GPUs (default 4, e.g.
+g5.12xlarge + g5.48xlarge for A10G): node pools of large machines that 1-GPU jobs
+are bin-packed onto. With 1-GPU types in the pools, the cheapest answer gives every
+1-GPU job its own instance (1,000 jobs -> ~750 instances); with the default, the
+1k tier ends at ~500-540 instances with ~76% of the jobs placed.
+
+Jobs (random.Random(seed), so a seed always gives the same config):
+  ~55% 1-GPU jobs (A100, A10G, L4, T4, H100), ~15% 2/4-GPU jobs, ~15% gangs of
+  2-4 replicas of 8 GPUs, ~15% CPU-only jobs; priorities low..critical; spot
+  eligible / never / required; ~30% read a data set at a topology location;
+  ~5% are pinned to the EU regions (only those whose GPU family is offered there).
+  Every job's replica fits at least one instance type of a pool it may use, so
+  nothing is pending for a static reason.
+Tenants (8 by default) get a GPU quota of `quota_fraction` of the GPUs their own
+jobs ask for: most work fits, the rest is pending on quota, as in a real fleet.
+
+    python -m bench.generate OUT --jobs 1000 --seed 1
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
+import re
 from pathlib import Path
 
 import yaml
 
+from providers.catalog import Catalog, InstanceShape, load_catalog
+
 API = "fleetops.io/v1alpha1"
-CLOUDS = {
-    "aws": {"us-east-1": ["us-east-1a", "us-east-1b", "us-east-1c"], "us-west-2": ["us-west-2a", "us-west-2b"]},
-    "gcp": {"us-central1": ["us-central1-a", "us-central1-b"], "europe-west4": ["europe-west4-a", "europe-west4-b"]},
-    "azure": {"eastus": ["eastus-1", "eastus-2"], "westeurope": ["westeurope-1", "westeurope-2"]},
-}
-POOLS = [  # name, cloud, region, types, market
-    ("aws-e-a100", "aws", "us-east-1", ["p4d.24xlarge"], "either"),
-    ("aws-e-a10g", "aws", "us-east-1", ["g5.xlarge", "g5.12xlarge", "g5.48xlarge"], "either"),
-    ("aws-w-t4", "aws", "us-west-2", ["g4dn.xlarge", "g4dn.12xlarge"], "either"),
-    ("aws-e-cpu", "aws", "us-east-1", ["m6i.4xlarge", "c6i.8xlarge"], "on-demand"),
-    ("gcp-c-a100", "gcp", "us-central1", ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], "either"),
-    ("gcp-w-l4", "gcp", "europe-west4", ["g2-standard-4", "g2-standard-48"], "either"),
-    ("gcp-c-cpu", "gcp", "us-central1", ["n2-standard-16"], "either"),
-    ("az-e-a100", "azure", "eastus", ["Standard_ND96asr_v4"], "either"),
-    ("az-w-t4", "azure", "westeurope", ["Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3"], "either"),
-]
-DATA = ["aws/us-east-1", "gcp/us-central1", "azure/westeurope", "gcp/europe-west4"]
+FLEET = "bench"
+
+# The job mix (fractions of all jobs; the rest is CPU-only).
+SINGLE_GPU, MULTI_GPU, GANG = 0.55, 0.15, 0.15
+# GPU types jobs ask for, with their weights, per job kind. Each must be offered by a pool
+# with an instance type large enough (checked by fleet_docs, so a catalog change cannot
+# silently make jobs unplaceable).
+SINGLE_TYPES = {"A100": 3, "A10G": 2, "L4": 2, "T4": 2, "H100": 1}
+MULTI_TYPES = {"A100": 3, "A10G": 2, "L4": 1, "T4": 1, "H100": 1}
+GANG_TYPES = {"A100": 3, "H100": 2, "A10G": 1}
+PRIORITIES = {"low": 3, "normal": 5, "high": 2, "critical": 1}
+EU_REGIONS = ["gcp/europe-west4", "azure/westeurope"]
 
 
 def _doc(kind: str, name: str, spec: dict) -> dict:
     return {"apiVersion": API, "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
-def fleet_docs(jobs: int, seed: int = 1, tenants: int = 8, pool_max: int | None = None) -> list[dict]:
-    rng = random.Random(seed)
-    pool_max = pool_max or max(50, jobs // 2)
-    docs = [_doc("Topology", "bench", {
-        "clouds": {c: {"regions": {r: {"zones": z} for r, z in regs.items()}} for c, regs in CLOUDS.items()},
-        "links": [{"from": "aws/us-east-1", "to": "gcp/us-central1", "latency_ms": 22, "egress_per_gb": 0.02}],
-    })]
-    quota = max(16, int(jobs * 3.2 / tenants))  # GPUs per tenant: most, not all, work fits
-    docs += [_doc("Tenant", f"team-{i}", {"weight": 1 + i % 3, "quota": {"gpus": quota}}) for i in range(tenants)]
-    for name, cloud, region, types, market in POOLS:
-        docs.append(_doc("Pool", name, {"cloud": cloud, "region": region, "zones": CLOUDS[cloud][region],
-                                        "instance_types": types, "market": market, "max_instances": pool_max}))
-    docs.append(_doc("SpotPolicy", "default", {"max_spot_fraction": 0.6, "max_price_fraction": 0.8}))
-    for i in range(jobs):
-        r = rng.random()
-        spec: dict = {"tenant": f"team-{rng.randrange(tenants)}",
-                      "priority": rng.choice(["low", "normal", "normal", "high"]),
-                      "spot": rng.choice(["eligible", "eligible", "never", "required"])}
-        if r < 0.55:
-            gt = rng.choice(["A100", "A10G", "L4", "T4"])
-            spec["resources"] = {"gpus": 1, "gpu_type": gt, "cpu": rng.choice([2, 4]), "memory_gib": rng.choice([8, 16])}
-        elif r < 0.70:
-            g = rng.choice([2, 4])
-            spec["resources"] = {"gpus": g, "gpu_type": "A100", "cpu": 8 * g, "memory_gib": 60 * g}
-        elif r < 0.85:
-            spec["resources"] = {"gpus": 8, "gpu_type": "A100", "cpu": 90, "memory_gib": 600}
-            spec["replicas"] = rng.choice([2, 3, 4])
-            spec["spot"] = "never"
-        else:
-            spec["resources"] = {"cpu": rng.choice([2, 4, 8]), "memory_gib": rng.choice([4, 16, 32])}
-        if rng.random() < 0.3:
-            spec["data"] = {"location": rng.choice(DATA), "size_gib": rng.choice([50, 500, 2000])}
-        docs.append(_doc("Job", f"job-{i:05d}", spec))
+def _name(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def _pick(rng: random.Random, weights: dict[str, int]) -> str:
+    return rng.choices(list(weights), weights=list(weights.values()))[0]
+
+
+def _offered(catalog: Catalog, cloud: str, region: str) -> list[InstanceShape]:
+    return [s for (c, _), s in sorted(catalog.shapes.items()) if c == cloud and (s.regions is None or region in s.regions)]
+
+
+def pool_docs(catalog: Catalog, zones_per_region: int, max_instances: int, min_gpus: int = 1,
+              market: str = "either") -> list[dict]:
+    """Per catalog region: one pool per GPU family offered there, plus one CPU pool.
+
+    A GPU pool takes the family's types with at least `min_gpus` GPUs (all of them if
+    none is that large): node pools of large GPU machines that the scheduler bin-packs."""
+    docs = []
+    for cloud, regions in sorted(catalog.regions.items()):
+        for region, info in sorted(regions.items()):
+            zones = info["zones"][:zones_per_region]
+            families: dict[str, list[str]] = {}
+            for s in _offered(catalog, cloud, region):
+                families.setdefault(s.gpu_type or "cpu", []).append(s)
+            for family, shapes in sorted(families.items()):
+                large = [s for s in shapes if s.gpus >= min_gpus]
+                types = [s.name for s in (large or shapes)]
+                docs.append(_doc("Pool", _name(cloud, region, family), {
+                    "cloud": cloud, "region": region, "zones": zones, "instance_types": sorted(types),
+                    "market": market, "max_instances": max_instances,
+                }))
     return docs
 
 
-def generate(out: Path, jobs: int, seed: int = 1, **kw) -> Path:
-    out = Path(out)
+def _largest(catalog: Catalog, gpu_type: str | None) -> dict[str, float]:
+    """The smallest per-dimension ceiling over the family's types with the most GPUs:
+    what one replica may ask for and still fit on every cloud that offers the family."""
+    shapes = [s for s in catalog.shapes.values() if s.gpu_type == gpu_type]
+    top = max(s.gpus for s in shapes)
+    big = [s for s in shapes if s.gpus == top]
+    return {"gpus": top, "cpu": min(s.cpu for s in big), "memory_gib": min(s.memory_gib for s in big)}
+
+
+def _job(rng: random.Random, kind: str, tenants: int, locations: list[str], eu_families: set[str | None]) -> dict:
+    spec: dict = {"tenant": f"team-{rng.randrange(tenants)}", "priority": _pick(rng, PRIORITIES)}
+    if kind == "single":
+        spec["resources"] = {"gpus": 1, "gpu_type": _pick(rng, SINGLE_TYPES), "cpu": rng.choice([2, 4]),
+                             "memory_gib": rng.choice([8, 12, 16])}
+        spec["spot"] = rng.choices(["eligible", "never", "required"], weights=[6, 2, 2])[0]
+    elif kind == "multi":
+        g = rng.choice([2, 4])
+        spec["resources"] = {"gpus": g, "gpu_type": _pick(rng, MULTI_TYPES), "cpu": rng.choice([8, 10]) * g,
+                             "memory_gib": rng.choice([32, 48]) * g}
+        spec["spot"] = rng.choices(["eligible", "never", "required"], weights=[5, 4, 1])[0]
+    elif kind == "gang":
+        spec["resources"] = {"gpus": 8, "gpu_type": _pick(rng, GANG_TYPES), "cpu": rng.choice([64, 90]),
+                             "memory_gib": rng.choice([400, 600])}
+        spec["replicas"] = rng.choices([2, 3, 4], weights=[3, 2, 1])[0]
+        spec["spot"] = rng.choices(["eligible", "never"], weights=[1, 4])[0]
+    else:
+        spec["resources"] = {"cpu": rng.choice([1, 2, 4, 8]), "memory_gib": rng.choice([2, 4, 8, 16, 32])}
+        spec["spot"] = rng.choices(["eligible", "never", "required"], weights=[5, 4, 1])[0]
+    if rng.random() < 0.3:
+        spec["data"] = {"location": rng.choice(locations), "size_gib": rng.choice([20, 100, 500, 2000, 5000])}
+        spec["expected_hours"] = rng.choice([4, 24, 72])
+    if kind != "gang" and rng.random() < 0.05 and spec["resources"].get("gpu_type") in eu_families:
+        spec["regions"] = list(EU_REGIONS)  # data residency
+    return spec
+
+
+def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: float = 0.8,
+               zones_per_region: int = 3, max_instances: int | None = None, min_gpus: int = 4) -> list[dict]:
+    """Every document of a generated fleet: Topology, SpotPolicy, GuardrailPolicy, Tenants, Pools, Jobs."""
+    if jobs < 0 or tenants < 1 or not 0 < quota_fraction or zones_per_region < 1:
+        raise ValueError("jobs >= 0, tenants >= 1, quota_fraction > 0 and zones_per_region >= 1 are required")
+    catalog = load_catalog()
+    rng = random.Random(seed)
+    max_instances = max_instances or max(100, jobs)
+
+    clouds: dict = {}
+    locations: list[str] = []
+    for cloud, regions in sorted(catalog.regions.items()):
+        clouds[cloud] = {"regions": {}}
+        locations.append(cloud)
+        for region, info in sorted(regions.items()):
+            zones = info["zones"][:zones_per_region]
+            clouds[cloud]["regions"][region] = {"zones": zones}
+            locations += [f"{cloud}/{region}", f"{cloud}/{region}/{zones[0]}"]
+    links = [  # dedicated interconnects between the US regions of the three clouds
+        {"from": "aws/us-east-1", "to": "gcp/us-central1", "latency_ms": 22, "egress_per_gb": 0.02},
+        {"from": "aws/us-east-1", "to": "azure/eastus", "latency_ms": 4, "egress_per_gb": 0.02},
+        {"from": "gcp/europe-west4", "to": "azure/westeurope", "latency_ms": 8, "egress_per_gb": 0.03},
+    ]
+    pools = pool_docs(catalog, zones_per_region, max_instances, min_gpus)
+    regions = [f"{c}/{r}" for c, rs in sorted(catalog.regions.items()) for r in sorted(rs)]
+
+    eu_families = {s.gpu_type for r in EU_REGIONS for s in _offered(catalog, *r.split("/"))}
+    specs = []
+    for _ in range(jobs):
+        r = rng.random()
+        kind = ("single" if r < SINGLE_GPU else "multi" if r < SINGLE_GPU + MULTI_GPU
+                else "gang" if r < SINGLE_GPU + MULTI_GPU + GANG else "cpu")
+        specs.append(_job(rng, kind, tenants, locations, eu_families))
+    for s in specs:  # every replica must fit some instance type of its family (see the type tables)
+        res = s["resources"]
+        top = _largest(catalog, res.get("gpu_type"))
+        if any(res.get(dim, 0) > top[dim] for dim in ("gpus", "cpu", "memory_gib")):
+            raise AssertionError(f"generator bug: {res} fits no catalog type (largest {top})")
+
+    asked: dict[str, int] = {}
+    for s in specs:
+        asked[s["tenant"]] = asked.get(s["tenant"], 0) + s["resources"].get("gpus", 0) * s.get("replicas", 1)
+    tenant_docs = [
+        _doc("Tenant", f"team-{i}", {"weight": float(1 + i % 3), "quota": {"gpus": math.ceil(asked.get(f"team-{i}", 0) * quota_fraction)}})
+        for i in range(tenants)
+    ]
+    return [
+        _doc("Topology", FLEET, {"clouds": clouds, "links": links}),
+        _doc("SpotPolicy", "default", {"max_spot_fraction": 0.6, "max_price_fraction": 0.8, "min_instance_types": 1}),
+        # No budget and no destroy limit: the benchmark must never be stopped by a guardrail.
+        _doc("GuardrailPolicy", "default", {"allowed_regions": regions}),
+        *tenant_docs,
+        *pools,
+        *(_doc("Job", f"job-{i:05d}", s) for i, s in enumerate(specs)),
+    ]
+
+
+def generate(out_dir: Path, jobs: int, seed: int = 1, **options) -> Path:
+    """Write the fleet as a config directory (the layout of examples/quickstart) and return it.
+
+    `options` go to fleet_docs: tenants, quota_fraction, zones_per_region, max_instances."""
+    out = Path(out_dir)
+    docs = fleet_docs(jobs, seed, **options)
+    if out.exists() and any(out.glob("**/*.yaml")):
+        raise FileExistsError(f"{out} already holds YAML files; generate into an empty directory")
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    docs = fleet_docs(jobs, seed, **kw)
-    head = [d for d in docs if d["kind"] != "Job"]
-    body = [d for d in docs if d["kind"] == "Job"]
-    (out / "fleet.yaml").write_text(yaml.safe_dump_all(head, sort_keys=False))
-    for k in range(0, len(body), 500):  # several files, as a real config repo has
-        (out / "jobs" / f"jobs-{k // 500:03d}.yaml").write_text(yaml.safe_dump_all(body[k:k + 500], sort_keys=False))
+
+    def dump(path: Path, items: list[dict]) -> None:
+        path.write_text(yaml.safe_dump_all(items, sort_keys=False, default_flow_style=None))
+
+    by_kind: dict[str, list[dict]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    dump(out / "topology.yaml", by_kind["Topology"])
+    dump(out / "policies.yaml", by_kind["SpotPolicy"] + by_kind["GuardrailPolicy"])
+    dump(out / "tenants.yaml", by_kind["Tenant"])
+    dump(out / "pools.yaml", by_kind["Pool"])
+    body = by_kind.get("Job", [])
+    for k in range(0, len(body), 500):  # several files, as a real config repository has
+        dump(out / "jobs" / f"jobs-{k // 500:03d}.yaml", body[k:k + 500])
     return out
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("out", type=Path)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="an empty or new directory")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
-    a = ap.parse_args()
-    print(generate(a.out, a.jobs, a.seed))
+    ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--quota-fraction", type=float, default=0.8, help="tenant GPU quota / GPUs its jobs ask for")
+    ap.add_argument("--zones-per-region", type=int, default=3)
+    ap.add_argument("--min-gpus", type=int, default=4, help="smallest GPU count of a GPU pool's instance types")
+    a = ap.parse_args(argv)
+    try:
+        out = generate(a.out, a.jobs, a.seed, tenants=a.tenants, quota_fraction=a.quota_fraction,
+                       zones_per_region=a.zones_per_region, min_gpus=a.min_gpus)
+    except (FileExistsError, ValueError) as e:
+        ap.error(str(e))
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

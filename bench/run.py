@@ -1,99 +1,438 @@
-"""Plan-time benchmark on the simulated cloud. `python -m bench.run [--tiers quickstart,1k] [--time-limit S]`.
+"""Plan-time benchmark on the simulated cloud.
 
-For each tier: a cold plan (empty fleet), the apply, a warm plan against the converged fleet
-(must show no changes), and a drift plan after ~5% of instances are interrupted. Prints a
-table and writes bench/results.json. Everything runs in one process, one tier after another.
+    python -m bench.run [--tiers small,1k] [--time-limit S] [--profile]
+
+Tiers: `small` is examples/quickstart; `1k` and `5k` are fleets of 1,000 / 5,000 jobs
+from bench.generate (seed --seed). `5k` runs only when asked for. For each tier, in a
+fresh copy of the config with an empty simulated cloud:
+
+  cold plan   reconciler.api.plan against the empty fleet
+  apply       reconciler.api.apply of that saved plan (no second solve), timed alone
+  warm plan   against the converged fleet: should be a no-op
+  drift plan  after ~5% of the instances are interrupted (SimCloud.interrupt)
+
+Each tier runs in its own Python process, so its peak RSS is its own and an out-of-memory
+kill or a hang (--tier-timeout) is reported as a finding instead of ending the run. Rows
+go to bench/results.json (--out) as they are measured.
+
+Where the time goes: every plan's wall time is split into phases by timing wrappers put
+around the functions reconciler.api.plan calls (load, Fleet.observe, build_problem, solve,
+make_plan, guardrail violations) and, inside solve, greedy() and CpSolver.solve (CP-SAT's
+search). "model" is what is left of solve: building the CP-SAT model, hints, reading the
+answer. The wrappers only time; they change no argument and no result. --profile adds a
+cProfile run of the warm plan (after the measured steps) and prints its top 15 entries.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
+import random
 import resource
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-
-from bench.generate import generate
-from providers.sim import SimCloud
-from reconciler import api
-from reconciler.state import state_dir
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-TIERS = {"quickstart": None, "1k": 1000, "5k": 5000}
+TIERS: dict[str, int | None] = {"small": None, "1k": 1000, "5k": 5000}  # None: examples/quickstart
+ALIASES = {"quickstart": "small"}
+DEFAULT_TIERS = "small,1k"
+DRIFT_FRACTION = 0.05
+SLOW_FACTOR = 1.5  # a plan whose wall time exceeds this times the time limit is a finding
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# ------------------------------------------------------------------ measuring
 
 
-def _plan(cfg: Path, label: str, time_limit: float) -> dict:
+def _peak_rss_mib() -> int:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+
+
+class Phases:
+    """Accumulates wall time per pipeline function while installed (see the module doc)."""
+
+    def __init__(self) -> None:
+        import reconciler.api
+        import reconciler.observe
+        import reconciler.solve
+        from ortools.sat.python import cp_model
+
+        self.targets = [
+            ("load", reconciler.api, "load"),
+            ("observe", reconciler.observe.Fleet, "observe"),
+            ("problem", reconciler.api, "build_problem"),
+            ("solve", reconciler.api, "solve"),
+            ("greedy", reconciler.solve, "greedy"),
+            ("cpsat", cp_model.CpSolver, "solve"),
+            ("plan", reconciler.api, "make_plan"),
+            ("guardrails", reconciler.api, "violations"),
+        ]
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.cp_model_size: tuple[int, int] | None = None  # variables, constraints of the last model searched
+        self.stages: list[dict] = []
+
+    def reset(self) -> None:
+        self.seconds = {name: 0.0 for name, _, _ in self.targets}
+        self.calls = {name: 0 for name, _, _ in self.targets}
+        self.cp_model_size = None
+        self.stages = []
+
+    def _wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t
+                self.calls[name] += 1
+            self._describe(name, args, result, time.perf_counter() - t)
+            return result
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def _describe(self, name: str, args: tuple, result, seconds: float) -> None:
+        """What the greedy warm start and each CP-SAT search achieved (read after the call)."""
+        if name == "greedy":
+            self.stages.append({"stage": "greedy", "seconds": round(seconds, 3), "work": result.work, "cost": round(result.cost, 2)})
+        elif name == "cpsat" and len(args) > 1:
+            solver, proto = args[0], args[1].proto
+            self.cp_model_size = (len(proto.variables), len(proto.constraints))
+            status = getattr(result, "name", str(result))
+            row = {"stage": f"cp-sat #{self.calls['cpsat']}", "seconds": round(seconds, 3), "status": status,
+                   "variables": len(proto.variables), "hinted": len(proto.solution_hint.vars)}
+            if status in ("OPTIMAL", "FEASIBLE"):
+                row.update(objective=solver.objective_value, bound=solver.best_objective_bound)
+            self.stages.append(row)
+
+    @contextmanager
+    def installed(self) -> Iterator["Phases"]:
+        saved = []
+        for name, owner, attr in self.targets:
+            if hasattr(owner, attr):  # a renamed function is reported as not measured, not an error
+                fn = owner.__dict__.get(attr, getattr(owner, attr))
+                saved.append((owner, attr, fn))
+                setattr(owner, attr, self._wrap(name, fn))
+        self.reset()
+        try:
+            yield self
+        finally:
+            for owner, attr, fn in reversed(saved):
+                setattr(owner, attr, fn)
+
+    def breakdown(self, wall: float) -> dict[str, float]:
+        s = self.seconds
+        out = {
+            "load": s["load"], "observe": s["observe"], "problem": s["problem"], "greedy": s["greedy"],
+            "model": max(0.0, s["solve"] - s["greedy"] - s["cpsat"]), "cpsat": s["cpsat"],
+            "plan": s["plan"] + s["guardrails"],
+        }
+        out["other"] = max(0.0, wall - sum(out.values()))
+        return {k: round(v, 3) for k, v in out.items()}
+
+
+def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float):
+    """Time one reconciler.api.plan and describe it. Returns (row, PlanResult)."""
+    from reconciler import api
+    from reconciler.problem import units_of
+
+    phases.reset()
     t = time.perf_counter()
     r = api.plan(cfg, time_limit=time_limit)
     wall = time.perf_counter() - t
     c = r.plan.counts()
-    return {
-        "step": label, "wall_s": round(wall, 2), "solve_s": round(r.solution.seconds, 2), "status": r.solution.status,
-        "gap": round(r.solution.gap, 4), "demands": len(r.problem.demands), "capacities": len(r.problem.capacities),
+    cp = phases.cp_model_size
+    running = {j.job for j in r.plan.jobs if j.action in ("keep", "place", "move")}
+    plan_work = sum(d.weight * d.replicas for d in r.problem.demands for j in d.jobs if j in running)
+    row = {
+        "step": step, "wall_s": round(wall, 3), "solve_s": round(r.solution.seconds, 3),
+        "phases_s": phases.breakdown(wall), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
+        "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
+        "status": r.solution.status, "optimal": r.solution.optimal, "gap": round(r.solution.gap, 4),
+        "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": len(units_of(r.problem)),
+        "cp_vars": cp[0] if cp else None, "cp_constraints": cp[1] if cp else None,
         "instances_before": len(r.observed.instances), "creates": c["create"], "deletes": c["delete"],
+        "keep": c["keep"], "place": c["place"], "move": c["move"], "evict": c["evict"],
         "placed": c["keep"] + c["place"] + c["move"], "pending": c["pending"] + c["evict"],
         "cost_before": r.plan.cost_before, "cost_after": r.plan.cost_after, "changes": r.plan.has_changes,
-        "peak_rss_mib": round(_rss_mib()),
+        "violations": list(r.plan.violations), "peak_rss_mib": _peak_rss_mib(),
     }
+    return row, r
 
 
-def run_tier(name: str, jobs: int | None, time_limit: float, work: Path) -> list[dict]:
-    cfg = work / name
+def _live(sim) -> list[str]:
+    return sorted(i["id"] for i in sim.instances() if i["state"] in ("pending", "running"))
+
+
+def run_tier(tier: str, time_limit: float, seed: int, work: Path, emit, profile: bool) -> None:
+    """Measure one tier; `emit(row)` records each row as soon as it exists."""
+    from bench.generate import generate
+    from providers.sim import SimCloud
+    from reconciler import api
+    from reconciler.state import state_dir
+
+    jobs = TIERS[tier]
+    cfg = work / tier
+    t = time.perf_counter()
     if jobs is None:
         shutil.copytree(ROOT / "examples" / "quickstart", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+        source = "examples/quickstart"
     else:
-        generate(cfg, jobs, seed=1)
-    rows = [_plan(cfg, "cold plan", time_limit)]
-    t = time.perf_counter()
-    try:
-        api.apply(cfg, time_limit=time_limit, allow_destroy=10**6)
-        applied = "ok"
-    except Exception as e:  # noqa: BLE001 - the benchmark reports, it does not stop
-        applied = f"{type(e).__name__}: {e}"[:200]
-    rows.append({"step": "apply", "wall_s": round(time.perf_counter() - t, 2), "status": applied,
-                 "instances_after": len([i for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated"]),
-                 "peak_rss_mib": round(_rss_mib())})
-    rows.append(_plan(cfg, "warm plan", time_limit))
+        generate(cfg, jobs, seed)
+        source = f"bench.generate jobs={jobs} seed={seed}"
+    emit({"step": "config", "source": source, "wall_s": round(time.perf_counter() - t, 3)})
+    phases = Phases()
     sim = SimCloud(state_dir(cfg))
-    live = [i["id"] for i in sim.instances() if i["state"] != "terminated"]
-    for iid in live[:: 20]:  # ~5%
-        sim.interrupt(iid)
-    rows.append(_plan(cfg, f"drift plan ({len(live[::20])} lost)", time_limit))
+    with phases.installed():
+        emit({"event": "start", "step": "cold plan"})
+        cold, cold_result = plan_row("cold plan", phases, cfg, time_limit)
+        emit(cold)
+
+        emit({"event": "start", "step": "apply"})
+        t = time.perf_counter()
+        row: dict = {"step": "apply"}
+        try:
+            res = api.apply(cfg, saved_plan=cold_result.plan, time_limit=time_limit, allow_destroy=10**6)
+            row.update(status="ok", created=len(res.report.created), deleted=len(res.report.deleted))
+        except Exception as e:  # noqa: BLE001 - a failed apply is a finding; the next steps still run
+            row.update(status=f"{type(e).__name__}: {e}"[:300])
+            rep = getattr(getattr(e, "result", None), "report", None)
+            if rep is not None:
+                row.update(created=len(rep.created), deleted=len(rep.deleted), failures=len(rep.failures))
+        row.update(wall_s=round(time.perf_counter() - t, 3), instances_after=len(_live(sim)), peak_rss_mib=_peak_rss_mib())
+        emit(row)
+
+        emit({"event": "start", "step": "warm plan"})
+        warm, _ = plan_row("warm plan", phases, cfg, time_limit)
+        emit(warm)
+
+    if profile:  # outside the timing wrappers, so they do not show in the profile
+        emit({"event": "start", "step": "profile (warm plan)"})
+        prof = cProfile.Profile()
+        t = time.perf_counter()
+        prof.runcall(api.plan, cfg, time_limit=time_limit)
+        wall = time.perf_counter() - t
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).strip_dirs().sort_stats("cumulative").print_stats(15)
+        text = out.getvalue()
+        emit({"step": "profile (warm plan)", "wall_s": round(wall, 3), "top15_cumulative": text[text.find("   ncalls"):].rstrip()})
+
+    with phases.installed():
+        live = _live(sim)
+        lost = random.Random(seed).sample(live, max(1, round(len(live) * DRIFT_FRACTION))) if live else []
+        for iid in lost:
+            sim.interrupt(iid)
+        step = f"drift plan ({len(lost)} of {len(live)} interrupted)"
+        emit({"event": "start", "step": step})
+        drift, _ = plan_row(step, phases, cfg, time_limit)
+        emit(drift)
+
+
+# ------------------------------------------------------------------ the child process
+
+
+def child(tier: str, time_limit: float, seed: int, rows_path: Path, profile: bool) -> int:
+    def emit(row: dict) -> None:
+        with open(rows_path, "a") as f:
+            f.write(json.dumps({"tier": tier, **row}) + "\n")
+        if "event" not in row:
+            print(f"  {tier}: {row['step']}: {row.get('wall_s', '')} s", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix=f"bench-{tier}-") as tmp:
+        try:
+            run_tier(tier, time_limit, seed, Path(tmp), emit, profile)
+        except Exception as e:  # noqa: BLE001 - reported in the results, and the exit code says so
+            emit({"step": "error", "status": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-3000:]})
+            return 1
+    return 0
+
+
+def run_child(tier: str, a: argparse.Namespace) -> list[dict]:
+    """Run one tier in its own process; turn a crash, a kill or a hang into a finding row."""
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
+        rows_path = Path(f.name)
+    cmd = [sys.executable, "-m", "bench.run", "--child", tier, "--rows", str(rows_path), "--time-limit", str(a.time_limit),
+           "--seed", str(a.seed)] + (["--profile"] if a.profile else [])
+    t = time.perf_counter()
+    print(f"tier {tier}: running (time limit {a.time_limit:g} s per solve)", flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    failure = None
+    try:
+        rc = proc.wait(timeout=a.tier_timeout)
+        if rc < 0:
+            sig = signal.Signals(-rc).name
+            failure = f"killed by {sig}" + (" (the kernel's OOM killer sends SIGKILL: likely out of memory)" if rc == -signal.SIGKILL else "")
+        elif rc != 0:
+            failure = f"exited with status {rc}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started; nothing else
+        proc.wait()
+        failure = f"did not finish within --tier-timeout {a.tier_timeout:g} s; killed"
+    elapsed = time.perf_counter() - t
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    rows_path.unlink()
+    started = [r["step"] for r in rows if r.get("event") == "start"]
+    done = {r["step"] for r in rows if "event" not in r}
+    out = [r for r in rows if "event" not in r]
+    if failure and not any(r["step"] == "error" for r in out):
+        running = next((s for s in reversed(started) if s not in done), None)
+        child_peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+        out.append({"tier": tier, "step": "error", "status": failure + (f", during {running!r}" if running else ""),
+                    "wall_s": round(elapsed, 1), "peak_rss_mib": child_peak})
+    return out
+
+
+# ------------------------------------------------------------------ reporting
+
+
+def _n(v, fmt: str = "{:,.2f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["tier", "step", "wall s", "solve s", "status", "gap", "demands / caps / units", "CP vars / cons",
+            "instances", "+create / -delete", "placed / pending", "$/h before -> after", "changes", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        r["tier"] = name
-    return rows
+        if "demands" in r:
+            cells = [r["tier"], r["step"], _n(r["wall_s"]), _n(r["solve_s"]), r["status"], _n(r["gap"] * 100, "{:.1f}%"),
+                     f"{r['demands']} / {r['capacities']} / {r['units']}",
+                     f"{_n(r['cp_vars'], '{:,}')} / {_n(r['cp_constraints'], '{:,}')}" if r["cp_vars"] is not None else "",
+                     str(r["instances_before"]), f"+{r['creates']} / -{r['deletes']}", f"{r['placed']} / {r['pending']}",
+                     f"{r['cost_before']:,.2f} -> {r['cost_after']:,.2f}", "yes" if r["changes"] else "none", str(r["peak_rss_mib"])]
+        elif r["step"] == "apply":
+            cells = [r["tier"], "apply (saved cold plan)", _n(r["wall_s"]), "", r["status"], "", "", "", f"{r['instances_after']} after",
+                     f"+{r.get('created', 0)} / -{r.get('deleted', 0)}", "", "", "", str(r["peak_rss_mib"])]
+        elif r["step"] == "error":
+            cells = [r["tier"], "FAILED", _n(r.get("wall_s")), "", r["status"], "", "", "", "", "", "", "", "", str(r.get("peak_rss_mib", ""))]
+        else:
+            continue
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tiers", default="quickstart,1k")
-    ap.add_argument("--time-limit", type=float, default=api.DEFAULT_TIME_LIMIT)
+def _stages(stages: list[dict]) -> str:
+    out = []
+    for s in stages:
+        if s["stage"] == "greedy":
+            out.append(f"greedy {s['seconds']:.1f}s work {s['work']:,}")
+        else:
+            found = ""
+            if "objective" in s and s["stage"] == "cp-sat #1":  # the work found and the best possible
+                found = f" work {s['objective']:,.0f} bound {s['bound']:,.0f}"
+            elif "objective" in s and s["objective"]:
+                found = f" gap {abs(s['objective'] - s['bound']) / abs(s['objective']):.1%}"
+            out.append(f"{s['stage']} {s['status']} {s['seconds']:.1f}s{found}")
+    return "; ".join(out)
+
+
+def phase_table(rows: list[dict]) -> str:
+    cols = ["load", "observe", "problem", "greedy", "model", "cpsat", "plan", "other"]
+    lines = ["| tier | step | wall s | " + " | ".join(cols) + " | solver stages (#1 max work, #2 min cost) |", "|" + "---|" * (len(cols) + 4)]
+    for r in rows:
+        if "phases_s" in r:
+            p = r["phases_s"]
+            lines.append(f"| {r['tier']} | {r['step']} | {r['wall_s']:.2f} | " + " | ".join(f"{p[c]:.2f}" for c in cols)
+                         + f" | {_stages(r['stages'])} |")
+    return "\n".join(lines)
+
+
+def findings(rows: list[dict], time_limit: float) -> list[str]:
+    out = []
+    for r in rows:
+        where = f"{r['tier']} {r['step']}"
+        if r["step"] == "error":
+            out.append(f"{r['tier']}: FAILED: {r['status']}")
+        elif "demands" in r:
+            if r["wall_s"] > SLOW_FACTOR * time_limit:
+                out.append(f"{where}: {r['wall_s']:.1f} s wall, {r['wall_s'] / time_limit:.1f}x the {time_limit:g} s time limit")
+            if r["step"] == "warm plan" and r["changes"]:
+                out.append(f"{where}: not a no-op against the fleet it just applied: +{r['creates']} / -{r['deletes']} instances, "
+                           f"{r['place']} placed, {r['move']} moved, {r['evict']} evicted, $/h {r['cost_before']:,.2f} -> {r['cost_after']:,.2f}")
+            greedy = next((st for st in r["stages"] if st["stage"] == "greedy"), None)
+            first = next((st for st in r["stages"] if st["stage"] == "cp-sat #1"), None)
+            if greedy and first and "objective" in first and first["objective"] < greedy["work"]:
+                out.append(f"{where}: CP-SAT stage 1 ended at work {first['objective']:,.0f}, below the greedy warm start's "
+                           f"{greedy['work']:,} (hint covered {first['hinted']:,} of {first['variables']:,} variables)")
+            if greedy and r["work"] < greedy["work"]:
+                out.append(f"{where}: the plan places work {r['work']:,}, less than greedy best-fit alone ({greedy['work']:,})")
+            if r["violations"]:
+                out.append(f"{where}: guardrail violations: {'; '.join(r['violations'])}")
+        elif r["step"] == "apply" and r["status"] != "ok":
+            out.append(f"{where}: {r['status']}")
+    return out
+
+
+def _git() -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--", "reconciler", "providers", "policies", "bench/generate.py"))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiers", default=DEFAULT_TIERS, help=f"comma-separated, of {', '.join(TIERS)} (default {DEFAULT_TIERS})")
+    ap.add_argument("--time-limit", type=float, default=None, help="solver time limit per plan, s (default: reconciler.api's)")
+    ap.add_argument("--seed", type=int, default=1, help="generator and drift seed")
+    ap.add_argument("--profile", action="store_true", help="also cProfile one warm plan per tier and print its top 15")
+    ap.add_argument("--tier-timeout", type=float, default=3600.0, help="kill a tier that runs longer than this, s")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
-    a = ap.parse_args()
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.time_limit is None:
+        from reconciler.api import DEFAULT_TIME_LIMIT
+        a.time_limit = DEFAULT_TIME_LIMIT
+    if a.child:
+        return child(a.child, a.time_limit, a.seed, a.rows, a.profile)
+
+    tiers = [ALIASES.get(t.strip(), t.strip()) for t in a.tiers.split(",") if t.strip()]
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown:
+        ap.error(f"unknown tier(s) {', '.join(unknown)}; known: {', '.join(TIERS)}")
+    meta = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "machine": platform.machine(), "time_limit": a.time_limit,
+        "seed": a.seed, "tiers": tiers, **_git(),
+    }
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for tier in a.tiers.split(","):
-            rows += run_tier(tier, TIERS[tier], a.time_limit, Path(tmp))
-            _print(rows[-4:])
-    meta = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(), "time_limit": a.time_limit}
-    a.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\n{meta}; results in {a.out}")
+    for tier in tiers:
+        rows += run_child(tier, a)
+        a.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")  # partial results survive a later tier
+    found = findings(rows, a.time_limit)
+    a.out.write_text(json.dumps({"meta": meta, "rows": rows, "findings": found}, indent=1) + "\n")
 
-
-def _print(rows: list[dict]) -> None:
-    cols = ["tier", "step", "wall_s", "solve_s", "status", "gap", "instances_before", "creates", "deletes", "placed", "pending", "cost_after", "peak_rss_mib"]
-    print(" | ".join(cols))
+    print(f"\nmachine: {meta['cpus']} CPUs (os.cpu_count), Python {meta['python']}, time limit {a.time_limit:g} s, "
+          f"commit {meta['commit']}{' + uncommitted changes' if meta['dirty'] else ''}\n")
+    print(table(rows))
+    print("\nWhere the time goes (s):\n")
+    print(phase_table(rows))
     for r in rows:
-        print(" | ".join(str(r.get(c, "")) for c in cols))
+        if "top15_cumulative" in r:
+            print(f"\n{r['tier']}: cProfile of one warm plan ({r['wall_s']:.1f} s under the profiler), top 15 by cumulative time:\n")
+            print(r["top15_cumulative"])
+    if found:
+        print("\nFindings:\n" + "\n".join(f"- {f}" for f in found))
+    print(f"\nresults: {a.out}")
+    return 1 if any(r["step"] == "error" for r in rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
