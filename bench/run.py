@@ -147,7 +147,6 @@ class Phases:
 def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float):
     """Time one reconciler.api.plan and describe it. Returns (row, PlanResult)."""
     from reconciler import api
-    from reconciler.problem import units_of
 
     phases.reset()
     t = time.perf_counter()
@@ -162,7 +161,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float):
         "phases_s": phases.breakdown(wall), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
         "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
         "status": r.solution.status, "optimal": r.solution.optimal, "gap": round(r.solution.gap, 4),
-        "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": len(units_of(r.problem)),
+        "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
         "cp_vars": cp[0] if cp else None, "cp_constraints": cp[1] if cp else None,
         "instances_before": len(r.observed.instances), "creates": c["create"], "deletes": c["delete"],
         "keep": c["keep"], "place": c["place"], "move": c["move"], "evict": c["evict"],

@@ -47,6 +47,7 @@ class Offering:
     on_demand_price: float
     spot_price: float | None  # None: no spot market for this type here
     available: bool = True  # False: the provider knows the zone is out of capacity
+    nvlink_domain: int = 1  # GPUs per NVLink domain (1: PCIe only, or not known)
 
     def price(self, market: Market) -> float:
         if market == "spot":

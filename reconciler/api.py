@@ -6,6 +6,7 @@ and returns plain objects; none of them prints."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -20,7 +21,7 @@ from reconciler.plan import Plan, make_plan
 from reconciler.problem import Problem, build_problem
 from reconciler.solve import Solution, solve
 from reconciler.backend import backend_for
-from reconciler.state import state_dir
+from reconciler.state import state_dir, utcnow
 from reconciler.status import write_status
 
 DEFAULT_TIME_LIMIT = 20.0
@@ -46,8 +47,9 @@ def validate(config_dir: str | Path) -> DesiredState:
     return load(config_dir)
 
 
-def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None) -> PlanResult:
-    problem = build_problem(desired, observed, provider)
+def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
+          now: datetime | None = None) -> PlanResult:
+    problem = build_problem(desired, observed, provider, now=now or utcnow())
     solution = solve(problem, time_limit=time_limit)
     plan = make_plan(desired, observed, problem, solution)
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
@@ -55,14 +57,35 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
 
 
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-         allow_destroy: int | None = None, options: dict | None = None, state: str | None = None) -> PlanResult:
-    """`state`: the state backend URL (None/'local' or s3://bucket/prefix)."""
+         allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
+         now: datetime | None = None) -> PlanResult:
+    """`state`: the state backend URL (None/'local' or s3://bucket/prefix). `now`: the time
+    priority aging is measured at (default: the clock)."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
     observed = fleet.observe(backend.load())
-    return _plan(desired, observed, provider, time_limit, allow_destroy)
+    return _plan(desired, observed, provider, time_limit, allow_destroy, now)
+
+
+def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
+            options: dict | None = None, state: str | None = None, now: datetime | None = None):
+    """Why JOB runs where it does or is pending, and (for a pending job) which single change
+    to the desired state would place it, each checked by planning again against the same fleet."""
+    from reconciler.errors import ReconcileError
+    from reconciler.explain import explain_job
+
+    res = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, now=now)
+    if job not in res.desired.jobs:
+        raise ReconcileError(f"no job {job!r} in {config_dir} (jobs: {', '.join(sorted(res.desired.jobs)[:10])}{' ...' if len(res.desired.jobs) > 10 else ''})")
+    when = now or utcnow()
+    quick = max(1.0, min(time_limit, 5.0))
+
+    def resolve(desired: DesiredState) -> Plan:
+        return _plan(desired, res.observed, provider, quick, None, when).plan
+
+    return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
 
 
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",

@@ -1,256 +1,482 @@
 """Greedy best-fit: first-fit decreasing by priority and dominant resource.
 
-Three uses: CP-SAT's warm start (its answer is never worse than this), the
-fallback when CP-SAT finds nothing in time (said so in the plan), and the
-baseline the benchmark compares against. Pure, and it honours every hard rule
-the model does, except spot type diversity, which it meets by buying no spot
-at all when the policy asks for more than one type."""
+Three uses: CP-SAT's warm start (so its answer is never worse), the fallback when
+CP-SAT finds nothing in time (said so in the plan), and the baseline the benchmark
+compares against. Pure. It keeps every hard rule the model has, buying no new spot
+capacity at all when the SpotPolicy asks for diversity or an on-demand buffer
+(a valid, if dearer, answer).
+
+Order: what runs stays where it is (gangs whole, healed around survivors); pool
+minimums are bought; then the remaining jobs by class, running-first, then largest
+dominant share first, each on the open instance it fits first, else on the offer
+with the lowest price per item (gangs zone by zone, cheapest zone wins).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Demand, Problem, Unit, fit, units_of
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
 
 
 @dataclass
-class _Inst:
-    unit: Unit
-    free: list[float]  # gpus, cpu, memory_gib
-    existing: bool
+class Assignment:
+    """An answer in the solver's terms (also what greedy returns)."""
 
-
-@dataclass
-class Greedy:
-    use: dict[str, int] = field(default_factory=dict)  # unit key -> instances used (0/1, or a count)
-    x: dict[tuple[str, str], int] = field(default_factory=dict)  # (demand, unit) -> replicas
-    placed: dict[str, int] = field(default_factory=dict)  # demand -> jobs placed
+    use: dict[str, int] = field(default_factory=dict)  # capacity key -> instances (hosts 0/1, offers a count)
+    stay: dict[tuple[str, str], int] = field(default_factory=dict)  # (demand, host id) -> items staying
+    x: dict[tuple[str, str], int] = field(default_factory=dict)  # (demand, capacity key) -> new items
+    placed: dict[str, int] = field(default_factory=dict)  # demand -> jobs
     cost: float = 0.0  # USD/h of instances
     work: int = 0
 
 
-def _dominant(d: Demand, units: list[Unit]) -> float:
-    """The demand's largest share of a typical instance it fits (for the decreasing order)."""
-    shares = [max(d.req(dim) / u.cap.cap(dim) for dim in DIMS if u.cap.cap(dim)) for u in units if fit(d, u.cap)]
-    return max(shares, default=0.0)
+class _Inst:
+    __slots__ = ("cap", "free", "key", "gpu_residents")
+
+    def __init__(self, cap: Capacity, free: dict[str, float], key: str):
+        self.cap, self.free, self.key = cap, free, key
+        self.gpu_residents = False
+
+    def fits(self, d: Demand) -> bool:
+        f = self.free
+        for k in d.dims:
+            r = d.req(k)
+            if r > 0 and f.get(k, 0.0) < r - 1e-9:
+                return False
+        return True
+
+    def take(self, d: Demand, sign: int = 1) -> None:
+        for k in d.dims:
+            self.free[k] = self.free.get(k, 0.0) - sign * d.req(k)
+        if d.gpus and sign > 0:
+            self.gpu_residents = True
 
 
-def greedy(problem: Problem) -> Greedy:
-    units = units_of(problem)
-    g = Greedy(use={u.key: 0 for u in units}, placed={d.key: 0 for d in problem.demands})
-    sp = problem.spot
-    allow_spot = sp.min_instance_types <= 1
-    pool_count = {p: 0 for p in problem.pool_bounds}
-    open_: list[_Inst] = []
-    tenant_used: dict[str, dict[str, float]] = {t: {dim: 0.0 for dim in DIMS} for t in problem.tenant_caps}
-    fleet = {"gpus": 0.0, "spot_gpus": 0.0}
-    dim = "gpus" if any(u.cap.gpus for u in units) else "cpu"
+def _capacity_of(c: Capacity) -> dict[str, float]:
+    dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
+    return {k: c.cap(k) for k in dims}
 
-    order = sorted(problem.demands, key=lambda d: (-d.priority, -d.gang, -_dominant(d, units), d.key))
-    by_key = {u.key: u for u in units}
-    opened: dict[str, _Inst] = {}  # existing instances opened so far
 
-    # Phase 1: what runs stays where it is (whole gangs only), within quotas and pool limits.
-    running_of: dict[str, list[tuple[str, int]]] = {}
-    for (dk, uk), n in problem.running.items():
-        if uk in by_key and by_key[uk].cap.keep_blocker is None:
-            running_of.setdefault(dk, []).append((uk, n))
-    for d in order:
-        cells = sorted(running_of.get(d.key, []))
-        if d.gang:
-            if sum(n for _, n in cells) == d.replicas and _keep(g, problem, d, cells, by_key, opened, open_, pool_count, fleet, dim, tenant_used):
-                g.placed[d.key] = 1
+class _Greedy:
+    def __init__(self, problem: Problem):
+        self.p = problem
+        self.a = Assignment(placed={d.key: 0 for d in problem.demands})
+        sp = problem.spot
+        self.buy_spot = sp.min_instance_types <= 1 and sp.min_zones <= 1 and sp.on_demand_buffer_percent <= 0
+        self.gpu_fleet = any(c.gpus for c in problem.capacities)
+        self.pool_count = {p: 0 for p in problem.pool_bounds}
+        self.fleet = {"all": 0.0, "spot": 0.0}
+        self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}
+        self.tenant_cost = {t: 0.0 for t in problem.tenants}
+        self.tenant_spot = {t: [0.0, 0.0] for t in problem.tenants}  # spot size, total size
+        self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances
+        self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
+        self.bought: dict[str, int] = {}
+        self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
+        self.opened: dict[str, _Inst] = {}  # host id -> its open instance
+        self.compat: dict[tuple[str, str], bool] = {}
+        for c in problem.capacities:
+            if c.existing and c.keep_blocker is None:
+                self.idle.setdefault(c.offer_key, []).append(c)
+        self.sites: dict[str, list[str]] = {}  # site -> offer keys there
+        for k, c in list(self.offer.items()) + [(h.offer_key, h) for hs in self.idle.values() for h in hs]:
+            lst = self.sites.setdefault(f"{c.cloud}/{c.zone}", [])
+            if k not in lst:
+                lst.append(k)
+        self.rep = {k: c for k, c in self.offer.items()}
+        for k, hs in self.idle.items():
+            self.rep.setdefault(k, hs[0])
+
+    # -- bookkeeping
+
+    def _prim(self, c: Capacity) -> float:
+        return c.gpus if self.gpu_fleet else c.cpu
+
+    def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0)) -> bool:
+        p = self.p
+        n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
+        if n + 1 > p.pool_bounds.get(c.pool, (0, 0))[1]:
+            return False
+        if p.budget is not None and self.a.cost + extra_cost + c.price > p.budget + 1e-9:
+            return False
+        if c.market == "spot":
+            if not self.buy_spot and not c.existing:
+                return False
+            f = p.spot.max_spot_fraction
+            spot = self.fleet["spot"] + extra_fleet[1] + self._prim(c)
+            total = self.fleet["all"] + extra_fleet[0] + self._prim(c)
+            if spot > f * total + 1e-9:
+                return False
+        return True
+
+    def _open(self, c: Capacity) -> _Inst:
+        if c.existing:
+            inst = _Inst(c, _capacity_of(c), c.key)
+            self.opened[c.key] = inst
+            self.a.use[c.key] = 1
+            lst = self.idle.get(c.offer_key, [])
+            if c in lst:
+                lst.remove(c)
         else:
-            for cell in cells:
-                if _keep(g, problem, d, [cell], by_key, opened, open_, pool_count, fleet, dim, tenant_used):
-                    g.placed[d.key] += cell[1]
+            n = self.bought.get(c.offer_key, 0)
+            self.bought[c.offer_key] = n + 1
+            self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
+            inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
+        self.buckets.setdefault(c.offer_key, []).append(inst)
+        self.pool_count[c.pool] = self.pool_count.get(c.pool, 0) + 1
+        self.a.cost += c.price
+        self.fleet["all"] += self._prim(c)
+        if c.market == "spot":
+            self.fleet["spot"] += self._prim(c)
+        return inst
 
-    # Pool minimums, before any job: they are owed whatever else happens, so they come out of
-    # the budget first (and can host work). Idle existing instances first, then the cheapest.
-    for pool, (lo, _) in problem.pool_bounds.items():
-        for u in sorted((u for u in units if u.cap.pool == pool), key=lambda u: (not u.cap.existing, u.cap.price, u.cap.key, u.slot)):
-            if pool_count[pool] >= lo:
-                break
-            if (u.cap.existing and u.cap.keep_blocker is None and not g.use[u.key]) or (not u.cap.existing and g.use[u.key] < u.count):
-                if u.cap.market == "spot" and not allow_spot:
-                    continue
-                _open(g, u, open_, pool_count, fleet, dim, existing=u.cap.existing)
+    def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
+        inst.take(d)
+        c = inst.cap
+        key = (d.key, c.key)
+        if stay:
+            self.a.stay[key] = self.a.stay.get(key, 0) + 1
+        else:
+            self.a.x[key] = self.a.x.get(key, 0) + 1
+        if d.tenant in self.tenant_cost:
+            self.tenant_cost[d.tenant] += c.price * share(d, c)
+            ts = self.tenant_spot[d.tenant]
+            ts[1] += d.size
+            if c.market == "spot":
+                ts[0] += d.size
 
-    # Phase 2: everything else, by priority and size.
-    for d in order:
-        for _ in range(len(d.jobs) - g.placed[d.key]):
-            need = {k: d.req(k) * d.replicas for k in DIMS}
-            caps = problem.tenant_caps.get(d.tenant, {})
-            if any(tenant_used.setdefault(d.tenant, {k: 0.0 for k in DIMS})[k] + need[k] > caps[k] + 1e-9 for k in caps):
-                break  # identical jobs: none of the rest fits the quota either
-            if not _place(g, problem, d, units, open_, pool_count, fleet, dim, allow_spot):
-                break
-            g.placed[d.key] += 1
-            g.work += d.weight * d.replicas
+    def _quota_ok(self, d: Demand) -> bool:
+        r = self.p.tenants.get(d.tenant)
+        if r is None:
+            return True
+        u = self.tenant_use[d.tenant]
+        return all(u[k] + d.req(k) * d.replicas <= v + 1e-9 for k, v in r.cap.items())
+
+    def _charge_quota(self, d: Demand) -> None:
+        if d.tenant in self.tenant_use:
             for k in DIMS:
-                tenant_used[d.tenant][k] += need[k]
+                self.tenant_use[d.tenant][k] += d.req(k) * d.replicas
 
-    return g
-
-
-def _keep(g: Greedy, problem: Problem, d: Demand, cells: list[tuple[str, int]], by_key: dict[str, Unit],
-          opened: dict[str, "_Inst"], open_: list["_Inst"], pool_count: dict, fleet: dict, dim: str, tenant_used: dict) -> bool:
-    """Keep replicas of d on the existing instances they run on now (cells: unit key,
-    replicas there); all or nothing."""
-    replicas = sum(n for _, n in cells)
-    caps = problem.tenant_caps.get(d.tenant, {})
-    used = tenant_used.setdefault(d.tenant, {k: 0.0 for k in DIMS})
-    if any(used[k] + d.req(k) * replicas > caps[k] + 1e-9 for k in caps):
-        return False
-    new_per_pool: dict[str, int] = {}
-    for uk, n in cells:
-        inst = opened.get(uk)
-        free = inst.free if inst else [by_key[uk].cap.gpus, by_key[uk].cap.cpu, by_key[uk].cap.memory_gib]
-        if free[0] < d.gpus * n or free[1] < d.cpu * n - 1e-9 or free[2] < d.memory_gib * n - 1e-9:
+    def _item_ok(self, d: Demand, c: Capacity, pending_cost: float = 0.0, pending_spot=(0.0, 0.0)) -> bool:
+        """Tenant budget and tenant spot share for one more item of d on c."""
+        r = self.p.tenants.get(d.tenant)
+        if r is None:
+            return True
+        if r.budget is not None and self.tenant_cost[d.tenant] + pending_cost + c.price * share(d, c) > r.budget + 1e-9:
             return False
-        if inst is None:
-            pool = by_key[uk].cap.pool
-            new_per_pool[pool] = new_per_pool.get(pool, 0) + 1
-    if any(pool_count[p] + k > problem.pool_bounds[p][1] for p, k in new_per_pool.items()):
-        return False
-    if problem.budget is not None and g.cost + sum(by_key[uk].cap.price for uk, _ in cells if uk not in opened) > problem.budget + 1e-9:
-        return False
-    for uk, n in cells:
-        if uk not in opened:
-            opened[uk] = _open(g, by_key[uk], open_, pool_count, fleet, dim, existing=True)
-        for _ in range(n):
-            _take(d, opened[uk])
-        g.x[(d.key, uk)] = g.x.get((d.key, uk), 0) + n
-    for k in DIMS:
-        used[k] += d.req(k) * replicas
-    g.work += d.weight * replicas
-    return True
+        if r.spot_fraction is not None and c.market == "spot":
+            spot, total = self.tenant_spot[d.tenant]
+            spot += pending_spot[0] + d.size
+            total += pending_spot[1] + d.size
+            if spot > r.spot_fraction * total + 1e-9:
+                return False
+        return True
 
+    def _compatible(self, d: Demand, okey: str) -> bool:
+        k = (d.key, okey)
+        v = self.compat.get(k)
+        if v is None:
+            v = self.compat[k] = fit(d, self.rep[okey]) > 0
+        return v
 
-def _open(g: Greedy, u: Unit, open_: list[_Inst], pool_count: dict, fleet: dict, dim: str, existing: bool) -> _Inst:
-    g.use[u.key] += 1
-    g.cost += u.cap.price
-    pool_count[u.cap.pool] += 1
-    fleet["gpus"] += u.cap.cap(dim)
-    if u.cap.market == "spot":
-        fleet["spot_gpus"] += u.cap.cap(dim)
-    inst = _Inst(u, [u.cap.gpus, u.cap.cpu, u.cap.memory_gib], existing)
-    open_.append(inst)
-    return inst
+    # -- phases
 
+    def keep_running(self, order: list[Demand]) -> None:
+        p = self.p
+        hosts = {c.key: c for c in p.capacities if c.existing}
+        for d in order:
+            for job, iids in d.running:
+                if not self._quota_ok(d):
+                    continue
+                cells = [hosts.get(i) for i in iids]
+                if any(c is None or c.keep_blocker is not None or fit(d, c) == 0 for c in cells):
+                    continue
+                if len(iids) != d.replicas:
+                    self._heal(d, cells)
+                    continue
+                if d.gang and len({c.site for c in cells}) > 1:
+                    continue
+                if d.gang and d.gang_mode == "placement-group" and len({c.offer_key for c in cells}) > 1:
+                    continue
+                trial = []
+                extra_cost, extra_pool = 0.0, {}
+                ok = True
+                free_copy: dict[str, dict] = {}
+                for c in cells:
+                    inst = self.opened.get(c.key)
+                    free = free_copy.setdefault(c.key, dict(inst.free) if inst else _capacity_of(c))
+                    if not all(free.get(k, 0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0):
+                        ok = False
+                        break
+                    for k in d.dims:
+                        free[k] = free.get(k, 0) - d.req(k)
+                    if inst is None and c.key not in [t.key for t in trial]:
+                        if not self._may_open(c, extra_cost, extra_pool):
+                            ok = False
+                            break
+                        extra_cost += c.price
+                        extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
+                        trial.append(c)
+                if not ok or not all(self._item_ok(d, c) for c in cells):
+                    continue
+                for c in cells:
+                    inst = self.opened.get(c.key) or self._open(c)
+                    self._record(d, inst, stay=True)
+                self.a.placed[d.key] += 1
+                self._charge_quota(d)
 
-def _fits(d: Demand, inst: _Inst) -> bool:
-    return inst.free[0] >= d.gpus and inst.free[1] >= d.cpu - 1e-9 and inst.free[2] >= d.memory_gib - 1e-9
-
-
-def _take(d: Demand, inst: _Inst) -> None:
-    inst.free[0] -= d.gpus
-    inst.free[1] -= d.cpu
-    inst.free[2] -= d.memory_gib
-
-
-def _can_buy(problem: Problem, g: Greedy, u: Unit, pool_count: dict, fleet: dict, dim: str, allow_spot: bool, extra_cost: float = 0.0) -> bool:
-    c = u.cap
-    if c.existing:
-        if c.keep_blocker is not None or g.use[u.key]:
-            return False
-    elif g.use[u.key] >= u.count:
-        return False
-    if pool_count[c.pool] >= problem.pool_bounds[c.pool][1]:
-        return False
-    if problem.budget is not None and g.cost + extra_cost + c.price > problem.budget + 1e-9:
-        return False
-    if c.market == "spot":
-        if not allow_spot:
-            return False
-        f = problem.spot.max_spot_fraction
-        if fleet["spot_gpus"] + c.cap(dim) > f * (fleet["gpus"] + c.cap(dim)) + 1e-9:
-            return False
-    return True
-
-
-def _place(g: Greedy, problem: Problem, d: Demand, units: list[Unit], open_: list[_Inst], pool_count: dict,
-           fleet: dict, dim: str, allow_spot: bool) -> bool:
-    """Place one job (all its replicas, in one zone): best fit on open instances, then the
-    cheapest instances to buy, zone by zone; all or nothing."""
-    zones = sorted({(u.cap.cloud, u.cap.zone) for u in units if fit(d, u.cap)})
-    best = None
-    for zone in zones:
-        trial = _try_zone(g, problem, d, units, open_, pool_count, fleet, dim, allow_spot, zone)
-        if trial is not None and (best is None or trial[0] < best[0]):
-            best = trial
-    if best is None:
-        return False
-    _, on_open, to_buy = best
-    for inst in on_open:
-        _take(d, inst)
-        g.x[(d.key, inst.unit.key)] = g.x.get((d.key, inst.unit.key), 0) + 1
-    for u, n in to_buy:
-        for _ in range(math.ceil(n / fit(d, u.cap))):
-            inst = _open(g, u, open_, pool_count, fleet, dim, existing=u.cap.existing)
-            while n and _fits(d, inst):
-                _take(d, inst)
-                g.x[(d.key, u.key)] = g.x.get((d.key, u.key), 0) + 1
-                n -= 1
-    return True
-
-
-def _try_zone(g, problem, d, units, open_, pool_count, fleet, dim, allow_spot, zone):
-    """Cost of placing d's replicas in one zone: (extra $/h, open instances used, (unit, replicas) to buy)."""
-    left = d.replicas
-    free = {id(i): list(i.free) for i in open_}
-    on_open = []
-    # Best fit: the open instance with the least room left that still fits.
-    here = {uk for (dk, uk) in problem.running if dk == d.key}  # where replicas of this class run now
-    cands = sorted((i for i in open_ if (i.unit.cap.cloud, i.unit.cap.zone) == zone and fit(d, i.unit.cap)),
-                   key=lambda i: (i.unit.key not in here, i.free[0] - d.gpus, i.free[1] - d.cpu))
-    for inst in cands:
-        while left and free[id(inst)][0] >= d.gpus and free[id(inst)][1] >= d.cpu - 1e-9 and free[id(inst)][2] >= d.memory_gib - 1e-9:
-            f = free[id(inst)]
-            f[0] -= d.gpus
-            f[1] -= d.cpu
-            f[2] -= d.memory_gib
-            on_open.append(inst)
-            left -= 1
-    extra = sum(problem.egress.get((d.key, i.unit.cap.key), 0.0) for i in on_open)
-    to_buy = []
-    if left:
-        # Cheapest per replica first; existing idle instances cost their price like new ones.
-        offers = sorted((u for u in units if (u.cap.cloud, u.cap.zone) == zone and fit(d, u.cap)),
-                        key=lambda u: (u.cap.price / min(fit(d, u.cap), d.replicas) + problem.egress.get((d.key, u.cap.key), 0.0),
-                                       not u.cap.existing, u.cap.key, u.slot))  # at equal price, an idle instance we have
-        bought: dict[str, int] = {}
-        spent = 0.0
-        counts = dict(pool_count)
-        fl = dict(fleet)
-        for u in offers:
-            while left:
-                probe = _Probe(g, u, bought)
-                if not _can_buy(problem, probe, u, counts, fl, dim, allow_spot, spent):
+    def _heal(self, d: Demand, survivors: list[Capacity]) -> None:
+        """A gang that lost replicas: keep the survivors and place the missing ones beside them
+        (same zone, or same offer for a placement group). If that fails it is re-placed whole later."""
+        if len({c.site for c in survivors}) > 1 or (d.gang_mode == "placement-group" and len({c.offer_key for c in survivors}) > 1):
+            return
+        opened_here, insts = [], []
+        for c in survivors:
+            inst = self.opened.get(c.key)
+            if inst is None:
+                if not self._may_open(c):
                     break
-                n = min(left, fit(d, u.cap))
-                bought[u.key] = bought.get(u.key, 0) + 1
-                to_buy.append((u, n))
-                spent += u.cap.price
-                extra += u.cap.price + n * problem.egress.get((d.key, u.cap.key), 0.0)
-                counts[u.cap.pool] += 1
-                fl["gpus"] += u.cap.cap(dim)
-                if u.cap.market == "spot":
-                    fl["spot_gpus"] += u.cap.cap(dim)
-                left -= n
-        if left:
+                inst = self._open(c)
+                opened_here.append(inst)
+            if not inst.fits(d) or not self._item_ok(d, c):
+                break
+            self._record(d, inst, stay=True)
+            insts.append(inst)
+        else:
+            missing = d.replicas - len(survivors)
+            plan = (self._plan_items(d, missing, None, only_offer=survivors[0].offer_key) if d.gang_mode == "placement-group"
+                    else self._plan_items(d, missing, [f"{survivors[0].cloud}/{survivors[0].zone}"]))
+            if plan is not None:
+                _commit(self, d, plan)
+                self.a.placed[d.key] += 1
+                self._charge_quota(d)
+                return
+        for inst in insts:  # undo
+            self._unrecord(d, inst, stay=True)
+        for inst in opened_here:
+            self._close(inst)
+
+    def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
+        inst.take(d, sign=-1)
+        c = inst.cap
+        book = self.a.stay if stay else self.a.x
+        book[(d.key, c.key)] -= 1
+        if d.tenant in self.tenant_cost:
+            self.tenant_cost[d.tenant] -= c.price * share(d, c)
+            ts = self.tenant_spot[d.tenant]
+            ts[1] -= d.size
+            if c.market == "spot":
+                ts[0] -= d.size
+
+    def _close(self, inst: _Inst) -> None:
+        c = inst.cap
+        self.buckets[c.offer_key].remove(inst)
+        self.opened.pop(c.key, None)
+        self.a.use[c.key] -= 1
+        self.idle.setdefault(c.offer_key, []).append(c)
+        self.pool_count[c.pool] -= 1
+        self.a.cost -= c.price
+        self.fleet["all"] -= self._prim(c)
+        if c.market == "spot":
+            self.fleet["spot"] -= self._prim(c)
+
+    def pool_minimums(self) -> None:
+        for pool, (lo, _) in self.p.pool_bounds.items():
+            cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
+            cands += [o for o in self.offer.values() if o.pool == pool]
+            cands.sort(key=lambda c: (not c.existing, c.price, c.key))
+            while self.pool_count.get(pool, 0) < lo:
+                pick = None
+                for c in cands:
+                    if c.existing and c.key in self.opened:
+                        continue
+                    if not c.existing and self.bought.get(c.offer_key, 0) >= c.max_new:
+                        continue
+                    if self._may_open(c):
+                        pick = c
+                        break
+                if pick is None:
+                    return
+                self._open(pick)
+
+    def _plan_gang(self, d: Demand):
+        best, best_cost = None, math.inf
+        if d.gang_mode == "placement-group":
+            keys = [k for k in self.offer if self._compatible(d, k)]
+            for k in keys:
+                plan = self._plan_items(d, d.replicas, None, only_offer=k)
+                if plan is not None and _plan_cost(self.p, d, plan) < best_cost:
+                    best, best_cost = plan, _plan_cost(self.p, d, plan)
+            return best
+        for site in self.sites:
+            plan = self._plan_items(d, d.replicas, [site])
+            if plan is not None and _plan_cost(self.p, d, plan) < best_cost - 1e-9:
+                best, best_cost = plan, _plan_cost(self.p, d, plan)
+        return best
+
+    def _plan_items(self, d: Demand, k: int, sites, only_offer: str | None = None):
+        """Where k items of d would go: open instances first (first fit), then the offer with
+        the lowest price per item. Returns [(offer key, _Inst or Capacity-to-buy)] or None."""
+        plan: list = []
+        taken: dict[int, dict] = {}  # id(inst) -> tentative free
+        keys = [only_offer] if only_offer else [kk for s in sites for kk in self.sites.get(s, [])]
+        keys = [kk for kk in keys if kk in self.rep and self._compatible(d, kk)]
+        pending_cost, pending_spot = 0.0, [0.0, 0.0]
+        # 1. Open instances (not for placement groups, which launch together).
+        if not (d.gang and d.gang_mode == "placement-group"):
+            for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
+                for inst in self.buckets.get(kk, []):
+                    if d.nvlink and inst.cap.existing and inst.gpu_residents:
+                        continue
+                    free = taken.get(id(inst), inst.free)
+                    while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
+                        if not self._item_ok(d, inst.cap, pending_cost, pending_spot):
+                            break
+                        free = taken.setdefault(id(inst), dict(free))
+                        for dd in d.dims:
+                            free[dd] = free.get(dd, 0) - d.req(dd)
+                        plan.append((kk, inst))
+                        pending_cost += inst.cap.price * share(d, inst.cap)
+                        if inst.cap.market == "spot":
+                            pending_spot[0] += d.size
+                        pending_spot[1] += d.size
+                    if len(plan) >= k:
+                        return plan
+        # 2. Buy: idle hosts and offers, cheapest per item first.
+        cands = []
+        for kk in keys:
+            for h in self.idle.get(kk, []):
+                if not (d.gang and d.gang_mode == "placement-group"):
+                    cands.append(h)
+            if kk in self.offer:
+                cands.append(self.offer[kk])
+        cands.sort(key=lambda c: (c.price / max(1, min(fit(d, c), k - len(plan))) + self.p.cost_coef(d, c), c.existing is False, c.key))
+        extra_cost, extra_pool, extra_fleet = 0.0, {}, [0.0, 0.0]
+        used_hosts: set[str] = set()
+        buys = {}
+        for c in cands:
+            f = fit(d, c)
+            while len(plan) < k:
+                if c.existing:
+                    if c.key in used_hosts:
+                        break
+                elif self.bought.get(c.offer_key, 0) + buys.get(c.offer_key, 0) >= c.max_new:
+                    break
+                if not self._may_open(c, extra_cost, extra_pool, tuple(extra_fleet)):
+                    break
+                n = min(f, k - len(plan))
+                ok_items = 0
+                for _ in range(n):
+                    if not self._item_ok(d, c, pending_cost, pending_spot):
+                        break
+                    ok_items += 1
+                    pending_cost += c.price * share(d, c)
+                    if c.market == "spot":
+                        pending_spot[0] += d.size
+                    pending_spot[1] += d.size
+                if ok_items == 0:
+                    break
+                extra_cost += c.price
+                extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
+                extra_fleet[0] += self._prim(c)
+                if c.market == "spot":
+                    extra_fleet[1] += self._prim(c)
+                if c.existing:
+                    used_hosts.add(c.key)
+                else:
+                    buys[c.offer_key] = buys.get(c.offer_key, 0) + 1
+                # One instance bought: its first items go on it, as a marker the caller opens once.
+                marker = _Buy(c)
+                for _ in range(ok_items):
+                    plan.append((c.offer_key, marker))
+            if len(plan) >= k:
+                break
+        if len(plan) < k:
             return None
-        merged: dict[str, tuple[Unit, int]] = {}
-        for u, n in to_buy:
-            merged[u.key] = (u, merged.get(u.key, (u, 0))[1] + n)
-        to_buy = list(merged.values())
-    return extra, on_open, to_buy
+        return plan
+
+    def finish(self) -> None:
+        # Hosts opened only for pool minimums keep use=1; hosts never opened are released.
+        for c in self.p.capacities:
+            if c.existing:
+                self.a.use.setdefault(c.key, 0)
+            else:
+                self.a.use.setdefault(c.key, 0)
+        self.a.work = sum(d.weight * self.a.placed[d.key] for d in self.p.demands)
 
 
-class _Probe:
-    """A view of Greedy.use that also counts instances tentatively bought in a trial."""
+def _plan_cost(p: Problem, d: Demand, plan) -> float:
+    """Instances bought plus egress/latency of every item: what a gang's zone choice compares."""
+    bought = {id(t): t.price for _, t in plan if isinstance(t, _Buy)}
+    return sum(bought.values()) + sum(p.cost_coef(d, t.cap) for _, t in plan)
 
-    def __init__(self, g: Greedy, u: Unit, bought: dict[str, int]):
-        self.use = {u.key: g.use[u.key] + bought.get(u.key, 0)}
-        self.cost = g.cost
+
+class _Buy:
+    """One instance to open, shared by the items planned onto it."""
+
+    __slots__ = ("cap", "inst")
+
+    def __init__(self, cap: Capacity):
+        self.cap, self.inst = cap, None
+
+    @property
+    def price(self) -> float:
+        return self.cap.price
+
+
+def _dominant(d: Demand, p: Problem, cache: dict) -> float:
+    k = (d.gpus, d.gpu_type, d.mig, d.cpu, d.memory_gib)
+    v = cache.get(k)
+    if v is None:
+        v = 0.0
+        for c in p.capacities:
+            if rules_allow(d, c):
+                v = max(v, max((d.req(dim) / c.cap(dim) for dim in d.dims if c.cap(dim) > 0), default=0.0))
+        cache[k] = v
+    return v
+
+
+def greedy(problem: Problem) -> Assignment:
+    g = _Greedy(problem)
+    cache: dict = {}
+    order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
+                                                   -_dominant(d, problem, cache), d.key))
+    g.keep_running(order)
+    g.pool_minimums()
+    for d in order:
+        left = len(d.jobs) - g.a.placed[d.key]
+        for _ in range(left):
+            if not _place_resolving(g, d):
+                break
+    g.finish()
+    return g.a
+
+
+def _place_resolving(g: _Greedy, d: Demand) -> bool:
+    """Place one job of d (all its items) or nothing."""
+    if not g._quota_ok(d):
+        return False
+    plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, g.sites.keys())
+    if plan is None:
+        return False
+    _commit(g, d, plan)
+    g.a.placed[d.key] += 1
+    g._charge_quota(d)
+    return True
+
+
+def _commit(g: _Greedy, d: Demand, plan) -> None:
+    """Carry a plan out, opening each planned purchase once and sharing it between its items."""
+    for _, target in plan:
+        if isinstance(target, _Buy):
+            if target.inst is None:
+                target.inst = g._open(target.cap)
+            inst = target.inst
+        else:
+            inst = target
+        g._record(d, inst, stay=False)
+
+
+__all__ = ["Assignment", "greedy"]

@@ -117,6 +117,9 @@ class PoolSpec(Strict):
     aws: AwsPoolSpec | None = None
     gcp: GcpPoolSpec | None = None
     azure: AzurePoolSpec | None = None
+    # MIG layout applied to every GPU of the pool's instances, e.g. [3g.40gb, 2g.20gb, 2g.20gb]
+    # or seven 1g.10gb. Such instances serve only jobs that ask for mig devices.
+    mig: Annotated[list[Annotated[str, Field(pattern=r"^[1-7]g\.[0-9]+gb$")]], Field(min_length=1, max_length=7)] | None = None
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "PoolSpec":
@@ -131,26 +134,49 @@ class PoolSpec(Strict):
 # ---------------------------------------------------------------- Job
 
 
+class MigRequest(Strict):
+    """MIG devices of one profile (e.g. 1g.10gb) instead of whole GPUs."""
+
+    profile: Annotated[str, Field(pattern=r"^[1-7]g\.[0-9]+gb$")]
+    count: Annotated[int, Field(ge=1, le=56)] = 1
+
+
 class Resources(Strict):
     """What one replica needs."""
 
     gpus: Count = 0
     gpu_type: str | None = None
+    mig: MigRequest | None = None
+    # The replica's GPUs must share one NVLink domain (tensor parallelism); types whose
+    # domain is smaller are not considered. Without it, GPUs are still given in one domain
+    # when they fit in one.
+    nvlink: bool = False
     cpu: Annotated[float, Field(gt=0, le=100_000)] = 1.0
     memory_gib: Annotated[float, Field(gt=0, le=1_000_000)] = 1.0
 
     @model_validator(mode="after")
     def _gpu_type_iff_gpus(self) -> "Resources":
+        if self.mig is not None:
+            if self.gpus:
+                raise ValueError("ask for either whole gpus or mig devices, not both")
+            if not self.gpu_type:
+                raise ValueError("gpu_type is required with mig (e.g. A100-80GB)")
+            if self.nvlink:
+                raise ValueError("nvlink applies to whole GPUs, not mig devices")
+            return self
         if self.gpus > 0 and not self.gpu_type:
             raise ValueError("gpu_type is required when gpus > 0")
         if self.gpus == 0 and self.gpu_type:
             raise ValueError("gpu_type is set but gpus is 0")
+        if self.nvlink and self.gpus < 2:
+            raise ValueError("nvlink needs gpus >= 2")
         return self
 
 
 class DataSpec(Strict):
     location: str  # a topology node: "aws", "aws/us-east-1" or "aws/us-east-1/us-east-1a"
     size_gib: NonNeg = 0.0
+    max_latency_ms: NonNeg | None = None  # hard: zones farther than this from the data are not used
 
 
 class JobSpec(Strict):
@@ -158,9 +184,15 @@ class JobSpec(Strict):
     priority: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["low", "normal", "high", "critical"] = "normal"
     resources: Resources
     replicas: Annotated[int, Field(ge=1, le=10_000)] = 1  # a gang: all replicas run, or none
-    spot: Literal["eligible", "required", "never"] = "eligible"
+    # Where a gang's replicas must be together: one zone, one placement group (one zone and
+    # one instance type, launched into a cluster placement group), or one instance.
+    gang: Literal["zone", "placement-group", "instance"] = "zone"
+    # eligible: spot or on-demand, whichever is cheaper; preferred: spot, falling back to
+    # on-demand when spot is short; required: spot or nothing; never: on-demand only.
+    spot: Literal["eligible", "preferred", "required", "never"] = "eligible"
     data: DataSpec | None = None
     regions: list[str] | None = None  # allowlist: "us-east-1" or "aws/us-east-1"
+    clouds: list[Name] | None = None  # allowlist of clouds
     pools: list[Name] | None = None  # allowlist of Pool names
     expected_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0  # amortises data egress
     submitted: datetime | None = None
@@ -179,15 +211,47 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 class SpotPolicySpec(Strict):
     max_spot_fraction: Fraction = 1.0  # of the fleet's GPUs (or vCPUs for a CPU-only fleet)
+    tenant_max_spot_fraction: dict[Name, Fraction] = {}  # of each named tenant's placed GPUs (vCPUs)
+    # Idle on-demand GPUs kept as a landing zone for interrupted spot work, as a percentage
+    # of the GPUs on spot instances.
     on_demand_buffer_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
-    min_instance_types: Annotated[int, Field(ge=1, le=100)] = 1
+    min_instance_types: Annotated[int, Field(ge=1, le=100)] = 1  # distinct types whenever spot is used
+    min_zones: Annotated[int, Field(ge=1, le=100)] = 1  # distinct zones whenever spot is used
     max_price_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # spot price / on-demand price
 
 
 class GuardrailPolicySpec(Strict):
     allowed_regions: list[str] | None = None  # "us-east-1" or "aws/us-east-1"
+    allowed_clouds: list[Name] | None = None
     max_hourly_budget: NonNeg | None = None
+    tenant_hourly_budgets: dict[Name, NonNeg] = {}  # USD/h of each named tenant's replicas
     max_destroy_per_apply: Count | None = None
+
+
+class AgingSpec(Strict):
+    """Pending jobs climb one priority class (x10) per `step_hours` since `submitted`."""
+
+    step_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0
+    max_priority: Literal["low", "normal", "high", "critical"] = "high"
+
+
+class PlacementPolicySpec(Strict):
+    """How eagerly the fleet changes what already runs."""
+
+    # A moved replica loses this much (restart, checkpoint reload), one-time, in USD: per GPU
+    # for GPU work, per replica for CPU work. A move is made only when it pays for itself
+    # within payback_hours.
+    move_cost_per_gpu: NonNeg = 2.0
+    move_cost_per_replica: NonNeg = 0.25
+    payback_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0
+    # WhenUnderutilized: move replicas to delete or downsize instances when it pays;
+    # WhenEmpty: only instances with nothing on them are deleted.
+    consolidation: Literal["WhenUnderutilized", "WhenEmpty"] = "WhenUnderutilized"
+    # LowerPriority: a tenant's higher-priority job may evict its own lower-priority ones
+    # inside its guarantee; Never: only borrowed capacity is ever reclaimed.
+    preemption: Literal["LowerPriority", "Never"] = "LowerPriority"
+    latency_cost_per_ms: NonNeg = 0.0  # USD/h per replica per ms between the job's data and its zone
+    aging: AgingSpec = AgingSpec()
 
 
 # ---------------------------------------------------------------- Topology
@@ -267,10 +331,15 @@ class Topology(_Doc):
     spec: TopologySpec
 
 
-Document = Union[Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, Topology]
+class PlacementPolicy(_Doc):
+    kind: Literal["PlacementPolicy"]
+    spec: PlacementPolicySpec
+
+
+Document = Union[Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology]
 KINDS: dict[str, type[_Doc]] = {
     cls.model_fields["kind"].annotation.__args__[0]: cls  # type: ignore[union-attr]
-    for cls in (Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, Topology)
+    for cls in (Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology)
 }
 
 
@@ -285,6 +354,7 @@ class DesiredState(BaseModel):
     jobs: dict[str, Job]
     spot_policy: SpotPolicySpec = SpotPolicySpec()
     guardrails: GuardrailPolicySpec = GuardrailPolicySpec()
+    placement: PlacementPolicySpec = PlacementPolicySpec()
     digest: str = ""  # sha256 over the documents: a saved plan is stale when it changes
 
     @property
@@ -303,3 +373,14 @@ def region_matches(allow: list[str] | None, cloud: str, region: str) -> bool:
     if allow is None:
         return True
     return region in allow or f"{cloud}/{region}" in allow
+
+
+def quota_guarantee(quota: Quota, dim: str) -> float | None:
+    """The guaranteed amount of one dimension (None: unlimited). A dimension with only a
+    burst ceiling guarantees nothing: all of it is borrowed."""
+    g = getattr(quota, dim)
+    if g is not None:
+        return g
+    if quota.burst is not None and getattr(quota.burst, dim) is not None:
+        return 0.0
+    return None

@@ -1,9 +1,11 @@
 """Turn the solver's counts into a concrete, reviewable plan.
 
-Pure. Decides which replica goes on which instance (keeping running replicas
-where they are), names the instances to create with idempotency keys derived
-from the plan id, and says for each job whether it is kept, placed, moved,
-evicted or pending (with a reason)."""
+Pure. Decides which replica goes on which instance and GPUs (keeping running
+replicas where they are), names the instances to create with idempotency keys
+derived from the plan id, and says for each job whether it is kept, placed, moved,
+evicted or pending (with a reason). It also says what the moves are for: healing
+lost capacity, leaving an instance that must go, or consolidation (with the saving).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
+from reconciler.pack import Bin, pack_items
 from reconciler.problem import Capacity, Demand, Problem
-from reconciler.problem import Unit
 from reconciler.solve import Solution
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 JobAction = Literal["keep", "place", "move", "evict", "pending"]
 
 
@@ -37,6 +39,7 @@ class CreateAction:
     market: str
     price: float
     max_price: float | None
+    placement_group: str | None = None  # launch into this cluster placement group (a gang's)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class JobChange:
     instances: tuple[str, ...]  # one per replica: instance id or a create ref
     previous: tuple[str, ...]
     reason: str = ""
+    gpus: tuple[tuple[int, ...], ...] = ()  # GPU indices per replica on its instance
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,20 @@ class SolverReport:
     optimal: bool
     gap: float
     seconds: float
+    tiers: tuple[dict, ...] = ()  # what each objective tier reached (name, value, bound, status)
+    scope: tuple[int, int] = (0, 0)  # existing instances solved, frozen as they are
+    repairs: int = 0  # instances added by the packer where aggregate counts did not pack
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Consolidation:
+    """Moves made only because a cheaper packing exists."""
+
+    moved_replicas: int
+    instances_removed: tuple[str, ...]
+    saving_per_hour: float  # $/h of the instances removed minus those bought for the moved replicas
+    move_cost: float  # one-time USD, as the PlacementPolicy prices a move
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,7 @@ class Plan:
     violations: tuple[str, ...] = ()
     format: int = PLAN_FORMAT
     kept: dict[str, float] = field(default_factory=dict)  # existing instance id -> USD/h, for those that stay
+    consolidation: Consolidation | None = None
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -112,14 +131,19 @@ class Plan:
     def from_json(cls, text: str) -> "Plan":
         raw = json.loads(text)
         if raw.get("format") != PLAN_FORMAT:
-            raise ValueError(f"plan format {raw.get('format')} is not {PLAN_FORMAT}")
+            raise ValueError(f"plan format {raw.get('format')} is not {PLAN_FORMAT}; make the plan again with this version")
+        solver = raw["solver"]
+        cons = raw.get("consolidation")
         return cls(
             id=raw["id"], fleet=raw["fleet"], desired_digest=raw["desired_digest"], observed_digest=raw["observed_digest"],
             creates=tuple(CreateAction(**c) for c in raw["creates"]),
             deletes=tuple(DeleteAction(**d) for d in raw["deletes"]),
-            jobs=tuple(JobChange(**{**j, "instances": tuple(j["instances"]), "previous": tuple(j["previous"])}) for j in raw["jobs"]),
-            cost_before=raw["cost_before"], cost_after=raw["cost_after"], solver=SolverReport(**raw["solver"]),
+            jobs=tuple(JobChange(**{**j, "instances": tuple(j["instances"]), "previous": tuple(j["previous"]),
+                                    "gpus": tuple(tuple(g) for g in j.get("gpus", ()))}) for j in raw["jobs"]),
+            cost_before=raw["cost_before"], cost_after=raw["cost_after"],
+            solver=SolverReport(**{**solver, "tiers": tuple(solver.get("tiers", ())), "scope": tuple(solver.get("scope", (0, 0)))}),
             violations=tuple(raw.get("violations", ())), kept=dict(raw.get("kept", {})),
+            consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
         )
 
 
@@ -127,95 +151,200 @@ def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str
     return hashlib.sha256(f"{desired.fleet}|{desired.digest}|{observed.digest}|{actions}".encode()).hexdigest()[:12]
 
 
-def _pack(replicas: list[tuple[str, Demand]], cap: Capacity, refs: list[str]) -> list[str]:
-    """First-fit decreasing of replicas onto identical new instances (exact for aggregate units)."""
-    free = [[cap.gpus, cap.cpu, cap.memory_gib] for _ in refs]
-    out = [""] * len(replicas)
-    order = sorted(range(len(replicas)), key=lambda i: (-replicas[i][1].gpus, -replicas[i][1].cpu, -replicas[i][1].memory_gib))
-    for i in order:
-        d = replicas[i][1]
-        for b, f in enumerate(free):
-            if f[0] >= d.gpus and f[1] >= d.cpu - 1e-9 and f[2] >= d.memory_gib - 1e-9:
-                f[0] -= d.gpus
-                f[1] -= d.cpu
-                f[2] -= d.memory_gib
-                out[i] = refs[b]
-                break
-        else:
-            raise SolverError(f"internal: {cap.key} replicas do not pack into {len(refs)} instances")
+# ---------------------------------------------------------------- which jobs, which replicas
+
+
+def _choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, observed: Observed) -> list[str]:
+    """Which of a class's identical jobs run: those staying where they are first, then the other
+    running ones (most time left first: the victims are those nearly done), then the rest in
+    submission order."""
+    if n <= 0:
+        return []
+    if d.gang:
+        return list(d.jobs)
+    running = dict(d.running)
+    staying, moving = [], []
+    for j in d.jobs:
+        if j in running:
+            (staying if any(stay_left.get(h, 0) > 0 for h in running[j]) else moving).append(j)
+    moving.sort(key=lambda j: (-problem.job_remaining.get(j, 0.0), j))
+    rest = [j for j in d.jobs if j not in running]
+    return (staying + moving + rest)[:n]
+
+
+def _resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict[tuple[str, int], tuple[int, ...]]:
+    """GPU indices of the replicas running on a host: as recorded, else as the packer would have
+    given them (deterministic, so two runs agree)."""
+    recorded = getattr(observed, "gpu_indices", {}) or {}
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    missing = []
+    for dk, job, _ in sorted(set(host.residents)):
+        hosts = observed.placements.get(job, ())
+        for r, iid in enumerate(hosts):
+            if iid != host.key:
+                continue
+            rec = recorded.get(job)
+            if rec and r < len(rec):
+                out[(job, r)] = tuple(rec[r])
+            else:
+                missing.append((problem.demand(dk), job, r))
+    if missing:
+        b = Bin.empty(host, host.key)
+        for (job, r), idx in out.items():
+            b.reserve(problem.demand(next(dk for dk, j, _ in host.residents if j == job)), [idx])
+        for d, job, r in sorted(missing, key=lambda m: (-m[0].gpus, m[1], m[2])):
+            single = Demand(**{**d.__dict__, "bundle": 1, "gpus": d.gpus // d.bundle}) if d.bundle > 1 else d
+            idx = b.gpus_for(single) or [()]
+            out[(job, r)] = idx[0]
     return out
+
+
+# ---------------------------------------------------------------- the plan
 
 
 def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solution: Solution) -> Plan:
     # The id covers what the plan does, so two different plans never share idempotency keys.
-    pid = plan_id(desired, observed, json.dumps(sorted(solution.new_units.items())) + json.dumps(sorted(solution.keep)))
-    units = solution.units
+    pid = plan_id(desired, observed, json.dumps(sorted(solution.new.items())) + json.dumps(sorted(solution.keep)))
     caps = {c.key: c for c in problem.capacities}
+    hosts = {c.key: c for c in problem.capacities if c.existing}
+    demand_of = {job: d for d in problem.demands for job in d.jobs}
 
-    # New instances: one ref per instance, in a stable order.
+    # 1. Which jobs run, and which of their items stay where they are.
+    stay_left = {}
+    for (dk, hk), n in solution.stay.items():
+        stay_left.setdefault(dk, {})[hk] = n
+    new_left = {}
+    for (dk, ck), n in solution.x.items():
+        new_left.setdefault(dk, {})[ck] = n
+    slots: dict[str, list[str | None]] = {}  # job -> instance id per item (None: to be packed)
+    to_host: dict[str, list[tuple[Demand, str, int]]] = {}  # host id -> new items
+    to_offer: dict[str, list[tuple[Demand, str, int]]] = {}  # offer key -> new items
+    for d in problem.demands:
+        sl = stay_left.get(d.key, {})
+        jobs = _choose_jobs(d, solution.placed.get(d.key, 0), sl, problem, observed)
+        running = dict(d.running)
+        for job in jobs:
+            items: list[str | None] = [None] * d.replicas
+            for r, hk in enumerate(running.get(job, ())[: d.replicas] if d.bundle == 1 else running.get(job, ())[:1]):
+                if sl.get(hk, 0) > 0:
+                    sl[hk] -= 1
+                    items[r] = hk
+            for r in range(d.replicas):
+                if items[r] is not None:
+                    continue
+                nl = new_left.get(d.key, {})
+                ck = next((k for k in sorted(nl, key=lambda k: (not caps[k].existing, k)) if nl[k] > 0), None)
+                if ck is None:
+                    raise SolverError(f"internal: demand {d.key} placed {len(jobs)} jobs but has no room left for {job}")
+                nl[ck] -= 1
+                (to_host if caps[ck].existing else to_offer).setdefault(ck, []).append((d, job, r))
+            slots[job] = items
+
+    # 2. Pack: hosts keep their residents' GPUs; new instances are filled first-fit decreasing.
+    gpu_of: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {}
+    where: dict[tuple[str, int], str] = {}
+    unpacked: set[str] = set()
+    pgs = {d.key: f"{desired.fleet}-{d.jobs[0]}" for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
+    bins_of: dict[str, list[Bin]] = {}
+    for hk in sorted(solution.keep):
+        h = hosts[hk]
+        b = Bin.empty(h, hk)
+        known = _resident_gpus(h, problem, observed)
+        for job, items in slots.items():
+            for r, at in enumerate(items):
+                if at != hk:
+                    continue
+                d = demand_of[job]
+                idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
+                b.reserve(d, idx)
+                gpu_of[(job, r)] = tuple(idx)
+                where[(job, r)] = hk
+        left = pack_items([b], [(d, job, r, pgs.get(d.key)) for d, job, r in to_host.get(hk, [])])
+        unpacked.update(job for _, job, _, _ in left)
+        bins_of[hk] = [b]
+
     creates: list[CreateAction] = []
-    unit_refs: dict[str, list[str]] = {}
-    for uk in sorted(solution.new_units):
-        u = units[uk]
-        refs = []
-        for _ in range(solution.new_units[uk]):
+    pool_count = {p: 0 for p in problem.pool_bounds}
+    for hk in solution.keep:
+        pool_count[hosts[hk].pool] = pool_count.get(hosts[hk].pool, 0) + 1
+    for ok, n in solution.new.items():
+        pool_count[caps[ok].pool] = pool_count.get(caps[ok].pool, 0) + n
+    cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
+    repairs = 0
+    for ok in sorted(solution.new):
+        cap = caps[ok]
+        bins = [Bin.empty(cap, f"{ok}#{i}") for i in range(solution.new[ok])]
+
+        def more(cap=cap, ok=ok):
+            nonlocal repairs, cost
+            lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
+            if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
+                return None
+            pool_count[cap.pool] = pool_count.get(cap.pool, 0) + 1
+            cost += cap.price
+            repairs += 1
+            return Bin.empty(cap, f"{ok}#r{repairs}")
+
+        left = pack_items(bins, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer.get(ok, [])], more)
+        unpacked.update(job for _, job, _, _ in left)
+        bins_of[ok] = bins
+
+    # A gang is whole or nothing: take every item of a job that did not pack back out.
+    for bins in bins_of.values():
+        for b in bins:
+            for job in {j for _, j, _ in b.items if j in unpacked}:
+                b.remove(demand_of[job], job)
+
+    # 3. Name the new instances.
+    refs: dict[str, str] = {}  # bin ref -> "+n"
+    for ok in sorted(solution.new):
+        for b in bins_of[ok]:
+            if not b.items and b.ref.split("#")[1].startswith("r"):
+                continue  # a repair instance left empty after a gang was taken out
             n = len(creates) + 1
-            c = u.cap
+            c = b.cap
             creates.append(CreateAction(
                 ref=f"+{n}", key=f"{pid}-{n:04d}", pool=c.pool, provider=c.provider, cloud=c.cloud, region=c.region,
                 zone=c.zone, instance_type=c.instance_type, market=c.market, price=c.price,
-                max_price=c.on_demand_price if c.market == "spot" else None,
+                max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group,
             ))
-            refs.append(f"+{n}")
-        unit_refs[uk] = refs
+            refs[b.ref] = f"+{n}"
+    for bins in bins_of.values():
+        for b in bins:
+            for _, job, r in b.items:
+                where[(job, r)] = refs.get(b.ref, b.ref)
+                gpu_of[(job, r)] = tuple(b.gpu_of.get((job, r), ((),)))
 
-    # Replica-level assignment.
-    assigned: dict[str, list[str]] = {}  # job -> refs/ids per replica
-    pending_in_agg: dict[str, list[tuple[str, Demand, str]]] = {}  # unit -> (job, demand, slot marker)
-    for d in problem.demands:
-        room = {uk: n for (dk, uk), n in solution.x.items() if dk == d.key}
-        placed_jobs = _choose_jobs(d, solution.placed.get(d.key, 0), room, observed)
-        for job in placed_jobs:
-            current = [i for i in observed.placements.get(job, ()) if room.get(i, 0) > 0]
-            slots: list[str] = []
-            for iid in current[: d.replicas]:
-                room[iid] -= 1
-                slots.append(iid)
-            while len(slots) < d.replicas:
-                uk = next(k for k in sorted(room, key=lambda k: (not units[k].cap.existing, k)) if room[k] > 0)
-                room[uk] -= 1
-                slots.append(uk)
-            assigned[job] = slots
-    # Replicas assigned to new units become concrete instance refs.
-    job_demand = {j: d for d in problem.demands for j in d.jobs}
-    for job, slots in assigned.items():
-        for i, uk in enumerate(slots):
-            if uk in unit_refs:
-                pending_in_agg.setdefault(uk, []).append((job, job_demand[job], str(i)))
-    for uk, items in pending_in_agg.items():
-        refs = _pack([(j, d) for j, d, _ in items], units[uk].cap, unit_refs[uk])
-        for (job, _, i), ref in zip(items, refs):
-            assigned[job][int(i)] = ref
-
+    # 4. Per job: what happens to it.
     jobs: list[JobChange] = []
     for d in problem.demands:
         for job in d.jobs:
             prev = tuple(observed.placements.get(job, ()))
-            now = tuple(assigned.get(job, ()))
-            if now:
-                action: JobAction = "keep" if sorted(now) == sorted(prev) and len(prev) == d.replicas else ("move" if prev else "place")
-                gone = observed.lost.get(job)
-                note = f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)" if gone and action != "keep" else ""
-                jobs.append(JobChange(job, d.tenant, action, now, prev, note))
+            if job in slots and job not in unpacked:
+                now, gpus = [], []
+                for r in range(d.replicas):
+                    for k in range(d.bundle):
+                        now.append(where[(job, r)])
+                        g = gpu_of.get((job, r), ((),))
+                        gpus.append(g[k] if k < len(g) else ())
+                now_t = tuple(now)
+                action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
+                note = _move_note(job, prev, now_t, observed, hosts, solution) if action == "move" else ""
+                if action == "place" and observed.lost.get(job):
+                    note = f"replaces {', '.join(observed.lost[job])}: gone (spot interruption or lost capacity)"
+                jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))
             else:
-                reason = problem.static_pending.get(job) or pending_reason(d, problem, solution)
+                if job in unpacked:
+                    reason = "its instances could not be packed without breaking a pool or budget limit; the next run retries"
+                else:
+                    reason = problem.static_pending.get(job) or pending_reason(d, problem, solution, job)
                 jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, reason))
     jobs.sort(key=lambda j: j.job)
 
     deletes = []
     for c in problem.capacities:
         if c.existing and c.instance_id not in solution.keep:
-            why = c.keep_blocker or "no longer needed"
+            why = c.keep_blocker or ("consolidated: its replicas fit more cheaply elsewhere" if c.residents else "no longer needed")
             deletes.append(DeleteAction(c.instance_id, c.pool, c.provider, c.cloud, c.region, c.zone, c.instance_type, c.market, c.price, why))
     existing = [c for c in problem.capacities if c.existing]
     cost_before = round(sum(c.price for c in existing), 4)
@@ -223,21 +352,50 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     return Plan(
         id=pid, fleet=desired.fleet, desired_digest=desired.digest, observed_digest=observed.digest,
         creates=tuple(creates), deletes=tuple(deletes), jobs=tuple(jobs), cost_before=cost_before, cost_after=cost_after,
-        solver=SolverReport(solution.status, solution.optimal, round(solution.gap, 6), round(solution.seconds, 3)),
+        solver=SolverReport(
+            solution.status, solution.optimal, round(solution.gap, 6), round(solution.seconds, 3),
+            tiers=tuple({"name": t.name, "value": t.value, "bound": t.bound if t.bound is None else round(t.bound, 3), "status": t.status,
+                         "seconds": round(t.seconds, 3)} for t in solution.tiers),
+            scope=solution.scope, repairs=repairs, note=solution.note,
+        ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
+        consolidation=_consolidation(problem, jobs, deletes, creates, hosts),
     )
 
 
-def _choose_jobs(d: Demand, n: int, room: dict[str, int], observed: Observed) -> list[str]:
-    """Which of a class's identical jobs run: those already running first, then by name."""
-    if n <= 0:
-        return []
-    if d.gang:
-        return list(d.jobs)
-    running_here = [j for j in d.jobs if any(room.get(i, 0) > 0 for i in observed.placements.get(j, ()))]
-    running_elsewhere = [j for j in d.jobs if j not in running_here and observed.placements.get(j)]
-    rest = [j for j in d.jobs if j not in running_here and j not in running_elsewhere]
-    return (running_here + running_elsewhere + rest)[:n]
+def _move_note(job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
+               solution: Solution) -> str:
+    gone = observed.lost.get(job)
+    if gone:
+        return f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)"
+    left = [h for h in prev if h not in now]
+    blocked = [h for h in left if h in hosts and hosts[h].keep_blocker]
+    if blocked:
+        return f"leaves {blocked[0]}: {hosts[blocked[0]].keep_blocker}"
+    if any(h not in solution.keep for h in left):
+        return "consolidation: its instance is removed"
+    return "consolidation: a cheaper packing"
 
 
-__all__ = ["Plan", "CreateAction", "DeleteAction", "JobChange", "make_plan", "plan_id", "Unit"]
+def _consolidation(problem: Problem, jobs: list[JobChange], deletes: list[DeleteAction], creates: list[CreateAction],
+                   hosts: dict[str, Capacity]) -> Consolidation | None:
+    moved = [j for j in jobs if j.action == "move" and j.reason.startswith("consolidation")]
+    if not moved:
+        return None
+    removed = tuple(d.instance_id for d in deletes if d.reason.startswith("consolidated"))
+    new_refs = {i for j in moved for i in j.instances if i.startswith("+")}
+    saving = sum(hosts[i].price for i in removed) - sum(c.price for c in creates if c.ref in new_refs)
+    pol = problem.placement
+    demand_of = {job: d for d in problem.demands for job in d.jobs}
+    cost = 0.0
+    replicas = 0
+    for j in moved:
+        d = demand_of[j.job]
+        n = sum(1 for a, b in zip(j.previous, j.instances) if a != b) or len(j.instances)
+        replicas += n
+        per = pol.move_cost_per_gpu * (d.gpus // d.bundle) if d.gpus else pol.move_cost_per_replica
+        cost += per * n
+    return Consolidation(replicas, removed, round(saving, 4), round(cost, 2))
+
+
+__all__ = ["Plan", "CreateAction", "DeleteAction", "JobChange", "Consolidation", "make_plan", "plan_id"]

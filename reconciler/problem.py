@@ -1,62 +1,121 @@
-"""Turn desired + observed state into the solver's problem: demands and capacities.
+"""Turn desired + observed state into the solver's problem: demands, capacity, rules.
 
-Pure. Equivalence classes keep the model small: identical single-replica jobs
-become one Demand with a count, and new instances of one (pool, zone, type,
-market) become one Capacity with a maximum count. Where packing replicas into
-identical instances is exact in aggregate (one replica per instance, or GPU
-sizes that divide each other with CPU and memory in proportion), the solver
-uses a single integer for the count instead of one variable per instance.
+Pure. Equivalence classes keep the model small: identical single-replica jobs are
+one Demand with a count; new instances of one (pool, zone, type, market) are one
+offer with a count; demands that no rule tells apart share placement variables
+(a `group`). Existing instances are individual hosts with their residents. On a
+large fleet, hosts that no decision can change are frozen (see `_frozen`): the
+solver treats them as constants, so a drift plan over 10k instances solves only
+the part of the fleet that moved.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from providers.catalog import load_catalog
-from reconciler.model import DesiredState, Job, SpotPolicySpec, region_matches
+from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
 
 DIMS = ("gpus", "cpu", "memory_gib")
+CLASS_NAMES = ("low", "normal", "high", "critical")
+FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
+
+
+def priority_class(priority: int) -> int:
+    """0 low, 1 normal, 2 high, 3 critical: the bands of the named classes (1, 10, 100, 1000)."""
+    return 0 if priority < 10 else 1 if priority < 100 else 2 if priority < 1000 else 3
 
 
 @dataclass(frozen=True)
 class Demand:
-    """One class of identical work: a gang (one job, all replicas) or identical 1-replica jobs."""
+    """One class of identical work: a gang (one job, all replicas) or identical 1-replica jobs.
+
+    An item is what lands on one instance: a replica, or for a same-instance gang the
+    whole job (`bundle` replicas)."""
 
     key: str
     jobs: tuple[str, ...]
-    replicas: int  # per job
+    replicas: int  # items per job
+    bundle: int  # job replicas per item (>1 only for gang: instance)
     tenant: str
-    gpus: int
+    gpus: int  # per item
     gpu_type: str | None
+    mig: tuple[str, int] | None  # (profile, devices) per item
+    nvlink: bool
     cpu: float
     memory_gib: float
-    priority: int
+    priority: int  # effective: aged while pending
     spot: str
+    gang_mode: str  # zone | placement-group | instance
     pools: frozenset[str] | None
     regions: tuple[str, ...] | None
+    clouds: frozenset[str] | None
+    zones: frozenset[tuple[str, str]] | None  # (cloud, zone) within the data's max_latency_ms
     data_location: str | None
     data_gib: float
     hours: float
+    running: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (job, host per item) of jobs running now
+    base_priority: int = 0
 
     @property
     def gang(self) -> bool:
         return self.replicas > 1
 
     @property
+    def klass(self) -> int:
+        return priority_class(self.priority)
+
+    @property
+    def size(self) -> int:
+        """Work units of one item: 7 per GPU (a MIG compute slice is 1), 1 for CPU work."""
+        if self.mig is not None:
+            return _MIG_COMPUTE.get(self.mig[0], 1) * self.mig[1]
+        return 7 * self.gpus if self.gpus else 1
+
+    @property
+    def job_size(self) -> int:
+        return self.size * self.replicas
+
+    @property
     def weight(self) -> int:
-        """Objective weight of one replica: priority times the GPUs (or 1 for CPU work)."""
-        return self.priority * max(1, self.gpus)
+        """Objective weight of one job inside its priority class."""
+        return self.priority * self.job_size
+
+    @property
+    def running_jobs(self) -> int:
+        return len(self.running)
+
+    @property
+    def running_items(self) -> int:
+        return sum(len(h) for _, h in self.running)
 
     def req(self, dim: str) -> float:
-        return getattr(self, dim)
+        if dim == "gpus":
+            return self.gpus
+        if dim == "cpu":
+            return self.cpu
+        if dim == "memory_gib":
+            return self.memory_gib
+        if self.mig is not None and dim == f"mig:{self.mig[0]}":
+            return self.mig[1]
+        return 0.0
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        mig = (f"mig:{self.mig[0]}",) if self.mig else ()
+        return (("gpus",) if self.gpus else ()) + mig + ("cpu", "memory_gib")
+
+
+_MIG_COMPUTE = {}  # profile -> compute slices, filled from the catalog on first use
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """An existing instance (instance_id set) or an offer of up to max_new new instances."""
+    """An existing instance (a host: instance_id set) or an offer of up to max_new new instances."""
 
     key: str
     pool: str
@@ -66,133 +125,260 @@ class Capacity:
     zone: str
     instance_type: str
     market: str
-    gpus: int
+    gpus: int  # physical GPUs
     gpu_type: str | None
     cpu: float
     memory_gib: float
     price: float  # USD per hour
     on_demand_price: float
+    nvlink_domain: int = 1
+    mig: tuple[str, ...] | None = None  # the per-GPU MIG layout of the pool
     instance_id: str | None = None
     max_new: int = 0
-    aggregate: bool = False
     keep_blocker: str | None = None  # existing: why it must go (pool removed, drifted from spec)
+    residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
+    frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
 
     @property
     def existing(self) -> bool:
         return self.instance_id is not None
 
+    @property
+    def offer_key(self) -> str:
+        """The (pool, zone, type, market) class this capacity belongs to."""
+        return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}"
+
+    @property
+    def site(self) -> tuple[str, str]:
+        return (self.cloud, self.zone)
+
     def cap(self, dim: str) -> float:
-        return getattr(self, dim)
+        if dim == "gpus":
+            return 0 if self.mig else self.gpus
+        if dim == "cpu":
+            return self.cpu
+        if dim == "memory_gib":
+            return self.memory_gib
+        if dim.startswith("mig:") and self.mig:
+            return self.gpus * self.mig.count(dim[4:])
+        return 0.0
+
+    @property
+    def primary(self) -> float:
+        """GPUs, or vCPUs of a CPU instance: what the spot share and the buffer count."""
+        return self.gpus if self.gpus else self.cpu
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One decision unit: an existing instance, one slot of an offer, or a whole aggregated offer."""
-
-    key: str
-    cap: Capacity
-    count: int  # how many instances this unit may stand for (1 unless aggregate)
-    slot: int = 0  # position among the slots of one offer (they are used in order)
+class TenantRules:
+    name: str
+    weight: float
+    cap: dict[str, float]  # hard ceilings (burst, else quota); a missing dimension is unlimited
+    guarantee: dict[str, float]  # guaranteed amounts; a missing dimension is fully guaranteed
+    budget: float | None = None  # USD/h of its replicas
+    spot_fraction: float | None = None
+    protected: int = 0  # work units of its running jobs inside its guarantee now
+    dominant: str = "gpus"  # the dimension its fair share is measured in
 
 
 @dataclass(frozen=True)
 class Problem:
     demands: tuple[Demand, ...]
     capacities: tuple[Capacity, ...]
-    running: dict[tuple[str, str], int]  # (demand key, capacity key) -> replicas running there now
+    groups: dict[str, tuple[str, ...]]  # group key -> demand keys sharing placement variables
     pool_bounds: dict[str, tuple[int, int]]
-    tenant_caps: dict[str, dict[str, float]]
-    spot: SpotPolicySpec
+    tenants: dict[str, TenantRules]
+    desired_spot: object  # SpotPolicySpec
+    placement: object  # PlacementPolicySpec
     budget: float | None
-    egress: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, capacity) -> USD/h per replica
+    fleet_capacity: dict[str, float]  # per dimension, for fair shares
     static_pending: dict[str, str] = field(default_factory=dict)  # job -> why nothing can ever host it
+    job_remaining: dict[str, float] = field(default_factory=dict)  # running job -> expected hours left
+    coef: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, zone site) -> USD/h per item
+    now: datetime | None = None
+
+    @property
+    def spot(self):
+        return self.desired_spot
+
+    @property
+    def tenant_caps(self) -> dict[str, dict[str, float]]:
+        return {t: r.cap for t, r in self.tenants.items()}
+
+    def demand(self, key: str) -> Demand:
+        return self._demand_index[key]
+
+    @property
+    def _demand_index(self) -> dict[str, Demand]:
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = {d.key: d for d in self.demands}
+            object.__setattr__(self, "_idx", idx)
+        return idx
+
+    def hosts(self) -> list[Capacity]:
+        return [c for c in self.capacities if c.existing]
+
+    def offers(self) -> list[Capacity]:
+        return [c for c in self.capacities if not c.existing]
+
+    def cost_coef(self, d: Demand, c: Capacity) -> float:
+        """USD/h per item of d on c beyond the instance price: data egress, latency, and the
+        premium a spot-preferred job pays for falling back to on-demand."""
+        v = self.coef.get((d.key, f"{c.cloud}/{c.zone}"), 0.0)
+        if d.spot == "preferred" and c.market != "spot":
+            v += 0.5 * c.on_demand_price * share(d, c)
+        return v
+
+
+def share(d: Demand, c: Capacity) -> float:
+    """The fraction of an instance one item of d uses, in the instance's primary resource:
+    what its cost is attributed by (status, tenant budgets)."""
+    if c.gpus:
+        if d.mig is not None and c.mig:
+            slices = _MIG_COMPUTE.get(d.mig[0], 1) * d.mig[1]
+            return min(1.0, slices / (7 * c.gpus))
+        return min(1.0, d.gpus / c.gpus) if d.gpus else min(1.0, d.cpu / c.cpu)
+    return min(1.0, d.cpu / c.cpu) if c.cpu else 1.0
+
+
+def rules_allow(d: Demand, c: Capacity) -> bool:
+    """Every placement rule but size: GPU model, MIG, NVLink, spot, pools, regions, clouds, latency."""
+    if d.mig is not None:
+        if c.gpu_type != d.gpu_type or not c.mig or d.mig[0] not in c.mig:
+            return False
+    elif d.gpus > 0:
+        if c.gpu_type != d.gpu_type or c.mig or c.gpus < d.gpus:
+            return False
+        if d.nvlink and c.nvlink_domain < d.gpus // d.bundle:
+            return False
+    elif c.gpus > 0:
+        return False  # GPU instances are tainted for GPU work, as GPU node pools usually are
+    if d.spot == "never" and c.market == "spot" or d.spot == "required" and c.market != "spot":
+        return False
+    if d.pools is not None and c.pool not in d.pools:
+        return False
+    if d.clouds is not None and c.cloud not in d.clouds:
+        return False
+    if d.regions is not None and not region_matches(list(d.regions), c.cloud, c.region):
+        return False
+    if d.zones is not None and (c.cloud, c.zone) not in d.zones:
+        return False
+    return True
 
 
 def fit(d: Demand, c: Capacity) -> int:
-    """How many replicas of d fit on one instance of c, honouring every placement rule (0: none)."""
-    if d.gpus > 0:
-        if c.gpu_type != d.gpu_type or c.gpus < d.gpus:
-            return 0
-    elif c.gpus > 0:
-        return 0  # GPU instances are tainted for GPU work, as GPU node pools usually are
-    if d.spot == "never" and c.market == "spot" or d.spot == "required" and c.market != "spot":
+    """How many items of d fit on one empty instance of c, honouring every placement rule (0: none)."""
+    if not rules_allow(d, c):
         return 0
-    if d.pools is not None and c.pool not in d.pools:
-        return 0
-    if not region_matches(list(d.regions) if d.regions is not None else None, c.cloud, c.region):
-        return 0
-    n = min(math.floor(c.cap(dim) / d.req(dim) + 1e-9) for dim in DIMS if d.req(dim) > 0)
+    n = min(math.floor(c.cap(dim) / d.req(dim) + 1e-9) for dim in d.dims if d.req(dim) > 0)
     return max(0, n)
 
 
-def _ffd_bins(demands: list[Demand], c: Capacity) -> int:
-    """Instances of c that first-fit decreasing needs for all these replicas."""
-    items = sorted(((d.gpus, d.cpu, d.memory_gib) for d in demands for _ in range(len(d.jobs) * d.replicas)), reverse=True)
-    bins: list[list[float]] = []
-    for g, cpu, mem in items:
-        for b in bins:
-            if b[0] >= g and b[1] >= cpu - 1e-9 and b[2] >= mem - 1e-9:
-                b[0] -= g
-                b[1] -= cpu
-                b[2] -= mem
-                break
-        else:
-            bins.append([c.gpus - g, c.cpu - cpu, c.memory_gib - mem])
-    return len(bins)
+# ---------------------------------------------------------------- demands
 
 
-def _exact_in_aggregate(c: Capacity, demands: list[Demand]) -> bool:
-    """True when any multiset of these replicas whose totals fit n instances also packs into n."""
-    fits = [fit(d, c) for d in demands]
-    if all(f <= 1 for f in fits):
-        return True
-    if c.gpus == 0:
-        return False
-    sizes = sorted({d.gpus for d in demands})
-    chain = all(b % a == 0 for a, b in zip(sizes, sizes[1:])) and all(c.gpus % s == 0 for s in sizes)
-    proportional = all(d.cpu / d.gpus <= c.cpu / c.gpus + 1e-9 and d.memory_gib / d.gpus <= c.memory_gib / c.gpus + 1e-9 for d in demands)
-    return chain and proportional
+def _utc(t: datetime | None) -> datetime | None:
+    if t is None:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def _demands(desired: DesiredState) -> list[Demand]:
+def effective_priority(job: Job, running: bool, now: datetime | None, aging) -> int:
+    """Pending jobs climb one class (x10) per aging.step_hours since `submitted`, up to
+    aging.max_priority, so nothing starves; running jobs keep their own priority."""
+    base = job.spec.priority_weight()
+    sub = _utc(job.spec.submitted)
+    if running or sub is None or now is None:
+        return base
+    steps = int(max(0.0, (now - sub).total_seconds() / 3600) // aging.step_hours)
+    if steps <= 0:
+        return base
+    ceiling = PRIORITY_CLASSES[aging.max_priority]
+    return max(base, min(base * 10 ** min(steps, 6), ceiling))
+
+
+def _demands(desired: DesiredState, observed: Observed, now: datetime | None, topo: TopologyIndex) -> list[Demand]:
     groups: dict[tuple, list[Job]] = {}
+    eff: dict[str, int] = {}
+    aging = desired.placement.aging
     for job in desired.jobs.values():
         s = job.spec
+        running = bool(observed.placements.get(job.name))
+        eff[job.name] = effective_priority(job, running, now, aging)
+        r = s.resources
         sig = (
-            s.tenant, s.resources.gpus, s.resources.gpu_type, s.resources.cpu, s.resources.memory_gib, s.replicas,
-            job.spec.priority_weight(), s.spot, tuple(sorted(s.pools)) if s.pools is not None else None,
-            tuple(sorted(s.regions)) if s.regions is not None else None,
-            s.data.location if s.data else None, s.data.size_gib if s.data else 0.0, s.expected_hours,
+            s.tenant, r.gpus, r.gpu_type, (r.mig.profile, r.mig.count) if r.mig else None, r.nvlink, r.cpu, r.memory_gib,
+            s.replicas, eff[job.name], s.spot, tuple(sorted(s.pools)) if s.pools is not None else None,
+            tuple(sorted(s.regions)) if s.regions is not None else None, tuple(sorted(s.clouds)) if s.clouds is not None else None,
+            (s.data.location, s.data.size_gib, s.data.max_latency_ms) if s.data else None, s.expected_hours,
         )
         key = ("gang", job.name) if s.replicas > 1 else sig  # gangs stay individual: zone choice is per gang
         groups.setdefault(key, []).append(job)
     out = []
+    zones_all = [tuple(z.split("/")) for z in topo.zones]  # cloud/region/zone
     for i, (_, jobs) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0].name)):
         s = jobs[0].spec
+        r = s.resources
+        bundle = s.replicas if (s.gang == "instance" and s.replicas > 1) else 1
+        items = s.replicas // bundle
+        zones = None
+        if s.data is not None and s.data.max_latency_ms is not None:
+            zones = frozenset((c, z) for c, rg, z in zones_all
+                              if topo.distance(s.data.location, c, rg, z).latency_ms <= s.data.max_latency_ms + 1e-9)
+        running = tuple(
+            (j.name, tuple(observed.placements[j.name])) for j in jobs if observed.placements.get(j.name)
+        )
         out.append(Demand(
-            key=f"d{i}:{jobs[0].name}", jobs=tuple(j.name for j in jobs), replicas=s.replicas, tenant=s.tenant,
-            gpus=s.resources.gpus, gpu_type=s.resources.gpu_type, cpu=s.resources.cpu, memory_gib=s.resources.memory_gib,
-            priority=s.priority_weight(), spot=s.spot, pools=frozenset(s.pools) if s.pools is not None else None,
+            key=f"d{i}:{jobs[0].name}", jobs=tuple(j.name for j in jobs), replicas=items, bundle=bundle, tenant=s.tenant,
+            gpus=r.gpus * bundle, gpu_type=r.gpu_type, mig=(r.mig.profile, r.mig.count * bundle) if r.mig else None,
+            nvlink=r.nvlink, cpu=r.cpu * bundle, memory_gib=r.memory_gib * bundle, priority=eff[jobs[0].name],
+            base_priority=s.priority_weight(), spot=s.spot, gang_mode=s.gang if s.replicas > 1 else "zone",
+            pools=frozenset(s.pools) if s.pools is not None else None,
             regions=tuple(s.regions) if s.regions is not None else None,
+            clouds=frozenset(s.clouds) if s.clouds is not None else None, zones=zones,
             data_location=s.data.location if s.data else None, data_gib=s.data.size_gib if s.data else 0.0,
-            hours=s.expected_hours,
+            hours=s.expected_hours, running=running,
         ))
     return out
 
 
-def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim") -> Problem:
-    catalog = load_catalog()
-    guard = desired.guardrails
-    spot = desired.spot_policy
-    demands = _demands(desired)
-    caps: list[Capacity] = []
+def _group_key(d: Demand, tenant_split: set[str]) -> tuple:
+    """Demands with equal keys are interchangeable for every constraint that reads placement
+    variables, so they share them (exact). Gangs stay alone: each picks its own zone."""
+    if d.gang:
+        return ("gang", d.key)
+    return (d.gpus, d.gpu_type, d.mig, d.nvlink, d.cpu, d.memory_gib, d.spot, d.pools, d.regions, d.clouds, d.zones,
+            d.data_location, d.data_gib, d.hours, d.tenant if d.tenant in tenant_split else None)
 
-    # Existing instances: one capacity each, keepable only while they match their pool's spec.
-    price_of = {(po.offering.cloud, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
+
+# ---------------------------------------------------------------- capacity
+
+
+def _offering_lookup(observed: Observed, catalog):
+    by_key = {(po.offering.cloud, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
+
+    def lookup(cloud: str, region: str, zone: str, itype: str):
+        return by_key.get((cloud, zone, itype)) or catalog.offering(cloud, region, zone, itype)
+    return lookup
+
+
+def _hosts(desired: DesiredState, observed: Observed, demands: list[Demand], catalog) -> list[Capacity]:
+    guard = desired.guardrails
+    lookup = _offering_lookup(observed, catalog)
+    job_demand = {j: d for d in demands for j in d.jobs}
+    residents: dict[str, dict[tuple[str, str], int]] = {}
+    for job, iids in observed.placements.items():
+        d = job_demand.get(job)
+        if d is None:
+            continue
+        for iid in iids:
+            cell = residents.setdefault(iid, {})
+            cell[(d.key, job)] = cell.get((d.key, job), 0) + 1
+    hosts = []
     for inst in observed.instances:
         pool = desired.pools.get(inst.pool)
-        # The provider's offering is the authority on shape and price; the catalog fills gaps.
-        off = price_of.get((inst.cloud, inst.zone, inst.instance_type)) or catalog.offering(inst.cloud, inst.region, inst.zone, inst.instance_type)
+        off = lookup(inst.cloud, inst.region, inst.zone, inst.instance_type)
         blocker = None
         if pool is None:
             blocker = f"pool {inst.pool!r} is no longer in the desired state"
@@ -204,21 +390,33 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
             blocker = f"market {inst.market} no longer allowed by Pool/{pool.name}"
         elif not region_matches(guard.allowed_regions, inst.cloud, inst.region):
             blocker = f"region {inst.cloud}/{inst.region} not allowed by the GuardrailPolicy"
+        elif guard.allowed_clouds is not None and inst.cloud not in guard.allowed_clouds:
+            blocker = f"cloud {inst.cloud} not allowed by the GuardrailPolicy"
         od = off.on_demand_price if off else 0.0
-        price = (off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od)
-        caps.append(Capacity(
+        price = off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od
+        res = tuple(sorted((dk, job, n) for (dk, job), n in residents.get(inst.id, {}).items()))
+        # Bundled items (same-instance gangs) count once per bundle.
+        res = tuple((dk, job, max(1, n // next((d.bundle for d in demands if d.key == dk), 1))) for dk, job, n in res)
+        hosts.append(Capacity(
             key=inst.id, pool=inst.pool, provider=inst.provider, cloud=inst.cloud, region=inst.region, zone=inst.zone,
             instance_type=inst.instance_type, market=inst.market, gpus=off.gpus if off else 0,
             gpu_type=off.gpu_type if off else None, cpu=off.cpu if off else 0, memory_gib=off.memory_gib if off else 0,
-            price=price, on_demand_price=od, instance_id=inst.id, keep_blocker=blocker,
+            price=price, on_demand_price=od, nvlink_domain=getattr(off, "nvlink_domain", 1) if off else 1,
+            mig=tuple(pool.spec.mig) if pool is not None and pool.spec.mig else None,
+            instance_id=inst.id, keep_blocker=blocker, residents=res,
         ))
+    return hosts
 
-    # Offers of new instances.
-    offers: list[Capacity] = []
+
+def _offers(desired: DesiredState, observed: Observed, default_provider: str) -> list[Capacity]:
+    guard, spot = desired.guardrails, desired.spot_policy
+    offers = []
     for po in observed.offerings:
         pool = desired.pools[po.pool]
         o = po.offering
         if not o.available or not region_matches(guard.allowed_regions, o.cloud, o.region):
+            continue
+        if guard.allowed_clouds is not None and o.cloud not in guard.allowed_clouds:
             continue
         for market in pool.spec.markets():
             if (o.cloud, o.zone, o.instance_type, market) in observed.short:
@@ -231,47 +429,211 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
                 provider=observed.providers.get(po.pool, default_provider), cloud=o.cloud, region=o.region, zone=o.zone,
                 instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
                 memory_gib=o.memory_gib, price=o.price(market), on_demand_price=o.on_demand_price,
+                nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
             ))
-    pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}
-    sized: list[Capacity] = []
+    return offers
+
+
+def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]]) -> list[Capacity]:
+    """Bound each offer's count: no optimum buys more instances of it than its compatible items
+    need one by one (or the pool minimum), nor more than the pool allows."""
+    sized = []
+    fits_cache: dict[tuple, int] = {}
     for c in offers:
-        compatible = [d for d in demands if fit(d, c) > 0]
-        aggregate = _exact_in_aggregate(c, compatible)
-        # Any valid packing of every compatible replica bounds how many of this offer an optimum
-        # needs (it never buys an instance its replicas could do without). Slots cost a variable
-        # each, so their bound is worth the tighter first-fit-decreasing count.
-        bound = sum(math.ceil(len(d.jobs) * d.replicas / fit(d, c)) for d in compatible)
-        if not aggregate and bound > 1:
-            bound = min(bound, _ffd_bins(compatible, c))
+        bound = 0
+        for d in demands:
+            k = (d.key, c.offer_key)
+            f = fits_cache.get(k)
+            if f is None:
+                f = fits_cache[k] = fit(d, c)
+            if f:
+                bound += math.ceil(len(d.jobs) * d.replicas / f)
         lo, hi = pool_bounds[c.pool]
         n = min(max(bound, lo), hi)
         if n > 0:
-            sized.append(Capacity(**{**c.__dict__, "max_new": n, "aggregate": aggregate}))
-    caps.extend(sized)
+            sized.append(Capacity(**{**c.__dict__, "max_new": n}))
+    return sized
 
-    by_id = {c.instance_id: c for c in caps if c.existing}
-    running: dict[tuple[str, str], int] = {}
-    job_demand = {j: d for d in demands for j in d.jobs}
-    for job, iids in observed.placements.items():
-        d = job_demand.get(job)
-        if d is None:
-            continue
-        for iid in iids:
-            if iid in by_id:
-                running[(d.key, iid)] = running.get((d.key, iid), 0) + 1
 
-    topo = TopologyIndex(desired.topology.spec)
-    egress: dict[tuple[str, str], float] = {}
+# ---------------------------------------------------------------- tenants
+
+
+def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float]) -> dict[str, TenantRules]:
+    by_tenant: dict[str, list[Demand]] = {}
     for d in demands:
-        if d.data_location and d.data_gib > 0:
-            for c in caps:
-                dist = topo.distance(d.data_location, c.cloud, c.region, c.zone)
-                egress[(d.key, c.key)] = dist.egress_per_gb * d.data_gib / d.hours / d.replicas
-
-    tenant_caps = {}
+        by_tenant.setdefault(d.tenant, []).append(d)
+    out = {}
     for name, t in desired.tenants.items():
-        tenant_caps[name] = {dim: t.spec.quota.cap(dim) for dim in DIMS if t.spec.quota.cap(dim) is not None}
+        q = t.spec.quota
+        cap = {dim: q.cap(dim) for dim in DIMS if q.cap(dim) is not None}
+        guarantee = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
+        # Protected: its running jobs, highest priority first, while they stay inside the guarantee.
+        used = {dim: 0.0 for dim in DIMS}
+        protected = 0
+        running = sorted(((d, job) for d in by_tenant.get(name, []) for job, _ in d.running),
+                         key=lambda dj: (-dj[0].priority, dj[1]))
+        for d, _ in running:
+            need = {dim: d.req(dim) * d.replicas for dim in DIMS}
+            if all(used[k] + need[k] <= guarantee[k] + 1e-9 for k in guarantee):
+                for k in DIMS:
+                    used[k] += need[k]
+                protected += d.job_size
+        # Fair share is measured in the dimension its own demand weighs most on.
+        demand_dim = {dim: sum(d.req(dim) * d.replicas * len(d.jobs) for d in by_tenant.get(name, [])) / fleet_capacity[dim]
+                      if fleet_capacity.get(dim) else 0.0 for dim in DIMS}
+        dominant = max(DIMS, key=lambda k: (demand_dim[k], k == "gpus"))
+        out[name] = TenantRules(
+            name=name, weight=t.spec.weight, cap=cap, guarantee=guarantee,
+            budget=desired.guardrails.tenant_hourly_budgets.get(name),
+            spot_fraction=desired.spot_policy.tenant_max_spot_fraction.get(name),
+            protected=protected, dominant=dominant,
+        )
+    return out
 
+
+# ---------------------------------------------------------------- freezing
+
+
+def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand], desired: DesiredState,
+            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]]) -> set[str]:
+    """Hosts no decision can change, solved as constants. A host is frozen only when it is
+    keepable and full (no compatible item fits in what is free), its residents all fit and
+    may stay, no pending work could evict them (higher class, or reclaiming a guarantee
+    they borrow), no cheaper offer could take them all (consolidation), and no fleet-wide
+    rule is broken now (pool max, budgets, quotas, spot rules). Everything else is solved."""
+    by_key = {d.key: d for d in demands}
+    pending = [d for d in demands if d.running_jobs < len(d.jobs) or d.running_items < d.running_jobs * d.replicas]
+    # Fleet-wide states that force a look at everything.
+    cost = sum(h.price for h in hosts)
+    if desired.guardrails.max_hourly_budget is not None and cost > desired.guardrails.max_hourly_budget:
+        return set()
+    sp = desired.spot_policy
+    if sp.max_spot_fraction < 1 or sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
+        spot_p = sum(h.primary for h in hosts if h.market == "spot")
+        total_p = sum(h.primary for h in hosts)
+        if spot_p > sp.max_spot_fraction * total_p + 1e-9 or sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
+            unfrozen_markets = {"spot", "on-demand"}
+        else:
+            unfrozen_markets = set()
+    else:
+        unfrozen_markets = set()
+    per_pool: dict[str, int] = {}
+    for h in hosts:
+        per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
+    over_pools = {p for p, n in per_pool.items() if p in pool_bounds and n > pool_bounds[p][1]}
+    # Tenants over a cap, a budget or a spot share now, or with borrowed work a guarantee may reclaim.
+    use: dict[str, dict[str, float]] = {t: {k: 0.0 for k in DIMS} for t in tenants}
+    for d in demands:
+        for _ in d.running:
+            for k in DIMS:
+                use.setdefault(d.tenant, {k: 0.0 for k in DIMS})[k] += d.req(k) * d.replicas
+    hot_tenants = set()
+    for t, r in tenants.items():
+        u = use.get(t, {})
+        if any(u.get(k, 0) > v + 1e-9 for k, v in r.cap.items()) or r.budget is not None or r.spot_fraction is not None:
+            hot_tenants.add(t)
+    borrowing = {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0) > v + 1e-9 for k, v in r.guarantee.items())}
+    reclaimers = {d.tenant for d in pending if d.tenant not in borrowing}
+    cheapest: dict[tuple, float] = {}
+    for o in offers:
+        k = (o.gpu_type, o.mig)
+        cheapest[k] = min(cheapest.get(k, math.inf), o.price)
+    consolidate = desired.placement.consolidation == "WhenUnderutilized"
+
+    frozen = set()
+    for h in hosts:
+        if h.keep_blocker is not None or h.pool in over_pools or h.market in unfrozen_markets or not h.residents:
+            continue
+        res = [(by_key[dk], n) for dk, _, n in h.residents if dk in by_key]
+        if len(res) != len(h.residents) or any(fit(d, h) == 0 for d, _ in res):
+            continue
+        if any(d.tenant in hot_tenants for d, _ in res):
+            continue
+        if any(d.gang and d.running_items < d.running_jobs * d.replicas for d, _ in res):
+            continue  # a gang that lost a replica is healed around its survivors
+        free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})}
+        open_room = False
+        for d in demands:
+            if rules_allow(d, h) and all(d.req(k) <= free.get(k, 0) + 1e-9 for k in d.dims if d.req(k) > 0):
+                open_room = True
+                break
+        if open_room:
+            continue
+        low = min(d.klass for d, _ in res)
+        if any(p.klass > low and rules_allow(p, h) for p in pending):
+            continue
+        if any(d.tenant in borrowing for d, _ in res) and any(p.tenant in reclaimers and rules_allow(p, h) for p in pending):
+            continue
+        if consolidate and cheapest.get((h.gpu_type, h.mig), math.inf) < h.price - 1e-9:
+            continue
+        frozen.add(h.instance_id)
+    return frozen
+
+
+# ---------------------------------------------------------------- the problem
+
+
+def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
+                  freeze: bool | None = None) -> Problem:
+    """`now` drives priority aging and remaining times (None: no aging). `freeze`: True or
+    False forces freezing of unchangeable hosts on or off; None freezes above FREEZE_ABOVE hosts."""
+    catalog = load_catalog()
+    if not _MIG_COMPUTE:
+        for m in catalog.gpu_models.values():
+            for p in m.mig_profiles.values():
+                _MIG_COMPUTE.setdefault(p.name, p.compute)
+    topo = TopologyIndex(desired.topology.spec)
+    demands = _demands(desired, observed, now, topo)
+    pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}
+    hosts = _hosts(desired, observed, demands, catalog)
+    offers = _size_offers(_offers(desired, observed, default_provider), demands, pool_bounds)
+
+    fleet_capacity = {dim: 0.0 for dim in DIMS}
+    best: dict[tuple[str, str], float] = {}
+    for c in offers + hosts:
+        for dim in DIMS:
+            best[(c.pool, dim)] = max(best.get((c.pool, dim), 0.0), c.cap(dim))
+    for (pool, dim), v in best.items():
+        fleet_capacity[dim] += v * pool_bounds.get(pool, (0, 1))[1]
+    tenants = _tenants(desired, demands, hosts, fleet_capacity)
+
+    if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
+        frozen = _frozen(hosts, offers, demands, desired, tenants, pool_bounds)
+        hosts = [Capacity(**{**h.__dict__, "frozen": True}) if h.instance_id in frozen else h for h in hosts]
+
+    split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
+    groups: dict[tuple, list[str]] = {}
+    for d in demands:
+        groups.setdefault(_group_key(d, split), []).append(d.key)
+    group_map = {f"g{i}": tuple(keys) for i, keys in enumerate(groups.values())}
+
+    # Data egress and latency, per item-hour, for every zone a demand could use.
+    coef: dict[tuple[str, str], float] = {}
+    lat_cost = desired.placement.latency_cost_per_ms
+    sites = {(c.cloud, c.region, c.zone) for c in offers + hosts}
+    for d in demands:
+        if not d.data_location:
+            continue
+        for cloud, region, zone in sites:
+            dist = topo.distance(d.data_location, cloud, region, zone)
+            v = 0.0
+            if d.data_gib > 0:
+                v += dist.egress_per_gb * d.data_gib / d.hours / d.replicas  # the data set is read once per job
+            if lat_cost > 0 and math.isfinite(dist.latency_ms):
+                v += lat_cost * dist.latency_ms * d.bundle
+            if v:
+                coef[(d.key, f"{cloud}/{zone}")] = v
+
+    # Expected hours left for running jobs: the victim order of preemption.
+    launched = {i.id: _parse_time(i.launched_at) for i in observed.instances}
+    job_remaining = {}
+    for d in demands:
+        for job, iids in d.running:
+            start = min((launched.get(i) for i in iids if launched.get(i)), default=None)
+            ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
+            job_remaining[job] = max(0.0, d.hours - ran)
+
+    caps = hosts + offers
     static_pending = {}
     for d in demands:
         if not any(fit(d, c) > 0 and c.keep_blocker is None for c in caps):
@@ -280,30 +642,60 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
                 static_pending[j] = reason
 
     return Problem(
-        demands=tuple(demands), capacities=tuple(caps), running=running, pool_bounds=pool_bounds,
-        tenant_caps=tenant_caps, spot=spot, budget=guard.max_hourly_budget, egress=egress, static_pending=static_pending,
+        demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
+        desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
+        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
     )
+
+
+def _parse_time(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return _utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity]) -> str:
     """The first rule, in the order a user would check them, that leaves no capacity."""
-    what = f"{d.gpus}x {d.gpu_type}" if d.gpus else f"{d.cpu:g} vCPU / {d.memory_gib:g} GiB (CPU-only)"
+    if d.mig:
+        what = f"{d.mig[1]}x MIG {d.mig[0]} of {d.gpu_type}"
+    else:
+        what = f"{d.gpus}x {d.gpu_type}" if d.gpus else f"{d.cpu:g} vCPU / {d.memory_gib:g} GiB (CPU-only)"
     shapes: dict[str, list] = {}  # pool -> the offerings its provider reports
     for po in observed.offerings:
         shapes.setdefault(po.pool, []).append(po.offering)
     pools = [p for p in desired.pools.values() if d.pools is None or p.name in d.pools]
-    typed = [p for p in pools if any((o.gpu_type == d.gpu_type if d.gpus else o.gpus == 0) for o in shapes.get(p.name, []))]
+
+    def serves(p, o) -> bool:
+        if d.mig:
+            return o.gpu_type == d.gpu_type and bool(p.spec.mig) and d.mig[0] in p.spec.mig
+        if d.gpus:
+            return o.gpu_type == d.gpu_type and not p.spec.mig
+        return o.gpus == 0
+
+    typed = [p for p in pools if any(serves(p, o) for o in shapes.get(p.name, []))]
     if not typed:
-        return f"no pool offers {what}" + (" (CPU jobs do not run on GPU instances)" if not d.gpus else "")
+        return f"no pool offers {what}" + (" (CPU jobs do not run on GPU instances)" if not d.gpus and not d.mig else "")
+    guard = desired.guardrails
     in_region = [p for p in typed if region_matches(list(d.regions) if d.regions else None, p.spec.cloud, p.spec.region)
-                 and region_matches(desired.guardrails.allowed_regions, p.spec.cloud, p.spec.region)]
+                 and region_matches(guard.allowed_regions, p.spec.cloud, p.spec.region)
+                 and (d.clouds is None or p.spec.cloud in d.clouds)
+                 and (guard.allowed_clouds is None or p.spec.cloud in guard.allowed_clouds)]
     if not in_region:
-        return f"no pool offers {what} in an allowed region (job regions: {', '.join(d.regions or ['any'])})"
+        where = ", ".join((d.regions or ()) + tuple(sorted(d.clouds or ()))) or "any"
+        return f"no pool offers {what} in an allowed region or cloud (job allows: {where})"
+    if d.zones is not None and not any((p.spec.cloud, z) in d.zones for p in in_region for z in p.spec.zones):
+        return f"no pool offering {what} has a zone within the data's max_latency_ms"
+    per_gpu = d.gpus // d.bundle if d.gpus else 0
     big = [p for p in in_region if any(
-        o.gpus >= d.gpus and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (o.gpu_type == d.gpu_type if d.gpus else o.gpus == 0)
+        serves(p, o) and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (not d.gpus or o.gpus >= d.gpus)
+        and (not d.nvlink or getattr(o, "nvlink_domain", 1) >= per_gpu)
         for o in shapes.get(p.name, []))]
     if not big:
-        return f"no instance type in an allowed pool is large enough for one replica ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB)"
+        nv = f", {per_gpu} GPUs in one NVLink domain" if d.nvlink else ""
+        return f"no instance type in an allowed pool is large enough for one {'instance-gang' if d.bundle > 1 else 'replica'} ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB{nv})"
     markets = {m for p in big for m in p.spec.markets()}
     if d.spot == "never" and markets == {"spot"}:
         return "spot: never, but every matching pool is spot-only"
@@ -313,15 +705,3 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
     if not any(o.pool in names for o in offers):
         return "every matching zone is out of capacity or in cool-off after a capacity error; retry later or add zones"
     return f"no capacity matches {what} under the pool, market and spot price rules"
-
-
-def units_of(problem: Problem) -> list[Unit]:
-    units = []
-    for c in problem.capacities:
-        if c.existing:
-            units.append(Unit(c.key, c, 1))
-        elif c.aggregate:
-            units.append(Unit(c.key, c, c.max_new))
-        else:
-            units.extend(Unit(f"{c.key}#{k}", c, 1, k) for k in range(c.max_new))
-    return units

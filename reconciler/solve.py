@@ -1,12 +1,21 @@
-"""Placement and provisioning in one OR-Tools CP-SAT model.
+"""Placement and provisioning in one OR-Tools CP-SAT model, solved lexicographically.
 
-Decides together which existing instances to keep, which new ones to create
-(type, zone, market) and how many replicas of each demand run on each. The
-objective is lexicographic, solved in two stages:
-  1. place the most priority-weighted work;
-  2. holding that, minimise $/hour (instances plus data egress), then churn
-     (running replicas moved, instances created).
-Pure: a function of the Problem; the result says whether it is optimal and the gap.
+One model decides which existing instances to keep, how many new instances of each
+offer to buy, which running replicas stay where they are, and how many items of each
+demand group land on each capacity. Capacity is per dimension (GPUs, MIG devices,
+vCPU, memory): exact on an existing instance, aggregate on the identical instances
+of an offer (the planner packs them and adds an instance where fragmentation needs
+one; `pack.py`).
+
+The objective is a sequence of tiers, each maximised (or minimised) and then held
+while the next is solved (see `_tiers`): protected guarantees; per priority class,
+running work then all work inside the tenants' guarantees; the fair share of
+borrowed capacity (weighted DRF); per class, borrowed work; the cheapest victims.
+Then cost: $/hour of instances, data egress and latency, plus the amortised cost of
+every move. A tier whose best value the warm start already reaches is held without
+a solve, so a quiet fleet costs one CP-SAT call.
+
+Pure: a function of the Problem.
 """
 
 from __future__ import annotations
@@ -14,294 +23,773 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
-from reconciler.greedy import Greedy, greedy
-from reconciler.problem import DIMS, Demand, Problem, Unit, fit, units_of
+from reconciler.greedy import Assignment, greedy
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
-SCALE = {"gpus": 1, "cpu": 1000, "memory_gib": 1000}  # CPU and memory in thousandths
+SEGMENTS = 20  # steps of the concave fair-share utility
+
+
+def scale(dim: str) -> int:
+    """Integer units per resource unit: GPUs and MIG devices are counted, vCPU and GiB in thousandths."""
+    return 1000 if dim in ("cpu", "memory_gib") else 1
+
+
+@dataclass(frozen=True)
+class TierReport:
+    name: str
+    sense: str  # max | min
+    value: int
+    bound: float | None  # the best value possible (None: not computed)
+    status: str  # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN
+    seconds: float
 
 
 @dataclass(frozen=True)
 class Solution:
-    status: str
+    status: str  # OPTIMAL | FEASIBLE | GREEDY_FALLBACK
     optimal: bool
-    gap: float  # relative gap on the cost stage (0 when optimal)
+    gap: float  # relative gap of the cost stage (0 when optimal)
     seconds: float
     keep: frozenset[str]  # existing instance ids kept
-    new_units: dict[str, int]  # unit key -> instances to create
-    x: dict[tuple[str, str], int]  # (demand key, unit key) -> replicas
+    new: dict[str, int]  # offer key -> instances to create
+    stay: dict[tuple[str, str], int]  # (demand key, instance id) -> items that stay where they run
+    x: dict[tuple[str, str], int]  # (demand key, capacity key) -> items newly placed there
     placed: dict[str, int]  # demand key -> jobs placed
-    units: dict[str, Unit] = field(default_factory=dict)
+    guaranteed: dict[str, int] = field(default_factory=dict)  # demand key -> placed jobs inside the guarantee
+    tiers: tuple[TierReport, ...] = ()
     work: int = 0
     cost_milli: int = 0
+    capacities: dict[str, Capacity] = field(default_factory=dict)
+    scope: tuple[int, int] = (0, 0)  # hosts solved, hosts frozen
+    variables: int = 0
+    constraints: int = 0
+    note: str = ""
+    lp_bound: float | None = None  # USD/h: the LP relaxation's least instance cost at the same tiers (if asked)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per solver phase, for the benchmark
 
 
-def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None, seed: int = 0) -> Solution:
-    t0 = time.monotonic()
-    m = cp_model.CpModel()
-    units = units_of(problem)
-    demands = problem.demands
+# ---------------------------------------------------------------- the model
 
-    use: dict[str, cp_model.IntVar] = {}
-    for u in units:
-        if u.cap.existing:
-            use[u.key] = m.new_bool_var(f"keep[{u.key}]")
-            if u.cap.keep_blocker is not None:
-                m.add(use[u.key] == 0)
-        else:
-            use[u.key] = m.new_int_var(0, u.count, f"new[{u.key}]")
-    # Symmetry: slots of one offer are used in order.
-    prev: dict[str, str] = {}
-    for u in units:
-        if not u.cap.existing and not u.cap.aggregate:
-            if u.cap.key in prev:
-                m.add(use[prev[u.cap.key]] >= use[u.key])
-            prev[u.cap.key] = u.key
 
-    # Placement variables per shape, not per demand: demands that differ only in tenant or
-    # priority are interchangeable for capacity, so one x per (shape, unit) is exact and
-    # the per-demand counts (quotas, objective) are tied to it by one equation per shape.
-    groups = _shape_groups(demands)
-    x: dict[tuple[str, str], cp_model.IntVar] = {}
-    by_unit: dict[str, list[tuple[Demand, cp_model.IntVar]]] = {u.key: [] for u in units}
-    by_group: dict[str, list[tuple[Unit, cp_model.IntVar]]] = {gk: [] for gk in groups}
-    for gk, members in groups.items():
-        rep = members[0]
-        total = sum(len(d.jobs) * d.replicas for d in members)
-        for u in units:
-            f = fit(rep, u.cap)
-            if f <= 0 or (u.cap.existing and u.cap.keep_blocker is not None):
+@dataclass
+class _Tier:
+    name: str
+    expr: object
+    sense: str  # max | min
+    bound: float  # best possible value (max: upper bound; min: lower bound)
+
+
+class _Model:
+    """The CP-SAT model of one Problem; variables for solved parts, constants for frozen ones."""
+
+    def __init__(self, problem: Problem):
+        self.p = problem
+        m = self.m = cp_model.CpModel()
+        self.demands = {d.key: d for d in problem.demands}
+        self.group_of = {dk: gk for gk, members in problem.groups.items() for dk in members}
+        self.caps = {c.key: c for c in problem.capacities}
+        hosts = [c for c in problem.capacities if c.existing]
+        offers = [c for c in problem.capacities if not c.existing]
+        self.hosts, self.offers = hosts, offers
+
+        # Instances: new per offer, keep per host.
+        self.use: dict[str, object] = {}
+        for o in offers:
+            self.use[o.key] = m.new_int_var(0, o.max_new, f"new[{o.key}]")
+        for h in hosts:
+            if h.frozen:
+                self.use[h.key] = 1
+            elif h.keep_blocker is not None:
+                self.use[h.key] = 0
+            else:
+                self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
+
+        # Residents that stay where they run (items per demand class and host).
+        self.stay: dict[tuple[str, str], object] = {}
+        self.stay_of: dict[str, list[tuple[Capacity, object]]] = {}
+        for h in hosts:
+            here: dict[str, int] = {}
+            for dk, _, n in h.residents:
+                if dk in self.demands:
+                    here[dk] = here.get(dk, 0) + n
+            for dk, n in here.items():
+                d = self.demands[dk]
+                if h.frozen:
+                    v = n
+                elif h.keep_blocker is None and fit(d, h) > 0:
+                    v = m.new_int_var(0, n, f"stay[{dk},{h.key}]")
+                else:
+                    v = 0  # it must move: its instance goes, or it no longer fits there
+                self.stay[(dk, h.key)] = v
+                self.stay_of.setdefault(dk, []).append((h, v))
+
+        # New items per (group, capacity).
+        self.x: dict[tuple[str, str], object] = {}
+        self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
+        self.x_at: dict[str, list[tuple[Demand, object]]] = {}
+        for gk, members in problem.groups.items():
+            rep = self.demands[members[0]]
+            total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members)
+            for c in problem.capacities:
+                if c.existing and (c.frozen or c.keep_blocker is not None):
+                    continue
+                if c.existing and rep.gang_mode == "placement-group" and rep.gang:
+                    continue  # a placement group is launched together: new members are new instances
+                if c.existing and rep.nvlink and any(self.demands[dk].gpus for dk, _, _ in c.residents if dk in self.demands):
+                    continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
+                f = fit(rep, c)
+                if f <= 0:
+                    continue
+                v = m.new_int_var(0, min(total, f * (c.max_new if not c.existing else 1)), f"x[{gk},{c.key}]")
+                self.x[(gk, c.key)] = v
+                self.x_of_group[gk].append((c, v))
+                self.x_at.setdefault(c.key, []).append((rep, v))
+
+        self._capacity()
+        self._demand_vars()
+        self._gangs()
+        self._tenants()
+        self._pools_budget_spot()
+        self._moves()
+
+    # -- capacity
+
+    def _capacity(self) -> None:
+        m = self.m
+        resident_load: dict[str, list[tuple[Demand, object]]] = {}
+        for (dk, hk), v in self.stay.items():
+            resident_load.setdefault(hk, []).append((self.demands[dk], v))
+        for c in self.p.capacities:
+            if c.existing and c.frozen:
                 continue
-            v = m.new_int_var(0, min(total, f * u.count), f"x[{gk},{u.key}]")
-            x[(gk, u.key)] = v
-            by_unit[u.key].append((rep, v))
-            by_group[gk].append((u, v))
+            items = self.x_at.get(c.key, []) + (resident_load.get(c.key, []) if c.existing else [])
+            items = [(d, v) for d, v in items if not isinstance(v, int) or v]
+            if not items:
+                continue
+            dims = sorted({k for d, _ in items for k in d.dims if d.req(k) > 0})
+            for dim in dims:
+                s = scale(dim)
+                terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
+                m.add(_wsum(terms) <= math.floor(c.cap(dim) * s + 1e-6) * self.use[c.key])
+                if not c.existing:
+                    # Items bigger than half an instance in a dimension each need their own (a valid cut).
+                    big = [v for d, v in items if d.req(dim) * 2 > c.cap(dim) + 1e-9]
+                    if len(big) > 0 and c.max_new > 1:
+                        m.add(sum(big) <= self.use[c.key])
 
-    # Capacity in every dimension; GPUs can never be overcommitted.
-    for u in units:
-        items = by_unit[u.key]
-        if not items:
-            continue
-        for dim in DIMS:
-            if any(d.req(dim) for d, _ in items):
-                s = SCALE[dim]
-                m.add(sum(round(d.req(dim) * s) * v for d, v in items) <= math.floor(u.cap.cap(dim) * s) * use[u.key])
+    # -- demands, guarantees
 
-    # Demands: all replicas of a gang or none, in one zone; identical jobs counted.
-    placed: dict[str, cp_model.IntVar] = {}
-    for gk, members in groups.items():
-        pairs = by_group[gk]
-        if members[0].gang:
-            d = members[0]
-            p = m.new_bool_var(f"placed[{d.key}]")
-            m.add(sum(v for _, v in pairs) == d.replicas * p)
-            zones = sorted({(u.cap.cloud, u.cap.zone) for u, _ in pairs})
-            if len(zones) > 1:
-                y = {z: m.new_bool_var(f"zone[{d.key},{z}]") for z in zones}
-                m.add(sum(y.values()) == p)
-                for u, v in pairs:
-                    m.add(v <= d.replicas * y[(u.cap.cloud, u.cap.zone)])
-            placed[d.key] = p
+    def _demand_vars(self) -> None:
+        m, p = self.m, self.p
+        self.placed: dict[str, object] = {}
+        self.g: dict[str, object] = {}
+        self.b: dict[str, object] = {}
+        self.krj: dict[str, object] = {}
+        self.krg: dict[str, object] = {}
+        self.krb: dict[str, object] = {}
+        # Tenants that can borrow (a ceiling above the guarantee) get a guaranteed/borrowed split.
+        finite = {t for t, r in p.tenants.items()
+                  if any(r.cap.get(dim, math.inf) > v + 1e-9 for dim, v in r.guarantee.items())}
+        for d in p.demands:
+            n = len(d.jobs)
+            pl = self.placed[d.key] = m.new_int_var(0, n, f"placed[{d.key}]")
+            if d.tenant in finite:
+                g = self.g[d.key] = m.new_int_var(0, n, f"g[{d.key}]")
+                b = self.b[d.key] = m.new_int_var(0, n, f"b[{d.key}]")
+                m.add(g + b == pl)
+            else:
+                self.g[d.key], self.b[d.key] = pl, 0
+            r = d.running_jobs
+            if r:
+                if d.gang:
+                    k = self.krj[d.key] = pl  # a running gang is kept iff it is placed
+                else:
+                    k = self.krj[d.key] = m.new_int_var(0, min(n, r), f"krj[{d.key}]")
+                    m.add(k <= pl)
+                if d.tenant in finite:
+                    kg = self.krg[d.key] = m.new_int_var(0, min(n, r), f"krg[{d.key}]")
+                    kb = self.krb[d.key] = m.new_int_var(0, min(n, r), f"krb[{d.key}]")
+                    m.add(kg <= self.g[d.key])
+                    m.add(kb <= self.b[d.key])
+                    m.add(kg + kb <= k)
+                else:
+                    self.krg[d.key], self.krb[d.key] = k, 0
+        # Items of a group: every placed item either stays where it runs or is placed anew.
+        for gk, members in p.groups.items():
+            new = [v for _, v in self.x_of_group[gk]]
+            lhs = []
+            for dk in members:
+                d = self.demands[dk]
+                lhs.append((d.replicas, self.placed[dk]))
+                for _, v in self.stay_of.get(dk, []):
+                    lhs.append((-1, v))
+            m.add(_wsum(lhs) == sum(new))
+        # Staying items belong to kept running jobs.
+        for d in p.demands:
+            stays = [v for _, v in self.stay_of.get(d.key, [])]
+            if stays and d.running_jobs:
+                kept_items = self.placed[d.key] * d.running_items if d.gang else self.krj[d.key]
+                m.add(sum(stays) <= kept_items)
+
+    def _gangs(self) -> None:
+        m = self.m
+        for d in self.p.demands:
+            if not d.gang:
+                continue
+            gk = self.group_of[d.key]
+            cells = list(self.x_of_group[gk]) + [(c, v) for c, v in self.stay_of.get(d.key, [])]
+            if d.gang_mode == "placement-group":
+                keyf = lambda c: c.offer_key  # noqa: E731
+            else:
+                keyf = lambda c: c.site  # noqa: E731
+            sites = sorted({keyf(c) for c, _ in cells}, key=str)
+            if not sites:
+                continue
+            if len(sites) == 1 and d.gang_mode != "placement-group":
+                continue
+            y = {s: m.new_bool_var(f"site[{d.key},{s}]") for s in sites}
+            m.add(sum(y.values()) == self.placed[d.key])
+            for c, v in cells:
+                if isinstance(v, int) and v == 0:
+                    continue
+                m.add(v <= d.replicas * y[keyf(c)])
+
+    def _tenants(self) -> None:
+        m, p = self.m, self.p
+        for t, r in p.tenants.items():
+            mine = [d for d in p.demands if d.tenant == t]
+            for dim, limit in r.cap.items():
+                terms = [(round(d.req(dim) * scale(dim)) * d.replicas, self.placed[d.key]) for d in mine if d.req(dim)]
+                if terms:
+                    m.add(_wsum(terms) <= math.floor(limit * scale(dim) + 1e-6))
+            for dim, limit in r.guarantee.items():
+                terms = [(round(d.req(dim) * scale(dim)) * d.replicas, self.g[d.key]) for d in mine if d.req(dim)]
+                if terms:
+                    m.add(_wsum(terms) <= math.floor(limit * scale(dim) + 1e-6))
+            if r.budget is not None:
+                terms = self._tenant_cost_terms(mine)
+                if terms:
+                    m.add(_wsum(terms) <= math.floor(r.budget * MILLI))
+            if r.spot_fraction is not None and r.spot_fraction < 1:
+                on_spot, total = [], []
+                for d in mine:
+                    total.append((d.size * d.replicas, self.placed[d.key]))
+                    for c, v in self.stay_of.get(d.key, []):
+                        if c.market == "spot":
+                            on_spot.append((d.size, v))
+                for gk in {self.group_of[d.key] for d in mine}:
+                    rep = self.demands[p.groups[gk][0]]
+                    for c, v in self.x_of_group[gk]:
+                        if c.market == "spot":
+                            on_spot.append((rep.size, v))
+                f = round(r.spot_fraction * 1000)
+                m.add(1000 * _wsum(on_spot) <= f * _wsum(total))
+
+    def _tenant_cost_terms(self, mine: list[Demand]) -> list[tuple[int, object]]:
+        terms = []
+        for d in mine:
+            for c, v in self.stay_of.get(d.key, []):
+                terms.append((math.ceil(c.price * share(d, c) * MILLI), v))
+        for gk in {self.group_of[d.key] for d in mine}:
+            rep = self.demands[self.p.groups[gk][0]]
+            for c, v in self.x_of_group[gk]:
+                terms.append((math.ceil(c.price * share(rep, c) * MILLI), v))
+        return terms
+
+    # -- fleet-wide rules
+
+    def _pools_budget_spot(self) -> None:
+        m, p = self.m, self.p
+        by_pool: dict[str, list] = {}
+        for c in p.capacities:
+            by_pool.setdefault(c.pool, []).append(self.use[c.key])
+        for pool, (lo, hi) in p.pool_bounds.items():
+            vs = by_pool.get(pool, [])
+            if any(not isinstance(v, int) for v in vs):
+                m.add(sum(vs) >= lo)
+                m.add(sum(vs) <= hi)
+            elif not lo <= sum(vs) <= hi:
+                m.add(m.new_constant(0) >= 1)  # e.g. nothing can be bought for this pool, yet it needs lo instances
+        if p.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
+            m.add(_wsum([(math.ceil(c.price * MILLI), self.use[c.key]) for c in p.capacities]) <= math.floor(p.budget * MILLI))
+
+        sp = p.spot
+        caps = p.capacities
+        gpu_fleet = any(c.gpus for c in caps)
+        prim = (lambda c: c.gpus) if gpu_fleet else (lambda c: round(c.cpu))  # noqa: E731
+        spot = [c for c in caps if c.market == "spot"]
+        if spot and sp.max_spot_fraction < 1:
+            frac = round(sp.max_spot_fraction * 1000)
+            m.add(1000 * _wsum([(prim(c), self.use[c.key]) for c in spot]) <= frac * _wsum([(prim(c), self.use[c.key]) for c in caps]))
+        if spot and sp.on_demand_buffer_percent > 0:
+            od = [c for c in caps if c.market != "spot"]
+            # idle on-demand capacity (x 10000) >= percent (x 100) of spot capacity
+            need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
+            idle = [(10000 * prim(c), self.use[c.key]) for c in od]
+            dim = "gpus" if gpu_fleet else "cpu"
+            for c in od:
+                for d, v in self.x_at.get(c.key, []):
+                    idle.append((-10000 * round(d.req(dim)), v))
+            for (dk, hk), v in self.stay.items():
+                c = self.caps[hk]
+                if c.market != "spot":
+                    idle.append((-10000 * round(self.demands[dk].req(dim)), v))
+            m.add(_wsum(idle) >= _wsum(need))
+        if spot and (sp.min_instance_types > 1 or sp.min_zones > 1):
+            any_spot = m.new_bool_var("any_spot")
+            for c in spot:
+                ub = c.max_new if not c.existing else 1
+                m.add(self.use[c.key] <= ub * any_spot)
+            for attr, need in (("instance_type", sp.min_instance_types), ("zone", sp.min_zones)):
+                if need <= 1:
+                    continue
+                values = sorted({getattr(c, attr) for c in spot})
+                used = {v: m.new_bool_var(f"spot_{attr}[{v}]") for v in values}
+                for v in values:
+                    m.add(used[v] <= sum(self.use[c.key] for c in spot if getattr(c, attr) == v))
+                m.add(sum(used.values()) >= need * any_spot)
+
+    # -- stability
+
+    def _moves(self) -> None:
+        """Moved items of running jobs, and (WhenEmpty) the rule that nothing moves unless it must."""
+        m, p = self.m, self.p
+        self.moved: dict[str, object] = {}
+        when_empty = p.placement.consolidation == "WhenEmpty"
+        for d in p.demands:
+            if not d.running_jobs:
+                continue
+            stays = [v for _, v in self.stay_of.get(d.key, [])]
+            kept_items = self.placed[d.key] * d.running_items if d.gang else self.krj[d.key]
+            mv = kept_items - sum(stays)
+            self.moved[d.key] = mv
+            if when_empty:
+                forced = sum(n for h in self.hosts for dk, _, n in h.residents
+                             if dk == d.key and (h.keep_blocker is not None or fit(d, h) == 0))
+                m.add(mv <= forced)
+
+    # -- objectives
+
+    def tiers(self) -> list[_Tier]:
+        p, m = self.p, self.m
+        classes = sorted({d.klass for d in p.demands}, reverse=True)
+        out: list[_Tier] = []
+        # 1. Guarantees are never taken by another tenant: each keeps the guaranteed work it runs.
+        prot = []
+        bound = 0
+        for t, r in p.tenants.items():
+            if r.protected <= 0 or not r.guarantee:
+                continue
+            mine = [d for d in p.demands if d.tenant == t]
+            pt = m.new_int_var(0, r.protected, f"protect[{t}]")
+            m.add(pt <= _wsum([(d.job_size, self.g[d.key]) for d in mine]))
+            prot.append(pt)
+            bound += r.protected
+        if prot:
+            out.append(_Tier("guarantees kept", sum(prot), "max", bound))
+
+        def run_tier(c, kr, label):
+            ds = [d for d in p.demands if d.klass == c and d.running_jobs and not (isinstance(kr[d.key], int) and kr[d.key] == 0)]
+            if ds:
+                out.append(_Tier(f"{label} running {_cls(c)} jobs kept", _wsum([(d.job_size, kr[d.key]) for d in ds]), "max",
+                                 sum(d.job_size * min(d.running_jobs, len(d.jobs)) for d in ds)))
+
+        def work_tier(c, var, label):
+            ds = [d for d in p.demands if d.klass == c and not (isinstance(var[d.key], int) and var[d.key] == 0)]
+            if ds:
+                out.append(_Tier(f"{label} {_cls(c)} work", _wsum([(d.weight, var[d.key]) for d in ds]), "max",
+                                 sum(d.weight * len(d.jobs) for d in ds)))
+
+        # 2. Inside guarantees, by class: what runs first (no same-class preemption), then all.
+        if p.placement.preemption == "Never":
+            for c in classes:
+                run_tier(c, self.krg, "guaranteed")
+            for c in classes:
+                work_tier(c, self.g, "guaranteed")
         else:
-            for d in members:
-                placed[d.key] = m.new_int_var(0, len(d.jobs), f"placed[{d.key}]")
-            m.add(sum(v for _, v in pairs) == sum(placed[d.key] for d in members))
+            for c in classes:
+                run_tier(c, self.krg, "guaranteed")
+                work_tier(c, self.g, "guaranteed")
+        # 3. Borrowed capacity: weighted dominant-resource fair share first, then by class.
+        fair = self._fair_share()
+        if fair is not None:
+            out.append(fair)
+        for c in classes:
+            run_tier(c, self.krb, "borrowed")
+            work_tier(c, self.b, "borrowed")
+        # 4. Victims: among equally good answers, evict the jobs with the least time left.
+        ev = []
+        for d in p.demands:
+            if d.running_jobs:
+                rem = [p.job_remaining.get(j, d.hours) for j, _ in d.running]
+                per_job = max(1, round(10 * d.job_size * (sum(rem) / len(rem))))
+                ev.append((per_job, d.running_jobs - self.krj[d.key] if not d.gang else 1 - self.placed[d.key]))
+        if ev:
+            out.append(_Tier("victims' remaining time", _wsum([(w, e) for w, e in ev]), "min", 0))
+        return out
 
-    # Tenant quotas: exact, on requested resources.
-    for tenant, caps in problem.tenant_caps.items():
-        mine = [d for d in demands if d.tenant == tenant]
-        for dim, limit in caps.items():
-            terms = [round(d.req(dim) * SCALE[dim]) * d.replicas * placed[d.key] for d in mine if d.req(dim)]
-            if terms:
-                m.add(sum(terms) <= math.floor(limit * SCALE[dim] + 1e-6))
+    def _fair_share(self) -> _Tier | None:
+        p, m = self.p, self.m
+        borrowers = []
+        for t, r in p.tenants.items():
+            mine = [d for d in p.demands if d.tenant == t and not isinstance(self.b[d.key], int)]
+            if not mine:
+                continue
+            dim = r.dominant
+            cap = p.fleet_capacity.get(dim) or 0
+            if cap <= 0:
+                continue
+            beta = [(round(d.req(dim) * scale(dim)) * d.replicas, self.b[d.key]) for d in mine if d.req(dim)]
+            if not beta:
+                continue
+            most = sum(round(d.req(dim) * scale(dim)) * d.replicas * len(d.jobs) for d in mine)
+            room = r.cap.get(dim, math.inf) - r.guarantee.get(dim, 0.0)
+            most = min(most, room * scale(dim)) if math.isfinite(room) else most
+            borrowers.append((t, r, beta, cap * scale(dim), most))
+        if len(borrowers) < 2:
+            return None
+        top = max(1000.0 / max(r.weight, 1e-3) for _, r, *_ in borrowers)
+        step = max(1, math.ceil(top / SEGMENTS))
+        terms, bound = [], 0
+        for t, r, beta, denom, most in borrowers:
+            s = m.new_int_var(0, 1000, f"share[{t}]")
+            m.add(round(denom) * s <= 1000 * _wsum(beta))
+            w = max(1, round(r.weight * 100))
+            segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
+            m.add(w * sum(segs) <= 100 * s)
+            terms += [(SEGMENTS - k, v) for k, v in enumerate(segs)]
+            x_max = min(1000.0, 1000.0 * most / denom) / max(r.weight, 1e-3)
+            left = x_max
+            for k in range(SEGMENTS):
+                take = max(0.0, min(step, left))
+                bound += (SEGMENTS - k) * take
+                left -= take
+        return _Tier("fair share of borrowed capacity", _wsum(terms), "max", math.floor(bound))
 
-    # Pools: min/max instances.
-    for pool, (lo, hi) in problem.pool_bounds.items():
-        vs = [use[u.key] for u in units if u.cap.pool == pool]
-        if vs:
-            m.add(sum(vs) >= lo)
-            m.add(sum(vs) <= hi)
-        elif lo > 0:
-            m.add(0 >= 1)  # nothing can be bought for this pool, yet it needs lo instances
+    def cost(self):
+        """$/h of instances, egress, latency and spot preference, plus amortised moves, in milli-dollars."""
+        p = self.p
+        terms = [(round(c.price * MILLI), self.use[c.key]) for c in p.capacities]
+        for (gk, ck), v in self.x.items():
+            e = p.cost_coef(self.demands[p.groups[gk][0]], self.caps[ck])
+            if e:
+                terms.append((round(e * MILLI), v))
+        for (dk, hk), v in self.stay.items():
+            e = p.cost_coef(self.demands[dk], self.caps[hk])
+            if e:
+                terms.append((round(e * MILLI), v))
+        pol = p.placement
+        for dk, mv in self.moved.items():
+            d = self.demands[dk]
+            per_item = pol.move_cost_per_gpu * (d.gpus or 0) if (d.gpus or d.mig) else pol.move_cost_per_replica
+            if d.mig:
+                per_item = pol.move_cost_per_gpu * d.size / 7
+            w = max(1, round(per_item / pol.payback_hours * MILLI))
+            terms.append((w, mv))
+        created = [(1, self.use[c.key]) for c in p.capacities if not c.existing]
+        return _wsum(terms) + _wsum(created)
 
-    # Spot policy: spot share of the fleet's GPUs (vCPUs for a CPU-only fleet) and type diversity.
-    sp = problem.spot
-    dim = "gpus" if any(u.cap.gpus for u in units) else "cpu"
-    spot_units = [u for u in units if u.cap.market == "spot"]
-    if spot_units and sp.max_spot_fraction < 1:
-        frac = round(sp.max_spot_fraction * 1000)
-        total = sum(round(u.cap.cap(dim)) * use[u.key] for u in units)
-        spot_total = sum(round(u.cap.cap(dim)) * use[u.key] for u in spot_units)
-        m.add(1000 * spot_total <= frac * total)
-    if spot_units and sp.min_instance_types > 1:
-        any_spot = m.new_bool_var("any_spot")
-        for u in spot_units:
-            m.add(use[u.key] <= u.count * any_spot)
-        types = sorted({u.cap.instance_type for u in spot_units})
-        used_type = {t: m.new_bool_var(f"spot_type[{t}]") for t in types}
-        for t in types:
-            m.add(used_type[t] <= sum(use[u.key] for u in spot_units if u.cap.instance_type == t))
-        m.add(sum(used_type.values()) >= sp.min_instance_types * any_spot)
+    def instance_cost(self):
+        return _wsum([(round(c.price * MILLI), self.use[c.key]) for c in self.p.capacities])
 
-    cost = sum(round(u.cap.price * MILLI) * use[u.key] for u in units)
-    unit_by_key = {u.key: u for u in units}
-    egress_terms = []
-    for (gk, uk), v in x.items():
-        e = problem.egress.get((groups[gk][0].key, unit_by_key[uk].cap.key))
-        if e:
-            egress_terms.append(round(e * MILLI) * v)
-    total_cost = cost + sum(egress_terms)
-    if problem.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
-        m.add(sum(math.ceil(u.cap.price * MILLI) * use[u.key] for u in units) <= math.floor(problem.budget * MILLI))
+    def work(self):
+        return _wsum([(d.weight, self.placed[d.key]) for d in self.p.demands])
 
-    work = sum(d.weight * d.replicas * placed[d.key] for d in demands)
+    # -- hints
 
-    # Stage 1: most priority-weighted work, warm-started from greedy best-fit (which
-    # itself keeps running replicas where they are), so CP-SAT never does worse.
+    def hint_from(self, a: Assignment) -> None:
+        """Hint the primary variables with an assignment (the rest is completed by a solve)."""
+        m = self.m
+        m.clear_hints()
+        for ck, v in self.use.items():
+            if not isinstance(v, int):
+                m.add_hint(v, a.use.get(ck, 0))
+        for (dk, hk), v in self.stay.items():
+            if not isinstance(v, int):
+                m.add_hint(v, a.stay.get((dk, hk), 0))
+        per_group: dict[tuple[str, str], int] = {}
+        for (dk, ck), n in a.x.items():
+            if dk in self.group_of:
+                k = (self.group_of[dk], ck)
+                per_group[k] = per_group.get(k, 0) + n
+        for k, v in self.x.items():
+            m.add_hint(v, per_group.get(k, 0))
+        for dk, v in self.placed.items():
+            if not isinstance(v, int):
+                m.add_hint(v, a.placed.get(dk, 0))
+
+    def set_full_hint(self, values: list[int]) -> None:
+        h = self.m.proto.solution_hint
+        h.vars.clear()
+        h.values.clear()
+        h.vars.extend(range(len(values)))
+        h.values.extend(values)
+
+
+def _wsum(terms):
+    """A weighted sum of (coefficient, variable or int) pairs, fast."""
+    vs, cs, const = [], [], 0
+    for c, v in terms:
+        if isinstance(v, int):
+            const += c * v
+        elif c:
+            vs.append(v)
+            cs.append(c)
+    expr = cp_model.LinearExpr.weighted_sum(vs, cs) if vs else 0
+    return expr + const if const else expr
+
+
+def _cls(c: int) -> str:
+    return ("low", "normal", "high", "critical")[c]
+
+
+# ---------------------------------------------------------------- solving
+
+
+def _value(values: list[int], expr) -> int:
+    """Evaluate a linear expression against a full solution vector."""
+    if isinstance(expr, int):
+        return expr
+    vars_, coeffs, const = _flatten(expr)
+    return sum(c * values[i] for i, c in zip(vars_, coeffs)) + const
+
+
+def _flatten(expr):
+    """(variable indices, coefficients, constant) of a linear expression."""
+    from ortools.sat.python import cp_model_helper as cmh
+
+    if isinstance(expr, int):
+        return [], [], expr
+    flat = cmh.FlatIntExpr(expr)
+    return [v.index for v in flat.vars], list(flat.coeffs), flat.offset
+
+
+GAP_LIMIT = 0.02  # stop once the cost is within 2% of the LP relaxation's bound
+
+
+def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None, seed: int = 0,
+          with_lp_bound: bool = False, gap_limit: float = GAP_LIMIT) -> Solution:
+    """Solve within time_limit seconds; the cost stage stops early once within gap_limit of the
+    LP bound. with_lp_bound: also report the LP relaxation's least instance cost at the same
+    tiers (the benchmark's yardstick)."""
+    t0 = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def lap(name: str, since: list[float] = [t0]) -> None:  # noqa: B006 - a per-call clock
+        now = time.monotonic()
+        phases[name] = phases.get(name, 0.0) + now - since[0]
+        since[0] = now
+
     g = greedy(problem)
+    lap("greedy")
     if time_limit <= 0:  # --time-limit 0: greedy best-fit only
-        return _from_greedy(g, units, problem, None, t0)
-    for uk, v in use.items():
-        m.add_hint(v, g.use.get(uk, 0))
-    gx = _by_group(g.x, groups)
-    for key, v in x.items():  # a complete hint: CP-SAT ignores most of a partial one at this size
-        m.add_hint(v, gx.get(key, 0))
-    for dk, v in placed.items():
-        m.add_hint(v, g.placed.get(dk, 0))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit / 2)
-    # Presolve costs more than it saves on this model: at 1k jobs it took the whole stage-1
-    # budget, while without it the warm-start hint is a solution in under a second
-    # (bench/README.md). Slots are already ordered, so symmetry detection is not needed either.
-    solver.parameters.cp_model_presolve = False
-    solver.parameters.symmetry_level = 0
-    m.maximize(work)
-    st1 = solver.solve(m)
-    if st1 == cp_model.INFEASIBLE:
-        raise SolverError(
-            "the fleet's hard rules contradict each other even with no job placed: check pool min_instances "
-            "against max_hourly_budget, max_spot_fraction and pools that can buy nothing"
-        )
-    if st1 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return _from_greedy(g, units, problem, solver, t0)
-    best_work = round(solver.objective_value)
-    stage1_optimal = st1 == cp_model.OPTIMAL
+        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
+    model = _Model(problem)
+    m = model.m
+    tiers = model.tiers()
+    cost = model.cost()
+    lap("model")
+    deadline = t0 + time_limit
+    n_workers = workers or max(1, min(8, os.cpu_count() or 1))
 
-    # Stage 2: cheapest, then least churn, among answers placing that much work.
-    kept_terms = []
-    for (gk, uk), n in _by_group(problem.running, groups).items():
-        if (gk, uk) in x:
-            k = m.new_int_var(0, n, f"kept[{gk},{uk}]")
-            m.add(k <= x[(gk, uk)])
-            kept_terms.append(k)
-    running_total = sum(problem.running.values())
-    created = sum(use[u.key] for u in units if not u.cap.existing)
-    churn_max = running_total + sum(u.count for u in units if not u.cap.existing) + 1
-    m.add(work >= best_work)
+    def solver_for(seconds: float, presolve: bool = False, **params) -> cp_model.CpSolver:
+        s = cp_model.CpSolver()
+        s.parameters.num_workers = n_workers
+        s.parameters.random_seed = seed
+        s.parameters.max_time_in_seconds = max(0.05, seconds)
+        # Presolve costs more than it saves on these models (0.7 s of a 1k-job cost stage) and
+        # a complete hint is a solution at once without it.
+        s.parameters.cp_model_presolve = presolve
+        s.parameters.symmetry_level = 0
+        for k, v in params.items():
+            setattr(s.parameters, k, v)
+        return s
+
+    # Warm start: greedy's answer, completed into a full solution of this model.
+    model.hint_from(g)
+    s = solver_for(min(2.0, max(0.2, time_limit * 0.1)), fix_variables_to_their_hinted_value=True)
+    st = s.solve(m)
+    best = list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     m.clear_hints()
-    if g.work >= best_work:
-        # Greedy already places that much work and, unlike stage 1's answer, it chose
-        # cheap capacity and kept what runs: a far better start for the cost stage.
-        hint_use, hint_x, hint_placed = g.use, _by_group(g.x, groups), g.placed
-    else:
-        hint_use = {k: solver.value(v) for k, v in use.items()}
-        hint_x = {k: solver.value(v) for k, v in x.items()}
-        hint_placed = {k: solver.value(v) for k, v in placed.items()}
-    for k, v in use.items():
-        m.add_hint(v, hint_use.get(k, 0))
-    for k, v in x.items():
-        m.add_hint(v, hint_x.get(k, 0))
-    for k, v in placed.items():
-        m.add_hint(v, hint_placed.get(k, 0))
-    m.minimize(total_cost * churn_max + (running_total - sum(kept_terms)) + created)
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.monotonic() - t0))
-    st2 = solver.solve(m)
-    if st2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        value = solver.value
-        obj, bound = solver.objective_value, solver.best_objective_bound
-        gap = 0.0 if st2 == cp_model.OPTIMAL or obj <= 0 else max(0.0, (obj - bound) / obj)
-    else:  # no time left to improve on the hint: it is a valid answer, with an unknown cost gap
-        hints = {**{use[k].index: n for k, n in hint_use.items() if k in use}, **{x[k].index: n for k, n in hint_x.items() if k in x},
-                 **{placed[k].index: n for k, n in hint_placed.items() if k in placed}}
-        value = lambda v: hints.get(v.index, 0)  # noqa: E731
-        gap = 1.0
+    lap("warm start")
 
-    placed_val = {d.key: value(placed[d.key]) for d in demands}
-    x_val = _split({k: value(v) for k, v in x.items() if value(v) > 0}, groups, placed_val, problem.running)
-    cost_val = sum(round(u.cap.price * MILLI) * value(use[u.key]) for u in units)
+    from reconciler.lp import LpMirror
+
+    lp = LpMirror(m)
+    lap("lp")
+
+    def hold(expr, value: int, sense: str) -> None:
+        vs, cs, off = _flatten(expr)
+        if sense == "max":
+            m.add(expr >= value)
+            lp.add(vs, cs, off, value, 2**62)
+        else:
+            m.add(expr <= value)
+            lp.add(vs, cs, off, -(2**62), value)
+
+    reports: list[TierReport] = []
+    stage1_end = t0 + time_limit * 0.5
+    for i, tier in enumerate(tiers):
+        ts = time.monotonic()
+        vs, cs, off = _flatten(tier.expr)
+        res = lp.optimum(vs, cs, off, maximize=tier.sense == "max")
+        bound = tier.bound
+        if res is not None:
+            bound = min(bound, math.floor(res[0] + 1e-6)) if tier.sense == "max" else max(bound, math.ceil(res[0] - 1e-6))
+        if best is not None:
+            hv = _value(best, tier.expr)
+            if (hv >= bound) if tier.sense == "max" else (hv <= bound):
+                hold(tier.expr, hv, tier.sense)
+                reports.append(TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts))
+                continue
+            model.set_full_hint(best)
+        m.maximize(tier.expr) if tier.sense == "max" else m.minimize(tier.expr)
+        s = solver_for(max(0.1, (stage1_end - time.monotonic()) / max(1, len(tiers) - i)))
+        st = s.solve(m)
+        m.clear_hints()
+        if st == cp_model.INFEASIBLE:
+            raise SolverError(
+                "the fleet's hard rules contradict each other even with no job placed: check pool min_instances "
+                "against max_hourly_budget, tenant budgets, max_spot_fraction, the on-demand buffer and pools that can buy nothing"
+            )
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            best = list(s.response_proto.solution)
+            val = round(s.objective_value)
+            hold(tier.expr, val, tier.sense)
+            reports.append(TierReport(tier.name, tier.sense, val, max(bound, s.best_objective_bound) if tier.sense == "min" else min(bound, s.best_objective_bound),
+                                      s.status_name(st), time.monotonic() - ts))
+        elif best is not None:
+            hv = _value(best, tier.expr)
+            hold(tier.expr, hv, tier.sense)
+            reports.append(TierReport(tier.name, tier.sense, hv, bound, "UNKNOWN", time.monotonic() - ts))
+        else:
+            reports.append(TierReport(tier.name, tier.sense, 0, bound, "UNKNOWN", time.monotonic() - ts))
+    if cost_hint is not None and any(
+        (_value(cost_hint, t.expr) < r.value) if t.sense == "max" else (_value(cost_hint, t.expr) > r.value) for t, r in zip(tiers, reports)
+    ):
+        cost_hint = None
+    hint = cost_hint if cost_hint is not None else best
+    lap("tiers")
+
+    # Cost, with every tier held: the LP bound, then a search restricted to what the LP uses
+    # (RINS: variables at 0 in both the LP and the hint stay 0), then the whole model.
+    cvs, ccs, coff = _flatten(cost)
+    res = lp.optimum(cvs, ccs, coff, maximize=False)
+    lb = res[0] if res is not None else None
+    if lb is not None and not isinstance(cost, int):
+        m.add(cost >= math.ceil(lb - 1e-6))  # a valid cut: CP-SAT's own bound starts there
+    lap("lp")
+    status, value = "UNKNOWN", None
+    if hint is not None and res is not None:
+        sub = m.clone()
+        lpv = res[1]
+        for v in list(model.x.values()) + [u for u in model.use.values() if not isinstance(u, int)]:
+            i = v.index
+            if lpv[i] < 1e-6 and hint[i] == 0:
+                dom = sub.proto.variables[i].domain
+                dom[0], dom[1] = 0, 0
+        sub.minimize(cost)
+        sub.proto.solution_hint.vars.extend(range(len(hint)))
+        sub.proto.solution_hint.values.extend(hint)
+        s = solver_for(max(0.1, min(deadline - time.monotonic(), 1.0, max(0.3, time_limit * 0.05))), presolve=True)
+        st = s.solve(sub)
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            hint, value, status = list(s.response_proto.solution), s.objective_value, "FEASIBLE"
+        lap("cost: lp-guided")
+    if value is None and hint is not None:
+        value = _value(hint, cost)
+    if hint is not None and not isinstance(cost, int) and (lb is None or value is None or (value - lb) > gap_limit * max(value, 1)) \
+            and deadline - time.monotonic() > 0.1:
+        m.minimize(cost)
+        model.set_full_hint(hint)
+        s = solver_for(deadline - time.monotonic(), relative_gap_limit=gap_limit)
+        st = s.solve(m)
+        m.clear_hints()
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value <= (value if value is not None else math.inf):
+            hint, value = list(s.response_proto.solution), s.objective_value
+            lb = max(lb or 0.0, s.best_objective_bound)
+            # CP-SAT says OPTIMAL once within relative_gap_limit: optimal means no gap at all.
+            status = "OPTIMAL" if value - lb < 0.5 else "FEASIBLE"
+        elif st == cp_model.INFEASIBLE:
+            raise SolverError("internal: the cost stage is infeasible although every tier was reached")
+        lap("cost: full model")
+    if hint is None:
+        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="CP-SAT found no solution in the time limit: greedy best-fit")
+    gap = 0.0 if status == "OPTIMAL" else (max(0.0, (value - lb) / value) if lb is not None and value else 1.0)
+    optimal = gap <= 1e-9 and all(r.status in ("HELD", "OPTIMAL") for r in reports)
+    sol = _extract(problem, model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, t0)
+    if with_lp_bound:
+        ivs, ics, ioff = _flatten(model.instance_cost())
+        r = lp.optimum(ivs, ics, ioff, maximize=False)
+        sol = replace(sol, lp_bound=None if r is None else r[0] / MILLI)
+    lap("extract")
+    return replace(sol, phases={k: round(v, 3) for k, v in phases.items()})
+
+
+def _extract(problem: Problem, model: _Model, values: list[int], tiers: list[TierReport], status: str, optimal: bool,
+             gap: float, t0: float) -> Solution:
+    val = lambda v: v if isinstance(v, int) else values[v.index]  # noqa: E731
+    placed = {dk: val(v) for dk, v in model.placed.items()}
+    stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
+    xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
+    x = _split(problem, xg, placed, stay)
+    keep = frozenset(c.instance_id for c in model.hosts if val(model.use[c.key]))
+    new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
+    guaranteed = {dk: val(v) for dk, v in model.g.items()}
+    hosts = len(model.hosts)
+    frozen = sum(1 for h in model.hosts if h.frozen)
     return Solution(
-        status="OPTIMAL" if (st2 == cp_model.OPTIMAL and stage1_optimal) else "FEASIBLE",
-        optimal=st2 == cp_model.OPTIMAL and stage1_optimal,
-        gap=gap, seconds=time.monotonic() - t0,
-        keep=frozenset(u.cap.instance_id for u in units if u.cap.existing and value(use[u.key])),
-        new_units={u.key: value(use[u.key]) for u in units if not u.cap.existing and value(use[u.key]) > 0},
-        x=x_val, placed=placed_val,
-        units=unit_by_key, work=best_work, cost_milli=cost_val,
+        status=status, optimal=optimal, gap=gap, seconds=time.monotonic() - t0, keep=keep, new=new, stay=stay, x=x,
+        placed=placed, guaranteed=guaranteed, tiers=tuple(tiers),
+        work=sum(d.weight * placed[d.key] for d in problem.demands),
+        cost_milli=sum(round(c.price * MILLI) * (1 if c.instance_id in keep else 0) for c in model.hosts)
+        + sum(round(model.caps[k].price * MILLI) * n for k, n in new.items()),
+        capacities=model.caps, scope=(hosts - frozen, frozen), variables=len(model.m.proto.variables),
+        constraints=len(model.m.proto.constraints),
     )
 
 
+def _split(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Share each group's new items per capacity among its demands: each demand gets what it
+    placed minus what stays."""
+    need = {}
+    for d in problem.demands:
+        staying = sum(n for (dk, _), n in stay.items() if dk == d.key)
+        need[d.key] = placed.get(d.key, 0) * d.replicas - staying
+    out: dict[tuple[str, str], int] = {}
+    cells_of: dict[str, list[tuple[str, int]]] = {}
+    for (gk, ck), n in sorted(xg.items()):
+        cells_of.setdefault(gk, []).append((ck, n))
+    for gk, members in problem.groups.items():
+        for ck, n in cells_of.get(gk, []):
+            for dk in members:
+                take = min(need[dk], n)
+                if take > 0:
+                    out[(dk, ck)] = out.get((dk, ck), 0) + take
+                    need[dk] -= take
+                    n -= take
+    return out
 
-def _from_greedy(g: Greedy, units: list[Unit], problem: Problem, solver: cp_model.CpSolver | None, t0: float) -> Solution:
-    """CP-SAT found nothing in time (or had no time): answer with greedy best-fit, and say so."""
-    bound = solver.best_objective_bound if solver is not None else None
-    gap = max(0.0, (bound - g.work) / bound) if bound and bound > 0 and math.isfinite(bound) else 1.0
-    by_key = {u.key: u for u in units}
+
+def _from_assignment(problem: Problem, a: Assignment, status: str, t0: float, note: str = "") -> Solution:
+    caps = {c.key: c for c in problem.capacities}
+    keep = frozenset(c.instance_id for c in problem.capacities if c.existing and a.use.get(c.key, 0))
+    new = {k: n for k, n in a.use.items() if n and not caps[k].existing}
     return Solution(
-        status="GREEDY_FALLBACK", optimal=False, gap=gap, seconds=time.monotonic() - t0,
-        keep=frozenset(by_key[k].cap.instance_id for k, n in g.use.items() if n and by_key[k].cap.existing),
-        new_units={k: n for k, n in g.use.items() if n and not by_key[k].cap.existing},
-        x={k: n for k, n in g.x.items() if n}, placed=dict(g.placed), units=by_key, work=g.work,
-        cost_milli=round(g.cost * MILLI),
+        status=status, optimal=False, gap=1.0, seconds=time.monotonic() - t0, keep=keep, new=new,
+        stay={k: n for k, n in a.stay.items() if n}, x={k: n for k, n in a.x.items() if n}, placed=dict(a.placed),
+        guaranteed={}, work=sum(d.weight * a.placed.get(d.key, 0) for d in problem.demands),
+        cost_milli=round(a.cost * MILLI), capacities=caps,
+        scope=(sum(1 for c in problem.capacities if c.existing and not c.frozen), sum(1 for c in problem.capacities if c.frozen)),
+        note=note,
     )
 
 
-def _shape_groups(demands: tuple[Demand, ...]) -> dict[str, list[Demand]]:
-    """Demands interchangeable for capacity: same resources and placement rules.
-    Gangs stay alone (each picks its own zone)."""
-    out: dict[tuple, list[Demand]] = {}
-    for d in demands:
-        key = ("gang", d.key) if d.gang else (d.gpus, d.gpu_type, d.cpu, d.memory_gib, d.spot, d.pools, d.regions,
-                                             d.data_location, d.data_gib, d.hours)
-        out.setdefault(key, []).append(d)
-    return {f"s{i}": members for i, members in enumerate(out.values())}
-
-
-def _by_group(per_demand: dict[tuple[str, str], int], groups: dict[str, list[Demand]]) -> dict[tuple[str, str], int]:
-    of = {d.key: gk for gk, members in groups.items() for d in members}
-    out: dict[tuple[str, str], int] = {}
-    for (dk, uk), n in per_demand.items():
-        out[(of[dk], uk)] = out.get((of[dk], uk), 0) + n
-    return out
-
-
-def _split(xg: dict[tuple[str, str], int], groups: dict[str, list[Demand]], placed: dict[str, int],
-           running: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    """Share each shape's replicas per unit among its demands: replicas go back where their
-    demand runs now first, so the plan's moves are the ones the solver counted."""
-    out: dict[tuple[str, str], int] = {}
-    for gk, members in groups.items():
-        left = {d.key: placed.get(d.key, 0) * d.replicas for d in members}
-        cells = [(uk, n) for (g, uk), n in xg.items() if g == gk]
-        room = dict(cells)
-        for uk, _ in cells:  # pass 1: running replicas stay
-            for d in members:
-                take = min(running.get((d.key, uk), 0), left[d.key], room[uk])
-                if take:
-                    out[(d.key, uk)] = out.get((d.key, uk), 0) + take
-                    left[d.key] -= take
-                    room[uk] -= take
-        for uk, _ in cells:  # pass 2: the rest, in demand order
-            for d in members:
-                take = min(left[d.key], room[uk])
-                if take:
-                    out[(d.key, uk)] = out.get((d.key, uk), 0) + take
-                    left[d.key] -= take
-                    room[uk] -= take
-    return out
+__all__ = ["Solution", "TierReport", "solve", "scale", "MILLI", "DIMS", "rules_allow"]

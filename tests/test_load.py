@@ -172,5 +172,5 @@ def test_schema_covers_every_kind():
     assert res.exit_code == 0
     import json
     schemas = json.loads(res.output)
-    assert set(schemas) == {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "Topology"}
+    assert set(schemas) == {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy", "Topology"}
     assert "resources" in json.dumps(schemas["Job"])

@@ -1,0 +1,149 @@
+"""Pack items onto concrete instances and give every replica its GPU indices.
+
+Pure. The solver decides counts (so many items of a demand on an offer's new
+instances, so many on a host); this decides which instance and which GPUs:
+first-fit decreasing by dominant share, each multi-GPU replica in one aligned
+block of GPUs inside one NVLink domain when it fits in one (always, when the job
+asks for nvlink). Offers are aggregate in the model, so fragmentation can leave an
+item without room in the bought instances: the packer then opens one more
+instance of the offer (a "repair", counted in the plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.problem import DIMS, Capacity, Demand
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass
+class Bin:
+    """One instance being filled: free resources and which GPUs are taken."""
+
+    cap: Capacity
+    ref: str  # instance id, or the plan's create ref
+    free: dict[str, float]
+    gpus_used: list[bool]
+    items: list[tuple[str, str, int]] = field(default_factory=list)  # (demand key, job, replica index)
+    group: str | None = None  # the placement group the instance launches into (one per instance)
+    gpu_of: dict = field(default_factory=dict)  # (job, replica) -> GPU index tuples
+
+    @classmethod
+    def empty(cls, cap: Capacity, ref: str) -> "Bin":
+        dims = list(DIMS) + [f"mig:{p}" for p in set(cap.mig or ())]
+        return cls(cap, ref, {k: cap.cap(k) for k in dims}, [False] * (0 if cap.mig else cap.gpus))
+
+    def fits(self, d: Demand) -> bool:
+        return all(self.free.get(k, 0.0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0)
+
+    def take_resources(self, d: Demand) -> None:
+        for k in d.dims:
+            self.free[k] = self.free.get(k, 0.0) - d.req(k)
+
+    # -- GPUs
+
+    def _block(self, size: int, nvlink_only: bool) -> list[int] | None:
+        """The aligned free block of `size` GPUs (rounded up to a power of two) inside one
+        NVLink domain that leaves the most room elsewhere; None if there is none."""
+        n = len(self.gpus_used)
+        dom = max(1, min(self.cap.nvlink_domain, n))
+        block = _pow2(size)
+        if block <= dom and dom % block == 0:
+            best, best_score = None, None
+            for start in range(0, n - block + 1, block):
+                if any(self.gpus_used[start:start + block]):
+                    continue
+                # Prefer the block whose surrounding (next larger aligned block) is most used.
+                outer = min(dom, block * 2)
+                o = (start // outer) * outer
+                score = sum(self.gpus_used[o:o + outer])
+                if best_score is None or score > best_score:
+                    best, best_score = start, score
+            if best is not None:
+                return list(range(best, best + size))
+        if nvlink_only:
+            # Unaligned but inside one domain.
+            for d0 in range(0, n, dom):
+                free = [i for i in range(d0, min(n, d0 + dom)) if not self.gpus_used[i]]
+                if len(free) >= size:
+                    return free[:size]
+            return None
+        free = [i for i in range(n) if not self.gpus_used[i]]
+        return free[:size] if len(free) >= size else None
+
+    def gpus_for(self, d: Demand) -> list[tuple[int, ...]] | None:
+        """GPU indices per replica of one item (a bundle has several replicas), or None."""
+        if not d.gpus or not self.gpus_used:
+            return [()] * d.bundle
+        per = d.gpus // d.bundle
+        got, taken = [], []
+        for _ in range(d.bundle):
+            idx = self._block(per, d.nvlink)
+            if idx is None:
+                for i in taken:
+                    self.gpus_used[i] = False
+                return None
+            for i in idx:
+                self.gpus_used[i] = True
+            taken += idx
+            got.append(tuple(idx))
+        return got
+
+    def place(self, d: Demand, job: str, replica: int, group: str | None = None) -> list[tuple[int, ...]] | None:
+        if not self.fits(d) or (group is not None and self.group not in (None, group)):
+            return None
+        idx = self.gpus_for(d)
+        if idx is None:
+            return None
+        self.take_resources(d)
+        self.items.append((d.key, job, replica))
+        if group is not None:
+            self.group = group
+        self.gpu_of[(job, replica)] = idx
+        return idx
+
+    def remove(self, d: Demand, job: str) -> None:
+        """Take every item of `job` off this instance again (its gang could not be placed whole)."""
+        for it in [it for it in self.items if it[1] == job]:
+            self.items.remove(it)
+            for k in d.dims:
+                self.free[k] = self.free.get(k, 0.0) + d.req(k)
+            for t in self.gpu_of.pop((job, it[2]), []):
+                for i in t:
+                    self.gpus_used[i] = False
+
+    def reserve(self, d: Demand, gpus: list[tuple[int, ...]]) -> None:
+        """A resident that stays: its resources and its GPUs are taken as they are."""
+        self.take_resources(d)
+        for t in gpus:
+            for i in t:
+                if 0 <= i < len(self.gpus_used):
+                    self.gpus_used[i] = True
+
+
+def dominant(d: Demand, c: Capacity) -> float:
+    return max((d.req(k) / c.cap(k) for k in d.dims if c.cap(k) > 0), default=0.0)
+
+
+def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]], more=None) -> list[tuple[Demand, str, int, str | None]]:
+    """First-fit decreasing (GPUs per replica, then dominant share) of items onto bins; when an
+    item fits none, more() may return one more empty bin (None: no more). Returns what is left."""
+    cap = bins[0].cap if bins else None
+    order = sorted(items, key=lambda it: (-(it[0].gpus // max(1, it[0].bundle)), -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
+    left = []
+    for d, job, rep, group in order:
+        if any(b.place(d, job, rep, group) is not None for b in bins):
+            continue
+        b = more() if more is not None else None
+        if b is None or b.place(d, job, rep, group) is None:
+            left.append((d, job, rep, group))
+            continue
+        bins.append(b)
+    return left
