@@ -43,7 +43,7 @@ LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
 LABEL_POOL = "fleetops-pool"
 LABEL_CREATE_KEY = "fleetops-create-key"
-LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING")
+LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # REPAIRING: back to RUNNING after a host failure
 STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "REPAIRING": "running",
           "STOPPING": "stopping", "SUSPENDING": "stopping", "SUSPENDED": "stopping", "TERMINATED": "terminated"}
 # Operation error codes (and HTTP error texts) that mean "no capacity here now": the zone is marked short.

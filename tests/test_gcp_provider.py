@@ -190,6 +190,13 @@ def test_observe_paginates_and_filters_server_side(prov, gce):
     assert "pageToken" not in lists[0][2] and all("pageToken" in q for _, _, q in lists[1:])
 
 
+def test_an_instance_under_repair_is_still_observed_as_running(prov, gce):
+    """A host failure puts an instance in REPAIRING; hiding it would make the planner replace a VM that comes back."""
+    gce.plant(PROJECT, ZONE_A, "mine-repairing", labels={LABEL_FLEET: "gcp-test_fleet", "fleetops-pool": "l4"},
+              status="REPAIRING")
+    assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-repairing", "running")]
+
+
 def test_the_observe_filter_selects_exactly_this_fleets_live_instances(prov, gce):
     prov.observe([target()])
     flt = gce.requests("GET", "/aggregated/instances")[0][2]["filter"][0]
