@@ -14,8 +14,11 @@ Creates are idempotent twice over: the instance name is derived from the plan's
 key (a second insert of that name is a 409, and an existing instance carrying our
 fleet label and the key's label is returned as is), and the insert's requestId is
 a UUID derived from the key, so GCE itself answers a retried insert with the
-original operation. Every insert and delete waits on its zone operation; the
-operation's errors are what report a stockout or an exhausted quota.
+original operation. When that operation succeeded but its instance is gone (the
+same plan made again after its instances were deleted), the create inserts once
+more under a requestId derived from that operation. Every insert and delete
+waits on its zone operation; the operation's errors are what report a stockout
+or an exhausted quota.
 
 Spot instances use provisioningModel SPOT with instanceTerminationAction DELETE:
 a preempted instance disappears and the next run replaces it. GCE has no bid
@@ -336,38 +339,49 @@ class GcpProvider:
         return resource
 
     def create(self, request: CreateRequest) -> Instance:
-        from google.api_core.exceptions import Conflict
-
         project, zone = self._project(request.pool), request.zone
         name = instance_name(request.key)
-        where = (zone, request.instance_type, request.market)
         what = f"insert {request.market} {request.instance_type} in {zone}"
-        insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=self._resource(request, name),
-                                                    request_id=request_id(self.ctx.fleet, request.key))
+        resource = self._resource(request, name)
+        rid = request_id(self.ctx.fleet, request.key)
+        for _ in range(2):
+            op, d = self._insert(project, zone, name, request, resource, rid, what)
+            if d is not None:
+                return self._to_instance(project, d)
+            # The operation succeeded but its instance is gone. Either GCE answered our requestId with the operation
+            # of an earlier create of this key whose instance was deleted since (the same plan made again: a config
+            # reverted while GCE still remembers the requestId), or a Spot VM was preempted as it started. Insert once
+            # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated.
+            rid = request_id(self.ctx.fleet, f"{request.key}\n{op.id}")
+        if request.market == "spot":  # preempted (and deleted) twice before we could look: no spot capacity there
+            raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
+                                instance_type=request.instance_type, market=request.market)
+        raise ProviderError(f"gcp: {what}: {name} was created but is gone (deleted by someone else?)")
+
+    def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
+        """One insert, waited on: (its operation, the instance it made, or None if that instance is gone)."""
+        from google.api_core.exceptions import Conflict
+
+        insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
         try:
             op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
-                            where=where, passthrough=(Conflict,))
+                            where=(zone, request.instance_type, request.market), passthrough=(Conflict,))
         except Conflict:  # the name is taken: ours from an earlier try, or someone else's
-            return self._adopt(project, zone, name, request)
+            return None, self._adopt(project, zone, name, request)
         op = self._wait(what, project, zone, op)
         errors = self._op_errors(op)
         if errors:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
-                return self._adopt(project, zone, name, request)
+                return op, self._adopt(project, zone, name, request)
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
-        d = self._get(project, zone, name)
-        if d is None:
-            if request.market == "spot":  # preempted (and deleted) before we could look: no spot capacity there
-                raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
-                                    instance_type=request.instance_type, market=request.market)
-            raise ProviderError(f"gcp: {what}: {name} was created but is gone")
-        return self._to_instance(project, d)
+        return op, self._get(project, zone, name)
 
-    def _adopt(self, project: str, zone: str, name: str, request: CreateRequest) -> Instance:
+    def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
+        """The instance holding our name, if it is this fleet's and this key's; never someone else's."""
         d = self._get(project, zone, name)
         if d is None:
             raise TransientProviderError(f"gcp: {name} in {zone} was reported to exist but is gone; retry")
@@ -378,7 +392,7 @@ class GcpProvider:
         if d.labels.get(LABEL_CREATE_KEY) != label_value(request.key):
             raise ProviderError(f"gcp: {name} in {zone} belongs to this fleet but was created with another key "
                                 f"({d.labels.get(LABEL_CREATE_KEY)!r}, not {request.key!r})")
-        return self._to_instance(project, d)
+        return d
 
     def delete(self, instance: Instance) -> None:
         from google.api_core.exceptions import NotFound

@@ -32,7 +32,7 @@ interface, Spot scheduling, GPU machine families needing onHostMaintenance
 TERMINATE, requestId a UUID), so a provider bug shows up as a 400 and not as a
 silently accepted instance.
 
-Test-side fault injection: exhaust(zone), withhold(zone, type), fail_next(status),
+Test-side fault injection: exhaust(zone), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
@@ -288,6 +288,7 @@ class GceFake:
         self.operations: dict[tuple[str, str, str], Operation] = {}
         self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}  # (project, requestId) -> operation key
         self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
+        self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted (and deleted) the moment they start
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
@@ -336,6 +337,11 @@ class GceFake:
     def replenish(self, zone: str) -> None:
         with self.lock:
             self.exhausted.pop(zone, None)
+
+    def reclaim_spot(self, zone: str) -> None:
+        """Spot VMs inserted in `zone` are preempted as they start: the insert succeeds, the instance is gone."""
+        with self.lock:
+            self.reclaiming.add(zone)
 
     def withhold(self, zone: str, machine_type: str) -> None:
         """`machine_type` does not exist in `zone`: inserts are rejected with 400, as GCE does."""
@@ -562,6 +568,8 @@ class GceFake:
                 cur = self.instances_by_key.get(key)
                 if cur is not None and cur["id"] == iid and cur["status"] == "PROVISIONING":
                     cur["status"] = "RUNNING"
+                    if zone in self.reclaiming and cur["scheduling"]["provisioningModel"] == "SPOT":
+                        del self.instances_by_key[key]  # preempted, instanceTerminationAction DELETE
 
             op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running)
         if request_id is not None:

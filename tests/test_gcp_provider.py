@@ -151,6 +151,30 @@ def test_retry_with_the_same_key_yields_one_instance(prov, gce, conflicts):
     assert [i.id for i in prov.observe([target()])] == [first.id]
 
 
+@pytest.mark.parametrize("market", ["on-demand", "spot"])
+def test_a_key_whose_instance_was_deleted_since_creates_a_new_one(prov, gce, market):
+    """The same plan can come back (a config reverted, the fleet as it was): GCE still remembers the key's requestId
+    and answers with the old, finished operation, whose instance is gone. The create must launch a new one."""
+    first = prov.create(req("k-again", market=market))
+    prov.delete(first)
+    again = prov.create(req("k-again", market=market))
+    assert again.id == first.id and again.state == "running" and again.market == market
+    assert [i["status"] for i in gce.instances(PROJECT)] == ["RUNNING"]
+    assert len(gce.insert_bodies) == 2
+    rids = [q["requestId"][0] for _, _, q in gce.requests("POST", f"/zones/{ZONE_A}/instances")]
+    assert rids[0] == rids[1] != rids[2]  # the re-insert has its own requestId ...
+    assert prov.create(req("k-again", market=market)).id == first.id  # ... and a retry of it is still one instance
+    assert len(gce.insert_bodies) == 2 and len(gce.instances(PROJECT)) == 1
+
+
+def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_error(prov, gce):
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted") as e:
+        prov.create(req("k-reclaimed", market="spot", zone=ZONE_B))
+    assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
+    assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
+
+
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, gce):
     mine = prov.create(req("k-mine"))
     gce.plant(PROJECT, ZONE_A, "bare")
@@ -360,6 +384,25 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     api.apply(cfg, provider="gcp", options=opts)
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
+
+
+def test_a_reverted_config_applies_again(gce, tmp_path):
+    """Remove every job, apply, restore them, apply: the fleet is as it was, so the plan (and every create key) is the
+    one of the first apply, and GCE answers its requestIds with operations whose instances were deleted since."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    jobs = {f: f.read_text() for f in (cfg / "jobs").glob("*.yaml")}
+    for f in jobs:
+        f.unlink()
+    api.apply(cfg, provider="gcp", options=opts)
+    assert _ours(gce) == []
+    for f, text in jobs.items():
+        f.write_text(text)
+    again = api.apply(cfg, provider="gcp", options=opts)
+    assert again.plan.id == first.plan.id and again.report.ok
+    assert len(_ours(gce)) == len(first.plan.creates) and all(i["status"] == "RUNNING" for i in _ours(gce))
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
 
 
 def _zone(inst: dict) -> str:
