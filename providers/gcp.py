@@ -20,6 +20,11 @@ more under a requestId derived from that operation. Every insert and delete
 waits on its zone operation; the operation's errors are what report a stockout
 or an exhausted quota.
 
+GPUs: accelerator-optimized machine types (a2, a3, g2) come with theirs; N1 types
+get theirs attached as guestAccelerators, and their instance type names say so:
+`n1-standard-8+1xnvidia-tesla-t4` is machine type n1-standard-8 with one T4
+(split_type). observe reads such a name back from the instance's accelerators.
+
 Spot instances use provisioningModel SPOT with instanceTerminationAction DELETE:
 a preempted instance disappears and the next run replaces it. GCE has no bid
 price for Spot VMs, so request.max_price is enforced by the planner (catalog
@@ -70,6 +75,7 @@ WAIT_CALL_S = 150.0  # zoneOperations.wait returns by itself after at most ~120 
 
 _VALUE_OK = re.compile(r"^[a-z0-9.-]{0,63}$")
 _INSTANCE_ID = re.compile(r"^projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$")
+_ATTACHED = re.compile(r"^(?P<machine>[a-z][-a-z0-9]*)\+(?P<count>[1-9][0-9]?)x(?P<accelerator>[a-z][-a-z0-9]*)$")
 
 
 # ---------------------------------------------------------------- naming
@@ -112,6 +118,21 @@ def instance_name(key: str) -> str:
     if base == key and len(name) <= 63 and not name.endswith("-"):
         return name
     return f"fo-{base[:49]}".rstrip("-") + f"-{_digest(key)}"
+
+
+def split_type(instance_type: str) -> tuple[str, str | None, int]:
+    """`n1-standard-8+1xnvidia-tesla-t4` -> ("n1-standard-8", "nvidia-tesla-t4", 1). N1 GPUs are attached to a VM,
+    not part of its machine type, yet one instance type name must say what the solver gets; any other name is a
+    machine type as it is (accelerator-optimized types, a2/a3/g2, come with their GPUs)."""
+    m = _ATTACHED.fullmatch(instance_type)
+    if m is None:
+        return instance_type, None, 0
+    return m["machine"], m["accelerator"], int(m["count"])
+
+
+def join_type(machine_type: str, accelerator: str | None, count: int) -> str:
+    """The inverse of split_type."""
+    return f"{machine_type}+{count}x{accelerator}" if accelerator and count else machine_type
 
 
 def request_id(fleet: str, key: str) -> str:
@@ -258,9 +279,14 @@ class GcpProvider:
             tags[TAG_FLEET] = self.ctx.fleet  # exact, even where the label had to be hashed
         sched = d.scheduling
         spot = sched.provisioning_model == "SPOT" or bool(sched.preemptible)
+        machine = _last(d.machine_type)
+        itype = machine
+        if not machine.startswith(GPU_FAMILIES) and len(d.guest_accelerators) == 1:  # an N1 with its GPUs attached
+            acc = d.guest_accelerators[0]
+            itype = join_type(machine, _last(acc.accelerator_type), acc.accelerator_count)
         return Instance(
             id=f"projects/{project}/zones/{zone}/instances/{d.name}", provider=self.name, cloud="gcp",
-            region=zone.rsplit("-", 1)[0], zone=zone, instance_type=_last(d.machine_type),
+            region=zone.rsplit("-", 1)[0], zone=zone, instance_type=itype,
             market="spot" if spot else "on-demand", state=STATES.get(d.status, "terminated"),  # type: ignore[arg-type]
             pool=tags.get(TAG_POOL, ""), tags=tags, launched_at=d.creation_timestamp,
         )
@@ -305,14 +331,15 @@ class GcpProvider:
         return list(seen.values())
 
     # -- create / delete -----------------------------------------------------------
-    def _resource(self, request: CreateRequest, name: str):
+    def _resource(self, request: CreateRequest, project: str, name: str):
         c = self.compute
         p, zone, itype = request.pool, request.zone, request.instance_type
+        machine, accelerator, count = split_type(itype)
         s = dict(p.settings)
         tags = {**request.tags, TAG_FLEET: self.ctx.fleet, TAG_POOL: p.name, TAG_CREATE_KEY: request.key}
         labels = {label_key(k): label_value(str(v)) for k, v in tags.items()}
         shape = self.catalog.shape("gcp", itype)
-        gpus = itype.startswith(GPU_FAMILIES) or bool(shape and shape.gpus)
+        gpus = machine.startswith(GPU_FAMILIES) or accelerator is not None or bool(shape and shape.gpus)
         if request.market == "spot":
             scheduling = c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                       on_host_maintenance="TERMINATE", automatic_restart=False)
@@ -329,11 +356,14 @@ class GcpProvider:
         if not network and not subnetwork:
             nic.network = DEFAULT_NETWORK
         resource = c.Instance(
-            name=name, machine_type=f"zones/{zone}/machineTypes/{itype}", labels=labels, scheduling=scheduling,
+            name=name, machine_type=f"zones/{zone}/machineTypes/{machine}", labels=labels, scheduling=scheduling,
             network_interfaces=[nic],
             disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
                 source_image=s.get("image") or DEFAULT_IMAGE, disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
         )
+        if accelerator is not None:
+            resource.guest_accelerators = [c.AcceleratorConfig(
+                accelerator_count=count, accelerator_type=f"projects/{project}/zones/{zone}/acceleratorTypes/{accelerator}")]
         if s.get("service_account"):
             resource.service_accounts = [c.ServiceAccount(email=s["service_account"], scopes=list(SCOPES))]
         return resource
@@ -342,7 +372,7 @@ class GcpProvider:
         project, zone = self._project(request.pool), request.zone
         name = instance_name(request.key)
         what = f"insert {request.market} {request.instance_type} in {zone}"
-        resource = self._resource(request, name)
+        resource = self._resource(request, project, name)
         rid = request_id(self.ctx.fleet, request.key)
         for _ in range(2):
             op, d = self._insert(project, zone, name, request, resource, rid, what)

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, PoolTarget, ProviderContext, ownership_tags
+from providers.catalog import load_catalog
 from providers.gcp import (
-    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, label_key, label_value, request_id, tag_value,
+    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
+    split_type, tag_value,
 )
 from reconciler import api
 from reconciler.cli import app
@@ -134,6 +136,44 @@ def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
     assert spot["disks"][0]["initializeParams"]["sourceImage"] == DEFAULT_IMAGE
     assert spot["networkInterfaces"] == [{"network": "global/networks/default"}]
     assert gpu["labels"] == {"fleetops-fleet": "gcp-test_fleet", "fleetops-pool": "l4", "fleetops-create-key": "k-gpu"}
+
+
+T4, V100 = "n1-standard-8+1xnvidia-tesla-t4", "n1-standard-8+1xnvidia-tesla-v100"
+
+
+def test_n1_types_are_launched_with_their_gpu_attached_and_observed_by_their_catalog_name(prov, gce):
+    pool = target("n1", types=(T4, V100))
+    t4 = prov.create(req("k-t4", pool=pool, itype=T4))
+    v100 = prov.create(req("k-v100", pool=pool, itype=V100, market="spot", zone=ZONE_B))
+    a100 = prov.create(req("k-a100", pool=pool, itype="a2-highgpu-1g"))
+    bodies = {b["name"]: b for _, _, b in gce.insert_bodies}
+    assert bodies["fo-k-t4"]["machineType"] == f"zones/{ZONE_A}/machineTypes/n1-standard-8"
+    assert bodies["fo-k-t4"]["guestAccelerators"] == [
+        {"acceleratorType": f"projects/{PROJECT}/zones/{ZONE_A}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 1}]
+    assert bodies["fo-k-t4"]["scheduling"]["onHostMaintenance"] == "TERMINATE"  # GPUs cannot live-migrate
+    assert bodies["fo-k-v100"]["guestAccelerators"][0]["acceleratorType"].endswith(f"/{ZONE_B}/acceleratorTypes/nvidia-tesla-v100")
+    assert "guestAccelerators" not in bodies["fo-k-a100"]  # an a2's GPUs come with the machine type
+    # GCE reports every instance's GPUs, the a2's built-in one too; the type names still read back exactly.
+    assert stored(gce, "fo-k-a100")["guestAccelerators"][0]["acceleratorType"].endswith("/nvidia-tesla-a100")
+    assert (t4.instance_type, v100.instance_type, v100.market, a100.instance_type) == (T4, V100, "spot", "a2-highgpu-1g")
+    assert {i.id: i.instance_type for i in prov.observe([pool])} == {t4.id: T4, v100.id: V100, a100.id: "a2-highgpu-1g"}
+
+
+def test_n1_gpu_offerings_come_from_the_catalog_with_its_date(prov):
+    offs = {(o.zone, o.instance_type): o for o in prov.offerings([target("n1", types=(T4, V100))])}
+    t4, v100 = offs[(ZONE_A, T4)], offs[(ZONE_B, V100)]
+    assert (t4.gpus, t4.gpu_type, t4.cpu, t4.memory_gib, t4.on_demand_price) == (1, "T4", 8, 30, 0.73)
+    assert (v100.gpus, v100.gpu_type, v100.on_demand_price) == (1, "V100", 2.86)
+    assert 0 < t4.spot_price < t4.on_demand_price and 0 < v100.spot_price < v100.on_demand_price
+
+
+def test_instance_type_names_split_into_machine_type_and_attached_gpus():
+    assert split_type(T4) == ("n1-standard-8", "nvidia-tesla-t4", 1)
+    assert split_type("n1-highmem-16+4xnvidia-tesla-v100") == ("n1-highmem-16", "nvidia-tesla-v100", 4)
+    for name in ("a2-highgpu-1g", "g2-standard-48", "n2-standard-16", "n1-standard-8", "n1-standard-8+t4", "x+0xnvidia-tesla-t4"):
+        assert split_type(name) == (name, None, 0)
+    for name in load_catalog().types_of("gcp"):
+        assert join_type(*split_type(name)) == name
 
 
 @pytest.mark.parametrize("conflicts", ["http", "operation"])
@@ -366,22 +406,25 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     opts = {"endpoint": gce.url, "project": PROJECT}
     planted = gce.plant(PROJECT, ZONE_A, "hand-made", machine_type="a2-highgpu-1g")
     res = api.apply(cfg, provider="gcp", options=opts)
-    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 5
     again = api.plan(cfg, provider="gcp", options=opts)
     assert not again.plan.has_changes
     # The fake's own state, read directly: exactly the instances the reconciler reported creating.
     ours = _ours(gce)
     assert {f"projects/{PROJECT}/zones/{_zone(i)}/instances/{i['name']}" for i in ours} == set(res.report.created.values())
     assert all(i["status"] == "RUNNING" for i in ours)
-    assert sorted(i["scheduling"]["provisioningModel"] for i in ours) == ["SPOT", "STANDARD", "STANDARD", "STANDARD"]
-    assert {i["labels"]["fleetops-pool"] for i in ours} == {"a100", "l4"}
+    assert sorted(i["scheduling"]["provisioningModel"] for i in ours) == ["SPOT", "SPOT", "STANDARD", "STANDARD", "STANDARD"]
+    assert {i["labels"]["fleetops-pool"] for i in ours} == {"a100", "l4", "t4"}
+    n1 = next(i for i in ours if i["labels"]["fleetops-pool"] == "t4")  # the N1 with its T4 attached
+    assert n1["machineType"].endswith("/n1-standard-8") and n1["guestAccelerators"][0]["acceleratorType"].endswith(
+        "/nvidia-tesla-t4")
     assert all(i["labels"]["fleetops-plan"] == res.plan.id for i in ours)
     status = api.read_status(cfg)
-    assert sum(len(p["status"]["instances"]) for p in status["pools"].values()) == 4
+    assert sum(len(p["status"]["instances"]) for p in status["pools"].values()) == 5
     # Remove every job: our instances go, the hand-made one stays.
     for f in (cfg / "jobs").glob("*.yaml"):
         f.unlink()
-    api.apply(cfg, provider="gcp", options=opts)
+    api.apply(cfg, provider="gcp", options=opts, allow_destroy=5)  # the example allows 4 at a time
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
 
@@ -395,7 +438,7 @@ def test_a_reverted_config_applies_again(gce, tmp_path):
     jobs = {f: f.read_text() for f in (cfg / "jobs").glob("*.yaml")}
     for f in jobs:
         f.unlink()
-    api.apply(cfg, provider="gcp", options=opts)
+    api.apply(cfg, provider="gcp", options=opts, allow_destroy=5)
     assert _ours(gce) == []
     for f, text in jobs.items():
         f.write_text(text)
@@ -417,7 +460,7 @@ def test_a_stocked_out_zone_is_marked_short_and_the_next_run_goes_elsewhere(gce,
         api.apply(cfg, provider="gcp", options=opts)
     res = api.apply(cfg, provider="gcp", options=opts)
     assert res.report.ok
-    assert all(_zone(i) != ZONE_A for i in _ours(gce)) and len(_ours(gce)) == 4
+    assert all(_zone(i) != ZONE_A for i in _ours(gce)) and len(_ours(gce)) == 5
     assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
 
 
@@ -431,4 +474,4 @@ def test_cli_against_the_fake(gce, tmp_path):
     assert applied.exit_code == 0, applied.output
     again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
     assert again.exit_code == 0, again.output
-    assert len(_ours(gce)) == 4
+    assert len(_ours(gce)) == 5
