@@ -47,6 +47,7 @@ class Offering:
     on_demand_price: float
     spot_price: float | None  # None: no spot market for this type here
     available: bool = True  # False: the provider knows the zone is out of capacity
+    prices_as_of: str = ""  # the date of a static price list (the shipped catalog's); "" for live or unknown prices
 
     def price(self, market: Market) -> float:
         if market == "spot":

@@ -319,7 +319,7 @@ class GcpProvider:
 
     # -- offerings -----------------------------------------------------------------
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
-        """Shapes and list prices from the shipped catalog (its date is the price date). Types the catalog
+        """Shapes and list prices from the shipped catalog, dated by it (Offering.prices_as_of). Types the catalog
         does not list in a pool's region are left out: without a price the solver cannot weigh them."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
