@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 from pathlib import Path
 
@@ -22,19 +21,12 @@ from providers.gcp import (
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
-from tests.fleetkit import ROOT
+from tests.fleetkit import copy_example
 from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
 
 PROJECT = "fleet-test-project"
 FLEET = "gcp-test.fleet"  # a '.' in the name: the label spells it '_'
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
-
-
-@pytest.fixture
-def gce():
-    fake = GceFake().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
@@ -393,9 +385,7 @@ def test_adc_supplies_the_default_project_and_its_secret_stays_out_of_errors(mon
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "gcp-only"
-    shutil.copytree(ROOT / "examples" / "gcp-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
-    return cfg
+    return copy_example(tmp_path, "gcp-only")
 
 
 def _ours(gce: GceFake) -> list[dict]:
