@@ -161,8 +161,8 @@ class GcpProvider:
         self.operation_timeout = self._seconds("operation_timeout", 900)  # one insert or delete, start to DONE
         self.read_retry = self._read_retry(self._seconds("retry_timeout", 30))  # a read's retries, all told
         self.fleet_label = label_value(ctx.fleet)
-        endpoint = ctx.options.get("endpoint")
-        self.default_project: str | None = ctx.options.get("project")
+        endpoint = self._opt("endpoint")
+        self.default_project: str | None = self._opt("project")
         if endpoint:
             # A local fake or emulator. The REST transport keeps an explicit http:// scheme
             # from api_endpoint (it only prepends its url_scheme, https, when none is given).
@@ -184,8 +184,13 @@ class GcpProvider:
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
 
     # -- plumbing ------------------------------------------------------------------
+    def _opt(self, key: str) -> str | None:
+        """An option; `gcp_<key>` wins over `<key>`, since one `-o` set reaches every provider of a run."""
+        value = self.ctx.options.get(f"gcp_{key}") or self.ctx.options.get(key)
+        return str(value) if value else None
+
     def _seconds(self, option: str, default: float) -> float:
-        raw = self.ctx.options.get(option)
+        raw = self._opt(option)
         try:
             value = float(raw) if raw is not None else default
         except ValueError:

@@ -359,6 +359,15 @@ def test_deleting_an_instance_busy_with_another_operation_is_retried_later(prov,
     assert gce.instances(PROJECT) == []
 
 
+def test_gcp_prefixed_options_win_so_runs_mixing_providers_keep_theirs_apart(gce, tmp_path):
+    """One `-o` set reaches every provider of a run: `gcp_endpoint` is this provider's even if `endpoint` is Azure's."""
+    prov = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+        "endpoint": "https://127.0.0.1:9/arm", "gcp_endpoint": gce.url, "project": "other", "gcp_project": PROJECT,
+        "timeout": "soon", "gcp_timeout": "30"}))
+    assert prov.create(req("k-mixed")).id.startswith(f"projects/{PROJECT}/") and prov.timeout == 30
+    assert [i["name"] for i in gce.instances(PROJECT)] == ["fo-k-mixed"]
+
+
 def test_bad_timeouts_are_rejected(gce, tmp_path):
     with pytest.raises(ProviderError, match="timeout='soon'"):
         GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": gce.url, "timeout": "soon"}))
