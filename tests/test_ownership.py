@@ -11,6 +11,7 @@ delete this fleet's own instances next to them, so the test fails if ownership w
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
