@@ -76,6 +76,7 @@ class Catalog:
             cloud=cloud, region=region, zone=zone, instance_type=instance_type,
             gpus=shape.gpus, gpu_type=shape.gpu_type, cpu=shape.cpu, memory_gib=shape.memory_gib,
             on_demand_price=round(shape.on_demand * mult, 4), spot_price=spot, nvlink_domain=shape.nvlink_domain,
+            prices_as_of=self.date,
         )
 
 

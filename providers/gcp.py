@@ -14,8 +14,16 @@ Creates are idempotent twice over: the instance name is derived from the plan's
 key (a second insert of that name is a 409, and an existing instance carrying our
 fleet label and the key's label is returned as is), and the insert's requestId is
 a UUID derived from the key, so GCE itself answers a retried insert with the
-original operation. Every insert and delete waits on its zone operation; the
-operation's errors are what report a stockout or an exhausted quota.
+original operation. When that operation succeeded but its instance is gone (the
+same plan made again after its instances were deleted), the create inserts once
+more under a requestId derived from that operation. Every insert and delete
+waits on its zone operation; the operation's errors are what report a stockout
+or an exhausted quota.
+
+GPUs: accelerator-optimized machine types (a2, a3, g2) come with theirs; N1 types
+get theirs attached as guestAccelerators, and their instance type names say so:
+`n1-standard-8+1xnvidia-tesla-t4` is machine type n1-standard-8 with one T4
+(split_type). observe reads such a name back from the instance's accelerators.
 
 Spot instances use provisioningModel SPOT with instanceTerminationAction DELETE:
 a preempted instance disappears and the next run replaces it. GCE has no bid
@@ -43,7 +51,7 @@ LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
 LABEL_POOL = "fleetops-pool"
 LABEL_CREATE_KEY = "fleetops-create-key"
-LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING")
+LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # REPAIRING: back to RUNNING after a host failure
 STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "REPAIRING": "running",
           "STOPPING": "stopping", "SUSPENDING": "stopping", "SUSPENDED": "stopping", "TERMINATED": "terminated"}
 # Operation error codes (and HTTP error texts) that mean "no capacity here now": the zone is marked short.
@@ -67,6 +75,7 @@ WAIT_CALL_S = 150.0  # zoneOperations.wait returns by itself after at most ~120 
 
 _VALUE_OK = re.compile(r"^[a-z0-9.-]{0,63}$")
 _INSTANCE_ID = re.compile(r"^projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$")
+_ATTACHED = re.compile(r"^(?P<machine>[a-z][-a-z0-9]*)\+(?P<count>[1-9][0-9]?)x(?P<accelerator>[a-z][-a-z0-9]*)$")
 
 
 # ---------------------------------------------------------------- naming
@@ -111,6 +120,21 @@ def instance_name(key: str) -> str:
     return f"fo-{base[:49]}".rstrip("-") + f"-{_digest(key)}"
 
 
+def split_type(instance_type: str) -> tuple[str, str | None, int]:
+    """`n1-standard-8+1xnvidia-tesla-t4` -> ("n1-standard-8", "nvidia-tesla-t4", 1). N1 GPUs are attached to a VM,
+    not part of its machine type, yet one instance type name must say what the solver gets; any other name is a
+    machine type as it is (accelerator-optimized types, a2/a3/g2, come with their GPUs)."""
+    m = _ATTACHED.fullmatch(instance_type)
+    if m is None:
+        return instance_type, None, 0
+    return m["machine"], m["accelerator"], int(m["count"])
+
+
+def join_type(machine_type: str, accelerator: str | None, count: int) -> str:
+    """The inverse of split_type."""
+    return f"{machine_type}+{count}x{accelerator}" if accelerator and count else machine_type
+
+
 def request_id(fleet: str, key: str) -> str:
     """The insert's requestId: GCE answers a repeated requestId with the original operation."""
     return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{fleet}\n{key}"))
@@ -137,8 +161,8 @@ class GcpProvider:
         self.operation_timeout = self._seconds("operation_timeout", 900)  # one insert or delete, start to DONE
         self.read_retry = self._read_retry(self._seconds("retry_timeout", 30))  # a read's retries, all told
         self.fleet_label = label_value(ctx.fleet)
-        endpoint = ctx.options.get("endpoint")
-        self.default_project: str | None = ctx.options.get("project")
+        endpoint = self._opt("endpoint")
+        self.default_project: str | None = self._opt("project")
         if endpoint:
             # A local fake or emulator. The REST transport keeps an explicit http:// scheme
             # from api_endpoint (it only prepends its url_scheme, https, when none is given).
@@ -160,8 +184,13 @@ class GcpProvider:
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
 
     # -- plumbing ------------------------------------------------------------------
+    def _opt(self, key: str) -> str | None:
+        """An option; `gcp_<key>` wins over `<key>`, since one `-o` set reaches every provider of a run."""
+        value = self.ctx.options.get(f"gcp_{key}") or self.ctx.options.get(key)
+        return str(value) if value else None
+
     def _seconds(self, option: str, default: float) -> float:
-        raw = self.ctx.options.get(option)
+        raw = self._opt(option)
         try:
             value = float(raw) if raw is not None else default
         except ValueError:
@@ -255,9 +284,14 @@ class GcpProvider:
             tags[TAG_FLEET] = self.ctx.fleet  # exact, even where the label had to be hashed
         sched = d.scheduling
         spot = sched.provisioning_model == "SPOT" or bool(sched.preemptible)
+        machine = _last(d.machine_type)
+        itype = machine
+        if not machine.startswith(GPU_FAMILIES) and len(d.guest_accelerators) == 1:  # an N1 with its GPUs attached
+            acc = d.guest_accelerators[0]
+            itype = join_type(machine, _last(acc.accelerator_type), acc.accelerator_count)
         return Instance(
             id=f"projects/{project}/zones/{zone}/instances/{d.name}", provider=self.name, cloud="gcp",
-            region=zone.rsplit("-", 1)[0], zone=zone, instance_type=_last(d.machine_type),
+            region=zone.rsplit("-", 1)[0], zone=zone, instance_type=itype,
             market="spot" if spot else "on-demand", state=STATES.get(d.status, "terminated"),  # type: ignore[arg-type]
             pool=tags.get(TAG_POOL, ""), tags=tags, launched_at=d.creation_timestamp,
         )
@@ -290,7 +324,7 @@ class GcpProvider:
 
     # -- offerings -----------------------------------------------------------------
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
-        """Shapes and list prices from the shipped catalog (its date is the price date). Types the catalog
+        """Shapes and list prices from the shipped catalog, dated by it (Offering.prices_as_of). Types the catalog
         does not list in a pool's region are left out: without a price the solver cannot weigh them."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
@@ -302,14 +336,15 @@ class GcpProvider:
         return list(seen.values())
 
     # -- create / delete -----------------------------------------------------------
-    def _resource(self, request: CreateRequest, name: str):
+    def _resource(self, request: CreateRequest, project: str, name: str):
         c = self.compute
         p, zone, itype = request.pool, request.zone, request.instance_type
+        machine, accelerator, count = split_type(itype)
         s = dict(p.settings)
         tags = {**request.tags, TAG_FLEET: self.ctx.fleet, TAG_POOL: p.name, TAG_CREATE_KEY: request.key}
         labels = {label_key(k): label_value(str(v)) for k, v in tags.items()}
         shape = self.catalog.shape("gcp", itype)
-        gpus = itype.startswith(GPU_FAMILIES) or bool(shape and shape.gpus)
+        gpus = machine.startswith(GPU_FAMILIES) or accelerator is not None or bool(shape and shape.gpus)
         if request.market == "spot":
             scheduling = c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                       on_host_maintenance="TERMINATE", automatic_restart=False)
@@ -326,48 +361,62 @@ class GcpProvider:
         if not network and not subnetwork:
             nic.network = DEFAULT_NETWORK
         resource = c.Instance(
-            name=name, machine_type=f"zones/{zone}/machineTypes/{itype}", labels=labels, scheduling=scheduling,
+            name=name, machine_type=f"zones/{zone}/machineTypes/{machine}", labels=labels, scheduling=scheduling,
             network_interfaces=[nic],
             disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
                 source_image=s.get("image") or DEFAULT_IMAGE, disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
         )
+        if accelerator is not None:
+            resource.guest_accelerators = [c.AcceleratorConfig(
+                accelerator_count=count, accelerator_type=f"projects/{project}/zones/{zone}/acceleratorTypes/{accelerator}")]
         if s.get("service_account"):
             resource.service_accounts = [c.ServiceAccount(email=s["service_account"], scopes=list(SCOPES))]
         return resource
 
     def create(self, request: CreateRequest) -> Instance:
-        from google.api_core.exceptions import Conflict
-
         project, zone = self._project(request.pool), request.zone
         name = instance_name(request.key)
-        where = (zone, request.instance_type, request.market)
         what = f"insert {request.market} {request.instance_type} in {zone}"
-        insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=self._resource(request, name),
-                                                    request_id=request_id(self.ctx.fleet, request.key))
+        resource = self._resource(request, project, name)
+        rid = request_id(self.ctx.fleet, request.key)
+        for _ in range(2):
+            op, d = self._insert(project, zone, name, request, resource, rid, what)
+            if d is not None:
+                return self._to_instance(project, d)
+            # The operation succeeded but its instance is gone. Either GCE answered our requestId with the operation
+            # of an earlier create of this key whose instance was deleted since (the same plan made again: a config
+            # reverted while GCE still remembers the requestId), or a Spot VM was preempted as it started. Insert once
+            # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated.
+            rid = request_id(self.ctx.fleet, f"{request.key}\n{op.id}")
+        if request.market == "spot":  # preempted (and deleted) twice before we could look: no spot capacity there
+            raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
+                                instance_type=request.instance_type, market=request.market)
+        raise ProviderError(f"gcp: {what}: {name} was created but is gone (deleted by someone else?)")
+
+    def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
+        """One insert, waited on: (its operation, the instance it made, or None if that instance is gone)."""
+        from google.api_core.exceptions import Conflict
+
+        insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
         try:
             op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
-                            where=where, passthrough=(Conflict,))
+                            where=(zone, request.instance_type, request.market), passthrough=(Conflict,))
         except Conflict:  # the name is taken: ours from an earlier try, or someone else's
-            return self._adopt(project, zone, name, request)
+            return None, self._adopt(project, zone, name, request)
         op = self._wait(what, project, zone, op)
         errors = self._op_errors(op)
         if errors:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
-                return self._adopt(project, zone, name, request)
+                return op, self._adopt(project, zone, name, request)
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
-        d = self._get(project, zone, name)
-        if d is None:
-            if request.market == "spot":  # preempted (and deleted) before we could look: no spot capacity there
-                raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
-                                    instance_type=request.instance_type, market=request.market)
-            raise ProviderError(f"gcp: {what}: {name} was created but is gone")
-        return self._to_instance(project, d)
+        return op, self._get(project, zone, name)
 
-    def _adopt(self, project: str, zone: str, name: str, request: CreateRequest) -> Instance:
+    def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
+        """The instance holding our name, if it is this fleet's and this key's; never someone else's."""
         d = self._get(project, zone, name)
         if d is None:
             raise TransientProviderError(f"gcp: {name} in {zone} was reported to exist but is gone; retry")
@@ -378,7 +427,7 @@ class GcpProvider:
         if d.labels.get(LABEL_CREATE_KEY) != label_value(request.key):
             raise ProviderError(f"gcp: {name} in {zone} belongs to this fleet but was created with another key "
                                 f"({d.labels.get(LABEL_CREATE_KEY)!r}, not {request.key!r})")
-        return self._to_instance(project, d)
+        return d
 
     def delete(self, instance: Instance) -> None:
         from google.api_core.exceptions import NotFound

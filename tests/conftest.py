@@ -1,4 +1,5 @@
-"""Shared fixtures: a real moto server over HTTP for everything that speaks AWS."""
+"""Shared fixtures: a real moto server over HTTP for everything that speaks AWS, and the local Compute Engine and
+Azure Resource Manager fakes the GCP and Azure providers' real SDK clients talk to."""
 
 from __future__ import annotations
 
@@ -27,3 +28,32 @@ def aws_env(monkeypatch, moto_url):
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)
     return moto_url
+
+
+ARM_RESOURCE_GROUP = "fleetops-gpu"  # the resource group examples/azure-only launches into
+
+
+@pytest.fixture
+def gce():
+    """tests/gce_fake.py on 127.0.0.1 over HTTP, for one test."""
+    from tests.gce_fake import GceFake
+
+    fake = GceFake().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def arm(tmp_path):
+    """tests/arm_fake.py on 127.0.0.1 over HTTPS (a certificate made for this test), for one test."""
+    from tests.arm_fake import ArmFake
+
+    fake = ArmFake(tmp_path / "tls", resource_groups=(ARM_RESOURCE_GROUP, "other-team")).start()
+    yield fake
+    fake.stop()
+
+
+def arm_options(arm, **extra: str) -> dict[str, str]:
+    """Azure provider options pointing the real SDK at the ARM fake, with its test-only credential."""
+    return {"endpoint": arm.base_url, "ca_bundle": arm.ca_path, "credential": "fake-for-tests",
+            "subscription_id": arm.subscription, "resource_group": ARM_RESOURCE_GROUP, "polling_interval": "0.01", **extra}

@@ -54,10 +54,15 @@ def write_config(path: Path, docs: list[dict]) -> Path:
     return path
 
 
-def copy_quickstart(tmp: Path) -> Path:
-    dst = tmp / "quickstart"
-    shutil.copytree(QUICKSTART, dst, ignore=shutil.ignore_patterns(".reconcile", "status"))
+def copy_example(tmp: Path, name: str) -> Path:
+    """A private copy of examples/<name>, without any state or status a local run left there."""
+    dst = tmp / name
+    shutil.copytree(ROOT / "examples" / name, dst, ignore=shutil.ignore_patterns(".reconcile", "status"))
     return dst
+
+
+def copy_quickstart(tmp: Path) -> Path:
+    return copy_example(tmp, "quickstart")
 
 
 def catalog_observed(desired, instances: list[Instance] = (), placements: dict | None = None, short=frozenset()) -> Observed:

@@ -29,10 +29,12 @@ one is STOPPING until its operation is DONE, then gone.
 Insert bodies are validated the way GCE rejects them (RFC 1035 names, label
 formats, machine type paths and zones, a boot disk with an image, a network
 interface, Spot scheduling, GPU machine families needing onHostMaintenance
-TERMINATE, requestId a UUID), so a provider bug shows up as a 400 and not as a
-silently accepted instance.
+TERMINATE, guestAccelerators only on N1 types in supported counts and vCPU sizes,
+requestId a UUID), so a provider bug shows up as a 400 and not as a silently
+accepted instance. Instances report their GPUs as guestAccelerators with full
+acceleratorType URLs, accelerator-optimized types (a2, a3, g2) their built-in ones.
 
-Test-side fault injection: exhaust(zone), withhold(zone, type), fail_next(status),
+Test-side fault injection: exhaust(zone), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
@@ -57,6 +59,19 @@ API = "https://www.googleapis.com/compute/v1"  # GCE writes its own URLs into re
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f",
          "europe-west4-a", "europe-west4-b", "europe-west4-c")
 GPU_FAMILIES = ("a2-", "a3-", "g2-")  # accelerator-optimized: their GPUs come with the machine type
+# GPUs attachable to N1 machine types: accelerator type -> {GPUs per VM: most vCPUs with that many}.
+ATTACHABLE = {
+    "nvidia-tesla-t4": {1: 48, 2: 48, 4: 96},
+    "nvidia-tesla-v100": {1: 12, 2: 24, 4: 48, 8: 96},
+    "nvidia-tesla-p100": {1: 16, 2: 32, 4: 64},
+    "nvidia-tesla-p4": {1: 24, 2: 48, 4: 96},
+}
+# The GPUs accelerator-optimized machine types come with, which GCE reports as their guestAccelerators.
+BUILT_IN = {"a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100", "a2-ultragpu": "nvidia-a100-80gb",
+            "a3-highgpu": "nvidia-h100-80gb", "g2-standard": "nvidia-l4"}
+G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
+ACCELERATOR_TYPE_RE = re.compile(r"^(?:(?:https?://[^/]+)?/?compute/v1/)?(?:projects/([^/]+)/)?zones/([^/]+)/acceleratorTypes/([a-z0-9-]+)$")
+N1_RE = re.compile(r"^n1-(?:standard|highmem|highcpu)-([0-9]+)$")
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -288,6 +303,7 @@ class GceFake:
         self.operations: dict[tuple[str, str, str], Operation] = {}
         self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}  # (project, requestId) -> operation key
         self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
+        self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted (and deleted) the moment they start
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
@@ -336,6 +352,11 @@ class GceFake:
     def replenish(self, zone: str) -> None:
         with self.lock:
             self.exhausted.pop(zone, None)
+
+    def reclaim_spot(self, zone: str) -> None:
+        """Spot VMs inserted in `zone` are preempted as they start: the insert succeeds, the instance is gone."""
+        with self.lock:
+            self.reclaiming.add(zone)
 
     def withhold(self, zone: str, machine_type: str) -> None:
         """`machine_type` does not exist in `zone`: inserts are rejected with 400, as GCE does."""
@@ -475,6 +496,7 @@ class GceFake:
         model = sched.get("provisioningModel", "STANDARD")
         if model not in ("STANDARD", "SPOT"):
             raise _invalid("resource.scheduling.provisioningModel", model, "Unknown provisioning model.")
+        self._validate_accelerators(zone, mt_name, body.get("guestAccelerators") or [])
         gpus = mt_name.startswith(GPU_FAMILIES) or bool(body.get("guestAccelerators"))
         if model == "SPOT":
             if sched.get("automaticRestart", True):
@@ -489,6 +511,37 @@ class GceFake:
         if gpus and sched.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
             raise _invalid("resource.scheduling.onHostMaintenance", sched.get("onHostMaintenance", "MIGRATE"),
                            "Instances with guest accelerators do not support live migration.")
+
+    @staticmethod
+    def _validate_accelerators(zone: str, mt_name: str, accelerators: list[dict]) -> None:
+        """GPUs attach to N1 machine types only, in supported counts and vCPU sizes; accelerator-optimized types come
+        with theirs (asking for exactly those is allowed, anything else is not)."""
+        for i, acc in enumerate(accelerators):
+            field_name = f"resource.guestAccelerators[{i}].acceleratorType"
+            ref = acc.get("acceleratorType") or ""
+            m = ACCELERATOR_TYPE_RE.fullmatch(ref)
+            if not m:
+                raise _invalid(field_name, ref, "Must be a URL to a valid Compute resource of the correct type.")
+            if m.group(2) != zone:
+                raise _invalid(field_name, ref, f"Accelerator type must be in zone '{zone}'.")
+            name, count = m.group(3), acc.get("acceleratorCount")
+            if not isinstance(count, int) or count < 1:
+                raise _invalid(f"resource.guestAccelerators[{i}].acceleratorCount", count, "Must be a positive integer.")
+            if mt_name.startswith(GPU_FAMILIES):
+                if (name, count) not in _built_in(mt_name):
+                    raise GceError(400, "invalid", f"[{mt_name}, {name}] features are not compatible for creating instance.")
+                continue
+            n1 = N1_RE.fullmatch(mt_name)
+            if name not in ATTACHABLE:
+                raise _invalid(field_name, ref, f"Accelerator type '{name}' does not exist in zone '{zone}'.")
+            if n1 is None:
+                raise GceError(400, "invalid", f"[{mt_name}, {name}] features are not compatible for creating instance.")
+            if count not in ATTACHABLE[name]:
+                raise _invalid(f"resource.guestAccelerators[{i}].acceleratorCount", count,
+                               f"Accelerator type '{name}' can be attached in counts of {sorted(ATTACHABLE[name])}.")
+            if int(n1.group(1)) > ATTACHABLE[name][count]:
+                raise GceError(400, "invalid", f"Number of vCPUs of machine type '{mt_name}' exceeds the maximum of "
+                               f"{ATTACHABLE[name][count]} for {count} accelerator(s) of type '{name}'.")
 
     def _materialize(self, project: str, zone: str, body: dict) -> dict:
         """The Instance resource GCE stores for an insert body: URLs expanded, defaults filled."""
@@ -526,8 +579,12 @@ class GceFake:
             "labels": dict(body.get("labels") or {}), "labelFingerprint": _fingerprint(), "startRestricted": False,
             "deletionProtection": False, "fingerprint": _fingerprint(), "lastStartTimestamp": _now(),
         }
-        if body.get("guestAccelerators"):
-            inst["guestAccelerators"] = body["guestAccelerators"]
+        attached = [(ACCELERATOR_TYPE_RE.fullmatch(a["acceleratorType"]).group(3), a["acceleratorCount"])  # type: ignore[union-attr]
+                    for a in body.get("guestAccelerators") or []]
+        accelerators = _built_in(mt) or attached
+        if accelerators:
+            inst["guestAccelerators"] = [{"acceleratorType": f"{base}/acceleratorTypes/{t}", "acceleratorCount": n}
+                                         for t, n in accelerators]
         return inst
 
     def _insert(self, project: str, zone: str, body: dict, request_id: str | None) -> dict:
@@ -562,6 +619,8 @@ class GceFake:
                 cur = self.instances_by_key.get(key)
                 if cur is not None and cur["id"] == iid and cur["status"] == "PROVISIONING":
                     cur["status"] = "RUNNING"
+                    if zone in self.reclaiming and cur["scheduling"]["provisioningModel"] == "SPOT":
+                        del self.instances_by_key[key]  # preempted, instanceTerminationAction DELETE
 
             op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running)
         if request_id is not None:
@@ -609,6 +668,18 @@ class GceFake:
         if offset + len(page) < len(matching):
             out["nextPageToken"] = base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset + len(page)}".encode()).decode()
         return out
+
+
+def _built_in(machine_type: str) -> list[tuple[str, int]]:
+    """The GPUs an accelerator-optimized machine type comes with (none for any other type)."""
+    family, _, size = machine_type.rpartition("-")
+    if family == "g2-standard" and size.isdigit():
+        count = G2_GPUS.get(int(size))
+    elif family in BUILT_IN and size[:-1].isdigit() and size.endswith("g"):
+        count = int(size[:-1])
+    else:
+        count = None
+    return [(BUILT_IN[family], count)] if count else []
 
 
 def _expand(project: str, ref: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -21,7 +20,7 @@ from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import CapacityError, OwnershipError
 from tests.conftest import AWS_ENV
-from tests.fleetkit import ROOT
+from tests.fleetkit import copy_example
 
 AMI = "ami-03cf127a"  # one of moto's built-in images
 
@@ -115,9 +114,7 @@ def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "aws-only"
-    shutil.copytree(ROOT / "examples" / "aws-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
-    return cfg
+    return copy_example(tmp_path, "aws-only")
 
 
 def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):

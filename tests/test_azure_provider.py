@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,25 +15,14 @@ from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
-from tests.arm_fake import ArmFake
-from tests.fleetkit import ROOT
+from tests.conftest import ARM_RESOURCE_GROUP
+from tests.conftest import arm_options as options
+from tests.fleetkit import copy_example
 
 FLEET = "az-fleet"
-RG = "fleetops-gpu"
+RG = ARM_RESOURCE_GROUP
 SUBNET = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net/providers/Microsoft.Network/virtualNetworks/v/subnets/gpu"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOY38JP6o2SAHiqpcdRC9ZRlU//IINSrl2JLx0Ao/SPq test"
-
-
-@pytest.fixture
-def arm(tmp_path):
-    fake = ArmFake(tmp_path / "tls", resource_groups=(RG, "other-team")).start()
-    yield fake
-    fake.stop()
-
-
-def options(arm: ArmFake, **extra: str) -> dict[str, str]:
-    return {"endpoint": arm.base_url, "ca_bundle": arm.ca_path, "credential": "fake-for-tests",
-            "subscription_id": arm.subscription, "resource_group": RG, "polling_interval": "0.01", **extra}
 
 
 @pytest.fixture
@@ -258,9 +246,7 @@ def test_tag_names_and_zones_map_both_ways():
 
 # -- the whole pipeline ---------------------------------------------------------------------------
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "azure-only"
-    shutil.copytree(ROOT / "examples" / "azure-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
-    return cfg
+    return copy_example(tmp_path, "azure-only")
 
 
 def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):

@@ -41,6 +41,7 @@ def test_quickstart_plans_applies_and_converges(qs):
     assert res.plan.solver.optimal
     counts = res.plan.counts()
     assert counts["place"] == 10 and counts["pending"] == 0 and counts["delete"] == 0
+    assert {c.cloud for c in res.plan.creates} == {"aws", "gcp", "azure"}  # one plan across three clouds
     out = cli("apply", qs, "--auto-approve")
     assert out.exit_code == 0, out.output
     assert len(live(qs)) == counts["create"]

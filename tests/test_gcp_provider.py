@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 from pathlib import Path
 
@@ -14,25 +13,20 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, PoolTarget, ProviderContext, ownership_tags
+from providers.catalog import load_catalog
 from providers.gcp import (
-    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, label_key, label_value, request_id, tag_value,
+    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
+    split_type, tag_value,
 )
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
-from tests.fleetkit import ROOT
+from tests.fleetkit import copy_example
 from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
 
 PROJECT = "fleet-test-project"
 FLEET = "gcp-test.fleet"  # a '.' in the name: the label spells it '_'
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
-
-
-@pytest.fixture
-def gce():
-    fake = GceFake().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
@@ -136,6 +130,45 @@ def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
     assert gpu["labels"] == {"fleetops-fleet": "gcp-test_fleet", "fleetops-pool": "l4", "fleetops-create-key": "k-gpu"}
 
 
+T4, V100 = "n1-standard-8+1xnvidia-tesla-t4", "n1-standard-8+1xnvidia-tesla-v100"
+
+
+def test_n1_types_are_launched_with_their_gpu_attached_and_observed_by_their_catalog_name(prov, gce):
+    pool = target("n1", types=(T4, V100))
+    t4 = prov.create(req("k-t4", pool=pool, itype=T4))
+    v100 = prov.create(req("k-v100", pool=pool, itype=V100, market="spot", zone=ZONE_B))
+    a100 = prov.create(req("k-a100", pool=pool, itype="a2-highgpu-1g"))
+    bodies = {b["name"]: b for _, _, b in gce.insert_bodies}
+    assert bodies["fo-k-t4"]["machineType"] == f"zones/{ZONE_A}/machineTypes/n1-standard-8"
+    assert bodies["fo-k-t4"]["guestAccelerators"] == [
+        {"acceleratorType": f"projects/{PROJECT}/zones/{ZONE_A}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 1}]
+    assert bodies["fo-k-t4"]["scheduling"]["onHostMaintenance"] == "TERMINATE"  # GPUs cannot live-migrate
+    assert bodies["fo-k-v100"]["guestAccelerators"][0]["acceleratorType"].endswith(f"/{ZONE_B}/acceleratorTypes/nvidia-tesla-v100")
+    assert "guestAccelerators" not in bodies["fo-k-a100"]  # an a2's GPUs come with the machine type
+    # GCE reports every instance's GPUs, the a2's built-in one too; the type names still read back exactly.
+    assert stored(gce, "fo-k-a100")["guestAccelerators"][0]["acceleratorType"].endswith("/nvidia-tesla-a100")
+    assert (t4.instance_type, v100.instance_type, v100.market, a100.instance_type) == (T4, V100, "spot", "a2-highgpu-1g")
+    assert {i.id: i.instance_type for i in prov.observe([pool])} == {t4.id: T4, v100.id: V100, a100.id: "a2-highgpu-1g"}
+
+
+def test_n1_gpu_offerings_come_from_the_catalog_with_its_date(prov):
+    offs = {(o.zone, o.instance_type): o for o in prov.offerings([target("n1", types=(T4, V100))])}
+    t4, v100 = offs[(ZONE_A, T4)], offs[(ZONE_B, V100)]
+    assert (t4.gpus, t4.gpu_type, t4.cpu, t4.memory_gib, t4.on_demand_price) == (1, "T4", 8, 30, 0.73)
+    assert (v100.gpus, v100.gpu_type, v100.on_demand_price) == (1, "V100", 2.86)
+    assert 0 < t4.spot_price < t4.on_demand_price and 0 < v100.spot_price < v100.on_demand_price
+    assert {o.prices_as_of for o in offs.values()} == {load_catalog().date}  # list prices, and how old they are
+
+
+def test_instance_type_names_split_into_machine_type_and_attached_gpus():
+    assert split_type(T4) == ("n1-standard-8", "nvidia-tesla-t4", 1)
+    assert split_type("n1-highmem-16+4xnvidia-tesla-v100") == ("n1-highmem-16", "nvidia-tesla-v100", 4)
+    for name in ("a2-highgpu-1g", "g2-standard-48", "n2-standard-16", "n1-standard-8", "n1-standard-8+t4", "x+0xnvidia-tesla-t4"):
+        assert split_type(name) == (name, None, 0)
+    for name in load_catalog().types_of("gcp"):
+        assert join_type(*split_type(name)) == name
+
+
 @pytest.mark.parametrize("conflicts", ["http", "operation"])
 def test_retry_with_the_same_key_yields_one_instance(prov, gce, conflicts):
     gce.conflicts = conflicts
@@ -149,6 +182,30 @@ def test_retry_with_the_same_key_yields_one_instance(prov, gce, conflicts):
     assert prov.create(req("k-same")).id == first.id
     assert [i["name"] for i in gce.instances(PROJECT)] == ["fo-k-same"]
     assert [i.id for i in prov.observe([target()])] == [first.id]
+
+
+@pytest.mark.parametrize("market", ["on-demand", "spot"])
+def test_a_key_whose_instance_was_deleted_since_creates_a_new_one(prov, gce, market):
+    """The same plan can come back (a config reverted, the fleet as it was): GCE still remembers the key's requestId
+    and answers with the old, finished operation, whose instance is gone. The create must launch a new one."""
+    first = prov.create(req("k-again", market=market))
+    prov.delete(first)
+    again = prov.create(req("k-again", market=market))
+    assert again.id == first.id and again.state == "running" and again.market == market
+    assert [i["status"] for i in gce.instances(PROJECT)] == ["RUNNING"]
+    assert len(gce.insert_bodies) == 2
+    rids = [q["requestId"][0] for _, _, q in gce.requests("POST", f"/zones/{ZONE_A}/instances")]
+    assert rids[0] == rids[1] != rids[2]  # the re-insert has its own requestId ...
+    assert prov.create(req("k-again", market=market)).id == first.id  # ... and a retry of it is still one instance
+    assert len(gce.insert_bodies) == 2 and len(gce.instances(PROJECT)) == 1
+
+
+def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_error(prov, gce):
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted") as e:
+        prov.create(req("k-reclaimed", market="spot", zone=ZONE_B))
+    assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
+    assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
 
 
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, gce):
@@ -188,6 +245,13 @@ def test_observe_paginates_and_filters_server_side(prov, gce):
     lists = gce.requests("GET", "/aggregated/instances")
     assert len(lists) == 3  # 11 matches, 4 a page: the filter ran on the server
     assert "pageToken" not in lists[0][2] and all("pageToken" in q for _, _, q in lists[1:])
+
+
+def test_an_instance_under_repair_is_still_observed_as_running(prov, gce):
+    """A host failure puts an instance in REPAIRING; hiding it would make the planner replace a VM that comes back."""
+    gce.plant(PROJECT, ZONE_A, "mine-repairing", labels={LABEL_FLEET: "gcp-test_fleet", "fleetops-pool": "l4"},
+              status="REPAIRING")
+    assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-repairing", "running")]
 
 
 def test_the_observe_filter_selects_exactly_this_fleets_live_instances(prov, gce):
@@ -295,6 +359,15 @@ def test_deleting_an_instance_busy_with_another_operation_is_retried_later(prov,
     assert gce.instances(PROJECT) == []
 
 
+def test_gcp_prefixed_options_win_so_runs_mixing_providers_keep_theirs_apart(gce, tmp_path):
+    """One `-o` set reaches every provider of a run: `gcp_endpoint` is this provider's even if `endpoint` is Azure's."""
+    prov = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+        "endpoint": "https://127.0.0.1:9/arm", "gcp_endpoint": gce.url, "project": "other", "gcp_project": PROJECT,
+        "timeout": "soon", "gcp_timeout": "30"}))
+    assert prov.create(req("k-mixed")).id.startswith(f"projects/{PROJECT}/") and prov.timeout == 30
+    assert [i["name"] for i in gce.instances(PROJECT)] == ["fo-k-mixed"]
+
+
 def test_bad_timeouts_are_rejected(gce, tmp_path):
     with pytest.raises(ProviderError, match="timeout='soon'"):
         GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": gce.url, "timeout": "soon"}))
@@ -321,9 +394,7 @@ def test_adc_supplies_the_default_project_and_its_secret_stays_out_of_errors(mon
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "gcp-only"
-    shutil.copytree(ROOT / "examples" / "gcp-only", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
-    return cfg
+    return copy_example(tmp_path, "gcp-only")
 
 
 def _ours(gce: GceFake) -> list[dict]:
@@ -335,24 +406,46 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     opts = {"endpoint": gce.url, "project": PROJECT}
     planted = gce.plant(PROJECT, ZONE_A, "hand-made", machine_type="a2-highgpu-1g")
     res = api.apply(cfg, provider="gcp", options=opts)
-    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 5
     again = api.plan(cfg, provider="gcp", options=opts)
     assert not again.plan.has_changes
     # The fake's own state, read directly: exactly the instances the reconciler reported creating.
     ours = _ours(gce)
     assert {f"projects/{PROJECT}/zones/{_zone(i)}/instances/{i['name']}" for i in ours} == set(res.report.created.values())
     assert all(i["status"] == "RUNNING" for i in ours)
-    assert sorted(i["scheduling"]["provisioningModel"] for i in ours) == ["SPOT", "STANDARD", "STANDARD", "STANDARD"]
-    assert {i["labels"]["fleetops-pool"] for i in ours} == {"a100", "l4"}
+    assert sorted(i["scheduling"]["provisioningModel"] for i in ours) == ["SPOT", "SPOT", "STANDARD", "STANDARD", "STANDARD"]
+    assert {i["labels"]["fleetops-pool"] for i in ours} == {"a100", "l4", "t4"}
+    n1 = next(i for i in ours if i["labels"]["fleetops-pool"] == "t4")  # the N1 with its T4 attached
+    assert n1["machineType"].endswith("/n1-standard-8") and n1["guestAccelerators"][0]["acceleratorType"].endswith(
+        "/nvidia-tesla-t4")
     assert all(i["labels"]["fleetops-plan"] == res.plan.id for i in ours)
     status = api.read_status(cfg)
-    assert sum(len(p["status"]["instances"]) for p in status["pools"].values()) == 4
+    assert sum(len(p["status"]["instances"]) for p in status["pools"].values()) == 5
     # Remove every job: our instances go, the hand-made one stays.
     for f in (cfg / "jobs").glob("*.yaml"):
         f.unlink()
-    api.apply(cfg, provider="gcp", options=opts)
+    api.apply(cfg, provider="gcp", options=opts, allow_destroy=5)  # the example allows 4 at a time
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
+
+
+def test_a_reverted_config_applies_again(gce, tmp_path):
+    """Remove every job, apply, restore them, apply: the fleet is as it was, so the plan (and every create key) is the
+    one of the first apply, and GCE answers its requestIds with operations whose instances were deleted since."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    jobs = {f: f.read_text() for f in (cfg / "jobs").glob("*.yaml")}
+    for f in jobs:
+        f.unlink()
+    api.apply(cfg, provider="gcp", options=opts, allow_destroy=5)
+    assert _ours(gce) == []
+    for f, text in jobs.items():
+        f.write_text(text)
+    again = api.apply(cfg, provider="gcp", options=opts)
+    assert again.plan.id == first.plan.id and again.report.ok
+    assert len(_ours(gce)) == len(first.plan.creates) and all(i["status"] == "RUNNING" for i in _ours(gce))
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
 
 
 def _zone(inst: dict) -> str:
@@ -367,7 +460,7 @@ def test_a_stocked_out_zone_is_marked_short_and_the_next_run_goes_elsewhere(gce,
         api.apply(cfg, provider="gcp", options=opts)
     res = api.apply(cfg, provider="gcp", options=opts)
     assert res.report.ok
-    assert all(_zone(i) != ZONE_A for i in _ours(gce)) and len(_ours(gce)) == 4
+    assert all(_zone(i) != ZONE_A for i in _ours(gce)) and len(_ours(gce)) == 5
     assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
 
 
@@ -381,4 +474,4 @@ def test_cli_against_the_fake(gce, tmp_path):
     assert applied.exit_code == 0, applied.output
     again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
     assert again.exit_code == 0, again.output
-    assert len(_ours(gce)) == 4
+    assert len(_ours(gce)) == 5
