@@ -88,6 +88,8 @@ class _Greedy:
         self.rep = {k: c for k, c in self.offer.items()}
         for k, hs in self.idle.items():
             self.rep.setdefault(k, hs[0])
+        self.keeping = False  # phase 1: spot rules are settled after, over the whole fleet kept
+        self.to_heal: list[tuple[Demand, list[Capacity]]] = []
 
     # -- bookkeeping
 
@@ -95,13 +97,15 @@ class _Greedy:
         return c.gpus if self.gpu_fleet else c.cpu
 
     def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0)) -> bool:
+        """Pool ceiling, fleet budget, and (except while keeping what runs, which is settled after
+        as a whole: opening spot hosts first would look over the share) the spot rules."""
         p = self.p
         n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
         if n + 1 > p.pool_bounds.get(c.pool, (0, 0))[1]:
             return False
         if p.budget is not None and self.a.cost + extra_cost + c.price > p.budget + 1e-9:
             return False
-        if c.market == "spot":
+        if c.market == "spot" and not self.keeping:
             if not self.buy_spot and not c.existing:
                 return False
             f = p.spot.max_spot_fraction
@@ -166,7 +170,7 @@ class _Greedy:
             return True
         if r.budget is not None and self.tenant_cost[d.tenant] + pending_cost + c.price * share(d, c) > r.budget + 1e-9:
             return False
-        if r.spot_fraction is not None and c.market == "spot":
+        if r.spot_fraction is not None and c.market == "spot" and not self.keeping:
             spot, total = self.tenant_spot[d.tenant]
             spot += pending_spot[0] + d.size
             total += pending_spot[1] + d.size
@@ -194,7 +198,7 @@ class _Greedy:
                 if any(c is None or c.keep_blocker is not None or fit(d, c) == 0 for c in cells):
                     continue
                 if len(iids) != d.replicas:
-                    self._heal(d, cells)
+                    self.to_heal.append((d, cells))  # after the kept fleet is settled
                     continue
                 if d.gang and len({c.site for c in cells}) > 1:
                     continue
@@ -226,6 +230,62 @@ class _Greedy:
                     self._record(d, inst, stay=True)
                 self.a.placed[d.key] += 1
                 self._charge_quota(d)
+
+    def settle_spot(self, order: list[Demand]) -> None:
+        """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
+        share, on-demand buffer, diversity), give up the spot host whose work ranks lowest."""
+        while True:
+            spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
+            if not spot_hosts or self._spot_rules_hold():
+                return
+            rank = {d.key: i for i, d in enumerate(order)}
+            worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
+            self._release(worst)
+
+    def _spot_rules_hold(self) -> bool:
+        p, sp = self.p, self.p.spot
+        opened = list(self.opened.values())
+        spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
+        total = sum(self._prim(i.cap) for i in opened)
+        if spot > sp.max_spot_fraction * total + 1e-9:
+            return False
+        if spot and sp.on_demand_buffer_percent > 0:
+            dim = "gpus" if self.gpu_fleet else "cpu"
+            idle = sum(i.free.get(dim, 0.0) for i in opened if i.cap.market != "spot")
+            if idle * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
+                return False
+        spot_caps = [i.cap for i in opened if i.cap.market == "spot"]
+        if spot_caps and (len({c.instance_type for c in spot_caps}) < sp.min_instance_types or len({c.zone for c in spot_caps}) < sp.min_zones):
+            return False
+        for t, r in p.tenants.items():
+            if r.spot_fraction is not None:
+                s_, tot = self.tenant_spot[t]
+                if s_ > r.spot_fraction * tot + 1e-9:
+                    return False
+        return True
+
+    def _release(self, inst: _Inst) -> None:
+        """Give up a kept host: every job staying on it is no longer placed (whole, for gangs)."""
+        hosts_of = {}
+        for (dk, hk), n in list(self.a.stay.items()):
+            if hk == inst.key and n:
+                hosts_of[dk] = n
+        demands = {d.key: d for d in self.p.demands}
+        for dk in hosts_of:
+            d = demands[dk]
+            # Every item of d kept anywhere goes (a gang is whole or nothing; identical jobs: those here).
+            cells = [(hk, n) for (k, hk), n in self.a.stay.items() if k == dk and n and (d.gang or hk == inst.key)]
+            jobs_lost = 1 if d.gang else sum(n for _, n in cells)
+            for hk, n in cells:
+                host = self.opened[hk]
+                for _ in range(n):
+                    self._unrecord(d, host, stay=True)
+            self.a.placed[dk] -= jobs_lost
+            if dk in demands and d.tenant in self.tenant_use:
+                for k in DIMS:
+                    self.tenant_use[d.tenant][k] -= d.req(k) * d.replicas * jobs_lost
+        for hk in [k for k, i in self.opened.items() if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
+            self._close(self.opened[hk])
 
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:
         """A gang that lost replicas: keep the survivors and place the missing ones beside them
@@ -443,7 +503,13 @@ def greedy(problem: Problem) -> Assignment:
     cache: dict = {}
     order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
                                                    -_dominant(d, problem, cache), d.key))
+    g.keeping = True
     g.keep_running(order)
+    g.keeping = False
+    g.settle_spot(order)
+    for d, cells in g.to_heal:
+        if g._quota_ok(d):
+            g._heal(d, cells)
     g.pool_minimums()
     for d in order:
         left = len(d.jobs) - g.a.placed[d.key]
