@@ -46,7 +46,7 @@ class SimCloud:
             finally:  # also on error: injected faults count down even when a call fails
                 if write:
                     tmp = self.path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                    tmp.write_text(json.dumps(data, separators=(",", ":")))  # compact: rewritten on every call
                     os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
 
     # -- faults, for tests and demos ------------------------------------------------

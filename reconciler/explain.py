@@ -17,15 +17,23 @@ from reconciler.problem import DIMS, Capacity, Demand, Problem, TenantRules, fit
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
 
+_USAGE: dict[tuple[int, int, str], dict[str, dict[str, float]]] = {}
+
+
 def tenant_usage(problem: Problem, solution, tenant: str, part: str = "placed") -> dict[str, float]:
     """Requested resources of a tenant's placed jobs (part="guaranteed": only those inside its guarantee)."""
-    use = {dim: 0.0 for dim in DIMS}
-    src = solution.guaranteed if part == "guaranteed" and solution.guaranteed else solution.placed
-    for d in problem.demands:
-        if d.tenant == tenant:
+    key = (id(problem), id(solution), part)
+    table = _USAGE.get(key)
+    if table is None:
+        _USAGE.clear()  # one plan at a time: keep the memo small
+        src = solution.guaranteed if part == "guaranteed" and solution.guaranteed else solution.placed
+        table = {}
+        for d in problem.demands:
+            use = table.setdefault(d.tenant, {dim: 0.0 for dim in DIMS})
             for dim in DIMS:
                 use[dim] += src.get(d.key, 0) * d.replicas * d.req(dim)
-    return use
+        _USAGE[key] = table
+    return dict(table.get(tenant, {dim: 0.0 for dim in DIMS}))
 
 
 def _what(d: Demand) -> str:

@@ -205,7 +205,7 @@ def _resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict
 def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solution: Solution) -> Plan:
     # The id covers what the plan does, so two different plans never share idempotency keys.
     pid = plan_id(desired, observed, json.dumps(sorted(solution.new.items())) + json.dumps(sorted(solution.keep)))
-    caps = {c.key: c for c in problem.capacities}
+    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}  # with the solver's zone classes
     hosts = {c.key: c for c in problem.capacities if c.existing}
     demand_of = {job: d for d in problem.demands for job in d.jobs}
 
@@ -246,19 +246,21 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     unpacked: set[str] = set()
     pgs = {d.key: f"{desired.fleet}-{d.jobs[0]}" for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
     bins_of: dict[str, list[Bin]] = {}
+    staying_at: dict[str, list[tuple[str, int]]] = {}
+    for job, items in slots.items():
+        for r, at in enumerate(items):
+            if at is not None:
+                staying_at.setdefault(at, []).append((job, r))
     for hk in sorted(solution.keep):
         h = hosts[hk]
         b = Bin.empty(h, hk)
-        known = _resident_gpus(h, problem, observed)
-        for job, items in slots.items():
-            for r, at in enumerate(items):
-                if at != hk:
-                    continue
-                d = demand_of[job]
-                idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
-                b.reserve(d, idx)
-                gpu_of[(job, r)] = tuple(idx)
-                where[(job, r)] = hk
+        known = _resident_gpus(h, problem, observed) if h.gpus else {}
+        for job, r in staying_at.get(hk, []):
+            d = demand_of[job]
+            idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
+            b.reserve(d, idx)
+            gpu_of[(job, r)] = tuple(idx)
+            where[(job, r)] = hk
         left = pack_items([b], [(d, job, r, pgs.get(d.key)) for d, job, r in to_host.get(hk, [])])
         unpacked.update(job for _, job, _, _ in left)
         bins_of[hk] = [b]
@@ -271,11 +273,10 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         pool_count[caps[ok].pool] = pool_count.get(caps[ok].pool, 0) + n
     cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
     repairs = 0
-    for ok in sorted(solution.new):
-        cap = caps[ok]
-        bins = [Bin.empty(cap, f"{ok}#{i}") for i in range(solution.new[ok])]
 
-        def more(cap=cap, ok=ok):
+    def more_of(cap: Capacity, ok: str):
+        """One more instance of an offer, if its pool and the budget allow (a packing repair)."""
+        def more():
             nonlocal repairs, cost
             lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
             if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
@@ -283,11 +284,26 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             pool_count[cap.pool] = pool_count.get(cap.pool, 0) + 1
             cost += cap.price
             repairs += 1
-            return Bin.empty(cap, f"{ok}#r{repairs}")
+            b = Bin.empty(cap, f"{ok}#r{repairs}")
+            bins_of.setdefault(ok, []).append(b)
+            return b
+        return more
 
-        left = pack_items(bins, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer.get(ok, [])], more)
+    # Work pinned to a zone first, on its zone's instances; then work placed on a zone class,
+    # on any instance of its zones (cheapest zone first).
+    for ok in sorted(solution.new):
+        bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
+    for ok in sorted(k for k in to_offer if not caps[k].members):
+        bins_of.setdefault(ok, [])
+        view = list(bins_of[ok])
+        left = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ok]], more_of(caps[ok], ok))
         unpacked.update(job for _, job, _, _ in left)
-        bins_of[ok] = bins
+    for ck in sorted(k for k in to_offer if caps[k].members):
+        cls = caps[ck]
+        zones = sorted(cls.members, key=lambda k: (caps[k].price, k))
+        view = [b for k in zones for b in bins_of.get(k, [])]
+        left = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ck]], more_of(caps[zones[0]], zones[0]))
+        unpacked.update(job for _, job, _, _ in left)
 
     # A gang is whole or nothing: take every item of a job that did not pack back out.
     for bins in bins_of.values():
@@ -297,7 +313,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
 
     # 3. Name the new instances.
     refs: dict[str, str] = {}  # bin ref -> "+n"
-    for ok in sorted(solution.new):
+    for ok in sorted(k for k in bins_of if not caps[k].existing):
         for b in bins_of[ok]:
             if not b.items and b.ref.split("#")[1].startswith("r"):
                 continue  # a repair instance left empty after a gang was taken out

@@ -138,6 +138,7 @@ class Capacity:
     keep_blocker: str | None = None  # existing: why it must go (pool removed, drifted from spec)
     residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
     frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
+    members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
 
     @property
     def existing(self) -> bool:
@@ -147,6 +148,11 @@ class Capacity:
     def offer_key(self) -> str:
         """The (pool, zone, type, market) class this capacity belongs to."""
         return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}"
+
+    @property
+    def class_key(self) -> str:
+        """The same across the zones of a pool: (pool, type, market)."""
+        return f"{self.pool}/*/{self.instance_type}/{self.market}"
 
     @property
     def site(self) -> tuple[str, str]:
@@ -438,14 +444,13 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
     """Bound each offer's count: no optimum buys more instances of it than its compatible items
     need one by one (or the pool minimum), nor more than the pool allows."""
     sized = []
-    fits_cache: dict[tuple, int] = {}
+    by_type: dict[tuple, list[Demand]] = {}
+    for d in demands:
+        by_type.setdefault(_type_class(d), []).append(d)
     for c in offers:
         bound = 0
-        for d in demands:
-            k = (d.key, c.offer_key)
-            f = fits_cache.get(k)
-            if f is None:
-                f = fits_cache[k] = fit(d, c)
+        for d in by_type.get(_type_class(c), []):
+            f = fit(d, c)
             if f:
                 bound += math.ceil(len(d.jobs) * d.replicas / f)
         lo, hi = pool_bounds[c.pool]
@@ -494,51 +499,88 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
 # ---------------------------------------------------------------- freezing
 
 
+def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+    use: dict[str, dict[str, float]] = {}
+    for d in demands:
+        u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
+        for k in DIMS:
+            u[k] += d.req(k) * d.running_items
+    return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.guarantee.items())}
+
+
+def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:
+    """Could pending work p ever evict running work r? Inside one tenant, a higher class may
+    (PlacementPolicy preemption: LowerPriority); across tenants only borrowed work is taken,
+    to give a guarantee back or to a higher class. Guaranteed work is never taken by others."""
+    if p.tenant == r.tenant:
+        return preemption == "LowerPriority" and p.klass > r.klass
+    return r.tenant in borrowing and (p.tenant not in borrowing or p.klass > r.klass)
+
+
+def _type_class(x) -> tuple:
+    """(GPU model or None for CPU-only, MIG or not): capacity and work of different classes never meet."""
+    if isinstance(x, Capacity):
+        return (x.gpu_type if x.gpus else None, bool(x.mig))
+    return (x.gpu_type if (x.gpus or x.mig) else None, x.mig is not None)
+
+
 def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand], desired: DesiredState,
             tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]]) -> set[str]:
     """Hosts no decision can change, solved as constants. A host is frozen only when it is
     keepable and full (no compatible item fits in what is free), its residents all fit and
-    may stay, no pending work could evict them (higher class, or reclaiming a guarantee
-    they borrow), no cheaper offer could take them all (consolidation), and no fleet-wide
-    rule is broken now (pool max, budgets, quotas, spot rules). Everything else is solved."""
+    may stay, no pending work may evict them (`may_preempt`), moving them to their cheapest
+    capacity would not save (consolidation), and no fleet-wide rule is broken now (pool max,
+    budgets, quotas, spot rules). Everything else is solved. Checks are by GPU model, not by
+    pool or region, so they err towards solving more."""
     by_key = {d.key: d for d in demands}
     pending = [d for d in demands if d.running_jobs < len(d.jobs) or d.running_items < d.running_jobs * d.replicas]
     # Fleet-wide states that force a look at everything.
-    cost = sum(h.price for h in hosts)
-    if desired.guardrails.max_hourly_budget is not None and cost > desired.guardrails.max_hourly_budget:
+    if desired.guardrails.max_hourly_budget is not None and sum(h.price for h in hosts) > desired.guardrails.max_hourly_budget:
         return set()
     sp = desired.spot_policy
-    if sp.max_spot_fraction < 1 or sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
-        spot_p = sum(h.primary for h in hosts if h.market == "spot")
-        total_p = sum(h.primary for h in hosts)
-        if spot_p > sp.max_spot_fraction * total_p + 1e-9 or sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
-            unfrozen_markets = {"spot", "on-demand"}
-        else:
-            unfrozen_markets = set()
-    else:
-        unfrozen_markets = set()
+    spot_p = sum(h.primary for h in hosts if h.market == "spot")
+    total_p = sum(h.primary for h in hosts)
+    spot_rules = sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1
+    unfrozen_markets = {"spot", "on-demand"} if (spot_rules or spot_p > sp.max_spot_fraction * total_p + 1e-9) else set()
     per_pool: dict[str, int] = {}
     for h in hosts:
         per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
     over_pools = {p for p, n in per_pool.items() if p in pool_bounds and n > pool_bounds[p][1]}
-    # Tenants over a cap, a budget or a spot share now, or with borrowed work a guarantee may reclaim.
-    use: dict[str, dict[str, float]] = {t: {k: 0.0 for k in DIMS} for t in tenants}
+    # Tenants over a cap now, or with budgets or spot shares (which tie all their work together).
+    use: dict[str, dict[str, float]] = {}
     for d in demands:
-        for _ in d.running:
-            for k in DIMS:
-                use.setdefault(d.tenant, {k: 0.0 for k in DIMS})[k] += d.req(k) * d.replicas
-    hot_tenants = set()
-    for t, r in tenants.items():
-        u = use.get(t, {})
-        if any(u.get(k, 0) > v + 1e-9 for k, v in r.cap.items()) or r.budget is not None or r.spot_fraction is not None:
-            hot_tenants.add(t)
-    borrowing = {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0) > v + 1e-9 for k, v in r.guarantee.items())}
-    reclaimers = {d.tenant for d in pending if d.tenant not in borrowing}
-    cheapest: dict[tuple, float] = {}
-    for o in offers:
-        k = (o.gpu_type, o.mig)
-        cheapest[k] = min(cheapest.get(k, math.inf), o.price)
+        u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
+        for k in DIMS:
+            u[k] += d.req(k) * d.running_items
+    hot = {t for t, r in tenants.items()
+           if any(use.get(t, {}).get(k, 0) > v + 1e-9 for k, v in r.cap.items()) or r.budget is not None or r.spot_fraction is not None}
+    borrowing = borrowing_tenants(demands, tenants)
+    preemption = desired.placement.preemption
+    # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.
+    smallest: dict[tuple, dict[str, float]] = {}
+    for d in demands:
+        cur = smallest.setdefault(_type_class(d), {})
+        for k in d.dims:
+            cur[k] = min(cur.get(k, math.inf), d.req(k))
+    pending_by_type: dict[tuple, set[tuple[str, int]]] = {}
+    for d in pending:
+        pending_by_type.setdefault(_type_class(d), set()).add((d.tenant, d.klass))
+    # The cheapest $/h per item of each demand on any offer: what consolidation would pay.
+    slice_price: dict[str, float] = {}
     consolidate = desired.placement.consolidation == "WhenUnderutilized"
+    if consolidate:
+        by_type: dict[tuple, list[Capacity]] = {}
+        for o in offers:
+            by_type.setdefault(_type_class(o), []).append(o)
+        for d in demands:
+            if d.running:
+                best = math.inf
+                for o in by_type.get(_type_class(d), []):
+                    f = fit(d, o)
+                    if f:
+                        best = min(best, o.price / f)
+                slice_price[d.key] = best
 
     frozen = set()
     for h in hosts:
@@ -547,27 +589,31 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         res = [(by_key[dk], n) for dk, _, n in h.residents if dk in by_key]
         if len(res) != len(h.residents) or any(fit(d, h) == 0 for d, _ in res):
             continue
-        if any(d.tenant in hot_tenants for d, _ in res):
+        if any(d.tenant in hot for d, _ in res):
             continue
         if any(d.gang and d.running_items < d.running_jobs * d.replicas for d, _ in res):
             continue  # a gang that lost a replica is healed around its survivors
-        free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})}
-        open_room = False
-        for d in demands:
-            if rules_allow(d, h) and all(d.req(k) <= free.get(k, 0) + 1e-9 for k in d.dims if d.req(k) > 0):
-                open_room = True
-                break
-        if open_room:
+        tc = _type_class(h)
+        dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
+        free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}
+        need = smallest.get(tc)
+        if need and all(free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+            continue  # room for more
+        rivals = pending_by_type.get(tc, ())
+        if any(may_preempt(_Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):
             continue
-        low = min(d.klass for d, _ in res)
-        if any(p.klass > low and rules_allow(p, h) for p in pending):
-            continue
-        if any(d.tenant in borrowing for d, _ in res) and any(p.tenant in reclaimers and rules_allow(p, h) for p in pending):
-            continue
-        if consolidate and cheapest.get((h.gpu_type, h.mig), math.inf) < h.price - 1e-9:
-            continue
+        if consolidate and sum(slice_price.get(d.key, math.inf) * n for d, n in res) < h.price * 0.97:
+            continue  # its work fits more cheaply elsewhere
         frozen.add(h.instance_id)
     return frozen
+
+
+@dataclass(frozen=True)
+class _Rival:
+    """The part of a pending demand `may_preempt` reads."""
+
+    tenant: str
+    klass: int
 
 
 # ---------------------------------------------------------------- the problem
@@ -635,8 +681,12 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 
     caps = hosts + offers
     static_pending = {}
+    caps_by_type: dict[tuple, list[Capacity]] = {}
+    for c in caps:
+        if c.keep_blocker is None:
+            caps_by_type.setdefault(_type_class(c), []).append(c)
     for d in demands:
-        if not any(fit(d, c) > 0 and c.keep_blocker is None for c in caps):
+        if not any(fit(d, c) > 0 for c in caps_by_type.get(_type_class(d), [])):
             reason = _why_nothing_fits(d, desired, observed, offers)
             for j in d.jobs:
                 static_pending[j] = reason

@@ -29,7 +29,7 @@ from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
+from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, may_preempt, rules_allow, share
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -129,23 +129,43 @@ class _Model:
                 self.stay[(dk, h.key)] = v
                 self.stay_of.setdefault(dk, []).append((h, v))
 
+        # Zone classes: the offers of one (pool, type, market) across its zones. Work that does
+        # not care which zone (no gang, no zone-dependent cost or latency rule) is placed on
+        # the class, so it costs one variable per pool and type instead of one per zone.
+        self.classes: dict[str, Capacity] = {}
+        self.class_of: dict[str, str] = {}
+        members: dict[str, list[Capacity]] = {}
+        for o in offers:
+            members.setdefault(o.class_key, []).append(o)
+        for ck, os_ in members.items():
+            if len(os_) < 2:
+                continue
+            rep = min(os_, key=lambda o: (o.price, o.key))
+            self.classes[ck] = replace(rep, key=ck, price=max(o.price for o in os_), max_new=sum(o.max_new for o in os_),
+                                       members=tuple(o.key for o in os_))
+            for o in os_:
+                self.class_of[o.key] = ck
+        self.caps.update(self.classes)
+
         # New items per (group, capacity). On a host, only where they could land: in its free
         # room, or (preemption, reclaim) where pending work may evict a resident.
         self.x: dict[tuple[str, str], object] = {}
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         room = {h.key: _free_room(h, self.demands) for h in hosts if not h.frozen and h.keep_blocker is None}
-        borrowing = _borrowing_tenants(problem)
-        for gk, members in problem.groups.items():
-            rep = self.demands[members[0]]
-            total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members)
-            pending = any(self.demands[k].running_jobs < len(self.demands[k].jobs) for k in members)
-            klass = max(self.demands[k].klass for k in members)
-            tenants = {self.demands[k].tenant for k in members}
-            for c in problem.capacities:
+        borrowing = borrowing_tenants(problem.demands, problem.tenants)
+        preemption = problem.placement.preemption
+        by_type: dict[tuple, list[Capacity]] = {}  # GPU model (and MIG or not) -> capacities, to skip the rest at once
+        for c in problem.capacities:
+            if not (c.existing and (c.frozen or c.keep_blocker is not None)):
+                by_type.setdefault((c.gpu_type if c.gpus else None, bool(c.mig)), []).append(c)
+        for gk, members_ in problem.groups.items():
+            rep = self.demands[members_[0]]
+            total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
+            pending = [self.demands[k] for k in members_ if self.demands[k].running_jobs < len(self.demands[k].jobs)]
+            done_classes: set[str] = set()
+            for c in by_type.get((rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None), []):
                 if c.existing:
-                    if c.frozen or c.keep_blocker is not None:
-                        continue
                     if rep.gang_mode == "placement-group" and rep.gang:
                         continue  # a placement group is launched together: new members are new instances
                     res = [self.demands[dk] for dk, _, _ in c.residents if dk in self.demands]
@@ -153,9 +173,17 @@ class _Model:
                         continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                     free = room[c.key]
                     fits_free = all(rep.req(k) <= free.get(k, 0.0) + 1e-9 for k in rep.dims if rep.req(k) > 0)
-                    evicts = pending and any(d.klass < klass or (d.tenant in borrowing and d.tenant not in tenants) for d in res)
+                    evicts = any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
                     if not fits_free and not evicts:
                         continue
+                elif c.key in self.class_of and not rep.gang:
+                    ck = self.class_of[c.key]
+                    if ck in done_classes:
+                        continue
+                    zones = [self.caps[k] for k in self.classes[ck].members]
+                    if all(fit(rep, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
+                        done_classes.add(ck)
+                        c = self.classes[ck]  # one variable for every zone of the class
                 f = fit(rep, c)
                 if f <= 0:
                     continue
@@ -178,10 +206,21 @@ class _Model:
         resident_load: dict[str, list[tuple[Demand, object]]] = {}
         for (dk, hk), v in self.stay.items():
             resident_load.setdefault(hk, []).append((self.demands[dk], v))
+        # One capacity row per instance (host), per zone offer for the work pinned to its zone,
+        # and per zone class for everything its zones hold together.
+        rows: list[tuple[Capacity, list, object, int]] = []  # (shape, items, instances, most instances)
         for c in self.p.capacities:
             if c.existing and c.frozen:
                 continue
             items = self.x_at.get(c.key, []) + (resident_load.get(c.key, []) if c.existing else [])
+            if c.existing or c.key not in self.class_of:
+                rows.append((c, items, self.use[c.key], 1 if c.existing else c.max_new))
+            elif items:
+                rows.append((c, items, self.use[c.key], c.max_new))
+        for ck, cls in self.classes.items():
+            items = self.x_at.get(ck, []) + [it for k in cls.members for it in self.x_at.get(k, [])]
+            rows.append((cls, items, sum(self.use[k] for k in cls.members), cls.max_new))
+        for c, items, n, most in rows:
             items = [(d, v) for d, v in items if not isinstance(v, int) or v]
             if not items:
                 continue
@@ -189,12 +228,12 @@ class _Model:
             for dim in dims:
                 s = scale(dim)
                 terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
-                m.add(_wsum(terms) <= math.floor(c.cap(dim) * s + 1e-6) * self.use[c.key])
+                m.add(_wsum(terms) <= math.floor(c.cap(dim) * s + 1e-6) * n)
                 if not c.existing:
                     # Items bigger than half an instance in a dimension each need their own (a valid cut).
                     big = [v for d, v in items if d.req(dim) * 2 > c.cap(dim) + 1e-9]
-                    if len(big) > 0 and c.max_new > 1:
-                        m.add(sum(big) <= self.use[c.key])
+                    if len(big) > 0 and most > 1:
+                        m.add(sum(big) <= n)
 
     # -- demands, guarantees
 
@@ -346,9 +385,9 @@ class _Model:
             need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
             idle = [(10000 * prim(c), self.use[c.key]) for c in od]
             dim = "gpus" if gpu_fleet else "cpu"
-            for c in od:
-                for d, v in self.x_at.get(c.key, []):
-                    idle.append((-10000 * round(d.req(dim)), v))
+            for (gk, ck), v in self.x.items():
+                if self.caps[ck].market != "spot":
+                    idle.append((-10000 * round(self.demands[self.p.groups[gk][0]].req(dim)), v))
             for (dk, hk), v in self.stay.items():
                 c = self.caps[hk]
                 if c.market != "spot":
@@ -529,7 +568,10 @@ class _Model:
         per_group: dict[tuple[str, str], int] = {}
         for (dk, ck), n in a.x.items():
             if dk in self.group_of:
-                k = (self.group_of[dk], ck)
+                gk = self.group_of[dk]
+                if (gk, ck) not in self.x and self.class_of.get(ck):
+                    ck = self.class_of[ck]
+                k = (gk, ck)
                 per_group[k] = per_group.get(k, 0) + n
         for k, v in self.x.items():
             m.add_hint(v, per_group.get(k, 0))
@@ -568,20 +610,6 @@ def _free_room(h: Capacity, demands: dict[str, Demand]) -> dict[str, float]:
             for k in d.dims:
                 free[k] = free.get(k, 0.0) - d.req(k) * n
     return free
-
-
-def _borrowing_tenants(p: Problem) -> set[str]:
-    """Tenants running more than their guarantee now: their excess may be reclaimed."""
-    out = set()
-    for t, r in p.tenants.items():
-        use = {k: 0.0 for k in DIMS}
-        for d in p.demands:
-            if d.tenant == t:
-                for k in DIMS:
-                    use[k] += d.req(k) * d.running_items
-        if any(use[k] > v + 1e-9 for k, v in r.guarantee.items()):
-            out.add(t)
-    return out
 
 
 def _complete(model: "_Model", tiers: list[_Tier], s: cp_model.CpSolver) -> list[int] | None:
@@ -779,10 +807,11 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         sub.proto.solution_hint.vars.extend(range(len(hint)))
         sub.proto.solution_hint.values.extend(hint)
         # One worker: CP-SAT's LP-guided search, which is what finds good answers in this small
-        # neighbourhood (2 workers gave 12.8k-14.0k $/h at 1k jobs depending on the seed; 1 gives 12.8k).
-        # Its dive lands within ~0.2 s at 1k jobs; longer rarely helps (the full model follows if needed).
-        s = solver_for(max(0.1, min(deadline - time.monotonic(), max(0.4, time_limit * 0.02))), presolve=True,
-                       num_workers=1, linearization_level=2, log_search_progress=bool(os.environ.get("FLEETOPS_SOLVER_DEBUG")))
+        # neighbourhood (2 workers gave 12.8k-14.0k $/h at 1k jobs depending on the seed; 1 gives
+        # 12.8k). It stops once within the gap of the LP bound (the cut above is in the clone):
+        # about 0.2 s at 1k jobs, 2.3 s at 5k; up to half the time left otherwise.
+        s = solver_for(max(0.1, (deadline - time.monotonic()) * 0.5), presolve=True, num_workers=1, linearization_level=2,
+                       relative_gap_limit=gap_limit, log_search_progress=bool(os.environ.get("FLEETOPS_SOLVER_DEBUG")))
         st = s.solve(sub)
         if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             hint, value, status = list(s.response_proto.solution), s.objective_value, "FEASIBLE"
@@ -859,10 +888,10 @@ def _extract(problem: Problem, model: _Model, values: list[int], tiers: list[Tie
 def _split(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
     """Share each group's new items per capacity among its demands: each demand gets what it
     placed minus what stays."""
-    need = {}
-    for d in problem.demands:
-        staying = sum(n for (dk, _), n in stay.items() if dk == d.key)
-        need[d.key] = placed.get(d.key, 0) * d.replicas - staying
+    staying: dict[str, int] = {}
+    for (dk, _), n in stay.items():
+        staying[dk] = staying.get(dk, 0) + n
+    need = {d.key: placed.get(d.key, 0) * d.replicas - staying.get(d.key, 0) for d in problem.demands}
     out: dict[tuple[str, str], int] = {}
     cells_of: dict[str, list[tuple[str, int]]] = {}
     for (gk, ck), n in sorted(xg.items()):
