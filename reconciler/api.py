@@ -19,7 +19,7 @@ from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
 from reconciler.plan import Plan, make_plan
 from reconciler.problem import Problem, build_problem
-from reconciler.solve import Solution, solve
+from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
 from reconciler.state import state_dir, utcnow
 from reconciler.status import write_status
@@ -48,9 +48,9 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
-          now: datetime | None = None) -> PlanResult:
+          now: datetime | None = None, gap: float = GAP_LIMIT) -> PlanResult:
     problem = build_problem(desired, observed, provider, now=now or utcnow())
-    solution = solve(problem, time_limit=time_limit)
+    solution = solve(problem, time_limit=time_limit, gap_limit=gap)
     plan = make_plan(desired, observed, problem, solution)
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
     return PlanResult(plan, desired, observed, problem, solution)
@@ -58,7 +58,7 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
 
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
-         now: datetime | None = None) -> PlanResult:
+         now: datetime | None = None, gap: float = GAP_LIMIT) -> PlanResult:
     """`state`: the state backend URL (None/'local' or s3://bucket/prefix). `now`: the time
     priority aging is measured at (default: the clock)."""
     config_dir = Path(config_dir)
@@ -66,31 +66,31 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
     observed = fleet.observe(backend.load())
-    return _plan(desired, observed, provider, time_limit, allow_destroy, now)
+    return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap)
 
 
 def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-            options: dict | None = None, state: str | None = None, now: datetime | None = None):
+            options: dict | None = None, state: str | None = None, now: datetime | None = None, gap: float = GAP_LIMIT):
     """Why JOB runs where it does or is pending, and (for a pending job) which single change
     to the desired state would place it, each checked by planning again against the same fleet."""
     from reconciler.errors import ReconcileError
     from reconciler.explain import explain_job
 
-    res = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, now=now)
+    res = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, now=now, gap=gap)
     if job not in res.desired.jobs:
         raise ReconcileError(f"no job {job!r} in {config_dir} (jobs: {', '.join(sorted(res.desired.jobs)[:10])}{' ...' if len(res.desired.jobs) > 10 else ''})")
     when = now or utcnow()
     quick = max(1.0, min(time_limit, 5.0))
 
     def resolve(desired: DesiredState) -> Plan:
-        return _plan(desired, res.observed, provider, quick, None, when).plan
+        return _plan(desired, res.observed, provider, quick, None, when, gap).plan
 
     return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
 
 
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
           time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
-          state: str | None = None) -> ApplyResult:
+          state: str | None = None, gap: float = GAP_LIMIT) -> ApplyResult:
     """Plan (or take a saved plan), check guardrails, apply, write status.
 
     Raises StalePlanError or GuardrailError before any provider call; raises
@@ -111,7 +111,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
                 raise StalePlanError("stale plan: the fleet changed since the plan was made (instances or placements); run `reconcile plan` again")
             the_plan = replace(saved_plan, violations=tuple(violations(saved_plan, desired.guardrails, allow_destroy)))
         else:
-            the_plan = _plan(desired, observed, provider, time_limit, allow_destroy).plan
+            the_plan = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap).plan
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
         report = apply_plan(desired, observed, the_plan, fleet, current)
@@ -189,7 +189,7 @@ def _resulting_fleet(plan: Plan, observed: Observed) -> tuple[dict[str, int], di
 
 
 def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-         options: dict | None = None, state: str | None = None) -> DiffResult:
+         options: dict | None = None, state: str | None = None, gap: float = GAP_LIMIT) -> DiffResult:
     """Plan the config at `base_ref` and the working config against the same fleet, and
     report only what differs: the change a pull request makes, not the fleet's drift."""
     import tempfile
@@ -197,13 +197,13 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
     from reconciler.gitops import export_config
 
     config_dir = Path(config_dir)
-    head = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state)
+    head = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, gap=gap)
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = export_config(config_dir, base_ref, Path(tmp) / "base")
         base_desired = load(base_dir)
         backend = backend_for(config_dir, state)
         fleet = Fleet(base_desired, state_dir(config_dir), provider, options)  # the same fleet state as head
-        base = _plan(base_desired, fleet.observe(backend.load()), provider, time_limit, None)
+        base = _plan(base_desired, fleet.observe(backend.load()), provider, time_limit, None, gap=gap)
     docs = []
     bd, hd = base.desired, head.desired
     for kind, b, h in (("Tenant", bd.tenants, hd.tenants), ("Pool", bd.pools, hd.pools), ("Job", bd.jobs, hd.jobs)):

@@ -20,9 +20,10 @@ app.add_typer(sim_app, name="sim")
 
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
-TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT time limit in seconds.")
+TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT time limit in seconds (0: greedy best-fit only).")
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
 StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default) or s3://bucket/prefix.")
+GapOpt = typer.Option(0.03, "--gap", help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
 
 
 def _options(pairs: Optional[list[str]]) -> dict:
@@ -74,6 +75,7 @@ def plan(
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode", help="Exit 2 when the plan has changes."),
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
@@ -86,7 +88,7 @@ def plan(
         raise typer.BadParameter("--format must be human, markdown or json")
     try:
         res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                       options=_options(provider_option), state=state)
+                       options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
         _fail(e)
     from reconciler.render import markdown_truncates
@@ -107,6 +109,7 @@ def apply(
     auto_approve: bool = typer.Option(False, "--auto-approve", help="Do not ask before applying."),
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
@@ -127,7 +130,7 @@ def apply(
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
         elif not auto_approve:
-            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state)
+            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state, gap=gap)
             typer.echo(render_human(preview.plan), nl=False)
             if not preview.plan.has_changes:
                 return
@@ -139,7 +142,7 @@ def apply(
                 raise typer.Exit(1)
             saved = preview.plan
         res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                        options=opts, state=state)
+                        options=opts, state=state, gap=gap)
     except ApplyError as e:
         res = e.result  # type: ignore[attr-defined]
         typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
@@ -179,6 +182,7 @@ def diff(
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode", help="Exit 2 when the change alters the fleet."),
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
 ) -> None:
@@ -189,7 +193,7 @@ def diff(
     from reconciler.render import render_diff_markdown
 
     try:
-        d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state)
+        d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
         _fail(e)
     if fmt == "json":
@@ -200,6 +204,30 @@ def diff(
         typer.echo(render_diff_markdown(d), nl=False)
     if detailed_exitcode and d.has_changes:
         raise typer.Exit(2)
+
+
+@app.command()
+def explain(
+    config_dir: Path = ConfigDir,
+    job: str = typer.Argument(..., help="The Job to explain."),
+    fmt: str = typer.Option("human", "--format", help="human | json"),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
+    provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
+) -> None:
+    """Why JOB runs where it does, or why it is pending and which single change would place it."""
+    from dataclasses import asdict
+
+    from reconciler import api
+    from reconciler.render import render_explanation
+
+    try:
+        e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
+    except ReconcileError as err:
+        _fail(err)
+    typer.echo(json.dumps(asdict(e), indent=2) if fmt == "json" else render_explanation(e), nl=False)
 
 
 @app.command()

@@ -72,12 +72,16 @@ def pending_reason(d: Demand, problem: Problem, solution, job: str | None = None
                 return f"tenant budget: {d.tenant} spends ${spent:,.2f}/h of its ${r.budget:,.2f}/h; the job needs at least ${cheapest:,.2f}/h more"
     caps = [c for c in problem.capacities if fit(d, c) > 0 and c.keep_blocker is None]
     pools = sorted({c.pool for c in caps})
-    # 2. Pools at their ceiling.
+    # 2. Pools at (or too near) their ceiling for this job.
     in_use = _in_use(problem, solution)
-    full = [p for p in pools if in_use.get(p, 0) >= problem.pool_bounds[p][1]]
-    if pools and len(full) == len(pools):
+    room = {p: problem.pool_bounds[p][1] - in_use.get(p, 0) for p in pools}
+    best_fit = {p: max((fit(d, c) for c in caps if c.pool == p and not c.existing), default=0) for p in pools}
+    can_hold = sum(max(0, room[p]) * best_fit[p] for p in pools)
+    if pools and can_hold < d.replicas:
         head = "evicted: " if evicted else ""
-        return head + f"pools at max_instances: {', '.join(f'{p} ({problem.pool_bounds[p][1]})' for p in full)}" + _outranked(d, problem, solution)
+        parts = ", ".join(f"{p} {in_use.get(p, 0)}/{problem.pool_bounds[p][1]}" for p in pools)
+        need = f"; the job needs room for {d.replicas} {'replicas' if d.replicas > 1 else 'replica'}" if d.replicas > 1 else ""
+        return head + f"pools at max_instances ({parts}){need}" + _outranked(d, problem, solution)
     # 3. Fleet budget.
     if problem.budget is not None:
         cheapest = min((c.price for c in caps if not c.existing), default=None)
@@ -156,6 +160,11 @@ class Explanation:
     tried: tuple[str, ...] = field(default=())  # relaxations tried that did not
 
 
+def _span(g) -> str:
+    g = sorted(g)
+    return f"{g[0]}-{g[-1]}" if len(g) > 1 and g[-1] - g[0] == len(g) - 1 else ",".join(map(str, g))
+
+
 def _cap_label(c: Capacity) -> str:
     return f"{c.pool} {c.cloud}/{c.zone} {c.instance_type} {c.market}"
 
@@ -200,7 +209,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
             else:
                 c = caps.get(i)
                 hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
-        where = ", ".join(hosts[i] + (f" GPUs {list(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
+        where = ", ".join(hosts[i] + (f" GPUs {_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
         state = {"keep": "running", "place": "placed", "move": "moved"}[change.action]
         summary = f"{state} on {where}"
         if change.reason:

@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from reconciler.explain import _span
 from reconciler.plan import Plan
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -25,10 +26,30 @@ def summary_line(plan: Plan) -> str:
 def _solver_line(plan: Plan) -> str:
     s = plan.solver
     if s.status == "GREEDY_FALLBACK":
-        return (f"CP-SAT found no solution in {s.seconds:.2f}s: this plan is greedy best-fit (work gap up to {s.gap:.1%}); "
-                f"raise --time-limit for a better one; plan {plan.id}")
-    quality = "optimal" if s.optimal else f"feasible, gap {s.gap:.2%}"
-    return f"CP-SAT {quality} in {s.seconds:.2f}s; plan {plan.id}"
+        why = s.note or f"CP-SAT found no solution in {s.seconds:.2f}s"
+        return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
+    quality = "optimal" if s.optimal else f"within {s.gap:.2%} of the LP bound"
+    scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
+    repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
+    return f"CP-SAT {quality} in {s.seconds:.2f}s{scope}{repairs}; plan {plan.id}"
+
+
+def where(j) -> str:
+    """Instances of a job, with each replica's GPU indices: "i-1[0-3], +2[4-7]"."""
+    out = []
+    for i, ref in enumerate(j.instances):
+        g = j.gpus[i] if i < len(j.gpus) else ()
+        out.append(f"{ref}[{_span(g)}]" if g else ref)
+    return ", ".join(out)
+
+
+def consolidation_line(plan: Plan) -> str | None:
+    c = plan.consolidation
+    if c is None:
+        return None
+    payback = f", paid back in {c.move_cost / c.saving_per_hour:.1f} h" if c.saving_per_hour > 0 else ""
+    return (f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go, "
+            f"saving ${c.saving_per_hour:,.2f}/h for a one-time ${c.move_cost:,.2f} of restarts{payback}")
 
 
 def render_human(plan: Plan, width: int = 120) -> str:
@@ -56,8 +77,10 @@ def render_human(plan: Plan, width: int = 120) -> str:
         for col in ("job", "tenant", "action", "instances", "from", "note"):
             t.add_column(col)
         for j in moving:
-            t.add_row(j.job, j.tenant, j.action, ", ".join(j.instances) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
+            t.add_row(j.job, j.tenant, j.action, where(j) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
         con.print(t)
+    if consolidation_line(plan):
+        con.print(consolidation_line(plan))
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
         t = Table(title="Pending jobs", title_justify="left")
@@ -112,13 +135,20 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     moving = [j for j in plan.jobs if j.action in ("place", "move")]
     if moving:
         lines += [f"<details><summary>Job placements ({len(moving)})</summary>", ""]
-        lines += _md_table(["job", "tenant", "action", "instances", "note"], [[j.job, j.tenant, j.action, ", ".join(j.instances), j.reason] for j in moving], note)
+        lines += _md_table(["job", "tenant", "action", "instances", "note"], [[j.job, j.tenant, j.action, where(j), j.reason] for j in moving], note)
         lines += ["", "</details>", ""]
+    if consolidation_line(plan):
+        lines += [f"**{consolidation_line(plan)}**", ""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
         lines += [f"**Pending jobs ({len(pending)})**", ""]
         lines += _md_table(["job", "tenant", "state", "reason"], [[j.job, j.tenant, j.action, j.reason] for j in pending], note)
         lines.append("")
+    if plan.solver.tiers:
+        lines += ["<details><summary>Objective tiers (each held while the next was solved)</summary>", ""]
+        lines += _md_table(["tier", "value", "best possible", "how"], [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{t['bound']:,.0f}", t["status"].lower()]
+                                                                     for t in plan.solver.tiers], note)
+        lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
     text = "\n".join(lines) + "\n"
     if len(text) > MARKDOWN_MAX_CHARS:
@@ -152,4 +182,22 @@ def render_diff_markdown(d) -> str:
         lines.append("")
     for v in d.head.violations:
         lines.append(f"> :no_entry: **Guardrail:** {v}")
+    return "\n".join(lines) + "\n"
+
+
+def render_explanation(e) -> str:
+    """`reconcile explain JOB` for people."""
+    lines = [f"Job {e.job}: {e.summary}"]
+    lines += [f"  {d}" for d in e.details]
+    if e.alternatives:
+        lines.append("  Capacity it could use, cheapest first ($/h per replica: instance share + data egress + latency):")
+        lines += [f"    {a.where}: ${a.per_replica:,.4f}" for a in e.alternatives]
+    if e.would_change:
+        lines.append("  What would change it (each checked by planning again against the same fleet):")
+        lines += [f"    - {w}" for w in e.would_change]
+    if e.tried:
+        lines.append("  Not enough on its own:")
+        lines += [f"    - {w}" for w in e.tried]
+    if e.state in ("pending", "evicted") and not e.would_change:
+        lines.append("  No single change tried places it; several limits bind at once.")
     return "\n".join(lines) + "\n"
