@@ -38,7 +38,7 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
             cloud, region, zone, itype, market, pool = hosts[h]
             shape = cat.shape(cloud, itype)
             zones.add((cloud, zone))
-            if r.gpus:
+            if r.gpus or r.mig:
                 assert shape.gpu_type == r.gpu_type, f"{jc.job} wants {r.gpu_type}, {h} has {shape.gpu_type}"
             else:
                 assert shape.gpus == 0, f"CPU job {jc.job} on GPU instance {h}"
