@@ -274,13 +274,29 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
     repairs = 0
 
+    gpu_fleet = any(c.gpus for c in caps.values())
+    prim = (lambda c: c.gpus) if gpu_fleet else (lambda c: c.cpu)  # noqa: E731
+    fleet = {"all": sum(prim(hosts[h]) for h in solution.keep) + sum(prim(caps[k]) * n for k, n in solution.new.items())}
+    fleet["spot"] = sum(prim(hosts[h]) for h in solution.keep if hosts[h].market == "spot") + \
+        sum(prim(caps[k]) * n for k, n in solution.new.items() if caps[k].market == "spot")
+
     def more_of(cap: Capacity, ok: str):
-        """One more instance of an offer, if its pool and the budget allow (a packing repair)."""
+        """One more instance of an offer, if its pool, the budget and the spot share allow (a
+        packing repair). A spot repair is refused when the SpotPolicy asks for a buffer or
+        diversity the solver, not the packer, must keep."""
         def more():
             nonlocal repairs, cost
             lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
             if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
                 return None
+            sp = problem.spot
+            if cap.market == "spot":
+                if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
+                    return None
+                if fleet["spot"] + prim(cap) > sp.max_spot_fraction * (fleet["all"] + prim(cap)) + 1e-9:
+                    return None
+                fleet["spot"] += prim(cap)
+            fleet["all"] += prim(cap)
             pool_count[cap.pool] = pool_count.get(cap.pool, 0) + 1
             cost += cap.price
             repairs += 1

@@ -1,0 +1,172 @@
+"""The solver's machinery on plain data: decomposition, frozen hosts, zone classes, the LP
+bound, packing with GPU indices and repairs. Each test checks what the mechanism promises a
+user (same answer, faster; never an invalid plan), not how it is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconciler.greedy import greedy
+from reconciler.load import load
+from reconciler.pack import Bin, pack_items
+from reconciler.plan import make_plan
+from reconciler.problem import build_problem, components
+from reconciler.render import render_human
+from reconciler.solve import solve
+from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
+from tests.invariants import check_plan
+
+
+def _setup(tmp_path: Path, docs, instances=(), placements=None):
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, list(instances), placements)
+    return desired, observed
+
+
+def test_independent_regions_and_tenants_are_solved_apart_with_the_same_answer(tmp_path):
+    docs = [topology(), tenant("us"), tenant("eu", gpus=4),
+            pool("us", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge", "g5.xlarge"]),
+            pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-8g"])]
+    docs += [job(f"u{i}", tenant="us", gpus=1, gpu_type="A10G", cpu=4, mem=16) for i in range(3)]
+    docs += [job(f"e{i}", tenant="eu", gpus=1, gpu_type="A100", cpu=8, mem=60, regions=["us-central1"]) for i in range(6)]
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    parts = components(problem)
+    assert len(parts) == 2 and sorted(len(p.demands) for p in parts) == [1, 1]
+    split = solve(problem, time_limit=10)
+    whole = solve(problem, time_limit=10, decompose=False)
+    assert split.note == "solved as 2 independent parts"
+    assert split.work == whole.work and split.cost_milli == whole.cost_milli and split.optimal
+    plan = make_plan(desired, observed, problem, split)
+    check_plan(desired, observed, plan)
+    assert sum(j.action == "place" for j in plan.jobs) == 3 + 4  # eu's quota holds across the split
+
+
+def test_a_fleet_wide_rule_keeps_the_problem_whole(tmp_path):
+    docs = [topology(), tenant("us"), tenant("eu"),
+            pool("us", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]),
+            pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
+            doc("GuardrailPolicy", "g", {"max_hourly_budget": 5.0})]
+    docs += [job("u", tenant="us", gpus=1, gpu_type="A10G", cpu=4, mem=16), job("e", tenant="eu", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    desired, observed = _setup(tmp_path, docs)
+    assert len(components(build_problem(desired, observed))) == 1
+
+
+def _busy_fleet(tmp_path: Path, pending_critical: bool):
+    """Twelve p4d hosts full of one tenant's low 8-GPU jobs, one host half empty, one job pending:
+    of the same class (nothing to preempt), or critical (it may preempt any of them)."""
+    docs = [topology(), tenant("t", gpus=200), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=30)]
+    insts, placements = [], {}
+    for i in range(12):
+        docs.append(job(f"full{i}", gpus=8, gpu_type="A100", cpu=90, mem=1000, priority="low"))
+        insts.append(instance(f"i-{i}", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"))
+        placements[f"full{i}"] = (f"i-{i}",)
+    docs.append(job("half", gpus=4, gpu_type="A100", cpu=40, mem=400))
+    insts.append(instance("i-half", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"))
+    placements["half"] = ("i-half",)
+    docs.append(job("new", gpus=8 if pending_critical else 4, gpu_type="A100", cpu=40, mem=400,
+                    priority="critical" if pending_critical else "low"))
+    return _setup(tmp_path, docs, insts, placements)
+
+
+def test_frozen_hosts_give_the_same_plan_as_the_whole_model(tmp_path):
+    desired, observed = _busy_fleet(tmp_path, pending_critical=False)
+    frozen = build_problem(desired, observed, freeze=True)
+    whole = build_problem(desired, observed, freeze=False)
+    # The twelve full hosts are constants; the half-empty one is solved (the new job fits there).
+    assert sum(c.frozen for c in frozen.capacities) == 12
+    a, b = solve(frozen, time_limit=10), solve(whole, time_limit=10)
+    assert (a.scope, b.scope) == ((1, 12), (13, 0))
+    pa, pb = make_plan(desired, observed, frozen, a), make_plan(desired, observed, whole, b)
+    check_plan(desired, observed, pa)
+    assert (pa.creates, pa.deletes) == (pb.creates, pb.deletes) == ((), ())
+    assert {j.job: j.instances for j in pa.jobs} == {j.job: j.instances for j in pb.jobs}
+    assert dict((j.job, j.action) for j in pa.jobs)["new"] == "place"
+
+
+def test_hosts_a_pending_higher_class_could_preempt_are_not_frozen(tmp_path):
+    desired, observed = _busy_fleet(tmp_path, pending_critical=True)
+    problem = build_problem(desired, observed, freeze=True)
+    assert not any(c.frozen for c in problem.capacities)  # a critical job may evict any low one
+
+
+def test_the_lp_bound_is_below_the_plan_and_greedy(tmp_path):
+    docs = [topology(), tenant("t"),
+            pool("a", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], hi=10),
+            pool("b", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=4)]
+    docs += [job(f"j{i}", gpus=g, gpu_type="A100", cpu=8 * g, mem=60 * g) for i, g in enumerate([1, 1, 2, 4, 1, 2, 1, 1, 4, 2])]
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    sol = solve(problem, time_limit=10, with_lp_bound=True)
+    g = greedy(problem)
+    assert sol.lp_bound is not None and sol.lp_bound <= sol.cost_milli / 1000 + 1e-6 <= g.cost + 0.01
+    assert sol.optimal and sol.work == g.work
+
+
+def test_zone_free_work_shares_one_variable_per_pool_and_type(tmp_path):
+    docs = [topology(), tenant("t"),
+            pool("a", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-8g"], hi=4)]
+    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=8, mem=60) for i in range(12)]
+    docs.append(job("gang", gpus=8, gpu_type="A100", cpu=90, mem=600, replicas=2))
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    sol = solve(problem, time_limit=10)
+    single_keys = {ck for (dk, ck) in sol.x if "gang" not in dk}
+    assert single_keys == {"a/*/a2-highgpu-8g/on-demand"}  # both zones at once
+    plan = make_plan(desired, observed, problem, sol)
+    check_plan(desired, observed, plan)
+    assert len(plan.creates) == 4 and plan.solver.repairs == 0  # 2 for the gang, 12 GPUs on 2 more
+
+
+def test_the_packer_pairs_cpu_heavy_with_memory_heavy_work():
+    """At a full aggregate, first fit strands room; aligning items with free room does not."""
+    from reconciler.problem import Capacity, Demand
+
+    cap = Capacity(key="c", pool="p", provider="sim", cloud="aws", region="r", zone="z", instance_type="m", market="on-demand",
+                   gpus=0, gpu_type=None, cpu=16, memory_gib=64, price=1.0, on_demand_price=1.0)
+
+    def d(cpu, mem):
+        return Demand(key=f"{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=0, gpu_type=None, mig=None, nvlink=False,
+                      cpu=cpu, memory_gib=mem, priority=10, spot="eligible", gang_mode="zone", pools=None, regions=None, clouds=None,
+                      zones=None, data_location=None, data_gib=0, hours=24)
+
+    # Four instances' worth exactly: 4 x (12 vCPU, 16 GiB) and 4 x (4 vCPU, 48 GiB).
+    items = [(d(12, 16), f"a{i}", 0, None) for i in range(4)] + [(d(4, 48), f"b{i}", 0, None) for i in range(4)]
+    bins = [Bin.empty(cap, f"b{i}") for i in range(4)]
+    assert pack_items(bins, items) == []
+    assert all(b.free["cpu"] == 0 and b.free["memory_gib"] == 0 for b in bins)
+
+
+def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path):
+    # Three 5-vCPU jobs need 15 of an m6i.4xlarge's 16 vCPU in aggregate, but two never share one
+    # with a 12-vCPU job: the counts say 2 instances, the packing needs 3.
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=5)]
+    docs += [job("big", cpu=12, mem=8)] + [job(f"s{i}", cpu=5, mem=8) for i in range(4)]
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    check_plan(desired, observed, plan)
+    assert all(j.action == "place" for j in plan.jobs)
+    assert len(plan.creates) == 3 and plan.solver.repairs == 1
+    assert "1 instance(s) added where counts did not pack" in render_human(plan)
+
+
+@pytest.mark.parametrize("nvlink", [True, False])
+def test_multi_gpu_replicas_get_aligned_blocks_in_one_nvlink_domain(tmp_path, nvlink):
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)]
+    docs += [job(f"two{i}", gpus=2, gpu_type="A100", cpu=10, mem=100) for i in range(2)]
+    docs.append(job("four", gpus=4, gpu_type="A100", cpu=10, mem=100))
+    for d in docs:
+        if d["kind"] == "Job":
+            d["spec"]["resources"]["nvlink"] = nvlink
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    check_plan(desired, observed, plan)
+    assert len(plan.creates) == 1  # 2 + 2 + 4 GPUs on one 8-GPU instance
+    blocks = [g for j in plan.jobs for g in j.gpus]
+    assert sorted(i for b in blocks for i in b) == list(range(8))  # disjoint, all eight used
+    for b in blocks:
+        assert b[0] % len(b) == 0 and list(b) == list(range(b[0], b[0] + len(b)))  # aligned and contiguous
