@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
+from reconciler.problem import DIMS, Capacity, Demand, Problem, type_class, fit, rules_allow, share
 
 
 @dataclass
@@ -71,7 +71,8 @@ class _Greedy:
         self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}
         self.tenant_cost = {t: 0.0 for t in problem.tenants}
         self.tenant_spot = {t: [0.0, 0.0] for t in problem.tenants}  # spot size, total size
-        self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances
+        self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances with room
+        self.full: list[_Inst] = []  # open instances with no room for any item
         self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
@@ -89,6 +90,13 @@ class _Greedy:
         for k, hs in self.idle.items():
             self.rep.setdefault(k, hs[0])
         self.keeping = False  # phase 1: spot rules are settled after, over the whole fleet kept
+        # The smallest item of each GPU model, dimension by dimension: an instance with less free
+        # than that is full, and leaves its bucket's open list (so scans stay short at 5k jobs).
+        self.smallest: dict[tuple, dict[str, float]] = {}
+        for d in problem.demands:
+            cur = self.smallest.setdefault(type_class(d), {})
+            for k in d.dims:
+                cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
 
     # -- bookkeeping
@@ -136,8 +144,17 @@ class _Greedy:
             self.fleet["spot"] += self._prim(c)
         return inst
 
+    def _retire_if_full(self, inst: _Inst) -> None:
+        need = self.smallest.get(type_class(inst.cap), {})
+        if not all(inst.free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+            lst = self.buckets.get(inst.cap.offer_key, [])
+            if inst in lst:
+                lst.remove(inst)
+                self.full.append(inst)
+
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d)
+        self._retire_if_full(inst)
         c = inst.cap
         key = (d.key, c.key)
         if stay:
@@ -320,6 +337,9 @@ class _Greedy:
 
     def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d, sign=-1)
+        if inst in self.full:  # room again
+            self.full.remove(inst)
+            self.buckets.setdefault(inst.cap.offer_key, []).append(inst)
         c = inst.cap
         book = self.a.stay if stay else self.a.x
         book[(d.key, c.key)] -= 1
@@ -332,7 +352,7 @@ class _Greedy:
 
     def _close(self, inst: _Inst) -> None:
         c = inst.cap
-        self.buckets[c.offer_key].remove(inst)
+        (self.full if inst in self.full else self.buckets[c.offer_key]).remove(inst)
         self.opened.pop(c.key, None)
         self.a.use[c.key] -= 1
         self.idle.setdefault(c.offer_key, []).append(c)

@@ -140,18 +140,31 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     fits no instance, more() may return one more empty one (None: no more). Returns what is left."""
     cap = bins[0].cap if bins else None
     order = sorted(items, key=lambda it: (-(it[0].gpus // max(1, it[0].bundle)), -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
+    smallest: dict[str, float] = {}  # what the smallest item needs, dimension by dimension
+    for d, *_ in order:
+        for k in d.dims:
+            smallest[k] = min(smallest.get(k, float("inf")), d.req(k))
+    active = [b for b in bins if _has_room(b, smallest)]  # full instances are skipped at once
     left = []
     for d, job, rep, group in order:
-        cands = [b for b in bins if b.fits(d) and (group is None or b.group in (None, group))]
+        cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
         cands.sort(key=lambda b: -_alignment(b, d))
-        if any(b.place(d, job, rep, group) is not None for b in cands):
-            continue
-        b = more() if more is not None else None
-        if b is None or b.place(d, job, rep, group) is None:
-            left.append((d, job, rep, group))
-            continue
-        bins.append(b)
+        placed = next((b for b in cands if b.place(d, job, rep, group) is not None), None)
+        if placed is None:
+            b = more() if more is not None else None
+            if b is None or b.place(d, job, rep, group) is None:
+                left.append((d, job, rep, group))
+                continue
+            bins.append(b)
+            active.append(b)
+            placed = b
+        if not _has_room(placed, smallest):
+            active.remove(placed)
     return left
+
+
+def _has_room(b: Bin, smallest: dict[str, float]) -> bool:
+    return all(b.free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0)
 
 
 def _alignment(b: Bin, d: Demand) -> float:

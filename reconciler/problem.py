@@ -446,10 +446,10 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
     sized = []
     by_type: dict[tuple, list[Demand]] = {}
     for d in demands:
-        by_type.setdefault(_type_class(d), []).append(d)
+        by_type.setdefault(type_class(d), []).append(d)
     for c in offers:
         bound = 0
-        for d in by_type.get(_type_class(c), []):
+        for d in by_type.get(type_class(c), []):
             f = fit(d, c)
             if f:
                 bound += math.ceil(len(d.jobs) * d.replicas / f)
@@ -518,7 +518,7 @@ def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> b
     return r.tenant in borrowing and (p.tenant not in borrowing or p.klass > r.klass)
 
 
-def _type_class(x) -> tuple:
+def type_class(x) -> tuple:
     """(GPU model or None for CPU-only, MIG or not): capacity and work of different classes never meet."""
     if isinstance(x, Capacity):
         return (x.gpu_type if x.gpus else None, bool(x.mig))
@@ -560,23 +560,23 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
     # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.
     smallest: dict[tuple, dict[str, float]] = {}
     for d in demands:
-        cur = smallest.setdefault(_type_class(d), {})
+        cur = smallest.setdefault(type_class(d), {})
         for k in d.dims:
             cur[k] = min(cur.get(k, math.inf), d.req(k))
     pending_by_type: dict[tuple, set[tuple[str, int]]] = {}
     for d in pending:
-        pending_by_type.setdefault(_type_class(d), set()).add((d.tenant, d.klass))
+        pending_by_type.setdefault(type_class(d), set()).add((d.tenant, d.klass))
     # The cheapest $/h per item of each demand on any offer: what consolidation would pay.
     slice_price: dict[str, float] = {}
     consolidate = desired.placement.consolidation == "WhenUnderutilized"
     if consolidate:
         by_type: dict[tuple, list[Capacity]] = {}
         for o in offers:
-            by_type.setdefault(_type_class(o), []).append(o)
+            by_type.setdefault(type_class(o), []).append(o)
         for d in demands:
             if d.running:
                 best = math.inf
-                for o in by_type.get(_type_class(d), []):
+                for o in by_type.get(type_class(d), []):
                     f = fit(d, o)
                     if f:
                         best = min(best, o.price / f)
@@ -593,7 +593,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
             continue
         if any(d.gang and d.running_items < d.running_jobs * d.replicas for d, _ in res):
             continue  # a gang that lost a replica is healed around its survivors
-        tc = _type_class(h)
+        tc = type_class(h)
         dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
         free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}
         need = smallest.get(tc)
@@ -684,9 +684,9 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     caps_by_type: dict[tuple, list[Capacity]] = {}
     for c in caps:
         if c.keep_blocker is None:
-            caps_by_type.setdefault(_type_class(c), []).append(c)
+            caps_by_type.setdefault(type_class(c), []).append(c)
     for d in demands:
-        if not any(fit(d, c) > 0 for c in caps_by_type.get(_type_class(d), [])):
+        if not any(fit(d, c) > 0 for c in caps_by_type.get(type_class(d), [])):
             reason = _why_nothing_fits(d, desired, observed, offers)
             for j in d.jobs:
                 static_pending[j] = reason
@@ -786,13 +786,13 @@ def components(problem: Problem) -> list[Problem]:
 
     by_type: dict[tuple, list[Capacity]] = {}
     for c in problem.capacities:
-        by_type.setdefault(_type_class(c), []).append(c)
+        by_type.setdefault(type_class(c), []).append(c)
         union("p:" + c.pool, "c:" + c.key)
         for dk, _, _ in c.residents:
             union("c:" + c.key, "d:" + dk)
     for d in problem.demands:
         union("d:" + d.key, "t:" + d.tenant)
-        for c in by_type.get(_type_class(d), []):
+        for c in by_type.get(type_class(d), []):
             if fit(d, c) > 0:
                 union("d:" + d.key, "p:" + c.pool)
     for pool in problem.pool_bounds:
