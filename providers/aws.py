@@ -204,6 +204,9 @@ class AwsProvider:
         if s.get("iam_instance_profile"):
             prof = s["iam_instance_profile"]
             params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
+        if request.placement_group:
+            self._placement_group(ec2, request.placement_group)
+            params["Placement"]["GroupName"] = request.placement_group
         if request.market == "spot":
             opts: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if request.max_price is not None:
@@ -212,6 +215,15 @@ class AwsProvider:
         resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
                           cloud_zone=(request.zone, request.instance_type, request.market), **params)
         return self._to_instance(p.region, resp["Instances"][0])
+
+    def _placement_group(self, ec2, name: str) -> None:
+        """A cluster placement group for a gang, created once (tagged with the fleet) and reused."""
+        try:
+            self._call(f"create_placement_group {name}", ec2.create_placement_group, GroupName=name, Strategy="cluster",
+                       TagSpecifications=[{"ResourceType": "placement-group", "Tags": [{"Key": TAG_FLEET, "Value": self.ctx.fleet}]}])
+        except ProviderError as e:
+            if "InvalidPlacementGroup.Duplicate" not in str(e):
+                raise
 
     def delete(self, instance: Instance) -> None:
         ec2 = self.ec2(instance.region)

@@ -90,6 +90,9 @@ class CreateRequest:
     market: Market
     max_price: float | None = None  # spot: the most we pay per hour
     tags: Mapping[str, str] = field(default_factory=dict)
+    # Launch into this cluster placement group (a gang's), creating it if needed. Providers
+    # without placement groups ignore it: the solver already keeps the gang in one zone and type.
+    placement_group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -157,11 +157,17 @@ class SimProvider:
                     f"sim: InsufficientCapacity for {request.market} {request.instance_type} in {request.zone}",
                     cloud=p.cloud, zone=request.zone, instance_type=request.instance_type, market=request.market,
                 )
+            if request.placement_group:  # a cluster placement group lives in one zone, as on AWS
+                groups = w.setdefault("placement_groups", {})
+                zone = groups.setdefault(request.placement_group, request.zone)
+                if zone != request.zone:
+                    raise ProviderError(f"sim: placement group {request.placement_group} is in {zone}, not {request.zone}")
             iid = self.cloud._new_id(w, p.cloud)
             tags = {**request.tags, TAG_CREATE_KEY: request.key}
             w["instances"][iid] = dict(
                 id=iid, cloud=p.cloud, region=p.region, zone=request.zone, instance_type=request.instance_type,
                 market=request.market, state="running", tags=tags, launched_at=_now(), max_price=request.max_price,
+                placement_group=request.placement_group,
             )
             w["keys"][request.key] = iid
             return self._to_instance(w["instances"][iid])

@@ -54,7 +54,7 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction) ->
     tags = {**ownership_tags(desired.fleet, c.pool, c.key), "fleetops.io/plan": plan.id}
     req = CreateRequest(
         key=c.key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
-        market=c.market, max_price=c.max_price, tags=tags,  # type: ignore[arg-type]
+        market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
     )
     return _retry(lambda: provider.create(req), f"create {c.ref}")
 
@@ -83,14 +83,19 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     # Placements: a job moves only if every replica's new instance exists.
     stranded: set[str] = set()  # instances still hosting a replica that could not move
     placements: dict[str, list[str]] = {}
+    gpus: dict[str, list[list[int]]] = {}
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
             ids = [report.created.get(r) if r.startswith("+") else r for r in j.instances]
             if all(ids):
                 placements[j.job] = ids  # type: ignore[assignment]
+                if any(j.gpus):
+                    gpus[j.job] = [list(g) for g in j.gpus]
                 continue
             if j.previous:
                 placements[j.job] = list(j.previous)
+                if j.job in state.gpus:
+                    gpus[j.job] = state.gpus[j.job]
                 stranded.update(j.previous)
         # evicted and pending jobs are no longer placed
 
@@ -110,6 +115,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
 
     gone = set(report.deleted)
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
+    state.gpus = {j: g for j, g in gpus.items() if j in state.placements}
     state.serial += 1
     report.placements = state.placements
     return report

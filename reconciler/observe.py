@@ -30,6 +30,7 @@ class Observed:
     short: frozenset[tuple[str, str, str, str]] = frozenset()  # (cloud, zone, type, market) in cool-off
     lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job -> its instances that vanished
     providers: dict[str, str] = field(default_factory=dict)  # pool -> provider name
+    gpu_indices: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)  # job -> GPUs per replica, as applied
 
     @property
     def digest(self) -> str:
@@ -106,7 +107,15 @@ class Fleet:
             job: tuple(i for i in iids if i not in alive) for job, iids in state.placements.items()
             if job in self.desired.jobs and any(i not in alive for i in iids)
         }
+        # GPU indices are kept per replica of a whole placement; a gang that lost replicas keeps
+        # its survivors' indices in order.
+        gpu_indices = {}
+        for job, iids in placements.items():
+            rec = state.gpus.get(job)
+            full = state.placements.get(job, [])
+            if rec and len(rec) == len(full):
+                gpu_indices[job] = tuple(tuple(g) for i, g in zip(full, rec) if i in alive)
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
-            placements=placements, short=state.short_now(), providers=providers, lost=lost,
+            placements=placements, short=state.short_now(), providers=providers, lost=lost, gpu_indices=gpu_indices,
         )

@@ -26,6 +26,7 @@ def utcnow() -> datetime:
 @dataclass
 class State:
     placements: dict[str, list[str]] = field(default_factory=dict)  # job -> instance id per replica
+    gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica on its instance
     short: list[dict] = field(default_factory=list)  # {cloud, zone, instance_type, market, until}
     serial: int = 0
 
@@ -47,14 +48,15 @@ def state_dir(config_dir: Path) -> Path:
 
 
 def state_to_json(state: State) -> str:
-    return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())), "short": state.short}, indent=1)
+    return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())),
+                       "gpus": dict(sorted(state.gpus.items())), "short": state.short}, indent=1)
 
 
 def state_from_json(text: str) -> State:
     raw = json.loads(text)
     now = utcnow()
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
-    return State(placements=raw.get("placements", {}), short=short, serial=raw.get("serial", 0))
+    return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0))
 
 
 def load_state(config_dir: Path) -> State:

@@ -1,0 +1,91 @@
+"""gang: placement-group, through the provider boundary: the sim keeps a group in one zone as
+AWS does; on a real moto server the AWS provider creates a cluster placement group (tagged
+with the fleet) and launches every replica into it."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ClientError
+
+from providers.aws import AwsProvider
+from providers.base import TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
+from reconciler.errors import ProviderError
+
+from providers.sim import SimCloud
+from reconciler import api
+from reconciler.state import state_dir
+from tests.fleetkit import job, pool, tenant, topology, write_config
+
+AMI = "ami-03cf127a"  # one of moto's built-in images
+
+
+def _docs(fleet: str, aws: bool) -> list[dict]:
+    p = pool("a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=4)
+    if aws:
+        p["spec"]["provider"] = "aws"
+        p["spec"]["aws"] = {"ami": AMI}
+    g = job("pretrain", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=3, gang="placement-group")
+    return [topology(fleet, clouds={"aws": {"us-east-1": ["us-east-1a", "us-east-1b"]}}), tenant("t"), p, g]
+
+
+def test_sim_launches_a_gang_into_one_group_in_one_zone(tmp_path):
+    cfg = write_config(tmp_path / "cfg", _docs("pg-sim", aws=False))
+    res = api.apply(cfg, time_limit=5)
+    assert res.report.ok
+    group = {c.placement_group for c in res.plan.creates}
+    assert group == {"pg-sim-pretrain"}
+    world = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
+    assert len(world) == 3 and {i["placement_group"] for i in world} == group and len({i["zone"] for i in world}) == 1
+
+
+def test_aws_creates_a_cluster_group_once_and_launches_into_it(aws_env, tmp_path):
+    """moto implements neither CreatePlacementGroup nor Placement.GroupName, so EC2's answers to
+    CreatePlacementGroup (created, then InvalidPlacementGroup.Duplicate) come from a botocore
+    hook, and the RunInstances request is read as sent; the launches themselves hit moto."""
+    fleet = f"pg-{uuid.uuid4().hex[:6]}"
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    client = prov.ec2("us-east-1")
+    groups: dict[str, dict] = {}
+    launched: list[dict] = []
+
+    asked: list[dict] = []
+
+    def create_group(**_):
+        params = asked[-1]  # the API parameters, as provide-client-params saw them
+        if params["GroupName"] in groups:
+            raise ClientError({"Error": {"Code": "InvalidPlacementGroup.Duplicate",
+                                         "Message": f"The placement group '{params['GroupName']}' already exists."}}, "CreatePlacementGroup")
+        groups[params["GroupName"]] = params
+        return AWSResponse("https://ec2.us-east-1.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    client.meta.events.register("provide-client-params.ec2.CreatePlacementGroup", lambda params, **kw: asked.append(dict(params)))
+    client.meta.events.register("before-call.ec2.CreatePlacementGroup", create_group)
+    client.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **kw: launched.append(params))
+    target = PoolTarget(name="a100", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
+                        settings={"ami": AMI})
+    for k in ("k1", "k2"):
+        prov.create(CreateRequest(key=k, pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
+                                  tags=ownership_tags(fleet, "a100", k), placement_group=f"{fleet}-pretrain"))
+    assert list(groups) == [f"{fleet}-pretrain"] and groups[f"{fleet}-pretrain"]["Strategy"] == "cluster"
+    assert groups[f"{fleet}-pretrain"]["TagSpecifications"][0]["Tags"] == [{"Key": TAG_FLEET, "Value": fleet}]
+    assert [p["Placement"] for p in launched] == [{"AvailabilityZone": "us-east-1a", "GroupName": f"{fleet}-pretrain"}] * 2
+    assert len(prov.observe([target])) == 2
+
+
+def test_aws_reports_a_refused_group_as_a_provider_error(aws_env, tmp_path):
+    prov = AwsProvider(ProviderContext(fleet="pg-x", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+
+    def refuse(**_):
+        raise ClientError({"Error": {"Code": "PlacementGroupLimitExceeded", "Message": "You've reached the limit of placement groups."}},
+                          "CreatePlacementGroup")
+
+    prov.ec2("us-east-1").meta.events.register("before-call.ec2.CreatePlacementGroup", refuse)
+    target = PoolTarget(name="a100", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
+                        settings={"ami": AMI})
+    with pytest.raises(ProviderError, match="PlacementGroupLimitExceeded"):
+        prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
+                                  tags=ownership_tags("pg-x", "a100", "k"), placement_group="pg-x-job"))
+    assert prov.observe([target]) == []  # nothing was launched
