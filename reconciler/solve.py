@@ -8,12 +8,14 @@ of an offer (the planner packs them and adds an instance where fragmentation nee
 one; `pack.py`).
 
 The objective is a sequence of tiers, each maximised (or minimised) and then held
-while the next is solved (see `_tiers`): protected guarantees; per priority class,
+while the next is solved (`_Model.tiers`): protected guarantees; per priority class,
 running work then all work inside the tenants' guarantees; the fair share of
 borrowed capacity (weighted DRF); per class, borrowed work; the cheapest victims.
 Then cost: $/hour of instances, data egress and latency, plus the amortised cost of
-every move. A tier whose best value the warm start already reaches is held without
-a solve, so a quiet fleet costs one CP-SAT call.
+every move. A tier whose best value the warm start reaches, or whose LP bound the
+warm start meets, is held without a search; the cost stage searches near the LP's
+answer first and stops within the gap of the LP bound. A quiet fleet costs a few
+short CP-SAT calls (completing the warm start, a polish) and no search.
 
 Pure: a function of the Problem.
 """
