@@ -6,6 +6,11 @@ is derived from the plan's key (EC2 returns the same instance for a retried
 token), and an instance already carrying the key's tag is returned as is (some
 EC2-compatible endpoints, moto among them, ignore ClientToken).
 
+Each instance also carries the job replicas it hosts (providers/placements.py):
+written with the launch's TagSpecifications, then kept current by
+record_placements (CreateTags/DeleteTags on instances whose fleet tag is ours,
+read first, as delete does), and read back by observe like any other tag.
+
 boto3 is imported lazily. Credentials come from the standard AWS chain and are
 never printed: errors carry only the AWS error code and message.
 """
@@ -18,6 +23,7 @@ from typing import Any, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
+from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
 
 CAPACITY_CODES = {
@@ -175,6 +181,7 @@ class AwsProvider:
     def create(self, request: CreateRequest) -> Instance:
         p = request.pool
         ec2 = self.ec2(p.region)
+        placed = placement_tags(request.placements) if request.placements is not None else {}
         existing = [i for i in self._describe(p.region, [{"Name": f"tag:{TAG_CREATE_KEY}", "Values": [request.key]}])
                     if i.state != "terminated" and i.tags.get(TAG_FLEET) == self.ctx.fleet]
         if existing:
@@ -184,8 +191,8 @@ class AwsProvider:
             "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1, "ClientToken": client_token(request.key),
             "Placement": {"AvailabilityZone": request.zone},
             "TagSpecifications": [
-                {"ResourceType": rt, "Tags": [{"Key": k, "Value": v} for k, v in sorted(request.tags.items())]}
-                for rt in ("instance", "volume")
+                {"ResourceType": "instance", "Tags": _tag_list({**request.tags, **placed})},
+                {"ResourceType": "volume", "Tags": _tag_list(request.tags)},
             ],
         }
         if s.get("launch_template"):
@@ -225,21 +232,47 @@ class AwsProvider:
             if "InvalidPlacementGroup.Duplicate" not in str(e):
                 raise
 
-    def delete(self, instance: Instance) -> None:
-        ec2 = self.ec2(instance.region)
-        from botocore.exceptions import ClientError
+    def _owned(self, instance: Instance, verb: str) -> dict | None:
+        """The instance as EC2 describes it now, checked to be this fleet's before we `verb` it;
+        None if it is already gone. Raises OwnershipError for anyone else's instance."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            resp = ec2.describe_instances(InstanceIds=[instance.id])
+            resp = self.ec2(instance.region).describe_instances(InstanceIds=[instance.id])
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
-                return
+                return None
             raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
+        except BotoCoreError as e:  # connection errors, timeouts: the caller retries
+            raise TransientProviderError(f"aws: describe {instance.id}: {type(e).__name__}: {e}") from None
         found = [d for r in resp["Reservations"] for d in r["Instances"]]
         if not found or found[0]["State"]["Name"] in ("shutting-down", "terminated"):
-            return
+            return None
         tags = {t["Key"]: t["Value"] for t in found[0].get("Tags", [])}
         if tags.get(TAG_FLEET) != self.ctx.fleet:
-            raise OwnershipError(f"aws: refusing to terminate {instance.id}: its {TAG_FLEET} tag is "
+            raise OwnershipError(f"aws: refusing to {verb} {instance.id}: its {TAG_FLEET} tag is "
                                  f"{tags.get(TAG_FLEET)!r}, not {self.ctx.fleet!r}")
+        return found[0]
+
+    def delete(self, instance: Instance) -> None:
+        if self._owned(instance, "terminate") is None:
+            return
+        ec2 = self.ec2(instance.region)
         self._call(f"terminate_instances {instance.id}", ec2.terminate_instances, InstanceIds=[instance.id])
+
+    def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
+        """CreateTags with the new chunks and serial in one call, then DeleteTags for chunks the
+        shorter list no longer needs (a leftover chunk is never read: the last chunk says so)."""
+        found = self._owned(instance, "tag")
+        if found is None:
+            return
+        ec2 = self.ec2(instance.region)
+        new = placement_tags(record)
+        stale = sorted(t["Key"] for t in found.get("Tags", []) if is_placement_key(t["Key"]) and t["Key"] not in new)
+        self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
+        if stale:
+            self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+def _tag_list(tags) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]

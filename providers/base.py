@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+from providers.placements import PlacementRecord
+
 Market = Literal["spot", "on-demand"]
 
 # Logical ownership tags. Each provider maps them onto its cloud's rules
@@ -93,6 +95,9 @@ class CreateRequest:
     # Launch into this cluster placement group (a gang's), creating it if needed. Providers
     # without placement groups ignore it: the solver already keeps the gang in one zone and type.
     placement_group: str | None = None
+    # The replicas the plan puts on the new instance, recorded with it at launch by providers
+    # that record placements (PlacementRecorder); the others ignore it.
+    placements: PlacementRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,17 @@ class Provider(Protocol):
     def delete(self, instance: Instance) -> None:
         """Terminate an instance this fleet owns; raise OwnershipError otherwise.
         Deleting an instance that is already gone is not an error."""
+        ...
+
+
+@runtime_checkable
+class PlacementRecorder(Protocol):
+    """An optional capability: a provider that records on each instance which job replicas it
+    hosts (providers/placements.py), so the placements outlive the reconciler's state."""
+
+    def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
+        """Replace the instance's placement tags with `record`. Raises OwnershipError (writing
+        nothing) if the instance is not this fleet's; an instance already gone is not an error."""
         ...
 
 

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
+from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {}, "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "latency_ms": 0}, "calls": 0}
@@ -163,7 +164,8 @@ class SimProvider:
                 if zone != request.zone:
                     raise ProviderError(f"sim: placement group {request.placement_group} is in {zone}, not {request.zone}")
             iid = self.cloud._new_id(w, p.cloud)
-            tags = {**request.tags, TAG_CREATE_KEY: request.key}
+            placed = placement_tags(request.placements) if request.placements is not None else {}
+            tags = {**request.tags, **placed, TAG_CREATE_KEY: request.key}
             w["instances"][iid] = dict(
                 id=iid, cloud=p.cloud, region=p.region, zone=request.zone, instance_type=request.instance_type,
                 market=request.market, state="running", tags=tags, launched_at=_now(), max_price=request.max_price,
@@ -172,12 +174,26 @@ class SimProvider:
             w["keys"][request.key] = iid
             return self._to_instance(w["instances"][iid])
 
+    def _owned(self, w: dict, instance: Instance, verb: str) -> dict | None:
+        """The live instance, checked to be this fleet's before we `verb` it (one API call);
+        None if it is already gone. Raises OwnershipError for anyone else's instance."""
+        d = w["instances"].get(instance.id)
+        if d is None or d["state"] == "terminated":
+            return None
+        if d["tags"].get(TAG_FLEET) != self.ctx.fleet:
+            raise OwnershipError(f"sim: refusing to {verb} {instance.id}: it is not owned by fleet {self.ctx.fleet!r}")
+        self._call(w)
+        return d
+
     def delete(self, instance: Instance) -> None:
         with self.cloud.world() as w:
-            d = w["instances"].get(instance.id)
-            if d is None or d["state"] == "terminated":
-                return
-            if d["tags"].get(TAG_FLEET) != self.ctx.fleet:
-                raise OwnershipError(f"sim: refusing to delete {instance.id}: it is not owned by fleet {self.ctx.fleet!r}")
-            self._call(w)
-            d["state"], d["terminated_reason"] = "terminated", "deleted-by-reconciler"
+            d = self._owned(w, instance, "delete")
+            if d is not None:
+                d["state"], d["terminated_reason"] = "terminated", "deleted-by-reconciler"
+
+    def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
+        """Replace the instance's placement tags in the world file, as AWS does with CreateTags."""
+        with self.cloud.world() as w:
+            d = self._owned(w, instance, "tag")
+            if d is not None:
+                d["tags"] = {**{k: v for k, v in d["tags"].items() if not is_placement_key(k)}, **placement_tags(record)}

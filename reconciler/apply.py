@@ -4,14 +4,23 @@ Make before break: new capacity is created first; an instance is deleted only
 after every replica it hosted has somewhere to go. Each create carries the
 plan's idempotency key, so a retry (or a rerun of the same plan after a crash)
 never yields a second instance. Failures are collected, not raised midway:
-the report says exactly what happened."""
+the report says exactly what happened.
+
+Placements are recorded on the instances too (providers that can: PlacementRecorder),
+in this order: a new instance is launched with the replicas the plan puts on it;
+once the creates are done, every surviving instance whose tags differ from the
+final placements is retagged, before any delete (make before break for the record
+as well); the caller saves the state last. Tags and state carry the same new
+serial, so a crash between any two steps leaves whichever is newer recognisable
+(reconciler/placements.py), and observe recovers from it."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, ownership_tags
+from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, PlacementRecorder, ownership_tags
+from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target
@@ -49,18 +58,54 @@ def _retry(call, what: str):
     raise AssertionError(what)
 
 
-def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction) -> Instance:
+def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int) -> Instance:
     provider = fleet.provider(c.provider)
     tags = {**ownership_tags(desired.fleet, c.pool, c.key), "fleetops.io/plan": plan.id}
+    hosted = [Placement(j.job, r, tuple(j.gpus[r]) if r < len(j.gpus) else ())
+              for j in plan.jobs if j.action in ("keep", "place", "move") for r, ref in enumerate(j.instances) if ref == c.ref]
     req = CreateRequest(
         key=c.key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
         market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
+        placements=PlacementRecord.of(serial, hosted),
     )
     return _retry(lambda: provider.create(req), f"create {c.ref}")
 
 
+def _hosted(placements: dict[str, list[str]], gpus: dict[str, list[list[int]]]) -> dict[str, list[Placement]]:
+    """Instance id -> the replicas it hosts, with their GPU indices (as the state records them)."""
+    out: dict[str, list[Placement]] = {}
+    for job, ids in placements.items():
+        g = gpus.get(job)
+        for r, iid in enumerate(ids):
+            out.setdefault(iid, []).append(Placement(job, r, tuple(g[r]) if g and len(g) == len(ids) else ()))
+    return out
+
+
+def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str, list[Placement]], serial: int,
+                       report: ApplyReport) -> None:
+    """Retag each instance whose placement tags would read back differently from what it now hosts
+    (an unchanged instance is left alone: its older serial still tells the truth)."""
+    for inst in instances:
+        provider = fleet.provider(inst.provider)
+        if not isinstance(provider, PlacementRecorder):
+            continue
+        want = PlacementRecord.of(serial, hosted.get(inst.id, ()))
+        try:
+            have = read_placements(inst.tags)
+        except PlacementTagError:
+            have = None
+        shown = read_placements(placement_tags(want))  # what a reader gets back (too many reads as incomplete)
+        if have is not None and shown is not None and (have.placements, have.complete) == (shown.placements, shown.complete):
+            continue
+        try:
+            _retry(lambda: provider.record_placements(inst, want), f"tag {inst.id}")  # type: ignore[union-attr]
+        except ProviderError as e:
+            report.failures.append(f"record placements on {inst.id}: {e} (the state still has them)")
+
+
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State) -> ApplyReport:
     report = ApplyReport(plan.id)
+    serial = max(state.serial, getattr(observed, "serial", 0)) + 1  # newer than anything recorded so far
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
@@ -69,7 +114,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
             report.created[c.ref] = already[c.key].id
             continue
         try:
-            inst = _create(fleet, desired, plan, c)
+            inst = _create(fleet, desired, plan, c, serial)
             report.created[c.ref] = inst.id
             existing[inst.id] = inst
         except CapacityError as e:
@@ -94,10 +139,14 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
                 continue
             if j.previous:
                 placements[j.job] = list(j.previous)
-                if j.job in state.gpus:
-                    gpus[j.job] = state.gpus[j.job]
+                if j.job in observed.gpu_indices:  # aligned with previous (the survivors), as observed
+                    gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
                 stranded.update(j.previous)
         # evicted and pending jobs are no longer placed
+
+    leaving = {d.instance_id for d in plan.deletes} - stranded  # retagging those would be wasted
+    _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placements, gpus),
+                       serial, report)
 
     for d in plan.deletes:
         if d.instance_id in stranded:
@@ -116,6 +165,6 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     gone = set(report.deleted)
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
     state.gpus = {j: g for j, g in gpus.items() if j in state.placements}
-    state.serial += 1
+    state.serial = serial
     report.placements = state.placements
     return report

@@ -158,6 +158,8 @@ def apply(
     typer.echo(f"{len(r.created)} created, {len(r.deleted)} deleted; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
         typer.echo(f"kept {iid}: {why}")
+    for n in res.plan.notes:
+        typer.echo(f"note: {n}")
 
 
 def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
@@ -300,10 +302,18 @@ def sim_exhaust(zone: str, config_dir: Path = typer.Option(Path("."), "--dir"), 
 
 @sim_app.command("ls")
 def sim_ls(config_dir: Path = typer.Option(Path("."), "--dir"), all_: bool = typer.Option(False, "--all", help="Include terminated.")) -> None:
-    """List the simulated cloud's instances."""
+    """List the simulated cloud's instances, with the job replicas each hosts (its placement tags)."""
+    from providers.placements import PlacementTagError, read_placements
+
     for i in _sim(config_dir).instances():
         if all_ or i["state"] != "terminated":
-            typer.echo(f"{i['id']}\t{i['state']}\t{i['cloud']}/{i['zone']}\t{i['instance_type']}\t{i['market']}\t{i['tags'].get('fleetops.io/pool', '-')}")
+            try:
+                rec = read_placements(i["tags"])
+            except PlacementTagError:
+                rec = None
+            hosted = "-" if rec is None else ",".join(f"{p.job}/{p.replica}" for p in rec.placements) if rec.complete else "(too many)"
+            typer.echo(f"{i['id']}\t{i['state']}\t{i['cloud']}/{i['zone']}\t{i['instance_type']}\t{i['market']}\t"
+                       f"{i['tags'].get('fleetops.io/pool', '-')}\t{hosted or '-'}")
 
 
 def main() -> None:

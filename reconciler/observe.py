@@ -1,7 +1,8 @@
 """Observe the fleet: ask every provider the pools use what exists and what can be bought.
 
 This is the imperative edge of the pipeline: the result, `Observed`, is plain
-data that the pure solver and planner consume."""
+data that the pure solver and planner consume. Placements come from the state
+merged with the placement tags instances carry (reconciler/placements.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from providers.base import Instance, Offering, PoolTarget, Provider, ProviderContext
 from providers.registry import load_provider
 from reconciler.model import DesiredState, Pool
+from reconciler.placements import merge_placements
 from reconciler.state import State
 
 
@@ -31,6 +33,8 @@ class Observed:
     lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job -> its instances that vanished
     providers: dict[str, str] = field(default_factory=dict)  # pool -> provider name
     gpu_indices: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)  # job -> GPUs per replica, as applied
+    serial: int = 0  # the newest placement serial seen, in the state or on an instance's tags
+    notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
 
     @property
     def digest(self) -> str:
@@ -92,30 +96,9 @@ class Fleet:
                         o = by_key.get((t.cloud, z, it))
                         if o is not None:
                             offerings.append(PoolOffering(p.name, o))
-        alive = {i.id for i in instances}
-        placements = {
-            job: tuple(iids) for job, iids in state.placements.items()
-            if job in self.desired.jobs and iids and all(i in alive for i in iids)
-        }
-        # A gang that lost any replica's instance is recorded as partially running: keep what survives.
-        for job, iids in state.placements.items():
-            if job in self.desired.jobs and job not in placements:
-                surviving = tuple(i for i in iids if i in alive)
-                if surviving:
-                    placements[job] = surviving
-        lost = {
-            job: tuple(i for i in iids if i not in alive) for job, iids in state.placements.items()
-            if job in self.desired.jobs and any(i not in alive for i in iids)
-        }
-        # GPU indices are kept per replica of a whole placement; a gang that lost replicas keeps
-        # its survivors' indices in order.
-        gpu_indices = {}
-        for job, iids in placements.items():
-            rec = state.gpus.get(job)
-            full = state.placements.get(job, [])
-            if rec and len(rec) == len(full):
-                gpu_indices[job] = tuple(tuple(g) for i, g in zip(full, rec) if i in alive)
+        merged = merge_placements(state, instances, self.desired.jobs)
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
-            placements=placements, short=state.short_now(), providers=providers, lost=lost, gpu_indices=gpu_indices,
+            placements=merged.placements, short=state.short_now(), providers=providers, lost=merged.lost,
+            gpu_indices=merged.gpu_indices, serial=merged.serial, notes=merged.notes,
         )

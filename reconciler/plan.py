@@ -105,6 +105,7 @@ class Plan:
     format: int = PLAN_FORMAT
     kept: dict[str, float] = field(default_factory=dict)  # existing instance id -> USD/h, for those that stay
     consolidation: Consolidation | None = None
+    notes: tuple[str, ...] = ()  # what observe found worth saying (state vs placement tags)
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -144,6 +145,7 @@ class Plan:
             solver=SolverReport(**{**solver, "tiers": tuple(solver.get("tiers", ())), "scope": tuple(solver.get("scope", (0, 0)))}),
             violations=tuple(raw.get("violations", ())), kept=dict(raw.get("kept", {})),
             consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
+            notes=tuple(raw.get("notes", ())),
         )
 
 
@@ -391,7 +393,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             scope=solution.scope, repairs=repairs, note=solution.note,
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
-        consolidation=_consolidation(problem, jobs, deletes, creates, hosts),
+        consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
     )
 
 

@@ -91,6 +91,8 @@ def render_human(plan: Plan, width: int = 120) -> str:
         con.print(t)
     for v in plan.violations:
         con.print(f"GUARDRAIL: {v}")
+    for n in plan.notes:
+        con.print(f"Note: {n}")
     con.print(f"Plan: {summary_line(plan)}")
     con.print(_solver_line(plan))
     return buf.getvalue()
@@ -122,6 +124,10 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     for v in plan.violations:
         lines.append(f"> :no_entry: **Guardrail:** {v}")
     if plan.violations:
+        lines.append("")
+    for n in plan.notes:
+        lines.append(f"> **Note:** {n}")
+    if plan.notes:
         lines.append("")
     clouds = sorted({c.cloud for c in plan.creates} | {d.cloud for d in plan.deletes})
     for cloud in clouds:

@@ -1,8 +1,10 @@
 """The reconciler's own state (.reconcile/state.json) and the apply lock.
 
-The cloud is the truth for which instances exist; this file records only what
-no cloud can tell us: which job replica runs on which instance, and which zones
-recently ran out of capacity (so the next run does not retry them at once)."""
+The cloud is the truth for which instances exist; this file records which job
+replica runs on which instance (with its GPU indices), and which zones recently
+ran out of capacity (so the next run does not retry them at once). Providers that
+can (sim, AWS) also tag each instance with its replicas; `serial` tells which of
+the two records is newer when they disagree (reconciler/placements.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class State:
     placements: dict[str, list[str]] = field(default_factory=dict)  # job -> instance id per replica
     gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica on its instance
     short: list[dict] = field(default_factory=list)  # {cloud, zone, instance_type, market, until}
-    serial: int = 0
+    serial: int = 0  # one more each apply, and above every placement tag's serial seen
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()

@@ -1,0 +1,126 @@
+"""Where job replicas run: the state file's record and the instances' own tags, merged.
+
+Two records exist because either can be lost or stale: the state file (gone on a fresh
+CI runner, deleted by hand, not written when an apply crashed after touching the cloud)
+and the placement tags (providers/placements.py; not every provider writes them, and a
+tag write can fail). Each carries a serial: the state its own, the tags the serial of
+the apply that wrote them, which is the serial that apply saves the state with.
+
+The rule, per instance: if its tags are strictly newer than the state (serial > the
+state's), the tags say what it hosts and the state's claims on it are dropped; otherwise
+the state is authoritative for it and the tags are only compared. Then, per job replica,
+the newest claim wins (a replica the newer tags of another instance claim has moved).
+Every disagreement is reported as a note (shown with the plan and logged), never merged
+silently; the next apply rewrites whatever tags are out of date.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from providers.base import Instance
+from providers.placements import TAG_PLACEMENTS, Placement, PlacementRecord, PlacementTagError, read_placements
+from reconciler.state import State
+
+log = logging.getLogger(__name__)
+
+MAX_NOTES = 20
+
+
+@dataclass(frozen=True)
+class Merged:
+    placements: dict[str, tuple[str, ...]]  # job -> its live instances, one per replica still running
+    lost: dict[str, tuple[str, ...]]  # job -> instances it was on that are gone
+    gpu_indices: dict[str, tuple[tuple[int, ...], ...]]  # job -> GPUs per live replica, where known
+    serial: int  # the newest serial seen (state or tags): the next apply must write a larger one
+    notes: tuple[str, ...]
+
+
+def _fmt(ps: Collection[Placement]) -> str:
+    return ", ".join(f"{p.job}/{p.replica}" for p in sorted(ps)) or "nothing"
+
+
+def _on(ps: Collection[Placement], jobs: Collection[str]) -> frozenset[Placement]:
+    return frozenset(p for p in ps if p.job in jobs)
+
+
+def merge_placements(state: State, instances: Sequence[Instance], jobs: Collection[str]) -> Merged:
+    """`instances`: the live instances observed; `jobs`: the desired jobs (others are ignored)."""
+    alive = {i.id for i in instances}
+    s = state.serial
+    # The state's claims: (job, replica) -> (instance, GPU indices or None when not recorded).
+    claims: dict[tuple[str, int], tuple[str, tuple[int, ...] | None, int]] = {}
+    state_on: dict[str, set[Placement]] = {}
+    for job, ids in state.placements.items():
+        if job not in jobs:
+            continue
+        rec = state.gpus.get(job)
+        aligned = bool(rec) and len(rec) == len(ids)
+        for r, iid in enumerate(ids):
+            g = tuple(rec[r]) if aligned else None  # type: ignore[index]
+            claims[(job, r)] = (iid, g, s)
+            state_on.setdefault(iid, set()).add(Placement(job, r, g or ()))
+
+    notes: list[str] = []
+    newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
+    newest = s
+    for inst in sorted(instances, key=lambda i: i.id):
+        try:
+            rec = read_placements(inst.tags)
+        except PlacementTagError as e:
+            notes.append(f"{inst.id}: its placement tags cannot be read ({e}); the state alone says what it hosts")
+            continue
+        if rec is None:
+            continue
+        newest = max(newest, rec.serial)
+        theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
+        if rec.serial <= s:
+            if rec.complete and theirs != ours:
+                notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, the newer state "
+                             f"(serial {s}) says {_fmt(ours)}: the state wins; the next apply rewrites the tags")
+        elif not rec.complete:
+            notes.append(f"{inst.id}: its tags (serial {rec.serial}) are newer than the state (serial {s}) but hold "
+                         f"more replicas than tags can; the state alone says what it hosts")
+        else:
+            newer[inst.id] = rec
+            if (s or state.placements) and theirs != ours:
+                notes.append(f"{inst.id}: its tags (serial {rec.serial}) are newer than the state (serial {s}: an apply "
+                             f"that did not save it, or an old copy) and say it hosts {_fmt(theirs)}, not {_fmt(ours)}: the tags win")
+
+    for key, (iid, _, _) in list(claims.items()):
+        if iid in newer:
+            del claims[key]  # that instance's newer tags say what it hosts
+    for iid, rec in sorted(newer.items(), key=lambda kv: (kv[1].serial, kv[0])):  # the newest claim last, so it wins
+        for p in _on(rec.placements, jobs):
+            prev = claims.get((p.job, p.replica))
+            if prev is not None and prev[0] != iid and prev[2] == rec.serial:
+                notes.append(f"{p.job}/{p.replica} is claimed by the tags of both {prev[0]} and {iid} (serial {rec.serial}): "
+                             f"taking {iid}")
+            claims[(p.job, p.replica)] = (iid, p.gpus, rec.serial)
+    if newer and not s and not state.placements:
+        n = sum(len(_on(r.placements, jobs)) for r in newer.values())
+        notes.insert(0, f"the state records no placements: {n} replica(s) on {len(newer)} instance(s) recovered from "
+                        f"their {TAG_PLACEMENTS} tags")
+
+    by_job: dict[str, list[tuple[int, str, tuple[int, ...] | None]]] = {}
+    for (job, r), (iid, g, _) in claims.items():
+        by_job.setdefault(job, []).append((r, iid, g))
+    placements, lost, gpu_indices = {}, {}, {}
+    for job, items in by_job.items():
+        items.sort()
+        live = [(iid, g) for _, iid, g in items if iid in alive]
+        dead = tuple(iid for _, iid, _ in items if iid not in alive)
+        if live:
+            placements[job] = tuple(iid for iid, _ in live)
+            gs = [g for _, g in live]
+            if all(g is not None for g in gs) and any(gs):
+                gpu_indices[job] = tuple(gs)  # type: ignore[arg-type]
+        if dead:
+            lost[job] = dead
+    for n in notes:  # the plan shows them too (Plan.notes); a library caller may only have the log
+        log.info("placements: %s", n)
+    if len(notes) > MAX_NOTES:
+        notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
+    return Merged(placements, lost, gpu_indices, newest, tuple(notes))

@@ -1,0 +1,344 @@
+"""Issue 4: instances carry the job replicas they host as tags, and observe recovers placements from them.
+
+The tag format (literal values, chunking, overflow), the merge rules of state and tags, then the same
+scenario on the sim and on a real moto server over HTTP (apply, a consolidation move onto an existing
+instance, an eviction, the state file deleted), each step checked by a client independent of the
+provider: the sim's world file, a separate boto3 client, the AWS CLI. Crashes between the cloud and
+the state write, stale tags, long lists and instances the fleet does not own are covered too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from providers.aws import AwsProvider
+from providers.base import TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
+from providers.placements import (MAX_TAGS, TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL, TAG_VALUE_MAX, Placement, PlacementRecord,
+                                  PlacementTagError, placement_tags, read_placements)
+from providers.sim import SimCloud, SimProvider
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import OwnershipError
+from reconciler.placements import merge_placements
+from reconciler.plan import Plan
+from reconciler.render import render
+from reconciler.state import State, state_dir
+from tests.conftest import AWS_ENV
+from tests.fleetkit import instance, job, pool, tenant, topology, write_config
+
+AMI = "ami-03cf127a"  # one of moto's built-in images
+
+
+# ---------------------------------------------------------------- the format
+
+
+def test_tags_are_readable_and_round_trip():
+    rec = PlacementRecord.of(12, [Placement("train", 1, (4, 5, 6, 7)), Placement("etl", 0), Placement("train", 0, (0, 1, 2, 3)),
+                                  Placement("x", 2, (0, 1, 4, 5, 7))])
+    tags = placement_tags(rec)
+    assert tags == {TAG_PLACEMENTS: "etl/0,train/0@0-3,train/1@4-7,x/2@0-1+4-5+7", TAG_PLACEMENTS_SERIAL: "12"}
+    assert read_placements(tags) == rec
+    empty = placement_tags(PlacementRecord(3))
+    assert empty == {TAG_PLACEMENTS: "", TAG_PLACEMENTS_SERIAL: "3"}  # known empty, not "not recorded"
+    assert read_placements(empty) == PlacementRecord(3) and read_placements({"Name": "x"}) is None
+
+
+def test_long_lists_chunk_at_entry_boundaries_and_a_stale_chunk_is_never_read():
+    rec = PlacementRecord.of(7, [Placement(f"sweep-learning-rate-{i:03d}", i % 3, (i % 8,)) for i in range(90)])
+    tags = placement_tags(rec)
+    chunks = [k for k in tags if k != TAG_PLACEMENTS_SERIAL]
+    assert chunks == [TAG_PLACEMENTS] + [f"{TAG_PLACEMENTS}-{n}" for n in range(2, len(chunks) + 1)] and 1 < len(chunks) <= MAX_TAGS
+    assert all(len(v) <= TAG_VALUE_MAX for v in tags.values())
+    assert all(tags[k].endswith(",...") for k in chunks[:-1]) and not tags[chunks[-1]].endswith(",...")
+    assert read_placements(tags) == rec
+    # An interrupted rewrite to a shorter list may leave a higher chunk behind: the last chunk says it is the last.
+    short = placement_tags(PlacementRecord.of(8, [Placement("a", 0)]))
+    assert read_placements({**tags, **short}) == PlacementRecord.of(8, [Placement("a", 0)])
+
+
+def test_more_than_the_tags_can_hold_is_marked_not_written_in_part():
+    rec = PlacementRecord.of(4, [Placement(f"cpu-worker-with-a-long-name-{i:04d}", 0) for i in range(300)])
+    tags = placement_tags(rec)
+    assert tags == {TAG_PLACEMENTS: "!overflow 300", TAG_PLACEMENTS_SERIAL: "4"}
+    assert read_placements(tags) == PlacementRecord(4, (), complete=False)
+
+
+@pytest.mark.parametrize("tags", [
+    {TAG_PLACEMENTS: "a/0"},  # no serial
+    {TAG_PLACEMENTS: "a/0", TAG_PLACEMENTS_SERIAL: "x"},
+    {TAG_PLACEMENTS: "a/zero", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@1-x", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0,...", TAG_PLACEMENTS_SERIAL: "1"},  # continued, but no -2
+])
+def test_unreadable_tags_are_a_typed_error(tags):
+    with pytest.raises(PlacementTagError):
+        read_placements(tags)
+
+
+# ---------------------------------------------------------------- state vs tags
+
+
+def _tagged(iid: str, serial: int, *ps: Placement, **extra: str):
+    inst = instance(iid, "p", "aws", "us-east-1", "us-east-1a", "g5.12xlarge")
+    return inst.__class__(**{**inst.__dict__, "tags": {**inst.tags, **placement_tags(PlacementRecord.of(serial, ps)), **extra}})
+
+
+def test_the_newer_record_wins_per_instance_and_per_replica_and_says_so():
+    jobs = {"x", "y", "z"}
+    state = State(placements={"x": ["i-a"], "y": ["i-b"], "z": ["i-gone"]}, gpus={"x": [[0, 1]]}, serial=5)
+    # i-a: its tags are older and disagree: the state wins. i-b: its tags are newer (an apply that did not save its
+    # state moved y off it, onto the new i-c, and x's replica 0 there too): the tags win, replica by replica.
+    insts = [_tagged("i-a", 4), _tagged("i-b", 6), _tagged("i-c", 6, Placement("y", 0, (2, 3)), Placement("z", 0))]
+    m = merge_placements(state, insts, jobs)
+    assert m.placements == {"x": ("i-a",), "y": ("i-c",), "z": ("i-c",)}
+    assert m.lost == {} and m.serial == 6  # z's state claim on a gone instance is superseded, not lost
+    assert m.gpu_indices == {"x": ((0, 1),), "y": ((2, 3),)}
+    assert any("i-a" in n and "the state wins" in n for n in m.notes)
+    assert any("i-b" in n and "the tags win" in n for n in m.notes) and any("i-c" in n and "the tags win" in n for n in m.notes)
+
+
+def test_without_a_state_placements_come_from_the_tags():
+    insts = [_tagged("i-a", 9, Placement("g", 0, (0, 1, 2, 3)), Placement("h", 0)), _tagged("i-b", 3, Placement("g", 1, (4, 5, 6, 7)))]
+    m = merge_placements(State(), insts, {"g", "h"})
+    assert m.placements == {"g": ("i-a", "i-b"), "h": ("i-a",)}
+    assert m.gpu_indices == {"g": ((0, 1, 2, 3), (4, 5, 6, 7))} and m.serial == 9
+    assert m.notes == ("the state records no placements: 3 replica(s) on 2 instance(s) recovered from their fleetops.io/placements tags",)
+
+
+def test_overflowed_or_unreadable_tags_leave_the_instance_to_the_state():
+    state = State(placements={"x": ["i-a"], "y": ["i-b"]}, serial=2)
+    over = _tagged("i-a", 3, **{TAG_PLACEMENTS: "!overflow 400"})
+    bad = _tagged("i-b", 3, **{TAG_PLACEMENTS: "y/0@oops"})
+    m = merge_placements(state, [over, bad], {"x", "y"})
+    assert m.placements == {"x": ("i-a",), "y": ("i-b",)}
+    assert any("i-a" in n and "more replicas than tags can" in n for n in m.notes)
+    assert any("i-b" in n and "cannot be read" in n for n in m.notes)
+
+
+# ---------------------------------------------------------------- one scenario, sim and AWS
+
+
+def _docs(fleet: str, jobs: list[dict], hi: int, aws: bool) -> list[dict]:
+    p = pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=hi)
+    if aws:
+        p["spec"]["aws"] = {"ami": AMI}
+    return [topology(fleet, clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"), p, *jobs]
+
+
+def _gpu_job(name: str, **spec) -> dict:
+    return job(name, gpus=2, gpu_type="A10G", cpu=8, mem=32, **spec)
+
+
+def _expected(cfg: Path) -> dict[str, set[Placement]]:
+    """What each instance hosts according to the saved state."""
+    st = json.loads((state_dir(cfg) / "state.json").read_text())
+    out: dict[str, set[Placement]] = {}
+    for j, ids in st["placements"].items():
+        for r, iid in enumerate(ids):
+            out.setdefault(iid, set()).add(Placement(j, r, tuple(st["gpus"][j][r]) if j in st["gpus"] else ()))
+    return out
+
+
+def _run_scenario(cfg: Path, fleet: str, provider: str, options: dict, tags_of: Callable[[], dict[str, dict]], aws: bool):
+    """`tags_of()`: this fleet's live instances -> their tags, read without the provider."""
+    def check() -> dict[str, dict]:
+        seen = tags_of()
+        want = _expected(cfg)
+        assert set(want) <= set(seen)
+        for iid, tags in seen.items():
+            rec = read_placements(tags)
+            assert rec is not None and set(rec.placements) == want.get(iid, set()), iid
+        return seen
+
+    run = dict(provider=provider, options=options, time_limit=5)
+    write_config(cfg, _docs(fleet, [_gpu_job("a"), _gpu_job("b", priority="low"), _gpu_job("c")], 3, aws))
+    assert api.apply(cfg, **run).report.ok
+    first = check()
+    assert len(first) == 2 and sum(len(read_placements(t).placements) for t in first.values()) == 3
+
+    # a finishes: the replica left alone on its instance moves onto the other one (consolidation), which is retagged.
+    write_config(cfg, _docs(fleet, [_gpu_job("b", priority="low"), _gpu_job("c")], 3, aws))
+    res = api.apply(cfg, **run)
+    moved = [j for j in res.plan.jobs if j.action == "move"]
+    assert res.report.ok and len(moved) == 1 and len(res.report.deleted) == 1
+    second = check()
+    (kept,) = second
+    assert {p.job for p in read_placements(second[kept]).placements} == {"b", "c"}
+    assert read_placements(second[kept]).serial > read_placements(first[kept]).serial
+
+    # One instance at most, and a critical job arrives: b (low) is evicted, the instance's tags lose it.
+    write_config(cfg, _docs(fleet, [_gpu_job("b", priority="low"), _gpu_job("c"), _gpu_job("urgent", priority="critical")], 1, aws))
+    res = api.apply(cfg, **run)
+    assert res.report.ok and {j.job: j.action for j in res.plan.jobs}["b"] == "evict" and not res.plan.creates
+    third = check()
+    assert {p.job for p in read_placements(third[kept]).placements} == {"c", "urgent"}
+
+    # The state file is lost (a fresh CI runner): the placements come back from the tags, nothing to change.
+    before = api.plan(cfg, **run)
+    (state_dir(cfg) / "state.json").unlink()
+    after = api.plan(cfg, **run)
+    assert not after.plan.has_changes
+    assert after.observed.placements == before.observed.placements and after.observed.gpu_indices == before.observed.gpu_indices
+    assert any("recovered from their fleetops.io/placements tags" in n for n in after.plan.notes)
+    # An apply now saves a state newer than every tag; the next plan has nothing to say.
+    assert api.apply(cfg, **run).report.ok and not api.plan(cfg, **run).plan.notes
+    return kept
+
+
+def _sim_tags(cfg: Path, fleet: str) -> Callable[[], dict[str, dict]]:
+    def read() -> dict[str, dict]:
+        return {i["id"]: i["tags"] for i in SimCloud(state_dir(cfg)).instances()
+                if i["state"] == "running" and i["tags"].get(TAG_FLEET) == fleet}
+    return read
+
+
+def test_sim_records_placements_and_recovers_them_without_the_state(tmp_path):
+    cfg = tmp_path / "cfg"
+    kept = _run_scenario(cfg, "tags-sim", "sim", {}, _sim_tags(cfg, "tags-sim"), aws=False)
+    listing = CliRunner().invoke(app, ["sim", "ls", "--dir", str(cfg)]).output.splitlines()
+    assert [line.split("\t")[-1] for line in listing if line.startswith(kept)] == ["c/0,urgent/0"]
+
+
+def test_aws_records_placements_and_recovers_them_without_the_state(aws_env, tmp_path):
+    fleet = f"tags-{uuid.uuid4().hex[:8]}"  # moto's state is shared by the session
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+
+    def read() -> dict[str, dict]:
+        resp = ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]},
+                                               {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        return {d["InstanceId"]: {t["Key"]: t["Value"] for t in d.get("Tags", [])} for r in resp["Reservations"] for d in r["Instances"]}
+
+    cfg = tmp_path / "cfg"
+    kept = _run_scenario(cfg, fleet, "aws", {"endpoint_url": aws_env}, read, aws=True)
+    # What an operator sees with the AWS CLI.
+    out = subprocess.run([str(Path(sys.executable).parent / "aws"), "ec2", "describe-tags", "--endpoint-url", aws_env,
+                          "--region", "us-east-1", "--filters", f"Name=resource-id,Values={kept}", "--output", "json"],
+                         capture_output=True, text=True, env={**os.environ, **AWS_ENV}, check=True)
+    shown = {t["Key"]: t["Value"] for t in json.loads(out.stdout)["Tags"]}
+    gpus = json.loads((state_dir(cfg) / "state.json").read_text())["gpus"]
+    span = {j: f"{gpus[j][0][0]}-{gpus[j][0][1]}" for j in ("c", "urgent")}  # two adjacent GPUs each
+    assert shown[TAG_PLACEMENTS] == f"c/0@{span['c']},urgent/0@{span['urgent']}"
+    assert int(shown[TAG_PLACEMENTS_SERIAL]) >= 3
+
+
+# ---------------------------------------------------------------- crashes and stale tags (sim)
+
+
+def test_a_crash_after_the_creates_loses_no_placement(tmp_path, monkeypatch):
+    """The new instance carries its replicas from launch: a crash before the state write moves nothing again."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("crash", [_gpu_job("a"), _gpu_job("b")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, _docs("crash", [_gpu_job("a"), _gpu_job("b"), *(_gpu_job(f"n{i}") for i in range(3))], 3, aws=False))
+
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt("killed after the creates")
+
+    monkeypatch.setattr("reconciler.apply._record_placements", crash)
+    with pytest.raises(KeyboardInterrupt):
+        api.apply(cfg, time_limit=5)
+    monkeypatch.undo()
+    assert json.loads((state_dir(cfg) / "state.json").read_text())["serial"] == 1  # the state was not written
+    nxt = api.plan(cfg, time_limit=5)
+    assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
+    assert {j.job for j in nxt.plan.jobs if j.action == "keep"} == {"a", "b", "n0", "n1", "n2"}
+    assert any("newer than the state" in n and "the tags win" in n for n in nxt.plan.notes)
+    assert Plan.from_json(nxt.plan.to_json()).notes == nxt.plan.notes  # a saved plan keeps its notes
+    assert f"> **Note:** {nxt.plan.notes[0]}" in render(nxt.plan, "markdown")
+
+
+def test_stale_tags_lose_to_a_newer_state_and_the_next_apply_rewrites_them(tmp_path):
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("stale", [_gpu_job("a"), _gpu_job("b")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    iid, hosted = next(iter(_expected(cfg).items()))
+    stale = sorted(hosted)[1:]  # as if a tag write that dropped one replica had failed, long ago
+    with SimCloud(state_dir(cfg)).world() as w:
+        w["instances"][iid]["tags"].update(placement_tags(PlacementRecord.of(0, stale)))
+    res = api.plan(cfg, time_limit=5)
+    assert not res.plan.has_changes
+    assert any(iid in n and "(serial 0)" in n and "the state wins" in n for n in res.plan.notes)
+    api.apply(cfg, time_limit=5)
+    tags = _sim_tags(cfg, "stale")()[iid]
+    assert set(read_placements(tags).placements) == _expected(cfg)[iid]
+    assert not api.plan(cfg, time_limit=5).plan.notes
+
+
+def test_sim_never_tags_an_instance_it_does_not_own(tmp_path):
+    sim = SimCloud(tmp_path)
+    foreign = sim.plant("aws", "us-east-1", "us-east-1a", "g5.xlarge", {TAG_FLEET: "someone-else"})
+    bare = sim.plant("aws", "us-east-1", "us-east-1a", "g5.xlarge", {})
+    prov = SimProvider(ProviderContext(fleet="mine", state_dir=tmp_path))
+    before = {i["id"]: i["tags"] for i in sim.instances()}
+    for iid in (foreign, bare):
+        handle = instance(iid, "p", "aws", "us-east-1", "us-east-1a", "g5.xlarge", fleet="mine")
+        with pytest.raises(OwnershipError, match="refusing to tag"):
+            prov.record_placements(handle, PlacementRecord.of(1, [Placement("a", 0)]))
+    assert {i["id"]: i["tags"] for i in sim.instances()} == before
+
+
+# ---------------------------------------------------------------- AWS specifics
+
+
+def _target() -> PoolTarget:
+    return PoolTarget(name="a10g", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("g5.xlarge",),
+                      settings={"ami": AMI, "security_groups": [], "subnets": {}})
+
+
+def test_aws_long_lists_chunk_over_tags_and_shrink_cleanly(aws_env, tmp_path):
+    fleet = f"chunk-{uuid.uuid4().hex[:8]}"
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+    many = PlacementRecord.of(4, [Placement(f"cpu-shard-{i:03d}", i % 2) for i in range(80)])
+    made = prov.create(CreateRequest(key="k-chunk", pool=_target(), zone="us-east-1a", instance_type="g5.xlarge",
+                                     market="on-demand", tags=ownership_tags(fleet, "a10g", "k-chunk"), placements=many))
+
+    def raw() -> dict[str, str]:
+        d = ec2.describe_instances(InstanceIds=[made.id])["Reservations"][0]["Instances"][0]
+        return {t["Key"]: t["Value"] for t in d["Tags"]}
+
+    tags = raw()
+    keys = [k for k in tags if k.startswith(TAG_PLACEMENTS + "-") and k != TAG_PLACEMENTS_SERIAL]
+    assert len(keys) == 5 and all(len(v) <= TAG_VALUE_MAX for v in tags.values())
+    assert read_placements(tags) == many
+    (seen,) = prov.observe([_target()])
+    assert read_placements(seen.tags) == many  # observe reads them back like any tag
+    few = PlacementRecord.of(5, [Placement("cpu-shard-000", 0)])
+    prov.record_placements(seen, few)
+    after = raw()
+    assert {k for k in after if k.startswith(TAG_PLACEMENTS)} == {TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL}
+    assert read_placements(after) == few and after[TAG_FLEET] == fleet
+
+
+def test_aws_never_tags_an_instance_it_does_not_own(aws_env, tmp_path):
+    fleet = f"own-{uuid.uuid4().hex[:8]}"
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+    mine = prov.create(CreateRequest(key="k-own", pool=_target(), zone="us-east-1a", instance_type="g5.xlarge",
+                                     market="on-demand", tags=ownership_tags(fleet, "a10g", "k-own")))
+    bare = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    other = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": "someone-else"}]}])["Instances"][0]["InstanceId"]
+
+    def tags(iid: str) -> dict[str, str]:
+        d = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+        return {t["Key"]: t["Value"] for t in d.get("Tags", [])}
+
+    before = {iid: tags(iid) for iid in (bare, other)}
+    for iid in (bare, other):
+        with pytest.raises(OwnershipError, match="refusing to tag"):
+            prov.record_placements(mine.__class__(**{**mine.__dict__, "id": iid}), PlacementRecord.of(1, [Placement("a", 0)]))
+    assert {iid: tags(iid) for iid in (bare, other)} == before
+    prov.record_placements(mine, PlacementRecord.of(1, [Placement("a", 0)]))  # its own instance: allowed
+    assert tags(mine.id)[TAG_PLACEMENTS] == "a/0"
