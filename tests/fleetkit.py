@@ -82,6 +82,25 @@ def catalog_observed(desired, instances: list[Instance] = (), placements: dict |
     )
 
 
+def plan_for(path: Path, docs: list[dict], instances=(), placements: dict | None = None, short=frozenset(), now=None,
+             time_limit: float = 10):
+    """Plan `docs` against a simulated fleet (these instances, these jobs running on them), check
+    every rule on the answer (tests/invariants.py) and return the plan. `now` drives aging;
+    `time_limit=0` gives greedy best-fit's plan (the fallback)."""
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.invariants import check_plan
+
+    desired = load(write_config(path, docs))
+    observed = catalog_observed(desired, list(instances), placements, short)
+    problem = build_problem(desired, observed, now=now)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit))
+    check_plan(desired, observed, plan)
+    return plan
+
+
 def instance(iid: str, pool: str, cloud: str, region: str, zone: str, itype: str, market: str = "on-demand", fleet: str = "test") -> Instance:
     return Instance(id=iid, provider="sim", cloud=cloud, region=region, zone=zone, instance_type=itype, market=market,
                     state="running", pool=pool, tags={"fleetops.io/fleet": fleet, "fleetops.io/pool": pool})
