@@ -148,7 +148,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     left = []
     for d, job, rep, group in order:
         cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
-        cands.sort(key=lambda b: -_alignment(b, d))
+        # A gang's placement group fills its own instances before it claims another.
+        cands.sort(key=lambda b: (group is not None and b.group != group, -_alignment(b, d)))
         placed = next((b for b in cands if b.place(d, job, rep, group) is not None), None)
         if placed is None:
             b = more() if more is not None else None

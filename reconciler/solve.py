@@ -315,6 +315,20 @@ class _Model:
                 if isinstance(v, int) and v == 0:
                     continue
                 m.add(v <= d.replicas * y[keyf(c)])
+        # An instance launches into one placement group: a placement-group gang's new items take
+        # whole instances of their offer, which no other gang's group shares (other work may).
+        pg_instances: dict[str, list] = {}
+        for d in self.p.demands:
+            if not (d.gang and d.gang_mode == "placement-group"):
+                continue
+            for c, v in self.x_of_group[self.group_of[d.key]]:
+                if c.existing:
+                    continue
+                n = m.new_int_var(0, c.max_new, f"pg_instances[{d.key},{c.key}]")
+                m.add(v <= fit(d, c) * n)
+                pg_instances.setdefault(c.key, []).append(n)
+        for ck, ns in pg_instances.items():
+            m.add(sum(ns) <= self.use[ck])
 
     def _tenants(self) -> None:
         m, p = self.m, self.p
