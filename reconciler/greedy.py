@@ -211,6 +211,10 @@ class _Greedy:
             for job, iids in d.running:
                 if not self._quota_ok(d):
                     continue
+                if d.bundle > 1:  # a same-instance gang is one item: it stays only if whole on one instance
+                    if len(iids) != d.bundle or len(set(iids)) != 1:
+                        continue
+                    iids = iids[:1]
                 cells = [hosts.get(i) for i in iids]
                 if any(c is None or c.keep_blocker is not None or fit(d, c) == 0 for c in cells):
                     continue

@@ -91,7 +91,8 @@ class Demand:
 
     @property
     def running_items(self) -> int:
-        return sum(len(h) for _, h in self.running)
+        """Items running now (a same-instance gang's replicas are one item)."""
+        return sum(len(h) // self.bundle for _, h in self.running)
 
     def req(self, dim: str) -> float:
         if dim == "gpus":
@@ -378,6 +379,8 @@ def _hosts(desired: DesiredState, observed: Observed, demands: list[Demand], cat
         d = job_demand.get(job)
         if d is None:
             continue
+        if d.bundle > 1 and (len(iids) != d.bundle or len(set(iids)) != 1):
+            continue  # an instance-gang not whole on one instance stays nowhere: it is placed again, whole
         for iid in iids:
             cell = residents.setdefault(iid, {})
             cell[(d.key, job)] = cell.get((d.key, job), 0) + 1
@@ -401,8 +404,8 @@ def _hosts(desired: DesiredState, observed: Observed, demands: list[Demand], cat
         od = off.on_demand_price if off else 0.0
         price = off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od
         res = tuple(sorted((dk, job, n) for (dk, job), n in residents.get(inst.id, {}).items()))
-        # Bundled items (same-instance gangs) count once per bundle.
-        res = tuple((dk, job, max(1, n // next((d.bundle for d in demands if d.key == dk), 1))) for dk, job, n in res)
+        # A same-instance gang is one item (of `bundle` replicas).
+        res = tuple((dk, job, n // job_demand[job].bundle) for dk, job, n in res)
         hosts.append(Capacity(
             key=inst.id, pool=inst.pool, provider=inst.provider, cloud=inst.cloud, region=inst.region, zone=inst.zone,
             instance_type=inst.instance_type, market=inst.market, gpus=off.gpus if off else 0,

@@ -80,3 +80,26 @@ def test_each_placement_group_gang_fills_its_own_instance(tmp_path):
     for limit in (0, 10):  # greedy's plan (the fallback) and CP-SAT's
         plan = plan_for(tmp_path / str(limit), docs, time_limit=limit)
         assert all(j.action == "place" and len(set(j.instances)) == 1 for j in plan.jobs), [(j.job, j.instances) for j in plan.jobs]
+
+
+def test_an_instance_gang_spread_over_instances_is_placed_again_whole(tmp_path):
+    """A running gang changed to `gang: instance` has a replica on each of two instances. Each
+    instance counted the whole gang as staying, and one replica got no GPUs; it moves onto one
+    instance, every replica with GPUs of its own."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+            job("tp", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="instance"),
+            job("other", gpus=4, gpu_type="A100", cpu=40, mem=300)]
+    insts = [instance(i, "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for i in ("i0", "i1")]
+    tp = by_job(plan_for(tmp_path, docs, insts, {"tp": ("i0", "i1"), "other": ("i0",)}))["tp"]
+    assert tp.action == "move" and len(set(tp.instances)) == 1 and [len(g) for g in tp.gpus] == [2, 2]
+
+
+def test_the_greedy_fallback_counts_a_running_instance_gang_once(tmp_path):
+    """Greedy kept a running 2x2-GPU instance-gang twice over and bought a second p4d for a
+    4-GPU job that fits beside it."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+            job("tp", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="instance"),
+            job("four", gpus=4, gpu_type="A100", cpu=16, mem=120)]
+    i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")
+    plan = plan_for(tmp_path, docs, [i0], {"tp": ("i0", "i0")}, time_limit=0)
+    assert not plan.creates and by_job(plan)["four"].instances == ("i0",)
