@@ -2,9 +2,9 @@
 
 Three uses: CP-SAT's warm start (so its answer is never worse), the fallback when
 CP-SAT finds nothing in time (said so in the plan), and the baseline the benchmark
-compares against. Pure. It keeps every hard rule the model has, buying no new spot
-capacity at all when the SpotPolicy asks for diversity or an on-demand buffer
-(a valid, if dearer, answer).
+compares against. Pure. It keeps every hard rule the model has, opening no spot
+capacity (new, or an idle spot host) beyond the hosts of running work when the
+SpotPolicy asks for diversity or an on-demand buffer (a valid, if dearer, answer).
 
 Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
@@ -114,8 +114,8 @@ class _Greedy:
         if p.budget is not None and self.a.cost + extra_cost + c.price > p.budget + 1e-9:
             return False
         if c.market == "spot" and not self.keeping:
-            if not self.buy_spot and not c.existing:
-                return False
+            if not self.buy_spot:
+                return False  # an idle spot host opened now would escape the buffer and diversity rules too
             f = p.spot.max_spot_fraction
             spot = self.fleet["spot"] + extra_fleet[1] + self._prim(c)
             total = self.fleet["all"] + extra_fleet[0] + self._prim(c)

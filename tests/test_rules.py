@@ -103,3 +103,11 @@ def test_the_greedy_fallback_counts_a_running_instance_gang_once(tmp_path):
     i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")
     plan = plan_for(tmp_path, docs, [i0], {"tp": ("i0", "i0")}, time_limit=0)
     assert not plan.creates and by_job(plan)["four"].instances == ("i0",)
+
+
+def test_the_greedy_fallback_opens_no_idle_spot_host_against_spot_diversity(tmp_path):
+    """min_zones: 2 and an idle spot host: greedy best-fit (the plan when CP-SAT has no answer)
+    put the job on it, leaving all spot in one zone (plan_for checks min_zones)."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=3, market="either"), doc("SpotPolicy", "sp", {"min_zones": 2}), job("j", **A100)]
+    plan = plan_for(tmp_path, docs, [gcp_1g("i-spot", market="spot")], time_limit=0)
+    assert by_job(plan)["j"].action == "place"
