@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand, Problem, type_class, fit, rules_allow, share
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, has_room, rules_allow, share, type_class
 
 
 @dataclass
@@ -146,7 +146,7 @@ class _Greedy:
 
     def _retire_if_full(self, inst: _Inst) -> None:
         need = self.smallest.get(type_class(inst.cap), {})
-        if not all(inst.free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+        if not has_room(inst.free, need):
             lst = self.buckets.get(inst.cap.offer_key, [])
             if inst in lst:
                 lst.remove(inst)

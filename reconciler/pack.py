@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand
+from reconciler.problem import DIMS, Capacity, Demand, has_room
 
 
 def _pow2(n: int) -> int:
@@ -165,7 +165,7 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
 
 
 def _has_room(b: Bin, smallest: dict[str, float]) -> bool:
-    return all(b.free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0)
+    return has_room(b.free, smallest)
 
 
 def _alignment(b: Bin, d: Demand) -> float:

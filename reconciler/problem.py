@@ -249,6 +249,16 @@ def share(d: Demand, c: Capacity) -> float:
     return min(1.0, d.cpu / c.cpu) if c.cpu else 1.0
 
 
+def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
+    """Could the smallest item still fit in what is free? `smallest` is, per dimension, the least
+    any item asks. GPUs, vCPU and memory are needed together; a MIG item needs devices of its own
+    profile only, so room in one profile is enough."""
+    mig = [k for k, v in smallest.items() if k.startswith("mig:") and v > 0]
+    if mig and not any(free.get(k, 0.0) >= smallest[k] - 1e-9 for k in mig):
+        return False
+    return all(free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0 and not k.startswith("mig:"))
+
+
 def rules_allow(d: Demand, c: Capacity) -> bool:
     """Every placement rule but size: GPU model, MIG, NVLink, spot, pools, regions, clouds, latency."""
     if d.mig is not None:
@@ -600,7 +610,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
         free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}
         need = smallest.get(tc)
-        if need and all(free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+        if need and has_room(free, need):
             continue  # room for more
         rivals = pending_by_type.get(tc, ())
         if any(may_preempt(_Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):

@@ -111,3 +111,12 @@ def test_the_greedy_fallback_opens_no_idle_spot_host_against_spot_diversity(tmp_
     docs = [topology(), tenant("t"), one_gpu_pool(hi=3, market="either"), doc("SpotPolicy", "sp", {"min_zones": 2}), job("j", **A100)]
     plan = plan_for(tmp_path, docs, [gcp_1g("i-spot", market="spot")], time_limit=0)
     assert by_job(plan)["j"].action == "place"
+
+
+def test_a_mig_instance_with_one_profile_taken_has_room_for_another(tmp_path):
+    """Layout [3g, 2g, 2g] on one GPU: once the 3g device was taken the packer saw the instance
+    as full, and the 2g job went pending ('could not be packed')."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["3g.40gb", "2g.20gb", "2g.20gb"]),
+            _mig_job("small", "2g.20gb"), _mig_job("large", "3g.40gb")]
+    plan = plan_for(tmp_path, docs)
+    assert len(plan.creates) == 1 and all(j.instances == ("+1",) for j in plan.jobs)
