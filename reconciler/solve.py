@@ -403,13 +403,16 @@ class _Model:
             need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
             idle = [(10000 * prim(c), self.use[c.key]) for c in od]
             dim = "gpus" if gpu_fleet else "cpu"
+
+            def used(d: Demand) -> int:  # x 10000; a MIG item uses its compute slices / 7 of a GPU
+                return round(10000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
             for (gk, ck), v in self.x.items():
                 if self.caps[ck].market != "spot":
-                    idle.append((-10000 * round(self.demands[self.p.groups[gk][0]].req(dim)), v))
+                    idle.append((-used(self.demands[self.p.groups[gk][0]]), v))
             for (dk, hk), v in self.stay.items():
                 c = self.caps[hk]
                 if c.market != "spot":
-                    idle.append((-10000 * round(self.demands[dk].req(dim)), v))
+                    idle.append((-used(self.demands[dk]), v))
             m.add(_wsum(idle) >= _wsum(need))
         if spot and (sp.min_instance_types > 1 or sp.min_zones > 1):
             any_spot = m.new_bool_var("any_spot")

@@ -120,3 +120,13 @@ def test_a_mig_instance_with_one_profile_taken_has_room_for_another(tmp_path):
             _mig_job("small", "2g.20gb"), _mig_job("large", "3g.40gb")]
     plan = plan_for(tmp_path, docs)
     assert len(plan.creates) == 1 and all(j.instances == ("+1",) for j in plan.jobs)
+
+
+def test_mig_work_is_not_counted_as_idle_on_demand_buffer(tmp_path):
+    """A 100% buffer: an on-demand GPU partitioned for inference is not idle. The model counted
+    it idle, so the training job went to spot with no landing zone beside it."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["1g.10gb"] * 7), one_gpu_pool(hi=2, market="either"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 100}),
+            _mig_job("inference", "1g.10gb", spot="never"), job("train", **A100)]
+    plan = plan_for(tmp_path, docs)  # checks the buffer: idle on-demand GPUs >= GPUs on spot
+    assert markets(plan)[by_job(plan)["train"].instances[0]] == "on-demand"
