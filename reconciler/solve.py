@@ -539,13 +539,15 @@ class _Model:
             m.add(round(denom) * s <= 1000 * _wsum(beta))
             w = max(1, round(r.weight * 100))
             segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
-            m.add(w * sum(segs) <= 100 * s)
-            terms += [(SEGMENTS - k, v) for k, v in enumerate(segs)]
+            m.add(w * sum(segs) <= 100 * s)  # the segments fill up to share / weight
+            # Weighted utility, weight x f(share / weight): its slope in share is f' alone, so the
+            # optimum equalises share / weight (without the factor the heavier tenant got less).
+            terms += [(w * (SEGMENTS - k), v) for k, v in enumerate(segs)]
             x_max = min(1000.0, 1000.0 * most / denom) / max(r.weight, 1e-3)
             left = x_max
             for k in range(SEGMENTS):
                 take = max(0.0, min(step, left))
-                bound += (SEGMENTS - k) * take
+                bound += w * (SEGMENTS - k) * take
                 left -= take
         return _Tier("fair share of borrowed capacity", _wsum(terms), "max", math.floor(bound))
 

@@ -130,3 +130,14 @@ def test_mig_work_is_not_counted_as_idle_on_demand_buffer(tmp_path):
             _mig_job("inference", "1g.10gb", spot="never"), job("train", **A100)]
     plan = plan_for(tmp_path, docs)  # checks the buffer: idle on-demand GPUs >= GPUs on spot
     assert markets(plan)[by_job(plan)["train"].instances[0]] == "on-demand"
+
+
+def test_weighted_fair_share_splits_borrowed_capacity_by_weight(tmp_path):
+    """Two tenants with nothing guaranteed ask for all 8 GPUs each: weight 3 against weight 1
+    gets 6 of them against 2."""
+    burst = {"quota": {"gpus": 0, "burst": {"gpus": 8}}}
+    docs = [topology(), doc("Tenant", "heavy", {**burst, "weight": 3}), doc("Tenant", "light", {**burst, "weight": 1}),
+            one_gpu_pool(hi=8)]
+    docs += [job(f"{t}{i}", tenant=t, **A100) for t in ("heavy", "light") for i in range(8)]
+    placed = [j.tenant for j in plan_for(tmp_path, docs).jobs if j.instances]
+    assert (placed.count("heavy"), placed.count("light")) == (6, 2)
