@@ -141,3 +141,25 @@ def test_weighted_fair_share_splits_borrowed_capacity_by_weight(tmp_path):
     docs += [job(f"{t}{i}", tenant=t, **A100) for t in ("heavy", "light") for i in range(8)]
     placed = [j.tenant for j in plan_for(tmp_path, docs).jobs if j.instances]
     assert (placed.count("heavy"), placed.count("light")) == (6, 2)
+
+
+def _budget_config(tmp_path, guardrails: dict):
+    """Three 1-GPU jobs at $3.67/h each (on-demand), in a pool of two zones."""
+    docs = [topology(), tenant("a"), one_gpu_pool(hi=3, zones=("us-central1-a", "us-central1-b")),
+            doc("GuardrailPolicy", "g", guardrails)]
+    docs += [job(f"j{i}", tenant="a", priority=p, **A100) for i, p in enumerate(["high", "normal", "low"])]
+    return write_config(tmp_path / "cfg", docs)
+
+
+def test_tenant_budget_leaves_a_job_pending_and_explain_names_it(tmp_path):
+    """A tenant budget of $8/h runs two of three jobs; the third is pending for the budget, and
+    `explain` proves that raising the budget would run it. (Planning this crashed with a
+    KeyError while the pending reason priced work placed on a zone class.)"""
+    cfg = _budget_config(tmp_path, {"tenant_hourly_budgets": {"a": 8.0}})
+    plan = api.plan(cfg, time_limit=10).plan
+    jobs = by_job(plan)
+    assert [jobs[j].action for j in ("j0", "j1", "j2")] == ["place", "place", "pending"]
+    assert jobs["j2"].reason.startswith("tenant budget: a spends $7.35/h of its $8.00/h")
+    ex = api.explain(cfg, "j2", time_limit=5)
+    assert ex.summary.startswith("pending: tenant budget")
+    assert any(w.startswith("raise tenant a's hourly budget by 50%: it would run") for w in ex.would_change)
