@@ -163,3 +163,32 @@ def test_tenant_budget_leaves_a_job_pending_and_explain_names_it(tmp_path):
     ex = api.explain(cfg, "j2", time_limit=5)
     assert ex.summary.startswith("pending: tenant budget")
     assert any(w.startswith("raise tenant a's hourly budget by 50%: it would run") for w in ex.would_change)
+
+
+def test_work_pinned_to_a_zone_does_not_strand_room_a_zone_free_gang_needs(tmp_path):
+    """Two MIG instances with two 2g devices each: a zone gang (one 2g device per replica,
+    pinned to its zone) was packed first and spread one replica per instance, so the
+    instance-gang needing two devices on one instance was dropped ('could not be packed')."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["3g.40gb", "2g.20gb", "2g.20gb"], hi=2),
+            _mig_job("zone-gang", "2g.20gb", replicas=2, gang="zone"), _mig_job("instance-gang", "2g.20gb", replicas=2, gang="instance")]
+    docs[2]["spec"]["zones"] = ["eastus-1", "eastus-2"]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs) and len(plan.creates) == 2
+
+
+def test_zone_free_work_leaves_a_pinned_gang_the_room_the_solver_counted(tmp_path):
+    """16 of 17 GPUs fit on the pool's two 8-GPU instances, one per zone. The 4-GPU job (placed
+    on the zone class) was packed onto the instance in the gang's zone, leaving the 3x2-GPU
+    gang 4 GPUs there: the gang was dropped ('could not be packed') and 6 GPUs sat idle."""
+    docs = [topology(), tenant("t"),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], hi=2)]
+    near = {"location": "aws/us-east-1", "size_gib": 0}
+    nvlink = [job(n, gpus=g, gpu_type="A100", cpu=cpu, mem=mem, priority="low", **extra)
+              for n, g, cpu, mem, extra in [("a", 2, 16, 120, {"data": near}), ("b", 2, 16, 120, {}), ("c", 2, 16, 120, {"data": near}),
+                                            ("four", 4, 40, 300, {})]]
+    for j in nvlink:
+        j["spec"]["resources"]["nvlink"] = True
+    docs += nvlink + [job("one", priority="low", **A100), job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, priority="low", replicas=3)]
+    plan = plan_for(tmp_path, docs, workers=1)  # one worker: the solver's choice of zones is the one that showed it
+    assert [j.job for j in plan.jobs if not j.instances] == ["one"]  # 17 GPUs asked, 16 to be had
+    assert not any("could not be packed" in j.reason for j in plan.jobs)
