@@ -142,7 +142,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     onto the instance with the least room its way instead (best fit), leaving whole instances
     free for what comes after. Returns what is left."""
     cap = bins[0].cap if bins else None
-    order = sorted(items, key=lambda it: (-(it[0].gpus // max(1, it[0].bundle)), -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
+    # An instance-gang is one item of all its replicas' GPUs: it goes by that size, not a replica's.
+    order = sorted(items, key=lambda it: (-it[0].gpus, -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
     smallest: dict[str, float] = {}  # what the smallest item needs, dimension by dimension
     for d, *_ in order:
         for k in d.dims:

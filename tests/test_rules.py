@@ -192,3 +192,15 @@ def test_zone_free_work_leaves_a_pinned_gang_the_room_the_solver_counted(tmp_pat
     plan = plan_for(tmp_path, docs, workers=1)  # one worker: the solver's choice of zones is the one that showed it
     assert [j.job for j in plan.jobs if not j.instances] == ["one"]  # 17 GPUs asked, 16 to be had
     assert not any("could not be packed" in j.reason for j in plan.jobs)
+
+
+def test_an_instance_gang_is_packed_by_its_whole_size(tmp_path):
+    """A 3x2-GPU instance-gang needs 6 GPUs of one instance. The packer sorted it by one
+    replica's 2 GPUs, so two 4-GPU jobs went first, one on each 8-GPU instance, and the gang
+    the solver had placed was dropped ('could not be packed')."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=2),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="instance"),
+            job("four-a", gpus=4, gpu_type="A100", cpu=40, mem=300), job("four-b", gpus=4, gpu_type="A100", cpu=40, mem=300)]
+    docs += [job(f"one{i}", **A100) for i in range(2)]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs) and len(plan.creates) == 2
