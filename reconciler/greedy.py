@@ -195,6 +195,17 @@ class _Greedy:
                 return False
         return True
 
+    def _items_ok(self, d: Demand, cells: list[Capacity]) -> bool:
+        """Tenant budget and spot share for all of a job's items at once."""
+        cost, spot = 0.0, [0.0, 0.0]
+        for c in cells:
+            if not self._item_ok(d, c, cost, spot):
+                return False
+            cost += c.price * share(d, c)
+            spot[0] += d.size if c.market == "spot" else 0.0
+            spot[1] += d.size
+        return True
+
     def _compatible(self, d: Demand, okey: str) -> bool:
         k = (d.key, okey)
         v = self.compat.get(k)
@@ -244,7 +255,7 @@ class _Greedy:
                         extra_cost += c.price
                         extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
                         trial.append(c)
-                if not ok or not all(self._item_ok(d, c) for c in cells):
+                if not ok or not self._items_ok(d, cells):
                     continue
                 for c in cells:
                     inst = self.opened.get(c.key) or self._open(c)

@@ -204,3 +204,14 @@ def test_an_instance_gang_is_packed_by_its_whole_size(tmp_path):
     docs += [job(f"one{i}", **A100) for i in range(2)]
     plan = plan_for(tmp_path, docs)
     assert all(j.action == "place" for j in plan.jobs) and len(plan.creates) == 2
+
+
+def test_the_greedy_fallback_keeps_a_running_gang_only_within_its_tenant_budget(tmp_path):
+    """Greedy checked the tenant budget replica by replica when keeping a running gang (each
+    of three replicas' $2.14/h fit under $5/h), so the fallback plan kept all three ($6.42/h)."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], market="either", hi=1),
+            doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "spot")
+    plan = plan_for(tmp_path, docs, [i0], {"gang": ("i0", "i0", "i0")}, time_limit=0)  # checks the budget
+    assert by_job(plan)["gang"].action == "evict" and "tenant budget" in by_job(plan)["gang"].reason
