@@ -512,14 +512,25 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
 # ---------------------------------------------------------------- freezing
 
 
-def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
-    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+def _running_use(demands) -> dict[str, dict[str, float]]:
     use: dict[str, dict[str, float]] = {}
     for d in demands:
         u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
         for k in DIMS:
             u[k] += d.req(k) * d.running_items
+    return use
+
+
+def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+    use = _running_use(demands)
     return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.guarantee.items())}
+
+
+def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
+    use = _running_use(demands)
+    return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.cap.items())}
 
 
 def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:
@@ -561,13 +572,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
     over_pools = {p for p, n in per_pool.items() if p in pool_bounds and n > pool_bounds[p][1]}
     # Tenants over a cap now, or with budgets or spot shares (which tie all their work together).
-    use: dict[str, dict[str, float]] = {}
-    for d in demands:
-        u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
-        for k in DIMS:
-            u[k] += d.req(k) * d.running_items
-    hot = {t for t, r in tenants.items()
-           if any(use.get(t, {}).get(k, 0) > v + 1e-9 for k, v in r.cap.items()) or r.budget is not None or r.spot_fraction is not None}
+    hot = over_cap_tenants(demands, tenants) | {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
     borrowing = borrowing_tenants(demands, tenants)
     preemption = desired.placement.preemption
     # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.

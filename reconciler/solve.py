@@ -31,7 +31,8 @@ from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
-from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, rules_allow, share
+from reconciler.problem import (DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, over_cap_tenants, rules_allow,
+                                share)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -150,12 +151,14 @@ class _Model:
         self.caps.update(self.classes)
 
         # New items per (group, capacity). On a host, only where they could land: in its free
-        # room, or (preemption, reclaim) where pending work may evict a resident.
+        # room, where pending work may evict a resident (preemption, reclaim), or where a
+        # resident's tenant is over its quota now (some of its work must go).
         self.x: dict[tuple[str, str], object] = {}
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         room = {h.key: _free_room(h, self.demands) for h in hosts if not h.frozen and h.keep_blocker is None}
         borrowing = borrowing_tenants(problem.demands, problem.tenants)
+        leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
         by_type: dict[tuple, list[Capacity]] = {}  # GPU model (and MIG or not) -> capacities, to skip the rest at once
         for c in problem.capacities:
@@ -175,7 +178,7 @@ class _Model:
                         continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                     free = room[c.key]
                     fits_free = all(rep.req(k) <= free.get(k, 0.0) + 1e-9 for k in rep.dims if rep.req(k) > 0)
-                    evicts = any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
+                    evicts = any(d.tenant in leaving for d in res) or any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
                     if not fits_free and not evicts:
                         continue
                 elif c.key in self.class_of and not rep.gang:

@@ -215,3 +215,19 @@ def test_the_greedy_fallback_keeps_a_running_gang_only_within_its_tenant_budget(
     i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "spot")
     plan = plan_for(tmp_path, docs, [i0], {"gang": ("i0", "i0", "i0")}, time_limit=0)  # checks the budget
     assert by_job(plan)["gang"].action == "evict" and "tenant budget" in by_job(plan)["gang"].reason
+
+
+def test_room_left_by_a_tenant_over_its_lowered_quota_is_used_without_extra_moves(tmp_path):
+    """A tenant's quota drops to 0: its job on i0 must go. A gang with a replica on i0 and one
+    on a spot instance (which the spot share no longer allows) can gather on i0, moving one
+    replica. The model only let new work onto a host where the residents left room, so it
+    moved both replicas to a new instance instead (two restarts, where greedy needed one)."""
+    docs = [topology(), tenant("t"), tenant("shrunk", gpus=0),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-4g"], market="either", hi=1),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25}),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2), job("old", tenant="shrunk", **A100)]
+    insts = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g"),
+             instance("i1", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g", "spot")]
+    plan = plan_for(tmp_path, docs, insts, {"gang": ("i0", "i1"), "old": ("i0",)})
+    jobs = by_job(plan)
+    assert jobs["old"].action == "evict" and jobs["gang"].instances == ("i0", "i0") and not plan.creates
