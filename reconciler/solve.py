@@ -181,7 +181,9 @@ class _Model:
                     evicts = any(d.tenant in leaving for d in res) or any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
                     if not fits_free and not evicts:
                         continue
-                elif c.key in self.class_of and not rep.gang:
+                elif c.key in self.class_of and not rep.gang and fit(rep, c) > 1:
+                    # Items over half an instance stay per zone: a class's aggregate row cannot
+                    # tell that one needs most of a single instance beside work pinned to a zone.
                     ck = self.class_of[c.key]
                     if ck in done_classes:
                         continue

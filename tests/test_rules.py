@@ -231,3 +231,21 @@ def test_room_left_by_a_tenant_over_its_lowered_quota_is_used_without_extra_move
     plan = plan_for(tmp_path, docs, insts, {"gang": ("i0", "i1"), "old": ("i0",)})
     jobs = by_job(plan)
     assert jobs["old"].action == "evict" and jobs["gang"].instances == ("i0", "i0") and not plan.creates
+
+
+def test_an_item_over_half_an_instance_is_counted_in_its_zone(tmp_path):
+    """Two 8-GPU instances hold a 3x2-GPU instance-gang (6 GPUs on one instance) and two zone
+    gangs (3x2 and 2x2 GPUs) only if both are in one zone. The model counted the instance-gang
+    on the pool's zone class and bought one instance per zone: the class had room in
+    aggregate, no single instance did, and the instance-gang was dropped ('could not be
+    packed'). (The job names and the pending job keep the solver's order that showed it.)"""
+    two = dict(tenant="t2", gpus=2, gpu_type="A100", cpu=16, mem=120, priority="low")
+    docs = [topology(), tenant("t1", gpus=0), tenant("t2"),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"],
+                 market="either", hi=2),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "max_price_fraction": 0.3}),
+            job("j1", replicas=3, gang="zone", **two), job("j5", tenant="t1", priority="low", **A100),
+            job("j6", replicas=3, gang="instance", **two),
+            job("j7", replicas=2, spot="never", data={"location": "aws/us-east-1", "size_gib": 0}, **two)]
+    plan = plan_for(tmp_path, docs, workers=1)
+    assert [j.job for j in plan.jobs if not j.instances] == ["j5"]  # over its tenant's quota of 0
