@@ -261,7 +261,19 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             b.reserve(d, idx)
             gpu_of[(job, r)] = tuple(idx)
             where[(job, r)] = hk
-        left = pack_items([b], [(d, job, r, pgs.get(d.key)) for d, job, r in to_host.get(hk, [])])
+        # A replica placed anew on the instance it runs on takes its own GPUs again when they
+        # are free, so a job that ends where it was is really kept (apply records these GPUs).
+        fresh = []
+        for d, job, r in to_host.get(hk, []):
+            idx = known.get((job, r)) if d.bundle == 1 else None
+            was_here = tuple(observed.placements.get(job, ()))[r:r + 1] == (hk,)
+            if was_here and idx is not None and len(idx) == d.gpus and not any(b.gpus_used[i] for i in idx if i < len(b.gpus_used)):
+                b.reserve(d, [idx])
+                gpu_of[(job, r)] = (tuple(idx),)
+                where[(job, r)] = hk
+            else:
+                fresh.append((d, job, r, pgs.get(d.key)))
+        left = pack_items([b], fresh)
         unpacked.update(job for _, job, _, _ in left)
         bins_of[hk] = [b]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.render import render_human
@@ -249,3 +251,17 @@ def test_an_item_over_half_an_instance_is_counted_in_its_zone(tmp_path):
             job("j7", replicas=2, spot="never", data={"location": "aws/us-east-1", "size_gib": 0}, **two)]
     plan = plan_for(tmp_path, docs, workers=1)
     assert [j.job for j in plan.jobs if not j.instances] == ["j5"]  # over its tenant's quota of 0
+
+
+def test_a_replica_placed_again_on_its_own_instance_keeps_its_gpus(tmp_path):
+    """Greedy gives up a spot host whose tenant may no longer use spot, then places the other
+    tenant's job back on it. The plan called that job kept but gave it GPU 0 instead of the
+    GPU 1 it runs on, and apply would have recorded GPU 0 for a process still on GPU 1."""
+    docs = [topology(), tenant("t1"), tenant("t2"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], market="either", hi=1),
+            doc("SpotPolicy", "sp", {"tenant_max_spot_fraction": {"t1": 0.0}}),
+            job("spot-banned", tenant="t1", priority="low", **A100), job("other", tenant="t2", **A100)]
+    i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "spot")
+    running = {"spot-banned": ("i0",), "other": ("i0",)}
+    plan = plan_for(tmp_path, docs, [i0], running, time_limit=0, gpu_indices={"spot-banned": ((0,),), "other": ((1,),)})
+    other = by_job(plan)["other"]
+    assert (other.action, other.instances, other.gpus) == ("keep", ("i0",), ((1,),))
