@@ -130,7 +130,7 @@ def _outranked(d: Demand, problem: Problem, solution) -> str:
 
 
 def _tenant_cost(problem: Problem, solution, tenant: str) -> float:
-    caps = {c.key: c for c in problem.capacities}
+    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}  # with the solver's zone classes
     total = 0.0
     for (dk, ck), n in list(solution.stay.items()) + list(solution.x.items()):
         d = problem.demand(dk)

@@ -2,9 +2,9 @@
 
 Three uses: CP-SAT's warm start (so its answer is never worse), the fallback when
 CP-SAT finds nothing in time (said so in the plan), and the baseline the benchmark
-compares against. Pure. It keeps every hard rule the model has, buying no new spot
-capacity at all when the SpotPolicy asks for diversity or an on-demand buffer
-(a valid, if dearer, answer).
+compares against. Pure. It keeps every hard rule the model has, opening no spot
+capacity (new, or an idle spot host) beyond the hosts of running work when the
+SpotPolicy asks for diversity or an on-demand buffer (a valid, if dearer, answer).
 
 Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand, Problem, type_class, fit, rules_allow, share
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, has_room, rules_allow, share, type_class
 
 
 @dataclass
@@ -114,8 +114,8 @@ class _Greedy:
         if p.budget is not None and self.a.cost + extra_cost + c.price > p.budget + 1e-9:
             return False
         if c.market == "spot" and not self.keeping:
-            if not self.buy_spot and not c.existing:
-                return False
+            if not self.buy_spot:
+                return False  # an idle spot host opened now would escape the buffer and diversity rules too
             f = p.spot.max_spot_fraction
             spot = self.fleet["spot"] + extra_fleet[1] + self._prim(c)
             total = self.fleet["all"] + extra_fleet[0] + self._prim(c)
@@ -146,7 +146,7 @@ class _Greedy:
 
     def _retire_if_full(self, inst: _Inst) -> None:
         need = self.smallest.get(type_class(inst.cap), {})
-        if not all(inst.free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+        if not has_room(inst.free, need):
             lst = self.buckets.get(inst.cap.offer_key, [])
             if inst in lst:
                 lst.remove(inst)
@@ -195,6 +195,17 @@ class _Greedy:
                 return False
         return True
 
+    def _items_ok(self, d: Demand, cells: list[Capacity]) -> bool:
+        """Tenant budget and spot share for all of a job's items at once."""
+        cost, spot = 0.0, [0.0, 0.0]
+        for c in cells:
+            if not self._item_ok(d, c, cost, spot):
+                return False
+            cost += c.price * share(d, c)
+            spot[0] += d.size if c.market == "spot" else 0.0
+            spot[1] += d.size
+        return True
+
     def _compatible(self, d: Demand, okey: str) -> bool:
         k = (d.key, okey)
         v = self.compat.get(k)
@@ -211,6 +222,10 @@ class _Greedy:
             for job, iids in d.running:
                 if not self._quota_ok(d):
                     continue
+                if d.bundle > 1:  # a same-instance gang is one item: it stays only if whole on one instance
+                    if len(iids) != d.bundle or len(set(iids)) != 1:
+                        continue
+                    iids = iids[:1]
                 cells = [hosts.get(i) for i in iids]
                 if any(c is None or c.keep_blocker is not None or fit(d, c) == 0 for c in cells):
                     continue
@@ -240,7 +255,7 @@ class _Greedy:
                         extra_cost += c.price
                         extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
                         trial.append(c)
-                if not ok or not all(self._item_ok(d, c) for c in cells):
+                if not ok or not self._items_ok(d, cells):
                     continue
                 for c in cells:
                     inst = self.opened.get(c.key) or self._open(c)

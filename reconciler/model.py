@@ -211,7 +211,7 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 class SpotPolicySpec(Strict):
     max_spot_fraction: Fraction = 1.0  # of the fleet's GPUs (or vCPUs for a CPU-only fleet)
-    tenant_max_spot_fraction: dict[Name, Fraction] = {}  # of each named tenant's placed GPUs (vCPUs)
+    tenant_max_spot_fraction: dict[Name, Fraction] = {}  # of each named tenant's placed work (7 per GPU, 1 per MIG slice or CPU replica)
     # Idle on-demand GPUs kept as a landing zone for interrupted spot work, as a percentage
     # of the GPUs on spot instances.
     on_demand_buffer_percent: Annotated[float, Field(ge=0, le=100)] = 0.0

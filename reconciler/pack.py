@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand
+from reconciler.problem import DIMS, Capacity, Demand, has_room
 
 
 def _pow2(n: int) -> int:
@@ -132,14 +132,18 @@ def dominant(d: Demand, c: Capacity) -> float:
     return max((d.req(k) / c.cap(k) for k in d.dims if c.cap(k) > 0), default=0.0)
 
 
-def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]], more=None) -> list[tuple[Demand, str, int, str | None]]:
+def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]], more=None,
+               compact: bool = False) -> list[tuple[Demand, str, int, str | None]]:
     """Largest first (GPUs per replica, then dominant share), each onto the instance whose free
     room points most the way the item does (the dot product of the two, normalised per
     dimension): that pairs CPU-heavy with memory-heavy work, where first fit strands room
     (at 95% aggregate fill, first fit left 21 of 69 CPU jobs over; this left none). When an item
-    fits no instance, more() may return one more empty one (None: no more). Returns what is left."""
+    fits no instance, more() may return one more empty one (None: no more). compact: each item
+    onto the instance with the least room its way instead (best fit), leaving whole instances
+    free for what comes after. Returns what is left."""
     cap = bins[0].cap if bins else None
-    order = sorted(items, key=lambda it: (-(it[0].gpus // max(1, it[0].bundle)), -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
+    # An instance-gang is one item of all its replicas' GPUs: it goes by that size, not a replica's.
+    order = sorted(items, key=lambda it: (-it[0].gpus, -(dominant(it[0], cap) if cap else 0), it[1], it[2]))
     smallest: dict[str, float] = {}  # what the smallest item needs, dimension by dimension
     for d, *_ in order:
         for k in d.dims:
@@ -148,7 +152,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     left = []
     for d, job, rep, group in order:
         cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
-        cands.sort(key=lambda b: -_alignment(b, d))
+        # A gang's placement group fills its own instances before it claims another.
+        cands.sort(key=lambda b: (group is not None and b.group != group, (1 if compact else -1) * _alignment(b, d)))
         placed = next((b for b in cands if b.place(d, job, rep, group) is not None), None)
         if placed is None:
             b = more() if more is not None else None
@@ -164,7 +169,7 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
 
 
 def _has_room(b: Bin, smallest: dict[str, float]) -> bool:
-    return all(b.free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0)
+    return has_room(b.free, smallest)
 
 
 def _alignment(b: Bin, d: Demand) -> float:

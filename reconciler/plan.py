@@ -263,7 +263,19 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             b.reserve(d, idx)
             gpu_of[(job, r)] = tuple(idx)
             where[(job, r)] = hk
-        left = pack_items([b], [(d, job, r, pgs.get(d.key)) for d, job, r in to_host.get(hk, [])])
+        # A replica placed anew on the instance it runs on takes its own GPUs again when they
+        # are free, so a job that ends where it was is really kept (apply records these GPUs).
+        fresh = []
+        for d, job, r in to_host.get(hk, []):
+            idx = known.get((job, r)) if d.bundle == 1 else None
+            was_here = tuple(observed.placements.get(job, ()))[r:r + 1] == (hk,)
+            if was_here and idx is not None and len(idx) == d.gpus and not any(b.gpus_used[i] for i in idx if i < len(b.gpus_used)):
+                b.reserve(d, [idx])
+                gpu_of[(job, r)] = (tuple(idx),)
+                where[(job, r)] = hk
+            else:
+                fresh.append((d, job, r, pgs.get(d.key)))
+        left = pack_items([b], fresh)
         unpacked.update(job for _, job, _, _ in left)
         bins_of[hk] = [b]
 
@@ -307,20 +319,29 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             return b
         return more
 
-    # Work pinned to a zone first, on its zone's instances; then work placed on a zone class,
-    # on any instance of its zones (cheapest zone first).
+    # Work pinned to a zone first, on its zone's instances; then work placed on a zone class, on
+    # any instance of its zones (cheapest zone first); then repairs for what did not fit. Pinned
+    # work that shares its zone with a class's work is packed compactly (fullest instance
+    # first), so it strands none of the room the class's larger items need.
     for ok in sorted(solution.new):
         bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
-    for ok in sorted(k for k in to_offer if not caps[k].members):
-        bins_of.setdefault(ok, [])
-        view = list(bins_of[ok])
-        left = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ok]], more_of(caps[ok], ok))
-        unpacked.update(job for _, job, _, _ in left)
+    pinned = {ok: [(d, job, r, pgs.get(d.key)) for d, job, r in items] for ok, items in to_offer.items() if not caps[ok].members}
+    shared = {m for ck in to_offer if caps[ck].members for m in caps[ck].members}
+    leftover: dict[str, list] = {}
+    for ok in sorted(k for k in pinned if k in shared):
+        leftover[ok] = pack_items(list(bins_of.setdefault(ok, [])), pinned.pop(ok), compact=True)
     for ck in sorted(k for k in to_offer if caps[k].members):
-        cls = caps[ck]
-        zones = sorted(cls.members, key=lambda k: (caps[k].price, k))
+        zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
         view = [b for k in zones for b in bins_of.get(k, [])]
-        left = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ck]], more_of(caps[zones[0]], zones[0]))
+        leftover[ck] = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ck]])
+    for ok in sorted(set(pinned) | {k for k in leftover if not caps[k].members}):
+        bins_of.setdefault(ok, [])
+        left = pack_items(list(bins_of[ok]), pinned.get(ok, []) + leftover.get(ok, []), more_of(caps[ok], ok))
+        unpacked.update(job for _, job, _, _ in left)
+    for ck in sorted(k for k in leftover if caps[k].members and leftover[k]):
+        zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
+        view = [b for k in zones for b in bins_of.get(k, [])]
+        left = pack_items(view, leftover[ck], more_of(caps[zones[0]], zones[0]))
         unpacked.update(job for _, job, _, _ in left)
 
     # A gang is whole or nothing: take every item of a job that did not pack back out.

@@ -91,7 +91,8 @@ class Demand:
 
     @property
     def running_items(self) -> int:
-        return sum(len(h) for _, h in self.running)
+        """Items running now (a same-instance gang's replicas are one item)."""
+        return sum(len(h) // self.bundle for _, h in self.running)
 
     def req(self, dim: str) -> float:
         if dim == "gpus":
@@ -248,6 +249,16 @@ def share(d: Demand, c: Capacity) -> float:
     return min(1.0, d.cpu / c.cpu) if c.cpu else 1.0
 
 
+def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
+    """Could the smallest item still fit in what is free? `smallest` is, per dimension, the least
+    any item asks. GPUs, vCPU and memory are needed together; a MIG item needs devices of its own
+    profile only, so room in one profile is enough."""
+    mig = [k for k, v in smallest.items() if k.startswith("mig:") and v > 0]
+    if mig and not any(free.get(k, 0.0) >= smallest[k] - 1e-9 for k in mig):
+        return False
+    return all(free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0 and not k.startswith("mig:"))
+
+
 def rules_allow(d: Demand, c: Capacity) -> bool:
     """Every placement rule but size: GPU model, MIG, NVLink, spot, pools, regions, clouds, latency."""
     if d.mig is not None:
@@ -378,6 +389,8 @@ def _hosts(desired: DesiredState, observed: Observed, demands: list[Demand], cat
         d = job_demand.get(job)
         if d is None:
             continue
+        if d.bundle > 1 and (len(iids) != d.bundle or len(set(iids)) != 1):
+            continue  # an instance-gang not whole on one instance stays nowhere: it is placed again, whole
         for iid in iids:
             cell = residents.setdefault(iid, {})
             cell[(d.key, job)] = cell.get((d.key, job), 0) + 1
@@ -401,8 +414,8 @@ def _hosts(desired: DesiredState, observed: Observed, demands: list[Demand], cat
         od = off.on_demand_price if off else 0.0
         price = off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od
         res = tuple(sorted((dk, job, n) for (dk, job), n in residents.get(inst.id, {}).items()))
-        # Bundled items (same-instance gangs) count once per bundle.
-        res = tuple((dk, job, max(1, n // next((d.bundle for d in demands if d.key == dk), 1))) for dk, job, n in res)
+        # A same-instance gang is one item (of `bundle` replicas).
+        res = tuple((dk, job, n // job_demand[job].bundle) for dk, job, n in res)
         hosts.append(Capacity(
             key=inst.id, pool=inst.pool, provider=inst.provider, cloud=inst.cloud, region=inst.region, zone=inst.zone,
             instance_type=inst.instance_type, market=inst.market, gpus=off.gpus if off else 0,
@@ -499,14 +512,25 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
 # ---------------------------------------------------------------- freezing
 
 
-def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
-    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+def _running_use(demands) -> dict[str, dict[str, float]]:
     use: dict[str, dict[str, float]] = {}
     for d in demands:
         u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
         for k in DIMS:
             u[k] += d.req(k) * d.running_items
+    return use
+
+
+def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+    use = _running_use(demands)
     return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.guarantee.items())}
+
+
+def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
+    use = _running_use(demands)
+    return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.cap.items())}
 
 
 def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:
@@ -548,13 +572,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
     over_pools = {p for p, n in per_pool.items() if p in pool_bounds and n > pool_bounds[p][1]}
     # Tenants over a cap now, or with budgets or spot shares (which tie all their work together).
-    use: dict[str, dict[str, float]] = {}
-    for d in demands:
-        u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
-        for k in DIMS:
-            u[k] += d.req(k) * d.running_items
-    hot = {t for t, r in tenants.items()
-           if any(use.get(t, {}).get(k, 0) > v + 1e-9 for k, v in r.cap.items()) or r.budget is not None or r.spot_fraction is not None}
+    hot = over_cap_tenants(demands, tenants) | {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
     borrowing = borrowing_tenants(demands, tenants)
     preemption = desired.placement.preemption
     # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.
@@ -597,7 +615,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
         free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}
         need = smallest.get(tc)
-        if need and all(free.get(k, 0.0) >= v - 1e-9 for k, v in need.items() if v > 0):
+        if need and has_room(free, need):
             continue  # room for more
         rivals = pending_by_type.get(tc, ())
         if any(may_preempt(_Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):

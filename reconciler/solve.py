@@ -31,7 +31,8 @@ from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
-from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, rules_allow, share
+from reconciler.problem import (DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, over_cap_tenants, rules_allow,
+                                share)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -150,12 +151,14 @@ class _Model:
         self.caps.update(self.classes)
 
         # New items per (group, capacity). On a host, only where they could land: in its free
-        # room, or (preemption, reclaim) where pending work may evict a resident.
+        # room, where pending work may evict a resident (preemption, reclaim), or where a
+        # resident's tenant is over its quota now (some of its work must go).
         self.x: dict[tuple[str, str], object] = {}
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         room = {h.key: _free_room(h, self.demands) for h in hosts if not h.frozen and h.keep_blocker is None}
         borrowing = borrowing_tenants(problem.demands, problem.tenants)
+        leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
         by_type: dict[tuple, list[Capacity]] = {}  # GPU model (and MIG or not) -> capacities, to skip the rest at once
         for c in problem.capacities:
@@ -175,10 +178,12 @@ class _Model:
                         continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                     free = room[c.key]
                     fits_free = all(rep.req(k) <= free.get(k, 0.0) + 1e-9 for k in rep.dims if rep.req(k) > 0)
-                    evicts = any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
+                    evicts = any(d.tenant in leaving for d in res) or any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
                     if not fits_free and not evicts:
                         continue
-                elif c.key in self.class_of and not rep.gang:
+                elif c.key in self.class_of and not rep.gang and fit(rep, c) > 1:
+                    # Items over half an instance stay per zone: a class's aggregate row cannot
+                    # tell that one needs most of a single instance beside work pinned to a zone.
                     ck = self.class_of[c.key]
                     if ck in done_classes:
                         continue
@@ -315,6 +320,20 @@ class _Model:
                 if isinstance(v, int) and v == 0:
                     continue
                 m.add(v <= d.replicas * y[keyf(c)])
+        # An instance launches into one placement group: a placement-group gang's new items take
+        # whole instances of their offer, which no other gang's group shares (other work may).
+        pg_instances: dict[str, list] = {}
+        for d in self.p.demands:
+            if not (d.gang and d.gang_mode == "placement-group"):
+                continue
+            for c, v in self.x_of_group[self.group_of[d.key]]:
+                if c.existing:
+                    continue
+                n = m.new_int_var(0, c.max_new, f"pg_instances[{d.key},{c.key}]")
+                m.add(v <= fit(d, c) * n)
+                pg_instances.setdefault(c.key, []).append(n)
+        for ck, ns in pg_instances.items():
+            m.add(sum(ns) <= self.use[ck])
 
     def _tenants(self) -> None:
         m, p = self.m, self.p
@@ -389,13 +408,16 @@ class _Model:
             need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
             idle = [(10000 * prim(c), self.use[c.key]) for c in od]
             dim = "gpus" if gpu_fleet else "cpu"
+
+            def used(d: Demand) -> int:  # x 10000; a MIG item uses its compute slices / 7 of a GPU
+                return round(10000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
             for (gk, ck), v in self.x.items():
                 if self.caps[ck].market != "spot":
-                    idle.append((-10000 * round(self.demands[self.p.groups[gk][0]].req(dim)), v))
+                    idle.append((-used(self.demands[self.p.groups[gk][0]]), v))
             for (dk, hk), v in self.stay.items():
                 c = self.caps[hk]
                 if c.market != "spot":
-                    idle.append((-10000 * round(self.demands[dk].req(dim)), v))
+                    idle.append((-used(self.demands[dk]), v))
             m.add(_wsum(idle) >= _wsum(need))
         if spot and (sp.min_instance_types > 1 or sp.min_zones > 1):
             any_spot = m.new_bool_var("any_spot")
@@ -522,13 +544,15 @@ class _Model:
             m.add(round(denom) * s <= 1000 * _wsum(beta))
             w = max(1, round(r.weight * 100))
             segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
-            m.add(w * sum(segs) <= 100 * s)
-            terms += [(SEGMENTS - k, v) for k, v in enumerate(segs)]
+            m.add(w * sum(segs) <= 100 * s)  # the segments fill up to share / weight
+            # Weighted utility, weight x f(share / weight): its slope in share is f' alone, so the
+            # optimum equalises share / weight (without the factor the heavier tenant got less).
+            terms += [(w * (SEGMENTS - k), v) for k, v in enumerate(segs)]
             x_max = min(1000.0, 1000.0 * most / denom) / max(r.weight, 1e-3)
             left = x_max
             for k in range(SEGMENTS):
                 take = max(0.0, min(step, left))
-                bound += (SEGMENTS - k) * take
+                bound += w * (SEGMENTS - k) * take
                 left -= take
         return _Tier("fair share of borrowed capacity", _wsum(terms), "max", math.floor(bound))
 

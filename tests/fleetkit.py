@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -80,6 +81,26 @@ def catalog_observed(desired, instances: list[Instance] = (), placements: dict |
         instances=tuple(instances), offerings=tuple(offerings), placements=placements or {}, short=frozenset(short),
         providers={p: "sim" for p in desired.pools},
     )
+
+
+def plan_for(path: Path, docs: list[dict], instances=(), placements: dict | None = None, short=frozenset(), now=None,
+             time_limit: float = 10, workers: int | None = None, gpu_indices: dict | None = None):
+    """Plan `docs` against a simulated fleet (these instances, these jobs running on them), check
+    every rule on the answer (tests/invariants.py) and return the plan. `now` drives aging;
+    `time_limit=0` gives greedy best-fit's plan (the fallback); `workers=1` a deterministic one;
+    `gpu_indices`: the running replicas' GPUs, as apply records them."""
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.invariants import check_plan
+
+    desired = load(write_config(path, docs))
+    observed = replace(catalog_observed(desired, list(instances), placements, short), gpu_indices=gpu_indices or {})
+    problem = build_problem(desired, observed, now=now)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit, workers=workers))
+    check_plan(desired, observed, plan)
+    return plan
 
 
 def instance(iid: str, pool: str, cloud: str, region: str, zone: str, itype: str, market: str = "on-demand", fleet: str = "test") -> Instance:

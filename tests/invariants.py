@@ -1,81 +1,488 @@
 """Check a plan's answer against the rules, independently of the solver.
 
-Uses only the desired state, the catalog and the plan: if the solver model has
-a bug, these checks do not share it."""
+Uses only the desired state, the observed fleet, the catalog, the topology graph
+(`reconciler.topology`, plain networkx) and the plan: nothing from the solver model
+(problem, solve, greedy, pack), so a bug there is not shared here. Each rule is
+re-derived from the YAML kinds' documented meaning. Definitions this checker takes:
+
+- The fleet after the plan: existing instances not deleted, plus the plan's creates.
+  An instance's price is its market's price in the observed offerings (else the catalog).
+- Work units of one replica: 7 per whole GPU, one per MIG compute slice, 1 for CPU work;
+  a job's priority-weighted work is priority x units x replicas. An integer priority is in
+  the class (low, normal, high, critical = 1, 10, 100, 1000) of the highest weight not above it.
+- A tenant's spot share (`tenant_max_spot_fraction`, "of the tenant's placed work" in the
+  README): work units of its placed replicas on spot instances / work units of all its
+  placed replicas.
+- The fleet's spot share (`max_spot_fraction`): GPUs of spot instances / GPUs of all
+  instances after the plan; vCPUs instead for a CPU-only fleet, one whose pools have no
+  GPU instance type (in a fleet with GPU pools, CPU instances count 0 either way).
+- The on-demand buffer: idle GPUs of on-demand instances (GPUs no replica uses; a MIG
+  replica uses its compute slices / 7) >= percent of the GPUs of spot instances (vCPUs
+  for a CPU-only fleet).
+- A tenant's cost: per replica, its instance's price x (replica GPUs / instance GPUs; for
+  MIG compute slices / (7 x instance GPUs); for CPU work on a CPU instance vCPUs / instance
+  vCPUs), at most 1.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 
-from providers.catalog import load_catalog
-from reconciler.model import DesiredState, region_matches
+from providers.catalog import InstanceShape, load_catalog
+from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.plan import Plan
+from reconciler.topology import TopologyIndex
+
+EPS = 1e-6
+DIMS = ("gpus", "cpu", "memory_gib")
+_NO_GPU = InstanceShape("", "", 0, None, 0, 0, 0, None, None)  # a type the catalog does not know
+
+
+@dataclass(frozen=True)
+class Host:
+    """One instance of the fleet after the plan."""
+
+    ref: str  # instance id, or the plan's create ref
+    new: bool
+    cloud: str
+    region: str
+    zone: str
+    itype: str
+    market: str
+    pool: str
+    shape: InstanceShape
+    price: float
+    on_demand: float
+    group: str | None = None  # placement group (new instances only)
+
+
+@dataclass(frozen=True)
+class Replica:
+    job: str
+    index: int
+    host: Host
+    gpus: tuple[int, ...]
+
+
+def _offering(observed: Observed, cloud: str, region: str, zone: str, itype: str):
+    for po in observed.offerings:
+        o = po.offering
+        if (o.cloud, o.zone, o.instance_type) == (cloud, zone, itype):
+            return o
+    return load_catalog().offering(cloud, region, zone, itype)
+
+
+def fleet_after(observed: Observed, plan: Plan) -> dict[str, Host]:
+    cat = load_catalog()
+    deleted = {d.instance_id for d in plan.deletes}
+    hosts = {}
+    for i in observed.instances:
+        if i.id in deleted:
+            continue
+        o = _offering(observed, i.cloud, i.region, i.zone, i.instance_type)
+        assert o is not None, f"kept instance {i.id} has a type {i.instance_type} nothing prices in {i.zone}"
+        price = o.spot_price if i.market == "spot" and o.spot_price is not None else o.on_demand_price
+        hosts[i.id] = Host(i.id, False, i.cloud, i.region, i.zone, i.instance_type, i.market, i.pool,
+                           cat.shape(i.cloud, i.instance_type), price, o.on_demand_price)
+    for c in plan.creates:
+        o = _offering(observed, c.cloud, c.region, c.zone, c.instance_type)
+        assert o is not None, f"create {c.ref}: no offering of {c.instance_type} in {c.zone}"
+        hosts[c.ref] = Host(c.ref, True, c.cloud, c.region, c.zone, c.instance_type, c.market, c.pool,
+                            cat.shape(c.cloud, c.instance_type), c.price, o.on_demand_price, c.placement_group)
+    return hosts
+
+
+def replicas_of(plan: Plan, hosts: dict[str, Host]) -> dict[str, list[Replica]]:
+    """Placed jobs -> their replicas after the plan."""
+    out = {}
+    for jc in plan.jobs:
+        if jc.action in ("pending", "evict"):
+            continue
+        gpus = jc.gpus if jc.gpus else ((),) * len(jc.instances)
+        assert len(gpus) == len(jc.instances), f"{jc.job}: {len(gpus)} GPU index sets for {len(jc.instances)} replicas"
+        for h in jc.instances:
+            assert h in hosts, f"{jc.job} placed on {h}, which will not exist"
+        out[jc.job] = [Replica(jc.job, r, hosts[h], tuple(g)) for r, (h, g) in enumerate(zip(jc.instances, gpus))]
+    return out
+
+
+def mig_slices(job: Job) -> int:
+    """Compute slices (of 7 per GPU) one replica of a MIG job uses."""
+    m = job.spec.resources.mig
+    prof = load_catalog().gpu_models[job.spec.resources.gpu_type].mig_profiles[m.profile]
+    return prof.compute * m.count
+
+
+def gpu_equiv(job: Job) -> float:
+    """GPUs one replica uses: whole GPUs, or MIG compute slices / 7."""
+    r = job.spec.resources
+    return mig_slices(job) / 7 if r.mig else float(r.gpus)
+
+
+def work_units(job: Job) -> int:
+    r = job.spec.resources
+    return mig_slices(job) if r.mig else (7 * r.gpus if r.gpus else 1)
+
+
+def placed_work(desired: DesiredState, plan: Plan) -> int:
+    """Priority-weighted work the plan runs (priority x work units x replicas)."""
+    total = 0
+    for jc in plan.jobs:
+        if jc.action not in ("pending", "evict"):
+            j = desired.jobs[jc.job]
+            total += j.spec.priority_weight() * work_units(j) * j.spec.replicas
+    return total
+
+
+def priority_class(priority: int) -> int:
+    """0 low .. 3 critical: the band of the highest named class whose weight is not above it."""
+    return max([i for i, w in enumerate(sorted(PRIORITY_CLASSES.values())) if w <= priority], default=0)
+
+
+def can_borrow(desired: DesiredState) -> bool:
+    """Does some tenant have a ceiling above its guarantee (work that is only borrowed)?"""
+    for t in desired.tenants.values():
+        q = t.spec.quota
+        for dim in DIMS:
+            g, cap = quota_guarantee(q, dim), q.cap(dim)
+            if cap is not None and (g is None or cap > g + EPS):
+                return True
+    return False
+
+
+def job_size(job: Job) -> int:
+    return work_units(job) * job.spec.replicas
+
+
+def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
+    """Work units of the tenant's running jobs inside its guarantee, highest priority first
+    (the README: 'no tenant loses guaranteed work it runs now to another tenant')."""
+    q = desired.tenants[tenant].spec.quota
+    guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
+    if not guar:
+        return 0
+    used = dict.fromkeys(DIMS, 0.0)
+    total = 0
+    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name)]
+    for j in sorted(running, key=lambda j: (-j.spec.priority_weight(), j.name)):
+        r = j.spec.resources
+        need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
+        if all(used[k] + need[k] <= guar[k] + EPS for k in guar):
+            for k in DIMS:
+                used[k] += need[k]
+            total += job_size(j)
+    return total
+
+
+def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:
+    """The README's lexicographic order ("How it decides") for a fleet where no tenant can
+    borrow, larger is better: guaranteed running work kept; per class from critical down, the
+    running work kept (in place or moved), then the priority-weighted work placed (preemption:
+    Never puts the running work of every class first); then minus the evicted jobs' time left
+    (10 x work units x hours; with no clock, a job's expected_hours)."""
+    assert not can_borrow(desired), "with borrowing, fair share and guaranteed/borrowed tiers come in between"
+    placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
+    kept = 0
+    for t in desired.tenants:
+        protected = _protected(desired, observed, t)
+        if protected:
+            kept += min(protected, sum(job_size(j) for j in desired.jobs.values() if j.spec.tenant == t and j.name in placed))
+    run, work = [0] * 4, [0] * 4
+    victims = 0
+    for j in desired.jobs.values():
+        c = 3 - priority_class(j.spec.priority_weight())
+        running = bool(observed.placements.get(j.name))
+        if j.name in placed:
+            work[c] += j.spec.priority_weight() * job_size(j)
+            run[c] += job_size(j) if running else 0
+        elif running:
+            victims += max(1, round(10 * job_size(j) * j.spec.expected_hours))
+    if desired.placement.preemption == "Never":
+        tiers = run + work
+    else:
+        tiers = [v for pair in zip(run, work) for v in pair]
+    return (kept, *tiers, -victims)
+
+
+def cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) -> float:
+    """What the plan costs per hour as the README counts it: instances, data egress (amortised
+    over expected_hours), latency (latency_cost_per_ms x ms per replica) and moves (amortised
+    over payback_hours). Not the premium a spot-preferred job pays on on-demand (no price is
+    documented for it)."""
+    hosts = fleet_after(observed, plan)
+    topo = TopologyIndex(desired.topology.spec)
+    lat_cost = desired.placement.latency_cost_per_ms
+    total = plan.cost_after + move_cost_per_hour(desired, observed, plan)
+    for jc in plan.jobs:
+        spec = desired.jobs[jc.job].spec
+        if spec.data is None:
+            continue
+        for ref in jc.instances:
+            h = hosts[ref]
+            dist = topo.distance(spec.data.location, h.cloud, h.region, h.zone)
+            total += dist.egress_per_gb * spec.data.size_gib / spec.expected_hours / spec.replicas
+            if lat_cost and math.isfinite(dist.latency_ms):
+                total += lat_cost * dist.latency_ms
+    return total
+
+
+def replica_share(job: Job, host: Host) -> float:
+    """The fraction of its instance one replica pays for."""
+    r, s = job.spec.resources, host.shape
+    if s.gpus:
+        if r.mig:
+            return min(1.0, mig_slices(job) / (7 * s.gpus))
+        return min(1.0, r.gpus / s.gpus) if r.gpus else min(1.0, r.cpu / s.cpu)
+    return min(1.0, r.cpu / s.cpu) if s.cpu else 1.0
+
+
+def restarted(observed: Observed, jc) -> int:
+    """Replicas of a running job the plan restarts: each one not on its instance with its
+    recorded GPUs any more (a replica given other GPUs restarts too)."""
+    if not jc.previous or not jc.instances:
+        return 0  # new, or evicted (not moved)
+    recorded = observed.gpu_indices.get(jc.job)
+    n = 0
+    for r, prev in enumerate(jc.previous):
+        now = jc.instances[r] if r < len(jc.instances) else None
+        gpus = jc.gpus[r] if r < len(jc.gpus) else ()
+        if now != prev or (recorded and r < len(recorded) and tuple(gpus) != tuple(recorded[r])):
+            n += 1
+    return n + max(0, len(jc.instances) - len(jc.previous))
+
+
+def move_cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) -> float:
+    """The PlacementPolicy's one-time cost of the plan's restarted replicas, amortised over payback_hours."""
+    pol = desired.placement
+    total = 0.0
+    for jc in plan.jobs:
+        job = desired.jobs[jc.job]
+        r = job.spec.resources
+        per = pol.move_cost_per_gpu * gpu_equiv(job) if (r.gpus or r.mig) else pol.move_cost_per_replica
+        total += per * restarted(observed, jc)
+    return total / pol.payback_hours
+
+
+# ---------------------------------------------------------------- the rules
 
 
 def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
-    cat = load_catalog()
-    hosts = {}  # instance id or create ref -> (cloud, region, zone, type, market, pool)
-    deleted = {d.instance_id for d in plan.deletes}
-    for i in observed.instances:
-        if i.id not in deleted:
-            hosts[i.id] = (i.cloud, i.region, i.zone, i.instance_type, i.market, i.pool)
-    for c in plan.creates:
-        hosts[c.ref] = (c.cloud, c.region, c.zone, c.instance_type, c.market, c.pool)
-    used = defaultdict(lambda: [0, 0.0, 0.0])
-    tenant_use = defaultdict(lambda: [0, 0.0, 0.0])
+    hosts = fleet_after(observed, plan)
+    reps = replicas_of(plan, hosts)
+    _check_job_states(desired, observed, plan)
+    _check_jobs(desired, reps)
+    _check_gangs(desired, reps)
+    _check_gpu_indices(desired, reps)
+    _check_capacity(desired, hosts, reps)
+    _check_tenants(desired, reps)
+    _check_pools(desired, observed, plan, hosts)
+    _check_spot(desired, hosts, reps)
+    _check_guardrails(desired, plan, hosts)
+
+
+def _check_job_states(desired: DesiredState, observed: Observed, plan: Plan) -> None:
+    assert sorted(j.job for j in plan.jobs) == sorted(desired.jobs), "the plan must say what happens to every job"
     for jc in plan.jobs:
         spec = desired.jobs[jc.job].spec
-        r = spec.resources
         if jc.action in ("pending", "evict"):
             assert jc.instances == (), f"{jc.job} is pending but has instances"
             assert jc.reason, f"{jc.job} is pending without a reason"
+            assert (jc.action == "evict") == bool(jc.previous), f"{jc.job}: {jc.action} but previously on {jc.previous}"
             continue
         assert len(jc.instances) == spec.replicas, f"gang {jc.job} not whole: {len(jc.instances)}/{spec.replicas}"
-        zones = set()
-        for h in jc.instances:
-            assert h in hosts, f"{jc.job} placed on {h}, which will not exist"
-            cloud, region, zone, itype, market, pool = hosts[h]
-            shape = cat.shape(cloud, itype)
-            zones.add((cloud, zone))
-            if r.gpus or r.mig:
-                assert shape.gpu_type == r.gpu_type, f"{jc.job} wants {r.gpu_type}, {h} has {shape.gpu_type}"
+        if jc.action == "keep":
+            assert sorted(jc.instances) == sorted(jc.previous), f"{jc.job} kept but moved {jc.previous} -> {jc.instances}"
+            recorded = observed.gpu_indices.get(jc.job)
+            assert not recorded or sorted(map(tuple, jc.gpus)) == sorted(map(tuple, recorded)), (
+                f"{jc.job} kept, but its GPUs change from {recorded} to {jc.gpus} (running replicas keep theirs)")
+        elif jc.action == "place":
+            assert not jc.previous, f"{jc.job} placed although it ran on {jc.previous}"
+
+
+def _check_jobs(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
+    """Per replica: the instance serves the job's resources and every allowlist holds."""
+    topo = TopologyIndex(desired.topology.spec)
+    for job, rs in reps.items():
+        spec = desired.jobs[job].spec
+        r = spec.resources
+        for rep in rs:
+            h = rep.host
+            s = h.shape
+            pool_mig = desired.pools[h.pool].spec.mig if h.pool in desired.pools else None
+            if r.mig:
+                assert s.gpu_type == r.gpu_type, f"MIG job {job} wants {r.gpu_type}, {h.ref} has {s.gpu_type}"
+                assert pool_mig and r.mig.profile in pool_mig, f"MIG job {job} ({r.mig.profile}) on {h.ref} of pool {h.pool} (layout {pool_mig})"
+                assert rep.gpus == (), f"MIG job {job} was given whole GPUs {rep.gpus}"
+            elif r.gpus:
+                assert s.gpu_type == r.gpu_type, f"{job} wants {r.gpu_type}, {h.ref} has {s.gpu_type}"
+                assert not pool_mig, f"whole-GPU job {job} on MIG pool {h.pool}"
             else:
-                assert shape.gpus == 0, f"CPU job {jc.job} on GPU instance {h}"
+                assert s.gpus == 0, f"CPU job {job} on GPU instance {h.ref}"
+                assert rep.gpus == (), f"CPU job {job} was given GPUs {rep.gpus}"
             if spec.spot == "never":
-                assert market != "spot", f"spot-never job {jc.job} on spot {h}"
+                assert h.market != "spot", f"spot-never job {job} on spot {h.ref}"
             if spec.spot == "required":
-                assert market == "spot", f"spot-required job {jc.job} on {market} {h}"
-            assert region_matches(spec.regions, cloud, region), f"{jc.job} outside its regions"
-            assert spec.pools is None or pool in spec.pools
-            u = used[h]
+                assert h.market == "spot", f"spot-required job {job} on {h.market} {h.ref}"
+            assert region_matches(spec.regions, h.cloud, h.region), f"{job} on {h.cloud}/{h.region}, outside its regions {spec.regions}"
+            assert spec.clouds is None or h.cloud in spec.clouds, f"{job} on {h.cloud}, outside its clouds {spec.clouds}"
+            assert spec.pools is None or h.pool in spec.pools, f"{job} on pool {h.pool}, outside its pools {spec.pools}"
+            if spec.data is not None and spec.data.max_latency_ms is not None:
+                lat = topo.distance(spec.data.location, h.cloud, h.region, h.zone).latency_ms
+                assert lat <= spec.data.max_latency_ms + EPS, (
+                    f"{job} in {h.cloud}/{h.zone}, {lat} ms from its data at {spec.data.location} (max {spec.data.max_latency_ms})")
+
+
+def _check_gangs(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
+    for job, rs in reps.items():
+        spec = desired.jobs[job].spec
+        zones = {(rep.host.cloud, rep.host.zone) for rep in rs}
+        assert len(zones) == 1, f"gang {job} spans zones {zones}"
+        if spec.replicas < 2:
+            continue
+        if spec.gang == "instance":
+            assert len({rep.host.ref for rep in rs}) == 1, f"instance-gang {job} spans {sorted({rep.host.ref for rep in rs})}"
+        if spec.gang == "placement-group":
+            types = {rep.host.itype for rep in rs}
+            assert len(types) == 1, f"placement-group gang {job} spans instance types {types}"
+            groups = {rep.host.group for rep in rs if rep.host.new}
+            assert None not in groups, f"placement-group gang {job} on a new instance without a placement group"
+            assert len(groups) <= 1, f"placement-group gang {job} spans placement groups {groups}"
+
+
+def _check_gpu_indices(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
+    taken: dict[str, dict[int, tuple[str, int]]] = defaultdict(dict)
+    for job, rs in reps.items():
+        r = desired.jobs[job].spec.resources
+        if not r.gpus:
+            continue
+        for rep in rs:
+            n, dom = rep.host.shape.gpus, max(1, rep.host.shape.nvlink_domain)
+            assert len(rep.gpus) == r.gpus and len(set(rep.gpus)) == r.gpus, f"{job}[{rep.index}] has GPUs {rep.gpus}, wants {r.gpus}"
+            assert all(0 <= i < n for i in rep.gpus), f"{job}[{rep.index}] has GPUs {rep.gpus}; {rep.host.ref} has {n}"
+            for i in rep.gpus:
+                other = taken[rep.host.ref].get(i)
+                assert other is None, f"GPU {i} of {rep.host.ref} given to {other[0]}[{other[1]}] and {job}[{rep.index}]"
+                taken[rep.host.ref][i] = (job, rep.index)
+            if r.nvlink:
+                assert len({i // dom for i in rep.gpus}) == 1, (
+                    f"nvlink job {job}[{rep.index}] has GPUs {rep.gpus} across NVLink domains of {dom} on {rep.host.ref}")
+
+
+def _check_capacity(desired: DesiredState, hosts: dict[str, Host], reps: dict[str, list[Replica]]) -> None:
+    used: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    mig_used: dict[str, Counter] = defaultdict(Counter)
+    for job, rs in reps.items():
+        r = desired.jobs[job].spec.resources
+        for rep in rs:
+            u = used[rep.host.ref]
             u[0] += r.gpus
             u[1] += r.cpu
             u[2] += r.memory_gib
-        assert len(zones) == 1, f"gang {jc.job} spans zones {zones}"
-        t = tenant_use[spec.tenant]
-        t[0] += r.gpus * spec.replicas
-        t[1] += r.cpu * spec.replicas
-        t[2] += r.memory_gib * spec.replicas
-    for h, (g, c, m) in used.items():
-        cloud, region, zone, itype, market, pool = hosts[h]
-        shape = cat.shape(cloud, itype)
-        assert g <= shape.gpus, f"GPU overcommit on {h}: {g}>{shape.gpus}"
-        assert c <= shape.cpu + 1e-6, f"CPU overcommit on {h}: {c}>{shape.cpu}"
-        assert m <= shape.memory_gib + 1e-6, f"memory overcommit on {h}: {m}>{shape.memory_gib}"
-    for tname, (g, c, m) in tenant_use.items():
+            if r.mig:
+                mig_used[rep.host.ref][r.mig.profile] += r.mig.count
+    for ref, (g, c, m) in used.items():
+        s = hosts[ref].shape
+        assert g <= s.gpus, f"GPU overcommit on {ref}: {g}>{s.gpus}"
+        assert c <= s.cpu + EPS, f"CPU overcommit on {ref}: {c}>{s.cpu}"
+        assert m <= s.memory_gib + EPS, f"memory overcommit on {ref}: {m}>{s.memory_gib}"
+    for ref, per in mig_used.items():
+        h = hosts[ref]
+        layout = desired.pools[h.pool].spec.mig or []
+        for prof, n in per.items():
+            assert n <= h.shape.gpus * layout.count(prof), (
+                f"MIG overcommit on {ref}: {n} x {prof}, the layout {layout} on {h.shape.gpus} GPUs has {h.shape.gpus * layout.count(prof)}")
+
+
+def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
+    use: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    cost: dict[str, float] = defaultdict(float)
+    spot_work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # on spot, all
+    for job, rs in reps.items():
+        j = desired.jobs[job]
+        t, r = j.spec.tenant, j.spec.resources
+        u = use[t]
+        u[0] += r.gpus * len(rs)
+        u[1] += r.cpu * len(rs)
+        u[2] += r.memory_gib * len(rs)
+        for rep in rs:
+            cost[t] += rep.host.price * replica_share(j, rep.host)
+            spot_work[t][1] += work_units(j)
+            if rep.host.market == "spot":
+                spot_work[t][0] += work_units(j)
+    for tname, (g, c, m) in use.items():
         q = desired.tenants[tname].spec.quota
         for dim, v in (("gpus", g), ("cpu", c), ("memory_gib", m)):
             cap = q.cap(dim)
-            assert cap is None or v <= cap + 1e-6, f"tenant {tname} over quota on {dim}: {v}>{cap}"
-    per_pool = defaultdict(int)
-    for h, (*_, pool) in hosts.items():
-        per_pool[pool] += 1
+            assert cap is None or v <= cap + EPS, f"tenant {tname} over quota on {dim}: {v}>{cap}"
+    for tname, budget in desired.guardrails.tenant_hourly_budgets.items():
+        assert cost[tname] <= budget + EPS, f"tenant {tname} costs ${cost[tname]:.4f}/h, over its budget ${budget}/h"
+    for tname, frac in desired.spot_policy.tenant_max_spot_fraction.items():
+        spot, total = spot_work[tname]
+        assert spot <= frac * total + EPS, f"tenant {tname} has {spot:g}/{total:g} on spot, over its max {frac}"
+
+
+def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host]) -> None:
+    per_pool: Counter = Counter(h.pool for h in hosts.values())
     for name, p in desired.pools.items():
         assert p.spec.min_instances <= per_pool[name] <= p.spec.max_instances, f"pool {name} has {per_pool[name]} instances"
+    short = observed.short
+    for h in hosts.values():
+        pool = desired.pools.get(h.pool)
+        assert pool is not None, f"{h.ref} stays in pool {h.pool}, which is no longer desired"
+        s = pool.spec
+        assert (h.cloud, h.region) == (s.cloud, s.region) and h.zone in s.zones and h.itype in s.instance_types, (
+            f"{h.ref} ({h.cloud}/{h.zone} {h.itype}) does not match Pool/{h.pool}")
+        assert h.market in s.markets(), f"{h.ref} is {h.market}, Pool/{h.pool} allows {s.market}"
+        if h.new:
+            assert (h.cloud, h.zone, h.itype, h.market) not in short, f"{h.ref} bought in {h.zone} {h.itype} {h.market}, in capacity cool-off"
+            o = _offering(observed, h.cloud, h.region, h.zone, h.itype)
+            assert o.available, f"{h.ref} bought where the provider has no capacity"
+            want = o.spot_price if h.market == "spot" else o.on_demand_price
+            assert want is not None and abs(h.price - want) <= EPS, f"{h.ref} priced {h.price}, the offering says {want}"
+
+
+def _primary(h: Host, gpu_fleet: bool) -> float:
+    return h.shape.gpus if gpu_fleet else h.shape.cpu
+
+
+def _check_spot(desired: DesiredState, hosts: dict[str, Host], reps: dict[str, list[Replica]]) -> None:
+    sp = desired.spot_policy
+    spot = [h for h in hosts.values() if h.market == "spot"]
+    cat = load_catalog()
+    gpu_fleet = any((cat.shape(p.spec.cloud, t) or _NO_GPU).gpus for p in desired.pools.values() for t in p.spec.instance_types)
+    total = sum(_primary(h, gpu_fleet) for h in hosts.values())
+    on_spot = sum(_primary(h, gpu_fleet) for h in spot)
+    unit = "GPUs" if gpu_fleet else "vCPUs"
+    assert on_spot <= sp.max_spot_fraction * total + EPS, f"{on_spot:g} of {total:g} {unit} on spot, over max_spot_fraction {sp.max_spot_fraction}"
+    if spot:
+        types = {(h.cloud, h.itype) for h in spot}
+        zones = {(h.cloud, h.zone) for h in spot}
+        assert len(types) >= sp.min_instance_types, f"spot uses {len(types)} instance types, min_instance_types is {sp.min_instance_types}"
+        assert len(zones) >= sp.min_zones, f"spot uses {len(zones)} zones, min_zones is {sp.min_zones}"
+    for h in spot:
+        if h.new:
+            assert h.price <= sp.max_price_fraction * h.on_demand + EPS, (
+                f"{h.ref} bought on spot at {h.price}, over {sp.max_price_fraction} x on-demand {h.on_demand}")
+    if sp.on_demand_buffer_percent > 0 and on_spot > 0:
+        busy: dict[str, float] = defaultdict(float)
+        for job, rs in reps.items():
+            j = desired.jobs[job]
+            for rep in rs:
+                busy[rep.host.ref] += gpu_equiv(j) if gpu_fleet else j.spec.resources.cpu
+        idle = sum(_primary(h, gpu_fleet) - busy[h.ref] for h in hosts.values() if h.market != "spot")
+        need = sp.on_demand_buffer_percent / 100 * on_spot
+        assert idle >= need - EPS, f"{idle:g} idle on-demand {unit}, the buffer needs {need:g} ({sp.on_demand_buffer_percent}% of {on_spot:g} on spot)"
+
+
+def _check_guardrails(desired: DesiredState, plan: Plan, hosts: dict[str, Host]) -> None:
     g = desired.guardrails
-    for h, (cloud, region, *_rest) in hosts.items():
-        if h.startswith("+"):
-            assert region_matches(g.allowed_regions, cloud, region)
+    for h in hosts.values():
+        assert region_matches(g.allowed_regions, h.cloud, h.region), f"{h.ref} in {h.cloud}/{h.region}, outside allowed_regions"
+        assert g.allowed_clouds is None or h.cloud in g.allowed_clouds, f"{h.ref} in {h.cloud}, outside allowed_clouds"
+    cost = sum(h.price for h in hosts.values())
+    assert abs(plan.cost_after - cost) <= 1e-3, f"the plan says ${plan.cost_after}/h after; its instances cost ${cost:.4f}/h"
     if g.max_hourly_budget is not None:
-        assert plan.cost_after <= g.max_hourly_budget + 1e-6
+        assert cost <= g.max_hourly_budget + EPS, f"the fleet costs ${cost:.4f}/h, over max_hourly_budget {g.max_hourly_budget}"

@@ -9,18 +9,8 @@ from reconciler.plan import make_plan
 from reconciler.problem import build_problem
 from reconciler.solve import solve
 from reconciler.topology import TopologyIndex
-from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
+from tests.fleetkit import catalog_observed, doc, instance, job, plan_for, pool, tenant, topology, write_config
 from tests.invariants import check_plan
-
-
-def plan_for(tmp_path, docs, instances=(), placements=None, short=frozenset()):
-    desired = load(write_config(tmp_path, docs))
-    observed = catalog_observed(desired, list(instances), placements, short)
-    problem = build_problem(desired, observed)
-    solution = solve(problem, time_limit=10)
-    plan = make_plan(desired, observed, problem, solution)
-    check_plan(desired, observed, plan)
-    return plan
 
 
 def by_job(plan):

@@ -1,0 +1,538 @@
+"""One scenario per placement rule a user relies on (README "How it decides"), on plain data.
+
+Each test builds the smallest fleet where the rule decides the outcome, plans it against
+the simulated cloud (every rule is checked again by tests/invariants.py) and asserts what a
+platform team would look for in the plan: who runs, who is evicted, where, and what it costs.
+Rules already covered elsewhere (quota and burst caps, spot never/required, max_spot_fraction,
+max_price_fraction, min_instance_types, egress, running jobs staying, gang zones) are not
+repeated here: see tests/test_solve.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from providers.catalog import load_catalog
+from reconciler import api
+from reconciler.render import render_human
+from tests.fleetkit import doc, instance, job, plan_for, pool, tenant, topology, write_config
+
+A100 = dict(gpus=1, gpu_type="A100", cpu=8, mem=60)  # one a2-highgpu-1g each
+
+
+def by_job(plan):
+    return {j.job: j for j in plan.jobs}
+
+
+def one_gpu_pool(name="p", hi=1, market="on-demand", zones=("us-central1-a",)):
+    """GCP a2-highgpu-1g instances: one A100 each, so max_instances counts GPUs."""
+    return pool(name, "gcp", "us-central1", list(zones), ["a2-highgpu-1g"], market=market, hi=hi)
+
+
+def gcp_1g(iid, market="on-demand", pool_name="p", zone="us-central1-a"):
+    return instance(iid, pool_name, "gcp", "us-central1", zone, "a2-highgpu-1g", market)
+
+
+def placement(**spec):
+    return doc("PlacementPolicy", "pp", spec)
+
+
+def markets(plan, observed_instances=()):
+    """Instance ref -> market, for new and existing instances."""
+    return {c.ref: c.market for c in plan.creates} | {i.id: i.market for i in observed_instances}
+
+
+# ---------------------------------------------------------------- priorities and preemption
+
+
+def test_a_higher_class_evicts_a_lower_running_job_of_its_tenant(tmp_path):
+    """The one GPU goes to the critical job; the low job is evicted and told why."""
+    docs = [topology(), tenant("t"), one_gpu_pool(), job("low", priority="low", **A100), job("crit", priority="critical", **A100)]
+    plan = plan_for(tmp_path, docs, [gcp_1g("i0")], {"low": ("i0",)})
+    jobs = by_job(plan)
+    assert jobs["crit"].instances == ("i0",) and not plan.creates
+    assert jobs["low"].action == "evict" and "higher-priority work first: crit" in jobs["low"].reason
+
+
+def test_preemption_evicts_the_cheapest_victims(tmp_path):
+    """Of three low jobs on a full p4d, a 2-GPU critical job evicts the one that loses least:
+    not the 4-GPU job (more GPUs lost), not the 2-GPU job with 100 hours to go, but the one with
+    5 hours left; the others are not moved."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+            job("big", gpus=4, gpu_type="A100", cpu=40, mem=400, priority="low", expected_hours=10),
+            job("long", gpus=2, gpu_type="A100", cpu=20, mem=200, priority="low", expected_hours=100),
+            job("short", gpus=2, gpu_type="A100", cpu=20, mem=200, priority="low", expected_hours=5),
+            job("crit", gpus=2, gpu_type="A100", cpu=20, mem=200, priority="critical")]
+    i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")
+    plan = plan_for(tmp_path, docs, [i0], {"big": ("i0",), "long": ("i0",), "short": ("i0",)})
+    jobs = by_job(plan)
+    assert {j.job for j in plan.jobs if j.action == "evict"} == {"short"}
+    assert jobs["crit"].instances == ("i0",)
+    assert jobs["big"].action == jobs["long"].action == "keep"
+
+
+def test_preemption_never_keeps_lower_class_jobs_running(tmp_path):
+    """With `preemption: Never` the critical job waits instead of evicting the low one."""
+    docs = [topology(), tenant("t"), one_gpu_pool(), job("low", priority="low", **A100), job("crit", priority="critical", **A100),
+            placement(preemption="Never")]
+    jobs = by_job(plan_for(tmp_path, docs, [gcp_1g("i0")], {"low": ("i0",)}))
+    assert jobs["low"].action == "keep" and jobs["crit"].action == "pending"
+
+
+def test_guaranteed_work_is_never_preempted_by_another_tenant(tmp_path):
+    """Tenant a runs a low job inside its guarantee; tenant b's critical job does not take it."""
+    docs = [topology(), tenant("a", gpus=1), tenant("b"), one_gpu_pool(),
+            job("a-low", tenant="a", priority="low", **A100), job("b-crit", tenant="b", priority="critical", **A100)]
+    jobs = by_job(plan_for(tmp_path, docs, [gcp_1g("i0")], {"a-low": ("i0",)}))
+    assert jobs["a-low"].action == "keep" and jobs["b-crit"].action == "pending"
+
+
+def test_priority_aging_lets_an_old_low_job_beat_a_new_normal_one(tmp_path):
+    """A low job waiting three days has climbed to high (one class per 24 h, up to high) and
+    takes the only GPU from a normal job submitted now; an hour after submission it has not."""
+    submitted = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    docs = [topology(), tenant("t"), one_gpu_pool(), placement(aging={"step_hours": 24, "max_priority": "high"}),
+            job("old-low", priority="low", submitted=submitted, **A100)]
+    now = submitted + timedelta(days=3)
+    docs.append(job("new-normal", priority="normal", submitted=now, **A100))
+    assert by_job(plan_for(tmp_path / "aged", docs, now=now))["old-low"].action == "place"
+    young = by_job(plan_for(tmp_path / "young", docs, now=submitted + timedelta(hours=1)))
+    assert young["old-low"].action == "pending" and young["new-normal"].action == "place"
+
+
+# ---------------------------------------------------------------- guarantees, borrowing, fair share
+
+
+def test_a_tenant_borrows_idle_capacity_beyond_its_guarantee(tmp_path):
+    """Guarantee 1 GPU, burst 3: with nobody else asking, all three jobs run."""
+    docs = [topology(), doc("Tenant", "a", {"quota": {"gpus": 1, "burst": {"gpus": 3}}}), tenant("b", gpus=2), one_gpu_pool(hi=3)]
+    docs += [job(f"a{i}", tenant="a", **A100) for i in range(3)]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs)
+
+
+def test_borrowed_capacity_is_reclaimed_when_the_owner_needs_its_guarantee(tmp_path):
+    """Tenant a borrows two of three GPUs; when tenant b asks for its guaranteed two, a's
+    borrowed jobs are evicted, even though they outrank b's jobs."""
+    docs = [topology(), doc("Tenant", "a", {"quota": {"gpus": 1, "burst": {"gpus": 3}}}), tenant("b", gpus=2), one_gpu_pool(hi=3)]
+    docs += [job(f"a{i}", tenant="a", priority="high", **A100) for i in range(3)]
+    docs += [job(f"b{i}", tenant="b", priority="low", **A100) for i in range(2)]
+    insts = [gcp_1g(f"i{i}") for i in range(3)]
+    plan = plan_for(tmp_path, docs, insts, {f"a{i}": (f"i{i}",) for i in range(3)})
+    jobs = by_job(plan)
+    assert jobs["b0"].instances and jobs["b1"].instances
+    assert sorted(j.action for n, j in jobs.items() if n.startswith("a")) == ["evict", "evict", "keep"]
+
+
+def test_weighted_fair_share_splits_borrowed_capacity_by_weight(tmp_path):
+    """Two tenants with nothing guaranteed ask for all 8 GPUs each: weight 3 against weight 1
+    gets 6 of them against 2."""
+    burst = {"quota": {"gpus": 0, "burst": {"gpus": 8}}}
+    docs = [topology(), doc("Tenant", "heavy", {**burst, "weight": 3}), doc("Tenant", "light", {**burst, "weight": 1}),
+            one_gpu_pool(hi=8)]
+    docs += [job(f"{t}{i}", tenant=t, **A100) for t in ("heavy", "light") for i in range(8)]
+    placed = [j.tenant for j in plan_for(tmp_path, docs).jobs if j.instances]
+    assert (placed.count("heavy"), placed.count("light")) == (6, 2)
+
+
+# ---------------------------------------------------------------- spot policy
+
+
+def test_spot_preferred_falls_back_to_on_demand_when_spot_is_short(tmp_path):
+    """spot: preferred runs on spot while there is spot capacity, on on-demand when the zone
+    has none (spot: required waits instead)."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=4, market="either"),
+            job("pref", spot="preferred", **A100), job("req", spot="required", **A100)]
+    plan = plan_for(tmp_path / "spot", docs)
+    assert markets(plan)[by_job(plan)["pref"].instances[0]] == "spot"
+    plan = plan_for(tmp_path / "short", docs, short={("gcp", "us-central1-a", "a2-highgpu-1g", "spot")})
+    jobs = by_job(plan)
+    assert markets(plan)[jobs["pref"].instances[0]] == "on-demand"
+    assert jobs["req"].action == "pending"
+
+
+def _spot_and_idle_gpus(plan):
+    """GPUs of spot instances, and idle GPUs of on-demand ones (new a2-highgpu-1g instances)."""
+    used = {i for j in plan.jobs for i in j.instances}
+    spot = sum(c.market == "spot" for c in plan.creates)
+    idle = sum(c.market == "on-demand" and c.ref not in used for c in plan.creates)
+    return spot, idle
+
+
+def test_on_demand_buffer_keeps_idle_on_demand_gpus_beside_spot(tmp_path):
+    """A 50% buffer: for every two GPUs of spot work, one on-demand GPU stays idle as a landing
+    zone. Without the buffer nothing idles."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=8, market="either")] + [job(f"j{i}", **A100) for i in range(4)]
+    spot, idle = _spot_and_idle_gpus(plan_for(tmp_path / "none", docs))
+    assert (spot, idle) == (4, 0)
+    docs.append(doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 50}))
+    spot, idle = _spot_and_idle_gpus(plan_for(tmp_path / "buffer", docs))
+    assert spot > 0 and idle >= 0.5 * spot
+
+
+def test_tenant_max_spot_fraction_caps_only_that_tenant(tmp_path):
+    """Tenant capped at 50% spot runs half its jobs on-demand; the other tenant all on spot."""
+    docs = [topology(), tenant("capped"), tenant("free"), one_gpu_pool(hi=8, market="either"),
+            doc("SpotPolicy", "sp", {"tenant_max_spot_fraction": {"capped": 0.5}})]
+    docs += [job(f"c{i}", tenant="capped", **A100) for i in range(4)] + [job(f"f{i}", tenant="free", **A100) for i in range(2)]
+    plan = plan_for(tmp_path, docs)
+    m = markets(plan)
+    spot = {t: [m[j.instances[0]] for j in plan.jobs if j.tenant == t].count("spot") for t in ("capped", "free")}
+    assert spot == {"capped": 2, "free": 2}
+
+
+def test_min_zones_spreads_spot_over_zones(tmp_path):
+    """min_zones: 2 puts spot capacity in two zones even though one zone is cheaper."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=4, market="spot", zones=("us-central1-a", "us-central1-b")),
+            doc("SpotPolicy", "sp", {"min_zones": 2})] + [job(f"j{i}", **A100) for i in range(2)]
+    plan = plan_for(tmp_path, docs)
+    assert {c.zone for c in plan.creates} == {"us-central1-a", "us-central1-b"}
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def _budget_config(tmp_path, guardrails: dict):
+    """Three 1-GPU jobs at $3.67/h each (on-demand), in a pool of two zones."""
+    docs = [topology(), tenant("a"), one_gpu_pool(hi=3, zones=("us-central1-a", "us-central1-b")),
+            doc("GuardrailPolicy", "g", guardrails)]
+    docs += [job(f"j{i}", tenant="a", priority=p, **A100) for i, p in enumerate(["high", "normal", "low"])]
+    return write_config(tmp_path / "cfg", docs)
+
+
+def test_tenant_budget_leaves_a_job_pending_and_explain_names_it(tmp_path):
+    """A tenant budget of $8/h runs two of three jobs; the third is pending for the budget, and
+    `explain` proves that raising the budget would run it. (Planning this crashed with a
+    KeyError while the pending reason priced work placed on a zone class.)"""
+    cfg = _budget_config(tmp_path, {"tenant_hourly_budgets": {"a": 8.0}})
+    plan = api.plan(cfg, time_limit=10).plan
+    jobs = by_job(plan)
+    assert [jobs[j].action for j in ("j0", "j1", "j2")] == ["place", "place", "pending"]
+    assert jobs["j2"].reason.startswith("tenant budget: a spends $7.35/h of its $8.00/h")
+    ex = api.explain(cfg, "j2", time_limit=5)
+    assert ex.summary.startswith("pending: tenant budget")
+    assert any(w.startswith("raise tenant a's hourly budget by 50%: it would run") for w in ex.would_change)
+
+
+def test_fleet_budget_leaves_a_job_pending_and_explain_names_it(tmp_path):
+    cfg = _budget_config(tmp_path, {"max_hourly_budget": 8.0})
+    plan = api.plan(cfg, time_limit=10).plan
+    jobs = by_job(plan)
+    assert [jobs[j].action for j in ("j0", "j1", "j2")] == ["place", "place", "pending"]
+    ex = api.explain(cfg, "j2", time_limit=5)
+    assert ex.summary.startswith("pending: budget: the fleet costs $7.35/h and max_hourly_budget is $8.00/h")
+    assert any(w.startswith("raise max_hourly_budget by 50%: it would run") for w in ex.would_change)
+
+
+# ---------------------------------------------------------------- moves and consolidation
+
+
+def _two_half_full_p4d(tmp_path, name, **policy):
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+            job("a", gpus=4, gpu_type="A100", cpu=40, mem=400), job("b", gpus=4, gpu_type="A100", cpu=40, mem=400)]
+    if policy:
+        docs.append(placement(**policy))
+    insts = [instance(i, "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for i in ("i0", "i1", "idle")]
+    return plan_for(tmp_path / name, docs, insts, {"a": ("i0",), "b": ("i1",)})
+
+
+def test_consolidation_moves_work_off_a_half_empty_instance_and_shows_the_saving(tmp_path):
+    """Two p4d half used: one job moves, one instance goes, and the plan says what it saves."""
+    plan = _two_half_full_p4d(tmp_path, "under")
+    assert sorted(j.action for j in plan.jobs) == ["keep", "move"]
+    removed = {d.instance_id: d.price for d in plan.deletes}
+    assert len(removed) == 2 and "idle" in removed  # the idle one and one of the half-used ones
+    c = plan.consolidation
+    assert c is not None and c.moved_replicas == 1
+    assert abs(c.saving_per_hour - sum(p for i, p in removed.items() if i != "idle")) < 0.01
+    assert f"saving ${c.saving_per_hour:,.2f}/h" in render_human(plan)
+
+
+def test_when_empty_deletes_only_idle_instances_and_moves_nothing(tmp_path):
+    plan = _two_half_full_p4d(tmp_path, "empty", consolidation="WhenEmpty")
+    assert all(j.action == "keep" for j in plan.jobs)
+    assert [d.instance_id for d in plan.deletes] == ["idle"] and plan.consolidation is None
+
+
+def test_a_move_is_made_only_when_it_pays_back_within_payback_hours(tmp_path):
+    """A job on on-demand could save ~$2.6/h on spot. Moving it costs $2 per GPU, paid back
+    in under an hour: it moves. At $100 per GPU over 24 h ($4.17/h) it stays."""
+    cat = load_catalog()
+    o = cat.offering("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    saving = o.on_demand_price - o.spot_price
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=2, market="either"), job("j", **A100)]
+    running = ([gcp_1g("i0")], {"j": ("i0",)})
+    cheap = by_job(plan_for(tmp_path / "cheap", docs + [placement(move_cost_per_gpu=2.0, payback_hours=24)], *running))
+    assert cheap["j"].action == "move"
+    assert 100 / 24 > saving
+    dear = by_job(plan_for(tmp_path / "dear", docs + [placement(move_cost_per_gpu=100.0, payback_hours=24)], *running))
+    assert dear["j"].action == "keep"
+
+
+# ---------------------------------------------------------------- locality and allowlists
+
+
+def _east_west(latency_cost=0.0, **data):
+    """Spot g5.xlarge in us-east-1b (cheaper) and us-west-2a (where the data is)."""
+    return [topology(), tenant("t"),
+            pool("east", "aws", "us-east-1", ["us-east-1b"], ["g5.xlarge"], market="spot"),
+            pool("west", "aws", "us-west-2", ["us-west-2a"], ["g5.xlarge"], market="spot"),
+            placement(latency_cost_per_ms=latency_cost),
+            job("j", gpus=1, gpu_type="A10G", cpu=2, mem=8, data={"location": "aws/us-west-2", "size_gib": 0, **data})]
+
+
+def test_latency_cost_pulls_work_next_to_its_data(tmp_path):
+    cat = load_catalog()
+    east = cat.offering("aws", "us-east-1", "us-east-1b", "g5.xlarge").spot_price
+    west = cat.offering("aws", "us-west-2", "us-west-2a", "g5.xlarge").spot_price
+    assert east < west  # without a latency price, the far zone wins
+    assert plan_for(tmp_path / "free", _east_west()).creates[0].region == "us-east-1"
+    assert plan_for(tmp_path / "priced", _east_west(latency_cost=0.01)).creates[0].region == "us-west-2"
+
+
+def test_max_latency_ms_is_hard(tmp_path):
+    """Within 5 ms of its data only us-west-2 qualifies, however cheap the east is; data with no
+    zone that close leaves the job pending, saying so."""
+    assert plan_for(tmp_path / "near", _east_west(max_latency_ms=5)).creates[0].region == "us-west-2"
+    docs = _east_west(max_latency_ms=5)
+    docs[-1]["spec"]["data"]["location"] = "gcp/us-central1"
+    j = by_job(plan_for(tmp_path / "far", docs))["j"]
+    assert j.action == "pending" and "within the data's max_latency_ms" in j.reason
+
+
+def _cpu_pools():
+    """CPU capacity in AWS (m6i.4xlarge, the cheaper) and GCP (n2-standard-16)."""
+    return [pool("aws-cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
+            pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"])]
+
+
+def test_job_allowlists_are_hard_even_when_elsewhere_is_cheaper(tmp_path):
+    """Each job needs an instance of its own (12 of 16 vCPU): the one without an allowlist takes
+    the cheaper AWS instance; each allowlist keeps its job in GCP."""
+    docs = [topology(), tenant("t"), *_cpu_pools(), job("free", cpu=12, mem=16),
+            job("by-cloud", cpu=12, mem=16, clouds=["gcp"]), job("by-region", cpu=12, mem=16, regions=["us-central1"]),
+            job("by-pool", cpu=12, mem=16, pools=["gcp-cpu"])]
+    plan = plan_for(tmp_path, docs)
+    cloud = {c.ref: c.cloud for c in plan.creates}
+    assert {n: cloud[j.instances[0]] for n, j in by_job(plan).items()} == {
+        "free": "aws", "by-cloud": "gcp", "by-region": "gcp", "by-pool": "gcp"}
+
+
+def test_guardrail_allowed_clouds_moves_work_out_of_a_disallowed_cloud(tmp_path):
+    """AWS is cheaper, but the GuardrailPolicy allows only GCP: the AWS instance goes and its
+    job moves; a new job starts in GCP."""
+    docs = [topology(), tenant("t"), *_cpu_pools(), doc("GuardrailPolicy", "g", {"allowed_clouds": ["gcp"]}),
+            job("running", cpu=4, mem=16), job("new", cpu=4, mem=16)]
+    aws = instance("i-aws", "aws-cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")
+    plan = plan_for(tmp_path, docs, [aws], {"running": ("i-aws",)})
+    assert [(d.instance_id, "not allowed" in d.reason) for d in plan.deletes] == [("i-aws", True)]
+    assert {c.cloud for c in plan.creates} == {"gcp"}
+    assert by_job(plan)["running"].action == "move"
+
+
+# ---------------------------------------------------------------- bugs the property tests found
+
+
+def _mig_pool(name: str, layout: list[str], hi: int = 1, market: str = "on-demand") -> dict:
+    """Azure NC24ads A100 v4 (one A100-80GB) partitioned with a MIG layout."""
+    p = pool(name, "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market=market, hi=hi)
+    p["spec"]["mig"] = layout
+    return p
+
+
+def _mig_job(name: str, profile: str, **spec) -> dict:
+    j = job(name, **spec)
+    j["spec"]["resources"] = {"gpu_type": "A100-80GB", "mig": {"profile": profile, "count": 1}, "cpu": 2, "memory_gib": 8}
+    return j
+
+
+def test_two_placement_group_gangs_never_share_an_instance(tmp_path):
+    """An instance launches into one placement group. The model let two 2x2-GPU gangs share one
+    8-GPU instance; the packer could not, so one gang went pending ('could not be packed') and
+    the four 1-GPU jobs that fit beside the other gang waited for nothing."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1)]
+    docs += [job(f"pg-{x}", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="placement-group") for x in "ab"]
+    docs += [job(f"small{i}", priority="low", **A100) for i in range(4)]
+    plan = plan_for(tmp_path, docs)
+    jobs = by_job(plan)
+    assert sorted(jobs[g].action for g in ("pg-a", "pg-b")) == ["pending", "place"]
+    assert all(jobs[f"small{i}"].action == "place" for i in range(4))
+    assert not any("could not be packed" in j.reason for j in plan.jobs)
+
+
+def test_each_placement_group_gang_fills_its_own_instance(tmp_path):
+    """Two 2x2-GPU gangs, two 4-GPU instances: the packer spread the first gang over both (a
+    placement group each) and the second found none left."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], hi=2)]
+    docs += [job(f"pg-{x}", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="placement-group") for x in "ab"]
+    for limit in (0, 10):  # greedy's plan (the fallback) and CP-SAT's
+        plan = plan_for(tmp_path / str(limit), docs, time_limit=limit)
+        assert all(j.action == "place" and len(set(j.instances)) == 1 for j in plan.jobs), [(j.job, j.instances) for j in plan.jobs]
+
+
+def test_an_instance_gang_spread_over_instances_is_placed_again_whole(tmp_path):
+    """A running gang changed to `gang: instance` has a replica on each of two instances. Each
+    instance counted the whole gang as staying, and one replica got no GPUs; it moves onto one
+    instance, every replica with GPUs of its own."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+            job("tp", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="instance"),
+            job("other", gpus=4, gpu_type="A100", cpu=40, mem=300)]
+    insts = [instance(i, "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for i in ("i0", "i1")]
+    tp = by_job(plan_for(tmp_path, docs, insts, {"tp": ("i0", "i1"), "other": ("i0",)}))["tp"]
+    assert tp.action == "move" and len(set(tp.instances)) == 1 and [len(g) for g in tp.gpus] == [2, 2]
+
+
+def test_the_greedy_fallback_counts_a_running_instance_gang_once(tmp_path):
+    """Greedy kept a running 2x2-GPU instance-gang twice over and bought a second p4d for a
+    4-GPU job that fits beside it."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+            job("tp", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="instance"),
+            job("four", gpus=4, gpu_type="A100", cpu=16, mem=120)]
+    i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")
+    plan = plan_for(tmp_path, docs, [i0], {"tp": ("i0", "i0")}, time_limit=0)
+    assert not plan.creates and by_job(plan)["four"].instances == ("i0",)
+
+
+def test_the_greedy_fallback_opens_no_idle_spot_host_against_spot_diversity(tmp_path):
+    """min_zones: 2 and an idle spot host: greedy best-fit (the plan when CP-SAT has no answer)
+    put the job on it, leaving all spot in one zone (plan_for checks min_zones)."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=3, market="either"), doc("SpotPolicy", "sp", {"min_zones": 2}), job("j", **A100)]
+    plan = plan_for(tmp_path, docs, [gcp_1g("i-spot", market="spot")], time_limit=0)
+    assert by_job(plan)["j"].action == "place"
+
+
+def test_a_mig_instance_with_one_profile_taken_has_room_for_another(tmp_path):
+    """Layout [3g, 2g, 2g] on one GPU: once the 3g device was taken the packer saw the instance
+    as full, and the 2g job went pending ('could not be packed')."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["3g.40gb", "2g.20gb", "2g.20gb"]),
+            _mig_job("small", "2g.20gb"), _mig_job("large", "3g.40gb")]
+    plan = plan_for(tmp_path, docs)
+    assert len(plan.creates) == 1 and all(j.instances == ("+1",) for j in plan.jobs)
+
+
+def test_mig_work_is_not_counted_as_idle_on_demand_buffer(tmp_path):
+    """A 100% buffer: an on-demand GPU partitioned for inference is not idle. The model counted
+    it idle, so the training job went to spot with no landing zone beside it."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["1g.10gb"] * 7), one_gpu_pool(hi=2, market="either"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 100}),
+            _mig_job("inference", "1g.10gb", spot="never"), job("train", **A100)]
+    plan = plan_for(tmp_path, docs)  # checks the buffer: idle on-demand GPUs >= GPUs on spot
+    assert markets(plan)[by_job(plan)["train"].instances[0]] == "on-demand"
+
+
+def test_work_pinned_to_a_zone_does_not_strand_room_a_zone_free_gang_needs(tmp_path):
+    """Two MIG instances with two 2g devices each: a zone gang (one 2g device per replica,
+    pinned to its zone) was packed first and spread one replica per instance, so the
+    instance-gang needing two devices on one instance was dropped ('could not be packed')."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["3g.40gb", "2g.20gb", "2g.20gb"], hi=2),
+            _mig_job("zone-gang", "2g.20gb", replicas=2, gang="zone"), _mig_job("instance-gang", "2g.20gb", replicas=2, gang="instance")]
+    docs[2]["spec"]["zones"] = ["eastus-1", "eastus-2"]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs) and len(plan.creates) == 2
+
+
+def test_zone_free_work_leaves_a_pinned_gang_the_room_the_solver_counted(tmp_path):
+    """16 of 17 GPUs fit on the pool's two 8-GPU instances, one per zone. The 4-GPU job (placed
+    on the zone class) was packed onto the instance in the gang's zone, leaving the 3x2-GPU
+    gang 4 GPUs there: the gang was dropped ('could not be packed') and 6 GPUs sat idle."""
+    docs = [topology(), tenant("t"),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], hi=2)]
+    near = {"location": "aws/us-east-1", "size_gib": 0}
+    nvlink = [job(n, gpus=g, gpu_type="A100", cpu=cpu, mem=mem, priority="low", **extra)
+              for n, g, cpu, mem, extra in [("a", 2, 16, 120, {"data": near}), ("b", 2, 16, 120, {}), ("c", 2, 16, 120, {"data": near}),
+                                            ("four", 4, 40, 300, {})]]
+    for j in nvlink:
+        j["spec"]["resources"]["nvlink"] = True
+    docs += nvlink + [job("one", priority="low", **A100), job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, priority="low", replicas=3)]
+    plan = plan_for(tmp_path, docs, workers=1)  # one worker: the solver's choice of zones is the one that showed it
+    assert [j.job for j in plan.jobs if not j.instances] == ["one"]  # 17 GPUs asked, 16 to be had
+    assert not any("could not be packed" in j.reason for j in plan.jobs)
+
+
+def test_an_instance_gang_is_packed_by_its_whole_size(tmp_path):
+    """A 3x2-GPU instance-gang needs 6 GPUs of one instance. The packer sorted it by one
+    replica's 2 GPUs, so two 4-GPU jobs went first, one on each 8-GPU instance, and the gang
+    the solver had placed was dropped ('could not be packed')."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=2),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="instance"),
+            job("four-a", gpus=4, gpu_type="A100", cpu=40, mem=300), job("four-b", gpus=4, gpu_type="A100", cpu=40, mem=300)]
+    docs += [job(f"one{i}", **A100) for i in range(2)]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs) and len(plan.creates) == 2
+
+
+def test_the_greedy_fallback_keeps_a_running_gang_only_within_its_tenant_budget(tmp_path):
+    """Greedy checked the tenant budget replica by replica when keeping a running gang (each
+    of three replicas' $2.14/h fit under $5/h), so the fallback plan kept all three ($6.42/h)."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], market="either", hi=1),
+            doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "spot")
+    plan = plan_for(tmp_path, docs, [i0], {"gang": ("i0", "i0", "i0")}, time_limit=0)  # checks the budget
+    assert by_job(plan)["gang"].action == "evict" and "tenant budget" in by_job(plan)["gang"].reason
+
+
+def test_room_left_by_a_tenant_over_its_lowered_quota_is_used_without_extra_moves(tmp_path):
+    """A tenant's quota drops to 0: its job on i0 must go. A gang with a replica on i0 and one
+    on a spot instance (which the spot share no longer allows) can gather on i0, moving one
+    replica. The model only let new work onto a host where the residents left room, so it
+    moved both replicas to a new instance instead (two restarts, where greedy needed one)."""
+    docs = [topology(), tenant("t"), tenant("shrunk", gpus=0),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-4g"], market="either", hi=1),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25}),
+            job("gang", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2), job("old", tenant="shrunk", **A100)]
+    insts = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g"),
+             instance("i1", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g", "spot")]
+    plan = plan_for(tmp_path, docs, insts, {"gang": ("i0", "i1"), "old": ("i0",)})
+    jobs = by_job(plan)
+    assert jobs["old"].action == "evict" and jobs["gang"].instances == ("i0", "i0") and not plan.creates
+
+
+def test_an_item_over_half_an_instance_is_counted_in_its_zone(tmp_path):
+    """Two 8-GPU instances hold a 3x2-GPU instance-gang (6 GPUs on one instance) and two zone
+    gangs (3x2 and 2x2 GPUs) only if both are in one zone. The model counted the instance-gang
+    on the pool's zone class and bought one instance per zone: the class had room in
+    aggregate, no single instance did, and the instance-gang was dropped ('could not be
+    packed'). (The job names and the pending job keep the solver's order that showed it.)"""
+    two = dict(tenant="t2", gpus=2, gpu_type="A100", cpu=16, mem=120, priority="low")
+    docs = [topology(), tenant("t1", gpus=0), tenant("t2"),
+            pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"],
+                 market="either", hi=2),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "max_price_fraction": 0.3}),
+            job("j1", replicas=3, gang="zone", **two), job("j5", tenant="t1", priority="low", **A100),
+            job("j6", replicas=3, gang="instance", **two),
+            job("j7", replicas=2, spot="never", data={"location": "aws/us-east-1", "size_gib": 0}, **two)]
+    plan = plan_for(tmp_path, docs, workers=1)
+    assert [j.job for j in plan.jobs if not j.instances] == ["j5"]  # over its tenant's quota of 0
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation, not fixed: the model counts new instances of an offer in aggregate "
+                   "(with cuts for items over 1/2, 1/3, 1/4 of an instance); 6+6+4 GPUs pass the counts of two 8-GPU instances "
+                   "but no packing holds them, and at max_instances the packer cannot add a repair instance")
+def test_the_solver_places_only_what_packs_when_the_pool_is_full(tmp_path):
+    """Two 3x2-GPU instance-gangs and a 4-GPU job on at most two 8-GPU instances: only two of
+    the three fit. The solver places all three; the packer drops one ('could not be packed
+    ... the next run retries', and every run does the same) where a right count would have
+    left room for other work or said which job waits and why."""
+    two = dict(gpus=2, gpu_type="A100", cpu=16, mem=120)
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=2),
+            job("gang-a", replicas=3, gang="instance", **two), job("gang-b", replicas=3, gang="instance", **two),
+            job("four", gpus=4, gpu_type="A100", cpu=40, mem=300)]
+    plan = plan_for(tmp_path, docs)
+    assert not any("could not be packed" in j.reason for j in plan.jobs)
+
+
+def test_a_replica_placed_again_on_its_own_instance_keeps_its_gpus(tmp_path):
+    """Greedy gives up a spot host whose tenant may no longer use spot, then places the other
+    tenant's job back on it. The plan called that job kept but gave it GPU 0 instead of the
+    GPU 1 it runs on, and apply would have recorded GPU 0 for a process still on GPU 1."""
+    docs = [topology(), tenant("t1"), tenant("t2"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], market="either", hi=1),
+            doc("SpotPolicy", "sp", {"tenant_max_spot_fraction": {"t1": 0.0}}),
+            job("spot-banned", tenant="t1", priority="low", **A100), job("other", tenant="t2", **A100)]
+    i0 = instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "spot")
+    running = {"spot-banned": ("i0",), "other": ("i0",)}
+    plan = plan_for(tmp_path, docs, [i0], running, time_limit=0, gpu_indices={"spot-banned": ((0,),), "other": ((1,),)})
+    other = by_job(plan)["other"]
+    assert (other.action, other.instances, other.gpus) == ("keep", ("i0",), ((1,),))
