@@ -140,10 +140,13 @@ def test_the_packer_pairs_cpu_heavy_with_memory_heavy_work():
 
 
 def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path):
-    # Three 5-vCPU jobs need 15 of an m6i.4xlarge's 16 vCPU in aggregate, but two never share one
-    # with a 12-vCPU job: the counts say 2 instances, the packing needs 3.
+    # On m6i.4xlarge (16 vCPU, 64 GiB) two CPU-heavy jobs (10 vCPU) and two memory-heavy ones
+    # (40 GiB) pair up, each pair leaving 4 vCPU and 16 GiB, and a 5 vCPU / 20 GiB job fits
+    # neither room: every dimension's count (and every per-dimension cut) says 2 instances, the
+    # packing needs 3. The cuts are per dimension, so 2-D fragmentation is left to the packer.
     docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=5)]
-    docs += [job("big", cpu=12, mem=8)] + [job(f"s{i}", cpu=5, mem=8) for i in range(4)]
+    docs += [job(f"cpu{i}", cpu=10, mem=8) for i in range(2)] + [job(f"mem{i}", cpu=2, mem=40) for i in range(2)]
+    docs.append(job("both", cpu=5, mem=20))
     desired, observed = _setup(tmp_path, docs)
     problem = build_problem(desired, observed)
     plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
