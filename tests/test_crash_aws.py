@@ -1,0 +1,109 @@
+"""SIGKILL `reconcile apply` against the moto server mid-flight, then rerun: the ClientToken
+derived from the plan must make the rerun find, not duplicate, what the killed run launched,
+and nothing the fleet owns may be left hosting nothing.
+
+moto answers in milliseconds, too fast to kill an apply between two launches, so the killed
+process gets a sitecustomize that sleeps before each RunInstances call it sends (a slow
+network, in the subprocess only); the rerun runs at full speed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from reconciler import api
+from tests.conftest import AWS_ENV
+from tests.fleetkit import copy_example
+
+SLOW_NETWORK = textwrap.dedent("""
+    import time
+    import botocore.client
+
+    _call = botocore.client.BaseClient._make_api_call
+
+    def _slow(self, operation, params):
+        if operation == "RunInstances":
+            time.sleep(0.4)
+        return _call(self, operation, params)
+
+    botocore.client.BaseClient._make_api_call = _slow
+""")
+
+
+def _fleet(tmp_path: Path, name: str) -> Path:
+    """examples/aws-only (4 instances) under its own fleet name: the kill points share one moto server."""
+    cfg = copy_example(tmp_path, "aws-only")
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {name}}}"))
+    return cfg
+
+
+def _live(ec2s, fleet: str) -> list[dict]:
+    """The fleet's live instances in every region the example uses, read by our own boto3 clients."""
+    out = []
+    for ec2 in ec2s:
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": "tag:fleetops.io/fleet", "Values": [fleet]},
+            {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+        out += [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+    return out
+
+
+def _kill_after_launches(cfg: Path, fleet: str, n: int, url: str, ec2, slow: Path) -> int:
+    env = {**os.environ, **AWS_ENV, "PYTHONPATH": os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "apply", str(cfg), "--auto-approve", "--provider", "aws",
+                             "-o", f"endpoint_url={url}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and len(_live(ec2, fleet)) < n:
+        time.sleep(0.02)
+    finished = proc.poll() is not None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not finished, "the apply ended before the kill point: the kill tested nothing"
+    return len(_live(ec2, fleet))
+
+
+def _assert_converged(cfg: Path, fleet: str, url: str, ec2) -> None:
+    opts = {"endpoint_url": url}
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok, res.report.failures
+    again = api.plan(cfg, provider="aws", options=opts)
+    assert not again.plan.has_changes
+    live = _live(ec2, fleet)
+    tokens = [i["ClientToken"] for i in live]
+    assert len(tokens) == len(set(tokens)), "duplicate instance for one create key"
+    hosting = {i for j in again.plan.jobs for i in j.instances}
+    assert {i["InstanceId"] for i in live} == hosting, "leaked: a managed instance hosts nothing"
+    assert len(live) == 4
+
+
+def _kill_and_rerun(tmp_path: Path, url: str, n: int) -> None:
+    fleet = f"aws-kill-{n}-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    cfg = _fleet(tmp_path, fleet)
+    slow = tmp_path / "slow-network"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_NETWORK)
+    ec2 = [boto3.client("ec2", region_name=r, endpoint_url=url) for r in ("us-east-1", "us-west-2")]
+    left = _kill_after_launches(cfg, fleet, n, url, ec2, slow)
+    assert n <= left < 4
+    _assert_converged(cfg, fleet, url, ec2)
+
+
+@pytest.mark.parametrize("kill_at", [1, 3])
+def test_sigkill_mid_apply_on_moto_then_rerun(aws_env, tmp_path, kill_at):
+    _kill_and_rerun(tmp_path, aws_env, kill_at)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [1, 1, 2, 2, 3, 3])
+def test_sigkill_mid_apply_on_moto_slow_tier(aws_env, tmp_path, kill_at):
+    _kill_and_rerun(tmp_path, aws_env, kill_at)
