@@ -67,11 +67,12 @@ def _offered(catalog: Catalog, cloud: str, region: str) -> list[InstanceShape]:
 
 
 def pool_docs(catalog: Catalog, zones_per_region: int, max_instances: int, min_gpus: int = 1,
-              market: str = "either") -> list[dict]:
+              market: str = "either", reserve: int = 0) -> list[dict]:
     """Per catalog region: one pool per GPU family offered there, plus one CPU pool.
 
     A GPU pool takes the family's types with at least `min_gpus` GPUs (all of them if
-    none is that large): node pools of large GPU machines that the scheduler bin-packs."""
+    none is that large): node pools of large GPU machines that the scheduler bin-packs.
+    `reserve` instances are spread over the pools as min_instances: a fleet kept warm."""
     docs = []
     for cloud, regions in sorted(catalog.regions.items()):
         for region, info in sorted(regions.items()):
@@ -86,6 +87,11 @@ def pool_docs(catalog: Catalog, zones_per_region: int, max_instances: int, min_g
                     "cloud": cloud, "region": region, "zones": zones, "instance_types": sorted(types),
                     "market": market, "max_instances": max_instances,
                 }))
+    for i, d in enumerate(docs):
+        least = reserve // len(docs) + (1 if i < reserve % len(docs) else 0)
+        if least:
+            d["spec"]["min_instances"] = least
+            d["spec"]["max_instances"] = max_instances + least
     return docs
 
 
@@ -126,8 +132,10 @@ def _job(rng: random.Random, kind: str, tenants: int, locations: list[str], eu_f
 
 
 def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: float = 0.8,
-               zones_per_region: int = 3, max_instances: int | None = None, min_gpus: int = 4) -> list[dict]:
-    """Every document of a generated fleet: Topology, SpotPolicy, GuardrailPolicy, Tenants, Pools, Jobs."""
+               zones_per_region: int = 3, max_instances: int | None = None, min_gpus: int = 4,
+               reserve: int = 0) -> list[dict]:
+    """Every document of a generated fleet: Topology, SpotPolicy, GuardrailPolicy, Tenants, Pools, Jobs.
+    `reserve`: instances kept as pool minimums (the 10k-instance tier), spread over the pools."""
     if jobs < 0 or tenants < 1 or not 0 < quota_fraction or zones_per_region < 1:
         raise ValueError("jobs >= 0, tenants >= 1, quota_fraction > 0 and zones_per_region >= 1 are required")
     catalog = load_catalog()
@@ -148,7 +156,7 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
         {"from": "aws/us-east-1", "to": "azure/eastus", "latency_ms": 4, "egress_per_gb": 0.02},
         {"from": "gcp/europe-west4", "to": "azure/westeurope", "latency_ms": 8, "egress_per_gb": 0.03},
     ]
-    pools = pool_docs(catalog, zones_per_region, max_instances, min_gpus)
+    pools = pool_docs(catalog, zones_per_region, max_instances, min_gpus, reserve=reserve)
     regions = [f"{c}/{r}" for c, rs in sorted(catalog.regions.items()) for r in sorted(rs)]
 
     eu_families = {s.gpu_type for r in EU_REGIONS for s in _offered(catalog, *r.split("/"))}
@@ -185,7 +193,7 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
 def generate(out_dir: Path, jobs: int, seed: int = 1, **options) -> Path:
     """Write the fleet as a config directory (the layout of examples/quickstart) and return it.
 
-    `options` go to fleet_docs: tenants, quota_fraction, zones_per_region, max_instances."""
+    `options` go to fleet_docs: tenants, quota_fraction, zones_per_region, max_instances, reserve."""
     out = Path(out_dir)
     docs = fleet_docs(jobs, seed, **options)
     if out.exists() and any(out.glob("**/*.yaml")):
@@ -218,10 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quota-fraction", type=float, default=0.8, help="tenant GPU quota / GPUs its jobs ask for")
     ap.add_argument("--zones-per-region", type=int, default=3)
     ap.add_argument("--min-gpus", type=int, default=4, help="smallest GPU count of a GPU pool's instance types")
+    ap.add_argument("--reserve", type=int, default=0, help="instances kept as pool minimums, spread over the pools")
     a = ap.parse_args(argv)
     try:
         out = generate(a.out, a.jobs, a.seed, tenants=a.tenants, quota_fraction=a.quota_fraction,
-                       zones_per_region=a.zones_per_region, min_gpus=a.min_gpus)
+                       zones_per_region=a.zones_per_region, min_gpus=a.min_gpus, reserve=a.reserve)
     except (FileExistsError, ValueError) as e:
         ap.error(str(e))
     print(out)

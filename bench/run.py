@@ -2,14 +2,23 @@
 
     python -m bench.run [--tiers small,1k] [--time-limit S] [--profile]
 
-Tiers: `small` is examples/quickstart; `1k` and `5k` are fleets of 1,000 / 5,000 jobs
-from bench.generate (seed --seed). `5k` runs only when asked for. For each tier, in a
-fresh copy of the config with an empty simulated cloud:
+Tiers: `small` is examples/quickstart; `100`, `1k` and `5k` are fleets of 100 / 1,000 /
+5,000 jobs from bench.generate (seed --seed; ~60 / ~590 / ~2,900 instances once placed);
+`10k` is the 5,000 jobs on a fleet of ~11,700 instances (10,000 of them pool minimums: a
+fleet kept warm, most of it idle or lightly used). `5k` and `10k` run only when asked for.
+For each tier, in a fresh copy of the config with an empty simulated cloud:
 
-  cold plan   reconciler.api.plan against the empty fleet
+  cold plan   reconciler.api.plan against the empty fleet, with the LP bound
   apply       reconciler.api.apply of that saved plan (no second solve), timed alone
   warm plan   against the converged fleet: should be a no-op
   drift plan  after ~5% of the instances are interrupted (SimCloud.interrupt)
+
+Every cold plan is compared, in the same process, with greedy best-fit (reconciler.greedy,
+first-fit decreasing by dominant resource: the warm start, and the fallback) on the same
+problem, and with the LP relaxation's least instance cost at the tiers the plan reached
+(solution.lp_bound; its computation is not counted in the plan's wall time). Every plan
+reports its GPU allocation ratio: GPUs given to replicas / GPUs of the instances it keeps
+and buys. A targets table says which of issue 3's targets are met.
 
 Each tier runs in its own Python process, so its peak RSS is its own and an out-of-memory
 kill or a hang (--tier-timeout) is reported as a finding instead of ending the run. Rows
@@ -47,9 +56,10 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-TIERS: dict[str, int | None] = {"small": None, "1k": 1000, "5k": 5000}  # None: examples/quickstart
+# tier -> (jobs, instances kept as pool minimums); None: examples/quickstart
+TIERS: dict[str, tuple[int, int] | None] = {"small": None, "100": (100, 0), "1k": (1000, 0), "5k": (5000, 0), "10k": (5000, 10000)}
 ALIASES = {"quickstart": "small"}
-DEFAULT_TIERS = "small,1k"
+DEFAULT_TIERS = "small,100,1k"
 DRIFT_FRACTION = 0.05
 SLOW_FACTOR = 1.5  # a plan whose wall time exceeds this times the time limit is a finding
 
@@ -133,32 +143,57 @@ class Phases:
             for owner, attr, fn in reversed(saved):
                 setattr(owner, attr, fn)
 
-    def breakdown(self, wall: float) -> dict[str, float]:
+    def breakdown(self, wall: float, lp: float = 0.0) -> dict[str, float]:
+        """`wall` without the LP bound's `lp` seconds, which are taken out of solve too."""
         s = self.seconds
         out = {
             "load": s["load"], "observe": s["observe"], "problem": s["problem"], "greedy": s["greedy"],
-            "model": max(0.0, s["solve"] - s["greedy"] - s["cpsat"]), "cpsat": s["cpsat"],
+            "model": max(0.0, s["solve"] - lp - s["greedy"] - s["cpsat"]), "cpsat": s["cpsat"],
             "plan": s["plan"] + s["guardrails"],
         }
         out["other"] = max(0.0, wall - sum(out.values()))
         return {k: round(v, 3) for k, v in out.items()}
 
 
-def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float):
-    """Time one reconciler.api.plan and describe it. Returns (row, PlanResult)."""
+def gpu_allocation(r) -> float | None:
+    """GPUs given to replicas / GPUs of the instances the plan keeps and buys (None: no GPUs)."""
+    gpus_of = {c.instance_type: c.gpus for c in r.problem.capacities}
+    type_of = {i.id: i.instance_type for i in r.observed.instances}
+    total = sum(gpus_of.get(type_of.get(iid, ""), 0) for iid in r.plan.kept) + sum(gpus_of.get(c.instance_type, 0) for c in r.plan.creates)
+    used = sum(len(g) for j in r.plan.jobs if j.action in ("keep", "place", "move") for g in j.gpus)
+    return round(used / total, 4) if total else None
+
+
+def compare(r) -> dict:
+    """Greedy best-fit on the same problem, and the LP bound, beside the plan's $/h."""
+    from reconciler.greedy import greedy  # not reconciler.solve.greedy: the timing wrapper is there
+
+    t = time.perf_counter()
+    g = greedy(r.problem)
+    lp = r.solution.lp_bound
+    ours = r.plan.cost_after
+    work = sum(d.weight * d.replicas * g.placed.get(d.key, 0) for d in r.problem.demands)  # as plan_row counts ours
+    return {"greedy_cost": round(g.cost, 2), "greedy_work": work, "greedy_s": round(time.perf_counter() - t, 3),
+            "lp_bound": None if lp is None else round(lp, 2), "lp_s": r.solution.phases.get("lp bound"),
+            "vs_lp": None if not lp else round(ours / lp - 1, 4), "vs_greedy": round(ours / g.cost - 1, 4) if g.cost else None}
+
+
+def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: bool = False):
+    """Time one reconciler.api.plan and describe it. Returns (row, PlanResult). With
+    lp_bound, also compare with greedy and the LP bound (not counted in the wall time)."""
     from reconciler import api
 
     phases.reset()
     t = time.perf_counter()
-    r = api.plan(cfg, time_limit=time_limit)
-    wall = time.perf_counter() - t
+    r = api.plan(cfg, time_limit=time_limit, lp_bound=lp_bound)
+    wall = time.perf_counter() - t - r.solution.phases.get("lp bound", 0.0)
     c = r.plan.counts()
     cp = phases.cp_model_size
     running = {j.job for j in r.plan.jobs if j.action in ("keep", "place", "move")}
     plan_work = sum(d.weight * d.replicas for d in r.problem.demands for j in d.jobs if j in running)
     row = {
         "step": step, "wall_s": round(wall, 3), "solve_s": round(r.solution.seconds, 3),
-        "phases_s": phases.breakdown(wall), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
+        "phases_s": phases.breakdown(wall, r.solution.phases.get("lp bound", 0.0)), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
         "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
         "status": r.solution.status, "optimal": r.solution.optimal, "gap": round(r.solution.gap, 4),
         "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
@@ -167,8 +202,10 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float):
         "keep": c["keep"], "place": c["place"], "move": c["move"], "evict": c["evict"],
         "placed": c["keep"] + c["place"] + c["move"], "pending": c["pending"] + c["evict"],
         "cost_before": r.plan.cost_before, "cost_after": r.plan.cost_after, "changes": r.plan.has_changes,
-        "violations": list(r.plan.violations), "peak_rss_mib": _peak_rss_mib(),
+        "violations": list(r.plan.violations), "peak_rss_mib": _peak_rss_mib(), "gpu_alloc": gpu_allocation(r),
     }
+    if lp_bound:
+        row.update(compare(r))
     return row, r
 
 
@@ -183,21 +220,22 @@ def run_tier(tier: str, time_limit: float, seed: int, work: Path, emit, profile:
     from reconciler import api
     from reconciler.state import state_dir
 
-    jobs = TIERS[tier]
+    size = TIERS[tier]
     cfg = work / tier
     t = time.perf_counter()
-    if jobs is None:
+    if size is None:
         shutil.copytree(ROOT / "examples" / "quickstart", cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
         source = "examples/quickstart"
     else:
-        generate(cfg, jobs, seed)
-        source = f"bench.generate jobs={jobs} seed={seed}"
+        jobs, reserve = size
+        generate(cfg, jobs, seed, reserve=reserve)
+        source = f"bench.generate jobs={jobs} seed={seed}" + (f" reserve={reserve}" if reserve else "")
     emit({"step": "config", "source": source, "wall_s": round(time.perf_counter() - t, 3)})
     phases = Phases()
     sim = SimCloud(state_dir(cfg))
     with phases.installed():
         emit({"event": "start", "step": "cold plan"})
-        cold, cold_result = plan_row("cold plan", phases, cfg, time_limit)
+        cold, cold_result = plan_row("cold plan", phases, cfg, time_limit, lp_bound=True)
         emit(cold)
 
         emit({"event": "start", "step": "apply"})
@@ -303,7 +341,7 @@ def _n(v, fmt: str = "{:,.2f}") -> str:
 
 def table(rows: list[dict]) -> str:
     head = ["tier", "step", "wall s", "solve s", "status", "gap", "demands / caps / units", "CP vars / cons",
-            "instances", "+create / -delete", "placed / pending", "$/h before -> after", "changes", "peak RSS MiB"]
+            "instances", "+create / -delete", "placed / pending", "$/h before -> after", "GPU alloc", "changes", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "demands" in r:
@@ -311,15 +349,53 @@ def table(rows: list[dict]) -> str:
                      f"{r['demands']} / {r['capacities']} / {r['units']}",
                      f"{_n(r['cp_vars'], '{:,}')} / {_n(r['cp_constraints'], '{:,}')}" if r["cp_vars"] is not None else "",
                      str(r["instances_before"]), f"+{r['creates']} / -{r['deletes']}", f"{r['placed']} / {r['pending']}",
-                     f"{r['cost_before']:,.2f} -> {r['cost_after']:,.2f}", "yes" if r["changes"] else "none", str(r["peak_rss_mib"])]
+                     f"{r['cost_before']:,.2f} -> {r['cost_after']:,.2f}", _n(r.get("gpu_alloc"), "{:.1%}"),
+                     "yes" if r["changes"] else "none", str(r["peak_rss_mib"])]
         elif r["step"] == "apply":
             cells = [r["tier"], "apply (saved cold plan)", _n(r["wall_s"]), "", r["status"], "", "", "", f"{r['instances_after']} after",
-                     f"+{r.get('created', 0)} / -{r.get('deleted', 0)}", "", "", "", str(r["peak_rss_mib"])]
+                     f"+{r.get('created', 0)} / -{r.get('deleted', 0)}", "", "", "", "", str(r["peak_rss_mib"])]
         elif r["step"] == "error":
-            cells = [r["tier"], "FAILED", _n(r.get("wall_s")), "", r["status"], "", "", "", "", "", "", "", "", str(r.get("peak_rss_mib", ""))]
+            cells = [r["tier"], "FAILED", _n(r.get("wall_s")), "", r["status"], "", "", "", "", "", "", "", "", "", str(r.get("peak_rss_mib", ""))]
         else:
             continue
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def quality_table(rows: list[dict]) -> str:
+    """Cold plans: our $/h beside greedy best-fit's and the LP bound, with the work each places."""
+    head = ["tier", "plan s", "ours $/h", "greedy $/h", "ours vs greedy", "LP bound $/h", "ours vs LP", "work ours / greedy", "GPU alloc"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "greedy_cost" in r:
+            lines.append("| " + " | ".join([
+                r["tier"], _n(r["wall_s"]), _n(r["cost_after"]), _n(r["greedy_cost"]), _n(r["vs_greedy"] * 100 if r["vs_greedy"] is not None else None, "{:+.1f}%"),
+                _n(r["lp_bound"]), _n(r["vs_lp"] * 100 if r["vs_lp"] is not None else None, "{:+.1f}%"),
+                f"{r['work']:,} / {r['greedy_work']:,}", _n(r.get("gpu_alloc"), "{:.1%}")]) + " |")
+    return "\n".join(lines)
+
+
+TARGETS = [  # (what issue 3 asks, tier, step prefix, value of a row, bound, unit)
+    ("plan at 1k jobs / ~500 instances < 2 s", "1k", "", lambda r: r["wall_s"], 2.0, "s"),
+    ("plan at 5k jobs / 10k instances < 10 s", "10k", "", lambda r: r["wall_s"], 10.0, "s"),
+    ("cost within 3% of the LP bound", None, "cold plan", lambda r: r["vs_lp"] * 100 if r.get("vs_lp") is not None else None, 3.0, "%"),
+    ("at least 10% cheaper than greedy best-fit (mixed tier)", "1k", "cold plan",
+     lambda r: -r["vs_greedy"] * 100 if r.get("vs_greedy") is not None and r["work"] >= r["greedy_work"] else None, -10.0, "% cheaper"),
+]
+
+
+def targets_table(rows: list[dict]) -> str:
+    """Each target of issue 3 against every row it applies to: met or MISSED, never hidden."""
+    lines = ["| target | tier / step | measured | result |", "|---|---|---|---|"]
+    for name, tier, step, value, bound, unit in TARGETS:
+        for r in rows:
+            if "demands" not in r or (tier and r["tier"] != tier) or not r["step"].startswith(step) or r["tier"] == "small":
+                continue
+            v = value(r)
+            if v is None:
+                continue
+            ok = (v >= -bound) if unit == "% cheaper" else (v <= bound)
+            lines.append(f"| {name} | {r['tier']} {r['step']} | {v:.2f} {unit} | {'met' if ok else 'MISSED'} |")
     return "\n".join(lines)
 
 
@@ -421,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmachine: {meta['cpus']} CPUs (os.cpu_count), Python {meta['python']}, time limit {a.time_limit:g} s, "
           f"commit {meta['commit']}{' + uncommitted changes' if meta['dirty'] else ''}\n")
     print(table(rows))
+    print("\nCold plans against greedy best-fit and the LP bound ($/h of instances):\n")
+    print(quality_table(rows))
+    print("\nIssue 3's targets:\n")
+    print(targets_table(rows))
     print("\nWhere the time goes (s):\n")
     print(phase_table(rows))
     for r in rows:

@@ -48,9 +48,9 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
-          now: datetime | None = None, gap: float = GAP_LIMIT) -> PlanResult:
+          now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False) -> PlanResult:
     problem = build_problem(desired, observed, provider, now=now or utcnow())
-    solution = solve(problem, time_limit=time_limit, gap_limit=gap)
+    solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
     plan = make_plan(desired, observed, problem, solution)
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
     return PlanResult(plan, desired, observed, problem, solution)
@@ -58,15 +58,16 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
 
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
-         now: datetime | None = None, gap: float = GAP_LIMIT) -> PlanResult:
+         now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False) -> PlanResult:
     """`state`: the state backend URL (None/'local' or s3://bucket/prefix). `now`: the time
-    priority aging is measured at (default: the clock)."""
+    priority aging is measured at (default: the clock). `lp_bound`: also compute the LP
+    relaxation's least instance cost (solution.lp_bound; the benchmark's yardstick)."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
     observed = fleet.observe(backend.load())
-    return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap)
+    return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap, lp_bound)
 
 
 def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,

@@ -903,11 +903,12 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     gap = 0.0 if status == "OPTIMAL" else (max(0.0, (value - lb) / value) if lb is not None and value else 1.0)
     optimal = gap <= 1e-9 and all(r.status in ("HELD", "OPTIMAL") for r in reports)
     sol = _extract(problem, model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, t0)
+    lap("extract")
     if with_lp_bound:
         ivs, ics, ioff = _flatten(model.instance_cost())
         r = lp.optimum(ivs, ics, ioff, maximize=False)
         sol = replace(sol, lp_bound=None if r is None else r[0] / MILLI)
-    lap("extract")
+        lap("lp bound")
     return replace(sol, phases={k: round(v, 3) for k, v in phases.items()})
 
 

@@ -1,0 +1,35 @@
+"""The benchmark itself: its comparisons must hold on a small fleet, or its numbers mean nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.generate import fleet_docs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_reserve_is_spread_over_the_pools_as_minimums():
+    pools = [d for d in fleet_docs(50, seed=3, reserve=1000) if d["kind"] == "Pool"]
+    mins = [p["spec"].get("min_instances", 0) for p in pools]
+    assert sum(mins) == 1000 and max(mins) - min(mins) <= 1
+    assert all(p["spec"]["max_instances"] >= p["spec"].get("min_instances", 0) + 50 for p in pools)
+
+
+def test_bench_run_compares_with_greedy_and_the_lp_bound(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--tiers", "small", "--out", str(out), "--time-limit", "10"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    cold = next(r for r in rows if r["step"] == "cold plan")
+    # The LP relaxation bounds our cost from below; greedy best-fit places no more work than we do.
+    assert cold["lp_bound"] is not None and cold["lp_bound"] <= cold["cost_after"] + 0.01
+    assert cold["greedy_work"] <= cold["work"]
+    assert 0 < cold["gpu_alloc"] <= 1
+    warm = next(r for r in rows if r["step"] == "warm plan")
+    assert not warm["changes"] and "greedy_cost" not in warm  # compared once, on the cold plan
+    assert "against greedy best-fit and the LP bound" in proc.stdout and "Issue 3's targets" in proc.stdout
