@@ -91,7 +91,9 @@ class _Tier:
 class _Model:
     """The CP-SAT model of one Problem; variables for solved parts, constants for frozen ones."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, warm: Assignment | None = None):
+        """`warm`: the warm start; every host it puts new work on gets that work's variable,
+        even where the model alone would not look (a host freed by a gang greedy moves away)."""
         self.p = problem
         m = self.m = cp_model.CpModel()
         self.demands = {d.key: d for d in problem.demands}
@@ -157,6 +159,7 @@ class _Model:
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         room = {h.key: _free_room(h, self.demands) for h in hosts if not h.frozen and h.keep_blocker is None}
+        warm_hosts = {(self.group_of[dk], ck) for (dk, ck), n in (warm.x.items() if warm else ()) if n and ck in room}
         borrowing = borrowing_tenants(problem.demands, problem.tenants)
         leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
@@ -170,7 +173,9 @@ class _Model:
             pending = [self.demands[k] for k in members_ if self.demands[k].running_jobs < len(self.demands[k].jobs)]
             done_classes: set[str] = set()
             for c in by_type.get((rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None), []):
-                if c.existing:
+                if c.existing and (gk, c.key) in warm_hosts:
+                    pass  # the warm start uses it: the hint must be expressible
+                elif c.existing:
                     if rep.gang_mode == "placement-group" and rep.gang:
                         continue  # a placement group is launched together: new members are new instances
                     res = [self.demands[dk] for dk, _, _ in c.residents if dk in self.demands]
@@ -736,7 +741,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     lap("greedy")
     if time_limit <= 0:  # --time-limit 0: greedy best-fit only
         return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
-    model = _Model(problem)
+    model = _Model(problem, g)
     m = model.m
     tiers = model.tiers()
     cost = model.cost()
