@@ -31,6 +31,7 @@ from ortools.sat.python import cp_model
 
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
+from reconciler.pack import Bin, pack_items
 from reconciler.problem import (DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, over_cap_tenants, rules_allow,
                                 share)
 
@@ -115,6 +116,29 @@ class _Model:
             else:
                 self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
 
+        # Idle hosts: identical instances with nothing on them (pool minimums kept warm) are
+        # interchangeable, so their new work is placed on the class, like an offer's, not on
+        # each instance: at 10k idle instances, per-host variables made a million. Each keeps
+        # its own keep variable (pool bounds, budget, spot rules see it as before), kept in
+        # order so only the count matters; `_unfold_idle` packs the class's items onto them.
+        self.idle: dict[str, Capacity] = {}  # class key -> its shape (max_new: how many)
+        self.idle_members: dict[str, list[Capacity]] = {}  # class key -> its hosts, in keep order
+        self.idle_of: dict[str, str] = {}  # host key -> class key
+        alike: dict[tuple, list[Capacity]] = {}
+        for h in hosts:
+            if not h.frozen and h.keep_blocker is None and not h.residents:
+                alike.setdefault((h.offer_key, h.price, h.on_demand_price, h.mig, h.nvlink_domain), []).append(h)
+        for n, hs in enumerate(v for v in alike.values() if len(v) > 1):
+            hs.sort(key=lambda h: h.key)
+            ik = f"idle#{n}:{hs[0].offer_key}"
+            self.idle[ik] = replace(hs[0], key=ik, instance_id=None, max_new=len(hs))
+            self.idle_members[ik] = hs
+            for a, b in zip(hs, hs[1:]):
+                m.add(self.use[a.key] >= self.use[b.key])
+            for h in hs:
+                self.idle_of[h.key] = ik
+        self.caps.update(self.idle)
+
         # Residents that stay where they run (items per demand class and host).
         self.stay: dict[tuple[str, str], object] = {}
         self.stay_of: dict[str, list[tuple[Capacity, object]]] = {}
@@ -164,8 +188,8 @@ class _Model:
         leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
         by_type: dict[tuple, list[Capacity]] = {}  # GPU model (and MIG or not) -> capacities, to skip the rest at once
-        for c in problem.capacities:
-            if not (c.existing and (c.frozen or c.keep_blocker is not None)):
+        for c in [*problem.capacities, *self.idle.values()]:
+            if not (c.existing and (c.frozen or c.keep_blocker is not None or c.key in self.idle_of)):
                 by_type.setdefault((c.gpu_type if c.gpus else None, bool(c.mig)), []).append(c)
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
@@ -186,6 +210,8 @@ class _Model:
                     evicts = any(d.tenant in leaving for d in res) or any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
                     if not fits_free and not evicts:
                         continue
+                elif c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
+                    continue  # (as on any host)
                 elif c.key in self.class_of and not rep.gang and fit(rep, c) > 1:
                     # Items over half an instance stay per zone: a class's aggregate row cannot
                     # tell that one needs most of a single instance beside work pinned to a zone.
@@ -232,6 +258,8 @@ class _Model:
         for ck, cls in self.classes.items():
             items = self.x_at.get(ck, []) + [it for k in cls.members for it in self.x_at.get(k, [])]
             rows.append((cls, items, sum(self.use[k] for k in cls.members), cls.max_new))
+        for ik, cls in self.idle.items():
+            rows.append((cls, self.x_at.get(ik, []), sum(self.use[h.key] for h in self.idle_members[ik]), cls.max_new))
         for c, items, n, most in rows:
             items = [(d, v) for d, v in items if not isinstance(v, int) or v]
             if not items:
@@ -608,9 +636,13 @@ class _Model:
         """Hint the primary variables with an assignment (the rest is completed by a solve)."""
         m = self.m
         m.clear_hints()
+        use = dict(a.use)
+        for ik, hs in self.idle_members.items():  # the same number kept, in the model's order
+            kept = sum(1 for h in hs if a.use.get(h.key, 0))
+            use.update({h.key: int(i < kept) for i, h in enumerate(hs)})
         for ck, v in self.use.items():
             if not isinstance(v, int):
-                m.add_hint(v, a.use.get(ck, 0))
+                m.add_hint(v, use.get(ck, 0))
         for (dk, hk), v in self.stay.items():
             if not isinstance(v, int):
                 m.add_hint(v, a.stay.get((dk, hk), 0))
@@ -618,6 +650,7 @@ class _Model:
         for (dk, ck), n in a.x.items():
             if dk in self.group_of:
                 gk = self.group_of[dk]
+                ck = self.idle_of.get(ck, ck)
                 if (gk, ck) not in self.x and self.class_of.get(ck):
                     ck = self.class_of[ck]
                 k = (gk, ck)
@@ -959,8 +992,8 @@ def _extract(problem: Problem, model: _Model, values: list[int], tiers: list[Tie
     placed = {dk: val(v) for dk, v in model.placed.items()}
     stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
     xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
-    x = _split(problem, xg, placed, stay)
     keep = frozenset(c.instance_id for c in model.hosts if val(model.use[c.key]))
+    x = _unfold_idle(model, _split(problem, xg, placed, stay), keep)
     new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
     guaranteed = {dk: val(v) for dk, v in model.g.items()}
     hosts = len(model.hosts)
@@ -974,6 +1007,26 @@ def _extract(problem: Problem, model: _Model, values: list[int], tiers: list[Tie
         capacities=model.caps, scope=(hosts - frozen, frozen), variables=len(model.m.proto.variables),
         constraints=len(model.m.proto.constraints),
     )
+
+
+def _unfold_idle(model: _Model, x: dict[tuple[str, str], int], keep: frozenset[str]) -> dict[tuple[str, str], int]:
+    """Items placed on a class of idle hosts, packed onto its kept hosts as the planner will
+    pack them (largest first). The class's capacity rows and cuts make a misfit rare; an
+    item that does not fit is left on the first host, where the planner leaves its job
+    pending rather than overcommit."""
+    out = {k: n for k, n in x.items() if k[1] not in model.idle}
+    for ik, hosts in model.idle_members.items():
+        items = [(model.demands[dk], f"{dk}#{i}", 0, None) for (dk, ck), n in sorted(x.items()) if ck == ik for i in range(n)]
+        if not items:
+            continue
+        bins = [Bin.empty(h, h.key) for h in hosts if h.instance_id in keep] or [Bin.empty(hosts[0], hosts[0].key)]
+        left = pack_items(bins, items)
+        for b in bins:
+            for dk, _, _ in b.items:
+                out[(dk, b.ref)] = out.get((dk, b.ref), 0) + 1
+        for d, *_ in left:
+            out[(d.key, bins[0].ref)] = out.get((d.key, bins[0].ref), 0) + 1
+    return out
 
 
 def _split(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:

@@ -537,3 +537,47 @@ def test_a_replica_placed_again_on_its_own_instance_keeps_its_gpus(tmp_path):
     plan = plan_for(tmp_path, docs, [i0], running, time_limit=0, gpu_indices={"spot-banned": ((0,),), "other": ((1,),)})
     other = by_job(plan)["other"]
     assert (other.action, other.instances, other.gpus) == ("keep", ("i0",), ((1,),))
+
+
+# ---------------------------------------------------------------- warm pools (idle instances)
+
+
+def _warm_pool_docs(idle: int, jobs: list[dict]) -> tuple[list[dict], list]:
+    """A pool of a2-highgpu-8g kept warm by min_instances: `idle` running, empty instances."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], lo=idle, hi=idle + 4), *jobs]
+    insts = [instance(f"i{k:02d}", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g") for k in range(idle)]
+    return docs, insts
+
+
+def test_new_jobs_fill_a_warm_pools_idle_instances_before_buying(tmp_path):
+    """Idle instances of one shape are solved as a class (one variable per job group, not per
+    instance); the plan still names real instances, packs them without overcommit (every
+    rule is re-checked on the plan) and buys nothing while warm capacity is free."""
+    jobs = [job(f"big{k}", gpus=4, gpu_type="A100", cpu=40, mem=300) for k in range(3)] + \
+           [job(f"small{k}", gpus=2, gpu_type="A100", cpu=8, mem=60) for k in range(5)]
+    docs, insts = _warm_pool_docs(6, jobs)
+    plan = plan_for(tmp_path, docs, insts)
+    assert not plan.creates and not plan.deletes
+    placed = by_job(plan)
+    assert all(placed[j["metadata"]["name"]].action == "place" for j in jobs)
+    gpus_on: dict[str, int] = {}
+    for j in plan.jobs:
+        for iid in j.instances:
+            gpus_on[iid] = gpus_on.get(iid, 0) + (4 if j.job.startswith("big") else 2)
+    assert set(gpus_on) <= {i.id for i in insts} and max(gpus_on.values()) <= 8
+    assert sum(gpus_on.values()) == 22  # 3 x 4 + 5 x 2, on ceil(22 / 8) = 3 or more instances
+
+
+def test_a_warm_pools_model_does_not_grow_with_its_idle_instances(tmp_path):
+    """The CP-SAT model's placement variables are the same for 5 and 50 idle instances."""
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from reconciler.solve import _Model
+    from tests.fleetkit import catalog_observed
+
+    sizes = []
+    for idle in (5, 50):
+        docs, insts = _warm_pool_docs(idle, [job(f"j{k}", gpus=k % 3 + 1, gpu_type="A100", cpu=4, mem=20) for k in range(6)])
+        desired = load(write_config(tmp_path / str(idle), docs))
+        sizes.append(len(_Model(build_problem(desired, catalog_observed(desired, insts))).x))
+    assert sizes[0] == sizes[1] > 0
