@@ -22,7 +22,8 @@ from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
 
-_EMPTY = {"next_id": 1, "instances": {}, "keys": {}, "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "latency_ms": 0}, "calls": 0}
+_EMPTY = {"next_id": 1, "instances": {}, "keys": {},
+          "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "reject_every": None, "latency_ms": 0}, "calls": 0}
 
 
 def _now() -> str:
@@ -150,6 +151,11 @@ class SimProvider:
             if existing is not None:  # idempotent retry: the same key never makes a second instance
                 return self._to_instance(w["instances"][existing])
             self._call(w)
+            every = w["faults"].get("reject_every")
+            if every:  # a partial batch failure: every n-th launch is refused, the others succeed
+                w["creates_seen"] = w.get("creates_seen", 0) + 1
+                if w["creates_seen"] % every == 0:
+                    raise ProviderError(f"sim: InvalidParameterValue: launch {w['creates_seen']} rejected (injected reject_every={every})")
             p = request.pool
             if self.catalog.offering(p.cloud, p.region, request.zone, request.instance_type) is None:
                 raise ProviderError(f"sim: {request.instance_type} is not offered in {p.cloud}/{request.zone}")

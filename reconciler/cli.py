@@ -300,6 +300,20 @@ def sim_exhaust(zone: str, config_dir: Path = typer.Option(Path("."), "--dir"), 
     typer.echo(f"{'restored' if restore else 'exhausted'} {zone} {instance_type or '*'} {market or '*'}")
 
 
+@sim_app.command("fault")
+def sim_fault(config_dir: Path = typer.Option(Path("."), "--dir"),
+              throttle: Optional[int] = typer.Option(None, "--throttle", help="Throttle the next N calls (retried with backoff)."),
+              fail_after: Optional[int] = typer.Option(None, "--fail-after", help="Time out every call after the next N; -1 clears."),
+              reject_every: Optional[int] = typer.Option(None, "--reject-every", help="Refuse every N-th launch (a partial batch failure); 0 clears."),
+              latency_ms: Optional[int] = typer.Option(None, "--latency-ms", help="Delay every call.")) -> None:
+    """Inject faults into the simulated cloud; they persist in its state file until changed."""
+    faults = {k: v for k, v in dict(throttle=throttle, reject_every=reject_every, latency_ms=latency_ms).items() if v is not None}
+    if fail_after is not None:
+        faults["fail_after"] = None if fail_after < 0 else fail_after
+    _sim(config_dir).set_fault(**faults)
+    typer.echo("faults: " + (", ".join(f"{k}={v}" for k, v in faults.items()) or "unchanged"))
+
+
 @sim_app.command("ls")
 def sim_ls(config_dir: Path = typer.Option(Path("."), "--dir"), all_: bool = typer.Option(False, "--all", help="Include terminated.")) -> None:
     """List the simulated cloud's instances, with the job replicas each hosts (its placement tags)."""

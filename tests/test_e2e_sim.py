@@ -271,3 +271,21 @@ def test_markdown_shows_guardrail_violations(qs):
         f.unlink()
     md = cli("plan", qs, "--format", "markdown").output
     assert "> :no_entry: **Guardrail:** max_destroy_per_apply: would destroy 9 instances" in md
+
+
+def test_partial_batch_failure_reports_both_sides_exits_1_and_the_next_run_converges(qs):
+    """Every third launch is refused (not retryable): apply creates the rest, says which
+    failed, exits 1, and keeps what it made; the next apply adds only what is missing."""
+    assert cli("sim", "fault", "--dir", qs, "--reject-every", "3").exit_code == 0
+    out = cli("apply", qs, "--auto-approve")
+    assert out.exit_code == 1
+    first = {i["id"] for i in live(qs)}
+    assert len(first) == 7  # 10 launches planned, 3 refused
+    assert out.output.count("InvalidParameterValue") == 3 and "partly: 7 created" in out.output
+    assert cli("sim", "fault", "--dir", qs, "--reject-every", "0").exit_code == 0
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    after = live(qs)
+    assert first <= {i["id"] for i in after} and len(after) == 10
+    keys = [i["tags"]["fleetops.io/create-key"] for i in after]
+    assert len(keys) == len(set(keys))
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
