@@ -1,7 +1,7 @@
 """The simulated cloud: the embedded default provider.
 
 It serves aws, gcp and azure from the shipped catalog, needs no credentials,
-and keeps its whole world in one JSON file (.reconcile/sim/cloud.json) so a
+and keeps its whole world in .reconcile/sim/ (a snapshot and a journal) so a
 demo, a test or a CI run can interrupt spot instances, exhaust zones and watch
 the reconciler heal. Faults are part of the file, so they survive processes.
 """
@@ -30,26 +30,141 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+class _Tracked(dict):
+    """A dict that remembers the keys a caller read or wrote, so a call journals only those."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.touched: set[str] = set()
+
+    def __getitem__(self, k):
+        self.touched.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        if k in self:
+            self.touched.add(k)
+        return super().get(k, default)
+
+    def __setitem__(self, k, v) -> None:
+        self.touched.add(k)
+        super().__setitem__(k, v)
+
+    def setdefault(self, k, default=None):
+        self.touched.add(k)
+        return super().setdefault(k, default)
+
+    def values(self):
+        self.touched.update(self.keys())
+        return super().values()
+
+    def items(self):
+        self.touched.update(self.keys())
+        return super().items()
+
+
+_TRACKED = ("instances", "keys")
+_CACHE: dict[Path, tuple[tuple, int, dict]] = {}  # snapshot path -> (its stat, journal bytes read, world)
+COMPACT_BYTES = 4 << 20  # the journal is folded into the snapshot once it is this big (and bigger than the snapshot)
+
+
 class SimCloud:
-    """The simulated world: file-backed, safe against concurrent processes."""
+    """The simulated world: file-backed, safe against concurrent processes.
+
+    A snapshot (cloud.json) and a journal of the instances and keys each call touched
+    (cloud.journal, one JSON line per call, folded into the snapshot now and then): a call
+    costs what it touches, not the whole world, so a 10k-instance apply is not quadratic.
+    Each process keeps the world it last saw and reads only what others appended since."""
 
     def __init__(self, state_dir: Path):
         self.dir = Path(state_dir) / "sim"
         self.path = self.dir / "cloud.json"
+        self.journal = self.dir / "cloud.journal"
+
+    def _stamp(self) -> tuple:
+        try:
+            st = self.path.stat()
+            return (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            return ()
+
+    def _load(self, write: bool) -> dict:
+        """The world as the files say (under the lock), from the cache where they did not change."""
+        stamp = self._stamp()
+        cached = _CACHE.get(self.path)
+        if cached is not None and cached[0] == stamp:
+            _, offset, data = cached
+        else:
+            data = json.loads(self.path.read_text()) if stamp else json.loads(json.dumps(_EMPTY))
+            for k in _TRACKED:
+                data[k] = _Tracked(data.get(k, {}))
+            offset = 0
+        size = self.journal.stat().st_size if self.journal.exists() else 0
+        if size < offset:  # folded by another process after our snapshot stamp was taken: read all again
+            _CACHE.pop(self.path, None)
+            return self._load(write)
+        if size > offset:
+            with open(self.journal, "rb") as f:
+                f.seek(offset)
+                tail = f.read()
+            end = tail.rfind(b"\n") + 1  # a line cut short by a killed process is not a call that happened
+            for line in tail[:end].splitlines():
+                self._replay(data, json.loads(line))
+            offset += end
+            if write and end < len(tail):
+                os.truncate(self.journal, offset)
+        _CACHE[self.path] = (stamp, offset, data)
+        return data
+
+    @staticmethod
+    def _replay(data: dict, entry: dict) -> None:
+        for k in _TRACKED:
+            for key, v in entry.get(k, {}).items():
+                if v is None:
+                    dict.pop(data[k], key, None)
+                else:
+                    dict.__setitem__(data[k], key, v)
+        data.update(entry.get("top", {}))
+
+    def _save(self, data: dict) -> None:
+        entry = {k: {key: dict.get(data[k], key) for key in data[k].touched} for k in _TRACKED}
+        entry["top"] = {k: v for k, v in data.items() if k not in _TRACKED}
+        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)  # one write: a killed process leaves a whole line or a cut one (ignored)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        stamp = self._stamp()
+        if not stamp or (size > COMPACT_BYTES and size > stamp[2]):
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, separators=(",", ":")))
+            os.replace(tmp, self.path)  # atomic; a crash before the truncate replays lines already in it: harmless
+            os.truncate(self.journal, 0)
+            stamp, size = self._stamp(), 0
+        _CACHE[self.path] = (stamp, size, data)
 
     @contextlib.contextmanager
     def world(self, write: bool = True) -> Iterator[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / "cloud.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            data = json.loads(self.path.read_text()) if self.path.exists() else json.loads(json.dumps(_EMPTY))
+            try:
+                data = self._load(write)
+            except (OSError, ValueError):
+                _CACHE.pop(self.path, None)
+                raise
+            for k in _TRACKED:
+                data[k].touched.clear()
             try:
                 yield data
             finally:  # also on error: injected faults count down even when a call fails
                 if write:
-                    tmp = self.path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(data, separators=(",", ":")))  # compact: rewritten on every call
-                    os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
+                    self._save(data)
+                else:
+                    for k in _TRACKED:
+                        data[k].touched.clear()
 
     # -- faults, for tests and demos ------------------------------------------------
     def interrupt(self, instance_id: str, reason: str = "spot-interruption") -> dict:
@@ -78,8 +193,9 @@ class SimCloud:
             return iid
 
     def instances(self) -> list[dict]:
+        """Copies: the world itself stays as the files say."""
         with self.world(write=False) as w:
-            return list(w["instances"].values())
+            return json.loads(json.dumps(list(w["instances"].values())))
 
     @staticmethod
     def _new_id(w: dict, cloud: str) -> str:
