@@ -152,8 +152,10 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     left = []
     for d, job, rep, group in order:
         cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
-        # A gang's placement group fills its own instances before it claims another.
-        cands.sort(key=lambda b: (group is not None and b.group != group, (1 if compact else -1) * _alignment(b, d)))
+        # A gang's placement group fills its own instances before it claims another; an empty
+        # instance is taken only when no used one fits, so spare instances (a pool minimum, idle
+        # hosts) stay whole instead of each holding one replica.
+        cands.sort(key=lambda b: (group is not None and b.group != group, not b.items, (1 if compact else -1) * _alignment(b, d)))
         placed = next((b for b in cands if b.place(d, job, rep, group) is not None), None)
         if placed is None:
             b = more() if more is not None else None
