@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, has_room, rules_allow, share, type_class
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, has_room, rules_allow, share, spot_measure, type_class
 
 
 @dataclass
@@ -65,7 +65,7 @@ class _Greedy:
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         self.buy_spot = sp.min_instance_types <= 1 and sp.min_zones <= 1 and sp.on_demand_buffer_percent <= 0
-        self.gpu_fleet = any(c.gpus for c in problem.capacities)
+        self.spot_dim, self._prim = spot_measure(problem.capacities)
         self.pool_count = {p: 0 for p in problem.pool_bounds}
         self.fleet = {"all": 0.0, "spot": 0.0}
         self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}
@@ -100,9 +100,6 @@ class _Greedy:
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
 
     # -- bookkeeping
-
-    def _prim(self, c: Capacity) -> float:
-        return c.gpus if self.gpu_fleet else c.cpu
 
     def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0)) -> bool:
         """Pool ceiling, fleet budget, and (except while keeping what runs, which is settled after
@@ -265,27 +262,44 @@ class _Greedy:
 
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
-        share, on-demand buffer, diversity), give up the spot host whose work ranks lowest."""
+        share, on-demand buffer, diversity), keep an idle on-demand host the fleet already has
+        where that mends the fleet's share or buffer (the fleet kept it for that), else give up
+        the spot host whose work ranks lowest."""
+        spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
+                       key=lambda h: (h.price / self._prim(h), h.key))
         while True:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
             if not spot_hosts or self._spot_rules_hold():
                 return
+            if not self._fleet_spot_rules_hold():
+                while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):
+                    spare.pop(0)
+                if spare:
+                    self._open(spare.pop(0))
+                    continue
             rank = {d.key: i for i, d in enumerate(order)}
             worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
             self._release(worst)
 
-    def _spot_rules_hold(self) -> bool:
-        p, sp = self.p, self.p.spot
+    def _fleet_spot_rules_hold(self) -> bool:
+        """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
+        sp = self.p.spot
         opened = list(self.opened.values())
         spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
         total = sum(self._prim(i.cap) for i in opened)
         if spot > sp.max_spot_fraction * total + 1e-9:
             return False
         if spot and sp.on_demand_buffer_percent > 0:
-            dim = "gpus" if self.gpu_fleet else "cpu"
-            idle = sum(i.free.get(dim, 0.0) for i in opened if i.cap.market != "spot")
+            idle = sum(i.free.get(self.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
             if idle * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
                 return False
+        return True
+
+    def _spot_rules_hold(self) -> bool:
+        p, sp = self.p, self.p.spot
+        if not self._fleet_spot_rules_hold():
+            return False
+        opened = list(self.opened.values())
         spot_caps = [i.cap for i in opened if i.cap.market == "spot"]
         if spot_caps and (len({c.instance_type for c in spot_caps}) < sp.min_instance_types or len({c.zone for c in spot_caps}) < sp.min_zones):
             return False

@@ -19,7 +19,7 @@ from reconciler.explain import pending_reason
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Capacity, Demand, Problem
+from reconciler.problem import Capacity, Demand, Problem, spot_measure
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
@@ -288,8 +288,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
     repairs = 0
 
-    gpu_fleet = any(c.gpus for c in caps.values())
-    prim = (lambda c: c.gpus) if gpu_fleet else (lambda c: c.cpu)  # noqa: E731
+    _, prim = spot_measure(caps.values())
     fleet = {"all": sum(prim(hosts[h]) for h in solution.keep) + sum(prim(caps[k]) * n for k, n in solution.new.items())}
     fleet["spot"] = sum(prim(hosts[h]) for h in solution.keep if hosts[h].market == "spot") + \
         sum(prim(caps[k]) * n for k, n in solution.new.items() if caps[k].market == "spot")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable
 
 from providers.catalog import load_catalog
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
@@ -170,11 +171,6 @@ class Capacity:
             return self.gpus * self.mig.count(dim[4:])
         return 0.0
 
-    @property
-    def primary(self) -> float:
-        """GPUs, or vCPUs of a CPU instance: what the spot share and the buffer count."""
-        return self.gpus if self.gpus else self.cpu
-
 
 @dataclass(frozen=True)
 class TenantRules:
@@ -247,6 +243,15 @@ def share(d: Demand, c: Capacity) -> float:
             return min(1.0, slices / (7 * c.gpus))
         return min(1.0, d.gpus / c.gpus) if d.gpus else min(1.0, d.cpu / c.cpu)
     return min(1.0, d.cpu / c.cpu) if c.cpu else 1.0
+
+
+def spot_measure(capacities) -> tuple[str, Callable[[Capacity], float]]:
+    """What the spot share and the on-demand buffer count, one definition for the solver, the
+    warm start, the packer and the freezer: GPUs in a fleet with any (CPU instances count 0),
+    vCPUs in a CPU-only fleet. Returns the dimension and the measure of an instance."""
+    if any(c.gpus for c in capacities):
+        return "gpus", lambda c: c.gpus
+    return "cpu", lambda c: c.cpu
 
 
 def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
@@ -563,8 +568,9 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
     if desired.guardrails.max_hourly_budget is not None and sum(h.price for h in hosts) > desired.guardrails.max_hourly_budget:
         return set()
     sp = desired.spot_policy
-    spot_p = sum(h.primary for h in hosts if h.market == "spot")
-    total_p = sum(h.primary for h in hosts)
+    _, prim = spot_measure(hosts + offers)
+    spot_p = sum(prim(h) for h in hosts if h.market == "spot")
+    total_p = sum(prim(h) for h in hosts)
     spot_rules = sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1
     unfrozen_markets = {"spot", "on-demand"} if (spot_rules or spot_p > sp.max_spot_fraction * total_p + 1e-9) else set()
     per_pool: dict[str, int] = {}

@@ -33,7 +33,7 @@ from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
 from reconciler.problem import (DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, over_cap_tenants, rules_allow,
-                                share)
+                                share, spot_measure)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -441,8 +441,9 @@ class _Model:
 
         sp = p.spot
         caps = p.capacities
-        gpu_fleet = any(c.gpus for c in caps)
-        prim = (lambda c: c.gpus) if gpu_fleet else (lambda c: round(c.cpu))  # noqa: E731
+        dim, measure = spot_measure(caps)
+        gpu_fleet = dim == "gpus"
+        prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
         spot = [c for c in caps if c.market == "spot"]
         if spot and sp.max_spot_fraction < 1:
             frac = round(sp.max_spot_fraction * 1000)
@@ -452,7 +453,6 @@ class _Model:
             # idle on-demand capacity (x 10000) >= percent (x 100) of spot capacity
             need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
             idle = [(10000 * prim(c), self.use[c.key]) for c in od]
-            dim = "gpus" if gpu_fleet else "cpu"
 
             def used(d: Demand) -> int:  # x 10000; a MIG item uses its compute slices / 7 of a GPU
                 return round(10000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))

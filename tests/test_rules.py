@@ -581,3 +581,32 @@ def test_a_warm_pools_model_does_not_grow_with_its_idle_instances(tmp_path):
         desired = load(write_config(tmp_path / str(idle), docs))
         sizes.append(len(_Model(build_problem(desired, catalog_observed(desired, insts))).x))
     assert sizes[0] == sizes[1] > 0
+
+
+def test_spot_cpu_instances_do_not_count_against_a_gpu_fleets_spot_share_when_freezing(tmp_path):
+    """The spot share is GPUs in a GPU fleet, for the freezer as for the solver: idle spot CPU
+    instances (many vCPUs, no GPU) once made the share look over max_spot_fraction, so on a
+    10k-instance fleet nothing was frozen and a warm plan solved every host."""
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=2),
+            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", lo=3, hi=3),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}), job("train", **A100)]
+    insts = [gcp_1g("g0")] + [instance(f"c{k}", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot") for k in range(3)]
+    desired = load(write_config(tmp_path, docs))
+    problem = build_problem(desired, catalog_observed(desired, insts, {"train": ("g0",)}), freeze=True)
+    assert {c.instance_id for c in problem.capacities if c.frozen} == {"g0"}
+
+
+def test_greedy_keeps_an_idle_on_demand_host_that_holds_the_spot_share(tmp_path):
+    """The warm start (and fallback) keeps what runs, then settles the spot rules: an idle
+    on-demand instance the fleet kept for the share is kept again, instead of giving up the
+    spot instance and moving its job (churn at every run of a warm fleet)."""
+    docs = [topology(), tenant("t"), one_gpu_pool("od", hi=2), one_gpu_pool("sp", hi=2, market="spot"),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}), job("train", spot="preferred", **A100)]
+    insts = [gcp_1g("s0", "spot", "sp"), gcp_1g("o0", "on-demand", "od")]
+    plan = plan_for(tmp_path, docs, insts, {"train": ("s0",)}, time_limit=0)
+    assert by_job(plan)["train"].action == "keep"
+    assert not plan.creates and not plan.deletes
