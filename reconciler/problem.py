@@ -624,7 +624,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
         if need and has_room(free, need):
             continue  # room for more
         rivals = pending_by_type.get(tc, ())
-        if any(may_preempt(_Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):
+        if any(may_preempt(Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):
             continue
         if consolidate and sum(slice_price.get(d.key, math.inf) * n for d, n in res) < h.price * 0.97:
             continue  # its work fits more cheaply elsewhere
@@ -633,8 +633,8 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
 
 
 @dataclass(frozen=True)
-class _Rival:
-    """The part of a pending demand `may_preempt` reads."""
+class Rival:
+    """The part of a demand `may_preempt` reads: its tenant and class."""
 
     tenant: str
     klass: int

@@ -32,8 +32,8 @@ from ortools.sat.python import cp_model
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import (DIMS, Capacity, Demand, Problem, borrowing_tenants, components, fit, may_preempt, over_cap_tenants, rules_allow,
-                                share, spot_measure)
+from reconciler.problem import (DIMS, Capacity, Demand, Problem, Rival, borrowing_tenants, components, fit, may_preempt, over_cap_tenants,
+                                rules_allow, share, spot_measure)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -104,23 +104,10 @@ class _Model:
         offers = [c for c in problem.capacities if not c.existing]
         self.hosts, self.offers = hosts, offers
 
-        # Instances: new per offer, keep per host.
-        self.use: dict[str, object] = {}
-        for o in offers:
-            self.use[o.key] = m.new_int_var(0, o.max_new, f"new[{o.key}]")
-        for h in hosts:
-            if h.frozen:
-                self.use[h.key] = 1
-            elif h.keep_blocker is not None:
-                self.use[h.key] = 0
-            else:
-                self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
-
         # Idle hosts: identical instances with nothing on them (pool minimums kept warm) are
-        # interchangeable, so their new work is placed on the class, like an offer's, not on
-        # each instance: at 10k idle instances, per-host variables made a million. Each keeps
-        # its own keep variable (pool bounds, budget, spot rules see it as before), kept in
-        # order so only the count matters; `_unfold_idle` packs the class's items onto them.
+        # interchangeable, so a class of them is one count of instances kept, and its new work
+        # is placed on the class, like an offer's: at 10k idle instances, per-host variables
+        # made a million. `_unfold_idle` keeps the first ones and packs the class's items onto them.
         self.idle: dict[str, Capacity] = {}  # class key -> its shape (max_new: how many)
         self.idle_members: dict[str, list[Capacity]] = {}  # class key -> its hosts, in keep order
         self.idle_of: dict[str, str] = {}  # host key -> class key
@@ -133,11 +120,27 @@ class _Model:
             ik = f"idle#{n}:{hs[0].offer_key}"
             self.idle[ik] = replace(hs[0], key=ik, instance_id=None, max_new=len(hs))
             self.idle_members[ik] = hs
-            for a, b in zip(hs, hs[1:]):
-                m.add(self.use[a.key] >= self.use[b.key])
             for h in hs:
                 self.idle_of[h.key] = ik
         self.caps.update(self.idle)
+        # What the fleet-wide rules and the cost count: offers, hosts, and idle classes.
+        self.units = [c for c in problem.capacities if c.key not in self.idle_of] + list(self.idle.values())
+
+        # Instances: new per offer, keep per host, kept per idle class.
+        self.use: dict[str, object] = {}
+        for o in offers:
+            self.use[o.key] = m.new_int_var(0, o.max_new, f"new[{o.key}]")
+        for h in hosts:
+            if h.key in self.idle_of:
+                continue
+            if h.frozen:
+                self.use[h.key] = 1
+            elif h.keep_blocker is not None:
+                self.use[h.key] = 0
+            else:
+                self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
+        for ik, c in self.idle.items():
+            self.use[ik] = m.new_int_var(0, c.max_new, f"kept[{ik}]")
 
         # Residents that stay where they run (items per demand class and host).
         self.stay: dict[tuple[str, str], object] = {}
@@ -187,6 +190,25 @@ class _Model:
         borrowing = borrowing_tenants(problem.demands, problem.tenants)
         leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
+        # Per host: a resident with GPUs, a resident whose tenant must shed work, and who lives
+        # there (tenant, class); whether pending work may evict it is asked once per pair.
+        residents_of: dict[str, tuple[bool, bool, set[tuple[str, int]]]] = {}
+        for h in hosts:
+            if h.key in room:
+                res = [self.demands[dk] for dk, _, _ in h.residents if dk in self.demands]
+                residents_of[h.key] = (any(d.gpus for d in res), any(d.tenant in leaving for d in res), {(d.tenant, d.klass) for d in res})
+        evicts_memo: dict[tuple, bool] = {}
+
+        def may_evict(pending_pairs: set, resident_pairs: set) -> bool:
+            for pp in pending_pairs:
+                for rp in resident_pairs:
+                    v = evicts_memo.get((pp, rp))
+                    if v is None:
+                        v = evicts_memo[(pp, rp)] = may_preempt(Rival(*pp), Rival(*rp), borrowing, preemption)
+                    if v:
+                        return True
+            return False
+
         by_type: dict[tuple, list[Capacity]] = {}  # GPU model (and MIG or not) -> capacities, to skip the rest at once
         for c in [*problem.capacities, *self.idle.values()]:
             if not (c.existing and (c.frozen or c.keep_blocker is not None or c.key in self.idle_of)):
@@ -194,7 +216,7 @@ class _Model:
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
-            pending = [self.demands[k] for k in members_ if self.demands[k].running_jobs < len(self.demands[k].jobs)]
+            pending = {(d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs)}
             done_classes: set[str] = set()
             for c in by_type.get((rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None), []):
                 if c.existing and (gk, c.key) in warm_hosts:
@@ -202,13 +224,12 @@ class _Model:
                 elif c.existing:
                     if rep.gang_mode == "placement-group" and rep.gang:
                         continue  # a placement group is launched together: new members are new instances
-                    res = [self.demands[dk] for dk, _, _ in c.residents if dk in self.demands]
-                    if rep.nvlink and any(d.gpus for d in res):
+                    gpu_resident, shedding, pairs = residents_of[c.key]
+                    if rep.nvlink and gpu_resident:
                         continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                     free = room[c.key]
                     fits_free = all(rep.req(k) <= free.get(k, 0.0) + 1e-9 for k in rep.dims if rep.req(k) > 0)
-                    evicts = any(d.tenant in leaving for d in res) or any(may_preempt(pd, d, borrowing, preemption) for pd in pending for d in res)
-                    if not fits_free and not evicts:
+                    if not fits_free and not shedding and not may_evict(pending, pairs):
                         continue
                 elif c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                     continue  # (as on any host)
@@ -248,7 +269,7 @@ class _Model:
         # and per zone class for everything its zones hold together.
         rows: list[tuple[Capacity, list, object, int]] = []  # (shape, items, instances, most instances)
         for c in self.p.capacities:
-            if c.existing and c.frozen:
+            if (c.existing and c.frozen) or c.key in self.idle_of:
                 continue
             items = self.x_at.get(c.key, []) + (resident_load.get(c.key, []) if c.existing else [])
             if c.existing or c.key not in self.class_of:
@@ -259,7 +280,7 @@ class _Model:
             items = self.x_at.get(ck, []) + [it for k in cls.members for it in self.x_at.get(k, [])]
             rows.append((cls, items, sum(self.use[k] for k in cls.members), cls.max_new))
         for ik, cls in self.idle.items():
-            rows.append((cls, self.x_at.get(ik, []), sum(self.use[h.key] for h in self.idle_members[ik]), cls.max_new))
+            rows.append((cls, self.x_at.get(ik, []), self.use[ik], cls.max_new))
         for c, items, n, most in rows:
             items = [(d, v) for d, v in items if not isinstance(v, int) or v]
             if not items:
@@ -427,7 +448,7 @@ class _Model:
     def _pools_budget_spot(self) -> None:
         m, p = self.m, self.p
         by_pool: dict[str, list] = {}
-        for c in p.capacities:
+        for c in self.units:
             by_pool.setdefault(c.pool, []).append(self.use[c.key])
         for pool, (lo, hi) in p.pool_bounds.items():
             vs = by_pool.get(pool, [])
@@ -437,10 +458,10 @@ class _Model:
             elif not lo <= sum(vs) <= hi:
                 m.add(m.new_constant(0) >= 1)  # e.g. nothing can be bought for this pool, yet it needs lo instances
         if p.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
-            m.add(_wsum([(math.ceil(c.price * MILLI), self.use[c.key]) for c in p.capacities]) <= math.floor(p.budget * MILLI))
+            m.add(_wsum([(math.ceil(c.price * MILLI), self.use[c.key]) for c in self.units]) <= math.floor(p.budget * MILLI))
 
         sp = p.spot
-        caps = p.capacities
+        caps = self.units
         dim, measure = spot_measure(caps)
         gpu_fleet = dim == "gpus"
         prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
@@ -604,7 +625,7 @@ class _Model:
     def cost(self):
         """$/h of instances, egress, latency and spot preference, plus amortised moves, in milli-dollars."""
         p = self.p
-        terms = [(round(c.price * MILLI), self.use[c.key]) for c in p.capacities]
+        terms = [(round(c.price * MILLI), self.use[c.key]) for c in self.units]
         for (gk, ck), v in self.x.items():
             e = p.cost_coef(self.demands[p.groups[gk][0]], self.caps[ck])
             if e:
@@ -621,11 +642,11 @@ class _Model:
                 per_item = pol.move_cost_per_gpu * d.size / 7
             w = max(1, round(per_item / pol.payback_hours * MILLI))
             terms.append((w, mv))
-        created = [(1, self.use[c.key]) for c in p.capacities if not c.existing]
+        created = [(1, self.use[c.key]) for c in self.offers]
         return _wsum(terms) + _wsum(created)
 
     def instance_cost(self):
-        return _wsum([(round(c.price * MILLI), self.use[c.key]) for c in self.p.capacities])
+        return _wsum([(round(c.price * MILLI), self.use[c.key]) for c in self.units])
 
     def work(self):
         return _wsum([(d.weight, self.placed[d.key]) for d in self.p.demands])
@@ -637,9 +658,8 @@ class _Model:
         m = self.m
         m.clear_hints()
         use = dict(a.use)
-        for ik, hs in self.idle_members.items():  # the same number kept, in the model's order
-            kept = sum(1 for h in hs if a.use.get(h.key, 0))
-            use.update({h.key: int(i < kept) for i, h in enumerate(hs)})
+        for ik, hs in self.idle_members.items():
+            use[ik] = sum(1 for h in hs if a.use.get(h.key, 0))
         for ck, v in self.use.items():
             if not isinstance(v, int):
                 m.add_hint(v, use.get(ck, 0))
@@ -992,7 +1012,8 @@ def _extract(problem: Problem, model: _Model, values: list[int], tiers: list[Tie
     placed = {dk: val(v) for dk, v in model.placed.items()}
     stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
     xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
-    keep = frozenset(c.instance_id for c in model.hosts if val(model.use[c.key]))
+    keep = frozenset([c.instance_id for c in model.hosts if c.key in model.use and val(model.use[c.key])]
+                     + [h.instance_id for ik, hs in model.idle_members.items() for h in hs[:val(model.use[ik])]])
     x = _unfold_idle(model, _split(problem, xg, placed, stay), keep)
     new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
     guaranteed = {dk: val(v) for dk, v in model.g.items()}
