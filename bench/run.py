@@ -172,7 +172,7 @@ def compare(r) -> dict:
     g = greedy(r.problem)
     lp = r.solution.lp_bound
     ours = r.plan.cost_after
-    work = sum(d.weight * d.replicas * g.placed.get(d.key, 0) for d in r.problem.demands)  # as plan_row counts ours
+    work = sum(d.weight * g.placed.get(d.key, 0) for d in r.problem.demands)  # as plan_row counts ours
     return {"greedy_cost": round(g.cost, 2), "greedy_work": work, "greedy_s": round(time.perf_counter() - t, 3),
             "lp_bound": None if lp is None else round(lp, 2), "lp_s": r.solution.phases.get("lp bound"),
             "vs_lp": None if not lp else round(ours / lp - 1, 4), "vs_greedy": round(ours / g.cost - 1, 4) if g.cost else None}
@@ -190,7 +190,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
     c = r.plan.counts()
     cp = phases.cp_model_size
     running = {j.job for j in r.plan.jobs if j.action in ("keep", "place", "move")}
-    plan_work = sum(d.weight * d.replicas for d in r.problem.demands for j in d.jobs if j in running)
+    plan_work = sum(d.weight for d in r.problem.demands for j in d.jobs if j in running)  # Demand.weight: priority x job size
     row = {
         "step": step, "wall_s": round(wall, 3), "solve_s": round(r.solution.seconds, 3),
         "phases_s": phases.breakdown(wall, r.solution.phases.get("lp bound", 0.0)), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
