@@ -34,6 +34,7 @@ class Bin:
     items: list[tuple[str, str, int]] = field(default_factory=list)  # (demand key, job, replica index)
     group: str | None = None  # the placement group the instance launches into (one per instance)
     gpu_of: dict = field(default_factory=dict)  # (job, replica) -> GPU index tuples
+    touched: bool = False  # anything taken here yet (untouched instances of one offer are interchangeable)
 
     @classmethod
     def empty(cls, cap: Capacity, ref: str) -> "Bin":
@@ -44,6 +45,7 @@ class Bin:
         return all(self.free.get(k, 0.0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0)
 
     def take_resources(self, d: Demand) -> None:
+        self.touched = True
         for k in d.dims:
             self.free[k] = self.free.get(k, 0.0) - d.req(k)
 
@@ -148,15 +150,26 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     for d, *_ in order:
         for k in d.dims:
             smallest[k] = min(smallest.get(k, float("inf")), d.req(k))
-    active = [b for b in bins if _has_room(b, smallest)]  # full instances are skipped at once
+    active = [b for b in bins if b.touched and _has_room(b, smallest)]  # full instances are skipped at once
+    # Untouched instances of one offer are alike: only the first of each is a candidate (at 10k
+    # warm instances, scanning them all for every item was most of the plan's time).
+    spare: dict[str, list[Bin]] = {}
+    for b in bins:
+        if not b.touched:
+            spare.setdefault(b.cap.offer_key, []).append(b)
     left = []
     for d, job, rep, group in order:
         cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
+        cands += [q[0] for q in spare.values() if q and q[0].fits(d) and (group is None or q[0].group in (None, group))]
         # A gang's placement group fills its own instances before it claims another; an empty
         # instance is taken only when no used one fits, so spare instances (a pool minimum, idle
         # hosts) stay whole instead of each holding one replica.
         cands.sort(key=lambda b: (group is not None and b.group != group, not b.items, (1 if compact else -1) * _alignment(b, d)))
         placed = next((b for b in cands if b.place(d, job, rep, group) is not None), None)
+        q = spare.get(placed.cap.offer_key) if placed is not None else None
+        if q and q[0] is placed:
+            q.pop(0)
+            active.append(placed)
         if placed is None:
             b = more() if more is not None else None
             if b is None or b.place(d, job, rep, group) is None:
