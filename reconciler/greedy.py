@@ -540,7 +540,9 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
     v = cache.get(k)
     if v is None:
         v = 0.0
-        for c in p.capacities:
+        if "offers" not in cache:  # instances of one offer are alike: one of each is enough
+            cache["offers"] = list({c.offer_key: c for c in p.capacities}.values())
+        for c in cache["offers"]:
             if rules_allow(d, c):
                 v = max(v, max((d.req(dim) / c.cap(dim) for dim in d.dims if c.cap(dim) > 0), default=0.0))
         cache[k] = v

@@ -213,6 +213,14 @@ class _Model:
         for c in [*problem.capacities, *self.idle.values()]:
             if not (c.existing and (c.frozen or c.keep_blocker is not None or c.key in self.idle_of)):
                 by_type.setdefault((c.gpu_type if c.gpus else None, bool(c.mig)), []).append(c)
+        fits: dict[tuple[str, str], int] = {}  # (group, offer key) -> items per instance: fit() reads only what the offer key fixes
+
+        def fit_of(rep: Demand, gk: str, c: Capacity) -> int:
+            f = fits.get((gk, c.offer_key))
+            if f is None:
+                f = fits[(gk, c.offer_key)] = fit(rep, c)
+            return f
+
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
@@ -233,17 +241,17 @@ class _Model:
                         continue
                 elif c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                     continue  # (as on any host)
-                elif c.key in self.class_of and not rep.gang and fit(rep, c) > 1:
+                elif c.key in self.class_of and not rep.gang and fit_of(rep, gk, c) > 1:
                     # Items over half an instance stay per zone: a class's aggregate row cannot
                     # tell that one needs most of a single instance beside work pinned to a zone.
                     ck = self.class_of[c.key]
                     if ck in done_classes:
                         continue
                     zones = [self.caps[k] for k in self.classes[ck].members]
-                    if all(fit(rep, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
+                    if all(fit_of(rep, gk, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
                         done_classes.add(ck)
                         c = self.classes[ck]  # one variable for every zone of the class
-                f = fit(rep, c)
+                f = fit_of(rep, gk, c)
                 if f <= 0:
                     continue
                 v = m.new_int_var(0, min(total, f * (c.max_new if not c.existing else 1)), f"x[{gk},{c.key}]")
