@@ -549,7 +549,9 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
     return v
 
 
-def greedy(problem: Problem) -> Assignment:
+def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
+    """First-fit decreasing. keep_fleet: keep every instance the fleet has (within pool ceilings
+    and the budget) before anything else, the answer closest to the fleet as it is."""
     g = _Greedy(problem)
     cache: dict = {}
     order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
@@ -561,6 +563,10 @@ def greedy(problem: Problem) -> Assignment:
     for d, cells in g.to_heal:
         if g._quota_ok(d):
             g._heal(d, cells)
+    if keep_fleet:  # on-demand first, so the spot share has room for the spot instances after
+        for c in sorted((h for hs in g.idle.values() for h in hs), key=lambda h: (h.market == "spot", h.key)):
+            if c.key not in g.opened and g._may_open(c):
+                g._open(c)
     g.pool_minimums()
     for d in order:
         left = len(d.jobs) - g.a.placed[d.key]

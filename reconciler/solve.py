@@ -799,6 +799,12 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         since[0] = now
 
     g = greedy(problem)
+    if any(c.existing for c in problem.capacities):
+        # The fleet as it is, completed greedily: where its cost is as good, it is the warm start,
+        # so a quiet fleet is not churned for what greedy alone would rebuild differently.
+        kept = greedy(problem, keep_fleet=True)
+        if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
+            g = kept
     lap("greedy")
     if time_limit <= 0:  # --time-limit 0: greedy best-fit only
         return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
@@ -953,9 +959,12 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     if hint is None:
         return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="CP-SAT found no solution in the time limit: greedy best-fit")
     # Polish: with every placement fixed, buy no instance they do not need (a search stopped
-    # at the gap can leave one idle).
+    # at the gap can leave one idle). It only takes away: buying more of an offer to give up
+    # instances the fleet has would be churn the search above did not choose.
     if not isinstance(cost, int):
         m.clear_hints()
+        for o in model.offers:
+            m.add(model.use[o.key] <= hint[model.use[o.key].index])
         for v in [v for v in model.stay.values() if not isinstance(v, int)] + list(model.x.values()) + \
                 [v for v in model.placed.values() if not isinstance(v, int)]:
             m.add_hint(v, hint[v.index])
