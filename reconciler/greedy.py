@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, has_room, rules_allow, share, spot_measure, type_class
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, forced_moves, has_room, rules_allow, share, spot_measure, type_class
 
 
 @dataclass
@@ -263,15 +263,16 @@ class _Greedy:
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
         share, on-demand buffer, diversity), keep an idle on-demand host the fleet already has
-        where that mends the fleet's share or buffer (the fleet kept it for that), else give up
-        the spot host whose work ranks lowest."""
+        where that mends the fleet's spot share (the fleet kept it for that), else give up the
+        spot host whose work ranks lowest."""
         spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
                        key=lambda h: (h.price / self._prim(h), h.key))
         while True:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
             if not spot_hosts or self._spot_rules_hold():
                 return
-            if not self._fleet_spot_rules_hold():
+            if not self._fleet_spot_rules_hold() and self.p.spot.on_demand_buffer_percent <= 0:
+                # (With a buffer, work placed later could fill the host kept for it: not here.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):
                     spare.pop(0)
                 if spare:
@@ -550,8 +551,9 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
 
 
 def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
-    """First-fit decreasing. keep_fleet: keep every instance the fleet has (within pool ceilings
-    and the budget) before anything else, the answer closest to the fleet as it is."""
+    """First-fit decreasing. keep_fleet: once what runs is kept and the spot rules settled, keep
+    every other instance the fleet has (within pool ceilings, the budget and the spot share)
+    before placing anything: the answer closest to the fleet as it is."""
     g = _Greedy(problem)
     cache: dict = {}
     order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
@@ -568,13 +570,24 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
             if c.key not in g.opened and g._may_open(c):
                 g._open(c)
     g.pool_minimums()
+    stuck = _stuck_gangs(problem)
     for d in order:
-        left = len(d.jobs) - g.a.placed[d.key]
-        for _ in range(left):
+        if d.key in stuck:
+            continue  # as in the model: a running gang's jobs stay where they are or not at all
+        for _ in range(len(d.jobs) - g.a.placed[d.key]):
             if not _place_resolving(g, d):
                 break
     g.finish()
     return g.a
+
+
+def _stuck_gangs(p: Problem) -> set[str]:
+    """Under WhenEmpty, running gangs none of whose items must leave their instance: the model
+    lets them stay or stop, never move (`_Model._moves`)."""
+    if p.placement.consolidation != "WhenEmpty":
+        return set()
+    forced = forced_moves(p)
+    return {d.key for d in p.demands if d.gang and d.running_jobs and d.key not in forced}
 
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:
@@ -582,12 +595,27 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
     if not g._quota_ok(d):
         return False
     plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, g.sites.keys())
-    if plan is None:
+    if plan is None or _breaks_buffer(g, d, plan):
         return False
     _commit(g, d, plan)
     g.a.placed[d.key] += 1
     g._charge_quota(d)
     return True
+
+
+def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
+    """Would the plan's items on kept on-demand hosts eat into the idle capacity the on-demand
+    buffer keeps for the kept spot hosts (the rule `settle_spot` established)?"""
+    pct = g.p.spot.on_demand_buffer_percent
+    if pct <= 0:
+        return False
+    taken = sum(d.req(g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
+    if not taken:
+        return False
+    opened = list(g.opened.values())
+    spot = sum(g._prim(i.cap) for i in opened if i.cap.market == "spot")
+    idle = sum(i.free.get(g.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
+    return spot > 0 and (idle - taken) * 100 < pct * spot - 1e-9
 
 
 def _commit(g: _Greedy, d: Demand, plan) -> None:

@@ -538,6 +538,19 @@ def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[s
     return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.cap.items())}
 
 
+def forced_moves(problem: "Problem") -> dict[str, int]:
+    """Items of each demand that must leave their instance whatever is decided (it goes, or they
+    no longer fit there): under WhenEmpty, the only running work that may move."""
+    by_key = {d.key: d for d in problem.demands}
+    out: dict[str, int] = {}
+    for h in problem.capacities:
+        if h.existing:
+            for dk, _, n in h.residents:
+                if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0):
+                    out[dk] = out.get(dk, 0) + n
+    return out
+
+
 def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:
     """Could pending work p ever evict running work r? Inside one tenant, a higher class may
     (PlacementPolicy preemption: LowerPriority); across tenants only borrowed work is taken,

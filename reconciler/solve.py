@@ -32,7 +32,7 @@ from ortools.sat.python import cp_model
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import (DIMS, Capacity, Demand, Problem, Rival, borrowing_tenants, components, fit, may_preempt, over_cap_tenants,
+from reconciler.problem import (DIMS, Capacity, Demand, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
                                 rules_allow, share, spot_measure)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
@@ -514,12 +514,7 @@ class _Model:
         m, p = self.m, self.p
         self.moved: dict[str, object] = {}
         when_empty = p.placement.consolidation == "WhenEmpty"
-        forced: dict[str, int] = {}  # items of a demand that must leave their host (it goes, or they no longer fit)
-        if when_empty:
-            for h in self.hosts:
-                for dk, _, n in h.residents:
-                    if dk in self.demands and (h.keep_blocker is not None or fit(self.demands[dk], h) == 0):
-                        forced[dk] = forced.get(dk, 0) + n
+        forced = forced_moves(p) if when_empty else {}
         for d in p.demands:
             if not d.running_jobs:
                 continue
@@ -799,9 +794,10 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         since[0] = now
 
     g = greedy(problem)
-    if any(c.existing for c in problem.capacities):
+    if any(c.existing for c in problem.capacities) and problem.spot.on_demand_buffer_percent <= 0:
         # The fleet as it is, completed greedily: where its cost is as good, it is the warm start,
-        # so a quiet fleet is not churned for what greedy alone would rebuild differently.
+        # so a quiet fleet is not churned for what greedy alone would rebuild differently. (Not
+        # with an on-demand buffer: greedy's later placements may fill the idle capacity it counts.)
         kept = greedy(problem, keep_fleet=True)
         if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
             g = kept
