@@ -66,17 +66,40 @@ class LpMirror:
     the model are added here too, and re-solves start from GLOP's last basis."""
 
     def __init__(self, model: cp_model.CpModel):
+        from ortools.linear_solver import linear_solver_pb2
+
         proto = model.proto
         self.lp = lp = pywraplp.Solver.CreateSolver("GLOP")
         lp.SuppressOutput()
         self.inf = lp.infinity()
-        doms = [list(v.domain) for v in proto.variables]  # (the proto's repeated fields do not take [-1])
-        self.xs = [lp.NumVar(float(d[0]), float(d[-1]), "") for d in doms]
+        # Built as one MPModelProto and loaded at once: a call per coefficient took 1.6 s at 58k
+        # variables. Rows with a negated literal or a repeated variable go the slow way after.
+        mp = linear_solver_pb2.MPModelProto()
+        for v in proto.variables:
+            dom = list(v.domain)  # (the proto's repeated fields do not take [-1])
+            x = mp.variable.add()
+            x.lower_bound, x.upper_bound = float(dom[0]), float(dom[-1])
+        slow = []
         for c in proto.constraints:
-            if c.has_linear() and len(c.linear.vars):
-                lin = c.linear
-                dom = list(lin.domain)
-                self._add(list(zip(lin.vars, lin.coeffs)), dom[0], dom[-1])
+            if not (c.has_linear() and len(c.linear.vars)):
+                continue
+            lin = c.linear
+            vars_ = list(lin.vars)
+            dom = list(lin.domain)
+            if min(vars_) < 0 or len(set(vars_)) != len(vars_):
+                slow.append((list(zip(vars_, lin.coeffs)), dom[0], dom[-1]))
+                continue
+            ct = mp.constraint.add()
+            ct.var_index.extend(vars_)
+            ct.coefficient.extend(float(k) for k in lin.coeffs)
+            ct.lower_bound = float(dom[0]) if dom[0] > -(2**62) else -self.inf
+            ct.upper_bound = float(dom[-1]) if dom[-1] < 2**62 else self.inf
+        err = lp.LoadModelFromProto(mp)
+        if err:
+            raise RuntimeError(f"internal: the LP relaxation did not load: {err}")
+        self.xs = lp.variables()
+        for terms, lo, hi in slow:
+            self._add(terms, lo, hi)
 
     def _add(self, terms, lo, hi) -> None:
         coeffs: dict[int, float] = {}

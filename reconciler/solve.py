@@ -226,17 +226,23 @@ class _Model:
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
             pending = {(d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs)}
             done_classes: set[str] = set()
+            needs = [(k, rep.req(k) - 1e-9) for k in rep.dims if rep.req(k) > 0]  # largest first: GPUs, then the rest
             for c in by_type.get((rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None), []):
-                if c.existing and (gk, c.key) in warm_hosts:
+                existing = c.instance_id is not None
+                if existing and (gk, c.key) in warm_hosts:
                     pass  # the warm start uses it: the hint must be expressible
-                elif c.existing:
+                elif existing:
                     if rep.gang_mode == "placement-group" and rep.gang:
                         continue  # a placement group is launched together: new members are new instances
                     gpu_resident, shedding, pairs = residents_of[c.key]
                     if rep.nvlink and gpu_resident:
                         continue  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                     free = room[c.key]
-                    fits_free = all(rep.req(k) <= free.get(k, 0.0) + 1e-9 for k in rep.dims if rep.req(k) > 0)
+                    fits_free = True
+                    for k, r in needs:
+                        if free.get(k, 0.0) < r:
+                            fits_free = False
+                            break
                     if not fits_free and not shedding and not may_evict(pending, pairs):
                         continue
                 elif c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
