@@ -832,6 +832,9 @@ def components(problem: Problem) -> list[Problem]:
         for c in by_type.get(type_class(d), []):
             if fit(d, c) > 0:
                 union("d:" + d.key, "p:" + c.pool)
+    for ks in problem.groups.values():  # a group's demands share placement variables (one fitting no pool, too)
+        for k in ks[1:]:
+            union("d:" + ks[0], "d:" + k)
     for pool in problem.pool_bounds:
         find("p:" + pool)
     parts: dict[str, dict[str, list]] = {}

@@ -173,3 +173,24 @@ def test_multi_gpu_replicas_get_aligned_blocks_in_one_nvlink_domain(tmp_path, nv
     assert sorted(i for b in blocks for i in b) == list(range(8))  # disjoint, all eight used
     for b in blocks:
         assert b[0] % len(b) == 0 and list(b) == list(range(b[0], b[0] + len(b)))  # aligned and contiguous
+
+
+def test_independent_parts_keep_each_group_whole(tmp_path):
+    """Two tenants' identical jobs that fit no pool share one group (placement variables) but
+    no pool or tenant: the decomposition kept them in different parts, and the part holding
+    the group's first demand looked up the other one (KeyError, found by the slow property tier)."""
+    from reconciler.load import load
+    from reconciler.problem import build_problem, components
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, job, pool, tenant, topology, write_config
+
+    spot_only = dict(gpus=1, gpu_type="A100", cpu=8, mem=60, spot="required")  # the pool is on-demand
+    docs = [topology(), tenant("a"), tenant("b"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
+            job("a1", tenant="a", **spot_only), job("b1", tenant="b", **spot_only)]
+    desired = load(write_config(tmp_path, docs))
+    problem = build_problem(desired, catalog_observed(desired))
+    for part in components(problem):
+        keys = {d.key for d in part.demands}
+        assert all(set(ks) <= keys for ks in part.groups.values())
+    sol = solve(problem, time_limit=5)
+    assert sum(sol.placed.values()) == 0
