@@ -162,9 +162,6 @@ class SimCloud:
             finally:  # also on error: injected faults count down even when a call fails
                 if write:
                     self._save(data)
-                else:
-                    for k in _TRACKED:
-                        data[k].touched.clear()
 
     # -- faults, for tests and demos ------------------------------------------------
     def interrupt(self, instance_id: str, reason: str = "spot-interruption") -> dict:

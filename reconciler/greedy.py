@@ -282,19 +282,21 @@ class _Greedy:
             worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
             self._release(worst)
 
-    def _fleet_spot_rules_hold(self) -> bool:
-        """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
-        sp = self.p.spot
+    def _kept_spot(self) -> tuple[float, float, float]:
+        """Of the kept hosts: spot capacity, all capacity, and what is idle on on-demand ones."""
         opened = list(self.opened.values())
         spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
         total = sum(self._prim(i.cap) for i in opened)
+        idle = sum(i.free.get(self.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
+        return spot, total, idle
+
+    def _fleet_spot_rules_hold(self) -> bool:
+        """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
+        sp = self.p.spot
+        spot, total, idle = self._kept_spot()
         if spot > sp.max_spot_fraction * total + 1e-9:
             return False
-        if spot and sp.on_demand_buffer_percent > 0:
-            idle = sum(i.free.get(self.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
-            if idle * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
-                return False
-        return True
+        return not (spot and sp.on_demand_buffer_percent > 0 and idle * 100 < sp.on_demand_buffer_percent * spot - 1e-9)
 
     def _spot_rules_hold(self) -> bool:
         p, sp = self.p, self.p.spot
@@ -612,9 +614,7 @@ def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
     taken = sum(d.req(g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
     if not taken:
         return False
-    opened = list(g.opened.values())
-    spot = sum(g._prim(i.cap) for i in opened if i.cap.market == "spot")
-    idle = sum(i.free.get(g.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
+    spot, _, idle = g._kept_spot()
     return spot > 0 and (idle - taken) * 100 < pct * spot - 1e-9
 
 

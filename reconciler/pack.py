@@ -160,7 +160,7 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     left = []
     for d, job, rep, group in order:
         cands = [b for b in active if b.fits(d) and (group is None or b.group in (None, group))]
-        cands += [q[0] for q in spare.values() if q and q[0].fits(d) and (group is None or q[0].group in (None, group))]
+        cands += [q[0] for q in spare.values() if q and q[0].fits(d)]  # (untouched: in no placement group yet)
         # A gang's placement group fills its own instances before it claims another; an empty
         # instance is taken only when no used one fits, so spare instances (a pool minimum, idle
         # hosts) stay whole instead of each holding one replica.
