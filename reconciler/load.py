@@ -72,7 +72,7 @@ class _Converter:
             self.scalars.flatten_mapping(node)  # resolves '<<' merge keys
             out: dict = {}
             for k_node, v_node in node.value:
-                key = self.scalars.construct_object(k_node) if isinstance(k_node, yaml.ScalarNode) else None
+                key = self._scalar(k_node) if isinstance(k_node, yaml.ScalarNode) else None
                 if not isinstance(key, (str, int, float, bool)):
                     diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>", "mapping keys must be plain scalars"))
                     continue
@@ -82,7 +82,14 @@ class _Converter:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(v, path + (i,), lines, diags) for i, v in enumerate(node.value)]
-        return self.scalars.construct_object(node)
+        return self._scalar(node)
+
+    def _scalar(self, node: yaml.ScalarNode) -> Any:
+        value = self.scalars.construct_object(node)
+        # The loader memoizes every node it constructs: cleared, so 5k jobs' nodes and their two
+        # marks each are freed now, not left for the cyclic collector to trace over and over.
+        self.scalars.constructed_objects.clear()
+        return value
 
 
 class _TooBig(Exception):
