@@ -739,6 +739,13 @@ def _complete(model: "_Model", tiers: list[_Tier], s: cp_model.CpSolver) -> list
     return list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
 
 
+def _proven(lp_value: float, sense: str) -> int:
+    """The integer bound an LP optimum proves for an integer objective, loosened by the LP
+    solver's tolerances (~1e-7 relative): a bound past the true optimum would cut off plans."""
+    slack = 1e-6 + 1e-7 * abs(lp_value)
+    return math.floor(lp_value + slack) if sense == "max" else math.ceil(lp_value - slack)
+
+
 def _wsum(terms):
     """A weighted sum of (coefficient, variable or int) pairs, fast."""
     vs, cs, const = [], [], 0
@@ -866,7 +873,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         vs, cs, off = _flatten(tier.expr)
         res = lp.optimum(vs, cs, off, maximize=tier.sense == "max")
         if res is not None:
-            bound = min(bound, math.floor(res[0] + 1e-6)) if tier.sense == "max" else max(bound, math.ceil(res[0] - 1e-6))
+            bound = min(bound, _proven(res[0], "max")) if tier.sense == "max" else max(bound, _proven(res[0], "min"))
         if best is not None:
             hv = _value(best, tier.expr)
             if (hv >= bound) if tier.sense == "max" else (hv <= bound):
@@ -912,7 +919,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     res = lp.optimum(cvs, ccs, coff, maximize=False)
     lb = res[0] if res is not None else None
     if lb is not None and not isinstance(cost, int):
-        m.add(cost >= math.ceil(lb - 1e-6))  # a valid cut: CP-SAT's own bound starts there
+        m.add(cost >= _proven(lb, "min"))  # a valid cut: CP-SAT's own bound starts there
     lap("lp")
     status, value = "UNKNOWN", None
     hint_value = _value(hint, cost) if hint is not None and not isinstance(cost, int) else None
