@@ -619,12 +619,20 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
                         best = min(best, o.price / f)
                 slice_price[d.key] = best
 
+    fits: dict[tuple[str, str], int] = {}  # (demand, offer key) -> fit(): the same on every host of the offer
+
+    def fits_on(d: Demand, h: Capacity) -> int:
+        k = (d.key, h.offer_key)
+        if k not in fits:
+            fits[k] = fit(d, h)
+        return fits[k]
+
     frozen = set()
     for h in hosts:
         if h.keep_blocker is not None or h.pool in over_pools or h.market in unfrozen_markets or not h.residents:
             continue
         res = [(by_key[dk], n) for dk, _, n in h.residents if dk in by_key]
-        if len(res) != len(h.residents) or any(fit(d, h) == 0 for d, _ in res):
+        if len(res) != len(h.residents) or any(fits_on(d, h) == 0 for d, _ in res):
             continue
         if any(d.tenant in hot for d, _ in res):
             continue
@@ -718,12 +726,12 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 
     caps = hosts + offers
     static_pending = {}
-    caps_by_type: dict[tuple, list[Capacity]] = {}
+    shapes_by_type: dict[tuple, dict[str, Capacity]] = {}  # one capacity per offer key: fit() reads nothing else
     for c in caps:
         if c.keep_blocker is None:
-            caps_by_type.setdefault(type_class(c), []).append(c)
+            shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
     for d in demands:
-        if not any(fit(d, c) > 0 for c in caps_by_type.get(type_class(d), [])):
+        if not any(fit(d, c) > 0 for c in shapes_by_type.get(type_class(d), {}).values()):
             reason = _why_nothing_fits(d, desired, observed, offers)
             for j in d.jobs:
                 static_pending[j] = reason

@@ -187,7 +187,10 @@ class _Model:
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         room = {h.key: _free_room(h, self.demands) for h in hosts if not h.frozen and h.keep_blocker is None}
-        warm_hosts = {(self.group_of[dk], ck) for (dk, ck), n in (warm.x.items() if warm else ()) if n and ck in room}
+        warm_hosts: dict[str, list[str]] = {}  # group -> hosts the warm start puts its new items on
+        for (dk, ck), n in (warm.x.items() if warm else ()):
+            if n and ck in room:
+                warm_hosts.setdefault(self.group_of[dk], []).append(ck)
         borrowing = borrowing_tenants(problem.demands, problem.tenants)
         leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
         preemption = problem.placement.preemption
@@ -214,7 +217,7 @@ class _Model:
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
             pending = frozenset((d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs))
             done_classes: set[str] = set()
-            for c in hosts_at.candidates(rep, gk, pending, warm_hosts, may_evict):
+            for c in hosts_at.candidates(rep, pending, warm_hosts.get(gk, []), may_evict):
                 if c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                     continue  # (as on any host)
                 elif c.key in self.class_of and not rep.gang and fit_of(rep, gk, c) > 1:
@@ -690,7 +693,7 @@ class _HostIndex:
         self.gpu_resident: set[str] = set()
         self.shedding: dict[tuple, list[int]] = {}
         self.by_pairs: dict[tuple, dict[frozenset, list[int]]] = {}  # who lives there -> positions
-        self.pos: dict[str, int] = {}
+        self.pos: dict[str, tuple[tuple, int]] = {}  # host key -> (type class, position)
         self.sorted_free: dict[tuple, tuple[list[float], list[int]]] = {}
         for c in [*capacities, *idle]:
             if c.existing and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
@@ -699,7 +702,7 @@ class _HostIndex:
             order = self.order.setdefault(t, [])
             i = len(order)
             order.append(c)
-            self.pos[c.key] = i
+            self.pos[c.key] = (t, i)
             if c.instance_id is None:
                 self.always.setdefault(t, []).append(i)
                 continue
@@ -729,13 +732,17 @@ class _HostIndex:
                 out.append(i)
         return out
 
-    def candidates(self, rep: Demand, gk: str, pending: frozenset, warm_hosts: set, may_evict) -> list[Capacity]:
+    def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict) -> list[Capacity]:
+        """`warm_hosts`: the hosts the warm start puts this group's new items on."""
         t = (rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None)
         order = self.order.get(t)
         if not order:
             return []
         picked = set(self.always.get(t, ()))
-        picked.update(i for i, c in self.hosts.get(t, ()) if (gk, c.key) in warm_hosts)  # the hint must be expressible
+        for k in warm_hosts:  # the hint must be expressible (an idle class's members are not here: the class is)
+            tk, i = self.pos.get(k, (None, -1))
+            if tk == t:
+                picked.add(i)
         if not (rep.gang_mode == "placement-group" and rep.gang):  # a placement group's members are new instances
             found = list(self.shedding.get(t, ()))
             found += self._with_room(t, [(k, rep.req(k) - 1e-9) for k in rep.dims if rep.req(k) > 0])
