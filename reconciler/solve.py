@@ -34,7 +34,7 @@ from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
 from reconciler.problem import (DIMS, Capacity, Demand, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
-                                rules_allow, share, spot_measure)
+                                rules_allow, share, spot_measure, type_class)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
@@ -698,7 +698,7 @@ class _HostIndex:
         for c in [*capacities, *idle]:
             if c.existing and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
                 continue
-            t = (c.gpu_type if c.gpus else None, bool(c.mig))
+            t = type_class(c)
             order = self.order.setdefault(t, [])
             i = len(order)
             order.append(c)
@@ -734,7 +734,7 @@ class _HostIndex:
 
     def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict) -> list[Capacity]:
         """`warm_hosts`: the hosts the warm start puts this group's new items on."""
-        t = (rep.gpu_type if (rep.gpus or rep.mig) else None, rep.mig is not None)
+        t = type_class(rep)
         order = self.order.get(t)
         if not order:
             return []
