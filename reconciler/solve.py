@@ -33,7 +33,7 @@ from ortools.sat.python import cp_model
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import (DIMS, Capacity, Demand, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
+from reconciler.problem import (DIMS, Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
                                 rules_allow, share, spot_measure, type_class)
 
 MILLI = 1000  # costs are integers in milli-dollars per hour
@@ -203,14 +203,7 @@ class _Model:
                     may_preempt(Rival(*pp), Rival(*rp), borrowing, preemption) for pp in pending_pairs for rp in resident_pairs)
             return v
 
-        fits: dict[tuple[str, str], int] = {}  # (group, offer key) -> items per instance: fit() reads only what the offer key fixes
-
-        def fit_of(rep: Demand, gk: str, c: Capacity) -> int:
-            f = fits.get((gk, c.offer_key))
-            if f is None:
-                f = fits[(gk, c.offer_key)] = fit(rep, c)
-            return f
-
+        fit_of = OfferFits()  # asked for each group's first demand: the group's shape
         hosts_at = _HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
@@ -220,17 +213,17 @@ class _Model:
             for c in hosts_at.candidates(rep, pending, warm_hosts.get(gk, []), may_evict):
                 if c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                     continue  # (as on any host)
-                elif c.key in self.class_of and not rep.gang and fit_of(rep, gk, c) > 1:
+                elif c.key in self.class_of and not rep.gang and fit_of(rep, c) > 1:
                     # Items over half an instance stay per zone: a class's aggregate row cannot
                     # tell that one needs most of a single instance beside work pinned to a zone.
                     ck = self.class_of[c.key]
                     if ck in done_classes:
                         continue
                     zones = [self.caps[k] for k in self.classes[ck].members]
-                    if all(fit_of(rep, gk, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
+                    if all(fit_of(rep, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
                         done_classes.add(ck)
                         c = self.classes[ck]  # one variable for every zone of the class
-                f = fit_of(rep, gk, c)
+                f = fit_of(rep, c)
                 if f <= 0:
                     continue
                 v = m.new_int_var(0, min(total, f * (c.max_new if not c.existing else 1)), f"x[{gk},{c.key}]")
