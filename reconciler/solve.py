@@ -451,12 +451,14 @@ class _Model:
             m.add(1000 * _wsum([(prim(c), self.use[c.key]) for c in spot]) <= frac * _wsum([(prim(c), self.use[c.key]) for c in caps]))
         if spot and sp.on_demand_buffer_percent > 0:
             od = [c for c in caps if c.market != "spot"]
-            # idle on-demand capacity (x 10000) >= percent (x 100) of spot capacity
-            need = [(round(sp.on_demand_buffer_percent * 100) * prim(c), self.use[c.key]) for c in spot]
-            idle = [(10000 * prim(c), self.use[c.key]) for c in od]
+            # idle on-demand capacity (x 70000) >= percent (x 700) of spot capacity. 70000 = 7 x 10000:
+            # a MIG item uses its compute slices / 7 of a GPU, so a GPU's seven slices count exactly
+            # one GPU (at x 10000 each 1g slice rounded to 1429 and a full GPU was 10003 used).
+            need = [(round(sp.on_demand_buffer_percent * 700) * prim(c), self.use[c.key]) for c in spot]
+            idle = [(70000 * prim(c), self.use[c.key]) for c in od]
 
-            def used(d: Demand) -> int:  # x 10000; a MIG item uses its compute slices / 7 of a GPU
-                return round(10000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
+            def used(d: Demand) -> int:  # x 70000
+                return round(70000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
             for (gk, ck), v in self.x.items():
                 if self.caps[ck].market != "spot":
                     idle.append((-used(self.demands[self.p.groups[gk][0]]), v))
