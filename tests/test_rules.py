@@ -625,3 +625,26 @@ def test_greedy_keeps_an_idle_on_demand_host_that_holds_the_spot_share(tmp_path)
     plan = plan_for(tmp_path, docs, insts, {"train": ("s0",)}, time_limit=0)
     assert by_job(plan)["train"].action == "keep"
     assert not plan.creates and not plan.deletes
+
+
+def test_the_fleet_as_it_is_warm_start_meets_pool_minimums_before_keeping_idle_instances(tmp_path):
+    """The warm start that keeps the fleet as it is kept an idle 4-GPU instance first, and the
+    $15/h budget then had no room for the CPU pool's minimum instance: the warm start was no
+    solution of the model, so CP-SAT searched every tier from nothing (found by the random
+    property tier)."""
+    from reconciler.greedy import greedy
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs = [topology(), tenant("t"), pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-4g"], hi=1),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
+            doc("GuardrailPolicy", "g", {"max_hourly_budget": 15.0}), job("j0", **A100), job("j1", **A100)]
+    idle = instance("i0", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g")
+    desired = load(write_config(tmp_path, docs))
+    problem = build_problem(desired, catalog_observed(desired, [idle]))
+    caps = {c.key: c for c in problem.capacities}
+    for a in (greedy(problem), greedy(problem, keep_fleet=True)):
+        kept = [caps[k] for k, n in a.use.items() for _ in range(n)]
+        assert sum(c.pool == "cpu" for c in kept) == 1
+        assert sum(c.price for c in kept) <= 15.0
