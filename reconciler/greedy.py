@@ -98,17 +98,26 @@ class _Greedy:
             for k in d.dims:
                 cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
+        # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
+        # each: nothing else may spend that (keeping a dear running instance first once left a
+        # pool's minimum unbought, a plan that breaks a hard rule).
+        self.floor_price: dict[str, float] = {}
+        if problem.budget is not None:
+            for c in problem.capacities:
+                if c.keep_blocker is None and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
+                    self.floor_price[c.pool] = min(self.floor_price.get(c.pool, math.inf), c.price)
 
     # -- bookkeeping
 
     def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0)) -> bool:
-        """Pool ceiling, fleet budget, and (except while keeping what runs, which is settled after
-        as a whole: opening spot hosts first would look over the share) the spot rules."""
+        """Pool ceiling, fleet budget (less what unmet pool minimums will cost), and (except while
+        keeping what runs, which is settled after as a whole: opening spot hosts first would look
+        over the share) the spot rules."""
         p = self.p
         n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
         if n + 1 > p.pool_bounds.get(c.pool, (0, 0))[1]:
             return False
-        if p.budget is not None and self.a.cost + extra_cost + c.price > p.budget + 1e-9:
+        if p.budget is not None and self.a.cost + extra_cost + c.price + self._owed(c, extra_pool) > p.budget + 1e-9:
             return False
         if c.market == "spot" and not self.keeping:
             if not self.buy_spot:
@@ -119,6 +128,14 @@ class _Greedy:
             if spot > f * total + 1e-9:
                 return False
         return True
+
+    def _owed(self, c: Capacity, extra_pool: dict | None) -> float:
+        """$/h the pool minimums still unmet once c is open will cost at least."""
+        owed = 0.0
+        for pool, price in self.floor_price.items():
+            n = self.pool_count.get(pool, 0) + (extra_pool or {}).get(pool, 0) + (pool == c.pool)
+            owed += max(0, self.p.pool_bounds[pool][0] - n) * price
+        return owed
 
     def _open(self, c: Capacity) -> _Inst:
         if c.existing:

@@ -648,3 +648,19 @@ def test_the_fleet_as_it_is_warm_start_meets_pool_minimums_before_keeping_idle_i
         kept = [caps[k] for k, n in a.use.items() for _ in range(n)]
         assert sum(c.pool == "cpu" for c in kept) == 1
         assert sum(c.price for c in kept) <= 15.0
+
+
+def test_greedy_leaves_the_budget_room_for_unmet_pool_minimums(tmp_path):
+    """A $15/h budget, a running 1-GPU job on a $14.69/h 4-GPU instance, a CPU pool with a
+    minimum of one: greedy best-fit (the fallback) kept the running instance first and then
+    could not buy the pool's minimum, a plan breaking a hard rule (found by the random
+    property tier). It now counts unmet minimums against the budget, so the job moves."""
+    docs = [topology(), tenant("t"), pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-4g"], hi=1),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
+            doc("GuardrailPolicy", "g", {"max_hourly_budget": 15.0}), job("j", **A100)]
+    running = instance("i0", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g")
+    for limit in (0, 10):  # greedy's plan and CP-SAT's (plan_for checks the minimum and the budget)
+        plan = plan_for(tmp_path / str(limit), docs, [running], {"j": ("i0",)}, time_limit=limit)
+        assert by_job(plan)["j"].action == "move"
+        assert sorted(c.pool for c in plan.creates) == ["cpu", "gpu"]
+
