@@ -220,7 +220,11 @@ class _Model:
                     if ck in done_classes:
                         continue
                     zones = [self.caps[k] for k in self.classes[ck].members]
-                    if all(fit_of(rep, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1:
+                    # A tenant budget charges a class's items at its dearest zone's price: only where
+                    # the zones cost alike (else work that fits the budget in the cheap zone was left out).
+                    rules = problem.tenants.get(rep.tenant)
+                    priced_alike = rules is None or rules.budget is None or len({z.price for z in zones}) == 1
+                    if all(fit_of(rep, z) > 0 for z in zones) and len({round(problem.cost_coef(rep, z), 9) for z in zones}) == 1 and priced_alike:
                         done_classes.add(ck)
                         c = self.classes[ck]  # one variable for every zone of the class
                 f = fit_of(rep, c)

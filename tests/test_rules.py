@@ -664,3 +664,19 @@ def test_greedy_leaves_the_budget_room_for_unmet_pool_minimums(tmp_path):
         assert by_job(plan)["j"].action == "move"
         assert sorted(c.pool for c in plan.creates) == ["cpu", "gpu"]
 
+
+def test_a_tenant_budget_is_charged_at_the_zone_its_work_lands_in(tmp_path):
+    """Spot a2-highgpu-4g costs more in us-central1-b than in -a. Work that may go to either
+    zone was one variable for the pool's zones, charged to the tenant's $5/h budget at the
+    dearer zone's price, so the 1-GPU job that fits the budget in -a stayed pending although
+    greedy placed it (found by the random property tier)."""
+    docs = [topology(), tenant("t"), pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"],
+                                          ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], market="either", hi=1),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="spot", hi=1),
+            doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}),
+            job("four-a10g", gpus=4, gpu_type="A10G", cpu=40, mem=160),
+            job("two-a100", gpus=2, gpu_type="A100", cpu=16, mem=120),
+            job("one-a100", priority="low", **A100)]
+    docs[-2]["spec"]["resources"]["nvlink"] = True
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs), [(j.job, j.action, j.reason) for j in plan.jobs]
