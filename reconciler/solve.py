@@ -861,10 +861,9 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         since[0] = now
 
     g = greedy(problem)
-    if any(c.existing for c in problem.capacities) and problem.spot.on_demand_buffer_percent <= 0:
+    if any(c.existing for c in problem.capacities):
         # The fleet as it is, completed greedily: where its cost is as good, it is the warm start,
-        # so a quiet fleet is not churned for what greedy alone would rebuild differently. (Not
-        # with an on-demand buffer: greedy's later placements may fill the idle capacity it counts.)
+        # so a quiet fleet is not churned for what greedy alone would rebuild differently.
         kept = greedy(problem, keep_fleet=True)
         if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
             g = kept
