@@ -570,9 +570,9 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
 
 
 def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
-    """First-fit decreasing. keep_fleet: once what runs is kept, the spot rules settled and the
-    pool minimums met, keep every other instance the fleet has (within pool ceilings, the budget
-    and the spot share) before placing anything: the answer closest to the fleet as it is."""
+    """First-fit decreasing. keep_fleet: once what runs is kept and the spot rules settled, keep
+    every other instance the fleet has (within pool ceilings, the budget and the spot share)
+    before placing anything: the answer closest to the fleet as it is."""
     g = _Greedy(problem)
     cache: dict = {}
     order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
@@ -584,11 +584,11 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     for d, cells in g.to_heal:
         if g._quota_ok(d):
             g._heal(d, cells)
-    g.pool_minimums()  # a hard rule, before the fleet's other idle instances take the budget or the spot share
     if keep_fleet:  # on-demand first, so the spot share has room for the spot instances after
         for c in sorted((h for hs in g.idle.values() for h in hs), key=lambda h: (h.market == "spot", h.key)):
-            if c.key not in g.opened and g._may_open(c):
+            if c.key not in g.opened and g._may_open(c):  # (a budget keeps room for unmet pool minimums)
                 g._open(c)
+    g.pool_minimums()
     stuck = _stuck_gangs(problem)
     for d in order:
         if d.key in stuck:
