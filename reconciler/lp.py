@@ -53,9 +53,8 @@ class LpMirror:
         # variables. Rows with a negated literal or a repeated variable go the slow way after.
         mp = linear_solver_pb2.MPModelProto()
         for v in proto.variables:
-            dom = list(v.domain)  # (the proto's repeated fields do not take [-1])
             x = mp.variable.add()
-            x.lower_bound, x.upper_bound = float(dom[0]), float(dom[-1])
+            x.lower_bound, x.upper_bound = float(v.domain[0]), float(v.domain[-1])
         slow = []
         for c in proto.constraints:
             if not (c.HasField("linear") and len(c.linear.vars)):
