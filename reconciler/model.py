@@ -179,6 +179,31 @@ class DataSpec(Strict):
     max_latency_ms: NonNeg | None = None  # hard: zones farther than this from the data are not used
 
 
+class RunSpec(Strict):
+    """What a replica runs: a container image on the clouds, `command` as a local process on the sim."""
+
+    image: str | None = None
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+
+
+class RestartSpec(Strict):
+    """OnFailure: a failed replica (and its whole gang) starts again, up to backoff_limit
+    times, after delays that double; Never: the first failure fails the job."""
+
+    policy: Literal["OnFailure", "Never"] = "OnFailure"
+    backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
+
+
+class CheckpointSpec(Strict):
+    """Before a stop the replica can survive (spot notice, move, unassignment) it gets `signal`
+    and `grace_seconds` to write a checkpoint under `dir`; then it is killed."""
+
+    dir: Annotated[str, Field(min_length=1)]
+    signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"] = "SIGTERM"
+    grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
+
+
 class JobSpec(Strict):
     tenant: Name
     priority: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["low", "normal", "high", "critical"] = "normal"
@@ -197,6 +222,29 @@ class JobSpec(Strict):
     expected_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0  # amortises data egress
     submitted: datetime | None = None
     deadline: datetime | None = None
+    # The workload (reconciler/runtime). Without `run` a Job is a reservation: it is placed,
+    # and nothing is started.
+    run: RunSpec | None = None
+    mode: Literal["batch", "service"] | None = None  # default batch when `run` is set
+    restart: RestartSpec | None = None
+    time_limit_hours: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    checkpoint: CheckpointSpec | None = None
+
+    @model_validator(mode="after")
+    def _workload_needs_run(self) -> "JobSpec":
+        if self.run is None:
+            extra = [f for f in ("mode", "restart", "time_limit_hours", "checkpoint") if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} apply only to a job that runs something: add run.command")
+        return self
+
+    @property
+    def run_mode(self) -> str:
+        return self.mode or "batch"
+
+    @property
+    def restart_policy(self) -> RestartSpec:
+        return self.restart or RestartSpec()
 
     def priority_weight(self) -> int:
         p = self.priority
