@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from providers.catalog import load_catalog
+from reconciler.ledger import item_share, mig_compute, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -74,7 +75,7 @@ class Demand:
     def size(self) -> int:
         """Work units of one item: 7 per GPU (a MIG compute slice is 1), 1 for CPU work."""
         if self.mig is not None:
-            return _MIG_COMPUTE.get(self.mig[0], 1) * self.mig[1]
+            return mig_compute(self.mig[0]) * self.mig[1]
         return 7 * self.gpus if self.gpus else 1
 
     @property
@@ -110,9 +111,6 @@ class Demand:
     def dims(self) -> tuple[str, ...]:
         mig = (f"mig:{self.mig[0]}",) if self.mig else ()
         return (("gpus",) if self.gpus else ()) + mig + ("cpu", "memory_gib")
-
-
-_MIG_COMPUTE = {}  # profile -> compute slices, filled from the catalog on first use
 
 
 @dataclass(frozen=True)
@@ -236,22 +234,15 @@ class Problem:
 
 def share(d: Demand, c: Capacity) -> float:
     """The fraction of an instance one item of d uses, in the instance's primary resource:
-    what its cost is attributed by (status, tenant budgets)."""
-    if c.gpus:
-        if d.mig is not None and c.mig:
-            slices = _MIG_COMPUTE.get(d.mig[0], 1) * d.mig[1]
-            return min(1.0, slices / (7 * c.gpus))
-        return min(1.0, d.gpus / c.gpus) if d.gpus else min(1.0, d.cpu / c.cpu)
-    return min(1.0, d.cpu / c.cpu) if c.cpu else 1.0
+    what its cost is attributed by (status, tenant budgets): the ledger's definition."""
+    return item_share(d, c)
 
 
 def spot_measure(capacities) -> tuple[str, Callable[[Capacity], float]]:
     """What the spot share and the on-demand buffer count, one definition for the solver, the
     warm start, the packer and the freezer: GPUs in a fleet with any (CPU instances count 0),
     vCPUs in a CPU-only fleet. Returns the dimension and the measure of an instance."""
-    if any(c.gpus for c in capacities):
-        return "gpus", lambda c: c.gpus
-    return "cpu", lambda c: c.cpu
+    return spot_units(capacities)
 
 
 def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
@@ -678,10 +669,6 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     """`now` drives priority aging and remaining times (None: no aging). `freeze`: True or
     False forces freezing of unchangeable hosts on or off; None freezes above FREEZE_ABOVE hosts."""
     catalog = load_catalog()
-    if not _MIG_COMPUTE:
-        for m in catalog.gpu_models.values():
-            for p in m.mig_profiles.values():
-                _MIG_COMPUTE.setdefault(p.name, p.compute)
     topo = TopologyIndex(desired.topology.spec)
     demands = _demands(desired, observed, now, topo)
     pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}

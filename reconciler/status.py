@@ -14,6 +14,7 @@ import yaml
 from providers.base import Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
+from reconciler.ledger import replica_charge
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
@@ -80,10 +81,8 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
         for iid in ids:
             inst = by_id.get(iid)
             shape = catalog.shape(inst.cloud, inst.instance_type) if inst else None
-            if shape is not None:
-                r = job.spec.resources
-                share = r.gpus / shape.gpus if shape.gpus else r.cpu / shape.cpu
-                cost += inst_price(iid) * share
+            if shape is not None:  # the ledger's charge, as tenant budgets count it (MIG slices too)
+                cost += replica_charge(job.spec.resources, shape.gpus, shape.cpu, inst_price(iid))
         tenant_cost[job.spec.tenant] = tenant_cost.get(job.spec.tenant, 0.0) + cost
         if ids:
             cond = Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")

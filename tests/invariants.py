@@ -396,6 +396,16 @@ def _check_capacity(desired: DesiredState, hosts: dict[str, Host], reps: dict[st
                 f"MIG overcommit on {ref}: {n} x {prof}, the layout {layout} on {h.shape.gpus} GPUs has {h.shape.gpus * layout.count(prof)}")
 
 
+def tenant_costs(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, float]:
+    """USD/h each tenant is charged after the plan: its replicas' shares of their instances."""
+    cost: dict[str, float] = defaultdict(float)
+    for job, rs in replicas_of(plan, fleet_after(observed, plan)).items():
+        j = desired.jobs[job]
+        for rep in rs:
+            cost[j.spec.tenant] += rep.host.price * replica_share(j, rep.host)
+    return dict(cost)
+
+
 def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
     use: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     cost: dict[str, float] = defaultdict(float)

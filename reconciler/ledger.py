@@ -1,0 +1,314 @@
+"""The ledger: one definition of what a replica costs its tenant (its charge) and of the
+fleet-wide rules a finished plan is measured by.
+
+Pure. `charge` is what tenant budgets, status/, explain and pending reasons all quote: a
+replica pays its share of its instance's price, in the instance's primary resource (GPUs;
+compute slices of 7 per GPU for MIG; vCPU on CPU instances). `Ledger` holds the fleet a
+plan leaves (instances kept and created, the items on them) and answers, for one more job,
+which rule refuses each way of placing it, with the plan's own numbers: diagnosis reads
+the rules here instead of re-deriving them. The test oracle (tests/invariants.py) keeps
+its own, independent copy of the rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from providers.catalog import load_catalog
+
+GPU_SLICES = 7  # MIG compute slices of one GPU
+
+
+@lru_cache(maxsize=1)
+def _mig_compute() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in load_catalog().gpu_models.values():
+        for p in m.mig_profiles.values():
+            out.setdefault(p.name, p.compute)
+    return out
+
+
+def mig_compute(profile: str) -> int:
+    """Compute slices (of 7) of one MIG device of this profile."""
+    return _mig_compute().get(profile, 1)
+
+
+def instance_share(gpus: float, mig_slices: float, cpu: float, inst_gpus: float, inst_cpu: float) -> float:
+    """The fraction of an instance a replica (or an item of several) uses, in the instance's
+    primary resource: GPUs, MIG compute slices, or vCPU on a CPU instance (or by a CPU job)."""
+    if inst_gpus:
+        if mig_slices:
+            return min(1.0, mig_slices / (GPU_SLICES * inst_gpus))
+        return min(1.0, gpus / inst_gpus) if gpus else min(1.0, cpu / inst_cpu)
+    return min(1.0, cpu / inst_cpu) if inst_cpu else 1.0
+
+
+def item_share(d, c) -> float:
+    """instance_share of one item of demand d on capacity c."""
+    slices = mig_compute(d.mig[0]) * d.mig[1] if d.mig is not None and c.mig else 0
+    return instance_share(d.gpus, slices, d.cpu, c.gpus, c.cpu)
+
+
+def charge(d, c) -> float:
+    """USD/h one item of demand d on capacity c costs its tenant."""
+    return c.price * item_share(d, c)
+
+
+def replica_charge(resources, inst_gpus: float, inst_cpu: float, price: float) -> float:
+    """USD/h one replica (a Job's `resources`) costs its tenant on an instance of this shape and price."""
+    slices = mig_compute(resources.mig.profile) * resources.mig.count if resources.mig is not None else 0
+    return price * instance_share(resources.gpus, slices, resources.cpu, inst_gpus, inst_cpu)
+
+
+def money(x: float) -> str:
+    """$1,234.50 / -$3.20: a sign before the dollar sign, never "$-3.20"."""
+    return f"{'-' if x < -0.005 else ''}${abs(x):,.2f}"
+
+
+def spot_units(capacities) -> tuple[str, object]:
+    """What the spot share and the on-demand buffer count: GPUs in a fleet with any (CPU
+    instances count 0), vCPUs in a CPU-only fleet. (problem.spot_measure is this.)"""
+    if any(c.gpus for c in capacities):
+        return "gpus", lambda c: c.gpus
+    return "cpu", lambda c: c.cpu
+
+
+_UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
+DIMS = ("gpus", "cpu", "memory_gib")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A rule that refuses one way of placing a job. `rule` is stable (tests and explain read
+    it): quota, tenant-budget, pool-max, fleet-budget, spot-share, spot-buffer, spot-diversity,
+    tenant-spot-share; `limit` names what to lift (a pool, a tenant)."""
+
+    rule: str
+    message: str
+    limit: str = ""
+    shortfall: float = 0.0  # how much more of the limit the job needs (USD/h, instances, units)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way of placing a job: on new instances of an offer, or in room left on instances the plan has."""
+
+    label: str
+    price: float  # USD/h the plan would pay more for it
+    refusals: tuple[Refusal, ...]
+
+
+class Ledger:
+    """The fleet a plan leaves and the totals the fleet-wide rules read.
+
+    Built from the plan's instances (existing ones kept, new ones created, each as its
+    Capacity) and the items placed on them."""
+
+    def __init__(self, problem) -> None:
+        self.problem = problem
+        self.instances: dict[str, object] = {}  # ref or instance id -> Capacity
+        self.items: dict[str, list] = {}  # instance -> [(demand, job)]
+        self.jobs: dict[str, str] = {}  # placed job -> tenant
+        self.job_demand: dict[str, object] = {}
+        self.dim, self._prim = spot_units(problem.capacities)
+
+    # -- building
+
+    def add_instance(self, ref: str, cap) -> None:
+        self.instances[ref] = cap
+        self.items.setdefault(ref, [])
+
+    def add_item(self, d, job: str, ref: str) -> None:
+        self.items[ref].append((d, job))
+        self.jobs[job] = d.tenant
+        self.job_demand[job] = d
+
+    # -- totals
+
+    def cost(self) -> float:
+        return sum(c.price for c in self.instances.values())
+
+    def pool_count(self, pool: str) -> int:
+        return sum(1 for c in self.instances.values() if c.pool == pool)
+
+    def tenant_charge(self, tenant: str) -> float:
+        return sum(charge(d, self.instances[ref]) for ref, its in self.items.items() for d, _ in its if d.tenant == tenant)
+
+    def tenant_charges(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for ref, its in self.items.items():
+            for d, _ in its:
+                out[d.tenant] = out.get(d.tenant, 0.0) + charge(d, self.instances[ref])
+        return out
+
+    def tenant_use(self, tenant: str) -> dict[str, float]:
+        """Requested resources of the tenant's placed jobs (what quotas count)."""
+        use = {k: 0.0 for k in DIMS}
+        for job, t in self.jobs.items():
+            if t == tenant:
+                d = self.job_demand[job]
+                for k in DIMS:
+                    use[k] += d.replicas * d.req(k)
+        return use
+
+    def spot(self) -> tuple[float, float]:
+        """Spot capacity and all capacity, in the spot share's unit."""
+        caps = self.instances.values()
+        return sum(self._prim(c) for c in caps if c.market == "spot"), sum(self._prim(c) for c in caps)
+
+    def idle_on_demand(self) -> float:
+        idle = 0.0
+        for ref, c in self.instances.items():
+            if c.market == "spot":
+                continue
+            used = 0.0
+            for d, _ in self.items[ref]:
+                used += d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim)
+            idle += self._prim(c) - used
+        return idle
+
+    def tenant_spot(self, tenant: str) -> tuple[float, float]:
+        """Work units of the tenant's items on spot, and in all."""
+        on, tot = 0.0, 0.0
+        for ref, its in self.items.items():
+            for d, _ in its:
+                if d.tenant == tenant:
+                    tot += d.size
+                    on += d.size if self.instances[ref].market == "spot" else 0.0
+        return on, tot
+
+    def free(self, ref: str) -> dict[str, float]:
+        c = self.instances[ref]
+        dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
+        return {k: c.cap(k) - sum(d.req(k) for d, _ in self.items[ref]) for k in dims}
+
+    def placed_jobs(self) -> set[str]:
+        return set(self.jobs)
+
+    # -- rules for one more job
+
+    def _tenant_refusals(self, d, cells: list) -> list[Refusal]:
+        """Tenant budget and tenant spot share for d's items on these capacities."""
+        out = []
+        r = self.problem.tenants.get(d.tenant)
+        if r is None:
+            return out
+        if r.budget is not None:
+            spent = self.tenant_charge(d.tenant)
+            more = sum(charge(d, c) for c in cells)
+            if spent + more > r.budget + 1e-9:
+                short = spent + more - r.budget
+                out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} is charged {money(spent)}/h of its {money(r.budget)}/h "
+                                   f"in this plan; the job would add {money(more)}/h, {money(short)}/h over", d.tenant, short))
+        if r.spot_fraction is not None and any(c.market == "spot" for c in cells):
+            on, tot = self.tenant_spot(d.tenant)
+            add_on = sum(d.size for c in cells if c.market == "spot")
+            if on + add_on > r.spot_fraction * (tot + d.size * len(cells)) + 1e-9:
+                now = on / tot if tot else 0.0
+                out.append(Refusal("tenant-spot-share", f"tenant spot share: {d.tenant}'s placed work is {now:.1%} on spot; "
+                                   f"the job on spot would take it over its max {r.spot_fraction:g}", d.tenant))
+        return out
+
+    def _new_refusals(self, c, n: int) -> list[Refusal]:
+        """Pool size, fleet budget and spot rules for n more instances of offer c."""
+        p, out = self.problem, []
+        lo, hi = p.pool_bounds.get(c.pool, (0, 0))
+        have = self.pool_count(c.pool)
+        if have + n > hi:
+            out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
+                               + (f"; the job needs {n} more" if n > 1 else ""), c.pool, have + n - hi))
+        if p.budget is not None:
+            cost = self.cost()
+            if cost + n * c.price > p.budget + 1e-9:
+                short = cost + n * c.price - p.budget
+                out.append(Refusal("fleet-budget", f"budget: the plan costs {money(cost)}/h of max_hourly_budget {money(p.budget)}/h; "
+                                   f"{n} {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more", "", short))
+        if c.market == "spot":
+            sp = p.spot
+            spot, total = self.spot()
+            add = n * self._prim(c)
+            unit = "GPUs" if self.dim == "gpus" else "vCPU"
+            if sp.max_spot_fraction < 1 and spot + add > sp.max_spot_fraction * (total + add) + 1e-9:
+                now = spot / total if total else 0.0
+                after = (spot + add) / (total + add) if total + add else 1.0
+                out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {total:g} {unit}); "
+                                   f"{n} more spot {c.instance_type} would make it {after:.1%}, over max_spot_fraction {sp.max_spot_fraction:g}"))
+            if sp.on_demand_buffer_percent > 0:
+                idle = self.idle_on_demand()
+                if idle * 100 < sp.on_demand_buffer_percent * (spot + add) - 1e-9:
+                    out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
+                                       f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"))
+            caps = [x for x in self.instances.values() if x.market == "spot"] + [c]
+            types, zones = len({x.instance_type for x in caps}), len({x.zone for x in caps})
+            if types < sp.min_instance_types or zones < sp.min_zones:
+                out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
+                                   f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
+        return out
+
+    def options(self, d, fits) -> list[Option]:
+        """Every way of placing one more job of d considered here: all its items on new
+        instances of one offer, or (not for gangs) in the room left on one instance of the
+        plan. Each with the rules that refuse it. `fits(d, c)`: items per empty instance."""
+        out = []
+        for c in self.problem.capacities:
+            if c.existing or c.members:
+                continue
+            f = fits(d, c)
+            if f <= 0:
+                continue
+            n = math.ceil(d.replicas / f)
+            cells = [c] * d.replicas
+            out.append(Option(f"{n} new {c.instance_type} {c.market} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
+                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells))))
+        if d.replicas == 1:
+            for ref, c in self.instances.items():
+                if c.keep_blocker is not None or fits(d, c) <= 0:
+                    continue
+                free = self.free(ref)
+                if all(free.get(k, 0.0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0):
+                    out.append(Option(f"room on {ref} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})", 0.0,
+                                      tuple(self._tenant_refusals(d, [c]))))
+        return sorted(out, key=lambda o: (o.price, o.label))
+
+    def quota_refusal(self, d) -> Refusal | None:
+        r = self.problem.tenants.get(d.tenant)
+        if r is None:
+            return None
+        used = self.tenant_use(d.tenant)
+        for dim, limit in r.cap.items():
+            need = d.replicas * d.req(dim)
+            if not need:
+                continue
+            if need > limit + 1e-9:
+                return Refusal("quota", f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
+                               d.tenant, need - limit)
+            if used[dim] + need > limit + 1e-9:
+                return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used[dim]:g}/{limit:g} {_UNIT[dim]} in this plan, "
+                               f"the job needs {need:g} more", d.tenant, used[dim] + need - limit)
+        return None
+
+
+def plan_ledger(problem, creates, kept, placements) -> Ledger:
+    """The ledger of a finished plan. `creates`: CreateActions; `kept`: ids of the existing
+    instances that stay; `placements`: (job, instances per replica) of every placed job."""
+    led = Ledger(problem)
+    hosts = {c.key: c for c in problem.capacities if c.existing}
+    offers = {c.offer_key: c for c in problem.capacities if not c.existing and not c.members}
+    for h in kept:
+        led.add_instance(h, hosts[h])
+    for cr in creates:
+        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}")
+        if cap is not None:
+            led.add_instance(cr.ref, cap)
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    for job, instances in placements:
+        d = demand_of[job]
+        for ref in instances[:: d.bundle]:
+            if ref in led.instances:
+                led.add_item(d, job, ref)
+    return led
+
+
+__all__ = ["charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
