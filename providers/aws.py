@@ -18,6 +18,7 @@ never printed: errors carry only the AWS error code and message.
 from __future__ import annotations
 
 import hashlib
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
@@ -54,6 +55,8 @@ class AwsProvider:
         self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
         self._clients: dict[str, Any] = {}
+        # How long a just-launched instance may stay invisible to DescribeInstances before we stop waiting for it.
+        self.consistency_timeout = float(ctx.options.get("consistency_timeout", 120))
 
     # -- plumbing ------------------------------------------------------------------
     def ec2(self, region: str):
@@ -237,14 +240,26 @@ class AwsProvider:
         None if it is already gone. Raises OwnershipError for anyone else's instance."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
-            resp = self.ec2(instance.region).describe_instances(InstanceIds=[instance.id])
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
-                return None
-            raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
-        except BotoCoreError as e:  # connection errors, timeouts: the caller retries
-            raise TransientProviderError(f"aws: describe {instance.id}: {type(e).__name__}: {e}") from None
+        pause, deadline = 0.2, time.monotonic() + self.consistency_timeout
+        while True:
+            try:
+                resp = self.ec2(instance.region).describe_instances(InstanceIds=[instance.id])
+                break
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                    raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
+                if not _just_launched(instance):
+                    return None
+                # EC2 is eventually consistent: an instance launched a moment ago may not be visible yet ("Eventual
+                # consistency in the Amazon EC2 API"; AWS advises retrying with backoff). Reading that as "already gone"
+                # would skip its terminate and leak it, so retry, then give up without claiming anything.
+                if time.monotonic() + pause > deadline:
+                    raise TransientProviderError(f"aws: {instance.id} was launched at {instance.launched_at} and EC2 does not "
+                                                 f"show it yet ({self.consistency_timeout:.0f} s); a rerun tries again") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            except BotoCoreError as e:  # connection errors, timeouts: the caller retries
+                raise TransientProviderError(f"aws: describe {instance.id}: {type(e).__name__}: {e}") from None
         found = [d for r in resp["Reservations"] for d in r["Instances"]]
         if not found or found[0]["State"]["Name"] in ("shutting-down", "terminated"):
             return None
@@ -272,6 +287,20 @@ class AwsProvider:
         self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
         if stale:
             self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+JUST_LAUNCHED = timedelta(minutes=10)  # EC2's eventual consistency is documented in "a few minutes"; be generous
+
+
+def _just_launched(instance: Instance) -> bool:
+    """Launched within JUST_LAUNCHED: a NotFound for it may be eventual consistency, not absence."""
+    try:
+        launched = datetime.fromisoformat(instance.launched_at)
+    except (TypeError, ValueError):
+        return False  # of unknown age: not one of ours from this run
+    if launched.tzinfo is None:
+        launched = launched.replace(tzinfo=timezone.utc)
+    return datetime.now(timezone.utc) - launched < JUST_LAUNCHED
 
 
 def _tag_list(tags) -> list[dict[str, str]]:

@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
@@ -289,9 +289,11 @@ class AzureProvider:
         return True, self._call(what, poller.result, capacity=capacity)
 
     # -- observe -------------------------------------------------------------------
-    def _state(self, scope: Scope, vm) -> str:
+    def _state(self, scope: Scope, vm, power: bool = False) -> str:
+        """Our state from provisioningState; from the instance view's power state when that cannot tell (Failed), or
+        when `power` asks for it (the raw power state, e.g. "deallocated", is returned then)."""
         prov = str(getattr(vm, "provisioning_state", None) or "succeeded").lower()
-        if prov in STATES:
+        if prov in STATES and not power:
             return STATES[prov]
         # Failed: an allocation that never happened, or a running VM whose last update failed.
         # Only the instance view's power state tells them apart.
@@ -302,8 +304,9 @@ class AzureProvider:
         for status in getattr(view, "statuses", None) or []:
             code = str(getattr(status, "code", "") or "")
             if code.startswith("PowerState/"):
-                return POWER_STATES.get(code.split("/", 1)[1].lower(), "terminated")
-        return "terminated"
+                raw = code.split("/", 1)[1].lower()
+                return raw if power else POWER_STATES.get(raw, "terminated")
+        return "running" if power else "terminated"
 
     def _to_instance(self, scope: Scope, vm, state: str | None = None) -> Instance:
         tags = logical_tags(vm.tags)
@@ -322,9 +325,27 @@ class AzureProvider:
             launched_at=created.isoformat() if hasattr(created, "isoformat") else str(created or ""),
         )
 
+    def _power_states(self, subscription: str) -> dict[str, str]:
+        """VM id (lower case) -> its power state (running, deallocated ...), for every VM of the subscription, in one
+        paged call (List All with statusOnly=true returns each VM's instance view). The plain list has no power state:
+        a stopped or deallocated VM is provisioningState Succeeded like a running one."""
+        client = self.compute(subscription)
+        vms = self._call(f"list VM power states in subscription {subscription}",
+                         lambda: list(client.virtual_machines.list_all(status_only="true")))
+        out = {}
+        for vm in vms:
+            for status in getattr(getattr(vm, "instance_view", None), "statuses", None) or []:
+                code = str(getattr(status, "code", "") or "")
+                if code.startswith("PowerState/") and vm.id:
+                    out[str(vm.id).lower()] = code.split("/", 1)[1].lower()
+        return out
+
     def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        """The fleet's VMs with their real state: a stopped or deallocated VM is reported `stopping` (not alive), so it
+        is neither counted as capacity nor deleted; the plan replaces what it held and notes it (reconciler/observe.py)."""
         fleet_tag = azure_tag_name(TAG_FLEET)
         out: list[Instance] = []
+        power: dict[str, dict[str, str]] = {}  # subscription -> VM id -> power state
         for scope in self._scopes(pools):
             client = self.compute(scope.subscription)
             vms = self._call(f"list VMs in {scope.resource_group}",
@@ -333,6 +354,15 @@ class AzureProvider:
                 if (vm.tags or {}).get(fleet_tag) != self.ctx.fleet:
                     continue  # not ours: never reported, so never planned against
                 inst = self._to_instance(scope, vm)
+                if inst.state == "running":
+                    if scope.subscription.lower() not in power:
+                        power[scope.subscription.lower()] = self._power_states(scope.subscription)
+                    state = power[scope.subscription.lower()].get(inst.id.lower())
+                    if state is None:  # created after the status list was read: ask for this one
+                        full = self._get(scope, vm.name, expand="instanceView")
+                        state = "deleted" if full is None else self._state(scope, full, power=True)
+                    if POWER_STATES.get(state, state) != "running":
+                        inst = replace(inst, state=POWER_STATES.get(state, "terminated"))  # type: ignore[arg-type]
                 if inst.state != "terminated":
                     out.append(inst)
         return sorted(out, key=lambda i: i.id)

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, IncompleteObservationError, OwnershipError, ProviderError, TransientProviderError
 
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
@@ -138,6 +138,14 @@ def join_type(machine_type: str, accelerator: str | None, count: int) -> str:
 def request_id(fleet: str, key: str) -> str:
     """The insert's requestId: GCE answers a repeated requestId with the original operation."""
     return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{fleet}\n{key}"))
+
+
+def observe_filter(fleet_label: str) -> str:
+    """The aggregatedList filter for a fleet's live instances, in the form the API documents: a flat chain of
+    parenthesised comparisons (implicitly ANDed). Nested parentheses are not part of that grammar, and AND/OR mixed
+    in one chain has no documented precedence, so the chain only ANDs; observe checks status and label again."""
+    dead = sorted(set(STATES) - set(LIVE_STATUSES))
+    return " AND ".join([f'(labels.{LABEL_FLEET} = "{fleet_label}")', *(f"(status != {s})" for s in dead)])
 
 
 def _last(url: str) -> str:
@@ -306,20 +314,31 @@ class GcpProvider:
 
     # -- observe -------------------------------------------------------------------
     def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
+        """Every live instance of the fleet, or an IncompleteObservationError: aggregatedList does not fail when a zone
+        cannot be reached, it leaves that zone's instances out and says so in a warning (UNREACHABLE, or the list's
+        `unreachables`). Instances it could not see are not gone, and a plan made without them would replace them."""
         projects = {self._project(p) for p in pools}
         if self.default_project:
             projects.add(self.default_project)  # instances of removed pools stay visible, so they can be cleaned up
-        status = " OR ".join(f"(status = {s})" for s in LIVE_STATUSES)
-        flt = f'(labels.{LABEL_FLEET} = "{self.fleet_label}") AND ({status})'
         found: list[Instance] = []
         for project in sorted(projects):
-            request = self.compute.AggregatedListInstancesRequest(project=project, filter=flt, max_results=MAX_PAGE)
-            scopes = self._call(f"list instances in {project}", lambda: list(
-                self.instances.aggregated_list(request=request, timeout=self.timeout, retry=self.read_retry)))
-            for _scope, scoped in scopes:
-                for d in scoped.instances:
-                    if d.labels.get(LABEL_FLEET) == self.fleet_label and d.status in LIVE_STATUSES:
-                        found.append(self._to_instance(project, d))
+            request = self.compute.AggregatedListInstancesRequest(project=project, filter=observe_filter(self.fleet_label),
+                                                                  max_results=MAX_PAGE)
+            pages = self._call(f"list instances in {project}", lambda: list(
+                self.instances.aggregated_list(request=request, timeout=self.timeout, retry=self.read_retry).pages))
+            unreachable: set[str] = set()
+            for page in pages:
+                unreachable.update(page.unreachables)
+                for scope, scoped in page.items.items():
+                    if "warning" in scoped and scoped.warning.code == self.compute.Warning.Code.UNREACHABLE:
+                        unreachable.add(scope)
+                    for d in scoped.instances:
+                        if d.labels.get(LABEL_FLEET) == self.fleet_label and d.status in LIVE_STATUSES:
+                            found.append(self._to_instance(project, d))
+            if unreachable:
+                raise IncompleteObservationError(
+                    f"gcp: listing instances in project {project} could not reach {', '.join(sorted(unreachable))}: the "
+                    "fleet's instances there are unknown, so no plan is made (one would replace them); retry later")
         return found
 
     # -- offerings -----------------------------------------------------------------

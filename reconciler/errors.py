@@ -61,6 +61,11 @@ class OwnershipError(ProviderError):
     """Refused to touch a resource this fleet does not own."""
 
 
+class IncompleteObservationError(ProviderError):
+    """The cloud answered a list only in part (a zone it could not reach): what is missing is unknown, not gone,
+    so no plan may be made from it."""
+
+
 class PluginError(ReconcileError):
     """A provider plugin could not be found or loaded."""
 

@@ -84,10 +84,15 @@ class Fleet:
         instances: list[Instance] = []
         offerings: list[PoolOffering] = []
         providers: dict[str, str] = {}
+        idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, deallocated)
         for name, pools in sorted(self.pools_by_provider().items()):
             prov = self.provider(name)
             targets = [pool_target(p) for p in pools]
-            instances.extend(i for i in prov.observe(targets) if i.alive)
+            for i in prov.observe(targets):
+                if i.alive:
+                    instances.append(i)
+                elif i.state == "stopping":
+                    idle.append(i.id)
             by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)}
             for p, t in zip(pools, targets):
                 providers[p.name] = name
@@ -100,5 +105,7 @@ class Fleet:
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
             placements=merged.placements, short=state.short_now(), providers=providers, lost=merged.lost,
-            gpu_indices=merged.gpu_indices, serial=merged.serial, notes=merged.notes,
+            gpu_indices=merged.gpu_indices, serial=merged.serial,
+            notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
+                                       "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle)),
         )

@@ -17,7 +17,8 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 
 The request body is validated the way ARM would reject it (tag names, spot settings,
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
-silently accepted VM. Test-side fault injection: exhaust(), plant(), fail_next().
+silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), fail_next().
+GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ ZONES = ("1", "2", "3")
 TAG_NAME_FORBIDDEN = set('<>%&\\?/')
 
 _VM = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/virtualmachines(?:/([^/]+))?/?$", re.I)
+_ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
 
@@ -129,6 +131,7 @@ class ArmFake:
         self.ops: dict[str, Operation] = {}
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
         self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
+        self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -199,6 +202,13 @@ class ArmFake:
             vm["properties"]["provisioningState"] = "Succeeded"
             self.vms[(self.subscription.lower(), rg.lower(), name.lower())] = vm
             return copy.deepcopy(vm)
+
+    def power_off(self, name: str, *, deallocate: bool = True, resource_group: str | None = None) -> None:
+        """Someone stopped (or stopped and deallocated) the VM: its provisioningState stays Succeeded, as in Azure;
+        only the instance view's PowerState code says it is not running."""
+        rg = (resource_group or next(iter(self.resource_groups.values()))).lower()
+        with self.lock:
+            self.power[(self.subscription.lower(), rg, name.lower())] = "deallocated" if deallocate else "stopped"
 
     def evict(self, name: str, resource_group: str | None = None) -> None:
         """A spot eviction with evictionPolicy Delete: the VM is simply gone."""
@@ -369,7 +379,9 @@ class ArmFake:
         statuses = [{"code": f"ProvisioningState/{state.lower()}", "level": "Info" if state != "Failed" else "Error",
                      "displayStatus": f"Provisioning {state.lower()}"}]
         if state == "Succeeded":
-            statuses.append({"code": "PowerState/running", "level": "Info", "displayStatus": "VM running"})
+            sub, rg = vm["id"].split("/")[2], vm["id"].split("/")[4]
+            power = self.power.get((sub.lower(), rg.lower(), vm["name"].lower()), "running")
+            statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"})
         return {"statuses": statuses}
 
     def list_vms(self, sub: str, rg: str, skip: int, base: str, path: str, api_version: str) -> dict:
@@ -383,6 +395,24 @@ class ArmFake:
         out: dict = {"value": page}
         if skip + self.page_size < len(mine):
             out["nextLink"] = f"{base}{path}?api-version={api_version}&%24skiptoken={skip + self.page_size}"
+        return out
+
+    def list_all_vms(self, sub: str, status_only: bool, skip: int, base: str, path: str, api_version: str) -> dict:
+        """GET /subscriptions/{sub}/providers/Microsoft.Compute/virtualMachines: every VM of the subscription, paged
+        like the group list; with statusOnly=true each carries its instanceView (run time status)."""
+        if sub.lower() != self.subscription.lower():
+            raise ArmError(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
+        every = [vm for _, vm in sorted(self.vms.items())]
+        page = []
+        for vm in every[skip:skip + self.page_size]:
+            shown = copy.deepcopy(vm)
+            if status_only:
+                shown["properties"] = {"instanceView": self.instance_view(vm)}
+            page.append(shown)
+        out: dict = {"value": page}
+        if skip + self.page_size < len(every):
+            flag = "&statusOnly=true" if status_only else ""
+            out["nextLink"] = f"{base}{path}?api-version={api_version}{flag}&%24skiptoken={skip + self.page_size}"
         return out
 
     def take_injected(self, method: str) -> ArmError | None:
@@ -438,6 +468,11 @@ class _Handler(BaseHTTPRequestHandler):
                         raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")
                     status, body, headers = arm.poll(m.group(3), monitor=query.get("monitor") == "true")
                     return self._send(status, body, headers)
+                if m := _ALL_VMS.match(parts.path):
+                    if method != "GET":
+                        raise ArmError(405, "MethodNotAllowed", f"{method} is not supported on the collection.")
+                    return self._send(200, arm.list_all_vms(m.group(1), query.get("statusonly") == "true",
+                                                            int(query.get("$skiptoken", "0")), base, parts.path, api_version))
                 m = _VM.match(parts.path)
                 if m is None:
                     raise ArmError(404, "InvalidResourceType", f"The resource type could not be found for path {parts.path}.")

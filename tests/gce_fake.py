@@ -6,8 +6,8 @@ real InstancesClient and ZoneOperationsClient unmodified:
 * POST   /compute/v1/projects/{p}/zones/{z}/instances             insert (requestId dedup, 409 on a taken name)
 * GET    /compute/v1/projects/{p}/zones/{z}/instances/{name}      get (404 notFound)
 * DELETE /compute/v1/projects/{p}/zones/{z}/instances/{name}      delete (404 notFound)
-* GET    /compute/v1/projects/{p}/aggregated/instances            aggregatedList: `filter` (the AIP-160 subset GCE
-                                                                  accepts: comparisons, AND/OR/NOT, parentheses),
+* GET    /compute/v1/projects/{p}/aggregated/instances            aggregatedList: `filter` (the documented flat chain
+                                                                  of parenthesised comparisons; nesting is a 400),
                                                                   maxResults/pageToken, NO_RESULTS_ON_PAGE warnings
 * GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
 * POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
@@ -34,7 +34,7 @@ requestId a UUID), so a provider bug shows up as a 400 and not as a silently
 accepted instance. Instances report their GPUs as guestAccelerators with full
 acceleratorType URLs, accelerator-optimized types (a2, a3, g2) their built-in ones.
 
-Test-side fault injection: exhaust(zone), reclaim_spot(zone), withhold(zone, type), fail_next(status),
+Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
@@ -229,8 +229,11 @@ def _compare(actual: Any, op: str, want: str) -> bool:
 
 
 def parse_filter(text: str) -> Callable[[dict], bool]:
-    """Compile a filter: sequence := factor {[AND] factor}; factor := term {OR term} (OR binds tighter, as in AIP-160);
-    term := [NOT] ( '(' sequence ')' | field op value )."""
+    """Compile a filter in the grammar the Compute Engine v1 reference documents for `filter`: one comparison
+    (`name != example-instance`), or several, "each separate expression within parentheses", joined by AND
+    (the default when nothing is written) or OR. That is a flat chain: a parenthesis inside a parenthesis is
+    not part of it, and GCE rejects such filters (400 "Invalid list filter expression"), as this does. In a
+    chain mixing both, OR binds tighter than AND, as in AIP-160."""
     tokens = _tokenize(text)
     pos = 0
 
@@ -244,42 +247,39 @@ def parse_filter(text: str) -> Callable[[dict], bool]:
         pos += 1
         return tokens[pos - 1][1]
 
-    def sequence() -> Callable[[dict], bool]:
-        parts = [factor()]
-        while peek() in ("AND", "(", "word", "NOT"):
-            if peek() == "AND":
-                take("AND")
-            parts.append(factor())
-        return lambda r: all(p(r) for p in parts)
-
-    def factor() -> Callable[[dict], bool]:
-        parts = [term()]
-        while peek() == "OR":
-            take("OR")
-            parts.append(term())
-        return lambda r: any(p(r) for p in parts)
+    def comparison() -> Callable[[dict], bool]:
+        path = take("word")
+        op = take("op")
+        value = take("str") if peek() == "str" else take("word")
+        return lambda r: _compare(_lookup(r, path), op, value)
 
     def term() -> Callable[[dict], bool]:
         if peek() == "NOT":
             take("NOT")
             inner = term()
             return lambda r: not inner(r)
+        take("(")
         if peek() == "(":
-            take("(")
-            inner = sequence()
-            take(")")
-            return inner
-        path = take("word")
-        op = take("op")
-        if peek() == "str":
-            value = take("str")
-        else:
-            value = take("word")
-        return lambda r: _compare(_lookup(r, path), op, value)
+            raise ValueError(f"nested parentheses at token {pos}")
+        inner = comparison()
+        take(")")
+        return inner
 
     if not tokens:
         return lambda r: True
-    pred = sequence()
+    if peek() == "word":  # a single comparison needs no parentheses
+        pred = comparison()
+    else:
+        factors = [[term()]]
+        while pos < len(tokens):
+            if peek() == "OR":
+                take("OR")
+                factors[-1].append(term())
+                continue
+            if peek() == "AND":
+                take("AND")
+            factors.append([term()])
+        pred = lambda r: all(any(t(r) for t in f) for f in factors)  # noqa: E731
     if pos != len(tokens):
         raise ValueError(f"unexpected token {tokens[pos][1]!r}")
     return pred
@@ -305,6 +305,7 @@ class GceFake:
         self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
         self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted (and deleted) the moment they start
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
+        self.unreachable: set[str] = set()  # zones aggregatedList cannot reach: a warning instead of their instances
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
         self._inject: list[Injected] = []
@@ -357,6 +358,12 @@ class GceFake:
         """Spot VMs inserted in `zone` are preempted as they start: the insert succeeds, the instance is gone."""
         with self.lock:
             self.reclaiming.add(zone)
+
+    def cut_off(self, zone: str, reachable: bool = False) -> None:
+        """aggregatedList cannot reach `zone`: as GCE does, it still answers 200, leaves the zone's instances out and
+        puts an UNREACHABLE warning in its scope (and the zone in the list's `unreachables`)."""
+        with self.lock:
+            (self.unreachable.discard if reachable else self.unreachable.add)(zone)
 
     def withhold(self, zone: str, machine_type: str) -> None:
         """`machine_type` does not exist in `zone`: inserts are rejected with 400, as GCE does."""
@@ -654,17 +661,23 @@ class GceFake:
         except (ValueError, IndexError, UnicodeDecodeError):
             raise _invalid("pageToken", q.get("pageToken"), "Invalid page token.") from None
         matching = [(z, inst) for (p, z, n), inst in sorted(self.instances_by_key.items())
-                    if p == project and (pred(inst) or not self.honour_filters)]
+                    if p == project and z not in self.unreachable and (pred(inst) or not self.honour_filters)]
         page = matching[offset:offset + limit] if limit else []
         items: dict[str, dict] = {}
         for z, inst in page:
             items.setdefault(f"zones/{z}", {"instances": []})["instances"].append(copy.deepcopy(inst))
+        for z in sorted(self.unreachable):
+            items[f"zones/{z}"] = {"warning": {
+                "code": "UNREACHABLE", "message": f"Scope 'zones/{z}' is unreachable.",
+                "data": [{"key": "scope", "value": f"zones/{z}"}]}}
         for z in sorted(self.zones):
             items.setdefault(f"zones/{z}", {"warning": {
                 "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{z}' on this page.",
                 "data": [{"key": "scope", "value": f"zones/{z}"}]}})
         out = {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
                "items": dict(sorted(items.items())), "selfLink": f"{API}/projects/{project}/aggregated/instances"}
+        if self.unreachable:
+            out["unreachables"] = [f"zones/{z}" for z in sorted(self.unreachable)]
         if offset + len(page) < len(matching):
             out["nextPageToken"] = base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset + len(page)}".encode()).decode()
         return out

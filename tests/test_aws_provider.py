@@ -154,3 +154,37 @@ def test_cli_against_moto(aws_env, tmp_path):
     assert again.exit_code == 0, again.output
     for out in (plan.output, applied.output, again.output):
         assert AWS_ENV["AWS_SECRET_ACCESS_KEY"] not in out
+
+
+# -- EC2's eventual consistency (issue 22, item 4) -------------------------------------------------
+@pytest.fixture
+def proxy(aws_env):
+    from tests.ec2_proxy import Ec2Proxy
+
+    p = Ec2Proxy(aws_env).start()
+    yield p
+    p.stop()
+
+
+def test_a_just_launched_instance_that_ec2_does_not_show_yet_is_still_terminated(proxy, tmp_path, fleet, ec2):
+    """Right after RunInstances, DescribeInstances may answer InvalidInstanceID.NotFound (eventual consistency).
+    Reading that as "already gone" skipped the terminate and left the instance running, unseen by the report."""
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    proxy.lag(3)
+    inst = prov.create(req(fleet, "k-young"))
+    prov.delete(inst)
+    state = ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("shutting-down", "terminated")
+    assert proxy.calls.count("DescribeInstances") >= 4  # three "not found" answers, retried
+
+
+def test_an_instance_ec2_never_shows_is_a_transient_error_not_a_delete(proxy, tmp_path, fleet, ec2):
+    from reconciler.errors import TransientProviderError
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url,
+                                                                                 "consistency_timeout": "1"}))
+    proxy.lag(1000)
+    inst = prov.create(req(fleet, "k-unseen"))
+    with pytest.raises(TransientProviderError, match="does not show it yet"):
+        prov.delete(inst)
+    assert ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"

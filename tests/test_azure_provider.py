@@ -197,7 +197,8 @@ def test_observe_follows_next_link(prov, arm):
     seen = prov.observe([target()])
     assert len(seen) == 45 and {i.zone for i in seen} == {"eastus-1", "eastus-2", "eastus-3"}
     assert sum(i.market == "spot" for i in seen) == 22
-    assert len(arm.requests("GET", "/virtualMachines?")) == 3  # 52 VMs in pages of 20
+    assert len(arm.requests("GET", f"/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines?")) == 3  # 52 VMs in pages of 20
+    assert len(arm.requests("GET", "statusOnly=true")) == 3  # their power states: the subscription's list, paged alike
 
 
 def test_observe_covers_every_resource_group_of_the_pools_and_options(arm, tmp_path):
@@ -302,3 +303,28 @@ def test_cli_plan_apply_plan(arm, tmp_path):
     again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
     assert again.exit_code == 0, again.output
     assert len(arm.snapshot()) == 4
+
+
+# -- observe reads power states (issue 22, item 4) --------------------------------------------------
+def test_a_deallocated_or_stopped_vm_is_not_observed_as_running(prov, arm):
+    """A stopped or deallocated VM keeps provisioningState Succeeded; only its instance view says it does not run."""
+    running, stopped, deallocated = (prov.create(req(k)) for k in ("k-run", "k-stop", "k-dealloc"))
+    arm.power_off(vm_name(FLEET, "k-stop"), deallocate=False)
+    arm.power_off(vm_name(FLEET, "k-dealloc"))
+    seen = {i.id: i.state for i in prov.observe([target()])}
+    assert seen == {running.id: "running", stopped.id: "stopping", deallocated.id: "stopping"}
+    # One status list for the subscription, not one GET per VM.
+    assert len(arm.requests("GET", "statusOnly=true")) == 1 and not arm.requests("GET", "$expand=instanceView")
+
+
+def test_a_deallocated_vm_is_replaced_noted_and_left_alone(arm, tmp_path):
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    first = api.apply(cfg, provider="azure", options=opts)
+    assert first.report.ok and first.report.created
+    victim = sorted(first.report.created.values())[0]
+    arm.power_off(victim.rsplit("/", 1)[1])
+    res = api.plan(cfg, provider="azure", options=opts)
+    assert victim not in {i.id for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes  # its capacity is replaced; the VM itself is not touched
+    assert any(victim in n and "deallocated" in n for n in res.plan.notes)

@@ -20,7 +20,9 @@ from providers.gcp import (
 )
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import (
+    ApplyError, CapacityError, IncompleteObservationError, OwnershipError, ProviderError, TransientProviderError,
+)
 from tests.fleetkit import copy_example
 from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
 
@@ -475,3 +477,43 @@ def test_cli_against_the_fake(gce, tmp_path):
     again = runner.invoke(app, ["plan", str(cfg), "--detailed-exitcode", *args])
     assert again.exit_code == 0, again.output
     assert len(_ours(gce)) == 5
+
+
+# ---------------------------------------------------------------- observe completeness (issue 22, item 4)
+
+
+def test_the_fake_takes_only_the_documented_flat_filter_grammar():
+    """GCE documents `filter` as one comparison, or a chain of parenthesised comparisons joined by AND/OR."""
+    r = {"labels": {LABEL_FLEET: "x"}, "status": "RUNNING"}
+    assert parse_filter(f'(labels.{LABEL_FLEET} = "x") AND (status != TERMINATED)')(r)
+    assert parse_filter(f'(labels.{LABEL_FLEET} = "x") (status = STAGING) OR (status = RUNNING)')(r)
+    assert not parse_filter("status != RUNNING")(r)
+    with pytest.raises(ValueError, match="nested"):
+        parse_filter(f'(labels.{LABEL_FLEET} = "x") AND ((status = RUNNING) OR (status = STAGING))')
+
+
+def test_observe_stops_when_a_zone_is_unreachable_instead_of_missing_its_instances(prov, gce):
+    """aggregatedList answers 200 with an UNREACHABLE warning for a zone it cannot reach; the instances there are
+    unknown, not gone, and a plan made without them would replace them."""
+    a, b = prov.create(req("k-a", zone=ZONE_A)), prov.create(req("k-b", zone=ZONE_B))
+    assert {i.id for i in prov.observe([target()])} == {a.id, b.id}
+    gce.cut_off(ZONE_B)
+    with pytest.raises(IncompleteObservationError, match=f"zones/{ZONE_B}"):
+        prov.observe([target()])
+    gce.cut_off(ZONE_B, reachable=True)
+    assert {i.id for i in prov.observe([target()])} == {a.id, b.id}
+
+
+def test_an_unreachable_zone_stops_the_plan_and_changes_nothing(gce, tmp_path):
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    assert first.report.ok and first.report.created
+    zones = {i["zone"].rsplit("/", 1)[1] for i in gce.instances(PROJECT)}
+    gce.cut_off(sorted(zones)[0])
+    before = gce.instances(PROJECT)
+    with pytest.raises(IncompleteObservationError, match="unreachable|could not reach"):
+        api.plan(cfg, provider="gcp", options=opts)
+    with pytest.raises(IncompleteObservationError):
+        api.apply(cfg, provider="gcp", options=opts)
+    assert gce.instances(PROJECT) == before and not gce.requests("DELETE")
