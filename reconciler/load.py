@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,15 @@ from reconciler.model import (
 )
 from reconciler.topology import topology_nodes
 
-MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_NODES = 200_000  # per file, after alias expansion: stops YAML "billion laughs"
+MAX_FILE_BYTES = 4 * 1024 * 1024  # checked on the open file before a byte is parsed
+MAX_NODES = 200_000  # per file, counted while composing and again after alias expansion ("billion laughs")
+MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
 SKIP_DIRS = {"status", "node_modules"}  # plus every hidden directory (.reconcile, .git, .github)
-# libyaml's composer when PyYAML has it (about 5x faster at 1,000 jobs); line marks are the same.
-_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's parser when PyYAML has it (about 5x faster at 1,000 jobs than the pure-Python one); line
+# marks are the same. Its events are composed into nodes by _compose_all below, not by libyaml's own
+# composer: that one recurses in C, so `a: [[[[...` 25,000 deep crashed the process (SIGSEGV), and it
+# built all 2M nodes of a 3.9 MB file of `[1,1,1,...` (713 MB, 25 s) before any count could refuse it.
+_EVENTS = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass
@@ -66,7 +72,7 @@ class _Converter:
     def convert(self, node: yaml.Node, path: tuple, lines: dict, diags: list[Diagnostic]) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
-            raise _TooBig()
+            raise _TooBig(node.start_mark.line + 1, f"more than {MAX_NODES:,} YAML nodes after alias expansion: refusing")
         lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             self.scalars.flatten_mapping(node)  # resolves '<<' merge keys
@@ -93,7 +99,75 @@ class _Converter:
 
 
 class _TooBig(Exception):
-    pass
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line, self.message = line, message
+
+
+def _compose_all(text: str):
+    """The documents of `text` as yaml nodes (what yaml.compose_all makes), composed without
+    recursion from the parser's events, refusing more than MAX_DEPTH nesting or MAX_NODES nodes
+    as soon as the parser reaches them."""
+    events = _EVENTS(text)
+    resolve = events.resolve
+    seq, mapping = yaml.SequenceNode, yaml.MappingNode
+    seq_start, map_start, scalar, alias = yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.ScalarEvent, yaml.AliasEvent
+    ends = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+    get_event, new_scalar = events.get_event, yaml.ScalarNode
+    nodes = 0
+    try:
+        get_event()  # StreamStart
+        while not events.check_event(yaml.StreamEndEvent):
+            get_event()  # DocumentStart
+            anchors: dict[str, yaml.Node] = {}
+            stack: list[list] = []  # [open collection, its pending mapping key]
+            root = None
+            while True:
+                ev = get_event()
+                cls = ev.__class__
+                if cls is yaml.DocumentEndEvent:
+                    break
+                if cls in ends:
+                    stack.pop()[0].end_mark = ev.end_mark
+                    continue
+                if cls is alias:
+                    if ev.anchor not in anchors:
+                        raise yaml.composer.ComposerError(None, None, f"found undefined alias {ev.anchor!r}", ev.start_mark)
+                    node = anchors[ev.anchor]
+                else:
+                    nodes += 1
+                    if nodes > MAX_NODES:
+                        raise _TooBig(ev.start_mark.line + 1, f"more than {MAX_NODES:,} YAML nodes: refusing")
+                    tag = ev.tag
+                    if cls is scalar:
+                        if tag is None or tag == "!":
+                            tag = resolve(new_scalar, ev.value, ev.implicit)
+                        node = new_scalar(tag, ev.value, ev.start_mark, ev.end_mark, ev.style)
+                    else:
+                        if len(stack) >= MAX_DEPTH:
+                            raise _TooBig(ev.start_mark.line + 1, f"YAML nested more than {MAX_DEPTH} deep: refusing")
+                        kind = seq if cls is seq_start else mapping
+                        if tag is None or tag == "!":
+                            tag = resolve(kind, None, ev.implicit)
+                        node = kind(tag, [], ev.start_mark, None, flow_style=ev.flow_style)
+                    if ev.anchor is not None:
+                        anchors[ev.anchor] = node
+                if not stack:
+                    root = node
+                else:
+                    top = stack[-1]
+                    if top[0].__class__ is seq:
+                        top[0].value.append(node)
+                    elif top[1] is None:
+                        top[1] = node
+                    else:
+                        top[0].value.append((top[1], node))
+                        top[1] = None
+                if cls is seq_start or cls is map_start:
+                    stack.append([node, None])
+            yield root
+    finally:
+        events.dispose()
 
 
 def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
@@ -114,12 +188,35 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
     return out
 
 
+def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
+    """The bytes of a regular file of at most MAX_FILE_BYTES, or None and a diagnostic. Opened
+    non-blocking and checked on the open file, so a fifo or a device is refused, never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            diags.append(Diagnostic(rel, 1, "", "", "<file>", "not a regular file (a fifo, socket or device): remove it or rename it off .yaml"))
+            return None
+        try:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        except OSError as e:
+            diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
+            return None
+    if len(raw) > MAX_FILE_BYTES:
+        diags.append(Diagnostic(rel, 1, "", "", "<file>", f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB: refusing to parse it"))
+        return None
+    return raw
+
+
 def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed]:
     rel = str(path.relative_to(root))
-    if path.stat().st_size > MAX_FILE_BYTES:
-        diags.append(Diagnostic(rel, 1, "", "", "<file>", f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB"))
+    raw = _read_config(path, rel, diags)
+    if raw is None:
         return []
-    raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -129,7 +226,7 @@ def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed
     docs = []
     conv = _Converter(rel)
     try:
-        for node in yaml.compose_all(text, Loader=_COMPOSER):
+        for node in _compose_all(text):
             if node is None:
                 continue
             lines: dict[tuple, int] = {}
@@ -141,10 +238,10 @@ def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed
         diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}"))
     except yaml.YAMLError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
-    except _TooBig:
-        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"more than {MAX_NODES} YAML nodes (alias expansion?): refusing"))
-    except RecursionError:
-        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", "YAML nested too deeply"))
+    except _TooBig as e:
+        diags.append(Diagnostic(rel, e.line, "", "", "<yaml>", e.message))
+    except RecursionError:  # a recursive alias (`&a [*a]`) expanded by the converter
+        diags.append(Diagnostic(rel, 1, "", "", "<yaml>", "YAML nested too deeply (a recursive alias?)"))
     return docs
 
 
