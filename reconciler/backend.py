@@ -37,6 +37,24 @@ class StateBackend(Protocol):
 
     def describe(self) -> str: ...
 
+    # The bus (reconciler/runtime/bus.py): small objects under the state's prefix, written by
+    # apply (assignments/) and by node agents (runs/, agents/).
+    def read_key(self, key: str) -> bytes | None: ...
+
+    def write_key(self, key: str, body: bytes) -> None: ...
+
+    def delete_key(self, key: str) -> None: ...
+
+    def list_keys(self, prefix: str) -> list[str]: ...
+
+
+def check_key(key: str) -> str:
+    """A bus key is a relative path of plain names: never absolute, never `..`."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in key:
+        raise ReconcileError(f"invalid bus key {key!r}")
+    return key
+
 
 class LocalBackend:
     """.reconcile/state.json and .reconcile/apply.lock beside the config."""
@@ -61,6 +79,37 @@ class LocalBackend:
     def describe(self) -> str:
         return f"local ({self.config_dir / '.reconcile'})"
 
+    def _path(self, key: str) -> Path:
+        return self.config_dir / ".reconcile" / check_key(key)
+
+    def read_key(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ReconcileError(f"local bus: cannot read {self._path(key)}: {e.strerror}") from None
+
+    def write_key(self, key: str, body: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(body)
+            os.replace(tmp, path)  # readers see the old object or the new one, never half of one
+        except OSError as e:
+            raise ReconcileError(f"local bus: cannot write {path}: {e.strerror}") from None
+
+    def delete_key(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        root = self.config_dir / ".reconcile"
+        base = root / check_key(prefix.rstrip("/"))
+        if not base.is_dir():
+            return []
+        return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
+
 
 class S3Backend:
     """s3://bucket/prefix: `prefix/state.json` and `prefix/lock.json`.
@@ -75,6 +124,7 @@ class S3Backend:
         self.url = url
         self.bucket = u.netloc
         prefix = u.path.strip("/")
+        self.prefix = f"{prefix}/" if prefix else ""
         self.state_key = f"{prefix}/state.json" if prefix else "state.json"
         self.lock_key = f"{prefix}/lock.json" if prefix else "lock.json"
         self.ttl = ttl
@@ -166,6 +216,44 @@ class S3Backend:
 
     def describe(self) -> str:
         return f"s3 ({self.url})"
+
+    def _bus_error(self, e: Exception, what: str, key: str) -> ReconcileError:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+        return ReconcileError(f"s3 bus: {what} s3://{self.bucket}/{self.prefix}{key}: {code}")
+
+    def read_key(self, key: str) -> bytes | None:
+        check_key(key)
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+        except self.s3.exceptions.NoSuchKey:
+            return None
+        except Exception as e:
+            raise self._bus_error(e, "cannot read", key) from None
+
+    def write_key(self, key: str, body: bytes) -> None:
+        check_key(key)
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body, ContentType="application/json")
+        except Exception as e:
+            raise self._bus_error(e, "cannot write", key) from None
+
+    def delete_key(self, key: str) -> None:
+        check_key(key)
+        try:
+            self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+        except Exception as e:
+            raise self._bus_error(e, "cannot delete", key) from None
+
+    def list_keys(self, prefix: str) -> list[str]:
+        out = []
+        base = self.prefix + check_key(prefix.rstrip("/")) + "/"
+        try:
+            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+            for page in pages:
+                out.extend(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
+        except Exception as e:
+            raise self._bus_error(e, "cannot list", prefix) from None
+        return sorted(out)
 
 
 def backend_for(config_dir: Path, url: str | None = None) -> StateBackend:
