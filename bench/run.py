@@ -408,7 +408,7 @@ def _stages(stages: list[dict]) -> str:
             found = ""
             if "objective" in s and s["stage"] == "cp-sat #1":  # the work found and the best possible
                 found = f" work {s['objective']:,.0f} bound {s['bound']:,.0f}"
-            elif "objective" in s and s["objective"]:
+            elif s.get("objective"):
                 found = f" gap {abs(s['objective'] - s['bound']) / abs(s['objective']):.1%}"
             out.append(f"{s['stage']} {s['status']} {s['seconds']:.1f}s{found}")
     return "; ".join(out)

@@ -275,33 +275,42 @@ def list_providers() -> None:
         typer.echo(f"{name}\t{target}")
 
 
-def _sim(config_dir: Path):
+SimDir = typer.Argument(None, help="The config directory (default: --dir, else .).", show_default=False)
+SimDirOpt = typer.Option(None, "--dir", help="The config directory (the same as DIR).")
+
+
+def _sim(config_dir: Optional[Path], dir_opt: Optional[Path] = None):
+    """The simulated cloud of DIR; `--dir DIR` is kept for scripts written before sim took DIR as the others do."""
     from providers.sim import SimCloud
     from reconciler.state import state_dir
 
-    return SimCloud(state_dir(config_dir))
+    if config_dir is not None and dir_opt is not None and config_dir != dir_opt:
+        typer.echo(f"Error: DIR {config_dir} and --dir {dir_opt} differ; give one", err=True)
+        raise typer.Exit(1)
+    return SimCloud(state_dir(config_dir or dir_opt or Path(".")))
 
 
 @sim_app.command("interrupt")
-def sim_interrupt(instance_id: str, config_dir: Path = typer.Option(Path("."), "--dir"), reason: str = "spot-interruption") -> None:
+def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
+                  reason: str = typer.Option("spot-interruption", "--reason", help="The reason recorded.")) -> None:
     """Reclaim an instance, as a spot interruption or a lost host would."""
     try:
-        _sim(config_dir).interrupt(instance_id, reason)
+        _sim(config_dir, dir_opt).interrupt(instance_id, reason)
     except ReconcileError as e:
         _fail(e)
     typer.echo(f"interrupted {instance_id}")
 
 
 @sim_app.command("exhaust")
-def sim_exhaust(zone: str, config_dir: Path = typer.Option(Path("."), "--dir"), instance_type: Optional[str] = typer.Option(None, "--type"),
+def sim_exhaust(zone: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt, instance_type: Optional[str] = typer.Option(None, "--type"),
                 market: Optional[str] = typer.Option(None, "--market"), restore: bool = typer.Option(False, "--restore")) -> None:
     """Mark a zone (optionally one type/market) out of capacity, or --restore it."""
-    _sim(config_dir).exhaust(zone, instance_type, market, restore=restore)
+    _sim(config_dir, dir_opt).exhaust(zone, instance_type, market, restore=restore)
     typer.echo(f"{'restored' if restore else 'exhausted'} {zone} {instance_type or '*'} {market or '*'}")
 
 
 @sim_app.command("fault")
-def sim_fault(config_dir: Path = typer.Option(Path("."), "--dir"),
+def sim_fault(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
               throttle: Optional[int] = typer.Option(None, "--throttle", help="Throttle the next N calls (retried with backoff)."),
               fail_after: Optional[int] = typer.Option(None, "--fail-after", help="Time out every call after the next N; -1 clears."),
               reject_every: Optional[int] = typer.Option(None, "--reject-every", help="Refuse every N-th launch (a partial batch failure); 0 clears."),
@@ -310,16 +319,16 @@ def sim_fault(config_dir: Path = typer.Option(Path("."), "--dir"),
     faults = {k: v for k, v in dict(throttle=throttle, reject_every=reject_every, latency_ms=latency_ms).items() if v is not None}
     if fail_after is not None:
         faults["fail_after"] = None if fail_after < 0 else fail_after
-    _sim(config_dir).set_fault(**faults)
+    _sim(config_dir, dir_opt).set_fault(**faults)
     typer.echo("faults: " + (", ".join(f"{k}={v}" for k, v in faults.items()) or "unchanged"))
 
 
 @sim_app.command("ls")
-def sim_ls(config_dir: Path = typer.Option(Path("."), "--dir"), all_: bool = typer.Option(False, "--all", help="Include terminated.")) -> None:
+def sim_ls(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt, all_: bool = typer.Option(False, "--all", help="Include terminated.")) -> None:
     """List the simulated cloud's instances, with the job replicas each hosts (its placement tags)."""
     from providers.placements import PlacementTagError, read_placements
 
-    for i in _sim(config_dir).instances():
+    for i in _sim(config_dir, dir_opt).instances():
         if all_ or i["state"] != "terminated":
             try:
                 rec = read_placements(i["tags"])

@@ -24,12 +24,9 @@ from reconciler.model import (
     DesiredState,
     GuardrailPolicy,
     GuardrailPolicySpec,
-    Job,
     PlacementPolicySpec,
-    Pool,
     SpotPolicy,
     SpotPolicySpec,
-    Tenant,
     Topology,
     region_matches,
 )

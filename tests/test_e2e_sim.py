@@ -16,7 +16,7 @@ from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, GuardrailError, LockError, StalePlanError
 from reconciler.state import ApplyLock, load_state, state_dir
-from tests.fleetkit import copy_quickstart, doc, job, pool, tenant, topology, write_config
+from tests.fleetkit import copy_quickstart, job, pool, tenant, topology, write_config
 from tests.invariants import check_plan
 
 runner = CliRunner()

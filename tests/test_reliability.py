@@ -4,8 +4,6 @@ killed applies never duplicate or leak instances."""
 from __future__ import annotations
 
 import copy
-import json
-import os
 import shutil
 import subprocess
 import sys
