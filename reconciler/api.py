@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from policies.guardrails import violations
-from reconciler.apply import ApplyReport, apply_plan
+from reconciler.apply import ApplyReport, OnEvent, apply_plan
 from reconciler.errors import ApplyError, GuardrailError, StalePlanError
 from reconciler.load import load
 from reconciler.model import DesiredState
@@ -115,11 +116,13 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
 @_few_collections
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
           time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
-          state: str | None = None, gap: float = GAP_LIMIT) -> ApplyResult:
+          state: str | None = None, gap: float = GAP_LIMIT, on_plan: Callable[[Plan], None] | None = None,
+          on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyResult:
     """Plan (or take a saved plan), check guardrails, apply, write status.
 
-    Raises StalePlanError or GuardrailError before any provider call; raises
-    ApplyError after writing status when some actions failed."""
+    on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
+    on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
+    before any provider call; raises ApplyError after writing status when some actions failed."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
@@ -139,7 +142,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
             the_plan = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap).plan
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
-        report = apply_plan(desired, observed, the_plan, fleet, current)
+        if on_plan is not None:
+            on_plan(the_plan)
+        report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
         backend.save(current)
         after = fleet.observe(current).instances
         status_dir = write_status(config_dir, desired, the_plan, report, list(after))

@@ -17,6 +17,7 @@ serial, so a crash between any two steps leaves whichever is newer recognisable
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, PlacementRecorder, ownership_tags
@@ -31,6 +32,53 @@ RETRIES = 4
 BACKOFF_S = 0.2
 
 
+@dataclass(frozen=True)
+class ApplyEvent:
+    """One step of an apply, for progress displays (reconciler/progress.py) and metrics.
+
+    phase: "started" | "finished" | "failed" | "skipped" (not started: the apply was stopped);
+    action: "create" | "tag" | "delete"; target: a create's plan ref ("+3"), else the instance id;
+    what: for people ("spot g5.xlarge in us-east-1b"); elapsed_s: since this action started.
+    Callbacks run on the thread that called apply_plan, one event at a time."""
+
+    phase: str
+    action: str
+    target: str
+    what: str = ""
+    elapsed_s: float = 0.0
+    instance_id: str | None = None
+    error: str | None = None
+
+
+OnEvent = Callable[[ApplyEvent], None]
+
+
+class _Steps:
+    """Times each action and reports it; says whether to start the next one (stopped: Ctrl-C)."""
+
+    def __init__(self, on_event: OnEvent | None, should_stop: Callable[[], bool] | None, report: "ApplyReport"):
+        self.on_event, self.should_stop, self.report = on_event, should_stop, report
+
+    def begin(self, action: str, target: str, what: str) -> float | None:
+        """The start time, or None when the apply was asked to stop (the action is recorded as not started)."""
+        if self.report.stopped or (self.should_stop is not None and self.should_stop()):
+            self.report.stopped = True
+            self.report.not_started.append(f"{action} {target}")
+            self._emit(ApplyEvent("skipped", action, target, what))
+            return None
+        self._emit(ApplyEvent("started", action, target, what))
+        return time.monotonic()
+
+    def end(self, started: float, action: str, target: str, what: str, instance_id: str | None = None,
+            error: Exception | None = None) -> None:
+        self._emit(ApplyEvent("failed" if error else "finished", action, target, what, time.monotonic() - started,
+                              instance_id, None if error is None else str(error)))
+
+    def _emit(self, event: ApplyEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+
 @dataclass
 class ApplyReport:
     plan_id: str
@@ -40,6 +88,8 @@ class ApplyReport:
     failures: list[str] = field(default_factory=list)
     failed_refs: dict[str, str] = field(default_factory=dict)  # plan ref -> error
     placements: dict[str, list[str]] = field(default_factory=dict)  # job -> instance ids, as now recorded
+    stopped: bool = False  # asked to stop (Ctrl-C): actions after that point were not started
+    not_started: list[str] = field(default_factory=list)  # "create +3", "delete i-0ab..."
 
     @property
     def ok(self) -> bool:
@@ -82,7 +132,7 @@ def _hosted(placements: dict[str, list[str]], gpus: dict[str, list[list[int]]]) 
 
 
 def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str, list[Placement]], serial: int,
-                       report: ApplyReport) -> None:
+                       report: ApplyReport, steps: _Steps) -> None:
     """Retag each instance whose placement tags would read back differently from what it now hosts
     (an unchanged instance is left alone: its older serial still tells the truth)."""
     for inst in instances:
@@ -97,14 +147,25 @@ def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str
         shown = read_placements(placement_tags(want))  # what a reader gets back (too many reads as incomplete)
         if have is not None and shown is not None and (have.placements, have.complete) == (shown.placements, shown.complete):
             continue
+        # Recording is not an action a stop skips: the tags must agree with the state saved after this.
+        started = time.monotonic()
+        steps._emit(ApplyEvent("started", "tag", inst.id, "record placements"))
         try:
             _retry(lambda: provider.record_placements(inst, want), f"tag {inst.id}")  # type: ignore[union-attr]
+            steps.end(started, "tag", inst.id, "record placements", inst.id)
         except ProviderError as e:
             report.failures.append(f"record placements on {inst.id}: {e} (the state still has them)")
+            steps.end(started, "tag", inst.id, "record placements", inst.id, e)
 
 
-def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State) -> ApplyReport:
+def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,
+               on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyReport:
+    """on_event: told of every action as it starts and ends (ApplyEvent). should_stop: asked before each
+    create and delete; once true, no further action starts (report.stopped, report.not_started), the jobs
+    whose new instances exist are placed, and placements are recorded as usual, so the state saved after
+    this agrees with the cloud and the next run carries on."""
     report = ApplyReport(plan.id)
+    steps = _Steps(on_event, should_stop, report)
     serial = max(state.serial, getattr(observed, "serial", 0)) + 1  # newer than anything recorded so far
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
@@ -113,17 +174,24 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
         if c.key in already:  # created by an earlier, interrupted run of this same plan
             report.created[c.ref] = already[c.key].id
             continue
+        what = f"{c.market} {c.instance_type} in {c.zone}"
+        started = steps.begin("create", c.ref, what)
+        if started is None:
+            continue
         try:
             inst = _create(fleet, desired, plan, c, serial)
             report.created[c.ref] = inst.id
             existing[inst.id] = inst
+            steps.end(started, "create", c.ref, what, inst.id)
         except CapacityError as e:
             state.mark_short(e.cloud, e.zone, e.instance_type, e.market)
             report.failed_refs[c.ref] = str(e)
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e} (zone marked short; the next run places the work elsewhere)")
+            steps.end(started, "create", c.ref, what, error=e)
         except ProviderError as e:
             report.failed_refs[c.ref] = str(e)
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
+            steps.end(started, "create", c.ref, what, error=e)
 
     # Placements: a job moves only if every replica's new instance exists.
     stranded: set[str] = set()  # instances still hosting a replica that could not move
@@ -146,7 +214,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
 
     leaving = {d.instance_id for d in plan.deletes} - stranded  # retagging those would be wasted
     _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placements, gpus),
-                       serial, report)
+                       serial, report, steps)
 
     for d in plan.deletes:
         if d.instance_id in stranded:
@@ -156,11 +224,17 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
         if inst is None:  # already gone (interrupted, or deleted by an earlier run)
             report.deleted.append(d.instance_id)
             continue
+        what = f"{d.market} {d.instance_type} in {d.zone}"
+        started = steps.begin("delete", d.instance_id, what)
+        if started is None:
+            continue
         try:
             _retry(lambda: fleet.provider(d.provider).delete(inst), f"delete {d.instance_id}")
             report.deleted.append(d.instance_id)
+            steps.end(started, "delete", d.instance_id, what, d.instance_id)
         except ProviderError as e:
             report.failures.append(f"delete {d.instance_id}: {e}")
+            steps.end(started, "delete", d.instance_id, what, d.instance_id, e)
 
     gone = set(report.deleted)
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}

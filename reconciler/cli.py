@@ -11,11 +11,53 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
-from reconciler.errors import ApplyError, ConfigError, ReconcileError
+from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Declarative GitOps reconciler for multi-cloud ML compute fleets.")
-sim_app = typer.Typer(no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
+# click's UsageError, wherever this typer takes click from (typer 0.29 vendors its own copy as typer._click).
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _plain_flags(params: list) -> list:
+    """typer 0.29 shows `<bool>` after every flag (`--auto-approve <bool>`), as if it took a value: show none."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Group(TyperGroup):
+    """Usage errors (`--bogus`, `--format xml`, a missing argument) exit 1 as every other error does, not click's 2:
+    2 is `--detailed-exitcode`'s "changes present", and a scheduled workflow ran its heal step on a typo."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except _UsageError as e:
+            e.exit_code = 1
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _UsageError as e:
+            e.exit_code = 1
+            raise
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _plain_flags(cmd.get_params(ctx))
+        return cmd
+
+    def get_params(self, ctx):
+        return _plain_flags(super().get_params(ctx))
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
+                  help="Declarative GitOps reconciler for multi-cloud ML compute fleets.")
+sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
 app.add_typer(sim_app, name="sim")
 
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
@@ -36,15 +78,26 @@ def _options(pairs: Optional[list[str]]) -> dict:
     return out
 
 
-def _fail(e: ReconcileError) -> None:
+def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[str] = None) -> None:
     """Print an error a user can act on (every diagnostic, for a bad config) and exit."""
     if isinstance(e, ConfigError):
         for diag in e.diagnostics:
             typer.echo(str(diag), err=True)
         typer.echo(f"{len(e.diagnostics)} error(s) in the desired state; nothing was changed", err=True)
+    elif isinstance(e, LockError) and config_dir is not None:
+        typer.echo(f"Error: {_unlock_hint(str(e), config_dir, state)}", err=True)
     else:
         typer.echo(f"Error: {e}", err=True)
     raise typer.Exit(e.exit_code)
+
+
+def _unlock_hint(message: str, config_dir: Path, state: Optional[str]) -> str:
+    """The lock error's `reconcile unlock ID`, completed into the exact command for this config and backend."""
+    import re
+    import shlex
+
+    extra = f" --dir {shlex.quote(str(config_dir))}" + (f" --state {shlex.quote(state)}" if state else "")
+    return re.sub(r"`reconcile unlock ([^`\s]+)`", lambda m: f"`reconcile unlock {m.group(1)}{extra}`", message)
 
 
 @app.command()
@@ -97,7 +150,9 @@ def plan(
         out = Path("plan.json")  # the comment is cut short: keep the whole plan somewhere
     if out is not None:
         out.write_text(res.plan.to_json())
-    typer.echo(render(res.plan, fmt, str(out) if out else None), nl=False)
+    from reconciler.progress import use_color
+
+    typer.echo(render(res.plan, fmt, str(out) if out else None, color=use_color(sys.stdout)), nl=False)
     if detailed_exitcode and res.plan.has_changes:
         raise typer.Exit(2)
 
@@ -119,9 +174,27 @@ def apply(
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler import api
     from reconciler.plan import Plan
+    from reconciler.progress import ApplyProgress, StopOnInterrupt, use_color
     from reconciler.render import render_human, summary_line
 
     opts = _options(provider_option)
+    color = use_color(sys.stdout)
+    stop = StopOnInterrupt()
+    progress: list[ApplyProgress] = []
+
+    def show_plan(p: Plan) -> None:
+        if plan_file is not None or auto_approve:  # the interactive path showed it before asking
+            typer.echo(render_human(p, color=color), nl=False)
+        progress.append(ApplyProgress(p, sys.stdout, color=color).__enter__())
+        stop.applying = True
+
+    def on_event(e) -> None:
+        progress[0](e)
+
+    def end_progress() -> None:
+        for p in progress:
+            p.__exit__(None, None, None)
+
     try:
         saved = None
         if plan_file is not None:
@@ -131,7 +204,7 @@ def apply(
                 raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
         elif not auto_approve:
             preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state, gap=gap)
-            typer.echo(render_human(preview.plan), nl=False)
+            typer.echo(render_human(preview.plan, color=color), nl=False)
             if not preview.plan.has_changes:
                 return
             if not sys.stdin.isatty():
@@ -141,25 +214,49 @@ def apply(
                 typer.echo("Apply cancelled.")
                 raise typer.Exit(1)
             saved = preview.plan
-        res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                        options=opts, state=state, gap=gap)
+        with stop:
+            try:
+                res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                                options=opts, state=state, gap=gap, on_plan=show_plan, on_event=on_event, should_stop=stop)
+            finally:
+                end_progress()
+    except KeyboardInterrupt:
+        if stop.applying:
+            typer.echo("Aborted in the middle of an action: the state was not saved and the lock was released; run "
+                       "`reconcile apply` again to carry on (a create retried with the same plan makes no second instance).", err=True)
+        else:
+            typer.echo("Interrupted before any action: nothing was changed.", err=True)
+        raise typer.Exit(130)
     except ApplyError as e:
         res = e.result  # type: ignore[attr-defined]
         typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
         if commit:
             _commit_status(config_dir, res, status_branch)
+        if res.report.stopped:
+            _say_stopped(res)
         _fail(e)
     except ReconcileError as e:
-        _fail(e)
+        _fail(e, config_dir, state)
     if commit:
         _commit_status(config_dir, res, status_branch)
     r = res.report
-    typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
+    if not r.stopped:
+        typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
     typer.echo(f"{len(r.created)} created, {len(r.deleted)} deleted; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
         typer.echo(f"kept {iid}: {why}")
     for n in res.plan.notes:
         typer.echo(f"note: {n}")
+    if r.stopped:
+        _say_stopped(res)
+        raise typer.Exit(130)
+
+
+def _say_stopped(res) -> None:
+    r = res.report
+    typer.echo(f"Stopped plan {res.plan.id} by Ctrl-C: {len(r.created)} created, {len(r.deleted)} deleted, {len(r.not_started)} action(s) not "
+               f"started ({', '.join(r.not_started[:5])}{' ...' if len(r.not_started) > 5 else ''}); status written, lock released. "
+               "Run `reconcile apply` again to finish.", err=True)
 
 
 def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
@@ -194,6 +291,8 @@ def diff(
     from reconciler import api
     from reconciler.render import render_diff_markdown
 
+    if fmt not in ("markdown", "json"):
+        raise typer.BadParameter("--format must be markdown or json")
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
@@ -225,6 +324,8 @@ def explain(
     from reconciler import api
     from reconciler.render import render_explanation
 
+    if fmt not in ("human", "json"):
+        raise typer.BadParameter("--format must be human or json")
     try:
         e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as err:
@@ -237,6 +338,8 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
     """Show the fleet, jobs, conditions and cost per tenant from the status files."""
     from reconciler import api
 
+    if fmt not in ("human", "json"):
+        raise typer.BadParameter("--format must be human or json")
     st = api.read_status(config_dir)
     if fmt == "json":
         typer.echo(json.dumps(st, indent=2, default=str))

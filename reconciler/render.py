@@ -6,6 +6,7 @@ import io
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from reconciler.explain import _span
 from reconciler.plan import Plan
@@ -52,9 +53,12 @@ def consolidation_line(plan: Plan) -> str | None:
             f"saving ${c.saving_per_hour:,.2f}/h for a one-time ${c.move_cost:,.2f} of restarts{payback}")
 
 
-def render_human(plan: Plan, width: int = 120) -> str:
+def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
+    """color (a terminal without NO_COLOR): creates green, deletes and evictions red, moves yellow, pending reasons dim."""
     buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False)
+    con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
+                  no_color=not color, highlight=False)
+    style = {"place": "green", "move": "yellow", "evict": "red"}
     if not plan.has_changes:
         con.print("No changes. The fleet matches the desired state.")
     if plan.creates:
@@ -62,14 +66,14 @@ def render_human(plan: Plan, width: int = 120) -> str:
         for col in ("ref", "pool", "cloud/zone", "type", "market", "$/h"):
             t.add_column(col)
         for c in plan.creates:
-            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, c.market, f"{c.price:.3f}")
+            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, c.market, f"{c.price:.3f}", style="green")
         con.print(t)
     if plan.deletes:
         t = Table(title="Instances to delete", title_justify="left")
         for col in ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"):
             t.add_column(col)
         for d in plan.deletes:
-            t.add_row(d.instance_id, d.pool, f"{d.cloud}/{d.zone}", d.instance_type, d.market, f"{d.price:.3f}", d.reason)
+            t.add_row(d.instance_id, d.pool, f"{d.cloud}/{d.zone}", d.instance_type, d.market, f"{d.price:.3f}", d.reason, style="red")
         con.print(t)
     moving = [j for j in plan.jobs if j.action in ("place", "move", "evict")]
     if moving:
@@ -77,7 +81,8 @@ def render_human(plan: Plan, width: int = 120) -> str:
         for col in ("job", "tenant", "action", "instances", "from", "note"):
             t.add_column(col)
         for j in moving:
-            t.add_row(j.job, j.tenant, j.action, where(j) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
+            t.add_row(j.job, j.tenant, j.action, where(j) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "",
+                      style=style[j.action])
         con.print(t)
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
@@ -87,7 +92,7 @@ def render_human(plan: Plan, width: int = 120) -> str:
         for col in ("job", "tenant", "reason"):
             t.add_column(col)
         for j in pending:
-            t.add_row(j.job, j.tenant, j.reason)
+            t.add_row(j.job, j.tenant, Text(j.reason, style="dim"))
         con.print(t)
     for v in plan.violations:
         con.print(f"GUARDRAIL: {v}")
@@ -162,12 +167,12 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     return text
 
 
-def render(plan: Plan, fmt: str, full_plan_path: str | None = None) -> str:
+def render(plan: Plan, fmt: str, full_plan_path: str | None = None, color: bool = False) -> str:
     if fmt == "json":
         return plan.to_json() + "\n"
     if fmt == "markdown":
         return render_markdown(plan, full_plan_path)
-    return render_human(plan)
+    return render_human(plan, color=color)
 
 
 def render_diff_markdown(d) -> str:

@@ -889,6 +889,9 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         # a complete hint is a solution at once without it.
         s.parameters.cp_model_presolve = presolve
         s.parameters.symmetry_level = 0
+        # CP-SAT's own Ctrl-C handler ended the search quietly (the apply then went on with that plan) and set
+        # SIGINT back to SIG_DFL afterwards, so a Ctrl-C during apply killed the process holding the lock.
+        s.parameters.catch_sigint_signal = False
         for k, v in params.items():
             setattr(s.parameters, k, v)
         return s

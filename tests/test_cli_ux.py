@@ -1,0 +1,167 @@
+"""The CLI as a person and a CI job meet it: exit codes of usage errors, help text, DIR arguments, the lock
+error's unlock command, apply progress, Ctrl-C during apply, and colour only on a terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reconciler.backend import backend_for
+from reconciler.cli import app
+from tests.fleetkit import copy_quickstart
+
+runner = CliRunner()
+RECONCILE = shutil.which("reconcile", path=str(Path(sys.executable).parent)) or "reconcile"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli(*args, **kw):
+    return runner.invoke(app, [str(a) for a in args], **kw)
+
+
+@pytest.fixture
+def qs(tmp_path):
+    return copy_quickstart(tmp_path)
+
+
+@pytest.mark.parametrize("args", [
+    (["plan", "--bogus"], "No such option"),
+    (["plan", ".", "--format", "xml"], "--format must be"),
+    (["diff", ".", "--format", "xml", "--base", "HEAD"], "--format must be"),
+    (["explain", ".", "job", "--format", "xml"], "--format must be"),
+    (["status", ".", "--format", "xml"], "--format must be"),
+    (["explain"], "Missing argument"),
+    (["sim", "ls", "--bogus"], "No such option"),
+    (["nosuchcommand"], "No such command"),
+])
+def test_usage_errors_exit_1_not_the_changes_present_code(args):
+    """2 means "changes present" under --detailed-exitcode: a typo must not look like drift to a workflow."""
+    args, says = args
+    r = cli(*args)
+    assert r.exit_code == 1 and says in r.output, r.output
+
+
+def test_help_shows_no_value_for_flags():
+    r = cli("apply", "--help")
+    assert r.exit_code == 0
+    assert "--auto-approve" in r.output and "<bool>" not in r.output
+
+
+def test_sim_commands_take_dir_like_the_others(qs):
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    positional, option = cli("sim", "ls", qs), cli("sim", "ls", "--dir", qs)
+    assert positional.exit_code == option.exit_code == 0
+    assert positional.output == option.output and "sim-aws-00001" in positional.output
+    spot = next(line.split("\t")[0] for line in positional.output.splitlines() if "\tspot\t" in line)
+    assert cli("sim", "interrupt", spot, qs).exit_code == 0
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 2
+    clash = cli("sim", "ls", qs, "--dir", qs.parent)
+    assert clash.exit_code == 1 and "differ" in clash.output
+
+
+def test_lock_error_gives_the_exact_unlock_command(qs, tmp_path, monkeypatch):
+    """The suggested command, run as printed from another directory, breaks the lock."""
+    monkeypatch.chdir(tmp_path)
+    with backend_for(qs, None).lock():
+        r = cli("apply", qs, "--auto-approve")
+        assert r.exit_code == 1
+        command = re.search(r"`(reconcile unlock [^`]+)`", r.output)
+        assert command, r.output
+        assert f"--dir {shlex.quote(str(qs))}" in command.group(1)
+        args = shlex.split(command.group(1))[1:]
+        assert cli(*args).exit_code == 0
+        assert cli("apply", qs, "--auto-approve").exit_code == 0
+
+
+def test_apply_prints_the_plan_then_one_line_per_action(qs):
+    r = cli("apply", qs, "--auto-approve")
+    assert r.exit_code == 0, r.output
+    out = r.output
+    steps = [m.group(1) for m in re.finditer(r"^\[(\d+)/10\] created \+\d+ -> sim-\S+ \(.+\) in \d+\.\d\ds$", out, re.M)]
+    assert steps == [str(i) for i in range(1, 11)]
+    assert out.index("Instances to create") < out.index("[1/10]") < out.index("Applied plan")
+    assert ANSI.search(out) is None  # not a terminal: no colour
+
+
+def _read_until(fd, pattern: str, timeout: float = 120) -> str:
+    seen, deadline = "", time.monotonic() + timeout
+    while pattern not in seen:
+        assert time.monotonic() < deadline, f"never saw {pattern!r} in:\n{seen}"
+        if select.select([fd], [], [], 1.0)[0]:
+            chunk = os.read(fd, 65536).decode(errors="replace")
+            assert chunk, f"output ended before {pattern!r}:\n{seen}"
+            seen += chunk
+    return seen
+
+
+def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock(qs):
+    """A real SIGINT to a real `reconcile apply`: no new action starts, what was done is recorded and said,
+    the lock is released, exit 130; the next plan carries on exactly where it stopped."""
+    assert cli("sim", "fault", qs, "--latency-ms", "400").exit_code == 0
+    read, write = os.pipe()
+    proc = subprocess.Popen([RECONCILE, "apply", str(qs), "--auto-approve"], stdout=write, stderr=write,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(write)
+    try:
+        seen = _read_until(read, "[1/10] created")
+        proc.send_signal(signal.SIGINT)
+        while chunk := os.read(read, 65536):
+            seen += chunk.decode(errors="replace")
+        assert proc.wait(timeout=120) == 130, seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(read)
+    assert "Stopping: no new action starts" in seen
+    done = re.search(r"Stopped plan \w+ by Ctrl-C: (\d+) created, 0 deleted, (\d+) action\(s\) not started", seen)
+    assert done, seen
+    created, not_started = int(done.group(1)), int(done.group(2))
+    assert created >= 1 and created + not_started == 10
+    assert not (qs / ".reconcile" / "apply.lock").exists()
+    assert cli("sim", "fault", qs, "--latency-ms", "0").exit_code == 0
+    rest = cli("plan", qs, "--format", "json")
+    import json
+
+    assert len(json.loads(rest.output)["creates"]) == not_started  # the state recorded what was made
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    assert cli("plan", qs, "--detailed-exitcode").exit_code == 0
+
+
+def _on_a_terminal(args: list[str], env: dict) -> str:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout is the terminal
+        os.execve(RECONCILE, [RECONCILE, *args], env)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
+def test_colour_on_a_terminal_none_when_piped_or_with_no_color(qs):
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")} | {"TERM": "xterm"}
+    coloured = _on_a_terminal(["plan", str(qs)], env)
+    assert "Instances to create" in coloured
+    assert "\x1b[32m" in coloured  # creates in green
+    plain = _on_a_terminal(["plan", str(qs)], env | {"NO_COLOR": "1"})
+    assert "Instances to create" in plain and ANSI.search(plain) is None
+    piped = subprocess.run([RECONCILE, "plan", str(qs)], capture_output=True, text=True, env=env)
+    assert "Instances to create" in piped.stdout and ANSI.search(piped.stdout) is None
