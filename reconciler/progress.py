@@ -72,7 +72,7 @@ class ApplyProgress:
         what = f" ({e.what})" if e.what and e.action != "tag" else ""
         if e.phase == "failed":
             style = "red"
-            line = f"{step}FAILED {e.action} {subject}{what} after {e.elapsed_s:.2f}s: {e.error}"
+            line = f"{step}FAILED {e.action} {subject}{what} after {e.elapsed_s:.2f}s (the error is listed at the end)"
         else:
             style = {"create": "green", "delete": "red"}.get(e.action, "dim")
             line = f"{step}{_DONE[e.action]} {subject}{what} in {e.elapsed_s:.2f}s"
