@@ -322,7 +322,7 @@ def test_a_deallocated_vm_is_replaced_noted_and_left_alone(arm, tmp_path):
     opts = options(arm)
     first = api.apply(cfg, provider="azure", options=opts)
     assert first.report.ok and first.report.created
-    victim = sorted(first.report.created.values())[0]
+    victim = min(first.report.created.values())
     arm.power_off(victim.rsplit("/", 1)[1])
     res = api.plan(cfg, provider="azure", options=opts)
     assert victim not in {i.id for i in res.observed.instances}
