@@ -2,9 +2,12 @@
 
 Ownership is the `fleetops.io/fleet` tag: observe filters on it and delete
 refuses anything without it. Creates are idempotent twice over: the ClientToken
-is derived from the plan's key (EC2 returns the same instance for a retried
+is derived from the create key (EC2 returns the same instance for a retried
 token), and an instance already carrying the key's tag is returned as is (some
-EC2-compatible endpoints, moto among them, ignore ClientToken).
+EC2-compatible endpoints, moto among them, ignore ClientToken). EC2 remembers a
+token for at least 24 h after its instance terminated and answers it with that
+instance, terminated, or with IdempotentParameterMismatch (KeySpentError) if a
+parameter differs: apply then tries the next attempt's key (reconciler/apply.py).
 
 Each instance also carries the job replicas it hosts (providers/placements.py):
 written with the launch's TagSpecifications, then kept current by
@@ -25,7 +28,7 @@ from typing import Any, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, TransientProviderError
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow",
@@ -79,6 +82,8 @@ class AwsProvider:
                 raise CapacityError(text, cloud="aws", zone=zone, instance_type=itype, market=market) from None
             if code in TRANSIENT_CODES:
                 raise TransientProviderError(text) from None
+            if code == "IdempotentParameterMismatch":  # the ClientToken launched something else before
+                raise KeySpentError(text) from None
             raise ProviderError(text) from None
         except BotoCoreError as e:  # connection errors, timeouts, missing credentials
             raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}") from None

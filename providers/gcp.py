@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
-from reconciler.errors import CapacityError, IncompleteObservationError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, TransientProviderError
 
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
@@ -69,6 +69,7 @@ DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-5b1e-8c3f-2a7e0f6d9b41")  # fixed: the same key always gives the same requestId
 MAX_PAGE = 500  # GCE's largest page
 WAIT_CALL_S = 150.0  # zoneOperations.wait returns by itself after at most ~120 s
@@ -398,22 +399,32 @@ class GcpProvider:
         what = f"insert {request.market} {request.instance_type} in {zone}"
         resource = self._resource(request, project, name)
         rid = request_id(self.ctx.fleet, request.key)
-        for _ in range(2):
-            op, d = self._insert(project, zone, name, request, resource, rid, what)
+        fresh_gone = 0
+        for _ in range(MAX_INSERTS):
+            op, d, replayed = self._insert(project, zone, name, request, resource, rid, what)
             if d is not None:
                 return self._to_instance(project, d)
             # The operation succeeded but its instance is gone. Either GCE answered our requestId with the operation
             # of an earlier create of this key whose instance was deleted since (the same plan made again: a config
             # reverted while GCE still remembers the requestId), or a Spot VM was preempted as it started. Insert once
-            # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated.
+            # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated;
+            # a chain of remembered operations (the plan came back more than once) is followed the same way.
+            fresh_gone += not replayed
+            if fresh_gone == 2:
+                break
             rid = request_id(self.ctx.fleet, f"{request.key}\n{op.id}")
+        if fresh_gone < 2:
+            raise KeySpentError(f"gcp: {what}: GCE answered {MAX_INSERTS} requestIds of key {request.key} with operations "
+                                "whose instances are gone")
         if request.market == "spot":  # preempted (and deleted) twice before we could look: no spot capacity there
             raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
                                 instance_type=request.instance_type, market=request.market)
         raise ProviderError(f"gcp: {what}: {name} was created but is gone (deleted by someone else?)")
 
     def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
-        """One insert, waited on: (its operation, the instance it made, or None if that instance is gone)."""
+        """One insert, waited on: (its operation, the instance it made or None if that instance is gone, whether
+        GCE answered with a remembered operation). A fresh insert is PENDING or RUNNING when it is accepted (a VM
+        takes seconds to start); an operation already DONE in the insert's answer is one GCE remembered."""
         from google.api_core.exceptions import Conflict
 
         insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
@@ -421,18 +432,19 @@ class GcpProvider:
             op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
                             where=(zone, request.instance_type, request.market), passthrough=(Conflict,))
         except Conflict:  # the name is taken: ours from an earlier try, or someone else's
-            return None, self._adopt(project, zone, name, request)
+            return None, self._adopt(project, zone, name, request), False
+        replayed = op.status == self.compute.Operation.Status.DONE
         op = self._wait(what, project, zone, op)
         errors = self._op_errors(op)
         if errors:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
-                return op, self._adopt(project, zone, name, request)
+                return op, self._adopt(project, zone, name, request), replayed
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
-        return op, self._get(project, zone, name)
+        return op, self._get(project, zone, name), replayed
 
     def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
         """The instance holding our name, if it is this fleet's and this key's; never someone else's."""

@@ -6,6 +6,16 @@ plan's idempotency key, so a retry (or a rerun of the same plan after a crash)
 never yields a second instance. Failures are collected, not raised midway:
 the report says exactly what happened.
 
+A plan's keys recur whenever (desired, observed) does: a reclaimed replacement, a whole fleet
+lost, a scale to zero reverted. Every cloud remembers a key after its instance is gone (EC2 a
+ClientToken for >= 24 h after termination, GCE a requestId, the sim for ever) and answers it
+with the dead instance, so each create is tried as a sequence of attempts: the plan's key, then
+`<key>-1`, `<key>-2`, ... An attempt whose key the cloud proves spent (it answers with an
+instance that is not alive, or KeySpentError) moves on to the next; the first attempt that
+launches, or finds a live instance (a rerun after a crash), is the create. Attempts are tried in
+order and a spent key is never counted as a launch, so the rule needs no state of its own and
+survives a lost state file.
+
 Placements are recorded on the instances too (providers that can: PlacementRecorder),
 in this order: a new instance is launched with the replicas the plan puts on it;
 once the creates are done, every surviving instance whose tags differ from the
@@ -22,7 +32,7 @@ from dataclasses import dataclass, field
 
 from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
-from reconciler.errors import CapacityError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target
 from reconciler.plan import CreateAction, Plan
@@ -30,6 +40,12 @@ from reconciler.state import State
 
 RETRIES = 4
 BACKOFF_S = 0.2
+MAX_ATTEMPTS = 16  # keys tried for one create in one apply; each spent one cost the cloud one answer
+
+
+def attempt_key(key: str, attempt: int) -> str:
+    """The create key of the n-th launch attempt for a plan's key (the 0th is the key itself)."""
+    return key if attempt == 0 else f"{key}-{attempt}"
 
 
 @dataclass(frozen=True)
@@ -108,17 +124,34 @@ def _retry(call, what: str):
     raise AssertionError(what)
 
 
-def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int) -> Instance:
+def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str) -> Instance:
     provider = fleet.provider(c.provider)
-    tags = {**ownership_tags(desired.fleet, c.pool, c.key), "fleetops.io/plan": plan.id}
+    tags = {**ownership_tags(desired.fleet, c.pool, key), "fleetops.io/plan": plan.id}
     hosted = [Placement(j.job, r, tuple(j.gpus[r]) if r < len(j.gpus) else ())
               for j in plan.jobs if j.action in ("keep", "place", "move") for r, ref in enumerate(j.instances) if ref == c.ref]
     req = CreateRequest(
-        key=c.key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
+        key=key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
         market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted),
     )
     return _retry(lambda: provider.create(req), f"create {c.ref}")
+
+
+def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int,
+            alive: dict[str, Instance]) -> Instance:
+    """The create's first attempt that launches or finds a live instance (module docstring)."""
+    for n in range(MAX_ATTEMPTS):
+        key = attempt_key(c.key, n)
+        if key in alive:  # created by an earlier, interrupted run of this same plan
+            return alive[key]
+        try:
+            inst = _create(fleet, desired, plan, c, serial, key)
+        except KeySpentError:
+            continue
+        if inst.alive:
+            return inst
+    raise ProviderError(f"the cloud answered all {MAX_ATTEMPTS} create keys {c.key}..{attempt_key(c.key, MAX_ATTEMPTS - 1)} "
+                        "with instances that are gone; nothing was launched")
 
 
 def _hosted(placements: dict[str, list[str]], gpus: dict[str, list[list[int]]]) -> dict[str, list[Placement]]:
@@ -171,15 +204,16 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
     for c in plan.creates:
-        if c.key in already:  # created by an earlier, interrupted run of this same plan
-            report.created[c.ref] = already[c.key].id
+        found = next((already[k] for k in map(lambda n: attempt_key(c.key, n), range(MAX_ATTEMPTS)) if k in already), None)
+        if found is not None:  # created by an earlier, interrupted run of this same plan
+            report.created[c.ref] = found.id
             continue
         what = f"{c.market} {c.instance_type} in {c.zone}"
         started = steps.begin("create", c.ref, what)
         if started is None:
             continue
         try:
-            inst = _create(fleet, desired, plan, c, serial)
+            inst = _launch(fleet, desired, plan, c, serial, already)
             report.created[c.ref] = inst.id
             existing[inst.id] = inst
             steps.end(started, "create", c.ref, what, inst.id)

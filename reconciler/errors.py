@@ -57,6 +57,12 @@ class TransientProviderError(ProviderError):
     """Throttling, timeouts: safe to retry with the same idempotency key."""
 
 
+class KeySpentError(ProviderError):
+    """The cloud has already used this create key for a launch whose instance is gone (or for a
+    request with other parameters: EC2's IdempotentParameterMismatch). Retrying the same key can
+    never launch anything; the caller must try the next attempt's key."""
+
+
 class OwnershipError(ProviderError):
     """Refused to touch a resource this fleet does not own."""
 

@@ -10,15 +10,36 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-sec
 
 
 @pytest.fixture(scope="session")
-def moto_url():
-    """moto in server mode on 127.0.0.1 (a free port), for the whole session."""
-    from moto.server import ThreadedMotoServer
+def moto_server():
+    """moto in server mode on 127.0.0.1 (a free port), for the whole session, behind EC2's
+    ClientToken rules (tests/ec2_tokens.py): moto itself ignores the token."""
+    import threading
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    from moto.moto_server.threaded_moto_server import MotoRequestHandler
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    from tests.ec2_tokens import ClientTokens
+
+    tokens = ClientTokens(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, tokens, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    yield f"http://{host}:{port}", tokens
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture(scope="session")
+def moto_url(moto_server):
+    return moto_server[0]
+
+
+@pytest.fixture
+def ec2_tokens(moto_server):
+    """The ClientToken layer in front of moto: its counters (replays, mismatches) for assertions."""
+    return moto_server[1]
 
 
 @pytest.fixture
