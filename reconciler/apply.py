@@ -204,7 +204,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
     for c in plan.creates:
-        found = next((already[k] for k in map(lambda n: attempt_key(c.key, n), range(MAX_ATTEMPTS)) if k in already), None)
+        found = next((already[k] for k in (attempt_key(c.key, n) for n in range(MAX_ATTEMPTS)) if k in already), None)
         if found is not None:  # created by an earlier, interrupted run of this same plan
             report.created[c.ref] = found.id
             continue

@@ -128,7 +128,7 @@ def test_ec2_token_layer_behaves_as_ec2_documents(aws_env, ec2_tokens):
 def _reclaim_and_heal(cfg: Path, provider: str, opts: dict, kill, rounds: int = 3) -> None:
     """Apply; then `rounds` times: kill the instance of the first placed job, apply, check it healed."""
     res = api.apply(cfg, provider=provider, options=opts)
-    job = sorted(res.report.placements)[0]
+    job = min(res.report.placements)
     for _ in range(rounds):
         victim = res.report.placements[job][0]
         kill(victim)
