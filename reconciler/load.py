@@ -317,6 +317,7 @@ def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> 
     jobs = {n: o for n, (_, o) in by_kind["Job"].items()}
     if topology is not None:
         _check_references(topology, by_kind, guard, diags)
+        _check_plannable(by_kind, guard, spot, diags)
     if topology is None:
         return None
     digest = hashlib.sha256(
@@ -444,6 +445,48 @@ def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy 
             elif r.nvlink and not any(pool_nvlink[p].get(gt, 0) >= r.gpus for p in whole):
                 best = max(pool_nvlink[p].get(gt, 0) for p in whole)
                 err(doc, job, ("spec", "resources", "nvlink"), f"no pool has {r.gpus} {gt} GPUs in one NVLink domain (largest: {best})")
+
+
+def _check_plannable(by_kind: dict, guard: GuardrailPolicy | None, spot: SpotPolicy | None, diags: list[Diagnostic]) -> None:
+    """What planning would refuse the whole fleet for, reported here first: a pool whose
+    min_instances it can never buy (its cloud excluded by allowed_clouds; spot-only with no
+    spot offer under max_price_fraction; no type offered in its zones), and pool minimums
+    that cost more than max_hourly_budget at catalog prices."""
+    catalog = load_catalog()
+    g = guard.spec if guard is not None else GuardrailPolicySpec()
+    frac = spot.spec.max_price_fraction if spot is not None else SpotPolicySpec().max_price_fraction
+    floor = 0.0  # USD/h of every pool's minimum, at its cheapest offer
+    for _, (doc, pool) in sorted(by_kind["Pool"].items()):
+        s = pool.spec
+        if s.cloud not in catalog.regions or s.min_instances == 0:
+            continue  # a plugin's cloud is priced at plan time
+        where = (doc.file, doc.line_of(("spec", "min_instances")), pool.kind, pool.name, "spec.min_instances")
+        if g.allowed_clouds is not None and s.cloud not in g.allowed_clouds:
+            gname = f"GuardrailPolicy/{guard.name}" if guard is not None else "the GuardrailPolicy"
+            diags.append(Diagnostic(*where, f"min_instances is {s.min_instances} but cloud {s.cloud} is not in {gname} allowed_clouds "
+                                            "(the pool can buy nothing, so every plan would be refused)"))
+            continue
+        prices = []
+        for z in s.zones:
+            for t in s.instance_types:
+                o = catalog.offering(s.cloud, s.region, z, t)
+                if o is None:
+                    continue
+                for m in s.markets():
+                    if m == "on-demand":
+                        prices.append(o.on_demand_price)
+                    elif o.spot_price is not None and o.spot_price <= frac * o.on_demand_price + 1e-9:
+                        prices.append(o.spot_price)
+        if not prices:
+            diags.append(Diagnostic(*where, f"min_instances is {s.min_instances} but no {'/'.join(s.markets())} offer of its types exists in its zones"
+                                            + (f" under the SpotPolicy's max_price_fraction {frac:g}" if "spot" in s.markets() else "")))
+            continue
+        floor += s.min_instances * min(prices)
+    if g.max_hourly_budget is not None and floor > g.max_hourly_budget + 1e-9 and guard is not None:
+        gdoc = by_kind["GuardrailPolicy"][guard.name][0]
+        diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
+                                f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
+                                f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
 
 
 __all__ = ["load"]
