@@ -28,12 +28,25 @@ from typing import Any, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from reconciler.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 CAPACITY_CODES = {
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow",
-    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported",
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow", "Unsupported",
 }
+# Account limits, not a zone's capacity: a QuotaError naming the Service Quotas quota (by instance family and market).
+QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
+# EC2's vCPU quotas by the family letter(s) an instance type starts with: (on-demand quota, spot quota), Service Quotas codes.
+VCPU_QUOTAS = {
+    "p": (("L-417A185B", "Running On-Demand P instances"), ("L-7212CCBC", "All P Spot Instance Requests")),
+    "g": (("L-DB2E81BA", "Running On-Demand G and VT instances"), ("L-3819A6DF", "All G and VT Spot Instance Requests")),
+    "vt": (("L-DB2E81BA", "Running On-Demand G and VT instances"), ("L-3819A6DF", "All G and VT Spot Instance Requests")),
+    "inf": (("L-1945791B", "Running On-Demand Inf instances"), ("L-B5D1601B", "All Inf Spot Instance Requests")),
+    "trn": (("L-2C3B7624", "Running On-Demand Trn instances"), ("L-6B0D517C", "All Trn Spot Instance Requests")),
+    "x": (("L-7295265B", "Running On-Demand X instances"), ("L-E3A00192", "All X Spot Instance Requests")),
+    "f": (("L-74FC7D96", "Running On-Demand F instances"), ("L-88CF9481", "All F Spot Instance Requests")),
+}
+STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+                   ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
 SPOT_PRICE_MAX_AGE = timedelta(days=7)  # older spot history is not today's price: use the catalog
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
@@ -77,6 +90,8 @@ class AwsProvider:
             err = e.response.get("Error", {})
             code, msg = err.get("Code", "Unknown"), err.get("Message", "")
             text = f"aws: {what}: {code}: {msg}"
+            if code in QUOTA_CODES and cloud_zone is not None:
+                raise quota_error(text, self.region_of(cloud_zone[0]), cloud_zone[1], cloud_zone[2]) from None
             if code in CAPACITY_CODES and cloud_zone is not None:
                 zone, itype, market = cloud_zone
                 raise CapacityError(text, cloud="aws", zone=zone, instance_type=itype, market=market) from None
@@ -87,6 +102,10 @@ class AwsProvider:
             raise ProviderError(text) from None
         except BotoCoreError as e:  # connection errors, timeouts, missing credentials
             raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}") from None
+
+    @staticmethod
+    def region_of(zone: str) -> str:
+        return zone[:-1] if zone[-1:].isalpha() else zone
 
     def _regions(self, pools: Sequence[PoolTarget]) -> list[str]:
         extra = [r for r in self.ctx.options.get("regions", "").split(",") if r]
@@ -292,6 +311,19 @@ class AwsProvider:
         self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
         if stale:
             self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+def quota_error(text: str, region: str, instance_type: str, market: str) -> QuotaError:
+    """The Service Quotas quota an instance type's launch counts against, with where and how to raise it."""
+    family = instance_type.split(".", 1)[0]
+    letters = "".join(c for c in family if c.isalpha())
+    key = next((k for k in sorted(VCPU_QUOTAS, key=len, reverse=True) if letters.startswith(k)), None)
+    on_demand, spot = VCPU_QUOTAS[key] if key else STANDARD_QUOTAS
+    code, name = spot if market == "spot" else on_demand
+    how = (f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code} (region {region}), or "
+           f"`aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+           f"--desired-value <vCPUs> --region {region}`")
+    return QuotaError(text, cloud="aws", quota=f"{name} ({code})", region=region, how_to_raise=how)
 
 
 JUST_LAUNCHED = timedelta(minutes=10)  # EC2's eventual consistency is documented in "a few minutes"; be generous

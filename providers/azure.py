@@ -33,17 +33,22 @@ from typing import Any, Callable, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+from providers.offercache import DEFAULT_TTL_S, cached
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 log = logging.getLogger(__name__)
 
 CAPACITY_CODES = {
     "SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
-    "OverconstrainedZonalAllocationRequest", "QuotaExceeded", "NotAvailableForSubscription",
+    "OverconstrainedZonalAllocationRequest", "NotAvailableForSubscription",
 }
-# OperationNotAllowed is also what a quota (regional cores, spot "LowPriorityCores") or a max price
-# below the current spot price looks like; other OperationNotAllowed errors are configuration errors.
-CAPACITY_HINTS = ("quota", "maxprice", "max price", "spot price")
+# OperationNotAllowed is also what a max price below the current spot price looks like (capacity: try elsewhere),
+# and what a quota (regional cores, a VM family's cores, spot "LowPriorityCores") looks like: a QuotaError;
+# other OperationNotAllowed errors are configuration errors.
+CAPACITY_HINTS = ("maxprice", "max price", "spot price")
+QUOTA_CODES = {"QuotaExceeded"}
+_QUOTA_NAME = re.compile(r"approved (\S+?)(?: Cores)? quota|Quota exceeded for (\S+?)\.?(?:\s|$)", re.I)
+QUOTA_PAGE = "https://portal.azure.com/#view/Microsoft_Azure_Capacity/QuotaMenuBlade/~/myQuotas"
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 TRANSIENT_CODES = {"TooManyRequests", "RetryableError", "ServerTimeout", "InternalServerError", "ServiceUnavailable"}
 STATES = {"creating": "pending", "updating": "running", "migrating": "running", "succeeded": "running",
@@ -258,6 +263,13 @@ class AzureProvider:
             return ProviderError(f"azure: {what}: {type(e).__name__}: {e}")
         code, message = _error_code(e)
         text = f"azure: {what}: {code or e.status_code}: {message}"
+        if capacity is not None and (code in QUOTA_CODES or (code == "OperationNotAllowed" and "quota" in message.lower())):
+            m = _QUOTA_NAME.search(message)
+            quota = (m.group(1) or m.group(2)) if m else "unknown (see the message)"
+            region = capacity[0].rsplit("-", 1)[0] if capacity[0][-1:].isdigit() else capacity[0]
+            return QuotaError(text, cloud="azure", quota=quota, region=region, how_to_raise=(
+                f"{QUOTA_PAGE} (Compute, {region}), or `az quota update` / a support request; see usage with "
+                f"`az vm list-usage --location {region}`"))
         capacity_like = code in CAPACITY_CODES or (
             code == "OperationNotAllowed" and any(h in message.lower() for h in CAPACITY_HINTS))
         if capacity_like and capacity is not None:
@@ -369,15 +381,46 @@ class AzureProvider:
 
     # -- offerings -----------------------------------------------------------------
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
-        """Shapes and list prices (on-demand and spot) from the shipped catalog, with its date."""
+        """Shapes and list prices (on-demand and spot) from the catalog, with its date, for the sizes each zone offers
+        this subscription: the resource SKU list's locationInfo zones minus its Location and Zone restrictions
+        (cached, providers/offercache.py)."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
+            offered = self._zone_offers(self._scope(p.settings).subscription, p.region)
             for z in p.zones:
                 for t in p.instance_types:
+                    if (z, t.lower()) not in offered:
+                        continue
                     o = self.catalog.offering("azure", p.region, z, t)
                     if o is not None:
                         seen.setdefault((z, t), o)
         return [seen[k] for k in sorted(seen)]
+
+    def _zone_offers(self, subscription: str, region: str) -> set[tuple[str, str]]:
+        """{(zone `<region>-<n>`, VM size lower case)} offered to the subscription in the region."""
+        def read() -> list[list[str]]:
+            client = self.compute(subscription)
+            skus = self._call(f"list resource SKUs in {region}",
+                              lambda: list(client.resource_skus.list(filter=f"location eq '{region}'")))
+            out = []
+            for sku in skus:
+                if str(sku.resource_type or "").lower() != "virtualmachines":
+                    continue
+                zones: set[str] = set()
+                for info in sku.location_info or []:
+                    if str(info.location or "").lower() == region.lower():
+                        zones.update(info.zones or [])
+                for r in sku.restrictions or []:
+                    kind = str(getattr(r.type, "value", r.type) or "").lower()
+                    if kind == "location" and region.lower() in [str(v).lower() for v in r.values or []]:
+                        zones.clear()
+                    elif kind == "zone" and r.restriction_info is not None:
+                        zones -= set(r.restriction_info.zones or [])
+                out += [[f"{region}-{z}", str(sku.name).lower()] for z in sorted(zones)]
+            return out
+
+        key = "azure-" + hashlib.sha256(f"{subscription}\n{region}".encode()).hexdigest()[:16]
+        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self._float("offerings_ttl", DEFAULT_TTL_S), read)}
 
     # -- create --------------------------------------------------------------------
     def _vm_body(self, request: CreateRequest, name: str, zone: str) -> dict:
@@ -446,7 +489,7 @@ class AzureProvider:
                             capacity=capacity)
         try:
             done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity)
-        except CapacityError:
+        except (CapacityError, QuotaError):
             self._discard_failed(scope, name)
             raise
         if not done:  # still allocating after lro_timeout: report it pending; the next run sees how it ended
@@ -497,6 +540,6 @@ def _error_code(e) -> tuple[str, str]:
     message = str(getattr(err, "message", "") or getattr(e, "message", "") or e)
     for detail in getattr(err, "details", None) or []:
         dcode = str(getattr(detail, "code", "") or "")
-        if dcode in CAPACITY_CODES:
+        if dcode in CAPACITY_CODES or dcode in QUOTA_CODES:
             return dcode, str(getattr(detail, "message", "") or message)
     return code, message.splitlines()[0] if message else ""

@@ -45,7 +45,11 @@ from typing import Any, Callable, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
-from reconciler.errors import CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, TransientProviderError
+from providers.offercache import DEFAULT_TTL_S, cached
+from reconciler.errors import (
+    CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
+    TransientProviderError,
+)
 
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
@@ -56,11 +60,17 @@ STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running",
           "STOPPING": "stopping", "SUSPENDING": "stopping", "SUSPENDED": "stopping", "TERMINATED": "terminated"}
 # Operation error codes (and HTTP error texts) that mean "no capacity here now": the zone is marked short.
 CAPACITY_CODES = frozenset({
-    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED",
-    "REGION_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "quotaExceeded",
+    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "REGION_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED", "STOCKOUT",
 })
+# A type the zone does not offer (offerings leave such types out; this is for a catalog ahead of the zone) is a
+# capacity error too: the zone is cooled off for that type and the next plan goes elsewhere, not the same create again.
 CAPACITY_TEXT = re.compile(r"does not have enough resources available|Machine type with name '[^']+' does not exist in zone"
-                           r"|state:STOCKOUT|is currently unavailable in the", re.I)
+                           r"|Accelerator type '?[^' ]+'? does not exist in zone|state:STOCKOUT|is currently unavailable in the",
+                           re.I)
+# Project quotas (regional CPUs and GPUs, global GPUS_ALL_REGIONS): a QuotaError, not a zone cool-off.
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+_QUOTA_NAME = re.compile(r"Quota '([A-Z0-9_]+)' exceeded(?:\.\s+Limit: ([0-9.]+) (?:in region ([a-z0-9-]+)|globally))?")
 # Retrying later helps: throttling, and "the resource is busy with another operation".
 TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "resourceNotReady"})
 TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
@@ -190,6 +200,9 @@ class GcpProvider:
             self.default_project = self.default_project or adc_project
             options = ClientOptions()
         self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options, transport="rest")
+        self.machine_types = compute_v1.MachineTypesClient(credentials=credentials, client_options=options, transport="rest")
+        self.accelerator_types = compute_v1.AcceleratorTypesClient(credentials=credentials, client_options=options,
+                                                                   transport="rest")
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
 
     # -- plumbing ------------------------------------------------------------------
@@ -242,6 +255,8 @@ class GcpProvider:
         except gexc.GoogleAPICallError as e:
             reasons = {str(d.get("reason", "")) for d in (e.errors or []) if isinstance(d, dict)}
             text = f"gcp: {what}: HTTP {e.code}: {e.message}"
+            if where is not None and (reasons & QUOTA_CODES or "QUOTA_EXCEEDED" in e.message):
+                raise self._quota_error(text, e.message, where[0]) from None
             if where is not None and (reasons & CAPACITY_CODES or any(c in e.message for c in CAPACITY_CODES)
                                       or CAPACITY_TEXT.search(e.message)):
                 raise CapacityError(text, cloud="gcp", zone=where[0], instance_type=where[1], market=where[2]) from None
@@ -254,6 +269,17 @@ class GcpProvider:
             raise TransientProviderError(f"gcp: {what}: {type(e).__name__}") from None
         except aexc.GoogleAuthError as e:  # refresh failures: the message names the problem, never the secret
             raise ProviderError(f"gcp: {what}: credentials: {type(e).__name__}: {e}") from None
+
+    def _quota_error(self, text: str, message: str, zone: str, project: str | None = None) -> QuotaError:
+        """The quota GCE names ("Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."), where it applies, and the
+        console page that raises it."""
+        m = _QUOTA_NAME.search(message)
+        quota = m.group(1) if m else "unknown (see the message)"
+        region = (m.group(3) if m and m.group(3) else "global" if m and m.group(2) else zone.rsplit("-", 1)[0])
+        page = "https://console.cloud.google.com/iam-admin/quotas" + (f"?project={project}" if project else "")
+        how = (f"{page} (filter on {quota}), or see it with `gcloud compute "
+               + ("project-info describe" if region == "global" else f"regions describe {region}") + "`")
+        return QuotaError(text, cloud="gcp", quota=quota, region=region, how_to_raise=how)
 
     def _wait(self, what: str, project: str, zone: str, op) -> Any:
         """Wait for a zone operation to be DONE. zoneOperations.wait may return early (best effort), so loop."""
@@ -344,16 +370,49 @@ class GcpProvider:
 
     # -- offerings -----------------------------------------------------------------
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:
-        """Shapes and list prices from the shipped catalog, dated by it (Offering.prices_as_of). Types the catalog
-        does not list in a pool's region are left out: without a price the solver cannot weigh them."""
+        """Shapes and list prices from the catalog, dated by it (Offering.prices_as_of), for the types each zone
+        really offers: machineTypes and acceleratorTypes aggregatedList (cached, providers/offercache.py). Types the
+        catalog does not price in a pool's region, or a zone does not offer, are left out."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
+            offered = self._zone_offers(self._project(p), p.instance_types)
             for z in p.zones:
                 for t in p.instance_types:
+                    machine, accelerator, _ = split_type(t)
+                    if (z, machine) not in offered or (accelerator and (z, accelerator) not in offered):
+                        continue
                     o = self.catalog.offering("gcp", p.region, z, t)
                     if o is not None:
                         seen.setdefault((z, t), o)
         return list(seen.values())
+
+    def _zone_offers(self, project: str, instance_types: Sequence[str]) -> set[tuple[str, str]]:
+        """{(zone, machine type or accelerator type)} the project can use, for these types' names."""
+        machines = sorted({split_type(t)[0] for t in instance_types})
+        accelerators = sorted({a for t in instance_types if (a := split_type(t)[1])})
+        key = "gcp-" + _digest(f"{project}\n{machines}\n{accelerators}", 16)
+
+        def read() -> list[list[str]]:
+            out: list[list[str]] = []
+            for kind, names in (("machine", machines), ("accelerator", accelerators)):
+                for i in range(0, len(names), 20):  # a flat `(name = a) OR (name = b)` chain, 20 names a call
+                    flt = " OR ".join(f"(name = {n})" for n in names[i:i + 20])
+                    out += [[_last(scope), item.name] for scope, item in self._list_types(kind, project, flt)]
+            return out
+
+        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self._seconds("offerings_ttl", DEFAULT_TTL_S), read)}
+
+    def _list_types(self, kind: str, project: str, flt: str):
+        c = self.compute
+        client = self.machine_types if kind == "machine" else self.accelerator_types
+        request = (c.AggregatedListMachineTypesRequest if kind == "machine" else c.AggregatedListAcceleratorTypesRequest)(
+            project=project, filter=flt, max_results=MAX_PAGE)
+        pages = self._call(f"list {kind} types in {project}", lambda: list(
+            client.aggregated_list(request=request, timeout=self.timeout, retry=self.read_retry).pages))
+        for page in pages:
+            for scope, scoped in page.items.items():
+                for item in (scoped.machine_types if kind == "machine" else scoped.accelerator_types):
+                    yield scope, item
 
     # -- create / delete -----------------------------------------------------------
     def _resource(self, request: CreateRequest, project: str, name: str):
@@ -441,6 +500,8 @@ class GcpProvider:
             if "RESOURCE_ALREADY_EXISTS" in codes:
                 return op, self._adopt(project, zone, name, request), replayed
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
+            if codes & QUOTA_CODES:
+                raise self._quota_error(text, " ".join(msg for _, msg in errors), zone, project)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient

@@ -53,6 +53,16 @@ class CapacityError(ProviderError):
         self.cloud, self.zone, self.instance_type, self.market = cloud, zone, instance_type, market
 
 
+class QuotaError(ProviderError):
+    """An account quota (regional vCPUs, global GPUs, spot cores) is used up: not a zone's capacity, so no zone is
+    cooled off; another zone of the same quota would fail alike, and only a quota increase helps. The message names
+    the quota and how to raise it."""
+
+    def __init__(self, message: str, *, cloud: str, quota: str, region: str, how_to_raise: str):
+        super().__init__(f"{message}\n  quota {quota!r} ({cloud}, {region}) is used up: raise it: {how_to_raise}")
+        self.cloud, self.quota, self.region, self.how_to_raise = cloud, quota, region, how_to_raise
+
+
 class TransientProviderError(ProviderError):
     """Throttling, timeouts: safe to retry with the same idempotency key."""
 

@@ -42,6 +42,12 @@ ZONES = ("1", "2", "3")
 TAG_NAME_FORBIDDEN = set('<>%&\\?/')
 
 _VM = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/virtualmachines(?:/([^/]+))?/?$", re.I)
+_SKUS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/skus/?$", re.I)
+# VM sizes the fake's regions offer, in every zone unless restricted (restrict_sku).
+SKU_SIZES = ("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3", "Standard_NC24ads_A100_v4", "Standard_NC96ads_A100_v4",
+             "Standard_NC40ads_H100_v5", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
+             "Standard_NV36ads_A10_v5", "Standard_D16s_v5")
+SKU_LOCATIONS = ("eastus", "westeurope")
 _ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
@@ -131,6 +137,7 @@ class ArmFake:
         self.ops: dict[str, Operation] = {}
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
         self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
+        self.sku_restrictions: dict[tuple[str, str], tuple[str, ...]] = {}  # (location, size) -> zones not offered
         self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
@@ -202,6 +209,36 @@ class ArmFake:
             vm["properties"]["provisioningState"] = "Succeeded"
             self.vms[(self.subscription.lower(), rg.lower(), name.lower())] = vm
             return copy.deepcopy(vm)
+
+    def restrict_sku(self, location: str, size: str, zones: tuple[str, ...]) -> None:
+        """`size` is not offered to this subscription in these zones of `location`: the resource SKU list carries a
+        Zone restriction (reasonCode NotAvailableForSubscription), and creates there fail with SkuNotAvailable."""
+        with self.lock:
+            self.sku_restrictions[(location.lower(), size)] = tuple(zones)
+
+    def list_skus(self, sub: str, flt: str | None) -> dict:
+        """GET /subscriptions/{sub}/providers/Microsoft.Compute/skus (api-version 2021-07-01): resource SKUs with
+        locationInfo zones and restrictions, in the documented shape; `$filter=location eq '<region>'` narrows it."""
+        if sub.lower() != self.subscription.lower():
+            raise ArmError(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
+        m = re.fullmatch(r"\s*location\s+eq\s+'([^']+)'\s*", flt or "") if flt else None
+        if flt and m is None:
+            raise ArmError(400, "InvalidFilter", f"The filter '{flt}' is not supported; only location eq '<location>' is.")
+        out = []
+        for loc in SKU_LOCATIONS:
+            if m and m.group(1).lower() != loc:
+                continue
+            for size in SKU_SIZES:
+                restricted = self.sku_restrictions.get((loc, size), ())
+                sku = {"resourceType": "virtualMachines", "name": size, "tier": "Standard", "size": size[len("Standard_"):],
+                       "family": "standard" + size.split("_")[1] + "Family", "locations": [loc],
+                       "locationInfo": [{"location": loc, "zones": list(ZONES), "zoneDetails": []}],
+                       "capabilities": [], "restrictions": []}
+                if restricted:
+                    sku["restrictions"].append({"type": "Zone", "values": [loc], "restrictionInfo": {
+                        "locations": [loc], "zones": list(restricted)}, "reasonCode": "NotAvailableForSubscription"})
+                out.append(sku)
+        return {"value": out}
 
     def power_off(self, name: str, *, deallocate: bool = True, resource_group: str | None = None) -> None:
         """Someone stopped (or stopped and deallocated) the VM: its provisioningState stays Succeeded, as in Azure;
@@ -319,6 +356,12 @@ class ArmFake:
             existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, the rest kept
             return 200, copy.deepcopy(existing), {}
         self._validate(name, body)
+        size = ((body.get("properties") or {}).get("hardwareProfile") or {}).get("vmSize")
+        if set(body.get("zones") or []) & set(self.sku_restrictions.get((body["location"].lower(), size), ())):
+            raise ArmError(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in location "
+                           f"'{body['location']}' zones '{','.join(body['zones'])}' for subscription '{sub}'. Please try "
+                           "another size or deploy to a different location or zones. See https://aka.ms/azureskunotavailable "
+                           "for details.")
         vm = self._new_vm(sub, self.resource_groups[rg.lower()], name, body)
         self.vms[key] = vm
         op = Operation(str(uuid.uuid4()), "create", key, vm["location"])
@@ -468,6 +511,8 @@ class _Handler(BaseHTTPRequestHandler):
                         raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")
                     status, body, headers = arm.poll(m.group(3), monitor=query.get("monitor") == "true")
                     return self._send(status, body, headers)
+                if m := _SKUS.match(parts.path):
+                    return self._send(200, arm.list_skus(m.group(1), query.get("$filter")))
                 if m := _ALL_VMS.match(parts.path):
                     if method != "GET":
                         raise ArmError(405, "MethodNotAllowed", f"{method} is not supported on the collection.")

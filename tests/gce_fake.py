@@ -9,6 +9,7 @@ real InstancesClient and ZoneOperationsClient unmodified:
 * GET    /compute/v1/projects/{p}/aggregated/instances            aggregatedList: `filter` (the documented flat chain
                                                                   of parenthesised comparisons; nesting is a 400),
                                                                   maxResults/pageToken, NO_RESULTS_ON_PAGE warnings
+* GET    /compute/v1/projects/{p}/aggregated/machineTypes|acceleratorTypes  what each zone offers
 * GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
 * POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
 
@@ -87,6 +88,15 @@ CAPACITY_MESSAGES = {
 _INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
 _AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances/?$")
+_AGGREGATED_TYPES = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/(machineTypes|acceleratorTypes)/?$")
+# The machine types the fake's zones offer (unless withheld): the families the fleet uses, in their real sizes.
+MACHINE_TYPES = tuple(
+    [f"n1-{k}-{n}" for k in ("standard", "highmem", "highcpu") for n in (1, 2, 4, 8, 16, 32, 64, 96)]
+    + [f"n2-standard-{n}" for n in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)]
+    + [f"e2-standard-{n}" for n in (2, 4, 8, 16, 32)]
+    + [f"a2-highgpu-{n}g" for n in (1, 2, 4, 8)] + ["a2-megagpu-16g"] + [f"a2-ultragpu-{n}g" for n in (1, 2, 4, 8)]
+    + [f"a3-highgpu-{n}g" for n in (1, 2, 4, 8)] + ["a3-megagpu-8g", "a3-ultragpu-8g"]
+    + [f"g2-standard-{n}" for n in (4, 8, 12, 16, 24, 32, 48, 96)])
 
 
 class GceError(Exception):
@@ -366,7 +376,8 @@ class GceFake:
             (self.unreachable.discard if reachable else self.unreachable.add)(zone)
 
     def withhold(self, zone: str, machine_type: str) -> None:
-        """`machine_type` does not exist in `zone`: inserts are rejected with 400, as GCE does."""
+        """`machine_type` (or an accelerator type) does not exist in `zone`: the zone's machineTypes/acceleratorTypes
+        lists leave it out and inserts are rejected with 400, as GCE does."""
         with self.lock:
             self.withheld.add((zone, machine_type))
 
@@ -424,6 +435,9 @@ class GceFake:
                     return 200, copy.deepcopy(self._instance(project, zone, name))
                 if name is not None and method == "DELETE":
                     return 200, self._delete(project, zone, name)
+            elif m := _AGGREGATED_TYPES.match(path):
+                if method == "GET":
+                    return 200, self._aggregated_types(m.group(1), m.group(2), q)
             elif m := _AGGREGATED.match(path):
                 if method == "GET":
                     return 200, self._aggregated(m.group(1), q)
@@ -519,8 +533,7 @@ class GceFake:
             raise _invalid("resource.scheduling.onHostMaintenance", sched.get("onHostMaintenance", "MIGRATE"),
                            "Instances with guest accelerators do not support live migration.")
 
-    @staticmethod
-    def _validate_accelerators(zone: str, mt_name: str, accelerators: list[dict]) -> None:
+    def _validate_accelerators(self, zone: str, mt_name: str, accelerators: list[dict]) -> None:
         """GPUs attach to N1 machine types only, in supported counts and vCPU sizes; accelerator-optimized types come
         with theirs (asking for exactly those is allowed, anything else is not)."""
         for i, acc in enumerate(accelerators):
@@ -539,7 +552,7 @@ class GceFake:
                     raise GceError(400, "invalid", f"[{mt_name}, {name}] features are not compatible for creating instance.")
                 continue
             n1 = N1_RE.fullmatch(mt_name)
-            if name not in ATTACHABLE:
+            if name not in ATTACHABLE or (zone, name) in self.withheld:
                 raise _invalid(field_name, ref, f"Accelerator type '{name}' does not exist in zone '{zone}'.")
             if n1 is None:
                 raise GceError(400, "invalid", f"[{mt_name}, {name}] features are not compatible for creating instance.")
@@ -644,6 +657,35 @@ class GceFake:
                 del self.instances_by_key[key]
 
         return self._new_op(project, zone, "delete", name, inst["id"], on_done=gone).json()
+
+    def _aggregated_types(self, project: str, kind: str, q: dict[str, str]) -> dict:
+        """machineTypes / acceleratorTypes aggregatedList: per zone scope, what the zone offers (one page; `filter`
+        in the same grammar as instances)."""
+        try:
+            pred = parse_filter(q.get("filter", ""))
+        except ValueError as e:
+            raise _invalid("filter", q.get("filter", ""), f"Invalid list filter expression: {e}.") from None
+        if kind == "machineTypes":
+            names = sorted(set(MACHINE_TYPES) | (self.machine_types or set()))
+        else:
+            names = sorted(set(ATTACHABLE) | set(BUILT_IN.values()))
+        items: dict[str, dict] = {}
+        for z in sorted(self.zones):
+            base = f"{API}/projects/{project}/zones/{z}"
+            found = []
+            for n in names:
+                if (z, n) in self.withheld:
+                    continue
+                r = {"kind": f"compute#{kind[:-1]}", "name": n, "zone": z, "selfLink": f"{base}/{kind}/{n}"}
+                if kind == "acceleratorTypes":
+                    r["maximumCardsPerInstance"] = max(ATTACHABLE.get(n, {8: 0}))
+                if pred(r):
+                    found.append(r)
+            items[f"zones/{z}"] = {kind: found} if found else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{z}' on this page.",
+                "data": [{"key": "scope", "value": f"zones/{z}"}]}}
+        return {"kind": f"compute#{kind[:-1]}AggregatedList", "id": f"projects/{project}/aggregated/{kind}", "items": items,
+                "selfLink": f"{API}/projects/{project}/aggregated/{kind}"}
 
     def _aggregated(self, project: str, q: dict[str, str]) -> dict:
         try:

@@ -188,3 +188,22 @@ def test_an_instance_ec2_never_shows_is_a_transient_error_not_a_delete(proxy, tm
     with pytest.raises(TransientProviderError, match="does not show it yet"):
         prov.delete(inst)
     assert ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
+
+
+# -- quotas (issue 22, item 2) ----------------------------------------------------------------------
+@pytest.mark.parametrize("code, market, itype, quota", [
+    ("VcpuLimitExceeded", "on-demand", "g5.xlarge", "L-DB2E81BA"),
+    ("VcpuLimitExceeded", "on-demand", "p5.48xlarge", "L-417A185B"),
+    ("MaxSpotInstanceCountExceeded", "spot", "g5.xlarge", "L-3819A6DF"),
+    ("InstanceLimitExceeded", "on-demand", "m5.large", "L-1216C47A"),
+])
+def test_an_account_limit_is_a_quota_error_naming_the_service_quota(proxy, tmp_path, fleet, code, market, itype, quota):
+    from reconciler.errors import QuotaError
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    proxy.fail("RunInstances", code, "You have requested more vCPU capacity than your current vCPU limit of 0 allows "
+                                     "for the instance bucket that the specified instance type belongs to.")
+    with pytest.raises(QuotaError) as e:
+        prov.create(req(fleet, "k-quota", market=market, itype=itype))
+    assert quota in e.value.quota and e.value.region == "us-east-1" and not isinstance(e.value, CapacityError)
+    assert f"servicequotas/home/services/ec2/quotas/{quota}" in str(e.value) and "--quota-code" in str(e.value)

@@ -14,7 +14,7 @@ from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, P
 from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from tests.conftest import ARM_RESOURCE_GROUP
 from tests.conftest import arm_options as options
 from tests.fleetkit import copy_example
@@ -146,8 +146,8 @@ def test_zonal_allocation_failure_is_a_capacity_error_and_leaves_nothing_behind(
     (409, "SkuNotAvailable", "The requested size for resource is currently not available in location 'eastus' zones '1'.",
      CapacityError),
     (409, "OperationNotAllowed", "Operation could not be completed as it results in exceeding approved LowPriorityCores "
-                                 "quota. Current Limit: 4, Current Usage: 4, Additional Required: 4", CapacityError),
-    (409, "QuotaExceeded", "Quota exceeded for standardNCASv3_T4Family.", CapacityError),
+                                 "quota. Current Limit: 4, Current Usage: 4, Additional Required: 4", QuotaError),
+    (409, "QuotaExceeded", "Quota exceeded for standardNCASv3_T4Family.", QuotaError),
     (400, "InvalidParameter", "The value of parameter imageReference is invalid.", ProviderError),
     (409, "OperationNotAllowed", "The VM is being updated.", ProviderError),
     (429, "TooManyRequests", "The request is being throttled.", TransientProviderError),
@@ -218,7 +218,7 @@ def test_offerings_come_from_the_catalog(prov, arm):
     cat = load_catalog().offering("azure", "eastus", "eastus-2", "Standard_NC64as_T4_v3")
     assert offs[("eastus-2", "Standard_NC64as_T4_v3")] == cat
     assert (cat.gpus, cat.gpu_type, cat.on_demand_price) == (4, "T4", 4.352) and cat.spot_price < cat.on_demand_price
-    assert arm.log == []
+    assert [path.split("?")[0].rsplit("/", 1)[1] for _, path in arm.log] == ["skus"]  # prices read nothing; zones: one SKU list
 
 
 # -- names and tags -------------------------------------------------------------------------------
@@ -328,3 +328,14 @@ def test_a_deallocated_vm_is_replaced_noted_and_left_alone(arm, tmp_path):
     assert victim not in {i.id for i in res.observed.instances}
     assert len(res.plan.creates) == 1 and not res.plan.deletes  # its capacity is replaced; the VM itself is not touched
     assert any(victim in n and "deallocated" in n for n in res.plan.notes)
+
+
+# -- zone offerings (issue 22, item 2) ----------------------------------------------------------------
+def test_offerings_leave_out_sizes_a_zone_does_not_offer_the_subscription(prov, arm):
+    arm.restrict_sku("eastus", "Standard_NC64as_T4_v3", ("2",))
+    got = {(o.zone, o.instance_type) for o in prov.offerings([target()])}
+    assert got == {("eastus-1", "Standard_NC4as_T4_v3"), ("eastus-2", "Standard_NC4as_T4_v3"),
+                   ("eastus-1", "Standard_NC64as_T4_v3")}
+    assert arm.requests("GET", "/providers/Microsoft.Compute/skus?") and "location+eq" in arm.requests("GET", "skus")[0].replace("%20", "+")
+    with pytest.raises(CapacityError, match="SkuNotAvailable"):
+        prov.create(req("k-sku", zone="eastus-2", itype="Standard_NC64as_T4_v3"))

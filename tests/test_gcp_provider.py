@@ -21,7 +21,7 @@ from providers.gcp import (
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import (
-    ApplyError, CapacityError, IncompleteObservationError, OwnershipError, ProviderError, TransientProviderError,
+    ApplyError, CapacityError, IncompleteObservationError, OwnershipError, ProviderError, QuotaError, TransientProviderError,
 )
 from tests.fleetkit import copy_example
 from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
@@ -309,7 +309,7 @@ def _within(seconds: float, call):
     return out.get("value")
 
 
-@pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED"])
+@pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"])
 def test_operation_capacity_errors_become_capacity_errors(prov, gce, code):
     gce.exhaust(ZONE_B, code)
     with pytest.raises(CapacityError, match=code) as e:
@@ -333,7 +333,7 @@ def test_a_machine_type_missing_from_the_zone_is_a_capacity_error(prov, gce):
     (403, "rateLimitExceeded", "Rate Limit Exceeded", TransientProviderError),
     (503, "resourceExhausted", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: The zone 'projects/p/zones/us-central1-a' does "
      "not have enough resources available to fulfill the request.", CapacityError),
-    (403, "quotaExceeded", "Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.", CapacityError),
+    (403, "quotaExceeded", "Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.", QuotaError),
     (403, "forbidden", "Required 'compute.instances.create' permission for 'projects/p/zones/us-central1-a/instances/x'",
      ProviderError),
 ])
@@ -517,3 +517,46 @@ def test_an_unreachable_zone_stops_the_plan_and_changes_nothing(gce, tmp_path):
     with pytest.raises(IncompleteObservationError):
         api.apply(cfg, provider="gcp", options=opts)
     assert gce.instances(PROJECT) == before and not gce.requests("DELETE")
+
+
+# ---------------------------------------------------------------- quotas and zone offerings (issue 22, item 2)
+
+
+def test_an_exhausted_quota_is_a_quota_error_naming_it_not_a_capacity_error(prov, gce):
+    gce.exhaust(ZONE_B, "QUOTA_EXCEEDED")  # "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."
+    with pytest.raises(QuotaError) as e:
+        prov.create(req("k-quota", zone=ZONE_B))
+    assert (e.value.cloud, e.value.quota, e.value.region) == ("gcp", "GPUS_ALL_REGIONS", "global")
+    assert "console.cloud.google.com/iam-admin/quotas" in str(e.value) and PROJECT in str(e.value)
+    assert not isinstance(e.value, CapacityError)
+
+
+def test_a_quota_error_in_apply_cools_off_no_zone_and_says_raise_the_quota(gce, tmp_path):
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    for z in gce.zones:
+        gce.exhaust(z, "QUOTA_EXCEEDED")
+    with pytest.raises(ApplyError, match="GPUS_ALL_REGIONS") as e:
+        api.apply(cfg, provider="gcp", options=opts)
+    assert "raise it" in str(e.value)
+    assert not api.plan(cfg, provider="gcp", options=opts).observed.short  # no zone marked short: it would not help
+
+
+def test_offerings_are_what_each_zone_offers(prov, gce):
+    """A plan may only buy a type in a zone that has it: machineTypes/acceleratorTypes aggregatedList say which."""
+    t4 = "n1-standard-8+1xnvidia-tesla-t4"
+    pool = target(types=("g2-standard-4", "a2-highgpu-1g", t4))
+    gce.withhold(ZONE_A, "a2-highgpu-1g")
+    gce.withhold(ZONE_B, "nvidia-tesla-t4")
+    got = {(o.zone, o.instance_type) for o in prov.offerings([pool])}
+    assert got == {(ZONE_A, "g2-standard-4"), (ZONE_B, "g2-standard-4"), (ZONE_B, "a2-highgpu-1g"), (ZONE_A, t4)}
+    assert all("((" not in q["filter"][0] for _, _, q in gce.requests("GET", "/aggregated/machineTypes"))
+    prov.offerings([pool])  # read once, then from the cache
+    assert len(gce.requests("GET", "/aggregated/machineTypes")) == 1
+
+
+def test_an_accelerator_the_zone_lacks_is_mapped_not_a_plain_error(prov, gce):
+    gce.withhold(ZONE_A, "nvidia-tesla-t4")
+    with pytest.raises(CapacityError, match="does not exist in zone") as e:
+        prov.create(req("k-acc", itype="n1-standard-8+1xnvidia-tesla-t4"))
+    assert (e.value.zone, e.value.instance_type) == (ZONE_A, "n1-standard-8+1xnvidia-tesla-t4")
