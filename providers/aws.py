@@ -118,6 +118,7 @@ class AwsProvider:
             id=d["InstanceId"], provider=self.name, cloud="aws", region=region, zone=d["Placement"]["AvailabilityZone"],
             instance_type=d["InstanceType"], market="spot" if d.get("InstanceLifecycle") == "spot" else "on-demand",
             state=STATES.get(d["State"]["Name"], "terminated"), pool=tags.get(TAG_POOL, ""), tags=tags,
+            placement_group=d.get("Placement", {}).get("GroupName", ""),
             launched_at=d["LaunchTime"].isoformat() if hasattr(d.get("LaunchTime"), "isoformat") else str(d.get("LaunchTime", "")),
         )
 
@@ -239,7 +240,7 @@ class AwsProvider:
             prof = s["iam_instance_profile"]
             params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
         if request.placement_group:
-            self._placement_group(ec2, request.placement_group)
+            self._placement_group(ec2, request.placement_group, p.region)
             params["Placement"]["GroupName"] = request.placement_group
         if request.market == "spot":
             opts: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
@@ -250,14 +251,56 @@ class AwsProvider:
                           cloud_zone=(request.zone, request.instance_type, request.market), **params)
         return self._to_instance(p.region, resp["Instances"][0])
 
-    def _placement_group(self, ec2, name: str) -> None:
-        """A cluster placement group for a gang, created once (tagged with the fleet) and reused."""
+    def _placement_group(self, ec2, name: str, region: str) -> None:
+        """A cluster placement group for a gang, created once (tagged with the fleet) and reused; clean_up deletes
+        it once no instance is in it."""
         try:
             self._call(f"create_placement_group {name}", ec2.create_placement_group, GroupName=name, Strategy="cluster",
                        TagSpecifications=[{"ResourceType": "placement-group", "Tags": [{"Key": TAG_FLEET, "Value": self.ctx.fleet}]}])
         except ProviderError as e:
-            if "InvalidPlacementGroup.Duplicate" not in str(e):
-                raise
+            if "InvalidPlacementGroup.Duplicate" in str(e):
+                return
+            if "PlacementGroupLimitExceeded" in str(e):
+                raise QuotaError(str(e), cloud="aws", quota="placement groups per Region (500 per account)", region=region,
+                                 how_to_raise=f"delete placement groups nothing uses (`aws ec2 describe-placement-groups "
+                                 f"--region {region}`; this fleet deletes its own once their gang is gone), or ask AWS "
+                                 "Support to raise the limit") from None
+            raise
+
+    def clean_up(self, pools: Sequence[PoolTarget], in_use: frozenset[str] = frozenset()) -> list[str]:
+        """Delete this fleet's cluster placement groups that no instance is in any more (their gang is gone or was
+        never launched): terminating the instances leaves the group, and the per-Region limit would then fail every
+        later gang. `in_use`: groups observed instances are in (not tried). EC2 refuses a group whose members are
+        still shutting down (InvalidPlacementGroup.InUse): asked again with backoff for `placement_group_wait`
+        seconds (default 180), then left for a later run. Only groups tagged with this fleet are touched."""
+        removed = []
+        for region in self._regions(pools):
+            ec2 = self.ec2(region)
+            resp = self._call("describe_placement_groups", ec2.describe_placement_groups,
+                              Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [self.ctx.fleet]}])
+            for g in resp.get("PlacementGroups", []):
+                tags = {t["Key"]: t["Value"] for t in g.get("Tags", [])}
+                if tags.get(TAG_FLEET) != self.ctx.fleet or g.get("Strategy") != "cluster" or g["GroupName"] in in_use:
+                    continue
+                if self._delete_group(ec2, g["GroupName"]):
+                    removed.append(f"{region}/{g['GroupName']}")
+        return removed
+
+    def _delete_group(self, ec2, name: str) -> bool:
+        pause, deadline = 1.0, time.monotonic() + float(self.ctx.options.get("placement_group_wait", 180))
+        while True:
+            try:
+                self._call(f"delete_placement_group {name}", ec2.delete_placement_group, GroupName=name)
+                return True
+            except ProviderError as e:
+                if "InvalidPlacementGroup.Unknown" in str(e):
+                    return False
+                if "InvalidPlacementGroup.InUse" not in str(e):
+                    raise
+                if time.monotonic() + pause > deadline:
+                    return False  # members still shutting down: a later run deletes it
+                time.sleep(pause)
+                pause = min(pause * 2, 15.0)
 
     def _owned(self, instance: Instance, verb: str) -> dict | None:
         """The instance as EC2 describes it now, checked to be this fleet's before we `verb` it;

@@ -75,6 +75,7 @@ class Instance:
     pool: str
     tags: Mapping[str, str] = field(default_factory=dict)
     launched_at: str = ""
+    placement_group: str = ""  # the cluster placement group it runs in, where the cloud says (AWS)
 
     @property
     def alive(self) -> bool:
@@ -143,6 +144,17 @@ class PlacementRecorder(Protocol):
     def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
         """Replace the instance's placement tags with `record`. Raises OwnershipError (writing
         nothing) if the instance is not this fleet's; an instance already gone is not an error."""
+        ...
+
+
+@runtime_checkable
+class Janitor(Protocol):
+    """An optional capability: a provider that creates cloud objects besides instances (AWS cluster placement
+    groups) and deletes this fleet's unused ones after an apply."""
+
+    def clean_up(self, pools: Sequence[PoolTarget], in_use: frozenset[str] = frozenset()) -> list[str]:
+        """Delete this fleet's objects in the pools' regions that nothing uses (`in_use`: placement groups observed
+        instances are in); returns what was deleted."""
         ...
 
 

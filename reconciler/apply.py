@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, PlacementRecorder, ownership_tags
+from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
@@ -106,6 +106,7 @@ class ApplyReport:
     placements: dict[str, list[str]] = field(default_factory=dict)  # job -> instance ids, as now recorded
     stopped: bool = False  # asked to stop (Ctrl-C): actions after that point were not started
     not_started: list[str] = field(default_factory=list)  # "create +3", "delete i-0ab..."
+    cleaned_up: list[str] = field(default_factory=list)  # unused cloud objects deleted (AWS placement groups)
 
     @property
     def ok(self) -> bool:
@@ -191,6 +192,28 @@ def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str
             steps.end(started, "tag", inst.id, "record placements", inst.id, e)
 
 
+def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: ApplyReport) -> None:
+    """Janitor providers delete this fleet's placement groups nothing is in, when one may have just been freed: an
+    instance in a group was deleted, a create into a group failed, or an observed instance is in one (its group is
+    kept, others are looked at). Providers whose instances report no groups are not asked."""
+    deleted = set(report.deleted)
+    for name, pools in sorted(fleet.pools_by_provider().items()):
+        ours = [i for i in existing.values() if i.provider == name]
+        in_use = frozenset(i.placement_group for i in ours if i.placement_group and i.id not in deleted)
+        freed = any(i.placement_group and i.id in deleted for i in ours) or any(
+            c.placement_group and c.ref in report.failed_refs for c in plan.creates if c.provider == name)
+        if not (freed or in_use):
+            continue
+        provider = fleet.provider(name)
+        if not isinstance(provider, Janitor):
+            continue
+        try:
+            report.cleaned_up.extend(_retry(lambda: provider.clean_up([pool_target(p) for p in pools], in_use),
+                                            f"clean up {name}"))
+        except ProviderError as e:
+            report.failures.append(f"clean up {name}: {e} (the next run tries again)")
+
+
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,
                on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyReport:
     """on_event: told of every action as it starts and ends (ApplyEvent). should_stop: asked before each
@@ -269,6 +292,9 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
         except ProviderError as e:
             report.failures.append(f"delete {d.instance_id}: {e}")
             steps.end(started, "delete", d.instance_id, what, d.instance_id, e)
+
+    if not report.stopped:
+        _clean_up(fleet, plan, existing, report)
 
     gone = set(report.deleted)
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}

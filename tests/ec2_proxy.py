@@ -9,8 +9,12 @@ moto server unchanged, except:
   TerminateInstances / CreateTags) calls that name it by id;
 * injected errors (fail(action, code, message, count)): the next `count` calls of `action` answer this EC2 error
   (HTTP 400, EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances;
-* the cluster placement group limit (placement_group_limit): CreatePlacementGroup beyond it answers
-  PlacementGroupLimitExceeded, as EC2 does at its per-Region quota (500 groups per account per Region).
+* placement groups, which moto (5.x) does not implement at all: CreatePlacementGroup (with its tags;
+  InvalidPlacementGroup.Duplicate; PlacementGroupLimitExceeded beyond placement_group_limit groups in the
+  Region, EC2's per-account-per-Region limit, 500 on real accounts), DescribePlacementGroups (GroupName.N,
+  Filter tag:KEY), DeletePlacementGroup (InvalidPlacementGroup.InUse while a launched member is not
+  terminated, InvalidPlacementGroup.Unknown); RunInstances' Placement.GroupName must name an existing group
+  (InvalidPlacementGroup.Unknown otherwise) and makes the launched instance a member.
 
 Requests are EC2 query requests (form-encoded POST bodies with Action=...); other services pass through untouched.
 """
@@ -33,6 +37,12 @@ def ec2_error(code: str, message: str) -> bytes:
             f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
 
 
+def _group_xml(name: str, g: dict) -> str:
+    tags = "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in sorted(g["tags"].items()))
+    return (f"<groupName>{escape(name)}</groupName><state>available</state><strategy>{g['strategy']}</strategy>"
+            f"<groupId>{g['id']}</groupId><tagSet>{tags}</tagSet>")
+
+
 class Ec2Proxy:
     def __init__(self, upstream: str):
         u = urlsplit(upstream)
@@ -43,6 +53,7 @@ class Ec2Proxy:
         self.failures: list[list] = []  # [action, code, message, remaining]
         self.placement_group_limit: int | None = None
         self.calls: list[str] = []  # every EC2 Action seen
+        self.groups: dict[tuple[str, str], dict] = {}  # (region, name) -> {"id", "strategy", "tags", "members"}
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -88,23 +99,99 @@ class Ec2Proxy:
                     if self.unseen.get(iid, 0) > 0:
                         self.unseen[iid] -= 1
                         return ec2_error("InvalidInstanceID.NotFound", f"The instance ID '{iid}' does not exist")
-        if action == "CreatePlacementGroup" and self.placement_group_limit is not None:
-            if self._count_groups(region) >= self.placement_group_limit:
-                return ec2_error("PlacementGroupLimitExceeded", "You've reached the limit of placement groups in this Region.")
+            if action == "RunInstances" and params.get("Placement.GroupName"):
+                if (region, params["Placement.GroupName"][0]) not in self.groups:
+                    return ec2_error("InvalidPlacementGroup.Unknown",
+                                     f"The Placement Group '{params['Placement.GroupName'][0]}' is unknown.")
+            if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
+                return self._placement_groups(action, params, region)
         return None
 
-    def _count_groups(self, region: str) -> int:
+    def _placement_groups(self, action: str, params: dict[str, list[str]], region: str) -> bytes:
+        """EC2's placement group calls, answered here (moto has none); a non-error answer is returned as an
+        `ok:` prefixed body the handler sends with 200."""
+        one = {k: v[0] for k, v in params.items()}
+        ns = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
+        if action == "CreatePlacementGroup":
+            name = one.get("GroupName", "")
+            if (region, name) in self.groups:
+                return ec2_error("InvalidPlacementGroup.Duplicate", f"The placement group '{name}' already exists.")
+            if self.placement_group_limit is not None and \
+                    sum(r == region for r, _ in self.groups) >= self.placement_group_limit:
+                return ec2_error("PlacementGroupLimitExceeded",
+                                 "You've reached the limit of placement groups that you can create in this Region.")
+            tags = {}
+            for k, v in one.items():
+                m = re.fullmatch(r"TagSpecification\.(\d+)\.Tag\.(\d+)\.Key", k)
+                if m:
+                    tags[v] = one.get(f"TagSpecification.{m.group(1)}.Tag.{m.group(2)}.Value", "")
+            g = {"id": f"pg-{uuid.uuid4().hex[:17]}", "strategy": one.get("Strategy", "cluster"), "tags": tags, "members": set()}
+            self.groups[(region, name)] = g
+            return b"ok:" + (f"<CreatePlacementGroupResponse {ns}><requestId>{uuid.uuid4()}</requestId>"
+                             f"<placementGroup>{_group_xml(name, g)}</placementGroup></CreatePlacementGroupResponse>").encode()
+        if action == "DescribePlacementGroups":
+            names = {v for k, v in one.items() if re.fullmatch(r"GroupName\.\d+", k)}
+            wanted: list[tuple[str, set[str]]] = []
+            for k, v in one.items():
+                m = re.fullmatch(r"Filter\.(\d+)\.Name", k)
+                if m and v.startswith("tag:"):
+                    values = {vv for kk, vv in one.items() if kk.startswith(f"Filter.{m.group(1)}.Value.")}
+                    wanted.append((v[4:], values))
+            rows = [(n, g) for (r, n), g in sorted(self.groups.items()) if r == region and (not names or n in names)
+                    and all(g["tags"].get(key) in values for key, values in wanted)]
+            missing = names - {n for n, _ in rows}
+            if missing:
+                return ec2_error("InvalidPlacementGroup.Unknown", f"The Placement Group '{min(missing)}' is unknown.")
+            items = "".join(f"<item>{_group_xml(n, g)}</item>" for n, g in rows)
+            return b"ok:" + (f"<DescribePlacementGroupsResponse {ns}><requestId>{uuid.uuid4()}</requestId>"
+                             f"<placementGroupSet>{items}</placementGroupSet></DescribePlacementGroupsResponse>").encode()
+        name = one.get("GroupName", "")
+        g = self.groups.get((region, name))
+        if g is None:
+            return ec2_error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+        if any(self._alive(region, iid) for iid in g["members"]):
+            return ec2_error("InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use and may not be deleted.")
+        del self.groups[(region, name)]
+        return b"ok:" + (f"<DeletePlacementGroupResponse {ns}><requestId>{uuid.uuid4()}</requestId>"
+                         "<return>true</return></DeletePlacementGroupResponse>").encode()
+
+    def show_groups(self, body: bytes, region: str) -> bytes:
+        """Put each member's placement group in its <placement> (EC2 reports Placement.GroupName; moto has none)."""
+        with self.lock:
+            member = {iid: name for (r, name), g in self.groups.items() if r == region for iid in g["members"]}
+        if not member:
+            return body
+        text = body.decode()
+        out, pos = [], 0
+        for mm in re.finditer(r"<instanceId>(i-[0-9a-f]+)</instanceId>", text):
+            name = member.get(mm.group(1))
+            if name is None or mm.start() < pos:
+                continue
+            start = text.find("<placement>", mm.end())
+            end = text.find("</placement>", start)
+            if start < 0 or end < 0:
+                continue
+            inner = re.sub(r"<groupName>[^<]*</groupName>|<groupName/>", "", text[start + len("<placement>"):end])
+            out.append(text[pos:start] + f"<placement><groupName>{escape(name)}</groupName>{inner}")
+            pos = end
+        return ("".join(out) + text[pos:]).encode()
+
+    def _alive(self, region: str, iid: str) -> bool:
         import boto3
 
         ec2 = boto3.client("ec2", region_name=region, endpoint_url=f"http://{self.upstream[0]}:{self.upstream[1]}")
-        return len(ec2.describe_placement_groups()["PlacementGroups"])
+        found = [d for r in ec2.describe_instances(InstanceIds=[iid])["Reservations"] for d in r["Instances"]]
+        return any(d["State"]["Name"] != "terminated" for d in found)
 
-    def launched(self, body: bytes) -> None:
+    def launched(self, body: bytes, params: dict[str, list[str]], region: str) -> None:
         ids = re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", body)
         with self.lock:
             for iid in ids:
                 if self.lag_reads:
                     self.unseen[iid.decode()] = self.lag_reads
+                group = self.groups.get((region, (params.get("Placement.GroupName") or [""])[0]))
+                if group is not None:
+                    group["members"].add(iid.decode())
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -121,7 +208,10 @@ class _Handler(BaseHTTPRequestHandler):
         action = (params.get("Action") or [""])[0]
         m = _REGION.search(self.headers.get("Authorization", ""))
         if action:
-            err = self.owner.intercept(action, params, m.group(1) if m else "us-east-1")
+            region = m.group(1) if m else "us-east-1"
+            err = self.owner.intercept(action, params, region)
+            if err is not None and err.startswith(b"ok:"):
+                return self._reply(200, {"Content-Type": "text/xml;charset=UTF-8"}, err[3:])
             if err is not None:
                 return self._reply(400, {"Content-Type": "text/xml;charset=UTF-8"}, err)
         conn = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
@@ -131,7 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
             resp = conn.getresponse()
             body = resp.read()
             if action == "RunInstances" and resp.status == 200:
-                self.owner.launched(body)
+                self.owner.launched(body, params, m.group(1) if m else "us-east-1")
+            if action in ("RunInstances", "DescribeInstances") and resp.status == 200:
+                body = self.owner.show_groups(body, m.group(1) if m else "us-east-1")
             self._reply(resp.status, {k: v for k, v in resp.getheaders()
                                       if k.lower() not in ("content-length", "transfer-encoding", "connection")}, body)
         finally:

@@ -89,3 +89,57 @@ def test_aws_reports_a_refused_group_as_a_provider_error(aws_env, tmp_path):
         prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
                                   tags=ownership_tags("pg-x", "a100", "k"), placement_group="pg-x-job"))
     assert prov.observe([target]) == []  # nothing was launched
+
+
+# -- placement groups are cleaned up (issue 22, item 5) ----------------------------------------------
+@pytest.fixture
+def ec2_proxy(aws_env):
+    from tests.ec2_proxy import Ec2Proxy
+
+    p = Ec2Proxy(aws_env).start()
+    yield p
+    p.stop()
+
+
+def _gang_docs(fleet: str, jobs: list[str]) -> list[dict]:
+    docs = _docs(fleet, aws=True)[:3]
+    return docs + [job(j, gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=2, gang="placement-group") for j in jobs]
+
+
+def test_a_gangs_placement_group_is_deleted_once_the_gang_is_gone(ec2_proxy, tmp_path):
+    """EC2 keeps a cluster placement group after its instances are terminated, and its per-Region limit then fails
+    every later gang (PlacementGroupLimitExceeded). The layer in front of moto enforces the limit (moto has no
+    placement groups) and refuses to delete a group that still has a live member, as EC2 does."""
+    fleet = f"pg-{uuid.uuid4().hex[:6]}"
+    ec2_proxy.placement_group_limit = 1
+    opts = {"endpoint_url": ec2_proxy.url, "placement_group_wait": "30"}
+    cfg = write_config(tmp_path / "cfg", _gang_docs(fleet, ["pretrain"]))
+    first = api.apply(cfg, provider="aws", options=opts, time_limit=5)
+    assert first.report.ok and len(first.plan.creates) == 2
+    groups = {c.placement_group for c in first.plan.creates}
+    assert {n for _, n in ec2_proxy.groups} == groups and len(groups) == 1
+    assert not first.report.cleaned_up  # in use: kept
+
+    write_config(cfg, _gang_docs(fleet, []))  # the gang is gone
+    second = api.apply(cfg, provider="aws", options=opts, time_limit=5, allow_destroy=2)
+    assert second.report.ok and len(second.report.deleted) == 2
+    assert [r.split("/", 1)[1] for r in second.report.cleaned_up] == sorted(groups) and not ec2_proxy.groups
+
+    # Limit 1: another gang gets its group only because the first one's was deleted.
+    write_config(cfg, _gang_docs(fleet, ["finetune"]))
+    third = api.apply(cfg, provider="aws", options=opts, time_limit=5)
+    assert third.report.ok and len(third.report.created) == 2
+    assert {n for _, n in ec2_proxy.groups} == {c.placement_group for c in third.plan.creates} != groups
+
+
+def test_the_placement_group_limit_is_a_quota_error(ec2_proxy, tmp_path):
+    from reconciler.errors import QuotaError
+
+    ec2_proxy.placement_group_limit = 0
+    prov = AwsProvider(ProviderContext(fleet="pg-q", state_dir=tmp_path, options={"endpoint_url": ec2_proxy.url}))
+    target = PoolTarget(name="a100", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
+                        settings={"ami": AMI})
+    with pytest.raises(QuotaError, match="PlacementGroupLimitExceeded") as e:
+        prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
+                                  tags=ownership_tags("pg-q", "a100", "k"), placement_group="pg-q-job"))
+    assert "placement groups per Region" in str(e.value) and prov.observe([target]) == []
