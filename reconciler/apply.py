@@ -36,6 +36,7 @@ from reconciler.errors import CapacityError, KeySpentError, ProviderError, Trans
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target
 from reconciler.plan import CreateAction, Plan
+from reconciler.problem import shape_of
 from reconciler.state import State
 
 RETRIES = 4
@@ -254,6 +255,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     stranded: set[str] = set()  # instances still hosting a replica that could not move
     placements: dict[str, list[str]] = {}
     gpus: dict[str, list[list[int]]] = {}
+    stayed_old: set[str] = set()  # jobs whose move failed: they still run as they were
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
             ids = [report.created.get(r) if r.startswith("+") else r for r in j.instances]
@@ -264,6 +266,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
                 continue
             if j.previous:
                 placements[j.job] = list(j.previous)
+                stayed_old.add(j.job)
                 if j.job in observed.gpu_indices:  # aligned with previous (the survivors), as observed
                     gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
                 stranded.update(j.previous)
@@ -299,6 +302,10 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     gone = set(report.deleted)
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
     state.gpus = {j: g for j, g in gpus.items() if j in state.placements}
+    # The shape each placed job runs with: the desired one, except where a move failed and the
+    # job still runs as it was (the next plan sees the change again and restarts it).
+    state.shapes = {j: (observed.shapes[j] if j in stayed_old and j in observed.shapes else shape_of(desired.jobs[j]))
+                    for j in state.placements if j in desired.jobs}
     state.serial = serial
     report.placements = state.placements
     return report

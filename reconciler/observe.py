@@ -35,6 +35,7 @@ class Observed:
     gpu_indices: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)  # job -> GPUs per replica, as applied
     serial: int = 0  # the newest placement serial seen, in the state or on an instance's tags
     notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
+    shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
 
     @property
     def digest(self) -> str:
@@ -108,4 +109,5 @@ class Fleet:
             gpu_indices=merged.gpu_indices, serial=merged.serial,
             notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
                                        "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle)),
+            shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
         )

@@ -19,7 +19,7 @@ from reconciler.explain import pending_reason
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Capacity, Demand, Problem, spot_measure
+from reconciler.problem import Capacity, Demand, Problem, shape_changes, spot_measure
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
@@ -257,15 +257,18 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         h = hosts[hk]
         b = Bin.empty(h, hk)
         known = _resident_gpus(h, problem, observed) if h.gpus else {}
+        fresh = []
         for job, r in staying_at.get(hk, []):
             d = demand_of[job]
+            if job in d.reshaped:  # restarts here in its new shape: GPUs given afresh, after the others'
+                fresh.append((d, job, r, pgs.get(d.key)))
+                continue
             idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
             b.reserve(d, idx)
             gpu_of[(job, r)] = tuple(idx)
             where[(job, r)] = hk
         # A replica placed anew on the instance it runs on takes its own GPUs again when they
         # are free, so a job that ends where it was is really kept (apply records these GPUs).
-        fresh = []
         for d, job, r in to_host.get(hk, []):
             idx = known.get((job, r)) if d.bundle == 1 else None
             was_here = tuple(observed.placements.get(job, ()))[r:r + 1] == (hk,)
@@ -384,6 +387,9 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
                 note = _move_note(job, prev, now_t, observed, hosts, solution) if action == "move" else ""
+                if job in d.reshaped:  # a resource change is a change: the job restarts
+                    where_to = "restarts in place" if action == "keep" else "restarts on other instances"
+                    action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
                 if action == "place" and observed.lost.get(job):
                     note = f"replaces {', '.join(observed.lost[job])}: gone (spot interruption or lost capacity)"
                 jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))

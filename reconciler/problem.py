@@ -62,6 +62,7 @@ class Demand:
     hours: float
     running: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (job, host per item) of jobs running now
     base_priority: int = 0
+    reshaped: frozenset[str] = frozenset()  # running jobs whose resources changed since they were placed: they restart
 
     @property
     def gang(self) -> bool:
@@ -307,6 +308,27 @@ class OfferFits:
 # ---------------------------------------------------------------- demands
 
 
+SHAPE_FIELDS = ("gpus", "gpu_type", "mig", "nvlink", "cpu", "memory_gib")
+
+
+def shape_of(job: Job) -> dict:
+    """What one replica of a job runs with, as apply records it (state `shapes`): a change in
+    any of these restarts the job (in place when the new shape fits there)."""
+    r = job.spec.resources
+    return {"gpus": r.gpus, "gpu_type": r.gpu_type, "mig": f"{r.mig.count}x {r.mig.profile}" if r.mig else None,
+            "nvlink": r.nvlink, "cpu": r.cpu, "memory_gib": r.memory_gib}
+
+
+def shape_changes(job: Job, observed: Observed) -> tuple[str, ...]:
+    """The resource fields of a running job that differ from the shape it was placed with, as
+    "field old -> new" (empty: unchanged, or no shape recorded, e.g. a state from before shapes)."""
+    old = getattr(observed, "shapes", {}).get(job.name)
+    if not old or not observed.placements.get(job.name):
+        return ()
+    new = shape_of(job)
+    return tuple(f"{k} {old.get(k)} -> {new[k]}" for k in SHAPE_FIELDS if k in old and old.get(k) != new[k])
+
+
 def _utc(t: datetime | None) -> datetime | None:
     if t is None:
         return None
@@ -358,6 +380,7 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
         running = tuple(
             (j.name, tuple(observed.placements[j.name])) for j in jobs if observed.placements.get(j.name)
         )
+        reshaped = frozenset(j.name for j in jobs if shape_changes(j, observed))
         out.append(Demand(
             key=f"d{i}:{jobs[0].name}", jobs=tuple(j.name for j in jobs), replicas=items, bundle=bundle, tenant=s.tenant,
             gpus=r.gpus * bundle, gpu_type=r.gpu_type, mig=(r.mig.profile, r.mig.count * bundle) if r.mig else None,
@@ -367,7 +390,7 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
             regions=tuple(s.regions) if s.regions is not None else None,
             clouds=frozenset(s.clouds) if s.clouds is not None else None, zones=zones,
             data_location=s.data.location if s.data else None, data_gib=s.data.size_gib if s.data else 0.0,
-            hours=s.expected_hours, running=running,
+            hours=s.expected_hours, running=running, reshaped=reshaped,
         ))
     return out
 
@@ -500,7 +523,13 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
         # Protected: its running jobs, highest priority first, while they stay inside the guarantee.
         used = {dim: 0.0 for dim in DIMS}
         protected = 0
-        running = sorted(((d, job) for d in by_tenant.get(name, []) for job, _ in d.running),
+        # Only jobs running whole in the shape they ask for now: a gang grown by a replica (or a
+        # job whose resources changed) needs capacity it does not hold, which is new work. Counted
+        # at its new size, it outweighed other tenants' guaranteed work in this sum (a vision gang
+        # grown from 2 to 3 x 8 GPUs evicted nlp's critical MIG job and infra's CPU job to fit the
+        # fleet budget and max_instances: issue 18).
+        running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
+                          if len(iids) == d.replicas * d.bundle and job not in d.reshaped),
                          key=lambda dj: (-dj[0].priority, dj[1]))
         for d, _ in running:
             need = {dim: d.req(dim) * d.replicas for dim in DIMS}
@@ -638,6 +667,8 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
             continue
         if any(d.gang and d.running_items < d.running_jobs * d.replicas for d, _ in res):
             continue  # a gang that lost a replica is healed around its survivors
+        if any(job in by_key[dk].reshaped for dk, job, _ in h.residents):
+            continue  # a job whose resources changed restarts
         tc = type_class(h)
         dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
         free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}

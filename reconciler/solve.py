@@ -500,8 +500,8 @@ class _Model:
             kept_items = self.placed[d.key] * d.running_items if d.gang else self.krj[d.key]
             mv = kept_items - sum(stays)
             self.moved[d.key] = mv
-            if when_empty:
-                m.add(mv <= forced.get(d.key, 0))
+            if when_empty:  # (a job whose resources changed restarts anyway: it may restart elsewhere)
+                m.add(mv <= forced.get(d.key, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped))
 
     # -- objectives
 
@@ -618,6 +618,8 @@ class _Model:
         pol = p.placement
         for dk, mv in self.moved.items():
             d = self.demands[dk]
+            if len(d.reshaped) == d.running_jobs:
+                continue  # its running jobs restart in their new shape wherever they go: moving them costs no more
             per_item = pol.move_cost_per_gpu * (d.gpus or 0) if (d.gpus or d.mig) else pol.move_cost_per_replica
             if d.mig:
                 per_item = pol.move_cost_per_gpu * d.size / 7

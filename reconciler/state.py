@@ -31,6 +31,7 @@ class State:
     gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica on its instance
     short: list[dict] = field(default_factory=list)  # {cloud, zone, instance_type, market, until}
     serial: int = 0  # one more each apply, and above every placement tag's serial seen
+    shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (problem.shape_of)
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()
@@ -51,14 +52,16 @@ def state_dir(config_dir: Path) -> Path:
 
 def state_to_json(state: State) -> str:
     return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())),
-                       "gpus": dict(sorted(state.gpus.items())), "short": state.short}, indent=1)
+                       "gpus": dict(sorted(state.gpus.items())), "shapes": dict(sorted(state.shapes.items())),
+                       "short": state.short}, indent=1)
 
 
 def state_from_json(text: str) -> State:
     raw = json.loads(text)
     now = utcnow()
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
-    return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0))
+    return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
+                 shapes=raw.get("shapes", {}))
 
 
 def load_state(config_dir: Path) -> State:

@@ -157,24 +157,45 @@ def job_size(job: Job) -> int:
     return work_units(job) * job.spec.replicas
 
 
-def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
-    """Work units of the tenant's running jobs inside its guarantee, highest priority first
-    (the README: 'no tenant loses guaranteed work it runs now to another tenant')."""
+def changed(job: Job, observed: Observed) -> bool:
+    """Does a running job ask for something other than what runs: another replica count (a gang
+    grown or shrunk), or resources other than those apply recorded it with (state `shapes`)?"""
+    placed = observed.placements.get(job.name, ())
+    if len(placed) != job.spec.replicas:
+        return True
+    old = getattr(observed, "shapes", {}).get(job.name)
+    if not old:
+        return False
+    r = job.spec.resources
+    now = {"gpus": r.gpus, "gpu_type": r.gpu_type, "mig": f"{r.mig.count}x {r.mig.profile}" if r.mig else None,
+           "nvlink": r.nvlink, "cpu": r.cpu, "memory_gib": r.memory_gib}
+    return any(k in old and old[k] != v for k, v in now.items())
+
+
+def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> list[str]:
+    """The tenant's running jobs inside its guarantee, highest priority first (the README: 'no
+    tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
+    the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
     q = desired.tenants[tenant].spec.quota
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     if not guar:
-        return 0
+        return []
     used = dict.fromkeys(DIMS, 0.0)
-    total = 0
-    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name)]
+    out = []
+    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
     for j in sorted(running, key=lambda j: (-j.spec.priority_weight(), j.name)):
         r = j.spec.resources
         need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
         if all(used[k] + need[k] <= guar[k] + EPS for k in guar):
             for k in DIMS:
                 used[k] += need[k]
-            total += job_size(j)
-    return total
+            out.append(j.name)
+    return out
+
+
+def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
+    """Work units of the tenant's protected jobs (`protected_jobs`)."""
+    return sum(job_size(desired.jobs[j]) for j in protected_jobs(desired, observed, tenant))
 
 
 def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:
@@ -496,3 +517,119 @@ def _check_guardrails(desired: DesiredState, plan: Plan, hosts: dict[str, Host])
     assert abs(plan.cost_after - cost) <= 1e-3, f"the plan says ${plan.cost_after}/h after; its instances cost ${cost:.4f}/h"
     if g.max_hourly_budget is not None:
         assert cost <= g.max_hourly_budget + EPS, f"the fleet costs ${cost:.4f}/h, over max_hourly_budget {g.max_hourly_budget}"
+
+
+# ---------------------------------------------------------------- stability (issue 18)
+
+
+def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) -> bool:
+    """Could the job stay where it runs by the config's rules: every instance exists, matches its
+    pool, the guardrails and the job's allowlists and spot rule, and is not deleted for a rule."""
+    insts = {i.id: i for i in observed.instances}
+    deleted = {d.instance_id: d.reason for d in plan.deletes}
+    s, g = job.spec, desired.guardrails
+    for iid in observed.placements.get(job.name, ()):
+        i = insts.get(iid)
+        if i is None:
+            return False
+        pool = desired.pools.get(i.pool)
+        if pool is None or i.zone not in pool.spec.zones or i.instance_type not in pool.spec.instance_types or i.market not in pool.spec.markets():
+            return False
+        if not region_matches(g.allowed_regions, i.cloud, i.region) or (g.allowed_clouds is not None and i.cloud not in g.allowed_clouds):
+            return False
+        if s.pools is not None and i.pool not in s.pools or s.clouds is not None and i.cloud not in s.clouds:
+            return False
+        if s.regions is not None and not region_matches(list(s.regions), i.cloud, i.region):
+            return False
+        if s.spot == "never" and i.market == "spot" or s.spot == "required" and i.market != "spot":
+            return False
+        if iid in deleted and deleted[iid].startswith(("consolidated", "no longer needed")) is False:
+            return False
+    return True
+
+
+def _use_now(desired: DesiredState, observed: Observed, tenant: str) -> dict[str, float]:
+    use = dict.fromkeys(DIMS, 0.0)
+    for j in desired.jobs.values():
+        n = len(observed.placements.get(j.name, ()))
+        if j.spec.tenant == tenant and n:
+            r = j.spec.resources
+            for k, v in (("gpus", r.gpus), ("cpu", r.cpu), ("memory_gib", r.memory_gib)):
+                use[k] += v * n
+    return use
+
+
+def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
+    """Does the fleet as it runs break a fleet-wide rule (then something must give)?"""
+    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
+    hosts = fleet_after(observed, empty)
+    g = desired.guardrails
+    if g.max_hourly_budget is not None and sum(h.price for h in hosts.values()) > g.max_hourly_budget + EPS:
+        return True
+    per_pool = Counter(h.pool for h in hosts.values())
+    if any(p in desired.pools and n > desired.pools[p].spec.max_instances for p, n in per_pool.items()):
+        return True
+    if g.tenant_hourly_budgets:
+        cost: dict[str, float] = defaultdict(float)
+        for j in desired.jobs.values():
+            for iid in observed.placements.get(j.name, ()):
+                if iid in hosts:
+                    cost[j.spec.tenant] += hosts[iid].price * replica_share(j, hosts[iid])
+        if any(cost[t] > b + EPS for t, b in g.tenant_hourly_budgets.items()):
+            return True
+    sp = desired.spot_policy
+    return sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1 or any(
+        h.market == "spot" for h in hosts.values()) and sp.max_spot_fraction < 1
+
+
+def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> None:
+    """Issue 18: running work that may stay where it is stays, unless a rule the README names
+    requires otherwise. An evicted job must have one: it changed (grown gang, new resources),
+    its placement broke a rule, higher-class work of its own tenant came, its tenant borrows
+    (over its guarantee) or is over its ceiling, or the fleet as it runs breaks a fleet-wide
+    rule. A tenant's protected jobs (`protected_jobs`) are never evicted for its borrowing or
+    other tenants' work. And no replica moves to a new instance identical in pool, zone, type,
+    market and price to the one it leaves, which is deleted."""
+    placed_before = {j for j, ids in observed.placements.items() if ids}
+    placed_now = {jc.job for jc in plan.jobs if jc.action in ("keep", "place", "move")}
+    broken = None
+    for jc in plan.jobs:
+        if jc.action != "evict":
+            continue
+        job = desired.jobs[jc.job]
+        t = job.spec.tenant
+        if changed(job, observed) or not _legal_now(job, observed, desired, plan):
+            continue
+        klass = priority_class(job.spec.priority_weight())
+        if desired.placement.preemption == "LowerPriority" and any(
+                k in placed_now and (k not in placed_before or changed(desired.jobs[k], observed))
+                and desired.jobs[k].spec.tenant == t and priority_class(desired.jobs[k].spec.priority_weight()) > klass
+                for k in desired.jobs):
+            continue  # a higher class of its tenant
+        q = desired.tenants[t].spec.quota if t in desired.tenants else None
+        use = _use_now(desired, observed, t)
+        if q is not None and any(q.cap(k) is not None and use[k] > q.cap(k) + EPS for k in DIMS):
+            continue  # its tenant is over its ceiling: some of its work must go
+        if broken is None:
+            broken = _fleet_rules_broken_now(desired, observed)
+        if broken:
+            continue
+        protected = jc.job in protected_jobs(desired, observed, t)
+        borrowing = q is not None and any(quota_guarantee(q, k) is not None and use[k] > quota_guarantee(q, k) + EPS for k in DIMS)
+        assert borrowing and not protected, (
+            f"{jc.job} ({t}, {job.spec.priority}) evicted from {jc.previous} with no rule requiring it"
+            + (" (inside its tenant's guarantee)" if protected else "") + f": {jc.reason}")
+    insts = {i.id: i for i in observed.instances}
+    creates = {c.ref: c for c in plan.creates}
+    deleted = {d.instance_id for d in plan.deletes}
+    for jc in plan.jobs:
+        if jc.action != "move":
+            continue
+        for old, new in zip(jc.previous, jc.instances):
+            if old in deleted and new in creates and old in insts:
+                i, c = insts[old], creates[new]
+                o = _offering(observed, i.cloud, i.region, i.zone, i.instance_type)
+                price = (o.spot_price if i.market == "spot" else o.on_demand_price) if o else None
+                assert (i.pool, i.zone, i.instance_type, i.market) != (c.pool, c.zone, c.instance_type, c.market) or \
+                    price is None or abs(price - c.price) > EPS, (
+                    f"{jc.job} moves from {old} to {new}, an identical instance ({c.pool} {c.zone} {c.instance_type} {c.market} ${c.price}/h): {jc.reason}")

@@ -1,0 +1,155 @@
+"""Running work is left alone unless a rule requires otherwise (issue 18, items 1, 3 and 5).
+
+Each test applies a fleet on the simulated cloud, edits (or does not edit) the config and
+plans again, through the library API or the CLI, and checks what a platform team would
+look for: nobody's guaranteed work taken, no churn for an unchanged config, and a resource
+change shown as the change it is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from reconciler import api
+from reconciler.cli import app
+from reconciler.state import load_state
+from tests.fleetkit import doc, job, pool, tenant, topology, write_config
+from tests.invariants import check_plan, check_stability
+
+runner = CliRunner()
+A100x8 = {"gpus": 8, "gpu_type": "A100", "cpu": 90, "memory_gib": 1000}
+
+
+def by_job(plan):
+    return {j.job: j for j in plan.jobs}
+
+
+def plan_checked(cfg, **kw):
+    res = api.plan(cfg, **kw)
+    check_plan(res.desired, res.observed, res.plan)
+    check_stability(res.desired, res.observed, res.plan)
+    return res
+
+
+def new_user_fleet(vision=(16, 24), detector_replicas=2) -> list[dict]:
+    """The issue's fleet, as a new user would write it."""
+    mig = pool("gcp-mig", "gcp", "us-central1", ["us-central1-a"], ["a2-ultragpu-8g"], hi=1)
+    mig["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    return [
+        topology(),
+        doc("GuardrailPolicy", "g", {"max_hourly_budget": 120, "tenant_hourly_budgets": {"nlp": 15}}),
+        doc("Tenant", "vision", {"quota": {"gpus": vision[0], "burst": {"gpus": vision[1]}}}),
+        doc("Tenant", "nlp", {"quota": {"gpus": 4, "burst": {"gpus": 8}}}),
+        doc("Tenant", "infra", {"quota": {"cpu": 32, "memory_gib": 128, "gpus": 0}}),
+        pool("aws-train", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge", "m6i.4xlarge"], hi=3),
+        mig,
+        pool("gcp-l4-spot", "gcp", "us-central1", ["us-central1-a"], ["g2-standard-4"], market="spot", hi=4),
+        doc("Job", "detector-train", {"tenant": "vision", "priority": "high", "replicas": detector_replicas, "gang": "placement-group",
+                                      "spot": "never", "resources": {**A100x8, "nvlink": True}}),
+        doc("Job", "seg-sweep", {"tenant": "vision", "priority": "low", "replicas": 2, "resources": A100x8}),
+        doc("Job", "qa-serving", {"tenant": "nlp", "priority": "critical",
+                                  "resources": {"gpu_type": "A100-80GB", "mig": {"profile": "2g.20gb", "count": 1}, "cpu": 4, "memory_gib": 16}}),
+        doc("Job", "embed-backfill", {"tenant": "nlp", "priority": "low", "spot": "required",
+                                      "resources": {"gpus": 1, "gpu_type": "L4", "cpu": 4, "memory_gib": 16}}),
+        doc("Job", "log-compactor", {"tenant": "infra", "resources": {"cpu": 8, "memory_gib": 32}}),
+    ]
+
+
+def rewrite(cfg, docs):
+    (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_fleet_wide_limits_never_license_taking_a_guarantee(tmp_path, time_limit):
+    """Issue 18 item 3: vision's quota and gang grow; the fleet budget and aws-train's
+    max_instances leave no room for a third p4d. CP-SAT evicted nlp's critical MIG job and
+    infra's CPU job (both inside their guarantees) so the gang could grow, and called it
+    optimal. Both stay; the gang cannot run whole and says why."""
+    cfg = write_config(tmp_path / "cfg", new_user_fleet())
+    first = api.plan(cfg, time_limit=10)
+    assert {j.job for j in first.plan.jobs if j.action == "place"} >= {"detector-train", "qa-serving", "log-compactor"}
+    api.apply(cfg, saved_plan=first.plan, time_limit=10)
+
+    rewrite(cfg, new_user_fleet(vision=(40, 48), detector_replicas=3))
+    res = plan_checked(cfg, time_limit=time_limit)
+    jobs = by_job(res.plan)
+    for kept in ("qa-serving", "log-compactor", "embed-backfill"):
+        assert jobs[kept].action == "keep", (kept, jobs[kept])
+    gang = jobs["detector-train"]
+    assert gang.action == "evict" and "max_instances" in gang.reason, gang
+
+
+def test_a_grown_gang_is_not_protected_as_running_work(tmp_path):
+    """The guarantee protects what runs: a gang that grew needs capacity it does not hold."""
+    cfg = write_config(tmp_path / "cfg", new_user_fleet())
+    api.apply(cfg, saved_plan=api.plan(cfg, time_limit=10).plan, time_limit=10)
+    rewrite(cfg, new_user_fleet(vision=(40, 48), detector_replicas=3))
+    res = api.plan(cfg, time_limit=0)
+    assert res.problem.tenants["vision"].protected == 0  # (168 work units before: it outweighed nlp's 9 and infra's 1)
+    assert res.problem.tenants["nlp"].protected == 9 and res.problem.tenants["infra"].protected == 1
+
+
+# ---------------------------------------------------------------- item 5: a changed running job
+
+
+def reshape_fleet(gpus=8, mig="2g.20gb", cpu=4.0) -> list[dict]:
+    mig_pool = pool("m", "gcp", "us-central1", ["us-central1-a"], ["a2-ultragpu-8g"], hi=1)
+    mig_pool["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    return [
+        topology(), tenant("t"),
+        pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2),
+        mig_pool,
+        pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=2),
+        job("train", gpus=gpus, gpu_type="A100", cpu=90, mem=500),
+        doc("Job", "serve", {"tenant": "t", "resources": {"gpu_type": "A100-80GB", "mig": {"profile": mig, "count": 1}, "cpu": 4, "memory_gib": 16}}),
+        job("etl", cpu=cpu, mem=8),
+    ]
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_a_changed_running_job_restarts_in_place_and_the_plan_says_so(tmp_path):
+    """Issue 18 item 5: gpus 8 -> 4, a MIG profile and a vCPU count changed on running jobs.
+    The plan said `keep`, exit 0, and gave the 4-GPU job 8 GPU indices."""
+    cfg = write_config(tmp_path / "cfg", reshape_fleet())
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    assert cli("plan", cfg, "--detailed-exitcode").exit_code == 0
+    before = load_state(cfg).placements
+
+    rewrite(cfg, reshape_fleet(gpus=4, mig="3g.40gb", cpu=8))
+    out = cli("plan", cfg, "--detailed-exitcode")
+    assert out.exit_code == 2, out.output
+    assert "gpus 8 -> 4" in out.output and "mig 1x 2g.20gb -> 1x 3g.40gb" in out.output and "cpu 4.0 -> 8.0" in out.output
+    res = plan_checked(cfg, time_limit=10)
+    jobs = by_job(res.plan)
+    for name in ("train", "serve", "etl"):
+        assert jobs[name].action == "move" and jobs[name].instances == tuple(before[name]), jobs[name]
+        assert jobs[name].reason.endswith("restarts in place"), jobs[name]
+    assert [len(g) for g in jobs["train"].gpus] == [4]
+    assert json.loads(res.plan.to_json())["jobs"][[j.job for j in res.plan.jobs].index("train")]["gpus"] == [[0, 1, 2, 3]]
+    assert not res.plan.creates and not res.plan.deletes
+
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    assert load_state(cfg).gpus["train"] == [[0, 1, 2, 3]]
+    assert cli("plan", cfg, "--detailed-exitcode").exit_code == 0  # the change is done: nothing more to do
+
+
+def test_a_changed_job_that_no_longer_fits_where_it_runs_moves(tmp_path):
+    """A new shape its instance cannot hold (14 vCPU beside another 4 on a 16-vCPU m6i) moves."""
+    docs = reshape_fleet()[:5] + [job("etl", cpu=4, mem=8), job("etl2", cpu=4, mem=8)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    api.apply(cfg, saved_plan=api.plan(cfg, time_limit=10).plan, time_limit=10)
+    placed = load_state(cfg).placements
+    assert placed["etl"] == placed["etl2"]  # both on one m6i.4xlarge
+    rewrite(cfg, reshape_fleet()[:5] + [job("etl", cpu=14, mem=8), job("etl2", cpu=4, mem=8)])
+    res = plan_checked(cfg, time_limit=10)
+    jobs = by_job(res.plan)
+    assert jobs["etl2"].action == "keep"
+    assert jobs["etl"].action == "move" and jobs["etl"].instances != jobs["etl"].previous
+    assert "cpu 4.0 -> 14.0" in jobs["etl"].reason and jobs["etl"].reason.endswith("restarts on other instances")
