@@ -20,12 +20,14 @@ The CI tier runs a fixed set of examples (derandomized); `-m slow` explores new 
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -376,3 +378,88 @@ def test_the_greedy_warm_start_is_a_solution_of_the_model(fleet):
         model.cost()
         model.hint_from(g)
         assert not _violated(model)
+
+
+# ---------------------------------------------------------------- stability (issue 18)
+
+EDITS = ("none", "raise quota", "grow gang", "change resources", "interrupt spot", "lower budget", "new job")
+
+
+def _edit(docs: list[dict], kind: str, draw) -> list[dict]:
+    """One config edit between plans, as a user makes them."""
+    docs = [dict(d, spec=dict(d["spec"])) for d in docs]
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    if kind == "raise quota":
+        for d in docs:
+            if d["kind"] == "Tenant" and "quota" in d["spec"]:
+                q = dict(d["spec"]["quota"])
+                q["gpus"] = q.get("gpus", 0) + 8
+                if "burst" in q:
+                    q["burst"] = {**q["burst"], "gpus": q["burst"]["gpus"] + 8}
+                d["spec"]["quota"] = q
+    elif kind == "grow gang":
+        for d in jobs:
+            if d["spec"].get("replicas", 1) > 1:
+                d["spec"]["replicas"] += 1
+                break
+    elif kind == "change resources" and jobs:
+        d = draw(st.sampled_from(jobs))
+        res = dict(d["spec"]["resources"])
+        if res.get("gpus", 0) >= 2:
+            res["gpus"] //= 2
+            res["nvlink"] = res.get("nvlink", False) and res["gpus"] >= 2
+        elif res.get("mig"):
+            res["mig"] = {**res["mig"], "count": 3 - res["mig"]["count"]}
+        else:
+            res["cpu"] = res["cpu"] / 2
+        d["spec"]["resources"] = res
+    elif kind == "lower budget":
+        for d in docs:
+            if d["kind"] == "GuardrailPolicy":
+                d["spec"]["max_hourly_budget"] = draw(st.sampled_from([20.0, 60.0]))
+    elif kind == "new job" and jobs:
+        new = dict(draw(st.sampled_from(jobs)))
+        new["metadata"] = {"name": "added"}
+        new["spec"] = dict(new["spec"], priority="critical")
+        docs.append(new)
+    return docs
+
+
+def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:
+    """Plan and apply on the simulated cloud, then after each edit plan (every rule, and no
+    eviction, guarantee taken or identical move without a rule: `check_stability`) and apply,
+    and plan again: a plan right after an apply changes nothing."""
+    from providers.sim import SimCloud
+    from reconciler import api
+    from reconciler.state import state_dir
+    from tests.invariants import check_stability
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = write_config(Path(d) / "cfg", fleet.docs)
+        docs = fleet.docs
+        for step, kind in enumerate(["none", *edits]):
+            if kind == "interrupt spot":
+                sim = SimCloud(state_dir(cfg))
+                spot = sorted(i["id"] for i in sim.instances() if i["state"] == "running" and i["market"] == "spot")
+                if spot:
+                    sim.interrupt(draw(st.sampled_from(spot)))
+            else:
+                docs = _edit(docs, kind, draw)
+                (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+            res = api.plan(cfg, time_limit=4)
+            check_plan(res.desired, res.observed, res.plan)
+            check_stability(res.desired, res.observed, res.plan)
+            api.apply(cfg, saved_plan=res.plan, time_limit=4, allow_destroy=100)
+            again = api.plan(cfg, time_limit=4)
+            check_plan(again.desired, again.observed, again.plan)
+            check_stability(again.desired, again.observed, again.plan)
+            changes = [(j.job, j.action, j.previous, j.instances, j.reason) for j in again.plan.jobs if j.action in ("move", "evict", "place")]
+            assert not again.plan.has_changes, (
+                f"after edit {step} ({kind}) and its apply, the next plan is not a no-op: {len(again.plan.creates)} creates, "
+                f"{len(again.plan.deletes)} deletes, jobs {changes}")
+
+
+@settings(max_examples=int(os.environ.get("FLEETOPS_STABLE_EXAMPLES", 6)), derandomize=True, database=None, **SETTINGS)
+@given(fleet=fleets(max_instances=0), edits=st.lists(st.sampled_from(EDITS), min_size=1, max_size=2, unique=True), data=st.data())
+def test_a_plan_after_apply_is_a_no_op_and_edits_take_no_guarantee(fleet, edits, data):
+    check_stable_run(fleet, edits, data.draw)
