@@ -459,7 +459,7 @@ def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:
                 f"{len(again.plan.deletes)} deletes, jobs {changes}")
 
 
-@settings(max_examples=int(os.environ.get("FLEETOPS_STABLE_EXAMPLES", 6)), derandomize=True, database=None, **SETTINGS)
+@settings(max_examples=int(os.environ.get("FLEETOPS_STABLE_EXAMPLES", "6")), derandomize=True, database=None, **SETTINGS)
 @given(fleet=fleets(max_instances=0), edits=st.lists(st.sampled_from(EDITS), min_size=1, max_size=2, unique=True), data=st.data())
 def test_a_plan_after_apply_is_a_no_op_and_edits_take_no_guarantee(fleet, edits, data):
     check_stable_run(fleet, edits, data.draw)
