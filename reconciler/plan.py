@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from reconciler.errors import SolverError
@@ -352,12 +352,20 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             for job in {j for _, j, _ in b.items if j in unpacked}:
                 b.remove(demand_of[job], job)
 
+    # 2b. Never a move to an identical instance: a new instance whose items all fit on an instance
+    # the plan deletes, of the same pool, zone, type, market and price, is that instance instead.
+    solution = _keep_identical(problem, observed, solution, bins_of, hosts, demand_of)
+
     # 3. Name the new instances.
     refs: dict[str, str] = {}  # bin ref -> "+n"
     for ok in sorted(k for k in bins_of if not caps[k].existing):
         for b in bins_of[ok]:
-            if not b.items and b.ref.split("#")[1].startswith("r"):
-                continue  # a repair instance left empty after a gang was taken out
+            if not b.items and (b.ref.split("#")[1].startswith("r") or _spare(b.cap, problem, pool_count, fleet, prim)):
+                # A repair instance left empty after a gang was taken out, or one the packer did not
+                # need (it packs an offer's items tighter than the solver's count of them): buying it
+                # would launch an idle instance that the next plan deletes.
+                pool_count[b.cap.pool] -= 1
+                continue
             n = len(creates) + 1
             c = b.cap
             creates.append(CreateAction(
@@ -421,6 +429,56 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
     )
+
+
+def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],
+                    hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> Solution:
+    """The solver stops within its gap of the best cost, and one such answer deleted an instance
+    while buying an identical one for the same work ("consolidated", $6.13/h -> $6.13/h), every
+    plan again (issue 18). Here each such new instance is replaced by the deleted one when all
+    its items fit there: its old residents on their recorded GPUs, the others packed as usual.
+    Pool counts, prices, markets and zones are the same, so every fleet and tenant rule holds."""
+    keep = set(solution.keep)
+    for h in sorted((h for h in hosts.values() if h.key not in keep and h.keep_blocker is None and not h.frozen), key=lambda h: h.key):
+        twins = [b for ok, bins in sorted(bins_of.items()) if ok not in hosts for b in bins
+                 if b.items and b.group is None and b.cap.offer_key == h.offer_key and abs(b.cap.price - h.price) < 1e-9]
+        known = _resident_gpus(h, problem, observed) if h.gpus else {}
+        for b in twins:
+            nb = Bin.empty(h, h.key)
+            home = [(dk, job, r) for dk, job, r in b.items if job not in demand_of[job].reshaped and demand_of[job].bundle == 1
+                    and tuple(observed.placements.get(job, ()))[r:r + 1] == (h.key,)]
+            ok = True
+            for dk, job, r in home:  # back where it runs, on its own GPUs
+                d = demand_of[job]
+                idx = known.get((job, r), ())
+                if not nb.fits(d) or len(idx) != d.gpus or any(nb.gpus_used[i] for i in idx if i < len(nb.gpus_used)):
+                    ok = False
+                    break
+                nb.reserve(d, [idx])
+                nb.items.append((dk, job, r))
+                nb.gpu_of[(job, r)] = (tuple(idx),)
+            rest = sorted((it for it in b.items if it not in home), key=lambda it: (-demand_of[it[1]].gpus, it[1], it[2]))
+            if not ok or not home or any(nb.place(demand_of[job], job, r) is None for _, job, r in rest):
+                continue
+            for bins in bins_of.values():
+                if b in bins:
+                    bins.remove(b)
+            bins_of[h.key] = [nb]
+            keep.add(h.key)
+            break
+    return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep))
+
+
+def _spare(cap: Capacity, problem: Problem, pool_count: dict[str, int], fleet: dict[str, float], prim) -> bool:
+    """Can an empty new instance be left out without breaking a rule that may have bought it: its
+    pool's minimum, or the spot rules (an on-demand instance counts in the spot share and the
+    on-demand buffer; a spot one in the spot diversity)?"""
+    if pool_count.get(cap.pool, 0) - 1 < problem.pool_bounds.get(cap.pool, (0, 0))[0]:
+        return False
+    sp = problem.spot
+    if cap.market == "spot":
+        return sp.min_instance_types <= 1 and sp.min_zones <= 1
+    return fleet["spot"] == 0 or prim(cap) == 0  # (a CPU instance counts nothing in a GPU fleet's spot rules)
 
 
 def _move_note(job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],

@@ -633,3 +633,15 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
                 assert (i.pool, i.zone, i.instance_type, i.market) != (c.pool, c.zone, c.instance_type, c.market) or \
                     price is None or abs(price - c.price) > EPS, (
                     f"{jc.job} moves from {old} to {new}, an identical instance ({c.pool} {c.zone} {c.instance_type} {c.market} ${c.price}/h): {jc.reason}")
+    # No instance is bought to stand idle (the next plan would delete it), unless its pool's
+    # minimum needs it or spot capacity is in the fleet (the spot share and buffer count on-demand capacity).
+    hosts = fleet_after(observed, plan)
+    hosting = {i for jc in plan.jobs for i in jc.instances}
+    per_pool = Counter(h.pool for h in hosts.values())
+    any_spot = any(h.market == "spot" for h in hosts.values())
+    gpu_fleet = any(h.shape.gpus for h in hosts.values())
+    for c in plan.creates:
+        if c.ref not in hosting:
+            lo = desired.pools[c.pool].spec.min_instances
+            assert per_pool[c.pool] <= lo or any_spot and (c.market == "spot" or hosts[c.ref].shape.gpus or not gpu_fleet), (
+                f"{c.ref} ({c.pool} {c.instance_type} {c.market}) is bought to stand idle")

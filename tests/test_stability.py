@@ -153,3 +153,77 @@ def test_a_changed_job_that_no_longer_fits_where_it_runs_moves(tmp_path):
     assert jobs["etl2"].action == "keep"
     assert jobs["etl"].action == "move" and jobs["etl"].instances != jobs["etl"].previous
     assert "cpu 4.0 -> 14.0" in jobs["etl"].reason and jobs["etl"].reason.endswith("restarts on other instances")
+
+
+# ---------------------------------------------------------------- convergence: no idle instance bought
+
+
+def test_no_instance_is_bought_idle_and_the_next_plan_deletes_nothing(tmp_path):
+    """Greedy best-fit (the fallback) opened a 4th m6i.4xlarge for 48 vCPU of jobs in priority
+    order; the packer, largest first, needed 3, and the plan still created the 4th, empty. The
+    apply launched it and the next plan deleted it (issue 18: a 20,000-job apply launched 28
+    idle CPU instances that the next plan deleted)."""
+    cpus = [(8, "high"), (6, "normal"), (2, "low"), (6, "high"), (6, "high"), (8, "normal"), (4, "normal"), (8, "low")]
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=20)]
+    docs += [job(f"j{i}", cpu=c, mem=4, priority=p) for i, (c, p) in enumerate(cpus)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    res = plan_checked(cfg, time_limit=0)
+    hosting = {i for j in res.plan.jobs for i in j.instances}
+    assert [c.ref for c in res.plan.creates if c.ref not in hosting] == []
+    assert len(res.plan.creates) == 3 and res.plan.counts()["place"] == len(cpus)
+    api.apply(cfg, saved_plan=res.plan, time_limit=0)
+    again = plan_checked(cfg, time_limit=0)
+    assert not again.plan.has_changes, again.plan.deletes
+
+
+# ---------------------------------------------------------------- scale (slow tier)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs,budget", [(1000, None), (1000, 6000.0), (3000, None)])
+def test_the_plan_after_applying_a_generated_fleet_evicts_and_moves_nothing(tmp_path, jobs, budget):
+    """bench.generate's mixed fleets (1-8 GPU jobs, gangs, CPU jobs, tenants at 80% of what they
+    ask, a tight fleet budget for one): after the apply, the next plan of the same config evicts,
+    moves and deletes nothing, and every eviction or move it could make would need a rule."""
+    from bench.generate import fleet_docs
+
+    docs = fleet_docs(jobs, seed=1)
+    if budget is not None:
+        for d in docs:
+            if d["kind"] == "GuardrailPolicy":
+                d["spec"]["max_hourly_budget"] = budget
+    cfg = write_config(tmp_path / "cfg", docs)
+    first = api.plan(cfg)
+    api.apply(cfg, saved_plan=first.plan, allow_destroy=10**6)
+    again = plan_checked(cfg)
+    counts = again.plan.counts()
+    assert counts["evict"] == 0 and counts["move"] == 0 and counts["delete"] == 0, counts
+
+
+def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path):
+    """A CP-SAT answer stopped within its gap may delete an instance and buy an identical one
+    for the same work (issue 18: 243 moves "consolidated: fit more cheaply elsewhere", $6.13/h ->
+    $6.13/h, every plan again). Given such an answer, the plan keeps the instance: the job
+    stays on it, nothing is created or deleted."""
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import Solution
+    from tests.fleetkit import catalog_observed, instance
+
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=3),
+            job("a", cpu=4, mem=8), job("b", cpu=8, mem=8)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, [instance("i0", "c", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")], {"a": ("i0",)})
+    problem = build_problem(desired, observed)
+    offer = next(c.key for c in problem.capacities if not c.existing and c.market == "on-demand")
+    da, db = (next(d.key for d in problem.demands if j in d.jobs) for j in ("a", "b"))
+    gap_stopped = Solution(status="FEASIBLE", optimal=False, gap=0.02, seconds=0.1, keep=frozenset(), new={offer: 1}, stay={},
+                           x={(da, offer): 1, (db, offer): 1}, placed={da: 1, db: 1},
+                           capacities={c.key: c for c in problem.capacities})
+    plan = make_plan(desired, observed, problem, gap_stopped)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+    jobs = by_job(plan)
+    assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
+    assert not plan.creates and not plan.deletes
