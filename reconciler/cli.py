@@ -82,13 +82,23 @@ def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[
     """Print an error a user can act on (every diagnostic, for a bad config) and exit."""
     if isinstance(e, ConfigError):
         for diag in e.diagnostics:
-            typer.echo(str(diag), err=True)
+            typer.echo(str(_as_typed(diag, config_dir)), err=True)
         typer.echo(f"{len(e.diagnostics)} error(s) in the desired state; nothing was changed", err=True)
     elif isinstance(e, LockError) and config_dir is not None:
         typer.echo(f"Error: {_unlock_hint(str(e), config_dir, state)}", err=True)
     else:
         typer.echo(f"Error: {e}", err=True)
     raise typer.Exit(e.exit_code)
+
+
+def _as_typed(diag, config_dir: Optional[Path]):
+    """A diagnostic's file (relative to the config dir) as a path from where the command ran: DIR as the user
+    typed it joined with the file, so `reconcile validate ../fleet` names `../fleet/jobs/a.yaml:4`."""
+    from dataclasses import replace
+
+    if config_dir is None or diag.file.startswith("<") or Path(diag.file).is_absolute() or diag.file == str(config_dir):
+        return diag
+    return replace(diag, file=str(config_dir / diag.file))
 
 
 def _unlock_hint(message: str, config_dir: Path, state: Optional[str]) -> str:
@@ -108,16 +118,16 @@ def validate(config_dir: Path = ConfigDir) -> None:
     try:
         d = api.validate(config_dir)
     except ReconcileError as e:
-        _fail(e)
+        _fail(e, config_dir)
     typer.echo(f"ok: fleet {d.fleet}: {len(d.tenants)} tenants, {len(d.pools)} pools, {len(d.jobs)} jobs")
 
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of every kind (for editor validation of the config repo)."""
-    from reconciler.model import KINDS
+    """Print one JSON Schema (draft 2020-12) that validates any single config document, by kind."""
+    from reconciler.schema import document_schema
 
-    typer.echo(json.dumps({k: cls.model_json_schema(by_alias=True) for k, cls in KINDS.items()}, indent=2))
+    typer.echo(json.dumps(document_schema(), indent=2))
 
 
 @app.command()
@@ -129,7 +139,7 @@ def plan(
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
     gap: float = GapOpt,
-    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
 ) -> None:
@@ -143,7 +153,7 @@ def plan(
         res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
                        options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
-        _fail(e)
+        _fail(e, config_dir, state)
     from reconciler.render import markdown_truncates
 
     if out is None and fmt == "markdown" and markdown_truncates(res.plan):
@@ -165,7 +175,7 @@ def apply(
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
     gap: float = GapOpt,
-    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Accept up to N deletions over the guardrail."),
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
     commit: bool = typer.Option(False, "--commit", help="Commit the status/ changes (and nothing else) to git."),
@@ -286,23 +296,16 @@ def diff(
     state: Optional[str] = StateOpt,
 ) -> None:
     """Plan the change a PR makes: this config vs the one at --base, against the same fleet."""
-    from dataclasses import asdict
-
     from reconciler import api
-    from reconciler.render import render_diff_markdown
+    from reconciler.render import render_diff_json, render_diff_markdown
 
     if fmt not in ("markdown", "json"):
         raise typer.BadParameter("--format must be markdown or json")
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
-        _fail(e)
-    if fmt == "json":
-        typer.echo(json.dumps({"base": base, "documents": d.documents, "jobs": [asdict(j) for j in d.jobs],
-                               "capacity": [list(c) for c in d.capacity], "cost_base": d.base.cost_after,
-                               "cost_head": d.head.cost_after}, indent=2))
-    else:
-        typer.echo(render_diff_markdown(d), nl=False)
+        _fail(e, config_dir, state)
+    typer.echo(render_diff_json(d) if fmt == "json" else render_diff_markdown(d), nl=False)
     if detailed_exitcode and d.has_changes:
         raise typer.Exit(2)
 
@@ -329,7 +332,7 @@ def explain(
     try:
         e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as err:
-        _fail(err)
+        _fail(err, config_dir, state)
     typer.echo(json.dumps(asdict(e), indent=2) if fmt == "json" else render_explanation(e), nl=False)
 
 
@@ -340,6 +343,8 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
 
     if fmt not in ("human", "json"):
         raise typer.BadParameter("--format must be human or json")
+    from reconciler.render import render_status
+
     st = api.read_status(config_dir)
     if fmt == "json":
         typer.echo(json.dumps(st, indent=2, default=str))
@@ -347,14 +352,7 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
     if st["fleet"] is None:
         typer.echo("No status yet: run `reconcile apply` first.")
         raise typer.Exit(1)
-    f = st["fleet"]["status"]
-    typer.echo(f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, ${f['hourlyCost']:,.2f}/h, "
-               f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})")
-    for t, c in f["tenants"].items():
-        typer.echo(f"  tenant {t}: ${c['hourlyCost']:,.2f}/h")
-    for name, j in st["jobs"].items():
-        c = j["status"]["conditions"][0]
-        typer.echo(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
+    typer.echo(render_status(st), nl=False)
 
 
 @app.command()

@@ -24,8 +24,14 @@ class Diagnostic:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.kind}/{self.name}" if self.kind else "-"
-        return f"{self.file}:{self.line}: {where}: {self.field}: {self.message}"
+        """file:line: Kind/name: field: message, leaving out what a problem has none of (a YAML syntax error has
+        no kind and no field: `jobs.yaml:4: invalid YAML: ...`, not `jobs.yaml:4: -: <yaml>: ...`)."""
+        parts = [f"{self.file}:{self.line}"]
+        if self.kind:
+            parts.append(f"{self.kind}/{self.name}")
+        if self.field and not self.field.startswith("<"):
+            parts.append(self.field)
+        return ": ".join([*parts, self.message])
 
 
 class ConfigError(ReconcileError):

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from providers.catalog import load_catalog, mig_layout_error
 from reconciler.errors import ConfigError, Diagnostic
+from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
     DesiredState,
@@ -232,7 +233,7 @@ def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
-        diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}"))
+        diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}{_tab_hint(text, e)}"))
     except yaml.YAMLError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
     except _TooBig as e:
@@ -240,6 +241,18 @@ def _parse_file(root: Path, path: Path, diags: list[Diagnostic]) -> list[_Parsed
     except RecursionError:  # a recursive alias (`&a [*a]`) expanded by the converter
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", "YAML nested too deeply (a recursive alias?)"))
     return docs
+
+
+def _tab_hint(text: str, e: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error for a tab in indentation ("found character '\\t' that cannot start any token", or a
+    mapping error a line later) never says "tab": say it when a line near the error is indented with one."""
+    marks = [m.line for m in (e.problem_mark, e.context_mark) if m is not None]
+    lines = text.splitlines()
+    for n in sorted({x for m in marks for x in (m - 1, m, m + 1) if 0 <= x < len(lines)}):
+        indent = lines[n][: len(lines[n]) - len(lines[n].lstrip(" \t"))]
+        if "\t" in indent:
+            return f" (line {n + 1} is indented with a tab: YAML indents with spaces only)"
+    return ""
 
 
 def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
@@ -252,7 +265,8 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
     name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
     if not isinstance(kind, str) or kind not in KINDS:
         known = ", ".join(sorted(KINDS))
-        diags.append(Diagnostic(doc.file, doc.line_of(("kind",)), str(kind or ""), name, "kind", f"unknown kind {kind!r} (expected one of {known})"))
+        hint = did_you_mean(kind, sorted(KINDS)) if isinstance(kind, str) else ""
+        diags.append(Diagnostic(doc.file, doc.line_of(("kind",)), str(kind or ""), name, "kind", f"unknown kind {kind!r}{hint} (expected one of {known})"))
         return None
     try:
         return KINDS[kind].model_validate(body)
@@ -264,7 +278,7 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
             clean = tuple(p for p in clean if p not in ("int", "str", "float", "bool"))
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown field"
+                msg = "unknown field" + (did_you_mean(clean[-1], known_fields(kind, clean[:-1])) if clean else "")
             diags.append(Diagnostic(doc.file, doc.line_of(clean), kind, name, ".".join(map(str, clean)) or "<document>", msg))
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 from rich.console import Console
 from rich.table import Table
@@ -212,3 +213,30 @@ def render_explanation(e) -> str:
     if e.state in ("pending", "evicted") and not e.would_change:
         lines.append("  No single change tried places it; several limits bind at once.")
     return "\n".join(lines) + "\n"
+
+
+def render_diff_json(d) -> str:
+    """`reconcile diff --format json`: what differs between the plans at --base and of the working config."""
+    from dataclasses import asdict
+
+    return json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
+                       "capacity": [list(c) for c in d.capacity],
+                       "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2) + "\n"
+
+
+def render_status(st: dict) -> str:
+    """`reconcile status` for people, from the status files (api.read_status)."""
+    f = st["fleet"]["status"]
+    lines = [f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, {money(f['hourlyCost'])}/h, "
+             f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})"]
+    lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h" for t, c in f["tenants"].items()]
+    for name, j in st["jobs"].items():
+        c = j["status"]["conditions"][0]
+        lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
+    return "\n".join(lines) + "\n"
+
+
+def money(x: float) -> str:
+    """$1,234.50; a negative amount as -$8.22 (not $-8.22); -0 as $0.00."""
+    x = round(float(x), 2) + 0.0
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"

@@ -1,0 +1,102 @@
+"""One JSON Schema (draft 2020-12) for any single config document, made from the pydantic models.
+
+Editors (yaml-language-server) and checkers (check-jsonschema) validate one document at a time, so the schema
+is one object discriminated on `kind` (an if/then per kind, each a `$ref` to that kind's model), with
+`additionalProperties: false` wherever the models forbid extra fields: a `replicsa` typo is an error there as it
+is in `reconcile validate`. Rules that span documents (references, quotas against pools) stay with validate."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from typing import Annotated, Any, Union, get_args
+
+from pydantic import Field, TypeAdapter
+
+from reconciler.model import KINDS
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_ID = "https://fleetops.io/schemas/v1alpha1/document.json"
+API_VERSIONS = get_args(next(iter(KINDS.values())).model_fields["apiVersion"].annotation)  # ("fleetops.io/v1alpha1",)
+
+
+@functools.cache
+def document_schema() -> dict[str, Any]:
+    """The schema `reconcile schema` prints."""
+    kinds = list(KINDS.values())
+    union = Annotated[Union[tuple(kinds)], Field(discriminator="kind")]  # type: ignore[valid-type]
+    generated = TypeAdapter(union).json_schema(by_alias=True, mode="validation")
+    defs = generated["$defs"]
+    _close_patterned(defs)
+    return {
+        "$schema": DRAFT,
+        "$id": SCHEMA_ID,
+        "title": "fleetops config document",
+        "description": "One YAML document of a fleetops config repo (apiVersion fleetops.io/v1alpha1).",
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"enum": list(API_VERSIONS)},
+            "kind": {"enum": sorted(KINDS)},
+        },
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]}, "then": {"$ref": f"#/$defs/{cls.__name__}"}}
+            for kind, cls in sorted(KINDS.items())
+        ],
+        "$defs": defs,
+    }
+
+
+def _close_patterned(node: Any) -> None:
+    """A dict keyed by names (`clouds`, `regions`) comes out as patternProperties alone, which lets any other
+    key through; the models refuse a key that is not a name, so the schema does too."""
+    if isinstance(node, dict):
+        if "patternProperties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for v in node.values():
+            _close_patterned(v)
+    elif isinstance(node, list):
+        for v in node:
+            _close_patterned(v)
+
+
+def _resolve(node: dict, defs: dict) -> list[dict]:
+    """The object schemas a node may be: $ref followed, anyOf/oneOf branches flattened."""
+    if "$ref" in node:
+        return _resolve(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+    out = []
+    for branch in node.get("anyOf", []) + node.get("oneOf", []):
+        out += _resolve(branch, defs)
+    return out or [node]
+
+
+def known_fields(kind: str, loc: tuple) -> list[str]:
+    """The field names a document of `kind` allows at `loc` (("spec",) -> JobSpec's fields), or [] if unknown."""
+    if kind not in KINDS:
+        return []
+    schema = document_schema()
+    defs = schema["$defs"]
+    nodes = _resolve({"$ref": f"#/$defs/{KINDS[kind].__name__}"}, defs)
+    for key in loc:
+        nxt: list[dict] = []
+        for n in nodes:
+            if isinstance(key, int) and isinstance(n.get("items"), dict):
+                nxt += _resolve(n["items"], defs)
+            elif not isinstance(key, int) and key in n.get("properties", {}):
+                nxt += _resolve(n["properties"][key], defs)
+            elif not isinstance(key, int) and any(re.search(p, key) for p in n.get("patternProperties", {})):
+                nxt += [r for p, sub in n["patternProperties"].items() if re.search(p, key) for r in _resolve(sub, defs)]
+            elif isinstance(n.get("additionalProperties"), dict):
+                nxt += _resolve(n["additionalProperties"], defs)
+        nodes = nxt
+    return sorted({f for n in nodes for f in n.get("properties", {})})
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """" (did you mean 'replicas'?)" when one choice is close to `word`, else ""."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+__all__ = ["DRAFT", "SCHEMA_ID", "did_you_mean", "document_schema", "known_fields"]
