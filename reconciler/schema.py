@@ -7,7 +7,6 @@ is in `reconcile validate`. Rules that span documents (references, quotas agains
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from typing import Annotated, Any, Union, get_args
@@ -93,10 +92,23 @@ def known_fields(kind: str, loc: tuple) -> list[str]:
     return sorted({f for n in nodes for f in n.get("properties", {})})
 
 
+def _edits(a: str, b: str) -> int:
+    """Edit distance counting a swap of two neighbours as one edit (optimal string alignment)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """" (did you mean 'replicas'?)" when one choice is close to `word`, else ""."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """" (did you mean 'replicas'?)" when a choice is a typo away from `word` (at most a third of its letters
+    changed, as git and cargo suggest), else "": `replicsa` and `Jbo` get one, `colour` is not `clouds`."""
+    word = str(word)
+    best = min(((_edits(word.lower(), c.lower()), c) for c in choices), default=None)
+    return f" (did you mean {best[1]!r}?)" if best and best[0] <= max(1, len(word) // 3) and best[0] < len(word) else ""
 
 
 __all__ = ["DRAFT", "SCHEMA_ID", "did_you_mean", "document_schema", "known_fields"]

@@ -171,9 +171,11 @@ def test_schema_covers_every_kind():
     res = CliRunner().invoke(app, ["schema"])
     assert res.exit_code == 0
     import json
-    schemas = json.loads(res.output)
-    assert set(schemas) == {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy", "Topology"}
-    assert "resources" in json.dumps(schemas["Job"])
+    schema = json.loads(res.output)  # one schema for any document, discriminated on kind (tests/test_schema.py)
+    kinds = {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy", "Topology"}
+    assert set(schema["properties"]["kind"]["enum"]) == kinds
+    assert {b["if"]["properties"]["kind"]["const"] for b in schema["allOf"]} == kinds
+    assert "resources" in json.dumps(schema["$defs"]["JobSpec"])
 
 
 def test_loading_leaves_no_parse_tree_for_the_cyclic_collector(tmp_path):
