@@ -21,6 +21,7 @@ never printed: errors carry only the AWS error code and message.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
@@ -48,6 +49,7 @@ VCPU_QUOTAS = {
 STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
+DEFAULT_PARALLELISM = 100
 SPOT_PRICE_MAX_AGE = timedelta(days=7)  # older spot history is not today's price: use the catalog
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
           "shutting-down": "terminated", "terminated": "terminated"}
@@ -71,14 +73,20 @@ class AwsProvider:
         self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
         self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
+        # Creates (or deletes) apply runs at once in one region (reconciler/apply.py). EC2 throttles with
+        # RequestLimitExceeded, which botocore's adaptive mode retries.
+        self.parallelism = int(ctx.options.get("parallelism", DEFAULT_PARALLELISM))
         # How long a just-launched instance may stay invisible to DescribeInstances before we stop waiting for it.
         self.consistency_timeout = float(ctx.options.get("consistency_timeout", 120))
 
     # -- plumbing ------------------------------------------------------------------
     def ec2(self, region: str):
-        if region not in self._clients:
-            self._clients[region] = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint, config=self.config)
-        return self._clients[region]
+        with self._clients_lock:  # apply calls in from worker threads; a boto3 Session is not thread-safe (clients are)
+            if region not in self._clients:
+                self._clients[region] = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint,
+                                                            config=self.config)
+            return self._clients[region]
 
     def _call(self, what: str, fn, *, cloud_zone: tuple[str, str, str] | None = None, **kw):
         """One EC2 call with our error mapping (botocore already retried throttling)."""

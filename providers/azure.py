@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -50,7 +51,11 @@ QUOTA_CODES = {"QuotaExceeded"}
 _QUOTA_NAME = re.compile(r"approved (\S+?)(?: Cores)? quota|Quota exceeded for (\S+?)\.?(?:\s|$)", re.I)
 QUOTA_PAGE = "https://portal.azure.com/#view/Microsoft_Azure_Capacity/QuotaMenuBlade/~/myQuotas"
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
-TRANSIENT_CODES = {"TooManyRequests", "RetryableError", "ServerTimeout", "InternalServerError", "ServiceUnavailable"}
+# AnotherOperationInProgress / OperationPreempted: the VM (or its NIC) is busy with another operation, or a
+# platform operation preempted ours; the same PUT or DELETE succeeds later, so they are retried with backoff.
+TRANSIENT_CODES = {"TooManyRequests", "RetryableError", "ServerTimeout", "InternalServerError", "ServiceUnavailable",
+                   "AnotherOperationInProgress", "OperationPreempted"}
+DEFAULT_PARALLELISM = 100
 STATES = {"creating": "pending", "updating": "running", "migrating": "running", "succeeded": "running",
           "deleting": "stopping"}
 POWER_STATES = {"running": "running", "starting": "pending", "stopping": "stopping", "stopped": "stopping",
@@ -166,6 +171,11 @@ class AzureProvider:
         self.max_retries = int(self._float("max_retries", 3))
         self._credential: Any = None
         self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.RLock()
+        # Creates (or deletes) apply runs at once per region, and how long it retries throttling and busy VMs:
+        # ARM's write limits are per minute (and per hour), so retries span minutes.
+        self.parallelism = int(self._float("parallelism", DEFAULT_PARALLELISM))
+        self.retry_window_s = self._float("retry_window", 300.0)
 
     # -- plumbing ------------------------------------------------------------------
     def _opt(self, key: str) -> str | None:
@@ -196,6 +206,10 @@ class AzureProvider:
         return self._credential
 
     def compute(self, subscription: str):
+        with self._clients_lock:  # apply calls in from worker threads
+            return self._compute(subscription)
+
+    def _compute(self, subscription: str):
         key = subscription.lower()
         if key not in self._clients:
             from azure.mgmt.compute import ComputeManagementClient

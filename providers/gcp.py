@@ -81,6 +81,7 @@ DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-hig
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-5b1e-8c3f-2a7e0f6d9b41")  # fixed: the same key always gives the same requestId
+DEFAULT_PARALLELISM = 100
 MAX_PAGE = 500  # GCE's largest page
 WAIT_CALL_S = 150.0  # zoneOperations.wait returns by itself after at most ~120 s
 
@@ -179,6 +180,10 @@ class GcpProvider:
         self.timeout = self._seconds("timeout", 60)  # one HTTP call
         self.operation_timeout = self._seconds("operation_timeout", 900)  # one insert or delete, start to DONE
         self.read_retry = self._read_retry(self._seconds("retry_timeout", 30))  # a read's retries, all told
+        # Creates (or deletes) apply runs at once per region, and how long it retries a throttled or failed insert
+        # (the requestId makes that safe): GCE's rate limits are per minute, so retries span minutes.
+        self.parallelism = int(self._seconds("parallelism", DEFAULT_PARALLELISM))
+        self.retry_window_s = self._seconds("retry_window", 300)
         self.fleet_label = label_value(ctx.fleet)
         endpoint = self._opt("endpoint")
         self.default_project: str | None = self._opt("project")

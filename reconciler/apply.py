@@ -26,9 +26,12 @@ serial, so a crash between any two steps leaves whichever is newer recognisable
 
 from __future__ import annotations
 
+import itertools
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
@@ -41,6 +44,8 @@ from reconciler.state import State
 
 RETRIES = 4
 BACKOFF_S = 0.2
+MAX_BACKOFF_S = 30.0
+MAX_WORKERS = 256  # threads for all lanes together; each lane is bounded by its provider's parallelism
 MAX_ATTEMPTS = 16  # keys tried for one create in one apply; each spent one cost the cloud one answer
 
 
@@ -114,16 +119,64 @@ class ApplyReport:
         return not self.failures
 
 
-def _retry(call, what: str):
-    """Retry throttling and timeouts with exponential backoff; other errors go straight up."""
-    for attempt in range(RETRIES):
+def _retry(call, what: str, window_s: float = 0.0):
+    """Retry throttling and timeouts with exponential backoff; other errors go straight up. At least RETRIES tries;
+    with a window (a provider's retry_window_s: the clouds' write rate limits are per minute), keep trying until the
+    next pause would end past it, pauses growing to MAX_BACKOFF_S."""
+    started = time.monotonic()
+    for attempt in itertools.count():
         try:
             return call()
         except TransientProviderError:
-            if attempt == RETRIES - 1:
+            pause = min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
+            if attempt >= RETRIES - 1 and time.monotonic() - started + pause > window_s:
                 raise
-            time.sleep(BACKOFF_S * 2**attempt)
+            time.sleep(pause)
     raise AssertionError(what)
+
+
+def _window(provider) -> float:
+    return float(getattr(provider, "retry_window_s", 0.0) or 0.0)
+
+
+def parallelism(provider) -> int:
+    """How many creates (or deletes) run at once per provider and region: the provider's `parallelism` (an option
+    of its own, or its default); 1 for providers that declare none."""
+    return max(1, int(getattr(provider, "parallelism", 1) or 1))
+
+
+def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callable[[Any], int],
+             begin: Callable[[Any], float | None], work: Callable[[Any], Any],
+             finish: Callable[[Any, float, Any, BaseException | None], None]) -> None:
+    """Run work(item) for every item on worker threads, at most limit(item) at once per lane (provider, region),
+    in the items' order as slots free up. begin (may decline: stopped) and finish run on this thread, so progress
+    callbacks, the report and the state are only ever touched here."""
+    pending = list(items)
+    order = {id(item): n for n, item in enumerate(items)}
+    busy: dict[tuple[str, str], int] = {}
+    running: dict[Future, tuple[Any, float, tuple[str, str]]] = {}
+    with ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="apply") as pool:
+        while pending or running:
+            waiting = []
+            for item in pending:
+                key = lane(item)
+                if busy.get(key, 0) >= limit(item):
+                    waiting.append(item)
+                    continue
+                started = begin(item)
+                if started is None:
+                    continue
+                busy[key] = busy.get(key, 0) + 1
+                running[pool.submit(work, item)] = (item, started, key)
+            pending = waiting
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: order[id(running[f][0])]):  # a deterministic report order
+                item, started, key = running.pop(fut)
+                busy[key] -= 1
+                error = fut.exception()
+                finish(item, started, None if error is not None else fut.result(), error)
 
 
 def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str) -> Instance:
@@ -136,7 +189,7 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
         market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted),
     )
-    return _retry(lambda: provider.create(req), f"create {c.ref}")
+    return _retry(lambda: provider.create(req), f"create {c.ref}", _window(provider))
 
 
 def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int,
@@ -227,29 +280,37 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
+    todo = []
     for c in plan.creates:
         found = next((already[k] for k in (attempt_key(c.key, n) for n in range(MAX_ATTEMPTS)) if k in already), None)
         if found is not None:  # created by an earlier, interrupted run of this same plan
             report.created[c.ref] = found.id
-            continue
-        what = f"{c.market} {c.instance_type} in {c.zone}"
-        started = steps.begin("create", c.ref, what)
-        if started is None:
-            continue
-        try:
-            inst = _launch(fleet, desired, plan, c, serial, already)
-            report.created[c.ref] = inst.id
-            existing[inst.id] = inst
-            steps.end(started, "create", c.ref, what, inst.id)
-        except CapacityError as e:
+        else:
+            todo.append(c)
+
+    def what_c(c: CreateAction) -> str:
+        return f"{c.market} {c.instance_type} in {c.zone}"
+
+    def created(c: CreateAction, started: float, inst: Instance | None, e: BaseException | None) -> None:
+        if e is None:
+            report.created[c.ref] = inst.id  # type: ignore[union-attr]
+            existing[inst.id] = inst  # type: ignore[union-attr,index]
+            steps.end(started, "create", c.ref, what_c(c), inst.id)  # type: ignore[union-attr]
+            return
+        if not isinstance(e, ProviderError):
+            raise e
+        report.failed_refs[c.ref] = str(e)
+        if isinstance(e, CapacityError):
             state.mark_short(e.cloud, e.zone, e.instance_type, e.market)
-            report.failed_refs[c.ref] = str(e)
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e} (zone marked short; the next run places the work elsewhere)")
-            steps.end(started, "create", c.ref, what, error=e)
-        except ProviderError as e:
-            report.failed_refs[c.ref] = str(e)
+        else:
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
-            steps.end(started, "create", c.ref, what, error=e)
+        steps.end(started, "create", c.ref, what_c(c), error=e)
+
+    _run_all(todo, lane=lambda c: (c.provider, desired.pools[c.pool].spec.region),
+             limit=lambda c: parallelism(fleet.provider(c.provider)),
+             begin=lambda c: steps.begin("create", c.ref, what_c(c)),
+             work=lambda c: _launch(fleet, desired, plan, c, serial, already), finish=created)
 
     # Placements: a job moves only if every replica's new instance exists.
     stranded: set[str] = set()  # instances still hosting a replica that could not move
@@ -276,25 +337,35 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placements, gpus),
                        serial, report, steps)
 
+    todo_d = []
     for d in plan.deletes:
         if d.instance_id in stranded:
             report.skipped_deletes[d.instance_id] = "still hosts a replica whose new instance could not be created"
-            continue
-        inst = existing.get(d.instance_id)
-        if inst is None:  # already gone (interrupted, or deleted by an earlier run)
+        elif d.instance_id not in existing:  # already gone (interrupted, or deleted by an earlier run)
             report.deleted.append(d.instance_id)
-            continue
-        what = f"{d.market} {d.instance_type} in {d.zone}"
-        started = steps.begin("delete", d.instance_id, what)
-        if started is None:
-            continue
-        try:
-            _retry(lambda: fleet.provider(d.provider).delete(inst), f"delete {d.instance_id}")
+        else:
+            todo_d.append(d)
+
+    def what_d(d) -> str:
+        return f"{d.market} {d.instance_type} in {d.zone}"
+
+    def removed(d, started: float, _result, e: BaseException | None) -> None:
+        if e is None:
             report.deleted.append(d.instance_id)
-            steps.end(started, "delete", d.instance_id, what, d.instance_id)
-        except ProviderError as e:
-            report.failures.append(f"delete {d.instance_id}: {e}")
-            steps.end(started, "delete", d.instance_id, what, d.instance_id, e)
+            steps.end(started, "delete", d.instance_id, what_d(d), d.instance_id)
+            return
+        if not isinstance(e, ProviderError):
+            raise e
+        report.failures.append(f"delete {d.instance_id}: {e}")
+        steps.end(started, "delete", d.instance_id, what_d(d), d.instance_id, e)
+
+    def delete(d) -> None:
+        provider = fleet.provider(d.provider)
+        _retry(lambda: provider.delete(existing[d.instance_id]), f"delete {d.instance_id}", _window(provider))
+
+    _run_all(todo_d, lane=lambda d: (d.provider, existing[d.instance_id].region),
+             limit=lambda d: parallelism(fleet.provider(d.provider)),
+             begin=lambda d: steps.begin("delete", d.instance_id, what_d(d)), work=delete, finish=removed)
 
     if not report.stopped:
         _clean_up(fleet, plan, existing, report)

@@ -35,7 +35,8 @@ requestId a UUID), so a provider bug shows up as a 400 and not as a silently
 accepted instance. Instances report their GPUs as guestAccelerators with full
 acceleratorType URLs, accelerator-optimized types (a2, a3, g2) their built-in ones.
 
-Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
+Realistic latency: op_latency (seconds before an operation is DONE; wait blocks until then), with
+running_ops / max_running_ops to see how many ran at once. Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
@@ -50,6 +51,7 @@ import json
 import random
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -136,13 +138,14 @@ class Operation:
     http_error: tuple[int, str] | None = None
     polls: int = 0
     steps: int = 2
+    ready_at: float = 0.0  # time.monotonic() before which it is not DONE (the fake's op_latency)
     on_done: Callable[[], None] | None = None
     insert_time: str = field(default_factory=_now)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
     @property
     def status(self) -> str:
-        if self.polls >= self.steps:
+        if self.polls >= self.steps and time.monotonic() >= self.ready_at:
             return "DONE"
         return "RUNNING" if self.polls else "PENDING"
 
@@ -305,6 +308,9 @@ class GceFake:
         self.zones = set(zones)
         self.page_limit = page_limit  # the server's own cap on a page, below the client's maxResults if set low
         self.op_steps = op_steps  # polls an operation takes to reach DONE
+        self.op_latency = 0.0  # seconds an operation takes at least (a real insert: tens of seconds); wait blocks
+        self.running_ops = 0  # operations accepted and not yet DONE, now ...
+        self.max_running_ops = 0  # ... and at most, so far
         self.machine_types: set[str] | None = None  # None: any well-formed name exists in every zone
         self.honour_filters = True  # False: list `filter`s are parsed but ignored (a lax GCE-compatible endpoint)
         self.conflicts = "http"  # a taken name: "http" answers 409 at once; "operation" fails the operation instead
@@ -447,6 +453,18 @@ class GceFake:
                     return 200, self._poll(project, zone, name)
             raise GceError(404, "notFound", f"The requested URL {path} was not found on this server.")
 
+    def block_until_ready(self, path: str) -> None:
+        """zoneOperations.wait blocks until the operation is DONE (or about 2 minutes): sleep, outside the lock,
+        until the operation's latency has passed."""
+        m = _OPERATION.match(path)
+        if not m or not m.group(4):
+            return
+        with self.lock:
+            op = self.operations.get(m.groups()[:3])
+            delay = 0.0 if op is None else op.ready_at - time.monotonic()
+        if delay > 0:
+            time.sleep(min(delay, 120.0))
+
     def _check_zone(self, zone: str) -> None:
         if zone not in self.zones:
             raise _invalid("zone", zone, "Unknown zone.")
@@ -459,8 +477,12 @@ class GceFake:
 
     def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, **kw) -> Operation:
         name = f"operation-{int(dt.datetime.now().timestamp() * 1000)}-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
-        op = Operation(project, zone, name, op_type, target, target_id, steps=self.op_steps, **kw)
+        op = Operation(project, zone, name, op_type, target, target_id, steps=self.op_steps,
+                       ready_at=time.monotonic() + self.op_latency, **kw)
         self.operations[(project, zone, name)] = op
+        if op.status != "DONE":
+            self.running_ops += 1
+            self.max_running_ops = max(self.max_running_ops, self.running_ops)
         if op.status == "DONE" and op.on_done:
             op.on_done()
         return op
@@ -471,8 +493,10 @@ class GceFake:
             raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/operations/{name}' was not found")
         if op.status != "DONE":
             op.polls += 1
-            if op.status == "DONE" and op.on_done is not None:
-                op.on_done()
+            if op.status == "DONE":
+                self.running_ops -= 1
+                if op.on_done is not None:
+                    op.on_done()
         return op.json()
 
     def _validate(self, project: str, zone: str, body: dict) -> None:
@@ -762,6 +786,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw) if raw else None
             except ValueError:
                 raise GceError(400, "parseError", "Parse Error") from None
+            if method == "POST":
+                self.gce.block_until_ready(parts.path)
             status, payload = self.gce.handle(method, parts.path, query, body)
         except GceError as e:
             status, payload = e.status, e.body()
