@@ -76,9 +76,12 @@ class AwsProvider:
         self._clients_lock = threading.Lock()
         # Creates (or deletes) apply runs at once in one region (reconciler/apply.py). EC2 throttles with
         # RequestLimitExceeded, which botocore's adaptive mode retries.
-        self.parallelism = int(ctx.options.get("parallelism", DEFAULT_PARALLELISM))
-        # How long a just-launched instance may stay invisible to DescribeInstances before we stop waiting for it.
-        self.consistency_timeout = float(ctx.options.get("consistency_timeout", 120))
+        try:
+            self.parallelism = int(ctx.options.get("parallelism", DEFAULT_PARALLELISM))
+            self.consistency_timeout = float(ctx.options.get("consistency_timeout", 120))
+        except ValueError:
+            raise ProviderError("aws: options parallelism and consistency_timeout must be numbers") from None
+        # consistency_timeout: how long a just-launched instance may stay invisible to DescribeInstances.
 
     # -- plumbing ------------------------------------------------------------------
     def ec2(self, region: str):

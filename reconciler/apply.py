@@ -145,6 +145,12 @@ def parallelism(provider) -> int:
     return max(1, int(getattr(provider, "parallelism", 1) or 1))
 
 
+def _lane(fleet: Fleet, provider: str, region: str) -> tuple[str, str]:
+    """Actions of one lane share its parallelism: a provider and region; a provider that declares no parallelism
+    (the sim, plugins) is one lane, so its calls never overlap and run in the plan's order."""
+    return (provider, region) if hasattr(fleet.provider(provider), "parallelism") else (provider, "")
+
+
 def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callable[[Any], int],
              begin: Callable[[Any], float | None], work: Callable[[Any], Any],
              finish: Callable[[Any, float, Any, BaseException | None], None]) -> None:
@@ -307,7 +313,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
         steps.end(started, "create", c.ref, what_c(c), error=e)
 
-    _run_all(todo, lane=lambda c: (c.provider, desired.pools[c.pool].spec.region),
+    _run_all(todo, lane=lambda c: _lane(fleet, c.provider, desired.pools[c.pool].spec.region),
              limit=lambda c: parallelism(fleet.provider(c.provider)),
              begin=lambda c: steps.begin("create", c.ref, what_c(c)),
              work=lambda c: _launch(fleet, desired, plan, c, serial, already), finish=created)
@@ -363,7 +369,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
         provider = fleet.provider(d.provider)
         _retry(lambda: provider.delete(existing[d.instance_id]), f"delete {d.instance_id}", _window(provider))
 
-    _run_all(todo_d, lane=lambda d: (d.provider, existing[d.instance_id].region),
+    _run_all(todo_d, lane=lambda d: _lane(fleet, d.provider, existing[d.instance_id].region),
              limit=lambda d: parallelism(fleet.provider(d.provider)),
              begin=lambda d: steps.begin("delete", d.instance_id, what_d(d)), work=delete, finish=removed)
 

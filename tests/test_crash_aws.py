@@ -59,8 +59,9 @@ def _live(ec2s, fleet: str) -> list[dict]:
 
 def _kill_after_launches(cfg: Path, fleet: str, n: int, url: str, ec2, slow: Path) -> int:
     env = {**os.environ, **AWS_ENV, "PYTHONPATH": os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])}
+    # One launch at a time in the killed run (apply launches concurrently by default), so a kill lands between two.
     proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "apply", str(cfg), "--auto-approve", "--provider", "aws",
-                             "-o", f"endpoint_url={url}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             "-o", f"endpoint_url={url}", "-o", "parallelism=1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and len(_live(ec2, fleet)) < n:
