@@ -138,8 +138,10 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
             if saved_plan.observed_digest != observed.digest:
                 raise StalePlanError("stale plan: the fleet changed since the plan was made (instances or placements); run `reconcile plan` again")
             the_plan = replace(saved_plan, violations=tuple(violations(saved_plan, desired.guardrails, allow_destroy)))
+            problem = None
         else:
-            the_plan = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap).plan
+            planned = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap)
+            the_plan, problem = planned.plan, planned.problem
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
         if on_plan is not None:
@@ -148,6 +150,8 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         backend.save(current)
         after = fleet.observe(current).instances
         status_dir = write_status(config_dir, desired, the_plan, report, list(after))
+        _write_metrics(status_dir, problem or build_problem(desired, observed, provider, now=utcnow()), desired, observed,
+                       the_plan, report)
     result = ApplyResult(the_plan, report, status_dir)
     if not report.ok:
         done = f"{len(report.created)} created, {len(report.deleted)} deleted"
@@ -155,6 +159,24 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         err.result = result  # type: ignore[attr-defined]
         raise err
     return result
+
+
+def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, observed: Observed, the_plan: Plan,
+                   report: ApplyReport) -> None:
+    """status/metrics.prom: the fleet the apply left, for node_exporter's textfile collector (not committed with
+    status: its plan time and queue waits change every run)."""
+    from reconciler.fleetview import applied_view
+    from reconciler.metrics import write_textfile
+
+    write_textfile(status_dir / "metrics.prom", applied_view(problem, desired, observed, the_plan, report, utcnow()))
+
+
+def fleet_view(res: PlanResult, now: datetime | None = None):
+    """The fleet now (observed), with the plan's reasons for what does not run: what `reconcile metrics` exports
+    and `reconcile report` draws."""
+    from reconciler.fleetview import current_view
+
+    return current_view(res.problem, res.desired, res.observed, res.plan, now or utcnow())
 
 
 def read_status(config_dir: str | Path) -> dict:

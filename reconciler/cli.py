@@ -57,6 +57,20 @@ class _Group(TyperGroup):
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
                   help="Declarative GitOps reconciler for multi-cloud ML compute fleets.")
+def _print_version(value: bool) -> None:
+    if value:
+        from reconciler import __version__
+
+        typer.echo(f"reconcile {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print the version and exit.")) -> None:
+    pass
+
+
 sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
 app.add_typer(sim_app, name="sim")
 
@@ -154,10 +168,6 @@ def plan(
                        options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
         _fail(e, config_dir, state)
-    from reconciler.render import markdown_truncates
-
-    if out is None and fmt == "markdown" and markdown_truncates(res.plan):
-        out = Path("plan.json")  # the comment is cut short: keep the whole plan somewhere
     if out is not None:
         out.write_text(res.plan.to_json())
     from reconciler.progress import use_color
@@ -353,6 +363,61 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
         typer.echo("No status yet: run `reconcile apply` first.")
         raise typer.Exit(1)
     typer.echo(render_status(st), nl=False)
+
+
+@app.command()
+def metrics(
+    config_dir: Path = ConfigDir,
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here, atomically (node_exporter's textfile collector directory)."),
+    openmetrics: bool = typer.Option(False, "--openmetrics", help="OpenMetrics text instead of the Prometheus text format."),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
+    provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
+) -> None:
+    """The fleet's metrics (GPUs, cost, jobs, pending reasons, queue wait, solver) for Prometheus."""
+    from reconciler import api
+    from reconciler.metrics import exposition, write_textfile
+
+    try:
+        res = api.plan(config_dir, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
+    except ReconcileError as e:
+        _fail(e, config_dir, state)
+    view = api.fleet_view(res)
+    if out is None:
+        typer.echo(exposition(view, openmetrics), nl=False)
+    else:
+        write_textfile(out, view)
+        typer.echo(f"metrics written to {out}")
+
+
+@app.command()
+def report(
+    config_dir: Path = ConfigDir,
+    out: Path = typer.Option(Path("report.html"), "--out", help="The HTML file to write."),
+    provider: str = ProviderOpt,
+    time_limit: float = TimeLimitOpt,
+    gap: float = GapOpt,
+    provider_option: Optional[list[str]] = OptionOpt,
+    state: Optional[str] = StateOpt,
+) -> None:
+    """One self-contained HTML page of plots: GPUs per pool, $/h per tenant, instances, pending reasons, GPU map."""
+    from reconciler import api
+
+    try:
+        from reconciler.report import render_report
+    except ImportError as e:
+        typer.echo(f"Error: reconcile report needs plotly: pip install 'fleetops-reconciler[report]' ({e})", err=True)
+        raise typer.Exit(1)
+    try:
+        res = api.plan(config_dir, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
+    except ReconcileError as e:
+        _fail(e, config_dir, state)
+    from reconciler.state import utcnow
+
+    out.write_text(render_report(api.fleet_view(res), utcnow()))
+    typer.echo(f"report written to {out}")
 
 
 @app.command()

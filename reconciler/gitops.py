@@ -65,7 +65,8 @@ def commit_status(config_dir: Path, message: str, branch: str | None = None) -> 
             git(root, "read-tree", "--empty", env=env)
         git(root, "rm", "-r", "-q", "-f", "--cached", "--ignore-unmatch", "--", status_rel, env=env)
         if (config_dir / "status").exists():
-            git(root, "add", "-f", "--", status_rel, env=env)
+            # metrics.prom is for node_exporter on this host; its timings change every run, so it is not history.
+            git(root, "add", "-f", "--", status_rel, f":(exclude){status_rel}/metrics.prom", env=env)
         tree = git(root, "write-tree", env=env)
     if parent and git(root, "rev-parse", f"{parent}^{{tree}}") == tree:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
 from reconciler.errors import SolverError
@@ -126,7 +126,7 @@ class Plan:
         return {"create": len(self.creates), "delete": len(self.deletes), **c}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False)
+        return json.dumps(_json_ready(self), indent=2, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -147,6 +147,28 @@ class Plan:
             consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
             notes=tuple(raw.get("notes", ())),
         )
+
+
+def _json_ready(obj):
+    """asdict, with a float field always a float (`cost_before: 0.0`, not `0` beside `72.21`) and a job whose
+    replicas hold no whole GPU (CPU, MIG slices) showing `gpus: []` rather than `[[]]`."""
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            v = _json_ready(getattr(obj, f.name))
+            if f.type in ("float", "float | None") and type(v) is int:
+                v = float(v)
+            elif f.type == "dict[str, float]":
+                v = {k: float(x) for k, x in v.items()}
+            out[f.name] = v
+        if isinstance(obj, JobChange) and not any(obj.gpus):
+            out["gpus"] = []
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    return obj
 
 
 def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str:

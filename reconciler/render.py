@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reconciler.explain import _span
+from reconciler.ledger import money
 from reconciler.plan import Plan
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -30,7 +31,12 @@ def _solver_line(plan: Plan) -> str:
     if s.status == "GREEDY_FALLBACK":
         why = s.note or f"CP-SAT found no solution in {s.seconds:.2f}s"
         return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
-    quality = "optimal" if s.optimal else f"within {s.gap:.2%} of the LP bound"
+    if s.optimal:
+        quality = "optimal"
+    elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
+        quality = "at the least possible cost ($0.00/h)"
+    else:
+        quality = f"within {s.gap:.2%} of the LP bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
     return f"CP-SAT {quality} in {s.seconds:.2f}s{scope}{repairs}; plan {plan.id}"
@@ -51,7 +57,7 @@ def consolidation_line(plan: Plan) -> str | None:
         return None
     payback = f", paid back in {c.move_cost / c.saving_per_hour:.1f} h" if c.saving_per_hour > 0 else ""
     return (f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go, "
-            f"saving ${c.saving_per_hour:,.2f}/h for a one-time ${c.move_cost:,.2f} of restarts{payback}")
+            f"saving {money(c.saving_per_hour)}/h for a one-time {money(c.move_cost)} of restarts{payback}")
 
 
 def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
@@ -88,12 +94,13 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
-    if pending:
-        t = Table(title="Pending jobs", title_justify="left")
-        for col in ("job", "tenant", "reason"):
+    if pending:  # the summary counts evicted and pending apart; the table says which each row is
+        evicted = any(j.action == "evict" for j in pending)
+        t = Table(title="Pending and evicted jobs" if evicted else "Pending jobs", title_justify="left")
+        for col in ("job", "tenant", "state", "reason"):
             t.add_column(col)
         for j in pending:
-            t.add_row(j.job, j.tenant, Text(j.reason, style="dim"))
+            t.add_row(j.job, j.tenant, "evicted" if j.action == "evict" else "pending", Text(j.reason, style="dim"))
         con.print(t)
     for v in plan.violations:
         con.print(f"GUARDRAIL: {v}")
@@ -153,12 +160,13 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += [f"**{consolidation_line(plan)}**", ""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
-        lines += [f"**Pending jobs ({len(pending)})**", ""]
+        evicted = sum(j.action == "evict" for j in pending)
+        lines += [f"**Pending jobs ({len(pending) - evicted}){f' and evicted jobs ({evicted})' if evicted else ''}**", ""]
         lines += _md_table(["job", "tenant", "state", "reason"], [[j.job, j.tenant, j.action, j.reason] for j in pending], note)
         lines.append("")
     if plan.solver.tiers:
         lines += ["<details><summary>Objective tiers (each held while the next was solved)</summary>", ""]
-        lines += _md_table(["tier", "value", "best possible", "how"], [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{t['bound']:,.0f}", t["status"].lower()]
+        lines += _md_table(["tier", "value", "best possible", "how"], [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower()]
                                                                      for t in plan.solver.tiers], note)
         lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
@@ -234,9 +242,3 @@ def render_status(st: dict) -> str:
         c = j["status"]["conditions"][0]
         lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
     return "\n".join(lines) + "\n"
-
-
-def money(x: float) -> str:
-    """$1,234.50; a negative amount as -$8.22 (not $-8.22); -0 as $0.00."""
-    x = round(float(x), 2) + 0.0
-    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"

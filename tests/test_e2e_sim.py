@@ -253,16 +253,22 @@ def test_partial_failure_exit_code_and_report(tmp_path):
 
 
 def test_long_markdown_plan_is_truncated_and_full_plan_saved(tmp_path, monkeypatch):
+    """The note points at the file --out wrote; without --out nothing is written behind the user's back and the
+    note says how to get the whole plan (issue 21: it pointed at a plan.json nobody asked for)."""
     cfg = write_config(tmp_path / "c", [topology(), tenant("t"),
                                         pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=100),
                                         *[job(f"job-{i:03d}", gpus=1, gpu_type="A100", cpu=4, mem=16, spot="never") for i in range(75)]])
     monkeypatch.chdir(tmp_path)
-    out = cli("plan", cfg, "--format", "markdown")
+    out = cli("plan", cfg, "--format", "markdown", "--out", "plan.json")
     assert out.exit_code == 0
     assert "_... 15 more rows truncated; the full plan is in `plan.json`_" in out.output
     assert out.output.count("| + create |") == 60
     full = json.loads((tmp_path / "plan.json").read_text())
     assert len(full["creates"]) == 75
+    (tmp_path / "plan.json").unlink()
+    bare = cli("plan", cfg, "--format", "markdown")
+    assert "_... 15 more rows truncated; run `reconcile plan --format json` for the full plan_" in bare.output
+    assert not (tmp_path / "plan.json").exists()
 
 
 def test_markdown_shows_guardrail_violations(qs):

@@ -1,0 +1,194 @@
+"""The fleet as numbers for dashboards: what `reconcile metrics` exports and `reconcile report` draws.
+
+Pure: built from a plan's inputs (the problem's capacities, the placements) with the ledger's charge
+(reconciler/ledger.py), so a tenant's $/h here is the one its budget, status/ and explain quote. Two
+moments have a view: the fleet now (`current_view`: observed instances and placements; the plan only
+supplies why work is pending) and the fleet an apply left (`applied_view`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from reconciler.ledger import GPU_SLICES, Ledger, mig_compute
+from reconciler.problem import DIMS
+
+# A pending reason's category (a bounded label), by how the reason text starts.
+REASON_KINDS: tuple[tuple[str, str], ...] = (
+    (r"placed by the next apply", "awaiting-apply"),
+    (r"quota", "quota"),
+    (r"tenant budget", "tenant-budget"),
+    (r"budget", "budget"),
+    (r".*pools? at max_instances", "pool-max-instances"),
+    (r"gang", "gang"),
+    (r"spot", "spot"),
+    (r".*beyond tenant .* guarantee", "guarantee"),
+    (r"(preempted|outranked)", "priority"),
+)
+
+
+def reason_kind(reason: str) -> str:
+    for pattern, kind in REASON_KINDS:
+        if re.match(pattern, reason):
+            return kind
+    return "other"
+
+
+@dataclass(frozen=True)
+class Slot:
+    job: str
+    replica: int
+    gpus: tuple[int, ...]  # GPU indices on the host ((): a CPU job, or a MIG slice)
+    mig_slices: int = 0  # MIG compute slices (of 7 per GPU) the replica holds
+
+
+@dataclass(frozen=True)
+class Host:
+    id: str
+    pool: str
+    cloud: str
+    zone: str
+    instance_type: str
+    market: str
+    price: float
+    gpus: int
+    gpu_type: str | None
+    mig: bool
+    slots: tuple[Slot, ...]
+
+    @property
+    def gpus_allocated(self) -> int:
+        """GPUs holding a replica; on a MIG host, the GPUs its replicas' compute slices fill (7 per GPU, rounded up)."""
+        if self.mig:
+            return min(self.gpus, math.ceil(sum(s.mig_slices for s in self.slots) / GPU_SLICES))
+        return len({g for s in self.slots for g in s.gpus})
+
+
+@dataclass(frozen=True)
+class JobState:
+    job: str
+    tenant: str
+    phase: str  # running | pending | evicted
+    reason: str
+    wait_seconds: float | None  # pending since `submitted` (None: no submitted time)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    fleet: str
+    hosts: tuple[Host, ...]
+    jobs: tuple[JobState, ...]
+    tenant_cost: dict[str, float]  # USD/h charged (the ledger's charge)
+    pool_cost: dict[str, float]  # USD/h of the pool's instances
+    over_quota: dict[str, bool]  # tenant -> uses more than its quota's cap on some dimension
+    evictions: int  # jobs the plan evicts
+    instances_lost: int  # instances found gone (spot interruptions, lost hosts) by the observe
+    plan_seconds: float
+    solver_gap: float
+    solver_optimal: bool
+    changes_outstanding: int  # creates + deletes not applied yet
+
+    @property
+    def cost(self) -> float:
+        return sum(h.price for h in self.hosts)
+
+    def wait_stats(self) -> tuple[float, float]:
+        """Average and p95 (nearest rank) of pending jobs' wait since `submitted`, in seconds (0, 0 if none)."""
+        waits = sorted(j.wait_seconds for j in self.jobs if j.phase != "running" and j.wait_seconds is not None)
+        if not waits:
+            return 0.0, 0.0
+        return sum(waits) / len(waits), waits[max(0, math.ceil(0.95 * len(waits)) - 1)]
+
+
+def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, tuple[str, ...]], gpus: dict,
+          reasons: dict[str, tuple[str, str]], now: datetime, changes_outstanding: int) -> FleetView:
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    led = Ledger(problem)
+    for key, cap in hosts.items():
+        led.add_instance(key, cap)
+    slots: dict[str, list[Slot]] = {k: [] for k in hosts}
+    for job, ids in sorted(placements.items()):
+        d = demand_of.get(job)
+        if d is None or not all(i in hosts for i in ids):
+            continue
+        idx = gpus.get(job, ())
+        slices = mig_compute(d.mig[0]) * d.mig[1] // d.bundle if d.mig is not None else 0
+        for r, iid in enumerate(ids):
+            slots[iid].append(Slot(job, r, tuple(idx[r]) if r < len(idx) else (), slices if hosts[iid].mig else 0))
+        for iid in ids[:: d.bundle]:
+            led.add_item(d, job, iid)
+    placed = led.placed_jobs()
+    jobs = []
+    for name, job in sorted(desired.jobs.items()):
+        if name in placed:
+            jobs.append(JobState(name, job.spec.tenant, "running", "", None))
+            continue
+        phase, reason = reasons.get(name, ("pending", "not in the plan"))
+        sub = job.spec.submitted
+        wait = max(0.0, (now - sub).total_seconds()) if sub is not None else None
+        jobs.append(JobState(name, job.spec.tenant, phase, reason, wait))
+    over = {}
+    for t, tenant in desired.tenants.items():
+        use = led.tenant_use(t)
+        over[t] = any((cap := tenant.spec.quota.cap(k)) is not None and use[k] > cap + 1e-9 for k in DIMS)
+    pool_cost: dict[str, float] = {p: 0.0 for p in desired.pools}
+    for cap in hosts.values():
+        pool_cost[cap.pool] = pool_cost.get(cap.pool, 0.0) + cap.price
+    charges = led.tenant_charges()
+    return FleetView(
+        fleet=desired.fleet,
+        hosts=tuple(Host(k, c.pool, c.cloud, c.zone, c.instance_type, c.market, c.price, c.gpus, c.gpu_type, bool(c.mig),
+                         tuple(slots[k])) for k, c in sorted(hosts.items())),
+        jobs=tuple(jobs), tenant_cost={t: charges.get(t, 0.0) for t in sorted(set(desired.tenants) | set(charges))},
+        pool_cost=pool_cost, over_quota=over, evictions=sum(j.action == "evict" for j in plan.jobs),
+        instances_lost=len({i for ids in observed.lost.values() for i in ids}),
+        plan_seconds=plan.solver.seconds, solver_gap=plan.solver.gap, solver_optimal=plan.solver.optimal,
+        changes_outstanding=changes_outstanding,
+    )
+
+
+def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:
+    """The fleet as observed, with the plan's reasons for what is not running (a job the plan would place is
+    "placed by the next apply")."""
+    hosts = {c.key: c for c in problem.capacities if c.existing}
+    reasons = {}
+    for j in plan.jobs:
+        if j.action in ("pending", "evict"):
+            reasons[j.job] = ("pending", j.reason)
+        else:
+            reasons[j.job] = ("pending", "placed by the next apply")
+    placements = {j: tuple(ids) for j, ids in observed.placements.items()}
+    outstanding = len(plan.creates) + len(plan.deletes)
+    return _view(problem, desired, observed, plan, hosts, placements, dict(observed.gpu_indices), reasons, now, outstanding)
+
+
+def applied_view(problem, desired, observed, plan, report, now: datetime) -> FleetView:
+    """The fleet an apply of `plan` left: existing instances kept (not deleted), those it created, and the
+    placements it recorded."""
+    deleted = set(report.deleted)
+    hosts = {c.key: c for c in problem.capacities if c.existing and c.key in plan.kept and c.key not in deleted}
+    offers = {c.offer_key: c for c in problem.capacities if not c.existing and not c.members}
+    for cr in plan.creates:
+        iid = report.created.get(cr.ref)
+        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}")
+        if iid is not None and cap is not None:
+            hosts[iid] = cap
+    ref_to_id = dict(report.created)
+    gpus = {}
+    reasons = {}
+    for j in plan.jobs:
+        ids = tuple(ref_to_id.get(i, i) for i in j.instances)
+        if j.gpus and tuple(report.placements.get(j.job, ())) == ids:
+            gpus[j.job] = j.gpus
+        if j.action in ("pending", "evict"):
+            reasons[j.job] = ("evicted" if j.action == "evict" else "pending", j.reason)
+        else:
+            reasons[j.job] = ("pending", "its new instances could not be created")
+    placements = {j: tuple(ids) for j, ids in report.placements.items()}
+    outstanding = len(report.failed_refs) + len(report.not_started) + len(report.skipped_deletes)
+    return _view(problem, desired, observed, plan, hosts, placements, gpus, reasons, now, outstanding)
+
+
+__all__ = ["FleetView", "Host", "JobState", "Slot", "applied_view", "current_view", "reason_kind"]

@@ -1,0 +1,122 @@
+"""Metrics: `reconcile metrics DIR` (node_exporter textfile), status/metrics.prom written by apply, the /metrics
+endpoint a long-running process serves, and the Grafana dashboard that reads them."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from reconciler import api
+from reconciler.cli import app
+from reconciler.metrics import METRICS, serve
+from tests.fleetkit import copy_quickstart
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "fleet"))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(ss, name, **labels) -> float:
+    return ss[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def applied(tmp_path):
+    cfg = copy_quickstart(tmp_path)
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    return cfg
+
+
+def test_metrics_after_apply_agree_with_status(applied):
+    status = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]
+    for text in ((applied / "status" / "metrics.prom").read_text(), cli("metrics", applied).output):
+        ss = samples(text)
+        assert {n for n, _ in ss} == set(METRICS)  # every metric, each with samples
+        assert sum(v for (n, _), v in ss.items() if n == "fleetops_instances") == status["instances"]
+        assert value(ss, "fleetops_cost_dollars_per_hour") == pytest.approx(status["hourlyCost"], abs=1e-3)
+        for t, c in status["tenants"].items():
+            assert value(ss, "fleetops_tenant_cost_dollars_per_hour", tenant=t) == pytest.approx(c["hourlyCost"], abs=1e-3)
+        running = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab)
+        assert running == status["jobs"]["running"] == 10
+        gpus = value(ss, "fleetops_gpus", pool="aws-a100", gpu_type="A100")
+        assert gpus == 16 == value(ss, "fleetops_gpus_allocated", pool="aws-a100", gpu_type="A100")  # llm-pretrain: 2 x 8
+        assert value(ss, "fleetops_plan_changes_outstanding") == 0
+
+
+def test_a_spot_interruption_shows_in_the_metrics(applied):
+    spot = next(line.split("\t")[0] for line in cli("sim", "ls", applied).output.splitlines() if "\tspot\t" in line)
+    assert cli("sim", "interrupt", spot, applied).exit_code == 0
+    ss = samples(cli("metrics", applied).output)
+    assert value(ss, "fleetops_instances_lost") == 1
+    assert value(ss, "fleetops_plan_changes_outstanding") == 1  # the replacement to create
+    assert value(ss, "fleetops_pending_jobs", reason="awaiting-apply") == 1  # its job, until the next apply
+    assert sum(v for (n, _), v in ss.items() if n == "fleetops_instances") == 9
+
+
+def test_textfile_is_written_atomically_where_asked(applied, tmp_path):
+    out = tmp_path / "textfile" / "fleetops.prom"
+    r = cli("metrics", applied, "--out", out)
+    assert r.exit_code == 0 and out.exists()
+    assert not [p for p in out.parent.iterdir() if p != out]  # no temporary left behind
+    assert samples(out.read_text())
+
+
+def test_metrics_endpoint_serves_openmetrics(applied):
+    """serve() is what a long-running process (the controller) calls; each scrape reads the source again."""
+    res = api.plan(applied, time_limit=5)
+    calls = []
+
+    def source():
+        calls.append(1)
+        return api.fleet_view(res)
+
+    server = serve(0, source)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        req = urllib.request.Request(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = r.read().decode()
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert body.rstrip().endswith("# EOF")
+        with urllib.request.urlopen(url, timeout=30) as r:
+            ss = samples(r.read().decode())
+    finally:
+        server.shutdown()
+    assert len(calls) == 2
+    assert value(ss, "fleetops_gpus", pool="aws-a100", gpu_type="A100") == 16
+
+
+def test_grafana_dashboard_queries_only_exported_metrics():
+    dash = json.loads((ROOT / "examples" / "grafana" / "fleetops-dashboard.json").read_text())
+    labels = {"fleet", "pool", "gpu_type", "cloud", "zone", "market", "tenant", "phase", "reason"}
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if isinstance(v.get("query"), dict)]
+    assert len(exprs) >= 15
+    used = set()
+    for e in exprs:
+        names = set(re.findall(r"\bfleetops_[a-z0-9_]+", e))
+        assert names and names <= set(METRICS), e
+        used |= names
+        for group in re.findall(r"\bby \(([^)]*)\)", e):
+            assert {g.strip() for g in group.split(",")} <= labels, e
+    # the issue's list: GPUs, utilisation, $/h per tenant and pool, jobs per phase, pending per reason, queue wait,
+    # preemptions, interruptions, over quota, plan duration, gap
+    assert used >= {"fleetops_gpus_allocated", "fleetops_gpus_idle", "fleetops_gpu_utilization_ratio",
+                    "fleetops_tenant_cost_dollars_per_hour", "fleetops_pool_cost_dollars_per_hour", "fleetops_jobs",
+                    "fleetops_pending_jobs", "fleetops_queue_wait_seconds_avg", "fleetops_queue_wait_seconds_p95",
+                    "fleetops_preemptions", "fleetops_instances_lost", "fleetops_tenant_over_quota",
+                    "fleetops_plan_duration_seconds", "fleetops_solver_gap_ratio"}

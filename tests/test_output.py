@@ -1,0 +1,67 @@
+"""Plan output cosmetics a reviewer reads every day (issue 21, item 3): numbers as people write them, summaries
+that agree with the tables under them, and JSON whose types do not change with the values."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from reconciler import api
+from reconciler.cli import app
+from reconciler.render import render_human, render_markdown
+from tests.fleetkit import copy_example, copy_quickstart
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_a_bound_just_below_zero_is_not_minus_zero(tmp_path):
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    tiers = ({"name": "cost", "value": 0, "bound": -0.3, "status": "OPTIMAL"},)
+    md = render_markdown(replace(plan, solver=replace(plan.solver, tiers=tiers)))
+    row = next(line for line in md.splitlines() if line.startswith("| cost |"))
+    assert row == "| cost | 0 | 0 | optimal |"
+
+
+def test_deleting_everything_is_not_within_100_percent_of_a_bound(tmp_path):
+    cfg = copy_quickstart(tmp_path)
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    pools = cfg / "pools.yaml"
+    pools.write_text(re.sub(r"min_instances: \d+", "min_instances: 0", pools.read_text()))
+    plan = api.plan(cfg, time_limit=5).plan
+    assert len(plan.deletes) == 10 and plan.cost_after == 0
+    for text in (render_human(plan), render_markdown(plan)):
+        assert "100.00%" not in text
+        assert "-$" not in text and "$-" not in text
+
+
+def test_summary_and_table_agree_on_evicted_jobs(tmp_path):
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    jobs = list(plan.jobs)
+    jobs[0] = replace(jobs[0], action="evict", instances=(), reason="preempted (capacity goes to higher-priority work first: x)")
+    plan = replace(plan, jobs=tuple(jobs))
+    text = render_human(plan)
+    assert "1 evicted, 0 pending" in text
+    assert "Pending and evicted jobs" in text and "Pending jobs\n" not in text
+    assert re.search(rf"{jobs[0].job}\s+.*evicted", text)
+    md = render_markdown(plan)
+    assert "**Pending jobs (0) and evicted jobs (1)**" in md
+
+
+def test_plan_json_keeps_float_fields_floats_and_mig_replicas_without_gpu_lists(tmp_path):
+    cfg = copy_example(tmp_path, "ml-platform")
+    out = cli("plan", cfg, "--format", "json")
+    raw = json.loads(out.output)
+    assert isinstance(raw["cost_before"], float) and raw["cost_before"] == 0.0  # nothing runs yet: 0.0, not 0
+    assert all(isinstance(c["price"], float) for c in raw["creates"])
+    mig = next(j for j in raw["jobs"] if j["job"] == "embed-mig")
+    assert mig["instances"] and mig["gpus"] == []  # MIG slices: no whole-GPU indices, not [[]]
+    gang = next(j for j in raw["jobs"] if j["job"] == "llm-pretrain")
+    assert all(len(g) == 8 for g in gang["gpus"])
+    assert '"cost_before": 0.0' in out.output
