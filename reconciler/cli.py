@@ -365,6 +365,17 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
     typer.echo(render_status(st), nl=False)
 
 
+def _fleet_view(config_dir: Path, provider: str, time_limit: float, gap: float, provider_option, state):
+    """The fleet now, with the plan's reasons for what does not run (observes and plans; changes nothing)."""
+    from reconciler import api
+
+    try:
+        res = api.plan(config_dir, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
+    except ReconcileError as e:
+        _fail(e, config_dir, state)
+    return api.fleet_view(res)
+
+
 @app.command()
 def metrics(
     config_dir: Path = ConfigDir,
@@ -377,14 +388,9 @@ def metrics(
     state: Optional[str] = StateOpt,
 ) -> None:
     """The fleet's metrics (GPUs, cost, jobs, pending reasons, queue wait, solver) for Prometheus."""
-    from reconciler import api
     from reconciler.metrics import exposition, write_textfile
 
-    try:
-        res = api.plan(config_dir, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
-    except ReconcileError as e:
-        _fail(e, config_dir, state)
-    view = api.fleet_view(res)
+    view = _fleet_view(config_dir, provider, time_limit, gap, provider_option, state)
     if out is None:
         typer.echo(exposition(view, openmetrics), nl=False)
     else:
@@ -403,20 +409,14 @@ def report(
     state: Optional[str] = StateOpt,
 ) -> None:
     """One self-contained HTML page of plots: GPUs per pool, $/h per tenant, instances, pending reasons, GPU map."""
-    from reconciler import api
-
     try:
         from reconciler.report import render_report
     except ImportError as e:
         typer.echo(f"Error: reconcile report needs plotly: pip install 'fleetops-reconciler[report]' ({e})", err=True)
         raise typer.Exit(1)
-    try:
-        res = api.plan(config_dir, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
-    except ReconcileError as e:
-        _fail(e, config_dir, state)
     from reconciler.state import utcnow
 
-    out.write_text(render_report(api.fleet_view(res), utcnow()))
+    out.write_text(render_report(_fleet_view(config_dir, provider, time_limit, gap, provider_option, state), utcnow()))
     typer.echo(f"report written to {out}")
 
 
