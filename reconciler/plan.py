@@ -19,7 +19,7 @@ from reconciler.explain import pending_reason
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Capacity, Demand, Problem, shape_changes, spot_measure
+from reconciler.problem import Capacity, Demand, Problem, fit, shape_changes, share, spot_measure
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
@@ -377,6 +377,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     # 2b. Never a move to an identical instance: a new instance whose items all fit on an instance
     # the plan deletes, of the same pool, zone, type, market and price, is that instance instead.
     solution = _keep_identical(problem, observed, solution, bins_of, hosts, demand_of)
+    _return_home(problem, observed, solution, bins_of, hosts, demand_of)
 
     # 3. Name the new instances.
     refs: dict[str, str] = {}  # bin ref -> "+n"
@@ -489,6 +490,44 @@ def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bi
             keep.add(h.key)
             break
     return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep))
+
+
+def _return_home(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],
+                 hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> None:
+    """A replica moved off an instance the plan keeps goes back when it still fits there on its
+    own GPUs, in the same market, at no higher price share or egress/latency cost: a move with
+    no rule behind it (the solver's answer, stopped within its gap, moved running work for
+    nothing). Fleet and tenant rules hold: same market (spot shares, buffer), no dearer."""
+    bin_at: dict[tuple[str, int], Bin] = {}
+    for bins in bins_of.values():
+        for b in bins:
+            for _, job, r in b.items:
+                bin_at[(job, r)] = b
+    known_at: dict[str, dict] = {}
+    for job, prev in sorted(observed.placements.items()):
+        d = demand_of.get(job)
+        if d is None or d.gang or d.bundle > 1 or job in d.reshaped:
+            continue
+        for r, hk in enumerate(prev[:d.replicas]):
+            b, home = bin_at.get((job, r)), bins_of.get(hk)
+            h = hosts.get(hk)
+            if b is None or b.ref == hk or not home or h is None or hk not in solution.keep or fit(d, h) == 0:
+                continue
+            c = b.cap
+            budget = d.tenant in problem.tenants and problem.tenants[d.tenant].budget is not None
+            if h.market != c.market or problem.cost_coef(d, h) > problem.cost_coef(d, c) + 1e-9 or \
+                    budget and h.price * share(d, h) > c.price * share(d, c) + 1e-9:
+                continue
+            hb = home[0]
+            if hk not in known_at:
+                known_at[hk] = _resident_gpus(h, problem, observed) if h.gpus else {}
+            idx = known_at[hk].get((job, r), ())
+            if not hb.fits(d) or len(idx) != d.gpus or any(hb.gpus_used[i] for i in idx if i < len(hb.gpus_used)):
+                continue
+            b.remove(d, job)
+            hb.reserve(d, [idx])
+            hb.items.append((d.key, job, r))
+            hb.gpu_of[(job, r)] = (tuple(idx),)
 
 
 def _spare(cap: Capacity, problem: Problem, pool_count: dict[str, int], fleet: dict[str, float], prim) -> bool:

@@ -227,3 +227,30 @@ def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path)
     jobs = by_job(plan)
     assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
     assert not plan.creates and not plan.deletes
+
+
+def test_a_replica_moved_off_an_instance_the_plan_keeps_goes_back_when_it_fits(tmp_path):
+    """Another gap-stopped answer: `a` moves to a new instance while its own, kept, has room for
+    it beside the new job `b`. It stays, and the new instance is not bought."""
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import Solution
+    from tests.fleetkit import catalog_observed, instance
+
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=3),
+            job("a", cpu=4, mem=8), job("b", cpu=8, mem=8)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, [instance("i0", "c", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")], {"a": ("i0",)})
+    problem = build_problem(desired, observed)
+    offer = next(c.key for c in problem.capacities if not c.existing and c.market == "on-demand")
+    da, db = (next(d.key for d in problem.demands if j in d.jobs) for j in ("a", "b"))
+    gap_stopped = Solution(status="FEASIBLE", optimal=False, gap=0.02, seconds=0.1, keep=frozenset({"i0"}), new={offer: 1}, stay={},
+                           x={(da, offer): 1, (db, "i0"): 1}, placed={da: 1, db: 1},
+                           capacities={c.key: c for c in problem.capacities})
+    plan = make_plan(desired, observed, problem, gap_stopped)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+    jobs = by_job(plan)
+    assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
+    assert not plan.creates and not plan.deletes
