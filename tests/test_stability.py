@@ -200,11 +200,10 @@ def test_the_plan_after_applying_a_generated_fleet_evicts_and_moves_nothing(tmp_
     assert counts["evict"] == 0 and counts["move"] == 0 and counts["delete"] == 0, counts
 
 
-def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path):
-    """A CP-SAT answer stopped within its gap may delete an instance and buy an identical one
-    for the same work (issue 18: 243 moves "consolidated: fit more cheaply elsewhere", $6.13/h ->
-    $6.13/h, every plan again). Given such an answer, the plan keeps the instance: the job
-    stays on it, nothing is created or deleted."""
+def plan_of_a_gap_stopped_answer(tmp_path, keep: bool, b_at: str | None):
+    """Job `a` runs on i0 (an m6i.4xlarge, 16 vCPU); `b` (8 vCPU) is new. The answer a CP-SAT
+    search stopped within its gap may give: `a` moves to a new identical instance, i0 kept or
+    not, `b` on i0 (b_at="i0") or on the new instance (None). Returns the plan made of it, checked."""
     from reconciler.load import load
     from reconciler.plan import make_plan
     from reconciler.problem import build_problem
@@ -218,12 +217,21 @@ def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path)
     problem = build_problem(desired, observed)
     offer = next(c.key for c in problem.capacities if not c.existing and c.market == "on-demand")
     da, db = (next(d.key for d in problem.demands if j in d.jobs) for j in ("a", "b"))
-    gap_stopped = Solution(status="FEASIBLE", optimal=False, gap=0.02, seconds=0.1, keep=frozenset(), new={offer: 1}, stay={},
-                           x={(da, offer): 1, (db, offer): 1}, placed={da: 1, db: 1},
+    gap_stopped = Solution(status="FEASIBLE", optimal=False, gap=0.02, seconds=0.1, keep=frozenset({"i0"} if keep else ()),
+                           new={offer: 1}, stay={}, x={(da, offer): 1, (db, b_at or offer): 1}, placed={da: 1, db: 1},
                            capacities={c.key: c for c in problem.capacities})
     plan = make_plan(desired, observed, problem, gap_stopped)
     check_plan(desired, observed, plan)
     check_stability(desired, observed, plan)
+    return plan
+
+
+def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path):
+    """A CP-SAT answer stopped within its gap may delete an instance and buy an identical one
+    for the same work (issue 18: 243 moves "consolidated: fit more cheaply elsewhere", $6.13/h ->
+    $6.13/h, every plan again). Given such an answer, the plan keeps the instance: the job
+    stays on it, nothing is created or deleted."""
+    plan = plan_of_a_gap_stopped_answer(tmp_path, keep=False, b_at=None)
     jobs = by_job(plan)
     assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
     assert not plan.creates and not plan.deletes
@@ -232,25 +240,7 @@ def test_a_move_to_an_identical_new_instance_keeps_the_old_one_instead(tmp_path)
 def test_a_replica_moved_off_an_instance_the_plan_keeps_goes_back_when_it_fits(tmp_path):
     """Another gap-stopped answer: `a` moves to a new instance while its own, kept, has room for
     it beside the new job `b`. It stays, and the new instance is not bought."""
-    from reconciler.load import load
-    from reconciler.plan import make_plan
-    from reconciler.problem import build_problem
-    from reconciler.solve import Solution
-    from tests.fleetkit import catalog_observed, instance
-
-    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=3),
-            job("a", cpu=4, mem=8), job("b", cpu=8, mem=8)]
-    desired = load(write_config(tmp_path / "cfg", docs))
-    observed = catalog_observed(desired, [instance("i0", "c", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")], {"a": ("i0",)})
-    problem = build_problem(desired, observed)
-    offer = next(c.key for c in problem.capacities if not c.existing and c.market == "on-demand")
-    da, db = (next(d.key for d in problem.demands if j in d.jobs) for j in ("a", "b"))
-    gap_stopped = Solution(status="FEASIBLE", optimal=False, gap=0.02, seconds=0.1, keep=frozenset({"i0"}), new={offer: 1}, stay={},
-                           x={(da, offer): 1, (db, "i0"): 1}, placed={da: 1, db: 1},
-                           capacities={c.key: c for c in problem.capacities})
-    plan = make_plan(desired, observed, problem, gap_stopped)
-    check_plan(desired, observed, plan)
-    check_stability(desired, observed, plan)
+    plan = plan_of_a_gap_stopped_answer(tmp_path, keep=True, b_at="i0")
     jobs = by_job(plan)
     assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
     assert not plan.creates and not plan.deletes
