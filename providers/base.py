@@ -160,3 +160,21 @@ class Janitor(Protocol):
 
 def ownership_tags(fleet: str, pool: str, key: str) -> dict[str, str]:
     return {TAG_FLEET: fleet, TAG_POOL: pool, TAG_CREATE_KEY: key}
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    """Where an instance's node agent finds the bus: the config dir's .reconcile/ or state_url."""
+
+    config_dir: Path
+    state_url: str | None = None
+
+
+@runtime_checkable
+class AgentHost(Protocol):
+    """An optional capability: a provider that starts the node agent itself (the sim, whose
+    instances are not machines). Cloud instances start theirs from the bootstrap user data."""
+
+    def ensure_agent(self, instance: Instance, target: AgentTarget) -> None:
+        """Start `reconcile agent` for the instance unless one was started already."""
+        ...

@@ -12,12 +12,15 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
@@ -28,6 +31,46 @@ _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _starttime(pid: int) -> str:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): with the pid, it names
+    one process, so a pid reused since is never signalled."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _kill_group(pid: int, started: str) -> None:
+    if started and _starttime(pid) != started:
+        return  # gone, or the pid now belongs to another process
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our own child (a test's): reap it
+    except ChildProcessError:
+        pass
+
+
+def _alive(pidfile: Path) -> bool:
+    try:
+        parts = pidfile.read_text().split()
+    except OSError:
+        return False
+    if not parts or not parts[0].isdigit():
+        return False
+    started = _starttime(int(parts[0]))
+    if not started or (len(parts) > 1 and started != parts[1]):
+        return False
+    try:
+        with open(f"/proc/{parts[0]}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class _Tracked(dict):
@@ -164,13 +207,75 @@ class SimCloud:
                     self._save(data)
 
     # -- faults, for tests and demos ------------------------------------------------
-    def interrupt(self, instance_id: str, reason: str = "spot-interruption") -> dict:
+    def interrupt(self, instance_id: str, reason: str = "spot-interruption", notice_seconds: float | None = None) -> dict:
+        """Reclaim an instance. If a node agent runs on it, it gets a notice first (as a spot
+        instance gets its two-minute warning) and up to `notice_seconds` to checkpoint."""
+        with self.world(write=False) as w:
+            inst = w["instances"].get(instance_id)
+            if inst is None or inst["state"] == "terminated":
+                raise ProviderError(f"sim: no live instance {instance_id!r}")
+        if self.agent_alive(instance_id):
+            self.deliver_notice(instance_id, reason, notice_seconds)
         with self.world() as w:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
                 raise ProviderError(f"sim: no live instance {instance_id!r}")
             inst["state"], inst["terminated_reason"] = "terminated", reason
-            return inst
+        self.stop_agent(instance_id)
+        return inst
+
+    # -- node agents: one `reconcile agent` process per instance that has work to run ------
+    def agent_dir(self, instance_id: str) -> Path:
+        return self.dir / "agents" / instance_id
+
+    def agent_alive(self, instance_id: str) -> bool:
+        return _alive(self.agent_dir(instance_id) / "agent.pid")
+
+    def start_agent(self, instance_id: str, config_dir: Path, state_url: str | None) -> bool:
+        """Start the instance's agent, detached (the apply returns at once). Once only: an agent that
+        died is a lost node, which the reconciler replaces; it is not quietly restarted here."""
+        d = self.agent_dir(instance_id).resolve()  # the agent's records name its logs: absolute paths
+        if (d / "agent.pid").exists():
+            return False
+        d.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "reconciler.cli", "agent", instance_id, "--dir", str(config_dir), "--runtime", "process",
+               "--notice", "sim", "--address", "127.0.0.1", "--workdir", str(d), "--cwd", str(config_dir),
+               "--checkpoint-root", str(self.dir.resolve() / "volumes")]
+        if state_url:
+            cmd += ["--state", state_url]
+        with open(d / "agent.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        (d / "agent.pid").write_text(f"{proc.pid} {_starttime(proc.pid)}\n")
+        return True
+
+    def deliver_notice(self, instance_id: str, reason: str, notice_seconds: float | None = None) -> bool:
+        """Write the notice the agent polls for and wait until it reports its replicas checkpointed
+        and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length)."""
+        d = self.agent_dir(instance_id)
+        (d / "notice.json").write_text(json.dumps({"reason": reason, "time": _now()}))
+        limit = time.monotonic() + (notice_seconds if notice_seconds is not None else float(os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS", "120")))
+        while time.monotonic() < limit:
+            if (d / "notice.done").exists() or not self.agent_alive(instance_id):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop_agent(self, instance_id: str) -> None:
+        """The instance is gone: its agent and every replica process it started go with it."""
+        d = self.agent_dir(instance_id)
+        for f in (d / "agent.pid", d / "replicas.pids"):
+            try:
+                lines = f.read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                parts = line.split()
+                if parts and parts[0].isdigit():
+                    _kill_group(int(parts[0]), parts[1] if len(parts) > 1 else "")
+
+    def stop_all_agents(self) -> None:
+        for d in sorted((self.dir / "agents").glob("*")) if (self.dir / "agents").is_dir() else []:
+            self.stop_agent(d.name)
 
     def exhaust(self, zone: str, instance_type: str | None = None, market: str | None = None, restore: bool = False) -> None:
         entry = {"zone": zone, "instance_type": instance_type, "market": market}
@@ -309,6 +414,12 @@ class SimProvider:
             d = self._owned(w, instance, "delete")
             if d is not None:
                 d["state"], d["terminated_reason"] = "terminated", "deleted-by-reconciler"
+        self.cloud.stop_agent(instance.id)
+
+    def ensure_agent(self, instance: Instance, target: AgentTarget) -> None:
+        """One agent process per instance with work, unless FLEETOPS_SIM_AGENTS=0 (most tests)."""
+        if os.environ.get("FLEETOPS_SIM_AGENTS", "1") != "0":
+            self.cloud.start_agent(instance.id, target.config_dir, target.state_url)
 
     def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
         """Replace the instance's placement tags in the world file, as AWS does with CreateTags."""

@@ -24,6 +24,7 @@ from reconciler.plan import Plan, make_plan
 from reconciler.problem import Problem, build_problem
 from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
+from reconciler.runtime.publish import block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler.state import state_dir, utcnow
 from reconciler.status import write_status
 
@@ -71,9 +72,10 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False) -> PlanResult:
-    problem = build_problem(desired, observed, provider, now=now or utcnow())
+    demand = demanding(desired, observed)  # finished jobs demand no capacity
+    problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
-    plan = make_plan(desired, observed, problem, solution)
+    plan = make_plan(demand, observed, problem, solution)
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
     return PlanResult(plan, desired, observed, problem, solution)
 
@@ -89,7 +91,7 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
-    observed = fleet.observe(backend.load())
+    observed = with_runtime(backend, desired, fleet.observe(backend.load()))
     return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap, lp_bound)
 
 
@@ -129,7 +131,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     with backend.lock():
         current = backend.load()
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
-        observed = fleet.observe(current)
+        observed = with_runtime(backend, desired, fleet.observe(current))
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
                 raise StalePlanError(f"the plan is for fleet {saved_plan.fleet!r}, this config is fleet {desired.fleet!r}")
@@ -149,9 +151,10 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
         backend.save(current)
         after = fleet.observe(current).instances
-        status_dir = write_status(config_dir, desired, the_plan, report, list(after))
-        _write_metrics(status_dir, problem or build_problem(desired, observed, provider, now=utcnow()), desired, observed,
-                       the_plan, report)
+        view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state)
+        status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view)
+        _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()), desired,
+                       observed, the_plan, report)
     result = ApplyResult(the_plan, report, status_dir)
     if not report.ok:
         done = f"{len(report.created)} created, {len(report.deleted)} deleted"
@@ -179,8 +182,9 @@ def fleet_view(res: PlanResult, now: datetime | None = None):
     return current_view(res.problem, res.desired, res.observed, res.plan, now or utcnow())
 
 
-def read_status(config_dir: str | Path) -> dict:
-    """The status files as one document: fleet summary, pools, jobs."""
+def read_status(config_dir: str | Path, live: bool = False, state: str | None = None) -> dict:
+    """The status files as one document: fleet summary, pools, jobs. `live`: job phases as the node
+    agents report them now (the files have them as of the last apply)."""
     root = Path(config_dir) / "status"
     out: dict = {"fleet": None, "pools": {}, "jobs": {}}
     if (root / "fleet.yaml").exists():
@@ -188,7 +192,29 @@ def read_status(config_dir: str | Path) -> dict:
     for kind in ("pools", "jobs"):
         for p in sorted((root / kind).glob("*.yaml")) if (root / kind).exists() else []:
             out[kind][p.stem] = yaml.safe_load(p.read_text())
+    if live and out["jobs"]:
+        _live_phases(Path(config_dir), out, state)
     return out
+
+
+def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
+    from reconciler.errors import ReconcileError
+    from reconciler.runtime.publish import read_view
+
+    try:
+        desired = load(config_dir)
+        backend = backend_for(config_dir, state)
+        view = read_view(backend, desired, backend.load().placements, None)
+    except ReconcileError:
+        return  # the files still say what the last apply saw
+    if view is None:
+        return
+    for name, run in view.jobs.items():
+        st = (out["jobs"].get(name) or {}).get("status")
+        if st is not None and st.get("run") is not None:
+            st["phase"] = run.phase
+            st["run"].update(reason=run.reason, message=run.message, restarts=run.restarts, startedAt=run.started_at,
+                             finishedAt=run.finished_at, replicas=list(run.replicas), lastLog=list(run.log_tail))
 
 
 @dataclass(frozen=True)
@@ -256,7 +282,7 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
         base_desired = load(base_dir)
         backend = backend_for(config_dir, state)
         fleet = Fleet(base_desired, state_dir(config_dir), provider, options)  # the same fleet state as head
-        base = _plan(base_desired, fleet.observe(backend.load()), provider, time_limit, None, gap=gap)
+        base = _plan(base_desired, with_runtime(backend, base_desired, fleet.observe(backend.load())), provider, time_limit, None, gap=gap)
     docs = []
     bd, hd = base.desired, head.desired
     for kind, b, h in (("Tenant", bd.tenants, hd.tenants), ("Pool", bd.pools, hd.pools), ("Job", bd.jobs, hd.jobs)):

@@ -347,15 +347,17 @@ def explain(
 
 
 @app.command()
-def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--format", help="human | json")) -> None:
-    """Show the fleet, jobs, conditions and cost per tenant from the status files."""
+def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--format", help="human | json"),
+           state: Optional[str] = StateOpt) -> None:
+    """Show the fleet, jobs, conditions and cost per tenant from the status files, with the phases
+    the node agents report now for jobs that run something."""
     from reconciler import api
 
     if fmt not in ("human", "json"):
         raise typer.BadParameter("--format must be human or json")
     from reconciler.render import render_status
 
-    st = api.read_status(config_dir)
+    st = api.read_status(config_dir, live=True, state=state)
     if fmt == "json":
         typer.echo(json.dumps(st, indent=2, default=str))
         return
@@ -458,13 +460,21 @@ def _sim(config_dir: Optional[Path], dir_opt: Optional[Path] = None):
 
 @sim_app.command("interrupt")
 def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
-                  reason: str = typer.Option("spot-interruption", "--reason", help="The reason recorded.")) -> None:
-    """Reclaim an instance, as a spot interruption or a lost host would."""
+                  reason: str = typer.Option("spot-interruption", "--reason", help="The reason recorded."),
+                  notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", help="How long its agent gets to checkpoint (default 120).")) -> None:
+    """Reclaim an instance, as a spot interruption or a lost host would (its agent gets a notice first)."""
     try:
-        _sim(config_dir, dir_opt).interrupt(instance_id, reason)
+        _sim(config_dir, dir_opt).interrupt(instance_id, reason, notice_seconds)
     except ReconcileError as e:
         _fail(e)
     typer.echo(f"interrupted {instance_id}")
+
+
+@sim_app.command("stop-agents")
+def sim_stop_agents(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt) -> None:
+    """Kill every node agent of the simulated fleet and the replicas they started."""
+    _sim(config_dir, dir_opt).stop_all_agents()
+    typer.echo("agents stopped")
 
 
 @sim_app.command("exhaust")
@@ -503,6 +513,138 @@ def sim_ls(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDir
             hosted = "-" if rec is None else ",".join(f"{p.job}/{p.replica}" for p in rec.placements) if rec.complete else "(too many)"
             typer.echo(f"{i['id']}\t{i['state']}\t{i['cloud']}/{i['zone']}\t{i['instance_type']}\t{i['market']}\t"
                        f"{i['tags'].get('fleetops.io/pool', '-')}\t{hosted or '-'}")
+
+
+@app.command()
+def agent(
+    instance: Optional[str] = typer.Argument(None, help="This instance's id (or --instance-from-metadata)."),
+    config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory (local bus: its .reconcile/)."),
+    state: Optional[str] = StateOpt,
+    runtime: str = typer.Option("docker", "--runtime", help="process | docker"),
+    notice: str = typer.Option("none", "--notice", help="Interruption notices from: none | sim | aws | gcp | azure."),
+    from_metadata: Optional[str] = typer.Option(None, "--instance-from-metadata", help="Read the instance id from this cloud's metadata: aws | gcp | azure."),
+    address: Optional[str] = typer.Option(None, "--address", help="The address gang peers reach this instance on (default: the default route's)."),
+    workdir: Path = typer.Option(Path("/var/lib/fleetops"), "--workdir", help="Logs and the agent's own files."),
+    cwd: Optional[Path] = typer.Option(None, "--cwd", help="Working directory of `process` commands."),
+    checkpoint_root: Optional[Path] = typer.Option(None, "--checkpoint-root", help="Host directory under which each job's checkpoint dir lives."),
+    poll: Optional[float] = typer.Option(None, "--poll", help="Seconds between reads of the assignment (FLEETOPS_AGENT_POLL_SECONDS, 2)."),
+    heartbeat: Optional[float] = typer.Option(None, "--heartbeat", help="Seconds between heartbeats (FLEETOPS_AGENT_HEARTBEAT_SECONDS, 5)."),
+) -> None:
+    """The node agent: run what the bus assigns to this instance, report phases and heartbeats."""
+    import signal as signals
+
+    from reconciler.backend import backend_for
+    from reconciler.runtime.agent import Agent
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.metadata import instance_id_from_metadata
+    from reconciler.runtime.notices import notice_source
+    from reconciler.runtime.runtimes import RUNTIMES
+
+    if runtime not in RUNTIMES:
+        raise typer.BadParameter(f"--runtime must be one of {', '.join(RUNTIMES)}")
+    if notice not in ("none", "sim", "aws", "gcp", "azure"):
+        raise typer.BadParameter("--notice must be none, sim, aws, gcp or azure")
+    try:
+        if instance is None:
+            if from_metadata is None:
+                raise typer.BadParameter("give INSTANCE or --instance-from-metadata")
+            instance = instance_id_from_metadata(from_metadata)
+        bus = Bus(backend_for(config_dir, state))
+    except ReconcileError as e:
+        _fail(e)
+    stop = {"now": False}
+
+    def on_term(signum, frame):
+        stop["now"] = True
+
+    signals.signal(signals.SIGTERM, on_term)
+    signals.signal(signals.SIGINT, on_term)
+    ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
+               address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
+    ag.run(lambda: stop["now"])
+
+
+@app.command()
+def controller(
+    config_dir: Path = ConfigDir,
+    provider: str = ProviderOpt,
+    state: Optional[str] = StateOpt,
+    provider_option: Optional[list[str]] = OptionOpt,
+    time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit per plan, in seconds."),
+    poll: float = typer.Option(2.0, "--poll", help="Seconds between looks at the config and the bus."),
+    resync: float = typer.Option(60.0, "--resync", help="Plan at least this often (drift: vanished instances)."),
+    pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look."),
+) -> None:
+    """Plan and apply whenever the desired state changes, a job finishes or fails, or an instance is
+    interrupted or lost; hold the apply lock only while applying; exit cleanly on SIGTERM."""
+    import signal as signals
+
+    from reconciler.runtime.controller import Controller
+    from reconciler.state import utcnow
+
+    stop = {"now": False}
+
+    def on_term(signum, frame):
+        stop["now"] = True
+
+    signals.signal(signals.SIGTERM, on_term)
+    signals.signal(signals.SIGINT, on_term)
+    ctl = Controller(config_dir, provider=provider, state=state, options=_options(provider_option), time_limit=time_limit,
+                     poll=poll, resync=resync, pull=pull, log=lambda m: typer.echo(f"{utcnow().isoformat()} controller: {m}"))
+    ctl.run(lambda: stop["now"])
+
+
+@app.command()
+def logs(
+    config_dir: Path = ConfigDir,
+    job: str = typer.Argument(..., help="The Job whose output to show."),
+    replica: int = typer.Option(0, "--replica", help="Which replica."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the replica ends."),
+    state: Optional[str] = StateOpt,
+) -> None:
+    """A replica's output: the whole log where it is on this machine (the sim), else the tail its agent reported."""
+    import time
+
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus, poll_seconds
+
+    try:
+        bus = Bus(backend_for(config_dir, state))
+        rec = bus.run(job, replica)
+    except ReconcileError as e:
+        _fail(e)
+    if rec is None:
+        typer.echo(f"Error: no run of {job}/{replica} has been reported yet", err=True)
+        raise typer.Exit(1)
+    path = Path(rec.get("log_path") or "")
+    offset = 0
+    shown_tail: list[str] = []
+    while True:
+        if path.is_file():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset += len(chunk)
+            if chunk:
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+        else:
+            tail = rec.get("log_tail", [])
+            new = tail[len(shown_tail):] if tail[:len(shown_tail)] == shown_tail else tail
+            for line in new:
+                typer.echo(line)
+            shown_tail = tail
+        if not follow or rec.get("terminal") or rec.get("phase") == "Stopped":
+            break
+        time.sleep(min(1.0, poll_seconds()))
+        try:
+            rec = bus.run(job, replica) or rec
+        except ReconcileError:
+            pass
+        if rec.get("log_path") and Path(rec["log_path"]) != path:
+            path, offset = Path(rec["log_path"]), 0  # placed again elsewhere: the new attempt's log
+    if rec.get("terminal") or rec.get("phase") == "Stopped":
+        typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ class Observed:
     serial: int = 0  # the newest placement serial seen, in the state or on an instance's tags
     notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
+    runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
 
     @property
     def digest(self) -> str:
@@ -44,6 +45,9 @@ class Observed:
             "instances": sorted((i.id, i.instance_type, i.zone, i.market, i.state, i.pool) for i in self.instances),
             "placements": {k: list(v) for k, v in sorted(self.placements.items())},
         }
+        rt = self.runtime
+        if rt is not None and (rt.finished or rt.unhealthy):  # type: ignore[attr-defined]
+            body["runtime"] = {"finished": dict(sorted(rt.finished.items())), "unhealthy": sorted(rt.unhealthy)}  # type: ignore[attr-defined]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -240,5 +240,10 @@ def render_status(st: dict) -> str:
     lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h" for t, c in f["tenants"].items()]
     for name, j in st["jobs"].items():
         c = j["status"]["conditions"][0]
-        lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
+        run = j["status"].get("run")
+        if run:  # a job that runs something: what its replicas do, as their agents report it
+            restarts = f", {run['restarts']} restart(s)" if run.get("restarts") else ""
+            lines.append(f"  job {name}: {j['status']['phase']} ({run['reason']}: {run['message']}{restarts})")
+        else:
+            lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
     return "\n".join(lines) + "\n"

@@ -51,8 +51,10 @@ def _write(path: Path, doc: dict) -> None:
         path.write_text(text)
 
 
-def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance]) -> Path:
-    """Status after an apply. `instances` is the fleet as observed after it."""
+def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
+                 runtime=None) -> Path:
+    """Status after an apply. `instances` is the fleet as observed after it; `runtime` what the
+    node agents reported (reconciler.runtime.lifecycle.RuntimeView) for jobs that run something."""
     root = Path(config_dir) / "status"
     now = utcnow().isoformat()
     catalog = load_catalog()
@@ -84,21 +86,26 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
             if shape is not None:  # the ledger's charge, as tenant budgets count it (MIG slices too)
                 cost += replica_charge(job.spec.resources, shape.gpus, shape.cpu, inst_price(iid))
         tenant_cost[job.spec.tenant] = tenant_cost.get(job.spec.tenant, 0.0) + cost
-        if ids:
+        run = runtime.jobs.get(name) if runtime is not None else None
+        if run is not None and name in runtime.finished and not ids:
+            cond = Condition("Placed", False, "Finished", f"{run.phase}: its capacity is released until its spec changes")
+        elif ids:
             cond = Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")
         elif ch is not None and ch.action in ("place", "move"):
             cond = Condition("Placed", False, "ProvisioningFailed", "; ".join(report.failed_refs.get(r, "") for r in ch.instances if r in report.failed_refs) or "new capacity could not be created")
         else:
             cond = Condition("Placed", False, "Evicted" if ch and ch.action == "evict" else "Pending", ch.reason if ch else "not in the last plan")
         path = root / "jobs" / f"{name}.yaml"
-        _write(path, {
-            "apiVersion": API_VERSION, "kind": "JobStatus", "metadata": {"name": name},
-            "status": {
-                "phase": "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
-                "hourlyCost": round(cost, 4),
-                "conditions": _conditions(path, [cond], now),
-            },
-        })
+        conds = [cond] + ([Condition(*c) for c in run.conditions] if run is not None else [])
+        body = {
+            "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
+            "hourlyCost": round(cost, 4),
+            "conditions": _conditions(path, conds, now),
+        }
+        if run is not None:
+            body["run"] = {"reason": run.reason, "message": run.message, "restarts": run.restarts, "startedAt": run.started_at,
+                           "finishedAt": run.finished_at, "replicas": list(run.replicas), "lastLog": list(run.log_tail)}
+        _write(path, {"apiVersion": API_VERSION, "kind": "JobStatus", "metadata": {"name": name}, "status": body})
     for stale in (root / "jobs").glob("*.yaml") if (root / "jobs").exists() else []:
         if stale.stem not in seen_jobs:
             stale.unlink()

@@ -9,6 +9,13 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-sec
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
 
+@pytest.fixture(autouse=True)
+def _no_sim_agents(monkeypatch):
+    """The sim starts one `reconcile agent` process per instance that runs something; tests that
+    are not about the runtime plan and apply without them (tests/test_runtime_*.py turn them on)."""
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """moto in server mode on 127.0.0.1 (a free port), for the whole session, behind EC2's

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from typing import Any
+from urllib.parse import quote, unquote
 
 from reconciler.backend import StateBackend
 from reconciler.errors import ReconcileError
@@ -49,12 +50,28 @@ def stale_seconds() -> float:
     return setting("HEARTBEAT_STALE_SECONDS", 60.0)
 
 
+def boot_seconds() -> float:
+    """How long a new instance's agent may take to report first (boot, install, start)."""
+    return setting("AGENT_BOOT_SECONDS", 600.0)
+
+
 def backoff_seconds() -> float:
     return setting("RESTART_BACKOFF_SECONDS", 10.0)
 
 
 def now_unix() -> float:
     return time.time()
+
+
+def instance_key(instance: str) -> str:
+    """An instance id as one key segment: GCE (projects/p/zones/z/instances/n) and Azure
+    (/subscriptions/...) ids hold slashes, so they are percent-encoded; EC2 and sim ids are unchanged."""
+    return quote(instance, safe="-_.~")
+
+
+def _instance_of(key: str, prefix: str) -> str | None:
+    name = key[len(prefix) + 1:]
+    return unquote(name[:-5]) if key.startswith(prefix + "/") and name.endswith(".json") and "/" not in name else None
 
 
 class Bus:
@@ -80,16 +97,16 @@ class Bus:
 
     # assignments/ (apply)
     def assignment(self, instance: str) -> dict | None:
-        return self._read(f"{ASSIGNMENTS}/{instance}.json")
+        return self._read(f"{ASSIGNMENTS}/{instance_key(instance)}.json")
 
     def put_assignment(self, instance: str, doc: dict) -> None:
-        self._write(f"{ASSIGNMENTS}/{instance}.json", doc)
+        self._write(f"{ASSIGNMENTS}/{instance_key(instance)}.json", doc)
 
     def delete_assignment(self, instance: str) -> None:
-        self.store.delete_key(f"{ASSIGNMENTS}/{instance}.json")
+        self.store.delete_key(f"{ASSIGNMENTS}/{instance_key(instance)}.json")
 
     def assigned_instances(self) -> list[str]:
-        return [k[len(ASSIGNMENTS) + 1:-5] for k in self.store.list_keys(ASSIGNMENTS) if k.endswith(".json")]
+        return [i for k in self.store.list_keys(ASSIGNMENTS) if (i := _instance_of(k, ASSIGNMENTS)) is not None]
 
     def assignments(self) -> dict[str, dict]:
         out = {}
@@ -119,16 +136,15 @@ class Bus:
 
     # agents/ (agents)
     def agent(self, instance: str) -> dict | None:
-        return self._read(f"{AGENTS}/{instance}.json")
+        return self._read(f"{AGENTS}/{instance_key(instance)}.json")
 
     def put_agent(self, instance: str, doc: dict) -> None:
-        self._write(f"{AGENTS}/{instance}.json", doc)
+        self._write(f"{AGENTS}/{instance_key(instance)}.json", doc)
 
     def agents(self) -> dict[str, dict]:
         out = {}
         for key in self.store.list_keys(AGENTS):
-            if key.endswith(".json") and key.count("/") == 1:
-                doc = self._read(key)
-                if doc is not None:
-                    out[key[len(AGENTS) + 1:-5]] = doc
+            iid = _instance_of(key, AGENTS)
+            if iid is not None and (doc := self._read(key)) is not None:
+                out[iid] = doc
         return out

@@ -1,0 +1,431 @@
+"""`reconcile agent`: the node agent. One per instance; it runs what the bus assigns to it.
+
+Every poll it reads `assignments/<instance>.json`, starts the replicas assigned to it through a
+runtime, stops the ones no longer assigned (checkpoint signal, grace period, kill), restarts
+failed ones with exponential backoff up to the job's backoff_limit (a gang restarts together),
+stops a replica past its time limit, and on an interruption notice checkpoints everything and
+reports the instance as Interrupting. It writes each replica's record to `runs/<job>/<replica>.json`
+and its heartbeat to `agents/<instance>.json`; it writes nothing else.
+
+The agent keeps running what it runs when the bus cannot be reached (a network blip must not
+kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal as signals
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from reconciler.errors import ReconcileError
+from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds
+from reconciler.runtime.notices import NoNotice, NoticeSource
+from reconciler.runtime.runtimes import Launch, Runtime, StartError
+
+STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
+MAX_BACKOFF_S = 300.0
+LOG_TAIL_LINES = 20
+
+
+def iso(ts: float | None = None) -> str:
+    return datetime.fromtimestamp(ts if ts is not None else now_unix(), timezone.utc).isoformat(timespec="seconds")
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if not ln.startswith("--- fleetops:")][-lines:]
+
+
+def own_address() -> str:
+    """The address peers reach this instance on: the source address of the default route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: UDP connect only picks a route
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _starttime(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+@dataclass
+class _Stop:
+    deadline: float
+    phase: str
+    reason: str
+    message: str
+    terminal: bool
+    restart_attempt: int | None = None  # restart at this attempt once stopped (a gang restart)
+
+
+@dataclass
+class Replica:
+    """One assigned replica on this agent, across its attempts."""
+
+    entry: dict  # its part of the assignment
+    attempt: int = 0
+    phase: str = "Starting"
+    reason: str = "Assigned"
+    message: str = ""
+    terminal: bool = False
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    handle: object | None = None
+    started_mono: float = 0.0
+    next_start: float = 0.0
+    stop: _Stop | None = None
+    env: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.entry["job"], self.entry["replica"]
+
+    @property
+    def running(self) -> bool:
+        return self.handle is not None
+
+
+class Agent:
+    def __init__(self, instance: str, bus: Bus, runtime: Runtime, workdir: Path, *, notice: NoticeSource | None = None,
+                 address: str | None = None, checkpoint_root: Path | None = None, poll: float | None = None,
+                 heartbeat: float | None = None, backoff: float | None = None, command_cwd: Path | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.instance = instance
+        self.bus = bus
+        self.runtime = runtime
+        self.workdir = Path(workdir)
+        self.notice = notice or NoNotice()
+        self.address = address or own_address()
+        self.checkpoint_root = checkpoint_root
+        self.command_cwd = command_cwd
+        self.poll = poll or poll_seconds()
+        self.heartbeat = heartbeat or heartbeat_seconds()
+        self.backoff = backoff or backoff_seconds()
+        self._log = log or (lambda m: print(f"{iso()} agent {instance}: {m}", flush=True))
+        self.replicas: dict[tuple[str, int], Replica] = {}
+        self.assignment: dict | None = None
+        self.notice_seen: str | None = None
+        self.notice_done = False
+        self.bus_error: str | None = None
+        self.written: dict[tuple[str, int], str] = {}
+        self.last_beat = 0.0
+        self.stopping = False
+
+    # -------------------------------------------------------------- the loop
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self._log(f"started (runtime {self.runtime.name}, address {self.address}, poll {self.poll}s, heartbeat {self.heartbeat}s)")
+        while not should_stop() and not self.stopping:
+            self.tick()
+            time.sleep(self.poll)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Checkpoint and stop every replica (SIGTERM to the agent: the instance is going away)."""
+        for rep in self.replicas.values():
+            if rep.running and rep.stop is None:
+                self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
+        while any(r.running for r in self.replicas.values()):
+            self._supervise()
+            time.sleep(min(self.poll, 0.2))
+        self._publish(force=True, state="Stopped")
+        self._log("stopped")
+
+    def tick(self) -> None:
+        notice = self.notice.check()
+        if notice and not self.notice_seen:
+            self.notice_seen = notice
+            self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
+        self._read_assignment()
+        self._reconcile()
+        self._gang_sync()
+        self._supervise()
+        self._publish(force=bool(self.notice_seen) and not self.notice_done)
+        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
+            # Everything checkpointed and reported: the instance may go (the sim waits for this).
+            self.notice_done = True
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            (self.workdir / "notice.done").write_text(iso() + "\n")
+            self._log("interruption handled: every replica stopped and reported")
+
+    # -------------------------------------------------------------- reading the bus
+    def _read_assignment(self) -> None:
+        try:
+            doc = self.bus.assignment(self.instance)
+        except ReconcileError as e:
+            if str(e) != self.bus_error:
+                self._log(f"cannot reach the bus: {e}; keeping what runs")
+            self.bus_error = str(e)
+            return
+        if self.bus_error:
+            self._log("the bus is reachable again")
+        self.bus_error = None
+        if doc is None or self.assignment is None or doc.get("serial", 0) >= self.assignment.get("serial", 0):
+            self.assignment = doc if doc is not None else {"serial": 0, "replicas": []}
+
+    def _desired(self) -> dict[tuple[str, int], dict]:
+        if self.notice_seen or self.assignment is None:
+            return {}
+        return {(e["job"], e["replica"]): e for e in self.assignment.get("replicas", [])}
+
+    def _reconcile(self) -> None:
+        want = self._desired()
+        for key, rep in list(self.replicas.items()):
+            entry = want.get(key)
+            same = entry is not None and (entry["spec_hash"], entry["epoch"]) == (rep.entry["spec_hash"], rep.entry["epoch"])
+            if same:
+                rep.entry = entry  # addresses and ports may be filled in later
+                continue
+            if rep.running:
+                if rep.stop is None:
+                    if self.notice_seen:
+                        self._begin_stop(rep, "Stopped", "Interrupted", self.notice_seen, terminal=False)
+                    else:
+                        why = "Unassigned" if entry is None else "Replaced"
+                        self._begin_stop(rep, "Stopped", why, "no longer assigned here" if entry is None else "spec or placement changed", terminal=False)
+                continue
+            if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
+                rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
+                self._write_run(rep, force=True)
+            del self.replicas[key]
+        if self.bus_error is not None and self.assignment is None:
+            return
+        for key, entry in want.items():
+            if key in self.replicas:
+                continue
+            rep = Replica(entry)
+            try:
+                prev = self.bus.run(*key)
+            except ReconcileError:
+                prev = None
+            if prev and prev.get("instance") == self.instance and (prev.get("spec_hash"), prev.get("epoch")) == (entry["spec_hash"], entry["epoch"]):
+                rep.attempt = prev.get("attempt", 0)
+                if prev.get("terminal"):  # finished before this agent (re)started: not run again
+                    for k in ("phase", "reason", "message", "terminal", "exit_code", "started_at", "finished_at"):
+                        setattr(rep, k, prev.get(k))
+            self.replicas[key] = rep
+            self._log(f"assigned {key[0]}/{key[1]} (epoch {entry['epoch']}, spec {entry['spec_hash']})")
+
+    def _gang_sync(self) -> None:
+        """A gang restarts together: a peer on a later attempt restarts this replica at that attempt;
+        a peer that failed for good stops it."""
+        for rep in self.replicas.values():
+            e = rep.entry
+            if e.get("world_size", 1) <= 1 or rep.terminal or self.bus_error:
+                continue
+            try:
+                peers = [r for (j, i), r in self.bus.runs(e["job"]).items() if i != e["replica"]
+                         and (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
+            except ReconcileError:
+                continue
+            failed = [r for r in peers if r.get("terminal") and r.get("phase") == "Failed"]
+            if failed:
+                msg = f"replica {failed[0].get('replica')} failed: {failed[0].get('reason')}"
+                if rep.running:
+                    if rep.stop is None:
+                        self._begin_stop(rep, "Failed", "GangFailed", msg, terminal=True)
+                else:
+                    rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "GangFailed", msg, True
+                continue
+            newest = max((r.get("attempt", 0) for r in peers), default=0)
+            if newest > rep.attempt:
+                if rep.running:
+                    if rep.stop is None:
+                        self._begin_stop(rep, "Starting", "GangRestart", f"a peer restarted (attempt {newest})", terminal=False,
+                                         restart_attempt=newest)
+                elif rep.phase != "Succeeded":
+                    rep.attempt, rep.next_start = newest, 0.0
+                    rep.phase, rep.reason, rep.terminal = "Starting", "GangRestart", False
+
+    # -------------------------------------------------------------- processes
+    def _supervise(self) -> None:
+        now = time.monotonic()
+        for rep in self.replicas.values():
+            if rep.stop is not None:
+                code = self.runtime.poll(rep.handle) if rep.handle is not None else -1
+                if code is None and now < rep.stop.deadline:
+                    continue
+                if code is None:
+                    self._log(f"{rep.key[0]}/{rep.key[1]}: grace period over: killing")
+                    self.runtime.kill(rep.handle)
+                    code = self.runtime.poll(rep.handle)
+                st, rep.stop, rep.handle = rep.stop, None, None
+                rep.exit_code, rep.finished_at = code, iso()
+                rep.phase, rep.reason, rep.message, rep.terminal = st.phase, st.reason, st.message, st.terminal
+                if st.restart_attempt is not None:
+                    rep.attempt, rep.next_start = st.restart_attempt, 0.0
+                self._write_pids()
+                continue
+            if rep.running:
+                code = self.runtime.poll(rep.handle)
+                if code is None:
+                    if rep.phase == "Starting":
+                        rep.phase, rep.reason, rep.message = "Running", "Started", f"attempt {rep.attempt}"
+                    limit = rep.entry.get("time_limit_hours")
+                    if limit and now - rep.started_mono >= limit * 3600:
+                        self._begin_stop(rep, "Failed", "DeadlineExceeded", f"ran past time_limit_hours={limit}", terminal=True)
+                    continue
+                self._exited(rep, code)
+                continue
+            if not rep.terminal and rep.phase != "Stopped" and now >= rep.next_start and not self.notice_seen:
+                self._start(rep)
+
+    def _start(self, rep: Replica) -> None:
+        e = rep.entry
+        job, r = rep.key
+        master = self.address if e.get("master_instance") in (None, self.instance) else None
+        if master is None:
+            try:
+                peer = self.bus.agent(e["master_instance"])
+            except ReconcileError:
+                peer = None
+            if not peer or not peer.get("address"):
+                rep.reason, rep.message = "WaitingForMaster", f"waiting for replica 0's agent on {e['master_instance']}"
+                return
+            master = peer["address"]
+        run = e["run"]
+        gpus = tuple(str(g) for g in e.get("gpus", ()))
+        ck = e.get("checkpoint")
+        ck_host = None
+        if ck:
+            ck_host = (self.checkpoint_root / job / ck["dir"].lstrip("/")) if self.checkpoint_root else Path(ck["dir"])
+        env = {**run.get("env", {}),
+               "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
+               "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
+               "FLEETOPS_JOB": job, "FLEETOPS_REPLICA": str(r), "FLEETOPS_ATTEMPT": str(rep.attempt),
+               "FLEETOPS_INSTANCE": self.instance}
+        if ck:
+            env["FLEETOPS_CHECKPOINT_DIR"] = str(ck_host) if self.runtime.name == "process" else ck["dir"]
+        if gpus:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
+            if self.runtime.name == "process":  # a container sees only its devices, renumbered from 0
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        log_path = self.workdir / "logs" / f"{job}-{r}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(f"--- fleetops: attempt {rep.attempt} of {job}/{r} on {self.instance} at {iso()} ---\n")
+        launch = Launch(name=f"fleetops-{job}-{r}-{rep.attempt}", command=tuple(run["command"]), env=env, log_path=log_path,
+                        image=run.get("image"), gpus=gpus, checkpoint_dir=ck["dir"] if ck else None,
+                        checkpoint_host_dir=ck_host, workdir=self.command_cwd)
+        rep.env = env
+        rep.started_at, rep.finished_at, rep.exit_code = iso(), None, None
+        try:
+            rep.handle = self.runtime.start(launch)
+        except StartError as err:
+            rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", str(err), True
+            rep.finished_at = iso()
+            self._log(f"{job}/{r}: cannot start: {err}")
+            return
+        rep.started_mono = time.monotonic()
+        rep.phase, rep.reason, rep.message = "Starting", "Started", f"attempt {rep.attempt}"
+        self._log(f"{job}/{r}: started attempt {rep.attempt} (pid {rep.handle.pid}, RANK {r}, WORLD_SIZE {env['WORLD_SIZE']}, MASTER_ADDR {master})")
+        self._write_pids()
+
+    def _exited(self, rep: Replica, code: int) -> None:
+        e = rep.entry
+        rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
+        self._write_pids()
+        job, r = rep.key
+        how = f"exit code {code}" if code >= 0 else f"killed by {signals.Signals(-code).name}"
+        policy = e.get("restart", {}).get("policy", "OnFailure")
+        limit = e.get("restart", {}).get("backoff_limit", 3)
+        if e.get("mode", "batch") == "batch" and code == 0:
+            rep.phase, rep.reason, rep.message, rep.terminal = "Succeeded", "Completed", how, True
+        elif e.get("mode") == "service" and (code == 0 or policy == "OnFailure"):
+            self._backoff(rep, how, None)
+        elif policy == "OnFailure" and rep.attempt < limit:
+            self._backoff(rep, how, limit)
+        else:
+            tail = log_tail(self._log_path(rep), 5)
+            reason = "BackoffLimitExceeded" if policy == "OnFailure" and limit > 0 else "Error"
+            rep.phase, rep.reason, rep.terminal = "Failed", reason, True
+            rep.message = f"{how} after {rep.attempt} restart(s); last lines: " + " | ".join(tail)
+        self._log(f"{job}/{r}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended: {how} -> {rep.phase} ({rep.reason})")
+
+    def _backoff(self, rep: Replica, how: str, limit: int | None) -> None:
+        rep.attempt += 1
+        delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.attempt - 1))
+        rep.next_start = time.monotonic() + delay
+        rep.phase, rep.reason = "Starting", "BackOff"
+        rep.message = f"{how}; restart {rep.attempt}{f'/{limit}' if limit is not None else ''} in {delay:.1f}s"
+
+    def _begin_stop(self, rep: Replica, phase: str, reason: str, message: str, terminal: bool, restart_attempt: int | None = None) -> None:
+        ck = rep.entry.get("checkpoint")
+        sig = getattr(signals, ck["signal"]) if ck else signals.SIGTERM
+        grace = float(ck["grace_seconds"]) if ck else STOP_GRACE_S
+        self._log(f"{rep.key[0]}/{rep.key[1]}: stopping ({reason}): {signals.Signals(sig).name}, {grace:g}s grace")
+        rep.stop = _Stop(time.monotonic() + grace, phase, reason, message, terminal, restart_attempt)
+        if rep.handle is not None:
+            self.runtime.signal(rep.handle, sig)
+
+    def _log_path(self, rep: Replica) -> Path:
+        return self.workdir / "logs" / f"{rep.key[0]}-{rep.key[1]}.log"
+
+    def _write_pids(self) -> None:
+        """The replicas' process groups with their start times, so the sim can end them with the
+        instance even after this agent is gone (and never hit a reused pid)."""
+        lines = [f"{rep.handle.pid} {_starttime(rep.handle.pid)}" for rep in self.replicas.values() if rep.handle is not None]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self.workdir / "replicas.pids.tmp"
+        tmp.write_text("".join(f"{ln}\n" for ln in lines))
+        os.replace(tmp, self.workdir / "replicas.pids")
+
+    # -------------------------------------------------------------- writing the bus
+    def _record(self, rep: Replica) -> dict:
+        e = rep.entry
+        return {
+            "job": e["job"], "replica": e["replica"], "instance": self.instance, "spec_hash": e["spec_hash"], "epoch": e["epoch"],
+            "attempt": rep.attempt, "restarts": rep.attempt, "phase": rep.phase, "reason": rep.reason, "message": rep.message,
+            "terminal": rep.terminal, "exit_code": rep.exit_code, "started_at": rep.started_at, "finished_at": rep.finished_at,
+            "world_size": e.get("world_size", 1), "master_addr": rep.env.get("MASTER_ADDR"),
+            "log_path": str(self._log_path(rep)), "log_tail": log_tail(self._log_path(rep)),
+        }
+
+    def _write_run(self, rep: Replica, force: bool = False) -> None:
+        doc = self._record(rep)
+        body = json.dumps(doc, sort_keys=True)
+        if not force and self.written.get(rep.key) == body:
+            return
+        try:
+            self.bus.put_run(rep.key[0], rep.key[1], {**doc, "updated_at": iso()})
+            self.written[rep.key] = body
+        except ReconcileError as e:
+            self.bus_error = str(e)
+
+    def _publish(self, force: bool = False, state: str | None = None) -> None:
+        for rep in self.replicas.values():
+            self._write_run(rep)
+        now = now_unix()
+        if not force and now - self.last_beat < self.heartbeat:
+            return
+        doc = {
+            "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
+            "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,
+            "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
+            "running": sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running),
+        }
+        try:
+            self.bus.put_agent(self.instance, doc)
+            self.last_beat = now
+        except ReconcileError as e:
+            if str(e) != self.bus_error:
+                self._log(f"cannot write the heartbeat: {e}")
+            self.bus_error = str(e)

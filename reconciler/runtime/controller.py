@@ -1,0 +1,125 @@
+"""`reconcile controller DIR`: plan and apply when something happened, not on a schedule.
+
+It wakes every `poll` seconds and plans when the desired state's digest changed, when the node
+agents report something the fleet must react to (a job finished or failed for good, an instance
+Interrupting or silent), or when `resync` seconds passed (drift: a vanished instance, a price).
+An interruption notice is acted on at its first sight. It plans without the lock and applies that
+saved plan under the lock (refused if the fleet or the config changed in between: then it plans
+again at the next wake-up), so the lock is held only while applying. SIGTERM ends it between steps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from reconciler.errors import ConfigError, LockError, ReconcileError, StalePlanError
+
+
+@dataclass
+class Trigger:
+    digest: str = ""
+    bus: tuple = ()
+    at: float = 0.0
+
+
+def bus_signature(view) -> tuple:
+    """What in the agents' reports calls for a new plan: jobs finished (succeeded or failed for good)
+    and instances to replace. Heartbeats and progress do not."""
+    if view is None:
+        return ()
+    return (tuple(sorted(view.finished.items())), tuple(sorted(view.unhealthy)))
+
+
+class Controller:
+    def __init__(self, config_dir: Path, *, provider: str = "sim", state: str | None = None, options: dict | None = None,
+                 time_limit: float = 10.0, poll: float = 2.0, resync: float = 60.0, pull: bool = False,
+                 log: Callable[[str], None] = print):
+        self.config_dir = Path(config_dir)
+        self.provider, self.state, self.options = provider, state, options or {}
+        self.time_limit, self.poll, self.resync, self.pull = time_limit, poll, resync, pull
+        self.log = log
+        self.last = Trigger()
+        self.applies = 0
+
+    def _why(self) -> tuple[str | None, str, tuple]:
+        """(reason to plan or None, the desired digest, the bus signature)."""
+        from reconciler.backend import backend_for
+        from reconciler.load import load
+        from reconciler.runtime.publish import read_view
+
+        desired = load(self.config_dir)
+        backend = backend_for(self.config_dir, self.state)
+        view = read_view(backend, desired, backend.load().placements, None)
+        sig = bus_signature(view)
+        if desired.digest != self.last.digest:
+            return ("the desired state changed" if self.last.digest else "start"), desired.digest, sig
+        if sig != self.last.bus and view is not None:
+            new_bad = sorted(set(view.unhealthy) - set(self.last.bus[1] if self.last.bus else ()))
+            if new_bad:
+                return f"replace {', '.join(new_bad)}: {view.unhealthy[new_bad[0]]}", desired.digest, sig
+            return "jobs finished: " + ", ".join(f"{j} {p}" for j, p in sorted(view.finished.items())), desired.digest, sig
+        if time.monotonic() - self.last.at >= self.resync:
+            return "resync", desired.digest, sig
+        return None, desired.digest, sig
+
+    def step(self) -> bool:
+        """One wake-up; True when it applied a plan."""
+        from reconciler import api
+        from reconciler.render import summary_line
+
+        if self.pull:
+            self._pull()
+        try:
+            why, digest, sig = self._why()
+        except ConfigError as e:
+            self.log(f"the config does not validate ({len(e.diagnostics)} error(s)); keeping the fleet as it is: {e.diagnostics[0]}")
+            return False
+        except ReconcileError as e:
+            self.log(f"cannot read the state: {e}")
+            return False
+        if why is None:
+            return False
+        try:
+            res = api.plan(self.config_dir, provider=self.provider, time_limit=self.time_limit, options=self.options, state=self.state)
+        except ReconcileError as e:
+            self.log(f"{why}: plan failed: {e}")
+            return False
+        self.last = Trigger(digest, sig, time.monotonic())
+        if not res.plan.has_changes:
+            if why != "resync":
+                self.log(f"{why}: plan {res.plan.id}: no changes")
+            return False
+        self.log(f"{why}: plan {res.plan.id}: {summary_line(res.plan)}")
+        try:
+            done = api.apply(self.config_dir, saved_plan=res.plan, provider=self.provider, time_limit=self.time_limit,
+                             options=self.options, state=self.state)
+        except (StalePlanError, LockError) as e:
+            self.log(f"not applied ({e}); planning again")
+            self.last = Trigger()  # plan again at the next wake-up
+            return False
+        except ReconcileError as e:
+            self.log(f"apply of plan {res.plan.id} failed: {e}")
+            self.last.at = 0.0
+            return False
+        self.applies += 1
+        r = done.report
+        self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
+        return True
+
+    def _pull(self) -> None:
+        import subprocess
+
+        out = subprocess.run(["git", "-C", str(self.config_dir), "pull", "--ff-only", "--quiet"], capture_output=True, text=True)
+        if out.returncode != 0:
+            self.log(f"git pull failed: {out.stderr.strip()[:200]}")
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        self.log(f"watching {self.config_dir} (poll {self.poll:g}s, resync {self.resync:g}s)")
+        while not should_stop():
+            self.step()
+            limit = time.monotonic() + self.poll
+            while time.monotonic() < limit and not should_stop():
+                time.sleep(min(0.2, self.poll))
+        self.log(f"stopped after {self.applies} apply(s)")

@@ -1,0 +1,144 @@
+"""What the reconciler reads back from the bus: job phases and conditions, the jobs that no longer
+demand capacity, and the instances that must be replaced. Pure functions of plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Mapping
+
+from reconciler.model import DesiredState
+from reconciler.runtime.assign import spec_hash
+
+
+@dataclass(frozen=True)
+class JobRun:
+    job: str
+    phase: str  # Pending | Starting | Running | Succeeded | Failed | Unknown
+    reason: str
+    message: str
+    restarts: int = 0
+    started_at: str | None = None
+    finished_at: str | None = None
+    replicas: tuple[dict, ...] = ()  # per replica: instance, phase, reason, exit_code, attempt
+    conditions: tuple[tuple[str, bool, str, str], ...] = ()  # (type, status, reason, message)
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuntimeView:
+    jobs: dict[str, JobRun] = field(default_factory=dict)
+    finished: dict[str, str] = field(default_factory=dict)  # job -> Succeeded | Failed: demands no capacity
+    unhealthy: dict[str, str] = field(default_factory=dict)  # instance -> why it must be replaced
+    heartbeats: dict[str, float] = field(default_factory=dict)  # instance -> last heartbeat (unix)
+
+
+def _ago(now: float, ts: float) -> str:
+    return f"{max(0, int(now - ts))}s ago ({datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec='seconds')})"
+
+
+def unhealthy_instances(instances: list[str], agents: Mapping[str, dict], now: float, stale: float) -> dict[str, str]:
+    """Instances whose agent reported an interruption notice, stopped, or went silent after it had
+    reported (a lost node). An instance whose agent never reported is booting, not lost."""
+    out = {}
+    for iid in instances:
+        a = agents.get(iid)
+        if a is None:
+            continue
+        beat = float(a.get("heartbeat_at", 0))
+        if a.get("state") == "Interrupting":
+            if a.get("running"):
+                continue  # still checkpointing: replaced once its replicas have stopped (or it goes silent)
+            out[iid] = f"interruption notice ({a.get('notice') or 'spot'}), reported by its agent {_ago(now, beat)}"
+        elif a.get("state") == "Stopped":
+            out[iid] = f"its agent stopped {_ago(now, beat)}"
+        elif now - beat > stale:
+            out[iid] = f"lost node: its agent's last heartbeat was {_ago(now, beat)} (threshold {stale:g}s)"
+    return out
+
+
+def _finished(n: int, recs: list[dict | None], mode: str) -> str | None:
+    if any(r and r.get("terminal") and r.get("phase") == "Failed" for r in recs):
+        return "Failed"
+    if mode == "batch" and len(recs) == n and all(r and r.get("phase") == "Succeeded" for r in recs):
+        return "Succeeded"
+    return None
+
+
+def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tuple[str, ...]], runs: Mapping[tuple[str, int], dict],
+                 agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
+                 launched: Mapping[str, float] | None = None, boot: float = 0.0) -> RuntimeView:
+    """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
+    An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
+    not unreachable (a cloud instance boots and installs the agent first)."""
+    launched = launched or {}
+    fresh = {i for i, a in agents.items() if now - float(a.get("heartbeat_at", 0)) <= stale and a.get("state") != "Stopped"}
+    jobs: dict[str, JobRun] = {}
+    finished: dict[str, str] = {}
+    for name, job in desired.jobs.items():
+        s = job.spec
+        if s.run is None:
+            continue
+        h = spec_hash(job)
+        n = s.replicas
+        recs = [r if (r := runs.get((name, i))) is not None and r.get("spec_hash") == h else None for i in range(n)]
+        done = _finished(n, recs, s.run_mode)
+        ids = list(placements.get(name, ()))
+        if done:
+            finished[name] = done
+        restarts = max((r.get("restarts", 0) for r in recs if r), default=0)
+        started = min((r["started_at"] for r in recs if r and r.get("started_at")), default=None)
+        ended = max((r["finished_at"] for r in recs if r and r.get("finished_at")), default=None)
+        reps = []
+        unreachable = []
+        for i in range(n):
+            r = recs[i]
+            iid = ids[i] if i < len(ids) else (r or {}).get("instance")
+            here = r if r is not None and (not ids or r.get("instance") == iid) else None
+            if done:
+                phase, reason = (here or r or {}).get("phase", "Pending"), (here or r or {}).get("reason", "")
+            elif not ids:
+                phase, reason = "Pending", "NotPlaced"
+            elif iid not in agents and now - launched.get(iid, 0.0) <= boot:
+                phase, reason = "Starting", "AgentStarting"
+            elif iid not in fresh:
+                phase, reason = "Unknown", "AgentUnreachable"
+                beat = agents.get(iid, {}).get("heartbeat_at")
+                unreachable.append(f"{iid} ({'no heartbeat yet' if beat is None else 'last heartbeat ' + _ago(now, float(beat))})")
+            elif here is None:
+                phase, reason = "Starting", "Assigned"
+            else:
+                phase, reason = here.get("phase", "Starting"), here.get("reason", "")
+            reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
+                         "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0)})
+        phases = [r["phase"] for r in reps]
+        failed = next((r for r in recs if r and r.get("terminal") and r.get("phase") == "Failed"), None)
+        if done == "Failed" and failed is not None:
+            phase, reason, message = "Failed", failed.get("reason", "Error"), f"replica {failed.get('replica')}: {failed.get('message', '')}"
+        elif done == "Succeeded":
+            phase, reason, message = "Succeeded", "Completed", f"{n} replica(s) completed"
+        elif not ids:
+            phase, reason, message = "Pending", "NotPlaced", "waiting for a placement"
+        elif "Unknown" in phases:
+            phase, reason, message = "Unknown", "AgentUnreachable", "no fresh heartbeat from " + ", ".join(unreachable)
+        elif all(p == "Running" for p in phases):
+            phase, reason, message = "Running", "Running", f"{n} replica(s) running"
+        else:
+            phase, reason = "Starting", next((r["reason"] for r in reps if r["phase"] != "Running"), "Starting")
+            message = "; ".join(f"replica {r['replica']}: {r['phase']} ({r['reason']})" for r in reps if r["phase"] != "Running")
+        deadline = next((r for r in recs if r and r.get("reason") == "DeadlineExceeded"), None)
+        conds = [
+            ("Running", phase == "Running", reason if phase == "Running" else phase, message if phase == "Running" else f"phase {phase}"),
+            ("Succeeded", phase == "Succeeded", "Completed" if phase == "Succeeded" else phase, message if phase == "Succeeded" else ""),
+            ("Failed", phase == "Failed", reason if phase == "Failed" else "NotFailed", message if phase == "Failed" else ""),
+            ("Restarts", restarts > 0, "Restarted" if restarts else "NoRestarts", f"{restarts} restart(s)"),
+            ("DeadlineExceeded", deadline is not None, "DeadlineExceeded" if deadline else "WithinLimit",
+             deadline.get("message", "") if deadline else ""),
+            ("AgentUnreachable", bool(unreachable), "NoHeartbeat" if unreachable else "HeartbeatFresh", ", ".join(unreachable)),
+        ]
+        tail = tuple((failed or next((r for r in recs if r), None) or {}).get("log_tail", ())[-10:])
+        jobs[name] = JobRun(name, phase, reason, message, restarts, started, ended if phase in ("Succeeded", "Failed") else None,
+                            tuple(reps), tuple(conds), tail)
+    unhealthy = unhealthy_instances(instances, agents, now, stale)
+    beats = {i: float(a.get("heartbeat_at", 0)) for i, a in agents.items()}
+    return RuntimeView(jobs, finished, unhealthy, beats)

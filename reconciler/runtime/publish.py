@@ -1,0 +1,122 @@
+"""The reconciler's side of the bus: read the agents' reports into a RuntimeView (observe), and
+publish the assignments after an apply (and start the sim's agents)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from providers.base import AgentHost, AgentTarget, Instance
+from reconciler.backend import StateBackend
+from reconciler.model import DesiredState
+from reconciler.runtime.assign import build_assignments
+from reconciler.runtime.bus import Bus, boot_seconds, now_unix, stale_seconds
+from reconciler.runtime.lifecycle import RuntimeView, runtime_view
+
+
+def has_workload(desired: DesiredState) -> bool:
+    return any(j.spec.run is not None for j in desired.jobs.values())
+
+
+def _launched(instances: Iterable[Instance]) -> dict[str, float]:
+    out = {}
+    for i in instances:
+        try:
+            out[i.id] = datetime.fromisoformat(i.launched_at.replace("Z", "+00:00")).timestamp()
+        except (ValueError, AttributeError):
+            pass
+    return out
+
+
+def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[str, Iterable[str]],
+              instances: Iterable[Instance] | None) -> RuntimeView | None:
+    """None when nothing runs through the bus (no job has `run`, nothing was ever assigned): a
+    config that declares no workload costs one listing and behaves exactly as before."""
+    bus = Bus(backend)
+    if not has_workload(desired) and not bus.assigned_instances() and not bus.store.list_keys("runs"):
+        return None
+    if instances is None:  # `reconcile status` asks no provider: the instances are the assigned ones, as published
+        published = bus.assignments()
+        ids, launched = sorted(published), {i: float(d.get("published_at", 0)) for i, d in published.items()}
+    else:
+        instances = list(instances)
+        ids, launched = [i.id for i in instances], _launched(instances)
+    return runtime_view(desired, {j: list(v) for j, v in placements.items()}, bus.runs(), bus.agents(), ids,
+                        now_unix(), stale_seconds(), launched, boot_seconds())
+
+
+def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
+            serial: int, instances: Iterable[Instance], providers: Mapping[str, object], config_dir: Path, state_url: str | None) -> int:
+    """Write `assignments/<instance>.json` for every instance that hosts work with `run`, delete the
+    ones no longer assigned, and ask providers that host agents (the sim) to start one where none
+    runs. Returns how many assignments were written or deleted."""
+    bus = Bus(backend)
+    previous = bus.assignments()
+    if not has_workload(desired) and not previous:
+        return 0
+    live = {i.id: i for i in instances}
+    placed = {j: ids for j, ids in placements.items() if all(i in live for i in ids)}
+    want = build_assignments(desired, placed, gpus, {i: inst.provider for i, inst in live.items()}, serial, previous)
+    changed = 0
+    for iid, doc in sorted(want.items()):
+        old = previous.get(iid)
+        if old is None or {**old, "serial": 0, "published_at": 0} != {**doc, "serial": 0}:
+            bus.put_assignment(iid, {**doc, "published_at": now_unix()})
+            changed += 1
+    for iid in sorted(set(previous) - set(want)):
+        bus.delete_assignment(iid)
+        changed += 1
+    target = AgentTarget(config_dir=Path(config_dir).resolve(), state_url=state_url)
+    for iid in sorted(want):
+        provider = providers.get(live[iid].provider)
+        if isinstance(provider, AgentHost):
+            provider.ensure_agent(live[iid], target)
+    return changed
+
+
+# ---------------------------------------------------------------- the pipeline's boundaries
+
+
+def with_runtime(backend: StateBackend, desired: DesiredState, observed):
+    """Observed plus what the agents reported (observed.runtime), with a note for each finished
+    job and each instance to replace, so the plan says why it changes what it changes."""
+    view = read_view(backend, desired, observed.placements, observed.instances)
+    if view is None:
+        return observed
+    notes = [f"job {j} {phase} (spec unchanged): it demands no capacity until its spec changes"
+             for j, phase in sorted(view.finished.items()) if observed.placements.get(j)]
+    notes += [f"instance {i} is replaced: {why}" for i, why in sorted(view.unhealthy.items())]
+    return replace(observed, runtime=view, notes=tuple(observed.notes) + tuple(notes))
+
+
+def demanding(desired: DesiredState, observed) -> DesiredState:
+    """The desired state the solver sees: without the jobs that finished (a Succeeded batch job, a
+    Failed one past its restarts) at their current spec; they are placed again when it changes."""
+    view = getattr(observed, "runtime", None)
+    if view is None or not view.finished:
+        return desired
+    return desired.model_copy(update={"jobs": {n: j for n, j in desired.jobs.items() if n not in view.finished}})
+
+
+def block_unhealthy(problem, observed):
+    """Instances whose agent reported an interruption notice or went silent are not kept: their
+    work is placed again (make before break) and they are deleted, with the reason on the plan."""
+    view = getattr(observed, "runtime", None)
+    if view is None or not view.unhealthy:
+        return problem
+    caps = tuple(replace(c, keep_blocker=view.unhealthy[c.instance_id], frozen=False) if c.instance_id in view.unhealthy else c
+                 for c in problem.capacities)
+    return replace(problem, capacities=caps)
+
+
+def publish_assignments(backend: StateBackend, desired: DesiredState, state, instances: list[Instance], fleet, config_dir: Path,
+                        state_url: str | None) -> RuntimeView | None:
+    """After an apply: publish what each instance runs, then read the view back for status."""
+    providers = {}
+    for inst in instances:
+        if inst.provider not in providers:
+            providers[inst.provider] = fleet.provider(inst.provider)
+    publish(backend, desired, state.placements, state.gpus, state.serial, instances, providers, config_dir, state_url)
+    return read_view(backend, desired, state.placements, instances)

@@ -1,0 +1,216 @@
+"""The node agent with real replica processes on a real (local) bus: restarts and backoff, a gang
+that meets over TCP, time limits, services, start errors, and the docker runtime's command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.backend import backend_for
+from reconciler.runtime.agent import Agent
+from reconciler.runtime.bus import Bus
+from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
+
+PY = sys.executable
+
+
+def entry(job: str, command: list[str], replica: int = 0, world: int = 1, master: str = "i-0", **kw) -> dict:
+    e = {"job": job, "replica": replica, "world_size": world, "local_rank": 0, "epoch": 1, "spec_hash": "h1",
+         "run": {"command": command, "env": kw.pop("env", {})}, "mode": "batch", "restart": {"policy": "OnFailure", "backoff_limit": 2},
+         "time_limit_hours": None, "checkpoint": None, "gpus": [], "master_instance": master, "master_port": 29500}
+    e.update(kw)
+    return e
+
+
+@pytest.fixture
+def bus(tmp_path):
+    return Bus(backend_for(tmp_path, None))
+
+
+@pytest.fixture
+def agents(tmp_path, bus):
+    made: list[Agent] = []
+
+    def make(instance: str) -> Agent:
+        a = Agent(instance, bus, ProcessRuntime(), tmp_path / instance, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+                  log=lambda m: None)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:  # never leave a replica process behind
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
+def run_until(agents: list[Agent], done, timeout: float = 60.0):
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        for a in agents:
+            a.tick()
+        out = done()
+        if out:
+            return out
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met in {timeout}s")
+
+
+def terminal(bus: Bus, job: str, replica: int = 0):
+    return lambda: (r := bus.run(job, replica)) is not None and r["terminal"] and r
+
+
+def test_a_failing_command_restarts_backoff_limit_times_then_fails_with_its_last_lines(bus, agents):
+    cmd = [PY, "-c", "import os,sys; print('epoch loss nan at attempt', os.environ['FLEETOPS_ATTEMPT']); sys.exit(3)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", cmd)]})
+    a = agents("i-0")
+    rec = run_until([a], terminal(bus, "train"))
+    assert rec["phase"] == "Failed" and rec["reason"] == "BackoffLimitExceeded"
+    assert rec["restarts"] == 2 and rec["exit_code"] == 3
+    assert "exit code 3 after 2 restart(s)" in rec["message"] and "loss nan at attempt 2" in rec["message"]
+    assert rec["log_tail"] == [f"epoch loss nan at attempt {n}" for n in range(3)]
+    # Three attempts ran, each logged, and nothing runs any more.
+    assert Path(rec["log_path"]).read_text().count("--- fleetops: attempt") == 3
+    assert not any(r.running for r in a.replicas.values())
+
+
+def test_restart_never_fails_at_the_first_failure(bus, agents):
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("once", [PY, "-c", "raise SystemExit(1)"], restart={"policy": "Never", "backoff_limit": 5})]})
+    rec = run_until([agents("i-0")], terminal(bus, "once"))
+    assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "Error", 0)
+
+
+def test_a_command_that_does_not_exist_fails_at_once_with_a_clear_reason(bus, agents):
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("typo", ["pyhton3", "train.py"])]})
+    rec = run_until([agents("i-0")], terminal(bus, "typo"))
+    assert rec["phase"] == "Failed" and rec["reason"] == "StartError" and rec["restarts"] == 0
+    assert "command 'pyhton3' not found" in rec["message"]
+
+
+def test_a_replica_past_its_time_limit_is_stopped_deadline_exceeded(bus, agents):
+    cmd = [PY, "-c", "import time\nwhile True: time.sleep(0.05)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("long", cmd, time_limit_hours=1 / 3600)]})  # one second
+    rec = run_until([agents("i-0")], terminal(bus, "long"))
+    assert rec["phase"] == "Failed" and rec["reason"] == "DeadlineExceeded" and rec["restarts"] == 0
+    assert rec["exit_code"] is not None and rec["exit_code"] < 0  # stopped by a signal, not by itself
+
+
+def test_a_service_is_restarted_whenever_it_exits(bus, agents):
+    cmd = [PY, "-c", "print('serving'); raise SystemExit(0)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("api", cmd, mode="service", restart={"policy": "OnFailure", "backoff_limit": 0})]})
+    a = agents("i-0")
+    rec = run_until([a], lambda: (r := bus.run("api", 0)) is not None and r["restarts"] >= 3 and r)
+    assert not rec["terminal"] and rec["phase"] in ("Starting", "Running")
+    assert rec["log_tail"].count("serving") >= 3
+
+
+GANG = r'''
+import os, socket, sys, time, json
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+attempt = int(os.environ["FLEETOPS_ATTEMPT"])
+print(json.dumps({k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLEETOPS_JOB", "FLEETOPS_REPLICA")}), flush=True)
+if rank == 1 and attempt == 0:
+    sys.exit(7)  # the first attempt of replica 1 fails: the whole gang must restart
+if rank == 0:
+    srv = socket.create_server((addr, port))
+    srv.settimeout(60)
+    conn, _ = srv.accept()
+    print("rank 0 got", conn.recv(64).decode(), flush=True)
+    conn.sendall(b"ok")
+else:
+    for _ in range(600):
+        try:
+            s = socket.create_connection((addr, port), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.1)
+    s.sendall(f"hello from rank {rank}".encode())
+    print("rank 1 got", s.recv(64).decode(), flush=True)
+'''
+
+
+def test_a_two_replica_gang_meets_over_tcp_and_restarts_together(bus, agents, free_port):
+    cmd = [PY, "-c", GANG]
+    for i in (0, 1):
+        bus.put_assignment(f"i-{i}", {"serial": 1, "replicas": [entry("gang", cmd, replica=i, world=2, master="i-0", master_port=free_port)]})
+    a0, a1 = agents("i-0"), agents("i-1")
+    run_until([a0, a1], lambda: all((r := bus.run("gang", i)) and r["terminal"] for i in (0, 1)), timeout=90)
+    r0, r1 = bus.run("gang", 0), bus.run("gang", 1)
+    assert r0["phase"] == r1["phase"] == "Succeeded", (r0, r1)
+    assert r0["attempt"] == r1["attempt"] == 1  # replica 1 failed at attempt 0: both ran again
+    assert "rank 0 got hello from rank 1" in r0["log_tail"] and "rank 1 got ok" in r1["log_tail"]
+    env0 = [json.loads(x) for x in r0["log_tail"] if x.startswith("{")][-1]
+    env1 = [json.loads(x) for x in r1["log_tail"] if x.startswith("{")][-1]
+    assert (env0["RANK"], env1["RANK"]) == ("0", "1")
+    assert env0["WORLD_SIZE"] == env1["WORLD_SIZE"] == "2" and env0["LOCAL_RANK"] == env1["LOCAL_RANK"] == "0"
+    assert env0["MASTER_ADDR"] == env1["MASTER_ADDR"] == "127.0.0.1" and env0["MASTER_PORT"] == env1["MASTER_PORT"] == str(free_port)
+    assert env0["FLEETOPS_JOB"] == "gang" and env1["FLEETOPS_REPLICA"] == "1"
+
+
+def test_gpu_indices_and_the_users_env_reach_the_command(bus, agents):
+    cmd = [PY, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['NVIDIA_VISIBLE_DEVICES'], os.environ['WANDB_MODE'])"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("gpu", cmd, gpus=["2", "3"], env={"WANDB_MODE": "offline", "RANK": "99"})]})
+    rec = run_until([agents("i-0")], terminal(bus, "gpu"))
+    assert rec["phase"] == "Succeeded" and rec["log_tail"] == ["2,3 2,3 offline"]
+
+
+def test_an_unassigned_replica_gets_its_checkpoint_signal_and_grace(bus, agents, tmp_path):
+    ck = tmp_path / "ck"
+    cmd = [PY, "-c", "import signal, sys, time, os\n"
+           "def on(s, f):\n    open(os.environ['FLEETOPS_CHECKPOINT_DIR'] + '/saved', 'w').write('step 7'); sys.exit(0)\n"
+           "signal.signal(signal.SIGUSR1, on)\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)"]
+    e = entry("ck", cmd, checkpoint={"dir": str(ck), "signal": "SIGUSR1", "grace_seconds": 30})
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    a = agents("i-0")
+    run_until([a], lambda: (r := bus.run("ck", 0)) and r["phase"] == "Running" and "ready" in r["log_tail"])
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    rec = run_until([a], lambda: (r := bus.run("ck", 0)) and r["phase"] == "Stopped" and r)
+    assert rec["reason"] == "Unassigned" and rec["exit_code"] == 0  # it exited on the signal, within its grace
+    assert (ck / "saved").read_text() == "step 7"
+
+
+def test_docker_runtime_command_line():
+    launch = Launch(name="fleetops-train-1-0", command=("python", "train.py", "--epochs", "3"),
+                    env={"RANK": "1", "WORLD_SIZE": "2", "NVIDIA_VISIBLE_DEVICES": "0,1"}, log_path=Path("/var/lib/fleetops/logs/train-1.log"),
+                    image="ghcr.io/acme/train:1.4", gpus=("0", "1"), checkpoint_dir="/ckpt",
+                    checkpoint_host_dir=Path("/var/lib/fleetops/checkpoints/train/ckpt"))
+    assert docker_command(launch) == [
+        "docker", "run", "--rm", "--name", "fleetops-train-1-0", "--network", "host", "--ipc", "host",
+        "--gpus", '"device=0,1"', "--volume", "/var/lib/fleetops/checkpoints/train/ckpt:/ckpt",
+        "--env", "NVIDIA_VISIBLE_DEVICES=0,1", "--env", "RANK=1", "--env", "WORLD_SIZE=2",
+        "ghcr.io/acme/train:1.4", "python", "train.py", "--epochs", "3",
+    ]
+    # What a shell would pass: `--gpus '"device=0,1"'` arrives as this one argument.
+    import shlex
+    assert shlex.split("""docker run --gpus '"device=0,1"'""")[3] == '"device=0,1"'
+
+
+def test_docker_runtime_without_docker_or_image_is_a_start_error(bus, agents, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker here
+    a = Agent("i-0", bus, DockerRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("c", ["python", "x.py"], run={"image": "img", "command": ["python"], "env": {}})]})
+    rec = run_until([a], terminal(bus, "c"))
+    assert rec["reason"] == "StartError" and "docker is not installed" in rec["message"]
+
+
+def test_agent_heartbeat_names_its_state_and_address(bus, agents):
+    a = agents("i-0")
+    a.tick()
+    doc = bus.agent("i-0")
+    assert doc["state"] == "Ready" and doc["address"] == "127.0.0.1" and doc["pid"] == os.getpid()
+    assert abs(doc["heartbeat_at"] - time.time()) < 60
+
+
+@pytest.fixture
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
