@@ -253,6 +253,10 @@ class AwsProvider:
         if request.placement_group:
             self._placement_group(ec2, request.placement_group, p.region)
             params["Placement"]["GroupName"] = request.placement_group
+        if request.agent_state_url:  # cloud-init runs it at first boot: it installs and starts the node agent
+            from reconciler.runtime.bootstrap import bootstrap_script
+
+            params["UserData"] = bootstrap_script("aws", request.agent_state_url, None)
         if request.market == "spot":
             opts: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if request.max_price is not None:

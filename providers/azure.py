@@ -466,6 +466,13 @@ class AzureProvider:
                 }}],
             },
         }
+        if request.agent_state_url:  # cloud-init runs customData at first boot: it installs and starts the node agent
+            import base64
+
+            from reconciler.runtime.bootstrap import bootstrap_script
+
+            script = bootstrap_script("azure", request.agent_state_url, self._scope(p.settings).vm_id(name))
+            props["osProfile"]["customData"] = base64.b64encode(script.encode()).decode()
         if request.market == "spot":
             props["priority"] = "Spot"
             props["evictionPolicy"] = "Delete"  # an evicted VM is gone, disks and NIC with it: nothing to clean up

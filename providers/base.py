@@ -99,6 +99,9 @@ class CreateRequest:
     # The replicas the plan puts on the new instance, recorded with it at launch by providers
     # that record placements (PlacementRecorder); the others ignore it.
     placements: PlacementRecord | None = None
+    # The bus the instance's node agent uses (a remote state URL): the provider passes the agent's
+    # bootstrap (reconciler/runtime/bootstrap.py) as the instance's user data. None: no agent.
+    agent_state_url: str | None = None
 
 
 @dataclass(frozen=True)

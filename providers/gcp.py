@@ -455,6 +455,11 @@ class GcpProvider:
                 accelerator_count=count, accelerator_type=f"projects/{project}/zones/{zone}/acceleratorTypes/{accelerator}")]
         if s.get("service_account"):
             resource.service_accounts = [c.ServiceAccount(email=s["service_account"], scopes=list(SCOPES))]
+        if request.agent_state_url:  # GCE runs startup-script at every boot; it installs and starts the node agent
+            from reconciler.runtime.bootstrap import bootstrap_script
+
+            script = bootstrap_script("gcp", request.agent_state_url, f"projects/{project}/zones/{zone}/instances/{name}")
+            resource.metadata = c.Metadata(items=[c.Items(key="startup-script", value=script)])
         return resource
 
     def create(self, request: CreateRequest) -> Instance:

@@ -24,7 +24,7 @@ from reconciler.plan import Plan, make_plan
 from reconciler.problem import Problem, build_problem
 from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
-from reconciler.runtime.publish import block_unhealthy, demanding, publish_assignments, with_runtime
+from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler.state import state_dir, utcnow
 from reconciler.status import write_status
 
@@ -106,6 +106,10 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
     res = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, now=now, gap=gap)
     if job not in res.desired.jobs:
         raise ReconcileError(f"no job {job!r} in {config_dir} (jobs: {', '.join(sorted(res.desired.jobs)[:10])}{' ...' if len(res.desired.jobs) > 10 else ''})")
+    finished = getattr(res.observed.runtime, "finished", {})
+    if job in finished:
+        raise ReconcileError(f"job {job} {finished[job]} (its run records have this spec): it demands no capacity until its spec "
+                             f"changes; see `reconcile status` and `reconcile logs`")
     when = now or utcnow()
     quick = max(1.0, min(time_limit, 5.0))
 
@@ -131,6 +135,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     with backend.lock():
         current = backend.load()
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
+        fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
         observed = with_runtime(backend, desired, fleet.observe(current))
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:

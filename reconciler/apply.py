@@ -193,7 +193,7 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
     req = CreateRequest(
         key=key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
         market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
-        placements=PlacementRecord.of(serial, hosted),
+        placements=PlacementRecord.of(serial, hosted), agent_state_url=getattr(fleet, "agent_state_url", None),
     )
     return _retry(lambda: provider.create(req), f"create {c.ref}", _window(provider))
 

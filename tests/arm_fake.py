@@ -23,6 +23,7 @@ GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subs
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime as dt
 import ipaddress
@@ -134,6 +135,8 @@ class ArmFake:
         self.page_size = page_size
         self.token = TOKEN  # tests may rotate it to see a 401
         self.vms: dict[tuple[str, str, str], dict] = {}  # (sub, rg, name) lower -> VM JSON as stored
+        # osProfile.customData as created: ARM never returns it on GET, so tests read it here
+        self.custom_data: dict[tuple[str, str, str], str] = {}
         self.ops: dict[str, Operation] = {}
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
         self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
@@ -362,6 +365,17 @@ class ArmFake:
                            f"'{body['location']}' zones '{','.join(body['zones'])}' for subscription '{sub}'. Please try "
                            "another size or deploy to a different location or zones. See https://aka.ms/azureskunotavailable "
                            "for details.")
+        custom = ((body.get("properties") or {}).get("osProfile") or {}).get("customData")
+        if custom is not None:
+            try:
+                raw = base64.b64decode(custom, validate=True)
+            except (ValueError, TypeError):
+                raise ArmError(400, "InvalidParameter", "customData must be base64-encoded.", "customData") from None
+            if len(raw) > 65535:
+                raise ArmError(400, "InvalidParameter", "The value of parameter customData is too long (at most 65535 bytes).", "customData")
+            body = copy.deepcopy(body)
+            del body["properties"]["osProfile"]["customData"]  # not part of the VM as GET shows it
+            self.custom_data[key] = raw.decode()
         vm = self._new_vm(sub, self.resource_groups[rg.lower()], name, body)
         self.vms[key] = vm
         op = Operation(str(uuid.uuid4()), "create", key, vm["location"])

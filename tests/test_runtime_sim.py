@@ -30,7 +30,7 @@ TRAIN = str(ROOT / "examples" / "quickstart" / "bin" / "train.py")
 def rt(monkeypatch, tmp_path):
     """Agents on, short periods; afterwards, every agent and replica under tmp_path is killed."""
     for k, v in {"FLEETOPS_SIM_AGENTS": "1", "FLEETOPS_AGENT_POLL_SECONDS": "0.2", "FLEETOPS_AGENT_HEARTBEAT_SECONDS": "0.5",
-                 "FLEETOPS_HEARTBEAT_STALE_SECONDS": "6", "FLEETOPS_RESTART_BACKOFF_SECONDS": "0.2",
+                 "FLEETOPS_HEARTBEAT_STALE_SECONDS": "15", "FLEETOPS_RESTART_BACKOFF_SECONDS": "0.2",
                  "FLEETOPS_AGENT_BOOT_SECONDS": "60", "FLEETOPS_SIM_NOTICE_SECONDS": "60"}.items():
         monkeypatch.setenv(k, v)
     yield tmp_path

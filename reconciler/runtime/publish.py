@@ -30,6 +30,14 @@ def _launched(instances: Iterable[Instance]) -> dict[str, float]:
     return out
 
 
+def agent_bus(desired: DesiredState, state_url: str | None) -> str | None:
+    """The bus URL cloud instances' agents are booted with: a remote state backend, when some job
+    runs something. A local `.reconcile/` cannot be reached from a cloud instance: no agent then."""
+    if state_url and "://" in state_url and has_workload(desired):
+        return state_url
+    return None
+
+
 def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[str, Iterable[str]],
               instances: Iterable[Instance] | None) -> RuntimeView | None:
     """None when nothing runs through the bus (no job has `run`, nothing was ever assigned): a

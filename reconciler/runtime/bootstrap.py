@@ -1,0 +1,59 @@
+"""The node agent's bootstrap: the user data apply gives every instance it creates when the fleet
+runs work through a remote bus (AWS UserData via cloud-init, GCE metadata `startup-script`, Azure
+osProfile.customData via cloud-init). It installs this package at the version apply runs, and
+starts `reconcile agent` as a systemd service with the fleet's state URL."""
+
+from __future__ import annotations
+
+import shlex
+
+PACKAGE = "fleetops-reconciler"
+NOTICE = {"aws": "aws", "gcp": "gcp", "azure": "azure"}
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version(PACKAGE)
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without an install
+        from reconciler import __version__
+
+        return __version__
+
+
+def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, version: str | None = None) -> str:
+    """A shell script (cloud-init runs `#!` user data as a script; so does GCE's startup-script).
+    `instance_id` None: the agent reads it from the metadata service (EC2 ids are not known before launch)."""
+    version = version or package_version()
+    who = f"--instance-from-metadata {cloud}" if instance_id is None else shlex.quote(instance_id)
+    extra = "aws" if state_url.startswith("s3://") else ""
+    spec = f"{PACKAGE}[{extra}]=={version}" if extra else f"{PACKAGE}=={version}"
+    agent = (f"/opt/fleetops/bin/reconcile agent {who} --state {shlex.quote(state_url)} --runtime docker "
+             f"--notice {NOTICE.get(cloud, 'none')} --workdir /var/lib/fleetops --checkpoint-root /var/lib/fleetops/checkpoints")
+    return f"""#!/bin/bash
+# fleetops node agent bootstrap, written by `reconcile apply` ({PACKAGE} {version}).
+set -euo pipefail
+if ! command -v python3 >/dev/null; then (apt-get update -q && apt-get install -yq python3 python3-venv) || dnf install -yq python3; fi
+python3 -m venv /opt/fleetops
+/opt/fleetops/bin/pip install --quiet {shlex.quote(spec)}
+mkdir -p /var/lib/fleetops
+cat > /etc/systemd/system/fleetops-agent.service <<'UNIT'
+[Unit]
+Description=fleetops node agent
+Wants=network-online.target
+After=network-online.target docker.service
+
+[Service]
+ExecStart={agent}
+Restart=always
+RestartSec=5
+KillSignal=SIGTERM
+TimeoutStopSec=180
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now fleetops-agent.service
+"""

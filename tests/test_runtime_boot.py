@@ -1,0 +1,85 @@
+"""The node agent's bootstrap on the clouds, read back from each test server: moto's
+DescribeInstanceAttribute userData, the GCE fake's instance metadata, the ARM fake's customData."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+
+import boto3
+
+from providers.aws import AwsProvider
+from providers.azure import AzureProvider
+from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
+from providers.gcp import GcpProvider
+from reconciler.runtime.bootstrap import bootstrap_script, package_version
+from tests.conftest import ARM_RESOURCE_GROUP, arm_options
+
+STATE = "s3://acme-fleet-state/fleets/prod"
+AGENT = "/opt/fleetops/bin/reconcile agent"
+
+
+def _checks(script: str, cloud: str, who: str) -> None:
+    assert script.startswith("#!/bin/bash\n")
+    assert f"/opt/fleetops/bin/pip install --quiet 'fleetops-reconciler[aws]=={package_version()}'" in script
+    assert (f"ExecStart={AGENT} {who} --state {STATE} --runtime docker --notice {cloud} "
+            "--workdir /var/lib/fleetops --checkpoint-root /var/lib/fleetops/checkpoints") in script
+    assert "systemctl enable --now fleetops-agent.service" in script
+    assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0  # it parses
+
+
+def test_the_bootstrap_quotes_what_it_is_given():
+    script = bootstrap_script("gcp", "s3://b/x; rm -rf /", "projects/p/zones/z/instances/n", version="1.2.3")
+    assert "--state 's3://b/x; rm -rf /'" in script and "'fleetops-reconciler[aws]==1.2.3'" in script
+
+
+def test_aws_user_data_boots_the_agent(aws_env, tmp_path):
+    prov = AwsProvider(ProviderContext(fleet="boot-aws", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    pool = PoolTarget(name="a10g", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("g5.xlarge",),
+                      settings={"ami": "ami-12c6146b", "security_groups": [], "subnets": {}})
+    inst = prov.create(CreateRequest(key="k-boot", pool=pool, zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                     tags=ownership_tags("boot-aws", "a10g", "k-boot"), agent_state_url=STATE))
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+    raw = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="userData")["UserData"]["Value"]
+    _checks(base64.b64decode(raw).decode(), "aws", "--instance-from-metadata aws")
+    # Without a remote bus (or without work that runs) nothing is passed.
+    plain = prov.create(CreateRequest(key="k-plain", pool=pool, zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                      tags=ownership_tags("boot-aws", "a10g", "k-plain")))
+    assert "Value" not in ec2.describe_instance_attribute(InstanceId=plain.id, Attribute="userData")["UserData"]
+
+
+def test_gce_startup_script_boots_the_agent(gce, tmp_path):
+    project = "boot-project"
+    prov = GcpProvider(ProviderContext(fleet="boot-gcp", state_dir=tmp_path, options={"endpoint": gce.url, "project": project}))
+    pool = PoolTarget(name="l4", cloud="gcp", region="us-central1", zones=("us-central1-a",), instance_types=("g2-standard-4",), settings={})
+    inst = prov.create(CreateRequest(key="k-boot", pool=pool, zone="us-central1-a", instance_type="g2-standard-4", market="on-demand",
+                                     tags=ownership_tags("boot-gcp", "l4", "k-boot"), agent_state_url=STATE))
+    stored = next(i for i in gce.instances(project) if inst.id.endswith("/" + i["name"]))
+    items = {m["key"]: m["value"] for m in stored["metadata"]["items"]}
+    _checks(items["startup-script"], "gcp", inst.id)
+
+
+def test_azure_custom_data_boots_the_agent(arm, tmp_path):
+    prov = AzureProvider(ProviderContext(fleet="boot-azure", state_dir=tmp_path, options=arm_options(arm)))
+    subnet = (f"/subscriptions/{arm.subscription}/resourceGroups/{ARM_RESOURCE_GROUP}/providers/Microsoft.Network/"
+              "virtualNetworks/fleet/subnets/gpu")
+    pool = PoolTarget(name="t4", cloud="azure", region="eastus", zones=("eastus-1",), instance_types=("Standard_NC4as_T4_v3",),
+                      settings={"subscription_id": None, "resource_group": ARM_RESOURCE_GROUP, "image": None, "subnet_id": subnet,
+                                "admin_username": "fleetops", "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBoot boot@test"})
+    inst = prov.create(CreateRequest(key="k-boot", pool=pool, zone="eastus-1", instance_type="Standard_NC4as_T4_v3", market="on-demand",
+                                     tags=ownership_tags("boot-azure", "t4", "k-boot"), agent_state_url=STATE))
+    (script,) = arm.custom_data.values()
+    _checks(script, "azure", inst.id)
+
+
+def test_instances_get_an_agent_only_with_a_remote_bus_and_work_that_runs(tmp_path):
+    from reconciler.load import load
+    from reconciler.runtime.publish import agent_bus
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    base = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"])]
+    runs = load(write_config(tmp_path / "a", [*base, job("j", cpu=1, run={"command": ["true"]})]))
+    holds = load(write_config(tmp_path / "b", [*base, job("j", cpu=1)]))
+    assert agent_bus(runs, STATE) == STATE
+    assert agent_bus(runs, None) is None and agent_bus(runs, "local") is None  # a cloud instance cannot reach .reconcile/
+    assert agent_bus(holds, STATE) is None  # reservations only: nothing to run, no agent
