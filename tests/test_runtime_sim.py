@@ -96,6 +96,11 @@ def test_a_job_failing_past_its_backoff_limit_is_failed_with_its_last_lines(rt):
     api.apply(cfg, time_limit=5)
     rec = wait(lambda: (r := bus(cfg).run("oom", 0)) and r["terminal"] and r, what="oom failed")
     assert rec["phase"] == "Failed" and rec["restarts"] == 2 and rec["reason"] == "BackoffLimitExceeded"
+    from reconciler.render import render
+
+    md = render(api.plan(cfg, time_limit=5).plan, "markdown", None)  # the PR comment says so too
+    assert "> **Note:** job oom: Failed (BackoffLimitExceeded): replica 0: exit code 1 after 2 restart(s)" in md
+    assert "> **Note:** job oom Failed (spec unchanged): it demands no capacity" in md
     api.apply(cfg, time_limit=5)  # frees its instance; status says why
     st = job_status(cfg, "oom")
     assert st["phase"] == "Failed" and st["run"]["restarts"] == 2
@@ -232,3 +237,14 @@ def test_the_controller_replaces_an_interrupted_instance_and_exits_on_sigterm(rt
         if ctl.poll() is None:
             os.killpg(ctl.pid, signal.SIGKILL)
             ctl.wait()
+
+
+def test_a_gone_instances_heartbeat_is_cleaned_up_by_the_next_apply(rt):
+    cfg = config(rt / "c", job("etl", cpu=2, run={"command": [PY, "-c", "print('ok')"]}))
+    api.apply(cfg, time_limit=5)
+    iid = live(cfg)[0]
+    wait(lambda: (r := bus(cfg).run("etl", 0)) and r["terminal"], what="etl finished")
+    assert bus(cfg).agent(iid) is not None
+    api.apply(cfg, time_limit=5)  # deletes the instance (the job is done), and with it its heartbeat key
+    assert live(cfg) == [] and bus(cfg).agent(iid) is None
+    assert bus(cfg).run("etl", 0)["phase"] == "Succeeded"  # the run record stays: history

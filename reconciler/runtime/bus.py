@@ -141,6 +141,13 @@ class Bus:
     def put_agent(self, instance: str, doc: dict) -> None:
         self._write(f"{AGENTS}/{instance_key(instance)}.json", doc)
 
+    def agent_instances(self) -> list[str]:
+        return [i for k in self.store.list_keys(AGENTS) if (i := _instance_of(k, AGENTS)) is not None]
+
+    def delete_agent(self, instance: str) -> None:
+        """The reconciler's cleanup once the instance is gone (an agent never deletes)."""
+        self.store.delete_key(f"{AGENTS}/{instance_key(instance)}.json")
+
     def agents(self) -> dict[str, dict]:
         out = {}
         for key in self.store.list_keys(AGENTS):

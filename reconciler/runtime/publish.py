@@ -76,6 +76,9 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
     for iid in sorted(set(previous) - set(want)):
         bus.delete_assignment(iid)
         changed += 1
+    for iid in bus.agent_instances():
+        if iid not in live:  # the instance is gone: its heartbeat would only pile up (its runs/ records stay: history)
+            bus.delete_agent(iid)
     target = AgentTarget(config_dir=Path(config_dir).resolve(), state_url=state_url)
     for iid in sorted(want):
         provider = providers.get(live[iid].provider)
@@ -96,7 +99,22 @@ def with_runtime(backend: StateBackend, desired: DesiredState, observed):
     notes = [f"job {j} {phase} (spec unchanged): it demands no capacity until its spec changes"
              for j, phase in sorted(view.finished.items()) if observed.placements.get(j)]
     notes += [f"instance {i} is replaced: {why}" for i, why in sorted(view.unhealthy.items())]
+    notes += [workload_note(run) for _, run in sorted(view.jobs.items()) if workload_note(run)]
     return replace(observed, runtime=view, notes=tuple(observed.notes) + tuple(notes))
+
+
+def workload_note(run) -> str:
+    """A job's run worth a line in the plan (and so in the PR comment): failed, restarted, past its
+    time limit, or without a heartbeat from its agent. A job that just runs is not news."""
+    conds = {c[0]: c for c in run.conditions}
+    if run.phase == "Failed":
+        return f"job {run.job}: Failed ({run.reason}): {run.message}"[:400]
+    bits = [f"{run.restarts} restart(s)"] if run.restarts else []
+    if conds.get("DeadlineExceeded", (0, False))[1]:
+        bits.append("DeadlineExceeded")
+    if conds.get("AgentUnreachable", (0, False))[1]:
+        bits.append(f"AgentUnreachable: {conds['AgentUnreachable'][3]}")
+    return f"job {run.job}: {run.phase}, " + ", ".join(bits) if bits else ""
 
 
 def demanding(desired: DesiredState, observed) -> DesiredState:
