@@ -76,6 +76,12 @@ def test_a_batch_job_runs_to_succeeded_and_its_instance_is_reclaimed(rt):
     iid = live(cfg)[0]
     rec = wait(lambda: (r := bus(cfg).run("etl", 0)) and r["terminal"] and r, what="etl finished")
     assert rec["phase"] == "Succeeded" and rec["instance"] == iid and rec["log_tail"] == ["rows written: 42"]
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    out = CliRunner().invoke(app, ["logs", str(cfg), "etl", "--follow"])  # ends with the replica
+    assert out.exit_code == 0 and "rows written: 42" in out.output and "etl/0: Succeeded (Completed: exit code 0)" in out.output
     again = api.plan(cfg, time_limit=5)
     assert [d.instance_id for d in again.plan.deletes] == [iid]  # its capacity is freed
     assert any("job etl Succeeded" in n for n in again.plan.notes)
