@@ -28,9 +28,13 @@ def _checks(script: str, cloud: str, who: str) -> None:
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0  # it parses
 
 
-def test_the_bootstrap_quotes_what_it_is_given():
+def test_the_bootstrap_quotes_what_it_is_given(monkeypatch):
     script = bootstrap_script("gcp", "s3://b/x; rm -rf /", "projects/p/zones/z/instances/n", version="1.2.3")
     assert "--state 's3://b/x; rm -rf /'" in script and "'fleetops-reconciler[aws]==1.2.3'" in script
+    # A development build is on no index: the package to install can be named instead.
+    monkeypatch.setenv("FLEETOPS_AGENT_PACKAGE", "fleetops-reconciler[aws] @ https://example.com/f-0.2.1.dev3-py3-none-any.whl")
+    assert "pip install --quiet 'fleetops-reconciler[aws] @ https://example.com/f-0.2.1.dev3-py3-none-any.whl'" in \
+        bootstrap_script("aws", "s3://b/x", None, version="0.2.1.dev3+gabc")
 
 
 def test_aws_user_data_boots_the_agent(aws_env, tmp_path):

@@ -5,6 +5,7 @@ starts `reconcile agent` as a systemd service with the fleet's state URL."""
 
 from __future__ import annotations
 
+import os
 import shlex
 
 PACKAGE = "fleetops-reconciler"
@@ -29,6 +30,9 @@ def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, versio
     who = f"--instance-from-metadata {cloud}" if instance_id is None else shlex.quote(instance_id)
     extra = "aws" if state_url.startswith("s3://") else ""
     spec = f"{PACKAGE}[{extra}]=={version}" if extra else f"{PACKAGE}=={version}"
+    # A development build (0.2.1.dev3+gSHA) is on no package index: FLEETOPS_AGENT_PACKAGE names what
+    # instances install instead (a wheel URL, `git+https://...@SHA`).
+    spec = os.environ.get("FLEETOPS_AGENT_PACKAGE") or spec
     agent = (f"/opt/fleetops/bin/reconcile agent {who} --state {shlex.quote(state_url)} --runtime docker "
              f"--notice {NOTICE.get(cloud, 'none')} --workdir /var/lib/fleetops --checkpoint-root /var/lib/fleetops/checkpoints")
     return f"""#!/bin/bash
