@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from providers.catalog import InstanceShape, load_catalog
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
-from reconciler.plan import Plan
+from reconciler.plan import JobChange, Plan
 from reconciler.topology import TopologyIndex
 
 EPS = 1e-6
@@ -560,26 +560,26 @@ def _use_now(desired: DesiredState, observed: Observed, tenant: str) -> dict[str
 
 
 def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
-    """Does the fleet as it runs break a fleet-wide rule (then something must give)?"""
-    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
-    hosts = fleet_after(observed, empty)
-    g = desired.guardrails
-    if g.max_hourly_budget is not None and sum(h.price for h in hosts.values()) > g.max_hourly_budget + EPS:
+    """Does the fleet as it runs break a rule the checks above know (budgets, pools, quotas,
+    tenant budgets and spot shares, the spot share, buffer and diversity)? Then something must
+    give. The fleet as it runs is checked as a plan that keeps everything where it is."""
+    hosts = fleet_after(observed, Plan("", "", "", "", (), (), (), 0.0, 0.0, None))  # type: ignore[arg-type]
+    jobs = []
+    for name, ids in sorted(observed.placements.items()):
+        if name in desired.jobs and ids and all(i in hosts for i in ids):
+            rec = observed.gpu_indices.get(name, ())
+            gpus = tuple(tuple(g) for g in rec) if len(rec) == len(ids) else ((),) * len(ids)
+            jobs.append(JobChange(name, desired.jobs[name].spec.tenant, "keep", tuple(ids), tuple(ids), "", gpus))
+    as_it_runs = Plan("", "", "", "", (), (), tuple(jobs), 0.0, sum(h.price for h in hosts.values()), None)  # type: ignore[arg-type]
+    try:
+        reps = replicas_of(as_it_runs, hosts)
+        _check_tenants(desired, reps)
+        _check_pools(desired, observed, as_it_runs, hosts)
+        _check_spot(desired, hosts, reps)
+        _check_guardrails(desired, as_it_runs, hosts)
+    except AssertionError:
         return True
-    per_pool = Counter(h.pool for h in hosts.values())
-    if any(p in desired.pools and n > desired.pools[p].spec.max_instances for p, n in per_pool.items()):
-        return True
-    if g.tenant_hourly_budgets:
-        cost: dict[str, float] = defaultdict(float)
-        for j in desired.jobs.values():
-            for iid in observed.placements.get(j.name, ()):
-                if iid in hosts:
-                    cost[j.spec.tenant] += hosts[iid].price * replica_share(j, hosts[iid])
-        if any(cost[t] > b + EPS for t, b in g.tenant_hourly_budgets.items()):
-            return True
-    sp = desired.spot_policy
-    return sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1 or any(
-        h.market == "spot" for h in hosts.values()) and sp.max_spot_fraction < 1
+    return False
 
 
 def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> None:
