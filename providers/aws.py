@@ -50,7 +50,8 @@ STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M,
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
 DEFAULT_PARALLELISM = 100
-SPOT_PRICE_MAX_AGE = timedelta(days=7)  # older spot history is not today's price: use the catalog
+# EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
+SPOT_PRICE_MAX_AGE = timedelta(days=90)
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
           "shutting-down": "terminated", "terminated": "terminated"}
 
@@ -201,11 +202,14 @@ class AwsProvider:
         return out
 
     def _spot_prices(self, ec2, types: list[str]) -> dict[tuple[str, str], float]:
-        """Latest Linux spot price per (type, zone) from the last week's history."""
+        """The current Linux spot price per (type, zone). Asked with StartTime = now, DescribeSpotPriceHistory returns
+        "the last price change before the start time, which is the effective price as of the start time" (EC2 API
+        reference): however old that change is, it is today's price, so no row is dropped for its age except beyond
+        the 90 days of history EC2 keeps. Types or zones without a row keep the catalog's price."""
         now = datetime.now(timezone.utc)
         latest: dict[tuple[str, str], tuple[datetime, float]] = {}
         pages = ec2.get_paginator("describe_spot_price_history").paginate(
-            InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now - SPOT_PRICE_MAX_AGE)
+            InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now, EndTime=now)
         for page in self._call("describe_spot_price_history", lambda: list(pages)):
             for h in page["SpotPriceHistory"]:
                 ts = h["Timestamp"]

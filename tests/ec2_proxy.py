@@ -9,6 +9,9 @@ moto server unchanged, except:
   TerminateInstances / CreateTags) calls that name it by id;
 * injected errors (fail(action, code, message, count)): the next `count` calls of `action` answer this EC2 error
   (HTTP 400, EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances;
+* spot price history (spot_history, when set): DescribeSpotPriceHistory answered from it with EC2's documented
+  semantics: the rows within [StartTime, EndTime] plus, per type, zone and product, "the last price change before
+  the start time, which is the effective price as of the start time" (moto answers a fixed 2006 row);
 * placement groups, which moto (5.x) does not implement at all: CreatePlacementGroup (with its tags;
   InvalidPlacementGroup.Duplicate; PlacementGroupLimitExceeded beyond placement_group_limit groups in the
   Region, EC2's per-account-per-Region limit, 500 on real accounts), DescribePlacementGroups (GroupName.N,
@@ -53,7 +56,8 @@ class Ec2Proxy:
         self.failures: list[list] = []  # [action, code, message, remaining]
         self.placement_group_limit: int | None = None
         self.calls: list[str] = []  # every EC2 Action seen
-        self.groups: dict[tuple[str, str], dict] = {}  # (region, name) -> {"id", "strategy", "tags", "members"}
+        self.groups: dict[tuple[str, str], dict] = {}
+        self.spot_history: list[tuple[str, str, str, float, str]] | None = None  # (type, zone, product, price, ISO time)  # (region, name) -> {"id", "strategy", "tags", "members"}
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -103,9 +107,36 @@ class Ec2Proxy:
                 if (region, params["Placement.GroupName"][0]) not in self.groups:
                     return ec2_error("InvalidPlacementGroup.Unknown",
                                      f"The Placement Group '{params['Placement.GroupName'][0]}' is unknown.")
+            if action == "DescribeSpotPriceHistory" and self.spot_history is not None:
+                return self._spot_history(params)
             if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
                 return self._placement_groups(action, params, region)
         return None
+
+    def _spot_history(self, params: dict[str, list[str]]) -> bytes:
+        from datetime import datetime, timezone
+
+        def when(text: str) -> datetime:
+            return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+        one = {k: v[0] for k, v in params.items()}
+        types = {v for k, v in one.items() if re.fullmatch(r"InstanceType\.\d+", k)}
+        products = {v for k, v in one.items() if re.fullmatch(r"ProductDescription\.\d+", k)}
+        now = datetime.now(timezone.utc)
+        start = when(one["StartTime"]) if "StartTime" in one else now
+        end = when(one["EndTime"]) if "EndTime" in one else now
+        rows = [r for r in self.spot_history if (not types or r[0] in types) and (not products or r[2] in products)]
+        keep = [r for r in rows if start <= when(r[4]) <= end]
+        for key in {(r[0], r[1], r[2]) for r in rows}:
+            before = [r for r in rows if (r[0], r[1], r[2]) == key and when(r[4]) < start]
+            if before:
+                keep.append(max(before, key=lambda r: when(r[4])))
+        items = "".join(f"<item><instanceType>{t}</instanceType><productDescription>{escape(p)}</productDescription>"
+                        f"<spotPrice>{price:.6f}</spotPrice><timestamp>{ts}</timestamp><availabilityZone>{z}</availabilityZone>"
+                        "</item>" for t, z, p, price, ts in sorted(keep, key=lambda r: r[4]))
+        return b"ok:" + (f'<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>'
+                         f"{uuid.uuid4()}</requestId><spotPriceHistorySet>{items}</spotPriceHistorySet><nextToken/>"
+                         "</DescribeSpotPriceHistoryResponse>").encode()
 
     def _placement_groups(self, action: str, params: dict[str, list[str]], region: str) -> bytes:
         """EC2's placement group calls, answered here (moto has none); a non-error answer is returned as an

@@ -207,3 +207,24 @@ def test_an_account_limit_is_a_quota_error_naming_the_service_quota(proxy, tmp_p
         prov.create(req(fleet, "k-quota", market=market, itype=itype))
     assert quota in e.value.quota and e.value.region == "us-east-1" and not isinstance(e.value, CapacityError)
     assert f"servicequotas/home/services/ec2/quotas/{quota}" in str(e.value) and "--quota-code" in str(e.value)
+
+
+# -- live spot prices (issue 22, item 1) --------------------------------------------------------------
+def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_path, fleet):
+    """EC2 answers a StartTime with the last price change before it: a price set 30 days ago and unchanged since is
+    today's price, not stale history (it was dropped for being older than 7 days, and the catalog's used)."""
+    from datetime import datetime, timedelta, timezone
+
+    def ago(days: float) -> str:
+        return (datetime.now(timezone.utc) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+    proxy.spot_history = [
+        ("g5.xlarge", "us-east-1a", "Linux/UNIX", 0.5123, ago(60)),
+        ("g5.xlarge", "us-east-1a", "Linux/UNIX", 0.4321, ago(30)),   # the effective price now
+        ("g5.xlarge", "us-east-1b", "Linux/UNIX", 0.3999, ago(0.5)),
+        ("g5.xlarge", "us-east-1b", "Windows", 0.9, ago(0.1)),         # another product: never ours
+    ]
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
+    assert offs[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
+    assert offs[("us-east-1b", "g5.xlarge")].spot_price == pytest.approx(0.3999)
