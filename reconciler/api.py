@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-import yaml
 
 from policies.guardrails import violations
 from reconciler.apply import ApplyReport, OnEvent, apply_plan
@@ -26,7 +25,8 @@ from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler.state import state_dir, utcnow
-from reconciler.status import write_status
+from reconciler.status import StatusFiles, write_status
+from reconciler.status import read_status as read_status_files
 
 DEFAULT_TIME_LIMIT = 20.0
 
@@ -133,6 +133,8 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
     with backend.lock():
+        with StatusFiles(config_dir) as status_files:
+            status_files.check()  # a status/ that cannot be written safely is refused before anything changes
         current = backend.load()
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
         fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
@@ -190,13 +192,7 @@ def fleet_view(res: PlanResult, now: datetime | None = None):
 def read_status(config_dir: str | Path, live: bool = False, state: str | None = None) -> dict:
     """The status files as one document: fleet summary, pools, jobs. `live`: job phases as the node
     agents report them now (the files have them as of the last apply)."""
-    root = Path(config_dir) / "status"
-    out: dict = {"fleet": None, "pools": {}, "jobs": {}}
-    if (root / "fleet.yaml").exists():
-        out["fleet"] = yaml.safe_load((root / "fleet.yaml").read_text())
-    for kind in ("pools", "jobs"):
-        for p in sorted((root / kind).glob("*.yaml")) if (root / kind).exists() else []:
-            out[kind][p.stem] = yaml.safe_load(p.read_text())
+    out = read_status_files(Path(config_dir))
     if live and out["jobs"]:
         _live_phases(Path(config_dir), out, state)
     return out

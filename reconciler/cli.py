@@ -357,7 +357,10 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
         raise typer.BadParameter("--format must be human or json")
     from reconciler.render import render_status
 
-    st = api.read_status(config_dir, live=True, state=state)
+    try:
+        st = api.read_status(config_dir, live=True, state=state)
+    except ReconcileError as e:
+        _fail(e)
     if fmt == "json":
         typer.echo(json.dumps(st, indent=2, default=str))
         return

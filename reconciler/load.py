@@ -169,21 +169,64 @@ def _compose_all(text: str):
 
 
 def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
-    """YAML files under root, skipping hidden and status dirs; symlinks must stay inside root."""
-    out = []
+    """YAML files under root, skipping hidden and status dirs. Symlinks (to files or directories)
+    are followed when they stay inside root, and every directory is read once (a link to one read
+    already, an ancestor say, adds nothing). A link that leaves root, dangles or loops, and a directory
+    that cannot be listed are errors, never skipped: the jobs in them would vanish from the desired
+    state, and apply would delete the instances running them."""
     real_root = root.resolve()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if any(p.startswith(".") or p in SKIP_DIRS for p in rel.parts[:-1]) or rel.name.startswith("."):
+    out: list[Path] = []
+
+    def refuse(rel: Path, message: str) -> None:
+        diags.append(Diagnostic(str(rel), 1, "", "", "<file>", message))
+
+    read_dirs = {real_root}
+    todo = [(root, Path(), real_root)]
+    linked: list[tuple[Path, Path, Path]] = []  # linked directories, read after every real one
+    while todo or linked:
+        if not todo:
+            link = linked.pop(0)
+            if link[2] not in read_dirs:
+                read_dirs.add(link[2])
+                todo.append(link)
             continue
-        if path.suffix not in (".yaml", ".yml"):
+        directory, rel_dir, real_dir = todo.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as e:
+            refuse(rel_dir, f"cannot list this directory: {e.strerror}")
             continue
-        if path.is_symlink() and not path.resolve().is_relative_to(real_root):
-            diags.append(Diagnostic(str(rel), 1, "", "", "<file>", f"symlink points outside the config directory ({path.resolve()})"))
-            continue
-        if path.is_file():
-            out.append(path)
-    return out
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name in SKIP_DIRS:
+                continue
+            path, rel = directory / entry.name, rel_dir / entry.name
+            is_yaml = entry.name.endswith((".yaml", ".yml"))
+            real = real_dir / entry.name
+            if entry.is_symlink():
+                try:
+                    real = path.resolve(strict=True)
+                except (OSError, RuntimeError) as e:
+                    problem = "a symlink loop" if "loop" in str(e).lower() else "a dangling symlink"
+                    refuse(rel, f"{problem} ({os.readlink(path)}): fix or remove it")
+                    continue
+                if not real.is_relative_to(real_root):
+                    if is_yaml or real.is_dir():
+                        refuse(rel, f"symlink points outside the config directory ({real})")
+                    continue
+            try:
+                is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+            except OSError as e:
+                refuse(rel, f"cannot read: {e.strerror}")
+                continue
+            if is_dir:
+                if entry.is_symlink():
+                    linked.append((path, rel, real))
+                elif real not in read_dirs:
+                    read_dirs.add(real)
+                    todo.append((path, rel, real))
+            elif is_yaml:
+                out.append(path)  # a fifo or device is refused by _read_config, not waited on
+    return sorted(out)
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:

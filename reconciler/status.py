@@ -6,6 +6,8 @@ status commits stay quiet when nothing happened."""
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import yaml
 from providers.base import Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
+from reconciler.errors import ReconcileError
 from reconciler.ledger import replica_charge
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan
@@ -28,34 +31,149 @@ class Condition:
     message: str
 
 
-def _conditions(path: Path, new: list[Condition], now: str) -> list[dict]:
-    old = {}
-    if path.exists():
+class StatusFiles:
+    """status/ in the config dir, each path component opened relative to its parent's descriptor
+    with O_NOFOLLOW: a symlink anywhere under status/ (status/ itself, status/jobs, a job's file)
+    is refused, never followed, so status is never read, written or deleted outside the config dir.
+    (Before: status/jobs/X.yaml linked to a file outside the repo was overwritten by apply.)"""
+
+    def __init__(self, config_dir: Path):
+        self.config_dir = Path(config_dir)
+        self._dirs: dict[tuple[str, ...], int] = {}
+
+    def __enter__(self) -> "StatusFiles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def _refuse(self, parts: tuple[str, ...], e: OSError | None, what: str = "") -> ReconcileError:
+        rel = "/".join(parts)
+        where = self.config_dir / rel
+        if os.path.islink(where):
+            what = f"is a symlink (to {os.readlink(where)}); status is never written through a link, which could lead out of the config directory"
+        elif not what:
+            what = "is not a directory" if e is not None and e.errno == 20 else f"cannot be used: {e.strerror if e else 'unknown'}"
+        return ReconcileError(f"{where}: {rel} {what}. Remove or move it away: status/ holds only what "
+                              "`reconcile apply` writes, and the next apply writes it again.")
+
+    def _dir(self, parts: tuple[str, ...], create: bool) -> int | None:
+        if parts in self._dirs:
+            return self._dirs[parts]
+        if not parts:
+            fd = os.open(self.config_dir, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            parent = self._dir(parts[:-1], create)
+            if parent is None:
+                return None
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            try:
+                try:
+                    fd = os.open(parts[-1], flags, dir_fd=parent)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    os.mkdir(parts[-1], 0o755, dir_fd=parent)
+                    fd = os.open(parts[-1], flags, dir_fd=parent)
+            except OSError as e:
+                raise self._refuse(parts, e) from None
+        self._dirs[parts] = fd
+        return fd
+
+    def _parts(self, path: Path) -> tuple[str, ...]:
+        return path.relative_to(self.config_dir).parts
+
+    def read(self, path: Path) -> str | None:
+        """The text of a status file, None if it does not exist."""
+        parts = self._parts(path)
+        d = self._dir(parts[:-1], create=False)
+        if d is None:
+            return None
         try:
-            old = {c["type"]: c for c in (yaml.safe_load(path.read_text()) or {}).get("status", {}).get("conditions", [])}
-        except (yaml.YAMLError, AttributeError, TypeError):
-            old = {}
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._refuse(parts, e) from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise self._refuse(parts, None, "is not a regular file")
+            return f.read().decode("utf-8", errors="replace")
+
+    def write(self, path: Path, text: str) -> None:
+        """Replace a status file (atomically) unless it already says `text`."""
+        parts = self._parts(path)
+        if self.read(path) == text:
+            return
+        d = self._dir(parts[:-1], create=True)
+        tmp = f".{parts[-1]}.tmp"
+        try:
+            os.unlink(tmp, dir_fd=d)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=d)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, parts[-1], src_dir_fd=d, dst_dir_fd=d)
+
+    def names(self, directory: Path) -> list[str]:
+        """The *.yaml entries of a status directory (none if it does not exist)."""
+        d = self._dir(self._parts(directory), create=False)
+        return sorted(n for n in os.listdir(d) if n.endswith(".yaml") and not n.startswith(".")) if d is not None else []
+
+    def remove(self, path: Path) -> None:
+        parts = self._parts(path)
+        d = self._dir(parts[:-1], create=False)
+        if d is not None:
+            os.unlink(parts[-1], dir_fd=d)  # a link itself, never what it points to
+
+    def check(self) -> None:
+        """Refuse, before an apply changes anything, a status/ that could not be written safely."""
+        for sub in ((), ("jobs",), ("pools",)):
+            directory = self.config_dir / "status" / Path(*sub)
+            for name in self.names(directory) + (["fleet.yaml"] if not sub else []):
+                self.read(directory / name)
+
+    def document(self, path: Path) -> dict:
+        """A status file's YAML as a mapping; {} if it is absent, not YAML or not a mapping
+        (write_status then writes it whole again)."""
+        try:
+            doc = yaml.safe_load(self.read(path) or "")
+        except yaml.YAMLError:
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+
+def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str) -> list[dict]:
+    body = files.document(path).get("status")
+    conditions = body.get("conditions") if isinstance(body, dict) else None
+    old = {c["type"]: c for c in conditions if isinstance(c, dict) and "type" in c} if isinstance(conditions, list) else {}
     out = []
     for c in new:
         prev = old.get(c.type)
         status = "True" if c.status else "False"
-        since = prev["lastTransitionTime"] if prev and prev.get("status") == status else now
+        since = prev["lastTransitionTime"] if prev and prev.get("status") == status and "lastTransitionTime" in prev else now
         out.append({"type": c.type, "status": status, "reason": c.reason, "message": c.message, "lastTransitionTime": since})
     return out
 
 
-def _write(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(doc, sort_keys=False)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+def _write(files: StatusFiles, path: Path, doc: dict) -> None:
+    files.write(path, yaml.safe_dump(doc, sort_keys=False))
 
 
 def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
                  runtime=None) -> Path:
     """Status after an apply. `instances` is the fleet as observed after it; `runtime` what the
     node agents reported (reconciler.runtime.lifecycle.RuntimeView) for jobs that run something."""
-    root = Path(config_dir) / "status"
+    with StatusFiles(config_dir) as files:
+        return _write_status(files, desired, plan, report, instances, runtime)
+
+
+def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
+                  runtime=None) -> Path:
+    root = files.config_dir / "status"
     now = utcnow().isoformat()
     catalog = load_catalog()
     by_id = {i.id: i for i in instances}
@@ -100,15 +218,15 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
         body = {
             "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
-            "conditions": _conditions(path, conds, now),
+            "conditions": _conditions(files, path, conds, now),
         }
         if run is not None:
             body["run"] = {"reason": run.reason, "message": run.message, "restarts": run.restarts, "startedAt": run.started_at,
                            "finishedAt": run.finished_at, "replicas": list(run.replicas), "lastLog": list(run.log_tail)}
-        _write(path, {"apiVersion": API_VERSION, "kind": "JobStatus", "metadata": {"name": name}, "status": body})
-    for stale in (root / "jobs").glob("*.yaml") if (root / "jobs").exists() else []:
-        if stale.stem not in seen_jobs:
-            stale.unlink()
+        _write(files, path, {"apiVersion": API_VERSION, "kind": "JobStatus", "metadata": {"name": name}, "status": body})
+    for stale in files.names(root / "jobs"):
+        if stale[: -len(".yaml")] not in seen_jobs:
+            files.remove(root / "jobs" / stale)
 
     for name, pool in desired.pools.items():
         mine = sorted((i for i in instances if i.pool == name), key=lambda i: i.id)
@@ -119,31 +237,80 @@ def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: Ap
         msg = f"{len(mine)} instance(s), within [{lo}, {hi}]" if ok else (
             f"{len(failed)} create(s) failed: {failed[0]}" if failed else f"{len(mine)} instance(s), outside [{lo}, {hi}]")
         path = root / "pools" / f"{name}.yaml"
-        _write(path, {
+        _write(files, path, {
             "apiVersion": API_VERSION, "kind": "PoolStatus", "metadata": {"name": name},
             "status": {
                 "instances": [{"id": i.id, "type": i.instance_type, "zone": i.zone, "market": i.market} for i in mine],
                 "hourlyCost": round(cost, 4),
-                "conditions": _conditions(path, [Condition("Provisioned", ok, "Provisioned" if ok else "ProvisioningFailed", msg)], now),
+                "conditions": _conditions(files, path, [Condition("Provisioned", ok, "Provisioned" if ok else "ProvisioningFailed", msg)], now),
             },
         })
     fleet_cost = sum(inst_price(i.id) for i in instances)
     path = root / "fleet.yaml"
     # The last plan that changed something; a run that changes nothing leaves status untouched.
     last = plan.id
-    if not plan.has_changes and report.ok and path.exists():
-        try:
-            last = (yaml.safe_load(path.read_text()) or {}).get("status", {}).get("lastChangedBy", plan.id)
-        except yaml.YAMLError:
-            pass
-    _write(path, {
+    if not plan.has_changes and report.ok:
+        old = files.document(path).get("status")
+        last = old.get("lastChangedBy", plan.id) if isinstance(old, dict) else plan.id
+    _write(files, path, {
         "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet},
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
             "tenants": {t: {"hourlyCost": round(c, 4)} for t, c in sorted(tenant_cost.items())},
             "jobs": {"running": sum(1 for j in desired.jobs if report.placements.get(j)), "pending": sum(1 for j in desired.jobs if not report.placements.get(j))},
             "lastChangedBy": last, "failures": report.failures,
-            "conditions": _conditions(path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
+            "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },
     })
     return root
+
+
+def _status_problem(kind: str, doc) -> str | None:
+    """What `reconcile status` needs from a status file and this one lacks, if anything."""
+    body = doc.get("status") if isinstance(doc, dict) else None
+    if not isinstance(body, dict):
+        return "it is not a status document (no status mapping)"
+    if kind == "fleet":
+        need = {"instances": (int,), "hourlyCost": (int, float), "jobs": (dict,), "tenants": (dict,), "lastChangedBy": (str,)}
+        if not isinstance(doc.get("metadata"), dict) or "name" not in doc["metadata"]:
+            return "metadata.name is missing"
+    else:
+        need = {"conditions": (list,)} if kind == "pools" else {"conditions": (list,), "phase": (str,)}
+    for key, types in need.items():
+        if not isinstance(body.get(key), types):
+            return f"status.{key} is missing or of the wrong type"
+    if kind == "fleet" and not all(isinstance(body["jobs"].get(k), int) for k in ("running", "pending")):
+        return "status.jobs.running/pending are missing"
+    if kind == "fleet" and not all(isinstance(t, dict) and isinstance(t.get("hourlyCost"), (int, float)) for t in body["tenants"].values()):
+        return "status.tenants.*.hourlyCost is missing"
+    if kind == "jobs" and not (body["conditions"] and all(isinstance(c, dict) and {"reason", "message"} <= set(c) for c in body["conditions"])):
+        return "status.conditions has no condition with a reason and a message"
+    return None
+
+
+def read_status(config_dir: Path) -> dict:
+    """The status files as one document: fleet summary, pools, jobs. A file that cannot be read
+    (not YAML, wrong shape, a symlink, a directory) is an error naming it, never a traceback."""
+    out: dict = {"fleet": None, "pools": {}, "jobs": {}}
+    with StatusFiles(config_dir) as files:
+        root = files.config_dir / "status"
+        wanted = [("fleet", "fleet", root / "fleet.yaml")] + [
+            (kind, name[: -len(".yaml")], root / kind / name) for kind in ("pools", "jobs") for name in files.names(root / kind)]
+        for kind, name, path in wanted:
+            text = files.read(path)
+            if text is None:
+                continue
+            try:
+                doc = yaml.safe_load(text)
+                problem = _status_problem(kind, doc)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                problem = f"not valid YAML{f' (line {mark.line + 1})' if mark else ''}"
+            if problem:
+                raise ReconcileError(f"{path}: cannot read this status file: {problem}. status/ is written by "
+                                     "`reconcile apply`: delete the file (or restore it from git) and run apply again to rewrite it.")
+            if kind == "fleet":
+                out["fleet"] = doc
+            else:
+                out[kind][name] = doc
+    return out

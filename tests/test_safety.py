@@ -57,3 +57,87 @@ def test_oversized_file_is_refused_before_parsing(tmp_path):
     cfg = copy_quickstart(tmp_path)
     (cfg / "big.yaml").write_text("# padding\n" * 450_000)  # 4.5 MB of comments
     assert_clean_error(cli("validate", cfg), "big.yaml:1: file is larger than 4 MiB")
+
+
+# -- 2. odd paths in the config dir; status never written through a link -------------------
+
+def _live(cfg: Path) -> list[str]:
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    return sorted(i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated")
+
+
+@pytest.fixture
+def applied(tmp_path) -> Path:
+    """The quickstart, applied on the sim cloud (10 instances)."""
+    cfg = copy_quickstart(tmp_path)
+    res = cli("apply", cfg, "--auto-approve")
+    assert res.returncode == 0, res.stderr
+    return cfg
+
+
+def test_symlinked_jobs_dir_outside_is_an_error_and_nothing_is_deleted(applied, tmp_path):
+    before = _live(applied)
+    (applied / "jobs").rename(tmp_path / "shared-jobs")
+    (applied / "jobs").symlink_to(tmp_path / "shared-jobs")
+    for args in (("plan", applied), ("apply", applied, "--auto-approve")):
+        assert_clean_error(cli(*args), "jobs:1: symlink points outside the config directory")
+    assert _live(applied) == before  # the jobs did not vanish: their 6 instances still run
+
+
+def test_symlinked_dir_inside_the_config_dir_is_followed(applied):
+    (applied / ".shared").mkdir()
+    (applied / "jobs").rename(applied / ".shared" / "jobs")
+    (applied / "jobs").symlink_to(Path(".shared") / "jobs")
+    (applied / "again").symlink_to(Path("."))  # a link back to the root adds nothing (read once)
+    res = cli("plan", applied, "--detailed-exitcode")
+    assert res.returncode == 0 and "No changes" in res.stdout, (res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize("case", ["loop", "dangling", "fifo", "unreadable"])
+def test_unreadable_entries_are_file_errors_not_skipped(applied, case):
+    before = _live(applied)
+    jobs = applied / "jobs"
+    if case == "loop":
+        (jobs / "a").symlink_to("b")
+        (jobs / "b").symlink_to("a")
+        expect = "jobs/a:1: a symlink loop (b)"
+    elif case == "dangling":
+        (jobs / "more.yaml").symlink_to("gone.yaml")
+        expect = "jobs/more.yaml:1: a dangling symlink (gone.yaml)"
+    elif case == "fifo":
+        os.mkfifo(jobs / "extra.yaml")  # a read would block forever
+        expect = "jobs/extra.yaml:1: not a regular file"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads every file")
+        (jobs / "platform.yaml").chmod(0)
+        expect = "jobs/platform.yaml:1: cannot read: Permission denied"
+    for args in (("validate", applied), ("apply", applied, "--auto-approve")):
+        assert_clean_error(cli(*args, timeout=60), expect)
+    assert _live(applied) == before
+
+
+def test_status_is_never_written_through_a_symlink(applied, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    job_file = next((applied / "status" / "jobs").glob("*.yaml"))
+    job_file.unlink()
+    job_file.symlink_to(victim)
+    (applied / "jobs" / "platform.yaml").write_text((applied / "jobs" / "platform.yaml").read_text().replace("cpu: 14", "cpu: 13"))
+    before = _live(applied)
+    res = cli("apply", applied, "--auto-approve")
+    assert_clean_error(res, f"status/jobs/{job_file.name} is a symlink (to {victim})", "Remove or move it away")
+    assert victim.read_text() == "precious\n" and _live(applied) == before  # refused before any change
+
+    # status/ itself a link to a directory outside: nothing written there, nothing deleted there.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.yaml").write_text("mine: true\n")
+    job_file.unlink()
+    (applied / "status").rename(tmp_path / "old-status")
+    (applied / "status").symlink_to(outside)
+    for args in (("apply", applied, "--auto-approve"), ("status", applied)):
+        assert_clean_error(cli(*args), "status is a symlink", "Remove or move it away")
+    assert [p.name for p in outside.iterdir()] == ["keep.yaml"] and _live(applied) == before
