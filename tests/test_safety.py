@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 
 from tests.fleetkit import copy_quickstart
 
