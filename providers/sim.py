@@ -138,7 +138,7 @@ class SimCloud:
         if cached is not None and cached[0] == stamp:
             _, offset, data = cached
         else:
-            data = json.loads(self.path.read_text()) if stamp else json.loads(json.dumps(_EMPTY))
+            data = self._read_snapshot() if stamp else json.loads(json.dumps(_EMPTY))
             for k in _TRACKED:
                 data[k] = _Tracked(data.get(k, {}))
             offset = 0
@@ -151,12 +151,36 @@ class SimCloud:
                 f.seek(offset)
                 tail = f.read()
             end = tail.rfind(b"\n") + 1  # a line cut short by a killed process is not a call that happened
-            for line in tail[:end].splitlines():
-                self._replay(data, json.loads(line))
+            for n, line in enumerate(tail[:end].splitlines()):
+                try:
+                    entry = json.loads(line)
+                    if not isinstance(entry, dict) or not all(isinstance(entry.get(k, {}), dict) for k in (*_TRACKED, "top")):
+                        raise ValueError("not a journal entry")
+                    self._replay(data, entry)
+                except (ValueError, TypeError, AttributeError) as e:
+                    _CACHE.pop(self.path, None)
+                    raise self._corrupt(self.journal, f"entry {n + 1} after byte {offset} is garbled ({e})") from None
             offset += end
             if write and end < len(tail):
                 os.truncate(self.journal, offset)
         _CACHE[self.path] = (stamp, offset, data)
+        return data
+
+    def _corrupt(self, path: Path, problem: str) -> ProviderError:
+        return ProviderError(
+            f"{path}: the simulated cloud's record is corrupt: {problem}. Nothing was changed. It is the sim's whole "
+            f"world (its instances); restore it, or delete {self.dir} to start an empty simulated cloud (every simulated "
+            "instance is then gone, and the next apply creates the fleet again).")
+
+    def _read_snapshot(self) -> dict:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise self._corrupt(self.path, f"not valid JSON ({e})") from None
+        shapes = {"instances": dict, "keys": dict, "next_id": int, "faults": dict}
+        if not isinstance(data, dict) or any(not isinstance(data.get(k), t) for k, t in shapes.items()) or \
+                not all(isinstance(i, dict) and isinstance(i.get("tags"), dict) and "state" in i for i in data["instances"].values()):
+            raise self._corrupt(self.path, "it is not a snapshot of instances, keys, next_id and faults")
         return data
 
     @staticmethod

@@ -138,6 +138,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         current = backend.load()
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
         fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
+        fleet.guard = backend.check_lock  # a lost lock stops the apply before its next provider call
         observed = with_runtime(backend, desired, fleet.observe(current))
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
@@ -156,6 +157,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         if on_plan is not None:
             on_plan(the_plan)
         report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
+        backend.check_lock()  # never write the shared state without the lock
         backend.save(current)
         after = fleet.observe(current).instances
         view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state)

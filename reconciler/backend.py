@@ -3,7 +3,9 @@
 Teams whose runs come from many CI runners share one S3 backend: the state is
 one object, and the lock is a second object created with a conditional write
 (If-None-Match: *), so two runners can never both believe they hold it. The
-lock names its holder and expires; an expired or dead lock can be broken with
+lock names its holder and expires; its holder renews it while it works (LeasedLock,
+every write conditional on the version it last wrote) and stops if it cannot. An
+expired lock is taken over; a live, empty or garbled one is broken with
 `reconcile unlock ID`."""
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
 from reconciler.errors import LockError, ReconcileError
-from reconciler.state import ApplyLock, State, break_lock, load_state, save_state, state_from_json, state_to_json, utcnow
+from reconciler.redact import redact
+from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
+                              state_to_json, utcnow)
 
 LOCK_TTL = timedelta(minutes=30)
 
@@ -34,6 +39,11 @@ class StateBackend(Protocol):
         ...
 
     def unlock(self, lock_id: str) -> None: ...
+
+    def check_lock(self) -> None:
+        """Raise LockError if the lock this backend holds was lost (broken, taken over, not renewed):
+        called before every provider call of an apply, so a lost lock stops it there."""
+        ...
 
     def describe(self) -> str: ...
 
@@ -71,10 +81,20 @@ class LocalBackend:
     @contextlib.contextmanager
     def lock(self) -> Iterator[str]:
         with ApplyLock(self.config_dir) as held:
-            yield held.id
+            self._held = held
+            try:
+                yield held.id
+            finally:
+                self._held = None
 
     def unlock(self, lock_id: str) -> None:
         break_lock(self.config_dir, lock_id)
+
+    def check_lock(self) -> None:
+        held = getattr(self, "_held", None)
+        if held is not None and not held.still_held():
+            raise LockError(f"the lock {held.path} was broken while this apply ran (`reconcile unlock`?): "
+                            "stopped before the next provider call; run plan again")
 
     def describe(self) -> str:
         return f"local ({self.config_dir / '.reconcile'})"
@@ -111,13 +131,136 @@ class LocalBackend:
         return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
+class LeaseStore(Protocol):
+    """What a remote backend provides for its lock: one object, written only conditionally. The lock's
+    logic (expiry, takeover, renewal, unlock) is LeasedLock's, the same for every store."""
+
+    lock_url: str  # for messages: s3://bucket/prefix/lock.json
+
+    def lock_read(self) -> tuple[bytes, str] | None:
+        """The lock object's bytes and version token (S3: ETag), or None if there is none."""
+        ...
+
+    def lock_create(self, body: bytes) -> str | None:
+        """Create the lock object only if none exists (S3: If-None-Match: *): its token, or None."""
+        ...
+
+    def lock_replace(self, body: bytes, token: str) -> str | None:
+        """Overwrite it only if it is still at `token` (S3: If-Match): the new token, or None."""
+        ...
+
+    def lock_delete(self, token: str) -> bool:
+        """Delete it only if it is still at `token` (S3: If-Match); False if it is not."""
+        ...
+
+
+class LeasedLock:
+    """An expiring lock in a LeaseStore, renewed by a heartbeat while held.
+
+    The heartbeat rewrites the lock every `ttl / 3` with a later expiry, conditional on the token it
+    last wrote. If the lock was broken or taken over (the condition fails), or could not be renewed
+    before it expired, the lease is lost and check() raises: the apply stops before its next provider
+    call. (Before, the 30-minute lock was never renewed: a second runner started while a long apply
+    still ran and 13 instances were bought for 10.)"""
+
+    def __init__(self, store: LeaseStore, ttl: timedelta, renew_every: float | None = None):
+        self.store, self.ttl = store, ttl
+        self.renew_every = renew_every if renew_every is not None else max(ttl.total_seconds() / 3, 1.0)
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._token_lock = threading.Lock()
+
+    def _body(self, lock_id: str, since: str) -> bytes:
+        now = utcnow()
+        return json.dumps({"id": lock_id, "host": socket.gethostname(), "pid": os.getpid(), "since": since,
+                           "expires": (now + self.ttl).isoformat(), "run": os.environ.get("GITHUB_RUN_ID", "")}).encode()
+
+    def _refuse(self, h: dict) -> LockError:
+        return LockError(f"another apply holds the lock {self.store.lock_url}: {describe_holder(h)}; "
+                         f"if no apply is running, run `reconcile unlock {h['id']}`")
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[str]:
+        lock_id, since = uuid.uuid4().hex[:12], utcnow().isoformat()
+        for _ in range(3):
+            token = self.store.lock_create(self._body(lock_id, since))
+            if token is not None:
+                break
+            current = self.store.lock_read()
+            if current is None:
+                continue  # released between our write and our read: try again
+            h = lock_holder(current[0])
+            expires = _when(h.get("expires"))
+            if "garbled" in h or expires is None or expires >= utcnow():
+                raise self._refuse(h)
+            # Expired: its holder is gone (or stopped: it renews while alive). Replaced only if it is
+            # still the lock we read, so of two runners taking it over exactly one wins.
+            token = self.store.lock_replace(self._body(lock_id, since), current[1])
+            if token is not None:
+                break
+        else:
+            raise LockError(f"could not take the lock {self.store.lock_url} after 3 tries")
+        self.lost = None
+        self._stop.clear()
+        self._token = token
+        beat = threading.Thread(target=self._heartbeat, args=(lock_id, since), name="lock-heartbeat", daemon=True)
+        beat.start()
+        try:
+            yield lock_id
+        finally:
+            self._stop.set()
+            beat.join()
+            if self.lost is None:
+                with contextlib.suppress(ReconcileError):
+                    self.store.lock_delete(self._token)  # only if still ours: a broken lock's new holder keeps it
+
+    def _heartbeat(self, lock_id: str, since: str) -> None:
+        deadline = utcnow() + self.ttl
+        while not self._stop.wait(self.renew_every):
+            body = self._body(lock_id, since)
+            try:
+                token = self.store.lock_replace(body, self._token)
+            except ReconcileError as e:  # the store is unreachable: try again, until the lease runs out
+                if utcnow() >= deadline - timedelta(seconds=self.renew_every):
+                    self.lost = f"it could not be renewed before it expired ({e})"
+                    return
+                continue
+            if token is None:
+                self.lost = "it was broken or taken over by another runner"
+                return
+            self._token = token
+            deadline = _when(json.loads(body)["expires"]) or deadline
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise LockError(f"lost the lock {self.store.lock_url}: {self.lost}; this apply stopped before its next "
+                            "provider call (what it did so far is in the cloud); run plan again")
+
+    def unlock(self, lock_id: str) -> None:
+        current = self.store.lock_read()
+        if current is None:
+            raise LockError("no lock is held")
+        h = lock_holder(current[0])
+        if h["id"] != lock_id:
+            raise LockError(f"the lock is held by {h['id']}, not {lock_id}; refusing to break it")
+        if not self.store.lock_delete(current[1]):
+            raise LockError(f"the lock {self.store.lock_url} changed while it was being broken; look again")
+
+
+def _when(text) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+
+
 class S3Backend:
     """s3://bucket/prefix: `prefix/state.json` and `prefix/lock.json`.
 
     The endpoint comes from the standard AWS configuration (AWS_ENDPOINT_URL_S3 or
     AWS_ENDPOINT_URL for S3-compatible stores and tests); credentials from the AWS chain."""
 
-    def __init__(self, url: str, ttl: timedelta = LOCK_TTL):
+    def __init__(self, url: str, ttl: timedelta | None = None):
         u = urlparse(url)
         if u.scheme != "s3" or not u.netloc:
             raise ReconcileError(f"state backend {url!r} is not s3://bucket/prefix")
@@ -127,17 +270,19 @@ class S3Backend:
         self.prefix = f"{prefix}/" if prefix else ""
         self.state_key = f"{prefix}/state.json" if prefix else "state.json"
         self.lock_key = f"{prefix}/lock.json" if prefix else "lock.json"
-        self.ttl = ttl
+        self.ttl = ttl if ttl is not None else LOCK_TTL
         try:
             import boto3  # lazy: only teams using the s3 backend need it
             from botocore.config import Config
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the s3 state backend needs boto3: pip install 'fleetops-reconciler[aws]'") from e
         self.s3 = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
+        self.lease = LeasedLock(self, self.ttl)
 
-    def _error(self, e: Exception, what: str) -> ReconcileError:
-        code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-        return ReconcileError(f"s3 state backend: {what} s3://{self.bucket}/{self.state_key}: {code}")
+    def _error(self, e: Exception, what: str, key: str | None = None) -> ReconcileError:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
+        return ReconcileError(f"s3 state backend: {what} s3://{self.bucket}/{key or self.state_key}: {code}. Nothing was "
+                              "changed by this step; check the endpoint, the bucket and the credentials, then run again.")
 
     def load(self) -> State:
         try:
@@ -146,7 +291,7 @@ class S3Backend:
             return State()
         except Exception as e:  # botocore ClientError and connection errors
             raise self._error(e, "cannot read") from None
-        return state_from_json(body.decode())
+        return state_from_json(body, f"s3://{self.bucket}/{self.state_key}")
 
     def save(self, state: State) -> None:
         try:
@@ -154,65 +299,64 @@ class S3Backend:
         except Exception as e:
             raise self._error(e, "cannot write") from None
 
-    def holder(self) -> tuple[dict, str] | None:
-        try:
-            obj = self.s3.get_object(Bucket=self.bucket, Key=self.lock_key)
-        except self.s3.exceptions.NoSuchKey:
-            return None
-        return json.loads(obj["Body"].read()), obj["ETag"]
+    # -- the lock: LeasedLock over these four conditional operations ------------------------------
+    @property
+    def lock_url(self) -> str:
+        return f"s3://{self.bucket}/{self.lock_key}"
 
-    def _try_create(self, body: dict) -> bool:
+    @staticmethod
+    def _precondition_failed(e: Exception) -> bool:
+        r = getattr(e, "response", None) or {}
+        return r.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey") or \
+            r.get("ResponseMetadata", {}).get("HTTPStatusCode") in (404, 409, 412)
+
+    def _conditional(self, what: str, call: Callable[[], dict]) -> dict | None:
+        """The response of a conditional lock call; None if its condition failed."""
         from botocore.exceptions import ClientError
 
         try:
-            self.s3.put_object(Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(), IfNoneMatch="*")
-            return True
+            return call()
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict") or \
-                    e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
-                return False
-            raise self._error(e, "cannot lock") from None
+            if self._precondition_failed(e):
+                return None
+            raise self._error(e, what, self.lock_key) from None
+        except Exception as e:  # connection errors
+            raise self._error(e, what, self.lock_key) from None
+
+    def lock_read(self) -> tuple[bytes, str] | None:
+        try:
+            obj = self.s3.get_object(Bucket=self.bucket, Key=self.lock_key)
+            return obj["Body"].read(), obj["ETag"]
+        except self.s3.exceptions.NoSuchKey:
+            return None
+        except Exception as e:
+            raise self._error(e, "cannot read the lock", self.lock_key) from None
+
+    def lock_create(self, body: bytes) -> str | None:
+        r = self._conditional("cannot lock", lambda: self.s3.put_object(Bucket=self.bucket, Key=self.lock_key, Body=body, IfNoneMatch="*"))
+        return r["ETag"] if r is not None else None
+
+    def lock_replace(self, body: bytes, token: str) -> str | None:
+        r = self._conditional("cannot renew the lock", lambda: self.s3.put_object(Bucket=self.bucket, Key=self.lock_key, Body=body, IfMatch=token))
+        return r["ETag"] if r is not None else None
+
+    def lock_delete(self, token: str) -> bool:
+        return self._conditional("cannot unlock", lambda: self.s3.delete_object(Bucket=self.bucket, Key=self.lock_key, IfMatch=token)) is not None
+
+    def holder(self) -> tuple[dict, str] | None:
+        current = self.lock_read()
+        return (lock_holder(current[0]), current[1]) if current is not None else None
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[str]:
-        now = utcnow()
-        lock_id = uuid.uuid4().hex[:12]
-        body = {"id": lock_id, "host": socket.gethostname(), "pid": os.getpid(), "since": now.isoformat(),
-                "expires": (now + self.ttl).isoformat(), "run": os.environ.get("GITHUB_RUN_ID", "")}
-        for _ in range(3):
-            if self._try_create(body):
-                break
-            h = self.holder()
-            if h is None:
-                continue  # released between our write and our read: try again
-            info = h[0]
-            if datetime.fromisoformat(info["expires"]) < now:
-                # Expired: its holder is gone. (Two runners breaking the same expired lock at
-                # once is the one race left; S3 DeleteObject has no If-Match on every store.)
-                self.s3.delete_object(Bucket=self.bucket, Key=self.lock_key)
-                continue
-            who = f"{info.get('id')} (pid {info.get('pid')} on {info.get('host')} since {info.get('since')}, expires {info.get('expires')})"
-            raise LockError(f"another apply holds the lock s3://{self.bucket}/{self.lock_key}: {who}; "
-                            f"if it is dead, run `reconcile unlock {info.get('id')}`")
-        else:
-            raise LockError(f"could not take the lock s3://{self.bucket}/{self.lock_key} after 3 tries")
-        try:
+        with self.lease.hold() as lock_id:
             yield lock_id
-        finally:
-            if self._holds(lock_id):
-                self.s3.delete_object(Bucket=self.bucket, Key=self.lock_key)
-
-    def _holds(self, lock_id: str) -> bool:
-        h = self.holder()
-        return h is not None and h[0].get("id") == lock_id
 
     def unlock(self, lock_id: str) -> None:
-        h = self.holder()
-        if h is None:
-            raise LockError("no lock is held")
-        if h[0].get("id") != lock_id:
-            raise LockError(f"the lock is held by {h[0].get('id')}, not {lock_id}; refusing to break it")
-        self.s3.delete_object(Bucket=self.bucket, Key=self.lock_key)
+        self.lease.unlock(lock_id)
+
+    def check_lock(self) -> None:
+        self.lease.check()
 
     def describe(self) -> str:
         return f"s3 ({self.url})"

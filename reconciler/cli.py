@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError
+from reconciler.redact import redact
 
 # click's UsageError, wherever this typer takes click from (typer 0.29 vendors its own copy as typer._click).
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -96,12 +97,12 @@ def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[
     """Print an error a user can act on (every diagnostic, for a bad config) and exit."""
     if isinstance(e, ConfigError):
         for diag in e.diagnostics:
-            typer.echo(str(_as_typed(diag, config_dir)), err=True)
+            typer.echo(redact(str(_as_typed(diag, config_dir))), err=True)
         typer.echo(f"{len(e.diagnostics)} error(s) in the desired state; nothing was changed", err=True)
     elif isinstance(e, LockError) and config_dir is not None:
-        typer.echo(f"Error: {_unlock_hint(str(e), config_dir, state)}", err=True)
+        typer.echo(redact(f"Error: {_unlock_hint(str(e), config_dir, state)}"), err=True)
     else:
-        typer.echo(f"Error: {e}", err=True)
+        typer.echo(redact(f"Error: {e}"), err=True)
     raise typer.Exit(e.exit_code)
 
 

@@ -7,9 +7,15 @@ from dataclasses import dataclass
 
 
 class ReconcileError(Exception):
-    """Base of every error the reconciler raises on purpose."""
+    """Base of every error the reconciler raises on purpose. Its message never carries a URL's
+    credentials (`-o endpoint_url=http://user:PASS@host` came back in AWS's connection error)."""
 
     exit_code = 1
+
+    def __init__(self, *args):
+        from reconciler.redact import redact
+
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from providers.base import Instance, Offering, PoolTarget, Provider, ProviderContext
 from providers.registry import load_provider
@@ -64,6 +65,24 @@ def provider_for(pool: Pool, default: str) -> str:
     return pool.spec.provider or default
 
 
+class _Guarded:
+    """A provider each of whose calls first runs `guard`, which raises to stop the caller there."""
+
+    def __init__(self, provider: Provider, guard: Callable[[], None]):
+        self._provider, self._guard = provider, guard
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._provider, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*args, **kwargs):
+            self._guard()
+            return attr(*args, **kwargs)
+
+        return guarded
+
+
 class Fleet:
     """The providers a desired state needs, loaded once per run."""
 
@@ -73,10 +92,13 @@ class Fleet:
         self.default = default_provider
         self._providers: dict[str, Provider] = {}
 
+    guard: Callable[[], None] | None = None  # run before every provider call (apply: the lock's check)
+
     def provider(self, name: str) -> Provider:
         if name not in self._providers:
             self._providers[name] = load_provider(name, self.ctx)
-        return self._providers[name]
+        p = self._providers[name]
+        return _Guarded(p, self.guard) if self.guard is not None else p
 
     def pools_by_provider(self) -> dict[str, list[Pool]]:
         out: dict[str, list[Pool]] = {}

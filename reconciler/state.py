@@ -8,6 +8,8 @@ the two records is newer when they disagree (reconciler/placements.py)."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from reconciler.errors import LockError
+from reconciler.errors import LockError, ReconcileError
 
 CAPACITY_COOL_OFF = timedelta(minutes=30)
 
@@ -56,8 +58,51 @@ def state_to_json(state: State) -> str:
                        "short": state.short}, indent=1)
 
 
-def state_from_json(text: str) -> State:
-    raw = json.loads(text)
+class StateFileError(ReconcileError):
+    """The reconciler's state (a file or an object) cannot be read: nothing is planned from it."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(
+            f"{where}: cannot read the reconciler's state: {problem}. Nothing was changed. This file records which "
+            "job replica runs on which instance; restore it from a backup, or move it aside to start from an empty "
+            "state (each instance's placement tags, where its provider keeps them, then say again what runs where).")
+
+
+def _state_problem(raw) -> str | None:
+    """What is wrong with a parsed state document, if anything (its shape, not its meaning)."""
+    if not isinstance(raw, dict):
+        return f"expected a JSON object, got {type(raw).__name__}"
+
+    def str_lists(v, inner) -> bool:
+        return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, list) and all(map(inner, x)) for k, x in v.items())
+
+    if not str_lists(raw.get("placements", {}), lambda i: isinstance(i, str)):
+        return "placements is not a map of job -> [instance id]"
+    if not str_lists(raw.get("gpus", {}), lambda g: isinstance(g, list) and all(isinstance(n, int) for n in g)):
+        return "gpus is not a map of job -> [[GPU index]]"
+    if not isinstance(raw.get("serial", 0), int) or isinstance(raw.get("serial", 0), bool):
+        return "serial is not an integer"
+    short = raw.get("short", [])
+    keys = ("cloud", "zone", "instance_type", "market", "until")
+    if not isinstance(short, list) or not all(isinstance(s, dict) and all(isinstance(s.get(k), str) for k in keys) for s in short):
+        return "short is not a list of {cloud, zone, instance_type, market, until}"
+    for s in short:
+        try:
+            datetime.fromisoformat(s["until"])
+        except ValueError:
+            return f"short: until {s['until']!r} is not a time"
+    return None
+
+
+def state_from_json(text: str | bytes, where: str = "state") -> State:
+    """Parse a state document; StateFileError (naming `where`) if it is not one."""
+    try:
+        raw = json.loads(text)
+    except ValueError as e:  # also UnicodeDecodeError
+        raise StateFileError(where, f"not valid JSON ({'empty' if not text.strip() else e})") from None
+    problem = _state_problem(raw)
+    if problem:
+        raise StateFileError(where, problem)
     now = utcnow()
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
     return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
@@ -66,7 +111,13 @@ def state_from_json(text: str) -> State:
 
 def load_state(config_dir: Path) -> State:
     path = state_dir(config_dir) / "state.json"
-    return state_from_json(path.read_text()) if path.exists() else State()
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return State()
+    except OSError as e:
+        raise StateFileError(str(path), e.strerror or str(e)) from None
+    return state_from_json(text, str(path))
 
 
 def save_state(config_dir: Path, state: State) -> None:
@@ -77,44 +128,121 @@ def save_state(config_dir: Path, state: State) -> None:
     os.replace(tmp, d / "state.json")
 
 
-class ApplyLock:
-    """An exclusive lock file (O_CREAT|O_EXCL) naming its holder.
+GARBLED = "garbled-"  # the id of a lock that names no holder: "garbled-" and a digest of its bytes
 
-    A lock whose process is gone on this host is stale and taken over; one held
-    elsewhere can be broken by hand with `reconcile unlock ID`."""
+
+def lock_holder(body: bytes) -> dict:
+    """The holder a lock's bytes name. An empty or garbled lock (a write cut short, a hand edit) names
+    none: it gets an id made of its digest, so `reconcile unlock <that id>` breaks exactly that lock."""
+    try:
+        h = json.loads(body)
+    except ValueError:
+        h = None
+    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"]:
+        return h
+    what = "empty" if not body.strip() else "garbled (not a lock this tool wrote)"
+    return {"id": GARBLED + hashlib.sha256(body).hexdigest()[:8], "garbled": what}
+
+
+def describe_holder(h: dict) -> str:
+    if "garbled" in h:
+        return f"nobody: the lock is {h['garbled']}"
+    return f"{h['id']} (pid {h.get('pid')} on {h.get('host')} since {h.get('since')}" + (
+        f", expires {h['expires']})" if h.get("expires") else ")")
+
+
+class ApplyLock:
+    """An exclusive lock file naming its holder, that the holder also keeps flock()ed.
+
+    The kernel drops a flock when its process dies, so a lock whose flock can be taken is stale (its
+    holder is gone) on this host, and it is taken over by renaming a new lock file over it while
+    holding the old one's flock: of two applies racing for a dead holder's lock exactly one wins (the
+    old check-then-unlink let both in: 18 instances for 10). A lock named by another host, or one
+    that names nobody, is refused with the id `reconcile unlock ID` takes."""
 
     def __init__(self, config_dir: Path):
         self.path = state_dir(config_dir) / "apply.lock"
         self.id = uuid.uuid4().hex[:12]
+        self._fd: int | None = None
 
     def holder(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return lock_holder(self.path.read_bytes())
+        except FileNotFoundError:
             return None
+
+    def _refuse(self, h: dict) -> LockError:
+        return LockError(f"another apply holds the lock {self.path}: {describe_holder(h)}; "
+                         f"if no apply is running, run `reconcile unlock {h['id']}`")
 
     def __enter__(self) -> "ApplyLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"id": self.id, "pid": os.getpid(), "host": socket.gethostname(), "since": utcnow().isoformat()})
-        for _ in range(2):
+        body = json.dumps({"id": self.id, "pid": os.getpid(), "host": socket.gethostname(), "since": utcnow().isoformat()}).encode()
+        mine = self.path.with_name(f".apply.lock.{self.id}")
+        fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, body)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours, before the file is the lock
+            for _ in range(20):
+                try:
+                    os.link(mine, self.path)  # atomic: only if no lock exists
+                    break
+                except FileExistsError:
+                    pass
+                if self._take_over_stale(mine):
+                    break
+            else:
+                raise LockError(f"could not take the lock at {self.path}")
+        except BaseException:
+            os.close(fd)
+            mine.unlink(missing_ok=True)
+            raise
+        mine.unlink(missing_ok=True)
+        self._fd = fd
+        return self
+
+    def _take_over_stale(self, mine: Path) -> bool:
+        """True if the lock at self.path was stale and is ours now; False to try again; LockError if held."""
+        try:
+            old = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        try:
+            h = lock_holder(os.read(old, 1 << 16))
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                h = self.holder()
-                if h and h.get("host") == socket.gethostname() and not _pid_alive(h.get("pid", -1)):
-                    self.path.unlink(missing_ok=True)  # the holder died (crash, SIGKILL): take over
-                    continue
-                who = f"{h['id']} (pid {h['pid']} on {h['host']} since {h['since']})" if h else "unknown"
-                raise LockError(f"another apply holds the lock: {who}; if it is dead, run `reconcile unlock {h['id'] if h else 'ID'}`")
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-            return self
-        raise LockError(f"could not take the lock at {self.path}")
+                fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise self._refuse(h) from None  # a live process here holds it
+            try:
+                if os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(old).st_ino:
+                    return False  # replaced while we looked: look again
+            except FileNotFoundError:
+                return False
+            if "garbled" in h or h.get("host") != socket.gethostname() or _pid_alive(h.get("pid", -1)):
+                raise self._refuse(h)  # names nobody, another host, or a live process (an older version's lock)
+            os.rename(mine, self.path)  # we hold the dead lock's flock: nobody else can be doing this
+            return True
+        finally:
+            os.close(old)
+
+    def still_held(self) -> bool:
+        """Still the lock file at self.path (not broken by `reconcile unlock` while we worked)."""
+        try:
+            return self._fd is not None and os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
 
     def __exit__(self, *exc) -> None:
-        h = self.holder()
-        if h and h.get("id") == self.id:
-            self.path.unlink(missing_ok=True)
+        if self._fd is None:
+            return
+        try:
+            if os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino:
+                self.path.unlink()  # still ours (not broken by `reconcile unlock`)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
 
 def break_lock(config_dir: Path, lock_id: str) -> None:
@@ -144,4 +272,5 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-__all__ = ["State", "load_state", "save_state", "state_to_json", "state_from_json", "ApplyLock", "break_lock", "state_dir", "utcnow"]
+__all__ = ["State", "StateFileError", "load_state", "save_state", "state_to_json", "state_from_json", "ApplyLock", "break_lock",
+           "lock_holder", "describe_holder", "state_dir", "utcnow"]

@@ -17,6 +17,7 @@ from providers.base import Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
+from reconciler.redact import redact
 from reconciler.ledger import replica_charge
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan
@@ -97,9 +98,10 @@ class StatusFiles:
             return None
         except OSError as e:
             raise self._refuse(parts, e) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise self._refuse(parts, None, "is not a regular file")
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise self._refuse(parts, None, "is not a regular file")
             return f.read().decode("utf-8", errors="replace")
 
     def write(self, path: Path, text: str) -> None:
@@ -160,7 +162,7 @@ def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str) 
 
 
 def _write(files: StatusFiles, path: Path, doc: dict) -> None:
-    files.write(path, yaml.safe_dump(doc, sort_keys=False))
+    files.write(path, redact(yaml.safe_dump(doc, sort_keys=False)))
 
 
 def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],

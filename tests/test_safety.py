@@ -5,6 +5,7 @@ through the real CLI and must end in a clear error (exit 1), never a traceback o
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,255 @@ def test_status_is_never_written_through_a_symlink(applied, tmp_path):
     for args in (("apply", applied, "--auto-approve"), ("status", applied)):
         assert_clean_error(cli(*args), "status is a symlink", "Remove or move it away")
     assert [p.name for p in outside.iterdir()] == ["keep.yaml"] and _live(applied) == before
+
+
+# -- 6. corrupt files: one clear error naming the file, exit 1, nothing launched or deleted ----
+
+@pytest.fixture(scope="module")
+def applied_once(tmp_path_factory) -> Path:
+    cfg = copy_quickstart(tmp_path_factory.mktemp("applied"))
+    res = cli("apply", cfg, "--auto-approve")
+    assert res.returncode == 0, res.stderr
+    return cfg
+
+
+def _state(cfg: Path) -> Path:
+    return cfg / ".reconcile" / "state.json"
+
+
+def _journal_with_garbled_middle(cfg: Path) -> None:
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    sim = SimCloud(state_dir(cfg))
+    sim.set_fault(latency_ms=0)  # two journal entries after the snapshot
+    sim.set_fault(throttle=0)
+    lines = sim.journal.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 2
+    sim.journal.write_bytes(b"".join([lines[0], b'{"instances": {"i-1": \n', *lines[1:]]))
+
+
+# (name, how to corrupt the applied quickstart, command, what the error must say)
+CORRUPT = [
+    ("state truncated", lambda c: _state(c).write_text(_state(c).read_text()[:40]), "apply",
+     ["state.json: cannot read the reconciler's state: not valid JSON", "move it aside"]),
+    ("state garbage", lambda c: _state(c).write_bytes(b"\x00\xff\xfe garbage"), "plan",
+     ["state.json: cannot read the reconciler's state: not valid JSON"]),
+    ("state empty", lambda c: _state(c).write_text(""), "apply", ["state.json: cannot read the reconciler's state: not valid JSON (empty)"]),
+    ("state a list", lambda c: _state(c).write_text("[]"), "apply", ["state.json: cannot read the reconciler's state: expected a JSON object, got list"]),
+    ("state wrong types", lambda c: _state(c).write_text('{"placements": {"train": "i-1"}}'), "apply",
+     ["state.json: cannot read the reconciler's state: placements is not a map of job -> [instance id]"]),
+    ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
+     "apply", ["state.json: cannot read the reconciler's state: short: until 'soon' is not a time"]),
+    ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    ("sim snapshot truncated", lambda c: (c / ".reconcile/sim/cloud.json").write_text((c / ".reconcile/sim/cloud.json").read_text()[:100]), "apply",
+     ["sim/cloud.json: the simulated cloud's record is corrupt: not valid JSON", "delete"]),
+    ("sim snapshot wrong type", lambda c: (c / ".reconcile/sim/cloud.json").write_text('{"instances": [], "keys": {}, "next_id": 1, "faults": {}}'),
+     "plan", ["sim/cloud.json: the simulated cloud's record is corrupt: it is not a snapshot"]),
+    ("sim journal garbled", _journal_with_garbled_middle, "apply", ["sim/cloud.journal: the simulated cloud's record is corrupt: entry 2"]),
+    ("status/fleet.yaml a directory", lambda c: ((c / "status/fleet.yaml").unlink(), (c / "status/fleet.yaml").mkdir()), "apply",
+     ["status/fleet.yaml is not a regular file", "Remove or move it away"]),
+    ("status/jobs a file", lambda c: (shutil.rmtree(c / "status/jobs"), (c / "status/jobs").write_text("x")), "apply",
+     ["status/jobs is not a directory"]),
+    ("status file garbled", lambda c: next((c / "status/jobs").glob("*.yaml")).write_text("status: [unclosed\n"), "status",
+     ["cannot read this status file: not valid YAML (line 2)", "run apply again"]),
+    ("status file wrong shape", lambda c: (c / "status/fleet.yaml").write_text("status: {instances: many}\n"), "status",
+     ["fleet.yaml: cannot read this status file: metadata.name is missing"]),
+    ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
+     ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
+    ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),
+]
+
+
+@pytest.mark.parametrize("name,corrupt,command,needles", CORRUPT, ids=[c[0] for c in CORRUPT])
+def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt, command, needles):
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    (cfg / "jobs" / "platform.yaml").write_text((cfg / "jobs" / "platform.yaml").read_text().replace("cpu: 14", "cpu: 13"))
+    before = _live(cfg)
+    corrupt(cfg)
+    args = {"apply": ("apply", cfg, "--auto-approve"), "plan": ("plan", cfg), "status": ("status", cfg)}[command]
+    assert_clean_error(cli(*args), *needles)
+    if "sim" not in name:
+        assert _live(cfg) == before  # nothing launched or deleted on the strength of it
+
+
+@pytest.fixture
+def s3_state(aws_env, request):
+    """A bucket on the moto server, and the environment the CLI needs to use it as its state backend."""
+    import boto3
+
+    from tests.conftest import AWS_ENV
+
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL_S3": aws_env}
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    bucket = f"safety-{abs(hash(request.node.name)) % 10**8}"
+    s3.create_bucket(Bucket=bucket)
+    return env, f"s3://{bucket}/fleet", s3, bucket
+
+
+def test_garbled_s3_state_and_lock_objects(s3_state, applied_once, tmp_path):
+    env, url, s3, bucket = s3_state
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    before = _live(cfg)
+    s3.put_object(Bucket=bucket, Key="fleet/state.json", Body=b'{"placements": [1, 2')
+    assert_clean_error(cli("apply", cfg, "--auto-approve", "--state", url, env=env),
+                       f"{url}/state.json: cannot read the reconciler's state: not valid JSON", "move it aside")
+    s3.delete_object(Bucket=bucket, Key="fleet/state.json")
+
+    s3.put_object(Bucket=bucket, Key="fleet/lock.json", Body=b"\x00not json")
+    res = cli("apply", cfg, "--auto-approve", "--state", url, env=env)
+    assert_clean_error(res, f"another apply holds the lock {url}/lock.json: nobody: the lock is garbled", "reconcile unlock garbled-")
+    lock_id = res.stderr.split("reconcile unlock ")[1].split()[0].rstrip("`")
+    assert_clean_error(cli("unlock", "garbled-00000000", "--state", url, env=env), f"held by {lock_id}, not garbled-00000000")
+    res = cli("unlock", lock_id, "--state", url, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleet/lock.json")
+    assert _live(cfg) == before
+
+
+def test_refused_s3_endpoint_and_url_credentials_are_redacted(applied_once, tmp_path, aws_env):
+    from tests.conftest import AWS_ENV
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    before = _live(cfg)
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL_S3": "http://fleet:S3CRETPASS@127.0.0.1:9"}  # nothing listens on port 9
+    res = cli("apply", cfg, "--auto-approve", "--state", "s3://bucket/fleet", env=env)
+    assert_clean_error(res, "s3 state backend: cannot lock s3://bucket/fleet/lock.json", "http://***@127.0.0.1:9")
+    assert "S3CRETPASS" not in res.stdout + res.stderr and _live(cfg) == before
+
+    # The AWS provider's connection error echoed the endpoint with its password.
+    aws = copy_quickstart(tmp_path / "aws").parent / "aws-only"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "aws-only", aws)
+    res = cli("plan", aws, "--provider", "aws", "-o", "endpoint_url=http://ops:P4SSW0RD@127.0.0.1:9", env=dict(AWS_ENV), timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "P4SSW0RD" not in res.stdout + res.stderr and "***@127.0.0.1:9" in res.stderr, res.stderr
+
+
+# -- 5. locks ------------------------------------------------------------------------------
+
+RACER = """
+import json, os, sys, time
+from pathlib import Path
+from reconciler.errors import LockError
+from reconciler.state import ApplyLock
+cfg, start = Path(sys.argv[1]), float(sys.argv[2])
+while time.time() < start:
+    pass
+try:
+    with ApplyLock(cfg) as held:
+        print("won", held.id, flush=True)
+        time.sleep(1.5)
+except LockError as e:
+    print("lost", e, flush=True)
+"""
+
+
+def test_stale_local_lock_is_taken_over_by_exactly_one_of_many_racers(tmp_path):
+    import json
+    import socket
+    import time
+
+    cfg = tmp_path / "cfg"
+    (cfg / ".reconcile").mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for attempt in range(3):  # the race is the kernel's to interleave: give it a few chances to bite
+        (cfg / ".reconcile" / "apply.lock").write_text(json.dumps(
+            {"id": "deadbeef0000", "pid": dead.pid, "host": socket.gethostname(), "since": "2026-01-01T00:00:00+00:00"}))
+        start = time.time() + 2.0
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(cfg), str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for _ in range(6)]
+        outs = [r.communicate(timeout=120) for r in racers]
+        won = [o for o, _ in outs if o.startswith("won")]
+        assert len(won) == 1, outs
+        assert all(o.startswith(("won", "lost another apply holds the lock")) for o, _ in outs), outs
+        assert not (cfg / ".reconcile" / "apply.lock").exists()  # released by the winner
+        assert not list((cfg / ".reconcile").glob(".apply.lock.*"))  # no leftovers
+
+
+def test_garbled_local_lock_is_named_and_unlock_breaks_it(applied):
+    (applied / ".reconcile" / "apply.lock").write_text("{not json")
+    res = cli("apply", applied, "--auto-approve")
+    assert_clean_error(res, "nobody: the lock is garbled", "reconcile unlock garbled-")
+    lock_id = res.stderr.split("reconcile unlock ")[1].split()[0].rstrip("`")
+    res = cli("unlock", lock_id, "--dir", applied)
+    assert res.returncode == 0, res.stderr
+    assert cli("apply", applied, "--auto-approve").returncode == 0
+
+
+def test_s3_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(s3_state, monkeypatch):
+    import time
+    from datetime import timedelta
+
+    from reconciler.backend import S3Backend
+    from reconciler.errors import LockError
+
+    env, url, s3, bucket = s3_state
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env["AWS_ENDPOINT_URL_S3"])
+    holder, other = S3Backend(url, ttl=timedelta(seconds=3)), S3Backend(url, ttl=timedelta(seconds=3))
+    with holder.lock() as lock_id:
+        first = s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read()
+        time.sleep(5)  # past the 3 s it was first taken for: renewed, so still held
+        with pytest.raises(LockError, match=f"another apply holds the lock {url}/lock.json: {lock_id}"):
+            with other.lock():
+                pass
+        assert s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read() != first  # a later expiry
+        holder.check_lock()
+        other.unlock(lock_id)  # an operator breaks it (or a runner takes it over): the holder must notice
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                holder.check_lock()
+            except LockError as e:
+                assert "lost the lock" in str(e) and "broken or taken over" in str(e)
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the holder never noticed it lost the lock")
+        with other.lock():  # the new holder's lock is not deleted by the old holder leaving
+            pass
+
+
+def test_apply_stops_before_the_next_provider_call_when_its_s3_lock_is_lost(s3_state, monkeypatch, tmp_path):
+    import time
+    from datetime import timedelta
+
+    from providers.sim import SimCloud
+    from reconciler import api, backend
+    from reconciler.errors import LockError
+    from reconciler.state import state_dir
+
+    env, url, s3, bucket = s3_state
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env["AWS_ENDPOINT_URL_S3"])
+    monkeypatch.setattr(backend, "LOCK_TTL", timedelta(seconds=3))
+    cfg = copy_quickstart(tmp_path)
+    sim = SimCloud(state_dir(cfg))
+    sim.set_fault(latency_ms=1500)  # a slow cloud: the apply outlives its 3 s lease several times
+    created = []
+
+    def on_event(e):  # after the 2nd launch, someone else breaks the lock (or takes over an expired one)
+        if e.action == "create" and e.phase == "finished":
+            created.append(e.target)
+            if len(created) == 2:
+                s3.delete_object(Bucket=bucket, Key="fleet/lock.json")
+
+    outcome = [_catch(lambda: api.apply(cfg, state=url, time_limit=2, on_event=on_event))]
+    assert isinstance(outcome[0], LockError) and "lost the lock" in str(outcome[0]), outcome
+    made = _live(cfg)
+    assert len(made) < 10  # stopped part-way, not after buying the whole fleet
+    with sim.world(write=False) as w:
+        calls = w["calls"]
+    time.sleep(2)
+    with sim.world(write=False) as w:
+        assert w["calls"] == calls  # and no call after
+    assert _live(cfg) == made
+
+
+def _catch(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        return e
