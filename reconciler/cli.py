@@ -333,10 +333,8 @@ def explain(
     state: Optional[str] = StateOpt,
 ) -> None:
     """Why JOB runs where it does, or why it is pending and which single change would place it."""
-    from dataclasses import asdict
-
     from reconciler import api
-    from reconciler.render import render_explanation
+    from reconciler.render import render_explanation, render_explanation_json
 
     if fmt not in ("human", "json"):
         raise typer.BadParameter("--format must be human or json")
@@ -344,7 +342,7 @@ def explain(
         e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as err:
         _fail(err, config_dir, state)
-    typer.echo(json.dumps(asdict(e), indent=2) if fmt == "json" else render_explanation(e), nl=False)
+    typer.echo(render_explanation_json(e) if fmt == "json" else render_explanation(e), nl=False)
 
 
 @app.command()

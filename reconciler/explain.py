@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from reconciler.ledger import money
 from reconciler.problem import DIMS, Capacity, Demand, Problem, TenantRules, fit, rules_allow, share
+from reconciler.whatif import WhatIf
 
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
@@ -229,14 +231,16 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         try:
             p2 = resolve(relaxed)
         except Exception as e:  # a relaxation that breaks another rule is simply not an answer
-            tried.append(f"{label}: {e}")
+            tried.append(WhatIf(f"{label}: {e}", change=label, outcome="refused", reason=str(e)))
             continue
         jc = next((j for j in p2.jobs if j.job == job), None)
         if jc is not None and jc.instances:
             delta = p2.cost_after - plan.cost_after
-            would.append(f"{label}: it would run ({'+' if delta >= 0 else ''}${delta:,.2f}/h for the fleet)")
+            would.append(WhatIf(f"{label}: it would run ({'+' if delta >= -0.005 else ''}{money(delta)}/h for the fleet)",
+                                change=label, outcome="runs", fleet_cost_delta=delta))
         else:
-            tried.append(f"{label}: still pending ({jc.reason if jc else 'gone'})")
+            why = jc.reason if jc else "gone"
+            tried.append(WhatIf(f"{label}: still pending ({why})", change=label, outcome="still pending", reason=why))
     return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
 
 

@@ -247,3 +247,15 @@ def render_status(st: dict) -> str:
         else:
             lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
     return "\n".join(lines) + "\n"
+
+
+def render_explanation_json(e) -> str:
+    """`reconcile explain --format json`: would_change and tried as objects (change, outcome, $/h, other jobs)."""
+    from dataclasses import asdict
+
+    from reconciler.whatif import as_dict
+
+    body = asdict(e)
+    body["would_change"] = [as_dict(w) for w in e.would_change]
+    body["tried"] = [as_dict(w) for w in e.tried]
+    return json.dumps(body, indent=2) + "\n"

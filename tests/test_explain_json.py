@@ -1,0 +1,34 @@
+"""`reconcile explain --format json`: what would change a pending job's fate, as data a tool can read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from reconciler.cli import app
+from tests.fleetkit import doc, job, pool, tenant, topology, write_config
+
+A100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}  # one a2-highgpu-1g each, $3.67/h on demand
+
+
+def test_would_change_and_tried_are_structured(tmp_path):
+    """A $8/h tenant budget runs two of three $3.67/h jobs; the third's way out is data: the change, that it then
+    runs, and what that costs the fleet per hour (one more job: +$3.67/h)."""
+    docs = [topology(), tenant("a"), pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"], hi=3),
+            doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"a": 8.0}})]
+    docs += [job(f"j{i}", tenant="a", priority=p, **A100) for i, p in enumerate(["high", "normal", "low"])]
+    cfg = write_config(tmp_path / "cfg", docs)
+    out = CliRunner().invoke(app, ["explain", str(cfg), "j2", "--format", "json", "--time-limit", "5"])
+    assert out.exit_code == 0, out.output
+    e = json.loads(out.output)
+    assert e["state"] == "pending"
+    budget = [w for w in e["would_change"] if w["change"].startswith("raise tenant a's hourly budget")]
+    assert budget, e["would_change"]
+    w = budget[0]
+    assert w["outcome"] == "runs" and w["evicts"] == [] and isinstance(w["fleet_cost_delta_per_hour"], float)
+    assert w["fleet_cost_delta_per_hour"] == pytest.approx(3.67, abs=0.01)
+    assert w["text"].startswith(w["change"] + ": it would run (+$3.67/h")
+    for t in e["tried"]:
+        assert t["outcome"] in ("still pending", "refused") and t["reason"] and t["change"]
