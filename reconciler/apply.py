@@ -274,6 +274,36 @@ def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: A
             report.failures.append(f"clean up {name}: {e} (the next run tries again)")
 
 
+def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, list[str]], gpus: dict[str, list[list[int]]],
+                        stranded: set[str], report: ApplyReport) -> None:
+    """A job the plan puts on an instance whose resident could not leave (its new instance was
+    not created) would share its GPUs and room with it: 16 of 8 GPUs, both on GPUs 0-7. It is
+    not put there: it stays where it runs (which strands that instance in turn) or, new, waits
+    for the next plan, which sees the fleet as it is."""
+    changed = True
+    while changed:
+        changed = False
+        for j in plan.jobs:
+            ids = placements.get(j.job)
+            if ids is None or ids == list(j.previous):
+                continue
+            blocked = sorted({iid for iid in ids if iid in stranded and iid not in j.previous})
+            if not blocked:
+                continue
+            changed = True
+            report.failures.append(f"{j.job} not put on {', '.join(blocked)}: what runs there could not move (its new instance "
+                                   "was not created); " + ("it stays where it runs" if j.previous else "the next run places it"))
+            if j.previous:
+                placements[j.job] = list(j.previous)
+                gpus.pop(j.job, None)
+                if j.job in observed.gpu_indices:
+                    gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
+                stranded.update(j.previous)
+            else:
+                del placements[j.job]
+                gpus.pop(j.job, None)
+
+
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,
                on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyReport:
     """on_event: told of every action as it starts and ends (ApplyEvent). should_stop: asked before each
@@ -338,6 +368,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
                     gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
                 stranded.update(j.previous)
         # evicted and pending jobs are no longer placed
+    _hold_back_arrivals(plan, observed, placements, gpus, stranded, report)
 
     leaving = {d.instance_id for d in plan.deletes} - stranded  # retagging those would be wasted
     _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placements, gpus),

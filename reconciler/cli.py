@@ -77,7 +77,9 @@ app.add_typer(sim_app, name="sim")
 
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
-TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT time limit in seconds (0: greedy best-fit only).")
+TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT work limit, about seconds on an idle core; counted in the "
+                            "solver's deterministic work, so a busy machine gives the same plan (0: greedy best-fit only). The wall "
+                            "clock is capped at 10x this + 30 s: past it, the plan is greedy's and says so.")
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
 StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default) or s3://bucket/prefix.")
 GapOpt = typer.Option(0.03, "--gap", help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")

@@ -23,6 +23,7 @@ from reconciler.problem import Capacity, Demand, Problem, fit, shape_changes, sh
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
+UNPACKED = "its instances could not be packed without breaking a pool or budget limit; the next run retries"
 JobAction = Literal["keep", "place", "move", "evict", "pending"]
 
 
@@ -72,11 +73,17 @@ class SolverReport:
     status: str
     optimal: bool
     gap: float
-    seconds: float
-    tiers: tuple[dict, ...] = ()  # what each objective tier reached (name, value, bound, status)
+    seconds: float  # wall clock: shown to people, left out of the JSON (the same input gives the same JSON)
+    tiers: tuple[dict, ...] = ()  # what each objective tier reached (name, value, bound, status, proven)
     scope: tuple[int, int] = (0, 0)  # existing instances solved, frozen as they are
     repairs: int = 0  # instances added by the packer where aggregate counts did not pack
     note: str = ""
+    work: float = 0.0  # CP-SAT deterministic seconds spent (--time-limit bounds them)
+
+    @property
+    def unproven(self) -> list[str]:
+        """Tiers whose value is not proven best: the plan holds at least greedy's there."""
+        return [t["name"] for t in self.tiers if not t.get("proven", t.get("status") in ("HELD", "OPTIMAL"))]
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,9 @@ class Plan:
         return {"create": len(self.creates), "delete": len(self.deletes), **c}
 
     def to_json(self) -> str:
-        return json.dumps(_json_ready(self), indent=2, sort_keys=False)
+        raw = _json_ready(self)
+        del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
+        return json.dumps(raw, indent=2, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -142,7 +151,7 @@ class Plan:
             jobs=tuple(JobChange(**{**j, "instances": tuple(j["instances"]), "previous": tuple(j["previous"]),
                                     "gpus": tuple(tuple(g) for g in j.get("gpus", ()))}) for j in raw["jobs"]),
             cost_before=raw["cost_before"], cost_after=raw["cost_after"],
-            solver=SolverReport(**{**solver, "tiers": tuple(solver.get("tiers", ())), "scope": tuple(solver.get("scope", (0, 0)))}),
+            solver=SolverReport(**{"seconds": 0.0, **solver, "tiers": tuple(solver.get("tiers", ())), "scope": tuple(solver.get("scope", (0, 0)))}),
             violations=tuple(raw.get("violations", ())), kept=dict(raw.get("kept", {})),
             consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
             notes=tuple(raw.get("notes", ())),
@@ -426,7 +435,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                 jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))
             else:
                 if job in unpacked:
-                    reason = "its instances could not be packed without breaking a pool or budget limit; the next run retries"
+                    reason = UNPACKED
                 else:
                     reason = problem.static_pending.get(job) or pending_reason(d, problem, solution, job)
                 jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, reason))
@@ -446,8 +455,8 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         solver=SolverReport(
             solution.status, solution.optimal, round(solution.gap, 6), round(solution.seconds, 3),
             tiers=tuple({"name": t.name, "value": t.value, "bound": t.bound if t.bound is None else round(t.bound, 3), "status": t.status,
-                         "seconds": round(t.seconds, 3)} for t in solution.tiers),
-            scope=solution.scope, repairs=repairs, note=solution.note,
+                         "proven": t.proven} for t in solution.tiers),
+            scope=solution.scope, repairs=repairs, note=solution.note, work=solution.work_spent,
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
@@ -542,6 +551,28 @@ def _spare(cap: Capacity, problem: Problem, pool_count: dict[str, int], fleet: d
     return fleet["spot"] == 0 or prim(cap) == 0  # (a CPU instance counts nothing in a GPU fleet's spot rules)
 
 
+def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
+    """The README's order as a finished plan shows it, higher is better: per priority class from
+    the highest, the running work kept (in place or moved, by size), then all work placed
+    (priority x size); then fewer evicted jobs. The solver's tiers hold for its counts; packing
+    can only drop jobs from them (`unpacked`), which this order sees."""
+    running = {j for d in problem.demands for j, _ in d.running}
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    classes = sorted({d.klass for d in problem.demands}, reverse=True)
+    out: list[int] = []
+    for c in classes:
+        ds = [d for d in problem.demands if d.klass == c]
+        out.append(sum(d.job_size for d in ds for j in d.jobs if j in placed and j in running))
+        out.append(sum(d.weight for d in ds for j in d.jobs if j in placed))
+    out.append(-sum(1 for j in running if j not in placed))
+    return tuple(out)
+
+
+def unpacked(plan: Plan) -> int:
+    """Jobs the solver placed that the packer could not (see make_plan)."""
+    return sum(1 for j in plan.jobs if j.reason == UNPACKED)
+
+
 def _move_note(job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
                solution: Solution) -> str:
     gone = observed.lost.get(job)
@@ -577,4 +608,4 @@ def _consolidation(problem: Problem, jobs: list[JobChange], deletes: list[Delete
     return Consolidation(replicas, removed, round(saving, 4), round(cost, 2))
 
 
-__all__ = ["Plan", "CreateAction", "DeleteAction", "JobChange", "Consolidation", "make_plan", "plan_id"]
+__all__ = ["Plan", "CreateAction", "DeleteAction", "JobChange", "Consolidation", "make_plan", "plan_id", "outcome_rank", "unpacked"]

@@ -28,18 +28,24 @@ def summary_line(plan: Plan) -> str:
 
 def _solver_line(plan: Plan) -> str:
     s = plan.solver
+    took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
     if s.status == "GREEDY_FALLBACK":
-        why = s.note or f"CP-SAT found no solution in {s.seconds:.2f}s"
+        why = s.note or f"CP-SAT found no solution{took}"
         return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
+    unproven = s.unproven
     if s.optimal:
         quality = "optimal"
+    elif unproven:
+        # The gap speaks of cost at the tiers reached; with a work tier not proven it would read as a promise it is not.
+        quality = (f"stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; each at least "
+                   "greedy's), so no optimality gap is claimed")
     elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
         quality = "at the least possible cost ($0.00/h)"
     else:
-        quality = f"within {s.gap:.2%} of the LP bound"
+        quality = f"every tier proven best; cost within {s.gap:.2%} of the LP bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
-    return f"CP-SAT {quality} in {s.seconds:.2f}s{scope}{repairs}; plan {plan.id}"
+    return f"CP-SAT {quality}{took}{scope}{repairs}; plan {plan.id}"
 
 
 def where(j) -> str:
@@ -166,8 +172,10 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines.append("")
     if plan.solver.tiers:
         lines += ["<details><summary>Objective tiers (each held while the next was solved)</summary>", ""]
-        lines += _md_table(["tier", "value", "best possible", "how"], [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower()]
-                                                                     for t in plan.solver.tiers], note)
+        unproven = set(plan.solver.unproven)
+        lines += _md_table(["tier", "value", "best possible", "how", "proven"],
+                           [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower(),
+                             "no: at least greedy's" if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
         lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
     text = "\n".join(lines) + "\n"

@@ -54,6 +54,12 @@ class TierReport:
     status: str  # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN
     seconds: float
 
+    @property
+    def proven(self) -> bool:
+        """Its value is the best possible (held at a bound, or searched to optimality); a
+        FEASIBLE or UNKNOWN tier holds at least the warm start's value, which may not be the best."""
+        return self.status in ("HELD", "OPTIMAL")
+
 
 @dataclass(frozen=True)
 class Solution:
@@ -77,6 +83,7 @@ class Solution:
     note: str = ""
     lp_bound: float | None = None  # USD/h: the LP relaxation's least instance cost at the same tiers (if asked)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per solver phase, for the benchmark
+    work_spent: float = 0.0  # CP-SAT deterministic seconds spent (the limit is --time-limit of them)
 
 
 # ---------------------------------------------------------------- the model
@@ -779,7 +786,7 @@ def _free_room(h: Capacity, demands: dict[str, Demand]) -> dict[str, float]:
     return free
 
 
-def _complete(model: "_Model", tiers: list[_Tier], s: cp_model.CpSolver) -> list[int] | None:
+def _complete(model: "_Model", tiers: list[_Tier], s: cp_model.CpSolver, clock: "_Work", work: float) -> list[int] | None:
     """A full solution from the hinted primary variables (instances, stays, placements): every
     helper variable set as high as those placements allow in each tier (max tiers count double
     the borrowed ones so the guaranteed/borrowed split favours the guarantee)."""
@@ -790,7 +797,7 @@ def _complete(model: "_Model", tiers: list[_Tier], s: cp_model.CpSolver) -> list
         terms.append(t.expr * (w if t.sense == "max" else -w))
     if terms:
         m.maximize(sum(terms))
-    st = s.solve(m)
+    st = clock.solve(s, m, work)
     m.clear_hints()
     return list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
 
@@ -842,51 +849,125 @@ def _flatten(expr):
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
+# One CP-SAT worker: its search is a function of the model, the seed and the work limit; a parallel
+# portfolio's answer depends on how its threads are scheduled (the same input gave 0 and 2,237
+# jobs placed, or another cloud, from one run to the next). Interleaved search is deterministic
+# too, but overran its work limit 2x and took 4x the wall time of one worker on the same model.
+WORKERS = 1
+# The search is bounded by work: CP-SAT's deterministic seconds, counted the same on a busy machine
+# as on an idle one. --time-limit T buys T x WORK_PER_SECOND of them: on these models one took 2-3 s
+# of CPU (a 1.25 work-second tier search of an 800-job gang fleet: 21.5 s wall at load 12 on
+# 2 cores, ~3.6 s of CPU), so T is about the wall time on an idle core. The wall clock is only a
+# safety cap, at WALL_FACTOR x T + WALL_SLACK; when it is hit the plan is greedy's, which is
+# as deterministic, and says so.
+WORK_PER_SECOND = 0.3
+WALL_FACTOR, WALL_SLACK = 10.0, 30.0
+WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
+
+
+class _WallCap(Exception):
+    """The wall-clock safety cap was hit: the search result would depend on the machine's load."""
+
+
+class _Work:
+    """The search's budget in deterministic seconds, spent stage by stage, with the wall clock as
+    a safety cap. Every decision reads `used`, which CP-SAT counts deterministically (one worker)."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.used = 0.0
+
+    def solve(self, s: cp_model.CpSolver, m: cp_model.CpModel, work: float) -> int:
+        wall = self.deadline - time.monotonic()
+        if wall <= 0:
+            raise _WallCap
+        work = max(0.01, work)
+        s.parameters.max_deterministic_time = work
+        s.parameters.max_time_in_seconds = wall
+        st = s.solve(m)
+        used = s.response_proto.deterministic_time
+        self.used += used
+        if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and used < work * 0.999 and s.wall_time >= wall * 0.99:
+            raise _WallCap  # stopped by the wall clock, not by its work limit
+        return st
 
 
 def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None, seed: int = 0,
           with_lp_bound: bool = False, gap_limit: float = GAP_LIMIT, decompose: bool = True) -> Solution:
-    """Solve within time_limit seconds; the cost stage stops early once within gap_limit of the
-    LP bound. with_lp_bound: also report the LP relaxation's least instance cost at the same
-    tiers (the benchmark's yardstick). Independent parts (`components`) are solved one by one,
-    each with a share of the time by size."""
-    if decompose and time_limit > 0:
-        parts = components(problem)
-        if len(parts) > 1:
-            return _solve_parts(problem, parts, time_limit, workers, seed, with_lp_bound, gap_limit)
+    """Solve with at most time_limit x WORK_PER_SECOND deterministic seconds of CP-SAT work (`_Work`); the cost
+    stage stops early once within gap_limit of the LP bound. The same problem always gives the
+    same solution: nothing here reads the clock except the wall-clock safety cap (WALL_FACTOR),
+    whose fallback is greedy's plan. Every tier is at least the warm start's (greedy's), held as
+    its floor, and the finished answer is compared with the warm start tier by tier.
+    with_lp_bound: also report the LP relaxation's least instance cost at the same tiers (the
+    benchmark's yardstick). Independent parts (`components`) are solved one by one, each with
+    a share of the work by size."""
+    t0 = time.monotonic()
+    if time_limit <= 0:  # --time-limit 0: greedy best-fit only
+        return _from_assignment(problem, _warm_start(problem), "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
+    clock = _Work(t0 + WALL_FACTOR * time_limit + WALL_SLACK)
+    work = time_limit * WORK_PER_SECOND
+    try:
+        if decompose:
+            parts = components(problem)
+            if len(parts) > 1:
+                return _solve_parts(problem, parts, work, workers, seed, with_lp_bound, gap_limit, clock)
+        return _solve_one(problem, work, workers, seed, with_lp_bound, gap_limit, clock)
+    except _WallCap:
+        cap = WALL_FACTOR * time_limit + WALL_SLACK
+        return _from_assignment(problem, _warm_start(problem), "GREEDY_FALLBACK", t0,
+                                note=f"the solver's wall-clock safety cap ({cap:.0f} s) was hit before its work limit (a busy machine?): "
+                                     "greedy best-fit, as every run on this input gets when the cap is hit")
+
+
+def _warm_start(problem: Problem) -> Assignment:
+    """Greedy best-fit; on a fleet with instances, the fleet as it is completed greedily when it
+    is as good (so a quiet fleet is not churned for what greedy alone would rebuild differently)."""
+    g = greedy(problem)
+    if any(c.existing for c in problem.capacities):
+        kept = greedy(problem, keep_fleet=True)
+        if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
+            g = kept
+    return g
+
+
+def _better(a: list[int], b: list[int], tiers: list[_Tier]) -> bool:
+    """a ranks strictly above b in the lexicographic order of the tiers."""
+    for t, x, y in zip(tiers, a, b):
+        if x != y:
+            return (x > y) if t.sense == "max" else (x < y)
+    return False
+
+
+def _solve_one(problem: Problem, budget: float, workers: int | None, seed: int, with_lp_bound: bool, gap_limit: float,
+               clock: _Work) -> Solution:
     t0 = time.monotonic()
     phases: dict[str, float] = {}
+    spent0 = clock.used
 
     def lap(name: str, since: list[float] = [t0]) -> None:  # noqa: B006 - a per-call clock
         now = time.monotonic()
         phases[name] = phases.get(name, 0.0) + now - since[0]
         since[0] = now
 
-    g = greedy(problem)
-    if any(c.existing for c in problem.capacities):
-        # The fleet as it is, completed greedily: where its cost is as good, it is the warm start,
-        # so a quiet fleet is not churned for what greedy alone would rebuild differently.
-        kept = greedy(problem, keep_fleet=True)
-        if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
-            g = kept
+    def left() -> float:  # this problem's work left, deterministic seconds
+        return budget - (clock.used - spent0)
+
+    g = _warm_start(problem)
     lap("greedy")
-    if time_limit <= 0:  # --time-limit 0: greedy best-fit only
-        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
     model = _Model(problem, g)
     m = model.m
     tiers = model.tiers()
     cost = model.cost()
     lap("model")
-    deadline = t0 + time_limit
-    n_workers = workers or max(1, min(8, os.cpu_count() or 1))
+    n_workers = workers or WORKERS
     if len(m.proto.variables) < EXACT_BELOW:
         gap_limit = 0.0
 
-    def solver_for(seconds: float, presolve: bool = False, **params) -> cp_model.CpSolver:
+    def solver_for(presolve: bool = False, **params) -> cp_model.CpSolver:
         s = cp_model.CpSolver()
         s.parameters.num_workers = n_workers
         s.parameters.random_seed = seed
-        s.parameters.max_time_in_seconds = max(0.05, seconds)
         # Presolve costs more than it saves on these models (0.7 s of a 1k-job cost stage) and
         # a complete hint is a solution at once without it.
         s.parameters.cp_model_presolve = presolve
@@ -898,9 +979,15 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
             setattr(s.parameters, k, v)
         return s
 
-    # Warm start: greedy's answer, completed into a full solution of this model.
+    # Warm start: greedy's answer, completed into a full solution of this model. Its tier values
+    # are every tier's floor; without them nothing could promise an answer at least greedy's.
     model.hint_from(g)
-    best = _complete(model, tiers, solver_for(min(2.0, max(0.2, time_limit * 0.1)), fix_variables_to_their_hinted_value=True))
+    best = _complete(model, tiers, solver_for(fix_variables_to_their_hinted_value=True), clock,
+                     max(WARM_WORK[0], WARM_WORK[1] * budget))
+    if best is None:
+        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0,
+                                note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit")
+    warm = [_value(best, t.expr) for t in tiers]
     cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     lap("warm start")
 
@@ -919,12 +1006,12 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
             lp.add(vs, cs, off, -(2**62), value)
 
     reports: list[TierReport] = []
-    stage1_end = t0 + time_limit * 0.5
+    stage1 = budget * 0.5  # work for the tiers; the cost stage has the rest
     for i, tier in enumerate(tiers):
         ts = time.monotonic()
         bound = tier.bound
-        hv = _value(best, tier.expr) if best is not None else None
-        if hv is not None and ((hv >= bound) if tier.sense == "max" else (hv <= bound)):
+        hv = _value(best, tier.expr)
+        if (hv >= bound) if tier.sense == "max" else (hv <= bound):
             hold(tier.expr, hv, tier.sense)  # the warm start reaches the tier's best value: nothing to solve
             reports.append(TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts))
             continue
@@ -932,41 +1019,33 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         res = lp.optimum(vs, cs, off, maximize=tier.sense == "max")
         if res is not None:
             bound = min(bound, _proven(res[0], "max")) if tier.sense == "max" else max(bound, _proven(res[0], "min"))
-        if best is not None:
-            hv = _value(best, tier.expr)
-            if (hv >= bound) if tier.sense == "max" else (hv <= bound):
-                hold(tier.expr, hv, tier.sense)
-                reports.append(TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts))
-                continue
-            model.set_full_hint(best)
+        if (hv >= bound) if tier.sense == "max" else (hv <= bound):
+            hold(tier.expr, hv, tier.sense)
+            reports.append(TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts))
+            continue
+        hold(tier.expr, hv, tier.sense)  # the floor: what the answer so far (at least greedy's) reaches
+        model.set_full_hint(best)
         m.maximize(tier.expr) if tier.sense == "max" else m.minimize(tier.expr)
-        s = solver_for(max(0.1, (stage1_end - time.monotonic()) / max(1, len(tiers) - i)))
-        st = s.solve(m)
+        s = solver_for()
+        st = clock.solve(s, m, max(0.05, (stage1 - (clock.used - spent0)) / max(1, len(tiers) - i)))
         m.clear_hints()
         if st == cp_model.INFEASIBLE:
-            raise SolverError(
-                "the fleet's hard rules contradict each other even with no job placed: check pool min_instances "
-                "against max_hourly_budget, tenant budgets, max_spot_fraction, the on-demand buffer and pools that can buy nothing"
-            )
-        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            raise SolverError("internal: a tier is infeasible although the warm start reaches every tier held so far")
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and ((s.objective_value > hv) if tier.sense == "max" else (s.objective_value < hv)):
             val = round(s.objective_value)
             hold(tier.expr, val, tier.sense)
             best = list(s.response_proto.solution)
             # Its other tiers' helper variables are whatever the search left: settle them at their
             # best for these placements, so later tiers are judged on what this answer really reaches.
             model.set_primary_hint(best)
-            best = _complete(model, tiers, solver_for(1.0, fix_variables_to_their_hinted_value=True)) or best
-            reports.append(TierReport(tier.name, tier.sense, val, max(bound, s.best_objective_bound) if tier.sense == "min" else min(bound, s.best_objective_bound),
-                                      s.status_name(st), time.monotonic() - ts))
-        elif best is not None:
-            hv = _value(best, tier.expr)
-            hold(tier.expr, hv, tier.sense)
-            reports.append(TierReport(tier.name, tier.sense, hv, bound, "UNKNOWN", time.monotonic() - ts))
+            best = _complete(model, tiers, solver_for(fix_variables_to_their_hinted_value=True), clock, 1.0) or best
         else:
-            reports.append(TierReport(tier.name, tier.sense, 0, bound, "UNKNOWN", time.monotonic() - ts))
-    if cost_hint is not None and any(
-        (_value(cost_hint, t.expr) < r.value) if t.sense == "max" else (_value(cost_hint, t.expr) > r.value) for t, r in zip(tiers, reports)
-    ):
+            val = hv  # no better answer than the floor, which is held
+        proven_bound = s.best_objective_bound if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else bound
+        bound = max(bound, proven_bound) if tier.sense == "min" else min(bound, proven_bound)
+        status = "OPTIMAL" if st == cp_model.OPTIMAL else ("FEASIBLE" if st == cp_model.FEASIBLE else "UNKNOWN")
+        reports.append(TierReport(tier.name, tier.sense, val, bound, status, time.monotonic() - ts))
+    if any((_value(cost_hint, t.expr) < r.value) if t.sense == "max" else (_value(cost_hint, t.expr) > r.value) for t, r in zip(tiers, reports)):
         cost_hint = None
     hint = cost_hint if cost_hint is not None else best
     lap("tiers")
@@ -980,10 +1059,10 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         m.add(cost >= _proven(lb, "min"))  # a valid cut: CP-SAT's own bound starts there
     lap("lp")
     status, value = "UNKNOWN", None
-    hint_value = _value(hint, cost) if hint is not None and not isinstance(cost, int) else None
+    hint_value = _value(hint, cost) if not isinstance(cost, int) else None
     if hint_value is not None and lb is not None and hint_value - lb <= gap_limit * max(hint_value, 1):
         value = hint_value  # already within the gap of the bound: no search, so no churn for crumbs
-    elif hint is not None and res is not None:
+    elif res is not None:
         sub = m.clone()
         lpv = res[1]
         for v in list(model.x.values()) + [u for u in model.use.values() if not isinstance(u, int)]:
@@ -993,26 +1072,25 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
                 dom[0], dom[1] = 0, 0
         sub.minimize(cost)
         _set_hints(sub, enumerate(hint))
-        # One worker: CP-SAT's LP-guided search, which is what finds good answers in this small
+        # One worker, CP-SAT's LP-guided search, which is what finds good answers in this small
         # neighbourhood (2 workers gave 12.8k-14.0k $/h at 1k jobs depending on the seed; 1 gives
         # 12.8k). It stops once within the gap of the LP bound (the cut above is in the clone):
-        # about 0.2 s at 1k jobs, 2.3 s at 5k; up to half the time left otherwise.
-        s = solver_for(max(0.1, (deadline - time.monotonic()) * 0.5), presolve=True, num_workers=1, linearization_level=2,
+        # about 0.2 s at 1k jobs, 2.3 s at 5k; up to half the work left otherwise.
+        s = solver_for(presolve=True, num_workers=1, linearization_level=2,
                        relative_gap_limit=gap_limit, log_search_progress=bool(os.environ.get("FLEETOPS_SOLVER_DEBUG")))
-        st = s.solve(sub)
+        st = clock.solve(s, sub, max(0.1, left() * 0.5))
         if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             hint, value, status = list(s.response_proto.solution), s.objective_value, "FEASIBLE"
         lap("cost: lp-guided")
-    if value is None and hint is not None:
+    if value is None and not isinstance(cost, int):
         value = _value(hint, cost)
     if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
         print(f"[solve] lb={lb} after lp-guided: {status} value={value}", flush=True)
-    if hint is not None and not isinstance(cost, int) and (lb is None or value is None or (value - lb) > gap_limit * max(value, 1)) \
-            and deadline - time.monotonic() > 0.1:
+    if not isinstance(cost, int) and (lb is None or value is None or (value - lb) > gap_limit * max(value, 1)) and left() > 0.1:
         m.minimize(cost)
         model.set_full_hint(hint)
-        s = solver_for(deadline - time.monotonic(), relative_gap_limit=gap_limit)
-        st = s.solve(m)
+        s = solver_for(relative_gap_limit=gap_limit)
+        st = clock.solve(s, m, left())
         m.clear_hints()
         if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value <= (value if value is not None else math.inf):
             hint, value = list(s.response_proto.solution), s.objective_value
@@ -1022,8 +1100,6 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         elif st == cp_model.INFEASIBLE:
             raise SolverError("internal: the cost stage is infeasible although every tier was reached")
         lap("cost: full model")
-    if hint is None:
-        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="CP-SAT found no solution in the time limit: greedy best-fit")
     # Polish: with every placement fixed, buy no instance they do not need (a search stopped
     # at the gap can leave one idle). It only takes away: buying more of an offer to give up
     # instances the fleet has would be churn the search above did not choose.
@@ -1034,15 +1110,23 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
             [v for v in model.placed.values() if not isinstance(v, int)]
         _set_hints(m, [(v.index, hint[v.index]) for v in placements])
         m.minimize(cost)
-        s = solver_for(max(0.1, min(0.5, deadline - time.monotonic())), fix_variables_to_their_hinted_value=True)
-        st = s.solve(m)
+        s = solver_for(fix_variables_to_their_hinted_value=True)
+        st = clock.solve(s, m, min(0.5, max(0.1, left())))
         m.clear_hints()
         if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < (value if value is not None else math.inf):
             hint, value = list(s.response_proto.solution), s.objective_value
         lap("polish")
+    # The answer against the warm start, tier by tier: held floors make it at least as good; if
+    # it ever were not, greedy's answer is the plan (never a plan worse than the fallback).
+    reached = [_value(hint, t.expr) for t in tiers]
+    if _better(warm, reached, tiers):
+        return _from_assignment(problem, g, "GREEDY_FALLBACK", t0, note="CP-SAT's answer ranked below greedy's: greedy best-fit")
     gap = 0.0 if status == "OPTIMAL" else (max(0.0, (value - lb) / value) if lb is not None and value else 1.0)
-    optimal = gap <= 1e-9 and all(r.status in ("HELD", "OPTIMAL") for r in reports)
+    if isinstance(cost, int):
+        gap = 0.0
+    optimal = gap <= 1e-9 and all(r.proven for r in reports)
     sol = _extract(problem, model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, t0)
+    sol = replace(sol, work_spent=round(clock.used - spent0, 3))
     lap("extract")
     if with_lp_bound:
         ivs, ics, ioff = _flatten(model.instance_cost())
@@ -1052,19 +1136,24 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     return replace(sol, phases={k: round(v, 3) for k, v in phases.items()})
 
 
-def _solve_parts(problem: Problem, parts: list[Problem], time_limit: float, workers, seed, with_lp_bound, gap_limit) -> Solution:
+def _solve_parts(problem: Problem, parts: list[Problem], budget: float, workers, seed, with_lp_bound, gap_limit,
+                 clock: _Work) -> Solution:
     t0 = time.monotonic()
     sizes = [len(q.demands) + len(q.capacities) + 1 for q in parts]
     sols = []
     for i, q in enumerate(parts):
-        left = max(0.2, t0 + time_limit - time.monotonic())
-        share = left * sizes[i] / sum(sizes[i:])
-        sols.append(solve(q, share, workers, seed, with_lp_bound, gap_limit, decompose=False))
+        share = max(0.2, budget * sizes[i] / sum(sizes))  # work, by size: no part's depends on how fast another ran
+        sols.append(_solve_one(q, share, workers, seed, with_lp_bound, gap_limit, clock))
     tiers: dict[str, TierReport] = {}
     for s in sols:
         for t in s.tiers:
             prev = tiers.get(t.name)
-            status = t.status if prev is None or prev.status == t.status else ("FEASIBLE" if "UNKNOWN" not in (prev.status, t.status) else "UNKNOWN")
+            if prev is None or prev.status == t.status:
+                status = t.status
+            elif prev.proven and t.proven:
+                status = "OPTIMAL"  # each part's best: so is their sum
+            else:
+                status = "UNKNOWN" if "UNKNOWN" in (prev.status, t.status) else "FEASIBLE"
             bound = None if t.bound is None or (prev is not None and prev.bound is None) else t.bound + (prev.bound if prev else 0)
             tiers[t.name] = TierReport(t.name, t.sense, t.value + (prev.value if prev else 0), bound, status, t.seconds + (prev.seconds if prev else 0))
     statuses = {s.status for s in sols}
@@ -1084,7 +1173,7 @@ def _solve_parts(problem: Problem, parts: list[Problem], time_limit: float, work
         scope=(sum(s.scope[0] for s in sols), sum(s.scope[1] for s in sols)), variables=sum(s.variables for s in sols),
         constraints=sum(s.constraints for s in sols), note=f"solved as {len(parts)} independent parts",
         lp_bound=sum(s.lp_bound for s in sols) if with_lp_bound and all(s.lp_bound is not None for s in sols) else None,
-        phases=phases,
+        phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
     )
 
 
