@@ -10,7 +10,7 @@ For each tier, in a fresh copy of the config with an empty simulated cloud:
 
   cold plan   reconciler.api.plan against the empty fleet, with the LP bound
   apply       reconciler.api.apply of that saved plan (no second solve), timed alone
-  warm plan   against the converged fleet: should be a no-op
+  warm plan   against the converged fleet: should be a no-op (its evictions and moves: target 0)
   drift plan  after ~5% of the instances are interrupted (SimCloud.interrupt)
 
 Every cold plan is compared, in the same process, with greedy best-fit (reconciler.greedy,
@@ -18,7 +18,10 @@ first-fit decreasing by dominant resource: the warm start, and the fallback) on 
 problem, and with the LP relaxation's least instance cost at the tiers the plan reached
 (solution.lp_bound; its computation is not counted in the plan's wall time). Every plan
 reports its GPU allocation ratio: GPUs given to replicas / GPUs of the instances it keeps
-and buys. A targets table says which of issue 3's targets are met.
+and buys. A targets table says which of issue 3's targets are met. The cold and the warm
+plan are each made twice from the same input: the stability table says whether the two are
+the same, byte for byte (plan JSON, plan id included), and what the plan right after the
+apply evicts and moves.
 
 Each tier runs in its own Python process, so its peak RSS is its own and an out-of-memory
 kill or a hang (--tier-timeout) is reported as a finding instead of ending the run. Rows
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import json
 import os
@@ -203,6 +207,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
         "placed": c["keep"] + c["place"] + c["move"], "pending": c["pending"] + c["evict"],
         "cost_before": r.plan.cost_before, "cost_after": r.plan.cost_after, "changes": r.plan.has_changes,
         "violations": list(r.plan.violations), "peak_rss_mib": _peak_rss_mib(), "gpu_alloc": gpu_allocation(r),
+        "plan_sha256": hashlib.sha256(r.plan.to_json().encode()).hexdigest(), "unproven_tiers": r.plan.solver.unproven,
     }
     if lp_bound:
         row.update(compare(r))
@@ -237,6 +242,9 @@ def run_tier(tier: str, time_limit: float, seed: int, work: Path, emit, profile:
         emit({"event": "start", "step": "cold plan"})
         cold, cold_result = plan_row("cold plan", phases, cfg, time_limit, lp_bound=True)
         emit(cold)
+        emit({"event": "start", "step": "cold plan again"})
+        again, _ = plan_row("cold plan again", phases, cfg, time_limit)
+        emit({**again, "identical": again["plan_sha256"] == cold["plan_sha256"]})
 
         emit({"event": "start", "step": "apply"})
         t = time.perf_counter()
@@ -255,6 +263,9 @@ def run_tier(tier: str, time_limit: float, seed: int, work: Path, emit, profile:
         emit({"event": "start", "step": "warm plan"})
         warm, _ = plan_row("warm plan", phases, cfg, time_limit)
         emit(warm)
+        emit({"event": "start", "step": "warm plan again"})
+        again, _ = plan_row("warm plan again", phases, cfg, time_limit)
+        emit({**again, "identical": again["plan_sha256"] == warm["plan_sha256"]})
 
     if profile:  # outside the timing wrappers, so they do not show in the profile
         emit({"event": "start", "step": "profile (warm plan)"})
@@ -414,6 +425,23 @@ def _stages(stages: list[dict]) -> str:
     return "; ".join(out)
 
 
+def stability_table(rows: list[dict]) -> str:
+    """Per tier: the same input planned twice gives the same plan? What does the plan right after
+    the apply change (target: nothing, no eviction, no move)?"""
+    lines = ["| tier | cold plans identical | warm plan: evicted / moved / placed / +create / -delete | warm plans identical | tiers not proven (cold) |",
+             "|---|---|---|---|---|"]
+    for tier in dict.fromkeys(r["tier"] for r in rows):
+        by = {r["step"]: r for r in rows if r["tier"] == tier and "demands" in r}
+        if "cold plan" not in by:
+            continue
+        yes = lambda step: "" if step not in by else ("yes" if by[step].get("identical") else "NO")  # noqa: E731
+        w = by.get("warm plan")
+        after = f"{w['evict']} / {w['move']} / {w['place']} / +{w['creates']} / -{w['deletes']}" if w else ""
+        lines.append(f"| {tier} | {yes('cold plan again')} | {after} | {yes('warm plan again')} | "
+                     f"{', '.join(by['cold plan'].get('unproven_tiers', [])) or 'none'} |")
+    return "\n".join(lines)
+
+
 def phase_table(rows: list[dict]) -> str:
     cols = ["load", "observe", "problem", "greedy", "model", "cpsat", "plan", "other"]
     lines = ["| tier | step | wall s | " + " | ".join(cols) + " | solver stages (#1 max work, #2 min cost) |", "|" + "---|" * (len(cols) + 4)]
@@ -434,6 +462,8 @@ def findings(rows: list[dict], time_limit: float) -> list[str]:
         elif "demands" in r:
             if r["wall_s"] > SLOW_FACTOR * time_limit:
                 out.append(f"{where}: {r['wall_s']:.1f} s wall, {r['wall_s'] / time_limit:.1f}x the {time_limit:g} s time limit")
+            if r.get("identical") is False:
+                out.append(f"{where}: not the same plan as the first, from the same input")
             if r["step"] == "warm plan" and r["changes"]:
                 out.append(f"{where}: not a no-op against the fleet it just applied: +{r['creates']} / -{r['deletes']} instances, "
                            f"{r['place']} placed, {r['move']} moved, {r['evict']} evicted, $/h {r['cost_before']:,.2f} -> {r['cost_after']:,.2f}")
@@ -499,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print("\nCold plans against greedy best-fit and the LP bound ($/h of instances):\n")
     print(quality_table(rows))
+    print("\nStability: the same input planned twice, and the plan right after the apply (target: no eviction, no move):\n")
+    print(stability_table(rows))
     print("\nIssue 3's targets:\n")
     print(targets_table(rows))
     print("\nWhere the time goes (s):\n")

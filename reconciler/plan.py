@@ -277,7 +277,13 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     gpu_of: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {}
     where: dict[tuple[str, int], str] = {}
     unpacked: set[str] = set()
-    pgs = {d.key: f"{desired.fleet}-{d.jobs[0]}" for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
+    in_group = {d.key for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
+
+    def group(d: Demand, zone: str) -> str | None:
+        """A gang's cluster placement group, one per zone: a group lives in the zone of its first
+        instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
+        gang, every create in the new zone failed, every run)."""
+        return f"{desired.fleet}-{d.jobs[0]}-{zone}" if d.key in in_group else None
     bins_of: dict[str, list[Bin]] = {}
     staying_at: dict[str, list[tuple[str, int]]] = {}
     for job, items in slots.items():
@@ -308,7 +314,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                 gpu_of[(job, r)] = (tuple(idx),)
                 where[(job, r)] = hk
             else:
-                fresh.append((d, job, r, pgs.get(d.key)))
+                fresh.append((d, job, r, group(d, h.zone)))
         left = pack_items([b], fresh)
         unpacked.update(job for _, job, _, _ in left)
         bins_of[hk] = [b]
@@ -358,7 +364,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     # first), so it strands none of the room the class's larger items need.
     for ok in sorted(solution.new):
         bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
-    pinned = {ok: [(d, job, r, pgs.get(d.key)) for d, job, r in items] for ok, items in to_offer.items() if not caps[ok].members}
+    pinned = {ok: [(d, job, r, group(d, caps[ok].zone)) for d, job, r in items] for ok, items in to_offer.items() if not caps[ok].members}
     shared = {m for ck in to_offer if caps[ck].members for m in caps[ck].members}
     leftover: dict[str, list] = {}
     for ok in sorted(k for k in pinned if k in shared):
@@ -366,7 +372,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     for ck in sorted(k for k in to_offer if caps[k].members):
         zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
         view = [b for k in zones for b in bins_of.get(k, [])]
-        leftover[ck] = pack_items(view, [(d, job, r, pgs.get(d.key)) for d, job, r in to_offer[ck]])
+        leftover[ck] = pack_items(view, [(d, job, r, group(d, caps[ck].zone)) for d, job, r in to_offer[ck]])  # (gangs are never on a zone class)
     for ok in sorted(set(pinned) | {k for k in leftover if not caps[k].members}):
         bins_of.setdefault(ok, [])
         left = pack_items(list(bins_of[ok]), pinned.get(ok, []) + leftover.get(ok, []), more_of(caps[ok], ok))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from providers.placements import read_placements
 from providers.sim import SimCloud
 from reconciler import api
@@ -62,3 +64,95 @@ def test_a_failed_move_keeps_the_mover_and_its_replacement_off_its_gpus(tmp_path
     # The next plan sees the fleet as it is: the newcomer is not running anywhere.
     nxt = api.plan(cfg).plan
     assert {j.job: j.previous for j in nxt.jobs} == {"mover": (host,), "newcomer": ()}
+
+
+def test_a_placement_group_gang_moved_to_another_zone_launches_into_a_group_there(tmp_path):
+    """A cluster placement group lives in one zone (the sim refuses a launch elsewhere, as AWS
+    does). Before, the gang's group had one name whatever the zone, so once its allowlist moved
+    it to another zone every plan proposed new instances there inside the old group and every
+    apply failed, forever."""
+    def docs(allowed: str) -> list[dict]:
+        return [topology(), tenant("t"),
+                pool("pa", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2),
+                pool("pb", "aws", "us-east-1", ["us-east-1b"], ["p4d.24xlarge"], hi=2),
+                job("pretrain", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=2, gang="placement-group", pools=[allowed])]
+    cfg = write_config(tmp_path / "c", docs("pa"))
+    first = api.apply(cfg, time_limit=5)
+    assert first.report.ok and {c.zone for c in first.plan.creates} == {"us-east-1a"}
+    write_config(tmp_path / "c", docs("pb"))
+    moved = api.apply(cfg, time_limit=5)
+    assert moved.report.ok, moved.report.failures
+    assert {c.zone for c in moved.plan.creates} == {"us-east-1b"}
+    world = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
+    assert {i["zone"] for i in world} == {"us-east-1b"} and len({i["placement_group"] for i in world}) == 1
+    assert not api.plan(cfg, time_limit=5).plan.has_changes
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _gpu_block_problems(plan, recorded: dict[str, list[list[int]]], gpus_per_instance: int) -> list[str]:
+    """From the plan alone: GPUs shared on an instance, a `keep` whose GPU indices changed, and a
+    multi-GPU replica placed anew off an aligned block while one is free (README: multi-GPU
+    replicas take an aligned block inside one NVLink domain)."""
+    bad, used = [], {}
+    for j in plan.jobs:
+        if j.action not in ("keep", "place", "move"):
+            continue
+        if j.action == "keep" and j.job in recorded and [list(g) for g in j.gpus] != recorded[j.job]:
+            bad.append(f"keep {j.job}: GPUs {recorded[j.job]} -> {j.gpus}")
+        for iid, g in zip(j.instances, j.gpus):
+            for i in g:
+                if (iid, i) in used:
+                    bad.append(f"{iid} GPU {i}: {used[(iid, i)]} and {j.job}")
+                used[(iid, i)] = j.job
+    for j in plan.jobs:
+        if j.action not in ("place", "move"):
+            continue
+        for iid, g in zip(j.instances, j.gpus):
+            n, b = len(g), _pow2(len(g))
+            if n < 2 or (g == tuple(range(g[0], g[0] + n)) and g[0] % b == 0):
+                continue
+            taken = {i for (at, i), who in used.items() if at == iid and who != j.job}
+            if any(not taken & set(range(s, s + b)) for s in range(0, gpus_per_instance - b + 1, b)):
+                bad.append(f"{j.job} on {iid} GPUs {g} while an aligned block of {b} is free")
+    return bad
+
+
+def _gpu_churn(tmp_path, seed: int, steps: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    base = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3)]
+
+    def docs(jobs):
+        return base + [job(n, gpus=g, gpu_type="A100", cpu=4 * g, mem=40 * g, spot="never",
+                           **({"replicas": 2, "gang": "instance"} if n.endswith("g") else {})) for n, g in sorted(jobs.items())]
+
+    def new_job(name):
+        gang = rng.random() < 0.3
+        return name + ("g" if gang else ""), rng.choice([1, 2, 3, 4] if gang else [1, 1, 2, 2, 3, 4, 4, 6])
+
+    jobs = dict(new_job(f"j{k}") for k in range(rng.randint(4, 10)))
+    cfg = write_config(tmp_path / f"c{seed}", docs(jobs))
+    for step in range(steps):
+        res = api.plan(cfg, time_limit=2)
+        problems = _gpu_block_problems(res.plan, load_state(cfg).gpus, 8)
+        assert not problems, f"seed {seed} step {step}: {problems}"
+        api.apply(cfg, saved_plan=res.plan)
+        jobs.pop(rng.choice(sorted(jobs)))  # a config edit: one job goes, another comes
+        jobs.update([new_job(f"n{step}")])
+        write_config(tmp_path / f"c{seed}", docs(jobs))
+
+
+def test_gpu_blocks_stay_whole_aligned_and_kept_across_plans_and_applies(tmp_path):
+    """Issue 18 item 7's GPU property on a random fleet that runs work, with a job leaving and
+    another arriving between applies (instance gangs included)."""
+    _gpu_churn(tmp_path, 3, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10, 22))
+def test_gpu_blocks_stay_whole_aligned_and_kept_on_many_fleets(tmp_path, seed):
+    _gpu_churn(tmp_path, seed, 4)

@@ -35,6 +35,11 @@ def test_bench_run_compares_with_greedy_and_the_lp_bound(tmp_path):
     warm = next(r for r in rows if r["step"] == "warm plan")
     assert not warm["changes"] and "greedy_cost" not in warm  # compared once, on the cold plan
     assert "against greedy best-fit and the LP bound" in proc.stdout and "Issue 3's targets" in proc.stdout
+    # Issue 18: the same input planned twice gives the same plan; the plan after the apply moves and evicts nothing.
+    again = {r["step"]: r for r in rows if r["step"].endswith("again")}
+    assert again["cold plan again"]["identical"] and again["warm plan again"]["identical"]
+    assert warm["evict"] == 0 and warm["move"] == 0
+    assert "| small | yes | 0 / 0 / 0 / +0 / -0 | yes |" in proc.stdout
 
 
 @pytest.mark.slow

@@ -36,7 +36,8 @@ def test_sim_launches_a_gang_into_one_group_in_one_zone(tmp_path):
     res = api.apply(cfg, time_limit=5)
     assert res.report.ok
     group = {c.placement_group for c in res.plan.creates}
-    assert group == {"pg-sim-pretrain"}
+    zones = {c.zone for c in res.plan.creates}
+    assert len(zones) == 1 and group == {f"pg-sim-pretrain-{zones.pop()}"}  # one group per gang and zone
     world = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
     assert len(world) == 3 and {i["placement_group"] for i in world} == group and len({i["zone"] for i in world}) == 1
 
