@@ -298,7 +298,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         for job, r in staying_at.get(hk, []):
             d = demand_of[job]
             if job in d.reshaped:  # restarts here in its new shape: GPUs given afresh, after the others'
-                fresh.append((d, job, r, pgs.get(d.key)))
+                fresh.append((d, job, r, group(d, h.zone)))
                 continue
             idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
             b.reserve(d, idx)
