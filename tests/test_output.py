@@ -24,7 +24,7 @@ def test_a_bound_just_below_zero_is_not_minus_zero(tmp_path):
     tiers = ({"name": "cost", "value": 0, "bound": -0.3, "status": "OPTIMAL"},)
     md = render_markdown(replace(plan, solver=replace(plan.solver, tiers=tiers)))
     row = next(line for line in md.splitlines() if line.startswith("| cost |"))
-    assert row == "| cost | 0 | 0 | optimal |"
+    assert row == "| cost | 0 | 0 | optimal | yes |"  # (the last column: proven)
 
 
 def test_deleting_everything_is_not_within_100_percent_of_a_bound(tmp_path):
