@@ -20,6 +20,7 @@ from reconciler.load import load
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
 from reconciler.plan import Plan, make_plan, outcome_rank, unpacked
+from reconciler.plancheck import recheck
 from reconciler.problem import Problem, build_problem
 from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
@@ -156,8 +157,11 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
                 raise StalePlanError("stale plan: the desired state changed since the plan was made; run `reconcile plan` again")
             if saved_plan.observed_digest != observed.digest:
                 raise StalePlanError("stale plan: the fleet changed since the plan was made (instances or placements); run `reconcile plan` again")
-            the_plan = replace(saved_plan, violations=tuple(violations(saved_plan, desired.guardrails, allow_destroy)))
-            problem = None
+            problem = build_problem(desired, observed, provider, now=utcnow())
+            checked, refused = recheck(saved_plan, desired, observed, problem)
+            if refused:
+                raise StalePlanError("refusing the saved plan; nothing was changed:\n" + "\n".join(f"  - {r}" for r in refused))
+            the_plan = replace(checked, violations=tuple(violations(checked, desired.guardrails, allow_destroy)))
         else:
             planned = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap)
             the_plan, problem = planned.plan, planned.problem

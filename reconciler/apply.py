@@ -378,8 +378,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     for d in plan.deletes:
         if d.instance_id in stranded:
             report.skipped_deletes[d.instance_id] = "still hosts a replica whose new instance could not be created"
-        elif d.instance_id not in existing:  # already gone (interrupted, or deleted by an earlier run)
-            report.deleted.append(d.instance_id)
+        elif d.instance_id not in existing:  # a plan only deletes what observe found (ours, alive): refused, not "deleted"
+            report.failures.append(f"delete {d.instance_id}: refused: not an instance of this fleet that observe found")
         else:
             todo_d.append(d)
 

@@ -135,13 +135,17 @@ class Plan:
     def to_json(self) -> str:
         raw = _json_ready(self)
         del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
-        return json.dumps(raw, indent=2, sort_keys=False)
+        body = json.loads(json.dumps(raw))
+        return json.dumps({**body, "body_digest": body_digest(body)}, indent=2, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         raw = json.loads(text)
         if raw.get("format") != PLAN_FORMAT:
             raise ValueError(f"plan format {raw.get('format')} is not {PLAN_FORMAT}; make the plan again with this version")
+        if raw.pop("body_digest", None) != body_digest(raw):
+            raise ValueError("the plan's body does not match its body_digest: it was edited after `reconcile plan` wrote "
+                             "it (or made by an older version); make the plan again")
         solver = raw["solver"]
         cons = raw.get("consolidation")
         return cls(
@@ -178,6 +182,17 @@ def _json_ready(obj):
     if isinstance(obj, dict):
         return {k: _json_ready(v) for k, v in obj.items()}
     return obj
+
+
+def body_digest(body: dict) -> str:
+    """What a saved plan's every field hashes to, so an edited body is refused even with its old digests. A
+    checksum, not a signature: apply also checks every action of a saved plan on its own (plancheck.py)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def placement_group_name(fleet: str, job: str, zone: str) -> str:
+    """The cluster placement group of a placement-group gang in one zone (a group lives in one zone)."""
+    return f"{fleet}-{job}-{zone}"
 
 
 def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str:
@@ -283,7 +298,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         """A gang's cluster placement group, one per zone: a group lives in the zone of its first
         instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
         gang, every create in the new zone failed, every run)."""
-        return f"{desired.fleet}-{d.jobs[0]}-{zone}" if d.key in in_group else None
+        return placement_group_name(desired.fleet, d.jobs[0], zone) if d.key in in_group else None
     bins_of: dict[str, list[Bin]] = {}
     staying_at: dict[str, list[tuple[str, int]]] = {}
     for job, items in slots.items():

@@ -1,0 +1,118 @@
+"""Check a saved plan's every action on its own before apply carries it out.
+
+A plan file is input: it is made by `reconcile plan --out`, kept as a CI artifact, reviewed,
+and may be edited on the way, carelessly or not. Matching digests say only that the desired
+and observed state did not change; they say nothing of what the body asks for. So each action
+is checked against the current desired state, the offerings and the observed fleet, as if the
+planner had proposed it, and everything the plan states about money is recomputed from prices,
+never read from the plan:
+
+* a create names a pool that exists, an offer that pool allows now (its cloud, region, zone,
+  type and market, inside the guardrails' regions and the spot price cap, not in a capacity
+  cool-off), the provider that pool uses, and a key and ref of this plan's form; its price and
+  spot bid come from the offering;
+* no pool ends with more than max_instances;
+* a delete names an instance of this fleet that the plan's observed snapshot (the fleet now,
+  as the observed digest matched) has; every replica running on it is moved off or evicted by
+  the plan, and every job the fleet runs is accounted for;
+* jobs land only on instances that stay or that the plan creates;
+* the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
+
+Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from reconciler.model import DesiredState
+from reconciler.observe import Observed
+from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
+from reconciler.problem import Problem
+
+
+def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
+    errors: list[str] = []
+    offers = {(c.pool, c.zone, c.instance_type, c.market): c for c in problem.capacities if not c.existing}
+    host_price = {c.instance_id: c.price for c in problem.capacities if c.existing}
+    instances = {i.id: i for i in observed.instances}
+    gangs = [d.jobs[0] for d in problem.demands if d.gang and d.gang_mode == "placement-group"]
+
+    creates: list[CreateAction] = []
+    refs: set[str] = set()
+    for n, c in enumerate(plan.creates, 1):
+        what = f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r})"
+        if c.ref != f"+{n}" or c.key != f"{plan.id}-{n:04d}":
+            errors.append(f"{what}: ref {c.ref!r} / key {c.key!r} are not this plan's (+{n}, {plan.id}-{n:04d})")
+            continue
+        if c.pool not in desired.pools:
+            errors.append(f"{what}: there is no pool {c.pool!r} in the desired state")
+            continue
+        offer = offers.get((c.pool, c.zone, c.instance_type, c.market))
+        if offer is None:
+            s = desired.pools[c.pool].spec
+            errors.append(f"{what}: the pool does not allow it now (pool: {s.cloud}/{s.region}, zones {', '.join(s.zones)}, "
+                          f"types {', '.join(s.instance_types)}, market {s.market}; or outside the guardrails, over the "
+                          "spot price cap, or in a capacity cool-off)")
+            continue
+        if c.placement_group is not None and c.placement_group not in {placement_group_name(desired.fleet, j, c.zone) for j in gangs}:
+            errors.append(f"{what}: placement group {c.placement_group!r} is not one of this fleet's gangs")
+            continue
+        if (c.provider, c.cloud, c.region) != (offer.provider, offer.cloud, offer.region):
+            errors.append(f"{what}: provider/cloud/region {c.provider}/{c.cloud}/{c.region} are not the pool's "
+                          f"({offer.provider}/{offer.cloud}/{offer.region})")
+            continue
+        refs.add(c.ref)
+        creates.append(replace(c, price=offer.price, max_price=offer.on_demand_price if c.market == "spot" else None))
+
+    deletes: list[DeleteAction] = []
+    for d in plan.deletes:
+        inst = instances.get(d.instance_id)
+        if inst is None:
+            errors.append(f"delete {d.instance_id}: not an instance of fleet {desired.fleet!r} in the plan's observed fleet")
+            continue
+        if any(x.instance_id == inst.id for x in deletes):
+            errors.append(f"delete {d.instance_id}: listed twice")
+            continue
+        deletes.append(DeleteAction(inst.id, inst.pool, inst.provider, inst.cloud, inst.region, inst.zone, inst.instance_type,
+                                    inst.market, host_price.get(inst.id, d.price), d.reason))
+    leaving = {d.instance_id for d in deletes} | {d.instance_id for d in plan.deletes}
+    staying = set(instances) - leaving
+
+    count: dict[str, int] = {}
+    for iid in staying:
+        count[instances[iid].pool] = count.get(instances[iid].pool, 0) + 1
+    for c in creates:
+        count[c.pool] = count.get(c.pool, 0) + 1
+    for pool in sorted({c.pool for c in creates}):
+        hi = desired.pools[pool].spec.max_instances
+        if count[pool] > hi:
+            errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
+
+    changes = {j.job: j for j in plan.jobs}
+    for job in sorted(set(desired.jobs) - set(changes)):
+        errors.append(f"job {job}: missing from the plan (every job of the desired state must be accounted for)")
+    for name in sorted(set(changes) - set(desired.jobs)):
+        errors.append(f"job {name}: not in the desired state")
+    for name, j in sorted(changes.items()):
+        was = tuple(observed.placements.get(name, ()))
+        if tuple(j.previous) != was:
+            errors.append(f"job {name}: the plan says it ran on {list(j.previous)}, the fleet says {list(was)}")
+        bad = [i for i in j.instances if not (i in refs or i in staying)]
+        if j.action in ("keep", "place", "move") and bad:
+            errors.append(f"job {name}: placed on {', '.join(bad)}, which neither stays nor is created by the plan")
+        if j.action in ("evict", "pending") and j.instances:
+            errors.append(f"job {name}: {j.action} but placed on {list(j.instances)}")
+    for d in deletes:  # residents: every replica on a deleted instance moves off or is evicted
+        for name, ids in sorted(observed.placements.items()):
+            j = changes.get(name)
+            if d.instance_id in ids and j is not None and d.instance_id in j.instances:
+                errors.append(f"delete {d.instance_id}: job {name} runs on it and the plan keeps it there")
+
+    cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
+    kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
+    cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
+    checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
+                      kept=kept)
+    return checked, errors
+
+__all__ = ["recheck"]
