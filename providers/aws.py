@@ -272,12 +272,19 @@ class AwsProvider:
 
     def _placement_group(self, ec2, name: str, region: str) -> None:
         """A cluster placement group for a gang, created once (tagged with the fleet) and reused; clean_up deletes
-        it once no instance is in it."""
+        it once no instance is in it. A group that already exists is used only if its fleet tag is ours: the name
+        may be someone else's."""
         try:
             self._call(f"create_placement_group {name}", ec2.create_placement_group, GroupName=name, Strategy="cluster",
                        TagSpecifications=[{"ResourceType": "placement-group", "Tags": [{"Key": TAG_FLEET, "Value": self.ctx.fleet}]}])
         except ProviderError as e:
             if "InvalidPlacementGroup.Duplicate" in str(e):
+                found = self._call(f"describe_placement_groups {name}", ec2.describe_placement_groups, GroupNames=[name])
+                groups = found.get("PlacementGroups", [])
+                owner = {t["Key"]: t["Value"] for t in (groups[0].get("Tags", []) if groups else [])}.get(TAG_FLEET)
+                if owner != self.ctx.fleet:
+                    raise OwnershipError(f"aws: placement group {name} already exists and is not fleet {self.ctx.fleet!r}'s "
+                                         f"(its {TAG_FLEET} tag is {owner!r}); refusing to launch into it") from None
                 return
             if "PlacementGroupLimitExceeded" in str(e):
                 raise QuotaError(str(e), cloud="aws", quota="placement groups per Region (500 per account)", region=region,

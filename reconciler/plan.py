@@ -191,8 +191,11 @@ def body_digest(body: dict) -> str:
 
 
 def placement_group_name(fleet: str, job: str, zone: str) -> str:
-    """The cluster placement group of a placement-group gang in one zone (a group lives in one zone)."""
-    return f"{fleet}-{job}-{zone}"
+    """The cluster placement group of a placement-group gang in one zone: `<fleet>-<job>-<hash of the pair>-<zone>`.
+    A group lives in one zone (with one name per gang, a gang whose allowlist moved it failed every create in the
+    new zone). Names are dash-joined, so `<fleet>-<job>` alone was ambiguous (fleet `team` job `a-train` and fleet
+    `team-a` job `train` shared `team-a-train`); the pair's hash (a `/` cannot occur in either name) tells them apart."""
+    return f"{fleet}-{job}-{hashlib.sha256(f'{fleet}/{job}'.encode()).hexdigest()[:8]}-{zone}"
 
 
 def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str:

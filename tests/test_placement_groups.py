@@ -12,7 +12,8 @@ from botocore.exceptions import ClientError
 
 from providers.aws import AwsProvider
 from providers.base import TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
-from reconciler.errors import ProviderError
+from reconciler.errors import OwnershipError, ProviderError
+from reconciler.plan import placement_group_name
 
 from providers.sim import SimCloud
 from reconciler import api
@@ -37,7 +38,7 @@ def test_sim_launches_a_gang_into_one_group_in_one_zone(tmp_path):
     assert res.report.ok
     group = {c.placement_group for c in res.plan.creates}
     zones = {c.zone for c in res.plan.creates}
-    assert len(zones) == 1 and group == {f"pg-sim-pretrain-{zones.pop()}"}  # one group per gang and zone
+    assert len(zones) == 1 and group == {placement_group_name("pg-sim", "pretrain", zones.pop())}  # one group per gang and zone
     world = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
     assert len(world) == 3 and {i["placement_group"] for i in world} == group and len({i["zone"] for i in world}) == 1
 
@@ -62,8 +63,15 @@ def test_aws_creates_a_cluster_group_once_and_launches_into_it(aws_env, tmp_path
         groups[params["GroupName"]] = params
         return AWSResponse("https://ec2.us-east-1.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
 
+    def describe_group(**_):  # the Duplicate is checked to be ours before the group is used
+        g = groups[asked[-1]["GroupNames"][0]]
+        return AWSResponse("https://ec2.us-east-1.amazonaws.com/", 200, {}, None), {"PlacementGroups": [
+            {"GroupName": g["GroupName"], "Strategy": "cluster", "Tags": g["TagSpecifications"][0]["Tags"]}]}
+
     client.meta.events.register("provide-client-params.ec2.CreatePlacementGroup", lambda params, **kw: asked.append(dict(params)))
     client.meta.events.register("before-call.ec2.CreatePlacementGroup", create_group)
+    client.meta.events.register("provide-client-params.ec2.DescribePlacementGroups", lambda params, **kw: asked.append(dict(params)))
+    client.meta.events.register("before-call.ec2.DescribePlacementGroups", describe_group)
     client.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **kw: launched.append(params))
     target = PoolTarget(name="a100", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
                         settings={"ami": AMI})
@@ -144,3 +152,31 @@ def test_the_placement_group_limit_is_a_quota_error(ec2_proxy, tmp_path):
         prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
                                   tags=ownership_tags("pg-q", "a100", "k"), placement_group="pg-q-job"))
     assert "placement groups per Region" in str(e.value) and prov.observe([target]) == []
+
+
+def test_placement_group_names_of_two_fleets_never_collide():
+    """Fleet `team` with job `a-train` and fleet `team-a` with job `train` shared `team-a-train` (issue 15, item 3)."""
+    assert placement_group_name("team", "a-train", "us-east-1a") != placement_group_name("team-a", "train", "us-east-1a")
+    assert placement_group_name("team", "a-train", "us-east-1a").startswith("team-a-train-")
+
+
+def test_aws_refuses_a_duplicate_group_another_fleet_owns(aws_env, tmp_path):
+    """InvalidPlacementGroup.Duplicate means the name exists, not that it is ours: its fleet tag is read first."""
+    prov = AwsProvider(ProviderContext(fleet="pg-mine", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    client = prov.ec2("us-east-1")
+
+    def duplicate(**_):
+        raise ClientError({"Error": {"Code": "InvalidPlacementGroup.Duplicate", "Message": "exists"}}, "CreatePlacementGroup")
+
+    def theirs(**_):
+        return AWSResponse("https://ec2.us-east-1.amazonaws.com/", 200, {}, None), {"PlacementGroups": [
+            {"GroupName": "shared-name", "Strategy": "cluster", "Tags": [{"Key": TAG_FLEET, "Value": "pg-theirs"}]}]}
+
+    client.meta.events.register("before-call.ec2.CreatePlacementGroup", duplicate)
+    client.meta.events.register("before-call.ec2.DescribePlacementGroups", theirs)
+    target = PoolTarget(name="a100", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
+                        settings={"ami": AMI})
+    with pytest.raises(OwnershipError, match="placement group shared-name already exists and is not fleet 'pg-mine'"):
+        prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
+                                  tags=ownership_tags("pg-mine", "a100", "k"), placement_group="shared-name"))
+    assert prov.observe([target]) == []  # nothing was launched
