@@ -20,6 +20,7 @@ Market = Literal["spot", "on-demand"]
 TAG_FLEET = "fleetops.io/fleet"  # which fleet owns the instance: the only proof of ownership
 TAG_POOL = "fleetops.io/pool"  # the Pool document the instance belongs to
 TAG_CREATE_KEY = "fleetops.io/create-key"  # the idempotency key it was created with
+TAG_FLEET_UID = "fleetops.io/fleet-uid"  # which fleet of that name: generated on its first apply (reconciler/identity.py)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from reconciler.problem import Problem, build_problem
 from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
-from reconciler.state import state_dir, utcnow
+from reconciler import identity
+from reconciler.state import State, state_dir, utcnow
 from reconciler.status import StatusFiles, write_status
 from reconciler.status import read_status as read_status_files
 
@@ -90,18 +91,33 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
     return PlanResult(plan, desired, observed, problem, solution)
 
 
+def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: State, adopt: bool) -> Observed:
+    """Observe as the fleet the config, the state and status/ agree this is (reconciler/identity.py), or raise.
+    Sets the state's identity (a new uid on a first apply), which an apply saves."""
+    name, uid = identity.recorded(config_dir, current)
+    uid = identity.check_name(desired.fleet, name, uid, adopt)
+    observed = fleet.observe(current, uid)
+    adopted = identity.check_foreign(desired.fleet, uid, observed.foreign, adopt)
+    if adopted is not None:
+        uid = adopted
+        observed = fleet.observe(current, uid)
+    current.fleet_name, current.fleet_uid = desired.fleet, uid or identity.new_uid()
+    return observed
+
+
 @_few_collections
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
-         now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False) -> PlanResult:
+         now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False, adopt_fleet: bool = False) -> PlanResult:
     """`state`: the state backend URL (None/'local' or s3://bucket/prefix). `now`: the time
     priority aging is measured at (default: the clock). `lp_bound`: also compute the LP
-    relaxation's least instance cost (solution.lp_bound; the benchmark's yardstick)."""
+    relaxation's least instance cost (solution.lp_bound; the benchmark's yardstick). `adopt_fleet`:
+    take this config's name and the instances of that name as this fleet's (reconciler/identity.py)."""
     config_dir = Path(config_dir)
     desired = load(config_dir)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
-    observed = with_runtime(backend, desired, fleet.observe(backend.load()))
+    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet))
     return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap, lp_bound)
 
 
@@ -133,7 +149,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
           time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
           state: str | None = None, gap: float = GAP_LIMIT, on_plan: Callable[[Plan], None] | None = None,
-          on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyResult:
+          on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None, adopt_fleet: bool = False) -> ApplyResult:
     """Plan (or take a saved plan), check guardrails, apply, write status.
 
     on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
@@ -149,7 +165,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
         fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
         fleet.guard = backend.check_lock  # a lost lock stops the apply before its next provider call
-        observed = with_runtime(backend, desired, fleet.observe(current))
+        observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, current, adopt_fleet))
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
                 raise StalePlanError(f"the plan is for fleet {saved_plan.fleet!r}, this config is fleet {desired.fleet!r}")
@@ -174,7 +190,8 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         backend.save(current)
         after = fleet.observe(current).instances
         view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state)
-        status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view)
+        status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
+                                  fleet_uid=current.fleet_uid)
         _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()), desired,
                        observed, the_plan, report)
     result = ApplyResult(the_plan, report, status_dir)

@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_CREATE_KEY, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
+from providers.base import TAG_CREATE_KEY, TAG_FLEET_UID, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
-from reconciler.observe import Fleet, Observed, pool_target
+from reconciler.observe import Fleet, Observed, pool_target, provider_for
 from reconciler.plan import CreateAction, Plan
 from reconciler.problem import shape_of
 from reconciler.state import State
@@ -185,9 +185,9 @@ def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callabl
                 finish(item, started, None if error is not None else fut.result(), error)
 
 
-def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str) -> Instance:
+def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str) -> Instance:
     provider = fleet.provider(c.provider)
-    tags = {**ownership_tags(desired.fleet, c.pool, key), "fleetops.io/plan": plan.id}
+    tags = {**ownership_tags(desired.fleet, c.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
     hosted = [Placement(j.job, r, tuple(j.gpus[r]) if r < len(j.gpus) else ())
               for j in plan.jobs if j.action in ("keep", "place", "move") for r, ref in enumerate(j.instances) if ref == c.ref]
     req = CreateRequest(
@@ -199,14 +199,14 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
 
 
 def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int,
-            alive: dict[str, Instance]) -> Instance:
+            alive: dict[str, Instance], uid: str) -> Instance:
     """The create's first attempt that launches or finds a live instance (module docstring)."""
     for n in range(MAX_ATTEMPTS):
         key = attempt_key(c.key, n)
         if key in alive:  # created by an earlier, interrupted run of this same plan
             return alive[key]
         try:
-            inst = _create(fleet, desired, plan, c, serial, key)
+            inst = _create(fleet, desired, plan, c, serial, key, uid)
         except KeySpentError:
             continue
         if inst.alive:
@@ -304,6 +304,25 @@ def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, li
                 gpus.pop(j.job, None)
 
 
+SCOPE_SETTINGS = ("project", "subscription_id", "resource_group")  # where a provider looks, beyond the region
+
+
+def _regions(desired: DesiredState, fleet: Fleet, state: State, alive: list[Instance]) -> list[dict]:
+    """Every (provider, cloud, region) the fleet has launched into and still has instances in, or has a pool in:
+    observe keeps looking there after its last pool is gone, until nothing of ours is left."""
+    pooled = {(provider_for(p, fleet.default), p.spec.cloud, p.spec.region): p for p in desired.pools.values()}
+    out = {(r["provider"], r["cloud"], r["region"]): r for r in state.regions}
+    for i in alive:
+        k = (i.provider, i.cloud, i.region)
+        if k not in out:
+            pool = desired.pools.get(i.pool) or pooled.get(k)
+            settings = pool_target(pool).settings if pool is not None else {}
+            out[k] = {"provider": k[0], "cloud": k[1], "region": k[2],
+                      "settings": {s: settings[s] for s in SCOPE_SETTINGS if settings.get(s)}}
+    live = {(i.provider, i.cloud, i.region) for i in alive}
+    return [r for k, r in sorted(out.items()) if k in live or k in pooled]
+
+
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,
                on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyReport:
     """on_event: told of every action as it starts and ends (ApplyEvent). should_stop: asked before each
@@ -346,7 +365,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     _run_all(todo, lane=lambda c: _lane(fleet, c.provider, desired.pools[c.pool].spec.region),
              limit=lambda c: parallelism(fleet.provider(c.provider)),
              begin=lambda c: steps.begin("create", c.ref, what_c(c)),
-             work=lambda c: _launch(fleet, desired, plan, c, serial, already), finish=created)
+             work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid), finish=created)
 
     # Placements: a job moves only if every replica's new instance exists.
     stranded: set[str] = set()  # instances still hosting a replica that could not move
@@ -408,6 +427,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
         _clean_up(fleet, plan, existing, report)
 
     gone = set(report.deleted)
+    state.regions = _regions(desired, fleet, state, [i for iid, i in existing.items() if iid not in gone])
     state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
     state.gpus = {j: g for j, g in gpus.items() if j in state.placements}
     # The shape each placed job runs with: the desired one, except where a move failed and the

@@ -159,6 +159,7 @@ def plan(
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
+    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
     from reconciler import api
@@ -168,7 +169,7 @@ def plan(
         raise typer.BadParameter("--format must be human, markdown or json")
     try:
         res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                       options=_options(provider_option), state=state, gap=gap)
+                       options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
     except ReconcileError as e:
         _fail(e, config_dir, state)
     if out is not None:
@@ -193,6 +194,7 @@ def apply(
     state: Optional[str] = StateOpt,
     commit: bool = typer.Option(False, "--commit", help="Commit the status/ changes (and nothing else) to git."),
     status_branch: Optional[str] = typer.Option(None, "--status-branch", help="With --commit: commit status to this branch instead of the current one."),
+    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
 ) -> None:
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler import api
@@ -226,7 +228,8 @@ def apply(
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
         elif not auto_approve:
-            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state, gap=gap)
+            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state, gap=gap,
+                               adopt_fleet=adopt_fleet)
             typer.echo(render_human(preview.plan, color=color), nl=False)
             if not preview.plan.has_changes:
                 return
@@ -240,7 +243,7 @@ def apply(
         with stop:
             try:
                 res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                                options=opts, state=state, gap=gap, on_plan=show_plan, on_event=on_event, should_stop=stop)
+                                options=opts, state=state, gap=gap, adopt_fleet=adopt_fleet, on_plan=show_plan, on_event=on_event, should_stop=stop)
             finally:
                 end_progress()
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from providers.base import Instance, Offering, PoolTarget, Provider, ProviderContext
+from providers.base import TAG_FLEET_UID, Instance, Offering, PoolTarget, Provider, ProviderContext
 from providers.registry import load_provider
 from reconciler.model import DesiredState, Pool
 from reconciler.placements import merge_placements
@@ -38,6 +38,7 @@ class Observed:
     notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
     runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
+    foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
 
     @property
     def digest(self) -> str:
@@ -107,20 +108,35 @@ class Fleet:
         out.setdefault(self.default, [])  # always look for orphans in the default provider
         return out
 
-    def observe(self, state: State) -> Observed:
+    def observe(self, state: State, uid: str | None = None) -> Observed:
+        """`uid`: the fleet's uid (default: the state's). An instance with our fleet name but another uid is
+        another fleet's (a second config repo of that name): left out, and listed in Observed.foreign. Every
+        region in state.regions is looked at too, pool or no pool, so nothing the fleet launched goes unseen."""
+        uid = state.fleet_uid if uid is None else uid
         instances: list[Instance] = []
         offerings: list[PoolOffering] = []
         providers: dict[str, str] = {}
+        foreign: list[tuple[str, str]] = []
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, deallocated)
-        for name, pools in sorted(self.pools_by_provider().items()):
+        by_provider = self.pools_by_provider()
+        for r in state.regions:
+            by_provider.setdefault(r["provider"], [])
+        for name, pools in sorted(by_provider.items()):
             prov = self.provider(name)
             targets = [pool_target(p) for p in pools]
-            for i in prov.observe(targets):
-                if i.alive:
+            seen = {(t.cloud, t.region) for t in targets}
+            remembered = [PoolTarget(name="", cloud=r["cloud"], region=r["region"], zones=(), instance_types=(),
+                                     settings=dict(r.get("settings", {})))
+                          for r in state.regions if r["provider"] == name and (r["cloud"], r["region"]) not in seen]
+            for i in prov.observe(targets + remembered):
+                their = i.tags.get(TAG_FLEET_UID)
+                if their and their != uid:
+                    foreign.append((i.id, their))
+                elif i.alive:
                     instances.append(i)
                 elif i.state == "stopping":
                     idle.append(i.id)
-            by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)}
+            by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)} if targets else {}
             for p, t in zip(pools, targets):
                 providers[p.name] = name
                 for z in t.zones:
@@ -132,7 +148,7 @@ class Fleet:
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
             placements=merged.placements, short=state.short_now(), providers=providers, lost=merged.lost,
-            gpu_indices=merged.gpu_indices, serial=merged.serial,
+            gpu_indices=merged.gpu_indices, serial=merged.serial, foreign=tuple(sorted(foreign)),
             notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
                                        "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle)),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},

@@ -34,6 +34,9 @@ class State:
     short: list[dict] = field(default_factory=list)  # {cloud, zone, instance_type, market, until}
     serial: int = 0  # one more each apply, and above every placement tag's serial seen
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (problem.shape_of)
+    fleet_name: str = ""  # the fleet this state belongs to, and its uid (reconciler/identity.py)
+    fleet_uid: str = ""
+    regions: list[dict] = field(default_factory=list)  # {provider, cloud, region, settings}: launched into, maybe not empty yet
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()
@@ -55,7 +58,8 @@ def state_dir(config_dir: Path) -> Path:
 def state_to_json(state: State) -> str:
     return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())),
                        "gpus": dict(sorted(state.gpus.items())), "shapes": dict(sorted(state.shapes.items())),
-                       "short": state.short}, indent=1)
+                       "short": state.short, "fleet": {"name": state.fleet_name, "uid": state.fleet_uid},
+                       "regions": state.regions}, indent=1)
 
 
 class StateFileError(ReconcileError):
@@ -105,8 +109,10 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
         raise StateFileError(where, problem)
     now = utcnow()
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
+    fleet = raw.get("fleet") or {}
     return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
-                 shapes=raw.get("shapes", {}))
+                 shapes=raw.get("shapes", {}), fleet_name=fleet.get("name", ""), fleet_uid=fleet.get("uid", ""),
+                 regions=list(raw.get("regions", [])))
 
 
 def load_state(config_dir: Path) -> State:

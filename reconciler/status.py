@@ -166,15 +166,16 @@ def _write(files: StatusFiles, path: Path, doc: dict) -> None:
 
 
 def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
-                 runtime=None) -> Path:
+                 runtime=None, fleet_uid: str = "") -> Path:
     """Status after an apply. `instances` is the fleet as observed after it; `runtime` what the
-    node agents reported (reconciler.runtime.lifecycle.RuntimeView) for jobs that run something."""
+    node agents reported (reconciler.runtime.lifecycle.RuntimeView) for jobs that run something.
+    `fleet_uid` goes in fleet.yaml's metadata: the config repo's record of which fleet it is (reconciler/identity.py)."""
     with StatusFiles(config_dir) as files:
-        return _write_status(files, desired, plan, report, instances, runtime)
+        return _write_status(files, desired, plan, report, instances, runtime, fleet_uid)
 
 
 def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
-                  runtime=None) -> Path:
+                  runtime=None, fleet_uid: str = "") -> Path:
     root = files.config_dir / "status"
     now = utcnow().isoformat()
     catalog = load_catalog()
@@ -255,7 +256,7 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
         old = files.document(path).get("status")
         last = old.get("lastChangedBy", plan.id) if isinstance(old, dict) else plan.id
     _write(files, path, {
-        "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet},
+        "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet, **({"uid": fleet_uid} if fleet_uid else {})},
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
             "tenants": {t: {"hourlyCost": round(c, 4)} for t, c in sorted(tenant_cost.items())},
