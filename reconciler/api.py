@@ -165,7 +165,10 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         fleet = Fleet(desired, state_dir(config_dir), provider, options)
         fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
         fleet.guard = backend.check_lock  # a lost lock stops the apply before its next provider call
+        before = (current.fleet_name, current.fleet_uid)
         observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, current, adopt_fleet))
+        if (current.fleet_name, current.fleet_uid) != before:
+            backend.save(current)  # the identity before any launch carries it: a killed apply's instances stay ours
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
                 raise StalePlanError(f"the plan is for fleet {saved_plan.fleet!r}, this config is fleet {desired.fleet!r}")

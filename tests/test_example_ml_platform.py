@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from providers.catalog import load_catalog
 from providers.sim import SimCloud
+from reconciler.plan import placement_group_name
 from reconciler import api
 from reconciler.cli import app
 from reconciler.state import state_dir
@@ -51,7 +52,7 @@ def test_every_rule_of_the_example_holds_in_the_cold_plan(cfg):
     pre = jobs["llm-pretrain"]
     created = [hosts[r] for r in pre.instances]
     assert {c.instance_type for c in created} == {"p5.48xlarge"} and len({c.zone for c in created}) == 1
-    assert {c.placement_group for c in created} == {f"ml-platform-llm-pretrain-{created[0].zone}"}  # one group per gang and zone
+    assert {c.placement_group for c in created} == {placement_group_name("ml-platform", "llm-pretrain", created[0].zone)}  # one group per gang and zone
     # NVLink: every replica's 4 GPUs inside one NVLink domain of its instance.
     cat = load_catalog()
     for name in ("tp-serving", "eu-finetune"):
