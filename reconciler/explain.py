@@ -10,32 +10,14 @@ solving again with one rule relaxed at a time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
-from reconciler.ledger import money
-from reconciler.problem import DIMS, Capacity, Demand, Problem, TenantRules, fit, rules_allow, share
+from reconciler.ledger import Ledger, Refusal, money, plan_ledger
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
 from reconciler.whatif import WhatIf
 
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
-
-
-_USAGE: dict[tuple[int, int, str], dict[str, dict[str, float]]] = {}
-
-
-def tenant_usage(problem: Problem, solution, tenant: str, part: str = "placed") -> dict[str, float]:
-    """Requested resources of a tenant's placed jobs (part="guaranteed": only those inside its guarantee)."""
-    key = (id(problem), id(solution), part)
-    table = _USAGE.get(key)
-    if table is None:
-        _USAGE.clear()  # one plan at a time: keep the memo small
-        src = solution.guaranteed if part == "guaranteed" and solution.guaranteed else solution.placed
-        table = {}
-        for d in problem.demands:
-            use = table.setdefault(d.tenant, {dim: 0.0 for dim in DIMS})
-            for dim in DIMS:
-                use[dim] += src.get(d.key, 0) * d.replicas * d.req(dim)
-        _USAGE[key] = table
-    return dict(table.get(tenant, {dim: 0.0 for dim in DIMS}))
 
 
 def _what(d: Demand) -> str:
@@ -46,99 +28,74 @@ def _what(d: Demand) -> str:
     return f"{d.replicas * d.bundle}x {d.cpu / d.bundle:g} vCPU"
 
 
-def _in_use(problem: Problem, solution) -> dict[str, int]:
-    n: dict[str, int] = {}
-    for c in problem.capacities:
-        k = (1 if c.instance_id in solution.keep else 0) if c.existing else solution.new.get(c.key, 0)
-        n[c.pool] = n.get(c.pool, 0) + k
-    return n
+# The order a user would look at the rules in, when several each block a way of placing the job.
+_RULE_ORDER = ("quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
 
 
-def pending_reason(d: Demand, problem: Problem, solution, job: str | None = None) -> str:
+def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
+    """One rule's refusals (one kind, maybe several pools) as one clause with the plan's numbers."""
+    first = refusals[0]
+    if first.rule == "pool-max":
+        bounds = ledger.problem.pool_bounds
+        parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in sorted({r.limit for r in refusals}))
+        worst = min(r.shortfall for r in refusals)
+        need = f"; the job needs {worst:g} more instances than that allows" if worst > 1 else ""
+        return f"pools at max_instances ({parts}){need}"
+    return min(refusals, key=lambda r: r.shortfall).message
+
+
+def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None) -> str:
+    """The rule that binds for this job in this plan, with the plan's own numbers (the ledger
+    of the finished plan: its instances, charges, spot share). Every way of placing the job is
+    tried against the ledger: on new instances of each offer, or in room left on an instance.
+    The reason names the rule that alone blocks the cheapest of them (lifting it would let the
+    job be placed), or says that several bind at once."""
     evicted = job is not None and any(j == job for j, _ in d.running)
-    what = _what(d)
-    r: TenantRules | None = problem.tenants.get(d.tenant)
-    # 1. Tenant quota (the hard ceiling).
-    if r is not None:
-        used = tenant_usage(problem, solution, d.tenant)
-        for dim, limit in r.cap.items():
-            need = d.replicas * d.req(dim)
-            if need > limit:
-                return f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}"
-            if used[dim] + need > limit + 1e-9:
-                return f"quota exhausted: tenant {d.tenant} uses {used[dim]:g}/{limit:g} {_UNIT[dim]}, the job needs {need:g} more"
-        if r.budget is not None:
-            spent = _tenant_cost(problem, solution, d.tenant)
-            cheapest = min((c.price * share(d, c) * d.replicas for c in problem.capacities if fit(d, c) > 0), default=None)
-            if cheapest is not None and spent + cheapest > r.budget + 1e-9:
-                return f"tenant budget: {d.tenant} spends ${spent:,.2f}/h of its ${r.budget:,.2f}/h; the job needs at least ${cheapest:,.2f}/h more"
-    caps = [c for c in problem.capacities if fit(d, c) > 0 and c.keep_blocker is None]
-    pools = sorted({c.pool for c in caps})
-    # 2. Pools at (or too near) their ceiling for this job.
-    in_use = _in_use(problem, solution)
-    room = {p: problem.pool_bounds[p][1] - in_use.get(p, 0) for p in pools}
-    best_fit = {p: max((fit(d, c) for c in caps if c.pool == p and not c.existing), default=0) for p in pools}
-    can_hold = sum(max(0, room[p]) * best_fit[p] for p in pools)
-    if pools and can_hold < d.replicas:
-        head = "evicted: " if evicted else ""
-        parts = ", ".join(f"{p} {in_use.get(p, 0)}/{problem.pool_bounds[p][1]}" for p in pools)
-        need = f"; the job needs room for {d.replicas} {'replicas' if d.replicas > 1 else 'replica'}" if d.replicas > 1 else ""
-        return head + f"pools at max_instances ({parts}){need}" + _outranked(d, problem, solution)
-    # 3. Fleet budget.
-    if problem.budget is not None:
-        cheapest = min((c.price for c in caps if not c.existing), default=None)
-        spent = solution.cost_milli / 1000
-        if cheapest is not None and spent + cheapest > problem.budget:
-            return f"budget: the fleet costs ${spent:,.2f}/h and max_hourly_budget is ${problem.budget:,.2f}/h" + _outranked(d, problem, solution)
-    # 4. A gang that cannot fit in one zone.
-    if d.gang:
-        zones: dict[str, int] = {}
-        for c in caps:
-            zones[c.zone] = zones.get(c.zone, 0) + fit(d, c) * (c.max_new if not c.existing else 1)
-        if zones and max(zones.values()) < d.replicas:
-            return f"gang of {d.replicas} needs one zone with room for all replicas; the best zone holds {max(zones.values())}"
-    # 5. Spot rules.
-    sp = problem.spot
-    if d.spot == "required":
-        if sp.max_spot_fraction < 1:
-            return f"spot: required, and the fleet is at max_spot_fraction {sp.max_spot_fraction:g}"
-        if sp.min_instance_types > 1 or sp.min_zones > 1 or sp.on_demand_buffer_percent > 0:
-            return "spot: required, and the SpotPolicy's diversification or on-demand buffer leaves no room for it"
-        if r is not None and r.spot_fraction is not None:
-            return f"spot: required, and tenant {d.tenant} is at its max spot fraction {r.spot_fraction:g}"
-    # 6. Borrowing beyond the guarantee.
-    if r is not None and r.guarantee:
-        g_used = tenant_usage(problem, solution, d.tenant, "guaranteed")
-        over = [dim for dim, lim in r.guarantee.items() if g_used[dim] + d.replicas * d.req(dim) > lim + 1e-9 and d.req(dim)]
-        if over:
-            dim = over[0]
-            lead = "reclaimed: " if evicted else ""
-            return (lead + f"beyond tenant {d.tenant}'s guarantee ({g_used[dim]:g}/{r.guarantee[dim]:g} {_UNIT[dim]} guaranteed in use): "
-                    "it can only borrow idle capacity, shared by weighted fair share and priority" + _outranked(d, problem, solution))
-    out = _outranked(d, problem, solution)
-    if out:
-        return ("preempted" if evicted else "outranked") + out
-    return f"no placement for {what} satisfies every rule at once (pool sizes, spot policy, budgets)"
+    head = "evicted: " if evicted else ""
+    q = ledger.quota_refusal(d)
+    options = ledger.options(d, fit)
+    if q is not None:  # a quota refuses every way alike
+        options = [replace(o, refusals=(q, *o.refusals)) for o in options]
+    if not options:
+        lead = f"several limits bind at once: {q.message}; and " if q is not None else ""
+        return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
+                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
+    open_ = [o for o in options if not o.refusals]
+    if open_:
+        o = open_[0]
+        return head + (f"not placed by this plan, although {o.label} would hold it within every pool, budget, quota and spot rule "
+                       f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
+                       "(a longer --time-limit searches more)")
+    single: dict[str, list[Refusal]] = {}
+    for o in options:
+        kinds = {r.rule for r in o.refusals}
+        if len(kinds) == 1:
+            single.setdefault(kinds.pop(), []).extend(o.refusals)
+    if single:
+        kind = min(single, key=_RULE_ORDER.index)
+        text = _rule_text(single[kind], ledger)
+        others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
+        also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
+        return head + text + also + _outranked(d, ledger)
+    cheapest = options[0]
+    kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
+    texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
+    return head + f"several limits bind at once for {cheapest.label}: " + "; ".join(texts) + _outranked(d, ledger)
 
 
-def _outranked(d: Demand, problem: Problem, solution) -> str:
-    higher = [o for o in problem.demands if o.klass > d.klass and solution.placed.get(o.key, 0)
-              and o.gpu_type == d.gpu_type and (o.gpus > 0) == (d.gpus > 0)]
-    if not higher:
+_RULE_NAMES = {"quota": "its tenant's quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
+               "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
+               "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
+
+
+def _outranked(d: Demand, ledger: Ledger) -> str:
+    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones)."""
+    names = sorted(j for j, o in ledger.job_demand.items()
+                   if o.klass > d.klass and o.gpu_type == d.gpu_type and (o.gpus > 0) == (d.gpus > 0) and bool(o.mig) == bool(d.mig))
+    if not names:
         return ""
-    names = sorted(j for o in higher for j in o.jobs[: solution.placed.get(o.key, 0)])
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     return f" (capacity goes to higher-priority work first: {', '.join(names[:3])}{more})"
-
-
-def _tenant_cost(problem: Problem, solution, tenant: str) -> float:
-    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}  # with the solver's zone classes
-    total = 0.0
-    for (dk, ck), n in list(solution.stay.items()) + list(solution.x.items()):
-        d = problem.demand(dk)
-        if d.tenant == tenant:
-            total += caps[ck].price * share(d, caps[ck]) * n
-    return total
 
 
 # ---------------------------------------------------------------- reconcile explain JOB
@@ -226,61 +183,117 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
 
     state = "evicted" if change.action == "evict" else "pending"
     summary = f"{state}: {change.reason}"
+    ledger = plan_ledger(problem, plan.creates, plan.kept, [(j.job, j.instances) for j in plan.jobs if j.instances])
     would, tried = [], []
-    for label, relaxed in _relaxations(desired, d, job, problem):
-        try:
-            p2 = resolve(relaxed)
-        except Exception as e:  # a relaxation that breaks another rule is simply not an answer
-            tried.append(WhatIf(f"{label}: {e}", change=label, outcome="refused", reason=str(e)))
-            continue
-        jc = next((j for j in p2.jobs if j.job == job), None)
-        if jc is not None and jc.instances:
-            delta = p2.cost_after - plan.cost_after
-            would.append(WhatIf(f"{label}: it would run ({'+' if delta >= -0.005 else ''}{money(delta)}/h for the fleet)",
-                                change=label, outcome="runs", fleet_cost_delta=delta))
-        else:
+    for candidates in _relaxations(desired, d, job, problem, ledger):
+        last = None
+        for label, relaxed in candidates:  # amounts in increasing order: the first that places the job is reported
+            try:
+                p2 = resolve(relaxed)
+            except Exception as e:  # a relaxation that breaks another rule is simply not an answer
+                last = WhatIf(f"{label}: {e}", change=label, outcome="refused", reason=str(e))
+                continue
+            jc = next((j for j in p2.jobs if j.job == job), None)
+            if jc is not None and jc.instances:
+                text, lost, moved, delta = _side_effects(plan, p2, job)
+                would.append(WhatIf(f"{label}: it would run ({text})", change=label, outcome="runs", fleet_cost_delta=delta,
+                                    evicts=tuple(lost), moves=tuple(moved)))
+                last = None
+                break
             why = jc.reason if jc else "gone"
-            tried.append(WhatIf(f"{label}: still pending ({why})", change=label, outcome="still pending", reason=why))
+            last = WhatIf(f"{label}: still pending ({why})", change=label, outcome="still pending", reason=why)
+        if last is not None:
+            tried.append(last)
     return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
 
 
-def _relaxations(desired, d: Demand, job: str, problem: Problem):
-    """One rule relaxed at a time, each just enough for this job (where that can be told)."""
+def _side_effects(plan, p2, job: str) -> tuple[str, list[str], list[str], float]:
+    """What else the re-planned fleet does differently: the $/h, and the other jobs it evicts
+    (or no longer places) and the running ones it moves."""
+    before = {j.job: j for j in plan.jobs}
+    lost = sorted(j.job for j in p2.jobs if j.job != job and not j.instances and j.job in before and before[j.job].instances)
+    moved = sorted(j.job for j in p2.jobs if j.job != job and j.action == "move" and j.job in before and before[j.job].action == "keep")
+    delta = p2.cost_after - plan.cost_after
+    out = [f"{'+' if delta >= -0.005 else ''}{money(delta)}/h for the fleet"]
+    for verb, names in (("evicts or leaves pending", lost), ("moves", moved)):
+        if names:
+            out.append(f"{verb} {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
+    return "; ".join(out), lost, moved, delta
+
+
+def _amounts(shortfall: float, fallback: float, unit: float) -> list[float]:
+    """Amounts to try, smallest first: what the ledger says is short, then three times that
+    (other work may take part of a raise). Rounded up to `unit`; never zero."""
+    base = shortfall if shortfall > 1e-9 else fallback
+    if base <= 1e-9:
+        return []
+    first = math.ceil(base / unit - 1e-9) * unit
+    return [first, math.ceil(3 * base / unit - 1e-9) * unit]
+
+
+def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger):
+    """One rule relaxed at a time; each a list of increasing amounts, starting from what the
+    plan's ledger says is short (for budgets, quotas and pool sizes)."""
     out = []
+    options = ledger.options(d, fit)
+    refusals = [r for o in options for r in o.refusals]
+
+    def short(rule: str, limit: str | None = None) -> float:
+        v = [r.shortfall for r in refusals if r.rule == rule and (limit is None or r.limit == limit)]
+        return min(v) if v else 0.0
+
     t = desired.tenants.get(d.tenant)
     if t is not None:
         q = t.spec.quota
+        used = ledger.tenant_use(d.tenant)
         need = {dim: d.replicas * d.req(dim) for dim in DIMS}
         limits = {dim: q.cap(dim) for dim in DIMS if q.cap(dim) is not None}
-        if limits:
-            new_q = q.model_copy(update={dim: (getattr(q, dim) + need[dim]) if getattr(q, dim) is not None else None for dim in DIMS})
-            if q.burst is not None:
-                new_q = new_q.model_copy(update={"burst": q.burst.model_copy(update={
-                    dim: getattr(q.burst, dim) + need[dim] for dim in DIMS if getattr(q.burst, dim) is not None})})
-            label = "raise tenant " + d.tenant + " quota by " + ", ".join(f"{need[k]:g} {_UNIT[k]}" for k in limits)
-            out.append((label, _with_tenant(desired, d.tenant, t.model_copy(update={"spec": t.spec.model_copy(update={"quota": new_q})}))))
+        lack = {dim: used[dim] + need[dim] - lim for dim, lim in limits.items() if used[dim] + need[dim] > lim + 1e-9}
+        if lack:
+            cands = []
+            for scale in (1, 3):
+                more = {dim: math.ceil(v * scale - 1e-9) if dim == "gpus" else v * scale for dim, v in lack.items()}
+                new_q = q.model_copy(update={dim: getattr(q, dim) + more[dim] for dim in more if getattr(q, dim) is not None})
+                if q.burst is not None:
+                    new_q = new_q.model_copy(update={"burst": q.burst.model_copy(update={
+                        dim: getattr(q.burst, dim) + more[dim] for dim in more if getattr(q.burst, dim) is not None})})
+                label = f"raise tenant {d.tenant} quota by " + ", ".join(f"{more[k]:g} {_UNIT[k]}" for k in sorted(more))
+                cands.append((label, _with_tenant(desired, d.tenant, t.model_copy(update={"spec": t.spec.model_copy(update={"quota": new_q})}))))
+            out.append(cands)
     pools = sorted({c.pool for c in problem.capacities if rules_allow(d, c)})
     if pools:
-        grown = dict(desired.pools)
-        for p in pools:
-            pool = grown[p]
-            grown[p] = pool.model_copy(update={"spec": pool.spec.model_copy(update={"max_instances": pool.spec.max_instances + d.replicas})})
-        out.append((f"raise max_instances of {', '.join(pools)} by {d.replicas}", desired.model_copy(update={"pools": grown})))
+        cands = []
+        for n in sorted({max(1, round(short("pool-max"))), d.replicas}):
+            grown = dict(desired.pools)
+            for p in pools:
+                pool = grown[p]
+                grown[p] = pool.model_copy(update={"spec": pool.spec.model_copy(update={"max_instances": pool.spec.max_instances + n})})
+            cands.append((f"raise max_instances of {', '.join(pools)} by {n}", desired.model_copy(update={"pools": grown})))
+        out.append(cands)
     g = desired.guardrails
-    if g.max_hourly_budget is not None:
-        out.append(("raise max_hourly_budget by 50%", desired.model_copy(update={"guardrails": g.model_copy(update={"max_hourly_budget": g.max_hourly_budget * 1.5})})))
-    if d.tenant in g.tenant_hourly_budgets:
-        tb = dict(g.tenant_hourly_budgets)
-        tb[d.tenant] = tb[d.tenant] * 1.5
-        out.append((f"raise tenant {d.tenant}'s hourly budget by 50%", desired.model_copy(update={"guardrails": g.model_copy(update={"tenant_hourly_budgets": tb})})))
+    if g.max_hourly_budget is not None and short("fleet-budget"):  # tried only where the ledger says it binds
+        cheapest = min((o.price for o in options if o.price > 0), default=0.0)
+        out.append([(f"raise max_hourly_budget by {money(a)}/h (to {money(g.max_hourly_budget + a)}/h)",
+                     desired.model_copy(update={"guardrails": g.model_copy(update={"max_hourly_budget": g.max_hourly_budget + a})}))
+                    for a in _amounts(short("fleet-budget"), cheapest, 0.01)])
+    if d.tenant in g.tenant_hourly_budgets and short("tenant-budget"):
+        cur = g.tenant_hourly_budgets[d.tenant]
+        cheapest = min((c.price * share(d, c) * d.replicas for c in problem.capacities if fit(d, c) > 0), default=0.0)
+        cands = []
+        for a in _amounts(short("tenant-budget"), cheapest, 0.01):
+            tb = dict(g.tenant_hourly_budgets)
+            tb[d.tenant] = cur + a
+            cands.append((f"raise tenant {d.tenant}'s hourly budget by {money(a)}/h (to {money(cur + a)}/h)",
+                          desired.model_copy(update={"guardrails": g.model_copy(update={"tenant_hourly_budgets": tb})})))
+        out.append(cands)
     spec = desired.jobs[job].spec
     if spec.spot in ("never", "required"):
-        out.append(("let it run on spot or on-demand (spot: eligible)", _with_job(desired, job, spec.model_copy(update={"spot": "eligible"}))))
+        out.append([("let it run on spot or on-demand (spot: eligible)", _with_job(desired, job, spec.model_copy(update={"spot": "eligible"})))])
     if spec.regions is not None or spec.clouds is not None or spec.pools is not None:
-        out.append(("drop its region/cloud/pool allowlists", _with_job(desired, job, spec.model_copy(update={"regions": None, "clouds": None, "pools": None}))))
+        out.append([("drop its region/cloud/pool allowlists", _with_job(desired, job, spec.model_copy(update={"regions": None, "clouds": None, "pools": None})))])
     if spec.priority_weight() < 1000:
-        out.append(("give it priority critical", _with_job(desired, job, spec.model_copy(update={"priority": "critical"}))))
-    return out
+        out.append([("give it priority critical", _with_job(desired, job, spec.model_copy(update={"priority": "critical"})))])
+    return [c for c in out if c]
 
 
 def _with_tenant(desired, name, tenant):
@@ -295,4 +308,4 @@ def _with_job(desired, name, spec):
     return desired.model_copy(update={"jobs": jobs})
 
 
-__all__ = ["pending_reason", "explain_job", "Explanation", "Alternative", "tenant_usage", "replace"]
+__all__ = ["pending_reason", "explain_job", "Explanation", "Alternative", "replace"]

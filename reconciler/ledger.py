@@ -63,8 +63,9 @@ def replica_charge(resources, inst_gpus: float, inst_cpu: float, price: float) -
 
 
 def money(x: float) -> str:
-    """$1,234.50 / -$3.20: a sign before the dollar sign, never "$-3.20"."""
-    return f"{'-' if x < -0.005 else ''}${abs(x):,.2f}"
+    """$1,234.50; a negative amount as -$8.22 (not $-8.22); -0 as $0.00."""
+    x = round(float(x), 2) + 0.0
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
 def spot_units(capacities) -> tuple[str, object]:
@@ -200,8 +201,8 @@ class Ledger:
             more = sum(charge(d, c) for c in cells)
             if spent + more > r.budget + 1e-9:
                 short = spent + more - r.budget
-                out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} is charged {money(spent)}/h of its {money(r.budget)}/h "
-                                   f"in this plan; the job would add {money(more)}/h, {money(short)}/h over", d.tenant, short))
+                out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} spends {money(spent)}/h of its {money(r.budget)}/h "
+                                   f"in this plan; the job would add {money(more)}/h, {money(short)}/h more than it allows", d.tenant, short))
         if r.spot_fraction is not None and any(c.market == "spot" for c in cells):
             on, tot = self.tenant_spot(d.tenant)
             add_on = sum(d.size for c in cells if c.market == "spot")
@@ -223,8 +224,8 @@ class Ledger:
             cost = self.cost()
             if cost + n * c.price > p.budget + 1e-9:
                 short = cost + n * c.price - p.budget
-                out.append(Refusal("fleet-budget", f"budget: the plan costs {money(cost)}/h of max_hourly_budget {money(p.budget)}/h; "
-                                   f"{n} {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more", "", short))
+                out.append(Refusal("fleet-budget", f"budget: the fleet costs {money(cost)}/h and max_hourly_budget is {money(p.budget)}/h; "
+                                   f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more budget", "", short))
         if c.market == "spot":
             sp = p.spot
             spot, total = self.spot()
@@ -247,29 +248,53 @@ class Ledger:
                                    f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
         return out
 
+    def _room_items(self, d, ref: str, fits) -> int:
+        """Items of d the room left on a plan instance holds (its rules allowing)."""
+        c = self.instances[ref]
+        if c.keep_blocker is not None or fits(d, c) <= 0:
+            return 0
+        if d.nvlink and any(o.gpus for o, _ in self.items[ref]):
+            return 0  # as the solver: NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
+        free = self.free(ref)
+        return max(0, min(math.floor(free.get(k, 0.0) / d.req(k) + 1e-9) for k in d.dims if d.req(k) > 0))
+
     def options(self, d, fits) -> list[Option]:
-        """Every way of placing one more job of d considered here: all its items on new
-        instances of one offer, or (not for gangs) in the room left on one instance of the
-        plan. Each with the rules that refuse it. `fits(d, c)`: items per empty instance."""
+        """Every way of placing one more job of d considered here, each with the rules that
+        refuse it: in the room left on the plan's instances of one zone, topped up with new
+        instances of one offer in that zone (all on new instances for a placement-group gang).
+        `fits(d, c)`: items per empty instance."""
+        room: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (cloud, zone) -> (instance, items it holds)
+        if d.gang_mode != "placement-group":
+            for ref, c in self.instances.items():
+                k = self._room_items(d, ref, fits)
+                if k:
+                    room.setdefault((c.cloud, c.zone), []).append((ref, k))
         out = []
+        for (cloud, zone), cells in room.items():
+            if sum(k for _, k in cells) >= d.replicas:
+                used, left = [], d.replicas
+                for ref, k in sorted(cells):
+                    take = min(k, left)
+                    used += [self.instances[ref]] * take
+                    left -= take
+                    if not left:
+                        break
+                where = ", ".join(sorted({ref for ref, _ in cells}))
+                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used))))
         for c in self.problem.capacities:
             if c.existing or c.members:
                 continue
             f = fits(d, c)
             if f <= 0:
                 continue
-            n = math.ceil(d.replicas / f)
-            cells = [c] * d.replicas
+            held = [(ref, k) for ref, k in room.get((c.cloud, c.zone), [])]
+            have = min(sum(k for _, k in held), d.replicas - 1) if d.replicas > 1 else 0
+            n = math.ceil((d.replicas - have) / f)
+            cells = [c] * (d.replicas - have)
+            for ref, k in held:
+                cells += [self.instances[ref]] * min(k, d.replicas - len(cells))
             out.append(Option(f"{n} new {c.instance_type} {c.market} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
                               tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells))))
-        if d.replicas == 1:
-            for ref, c in self.instances.items():
-                if c.keep_blocker is not None or fits(d, c) <= 0:
-                    continue
-                free = self.free(ref)
-                if all(free.get(k, 0.0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0):
-                    out.append(Option(f"room on {ref} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})", 0.0,
-                                      tuple(self._tenant_refusals(d, [c]))))
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:
@@ -288,6 +313,54 @@ class Ledger:
                 return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used[dim]:g}/{limit:g} {_UNIT[dim]} in this plan, "
                                f"the job needs {need:g} more", d.tenant, used[dim] + need - limit)
         return None
+
+
+@dataclass(frozen=True)
+class SpotBallast:
+    """Idle on-demand capacity a plan pays for that its spot capacity needs to keep the
+    SpotPolicy's spot share or on-demand buffer (beyond empty instances pool minimums ask)."""
+
+    instances: tuple[str, ...]  # instance ids and create refs with idle on-demand capacity
+    idle: float  # in the spot share's unit
+    unit: str  # GPUs or vCPU
+    cost_per_hour: float  # the idle part of their prices
+    rule: str  # e.g. "max_spot_fraction 0.5"
+    spot_share: float  # of the plan's fleet, with them
+    spot_share_without: float  # were the idle capacity not bought
+
+
+def spot_ballast(led: Ledger) -> SpotBallast | None:
+    """The plan's idle on-demand capacity without which its spot capacity would break
+    max_spot_fraction or the on-demand buffer; None if the rules hold without it."""
+    sp = led.problem.spot
+    spot, total = led.spot()
+    if not spot or (sp.max_spot_fraction >= 1 and sp.on_demand_buffer_percent <= 0):
+        return None
+    count: dict[str, int] = {}
+    for c in led.instances.values():
+        count[c.pool] = count.get(c.pool, 0) + 1
+    idle: dict[str, float] = {}
+    for ref in sorted(led.instances):
+        c = led.instances[ref]
+        if c.market == "spot" or not led._prim(c):
+            continue
+        if not led.items[ref] and count[c.pool] <= led.problem.pool_bounds.get(c.pool, (0, 0))[0]:
+            continue  # a pool minimum keeps it anyway
+        used = sum(d.size / GPU_SLICES if led.dim == "gpus" and d.mig else d.req(led.dim) for d, _ in led.items[ref])
+        if led._prim(c) - used > 1e-9:
+            idle[ref] = led._prim(c) - used
+            count[c.pool] -= 0 if led.items[ref] else 1
+    gone = sum(idle.values())
+    rules = []
+    if sp.max_spot_fraction < 1 and spot > sp.max_spot_fraction * (total - gone) + 1e-9:
+        rules.append(f"max_spot_fraction {sp.max_spot_fraction:g}")
+    if sp.on_demand_buffer_percent > 0 and sp.on_demand_buffer_percent * spot > 1e-9:
+        rules.append(f"on_demand_buffer_percent {sp.on_demand_buffer_percent:g}")  # the buffer is idle capacity by definition
+    if not idle or not rules:
+        return None
+    cost = sum(led.instances[r].price * v / led._prim(led.instances[r]) for r, v in idle.items())
+    return SpotBallast(tuple(idle), round(gone, 3), "GPUs" if led.dim == "gpus" else "vCPU", round(cost, 4), " and ".join(rules),
+                       round(spot / total, 4), round(spot / (total - gone), 4) if total > gone else 1.0)
 
 
 def plan_ledger(problem, creates, kept, placements) -> Ledger:
@@ -311,4 +384,4 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
-__all__ = ["charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+__all__ = ["SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]

@@ -16,14 +16,15 @@ from typing import Literal
 
 from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
+from reconciler.ledger import SpotBallast, plan_ledger, spot_ballast
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Capacity, Demand, Problem, fit, shape_changes, share, spot_measure
+from reconciler.problem import Capacity, Demand, Problem, fit, placement_refusal, shape_changes, share, spot_measure
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
-UNPACKED = "its instances could not be packed without breaking a pool or budget limit; the next run retries"
+UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding
 JobAction = Literal["keep", "place", "move", "evict", "pending"]
 
 
@@ -113,6 +114,7 @@ class Plan:
     kept: dict[str, float] = field(default_factory=dict)  # existing instance id -> USD/h, for those that stay
     consolidation: Consolidation | None = None
     notes: tuple[str, ...] = ()  # what observe found worth saying (state vs placement tags)
+    ballast: SpotBallast | None = None  # idle on-demand capacity paid for only to allow the spot in the plan
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -159,6 +161,7 @@ class Plan:
             violations=tuple(raw.get("violations", ())), kept=dict(raw.get("kept", {})),
             consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
             notes=tuple(raw.get("notes", ())),
+            ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
         )
 
 
@@ -450,7 +453,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                         gpus.append(g[k] if k < len(g) else ())
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
-                note = _move_note(job, prev, now_t, observed, hosts, solution) if action == "move" else ""
+                note = _move_note(d, job, prev, now_t, observed, hosts, solution) if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
                     action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
@@ -458,11 +461,11 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                     note = f"replaces {', '.join(observed.lost[job])}: gone (spot interruption or lost capacity)"
                 jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))
             else:
-                if job in unpacked:
-                    reason = UNPACKED
-                else:
-                    reason = problem.static_pending.get(job) or pending_reason(d, problem, solution, job)
-                jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, reason))
+                jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, problem.static_pending.get(job, "")))
+    # Pending reasons are read off the finished plan (its instances, charges and spot share).
+    ledger = plan_ledger(problem, creates, solution.keep, [(j.job, j.instances) for j in jobs if j.instances])
+    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job))
+            if not j.instances and not j.reason else j for j in jobs]
     jobs.sort(key=lambda j: j.job)
 
     deletes = []
@@ -484,6 +487,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
+        ballast=spot_ballast(ledger),
     )
 
 
@@ -594,10 +598,10 @@ def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
 
 def unpacked(plan: Plan) -> int:
     """Jobs the solver placed that the packer could not (see make_plan)."""
-    return sum(1 for j in plan.jobs if j.reason == UNPACKED)
+    return sum(1 for j in plan.jobs if j.reason.startswith(UNPACKED))
 
 
-def _move_note(job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
+def _move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
                solution: Solution) -> str:
     gone = observed.lost.get(job)
     if gone:
@@ -606,6 +610,10 @@ def _move_note(job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: 
     blocked = [h for h in left if h in hosts and hosts[h].keep_blocker]
     if blocked:
         return f"leaves {blocked[0]}: {hosts[blocked[0]].keep_blocker}"
+    refused = [(h, placement_refusal(d, hosts[h])) for h in left if h in hosts]
+    refused = [(h, why) for h, why in refused if why]
+    if refused:  # the job's own rules changed (an allowlist, spot mode): the rule forces it, not a saving
+        return f"leaves {refused[0][0]}: {refused[0][1]}"
     if any(h not in solution.keep for h in left):
         return "consolidation: its instance is removed"
     return "consolidation: a cheaper packing"

@@ -258,27 +258,32 @@ def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
 
 def rules_allow(d: Demand, c: Capacity) -> bool:
     """Every placement rule but size: GPU model, MIG, NVLink, spot, pools, regions, clouds, latency."""
+    return placement_refusal(d, c) is None
+
+
+def placement_refusal(d: Demand, c: Capacity) -> str | None:
+    """The placement rule (rules_allow's) that keeps d off c, in words; None if none does."""
     if d.mig is not None:
         if c.gpu_type != d.gpu_type or not c.mig or d.mig[0] not in c.mig:
-            return False
+            return f"its instance does not offer MIG {d.mig[0]} of {d.gpu_type}"
     elif d.gpus > 0:
         if c.gpu_type != d.gpu_type or c.mig or c.gpus < d.gpus:
-            return False
+            return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
         if d.nvlink and c.nvlink_domain < d.gpus // d.bundle:
-            return False
+            return "its instance has no NVLink domain large enough"
     elif c.gpus > 0:
-        return False  # GPU instances are tainted for GPU work, as GPU node pools usually are
+        return "CPU work does not run on GPU instances"  # tainted for GPU work, as GPU node pools usually are
     if d.spot == "never" and c.market == "spot" or d.spot == "required" and c.market != "spot":
-        return False
+        return f"the job's spot: {d.spot} excludes {c.market} instances"
     if d.pools is not None and c.pool not in d.pools:
-        return False
+        return f"the job's pools allowlist ({', '.join(sorted(d.pools))}) excludes pool {c.pool}"
     if d.clouds is not None and c.cloud not in d.clouds:
-        return False
+        return f"the job's clouds allowlist ({', '.join(sorted(d.clouds))}) excludes {c.cloud}"
     if d.regions is not None and not region_matches(list(d.regions), c.cloud, c.region):
-        return False
+        return f"the job's regions allowlist ({', '.join(d.regions)}) excludes {c.cloud}/{c.region}"
     if d.zones is not None and (c.cloud, c.zone) not in d.zones:
-        return False
-    return True
+        return f"{c.cloud}/{c.zone} is beyond the data's max_latency_ms"
+    return None
 
 
 def fit(d: Demand, c: Capacity) -> int:

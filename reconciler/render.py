@@ -62,8 +62,18 @@ def consolidation_line(plan: Plan) -> str | None:
     if c is None:
         return None
     payback = f", paid back in {c.move_cost / c.saving_per_hour:.1f} h" if c.saving_per_hour > 0 else ""
+    gain = f"saving {money(c.saving_per_hour)}/h" if c.saving_per_hour >= 0 else f"at {money(-c.saving_per_hour)}/h more"
     return (f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go, "
-            f"saving {money(c.saving_per_hour)}/h for a one-time {money(c.move_cost)} of restarts{payback}")
+            f"{gain} for a one-time {money(c.move_cost)} of restarts{payback}")
+
+
+def ballast_line(plan: Plan) -> str | None:
+    b = plan.ballast
+    if b is None:
+        return None
+    where = ", ".join(b.instances[:5]) + (f" and {len(b.instances) - 5} more" if len(b.instances) > 5 else "")
+    return (f"Spot ballast: {b.idle:g} idle on-demand {b.unit} ({where}) cost {money(b.cost_per_hour)}/h and hold {b.rule} "
+            f"for the plan's spot capacity (spot is {b.spot_share:.0%} of the fleet with them, {b.spot_share_without:.0%} without)")
 
 
 def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
@@ -99,6 +109,8 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         con.print(t)
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
+    if ballast_line(plan):
+        con.print(ballast_line(plan))
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:  # the summary counts evicted and pending apart; the table says which each row is
         evicted = any(j.action == "evict" for j in pending)
@@ -164,6 +176,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += ["", "</details>", ""]
     if consolidation_line(plan):
         lines += [f"**{consolidation_line(plan)}**", ""]
+    if ballast_line(plan):
+        lines += [f"**{ballast_line(plan)}**", ""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
         evicted = sum(j.action == "evict" for j in pending)

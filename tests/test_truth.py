@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
 
 from reconciler import api
 from tests.fleetkit import ROOT
 from tests.invariants import tenant_costs
+from tests.test_properties import SETTINGS, fleets
 
 
 def _example(tmp_path: Path, name: str) -> Path:
@@ -69,3 +71,245 @@ def test_validate_reports_first_what_plan_refuses_for_config_reasons(tmp_path, c
     assert rule in out.output and "fleet.yaml:" in out.output and "min_instances" in out.output + rule, out.output
     with pytest.raises(ReconcileError):
         api.plan(cfg, time_limit=2)  # planning refuses it too: validate is not stricter than plan
+
+
+# ---------------------------------------------------------------- 1. pending reasons
+
+
+def _lift(docs: list[dict], reason: str, tenant: str) -> list[dict] | None:
+    """The desired state with the limit a pending reason names lifted (alone); None when the
+    reason names no single limit (several bind, or nothing a config can lift)."""
+    import copy
+    import re
+
+    docs = copy.deepcopy(docs)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    kinds = {d["kind"]: d for d in docs}
+
+    def policy(kind: str) -> dict:
+        if kind not in kinds:
+            docs.append({"apiVersion": "fleetops.io/v1alpha1", "kind": kind, "metadata": {"name": "lifted"}, "spec": {}})
+            kinds[kind] = docs[-1]
+        return kinds[kind]["spec"]
+
+    r = reason.removeprefix("evicted: ")
+    if r.startswith("quota"):
+        by[("Tenant", tenant)]["spec"].pop("quota", None)
+    elif r.startswith("tenant budget:"):
+        policy("GuardrailPolicy").get("tenant_hourly_budgets", {}).pop(tenant, None)
+    elif r.startswith("pools at max_instances"):
+        for name in re.findall(r"([\w-]+) \d+/\d+", r.split(")")[0]):
+            by[("Pool", name)]["spec"]["max_instances"] += 10
+    elif r.startswith("budget:"):
+        policy("GuardrailPolicy").pop("max_hourly_budget", None)
+    elif r.startswith("spot share:"):
+        policy("SpotPolicy")["max_spot_fraction"] = 1.0
+    elif r.startswith("tenant spot share:"):
+        policy("SpotPolicy").get("tenant_max_spot_fraction", {}).pop(tenant, None)
+    elif r.startswith("on-demand buffer:"):
+        policy("SpotPolicy")["on_demand_buffer_percent"] = 0
+    elif r.startswith("spot diversity:"):
+        policy("SpotPolicy").update(min_instance_types=1, min_zones=1)
+    else:
+        return None
+    return docs
+
+
+def _plan_docs(docs, fleet, time_limit: float = 4):
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, write_config
+
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), docs))
+    observed = replace(catalog_observed(desired, fleet.instances, fleet.placements), gpu_indices=fleet.gpu_indices)
+    problem = build_problem(desired, observed)
+    return desired, make_plan(desired, observed, problem, solve(problem, time_limit=time_limit, workers=1))
+
+
+def check_reasons(fleet) -> None:
+    """Each pending job's named limit, lifted alone, lets it be placed: re-planned without the
+    other pending jobs (so what the lift frees is not taken by them), the job runs."""
+    from hypothesis import note
+
+    desired, plan = _plan_docs(fleet.docs, fleet)
+    pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
+    for jc in pending:
+        assert "could not be packed" not in jc.reason or "several" in jc.reason or "max_instances" in jc.reason, jc.reason
+        assert not jc.reason.startswith("not placed by this plan"), (jc.job, jc.reason)
+    for jc in pending[:2]:
+        lifted = _lift(fleet.docs, jc.reason, jc.tenant)
+        if lifted is None:
+            note(f"{jc.job}: not a single limit: {jc.reason}")
+            continue
+        others = {j.job for j in pending if j.job != jc.job}
+        lifted = [d for d in lifted if not (d["kind"] == "Job" and d["metadata"]["name"] in others)]
+        _, again = _plan_docs(lifted, fleet)
+        now = next(j for j in again.jobs if j.job == jc.job)
+        assert now.instances, f"{jc.job}: pending for '{jc.reason}'; with that lifted still pending: '{now.reason}'"
+
+
+@settings(max_examples=25, derandomize=True, database=None, **SETTINGS)  # the same fleets every run (CI)
+@given(fleet=fleets())
+def test_each_pending_reason_names_a_limit_that_lifted_alone_places_the_job(fleet):
+    check_reasons(fleet)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **SETTINGS)  # new fleets every run
+@given(fleet=fleets(max_jobs=14, max_instances=8))
+def test_each_pending_reason_names_a_limit_that_lifted_alone_places_the_job_on_larger_fleets(fleet):
+    check_reasons(fleet)
+
+
+# ---------------------------------------------------------------- 2. explain
+
+
+A100 = dict(gpus=1, gpu_type="A100", cpu=8, mem=60)  # one a2-highgpu-1g each
+
+
+def _gpu_pool(hi=1):
+    from tests.fleetkit import pool
+
+    return pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=hi)
+
+
+def _no_negative_dollars(ex) -> None:
+    for line in (ex.summary, *ex.would_change, *ex.tried):
+        assert "$-" not in line and " by 0 " not in line, line
+
+
+def test_explain_reports_what_a_what_if_evicts(tmp_path):
+    """'give it priority critical: it would run (+$0.00/h)' while that re-plan evicts the job
+    running on the one GPU: the side effects of each what-if come from its re-plan."""
+    from tests.fleetkit import job, tenant, topology, write_config
+
+    base = [topology(), tenant("t"), _gpu_pool(), job("run", priority="normal", **A100)]
+    cfg = write_config(tmp_path / "c", base)
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, base + [job("wait", priority="low", **A100)])
+    ex = api.explain(cfg, "wait", time_limit=5)
+    assert ex.state == "pending" and "max_instances" in ex.summary
+    crit = [w for w in ex.would_change if w.startswith("give it priority critical")]
+    assert crit == ["give it priority critical: it would run (+$0.00/h for the fleet; evicts or leaves pending run)"], ex.would_change
+    _no_negative_dollars(ex)
+
+
+def test_explain_searches_the_budget_that_suffices(tmp_path):
+    """A $1/h tenant budget and a $3.67/h job: +50% was tried, then 'several limits bind at
+    once' was said although only that budget bound. The amount short is searched instead."""
+    from tests.fleetkit import doc, job, tenant, topology, write_config
+
+    cfg = write_config(tmp_path / "c", [topology(), tenant("a"), _gpu_pool(), job("j", tenant="a", **A100),
+                                        doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"a": 1.0}})])
+    ex = api.explain(cfg, "j", time_limit=5)
+    assert ex.summary.startswith("pending: tenant budget: a spends $0.00/h of its $1.00/h")
+    assert "raise tenant a's hourly budget by $2.68/h (to $3.68/h): it would run (+$3.67/h for the fleet)" in ex.would_change
+    _no_negative_dollars(ex)
+
+
+def test_explain_never_raises_a_quota_by_zero(tmp_path):
+    """'raise tenant nlp quota by 0 GPUs' for a CPU job: only the dimensions short are raised, by what is short."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    cfg = write_config(tmp_path / "c", [topology(), tenant("t", gpus=4, cpu=8),
+                                        pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=2),
+                                        job("big", cpu=16, mem=32)])
+    ex = api.explain(cfg, "big", time_limit=5)
+    assert ex.summary == "pending: quota: the job needs 16 vCPU but tenant t's limit is 8"
+    assert any(w.startswith("raise tenant t quota by 8 vCPU: it would run") for w in ex.would_change), ex
+    _no_negative_dollars(ex)
+
+
+def test_a_move_forced_by_an_allowlist_names_the_rule_not_consolidation(tmp_path):
+    """A job moved because its pools allowlist changed was labelled 'consolidation: a cheaper
+    packing' and counted as a consolidation 'saving $-3.67/h'."""
+    from tests.fleetkit import instance, job, plan_for, pool, tenant, topology
+
+    pools = [_gpu_pool(hi=2), pool("q", "gcp", "us-central1", ["us-central1-b"], ["a2-highgpu-1g"], hi=2)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    i1 = instance("i1", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    docs = [topology(), tenant("t"), *pools, job("stay", **A100), job("j", pools=["q"], **A100)]
+    plan = plan_for(tmp_path, docs, [i0, i1], {"stay": ("i0",), "j": ("i1",)})
+    j = next(x for x in plan.jobs if x.job == "j")
+    assert j.action == "move" and j.reason == "leaves i1: the job's pools allowlist (q) excludes pool p"
+    assert plan.consolidation is None
+
+
+def test_the_spot_reason_only_when_the_fleet_spot_share_binds(tmp_path):
+    """'spot: required, and the fleet is at max_spot_fraction 0.5' was said of a fleet with no
+    spot at all, where the tenant's own spot share (0) was what bound."""
+    from tests.fleetkit import doc, job, plan_for, pool, tenant, topology
+
+    docs = [topology(), tenant("t"),
+            pool("od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=2, hi=2),
+            pool("s", "gcp", "us-central1", ["us-central1-b"], ["a2-highgpu-1g"], market="spot", hi=2),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "tenant_max_spot_fraction": {"t": 0.0}}),
+            job("j", spot="required", **A100)]
+    j = next(x for x in plan_for(tmp_path, docs).jobs if x.job == "j")
+    assert j.action == "pending"
+    assert j.reason == "tenant spot share: t's placed work is 0.0% on spot; the job on spot would take it over its max 0", j.reason
+
+
+def test_outranked_names_only_jobs_the_plan_places(tmp_path):
+    """Of two identical high jobs one runs (b-high, kept) and one waits (a-high): the low job's
+    reason named a-high, a job that is itself pending."""
+    from tests.fleetkit import instance, job, plan_for, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(), job("a-high", priority="high", **A100), job("b-high", priority="high", **A100),
+            job("low", priority="low", **A100)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    jobs = {x.job: x for x in plan_for(tmp_path, docs, [i0], {"b-high": ("i0",)}).jobs}
+    assert jobs["b-high"].action == "keep" and jobs["a-high"].action == "pending"
+    assert jobs["low"].reason == "pools at max_instances (p 1/1) (capacity goes to higher-priority work first: b-high)", jobs["low"].reason
+
+
+def test_the_fleet_budget_reason_says_how_much_more_is_needed(tmp_path):
+    """Three $3.67/h jobs under an $8/h fleet budget: the third's reason quotes the plan's cost
+    and the budget it would need ($7.35 + $3.67 - $8.00)."""
+    from tests.fleetkit import doc, job, plan_for, tenant, topology
+
+    docs = [topology(), tenant("a"), _gpu_pool(hi=3), doc("GuardrailPolicy", "g", {"max_hourly_budget": 8.0})]
+    docs += [job(f"j{i}", tenant="a", priority=p, **A100) for i, p in enumerate(["high", "normal", "low"])]
+    j2 = next(x for x in plan_for(tmp_path, docs).jobs if x.job == "j2")
+    assert j2.reason.startswith("budget: the fleet costs $7.35/h and max_hourly_budget is $8.00/h; "
+                                "1 more a2-highgpu-1g ($3.67/h) would need $3.02/h more budget"), j2.reason
+
+
+# ---------------------------------------------------------------- 5. spot ballast
+
+
+def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(tmp_path):
+    """Four spot-required A100 jobs under max_spot_fraction 0.5 and one T4 job: the plan puts
+    the T4 job on a 4-GPU g4dn.12xlarge ($3.91/h) rather than a 1-GPU g4dn.xlarge ($0.53/h),
+    because its three idle T4 GPUs let the A100 work run on spot (as the 15 empty NC64as_T4
+    of the issue did). That was silent; now it is a line with its price in every format, and
+    the JSON plan round-trips it."""
+    import json
+
+    from reconciler.plan import Plan
+    from reconciler.render import render
+    from tests.fleetkit import doc, job, plan_for, pool, tenant, topology
+
+    docs = [topology(), tenant("t"),
+            pool("t4", "aws", "us-east-1", ["us-east-1a"], ["g4dn.xlarge", "g4dn.12xlarge"], hi=4),
+            pool("s", "gcp", "us-central1", ["us-central1-b"], ["a2-highgpu-1g"], market="spot", hi=4),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}),
+            job("x", gpus=1, gpu_type="T4", cpu=4, mem=16, spot="never")] + [job(f"a{i}", spot="required", **A100) for i in range(4)]
+    plan = plan_for(tmp_path, docs)
+    assert all(j.action == "place" for j in plan.jobs)
+    big = next(c for c in plan.creates if c.instance_type == "g4dn.12xlarge")
+    b = plan.ballast
+    assert b is not None and b.instances == (big.ref,) and b.idle == 3 and b.unit == "GPUs"
+    assert b.cost_per_hour == pytest.approx(big.price * 3 / 4, abs=1e-3)
+    assert b.rule == "max_spot_fraction 0.5" and b.spot_share == 0.5 and b.spot_share_without == 0.8
+    line = f"Spot ballast: 3 idle on-demand GPUs ({big.ref}) cost $2.93/h and hold max_spot_fraction 0.5"
+    assert line in " ".join(render(plan, "human").split())
+    assert line in render(plan, "markdown")
+    assert json.loads(plan.to_json())["ballast"]["instances"] == [big.ref]
+    assert Plan.from_json(plan.to_json()).ballast == b
