@@ -38,8 +38,8 @@ def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
     if first.rule == "pool-max":
         bounds = ledger.problem.pool_bounds
         parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in sorted({r.limit for r in refusals}))
-        worst = min(r.shortfall for r in refusals)
-        need = f"; the job needs {worst:g} more instances than that allows" if worst > 1 else ""
+        n = min(r.instances for r in refusals)
+        need = f"; the job needs {n} new instances" if n > 1 else ""
         return f"pools at max_instances ({parts}){need}"
     return min(refusals, key=lambda r: r.shortfall).message
 
@@ -90,8 +90,7 @@ _RULE_NAMES = {"quota": "its tenant's quota", "pool-max": "max_instances", "flee
 
 def _outranked(d: Demand, ledger: Ledger) -> str:
     """Higher-class jobs of the same kind of capacity that this plan places (never pending ones)."""
-    names = sorted(j for j, o in ledger.job_demand.items()
-                   if o.klass > d.klass and o.gpu_type == d.gpu_type and (o.gpus > 0) == (d.gpus > 0) and bool(o.mig) == bool(d.mig))
+    names = ledger.higher(d)
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""

@@ -90,6 +90,7 @@ class Refusal:
     message: str
     limit: str = ""
     shortfall: float = 0.0  # how much more of the limit the job needs (USD/h, instances, units)
+    instances: int = 0  # new instances the refused way of placing it needs
 
 
 @dataclass(frozen=True)
@@ -114,76 +115,119 @@ class Ledger:
         self.jobs: dict[str, str] = {}  # placed job -> tenant
         self.job_demand: dict[str, object] = {}
         self.dim, self._prim = spot_units(problem.capacities)
+        self._memo: dict = {}  # totals, computed once per state: a plan asks them for every pending job
+        self._fits: dict[tuple[str, str], int] = {}  # (demand, offer key) -> items per empty instance
+
+    def _once(self, key, compute):
+        v = self._memo.get(key)
+        if v is None:
+            v = self._memo[key] = compute()
+        return v
 
     # -- building
 
     def add_instance(self, ref: str, cap) -> None:
         self.instances[ref] = cap
         self.items.setdefault(ref, [])
+        self._memo.clear()
 
     def add_item(self, d, job: str, ref: str) -> None:
         self.items[ref].append((d, job))
         self.jobs[job] = d.tenant
         self.job_demand[job] = d
+        self._memo.clear()
 
     # -- totals
 
     def cost(self) -> float:
-        return sum(c.price for c in self.instances.values())
+        return self._once("cost", lambda: sum(c.price for c in self.instances.values()))
 
     def pool_count(self, pool: str) -> int:
-        return sum(1 for c in self.instances.values() if c.pool == pool)
+        def count() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for c in self.instances.values():
+                out[c.pool] = out.get(c.pool, 0) + 1
+            return out
+        return self._once("pools", count).get(pool, 0)
 
     def tenant_charge(self, tenant: str) -> float:
-        return sum(charge(d, self.instances[ref]) for ref, its in self.items.items() for d, _ in its if d.tenant == tenant)
+        return self.tenant_charges().get(tenant, 0.0)
 
     def tenant_charges(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for ref, its in self.items.items():
-            for d, _ in its:
-                out[d.tenant] = out.get(d.tenant, 0.0) + charge(d, self.instances[ref])
-        return out
+        def charges() -> dict[str, float]:
+            out: dict[str, float] = {}
+            for ref, its in self.items.items():
+                for d, _ in its:
+                    out[d.tenant] = out.get(d.tenant, 0.0) + charge(d, self.instances[ref])
+            return out
+        return self._once("charges", charges)
 
     def tenant_use(self, tenant: str) -> dict[str, float]:
         """Requested resources of the tenant's placed jobs (what quotas count)."""
-        use = {k: 0.0 for k in DIMS}
-        for job, t in self.jobs.items():
-            if t == tenant:
-                d = self.job_demand[job]
+        def use() -> dict[str, dict[str, float]]:
+            out: dict[str, dict[str, float]] = {}
+            for job, t in self.jobs.items():
+                d, u = self.job_demand[job], out.setdefault(t, {k: 0.0 for k in DIMS})
                 for k in DIMS:
-                    use[k] += d.replicas * d.req(k)
-        return use
+                    u[k] += d.replicas * d.req(k)
+            return out
+        return dict(self._once("use", use).get(tenant, {k: 0.0 for k in DIMS}))
 
     def spot(self) -> tuple[float, float]:
         """Spot capacity and all capacity, in the spot share's unit."""
         caps = self.instances.values()
-        return sum(self._prim(c) for c in caps if c.market == "spot"), sum(self._prim(c) for c in caps)
+        return self._once("spot", lambda: (sum(self._prim(c) for c in caps if c.market == "spot"), sum(self._prim(c) for c in caps)))
+
+    def used(self, ref: str) -> float:
+        """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU)."""
+        return sum(d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim) for d, _ in self.items[ref])
 
     def idle_on_demand(self) -> float:
-        idle = 0.0
-        for ref, c in self.instances.items():
-            if c.market == "spot":
-                continue
-            used = 0.0
-            for d, _ in self.items[ref]:
-                used += d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim)
-            idle += self._prim(c) - used
-        return idle
+        return self._once("idle", lambda: sum(self._prim(c) - self.used(ref) for ref, c in self.instances.items() if c.market != "spot"))
 
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
-        on, tot = 0.0, 0.0
-        for ref, its in self.items.items():
-            for d, _ in its:
-                if d.tenant == tenant:
-                    tot += d.size
-                    on += d.size if self.instances[ref].market == "spot" else 0.0
+        def shares() -> dict[str, list[float]]:
+            out: dict[str, list[float]] = {}
+            for ref, its in self.items.items():
+                spot = self.instances[ref].market == "spot"
+                for d, _ in its:
+                    v = out.setdefault(d.tenant, [0.0, 0.0])
+                    v[1] += d.size
+                    v[0] += d.size if spot else 0.0
+            return out
+        on, tot = self._once("tenant_spot", shares).get(tenant, (0.0, 0.0))
         return on, tot
 
     def free(self, ref: str) -> dict[str, float]:
-        c = self.instances[ref]
-        dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
-        return {k: c.cap(k) - sum(d.req(k) for d, _ in self.items[ref]) for k in dims}
+        def room() -> dict[str, float]:
+            c = self.instances[ref]
+            dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
+            return {k: c.cap(k) - sum(d.req(k) for d, _ in self.items[ref]) for k in dims}
+        return self._once(("free", ref), room)
+
+    def roomy(self) -> dict[tuple, list[str]]:
+        """Instances with some GPU (or, without GPUs, vCPU) left, by (GPU model or None, MIG or
+        not) as problem.type_class tells work and capacity apart: the only ones room may be on."""
+        def find() -> dict[tuple, list[str]]:
+            out: dict[tuple, list[str]] = {}
+            for ref, c in self.instances.items():
+                f = self.free(ref)
+                if c.mig and any(v > 1e-9 for k, v in f.items() if k.startswith("mig:")) or f["gpus"] > 1e-9 or not c.gpus and f["cpu"] > 1e-9:
+                    out.setdefault((c.gpu_type if c.gpus else None, bool(c.mig)), []).append(ref)
+            return out
+        return self._once("roomy", find)
+
+    def higher(self, d) -> list[str]:
+        """Placed jobs of a higher class than d's on the same kind of capacity, by name."""
+        kind = (d.gpu_type, d.gpus > 0, bool(d.mig))
+
+        def by_kind() -> dict[tuple, list[tuple[int, str]]]:
+            out: dict[tuple, list[tuple[int, str]]] = {}
+            for j, o in self.job_demand.items():
+                out.setdefault((o.gpu_type, o.gpus > 0, bool(o.mig)), []).append((o.klass, j))
+            return out
+        return sorted(j for k, j in self._once("kinds", by_kind).get(kind, ()) if k > d.klass)
 
     def placed_jobs(self) -> set[str]:
         return set(self.jobs)
@@ -219,7 +263,7 @@ class Ledger:
         have = self.pool_count(c.pool)
         if have + n > hi:
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
-                               + (f"; the job needs {n} more" if n > 1 else ""), c.pool, have + n - hi))
+                               + (f"; the job needs {n} more" if n > 1 else ""), c.pool, have + n - hi, n))
         if p.budget is not None:
             cost = self.cost()
             if cost + n * c.price > p.budget + 1e-9:
@@ -241,8 +285,10 @@ class Ledger:
                 if idle * 100 < sp.on_demand_buffer_percent * (spot + add) - 1e-9:
                     out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
                                        f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"))
-            caps = [x for x in self.instances.values() if x.market == "spot"] + [c]
-            types, zones = len({x.instance_type for x in caps}), len({x.zone for x in caps})
+            have_types, have_zones = self._once("spot_sites", lambda: (
+                {x.instance_type for x in self.instances.values() if x.market == "spot"},
+                {x.zone for x in self.instances.values() if x.market == "spot"}))
+            types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
             if types < sp.min_instance_types or zones < sp.min_zones:
                 out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
                                    f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
@@ -251,21 +297,32 @@ class Ledger:
     def _room_items(self, d, ref: str, fits) -> int:
         """Items of d the room left on a plan instance holds (its rules allowing)."""
         c = self.instances[ref]
-        if c.keep_blocker is not None or fits(d, c) <= 0:
+        if c.keep_blocker is not None or self._fit(d, c, fits) <= 0:
             return 0
         if d.nvlink and any(o.gpus for o, _ in self.items[ref]):
             return 0  # as the solver: NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
         free = self.free(ref)
         return max(0, min(math.floor(free.get(k, 0.0) / d.req(k) + 1e-9) for k in d.dims if d.req(k) > 0))
 
+    def _fit(self, d, c, fits) -> int:
+        k = (d.key, c.offer_key)  # fit reads only what the offer key fixes (problem.OfferFits)
+        f = self._fits.get(k)
+        if f is None:
+            f = self._fits[k] = fits(d, c)
+        return f
+
     def options(self, d, fits) -> list[Option]:
+        return self._once(("options", d.key), lambda: self._options(d, fits))  # identical jobs are one demand
+
+    def _options(self, d, fits) -> list[Option]:
         """Every way of placing one more job of d considered here, each with the rules that
         refuse it: in the room left on the plan's instances of one zone, topped up with new
         instances of one offer in that zone (all on new instances for a placement-group gang).
         `fits(d, c)`: items per empty instance."""
         room: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (cloud, zone) -> (instance, items it holds)
         if d.gang_mode != "placement-group":
-            for ref, c in self.instances.items():
+            for ref in self.roomy().get((d.gpu_type if (d.gpus or d.mig) else None, d.mig is not None), ()):
+                c = self.instances[ref]
                 k = self._room_items(d, ref, fits)
                 if k:
                     room.setdefault((c.cloud, c.zone), []).append((ref, k))
@@ -281,10 +338,14 @@ class Ledger:
                         break
                 where = ", ".join(sorted({ref for ref, _ in cells}))
                 out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used))))
-        for c in self.problem.capacities:
-            if c.existing or c.members:
-                continue
-            f = fits(d, c)
+        def offers_by_class() -> dict[tuple, list]:
+            out: dict[tuple, list] = {}
+            for o in self.problem.capacities:
+                if not o.existing and not o.members:
+                    out.setdefault((o.gpu_type if o.gpus else None, bool(o.mig)), []).append(o)
+            return out
+        for c in self._once("offers", offers_by_class).get((d.gpu_type if (d.gpus or d.mig) else None, d.mig is not None), ()):
+            f = self._fit(d, c, fits)
             if f <= 0:
                 continue
             held = [(ref, k) for ref, k in room.get((c.cloud, c.zone), [])]
@@ -346,7 +407,7 @@ def spot_ballast(led: Ledger) -> SpotBallast | None:
             continue
         if not led.items[ref] and count[c.pool] <= led.problem.pool_bounds.get(c.pool, (0, 0))[0]:
             continue  # a pool minimum keeps it anyway
-        used = sum(d.size / GPU_SLICES if led.dim == "gpus" and d.mig else d.req(led.dim) for d, _ in led.items[ref])
+        used = led.used(ref)
         if led._prim(c) - used > 1e-9:
             idle[ref] = led._prim(c) - used
             count[c.pool] -= 0 if led.items[ref] else 1

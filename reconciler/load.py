@@ -544,6 +544,30 @@ def _check_plannable(by_kind: dict, guard: GuardrailPolicy | None, spot: SpotPol
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
                                 f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
+    if spot is not None and spot.spec.max_spot_fraction < 1:
+        _check_spot_minimums(by_kind, g, spot, catalog, diags)
+
+
+def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:
+    """Spot-only pool minimums that even every on-demand pool at max_instances cannot balance
+    under max_spot_fraction (counted as the solver counts: GPUs in a GPU fleet, else vCPU)."""
+    pools = [p for _, (_, p) in sorted(by_kind["Pool"].items()) if p.spec.cloud in catalog.regions
+             and (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds) and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
+    shapes = {p.name: [sh for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None] for p in pools}
+    gpu_fleet = any(sh.gpus for v in shapes.values() for sh in v)
+    unit = "GPUs" if gpu_fleet else "vCPU"
+
+    def prim(sh) -> float:
+        return sh.gpus if gpu_fleet else sh.cpu
+    on_spot = sum(p.spec.min_instances * min((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if p.spec.markets() == ("spot",))
+    on_demand = sum(p.spec.max_instances * max((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if "on-demand" in p.spec.markets())
+    f = spot.spec.max_spot_fraction
+    if on_spot > 0 and on_spot > f * (on_spot + on_demand) + 1e-9:
+        sdoc = by_kind["SpotPolicy"][spot.name][0]
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "max_spot_fraction")), spot.kind, spot.name, "spec.max_spot_fraction",
+                                f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot; with every on-demand pool at "
+                                f"max_instances ({on_demand:g} {unit}) spot is {on_spot / (on_spot + on_demand):.0%} of the fleet, over "
+                                f"max_spot_fraction {f:g} (every plan would be refused)"))
 
 
 __all__ = ["load"]

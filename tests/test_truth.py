@@ -52,6 +52,9 @@ def _refusing_configs():
     yield "budget", base + [warm, doc("GuardrailPolicy", "g", {"max_hourly_budget": 0.2})], "max_hourly_budget"
     spot = pool("warm", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="spot", lo=1, hi=2)
     yield "spot price", base + [cpu, spot, doc("SpotPolicy", "s", {"max_price_fraction": 0.01})], "max_price_fraction"
+    gpu_spot = pool("warm", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", lo=2, hi=2)
+    gpu_od = pool("od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1)
+    yield "spot share", base + [cpu, gpu_spot, gpu_od, doc("SpotPolicy", "s", {"max_spot_fraction": 0.5})], "max_spot_fraction"
 
 
 @pytest.mark.parametrize("case", list(_refusing_configs()), ids=lambda c: c[0])
