@@ -76,11 +76,16 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + also + _outranked(d, ledger)
+        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else "")
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
-    return head + f"several limits bind at once for {cheapest.label}: " + "; ".join(texts) + _outranked(d, ledger)
+    return (head + f"several limits bind at once for {cheapest.label}: " + "; ".join(texts)
+            + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+# Rules over capacity all tenants share: only there does higher-priority work take it first.
+_SHARED = {"pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
 
 
 _RULE_NAMES = {"quota": "its tenant's quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
