@@ -57,7 +57,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     if q is not None:  # a quota refuses every way alike
         options = [replace(o, refusals=(q, *o.refusals)) for o in options]
     if not options:
-        lead = f"several limits bind at once: {q.message}; and " if q is not None else ""
+        lead = f"{q.message}; several limits bind at once with it: " if q is not None else ""
         return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
                        "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
     open_ = [o for o in options if not o.refusals]
@@ -80,7 +80,8 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
-    return (head + f"several limits bind at once for {cheapest.label}: " + "; ".join(texts)
+    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
+    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
             + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
 
 

@@ -96,6 +96,8 @@ def _lift(docs: list[dict], reason: str, tenant: str) -> list[dict] | None:
         return kinds[kind]["spec"]
 
     r = reason.removeprefix("evicted: ")
+    if "several limits bind" in r:
+        return None
     if r.startswith("quota"):
         by[("Tenant", tenant)]["spec"].pop("quota", None)
     elif r.startswith("tenant budget:"):
