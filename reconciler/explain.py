@@ -63,7 +63,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     open_ = [o for o in options if not o.refusals]
     if open_:
         o = open_[0]
-        return head + (f"not placed by this plan, although {o.label} would hold it within every pool, budget, quota and spot rule "
+        return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
                        f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
                        "(a longer --time-limit searches more)")
     single: dict[str, list[Refusal]] = {}
