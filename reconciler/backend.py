@@ -237,14 +237,19 @@ class LeasedLock:
                             "provider call (what it did so far is in the cloud); run plan again")
 
     def unlock(self, lock_id: str) -> None:
-        current = self.store.lock_read()
-        if current is None:
-            raise LockError("no lock is held")
-        h = lock_holder(current[0])
-        if h["id"] != lock_id:
-            raise LockError(f"the lock is held by {h['id']}, not {lock_id}; refusing to break it")
-        if not self.store.lock_delete(current[1]):
-            raise LockError(f"the lock {self.store.lock_url} changed while it was being broken; look again")
+        # A live holder renews its lease every ttl/3, so the object can change between our read and our
+        # conditional delete while the holder stays the same: read again and retry. Only a change of
+        # holder (or a store that keeps changing) is a refusal.
+        for _ in range(5):
+            current = self.store.lock_read()
+            if current is None:
+                raise LockError("no lock is held")
+            h = lock_holder(current[0])
+            if h["id"] != lock_id:
+                raise LockError(f"the lock is held by {h['id']}, not {lock_id}; refusing to break it")
+            if self.store.lock_delete(current[1]):
+                return
+        raise LockError(f"the lock {self.store.lock_url} changed while it was being broken; look again")
 
 
 def _when(text) -> datetime | None:

@@ -396,3 +396,57 @@ def _catch(fn):
         return fn()
     except Exception as e:  # noqa: BLE001 - the test inspects it
         return e
+
+
+def test_unlock_of_a_lock_renewed_between_read_and_delete_still_breaks_it():
+    """The holder renews every ttl/3; an operator's `reconcile unlock ID` that reads the lock just before
+    a renewal must not fail with 'changed while it was being broken' (CI saw this race on moto)."""
+    from datetime import timedelta
+
+    from reconciler.backend import LeasedLock
+    from reconciler.errors import LockError
+
+    class RenewingStore:  # one object with a version counter, renewed by its holder once, right after a read
+        lock_url = "mem://fleet/lock.json"
+
+        def __init__(self):
+            self.body, self.version, self.renew_after_read = None, 0, False
+
+        def lock_read(self):
+            if self.body is None:
+                return None
+            seen = (self.body, str(self.version))
+            if self.renew_after_read:
+                self.renew_after_read = False
+                self.version += 1  # the holder's heartbeat lands here: same holder, new token
+            return seen
+
+        def lock_create(self, body):
+            if self.body is not None:
+                return None
+            self.body, self.version = body, self.version + 1
+            return str(self.version)
+
+        def lock_replace(self, body, token):
+            if self.body is None or token != str(self.version):
+                return None
+            self.body, self.version = body, self.version + 1
+            return str(self.version)
+
+        def lock_delete(self, token):
+            if self.body is None or token != str(self.version):
+                return False
+            self.body = None
+            return True
+
+    store = RenewingStore()
+    holder = LeasedLock(store, ttl=timedelta(hours=1), renew_every=3600)
+    with holder.hold() as lock_id:
+        store.renew_after_read = True
+        LeasedLock(store, ttl=timedelta(hours=1)).unlock(lock_id)
+        assert store.body is None
+        with pytest.raises(LockError, match="no lock is held"):
+            LeasedLock(store, ttl=timedelta(hours=1)).unlock(lock_id)
+        store.lock_create(b'{"id": "someone-else"}')
+        with pytest.raises(LockError, match="held by someone-else, not"):
+            LeasedLock(store, ttl=timedelta(hours=1)).unlock(lock_id)
