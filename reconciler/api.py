@@ -176,8 +176,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
                 raise StalePlanError("stale plan: the desired state changed since the plan was made; run `reconcile plan` again")
             if saved_plan.observed_digest != observed.digest:
                 raise StalePlanError("stale plan: the fleet changed since the plan was made (instances or placements); run `reconcile plan` again")
-            problem = build_problem(desired, observed, provider, now=utcnow())
-            checked, refused = recheck(saved_plan, desired, observed, problem)
+            demand = demanding(desired, observed)  # as `reconcile plan` saw it: finished jobs demand nothing
+            problem = block_unhealthy(build_problem(demand, observed, provider, now=utcnow()), observed)
+            checked, refused = recheck(saved_plan, demand, observed, problem)
             if refused:
                 raise StalePlanError("refusing the saved plan; nothing was changed:\n" + "\n".join(f"  - {r}" for r in refused))
             the_plan = replace(checked, violations=tuple(violations(checked, desired.guardrails, allow_destroy)))

@@ -15,7 +15,15 @@ never read from the plan:
 * a delete names an instance of this fleet that the plan's observed snapshot (the fleet now,
   as the observed digest matched) has; every replica running on it is moved off or evicted by
   the plan, and every job the fleet runs is accounted for;
-* jobs land only on instances that stay or that the plan creates;
+* jobs land only on instances that stay or that the plan creates, each listed once, with as many
+  replicas as it has; an action agrees with what the snapshot runs (keep and move: running; place:
+  not; a job that runs stops only as an evict, never hidden as pending);
+* what every instance will host fits it (reconciler/problem.py's one definition of an instance's
+  capacity and a replica's needs): GPUs, vCPUs, memory and MIG slices within the instance, each
+  whole-GPU replica on as many distinct GPU indices as it asks, inside the instance, none shared;
+  and a replica arriving on an instance obeys every placement rule the planner does (GPU model,
+  spot, allowlists, latency; never onto an instance that must go). An instance whose residents
+  the plan leaves exactly as they run is not re-judged: the plan changes nothing there;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -27,7 +35,7 @@ from dataclasses import replace
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
-from reconciler.problem import Problem
+from reconciler.problem import DIMS, Capacity, Demand, Problem, placement_refusal
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
@@ -89,6 +97,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
 
     changes = {j.job: j for j in plan.jobs}
+    for name in sorted({j.job for j in plan.jobs if sum(x.job == j.job for x in plan.jobs) > 1}):
+        errors.append(f"job {name}: listed more than once")
     for job in sorted(set(desired.jobs) - set(changes)):
         errors.append(f"job {job}: missing from the plan (every job of the desired state must be accounted for)")
     for name in sorted(set(changes) - set(desired.jobs)):
@@ -108,11 +118,109 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             if d.instance_id in ids and j is not None and d.instance_id in j.instances:
                 errors.append(f"delete {d.instance_id}: job {name} runs on it and the plan keeps it there")
 
+    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market)] for c in creates},
+                          staying)
+
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
     cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
     checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
                       kept=kept)
     return checked, errors
+
+_UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}
+
+
+def _replica_need(d: Demand, dim: str) -> float:
+    """What one replica of d takes of dim (an item of a same-instance gang is `bundle` replicas)."""
+    return d.req(dim) / d.bundle
+
+
+def _whole_gpus(d: Demand, cap: Capacity) -> int:
+    """GPU indices one replica of d holds on cap: whole GPUs only (MIG slices are not indexed)."""
+    return 0 if d.mig or cap.mig else d.gpus // d.bundle
+
+
+def _fit_errors(plan: Plan, observed: Observed, problem: Problem, created: dict[str, Capacity], staying: set[str]) -> list[str]:
+    """Each job's action against the snapshot, and what each instance will host against the instance."""
+    errors: list[str] = []
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    recorded = observed.gpu_indices
+    placed: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}  # target -> (job, replica, GPU indices)
+    for j in plan.jobs:
+        d = demand_of.get(j.job)
+        if d is None:
+            continue
+        if j.action == "evict" and not j.previous:
+            errors.append(f"job {j.job}: evict, but it does not run")
+        if j.action == "pending" and j.previous:
+            errors.append(f"job {j.job}: pending, but it runs on {', '.join(j.previous)}: stopping running work is an evict")
+        if j.action not in ("keep", "place", "move"):
+            continue
+        want = d.replicas * d.bundle
+        if len(j.instances) != want:
+            errors.append(f"job {j.job}: {j.action} of {len(j.instances)} replica(s); the job has {want}")
+            continue
+        if j.action == "keep" and sorted(j.instances) != sorted(j.previous):
+            errors.append(f"job {j.job}: keep, but on {list(j.instances)}, not where it runs ({list(j.previous)})")
+        if (j.action == "move") != bool(j.previous) and j.action != "keep":
+            errors.append(f"job {j.job}: {j.action}, but it " + ("does not run" if j.action == "move" else f"runs on {list(j.previous)}"))
+        if j.gpus and len(j.gpus) != want:
+            errors.append(f"job {j.job}: GPU indices for {len(j.gpus)} replica(s); the job has {want}")
+            continue
+        for r, target in enumerate(j.instances):
+            placed.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus else ()))
+
+    def as_running(job: str, r: int, target: str) -> tuple[int, ...] | None:
+        rec = recorded.get(job)
+        if rec and r < len(rec):
+            return tuple(rec[r])
+        return () if not _whole_gpus(demand_of[job], hosts[target]) else None  # not recorded: judged anew
+
+    for target, reps in sorted(placed.items()):
+        cap = created.get(target) or (hosts.get(target) if target in staying else None)
+        if cap is None:
+            continue  # neither stays nor is created: refused above
+        if target in hosts:
+            now = sorted((job, as_running(job, r, target)) for job, ids in observed.placements.items() if job in demand_of
+                         for r, iid in enumerate(ids) if iid == target)
+            if sorted((job, g) for job, _, g in reps) == now:
+                continue  # the plan leaves this instance's work exactly as it runs
+        errors += _instance_errors(target, cap, reps, demand_of, observed)
+    return errors
+
+
+def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tuple[int, ...]]], demand_of: dict[str, Demand],
+                     observed: Observed) -> list[str]:
+    errors: list[str] = []
+    where = f"{target} ({cap.market} {cap.instance_type} in {cap.zone})"
+    was = {job: sum(iid == target for iid in observed.placements.get(job, ())) for job, _, _ in reps}
+    arriving = {job for job in was if sum(j == job for j, _, _ in reps) > was[job]}
+    for job in sorted(arriving):
+        why = cap.keep_blocker if cap.existing and cap.keep_blocker else placement_refusal(demand_of[job], cap)
+        if why:
+            errors.append(f"job {job} onto {where}: {why}")
+    dims = list(DIMS) + sorted({f"mig:{p}" for p in cap.mig or ()})
+    for dim in dims + sorted({k for job, _, _ in reps for k in demand_of[job].dims if k not in dims}):
+        used = sum(_replica_need(demand_of[job], dim) for job, _, _ in reps)
+        if used > cap.cap(dim) + 1e-9:
+            unit = _UNITS.get(dim, f"MIG {dim[4:]} slices")
+            errors.append(f"{where}: the plan puts {used:g} {unit} on it, it has {cap.cap(dim):g} "
+                          f"({', '.join(sorted({job for job, _, _ in reps if _replica_need(demand_of[job], dim)}))})")
+    owner: dict[int, tuple[str, int]] = {}
+    for job, r, gpus in sorted(reps):
+        n = _whole_gpus(demand_of[job], cap)
+        if len(gpus) != n or len(set(gpus)) != n or any(not 0 <= g < cap.gpus for g in gpus):
+            errors.append(f"job {job} replica {r} on {where}: GPU indices {list(gpus)} are not {n} distinct GPU(s) of "
+                          f"the {0 if cap.mig else cap.gpus} it has (0..{max(0, cap.gpus - 1)})")
+            continue
+        for g in gpus:
+            if g in owner:
+                errors.append(f"job {job} replica {r} on {where}: GPU {g} is also given to job {owner[g][0]} replica "
+                              f"{owner[g][1]} (GPU overcommit)")
+            owner.setdefault(g, (job, r))
+    return errors
+
 
 __all__ = ["recheck"]

@@ -167,3 +167,148 @@ def test_an_edited_body_with_the_old_digests_is_refused(applied):
     cfg, out = applied
     _edit(out, lambda raw: raw["creates"].append(_create(raw, 1, "aws-cpu", "us-east-1a", "m6i.4xlarge")), redigest=False)
     _refused(_apply(cfg, out), "it was edited after `reconcile plan` wrote it")
+
+
+# -- what the instances will host (issue 15 item 4, the rest): each edit below keeps every pool, zone, type, market,
+# max_instances and the budget within bounds, so only the placements are wrong. Each was applied before.
+
+
+def _job(raw: dict, name: str) -> dict:
+    return next(j for j in raw["jobs"] if j["job"] == name)
+
+
+def _move(raw: dict, name: str, instances: list[str], gpus: list[list[int]]) -> None:
+    _job(raw, name).update(action="move", instances=instances, gpus=gpus)
+
+
+def _host(cfg: Path, job: str, replica: int = 0) -> str:
+    return api.read_status(cfg)["jobs"][job]["status"]["instances"][replica]
+
+
+def _fresh(out: Path, pristine: str, change) -> None:
+    """The saved plan as `reconcile plan` wrote it, then one attacker's edit (digest recomputed)."""
+    out.write_text(pristine)
+    _edit(out, change)
+
+
+def test_two_replicas_on_one_gpu_are_refused_and_distinct_gpus_apply(applied):
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+
+    def both_on(gpus_a, gpus_b):
+        def change(raw):
+            raw["creates"].append(_create(raw, 1, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1"))
+            _move(raw, "finetune-a", ["+1"], [gpus_a])
+            _move(raw, "finetune-b", ["+1"], [gpus_b])
+        return change
+
+    _fresh(out, pristine, both_on([0], [0]))
+    _refused(_apply(cfg, out), "job finetune-b replica 0 on +1 (on-demand a2-highgpu-8g in us-central1-a): GPU 0 is also "
+                               "given to job finetune-a replica 0 (GPU overcommit)")
+    assert set(_live(cfg)) == before
+    _fresh(out, pristine, both_on([3], [2, 3]))  # one replica given two GPUs: one of them another's
+    _refused(_apply(cfg, out), "GPU indices [2, 3] are not 1 distinct GPU(s) of the 8 it has")
+    assert set(_live(cfg)) == before
+    # The same edit with a GPU each is a plan the planner could have made: it is carried out (the check is no blanket refusal).
+    _fresh(out, pristine, both_on([0], [1]))
+    res = _apply(cfg, out)
+    assert res.exit_code == 0, res.output
+    new = _host(cfg, "finetune-a")
+    assert new not in before and _host(cfg, "finetune-b") == new
+
+
+def test_nine_gpus_on_an_eight_gpu_instance_are_refused(applied):
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+    p4d = _host(cfg, "llm-pretrain")
+    where = f"{p4d} (on-demand p4d.24xlarge in "
+    _fresh(out, pristine, lambda raw: _move(raw, "finetune-a", [p4d], [[7]]))
+    _refused(_apply(cfg, out), where, "the plan puts 9 GPUs on it, it has 8 (finetune-a, llm-pretrain)",
+             "GPU 7 is also given to job finetune-a replica 0 (GPU overcommit)")
+    _fresh(out, pristine, lambda raw: _move(raw, "finetune-a", [p4d], [[8]]))  # a GPU the instance does not have
+    _refused(_apply(cfg, out), "job finetune-a replica 0 on " + where, "GPU indices [8] are not 1 distinct GPU(s) of the 8 it has (0..7)")
+    _fresh(out, pristine, lambda raw: _job(raw, "llm-pretrain")["gpus"].__setitem__(0, list(range(9))))  # kept, 9 indices
+    _refused(_apply(cfg, out), "job llm-pretrain replica 0 on " + where, "GPU indices [0, 1, 2, 3, 4, 5, 6, 7, 8] are not 8")
+    assert set(_live(cfg)) == before
+
+
+def test_memory_and_placement_rules_of_an_instance_are_rechecked(applied):
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+    first = _host(cfg, "llm-pretrain")
+
+    def half_gang_on_a2(raw):  # 8 GPUs fit an a2-highgpu-8g; the replica's 1000 GiB do not (680)
+        raw["creates"].append(_create(raw, 1, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1"))
+        _move(raw, "llm-pretrain", [first, "+1"], [list(range(8)), list(range(8))])
+
+    _fresh(out, pristine, half_gang_on_a2)
+    _refused(_apply(cfg, out), "+1 (on-demand a2-highgpu-8g in us-central1-a): the plan puts 1000 GiB of memory on it, it has 680")
+    gpu_box = _host(cfg, "eval-nightly")  # a g5.xlarge: CPU work is kept off GPU instances
+    _fresh(out, pristine, lambda raw: _move(raw, "label-sync", [gpu_box], [[]]))
+    _refused(_apply(cfg, out), f"job label-sync onto {gpu_box} (spot g5.xlarge in us-east-1", "CPU work does not run on GPU instances")
+    assert set(_live(cfg)) == before
+
+
+def test_mig_slices_past_the_instance_are_refused(tmp_path):
+    """16 3g.40gb slices per a2-ultragpu-8g (two per GPU); mig-a holds 10, mig-b's 7 wait for the pool's one instance."""
+    cfg = copy_quickstart(tmp_path)
+    with open(cfg / "pools.yaml", "a") as f:
+        f.write("---\napiVersion: fleetops.io/v1alpha1\nkind: Pool\nmetadata: {name: gcp-mig}\nspec:\n  cloud: gcp\n"
+                "  region: us-central1\n  zones: [us-central1-a]\n  instance_types: [a2-ultragpu-8g]\n  market: on-demand\n"
+                "  max_instances: 1\n  mig: [3g.40gb, 3g.40gb]\n")
+    for name, count in (("mig-a", 10), ("mig-b", 7)):
+        (cfg / "jobs" / f"{name}.yaml").write_text(
+            f"apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  tenant: research\n"
+            f"  resources: {{gpu_type: A100-80GB, mig: {{profile: 3g.40gb, count: {count}}}, cpu: 4, memory_gib: 32}}\n")
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    raw = json.loads(out.read_text())
+    assert _job(raw, "mig-a")["action"] == "keep" and _job(raw, "mig-b")["action"] == "pending"
+    box, before = _host(cfg, "mig-a"), set(_live(cfg))
+    _edit(out, lambda raw: _job(raw, "mig-b").update(action="place", instances=[box], gpus=[]))
+    _refused(_apply(cfg, out), f"{box} (on-demand a2-ultragpu-8g in us-central1-a): the plan puts 17 MIG 3g.40gb slices on it, "
+                               "it has 16 (mig-a, mig-b)")
+    assert set(_live(cfg)) == before
+
+
+def test_stopping_running_work_is_only_an_evict_of_what_the_snapshot_runs(applied):
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+    host = _host(cfg, "finetune-a")
+    _fresh(out, pristine, lambda raw: _job(raw, "finetune-a").update(action="pending", instances=[], gpus=[]))
+    _refused(_apply(cfg, out), f"job finetune-a: pending, but it runs on {host}: stopping running work is an evict")
+
+    def twice(raw):  # kept by one entry, moved by another: apply would act on both
+        raw["jobs"].append({**_job(raw, "finetune-a"), "action": "evict", "instances": [], "gpus": []})
+
+    _fresh(out, pristine, twice)
+    _refused(_apply(cfg, out), "job finetune-a: listed more than once")
+    _fresh(out, pristine, lambda raw: _job(raw, "llm-pretrain").update(instances=_job(raw, "llm-pretrain")["instances"][:1],
+                                                                        gpus=[list(range(8))]))
+    _refused(_apply(cfg, out), "job llm-pretrain: keep of 1 replica(s); the job has 2")
+    _fresh(out, pristine, lambda raw: _job(raw, "finetune-a").update(action="keep", instances=[_host(cfg, "finetune-b")]))
+    _refused(_apply(cfg, out), "job finetune-a: keep, but on")
+    assert set(_live(cfg)) == before
+    assert api.read_status(cfg)["jobs"]["finetune-a"]["status"]["instances"] == [host]
+
+
+def test_a_saved_plan_with_a_finished_job_is_rechecked_as_it_was_made(applied):
+    """A job whose agent reported Succeeded demands nothing: `plan` leaves it out, and the re-check must see the
+    desired state the same way (it refused every such honest plan: 'missing from the plan')."""
+    from reconciler.backend import backend_for
+    from reconciler.load import load
+    from reconciler.runtime.assign import spec_hash
+    from reconciler.runtime.bus import Bus
+
+    cfg, out = applied
+    host = _host(cfg, "finetune-a")
+    job = load(cfg).jobs["finetune-a"]
+    Bus(backend_for(cfg, None)).put_run("finetune-a", 0, {
+        "job": "finetune-a", "replica": 0, "instance": host, "spec_hash": spec_hash(job), "epoch": 1, "attempt": 0,
+        "restarts": 0, "phase": "Succeeded", "reason": "Completed", "terminal": True})
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code in (0, 2)
+    assert "finetune-a" not in {j["job"] for j in json.loads(out.read_text())["jobs"]}
+    res = _apply(cfg, out)
+    assert res.exit_code == 0, res.output
+    assert "finetune-a" not in api.read_status(cfg)["jobs"] or not api.read_status(cfg)["jobs"]["finetune-a"]["status"].get("instances")
