@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from providers.catalog import load_catalog
 from reconciler.load import load
 from reconciler.plan import make_plan
+from reconciler.plancheck import recheck
 from reconciler.problem import build_problem
 from reconciler.solve import solve
 from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
@@ -270,6 +271,8 @@ def check_fleet(fleet: Fleet, time_limit: float = 4) -> None:
             check_plan(desired, observed, p)
         except AssertionError as e:
             raise AssertionError(f"{name} plan: {e}") from e
+        # The same plan saved and applied with `apply --plan` passes the re-check (it refuses no honest plan).
+        assert not (refused := recheck(p, desired, observed, build_problem(desired, observed))[1]), f"{name} plan refused: {refused}"
     # Each plan runs all the work its solver placed (the packer drops none of it). Known
     # exception (test_rules.py, xfail): the model counts new instances in aggregate, so with
     # the pool at max_instances (no repair instance) a count that no packing holds is dropped.
