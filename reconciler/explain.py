@@ -29,7 +29,7 @@ def _what(d: Demand) -> str:
 
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
-_RULE_ORDER = ("quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
+_RULE_ORDER = ("quota", "license", "license-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
 
 
 def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
@@ -52,12 +52,12 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     job be placed), or says that several bind at once."""
     evicted = job is not None and any(j == job for j, _ in d.running)
     head = "evicted: " if evicted else ""
-    q = ledger.quota_refusal(d)
+    blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
     options = ledger.options(d, fit)
-    if q is not None:  # a quota refuses every way alike
-        options = [replace(o, refusals=(q, *o.refusals)) for o in options]
+    if blanket:  # a quota or a license refuses every way alike
+        options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
     if not options:
-        lead = f"{q.message}; several limits bind at once with it: " if q is not None else ""
+        lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
         return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
                        "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
     open_ = [o for o in options if not o.refusals]
@@ -89,7 +89,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
 _SHARED = {"pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
 
 
-_RULE_NAMES = {"quota": "its tenant's quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
+_RULE_NAMES = {"quota": "its tenant's quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
                "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
                "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
 
@@ -156,6 +156,8 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         rules.append(f"{len(d.zones)} zones within {spec.data.max_latency_ms:g} ms of {d.data_location}")
     if rules:
         details.append("allowed: " + "; ".join(rules))
+    if d.licenses:
+        details.append("holds " + ", ".join(f"{n // d.bundle} {name} license(s) per replica" for name, n in d.licenses) + " while it runs")
     compatible = [c for c in problem.capacities if fit(d, c) > 0 and c.keep_blocker is None]
     by_offer: dict[str, Capacity] = {}
     for c in compatible:
@@ -265,6 +267,23 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
                 label = f"raise tenant {d.tenant} quota by " + ", ".join(f"{more[k]:g} {_UNIT[k]}" for k in sorted(more))
                 cands.append((label, _with_tenant(desired, d.tenant, t.model_copy(update={"spec": t.spec.model_copy(update={"quota": new_q})}))))
             out.append(cands)
+    lic = ledger.license_refusal(d)
+    if lic is not None and lic.limit in desired.licenses:
+        ldoc = desired.licenses[lic.limit]
+        cands = []
+        for n in sorted({math.ceil(lic.shortfall), math.ceil(3 * lic.shortfall)}):
+            if lic.rule == "license":
+                spec = ldoc.spec.model_copy(update={"count": ldoc.spec.count + n})
+                label = f"raise License {lic.limit} count by {n} (to {ldoc.spec.count + n})"
+            else:
+                quotas = dict(ldoc.spec.tenant_quotas)
+                quotas[d.tenant] += n
+                spec = ldoc.spec.model_copy(update={"tenant_quotas": quotas})
+                label = f"raise tenant {d.tenant}'s quota of License {lic.limit} by {n} (to {quotas[d.tenant]})"
+            lics = dict(desired.licenses)
+            lics[lic.limit] = ldoc.model_copy(update={"spec": spec})
+            cands.append((label, desired.model_copy(update={"licenses": lics})))
+        out.append(cands)
     pools = sorted({c.pool for c in problem.capacities if rules_allow(d, c)})
     if pools:
         cands = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from reconciler.ledger import LicenseBook
 from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, forced_moves, has_room, rules_allow, share, spot_measure, type_class
 
 
@@ -71,6 +72,7 @@ class _Greedy:
         self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}
         self.tenant_cost = {t: 0.0 for t in problem.tenants}
         self.tenant_spot = {t: [0.0, 0.0] for t in problem.tenants}  # spot size, total size
+        self.licenses = LicenseBook(problem.licenses)
         self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances with room
         self.full: list[_Inst] = []  # open instances with no room for any item
         self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
@@ -183,16 +185,21 @@ class _Greedy:
                 ts[0] += d.size
 
     def _quota_ok(self, d: Demand) -> bool:
+        """Its tenant's quota, and the licenses it would hold (counts and tenant quotas)."""
+        if d.licenses and self.licenses.short(d) is not None:
+            return False
         r = self.p.tenants.get(d.tenant)
         if r is None:
             return True
         u = self.tenant_use[d.tenant]
         return all(u[k] + d.req(k) * d.replicas <= v + 1e-9 for k, v in r.cap.items())
 
-    def _charge_quota(self, d: Demand) -> None:
+    def _charge_quota(self, d: Demand, jobs: int = 1) -> None:
         if d.tenant in self.tenant_use:
             for k in DIMS:
-                self.tenant_use[d.tenant][k] += d.req(k) * d.replicas
+                self.tenant_use[d.tenant][k] += d.req(k) * d.replicas * jobs
+        for _ in range(abs(jobs)):
+            self.licenses.take(d, sign=1 if jobs > 0 else -1)
 
     def _item_ok(self, d: Demand, c: Capacity, pending_cost: float = 0.0, pending_spot=(0.0, 0.0)) -> bool:
         """Tenant budget and tenant spot share for one more item of d on c."""
@@ -347,9 +354,7 @@ class _Greedy:
                 for _ in range(n):
                     self._unrecord(d, host, stay=True)
             self.a.placed[dk] -= jobs_lost
-            if dk in demands and d.tenant in self.tenant_use:
-                for k in DIMS:
-                    self.tenant_use[d.tenant][k] -= d.req(k) * d.replicas * jobs_lost
+            self._charge_quota(d, -jobs_lost)
         for hk in [k for k, i in self.opened.items() if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
             self._close(self.opened[hk])
 

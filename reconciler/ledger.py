@@ -80,6 +80,94 @@ _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 DIMS = ("gpus", "cpu", "memory_gib")
 
 
+# ---------------------------------------------------------------- floating licenses
+
+
+@dataclass(frozen=True)
+class LicenseRules:
+    """A License document as the planner reads it."""
+
+    name: str
+    count: int
+    tenant_quotas: dict[str, int]
+    cost_per_hour: float = 0.0
+
+
+def license_need(d) -> dict[str, int]:
+    """Licenses one job of demand d holds while it runs (every replica holds its own)."""
+    return {name: n * d.replicas for name, n in d.licenses}
+
+
+def license_charge(per_replica: dict[str, int], licenses: dict, replicas: int = 1) -> float:
+    """USD/h the licenses of `replicas` running replicas cost their tenant (`licenses`: name ->
+    LicenseRules or anything with cost_per_hour)."""
+    return sum(n * replicas * licenses[name].cost_per_hour for name, n in per_replica.items() if name in licenses)
+
+
+@dataclass(frozen=True)
+class LicenseShort:
+    """Why a job cannot hold its licenses: `scope` is "count" (the License's) or "tenant" (its tenant quota)."""
+
+    license: str
+    scope: str
+    held: int
+    limit: int
+    need: int
+
+
+class LicenseBook:
+    """Licenses held, per license in all and per tenant, and by which jobs: what the solver's
+    license constraints count, kept by greedy, the plan's ledger and pending reasons alike."""
+
+    def __init__(self, rules: dict[str, LicenseRules]):
+        self.rules = rules
+        self.held: dict[str, int] = {n: 0 for n in rules}
+        self.by_tenant: dict[tuple[str, str], int] = {}
+        self.holders: dict[str, dict[str, tuple[str, int]]] = {n: {} for n in rules}  # license -> job -> (tenant, held)
+
+    def short(self, d) -> LicenseShort | None:
+        """The first license (by name) one more job of d would hold beyond its tenant's quota or its count."""
+        for name, need in sorted(license_need(d).items()):
+            r = self.rules.get(name)
+            if r is None:
+                continue
+            q = r.tenant_quotas.get(d.tenant)  # the tenant's own limit first: raising the count would not lift it
+            if q is not None and self.by_tenant.get((name, d.tenant), 0) + need > q:
+                return LicenseShort(name, "tenant", self.by_tenant.get((name, d.tenant), 0), q, need)
+            if self.held[name] + need > r.count:
+                return LicenseShort(name, "count", self.held[name], r.count, need)
+        return None
+
+    def take(self, d, job: str = "", sign: int = 1) -> None:
+        """Job `job` of d holds its licenses (sign -1: gives them back)."""
+        for name, need in license_need(d).items():
+            if name in self.rules:
+                self.held[name] += sign * need
+                k = (name, d.tenant)
+                self.by_tenant[k] = self.by_tenant.get(k, 0) + sign * need
+                if job:
+                    h = self.holders[name]
+                    n = h.get(job, (d.tenant, 0))[1] + sign * need
+                    if n > 0:
+                        h[job] = (d.tenant, n)
+                    else:
+                        h.pop(job, None)
+
+    def message(self, s: LicenseShort, d, priority: dict[str, int] | None = None) -> str:
+        """"license matlab: 50/50 held, by a, b, c and 47 more; the job needs 1": holders lowest
+        priority first (those preemption would take first), then by name."""
+        holders = {j: t for j, (t, _) in self.holders.get(s.license, {}).items() if s.scope == "count" or t == d.tenant}
+        pri = priority or {}
+        names = sorted(holders, key=lambda j: (pri.get(j, 0), j))
+        by = (f", by {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")) if names else ""
+        if s.need > s.limit:
+            where = f"tenant {d.tenant}'s quota of it is {s.limit}" if s.scope == "tenant" else f"its count is {s.limit}"
+            return f"license {s.license}: the job needs {s.need} but {where}"
+        if s.scope == "tenant":
+            return f"license {s.license}: tenant {d.tenant} holds {s.held}/{s.limit} of its quota{by}; the job needs {s.need}"
+        return f"license {s.license}: {s.held}/{s.limit} held{by}; the job needs {s.need}"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A rule that refuses one way of placing a job. `rule` is stable (tests and explain read
@@ -231,6 +319,36 @@ class Ledger:
 
     def placed_jobs(self) -> set[str]:
         return set(self.jobs)
+
+    def license_book(self) -> "LicenseBook":
+        """The licenses the plan's placed jobs hold."""
+        def build() -> LicenseBook:
+            book = LicenseBook(self.problem.licenses)
+            for job, d in sorted(self.job_demand.items()):
+                book.take(d, job)
+            return book
+        return self._once("licenses", build)
+
+    def license_refusal(self, d) -> Refusal | None:
+        """A license the job would hold beyond its count or its tenant's quota of it, in this plan."""
+        if not d.licenses:
+            return None
+        book = self.license_book()
+        s = book.short(d)
+        if s is None:
+            return None
+        priority = {j: o.priority for j, o in self.job_demand.items()}
+        return Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
+                       s.held + s.need - s.limit)
+
+    def license_summary(self) -> dict[str, dict]:
+        """Per License: its count, how many the plan's jobs hold (in all and per tenant) and what they cost per hour."""
+        book, out = self.license_book(), {}
+        for name, r in sorted(self.problem.licenses.items()):
+            tenants = {t: n for (lic, t), n in sorted(book.by_tenant.items()) if lic == name and n}
+            out[name] = {"count": r.count, "held": book.held[name], "tenants": tenants,
+                         "cost_per_hour": round(book.held[name] * r.cost_per_hour, 4)}
+        return out
 
     # -- rules for one more job
 
@@ -445,4 +563,4 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
-__all__ = ["SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+__all__ = ["LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -375,18 +376,79 @@ def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> 
     if topology is not None:
         _check_references(topology, by_kind, guard, diags)
         _check_plannable(by_kind, guard, spot, diags)
+        _check_rules(by_kind, diags)
     if topology is None:
         return None
     digest = hashlib.sha256(
-        json.dumps([o.model_dump(mode="json", by_alias=True) for _, o in sorted(validated, key=lambda x: (x[1].kind, x[1].name))], sort_keys=True).encode()
+        json.dumps([_digest_body(o) for _, o in sorted(validated, key=lambda x: (x[1].kind, x[1].name))], sort_keys=True).encode()
     ).hexdigest()
     return DesiredState(
         topology=topology, tenants=tenants, pools=pools, jobs=jobs,
+        licenses={n: o for n, (_, o) in by_kind["License"].items()},
+        reservations={n: o for n, (_, o) in by_kind["Reservation"].items()},
         spot_policy=spot.spec if spot else SpotPolicySpec(),
         guardrails=guard.spec if guard else GuardrailPolicySpec(),
         placement=placement.spec if placement else PlacementPolicySpec(),
         digest=digest,
     )
+
+
+def _digest_body(obj: Any) -> dict:
+    """A document as the digest hashes it. A Job's `licenses` is left out while empty, so a config
+    that uses none has the digest (and so the plan id) it had before the field existed."""
+    body = obj.model_dump(mode="json", by_alias=True)
+    if obj.kind == "Job" and not body["spec"].get("licenses"):
+        body["spec"].pop("licenses", None)
+    return body
+
+
+def _check_rules(by_kind: dict, diags: list[Diagnostic]) -> None:
+    """References of the scheduling rules: licenses a job holds, tenants a license's quotas name,
+    and where a reservation's capacity is (a pool that can hold it, in the Topology)."""
+    def err(doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
+        diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
+
+    licenses = by_kind["License"]
+    for _, (doc, lic) in sorted(licenses.items()):
+        for t, q in lic.spec.tenant_quotas.items():
+            if t not in by_kind["Tenant"]:
+                err(doc, lic, ("spec", "tenant_quotas", t), f"unknown tenant {t!r}")
+    for _, (doc, job) in sorted(by_kind["Job"].items()):
+        for name, n in job.spec.licenses.items():
+            if name not in licenses:
+                known = ", ".join(sorted(licenses)) or "none"
+                err(doc, job, ("spec", "licenses", name), f"unknown License {name!r}{did_you_mean(name, sorted(licenses))} (defined: {known})")
+        if job.spec.deadline is not None and job.spec.submitted is not None and _utc(job.spec.deadline) <= _utc(job.spec.submitted):
+            err(doc, job, ("spec", "deadline"), f"deadline {job.spec.deadline.isoformat()} is not after submitted {job.spec.submitted.isoformat()}")
+    catalog = load_catalog()
+    for _, (doc, res) in sorted(by_kind["Reservation"].items()):
+        s = res.spec
+        if s.cloud in catalog.regions and catalog.shape(s.cloud, s.instance_type) is None:
+            err(doc, res, ("spec", "instance_type"), f"unknown {s.cloud} instance type {s.instance_type!r}")
+        if s.cloud == "aws" and s.target is not None and not s.target.reservation_id.startswith("cr-"):
+            err(doc, res, ("spec", "target", "reservation_id"), f"an AWS capacity reservation id starts with 'cr-' (got {s.target.reservation_id!r})")
+        matches = reservation_pools(s, [p for _, (_, p) in sorted(by_kind["Pool"].items())])
+        if s.pool is not None:
+            if s.pool not in by_kind["Pool"]:
+                err(doc, res, ("spec", "pool"), f"unknown pool {s.pool!r}")
+            elif s.pool not in [p.name for p in matches]:
+                err(doc, res, ("spec", "pool"), f"pool {s.pool} cannot hold it: it needs cloud {s.cloud}, region {s.region}, zone {s.zone} "
+                                                f"among its zones, {s.instance_type} among its instance_types and on-demand among its markets")
+        elif len(matches) != 1:
+            what = f"pools {', '.join(p.name for p in matches)} all match" if matches else "no pool matches"
+            err(doc, res, ("spec", "zone" if not matches else "pool"),
+                f"{what} ({s.cloud}/{s.zone} {s.instance_type}, on-demand): set spec.pool to the pool its instances belong to"
+                + ("" if matches else " or add a pool with that zone and type"))
+
+
+def reservation_pools(spec, pools: list) -> list:
+    """The pools a reservation's instances could belong to: its cloud, region and zone, its type, on-demand."""
+    return [p for p in pools if p.spec.cloud == spec.cloud and p.spec.region == spec.region and spec.zone in p.spec.zones
+            and spec.instance_type in p.spec.instance_types and "on-demand" in p.spec.markets()]
+
+
+def _utc(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy | None, diags: list[Diagnostic]) -> None:

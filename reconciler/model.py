@@ -7,7 +7,7 @@ in the config repo fails validation instead of silently meaning something else.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -221,7 +221,11 @@ class JobSpec(Strict):
     pools: list[Name] | None = None  # allowlist of Pool names
     expected_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0  # amortises data egress
     submitted: datetime | None = None
+    # Must finish by then: it must start by deadline - expected_hours. Ranks above work of its
+    # class without one (the closer, the higher); flagged DeadlineAtRisk / DeadlineMissed.
     deadline: datetime | None = None
+    # Floating licenses each replica holds while it runs (License documents by name), e.g. {matlab: 1}.
+    licenses: dict[Name, Annotated[int, Field(ge=1, le=1_000_000)]] = {}
     # The workload (reconciler/runtime). Without `run` a Job is a reservation: it is placed,
     # and nothing is started.
     run: RunSpec | None = None
@@ -300,6 +304,39 @@ class PlacementPolicySpec(Strict):
     preemption: Literal["LowerPriority", "Never"] = "LowerPriority"
     latency_cost_per_ms: NonNeg = 0.0  # USD/h per replica per ms between the job's data and its zone
     aging: AgingSpec = AgingSpec()
+
+
+# ---------------------------------------------------------------- Licenses, reservations
+
+
+class LicenseSpec(Strict):
+    """A fleet-wide pool of `count` floating licenses, held by running replicas (Slurm's licenses)."""
+
+    count: Count
+    tenant_quotas: dict[Name, Count] = {}  # most a named tenant's replicas may hold at once
+    cost_per_hour: NonNeg = 0.0  # USD per license-hour, charged to the holder's tenant
+
+
+class ReservationTarget(Strict):
+    """The cloud's id of the reservation (an AWS capacity reservation `cr-...`): launches name it."""
+
+    reservation_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+
+class ReservationSpec(Strict):
+    """Capacity paid for whether used or not (reserved instances, savings plans, capacity
+    reservations and blocks, committed use): `count` instances of one type in one zone at
+    `hourly_cost` each, until `until`. Its marginal price while unused is zero."""
+
+    cloud: Name
+    region: Name
+    zone: Name
+    instance_type: str
+    count: Annotated[int, Field(ge=1, le=100_000)]
+    hourly_cost: NonNeg  # USD per reserved instance-hour, paid used or not
+    until: date | datetime | None = None  # after this it is gone (not planned on)
+    pool: Name | None = None  # the Pool its instances belong to (default: the one pool that matches)
+    target: ReservationTarget | None = None
 
 
 # ---------------------------------------------------------------- Topology
@@ -384,10 +421,20 @@ class PlacementPolicy(_Doc):
     spec: PlacementPolicySpec
 
 
-Document = Union[Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology]
+class License(_Doc):
+    kind: Literal["License"]
+    spec: LicenseSpec
+
+
+class Reservation(_Doc):
+    kind: Literal["Reservation"]
+    spec: ReservationSpec
+
+
+Document = Union[Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology, License, Reservation]
 KINDS: dict[str, type[_Doc]] = {
     cls.model_fields["kind"].annotation.__args__[0]: cls  # type: ignore[union-attr]
-    for cls in (Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology)
+    for cls in (Tenant, Pool, Job, SpotPolicy, GuardrailPolicy, PlacementPolicy, Topology, License, Reservation)
 }
 
 
@@ -403,6 +450,8 @@ class DesiredState(BaseModel):
     spot_policy: SpotPolicySpec = SpotPolicySpec()
     guardrails: GuardrailPolicySpec = GuardrailPolicySpec()
     placement: PlacementPolicySpec = PlacementPolicySpec()
+    licenses: dict[str, License] = {}
+    reservations: dict[str, Reservation] = {}
     digest: str = ""  # sha256 over the documents: a saved plan is stale when it changes
 
     @property
@@ -410,7 +459,7 @@ class DesiredState(BaseModel):
         """The fleet's name, written on every instance it owns: the Topology's name."""
         return self.topology.name
 
-    @field_validator("jobs", "pools", "tenants")
+    @field_validator("jobs", "pools", "tenants", "licenses", "reservations")
     @classmethod
     def _sorted(cls, v: dict) -> dict:
         return dict(sorted(v.items()))

@@ -115,6 +115,9 @@ class Plan:
     consolidation: Consolidation | None = None
     notes: tuple[str, ...] = ()  # what observe found worth saying (state vs placement tags)
     ballast: SpotBallast | None = None  # idle on-demand capacity paid for only to allow the spot in the plan
+    # The scheduling rules' figures (licenses held, reservations used, deadline conditions), only
+    # where the config has such rules: left out of the JSON when empty, so other plans are as before.
+    rules: dict = field(default_factory=dict)
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -137,6 +140,8 @@ class Plan:
     def to_json(self) -> str:
         raw = _json_ready(self)
         del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
+        if not raw["rules"]:
+            del raw["rules"]
         body = json.loads(json.dumps(raw))
         return json.dumps({**body, "body_digest": body_digest(body)}, indent=2, sort_keys=False)
 
@@ -162,6 +167,7 @@ class Plan:
             consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
             notes=tuple(raw.get("notes", ())),
             ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
+            rules=dict(raw.get("rules", {})),
         )
 
 
@@ -487,8 +493,16 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
-        ballast=spot_ballast(ledger),
+        ballast=spot_ballast(ledger), rules=rule_summary(problem, ledger),
     )
+
+
+def rule_summary(problem: Problem, ledger) -> dict:
+    """What the plan's scheduling rules come to, from its ledger: licenses held per License."""
+    out: dict = {}
+    if problem.licenses:
+        out["licenses"] = ledger.license_summary()
+    return out
 
 
 def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from providers.catalog import load_catalog
-from reconciler.ledger import item_share, mig_compute, spot_units
+from reconciler.ledger import LicenseRules, item_share, mig_compute, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -63,6 +63,7 @@ class Demand:
     running: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (job, host per item) of jobs running now
     base_priority: int = 0
     reshaped: frozenset[str] = frozenset()  # running jobs whose resources changed since they were placed: they restart
+    licenses: tuple[tuple[str, int], ...] = ()  # (License, held per item) while it runs
 
     @property
     def gang(self) -> bool:
@@ -198,6 +199,7 @@ class Problem:
     job_remaining: dict[str, float] = field(default_factory=dict)  # running job -> expected hours left
     coef: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, zone site) -> USD/h per item
     now: datetime | None = None
+    licenses: dict[str, LicenseRules] = field(default_factory=dict)
 
     @property
     def spot(self):
@@ -368,6 +370,7 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
             s.replicas, eff[job.name], s.spot, tuple(sorted(s.pools)) if s.pools is not None else None,
             tuple(sorted(s.regions)) if s.regions is not None else None, tuple(sorted(s.clouds)) if s.clouds is not None else None,
             (s.data.location, s.data.size_gib, s.data.max_latency_ms) if s.data else None, s.expected_hours,
+            tuple(sorted(s.licenses.items())),
         )
         key = ("gang", job.name) if s.replicas > 1 else sig  # gangs stay individual: zone choice is per gang
         groups.setdefault(key, []).append(job)
@@ -396,6 +399,7 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
             clouds=frozenset(s.clouds) if s.clouds is not None else None, zones=zones,
             data_location=s.data.location if s.data else None, data_gib=s.data.size_gib if s.data else 0.0,
             hours=s.expected_hours, running=running, reshaped=reshaped,
+            licenses=tuple((n, k * bundle) for n, k in sorted(s.licenses.items())),
         ))
     return out
 
@@ -660,6 +664,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
                         best = min(best, o.price / f)
                 slice_price[d.key] = best
 
+    wanted_licenses = {n for d in pending for n, _ in d.licenses}
     fits_on = OfferFits()
     frozen = set()
     for h in hosts:
@@ -674,6 +679,8 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
             continue  # a gang that lost a replica is healed around its survivors
         if any(job in by_key[dk].reshaped for dk, job, _ in h.residents):
             continue  # a job whose resources changed restarts
+        if any(n in wanted_licenses for d, _ in res for n, _ in d.licenses):
+            continue  # pending work waits for a license it holds: preemption may take it
         tc = type_class(h)
         dims = ("gpus", "cpu", "memory_gib", *{f"mig:{p}" for p in h.mig or ()})
         free = {k: h.cap(k) - sum(d.req(k) * n for d, n in res) for k in dims}
@@ -772,7 +779,12 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
+        licenses=_licenses(desired),
     )
+
+
+def _licenses(desired: DesiredState) -> dict[str, LicenseRules]:
+    return {n: LicenseRules(n, lic.spec.count, dict(lic.spec.tenant_quotas), lic.spec.cost_per_hour) for n, lic in desired.licenses.items()}
 
 
 def _parse_time(text: str) -> datetime | None:
@@ -869,6 +881,8 @@ def components(problem: Problem) -> list[Problem]:
             union("c:" + c.key, "d:" + dk)
     for d in problem.demands:
         union("d:" + d.key, "t:" + d.tenant)
+        for name, _ in d.licenses:  # a license's count ties every job that holds it
+            union("d:" + d.key, "l:" + name)
         for c in by_type.get(type_class(d), []):
             if fit(d, c) > 0:
                 union("d:" + d.key, "p:" + c.pool)
@@ -900,6 +914,6 @@ def components(problem: Problem) -> list[Problem]:
             fleet_capacity=problem.fleet_capacity,
             static_pending={j: r for j, r in problem.static_pending.items() if j in jobs},
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
-            coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now,
+            coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

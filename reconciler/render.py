@@ -76,6 +76,16 @@ def ballast_line(plan: Plan) -> str | None:
             f"for the plan's spot capacity (spot is {b.spot_share:.0%} of the fleet with them, {b.spot_share_without:.0%} without)")
 
 
+def rules_lines(plan: Plan) -> list[str]:
+    """The scheduling rules' figures of a plan (licenses, reservations, deadlines), one line each."""
+    out = []
+    for name, lic in plan.rules.get("licenses", {}).items():
+        tenants = ", ".join(f"{t} {n}" for t, n in lic["tenants"].items())
+        cost = f", {money(lic['cost_per_hour'])}/h charged to their tenants" if lic["cost_per_hour"] else ""
+        out.append(f"License {name}: {lic['held']}/{lic['count']} held" + (f" ({tenants})" if tenants else "") + cost)
+    return out
+
+
 def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     """color (a terminal without NO_COLOR): creates green, deletes and evictions red, moves yellow, pending reasons dim."""
     buf = io.StringIO()
@@ -111,6 +121,8 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         con.print(consolidation_line(plan))
     if ballast_line(plan):
         con.print(ballast_line(plan))
+    for line in rules_lines(plan):
+        con.print(line)
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:  # the summary counts evicted and pending apart; the table says which each row is
         evicted = any(j.action == "evict" for j in pending)
@@ -178,6 +190,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += [f"**{consolidation_line(plan)}**", ""]
     if ballast_line(plan):
         lines += [f"**{ballast_line(plan)}**", ""]
+    if rules_lines(plan):
+        lines += [f"- {line}" for line in rules_lines(plan)] + [""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
         evicted = sum(j.action == "evict" for j in pending)
@@ -259,7 +273,10 @@ def render_status(st: dict) -> str:
     f = st["fleet"]["status"]
     lines = [f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, {money(f['hourlyCost'])}/h, "
              f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})"]
-    lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h" for t, c in f["tenants"].items()]
+    lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h"
+              + (f" + {money(c['licenseCostPerHour'])}/h of licenses" if c.get("licenseCostPerHour") else "") for t, c in f["tenants"].items()]
+    for name, lic in (f.get("licenses") or {}).items():
+        lines.append(f"  license {name}: {lic['held']}/{lic['count']} held" + (f" ({', '.join(f'{t} {n}' for t, n in lic['tenants'].items())})" if lic["tenants"] else ""))
     for name, j in st["jobs"].items():
         c = j["status"]["conditions"][0]
         run = j["status"].get("run")

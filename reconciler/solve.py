@@ -33,6 +33,7 @@ from ortools.sat.python import cp_model
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
+from reconciler.solve_licenses import add_license_constraints
 from reconciler.problem import (DIMS, Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
                                 rules_allow, share, spot_measure, type_class)
 
@@ -246,6 +247,8 @@ class _Model:
         self._demand_vars()
         self._gangs()
         self._tenants()
+        if problem.licenses:
+            add_license_constraints(m, problem, self.placed)
         self._pools_budget_spot()
         self._moves()
 

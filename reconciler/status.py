@@ -18,7 +18,7 @@ from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
 from reconciler.redact import redact
-from reconciler.ledger import replica_charge
+from reconciler.ledger import license_charge, replica_charge
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
@@ -195,6 +195,9 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
 
     changes = {j.job: j for j in plan.jobs}
     tenant_cost: dict[str, float] = {t: 0.0 for t in desired.tenants}
+    licenses = {n: lic.spec for n, lic in desired.licenses.items()}
+    license_cost: dict[str, float] = {t: 0.0 for t in desired.tenants}
+    held: dict[str, dict[str, int]] = {n: {} for n in licenses}  # license -> tenant -> held by running replicas
     seen_jobs = set()
     for name, job in desired.jobs.items():
         seen_jobs.add(name)
@@ -207,6 +210,11 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
             if shape is not None:  # the ledger's charge, as tenant budgets count it (MIG slices too)
                 cost += replica_charge(job.spec.resources, shape.gpus, shape.cpu, inst_price(iid))
         tenant_cost[job.spec.tenant] = tenant_cost.get(job.spec.tenant, 0.0) + cost
+        lic_cost = license_charge(job.spec.licenses, licenses, len(ids))  # license-hours, charged to the tenant
+        license_cost[job.spec.tenant] = license_cost.get(job.spec.tenant, 0.0) + lic_cost
+        for lname, n in job.spec.licenses.items():
+            if lname in held and ids:
+                held[lname][job.spec.tenant] = held[lname].get(job.spec.tenant, 0) + n * len(ids)
         run = runtime.jobs.get(name) if runtime is not None else None
         if run is not None and name in runtime.finished and not ids:
             cond = Condition("Placed", False, "Finished", f"{run.phase}: its capacity is released until its spec changes")
@@ -221,6 +229,7 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
         body = {
             "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
+            **({"licenses": dict(job.spec.licenses), "licenseCostPerHour": round(lic_cost, 4)} if job.spec.licenses else {}),
             "conditions": _conditions(files, path, conds, now),
         }
         if run is not None:
@@ -259,7 +268,10 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
         "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet, **({"uid": fleet_uid} if fleet_uid else {})},
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
-            "tenants": {t: {"hourlyCost": round(c, 4)} for t, c in sorted(tenant_cost.items())},
+            "tenants": {t: {"hourlyCost": round(c, 4), **({"licenseCostPerHour": round(license_cost.get(t, 0.0), 4)} if licenses else {})}
+                        for t, c in sorted(tenant_cost.items())},
+            **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
+                             for n, spec in sorted(licenses.items())}} if licenses else {}),
             "jobs": {"running": sum(1 for j in desired.jobs if report.placements.get(j)), "pending": sum(1 for j in desired.jobs if not report.placements.get(j))},
             "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),

@@ -302,6 +302,25 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     _check_pools(desired, observed, plan, hosts)
     _check_spot(desired, hosts, reps)
     _check_guardrails(desired, plan, hosts)
+    _check_licenses(desired, reps)
+
+
+def _check_licenses(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
+    """A License's count is never exceeded by the replicas the plan runs (each holds `licenses` of
+    its job's spec), nor a tenant's quota of it."""
+    held: Counter = Counter()
+    by_tenant: Counter = Counter()
+    for job, rs in reps.items():
+        spec = desired.jobs[job].spec
+        for name, n in spec.licenses.items():
+            held[name] += n * len(rs)
+            by_tenant[(name, spec.tenant)] += n * len(rs)
+    for name, lic in desired.licenses.items():
+        assert held[name] <= lic.spec.count, f"license {name}: {held[name]} held by the plan's replicas, over its count {lic.spec.count}"
+        for t, q in lic.spec.tenant_quotas.items():
+            assert by_tenant[(name, t)] <= q, f"license {name}: tenant {t} holds {by_tenant[(name, t)]}, over its quota {q}"
+    for name in held:
+        assert name in desired.licenses, f"a placed job holds license {name}, which no License defines"
 
 
 def _check_job_states(desired: DesiredState, observed: Observed, plan: Plan) -> None:

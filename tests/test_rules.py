@@ -680,3 +680,104 @@ def test_a_tenant_budget_is_charged_at_the_zone_its_work_lands_in(tmp_path):
     docs[-2]["spec"]["resources"]["nvlink"] = True
     plan = plan_for(tmp_path, docs)
     assert all(j.action == "place" for j in plan.jobs), [(j.job, j.action, j.reason) for j in plan.jobs]
+
+
+# ---------------------------------------------------------------- floating licenses (issue 17)
+
+
+def license_doc(name="matlab", count=2, **spec):
+    return doc("License", name, {"count": count, **spec})
+
+
+def test_a_license_count_caps_the_replicas_holding_it_and_the_rest_wait_saying_so(tmp_path):
+    """Five 1-GPU jobs each hold one of 2 matlab licenses: with GPUs for all, two run, the rest are
+    pending on the license, naming its holders; greedy best-fit (the fallback) agrees."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=8), license_doc(count=2)]
+    docs += [job(f"j{i}", licenses={"matlab": 1}, **A100) for i in range(5)]
+    for limit in (10, 0):
+        jobs = by_job(plan_for(tmp_path / str(limit), docs, time_limit=limit))
+        running = sorted(n for n, j in jobs.items() if j.instances)
+        assert len(running) == 2, (limit, running)
+        waiting = [j for j in jobs.values() if not j.instances]
+        assert all(j.reason.startswith(f"license matlab: 2/2 held, by {running[0]}, {running[1]}; the job needs 1") for j in waiting), \
+            [j.reason for j in waiting]
+
+
+def test_a_gang_holds_a_license_per_replica_and_never_runs_over_the_count(tmp_path):
+    """A 3-replica gang needs 3 of 2 licenses: it never runs, and the reason says the count is too small."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=8), license_doc(count=2), job("gang", replicas=3, licenses={"matlab": 1}, **A100),
+            job("solo", licenses={"matlab": 2}, **A100)]
+    jobs = by_job(plan_for(tmp_path, docs))
+    assert jobs["gang"].action == "pending" and jobs["solo"].action == "place"
+    assert jobs["gang"].reason.startswith("license matlab: the job needs 3 but its count is 2")
+
+
+def test_license_tenant_quotas_are_exact(tmp_path):
+    """Count 3, research may hold 1: research runs one job, product two, though research's jobs rank higher."""
+    docs = [topology(), tenant("research"), tenant("product"), one_gpu_pool(hi=8), license_doc(count=3, tenant_quotas={"research": 1})]
+    docs += [job(f"r{i}", tenant="research", priority="high", licenses={"matlab": 1}, **A100) for i in range(3)]
+    docs += [job(f"p{i}", tenant="product", priority="low", licenses={"matlab": 1}, **A100) for i in range(3)]
+    for limit in (10, 0):
+        plan = plan_for(tmp_path / str(limit), docs, time_limit=limit)
+        running = [j.tenant for j in plan.jobs if j.instances]
+        assert (running.count("research"), running.count("product")) == (1, 2), limit
+        r = next(j for j in plan.jobs if j.tenant == "research" and not j.instances)
+        assert r.reason.startswith("license matlab: tenant research holds 1/1 of its quota, by r"), r.reason
+
+
+def test_a_higher_class_takes_the_license_of_the_lowest_priority_holder_when_preemption_allows(tmp_path):
+    """One license, held by a low and a normal job on two GPUs (count 2); a critical job arrives
+    with GPUs to spare: the low holder is evicted (not the normal one) and told why. Under
+    `preemption: Never` both holders keep it and the critical job waits, naming them."""
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=3), license_doc(count=2),
+            job("low", priority="low", licenses={"matlab": 1}, **A100), job("normal", licenses={"matlab": 1}, **A100),
+            job("crit", priority="critical", licenses={"matlab": 1}, **A100)]
+    insts, running = [gcp_1g("i0"), gcp_1g("i1")], {"low": ("i0",), "normal": ("i1",)}
+    jobs = by_job(plan_for(tmp_path / "pre", docs, insts, running))
+    assert jobs["crit"].instances and jobs["normal"].action == "keep"
+    assert jobs["low"].action == "evict" and jobs["low"].reason.startswith("evicted: license matlab: 2/2 held, by normal, crit")
+    jobs = by_job(plan_for(tmp_path / "never", docs + [placement(preemption="Never")], insts, running))
+    assert jobs["low"].action == jobs["normal"].action == "keep"
+    assert jobs["crit"].action == "pending" and jobs["crit"].reason.startswith("license matlab: 2/2 held, by low, normal")
+
+
+def test_license_hours_are_charged_to_the_tenant_in_plan_status_and_explain(tmp_path):
+    """$1.20 per license-hour: the plan, status/ and `reconcile status` say who holds how many at
+    what cost; `explain` of the waiting job proves that one more license would run it."""
+    from reconciler.render import render_status
+
+    cfg = write_config(tmp_path / "cfg", [topology(), tenant("t"), tenant("u"), one_gpu_pool(hi=4),
+                                          license_doc(count=2, cost_per_hour=1.2),
+                                          job("a", licenses={"matlab": 1}, **A100), job("b", tenant="u", licenses={"matlab": 1}, **A100),
+                                          job("c", priority="low", licenses={"matlab": 1}, **A100)])
+    plan = api.plan(cfg, time_limit=5).plan
+    assert plan.rules["licenses"]["matlab"] == {"count": 2, "held": 2, "tenants": {"t": 1, "u": 1}, "cost_per_hour": 2.4}
+    assert "License matlab: 2/2 held (t 1, u 1), $2.40/h charged to their tenants" in render_human(plan)
+    ex = api.explain(cfg, "c", time_limit=5)
+    assert ex.summary.startswith("pending: license matlab: 2/2 held, by a, b; the job needs 1")
+    assert any(w.startswith("raise License matlab count by 1 (to 3): it would run") for w in ex.would_change), ex.would_change
+    api.apply(cfg, time_limit=5)
+    st = api.read_status(cfg)
+    fleet = st["fleet"]["status"]
+    assert fleet["tenants"]["t"]["licenseCostPerHour"] == 1.2 and fleet["tenants"]["u"]["licenseCostPerHour"] == 1.2
+    assert fleet["licenses"]["matlab"] == {"count": 2, "held": 2, "tenants": {"t": 1, "u": 1}}
+    assert st["jobs"]["a"]["status"]["licenseCostPerHour"] == 1.2
+    text = render_status(st)
+    assert "tenant t: $3.67/h + $1.20/h of licenses" in text and "license matlab: 2/2 held (t 1, u 1)" in text
+
+
+def test_license_references_are_validated_with_file_and_line(tmp_path):
+    from reconciler.errors import ConfigError
+    from reconciler.load import load
+
+    docs = [topology(), tenant("t"), one_gpu_pool(), license_doc(count=1, tenant_quotas={"nobody": 1}),
+            job("j", licenses={"matlb": 1}, **A100)]
+    cfg = write_config(tmp_path, docs)
+    try:
+        load(cfg)
+        raise AssertionError("loaded")
+    except ConfigError as e:
+        text = str(e)
+    assert "fleet.yaml:" in text
+    assert "License/matlab: spec.tenant_quotas.nobody: unknown tenant 'nobody'" in text
+    assert "Job/j: spec.licenses.matlb: unknown License 'matlb' (did you mean 'matlab'?)" in text

@@ -134,3 +134,33 @@ def test_a_tab_in_indentation_is_named(tmp_path):
     line = next(x for x in out.output.splitlines() if "tabbed.yaml" in x)
     assert line.startswith(f"{cfg / 'jobs' / 'tabbed.yaml'}:4: invalid YAML:"), line  # no `-: <yaml>:`
     assert "indented with a tab" in line
+
+
+def _rule_docs() -> list[dict]:
+    """The issue-17 kinds and fields, as the README shows them."""
+    lic = {"apiVersion": "fleetops.io/v1alpha1", "kind": "License", "metadata": {"name": "matlab"},
+           "spec": {"count": 50, "tenant_quotas": {"research": 20}, "cost_per_hour": 1.2}}
+    res = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "p4d-2026"},
+           "spec": {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "p4d.24xlarge", "count": 4,
+                    "hourly_cost": 19.2, "until": "2027-01-01", "target": {"reservation_id": "cr-0abc1234"}}}
+    job = _job()
+    job["spec"]["licenses"] = {"matlab": 1}
+    job["spec"]["deadline"] = "2026-12-01T00:00:00Z"
+    return [lic, res, job]
+
+
+def test_licenses_reservations_and_deadlines_validate_and_their_typos_do_not(validator):
+    for d in _rule_docs():
+        assert validator.is_valid(d), _errors(validator, d)
+    lic, res, job = _rule_docs()
+    lic["spec"]["cuont"] = lic["spec"].pop("count")
+    assert any("cuont" in e for e in _errors(validator, lic))
+    res["spec"]["count"] = 0
+    assert not validator.is_valid(res)
+    res = _rule_docs()[1]
+    res["spec"]["target"] = {"id": "cr-1"}
+    assert not validator.is_valid(res)
+    job["spec"]["licenses"] = {"matlab": 0}
+    assert not validator.is_valid(job)
+    job["spec"]["licenses"] = {"Not A Name": 1}
+    assert not validator.is_valid(job)
