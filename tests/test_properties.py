@@ -330,6 +330,30 @@ def test_solver_answer_keeps_every_rule_on_larger_fleets(fleet):
     check_fleet(fleet, time_limit=5)
 
 
+@st.composite
+def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
+    """A fleet (as `fleets`) with the issue-17 rules added: a License of a few seats (a tenant quota
+    of it, sometimes) held by some of its jobs."""
+    fleet = draw(fleets(max_jobs=max_jobs, max_instances=max_instances))
+    docs = [dict(d, spec=dict(d["spec"])) for d in fleet.docs]
+    lic: dict = {"count": draw(st.integers(0, 4)), "cost_per_hour": 1.5}
+    if draw(st.booleans()):
+        lic["tenant_quotas"] = {draw(st.sampled_from(TENANTS)): draw(st.integers(0, 2))}
+    docs.append(doc("License", "sim", lic))
+    for d in docs:
+        if d["kind"] == "Job" and draw(st.booleans()):
+            d["spec"]["licenses"] = {"sim": draw(st.sampled_from([1, 1, 2]))}
+    return Fleet(docs, fleet.instances, fleet.placements, fleet.gpu_indices)
+
+
+@settings(max_examples=30, derandomize=True, database=None, **SETTINGS)
+@given(fleet=fleets_with_rules())
+def test_licenses_keep_every_rule(fleet):
+    """Licenses on random fleets: no plan holds more than a License's count or a tenant's quota of it
+    (tests/invariants.py), every other rule holds, and CP-SAT ranks no worse than greedy."""
+    check_fleet(fleet)
+
+
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(1, 12), gpus=st.sampled_from([1, 2, 4]))
 def test_aggregated_offers_always_pack(n, gpus):
