@@ -410,11 +410,11 @@ def _check_rules(by_kind: dict, diags: list[Diagnostic]) -> None:
 
     licenses = by_kind["License"]
     for _, (doc, lic) in sorted(licenses.items()):
-        for t, q in lic.spec.tenant_quotas.items():
+        for t in lic.spec.tenant_quotas:
             if t not in by_kind["Tenant"]:
                 err(doc, lic, ("spec", "tenant_quotas", t), f"unknown tenant {t!r}")
     for _, (doc, job) in sorted(by_kind["Job"].items()):
-        for name, n in job.spec.licenses.items():
+        for name in job.spec.licenses:
             if name not in licenses:
                 known = ", ".join(sorted(licenses)) or "none"
                 err(doc, job, ("spec", "licenses", name), f"unknown License {name!r}{did_you_mean(name, sorted(licenses))} (defined: {known})")
