@@ -172,7 +172,7 @@ def test_schema_covers_every_kind():
     assert res.exit_code == 0
     import json
     schema = json.loads(res.output)  # one schema for any document, discriminated on kind (tests/test_schema.py)
-    kinds = {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy", "Topology"}
+    kinds = {"Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy", "Topology", "License", "Reservation"}
     assert set(schema["properties"]["kind"]["enum"]) == kinds
     assert {b["if"]["properties"]["kind"]["const"] for b in schema["allOf"]} == kinds
     assert "resources" in json.dumps(schema["$defs"]["JobSpec"])
