@@ -6,6 +6,7 @@ present (--detailed-exitcode), 1 any error. Errors print one actionable message.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,6 +19,27 @@ from reconciler.redact import redact
 
 # click's UsageError, wherever this typer takes click from (typer 0.29 vendors its own copy as typer._click).
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_ClickException = next(c for c in _UsageError.__mro__ if c.__name__ == "ClickException")
+DEBUG_ENV = "FLEETOPS_DEBUG"
+DEBUG_META = "fleetops.debug"
+
+
+def _debug_env() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def last_resort_message(e: BaseException, debug: bool) -> str:
+    """What an exception no code path expected prints: its type and message in one paragraph (with --debug or
+    FLEETOPS_DEBUG=1, the traceback first), credentials in URLs redacted like every other error."""
+    import traceback
+
+    what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    text = (f"Error: unexpected {what}. This is a bug in reconcile (or in a provider plugin), not in your input: please "
+            f"report it with the output of the same command run as `reconcile --debug ...` (or with {DEBUG_ENV}=1), which "
+            "adds the traceback. Run `reconcile plan` to see the fleet as it is now.")
+    if debug:
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__)) + text
+    return redact(text)
 
 
 def _plain_flags(params: list) -> list:
@@ -45,6 +67,14 @@ class _Group(TyperGroup):
         except _UsageError as e:
             e.exit_code = 1
             raise
+        except KeyboardInterrupt:  # Ctrl-C where no command says more: 128 + SIGINT, as a shell reports it (click: 1)
+            typer.echo("Interrupted.", err=True)
+            raise typer.Exit(130)
+        except (typer.Exit, typer.Abort, _ClickException):
+            raise
+        except Exception as e:  # the last resort: one paragraph, never a bare traceback
+            typer.echo(last_resort_message(e, ctx.meta.get(DEBUG_META, False) or _debug_env()), err=True)
+            raise typer.Exit(1)
 
     def get_command(self, ctx, cmd_name):
         cmd = super().get_command(ctx, cmd_name)
@@ -67,9 +97,11 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                            help="Print the version and exit.")) -> None:
-    pass
+def _root(ctx: typer.Context,
+          show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print the version and exit."),
+          debug: bool = typer.Option(False, "--debug", help=f"On an unexpected error, print the traceback (also: {DEBUG_ENV}=1).")) -> None:
+    ctx.meta[DEBUG_META] = debug
 
 
 sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")

@@ -165,3 +165,40 @@ def test_colour_on_a_terminal_none_when_piped_or_with_no_color(qs):
     assert "Instances to create" in plain and ANSI.search(plain) is None
     piped = subprocess.run([RECONCILE, "plan", str(qs)], capture_output=True, text=True, env=env)
     assert "Instances to create" in piped.stdout and ANSI.search(piped.stdout) is None
+
+
+def test_ctrl_c_in_any_command_exits_130_without_a_traceback(qs):
+    """`logs --follow` waits for a replica that never ends; a real SIGINT, sent once it is waiting (it printed the
+    log tail), ends it with 130, as Ctrl-C does in `apply` (click made it 'Aborted!', exit 1)."""
+    from reconciler.runtime.bus import Bus
+
+    Bus(backend_for(qs, None)).put_run("finetune-a", 0, {"job": "finetune-a", "replica": 0, "phase": "Running",
+                                                         "terminal": False, "log_tail": ["step 1 of 150"]})
+    read, write = os.pipe()
+    proc = subprocess.Popen([RECONCILE, "logs", str(qs), "finetune-a", "--follow"], stdout=write, stderr=write,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(write)
+    try:
+        seen = _read_until(read, "step 1 of 150")
+        proc.send_signal(signal.SIGINT)
+        while chunk := os.read(read, 65536):
+            seen += chunk.decode(errors="replace")
+        assert proc.wait(timeout=120) == 130, seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(read)
+    assert "Interrupted." in seen and "Traceback" not in seen and "Aborted" not in seen, seen
+
+
+def test_the_last_resort_message_is_one_redacted_paragraph():
+    from reconciler.cli import last_resort_message
+
+    try:
+        raise RuntimeError("cannot reach http://admin:hunter2@10.0.0.1:9000/bucket")
+    except RuntimeError as e:
+        short, full = last_resort_message(e, debug=False), last_resort_message(e, debug=True)
+    assert short.startswith("Error: unexpected RuntimeError: cannot reach http://***@10.0.0.1:9000/bucket. This is a bug")
+    assert "\n" not in short and "--debug" in short and "FLEETOPS_DEBUG=1" in short
+    assert full.startswith("Traceback (most recent call last):") and full.endswith(short) and "test_cli_ux.py" in full
+    assert "hunter2" not in short + full

@@ -61,3 +61,27 @@ def test_unknown_provider_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--provider", "nope"], capture_output=True, text=True)
     assert out.returncode == 1
     assert "unknown provider 'nope'; installed: aws, azure, gcp, sim" in out.stderr
+
+
+def test_a_bug_in_a_plugin_is_one_paragraph_and_debug_shows_the_traceback(plugin_path, tmp_path):
+    """The plugin chokes on a server record without its cloud (KeyError): the CLI's last resort, not a traceback."""
+    import json
+
+    from providers.base import TAG_FLEET
+
+    cfg = write_config(tmp_path / "cfg", [topology(clouds={"onprem": {"dc1": ["rack-a"]}}), tenant("t"),
+                                          pool("dgx", "onprem", "dc1", ["rack-a"], ["dgx-a100"], hi=1)])
+    (cfg / ".reconcile").mkdir(exist_ok=True)
+    (cfg / ".reconcile" / "onprem.json").write_text(json.dumps({"servers": {"dgx-001": {"id": "dgx-001", "tags": {TAG_FLEET: "test"}}}}))
+    out = run(plugin_path, "plan", str(cfg), "--provider", "onprem")
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("Error: unexpected KeyError: 'cloud'. This is a bug"), out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    for debug in (["--debug"], []):
+        env_debug = {} if debug else {"FLEETOPS_DEBUG": "1"}
+        env = {**os.environ, **env_debug, "PYTHONPATH": os.pathsep.join([str(plugin_path), str(Path(__file__).parent.parent)])}
+        full = subprocess.run([sys.executable, "-m", "reconciler.cli", *debug, "plan", str(cfg), "--provider", "onprem"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert full.returncode == 1
+        assert "Traceback (most recent call last)" in full.stderr and "onprem_provider.py" in full.stderr, full.stderr
+        assert full.stderr.rstrip().endswith(out.stderr.rstrip())
