@@ -139,20 +139,23 @@ def test_rerun_after_crash_creates_no_duplicates(qs, monkeypatch):
     assert len(keys) == len(set(keys))
 
 
-def test_killed_apply_then_rerun_converges_without_leaks(qs):
-    """SIGKILL an apply mid-flight (slow cloud), rerun: no duplicates, no leaked instances."""
-    SimCloud(state_dir(qs)).set_fault(latency_ms=150)
+def test_killed_apply_then_rerun_converges_without_leaks(qs, tmp_path):
+    """SIGKILL an apply mid-flight (held after 3 of its 10 launches: tests/gates.py), rerun: no duplicates, no leaks."""
+    import signal
+
+    from tests.gates import Gate
+
+    gate = Gate(tmp_path / "gate", "sim", 3)
     proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "apply", str(qs), "--auto-approve"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
-    import time
-    deadline = time.time() + 30
-    while time.time() < deadline and len(live(qs)) < 3:
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=gate.env(), start_new_session=True)
+    try:
+        gate.wait(lambda: proc.pid in gate.reached() or proc.poll() is not None, what="the apply held after 3 launches")
+        assert proc.poll() is None, "the apply ended before the kill point: the kill tested nothing"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     n_partial = len(live(qs))
-    assert 0 < n_partial < 10
-    SimCloud(state_dir(qs)).set_fault(latency_ms=0)
+    assert n_partial == 3
     # The dead process's lock is stale (its pid is gone) and is taken over.
     assert cli("apply", qs, "--auto-approve").exit_code == 0
     assert cli("plan", qs, "--detailed-exitcode").exit_code == 0

@@ -138,21 +138,25 @@ def test_a_killed_agent_is_a_lost_node_and_its_work_is_placed_again(rt):
     cfg = config(rt / "c", job("svc", cpu=2, run={"command": cmd}, mode="service"))
     api.apply(cfg, time_limit=5)
     first = live(cfg)[0]
-    wait(lambda: run_phase(cfg, "svc") == "Running", what="svc running")
+    wait(lambda: run_phase(cfg, "svc") == "Running", timeout=300, what="svc running")
     assert replicas_on(first)  # (what the end of this test checks is gone)
     pid = int((state_dir(cfg) / "sim" / "agents" / first / "agent.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
-    res = wait(lambda: (p := api.plan(cfg, time_limit=5)) and p.plan.deletes and p, timeout=120, what="stale heartbeat seen")
+    res = wait(lambda: (p := api.plan(cfg, time_limit=5)) and p.plan.deletes and p, timeout=300, what="stale heartbeat seen")
     assert [d.instance_id for d in res.plan.deletes] == [first]
     assert any(f"instance {first} is replaced: lost node" in n for n in res.plan.notes)
     api.apply(cfg, time_limit=5)
     assert first not in live(cfg) and len(live(cfg)) == 1
     second = live(cfg)[0]
-    wait(lambda: (r := bus(cfg).run("svc", 0)) and r["instance"] == second and r["phase"] == "Running", what="svc running again")
-    assert time.monotonic() - killed < 120
-    # The lost node's replica process went with its instance.
-    assert not replicas_on(first)
+    wait(lambda: (r := bus(cfg).run("svc", 0)) and r["instance"] == second and r["phase"] == "Running", timeout=300,
+         what="svc running again")
+    # Back within minutes of the kill (the heartbeat goes stale after 15 s here), even on a loaded machine: no figure
+    # of speed, a bound on the waits above.
+    assert time.monotonic() - killed < 600
+    # The lost node's replica process went with its instance: SIGKILLed with it (a signal is delivered, not awaited:
+    # on a loaded machine the process can still be listed for a moment after the kill).
+    wait(lambda: not replicas_on(first), timeout=120, what=f"the replica processes of {first} gone")
 
 
 def test_a_spot_interruption_checkpoints_and_the_replacement_resumes(rt):

@@ -6,12 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import boto3
 import pytest
 
-from providers.sim import SimCloud
 from reconciler import api
 from reconciler.backend import S3Backend, backend_for
 from reconciler.errors import LockError
@@ -96,20 +94,34 @@ def test_expired_lock_is_taken_over_and_unlock_breaks_a_live_one(s3_env, tmp_pat
 
 
 def test_two_concurrent_applies_exactly_one_proceeds(s3_env, tmp_path):
+    """Two applies started together on one S3 state. Each is held at its first launch (tests/gates.py), inside the
+    lock, until the other has exited: the one that got the lock cannot finish (and release it) before the other
+    asks, however the machine schedules them (a slow cloud used to stand in for this; under load the first apply
+    could end before the second started, and both proceeded). Were the lock not exclusive, both would be held."""
+    from tests.gates import Gate
+
     env, url, _, _ = s3_env
     qs = copy_quickstart(tmp_path)
-    SimCloud(state_dir(qs)).set_fault(latency_ms=100)  # a slow cloud keeps the first apply inside its lock
-    penv = {**os.environ, **env, "FLEETOPS_STATE": url}
+    gate = Gate(tmp_path / "gate", "sim", 0)
+    penv = gate.env({**os.environ, **env, "FLEETOPS_STATE": url})
     cmd = [sys.executable, "-m", "reconciler.cli", "apply", str(qs), "--auto-approve"]
-    procs = [subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
-    time.sleep(0.05)
-    procs.append(subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
-    codes = sorted(r[0] for r in results)
-    assert codes == [0, 1], results
-    loser = next(r for r in results if r[0] == 1)
-    assert "another apply holds the lock s3://" in loser[2] and "reconcile unlock" in loser[2]
-    winner = next(r for r in results if r[0] == 0)
-    assert "Applied plan" in winner[1]
-    SimCloud(state_dir(qs)).set_fault(latency_ms=0)
+    procs = [subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        gate.wait(lambda: any(p.poll() is not None for p in procs) or len(gate.reached()) == 2, what="one apply refused")
+        held = gate.reached()
+        assert len(held) == 1, f"{len(held)} applies got the lock at once"
+        loser = next(p for p in procs if p.pid not in held)
+        loser_out = (loser.wait(timeout=300), *loser.communicate())
+        gate.release()
+        winner = next(p for p in procs if p.pid in held)
+        winner_out = (winner.wait(timeout=300), *winner.communicate())
+    finally:
+        gate.release()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert loser_out[0] == 1 and winner_out[0] == 0, (loser_out, winner_out)
+    assert "another apply holds the lock s3://" in loser_out[2] and "reconcile unlock" in loser_out[2]
+    assert "Applied plan" in winner_out[1]
     assert not api.plan(qs, state=url).plan.has_changes
