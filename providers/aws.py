@@ -61,6 +61,12 @@ def client_token(key: str) -> str:
     return key if len(key) <= 64 and key.isascii() else hashlib.sha256(key.encode()).hexdigest()[:64]
 
 
+# GPU pools without aws.ami or aws.launch_template: the Deep Learning Base AMI (NVIDIA driver, CUDA, Docker and the
+# NVIDIA Container Toolkit), found through its public SSM parameter, so the latest one is used in every region.
+DEFAULT_GPU_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+SSM_PREFIX = "resolve:ssm:"
+
+
 class AwsProvider:
     name = "aws"
 
@@ -91,6 +97,58 @@ class AwsProvider:
                 self._clients[region] = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint,
                                                             config=self.config)
             return self._clients[region]
+
+    def _image(self, settings: dict, instance_type: str) -> str | None:
+        """What a pool's instance boots: aws.ami; else its launch template's image; else, for GPU types, a driver AMI."""
+        if settings.get("ami") or settings.get("launch_template"):
+            return settings.get("ami") or None
+        shape = self.catalog.shape("aws", instance_type)
+        return DEFAULT_GPU_AMI if shape is not None and shape.gpus else None
+
+    def _ami(self, region: str, image: str) -> str:
+        """An AMI id: `image` itself, or the value of the SSM parameter `resolve:ssm:NAME` names (as EC2 resolves it;
+        resolved here so the plan-time check and the launch use the same AMI). Once per run and region."""
+        if not image.startswith(SSM_PREFIX):
+            return image
+        cache = self.__dict__.setdefault("_amis", {})
+        if (region, image) not in cache:
+            with self._clients_lock:
+                ssm = self.session.client("ssm", region_name=region, endpoint_url=self.endpoint, config=self.config)
+            name = image[len(SSM_PREFIX):]
+            try:
+                cache[(region, image)] = self._call(f"get SSM parameter {name} in {region}",
+                                                    lambda: ssm.get_parameter(Name=name))["Parameter"]["Value"]
+            except ProviderError as e:
+                if "ParameterNotFound" not in str(e):
+                    raise
+                raise ProviderError(f"{e}; set aws.ami to an AMI id, or to resolve:ssm:NAME of a parameter that exists") from None
+        return cache[(region, image)]
+
+    def _check_images(self, pool: PoolTarget) -> None:
+        """Plan time: the AMI each of the pool's types boots exists in its region and this account may launch it
+        (DescribeImages), so a mistyped, deregistered or other-region AMI is an error naming the pool before anything
+        is launched, not a failed launch in the middle of an apply."""
+        seen = self.__dict__.setdefault("_images_seen", set())
+        for image in sorted({i for t in pool.instance_types if (i := self._image(dict(pool.settings), t))}):
+            if (pool.region, image) in seen:
+                continue
+            try:
+                ami = self._ami(pool.region, image)
+            except ProviderError as e:
+                raise type(e)(f"aws: pool {pool.name}: {e}") from None
+            ec2 = self.ec2(pool.region)
+            try:
+                found = self._call(f"describe image {ami} in {pool.region}", lambda: ec2.describe_images(ImageIds=[ami]))["Images"]
+            except ProviderError as e:
+                if "InvalidAMIID" not in str(e):
+                    raise
+                found = []
+            if not found:
+                shown = ami if ami == image else f"{ami} ({image})"
+                raise ProviderError(f"aws: pool {pool.name}: image {shown} does not exist in {pool.region} (or this account "
+                                    "may not launch it); set aws.ami to one that does (GPU types default to the Deep "
+                                    "Learning Base AMI's SSM parameter)")
+            seen.add((pool.region, image))
 
     def _call(self, what: str, fn, *, cloud_zone: tuple[str, str, str] | None = None, **kw):
         """One EC2 call with our error mapping (botocore already retried throttling)."""
@@ -158,6 +216,8 @@ class AwsProvider:
         for p in pools:
             by_region.setdefault(p.region, []).append(p)
         for region, rpools in sorted(by_region.items()):
+            for p in rpools:
+                self._check_images(p)
             types = sorted({t for p in rpools for t in p.instance_types})
             ec2 = self.ec2(region)
             offered = set()
@@ -241,10 +301,12 @@ class AwsProvider:
         if s.get("launch_template"):
             lt = s["launch_template"]
             params["LaunchTemplate"] = {"LaunchTemplateId": lt} if lt.startswith("lt-") else {"LaunchTemplateName": lt}
-        if s.get("ami"):
-            params["ImageId"] = s["ami"]
+        image = self._image(s, request.instance_type)
+        if image:
+            params["ImageId"] = self._ami(p.region, image)
         if "ImageId" not in params and "LaunchTemplate" not in params:
-            raise ProviderError(f"aws: pool {p.name} needs aws.ami or aws.launch_template to launch instances")
+            raise ProviderError(f"aws: pool {p.name} needs aws.ami or aws.launch_template to launch instances of "
+                                f"{request.instance_type} (GPU types default to the Deep Learning Base AMI)")
         if s.get("subnets", {}).get(request.zone):
             params["SubnetId"] = s["subnets"][request.zone]
         if s.get("security_groups"):

@@ -62,7 +62,10 @@ POWER_STATES = {"running": "running", "starting": "pending", "stopping": "stoppi
                 "deallocating": "stopping", "deallocated": "stopping"}
 TAG_NAME_FORBIDDEN = set('<>%&\\?/')
 LOGICAL_PREFIX, AZURE_PREFIX = "fleetops.io/", "fleetops.io_"
-DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # Gen2, as the GPU sizes (ND H100 v5 ...) require
+DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # CPU sizes; Gen2
+# GPU sizes: the Ubuntu HPC image (Gen2, as the GPU sizes require) ships the NVIDIA driver, CUDA and the InfiniBand
+# stack; plain Ubuntu has no driver, so the fleet's work could not use a GPU. Pin a version with azure.image.
+DEFAULT_GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 NETWORK_API_VERSION = "2020-11-01"  # lets Compute create the NIC itself
 TEST_CREDENTIAL = "fake-for-tests"  # TEST ONLY: a static bearer token, refused without a custom endpoint
 
@@ -100,6 +103,11 @@ def vm_name(fleet: str, key: str) -> str:
     digest = hashlib.sha256(f"{fleet}\0{key}".encode()).hexdigest()[:12]
     head = "-".join(p for p in (f[:20].strip("-"), k[:28].strip("-")) if p)
     return f"{head}-{digest}" if head else f"vm-{digest}"
+
+
+def image_for(settings: dict, gpus: bool) -> str:
+    """The image of a pool's VM: its azure.image, else a driver image for GPU sizes."""
+    return settings.get("image") or (DEFAULT_GPU_IMAGE if gpus else DEFAULT_IMAGE)
 
 
 def parse_image(image: str | None) -> dict[str, str]:
@@ -400,6 +408,7 @@ class AzureProvider:
         (cached, providers/offercache.py)."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
+            self._check_images(p)
             offered = self._zone_offers(self._scope(p.settings).subscription, p.region)
             for z in p.zones:
                 for t in p.instance_types:
@@ -409,6 +418,35 @@ class AzureProvider:
                     if o is not None:
                         seen.setdefault((z, t), o)
         return [seen[k] for k in sorted(seen)]
+
+    def _gpus(self, size: str) -> bool:
+        shape = self.catalog.shape("azure", size)
+        return bool(shape and shape.gpus)
+
+    def _check_images(self, pool: PoolTarget) -> None:
+        """Plan time: every marketplace image the pool's VMs would use exists in its region (VirtualMachineImages:
+        list the versions of publisher/offer/sku, or get the one version named), so a mistyped or retired image is an
+        error naming the pool before anything is launched. Image resource ids (custom, gallery) are left to the create."""
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        seen = self.__dict__.setdefault("_images_seen", set())
+        for image in sorted({image_for(pool.settings, self._gpus(t)) for t in pool.instance_types}):
+            ref = parse_image(image)
+            if "id" in ref or (pool.region, image) in seen:
+                continue
+            client = self.compute(self._scope(pool.settings).subscription).virtual_machine_images
+            args = (pool.region, ref["publisher"], ref["offer"], ref["sku"])
+            try:
+                latest = ref["version"].lower() == "latest"
+                found = list(client.list(*args, top=1)) if latest else [client.get(*args, ref["version"])]
+            except ResourceNotFoundError:
+                found = []
+            except AzureError as e:
+                raise self._map_error(f"read image {image}", e, None) from None
+            if not found:
+                raise ProviderError(f"azure: pool {pool.name}: image {image} does not exist in {pool.region}; set azure.image "
+                                    f"to one that does (GPU sizes default to {DEFAULT_GPU_IMAGE})")
+            seen.add((pool.region, image))
 
     def _zone_offers(self, subscription: str, region: str) -> set[tuple[str, str]]:
         """{(zone `<region>-<n>`, VM size lower case)} offered to the subscription in the region."""
@@ -450,7 +488,7 @@ class AzureProvider:
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": request.instance_type},
             "storageProfile": {
-                "imageReference": parse_image(s.get("image")),
+                "imageReference": parse_image(image_for(s, self._gpus(request.instance_type))),
                 "osDisk": {"createOption": "FromImage", "deleteOption": "Delete"},
             },
             "osProfile": {

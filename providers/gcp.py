@@ -75,7 +75,11 @@ _QUOTA_NAME = re.compile(r"Quota '([A-Z0-9_]+)' exceeded(?:\.\s+Limit: ([0-9.]+)
 TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "resourceNotReady"})
 TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
 GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-")  # accelerator-optimized: GPUs come with the machine type, no live migration
-DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"  # CPU machine types
+# GPU machine types: a Deep Learning VM image, with the NVIDIA driver and CUDA installed (Debian 12 has neither, so
+# the fleet's work could not use a GPU). Families are per CUDA and driver release; pin yours with gcp.image.
+DEFAULT_GPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+_IMAGE_REF = re.compile(r"^(?:.*/)?projects/(?P<project>[^/]+)/global/images/(?P<family>family/)?(?P<name>[^/]+)$")
 DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
@@ -91,6 +95,11 @@ _ATTACHED = re.compile(r"^(?P<machine>[a-z][-a-z0-9]*)\+(?P<count>[1-9][0-9]?)x(
 
 
 # ---------------------------------------------------------------- naming
+
+
+def image_for(settings: dict, gpus: bool) -> str:
+    """The boot image of a pool's instance: its gcp.image, else a driver image for GPU machine types."""
+    return settings.get("image") or (DEFAULT_GPU_IMAGE if gpus else DEFAULT_IMAGE)
 
 
 def _digest(text: str, n: int = 10) -> str:
@@ -209,6 +218,8 @@ class GcpProvider:
         self.accelerator_types = compute_v1.AcceleratorTypesClient(credentials=credentials, client_options=options,
                                                                    transport="rest")
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
+        self.images = compute_v1.ImagesClient(credentials=credentials, client_options=options, transport="rest")
+        self._images_seen: set[str] = set()
 
     # -- plumbing ------------------------------------------------------------------
     def _opt(self, key: str) -> str | None:
@@ -380,6 +391,7 @@ class GcpProvider:
         catalog does not price in a pool's region, or a zone does not offer, are left out."""
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
+            self._check_images(p)
             offered = self._zone_offers(self._project(p), p.instance_types)
             for z in p.zones:
                 for t in p.instance_types:
@@ -390,6 +402,35 @@ class GcpProvider:
                     if o is not None:
                         seen.setdefault((z, t), o)
         return list(seen.values())
+
+    def _gpus(self, itype: str) -> bool:
+        machine, accelerator, _ = split_type(itype)
+        shape = self.catalog.shape("gcp", itype)
+        return machine.startswith(GPU_FAMILIES) or accelerator is not None or bool(shape and shape.gpus)
+
+    def _check_images(self, pool: PoolTarget) -> None:
+        """Plan time: every image the pool's instances would boot exists and this project may read it (images.get, or
+        getFromFamily for a family), so a mistyped or retired image is an error naming the pool before anything is
+        launched, not a failed insert in the middle of an apply. A reference of another form is left to the insert."""
+        from google.api_core.exceptions import Forbidden, NotFound
+
+        for image in sorted({image_for(pool.settings, self._gpus(t)) for t in pool.instance_types}):
+            m = _IMAGE_REF.match(image)
+            if image in self._images_seen or m is None:
+                continue
+            project, name = m.group("project"), m.group("name")
+            try:
+                if m.group("family"):
+                    self._call(f"get image family {name}", lambda: self.images.get_from_family(
+                        project=project, family=name, timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound, Forbidden))
+                else:
+                    self._call(f"get image {name}", lambda: self.images.get(
+                        project=project, image=name, timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound, Forbidden))
+            except (NotFound, Forbidden) as e:
+                raise ProviderError(f"gcp: pool {pool.name}: image {image} does not exist or project {self._project(pool)} "
+                                    f"cannot read it ({getattr(e, 'message', e)}); set gcp.image to one that does "
+                                    f"(GPU types default to {DEFAULT_GPU_IMAGE})") from None
+            self._images_seen.add(image)
 
     def _zone_offers(self, project: str, instance_types: Sequence[str]) -> set[tuple[str, str]]:
         """{(zone, machine type or accelerator type)} the project can use, for these types' names."""
@@ -427,8 +468,7 @@ class GcpProvider:
         s = dict(p.settings)
         tags = {**request.tags, TAG_FLEET: self.ctx.fleet, TAG_POOL: p.name, TAG_CREATE_KEY: request.key}
         labels = {label_key(k): label_value(str(v)) for k, v in tags.items()}
-        shape = self.catalog.shape("gcp", itype)
-        gpus = machine.startswith(GPU_FAMILIES) or accelerator is not None or bool(shape and shape.gpus)
+        gpus = self._gpus(itype)
         if request.market == "spot":
             scheduling = c.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
                                       on_host_maintenance="TERMINATE", automatic_restart=False)
@@ -448,7 +488,7 @@ class GcpProvider:
             name=name, machine_type=f"zones/{zone}/machineTypes/{machine}", labels=labels, scheduling=scheduling,
             network_interfaces=[nic],
             disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
-                source_image=s.get("image") or DEFAULT_IMAGE, disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
+                source_image=image_for(s, gpus), disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
         )
         if accelerator is not None:
             resource.guest_accelerators = [c.AcceleratorConfig(

@@ -19,6 +19,9 @@ The request body is validated the way ARM would reject it (tag names, spot setti
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
 silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), fail_next().
 GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
+GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
+lists (or gets) the marketplace image versions it holds (MARKETPLACE_IMAGES, add_image()); an unknown one is 404
+NotFound, and a VM create naming one is 404 PlatformImageNotFound, as ARM answers.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ ZONES = ("1", "2", "3")
 TAG_NAME_FORBIDDEN = set('<>%&\\?/')
 
 _VM = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/virtualmachines(?:/([^/]+))?/?$", re.I)
+_IMAGE_VERSIONS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/publishers/([^/]+)"
+                             r"/artifacttypes/vmimage/offers/([^/]+)/skus/([^/]+)/versions(?:/([^/]+))?/?$", re.I)
+# (publisher, offer, sku) -> versions, in every location: the images the providers and examples use.
+MARKETPLACE_IMAGES = {("canonical", "ubuntu-24_04-lts", "server"): ("24.04.202501140",),
+                      ("microsoft-dsvm", "ubuntu-hpc", "2204"): ("22.04.2024043001", "22.04.2025011801")}
 _SKUS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/skus/?$", re.I)
 # VM sizes the fake's regions offer, in every zone unless restricted (restrict_sku).
 SKU_SIZES = ("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3", "Standard_NC24ads_A100_v4", "Standard_NC96ads_A100_v4",
@@ -142,6 +150,7 @@ class ArmFake:
         self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
         self.sku_restrictions: dict[tuple[str, str], tuple[str, ...]] = {}  # (location, size) -> zones not offered
         self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
+        self.images: dict[tuple[str, str, str], tuple[str, ...]] = dict(MARKETPLACE_IMAGES)
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -243,6 +252,21 @@ class ArmFake:
                 out.append(sku)
         return {"value": out}
 
+    def add_image(self, publisher: str, offer: str, sku: str, *versions: str) -> None:
+        """A marketplace image (publisher:offer:sku, with these versions) that VMs may be created from."""
+        with self.lock:
+            self.images[(publisher.lower(), offer.lower(), sku.lower())] = versions
+
+    def image_versions(self, sub: str, location: str, publisher: str, offer: str, sku: str, version: str | None):
+        versions = self.images.get((publisher.lower(), offer.lower(), sku.lower()), ())
+        if version is not None:
+            versions = tuple(v for v in versions if v.lower() == version.lower())
+        if not versions:
+            raise ArmError(404, "NotFound", "Artifact: VMImage was not found.")
+        docs = [{"location": location, "name": v, "id": f"/Subscriptions/{sub}/Providers/Microsoft.Compute/Locations/{location}"
+                 f"/Publishers/{publisher}/ArtifactTypes/VMImage/Offers/{offer}/Skus/{sku}/Versions/{v}"} for v in versions]
+        return docs[0] if version is not None else sorted(docs, key=lambda d: d["name"], reverse=True)
+
     def power_off(self, name: str, *, deallocate: bool = True, resource_group: str | None = None) -> None:
         """Someone stopped (or stopped and deallocated) the VM: its provisioningState stays Succeeded, as in Azure;
         only the instance view's PowerState code says it is not running."""
@@ -312,6 +336,12 @@ class ArmFake:
         if not image.get("id") and not all(image.get(k) for k in ("publisher", "offer", "sku", "version")):
             raise ArmError(400, "InvalidParameter", "The image reference needs an id or publisher, offer, sku and version.",
                            "imageReference")
+        if not image.get("id"):
+            versions = self.images.get((image["publisher"].lower(), image["offer"].lower(), image["sku"].lower()), ())
+            if image["version"].lower() != "latest" and image["version"] not in versions or not versions:
+                urn = ":".join(image[k] for k in ("publisher", "offer", "sku", "version"))
+                raise ArmError(404, "PlatformImageNotFound", f"The platform image '{urn}' is not available. Verify that all "
+                                                             "fields in the storage profile are correct.")
         os_profile = p.get("osProfile") or {}
         if not os_profile.get("adminUsername") or not os_profile.get("computerName"):
             raise ArmError(400, "InvalidParameter", "Required parameter 'osProfile.adminUsername' is missing (null).", "adminUsername")
@@ -525,6 +555,11 @@ class _Handler(BaseHTTPRequestHandler):
                         raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")
                     status, body, headers = arm.poll(m.group(3), monitor=query.get("monitor") == "true")
                     return self._send(status, body, headers)
+                if m := _IMAGE_VERSIONS.match(parts.path):
+                    sub, location, publisher, offer, sku, version = m.groups()
+                    top = int(query.get("$top", "0") or 0)
+                    found = arm.image_versions(sub, location, publisher, offer, sku, version)
+                    return self._send(200, found[:top] if top and isinstance(found, list) else found)
                 if m := _SKUS.match(parts.path):
                     return self._send(200, arm.list_skus(m.group(1), query.get("$filter")))
                 if m := _ALL_VMS.match(parts.path):

@@ -19,12 +19,20 @@ moto server unchanged, except:
   terminated, InvalidPlacementGroup.Unknown); RunInstances' Placement.GroupName must name an existing group
   (InvalidPlacementGroup.Unknown otherwise) and makes the launched instance a member.
 
-Requests are EC2 query requests (form-encoded POST bodies with Action=...); other services pass through untouched.
+* images: RunInstances with an ImageId moto does not hold answers InvalidAMIID.NotFound, as EC2 does (moto launches
+  it); the proxy asks moto's DescribeImages;
+* public SSM parameters (public_parameters): AWS publishes parameters such as the Deep Learning AMIs' under
+  /aws/service/, which moto does not hold and will not let anyone put (a reserved name); GetParameter of one answers
+  its value, in SSM's JSON.
+
+Requests are EC2 query requests (form-encoded POST bodies with Action=...); other services pass through untouched,
+but for SSM's GetParameter of a public parameter.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import threading
 import uuid
@@ -58,6 +66,7 @@ class Ec2Proxy:
         self.calls: list[str] = []  # every EC2 Action seen
         self.groups: dict[tuple[str, str], dict] = {}
         self.spot_history: list[tuple[str, str, str, float, str]] | None = None  # (type, zone, product, price, ISO time)  # (region, name) -> {"id", "strategy", "tags", "members"}
+        self.public_parameters: dict[str, str] = {}  # SSM name -> value, in every region
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -107,11 +116,26 @@ class Ec2Proxy:
                 if (region, params["Placement.GroupName"][0]) not in self.groups:
                     return ec2_error("InvalidPlacementGroup.Unknown",
                                      f"The Placement Group '{params['Placement.GroupName'][0]}' is unknown.")
+            if action == "RunInstances" and params.get("ImageId") and not self._image_exists(region, params["ImageId"][0]):
+                return ec2_error("InvalidAMIID.NotFound", f"The image id '[{params['ImageId'][0]}]' does not exist")
             if action == "DescribeSpotPriceHistory" and self.spot_history is not None:
                 return self._spot_history(params)
             if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
                 return self._placement_groups(action, params, region)
         return None
+
+    def _image_exists(self, region: str, ami: str) -> bool:
+        """moto's DescribeImages, asked directly (moto does not check signatures; the scope names the region)."""
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            conn.request("POST", "/", body=f"Action=DescribeImages&Version=2016-11-15&ImageId.1={ami}",
+                         headers={"Content-Type": "application/x-www-form-urlencoded",
+                                  "Authorization": f"AWS4-HMAC-SHA256 Credential=testing/20250101/{region}/ec2/aws4_request, "
+                                                   "SignedHeaders=host, Signature=0"})
+            resp = conn.getresponse()
+            return resp.status == 200 and b"<imageId>" in resp.read()
+        finally:
+            conn.close()
 
     def _spot_history(self, params: dict[str, list[str]]) -> bytes:
         from datetime import datetime, timezone
@@ -238,6 +262,12 @@ class _Handler(BaseHTTPRequestHandler):
         params = parse_qs(raw.decode("utf-8", "replace")) if method == "POST" else parse_qs(urlsplit(self.path).query)
         action = (params.get("Action") or [""])[0]
         m = _REGION.search(self.headers.get("Authorization", ""))
+        if self.headers.get("X-Amz-Target") == "AmazonSSM.GetParameter":
+            name = json.loads(raw or b"{}").get("Name", "")
+            if name in self.owner.public_parameters:
+                return self._reply(200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps({"Parameter": {
+                    "Name": name, "Type": "String", "Value": self.owner.public_parameters[name], "Version": 1,
+                    "DataType": "text", "ARN": f"arn:aws:ssm:us-east-1::parameter{name}"}}).encode())
         if action:
             region = m.group(1) if m else "us-east-1"
             err = self.owner.intercept(action, params, region)

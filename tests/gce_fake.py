@@ -10,6 +10,8 @@ real InstancesClient and ZoneOperationsClient unmodified:
                                                                   of parenthesised comparisons; nesting is a 400),
                                                                   maxResults/pageToken, NO_RESULTS_ON_PAGE warnings
 * GET    /compute/v1/projects/{p}/aggregated/machineTypes|acceleratorTypes  what each zone offers
+* GET    /compute/v1/projects/{p}/global/images/{name}            get (404 notFound for an image it does not hold)
+* GET    /compute/v1/projects/{p}/global/images/family/{family}   getFromFamily (404 notFound, likewise)
 * GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
 * POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
 
@@ -29,7 +31,8 @@ one is STOPPING until its operation is DONE, then gone.
 
 Insert bodies are validated the way GCE rejects them (RFC 1035 names, label
 formats, machine type paths and zones, a boot disk with an image, a network
-interface, Spot scheduling, GPU machine families needing onHostMaintenance
+interface, a boot image that exists (the public images in PUBLIC_IMAGES and those add_image()
+registered; any other is 404 notFound, as GCE answers), Spot scheduling, GPU machine families needing onHostMaintenance
 TERMINATE, guestAccelerators only on N1 types in supported counts and vCPU sizes,
 requestId a UUID), so a provider bug shows up as a 400 and not as a silently
 accepted instance. Instances report their GPUs as guestAccelerators with full
@@ -90,6 +93,14 @@ CAPACITY_MESSAGES = {
 _INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
 _AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances/?$")
+_IMAGE = re.compile(r"^/compute/v1/projects/([^/]+)/global/images/(family/)?([^/]+)/?$")
+_IMAGE_REF = re.compile(r"^(?:.*/)?projects/([^/]+)/global/images/(family/)?([^/]+)$")
+# (project, "family/" or "", name): the public images the providers and examples boot from.
+PUBLIC_IMAGES = frozenset({
+    ("debian-cloud", "family/", "debian-12"),
+    ("deeplearning-platform-release", "family/", "common-cu128-ubuntu-2204-nvidia-570"),
+    ("deeplearning-platform-release", "family/", "common-cu124-debian-11-py310"),
+})
 _AGGREGATED_TYPES = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/(machineTypes|acceleratorTypes)/?$")
 # The machine types the fake's zones offer (unless withheld): the families the fleet uses, in their real sizes.
 MACHINE_TYPES = tuple(
@@ -323,6 +334,7 @@ class GceFake:
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
         self.unreachable: set[str] = set()  # zones aggregatedList cannot reach: a warning instead of their instances
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
+        self.images: set[tuple[str, str, str]] = set(PUBLIC_IMAGES)  # (project, "family/" or "", name)
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
         self._inject: list[Injected] = []
         self._ips = 2
@@ -393,6 +405,13 @@ class GceFake:
         with self.lock:
             self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count))
 
+    def add_image(self, project: str, name: str, family: str | None = None) -> None:
+        """An image (of a family, if given) in `project`, which inserts may boot from."""
+        with self.lock:
+            self.images.add((project, "", name))
+            if family:
+                self.images.add((project, "family/", family))
+
     def forget_request_ids(self) -> None:
         """GCE remembers a requestId for a limited time; forget them all, as if it had passed."""
         with self.lock:
@@ -441,6 +460,9 @@ class GceFake:
                     return 200, copy.deepcopy(self._instance(project, zone, name))
                 if name is not None and method == "DELETE":
                     return 200, self._delete(project, zone, name)
+            elif m := _IMAGE.match(path):
+                if method == "GET":
+                    return 200, self._image(m.group(1), m.group(2) or "", m.group(3))
             elif m := _AGGREGATED_TYPES.match(path):
                 if method == "GET":
                     return 200, self._aggregated_types(m.group(1), m.group(2), q)
@@ -487,6 +509,13 @@ class GceFake:
             op.on_done()
         return op
 
+    def _image(self, project: str, family: str, name: str) -> dict:
+        if (project, family, name) not in self.images:
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/global/images/{family}{name}' was not found")
+        return {"kind": "compute#image", "id": str(abs(hash((project, name))) % 10**18), "name": name if not family else
+                f"{name}-v20250101", "family": name if family else "", "status": "READY",
+                "selfLink": f"{API}/projects/{project}/global/images/{name if not family else name + '-v20250101'}"}
+
     def _poll(self, project: str, zone: str, name: str) -> dict:
         op = self.operations.get((project, zone, name))
         if op is None:
@@ -531,6 +560,12 @@ class GceFake:
         params = boot[0].get("initializeParams") or {}
         if not boot[0].get("source") and not params.get("sourceImage"):
             raise GceError(400, "required", "Required field 'resource.disks[0].initializeParams.sourceImage' not specified")
+        if params.get("sourceImage"):
+            ref = _IMAGE_REF.match(params["sourceImage"])
+            if ref is None:
+                raise _invalid("resource.disks[0].initializeParams.sourceImage", params["sourceImage"],
+                               "Must be a URL to a valid Compute resource of the correct type.")
+            self._image(*ref.groups(default=""))
         if params.get("diskType") and f"zones/{zone}/diskTypes/" not in params["diskType"]:
             raise _invalid("resource.disks[0].initializeParams.diskType", params["diskType"], "Disk type must be in the "
                            "instance's zone.")

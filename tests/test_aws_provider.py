@@ -18,7 +18,7 @@ from providers.aws import AwsProvider
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import CapacityError, OwnershipError
+from reconciler.errors import CapacityError, OwnershipError, ProviderError
 from tests.conftest import AWS_ENV
 from tests.fleetkit import copy_example
 
@@ -228,3 +228,41 @@ def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_pat
     offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
     assert offs[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
     assert offs[("us-east-1b", "g5.xlarge")].spot_price == pytest.approx(0.3999)
+
+
+# -- images (issue 22, item 6) -------------------------------------------------------------------------
+def test_gpu_types_boot_the_deep_learning_ami_and_a_missing_image_is_a_plan_time_error(proxy, tmp_path, fleet, ec2):
+    """A GPU pool without aws.ami or aws.launch_template boots the Deep Learning Base AMI, read from its public SSM
+    parameter (the proxy publishes it: moto has none), so it has the NVIDIA driver. An AMI that does not exist
+    (mistyped, deregistered, another region's) is refused while offerings are read, naming the pool; and EC2 (the
+    proxy, where moto launches anything) refuses to launch it."""
+    from providers.aws import DEFAULT_GPU_AMI, SSM_PREFIX
+
+    proxy.public_parameters[DEFAULT_GPU_AMI[len(SSM_PREFIX):]] = AMI
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+
+    def pool(name, types=("g5.xlarge",), **settings):
+        return PoolTarget(name=name, cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=types,
+                          settings={"security_groups": [], "subnets": {}, **settings})
+
+    def launch(key, p, itype="g5.xlarge"):
+        return prov.create(CreateRequest(key=key, pool=p, zone="us-east-1a", instance_type=itype, market="on-demand",
+                                         max_price=None, tags=ownership_tags(fleet, p.name, key)))
+
+    default = pool("gpu-default")
+    assert prov.offerings([default])  # the default's parameter resolves to an AMI that exists
+    inst = launch("k-dlami", default)
+    assert ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]["ImageId"] == AMI
+    with pytest.raises(ProviderError, match="needs aws.ami or aws.launch_template"):  # CPU types have no default
+        launch("k-cpu", pool("cpu", types=("m6i.4xlarge",)), itype="m6i.4xlarge")
+    missing = pool("gpu-custom", ami="ami-0123456789abcdef0")
+    with pytest.raises(ProviderError, match="aws: pool gpu-custom: image ami-0123456789abcdef0 does not exist in us-east-1"):
+        prov.offerings([missing])
+    with pytest.raises(ProviderError, match="InvalidAMIID.NotFound"):
+        launch("k-missing", missing)
+    with pytest.raises(ProviderError, match="aws: pool gpu-ssm: .*ParameterNotFound"):
+        prov.offerings([pool("gpu-ssm", ami="resolve:ssm:/fleetops/no-such-ami")])
+    boto3.client("ssm", region_name="us-east-1", endpoint_url=proxy.url).put_parameter(
+        Name="/fleetops/gpu-ami", Value=AMI, Type="String")
+    mine = pool("gpu-ssm", ami="resolve:ssm:/fleetops/gpu-ami")
+    assert prov.offerings([mine]) and launch("k-ssm", mine).state in ("pending", "running")

@@ -63,8 +63,8 @@ def test_create_observe_delete_spot_and_regular(prov, arm):
     assert vms[vm_name(FLEET, "k-od")]["properties"]["priority"] == "Regular"
     assert "billingProfile" not in vms[vm_name(FLEET, "k-od")]["properties"]
     assert raw["tags"] == {"fleetops.io_fleet": FLEET, "fleetops.io_pool": "t4", "fleetops.io_create-key": "k-spot"}
-    assert p["storageProfile"]["imageReference"] == {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
-                                                     "version": "latest"}
+    assert p["storageProfile"]["imageReference"] == {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204",
+                                                     "version": "latest"}  # a GPU size: the image with the NVIDIA driver
     assert p["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
     linux = p["osProfile"]["linuxConfiguration"]
     assert linux["disablePasswordAuthentication"] is True
@@ -218,7 +218,8 @@ def test_offerings_come_from_the_catalog(prov, arm):
     cat = load_catalog().offering("azure", "eastus", "eastus-2", "Standard_NC64as_T4_v3")
     assert offs[("eastus-2", "Standard_NC64as_T4_v3")] == cat
     assert (cat.gpus, cat.gpu_type, cat.on_demand_price) == (4, "T4", 4.352) and cat.spot_price < cat.on_demand_price
-    assert [path.split("?")[0].rsplit("/", 1)[1] for _, path in arm.log] == ["skus"]  # prices read nothing; zones: one SKU list
+    # Prices read nothing; zones: one SKU list; the pools' one image: one look at its versions (once for both pools).
+    assert [path.split("?")[0].rsplit("/", 1)[1] for _, path in arm.log] == ["versions", "skus"]
 
 
 # -- names and tags -------------------------------------------------------------------------------
@@ -336,6 +337,26 @@ def test_offerings_leave_out_sizes_a_zone_does_not_offer_the_subscription(prov, 
     got = {(o.zone, o.instance_type) for o in prov.offerings([target()])}
     assert got == {("eastus-1", "Standard_NC4as_T4_v3"), ("eastus-2", "Standard_NC4as_T4_v3"),
                    ("eastus-1", "Standard_NC64as_T4_v3")}
-    assert arm.requests("GET", "/providers/Microsoft.Compute/skus?") and "location+eq" in arm.requests("GET", "skus")[0].replace("%20", "+")
+    skus = arm.requests("GET", "/providers/Microsoft.Compute/skus?")  # (not the image's .../skus/2204/versions)
+    assert skus and "location+eq" in skus[0].replace("%20", "+")
     with pytest.raises(CapacityError, match="SkuNotAvailable"):
         prov.create(req("k-sku", zone="eastus-2", itype="Standard_NC64as_T4_v3"))
+
+
+def test_gpu_sizes_get_a_driver_image_and_a_missing_image_is_a_plan_time_error(prov, arm):
+    """Plain Ubuntu has no NVIDIA driver: a GPU size without azure.image boots the Ubuntu HPC image (CPU sizes keep
+    Ubuntu 24.04). A marketplace image that does not exist is refused while offerings are read (plan time), naming the
+    pool; the fake answers a create with it as ARM does (PlatformImageNotFound)."""
+    cpu = target(name="cpu", types=("Standard_D16s_v5",))
+    prov.create(req("k-gpu"))
+    prov.create(req("k-cpu", itype="Standard_D16s_v5", pool=cpu))
+    images = {n: v["properties"]["storageProfile"]["imageReference"]["offer"] for n, v in arm.snapshot().items()}
+    assert images == {vm_name(FLEET, "k-gpu"): "ubuntu-hpc", vm_name(FLEET, "k-cpu"): "ubuntu-24_04-lts"}
+    assert prov.offerings([target(), cpu])  # both default images exist: nothing refused
+    for image in ("nvidia:ngc-nope:base:latest", "microsoft-dsvm:ubuntu-hpc:2204:22.04.1999"):
+        with pytest.raises(ProviderError, match=f"pool t4-custom: image {image} does not exist in eastus"):
+            prov.offerings([target(name="t4-custom", image=image)])
+    with pytest.raises(ProviderError, match="PlatformImageNotFound"):
+        prov.create(req("k-missing", pool=target(image="nvidia:ngc-nope:base:latest")))
+    pinned = target(name="t4-custom", image="microsoft-dsvm:ubuntu-hpc:2204:22.04.2024043001")
+    assert prov.offerings([pinned]) and prov.create(req("k-pinned", pool=pinned)).state in ("pending", "running")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, PoolTarget, ProviderContext, ownership_tags
 from providers.catalog import load_catalog
 from providers.gcp import (
-    DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
+    DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
     split_type, tag_value,
 )
 from reconciler import api
@@ -109,6 +109,7 @@ def test_create_observe_delete_spot_and_on_demand(prov, gce):
 
 def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
     sa = "fleetops-node@fleet-test-project.iam.gserviceaccount.com"
+    gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
     pool = target(image="projects/my-images/global/images/family/gpu-node", network="ml-vpc", subnetwork="gpu",
                   service_account=sa)
     prov.create(req("k-gpu", pool=pool))
@@ -560,3 +561,22 @@ def test_an_accelerator_the_zone_lacks_is_mapped_not_a_plain_error(prov, gce):
     with pytest.raises(CapacityError, match="does not exist in zone") as e:
         prov.create(req("k-acc", itype="n1-standard-8+1xnvidia-tesla-t4"))
     assert (e.value.zone, e.value.instance_type) == (ZONE_A, "n1-standard-8+1xnvidia-tesla-t4")
+
+
+def test_gpu_types_boot_a_driver_image_and_a_missing_image_is_a_plan_time_error(prov, gce):
+    """Debian 12 has no NVIDIA driver: a GPU machine type without gcp.image boots a Deep Learning VM image (CPU types
+    keep Debian). An image that does not exist is refused while offerings are read (plan time), naming the pool, and
+    the fake answers an insert with it as GCE does (404), so no test can pass on an image the cloud would refuse."""
+    prov.create(req("k-gpu"))
+    prov.create(req("k-cpu", itype="n2-standard-16"))
+    bodies = {b["name"]: b["disks"][0]["initializeParams"]["sourceImage"] for _, _, b in gce.insert_bodies}
+    assert bodies == {"fo-k-gpu": DEFAULT_GPU_IMAGE, "fo-k-cpu": DEFAULT_IMAGE}
+    assert prov.offerings([target()])  # both default images exist: nothing refused
+    missing = target(name="l4-custom", image="projects/my-images/global/images/family/gpu-node")
+    with pytest.raises(ProviderError, match=r"pool l4-custom: image projects/my-images/global/images/family/gpu-node does "
+                                            r"not exist or project fleet-test-project cannot read it"):
+        prov.offerings([missing])
+    with pytest.raises(ProviderError, match="HTTP 404.*was not found"):
+        prov.create(req("k-missing", pool=missing))
+    gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
+    assert prov.offerings([missing]) and prov.create(req("k-custom", pool=missing)).state in ("pending", "running")
