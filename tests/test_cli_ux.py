@@ -106,16 +106,13 @@ def _read_until(fd, pattern: str, timeout: float = 120) -> str:
     return seen
 
 
-def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock(qs):
-    """A real SIGINT to a real `reconcile apply`: no new action starts, what was done is recorded and said,
-    the lock is released, exit 130; the next plan carries on exactly where it stopped."""
-    assert cli("sim", "fault", qs, "--latency-ms", "400").exit_code == 0
+def _ctrl_c(args: list[str], after: str) -> str:
+    """Run `reconcile ARGS`, send it a real SIGINT once it printed `after`; its output (it must exit 130)."""
     read, write = os.pipe()
-    proc = subprocess.Popen([RECONCILE, "apply", str(qs), "--auto-approve"], stdout=write, stderr=write,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen([RECONCILE, *args], stdout=write, stderr=write, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     os.close(write)
     try:
-        seen = _read_until(read, "[1/10] created")
+        seen = _read_until(read, after)
         proc.send_signal(signal.SIGINT)
         while chunk := os.read(read, 65536):
             seen += chunk.decode(errors="replace")
@@ -124,6 +121,14 @@ def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock
         if proc.poll() is None:
             proc.kill()
         os.close(read)
+    return seen
+
+
+def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock(qs):
+    """A real SIGINT to a real `reconcile apply`: no new action starts, what was done is recorded and said,
+    the lock is released, exit 130; the next plan carries on exactly where it stopped."""
+    assert cli("sim", "fault", qs, "--latency-ms", "400").exit_code == 0
+    seen = _ctrl_c(["apply", str(qs), "--auto-approve"], after="[1/10] created")
     assert "Stopping: no new action starts" in seen
     done = re.search(r"Stopped plan \w+ by Ctrl-C: (\d+) created, 0 deleted, (\d+) action\(s\) not started", seen)
     assert done, seen
@@ -169,25 +174,12 @@ def test_colour_on_a_terminal_none_when_piped_or_with_no_color(qs):
 
 def test_ctrl_c_in_any_command_exits_130_without_a_traceback(qs):
     """`logs --follow` waits for a replica that never ends; a real SIGINT, sent once it is waiting (it printed the
-    log tail), ends it with 130, as Ctrl-C does in `apply` (click made it 'Aborted!', exit 1)."""
+    log tail), ends it with 130 and says so, as Ctrl-C does in `apply` (before, it ended without a word)."""
     from reconciler.runtime.bus import Bus
 
     Bus(backend_for(qs, None)).put_run("finetune-a", 0, {"job": "finetune-a", "replica": 0, "phase": "Running",
                                                          "terminal": False, "log_tail": ["step 1 of 150"]})
-    read, write = os.pipe()
-    proc = subprocess.Popen([RECONCILE, "logs", str(qs), "finetune-a", "--follow"], stdout=write, stderr=write,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    os.close(write)
-    try:
-        seen = _read_until(read, "step 1 of 150")
-        proc.send_signal(signal.SIGINT)
-        while chunk := os.read(read, 65536):
-            seen += chunk.decode(errors="replace")
-        assert proc.wait(timeout=120) == 130, seen
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(read)
+    seen = _ctrl_c(["logs", str(qs), "finetune-a", "--follow"], after="step 1 of 150")
     assert "Interrupted." in seen and "Traceback" not in seen and "Aborted" not in seen, seen
 
 
