@@ -1,8 +1,9 @@
-"""Where the reconciler keeps its state and its apply lock: `local` or `s3`.
+"""Where the reconciler keeps its state and its apply lock: `local`, `s3`, `gs` or `azblob`.
 
-Teams whose runs come from many CI runners share one S3 backend: the state is
-one object, and the lock is a second object created with a conditional write
-(If-None-Match: *), so two runners can never both believe they hold it. The
+Teams whose runs come from many CI runners share one object-store backend (S3, GCS or
+Azure Blob): the state is one object, and the lock is a second object created with a
+conditional write (S3 and Azure: If-None-Match: *; GCS: ifGenerationMatch=0), so two
+runners can never both believe they hold it. The
 lock names its holder and expires; its holder renews it while it works (LeasedLock,
 every write conditional on the version it last wrote) and stops if it cannot. An
 expired lock is taken over; a live, empty or garbled one is broken with
@@ -190,6 +191,9 @@ class LeasedLock:
             if current is None:
                 continue  # released between our write and our read: try again
             h = lock_holder(current[0])
+            if h.get("id") == lock_id:  # our create landed but the SDK's retry of it was refused: it is ours
+                token = current[1]
+                break
             expires = _when(h.get("expires"))
             if "garbled" in h or expires is None or expires >= utcnow():
                 raise self._refuse(h)
@@ -259,56 +263,157 @@ def _when(text) -> datetime | None:
         return None
 
 
-class S3Backend:
-    """s3://bucket/prefix: `prefix/state.json` and `prefix/lock.json`.
+class ObjectStoreBackend:
+    """The state, the lock and the bus as objects under one prefix of a bucket: `prefix/state.json`,
+    `prefix/lock.json` (a LeasedLock over the store's conditional writes) and the bus keys.
+
+    S3, GCS and Azure Blob differ only in the object calls below and in their conditional-write
+    tokens (ETag, generation, ETag); the semantics (exactly one of two racers gets the lock, expiry,
+    takeover, renewal, unlock) are LeasedLock's, shared."""
+
+    kind = ""  # the URL scheme: names the backend in messages
+
+    def _paths(self, url: str, root: str, prefix: str, ttl: timedelta | None) -> None:
+        self.url, self.root = url, root  # root: scheme://bucket (or account/container)
+        prefix = prefix.strip("/")
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.state_key = f"{self.prefix}state.json"
+        self.lock_key = f"{self.prefix}lock.json"
+        self.ttl = ttl if ttl is not None else LOCK_TTL
+        self.lease = LeasedLock(self, self.ttl)
+
+    # -- the object calls each store implements (they raise the SDK's own errors) --------------------
+    def _get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def _put(self, key: str, body: bytes) -> None:
+        raise NotImplementedError
+
+    def _remove(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _list(self, prefix: str) -> list[str]:
+        raise NotImplementedError
+
+    def _code(self, e: Exception) -> str:
+        """The store's error code for a message (never a credential: connection errors are redacted)."""
+        return redact(str(e)) or type(e).__name__
+
+    # -- shared -----------------------------------------------------------------------------------
+    @property
+    def lock_url(self) -> str:
+        return f"{self.root}/{self.lock_key}"
+
+    def _error(self, e: Exception, what: str, key: str | None = None) -> ReconcileError:
+        return ReconcileError(f"{self.kind} state backend: {what} {self.root}/{key or self.state_key}: {self._code(e)}. Nothing was "
+                              "changed by this step; check the endpoint, the bucket and the credentials, then run again.")
+
+    def load(self) -> State:
+        try:
+            body = self._get(self.state_key)
+        except Exception as e:  # the SDK's errors and connection errors
+            raise self._error(e, "cannot read") from None
+        if body is None:
+            return State()
+        return state_from_json(body, f"{self.root}/{self.state_key}")
+
+    def save(self, state: State) -> None:
+        try:
+            self._put(self.state_key, state_to_json(state).encode())
+        except Exception as e:
+            raise self._error(e, "cannot write") from None
+
+    def holder(self) -> tuple[dict, str] | None:
+        current = self.lock_read()
+        return (lock_holder(current[0]), current[1]) if current is not None else None
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[str]:
+        with self.lease.hold() as lock_id:
+            yield lock_id
+
+    def unlock(self, lock_id: str) -> None:
+        self.lease.unlock(lock_id)
+
+    def check_lock(self) -> None:
+        self.lease.check()
+
+    def describe(self) -> str:
+        return f"{self.kind} ({self.url})"
+
+    def _bus_error(self, e: Exception, what: str, key: str) -> ReconcileError:
+        return ReconcileError(f"{self.kind} bus: {what} {self.root}/{self.prefix}{key}: {self._code(e)}")
+
+    def read_key(self, key: str) -> bytes | None:
+        check_key(key)
+        try:
+            return self._get(self.prefix + key)
+        except Exception as e:
+            raise self._bus_error(e, "cannot read", key) from None
+
+    def write_key(self, key: str, body: bytes) -> None:
+        check_key(key)
+        try:
+            self._put(self.prefix + key, body)
+        except Exception as e:
+            raise self._bus_error(e, "cannot write", key) from None
+
+    def delete_key(self, key: str) -> None:
+        check_key(key)
+        try:
+            self._remove(self.prefix + key)
+        except Exception as e:
+            raise self._bus_error(e, "cannot delete", key) from None
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self.prefix + check_key(prefix.rstrip("/")) + "/"
+        try:
+            return sorted(k[len(self.prefix):] for k in self._list(base))
+        except Exception as e:
+            raise self._bus_error(e, "cannot list", prefix) from None
+
+
+class S3Backend(ObjectStoreBackend):
+    """s3://bucket/prefix.
 
     The endpoint comes from the standard AWS configuration (AWS_ENDPOINT_URL_S3 or
     AWS_ENDPOINT_URL for S3-compatible stores and tests); credentials from the AWS chain."""
+
+    kind = "s3"
 
     def __init__(self, url: str, ttl: timedelta | None = None):
         u = urlparse(url)
         if u.scheme != "s3" or not u.netloc:
             raise ReconcileError(f"state backend {url!r} is not s3://bucket/prefix")
-        self.url = url
         self.bucket = u.netloc
-        prefix = u.path.strip("/")
-        self.prefix = f"{prefix}/" if prefix else ""
-        self.state_key = f"{prefix}/state.json" if prefix else "state.json"
-        self.lock_key = f"{prefix}/lock.json" if prefix else "lock.json"
-        self.ttl = ttl if ttl is not None else LOCK_TTL
+        self._paths(url, f"s3://{self.bucket}", u.path, ttl)
         try:
             import boto3  # lazy: only teams using the s3 backend need it
             from botocore.config import Config
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the s3 state backend needs boto3: pip install 'fleetops-reconciler[aws]'") from e
         self.s3 = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
-        self.lease = LeasedLock(self, self.ttl)
 
-    def _error(self, e: Exception, what: str, key: str | None = None) -> ReconcileError:
-        code = getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
-        return ReconcileError(f"s3 state backend: {what} s3://{self.bucket}/{key or self.state_key}: {code}. Nothing was "
-                              "changed by this step; check the endpoint, the bucket and the credentials, then run again.")
+    def _code(self, e: Exception) -> str:
+        return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
 
-    def load(self) -> State:
+    def _get(self, key: str) -> bytes | None:
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=self.state_key)["Body"].read()
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except self.s3.exceptions.NoSuchKey:
-            return State()
-        except Exception as e:  # botocore ClientError and connection errors
-            raise self._error(e, "cannot read") from None
-        return state_from_json(body, f"s3://{self.bucket}/{self.state_key}")
+            return None
 
-    def save(self, state: State) -> None:
-        try:
-            self.s3.put_object(Bucket=self.bucket, Key=self.state_key, Body=state_to_json(state).encode(), ContentType="application/json")
-        except Exception as e:
-            raise self._error(e, "cannot write") from None
+    def _put(self, key: str, body: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+
+    def _remove(self, key: str) -> None:
+        self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+    def _list(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     # -- the lock: LeasedLock over these four conditional operations ------------------------------
-    @property
-    def lock_url(self) -> str:
-        return f"s3://{self.bucket}/{self.lock_key}"
-
     @staticmethod
     def _precondition_failed(e: Exception) -> bool:
         r = getattr(e, "response", None) or {}
@@ -348,67 +453,215 @@ class S3Backend:
     def lock_delete(self, token: str) -> bool:
         return self._conditional("cannot unlock", lambda: self.s3.delete_object(Bucket=self.bucket, Key=self.lock_key, IfMatch=token)) is not None
 
-    def holder(self) -> tuple[dict, str] | None:
-        current = self.lock_read()
-        return (lock_holder(current[0]), current[1]) if current is not None else None
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[str]:
-        with self.lease.hold() as lock_id:
-            yield lock_id
+GCS_RETRY_SECONDS = 60.0  # how long one GCS call retries transient errors (the client's default is 120 s)
+AZBLOB_RETRIES = 5  # retries of one Azure Blob call (the SDK's default is 10, exponential backoff)
 
-    def unlock(self, lock_id: str) -> None:
-        self.lease.unlock(lock_id)
 
-    def check_lock(self) -> None:
-        self.lease.check()
+class GcsBackend(ObjectStoreBackend):
+    """gs://bucket/prefix (google-cloud-storage).
 
-    def describe(self) -> str:
-        return f"s3 ({self.url})"
+    The lock is created with ifGenerationMatch=0 (only if no live object exists) and renewed or
+    deleted with ifGenerationMatch=<the generation this runner last wrote>: GCS answers 412 to a
+    failed condition, so of two racers exactly one succeeds. Credentials: Application Default
+    Credentials; STORAGE_EMULATOR_HOST (the client library's own setting) points it at an emulator."""
 
-    def _bus_error(self, e: Exception, what: str, key: str) -> ReconcileError:
-        code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-        return ReconcileError(f"s3 bus: {what} s3://{self.bucket}/{self.prefix}{key}: {code}")
+    kind = "gs"
 
-    def read_key(self, key: str) -> bytes | None:
-        check_key(key)
+    def __init__(self, url: str, ttl: timedelta | None = None):
+        u = urlparse(url)
+        if u.scheme != "gs" or not u.netloc:
+            raise ReconcileError(f"state backend {url!r} is not gs://bucket/prefix")
+        self._paths(url, f"gs://{u.netloc}", u.path, ttl)
+        try:  # lazy: only teams using the gs backend need it
+            from google.api_core import exceptions
+            from google.api_core.retry import Retry
+            from google.auth.exceptions import DefaultCredentialsError
+            from google.cloud import storage
+            from google.cloud.storage.retry import DEFAULT_RETRY
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ReconcileError("the gs state backend needs google-cloud-storage: pip install 'fleetops-reconciler[gcp]'") from e
+        self._exc = exceptions
+        self._retry: Retry = DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS)
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
-        except self.s3.exceptions.NoSuchKey:
+            self.client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
+        except DefaultCredentialsError:
+            raise ReconcileError("gs state backend: no Google credentials found (Application Default Credentials): run "
+                                 "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+        self.bucket = self.client.bucket(u.netloc)
+
+    def _code(self, e: Exception) -> str:
+        if isinstance(e, self._exc.GoogleAPICallError):
+            return redact(f"HTTP {e.code} {e.message}".strip())
+        return redact(str(e)) or type(e).__name__
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.bucket.blob(key).download_as_bytes(retry=self._retry)
+        except self._exc.NotFound:
             return None
-        except Exception as e:
-            raise self._bus_error(e, "cannot read", key) from None
 
-    def write_key(self, key: str, body: bytes) -> None:
-        check_key(key)
-        try:
-            self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body, ContentType="application/json")
-        except Exception as e:
-            raise self._bus_error(e, "cannot write", key) from None
+    def _put(self, key: str, body: bytes) -> None:
+        self.bucket.blob(key).upload_from_string(body, content_type="application/json", retry=self._retry)
 
-    def delete_key(self, key: str) -> None:
-        check_key(key)
-        try:
-            self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + key)
-        except Exception as e:
-            raise self._bus_error(e, "cannot delete", key) from None
+    def _remove(self, key: str) -> None:
+        with contextlib.suppress(self._exc.NotFound):
+            self.bucket.blob(key).delete(retry=self._retry)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        out = []
-        base = self.prefix + check_key(prefix.rstrip("/")) + "/"
+    def _list(self, prefix: str) -> list[str]:
+        return [b.name for b in self.client.list_blobs(self.bucket, prefix=prefix, retry=self._retry)]
+
+    def _conditional(self, what: str, call: Callable[[], object]) -> tuple[bool, object]:
+        """(True, result) or (False, None) if the call's generation condition failed (412, or 404: gone)."""
         try:
-            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
-            for page in pages:
-                out.extend(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
+            return True, call()
+        except (self._exc.PreconditionFailed, self._exc.NotFound):
+            return False, None
         except Exception as e:
-            raise self._bus_error(e, "cannot list", prefix) from None
-        return sorted(out)
+            raise self._error(e, what, self.lock_key) from None
+
+    def lock_read(self) -> tuple[bytes, str] | None:
+        for _ in range(5):
+            ok, blob = self._conditional("cannot read the lock", lambda: self.bucket.get_blob(self.lock_key, retry=self._retry))
+            if not ok or blob is None:
+                return None
+            # The body of exactly that generation: if it changed between the two calls, look again.
+            generation = blob.generation
+            ok, body = self._conditional("cannot read the lock",
+                                         lambda: blob.download_as_bytes(if_generation_match=generation, retry=self._retry))
+            if ok:
+                return body, str(generation)
+        raise self._error(ReconcileError("it changed on every read"), "cannot read the lock", self.lock_key)
+
+    def _upload_lock(self, what: str, body: bytes, generation: int) -> str | None:
+        blob = self.bucket.blob(self.lock_key)
+        ok, _ = self._conditional(what, lambda: blob.upload_from_string(body, content_type="application/json",
+                                                                          if_generation_match=generation, retry=self._retry))
+        return str(blob.generation) if ok else None
+
+    def lock_create(self, body: bytes) -> str | None:
+        return self._upload_lock("cannot lock", body, 0)
+
+    def lock_replace(self, body: bytes, token: str) -> str | None:
+        return self._upload_lock("cannot renew the lock", body, int(token))
+
+    def lock_delete(self, token: str) -> bool:
+        return self._conditional("cannot unlock", lambda: self.bucket.blob(self.lock_key).delete(
+            if_generation_match=int(token), retry=self._retry))[0]
+
+
+class AzureBlobBackend(ObjectStoreBackend):
+    """azblob://account/container/prefix (azure-storage-blob).
+
+    The lock is created with If-None-Match: * and renewed or deleted with If-Match: <the ETag this
+    runner last wrote> (409/412 when the condition fails). Credentials: AZURE_STORAGE_CONNECTION_STRING
+    (also how an emulator such as Azurite is named; it must name the URL's account), else
+    AZURE_STORAGE_KEY, else azure-identity's DefaultAzureCredential (managed identity, `az login`)."""
+
+    kind = "azblob"
+
+    def __init__(self, url: str, ttl: timedelta | None = None):
+        u = urlparse(url)
+        container, _, prefix = u.path.lstrip("/").partition("/")
+        if u.scheme != "azblob" or not u.netloc or not container:
+            raise ReconcileError(f"state backend {url!r} is not azblob://account/container/prefix")
+        self.account, self.container_name = u.netloc, container
+        self._paths(url, f"azblob://{self.account}/{container}", prefix, ttl)
+        try:  # lazy: only teams using the azblob backend need it
+            from azure.core import MatchConditions
+            from azure.core import exceptions
+            from azure.storage.blob import BlobServiceClient, ContentSettings
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ReconcileError("the azblob state backend needs azure-storage-blob: pip install 'fleetops-reconciler[azure]'") from e
+        self._exc, self._unmodified = exceptions, MatchConditions.IfNotModified
+        self._json = ContentSettings(content_type="application/json")
+        options = {"retry_total": AZBLOB_RETRIES}
+        conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+        if conn:
+            fields = dict(p.split("=", 1) for p in conn.split(";") if "=" in p)
+            named = "devstoreaccount1" if fields.get("UseDevelopmentStorage", "").lower() == "true" else fields.get("AccountName")
+            if named and named != self.account:
+                raise ReconcileError(f"azblob state backend: AZURE_STORAGE_CONNECTION_STRING is for account {named!r}, "
+                                     f"not {self.account!r} of {url}")
+            service = BlobServiceClient.from_connection_string(conn, **options)
+        else:
+            endpoint = f"https://{self.account}.blob.core.windows.net"
+            key = os.environ.get("AZURE_STORAGE_KEY")
+            if key:
+                credential: object = {"account_name": self.account, "account_key": key}
+            else:
+                try:
+                    from azure.identity import DefaultAzureCredential
+                except ImportError as e:  # pragma: no cover - depends on the install
+                    raise ReconcileError("the azblob state backend needs azure-identity: pip install 'fleetops-reconciler[azure]'") from e
+                credential = DefaultAzureCredential()
+            service = BlobServiceClient(endpoint, credential=credential, **options)
+        self.container = service.get_container_client(container)
+
+    def _code(self, e: Exception) -> str:
+        if isinstance(e, self._exc.HttpResponseError) and getattr(e, "status_code", None):
+            return redact(f"HTTP {e.status_code} {e.error_code or e.reason or ''}".strip())
+        return redact(str(e).splitlines()[0] if str(e) else "") or type(e).__name__
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.container.get_blob_client(key).download_blob().readall()
+        except self._exc.ResourceNotFoundError:
+            return None
+
+    def _put(self, key: str, body: bytes) -> None:
+        self.container.get_blob_client(key).upload_blob(body, overwrite=True, content_settings=self._json)
+
+    def _remove(self, key: str) -> None:
+        with contextlib.suppress(self._exc.ResourceNotFoundError):
+            self.container.get_blob_client(key).delete_blob()
+
+    def _list(self, prefix: str) -> list[str]:
+        return [b.name for b in self.container.list_blobs(name_starts_with=prefix)]
+
+    def _conditional(self, what: str, call: Callable[[], object]) -> tuple[bool, object]:
+        """(True, result) or (False, None) if the call's condition failed (409 exists, 412 changed, 404 gone)."""
+        try:
+            return True, call()
+        except (self._exc.ResourceExistsError, self._exc.ResourceModifiedError, self._exc.ResourceNotFoundError):
+            return False, None
+        except Exception as e:
+            raise self._error(e, what, self.lock_key) from None
+
+    def lock_read(self) -> tuple[bytes, str] | None:
+        def read():
+            download = self.container.get_blob_client(self.lock_key).download_blob()
+            return download.readall(), download.properties.etag  # one GET: the body and its ETag agree
+
+        ok, current = self._conditional("cannot read the lock", read)
+        return current if ok else None  # type: ignore[return-value]
+
+    def lock_create(self, body: bytes) -> str | None:
+        blob = self.container.get_blob_client(self.lock_key)
+        ok, r = self._conditional("cannot lock", lambda: blob.upload_blob(body, overwrite=False, content_settings=self._json))
+        return r["etag"] if ok else None  # type: ignore[index]
+
+    def lock_replace(self, body: bytes, token: str) -> str | None:
+        blob = self.container.get_blob_client(self.lock_key)
+        ok, r = self._conditional("cannot renew the lock", lambda: blob.upload_blob(
+            body, overwrite=True, etag=token, match_condition=self._unmodified, content_settings=self._json))
+        return r["etag"] if ok else None  # type: ignore[index]
+
+    def lock_delete(self, token: str) -> bool:
+        blob = self.container.get_blob_client(self.lock_key)
+        return self._conditional("cannot unlock", lambda: blob.delete_blob(etag=token, match_condition=self._unmodified))[0]
+
+
+BACKENDS = {"s3": S3Backend, "gs": GcsBackend, "azblob": AzureBlobBackend}
 
 
 def backend_for(config_dir: Path, url: str | None = None) -> StateBackend:
-    """`url` None or 'local' -> LocalBackend; 's3://bucket/prefix' -> S3Backend."""
+    """`url` None or 'local' -> LocalBackend; s3://bucket/prefix, gs://bucket/prefix or
+    azblob://account/container/prefix -> the object-store backend for it."""
     if not url or url == "local":
         return LocalBackend(config_dir)
-    if url.startswith("s3://"):
-        return S3Backend(url)
-    raise ReconcileError(f"unknown state backend {url!r}: use 'local' or s3://bucket/prefix")
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme in BACKENDS:
+        return BACKENDS[scheme](url)
+    raise ReconcileError(f"unknown state backend {url!r}: use 'local', s3://bucket/prefix, gs://bucket/prefix "
+                         "or azblob://account/container/prefix")

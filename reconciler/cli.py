@@ -113,7 +113,7 @@ TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT work limit, about
                             "solver's deterministic work, so a busy machine gives the same plan (0: greedy best-fit only). The wall "
                             "clock is capped at 10x this + 30 s: past it, the plan is greedy's and says so.")
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
-StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default) or s3://bucket/prefix.")
+StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default), s3://bucket/prefix, gs://bucket/prefix or azblob://account/container/prefix.")
 GapOpt = typer.Option(0.03, "--gap", help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
 
 

@@ -85,3 +85,23 @@ def arm_options(arm, **extra: str) -> dict[str, str]:
     """Azure provider options pointing the real SDK at the ARM fake, with its test-only credential."""
     return {"endpoint": arm.base_url, "ca_bundle": arm.ca_path, "credential": "fake-for-tests",
             "subscription_id": arm.subscription, "resource_group": ARM_RESOURCE_GROUP, "polling_interval": "0.01", **extra}
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """gcp-storage-emulator with GCS's generation preconditions (tests/gcs_emulator.py), for the session."""
+    from tests.gcs_emulator import GcsEmulator
+
+    emu = GcsEmulator().start()
+    yield emu
+    emu.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's blob service (tests/azurite.py), for the session; skips where Node.js is absent."""
+    from tests.azurite import Azurite
+
+    emu = Azurite()
+    yield emu
+    emu.stop()

@@ -28,7 +28,7 @@ def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, versio
     `instance_id` None: the agent reads it from the metadata service (EC2 ids are not known before launch)."""
     version = version or package_version()
     who = f"--instance-from-metadata {cloud}" if instance_id is None else shlex.quote(instance_id)
-    extra = "aws" if state_url.startswith("s3://") else ""
+    extra = {"s3": "aws", "gs": "gcp", "azblob": "azure"}.get(state_url.split("://", 1)[0], "")  # the bus's SDK
     spec = f"{PACKAGE}[{extra}]=={version}" if extra else f"{PACKAGE}=={version}"
     # A development build (0.2.1.dev3+gSHA) is on no package index: FLEETOPS_AGENT_PACKAGE names what
     # instances install instead (a wheel URL, `git+https://...@SHA`).

@@ -1,0 +1,271 @@
+"""The gs:// and azblob:// state backends (state, lock, bus) against real emulators: gcp-storage-emulator
+behind GCS's documented generation preconditions (tests/gcs_emulator.py) and Azurite (tests/azurite.py).
+The same cases the s3 backend passes on moto (tests/test_state_backend.py, tests/test_safety.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+import pytest
+
+from providers.sim import SimCloud
+from reconciler import api
+from reconciler.backend import AzureBlobBackend, GcsBackend, backend_for
+from reconciler.errors import LockError, ReconcileError
+from reconciler.runtime.bus import Bus
+from reconciler.state import State, state_dir, state_to_json
+from tests.fleetkit import copy_quickstart
+from tests.test_runtime_bus import _round_trip
+from tests.test_safety import assert_clean_error, cli
+
+
+@dataclass
+class Store:
+    url: str  # the backend URL, prefix "fleet"
+    env: dict  # what a `reconcile` process needs to reach the emulator
+    put: Callable[[str, bytes], None]  # raw object access, around the backend under test
+    get: Callable[[str], bytes | None]
+    keys: Callable[[], list[str]]
+
+
+def _gcs_store(emu, monkeypatch, name: str) -> Store:
+    from google.api_core.exceptions import NotFound
+    from google.cloud import storage
+
+    env = {"STORAGE_EMULATOR_HOST": emu.url, "GOOGLE_CLOUD_PROJECT": "fleetops-test"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    bucket = storage.Client().create_bucket(name)
+
+    def get(key):
+        try:
+            return bucket.blob(key).download_as_bytes()
+        except NotFound:
+            return None
+
+    return Store(f"gs://{name}/fleet", env, lambda k, b: bucket.blob(k).upload_from_string(b), get,
+                 lambda: sorted(b.name for b in bucket.list_blobs()))
+
+
+def _azure_store(emu, monkeypatch, name: str) -> Store:
+    from azure.core.exceptions import ResourceNotFoundError
+    from azure.storage.blob import BlobServiceClient
+
+    from tests.azurite import ACCOUNT
+
+    env = {"AZURE_STORAGE_CONNECTION_STRING": emu.connection_string}
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", emu.connection_string)
+    container = BlobServiceClient.from_connection_string(emu.connection_string).create_container(name)
+
+    def get(key):
+        try:
+            return container.get_blob_client(key).download_blob().readall()
+        except ResourceNotFoundError:
+            return None
+
+    return Store(f"azblob://{ACCOUNT}/{name}/fleet", env, lambda k, b: container.get_blob_client(k).upload_blob(b, overwrite=True), get,
+                 lambda: sorted(b.name for b in container.list_blobs()))
+
+
+@pytest.fixture(params=["gs", "azblob"])
+def store(request, monkeypatch) -> Store:
+    name = f"fleet-{abs(hash(request.node.name)) % 10**8}"
+    if request.param == "gs":
+        return _gcs_store(request.getfixturevalue("gcs_emulator"), monkeypatch, name)
+    return _azure_store(request.getfixturevalue("azurite"), monkeypatch, name)
+
+
+def _backend(store: Store, **kw):
+    cls = GcsBackend if store.url.startswith("gs://") else AzureBlobBackend
+    return cls(store.url, **kw)
+
+
+def test_state_round_trips_and_apply_converges_keeping_nothing_local(store, tmp_path):
+    backend = backend_for(tmp_path, store.url)
+    assert isinstance(backend, GcsBackend | AzureBlobBackend)
+    assert backend.load().placements == {}
+    st = State(placements={"job": ["i-1", "i-2"]}, serial=3)
+    st.mark_short("gcp", "us-central1-a", "a2-highgpu-8g", "spot")
+    backend.save(st)
+    assert json.loads(store.get("fleet/state.json"))["placements"] == {"job": ["i-1", "i-2"]}
+    again = backend.load()
+    assert again.placements == st.placements and again.short_now() == st.short_now() and again.serial == 3
+
+    qs = copy_quickstart(tmp_path)
+    api.apply(qs, state=store.url)
+    assert not (state_dir(qs) / "state.json").exists()
+    assert "placements" in json.loads(store.get("fleet/state.json"))
+    assert not api.plan(qs, state=store.url).plan.has_changes
+    assert store.get("fleet/lock.json") is None  # released once the apply is over
+
+
+def test_of_many_concurrent_lockers_exactly_one_gets_the_lock(store):
+    """The conditional create is the whole guarantee: eight runners try at the same instant."""
+    backends = [_backend(store) for _ in range(8)]
+    start, results = threading.Barrier(len(backends)), []
+
+    def race(b):
+        start.wait()
+        try:
+            ctx = b.lock()
+            results.append(("won", ctx.__enter__(), ctx))
+        except LockError as e:
+            results.append(("lost", str(e), None))
+
+    threads = [threading.Thread(target=race, args=(b,)) for b in backends]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    won = [r for r in results if r[0] == "won"]
+    assert len(results) == 8 and len(won) == 1, results
+    assert all(f"another apply holds the lock {store.url}/lock.json: {won[0][1]}" in r[1] for r in results if r[0] == "lost"), results
+    won[0][2].__exit__(None, None, None)
+    assert store.get("fleet/lock.json") is None
+
+
+def test_lock_is_exclusive_expired_ones_are_taken_over_and_unlock_breaks_a_live_one(store, tmp_path):
+    a, b = backend_for(tmp_path, store.url), backend_for(tmp_path, store.url)
+    with a.lock() as held:
+        with pytest.raises(LockError, match=f"another apply holds the lock {store.url}/lock.json: {held} \\(pid {os.getpid()}"):
+            with b.lock():
+                pass
+        with pytest.raises(LockError, match="refusing to break it"):
+            b.unlock("not-the-holder")
+    with b.lock():  # released: the next one gets it
+        pass
+
+    stuck = _backend(store, ttl=timedelta(seconds=-1)).lock()  # every lock it writes is already expired
+    stuck.__enter__()  # a runner that died holding the lock
+    with backend_for(tmp_path, store.url).lock():
+        pass
+    live = backend_for(tmp_path, store.url).lock()
+    lock_id = live.__enter__()
+    res = cli("unlock", lock_id, "--state", store.url, env=store.env)
+    assert res.returncode == 0, res.stderr
+    assert store.get("fleet/lock.json") is None
+    # The broken holders finish later: they no longer hold the lock, so they delete nothing.
+    with backend_for(tmp_path, store.url).lock():
+        live.__exit__(None, None, None)
+        stuck.__exit__(None, None, None)
+        assert store.get("fleet/lock.json") is not None
+
+
+def test_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(store):
+    holder, other = _backend(store, ttl=timedelta(seconds=2)), _backend(store, ttl=timedelta(seconds=2))
+    with holder.lock() as lock_id:
+        first = store.get("fleet/lock.json")
+        deadline = time.time() + 60
+        while store.get("fleet/lock.json") == first and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.5)  # past the 2 s it was first taken for: renewed, so still held
+        with pytest.raises(LockError, match=f"another apply holds the lock {store.url}/lock.json: {lock_id}"):
+            with other.lock():
+                pass
+        holder.check_lock()
+        other.unlock(lock_id)  # an operator breaks it: the holder must notice at its next renewal
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                holder.check_lock()
+            except LockError as e:
+                assert "lost the lock" in str(e) and "broken or taken over" in str(e)
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the holder never noticed it lost the lock")
+        with other.lock():  # the new holder's lock is not deleted by the old holder leaving
+            pass
+
+
+def test_two_concurrent_applies_exactly_one_proceeds(store, tmp_path):
+    qs = copy_quickstart(tmp_path)
+    sim = SimCloud(state_dir(qs))
+    sim.set_fault(latency_ms=2000)  # a slow cloud keeps the first apply inside its lock until the second is done
+    penv = {**os.environ, **store.env, "FLEETOPS_STATE": store.url}
+    cmd = [sys.executable, "-m", "reconciler.cli", "apply", str(qs), "--auto-approve"]
+    first = subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while store.get("fleet/lock.json") is None and time.time() < deadline:  # the first one holds it
+        time.sleep(0.05)
+    second = subprocess.run(cmd, env=penv, capture_output=True, text=True, timeout=300)
+    sim.set_fault(latency_ms=0)  # now let the first one finish
+    out, err = first.communicate(timeout=300)
+    assert (first.returncode, second.returncode) == (0, 1), (out, err, second.stdout, second.stderr)
+    assert f"another apply holds the lock {store.url}/lock.json" in second.stderr and "reconcile unlock" in second.stderr
+    assert "Applied plan" in out
+    assert not api.plan(qs, state=store.url).plan.has_changes
+
+
+@pytest.fixture(scope="module")
+def applied_once(tmp_path_factory):
+    cfg = copy_quickstart(tmp_path_factory.mktemp("applied"))
+    assert cli("apply", cfg, "--auto-approve").returncode == 0
+    return cfg
+
+
+def test_garbled_state_and_lock_objects_are_clear_errors(store, applied_once, tmp_path):
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    store.put("fleet/state.json", b'{"placements": [1, 2')
+    assert_clean_error(cli("apply", cfg, "--auto-approve", "--state", store.url, env=store.env),
+                       f"{store.url}/state.json: cannot read the reconciler's state: not valid JSON", "move it aside")
+    store.put("fleet/state.json", b'{"placements": {"train": "i-1"}}')
+    with pytest.raises(ReconcileError, match=f"{store.url}/state.json: cannot read the reconciler's state: placements is not a map"):
+        api.plan(cfg, state=store.url)
+    store.put("fleet/state.json", state_to_json(State()).encode())
+
+    store.put("fleet/lock.json", b"\x00not json")
+    res = cli("apply", cfg, "--auto-approve", "--state", store.url, env=store.env)
+    assert_clean_error(res, f"another apply holds the lock {store.url}/lock.json: nobody: the lock is garbled", "reconcile unlock garbled-")
+    lock_id = res.stderr.split("reconcile unlock ")[1].split()[0].rstrip("`")
+    with pytest.raises(LockError, match=f"held by {lock_id}, not garbled-00000000"):
+        backend_for(cfg, store.url).unlock("garbled-00000000")
+    backend_for(cfg, store.url).unlock(lock_id)
+    assert store.get("fleet/lock.json") is None
+
+
+def test_bus_round_trips(store, tmp_path):
+    bus = Bus(backend_for(tmp_path, store.url))
+    _round_trip(bus)
+    assert store.keys() == ["fleet/agents/i-1.json", "fleet/assignments/i-1.json", "fleet/runs/eval/0.json",
+                            "fleet/runs/train/0.json", "fleet/runs/train/1.json"]
+
+
+@pytest.mark.parametrize("scheme", ["gs", "azblob"])
+def test_an_unreachable_store_is_a_clear_error_without_credentials(scheme, monkeypatch, tmp_path):
+    from reconciler import backend
+
+    if scheme == "gs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens on the discard port
+        monkeypatch.setattr(backend, "GCS_RETRY_SECONDS", 0.5)
+        url = "gs://nowhere/fleet"
+    else:
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=http;AccountName=acct;"
+                           "AccountKey=UzNDUkVUS0VZ;BlobEndpoint=http://127.0.0.1:9/acct;")
+        monkeypatch.setattr(backend, "AZBLOB_RETRIES", 0)
+        url = "azblob://acct/nowhere/fleet"
+    store = backend_for(tmp_path, url)
+    with pytest.raises(ReconcileError, match=f"{scheme} bus: cannot read {url}/assignments/i-1.json") as e:
+        Bus(store).assignment("i-1")
+    with pytest.raises(ReconcileError, match=f"{scheme} state backend: cannot lock {url}/lock.json: .*Nothing was changed") as e:
+        with store.lock():
+            pass
+    assert "UzNDUkVUS0VZ" not in str(e.value)
+
+
+def test_a_connection_string_for_another_account_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=https;AccountName=other;AccountKey=eA==")
+    with pytest.raises(ReconcileError, match="AZURE_STORAGE_CONNECTION_STRING is for account 'other', not 'mine'"):
+        backend_for(tmp_path, "azblob://mine/state/fleet")
+    with pytest.raises(ReconcileError, match="is not azblob://account/container/prefix"):
+        backend_for(tmp_path, "azblob://mine")
