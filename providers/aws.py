@@ -33,6 +33,7 @@ from reconciler.errors import CapacityError, KeySpentError, OwnershipError, Prov
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow", "Unsupported",
+    "ReservationCapacityExceeded",  # a targeted capacity reservation is full
 }
 # Account limits, not a zone's capacity: a QuotaError naming the Service Quotas quota (by instance family and market).
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
@@ -323,6 +324,8 @@ class AwsProvider:
             from reconciler.runtime.bootstrap import bootstrap_script
 
             params["UserData"] = bootstrap_script("aws", request.agent_state_url, None)
+        if request.capacity_reservation:  # a targeted launch: only into this reservation, or it fails
+            params["CapacityReservationSpecification"] = {"CapacityReservationTarget": {"CapacityReservationId": request.capacity_reservation}}
         if request.market == "spot":
             opts: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if request.max_price is not None:

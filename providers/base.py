@@ -20,6 +20,7 @@ Market = Literal["spot", "on-demand"]
 TAG_FLEET = "fleetops.io/fleet"  # which fleet owns the instance: the only proof of ownership
 TAG_POOL = "fleetops.io/pool"  # the Pool document the instance belongs to
 TAG_CREATE_KEY = "fleetops.io/create-key"  # the idempotency key it was created with
+TAG_RESERVATION = "fleetops.io/reservation"  # the Reservation (its name) the instance was launched into
 TAG_FLEET_UID = "fleetops.io/fleet-uid"  # which fleet of that name: generated on its first apply (reconciler/identity.py)
 
 
@@ -103,6 +104,9 @@ class CreateRequest:
     # The bus the instance's node agent uses (a remote state URL): the provider passes the agent's
     # bootstrap (reconciler/runtime/bootstrap.py) as the instance's user data. None: no agent.
     agent_state_url: str | None = None
+    # Launch into this capacity reservation (the cloud's id, e.g. AWS `cr-...`); None: a plain
+    # launch (an open reservation that matches still takes it, as the clouds do).
+    capacity_reservation: str | None = None
 
 
 @dataclass(frozen=True)

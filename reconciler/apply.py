@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET_UID, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
+from providers.base import TAG_CREATE_KEY, TAG_FLEET_UID, TAG_RESERVATION, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
@@ -188,12 +188,16 @@ def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callabl
 def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str) -> Instance:
     provider = fleet.provider(c.provider)
     tags = {**ownership_tags(desired.fleet, c.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
+    reservation = desired.reservations.get(c.reservation) if c.reservation else None
+    if c.reservation:
+        tags[TAG_RESERVATION] = c.reservation  # how the next plan knows it is reserved capacity (price 0)
     hosted = [Placement(j.job, r, tuple(j.gpus[r]) if r < len(j.gpus) else ())
               for j in plan.jobs if j.action in ("keep", "place", "move") for r, ref in enumerate(j.instances) if ref == c.ref]
     req = CreateRequest(
         key=key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
         market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted), agent_state_url=getattr(fleet, "agent_state_url", None),
+        capacity_reservation=reservation.spec.target.reservation_id if reservation is not None and reservation.spec.target else None,
     )
     return _retry(lambda: provider.create(req), f"create {c.ref}", _window(provider))
 

@@ -105,6 +105,29 @@ def license_charge(per_replica: dict[str, int], licenses: dict, replicas: int = 
 
 
 @dataclass(frozen=True)
+class ReservationRules:
+    """A Reservation in force, as the planner reads it."""
+
+    name: str
+    pool: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    count: int
+    hourly_cost: float  # USD per reserved instance-hour, paid used or not
+    target: str | None = None  # the cloud's reservation id
+    until: str | None = None
+
+
+def reservation_cost(count: int, used: int, hourly_cost: float) -> tuple[float, float, float]:
+    """(utilisation, USD/h committed, USD/h wasted) of a reservation of `count` instances with
+    `used` of them running: all of it is paid; the unused part is the waste."""
+    used = min(used, count)
+    return round(used / count, 4), round(count * hourly_cost, 4), round((count - used) * hourly_cost, 4)
+
+
+@dataclass(frozen=True)
 class LicenseShort:
     """Why a job cannot hold its licenses: `scope` is "count" (the License's) or "tenant" (its tenant quota)."""
 
@@ -341,6 +364,21 @@ class Ledger:
         return Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
                        s.held + s.need - s.limit)
 
+    def reservation_summary(self) -> dict[str, dict]:
+        """Per Reservation in force: instances of the plan in it, what it commits per hour, and the
+        money its unused reserved instances waste per hour (paid, used or not)."""
+        used: dict[str, int] = {}
+        for c in self.instances.values():
+            if c.reservation:
+                used[c.reservation] = used.get(c.reservation, 0) + 1
+        out = {}
+        for name, r in sorted(self.problem.reservations.items()):
+            n = used.get(name, 0)
+            util, committed, wasted = reservation_cost(r.count, n, r.hourly_cost)
+            out[name] = {"pool": r.pool, "zone": r.zone, "instance_type": r.instance_type, "count": r.count, "used": n,
+                         "utilisation": util, "committed_per_hour": committed, "wasted_per_hour": wasted, "until": r.until}
+        return out
+
     def license_summary(self) -> dict[str, dict]:
         """Per License: its count, how many the plan's jobs hold (in all and per tenant) and what they cost per hour."""
         book, out = self.license_book(), {}
@@ -551,7 +589,8 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     for h in kept:
         led.add_instance(h, hosts[h])
     for cr in creates:
-        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}")
+        reserved = getattr(cr, "reservation", None)
+        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}" + (f"@{reserved}" if reserved else ""))
         if cap is not None:
             led.add_instance(cr.ref, cap)
     demand_of = {j: d for d in problem.demands for j in d.jobs}
@@ -563,4 +602,4 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
-__all__ = ["LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+__all__ = ["ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]

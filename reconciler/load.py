@@ -319,7 +319,7 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
             loc = tuple(err["loc"])
             # Union branches add their type names to loc; keep the path the user wrote.
             clean = tuple(p for p in loc if isinstance(p, int) or not any(c in str(p) for c in "[]('\""))
-            clean = tuple(p for p in clean if p not in ("int", "str", "float", "bool"))
+            clean = tuple(p for p in clean if p not in ("int", "str", "float", "bool", "date", "datetime"))
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field" + (did_you_mean(clean[-1], known_fields(kind, clean[:-1])) if clean else "")

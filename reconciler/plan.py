@@ -42,6 +42,7 @@ class CreateAction:
     price: float
     max_price: float | None
     placement_group: str | None = None  # launch into this cluster placement group (a gang's)
+    reservation: str | None = None  # launch into this Reservation's capacity (price 0: its cost is committed)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ class Plan:
         del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
         if not raw["rules"]:
             del raw["rules"]
+        for c in raw["creates"]:  # (only where set: a plan without reservations is as before)
+            if c["reservation"] is None:
+                del c["reservation"]
         body = json.loads(json.dumps(raw))
         return json.dumps({**body, "body_digest": body_digest(body)}, indent=2, sort_keys=False)
 
@@ -369,6 +373,8 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
             if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
                 return None
+            if cap.reservation and len(bins_of.get(ok, [])) >= cap.max_new:
+                return None  # the reservation has no more instances
             sp = problem.spot
             if cap.market == "spot":
                 if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
@@ -436,7 +442,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             creates.append(CreateAction(
                 ref=f"+{n}", key=f"{pid}-{n:04d}", pool=c.pool, provider=c.provider, cloud=c.cloud, region=c.region,
                 zone=c.zone, instance_type=c.instance_type, market=c.market, price=c.price,
-                max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group,
+                max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
             ))
             refs[b.ref] = f"+{n}"
     for bins in bins_of.values():
@@ -498,10 +504,13 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
 
 
 def rule_summary(problem: Problem, ledger) -> dict:
-    """What the plan's scheduling rules come to, from its ledger: licenses held per License."""
+    """What the plan's scheduling rules come to, from its ledger: licenses held per License,
+    reservations' use and waste."""
     out: dict = {}
     if problem.licenses:
         out["licenses"] = ledger.license_summary()
+    if problem.reservations:
+        out["reservations"] = ledger.reservation_summary()
     return out
 
 

@@ -40,7 +40,7 @@ from reconciler.problem import DIMS, Capacity, Demand, Problem, placement_refusa
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
     errors: list[str] = []
-    offers = {(c.pool, c.zone, c.instance_type, c.market): c for c in problem.capacities if not c.existing}
+    offers = {(c.pool, c.zone, c.instance_type, c.market, c.reservation): c for c in problem.capacities if not c.existing}
     host_price = {c.instance_id: c.price for c in problem.capacities if c.existing}
     instances = {i.id: i for i in observed.instances}
     gangs = [d.jobs[0] for d in problem.demands if d.gang and d.gang_mode == "placement-group"]
@@ -55,7 +55,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         if c.pool not in desired.pools:
             errors.append(f"{what}: there is no pool {c.pool!r} in the desired state")
             continue
-        offer = offers.get((c.pool, c.zone, c.instance_type, c.market))
+        offer = offers.get((c.pool, c.zone, c.instance_type, c.market, c.reservation))
         if offer is None:
             s = desired.pools[c.pool].spec
             errors.append(f"{what}: the pool does not allow it now (pool: {s.cloud}/{s.region}, zones {', '.join(s.zones)}, "
@@ -118,7 +118,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             if d.instance_id in ids and j is not None and d.instance_id in j.instances:
                 errors.append(f"delete {d.instance_id}: job {name} runs on it and the plan keeps it there")
 
-    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market)] for c in creates},
+    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
                           staying)
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)

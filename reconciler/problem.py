@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
+from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
-from reconciler.ledger import LicenseRules, item_share, mig_compute, spot_units
+from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -141,6 +142,7 @@ class Capacity:
     residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
     frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
     members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
+    reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
 
     @property
     def existing(self) -> bool:
@@ -148,13 +150,13 @@ class Capacity:
 
     @property
     def offer_key(self) -> str:
-        """The (pool, zone, type, market) class this capacity belongs to."""
-        return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}"
+        """The (pool, zone, type, market) class this capacity belongs to (a reservation's is its own)."""
+        return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
 
     @property
     def class_key(self) -> str:
         """The same across the zones of a pool: (pool, type, market)."""
-        return f"{self.pool}/*/{self.instance_type}/{self.market}"
+        return f"{self.pool}/*/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
 
     @property
     def site(self) -> tuple[str, str]:
@@ -200,6 +202,7 @@ class Problem:
     coef: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, zone site) -> USD/h per item
     now: datetime | None = None
     licenses: dict[str, LicenseRules] = field(default_factory=dict)
+    reservations: dict[str, ReservationRules] = field(default_factory=dict)  # the active ones
 
     @property
     def spot(self):
@@ -497,6 +500,69 @@ def _offers(desired: DesiredState, observed: Observed, default_provider: str) ->
     return offers
 
 
+def _reservations(desired: DesiredState, now: datetime | None) -> dict[str, ReservationRules]:
+    """The Reservations in force at `now` (all of them without a time), with the pool each fills."""
+    out = {}
+    for name, r in desired.reservations.items():
+        s = r.spec
+        until = s.until if isinstance(s.until, datetime) or s.until is None else datetime(s.until.year, s.until.month, s.until.day)
+        if until is not None and now is not None and _utc(until) <= now:
+            continue
+        pool = s.pool or next((p.name for p in desired.pools.values() if p.spec.cloud == s.cloud and p.spec.region == s.region
+                                and s.zone in p.spec.zones and s.instance_type in p.spec.instance_types and "on-demand" in p.spec.markets()), None)
+        if pool is None:
+            continue
+        out[name] = ReservationRules(name, pool, s.cloud, s.region, s.zone, s.instance_type, s.count, s.hourly_cost,
+                                     s.target.reservation_id if s.target else None, until.isoformat() if until else None)
+    return out
+
+
+def _reserved_hosts(hosts: list[Capacity], observed: Observed, reservations: dict[str, ReservationRules]) -> list[Capacity]:
+    """Instances launched into a reservation (its tag) that it still covers: price 0 (committed),
+    up to its count, by instance id. The others keep their on-demand price."""
+    tagged = {i.id: i.tags.get(TAG_RESERVATION) for i in observed.instances if i.tags.get(TAG_RESERVATION)}
+    taken: dict[str, int] = {}
+    out = []
+    for h in sorted(hosts, key=lambda h: h.key):
+        r = reservations.get(tagged.get(h.key) or "")
+        if r is not None and h.keep_blocker is None and h.market == "on-demand" and (h.pool, h.zone, h.instance_type) == (r.pool, r.zone, r.instance_type) \
+                and taken.get(r.name, 0) < r.count:
+            taken[r.name] = taken.get(r.name, 0) + 1
+            h = Capacity(**{**h.__dict__, "price": 0.0, "reservation": r.name})
+        out.append(h)
+    order = {h.key: i for i, h in enumerate(hosts)}
+    return sorted(out, key=lambda h: order[h.key])
+
+
+def _reserved_offers(desired: DesiredState, observed: Observed, default_provider: str, reservations: dict[str, ReservationRules],
+                     hosts: list[Capacity]) -> list[Capacity]:
+    """What is left of each reservation: new on-demand instances at price 0 (its own offer)."""
+    guard = desired.guardrails
+    used: dict[str, int] = {}
+    for h in hosts:
+        if h.reservation:
+            used[h.reservation] = used.get(h.reservation, 0) + 1
+    by_key = {(po.pool, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
+    out = []
+    for name, r in sorted(reservations.items()):
+        o = by_key.get((r.pool, r.zone, r.instance_type))
+        left = r.count - used.get(name, 0)
+        if o is None or left <= 0 or not region_matches(guard.allowed_regions, o.cloud, o.region) \
+                or (guard.allowed_clouds is not None and o.cloud not in guard.allowed_clouds) \
+                or (o.cloud, o.zone, o.instance_type, "on-demand") in observed.short:
+            continue  # (a reservation's capacity is held for it: only a provider that says so makes it short)
+        pool = desired.pools[r.pool]
+        out.append(Capacity(
+            key=f"{r.pool}/{o.zone}/{o.instance_type}/on-demand@{name}", pool=r.pool,
+            provider=observed.providers.get(r.pool, default_provider), cloud=o.cloud, region=o.region, zone=o.zone,
+            instance_type=o.instance_type, market="on-demand", gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+            memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
+            nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
+            max_new=left, reservation=name,
+        ))
+    return out
+
+
 def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]]) -> list[Capacity]:
     """Bound each offer's count: no optimum buys more instances of it than its compatible items
     need one by one (or the pool minimum), nor more than the pool allows."""
@@ -512,6 +578,8 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
                 bound += math.ceil(len(d.jobs) * d.replicas / f)
         lo, hi = pool_bounds[c.pool]
         n = min(max(bound, lo), hi)
+        if c.reservation:
+            n = min(n, c.max_new)  # what is left of the reservation
         if n > 0:
             sized.append(Capacity(**{**c.__dict__, "max_new": n}))
     return sized
@@ -715,8 +783,10 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     topo = TopologyIndex(desired.topology.spec)
     demands = _demands(desired, observed, now, topo)
     pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}
-    hosts = _hosts(desired, observed, demands, catalog)
-    offers = _size_offers(_offers(desired, observed, default_provider), demands, pool_bounds)
+    reservations = _reservations(desired, now)
+    hosts = _reserved_hosts(_hosts(desired, observed, demands, catalog), observed, reservations)
+    offers = _size_offers(_offers(desired, observed, default_provider) + _reserved_offers(desired, observed, default_provider, reservations, hosts),
+                          demands, pool_bounds)
 
     fleet_capacity = {dim: 0.0 for dim in DIMS}
     best: dict[tuple[str, str], float] = {}
@@ -779,7 +849,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
-        licenses=_licenses(desired),
+        licenses=_licenses(desired), reservations=reservations,
     )
 
 
@@ -915,5 +985,6 @@ def components(problem: Problem) -> list[Problem]:
             static_pending={j: r for j, r in problem.static_pending.items() if j in jobs},
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
+            reservations=problem.reservations,
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

@@ -83,7 +83,16 @@ def rules_lines(plan: Plan) -> list[str]:
         tenants = ", ".join(f"{t} {n}" for t, n in lic["tenants"].items())
         cost = f", {money(lic['cost_per_hour'])}/h charged to their tenants" if lic["cost_per_hour"] else ""
         out.append(f"License {name}: {lic['held']}/{lic['count']} held" + (f" ({tenants})" if tenants else "") + cost)
+    for name, r in plan.rules.get("reservations", {}).items():
+        waste = (f"; {r['count'] - r['used']} unused waste {money(r['wasted_per_hour'])}/h" if r["used"] < r["count"] else "")
+        out.append(f"Reservation {name}: {r['used']}/{r['count']} {r['instance_type']} in {r['zone']} used ({r['utilisation']:.0%}), "
+                   f"{money(r['committed_per_hour'])}/h committed (not in the $/h above){waste}")
     return out
+
+
+def _market(c) -> str:
+    """A create's market, and the reservation it launches into."""
+    return f"{c.market} (reserved: {c.reservation})" if getattr(c, "reservation", None) else c.market
 
 
 def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
@@ -99,7 +108,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         for col in ("ref", "pool", "cloud/zone", "type", "market", "$/h"):
             t.add_column(col)
         for c in plan.creates:
-            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, c.market, f"{c.price:.3f}", style="green")
+            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, _market(c), f"{c.price:.3f}", style="green")
         con.print(t)
     if plan.deletes:
         t = Table(title="Instances to delete", title_justify="left")
@@ -177,7 +186,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         cr = [c for c in plan.creates if c.cloud == cloud]
         de = [d for d in plan.deletes if d.cloud == cloud]
         lines += [f"<details><summary>{cloud}: {len(cr)} to create, {len(de)} to delete</summary>", ""]
-        rows = [["+ create", c.ref, c.pool, c.zone, c.instance_type, c.market, f"{c.price:.3f}"] for c in cr]
+        rows = [["+ create", c.ref, c.pool, c.zone, c.instance_type, _market(c), f"{c.price:.3f}"] for c in cr]
         rows += [["- delete", d.instance_id, d.pool, d.zone, d.instance_type, d.market, f"{d.price:.3f}"] for d in de]
         lines += _md_table(["action", "instance", "pool", "zone", "type", "market", "$/h"], rows, note)
         lines += ["", "</details>", ""]
@@ -275,6 +284,9 @@ def render_status(st: dict) -> str:
              f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})"]
     lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h"
               + (f" + {money(c['licenseCostPerHour'])}/h of licenses" if c.get("licenseCostPerHour") else "") for t, c in f["tenants"].items()]
+    for name, r in (f.get("reservations") or {}).items():
+        lines.append(f"  reservation {name}: {r['used']}/{r['count']} used, {money(r['committedPerHour'])}/h committed"
+                     + (f", {money(r['wastedPerHour'])}/h wasted on unused reserved instances" if r["wastedPerHour"] else ""))
     for name, lic in (f.get("licenses") or {}).items():
         lines.append(f"  license {name}: {lic['held']}/{lic['count']} held" + (f" ({', '.join(f'{t} {n}' for t, n in lic['tenants'].items())})" if lic["tenants"] else ""))
     for name, j in st["jobs"].items():

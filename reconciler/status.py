@@ -13,12 +13,12 @@ from pathlib import Path
 
 import yaml
 
-from providers.base import Instance
+from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
 from reconciler.redact import redact
-from reconciler.ledger import license_charge, replica_charge
+from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
@@ -272,12 +272,26 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
                         for t, c in sorted(tenant_cost.items())},
             **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
                              for n, spec in sorted(licenses.items())}} if licenses else {}),
+            **({"reservations": _reservation_status(desired, instances)} if desired.reservations else {}),
             "jobs": {"running": sum(1 for j in desired.jobs if report.placements.get(j)), "pending": sum(1 for j in desired.jobs if not report.placements.get(j))},
             "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },
     })
     return root
+
+
+def _reservation_status(desired: DesiredState, instances: list[Instance]) -> dict:
+    """Per Reservation: its instances running now (by their tag, up to its count), utilisation, what
+    it commits per hour and what its unused reserved instances waste per hour."""
+    out = {}
+    for name, r in sorted(desired.reservations.items()):
+        s = r.spec
+        used = sum(1 for i in instances if i.tags.get(TAG_RESERVATION) == name and i.zone == s.zone
+                   and i.instance_type == s.instance_type and i.state != "terminated")
+        util, committed, wasted = reservation_cost(s.count, used, s.hourly_cost)
+        out[name] = {"count": s.count, "used": min(used, s.count), "utilisation": util, "committedPerHour": committed, "wastedPerHour": wasted}
+    return out
 
 
 def _status_problem(kind: str, doc) -> str | None:

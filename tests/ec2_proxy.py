@@ -17,8 +17,15 @@ moto server unchanged, except:
   Region, EC2's per-account-per-Region limit, 500 on real accounts), DescribePlacementGroups (GroupName.N,
   Filter tag:KEY), DeletePlacementGroup (InvalidPlacementGroup.InUse while a launched member is not
   terminated, InvalidPlacementGroup.Unknown); RunInstances' Placement.GroupName must name an existing group
-  (InvalidPlacementGroup.Unknown otherwise) and makes the launched instance a member.
-
+  (InvalidPlacementGroup.Unknown otherwise) and makes the launched instance a member;
+* capacity reservations, which moto (5.x) ignores (RunInstances accepts and drops CapacityReservationSpecification):
+  reserve(id, type, zone, count) registers an active targeted reservation; a RunInstances that targets one
+  (CapacityReservationTarget.CapacityReservationId) must name a known reservation
+  (InvalidCapacityReservationId.NotFound), launch on-demand (a spot launch cannot use one) of its instance type in
+  its Availability Zone ("You can only launch an instance into a Capacity Reservation that has matching attributes
+  ... and sufficient available capacity", EC2 User Guide; InvalidParameterCombination otherwise) while it has room
+  (ReservationCapacityExceeded once its count of launched instances are alive); the launched instance is counted in
+  it. Every RunInstances' parameters are kept in `run_requests`, to check the request body;
 * images: RunInstances with an ImageId moto does not hold answers InvalidAMIID.NotFound, as EC2 does (moto launches
   it); the proxy asks moto's DescribeImages;
 * public SSM parameters (public_parameters): AWS publishes parameters such as the Deep Learning AMIs' under
@@ -65,6 +72,8 @@ class Ec2Proxy:
         self.placement_group_limit: int | None = None
         self.calls: list[str] = []  # every EC2 Action seen
         self.groups: dict[tuple[str, str], dict] = {}
+        self.reservations: dict[str, dict] = {}  # capacity reservation id -> {"type", "zone", "count", "members"}
+        self.run_requests: list[dict[str, str]] = []  # the parameters of every RunInstances seen
         self.spot_history: list[tuple[str, str, str, float, str]] | None = None  # (type, zone, product, price, ISO time)  # (region, name) -> {"id", "strategy", "tags", "members"}
         self.public_parameters: dict[str, str] = {}  # SSM name -> value, in every region
         self.url = ""
@@ -78,6 +87,10 @@ class Ec2Proxy:
     def fail(self, action: str, code: str, message: str, count: int = 1) -> None:
         with self.lock:
             self.failures.append([action, code, message, count])
+
+    def reserve(self, rid: str, instance_type: str, zone: str, count: int) -> None:
+        with self.lock:
+            self.reservations[rid] = {"type": instance_type, "zone": zone, "count": count, "members": set()}
 
     def start(self) -> "Ec2Proxy":
         proxy = self
@@ -112,6 +125,11 @@ class Ec2Proxy:
                     if self.unseen.get(iid, 0) > 0:
                         self.unseen[iid] -= 1
                         return ec2_error("InvalidInstanceID.NotFound", f"The instance ID '{iid}' does not exist")
+            if action == "RunInstances":
+                self.run_requests.append({k: v[0] for k, v in params.items()})
+                err = self._reservation_refusal(params, region)
+                if err is not None:
+                    return err
             if action == "RunInstances" and params.get("Placement.GroupName"):
                 if (region, params["Placement.GroupName"][0]) not in self.groups:
                     return ec2_error("InvalidPlacementGroup.Unknown",
@@ -136,6 +154,23 @@ class Ec2Proxy:
             return resp.status == 200 and b"<imageId>" in resp.read()
         finally:
             conn.close()
+
+    def _reservation_refusal(self, params: dict[str, list[str]], region: str) -> bytes | None:
+        rid = (params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId") or [None])[0]
+        if rid is None:
+            return None
+        r = self.reservations.get(rid)
+        if r is None:
+            return ec2_error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{rid}' does not exist")
+        itype = (params.get("InstanceType") or [""])[0]
+        zone = (params.get("Placement.AvailabilityZone") or [""])[0]
+        if params.get("InstanceMarketOptions.MarketType") or itype != r["type"] or zone != r["zone"]:
+            return ec2_error("InvalidParameterCombination", f"The instance's attributes ({itype} in {zone or 'any zone'}"
+                             f"{', spot' if params.get('InstanceMarketOptions.MarketType') else ''}) do not match Capacity "
+                             f"Reservation {rid} ({r['type']} in {r['zone']}, on-demand)")
+        if sum(1 for iid in r["members"] if self._alive(region, iid)) >= r["count"]:
+            return ec2_error("ReservationCapacityExceeded", f"There is not enough capacity in Capacity Reservation {rid}")
+        return None
 
     def _spot_history(self, params: dict[str, list[str]]) -> bytes:
         from datetime import datetime, timezone
@@ -247,6 +282,9 @@ class Ec2Proxy:
                 group = self.groups.get((region, (params.get("Placement.GroupName") or [""])[0]))
                 if group is not None:
                     group["members"].add(iid.decode())
+                rid = (params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId") or [""])[0]
+                if rid in self.reservations:
+                    self.reservations[rid]["members"].add(iid.decode())
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -57,6 +57,7 @@ class Host:
     price: float
     on_demand: float
     group: str | None = None  # placement group (new instances only)
+    reservation: str | None = None  # launched into this Reservation (new instances): price 0, checked in fleet_after
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,28 @@ def _offering(observed: Observed, cloud: str, region: str, zone: str, itype: str
     return load_catalog().offering(cloud, region, zone, itype)
 
 
-def fleet_after(observed: Observed, plan: Plan) -> dict[str, Host]:
+def _reserved(desired: DesiredState | None, observed: Observed) -> set[str]:
+    """Existing instances a Reservation covers: on-demand, tagged with its name at launch, in its zone
+    and of its type, at most its count of them (by instance id). Their price is 0: it is committed."""
+    out: set[str] = set()
+    if desired is None:
+        return out
+    for name, r in desired.reservations.items():
+        s = r.spec
+        pools = [p.name for p in desired.pools.values() if (p.spec.cloud, p.spec.region) == (s.cloud, s.region) and s.zone in p.spec.zones
+                 and s.instance_type in p.spec.instance_types and p.spec.market != "spot"]
+        pool = s.pool or (pools[0] if len(pools) == 1 else None)
+        mine = sorted(i.id for i in observed.instances if i.tags.get("fleetops.io/reservation") == name and i.market == "on-demand"
+                      and (i.zone, i.instance_type, i.pool) == (s.zone, s.instance_type, pool))
+        out.update(mine[: s.count])
+    return out
+
+
+def fleet_after(observed: Observed, plan: Plan, desired: DesiredState | None = None) -> dict[str, Host]:
+    """`desired`: to price reserved capacity (Reservations) at 0; without it every instance has its market's price."""
     cat = load_catalog()
     deleted = {d.instance_id for d in plan.deletes}
+    reserved = _reserved(desired, observed)
     hosts = {}
     for i in observed.instances:
         if i.id in deleted:
@@ -85,13 +105,22 @@ def fleet_after(observed: Observed, plan: Plan) -> dict[str, Host]:
         o = _offering(observed, i.cloud, i.region, i.zone, i.instance_type)
         assert o is not None, f"kept instance {i.id} has a type {i.instance_type} nothing prices in {i.zone}"
         price = o.spot_price if i.market == "spot" and o.spot_price is not None else o.on_demand_price
+        if i.id in reserved:
+            price = 0.0
         hosts[i.id] = Host(i.id, False, i.cloud, i.region, i.zone, i.instance_type, i.market, i.pool,
                            cat.shape(i.cloud, i.instance_type), price, o.on_demand_price)
     for c in plan.creates:
         o = _offering(observed, c.cloud, c.region, c.zone, c.instance_type)
         assert o is not None, f"create {c.ref}: no offering of {c.instance_type} in {c.zone}"
+        price = c.price
+        if c.reservation is not None:  # launched into a Reservation: checked in _check_reservations, committed cost
+            r = desired.reservations.get(c.reservation) if desired is not None else None
+            assert r is not None, f"create {c.ref} launches into reservation {c.reservation}, which the config does not define"
+            assert (c.zone, c.instance_type, c.market) == (r.spec.zone, r.spec.instance_type, "on-demand"), (
+                f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}) is not what reservation {c.reservation} holds")
+            assert c.price == 0.0, f"create {c.ref} in reservation {c.reservation} priced {c.price}, not 0 (its cost is committed)"
         hosts[c.ref] = Host(c.ref, True, c.cloud, c.region, c.zone, c.instance_type, c.market, c.pool,
-                            cat.shape(c.cloud, c.instance_type), c.price, o.on_demand_price, c.placement_group)
+                            cat.shape(c.cloud, c.instance_type), price, o.on_demand_price, c.placement_group, c.reservation)
     return hosts
 
 
@@ -233,7 +262,7 @@ def cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) -> floa
     over expected_hours), latency (latency_cost_per_ms x ms per replica) and moves (amortised
     over payback_hours). Not the premium a spot-preferred job pays on on-demand (no price is
     documented for it)."""
-    hosts = fleet_after(observed, plan)
+    hosts = fleet_after(observed, plan, desired)
     topo = TopologyIndex(desired.topology.spec)
     lat_cost = desired.placement.latency_cost_per_ms
     total = plan.cost_after + move_cost_per_hour(desired, observed, plan)
@@ -291,7 +320,7 @@ def move_cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) ->
 
 
 def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
-    hosts = fleet_after(observed, plan)
+    hosts = fleet_after(observed, plan, desired)
     reps = replicas_of(plan, hosts)
     _check_job_states(desired, observed, plan)
     _check_jobs(desired, reps)
@@ -303,6 +332,16 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     _check_spot(desired, hosts, reps)
     _check_guardrails(desired, plan, hosts)
     _check_licenses(desired, reps)
+    _check_reservations(desired, observed, plan)
+
+
+def _check_reservations(desired: DesiredState, observed: Observed, plan: Plan) -> None:
+    """No more instances in a Reservation after the plan than its count."""
+    deleted = {d.instance_id for d in plan.deletes}
+    held = Counter(i.tags.get("fleetops.io/reservation") for i in observed.instances if i.id in _reserved(desired, observed) and i.id not in deleted)
+    held.update(c.reservation for c in plan.creates if c.reservation is not None)
+    for name, r in desired.reservations.items():
+        assert held[name] <= r.spec.count, f"reservation {name}: {held[name]} instances after the plan, over its count {r.spec.count}"
 
 
 def _check_licenses(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
@@ -439,7 +478,7 @@ def _check_capacity(desired: DesiredState, hosts: dict[str, Host], reps: dict[st
 def tenant_costs(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, float]:
     """USD/h each tenant is charged after the plan: its replicas' shares of their instances."""
     cost: dict[str, float] = defaultdict(float)
-    for job, rs in replicas_of(plan, fleet_after(observed, plan)).items():
+    for job, rs in replicas_of(plan, fleet_after(observed, plan, desired)).items():
         j = desired.jobs[job]
         for rep in rs:
             cost[j.spec.tenant] += rep.host.price * replica_share(j, rep.host)
@@ -490,7 +529,7 @@ def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: d
             assert (h.cloud, h.zone, h.itype, h.market) not in short, f"{h.ref} bought in {h.zone} {h.itype} {h.market}, in capacity cool-off"
             o = _offering(observed, h.cloud, h.region, h.zone, h.itype)
             assert o.available, f"{h.ref} bought where the provider has no capacity"
-            want = o.spot_price if h.market == "spot" else o.on_demand_price
+            want = 0.0 if h.reservation else o.spot_price if h.market == "spot" else o.on_demand_price
             assert want is not None and abs(h.price - want) <= EPS, f"{h.ref} priced {h.price}, the offering says {want}"
 
 
@@ -582,7 +621,7 @@ def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
     """Does the fleet as it runs break a rule the checks above know (budgets, pools, quotas,
     tenant budgets and spot shares, the spot share, buffer and diversity)? Then something must
     give. The fleet as it runs is checked as a plan that keeps everything where it is."""
-    hosts = fleet_after(observed, Plan("", "", "", "", (), (), (), 0.0, 0.0, None))  # type: ignore[arg-type]
+    hosts = fleet_after(observed, Plan("", "", "", "", (), (), (), 0.0, 0.0, None), desired)  # type: ignore[arg-type]
     jobs = []
     for name, ids in sorted(observed.placements.items()):
         if name in desired.jobs and ids and all(i in hosts for i in ids):
@@ -654,7 +693,7 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
                     f"{jc.job} moves from {old} to {new}, an identical instance ({c.pool} {c.zone} {c.instance_type} {c.market} ${c.price}/h): {jc.reason}")
     # No instance is bought to stand idle (the next plan would delete it), unless its pool's
     # minimum needs it or spot capacity is in the fleet (the spot share and buffer count on-demand capacity).
-    hosts = fleet_after(observed, plan)
+    hosts = fleet_after(observed, plan, desired)
     hosting = {i for jc in plan.jobs for i in jc.instances}
     per_pool = Counter(h.pool for h in hosts.values())
     any_spot = any(h.market == "spot" for h in hosts.values())

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -266,3 +267,52 @@ def test_gpu_types_boot_the_deep_learning_ami_and_a_missing_image_is_a_plan_time
         Name="/fleetops/gpu-ami", Value=AMI, Type="String")
     mine = pool("gpu-ssm", ami="resolve:ssm:/fleetops/gpu-ami")
     assert prov.offerings([mine]) and launch("k-ssm", mine).state in ("pending", "running")
+
+
+# -- capacity reservations (issue 17) ------------------------------------------------------------------
+CR = "cr-0123456789abcdef0"
+
+
+def test_a_launch_into_a_capacity_reservation_names_its_id(proxy, tmp_path, fleet):
+    """RunInstances carries CapacityReservationSpecification.CapacityReservationTarget with the reservation's id
+    (moto accepts and drops it: the proxy checks the body and holds EC2's rules: matching type and zone, on-demand,
+    room left). A full reservation is a capacity error, so the zone is marked short like any other."""
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    proxy.reserve(CR, "g5.xlarge", "us-east-1a", 1)
+    inst = prov.create(replace(req(fleet, "k-cr"), capacity_reservation=CR))
+    sent = proxy.run_requests[-1]
+    assert sent["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == CR
+    assert "CapacityReservationSpecification.CapacityReservationPreference" not in sent  # only with capacity-reservations-only
+    assert inst.id in proxy.reservations[CR]["members"]
+    plain = prov.create(req(fleet, "k-plain"))
+    assert not any(k.startswith("CapacityReservation") for k in proxy.run_requests[-1]) and plain.id not in proxy.reservations[CR]["members"]
+    with pytest.raises(CapacityError):
+        prov.create(replace(req(fleet, "k-full"), capacity_reservation=CR))
+    with pytest.raises(Exception, match="InvalidParameterCombination"):
+        prov.create(replace(req(fleet, "k-zone", zone="us-east-1b"), capacity_reservation=CR))
+
+
+def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(proxy, tmp_path, ec2):
+    """examples/aws-only with a reservation of two g4dn.xlarge in us-west-2a: the on-demand T4 job goes there at no
+    marginal cost, launched with the reservation's id and tagged with its name; the next plan changes nothing and
+    reports one of two reserved instances used."""
+    cfg = _config(tmp_path)
+    res_doc = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "t4-2026"},
+               "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": 2,
+                        "hourly_cost": 0.33, "target": {"reservation_id": CR}}}
+    (cfg / "reservation.yaml").write_text(json.dumps(res_doc))
+    proxy.reserve(CR, "g4dn.xlarge", "us-west-2a", 2)
+    opts = {"endpoint_url": proxy.url}
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok
+    reserved = [c for c in res.plan.creates if c.reservation == "t4-2026"]
+    assert len(reserved) == 1 and reserved[0].price == 0.0
+    targeted = [r for r in proxy.run_requests if r.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId")]
+    assert len(targeted) == 1 and (targeted[0]["InstanceType"], targeted[0]["Placement.AvailabilityZone"]) == ("g4dn.xlarge", "us-west-2a")
+    iid = res.report.created[reserved[0].ref]
+    assert proxy.reservations[CR]["members"] == {iid}
+    w2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=proxy.url)
+    tags = {t["Key"]: t["Value"] for t in w2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["Tags"]}
+    assert tags["fleetops.io/reservation"] == "t4-2026"
+    again = api.plan(cfg, provider="aws", options=opts).plan
+    assert not again.has_changes and again.rules["reservations"]["t4-2026"]["used"] == 1

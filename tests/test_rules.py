@@ -10,7 +10,7 @@ repeated here: see tests/test_solve.py.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 
 from providers.catalog import load_catalog
@@ -752,7 +752,7 @@ def test_license_hours_are_charged_to_the_tenant_in_plan_status_and_explain(tmp_
                                           job("c", priority="low", licenses={"matlab": 1}, **A100)])
     plan = api.plan(cfg, time_limit=5).plan
     assert plan.rules["licenses"]["matlab"] == {"count": 2, "held": 2, "tenants": {"t": 1, "u": 1}, "cost_per_hour": 2.4}
-    assert "License matlab: 2/2 held (t 1, u 1), $2.40/h charged to their tenants" in render_human(plan)
+    assert "License matlab: 2/2 held (t 1, u 1), $2.40/h charged to their tenants" in render_human(plan, width=400)
     ex = api.explain(cfg, "c", time_limit=5)
     assert ex.summary.startswith("pending: license matlab: 2/2 held, by a, b; the job needs 1")
     assert any(w.startswith("raise License matlab count by 1 (to 3): it would run") for w in ex.would_change), ex.would_change
@@ -781,3 +781,83 @@ def test_license_references_are_validated_with_file_and_line(tmp_path):
     assert "fleet.yaml:" in text
     assert "License/matlab: spec.tenant_quotas.nobody: unknown tenant 'nobody'" in text
     assert "Job/j: spec.licenses.matlb: unknown License 'matlb' (did you mean 'matlab'?)" in text
+
+
+# ---------------------------------------------------------------- reserved capacity (issue 17)
+
+
+def reservation_doc(name="r1", count=2, zone="us-east-1a", itype="p4d.24xlarge", hourly_cost=19.2, **spec):
+    return doc("Reservation", name, {"cloud": "aws", "region": "us-east-1", "zone": zone, "instance_type": itype, "count": count,
+                                     "hourly_cost": hourly_cost, **spec})
+
+
+def _p4d_fleet(n_jobs: int, *extra):
+    """8-GPU A100 jobs; a p4d pool (spot or on-demand) in two zones; spot there is far cheaper than on-demand."""
+    return [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], market="either", hi=6),
+            *extra] + [job(f"j{i}", gpus=8, gpu_type="A100", cpu=90, mem=1000) for i in range(n_jobs)]
+
+
+def test_reserved_capacity_is_filled_first_at_no_marginal_cost(tmp_path):
+    """Three 8-GPU jobs, a reservation of two p4d in us-east-1a: two jobs land on reserved instances
+    (even though spot is cheaper, a reserved hour is already paid), the third on the cheapest offer;
+    the reserved instances cost $0.00/h more and the plan says the reservation is fully used. Greedy agrees."""
+    cat = load_catalog()
+    spot = cat.offering("aws", "us-east-1", "us-east-1b", "p4d.24xlarge").spot_price
+    for limit in (10, 0):
+        plan = plan_for(tmp_path / str(limit), _p4d_fleet(3, reservation_doc()), time_limit=limit)
+        reserved = [c for c in plan.creates if c.reservation == "r1"]
+        assert len(reserved) == 2 and all((c.zone, c.market, c.price) == ("us-east-1a", "on-demand", 0.0) for c in reserved), limit
+        assert len(plan.creates) == 3 and all(j.instances for j in plan.jobs)
+        assert abs(plan.cost_after - min(c.price for c in plan.creates if not c.reservation)) < 1e-6 and plan.cost_after <= spot + 1e-6
+        assert plan.rules["reservations"]["r1"] == {"pool": "p", "zone": "us-east-1a", "instance_type": "p4d.24xlarge", "count": 2,
+                                                    "used": 2, "utilisation": 1.0, "committed_per_hour": 38.4, "wasted_per_hour": 0.0,
+                                                    "until": None}
+
+
+def test_unused_reserved_hours_are_shown_as_waste(tmp_path):
+    """One job, a reservation of two: one reserved instance runs it, the other is idle (no instance is
+    bought to stand idle), and the plan prices the idle reserved hour as waste."""
+    plan = plan_for(tmp_path, _p4d_fleet(1, reservation_doc()))
+    assert [c.reservation for c in plan.creates] == ["r1"]
+    r = plan.rules["reservations"]["r1"]
+    assert (r["used"], r["wasted_per_hour"]) == (1, 19.2)
+    text = render_human(plan, width=400)
+    assert "Reservation r1: 1/2 p4d.24xlarge in us-east-1a used (50%), $38.40/h committed (not in the $/h above); 1 unused waste $19.20/h" in text
+    assert "on-demand (reserved: r1)" in text
+
+
+def test_an_expired_reservation_is_not_planned_on(tmp_path):
+    now = datetime(2027, 2, 1, tzinfo=timezone.utc)
+    plan = plan_for(tmp_path, _p4d_fleet(1, reservation_doc(until=date(2027, 1, 1))), now=now)
+    assert [c.reservation for c in plan.creates] == [None] and "reservations" not in plan.rules
+
+
+def test_reserved_instances_stay_reserved_across_applies_and_status_shows_use(tmp_path):
+    """Applied on the simulated cloud, the reserved instance carries the reservation's tag; the next
+    plan prices it at $0 and changes nothing; status/ reports utilisation and the waste."""
+    cfg = write_config(tmp_path / "cfg", _p4d_fleet(1, reservation_doc()))
+    res = api.apply(cfg, time_limit=5)
+    assert res.report.ok and [c.reservation for c in res.plan.creates] == ["r1"]
+    again = api.plan(cfg, time_limit=5).plan
+    assert not again.has_changes and again.cost_after == 0.0 and again.rules["reservations"]["r1"]["used"] == 1
+    fleet = api.read_status(cfg)["fleet"]["status"]
+    assert fleet["reservations"]["r1"] == {"count": 2, "used": 1, "utilisation": 0.5, "committedPerHour": 38.4, "wastedPerHour": 19.2}
+    from reconciler.render import render_status
+    assert "reservation r1: 1/2 used, $38.40/h committed, $19.20/h wasted on unused reserved instances" in render_status(api.read_status(cfg))
+
+
+def test_a_reservation_must_name_capacity_a_pool_can_hold(tmp_path):
+    from reconciler.errors import ConfigError
+    from reconciler.load import load
+
+    two = pool("q", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1)
+    docs = _p4d_fleet(0, two, reservation_doc("ambiguous"), reservation_doc("nowhere", zone="us-east-1b", itype="g5.xlarge"),
+                      reservation_doc("bad-id", pool="q", target={"reservation_id": "r-123"}))
+    try:
+        load(write_config(tmp_path, docs))
+        raise AssertionError("loaded")
+    except ConfigError as e:
+        text = str(e)
+    assert "Reservation/ambiguous: spec.pool: pools p, q all match (aws/us-east-1a p4d.24xlarge, on-demand): set spec.pool" in text
+    assert "Reservation/nowhere: spec.zone: no pool matches" in text
+    assert "Reservation/bad-id: spec.target.reservation_id: an AWS capacity reservation id starts with 'cr-'" in text
