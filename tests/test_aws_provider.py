@@ -292,11 +292,14 @@ def test_a_launch_into_a_capacity_reservation_names_its_id(proxy, tmp_path, flee
         prov.create(replace(req(fleet, "k-zone", zone="us-east-1b"), capacity_reservation=CR))
 
 
-def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(proxy, tmp_path, ec2):
+def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(proxy, tmp_path, fleet):
     """examples/aws-only with a reservation of two g4dn.xlarge in us-west-2a: the on-demand T4 job goes there at no
     marginal cost, launched with the reservation's id and tagged with its name; the next plan changes nothing and
     reports one of two reserved instances used."""
     cfg = _config(tmp_path)
+    text = (cfg / "fleet.yaml").read_text()  # a fleet of its own: moto's state is shared by the session's tests
+    (cfg / "fleet.yaml").write_text(text.replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    assert fleet in (cfg / "fleet.yaml").read_text()
     res_doc = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "t4-2026"},
                "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": 2,
                         "hourly_cost": 0.33, "target": {"reservation_id": CR}}}
