@@ -81,6 +81,7 @@ class SolverReport:
     repairs: int = 0  # instances added by the packer where aggregate counts did not pack
     note: str = ""
     work: float = 0.0  # CP-SAT deterministic seconds spent (--time-limit bounds them)
+    unpacked: int = 0  # jobs the solver placed that the packer could not: the plan does not reach its tiers
 
     @property
     def unproven(self) -> list[str]:
@@ -424,6 +425,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
 
     # 2b. Never a move to an identical instance: a new instance whose items all fit on an instance
     # the plan deletes, of the same pool, zone, type, market and price, is that instance instead.
+    solved = solution  # the solver's answer as it counted it (emitted_quality compares the plan with it)
     solution = _keep_identical(problem, observed, solution, bins_of, hosts, demand_of)
     _return_home(problem, observed, solution, bins_of, hosts, demand_of)
 
@@ -488,14 +490,16 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     existing = [c for c in problem.capacities if c.existing]
     cost_before = round(sum(c.price for c in existing), 4)
     cost_after = round(sum(c.price for c in existing if c.instance_id in solution.keep) + sum(a.price for a in creates), 4)
+    n_unpacked = len({j.job for j in jobs if j.job in unpacked})
+    status, optimal, gap = emitted_quality(solved, hosts, creates, repairs, n_unpacked, kept=solution.keep)
     return Plan(
         id=pid, fleet=desired.fleet, desired_digest=desired.digest, observed_digest=observed.digest,
         creates=tuple(creates), deletes=tuple(deletes), jobs=tuple(jobs), cost_before=cost_before, cost_after=cost_after,
         solver=SolverReport(
-            solution.status, solution.optimal, round(solution.gap, 6), round(solution.seconds, 3),
+            status, optimal, round(gap, 6), round(solution.seconds, 3),
             tiers=tuple({"name": t.name, "value": t.value, "bound": t.bound if t.bound is None else round(t.bound, 3), "status": t.status,
                          "proven": t.proven} for t in solution.tiers),
-            scope=solution.scope, repairs=repairs, note=solution.note, work=solution.work_spent,
+            scope=solution.scope, repairs=repairs, note=solution.note, work=solution.work_spent, unpacked=n_unpacked,
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=_consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
@@ -512,6 +516,31 @@ def rule_summary(problem: Problem, ledger) -> dict:
     if problem.reservations:
         out["reservations"] = ledger.reservation_summary()
     return out
+
+
+def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
+                    n_unpacked: int, kept: frozenset[str]) -> tuple[str, bool, float]:
+    """(status, optimal, gap) of the plan as emitted, not of the solver's counts. The solver's
+    cost bound holds for any plan reaching its tiers (its model relaxes packing: capacity summed
+    per offer, valid cuts), so the gap is the emitted cost's to that bound: instances the packer
+    added (repairs) or left out are counted at their price, like the solver's own objective.
+    Optimal only when nothing was repaired or left unpacked; a plan whose packing left jobs
+    the solver placed has not reached the tiers the bound is for: no gap (1.0)."""
+    if solution.status == "GREEDY_FALLBACK":
+        return solution.status, False, solution.gap
+    if n_unpacked:
+        return "FEASIBLE", False, 1.0
+    if solution.cost_value is None or solution.cost_bound is None:
+        return solution.status, solution.optimal and not repairs, solution.gap if not repairs else max(solution.gap, 1e-6)
+    from reconciler.solve import MILLI
+
+    emitted = sum(round(hosts[h].price * MILLI) for h in kept if h in hosts) + sum(round(a.price * MILLI) + 1 for a in creates)
+    counted = sum(round(hosts[h].price * MILLI) for h in solution.keep if h in hosts) + \
+        sum((round(solution.capacities[k].price * MILLI) + 1) * n for k, n in solution.new.items() if k in solution.capacities)
+    value = solution.cost_value + emitted - counted  # the rest of the objective (egress, moves) as the solver counted it
+    gap = max(0.0, (value - solution.cost_bound) / value) if value > 0 else 0.0
+    optimal = solution.optimal and not repairs and gap <= 1e-9
+    return ("OPTIMAL" if optimal else "FEASIBLE"), optimal, (0.0 if optimal else max(gap, 1e-6) if repairs else gap)
 
 
 def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],

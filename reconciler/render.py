@@ -35,6 +35,10 @@ def _solver_line(plan: Plan) -> str:
     unproven = s.unproven
     if s.optimal:
         quality = "optimal"
+    elif s.unpacked:
+        # The bound is for plans that place what the solver placed; this one places less.
+        quality = (f"counts left {s.unpacked} job(s) it placed unpacked on the plan's instances (pending), "
+                   "so no optimality gap is claimed")
     elif unproven:
         # The gap speaks of cost at the tiers reached; with a work tier not proven it would read as a promise it is not.
         quality = (f"stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; each at least "
@@ -42,7 +46,7 @@ def _solver_line(plan: Plan) -> str:
     elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
         quality = "at the least possible cost ($0.00/h)"
     else:
-        quality = f"every tier proven best; cost within {s.gap:.2%} of the LP bound"
+        quality = f"every tier proven best; cost within {s.gap:.2%} of a lower bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
     return f"CP-SAT {quality}{took}{scope}{repairs}; plan {plan.id}"
@@ -146,7 +150,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     for n in plan.notes:
         con.print(f"Note: {n}")
     con.print(f"Plan: {summary_line(plan)}")
-    con.print(_solver_line(plan))
+    con.print(_solver_line(plan), soft_wrap=True)  # (one line, however long: the terminal wraps it, grep finds it)
     return buf.getvalue()
 
 

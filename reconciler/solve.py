@@ -83,8 +83,14 @@ class Solution:
     constraints: int = 0
     note: str = ""
     lp_bound: float | None = None  # USD/h: the LP relaxation's least instance cost at the same tiers (if asked)
+    int_bound: float | None = None  # USD/h: a proven bound on it with whole instances per offer (CP-SAT; if asked)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per solver phase, for the benchmark
     work_spent: float = 0.0  # CP-SAT deterministic seconds spent (the limit is --time-limit of them)
+    # The cost objective (milli-dollars: instances, egress, latency, moves) of this answer, and a
+    # proven lower bound on it at the tiers reached (the LP's or CP-SAT's): the plan re-measures
+    # its gap against the bound after packing (make_plan), since repairs add to the cost.
+    cost_value: float | None = None
+    cost_bound: float | None = None
 
 
 # ---------------------------------------------------------------- the model
@@ -1106,6 +1112,7 @@ def _solve_one(problem: Problem, budget: float, workers: int | None, seed: int, 
     # Polish: with every placement fixed, buy no instance they do not need (a search stopped
     # at the gap can leave one idle). It only takes away: buying more of an offer to give up
     # instances the fleet has would be churn the search above did not choose.
+    bound_model = m.clone() if with_lp_bound else None  # before the polish's constraints, which only this answer needs
     if not isinstance(cost, int):
         for o in model.offers:
             m.add(model.use[o.key] <= hint[model.use[o.key].index])
@@ -1129,14 +1136,40 @@ def _solve_one(problem: Problem, budget: float, workers: int | None, seed: int, 
         gap = 0.0
     optimal = gap <= 1e-9 and all(r.proven for r in reports)
     sol = _extract(problem, model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, t0)
-    sol = replace(sol, work_spent=round(clock.used - spent0, 3))
+    if isinstance(cost, int):
+        value = lb = cost
+    sol = replace(sol, work_spent=round(clock.used - spent0, 3), cost_value=value,
+                  cost_bound=None if lb is None else (value if status == "OPTIMAL" else min(lb, value)))
     lap("extract")
     if with_lp_bound:
         ivs, ics, ioff = _flatten(model.instance_cost())
         r = lp.optimum(ivs, ics, ioff, maximize=False)
         sol = replace(sol, lp_bound=None if r is None else r[0] / MILLI)
+        sol = replace(sol, int_bound=_integer_bound(bound_model, model.instance_cost(), hint, sol.lp_bound, budget))
         lap("lp bound")
     return replace(sol, phases={k: round(v, 3) for k, v in phases.items()})
+
+
+def _integer_bound(m: cp_model.CpModel, instance_cost, hint: list[int], lp_bound: float | None, budget: float) -> float | None:
+    """The benchmark's integer bound (USD/h): the least instance cost with whole instances per
+    offer and capacity summed per offer (the model, every tier held at what the plan reached),
+    as far as CP-SAT proves it in a bounded search; never below the LP bound. A bound, not a
+    plan: valid for every plan that reaches those tiers, however it packs."""
+    if isinstance(instance_cost, int):
+        return instance_cost / MILLI
+    m.minimize(instance_cost)
+    _set_hints(m, enumerate(hint))
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    s.parameters.random_seed = 0
+    s.parameters.catch_sigint_signal = False
+    s.parameters.max_deterministic_time = max(2.0, budget)
+    s.parameters.max_time_in_seconds = 300.0
+    st = s.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return lp_bound
+    proven = (s.objective_value if st == cp_model.OPTIMAL else s.best_objective_bound) / MILLI
+    return max(proven, lp_bound) if lp_bound is not None else proven
 
 
 def _solve_parts(problem: Problem, parts: list[Problem], budget: float, workers, seed, with_lp_bound, gap_limit,
@@ -1176,7 +1209,10 @@ def _solve_parts(problem: Problem, parts: list[Problem], budget: float, workers,
         scope=(sum(s.scope[0] for s in sols), sum(s.scope[1] for s in sols)), variables=sum(s.variables for s in sols),
         constraints=sum(s.constraints for s in sols), note=f"solved as {len(parts)} independent parts",
         lp_bound=sum(s.lp_bound for s in sols) if with_lp_bound and all(s.lp_bound is not None for s in sols) else None,
+        int_bound=sum(s.int_bound for s in sols) if with_lp_bound and all(s.int_bound is not None for s in sols) else None,
         phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
+        cost_value=None if any(s.cost_value is None for s in sols) else sum(s.cost_value for s in sols),
+        cost_bound=None if any(s.cost_bound is None for s in sols) else sum(s.cost_bound for s in sols),
     )
 
 

@@ -30,6 +30,8 @@ def test_bench_run_compares_with_greedy_and_the_lp_bound(tmp_path):
     cold = next(r for r in rows if r["step"] == "cold plan")
     # The LP relaxation bounds our cost from below; greedy best-fit places no more work than we do.
     assert cold["lp_bound"] is not None and cold["lp_bound"] <= cold["cost_after"] + 0.01
+    # Issue 20: the integer bound (whole instances per offer) lies between the LP bound and the plan.
+    assert cold["lp_bound"] - 0.01 <= cold["int_bound"] <= cold["cost_after"] + 0.01
     assert cold["greedy_work"] <= cold["work"]
     assert 0 < cold["gpu_alloc"] <= 1
     warm = next(r for r in rows if r["step"] == "warm plan")

@@ -156,6 +156,32 @@ def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path)
     assert "1 instance(s) added where counts did not pack" in render_human(plan)
 
 
+def test_a_plan_the_packer_repaired_claims_no_optimality_and_its_real_gap(tmp_path):
+    """Issue 20: the solver's counts are optimal for its model (2 instances), the packer needs
+    a third: the plan, its JSON and its PR comment must speak of the emitted plan (3 instances
+    against a bound of 2), never "optimal" or a 0% gap."""
+    import json
+
+    from reconciler.render import render_markdown
+
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=5)]
+    docs += [job(f"cpu{i}", cpu=10, mem=8) for i in range(2)] + [job(f"mem{i}", cpu=2, mem=40) for i in range(2)]
+    docs.append(job("both", cpu=5, mem=20))
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    if plan.solver.repairs == 0:
+        pytest.skip("the model now packs this case exactly (no repair to report)")
+    assert not plan.solver.optimal and plan.solver.status == "FEASIBLE"
+    price = plan.creates[0].price
+    assert plan.solver.gap == pytest.approx(price / (3 * price + 0.003), abs=1e-3)  # (3 - 2) / 3 instances
+    js = json.loads(plan.to_json())["solver"]
+    assert js["optimal"] is False and js["status"] == "FEASIBLE" and js["gap"] > 0.3
+    for text in (render_human(plan), render_markdown(plan)):
+        assert "optimal" not in text.lower().replace("optimality", "")
+        assert "within 33.3" in text
+
+
 @pytest.mark.parametrize("nvlink", [True, False])
 def test_multi_gpu_replicas_get_aligned_blocks_in_one_nvlink_domain(tmp_path, nvlink):
     docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)]
