@@ -21,6 +21,24 @@ def test_reserve_is_spread_over_the_pools_as_minimums():
     assert all(p["spec"]["max_instances"] >= p["spec"].get("min_instances", 0) + 50 for p in pools)
 
 
+def test_trace_tiers_have_the_traces_shape_and_a_fixed_cluster():
+    """Issue 20's tiers: whole-GPU jobs of 1/2/4/8 GPUs at ~12 vCPU per GPU, mostly 1-GPU as in the
+    trace; the fixed cluster is one pool with min = max holding fewer GPUs than the jobs ask for."""
+    from bench.trace import fleet_docs as trace_docs
+
+    docs = trace_docs(2000, seed=1, mode="fixed")
+    jobs = [d["spec"]["resources"] for d in docs if d["kind"] == "Job"]
+    sizes = {r["gpus"] for r in jobs}
+    assert sizes <= {1, 2, 4, 8} and 1 in sizes and 8 in sizes
+    assert 0.95 < sum(r["gpus"] == 1 for r in jobs) / len(jobs) < 0.995
+    per_gpu = sorted(r["cpu"] / r["gpus"] for r in jobs)
+    assert 10 <= per_gpu[len(per_gpu) // 2] <= 13
+    (pool,) = [d["spec"] for d in docs if d["kind"] == "Pool"]
+    assert pool["min_instances"] == pool["max_instances"] < sum(r["gpus"] for r in jobs) / 8
+    buy = [d["spec"] for d in trace_docs(100, seed=1, mode="buy") if d["kind"] == "Pool"]
+    assert len(buy) == 3 and all("min_instances" not in p for p in buy)
+
+
 def test_bench_run_compares_with_greedy_and_the_lp_bound(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--tiers", "small", "--out", str(out), "--time-limit", "10"],
