@@ -182,6 +182,23 @@ def test_a_plan_the_packer_repaired_claims_no_optimality_and_its_real_gap(tmp_pa
         assert "within 33.3" in text
 
 
+def test_a_fixed_cluster_whose_counts_pack_exactly_runs_every_job(tmp_path):
+    """Issue 20: a fixed cluster (min = max) of two 8-GPU, 96-vCPU nodes and 16 one-GPU jobs
+    of 2 to 25 vCPU (192 in all, as in the trace's shapes): they fill both nodes exactly (8 + 8
+    GPUs, 96 + 96 vCPU). The greedy pass left 2 jobs "could not be packed" (and the plan fell
+    back to greedy's); the plan now runs all 16 on the 2 nodes, and says optimal."""
+    cpus = [2, 4, 4, 4, 10, 10, 10, 10, 12, 12, 16, 16, 19, 19, 19, 25]
+    docs = [topology(), tenant("t"), pool("fixed", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], lo=2, hi=2)]
+    docs += [job(f"j{i:02d}", gpus=1, gpu_type="A100", cpu=c, mem=16) for i, c in enumerate(cpus)]
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    check_plan(desired, observed, plan)
+    assert [j.job for j in plan.jobs if j.action != "place"] == []
+    assert len(plan.creates) == 2 and plan.solver.repairs == 0 and plan.solver.unpacked == 0
+    assert plan.solver.optimal and "could not be packed" not in render_human(plan)
+
+
 @pytest.mark.parametrize("nvlink", [True, False])
 def test_multi_gpu_replicas_get_aligned_blocks_in_one_nvlink_domain(tmp_path, nvlink):
     docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)]
