@@ -231,7 +231,9 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
         "step": step, "wall_s": round(wall, 3), "solve_s": round(r.solution.seconds, 3),
         "phases_s": phases.breakdown(wall, r.solution.phases.get("lp bound", 0.0)), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
         "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
-        "status": r.solution.status, "optimal": r.solution.optimal, "gap": round(r.solution.gap, 4),
+        # The plan's own status and gap (after packing: issue 20), not the solver's counts'.
+        "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": round(r.plan.solver.gap, 4),
+        "solver_status": r.solution.status, "solver_gap": round(r.solution.gap, 4),
         "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
         "cp_vars": cp[0] if cp else None, "cp_constraints": cp[1] if cp else None,
         "instances_before": len(r.observed.instances), "creates": c["create"], "deletes": c["delete"],
