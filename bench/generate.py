@@ -133,9 +133,10 @@ def _job(rng: random.Random, kind: str, tenants: int, locations: list[str], eu_f
 
 def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: float = 0.8,
                zones_per_region: int = 3, max_instances: int | None = None, min_gpus: int = 4,
-               reserve: int = 0) -> list[dict]:
+               reserve: int = 0, rules: bool = False) -> list[dict]:
     """Every document of a generated fleet: Topology, SpotPolicy, GuardrailPolicy, Tenants, Pools, Jobs.
-    `reserve`: instances kept as pool minimums (the 10k-instance tier), spread over the pools."""
+    `reserve`: instances kept as pool minimums (the 10k-instance tier), spread over the pools.
+    `rules`: also the issue-17 scheduling rules (`rule_docs`): floating licenses, reservations, deadlines."""
     if jobs < 0 or tenants < 1 or not 0 < quota_fraction or zones_per_region < 1:
         raise ValueError("jobs >= 0, tenants >= 1, quota_fraction > 0 and zones_per_region >= 1 are required")
     catalog = load_catalog()
@@ -179,7 +180,9 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
         _doc("Tenant", f"team-{i}", {"weight": float(1 + i % 3), "quota": {"gpus": math.ceil(asked.get(f"team-{i}", 0) * quota_fraction)}})
         for i in range(tenants)
     ]
+    extra = rule_docs(specs, pools, tenants, seed) if rules else []
     return [
+        *extra,
         _doc("Topology", FLEET, {"clouds": clouds, "links": links}),
         _doc("SpotPolicy", "default", {"max_spot_fraction": 0.6, "max_price_fraction": 0.8, "min_instance_types": 1}),
         # No budget and no destroy limit: the benchmark must never be stopped by a guardrail.
@@ -188,6 +191,50 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
         *pools,
         *(_doc("Job", f"job-{i:05d}", s) for i, s in enumerate(specs)),
     ]
+
+
+# The rules' mix (with --rules): a share of the GPU jobs holds a license, of the jobs has a deadline.
+LICENSED, DEADLINED = 0.2, 0.15
+DEADLINE_BASE = "2026-12-01T00:00:00Z"  # deadlines are spread over the two weeks after it
+
+
+def rule_docs(specs: list[dict], pools: list[dict], tenants: int, seed: int) -> list[dict]:
+    """Floating licenses (a simulator and a MATLAB pool, a tenant quota on one) held by ~20% of the GPU jobs,
+    a reservation of on-demand capacity in the first zone of the first few on-demand GPU pools, and deadlines on
+    ~15% of the jobs (its own random stream, so the rest of the fleet is the one without --rules). Edits `specs`."""
+    from datetime import datetime, timedelta
+
+    rng = random.Random(seed * 7919 + 17)
+    gpu_jobs = [s for s in specs if s["resources"].get("gpus")]
+    for s in gpu_jobs:
+        if rng.random() < LICENSED:
+            s["licenses"] = {rng.choice(["sim-seat", "matlab"]): 1}
+    held = {n: sum(s["licenses"].get(n, 0) * s.get("replicas", 1) for s in specs if "licenses" in s) for n in ("sim-seat", "matlab")}
+    base = datetime.fromisoformat(DEADLINE_BASE.replace("Z", "+00:00"))
+    for s in specs:
+        if rng.random() < DEADLINED:
+            s["deadline"] = base + timedelta(hours=rng.randrange(0, 14 * 24))
+    docs = [_doc("License", "sim-seat", {"count": max(1, held["sim-seat"] * 2 // 3), "cost_per_hour": 0.9}),
+            _doc("License", "matlab", {"count": max(1, held["matlab"] // 2), "cost_per_hour": 1.2,
+                                       "tenant_quotas": {"team-0": max(0, held["matlab"] // 6)}})]
+    reserved = [p for p in pools if p["spec"]["market"] != "spot" and any(_gpu_shape(p, t) for t in p["spec"]["instance_types"])][:3]
+    for i, p in enumerate(reserved):
+        s = p["spec"]
+        itype = next(t for t in s["instance_types"] if _gpu_shape(p, t))
+        docs.append(_doc("Reservation", _name("rsv", p["metadata"]["name"]), {
+            "cloud": s["cloud"], "region": s["region"], "zone": s["zones"][0], "instance_type": itype, "count": 2 + 2 * i,
+            "hourly_cost": round(0.6 * _on_demand(s["cloud"], s["region"], s["zones"][0], itype), 4), "pool": p["metadata"]["name"]}))
+    return docs
+
+
+def _gpu_shape(pool: dict, itype: str) -> bool:
+    shape = load_catalog().shape(pool["spec"]["cloud"], itype)
+    return bool(shape and shape.gpus)
+
+
+def _on_demand(cloud: str, region: str, zone: str, itype: str) -> float:
+    o = load_catalog().offering(cloud, region, zone, itype)
+    return o.on_demand_price if o else 1.0
 
 
 def generate(out_dir: Path, jobs: int, seed: int = 1, **options) -> Path:
@@ -210,6 +257,8 @@ def generate(out_dir: Path, jobs: int, seed: int = 1, **options) -> Path:
     dump(out / "policies.yaml", by_kind["SpotPolicy"] + by_kind["GuardrailPolicy"])
     dump(out / "tenants.yaml", by_kind["Tenant"])
     dump(out / "pools.yaml", by_kind["Pool"])
+    if by_kind.get("License") or by_kind.get("Reservation"):
+        dump(out / "rules.yaml", by_kind.get("License", []) + by_kind.get("Reservation", []))
     body = by_kind.get("Job", [])
     for k in range(0, len(body), 500):  # several files, as a real config repository has
         dump(out / "jobs" / f"jobs-{k // 500:03d}.yaml", body[k:k + 500])
@@ -227,10 +276,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zones-per-region", type=int, default=3)
     ap.add_argument("--min-gpus", type=int, default=4, help="smallest GPU count of a GPU pool's instance types")
     ap.add_argument("--reserve", type=int, default=0, help="instances kept as pool minimums, spread over the pools")
+    ap.add_argument("--rules", action="store_true", help="add floating licenses, reservations and deadlines (issue 17)")
     a = ap.parse_args(argv)
     try:
         out = generate(a.out, a.jobs, a.seed, tenants=a.tenants, quota_fraction=a.quota_fraction,
-                       zones_per_region=a.zones_per_region, min_gpus=a.min_gpus, reserve=a.reserve)
+                       zones_per_region=a.zones_per_region, min_gpus=a.min_gpus, reserve=a.reserve, rules=a.rules)
     except (FileExistsError, ValueError) as e:
         ap.error(str(e))
     print(out)

@@ -156,6 +156,10 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         rules.append(f"{len(d.zones)} zones within {spec.data.max_latency_ms:g} ms of {d.data_location}")
     if rules:
         details.append("allowed: " + "; ".join(rules))
+    dl = plan.rules.get("deadlines", {}).get(job)
+    if dl is not None:
+        details.append(f"deadline {dl['deadline']}: must start by {dl['start_by']}; {dl['condition']}: {dl['message']}"
+                       + (" (ranks above work of its class without a deadline)" if d.deadline_rank else ""))
     if d.licenses:
         details.append("holds " + ", ".join(f"{n // d.bundle} {name} license(s) per replica" for name, n in d.licenses) + " while it runs")
     compatible = [c for c in problem.capacities if fit(d, c) > 0 and c.keep_blocker is None]

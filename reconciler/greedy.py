@@ -580,7 +580,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     before placing anything: the answer closest to the fleet as it is."""
     g = _Greedy(problem)
     cache: dict = {}
-    order = sorted(problem.demands, key=lambda d: (-d.klass, -d.priority, -(d.running_jobs > 0), -d.gang,
+    order = sorted(problem.demands, key=lambda d: (-d.klass, -d.deadline_rank, -d.priority, -(d.running_jobs > 0), -d.gang,
                                                    -_dominant(d, problem, cache), d.key))
     g.keeping = True
     g.keep_running(order)
@@ -631,7 +631,7 @@ def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
     """Would the plan's items on kept on-demand hosts eat into the idle capacity the on-demand
     buffer keeps for the kept spot hosts (the rule `settle_spot` established)?"""
     pct = g.p.spot.on_demand_buffer_percent
-    if pct <= 0:
+    if pct <= 0 or d.deadline_critical:  # deadline-critical work may use the buffer's capacity
         return False
     taken = sum(d.req(g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
     if not taken:

@@ -289,12 +289,14 @@ class Ledger:
         caps = self.instances.values()
         return self._once("spot", lambda: (sum(self._prim(c) for c in caps if c.market == "spot"), sum(self._prim(c) for c in caps)))
 
-    def used(self, ref: str) -> float:
-        """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU)."""
-        return sum(d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim) for d, _ in self.items[ref])
+    def used(self, ref: str, buffer: bool = False) -> float:
+        """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU).
+        buffer: as the on-demand buffer counts it (deadline-critical work may use the buffer's capacity)."""
+        return sum(d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim) for d, _ in self.items[ref]
+                   if not (buffer and d.deadline_critical))
 
     def idle_on_demand(self) -> float:
-        return self._once("idle", lambda: sum(self._prim(c) - self.used(ref) for ref, c in self.instances.items() if c.market != "spot"))
+        return self._once("idle", lambda: sum(self._prim(c) - self.used(ref, buffer=True) for ref, c in self.instances.items() if c.market != "spot"))
 
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
@@ -412,6 +414,22 @@ class Ledger:
                                    f"the job on spot would take it over its max {r.spot_fraction:g}", d.tenant))
         return out
 
+    def _buffer_refusals(self, d, cells: list) -> list[Refusal]:
+        """The on-demand buffer, for d's items in room left on on-demand instances: idle capacity they would
+        take (deadline-critical work may use it)."""
+        pct = self.problem.spot.on_demand_buffer_percent
+        if pct <= 0 or d.deadline_critical:
+            return []
+        per_item = d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim)
+        taken = per_item * sum(1 for c in cells if c.market != "spot")
+        spot, _ = self.spot()
+        idle = self.idle_on_demand()
+        if not taken or idle - taken >= pct / 100 * spot - 1e-9:
+            return []
+        unit = "GPUs" if self.dim == "gpus" else "vCPU"
+        return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
+                                       f"the plan keeps; {pct:g}% of {spot:g} spot {unit} must stay idle")]
+
     def _new_refusals(self, c, n: int) -> list[Refusal]:
         """Pool size, fleet budget and spot rules for n more instances of offer c."""
         p, out = self.problem, []
@@ -493,7 +511,7 @@ class Ledger:
                     if not left:
                         break
                 where = ", ".join(sorted({ref for ref, _ in cells}))
-                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used))))
+                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used) + self._buffer_refusals(d, used))))
         def offers_by_class() -> dict[tuple, list]:
             out: dict[tuple, list] = {}
             for o in self.problem.capacities:

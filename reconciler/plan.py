@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
+from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
 from reconciler.ledger import SpotBallast, plan_ledger, spot_ballast
@@ -509,12 +510,14 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
 
 def rule_summary(problem: Problem, ledger) -> dict:
     """What the plan's scheduling rules come to, from its ledger: licenses held per License,
-    reservations' use and waste."""
+    reservations' use and waste, deadline conditions."""
     out: dict = {}
     if problem.licenses:
         out["licenses"] = ledger.license_summary()
     if problem.reservations:
         out["reservations"] = ledger.reservation_summary()
+    if problem.deadlines:
+        out["deadlines"] = deadline_conditions(problem.deadlines, ledger.placed_jobs(), problem.now)
     return out
 
 

@@ -12,12 +12,13 @@ the part of the fleet that moved.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
 from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
+from reconciler.deadlines import ranks, start_by
 from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
@@ -65,6 +66,8 @@ class Demand:
     base_priority: int = 0
     reshaped: frozenset[str] = frozenset()  # running jobs whose resources changed since they were placed: they restart
     licenses: tuple[tuple[str, int], ...] = ()  # (License, held per item) while it runs
+    deadline_rank: int = 0  # within its class: above work without a deadline, the closer the higher (deadlines.py)
+    deadline_critical: bool = False  # must start within its expected_hours: may use the on-demand buffer's capacity
 
     @property
     def gang(self) -> bool:
@@ -203,6 +206,7 @@ class Problem:
     now: datetime | None = None
     licenses: dict[str, LicenseRules] = field(default_factory=dict)
     reservations: dict[str, ReservationRules] = field(default_factory=dict)  # the active ones
+    deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
 
     @property
     def spot(self):
@@ -373,7 +377,7 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
             s.replicas, eff[job.name], s.spot, tuple(sorted(s.pools)) if s.pools is not None else None,
             tuple(sorted(s.regions)) if s.regions is not None else None, tuple(sorted(s.clouds)) if s.clouds is not None else None,
             (s.data.location, s.data.size_gib, s.data.max_latency_ms) if s.data else None, s.expected_hours,
-            tuple(sorted(s.licenses.items())),
+            tuple(sorted(s.licenses.items())), s.deadline,
         )
         key = ("gang", job.name) if s.replicas > 1 else sig  # gangs stay individual: zone choice is per gang
         groups.setdefault(key, []).append(job)
@@ -404,6 +408,10 @@ def _demands(desired: DesiredState, observed: Observed, now: datetime | None, to
             hours=s.expected_hours, running=running, reshaped=reshaped,
             licenses=tuple((n, k * bundle) for n, k in sorted(s.licenses.items())),
         ))
+    latest = {d.key: start_by(desired.jobs[d.jobs[0]].spec.deadline, d.hours) for d in out if desired.jobs[d.jobs[0]].spec.deadline is not None}
+    if latest:
+        ranked = ranks(latest, {d.key: d.hours for d in out}, now)
+        out = [replace(d, deadline_rank=ranked[d.key][0], deadline_critical=ranked[d.key][1]) if d.key in ranked else d for d in out]
     return out
 
 
@@ -413,7 +421,7 @@ def _group_key(d: Demand, tenant_split: set[str]) -> tuple:
     if d.gang:
         return ("gang", d.key)
     return (d.gpus, d.gpu_type, d.mig, d.nvlink, d.cpu, d.memory_gib, d.spot, d.pools, d.regions, d.clouds, d.zones,
-            d.data_location, d.data_gib, d.hours, d.tenant if d.tenant in tenant_split else None)
+            d.data_location, d.data_gib, d.hours, d.tenant if d.tenant in tenant_split else None, d.deadline_critical)
 
 
 # ---------------------------------------------------------------- capacity
@@ -832,6 +840,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
             start = min((launched.get(i) for i in iids if launched.get(i)), default=None)
             ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
             job_remaining[job] = max(0.0, d.hours - ran)
+    deadlines = {j: (desired.jobs[j].spec.deadline, job_remaining.get(j, d.hours)) for d in demands for j in d.jobs
+                 if desired.jobs[j].spec.deadline is not None}
 
     caps = hosts + offers
     static_pending = {}
@@ -849,7 +859,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
-        licenses=_licenses(desired), reservations=reservations,
+        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines,
     )
 
 
@@ -985,6 +995,6 @@ def components(problem: Problem) -> list[Problem]:
             static_pending={j: r for j, r in problem.static_pending.items() if j in jobs},
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
-            reservations=problem.reservations,
+            reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

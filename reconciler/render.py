@@ -91,6 +91,9 @@ def rules_lines(plan: Plan) -> list[str]:
         waste = (f"; {r['count'] - r['used']} unused waste {money(r['wasted_per_hour'])}/h" if r["used"] < r["count"] else "")
         out.append(f"Reservation {name}: {r['used']}/{r['count']} {r['instance_type']} in {r['zone']} used ({r['utilisation']:.0%}), "
                    f"{money(r['committed_per_hour'])}/h committed (not in the $/h above){waste}")
+    for job, dl in plan.rules.get("deadlines", {}).items():
+        if dl["condition"] != "OnTrack":
+            out.append(f"{dl['condition']}: job {job} {dl['message']}")
     return out
 
 

@@ -33,6 +33,7 @@ from ortools.sat.python import cp_model
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
+from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.solve_licenses import add_license_constraints
 from reconciler.problem import (DIMS, Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
                                 rules_allow, share, spot_measure, type_class)
@@ -477,8 +478,8 @@ class _Model:
             need = [(round(sp.on_demand_buffer_percent * 700) * prim(c), self.use[c.key]) for c in spot]
             idle = [(70000 * prim(c), self.use[c.key]) for c in od]
 
-            def used(d: Demand) -> int:  # x 70000
-                return round(70000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
+            def used(d: Demand) -> int:  # x 70000 (deadline-critical work may use the buffer's capacity)
+                return 0 if d.deadline_critical else round(70000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
             for (gk, ck), v in self.x.items():
                 if self.caps[ck].market != "spot":
                     idle.append((-used(self.demands[self.p.groups[gk][0]]), v))
@@ -546,6 +547,9 @@ class _Model:
                                  sum(d.job_size * min(d.running_jobs, len(d.jobs)) for d in ds)))
 
         def work_tier(c, var, label):
+            dl = deadline_tier_terms(p.demands, c, var)  # deadline work first, within its class
+            if dl is not None:
+                out.append(_Tier(f"{label} {_cls(c)} deadline work", _wsum(dl[0]), "max", dl[1]))
             ds = [d for d in p.demands if d.klass == c and not (isinstance(var[d.key], int) and var[d.key] == 0)]
             if ds:
                 out.append(_Tier(f"{label} {_cls(c)} work", _wsum([(d.weight, var[d.key]) for d in ds]), "max",

@@ -225,7 +225,7 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
         else:
             cond = Condition("Placed", False, "Evicted" if ch and ch.action == "evict" else "Pending", ch.reason if ch else "not in the last plan")
         path = root / "jobs" / f"{name}.yaml"
-        conds = [cond] + ([Condition(*c) for c in run.conditions] if run is not None else [])
+        conds = [cond] + ([Condition(*c) for c in run.conditions] if run is not None else []) + _deadline_conditions(plan, name)
         body = {
             "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
@@ -279,6 +279,14 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
         },
     })
     return root
+
+
+def _deadline_conditions(plan: Plan, job: str) -> list[Condition]:
+    """DeadlineAtRisk and DeadlineMissed of a job with a deadline, as the plan found them."""
+    dl = plan.rules.get("deadlines", {}).get(job)
+    if dl is None:
+        return []
+    return [Condition(kind, dl["condition"] == kind, dl["condition"], dl["message"]) for kind in ("DeadlineAtRisk", "DeadlineMissed")]
 
 
 def _reservation_status(desired: DesiredState, instances: list[Instance]) -> dict:

@@ -99,7 +99,7 @@ def plan_for(path: Path, docs: list[dict], instances=(), placements: dict | None
     observed = replace(catalog_observed(desired, list(instances), placements, short), gpu_indices=gpu_indices or {})
     problem = build_problem(desired, observed, now=now)
     plan = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit, workers=workers))
-    check_plan(desired, observed, plan)
+    check_plan(desired, observed, plan, now=now)
     return plan
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from datetime import timezone
 
 from providers.catalog import InstanceShape, load_catalog
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
@@ -319,7 +320,8 @@ def move_cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) ->
 # ---------------------------------------------------------------- the rules
 
 
-def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
+def check_plan(desired: DesiredState, observed: Observed, plan: Plan, now=None) -> None:
+    """`now`: the plan's time, for the deadline rules (None: no job is deadline-critical)."""
     hosts = fleet_after(observed, plan, desired)
     reps = replicas_of(plan, hosts)
     _check_job_states(desired, observed, plan)
@@ -329,7 +331,7 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     _check_capacity(desired, hosts, reps)
     _check_tenants(desired, reps)
     _check_pools(desired, observed, plan, hosts)
-    _check_spot(desired, hosts, reps)
+    _check_spot(desired, hosts, reps, now)
     _check_guardrails(desired, plan, hosts)
     _check_licenses(desired, reps)
     _check_reservations(desired, observed, plan)
@@ -537,7 +539,18 @@ def _primary(h: Host, gpu_fleet: bool) -> float:
     return h.shape.gpus if gpu_fleet else h.shape.cpu
 
 
-def _check_spot(desired: DesiredState, hosts: dict[str, Host], reps: dict[str, list[Replica]]) -> None:
+def deadline_critical(job: Job, now) -> bool:
+    """A job with a deadline that can still start in time and must start within its expected_hours from
+    now (README: it may use the capacity the on-demand buffer keeps idle)."""
+    s = job.spec
+    if s.deadline is None or now is None:
+        return False
+    dl = s.deadline if s.deadline.tzinfo else s.deadline.replace(tzinfo=timezone.utc)
+    slack = (dl - now).total_seconds() / 3600 - s.expected_hours
+    return 0 <= slack <= s.expected_hours + 1e-9
+
+
+def _check_spot(desired: DesiredState, hosts: dict[str, Host], reps: dict[str, list[Replica]], now=None) -> None:
     sp = desired.spot_policy
     spot = [h for h in hosts.values() if h.market == "spot"]
     cat = load_catalog()
@@ -559,6 +572,8 @@ def _check_spot(desired: DesiredState, hosts: dict[str, Host], reps: dict[str, l
         busy: dict[str, float] = defaultdict(float)
         for job, rs in reps.items():
             j = desired.jobs[job]
+            if deadline_critical(j, now):
+                continue
             for rep in rs:
                 busy[rep.host.ref] += gpu_equiv(j) if gpu_fleet else j.spec.resources.cpu
         idle = sum(_primary(h, gpu_fleet) - busy[h.ref] for h in hosts.values() if h.market != "spot")

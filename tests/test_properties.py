@@ -24,6 +24,7 @@ import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -333,7 +334,8 @@ def test_solver_answer_keeps_every_rule_on_larger_fleets(fleet):
 @st.composite
 def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
     """A fleet (as `fleets`) with the issue-17 rules added: a License of a few seats (a tenant quota
-    of it, sometimes) held by some of its jobs, and with a p4d pool, sometimes a Reservation of one or two p4d."""
+    of it, sometimes) held by some of its jobs, deadlines on some jobs (ranked above their class), and with a p4d
+    pool, sometimes a Reservation of one or two p4d."""
     fleet = draw(fleets(max_jobs=max_jobs, max_instances=max_instances))
     docs = [dict(d, spec=dict(d["spec"])) for d in fleet.docs]
     lic: dict = {"count": draw(st.integers(0, 4)), "cost_per_hour": 1.5}
@@ -343,6 +345,8 @@ def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
     for d in docs:
         if d["kind"] == "Job" and draw(st.booleans()):
             d["spec"]["licenses"] = {"sim": draw(st.sampled_from([1, 1, 2]))}
+        if d["kind"] == "Job" and draw(st.integers(0, 2)) == 0:
+            d["spec"]["deadline"] = datetime(2026, 12, 1, tzinfo=timezone.utc) + timedelta(hours=draw(st.integers(0, 72)))
     if any(d["kind"] == "Pool" and d["metadata"]["name"] == "aws-a100" for d in docs) and draw(st.booleans()):
         docs.append(doc("Reservation", "p4d", {"cloud": "aws", "region": "us-east-1", "zone": draw(st.sampled_from(["us-east-1a", "us-east-1b"])),
                                                "instance_type": "p4d.24xlarge", "count": draw(st.integers(1, 2)), "hourly_cost": 19.2}))
@@ -351,8 +355,8 @@ def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
 
 @settings(max_examples=40, derandomize=True, database=None, **SETTINGS)
 @given(fleet=fleets_with_rules())
-def test_licenses_and_reservations_keep_every_rule(fleet):
-    """Licenses and reservations on random fleets: no plan holds more than a License's count or a tenant's
+def test_licenses_reservations_and_deadlines_keep_every_rule(fleet):
+    """Licenses, reservations and deadlines on random fleets: no plan holds more than a License's count or a tenant's
     quota of it, nor launches more into a Reservation than its count, at $0 (tests/invariants.py); every
     other rule holds, and CP-SAT ranks no worse than greedy."""
     check_fleet(fleet)

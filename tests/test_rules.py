@@ -861,3 +861,106 @@ def test_a_reservation_must_name_capacity_a_pool_can_hold(tmp_path):
     assert "Reservation/ambiguous: spec.pool: pools p, q all match (aws/us-east-1a p4d.24xlarge, on-demand): set spec.pool" in text
     assert "Reservation/nowhere: spec.zone: no pool matches" in text
     assert "Reservation/bad-id: spec.target.reservation_id: an AWS capacity reservation id starts with 'cr-'" in text
+
+
+# ---------------------------------------------------------------- deadlines (issue 17)
+
+NOW = datetime(2026, 11, 20, tzinfo=timezone.utc)
+
+
+def due(hours_from_now: float, expected: float = 10.0) -> dict:
+    return {"deadline": NOW + timedelta(hours=hours_from_now), "expected_hours": expected}
+
+
+def test_deadline_work_ranks_above_its_class_and_the_closest_deadline_first(tmp_path):
+    """One GPU: of three normal jobs the one due soonest runs; with two GPUs both deadline jobs run and the
+    one without waits. A critical job without a deadline still outranks them all. Greedy agrees."""
+    base = [topology(), tenant("t"), job("plain", **A100), job("later", **A100, **due(300)), job("soon", **A100, **due(40))]
+    for limit in (10, 0):
+        one = by_job(plan_for(tmp_path / f"one{limit}", base + [one_gpu_pool(hi=1)], now=NOW, time_limit=limit))
+        assert [n for n, j in one.items() if j.instances] == ["soon"], limit
+        two = by_job(plan_for(tmp_path / f"two{limit}", base + [one_gpu_pool(hi=2)], now=NOW, time_limit=limit))
+        assert sorted(n for n, j in two.items() if j.instances) == ["later", "soon"], limit
+        crit = by_job(plan_for(tmp_path / f"crit{limit}", base + [one_gpu_pool(hi=1), job("crit", priority="critical", **A100)],
+                               now=NOW, time_limit=limit))
+        assert [n for n, j in crit.items() if j.instances] == ["crit"], limit
+
+
+def test_deadline_conditions_are_flagged_in_the_plan_and_the_pr_comment(tmp_path):
+    """A job that can no longer finish is DeadlineMissed (and ranks as its class); one this plan cannot run but
+    that could still finish is DeadlineAtRisk; one that runs is on track."""
+    from reconciler.render import render_markdown
+
+    docs = [topology(), tenant("t"), one_gpu_pool(hi=1), job("late", priority="high", **A100, **due(5)),
+            job("waits", **A100, **due(100)), job("runs", **A100, **due(50))]
+    plan = plan_for(tmp_path, docs, now=NOW)
+    jobs = by_job(plan)
+    dl = plan.rules["deadlines"]
+    assert dl["late"]["condition"] == "DeadlineMissed" and dl["late"]["message"].startswith("cannot finish by 2026-11-20T05:00:00+00:00")
+    placed = [n for n, j in jobs.items() if j.instances]
+    assert placed == ["late"]  # high beats normal, deadline or not
+    assert dl["waits"]["condition"] == dl["runs"]["condition"] == "DeadlineAtRisk"
+    assert dl["runs"]["start_by"] == "2026-11-21T16:00:00+00:00"
+    md = render_markdown(plan)
+    assert "- DeadlineMissed: job late cannot finish by 2026-11-20T05:00:00+00:00" in md
+    assert "- DeadlineAtRisk: job runs not running in this plan; it must start by 2026-11-21T16:00:00+00:00" in md
+    assert "DeadlineAtRisk: job waits" in render_human(plan, width=400)
+
+
+def test_deadline_critical_work_may_use_the_on_demand_buffer(tmp_path):
+    """A 100% on-demand buffer keeps the idle on-demand GPU beside the spot one: a new on-demand-only job waits
+    for it; due within its expected hours, it takes that GPU."""
+    docs = [topology(), tenant("t"), one_gpu_pool("od", hi=1), one_gpu_pool("sp", hi=1, market="spot"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 100}), job("train", spot="required", **A100)]
+    insts = [gcp_1g("s0", "spot", "sp"), gcp_1g("o0", "on-demand", "od")]
+    running = {"train": ("s0",)}
+    plain = by_job(plan_for(tmp_path / "plain", docs + [job("new", spot="never", **A100)], insts, running, now=NOW))
+    assert plain["new"].action == "pending" and "on-demand buffer" in plain["new"].reason
+    for limit in (10, 0):
+        urgent = by_job(plan_for(tmp_path / f"urgent{limit}", docs + [job("new", spot="never", **A100, **due(15))], insts, running,
+                                 now=NOW, time_limit=limit))
+        assert urgent["new"].instances == ("o0",), limit
+        if limit:  # (greedy alone gives up the spot instance while it settles the buffer, before any new work: valid, if poorer)
+            assert urgent["train"].action == "keep"
+    relaxed = by_job(plan_for(tmp_path / "relaxed", docs + [job("new", spot="never", **A100, **due(500))], insts, running, now=NOW))
+    assert relaxed["new"].action == "pending"  # a deadline far off is no reason to give up the buffer
+
+
+def test_deadline_conditions_reach_status_and_explain(tmp_path):
+    """After an apply, status/ carries DeadlineAtRisk for the job the plan could not run; explain says when it must start."""
+    far = datetime.now(timezone.utc) + timedelta(days=60)
+    cfg = write_config(tmp_path / "cfg", [topology(), tenant("t"), one_gpu_pool(hi=1),
+                                          job("a", **A100, deadline=far, expected_hours=10), job("b", **A100, deadline=far + timedelta(days=1))])
+    api.apply(cfg, time_limit=5)
+    st = api.read_status(cfg)["jobs"]
+    conds = {c["type"]: c for c in st["b"]["status"]["conditions"]}
+    assert conds["DeadlineAtRisk"]["status"] == "True" and conds["DeadlineMissed"]["status"] == "False"
+    assert {c["type"]: c["status"] for c in st["a"]["status"]["conditions"]}["DeadlineAtRisk"] == "False"
+    ex = api.explain(cfg, "b", time_limit=5)
+    assert any(x.startswith("deadline ") and "DeadlineAtRisk: not running in this plan" in x for x in ex.details), ex.details
+
+
+def test_the_benchmark_config_with_rules_plans_every_rule(tmp_path):
+    """bench.generate --rules (licenses, reservations, deadlines on a generated fleet) plans, and the plan keeps every
+    rule (the oracle), holds licenses, fills its reservations and flags deadlines."""
+    from dataclasses import replace as dc_replace
+
+    from bench.generate import generate
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed
+    from tests.invariants import check_plan
+
+    now = datetime(2026, 11, 25, tzinfo=timezone.utc)
+    desired = load(generate(tmp_path / "b", 50, seed=3, rules=True))
+    assert desired.licenses and desired.reservations and any(j.spec.deadline for j in desired.jobs.values())
+    observed = dc_replace(catalog_observed(desired), gpu_indices={})
+    problem = build_problem(desired, observed, now=now)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=3))
+    check_plan(desired, observed, plan, now=now)
+    rules = plan.rules
+    assert sum(lic["held"] for lic in rules["licenses"].values()) > 0
+    assert sum(r["used"] for r in rules["reservations"].values()) > 0
+    assert rules["deadlines"]
