@@ -120,6 +120,13 @@ class ReservationRules:
     until: str | None = None
 
 
+def _count(items) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
 def reservation_cost(count: int, used: int, hourly_cost: float) -> tuple[float, float, float]:
     """(utilisation, USD/h committed, USD/h wasted) of a reservation of `count` instances with
     `used` of them running: all of it is paid; the unused part is the waste."""
@@ -433,6 +440,12 @@ class Ledger:
     def _new_refusals(self, c, n: int) -> list[Refusal]:
         """Pool size, fleet budget and spot rules for n more instances of offer c."""
         p, out = self.problem, []
+        if c.reservation and c.reservation in p.reservations:
+            r = p.reservations[c.reservation]
+            have = self._once("reserved", lambda: _count(x.reservation for x in self.instances.values() if x.reservation)).get(c.reservation, 0)
+            if have + n > r.count:
+                out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
+                                                  f"in {r.zone})", r.name, have + n - r.count, n))
         lo, hi = p.pool_bounds.get(c.pool, (0, 0))
         have = self.pool_count(c.pool)
         if have + n > hi:
@@ -528,7 +541,8 @@ class Ledger:
             cells = [c] * (d.replicas - have)
             for ref, k in held:
                 cells += [self.instances[ref]] * min(k, d.replicas - len(cells))
-            out.append(Option(f"{n} new {c.instance_type} {c.market} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
+            reserved = f" (reserved: {c.reservation})" if c.reservation else ""
+            out.append(Option(f"{n} new {c.instance_type} {c.market}{reserved} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
                               tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells))))
         return sorted(out, key=lambda o: (o.price, o.label))
 

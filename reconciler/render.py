@@ -304,6 +304,9 @@ def render_status(st: dict) -> str:
             lines.append(f"  job {name}: {j['status']['phase']} ({run['reason']}: {run['message']}{restarts})")
         else:
             lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
+        for x in j["status"]["conditions"][1:]:  # a deadline that is at risk or missed
+            if x.get("type") in ("DeadlineAtRisk", "DeadlineMissed") and x.get("status") == "True":
+                lines.append(f"    {x['type']}: {x['message']}")
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta, timezone
 
+import pytest
 
 from providers.catalog import load_catalog
 from reconciler import api
@@ -685,6 +686,16 @@ def test_a_tenant_budget_is_charged_at_the_zone_its_work_lands_in(tmp_path):
 # ---------------------------------------------------------------- floating licenses (issue 17)
 
 
+def load_errors(path, docs) -> str:
+    """What `load` refuses the config with (it must refuse it)."""
+    from reconciler.errors import ConfigError
+    from reconciler.load import load
+
+    with pytest.raises(ConfigError) as e:
+        load(write_config(path, docs))
+    return str(e.value)
+
+
 def license_doc(name="matlab", count=2, **spec):
     return doc("License", name, {"count": count, **spec})
 
@@ -767,17 +778,9 @@ def test_license_hours_are_charged_to_the_tenant_in_plan_status_and_explain(tmp_
 
 
 def test_license_references_are_validated_with_file_and_line(tmp_path):
-    from reconciler.errors import ConfigError
-    from reconciler.load import load
-
     docs = [topology(), tenant("t"), one_gpu_pool(), license_doc(count=1, tenant_quotas={"nobody": 1}),
             job("j", licenses={"matlb": 1}, **A100)]
-    cfg = write_config(tmp_path, docs)
-    try:
-        load(cfg)
-        raise AssertionError("loaded")
-    except ConfigError as e:
-        text = str(e)
+    text = load_errors(tmp_path, docs)
     assert "fleet.yaml:" in text
     assert "License/matlab: spec.tenant_quotas.nobody: unknown tenant 'nobody'" in text
     assert "Job/j: spec.licenses.matlb: unknown License 'matlb' (did you mean 'matlab'?)" in text
@@ -847,17 +850,10 @@ def test_reserved_instances_stay_reserved_across_applies_and_status_shows_use(tm
 
 
 def test_a_reservation_must_name_capacity_a_pool_can_hold(tmp_path):
-    from reconciler.errors import ConfigError
-    from reconciler.load import load
-
     two = pool("q", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1)
     docs = _p4d_fleet(0, two, reservation_doc("ambiguous"), reservation_doc("nowhere", zone="us-east-1b", itype="g5.xlarge"),
                       reservation_doc("bad-id", pool="q", target={"reservation_id": "r-123"}))
-    try:
-        load(write_config(tmp_path, docs))
-        raise AssertionError("loaded")
-    except ConfigError as e:
-        text = str(e)
+    text = load_errors(tmp_path, docs)
     assert "Reservation/ambiguous: spec.pool: pools p, q all match (aws/us-east-1a p4d.24xlarge, on-demand): set spec.pool" in text
     assert "Reservation/nowhere: spec.zone: no pool matches" in text
     assert "Reservation/bad-id: spec.target.reservation_id: an AWS capacity reservation id starts with 'cr-'" in text
@@ -964,3 +960,15 @@ def test_the_benchmark_config_with_rules_plans_every_rule(tmp_path):
     assert sum(lic["held"] for lic in rules["licenses"].values()) > 0
     assert sum(r["used"] for r in rules["reservations"].values()) > 0
     assert rules["deadlines"]
+
+
+def test_a_job_waiting_while_the_reservation_is_full_is_told_so(tmp_path):
+    """A reservation of one p4d runs one 8-GPU job; a $10/h budget keeps a second p4d from being bought. The second
+    job's reason names the full reservation and the budget (it claimed that another reserved instance, at $0, would
+    hold it under every rule)."""
+    docs = _p4d_fleet(2, reservation_doc(count=1), doc("GuardrailPolicy", "g", {"max_hourly_budget": 10.0}))
+    jobs = by_job(plan_for(tmp_path, docs))
+    waiting = [j for j in jobs.values() if not j.instances]
+    assert len(waiting) == 1
+    assert waiting[0].reason.startswith("reservation r1 is fully used in this plan (1/1 p4d.24xlarge in us-east-1a); "
+                                        "other capacity is blocked by max_hourly_budget"), waiting[0].reason
