@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from reconciler.ledger import GPU_SLICES, Ledger, mig_compute
@@ -89,6 +89,7 @@ class FleetView:
     solver_gap: float
     solver_optimal: bool
     changes_outstanding: int  # creates + deletes not applied yet
+    tenant_license_cost: dict[str, float] = field(default_factory=dict)  # USD/h of the licenses its running jobs hold
 
     @property
     def cost(self) -> float:
@@ -146,6 +147,7 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
         instances_lost=len({i for ids in observed.lost.values() for i in ids}),
         plan_seconds=plan.solver.seconds, solver_gap=plan.solver.gap, solver_optimal=plan.solver.optimal,
         changes_outstanding=changes_outstanding,
+        tenant_license_cost={t: round(led.tenant_license_charges().get(t, 0.0), 6) for t in sorted(desired.tenants)},
     )
 
 

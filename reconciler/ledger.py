@@ -388,6 +388,14 @@ class Ledger:
                          "utilisation": util, "committed_per_hour": committed, "wasted_per_hour": wasted, "until": r.until}
         return out
 
+    def tenant_license_charges(self) -> dict[str, float]:
+        """USD/h of the licenses each tenant's placed jobs hold (license-hours at the License's cost_per_hour)."""
+        out: dict[str, float] = {}
+        for name, holders in self.license_book().holders.items():
+            for tenant, n in holders.values():
+                out[tenant] = out.get(tenant, 0.0) + license_charge({name: n}, self.problem.licenses)
+        return out
+
     def license_summary(self) -> dict[str, dict]:
         """Per License: its count, how many the plan's jobs hold (in all and per tenant) and what they cost per hour."""
         book, out = self.license_book(), {}

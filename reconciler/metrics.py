@@ -31,6 +31,7 @@ METRICS: dict[str, str] = {
     "fleetops_cost_dollars_per_hour": "USD per hour of the fleet's instances",
     "fleetops_tenant_cost_dollars_per_hour": "USD per hour charged to each tenant (the share of its instances its replicas use)",
     "fleetops_pool_cost_dollars_per_hour": "USD per hour of each pool's instances",
+    "fleetops_tenant_license_cost_dollars_per_hour": "USD per hour of the floating licenses each tenant's running jobs hold",
     "fleetops_jobs": "Jobs per phase (running, pending, evicted) and tenant",
     "fleetops_pending_jobs": "Jobs not running, per reason category",
     "fleetops_queue_wait_seconds_avg": "Average time pending jobs have waited since spec.submitted",
@@ -71,6 +72,8 @@ def families(view: FleetView) -> list[GaugeMetricFamily]:
     fam["fleetops_cost_dollars_per_hour"].add_metric([f], round(view.cost, 6))
     for t, c in sorted(view.tenant_cost.items()):
         fam["fleetops_tenant_cost_dollars_per_hour"].add_metric([f, t], round(c, 6))
+    for t in sorted(view.tenant_cost):
+        fam["fleetops_tenant_license_cost_dollars_per_hour"].add_metric([f, t], round(view.tenant_license_cost.get(t, 0.0), 6))
     for p, c in sorted(view.pool_cost.items()):
         fam["fleetops_pool_cost_dollars_per_hour"].add_metric([f, p], round(c, 6))
 
@@ -106,6 +109,7 @@ def _labels(name: str) -> list[str]:
         "fleetops_gpus": ["pool", "gpu_type"], "fleetops_gpus_allocated": ["pool", "gpu_type"],
         "fleetops_gpus_idle": ["pool", "gpu_type"], "fleetops_instances": ["cloud", "zone", "market", "pool"],
         "fleetops_tenant_cost_dollars_per_hour": ["tenant"], "fleetops_pool_cost_dollars_per_hour": ["pool"],
+        "fleetops_tenant_license_cost_dollars_per_hour": ["tenant"],
         "fleetops_jobs": ["phase", "tenant"], "fleetops_pending_jobs": ["reason"], "fleetops_tenant_over_quota": ["tenant"],
     }.get(name, [])
 

@@ -775,6 +775,8 @@ def test_license_hours_are_charged_to_the_tenant_in_plan_status_and_explain(tmp_
     assert st["jobs"]["a"]["status"]["licenseCostPerHour"] == 1.2
     text = render_status(st)
     assert "tenant t: $3.67/h + $1.20/h of licenses" in text and "license matlab: 2/2 held (t 1, u 1)" in text
+    prom = (cfg / "status" / "metrics.prom").read_text()  # chargeback: the same figure for Prometheus
+    assert 'fleetops_tenant_license_cost_dollars_per_hour{fleet="test",tenant="t"} 1.2' in prom
 
 
 def test_license_references_are_validated_with_file_and_line(tmp_path):
