@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 import pytest
@@ -161,13 +161,16 @@ def test_lock_is_exclusive_expired_ones_are_taken_over_and_unlock_breaks_a_live_
 
 
 def test_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(store):
-    holder, other = _backend(store, ttl=timedelta(seconds=2)), _backend(store, ttl=timedelta(seconds=2))
+    holder, other = _backend(store, ttl=timedelta(seconds=6)), _backend(store, ttl=timedelta(seconds=6))
+    # Renewed every 0.25 s (not ttl/3): on a loaded CI machine the heartbeat thread and the emulator can both
+    # stall for seconds; a 6 s lease renewed 24 times over its life holds through that, a 2 s one may not.
+    holder.lease.renew_every = 0.25
     with holder.lock() as lock_id:
         first = store.get("fleet/lock.json")
-        deadline = time.time() + 60
-        while store.get("fleet/lock.json") == first and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(2.5)  # past the 2 s it was first taken for: renewed, so still held
+        first_expiry = datetime.fromisoformat(json.loads(first)["expires"])
+        while datetime.now(timezone.utc) < first_expiry + timedelta(seconds=0.5):
+            time.sleep(0.2)  # past the 6 s it was first taken for: renewed, so still held
+        assert datetime.fromisoformat(json.loads(store.get("fleet/lock.json"))["expires"]) > first_expiry
         with pytest.raises(LockError, match=f"another apply holds the lock {store.url}/lock.json: {lock_id}"):
             with other.lock():
                 pass

@@ -324,22 +324,29 @@ def test_garbled_local_lock_is_named_and_unlock_breaks_it(applied):
 
 
 def test_s3_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(s3_state, monkeypatch):
+    import json
     import time
-    from datetime import timedelta
+    from datetime import datetime, timedelta, timezone
 
     from reconciler.backend import S3Backend
     from reconciler.errors import LockError
 
     env, url, s3, bucket = s3_state
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env["AWS_ENDPOINT_URL_S3"])
-    holder, other = S3Backend(url, ttl=timedelta(seconds=3)), S3Backend(url, ttl=timedelta(seconds=3))
+    holder, other = S3Backend(url, ttl=timedelta(seconds=6)), S3Backend(url, ttl=timedelta(seconds=6))
+    # Renewed every 0.25 s (not ttl/3): on a loaded CI machine a heartbeat thread and the moto server can both
+    # stall for seconds; a 6 s lease renewed 24 times over its life holds through that, a 3 s one did not (CI).
+    holder.lease.renew_every = 0.25
     with holder.lock() as lock_id:
         first = s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read()
-        time.sleep(5)  # past the 3 s it was first taken for: renewed, so still held
+        first_expiry = datetime.fromisoformat(json.loads(first)["expires"])
+        while datetime.now(timezone.utc) < first_expiry + timedelta(seconds=0.5):
+            time.sleep(0.2)  # past the 6 s it was first taken for: renewed, so still held
         with pytest.raises(LockError, match=f"another apply holds the lock {url}/lock.json: {lock_id}"):
             with other.lock():
                 pass
-        assert s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read() != first  # a later expiry
+        now = json.loads(s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read())
+        assert datetime.fromisoformat(now["expires"]) > first_expiry  # a later expiry
         holder.check_lock()
         other.unlock(lock_id)  # an operator breaks it (or a runner takes it over): the holder must notice
         deadline = time.time() + 60
