@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -206,3 +208,53 @@ def test_planning_leaves_the_callers_collector_settings_as_they_were(tmp_path):
     before = gc.get_threshold()
     api.plan(copy_quickstart(tmp_path), time_limit=5)
     assert gc.get_threshold() == before
+
+
+def _cache_entries(config) -> list:
+    d = config / ".reconcile" / "cache" / "parse"
+    return sorted(d.glob("*.json")) if d.is_dir() else []
+
+
+def test_parse_cache_gives_the_same_state_and_the_same_errors(tmp_path):
+    """The second load of a file reads its parsed documents from .reconcile/cache/parse (keyed by
+    the bytes' SHA-256): the same DesiredState, and an error in another file still names the
+    cached file's line (a duplicate name's first definition)."""
+    docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
+    cfg = write_config(tmp_path / "c", docs)
+    first = load(cfg)
+    assert len(_cache_entries(cfg)) == 1
+    again = load(cfg)
+    assert again == first and again.digest == first.digest
+    (cfg / "more.yaml").write_text(yaml.safe_dump(job("j", gpus=1, gpu_type="A10G")))
+    errs = errors_of(cfg)  # fleet.yaml from the cache
+    line = (cfg / "fleet.yaml").read_text().splitlines().index("kind: Job")  # the document's first line
+    assert errs == [f"more.yaml:4: Job/j: metadata.name: duplicate Job name (first defined at fleet.yaml:{line})"]
+    shutil.rmtree(cfg / ".reconcile")
+    assert errors_of(cfg) == errs and errors_of(cfg) == errs  # parsed, and the file with the error never cached
+
+
+def test_a_corrupt_parse_cache_is_ignored(tmp_path):
+    """A torn, garbled or edited cache entry is never trusted: the file is parsed again and the
+    entry rewritten."""
+    docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
+    cfg = write_config(tmp_path / "c", docs)
+    want = load(cfg)
+    [entry] = _cache_entries(cfg)
+    good = entry.read_bytes()
+    edited = good.replace(b'"gpus": 1', b'"gpus": 3')
+    assert edited != good
+    for bad in (good[: len(good) // 2], b"\x00garbage", b"", edited, good.split(b"\n")[0] + b"\n[]"):
+        entry.write_bytes(bad)
+        got = load(cfg)
+        assert got == want and got.jobs["j"].spec.resources.gpus == 1
+        assert entry.read_bytes() == good
+
+
+def test_values_json_cannot_hold_are_not_cached(tmp_path):
+    """A document with a YAML date or an integer mapping key is parsed on every load (JSON would
+    give back a string), with the same result each time."""
+    docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
+    cfg = write_config(tmp_path / "c", docs)
+    (cfg / "fleet.yaml").write_text((cfg / "fleet.yaml").read_text() + "---\n# a note\nx: {1: 2}\nwhen: 2026-01-02\n")
+    first = errors_of(cfg)
+    assert _cache_entries(cfg) == [] and errors_of(cfg) == first
