@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
+from reconciler import parallel
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
@@ -906,15 +907,16 @@ class _Work:
 
 
 def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None, seed: int = 0,
-          with_lp_bound: bool = False, gap_limit: float = GAP_LIMIT, decompose: bool = True) -> Solution:
+          with_lp_bound: bool = False, gap_limit: float = GAP_LIMIT, decompose: bool = True, processes: int | None = None) -> Solution:
     """Solve with at most time_limit x WORK_PER_SECOND deterministic seconds of CP-SAT work (`_Work`); the cost
     stage stops early once within gap_limit of the LP bound. The same problem always gives the
     same solution: nothing here reads the clock except the wall-clock safety cap (WALL_FACTOR),
     whose fallback is greedy's plan. Every tier is at least the warm start's (greedy's), held as
     its floor, and the finished answer is compared with the warm start tier by tier.
     with_lp_bound: also report the LP relaxation's least instance cost at the same tiers (the
-    benchmark's yardstick). Independent parts (`components`) are solved one by one, each with
-    a share of the work by size."""
+    benchmark's yardstick). Independent parts (`components`) each get a share of the work by size,
+    and are solved in worker processes where two or more are large (reconciler/parallel.py;
+    `processes`: how many, default by the parts' sizes and the CPUs), else one by one."""
     t0 = time.monotonic()
     if time_limit <= 0:  # --time-limit 0: greedy best-fit only
         return _from_assignment(problem, _warm_start(problem), "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
@@ -924,7 +926,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
         if decompose:
             parts = components(problem)
             if len(parts) > 1:
-                return _solve_parts(problem, parts, work, workers, seed, with_lp_bound, gap_limit, clock)
+                return _solve_parts(problem, parts, work, workers, seed, with_lp_bound, gap_limit, clock, processes)
         return _solve_one(problem, work, workers, seed, with_lp_bound, gap_limit, clock)
     except _WallCap:
         cap = WALL_FACTOR * time_limit + WALL_SLACK
@@ -1177,13 +1179,15 @@ def _integer_bound(m: cp_model.CpModel, instance_cost, hint: list[int], lp_bound
 
 
 def _solve_parts(problem: Problem, parts: list[Problem], budget: float, workers, seed, with_lp_bound, gap_limit,
-                 clock: _Work) -> Solution:
+                 clock: _Work, processes: int | None = None) -> Solution:
     t0 = time.monotonic()
     sizes = [len(q.demands) + len(q.capacities) + 1 for q in parts]
-    sols = []
-    for i, q in enumerate(parts):
-        share = max(0.2, budget * sizes[i] / sum(sizes))  # work, by size: no part's depends on how fast another ran
-        sols.append(_solve_one(q, share, workers, seed, with_lp_bound, gap_limit, clock))
+    shares = [max(0.2, budget * n / sum(sizes)) for n in sizes]  # work, by size: no part's depends on how fast another ran
+    processes = parallel.processes_for(sizes) if processes is None else processes
+    if processes > 1:
+        sols = parallel.solve_in_workers(parts, shares, processes, workers, seed, with_lp_bound, gap_limit, clock)
+    else:
+        sols = [_solve_one(q, shares[i], workers, seed, with_lp_bound, gap_limit, clock) for i, q in enumerate(parts)]
     tiers: dict[str, TierReport] = {}
     for s in sols:
         for t in s.tiers:

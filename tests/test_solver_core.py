@@ -4,6 +4,7 @@ user (same answer, faster; never an invalid plan), not how it is built."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,25 @@ def test_independent_regions_and_tenants_are_solved_apart_with_the_same_answer(t
     plan = make_plan(desired, observed, problem, split)
     check_plan(desired, observed, plan)
     assert sum(j.action == "place" for j in plan.jobs) == 3 + 4  # eu's quota holds across the split
+
+
+def test_parts_solved_in_worker_processes_give_the_same_solution(tmp_path):
+    """Issue 20.4: independent parts solved by two worker processes (reconciler/parallel.py) give
+    the solution the one-by-one loop gives, field for field: each part's work is fixed up front."""
+    docs = [topology(), tenant("us"), tenant("eu", gpus=4),
+            pool("us", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge", "g5.xlarge"]),
+            pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-8g"])]
+    docs += [job(f"u{i}", tenant="us", gpus=1, gpu_type="A10G", cpu=4, mem=16) for i in range(3)]
+    docs += [job(f"e{i}", tenant="eu", gpus=1, gpu_type="A100", cpu=8, mem=60, regions=["us-central1"]) for i in range(6)]
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    one_by_one = solve(problem, time_limit=10, processes=1)
+    in_workers = solve(problem, time_limit=10, processes=2)
+    assert in_workers.note == one_by_one.note == "solved as 2 independent parts"
+    for f in ("status", "work", "cost_milli", "keep", "new", "stay", "x", "placed", "guaranteed"):
+        assert getattr(in_workers, f) == getattr(one_by_one, f), f
+    assert [replace(t, seconds=0) for t in in_workers.tiers] == [replace(t, seconds=0) for t in one_by_one.tiers]
+    assert make_plan(desired, observed, problem, in_workers).to_json() == make_plan(desired, observed, problem, one_by_one).to_json()
 
 
 def test_a_fleet_wide_rule_keeps_the_problem_whole(tmp_path):
