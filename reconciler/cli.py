@@ -162,10 +162,10 @@ def _unlock_hint(message: str, config_dir: Path, state: Optional[str]) -> str:
 @app.command()
 def validate(config_dir: Path = ConfigDir) -> None:
     """Validate the desired state; report every error as file:line: kind/name: field: message."""
-    from reconciler import api
+    from reconciler.load import load  # not api: validating imports no solver (ortools, pandas: ~1 s)
 
     try:
-        d = api.validate(config_dir)
+        d = load(config_dir)
     except ReconcileError as e:
         _fail(e, config_dir)
     typer.echo(f"ok: fleet {d.fleet}: {len(d.tenants)} tenants, {len(d.pools)} pools, {len(d.jobs)} jobs")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from reconciler.model import TopologySpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def node_id(cloud: str, region: str | None = None, zone: str | None = None) -> str:
@@ -30,6 +32,8 @@ def topology_nodes(spec: TopologySpec) -> set[str]:
 def build_graph(spec: TopologySpec) -> nx.Graph:
     """Hierarchy edges cost half the default hop price each way, so two regions of
     one cloud are region_egress_per_gb apart through their cloud node."""
+    import networkx as nx  # lazily: `reconcile validate` reads topology_nodes only (networkx pulls numpy)
+
     d = spec.defaults
     g = nx.Graph()
     clouds = list(spec.clouds)
@@ -66,6 +70,8 @@ class TopologyIndex:
 
     def _from(self, source: str) -> tuple[dict, dict]:
         if source not in self._cache:
+            import networkx as nx
+
             egress = nx.single_source_dijkstra_path_length(self.graph, source, weight="egress_per_gb")
             latency = nx.single_source_dijkstra_path_length(self.graph, source, weight="latency_ms")
             self._cache[source] = (egress, latency)

@@ -258,3 +258,17 @@ def test_values_json_cannot_hold_are_not_cached(tmp_path):
     (cfg / "fleet.yaml").write_text((cfg / "fleet.yaml").read_text() + "---\n# a note\nx: {1: 2}\nwhen: 2026-01-02\n")
     first = errors_of(cfg)
     assert _cache_entries(cfg) == [] and errors_of(cfg) == first
+
+
+def test_validate_imports_no_solver():
+    """`reconcile validate` reads and checks files only: it imports neither the solver (ortools,
+    which pulls pandas and numpy) nor networkx (issue 20.3: import nothing a command does not use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from reconciler.cli import app; "
+            f"r = CliRunner().invoke(app, ['validate', {str(QUICKSTART)!r}]); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in ('ortools', 'networkx', 'pandas', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
