@@ -114,7 +114,7 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
     relaxation's least instance cost (solution.lp_bound; the benchmark's yardstick). `adopt_fleet`:
     take this config's name and the instances of that name as this fleet's (reconciler/identity.py)."""
     config_dir = Path(config_dir)
-    desired = load(config_dir)
+    desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
     observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet))
@@ -156,7 +156,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
     before any provider call; raises ApplyError after writing status when some actions failed."""
     config_dir = Path(config_dir)
-    desired = load(config_dir)
+    desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
     with backend.lock():
         with StatusFiles(config_dir) as status_files:

@@ -345,8 +345,10 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
         return None
 
 
-def load(root: str | Path) -> DesiredState:
-    """Parse and validate every document under `root`. Raises ConfigError listing all problems."""
+def load(root: str | Path, cache: bool = False) -> DesiredState:
+    """Parse and validate every document under `root`. Raises ConfigError listing all problems.
+    `cache`: read and keep parsed files in root/.reconcile/cache/parse/ (plan and apply do; a
+    plain load writes nothing)."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError([Diagnostic(str(root), 0, "", "", "<dir>", "config directory does not exist")])
@@ -354,8 +356,8 @@ def load(root: str | Path) -> DesiredState:
     files = _config_files(root, diags)
     if not files and not diags:
         diags.append(Diagnostic(str(root), 0, "", "", "<dir>", "no .yaml files found"))
-    cache = _ParseCache(root / ".reconcile" / "cache" / "parse")
-    parsed = [d for f in files for d in _parse_file(root, f, diags, cache)]
+    parse_cache = _ParseCache(root / ".reconcile" / "cache" / "parse") if cache else None
+    parsed = [d for f in files for d in _parse_file(root, f, diags, parse_cache)]
     validated: list[tuple[_Parsed, Any]] = []
     for doc in parsed:
         obj = _validate_doc(doc, diags)
@@ -364,7 +366,8 @@ def load(root: str | Path) -> DesiredState:
     state = _assemble(validated, diags)
     if diags or state is None:
         raise ConfigError(diags)
-    cache.prune()
+    if parse_cache is not None:
+        parse_cache.flush()
     return state
 
 
@@ -383,6 +386,7 @@ class _ParseCache:
     def __init__(self, directory: Path):
         self.dir = directory
         self.used: set[str] = set()
+        self.pending: list[tuple[str, list[_Parsed]]] = []
         self.wrote = False
 
     @staticmethod
@@ -400,6 +404,19 @@ class _ParseCache:
             return None
 
     def put(self, key: str, docs: list[_Parsed]) -> None:
+        """Remember docs for `flush`: nothing is written for a config that does not load, so a
+        broken config leaves no .reconcile/ behind."""
+        self.pending.append((key, docs))
+
+    def flush(self) -> None:
+        """After a load without errors: write the entries parsed anew, then drop the entries this
+        load did not use (older versions of the files), so the cache holds about one config."""
+        for key, docs in self.pending:
+            self._write(key, docs)
+        if self.wrote:
+            self._prune()
+
+    def _write(self, key: str, docs: list[_Parsed]) -> None:
         plain = [[d.line, d.body, [[list(p), n] for p, n in d.lines.items()]] for d in docs]
         try:
             text = json.dumps(plain, allow_nan=False)
@@ -418,11 +435,7 @@ class _ParseCache:
         except OSError:
             pass
 
-    def prune(self) -> None:
-        """After a load without errors that parsed something anew: drop the entries it did not use
-        (older versions of the files), so the cache holds about one config's worth."""
-        if not self.wrote:
-            return
+    def _prune(self) -> None:
         try:
             for entry in os.scandir(self.dir):
                 if entry.name.endswith(".json") and entry.name[:-5] not in self.used:

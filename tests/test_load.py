@@ -210,27 +210,35 @@ def test_planning_leaves_the_callers_collector_settings_as_they_were(tmp_path):
     assert gc.get_threshold() == before
 
 
+def cached_errors_of(path) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load(path, cache=True)
+    return [str(d) for d in e.value.diagnostics]
+
+
 def _cache_entries(config) -> list:
     d = config / ".reconcile" / "cache" / "parse"
     return sorted(d.glob("*.json")) if d.is_dir() else []
 
 
 def test_parse_cache_gives_the_same_state_and_the_same_errors(tmp_path):
-    """The second load of a file reads its parsed documents from .reconcile/cache/parse (keyed by
+    """A plain load writes nothing; with cache=True (plan and apply) the second load of a file reads its parsed documents from .reconcile/cache/parse (keyed by
     the bytes' SHA-256): the same DesiredState, and an error in another file still names the
     cached file's line (a duplicate name's first definition)."""
     docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
     cfg = write_config(tmp_path / "c", docs)
-    first = load(cfg)
+    load(cfg)
+    assert not (cfg / ".reconcile").exists()
+    first = load(cfg, cache=True)
     assert len(_cache_entries(cfg)) == 1
-    again = load(cfg)
+    again = load(cfg, cache=True)
     assert again == first and again.digest == first.digest
     (cfg / "more.yaml").write_text(yaml.safe_dump(job("j", gpus=1, gpu_type="A10G")))
-    errs = errors_of(cfg)  # fleet.yaml from the cache
+    errs = cached_errors_of(cfg)  # fleet.yaml from the cache
     line = (cfg / "fleet.yaml").read_text().splitlines().index("kind: Job")  # the document's first line
     assert errs == [f"more.yaml:4: Job/j: metadata.name: duplicate Job name (first defined at fleet.yaml:{line})"]
     shutil.rmtree(cfg / ".reconcile")
-    assert errors_of(cfg) == errs and errors_of(cfg) == errs  # parsed, and the file with the error never cached
+    assert cached_errors_of(cfg) == errs and cached_errors_of(cfg) == errs  # parsed anew; a load with errors writes no entry
 
 
 def test_a_corrupt_parse_cache_is_ignored(tmp_path):
@@ -238,26 +246,31 @@ def test_a_corrupt_parse_cache_is_ignored(tmp_path):
     entry rewritten."""
     docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
     cfg = write_config(tmp_path / "c", docs)
-    want = load(cfg)
+    want = load(cfg, cache=True)
     [entry] = _cache_entries(cfg)
     good = entry.read_bytes()
     edited = good.replace(b'"gpus": 1', b'"gpus": 3')
     assert edited != good
     for bad in (good[: len(good) // 2], b"\x00garbage", b"", edited, good.split(b"\n")[0] + b"\n[]"):
         entry.write_bytes(bad)
-        got = load(cfg)
+        got = load(cfg, cache=True)
         assert got == want and got.jobs["j"].spec.resources.gpus == 1
         assert entry.read_bytes() == good
 
 
 def test_values_json_cannot_hold_are_not_cached(tmp_path):
-    """A document with a YAML date or an integer mapping key is parsed on every load (JSON would
-    give back a string), with the same result each time."""
+    """A file with a YAML timestamp (JSON would give back a string) is parsed on every load, with
+    the same result; a config that does not load leaves no cache (nor any .reconcile/) behind."""
     docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
     cfg = write_config(tmp_path / "c", docs)
-    (cfg / "fleet.yaml").write_text((cfg / "fleet.yaml").read_text() + "---\n# a note\nx: {1: 2}\nwhen: 2026-01-02\n")
-    first = errors_of(cfg)
-    assert _cache_entries(cfg) == [] and errors_of(cfg) == first
+    dated = job("k", gpus=1, gpu_type="A10G")
+    (cfg / "dated.yaml").write_text(yaml.safe_dump(dated).replace("spec:\n", "spec:\n  submitted: 2026-01-02T03:04:05Z\n", 1))
+    first = load(cfg, cache=True)
+    assert first.jobs["k"].spec.submitted is not None
+    assert len(_cache_entries(cfg)) == 1 and load(cfg, cache=True) == first  # fleet.yaml's entry only
+    broken = write_config(tmp_path / "b", docs[:-1] + [job("j", gpus=1, gpu_type="A10G", tenant="nobody")])
+    cached_errors_of(broken)
+    assert not (broken / ".reconcile").exists()
 
 
 def test_validate_imports_no_solver():
