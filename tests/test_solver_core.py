@@ -26,13 +26,17 @@ def _setup(tmp_path: Path, docs, instances=(), placements=None):
     return desired, observed
 
 
-def test_independent_regions_and_tenants_are_solved_apart_with_the_same_answer(tmp_path):
+def _two_independent_regions(tmp_path: Path):
     docs = [topology(), tenant("us"), tenant("eu", gpus=4),
             pool("us", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge", "g5.xlarge"]),
             pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-8g"])]
     docs += [job(f"u{i}", tenant="us", gpus=1, gpu_type="A10G", cpu=4, mem=16) for i in range(3)]
     docs += [job(f"e{i}", tenant="eu", gpus=1, gpu_type="A100", cpu=8, mem=60, regions=["us-central1"]) for i in range(6)]
-    desired, observed = _setup(tmp_path, docs)
+    return _setup(tmp_path, docs)
+
+
+def test_independent_regions_and_tenants_are_solved_apart_with_the_same_answer(tmp_path):
+    desired, observed = _two_independent_regions(tmp_path)
     problem = build_problem(desired, observed)
     parts = components(problem)
     assert len(parts) == 2 and sorted(len(p.demands) for p in parts) == [1, 1]
@@ -48,12 +52,7 @@ def test_independent_regions_and_tenants_are_solved_apart_with_the_same_answer(t
 def test_parts_solved_in_worker_processes_give_the_same_solution(tmp_path):
     """Issue 20.4: independent parts solved by two worker processes (reconciler/parallel.py) give
     the solution the one-by-one loop gives, field for field: each part's work is fixed up front."""
-    docs = [topology(), tenant("us"), tenant("eu", gpus=4),
-            pool("us", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge", "g5.xlarge"]),
-            pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g", "a2-highgpu-8g"])]
-    docs += [job(f"u{i}", tenant="us", gpus=1, gpu_type="A10G", cpu=4, mem=16) for i in range(3)]
-    docs += [job(f"e{i}", tenant="eu", gpus=1, gpu_type="A100", cpu=8, mem=60, regions=["us-central1"]) for i in range(6)]
-    desired, observed = _setup(tmp_path, docs)
+    desired, observed = _two_independent_regions(tmp_path)
     problem = build_problem(desired, observed)
     one_by_one = solve(problem, time_limit=10, processes=1)
     in_workers = solve(problem, time_limit=10, processes=2)
