@@ -600,7 +600,11 @@ def agent(
     signals.signal(signals.SIGINT, on_term)
     ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
                address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
-    ag.run(lambda: stop["now"])
+    # A sim instance lives in its agent directory under the sim's store: once that is deleted (the
+    # instance or the whole sim store removed) the agent stands for nothing and ends with it. Without
+    # this, agents of a deleted quickstart copy ran forever (hundreds after a day of test runs).
+    sim_home = workdir.resolve() if notice == "sim" else None
+    ag.run(lambda: stop["now"], instance_gone=lambda: sim_home is not None and not sim_home.is_dir())
 
 
 @app.command()

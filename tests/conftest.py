@@ -3,10 +3,19 @@ Azure Resource Manager fakes the GCP and Azure providers' real SDK clients talk 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret-never-printed",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def pytest_configure(config):
+    """No sim agents by default for the whole run, module- and session-scoped fixtures included: those are
+    set up before any function-scoped monkeypatch, and a module fixture's apply once left its quickstart's
+    agents running after pytest exited (about 80 per run, hundreds on a shared machine)."""
+    os.environ["FLEETOPS_SIM_AGENTS"] = "0"
 
 
 @pytest.fixture(autouse=True)

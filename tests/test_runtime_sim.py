@@ -275,3 +275,26 @@ def test_a_gone_instances_heartbeat_is_cleaned_up_by_the_next_apply(rt):
     api.apply(cfg, time_limit=5)  # deletes the instance (the job is done), and with it its heartbeat key
     assert live(cfg) == [] and bus(cfg).agent(iid) is None
     assert bus(cfg).run("etl", 0)["phase"] == "Succeeded"  # the run record stays: history
+
+
+def test_an_agent_whose_sim_store_was_deleted_ends_with_its_replicas(rt):
+    """Deleting a sim's store (a config copy removed with its .reconcile/) ends the instances it held: the
+    agents and their replicas exit instead of running forever (they did: hundreds after a day of tests)."""
+    import shutil
+
+    cfg = config(rt / "c", job("serve", cpu=2, mode="service", run={"command": [PY, "-c", "import time; time.sleep(600)"]}))
+    api.apply(cfg, time_limit=5)
+    iid = live(cfg)[0]
+    sim = SimCloud(state_dir(cfg))
+    agent_pid = int((sim.agent_dir(iid) / "agent.pid").read_text().split()[0])
+    wait(lambda: replicas_on(iid), what="the replica started")
+    shutil.rmtree(state_dir(cfg))
+
+    def gone(pid: int) -> bool:
+        try:
+            return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    wait(lambda: gone(agent_pid), what="the agent exited")
+    wait(lambda: not replicas_on(iid), what="its replica was ended")

@@ -131,12 +131,23 @@ class Agent:
         self.stopping = False
 
     # -------------------------------------------------------------- the loop
-    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+    def run(self, should_stop: Callable[[], bool] = lambda: False,
+            instance_gone: Callable[[], bool] = lambda: False) -> None:
         self._log(f"started (runtime {self.runtime.name}, address {self.address}, poll {self.poll}s, heartbeat {self.heartbeat}s)")
         while not should_stop() and not self.stopping:
+            if instance_gone():
+                self.vanish()
+                return
             self.tick()
             time.sleep(self.poll)
         self.shutdown()
+
+    def vanish(self) -> None:
+        """The instance itself is gone (on the sim: its directory was deleted): its processes die with it,
+        with no checkpoint and no report, as on a cloud instance that was terminated under them."""
+        for rep in self.replicas.values():
+            if rep.handle is not None:
+                self.runtime.kill(rep.handle)
 
     def shutdown(self) -> None:
         """Checkpoint and stop every replica (SIGTERM to the agent: the instance is going away)."""
