@@ -24,6 +24,8 @@ never read from the plan:
   and a replica arriving on an instance obeys every placement rule the planner does (GPU model,
   spot, allowlists, latency; never onto an instance that must go). An instance whose residents
   the plan leaves exactly as they run is not re-judged: the plan changes nothing there;
+* no tenant ends over a ceiling (quota, or burst) or over its budget where it was not before: the plan's
+  fleet and the snapshot's are read by the one ledger (reconciler/ledger.py) that the planner reads;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from reconciler.ledger import money, plan_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -121,6 +124,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
                           staying)
 
+    errors += _tenant_errors(plan, observed, problem, creates, staying)
+
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
     cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
@@ -129,6 +134,30 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     return checked, errors
 
 _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}
+
+
+def _tenant_errors(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction], staying: set[str]) -> list[str]:
+    """Tenants the plan takes past a ceiling or a budget. A tenant already past one in the snapshot (a quota just
+    lowered) is refused only if the plan gives it more."""
+    errors: list[str] = []
+    demand_of = {j for d in problem.demands for j in d.jobs}
+    ours = [j for j in plan.jobs if j.action in ("keep", "place", "move") and j.job in demand_of]
+    if any(len(j.instances) != next(d.replicas * d.bundle for d in problem.demands if j.job in d.jobs) for j in ours):
+        return errors  # refused above: a job with the wrong number of replicas
+    after = plan_ledger(problem, creates, sorted(staying), [(j.job, j.instances) for j in ours])
+    before = plan_ledger(problem, (), [c.instance_id for c in problem.capacities if c.existing],
+                         [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in demand_of])
+    for name, rules in sorted(problem.tenants.items()):
+        use, was = after.tenant_use(name), before.tenant_use(name)
+        for dim, cap in sorted(rules.cap.items()):
+            if use.get(dim, 0.0) > cap + 1e-9 and use.get(dim, 0.0) > was.get(dim, 0.0) + 1e-9:
+                errors.append(f"tenant {name}: the plan gives it {use[dim]:g} {_UNITS.get(dim, dim)}, over its ceiling of "
+                              f"{cap:g} (quota, or burst where it may borrow)")
+        if rules.budget is not None:
+            pay, paid = after.tenant_charge(name), before.tenant_charge(name)
+            if pay > rules.budget + 1e-6 and pay > paid + 1e-6:
+                errors.append(f"tenant {name}: the plan charges it {money(pay)}/h, over its budget of {money(rules.budget)}/h")
+    return errors
 
 
 def _replica_need(d: Demand, dim: str) -> float:

@@ -312,3 +312,47 @@ def test_a_saved_plan_with_a_finished_job_is_rechecked_as_it_was_made(applied):
     res = _apply(cfg, out)
     assert res.exit_code == 0, res.output
     assert "finetune-a" not in api.read_status(cfg)["jobs"] or not api.read_status(cfg)["jobs"]["finetune-a"]["status"].get("instances")
+
+
+def test_a_job_its_quota_keeps_pending_cannot_be_placed_by_an_edit(tmp_path):
+    """platform's quota is 48 vCPUs; `backfill` (40) would take it to 56, so the planner leaves it pending. An edit
+    that buys it a c6i.8xlarge (within the pool, max_instances and the fleet budget) and places it there was
+    applied: the tenant ran past its quota (and, in the next test, past its budget)."""
+    cfg = copy_quickstart(tmp_path)
+    (cfg / "jobs" / "backfill.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: backfill}\n"
+                                                "spec:\n  tenant: platform\n  resources: {cpu: 40, memory_gib: 8}\n")
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    assert _job(json.loads(out.read_text()), "backfill")["action"] == "pending"
+    before = set(_live(cfg))
+
+    def place(raw):
+        raw["creates"].append(_create(raw, 1, "aws-cpu", "us-east-1a", "c6i.8xlarge"))
+        _job(raw, "backfill").update(action="place", instances=["+1"], gpus=[])
+
+    _edit(out, place)
+    _refused(_apply(cfg, out), "tenant platform: the plan gives it 56 vCPUs, over its ceiling of 48")
+    assert set(_live(cfg)) == before
+
+
+def test_a_job_its_tenant_budget_keeps_pending_cannot_be_placed_by_an_edit(tmp_path):
+    cfg = copy_quickstart(tmp_path)
+    pol = cfg / "policies.yaml"
+    pol.write_text(pol.read_text().replace("max_destroy_per_apply: 6", "max_destroy_per_apply: 6\n  tenant_hourly_budgets: {product: 1.5}"))
+    (cfg / "jobs" / "probe.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: probe}\nspec:\n"
+                                             "  tenant: product\n  resources: {gpus: 1, gpu_type: A10G, cpu: 4, memory_gib: 16}\n"
+                                             "  spot: never\n")
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    assert _job(json.loads(out.read_text()), "probe")["action"] == "pending"
+    before = set(_live(cfg))
+
+    def place(raw):
+        raw["creates"].append(_create(raw, 1, "aws-a10g", "us-east-1a", "g5.xlarge"))
+        _job(raw, "probe").update(action="place", instances=["+1"], gpus=[[0]])
+
+    _edit(out, place)
+    _refused(_apply(cfg, out), "tenant product: the plan charges it $", "/h, over its budget of $1.50/h")
+    assert set(_live(cfg)) == before
