@@ -240,9 +240,12 @@ class AwsProvider:
                         od = cat.on_demand_price if cat else None
                         if od is None:
                             continue  # no price known: the solver cannot weigh it
+                        live = (t, z) in spot
                         out.append(Offering(
                             cloud="aws", region=region, zone=z, instance_type=t, gpus=gpus, gpu_type=gpu_type, cpu=cpu,
                             memory_gib=mem, on_demand_price=od, spot_price=spot.get((t, z), cat.spot_price if cat else None),
+                            prices_as_of=cat.prices_as_of if cat else "",
+                            price_source=(cat.price_source if cat else "") + ("; spot: live DescribeSpotPriceHistory" if live else ""),
                         ))
         return out
 
@@ -263,23 +266,8 @@ class AwsProvider:
         return out
 
     def _spot_prices(self, ec2, types: list[str]) -> dict[tuple[str, str], float]:
-        """The current Linux spot price per (type, zone). Asked with StartTime = now, DescribeSpotPriceHistory returns
-        "the last price change before the start time, which is the effective price as of the start time" (EC2 API
-        reference): however old that change is, it is today's price, so no row is dropped for its age except beyond
-        the 90 days of history EC2 keeps. Types or zones without a row keep the catalog's price."""
-        now = datetime.now(timezone.utc)
-        latest: dict[tuple[str, str], tuple[datetime, float]] = {}
-        pages = ec2.get_paginator("describe_spot_price_history").paginate(
-            InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now, EndTime=now)
-        for page in self._call("describe_spot_price_history", lambda: list(pages)):
-            for h in page["SpotPriceHistory"]:
-                ts = h["Timestamp"]
-                if now - ts > SPOT_PRICE_MAX_AGE:
-                    continue
-                key = (h["InstanceType"], h["AvailabilityZone"])
-                if key not in latest or ts > latest[key][0]:
-                    latest[key] = (ts, float(h["SpotPrice"]))
-        return {k: v for k, (_, v) in latest.items()}
+        """Types or zones without a row keep the catalog's price."""
+        return self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
 
     # -- create / delete -----------------------------------------------------------
     def create(self, request: CreateRequest) -> Instance:
@@ -445,6 +433,25 @@ class AwsProvider:
         self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
         if stale:
             self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+def latest_spot_prices(ec2, types: list[str], now: datetime) -> dict[tuple[str, str], float]:
+    """The current Linux spot price per (type, zone). Asked with StartTime = now, DescribeSpotPriceHistory returns
+    "the last price change before the start time, which is the effective price as of the start time" (EC2 API
+    reference): however old that change is, it is today's price, so no row is dropped for its age except beyond
+    the 90 days of history EC2 keeps. Used at plan time (AwsProvider) and by `reconcile catalog update`."""
+    latest: dict[tuple[str, str], tuple[datetime, float]] = {}
+    pages = ec2.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now, EndTime=now)
+    for page in pages:
+        for h in page["SpotPriceHistory"]:
+            ts = h["Timestamp"]
+            if now - ts > SPOT_PRICE_MAX_AGE:
+                continue
+            key = (h["InstanceType"], h["AvailabilityZone"])
+            if key not in latest or ts > latest[key][0]:
+                latest[key] = (ts, float(h["SpotPrice"]))
+    return {k: v for k, (_, v) in latest.items()}
 
 
 def quota_error(text: str, region: str, instance_type: str, market: str) -> QuotaError:

@@ -52,7 +52,8 @@ class Offering:
     spot_price: float | None  # None: no spot market for this type here
     available: bool = True  # False: the provider knows the zone is out of capacity
     nvlink_domain: int = 1  # GPUs per NVLink domain (1: PCIe only, or not known)
-    prices_as_of: str = ""  # the date of a static price list (the shipped catalog's); "" for live or unknown prices
+    prices_as_of: str = ""  # the date of a static price list (the catalog's source's); "" for live or unknown prices
+    price_source: str = ""  # where the prices come from: "catalog: <source>" or a live API ("aws: DescribeSpotPriceHistory")
 
     def price(self, market: Market) -> float:
         if market == "spot":

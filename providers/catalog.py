@@ -1,18 +1,43 @@
-"""The shipped catalog of GPU instance types and list prices (providers/data/catalog.json).
+"""The catalog of GPU instance types and their prices (providers/data/catalog.json, or the file a
+config repo pins: `catalog.json` beside its YAML, written by `reconcile catalog update`).
 
-Instance shapes are static facts, so validation can check a pool's types and a
-job's gpu_type offline. Prices carry the catalog's date; providers with a live
-price API (AWS spot history) override them."""
+Instance shapes are static facts, so validation can check a pool's types and a job's gpu_type
+offline. Prices are per region, each naming its source and so its date: no regional multipliers and
+no per-zone jitter (before, a flat 1.1x stood in for real regional prices 0.55x-3x apart, and spot
+zones were chosen by a hash). A type is priced only where its source priced it. Providers with a
+live price API (AWS spot history) override the catalog's spot prices at plan time."""
 
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 from providers.base import Offering
+from reconciler.errors import ReconcileError
+
+CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
+
+
+@dataclass(frozen=True)
+class RegionPrice:
+    """One type's prices in one region. `spot` is one price for the region's zones or zone -> price."""
+
+    on_demand: float
+    spot: float | dict[str, float] | None
+    source: str  # a key of Catalog.sources
+
+    def spot_in(self, zone: str) -> float | None:
+        return self.spot.get(zone) if isinstance(self.spot, dict) else self.spot
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    key: str
+    date: str  # when the prices were published or read (YYYY-MM-DD)
+    what: str
 
 
 @dataclass(frozen=True)
@@ -23,10 +48,12 @@ class InstanceShape:
     gpu_type: str | None
     cpu: float
     memory_gib: float
-    on_demand: float
-    spot: float | None
-    regions: tuple[str, ...] | None  # None: offered in every catalog region of the cloud
+    prices: dict[str, RegionPrice]  # region -> its prices; a region without an entry is one the type is not priced in
     nvlink_domain: int = 1  # GPUs per NVLink/NVSwitch domain (1: PCIe only)
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(sorted(self.prices))
 
 
 @dataclass(frozen=True)
@@ -50,9 +77,11 @@ class GpuModel:
 @dataclass(frozen=True)
 class Catalog:
     date: str
-    regions: dict[str, dict[str, dict]]  # cloud -> region -> {zones, price_multiplier}
+    regions: dict[str, dict[str, dict]]  # cloud -> region -> {zones}
     shapes: dict[tuple[str, str], InstanceShape]  # (cloud, type) -> shape
     gpu_models: dict[str, GpuModel] = field(default_factory=dict)
+    sources: dict[str, PriceSource] = field(default_factory=dict)
+    path: str = ""  # where it was read from, for messages
 
     def shape(self, cloud: str, instance_type: str) -> InstanceShape | None:
         return self.shapes.get((cloud, instance_type))
@@ -60,43 +89,109 @@ class Catalog:
     def types_of(self, cloud: str) -> list[str]:
         return sorted(t for c, t in self.shapes if c == cloud)
 
+    def describe_source(self, key: str) -> str:
+        src = self.sources.get(key)
+        return f"{key} ({src.date})" if src else key
+
     def offering(self, cloud: str, region: str, zone: str, instance_type: str) -> Offering | None:
-        """The catalog price of a type in a zone, or None if the catalog does not list it there."""
+        """The catalog price of a type in a zone, or None if the catalog does not price it in that region."""
         shape = self.shape(cloud, instance_type)
-        reg = self.regions.get(cloud, {}).get(region)
-        if shape is None or reg is None or (shape.regions is not None and region not in shape.regions):
+        price = shape.prices.get(region) if shape else None
+        if shape is None or price is None:
             return None
-        mult = reg["price_multiplier"]
-        spot = None
-        if shape.spot is not None:
-            # Spot prices differ a little between zones; keep it deterministic.
-            jitter = (zlib.crc32(f"{zone}/{instance_type}".encode()) % 21 - 10) / 100.0
-            spot = round(shape.spot * mult * (1 + jitter), 4)
+        src = self.sources.get(price.source)
         return Offering(
             cloud=cloud, region=region, zone=zone, instance_type=instance_type,
             gpus=shape.gpus, gpu_type=shape.gpu_type, cpu=shape.cpu, memory_gib=shape.memory_gib,
-            on_demand_price=round(shape.on_demand * mult, 4), spot_price=spot, nvlink_domain=shape.nvlink_domain,
-            prices_as_of=self.date,
+            on_demand_price=price.on_demand, spot_price=price.spot_in(zone), nvlink_domain=shape.nvlink_domain,
+            prices_as_of=src.date if src else self.date, price_source=f"catalog: {price.source}",
         )
 
 
-@lru_cache(maxsize=1)
+class CatalogError(ReconcileError):
+    pass
+
+
+def parse_catalog(raw: dict, where: str) -> Catalog:
+    """A Catalog from catalog.json's data; CatalogError naming the file and field when it is not one."""
+    def bad(what: str) -> CatalogError:
+        return CatalogError(f"{where}: not a fleetops price catalog: {what}. Rewrite it with `reconcile catalog update` "
+                            "or delete it to use the shipped catalog.")
+
+    if not isinstance(raw, dict) or not isinstance(raw.get("clouds"), dict):
+        raise bad("no `clouds` map")
+    try:
+        sources = {k: PriceSource(k, str(v["date"]), str(v.get("what", ""))) for k, v in raw.get("sources", {}).items()}
+        shapes = {}
+        for cloud, c in raw["clouds"].items():
+            for name, t in c["instance_types"].items():
+                prices = {}
+                for region, p in t.get("prices", {}).items():
+                    spot = p.get("spot")
+                    if isinstance(spot, dict):
+                        spot = {z: float(v) for z, v in spot.items()}
+                    elif spot is not None:
+                        spot = float(spot)
+                    if p.get("source", "") not in sources:
+                        raise bad(f"clouds.{cloud}.instance_types.{name}.prices.{region}.source {p.get('source')!r} is not in `sources`")
+                    prices[region] = RegionPrice(float(p["on_demand"]), spot, p["source"])
+                shapes[(cloud, name)] = InstanceShape(
+                    cloud=cloud, name=name, gpus=int(t["gpus"]), gpu_type=t.get("gpu_type"), cpu=float(t["cpu"]),
+                    memory_gib=float(t["memory_gib"]), prices=prices, nvlink_domain=int(t.get("nvlink_domain", 1)),
+                )
+        regions = {cloud: c["regions"] for cloud, c in raw["clouds"].items()}
+        models = {
+            name: GpuModel(name, m["memory_gib"], {p: MigProfile(p, *v) for p, v in m.get("mig_profiles", {}).items()})
+            for name, m in raw.get("gpu_models", {}).items() if not name.startswith("_")
+        }
+    except CatalogError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise bad(f"{type(e).__name__}: {e}") from None
+    return Catalog(date=str(raw.get("date", "")), regions=regions, shapes=shapes, gpu_models=models, sources=sources, path=where)
+
+
+def shipped_catalog_text() -> str:
+    return resources.files("providers").joinpath("data/catalog.json").read_text()
+
+
+_pinned: Path | None = None
+
+
+def pin_catalog(path: Path | None) -> None:
+    """Plan with this catalog file instead of the shipped one (None: the shipped one). The CLI and API call
+    this with a config directory's `catalog.json` when it has one, so a config repo plans with the prices it
+    reviewed, not with whatever version of this package a runner installed."""
+    global _pinned
+    _pinned = Path(path).resolve() if path is not None else None
+
+
+@lru_cache(maxsize=8)
+def _load(path: str | None, mtime_ns: int) -> Catalog:
+    if path is None:
+        return parse_catalog(json.loads(shipped_catalog_text()), "the shipped catalog (providers/data/catalog.json)")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise CatalogError(f"{path}: cannot read the pinned price catalog: {getattr(e, 'strerror', None) or e}. "
+                           "Rewrite it with `reconcile catalog update` or delete it to use the shipped catalog.") from None
+    return parse_catalog(raw, path)
+
+
 def load_catalog() -> Catalog:
-    raw = json.loads(resources.files("providers").joinpath("data/catalog.json").read_text())
-    shapes = {}
-    for cloud, c in raw["clouds"].items():
-        for name, t in c["instance_types"].items():
-            shapes[(cloud, name)] = InstanceShape(
-                cloud=cloud, name=name, gpus=t["gpus"], gpu_type=t.get("gpu_type"), cpu=t["cpu"],
-                memory_gib=t["memory_gib"], on_demand=t["on_demand"], spot=t.get("spot"),
-                regions=tuple(t["regions"]) if "regions" in t else None, nvlink_domain=t.get("nvlink_domain", 1),
-            )
-    regions = {cloud: c["regions"] for cloud, c in raw["clouds"].items()}
-    models = {
-        name: GpuModel(name, m["memory_gib"], {p: MigProfile(p, *v) for p, v in m.get("mig_profiles", {}).items()})
-        for name, m in raw.get("gpu_models", {}).items() if not name.startswith("_")
-    }
-    return Catalog(date=raw["date"], regions=regions, shapes=shapes, gpu_models=models)
+    if _pinned is None:
+        return _load(None, 0)
+    try:
+        mtime = _pinned.stat().st_mtime_ns
+    except OSError:
+        mtime = -1
+    return _load(str(_pinned), mtime)
+
+
+def catalog_for(config_dir: Path) -> Path | None:
+    """The catalog file a config directory pins, if it has one."""
+    p = Path(config_dir) / CATALOG_FILE
+    return p if p.exists() else None
 
 
 def mig_layout_error(model: GpuModel | None, layout: list[str]) -> str | None:

@@ -16,7 +16,8 @@ from pathlib import Path
 from policies.guardrails import violations
 from reconciler.apply import ApplyReport, OnEvent, apply_plan
 from reconciler.errors import ApplyError, GuardrailError, StalePlanError
-from reconciler.load import load
+from reconciler.load import load as _load_config
+from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
 from reconciler.plan import Plan, make_plan, outcome_rank, unpacked
@@ -47,6 +48,13 @@ class ApplyResult:
     plan: Plan
     report: ApplyReport
     status_dir: Path
+
+
+
+def load(config_dir: str | Path) -> DesiredState:
+    """The config, validated against the price catalog it pins (`catalog.json` beside its YAML) or the shipped one."""
+    pin_catalog(catalog_for(Path(config_dir)))
+    return _load_config(config_dir)
 
 
 def _few_collections(fn):

@@ -461,6 +461,52 @@ def report(
     typer.echo(f"report written to {out}")
 
 
+catalog_app = typer.Typer(cls=_Group, no_args_is_help=True, help="The price catalog plans are made with.")
+app.add_typer(catalog_app, name="catalog")
+
+
+@catalog_app.command("update")
+def catalog_update(
+    config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory: its catalog.json is written (and pinned)."),
+    cloud: list[str] = typer.Option(["aws", "gcp", "azure"], "--cloud", help="Refresh this cloud's prices (repeatable)."),
+    region: list[str] = typer.Option([], "--region", help="cloud/region to read (repeatable; default: the catalog's regions)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of DIR/catalog.json."),
+) -> None:
+    """Refresh prices from the clouds' public price sources into a dated catalog (DIR/catalog.json, which plans
+    in DIR then use). Starts from the catalog DIR pins, else the shipped one; every price names its source and date."""
+    import json
+
+    from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, shipped_catalog_text
+    from providers.pricesources import update_catalog
+
+    target = out or config_dir / CATALOG_FILE
+    try:
+        bad = [c for c in cloud if c not in ("aws", "gcp", "azure")]
+        if bad:
+            raise ReconcileError(f"--cloud {bad[0]!r}: use aws, gcp or azure")
+        regions: dict[str, list[str]] = {}
+        for r in region:
+            c, sep, name = r.partition("/")
+            if not sep or c not in cloud or not name:
+                raise ReconcileError(f"--region {r!r}: use cloud/region with a cloud given by --cloud (e.g. aws/us-east-1)")
+            regions.setdefault(c, []).append(name)
+        pinned = catalog_for(config_dir)
+        pin_catalog(pinned)
+        catalog = load_catalog()
+        raw = json.loads(pinned.read_text() if pinned else shipped_catalog_text())
+        new, lines = update_catalog(raw, catalog, cloud, regions)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(new, indent=1) + "\n")
+        tmp.replace(target)
+    except ReconcileError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(ReconcileError(f"cannot write {target}: {e.strerror}"))
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"catalog written to {target} (dated {new['date']})")
+
+
 @app.command()
 def unlock(lock_id: str, config_dir: Path = typer.Option(Path("."), "--dir", help="The config directory."), state: Optional[str] = StateOpt) -> None:
     """Break a stale apply lock held by LOCK_ID."""

@@ -44,6 +44,7 @@ class CreateAction:
     max_price: float | None
     placement_group: str | None = None  # launch into this cluster placement group (a gang's)
     reservation: str | None = None  # launch into this Reservation's capacity (price 0: its cost is committed)
+    price_source: str = ""  # where `price` comes from and its date: "catalog: <source> (<date>)" or a live API
 
 
 @dataclass(frozen=True)
@@ -446,6 +447,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                 ref=f"+{n}", key=f"{pid}-{n:04d}", pool=c.pool, provider=c.provider, cloud=c.cloud, region=c.region,
                 zone=c.zone, instance_type=c.instance_type, market=c.market, price=c.price,
                 max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
+                price_source=c.price_source,
             ))
             refs[b.ref] = f"+{n}"
     for bins in bins_of.values():

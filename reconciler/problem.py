@@ -146,6 +146,7 @@ class Capacity:
     frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
     members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
     reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
+    price_source: str = ""  # where the price comes from, and its date (shown with the plan)
 
     @property
     def existing(self) -> bool:
@@ -504,6 +505,7 @@ def _offers(desired: DesiredState, observed: Observed, default_provider: str) ->
                 instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
                 memory_gib=o.memory_gib, price=o.price(market), on_demand_price=o.on_demand_price,
                 nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
+                price_source=price_label(o),
             ))
     return offers
 
@@ -566,9 +568,16 @@ def _reserved_offers(desired: DesiredState, observed: Observed, default_provider
             instance_type=o.instance_type, market="on-demand", gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
             memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
             nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
-            max_new=left, reservation=name,
+            max_new=left, reservation=name, price_source=f"Reservation/{name} (committed: ${r.hourly_cost:g}/h)",
         ))
     return out
+
+
+def price_label(o) -> str:
+    """`catalog: skypilot-v8 (2026-11-23)`, or the live source a provider names; "" when unknown."""
+    src = getattr(o, "price_source", "")
+    date = getattr(o, "prices_as_of", "")
+    return f"{src} ({date})" if src and date else src
 
 
 def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]]) -> list[Capacity]:

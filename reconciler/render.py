@@ -61,6 +61,15 @@ def where(j) -> str:
     return ", ".join(out)
 
 
+def prices_line(plan) -> str:
+    """Where the prices of the instances to create come from, and as of when: a price the planner weighed
+    is only as good as its source (a catalog's date, or a live API)."""
+    by: dict[str, int] = {}
+    for c in plan.creates:
+        by[c.price_source or "unknown source"] = by.get(c.price_source or "unknown source", 0) + 1
+    return "Prices: " + "; ".join(f"{src} for {n}" for src, n in sorted(by.items()))
+
+
 def consolidation_line(plan: Plan) -> str | None:
     c = plan.consolidation
     if c is None:
@@ -117,6 +126,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         for c in plan.creates:
             t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, _market(c), f"{c.price:.3f}", style="green")
         con.print(t)
+        con.print(prices_line(plan))
     if plan.deletes:
         t = Table(title="Instances to delete", title_justify="left")
         for col in ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -106,3 +108,22 @@ def plan_for(path: Path, docs: list[dict], instances=(), placements: dict | None
 def instance(iid: str, pool: str, cloud: str, region: str, zone: str, itype: str, market: str = "on-demand", fleet: str = "test") -> Instance:
     return Instance(id=iid, provider="sim", cloud=cloud, region=region, zone=zone, instance_type=itype, market=market,
                     state="running", pool=pool, tags={"fleetops.io/fleet": fleet, "fleetops.io/pool": pool})
+
+
+@contextlib.contextmanager
+def pinned_catalog(path: Path, edit):
+    """Plan with a copy of the shipped price catalog that `edit(raw)` changed, pinned as a config repo pins
+    one (providers/catalog.py); the shipped one again afterwards."""
+    import json
+
+    from providers.catalog import pin_catalog, shipped_catalog_text
+
+    raw = json.loads(shipped_catalog_text())
+    edit(raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(raw))
+    pin_catalog(path)
+    try:
+        yield path
+    finally:
+        pin_catalog(None)

@@ -39,7 +39,7 @@ from reconciler.topology import TopologyIndex
 
 EPS = 1e-6
 DIMS = ("gpus", "cpu", "memory_gib")
-_NO_GPU = InstanceShape("", "", 0, None, 0, 0, 0, None, None)  # a type the catalog does not know
+_NO_GPU = InstanceShape("", "", 0, None, 0, 0, {})  # a type the catalog does not know
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,9 @@ def test_n1_gpu_offerings_come_from_the_catalog_with_its_date(prov):
     assert (t4.gpus, t4.gpu_type, t4.cpu, t4.memory_gib, t4.on_demand_price) == (1, "T4", 8, 30, 0.73)
     assert (v100.gpus, v100.gpu_type, v100.on_demand_price) == (1, "V100", 2.86)
     assert 0 < t4.spot_price < t4.on_demand_price and 0 < v100.spot_price < v100.on_demand_price
-    assert {o.prices_as_of for o in offs.values()} == {load_catalog().date}  # list prices, and how old they are
+    cat = load_catalog()
+    dates = {cat.sources[cat.shape("gcp", t).prices["us-central1"].source].date for t in (T4, V100)}
+    assert {o.prices_as_of for o in offs.values()} == dates  # list prices, and how old they are (their source's date)
 
 
 def test_instance_type_names_split_into_machine_type_and_attached_gpus():

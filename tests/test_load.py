@@ -107,18 +107,20 @@ def test_job_field_errors(tmp_path, spec_patch, field, fragment):
 
 
 def test_pool_errors(tmp_path):
+    from tests.fleetkit import TOPOLOGY
+
     write_config(tmp_path, [
-        topology(), tenant("t"),
+        topology(clouds={**TOPOLOGY, "gcp": {**TOPOLOGY["gcp"], "europe-west4": ["europe-west4-a"]}}), tenant("t"),
         pool("a", "aws", "us-east-1", ["us-east-1z"], ["p4d.24xlarge"]),
         pool("b", "aws", "eu-north-9", ["x"], ["p4d.24xlarge"]),
-        pool("c", "aws", "us-west-2", ["us-west-2a"], ["p5.48xlarge", "warp-drive.1x"]),
+        pool("c", "gcp", "europe-west4", ["europe-west4-a"], ["a3-highgpu-8g", "warp-drive.1x"]),  # a3: priced in us-central1 only
         pool("d", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=5, hi=2),
     ])
     errs = errors_of(tmp_path)
     assert any("Pool/a: spec.zones.0: zone 'us-east-1z' is not in aws/us-east-1" in e for e in errs), errs
     assert any("Pool/b: spec.region: region aws/eu-north-9 is not in the Topology" in e for e in errs), errs
-    assert any("Pool/c: spec.instance_types.0: p5.48xlarge is not offered in us-west-2" in e for e in errs), errs
-    assert any("Pool/c: spec.instance_types.1: unknown aws instance type 'warp-drive.1x'" in e for e in errs), errs
+    assert any("Pool/c: spec.instance_types.0: a3-highgpu-8g is not offered in europe-west4 (only us-central1)" in e for e in errs), errs
+    assert any("Pool/c: spec.instance_types.1: unknown gcp instance type 'warp-drive.1x'" in e for e in errs), errs
     assert any("Pool/d: spec: " in e and "min_instances (5) exceeds max_instances (2)" in e for e in errs), errs
 
 

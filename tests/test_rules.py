@@ -17,7 +17,7 @@ import pytest
 from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.render import render_human
-from tests.fleetkit import doc, instance, job, plan_for, pool, tenant, topology, write_config
+from tests.fleetkit import doc, instance, job, pinned_catalog, plan_for, pool, tenant, topology, write_config
 
 A100 = dict(gpus=1, gpu_type="A100", cpu=8, mem=60)  # one a2-highgpu-1g each
 
@@ -276,18 +276,18 @@ def test_a_move_is_made_only_when_it_pays_back_within_payback_hours(tmp_path):
 
 
 def _east_west(latency_cost=0.0, **data):
-    """Spot g5.xlarge in us-east-1b (cheaper) and us-west-2a (where the data is)."""
+    """Spot m6i.4xlarge in us-east-1b (cheaper) and us-west-2a (where the data is)."""
     return [topology(), tenant("t"),
-            pool("east", "aws", "us-east-1", ["us-east-1b"], ["g5.xlarge"], market="spot"),
-            pool("west", "aws", "us-west-2", ["us-west-2a"], ["g5.xlarge"], market="spot"),
+            pool("east", "aws", "us-east-1", ["us-east-1b"], ["m6i.4xlarge"], market="spot"),
+            pool("west", "aws", "us-west-2", ["us-west-2a"], ["m6i.4xlarge"], market="spot"),
             placement(latency_cost_per_ms=latency_cost),
-            job("j", gpus=1, gpu_type="A10G", cpu=2, mem=8, data={"location": "aws/us-west-2", "size_gib": 0, **data})]
+            job("j", cpu=2, mem=8, data={"location": "aws/us-west-2", "size_gib": 0, **data})]
 
 
 def test_latency_cost_pulls_work_next_to_its_data(tmp_path):
     cat = load_catalog()
-    east = cat.offering("aws", "us-east-1", "us-east-1b", "g5.xlarge").spot_price
-    west = cat.offering("aws", "us-west-2", "us-west-2a", "g5.xlarge").spot_price
+    east = cat.offering("aws", "us-east-1", "us-east-1b", "m6i.4xlarge").spot_price
+    west = cat.offering("aws", "us-west-2", "us-west-2a", "m6i.4xlarge").spot_price
     assert east < west  # without a latency price, the far zone wins
     assert plan_for(tmp_path / "free", _east_west()).creates[0].region == "us-east-1"
     assert plan_for(tmp_path / "priced", _east_west(latency_cost=0.01)).creates[0].region == "us-west-2"
@@ -670,7 +670,24 @@ def test_a_tenant_budget_is_charged_at_the_zone_its_work_lands_in(tmp_path):
     """Spot a2-highgpu-4g costs more in us-central1-b than in -a. Work that may go to either
     zone was one variable for the pool's zones, charged to the tenant's $5/h budget at the
     dearer zone's price, so the 1-GPU job that fits the budget in -a stayed pending although
-    greedy placed it (found by the random property tier)."""
+    greedy placed it (found by the random property tier). Per-zone spot prices are what a live
+    source (EC2 spot history) gives; the shipped catalog prices GCP spot per region, so this pins a
+    catalog with the zone prices the property tier found it with."""
+    zone_spot = {"a2-highgpu-1g": (1.067, 1.023), "a2-highgpu-4g": (4.0572, 4.4541), "a2-highgpu-8g": (8.5554, 8.4672)}
+
+    a10g_spot = {"g5.12xlarge": 1.8718, "g5.xlarge": 0.3744}  # the rest of the tenant's spending, as it was then
+
+    def per_zone(raw):
+        for t, (a, b) in zone_spot.items():
+            raw["clouds"]["gcp"]["instance_types"][t]["prices"]["us-central1"]["spot"] = {"us-central1-a": a, "us-central1-b": b}
+        for t, price in a10g_spot.items():
+            raw["clouds"]["aws"]["instance_types"][t]["prices"]["us-east-1"]["spot"] = price
+
+    with pinned_catalog(tmp_path / "pinned" / "catalog.json", per_zone):
+        _budget_at_zone(tmp_path)
+
+
+def _budget_at_zone(tmp_path):
     docs = [topology(), tenant("t"), pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"],
                                           ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], market="either", hi=1),
             pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="spot", hi=1),

@@ -46,7 +46,7 @@ class Controller:
     def _why(self) -> tuple[str | None, str, tuple]:
         """(reason to plan or None, the desired digest, the bus signature)."""
         from reconciler.backend import backend_for
-        from reconciler.load import load
+        from reconciler.api import load
         from reconciler.runtime.publish import read_view
 
         desired = load(self.config_dir)

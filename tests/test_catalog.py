@@ -1,0 +1,122 @@
+"""The price catalog: per-region prices with their source and date, no invented multipliers or per-zone jitter,
+`reconcile catalog update` from the clouds' public price sources (tests/price_fake.py serves their documented
+response shapes), and a config repo's pinned catalog.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import date
+
+import pytest
+
+from providers.catalog import load_catalog, parse_catalog, shipped_catalog_text
+from reconciler.errors import ReconcileError
+from tests.conftest import AWS_ENV
+from tests.fleetkit import copy_quickstart
+
+RECONCILE = [sys.executable, "-m", "reconciler.cli"]
+
+
+def cli(*args, env=None, timeout=300):
+    return subprocess.run([*RECONCILE, *map(str, args)], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_every_shipped_price_names_a_dated_source_and_zones_of_a_region_share_it():
+    """Before, spot prices got a per-zone jitter from a hash (zones chosen by hash, not price) and other regions a
+    flat multiplier; now each price is the source's, per region, and says where it is from."""
+    cat = load_catalog()
+    raw = json.loads(shipped_catalog_text())
+    assert not any("price_multiplier" in r for c in raw["clouds"].values() for r in c["regions"].values())
+    for (cloud, t), shape in cat.shapes.items():
+        assert shape.prices, f"{cloud} {t} has no price anywhere"
+        for region, price in shape.prices.items():
+            src = cat.sources[price.source]
+            assert date.fromisoformat(src.date) and src.what
+            offers = [cat.offering(cloud, region, z, t) for z in cat.regions[cloud][region]["zones"]]
+            assert {(o.on_demand_price, o.spot_price) for o in offers} == {(price.on_demand, price.spot)}, (cloud, t, region)
+            assert all(o.price_source == f"catalog: {price.source}" and o.prices_as_of == src.date for o in offers)
+    # The public prices the issue found the old catalog furthest from (AWS's 2025 cut).
+    assert cat.offering("aws", "us-east-1", "us-east-1a", "p5.48xlarge").on_demand_price == 55.04
+    assert cat.offering("aws", "us-east-1", "us-east-1a", "p4d.24xlarge").on_demand_price == pytest.approx(21.9576, abs=1e-3)
+    # New types: 1-GPU H100, H200, B200, L40S, L4 and 4xV100 on AWS.
+    for t, gpus, model in (("p5.4xlarge", 1, "H100"), ("p5en.48xlarge", 8, "H200"), ("p6-b200.48xlarge", 8, "B200"),
+                           ("g6e.xlarge", 1, "L40S"), ("g6.2xlarge", 1, "L4"), ("p3.8xlarge", 4, "V100")):
+        o = cat.offering("aws", "us-east-1", "us-east-1a", t)
+        assert (o.gpus, o.gpu_type) == (gpus, model) and model in cat.gpu_models
+
+
+def test_a_type_is_priced_only_where_its_source_priced_it():
+    cat = load_catalog()
+    assert cat.offering("gcp", "europe-west4", "europe-west4-a", "a3-highgpu-8g") is None  # priced in us-central1 only
+    with pytest.raises(ReconcileError, match="x.json: not a fleetops price catalog: .*source 'nowhere' is not in `sources`"):
+        parse_catalog({"sources": {}, "clouds": {"aws": {"regions": {}, "instance_types": {
+            "t": {"gpus": 0, "cpu": 1, "memory_gib": 1, "prices": {"r": {"on_demand": 1, "source": "nowhere"}}}}}}}, "x.json")
+
+
+@pytest.fixture
+def prices():
+    from tests.price_fake import PriceFake
+
+    fake = PriceFake().start()
+    yield fake
+    fake.stop()
+
+
+def _env(prices, **extra):
+    return {**AWS_ENV, **prices.env(), **extra}
+
+
+def test_catalog_update_writes_a_dated_catalog_the_config_repo_plans_with(prices, tmp_path):
+    qs = copy_quickstart(tmp_path)
+    res = cli("catalog", "update", "--dir", qs, "--region", "aws/us-east-1", "--region", "gcp/us-central1",
+              "--region", "azure/eastus", env=_env(prices))
+    assert res.returncode == 0, res.stderr
+    today = date.today().isoformat()
+    assert f"catalog written to {qs / 'catalog.json'} (dated {today})" in res.stdout
+    raw = json.loads((qs / "catalog.json").read_text())
+    aws, gcp, azure = (raw["clouds"][c]["instance_types"] for c in ("aws", "gcp", "azure"))
+    # AWS: on-demand from GetProducts; spot: each zone's last change at or before now, however old (us-east-1a's
+    # is 10 days old: still today's price), the superseded one not; the median of 30, 20 and 25.
+    assert aws["p5.48xlarge"]["prices"]["us-east-1"] == {"on_demand": 55.04, "spot": 25.0, "source": f"aws-{today}"}
+    assert aws["p4d.24xlarge"]["prices"]["us-east-1"] == {"on_demand": 21.957642, "source": f"aws-{today}"}
+    # A type the source does not price there loses its price (not kept stale), and the summary says so.
+    assert "us-east-1" not in aws["p6-b200.48xlarge"]["prices"] and "p6-b200.48xlarge in us-east-1" in res.stdout
+    assert aws["p6-b200.48xlarge"]["prices"]["us-west-2"]["source"] == "skypilot-v8"  # a region not read keeps its own
+    # GCP: the A2 family's per-vCPU and per-GiB prices times the shape, plus the GPU (12 x 0.031611 + 85 x 0.004237 + 2.933908).
+    assert gcp["a2-highgpu-1g"]["prices"]["us-central1"]["on_demand"] == pytest.approx(3.673385, abs=1e-6)
+    assert gcp["a2-highgpu-1g"]["prices"]["us-central1"]["spot"] == pytest.approx(12 * 0.009483 + 85 * 0.001271 + 0.88, abs=1e-6)
+    assert "spot" not in gcp["g2-standard-4"]["prices"]["us-central1"]  # no Preemptible G2 SKU: no spot price
+    assert "us-central1" not in gcp["a3-highgpu-8g"]["prices"]  # no A3/H100 SKUs served
+    # Azure: the Linux Consumption meter and its Spot meter; Windows and Low Priority meters ignored; two pages.
+    assert azure["Standard_NC4as_T4_v3"]["prices"]["eastus"] == {"on_demand": 0.526, "spot": 0.0526, "source": f"azure-{today}"}
+    assert azure["Standard_D16s_v5"]["prices"]["eastus"] == {"on_demand": 0.768, "source": f"azure-{today}"}
+    assert set(raw["sources"]) >= {f"aws-{today}", f"gcp-{today}", f"azure-{today}"} and raw["date"] == today
+
+    # The config repo now plans with it, and the plan says where each price is from.
+    res = cli("plan", qs)
+    assert res.returncode == 0, res.stderr
+    assert f"Prices: catalog: aws-{today} ({today})" in res.stdout.replace("\n", " ")
+
+
+def test_an_unreachable_or_garbled_price_source_is_a_clear_error_and_nothing_is_written(prices, tmp_path):
+    qs = copy_quickstart(tmp_path)
+    res = cli("catalog", "update", "--dir", qs, "--cloud", "azure", env=_env(prices, FLEETOPS_AZURE_PRICES_ENDPOINT="http://127.0.0.1:9"))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "azure Retail Prices API (eastus): cannot reach http://127.0.0.1:9/api/retail/prices" in res.stderr
+    prices.broken = "gcp"
+    res = cli("catalog", "update", "--dir", qs, "--cloud", "gcp", env=_env(prices))
+    assert res.returncode == 1 and "SKU X is not in the documented shape" in res.stderr and "nothing was written" in res.stderr
+    assert not (qs / "catalog.json").exists()
+    res = cli("catalog", "update", "--dir", qs, "--cloud", "ibm", env=_env(prices))
+    assert res.returncode == 1 and "--cloud 'ibm': use aws, gcp or azure" in res.stderr
+
+
+def test_a_garbled_pinned_catalog_is_an_error_naming_the_file(tmp_path):
+    qs = copy_quickstart(tmp_path)
+    (qs / "catalog.json").write_text('{"clouds": {"aws": ')
+    res = cli("plan", qs)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"{qs / 'catalog.json'}: cannot read the pinned price catalog" in res.stderr and "reconcile catalog update" in res.stderr
