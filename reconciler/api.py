@@ -51,10 +51,10 @@ class ApplyResult:
 
 
 
-def load(config_dir: str | Path) -> DesiredState:
+def load(config_dir: str | Path, cache: bool = False) -> DesiredState:
     """The config, validated against the price catalog it pins (`catalog.json` beside its YAML) or the shipped one."""
     pin_catalog(catalog_for(Path(config_dir)))
-    return _load_config(config_dir)
+    return _load_config(config_dir, cache=cache)
 
 
 def _few_collections(fn):
