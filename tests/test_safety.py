@@ -323,30 +323,28 @@ def test_garbled_local_lock_is_named_and_unlock_breaks_it(applied):
     assert cli("apply", applied, "--auto-approve").returncode == 0
 
 
-def test_s3_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(s3_state, monkeypatch):
+def assert_renewed_while_held_and_lost_lease_noticed(holder, other, url: str, read_lock) -> None:
+    """One lease test for every remote store (S3 here, GCS and Azure in test_cloud_backends): held past the
+    expiry it was first taken with because it is renewed; broken by an operator, its holder notices; the new
+    holder's lock outlives the old holder. `read_lock()` returns the lock object's bytes.
+
+    Renewed every 0.25 s (not ttl/3): on a loaded CI machine the heartbeat thread and the store's server can both
+    stall for seconds; a 6 s lease renewed 24 times over its life holds through that, a 2-3 s one did not (CI)."""
     import json
     import time
     from datetime import datetime, timedelta, timezone
 
-    from reconciler.backend import S3Backend
     from reconciler.errors import LockError
 
-    env, url, s3, bucket = s3_state
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env["AWS_ENDPOINT_URL_S3"])
-    holder, other = S3Backend(url, ttl=timedelta(seconds=6)), S3Backend(url, ttl=timedelta(seconds=6))
-    # Renewed every 0.25 s (not ttl/3): on a loaded CI machine a heartbeat thread and the moto server can both
-    # stall for seconds; a 6 s lease renewed 24 times over its life holds through that, a 3 s one did not (CI).
     holder.lease.renew_every = 0.25
     with holder.lock() as lock_id:
-        first = s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read()
-        first_expiry = datetime.fromisoformat(json.loads(first)["expires"])
+        first_expiry = datetime.fromisoformat(json.loads(read_lock())["expires"])
         while datetime.now(timezone.utc) < first_expiry + timedelta(seconds=0.5):
             time.sleep(0.2)  # past the 6 s it was first taken for: renewed, so still held
         with pytest.raises(LockError, match=f"another apply holds the lock {url}/lock.json: {lock_id}"):
             with other.lock():
                 pass
-        now = json.loads(s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read())
-        assert datetime.fromisoformat(now["expires"]) > first_expiry  # a later expiry
+        assert datetime.fromisoformat(json.loads(read_lock())["expires"]) > first_expiry  # a later expiry
         holder.check_lock()
         other.unlock(lock_id)  # an operator breaks it (or a runner takes it over): the holder must notice
         deadline = time.time() + 60
@@ -361,6 +359,18 @@ def test_s3_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(s3_state, mon
             pytest.fail("the holder never noticed it lost the lock")
         with other.lock():  # the new holder's lock is not deleted by the old holder leaving
             pass
+
+
+def test_s3_lock_is_renewed_while_held_and_a_lost_lease_is_noticed(s3_state, monkeypatch):
+    from datetime import timedelta
+
+    from reconciler.backend import S3Backend
+
+    env, url, s3, bucket = s3_state
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env["AWS_ENDPOINT_URL_S3"])
+    assert_renewed_while_held_and_lost_lease_noticed(
+        S3Backend(url, ttl=timedelta(seconds=6)), S3Backend(url, ttl=timedelta(seconds=6)), url,
+        lambda: s3.get_object(Bucket=bucket, Key="fleet/lock.json")["Body"].read())
 
 
 def test_apply_stops_before_the_next_provider_call_when_its_s3_lock_is_lost(s3_state, monkeypatch, tmp_path):
