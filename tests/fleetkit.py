@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,3 +128,15 @@ def pinned_catalog(path: Path, edit):
         yield path
     finally:
         pin_catalog(None)
+
+
+def poll_until(cond, what: str, timeout: float, every: float = 0.2):
+    """cond()'s first true value, polled every `every` s; AssertionError naming `what` after `timeout` s. Tests
+    wait for conditions this way, never for fixed times: the machine may be loaded."""
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        out = cond()
+        if out:
+            return out
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:g} s")

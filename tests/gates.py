@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import textwrap
-import time
 from pathlib import Path
+
+from tests.fleetkit import poll_until
 
 _SITE = textwrap.dedent('''
     import os
@@ -98,10 +99,4 @@ class Gate:
 
     def wait(self, cond, what: str, timeout: float = 600.0):
         """Poll cond() until it is true: generous, as a loaded machine needs (importing the solver alone takes seconds)."""
-        limit = time.monotonic() + timeout
-        while time.monotonic() < limit:
-            out = cond()
-            if out:
-                return out
-            time.sleep(0.05)
-        raise AssertionError(f"{what}: not within {timeout:g} s")
+        return poll_until(cond, what, timeout, every=0.05)

@@ -20,7 +20,7 @@ from reconciler import api
 from reconciler.backend import backend_for
 from reconciler.runtime.bus import Bus
 from reconciler.state import state_dir
-from tests.fleetkit import ROOT, job, pool, tenant, topology, write_config
+from tests.fleetkit import ROOT, job, poll_until, pool, tenant, topology, write_config
 
 PY = sys.executable
 TRAIN = str(ROOT / "examples" / "quickstart" / "bin" / "train.py")
@@ -43,13 +43,7 @@ def config(path: Path, *jobs: dict, hi: int = 4) -> Path:
 
 
 def wait(cond, timeout: float = 90.0, what: str = "condition"):
-    limit = time.monotonic() + timeout
-    while time.monotonic() < limit:
-        out = cond()
-        if out:
-            return out
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout}s")
+    return poll_until(cond, what, timeout)
 
 
 def replicas_on(instance: str) -> list[int]:
