@@ -361,6 +361,46 @@ class Ledger:
             return book
         return self._once("licenses", build)
 
+    def broken_rules(self) -> dict[str, str]:
+        """The fleet-wide rules this fleet breaks as it stands (a budget lowered below what runs, a
+        pool shrunk, a spot share or buffer no longer met, a tenant past its ceiling, budget or
+        spot share, a license count lowered): something must give, so work the rules would
+        otherwise keep may be stopped. {rule: what breaks it}; {} when every rule holds."""
+        p, out = self.problem, {}
+        if p.budget is not None and self.cost() > p.budget + 1e-6:
+            out["budget"] = f"the fleet costs {money(self.cost())}/h, over max_hourly_budget {money(p.budget)}/h"
+        for pool in sorted({c.pool for c in self.instances.values()}):
+            if self.pool_count(pool) > p.pool_bounds.get(pool, (0, math.inf))[1]:
+                out[f"pool:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, over its max_instances"
+        sp = p.spot
+        spot, total = self.spot()
+        if spot and sp.max_spot_fraction < 1 and spot > sp.max_spot_fraction * total + 1e-9:
+            out["spot-share"] = f"the fleet is {spot / total:.1%} spot, over max_spot_fraction {sp.max_spot_fraction:g}"
+        if spot and sp.on_demand_buffer_percent > 0 and self.idle_on_demand() * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
+            out["spot-buffer"] = f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {spot:g} spot) is not idle"
+        if spot:
+            types = {c.instance_type for c in self.instances.values() if c.market == "spot"}
+            zones = {c.zone for c in self.instances.values() if c.market == "spot"}
+            if len(types) < sp.min_instance_types or len(zones) < sp.min_zones:
+                out["spot-diversity"] = (f"spot spans {len(types)} instance type(s) and {len(zones)} zone(s); the SpotPolicy "
+                                         f"asks for {sp.min_instance_types} and {sp.min_zones}")
+        for name, r in sorted(p.tenants.items()):
+            use = self.tenant_use(name)
+            if any(use.get(k, 0.0) > v + 1e-9 for k, v in r.cap.items()):
+                out[f"tenant-cap:{name}"] = f"tenant {name} is over its ceiling"
+            if r.budget is not None and self.tenant_charge(name) > r.budget + 1e-6:
+                out[f"tenant-budget:{name}"] = (f"tenant {name} is charged {money(self.tenant_charge(name))}/h, "
+                                                f"over its budget {money(r.budget)}/h")
+            on, tot = self.tenant_spot(name)
+            if r.spot_fraction is not None and on > r.spot_fraction * tot + 1e-9:
+                out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {tot:g} work units on spot, "
+                                              f"over its max_spot_fraction {r.spot_fraction:g}")
+        book = self.license_book()
+        for name, r in sorted(p.licenses.items()):
+            if book.held[name] > r.count or any(book.by_tenant.get((name, t), 0) > q for t, q in r.tenant_quotas.items()):
+                out[f"license:{name}"] = f"license {name} is held past its count or a tenant's quota of it"
+        return out
+
     def license_refusal(self, d) -> Refusal | None:
         """A license the job would hold beyond its count or its tenant's quota of it, in this plan."""
         if not d.licenses:

@@ -24,8 +24,16 @@ never read from the plan:
   and a replica arriving on an instance obeys every placement rule the planner does (GPU model,
   spot, allowlists, latency; never onto an instance that must go). An instance whose residents
   the plan leaves exactly as they run is not re-judged: the plan changes nothing there;
-* no tenant ends over a ceiling (quota, or burst) or over its budget where it was not before: the plan's
-  fleet and the snapshot's are read by the one ledger (reconciler/ledger.py) that the planner reads;
+* a job's replicas that arrive somewhere stay together as its gang mode asks (one zone; one instance; one
+  instance type and placement group);
+* no tenant ends over a ceiling (quota, or burst) or over its budget where it was not before, and no
+  fleet-wide rule the fleet keeps now (spot share, on-demand buffer, spot diversity, a tenant's spot share,
+  license counts) is broken by the plan: the plan's fleet and the snapshot's are read by the one ledger
+  (reconciler/ledger.py) that the planner reads;
+* running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
+  changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
+  work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs breaks a
+  fleet-wide rule; otherwise only borrowed work, never a job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -38,7 +46,7 @@ from reconciler.ledger import money, plan_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
-from reconciler.problem import DIMS, Capacity, Demand, Problem, placement_refusal
+from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, over_cap_tenants, placement_refusal
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
@@ -124,7 +132,13 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
                           staying)
 
-    errors += _tenant_errors(plan, observed, problem, creates, staying)
+    errors += _gang_errors(plan, observed, problem, creates)
+    ledgers = _ledgers(plan, observed, problem, creates, staying)
+    if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
+        after, before = ledgers
+        errors += _tenant_errors(problem, after, before)
+        errors += _fleet_rule_errors(after, before)
+        errors += _eviction_errors(plan, observed, problem, before)
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
@@ -133,20 +147,89 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
                       kept=kept)
     return checked, errors
 
+def _fleet_rule_errors(after, before) -> list[str]:
+    """Fleet-wide rules the plan breaks that the fleet as it runs keeps: the spot share, the on-demand buffer,
+    spot diversity, tenants' spot shares and license counts (budgets, pools and ceilings are checked above)."""
+    was = before.broken_rules()
+    return [f"the plan breaks a rule the fleet keeps now: {why}" for rule, why in sorted(after.broken_rules().items())
+            if rule not in was and rule.split(":")[0] in ("spot-share", "spot-buffer", "spot-diversity", "tenant-spot", "license")]
+
+
+def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction]) -> list[str]:
+    """A job's replicas arriving anywhere stay together as its gang mode asks: one zone; one instance
+    (instance); one instance type and one placement group (placement-group)."""
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    site = {i.id: (i.cloud, i.zone, i.instance_type, i.placement_group or None) for i in observed.instances}
+    site |= {c.ref: (c.cloud, c.zone, c.instance_type, c.placement_group) for c in creates}
+    errors = []
+    for j in plan.jobs:
+        d = demand_of.get(j.job)
+        if d is None or j.action not in ("place", "move") or len(j.instances) < 2 or any(i not in site for i in j.instances):
+            continue  # (a keep leaves a gang as it runs; unknown instances are refused above)
+        where = [site[i] for i in j.instances]
+        if len({(c, z) for c, z, _, _ in where}) > 1:
+            errors.append(f"job {j.job}: its replicas span zones {sorted({z for _, z, _, _ in where})}; a gang runs in one zone")
+        elif d.gang_mode == "instance" and len(set(j.instances)) > 1:
+            errors.append(f"job {j.job}: gang: instance, but its replicas span {len(set(j.instances))} instances")
+        elif d.gang_mode == "placement-group":
+            new_groups = {g for i, (_, _, _, g) in zip(j.instances, where) if i in {c.ref for c in creates}}
+            if len({t for _, _, t, _ in where}) > 1 or None in new_groups or len(new_groups) > 1:
+                errors.append(f"job {j.job}: gang: placement-group, but its replicas span instance types "
+                              f"{sorted({t for _, _, t, _ in where})} or placement groups {sorted(map(str, new_groups))}")
+    return errors
+
+
+def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -> list[str]:
+    """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
+    guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
+    if not evicts or before.broken_rules():
+        return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
+    over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
+    arriving = [(demand_of[j.job].tenant, demand_of[j.job].klass) for j in plan.jobs if j.job in demand_of and (
+        j.action == "place" or j.action in ("keep", "move") and j.job in demand_of[j.job].reshaped)]
+    errors = []
+    for jc in evicts:
+        d, ids = demand_of[jc.job], observed.placements[jc.job]
+        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap:
+            continue
+        if any(i not in hosts or hosts[i].keep_blocker is not None or placement_refusal(d, hosts[i]) is not None
+               or fit(d, hosts[i]) == 0 for i in ids):
+            continue  # it cannot stay where it runs
+        if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
+            continue  # higher-class work of its own tenant takes its place
+        rules = problem.tenants.get(d.tenant)
+        if rules is not None and jc.job in rules.protected_jobs:
+            errors.append(f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
+                          "stopping it (only the planner's rules may: a higher class of its own tenant, its tenant over "
+                          "its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
+        elif d.tenant not in borrowing:
+            errors.append(f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
+                          "and it may stay where it runs)")
+    return errors
+
+
 _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}
 
 
-def _tenant_errors(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction], staying: set[str]) -> list[str]:
-    """Tenants the plan takes past a ceiling or a budget. A tenant already past one in the snapshot (a quota just
-    lowered) is refused only if the plan gives it more."""
-    errors: list[str] = []
+def _ledgers(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction], staying: set[str]):
+    """The one ledger (reconciler/ledger.py) of the fleet the plan leaves, and of the fleet as it runs."""
     demand_of = {j for d in problem.demands for j in d.jobs}
     ours = [j for j in plan.jobs if j.action in ("keep", "place", "move") and j.job in demand_of]
     if any(len(j.instances) != next(d.replicas * d.bundle for d in problem.demands if j.job in d.jobs) for j in ours):
-        return errors  # refused above: a job with the wrong number of replicas
+        return None
     after = plan_ledger(problem, creates, sorted(staying), [(j.job, j.instances) for j in ours])
-    before = plan_ledger(problem, (), [c.instance_id for c in problem.capacities if c.existing],
-                         [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in demand_of])
+    hosts = {c.instance_id for c in problem.capacities if c.existing}
+    before = plan_ledger(problem, (), sorted(hosts), [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in demand_of])
+    return after, before
+
+
+def _tenant_errors(problem: Problem, after, before) -> list[str]:
+    """Tenants the plan takes past a ceiling or a budget. A tenant already past one in the snapshot (a quota just
+    lowered) is refused only if the plan gives it more."""
+    errors: list[str] = []
     for name, rules in sorted(problem.tenants.items()):
         use, was = after.tenant_use(name), before.tenant_use(name)
         for dim, cap in sorted(rules.cap.items()):

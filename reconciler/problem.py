@@ -187,6 +187,7 @@ class TenantRules:
     budget: float | None = None  # USD/h of its replicas
     spot_fraction: float | None = None
     protected: int = 0  # work units of its running jobs inside its guarantee now
+    protected_jobs: tuple[str, ...] = ()  # those jobs: no other tenant's work and no fleet limit may take them
     dominant: str = "gpus"  # the dimension its fair share is measured in
 
 
@@ -625,12 +626,14 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
         running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
                           if len(iids) == d.replicas * d.bundle and job not in d.reshaped),
                          key=lambda dj: (-dj[0].priority, dj[1]))
-        for d, _ in running:
+        kept: list[str] = []
+        for d, job in running:
             need = {dim: d.req(dim) * d.replicas for dim in DIMS}
             if all(used[k] + need[k] <= guarantee[k] + 1e-9 for k in guarantee):
                 for k in DIMS:
                     used[k] += need[k]
                 protected += d.job_size
+                kept.append(job)
         # Fair share is measured in the dimension its own demand weighs most on.
         demand_dim = {dim: sum(d.req(dim) * d.replicas * len(d.jobs) for d in by_tenant.get(name, [])) / fleet_capacity[dim]
                       if fleet_capacity.get(dim) else 0.0 for dim in DIMS}
@@ -639,7 +642,7 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
             name=name, weight=t.spec.weight, cap=cap, guarantee=guarantee,
             budget=desired.guardrails.tenant_hourly_budgets.get(name),
             spot_fraction=desired.spot_policy.tenant_max_spot_fraction.get(name),
-            protected=protected, dominant=dominant,
+            protected=protected, protected_jobs=tuple(kept) if guarantee else (), dominant=dominant,
         )
     return out
 

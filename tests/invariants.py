@@ -616,6 +616,9 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
             return False
         if s.spot == "never" and i.market == "spot" or s.spot == "required" and i.market != "spot":
             return False
+        if s.data is not None and s.data.max_latency_ms is not None and \
+                TopologyIndex(desired.topology.spec).distance(s.data.location, i.cloud, i.region, i.zone).latency_ms > s.data.max_latency_ms + EPS:
+            return False
         if iid in deleted and deleted[iid].startswith(("consolidated", "no longer needed")) is False:
             return False
     return True
@@ -703,8 +706,10 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
                 i, c = insts[old], creates[new]
                 o = _offering(observed, i.cloud, i.region, i.zone, i.instance_type)
                 price = (o.spot_price if i.market == "spot" else o.on_demand_price) if o else None
-                assert (i.pool, i.zone, i.instance_type, i.market) != (c.pool, c.zone, c.instance_type, c.market) or \
-                    price is None or abs(price - c.price) > EPS, (
+                # (an instance launched into a gang's placement group is not one outside it: a
+                # placement-group gang can only join new instances of its group)
+                assert (i.pool, i.zone, i.instance_type, i.market, i.placement_group or None) != \
+                    (c.pool, c.zone, c.instance_type, c.market, c.placement_group) or price is None or abs(price - c.price) > EPS, (
                     f"{jc.job} moves from {old} to {new}, an identical instance ({c.pool} {c.zone} {c.instance_type} {c.market} ${c.price}/h): {jc.reason}")
     # No instance is bought to stand idle (the next plan would delete it), unless its pool's
     # minimum needs it or spot capacity is in the fleet (the spot share and buffer count on-demand capacity).

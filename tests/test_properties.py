@@ -39,7 +39,7 @@ from reconciler.plancheck import recheck
 from reconciler.problem import build_problem
 from reconciler.solve import solve
 from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
-from tests.invariants import can_borrow, check_plan, cost_per_hour, placed_work, ranking
+from tests.invariants import can_borrow, check_plan, check_stability, cost_per_hour, placed_work, ranking
 
 
 @dataclass(frozen=True)
@@ -270,6 +270,7 @@ def check_fleet(fleet: Fleet, time_limit: float = 4) -> None:
     for name, p in (("CP-SAT", plan), ("greedy", gplan)):  # greedy best-fit alone is a valid answer too (the fallback)
         try:
             check_plan(desired, observed, p)
+            check_stability(desired, observed, p)  # no running work stopped without the rule that requires it
         except AssertionError as e:
             raise AssertionError(f"{name} plan: {e}") from e
         # The same plan saved and applied with `apply --plan` passes the re-check (it refuses no honest plan).
@@ -467,7 +468,6 @@ def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:
     from providers.sim import SimCloud
     from reconciler import api
     from reconciler.state import state_dir
-    from tests.invariants import check_stability
 
     with tempfile.TemporaryDirectory() as d:
         cfg = write_config(Path(d) / "cfg", fleet.docs)

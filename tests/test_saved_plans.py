@@ -356,3 +356,62 @@ def test_a_job_its_tenant_budget_keeps_pending_cannot_be_placed_by_an_edit(tmp_p
     _edit(out, place)
     _refused(_apply(cfg, out), "tenant product: the plan charges it $", "/h, over its budget of $1.50/h")
     assert set(_live(cfg)) == before
+
+
+def test_an_evict_of_guaranteed_work_no_rule_requires_is_refused(applied):
+    """An edited `keep` -> `evict` stopped another team's work inside its guarantee, and apply carried it out
+    (issue 15; the planner's own evictions name a rule: issue 18). Borrowed work may still be reclaimed."""
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+    host = _host(cfg, "serving-canary")
+    _fresh(out, pristine, lambda raw: _job(raw, "serving-canary").update(action="evict", instances=[], gpus=[]))
+    _refused(_apply(cfg, out), "job serving-canary: evicted, but it runs inside tenant product's guarantee")
+    assert set(_live(cfg)) == before
+    assert api.read_status(cfg)["jobs"]["serving-canary"]["status"]["instances"] == [host]
+
+    # With its guarantee lowered to 20 GPUs, research (22 GPUs running, a 32-GPU burst) borrows: its
+    # lowest-priority running work is borrowed and may be reclaimed.
+    tenants = cfg / "tenants.yaml"
+    tenants.write_text(tenants.read_text().replace("quota: {gpus: 24,", "quota: {gpus: 20,"))
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    problem = api.plan(cfg, time_limit=0).problem
+    research = problem.tenants["research"]
+    borrowed = sorted(j for d in problem.demands if d.tenant == "research" for j, _ in d.running if j not in research.protected_jobs)
+    assert research.protected_jobs and borrowed, (research.protected_jobs, borrowed)
+    _edit(out, lambda raw: _job(raw, borrowed[0]).update(action="evict", instances=[], gpus=[]))
+    res = _apply(cfg, out)
+    assert res.exit_code == 0, res.output
+    assert not api.read_status(cfg)["jobs"][borrowed[0]]["status"].get("instances")
+
+
+def test_a_gang_split_across_zones_and_a_spot_share_past_its_cap_are_refused(applied):
+    """Gang topology and the fleet's spot rules were not re-checked: a saved plan could split a gang over two
+    zones, or buy spot past max_spot_fraction (issue 15)."""
+    cfg, out = applied
+    pristine, before = out.read_text(), set(_live(cfg))
+
+    p4d = _host(cfg, "llm-pretrain", 0)
+    zone = _live(cfg)[p4d]["zone"]
+    other = "us-east-1b" if zone == "us-east-1a" else "us-east-1a"
+
+    def split(to):  # llm-pretrain's second replica onto a new p4d.24xlarge in `to` (the pool allows a third)
+        def change(raw):
+            raw["creates"].append(_create(raw, 1, "aws-a100", to, "p4d.24xlarge"))
+            _move(raw, "llm-pretrain", [p4d, "+1"], [list(range(8)), list(range(8))])
+        return change
+
+    _fresh(out, pristine, split(other))
+    _refused(_apply(cfg, out), f"job llm-pretrain: its replicas span zones {sorted([zone, other])}; a gang runs in one zone")
+    assert set(_live(cfg)) == before
+
+    def more_spot(raw):  # the fleet runs 9 of its 26 GPUs on spot: two idle 8-GPU spot instances make it 25 of 42
+        for n in (1, 2):
+            raw["creates"].append(_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp",
+                                          region="us-central1", market="spot"))
+
+    _fresh(out, pristine, more_spot)
+    _refused(_apply(cfg, out), "the plan breaks a rule the fleet keeps now: the fleet is 59.5% spot, over max_spot_fraction 0.5")
+    assert set(_live(cfg)) == before
+    _fresh(out, pristine, split(zone))  # the gang in one zone is a plan the planner could make: carried out
+    res = _apply(cfg, out)
+    assert res.exit_code == 0, res.output
