@@ -53,7 +53,6 @@ from reconciler.errors import (
 
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
-LABEL_POOL = "fleetops-pool"
 LABEL_CREATE_KEY = "fleetops-create-key"
 LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # REPAIRING: back to RUNNING after a host failure
 STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "REPAIRING": "running",

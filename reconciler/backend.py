@@ -46,8 +46,6 @@ class StateBackend(Protocol):
         called before every provider call of an apply, so a lost lock stops it there."""
         ...
 
-    def describe(self) -> str: ...
-
     # The bus (reconciler/runtime/bus.py): small objects under the state's prefix, written by
     # apply (assignments/) and by node agents (runs/, agents/).
     def read_key(self, key: str) -> bytes | None: ...
@@ -96,9 +94,6 @@ class LocalBackend:
         if held is not None and not held.still_held():
             raise LockError(f"the lock {held.path} was broken while this apply ran (`reconcile unlock`?): "
                             "stopped before the next provider call; run plan again")
-
-    def describe(self) -> str:
-        return f"local ({self.config_dir / '.reconcile'})"
 
     def _path(self, key: str) -> Path:
         return self.config_dir / ".reconcile" / check_key(key)
@@ -337,9 +332,6 @@ class ObjectStoreBackend:
 
     def check_lock(self) -> None:
         self.lease.check()
-
-    def describe(self) -> str:
-        return f"{self.kind} ({self.url})"
 
     def _bus_error(self, e: Exception, what: str, key: str) -> ReconcileError:
         return ReconcileError(f"{self.kind} bus: {what} {self.root}/{self.prefix}{key}: {self._code(e)}")

@@ -532,12 +532,9 @@ class _Greedy:
         return plan
 
     def finish(self) -> None:
-        # Hosts opened only for pool minimums keep use=1; hosts never opened are released.
+        # Hosts opened only for pool minimums keep use=1; hosts and offers never opened are released (0).
         for c in self.p.capacities:
-            if c.existing:
-                self.a.use.setdefault(c.key, 0)
-            else:
-                self.a.use.setdefault(c.key, 0)
+            self.a.use.setdefault(c.key, 0)
         self.a.work = sum(d.weight * self.a.placed[d.key] for d in self.p.demands)
 
 

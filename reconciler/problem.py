@@ -25,7 +25,6 @@ from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
 
 DIMS = ("gpus", "cpu", "memory_gib")
-CLASS_NAMES = ("low", "normal", "high", "critical")
 FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
 
 
@@ -213,10 +212,6 @@ class Problem:
     @property
     def spot(self):
         return self.desired_spot
-
-    @property
-    def tenant_caps(self) -> dict[str, dict[str, float]]:
-        return {t: r.cap for t, r in self.tenants.items()}
 
     def demand(self, key: str) -> Demand:
         return self._demand_index[key]
