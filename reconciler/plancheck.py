@@ -40,6 +40,7 @@ Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from reconciler.ledger import money, plan_ledger
@@ -108,7 +109,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
 
     changes = {j.job: j for j in plan.jobs}
-    for name in sorted({j.job for j in plan.jobs if sum(x.job == j.job for x in plan.jobs) > 1}):
+    listed = Counter(j.job for j in plan.jobs)
+    for name in sorted(n for n, k in listed.items() if k > 1):
         errors.append(f"job {name}: listed more than once")
     for job in sorted(set(desired.jobs) - set(changes)):
         errors.append(f"job {job}: missing from the plan (every job of the desired state must be accounted for)")
@@ -216,9 +218,9 @@ _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}
 
 def _ledgers(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction], staying: set[str]):
     """The one ledger (reconciler/ledger.py) of the fleet the plan leaves, and of the fleet as it runs."""
-    demand_of = {j for d in problem.demands for j in d.jobs}
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
     ours = [j for j in plan.jobs if j.action in ("keep", "place", "move") and j.job in demand_of]
-    if any(len(j.instances) != next(d.replicas * d.bundle for d in problem.demands if j.job in d.jobs) for j in ours):
+    if any(len(j.instances) != demand_of[j.job].replicas * demand_of[j.job].bundle for j in ours):
         return None
     after = plan_ledger(problem, creates, sorted(staying), [(j.job, j.instances) for j in ours])
     hosts = {c.instance_id for c in problem.capacities if c.existing}
