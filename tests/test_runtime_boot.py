@@ -25,6 +25,7 @@ def _checks(script: str, cloud: str, who: str) -> None:
     assert (f"ExecStart={AGENT} {who} --state {STATE} --runtime docker --notice {cloud} "
             "--workdir /var/lib/fleetops --checkpoint-root /var/lib/fleetops/checkpoints") in script
     assert "systemctl enable --now fleetops-agent.service" in script
+    assert "\nKillMode=process\n" in script and "\nRestart=always\n" in script  # a restarted agent adopts its replicas
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0  # it parses
 
 

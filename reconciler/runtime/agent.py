@@ -25,7 +25,7 @@ from typing import Callable
 from reconciler.errors import ReconcileError
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import Launch, Runtime, StartError
+from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, start_time
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -56,14 +56,6 @@ def own_address() -> str:
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
-
-
-def _starttime(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 @dataclass
@@ -129,6 +121,7 @@ class Agent:
         self.written: dict[tuple[str, int], str] = {}
         self.last_beat = 0.0
         self.stopping = False
+        self.adopted = False
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -161,6 +154,8 @@ class Agent:
         self._log("stopped")
 
     def tick(self) -> None:
+        if not self.adopted:
+            self._adopt()
         notice = self.notice.check()
         if notice and not self.notice_seen:
             self.notice_seen = notice
@@ -176,6 +171,69 @@ class Agent:
             self.workdir.mkdir(parents=True, exist_ok=True)
             (self.workdir / "notice.done").write_text(iso() + "\n")
             self._log("interruption handled: every replica stopped and reported")
+
+    # -------------------------------------------------------------- an agent that restarted
+    def _local(self, key: tuple[str, int]) -> Path:
+        return self.workdir / "replicas" / f"{key[0]}-{key[1]}.json"
+
+    def _exit_path(self, key: tuple[str, int]) -> Path:
+        return self.workdir / "replicas" / f"{key[0]}-{key[1]}.exit"
+
+    def _adopt(self) -> None:
+        """Take over what an earlier agent on this instance started (it crashed, or systemd restarted
+        it): each replica's local record names its process (pid and start time) and its attempt. A
+        process still running is watched again, not started a second time; one that ended while no
+        agent watched is reported from its exit file, once. Before this, a restarted agent started a
+        second copy of every running replica beside the first."""
+        self.adopted = True
+        folder = self.workdir / "replicas"
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                rec = json.loads(path.read_text())
+                entry, key = rec["entry"], (rec["entry"]["job"], rec["entry"]["replica"])
+            except (OSError, ValueError, KeyError, TypeError):
+                self._log(f"ignoring the unreadable replica record {path}")
+                continue
+            rep = Replica(entry, attempt=rec.get("attempt", 0), started_at=rec.get("started_at"), env=rec.get("env", {}))
+            rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
+            exit_path = Path(rec.get("exit_path") or self._exit_path(key))
+            rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
+            if rep.handle is not None:
+                rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
+                self.replicas[key] = rep
+                self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
+                continue
+            try:
+                prev = self.bus.run(*key)
+            except ReconcileError:
+                prev = None
+            ended = exit_record(exit_path)
+            unreported = prev is not None and prev.get("instance") == self.instance and prev.get("phase") in ("Starting", "Running") and \
+                (prev.get("spec_hash"), prev.get("epoch"), prev.get("attempt")) == (entry["spec_hash"], entry["epoch"], rep.attempt)
+            if not (unreported or prev is None and ended is not None):
+                continue  # its end was reported already (or it never ran): the bus record is what counts
+            self.replicas[key] = rep
+            self._ended(rep, ended)
+            self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended while no agent watched it")
+
+    def _save_local(self, rep: Replica, launch: Launch) -> None:
+        path = self._local(rep.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"entry": rep.entry, "attempt": rep.attempt, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
+               "name": launch.name, "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(),
+               "env": rep.env}
+        path.with_suffix(".tmp").write_text(json.dumps(doc))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def _ended(self, rep: Replica, ended: dict | None) -> None:
+        """A replica's process ended: how (its shim's exit file) decides what follows."""
+        code = ended["code"] if ended else -signals.SIGKILL
+        if ended and ended.get("error"):
+            rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
+            rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", ended["error"], True
+            self._write_pids()
+            return
+        self._exited(rep, code)
 
     # -------------------------------------------------------------- reading the bus
     def _read_assignment(self) -> None:
@@ -198,6 +256,8 @@ class Agent:
         return {(e["job"], e["replica"]): e for e in self.assignment.get("replicas", [])}
 
     def _reconcile(self) -> None:
+        if self.assignment is None and not self.notice_seen:
+            return  # the bus was never read: what an earlier agent started (adopted) keeps running
         want = self._desired()
         for key, rep in list(self.replicas.items()):
             entry = want.get(key)
@@ -217,6 +277,8 @@ class Agent:
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
             del self.replicas[key]
+            self._local(key).unlink(missing_ok=True)
+            self._exit_path(key).unlink(missing_ok=True)
         if self.bus_error is not None and self.assignment is None:
             return
         for key, entry in want.items():
@@ -294,7 +356,7 @@ class Agent:
                     if limit and now - rep.started_mono >= limit * 3600:
                         self._begin_stop(rep, "Failed", "DeadlineExceeded", f"ran past time_limit_hours={limit}", terminal=True)
                     continue
-                self._exited(rep, code)
+                self._ended(rep, exit_record(self._exit_path(rep.key)) or {"code": code})
                 continue
             if not rep.terminal and rep.phase != "Stopped" and now >= rep.next_start and not self.notice_seen:
                 self._start(rep)
@@ -335,7 +397,7 @@ class Agent:
             f.write(f"--- fleetops: attempt {rep.attempt} of {job}/{r} on {self.instance} at {iso()} ---\n")
         launch = Launch(name=f"fleetops-{job}-{r}-{rep.attempt}", command=tuple(run["command"]), env=env, log_path=log_path,
                         image=run.get("image"), gpus=gpus, checkpoint_dir=ck["dir"] if ck else None,
-                        checkpoint_host_dir=ck_host, workdir=self.command_cwd)
+                        checkpoint_host_dir=ck_host, workdir=self.command_cwd, exit_path=self._exit_path(rep.key))
         rep.env = env
         rep.started_at, rep.finished_at, rep.exit_code = iso(), None, None
         try:
@@ -347,6 +409,7 @@ class Agent:
             return
         rep.started_mono = time.monotonic()
         rep.phase, rep.reason, rep.message = "Starting", "Started", f"attempt {rep.attempt}"
+        self._save_local(rep, launch)
         self._log(f"{job}/{r}: started attempt {rep.attempt} (pid {rep.handle.pid}, RANK {r}, WORLD_SIZE {env['WORLD_SIZE']}, MASTER_ADDR {master})")
         self._write_pids()
 
@@ -393,7 +456,7 @@ class Agent:
     def _write_pids(self) -> None:
         """The replicas' process groups with their start times, so the sim can end them with the
         instance even after this agent is gone (and never hit a reused pid)."""
-        lines = [f"{rep.handle.pid} {_starttime(rep.handle.pid)}" for rep in self.replicas.values() if rep.handle is not None]
+        lines = [f"{rep.handle.pid} {start_time(rep.handle.pid)}" for rep in self.replicas.values() if rep.handle is not None]
         self.workdir.mkdir(parents=True, exist_ok=True)
         tmp = self.workdir / "replicas.pids.tmp"
         tmp.write_text("".join(f"{ln}\n" for ln in lines))

@@ -52,6 +52,9 @@ After=network-online.target docker.service
 ExecStart={agent}
 Restart=always
 RestartSec=5
+# A stop signals the agent alone, which checkpoints and stops its replicas itself; when it dies, its
+# replicas live on and the restarted agent adopts them (the default, control-group, killed them all).
+KillMode=process
 KillSignal=SIGTERM
 TimeoutStopSec=180
 

@@ -3,10 +3,13 @@ hosts) or `docker` (a container with the replica's GPUs, on cloud instances)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal as signals
 import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +33,119 @@ class Launch:
     checkpoint_host_dir: Path | None = None  # where they live on the host (the same for `process`)
     workdir: Path | None = None
     extra: dict = field(default_factory=dict)
+    exit_path: Path | None = None  # the shim writes the exit code here (see SHIM); None: no shim
+
+
+# The replica's shim: it runs the command as its child and writes the exit code to a file, so an agent
+# that restarted (a crash, `systemctl restart`) can adopt a replica it did not start and still learn how
+# it ended (only a parent can wait for a process). Signals sent to the replica's process group reach the
+# command; the shim outlives them (its handlers do nothing) and, once the command ended, ends as it did
+# (the same exit code, or the same signal). `python -S`: no site-packages, about 20 ms.
+SHIM = r"""
+import json, os, signal, sys
+out, cmd = sys.argv[1], sys.argv[2:]
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+    signal.signal(s, lambda n, f: None)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        os.write(w, f"cannot start {cmd[0]!r}: {e.strerror}".encode())
+        os._exit(127)
+os.close(w)
+err = b""
+while chunk := os.read(r, 4096):
+    err += chunk
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+doc = {"code": code, **({"error": err.decode(errors="replace")} if err else {})}
+if err:
+    print(doc["error"], file=sys.stderr, flush=True)
+with open(out + ".tmp", "w") as f:
+    json.dump(doc, f)
+os.replace(out + ".tmp", out)
+if code < 0:
+    if -code != signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+os._exit(code if code >= 0 else 128 - code)
+"""
+
+
+def shimmed(launch: Launch, command: list[str]) -> list[str]:
+    if launch.exit_path is None:
+        return command
+    launch.exit_path.parent.mkdir(parents=True, exist_ok=True)
+    launch.exit_path.unlink(missing_ok=True)
+    return [sys.executable, "-S", "-c", SHIM, str(launch.exit_path), *command]
+
+
+def start_time(pid: int) -> str:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): with the pid, it names one
+    process, so a pid reused since is never taken for it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _running(pid: int, started: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return len(fields) > 19 and fields[19] == started and fields[0] != "Z"
+
+
+def exit_record(path: Path | None) -> dict | None:
+    """What the shim wrote when the command ended: {"code": n} (negative: killed by that signal),
+    with "error" when the command could not be started at all. None: not ended, or killed with its shim."""
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("code"), int) else None
+
+
+@dataclass
+class Detached:
+    """A replica an earlier agent on this host started: not this process's child, so it is watched
+    through /proc (its pid with the recorded start time) and its shim's exit file."""
+
+    pid: int
+    started: str
+    exit_path: Path
+    name: str = ""  # the container, for the docker runtime
+
+    def poll(self) -> int | None:
+        if _running(self.pid, self.started):
+            return None
+        rec = exit_record(self.exit_path)
+        return rec["code"] if rec else -signals.SIGKILL  # it died with its shim: killed
+
+    def signal(self, sig: int) -> None:
+        if _running(self.pid, self.started):
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait(self, timeout: float) -> None:
+        limit = time.monotonic() + timeout
+        while _running(self.pid, self.started) and time.monotonic() < limit:
+            time.sleep(0.05)
+
+
+def adopt(pid: int, started: str, exit_path: Path, name: str = "") -> Detached | None:
+    """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
+    another start time); None when it has ended (its exit file then says how)."""
+    return Detached(pid, started, exit_path, name) if started and _running(pid, started) else None
 
 
 class Handle(Protocol):
@@ -68,23 +184,28 @@ class ProcessRuntime:
             launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
         with _log(launch.log_path) as log:
             try:
-                return subprocess.Popen(list(launch.command), env={**os.environ, **launch.env}, stdout=log, stderr=subprocess.STDOUT,
+                return subprocess.Popen(shimmed(launch, list(launch.command)), env={**os.environ, **launch.env}, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
             except OSError as e:  # not executable, a bad interpreter line
                 raise StartError(f"cannot start {exe!r}: {e.strerror}") from None
 
-    def poll(self, handle: subprocess.Popen) -> int | None:
+    def poll(self, handle: subprocess.Popen | Detached) -> int | None:
         return handle.poll()
 
-    def signal(self, handle: subprocess.Popen, sig: int) -> None:
-        if handle.poll() is None:
+    def signal(self, handle: subprocess.Popen | Detached, sig: int) -> None:
+        if isinstance(handle, Detached):
+            handle.signal(sig)
+        elif handle.poll() is None:
             try:
                 os.killpg(handle.pid, sig)
             except ProcessLookupError:
                 pass
 
-    def kill(self, handle: subprocess.Popen) -> None:
+    def kill(self, handle: subprocess.Popen | Detached) -> None:
         self.signal(handle, signals.SIGKILL)
+        if isinstance(handle, Detached):
+            handle.wait(10)
+            return
         try:
             handle.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
@@ -134,19 +255,22 @@ class DockerRuntime:
         if launch.checkpoint_host_dir is not None:
             launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
         with _log(launch.log_path) as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(shimmed(launch, cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         return DockerHandle(proc.pid, launch.name, proc)
 
-    def poll(self, handle: DockerHandle) -> int | None:
-        return handle.proc.poll()
+    def poll(self, handle: DockerHandle | Detached) -> int | None:
+        return handle.proc.poll() if isinstance(handle, DockerHandle) else handle.poll()
 
-    def signal(self, handle: DockerHandle, sig: int) -> None:
-        if handle.proc.poll() is None:
+    def signal(self, handle: DockerHandle | Detached, sig: int) -> None:
+        if self.poll(handle) is None:
             subprocess.run([self.docker, "kill", "--signal", signals.Signals(sig).name, handle.name], capture_output=True, timeout=30)
 
-    def kill(self, handle: DockerHandle) -> None:
-        if handle.proc.poll() is None:
+    def kill(self, handle: DockerHandle | Detached) -> None:
+        if self.poll(handle) is None:
             subprocess.run([self.docker, "kill", handle.name], capture_output=True, timeout=30)
+            if isinstance(handle, Detached):
+                handle.wait(30)
+                return
             try:
                 handle.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:  # pragma: no cover

@@ -1,0 +1,136 @@
+"""An agent that restarts (a crash, `systemctl restart`) takes over the replicas its predecessor
+started on the instance: it does not start them a second time, it learns how one that ended while
+no agent watched it ended, and it stops one that is no longer assigned. Real agent and replica
+processes on the local bus; every wait polls for a condition."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.backend import backend_for
+from reconciler.runtime.agent import Agent
+from reconciler.runtime.bus import Bus
+from reconciler.runtime.runtimes import ProcessRuntime
+from tests.fleetkit import poll_until
+from tests.test_runtime_agent import entry, run_until, terminal
+
+PY = sys.executable
+
+
+def waiter(release: Path, ckpt: Path | None = None) -> list[str]:
+    """A replica that runs until `release` exists, then exits 0; on SIGUSR1 it writes `ckpt` and exits."""
+    return [PY, "-c", "import os, pathlib, signal, sys, time\n"
+            f"def on(s, f):\n    pathlib.Path({str(ckpt)!r}).write_text('saved'); sys.exit(0)\n"
+            "signal.signal(signal.SIGUSR1, on)\n"
+            "print('started', os.getpid(), flush=True)\n"
+            f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+            "print('done', flush=True)"]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds `marker` (a test's own tmp path: no other test's)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes() \
+                    and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture
+def leftovers(tmp_path):
+    """Whatever a test leaves running under its tmp path is killed (agents, shims, replicas)."""
+    yield
+    for pid in processes_with(str(tmp_path)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def agent_process(cfg: Path, instance: str, workdir: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen([PY, "-m", "reconciler.cli", "agent", instance, "--dir", str(cfg), "--runtime", "process",
+                                 "--address", "127.0.0.1", "--workdir", str(workdir), "--poll", "0.1", "--heartbeat", "0.2"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_a_restarted_agent_adopts_its_running_replica_and_does_not_start_a_second(tmp_path, leftovers):
+    cfg, work, release = tmp_path / "cfg", tmp_path / "w", tmp_path / "release"
+    cfg.mkdir()
+    bus = Bus(backend_for(cfg, None))
+    iid = f"i-adopt-{tmp_path.name}"
+    bus.put_assignment(iid, {"serial": 1, "replicas": [entry("train", waiter(release), master=iid)]})
+    first = agent_process(cfg, iid, work, tmp_path / "agent.log")
+    poll_until(lambda: (r := bus.run("train", 0)) and r["phase"] == "Running" and "started" in " ".join(r["log_tail"]), "replica running", 120)
+    first.send_signal(signal.SIGKILL)  # a crash: no shutdown, its replica runs on
+    first.wait(timeout=60)
+    second = agent_process(cfg, iid, work, tmp_path / "agent.log")
+    try:
+        poll_until(lambda: (a := bus.agent(iid)) and a["pid"] == second.pid and a["running"] == ["train/0"], "the new agent's heartbeat", 120)
+        rec = bus.run("train", 0)
+        assert (rec["phase"], rec["reason"], rec["attempt"]) == ("Running", "Adopted", 0), rec
+        release.touch()
+        rec = poll_until(lambda: (r := bus.run("train", 0)) and r["terminal"] and r, "the adopted replica finished", 120)
+        assert (rec["phase"], rec["exit_code"], rec["restarts"]) == ("Succeeded", 0, 0), rec
+        log = Path(rec["log_path"]).read_text()
+        assert log.count("--- fleetops: attempt") == 1 and log.count("started ") == 1  # one process, never two
+        assert "train/0: adopted attempt 0" in (tmp_path / "agent.log").read_text()
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait(timeout=60)
+
+
+def in_process(bus: Bus, instance: str, workdir: Path) -> Agent:
+    return Agent(instance, bus, ProcessRuntime(), workdir, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05, log=lambda m: None)
+
+
+def test_a_replica_that_ended_while_no_agent_watched_is_reported_once_not_run_again(tmp_path, leftovers):
+    bus = Bus(backend_for(tmp_path, None))
+    release = tmp_path / "release"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("etl", waiter(release))]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (r := bus.run("etl", 0)) and r["phase"] == "Running")
+    # The agent is gone (not stopped); the replica then finishes on its own.
+    release.touch()
+    poll_until(lambda: not processes_with(str(release)), "the replica ended", 60)
+    new = in_process(bus, "i-0", tmp_path / "w")
+    rec = run_until([new], terminal(bus, "etl"))
+    assert (rec["phase"], rec["reason"], rec["exit_code"], rec["restarts"]) == ("Succeeded", "Completed", 0, 0), rec
+    assert Path(rec["log_path"]).read_text().count("--- fleetops: attempt") == 1  # not started again
+
+
+def test_a_restarted_agent_stops_an_adopted_replica_that_is_no_longer_assigned(tmp_path, leftovers):
+    bus = Bus(backend_for(tmp_path, None))
+    ckpt = tmp_path / "ckpt"
+    e = entry("ft", waiter(tmp_path / "never", ckpt), checkpoint={"dir": str(tmp_path / "ck"), "signal": "SIGUSR1", "grace_seconds": 30})
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Running" and "started" in " ".join(r["log_tail"]))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # moved away while no agent ran here
+    new = in_process(bus, "i-0", tmp_path / "w")
+    rec = run_until([new], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped" and r)
+    assert rec["reason"] == "Unassigned" and rec["exit_code"] == 0  # it took its checkpoint signal and exited
+    assert ckpt.read_text() == "saved"
+    run_until([new], lambda: not new.replicas)  # and then forgotten, its local record with it
+    assert not (tmp_path / "w" / "replicas" / "ft-0.json").exists()
+
+
+def test_a_command_that_cannot_be_executed_is_a_start_error_through_the_shim(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("#!/nonexistent/interpreter\necho hi\n")
+    script.chmod(0o755)
+    bus = Bus(backend_for(tmp_path, None))
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("bad", [str(script)])]})
+    rec = run_until([in_process(bus, "i-0", tmp_path / "w")], terminal(bus, "bad"))
+    assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "StartError", 0), rec
+    assert f"cannot start {str(script)!r}: No such file or directory" in rec["message"]
