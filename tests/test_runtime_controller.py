@@ -1,0 +1,68 @@
+"""`reconcile controller --pull`: the controller follows the config repo. A commit pushed to the
+remote is pulled and applied; a pushed config that does not validate, or a pull that fails, is
+logged and the fleet is kept as it is. Real git repositories (a bare remote and clones), the sim."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from providers.sim import SimCloud
+from reconciler.runtime.controller import Controller
+from reconciler.state import state_dir
+from tests.fleetkit import job, pool, tenant, topology, write_config
+
+
+def git(cwd: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def fleet_docs(*jobs: dict) -> list[dict]:
+    return [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=4), *jobs]
+
+
+def push(work: Path, message: str) -> None:
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", message)
+    git(work, "push", "-q", "origin", "HEAD:main")
+
+
+def live(cfg: Path) -> int:
+    return sum(1 for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated")
+
+
+def test_the_controller_pulls_the_config_repo_and_applies_what_was_pushed(tmp_path):
+    remote, author, cfg = tmp_path / "remote.git", tmp_path / "author", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", str(remote), str(author)], check=True, timeout=60, capture_output=True)
+    (author / ".gitignore").write_text(".reconcile/\nstatus/\n")
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15)))
+    push(author, "one job")
+    subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
+    logs: list[str] = []
+    ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append)  # the config is a directory of the repo
+    assert ctl.step() and live(cfg / "fleet") == 1
+
+    # A second job is pushed: the next wake-up pulls it and applies it.
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15), job("b", cpu=15)))
+    push(author, "second job")
+    assert ctl.step(), logs
+    assert any(m.startswith("the desired state changed: plan") for m in logs), logs
+    assert live(cfg / "fleet") == 2 and (cfg / "fleet" / "fleet.yaml").read_text() == (author / "fleet" / "fleet.yaml").read_text()
+
+    # A pushed config that does not validate is pulled, logged and not acted on: the fleet stays.
+    (author / "fleet" / "fleet.yaml").write_text((author / "fleet" / "fleet.yaml").read_text().replace("cpu: 15", "cpu: many", 1))
+    push(author, "broken")
+    assert not ctl.step()
+    assert "the config does not validate" in logs[-1] and "fleet.yaml" in logs[-1], logs[-1]
+    assert live(cfg / "fleet") == 2
+
+    # The remote cannot be reached: the controller says so and keeps watching what it has.
+    git(cfg, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    n = len(logs)
+    assert not ctl.step()
+    assert any(m.startswith("git pull failed:") for m in logs[n:]), logs[n:]
+    assert live(cfg / "fleet") == 2
