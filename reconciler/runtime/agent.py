@@ -25,7 +25,7 @@ from typing import Callable
 from reconciler.errors import ReconcileError
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, start_time
+from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list, start_time
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -387,6 +387,14 @@ class Agent:
                "FLEETOPS_INSTANCE": self.instance}
         if ck:
             env["FLEETOPS_CHECKPOINT_DIR"] = str(ck_host) if self.runtime.name == "process" else ck["dir"]
+        if gpus and e.get("mig_profile"):
+            env["FLEETOPS_MIG_DEVICES"] = ",".join(gpus)  # G:M, as the plan gave them
+            try:
+                gpus = mig_uuids(gpus, e.get("mig_layout", []), nvidia_smi_list()) or gpus
+            except StartError as err:
+                rep.phase, rep.reason, rep.message, rep.terminal, rep.finished_at = "Failed", "StartError", str(err), True, iso()
+                self._log(f"{job}/{r}: cannot start: {err}")
+                return
         if gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
             if self.runtime.name == "process":  # a container sees only its devices, renumbered from 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from reconciler.model import DesiredState, Job
 
@@ -34,11 +34,48 @@ def previous_placements(previous: Mapping[str, dict]) -> dict[str, tuple[int, di
     return out
 
 
+def mig_devices(layout: Sequence[str], gpus: int) -> list[tuple[str, str]]:
+    """Every MIG device of an instance whose `gpus` GPUs are each partitioned with `layout`, as
+    (device, profile): device `G:M` is GPU G's M-th device in the pool's layout order."""
+    return [(f"{g}:{m}", p) for g in range(gpus) for m, p in enumerate(layout)]
+
+
+def _assign_mig(out: dict[str, dict], desired: DesiredState, mig_hosts: Mapping[str, tuple[Sequence[str], int]],
+                previous: Mapping[str, dict]) -> None:
+    """Give each replica of a MIG job its devices on its instance (the plan counts them; this names
+    them): the devices it had in the previous assignment while they are still its profile's, then the
+    lowest free ones, so a running replica's devices never change under it and no device is given twice."""
+    before = {(e["job"], e["replica"], iid): e.get("gpus", []) for iid, doc in previous.items() for e in doc.get("replicas", [])}
+    for iid, doc in out.items():
+        if iid not in mig_hosts:
+            continue
+        profile_of = dict(mig_devices(*mig_hosts[iid]))
+        taken: set[str] = set()
+        wanting = []
+        for e in doc["replicas"]:
+            mig = desired.jobs[e["job"]].spec.resources.mig
+            if mig is None:
+                continue
+            e["mig_profile"], e["mig_layout"] = mig.profile, list(mig_hosts[iid][0])
+            kept = before.get((e["job"], e["replica"], iid), [])
+            if len(kept) == mig.count and all(profile_of.get(x) == mig.profile and x not in taken for x in kept):
+                e["gpus"] = list(kept)
+                taken.update(kept)
+            else:
+                wanting.append((e, mig))
+        for e, mig in wanting:
+            free = [x for x, p in profile_of.items() if p == mig.profile and x not in taken][:mig.count]
+            e["gpus"] = free if len(free) == mig.count else []  # the plan never overcommits: [] would be a bug upstream
+            taken.update(e["gpus"])
+
+
 def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
-                      providers: Mapping[str, str], serial: int, previous: Mapping[str, dict]) -> dict[str, dict]:
+                      providers: Mapping[str, str], serial: int, previous: Mapping[str, dict],
+                      mig_hosts: Mapping[str, tuple[Sequence[str], int]] | None = None) -> dict[str, dict]:
     """instance id -> its assignment document, for every instance that hosts a replica of a job
     with `run`. A job's epoch is the serial at which its placement last changed: when one replica
-    moves, the whole gang restarts (from its checkpoint) at the new epoch."""
+    moves, the whole gang restarts (from its checkpoint) at the new epoch. `mig_hosts`: instance ->
+    (its pool's MIG layout, its GPU count), for the instances whose GPUs are MIG-partitioned."""
     before = previous_placements(previous)
     out: dict[str, dict] = {}
     for name, ids in sorted(placements.items()):
@@ -64,4 +101,5 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
                 "gpus": [str(x) for x in (g[r] if r < len(g) else [])],
                 "master_instance": ids[0], "master_port": master_port(desired.fleet, name, epoch, shared),
             })
+    _assign_mig(out, desired, mig_hosts or {}, previous)
     return out

@@ -30,6 +30,19 @@ def _launched(instances: Iterable[Instance]) -> dict[str, float]:
     return out
 
 
+def mig_hosts(desired: DesiredState, instances: Iterable[Instance]) -> dict[str, tuple[tuple[str, ...], int]]:
+    """instance -> (its pool's MIG layout, its GPU count from the catalog), for MIG-partitioned instances."""
+    from providers.catalog import load_catalog
+
+    catalog, out = load_catalog(), {}
+    for inst in instances:
+        pool = desired.pools.get(inst.pool)
+        shape = catalog.shape(inst.cloud, inst.instance_type)
+        if pool is not None and pool.spec.mig and shape is not None and shape.gpus:
+            out[inst.id] = (tuple(pool.spec.mig), shape.gpus)
+    return out
+
+
 def agent_bus(desired: DesiredState, state_url: str | None) -> str | None:
     """The bus URL cloud instances' agents are booted with: a remote state backend, when some job
     runs something. A local `.reconcile/` cannot be reached from a cloud instance: no agent then."""
@@ -66,7 +79,7 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         return 0
     live = {i.id: i for i in instances}
     placed = {j: ids for j, ids in placements.items() if all(i in live for i in ids)}
-    want = build_assignments(desired, placed, gpus, {i: inst.provider for i, inst in live.items()}, serial, previous)
+    want = build_assignments(desired, placed, gpus, {i: inst.provider for i, inst in live.items()}, serial, previous, mig_hosts(desired, live.values()))
     changed = 0
     for iid, doc in sorted(want.items()):
         old = previous.get(iid)

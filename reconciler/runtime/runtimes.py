@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal as signals
 import subprocess
@@ -210,6 +211,60 @@ class ProcessRuntime:
             handle.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
             pass
+
+
+MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*(MIG-[^)\s]+)\)")
+GPU_LINE = re.compile(r"^GPU\s+(\d+):")
+
+
+def parse_mig_list(text: str) -> dict[int, list[tuple[str, str]]]:
+    """`nvidia-smi -L` -> GPU index -> its MIG devices as (profile, UUID), in the order listed. Both
+    UUID forms: MIG-<uuid> (driver R470+) and MIG-GPU-<uuid>/<gi>/<ci> (R450)."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    gpu = None
+    for line in text.splitlines():
+        if m := GPU_LINE.match(line):
+            gpu = int(m.group(1))
+            out[gpu] = []
+        elif (m := MIG_LINE.match(line)) and gpu is not None:
+            out[gpu].append((m.group(1), m.group(3)))
+    return out
+
+
+def mig_uuids(devices: tuple[str, ...], layout: list[str], listing: str | None) -> tuple[str, ...] | None:
+    """The MIG UUIDs of the plan's devices (`G:M`: GPU G's M-th device of the pool's layout) on this
+    host, matched by profile: the k-th `2g.20gb` of the layout on a GPU is the k-th one nvidia-smi lists
+    there (same-profile devices are interchangeable; the driver's own numbering is not the layout's).
+    None without nvidia-smi (the sim): the indices stand. A GPU not partitioned as the pool says is a
+    StartError: the replica must not run on devices the plan did not give it."""
+    if listing is None:
+        return None
+    have = parse_mig_list(listing)
+    out = []
+    for dev in devices:
+        g, m = (int(x) for x in dev.split(":"))
+        profile = layout[m]
+        ordinal = layout[:m].count(profile)
+        mine = [u for p, u in have.get(g, []) if p == profile]
+        if ordinal >= len(mine):
+            listed = ", ".join(p for p, _ in have.get(g, [])) or "no MIG devices"
+            raise StartError(f"GPU {g} has {len(mine)} MIG device(s) of profile {profile}, the pool's layout {'/'.join(layout)} "
+                             f"needs {layout.count(profile)} (nvidia-smi -L lists: {listed}); partition the GPUs with the pool's layout")
+        out.append(mine[ordinal])
+    return tuple(out)
+
+
+def nvidia_smi_list() -> str | None:
+    """`nvidia-smi -L` on this host, or None where there is none (the sim, CPU hosts)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise StartError(f"nvidia-smi -L failed: {e}") from None
+    if out.returncode != 0:
+        raise StartError(f"nvidia-smi -L failed (exit {out.returncode}): {out.stderr.strip()[:200]}")
+    return out.stdout
 
 
 def docker_gpus(gpus: tuple[str, ...]) -> str:
