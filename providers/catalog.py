@@ -28,9 +28,13 @@ class RegionPrice:
     on_demand: float
     spot: float | dict[str, float] | None
     source: str  # a key of Catalog.sources
+    zones: tuple[str, ...] | None = None  # the only zones the source offers the type in (None: every zone of the region)
 
     def spot_in(self, zone: str) -> float | None:
         return self.spot.get(zone) if isinstance(self.spot, dict) else self.spot
+
+    def offered_in(self, zone: str) -> bool:
+        return self.zones is None or zone in self.zones
 
 
 @dataclass(frozen=True)
@@ -94,10 +98,11 @@ class Catalog:
         return f"{key} ({src.date})" if src else key
 
     def offering(self, cloud: str, region: str, zone: str, instance_type: str) -> Offering | None:
-        """The catalog price of a type in a zone, or None if the catalog does not price it in that region."""
+        """The catalog price of a type in a zone, or None if the catalog does not price it in that region or its
+        source does not offer it in that zone (a3-ultragpu-8g is in one zone of us-central1)."""
         shape = self.shape(cloud, instance_type)
         price = shape.prices.get(region) if shape else None
-        if shape is None or price is None:
+        if shape is None or price is None or not price.offered_in(zone):
             return None
         src = self.sources.get(price.source)
         return Offering(
@@ -134,7 +139,10 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
                         spot = float(spot)
                     if p.get("source", "") not in sources:
                         raise bad(f"clouds.{cloud}.instance_types.{name}.prices.{region}.source {p.get('source')!r} is not in `sources`")
-                    prices[region] = RegionPrice(float(p["on_demand"]), spot, p["source"])
+                    zones = p.get("zones")
+                    if zones is not None and not (isinstance(zones, list) and all(isinstance(z, str) for z in zones)):
+                        raise bad(f"clouds.{cloud}.instance_types.{name}.prices.{region}.zones is not a list of zone names")
+                    prices[region] = RegionPrice(float(p["on_demand"]), spot, p["source"], tuple(zones) if zones is not None else None)
                 shapes[(cloud, name)] = InstanceShape(
                     cloud=cloud, name=name, gpus=int(t["gpus"]), gpu_type=t.get("gpu_type"), cpu=float(t["cpu"]),
                     memory_gib=float(t["memory_gib"]), prices=prices, nvlink_domain=int(t.get("nvlink_domain", 1)),

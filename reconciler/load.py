@@ -602,6 +602,11 @@ def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy 
             if shape.regions is not None and s.region not in shape.regions:
                 err(doc, pool, ("spec", "instance_types", i), f"{t} is not offered in {s.region} (only {', '.join(shape.regions)})")
                 continue
+            price = shape.prices.get(s.region)
+            if price is not None and s.zones and not any(price.offered_in(z) for z in s.zones):
+                err(doc, pool, ("spec", "instance_types", i),
+                    f"{t} is not offered in {', '.join(s.zones)} (in {s.region} only in {', '.join(price.zones or ())})")
+                continue
             if shape.gpu_type:
                 pool_gpu_types[name].add(shape.gpu_type)
                 nv = pool_nvlink[name]

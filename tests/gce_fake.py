@@ -74,7 +74,8 @@ ATTACHABLE = {
 }
 # The GPUs accelerator-optimized machine types come with, which GCE reports as their guestAccelerators.
 BUILT_IN = {"a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100", "a2-ultragpu": "nvidia-a100-80gb",
-            "a3-highgpu": "nvidia-h100-80gb", "g2-standard": "nvidia-l4"}
+            "a3-highgpu": "nvidia-h100-80gb", "a3-megagpu": "nvidia-h100-mega-80gb", "a3-ultragpu": "nvidia-h200-141gb",
+            "g2-standard": "nvidia-l4"}
 G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 ACCELERATOR_TYPE_RE = re.compile(r"^(?:(?:https?://[^/]+)?/?compute/v1/)?(?:projects/([^/]+)/)?zones/([^/]+)/acceleratorTypes/([a-z0-9-]+)$")
 N1_RE = re.compile(r"^n1-(?:standard|highmem|highcpu)-([0-9]+)$")

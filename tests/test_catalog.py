@@ -4,11 +4,14 @@ response shapes), and a config repo's pinned catalog.json."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +38,10 @@ def test_every_shipped_price_names_a_dated_source_and_zones_of_a_region_share_it
         for region, price in shape.prices.items():
             src = cat.sources[price.source]
             assert date.fromisoformat(src.date) and src.what
-            offers = [cat.offering(cloud, region, z, t) for z in cat.regions[cloud][region]["zones"]]
+            zones = cat.regions[cloud][region]["zones"]
+            assert price.zones is None or set(price.zones) < set(zones), (cloud, t, region, price.zones)
+            offers = [cat.offering(cloud, region, z, t) for z in zones if price.offered_in(z)]
+            assert all(cat.offering(cloud, region, z, t) is None for z in zones if not price.offered_in(z))
             assert {(o.on_demand_price, o.spot_price) for o in offers} == {(price.on_demand, price.spot)}, (cloud, t, region)
             assert all(o.price_source == f"catalog: {price.source}" and o.prices_as_of == src.date for o in offers)
     # The public prices the issue found the old catalog furthest from (AWS's 2025 cut).
@@ -48,9 +54,75 @@ def test_every_shipped_price_names_a_dated_source_and_zones_of_a_region_share_it
         assert (o.gpus, o.gpu_type) == (gpus, model) and model in cat.gpu_models
 
 
+PUBLIC = Path(__file__).parent / "data" / "public_prices"
+
+
+def _excerpt(name: str) -> list[dict]:
+    with open(PUBLIC / name) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def test_shipped_gcp_and_azure_prices_are_the_public_rows_they_cite():
+    """Every GCP and Azure price labelled with a SkyPilot snapshot is that snapshot's figure (the excerpt keeps its rows
+    verbatim): a GPU machine type is its VM row plus its accelerator row, priced in exactly the zones that have both.
+    Before, GCP and Azure carried last month's list prices (ND96asr_v4 spot $10.88 against $2.99 published)."""
+    cat = load_catalog()
+    gcp = _excerpt("skypilot-catalog_v8_gcp_vms_8427bbff.csv")
+    vm = {(r["InstanceType"], r["AvailabilityZone"]): r for r in gcp if r["InstanceType"]}
+    gpu = {(r["AcceleratorName"], int(r["AcceleratorCount"]), r["AvailabilityZone"]): r for r in gcp if not r["InstanceType"]}
+    checked = set()
+    for (cloud, t), shape in cat.shapes.items():
+        for region, price in shape.prices.items():
+            if price.source == "skypilot-v8-gcp":
+                machine = t.split("+")[0]
+                both = [z for z in cat.regions["gcp"][region]["zones"]
+                        if (machine, z) in vm and (not shape.gpus or (shape.gpu_type, shape.gpus, z) in gpu)]
+                assert both and [z for z in both if price.offered_in(z)] == both, (t, region, both)
+                assert all(not price.offered_in(z) for z in cat.regions["gcp"][region]["zones"] if z not in both), (t, region)
+                for z in both:
+                    rows = [vm[(machine, z)]] + ([gpu[(shape.gpu_type, shape.gpus, z)]] if shape.gpus else [])
+                    assert price.on_demand == pytest.approx(sum(float(r["Price"]) for r in rows), abs=1e-9), (t, z)
+                    assert price.spot_in(z) == pytest.approx(sum(float(r["SpotPrice"]) for r in rows), abs=1e-9), (t, z)
+                    assert (float(rows[0]["vCPUs"]), float(rows[0]["MemoryGiB"])) == (shape.cpu, shape.memory_gib), t
+                checked.add((cloud, t, region))
+            elif price.source == "skypilot-v6-azure":
+                (row,) = [r for r in _excerpt("skypilot-catalog_v6_azure_vms_098741e7.csv")
+                          if (r["InstanceType"], r["Region"]) == (t, region)]
+                assert (price.on_demand, price.spot) == (float(row["Price"]), float(row["SpotPrice"])), t
+                assert (float(row["vCPUs"]), float(row["MemoryGiB"])) == (shape.cpu, shape.memory_gib), t
+                checked.add((cloud, t, region))
+    # Every GCP price and every Azure eastus price is one (westeurope has no public row: an estimate, labelled so).
+    assert {(c, t, r) for (c, t), s in cat.shapes.items() for r in s.prices if c == "gcp" or r == "eastus"} == checked
+    assert all(p.source == "estimate-2026-11-01" for (c, _), s in cat.shapes.items() if c == "azure"
+               for r, p in s.prices.items() if r == "westeurope")
+    # The new types, with the shapes the public rows give them.
+    for cloud, t, gpus, model, cpu, mem in (
+            ("gcp", "a3-ultragpu-8g", 8, "H200", 224, 2952), ("gcp", "n1-standard-32+4xnvidia-tesla-v100", 4, "V100", 32, 120),
+            ("azure", "Standard_NC40ads_H100_v5", 1, "H100", 40, 320), ("azure", "Standard_NC96ads_A100_v4", 4, "A100-80GB", 96, 880),
+            ("azure", "Standard_NV36ads_A10_v5", 1, "A10", 36, 440)):
+        s = cat.shape(cloud, t)
+        assert (s.gpus, s.gpu_type, s.cpu, s.memory_gib) == (gpus, model, cpu, mem) and model in cat.gpu_models, t
+    # Where the source offers a type in some zones only, so does the catalog: H200 in us-central1-b alone.
+    assert cat.offering("gcp", "us-central1", "us-central1-b", "a3-ultragpu-8g").on_demand_price == pytest.approx(12.266 + 74.49392)
+    assert cat.offering("gcp", "us-central1", "us-central1-a", "a3-ultragpu-8g") is None
+
+
+def test_h200_and_b200_mig_profiles_are_nvidias():
+    """The H200 and B200 MIG profile tables were written from memory; each profile and how many fit on one GPU is now
+    checked against NVIDIA's mig-parted default config (verbatim excerpt)."""
+    text = (PUBLIC / "mig-parted_config-default_5ffc59fe.yaml").read_text()
+    published = {m.group(1): int(m.group(2)) for m in re.finditer(r'"(\d+g\.\d+gb)": (\d+)', text)}
+    models = load_catalog().gpu_models
+    for name, memory in (("H200", "141"), ("B200", "180")):
+        profiles = models[name].mig_profiles
+        assert profiles and f"7g.{memory}gb" in profiles
+        assert {p: published.get(p) for p in profiles} == {p: v.max_per_gpu for p, v in profiles.items()}, name
+
+
 def test_a_type_is_priced_only_where_its_source_priced_it():
     cat = load_catalog()
-    assert cat.offering("gcp", "europe-west4", "europe-west4-a", "a3-highgpu-8g") is None  # priced in us-central1 only
+    assert cat.offering("gcp", "europe-west4", "europe-west4-a", "a3-highgpu-8g") is None  # offered in europe-west4-b/-c only
+    assert cat.offering("azure", "westeurope", "westeurope-1", "Standard_NC40ads_H100_v5") is None  # priced in eastus only
     with pytest.raises(ReconcileError, match="x.json: not a fleetops price catalog: .*source 'nowhere' is not in `sources`"):
         parse_catalog({"sources": {}, "clouds": {"aws": {"regions": {}, "instance_types": {
             "t": {"gpus": 0, "cpu": 1, "memory_gib": 1, "prices": {"r": {"on_demand": 1, "source": "nowhere"}}}}}}}, "x.json")

@@ -110,16 +110,20 @@ def test_pool_errors(tmp_path):
     from tests.fleetkit import TOPOLOGY
 
     write_config(tmp_path, [
-        topology(clouds={**TOPOLOGY, "gcp": {**TOPOLOGY["gcp"], "europe-west4": ["europe-west4-a"]}}), tenant("t"),
+        topology(clouds={**TOPOLOGY, "gcp": {**TOPOLOGY["gcp"], "europe-west4": ["europe-west4-a"]},
+                         "azure": {**TOPOLOGY["azure"], "westeurope": ["westeurope-1"]}}), tenant("t"),
         pool("a", "aws", "us-east-1", ["us-east-1z"], ["p4d.24xlarge"]),
         pool("b", "aws", "eu-north-9", ["x"], ["p4d.24xlarge"]),
-        pool("c", "gcp", "europe-west4", ["europe-west4-a"], ["a3-highgpu-8g", "warp-drive.1x"]),  # a3: priced in us-central1 only
+        pool("c", "gcp", "europe-west4", ["europe-west4-a"], ["a3-highgpu-8g", "warp-drive.1x"]),  # a3 (H100): zones b and c only
         pool("d", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=5, hi=2),
+        pool("e", "azure", "westeurope", ["westeurope-1"], ["Standard_NC40ads_H100_v5"]),  # the public source prices eastus only
     ])
     errs = errors_of(tmp_path)
     assert any("Pool/a: spec.zones.0: zone 'us-east-1z' is not in aws/us-east-1" in e for e in errs), errs
     assert any("Pool/b: spec.region: region aws/eu-north-9 is not in the Topology" in e for e in errs), errs
-    assert any("Pool/c: spec.instance_types.0: a3-highgpu-8g is not offered in europe-west4 (only us-central1)" in e for e in errs), errs
+    assert any("Pool/c: spec.instance_types.0: a3-highgpu-8g is not offered in europe-west4-a "
+               "(in europe-west4 only in europe-west4-b, europe-west4-c)" in e for e in errs), errs
+    assert any("Pool/e: spec.instance_types.0: Standard_NC40ads_H100_v5 is not offered in westeurope (only eastus)" in e for e in errs), errs
     assert any("Pool/c: spec.instance_types.1: unknown gcp instance type 'warp-drive.1x'" in e for e in errs), errs
     assert any("Pool/d: spec: " in e and "min_instances (5) exceeds max_instances (2)" in e for e in errs), errs
 
