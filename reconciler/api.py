@@ -48,6 +48,7 @@ class ApplyResult:
     plan: Plan
     report: ApplyReport
     status_dir: Path
+    view: object = None  # the FleetView the apply left (what status/metrics.prom exports)
 
 
 
@@ -204,9 +205,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state)
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
                                   fleet_uid=current.fleet_uid)
-        _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()), desired,
-                       observed, the_plan, report)
-    result = ApplyResult(the_plan, report, status_dir)
+        left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),
+                              desired, observed, the_plan, report)
+    result = ApplyResult(the_plan, report, status_dir, left)
     if not report.ok:
         done = f"{len(report.created)} created, {len(report.deleted)} deleted"
         err = ApplyError(f"apply partly failed ({done}; status written):\n" + "\n".join(f"  - {f}" for f in report.failures))
@@ -216,13 +217,15 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
 
 
 def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, observed: Observed, the_plan: Plan,
-                   report: ApplyReport) -> None:
+                   report: ApplyReport):
     """status/metrics.prom: the fleet the apply left, for node_exporter's textfile collector (not committed with
-    status: its plan time and queue waits change every run)."""
+    status: its plan time and queue waits change every run). Returns that view (the controller serves it)."""
     from reconciler.fleetview import applied_view
     from reconciler.metrics import write_textfile
 
-    write_textfile(status_dir / "metrics.prom", applied_view(problem, desired, observed, the_plan, report, utcnow()))
+    view = applied_view(problem, desired, observed, the_plan, report, utcnow())
+    write_textfile(status_dir / "metrics.prom", view)
+    return view
 
 
 def fleet_view(res: PlanResult, now: datetime | None = None):

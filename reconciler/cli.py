@@ -663,9 +663,13 @@ def controller(
     poll: float = typer.Option(2.0, "--poll", help="Seconds between looks at the config and the bus."),
     resync: float = typer.Option(60.0, "--resync", help="Plan at least this often (drift: vanished instances)."),
     pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0: a free one) "
+                                               "from the last plan or apply."),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="The address --metrics-port listens on."),
 ) -> None:
     """Plan and apply whenever the desired state changes, a job finishes or fails, or an instance is
-    interrupted or lost; hold the apply lock only while applying; exit cleanly on SIGTERM."""
+    interrupted or lost; hold the apply lock only while applying; exit cleanly on SIGTERM. With --metrics-port,
+    serve the fleet's metrics (as `reconcile metrics` prints them) for Prometheus to scrape."""
     import signal as signals
 
     from reconciler.runtime.controller import Controller
@@ -680,7 +684,21 @@ def controller(
     signals.signal(signals.SIGINT, on_term)
     ctl = Controller(config_dir, provider=provider, state=state, options=_options(provider_option), time_limit=time_limit,
                      poll=poll, resync=resync, pull=pull, log=lambda m: typer.echo(f"{utcnow().isoformat()} controller: {m}"))
-    ctl.run(lambda: stop["now"])
+    server = None
+    if metrics_port is not None:
+        from reconciler.metrics import serve
+
+        try:
+            server = serve(metrics_port, lambda: ctl.view, metrics_addr)
+        except OSError as e:
+            typer.echo(f"Error: cannot serve /metrics on {metrics_addr}:{metrics_port}: {e.strerror or e}", err=True)
+            raise typer.Exit(1)
+        ctl.log(f"serving /metrics on http://{metrics_addr}:{server.server_port}/metrics")
+    try:
+        ctl.run(lambda: stop["now"])
+    finally:
+        if server is not None:
+            server.shutdown()
 
 
 @app.command()

@@ -115,14 +115,16 @@ def _labels(name: str) -> list[str]:
 
 
 class _ViewCollector:
-    def __init__(self, source: Callable[[], FleetView]):
+    def __init__(self, source: Callable[[], FleetView | None]):
         self.source = source
 
     def collect(self):
-        yield from families(self.source())
+        view = self.source()
+        if view is not None:  # nothing to export yet (a controller before its first plan): an empty scrape
+            yield from families(view)
 
 
-def registry_for(source: Callable[[], FleetView]) -> CollectorRegistry:
+def registry_for(source: Callable[[], FleetView | None]) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_ViewCollector(source))  # type: ignore[arg-type]
     return reg
@@ -142,7 +144,7 @@ def write_textfile(path: Path, view: FleetView) -> None:
     os.replace(tmp, path)
 
 
-def serve(port: int, source: Callable[[], FleetView], addr: str = "127.0.0.1"):
+def serve(port: int, source: Callable[[], FleetView | None], addr: str = "127.0.0.1"):
     """Serve /metrics on addr:port (0: a free port) from a daemon thread; each scrape calls source().
     Returns the server (its .server_port is the port; .shutdown() stops it). For `reconcile controller`."""
     from prometheus_client import start_http_server

@@ -120,3 +120,49 @@ def test_grafana_dashboard_queries_only_exported_metrics():
                     "fleetops_pending_jobs", "fleetops_queue_wait_seconds_avg", "fleetops_queue_wait_seconds_p95",
                     "fleetops_preemptions", "fleetops_instances_lost", "fleetops_tenant_over_quota",
                     "fleetops_plan_duration_seconds", "fleetops_solver_gap_ratio"}
+
+
+def test_reconcile_controller_serves_metrics_of_the_fleet_it_applied(tmp_path):
+    """Item 6: a /metrics endpoint wherever a long-running reconcile process exists. `reconcile controller` had none
+    (serve() was only a library call): with --metrics-port it serves, at each scrape, the fleet its last plan or apply
+    left, the same numbers the apply wrote to status/metrics.prom; SIGTERM stops it and the endpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.fleetkit import poll_until
+
+    cfg = copy_quickstart(tmp_path)
+    log = tmp_path / "controller.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "controller", str(cfg), "--metrics-port", "0",
+                                 "--poll", "0.5", "--time-limit", "5"], stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        served_at = re.compile(r"serving /metrics on http://127\.0\.0\.1:(\d+)/metrics")
+        poll_until(lambda: served_at.search(log.read_text()) or proc.poll() is not None, "the controller starts", 120)
+        m = served_at.search(log.read_text())
+        assert m and proc.poll() is None, log.read_text()
+        port = m[1]
+        poll_until(lambda: "applied plan" in log.read_text() or proc.poll() is not None, "the controller applies", 300)
+        assert proc.poll() is None, log.read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            served = samples(r.read().decode())
+        written = samples((cfg / "status" / "metrics.prom").read_text())
+        for name in ("fleetops_gpus", "fleetops_gpus_allocated", "fleetops_instances", "fleetops_jobs", "fleetops_pending_jobs",
+                     "fleetops_cost_dollars_per_hour", "fleetops_tenant_over_quota", "fleetops_solver_gap_ratio"):
+            assert {k: v for k, v in served.items() if k[0] == name} == {k: v for k, v in written.items() if k[0] == name}, name
+        assert value(served, "fleetops_gpus", pool="aws-a100", gpu_type="A100") == 16
+        assert {k[0] for k in served} >= {"fleetops_queue_wait_seconds_p95", "fleetops_preemptions", "fleetops_instances_lost",
+                                          "fleetops_plan_duration_seconds"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+    assert "stopped after 1 apply(s)" in log.read_text()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)

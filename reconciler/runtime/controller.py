@@ -42,6 +42,7 @@ class Controller:
         self.log = log
         self.last = Trigger()
         self.applies = 0
+        self.view = None  # the FleetView of the last plan or apply: what /metrics serves (None before the first)
 
     def _why(self) -> tuple[str | None, str, tuple]:
         """(reason to plan or None, the desired digest, the bus signature)."""
@@ -87,6 +88,7 @@ class Controller:
             self.log(f"{why}: plan failed: {e}")
             return False
         self.last = Trigger(digest, sig, time.monotonic())
+        self.view = api.fleet_view(res)
         if not res.plan.has_changes:
             if why != "resync":
                 self.log(f"{why}: plan {res.plan.id}: no changes")
@@ -104,6 +106,7 @@ class Controller:
             self.last.at = 0.0
             return False
         self.applies += 1
+        self.view = done.view or self.view
         r = done.report
         self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
         return True
