@@ -311,7 +311,7 @@ class AwsProvider:
         if request.agent_state_url:  # cloud-init runs it at first boot: it installs and starts the node agent
             from reconciler.runtime.bootstrap import bootstrap_script
 
-            params["UserData"] = bootstrap_script("aws", request.agent_state_url, None)
+            params["UserData"] = bootstrap_script("aws", request.agent_state_url, None, mig=request.pool.mig)
         if request.capacity_reservation:  # a targeted launch: only into this reservation, or it fails
             params["CapacityReservationSpecification"] = {"CapacityReservationTarget": {"CapacityReservationId": request.capacity_reservation}}
         if request.market == "spot":

@@ -509,7 +509,7 @@ class AzureProvider:
 
             from reconciler.runtime.bootstrap import bootstrap_script
 
-            script = bootstrap_script("azure", request.agent_state_url, self._scope(p.settings).vm_id(name))
+            script = bootstrap_script("azure", request.agent_state_url, self._scope(p.settings).vm_id(name), mig=p.mig)
             props["osProfile"]["customData"] = base64.b64encode(script.encode()).decode()
         if request.market == "spot":
             props["priority"] = "Spot"

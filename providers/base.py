@@ -34,6 +34,7 @@ class PoolTarget:
     zones: tuple[str, ...]
     instance_types: tuple[str, ...]
     settings: Mapping[str, object] = field(default_factory=dict)  # the pool's cloud section
+    mig: tuple[str, ...] = ()  # the MIG layout of every GPU (the node agent's bootstrap applies it)
 
 
 @dataclass(frozen=True)

@@ -497,7 +497,8 @@ class GcpProvider:
         if request.agent_state_url:  # GCE runs startup-script at every boot; it installs and starts the node agent
             from reconciler.runtime.bootstrap import bootstrap_script
 
-            script = bootstrap_script("gcp", request.agent_state_url, f"projects/{project}/zones/{zone}/instances/{name}")
+            script = bootstrap_script("gcp", request.agent_state_url, f"projects/{project}/zones/{zone}/instances/{name}",
+                                      mig=request.pool.mig)
             resource.metadata = c.Metadata(items=[c.Items(key="startup-script", value=script)])
         return resource
 

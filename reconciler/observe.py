@@ -58,7 +58,7 @@ def pool_target(pool: Pool) -> PoolTarget:
     section = getattr(s, s.cloud, None) if s.cloud in ("aws", "gcp", "azure") else None
     return PoolTarget(
         name=pool.name, cloud=s.cloud, region=s.region, zones=tuple(s.zones), instance_types=tuple(s.instance_types),
-        settings=section.model_dump() if section is not None else {},
+        settings=section.model_dump() if section is not None else {}, mig=tuple(s.mig or ()),
     )
 
 

@@ -62,6 +62,17 @@ def test_gce_startup_script_boots_the_agent(gce, tmp_path):
     stored = next(i for i in gce.instances(project) if inst.id.endswith("/" + i["name"]))
     items = {m["key"]: m["value"] for m in stored["metadata"]["items"]}
     _checks(items["startup-script"], "gcp", inst.id)
+    assert "nvidia-smi" not in items["startup-script"]  # no MIG layout, no partitioning
+    # A MIG pool's instances partition their GPUs before the agent starts.
+    mig = PoolTarget(name="mig", cloud="gcp", region="us-central1", zones=("us-central1-a",), instance_types=("a2-ultragpu-8g",),
+                     settings={}, mig=("2g.20gb", "3g.40gb", "2g.20gb"))
+    inst = prov.create(CreateRequest(key="k-mig", pool=mig, zone="us-central1-a", instance_type="a2-ultragpu-8g", market="on-demand",
+                                     tags=ownership_tags("boot-gcp", "mig", "k-mig"), agent_state_url=STATE))
+    stored = next(i for i in gce.instances(project) if inst.id.endswith("/" + i["name"]))
+    script = {m["key"]: m["value"] for m in stored["metadata"]["items"]}["startup-script"]
+    _checks(script, "gcp", inst.id)
+    assert 'nvidia-smi mig -i "$gpu" -cgi 3g.40gb,2g.20gb,2g.20gb -C' in script
+    assert script.index("nvidia-smi mig -i") < script.index("systemctl enable --now fleetops-agent.service")
 
 
 def test_azure_custom_data_boots_the_agent(arm, tmp_path):
@@ -88,3 +99,46 @@ def test_instances_get_an_agent_only_with_a_remote_bus_and_work_that_runs(tmp_pa
     assert agent_bus(runs, STATE) == STATE
     assert agent_bus(runs, None) is None and agent_bus(runs, "local") is None  # a cloud instance cannot reach .reconcile/
     assert agent_bus(holds, STATE) is None  # reservations only: nothing to run, no agent
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "$*" >> "$CALLS"
+case "$*" in
+  -L) cat "$LISTING" ;;
+  --query-gpu=index*) printf '0\\n1\\n' ;;
+  --query-gpu=mig.mode.current*) printf 'Enabled\\nEnabled\\n' ;;
+esac
+"""
+
+
+def test_the_mig_partition_runs_once_per_instance_with_large_profiles_first(tmp_path):
+    """The bootstrap's MIG lines, run by bash against an nvidia-smi that records its calls (no GPUs on CI):
+    MIG mode on, then every GPU partitioned, the 3g before the 2g's; at a reboot, with MIG devices listed,
+    nothing is touched (the agent may be running replicas on them)."""
+    from reconciler.runtime.bootstrap import mig_partition
+
+    (tmp_path / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    listing, calls = tmp_path / "listing", tmp_path / "calls"
+    listing.write_text("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-2)\n")
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "CALLS": str(calls), "LISTING": str(listing)}
+    script = "set -euo pipefail\n" + mig_partition(("2g.20gb", "2g.20gb", "3g.40gb"))
+    assert subprocess.run(["bash", "-c", script], env=env).returncode == 0
+    assert calls.read_text().splitlines() == [
+        "-L", "-mig 1", "--query-gpu=mig.mode.current --format=csv,noheader", "--query-gpu=index --format=csv,noheader",
+        "mig -i 0 -cgi 3g.40gb,2g.20gb,2g.20gb -C", "mig -i 1 -cgi 3g.40gb,2g.20gb,2g.20gb -C"]
+    calls.unlink()
+    listing.write_text(listing.read_text() + "  MIG 3g.40gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)\n")
+    assert subprocess.run(["bash", "-c", script], env=env).returncode == 0
+    assert calls.read_text().splitlines() == ["-L"]
+
+
+def test_a_pools_mig_layout_reaches_the_launch(tmp_path):
+    from reconciler.load import load
+    from reconciler.observe import pool_target
+    from tests.fleetkit import pool, tenant, topology, write_config
+
+    p = pool("mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"])  # one A100-80GB
+    p["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    d = load(write_config(tmp_path, [topology(), tenant("t"), p]))
+    assert pool_target(d.pools["mig"]).mig == ("3g.40gb", "2g.20gb", "2g.20gb")

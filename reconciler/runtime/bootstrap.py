@@ -23,9 +23,27 @@ def package_version() -> str:
         return __version__
 
 
-def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, version: str | None = None) -> str:
+def mig_partition(layout: tuple[str, ...]) -> str:
+    """Shell lines that partition every GPU with the pool's MIG layout, before the agent starts (the
+    agent refuses to run a MIG replica on a GPU not partitioned so). Only when no MIG device exists yet:
+    GCE runs its startup-script at every boot, and by then the agent may run replicas on the devices.
+    Larger profiles first: NVIDIA's placement rules can refuse a large GPU instance after small ones."""
+    if not layout:
+        return ""
+    order = ",".join(sorted(layout, key=lambda p: -int(p.split("g.", 1)[0])))
+    return f"""# MIG: partition every GPU as the pool says ({",".join(layout)}), once.
+if [ "$(nvidia-smi -L | grep -c ' MIG ' || true)" = 0 ]; then
+  nvidia-smi -mig 1
+  if [ "$(nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader | grep -c Disabled || true)" != 0 ]; then nvidia-smi -r; fi
+  for gpu in $(nvidia-smi --query-gpu=index --format=csv,noheader); do nvidia-smi mig -i "$gpu" -cgi {shlex.quote(order)} -C; done
+fi
+"""
+
+
+def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, version: str | None = None, mig: tuple[str, ...] = ()) -> str:
     """A shell script (cloud-init runs `#!` user data as a script; so does GCE's startup-script).
-    `instance_id` None: the agent reads it from the metadata service (EC2 ids are not known before launch)."""
+    `instance_id` None: the agent reads it from the metadata service (EC2 ids are not known before launch).
+    `mig`: the pool's MIG layout, applied to every GPU before the agent starts."""
     version = version or package_version()
     who = f"--instance-from-metadata {cloud}" if instance_id is None else shlex.quote(instance_id)
     extra = {"s3": "aws", "gs": "gcp", "azblob": "azure"}.get(state_url.split("://", 1)[0], "")  # the bus's SDK
@@ -42,7 +60,7 @@ if ! command -v python3 >/dev/null; then (apt-get update -q && apt-get install -
 python3 -m venv /opt/fleetops
 /opt/fleetops/bin/pip install --quiet {shlex.quote(spec)}
 mkdir -p /var/lib/fleetops
-cat > /etc/systemd/system/fleetops-agent.service <<'UNIT'
+{mig_partition(tuple(mig))}cat > /etc/systemd/system/fleetops-agent.service <<'UNIT'
 [Unit]
 Description=fleetops node agent
 Wants=network-online.target
