@@ -214,3 +214,29 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_replica_that_ignores_its_checkpoint_signal_is_killed_after_the_grace_period(bus, agents, tmp_path):
+    cmd = [PY, "-c", "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)"]
+    e = entry("stubborn", cmd, checkpoint={"dir": str(tmp_path / "ck"), "signal": "SIGUSR1", "grace_seconds": 0.5})
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    a = agents("i-0")
+    run_until([a], lambda: (r := bus.run("stubborn", 0)) and r["phase"] == "Running" and "ready" in r["log_tail"])
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    rec = run_until([a], lambda: (r := bus.run("stubborn", 0)) and r["phase"] == "Stopped" and r)
+    assert rec["reason"] == "Unassigned" and rec["exit_code"] == -9  # SIGKILL once the grace was over
+    assert not any(r.running for r in a.replicas.values())
+
+
+def test_a_gang_member_that_fails_for_good_stops_the_others(bus, agents, free_port):
+    never = {"policy": "Never", "backoff_limit": 0}
+    serve = [PY, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("g", serve, replica=0, world=2, master_port=free_port, restart=never)]})
+    bus.put_assignment("i-1", {"serial": 1, "replicas": [entry("g", [PY, "-c", "raise SystemExit(4)"], replica=1, world=2,
+                                                               master_port=free_port, restart=never)]})
+    a0, a1 = agents("i-0"), agents("i-1")
+    run_until([a0, a1], lambda: all((r := bus.run("g", i)) and r["terminal"] for i in (0, 1)))
+    r0, r1 = bus.run("g", 0), bus.run("g", 1)
+    assert (r1["phase"], r1["reason"], r1["exit_code"]) == ("Failed", "Error", 4)
+    assert (r0["phase"], r0["reason"]) == ("Failed", "GangFailed") and "replica 1 failed: Error" in r0["message"]
+    assert not any(r.running for a in (a0, a1) for r in a.replicas.values())  # all or nothing, as it was placed
