@@ -291,10 +291,19 @@ class _Greedy:
         spot host whose work ranks lowest."""
         spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
                        key=lambda h: (h.price / self._prim(h), h.key))
+        tried: set[str] = set()
         while True:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
             if not spot_hosts or self._spot_rules_hold():
                 return
+            if self._fleet_spot_rules_hold():
+                # Diversity alone: keep an idle spot host of another type or zone the fleet has, before giving up
+                # running work (a guaranteed job was evicted when the host beside it had to go: issue 18).
+                keep = self._diversity_spare(tried)
+                if keep is not None:
+                    tried.add(keep.key)
+                    self._open(keep)
+                    continue
             if not self._fleet_spot_rules_hold() and self.p.spot.on_demand_buffer_percent <= 0:
                 # (With a buffer, work placed later could fill the host kept for it: not here.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):
@@ -305,6 +314,21 @@ class _Greedy:
             rank = {d.key: i for i, d in enumerate(order)}
             worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
             self._release(worst)
+
+    def _diversity_spare(self, tried: set[str]) -> Capacity | None:
+        """The cheapest idle spot host the fleet has that adds a spot instance type or zone the SpotPolicy
+        still asks for, within pool ceilings and the budget."""
+        sp = self.p.spot
+        caps = [i.cap for i in self.opened.values() if i.cap.market == "spot"]
+        types, zones = {c.instance_type for c in caps}, {c.zone for c in caps}
+        want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
+        cands = [h for hs in self.idle.values() for h in hs if h.market == "spot" and h.key not in self.opened
+                 and h.key not in tried and (want_type and h.instance_type not in types or want_zone and h.zone not in zones)]
+        keeping, self.keeping = self.keeping, True  # (the spot rules are what this settles: only ceilings and budget)
+        try:
+            return min((h for h in cands if self._may_open(h)), key=lambda h: (h.price, h.key), default=None)
+        finally:
+            self.keeping = keeping
 
     def _kept_spot(self) -> tuple[float, float, float]:
         """Of the kept hosts: spot capacity, all capacity, and what is idle on on-demand ones."""

@@ -244,3 +244,26 @@ def test_a_replica_moved_off_an_instance_the_plan_keeps_goes_back_when_it_fits(t
     jobs = by_job(plan)
     assert jobs["a"].action == "keep" and jobs["b"].instances == ("i0",)
     assert not plan.creates and not plan.deletes
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_spot_diversity_keeps_an_idle_spot_host_before_it_takes_guaranteed_work(tmp_path, time_limit):
+    """Found by the property tier's random fleets: two spot hosts of two types meet min_instance_types 2; the GPU
+    job on one can no longer stay (now spot: never), so that host would go and spot would span one type. Greedy
+    (the fallback and the warm start) then evicted the CPU job on the other, inside its tenant's guarantee; keeping
+    the idle spot host (or buying another type) keeps the rule without taking it."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "min_instance_types": 2, "min_zones": 1}),
+        doc("Tenant", "t1", {"quota": {"gpus": 4, "cpu": 32, "memory_gib": 128}}),
+        pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=1),
+        pool("gcp-a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", hi=3),
+        job("etl", "t1", cpu=4, mem=16),
+        job("train", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, spot="never"),
+    ]
+    fleet = [instance("i0", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", market="spot"),
+             instance("i1", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",), "train": ("i1",)}, time_limit=time_limit)
+    assert by_job(plan)["etl"].action == "keep", by_job(plan)["etl"]
+    assert by_job(plan)["train"].action == "evict"
