@@ -304,8 +304,8 @@ class _Greedy:
                     tried.add(keep.key)
                     self._open(keep)
                     continue
-            if not self._fleet_spot_rules_hold() and self.p.spot.on_demand_buffer_percent <= 0:
-                # (With a buffer, work placed later could fill the host kept for it: not here.)
+            if not self._fleet_spot_rules_hold():
+                # (With an on-demand buffer, work placed later cannot fill the host kept for it: _breaks_buffer.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):
                     spare.pop(0)
                 if spare:

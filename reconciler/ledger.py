@@ -378,9 +378,9 @@ class Ledger:
             out["spot-share"] = f"the fleet is {spot / total:.1%} spot, over max_spot_fraction {sp.max_spot_fraction:g}"
         if spot and sp.on_demand_buffer_percent > 0 and self.idle_on_demand() * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
             out["spot-buffer"] = f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {spot:g} spot) is not idle"
-        if spot:
-            types = {c.instance_type for c in self.instances.values() if c.market == "spot"}
-            zones = {c.zone for c in self.instances.values() if c.market == "spot"}
+        spot_caps = [c for c in self.instances.values() if c.market == "spot"]  # (any spot instance, CPU ones too)
+        if spot_caps:
+            types, zones = {c.instance_type for c in spot_caps}, {c.zone for c in spot_caps}
             if len(types) < sp.min_instance_types or len(zones) < sp.min_zones:
                 out["spot-diversity"] = (f"spot spans {len(types)} instance type(s) and {len(zones)} zone(s); the SpotPolicy "
                                          f"asks for {sp.min_instance_types} and {sp.min_zones}")

@@ -415,3 +415,27 @@ def test_a_gang_split_across_zones_and_a_spot_share_past_its_cap_are_refused(app
     _fresh(out, pristine, split(zone))  # the gang in one zone is a plan the planner could make: carried out
     res = _apply(cfg, out)
     assert res.exit_code == 0, res.output
+
+
+def test_an_evict_for_spot_diversity_the_fleet_breaks_now_is_accepted(tmp_path):
+    """The fleet's only spot instance is a CPU one in one zone, under min_zones 2: the fleet breaks spot diversity
+    as it runs, so the planner stops the job on it. The re-check counted diversity only where spot GPUs ran and
+    refused that honest plan (found by the property tier)."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, doc, instance, job, plan_for, pool, topology
+
+    docs = [topology(), doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "min_zones": 2}), doc("Tenant", "t1", {}),
+            pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=1),
+            pool("aws-a100", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+            job("etl", "t1", cpu=4, mem=16), job("ft", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    fleet = [instance("i0", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", market="spot"),
+             instance("i1", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    placements = {"etl": ("i0",)}
+    for time_limit in (10, 0):
+        plan = plan_for(tmp_path / str(time_limit), docs, fleet, placements, time_limit=time_limit)
+        assert next(j for j in plan.jobs if j.job == "etl").action == "evict"
+        desired = load(tmp_path / str(time_limit))
+        observed = catalog_observed(desired, fleet, placements)
+        assert recheck(plan, desired, observed, build_problem(desired, observed))[1] == []
