@@ -24,6 +24,7 @@ from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, Cre
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.runtime.runtimes import start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
           "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "reject_every": None, "latency_ms": 0}, "calls": 0}
@@ -31,16 +32,6 @@ _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _starttime(pid: int) -> str:
-    """The process's start time in clock ticks (/proc/PID/stat field 22): with the pid, it names
-    one process, so a pid reused since is never signalled."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def _kill_group(pid: int, started: str) -> None:

@@ -240,3 +240,17 @@ def test_a_gang_member_that_fails_for_good_stops_the_others(bus, agents, free_po
     assert (r1["phase"], r1["reason"], r1["exit_code"]) == ("Failed", "Error", 4)
     assert (r0["phase"], r0["reason"]) == ("Failed", "GangFailed") and "replica 1 failed: Error" in r0["message"]
     assert not any(r.running for a in (a0, a1) for r in a.replicas.values())  # all or nothing, as it was placed
+
+
+def test_logs_shows_the_replica_asked_for(bus, agents, tmp_path, free_port):
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    cmd = [PY, "-c", "import os; print('hello from rank', os.environ['RANK'])"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("pair", cmd, replica=r, world=2, master_port=free_port) for r in (0, 1)]})
+    run_until([agents("i-0")], lambda: all((r := bus.run("pair", i)) and r["terminal"] for i in (0, 1)))
+    out = CliRunner().invoke(app, ["logs", str(tmp_path), "pair", "--replica", "1"])
+    assert out.exit_code == 0 and "hello from rank 1" in out.output and "hello from rank 0" not in out.output
+    missing = CliRunner().invoke(app, ["logs", str(tmp_path), "pair", "--replica", "5"])
+    assert missing.exit_code == 1 and "no run of pair/5 has been reported yet" in missing.output
