@@ -637,7 +637,7 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
             name=name, weight=t.spec.weight, cap=cap, guarantee=guarantee,
             budget=desired.guardrails.tenant_hourly_budgets.get(name),
             spot_fraction=desired.spot_policy.tenant_max_spot_fraction.get(name),
-            protected=protected, protected_jobs=tuple(kept) if guarantee else (), dominant=dominant,
+            protected=protected, protected_jobs=tuple(kept), dominant=dominant,
         )
     return out
 

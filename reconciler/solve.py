@@ -531,7 +531,7 @@ class _Model:
         prot = []
         bound = 0
         for t, r in p.tenants.items():
-            if r.protected <= 0 or not r.guarantee:
+            if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
                 continue
             mine = [d for d in p.demands if d.tenant == t]
             pt = m.new_int_var(0, r.protected, f"protect[{t}]")

@@ -207,9 +207,8 @@ def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> li
     tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
     the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
     q = desired.tenants[tenant].spec.quota
+    # (a tenant without a quota is unlimited: everything it runs is inside its guarantee)
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
-    if not guar:
-        return []
     used = dict.fromkeys(DIMS, 0.0)
     out = []
     running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]

@@ -291,3 +291,22 @@ def test_an_on_demand_buffer_does_not_stop_greedy_keeping_on_demand_for_the_spot
              instance("i2", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
     plan = plan_for(tmp_path, docs, fleet, {"etl": ("i1",)}, time_limit=time_limit)
     assert by_job(plan)["etl"].action == "keep", by_job(plan)["etl"]
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_tenant_without_a_quota_keeps_its_running_work_against_another_tenants_higher_class(tmp_path, time_limit):
+    """Found by the property tier: neither tenant has a quota (unlimited: nothing either runs is borrowed), and
+    CP-SAT evicted t3's running low job so t1's high gang could take its GPUs (the README: a higher class evicts
+    lower ones of its own tenant, and borrowed work of others). The guarantee tier skipped tenants without one."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("Tenant", "t1", {}), doc("Tenant", "t3", {}),
+        pool("gcp-a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], market="spot", hi=1),
+        job("sweep", "t3", gpus=2, gpu_type="A100", cpu=16, mem=120, priority="low"),
+        job("train", "t1", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, priority="high"),
+    ]
+    fleet = [instance("i0", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"sweep": ("i0",)}, time_limit=time_limit)
+    assert by_job(plan)["sweep"].action == "keep", by_job(plan)["sweep"]
+    assert by_job(plan)["train"].action == "pending"
