@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "fleetops.io/v1alpha1"
 
@@ -19,6 +19,15 @@ PRIORITY_CLASSES: dict[str, int] = {"low": 1, "normal": 10, "high": 100, "critic
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63)]
 NonNeg = Annotated[float, Field(ge=0, le=1e9)]
+
+
+def _iso_time(v: object) -> object:
+    """An ISO 8601 string is a time, as the published schema (`format: date-time`) says: a quoted timestamp, or
+    one in a JSON document, was refused as 'not a valid datetime' by strict mode. A time without a zone is UTC."""
+    return datetime.fromisoformat(v) if isinstance(v, str) else v
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_iso_time)]
 Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Market = Literal["spot", "on-demand"]
 
@@ -220,10 +229,10 @@ class JobSpec(Strict):
     clouds: list[Name] | None = None  # allowlist of clouds
     pools: list[Name] | None = None  # allowlist of Pool names
     expected_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0  # amortises data egress
-    submitted: datetime | None = None
+    submitted: Timestamp | None = None
     # Must finish by then: it must start by deadline - expected_hours. Ranks above work of its
     # class without one (the closer, the higher); flagged DeadlineAtRisk / DeadlineMissed.
-    deadline: datetime | None = None
+    deadline: Timestamp | None = None
     # Floating licenses each replica holds while it runs (License documents by name), e.g. {matlab: 1}.
     licenses: dict[Name, Annotated[int, Field(ge=1, le=1_000_000)]] = {}
     # The workload (reconciler/runtime). Without `run` a Job is a reservation: it is placed,
