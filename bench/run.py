@@ -334,6 +334,9 @@ def run_tier(tier: str, time_limit: float, seed: int, work: Path, emit, profile:
 
 
 def child(tier: str, time_limit: float, seed: int, rows_path: Path, profile: bool) -> int:
+    # Plans and applies are measured, not the workloads: the sim starts no node agents (the quickstart's
+    # would run its jobs, and their writes into .reconcile/ broke the tier's cleanup: 'Directory not empty').
+    os.environ["FLEETOPS_SIM_AGENTS"] = "0"
     def emit(row: dict) -> None:
         with open(rows_path, "a") as f:
             f.write(json.dumps({"tier": tier, **row}) + "\n")
