@@ -47,7 +47,7 @@ from reconciler.ledger import money, plan_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
-from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, over_cap_tenants, placement_refusal
+from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, gang_split, over_cap_tenants, placement_refusal
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
@@ -198,7 +198,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap:
             continue
         if any(i not in hosts or hosts[i].keep_blocker is not None or placement_refusal(d, hosts[i]) is not None
-               or fit(d, hosts[i]) == 0 for i in ids):
+               or fit(d, hosts[i]) == 0 for i in ids) or d.gang and gang_split(d, [hosts[i] for i in ids]):
             continue  # it cannot stay where it runs
         if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
             continue  # higher-class work of its own tenant takes its place

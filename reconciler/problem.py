@@ -670,13 +670,27 @@ def forced_moves(problem: "Problem") -> dict[str, int]:
     """Items of each demand that must leave their instance whatever is decided (it goes, or they
     no longer fit there): under WhenEmpty, the only running work that may move."""
     by_key = {d.key: d for d in problem.demands}
+    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
+    split = {(d.key, job) for d in problem.demands if d.gang for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
     out: dict[str, int] = {}
     for h in problem.capacities:
         if h.existing:
-            for dk, _, n in h.residents:
-                if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0):
+            for dk, job, n in h.residents:
+                if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
                     out[dk] = out.get(dk, 0) + n
     return out
+
+
+def gang_split(d: Demand, hosts: list) -> bool:
+    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?"""
+    if any(h is None for h in hosts):
+        return False  # (a lost host: the gang is healed around its survivors)
+    if len({(h.cloud, h.zone) for h in hosts}) > 1:
+        return True
+    if d.gang_mode == "instance":
+        return len({h.instance_id for h in hosts}) > 1
+    return d.gang_mode == "placement-group" and len({h.instance_type for h in hosts}) > 1
 
 
 def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:

@@ -620,6 +620,9 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
             return False
         if iid in deleted and deleted[iid].startswith(("consolidated", "no longer needed")) is False:
             return False
+    ids = observed.placements.get(job.name, ())
+    if len({(insts[i].cloud, insts[i].zone) for i in ids}) > 1:
+        return False  # a gang split over zones as it runs must move (or go)
     return True
 
 

@@ -310,3 +310,25 @@ def test_a_tenant_without_a_quota_keeps_its_running_work_against_another_tenants
     plan = plan_for(tmp_path, docs, fleet, {"sweep": ("i0",)}, time_limit=time_limit)
     assert by_job(plan)["sweep"].action == "keep", by_job(plan)["sweep"]
     assert by_job(plan)["train"].action == "pending"
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_gang_running_across_two_zones_moves_into_one_instead_of_being_evicted(tmp_path, time_limit):
+    """Found by the property tier: a 3-replica gang ran on two p4d.24xlarge in two zones (placements an older
+    version or a hand edit left). Under consolidation WhenEmpty only forced moves were allowed, and none of its
+    replicas counted as forced, so both solvers evicted the job although one zone could hold it whole."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty"}),
+        doc("Tenant", "t1", {}),
+        pool("aws-a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=2),
+        job("sweep", "t1", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3),
+    ]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
+             instance("i1", "aws-a100", "aws", "us-east-1", "us-east-1b", "p4d.24xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"sweep": ("i0", "i0", "i1")}, time_limit=time_limit)
+    sweep = by_job(plan)["sweep"]
+    assert sweep.action == "move", sweep
+    zone = {"i0": "us-east-1a", "i1": "us-east-1b"} | {c.ref: c.zone for c in plan.creates}
+    assert len({zone[i] for i in sweep.instances}) == 1, sweep
