@@ -530,14 +530,25 @@ class _Model:
         # 1. Guarantees are never taken by another tenant: each keeps the guaranteed work it runs.
         prot = []
         bound = 0
+        # Per class c of its protected jobs: the protected units of classes <= c are covered by its running
+        # work of those classes kept inside the guarantee, or by new guaranteed work of a higher class (a
+        # higher class of its own tenant may take their place). Counting any placed guaranteed work let a
+        # pending job of the same class stand in for a running one while another tenant's higher class
+        # took the running one's capacity (found by the property tier).
         for t, r in p.tenants.items():
             if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
                 continue
             mine = [d for d in p.demands if d.tenant == t]
-            pt = m.new_int_var(0, r.protected, f"protect[{t}]")
-            m.add(pt <= _wsum([(d.job_size, self.g[d.key]) for d in mine]))
-            prot.append(pt)
-            bound += r.protected
+            units = {d.key: d.job_size * sum(j in r.protected_jobs for j, _ in d.running) for d in mine}
+            for c in sorted({d.klass for d in mine if units[d.key]}):
+                need = sum(units[d.key] for d in mine if d.klass <= c)
+                cover = [(d.job_size, self.krg[d.key]) for d in mine if d.klass <= c and d.key in self.krg]
+                cover += [(d.job_size, self.g[d.key]) for d in mine if d.klass > c]
+                cover += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > c and d.key in self.krg]
+                pt = m.new_int_var(0, need, f"protect[{t},{c}]")
+                m.add(pt <= _wsum(cover))
+                prot.append(pt)
+                bound += need
         if prot:
             out.append(_Tier("guarantees kept", sum(prot), "max", bound))
 

@@ -332,3 +332,39 @@ def test_a_gang_running_across_two_zones_moves_into_one_instead_of_being_evicted
     assert sweep.action == "move", sweep
     zone = {"i0": "us-east-1a", "i1": "us-east-1b"} | {c.ref: c.zone for c in plan.creates}
     assert len({zone[i] for i in sweep.instances}) == 1, sweep
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_pending_job_of_the_same_class_does_not_stand_in_for_guaranteed_running_work(tmp_path, time_limit):
+    """Found by the property tier: the guarantee tier counted t3's placed guaranteed work, so CP-SAT evicted t3's
+    running 12-vCPU job, placed a small pending t3 job of the same class in its stead (the count held) and gave
+    the vCPUs to t1's normal job. Only a higher class of t3's own may take a protected job's place."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("Tenant", "t1", {}), doc("Tenant", "t3", {"quota": {"gpus": 4}}),
+        pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=1),
+        job("etl", "t3", cpu=12, mem=48, priority="low"),
+        job("etl-small", "t3", cpu=2, mem=4, priority="low"),
+        job("report", "t1", cpu=12, mem=48, priority="normal"),
+    ]
+    fleet = [instance("i0", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",)}, time_limit=time_limit)
+    assert by_job(plan)["etl"].action == "keep", by_job(plan)["etl"]
+    assert by_job(plan)["report"].action == "pending"
+
+
+def test_a_higher_class_of_the_same_tenant_still_takes_a_protected_jobs_place(tmp_path):
+    """The other side of the rule above: the tenant's own higher class may evict its protected low job."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("Tenant", "t3", {"quota": {"gpus": 4}}),
+        pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=1),
+        job("etl", "t3", cpu=12, mem=48, priority="low"),
+        job("urgent", "t3", cpu=12, mem=48, priority="high"),
+    ]
+    fleet = [instance("i0", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",)}, time_limit=10)
+    assert by_job(plan)["urgent"].action == "place", by_job(plan)["urgent"]
+    assert by_job(plan)["etl"].action == "evict"
