@@ -531,8 +531,8 @@ class _Model:
         prot = []
         bound = 0
         # Per class c of its protected jobs: the protected units of classes <= c are covered by its running
-        # work of those classes kept inside the guarantee, or by new guaranteed work of a higher class (a
-        # higher class of its own tenant may take their place). Counting any placed guaranteed work let a
+        # work of those classes kept inside the guarantee, or by its guaranteed work of a higher class,
+        # running or new (a higher class of its own tenant may take their place). Counting any placed guaranteed work let a
         # pending job of the same class stand in for a running one while another tenant's higher class
         # took the running one's capacity (found by the property tier).
         for t, r in p.tenants.items():
@@ -544,7 +544,6 @@ class _Model:
                 need = sum(units[d.key] for d in mine if d.klass <= c)
                 cover = [(d.job_size, self.krg[d.key]) for d in mine if d.klass <= c and d.key in self.krg]
                 cover += [(d.job_size, self.g[d.key]) for d in mine if d.klass > c]
-                cover += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > c and d.key in self.krg]
                 pt = m.new_int_var(0, need, f"protect[{t},{c}]")
                 m.add(pt <= _wsum(cover))
                 prot.append(pt)

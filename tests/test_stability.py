@@ -368,3 +368,24 @@ def test_a_higher_class_of_the_same_tenant_still_takes_a_protected_jobs_place(tm
     plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",)}, time_limit=10)
     assert by_job(plan)["urgent"].action == "place", by_job(plan)["urgent"]
     assert by_job(plan)["etl"].action == "evict"
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_when_a_tenant_budget_keeps_one_of_its_jobs_the_higher_class_stays(tmp_path, time_limit):
+    """A lowered tenant budget that holds one of its two running jobs: the normal one stays, the low one goes
+    (its own higher class may take a protected job's place; the per-class guarantee tier kept the low one)."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t1": 5.0}}),
+        doc("Tenant", "t1", {}),
+        pool("aws-a100", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+        job("sweep", "t1", priority="low", **a100),
+        job("train", "t1", priority="normal", **a100),
+    ]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"sweep": ("i0",), "train": ("i0",)}, time_limit=time_limit,
+                    gpu_indices={"sweep": ((0,),), "train": ((1,),)})
+    assert by_job(plan)["train"].action == "keep", by_job(plan)["train"]
+    assert by_job(plan)["sweep"].action == "evict"
