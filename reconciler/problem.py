@@ -605,6 +605,7 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
     by_tenant: dict[str, list[Demand]] = {}
     for d in demands:
         by_tenant.setdefault(d.tenant, []).append(d)
+    host_of = {h.instance_id: h for h in hosts}
     out = {}
     for name, t in desired.tenants.items():
         q = t.spec.quota
@@ -618,8 +619,12 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
         # at its new size, it outweighed other tenants' guaranteed work in this sum (a vision gang
         # grown from 2 to 3 x 8 GPUs evicted nlp's critical MIG job and infra's CPU job to fit the
         # fleet budget and max_instances: issue 18).
+        # Nor a job that cannot stay where it runs (its instance must go or no longer allows it): counted, it
+        # made a job that can stay look borrowed (found by the property tier).
         running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
-                          if len(iids) == d.replicas * d.bundle and job not in d.reshaped),
+                          if len(iids) == d.replicas * d.bundle and job not in d.reshaped
+                          and all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None
+                                  for i in iids)),
                          key=lambda dj: (-dj[0].priority, dj[1]))
         kept: list[str] = []
         for d, job in running:

@@ -211,7 +211,9 @@ def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> li
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     used = dict.fromkeys(DIMS, 0.0)
     out = []
-    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
+    nothing = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
+    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)
+               and _legal_now(j, observed, desired, nothing)]  # (a job that cannot stay where it runs is not kept there)
     for j in sorted(running, key=lambda j: (-j.spec.priority_weight(), j.name)):
         r = j.spec.resources
         need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}

@@ -389,3 +389,35 @@ def test_when_a_tenant_budget_keeps_one_of_its_jobs_the_higher_class_stays(tmp_p
                     gpu_indices={"sweep": ((0,),), "train": ((1,),)})
     assert by_job(plan)["train"].action == "keep", by_job(plan)["train"]
     assert by_job(plan)["sweep"].action == "evict"
+
+
+def test_a_job_that_must_go_does_not_make_the_job_that_can_stay_look_guaranteed(tmp_path):
+    """Found by the property tier: t1 (4 GPUs guaranteed, burst 8) runs a normal 1-GPU job that must go (spot:
+    required, on on-demand), a 2x2-GPU gang and a 1-GPU low job. Counting the leaving job first made the small
+    low job look guaranteed and the gang borrowed, so the re-check refused CP-SAT's honest plan, which keeps the
+    gang inside the guarantee and gives the borrowed GPU back to t2."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, instance, plan_for
+    a100 = {"gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("Tenant", "t1", {"quota": {"gpus": 4, "burst": {"gpus": 8}}}), doc("Tenant", "t2", {}),
+        pool("aws-a100", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+        job("gang", "t1", gpus=2, replicas=2, priority="low", **a100),
+        job("small", "t1", gpus=1, priority="low", **a100),
+        job("spotty", "t1", gpus=1, priority="normal", spot="required", **a100),
+        *[job(f"t2-{n}", "t2", gpus=2, priority="low", **a100) for n in range(2)],
+    ]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    placements = {"gang": ("i0", "i0"), "small": ("i0",), "spotty": ("i0",)}
+    gpus = {"gang": ((0, 1), (2, 3)), "small": ((4,),), "spotty": ((5,),)}
+    plan = plan_for(tmp_path, docs, fleet, placements, time_limit=10, gpu_indices=gpus)
+    desired = load(tmp_path)
+    from dataclasses import replace
+    observed = replace(catalog_observed(desired, fleet, placements), gpu_indices=gpus)
+    problem = build_problem(desired, observed)
+    assert problem.tenants["t1"].protected_jobs == ("gang",)
+    assert recheck(plan, desired, observed, problem)[1] == []
+    check_stability(desired, observed, plan)
