@@ -562,18 +562,23 @@ def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bi
         known = _resident_gpus(h, problem, observed) if h.gpus else {}
         for b in twins:
             nb = Bin.empty(h, h.key)
-            home = [(dk, job, r) for dk, job, r in b.items if job not in demand_of[job].reshaped and demand_of[job].bundle == 1
-                    and tuple(observed.placements.get(job, ()))[r:r + 1] == (h.key,)]
+            # (A same-instance gang's item is `bundle` replicas, each back on its own GPUs: before, such a gang
+            # was re-packed onto new GPUs of the instance it runs on, under a running job: property tier.)
+            home = [(dk, job, r) for dk, job, r in b.items if job not in demand_of[job].reshaped
+                    and tuple(observed.placements.get(job, ()))[r * demand_of[job].bundle:(r + 1) * demand_of[job].bundle]
+                    == (h.key,) * demand_of[job].bundle]
             ok = True
             for dk, job, r in home:  # back where it runs, on its own GPUs
                 d = demand_of[job]
-                idx = known.get((job, r), ())
-                if not nb.fits(d) or len(idx) != d.gpus or any(nb.gpus_used[i] for i in idx if i < len(nb.gpus_used)):
+                idxs = [known.get((job, k), ()) for k in range(r * d.bundle, (r + 1) * d.bundle)]
+                used = [i for idx in idxs for i in idx]
+                if not nb.fits(d) or any(len(idx) != d.gpus // d.bundle for idx in idxs) or len(set(used)) != len(used) \
+                        or any(nb.gpus_used[i] for i in used if i < len(nb.gpus_used)):
                     ok = False
                     break
-                nb.reserve(d, [idx])
+                nb.reserve(d, idxs)
                 nb.items.append((dk, job, r))
-                nb.gpu_of[(job, r)] = (tuple(idx),)
+                nb.gpu_of[(job, r)] = tuple(tuple(idx) for idx in idxs)
             rest = sorted((it for it in b.items if it not in home), key=lambda it: (-demand_of[it[1]].gpus, it[1], it[2]))
             if not ok or not home or any(nb.place(demand_of[job], job, r) is None for _, job, r in rest):
                 continue

@@ -45,3 +45,26 @@ def test_running_replicas_keep_their_gpus_and_new_ones_take_what_is_free(tmp_pat
     # Nothing changed since: the next plan shows the same GPUs and no changes.
     again = api.plan(cfg, time_limit=5).plan
     assert not again.has_changes and {j.job: j.gpus for j in again.jobs} == {k: v.gpus for k, v in after.items()}
+
+
+def test_a_same_instance_gang_kept_where_it_runs_keeps_its_gpus(tmp_path):
+    """Found by the property tier: t1 runs an instance gang (2 x 2 GPUs on GPUs 0-1 and 2-3) and a 1-GPU job on a
+    p4d.24xlarge (max_instances 1), with 1- and 2-GPU work pending. The plan kept the gang where it runs but gave
+    it GPUs 6-7 and 0-1, and a new job GPUs 2-3: a running replica's GPUs changed under it (the packing that put
+    an identical new instance's work back on the instance left bundled items out of 'home')."""
+    from tests.fleetkit import doc, instance, plan_for, pool, topology
+    one = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "memory_gib": 60}
+    near = {"data": {"location": "aws/us-east-1", "size_gib": 0}}
+    jobs = {"j0": {}, "j1": {}, "j2": {"replicas": 2, "gang": "instance", "resources": {**one, "gpus": 2, "cpu": 16, "memory_gib": 120}},
+            "j3": {}, "j4": near, "j5": {}, "j6": {},
+            "j7": {"priority": "normal", "resources": {**one, "gpus": 2, "cpu": 16, "memory_gib": 120, "nvlink": True}, **near},
+            "j8": near}
+    docs = [topology(), doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25}),
+            doc("Tenant", "t1", {"quota": {"gpus": 4, "burst": {"gpus": 8}}}), doc("Tenant", "t2", {}), doc("Tenant", "t3", {}),
+            pool("aws-a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=1),
+            *[doc("Job", name, {"tenant": "t1", "priority": "low", "resources": one, **spec}) for name, spec in jobs.items()]]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"j2": ("i0", "i0"), "j3": ("i0",)}, time_limit=4, workers=1,
+                    gpu_indices={"j2": ((0, 1), (2, 3)), "j3": ((4,),)})
+    gang = next(j for j in plan.jobs if j.job == "j2")
+    assert gang.action == "keep" and gang.gpus == ((0, 1), (2, 3)), gang
