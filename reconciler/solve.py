@@ -539,7 +539,8 @@ class _Model:
             if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
                 continue
             mine = [d for d in p.demands if d.tenant == t]
-            units = {d.key: d.job_size * sum(j in r.protected_jobs for j, _ in d.running) for d in mine}
+            protected_jobs = set(r.protected_jobs)  # (a tuple of thousands of names at 10k: a set, not a scan per job)
+            units = {d.key: d.job_size * sum(j in protected_jobs for j, _ in d.running) for d in mine}
             for c in sorted({d.klass for d in mine if units[d.key]}):
                 need = sum(units[d.key] for d in mine if d.klass <= c)
                 cover = [(d.job_size, self.krg[d.key]) for d in mine if d.klass <= c and d.key in self.krg]
