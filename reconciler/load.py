@@ -295,7 +295,12 @@ def _parse_bytes(rel: str, raw: bytes, diags: list[Diagnostic]) -> list[_Parsed]
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
-        diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}{_tab_hint(text, e)}"))
+        if "maximum nesting depth" in (e.problem or ""):
+            # libyaml >= the one in PyYAML 6.0.4 wheels scans a flow collection ahead and stops at its own
+            # limit (1,000 deep) before the composer sees depth MAX_DEPTH: the same refusal, in our words.
+            diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"YAML nested more than {MAX_DEPTH} deep: refusing"))
+        else:
+            diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}{_tab_hint(text, e)}"))
     except yaml.YAMLError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
     except _TooBig as e:
