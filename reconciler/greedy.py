@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import LicenseBook
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, forced_moves, has_room, rules_allow, share, spot_measure, type_class
+from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, share, spot_measure, type_class
 
 
 @dataclass
@@ -79,7 +79,8 @@ class _Greedy:
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
-        self.compat: dict[tuple[str, str], bool] = {}
+        self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
+        self.keys_memo: dict[tuple, list[str]] = {}  # _keys_at's answers
         for c in problem.capacities:
             if c.existing and c.keep_blocker is None:
                 self.idle.setdefault(c.offer_key, []).append(c)
@@ -228,11 +229,17 @@ class _Greedy:
         return True
 
     def _compatible(self, d: Demand, okey: str) -> bool:
-        k = (d.key, okey)
-        v = self.compat.get(k)
-        if v is None:
-            v = self.compat[k] = fit(d, self.rep[okey]) > 0
-        return v
+        return self.fits.at(d, okey, self.rep[okey]) > 0
+
+    def _keys_at(self, d: Demand, sites: list[str] | None) -> list[str]:
+        """The offer keys at `sites` (None: every site) that d fits, in site order. One answer per
+        demand shape: recomputed per job, this filter was half of greedy's time at 10k jobs."""
+        memo = (self.fits.shape(d), None if sites is None else tuple(sites))
+        keys = self.keys_memo.get(memo)
+        if keys is None:
+            keys = self.keys_memo[memo] = [kk for s in (self.sites if sites is None else sites) for kk in self.sites.get(s, [])
+                                           if kk in self.rep and self._compatible(d, kk)]
+        return keys
 
     # -- phases
 
@@ -248,7 +255,7 @@ class _Greedy:
                         continue
                     iids = iids[:1]
                 cells = [hosts.get(i) for i in iids]
-                if any(c is None or c.keep_blocker is not None or fit(d, c) == 0 for c in cells):
+                if any(c is None or c.keep_blocker is not None or self.fits(d, c) == 0 for c in cells):
                     continue
                 if len(iids) != d.replicas:
                     self.to_heal.append((d, cells))  # after the kept fleet is settled
@@ -479,8 +486,10 @@ class _Greedy:
         the lowest price per item. Returns [(offer key, _Inst or Capacity-to-buy)] or None."""
         plan: list = []
         taken: dict[int, dict] = {}  # id(inst) -> tentative free
-        keys = [only_offer] if only_offer else [kk for s in sites for kk in self.sites.get(s, [])]
-        keys = [kk for kk in keys if kk in self.rep and self._compatible(d, kk)]
+        if only_offer:
+            keys = [only_offer] if only_offer in self.rep and self._compatible(d, only_offer) else []
+        else:
+            keys = self._keys_at(d, sites)
         pending_cost, pending_spot = 0.0, [0.0, 0.0]
         # 1. Open instances (not for placement groups, which launch together).
         if not (d.gang and d.gang_mode == "placement-group"):
@@ -510,12 +519,12 @@ class _Greedy:
                     cands.append(h)
             if kk in self.offer:
                 cands.append(self.offer[kk])
-        cands.sort(key=lambda c: (c.price / max(1, min(fit(d, c), k - len(plan))) + self.p.cost_coef(d, c), c.existing is False, c.key))
+        cands.sort(key=lambda c: (c.price / max(1, min(self.fits(d, c), k - len(plan))) + self.p.cost_coef(d, c), c.existing is False, c.key))
         extra_cost, extra_pool, extra_fleet = 0.0, {}, [0.0, 0.0]
         used_hosts: set[str] = set()
         buys = {}
         for c in cands:
-            f = fit(d, c)
+            f = self.fits(d, c)
             while len(plan) < k:
                 if c.existing:
                     if c.key in used_hosts:
@@ -639,7 +648,7 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
     """Place one job of d (all its items) or nothing."""
     if not g._quota_ok(d):
         return False
-    plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, g.sites.keys())
+    plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, None)
     if plan is None or _breaks_buffer(g, d, plan):
         return False
     _commit(g, d, plan)
