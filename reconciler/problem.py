@@ -603,10 +603,12 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
     by_type: dict[tuple, list[Demand]] = {}
     for d in demands:
         by_type.setdefault(type_class(d), []).append(d)
+    fits = OfferFits()
     for c in offers:
         bound = 0
+        okey = c.offer_key
         for d in by_type.get(type_class(c), []):
-            f = fit(d, c)
+            f = fits.at(d, okey, c)
             if f:
                 bound += math.ceil(len(d.jobs) * d.replicas / f)
         lo, hi = pool_bounds[c.pool]
