@@ -38,6 +38,7 @@ option (a local fake or emulator) the client sends no credentials at all.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 import uuid
@@ -51,6 +52,7 @@ from reconciler.errors import (
     TransientProviderError,
 )
 
+log = logging.getLogger(__name__)
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
 LABEL_CREATE_KEY = "fleetops-create-key"
@@ -400,7 +402,31 @@ class GcpProvider:
                     o = self.catalog.offering("gcp", p.region, z, t)
                     if o is not None:
                         seen.setdefault((z, t), o)
-        return list(seen.values())
+        return self._live_spot(list(seen.values()))
+
+    def _live_spot(self, offers: list[Offering]) -> list[Offering]:
+        """Spot prices from the Cloud Billing Catalog API (Preemptible SKUs), cached `spot_price_ttl` seconds
+        (providers/livespot.py). The API needs an API key (GOOGLE_API_KEY or FLEETOPS_GCP_API_KEY): without one the
+        catalog's dated prices. With a custom compute `endpoint` (a test) only when `prices_endpoint` is given too;
+        `live_spot=off` keeps the catalog's."""
+        from providers.livespot import DEFAULT_SPOT_TTL_S, gcp_spot, read_spot, unread, with_live_spot
+        from providers.pricesources import PriceSourceError, gcp_api_key
+
+        prices_endpoint = self._opt("prices_endpoint")
+        if (not offers or not gcp_api_key() or (self._opt("endpoint") and not prices_endpoint)
+                or (self._opt("live_spot") or "").lower() in ("off", "false", "0", "no")):
+            return offers
+        types = sorted({o.instance_type for o in offers})
+        regions = sorted({o.region for o in offers})
+        ttl = float(self._opt("spot_price_ttl") or DEFAULT_SPOT_TTL_S)
+        api = "Cloud Billing Catalog API"
+        try:
+            prices, read_at = read_spot(self.ctx.state_dir, "gcp", [prices_endpoint or ""] + types + regions, ttl,
+                                        lambda: gcp_spot(self.catalog, types, regions, prices_endpoint))
+        except PriceSourceError as e:
+            log.warning("gcp: %s unreadable, planning with the catalog's spot prices: %s", api, e)
+            return unread(offers, api, e)
+        return with_live_spot(offers, prices, api, read_at)
 
     def _gpus(self, itype: str) -> bool:
         machine, accelerator, _ = split_type(itype)

@@ -165,6 +165,43 @@ def test_n1_gpu_offerings_come_from_the_catalog_with_its_date(prov):
     assert {o.prices_as_of for o in offs.values()} == dates  # list prices, and how old they are (their source's date)
 
 
+def test_spot_prices_are_read_live_when_an_api_key_is_set_cached_and_labelled(gce, tmp_path, monkeypatch):
+    """Issue 22: with an API key the Cloud Billing Catalog's Preemptible SKUs price spot at plan time (cached with a
+    TTL, labelled with the API and the read time); without one, or where the API has no spot SKU, the catalog's
+    dated price. Before, GCP spot came from the catalog only."""
+    from tests.price_fake import PriceFake
+
+    fake = PriceFake().start()
+    try:
+        def offers(**extra):
+            p = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+                "endpoint": gce.url, "project": PROJECT, "prices_endpoint": fake.url, **extra}))
+            return {(o.zone, o.instance_type): o for o in p.offerings([target(types=("a2-highgpu-1g", "n2-standard-16"))])}
+
+        cat = load_catalog()
+        monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+        monkeypatch.delenv("FLEETOPS_GCP_API_KEY", raising=False)
+        keyless = offers()
+        assert keyless[(ZONE_A, "a2-highgpu-1g")] == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g") and not fake.requests
+        monkeypatch.setenv("FLEETOPS_GCP_API_KEY", "fake-api-key-for-tests")
+        live = offers()
+        a2 = live[(ZONE_A, "a2-highgpu-1g")]
+        # The A2 family's Preemptible per-vCPU and per-GiB prices times the shape, plus the A100's: 12, 85 GiB, 1 GPU.
+        assert a2.spot_price == pytest.approx(12 * 0.009483 + 85 * 0.001271 + 0.88, abs=1e-6)
+        assert a2.on_demand_price == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g").on_demand_price
+        assert re.fullmatch(r"catalog: skypilot-v8-gcp \(2026-11-23\); spot: live Cloud Billing Catalog API, read \S+Z", a2.price_source)
+        assert live[(ZONE_B, "n2-standard-16")] == cat.offering("gcp", "us-central1", ZONE_B, "n2-standard-16")  # no Preemptible N2 SKU
+        pages = len(fake.requests)
+        offers()
+        assert len(fake.requests) == pages  # within the TTL: the cached read
+        fake.broken = "gcp"
+        down = offers(spot_price_ttl="0.001")[(ZONE_A, "a2-highgpu-1g")]
+        assert down.spot_price == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g").spot_price
+        assert "spot: catalog, the live Cloud Billing Catalog API could not be read (gcp Cloud Billing Catalog: SKU X" in down.price_source
+    finally:
+        fake.stop()
+
+
 def test_instance_type_names_split_into_machine_type_and_attached_gpus():
     assert split_type(T4) == ("n1-standard-8", "nvidia-tesla-t4", 1)
     assert split_type("n1-highmem-16+4xnvidia-tesla-v100") == ("n1-highmem-16", "nvidia-tesla-v100", 4)
