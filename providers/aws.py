@@ -226,7 +226,7 @@ class AwsProvider:
                     LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
                 offered.update((o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"])
             shapes = self._shapes(ec2, types)
-            spot = self._spot_prices(ec2, types)
+            spot, read_at = self._spot_prices(ec2, region, types)
             for p in rpools:
                 for z in p.zones:
                     for t in p.instance_types:
@@ -244,8 +244,9 @@ class AwsProvider:
                         out.append(Offering(
                             cloud="aws", region=region, zone=z, instance_type=t, gpus=gpus, gpu_type=gpu_type, cpu=cpu,
                             memory_gib=mem, on_demand_price=od, spot_price=spot.get((t, z), cat.spot_price if cat else None),
-                            prices_as_of=cat.prices_as_of if cat else "",
-                            price_source=(cat.price_source if cat else "") + ("; spot: live DescribeSpotPriceHistory" if live else ""),
+                            prices_as_of="" if live else cat.prices_as_of,  # od is not None: cat is not None
+                            price_source=(f"{cat.price_source} ({cat.prices_as_of}); spot: live EC2 DescribeSpotPriceHistory, "
+                                          f"read {read_at}") if live else cat.price_source,
                         ))
         return out
 
@@ -265,9 +266,25 @@ class AwsProvider:
             out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
         return out
 
-    def _spot_prices(self, ec2, types: list[str]) -> dict[tuple[str, str], float]:
-        """Types or zones without a row keep the catalog's price."""
-        return self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
+    def _spot_prices(self, ec2, region: str, types: list[str]) -> tuple[dict[tuple[str, str], float], str]:
+        """({(type, zone): today's spot price}, when read), cached `spot_price_ttl` seconds (default 3600,
+        providers/livespot.py) so a controller planning every minute does not page the history every minute.
+        Types or zones without a row keep the catalog's price."""
+        from providers.livespot import DEFAULT_SPOT_TTL_S, read_spot
+
+        def fetch() -> dict[str, dict[str, float]]:
+            got = self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
+            by_zone: dict[str, dict[str, float]] = {}
+            for (t, z), price in got.items():
+                by_zone.setdefault(z, {})[t] = price
+            return by_zone
+
+        try:
+            ttl = float(self.ctx.options.get("spot_price_ttl", DEFAULT_SPOT_TTL_S))
+        except ValueError:
+            raise ProviderError("aws: option spot_price_ttl must be a number of seconds") from None
+        by_zone, read_at = read_spot(self.ctx.state_dir, "aws", [self.endpoint or "", region, *types], ttl, fetch)
+        return {(t, z): p for z, prices in by_zone.items() for t, p in prices.items()}, read_at
 
     # -- create / delete -----------------------------------------------------------
     def create(self, request: CreateRequest) -> Instance:

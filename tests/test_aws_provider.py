@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -229,6 +230,15 @@ def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_pat
     offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
     assert offs[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
     assert offs[("us-east-1b", "g5.xlarge")].spot_price == pytest.approx(0.3999)
+    # The plan says which price is live and when it was read; on-demand stays the dated catalog's.
+    assert re.fullmatch(r"catalog: skypilot-v7 \(2026-11-23\); spot: live EC2 DescribeSpotPriceHistory, read \d{4}-\d\d-\d\dT\d\d:\d\dZ",
+                        offs[("us-east-1a", "g5.xlarge")].price_source)
+    # Cached with a TTL (spot_price_ttl, an hour by default): a price change inside it is seen by the next read after.
+    proxy.spot_history.append(("g5.xlarge", "us-east-1a", "Linux/UNIX", 0.3333, ago(0.01)))
+    again = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    assert {(o.zone, o.instance_type): o for o in again.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
+    fresh = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url, "spot_price_ttl": "0"}))
+    assert {(o.zone, o.instance_type): o for o in fresh.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.3333)
 
 
 # -- images (issue 22, item 6) -------------------------------------------------------------------------
