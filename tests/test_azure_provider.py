@@ -279,6 +279,28 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     assert set(arm.snapshot()) == {"hand-made"}
 
 
+@pytest.mark.parametrize("code, message", [
+    ("AnotherOperationInProgress", "Operation 'PutVirtualMachine' is not allowed since the Virtual Machine is marked for "
+                                   "another operation in progress."),
+    ("OperationPreempted", "Operation execution has been preempted by a more recent operation."),
+])
+def test_a_busy_or_preempted_vm_operation_is_retried_until_the_apply_lands(arm, tmp_path, code, message):
+    """Issue 22 item 3: ARM answers 409 AnotherOperationInProgress (the VM or its NIC is busy) or OperationPreempted (a
+    platform operation took precedence) and the same PUT succeeds later; the SDK does not retry a 409, so apply does,
+    with backoff (the provider's retry_window), for creates and deletes alike, and each VM is created once."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    arm.fail_next(409, code, message, method="PUT", count=3)
+    res = api.apply(cfg, provider="azure", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4, res.report.failures
+    assert len(arm.snapshot()) == 4 and len(arm.requests("PUT", "/virtualMachines/")) == 4 + 3
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    arm.fail_next(409, code, message, method="DELETE", count=2)
+    res = api.apply(cfg, provider="azure", options=opts, allow_destroy=10)
+    assert res.report.ok and len(res.report.deleted) == 4 and arm.snapshot() == {}
+
+
 def test_apply_routes_around_an_exhausted_zone(arm, tmp_path):
     cfg = _config(tmp_path)
     opts = options(arm)
