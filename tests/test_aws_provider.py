@@ -115,6 +115,30 @@ def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
     assert 0.3 < g5.spot_price < 0.45
 
 
+def test_a_pools_subnets_and_security_groups_are_checked_at_plan_time(prov, ec2):
+    """Issue 22 item 6: a pool's network settings are validated where the API allows, before anything launches. Each
+    aws.subnets entry must exist and lie in the zone it is given for, and each security group must exist in the
+    subnets' VPC; otherwise every RunInstances of the apply would fail. Before, nothing checked them."""
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    sub_a = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    sub_b = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.2.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(GroupName=f"fleet-{uuid.uuid4().hex[:6]}", Description="gpu", VpcId=vpc)["GroupId"]
+    other_vpc = ec2.create_vpc(CidrBlock="10.43.0.0/16")["Vpc"]["VpcId"]
+    foreign_sg = ec2.create_security_group(GroupName=f"other-{uuid.uuid4().hex[:6]}", Description="x", VpcId=other_vpc)["GroupId"]
+
+    def pool(subnets, groups):
+        return replace(target(), settings={"ami": AMI, "subnets": subnets, "security_groups": groups})
+
+    assert prov.offerings([pool({"us-east-1a": sub_a, "us-east-1b": sub_b}, [sg])])
+    for subnets, groups, message in (
+            ({"us-east-1a": "subnet-0000000000deadbee"}, [], "pool a10g: subnets subnet-0000000000deadbee: .*InvalidSubnetID.NotFound"),
+            ({"us-east-1a": sub_b}, [], f"pool a10g: subnet {sub_b} is in us-east-1b, not us-east-1a"),
+            ({"us-east-1a": sub_a}, ["sg-0000000000deadbee"], "pool a10g: security groups sg-0000000000deadbee: .*InvalidGroup.NotFound"),
+            ({"us-east-1a": sub_a}, [foreign_sg], f"pool a10g: security group {foreign_sg} is in {other_vpc}, not the subnets' VPC")):
+        with pytest.raises(ProviderError, match=message):
+            prov.offerings([pool(subnets, groups)])
+
+
 def _config(tmp_path: Path) -> Path:
     return copy_example(tmp_path, "aws-only")
 
