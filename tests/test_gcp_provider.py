@@ -110,6 +110,8 @@ def test_create_observe_delete_spot_and_on_demand(prov, gce):
 def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
     sa = "fleetops-node@fleet-test-project.iam.gserviceaccount.com"
     gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
+    gce.add_network(PROJECT, "ml-vpc")
+    gce.add_subnetwork(PROJECT, "us-central1", "gpu", "ml-vpc")
     pool = target(image="projects/my-images/global/images/family/gpu-node", network="ml-vpc", subnetwork="gpu",
                   service_account=sa)
     prov.create(req("k-gpu", pool=pool))
@@ -619,3 +621,26 @@ def test_gpu_types_boot_a_driver_image_and_a_missing_image_is_a_plan_time_error(
         prov.create(req("k-missing", pool=missing))
     gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
     assert prov.offerings([missing]) and prov.create(req("k-custom", pool=missing)).state in ("pending", "running")
+
+
+def test_a_pools_network_and_subnetwork_are_checked_at_plan_time(prov, gce):
+    """Issue 22 item 6: a pool's network settings are validated where the API allows, before anything is inserted
+    (networks.get, subnetworks.get; the fake, like GCE, refuses an insert whose NIC names a network or subnetwork
+    that does not exist). Before, a mistyped name failed every insert of the apply."""
+    gce.add_network(PROJECT, "ml-vpc")
+    gce.add_subnetwork(PROJECT, "us-central1", "gpu", "ml-vpc")
+    gce.add_network("host-project", "shared")
+    gce.add_subnetwork("host-project", "us-central1", "gpu-shared", "shared")
+    ok = [target(network="ml-vpc", subnetwork="gpu"), target(network="global/networks/default"),
+          target(subnetwork="projects/host-project/regions/us-central1/subnetworks/gpu-shared")]
+    assert all(prov.offerings([p]) for p in ok)
+    assert prov.create(req("k-net", pool=ok[0])).state in ("pending", "running")
+    for pool_settings, message in (
+            ({"network": "ml-vcp"}, f"pool l4: network ml-vcp does not exist in project {PROJECT}"),
+            ({"subnetwork": "gpus"}, "pool l4: subnetwork gpus does not exist in us-central1"),
+            ({"subnetwork": "regions/europe-west4/subnetworks/gpu"}, "is not a subnetwork of the pool's region us-central1"),
+            ({"network": "default", "subnetwork": "gpu"}, "pool l4: subnetwork gpu belongs to ml-vpc, not network default")):
+        with pytest.raises(ProviderError, match=message):
+            prov.offerings([target(**pool_settings)])
+    with pytest.raises(ProviderError, match="The referenced network resource cannot be found"):
+        prov.create(req("k-bad-net", pool=target(network="ml-vcp")))  # what an unchecked pool met at insert time
