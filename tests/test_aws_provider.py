@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from providers.aws import AwsProvider
+from providers.catalog import load_catalog
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from reconciler import api
 from reconciler.cli import app
@@ -111,8 +112,9 @@ def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
     g5 = offs[("us-east-1a", "g5.xlarge")]
     assert (g5.gpus, g5.gpu_type, g5.cpu, g5.memory_gib) == (1, "A10G", 4, 16)
     assert g5.on_demand_price == pytest.approx(1.006)
-    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used.
-    assert 0.3 < g5.spot_price < 0.45
+    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used, labelled as the catalog's.
+    assert g5.spot_price == load_catalog().offering("aws", "us-east-1", "us-east-1a", "g5.xlarge").spot_price
+    assert g5.price_source == "catalog: skypilot-v8"
 
 
 def test_a_pools_subnets_and_security_groups_are_checked_at_plan_time(prov, ec2):
@@ -255,7 +257,7 @@ def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_pat
     assert offs[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
     assert offs[("us-east-1b", "g5.xlarge")].spot_price == pytest.approx(0.3999)
     # The plan says which price is live and when it was read; on-demand stays the dated catalog's.
-    assert re.fullmatch(r"catalog: skypilot-v7 \(2026-11-23\); spot: live EC2 DescribeSpotPriceHistory, read \d{4}-\d\d-\d\dT\d\d:\d\dZ",
+    assert re.fullmatch(r"catalog: skypilot-v8 \(2026-11-23\); spot: live EC2 DescribeSpotPriceHistory, read \d{4}-\d\d-\d\dT\d\d:\d\dZ",
                         offs[("us-east-1a", "g5.xlarge")].price_source)
     # Cached with a TTL (spot_price_ttl, an hour by default): a price change inside it is seen by the next read after.
     proxy.spot_history.append(("g5.xlarge", "us-east-1a", "Linux/UNIX", 0.3333, ago(0.01)))

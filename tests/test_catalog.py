@@ -113,7 +113,8 @@ def test_shipped_aws_prices_are_the_public_rows_they_cite():
     """Every AWS price labelled skypilot-v8 whose rows are excerpted is that file's figure: on-demand is the region's
     Price, spot the median SpotPrice over the region's zones that have one (to SkyPilot's 4 decimals), and a type
     no zone prices for spot has no spot price. Before, c6i.8xlarge, g4dn.12xlarge and p3.16xlarge carried last
-    month's list prices (p3.16xlarge spot $7.34 against $4.16 published in us-east-1) and a us-west-2 estimate."""
+    month's list prices (p3.16xlarge spot $7.34 against $4.16 published in us-east-1) and a us-west-2 estimate, and
+    g4dn.xlarge/g5/g6/g6e an older snapshot's spot prices (g6e.48xlarge $8.30 against $10.23 in us-east-1)."""
     cat = load_catalog()
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in _excerpt("skypilot-catalog_v8_aws_vms_e385a0d3.csv"):
@@ -135,11 +136,9 @@ def test_shipped_aws_prices_are_the_public_rows_they_cite():
             assert (shape.gpus, shape.gpu_type) == ((int(float(rs[0]["AcceleratorCount"])), rs[0]["AcceleratorName"])
                                                      if rs[0]["AcceleratorName"] else (0, None)), t
             checked.add((t, region))
-    # Every excerpted type-region is a shipped price, and the three types that carried last month's list prices are
-    # now public figures in both regions (no AWS price is an estimate or an old list price any more).
-    assert checked == set(rows)
-    assert {t for t, _ in checked} >= {"c6i.8xlarge", "g4dn.12xlarge", "p3.16xlarge", "p5.48xlarge", "p4d.24xlarge"}
-    assert {p.source for (c, _), s in cat.shapes.items() if c == "aws" for p in s.prices.values()} == {"skypilot-v8", "skypilot-v7"}
+    # Every AWS price is an excerpted row's: no estimate, no last-month list price, no older snapshot (v7) left.
+    assert checked == set(rows) == {(t, r) for (c, t), s in cat.shapes.items() if c == "aws" for r in s.prices}
+    assert {p.source for (c, _), s in cat.shapes.items() if c == "aws" for p in s.prices.values()} == {"skypilot-v8"}
     assert cat.offering("aws", "us-east-1", "us-east-1a", "p3.16xlarge").spot_price == 4.1599
 
 
