@@ -151,6 +151,52 @@ class AwsProvider:
                                     "Learning Base AMI's SSM parameter)")
             seen.add((pool.region, image))
 
+    def _check_network(self, pool: PoolTarget) -> None:
+        """Plan time: the pool's subnets exist, each in the zone it is given for, and its security groups exist in the
+        subnets' VPC (DescribeSubnets, DescribeSecurityGroups), so a mistyped id, a subnet mapped to the wrong zone or
+        a group of another VPC is an error naming the pool before anything is launched (RunInstances would refuse
+        each launch with InvalidSubnetID.NotFound, InvalidGroup.NotFound or a zone/VPC mismatch)."""
+        s = dict(pool.settings)
+        subnets: dict[str, str] = {z: sid for z, sid in (s.get("subnets") or {}).items() if sid}
+        groups = list(s.get("security_groups") or [])
+        key = (pool.region, tuple(sorted(subnets.items())), tuple(sorted(groups)))
+        seen = self.__dict__.setdefault("_networks_seen", set())
+        if (not subnets and not groups) or key in seen:
+            return
+        ec2 = self.ec2(pool.region)
+
+        def described(what: str, call, ids: list[str], field: str, id_field: str, missing_code: str) -> dict[str, dict]:
+            try:
+                found = self._call(f"describe {what} in {pool.region}", lambda: call(**{field: ids}))
+            except ProviderError as e:
+                if missing_code not in str(e):
+                    raise
+                raise ProviderError(f"aws: pool {pool.name}: {what} {', '.join(ids)}: {e}; set aws.{what.replace(' ', '_')} "
+                                    f"to ids that exist in {pool.region}") from None
+            return {x[id_field]: x for x in found[what.title().replace(' ', '')]}
+
+        vpcs = set()
+        if subnets:
+            got = described("subnets", ec2.describe_subnets, sorted(set(subnets.values())), "SubnetIds", "SubnetId",
+                            "InvalidSubnetID.NotFound")
+            for zone, sid in sorted(subnets.items()):
+                if sid not in got:
+                    raise ProviderError(f"aws: pool {pool.name}: subnet {sid} (for {zone}) does not exist in {pool.region}")
+                if got[sid].get("AvailabilityZone") != zone:
+                    raise ProviderError(f"aws: pool {pool.name}: subnet {sid} is in {got[sid].get('AvailabilityZone')}, not "
+                                        f"{zone}; aws.subnets maps each zone to a subnet of that zone")
+                vpcs.add(got[sid].get("VpcId"))
+        if groups:
+            got = described("security groups", ec2.describe_security_groups, sorted(set(groups)), "GroupIds", "GroupId",
+                            "InvalidGroup.NotFound")
+            for g in groups:
+                if g not in got:
+                    raise ProviderError(f"aws: pool {pool.name}: security group {g} does not exist in {pool.region}")
+                if vpcs and got[g].get("VpcId") not in vpcs:
+                    raise ProviderError(f"aws: pool {pool.name}: security group {g} is in {got[g].get('VpcId')}, not the "
+                                        f"subnets' VPC ({', '.join(sorted(v for v in vpcs if v))})")
+        seen.add(key)
+
     def _call(self, what: str, fn, *, cloud_zone: tuple[str, str, str] | None = None, **kw):
         """One EC2 call with our error mapping (botocore already retried throttling)."""
         from botocore.exceptions import BotoCoreError, ClientError
@@ -219,6 +265,7 @@ class AwsProvider:
         for region, rpools in sorted(by_region.items()):
             for p in rpools:
                 self._check_images(p)
+                self._check_network(p)
             types = sorted({t for p in rpools for t in p.instance_types})
             ec2 = self.ec2(region)
             offered = set()
@@ -226,7 +273,7 @@ class AwsProvider:
                     LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
                 offered.update((o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"])
             shapes = self._shapes(ec2, types)
-            spot = self._spot_prices(ec2, types)
+            spot, read_at = self._spot_prices(ec2, region, types)
             for p in rpools:
                 for z in p.zones:
                     for t in p.instance_types:
@@ -244,8 +291,9 @@ class AwsProvider:
                         out.append(Offering(
                             cloud="aws", region=region, zone=z, instance_type=t, gpus=gpus, gpu_type=gpu_type, cpu=cpu,
                             memory_gib=mem, on_demand_price=od, spot_price=spot.get((t, z), cat.spot_price if cat else None),
-                            prices_as_of=cat.prices_as_of if cat else "",
-                            price_source=(cat.price_source if cat else "") + ("; spot: live DescribeSpotPriceHistory" if live else ""),
+                            prices_as_of="" if live else cat.prices_as_of,  # od is not None: cat is not None
+                            price_source=(f"{cat.price_source} ({cat.prices_as_of}); spot: live EC2 DescribeSpotPriceHistory, "
+                                          f"read {read_at}") if live else cat.price_source,
                         ))
         return out
 
@@ -265,9 +313,25 @@ class AwsProvider:
             out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
         return out
 
-    def _spot_prices(self, ec2, types: list[str]) -> dict[tuple[str, str], float]:
-        """Types or zones without a row keep the catalog's price."""
-        return self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
+    def _spot_prices(self, ec2, region: str, types: list[str]) -> tuple[dict[tuple[str, str], float], str]:
+        """({(type, zone): today's spot price}, when read), cached `spot_price_ttl` seconds (default 3600,
+        providers/livespot.py) so a controller planning every minute does not page the history every minute.
+        Types or zones without a row keep the catalog's price."""
+        from providers.livespot import DEFAULT_SPOT_TTL_S, read_spot
+
+        def fetch() -> dict[str, dict[str, float]]:
+            got = self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
+            by_zone: dict[str, dict[str, float]] = {}
+            for (t, z), price in got.items():
+                by_zone.setdefault(z, {})[t] = price
+            return by_zone
+
+        try:
+            ttl = float(self.ctx.options.get("spot_price_ttl", DEFAULT_SPOT_TTL_S))
+        except ValueError:
+            raise ProviderError("aws: option spot_price_ttl must be a number of seconds") from None
+        by_zone, read_at = read_spot(self.ctx.state_dir, "aws", [self.endpoint or "", region, *types], ttl, fetch)
+        return {(t, z): p for z, prices in by_zone.items() for t, p in prices.items()}, read_at
 
     # -- create / delete -----------------------------------------------------------
     def create(self, request: CreateRequest) -> Instance:

@@ -417,7 +417,31 @@ class AzureProvider:
                     o = self.catalog.offering("azure", p.region, z, t)
                     if o is not None:
                         seen.setdefault((z, t), o)
-        return [seen[k] for k in sorted(seen)]
+        return self._live_spot([seen[k] for k in sorted(seen)])
+
+    def _live_spot(self, offers: list[Offering]) -> list[Offering]:
+        """Spot prices from the public Retail Prices API, cached `spot_price_ttl` seconds (providers/livespot.py).
+        Read for the public cloud only: with a custom ARM `endpoint` (a test, a sovereign cloud) only when
+        `prices_endpoint` names the price API too; `live_spot=off` keeps the catalog's."""
+        from providers.livespot import DEFAULT_SPOT_TTL_S, azure_spot, read_spot, unread, with_live_spot
+        from providers.pricesources import PriceSourceError
+
+        prices_endpoint = self._opt("prices_endpoint")
+        if not offers or (self.endpoint and not prices_endpoint) or (self._opt("live_spot") or "").lower() in ("off", "false", "0", "no"):
+            return offers
+        sizes: dict[str, set[str]] = {}
+        for o in offers:
+            sizes.setdefault(o.region, set()).add(o.instance_type)
+        api = "Azure Retail Prices API"
+        try:
+            prices, read_at = read_spot(
+                self.ctx.state_dir, "azure", [prices_endpoint or ""] + [f"{r}/{t}" for r, ts in sizes.items() for t in ts],
+                self._float("spot_price_ttl", DEFAULT_SPOT_TTL_S),
+                lambda: {r: azure_spot(r, sorted(ts), prices_endpoint) for r, ts in sorted(sizes.items())})
+        except PriceSourceError as e:
+            log.warning("azure: %s unreadable, planning with the catalog's spot prices: %s", api, e)
+            return unread(offers, api, e)
+        return with_live_spot(offers, prices, api, read_at)
 
     def _gpus(self, size: str) -> bool:
         shape = self.catalog.shape("azure", size)

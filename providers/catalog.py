@@ -5,7 +5,8 @@ Instance shapes are static facts, so validation can check a pool's types and a j
 offline. Prices are per region, each naming its source and so its date: no regional multipliers and
 no per-zone jitter (before, a flat 1.1x stood in for real regional prices 0.55x-3x apart, and spot
 zones were chosen by a hash). A type is priced only where its source priced it. Providers with a
-live price API (AWS spot history) override the catalog's spot prices at plan time."""
+live spot price API (AWS spot history, the Azure Retail Prices API, GCP's Cloud
+Billing Catalog with an API key: providers/livespot.py) override the catalog's spot prices at plan time."""
 
 from __future__ import annotations
 

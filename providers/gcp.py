@@ -38,6 +38,7 @@ option (a local fake or emulator) the client sends no credentials at all.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 import uuid
@@ -51,6 +52,9 @@ from reconciler.errors import (
     TransientProviderError,
 )
 
+log = logging.getLogger(__name__)
+_NETWORK_REF = re.compile(r"^(?:(?:.*/)?projects/([^/]+)/)?global/networks/([^/]+)$")
+_SUBNETWORK_REF = re.compile(r"^(?:(?:.*/)?projects/([^/]+)/)?regions/([^/]+)/subnetworks/([^/]+)$")
 LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
 LABEL_CREATE_KEY = "fleetops-create-key"
@@ -218,7 +222,10 @@ class GcpProvider:
                                                                    transport="rest")
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options, transport="rest")
         self.images = compute_v1.ImagesClient(credentials=credentials, client_options=options, transport="rest")
+        self.networks = compute_v1.NetworksClient(credentials=credentials, client_options=options, transport="rest")
+        self.subnetworks = compute_v1.SubnetworksClient(credentials=credentials, client_options=options, transport="rest")
         self._images_seen: set[str] = set()
+        self._networks_seen: set[tuple] = set()
 
     # -- plumbing ------------------------------------------------------------------
     def _opt(self, key: str) -> str | None:
@@ -391,6 +398,7 @@ class GcpProvider:
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
             self._check_images(p)
+            self._check_network(p)
             offered = self._zone_offers(self._project(p), p.instance_types)
             for z in p.zones:
                 for t in p.instance_types:
@@ -400,7 +408,74 @@ class GcpProvider:
                     o = self.catalog.offering("gcp", p.region, z, t)
                     if o is not None:
                         seen.setdefault((z, t), o)
-        return list(seen.values())
+        return self._live_spot(list(seen.values()))
+
+    def _live_spot(self, offers: list[Offering]) -> list[Offering]:
+        """Spot prices from the Cloud Billing Catalog API (Preemptible SKUs), cached `spot_price_ttl` seconds
+        (providers/livespot.py). The API needs an API key (GOOGLE_API_KEY or FLEETOPS_GCP_API_KEY): without one the
+        catalog's dated prices. With a custom compute `endpoint` (a test) only when `prices_endpoint` is given too;
+        `live_spot=off` keeps the catalog's."""
+        from providers.livespot import DEFAULT_SPOT_TTL_S, gcp_spot, read_spot, unread, with_live_spot
+        from providers.pricesources import PriceSourceError, gcp_api_key
+
+        prices_endpoint = self._opt("prices_endpoint")
+        if (not offers or not gcp_api_key() or (self._opt("endpoint") and not prices_endpoint)
+                or (self._opt("live_spot") or "").lower() in ("off", "false", "0", "no")):
+            return offers
+        types = sorted({o.instance_type for o in offers})
+        regions = sorted({o.region for o in offers})
+        ttl = float(self._opt("spot_price_ttl") or DEFAULT_SPOT_TTL_S)
+        api = "Cloud Billing Catalog API"
+        try:
+            prices, read_at = read_spot(self.ctx.state_dir, "gcp", [prices_endpoint or ""] + types + regions, ttl,
+                                        lambda: gcp_spot(self.catalog, types, regions, prices_endpoint))
+        except PriceSourceError as e:
+            log.warning("gcp: %s unreadable, planning with the catalog's spot prices: %s", api, e)
+            return unread(offers, api, e)
+        return with_live_spot(offers, prices, api, read_at)
+
+    def _check_network(self, pool: PoolTarget) -> None:
+        """Plan time: the pool's `network` and `subnetwork` exist (networks.get, subnetworks.get; a Shared VPC's are
+        read in the host project their reference names), the subnetwork is in the pool's region and belongs to the
+        network, so a mistyped name is an error naming the pool before anything is inserted (GCE would refuse every
+        insert: "The referenced network resource cannot be found")."""
+        from google.api_core.exceptions import Forbidden, NotFound
+
+        s, project = pool.settings, self._project(pool)
+        network, subnetwork = s.get("network"), s.get("subnetwork")
+        key = (project, pool.region, network, subnetwork)
+        if (not network and not subnetwork) or key in self._networks_seen:
+            return
+        net_ref = None
+        if network:
+            m = _NETWORK_REF.match(network if "/" in network else f"global/networks/{network}")
+            if m is None:
+                raise ProviderError(f"gcp: pool {pool.name}: network {network!r} is not a network name or global/networks/NAME")
+            net_ref = (m.group(1) or project, m.group(2))
+            try:
+                self._call(f"get network {network}", lambda: self.networks.get(
+                    project=net_ref[0], network=net_ref[1], timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound, Forbidden))
+            except (NotFound, Forbidden) as e:
+                raise ProviderError(f"gcp: pool {pool.name}: network {network} does not exist in project {net_ref[0]} (or "
+                                    f"this account may not read it: HTTP {e.code}); set gcp.network to one that does") from None
+        if subnetwork:
+            m = _SUBNETWORK_REF.match(subnetwork if "/" in subnetwork else f"regions/{pool.region}/subnetworks/{subnetwork}")
+            if m is None or m.group(2) != pool.region:
+                raise ProviderError(f"gcp: pool {pool.name}: subnetwork {subnetwork!r} is not a subnetwork of the pool's "
+                                    f"region {pool.region}")
+            sub_project = m.group(1) or project
+            try:
+                sub = self._call(f"get subnetwork {subnetwork}", lambda: self.subnetworks.get(
+                    project=sub_project, region=pool.region, subnetwork=m.group(3), timeout=self.timeout, retry=self.read_retry),
+                    passthrough=(NotFound, Forbidden))
+            except (NotFound, Forbidden) as e:
+                raise ProviderError(f"gcp: pool {pool.name}: subnetwork {subnetwork} does not exist in {pool.region} of project "
+                                    f"{sub_project} (or this account may not read it: HTTP {e.code}); set gcp.subnetwork to "
+                                    "one that does") from None
+            if net_ref is not None and not str(sub.network).endswith(f"projects/{net_ref[0]}/global/networks/{net_ref[1]}"):
+                raise ProviderError(f"gcp: pool {pool.name}: subnetwork {subnetwork} belongs to {sub.network.rsplit('/', 1)[-1]}, "
+                                    f"not network {network}")
+        self._networks_seen.add(key)
 
     def _gpus(self, itype: str) -> bool:
         machine, accelerator, _ = split_type(itype)

@@ -130,9 +130,13 @@ def _aws_item_prices(item: dict) -> Iterable[float]:
 
 # -- GCP ------------------------------------------------------------------------------------------------
 
-def gcp_prices(catalog: Catalog, types: list[str], regions: list[str]) -> tuple[dict, dict]:
-    base = os.environ.get("FLEETOPS_GCP_BILLING_ENDPOINT", "https://cloudbilling.googleapis.com").rstrip("/")
-    key = os.environ.get("GOOGLE_API_KEY") or os.environ.get("FLEETOPS_GCP_API_KEY")
+def gcp_api_key() -> str | None:
+    return os.environ.get("GOOGLE_API_KEY") or os.environ.get("FLEETOPS_GCP_API_KEY")
+
+
+def gcp_prices(catalog: Catalog, types: list[str], regions: list[str], endpoint: str | None = None) -> tuple[dict, dict]:
+    base = (endpoint or os.environ.get("FLEETOPS_GCP_BILLING_ENDPOINT") or "https://cloudbilling.googleapis.com").rstrip("/")
+    key = gcp_api_key()
     skus, token = [], ""
     for _ in range(1000):
         q = {"currencyCode": "USD", "pageSize": "5000", **({"pageToken": token} if token else {}), **({"key": key} if key else {})}
@@ -204,8 +208,12 @@ def _gcp_rates(skus: list[dict]) -> dict[tuple, float]:
 
 # -- Azure ----------------------------------------------------------------------------------------------
 
+def azure_endpoint(override: str | None = None) -> str:
+    return (override or os.environ.get("FLEETOPS_AZURE_PRICES_ENDPOINT") or "https://prices.azure.com").rstrip("/")
+
+
 def azure_prices(types: list[str], regions: list[str]) -> tuple[dict, dict]:
-    base = os.environ.get("FLEETOPS_AZURE_PRICES_ENDPOINT", "https://prices.azure.com").rstrip("/")
+    base = azure_endpoint()
     wanted = set(types)
     out: dict[str, dict] = {}
     for region in regions:

@@ -36,8 +36,11 @@ def _solver_line(plan: Plan) -> str:
     if s.optimal:
         quality = "optimal"
     elif s.unpacked:
-        # The bound is for plans that place what the solver placed; this one places less.
-        quality = (f"counts left {s.unpacked} job(s) it placed unpacked on the plan's instances (pending), "
+        # The bound is for plans that place what the solver placed; this one places less. Unproven tiers are still
+        # named: the plan says which tiers were proven whatever else it says.
+        stopped = (f" and stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; "
+                   "each at least greedy's)") if unproven else ""
+        quality = (f"counts left {s.unpacked} job(s) it placed unpacked on the plan's instances (pending){stopped}, "
                    "so no optimality gap is claimed")
     elif unproven:
         # The gap speaks of cost at the tiers reached; with a work tier not proven it would read as a promise it is not.

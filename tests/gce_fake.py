@@ -43,6 +43,9 @@ running_ops / max_running_ops to see how many ran at once. Test-side fault injec
 plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
+Networks: networks.get and subnetworks.get (add_network, add_subnetwork; every project has the auto-mode "default"
+network with a "default" subnetwork per region); an insert whose NIC names a network or subnetwork that does not exist,
+or a subnetwork of another region or network, is 400 invalid, as GCE answers.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ PUBLIC_IMAGES = frozenset({
     ("deeplearning-platform-release", "family/", "common-cu128-ubuntu-2204-nvidia-570"),
     ("deeplearning-platform-release", "family/", "common-cu124-debian-11-py310"),
 })
+_NETWORK = re.compile(r"^/compute/v1/projects/([^/]+)/global/networks/([^/]+)/?$")
+_SUBNETWORK = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/subnetworks/([^/]+)/?$")
+# A NIC's network / subnetwork: a full or partial URL, or (as the API allows) relative to the instance's project.
+_NETWORK_REF = re.compile(r"^(?:(?:.*/)?projects/([^/]+)/)?global/networks/([^/]+)$")
+_SUBNETWORK_REF = re.compile(r"^(?:(?:.*/)?projects/([^/]+)/)?regions/([^/]+)/subnetworks/([^/]+)$")
 _AGGREGATED_TYPES = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/(machineTypes|acceleratorTypes)/?$")
 # The machine types the fake's zones offer (unless withheld): the families the fleet uses, in their real sizes.
 MACHINE_TYPES = tuple(
@@ -336,6 +344,11 @@ class GceFake:
         self.unreachable: set[str] = set()  # zones aggregatedList cannot reach: a warning instead of their instances
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
         self.images: set[tuple[str, str, str]] = set(PUBLIC_IMAGES)  # (project, "family/" or "", name)
+        # VPC networks (project, name) and subnetworks (project, region, name) -> network name. Every project has the
+        # auto-mode "default" network with a "default" subnetwork in each region (projects without one: remove them).
+        self.networks: set[tuple[str, str]] = set()
+        self.subnetworks: dict[tuple[str, str, str], str] = {}
+        self.default_network = True
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
         self._inject: list[Injected] = []
         self._ips = 2
@@ -406,6 +419,60 @@ class GceFake:
         with self.lock:
             self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count))
 
+    def add_network(self, project: str, name: str) -> None:
+        with self.lock:
+            self.networks.add((project, name))
+
+    def add_subnetwork(self, project: str, region: str, name: str, network: str) -> None:
+        with self.lock:
+            self.subnetworks[(project, region, name)] = network
+
+    def _network(self, project: str, name: str) -> dict:
+        if (project, name) not in self.networks and not (self.default_network and name == "default"):
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/global/networks/{name}' was not found")
+        return {"kind": "compute#network", "name": name, "selfLink": f"{API}/projects/{project}/global/networks/{name}",
+                "autoCreateSubnetworks": name == "default"}
+
+    def _subnetwork(self, project: str, region: str, name: str) -> dict:
+        network = self.subnetworks.get((project, region, name))
+        if network is None and self.default_network and name == "default":
+            network = "default"
+        if network is None:
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/regions/{region}/subnetworks/{name}' was not found")
+        return {"kind": "compute#subnetwork", "name": name, "region": f"{API}/projects/{project}/regions/{region}",
+                "network": f"{API}/projects/{project}/global/networks/{network}",
+                "selfLink": f"{API}/projects/{project}/regions/{region}/subnetworks/{name}"}
+
+    def _check_nic(self, project: str, zone: str, nic: dict) -> None:
+        """An insert's NIC names a network and/or subnetwork that exist, the subnetwork in the instance's region and
+        of that network, as GCE checks (it answers 400 invalid, "The referenced ... resource cannot be found")."""
+        net = None
+        if nic.get("network"):
+            m = _NETWORK_REF.match(nic["network"])
+            if m is None:
+                raise _invalid("resource.networkInterfaces[0].network", nic["network"], "Must be a URL to a valid Compute "
+                               "resource of the correct type.")
+            try:
+                self._network(m.group(1) or project, m.group(2))
+            except GceError:
+                raise _invalid("resource.networkInterfaces[0].network", nic["network"], "The referenced network resource "
+                               "cannot be found.") from None
+            net = (m.group(1) or project, m.group(2))
+        if nic.get("subnetwork"):
+            m = _SUBNETWORK_REF.match(nic["subnetwork"])
+            region = zone.rsplit("-", 1)[0]
+            if m is None or m.group(2) != region:
+                raise _invalid("resource.networkInterfaces[0].subnetwork", nic["subnetwork"], "Must be a subnetwork of the "
+                               f"instance's region ({region}).")
+            try:
+                sub = self._subnetwork(m.group(1) or project, region, m.group(3))
+            except GceError:
+                raise _invalid("resource.networkInterfaces[0].subnetwork", nic["subnetwork"], "The referenced subnetwork "
+                               "resource cannot be found.") from None
+            if net is not None and not sub["network"].endswith(f"projects/{net[0]}/global/networks/{net[1]}"):
+                raise _invalid("resource.networkInterfaces[0].subnetwork", nic["subnetwork"], "Subnetwork should belong to "
+                               "the network.")
+
     def add_image(self, project: str, name: str, family: str | None = None) -> None:
         """An image (of a family, if given) in `project`, which inserts may boot from."""
         with self.lock:
@@ -464,6 +531,12 @@ class GceFake:
             elif m := _IMAGE.match(path):
                 if method == "GET":
                     return 200, self._image(m.group(1), m.group(2) or "", m.group(3))
+            elif m := _NETWORK.match(path):
+                if method == "GET":
+                    return 200, self._network(m.group(1), m.group(2))
+            elif m := _SUBNETWORK.match(path):
+                if method == "GET":
+                    return 200, self._subnetwork(*m.groups())
             elif m := _AGGREGATED_TYPES.match(path):
                 if method == "GET":
                     return 200, self._aggregated_types(m.group(1), m.group(2), q)
@@ -573,6 +646,7 @@ class GceFake:
         nics = body.get("networkInterfaces") or []
         if not nics or not (nics[0].get("network") or nics[0].get("subnetwork")):
             raise GceError(400, "required", "Required field 'resource.networkInterfaces' not specified")
+        self._check_nic(project, zone, nics[0])
         sched = body.get("scheduling") or {}
         model = sched.get("provisioningModel", "STANDARD")
         if model not in ("STANDARD", "SPOT"):

@@ -102,6 +102,8 @@ class PriceFake:
     def __init__(self):
         self.broken: str | None = None
         self.now = datetime.now(timezone.utc)
+        self.azure_items = [dict(i) for i in AZURE_ITEMS]  # a test may change a price
+        self.requests: list[tuple[str, str]] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -119,6 +121,11 @@ class PriceFake:
                 u = urllib.parse.urlsplit(self.path)
                 q = dict(urllib.parse.parse_qsl(u.query))
                 if u.path == "/v1/services/6F81-5844-456A/skus":
+                    fake.requests.append(("gcp", q.get("pageToken", "")))
+                    if "key" not in q and "Authorization" not in self.headers:  # the API takes a key or OAuth credentials
+                        return self._send(403, json.dumps({"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                                                     "message": "The request is missing a valid API key."}}).encode(),
+                                          "application/json")
                     if fake.broken == "gcp":
                         return self._send(200, json.dumps({"skus": [{"skuId": "X", "description": "A2 Instance Core running in Americas"}]}).encode(),
                                           "application/json")
@@ -127,8 +134,15 @@ class PriceFake:
                     nxt = str(start + 10) if start + 10 < len(GCP_SKUS) else ""
                     return self._send(200, json.dumps({"skus": page, "nextPageToken": nxt}).encode(), "application/json")
                 if u.path == "/api/retail/prices":
-                    region = q.get("$filter", "").split("armRegionName eq '")[1].split("'")[0]
-                    items = [i for i in AZURE_ITEMS if i["armRegionName"] == region]
+                    fake.requests.append(("azure", q.get("$filter", "")))
+                    if fake.broken == "azure":
+                        return self._send(503, b'{"Error": "Service Unavailable"}', "application/json")
+                    # The documented filter fields this client uses: armRegionName, and armSkuName when given (values
+                    # are case sensitive since api-version 2023-01-01-preview; matched exactly here).
+                    flt = q.get("$filter", "")
+                    region = flt.split("armRegionName eq '")[1].split("'")[0]
+                    sku = flt.split("armSkuName eq '")[1].split("'")[0] if "armSkuName eq '" in flt else None
+                    items = [i for i in fake.azure_items if i["armRegionName"] == region and sku in (None, i["armSkuName"])]
                     skip = int(q.get("$skip") or 0)
                     page = items[skip:skip + 4]
                     nxt = None
@@ -201,4 +215,5 @@ class PriceFake:
 
     def env(self) -> dict[str, str]:
         return {"FLEETOPS_AWS_PRICING_ENDPOINT": self.url, "FLEETOPS_EC2_ENDPOINT": self.url,
-                "FLEETOPS_GCP_BILLING_ENDPOINT": self.url, "FLEETOPS_AZURE_PRICES_ENDPOINT": self.url}
+                "FLEETOPS_GCP_BILLING_ENDPOINT": self.url, "FLEETOPS_AZURE_PRICES_ENDPOINT": self.url,
+                "FLEETOPS_GCP_API_KEY": "fake-api-key-for-tests"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,7 @@ from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from providers.aws import AwsProvider
+from providers.catalog import load_catalog
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from reconciler import api
 from reconciler.cli import app
@@ -110,8 +112,33 @@ def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
     g5 = offs[("us-east-1a", "g5.xlarge")]
     assert (g5.gpus, g5.gpu_type, g5.cpu, g5.memory_gib) == (1, "A10G", 4, 16)
     assert g5.on_demand_price == pytest.approx(1.006)
-    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used.
-    assert 0.3 < g5.spot_price < 0.45
+    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used, labelled as the catalog's.
+    assert g5.spot_price == load_catalog().offering("aws", "us-east-1", "us-east-1a", "g5.xlarge").spot_price
+    assert g5.price_source == "catalog: skypilot-v8"
+
+
+def test_a_pools_subnets_and_security_groups_are_checked_at_plan_time(prov, ec2):
+    """Issue 22 item 6: a pool's network settings are validated where the API allows, before anything launches. Each
+    aws.subnets entry must exist and lie in the zone it is given for, and each security group must exist in the
+    subnets' VPC; otherwise every RunInstances of the apply would fail. Before, nothing checked them."""
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    sub_a = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    sub_b = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.2.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(GroupName=f"fleet-{uuid.uuid4().hex[:6]}", Description="gpu", VpcId=vpc)["GroupId"]
+    other_vpc = ec2.create_vpc(CidrBlock="10.43.0.0/16")["Vpc"]["VpcId"]
+    foreign_sg = ec2.create_security_group(GroupName=f"other-{uuid.uuid4().hex[:6]}", Description="x", VpcId=other_vpc)["GroupId"]
+
+    def pool(subnets, groups):
+        return replace(target(), settings={"ami": AMI, "subnets": subnets, "security_groups": groups})
+
+    assert prov.offerings([pool({"us-east-1a": sub_a, "us-east-1b": sub_b}, [sg])])
+    for subnets, groups, message in (
+            ({"us-east-1a": "subnet-0000000000deadbee"}, [], "pool a10g: subnets subnet-0000000000deadbee: .*InvalidSubnetID.NotFound"),
+            ({"us-east-1a": sub_b}, [], f"pool a10g: subnet {sub_b} is in us-east-1b, not us-east-1a"),
+            ({"us-east-1a": sub_a}, ["sg-0000000000deadbee"], "pool a10g: security groups sg-0000000000deadbee: .*InvalidGroup.NotFound"),
+            ({"us-east-1a": sub_a}, [foreign_sg], f"pool a10g: security group {foreign_sg} is in {other_vpc}, not the subnets' VPC")):
+        with pytest.raises(ProviderError, match=message):
+            prov.offerings([pool(subnets, groups)])
 
 
 def _config(tmp_path: Path) -> Path:
@@ -229,6 +256,15 @@ def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_pat
     offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
     assert offs[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
     assert offs[("us-east-1b", "g5.xlarge")].spot_price == pytest.approx(0.3999)
+    # The plan says which price is live and when it was read; on-demand stays the dated catalog's.
+    assert re.fullmatch(r"catalog: skypilot-v8 \(2026-11-23\); spot: live EC2 DescribeSpotPriceHistory, read \d{4}-\d\d-\d\dT\d\d:\d\dZ",
+                        offs[("us-east-1a", "g5.xlarge")].price_source)
+    # Cached with a TTL (spot_price_ttl, an hour by default): a price change inside it is seen by the next read after.
+    proxy.spot_history.append(("g5.xlarge", "us-east-1a", "Linux/UNIX", 0.3333, ago(0.01)))
+    again = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    assert {(o.zone, o.instance_type): o for o in again.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
+    fresh = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url, "spot_price_ttl": "0"}))
+    assert {(o.zone, o.instance_type): o for o in fresh.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.3333)
 
 
 # -- images (issue 22, item 6) -------------------------------------------------------------------------

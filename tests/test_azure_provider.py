@@ -279,6 +279,28 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     assert set(arm.snapshot()) == {"hand-made"}
 
 
+@pytest.mark.parametrize("code, message", [
+    ("AnotherOperationInProgress", "Operation 'PutVirtualMachine' is not allowed since the Virtual Machine is marked for "
+                                   "another operation in progress."),
+    ("OperationPreempted", "Operation execution has been preempted by a more recent operation."),
+])
+def test_a_busy_or_preempted_vm_operation_is_retried_until_the_apply_lands(arm, tmp_path, code, message):
+    """Issue 22 item 3: ARM answers 409 AnotherOperationInProgress (the VM or its NIC is busy) or OperationPreempted (a
+    platform operation took precedence) and the same PUT succeeds later; the SDK does not retry a 409, so apply does,
+    with backoff (the provider's retry_window), for creates and deletes alike, and each VM is created once."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    arm.fail_next(409, code, message, method="PUT", count=3)
+    res = api.apply(cfg, provider="azure", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4, res.report.failures
+    assert len(arm.snapshot()) == 4 and len(arm.requests("PUT", "/virtualMachines/")) == 4 + 3
+    for f in (cfg / "jobs").glob("*.yaml"):
+        f.unlink()
+    arm.fail_next(409, code, message, method="DELETE", count=2)
+    res = api.apply(cfg, provider="azure", options=opts, allow_destroy=10)
+    assert res.report.ok and len(res.report.deleted) == 4 and arm.snapshot() == {}
+
+
 def test_apply_routes_around_an_exhausted_zone(arm, tmp_path):
     cfg = _config(tmp_path)
     opts = options(arm)
@@ -332,6 +354,46 @@ def test_a_deallocated_vm_is_replaced_noted_and_left_alone(arm, tmp_path):
 
 
 # -- zone offerings (issue 22, item 2) ----------------------------------------------------------------
+@pytest.fixture
+def prices():
+    from tests.price_fake import PriceFake
+
+    fake = PriceFake().start()
+    yield fake
+    fake.stop()
+
+
+def test_spot_prices_are_read_live_at_plan_time_cached_and_labelled(arm, prices, tmp_path):
+    """Issue 22: a provider that can read live spot prices uses them at plan time, cached with a TTL, and says so.
+    The Retail Prices API (public, no credentials) is asked per region and size in its documented $filter form; its
+    Linux "Spot" meter is the spot price (not "Low Priority", not Windows). Before, Azure spot came from the catalog
+    only (NC4as_T4_v3 $0.0627/h from the 2026-11-23 file, whatever the price today)."""
+    def offers(**extra):
+        p = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, prices_endpoint=prices.url, **extra)))
+        return {(o.zone, o.instance_type): o for o in p.offerings([target()])}
+
+    catalog = load_catalog().offering("azure", "eastus", "eastus-1", "Standard_NC64as_T4_v3")
+    got = offers()
+    t4 = got[("eastus-1", "Standard_NC4as_T4_v3")]
+    assert t4.spot_price == 0.0526 and t4.on_demand_price == 0.526
+    assert re.fullmatch(r"catalog: skypilot-v6-azure \(2026-11-23\); spot: live Azure Retail Prices API, read \d{4}-\d\d-\d\dT\d\d:\d\dZ",
+                        t4.price_source), t4.price_source
+    assert got[("eastus-1", "Standard_NC64as_T4_v3")] == catalog  # the API has no spot meter for it: the catalog's, as labelled
+    asked = [f for api_, f in prices.requests if api_ == "azure"]
+    assert sorted(asked) == sorted(f"serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' and armSkuName eq '{t}' "
+                                   "and priceType eq 'Consumption'" for t in ("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3"))
+    # Within the TTL a new run reuses the read; past it (ttl 0 here) it reads today's price.
+    next(i for i in prices.azure_items if i["skuName"] == "NC4as T4 v3 Spot")["retailPrice"] = 0.07
+    assert offers()[("eastus-1", "Standard_NC4as_T4_v3")].spot_price == 0.0526 and len(prices.requests) == 2
+    assert offers(spot_price_ttl="0")[("eastus-1", "Standard_NC4as_T4_v3")].spot_price == 0.07 and len(prices.requests) == 4
+    # An unreadable price API is no reason to stop planning: the catalog's dated price, saying why.
+    prices.broken = "azure"
+    down = offers(spot_price_ttl="0")[("eastus-1", "Standard_NC4as_T4_v3")]
+    assert down.spot_price == load_catalog().offering("azure", "eastus", "eastus-1", "Standard_NC4as_T4_v3").spot_price
+    assert "spot: catalog, the live Azure Retail Prices API could not be read (azure Retail Prices API (eastus, " in down.price_source
+    assert "HTTP 503" in down.price_source
+
+
 def test_offerings_leave_out_sizes_a_zone_does_not_offer_the_subscription(prov, arm):
     arm.restrict_sku("eastus", "Standard_NC64as_T4_v3", ("2",))
     got = {(o.zone, o.instance_type) for o in prov.offerings([target()])}

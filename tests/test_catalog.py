@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from datetime import date
@@ -91,10 +92,11 @@ def test_shipped_gcp_and_azure_prices_are_the_public_rows_they_cite():
                 assert (price.on_demand, price.spot) == (float(row["Price"]), float(row["SpotPrice"])), t
                 assert (float(row["vCPUs"]), float(row["MemoryGiB"])) == (shape.cpu, shape.memory_gib), t
                 checked.add((cloud, t, region))
-    # Every GCP price and every Azure eastus price is one (westeurope has no public row: an estimate, labelled so).
-    assert {(c, t, r) for (c, t), s in cat.shapes.items() for r in s.prices if c == "gcp" or r == "eastus"} == checked
-    assert all(p.source == "estimate-2026-11-01" for (c, _), s in cat.shapes.items() if c == "azure"
-               for r, p in s.prices.items() if r == "westeurope")
+    # Every GCP and every Azure price is one. No public file has an Azure westeurope row, so no size is priced there
+    # (before: last month's eastus list price times an invented 1.12, spot 1.9-4.1x the public eastus spot price).
+    assert {(c, t, r) for (c, t), s in cat.shapes.items() for r in s.prices if c in ("gcp", "azure")} == checked
+    assert not any("estimate" in key for key in cat.sources)
+    assert cat.offering("azure", "westeurope", "westeurope-1", "Standard_ND96asr_v4") is None
     # The new types, with the shapes the public rows give them.
     for cloud, t, gpus, model, cpu, mem in (
             ("gcp", "a3-ultragpu-8g", 8, "H200", 224, 2952), ("gcp", "n1-standard-32+4xnvidia-tesla-v100", 4, "V100", 32, 120),
@@ -105,6 +107,39 @@ def test_shipped_gcp_and_azure_prices_are_the_public_rows_they_cite():
     # Where the source offers a type in some zones only, so does the catalog: H200 in us-central1-b alone.
     assert cat.offering("gcp", "us-central1", "us-central1-b", "a3-ultragpu-8g").on_demand_price == pytest.approx(12.266 + 74.49392)
     assert cat.offering("gcp", "us-central1", "us-central1-a", "a3-ultragpu-8g") is None
+
+
+def test_shipped_aws_prices_are_the_public_rows_they_cite():
+    """Every AWS price labelled skypilot-v8 whose rows are excerpted is that file's figure: on-demand is the region's
+    Price, spot the median SpotPrice over the region's zones that have one (to SkyPilot's 4 decimals), and a type
+    no zone prices for spot has no spot price. Before, c6i.8xlarge, g4dn.12xlarge and p3.16xlarge carried last
+    month's list prices (p3.16xlarge spot $7.34 against $4.16 published in us-east-1) and a us-west-2 estimate, and
+    g4dn.xlarge/g5/g6/g6e an older snapshot's spot prices (g6e.48xlarge $8.30 against $10.23 in us-east-1)."""
+    cat = load_catalog()
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for r in _excerpt("skypilot-catalog_v8_aws_vms_e385a0d3.csv"):
+        rows.setdefault((r["InstanceType"], r["Region"]), []).append(r)
+    checked = set()
+    for (cloud, t), shape in cat.shapes.items():
+        for region, price in shape.prices.items():
+            if cloud != "aws" or (t, region) not in rows:
+                continue
+            rs = rows[(t, region)]
+            assert price.source == "skypilot-v8", (t, region, price.source)
+            assert {float(r["Price"]) for r in rs} == {price.on_demand}, (t, region)
+            spots = [float(r["SpotPrice"]) for r in rs if r["SpotPrice"]]
+            if spots:
+                assert price.spot == pytest.approx(statistics.median(spots), abs=1e-4), (t, region)
+            else:
+                assert price.spot is None, (t, region)
+            assert (float(rs[0]["vCPUs"]), float(rs[0]["MemoryGiB"])) == (shape.cpu, shape.memory_gib), t
+            assert (shape.gpus, shape.gpu_type) == ((int(float(rs[0]["AcceleratorCount"])), rs[0]["AcceleratorName"])
+                                                     if rs[0]["AcceleratorName"] else (0, None)), t
+            checked.add((t, region))
+    # Every AWS price is an excerpted row's: no estimate, no last-month list price, no older snapshot (v7) left.
+    assert checked == set(rows) == {(t, r) for (c, t), s in cat.shapes.items() if c == "aws" for r in s.prices}
+    assert {p.source for (c, _), s in cat.shapes.items() if c == "aws" for p in s.prices.values()} == {"skypilot-v8"}
+    assert cat.offering("aws", "us-east-1", "us-east-1a", "p3.16xlarge").spot_price == 4.1599
 
 
 def test_h200_and_b200_mig_profiles_are_nvidias():

@@ -110,6 +110,8 @@ def test_create_observe_delete_spot_and_on_demand(prov, gce):
 def test_insert_bodies_carry_pool_settings_and_gce_scheduling_rules(prov, gce):
     sa = "fleetops-node@fleet-test-project.iam.gserviceaccount.com"
     gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
+    gce.add_network(PROJECT, "ml-vpc")
+    gce.add_subnetwork(PROJECT, "us-central1", "gpu", "ml-vpc")
     pool = target(image="projects/my-images/global/images/family/gpu-node", network="ml-vpc", subnetwork="gpu",
                   service_account=sa)
     prov.create(req("k-gpu", pool=pool))
@@ -163,6 +165,43 @@ def test_n1_gpu_offerings_come_from_the_catalog_with_its_date(prov):
     cat = load_catalog()
     dates = {cat.sources[cat.shape("gcp", t).prices["us-central1"].source].date for t in (T4, V100)}
     assert {o.prices_as_of for o in offs.values()} == dates  # list prices, and how old they are (their source's date)
+
+
+def test_spot_prices_are_read_live_when_an_api_key_is_set_cached_and_labelled(gce, tmp_path, monkeypatch):
+    """Issue 22: with an API key the Cloud Billing Catalog's Preemptible SKUs price spot at plan time (cached with a
+    TTL, labelled with the API and the read time); without one, or where the API has no spot SKU, the catalog's
+    dated price. Before, GCP spot came from the catalog only."""
+    from tests.price_fake import PriceFake
+
+    fake = PriceFake().start()
+    try:
+        def offers(**extra):
+            p = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+                "endpoint": gce.url, "project": PROJECT, "prices_endpoint": fake.url, **extra}))
+            return {(o.zone, o.instance_type): o for o in p.offerings([target(types=("a2-highgpu-1g", "n2-standard-16"))])}
+
+        cat = load_catalog()
+        monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+        monkeypatch.delenv("FLEETOPS_GCP_API_KEY", raising=False)
+        keyless = offers()
+        assert keyless[(ZONE_A, "a2-highgpu-1g")] == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g") and not fake.requests
+        monkeypatch.setenv("FLEETOPS_GCP_API_KEY", "fake-api-key-for-tests")
+        live = offers()
+        a2 = live[(ZONE_A, "a2-highgpu-1g")]
+        # The A2 family's Preemptible per-vCPU and per-GiB prices times the shape, plus the A100's: 12, 85 GiB, 1 GPU.
+        assert a2.spot_price == pytest.approx(12 * 0.009483 + 85 * 0.001271 + 0.88, abs=1e-6)
+        assert a2.on_demand_price == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g").on_demand_price
+        assert re.fullmatch(r"catalog: skypilot-v8-gcp \(2026-11-23\); spot: live Cloud Billing Catalog API, read \S+Z", a2.price_source)
+        assert live[(ZONE_B, "n2-standard-16")] == cat.offering("gcp", "us-central1", ZONE_B, "n2-standard-16")  # no Preemptible N2 SKU
+        pages = len(fake.requests)
+        offers()
+        assert len(fake.requests) == pages  # within the TTL: the cached read
+        fake.broken = "gcp"
+        down = offers(spot_price_ttl="0.001")[(ZONE_A, "a2-highgpu-1g")]
+        assert down.spot_price == cat.offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g").spot_price
+        assert "spot: catalog, the live Cloud Billing Catalog API could not be read (gcp Cloud Billing Catalog: SKU X" in down.price_source
+    finally:
+        fake.stop()
 
 
 def test_instance_type_names_split_into_machine_type_and_attached_gpus():
@@ -582,3 +621,26 @@ def test_gpu_types_boot_a_driver_image_and_a_missing_image_is_a_plan_time_error(
         prov.create(req("k-missing", pool=missing))
     gce.add_image("my-images", "gpu-node-v7", family="gpu-node")
     assert prov.offerings([missing]) and prov.create(req("k-custom", pool=missing)).state in ("pending", "running")
+
+
+def test_a_pools_network_and_subnetwork_are_checked_at_plan_time(prov, gce):
+    """Issue 22 item 6: a pool's network settings are validated where the API allows, before anything is inserted
+    (networks.get, subnetworks.get; the fake, like GCE, refuses an insert whose NIC names a network or subnetwork
+    that does not exist). Before, a mistyped name failed every insert of the apply."""
+    gce.add_network(PROJECT, "ml-vpc")
+    gce.add_subnetwork(PROJECT, "us-central1", "gpu", "ml-vpc")
+    gce.add_network("host-project", "shared")
+    gce.add_subnetwork("host-project", "us-central1", "gpu-shared", "shared")
+    ok = [target(network="ml-vpc", subnetwork="gpu"), target(network="global/networks/default"),
+          target(subnetwork="projects/host-project/regions/us-central1/subnetworks/gpu-shared")]
+    assert all(prov.offerings([p]) for p in ok)
+    assert prov.create(req("k-net", pool=ok[0])).state in ("pending", "running")
+    for pool_settings, message in (
+            ({"network": "ml-vcp"}, f"pool l4: network ml-vcp does not exist in project {PROJECT}"),
+            ({"subnetwork": "gpus"}, "pool l4: subnetwork gpus does not exist in us-central1"),
+            ({"subnetwork": "regions/europe-west4/subnetworks/gpu"}, "is not a subnetwork of the pool's region us-central1"),
+            ({"network": "default", "subnetwork": "gpu"}, "pool l4: subnetwork gpu belongs to ml-vpc, not network default")):
+        with pytest.raises(ProviderError, match=message):
+            prov.offerings([target(**pool_settings)])
+    with pytest.raises(ProviderError, match="The referenced network resource cannot be found"):
+        prov.create(req("k-bad-net", pool=target(network="ml-vcp")))  # what an unchecked pool met at insert time

@@ -7,7 +7,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from reconciler import api
+from reconciler.errors import ApplyError
 from tests.fleetkit import copy_example
 
 PROJECT = "fleet-test-project"
@@ -58,3 +61,40 @@ def test_deletes_start_only_after_every_create_finished(gce, tmp_path):
     first_delete = min(i for i, (p, a) in enumerate(order) if a == "delete" and p == "started")
     assert last_create < first_delete  # make before break
     assert gce.max_running_ops >= 2
+
+
+def test_rate_limited_inserts_are_retried_with_backoff_and_each_instance_lands_once(gce, tmp_path):
+    """Issue 22 item 3: GCE's write quotas are per minute; an insert answered 403/429 rateLimitExceeded (or 503) is
+    tried again with backoff inside the provider's retry_window, with the same requestId, so the apply finishes and
+    no instance is created twice."""
+    cfg = copy_example(tmp_path, "gcp-only")
+    opts = {"endpoint": gce.url, "project": PROJECT, "parallelism": "1"}
+    # Without a window only the minimum tries (4): five refusals in a row fail the first create.
+    gce.fail_next(403, "rateLimitExceeded", "Rate Limit Exceeded", method="POST", path_contains="/instances", count=5)
+    with pytest.raises(ApplyError, match="Rate Limit Exceeded") as e:
+        api.apply(cfg, provider="gcp", options={**opts, "retry_window": "0.001"})
+    assert "4 created" in str(e.value)
+    # With the window (300 s by default) the same burst is ridden out: the next apply's creates all land.
+    gce.log.clear()
+    gce.fail_next(403, "rateLimitExceeded", "Rate Limit Exceeded", method="POST", path_contains="/instances", count=4)
+    gce.fail_next(503, "backendError", "Backend Error", method="POST", path_contains="/instances", count=1)
+    res = api.apply(cfg, provider="gcp", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates), res.report.failures
+    inserts = gce.requests("POST", "/instances")
+    assert len(inserts) == len(res.plan.creates) + 5  # five refusals in a row: past the 4 tries, inside the window
+    assert len([i for i in gce.instances(PROJECT) if i["status"] == "RUNNING"]) == 5
+    ids = [q.get("requestId", [""])[-1] for _, _, q in inserts]
+    assert all(ids) and len(set(ids)) == len(res.plan.creates)  # a retry repeats its requestId
+
+
+def test_a_hundred_creates_take_under_twice_the_time_of_one():
+    """Issue 22 item 3's target, on the Compute Engine fake with 4 s operations (zoneOperations.wait blocks until
+    DONE; a real insert takes tens of seconds): 100 creates in under 2x the time of one. Measured 1.76x at 2 s
+    operations on this 2-core machine at load ~4 (the overhead of 100 inserts is CPU, hence the longer operations
+    here); the sequential apply took 5 creates 4.95x the time of one."""
+    from bench.apply_parallel import run
+
+    one, _ = run(1, 4.0, None)
+    hundred, most = run(100, 4.0, None)
+    assert most >= 50  # they really overlapped
+    assert hundred < 2 * one, (one, hundred)
