@@ -29,7 +29,7 @@ def _what(d: Demand) -> str:
 
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
-_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
+_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
 
 
 def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
@@ -86,10 +86,10 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
 
 
 # Rules over capacity all tenants share: only there does higher-priority work take it first.
-_SHARED = {"reservation", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
+_SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
 
 
-_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
+_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
                "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
                "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
 

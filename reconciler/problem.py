@@ -19,7 +19,7 @@ from typing import Callable
 from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
 from reconciler.deadlines import ranks, start_by
-from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
+from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, quota_units, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -208,6 +208,7 @@ class Problem:
     licenses: dict[str, LicenseRules] = field(default_factory=dict)
     reservations: dict[str, ReservationRules] = field(default_factory=dict)  # the active ones
     deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
+    quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
 
     @property
     def spot(self):
@@ -907,8 +908,14 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
-        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines,
+        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=_cloud_quotas(observed, offers),
     )
+
+
+def _cloud_quotas(observed: Observed, offers: list[Capacity]) -> tuple:
+    """The quotas providers read that some offer's new instances count against (the others cannot bind)."""
+    return tuple(q for q in sorted(getattr(observed, "quotas", ()), key=lambda q: (q.cloud, q.region, q.name))
+                 if any(quota_units(q, c) for c in offers))
 
 
 def _licenses(desired: DesiredState) -> dict[str, LicenseRules]:
@@ -1017,6 +1024,10 @@ def components(problem: Problem) -> list[Problem]:
     for ks in problem.groups.values():  # a group's demands share placement variables (one fitting no pool, too)
         for k in ks[1:]:
             union("d:" + ks[0], "d:" + k)
+    for i, q in enumerate(problem.quotas):  # a cloud quota ties every offer that counts against it
+        for c in problem.capacities:
+            if not c.existing and quota_units(q, c):
+                union("c:" + c.key, f"q:{i}")
     for pool in problem.pool_bounds:
         find("p:" + pool)
     parts: dict[str, dict[str, list]] = {}
@@ -1044,5 +1055,6 @@ def components(problem: Problem) -> list[Problem]:
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
+            quotas=tuple(q for q in problem.quotas if any(not c.existing and quota_units(q, c) for c in part["c"])),
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

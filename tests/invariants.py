@@ -336,6 +336,19 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan, now=None) 
     _check_guardrails(desired, plan, hosts)
     _check_licenses(desired, reps)
     _check_reservations(desired, observed, plan)
+    _check_cloud_quotas(observed, plan)
+
+
+def _check_cloud_quotas(observed: Observed, plan: Plan) -> None:
+    """The plan's creates stay within every account quota the providers read: the units of the creates that count
+    against it (as the provider said each type and market counts), at most its limit less what the account used
+    when it was read (that use includes the fleet's instances, and apply deletes only after it creates)."""
+    for q in getattr(observed, "quotas", ()):
+        per = {(t, m): u for t, m, u in q.counts}
+        took = sum(per.get((c.instance_type, c.market), 0) for c in plan.creates
+                   if c.cloud == q.cloud and (not q.region or c.region == q.region))
+        assert took <= q.limit - q.used + 1e-6, (f"cloud quota {q.cloud} {q.name} ({q.region or 'all regions'}): the plan's creates "
+                                                 f"take {took:g} {q.unit}, {q.used:g} of {q.limit:g} were used")
 
 
 def _check_reservations(desired: DesiredState, observed: Observed, plan: Plan) -> None:

@@ -1,0 +1,93 @@
+"""Cloud account quotas (issue 22 item 2): the providers read them, the plan stays within them and names the one
+that binds; a launch past one is a QuotaError, not a zone cool-off."""
+
+from __future__ import annotations
+
+import pytest
+
+from providers.sim import SimCloud
+from reconciler import api
+from reconciler.state import load_state, state_dir
+from tests.fleetkit import job, pool, tenant, topology, write_config
+from tests.invariants import check_plan
+
+P_QUOTA = "Running On-Demand P instances (L-417A185B)"
+
+
+def _p4d_fleet(tmp_path, jobs: int = 4):
+    """Jobs of 8 A100 each, one p4d.24xlarge (96 vCPUs) apiece, in an account whose P quota holds 3 p4d and one of
+    them is someone else's."""
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={"aws": {"us-east-1": ["us-east-1a", "us-east-1b"]}}), tenant("t"),
+        pool("p4d", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=10),
+        *[job(f"train-{i}", gpus=8, gpu_type="A100", cpu=90, mem=1000) for i in range(jobs)],
+    ])
+    sim = SimCloud(state_dir(cfg))
+    sim.set_quota(P_QUOTA, "aws", "us-east-1", "vCPUs", 288, market="on-demand", instance_types=["p4d.24xlarge"])
+    sim.plant("aws", "us-east-1", "us-east-1a", "p4d.24xlarge", {"owner": "another-team"})
+    return cfg, sim
+
+
+@pytest.mark.parametrize("time_limit", [10.0, 0.0], ids=["cp-sat", "greedy"])
+def test_a_plan_places_up_to_the_quota_and_names_it_for_the_rest(tmp_path, time_limit):
+    cfg, sim = _p4d_fleet(tmp_path)
+    res = api.plan(cfg, time_limit=time_limit)
+    check_plan(res.desired, res.observed, res.plan)
+    assert len(res.plan.creates) == 2  # 288 - 96 used by the other team = 192 vCPUs: two p4d, not four
+    pending = [j for j in res.plan.jobs if j.action == "pending"]
+    assert len(pending) == 2
+    for j in pending:
+        assert j.reason.startswith(f"cloud quota: aws {P_QUOTA} in us-east-1: 96 of 288 vCPUs used, and this plan's new "
+                                   "instances take 192 more; the job needs 1 more p4d.24xlarge on-demand (96 vCPUs); raise it:"), j.reason
+    assert res.plan.rules["cloud_quotas"][f"aws {P_QUOTA} in us-east-1"] == {
+        "limit": 288.0, "used": 96.0, "unit": "vCPUs", "plan_takes": 192, "left": 0}
+    # The apply makes no create the cloud refuses, and the run after it changes nothing.
+    out = api.apply(cfg, time_limit=time_limit)
+    assert out.report.ok and not out.report.failures, out.report.failures
+    assert len([i for i in sim.instances() if i["state"] == "running"]) == 3
+    assert not load_state(state_dir(cfg)).short_now()  # no zone cooled off
+    again = api.plan(cfg, time_limit=time_limit)
+    assert not again.plan.has_changes
+    assert all("288 of 288 vCPUs used" in j.reason for j in again.plan.jobs if j.action == "pending")
+
+
+def test_a_raised_quota_places_the_rest(tmp_path):
+    cfg, sim = _p4d_fleet(tmp_path)
+    assert api.apply(cfg).report.ok
+    sim.set_quota(P_QUOTA, "aws", "us-east-1", "vCPUs", 480, market="on-demand", instance_types=["p4d.24xlarge"])
+    res = api.plan(cfg)
+    check_plan(res.desired, res.observed, res.plan)
+    assert len(res.plan.creates) == 2 and not [j for j in res.plan.jobs if j.action == "pending"]
+
+
+def test_a_launch_past_a_quota_is_a_quota_error_and_cools_off_no_zone(tmp_path):
+    """The plan was made before someone else took the quota: the launch fails with the quota named, no zone is
+    marked short (every zone would fail alike), and the next plan stays within what is left."""
+    cfg, sim = _p4d_fleet(tmp_path, jobs=2)
+    plan = api.plan(cfg).plan
+    assert len(plan.creates) == 2
+    sim.plant("aws", "us-east-1", "us-east-1b", "p4d.24xlarge", {"owner": "another-team"})  # takes what was left
+    with pytest.raises(Exception) as e:
+        api.apply(cfg, saved_plan=plan)
+    assert P_QUOTA in str(e.value) and "raise it" in str(e.value)
+    assert not load_state(state_dir(cfg)).short_now()
+    assert len([i for i in sim.instances() if i["tags"].get("fleetops.io/fleet")]) == 1  # one launched, then the quota
+    nxt = api.plan(cfg)
+    check_plan(nxt.desired, nxt.observed, nxt.plan)
+    assert not nxt.plan.creates
+    assert [j.reason[:60] for j in nxt.plan.jobs if j.action == "pending"] == [f"cloud quota: aws {P_QUOTA} in us-east-1: 288 of"[:60]]
+
+
+def test_a_spot_quota_leaves_on_demand_free(tmp_path):
+    """A quota counts only the market it names: spot past its quota, on-demand still bought."""
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"),
+        pool("g5", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="either", hi=10),
+        *[job(f"infer-{i}", gpus=1, gpu_type="A10G", cpu=3, mem=12) for i in range(3)],
+    ])
+    SimCloud(state_dir(cfg)).set_quota("All G and VT Spot Instance Requests (L-3819A6DF)", "aws", "us-east-1", "vCPUs", 4,
+                                       market="spot")
+    res = api.plan(cfg)
+    check_plan(res.desired, res.observed, res.plan)
+    markets = sorted(c.market for c in res.plan.creates)
+    assert markets == ["on-demand", "on-demand", "spot"] and not [j for j in res.plan.jobs if j.action == "pending"]
