@@ -91,3 +91,60 @@ def test_a_spot_quota_leaves_on_demand_free(tmp_path):
     check_plan(res.desired, res.observed, res.plan)
     markets = sorted(c.market for c in res.plan.creates)
     assert markets == ["on-demand", "on-demand", "spot"] and not [j for j in res.plan.jobs if j.action == "pending"]
+
+
+# ---------------------------------------------------------------- GCP: regions.get / projects.get quotas
+
+
+GCP_PROJECT = "quota-project"
+
+
+def _a100_fleet(tmp_path, jobs: int = 3):
+    return write_config(tmp_path / "cfg", [
+        topology(clouds={"gcp": {"us-central1": ["us-central1-a", "us-central1-b"]}}), tenant("t"),
+        pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"], hi=10),
+        *[job(f"ft-{i}", gpus=1, gpu_type="A100", cpu=10, mem=60) for i in range(jobs)],
+    ])
+
+
+@pytest.mark.parametrize("metric,region,scope", [("NVIDIA_A100_GPUS", "us-central1", "us-central1"),
+                                                 ("GPUS_ALL_REGIONS", "", "all regions")])
+def test_gcp_plans_within_the_project_quota_gce_reports(gce, tmp_path, metric, region, scope):
+    """regions.get (or projects.get for GPUS_ALL_REGIONS) says 1 of 3 A100s is used (by someone else's VM): two of
+    three 1-GPU jobs are placed, the third is pending on that quota, and the apply makes no insert GCE refuses."""
+    cfg = _a100_fleet(tmp_path)
+    opts = {"endpoint": gce.url, "project": GCP_PROJECT}
+    gce.set_quota(metric, 3, region)
+    gce.plant(GCP_PROJECT, "us-central1-a", "someone-elses", machine_type="a2-highgpu-1g")
+    res = api.plan(cfg, provider="gcp", options=opts)
+    check_plan(res.desired, res.observed, res.plan)
+    assert len(res.plan.creates) == 2
+    (pending,) = [j for j in res.plan.jobs if j.action == "pending"]
+    assert pending.reason.startswith(f"cloud quota: gcp {metric} in {scope}: 1 of 3 GPUs used, and this plan's new instances "
+                                     "take 2 more; the job needs 1 more a2-highgpu-1g on-demand (1 GPUs); raise it: "
+                                     f"https://console.cloud.google.com/iam-admin/quotas?project={GCP_PROJECT}"), pending.reason
+    out = api.apply(cfg, provider="gcp", options=opts)
+    assert out.report.ok and len(out.report.created) == 2
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+
+
+def test_gcp_spot_counts_against_the_preemptible_quota_where_the_region_grants_one(gce, tmp_path):
+    cfg = _a100_fleet(tmp_path, jobs=1)
+    prov_pool = api.plan(cfg, provider="gcp", options={"endpoint": gce.url, "project": GCP_PROJECT}).observed.quotas
+    by_name = {q.name: q for q in prov_pool}
+    assert ("a2-highgpu-1g", "spot", 1.0) in by_name["NVIDIA_A100_GPUS"].counts  # PREEMPTIBLE_ limit 0: the standard one
+    assert by_name["A2_CPUS"].counts == (("a2-highgpu-1g", "on-demand", 12.0), ("a2-highgpu-1g", "spot", 12.0))
+    gce.set_quota("PREEMPTIBLE_NVIDIA_A100_GPUS", 8, "us-central1")
+    by_name = {q.name: q for q in api.plan(cfg, provider="gcp", options={"endpoint": gce.url, "project": GCP_PROJECT}).observed.quotas}
+    assert by_name["NVIDIA_A100_GPUS"].counts == (("a2-highgpu-1g", "on-demand", 1.0),)
+    assert by_name["PREEMPTIBLE_NVIDIA_A100_GPUS"].counts == (("a2-highgpu-1g", "spot", 1.0),)
+    assert by_name["PREEMPTIBLE_NVIDIA_A100_GPUS"].limit == 8
+
+
+def test_an_unreadable_quota_api_is_a_note_not_a_stop(gce, tmp_path):
+    cfg = _a100_fleet(tmp_path, jobs=1)
+    gce.fail_next(403, "forbidden", "Required 'compute.regions.get' permission", path_contains="/regions/")
+    res = api.plan(cfg, provider="gcp", options={"endpoint": gce.url, "project": GCP_PROJECT})
+    assert len(res.plan.creates) == 1 and not res.observed.quotas
+    assert any(n.startswith("account quotas were not read (gcp: get region us-central1") and "not checked" in n
+               for n in res.plan.notes), res.plan.notes
