@@ -148,3 +148,68 @@ def test_an_unreadable_quota_api_is_a_note_not_a_stop(gce, tmp_path):
     assert len(res.plan.creates) == 1 and not res.observed.quotas
     assert any(n.startswith("account quotas were not read (gcp: get region us-central1") and "not checked" in n
                for n in res.plan.notes), res.plan.notes
+
+
+# ---------------------------------------------------------------- Azure: compute usages
+
+
+def _nc_a100_fleet(tmp_path, arm, jobs: int = 3, market: str = "on-demand"):
+    from tests.conftest import ARM_RESOURCE_GROUP
+
+    p = pool("nc", "azure", "eastus", ["eastus-1", "eastus-2"], ["Standard_NC24ads_A100_v4"], market=market, hi=10)
+    p["spec"]["azure"] = {"resource_group": ARM_RESOURCE_GROUP, "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAtest t",
+                          "subnet_id": f"/subscriptions/{arm.subscription}/resourceGroups/net/providers/Microsoft.Network/"
+                                       "virtualNetworks/vnet/subnets/gpu"}
+    return write_config(tmp_path / "cfg", [
+        topology(clouds={"azure": {"eastus": ["eastus-1", "eastus-2"]}}), tenant("t"), p,
+        *[job(f"ft-{i}", gpus=1, gpu_type="A100-80GB", cpu=20, mem=200) for i in range(jobs)],
+    ])
+
+
+def test_azure_plans_within_the_family_quota_the_usages_list_reports(arm, tmp_path):
+    """StandardNCADSA100v4Family allows 72 vCPUs and someone else's VM uses 24: two of three 24-vCPU VMs are placed,
+    the third job is pending on that quota, and the apply makes no create ARM refuses."""
+    from tests.conftest import arm_options
+
+    cfg = _nc_a100_fleet(tmp_path, arm)
+    opts = arm_options(arm)
+    arm.set_quota("eastus", "StandardNCADSA100v4Family", 72)
+    arm.plant("someone-elses", resource_group="other-team", vm_size="Standard_NC24ads_A100_v4")
+    res = api.plan(cfg, provider="azure", options=opts)
+    check_plan(res.desired, res.observed, res.plan)
+    assert len(res.plan.creates) == 2
+    (pending,) = [j for j in res.plan.jobs if j.action == "pending"]
+    assert pending.reason.startswith("cloud quota: azure StandardNCADSA100v4Family in eastus: 24 of 72 vCPUs used, and this "
+                                     "plan's new instances take 48 more; the job needs 1 more Standard_NC24ads_A100_v4 "
+                                     "on-demand (24 vCPUs); raise it: https://portal.azure.com"), pending.reason
+    out = api.apply(cfg, provider="azure", options=opts)
+    assert out.report.ok and len(out.report.created) == 2
+    assert not api.plan(cfg, provider="azure", options=opts).plan.has_changes
+
+
+def test_azure_spot_counts_against_low_priority_cores_only(arm, tmp_path):
+    from tests.conftest import arm_options
+
+    cfg = _nc_a100_fleet(tmp_path, arm, jobs=2, market="spot")
+    arm.set_quota("eastus", "StandardNCADSA100v4Family", 0)  # Regular VMs only: Spot is not counted there
+    arm.set_quota("eastus", "lowPriorityCores", 24)
+    res = api.plan(cfg, provider="azure", options=arm_options(arm))
+    check_plan(res.desired, res.observed, res.plan)
+    assert [c.market for c in res.plan.creates] == ["spot"]
+    (pending,) = [j for j in res.plan.jobs if j.action == "pending"]
+    assert pending.reason.startswith("cloud quota: azure lowPriorityCores in eastus: 0 of 24 vCPUs used"), pending.reason
+    assert api.apply(cfg, provider="azure", options=arm_options(arm)).report.ok
+
+
+def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(arm, tmp_path):
+    """The quota was lowered after the plan was made: ARM refuses the create (409 OperationNotAllowed, exceeding
+    approved ... Cores quota), the apply names the quota and how to raise it, and no zone is marked short."""
+    from tests.conftest import arm_options
+
+    cfg = _nc_a100_fleet(tmp_path, arm, jobs=1)
+    plan = api.plan(cfg, provider="azure", options=arm_options(arm)).plan
+    arm.set_quota("eastus", "StandardNCADSA100v4Family", 0)
+    with pytest.raises(Exception) as e:
+        api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
+    assert "quota 'StandardNCADSA100v4Family' (azure, eastus) is used up: raise it" in str(e.value)
+    assert not load_state(state_dir(cfg)).short_now()
