@@ -213,3 +213,93 @@ def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(ar
         api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
     assert "quota 'StandardNCADSA100v4Family' (azure, eastus) is used up: raise it" in str(e.value)
     assert not load_state(state_dir(cfg)).short_now()
+
+
+# ---------------------------------------------------------------- AWS: Service Quotas and the account's usage
+
+AMI = "ami-03cf127a"  # one of moto's built-in images
+P_CODE = "L-417A185B"
+
+
+def _p4d_aws_fleet(tmp_path, jobs: int = 3):
+    p = pool("p4d", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=10)
+    p["spec"]["aws"] = {"ami": AMI}
+    return write_config(tmp_path / "cfg", [
+        topology(name="quota-fleet-aws", clouds={"aws": {"us-east-1": ["us-east-1a", "us-east-1b"]}}), tenant("t"), p,
+        *[job(f"train-{i}", gpus=8, gpu_type="A100", cpu=90, mem=1000) for i in range(jobs)],
+    ])
+
+
+def test_aws_plans_within_the_vcpu_quota_service_quotas_reports(aws_env, ec2_quotas, tmp_path):
+    """Someone else's p4d runs in the account; the P quota leaves room for two more: two of three jobs are placed,
+    the third names the quota and how to raise it, and the apply makes no launch EC2 refuses (VcpuLimitExceeded)."""
+    import boto3
+
+    boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env).run_instances(
+        ImageId=AMI, InstanceType="p4d.24xlarge", MinCount=1, MaxCount=1)
+    used = ec2_quotas.used("us-east-1", P_CODE)
+    assert used >= 96
+    ec2_quotas.set_limit("us-east-1", P_CODE, used + 192)
+    cfg = _p4d_aws_fleet(tmp_path)
+    opts = {"endpoint_url": aws_env}
+    res = api.plan(cfg, provider="aws", options=opts)
+    check_plan(res.desired, res.observed, res.plan)
+    assert len(res.plan.creates) == 2
+    (pending,) = [j for j in res.plan.jobs if j.action == "pending"]
+    assert pending.reason.startswith(
+        f"cloud quota: aws {P_QUOTA} in us-east-1: {used} of {used + 192} vCPUs used, and this plan's new instances take "
+        f"192 more; the job needs 1 more p4d.24xlarge on-demand (96 vCPUs); raise it: "
+        f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{P_CODE} (region us-east-1)"), pending.reason
+    out = api.apply(cfg, provider="aws", options=opts)
+    assert out.report.ok and len(out.report.created) == 2 and ec2_quotas.refused == 0
+    assert not api.plan(cfg, provider="aws", options=opts).plan.has_changes
+
+
+def test_aws_a_launch_past_the_vcpu_quota_is_a_quota_error_naming_it(aws_env, ec2_quotas, tmp_path):
+    from providers.aws import AwsProvider
+    from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
+    from reconciler.errors import CapacityError, QuotaError
+
+    prov = AwsProvider(ProviderContext(fleet="quota-fleet-aws-2", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    ec2_quotas.set_limit("us-east-1", "L-7212CCBC", ec2_quotas.used("us-east-1", "L-7212CCBC"))  # no spot P vCPUs left
+    target = PoolTarget(name="p", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("p4d.24xlarge",),
+                        settings={"ami": AMI})
+    with pytest.raises(QuotaError) as e:
+        prov.create(CreateRequest(key="k-quota", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="spot",
+                                  tags=ownership_tags("quota-fleet-aws-2", "p", "k-quota")))
+    assert e.value.quota == "All P Spot Instance Requests (L-7212CCBC)" and "MaxSpotInstanceCountExceeded" in str(e.value)
+    assert not isinstance(e.value, CapacityError)
+    (spot_p,) = [q for q in prov.quotas([target]) if q.name.endswith("(L-7212CCBC)")]
+    assert spot_p.limit == spot_p.used and spot_p.counts == (("p4d.24xlarge", "spot", 96.0),)
+
+
+# ---------------------------------------------------------------- zone offerings: only what each zone has, cached
+
+
+def test_aws_offerings_are_what_each_zone_offers_read_once_an_hour(aws_env, tmp_path):
+    """us-east-1e offers neither g5.xlarge nor p4d.24xlarge (DescribeInstanceTypeOfferings, as moto's data of the
+    real Region says): a pool listing it gets no offering there, so no plan buys one there; the read is cached in
+    .reconcile/cache/ (offerings_ttl), like GCP's machine types and Azure's resource SKUs."""
+    from providers.aws import AwsProvider
+    from providers.base import PoolTarget, ProviderContext
+
+    calls = []
+    prov = AwsProvider(ProviderContext(fleet="offers-fleet", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    prov.ec2("us-east-1").meta.events.register("before-call.ec2.DescribeInstanceTypeOfferings", lambda **kw: calls.append(1))
+    target = PoolTarget(name="p", cloud="aws", region="us-east-1", zones=("us-east-1a", "us-east-1e"),
+                        instance_types=("g5.xlarge", "p4d.24xlarge"), settings={"ami": AMI})
+    assert {(o.zone, o.instance_type) for o in prov.offerings([target])} == {("us-east-1a", "g5.xlarge"), ("us-east-1a", "p4d.24xlarge")}
+    assert {(o.zone, o.instance_type) for o in prov.offerings([target])} == {("us-east-1a", "g5.xlarge"), ("us-east-1a", "p4d.24xlarge")}
+    assert len(calls) == 1  # the second read came from the cache
+    fresh = AwsProvider(ProviderContext(fleet="offers-fleet", state_dir=tmp_path, options={"endpoint_url": aws_env, "offerings_ttl": "0"}))
+    fresh.ec2("us-east-1").meta.events.register("before-call.ec2.DescribeInstanceTypeOfferings", lambda **kw: calls.append(1))
+    fresh.offerings([target])
+    assert len(calls) == 2  # offerings_ttl=0: read every time
+
+    p = pool("g5", "aws", "us-east-1", ["us-east-1e", "us-east-1a"], ["g5.xlarge"], hi=10)
+    p["spec"]["aws"] = {"ami": AMI}
+    cfg = write_config(tmp_path / "cfg", [
+        topology(name="offers-fleet", clouds={"aws": {"us-east-1": ["us-east-1a", "us-east-1e"]}}), tenant("t"), p,
+        *[job(f"infer-{i}", gpus=1, gpu_type="A10G", cpu=3, mem=12) for i in range(3)]])
+    res = api.plan(cfg, provider="aws", options={"endpoint_url": aws_env})
+    assert len(res.plan.creates) == 3 and {c.zone for c in res.plan.creates} == {"us-east-1a"}
