@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -420,8 +421,8 @@ class SimProvider:
                 if counts:
                     out.append(Quota(cloud=q["cloud"], region=q["region"], name=q["name"], unit=q["unit"], limit=q["limit"],
                                      used=_sim_quota_used(w, q, self.catalog), counts=tuple(counts),
-                                     how_to_raise=f"reconcile sim quota {q['name']} --cloud {q['cloud']} --region '{q['region']}' "
-                                                  f"--unit {q['unit']} --limit <more>"))
+                                     how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
+                                                  f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>"))
             return out
 
     def _check_quotas(self, w: dict, request: CreateRequest) -> None:
@@ -433,7 +434,8 @@ class SimProvider:
                 raise QuotaError(f"sim: QuotaExceeded: {request.market} {request.instance_type} in {request.zone} needs "
                                  f"{units:g} {q['unit']}; {used:g} of {q['limit']:g} are used",
                                  cloud=p.cloud, quota=q["name"], region=q["region"] or "all regions",
-                                 how_to_raise=f"reconcile sim quota {q['name']} --limit <more>")
+                                 how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
+                                              f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>")
 
     def create(self, request: CreateRequest) -> Instance:
         with self.cloud.world() as w:

@@ -196,11 +196,11 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
     summary = f"{state}: {change.reason}"
     ledger = plan_ledger(problem, plan.creates, plan.kept, [(j.job, j.instances) for j in plan.jobs if j.instances])
     would, tried = [], []
-    for candidates in _relaxations(desired, d, job, problem, ledger):
+    for candidates in _relaxations(desired, d, job, problem, ledger) + _cloud_quota_relaxations(desired, observed, ledger, d):
         last = None
-        for label, relaxed in candidates:  # amounts in increasing order: the first that places the job is reported
+        for label, relaxed, *fleet in candidates:  # amounts in increasing order: the first that places the job is reported
             try:
-                p2 = resolve(relaxed)
+                p2 = resolve(relaxed, *fleet)
             except Exception as e:  # a relaxation that breaks another rule is simply not an answer
                 last = WhatIf(f"{label}: {e}", change=label, outcome="refused", reason=str(e))
                 continue
@@ -322,6 +322,30 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
     if spec.priority_weight() < 1000:
         out.append([("give it priority critical", _with_job(desired, job, spec.model_copy(update={"priority": "critical"})))])
     return [c for c in out if c]
+
+
+def _cloud_quota_relaxations(desired, observed, ledger: Ledger, d: Demand):
+    """A cloud account quota raised by what the ledger says is short (then three times that), planned against the same
+    fleet with that quota's limit raised: (label, desired, observed) candidates."""
+    from reconciler.ledger import quota_scope
+
+    short: dict[str, float] = {}
+    for o in ledger.options(d, fit):
+        for r in o.refusals:
+            if r.rule == "cloud-quota":
+                short[r.limit] = min(short.get(r.limit, math.inf), r.shortfall)
+    out = []
+    for scope, n in sorted(short.items()):
+        q = next((q for q in getattr(observed, "quotas", ()) if quota_scope(q) == scope), None)
+        if q is None:
+            continue
+        cands = []
+        for more in sorted({math.ceil(n), math.ceil(3 * n)}):
+            raised = tuple(replace(x, limit=x.limit + more) if x is q else x for x in observed.quotas)
+            cands.append((f"raise cloud quota {scope} by {more:g} {q.unit} (to {q.limit + more:g})", desired,
+                          replace(observed, quotas=raised)))
+        out.append(cands)
+    return out
 
 
 def _with_tenant(desired, name, tenant):

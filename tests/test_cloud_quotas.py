@@ -303,3 +303,10 @@ def test_aws_offerings_are_what_each_zone_offers_read_once_an_hour(aws_env, tmp_
         *[job(f"infer-{i}", gpus=1, gpu_type="A10G", cpu=3, mem=12) for i in range(3)]])
     res = api.plan(cfg, provider="aws", options={"endpoint_url": aws_env})
     assert len(res.plan.creates) == 3 and {c.zone for c in res.plan.creates} == {"us-east-1a"}
+
+
+def test_explain_proves_that_raising_the_quota_would_place_the_job(tmp_path):
+    cfg, _ = _p4d_fleet(tmp_path, jobs=3)
+    e = api.explain(cfg, "train-2")
+    assert e.state == "pending" and e.summary.startswith(f"pending: cloud quota: aws {P_QUOTA} in us-east-1")
+    assert any(w.startswith(f"raise cloud quota aws {P_QUOTA} in us-east-1 by 96 vCPUs (to 384): it would run") for w in e.would_change), e.would_change
