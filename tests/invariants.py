@@ -347,7 +347,7 @@ def _check_cloud_quotas(observed: Observed, plan: Plan) -> None:
         per = {(t, m): u for t, m, u in q.counts}
         took = sum(per.get((c.instance_type, c.market), 0) for c in plan.creates
                    if c.cloud == q.cloud and (not q.region or c.region == q.region))
-        assert took <= q.limit - q.used + 1e-6, (f"cloud quota {q.cloud} {q.name} ({q.region or 'all regions'}): the plan's creates "
+        assert took <= max(0.0, q.limit - q.used) + 1e-6, (f"cloud quota {q.cloud} {q.name} ({q.region or 'all regions'}): the plan's creates "
                                                  f"take {took:g} {q.unit}, {q.used:g} of {q.limit:g} were used")
 
 

@@ -310,3 +310,77 @@ def test_explain_proves_that_raising_the_quota_would_place_the_job(tmp_path):
     e = api.explain(cfg, "train-2")
     assert e.state == "pending" and e.summary.startswith(f"pending: cloud quota: aws {P_QUOTA} in us-east-1")
     assert any(w.startswith(f"raise cloud quota aws {P_QUOTA} in us-east-1 by 96 vCPUs (to 384): it would run") for w in e.would_change), e.would_change
+
+
+# ---------------------------------------------------------------- random fleets under random quotas
+
+
+def _random_quotas(draw, fleet) -> tuple:
+    """One to three quotas over the fleet's pools' types (vCPUs or GPUs, on one market or both, in a region or all),
+    with a limit and a usage drawn at random (usage past the limit too: a quota lowered, or someone else's launch)."""
+    from hypothesis import strategies as st
+
+    from providers.base import Quota
+    from providers.catalog import load_catalog
+
+    cat = load_catalog()
+    pools = [d["spec"] for d in fleet.docs if d["kind"] == "Pool"]
+    out = []
+    for i in range(draw(st.integers(1, 3))):
+        cloud = draw(st.sampled_from(sorted({p["cloud"] for p in pools})))
+        unit = draw(st.sampled_from(["vCPUs", "GPUs"]))
+        markets = draw(st.sampled_from([("on-demand",), ("spot",), ("on-demand", "spot")]))
+        regional = draw(st.booleans())
+        region = next(p["region"] for p in pools if p["cloud"] == cloud) if regional else ""
+        counts = sorted({(t, m, float(s.cpu if unit == "vCPUs" else s.gpus)) for p in pools if p["cloud"] == cloud
+                         and (not region or p["region"] == region) for t in p["instance_types"] for m in markets
+                         if (s := cat.shape(cloud, t)) is not None and (s.cpu if unit == "vCPUs" else s.gpus)})
+        if not counts:
+            continue
+        limit = float(draw(st.sampled_from([0, 8, 48, 96, 200, 400])))
+        used = float(draw(st.sampled_from([0, 4, 96, limit, limit + 24])))
+        out.append(Quota(cloud, region, f"q{i}", unit, limit, used, tuple(counts)))
+    return tuple(out)
+
+
+def test_random_fleets_under_random_quotas_keep_every_rule():
+    """CP-SAT's and greedy's plans, packed, never take a quota past its limit less its usage (the independent oracle,
+    tests/invariants.py, with every other rule), and greedy's answer is a solution of the model with its quota rows
+    (CP-SAT starts from it)."""
+    from dataclasses import replace as dc_replace
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from reconciler.greedy import greedy
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import _Model, solve
+    from tests.fleetkit import catalog_observed
+    from tests.test_properties import SETTINGS, _violated, fleets
+
+    @settings(max_examples=60, derandomize=True, database=None, **SETTINGS)
+    @given(data=st.data())
+    def run(data):
+        fleet = data.draw(fleets())
+        quotas = _random_quotas(data.draw, fleet)
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            desired = load(write_config(Path(d), fleet.docs))
+        observed = dc_replace(catalog_observed(desired, fleet.instances, fleet.placements), gpu_indices=fleet.gpu_indices,
+                              quotas=quotas)
+        problem = build_problem(desired, observed)
+        for limit in (4, 0):
+            plan = make_plan(desired, observed, problem, solve(problem, time_limit=limit, workers=1))
+            check_plan(desired, observed, plan)
+        for g in (greedy(problem), greedy(problem, keep_fleet=True)):
+            model = _Model(problem, g)
+            model.tiers()
+            model.cost()
+            model.hint_from(g)
+            assert not _violated(model)
+
+    run()
