@@ -529,6 +529,8 @@ def rule_summary(problem: Problem, ledger) -> dict:
         out["deadlines"] = deadline_conditions(problem.deadlines, ledger.placed_jobs(), problem.now)
     if problem.quotas:
         out["cloud_quotas"] = ledger.quota_book().summary()
+    if problem.quota_floors:
+        out["cloud_quota_floors"] = dict(sorted(problem.quota_floors.items()))
     return out
 
 

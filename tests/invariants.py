@@ -351,6 +351,24 @@ def _check_cloud_quotas(observed: Observed, plan: Plan) -> None:
                                                  f"take {took:g} {q.unit}, {q.used:g} of {q.limit:g} were used")
 
 
+def _quota_blocks(observed: Observed, plan: Plan, spec) -> bool:
+    """Would one more instance of every type and market the pool may launch take some cloud quota past its room (a
+    pool minimum yields to the account's quotas: they limit launches)?"""
+    quotas = getattr(observed, "quotas", ())
+
+    def full(itype: str, market: str) -> bool:
+        for q in quotas:
+            per = {(t, m): u for t, m, u in q.counts}
+            if q.cloud != spec.cloud or (q.region and q.region != spec.region) or (itype, market) not in per:
+                continue
+            took = sum(per.get((c.instance_type, c.market), 0) for c in plan.creates
+                       if c.cloud == q.cloud and (not q.region or c.region == q.region))
+            if took + per[(itype, market)] > max(0.0, q.limit - q.used) + 1e-6:
+                return True
+        return False
+    return bool(quotas) and all(full(t, m) for t in spec.instance_types for m in spec.markets())
+
+
 def _check_reservations(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     """No more instances in a Reservation after the plan than its count."""
     deleted = {d.instance_id for d in plan.deletes}
@@ -532,7 +550,8 @@ def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> Non
 def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host]) -> None:
     per_pool: Counter = Counter(h.pool for h in hosts.values())
     for name, p in desired.pools.items():
-        assert p.spec.min_instances <= per_pool[name] <= p.spec.max_instances, f"pool {name} has {per_pool[name]} instances"
+        assert per_pool[name] <= p.spec.max_instances, f"pool {name} has {per_pool[name]} instances"
+        assert p.spec.min_instances <= per_pool[name] or _quota_blocks(observed, plan, p.spec), f"pool {name} has {per_pool[name]} instances"
     short = observed.short
     for h in hosts.values():
         pool = desired.pools.get(h.pool)

@@ -384,3 +384,19 @@ def test_random_fleets_under_random_quotas_keep_every_rule():
             assert not _violated(model)
 
     run()
+
+
+def test_a_pool_minimum_a_quota_leaves_no_room_for_is_lowered_not_a_failed_plan(tmp_path):
+    """min_instances 3 with room for one p4d: CP-SAT's plan (it had no answer: the minimum and the quota row could not
+    both hold, and the plan fell back to greedy's, saying CP-SAT ran out of work) buys one and says why the floor
+    was lowered."""
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"),
+        pool("p4d", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=3, hi=10),
+        job("a", gpus=8, gpu_type="A100", cpu=90, mem=1000)])
+    SimCloud(state_dir(cfg)).set_quota(P_QUOTA, "aws", "us-east-1", "vCPUs", 96)
+    res = api.plan(cfg)
+    check_plan(res.desired, res.observed, res.plan)
+    assert res.plan.solver.status == "OPTIMAL" and len(res.plan.creates) == 1
+    assert res.plan.rules["cloud_quota_floors"] == {
+        "p4d": f"pool p4d: min_instances 3 lowered to 1: cloud quota aws {P_QUOTA} in us-east-1 has no room for more"}
