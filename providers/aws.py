@@ -26,8 +26,9 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
+from providers.offercache import DEFAULT_TTL_S, cached
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from reconciler.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
@@ -268,10 +269,7 @@ class AwsProvider:
                 self._check_network(p)
             types = sorted({t for p in rpools for t in p.instance_types})
             ec2 = self.ec2(region)
-            offered = set()
-            for page in self._call("describe_instance_type_offerings", lambda: list(ec2.get_paginator("describe_instance_type_offerings").paginate(
-                    LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
-                offered.update((o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"])
+            offered = self._zone_offers(ec2, region, types)
             shapes = self._shapes(ec2, types)
             spot, read_at = self._spot_prices(ec2, region, types)
             for p in rpools:
@@ -296,6 +294,24 @@ class AwsProvider:
                                           f"read {read_at}") if live else cat.price_source,
                         ))
         return out
+
+    def _zone_offers(self, ec2, region: str, types: list[str]) -> set[tuple[str, str]]:
+        """{(type, zone)} the region's zones offer (DescribeInstanceTypeOfferings by availability zone), cached
+        `offerings_ttl` seconds (default an hour) in .reconcile/cache/ like GCP's and Azure's: what a zone offers
+        changes on the scale of weeks."""
+        def read() -> list[list[str]]:
+            out: list[list[str]] = []
+            for page in self._call("describe_instance_type_offerings", lambda: list(ec2.get_paginator("describe_instance_type_offerings").paginate(
+                    LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
+                out += [[o["InstanceType"], o["Location"]] for o in page["InstanceTypeOfferings"]]
+            return out
+
+        try:
+            ttl = float(self.ctx.options.get("offerings_ttl", DEFAULT_TTL_S))
+        except ValueError:
+            raise ProviderError("aws: option offerings_ttl must be a number of seconds") from None
+        key = f"aws-offers-{region}-" + hashlib.sha256("\n".join(types).encode()).hexdigest()[:16]
+        return {(t, z) for t, z in cached(self.ctx.state_dir, key, ttl, read)}
 
     def _shapes(self, ec2, types: list[str]) -> dict[str, tuple[int, str | None, float, float]]:
         """Shapes of types the catalog may not know, from DescribeInstanceTypes."""
@@ -332,6 +348,70 @@ class AwsProvider:
             raise ProviderError("aws: option spot_price_ttl must be a number of seconds") from None
         by_zone, read_at = read_spot(self.ctx.state_dir, "aws", [self.endpoint or "", region, *types], ttl, fetch)
         return {(t, z): p for z, prices in by_zone.items() for t, p in prices.items()}, read_at
+
+    # -- quotas --------------------------------------------------------------------
+    def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
+        """The vCPU quotas the pools' types count against, per region and market: the applied value from Service
+        Quotas (GetServiceQuota, cached `quotas_ttl` seconds, default an hour: limits change when someone raises
+        them), and the usage counted live from DescribeInstances over the whole account (every pending or running
+        instance of the quota's families and market, whoever launched it), which is how EC2 counts it."""
+        by_region: dict[str, set[str]] = {}
+        for p in pools:
+            by_region.setdefault(p.region, set()).update(p.instance_types)
+        try:
+            ttl = float(self.ctx.options.get("quotas_ttl", DEFAULT_TTL_S))
+        except ValueError:
+            raise ProviderError("aws: option quotas_ttl must be a number of seconds") from None
+        out: list[Quota] = []
+        for region, types in sorted(by_region.items()):
+            ec2 = self.ec2(region)
+            counts: dict[str, set[tuple[str, str, float]]] = {}
+            shapes = self._vcpus(ec2, sorted(types))
+            for t in sorted(types):
+                for market in ("on-demand", "spot"):
+                    if shapes.get(t):
+                        counts.setdefault(vcpu_quota(t, market)[0], set()).add((t, market, shapes[t]))
+            if not counts:
+                continue
+            limits = cached(self.ctx.state_dir, f"aws-quotas-{region}-" + hashlib.sha256(",".join(sorted(counts)).encode()).hexdigest()[:12],
+                            ttl, lambda: self._limits(region, sorted(counts)))
+            used = self._vcpu_usage(ec2, set(counts))
+            for code in sorted(counts):
+                name = _quota_name(code)
+                out.append(Quota(cloud="aws", region=region, name=f"{name} ({code})", unit="vCPUs", limit=float(limits[code]),
+                                 used=float(used.get(code, 0)), counts=tuple(sorted(counts[code])),
+                                 how_to_raise=how_to_raise(code, region)))
+        return out
+
+    def _limits(self, region: str, codes: list[str]) -> dict[str, float]:
+        with self._clients_lock:
+            sq = self.session.client("service-quotas", region_name=region, endpoint_url=self.endpoint, config=self.config)
+        return {code: float(self._call(f"get service quota ec2/{code} in {region}", lambda c=code: sq.get_service_quota(
+            ServiceCode="ec2", QuotaCode=c))["Quota"]["Value"]) for code in codes}
+
+    def _vcpus(self, ec2, types: list[str]) -> dict[str, float]:
+        """Default vCPUs per type: the catalog's, else DescribeInstanceTypes'."""
+        out = {t: s.cpu for t in types if (s := self.catalog.shape("aws", t)) is not None}
+        missing = [t for t in types if t not in out]
+        if missing:
+            out.update({t: shape[2] for t, shape in self._shapes(ec2, missing).items()})
+        return out
+
+    def _vcpu_usage(self, ec2, codes: set[str]) -> dict[str, float]:
+        """vCPUs of every pending or running instance in the region (the whole account's), by the quota it counts in."""
+        pages = self._call("describe_instances (quota usage)", lambda: list(ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}], PaginationConfig={"PageSize": 1000})))
+        seen = [(d["InstanceType"], "spot" if d.get("InstanceLifecycle") == "spot" else "on-demand")
+                for page in pages for r in page["Reservations"] for d in r["Instances"]]
+        vcpus = self._vcpus(ec2, sorted({t for t, _ in seen}))
+        used: dict[str, float] = {}
+        for t, market in seen:
+            code = vcpu_quota(t, market)[0]
+            if code in codes:
+                if t not in vcpus:
+                    raise ProviderError(f"aws: the vCPUs of {t} (running in this account) are unknown: quota usage cannot be counted")
+                used[code] = used.get(code, 0.0) + vcpus[t]
+        return used
 
     # -- create / delete -----------------------------------------------------------
     def create(self, request: CreateRequest) -> Instance:
@@ -518,17 +598,29 @@ def latest_spot_prices(ec2, types: list[str], now: datetime) -> dict[tuple[str, 
     return {k: v for k, (_, v) in latest.items()}
 
 
-def quota_error(text: str, region: str, instance_type: str, market: str) -> QuotaError:
-    """The Service Quotas quota an instance type's launch counts against, with where and how to raise it."""
+def vcpu_quota(instance_type: str, market: str) -> tuple[str, str]:
+    """(Service Quotas code, name) of the vCPU quota an instance type's launches count against in its market."""
     family = instance_type.split(".", 1)[0]
     letters = "".join(c for c in family if c.isalpha())
     key = next((k for k in sorted(VCPU_QUOTAS, key=len, reverse=True) if letters.startswith(k)), None)
     on_demand, spot = VCPU_QUOTAS[key] if key else STANDARD_QUOTAS
-    code, name = spot if market == "spot" else on_demand
-    how = (f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code} (region {region}), or "
-           f"`aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-           f"--desired-value <vCPUs> --region {region}`")
-    return QuotaError(text, cloud="aws", quota=f"{name} ({code})", region=region, how_to_raise=how)
+    return spot if market == "spot" else on_demand
+
+
+def how_to_raise(code: str, region: str) -> str:
+    return (f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code} (region {region}), or "
+            f"`aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+            f"--desired-value <vCPUs> --region {region}`")
+
+
+def quota_error(text: str, region: str, instance_type: str, market: str) -> QuotaError:
+    """The Service Quotas quota an instance type's launch counts against, with where and how to raise it."""
+    code, name = vcpu_quota(instance_type, market)
+    return QuotaError(text, cloud="aws", quota=f"{name} ({code})", region=region, how_to_raise=how_to_raise(code, region))
+
+
+def _quota_name(code: str) -> str:
+    return next(n for c, n in [q for pair in VCPU_QUOTAS.values() for q in pair] + list(STANDARD_QUOTAS) if c == code)
 
 
 JUST_LAUNCHED = timedelta(minutes=10)  # EC2's eventual consistency is documented in "a few minutes"; be generous

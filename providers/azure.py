@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from reconciler.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
@@ -474,14 +474,21 @@ class AzureProvider:
 
     def _zone_offers(self, subscription: str, region: str) -> set[tuple[str, str]]:
         """{(zone `<region>-<n>`, VM size lower case)} offered to the subscription in the region."""
-        def read() -> list[list[str]]:
+        return {(z, n) for z, n in self._skus(subscription, region)["zones"]}
+
+    def _skus(self, subscription: str, region: str) -> dict:
+        """The resource SKU list of a region, read once an hour (`offerings_ttl`): {"zones": [[zone, size]] offered to
+        the subscription, "sizes": {size lower case: [its quota family, vCPUs]}}."""
+        def read() -> dict:
             client = self.compute(subscription)
             skus = self._call(f"list resource SKUs in {region}",
                               lambda: list(client.resource_skus.list(filter=f"location eq '{region}'")))
-            out = []
+            out, sizes = [], {}
             for sku in skus:
                 if str(sku.resource_type or "").lower() != "virtualmachines":
                     continue
+                vcpus = next((c.value for c in sku.capabilities or [] if str(c.name) == "vCPUs"), None)
+                sizes[str(sku.name).lower()] = [str(sku.family or ""), float(vcpus) if vcpus else None]
                 zones: set[str] = set()
                 for info in sku.location_info or []:
                     if str(info.location or "").lower() == region.lower():
@@ -493,10 +500,44 @@ class AzureProvider:
                     elif kind == "zone" and r.restriction_info is not None:
                         zones -= set(r.restriction_info.zones or [])
                 out += [[f"{region}-{z}", str(sku.name).lower()] for z in sorted(zones)]
-            return out
+            return {"zones": out, "sizes": sizes}
 
-        key = "azure-" + hashlib.sha256(f"{subscription}\n{region}".encode()).hexdigest()[:16]
-        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self._float("offerings_ttl", DEFAULT_TTL_S), read)}
+        key = "azure-skus-" + hashlib.sha256(f"{subscription}\n{region}".encode()).hexdigest()[:16]
+        return cached(self.ctx.state_dir, key, self._float("offerings_ttl", DEFAULT_TTL_S), read)
+
+    # -- quotas --------------------------------------------------------------------
+    def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
+        """The subscription's compute quotas the pools' sizes count against, from the usages list of each region
+        (Microsoft.Compute/locations/{region}/usages: name.value, currentValue, limit), read every run: a Regular VM
+        counts its vCPUs against `cores` (Total Regional vCPUs) and its size's family (the resource SKU's `family`,
+        e.g. standardNDASv4Family), a Spot VM against `lowPriorityCores`."""
+        by_scope: dict[tuple[str, str], list[PoolTarget]] = {}
+        for p in pools:
+            by_scope.setdefault((self._scope(p.settings).subscription, p.region), []).append(p)
+        out: list[Quota] = []
+        for (subscription, region), ps in sorted(by_scope.items()):
+            client = self.compute(subscription)
+            usages = {str(u.name.value).lower(): u for u in self._call(
+                f"list compute usages in {region}", lambda: list(client.usage.list(region)))}
+            sizes = self._skus(subscription, region)["sizes"]
+            counts: dict[str, set[tuple[str, str, float]]] = {}
+            for p in ps:
+                for t in p.instance_types:
+                    family, vcpus = sizes.get(t.lower(), ["", None])
+                    shape = self.catalog.shape("azure", t)
+                    vcpus = vcpus or (shape.cpu if shape else None)
+                    if not vcpus:
+                        continue
+                    for name, market in (("cores", "on-demand"), (family.lower(), "on-demand"), ("lowprioritycores", "spot")):
+                        if name in usages:
+                            counts.setdefault(name, set()).add((t, market, float(vcpus)))
+            how = (f"{QUOTA_PAGE} (Compute, {region}), or `az quota update` / a support request; see usage with "
+                   f"`az vm list-usage --location {region}`")
+            for name, cs in sorted(counts.items()):
+                u = usages[name]
+                out.append(Quota(cloud="azure", region=region, name=str(u.name.value), unit="vCPUs", limit=float(u.limit),
+                                 used=float(u.current_value), counts=tuple(sorted(cs)), how_to_raise=how))
+        return out
 
     # -- create --------------------------------------------------------------------
     def _vm_body(self, request: CreateRequest, name: str, zone: str) -> dict:

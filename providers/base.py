@@ -65,6 +65,22 @@ class Offering:
 
 
 @dataclass(frozen=True)
+class Quota:
+    """An account quota launches count against, as the cloud reports it when read: its limit and what the whole
+    account uses of it now (the fleet's own instances included). Which launches count, and by how much, is the
+    provider's to say (`counts`); the arithmetic (an instance's units, the headroom) is reconciler/ledger.py's."""
+
+    cloud: str
+    region: str  # "" for a quota over every region of the cloud (GCE GPUS_ALL_REGIONS)
+    name: str  # as the cloud names it: "Running On-Demand P instances (L-417A185B)", "NVIDIA_A100_GPUS", "cores"
+    unit: str  # what limit and used count, plural: "vCPUs", "GPUs", "instances"
+    limit: float
+    used: float
+    counts: tuple[tuple[str, str, float], ...]  # (instance type, market, units one instance counts)
+    how_to_raise: str = ""  # the console page or CLI command that asks for more
+
+
+@dataclass(frozen=True)
 class Instance:
     """An instance as the cloud reports it, owned by this fleet."""
 
@@ -154,6 +170,19 @@ class PlacementRecorder(Protocol):
     def record_placements(self, instance: Instance, record: PlacementRecord) -> None:
         """Replace the instance's placement tags with `record`. Raises OwnershipError (writing
         nothing) if the instance is not this fleet's; an instance already gone is not an error."""
+        ...
+
+
+@runtime_checkable
+class QuotaReader(Protocol):
+    """An optional capability: a provider that reads the account quotas its pools' launches count against (AWS
+    Service Quotas, GCE regions.get / projects.get quotas, Azure compute usages), so the plan stays within them.
+    A provider without it, or whose read fails, plans as before and the plan says quotas were not checked; a launch
+    past a quota is still a QuotaError at create time."""
+
+    def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
+        """The quotas the pools' instance types count against, in the pools' regions (and global ones), with their
+        limits and current usage. Raises ProviderError when they cannot be read."""
         ...
 
 

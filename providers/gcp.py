@@ -44,7 +44,7 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from reconciler.errors import (
@@ -74,6 +74,19 @@ CAPACITY_TEXT = re.compile(r"does not have enough resources available|Machine ty
 # Project quotas (regional CPUs and GPUs, global GPUS_ALL_REGIONS): a QuotaError, not a zone cool-off.
 QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
 _QUOTA_NAME = re.compile(r"Quota '([A-Z0-9_]+)' exceeded(?:\.\s+Limit: ([0-9.]+) (?:in region ([a-z0-9-]+)|globally))?")
+# The quota metrics a VM counts against (regions.get / projects.get `quotas`): its vCPUs against its machine family's
+# CPU metric, its GPUs against their accelerator's metric, itself against INSTANCES, and every GPU against the
+# project's global GPUS_ALL_REGIONS. A Spot VM counts against PREEMPTIBLE_<metric> where the region grants that
+# quota (a limit above 0), else against the standard one, as GCE counts them.
+CPU_QUOTAS = {"n1": "CPUS", "n2": "N2_CPUS", "n2d": "N2D_CPUS", "e2": "E2_CPUS", "c2": "C2_CPUS", "c2d": "C2D_CPUS",
+              "c3": "C3_CPUS", "a2": "A2_CPUS", "g2": "G2_CPUS", "m1": "M1_CPUS", "m2": "M2_CPUS"}
+GPU_QUOTAS = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-tesla-v100": "NVIDIA_V100_GPUS", "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
+              "nvidia-tesla-p4": "NVIDIA_P4_GPUS", "nvidia-tesla-a100": "NVIDIA_A100_GPUS", "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+              "nvidia-h100-80gb": "NVIDIA_H100_GPUS", "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
+              "nvidia-h200-141gb": "NVIDIA_H200_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS"}
+BUILT_IN_GPUS = {"a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100", "a2-ultragpu": "nvidia-a100-80gb",
+                 "a3-highgpu": "nvidia-h100-80gb", "a3-megagpu": "nvidia-h100-mega-80gb", "a3-ultragpu": "nvidia-h200-141gb",
+                 "g2-standard": "nvidia-l4"}
 # Retrying later helps: throttling, and "the resource is busy with another operation".
 TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "resourceNotReady"})
 TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
@@ -224,6 +237,8 @@ class GcpProvider:
         self.images = compute_v1.ImagesClient(credentials=credentials, client_options=options, transport="rest")
         self.networks = compute_v1.NetworksClient(credentials=credentials, client_options=options, transport="rest")
         self.subnetworks = compute_v1.SubnetworksClient(credentials=credentials, client_options=options, transport="rest")
+        self.regions = compute_v1.RegionsClient(credentials=credentials, client_options=options, transport="rest")
+        self.projects = compute_v1.ProjectsClient(credentials=credentials, client_options=options, transport="rest")
         self._images_seen: set[str] = set()
         self._networks_seen: set[tuple] = set()
 
@@ -476,6 +491,63 @@ class GcpProvider:
                 raise ProviderError(f"gcp: pool {pool.name}: subnetwork {subnetwork} belongs to {sub.network.rsplit('/', 1)[-1]}, "
                                     f"not network {network}")
         self._networks_seen.add(key)
+
+    # -- quotas --------------------------------------------------------------------
+    def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
+        """The project quotas the pools' types count against, with limit and usage as GCE reports them now:
+        regions.get for the regional metrics, projects.get for GPUS_ALL_REGIONS. Read every run (one call per region
+        and project): usage moves with every launch, the fleet's own last apply included."""
+        by_project: dict[str, list[PoolTarget]] = {}
+        for p in pools:
+            by_project.setdefault(self._project(p), []).append(p)
+        out: list[Quota] = []
+        for project, ps in sorted(by_project.items()):
+            counts: dict[tuple[str, str], set[tuple[str, str, float]]] = {}  # (region or "", metric) -> counts
+            metrics: dict[str, dict[str, Any]] = {}  # region or "" -> metric -> Quota proto
+            glob = self._call(f"get project {project}", lambda: self.projects.get(
+                project=project, timeout=self.timeout, retry=self.read_retry))
+            metrics[""] = {q.metric: q for q in glob.quotas}
+            for region in sorted({p.region for p in ps}):
+                r = self._call(f"get region {region} in {project}", lambda: self.regions.get(
+                    project=project, region=region, timeout=self.timeout, retry=self.read_retry))
+                metrics[region] = {q.metric: q for q in r.quotas}
+            for p in ps:
+                for t in p.instance_types:
+                    for market in ("on-demand", "spot"):
+                        for region, metric, units in self._counted(t, market, p.region, metrics):
+                            counts.setdefault((region, metric), set()).add((t, market, units))
+            page = f"https://console.cloud.google.com/iam-admin/quotas?project={project}"
+            for (region, metric), cs in sorted(counts.items()):
+                q = metrics[region][metric]
+                how = f"{page} (filter on {metric}), or see it with `gcloud compute " + (
+                    f"regions describe {region} --project {project}`" if region else f"project-info describe --project {project}`")
+                out.append(Quota(cloud="gcp", region=region, name=metric, unit="GPUs" if "GPUS" in metric.split("_") else
+                                 "instances" if metric == "INSTANCES" else "vCPUs", limit=float(q.limit), used=float(q.usage),
+                                 counts=tuple(sorted(cs)), how_to_raise=how))
+        return out
+
+    def _counted(self, itype: str, market: str, region: str, metrics: dict[str, dict[str, Any]]):
+        """(region or "", metric, units) of each quota one `market` VM of `itype` in `region` counts against, among
+        those the project lists."""
+        shape = self.catalog.shape("gcp", itype)
+        if shape is None:
+            return
+        machine, accelerator, _ = split_type(itype)
+        here = metrics.get(region, {})
+
+        def pick(metric: str | None) -> str | None:
+            spot = f"PREEMPTIBLE_{metric}"
+            if metric and market == "spot" and spot in here and here[spot].limit > 0:
+                return spot
+            return metric if metric in here else None
+
+        accelerator = accelerator or BUILT_IN_GPUS.get(machine.rsplit("-", 1)[0])
+        for metric, units in ((pick(CPU_QUOTAS.get(machine.split("-", 1)[0])), float(shape.cpu)),
+                              (pick(GPU_QUOTAS.get(accelerator or "")), float(shape.gpus)), (pick("INSTANCES"), 1.0)):
+            if metric and units:
+                yield region, metric, units
+        if shape.gpus and "GPUS_ALL_REGIONS" in metrics.get("", {}):
+            yield "", "GPUS_ALL_REGIONS", float(shape.gpus)
 
     def _gpus(self, itype: str) -> bool:
         machine, accelerator, _ = split_type(itype)

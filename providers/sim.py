@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,10 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, TransientProviderError
+from reconciler.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from reconciler.runtime.runtimes import start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
@@ -302,6 +303,20 @@ class SimCloud:
         with self.world() as w:
             w["faults"].update(faults)
 
+    def set_quota(self, name: str, cloud: str, region: str, unit: str, limit: float, market: str | None = None,
+                  gpu_type: str | None = None, instance_types: Sequence[str] | None = None, remove: bool = False) -> None:
+        """An account quota, as a cloud keeps one: every live instance in the world that matches counts against it
+        (the fleet's, other fleets', planted ones), and a launch past it fails with a QuotaError. region "" covers
+        every region of the cloud; unit is vCPUs, GPUs or instances; market, gpu_type and instance_types narrow
+        what counts (None: any)."""
+        if unit not in SIM_QUOTA_UNITS:
+            raise ProviderError(f"sim: quota unit {unit!r} is not one of {', '.join(SIM_QUOTA_UNITS)}")
+        entry = {"name": name, "cloud": cloud, "region": region, "unit": unit, "limit": float(limit), "market": market,
+                 "gpu_type": gpu_type, "instance_types": sorted(instance_types) if instance_types else None}
+        with self.world() as w:
+            kept = [q for q in w["faults"].get("quotas", []) if (q["cloud"], q["region"], q["name"]) != (cloud, region, name)]
+            w["faults"]["quotas"] = kept if remove else kept + [entry]
+
     def plant(self, cloud: str, region: str, zone: str, instance_type: str, tags: dict[str, str], market: str = "on-demand") -> str:
         """Add an instance the reconciler did not create (a colleague's, another fleet's)."""
         with self.world() as w:
@@ -326,6 +341,24 @@ class SimCloud:
             e["zone"] == zone and e["instance_type"] in (None, instance_type) and e["market"] in (None, market)
             for e in w["faults"]["exhausted"]
         )
+
+
+SIM_QUOTA_UNITS = ("vCPUs", "GPUs", "instances")
+
+
+def _sim_quota_units(q: dict, catalog, cloud: str, region: str, instance_type: str, market: str) -> float:
+    """Units one instance counts against a sim quota (0: it does not count)."""
+    shape = catalog.shape(cloud, instance_type)
+    if q["cloud"] != cloud or (q["region"] and q["region"] != region) or (q["market"] and q["market"] != market) or shape is None:
+        return 0.0
+    if q["instance_types"] and instance_type not in q["instance_types"] or q["gpu_type"] and shape.gpu_type != q["gpu_type"]:
+        return 0.0
+    return {"vCPUs": float(shape.cpu), "GPUs": float(shape.gpus), "instances": 1.0}[q["unit"]]
+
+
+def _sim_quota_used(w: dict, q: dict, catalog) -> float:
+    return sum(_sim_quota_units(q, catalog, d["cloud"], d["region"], d["instance_type"], d["market"])
+               for d in w["instances"].values() if d["state"] in ("pending", "running"))
 
 
 class SimProvider:
@@ -378,6 +411,32 @@ class SimProvider:
                         out[(p.cloud, z, t)] = o
         return list(out.values())
 
+    def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
+        """The quotas `reconcile sim quota` set, with what the world's live instances use of them now."""
+        with self.cloud.world(write=False) as w:
+            out = []
+            for q in w["faults"].get("quotas", []):
+                counts = sorted({(t, m, u) for p in pools for t in p.instance_types for m in ("on-demand", "spot")
+                                 if (u := _sim_quota_units(q, self.catalog, p.cloud, p.region, t, m))})
+                if counts:
+                    out.append(Quota(cloud=q["cloud"], region=q["region"], name=q["name"], unit=q["unit"], limit=q["limit"],
+                                     used=_sim_quota_used(w, q, self.catalog), counts=tuple(counts),
+                                     how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
+                                                  f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>"))
+            return out
+
+    def _check_quotas(self, w: dict, request: CreateRequest) -> None:
+        p = request.pool
+        for q in w["faults"].get("quotas", []):
+            units = _sim_quota_units(q, self.catalog, p.cloud, p.region, request.instance_type, request.market)
+            used = _sim_quota_used(w, q, self.catalog) if units else 0.0
+            if units and used + units > q["limit"] + 1e-9:
+                raise QuotaError(f"sim: QuotaExceeded: {request.market} {request.instance_type} in {request.zone} needs "
+                                 f"{units:g} {q['unit']}; {used:g} of {q['limit']:g} are used",
+                                 cloud=p.cloud, quota=q["name"], region=q["region"] or "all regions",
+                                 how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
+                                              f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>")
+
     def create(self, request: CreateRequest) -> Instance:
         with self.cloud.world() as w:
             existing = w["keys"].get(request.key)
@@ -392,6 +451,7 @@ class SimProvider:
             p = request.pool
             if self.catalog.offering(p.cloud, p.region, request.zone, request.instance_type) is None:
                 raise ProviderError(f"sim: {request.instance_type} is not offered in {p.cloud}/{request.zone}")
+            self._check_quotas(w, request)
             if self.cloud.exhausted(w, request.zone, request.instance_type, request.market):
                 raise CapacityError(
                     f"sim: InsufficientCapacity for {request.market} {request.instance_type} in {request.zone}",

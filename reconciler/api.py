@@ -148,8 +148,9 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
     when = now or utcnow()
     quick = max(1.0, min(time_limit, 5.0))
 
-    def resolve(desired: DesiredState) -> Plan:
-        return _plan(desired, res.observed, provider, quick, None, when, gap).plan
+    def resolve(desired: DesiredState, observed=None) -> Plan:
+        """Plan `desired` against the same fleet (or `observed`: the same fleet with an account quota raised)."""
+        return _plan(desired, observed if observed is not None else res.observed, provider, quick, None, when, gap).plan
 
     return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
 

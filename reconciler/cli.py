@@ -570,6 +570,22 @@ def sim_exhaust(zone: str, config_dir: Optional[Path] = SimDir, dir_opt: Optiona
     typer.echo(f"{'restored' if restore else 'exhausted'} {zone} {instance_type or '*'} {market or '*'}")
 
 
+@sim_app.command("quota")
+def sim_quota(name: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
+              cloud: str = typer.Option(..., "--cloud"), region: str = typer.Option("", "--region", help="Empty: every region of the cloud."),
+              unit: str = typer.Option("vCPUs", "--unit", help="vCPUs, GPUs or instances."),
+              limit: float = typer.Option(0.0, "--limit"), market: Optional[str] = typer.Option(None, "--market"),
+              gpu_type: Optional[str] = typer.Option(None, "--gpu-type"),
+              instance_type: Optional[list[str]] = typer.Option(None, "--type", help="Only these types count (repeatable)."),
+              remove: bool = typer.Option(False, "--remove")) -> None:
+    """Set (or --remove) an account quota in the simulated cloud: plans stay within it, launches past it fail."""
+    try:
+        _sim(config_dir, dir_opt).set_quota(name, cloud, region, unit, limit, market, gpu_type, instance_type, remove=remove)
+    except ReconcileError as e:
+        _fail(e)
+    typer.echo(f"quota {name} ({cloud} {region or 'all regions'}): " + ("removed" if remove else f"{limit:g} {unit}"))
+
+
 @sim_app.command("fault")
 def sim_fault(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
               throttle: Optional[int] = typer.Option(None, "--throttle", help="Throttle the next N calls (retried with backoff)."),

@@ -29,7 +29,7 @@ def _what(d: Demand) -> str:
 
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
-_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
+_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
 
 
 def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
@@ -86,10 +86,10 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
 
 
 # Rules over capacity all tenants share: only there does higher-priority work take it first.
-_SHARED = {"reservation", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
+_SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
 
 
-_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
+_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
                "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
                "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
 
@@ -196,11 +196,11 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
     summary = f"{state}: {change.reason}"
     ledger = plan_ledger(problem, plan.creates, plan.kept, [(j.job, j.instances) for j in plan.jobs if j.instances])
     would, tried = [], []
-    for candidates in _relaxations(desired, d, job, problem, ledger):
+    for candidates in _relaxations(desired, d, job, problem, ledger) + _cloud_quota_relaxations(desired, observed, ledger, d):
         last = None
-        for label, relaxed in candidates:  # amounts in increasing order: the first that places the job is reported
+        for label, relaxed, *fleet in candidates:  # amounts in increasing order: the first that places the job is reported
             try:
-                p2 = resolve(relaxed)
+                p2 = resolve(relaxed, *fleet)
             except Exception as e:  # a relaxation that breaks another rule is simply not an answer
                 last = WhatIf(f"{label}: {e}", change=label, outcome="refused", reason=str(e))
                 continue
@@ -322,6 +322,30 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
     if spec.priority_weight() < 1000:
         out.append([("give it priority critical", _with_job(desired, job, spec.model_copy(update={"priority": "critical"})))])
     return [c for c in out if c]
+
+
+def _cloud_quota_relaxations(desired, observed, ledger: Ledger, d: Demand):
+    """A cloud account quota raised by what the ledger says is short (then three times that), planned against the same
+    fleet with that quota's limit raised: (label, desired, observed) candidates."""
+    from reconciler.ledger import quota_scope
+
+    short: dict[str, float] = {}
+    for o in ledger.options(d, fit):
+        for r in o.refusals:
+            if r.rule == "cloud-quota":
+                short[r.limit] = min(short.get(r.limit, math.inf), r.shortfall)
+    out = []
+    for scope, n in sorted(short.items()):
+        q = next((q for q in getattr(observed, "quotas", ()) if quota_scope(q) == scope), None)
+        if q is None:
+            continue
+        cands = []
+        for more in sorted({math.ceil(n), math.ceil(3 * n)}):
+            raised = tuple(replace(x, limit=x.limit + more) if x is q else x for x in observed.quotas)
+            cands.append((f"raise cloud quota {scope} by {more:g} {q.unit} (to {q.limit + more:g})", desired,
+                          replace(observed, quotas=raised)))
+        out.append(cands)
+    return out
 
 
 def _with_tenant(desired, name, tenant):

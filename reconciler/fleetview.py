@@ -18,6 +18,7 @@ from reconciler.problem import DIMS, _utc
 # A pending reason's category (a bounded label), by how the reason text starts.
 REASON_KINDS: tuple[tuple[str, str], ...] = (
     (r"placed by the next apply", "awaiting-apply"),
+    (r"cloud quota", "cloud-quota"),
     (r"quota", "quota"),
     (r"tenant budget", "tenant-budget"),
     (r"budget", "budget"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import LicenseBook
+from reconciler.ledger import LicenseBook, QuotaBook
 from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, share, spot_measure, type_class
 
 
@@ -73,6 +73,7 @@ class _Greedy:
         self.tenant_cost = {t: 0.0 for t in problem.tenants}
         self.tenant_spot = {t: [0.0, 0.0] for t in problem.tenants}  # spot size, total size
         self.licenses = LicenseBook(problem.licenses)
+        self.cloud_quotas = QuotaBook(problem.quotas)  # what the new instances take of the account's quotas
         self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances with room
         self.full: list[_Inst] = []  # open instances with no room for any item
         self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
@@ -112,13 +113,18 @@ class _Greedy:
 
     # -- bookkeeping
 
-    def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0)) -> bool:
-        """Pool ceiling, fleet budget (less what unmet pool minimums will cost), and (except while
+    def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0),
+                  extra_buys: dict | None = None) -> bool:
+        """Pool ceiling, the cloud quotas a new instance counts against (`extra_buys`: offer key -> instances
+        planned, not bought yet), fleet budget (less what unmet pool minimums will cost), and (except while
         keeping what runs, which is settled after as a whole: opening spot hosts first would look
         over the share) the spot rules."""
         p = self.p
         n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
         if n + 1 > p.pool_bounds.get(c.pool, (0, 0))[1]:
+            return False
+        if not c.existing and p.quotas and self.cloud_quotas.short(
+                c, 1, [(self.offer[k], v) for k, v in (extra_buys or {}).items()]) is not None:
             return False
         if p.budget is not None and self.a.cost + extra_cost + c.price + self._owed(c, extra_pool) > p.budget + 1e-9:
             return False
@@ -152,6 +158,7 @@ class _Greedy:
             n = self.bought.get(c.offer_key, 0)
             self.bought[c.offer_key] = n + 1
             self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
+            self.cloud_quotas.take(c)
             inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
         self.buckets.setdefault(c.offer_key, []).append(inst)
         self.pool_count[c.pool] = self.pool_count.get(c.pool, 0) + 1
@@ -531,7 +538,7 @@ class _Greedy:
                         break
                 elif self.bought.get(c.offer_key, 0) + buys.get(c.offer_key, 0) >= c.max_new:
                     break
-                if not self._may_open(c, extra_cost, extra_pool, tuple(extra_fleet)):
+                if not self._may_open(c, extra_cost, extra_pool, tuple(extra_fleet), buys):
                     break
                 n = min(f, k - len(plan))
                 ok_items = 0

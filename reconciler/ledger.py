@@ -104,6 +104,78 @@ def license_charge(per_replica: dict[str, int], licenses: dict, replicas: int = 
     return sum(n * replicas * licenses[name].cost_per_hour for name, n in per_replica.items() if name in licenses)
 
 
+# ---------------------------------------------------------------- cloud account quotas
+
+
+def quota_units(q, c) -> int:
+    """Units (vCPUs, GPUs, instances) one new instance of capacity c counts against cloud quota q (a
+    providers.base.Quota): 0 unless q covers c's cloud and region (a quota without a region covers them all) and
+    c's type and market. Whole units: clouds count whole vCPUs and GPUs."""
+    if q.cloud != c.cloud or (q.region and q.region != c.region):
+        return 0
+    for itype, market, units in q.counts:
+        if itype == c.instance_type and market == c.market:
+            return math.ceil(units - 1e-9)
+    return 0
+
+
+def quota_headroom(q) -> int:
+    """What new instances may still take of quota q: its limit less what the account uses now. Usage includes the
+    fleet's own instances, and apply creates before it deletes (make before break), so an instance the plan deletes
+    frees its units for the next run, not for this plan's creates."""
+    return max(0, math.floor(q.limit - q.used + 1e-9))
+
+
+def quota_scope(q) -> str:
+    return f"{q.cloud} {q.name} in {q.region or 'all regions'}"
+
+
+class QuotaBook:
+    """Units of each cloud quota the new instances of a plan take, against its headroom: what the solver's quota
+    rows count, kept by greedy, the packer's repairs, the plan's ledger and pending reasons alike."""
+
+    def __init__(self, quotas) -> None:
+        self.quotas = tuple(quotas)
+        self.taken = [0] * len(self.quotas)
+        self._units: dict[tuple, tuple[tuple[int, int], ...]] = {}
+
+    def units(self, c) -> tuple[tuple[int, int], ...]:
+        """(quota index, units) of every quota one new instance of c counts against."""
+        k = (c.cloud, c.region, c.instance_type, c.market)
+        u = self._units.get(k)
+        if u is None:
+            u = self._units[k] = tuple((i, n) for i, q in enumerate(self.quotas) if (n := quota_units(q, c)))
+        return u
+
+    def short(self, c, n: int = 1, extra=None) -> tuple[int, int] | None:
+        """(quota index, units over its headroom) of the first quota n more new instances of c would exceed;
+        `extra`: (capacity, count) pairs planned but not taken yet."""
+        for i, u in self.units(c):
+            more = sum(k * v for x, k in (extra or ()) for j, v in self.units(x) if j == i)
+            over = self.taken[i] + more + n * u - quota_headroom(self.quotas[i])
+            if over > 0:
+                return i, over
+        return None
+
+    def take(self, c, n: int = 1) -> None:
+        for i, u in self.units(c):
+            self.taken[i] += n * u
+
+    def message(self, i: int, c, n: int) -> str:
+        """"cloud quota: aws Running On-Demand P instances (L-417A185B) in us-east-1: 96 of 96 vCPUs used; the job
+        needs 1 more p4d.24xlarge (96 vCPUs); raise it: ..." with the plan's own use of it."""
+        q, u = self.quotas[i], quota_units(self.quotas[i], c)
+        plan = f", and this plan's new instances take {self.taken[i]:g} more" if self.taken[i] else ""
+        raise_it = f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""
+        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used{plan}; the job needs {n} more "
+                f"{c.instance_type} {c.market} ({n * u:g} {q.unit}){raise_it}")
+
+    def summary(self) -> dict[str, dict]:
+        """Per quota: its limit, the account's use when read, what the plan's new instances take, what is left."""
+        return {quota_scope(q): {"limit": q.limit, "used": q.used, "unit": q.unit, "plan_takes": self.taken[i],
+                                 "left": quota_headroom(q) - self.taken[i]} for i, q in enumerate(self.quotas)}
+
+
 @dataclass(frozen=True)
 class ReservationRules:
     """A Reservation in force, as the planner reads it."""
@@ -201,7 +273,7 @@ class LicenseBook:
 @dataclass(frozen=True)
 class Refusal:
     """A rule that refuses one way of placing a job. `rule` is stable (tests and explain read
-    it): quota, tenant-budget, pool-max, fleet-budget, spot-share, spot-buffer, spot-diversity,
+    it): quota, cloud-quota, tenant-budget, pool-max, fleet-budget, spot-share, spot-buffer, spot-diversity,
     tenant-spot-share; `limit` names what to lift (a pool, a tenant)."""
 
     rule: str
@@ -361,6 +433,16 @@ class Ledger:
             return book
         return self._once("licenses", build)
 
+    def quota_book(self) -> "QuotaBook":
+        """The cloud quotas the plan's new instances take (instances it keeps are in the usage already)."""
+        def build() -> QuotaBook:
+            book = QuotaBook(getattr(self.problem, "quotas", ()))
+            for c in self.instances.values():
+                if not c.existing:
+                    book.take(c)
+            return book
+        return self._once("cloud_quotas", build)
+
     def broken_rules(self) -> dict[str, str]:
         """The fleet-wide rules this fleet breaks as it stands (a budget lowered below what runs, a
         pool shrunk, a spot share or buffer no longer met, a tenant past its ceiling, budget or
@@ -494,6 +576,11 @@ class Ledger:
             if have + n > r.count:
                 out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
                                                   f"in {r.zone})", r.name, have + n - r.count, n))
+        if getattr(p, "quotas", ()):
+            book = self.quota_book()
+            over = book.short(c, n)
+            if over is not None:
+                out.append(Refusal("cloud-quota", book.message(over[0], c, n), quota_scope(book.quotas[over[0]]), over[1], n))
         lo, hi = p.pool_bounds.get(c.pool, (0, 0))
         have = self.pool_count(c.pool)
         if have + n > hi:
@@ -682,4 +769,4 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
-__all__ = ["ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+__all__ = ["quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]

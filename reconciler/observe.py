@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from providers.base import TAG_FLEET_UID, Instance, Offering, PoolTarget, Provider, ProviderContext
+from providers.base import TAG_FLEET_UID, Instance, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
+from reconciler.errors import ProviderError
 from providers.registry import load_provider
 from reconciler.model import DesiredState, Pool
 from reconciler.placements import merge_placements
@@ -39,6 +40,7 @@ class Observed:
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
     runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
     foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
+    quotas: tuple = ()  # providers.base.Quota: the account quotas the providers read (none: not read, or none apply)
 
     @property
     def digest(self) -> str:
@@ -118,6 +120,8 @@ class Fleet:
         providers: dict[str, str] = {}
         foreign: list[tuple[str, str]] = []
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, deallocated)
+        quotas: list[Quota] = []
+        quota_notes: list[str] = []
         by_provider = self.pools_by_provider()
         for r in state.regions:
             by_provider.setdefault(r["provider"], [])
@@ -137,6 +141,10 @@ class Fleet:
                 elif i.state == "stopping":
                     idle.append(i.id)
             by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)} if targets else {}
+            if targets:
+                read, unread = _read_quotas(name, prov, targets)
+                quotas += read
+                quota_notes += unread
             for p, t in zip(pools, targets):
                 providers[p.name] = name
                 for z in t.zones:
@@ -150,6 +158,21 @@ class Fleet:
             placements=merged.placements, short=state.short_now(), providers=providers, lost=merged.lost,
             gpu_indices=merged.gpu_indices, serial=merged.serial, foreign=tuple(sorted(foreign)),
             notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
-                                       "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle)),
+                                       "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle))
+            + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
+            quotas=tuple(quotas),
         )
+
+
+def _read_quotas(name: str, prov, targets: list[PoolTarget]) -> tuple[list[Quota], list[str]]:
+    """The account quotas a provider reads for its pools, and a note when it reads none: never a guess, and never a
+    stop (the launch-time QuotaError still guards a launch past a quota)."""
+    if not isinstance(getattr(prov, "_provider", prov), QuotaReader):
+        return [], [f"provider {name} does not read account quotas: the plan is not checked against them (a launch past "
+                    "one fails with a QuotaError naming it)"]
+    try:
+        return list(prov.quotas(targets)), []
+    except ProviderError as e:
+        return [], [f"account quotas were not read ({e}): the plan is not checked against them (a launch past one fails "
+                    "with a QuotaError naming it)"]

@@ -17,7 +17,7 @@ from typing import Literal
 from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
-from reconciler.ledger import SpotBallast, plan_ledger, spot_ballast
+from reconciler.ledger import QuotaBook, SpotBallast, plan_ledger, spot_ballast
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
@@ -367,14 +367,20 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     fleet["spot"] = sum(prim(hosts[h]) for h in solution.keep if hosts[h].market == "spot") + \
         sum(prim(caps[k]) * n for k, n in solution.new.items() if caps[k].market == "spot")
 
+    cloud_quotas = QuotaBook(problem.quotas)  # what the solver's new instances take of the account's quotas
+    for ok, n in solution.new.items():
+        cloud_quotas.take(caps[ok], n)
+
     def more_of(cap: Capacity, ok: str):
-        """One more instance of an offer, if its pool, the budget and the spot share allow (a
+        """One more instance of an offer, if its pool, the cloud quotas, the budget and the spot share allow (a
         packing repair). A spot repair is refused when the SpotPolicy asks for a buffer or
         diversity the solver, not the packer, must keep."""
         def more():
             nonlocal repairs, cost
             lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
             if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
+                return None
+            if cloud_quotas.short(cap) is not None:
                 return None
             if cap.reservation and len(bins_of.get(ok, [])) >= cap.max_new:
                 return None  # the reservation has no more instances
@@ -386,6 +392,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
                     return None
                 fleet["spot"] += prim(cap)
             fleet["all"] += prim(cap)
+            cloud_quotas.take(cap)
             pool_count[cap.pool] = pool_count.get(cap.pool, 0) + 1
             cost += cap.price
             repairs += 1
@@ -520,6 +527,10 @@ def rule_summary(problem: Problem, ledger) -> dict:
         out["reservations"] = ledger.reservation_summary()
     if problem.deadlines:
         out["deadlines"] = deadline_conditions(problem.deadlines, ledger.placed_jobs(), problem.now)
+    if problem.quotas:
+        out["cloud_quotas"] = ledger.quota_book().summary()
+    if problem.quota_floors:
+        out["cloud_quota_floors"] = dict(sorted(problem.quota_floors.items()))
     return out
 
 

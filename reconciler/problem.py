@@ -19,7 +19,7 @@ from typing import Callable
 from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
 from reconciler.deadlines import ranks, start_by
-from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
+from reconciler.ledger import LicenseRules, QuotaBook, ReservationRules, item_share, mig_compute, quota_scope, quota_units, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -208,6 +208,8 @@ class Problem:
     licenses: dict[str, LicenseRules] = field(default_factory=dict)
     reservations: dict[str, ReservationRules] = field(default_factory=dict)  # the active ones
     deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
+    quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
+    quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
 
     @property
     def spot(self):
@@ -843,6 +845,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     hosts = _reserved_hosts(_hosts(desired, observed, demands, catalog), observed, reservations)
     offers = _size_offers(_offers(desired, observed, default_provider) + _reserved_offers(desired, observed, default_provider, reservations, hosts),
                           demands, pool_bounds)
+    quotas = _cloud_quotas(observed, offers)
+    pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
 
     fleet_capacity = {dim: 0.0 for dim in DIMS}
     best: dict[tuple[str, str], float] = {}
@@ -907,8 +911,44 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
-        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines,
+        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
     )
+
+
+def _quota_floors(pool_bounds: dict[str, tuple[int, int]], hosts: list[Capacity], offers: list[Capacity],
+                  quotas: tuple) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """A pool minimum the account's quotas leave no room to launch is lowered to what they allow (a quota limits
+    launches; a minimum it blocks would leave no plan at all): pools in name order, each filling its minimum from its
+    cheapest offers while the quotas (shared between pools) have room. Returns the bounds and, per lowered pool, why."""
+    if not quotas:
+        return pool_bounds, {}
+    book = QuotaBook(quotas)
+    have: dict[str, int] = {}
+    for h in hosts:
+        if h.keep_blocker is None:
+            have[h.pool] = have.get(h.pool, 0) + 1
+    bounds, why = dict(pool_bounds), {}
+    for pool in sorted(pool_bounds):
+        lo, hi = pool_bounds[pool]
+        need, got, blocked = lo - have.get(pool, 0), 0, None
+        for o in sorted((o for o in offers if o.pool == pool), key=lambda o: (o.price, o.key)):
+            for _ in range(min(o.max_new, max(0, need - got))):
+                over = book.short(o)
+                if over is not None:
+                    blocked = blocked or quota_scope(book.quotas[over[0]])
+                    break
+                book.take(o)
+                got += 1
+        if need > 0 and got < need and blocked:
+            bounds[pool] = (lo - (need - got), hi)
+            why[pool] = f"pool {pool}: min_instances {lo} lowered to {lo - (need - got)}: cloud quota {blocked} has no room for more"
+    return bounds, why
+
+
+def _cloud_quotas(observed: Observed, offers: list[Capacity]) -> tuple:
+    """The quotas providers read that some offer's new instances count against (the others cannot bind)."""
+    return tuple(q for q in sorted(getattr(observed, "quotas", ()), key=lambda q: (q.cloud, q.region, q.name))
+                 if any(quota_units(q, c) for c in offers))
 
 
 def _licenses(desired: DesiredState) -> dict[str, LicenseRules]:
@@ -1017,6 +1057,10 @@ def components(problem: Problem) -> list[Problem]:
     for ks in problem.groups.values():  # a group's demands share placement variables (one fitting no pool, too)
         for k in ks[1:]:
             union("d:" + ks[0], "d:" + k)
+    for i, q in enumerate(problem.quotas):  # a cloud quota ties every offer that counts against it
+        for c in problem.capacities:
+            if not c.existing and quota_units(q, c):
+                union("c:" + c.key, f"q:{i}")
     for pool in problem.pool_bounds:
         find("p:" + pool)
     parts: dict[str, dict[str, list]] = {}
@@ -1044,5 +1088,7 @@ def components(problem: Problem) -> list[Problem]:
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
+            quotas=tuple(q for q in problem.quotas if any(not c.existing and quota_units(q, c) for c in part["c"])),
+            quota_floors={p: w for p, w in problem.quota_floors.items() if p in part["p"]},
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

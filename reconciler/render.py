@@ -103,6 +103,10 @@ def rules_lines(plan: Plan) -> list[str]:
         waste = (f"; {r['count'] - r['used']} unused waste {money(r['wasted_per_hour'])}/h" if r["used"] < r["count"] else "")
         out.append(f"Reservation {name}: {r['used']}/{r['count']} {r['instance_type']} in {r['zone']} used ({r['utilisation']:.0%}), "
                    f"{money(r['committed_per_hour'])}/h committed (not in the $/h above){waste}")
+    for scope, q in plan.rules.get("cloud_quotas", {}).items():
+        out.append(f"Cloud quota {scope}: {q['used']:g} of {q['limit']:g} {q['unit']} used when read, the plan's new instances "
+                   f"take {q['plan_takes']:g}" + (" (none left)" if q["left"] <= 0 else f" ({q['left']:g} left)"))
+    out += list(plan.rules.get("cloud_quota_floors", {}).values())
     for job, dl in plan.rules.get("deadlines", {}).items():
         if dl["condition"] != "OnTrack":
             out.append(f"{dl['condition']}: job {job} {dl['message']}")

@@ -36,6 +36,7 @@ from reconciler.greedy import Assignment, greedy
 from reconciler.pack import Bin, pack_items
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.solve_licenses import add_license_constraints
+from reconciler.solve_quotas import add_cloud_quota_constraints
 from reconciler.problem import (DIMS, Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
                                 rules_allow, share, spot_measure, type_class)
 
@@ -257,6 +258,8 @@ class _Model:
         self._tenants()
         if problem.licenses:
             add_license_constraints(m, problem, self.placed)
+        if problem.quotas:
+            add_cloud_quota_constraints(m, problem, offers, self.use)
         self._pools_budget_spot()
         self._moves()
 

@@ -22,6 +22,11 @@ GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subs
 GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
 lists (or gets) the marketplace image versions it holds (MARKETPLACE_IMAGES, add_image()); an unknown one is 404
 NotFound, and a VM create naming one is 404 PlatformImageNotFound, as ARM answers.
+GET .../providers/Microsoft.Compute/locations/{l}/usages lists the subscription's compute quotas in a location as ARM
+does ({"unit": "Count", "currentValue", "limit", "name": {"value", "localizedValue"}}): `cores` (Total Regional
+vCPUs), `lowPriorityCores` (Spot), and each VM family's vCPUs (the resource SKUs' `family`), counted from the VMs
+there that hold capacity (a deallocated VM does not); set_quota() sets a limit (else DEFAULT_QUOTA). A create past a
+limit is refused at once with 409 OperationNotAllowed "... results in exceeding approved <family> Cores quota ...".
 """
 
 from __future__ import annotations
@@ -57,6 +62,14 @@ SKU_SIZES = ("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3", "Standard_NC24ads_
              "Standard_NC40ads_H100_v5", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
              "Standard_NV36ads_A10_v5", "Standard_D16s_v5")
 SKU_LOCATIONS = ("eastus", "westeurope")
+# Each size's quota family and vCPUs, as the resource SKU list reports them (`family`, capability `vCPUs`).
+SKU_FAMILIES = {"Standard_NC4as_T4_v3": ("standardNCASv3_T4Family", 4), "Standard_NC64as_T4_v3": ("standardNCASv3_T4Family", 64),
+                "Standard_NC24ads_A100_v4": ("StandardNCADSA100v4Family", 24), "Standard_NC96ads_A100_v4": ("StandardNCADSA100v4Family", 96),
+                "Standard_NC40ads_H100_v5": ("StandardNCadsH100v5Family", 40), "Standard_ND96asr_v4": ("standardNDASv4Family", 96),
+                "Standard_ND96amsr_A100_v4": ("standardNDAMSv4_A100Family", 96), "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96),
+                "Standard_NV36ads_A10_v5": ("StandardNVADSA10v5Family", 36), "Standard_D16s_v5": ("standardDSv5Family", 16)}
+DEFAULT_QUOTA = 10000  # a limit no test fleet reaches unless a test sets one
+_USAGES = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/usages/?$", re.I)
 _ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
@@ -151,6 +164,7 @@ class ArmFake:
         self.sku_restrictions: dict[tuple[str, str], tuple[str, ...]] = {}  # (location, size) -> zones not offered
         self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
         self.images: dict[tuple[str, str, str], tuple[str, ...]] = dict(MARKETPLACE_IMAGES)
+        self.quota_limits: dict[tuple[str, str], int] = {}  # (location, usage name lower case) -> limit
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -242,15 +256,69 @@ class ArmFake:
                 continue
             for size in SKU_SIZES:
                 restricted = self.sku_restrictions.get((loc, size), ())
+                family, vcpus = SKU_FAMILIES[size]
                 sku = {"resourceType": "virtualMachines", "name": size, "tier": "Standard", "size": size[len("Standard_"):],
-                       "family": "standard" + size.split("_")[1] + "Family", "locations": [loc],
+                       "family": family, "locations": [loc],
                        "locationInfo": [{"location": loc, "zones": list(ZONES), "zoneDetails": []}],
-                       "capabilities": [], "restrictions": []}
+                       "capabilities": [{"name": "vCPUs", "value": str(vcpus)}], "restrictions": []}
                 if restricted:
                     sku["restrictions"].append({"type": "Zone", "values": [loc], "restrictionInfo": {
                         "locations": [loc], "zones": list(restricted)}, "reasonCode": "NotAvailableForSubscription"})
                 out.append(sku)
         return {"value": out}
+
+    def set_quota(self, location: str, name: str, limit: int) -> None:
+        """The limit of a compute quota (usage name: cores, lowPriorityCores, a family) in a location."""
+        with self.lock:
+            self.quota_limits[(location.lower(), name.lower())] = limit
+
+    def _quota_names(self, location: str) -> dict[str, str]:
+        """usage name lower case -> (name as ARM spells it)."""
+        return {"cores": "cores", "lowprioritycores": "lowPriorityCores", **{f.lower(): f for f, _ in SKU_FAMILIES.values()}}
+
+    def _charges(self, vm: dict) -> list[tuple[str, int]]:
+        """(usage name lower case, vCPUs) a VM takes while it holds capacity."""
+        size = vm["properties"]["hardwareProfile"]["vmSize"]
+        family, vcpus = SKU_FAMILIES.get(size, ("", 0))
+        if vm["properties"].get("priority") in ("Spot", "Low"):
+            return [("lowprioritycores", vcpus)]
+        return [("cores", vcpus), (family.lower(), vcpus)]
+
+    def _used(self, location: str) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for (sub, rg, name), vm in self.vms.items():
+            if vm["location"] != location.lower() or vm["properties"].get("provisioningState") in ("Failed", "Deleting"):
+                continue
+            if self.power.get((sub, rg, name), "running") == "deallocated":
+                continue
+            for k, n in self._charges(vm):
+                used[k] = used.get(k, 0) + n
+        return used
+
+    def usages(self, sub: str, location: str) -> dict:
+        if sub.lower() != self.subscription.lower():
+            raise ArmError(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
+        used = self._used(location)
+        local = {"cores": "Total Regional vCPUs", "lowprioritycores": "Total Regional Low-priority vCPUs"}
+        return {"value": [{"unit": "Count", "currentValue": used.get(k, 0),
+                           "limit": self.quota_limits.get((location.lower(), k), DEFAULT_QUOTA),
+                           "name": {"value": v, "localizedValue": local.get(k, f"{v} vCPUs")}}
+                          for k, v in sorted(self._quota_names(location).items())]}
+
+    def _over_quota(self, vm: dict) -> ArmError | None:
+        used = self._used(vm["location"])
+        for k, n in self._charges(vm):
+            limit = self.quota_limits.get((vm["location"], k), DEFAULT_QUOTA)
+            if used.get(k, 0) + n > limit:
+                name = {"cores": "Total Regional Cores", "lowprioritycores": "LowPriorityCores"}.get(k, self._quota_names(vm["location"])[k] + " Cores")
+                return ArmError(409, "OperationNotAllowed", (
+                    f"Operation could not be completed as it results in exceeding approved {name} quota. Additional details - "
+                    f"Deployment Model: Resource Manager, Location: {vm['location']}, Current Limit: {limit}, Current Usage: "
+                    f"{used.get(k, 0)}, Additional Required: {n}, (Minimum) New Limit Required: {used.get(k, 0) + n}. Submit a "
+                    "request for Quota increase at https://aka.ms/ProdportalCRP/#blade/Microsoft_Azure_Capacity/"
+                    "UsageAndQuota.ReactView/Parameters/ by specifying parameters listed in the 'Details' section for "
+                    "deployment to succeed."))
+        return None
 
     def add_image(self, publisher: str, offer: str, sku: str, *versions: str) -> None:
         """A marketplace image (publisher:offer:sku, with these versions) that VMs may be created from."""
@@ -407,6 +475,9 @@ class ArmFake:
             del body["properties"]["osProfile"]["customData"]  # not part of the VM as GET shows it
             self.custom_data[key] = raw.decode()
         vm = self._new_vm(sub, self.resource_groups[rg.lower()], name, body)
+        over = self._over_quota(vm)
+        if over is not None:
+            raise over
         self.vms[key] = vm
         op = Operation(str(uuid.uuid4()), "create", key, vm["location"])
         zone = (vm.get("zones") or [None])[0]
@@ -560,6 +631,8 @@ class _Handler(BaseHTTPRequestHandler):
                     top = int(query.get("$top", "0") or 0)
                     found = arm.image_versions(sub, location, publisher, offer, sku, version)
                     return self._send(200, found[:top] if top and isinstance(found, list) else found)
+                if m := _USAGES.match(parts.path):
+                    return self._send(200, arm.usages(m.group(1), m.group(2)))
                 if m := _SKUS.match(parts.path):
                     return self._send(200, arm.list_skus(m.group(1), query.get("$filter")))
                 if m := _ALL_VMS.match(parts.path):

@@ -28,21 +28,24 @@ def _no_sim_agents(monkeypatch):
 @pytest.fixture(scope="session")
 def moto_server():
     """moto in server mode on 127.0.0.1 (a free port), for the whole session, behind EC2's
-    ClientToken rules (tests/ec2_tokens.py): moto itself ignores the token."""
+    ClientToken rules (tests/ec2_tokens.py): moto itself ignores the token; and behind EC2's vCPU quotas with the
+    Service Quotas API that reports them (tests/ec2_quotas.py): moto has neither."""
     import threading
 
     from moto.moto_server.threaded_moto_server import MotoRequestHandler
     from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
+    from tests.ec2_quotas import Ec2Quotas
     from tests.ec2_tokens import ClientTokens
 
-    tokens = ClientTokens(DomainDispatcherApplication(create_backend_app))
+    quotas = Ec2Quotas(DomainDispatcherApplication(create_backend_app))
+    tokens = ClientTokens(quotas)  # a replayed token is answered before any quota is counted, as EC2 does
     server = make_server("127.0.0.1", 0, tokens, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     host, port = server.server_address[:2]
-    yield f"http://{host}:{port}", tokens
+    yield f"http://{host}:{port}", tokens, quotas
     server.shutdown()
     thread.join()
 
@@ -56,6 +59,13 @@ def moto_url(moto_server):
 def ec2_tokens(moto_server):
     """The ClientToken layer in front of moto: its counters (replays, mismatches) for assertions."""
     return moto_server[1]
+
+
+@pytest.fixture
+def ec2_quotas(moto_server):
+    """EC2's vCPU quotas and Service Quotas in front of moto (tests/ec2_quotas.py): limits set by the test, reset after."""
+    yield moto_server[2]
+    moto_server[2].reset()
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ real InstancesClient and ZoneOperationsClient unmodified:
 * GET    /compute/v1/projects/{p}/aggregated/machineTypes|acceleratorTypes  what each zone offers
 * GET    /compute/v1/projects/{p}/global/images/{name}            get (404 notFound for an image it does not hold)
 * GET    /compute/v1/projects/{p}/global/images/family/{family}   getFromFamily (404 notFound, likewise)
+* GET    /compute/v1/projects/{p}/regions/{r}                     regions.get, with the region's `quotas`
+* GET    /compute/v1/projects/{p}                                 projects.get, with the project's global `quotas`
 * GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
 * POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
 
@@ -37,6 +39,13 @@ TERMINATE, guestAccelerators only on N1 types in supported counts and vCPU sizes
 requestId a UUID), so a provider bug shows up as a 400 and not as a silently
 accepted instance. Instances report their GPUs as guestAccelerators with full
 acceleratorType URLs, accelerator-optimized types (a2, a3, g2) their built-in ones.
+
+Quotas as GCE keeps them: each region lists its metrics (a machine family's CPUs, each GPU model's GPUs and their
+PREEMPTIBLE_ twins, INSTANCES) and the project the global ones (GPUS_ALL_REGIONS, CPUS_ALL_REGIONS), each with its
+limit (set_quota; an unset one DEFAULT_QUOTA, PREEMPTIBLE_ ones 0) and its usage, counted from the project's live
+instances; a Spot VM counts against the PREEMPTIBLE_ metric where its limit is above 0, else the standard one. An
+insert past a limit is accepted and its operation fails with QUOTA_EXCEEDED ("Quota 'NVIDIA_A100_GPUS' exceeded.
+Limit: 16.0 in region us-central1."), as GCE's does.
 
 Realistic latency: op_latency (seconds before an operation is DONE; wait blocks until then), with
 running_ops / max_running_ops to see how many ran at once. Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
@@ -94,6 +103,17 @@ CAPACITY_MESSAGES = {
     "QUOTA_EXCEEDED": "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally.",
 }
 
+_REGION = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/?$")
+_PROJECT = re.compile(r"^/compute/v1/projects/([^/]+)/?$")
+DEFAULT_QUOTA = 10000.0  # a limit no test fleet reaches unless a test sets one
+CPU_METRICS = {"n1": "CPUS", "n2": "N2_CPUS", "e2": "E2_CPUS", "a2": "A2_CPUS", "g2": "G2_CPUS"}  # (a3: none)
+GPU_METRICS = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-tesla-v100": "NVIDIA_V100_GPUS", "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
+               "nvidia-tesla-p4": "NVIDIA_P4_GPUS", "nvidia-tesla-a100": "NVIDIA_A100_GPUS", "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+               "nvidia-h100-80gb": "NVIDIA_H100_GPUS", "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
+               "nvidia-h200-141gb": "NVIDIA_H200_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS"}
+REGIONAL_METRICS = tuple(sorted({*CPU_METRICS.values(), *GPU_METRICS.values(), "INSTANCES", "PREEMPTIBLE_CPUS",
+                                 *(f"PREEMPTIBLE_{m}" for m in GPU_METRICS.values())}))
+GLOBAL_METRICS = ("CPUS_ALL_REGIONS", "GPUS_ALL_REGIONS")
 _INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
 _AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances/?$")
@@ -350,6 +370,7 @@ class GceFake:
         self.subnetworks: dict[tuple[str, str, str], str] = {}
         self.default_network = True
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
+        self.quota_limits: dict[tuple[str, str], float] = {}  # (region, or "" for the project's, metric) -> limit
         self._inject: list[Injected] = []
         self._ips = 2
         self.url = ""
@@ -500,6 +521,56 @@ class GceFake:
             self.instances_by_key[(project, zone, name)] = inst
             return copy.deepcopy(inst)
 
+    def set_quota(self, metric: str, limit: float, region: str = "") -> None:
+        """The limit of a quota metric in `region` ("" : a global, project-wide one)."""
+        with self.lock:
+            self.quota_limits[(region, metric)] = float(limit)
+
+    def _limit(self, region: str, metric: str) -> float:
+        return self.quota_limits.get((region, metric), 0.0 if metric.startswith("PREEMPTIBLE_") else DEFAULT_QUOTA)
+
+    def _charges(self, region: str, inst: dict) -> list[tuple[str, str, float]]:
+        """(region or "", metric, units) of every quota a VM counts against."""
+        mt = inst["machineType"].rsplit("/", 1)[1]
+        spot = inst.get("scheduling", {}).get("provisioningModel") == "SPOT"
+        gpus = [(a["acceleratorType"].rsplit("/", 1)[1], a["acceleratorCount"]) for a in inst.get("guestAccelerators", [])]
+
+        def metric(m: str) -> str:
+            return f"PREEMPTIBLE_{m}" if spot and self._limit(region, f"PREEMPTIBLE_{m}") > 0 else m
+        out = [(region, "INSTANCES", 1.0)]
+        cpu = CPU_METRICS.get(mt.split("-", 1)[0])
+        if cpu:
+            out.append((region, metric(cpu), float(_vcpus(mt))))
+        for t, n in gpus:
+            if t in GPU_METRICS:
+                out.append((region, metric(GPU_METRICS[t]), float(n)))
+            out.append(("", "GPUS_ALL_REGIONS", float(n)))
+        out.append(("", "CPUS_ALL_REGIONS", float(_vcpus(mt))))
+        return out
+
+    def _usage(self, project: str) -> dict[tuple[str, str], float]:
+        used: dict[tuple[str, str], float] = {}
+        for (p, z, _), inst in self.instances_by_key.items():
+            if p == project and inst["status"] != "TERMINATED":
+                for k in self._charges(z.rsplit("-", 1)[0], inst):
+                    used[k[:2]] = used.get(k[:2], 0.0) + k[2]
+        return used
+
+    def _quotas(self, project: str, region: str) -> list[dict]:
+        used = self._usage(project)
+        return [{"metric": m, "limit": self._limit(region, m), "usage": used.get((region, m), 0.0)}
+                for m in (REGIONAL_METRICS if region else GLOBAL_METRICS)]
+
+    def _over_quota(self, project: str, zone: str, inst: dict) -> dict | None:
+        """The QUOTA_EXCEEDED error an insert of `inst` gets, if it takes a metric past its limit."""
+        used = self._usage(project)
+        for region, metric, units in self._charges(zone.rsplit("-", 1)[0], inst):
+            limit = self._limit(region, metric)
+            if used.get((region, metric), 0.0) + units > limit:
+                where = f"in region {region}" if region else "globally"
+                return {"code": "QUOTA_EXCEEDED", "message": f"Quota '{metric}' exceeded.  Limit: {limit} {where}."}
+        return None
+
     def instances(self, project: str | None = None) -> list[dict]:
         """A copy of every instance (any status), sorted by zone and name."""
         with self.lock:
@@ -543,6 +614,17 @@ class GceFake:
             elif m := _AGGREGATED.match(path):
                 if method == "GET":
                     return 200, self._aggregated(m.group(1), q)
+            elif m := _REGION.match(path):
+                regions = {z.rsplit("-", 1)[0] for z in self.zones}
+                if method == "GET" and m.group(2) in regions:
+                    return 200, {"kind": "compute#region", "name": m.group(2), "status": "UP",
+                                 "zones": [f"{API}/projects/{m.group(1)}/zones/{z}" for z in sorted(self.zones) if z.startswith(m.group(2) + "-")],
+                                 "quotas": self._quotas(m.group(1), m.group(2)),
+                                 "selfLink": f"{API}/projects/{m.group(1)}/regions/{m.group(2)}"}
+            elif m := _PROJECT.match(path):
+                if method == "GET":
+                    return 200, {"kind": "compute#project", "name": m.group(1), "id": str(abs(hash(m.group(1))) % 10**18),
+                                 "quotas": self._quotas(m.group(1), ""), "selfLink": f"{API}/projects/{m.group(1)}"}
             elif m := _OPERATION.match(path):
                 project, zone, name, wait = m.groups()
                 if (method, bool(wait)) in (("GET", False), ("POST", True)):
@@ -765,6 +847,9 @@ class GceFake:
             op = self._new_op(project, zone, "insert", name, str(random.randrange(10**18, 10**19)),
                               error={"code": code, "message": CAPACITY_MESSAGES[code].format(p=project, z=zone)},
                               http_error=(503, "SERVICE UNAVAILABLE") if code.startswith("ZONE_") else (403, "FORBIDDEN"))
+        elif (over := self._over_quota(project, zone, self._materialize(project, zone, body))) is not None:
+            op = self._new_op(project, zone, "insert", name, str(random.randrange(10**18, 10**19)), error=over,
+                              http_error=(403, "FORBIDDEN"))
         else:
             inst = self._materialize(project, zone, body)
             self.instances_by_key[(project, zone, name)] = inst
@@ -857,6 +942,15 @@ class GceFake:
         if offset + len(page) < len(matching):
             out["nextPageToken"] = base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset + len(page)}".encode()).decode()
         return out
+
+
+def _vcpus(machine_type: str) -> int:
+    """vCPUs of a machine type, as GCE sizes the families the fake offers."""
+    family, _, size = machine_type.rpartition("-")
+    if size.endswith("g") and size[:-1].isdigit():
+        n = int(size[:-1])
+        return {"a2-megagpu": 96, "a3-megagpu": 208, "a3-ultragpu": 224}.get(family, (26 if family.startswith("a3") else 12) * n)
+    return int(size) if size.isdigit() else 1
 
 
 def _built_in(machine_type: str) -> list[tuple[str, int]]:
