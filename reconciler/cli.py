@@ -162,9 +162,11 @@ def _unlock_hint(message: str, config_dir: Path, state: Optional[str]) -> str:
 @app.command()
 def validate(config_dir: Path = ConfigDir) -> None:
     """Validate the desired state; report every error as file:line: kind/name: field: message."""
+    from providers.catalog import catalog_for, pin_catalog
     from reconciler.load import load  # not api: validating imports no solver (ortools, pandas: ~1 s)
 
     try:
+        pin_catalog(catalog_for(Path(config_dir)))  # the prices plan uses: a pinned catalog.json, else the shipped one
         d = load(config_dir)
     except ReconcileError as e:
         _fail(e, config_dir)

@@ -605,7 +605,12 @@ def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy 
                     err(doc, pool, ("spec", "instance_types", i), f"unknown {s.cloud} instance type {t!r}")
                 continue
             if shape.regions is not None and s.region not in shape.regions:
-                err(doc, pool, ("spec", "instance_types", i), f"{t} is not offered in {s.region} (only {', '.join(shape.regions)})")
+                # The catalog prices a type where its public source does: a region it lacks may still offer the type
+                # (Azure westeurope has no public per-region file), so say what is known and how to price it.
+                err(doc, pool, ("spec", "instance_types", i),
+                    f"{t} has no price in {s.region} in the price catalog (priced only in {', '.join(shape.regions)}); "
+                    f"`reconcile catalog update --cloud {s.cloud} --region {s.cloud}/{s.region}` writes catalog.json with "
+                    f"its public prices there, which plans of this directory then use")
                 continue
             price = shape.prices.get(s.region)
             if price is not None and s.zones and not any(price.offered_in(z) for z in s.zones):

@@ -227,3 +227,25 @@ def test_a_garbled_pinned_catalog_is_an_error_naming_the_file(tmp_path):
     res = cli("plan", qs)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"{qs / 'catalog.json'}: cannot read the pinned price catalog" in res.stderr and "reconcile catalog update" in res.stderr
+
+
+def test_a_region_the_shipped_catalog_does_not_price_is_priced_by_catalog_update(prices, tmp_path):
+    """A westeurope pool is refused (the shipped catalog has no public westeurope price), and the refusal's advice is
+    true: `catalog update --region azure/westeurope` prices the region from the Retail Prices API and the same config
+    then validates. (The refusal said "not offered in westeurope": the size is offered there, only not priced.)"""
+    from tests.fleetkit import TOPOLOGY, pool, tenant, topology, write_config
+    from tests.price_fake import _retail
+
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={**TOPOLOGY, "azure": {**TOPOLOGY["azure"], "westeurope": ["westeurope-1"]}}), tenant("t"),
+        pool("eu", "azure", "westeurope", ["westeurope-1"], ["Standard_D16s_v5"])])
+    res = cli("validate", cfg)
+    assert res.returncode == 1 and "Standard_D16s_v5 has no price in westeurope in the price catalog" in res.stderr, res.stderr
+    assert "reconcile catalog update --cloud azure --region azure/westeurope" in res.stderr
+    prices.azure_items = [*prices.azure_items, _retail("Standard_D16s_v5", "D16s v5", "Virtual Machines Dsv5 Series", 0.84, "westeurope")]
+    res = cli("catalog", "update", "--dir", cfg, "--cloud", "azure", "--region", "azure/westeurope", env=_env(prices))
+    assert res.returncode == 0, res.stderr
+    raw = json.loads((cfg / "catalog.json").read_text())
+    assert raw["clouds"]["azure"]["instance_types"]["Standard_D16s_v5"]["prices"]["westeurope"]["on_demand"] == 0.84
+    res = cli("validate", cfg)
+    assert res.returncode == 0, res.stderr

@@ -124,7 +124,10 @@ def test_pool_errors(tmp_path):
     assert any("Pool/b: spec.region: region aws/eu-north-9 is not in the Topology" in e for e in errs), errs
     assert any("Pool/c: spec.instance_types.0: a3-highgpu-8g is not offered in europe-west4-a "
                "(in europe-west4 only in europe-west4-b, europe-west4-c)" in e for e in errs), errs
-    assert any("Pool/e: spec.instance_types.0: Standard_NC40ads_H100_v5 is not offered in westeurope (only eastus)" in e for e in errs), errs
+    # Not "not offered": the size exists in westeurope, the shipped catalog just has no public price there.
+    assert any("Pool/e: spec.instance_types.0: Standard_NC40ads_H100_v5 has no price in westeurope in the price catalog "
+               "(priced only in eastus); `reconcile catalog update --cloud azure --region azure/westeurope` writes catalog.json" in e
+               for e in errs), errs
     assert any("Pool/c: spec.instance_types.1: unknown gcp instance type 'warp-drive.1x'" in e for e in errs), errs
     assert any("Pool/d: spec: " in e and "min_instances (5) exceeds max_instances (2)" in e for e in errs), errs
 
