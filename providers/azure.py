@@ -409,6 +409,7 @@ class AzureProvider:
         seen: dict[tuple[str, str], Offering] = {}
         for p in pools:
             self._check_images(p)
+            self._check_subnet(p)
             offered = self._zone_offers(self._scope(p.settings).subscription, p.region)
             for z in p.zones:
                 for t in p.instance_types:
@@ -471,6 +472,53 @@ class AzureProvider:
                 raise ProviderError(f"azure: pool {pool.name}: image {image} does not exist in {pool.region}; set azure.image "
                                     f"to one that does (GPU sizes default to {DEFAULT_GPU_IMAGE})")
             seen.add((pool.region, image))
+
+    def _check_subnet(self, pool: PoolTarget) -> None:
+        """Plan time: the pool's azure.subnet_id is set, exists, is in the pool's subscription and its VNet in the pool's
+        region (providers/azure_network.py), so a mistyped or other-region subnet is an error naming the pool before any
+        create (each would fail with ARM's 400 InvalidResourceReference). Read once per subnet, subscription and region
+        a run; an unreadable ARM (5xx, timeout) is a transient error, not a verdict."""
+        from providers.azure_network import check_subnet
+
+        subnet_id = str(pool.settings.get("subnet_id") or "")
+        if not subnet_id:
+            raise ProviderError(f"azure: pool {pool.name} needs azure.subnet_id (the subnet the VMs' NICs go in)")
+        subscription = self._scope(pool.settings).subscription
+        seen = self.__dict__.setdefault("_subnets_seen", {})  # (subnet id, subscription, region) -> problem or None
+        key = (subnet_id.lower(), subscription.lower(), pool.region.lower())
+        if key not in seen:
+            seen[key] = check_subnet(
+                subnet_id, subscription, pool.region, lambda path, version: self._arm_get(subscription, path, version),
+                lambda message: log.warning("azure: pool %s: azure.subnet_id %s: %s", pool.name, subnet_id, message))
+        if seen[key] is not None:
+            raise ProviderError(f"azure: pool {pool.name}: azure.subnet_id {subnet_id} {seen[key]}; set azure.subnet_id to "
+                                f"a subnet of a virtual network in {pool.region}")
+
+    def _arm_get(self, subscription: str, path: str, api_version: str) -> dict | None:
+        """GET one ARM resource through the Compute client's pipeline (its credential, endpoint, TLS settings and
+        retries): its JSON, None if it does not exist (404). A 403 raises azure_network.NotReadable; other errors are
+        mapped as every ARM call's are (5xx and connection errors: transient)."""
+        from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
+        from azure.core.rest import HttpRequest
+        from azure.mgmt.core.exceptions import ARMErrorFormat
+
+        from providers.azure_network import NotReadable
+
+        client = self.compute(subscription)
+        try:
+            response = client.send_request(HttpRequest("GET", path, params={"api-version": api_version}))
+            if response.status_code == 404:
+                return None
+            if response.status_code == 401:
+                raise ClientAuthenticationError(response=response, error_format=ARMErrorFormat)
+            if response.status_code != 200:
+                error = HttpResponseError(response=response, error_format=ARMErrorFormat)
+                if response.status_code == 403:
+                    raise NotReadable(path, f"HTTP 403 {_error_code(error)[0] or 'Forbidden'}")
+                raise error
+            return response.json()
+        except AzureError as e:
+            raise self._map_error(f"read {path.rsplit('/providers/', 1)[-1]}", e, None) from None
 
     def _zone_offers(self, subscription: str, region: str) -> set[tuple[str, str]]:
         """{(zone `<region>-<n>`, VM size lower case)} offered to the subscription in the region."""

@@ -27,6 +27,13 @@ does ({"unit": "Count", "currentValue", "limit", "name": {"value", "localizedVal
 vCPUs), `lowPriorityCores` (Spot), and each VM family's vCPUs (the resource SKUs' `family`), counted from the VMs
 there that hold capacity (a deallocated VM does not); set_quota() sets a limit (else DEFAULT_QUOTA). A create past a
 limit is refused at once with 409 OperationNotAllowed "... results in exceeding approved <family> Cores quota ...".
+GET .../providers/Microsoft.Network/virtualNetworks/{vnet}[/subnets/{subnet}] (Virtual Networks - Get, Subnets - Get)
+serves the networks add_network() made, in the documented shapes (a subnet carries no location; its VNet does); else
+404 ResourceGroupNotFound / ResourceNotFound (no VNet) / NotFound (no such subnet in the VNet), and 403
+AuthorizationFailed for a VNet forbid_read() names (an account holding a role on the subnet only). A VM create whose
+NIC names a subnet that does not exist, or one of another subscription or location, is 400 InvalidResourceReference
+(a malformed id 400 LinkedInvalidPropertyId), as ARM answers: a NIC joins only a VNet of its own subscription and
+location.
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ SKU_FAMILIES = {"Standard_NC4as_T4_v3": ("standardNCASv3_T4Family", 4), "Standar
                 "Standard_NV36ads_A10_v5": ("StandardNVADSA10v5Family", 36), "Standard_D16s_v5": ("standardDSv5Family", 16)}
 DEFAULT_QUOTA = 10000  # a limit no test fleet reaches unless a test sets one
 _USAGES = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/usages/?$", re.I)
+_NETWORK = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/virtualnetworks/([^/]+)"
+                      r"(?:/subnets/([^/]+))?/?$", re.I)
 _ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
@@ -165,6 +174,9 @@ class ArmFake:
         self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
         self.images: dict[tuple[str, str, str], tuple[str, ...]] = dict(MARKETPLACE_IMAGES)
         self.quota_limits: dict[tuple[str, str], int] = {}  # (location, usage name lower case) -> limit
+        # Virtual networks: (sub, rg, vnet) lower -> {"name", "resource_group", "location", "subnets": {lower: name}}
+        self.networks: dict[tuple[str, str, str], dict] = {}
+        self.unreadable_networks: set[tuple[str, str, str]] = set()  # GET of these VNets is 403 (subnets stay readable)
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -335,6 +347,77 @@ class ArmFake:
                  f"/Publishers/{publisher}/ArtifactTypes/VMImage/Offers/{offer}/Skus/{sku}/Versions/{v}"} for v in versions]
         return docs[0] if version is not None else sorted(docs, key=lambda d: d["name"], reverse=True)
 
+    def add_network(self, vnet: str, *, resource_group: str, location: str = "eastus", subnets: tuple[str, ...] = ("default",),
+                    subscription: str | None = None) -> list[str]:
+        """A virtual network (in its own resource group, as networks often are) with these subnets; their ids."""
+        sub = subscription or self.subscription
+        with self.lock:
+            self.networks[(sub.lower(), resource_group.lower(), vnet.lower())] = {
+                "name": vnet, "resource_group": resource_group, "location": location.lower(),
+                "subnets": {n.lower(): n for n in subnets}}
+        return [self._network_id(sub, resource_group, vnet) + f"/subnets/{n}" for n in subnets]
+
+    def forbid_read(self, vnet: str, *, resource_group: str, subscription: str | None = None) -> None:
+        """The caller may not read this VNet (403 AuthorizationFailed), as with a role assigned on a subnet only."""
+        with self.lock:
+            self.unreadable_networks.add(((subscription or self.subscription).lower(), resource_group.lower(), vnet.lower()))
+
+    @staticmethod
+    def _network_id(sub: str, rg: str, vnet: str) -> str:
+        return f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Network/virtualNetworks/{vnet}"
+
+    def get_network(self, sub: str, rg: str, vnet: str, subnet: str | None) -> dict:
+        """Virtual Networks - Get / Subnets - Get (Microsoft.Network 2023-09-01 shapes, trimmed to what matters)."""
+        if sub.lower() != self.subscription.lower():
+            raise ArmError(404, "SubscriptionNotFound", f"The subscription '{sub}' could not be found.")
+        if rg.lower() not in self.resource_groups and not any(k[1] == rg.lower() for k in self.networks):
+            raise ArmError(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+        key = (sub.lower(), rg.lower(), vnet.lower())
+        net = self.networks.get(key)
+        if net is None:
+            raise ArmError(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/virtualNetworks/{vnet}' under resource "
+                                                    f"group '{rg}' was not found. For more details please go to "
+                                                    "https://aka.ms/ARMResourceNotFoundFix")
+        vnet_id = self._network_id(sub, net["resource_group"], net["name"])
+        subnets = [{"name": n, "id": f"{vnet_id}/subnets/{n}", "type": "Microsoft.Network/virtualNetworks/subnets",
+                    "properties": {"provisioningState": "Succeeded", "addressPrefix": f"10.0.{i}.0/24"}}
+                   for i, n in enumerate(net["subnets"].values())]
+        if subnet is not None:
+            for doc in subnets:
+                if doc["name"].lower() == subnet.lower():
+                    return doc
+            raise ArmError(404, "NotFound", f"Resource {vnet_id}/subnets/{subnet} not found.")
+        if key in self.unreadable_networks:
+            raise ArmError(403, "AuthorizationFailed", "The client 'fleetops-test' with object id '00000000-0000-0000-0000-"
+                           "0000000000ab' does not have authorization to perform action 'Microsoft.Network/virtualNetworks/"
+                           f"read' over scope '{vnet_id}' or the scope is invalid.")
+        return {"name": net["name"], "id": vnet_id, "type": "Microsoft.Network/virtualNetworks", "location": net["location"],
+                "properties": {"provisioningState": "Succeeded", "addressSpace": {"addressPrefixes": ["10.0.0.0/16"]},
+                               "subnets": subnets, "virtualNetworkPeerings": []}}
+
+    def _check_nic_subnets(self, sub: str, rg: str, body: dict) -> None:
+        """Each NIC's subnet exists, in the VM's subscription and location: else ARM's 400 InvalidResourceReference (the
+        NIC Compute would create cannot join it), or 400 LinkedInvalidPropertyId for an id that is not a resource id."""
+        location = str(body.get("location", "")).lower()
+        net = ((body.get("properties") or {}).get("networkProfile") or {})
+        for nic in net.get("networkInterfaceConfigurations") or []:
+            for ipc in (nic.get("properties") or {}).get("ipConfigurations") or []:
+                subnet_id = str((((ipc.get("properties") or {}).get("subnet")) or {}).get("id") or "")
+                m = _NETWORK.match(subnet_id)
+                if m is None or m.group(4) is None:
+                    raise ArmError(400, "LinkedInvalidPropertyId", f"Property id '{subnet_id}' at path 'properties."
+                                   "networkProfile.networkInterfaceConfigurations[0].properties.ipConfigurations[0].properties."
+                                   "subnet.id' is invalid. Expect fully qualified resource Id that start with "
+                                   "'/subscriptions/{subscriptionId}' or '/providers/{resourceProviderNamespace}/'.")
+                n_sub, n_rg, n_vnet, n_subnet = m.groups()
+                found = self.networks.get((n_sub.lower(), n_rg.lower(), n_vnet.lower()))
+                if (found is None or n_subnet.lower() not in found["subnets"] or n_sub.lower() != sub.lower()
+                        or found["location"] != location):
+                    nic_id = f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Network/networkInterfaces/{nic.get('name')}"
+                    raise ArmError(400, "InvalidResourceReference", f"Resource {subnet_id} referenced by resource {nic_id} was "
+                                   "not found. Please make sure that the referenced resource exists, and that both resources "
+                                   "are in the same region.")
+
     def power_off(self, name: str, *, deallocate: bool = True, resource_group: str | None = None) -> None:
         """Someone stopped (or stopped and deallocated) the VM: its provisioningState stays Succeeded, as in Azure;
         only the instance view's PowerState code says it is not running."""
@@ -457,6 +540,7 @@ class ArmFake:
             existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, the rest kept
             return 200, copy.deepcopy(existing), {}
         self._validate(name, body)
+        self._check_nic_subnets(sub, rg, body)
         size = ((body.get("properties") or {}).get("hardwareProfile") or {}).get("vmSize")
         if set(body.get("zones") or []) & set(self.sku_restrictions.get((body["location"].lower(), size), ())):
             raise ArmError(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in location "
@@ -633,6 +717,10 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(200, found[:top] if top and isinstance(found, list) else found)
                 if m := _USAGES.match(parts.path):
                     return self._send(200, arm.usages(m.group(1), m.group(2)))
+                if m := _NETWORK.match(parts.path):
+                    if method != "GET":
+                        raise ArmError(405, "MethodNotAllowed", f"{method} is not supported on networks here.")
+                    return self._send(200, arm.get_network(*m.groups()))
                 if m := _SKUS.match(parts.path):
                     return self._send(200, arm.list_skus(m.group(1), query.get("$filter")))
                 if m := _ALL_VMS.match(parts.path):

@@ -78,6 +78,11 @@ def aws_env(monkeypatch, moto_url):
 
 
 ARM_RESOURCE_GROUP = "fleetops-gpu"  # the resource group examples/azure-only launches into
+# The subscription and subnet examples/azure-only names: the fake ARM's, since a NIC joins only a subnet of its own
+# subscription and location (the provider checks that at plan time, the fake at create time).
+ARM_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+ARM_SUBNET = (f"/subscriptions/{ARM_SUBSCRIPTION}/resourceGroups/fleetops-net/providers/Microsoft.Network/virtualNetworks/"
+              "fleetops-vnet/subnets/gpu")
 
 
 @pytest.fixture
@@ -95,7 +100,8 @@ def arm(tmp_path):
     """tests/arm_fake.py on 127.0.0.1 over HTTPS (a certificate made for this test), for one test."""
     from tests.arm_fake import ArmFake
 
-    fake = ArmFake(tmp_path / "tls", resource_groups=(ARM_RESOURCE_GROUP, "other-team")).start()
+    fake = ArmFake(tmp_path / "tls", subscription=ARM_SUBSCRIPTION, resource_groups=(ARM_RESOURCE_GROUP, "other-team")).start()
+    assert fake.add_network("fleetops-vnet", resource_group="fleetops-net", location="eastus", subnets=("gpu",)) == [ARM_SUBNET]
     yield fake
     fake.stop()
 

@@ -15,13 +15,13 @@ from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
-from tests.conftest import ARM_RESOURCE_GROUP
+from tests.conftest import ARM_RESOURCE_GROUP, ARM_SUBNET
 from tests.conftest import arm_options as options
 from tests.fleetkit import copy_example
 
 FLEET = "az-fleet"
 RG = ARM_RESOURCE_GROUP
-SUBNET = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net/providers/Microsoft.Network/virtualNetworks/v/subnets/gpu"
+SUBNET = ARM_SUBNET  # eastus, in the fake's subscription
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOY38JP6o2SAHiqpcdRC9ZRlU//IINSrl2JLx0Ao/SPq test"
 
 
@@ -218,8 +218,9 @@ def test_offerings_come_from_the_catalog(prov, arm):
     cat = load_catalog().offering("azure", "eastus", "eastus-2", "Standard_NC64as_T4_v3")
     assert offs[("eastus-2", "Standard_NC64as_T4_v3")] == cat
     assert (cat.gpus, cat.gpu_type, cat.on_demand_price) == (4, "T4", 4.352) and cat.spot_price < cat.on_demand_price
-    # Prices read nothing; zones: one SKU list; the pools' one image: one look at its versions (once for both pools).
-    assert [path.split("?")[0].rsplit("/", 1)[1] for _, path in arm.log] == ["versions", "skus"]
+    # Prices read nothing; zones: one SKU list; the pools' one image: one look at its versions, their one subnet: one
+    # read of it and of its VNet (once for both pools).
+    assert [path.split("?")[0].rsplit("/", 1)[1] for _, path in arm.log] == ["versions", "gpu", "fleetops-vnet", "skus"]
 
 
 # -- names and tags -------------------------------------------------------------------------------
@@ -422,3 +423,57 @@ def test_gpu_sizes_get_a_driver_image_and_a_missing_image_is_a_plan_time_error(p
         prov.create(req("k-missing", pool=target(image="nvidia:ngc-nope:base:latest")))
     pinned = target(name="t4-custom", image="microsoft-dsvm:ubuntu-hpc:2204:22.04.2024043001")
     assert prov.offerings([pinned]) and prov.create(req("k-pinned", pool=pinned)).state in ("pending", "running")
+
+
+def test_a_pools_subnet_is_checked_at_plan_time(prov, arm, tmp_path, caplog):
+    """Issue 22 item 6: azure.subnet_id is read at plan time (Subnets - Get, then its VNet for the location: a subnet
+    carries none), so a mistyped subnet, a malformed id, another subscription's or another region's subnet is an
+    error naming the pool and the field before anything is created. Before, only its presence was checked and every VM
+    create of the apply failed (ARM, and the fake: 400 InvalidResourceReference)."""
+    west = arm.add_network("ml-west", resource_group="fleetops-net", location="westeurope", subnets=("gpu",))[0]
+    assert prov.offerings([target()]) and prov.create(req("k-net")).state == "running"
+    vnet = SUBNET.rsplit("/subnets/", 1)[0]
+    for subnet_id, message in (
+            (f"{vnet}/subnets/gpus", r"pool t4: azure.subnet_id \S+/gpus does not exist \(no subnet gpus in virtual network "
+                                     r"fleetops-vnet of resource group fleetops-net\)"),
+            (SUBNET.replace("fleetops-vnet", "fleetops-vnett"), r"does not exist \(no subnet gpu in virtual network "),
+            (SUBNET.replace("fleetops-net", "fleetops-nett"), r"does not exist"),
+            ("fleetops-vnet/gpu", r"pool t4: azure.subnet_id fleetops-vnet/gpu is not a subnet resource id \(/subscriptions/"),
+            (f"{vnet}/subnet/gpu", r"is not a subnet resource id"),
+            (west, r"pool t4: azure.subnet_id \S+ belongs to virtual network ml-west in westeurope, not the pool's region "
+                   r"eastus"),
+            (SUBNET.replace(arm.subscription, "11111111-2222-3333-4444-555555555555"),
+             rf"is in subscription 11111111-2222-3333-4444-555555555555, not the pool's {arm.subscription}")):
+        with pytest.raises(ProviderError, match=message):
+            prov.offerings([target(subnet_id=subnet_id)])
+        with pytest.raises(ProviderError, match="InvalidResourceReference|LinkedInvalidPropertyId"):
+            prov.create(req("k-unchecked", pool=target(subnet_id=subnet_id)))  # what an unchecked pool met at create time
+    assert list(arm.snapshot()) == [vm_name(FLEET, "k-net")]
+
+    # Through plan/apply: the mistyped subnet stops the run before any create, naming the pool and the field.
+    cfg = copy_example(tmp_path, "azure-only")
+    fleet = cfg / "fleet.yaml"
+    fleet.write_text(fleet.read_text().replace(SUBNET, f"{vnet}/subnets/gpus", 1))
+    with pytest.raises(ProviderError, match=r"pool t4: azure.subnet_id \S+/gpus does not exist"):
+        api.apply(cfg, provider="azure", options=options(arm))
+    assert len(arm.requests("PUT")) == 1 + 7 and list(arm.snapshot()) == [vm_name(FLEET, "k-net")]  # only the tests' own
+
+    # A role on the subnet alone cannot read its VNet: the region goes unchecked, with a warning, not a refusal.
+    arm.forbid_read("fleetops-vnet", resource_group="fleetops-net")
+    fresh = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path / "fresh", options=options(arm)))
+    with caplog.at_level("WARNING", logger="providers.azure"):
+        assert fresh.offerings([target()])
+    assert "its virtual network fleetops-vnet cannot be read (HTTP 403 AuthorizationFailed), so its region is not " \
+           "checked" in caplog.text
+
+
+def test_an_unreadable_network_api_is_transient_not_a_verdict(arm, tmp_path):
+    """A 5xx while reading the subnet is an outage: a TransientProviderError (the plan is retried later), never the
+    refusal a missing subnet gets, and not remembered: the next read decides."""
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, max_retries="0")))
+    assert prov.offerings([target()])  # the image and SKUs read; the subnet's verdict is kept for this run
+    other = arm.add_network("fleetops-vnet2", resource_group="fleetops-net", subnets=("gpu",))[0]
+    arm.fail_next(503, "ServiceUnavailable", "The service is temporarily unavailable.", method="GET")
+    with pytest.raises(TransientProviderError, match="ServiceUnavailable"):
+        prov.offerings([target(subnet_id=other)])
+    assert prov.offerings([target(subnet_id=other)])

@@ -13,7 +13,7 @@ from providers.azure import AzureProvider
 from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from providers.gcp import GcpProvider
 from reconciler.runtime.bootstrap import bootstrap_script, package_version
-from tests.conftest import ARM_RESOURCE_GROUP, arm_options
+from tests.conftest import ARM_RESOURCE_GROUP, ARM_SUBNET, arm_options
 
 STATE = "s3://acme-fleet-state/fleets/prod"
 AGENT = "/opt/fleetops/bin/reconcile agent"
@@ -77,8 +77,7 @@ def test_gce_startup_script_boots_the_agent(gce, tmp_path):
 
 def test_azure_custom_data_boots_the_agent(arm, tmp_path):
     prov = AzureProvider(ProviderContext(fleet="boot-azure", state_dir=tmp_path, options=arm_options(arm)))
-    subnet = (f"/subscriptions/{arm.subscription}/resourceGroups/{ARM_RESOURCE_GROUP}/providers/Microsoft.Network/"
-              "virtualNetworks/fleet/subnets/gpu")
+    subnet = ARM_SUBNET
     pool = PoolTarget(name="t4", cloud="azure", region="eastus", zones=("eastus-1",), instance_types=("Standard_NC4as_T4_v3",),
                       settings={"subscription_id": None, "resource_group": ARM_RESOURCE_GROUP, "image": None, "subnet_id": subnet,
                                 "admin_username": "fleetops", "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBoot boot@test"})
