@@ -177,6 +177,7 @@ class ArmFake:
         # Virtual networks: (sub, rg, vnet) lower -> {"name", "resource_group", "location", "subnets": {lower: name}}
         self.networks: dict[tuple[str, str, str], dict] = {}
         self.unreadable_networks: set[tuple[str, str, str]] = set()  # GET of these VNets is 403 (subnets stay readable)
+        self.unreadable_subnets: set[tuple[str, str, str]] = set()  # ... and of their subnets too (a join-only role)
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -357,10 +358,14 @@ class ArmFake:
                 "subnets": {n.lower(): n for n in subnets}}
         return [self._network_id(sub, resource_group, vnet) + f"/subnets/{n}" for n in subnets]
 
-    def forbid_read(self, vnet: str, *, resource_group: str, subscription: str | None = None) -> None:
-        """The caller may not read this VNet (403 AuthorizationFailed), as with a role assigned on a subnet only."""
+    def forbid_read(self, vnet: str, *, resource_group: str, subnets: bool = False, subscription: str | None = None) -> None:
+        """The caller may not read this VNet (403 AuthorizationFailed), as with a role assigned on a subnet only; with
+        `subnets`, nor its subnets, as with a role holding only Microsoft.Network/virtualNetworks/subnets/join/action."""
+        key = ((subscription or self.subscription).lower(), resource_group.lower(), vnet.lower())
         with self.lock:
-            self.unreadable_networks.add(((subscription or self.subscription).lower(), resource_group.lower(), vnet.lower()))
+            self.unreadable_networks.add(key)
+            if subnets:
+                self.unreadable_subnets.add(key)
 
     @staticmethod
     def _network_id(sub: str, rg: str, vnet: str) -> str:
@@ -383,17 +388,24 @@ class ArmFake:
                     "properties": {"provisioningState": "Succeeded", "addressPrefix": f"10.0.{i}.0/24"}}
                    for i, n in enumerate(net["subnets"].values())]
         if subnet is not None:
+            if key in self.unreadable_subnets:
+                raise self._forbidden("virtualNetworks/subnets/read", f"{vnet_id}/subnets/{subnet}")
             for doc in subnets:
                 if doc["name"].lower() == subnet.lower():
                     return doc
             raise ArmError(404, "NotFound", f"Resource {vnet_id}/subnets/{subnet} not found.")
         if key in self.unreadable_networks:
-            raise ArmError(403, "AuthorizationFailed", "The client 'fleetops-test' with object id '00000000-0000-0000-0000-"
-                           "0000000000ab' does not have authorization to perform action 'Microsoft.Network/virtualNetworks/"
-                           f"read' over scope '{vnet_id}' or the scope is invalid.")
+            raise self._forbidden("virtualNetworks/read", vnet_id)
         return {"name": net["name"], "id": vnet_id, "type": "Microsoft.Network/virtualNetworks", "location": net["location"],
                 "properties": {"provisioningState": "Succeeded", "addressSpace": {"addressPrefixes": ["10.0.0.0/16"]},
                                "subnets": subnets, "virtualNetworkPeerings": []}}
+
+    @staticmethod
+    def _forbidden(action: str, scope: str) -> ArmError:
+        return ArmError(403, "AuthorizationFailed", "The client 'fleetops-test' with object id '00000000-0000-0000-0000-"
+                        f"0000000000ab' does not have authorization to perform action 'Microsoft.Network/{action}' over "
+                        f"scope '{scope}' or the scope is invalid. If access was recently granted, please refresh your "
+                        "credentials.")
 
     def _check_nic_subnets(self, sub: str, rg: str, body: dict) -> None:
         """Each NIC's subnet exists, in the VM's subscription and location: else ARM's 400 InvalidResourceReference (the

@@ -465,6 +465,12 @@ def test_a_pools_subnet_is_checked_at_plan_time(prov, arm, tmp_path, caplog):
         assert fresh.offerings([target()])
     assert "its virtual network fleetops-vnet cannot be read (HTTP 403 AuthorizationFailed), so its region is not " \
            "checked" in caplog.text
+    arm.forbid_read("fleetops-vnet", resource_group="fleetops-net", subnets=True)  # a role holding only join/action
+    joiner = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path / "joiner", options=options(arm)))
+    with caplog.at_level("WARNING", logger="providers.azure"):
+        assert joiner.offerings([target()]) and joiner.create(req("k-join")).state == "running"
+    assert f"azure.subnet_id {SUBNET}: cannot read it (HTTP 403 AuthorizationFailed), so it is not checked" in caplog.text
+    assert "fleetops-test" not in caplog.text  # ARM's message (the caller's identity) is not repeated
 
 
 def test_an_unreadable_network_api_is_transient_not_a_verdict(arm, tmp_path):
