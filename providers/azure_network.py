@@ -20,8 +20,11 @@ from typing import Callable
 
 # Subnets - Get / Virtual Networks - Get (Microsoft.Network stable 2023-09-01; both GETs exist in every version).
 NETWORK_READ_API_VERSION = "2023-09-01"
-_SUBNET_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
-                        r"virtualNetworks/([^/]+)/subnets/([^/]+)$", re.I)
+# ARM's naming rules: a subscription is a GUID; a resource group word characters, '.', '-', '(' and ')'; a VNet and a
+# subnet word characters, '.' and '-'. Anything else could not be a resource (nor be put in a request path as is).
+_SUBNET_ID = re.compile(r"^/subscriptions/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/resourceGroups/"
+                        r"([\w.()-]{1,90})/providers/Microsoft\.Network/virtualNetworks/([\w.-]{1,64})/subnets/([\w.-]{1,80})$",
+                        re.I)
 SUBNET_ID_FORM = "/subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet>"
 
 
@@ -52,7 +55,7 @@ class SubnetRef:
 
 def parse_subnet_id(subnet_id: str) -> SubnetRef | None:
     """The parts of a subnet resource id, or None if it is not one."""
-    m = _SUBNET_ID.match(subnet_id.strip())
+    m = _SUBNET_ID.fullmatch(subnet_id)
     return SubnetRef(*m.groups()) if m else None
 
 

@@ -154,12 +154,11 @@ def test_an_unreadable_quota_api_is_a_note_not_a_stop(gce, tmp_path):
 
 
 def _nc_a100_fleet(tmp_path, arm, jobs: int = 3, market: str = "on-demand"):
-    from tests.conftest import ARM_RESOURCE_GROUP
+    from tests.conftest import ARM_RESOURCE_GROUP, ARM_SUBNET
 
     p = pool("nc", "azure", "eastus", ["eastus-1", "eastus-2"], ["Standard_NC24ads_A100_v4"], market=market, hi=10)
     p["spec"]["azure"] = {"resource_group": ARM_RESOURCE_GROUP, "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAtest t",
-                          "subnet_id": f"/subscriptions/{arm.subscription}/resourceGroups/net/providers/Microsoft.Network/"
-                                       "virtualNetworks/vnet/subnets/gpu"}
+                          "subnet_id": ARM_SUBNET}  # the fake's VNet: a subnet that does not exist is refused
     return write_config(tmp_path / "cfg", [
         topology(clouds={"azure": {"eastus": ["eastus-1", "eastus-2"]}}), tenant("t"), p,
         *[job(f"ft-{i}", gpus=1, gpu_type="A100-80GB", cpu=20, mem=200) for i in range(jobs)],
