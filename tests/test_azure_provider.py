@@ -433,6 +433,8 @@ def test_a_pools_subnet_is_checked_at_plan_time(prov, arm, tmp_path, caplog):
     west = arm.add_network("ml-west", resource_group="fleetops-net", location="westeurope", subnets=("gpu",))[0]
     assert prov.offerings([target()]) and prov.create(req("k-net")).state == "running"
     vnet = SUBNET.rsplit("/subnets/", 1)[0]
+    with pytest.raises(ProviderError, match="pool t4 needs azure.subnet_id"):
+        prov.offerings([target(subnet_id=None)])  # required: said at plan time now, not by the first create
     for subnet_id, message in (
             (f"{vnet}/subnets/gpus", r"pool t4: azure.subnet_id \S+/gpus does not exist \(no subnet gpus in virtual network "
                                      r"fleetops-vnet of resource group fleetops-net\)"),
