@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from reconciler.ledger import Ledger, Refusal, money, plan_ledger
 from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
 from reconciler.whatif import WhatIf
+from reconciler.words import gpu_span
 
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
@@ -124,11 +125,6 @@ class Explanation:
     tried: tuple[str, ...] = field(default=())  # relaxations tried that did not
 
 
-def _span(g) -> str:
-    g = sorted(g)
-    return f"{g[0]}-{g[-1]}" if len(g) > 1 and g[-1] - g[0] == len(g) - 1 else ",".join(map(str, g))
-
-
 def _cap_label(c: Capacity) -> str:
     return f"{c.pool} {c.cloud}/{c.zone} {c.instance_type} {c.market}" + (f" (reserved: {c.reservation})" if c.reservation else "")
 
@@ -179,7 +175,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
             else:
                 c = caps.get(i)
                 hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
-        where = ", ".join(hosts[i] + (f" GPUs {_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
+        where = ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
         state = {"keep": "running", "place": "placed", "move": "moved"}[change.action]
         summary = f"{state} on {where}"
         if change.reason:

@@ -20,7 +20,7 @@ from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
 from reconciler.deadlines import ranks, start_by
 from reconciler.ledger import LicenseRules, QuotaBook, ReservationRules, item_share, mig_compute, quota_scope, quota_units, spot_units
-from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
+from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, PlacementPolicySpec, SpotPolicySpec, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
 
@@ -197,8 +197,8 @@ class Problem:
     groups: dict[str, tuple[str, ...]]  # group key -> demand keys sharing placement variables
     pool_bounds: dict[str, tuple[int, int]]
     tenants: dict[str, TenantRules]
-    desired_spot: object  # SpotPolicySpec
-    placement: object  # PlacementPolicySpec
+    desired_spot: SpotPolicySpec  # the SpotPolicy spec, a frozen model
+    placement: PlacementPolicySpec
     budget: float | None
     fleet_capacity: dict[str, float]  # per dimension, for fair shares
     static_pending: dict[str, str] = field(default_factory=dict)  # job -> why nothing can ever host it
@@ -212,7 +212,7 @@ class Problem:
     quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
 
     @property
-    def spot(self):
+    def spot(self) -> SpotPolicySpec:
         return self.desired_spot
 
     def demand(self, key: str) -> Demand:

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reconciler.explain import _span
 from reconciler.ledger import money
 from reconciler.plan import Plan
+from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
 MARKDOWN_MAX_CHARS = 60_000  # GitHub caps a comment at 65,536 characters
@@ -60,7 +60,7 @@ def where(j) -> str:
     out = []
     for i, ref in enumerate(j.instances):
         g = j.gpus[i] if i < len(j.gpus) else ()
-        out.append(f"{ref}[{_span(g)}]" if g else ref)
+        out.append(f"{ref}[{gpu_span(g)}]" if g else ref)
     return ", ".join(out)
 
 

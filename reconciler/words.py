@@ -1,0 +1,13 @@
+"""How small values read in what users see, shared by the plan's rendering and explain: one
+spelling, so `plan` and `explain` print a replica's GPUs alike."""
+
+from __future__ import annotations
+
+
+def gpu_span(g) -> str:
+    """GPU indices as a user reads them: consecutive ones as a range ("0-3"), others listed ("0,2,5")."""
+    g = sorted(g)
+    return f"{g[0]}-{g[-1]}" if len(g) > 1 and g[-1] - g[0] == len(g) - 1 else ",".join(map(str, g))
+
+
+__all__ = ["gpu_span"]
