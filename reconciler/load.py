@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import ValidationError
@@ -488,9 +488,9 @@ def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> 
     pools = {n: o for n, (_, o) in by_kind["Pool"].items()}
     jobs = {n: o for n, (_, o) in by_kind["Job"].items()}
     if topology is not None:
-        _check_references(topology, by_kind, guard, diags)
-        _check_plannable(by_kind, guard, spot, diags)
-        _check_rules(by_kind, diags)
+        fleet = _Fleet(by_kind, topology, guard, spot, diags)
+        for check in _CHECKS:
+            check(fleet)
     if topology is None:
         return None
     digest = hashlib.sha256(
@@ -516,43 +516,218 @@ def _digest_body(obj: Any) -> dict:
     return body
 
 
-def _check_rules(by_kind: dict, diags: list[Diagnostic]) -> None:
-    """References of the scheduling rules: licenses a job holds, tenants a license's quotas name,
-    and where a reservation's capacity is (a pool that can hold it, in the Topology)."""
-    def err(doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
-        diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
+@dataclass
+class _PoolGPUs:
+    """What a pool can offer a job, to catch jobs nothing can run."""
 
-    licenses = by_kind["License"]
-    for _, (doc, lic) in sorted(licenses.items()):
+    nvlink: dict[str, int] = field(default_factory=dict)  # GPU model -> largest NVLink domain of its types (GPUs)
+    mig: set[str] | None = None  # the MIG profiles of a MIG pool
+
+
+@dataclass
+class _Fleet:
+    """What the cross-document checks read: the documents by kind, the single policies, the names the
+    Topology defines; and where they report (`err`). Each check in _CHECKS takes one."""
+
+    by_kind: dict[str, dict[str, tuple[_Parsed, Any]]]
+    topology: Topology
+    guard: GuardrailPolicy | None
+    spot: SpotPolicy | None
+    diags: list[Diagnostic]
+    catalog: Any = field(default_factory=load_catalog)
+    pool_gpus: dict[str, _PoolGPUs] = field(default_factory=dict)  # filled by _check_pools, read by _check_job_resources
+
+    def __post_init__(self) -> None:
+        spec = self.topology.spec
+        self.nodes = topology_nodes(spec)
+        self.regions = {(c, r) for c, ct in spec.clouds.items() for r in ct.regions}
+        self.region_names = {r for _, r in self.regions} | {f"{c}/{r}" for c, r in self.regions}
+        self.clouds = set(spec.clouds)
+
+    def err(self, doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
+        self.diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
+
+    def tenant_known(self, name: str) -> bool:
+        return name in self.by_kind["Tenant"]
+
+
+def _check_links(f: _Fleet) -> None:
+    """Topology links join nodes the Topology defines."""
+    doc = next(iter(f.by_kind["Topology"].values()))[0]
+    for i, link in enumerate(f.topology.spec.links):
+        for end, loc in ((link.source, "from"), (link.target, "to")):
+            if end not in f.nodes:
+                f.err(doc, f.topology, ("spec", "links", i, loc), f"unknown topology node {end!r}")
+
+
+def _check_pools(f: _Fleet) -> None:
+    """A pool's region and zones are the Topology's and its allowed region, its types exist there, its MIG
+    layout fits them, its cloud section is its cloud's. Records what each pool offers (f.pool_gpus)."""
+    for name, (doc, pool) in f.by_kind["Pool"].items():
+        s = pool.spec
+        gpus = f.pool_gpus[name] = _PoolGPUs(mig=set(s.mig) if s.mig else None)
+        if (s.cloud, s.region) not in f.regions:
+            f.err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in the Topology")
+            continue
+        known_zones = f.topology.spec.clouds[s.cloud].regions[s.region].zones
+        for i, z in enumerate(s.zones):
+            if z not in known_zones:
+                f.err(doc, pool, ("spec", "zones", i), f"zone {z!r} is not in {s.cloud}/{s.region} (known: {', '.join(known_zones)})")
+        for i, t in enumerate(s.instance_types):
+            _check_pool_type(f, doc, pool, i, t, gpus)
+        if f.guard is not None and not region_matches(f.guard.spec.allowed_regions, s.cloud, s.region):
+            f.err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in GuardrailPolicy/{f.guard.name} allowed_regions")
+        for section in ("aws", "gcp", "azure"):
+            if getattr(s, section) is not None and section != s.cloud:
+                f.err(doc, pool, ("spec", section), f"a {section} section on a {s.cloud} pool")
+
+
+def _check_pool_type(f: _Fleet, doc: _Parsed, pool: Any, i: int, t: str, gpus: _PoolGPUs) -> None:
+    """One of a pool's instance_types: known to the catalog (a plugin's cloud is not checked), offered in
+    its region and zones, and partitionable into its MIG layout; its GPUs counted into `gpus`."""
+    s = pool.spec
+    shape = f.catalog.shape(s.cloud, t)
+    if shape is None:
+        if s.cloud in f.catalog.regions:
+            f.err(doc, pool, ("spec", "instance_types", i), f"unknown {s.cloud} instance type {t!r}")
+        return
+    if shape.regions is not None and s.region not in shape.regions:
+        # The catalog prices a type where its public source does: a region it lacks may still offer the type
+        # (Azure westeurope has no public per-region file), so say what is known and how to price it.
+        f.err(doc, pool, ("spec", "instance_types", i),
+              f"{t} has no price in {s.region} in the price catalog (priced only in {', '.join(shape.regions)}); "
+              f"`reconcile catalog update --cloud {s.cloud} --region {s.cloud}/{s.region}` writes catalog.json with "
+              f"its public prices there, which plans of this directory then use")
+        return
+    price = shape.prices.get(s.region)
+    if price is not None and s.zones and not any(price.offered_in(z) for z in s.zones):
+        f.err(doc, pool, ("spec", "instance_types", i),
+              f"{t} is not offered in {', '.join(s.zones)} (in {s.region} only in {', '.join(price.zones or ())})")
+        return
+    if shape.gpu_type:
+        gpus.nvlink[shape.gpu_type] = max(gpus.nvlink.get(shape.gpu_type, 0), min(shape.nvlink_domain, shape.gpus))
+    if s.mig:
+        problem = mig_layout_error(f.catalog.gpu_models.get(shape.gpu_type or ""), list(s.mig)) if shape.gpus else "it has no GPUs"
+        if problem:
+            f.err(doc, pool, ("spec", "mig"), f"cannot partition {t}: {problem}")
+
+
+def _check_guardrails(f: _Fleet) -> None:
+    """The GuardrailPolicy names regions and clouds of the Topology and tenants that exist."""
+    if f.guard is None:
+        return
+    guard = f.guard
+    gdoc = f.by_kind["GuardrailPolicy"][guard.name][0]
+    for i, r in enumerate(guard.spec.allowed_regions or []):
+        if r not in f.region_names:
+            f.err(gdoc, guard, ("spec", "allowed_regions", i), f"unknown region {r!r}")
+    for i, c in enumerate(guard.spec.allowed_clouds or []):
+        if c not in f.clouds:
+            f.err(gdoc, guard, ("spec", "allowed_clouds", i), f"unknown cloud {c!r} (the Topology has {', '.join(sorted(f.clouds))})")
+    for t in guard.spec.tenant_hourly_budgets:
+        if not f.tenant_known(t):
+            f.err(gdoc, guard, ("spec", "tenant_hourly_budgets", t), f"unknown tenant {t!r}")
+
+
+def _check_spot_policies(f: _Fleet) -> None:
+    """A SpotPolicy's per-tenant fractions name tenants that exist."""
+    for sdoc, spot in f.by_kind["SpotPolicy"].values():
+        for t in spot.spec.tenant_max_spot_fraction:
+            if not f.tenant_known(t):
+                f.err(sdoc, spot, ("spec", "tenant_max_spot_fraction", t), f"unknown tenant {t!r}")
+
+
+def _check_jobs(f: _Fleet) -> None:
+    """A job's tenant, pools, regions, clouds and data location exist."""
+    for doc, job in f.by_kind["Job"].values():
+        s = job.spec
+        if not f.tenant_known(s.tenant):
+            f.err(doc, job, ("spec", "tenant"), f"unknown tenant {s.tenant!r}")
+        for i, p in enumerate(s.pools or []):
+            if p not in f.by_kind["Pool"]:
+                f.err(doc, job, ("spec", "pools", i), f"unknown pool {p!r}")
+        for i, r in enumerate(s.regions or []):
+            if r not in f.region_names:
+                f.err(doc, job, ("spec", "regions", i), f"unknown region {r!r}")
+        for i, c in enumerate(s.clouds or []):
+            if c not in f.clouds:
+                f.err(doc, job, ("spec", "clouds", i), f"unknown cloud {c!r} (the Topology has {', '.join(sorted(f.clouds))})")
+        if s.data is not None and s.data.location not in f.nodes:
+            f.err(doc, job, ("spec", "data", "location"), f"unknown topology node {s.data.location!r} (use cloud, cloud/region or cloud/region/zone)")
+
+
+def _check_job_resources(f: _Fleet) -> None:
+    """Some pool the job may use offers its gpu_type: as whole GPUs (enough in one NVLink domain if it asks
+    for NVLink) or partitioned into its MIG profile. Reads f.pool_gpus (_check_pools runs first)."""
+    offered = sorted({t for g in f.pool_gpus.values() for t in g.nvlink})
+    for doc, job in f.by_kind["Job"].values():
+        s = job.spec
+        r = s.resources
+        gt = r.gpu_type
+        if not gt:
+            continue
+        candidates = s.pools if s.pools is not None else list(f.pool_gpus)
+        # A cloud the shipped catalog does not know (a plugin's) can only be checked at plan time.
+        if any(p in f.by_kind["Pool"] and f.by_kind["Pool"][p][1].spec.cloud not in f.catalog.regions for p in candidates):
+            continue
+        gpus = {p: f.pool_gpus[p] for p in candidates if p in f.pool_gpus}
+        whole = [p for p, g in gpus.items() if gt in g.nvlink and g.mig is None]
+        if r.mig is not None:
+            model = f.catalog.gpu_models.get(gt)
+            if model is None or r.mig.profile not in model.mig_profiles:
+                have = ", ".join(model.mig_profiles) if model and model.mig_profiles else "none"
+                f.err(doc, job, ("spec", "resources", "mig", "profile"), f"{gt} has no MIG profile {r.mig.profile!r} (it has: {have})")
+            elif not any(gt in g.nvlink and r.mig.profile in (g.mig or ()) for g in gpus.values()):
+                f.err(doc, job, ("spec", "resources", "mig"), f"no pool partitions {gt} into {r.mig.profile} (set Pool spec.mig)")
+        elif not whole:
+            only_mig = " as whole GPUs (its pools are MIG-partitioned)" if gt in offered else ""
+            f.err(doc, job, ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r}{only_mig} (pools offer: {', '.join(offered) or 'none'})")
+        elif r.nvlink and not any(gpus[p].nvlink.get(gt, 0) >= r.gpus for p in whole):
+            best = max(gpus[p].nvlink.get(gt, 0) for p in whole)
+            f.err(doc, job, ("spec", "resources", "nvlink"), f"no pool has {r.gpus} {gt} GPUs in one NVLink domain (largest: {best})")
+
+
+def _check_licenses(f: _Fleet) -> None:
+    """A License's tenant quotas name tenants that exist."""
+    for _, (doc, lic) in sorted(f.by_kind["License"].items()):
         for t in lic.spec.tenant_quotas:
-            if t not in by_kind["Tenant"]:
-                err(doc, lic, ("spec", "tenant_quotas", t), f"unknown tenant {t!r}")
-    for _, (doc, job) in sorted(by_kind["Job"].items()):
+            if not f.tenant_known(t):
+                f.err(doc, lic, ("spec", "tenant_quotas", t), f"unknown tenant {t!r}")
+
+
+def _check_job_rules(f: _Fleet) -> None:
+    """The licenses a job holds exist; its deadline is after its submission."""
+    licenses = f.by_kind["License"]
+    for _, (doc, job) in sorted(f.by_kind["Job"].items()):
         for name in job.spec.licenses:
             if name not in licenses:
                 known = ", ".join(sorted(licenses)) or "none"
-                err(doc, job, ("spec", "licenses", name), f"unknown License {name!r}{did_you_mean(name, sorted(licenses))} (defined: {known})")
+                f.err(doc, job, ("spec", "licenses", name), f"unknown License {name!r}{did_you_mean(name, sorted(licenses))} (defined: {known})")
         if job.spec.deadline is not None and job.spec.submitted is not None and _utc(job.spec.deadline) <= _utc(job.spec.submitted):
-            err(doc, job, ("spec", "deadline"), f"deadline {job.spec.deadline.isoformat()} is not after submitted {job.spec.submitted.isoformat()}")
-    catalog = load_catalog()
-    for _, (doc, res) in sorted(by_kind["Reservation"].items()):
+            f.err(doc, job, ("spec", "deadline"), f"deadline {job.spec.deadline.isoformat()} is not after submitted {job.spec.submitted.isoformat()}")
+
+
+def _check_reservations(f: _Fleet) -> None:
+    """Where a reservation's capacity is: a known type, an AWS id's form, and one pool that can hold it."""
+    pools = [p for _, (_, p) in sorted(f.by_kind["Pool"].items())]
+    for _, (doc, res) in sorted(f.by_kind["Reservation"].items()):
         s = res.spec
-        if s.cloud in catalog.regions and catalog.shape(s.cloud, s.instance_type) is None:
-            err(doc, res, ("spec", "instance_type"), f"unknown {s.cloud} instance type {s.instance_type!r}")
+        if s.cloud in f.catalog.regions and f.catalog.shape(s.cloud, s.instance_type) is None:
+            f.err(doc, res, ("spec", "instance_type"), f"unknown {s.cloud} instance type {s.instance_type!r}")
         if s.cloud == "aws" and s.target is not None and not s.target.reservation_id.startswith("cr-"):
-            err(doc, res, ("spec", "target", "reservation_id"), f"an AWS capacity reservation id starts with 'cr-' (got {s.target.reservation_id!r})")
-        matches = reservation_pools(s, [p for _, (_, p) in sorted(by_kind["Pool"].items())])
+            f.err(doc, res, ("spec", "target", "reservation_id"), f"an AWS capacity reservation id starts with 'cr-' (got {s.target.reservation_id!r})")
+        matches = reservation_pools(s, pools)
         if s.pool is not None:
-            if s.pool not in by_kind["Pool"]:
-                err(doc, res, ("spec", "pool"), f"unknown pool {s.pool!r}")
+            if s.pool not in f.by_kind["Pool"]:
+                f.err(doc, res, ("spec", "pool"), f"unknown pool {s.pool!r}")
             elif s.pool not in [p.name for p in matches]:
-                err(doc, res, ("spec", "pool"), f"pool {s.pool} cannot hold it: it needs cloud {s.cloud}, region {s.region}, zone {s.zone} "
-                                                f"among its zones, {s.instance_type} among its instance_types and on-demand among its markets")
+                f.err(doc, res, ("spec", "pool"), f"pool {s.pool} cannot hold it: it needs cloud {s.cloud}, region {s.region}, zone {s.zone} "
+                                                  f"among its zones, {s.instance_type} among its instance_types and on-demand among its markets")
         elif len(matches) != 1:
             what = f"pools {', '.join(p.name for p in matches)} all match" if matches else "no pool matches"
-            err(doc, res, ("spec", "zone" if not matches else "pool"),
-                f"{what} ({s.cloud}/{s.zone} {s.instance_type}, on-demand): set spec.pool to the pool its instances belong to"
-                + ("" if matches else " or add a pool with that zone and type"))
+            f.err(doc, res, ("spec", "zone" if not matches else "pool"),
+                  f"{what} ({s.cloud}/{s.zone} {s.instance_type}, on-demand): set spec.pool to the pool its instances belong to"
+                  + ("" if matches else " or add a pool with that zone and type"))
 
 
 def reservation_pools(spec, pools: list) -> list:
@@ -565,137 +740,12 @@ def _utc(t: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def _check_references(topology: Topology, by_kind: dict, guard: GuardrailPolicy | None, diags: list[Diagnostic]) -> None:
-    catalog = load_catalog()
-    nodes = topology_nodes(topology.spec)
-    regions = {(c, r) for c, ct in topology.spec.clouds.items() for r in ct.regions}
-    region_names = {r for _, r in regions} | {f"{c}/{r}" for c, r in regions}
-
-    def err(doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
-        diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
-
-    for i, link in enumerate(topology.spec.links):
-        doc = next(iter(by_kind["Topology"].values()))[0]
-        for end, loc in ((link.source, "from"), (link.target, "to")):
-            if end not in nodes:
-                err(doc, topology, ("spec", "links", i, loc), f"unknown topology node {end!r}")
-
-    # What each pool can offer, to catch jobs nothing can run: GPU model -> (largest NVLink
-    # domain, largest GPU count), and the MIG profiles of a MIG pool.
-    pool_gpu_types: dict[str, set[str]] = {}
-    pool_nvlink: dict[str, dict[str, int]] = {}
-    pool_mig: dict[str, set[str] | None] = {}
-    for name, (doc, pool) in by_kind["Pool"].items():
-        s = pool.spec
-        pool_gpu_types[name] = set()
-        pool_nvlink[name] = {}
-        pool_mig[name] = set(s.mig) if s.mig else None
-        if (s.cloud, s.region) not in regions:
-            err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in the Topology")
-            continue
-        known_zones = topology.spec.clouds[s.cloud].regions[s.region].zones
-        for i, z in enumerate(s.zones):
-            if z not in known_zones:
-                err(doc, pool, ("spec", "zones", i), f"zone {z!r} is not in {s.cloud}/{s.region} (known: {', '.join(known_zones)})")
-        in_catalog = s.cloud in catalog.regions
-        for i, t in enumerate(s.instance_types):
-            shape = catalog.shape(s.cloud, t)
-            if shape is None:
-                if in_catalog:
-                    err(doc, pool, ("spec", "instance_types", i), f"unknown {s.cloud} instance type {t!r}")
-                continue
-            if shape.regions is not None and s.region not in shape.regions:
-                # The catalog prices a type where its public source does: a region it lacks may still offer the type
-                # (Azure westeurope has no public per-region file), so say what is known and how to price it.
-                err(doc, pool, ("spec", "instance_types", i),
-                    f"{t} has no price in {s.region} in the price catalog (priced only in {', '.join(shape.regions)}); "
-                    f"`reconcile catalog update --cloud {s.cloud} --region {s.cloud}/{s.region}` writes catalog.json with "
-                    f"its public prices there, which plans of this directory then use")
-                continue
-            price = shape.prices.get(s.region)
-            if price is not None and s.zones and not any(price.offered_in(z) for z in s.zones):
-                err(doc, pool, ("spec", "instance_types", i),
-                    f"{t} is not offered in {', '.join(s.zones)} (in {s.region} only in {', '.join(price.zones or ())})")
-                continue
-            if shape.gpu_type:
-                pool_gpu_types[name].add(shape.gpu_type)
-                nv = pool_nvlink[name]
-                nv[shape.gpu_type] = max(nv.get(shape.gpu_type, 0), min(shape.nvlink_domain, shape.gpus))
-            if s.mig:
-                problem = mig_layout_error(catalog.gpu_models.get(shape.gpu_type or ""), list(s.mig)) if shape.gpus else "it has no GPUs"
-                if problem:
-                    err(doc, pool, ("spec", "mig"), f"cannot partition {t}: {problem}")
-        if guard is not None and not region_matches(guard.spec.allowed_regions, s.cloud, s.region):
-            err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in GuardrailPolicy/{guard.name} allowed_regions")
-        for section in ("aws", "gcp", "azure"):
-            if getattr(s, section) is not None and section != s.cloud:
-                err(doc, pool, ("spec", section), f"a {section} section on a {s.cloud} pool")
-
-    clouds = set(topology.spec.clouds)
-    if guard is not None:
-        gdoc = by_kind["GuardrailPolicy"][guard.name][0]
-        for i, r in enumerate(guard.spec.allowed_regions or []):
-            if r not in region_names:
-                err(gdoc, guard, ("spec", "allowed_regions", i), f"unknown region {r!r}")
-        for i, c in enumerate(guard.spec.allowed_clouds or []):
-            if c not in clouds:
-                err(gdoc, guard, ("spec", "allowed_clouds", i), f"unknown cloud {c!r} (the Topology has {', '.join(sorted(clouds))})")
-        for t in guard.spec.tenant_hourly_budgets:
-            if t not in by_kind["Tenant"]:
-                err(gdoc, guard, ("spec", "tenant_hourly_budgets", t), f"unknown tenant {t!r}")
-    for sdoc, spot in by_kind["SpotPolicy"].values():
-        for t in spot.spec.tenant_max_spot_fraction:
-            if t not in by_kind["Tenant"]:
-                err(sdoc, spot, ("spec", "tenant_max_spot_fraction", t), f"unknown tenant {t!r}")
-
-    for name, (doc, job) in by_kind["Job"].items():
-        s = job.spec
-        if s.tenant not in by_kind["Tenant"]:
-            err(doc, job, ("spec", "tenant"), f"unknown tenant {s.tenant!r}")
-        if s.pools is not None:
-            for i, p in enumerate(s.pools):
-                if p not in by_kind["Pool"]:
-                    err(doc, job, ("spec", "pools", i), f"unknown pool {p!r}")
-        if s.regions is not None:
-            for i, r in enumerate(s.regions):
-                if r not in region_names:
-                    err(doc, job, ("spec", "regions", i), f"unknown region {r!r}")
-        for i, c in enumerate(s.clouds or []):
-            if c not in clouds:
-                err(doc, job, ("spec", "clouds", i), f"unknown cloud {c!r} (the Topology has {', '.join(sorted(clouds))})")
-        if s.data is not None and s.data.location not in nodes:
-            err(doc, job, ("spec", "data", "location"), f"unknown topology node {s.data.location!r} (use cloud, cloud/region or cloud/region/zone)")
-        r = s.resources
-        gt = r.gpu_type
-        if gt:
-            candidates = s.pools if s.pools is not None else list(pool_gpu_types)
-            # A cloud the shipped catalog does not know (a plugin's) can only be checked at plan time.
-            unknown_cloud = any(p in by_kind["Pool"] and by_kind["Pool"][p][1].spec.cloud not in catalog.regions for p in candidates)
-            if unknown_cloud:
-                continue
-            whole = [p for p in candidates if gt in pool_gpu_types.get(p, ()) and pool_mig.get(p) is None]
-            if r.mig is not None:
-                model = catalog.gpu_models.get(gt)
-                if model is None or r.mig.profile not in model.mig_profiles:
-                    have = ", ".join(model.mig_profiles) if model and model.mig_profiles else "none"
-                    err(doc, job, ("spec", "resources", "mig", "profile"), f"{gt} has no MIG profile {r.mig.profile!r} (it has: {have})")
-                elif not any(gt in pool_gpu_types.get(p, ()) and r.mig.profile in (pool_mig.get(p) or ()) for p in candidates):
-                    err(doc, job, ("spec", "resources", "mig"), f"no pool partitions {gt} into {r.mig.profile} (set Pool spec.mig)")
-            elif not whole:
-                offered = sorted(set().union(*pool_gpu_types.values())) if pool_gpu_types else []
-                only_mig = " as whole GPUs (its pools are MIG-partitioned)" if gt in offered else ""
-                err(doc, job, ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r}{only_mig} (pools offer: {', '.join(offered) or 'none'})")
-            elif r.nvlink and not any(pool_nvlink[p].get(gt, 0) >= r.gpus for p in whole):
-                best = max(pool_nvlink[p].get(gt, 0) for p in whole)
-                err(doc, job, ("spec", "resources", "nvlink"), f"no pool has {r.gpus} {gt} GPUs in one NVLink domain (largest: {best})")
-
-
-def _check_plannable(by_kind: dict, guard: GuardrailPolicy | None, spot: SpotPolicy | None, diags: list[Diagnostic]) -> None:
+def _check_plannable(f: _Fleet) -> None:
     """What planning would refuse the whole fleet for, reported here first: a pool whose
     min_instances it can never buy (its cloud excluded by allowed_clouds; spot-only with no
     spot offer under max_price_fraction; no type offered in its zones), and pool minimums
     that cost more than max_hourly_budget at catalog prices."""
-    catalog = load_catalog()
+    by_kind, guard, spot, diags, catalog = f.by_kind, f.guard, f.spot, f.diags, f.catalog
     g = guard.spec if guard is not None else GuardrailPolicySpec()
     frac = spot.spec.max_price_fraction if spot is not None else SpotPolicySpec().max_price_fraction
     floor = 0.0  # USD/h of every pool's minimum, at its cheapest offer
@@ -754,6 +804,16 @@ def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy
                                 f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot; with every on-demand pool at "
                                 f"max_instances ({on_demand:g} {unit}) spot is {on_spot / (on_spot + on_demand):.0%} of the fleet, over "
                                 f"max_spot_fraction {f:g} (every plan would be refused)"))
+
+
+
+# The checks across documents, one per kind of document (Job: its references, its resources against what the
+# pools offer, its rules), in the order they were written in: ConfigError sorts diagnostics by file, line and
+# field, and no two checks report the same field of one document. _check_pools fills what _check_job_resources reads.
+_CHECKS: tuple[Callable[[_Fleet], None], ...] = (
+    _check_links, _check_pools, _check_guardrails, _check_spot_policies, _check_jobs, _check_job_resources,
+    _check_plannable, _check_licenses, _check_job_rules, _check_reservations,
+)
 
 
 __all__ = ["load"]

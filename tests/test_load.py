@@ -107,6 +107,15 @@ def test_job_field_errors(tmp_path, spec_patch, field, fragment):
     assert any(f"Job/j: {field}: " in e and fragment in e for e in errs), errs
 
 
+def test_topology_links_name_nodes_the_topology_defines(tmp_path):
+    links = [{"from": "aws/us-east-1", "to": "gcp", "latency_ms": 5, "egress_per_gb": 0.02},
+             {"from": "moon", "to": "aws/us-east-1/us-east-1z", "latency_ms": 1, "egress_per_gb": 0.0}]
+    write_config(tmp_path, [topology(links=links), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"])])
+    errs = [e.split(": ", 1)[1] for e in errors_of(tmp_path)]
+    assert errs == ["Topology/test: spec.links.1.from: unknown topology node 'moon'",
+                    "Topology/test: spec.links.1.to: unknown topology node 'aws/us-east-1/us-east-1z'"]
+
+
 def test_pool_errors(tmp_path):
     from tests.fleetkit import TOPOLOGY
 
