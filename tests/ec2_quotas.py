@@ -31,6 +31,8 @@ ACCOUNT = "123456789012"  # moto's default account
 DEFAULT_LIMIT = 100000.0  # vCPUs: no test fleet reaches it unless a test lowers a quota
 _REGION = re.compile(r"Credential=[^/]+/\d+/([a-z0-9-]+)/")
 # Family letters -> (On-Demand quota, Spot quota), as the EC2 User Guide groups them; anything else is Standard.
+# Written out again on purpose, not imported from providers/aws.py's VCPU_QUOTAS: this layer plays EC2, and a
+# table shared with the code under test would agree with it however wrong it were.
 QUOTAS = {
     "p": (("L-417A185B", "Running On-Demand P instances"), ("L-7212CCBC", "All P Spot Instance Requests")),
     "g": (("L-DB2E81BA", "Running On-Demand G and VT instances"), ("L-3819A6DF", "All G and VT Spot Instance Requests")),
