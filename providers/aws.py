@@ -30,7 +30,7 @@ from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, I
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from reconciler.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow", "Unsupported",
@@ -453,7 +453,7 @@ class AwsProvider:
             self._placement_group(ec2, request.placement_group, p.region)
             params["Placement"]["GroupName"] = request.placement_group
         if request.agent_state_url:  # cloud-init runs it at first boot: it installs and starts the node agent
-            from reconciler.runtime.bootstrap import bootstrap_script
+            from providers.bootstrap import bootstrap_script
 
             params["UserData"] = bootstrap_script("aws", request.agent_state_url, None, mig=request.pool.mig)
         if request.capacity_reservation:  # a targeted launch: only into this reservation, or it fails

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 log = logging.getLogger(__name__)
 
@@ -620,7 +620,7 @@ class AzureProvider:
         if request.agent_state_url:  # cloud-init runs customData at first boot: it installs and starts the node agent
             import base64
 
-            from reconciler.runtime.bootstrap import bootstrap_script
+            from providers.bootstrap import bootstrap_script
 
             script = bootstrap_script("azure", request.agent_state_url, self._scope(p.settings).vm_id(name), mig=p.mig)
             props["osProfile"]["customData"] = base64.b64encode(script.encode()).decode()

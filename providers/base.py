@@ -120,7 +120,7 @@ class CreateRequest:
     # that record placements (PlacementRecorder); the others ignore it.
     placements: PlacementRecord | None = None
     # The bus the instance's node agent uses (a remote state URL): the provider passes the agent's
-    # bootstrap (reconciler/runtime/bootstrap.py) as the instance's user data. None: no agent.
+    # bootstrap (providers/bootstrap.py) as the instance's user data. None: no agent.
     agent_state_url: str | None = None
     # Launch into this capacity reservation (the cloud's id, e.g. AWS `cr-...`); None: a plain
     # launch (an open reservation that matches still takes it, as the clouds do).

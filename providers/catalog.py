@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from providers.base import Offering
-from reconciler.errors import ReconcileError
+from providers.errors import ReconcileError
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
 

@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
-from reconciler.errors import (
+from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError,
 )
@@ -642,7 +642,7 @@ class GcpProvider:
         if s.get("service_account"):
             resource.service_accounts = [c.ServiceAccount(email=s["service_account"], scopes=list(SCOPES))]
         if request.agent_state_url:  # GCE runs startup-script at every boot; it installs and starts the node agent
-            from reconciler.runtime.bootstrap import bootstrap_script
+            from providers.bootstrap import bootstrap_script
 
             script = bootstrap_script("gcp", request.agent_state_url, f"projects/{project}/zones/{zone}/instances/{name}",
                                       mig=request.pool.mig)

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from providers.base import Offering
 from providers.offercache import cached
-from reconciler.errors import ReconcileError
+from providers.errors import ReconcileError
 
 DEFAULT_SPOT_TTL_S = 3600.0
 

@@ -27,8 +27,8 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from providers.catalog import Catalog
-from reconciler.errors import ReconcileError
-from reconciler.redact import redact
+from providers.errors import ReconcileError
+from providers.redact import redact
 
 GCE_SERVICE = "services/6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
 # The Cloud Billing Catalog names GPUs in SKU descriptions ("Nvidia Tesla A100 GPU running in Americas").

@@ -9,7 +9,7 @@ import importlib
 from importlib.metadata import entry_points
 
 from providers.base import Provider, ProviderContext
-from reconciler.errors import PluginError
+from providers.errors import PluginError
 
 ENTRY_POINT_GROUP = "reconciler.providers"
 BUILTIN = {

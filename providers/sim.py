@@ -24,8 +24,8 @@ from typing import Iterator, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from reconciler.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
-from reconciler.runtime.runtimes import start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
+from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
           "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "reject_every": None, "latency_ms": 0}, "calls": 0}
@@ -55,14 +55,8 @@ def _alive(pidfile: Path) -> bool:
         return False
     if not parts or not parts[0].isdigit():
         return False
-    started = _starttime(int(parts[0]))
-    if not started or (len(parts) > 1 and started != parts[1]):
-        return False
-    try:
-        with open(f"/proc/{parts[0]}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    pid = int(parts[0])
+    return running(pid, parts[1] if len(parts) > 1 else _starttime(pid))
 
 
 class _Tracked(dict):

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
 from reconciler.errors import LockError, ReconcileError
-from reconciler.redact import redact
+from providers.redact import redact
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
 

@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError
-from reconciler.redact import redact
+from providers.redact import redact
 
 # click's UsageError, wherever this typer takes click from (typer 0.29 vendors its own copy as typer._click).
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")

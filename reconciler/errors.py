@@ -1,21 +1,17 @@
 """One small error hierarchy. Every error carries a message a user can act on;
-the CLI maps any ReconcileError to exit code 1 and prints only its message."""
+the CLI maps any ReconcileError to exit code 1 and prints only its message.
+
+The base and the errors providers raise are defined in providers/errors.py (providers import nothing of the
+reconciler) and re-exported here: the same classes, so `except ReconcileError` catches a provider's errors too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-class ReconcileError(Exception):
-    """Base of every error the reconciler raises on purpose. Its message never carries a URL's
-    credentials (`-o endpoint_url=http://user:PASS@host` came back in AWS's connection error)."""
-
-    exit_code = 1
-
-    def __init__(self, *args):
-        from reconciler.redact import redact
-
-        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
+from providers.errors import (
+    CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, PluginError, ProviderError, QuotaError,
+    ReconcileError, TransientProviderError,
+)
 
 
 @dataclass(frozen=True)
@@ -50,54 +46,6 @@ class ConfigError(ReconcileError):
         super().__init__(f"{n} error{'s' if n != 1 else ''} in desired state:\n{lines}")
 
 
-class ProviderError(ReconcileError):
-    """A provider call failed in a way the next run may not fix by itself."""
-
-
-class CapacityError(ProviderError):
-    """The cloud has no capacity for this request in this zone right now.
-
-    Not fatal for the fleet: the zone is remembered as short and the next solve
-    places the work elsewhere."""
-
-    def __init__(self, message: str, *, cloud: str, zone: str, instance_type: str, market: str):
-        super().__init__(message)
-        self.cloud, self.zone, self.instance_type, self.market = cloud, zone, instance_type, market
-
-
-class QuotaError(ProviderError):
-    """An account quota (regional vCPUs, global GPUs, spot cores) is used up: not a zone's capacity, so no zone is
-    cooled off; another zone of the same quota would fail alike, and only a quota increase helps. The message names
-    the quota and how to raise it."""
-
-    def __init__(self, message: str, *, cloud: str, quota: str, region: str, how_to_raise: str):
-        super().__init__(f"{message}\n  quota {quota!r} ({cloud}, {region}) is used up: raise it: {how_to_raise}")
-        self.cloud, self.quota, self.region, self.how_to_raise = cloud, quota, region, how_to_raise
-
-
-class TransientProviderError(ProviderError):
-    """Throttling, timeouts: safe to retry with the same idempotency key."""
-
-
-class KeySpentError(ProviderError):
-    """The cloud has already used this create key for a launch whose instance is gone (or for a
-    request with other parameters: EC2's IdempotentParameterMismatch). Retrying the same key can
-    never launch anything; the caller must try the next attempt's key."""
-
-
-class OwnershipError(ProviderError):
-    """Refused to touch a resource this fleet does not own."""
-
-
-class IncompleteObservationError(ProviderError):
-    """The cloud answered a list only in part (a zone it could not reach): what is missing is unknown, not gone,
-    so no plan may be made from it."""
-
-
-class PluginError(ReconcileError):
-    """A provider plugin could not be found or loaded."""
-
-
 class StalePlanError(ReconcileError):
     """A saved plan no longer matches the desired or observed state."""
 
@@ -116,3 +64,8 @@ class SolverError(ReconcileError):
 
 class ApplyError(ReconcileError):
     """Some plan actions failed; the message lists what succeeded and what did not."""
+
+
+__all__ = ["ReconcileError", "Diagnostic", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+           "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
+           "StalePlanError", "LockError", "GuardrailError", "SolverError", "ApplyError"]

@@ -17,7 +17,7 @@ from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
-from reconciler.redact import redact
+from providers.redact import redact
 from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, DesiredState
 from reconciler.plan import Plan

@@ -12,7 +12,7 @@ from providers.aws import AwsProvider
 from providers.azure import AzureProvider
 from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from providers.gcp import GcpProvider
-from reconciler.runtime.bootstrap import bootstrap_script, package_version
+from providers.bootstrap import bootstrap_script, package_version
 from tests.conftest import ARM_RESOURCE_GROUP, ARM_SUBNET, arm_options
 
 STATE = "s3://acme-fleet-state/fleets/prod"
@@ -114,7 +114,7 @@ def test_the_mig_partition_runs_once_per_instance_with_large_profiles_first(tmp_
     """The bootstrap's MIG lines, run by bash against an nvidia-smi that records its calls (no GPUs on CI):
     MIG mode on, then every GPU partitioned, the 3g before the 2g's; at a reboot, with MIG devices listed,
     nothing is touched (the agent may be running replicas on them)."""
-    from reconciler.runtime.bootstrap import mig_partition
+    from providers.bootstrap import mig_partition
 
     (tmp_path / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
     (tmp_path / "nvidia-smi").chmod(0o755)

@@ -22,10 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from providers.pids import start_time
 from reconciler.errors import ReconcileError
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list, start_time
+from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from providers.pids import running
+
 
 class StartError(Exception):
     """The replica could not be started at all (no such command, no docker): retrying cannot help."""
@@ -83,25 +85,6 @@ def shimmed(launch: Launch, command: list[str]) -> list[str]:
     return [sys.executable, "-S", "-c", SHIM, str(launch.exit_path), *command]
 
 
-def start_time(pid: int) -> str:
-    """The process's start time in clock ticks (/proc/PID/stat field 22): with the pid, it names one
-    process, so a pid reused since is never taken for it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _running(pid: int, started: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return len(fields) > 19 and fields[19] == started and fields[0] != "Z"
-
-
 def exit_record(path: Path | None) -> dict | None:
     """What the shim wrote when the command ended: {"code": n} (negative: killed by that signal),
     with "error" when the command could not be started at all. None: not ended, or killed with its shim."""
@@ -125,13 +108,13 @@ class Detached:
     name: str = ""  # the container, for the docker runtime
 
     def poll(self) -> int | None:
-        if _running(self.pid, self.started):
+        if running(self.pid, self.started):
             return None
         rec = exit_record(self.exit_path)
         return rec["code"] if rec else -signals.SIGKILL  # it died with its shim: killed
 
     def signal(self, sig: int) -> None:
-        if _running(self.pid, self.started):
+        if running(self.pid, self.started):
             try:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -139,14 +122,14 @@ class Detached:
 
     def wait(self, timeout: float) -> None:
         limit = time.monotonic() + timeout
-        while _running(self.pid, self.started) and time.monotonic() < limit:
+        while running(self.pid, self.started) and time.monotonic() < limit:
             time.sleep(0.05)
 
 
 def adopt(pid: int, started: str, exit_path: Path, name: str = "") -> Detached | None:
     """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
     another start time); None when it has ended (its exit file then says how)."""
-    return Detached(pid, started, exit_path, name) if started and _running(pid, started) else None
+    return Detached(pid, started, exit_path, name) if started and running(pid, started) else None
 
 
 class Handle(Protocol):

@@ -1,0 +1,71 @@
+"""The errors providers raise, and the base of every error raised on purpose.
+
+They live here, in the bottom layer, so providers depend on nothing above them; reconciler/errors.py re-exports
+them beside the errors only the reconciler raises (bad config, stale plans, locks...). The base keeps its name,
+ReconcileError: the CLI maps any ReconcileError, a provider's included, to exit code 1 and prints only its message."""
+
+from __future__ import annotations
+
+from providers.redact import redact
+
+
+class ReconcileError(Exception):
+    """Base of every error the reconciler raises on purpose. Its message never carries a URL's
+    credentials (`-o endpoint_url=http://user:PASS@host` came back in AWS's connection error)."""
+
+    exit_code = 1
+
+    def __init__(self, *args):
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
+
+
+class ProviderError(ReconcileError):
+    """A provider call failed in a way the next run may not fix by itself."""
+
+
+class CapacityError(ProviderError):
+    """The cloud has no capacity for this request in this zone right now.
+
+    Not fatal for the fleet: the zone is remembered as short and the next solve
+    places the work elsewhere."""
+
+    def __init__(self, message: str, *, cloud: str, zone: str, instance_type: str, market: str):
+        super().__init__(message)
+        self.cloud, self.zone, self.instance_type, self.market = cloud, zone, instance_type, market
+
+
+class QuotaError(ProviderError):
+    """An account quota (regional vCPUs, global GPUs, spot cores) is used up: not a zone's capacity, so no zone is
+    cooled off; another zone of the same quota would fail alike, and only a quota increase helps. The message names
+    the quota and how to raise it."""
+
+    def __init__(self, message: str, *, cloud: str, quota: str, region: str, how_to_raise: str):
+        super().__init__(f"{message}\n  quota {quota!r} ({cloud}, {region}) is used up: raise it: {how_to_raise}")
+        self.cloud, self.quota, self.region, self.how_to_raise = cloud, quota, region, how_to_raise
+
+
+class TransientProviderError(ProviderError):
+    """Throttling, timeouts: safe to retry with the same idempotency key."""
+
+
+class KeySpentError(ProviderError):
+    """The cloud has already used this create key for a launch whose instance is gone (or for a
+    request with other parameters: EC2's IdempotentParameterMismatch). Retrying the same key can
+    never launch anything; the caller must try the next attempt's key."""
+
+
+class OwnershipError(ProviderError):
+    """Refused to touch a resource this fleet does not own."""
+
+
+class IncompleteObservationError(ProviderError):
+    """The cloud answered a list only in part (a zone it could not reach): what is missing is unknown, not gone,
+    so no plan may be made from it."""
+
+
+class PluginError(ReconcileError):
+    """A provider plugin could not be found or loaded."""
+
+
+__all__ = ["ReconcileError", "ProviderError", "CapacityError", "QuotaError", "TransientProviderError", "KeySpentError",
+           "OwnershipError", "IncompleteObservationError", "PluginError"]
