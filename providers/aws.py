@@ -30,6 +30,7 @@ from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, I
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
+from providers.options import ProviderOptions
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 CAPACITY_CODES = {
@@ -77,7 +78,8 @@ class AwsProvider:
         from botocore.config import Config
 
         self.ctx = ctx
-        self.endpoint = ctx.options.get("endpoint_url")
+        self.options = ProviderOptions("aws", ctx.options)
+        self.endpoint = self.options.text("endpoint_url")
         self.session = boto3.session.Session()
         self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
@@ -85,12 +87,9 @@ class AwsProvider:
         self._clients_lock = threading.Lock()
         # Creates (or deletes) apply runs at once in one region (reconciler/apply.py). EC2 throttles with
         # RequestLimitExceeded, which botocore's adaptive mode retries.
-        try:
-            self.parallelism = int(ctx.options.get("parallelism", DEFAULT_PARALLELISM))
-            self.consistency_timeout = float(ctx.options.get("consistency_timeout", 120))
-        except ValueError:
-            raise ProviderError("aws: options parallelism and consistency_timeout must be numbers") from None
+        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
         # consistency_timeout: how long a just-launched instance may stay invisible to DescribeInstances.
+        self.consistency_timeout = self.options.seconds("consistency_timeout", 120)
 
     # -- plumbing ------------------------------------------------------------------
     def ec2(self, region: str):
@@ -226,7 +225,7 @@ class AwsProvider:
         return zone[:-1] if zone[-1:].isalpha() else zone
 
     def _regions(self, pools: Sequence[PoolTarget]) -> list[str]:
-        extra = [r for r in self.ctx.options.get("regions", "").split(",") if r]
+        extra = [r for r in (self.options.text("regions") or "").split(",") if r]
         return sorted({p.region for p in pools} | set(extra))
 
     # -- observe -------------------------------------------------------------------
@@ -306,10 +305,7 @@ class AwsProvider:
                 out += [[o["InstanceType"], o["Location"]] for o in page["InstanceTypeOfferings"]]
             return out
 
-        try:
-            ttl = float(self.ctx.options.get("offerings_ttl", DEFAULT_TTL_S))
-        except ValueError:
-            raise ProviderError("aws: option offerings_ttl must be a number of seconds") from None
+        ttl = self.options.seconds("offerings_ttl", DEFAULT_TTL_S)
         key = f"aws-offers-{region}-" + hashlib.sha256("\n".join(types).encode()).hexdigest()[:16]
         return {(t, z) for t, z in cached(self.ctx.state_dir, key, ttl, read)}
 
@@ -342,10 +338,7 @@ class AwsProvider:
                 by_zone.setdefault(z, {})[t] = price
             return by_zone
 
-        try:
-            ttl = float(self.ctx.options.get("spot_price_ttl", DEFAULT_SPOT_TTL_S))
-        except ValueError:
-            raise ProviderError("aws: option spot_price_ttl must be a number of seconds") from None
+        ttl = self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S)
         by_zone, read_at = read_spot(self.ctx.state_dir, "aws", [self.endpoint or "", region, *types], ttl, fetch)
         return {(t, z): p for z, prices in by_zone.items() for t, p in prices.items()}, read_at
 
@@ -358,10 +351,7 @@ class AwsProvider:
         by_region: dict[str, set[str]] = {}
         for p in pools:
             by_region.setdefault(p.region, set()).update(p.instance_types)
-        try:
-            ttl = float(self.ctx.options.get("quotas_ttl", DEFAULT_TTL_S))
-        except ValueError:
-            raise ProviderError("aws: option quotas_ttl must be a number of seconds") from None
+        ttl = self.options.seconds("quotas_ttl", DEFAULT_TTL_S)
         out: list[Quota] = []
         for region, types in sorted(by_region.items()):
             ec2 = self.ec2(region)
@@ -510,7 +500,7 @@ class AwsProvider:
         return removed
 
     def _delete_group(self, ec2, name: str) -> bool:
-        pause, deadline = 1.0, time.monotonic() + float(self.ctx.options.get("placement_group_wait", 180))
+        pause, deadline = 1.0, time.monotonic() + self.options.seconds("placement_group_wait", 180)
         while True:
             try:
                 self._call(f"delete_placement_group {name}", ec2.delete_placement_group, GroupName=name)

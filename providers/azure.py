@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
+from providers.options import ProviderOptions
 from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 log = logging.getLogger(__name__)
@@ -169,38 +170,27 @@ class AzureProvider:
         import azure.mgmt.compute  # noqa: F401 - fail at load time (registry: "install the extra") if missing
 
         self.ctx = ctx
+        self.options = ProviderOptions("azure", ctx.options)
         self.catalog = load_catalog()
-        self.endpoint = self._opt("endpoint")
+        self.endpoint = self.options.text("endpoint")
         if self.endpoint and not self.endpoint.startswith("https://"):
             raise ProviderError(f"azure: endpoint {self.endpoint!r} must be https:// (bearer tokens are only sent over TLS)")
-        self.ca_bundle = self._opt("ca_bundle")
-        self.polling_interval = self._float("polling_interval", 5.0)
-        self.lro_timeout = self._float("lro_timeout", 1800.0)
-        self.max_retries = int(self._float("max_retries", 3))
+        self.ca_bundle = self.options.text("ca_bundle")
+        self.polling_interval = self.options.seconds("polling_interval", 5.0)
+        self.lro_timeout = self.options.seconds("lro_timeout", 1800.0)
+        self.max_retries = self.options.count("max_retries", 3, least=0)
         self._credential: Any = None
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.RLock()
         # Creates (or deletes) apply runs at once per region, and how long it retries throttling and busy VMs:
         # ARM's write limits are per minute (and per hour), so retries span minutes.
-        self.parallelism = int(self._float("parallelism", DEFAULT_PARALLELISM))
-        self.retry_window_s = self._float("retry_window", 300.0)
+        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
+        self.retry_window_s = self.options.seconds("retry_window", 300.0)
 
     # -- plumbing ------------------------------------------------------------------
-    def _opt(self, key: str) -> str | None:
-        """An option; `azure_<key>` wins over `<key>` so runs that mix providers can keep them apart."""
-        value = self.ctx.options.get(f"azure_{key}") or self.ctx.options.get(key)
-        return str(value) if value else None
-
-    def _float(self, key: str, default: float) -> float:
-        raw = self._opt(key)
-        try:
-            return float(raw) if raw is not None else default
-        except ValueError:
-            raise ProviderError(f"azure: option {key}={raw!r} is not a number") from None
-
     def credential(self):
         if self._credential is None:
-            mode = self._opt("credential") or "default"
+            mode = self.options.text("credential") or "default"
             if mode == TEST_CREDENTIAL:
                 if not self.endpoint:
                     raise ProviderError(f"azure: credential={TEST_CREDENTIAL} is for a local ARM fake; it needs endpoint=https://...")
@@ -232,12 +222,12 @@ class AzureProvider:
         return self._clients[key]
 
     def _default_subscription(self) -> str | None:
-        return self._opt("subscription_id") or os.environ.get("AZURE_SUBSCRIPTION_ID") or None
+        return self.options.text("subscription_id") or os.environ.get("AZURE_SUBSCRIPTION_ID") or None
 
     def _scope(self, settings: dict | Any) -> Scope:
         s = dict(settings or {})
         sub = s.get("subscription_id") or self._default_subscription()
-        rg = s.get("resource_group") or self._opt("resource_group")
+        rg = s.get("resource_group") or self.options.text("resource_group")
         if not sub or not rg:
             raise ProviderError("azure: no subscription/resource group: set azure.subscription_id and azure.resource_group on "
                                 "the pool, or pass -o subscription_id=... -o resource_group=... (or set AZURE_SUBSCRIPTION_ID)")
@@ -250,10 +240,10 @@ class AzureProvider:
         for p in pools:
             sc = self._scope(p.settings)
             found.setdefault(sc.key, sc)
-        default_sub, default_rg = self._default_subscription(), self._opt("resource_group")
+        default_sub, default_rg = self._default_subscription(), self.options.text("resource_group")
         if default_sub and default_rg:
             found.setdefault(Scope(default_sub, default_rg).key, Scope(default_sub, default_rg))
-        for item in (self._opt("resource_groups") or "").split(","):
+        for item in (self.options.text("resource_groups") or "").split(","):
             item = item.strip()
             if not item:
                 continue
@@ -427,8 +417,8 @@ class AzureProvider:
         from providers.livespot import DEFAULT_SPOT_TTL_S, azure_spot, read_spot, unread, with_live_spot
         from providers.pricesources import PriceSourceError
 
-        prices_endpoint = self._opt("prices_endpoint")
-        if not offers or (self.endpoint and not prices_endpoint) or (self._opt("live_spot") or "").lower() in ("off", "false", "0", "no"):
+        prices_endpoint = self.options.text("prices_endpoint")
+        if not offers or (self.endpoint and not prices_endpoint) or self.options.off("live_spot"):
             return offers
         sizes: dict[str, set[str]] = {}
         for o in offers:
@@ -437,7 +427,7 @@ class AzureProvider:
         try:
             prices, read_at = read_spot(
                 self.ctx.state_dir, "azure", [prices_endpoint or ""] + [f"{r}/{t}" for r, ts in sizes.items() for t in ts],
-                self._float("spot_price_ttl", DEFAULT_SPOT_TTL_S),
+                self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S),
                 lambda: {r: azure_spot(r, sorted(ts), prices_endpoint) for r, ts in sorted(sizes.items())})
         except PriceSourceError as e:
             log.warning("azure: %s unreadable, planning with the catalog's spot prices: %s", api, e)
@@ -551,7 +541,7 @@ class AzureProvider:
             return {"zones": out, "sizes": sizes}
 
         key = "azure-skus-" + hashlib.sha256(f"{subscription}\n{region}".encode()).hexdigest()[:16]
-        return cached(self.ctx.state_dir, key, self._float("offerings_ttl", DEFAULT_TTL_S), read)
+        return cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl", DEFAULT_TTL_S), read)
 
     # -- quotas --------------------------------------------------------------------
     def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
+from providers.options import ProviderOptions
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError,
@@ -200,18 +201,19 @@ class GcpProvider:
         from google.cloud import compute_v1
 
         self.ctx = ctx
+        self.options = ProviderOptions("gcp", ctx.options)
         self.compute = compute_v1
         self.catalog = load_catalog()
-        self.timeout = self._seconds("timeout", 60)  # one HTTP call
-        self.operation_timeout = self._seconds("operation_timeout", 900)  # one insert or delete, start to DONE
-        self.read_retry = self._read_retry(self._seconds("retry_timeout", 30))  # a read's retries, all told
+        self.timeout = self.options.seconds("timeout", 60, zero=False)  # one HTTP call
+        self.operation_timeout = self.options.seconds("operation_timeout", 900, zero=False)  # one insert or delete, start to DONE
+        self.read_retry = self._read_retry(self.options.seconds("retry_timeout", 30, zero=False))  # a read's retries, all told
         # Creates (or deletes) apply runs at once per region, and how long it retries a throttled or failed insert
         # (the requestId makes that safe): GCE's rate limits are per minute, so retries span minutes.
-        self.parallelism = int(self._seconds("parallelism", DEFAULT_PARALLELISM))
-        self.retry_window_s = self._seconds("retry_window", 300)
+        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
+        self.retry_window_s = self.options.seconds("retry_window", 300)
         self.fleet_label = label_value(ctx.fleet)
-        endpoint = self._opt("endpoint")
-        self.default_project: str | None = self._opt("project")
+        endpoint = self.options.text("endpoint")
+        self.default_project: str | None = self.options.text("project")
         if endpoint:
             # A local fake or emulator. The REST transport keeps an explicit http:// scheme
             # from api_endpoint (it only prepends its url_scheme, https, when none is given).
@@ -243,21 +245,6 @@ class GcpProvider:
         self._networks_seen: set[tuple] = set()
 
     # -- plumbing ------------------------------------------------------------------
-    def _opt(self, key: str) -> str | None:
-        """An option; `gcp_<key>` wins over `<key>`, since one `-o` set reaches every provider of a run."""
-        value = self.ctx.options.get(f"gcp_{key}") or self.ctx.options.get(key)
-        return str(value) if value else None
-
-    def _seconds(self, option: str, default: float) -> float:
-        raw = self._opt(option)
-        try:
-            value = float(raw) if raw is not None else default
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ProviderError(f"gcp: option {option}={raw!r} must be a positive number of seconds")
-        return value
-
     @staticmethod
     def _read_retry(budget: float):
         """Reads (get, list, operation wait) retry throttling and outages for at most `budget` seconds; the
@@ -433,13 +420,13 @@ class GcpProvider:
         from providers.livespot import DEFAULT_SPOT_TTL_S, gcp_spot, read_spot, unread, with_live_spot
         from providers.pricesources import PriceSourceError, gcp_api_key
 
-        prices_endpoint = self._opt("prices_endpoint")
-        if (not offers or not gcp_api_key() or (self._opt("endpoint") and not prices_endpoint)
-                or (self._opt("live_spot") or "").lower() in ("off", "false", "0", "no")):
+        prices_endpoint = self.options.text("prices_endpoint")
+        if (not offers or not gcp_api_key() or (self.options.text("endpoint") and not prices_endpoint)
+                or self.options.off("live_spot")):
             return offers
         types = sorted({o.instance_type for o in offers})
         regions = sorted({o.region for o in offers})
-        ttl = float(self._opt("spot_price_ttl") or DEFAULT_SPOT_TTL_S)
+        ttl = self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S)
         api = "Cloud Billing Catalog API"
         try:
             prices, read_at = read_spot(self.ctx.state_dir, "gcp", [prices_endpoint or ""] + types + regions, ttl,
@@ -592,7 +579,7 @@ class GcpProvider:
                     out += [[_last(scope), item.name] for scope, item in self._list_types(kind, project, flt)]
             return out
 
-        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self._seconds("offerings_ttl", DEFAULT_TTL_S), read)}
+        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl", DEFAULT_TTL_S), read)}
 
     def _list_types(self, kind: str, project: str, flt: str):
         c = self.compute

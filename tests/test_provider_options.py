@@ -1,0 +1,83 @@
+"""Provider options (`-o KEY=VALUE`) are read one way by every cloud (providers/options.py): `<cloud>_<key>` wins over
+`<key>`, and a value the option cannot take is a ProviderError naming the option and the value, never a Python
+traceback nor a nonsense setting taken silently (an Azure parallelism of 0, a GCP one of 0.5, which int() made 0:
+apply then ran one create at a time)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from providers.base import ProviderContext
+from providers.errors import ProviderError
+from providers.options import ProviderOptions
+
+
+def test_the_clouds_own_key_wins_and_an_empty_value_is_no_value():
+    o = ProviderOptions("gcp", {"endpoint": "https://arm", "gcp_endpoint": "http://gce", "project": "", "timeout": "5"})
+    assert o.text("endpoint") == "http://gce" and o.text("project") is None and o.text("missing") is None
+    assert ProviderOptions("azure", o.options).text("endpoint") == "https://arm"
+    assert o.seconds("timeout", 60) == 5.0 and o.seconds("missing", 60) == 60 and o.seconds("project", 7) == 7
+
+
+@pytest.mark.parametrize("raw, zero, ok", [("0", True, 0.0), ("0.001", False, 0.001), ("inf", True, math.inf), ("1e3", True, 1000.0),
+                                           ("0", False, None), ("-1", True, None), ("nan", True, None), ("soon", True, None)])
+def test_seconds_take_a_number_zero_only_where_it_means_something(raw, zero, ok):
+    o = ProviderOptions("aws", {"wait": raw})
+    if ok is not None:
+        assert o.seconds("wait", 1, zero=zero) == ok
+    else:
+        with pytest.raises(ProviderError, match=rf"^aws: option wait={raw!r} must be a number of seconds, "):
+            o.seconds("wait", 1, zero=zero)
+
+
+@pytest.mark.parametrize("raw, least, ok", [("4", 1, 4), ("4.0", 1, 4), ("0", 0, 0), ("0", 1, None), ("2.5", 1, None),
+                                            ("inf", 1, None), ("-3", 0, None), ("many", 1, None)])
+def test_counts_are_whole_numbers(raw, least, ok):
+    o = ProviderOptions("azure", {"n": raw})
+    if ok is not None:
+        assert o.count("n", 9, least=least) == ok and isinstance(o.count("n", 9, least=least), int)
+    else:
+        with pytest.raises(ProviderError, match=rf"^azure: option n={raw!r} must be a whole number, {least} or more$"):
+            o.count("n", 9, least=least)
+
+
+@pytest.mark.parametrize("raw, off", [("off", True), ("OFF", True), ("false", True), ("0", True), ("no", True), ("on", False), ("", False)])
+def test_off_reads_the_usual_spellings(raw, off):
+    assert ProviderOptions("gcp", {"live_spot": raw}).off("live_spot") is off
+
+
+def _make(cloud: str, tmp_path, options: dict):
+    if cloud == "aws":
+        from providers.aws import AwsProvider as P
+    elif cloud == "gcp":
+        from providers.gcp import GcpProvider as P
+        options = {"endpoint": "http://127.0.0.1:9", "project": "p", **options}  # no ADC lookup, no call at all
+    else:
+        from providers.azure import AzureProvider as P
+    return P(ProviderContext(fleet="opts", state_dir=tmp_path, options=options))
+
+
+@pytest.mark.parametrize("cloud, key, raw", [
+    ("aws", "parallelism", "many"),       # before: "options parallelism and consistency_timeout must be numbers"
+    ("aws", "parallelism", "0"),          # before: taken, and apply quietly ran 1 at a time
+    ("aws", "consistency_timeout", "-5"),
+    ("gcp", "parallelism", "0.5"),        # before: taken as 0 (so 1 at a time)
+    ("gcp", "timeout", "0"),
+    ("azure", "parallelism", "0"),        # before: taken (so 1 at a time)
+    ("azure", "max_retries", "2.5"),      # before: taken as 2
+    ("azure", "polling_interval", "soon"),
+])
+def test_a_bad_option_is_an_error_naming_it_and_its_value(cloud, key, raw, tmp_path):
+    pytest.importorskip({"aws": "boto3", "gcp": "google.cloud.compute_v1", "azure": "azure.mgmt.compute"}[cloud])
+    with pytest.raises(ProviderError, match=rf"^{cloud}: option {key}={raw!r} must be "):
+        _make(cloud, tmp_path, {key: raw})
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_one_option_set_reaches_every_provider_and_each_takes_its_own(cloud, tmp_path):
+    pytest.importorskip({"aws": "boto3", "gcp": "google.cloud.compute_v1", "azure": "azure.mgmt.compute"}[cloud])
+    opts = {"parallelism": "7", "aws_parallelism": "3", "gcp_parallelism": "5", "azure_parallelism": "9"}
+    assert _make(cloud, tmp_path, opts).parallelism == {"aws": 3, "gcp": 5, "azure": 9}[cloud]
+    assert _make(cloud, tmp_path, {"parallelism": "7"}).parallelism == 7
