@@ -538,20 +538,27 @@ class _Model:
         # running or new (a higher class of its own tenant may take their place). Counting any placed guaranteed work let a
         # pending job of the same class stand in for a running one while another tenant's higher class
         # took the running one's capacity (found by the property tier).
+        # One count per tenant, each protected unit once: the units of classes <= c that are kept are at
+        # most that cover, so the tenant keeps at most cover(c) + its units above c, for every c. (One
+        # count per class counted a low unit once per class above it: a tenant's normal job, covering its
+        # low one too, scored twice another tenant's high job, and CP-SAT kept it instead: property tier.)
         for t, r in p.tenants.items():
             if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
                 continue
             mine = [d for d in p.demands if d.tenant == t]
             protected_jobs = set(r.protected_jobs)  # (a tuple of thousands of names at 10k: a set, not a scan per job)
             units = {d.key: d.job_size * sum(j in protected_jobs for j, _ in d.running) for d in mine}
+            total = sum(units.values())
+            if not total:
+                continue
+            pt = m.new_int_var(0, total, f"protect[{t}]")
             for c in sorted({d.klass for d in mine if units[d.key]}):
-                need = sum(units[d.key] for d in mine if d.klass <= c)
+                above = sum(units[d.key] for d in mine if d.klass > c)
                 cover = [(d.job_size, self.krg[d.key]) for d in mine if d.klass <= c and d.key in self.krg]
                 cover += [(d.job_size, self.g[d.key]) for d in mine if d.klass > c]
-                pt = m.new_int_var(0, need, f"protect[{t},{c}]")
-                m.add(pt <= _wsum(cover))
-                prot.append(pt)
-                bound += need
+                m.add(pt <= _wsum(cover) + above)
+            prot.append(pt)
+            bound += total
         if prot:
             out.append(_Tier("guarantees kept", sum(prot), "max", bound))
 

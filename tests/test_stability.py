@@ -375,6 +375,30 @@ def test_a_higher_class_of_the_same_tenant_still_takes_a_protected_jobs_place(tm
 
 
 @pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_when_only_one_tenants_work_can_stay_the_guarantee_tier_counts_each_job_once(tmp_path, time_limit):
+    """Found by the property tier: three instances run three 1-GPU jobs, the pool now allows one. No tenant has a
+    quota (all they run is guaranteed), so one guarantee is taken whatever the plan does. The guarantee tier
+    counted t1's normal job twice (at its own class and again as cover for t1's low job), so CP-SAT kept it and
+    evicted t2's high job, below greedy's ranking. Each protected unit counts once: the tie goes to the class."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpus": 1, "gpu_type": "A100-80GB", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("Tenant", "t1", {}), doc("Tenant", "t2", {}),
+        pool("az", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], hi=1),
+        job("sweep", "t1", priority="low", **a100),
+        job("train", "t1", priority="normal", **a100),
+        job("serve", "t2", priority="high", **a100),
+    ]
+    fleet = [instance(f"i{k}", "az", "azure", "eastus", "eastus-1", "Standard_NC24ads_A100_v4") for k in range(3)]
+    placements = {"sweep": ("i0",), "train": ("i1",), "serve": ("i2",)}
+    plan = plan_for(tmp_path, docs, fleet, placements, time_limit=time_limit, gpu_indices={j: ((0,),) for j in placements})
+    jobs = by_job(plan)
+    assert jobs["serve"].action == "keep", jobs["serve"]
+    assert jobs["train"].action == "evict" and jobs["sweep"].action == "evict"
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
 def test_when_a_tenant_budget_keeps_one_of_its_jobs_the_higher_class_stays(tmp_path, time_limit):
     """A lowered tenant budget that holds one of its two running jobs: the normal one stays, the low one goes
     (its own higher class may take a protected job's place; the per-class guarantee tier kept the low one)."""
