@@ -999,6 +999,9 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
     big = [p for p in in_region if any(
         serves(p, o) and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (not d.gpus or o.gpus >= d.gpus)
         and (not d.nvlink or getattr(o, "nvlink_domain", 1) >= per_gpu)
+        # (MIG: as many devices of the profile as the pool's layout makes on its GPUs; a same-instance gang of
+        # 4x 2g.20gb on a 1-GPU type with two per GPU was said to find every zone out of capacity)
+        and (not d.mig or o.gpus * list(p.spec.mig).count(d.mig[0]) >= d.mig[1])
         for o in shapes.get(p.name, []))]
     if not big:
         nv = f", {per_gpu} GPUs in one NVLink domain" if d.nvlink else ""

@@ -657,6 +657,8 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
     ids = observed.placements.get(job.name, ())
     if len({(insts[i].cloud, insts[i].zone) for i in ids}) > 1:
         return False  # a gang split over zones as it runs must move (or go)
+    if job.spec.replicas > 1 and job.spec.gang == "instance" and len(set(ids)) > 1:
+        return False  # a same-instance gang split over instances as it runs, likewise
     return True
 
 

@@ -449,3 +449,26 @@ def test_a_job_that_must_go_does_not_make_the_job_that_can_stay_look_guaranteed(
     assert problem.tenants["t1"].protected_jobs == ("gang",)
     assert recheck(plan, desired, observed, problem)[1] == []
     check_stability(desired, observed, plan)
+
+
+def test_a_same_instance_gang_split_over_two_instances_that_no_instance_holds_whole_may_go(tmp_path):
+    """Found by the property tier, an oracle fix: a same-instance gang (2 replicas x 2 MIG 2g.20gb) ran split over
+    two NC24ads (one A100-80GB each: two 2g.20gb slices), as a drifted fleet can leave it. No instance holds it
+    whole, so it must go; check_stability said 'evicted with no rule requiring it' (it knew only zone splits)."""
+    from tests.fleetkit import instance, plan_for
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], hi=2)
+    mig["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    slices = {"gpu_type": "A100-80GB", "mig": {"profile": "2g.20gb", "count": 2}, "cpu": 2, "memory_gib": 8}
+    docs = [topology(), doc("Tenant", "t1", {}), mig,
+            doc("Job", "pair", {"tenant": "t1", "replicas": 2, "gang": "instance", "resources": slices})]
+    fleet = [instance(f"i{k}", "az-mig", "azure", "eastus", "eastus-1", "Standard_NC24ads_A100_v4") for k in range(2)]
+    placements = {"pair": ("i0", "i1")}
+    plan = plan_for(tmp_path, docs, fleet, placements, time_limit=5)
+    pair = by_job(plan)["pair"]
+    # (the reason said 'every matching zone is out of capacity or in cool-off' before: a false claim)
+    assert pair.action == "evict" and pair.reason == ("no instance type in an allowed pool is large enough for one instance-gang "
+                                                      "(4x MIG 2g.20gb of A100-80GB, 4 vCPU, 16 GiB)"), pair
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path)
+    check_stability(desired, catalog_observed(desired, fleet, placements), plan)
