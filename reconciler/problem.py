@@ -19,7 +19,7 @@ from typing import Callable
 from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
 from reconciler.deadlines import ranks, start_by
-from reconciler.ledger import LicenseRules, QuotaBook, ReservationRules, item_share, mig_compute, quota_scope, quota_units, spot_units
+from reconciler.ledger import GPU_SLICES, LicenseRules, QuotaBook, ReservationRules, item_share, mig_compute, quota_scope, quota_units, spot_units
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, PlacementPolicySpec, SpotPolicySpec, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -598,14 +598,18 @@ def price_label(o) -> str:
     return f"{src} ({date})" if src and date else src
 
 
-def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]]) -> list[Capacity]:
+def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]],
+                 spot=None, hosts: list[Capacity] = ()) -> list[Capacity]:
     """Bound each offer's count: no optimum buys more instances of it than its compatible items
-    need one by one (or the pool minimum), nor more than the pool allows."""
-    sized = []
+    need one by one (or the pool minimum), nor more than the pool allows; unless those bounds
+    leave no room for the idle on-demand capacity the SpotPolicy's spot share and on-demand
+    buffer ask for (`_ballast_bound`)."""
     by_type: dict[tuple, list[Demand]] = {}
     for d in demands:
         by_type.setdefault(type_class(d), []).append(d)
     fits = OfferFits()
+    bounds: dict[str, int] = {}
+    on_demand_items: dict[str, Demand] = {}  # demands some on-demand offer fits
     for c in offers:
         bound = 0
         okey = c.offer_key
@@ -613,13 +617,45 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
             f = fits.at(d, okey, c)
             if f:
                 bound += math.ceil(len(d.jobs) * d.replicas / f)
+                if c.market != "spot":
+                    on_demand_items[d.key] = d
+        bounds[c.key] = bound
+    extra = _ballast_bound(offers, hosts, bounds, pool_bounds, spot, list(on_demand_items.values()))
+    sized = []
+    for c in offers:
         lo, hi = pool_bounds[c.pool]
-        n = min(max(bound, lo), hi)
+        n = min(max(bounds[c.key] + extra(c), lo), hi)
         if c.reservation:
             n = min(n, c.max_new)  # what is left of the reservation
         if n > 0:
             sized.append(Capacity(**{**c.__dict__, "max_new": n}))
     return sized
+
+
+def _ballast_bound(offers: list[Capacity], hosts: list[Capacity], bounds: dict[str, int], pool_bounds: dict[str, tuple[int, int]],
+                   spot, on_demand_items: list[Demand]) -> Callable[[Capacity], int]:
+    """Instances of an on-demand offer an optimum may buy beyond its items' bound, to stand idle beside spot
+    capacity. Only where the on-demand offers' bounds, less what the items that fit them use, cannot hold
+    the idle capacity the spot share (on-demand >= spot x (1 - f) / f) and the buffer (idle >= pct% of spot)
+    ask for beside all the spot capacity the fleet could hold: then each may hold it alone. (An on-demand
+    offer whose one instance was the buffer's idle GPU could not also host the one job that fits it, which
+    stayed pending although a second instance broke no rule: found by the pending-reason property tier.
+    Where the bounds leave room, as on the generated bench fleets, the model is as before.)"""
+    f = spot.max_spot_fraction if spot is not None else 1.0
+    pct = spot.on_demand_buffer_percent if spot is not None else 0.0
+    ratio = max((1 - f) / f if 0 < f < 1 else 0.0, pct / 100)
+    if ratio <= 0:
+        return lambda c: 0
+    dim, prim = spot_measure(list(offers) + list(hosts))
+    most = sum(prim(h) for h in hosts if h.market == "spot")
+    most += sum(prim(c) * min(bounds[c.key], pool_bounds[c.pool][1]) for c in offers if c.market == "spot")
+    idle = most * ratio
+    room = sum(prim(h) for h in hosts if h.market != "spot")
+    room += sum(prim(c) * min(bounds[c.key], pool_bounds[c.pool][1]) for c in offers if c.market != "spot")
+    used = sum(len(d.jobs) * d.replicas * (d.size / GPU_SLICES if dim == "gpus" and d.mig else d.req(dim)) for d in on_demand_items)
+    if idle <= 0 or room - used >= idle - 1e-9:
+        return lambda c: 0
+    return lambda c: math.ceil(idle / prim(c) - 1e-9) if c.market != "spot" and prim(c) > 0 else 0
 
 
 # ---------------------------------------------------------------- tenants
@@ -844,7 +880,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     reservations = _reservations(desired, now)
     hosts = _reserved_hosts(_hosts(desired, observed, demands, catalog), observed, reservations)
     offers = _size_offers(_offers(desired, observed, default_provider) + _reserved_offers(desired, observed, default_provider, reservations, hosts),
-                          demands, pool_bounds)
+                          demands, pool_bounds, desired.spot_policy, hosts)
     quotas = _cloud_quotas(observed, offers)
     pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
 

@@ -172,6 +172,26 @@ def test_each_pending_reason_names_a_limit_that_lifted_alone_places_the_job_on_l
     check_reasons(fleet)
 
 
+def test_a_job_is_not_left_pending_where_a_second_instance_breaks_no_rule(tmp_path):
+    """Found by the slow tier: a MIG job on spot needs an idle on-demand GPU (the 50% buffer), which the plan buys
+    in the only on-demand pool; a 1-GPU job that fits that pool stayed pending, 'not placed by this plan,
+    although 1 new Standard_NC24ads_A100_v4 on-demand ... would hold it under every rule'. The solver could
+    buy one instance of that offer: as many as its items need, with no room for the buffer's idle one."""
+    from tests.fleetkit import doc, job, plan_for, pool, tenant, topology
+
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="spot", hi=2)
+    mig["spec"]["mig"] = ["1g.10gb"] * 7
+    docs = [topology(), tenant("t"), mig,
+            pool("az-od", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], hi=2),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 50}),
+            doc("Job", "serve", {"tenant": "t", "priority": "critical", "spot": "required",
+                                 "resources": {"gpu_type": "A100-80GB", "mig": {"profile": "1g.10gb", "count": 2}, "cpu": 2, "memory_gib": 8}}),
+            job("train", priority="low", spot="never", gpus=1, gpu_type="A100-80GB", cpu=8, mem=60)]
+    jobs = {j.job: j for j in plan_for(tmp_path, docs).jobs}
+    assert jobs["serve"].action == "place"
+    assert jobs["train"].action == "place", jobs["train"].reason
+
+
 # ---------------------------------------------------------------- 2. explain
 
 
