@@ -222,12 +222,19 @@ class _Model:
 
         fit_of = OfferFits()  # asked for each group's first demand: the group's shape
         hosts_at = _HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
+        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs))
+                      for gk, members_ in problem.groups.items()}
+        # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
+        # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
+        # a 4-vCPU job stayed pending beside the 8 vCPU a normal job's eviction of a 12-vCPU one freed, or the
+        # plan bought a new instance at 2.6x the spot host's price to hold it: the pending-reason property tier.)
+        freed = hosts_at.freed({(type_class(self.demands[problem.groups[gk][0]]), pend) for gk, pend in pending_of.items() if pend}, may_evict)
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
-            pending = frozenset((d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs))
+            pending = pending_of[gk]
             done_classes: set[str] = set()
-            for c in hosts_at.candidates(rep, pending, warm_hosts.get(gk, []), may_evict):
+            for c in hosts_at.candidates(rep, pending, warm_hosts.get(gk, []), may_evict, freed):
                 if c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                     continue  # (as on any host)
                 elif c.key in self.class_of and not rep.gang and fit_of(rep, c) > 1:
@@ -775,8 +782,19 @@ class _HostIndex:
                 out.append(i)
         return out
 
-    def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict) -> list[Capacity]:
-        """`warm_hosts`: the hosts the warm start puts this group's new items on."""
+    def freed(self, pendings: set[tuple[tuple, frozenset]], may_evict) -> dict[tuple, set[int]]:
+        """Per type class, positions of hosts where some group's pending work (type class, its (tenant,
+        class) pairs) may evict a resident."""
+        out: dict[tuple, set[int]] = {}
+        for t, pending in pendings:
+            for pairs, at in self.by_pairs.get(t, {}).items():
+                if may_evict(pending, pairs):
+                    out.setdefault(t, set()).update(at)
+        return out
+
+    def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None) -> list[Capacity]:
+        """`warm_hosts`: the hosts the warm start puts this group's new items on; `freed`: hosts where some
+        group's pending work may evict a resident (`freed()`), offered to every group with pending work."""
         t = type_class(rep)
         order = self.order.get(t)
         if not order:
@@ -793,6 +811,7 @@ class _HostIndex:
                 for pairs, at in self.by_pairs.get(t, {}).items():
                     if may_evict(pending, pairs):
                         found += at
+                found += (freed or {}).get(t, ())
             if rep.nvlink:  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
                 found = [i for i in found if order[i].key not in self.gpu_resident]
             picked.update(found)

@@ -192,6 +192,28 @@ def test_a_job_is_not_left_pending_where_a_second_instance_breaks_no_rule(tmp_pa
     assert jobs["train"].action == "place", jobs["train"].reason
 
 
+@pytest.mark.parametrize("consolidation", ["WhenEmpty", "WhenUnderutilized"])
+def test_room_an_eviction_frees_is_given_to_a_pending_job_that_fits_it(tmp_path, consolidation):
+    """Found by the slow tier: urgent (normal) evicts big (low, 12 vCPU) from the only m6i.4xlarge; 8 vCPU are
+    then free, but the model offers a running instance only to jobs with room there now or that may evict
+    a resident, so etl (low, 4 vCPU) stayed pending: 'not placed by this plan, although room on i0 would hold
+    it under every pool, budget, quota and spot rule'; with WhenUnderutilized the plan deleted the $0.29/h spot
+    host and bought a $0.77/h on-demand one to hold all three. The model offers the freed room to etl."""
+    from tests.fleetkit import doc, instance, job, plan_for, pool, tenant, topology
+
+    docs = [topology(), tenant("t1"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="either", hi=1),
+            doc("SpotPolicy", "sp", {"max_price_fraction": 0.3}), doc("PlacementPolicy", "pp", {"consolidation": consolidation}),
+            job("a", "t1", cpu=4, mem=16, priority="low"), job("big", "t1", cpu=12, mem=48, priority="low"),
+            job("urgent", "t1", cpu=4, mem=16, priority="normal"),
+            job("etl", "t1", cpu=4, mem=16, priority="low", data={"location": "aws/us-east-1", "size_gib": 0})]
+    fleet = [instance("i0", "cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"a": ("i0",), "big": ("i0",)}, time_limit=10)
+    jobs = {j.job: j for j in plan.jobs}
+    assert jobs["urgent"].action == "place" and jobs["big"].action == "evict"
+    assert (jobs["etl"].action, jobs["etl"].instances) == ("place", ("i0",)), jobs["etl"].reason
+    assert not plan.creates and not plan.deletes
+
+
 # ---------------------------------------------------------------- 2. explain
 
 
