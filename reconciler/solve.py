@@ -540,30 +540,42 @@ class _Model:
         # 1. Guarantees are never taken by another tenant: each keeps the guaranteed work it runs.
         prot = []
         bound = 0
-        # Per class c of its protected jobs: the protected units of classes <= c are covered by its running
-        # work of those classes kept inside the guarantee, or by its guaranteed work of a higher class,
-        # running or new (a higher class of its own tenant may take their place). Counting any placed guaranteed work let a
-        # pending job of the same class stand in for a running one while another tenant's higher class
-        # took the running one's capacity (found by the property tier).
-        # One count per tenant, each protected unit once: the units of classes <= c that are kept are at
-        # most that cover, so the tenant keeps at most cover(c) + its units above c, for every c. (One
-        # count per class counted a low unit once per class above it: a tenant's normal job, covering its
-        # low one too, scored twice another tenant's high job, and CP-SAT kept it instead: property tier.)
+        # A tenant's protected units of class c are kept by its running jobs of class c kept inside the
+        # guarantee, or replaced by its new guaranteed work of a higher class (the README lets a tenant's
+        # higher class take its lower jobs' place); never by pending work of the same class (counting any
+        # placed guaranteed work let such a job stand in for a running one while another tenant's higher
+        # class took its capacity: property tier). The tier is the most units such a matching covers, one
+        # count per unit: by Hall's theorem (each kept job serves its own class, new work of class k every
+        # class below k: intervals), at most total - units(a..b) + kept(a..b) + new work above a, for
+        # every interval a..b of the tenant's protected classes. (A count per class counted a low unit once
+        # per class above it, so CP-SAT kept a tenant's normal job against another's high one; and a count
+        # of classes <= c did not let a new normal job stand in for a low one beside a running normal job:
+        # both found by the property tier.)
         for t, r in p.tenants.items():
             if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
                 continue
             mine = [d for d in p.demands if d.tenant == t]
             protected_jobs = set(r.protected_jobs)  # (a tuple of thousands of names at 10k: a set, not a scan per job)
-            units = {d.key: d.job_size * sum(j in protected_jobs for j, _ in d.running) for d in mine}
-            total = sum(units.values())
-            if not total:
+            units: dict[int, int] = {}
+            for d in mine:
+                n = d.job_size * sum(j in protected_jobs for j, _ in d.running)
+                if n:
+                    units[d.klass] = units.get(d.klass, 0) + n
+            if not units:
                 continue
+            total = sum(units.values())
+            levels = sorted(units)
+            kept = {}
+            for c in levels:
+                kept[c] = m.new_int_var(0, units[c], f"protect_kept[{t},{c}]")
+                m.add(kept[c] <= _wsum([(d.job_size, self.krg[d.key]) for d in mine if d.klass == c and d.key in self.krg]))
             pt = m.new_int_var(0, total, f"protect[{t}]")
-            for c in sorted({d.klass for d in mine if units[d.key]}):
-                above = sum(units[d.key] for d in mine if d.klass > c)
-                cover = [(d.job_size, self.krg[d.key]) for d in mine if d.klass <= c and d.key in self.krg]
-                cover += [(d.job_size, self.g[d.key]) for d in mine if d.klass > c]
-                m.add(pt <= _wsum(cover) + above)
+            for i, a in enumerate(levels):
+                new_above = [(d.job_size, self.g[d.key]) for d in mine if d.klass > a]
+                new_above += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > a and d.key in self.krg]
+                for b in levels[i:]:
+                    span = [c for c in levels if a <= c <= b]
+                    m.add(pt <= total - sum(units[c] for c in span) + sum(kept[c] for c in span) + _wsum(new_above))
             prot.append(pt)
             bound += total
         if prot:

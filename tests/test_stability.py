@@ -399,6 +399,27 @@ def test_when_only_one_tenants_work_can_stay_the_guarantee_tier_counts_each_job_
 
 
 @pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_new_job_of_a_higher_class_takes_its_own_tenants_low_jobs_place_beside_a_running_one(tmp_path, time_limit):
+    """Found by the property tier: one of two m6i.4xlarge must go (max_instances 1); t3 runs big (normal, 12 vCPU)
+    on one and small (low, 4 vCPU) on the other, and waits with extra (normal, 4 vCPU). The guarantee tier let
+    only work of a class above all of t3's running ones stand in for them, so extra (normal, like big) could not
+    take small's place: CP-SAT kept small and left extra pending, below greedy's ranking."""
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(), doc("Tenant", "t3", {}),
+        pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1),
+        job("big", "t3", cpu=12, mem=48, priority="normal"),
+        job("small", "t3", cpu=4, mem=16, priority="low"),
+        job("extra", "t3", cpu=4, mem=16, priority="normal"),
+    ]
+    fleet = [instance(f"i{k}", "cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge") for k in range(2)]
+    plan = plan_for(tmp_path, docs, fleet, {"big": ("i0",), "small": ("i1",)}, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["extra"].action == "place" and jobs["big"].action in ("keep", "move"), (jobs["extra"], jobs["big"])
+    assert jobs["small"].action == "evict"
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
 def test_when_a_tenant_budget_keeps_one_of_its_jobs_the_higher_class_stays(tmp_path, time_limit):
     """A lowered tenant budget that holds one of its two running jobs: the normal one stays, the low one goes
     (its own higher class may take a protected job's place; the per-class guarantee tier kept the low one)."""
