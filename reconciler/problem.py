@@ -1032,13 +1032,15 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
     if d.zones is not None and not any((p.spec.cloud, z) in d.zones for p in in_region for z in p.spec.zones):
         return f"no pool offering {what} has a zone within the data's max_latency_ms"
     per_gpu = d.gpus // d.bundle if d.gpus else 0
-    big = [p for p in in_region if any(
-        serves(p, o) and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (not d.gpus or o.gpus >= d.gpus)
-        and (not d.nvlink or getattr(o, "nvlink_domain", 1) >= per_gpu)
-        # (MIG: as many devices of the profile as the pool's layout makes on its GPUs; a same-instance gang of
-        # 4x 2g.20gb on a 1-GPU type with two per GPU was said to find every zone out of capacity)
-        and (not d.mig or o.gpus * list(p.spec.mig).count(d.mig[0]) >= d.mig[1])
-        for o in shapes.get(p.name, []))]
+
+    def large(p, o) -> bool:
+        return (serves(p, o) and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (not d.gpus or o.gpus >= d.gpus)
+                and (not d.nvlink or getattr(o, "nvlink_domain", 1) >= per_gpu)
+                # (MIG: as many devices of the profile as the pool's layout makes on its GPUs; a same-instance gang
+                # of 4x 2g.20gb on a 1-GPU type with two per GPU was said to find every zone out of capacity)
+                and (not d.mig or o.gpus * list(p.spec.mig).count(d.mig[0]) >= d.mig[1]))
+
+    big = [p for p in in_region if any(large(p, o) for o in shapes.get(p.name, []))]
     if not big:
         nv = f", {per_gpu} GPUs in one NVLink domain" if d.nvlink else ""
         return f"no instance type in an allowed pool is large enough for one {'instance-gang' if d.bundle > 1 else 'replica'} ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB{nv})"
@@ -1049,6 +1051,20 @@ def _why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offe
         return "spot: required, but no matching pool allows spot"
     names = {p.name for p in big}
     if not any(o.pool in names for o in offers):
+        # Spot offers over the price cap are left out too: say so when that, not capacity, is why (a spot-only
+        # A10G pool at 0.3 was said to find 'every matching zone out of capacity': property tier).
+        usable = {"never": {"on-demand"}, "required": {"spot"}}.get(d.spot, {"spot", "on-demand"})
+        frac = desired.spot_policy.max_price_fraction
+        short, priced_out = 0, 0
+        for p in big:
+            for o in (o for o in shapes.get(p.name, []) if large(p, o)):
+                for market in set(p.spec.markets()) & usable:
+                    if not o.available or (o.cloud, o.zone, o.instance_type, market) in observed.short:
+                        short += 1
+                    elif market == "spot" and (o.spot_price is None or o.spot_price > frac * o.on_demand_price + 1e-9):
+                        priced_out += 1
+        if priced_out and not short:
+            return f"spot: every matching spot price is over max_price_fraction {frac:g} of on-demand, and the job cannot run on on-demand there"
         return "every matching zone is out of capacity or in cool-off after a capacity error; retry later or add zones"
     return f"no capacity matches {what} under the pool, market and spot price rules"
 

@@ -214,6 +214,17 @@ def test_room_an_eviction_frees_is_given_to_a_pending_job_that_fits_it(tmp_path,
     assert not plan.creates and not plan.deletes
 
 
+def test_a_job_priced_out_of_spot_is_not_told_its_zones_are_out_of_capacity(tmp_path):
+    """Found by the slow tier: a spot-only A10G pool whose spot price is over max_price_fraction 0.3 offers nothing;
+    the reason said 'every matching zone is out of capacity or in cool-off after a capacity error'."""
+    from tests.fleetkit import doc, job, plan_for, pool, tenant, topology
+
+    docs = [topology(), tenant("t"), pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="spot", hi=1),
+            doc("SpotPolicy", "sp", {"max_price_fraction": 0.3}), job("j", gpus=1, gpu_type="A10G", cpu=4, mem=16)]
+    j = next(x for x in plan_for(tmp_path, docs).jobs if x.job == "j")
+    assert j.reason == "spot: every matching spot price is over max_price_fraction 0.3 of on-demand, and the job cannot run on on-demand there"
+
+
 # ---------------------------------------------------------------- 2. explain
 
 
