@@ -75,7 +75,7 @@ class _Greedy:
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         self.buy_spot = sp.min_instance_types <= 1 and sp.min_zones <= 1 and sp.on_demand_buffer_percent <= 0
-        self.spot_dim, self._prim = spot_measure(problem.capacities)
+        self.spot_dim, self._prim = spot_measure(problem.capacities, problem.gpu_fleet)
         self.pool_count = {p: 0 for p in problem.pool_bounds}
         self.fleet = {"all": 0.0, "spot": 0.0}
         self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}

@@ -68,10 +68,14 @@ def money(x: float) -> str:
     return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
-def spot_units(capacities) -> tuple[str, object]:
-    """What the spot share and the on-demand buffer count: GPUs in a fleet with any (CPU
-    instances count 0), vCPUs in a CPU-only fleet. (problem.spot_measure is this.)"""
-    if any(c.gpus for c in capacities):
+def spot_units(capacities, gpu_fleet: bool | None = None) -> tuple[str, object]:
+    """What the spot share and the on-demand buffer count: GPUs in a GPU fleet (CPU instances
+    count 0), vCPUs in a CPU-only fleet. A fleet is a GPU fleet when its pools offer any GPU type
+    (`Problem.gpu_fleet`), whether or not the plan can buy or use one now: else a spot price over
+    the cap in a GPU pool, or no GPU job today, turned the share into vCPUs and evicted running CPU
+    spot work (property tier). Without the flag: GPUs if any of these capacities has them.
+    (problem.spot_measure is this.)"""
+    if gpu_fleet if gpu_fleet is not None else any(c.gpus for c in capacities):
         return "gpus", lambda c: c.gpus
     return "cpu", lambda c: c.cpu
 
@@ -304,7 +308,7 @@ class Ledger:
         self.items: dict[str, list] = {}  # instance -> [(demand, job)]
         self.jobs: dict[str, str] = {}  # placed job -> tenant
         self.job_demand: dict[str, object] = {}
-        self.dim, self._prim = spot_units(problem.capacities)
+        self.dim, self._prim = spot_units(problem.capacities, getattr(problem, "gpu_fleet", None))
         self._memo: dict = {}  # totals, computed once per state: a plan asks them for every pending job
         self._fits: dict[tuple[str, str], int] = {}  # (demand, offer key) -> items per empty instance
 

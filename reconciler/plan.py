@@ -362,7 +362,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
     repairs = 0
 
-    _, prim = spot_measure(caps.values())
+    _, prim = spot_measure(caps.values(), problem.gpu_fleet)
     fleet = {"all": sum(prim(hosts[h]) for h in solution.keep) + sum(prim(caps[k]) * n for k, n in solution.new.items())}
     fleet["spot"] = sum(prim(hosts[h]) for h in solution.keep if hosts[h].market == "spot") + \
         sum(prim(caps[k]) * n for k, n in solution.new.items() if caps[k].market == "spot")

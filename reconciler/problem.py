@@ -210,6 +210,7 @@ class Problem:
     deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
     quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
     quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
+    gpu_fleet: bool | None = None  # do the fleet's pools offer GPUs (the spot share counts GPUs)? None: read the capacities
 
     @property
     def spot(self) -> SpotPolicySpec:
@@ -247,11 +248,11 @@ def share(d: Demand, c: Capacity) -> float:
     return item_share(d, c)
 
 
-def spot_measure(capacities) -> tuple[str, Callable[[Capacity], float]]:
+def spot_measure(capacities, gpu_fleet: bool | None = None) -> tuple[str, Callable[[Capacity], float]]:
     """What the spot share and the on-demand buffer count, one definition for the solver, the
-    warm start, the packer and the freezer: GPUs in a fleet with any (CPU instances count 0),
-    vCPUs in a CPU-only fleet. Returns the dimension and the measure of an instance."""
-    return spot_units(capacities)
+    warm start, the packer and the freezer: GPUs in a GPU fleet (CPU instances count 0), vCPUs in
+    a CPU-only fleet (ledger.spot_units). Returns the dimension and the measure of an instance."""
+    return spot_units(capacities, gpu_fleet)
 
 
 def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
@@ -599,7 +600,7 @@ def price_label(o) -> str:
 
 
 def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]],
-                 spot=None, hosts: list[Capacity] = ()) -> list[Capacity]:
+                 spot=None, hosts: list[Capacity] = (), gpu_fleet: bool | None = None) -> list[Capacity]:
     """Bound each offer's count: no optimum buys more instances of it than its compatible items
     need one by one (or the pool minimum), nor more than the pool allows; unless those bounds
     leave no room for the idle on-demand capacity the SpotPolicy's spot share and on-demand
@@ -620,7 +621,7 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
                 if c.market != "spot":
                     on_demand_items[d.key] = d
         bounds[c.key] = bound
-    extra = _ballast_bound(offers, hosts, bounds, pool_bounds, spot, list(on_demand_items.values()))
+    extra = _ballast_bound(offers, hosts, bounds, pool_bounds, spot, list(on_demand_items.values()), gpu_fleet)
     sized = []
     for c in offers:
         lo, hi = pool_bounds[c.pool]
@@ -633,7 +634,7 @@ def _size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dic
 
 
 def _ballast_bound(offers: list[Capacity], hosts: list[Capacity], bounds: dict[str, int], pool_bounds: dict[str, tuple[int, int]],
-                   spot, on_demand_items: list[Demand]) -> Callable[[Capacity], int]:
+                   spot, on_demand_items: list[Demand], gpu_fleet: bool | None = None) -> Callable[[Capacity], int]:
     """Instances of an on-demand offer an optimum may buy beyond its items' bound, to stand idle beside spot
     capacity. Only where the on-demand offers' bounds, less what the items that fit them use, cannot hold
     the idle capacity the spot share (on-demand >= spot x (1 - f) / f) and the buffer (idle >= pct% of spot)
@@ -646,7 +647,7 @@ def _ballast_bound(offers: list[Capacity], hosts: list[Capacity], bounds: dict[s
     ratio = max((1 - f) / f if 0 < f < 1 else 0.0, pct / 100)
     if ratio <= 0:
         return lambda c: 0
-    dim, prim = spot_measure(list(offers) + list(hosts))
+    dim, prim = spot_measure(list(offers) + list(hosts), gpu_fleet)
     most = sum(prim(h) for h in hosts if h.market == "spot")
     most += sum(prim(c) * min(bounds[c.key], pool_bounds[c.pool][1]) for c in offers if c.market == "spot")
     idle = most * ratio
@@ -775,7 +776,7 @@ def type_class(x) -> tuple:
 
 
 def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand], desired: DesiredState,
-            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]]) -> set[str]:
+            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]], gpu_fleet: bool | None = None) -> set[str]:
     """Hosts no decision can change, solved as constants. A host is frozen only when it is
     keepable and full (no compatible item fits in what is free), its residents all fit and
     may stay, no pending work may evict them (`may_preempt`), moving them to their cheapest
@@ -788,7 +789,7 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
     if desired.guardrails.max_hourly_budget is not None and sum(h.price for h in hosts) > desired.guardrails.max_hourly_budget:
         return set()
     sp = desired.spot_policy
-    _, prim = spot_measure(hosts + offers)
+    _, prim = spot_measure(hosts + offers, gpu_fleet)
     spot_p = sum(prim(h) for h in hosts if h.market == "spot")
     total_p = sum(prim(h) for h in hosts)
     spot_rules = sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1
@@ -879,8 +880,11 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}
     reservations = _reservations(desired, now)
     hosts = _reserved_hosts(_hosts(desired, observed, demands, catalog), observed, reservations)
+    # The spot share counts GPUs when the fleet's pools offer any GPU type (or a GPU instance runs), whatever
+    # the plan can buy or use now (ledger.spot_units).
+    gpu_fleet = any(po.offering.gpus for po in observed.offerings) or any(h.gpus for h in hosts)
     offers = _size_offers(_offers(desired, observed, default_provider) + _reserved_offers(desired, observed, default_provider, reservations, hosts),
-                          demands, pool_bounds, desired.spot_policy, hosts)
+                          demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
     quotas = _cloud_quotas(observed, offers)
     pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
 
@@ -894,7 +898,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     tenants = _tenants(desired, demands, hosts, fleet_capacity)
 
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
-        frozen = _frozen(hosts, offers, demands, desired, tenants, pool_bounds)
+        frozen = _frozen(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet)
         hosts = [Capacity(**{**h.__dict__, "frozen": True}) if h.instance_id in frozen else h for h in hosts]
 
     split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
@@ -948,6 +952,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
         licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
+        gpu_fleet=gpu_fleet,
     )
 
 
@@ -1145,5 +1150,6 @@ def components(problem: Problem) -> list[Problem]:
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
             quotas=tuple(q for q in problem.quotas if any(not c.existing and quota_units(q, c) for c in part["c"])),
             quota_floors={p: w for p, w in problem.quota_floors.items() if p in part["p"]},
+            gpu_fleet=problem.gpu_fleet,
         ))
     return sorted(out, key=lambda q: -(len(q.demands) + len(q.capacities)))

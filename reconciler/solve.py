@@ -474,7 +474,7 @@ class _Model:
 
         sp = p.spot
         caps = self.units
-        dim, measure = spot_measure(caps)
+        dim, measure = spot_measure(caps, p.gpu_fleet)
         gpu_fleet = dim == "gpus"
         prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
         spot = [c for c in caps if c.market == "spot"]

@@ -493,3 +493,24 @@ def test_a_same_instance_gang_split_over_two_instances_that_no_instance_holds_wh
     from tests.fleetkit import catalog_observed
     desired = load(tmp_path)
     check_stability(desired, catalog_observed(desired, fleet, placements), plan)
+
+
+@pytest.mark.parametrize("gpu_job", [True, False], ids=["a10g-job-priced-out", "no-gpu-job"])
+def test_a_gpu_fleet_counts_its_spot_share_in_gpus_whatever_it_can_buy_now(tmp_path, gpu_job):
+    """Found by the property tier: a config with a spot-only A10G pool (spot over max_price_fraction 0.3: nothing to
+    buy) and a spot CPU pool. The spot share counted the capacities left to the plan, all CPU, so it turned into
+    vCPUs: the running spot n2-standard-16 was 100% of them, over max_spot_fraction 0.25, and its job was evicted;
+    the same with no GPU job at all (GPU offers no job fits are not offered). The README counts a GPU fleet's GPUs
+    (CPU instances count 0), and the fleet's pools make it one."""
+    from tests.fleetkit import instance, plan_for
+    docs = [topology(), doc("Tenant", "t1", {}),
+            pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="spot", hi=1),
+            pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=1),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "max_price_fraction": 0.3}),
+            job("etl", "t1", cpu=4, mem=16)]
+    if gpu_job:
+        docs.append(job("train", "t1", gpus=1, gpu_type="A10G", cpu=4, mem=16))
+    fleet = [instance("i0", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", market="spot")]
+    plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",)}, time_limit=5)
+    assert by_job(plan)["etl"].action == "keep", by_job(plan)["etl"]
+    assert not plan.deletes
