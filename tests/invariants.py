@@ -229,19 +229,40 @@ def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
     return sum(job_size(desired.jobs[j]) for j in protected_jobs(desired, observed, tenant))
 
 
+def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, placed: set[str]) -> int:
+    """Work units of the tenant's protected jobs that the plan keeps (in place or moved), or whose place its own
+    new work of a higher class takes (the README: a higher class may evict a lower one of its tenant; the
+    same class never). A pending job of a lost one's class does not stand in for it."""
+    lost: dict[int, int] = defaultdict(int)
+    kept = 0
+    for name in protected_jobs(desired, observed, tenant):
+        j = desired.jobs[name]
+        if name in placed:
+            kept += job_size(j)
+        else:
+            lost[priority_class(j.spec.priority_weight())] += job_size(j)
+    new = sorted((priority_class(j.spec.priority_weight()), job_size(j)) for j in desired.jobs.values()
+                 if j.spec.tenant == tenant and j.name in placed and not observed.placements.get(j.name))
+    for klass, size in new:  # smallest class first: each covers lost units of any class below its own
+        for c in sorted(lost):
+            if c >= klass or size <= 0:
+                break
+            take = min(size, lost[c])
+            lost[c] -= take
+            size -= take
+            kept += take
+    return kept
+
+
 def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:
     """The README's lexicographic order ("How it decides") for a fleet where no tenant can
-    borrow, larger is better: guaranteed running work kept; per class from critical down, the
+    borrow, larger is better: guaranteed running work kept (`_guarantee_kept`); per class from critical down, the
     running work kept (in place or moved), then the priority-weighted work placed (preemption:
     Never puts the running work of every class first); then minus the evicted jobs' time left
     (10 x work units x hours; with no clock, a job's expected_hours)."""
     assert not can_borrow(desired), "with borrowing, fair share and guaranteed/borrowed tiers come in between"
     placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
-    kept = 0
-    for t in desired.tenants:
-        protected = _protected(desired, observed, t)
-        if protected:
-            kept += min(protected, sum(job_size(j) for j in desired.jobs.values() if j.spec.tenant == t and j.name in placed))
+    kept = sum(_guarantee_kept(desired, observed, t, placed) for t in desired.tenants)
     run, work = [0] * 4, [0] * 4
     victims = 0
     for j in desired.jobs.values():

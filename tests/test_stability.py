@@ -514,3 +514,32 @@ def test_a_gpu_fleet_counts_its_spot_share_in_gpus_whatever_it_can_buy_now(tmp_p
     plan = plan_for(tmp_path, docs, fleet, {"etl": ("i0",)}, time_limit=5)
     assert by_job(plan)["etl"].action == "keep", by_job(plan)["etl"]
     assert not plan.deletes
+
+
+def test_the_oracles_guarantee_rank_credits_only_what_keeps_or_outranks_a_running_job(tmp_path):
+    """An oracle fix, found by the property tier: the ranking counted a tenant's guarantee kept as
+    min(protected, work placed), so a pending critical job placed while its tenant's running critical job was
+    evicted counted as the guarantee kept, and CP-SAT (which keeps running work first under preemption Never)
+    'ranked below greedy'. The library's rule: kept in place or moved, or replaced by its own higher class."""
+    from reconciler.load import load
+    from reconciler.plan import JobChange, Plan
+    from tests.fleetkit import catalog_observed, instance
+    from tests.invariants import ranking
+    a100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [topology(), doc("Tenant", "t", {}), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            job("run", "t", priority="critical", **a100), job("same", "t", priority="critical", **a100),
+            job("low", "t", priority="low", **a100), job("up", "t", priority="high", **a100)]
+    desired = load(write_config(tmp_path / "c", docs))
+    fleet = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g"),
+             instance("i1", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")]
+    observed = catalog_observed(desired, fleet, {"run": ("i0",), "low": ("i1",)})
+
+    def kept(placed: dict[str, str]) -> int:
+        jobs = tuple(JobChange(j, "t", ("keep" if j in placed and j in ("run", "low") else "place") if j in placed else
+                               ("evict" if j in ("run", "low") else "pending"), (placed[j],) if j in placed else (),
+                               {"run": ("i0",), "low": ("i1",)}.get(j, ())) for j in ("run", "same", "low", "up"))
+        return ranking(desired, observed, Plan("", "", "", "", (), (), jobs, 0.0, 0.0, None))[0]  # type: ignore[arg-type]
+
+    assert kept({"run": "i0", "low": "i1"}) == 14
+    assert kept({"same": "i0", "low": "i1"}) == 7  # a critical job does not stand in for the running critical one
+    assert kept({"run": "i0", "up": "i1"}) == 14  # the tenant's high job takes its low job's place
