@@ -662,6 +662,13 @@ def _ballast_bound(offers: list[Capacity], hosts: list[Capacity], bounds: dict[s
 # ---------------------------------------------------------------- tenants
 
 
+def _split(d: Demand, iids, host_of: dict[str, Capacity]) -> bool:
+    """Does a gang run split as the config no longer allows (over zones; a same-instance gang over instances)?"""
+    if not d.gang:
+        return False
+    return len({(host_of[i].cloud, host_of[i].zone) for i in iids}) > 1 or (d.bundle > 1 and len(set(iids)) > 1)
+
+
 def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float]) -> dict[str, TenantRules]:
     by_tenant: dict[str, list[Demand]] = {}
     for d in demands:
@@ -682,10 +689,11 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
         # fleet budget and max_instances: issue 18).
         # Nor a job that cannot stay where it runs (its instance must go or no longer allows it): counted, it
         # made a job that can stay look borrowed (found by the property tier).
+        # Nor a gang running split (over zones, or a same-instance gang over instances): it must move whole.
         running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
                           if len(iids) == d.replicas * d.bundle and job not in d.reshaped
                           and all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None
-                                  for i in iids)),
+                                  for i in iids) and not _split(d, iids, host_of)),
                          key=lambda dj: (-dj[0].priority, dj[1]))
         kept: list[str] = []
         for d, job in running:

@@ -572,8 +572,10 @@ class _Model:
             pt = m.new_int_var(0, total, f"protect[{t}]")
             for i, a in enumerate(levels):
                 # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
+                # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
                 terms = [(d.job_size, self.g[d.key]) for d in mine if d.klass > a]
-                terms += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > a and d.key in self.krg]
+                terms += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > a and d.key in self.krg
+                          and any(j in protected_jobs for j, _ in d.running)]
                 new_above = m.new_int_var(0, total, f"protect_new[{t},{a}]")
                 if terms:
                     m.add(new_above <= _wsum(terms))

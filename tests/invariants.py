@@ -235,14 +235,17 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
     same class never). A pending job of a lost one's class does not stand in for it."""
     lost: dict[int, int] = defaultdict(int)
     kept = 0
-    for name in protected_jobs(desired, observed, tenant):
+    protected = protected_jobs(desired, observed, tenant)
+    for name in protected:
         j = desired.jobs[name]
         if name in placed:
             kept += job_size(j)
         else:
             lost[priority_class(j.spec.priority_weight())] += job_size(j)
+    # (its other placed jobs are new work: pending ones, and running ones it does not protect, e.g. a gang that
+    # must move whole or a changed job, which need capacity anew)
     new = sorted((priority_class(j.spec.priority_weight()), job_size(j)) for j in desired.jobs.values()
-                 if j.spec.tenant == tenant and j.name in placed and not observed.placements.get(j.name))
+                 if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
     for klass, size in new:  # smallest class first: each covers lost units of any class below its own
         for c in sorted(lost):
             if c >= klass or size <= 0:
