@@ -547,10 +547,10 @@ class _Model:
         # class took its capacity: property tier). The tier is the most units such a matching covers, one
         # count per unit: by Hall's theorem (each kept job serves its own class, new work of class k every
         # class below k: intervals), at most total - units(a..b) + kept(a..b) + new work above a, for
-        # every interval a..b of the tenant's protected classes. (Kept is its running work of those classes
-        # kept inside the guarantee, not capped at the protected units: a cap per class made the warm start's
-        # completion search, 0.5 deterministic s and 3x the wall time of a 1k-job warm plan; uncapped, a
-        # class keeping more than it protects can only loosen the bound. A count per class counted a low unit once
+        # every interval a..b of the tenant's protected classes. (Kept is what its demands holding protected jobs
+        # keep of those classes, not capped at the protected units: a cap per class made the warm start's
+        # completion search, 0.5 deterministic s and 3x the wall time of a 1k-job warm plan; uncapped, only a
+        # kept identical job stands in for a protected one. A count per class counted a low unit once
         # per class above it, so CP-SAT kept a tenant's normal job against another's high one; and a count
         # of classes <= c did not let a new normal job stand in for a low one beside a running normal job:
         # both found by the property tier.)
@@ -568,14 +568,16 @@ class _Model:
                 continue
             total = sum(units.values())
             levels = sorted(units)
-            kept = {c: [(d.job_size, self.krg[d.key]) for d in mine if d.klass == c and d.key in self.krg] for c in levels}
+            # (only demands with protected jobs keep protected units: a gang that must move whole, kept by moving,
+            # stood in for the tenant's protected job of its class, which another job's work then took: property tier)
+            holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
+            kept = {c: [(d.job_size, self.krg[d.key]) for d in mine if d.klass == c and d.key in self.krg and d.key in holds] for c in levels}
             pt = m.new_int_var(0, total, f"protect[{t}]")
             for i, a in enumerate(levels):
                 # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
                 # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
                 terms = [(d.job_size, self.g[d.key]) for d in mine if d.klass > a]
-                terms += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > a and d.key in self.krg
-                          and any(j in protected_jobs for j, _ in d.running)]
+                terms += [(-d.job_size, self.krg[d.key]) for d in mine if d.klass > a and d.key in self.krg and d.key in holds]
                 new_above = m.new_int_var(0, total, f"protect_new[{t},{a}]")
                 if terms:
                     m.add(new_above <= _wsum(terms))

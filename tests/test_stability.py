@@ -577,3 +577,24 @@ def test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenan
     assert gang.action == "move" and len({i for i in gang.instances}) == 2, gang
     assert ranking(desired, observed, plans[10]) >= ranking(desired, observed, plans[0])
     check_stability(desired, observed, plans[10])
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_gang_that_must_move_whole_does_not_take_a_protected_job_of_its_own_class(tmp_path, time_limit):
+    """Found by the property tier: t1 (16 GPUs guaranteed) runs a low 1-GPU job and a low 2 x 8-GPU gang split over
+    two zones; both do not fit the guarantee. The gang, kept by moving it whole, counted in the guarantee tier as
+    kept work of the low class, so CP-SAT evicted the protected 1-GPU job for it: the same class never does."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpu_type": "A100"}
+    docs = [topology(), doc("Tenant", "t1", {"quota": {"gpus": 16}}),
+            pool("aws-a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=3),
+            job("gang", "t1", gpus=8, cpu=90, mem=600, replicas=2, priority="low", **a100),
+            job("one", "t1", gpus=1, cpu=8, mem=60, priority="low", **a100)]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
+             instance("i1", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
+             instance("i2", "aws-a100", "aws", "us-east-1", "us-east-1b", "p4d.24xlarge")]
+    placements = {"one": ("i0",), "gang": ("i1", "i2")}
+    gpus = {"one": ((0,),), "gang": (tuple(range(8)), tuple(range(8)))}
+    plan = plan_for(tmp_path, docs, fleet, placements, time_limit=time_limit, gpu_indices=gpus)
+    assert by_job(plan)["one"].action == "keep", by_job(plan)["one"]
+    assert by_job(plan)["gang"].action == "evict"
