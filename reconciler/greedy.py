@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import (LicenseBook, QuotaBook, budget_ok, buffer_ok, charge, diversity_ok, pool_min_ok, pool_ok, quota_ok,
+from reconciler.ledger import (LicenseBook, QuotaBook, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, pool_min_ok, pool_ok, quota_ok,
                                spot_share_ok, work_units)
 from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, spot_measure, type_class
 
@@ -44,11 +44,12 @@ def _drop(lst: list, x) -> None:
 
 
 class _Inst:
-    __slots__ = ("cap", "free", "key", "gpu_residents")
+    __slots__ = ("cap", "free", "key", "gpu_residents", "buffer_used")
 
     def __init__(self, cap: Capacity, free: dict[str, float], key: str):
         self.cap, self.free, self.key = cap, free, key
         self.gpu_residents = False
+        self.buffer_used = 0.0  # of the spot share's unit, as the on-demand buffer counts it (ledger.buffer_use)
 
     def fits(self, d: Demand) -> bool:
         f = self.free
@@ -186,6 +187,7 @@ class _Greedy:
 
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d)
+        inst.buffer_used += buffer_use(d, self.spot_dim)
         self._retire_if_full(inst)
         c = inst.cap
         key = (d.key, c.key)
@@ -357,7 +359,7 @@ class _Greedy:
         opened = list(self.opened.values())
         spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
         total = sum(self._prim(i.cap) for i in opened)
-        idle = sum(i.free.get(self.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
+        idle = sum(self._prim(i.cap) - i.buffer_used for i in opened if i.cap.market != "spot")
         return spot, total, idle
 
     def _fleet_spot_rules_hold(self) -> bool:
@@ -436,6 +438,7 @@ class _Greedy:
 
     def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d, sign=-1)
+        inst.buffer_used -= buffer_use(d, self.spot_dim)
         if inst in self.full:  # room again
             self.full.remove(inst)
             self.buckets.setdefault(inst.cap.offer_key, []).append(inst)
@@ -677,7 +680,7 @@ def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
     pct = g.p.spot.on_demand_buffer_percent
     if pct <= 0 or d.deadline_critical:  # deadline-critical work may use the buffer's capacity
         return False
-    taken = sum(d.req(g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
+    taken = sum(buffer_use(d, g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
     if not taken:
         return False
     spot, _, idle = g._kept_spot()

@@ -991,3 +991,19 @@ def test_a_job_waiting_while_the_reservation_is_full_is_told_so(tmp_path):
     assert len(waiting) == 1
     assert waiting[0].reason.startswith("reservation r1 is fully used in this plan (1/1 p4d.24xlarge in us-east-1a); "
                                         "other capacity is blocked by max_hourly_budget"), waiting[0].reason
+
+
+def test_the_greedy_fallback_counts_an_on_demand_mig_gpu_as_the_buffer_does(tmp_path):
+    """A 50% on-demand buffer beside one spot GPU: the on-demand MIG instance, one slice of seven in use, has 6/7
+    of a GPU idle, as the model and the ledger count it (ledger.buffer_use). Greedy (the fallback, time_limit=0)
+    counted a MIG instance's idle GPUs as 0 (its free 'gpus', which MIG capacity never has), saw the buffer
+    broken and gave up the spot host: the running training job was stopped for a rule the fleet keeps."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["1g.10gb"] * 7), one_gpu_pool(hi=1, market="spot"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 50}),
+            _mig_job("inference", "1g.10gb", spot="never"), job("train", **A100)]
+    fleet = [instance("i-mig", "mig", "azure", "eastus", "eastus-1", "Standard_NC24ads_A100_v4"), gcp_1g("i-spot", market="spot")]
+    running = {"inference": ("i-mig",), "train": ("i-spot",)}
+    for limit in (0, 10):  # greedy's plan, and CP-SAT's
+        jobs = by_job(plan_for(tmp_path / str(limit), docs, fleet, running, time_limit=limit))
+        assert jobs["train"].instances == ("i-spot",) and jobs["train"].action != "evict", (limit, jobs["train"])
+        assert jobs["inference"].instances == ("i-mig",)
