@@ -935,8 +935,7 @@ def test_deadline_critical_work_may_use_the_on_demand_buffer(tmp_path):
         urgent = by_job(plan_for(tmp_path / f"urgent{limit}", docs + [job("new", spot="never", **A100, **due(15))], insts, running,
                                  now=NOW, time_limit=limit))
         assert urgent["new"].instances == ("o0",), limit
-        if limit:  # (greedy alone gives up the spot instance while it settles the buffer, before any new work: valid, if poorer)
-            assert urgent["train"].action == "keep"
+        assert urgent["train"].action == "keep", limit  # greedy keeps it too
     relaxed = by_job(plan_for(tmp_path / "relaxed", docs + [job("new", spot="never", **A100, **due(500))], insts, running, now=NOW))
     assert relaxed["new"].action == "pending"  # a deadline far off is no reason to give up the buffer
 
@@ -1007,3 +1006,16 @@ def test_the_greedy_fallback_counts_an_on_demand_mig_gpu_as_the_buffer_does(tmp_
         jobs = by_job(plan_for(tmp_path / str(limit), docs, fleet, running, time_limit=limit))
         assert jobs["train"].instances == ("i-spot",) and jobs["train"].action != "evict", (limit, jobs["train"])
         assert jobs["inference"].instances == ("i-mig",)
+
+
+def test_the_greedy_fallback_leaves_running_deadline_critical_work_out_of_the_buffer(tmp_path):
+    """A 100% buffer beside one spot GPU, and deadline-critical work running on the one on-demand GPU: the model and
+    the ledger count that GPU as the buffer's (deadline-critical work may use it, ledger.buffer_use). Greedy counted
+    it taken, saw the buffer broken and gave up the spot host, stopping the training job running there."""
+    docs = [topology(), tenant("t"), one_gpu_pool("od", hi=1), one_gpu_pool("sp", hi=1, market="spot"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 100}), job("train", spot="required", **A100),
+            job("urgent", spot="never", **A100, **due(15))]
+    insts = [gcp_1g("s0", "spot", "sp"), gcp_1g("o0", "on-demand", "od")]
+    for limit in (0, 10):
+        jobs = by_job(plan_for(tmp_path / str(limit), docs, insts, {"train": ("s0",), "urgent": ("o0",)}, now=NOW, time_limit=limit))
+        assert jobs["train"].instances == ("s0",) and jobs["urgent"].instances == ("o0",), (limit, jobs)
