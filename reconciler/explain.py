@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from reconciler.ledger import Ledger, Refusal, money, plan_ledger
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, share
+from reconciler.ledger import Ledger, Refusal, charge, money, plan_ledger, quota_ok
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -163,7 +163,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
     for c in compatible:
         by_offer.setdefault(c.offer_key, c)
     alts = sorted(
-        (Alternative(_cap_label(c), round(c.price * share(d, c) + problem.cost_coef(d, c), 4)) for c in by_offer.values()),
+        (Alternative(_cap_label(c), round(charge(d, c) + problem.cost_coef(d, c), 4)) for c in by_offer.values()),
         key=lambda a: (a.per_replica, a.where))
     if change.instances:
         caps = {c.key: c for c in problem.capacities}
@@ -255,7 +255,7 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
         used = ledger.tenant_use(d.tenant)
         need = {dim: d.replicas * d.req(dim) for dim in DIMS}
         limits = {dim: q.cap(dim) for dim in DIMS if q.cap(dim) is not None}
-        lack = {dim: used[dim] + need[dim] - lim for dim, lim in limits.items() if used[dim] + need[dim] > lim + 1e-9}
+        lack = {dim: used[dim] + need[dim] - lim for dim, lim in limits.items() if not quota_ok(used[dim], need[dim], lim)}
         if lack:
             cands = []
             for scale in (1, 3):
@@ -302,7 +302,7 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
                     for a in _amounts(short("fleet-budget"), cheapest, 0.01)])
     if d.tenant in g.tenant_hourly_budgets and short("tenant-budget"):
         cur = g.tenant_hourly_budgets[d.tenant]
-        cheapest = min((c.price * share(d, c) * d.replicas for c in problem.capacities if fit(d, c) > 0), default=0.0)
+        cheapest = min((charge(d, c) * d.replicas for c in problem.capacities if fit(d, c) > 0), default=0.0)
         cands = []
         for a in _amounts(short("tenant-budget"), cheapest, 0.01):
             tb = dict(g.tenant_hourly_budgets)

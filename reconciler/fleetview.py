@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from reconciler.ledger import GPU_SLICES, Ledger, mig_compute
+from reconciler.ledger import GPU_SLICES, Ledger, mig_compute, quota_ok
 from reconciler.problem import DIMS, _utc
 
 # A pending reason's category (a bounded label), by how the reason text starts.
@@ -134,7 +134,7 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
     over = {}
     for t, tenant in desired.tenants.items():
         use = led.tenant_use(t)
-        over[t] = any((cap := tenant.spec.quota.cap(k)) is not None and use[k] > cap + 1e-9 for k in DIMS)
+        over[t] = any((cap := tenant.spec.quota.cap(k)) is not None and not quota_ok(use[k], 0.0, cap) for k in DIMS)
     pool_cost: dict[str, float] = {p: 0.0 for p in desired.pools}
     for cap in hosts.values():
         pool_cost[cap.pool] = pool_cost.get(cap.pool, 0.0) + cap.price

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import LicenseBook, QuotaBook
-from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, share, spot_measure, type_class
+from reconciler.ledger import (LicenseBook, QuotaBook, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, pool_min_ok, pool_ok, quota_ok,
+                               spot_share_ok, work_units)
+from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, spot_measure, type_class
 
 
 @dataclass
@@ -43,11 +44,12 @@ def _drop(lst: list, x) -> None:
 
 
 class _Inst:
-    __slots__ = ("cap", "free", "key", "gpu_residents")
+    __slots__ = ("cap", "free", "key", "gpu_residents", "buffer_used")
 
     def __init__(self, cap: Capacity, free: dict[str, float], key: str):
         self.cap, self.free, self.key = cap, free, key
         self.gpu_residents = False
+        self.buffer_used = 0.0  # of the spot share's unit, as the on-demand buffer counts it (ledger.buffer_use)
 
     def fits(self, d: Demand) -> bool:
         f = self.free
@@ -130,12 +132,12 @@ class _Greedy:
         over the share) the spot rules."""
         p = self.p
         n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
-        if n + 1 > p.pool_bounds.get(c.pool, (0, 0))[1]:
+        if not pool_ok(n, 1, p.pool_bounds.get(c.pool, (0, 0))[1]):
             return False
         if not c.existing and p.quotas and self.cloud_quotas.short(
                 c, 1, [(self.offer[k], v) for k, v in (extra_buys or {}).items()]) is not None:
             return False
-        if p.budget is not None and self.a.cost + extra_cost + c.price + self._owed(c, extra_pool) > p.budget + 1e-9:
+        if p.budget is not None and not budget_ok(self.a.cost + extra_cost + c.price + self._owed(c, extra_pool), p.budget):
             return False
         if c.market == "spot" and not self.keeping:
             if not self.buy_spot:
@@ -143,7 +145,7 @@ class _Greedy:
             f = p.spot.max_spot_fraction
             spot = self.fleet["spot"] + extra_fleet[1] + self._prim(c)
             total = self.fleet["all"] + extra_fleet[0] + self._prim(c)
-            if spot > f * total + 1e-9:
+            if not spot_share_ok(spot, total, f):
                 return False
         return True
 
@@ -185,6 +187,7 @@ class _Greedy:
 
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d)
+        inst.buffer_used += buffer_use(d, self.spot_dim)
         self._retire_if_full(inst)
         c = inst.cap
         key = (d.key, c.key)
@@ -193,11 +196,11 @@ class _Greedy:
         else:
             self.a.x[key] = self.a.x.get(key, 0) + 1
         if d.tenant in self.tenant_cost:
-            self.tenant_cost[d.tenant] += c.price * share(d, c)
+            self.tenant_cost[d.tenant] += charge(d, c)
             ts = self.tenant_spot[d.tenant]
-            ts[1] += d.size
+            ts[1] += work_units(d)
             if c.market == "spot":
-                ts[0] += d.size
+                ts[0] += work_units(d)
 
     def _quota_ok(self, d: Demand) -> bool:
         """Its tenant's quota, and the licenses it would hold (counts and tenant quotas)."""
@@ -207,7 +210,7 @@ class _Greedy:
         if r is None:
             return True
         u = self.tenant_use[d.tenant]
-        return all(u[k] + d.req(k) * d.replicas <= v + 1e-9 for k, v in r.cap.items())
+        return all(quota_ok(u[k], d.req(k) * d.replicas, v) for k, v in r.cap.items())
 
     def _charge_quota(self, d: Demand, jobs: int = 1) -> None:
         if d.tenant in self.tenant_use:
@@ -221,13 +224,13 @@ class _Greedy:
         r = self.p.tenants.get(d.tenant)
         if r is None:
             return True
-        if r.budget is not None and self.tenant_cost[d.tenant] + pending_cost + c.price * share(d, c) > r.budget + 1e-9:
+        if not budget_ok(self.tenant_cost[d.tenant] + pending_cost + charge(d, c), r.budget):
             return False
         if r.spot_fraction is not None and c.market == "spot" and not self.keeping:
             spot, total = self.tenant_spot[d.tenant]
-            spot += pending_spot[0] + d.size
-            total += pending_spot[1] + d.size
-            if spot > r.spot_fraction * total + 1e-9:
+            spot += pending_spot[0] + work_units(d)
+            total += pending_spot[1] + work_units(d)
+            if not spot_share_ok(spot, total, r.spot_fraction):
                 return False
         return True
 
@@ -237,9 +240,9 @@ class _Greedy:
         for c in cells:
             if not self._item_ok(d, c, cost, spot):
                 return False
-            cost += c.price * share(d, c)
-            spot[0] += d.size if c.market == "spot" else 0.0
-            spot[1] += d.size
+            cost += charge(d, c)
+            spot[0] += work_units(d) if c.market == "spot" else 0.0
+            spot[1] += work_units(d)
         return True
 
     def _compatible(self, d: Demand, okey: str) -> bool:
@@ -356,16 +359,14 @@ class _Greedy:
         opened = list(self.opened.values())
         spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
         total = sum(self._prim(i.cap) for i in opened)
-        idle = sum(i.free.get(self.spot_dim, 0.0) for i in opened if i.cap.market != "spot")
+        idle = sum(self._prim(i.cap) - i.buffer_used for i in opened if i.cap.market != "spot")
         return spot, total, idle
 
     def _fleet_spot_rules_hold(self) -> bool:
         """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
         sp = self.p.spot
         spot, total, idle = self._kept_spot()
-        if spot > sp.max_spot_fraction * total + 1e-9:
-            return False
-        return not (spot and sp.on_demand_buffer_percent > 0 and idle * 100 < sp.on_demand_buffer_percent * spot - 1e-9)
+        return spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)
 
     def _spot_rules_hold(self) -> bool:
         p, sp = self.p, self.p.spot
@@ -373,12 +374,13 @@ class _Greedy:
             return False
         opened = list(self.opened.values())
         spot_caps = [i.cap for i in opened if i.cap.market == "spot"]
-        if spot_caps and (len({c.instance_type for c in spot_caps}) < sp.min_instance_types or len({c.zone for c in spot_caps}) < sp.min_zones):
+        if spot_caps and not diversity_ok(len({c.instance_type for c in spot_caps}), len({c.zone for c in spot_caps}),
+                                          sp.min_instance_types, sp.min_zones):
             return False
         for t, r in p.tenants.items():
             if r.spot_fraction is not None:
                 s_, tot = self.tenant_spot[t]
-                if s_ > r.spot_fraction * tot + 1e-9:
+                if not spot_share_ok(s_, tot, r.spot_fraction):
                     return False
         return True
 
@@ -436,6 +438,7 @@ class _Greedy:
 
     def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d, sign=-1)
+        inst.buffer_used -= buffer_use(d, self.spot_dim)
         if inst in self.full:  # room again
             self.full.remove(inst)
             self.buckets.setdefault(inst.cap.offer_key, []).append(inst)
@@ -443,11 +446,11 @@ class _Greedy:
         book = self.a.stay if stay else self.a.x
         book[(d.key, c.key)] -= 1
         if d.tenant in self.tenant_cost:
-            self.tenant_cost[d.tenant] -= c.price * share(d, c)
+            self.tenant_cost[d.tenant] -= charge(d, c)
             ts = self.tenant_spot[d.tenant]
-            ts[1] -= d.size
+            ts[1] -= work_units(d)
             if c.market == "spot":
-                ts[0] -= d.size
+                ts[0] -= work_units(d)
 
     def _close(self, inst: _Inst) -> None:
         c = inst.cap
@@ -466,7 +469,7 @@ class _Greedy:
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
             cands.sort(key=lambda c: (not c.existing, c.price, c.key))
-            while self.pool_count.get(pool, 0) < lo:
+            while not pool_min_ok(self.pool_count.get(pool, 0), lo):
                 pick = None
                 for c in cands:
                     if c.existing and c.key in self.opened:
@@ -519,10 +522,10 @@ class _Greedy:
                         for dd in d.dims:
                             free[dd] = free.get(dd, 0) - d.req(dd)
                         plan.append((kk, inst))
-                        pending_cost += inst.cap.price * share(d, inst.cap)
+                        pending_cost += charge(d, inst.cap)
                         if inst.cap.market == "spot":
-                            pending_spot[0] += d.size
-                        pending_spot[1] += d.size
+                            pending_spot[0] += work_units(d)
+                        pending_spot[1] += work_units(d)
                     if len(plan) >= k:
                         return plan
         # 2. Buy: idle hosts and offers, cheapest per item first.
@@ -553,10 +556,10 @@ class _Greedy:
                     if not self._item_ok(d, c, pending_cost, pending_spot):
                         break
                     ok_items += 1
-                    pending_cost += c.price * share(d, c)
+                    pending_cost += charge(d, c)
                     if c.market == "spot":
-                        pending_spot[0] += d.size
-                    pending_spot[1] += d.size
+                        pending_spot[0] += work_units(d)
+                    pending_spot[1] += work_units(d)
                 if ok_items == 0:
                     break
                 extra_cost += c.price
@@ -677,11 +680,11 @@ def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
     pct = g.p.spot.on_demand_buffer_percent
     if pct <= 0 or d.deadline_critical:  # deadline-critical work may use the buffer's capacity
         return False
-    taken = sum(d.req(g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
+    taken = sum(buffer_use(d, g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
     if not taken:
         return False
     spot, _, idle = g._kept_spot()
-    return spot > 0 and (idle - taken) * 100 < pct * spot - 1e-9
+    return not buffer_ok(idle - taken, spot, pct)
 
 
 def _commit(g: _Greedy, d: Demand, plan) -> None:

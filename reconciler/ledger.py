@@ -84,6 +84,88 @@ _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 DIMS = ("gpus", "cpu", "memory_gib")
 
 
+# ---------------------------------------------------------------- the rules, as arithmetic on plain numbers
+# Each fleet-wide rule's unit, comparison and tolerance, once: greedy (incrementally), the packer's repairs, the
+# freezer, the Ledger's refusals and broken rules, the guardrail re-check and the CP-SAT model's coefficients all
+# call these. Callers add what they count; these compare.
+
+EPS = 1e-9  # sums of float prices, vCPUs and shares: a rule holds within this (one tolerance for every rule)
+MILLI = 1000  # the model's money unit: USD/h as integer milli-dollars
+
+
+def within(amount: float, limit: float) -> bool:
+    """amount <= limit, within the float tolerance."""
+    return amount <= limit + EPS
+
+
+def budget_ok(cost: float, budget: float | None) -> bool:
+    """A fleet's (max_hourly_budget) or a tenant's (tenant_hourly_budgets) budget: USD/h `cost` (what is spent
+    plus what is added) keeps it; no budget keeps anything."""
+    return budget is None or within(cost, budget)
+
+
+def pool_ok(count: int, add: int, max_instances: int) -> bool:
+    """A pool's max_instances: `count` instances and `add` more."""
+    return count + add <= max_instances
+
+
+def pool_min_ok(count: int, min_instances: int) -> bool:
+    """A pool's min_instances: `count` instances meet it."""
+    return count >= min_instances
+
+
+def quota_ok(used: float, need: float, limit: float) -> bool:
+    """A tenant's quota (or burst ceiling) in one dimension: `used` and `need` more keep it."""
+    return within(used + need, limit)
+
+
+def spot_share_ok(spot: float, total: float, fraction: float) -> bool:
+    """max_spot_fraction (fleet, in spot_units) or a tenant's (in work units): spot <= fraction x total."""
+    return within(spot, fraction * total)
+
+
+def buffer_ok(idle: float, spot: float, percent: float) -> bool:
+    """on_demand_buffer_percent: the idle on-demand capacity is at least `percent` % of the spot capacity
+    (both in spot_units). No spot, or no buffer asked: it holds."""
+    return percent <= 0 or not spot or idle * 100 >= percent * spot - EPS
+
+
+def diversity_ok(types: int, zones: int, min_instance_types: int, min_zones: int) -> bool:
+    """SpotPolicy diversity: the spot capacity spans enough instance types and zones."""
+    return types >= min_instance_types and zones >= min_zones
+
+
+def item_units(d, dim: str) -> float:
+    """What one item of d uses of the spot share's unit `dim`: a MIG item its compute slices / 7 of a GPU."""
+    return d.size / GPU_SLICES if dim == "gpus" and d.mig else d.req(dim)
+
+
+def buffer_use(d, dim: str) -> float:
+    """What one item of d takes of the on-demand buffer's idle capacity: item_units, none for deadline-critical
+    work (it may use the buffer's capacity)."""
+    return 0.0 if d.deadline_critical else item_units(d, dim)
+
+
+def work_units(d) -> int:
+    """What one item of d counts in its tenant's spot share: its size (7 per GPU, a MIG slice 1, CPU work 1)."""
+    return d.size
+
+
+def milli_up(usd: float) -> int:
+    """A price or charge as the model's integer coefficient: rounded up, so a plan is never over by a fraction."""
+    return math.ceil(usd * MILLI)
+
+
+def milli_down(usd: float) -> int:
+    """A budget as the model's integer bound: rounded down."""
+    return math.floor(usd * MILLI)
+
+
+def fraction_milli(fraction: float) -> int:
+    """A spot fraction as the model's integer coefficient (per mille)."""
+    return round(fraction * 1000)
+
+
 # ---------------------------------------------------------------- floating licenses
 
 
@@ -119,7 +201,7 @@ def quota_units(q, c) -> int:
         return 0
     for itype, market, units in q.counts:
         if itype == c.instance_type and market == c.market:
-            return math.ceil(units - 1e-9)
+            return math.ceil(units - EPS)
     return 0
 
 
@@ -127,7 +209,7 @@ def quota_headroom(q) -> int:
     """What new instances may still take of quota q: its limit less what the account uses now. Usage includes the
     fleet's own instances, and apply creates before it deletes (make before break), so an instance the plan deletes
     frees its units for the next run, not for this plan's creates."""
-    return max(0, math.floor(q.limit - q.used + 1e-9))
+    return max(0, math.floor(q.limit - q.used + EPS))
 
 
 def quota_scope(q) -> str:
@@ -375,8 +457,7 @@ class Ledger:
     def used(self, ref: str, buffer: bool = False) -> float:
         """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU).
         buffer: as the on-demand buffer counts it (deadline-critical work may use the buffer's capacity)."""
-        return sum(d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim) for d, _ in self.items[ref]
-                   if not (buffer and d.deadline_critical))
+        return sum(item_units(d, self.dim) for d, _ in self.items[ref] if not (buffer and d.deadline_critical))
 
     def idle_on_demand(self) -> float:
         return self._once("idle", lambda: sum(self._prim(c) - self.used(ref, buffer=True) for ref, c in self.instances.items() if c.market != "spot"))
@@ -389,8 +470,8 @@ class Ledger:
                 spot = self.instances[ref].market == "spot"
                 for d, _ in its:
                     v = out.setdefault(d.tenant, [0.0, 0.0])
-                    v[1] += d.size
-                    v[0] += d.size if spot else 0.0
+                    v[1] += work_units(d)
+                    v[0] += work_units(d) if spot else 0.0
             return out
         on, tot = self._once("tenant_spot", shares).get(tenant, (0.0, 0.0))
         return on, tot
@@ -453,32 +534,32 @@ class Ledger:
         spot share, a license count lowered): something must give, so work the rules would
         otherwise keep may be stopped. {rule: what breaks it}; {} when every rule holds."""
         p, out = self.problem, {}
-        if p.budget is not None and self.cost() > p.budget + 1e-6:
+        if not budget_ok(self.cost(), p.budget):
             out["budget"] = f"the fleet costs {money(self.cost())}/h, over max_hourly_budget {money(p.budget)}/h"
         for pool in sorted({c.pool for c in self.instances.values()}):
-            if self.pool_count(pool) > p.pool_bounds.get(pool, (0, math.inf))[1]:
+            if not pool_ok(self.pool_count(pool), 0, p.pool_bounds.get(pool, (0, math.inf))[1]):
                 out[f"pool:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, over its max_instances"
         sp = p.spot
         spot, total = self.spot()
-        if spot and sp.max_spot_fraction < 1 and spot > sp.max_spot_fraction * total + 1e-9:
+        if spot and sp.max_spot_fraction < 1 and not spot_share_ok(spot, total, sp.max_spot_fraction):
             out["spot-share"] = f"the fleet is {spot / total:.1%} spot, over max_spot_fraction {sp.max_spot_fraction:g}"
-        if spot and sp.on_demand_buffer_percent > 0 and self.idle_on_demand() * 100 < sp.on_demand_buffer_percent * spot - 1e-9:
+        if not buffer_ok(self.idle_on_demand(), spot, sp.on_demand_buffer_percent):
             out["spot-buffer"] = f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {spot:g} spot) is not idle"
         spot_caps = [c for c in self.instances.values() if c.market == "spot"]  # (any spot instance, CPU ones too)
         if spot_caps:
             types, zones = {c.instance_type for c in spot_caps}, {c.zone for c in spot_caps}
-            if len(types) < sp.min_instance_types or len(zones) < sp.min_zones:
+            if not diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones):
                 out["spot-diversity"] = (f"spot spans {len(types)} instance type(s) and {len(zones)} zone(s); the SpotPolicy "
                                          f"asks for {sp.min_instance_types} and {sp.min_zones}")
         for name, r in sorted(p.tenants.items()):
             use = self.tenant_use(name)
-            if any(use.get(k, 0.0) > v + 1e-9 for k, v in r.cap.items()):
+            if not all(quota_ok(use.get(k, 0.0), 0.0, v) for k, v in r.cap.items()):
                 out[f"tenant-cap:{name}"] = f"tenant {name} is over its ceiling"
-            if r.budget is not None and self.tenant_charge(name) > r.budget + 1e-6:
+            if not budget_ok(self.tenant_charge(name), r.budget):
                 out[f"tenant-budget:{name}"] = (f"tenant {name} is charged {money(self.tenant_charge(name))}/h, "
                                                 f"over its budget {money(r.budget)}/h")
             on, tot = self.tenant_spot(name)
-            if r.spot_fraction is not None and on > r.spot_fraction * tot + 1e-9:
+            if r.spot_fraction is not None and not spot_share_ok(on, tot, r.spot_fraction):
                 out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {tot:g} work units on spot, "
                                               f"over its max_spot_fraction {r.spot_fraction:g}")
         book = self.license_book()
@@ -542,14 +623,14 @@ class Ledger:
         if r.budget is not None:
             spent = self.tenant_charge(d.tenant)
             more = sum(charge(d, c) for c in cells)
-            if spent + more > r.budget + 1e-9:
+            if not budget_ok(spent + more, r.budget):
                 short = spent + more - r.budget
                 out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} spends {money(spent)}/h of its {money(r.budget)}/h "
                                    f"in this plan; the job would add {money(more)}/h, {money(short)}/h more than it allows", d.tenant, short))
         if r.spot_fraction is not None and any(c.market == "spot" for c in cells):
             on, tot = self.tenant_spot(d.tenant)
-            add_on = sum(d.size for c in cells if c.market == "spot")
-            if on + add_on > r.spot_fraction * (tot + d.size * len(cells)) + 1e-9:
+            add_on = sum(work_units(d) for c in cells if c.market == "spot")
+            if not spot_share_ok(on + add_on, tot + work_units(d) * len(cells), r.spot_fraction):
                 now = on / tot if tot else 0.0
                 out.append(Refusal("tenant-spot-share", f"tenant spot share: {d.tenant}'s placed work is {now:.1%} on spot; "
                                    f"the job on spot would take it over its max {r.spot_fraction:g}", d.tenant))
@@ -561,11 +642,10 @@ class Ledger:
         pct = self.problem.spot.on_demand_buffer_percent
         if pct <= 0 or d.deadline_critical:
             return []
-        per_item = d.size / GPU_SLICES if self.dim == "gpus" and d.mig else d.req(self.dim)
-        taken = per_item * sum(1 for c in cells if c.market != "spot")
+        taken = buffer_use(d, self.dim) * sum(1 for c in cells if c.market != "spot")
         spot, _ = self.spot()
         idle = self.idle_on_demand()
-        if not taken or idle - taken >= pct / 100 * spot - 1e-9:
+        if not taken or buffer_ok(idle - taken, spot, pct):
             return []
         unit = "GPUs" if self.dim == "gpus" else "vCPU"
         return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
@@ -587,12 +667,12 @@ class Ledger:
                 out.append(Refusal("cloud-quota", book.message(over[0], c, n), quota_scope(book.quotas[over[0]]), over[1], n))
         lo, hi = p.pool_bounds.get(c.pool, (0, 0))
         have = self.pool_count(c.pool)
-        if have + n > hi:
+        if not pool_ok(have, n, hi):
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
                                + (f"; the job needs {n} more" if n > 1 else ""), c.pool, have + n - hi, n))
         if p.budget is not None:
             cost = self.cost()
-            if cost + n * c.price > p.budget + 1e-9:
+            if not budget_ok(cost + n * c.price, p.budget):
                 short = cost + n * c.price - p.budget
                 out.append(Refusal("fleet-budget", f"budget: the fleet costs {money(cost)}/h and max_hourly_budget is {money(p.budget)}/h; "
                                    f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more budget", "", short))
@@ -601,21 +681,21 @@ class Ledger:
             spot, total = self.spot()
             add = n * self._prim(c)
             unit = "GPUs" if self.dim == "gpus" else "vCPU"
-            if sp.max_spot_fraction < 1 and spot + add > sp.max_spot_fraction * (total + add) + 1e-9:
+            if sp.max_spot_fraction < 1 and not spot_share_ok(spot + add, total + add, sp.max_spot_fraction):
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
                 out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {total:g} {unit}); "
                                    f"{n} more spot {c.instance_type} would make it {after:.1%}, over max_spot_fraction {sp.max_spot_fraction:g}"))
             if sp.on_demand_buffer_percent > 0:
                 idle = self.idle_on_demand()
-                if idle * 100 < sp.on_demand_buffer_percent * (spot + add) - 1e-9:
+                if not buffer_ok(idle, spot + add, sp.on_demand_buffer_percent):
                     out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
                                        f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"))
             have_types, have_zones = self._once("spot_sites", lambda: (
                 {x.instance_type for x in self.instances.values() if x.market == "spot"},
                 {x.zone for x in self.instances.values() if x.market == "spot"}))
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
-            if types < sp.min_instance_types or zones < sp.min_zones:
+            if not diversity_ok(types, zones, sp.min_instance_types, sp.min_zones):
                 out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
                                    f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
         return out
@@ -694,10 +774,10 @@ class Ledger:
             need = d.replicas * d.req(dim)
             if not need:
                 continue
-            if need > limit + 1e-9:
+            if not quota_ok(0.0, need, limit):
                 return Refusal("quota", f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
                                d.tenant, need - limit)
-            if used[dim] + need > limit + 1e-9:
+            if not quota_ok(used[dim], need, limit):
                 return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used[dim]:g}/{limit:g} {_UNIT[dim]} in this plan, "
                                f"the job needs {need:g} more", d.tenant, used[dim] + need - limit)
         return None
@@ -740,7 +820,7 @@ def spot_ballast(led: Ledger) -> SpotBallast | None:
             count[c.pool] -= 0 if led.items[ref] else 1
     gone = sum(idle.values())
     rules = []
-    if sp.max_spot_fraction < 1 and spot > sp.max_spot_fraction * (total - gone) + 1e-9:
+    if sp.max_spot_fraction < 1 and not spot_share_ok(spot, total - gone, sp.max_spot_fraction):
         rules.append(f"max_spot_fraction {sp.max_spot_fraction:g}")
     if sp.on_demand_buffer_percent > 0 and sp.on_demand_buffer_percent * spot > 1e-9:
         rules.append(f"on_demand_buffer_percent {sp.on_demand_buffer_percent:g}")  # the buffer is idle capacity by definition
@@ -773,4 +853,5 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
-__all__ = ["quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+__all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
+           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]

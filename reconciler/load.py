@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from providers.catalog import load_catalog, mig_layout_error
 from reconciler.errors import ConfigError, Diagnostic
+from reconciler.ledger import budget_ok, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -775,7 +776,7 @@ def _check_plannable(f: _Fleet) -> None:
                                             + (f" under the SpotPolicy's max_price_fraction {frac:g}" if "spot" in s.markets() else "")))
             continue
         floor += s.min_instances * min(prices)
-    if g.max_hourly_budget is not None and floor > g.max_hourly_budget + 1e-9 and guard is not None:
+    if not budget_ok(floor, g.max_hourly_budget) and guard is not None:
         gdoc = by_kind["GuardrailPolicy"][guard.name][0]
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
@@ -790,15 +791,12 @@ def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy
     pools = [p for _, (_, p) in sorted(by_kind["Pool"].items()) if p.spec.cloud in catalog.regions
              and (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds) and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
     shapes = {p.name: [sh for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None] for p in pools}
-    gpu_fleet = any(sh.gpus for v in shapes.values() for sh in v)
-    unit = "GPUs" if gpu_fleet else "vCPU"
-
-    def prim(sh) -> float:
-        return sh.gpus if gpu_fleet else sh.cpu
+    dim, prim = spot_units([sh for v in shapes.values() for sh in v])
+    unit = "GPUs" if dim == "gpus" else "vCPU"
     on_spot = sum(p.spec.min_instances * min((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if p.spec.markets() == ("spot",))
     on_demand = sum(p.spec.max_instances * max((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if "on-demand" in p.spec.markets())
     f = spot.spec.max_spot_fraction
-    if on_spot > 0 and on_spot > f * (on_spot + on_demand) + 1e-9:
+    if on_spot > 0 and not spot_share_ok(on_spot, on_spot + on_demand, f):
         sdoc = by_kind["SpotPolicy"][spot.name][0]
         diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "max_spot_fraction")), spot.kind, spot.name, "spec.max_spot_fraction",
                                 f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot; with every on-demand pool at "

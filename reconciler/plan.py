@@ -17,11 +17,11 @@ from typing import Literal
 from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
-from reconciler.ledger import QuotaBook, SpotBallast, plan_ledger, spot_ballast
+from reconciler.ledger import QuotaBook, SpotBallast, budget_ok, charge, plan_ledger, pool_min_ok, pool_ok, spot_ballast, spot_share_ok, within
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Capacity, Demand, Problem, fit, placement_refusal, shape_changes, share, spot_measure
+from reconciler.problem import Capacity, Demand, Problem, fit, placement_refusal, shape_changes, spot_measure
 from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
@@ -378,7 +378,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         def more():
             nonlocal repairs, cost
             lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
-            if pool_count.get(cap.pool, 0) >= hi or (problem.budget is not None and cost + cap.price > problem.budget + 1e-9):
+            if not pool_ok(pool_count.get(cap.pool, 0), 1, hi) or not budget_ok(cost + cap.price, problem.budget):
                 return None
             if cloud_quotas.short(cap) is not None:
                 return None
@@ -388,7 +388,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             if cap.market == "spot":
                 if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
                     return None
-                if fleet["spot"] + prim(cap) > sp.max_spot_fraction * (fleet["all"] + prim(cap)) + 1e-9:
+                if not spot_share_ok(fleet["spot"] + prim(cap), fleet["all"] + prim(cap), sp.max_spot_fraction):
                     return None
                 fleet["spot"] += prim(cap)
             fleet["all"] += prim(cap)
@@ -626,7 +626,7 @@ def _return_home(problem: Problem, observed: Observed, solution: Solution, bins_
             c = b.cap
             budget = d.tenant in problem.tenants and problem.tenants[d.tenant].budget is not None
             if h.market != c.market or problem.cost_coef(d, h) > problem.cost_coef(d, c) + 1e-9 or \
-                    budget and h.price * share(d, h) > c.price * share(d, c) + 1e-9:
+                    budget and not within(charge(d, h), charge(d, c)):
                 continue
             hb = home[0]
             if hk not in known_at:
@@ -644,7 +644,7 @@ def _spare(cap: Capacity, problem: Problem, pool_count: dict[str, int], fleet: d
     """Can an empty new instance be left out without breaking a rule that may have bought it: its
     pool's minimum, or the spot rules (an on-demand instance counts in the spot share and the
     on-demand buffer; a spot one in the spot diversity)?"""
-    if pool_count.get(cap.pool, 0) - 1 < problem.pool_bounds.get(cap.pool, (0, 0))[0]:
+    if not pool_min_ok(pool_count.get(cap.pool, 0) - 1, problem.pool_bounds.get(cap.pool, (0, 0))[0]):
         return False
     sp = problem.spot
     if cap.market == "spot":

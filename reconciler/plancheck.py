@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import money, plan_ledger
+from reconciler.ledger import budget_ok, money, plan_ledger, quota_ok
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -235,12 +235,12 @@ def _tenant_errors(problem: Problem, after, before) -> list[str]:
     for name, rules in sorted(problem.tenants.items()):
         use, was = after.tenant_use(name), before.tenant_use(name)
         for dim, cap in sorted(rules.cap.items()):
-            if use.get(dim, 0.0) > cap + 1e-9 and use.get(dim, 0.0) > was.get(dim, 0.0) + 1e-9:
+            if not quota_ok(use.get(dim, 0.0), 0.0, cap) and use.get(dim, 0.0) > was.get(dim, 0.0) + 1e-9:
                 errors.append(f"tenant {name}: the plan gives it {use[dim]:g} {_UNITS.get(dim, dim)}, over its ceiling of "
                               f"{cap:g} (quota, or burst where it may borrow)")
         if rules.budget is not None:
             pay, paid = after.tenant_charge(name), before.tenant_charge(name)
-            if pay > rules.budget + 1e-6 and pay > paid + 1e-6:
+            if not budget_ok(pay, rules.budget) and pay > paid + 1e-6:
                 errors.append(f"tenant {name}: the plan charges it {money(pay)}/h, over its budget of {money(rules.budget)}/h")
     return errors
 

@@ -19,7 +19,8 @@ from typing import Callable
 from providers.base import TAG_RESERVATION
 from providers.catalog import load_catalog
 from reconciler.deadlines import ranks, start_by
-from reconciler.ledger import GPU_SLICES, LicenseRules, QuotaBook, ReservationRules, item_share, mig_compute, quota_scope, quota_units, spot_units
+from reconciler.ledger import (GPU_SLICES, LicenseRules, QuotaBook, ReservationRules, budget_ok, item_share, mig_compute, pool_ok, quota_ok,
+                               quota_scope, quota_units, spot_share_ok, spot_units)
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, PlacementPolicySpec, SpotPolicySpec, quota_guarantee, region_matches
 from reconciler.observe import Observed
 from reconciler.topology import TopologyIndex
@@ -698,7 +699,7 @@ def _tenants(desired: DesiredState, demands: list[Demand], hosts: list[Capacity]
         kept: list[str] = []
         for d, job in running:
             need = {dim: d.req(dim) * d.replicas for dim in DIMS}
-            if all(used[k] + need[k] <= guarantee[k] + 1e-9 for k in guarantee):
+            if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
                 for k in DIMS:
                     used[k] += need[k]
                 protected += d.job_size
@@ -731,13 +732,13 @@ def _running_use(demands) -> dict[str, dict[str, float]]:
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
     use = _running_use(demands)
-    return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.guarantee.items())}
+    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.guarantee.items())}
 
 
 def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
     use = _running_use(demands)
-    return {t for t, r in tenants.items() if any(use.get(t, {}).get(k, 0.0) > v + 1e-9 for k, v in r.cap.items())}
+    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.cap.items())}
 
 
 def forced_moves(problem: "Problem") -> dict[str, int]:
@@ -794,18 +795,18 @@ def _frozen(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand]
     by_key = {d.key: d for d in demands}
     pending = [d for d in demands if d.running_jobs < len(d.jobs) or d.running_items < d.running_jobs * d.replicas]
     # Fleet-wide states that force a look at everything.
-    if desired.guardrails.max_hourly_budget is not None and sum(h.price for h in hosts) > desired.guardrails.max_hourly_budget:
+    if not budget_ok(sum(h.price for h in hosts), desired.guardrails.max_hourly_budget):
         return set()
     sp = desired.spot_policy
     _, prim = spot_measure(hosts + offers, gpu_fleet)
     spot_p = sum(prim(h) for h in hosts if h.market == "spot")
     total_p = sum(prim(h) for h in hosts)
     spot_rules = sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1
-    unfrozen_markets = {"spot", "on-demand"} if (spot_rules or spot_p > sp.max_spot_fraction * total_p + 1e-9) else set()
+    unfrozen_markets = {"spot", "on-demand"} if (spot_rules or not spot_share_ok(spot_p, total_p, sp.max_spot_fraction)) else set()
     per_pool: dict[str, int] = {}
     for h in hosts:
         per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
-    over_pools = {p for p, n in per_pool.items() if p in pool_bounds and n > pool_bounds[p][1]}
+    over_pools = {p for p, n in per_pool.items() if p in pool_bounds and not pool_ok(n, 0, pool_bounds[p][1])}
     # Tenants over a cap now, or with budgets or spot shares (which tie all their work together).
     hot = over_cap_tenants(demands, tenants) | {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
     borrowing = borrowing_tenants(demands, tenants)

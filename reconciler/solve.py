@@ -33,14 +33,14 @@ from ortools.sat.python import cp_model
 from reconciler import parallel
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
+from reconciler.ledger import MILLI, buffer_use, charge, fraction_milli, milli_down, milli_up, work_units
 from reconciler.pack import Bin, pack_items
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.solve_licenses import add_license_constraints
 from reconciler.solve_quotas import add_cloud_quota_constraints
 from reconciler.problem import (DIMS, Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, components, fit, forced_moves, may_preempt, over_cap_tenants,
-                                rules_allow, share, spot_measure, type_class)
+                                rules_allow, spot_measure, type_class)
 
-MILLI = 1000  # costs are integers in milli-dollars per hour
 SEGMENTS = 20  # steps of the concave fair-share utility
 
 
@@ -428,31 +428,31 @@ class _Model:
             if r.budget is not None:
                 terms = self._tenant_cost_terms(mine)
                 if terms:
-                    m.add(_wsum(terms) <= math.floor(r.budget * MILLI))
+                    m.add(_wsum(terms) <= milli_down(r.budget))
             if r.spot_fraction is not None and r.spot_fraction < 1:
                 on_spot, total = [], []
                 for d in mine:
-                    total.append((d.size * d.replicas, self.placed[d.key]))
+                    total.append((work_units(d) * d.replicas, self.placed[d.key]))
                     for c, v in self.stay_of.get(d.key, []):
                         if c.market == "spot":
-                            on_spot.append((d.size, v))
+                            on_spot.append((work_units(d), v))
                 for gk in {self.group_of[d.key] for d in mine}:
                     rep = self.demands[p.groups[gk][0]]
                     for c, v in self.x_of_group[gk]:
                         if c.market == "spot":
-                            on_spot.append((rep.size, v))
-                f = round(r.spot_fraction * 1000)
+                            on_spot.append((work_units(rep), v))
+                f = fraction_milli(r.spot_fraction)
                 m.add(1000 * _wsum(on_spot) <= f * _wsum(total))
 
     def _tenant_cost_terms(self, mine: list[Demand]) -> list[tuple[int, object]]:
         terms = []
         for d in mine:
             for c, v in self.stay_of.get(d.key, []):
-                terms.append((math.ceil(c.price * share(d, c) * MILLI), v))
+                terms.append((milli_up(charge(d, c)), v))
         for gk in {self.group_of[d.key] for d in mine}:
             rep = self.demands[self.p.groups[gk][0]]
             for c, v in self.x_of_group[gk]:
-                terms.append((math.ceil(c.price * share(rep, c) * MILLI), v))
+                terms.append((milli_up(charge(rep, c)), v))
         return terms
 
     # -- fleet-wide rules
@@ -470,16 +470,15 @@ class _Model:
             elif not lo <= sum(vs) <= hi:
                 m.add(m.new_constant(0) >= 1)  # e.g. nothing can be bought for this pool, yet it needs lo instances
         if p.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
-            m.add(_wsum([(math.ceil(c.price * MILLI), self.use[c.key]) for c in self.units]) <= math.floor(p.budget * MILLI))
+            m.add(_wsum([(milli_up(c.price), self.use[c.key]) for c in self.units]) <= milli_down(p.budget))
 
         sp = p.spot
         caps = self.units
         dim, measure = spot_measure(caps, p.gpu_fleet)
-        gpu_fleet = dim == "gpus"
         prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
         spot = [c for c in caps if c.market == "spot"]
         if spot and sp.max_spot_fraction < 1:
-            frac = round(sp.max_spot_fraction * 1000)
+            frac = fraction_milli(sp.max_spot_fraction)
             m.add(1000 * _wsum([(prim(c), self.use[c.key]) for c in spot]) <= frac * _wsum([(prim(c), self.use[c.key]) for c in caps]))
         if spot and sp.on_demand_buffer_percent > 0:
             od = [c for c in caps if c.market != "spot"]
@@ -490,7 +489,7 @@ class _Model:
             idle = [(70000 * prim(c), self.use[c.key]) for c in od]
 
             def used(d: Demand) -> int:  # x 70000 (deadline-critical work may use the buffer's capacity)
-                return 0 if d.deadline_critical else round(70000 * (d.size / 7 if gpu_fleet and d.mig else d.req(dim)))
+                return round(70000 * buffer_use(d, dim))
             for (gk, ck), v in self.x.items():
                 if self.caps[ck].market != "spot":
                     idle.append((-used(self.demands[self.p.groups[gk][0]]), v))

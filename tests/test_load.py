@@ -306,3 +306,30 @@ def test_validate_imports_no_solver():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def _doc(kind: str, name: str, spec: dict) -> dict:
+    return {"apiVersion": "fleetops.io/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def test_pool_minimums_over_the_budget_are_refused_at_load(tmp_path):
+    """Two a2-highgpu-1g minimums at catalog prices cost more than a $1/h budget: every plan would be refused, so load
+    says so on max_hourly_budget; a budget they fit loads (ledger.budget_ok, as the planner counts it)."""
+    def docs(budget):
+        return [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=2, hi=4),
+                _doc("GuardrailPolicy", "g", {"max_hourly_budget": budget})]
+    errs = errors_of(write_config(tmp_path / "over", docs(1)))
+    assert any("spec.max_hourly_budget" in e and "min_instances cost at least" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(1000)))
+
+
+def test_spot_only_minimums_no_on_demand_pool_can_balance_are_refused_at_load(tmp_path):
+    """Two spot A100 GPUs as minimums, one on-demand A100 at most: spot is 67% of the fleet at best, over
+    max_spot_fraction 0.5 (ledger.spot_share_ok in ledger.spot_units, GPUs here); 0.7 allows it."""
+    def docs(fraction):
+        return [topology(), tenant("t"), pool("s", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", lo=2, hi=4),
+                pool("o", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+                _doc("SpotPolicy", "sp", {"max_spot_fraction": fraction})]
+    errs = errors_of(write_config(tmp_path / "over", docs(0.5)))
+    assert any("spec.max_spot_fraction" in e and "2 GPUs on spot" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(0.7)))

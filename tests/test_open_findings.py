@@ -25,7 +25,7 @@ FINDINGS = Path(__file__).parent / "data" / "findings"
 
 
 def fleet(name: str) -> Fleet:
-    return eval((FINDINGS / f"{name}.py").read_text(), {"Fleet": Fleet, "Instance": Instance})  # noqa: S307 - our own test data
+    return eval((FINDINGS / f"{name}.txt").read_text(), {"Fleet": Fleet, "Instance": Instance})  # noqa: S307 - our own test data
 
 
 @pytest.mark.xfail(strict=True, reason="open (issue 18): greedy's settle_spot evicts a protected job for the on-demand buffer")

@@ -935,8 +935,7 @@ def test_deadline_critical_work_may_use_the_on_demand_buffer(tmp_path):
         urgent = by_job(plan_for(tmp_path / f"urgent{limit}", docs + [job("new", spot="never", **A100, **due(15))], insts, running,
                                  now=NOW, time_limit=limit))
         assert urgent["new"].instances == ("o0",), limit
-        if limit:  # (greedy alone gives up the spot instance while it settles the buffer, before any new work: valid, if poorer)
-            assert urgent["train"].action == "keep"
+        assert urgent["train"].action == "keep", limit  # greedy keeps it too
     relaxed = by_job(plan_for(tmp_path / "relaxed", docs + [job("new", spot="never", **A100, **due(500))], insts, running, now=NOW))
     assert relaxed["new"].action == "pending"  # a deadline far off is no reason to give up the buffer
 
@@ -991,3 +990,32 @@ def test_a_job_waiting_while_the_reservation_is_full_is_told_so(tmp_path):
     assert len(waiting) == 1
     assert waiting[0].reason.startswith("reservation r1 is fully used in this plan (1/1 p4d.24xlarge in us-east-1a); "
                                         "other capacity is blocked by max_hourly_budget"), waiting[0].reason
+
+
+def test_the_greedy_fallback_counts_an_on_demand_mig_gpu_as_the_buffer_does(tmp_path):
+    """A 50% on-demand buffer beside one spot GPU: the on-demand MIG instance, one slice of seven in use, has 6/7
+    of a GPU idle, as the model and the ledger count it (ledger.buffer_use). Greedy (the fallback, time_limit=0)
+    counted a MIG instance's idle GPUs as 0 (its free 'gpus', which MIG capacity never has), saw the buffer
+    broken and gave up the spot host: the running training job was stopped for a rule the fleet keeps."""
+    docs = [topology(), tenant("t"), _mig_pool("mig", ["1g.10gb"] * 7), one_gpu_pool(hi=1, market="spot"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 50}),
+            _mig_job("inference", "1g.10gb", spot="never"), job("train", **A100)]
+    fleet = [instance("i-mig", "mig", "azure", "eastus", "eastus-1", "Standard_NC24ads_A100_v4"), gcp_1g("i-spot", market="spot")]
+    running = {"inference": ("i-mig",), "train": ("i-spot",)}
+    for limit in (0, 10):  # greedy's plan, and CP-SAT's
+        jobs = by_job(plan_for(tmp_path / str(limit), docs, fleet, running, time_limit=limit))
+        assert jobs["train"].instances == ("i-spot",) and jobs["train"].action != "evict", (limit, jobs["train"])
+        assert jobs["inference"].instances == ("i-mig",)
+
+
+def test_the_greedy_fallback_leaves_running_deadline_critical_work_out_of_the_buffer(tmp_path):
+    """A 100% buffer beside one spot GPU, and deadline-critical work running on the one on-demand GPU: the model and
+    the ledger count that GPU as the buffer's (deadline-critical work may use it, ledger.buffer_use). Greedy counted
+    it taken, saw the buffer broken and gave up the spot host, stopping the training job running there."""
+    docs = [topology(), tenant("t"), one_gpu_pool("od", hi=1), one_gpu_pool("sp", hi=1, market="spot"),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 100}), job("train", spot="required", **A100),
+            job("urgent", spot="never", **A100, **due(15))]
+    insts = [gcp_1g("s0", "spot", "sp"), gcp_1g("o0", "on-demand", "od")]
+    for limit in (0, 10):
+        jobs = by_job(plan_for(tmp_path / str(limit), docs, insts, {"train": ("s0",), "urgent": ("o0",)}, now=NOW, time_limit=limit))
+        assert jobs["train"].instances == ("s0",) and jobs["urgent"].instances == ("o0",), (limit, jobs)
