@@ -151,6 +151,24 @@ def work_units(d) -> int:
     return d.size
 
 
+def tenant_spot_drops(jobs: list[tuple[str, int, int]], fraction: float) -> list[str]:
+    """Which of a tenant's jobs to take out so its spot share holds again, fewest first in the
+    given order. `jobs` is (job, work units on spot, work units in all) per placed job, the ones
+    the plan may take out first (new spot work before running spot work). A packed plan needs
+    this where the packer could not hold on-demand work the solver counted in the tenant's
+    share (the model counts new instances per offer): the spot work stayed, its total shrank."""
+    on = sum(s for _, s, _ in jobs)
+    tot = sum(t for _, _, t in jobs)
+    drops = []
+    for job, s, t in jobs:
+        if spot_share_ok(on, tot, fraction):
+            break
+        if s:
+            drops.append(job)
+            on, tot = on - s, tot - t
+    return drops
+
+
 def milli_up(usd: float) -> int:
     """A price or charge as the model's integer coefficient: rounded up, so a plan is never over by a fraction."""
     return math.ceil(usd * MILLI)

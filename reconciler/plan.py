@@ -17,7 +17,8 @@ from typing import Literal
 from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.errors import SolverError
 from reconciler.explain import pending_reason
-from reconciler.ledger import QuotaBook, SpotBallast, budget_ok, charge, plan_ledger, pool_min_ok, pool_ok, spot_ballast, spot_share_ok, within
+from reconciler.ledger import (QuotaBook, SpotBallast, budget_ok, charge, plan_ledger, pool_min_ok, pool_ok, spot_ballast, spot_share_ok,
+                               tenant_spot_drops, within, work_units)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
@@ -432,6 +433,10 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             for job in {j for _, j, _ in b.items if j in unpacked}:
                 b.remove(demand_of[job], job)
 
+    # 2a. A tenant's spot share on what was packed: on-demand work the packer could not hold
+    # leaves the tenant's spot work over its share, so spot work goes too (fleet12, issue 18).
+    spot_drops = _settle_tenant_spot(problem, observed, slots, unpacked, bins_of, hosts, demand_of)
+
     # 2b. Never a move to an identical instance: a new instance whose items all fit on an instance
     # the plan deletes, of the same pool, zone, type, market and price, is that instance instead.
     solved = solution  # the solver's answer as it counted it (emitted_quality compares the plan with it)
@@ -468,7 +473,9 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     for d in problem.demands:
         for job in d.jobs:
             prev = tuple(observed.placements.get(job, ()))
-            if job in slots and job not in unpacked:
+            if job in spot_drops:
+                jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, spot_drops[job]))
+            elif job in slots and job not in unpacked:
                 now, gpus = [], []
                 for r in range(d.replicas):
                     for k in range(d.bundle):
@@ -500,7 +507,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     existing = [c for c in problem.capacities if c.existing]
     cost_before = round(sum(c.price for c in existing), 4)
     cost_after = round(sum(c.price for c in existing if c.instance_id in solution.keep) + sum(a.price for a in creates), 4)
-    n_unpacked = len({j.job for j in jobs if j.job in unpacked})
+    n_unpacked = len({j.job for j in jobs if j.job in unpacked or j.job in spot_drops})  # placed by the solver, not by the plan
     status, optimal, gap = emitted_quality(solved, hosts, creates, repairs, n_unpacked, kept=solution.keep)
     return Plan(
         id=pid, fleet=desired.fleet, desired_digest=desired.digest, observed_digest=observed.digest,
@@ -557,6 +564,40 @@ def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: lis
     gap = max(0.0, (value - solution.cost_bound) / value) if value > 0 else 0.0
     optimal = solution.optimal and not repairs and gap <= 1e-9
     return ("OPTIMAL" if optimal else "FEASIBLE"), optimal, (0.0 if optimal else max(gap, 1e-6) if repairs else gap)
+
+
+def _settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, list[str | None]], unpacked: set[str],
+                        bins_of: dict[str, list[Bin]], hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> dict[str, str]:
+    """Take spot work out of the packed plan where a tenant is over its tenant_max_spot_fraction
+    (the solver held it, counting work the packer then left out): new spot work first, lowest
+    priority first. Returns job -> its pending reason; their items leave the bins."""
+    market: dict[tuple[str, int], str] = {}
+    for bins in bins_of.values():
+        for b in bins:
+            for _, job, r in b.items:
+                market[(job, r)] = b.cap.market
+    per_tenant: dict[str, list[tuple[tuple, str, int, int]]] = {}
+    for job, items in slots.items():
+        d = demand_of[job]
+        r_ = problem.tenants.get(d.tenant)
+        if job in unpacked or r_ is None or r_.spot_fraction is None:
+            continue
+        on = sum(work_units(d) for r, at in enumerate(items) if (hosts[at].market if at is not None else market.get((job, r))) == "spot")
+        running = bool(observed.placements.get(job))
+        per_tenant.setdefault(d.tenant, []).append(((running, d.priority, -on, job), job, on, work_units(d) * len(items)))
+    drops: dict[str, str] = {}
+    for tenant, rows in sorted(per_tenant.items()):
+        rows.sort()
+        frac = problem.tenants[tenant].spot_fraction
+        on, tot = sum(r[2] for r in rows), sum(r[3] for r in rows)
+        for job in tenant_spot_drops([(job, s, t) for _, job, s, t in rows], frac):
+            drops[job] = (f"tenant spot share: {tenant}'s placed work would be {on:g} of {tot:g} work units on spot, over its "
+                          f"max_spot_fraction {frac:g}, as on-demand work the solver placed could not be packed")
+    for bins in bins_of.values():
+        for b in bins:
+            for job in {j for _, j, _ in b.items if j in drops}:
+                b.remove(demand_of[job], job)
+    return drops
 
 
 def _keep_identical(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],

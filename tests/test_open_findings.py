@@ -5,7 +5,8 @@ that passes fails the run). Each file is the failing `Fleet` exactly as the prop
 - fleet11: greedy's plan evicts t1's protected job j7 when the on-demand buffer breaks (settle_spot gives up the
   spot host running it instead of keeping on-demand room), and `apply --plan`'s re-check refuses it. CP-SAT's plan
   is fine, but greedy's is the floor and the fallback.
-- fleet12: CP-SAT's plan puts tenant t2 at 1/1 of its work on spot, over its tenant_max_spot_fraction 0.5.
+- fleet12 (fixed, now a plain regression test): CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its
+  tenant_max_spot_fraction 0.5, because the packer dropped t2's on-demand job the solver had counted in the share.
 - fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) is evicted
   with "pools at max_instances"; with that limit lifted it is still evicted ("the solver did not find that
   placement"): the reason does not name what binds (the spot share, and WhenEmpty keeping a running gang from
@@ -33,8 +34,9 @@ def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():
     check_fleet(fleet("fleet11"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 18): CP-SAT's plan exceeds a tenant's tenant_max_spot_fraction")
 def test_cp_sat_keeps_each_tenants_spot_share():
+    """Fixed: the packer dropped t2's 4-GPU job the solver had counted, leaving t2's spot job over its share;
+    the plan now takes that spot job out too (plan._settle_tenant_spot; tests/test_rules.py has it reduced)."""
     check_fleet(fleet("fleet12"), time_limit=5)
 
 
