@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from reconciler.ledger import Ledger, Refusal, charge, money, plan_ledger, quota_ok
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, stuck_gangs
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -53,6 +53,8 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     job be placed), or says that several bind at once."""
     evicted = job is not None and any(j == job for j, _ in d.running)
     head = "evicted: " if evicted else ""
+    if evicted and d.key in stuck_gangs(problem):
+        return head + _stuck_reason(problem)
     blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
     options = ledger.options(d, fit)
     if blanket:  # a quota or a license refuses every way alike
@@ -84,6 +86,17 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
             + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+def _stuck_reason(problem: Problem) -> str:
+    """A running gang under WhenEmpty may stay or stop, never move (problem.stuck_gangs): no other placement was
+    open to it, so what stopped it is what the fleet as it runs breaks, which this plan had to mend."""
+    hosts = sorted(c.key for c in problem.capacities if c.existing)
+    running = plan_ledger(problem, (), hosts, [(j, ids) for dd in problem.demands for j, ids in dd.running])
+    broken = running.broken_rules()
+    why = ("; ".join(broken[k] for k in sorted(broken)) + ", so the plan gives up running work") if broken else \
+        "its capacity goes to work that ranks above it in this plan (the tiers in README, How it decides)"
+    return f"under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves, and it cannot stay: {why}"
 
 
 # Rules over capacity all tenants share: only there does higher-priority work take it first.

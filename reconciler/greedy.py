@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from reconciler.ledger import (LicenseBook, QuotaBook, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, pool_min_ok, pool_ok, quota_ok,
                                spot_share_ok, work_units)
-from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, forced_moves, has_room, rules_allow, spot_measure, type_class
+from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, stuck_gangs, has_room, rules_allow, spot_measure, type_class
 
 
 @dataclass
@@ -641,7 +641,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
             if c.key not in g.opened and g._may_open(c):  # (a budget keeps room for unmet pool minimums)
                 g._open(c)
     g.pool_minimums()
-    stuck = _stuck_gangs(problem)
+    stuck = stuck_gangs(problem)
     for d in order:
         if d.key in stuck:
             continue  # as in the model: a running gang's jobs stay where they are or not at all
@@ -650,15 +650,6 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
                 break
     g.finish()
     return g.a
-
-
-def _stuck_gangs(p: Problem) -> set[str]:
-    """Under WhenEmpty, running gangs none of whose items must leave their instance: the model
-    lets them stay or stop, never move (`_Model._moves`)."""
-    if p.placement.consolidation != "WhenEmpty":
-        return set()
-    forced = forced_moves(p)
-    return {d.key for d in p.demands if d.gang and d.running_jobs and d.key not in forced}
 
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:

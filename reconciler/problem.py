@@ -757,6 +757,15 @@ def forced_moves(problem: "Problem") -> dict[str, int]:
     return out
 
 
+def stuck_gangs(p: "Problem") -> set[str]:
+    """Under WhenEmpty, running gangs none of whose items must leave their instance: the model
+    lets them stay or stop, never move (`_Model._moves`); greedy and pending reasons alike."""
+    if p.placement.consolidation != "WhenEmpty":
+        return set()
+    forced = forced_moves(p)
+    return {d.key for d in p.demands if d.gang and d.running_jobs and d.key not in forced}
+
+
 def gang_split(d: Demand, hosts: list) -> bool:
     """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?"""
     if any(h is None for h in hosts):

@@ -7,7 +7,7 @@ that passes fails the run). Each file is the failing `Fleet` exactly as the prop
   is fine, but greedy's is the floor and the fallback.
 - fleet12 (fixed, now a plain regression test): CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its
   tenant_max_spot_fraction 0.5, because the packer dropped t2's on-demand job the solver had counted in the share.
-- fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) is evicted
+- fleet13 (fixed, kept as a regression test): j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) is evicted
   with "pools at max_instances"; with that limit lifted it is still evicted ("the solver did not find that
   placement"): the reason does not name what binds (the spot share, and WhenEmpty keeping a running gang from
   moving), or the plan should move it."""
@@ -40,6 +40,17 @@ def test_cp_sat_keeps_each_tenants_spot_share():
     check_fleet(fleet("fleet12"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 19): the evicted gang's reason names a limit whose lift does not place it")
 def test_an_evicted_gangs_reason_names_what_binds():
+    """Fixed: under WhenEmpty the gang may only stay or stop, so its reason is WhenEmpty and what the running fleet
+    breaks (here the pool over max_instances, spot diversity and the spot share), not a pool limit whose lift would
+    not place it (the model never offers it a move)."""
     check_reasons(fleet("fleet13"))
+    from tests.test_truth import _plan_docs
+
+    f = fleet("fleet13")
+    _, plan = _plan_docs(f.docs, f)
+    j4 = next(j for j in plan.jobs if j.job == "j4")
+    assert j4.action == "evict"
+    assert j4.reason.startswith("evicted: under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves"), j4.reason
+    assert "pool aws-a100 has 2 instances, over its max_instances" in j4.reason
+    assert "the fleet is 100.0% spot, over max_spot_fraction 0.25" in j4.reason

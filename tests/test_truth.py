@@ -140,7 +140,7 @@ def _plan_docs(docs, fleet, time_limit: float = 4):
 def check_reasons(fleet) -> None:
     """Each pending job's named limit, lifted alone, lets it be placed: re-planned without the
     other pending jobs (so what the lift frees is not taken by them), the job runs."""
-    from hypothesis import note
+    from tests.test_properties import _note as note  # (also runs on stored fleets, outside a property test)
 
     desired, plan = _plan_docs(fleet.docs, fleet)
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
