@@ -428,6 +428,7 @@ class _Greedy:
             if hk == inst.key and n:
                 hosts_of[dk] = n
         demands = {d.key: d for d in self.p.demands}
+        emptied: set[str] = set()
         for dk in hosts_of:
             d = demands[dk]
             # Every item of d kept anywhere goes (a gang is whole or nothing; identical jobs: those here).
@@ -435,11 +436,14 @@ class _Greedy:
             jobs_lost = 1 if d.gang else sum(n for _, n in cells)
             for hk, n in cells:
                 host = self.opened[hk]
+                emptied.add(hk)
                 for _ in range(n):
                     self._unrecord(d, host, stay=True)
             self.a.placed[dk] -= jobs_lost
             self._charge_quota(d, -jobs_lost)
-        for hk in [k for k, i in self.opened.items() if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
+        # Only the hosts this leaves empty: an idle on-demand host settle_spot kept for the buffer stays (closing it
+        # too gave up the next spot host for a buffer it had mended, or bought an identical host to replace it).
+        for hk in [k for k in sorted(emptied) if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
             self._close(self.opened[hk])
 
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:

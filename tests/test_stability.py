@@ -334,6 +334,32 @@ def test_greedy_buys_on_demand_room_for_the_buffer_before_it_gives_up_a_guarante
 
 
 @pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_giving_up_one_spot_host_for_the_buffer_keeps_the_idle_on_demand_host_that_holds_it(tmp_path, time_limit):
+    """Two spot hosts need 2 idle on-demand GPUs (buffer 100%), the fleet has 1: one spot host must go, and its low
+    job with it. Greedy's settle_spot kept the idle on-demand host for the buffer, then closed it with the first
+    spot host it gave up, so the buffer broke again and it gave up the second too: the high spot-required job,
+    while the low one took the on-demand host."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "on_demand_buffer_percent": 100}),
+        doc("Tenant", "t1", {}),
+        pool("gcp-a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", hi=2),
+        pool("gcp-a100-od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+        job("train", "t1", **a100, priority="high", spot="required"),
+        job("sweep", "t1", **a100, priority="low"),
+    ]
+    fleet = [instance("s1", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("s2", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("h", "gcp-a100-od", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")]
+    plan = plan_for(tmp_path, docs, fleet, {"train": ("s1",), "sweep": ("s2",)}, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert (jobs["train"].action, jobs["sweep"].action) == ("keep", "evict"), (jobs["train"], jobs["sweep"])
+    assert [d.instance_id for d in plan.deletes] == ["s2"] and not plan.creates
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
 def test_a_tenant_without_a_quota_keeps_its_running_work_against_another_tenants_higher_class(tmp_path, time_limit):
     """Found by the property tier: neither tenant has a quota (unlimited: nothing either runs is borrowed), and
     CP-SAT evicted t3's running low job so t1's high gang could take its GPUs (the README: a higher class evicts
