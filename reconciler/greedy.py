@@ -316,8 +316,9 @@ class _Greedy:
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
         share, on-demand buffer, diversity), keep an idle on-demand host the fleet already has
-        where that mends the fleet's spot share (the fleet kept it for that), else give up the
-        spot host whose work ranks lowest."""
+        where that mends the fleet's spot share (the fleet kept it for that), else buy on-demand
+        capacity to stand idle where that mends it (running work ranks above cost), else give up
+        the spot host whose work ranks lowest."""
         spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
                        key=lambda h: (h.price / self._prim(h), h.key))
         tried: set[str] = set()
@@ -341,7 +342,7 @@ class _Greedy:
                     self._open(spare.pop(0))
                     continue
                 buys = self._ballast_buys() if self._other_spot_rules_hold() else []
-                if buys:  # (fleet8/fleet11: its on-demand host must go; giving up the spot host took a guarantee)
+                if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)
                     self.ballast += [self._open(c) for c in buys]
                     continue
             rank = {d.key: i for i, d in enumerate(order)}
