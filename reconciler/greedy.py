@@ -4,7 +4,10 @@ Three uses: CP-SAT's warm start (so its answer is never worse), the fallback whe
 CP-SAT finds nothing in time (said so in the plan), and the baseline the benchmark
 compares against. Pure. It keeps every hard rule the model has, opening no spot
 capacity (new, or an idle spot host) beyond the hosts of running work when the
-SpotPolicy asks for diversity or an on-demand buffer (a valid, if dearer, answer).
+SpotPolicy asks for diversity or an on-demand buffer (a valid, if dearer, answer);
+where the kept spot hosts need more on-demand capacity than the fleet has (its
+on-demand host must go), it buys that capacity to stand idle rather than stop
+running work, as the model ranks running work above cost.
 
 Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
@@ -91,6 +94,8 @@ class _Greedy:
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
+        self.ballast: list[_Inst] = []  # on-demand instances bought to stand idle for the fleet's spot rules
+        self.sparing_buffer = False  # plan onto no open on-demand instance the on-demand buffer counts
         self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
         self.keys_memo: dict[tuple, list[str]] = {}  # _keys_at's answers
         for c in problem.capacities:
@@ -311,8 +316,9 @@ class _Greedy:
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
         share, on-demand buffer, diversity), keep an idle on-demand host the fleet already has
-        where that mends the fleet's spot share (the fleet kept it for that), else give up the
-        spot host whose work ranks lowest."""
+        where that mends the fleet's spot share (the fleet kept it for that), else buy on-demand
+        capacity to stand idle where that mends it (running work ranks above cost), else give up
+        the spot host whose work ranks lowest."""
         spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
                        key=lambda h: (h.price / self._prim(h), h.key))
         tried: set[str] = set()
@@ -335,9 +341,39 @@ class _Greedy:
                 if spare:
                     self._open(spare.pop(0))
                     continue
+                buys = self._ballast_buys() if self._other_spot_rules_hold() else []
+                if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)
+                    self.ballast += [self._open(c) for c in buys]
+                    continue
             rank = {d.key: i for i, d in enumerate(order)}
             worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
             self._release(worst)
+
+    def _ballast_buys(self) -> list[Capacity]:
+        """The on-demand instances to buy that, standing idle, mend the fleet's spot share and on-demand buffer
+        for the spot hosts kept: the cheapest single offer that mends them, else the cheapest per GPU (vCPU)
+        one at a time; within max_new, pool ceilings, cloud quotas and the budget. [] if none does."""
+        sp = self.p.spot
+        spot, total, idle = self._kept_spot()
+        offers = sorted((c for c in self.offer.values() if c.market != "spot" and self._prim(c) > 0),
+                        key=lambda c: (c.price / self._prim(c), c.key))
+        picked: list[Capacity] = []
+        buys: dict[str, int] = {}
+        extra_cost, extra_pool = 0.0, {}
+        while not (spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)):
+            ok = [c for c in offers if self.bought.get(c.offer_key, 0) + buys.get(c.offer_key, 0) < c.max_new
+                  and self._may_open(c, extra_cost, extra_pool, extra_buys=buys)]
+            if not ok:
+                return []
+            whole = [c for c in ok if spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction)
+                     and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)]
+            c = min(whole, key=lambda c: (c.price, c.key)) if whole else ok[0]
+            picked.append(c)
+            buys[c.offer_key] = buys.get(c.offer_key, 0) + 1
+            extra_cost += c.price
+            extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
+            total, idle = total + self._prim(c), idle + self._prim(c)
+        return picked
 
     def _diversity_spare(self, tried: set[str]) -> Capacity | None:
         """The cheapest idle spot host the fleet has that adds a spot instance type or zone the SpotPolicy
@@ -356,7 +392,7 @@ class _Greedy:
 
     def _kept_spot(self) -> tuple[float, float, float]:
         """Of the kept hosts: spot capacity, all capacity, and what is idle on on-demand ones."""
-        opened = list(self.opened.values())
+        opened = list(self.opened.values()) + self.ballast
         spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
         total = sum(self._prim(i.cap) for i in opened)
         idle = sum(self._prim(i.cap) - i.buffer_used for i in opened if i.cap.market != "spot")
@@ -369,9 +405,11 @@ class _Greedy:
         return spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)
 
     def _spot_rules_hold(self) -> bool:
+        return self._fleet_spot_rules_hold() and self._other_spot_rules_hold()
+
+    def _other_spot_rules_hold(self) -> bool:
+        """Spot diversity and the tenants' spot shares: what more on-demand capacity does not mend."""
         p, sp = self.p, self.p.spot
-        if not self._fleet_spot_rules_hold():
-            return False
         opened = list(self.opened.values())
         spot_caps = [i.cap for i in opened if i.cap.market == "spot"]
         if spot_caps and not diversity_ok(len({c.instance_type for c in spot_caps}), len({c.zone for c in spot_caps}),
@@ -391,6 +429,7 @@ class _Greedy:
             if hk == inst.key and n:
                 hosts_of[dk] = n
         demands = {d.key: d for d in self.p.demands}
+        emptied: set[str] = set()
         for dk in hosts_of:
             d = demands[dk]
             # Every item of d kept anywhere goes (a gang is whole or nothing; identical jobs: those here).
@@ -398,11 +437,14 @@ class _Greedy:
             jobs_lost = 1 if d.gang else sum(n for _, n in cells)
             for hk, n in cells:
                 host = self.opened[hk]
+                emptied.add(hk)
                 for _ in range(n):
                     self._unrecord(d, host, stay=True)
             self.a.placed[dk] -= jobs_lost
             self._charge_quota(d, -jobs_lost)
-        for hk in [k for k, i in self.opened.items() if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
+        # Only the hosts this leaves empty: an idle on-demand host settle_spot kept for the buffer stays (closing it
+        # too gave up the next spot host for a buffer it had mended, or bought an identical host to replace it).
+        for hk in [k for k in sorted(emptied) if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
             self._close(self.opened[hk])
 
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:
@@ -513,6 +555,8 @@ class _Greedy:
             for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
                 for inst in self.buckets.get(kk, []):
                     if d.nvlink and inst.cap.existing and inst.gpu_residents:
+                        continue
+                    if self.sparing_buffer and _in_buffer(self, inst):
                         continue
                     free = taken.get(id(inst), inst.free)
                     while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
@@ -657,6 +701,13 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
     if not g._quota_ok(d):
         return False
     plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, None)
+    if plan is not None and _breaks_buffer(g, d, plan):
+        # Its room is the buffer's: plan again past the instances the buffer counts (buying, if it must).
+        g.sparing_buffer = True
+        try:
+            plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, None)
+        finally:
+            g.sparing_buffer = False
     if plan is None or _breaks_buffer(g, d, plan):
         return False
     _commit(g, d, plan)
@@ -671,11 +722,16 @@ def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
     pct = g.p.spot.on_demand_buffer_percent
     if pct <= 0 or d.deadline_critical:  # deadline-critical work may use the buffer's capacity
         return False
-    taken = sum(buffer_use(d, g.spot_dim) for _, t in plan if isinstance(t, _Inst) and t.cap.market != "spot" and t.key in g.opened)
+    taken = sum(buffer_use(d, g.spot_dim) for _, t in plan if isinstance(t, _Inst) and _in_buffer(g, t))
     if not taken:
         return False
     spot, _, idle = g._kept_spot()
     return not buffer_ok(idle - taken, spot, pct)
+
+
+def _in_buffer(g: _Greedy, inst: _Inst) -> bool:
+    """An open on-demand instance whose idle capacity the on-demand buffer counts: a kept host, or ballast."""
+    return inst.cap.market != "spot" and (inst.key in g.opened or any(inst is b for b in g.ballast))
 
 
 def _commit(g: _Greedy, d: Demand, plan) -> None:

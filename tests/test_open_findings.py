@@ -2,9 +2,9 @@
 as strict xfails so the next change that fixes one is told to turn it into a plain regression test (a strict xfail
 that passes fails the run). Each file is the failing `Fleet` exactly as the property test printed it.
 
-- fleet11: greedy's plan evicts t1's protected job j7 when the on-demand buffer breaks (settle_spot gives up the
-  spot host running it instead of keeping on-demand room), and `apply --plan`'s re-check refuses it. CP-SAT's plan
-  is fine, but greedy's is the floor and the fallback.
+- fleet11 (fixed, now a regression test): greedy's plan evicted t1's protected job j7 when the on-demand buffer
+  broke (its only on-demand host must go; settle_spot gave up the spot host running j7 instead of buying on-demand
+  room, as CP-SAT does), and `apply --plan`'s re-check refused it.
 - fleet12 (fixed, now a plain regression test): CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its
   tenant_max_spot_fraction 0.5, because the packer dropped t2's on-demand job the solver had counted in the share.
 - fleet13 (fixed, kept as a regression test): j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) is evicted
@@ -29,7 +29,6 @@ def fleet(name: str) -> Fleet:
     return eval((FINDINGS / f"{name}.txt").read_text(), {"Fleet": Fleet, "Instance": Instance})  # noqa: S307 - our own test data
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 18): greedy's settle_spot evicts a protected job for the on-demand buffer")
 def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():
     check_fleet(fleet("fleet11"), time_limit=5)
 

@@ -298,6 +298,68 @@ def test_an_on_demand_buffer_does_not_stop_greedy_keeping_on_demand_for_the_spot
 
 
 @pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_greedy_buys_on_demand_room_for_the_buffer_before_it_gives_up_a_guaranteed_spot_job(tmp_path, time_limit):
+    """Found by the property tier (tests/data/findings/fleet11.txt): the fleet's only on-demand host is in a cloud
+    the guardrails no longer allow, so it goes and the kept spot host breaks the on-demand buffer. Greedy (the
+    fallback and the warm start) gave up the spot host and t1's job on it, inside its guarantee, and `apply --plan`
+    refused the plan. An idle on-demand instance bought for the buffer keeps it, as CP-SAT does; the buffer's room
+    is not given to new work, which goes on an instance of its own while the pool allows one."""
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import instance, plan_for
+    docs = [
+        topology(),
+        doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "on_demand_buffer_percent": 25}),
+        doc("GuardrailPolicy", "g", {"allowed_clouds": ["azure", "gcp"]}),
+        doc("Tenant", "t1", {}),
+        pool("gcp-a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", hi=1),
+        pool("az-a100-80", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], hi=2),
+        pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1),
+        job("train", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="low"),
+        *[job(f"infer{n}", "t1", gpus=1, gpu_type="A100-80GB", cpu=8, mem=60, priority="low") for n in range(2)],
+    ]
+    fleet = [instance("i0", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("i1", "aws-a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"train": ("i0",)}, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["train"].action == "keep", jobs["train"]
+    assert [d.instance_id for d in plan.deletes] == ["i1"]
+    assert [(c.pool, c.market) for c in plan.creates] == [("az-a100-80", "on-demand")] * 2
+    assert sorted(jobs[f"infer{n}"].action for n in range(2)) == ["pending", "place"]
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path)
+    observed = catalog_observed(desired, fleet, {"train": ("i0",)})
+    assert recheck(plan, desired, observed, build_problem(desired, observed))[1] == []
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_giving_up_one_spot_host_for_the_buffer_keeps_the_idle_on_demand_host_that_holds_it(tmp_path, time_limit):
+    """Two spot hosts need 2 idle on-demand GPUs (buffer 100%), the fleet has 1: one spot host must go, and its low
+    job with it. Greedy's settle_spot kept the idle on-demand host for the buffer, then closed it with the first
+    spot host it gave up, so the buffer broke again and it gave up the second too: the high spot-required job,
+    while the low one took the on-demand host."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "on_demand_buffer_percent": 100}),
+        doc("Tenant", "t1", {}),
+        pool("gcp-a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", hi=2),
+        pool("gcp-a100-od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+        job("train", "t1", **a100, priority="high", spot="required"),
+        job("sweep", "t1", **a100, priority="low"),
+    ]
+    fleet = [instance("s1", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("s2", "gcp-a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("h", "gcp-a100-od", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")]
+    plan = plan_for(tmp_path, docs, fleet, {"train": ("s1",), "sweep": ("s2",)}, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert (jobs["train"].action, jobs["sweep"].action) == ("keep", "evict"), (jobs["train"], jobs["sweep"])
+    assert [d.instance_id for d in plan.deletes] == ["s2"] and not plan.creates
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
 def test_a_tenant_without_a_quota_keeps_its_running_work_against_another_tenants_higher_class(tmp_path, time_limit):
     """Found by the property tier: neither tenant has a quota (unlimited: nothing either runs is borrowed), and
     CP-SAT evicted t3's running low job so t1's high gang could take its GPUs (the README: a higher class evicts
