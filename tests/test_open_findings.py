@@ -1,22 +1,21 @@
-"""Fleets the slow property tiers found on 2026-11-26 that the planner still gets wrong (issues 18 and 19), kept
-as strict xfails so the next change that fixes one is told to turn it into a plain regression test (a strict xfail
-that passes fails the run). Each file is the failing `Fleet` exactly as the property test printed it.
+"""Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
+failing `Fleet` exactly as the property test printed it. All three are fixed and kept as regression tests; a new
+finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
+told to make it a plain test).
 
-- fleet11 (fixed, now a regression test): greedy's plan evicted t1's protected job j7 when the on-demand buffer
-  broke (its only on-demand host must go; settle_spot gave up the spot host running j7 instead of buying on-demand
-  room, as CP-SAT does), and `apply --plan`'s re-check refused it.
-- fleet12 (fixed, now a plain regression test): CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its
-  tenant_max_spot_fraction 0.5, because the packer dropped t2's on-demand job the solver had counted in the share.
-- fleet13 (fixed, kept as a regression test): j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) is evicted
-  with "pools at max_instances"; with that limit lifted it is still evicted ("the solver did not find that
-  placement"): the reason does not name what binds (the spot share, and WhenEmpty keeping a running gang from
-  moving), or the plan should move it."""
+- fleet11: greedy's plan evicted t1's protected job j7 when the on-demand buffer broke (its only on-demand host
+  must go; settle_spot gave up the spot host running j7 instead of buying on-demand room, as CP-SAT does), and
+  `apply --plan`'s re-check refused it.
+- fleet12: CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its tenant_max_spot_fraction 0.5, because
+  the packer dropped t2's on-demand job the solver had counted in the share.
+- fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) was evicted
+  with "pools at max_instances"; with that limit lifted it was still evicted: under WhenEmpty the gang may only
+  stay or stop, and the reason now says so with what the running fleet breaks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
