@@ -86,7 +86,7 @@ class Phases:
     def __init__(self) -> None:
         import reconciler.api
         import reconciler.observe
-        import reconciler.solve
+        import reconciler.solve.strategy
         from ortools.sat.python import cp_model
 
         self.targets = [
@@ -94,7 +94,7 @@ class Phases:
             ("observe", reconciler.observe.Fleet, "observe"),
             ("problem", reconciler.api, "build_problem"),
             ("solve", reconciler.api, "solve"),
-            ("greedy", reconciler.solve, "greedy"),
+            ("greedy", reconciler.solve.strategy, "greedy"),
             ("cpsat", cp_model.CpSolver, "solve"),
             ("plan", reconciler.api, "make_plan"),
             ("guardrails", reconciler.api, "violations"),
@@ -175,7 +175,7 @@ def gpu_allocation(r) -> float | None:
 
 def compare(r) -> dict:
     """Greedy best-fit on the same problem, and the LP bound, beside the plan's $/h."""
-    from reconciler.greedy import greedy  # not reconciler.solve.greedy: the timing wrapper is there
+    from reconciler.greedy import greedy  # not reconciler.solve.strategy.greedy: the timing wrapper is there
 
     t = time.perf_counter()
     g = greedy(r.problem)

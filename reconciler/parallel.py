@@ -31,13 +31,13 @@ def processes_for(sizes: list[int]) -> int:
 
 
 def _solve_part(args: tuple):
-    from reconciler import solve as s
+    from reconciler.solve import strategy as s
 
     part, share, workers, seed, with_lp_bound, gap_limit, deadline = args
-    clock = s._Work(deadline)
+    clock = s.Work(deadline)
     try:
-        return s._solve_one(part, share, workers, seed, with_lp_bound, gap_limit, clock), clock.used
-    except s._WallCap:
+        return s.solve_one(part, share, workers, seed, with_lp_bound, gap_limit, clock), clock.used
+    except s.WallCap:
         return None, clock.used
 
 
@@ -47,7 +47,7 @@ def solve_in_workers(parts: list, shares: list[float], processes: int, workers, 
     solver's wall-cap exception if any part hit it (as the in-process loop would)."""
     import multiprocessing
 
-    from reconciler import solve as s
+    from reconciler.solve import strategy as s
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["reconciler.solve"])
@@ -56,5 +56,5 @@ def solve_in_workers(parts: list, shares: list[float], processes: int, workers, 
         results = list(pool.map(_solve_part, jobs))
     clock.used += sum(used for _, used in results)
     if any(sol is None for sol, _ in results):
-        raise s._WallCap
+        raise s.WallCap
     return [sol for sol, _ in results]

@@ -355,7 +355,8 @@ def test_random_fleets_under_random_quotas_keep_every_rule():
     from reconciler.load import load
     from reconciler.plan import make_plan
     from reconciler.problem import build_problem
-    from reconciler.solve import _Model, solve
+    from reconciler.solve import solve
+    from reconciler.solve.model import Model
     from tests.fleetkit import catalog_observed
     from tests.test_properties import SETTINGS, _violated, fleets
 
@@ -376,7 +377,7 @@ def test_random_fleets_under_random_quotas_keep_every_rule():
             plan = make_plan(desired, observed, problem, solve(problem, time_limit=limit, workers=1))
             check_plan(desired, observed, plan)
         for g in (greedy(problem), greedy(problem, keep_fleet=True)):
-            model = _Model(problem, g)
+            model = Model(problem, g)
             model.tiers()
             model.cost()
             model.hint_from(g)

@@ -411,14 +411,14 @@ def test_the_greedy_warm_start_is_a_solution_of_the_model(fleet):
     after moving a broken gang away had no variable), the warm start is lost, every tier is
     searched from nothing and a 5k-job drift plan fell back to greedy after the whole time limit."""
     from reconciler.greedy import greedy
-    from reconciler.solve import _Model
+    from reconciler.solve.model import Model
 
     with tempfile.TemporaryDirectory() as d:
         desired = load(write_config(Path(d), fleet.docs))
     observed = replace(catalog_observed(desired, fleet.instances, fleet.placements), gpu_indices=fleet.gpu_indices)
     problem = build_problem(desired, observed)
     for g in (greedy(problem), greedy(problem, keep_fleet=True)):  # either may be the warm start
-        model = _Model(problem, g)
+        model = Model(problem, g)
         model.tiers()
         model.cost()
         model.hint_from(g)

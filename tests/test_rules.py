@@ -617,14 +617,14 @@ def test_a_warm_pools_model_does_not_grow_with_its_idle_instances(tmp_path):
     """The CP-SAT model's placement variables are the same for 5 and 50 idle instances."""
     from reconciler.load import load
     from reconciler.problem import build_problem
-    from reconciler.solve import _Model
+    from reconciler.solve.model import Model
     from tests.fleetkit import catalog_observed
 
     sizes = []
     for idle in (5, 50):
         docs, insts = _warm_pool_docs(idle, [job(f"j{k}", gpus=k % 3 + 1, gpu_type="A100", cpu=4, mem=20) for k in range(6)])
         desired = load(write_config(tmp_path / str(idle), docs))
-        sizes.append(len(_Model(build_problem(desired, catalog_observed(desired, insts))).x))
+        sizes.append(len(Model(build_problem(desired, catalog_observed(desired, insts))).x))
     assert sizes[0] == sizes[1] > 0
 
 

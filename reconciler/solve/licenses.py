@@ -9,6 +9,7 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from reconciler.ledger import license_need
+from reconciler.solve.variables import wsum
 
 
 def add_license_constraints(m: cp_model.CpModel, problem, placed: dict[str, object]) -> None:
@@ -18,18 +19,11 @@ def add_license_constraints(m: cp_model.CpModel, problem, placed: dict[str, obje
         holders = [(d, n) for d, n in holders if n]
         if not holders:
             continue
-        m.add(_sum([(n, placed[d.key]) for d, n in holders]) <= lic.count)
+        m.add(wsum([(n, placed[d.key]) for d, n in holders]) <= lic.count)
         for tenant, quota in sorted(lic.tenant_quotas.items()):
             mine = [(n, placed[d.key]) for d, n in holders if d.tenant == tenant]
             if mine:
-                m.add(_sum(mine) <= quota)
-
-
-def _sum(terms):
-    const = sum(c * v for c, v in terms if isinstance(v, int))
-    vs = [(c, v) for c, v in terms if not isinstance(v, int)]
-    expr = cp_model.LinearExpr.weighted_sum([v for _, v in vs], [c for c, _ in vs]) if vs else 0
-    return expr + const
+                m.add(wsum(mine) <= quota)
 
 
 __all__ = ["add_license_constraints"]

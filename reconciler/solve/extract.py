@@ -1,0 +1,100 @@
+"""Extraction: a Solution from a solution vector of the model (idle classes unfolded onto their
+hosts, each group's items shared among its demands), or from greedy's assignment."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from reconciler.greedy import Assignment
+from reconciler.ledger import MILLI
+from reconciler.pack import Bin, pack_items
+from reconciler.problem import Problem
+from reconciler.solve.solution import Solution, TierReport
+from reconciler.solve.variables import solved
+
+if TYPE_CHECKING:
+    from reconciler.solve.model import Model
+
+
+def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierReport], status: str, optimal: bool,
+             gap: float, t0: float) -> Solution:
+    val = lambda v: solved(v, values)  # noqa: E731
+    placed = {dk: val(v) for dk, v in model.placed.items()}
+    stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
+    xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
+    keep = frozenset([c.instance_id for c in model.hosts if c.key in model.use and val(model.use[c.key])]
+                     + [h.instance_id for ik, hs in model.idle_members.items() for h in hs[:val(model.use[ik])]])
+    x = unfold_idle(model, split_groups(problem, xg, placed, stay), keep)
+    new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
+    guaranteed = {dk: val(v) for dk, v in model.g.items()}
+    hosts = len(model.hosts)
+    frozen = sum(1 for h in model.hosts if h.frozen)
+    return Solution(
+        status=status, optimal=optimal, gap=gap, seconds=time.monotonic() - t0, keep=keep, new=new, stay=stay, x=x,
+        placed=placed, guaranteed=guaranteed, tiers=tuple(tiers),
+        work=sum(d.weight * placed[d.key] for d in problem.demands),
+        cost_milli=sum(round(c.price * MILLI) * (1 if c.instance_id in keep else 0) for c in model.hosts)
+        + sum(round(model.caps[k].price * MILLI) * n for k, n in new.items()),
+        capacities=model.caps, scope=(hosts - frozen, frozen), variables=len(model.m.proto.variables),
+        constraints=len(model.m.proto.constraints),
+    )
+
+
+def unfold_idle(model: Model, x: dict[tuple[str, str], int], keep: frozenset[str]) -> dict[tuple[str, str], int]:
+    """Items placed on a class of idle hosts, packed onto its kept hosts as the planner will
+    pack them (largest first). The class's capacity rows and cuts make a misfit rare; an
+    item that does not fit is left on the first host, where the planner leaves its job
+    pending rather than overcommit."""
+    out = {k: n for k, n in x.items() if k[1] not in model.idle}
+    for ik, hosts in model.idle_members.items():
+        items = [(model.demands[dk], f"{dk}#{i}", 0, None) for (dk, ck), n in sorted(x.items()) if ck == ik for i in range(n)]
+        if not items:
+            continue
+        bins = [Bin.empty(h, h.key) for h in hosts if h.instance_id in keep] or [Bin.empty(hosts[0], hosts[0].key)]
+        left = pack_items(bins, items)
+        for b in bins:
+            for dk, _, _ in b.items:
+                out[(dk, b.ref)] = out.get((dk, b.ref), 0) + 1
+        for d, *_ in left:
+            out[(d.key, bins[0].ref)] = out.get((d.key, bins[0].ref), 0) + 1
+    return out
+
+
+def split_groups(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Share each group's new items per capacity among its demands: each demand gets what it
+    placed minus what stays."""
+    staying: dict[str, int] = {}
+    for (dk, _), n in stay.items():
+        staying[dk] = staying.get(dk, 0) + n
+    need = {d.key: placed.get(d.key, 0) * d.replicas - staying.get(d.key, 0) for d in problem.demands}
+    out: dict[tuple[str, str], int] = {}
+    cells_of: dict[str, list[tuple[str, int]]] = {}
+    for (gk, ck), n in sorted(xg.items()):
+        cells_of.setdefault(gk, []).append((ck, n))
+    for gk, members in problem.groups.items():
+        for ck, n in cells_of.get(gk, []):
+            for dk in members:
+                take = min(need[dk], n)
+                if take > 0:
+                    out[(dk, ck)] = out.get((dk, ck), 0) + take
+                    need[dk] -= take
+                    n -= take
+    return out
+
+
+def from_assignment(problem: Problem, a: Assignment, status: str, t0: float, note: str = "") -> Solution:
+    caps = {c.key: c for c in problem.capacities}
+    keep = frozenset(c.instance_id for c in problem.capacities if c.existing and a.use.get(c.key, 0))
+    new = {k: n for k, n in a.use.items() if n and not caps[k].existing}
+    return Solution(
+        status=status, optimal=False, gap=1.0, seconds=time.monotonic() - t0, keep=keep, new=new,
+        stay={k: n for k, n in a.stay.items() if n}, x={k: n for k, n in a.x.items() if n}, placed=dict(a.placed),
+        guaranteed={}, work=sum(d.weight * a.placed.get(d.key, 0) for d in problem.demands),
+        cost_milli=round(a.cost * MILLI), capacities=caps,
+        scope=(sum(1 for c in problem.capacities if c.existing and not c.frozen), sum(1 for c in problem.capacities if c.frozen)),
+        note=note,
+    )
+
+
+__all__ = ["extract", "from_assignment", "split_groups", "unfold_idle"]

@@ -1,0 +1,92 @@
+"""Fleet-wide rules on instances: pool bounds, the fleet budget, the spot share, the on-demand
+buffer beside spot capacity, and spot diversity (instance types, zones). They count offers,
+hosts and idle classes (`Model.units`); the measures are the ledger's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconciler.ledger import buffer_use, fraction_milli, milli_down, milli_up
+from reconciler.problem import Demand, spot_measure
+from reconciler.solve.variables import is_variable, wsum
+
+if TYPE_CHECKING:
+    from reconciler.solve.model import Model
+
+
+def add_fleet_rules(model: Model) -> None:
+    add_pool_bounds(model)
+    add_fleet_budget(model)
+    add_spot_rules(model)
+
+
+def add_pool_bounds(model: Model) -> None:
+    m, p = model.m, model.p
+    by_pool: dict[str, list] = {}
+    for c in model.units:
+        by_pool.setdefault(c.pool, []).append(model.use[c.key])
+    for pool, (lo, hi) in p.pool_bounds.items():
+        vs = by_pool.get(pool, [])
+        if any(is_variable(v) for v in vs):
+            m.add(sum(vs) >= lo)
+            m.add(sum(vs) <= hi)
+        elif not lo <= sum(vs) <= hi:
+            m.add(m.new_constant(0) >= 1)  # e.g. nothing can be bought for this pool, yet it needs lo instances
+
+
+def add_fleet_budget(model: Model) -> None:
+    p = model.p
+    if p.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
+        model.m.add(wsum([(milli_up(c.price), model.use[c.key]) for c in model.units]) <= milli_down(p.budget))
+
+
+def add_spot_rules(model: Model) -> None:
+    m, p = model.m, model.p
+    sp = p.spot
+    caps = model.units
+    dim, measure = spot_measure(caps, p.gpu_fleet)
+    prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
+    spot = [c for c in caps if c.market == "spot"]
+    if spot and sp.max_spot_fraction < 1:
+        frac = fraction_milli(sp.max_spot_fraction)
+        m.add(1000 * wsum([(prim(c), model.use[c.key]) for c in spot]) <= frac * wsum([(prim(c), model.use[c.key]) for c in caps]))
+    if spot and sp.on_demand_buffer_percent > 0:
+        od = [c for c in caps if c.market != "spot"]
+        # idle on-demand capacity (x 70000) >= percent (x 700) of spot capacity. 70000 = 7 x 10000:
+        # a MIG item uses its compute slices / 7 of a GPU, so a GPU's seven slices count exactly
+        # one GPU (at x 10000 each 1g slice rounded to 1429 and a full GPU was 10003 used).
+        need = [(round(sp.on_demand_buffer_percent * 700) * prim(c), model.use[c.key]) for c in spot]
+        idle = [(70000 * prim(c), model.use[c.key]) for c in od]
+
+        def used(d: Demand) -> int:  # x 70000 (deadline-critical work may use the buffer's capacity)
+            return round(70000 * buffer_use(d, dim))
+        for (gk, ck), v in model.x.items():
+            if model.caps[ck].market != "spot":
+                idle.append((-used(model.demands[p.groups[gk][0]]), v))
+        for (dk, hk), v in model.stay.items():
+            c = model.caps[hk]
+            if c.market != "spot":
+                idle.append((-used(model.demands[dk]), v))
+        m.add(wsum(idle) >= wsum(need))
+    if spot and (sp.min_instance_types > 1 or sp.min_zones > 1):
+        add_spot_diversity(model, spot)
+
+
+def add_spot_diversity(model: Model, spot: list) -> None:
+    """Spot spread over at least min_instance_types types and min_zones zones, once any spot is used."""
+    m, sp = model.m, model.p.spot
+    any_spot = m.new_bool_var("any_spot")
+    for c in spot:
+        ub = c.max_new if not c.existing else 1
+        m.add(model.use[c.key] <= ub * any_spot)
+    for attr, need in (("instance_type", sp.min_instance_types), ("zone", sp.min_zones)):
+        if need <= 1:
+            continue
+        values = sorted({getattr(c, attr) for c in spot})
+        used = {v: m.new_bool_var(f"spot_{attr}[{v}]") for v in values}
+        for v in values:
+            m.add(used[v] <= sum(model.use[c.key] for c in spot if getattr(c, attr) == v))
+        m.add(sum(used.values()) >= need * any_spot)
+
+
+__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_spot_diversity", "add_spot_rules"]

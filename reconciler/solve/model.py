@@ -1,0 +1,274 @@
+"""The CP-SAT model of one Problem: its variables, and the constraint families applied in order.
+
+Variables, in the order they are created (the order is part of the model: CP-SAT's search
+depends on it, and the plan digests prove it unchanged): instances (`use`: new per offer, keep
+per host, kept per idle class), residents that stay (`stay`), new items per group and capacity
+(`x`, only where the host index says they could land), then jobs placed per demand with their
+guaranteed/borrowed split and the running jobs kept (`placed`, `g`, `b`, `krj`, `krg`, `krb`).
+Each container is a `Values`: a variable for what the model decides, a frozen int for what it
+does not. The constraint families (one module each) read these and add rows; a test may build
+the model with only some of them (`families`) to check one family alone."""
+
+from __future__ import annotations
+
+import math
+
+from ortools.sat.python import cp_model
+
+from reconciler.greedy import Assignment
+from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, may_preempt, over_cap_tenants,
+                                type_class)
+from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, tenants
+from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
+from reconciler.solve.licenses import add_license_constraints
+from reconciler.solve.quotas import add_cloud_quota_constraints
+from reconciler.solve.variables import Values, set_hints
+
+# The constraint families, in the order they add their rows (capacity's come before the demand
+# variables exist: they read only instances, stays and new items).
+FAMILIES = ("capacity", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+
+
+class Model:
+    """The CP-SAT model of one Problem; variables for solved parts, constants for frozen ones."""
+
+    def __init__(self, problem: Problem, warm: Assignment | None = None, families: tuple[str, ...] = FAMILIES):
+        """`warm`: the warm start; every host it puts new work on gets that work's variable,
+        even where the model alone would not look (a host freed by a gang greedy moves away).
+        `families`: the constraint families to add (all of them but in tests of one family)."""
+        unknown = set(families) - set(FAMILIES)
+        if unknown:
+            raise ValueError(f"internal: unknown constraint families {sorted(unknown)}")
+        self.p = problem
+        m = self.m = cp_model.CpModel()
+        self.demands = {d.key: d for d in problem.demands}
+        self.group_of = {dk: gk for gk, members in problem.groups.items() for dk in members}
+        self.caps = {c.key: c for c in problem.capacities}
+        self.hosts = [c for c in problem.capacities if c.existing]
+        self.offers = [c for c in problem.capacities if not c.existing]
+        self.idle, self.idle_members, self.idle_of = idle_classes(self.hosts)
+        self.caps.update(self.idle)
+        # What the fleet-wide rules and the cost count: offers, hosts, and idle classes.
+        self.units = [c for c in problem.capacities if c.key not in self.idle_of] + list(self.idle.values())
+        self._instance_vars()
+        self._stay_vars()
+        self.classes, self.class_of = zone_classes(self.offers)
+        self.caps.update(self.classes)
+        self._placement_vars(warm)
+        if "capacity" in families:
+            capacity.add_capacity(self)
+        self._demand_vars()
+        if "items" in families:
+            items.add_item_balance(self)
+        if "gangs" in families:
+            gangs.add_gangs(self)
+        if "tenants" in families:
+            tenants.add_tenant_rules(self)
+        if "licenses" in families and problem.licenses:
+            add_license_constraints(m, problem, self.placed)
+        if "quotas" in families and problem.quotas:
+            add_cloud_quota_constraints(m, problem, self.offers, self.use)
+        if "fleet" in families:
+            fleet_rules.add_fleet_rules(self)
+        self.moved = moves.moved_items(self)
+        if "moves" in families:
+            moves.add_when_empty(self)
+
+    # -- variables
+
+    def _instance_vars(self) -> None:
+        """Instances: new per offer, keep per host, kept per idle class."""
+        m = self.m
+        self.use = Values()
+        for o in self.offers:
+            self.use[o.key] = m.new_int_var(0, o.max_new, f"new[{o.key}]")
+        for h in self.hosts:
+            if h.key in self.idle_of:
+                continue
+            if h.frozen:
+                self.use[h.key] = 1
+            elif h.keep_blocker is not None:
+                self.use[h.key] = 0
+            else:
+                self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
+        for ik, c in self.idle.items():
+            self.use[ik] = m.new_int_var(0, c.max_new, f"kept[{ik}]")
+
+    def _stay_vars(self) -> None:
+        """Residents that stay where they run (items per demand class and host)."""
+        m = self.m
+        self.stay = Values()
+        self.stay_of: dict[str, list[tuple[Capacity, object]]] = {}
+        for h in self.hosts:
+            here: dict[str, int] = {}
+            for dk, _, n in h.residents:
+                if dk in self.demands:
+                    here[dk] = here.get(dk, 0) + n
+            for dk, n in here.items():
+                d = self.demands[dk]
+                if h.frozen:
+                    v = n
+                elif h.keep_blocker is None and fit(d, h) > 0:
+                    v = m.new_int_var(0, n, f"stay[{dk},{h.key}]")
+                else:
+                    v = 0  # it must move: its instance goes, or it no longer fits there
+                self.stay[(dk, h.key)] = v
+                self.stay_of.setdefault(dk, []).append((h, v))
+
+    def _placement_vars(self, warm: Assignment | None) -> None:
+        """New items per (group, capacity). On a host, only where they could land: in its free
+        room, where pending work may evict a resident (preemption, reclaim), or where a
+        resident's tenant is over its quota now (some of its work must go)."""
+        problem = self.p
+        self.x = Values()
+        self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
+        self.x_at: dict[str, list[tuple[Demand, object]]] = {}
+        room = {h.key: free_room(h, self.demands) for h in self.hosts if not h.frozen and h.keep_blocker is None}
+        warm_hosts: dict[str, list[str]] = {}  # group -> hosts the warm start puts its new items on
+        for (dk, ck), n in (warm.x.items() if warm else ()):
+            if n and ck in room:
+                warm_hosts.setdefault(self.group_of[dk], []).append(ck)
+        borrowing = borrowing_tenants(problem.demands, problem.tenants)
+        leaving = over_cap_tenants(problem.demands, problem.tenants)  # some of their running work must go
+        preemption = problem.placement.preemption
+        evicts_memo: dict[tuple, bool] = {}
+
+        def may_evict(pending_pairs: frozenset, resident_pairs: frozenset) -> bool:
+            v = evicts_memo.get((pending_pairs, resident_pairs))
+            if v is None:
+                v = evicts_memo[(pending_pairs, resident_pairs)] = any(
+                    may_preempt(Rival(*pp), Rival(*rp), borrowing, preemption) for pp in pending_pairs for rp in resident_pairs)
+            return v
+
+        hosts_at = HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
+        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs))
+                      for gk, members_ in problem.groups.items()}
+        # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
+        # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
+        # a 4-vCPU job stayed pending beside the 8 vCPU a normal job's eviction of a 12-vCPU one freed, or the
+        # plan bought a new instance at 2.6x the spot host's price to hold it: the pending-reason property tier.)
+        freed = hosts_at.freed({(type_class(self.demands[problem.groups[gk][0]]), pend) for gk, pend in pending_of.items() if pend}, may_evict)
+        fit_of = OfferFits()  # asked for each group's first demand: the group's shape
+        for gk, members_ in problem.groups.items():
+            rep = self.demands[members_[0]]
+            total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
+            for c in self._group_capacities(rep, hosts_at.candidates(rep, pending_of[gk], warm_hosts.get(gk, []), may_evict, freed), fit_of):
+                f = fit_of(rep, c)
+                if f <= 0:
+                    continue
+                v = self.m.new_int_var(0, min(total, f * (c.max_new if not c.existing else 1)), f"x[{gk},{c.key}]")
+                self.x[(gk, c.key)] = v
+                self.x_of_group[gk].append((c, v))
+                self.x_at.setdefault(c.key, []).append((rep, v))
+
+    def _group_capacities(self, rep: Demand, candidates: list[Capacity], fit_of: OfferFits):
+        """The capacities a group's items get a variable on: its candidates, with a zone offer
+        replaced by its zone class where the zone does not matter to the group."""
+        done_classes: set[str] = set()
+        for c in candidates:
+            if c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
+                continue  # (as on any host)
+            elif c.key in self.class_of and not rep.gang and fit_of(rep, c) > 1:
+                # Items over half an instance stay per zone: a class's aggregate row cannot
+                # tell that one needs most of a single instance beside work pinned to a zone.
+                ck = self.class_of[c.key]
+                if ck in done_classes:
+                    continue
+                zones = [self.caps[k] for k in self.classes[ck].members]
+                # A tenant budget charges a class's items at its dearest zone's price: only where
+                # the zones cost alike (else work that fits the budget in the cheap zone was left out).
+                rules = self.p.tenants.get(rep.tenant)
+                priced_alike = rules is None or rules.budget is None or len({z.price for z in zones}) == 1
+                if all(fit_of(rep, z) > 0 for z in zones) and len({round(self.p.cost_coef(rep, z), 9) for z in zones}) == 1 and priced_alike:
+                    done_classes.add(ck)
+                    c = self.classes[ck]  # one variable for every zone of the class
+            yield c
+
+    def _demand_vars(self) -> None:
+        """Jobs placed per demand; for tenants that can borrow (a ceiling above the guarantee), its
+        guaranteed and borrowed parts; of running jobs, those kept (in each part). The rows here
+        define the split (g + b = placed, kept within placed); the rules on them are the families'."""
+        m, p = self.m, self.p
+        self.placed, self.g, self.b = Values(), Values(), Values()
+        self.krj, self.krg, self.krb = Values(), Values(), Values()
+        finite = {t for t, r in p.tenants.items()
+                  if any(r.cap.get(dim, math.inf) > v + 1e-9 for dim, v in r.guarantee.items())}
+        for d in p.demands:
+            n = len(d.jobs)
+            pl = self.placed[d.key] = m.new_int_var(0, n, f"placed[{d.key}]")
+            if d.tenant in finite:
+                g = self.g[d.key] = m.new_int_var(0, n, f"g[{d.key}]")
+                b = self.b[d.key] = m.new_int_var(0, n, f"b[{d.key}]")
+                m.add(g + b == pl)
+            else:
+                self.g[d.key], self.b[d.key] = pl, 0
+            r = d.running_jobs
+            if r:
+                if d.gang:
+                    k = self.krj[d.key] = pl  # a running gang is kept iff it is placed
+                else:
+                    k = self.krj[d.key] = m.new_int_var(0, min(n, r), f"krj[{d.key}]")
+                    m.add(k <= pl)
+                if d.tenant in finite:
+                    kg = self.krg[d.key] = m.new_int_var(0, min(n, r), f"krg[{d.key}]")
+                    kb = self.krb[d.key] = m.new_int_var(0, min(n, r), f"krb[{d.key}]")
+                    m.add(kg <= self.g[d.key])
+                    m.add(kb <= self.b[d.key])
+                    m.add(kg + kb <= k)
+                else:
+                    self.krg[d.key], self.krb[d.key] = k, 0
+
+    def kept_items(self, d: Demand):
+        """Items of a running demand's kept jobs: a gang's every running item while it is placed."""
+        return self.placed[d.key] * d.running_items if d.gang else self.krj[d.key]
+
+    # -- objectives (objective.py)
+
+    def tiers(self) -> list[objective.Tier]:
+        return objective.tiers(self)
+
+    def cost(self):
+        return objective.cost(self)
+
+    def instance_cost(self):
+        return objective.instance_cost(self)
+
+    # -- hints
+
+    def hint_from(self, a: Assignment) -> None:
+        """Hint the primary variables with an assignment (the rest is completed by a solve)."""
+        hints: list[tuple[int, int]] = []
+        use = dict(a.use)
+        for ik, hs in self.idle_members.items():
+            use[ik] = sum(1 for h in hs if a.use.get(h.key, 0))
+        for ck, v in self.use.variable_items():
+            hints.append((v.index, use.get(ck, 0)))
+        for (dk, hk), v in self.stay.variable_items():
+            hints.append((v.index, a.stay.get((dk, hk), 0)))
+        per_group: dict[tuple[str, str], int] = {}
+        for (dk, ck), n in a.x.items():
+            if dk in self.group_of:
+                gk = self.group_of[dk]
+                ck = self.idle_of.get(ck, ck)
+                if (gk, ck) not in self.x and self.class_of.get(ck):
+                    ck = self.class_of[ck]
+                k = (gk, ck)
+                per_group[k] = per_group.get(k, 0) + n
+        for k, v in self.x.items():
+            hints.append((v.index, per_group.get(k, 0)))
+        for dk, v in self.placed.variable_items():
+            hints.append((v.index, a.placed.get(dk, 0)))
+        set_hints(self.m, hints)
+
+    def primaries(self) -> list:
+        """The variables a placement is: instances, stays, new items, jobs placed (the rest follows from them)."""
+        return self.use.variables() + self.stay.variables() + list(self.x.values()) + self.placed.variables()
+
+    def set_primary_hint(self, values: list[int]) -> None:
+        set_hints(self.m, [(v.index, values[v.index]) for v in self.primaries()])
+
+    def set_full_hint(self, values: list[int]) -> None:
+        set_hints(self.m, enumerate(values))
+
+
+__all__ = ["FAMILIES", "Model"]

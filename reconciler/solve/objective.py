@@ -1,0 +1,237 @@
+"""The objective: a sequence of tiers, each maximised (or minimised) and then held while the next
+is solved (strategy.py), and the cost last.
+
+Tiers, in order: protected guarantees; per priority class, running work then all work inside
+the tenants' guarantees (deadline work first within its class); the fair share of borrowed
+capacity (weighted DRF); per class, borrowed work; the cheapest victims. Cost: $/hour of
+instances, data egress and latency, plus the amortised cost of every move, in milli-dollars.
+Each tier is an expression with a bound (its best value possible), exchangeable as CP-SAT's
+objective: the strategy sets one at a time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from reconciler.deadlines import tier_terms as deadline_tier_terms
+from reconciler.ledger import MILLI
+from reconciler.problem import Demand
+from reconciler.solve.variables import Values, scale, wsum
+
+if TYPE_CHECKING:
+    from reconciler.solve.model import Model
+
+SEGMENTS = 20  # steps of the concave fair-share utility
+CLASS_NAMES = ("low", "normal", "high", "critical")
+
+
+@dataclass
+class Tier:
+    name: str
+    expr: object
+    sense: str  # max | min
+    bound: float  # best possible value (max: upper bound; min: lower bound)
+
+
+def tiers(model: Model) -> list[Tier]:
+    p = model.p
+    classes = sorted({d.klass for d in p.demands}, reverse=True)
+    out: list[Tier] = []
+    guarantees = guarantees_tier(model)
+    if guarantees is not None:
+        out.append(guarantees)
+    # Inside guarantees, by class: what runs first (no same-class preemption), then all.
+    if p.placement.preemption == "Never":
+        for c in classes:
+            out += running_tiers(model, c, model.krg, "guaranteed")
+        for c in classes:
+            out += work_tiers(model, c, model.g, "guaranteed")
+    else:
+        for c in classes:
+            out += running_tiers(model, c, model.krg, "guaranteed")
+            out += work_tiers(model, c, model.g, "guaranteed")
+    # Borrowed capacity: weighted dominant-resource fair share first, then by class.
+    fair = fair_share_tier(model)
+    if fair is not None:
+        out.append(fair)
+    for c in classes:
+        out += running_tiers(model, c, model.krb, "borrowed")
+        out += work_tiers(model, c, model.b, "borrowed")
+    victims = victims_tier(model)
+    if victims is not None:
+        out.append(victims)
+    return out
+
+
+def guarantees_tier(model: Model) -> Tier | None:
+    """Guarantees are never taken by another tenant: each keeps the guaranteed work it runs.
+
+    A tenant's protected units of class c are kept by its running jobs of class c kept inside the
+    guarantee, or replaced by its new guaranteed work of a higher class (the README lets a tenant's
+    higher class take its lower jobs' place); never by pending work of the same class (counting any
+    placed guaranteed work let such a job stand in for a running one while another tenant's higher
+    class took its capacity: property tier). The tier is the most units such a matching covers, one
+    count per unit: by Hall's theorem (each kept job serves its own class, new work of class k every
+    class below k: intervals), at most total - units(a..b) + kept(a..b) + new work above a, for
+    every interval a..b of the tenant's protected classes. (Kept is what its demands holding protected jobs
+    keep of those classes, not capped at the protected units: a cap per class made the warm start's
+    completion search, 0.5 deterministic s and 3x the wall time of a 1k-job warm plan; uncapped, only a
+    kept identical job stands in for a protected one. A count per class counted a low unit once
+    per class above it, so CP-SAT kept a tenant's normal job against another's high one; and a count
+    of classes <= c did not let a new normal job stand in for a low one beside a running normal job:
+    both found by the property tier.)"""
+    p, m = model.p, model.m
+    prot = []
+    bound = 0
+    for t, r in p.tenants.items():
+        if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
+            continue
+        mine = [d for d in p.demands if d.tenant == t]
+        protected_jobs = set(r.protected_jobs)  # (a tuple of thousands of names at 10k: a set, not a scan per job)
+        units: dict[int, int] = {}
+        for d in mine:
+            n = d.job_size * sum(j in protected_jobs for j, _ in d.running)
+            if n:
+                units[d.klass] = units.get(d.klass, 0) + n
+        if not units:
+            continue
+        total = sum(units.values())
+        levels = sorted(units)
+        # (only demands with protected jobs keep protected units: a gang that must move whole, kept by moving,
+        # stood in for the tenant's protected job of its class, which another job's work then took: property tier)
+        holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
+        kept = {c: [(d.job_size, model.krg[d.key]) for d in mine if d.klass == c and d.key in model.krg and d.key in holds] for c in levels}
+        pt = m.new_int_var(0, total, f"protect[{t}]")
+        for i, a in enumerate(levels):
+            # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
+            # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
+            terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
+            terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
+            new_above = m.new_int_var(0, total, f"protect_new[{t},{a}]")
+            if terms:
+                m.add(new_above <= wsum(terms))
+            else:
+                m.add(new_above == 0)
+            for b in levels[i:]:
+                span = [c for c in levels if a <= c <= b]
+                m.add(pt <= total - sum(units[c] for c in span) + wsum([x for c in span for x in kept[c]]) + new_above)
+        prot.append(pt)
+        bound += total
+    return Tier("guarantees kept", sum(prot), "max", bound) if prot else None
+
+
+def running_tiers(model: Model, c: int, kept: Values, label: str) -> list[Tier]:
+    """Running jobs of class c kept (in the guaranteed or the borrowed part: `kept`)."""
+    ds = [d for d in model.p.demands if d.klass == c and d.running_jobs and not kept.is_zero(d.key)]
+    if not ds:
+        return []
+    return [Tier(f"{label} running {CLASS_NAMES[c]} jobs kept", wsum([(d.job_size, kept[d.key]) for d in ds]), "max",
+                 sum(d.job_size * min(d.running_jobs, len(d.jobs)) for d in ds))]
+
+
+def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:
+    """Work of class c placed (in the guaranteed or the borrowed part: `var`): deadline work first, within its class."""
+    out = []
+    dl = deadline_tier_terms(model.p.demands, c, var)
+    if dl is not None:
+        out.append(Tier(f"{label} {CLASS_NAMES[c]} deadline work", wsum(dl[0]), "max", dl[1]))
+    ds = [d for d in model.p.demands if d.klass == c and not var.is_zero(d.key)]
+    if ds:
+        out.append(Tier(f"{label} {CLASS_NAMES[c]} work", wsum([(d.weight, var[d.key]) for d in ds]), "max",
+                        sum(d.weight * len(d.jobs) for d in ds)))
+    return out
+
+
+def victims_tier(model: Model) -> Tier | None:
+    """Among equally good answers, evict the jobs with the least time left."""
+    p = model.p
+    ev = []
+    for d in p.demands:
+        if d.running_jobs:
+            rem = [p.job_remaining.get(j, d.hours) for j, _ in d.running]
+            per_job = max(1, round(10 * d.job_size * (sum(rem) / len(rem))))
+            ev.append((per_job, d.running_jobs - model.krj[d.key] if not d.gang else 1 - model.placed[d.key]))
+    return Tier("victims' remaining time", wsum([(w, e) for w, e in ev]), "min", 0) if ev else None
+
+
+def fair_share_tier(model: Model) -> Tier | None:
+    """Weighted dominant-resource fair share of borrowed capacity: a concave utility of each
+    borrowing tenant's share / weight, in SEGMENTS steps (two borrowers at least, else None)."""
+    p, m = model.p, model.m
+    borrowers = []
+    for t, r in p.tenants.items():
+        mine = [d for d in p.demands if d.tenant == t and model.b.is_variable(d.key)]
+        if not mine:
+            continue
+        dim = r.dominant
+        cap = p.fleet_capacity.get(dim) or 0
+        if cap <= 0:
+            continue
+        beta = [(round(d.req(dim) * scale(dim)) * d.replicas, model.b[d.key]) for d in mine if d.req(dim)]
+        if not beta:
+            continue
+        most = sum(round(d.req(dim) * scale(dim)) * d.replicas * len(d.jobs) for d in mine)
+        room = r.cap.get(dim, math.inf) - r.guarantee.get(dim, 0.0)
+        most = min(most, room * scale(dim)) if math.isfinite(room) else most
+        borrowers.append((t, r, beta, cap * scale(dim), most))
+    if len(borrowers) < 2:
+        return None
+    top = max(1000.0 / max(r.weight, 1e-3) for _, r, *_ in borrowers)
+    step = max(1, math.ceil(top / SEGMENTS))
+    terms, bound = [], 0
+    for t, r, beta, denom, most in borrowers:
+        s = m.new_int_var(0, 1000, f"share[{t}]")
+        m.add(round(denom) * s <= 1000 * wsum(beta))
+        w = max(1, round(r.weight * 100))
+        segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
+        m.add(w * sum(segs) <= 100 * s)  # the segments fill up to share / weight
+        # Weighted utility, weight x f(share / weight): its slope in share is f' alone, so the
+        # optimum equalises share / weight (without the factor the heavier tenant got less).
+        terms += [(w * (SEGMENTS - k), v) for k, v in enumerate(segs)]
+        x_max = min(1000.0, 1000.0 * most / denom) / max(r.weight, 1e-3)
+        left = x_max
+        for k in range(SEGMENTS):
+            take = max(0.0, min(step, left))
+            bound += w * (SEGMENTS - k) * take
+            left -= take
+    return Tier("fair share of borrowed capacity", wsum(terms), "max", math.floor(bound))
+
+
+def cost(model: Model):
+    """$/h of instances, egress, latency and spot preference, plus amortised moves, in milli-dollars."""
+    p = model.p
+    terms = [(round(c.price * MILLI), model.use[c.key]) for c in model.units]
+    for (gk, ck), v in model.x.items():
+        e = p.cost_coef(model.demands[p.groups[gk][0]], model.caps[ck])
+        if e:
+            terms.append((round(e * MILLI), v))
+    for (dk, hk), v in model.stay.items():
+        e = p.cost_coef(model.demands[dk], model.caps[hk])
+        if e:
+            terms.append((round(e * MILLI), v))
+    for dk, mv in model.moved.items():
+        w = move_weight(model.demands[dk], p.placement)
+        if w:
+            terms.append((w, mv))
+    created = [(1, model.use[c.key]) for c in model.offers]
+    return wsum(terms) + wsum(created)
+
+
+def move_weight(d: Demand, pol) -> int:
+    """Milli-dollars per hour one moved item of `d` costs (a move's cost amortised over the payback
+    hours); 0 when its running jobs all restart in a new shape anyway (moving them costs no more)."""
+    if len(d.reshaped) == d.running_jobs:
+        return 0
+    per_item = pol.move_cost_per_gpu * (d.gpus or 0) if (d.gpus or d.mig) else pol.move_cost_per_replica
+    if d.mig:
+        per_item = pol.move_cost_per_gpu * d.size / 7
+    return max(1, round(per_item / pol.payback_hours * MILLI))
+
+
+def instance_cost(model: Model):
+    return wsum([(round(c.price * MILLI), model.use[c.key]) for c in model.units])
+
+
+__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tier", "instance_cost", "running_tiers",
+           "tiers", "victims_tier", "work_tiers"]

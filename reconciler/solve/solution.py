@@ -1,0 +1,58 @@
+"""What the solver answers: the placements and instances of a plan, and how good they are
+(each objective tier's value, its bound and whether it is proven; the cost's gap)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.problem import Capacity
+
+
+@dataclass(frozen=True)
+class TierReport:
+    name: str
+    sense: str  # max | min
+    value: int
+    bound: float | None  # the best value possible (None: not computed)
+    status: str  # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN
+    seconds: float
+
+    @property
+    def proven(self) -> bool:
+        """Its value is the best possible (held at a bound, or searched to optimality); a
+        FEASIBLE or UNKNOWN tier holds at least the warm start's value, which may not be the best."""
+        return self.status in ("HELD", "OPTIMAL")
+
+
+@dataclass(frozen=True)
+class Solution:
+    status: str  # OPTIMAL | FEASIBLE | GREEDY_FALLBACK
+    optimal: bool
+    gap: float  # relative gap of the cost stage (0 when optimal)
+    seconds: float
+    keep: frozenset[str]  # existing instance ids kept
+    new: dict[str, int]  # offer key -> instances to create
+    stay: dict[tuple[str, str], int]  # (demand key, instance id) -> items that stay where they run
+    x: dict[tuple[str, str], int]  # (demand key, capacity key) -> items newly placed there
+    placed: dict[str, int]  # demand key -> jobs placed
+    guaranteed: dict[str, int] = field(default_factory=dict)  # demand key -> placed jobs inside the guarantee
+    tiers: tuple[TierReport, ...] = ()
+    work: int = 0
+    cost_milli: int = 0
+    capacities: dict[str, Capacity] = field(default_factory=dict)
+    scope: tuple[int, int] = (0, 0)  # hosts solved, hosts frozen
+    variables: int = 0
+    constraints: int = 0
+    note: str = ""
+    lp_bound: float | None = None  # USD/h: the LP relaxation's least instance cost at the same tiers (if asked)
+    int_bound: float | None = None  # USD/h: a proven bound on it with whole instances per offer (CP-SAT; if asked)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per solver phase, for the benchmark
+    work_spent: float = 0.0  # CP-SAT deterministic seconds spent (the limit is --time-limit of them)
+    # The cost objective (milli-dollars: instances, egress, latency, moves) of this answer, and a
+    # proven lower bound on it at the tiers reached (the LP's or CP-SAT's): the plan re-measures
+    # its gap against the bound after packing (make_plan), since repairs add to the cost.
+    cost_value: float | None = None
+    cost_bound: float | None = None
+
+
+__all__ = ["Solution", "TierReport"]

@@ -1,0 +1,63 @@
+"""Tenants: the quota's ceiling on everything a tenant places, its guarantee on the guaranteed
+part, its budget on what its work is charged, its spot fraction on its work units on spot.
+The charges and units are the ledger's."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from reconciler.ledger import charge, fraction_milli, milli_down, milli_up, work_units
+from reconciler.problem import Demand
+from reconciler.solve.variables import scale, wsum
+
+if TYPE_CHECKING:
+    from reconciler.solve.model import Model
+
+
+def add_tenant_rules(model: Model) -> None:
+    m, p = model.m, model.p
+    for t, r in p.tenants.items():
+        mine = [d for d in p.demands if d.tenant == t]
+        for dim, limit in r.cap.items():
+            terms = [(round(d.req(dim) * scale(dim)) * d.replicas, model.placed[d.key]) for d in mine if d.req(dim)]
+            if terms:
+                m.add(wsum(terms) <= math.floor(limit * scale(dim) + 1e-6))
+        for dim, limit in r.guarantee.items():
+            terms = [(round(d.req(dim) * scale(dim)) * d.replicas, model.g[d.key]) for d in mine if d.req(dim)]
+            if terms:
+                m.add(wsum(terms) <= math.floor(limit * scale(dim) + 1e-6))
+        if r.budget is not None:
+            terms = tenant_cost_terms(model, mine)
+            if terms:
+                m.add(wsum(terms) <= milli_down(r.budget))
+        if r.spot_fraction is not None and r.spot_fraction < 1:
+            on_spot, total = [], []
+            for d in mine:
+                total.append((work_units(d) * d.replicas, model.placed[d.key]))
+                for c, v in model.stay_of.get(d.key, []):
+                    if c.market == "spot":
+                        on_spot.append((work_units(d), v))
+            for gk in {model.group_of[d.key] for d in mine}:
+                rep = model.demands[p.groups[gk][0]]
+                for c, v in model.x_of_group[gk]:
+                    if c.market == "spot":
+                        on_spot.append((work_units(rep), v))
+            f = fraction_milli(r.spot_fraction)
+            m.add(1000 * wsum(on_spot) <= f * wsum(total))
+
+
+def tenant_cost_terms(model: Model, mine: list[Demand]) -> list[tuple[int, object]]:
+    """(milli-dollars per hour charged, items) of the tenant's demands `mine`, staying and new."""
+    terms = []
+    for d in mine:
+        for c, v in model.stay_of.get(d.key, []):
+            terms.append((milli_up(charge(d, c)), v))
+    for gk in {model.group_of[d.key] for d in mine}:
+        rep = model.demands[model.p.groups[gk][0]]
+        for c, v in model.x_of_group[gk]:
+            terms.append((milli_up(charge(rep, c)), v))
+    return terms
+
+
+__all__ = ["add_tenant_rules", "tenant_cost_terms"]

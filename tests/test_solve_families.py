@@ -1,0 +1,148 @@
+"""Each constraint family of the CP-SAT model alone (reconciler/solve/model.py builds a model
+with only the families asked for): a tiny fleet, some values fixed, and the family must admit
+what the rules allow and refuse what they do not. A family's rows are checked by CP-SAT's
+feasibility answer on the model with those values fixed, not by reading the rows back."""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+
+from reconciler.load import load
+from reconciler.problem import build_problem
+from reconciler.solve.model import FAMILIES, Model
+from reconciler.solve.variables import is_variable
+from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
+
+A100_1G = {"gpus": 1, "gpu_type": "A100", "cpu": 4, "mem": 16}
+
+
+def model_of(tmp_path, docs, families, instances=(), placements=None) -> Model:
+    desired = load(write_config(tmp_path, docs))
+    return Model(build_problem(desired, catalog_observed(desired, list(instances), placements)), families=families)
+
+
+def admits(model: Model, fixed: list[tuple[object, int]]) -> bool:
+    """Whether the model has a solution with each variable at its value (the rest free)."""
+    sub = model.m.clone()
+    for v, n in fixed:
+        assert is_variable(v), "fix variables only: a frozen value is not the model's to decide"
+        dom = sub.proto.variables[v.index].domain
+        assert len(dom) == 2 and dom[0] <= n <= dom[1], f"{v} = {n} is outside its domain {list(dom)}: the test would not test the family"
+        dom[0], dom[1] = n, n
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    s.parameters.max_time_in_seconds = 20.0
+    st = s.solve(sub)
+    assert st in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE), s.status_name(st)
+    return st != cp_model.INFEASIBLE
+
+
+def demand(model: Model, job_name: str):
+    return next(d for d in model.p.demands if job_name in d.jobs)
+
+
+def new_items(model: Model, job_name: str, cap_key: str):
+    gk = model.group_of[demand(model, job_name).key]
+    return model.x[(gk, cap_key)]
+
+
+def offer(model: Model, **attrs):
+    return next(o for o in model.offers if all(getattr(o, k) == v for k, v in attrs.items()))
+
+
+def test_families_are_the_models_whole_rule_set():
+    assert FAMILIES == ("capacity", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+
+
+def test_capacity_counts_gpus_per_instance_and_its_cut_refuses_what_the_count_allows_but_cannot_pack(tmp_path):
+    """Two 6-GPU jobs and a 4-GPU job on 8-GPU p4d instances: 16 GPUs of items fit the count of two
+    instances, but no packing puts them on two (6+4 > 8); the Fekete-Schepers cut refuses it."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3)]
+    docs += [job(f"six{i}", gpus=6, gpu_type="A100") for i in range(2)] + [job("four", gpus=4, gpu_type="A100")]
+    model = model_of(tmp_path, docs, ("capacity",))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    new, six, four = model.use[p4d.key], new_items(model, "six0", p4d.key), new_items(model, "four", p4d.key)
+    assert admits(model, [(new, 2), (six, 2), (four, 0)])
+    assert admits(model, [(new, 3), (six, 2), (four, 1)])
+    assert not admits(model, [(new, 2), (six, 2), (four, 1)])  # 6+6+4 = 16 GPUs, yet no packing onto two
+    assert not admits(model, [(new, 1), (six, 2), (four, 0)])  # 12 GPUs on one 8-GPU instance
+    # Without the family nothing bounds the items by the instances bought.
+    assert admits(model_of(tmp_path / "none", docs, ()), [(new, 1), (six, 2), (four, 1)])
+
+
+def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4)]
+    docs += [job(f"j{i}", **A100_1G) for i in range(2)]
+    model = model_of(tmp_path, docs, ("items",))
+    a2 = offer(model, instance_type="a2-highgpu-1g")
+    placed, x = model.placed[demand(model, "j0").key], new_items(model, "j0", a2.key)
+    assert admits(model, [(placed, 2), (x, 2)])
+    assert admits(model, [(placed, 0), (x, 0)])
+    assert not admits(model, [(placed, 2), (x, 1)])  # a placed job with nowhere to run
+    assert not admits(model, [(placed, 0), (x, 1)])  # an item placed for no job
+
+
+def test_gangs_keep_a_gang_whole_in_one_zone(tmp_path):
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=4),
+            job("g", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=2)]
+    with_gangs = model_of(tmp_path / "gangs", docs, ("items", "gangs"))
+    without = model_of(tmp_path / "items", docs, ("items",))
+    for model, gangs_on in ((with_gangs, True), (without, False)):
+        a, b = offer(model, zone="us-east-1a"), offer(model, zone="us-east-1b")
+        placed, xa, xb = model.placed[demand(model, "g").key], new_items(model, "g", a.key), new_items(model, "g", b.key)
+        assert admits(model, [(placed, 1), (xa, 2), (xb, 0)])
+        assert admits(model, [(placed, 1), (xa, 1), (xb, 1)]) is not gangs_on  # spans two zones: only the gang family refuses
+
+
+def test_tenants_cap_everything_a_tenant_places_and_its_guarantee_the_guaranteed_part(tmp_path):
+    """quota: 2 GPUs guaranteed, burst 3: three 1-GPU jobs may run, two of them inside the guarantee."""
+    docs = [topology(), tenant("t", gpus=2, burst={"gpus": 3}),
+            pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=8)]
+    docs += [job(f"j{i}", **A100_1G) for i in range(5)]
+    model = model_of(tmp_path, docs, ("tenants",))
+    dk = demand(model, "j0").key
+    placed, g, b = model.placed[dk], model.g[dk], model.b[dk]
+    assert admits(model, [(placed, 3), (g, 2), (b, 1)])
+    assert not admits(model, [(placed, 4)])  # over the burst cap
+    assert not admits(model, [(placed, 3), (g, 3), (b, 0)])  # three GPUs counted inside a 2-GPU guarantee
+    assert admits(model_of(tmp_path / "none", docs, ()), [(placed, 4), (g, 3), (b, 1)])
+
+
+def test_licenses_cap_the_jobs_holding_one(tmp_path):
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=8),
+            doc("License", "matlab", {"count": 2})]
+    docs += [job(f"j{i}", licenses={"matlab": 1}, **A100_1G) for i in range(3)]
+    model = model_of(tmp_path, docs, ("licenses",))
+    placed = model.placed[demand(model, "j0").key]
+    assert admits(model, [(placed, 2)])
+    assert not admits(model, [(placed, 3)])
+
+
+def test_fleet_rules_hold_pool_minimums_and_the_spot_share(tmp_path):
+    """max_spot_fraction 0.5 over 1-GPU instances, and an on-demand pool with min_instances 1."""
+    docs = [topology(), tenant("t"), doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}),
+            pool("od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=1, hi=4),
+            pool("spot", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="spot", hi=4)]
+    docs += [job(f"j{i}", **A100_1G) for i in range(4)]
+    model = model_of(tmp_path, docs, ("fleet",))
+    od, spot = model.use[offer(model, market="on-demand").key], model.use[offer(model, market="spot").key]
+    assert admits(model, [(od, 1), (spot, 1)])
+    assert admits(model, [(od, 2), (spot, 2)])
+    assert not admits(model, [(od, 1), (spot, 2)])  # 2 of 3 GPUs on spot: over half
+    assert not admits(model, [(od, 0), (spot, 0)])  # the on-demand pool's minimum
+    assert admits(model_of(tmp_path / "none", docs, ()), [(od, 0), (spot, 2)])
+
+
+def test_moves_under_when_empty_keep_a_running_job_where_it_runs(tmp_path):
+    """j runs on i0; i1 is idle beside it. Moving j to i1 is allowed, unless consolidation is WhenEmpty."""
+    base = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4), job("j", **A100_1G)]
+    insts = [instance(f"i{k}", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g") for k in range(2)]
+    for when_empty in (False, True):
+        docs = base + ([doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty"})] if when_empty else [])
+        model = model_of(tmp_path / str(when_empty), docs, ("items", "moves"), insts, placements={"j": ("i0",)})
+        d = demand(model, "j")
+        (stay_key, stay), = model.stay.variable_items()
+        assert stay_key[1] == next(h.key for h in model.hosts if h.instance_id == "i0")
+        moved_to_i1 = new_items(model, "j", next(h.key for h in model.hosts if h.instance_id == "i1"))
+        assert admits(model, [(model.krj[d.key], 1), (stay, 1)])
+        assert admits(model, [(model.krj[d.key], 1), (stay, 0), (moved_to_i1, 1)]) is not when_empty
