@@ -272,6 +272,25 @@ def test_aws_a_launch_past_the_vcpu_quota_is_a_quota_error_naming_it(aws_env, ec
     assert spot_p.limit == spot_p.used and spot_p.counts == (("p4d.24xlarge", "spot", 96.0),)
 
 
+
+def test_aws_dl_instances_count_against_the_dl_quota_not_standard(aws_env, ec2_quotas, tmp_path):
+    """DL instances (dl1 Gaudi, dl2q Qualcomm) have their own vCPU quotas, not the Standard family (A, C, D, ...). Before,
+    the provider read and named the Standard quota for a dl2q.24xlarge: the plan counted the wrong headroom."""
+    from providers.aws import AwsProvider
+    from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
+    from reconciler.errors import QuotaError
+
+    prov = AwsProvider(ProviderContext(fleet="quota-fleet-aws-dl", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    ec2_quotas.set_limit("us-east-1", "L-6E869C2A", 0)
+    target = PoolTarget(name="dl", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("dl2q.24xlarge",),
+                        settings={"ami": AMI})
+    (dl,) = [q for q in prov.quotas([target]) if any(m == "on-demand" for _, m, _ in q.counts)]
+    assert dl.name == "Running On-Demand DL instances (L-6E869C2A)" and dl.limit == 0
+    with pytest.raises(QuotaError) as e:
+        prov.create(CreateRequest(key="k-dl", pool=target, zone="us-east-1a", instance_type="dl2q.24xlarge", market="on-demand",
+                                  tags=ownership_tags("quota-fleet-aws-dl", "dl", "k-dl")))
+    assert e.value.quota == "Running On-Demand DL instances (L-6E869C2A)"
+
 # ---------------------------------------------------------------- zone offerings: only what each zone has, cached
 
 
