@@ -12,8 +12,9 @@ never read from the plan:
   cool-off), the provider that pool uses, and a key and ref of this plan's form; its price and
   spot bid come from the offering;
 * no pool ends with more than max_instances, and the creates fit the headroom of every cloud account quota
-  the plan's observed snapshot read (the one rule in reconciler/ledger.py: apply creates before it deletes, so
-  a delete frees nothing for this plan); before, an edited plan launched until the cloud refused, half applied;
+  as apply reads it now (quotas are not in the observed digest: another team's launch or a lowered limit since
+  the plan was made is found here), by the one rule in reconciler/ledger.py (apply creates before it deletes,
+  so a delete frees nothing for this plan); before, such a plan launched until the cloud refused, half applied;
 * a delete names an instance of this fleet that the plan's observed snapshot (the fleet now,
   as the observed digest matched) has; every replica running on it is moved off or evicted by
   the plan, and every job the fleet runs is accounted for;
@@ -163,8 +164,8 @@ def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -
             q = book.quotas[short[0]]
             taken = f", and the plan's creates before it take {book.taken[short[0]]:g} more" if book.taken[short[0]] else ""
             errors.append(f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r}): cloud quota: "
-                          f"{quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used when the plan was made{taken}; "
-                          f"it needs {quota_units(q, cap):g} more")
+                          f"{quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used when read{taken}; it needs "
+                          f"{quota_units(q, cap):g} more" + (f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""))
         book.take(cap)
     return errors
 

@@ -60,22 +60,25 @@ def test_a_raised_quota_places_the_rest(tmp_path):
     assert len(res.plan.creates) == 2 and not [j for j in res.plan.jobs if j.action == "pending"]
 
 
-def test_a_launch_past_a_quota_is_a_quota_error_and_cools_off_no_zone(tmp_path):
-    """The plan was made before someone else took the quota: the launch fails with the quota named, no zone is
-    marked short (every zone would fail alike), and the next plan stays within what is left."""
+def test_a_plan_made_before_someone_else_took_the_quota_is_refused_before_it_launches(tmp_path):
+    """The plan was made before someone else took the quota: apply reads the quota again and refuses the plan with
+    the quota named before it launches anything (it used to launch one, then fail: half applied); no zone is marked
+    short (every zone would fail alike), and the next plan stays within what is left. (The cloud's own refusal of a
+    launch, for a quota taken after apply's read, is test_azure_a_create_past_the_quota_is_a_quota_error_....)"""
     cfg, sim = _p4d_fleet(tmp_path, jobs=2)
     plan = api.plan(cfg).plan
     assert len(plan.creates) == 2
-    sim.plant("aws", "us-east-1", "us-east-1b", "p4d.24xlarge", {"owner": "another-team"})  # takes what was left
+    sim.plant("aws", "us-east-1", "us-east-1b", "p4d.24xlarge", {"owner": "another-team"})  # takes one of the two
     with pytest.raises(Exception) as e:
         api.apply(cfg, saved_plan=plan)
-    assert P_QUOTA in str(e.value) and "raise it" in str(e.value)
+    assert f"create +2 (on-demand p4d.24xlarge in us-east-1a, pool 'p4d'): cloud quota: aws {P_QUOTA}" in str(e.value)
+    assert "raise it" in str(e.value)
     assert not load_state(state_dir(cfg)).short_now()
-    assert len([i for i in sim.instances() if i["tags"].get("fleetops.io/fleet")]) == 1  # one launched, then the quota
+    assert not [i for i in sim.instances() if i["tags"].get("fleetops.io/fleet")]
     nxt = api.plan(cfg)
     check_plan(nxt.desired, nxt.observed, nxt.plan)
-    assert not nxt.plan.creates
-    assert [j.reason[:60] for j in nxt.plan.jobs if j.action == "pending"] == [f"cloud quota: aws {P_QUOTA} in us-east-1: 288 of"[:60]]
+    assert len(nxt.plan.creates) == 1
+    assert [j.reason[:60] for j in nxt.plan.jobs if j.action == "pending"] == [f"cloud quota: aws {P_QUOTA} in us-east-1: 192 of"[:60]]
 
 
 def test_a_spot_quota_leaves_on_demand_free(tmp_path):
@@ -200,14 +203,33 @@ def test_azure_spot_counts_against_low_priority_cores_only(arm, tmp_path):
     assert api.apply(cfg, provider="azure", options=arm_options(arm)).report.ok
 
 
-def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(arm, tmp_path):
-    """The quota was lowered after the plan was made: ARM refuses the create (409 OperationNotAllowed, exceeding
-    approved ... Cores quota), the apply names the quota and how to raise it, and no zone is marked short."""
+def test_azure_a_saved_plan_past_a_lowered_quota_is_refused_before_anything_launches(arm, tmp_path):
+    """The quota was lowered after the plan was made (quotas are not in the observed digest): apply --plan reads it
+    again and refuses the create, naming the quota and how to raise it; before, it launched until ARM refused."""
     from tests.conftest import arm_options
 
     cfg = _nc_a100_fleet(tmp_path, arm, jobs=1)
     plan = api.plan(cfg, provider="azure", options=arm_options(arm)).plan
     arm.set_quota("eastus", "StandardNCADSA100v4Family", 0)
+    with pytest.raises(Exception) as e:
+        api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
+    assert ("cloud quota: azure StandardNCADSA100v4Family in eastus: 0 of 0 vCPUs used when read; it needs 24 more; "
+            "raise it: ") in str(e.value)
+    assert not arm.vms
+
+
+def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(arm, tmp_path):
+    """Someone else's VMs take the quota between apply's read of it and its create: ARM refuses the create (409
+    OperationNotAllowed, exceeding approved ... Cores quota), the apply names the quota and how to raise it, and no
+    zone is marked short."""
+    from tests.conftest import arm_options
+
+    cfg = _nc_a100_fleet(tmp_path, arm, jobs=1)
+    plan = api.plan(cfg, provider="azure", options=arm_options(arm)).plan
+    arm.fail_next(409, "OperationNotAllowed", (
+        "Operation could not be completed as it results in exceeding approved StandardNCADSA100v4Family Cores quota. "
+        "Additional details - Deployment Model: Resource Manager, Location: eastus, Current Limit: 24, Current Usage: 24, "
+        "Additional Required: 24, (Minimum) New Limit Required: 48."), method="PUT")
     with pytest.raises(Exception) as e:
         api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
     assert "quota 'StandardNCADSA100v4Family' (azure, eastus) is used up: raise it" in str(e.value)
