@@ -48,6 +48,7 @@ VCPU_QUOTAS = {
     "trn": (("L-2C3B7624", "Running On-Demand Trn instances"), ("L-6B0D517C", "All Trn Spot Instance Requests")),
     "x": (("L-7295265B", "Running On-Demand X instances"), ("L-E3A00192", "All X Spot Instance Requests")),
     "f": (("L-74FC7D96", "Running On-Demand F instances"), ("L-88CF9481", "All F Spot Instance Requests")),
+    "dl": (("L-6E869C2A", "Running On-Demand DL instances"), ("L-85EED4F7", "All DL Spot Instance Requests")),  # dl1, dl2q
 }
 STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))

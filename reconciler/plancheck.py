@@ -11,7 +11,10 @@ never read from the plan:
   type and market, inside the guardrails' regions and the spot price cap, not in a capacity
   cool-off), the provider that pool uses, and a key and ref of this plan's form; its price and
   spot bid come from the offering;
-* no pool ends with more than max_instances;
+* no pool ends with more than max_instances, and the creates fit the headroom of every cloud account quota
+  as apply reads it now (quotas are not in the observed digest: another team's launch or a lowered limit since
+  the plan was made is found here), by the one rule in reconciler/ledger.py (apply creates before it deletes,
+  so a delete frees nothing for this plan); before, such a plan launched until the cloud refused, half applied;
 * a delete names an instance of this fleet that the plan's observed snapshot (the fleet now,
   as the observed digest matched) has; every replica running on it is moved off or evicted by
   the plan, and every job the fleet runs is accounted for;
@@ -43,7 +46,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import budget_ok, money, plan_ledger, quota_ok
+from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -108,6 +111,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         if count[pool] > hi:
             errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
 
+    errors += _quota_errors(problem, creates, offers)
+
     changes = {j.job: j for j in plan.jobs}
     listed = Counter(j.job for j in plan.jobs)
     for name in sorted(n for n, k in listed.items() if k > 1):
@@ -148,6 +153,22 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
                       kept=kept)
     return checked, errors
+
+def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -> list[str]:
+    """Creates past a cloud account quota's headroom, in the plan's order (the order apply launches them in)."""
+    book, errors = QuotaBook(problem.quotas), []
+    for c in creates:
+        cap = offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)]
+        short = book.short(cap)
+        if short is not None:
+            q = book.quotas[short[0]]
+            taken = f", and the plan's creates before it take {book.taken[short[0]]:g} more" if book.taken[short[0]] else ""
+            errors.append(f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r}): cloud quota: "
+                          f"{quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used when read{taken}; it needs "
+                          f"{quota_units(q, cap):g} more" + (f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""))
+        book.take(cap)
+    return errors
+
 
 def _fleet_rule_errors(after, before) -> list[str]:
     """Fleet-wide rules the plan breaks that the fleet as it runs keeps: the spot share, the on-demand buffer,

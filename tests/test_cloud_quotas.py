@@ -60,22 +60,25 @@ def test_a_raised_quota_places_the_rest(tmp_path):
     assert len(res.plan.creates) == 2 and not [j for j in res.plan.jobs if j.action == "pending"]
 
 
-def test_a_launch_past_a_quota_is_a_quota_error_and_cools_off_no_zone(tmp_path):
-    """The plan was made before someone else took the quota: the launch fails with the quota named, no zone is
-    marked short (every zone would fail alike), and the next plan stays within what is left."""
+def test_a_plan_made_before_someone_else_took_the_quota_is_refused_before_it_launches(tmp_path):
+    """The plan was made before someone else took the quota: apply reads the quota again and refuses the plan with
+    the quota named before it launches anything (it used to launch one, then fail: half applied); no zone is marked
+    short (every zone would fail alike), and the next plan stays within what is left. (The cloud's own refusal of a
+    launch, for a quota taken after apply's read, is test_azure_a_create_past_the_quota_is_a_quota_error_....)"""
     cfg, sim = _p4d_fleet(tmp_path, jobs=2)
     plan = api.plan(cfg).plan
     assert len(plan.creates) == 2
-    sim.plant("aws", "us-east-1", "us-east-1b", "p4d.24xlarge", {"owner": "another-team"})  # takes what was left
+    sim.plant("aws", "us-east-1", "us-east-1b", "p4d.24xlarge", {"owner": "another-team"})  # takes one of the two
     with pytest.raises(Exception) as e:
         api.apply(cfg, saved_plan=plan)
-    assert P_QUOTA in str(e.value) and "raise it" in str(e.value)
+    assert f"create +2 (on-demand p4d.24xlarge in us-east-1a, pool 'p4d'): cloud quota: aws {P_QUOTA}" in str(e.value)
+    assert "raise it" in str(e.value)
     assert not load_state(state_dir(cfg)).short_now()
-    assert len([i for i in sim.instances() if i["tags"].get("fleetops.io/fleet")]) == 1  # one launched, then the quota
+    assert not [i for i in sim.instances() if i["tags"].get("fleetops.io/fleet")]
     nxt = api.plan(cfg)
     check_plan(nxt.desired, nxt.observed, nxt.plan)
-    assert not nxt.plan.creates
-    assert [j.reason[:60] for j in nxt.plan.jobs if j.action == "pending"] == [f"cloud quota: aws {P_QUOTA} in us-east-1: 288 of"[:60]]
+    assert len(nxt.plan.creates) == 1
+    assert [j.reason[:60] for j in nxt.plan.jobs if j.action == "pending"] == [f"cloud quota: aws {P_QUOTA} in us-east-1: 192 of"[:60]]
 
 
 def test_a_spot_quota_leaves_on_demand_free(tmp_path):
@@ -200,14 +203,33 @@ def test_azure_spot_counts_against_low_priority_cores_only(arm, tmp_path):
     assert api.apply(cfg, provider="azure", options=arm_options(arm)).report.ok
 
 
-def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(arm, tmp_path):
-    """The quota was lowered after the plan was made: ARM refuses the create (409 OperationNotAllowed, exceeding
-    approved ... Cores quota), the apply names the quota and how to raise it, and no zone is marked short."""
+def test_azure_a_saved_plan_past_a_lowered_quota_is_refused_before_anything_launches(arm, tmp_path):
+    """The quota was lowered after the plan was made (quotas are not in the observed digest): apply --plan reads it
+    again and refuses the create, naming the quota and how to raise it; before, it launched until ARM refused."""
     from tests.conftest import arm_options
 
     cfg = _nc_a100_fleet(tmp_path, arm, jobs=1)
     plan = api.plan(cfg, provider="azure", options=arm_options(arm)).plan
     arm.set_quota("eastus", "StandardNCADSA100v4Family", 0)
+    with pytest.raises(Exception) as e:
+        api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
+    assert ("cloud quota: azure StandardNCADSA100v4Family in eastus: 0 of 0 vCPUs used when read; it needs 24 more; "
+            "raise it: ") in str(e.value)
+    assert not arm.vms
+
+
+def test_azure_a_create_past_the_quota_is_a_quota_error_and_cools_off_no_zone(arm, tmp_path):
+    """Someone else's VMs take the quota between apply's read of it and its create: ARM refuses the create (409
+    OperationNotAllowed, exceeding approved ... Cores quota), the apply names the quota and how to raise it, and no
+    zone is marked short."""
+    from tests.conftest import arm_options
+
+    cfg = _nc_a100_fleet(tmp_path, arm, jobs=1)
+    plan = api.plan(cfg, provider="azure", options=arm_options(arm)).plan
+    arm.fail_next(409, "OperationNotAllowed", (
+        "Operation could not be completed as it results in exceeding approved StandardNCADSA100v4Family Cores quota. "
+        "Additional details - Deployment Model: Resource Manager, Location: eastus, Current Limit: 24, Current Usage: 24, "
+        "Additional Required: 24, (Minimum) New Limit Required: 48."), method="PUT")
     with pytest.raises(Exception) as e:
         api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
     assert "quota 'StandardNCADSA100v4Family' (azure, eastus) is used up: raise it" in str(e.value)
@@ -271,6 +293,25 @@ def test_aws_a_launch_past_the_vcpu_quota_is_a_quota_error_naming_it(aws_env, ec
     (spot_p,) = [q for q in prov.quotas([target]) if q.name.endswith("(L-7212CCBC)")]
     assert spot_p.limit == spot_p.used and spot_p.counts == (("p4d.24xlarge", "spot", 96.0),)
 
+
+
+def test_aws_dl_instances_count_against_the_dl_quota_not_standard(aws_env, ec2_quotas, tmp_path):
+    """DL instances (dl1 Gaudi, dl2q Qualcomm) have their own vCPU quotas, not the Standard family (A, C, D, ...). Before,
+    the provider read and named the Standard quota for a dl2q.24xlarge: the plan counted the wrong headroom."""
+    from providers.aws import AwsProvider
+    from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
+    from reconciler.errors import QuotaError
+
+    prov = AwsProvider(ProviderContext(fleet="quota-fleet-aws-dl", state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    ec2_quotas.set_limit("us-east-1", "L-6E869C2A", 0)
+    target = PoolTarget(name="dl", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("dl2q.24xlarge",),
+                        settings={"ami": AMI})
+    (dl,) = [q for q in prov.quotas([target]) if any(m == "on-demand" for _, m, _ in q.counts)]
+    assert dl.name == "Running On-Demand DL instances (L-6E869C2A)" and dl.limit == 0
+    with pytest.raises(QuotaError) as e:
+        prov.create(CreateRequest(key="k-dl", pool=target, zone="us-east-1a", instance_type="dl2q.24xlarge", market="on-demand",
+                                  tags=ownership_tags("quota-fleet-aws-dl", "dl", "k-dl")))
+    assert e.value.quota == "Running On-Demand DL instances (L-6E869C2A)"
 
 # ---------------------------------------------------------------- zone offerings: only what each zone has, cached
 

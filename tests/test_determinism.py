@@ -95,3 +95,33 @@ def test_the_same_input_gives_the_same_plan_byte_for_byte_even_on_a_busy_machine
     assert out[0].stdout == out[1].stdout == out[2].stdout
     plan = Plan.from_json(out[0].stdout)
     assert plan.solver.status != "GREEDY_FALLBACK"  # the search ran (else this would prove little)
+
+
+def test_the_model_an_hour_later_is_the_same_model(tmp_path):
+    """Nothing in the model reads the clock but the rules about time (deadlines, priority aging; this fleet has
+    neither). The victims tier weighed each running job by its hours left, so a re-plan an hour later searched a
+    different model, and where the work limit cut the search short it emitted another plan for the same config
+    and fleet (an applied 1k-job fleet: $7,957.79/h with 69 moves, then $7,961.13/h with 63, an hour apart)."""
+    from datetime import timedelta
+
+    from reconciler.problem import build_problem
+    from reconciler.solve.model import Model
+    from reconciler.solve.objective import cost, tiers
+    from reconciler.solve.variables import flatten
+    from reconciler.state import utcnow
+    from tests.fleetkit import copy_quickstart
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=5)
+    res = api.plan(cfg, time_limit=5)
+    assert any(d.running_jobs for d in res.problem.demands)
+    t = utcnow()
+
+    def model_at(hours: float):
+        m = Model(build_problem(res.desired, res.observed, now=t + timedelta(hours=hours)))
+        return [(x.name, x.sense, x.bound, flatten(x.expr)) for x in tiers(m)], flatten(cost(m)), str(m.m.proto)
+
+    now = model_at(0)
+    assert any(name == "victims' remaining time" for name, *_ in now[0])
+    assert model_at(1) == now
+    assert model_at(10) == now

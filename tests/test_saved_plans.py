@@ -439,3 +439,25 @@ def test_an_evict_for_spot_diversity_the_fleet_breaks_now_is_accepted(tmp_path):
         desired = load(tmp_path / str(time_limit))
         observed = catalog_observed(desired, fleet, placements)
         assert recheck(plan, desired, observed, build_problem(desired, observed))[1] == []
+
+
+def test_extra_creates_past_a_cloud_quota_are_refused_before_anything_launches(tmp_path):
+    """The account's P-instance vCPU quota has room for one more p4d.24xlarge; an edited plan asks for two (within
+    the pool's max_instances and the budget). Before, the first launched and the second failed at the cloud: a
+    half-applied plan. The quota is in the plan's observed snapshot, so the check needs no new read."""
+    cfg = copy_quickstart(tmp_path)
+    pools = cfg / "pools.yaml"
+    pools.write_text(pools.read_text().replace("max_instances: 3", "max_instances: 6"))
+    sim = SimCloud(state_dir(cfg))
+    quota = "Running On-Demand P instances (L-417A185B)"
+    sim.set_quota(quota, "aws", "us-east-1", "vCPUs", 96 * 3, market="on-demand", instance_types=["p4d.24xlarge"])
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    used = sum(1 for i in _live(cfg).values() if i["instance_type"] == "p4d.24xlarge" and i["market"] == "on-demand")
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    before = set(_live(cfg))
+    room = 3 - used
+    _edit(out, lambda raw: raw["creates"].extend([_create(raw, len(raw["creates"]) + n, "aws-a100", "us-east-1a",
+                                                          "p4d.24xlarge") for n in range(1, room + 2)]))
+    _refused(_apply(cfg, out), f"cloud quota: aws {quota} in us-east-1")
+    assert set(_live(cfg)) == before

@@ -144,14 +144,22 @@ def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:
 
 
 def victims_tier(model: Model) -> Tier | None:
-    """Among equally good answers, evict the jobs with the least time left."""
+    """Among equally good answers, evict the jobs with the least time left. Weighed by the rank of
+    a demand's time left, not the hours: every running job ages alike, so the ranks hold from one
+    plan to the next while the hours do not, and a model whose weights moved with the clock was
+    another search. On an applied 1k-job fleet whose tiers the work limit cuts short, the same
+    config and fleet planned an hour apart gave $7,957.79/h with 69 moves, then $7,961.13/h with 63."""
     p = model.p
-    ev = []
+    left = {}
     for d in p.demands:
         if d.running_jobs:
             rem = [p.job_remaining.get(j, d.hours) for j, _ in d.running]
-            per_job = max(1, round(10 * d.job_size * (sum(rem) / len(rem))))
-            ev.append((per_job, d.running_jobs - model.krj[d.key] if not d.gang else 1 - model.placed[d.key]))
+            left[d.key] = sum(rem) / len(rem)
+    rank = {v: n for n, v in enumerate(sorted(set(left.values())), 1)}
+    ev = []
+    for d in p.demands:
+        if d.running_jobs:
+            ev.append((d.job_size * rank[left[d.key]], d.running_jobs - model.krj[d.key] if not d.gang else 1 - model.placed[d.key]))
     return Tier("victims' remaining time", wsum([(w, e) for w, e in ev]), "min", 0) if ev else None
 
 
