@@ -194,6 +194,7 @@ def plan(
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
     adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
+    no_memo: bool = typer.Option(False, "--no-memo", help="Solve again even when .reconcile/cache/plan-memo.json holds the plan for these exact inputs."),
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
     from reconciler import api
@@ -202,8 +203,15 @@ def plan(
     if fmt not in ("human", "markdown", "json"):
         raise typer.BadParameter("--format must be human, markdown or json")
     try:
-        res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                       options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+        if no_memo:
+            res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                           options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+        else:
+            res = api.plan_with_memo(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                                     options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+            if res.reused:
+                typer.echo(f"(the plan made for these exact inputs, read back from .reconcile/cache/plan-memo.json: making "
+                           f"it took {res.seconds:.2f}s; --no-memo solves again)", err=True)
     except ReconcileError as e:
         _fail(e, config_dir, state)
     if out is not None:

@@ -1,0 +1,189 @@
+"""The plan memo: `reconcile plan` reads back the plan it made for the same inputs instead of solving again.
+
+Planning is deterministic: the same inputs give the same plan, byte for byte (tests/test_determinism.py). So the
+last plan is kept in .reconcile/cache/plan-memo.json under the SHA-256 of every input that can change it
+(`memo_key`), and a plan whose inputs hash the same is that plan. The inputs:
+
+- the program: every file of the reconciler, providers and policies packages, and the versions of Python and of
+  the libraries that shape a plan (ortools, pydantic, PyYAML, networkx);
+- the desired state (its digest: every document as validated, defaults included) and the price catalog file the
+  config pins, or the shipped one;
+- the observed fleet, whole: instances with their tags and launch times, offerings with their (live) prices and
+  availability, placements, cool-offs (read at the clock), account quotas, what the node agents reported, notes;
+- the options: provider, time limit, gap, LP bound, --allow-destroy, --adopt-fleet;
+- the clock, as the plan reads it (`clock_inputs`): aged priorities, the Reservations in force, deadline ranks
+  and conditions, and the hours left of each running job (the victims tier weighs evictions by them and the
+  planner moves the jobs with most time left first). These change with every second while a running job is
+  within its expected_hours, and then the memo is never used; they stop changing once every running job is past
+  its expected time (a fleet in its steady state), and the memo then serves every plan until something changes.
+
+An entry is used only when its checksum, key, fleet and digests check out; anything else (torn, foreign, another
+version's) is ignored and replaced. A plan the wall-clock safety cap cut short (greedy's, on a busy machine) is not
+kept: the next run may do better. Only `reconcile plan` reads the memo: apply always plans again (or re-checks a
+saved plan against the fleet as it is)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from datetime import date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reconciler.deadlines import conditions, ranks, start_by
+from reconciler.model import DesiredState
+
+if TYPE_CHECKING:
+    from reconciler.observe import Observed
+    from reconciler.plan import Plan
+
+MEMO_FILE = Path(".reconcile") / "cache" / "plan-memo.json"
+_PACKAGES = ("reconciler", "providers", "policies")
+_LIBRARIES = ("ortools", "pydantic", "pydantic-core", "PyYAML", "networkx", "protobuf")
+_program: str | None = None
+
+
+class Unkeyable(Exception):
+    """An input the key cannot hash exactly: the plan is made (and not kept) as without the memo."""
+
+
+def program_digest() -> str:
+    """The code that plans: every file of our packages (not __pycache__) and the libraries' versions."""
+    global _program
+    if _program is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        h = hashlib.sha256(sys.version.encode())
+        for name in _LIBRARIES:
+            try:
+                h.update(f"\0{name}={version(name)}".encode())
+            except PackageNotFoundError:
+                h.update(f"\0{name}=absent".encode())
+        here = Path(__file__).resolve().parent.parent
+        for pkg in _PACKAGES:
+            for path in sorted((here / pkg).rglob("*")):
+                if "__pycache__" in path.parts or not path.is_file():
+                    continue
+                h.update(b"\0" + str(path.relative_to(here)).encode() + b"\0" + path.read_bytes())
+        _program = h.hexdigest()
+    return _program
+
+
+def _plain(x):
+    """x as JSON-ready data, exactly: dataclasses field by field, sets sorted, dates as ISO text, anything else
+    refused (Unkeyable), so no input is hashed by a lossy or address-bearing form."""
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return x
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [type(x).__name__] + [_plain(getattr(x, f.name)) for f in dataclasses.fields(x)]
+    if isinstance(x, dict):
+        return {"": [[_plain(k), _plain(v)] for k, v in x.items()]}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (set, frozenset)):
+        return {"set": sorted((_plain(v) for v in x), key=lambda v: json.dumps(v, sort_keys=True))}
+    if isinstance(x, (datetime, date)):
+        return {"time": x.isoformat()}
+    if hasattr(x, "items"):  # a read-only mapping (an instance's tags)
+        return {"": [[_plain(k), _plain(v)] for k, v in x.items()]}
+    raise Unkeyable(f"cannot key {type(x).__name__}")
+
+
+def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime) -> dict[str, float]:
+    """Running job -> expected hours left at `now`, as build_problem computes Problem.job_remaining
+    (tests/test_memo.py pins the two equal)."""
+    from reconciler.problem import _parse_time
+
+    launched = {i.id: _parse_time(i.launched_at) for i in observed.instances}
+    out = {}
+    for name, iids in observed.placements.items():
+        job = desired.jobs.get(name)
+        if job is None or not iids:
+            continue
+        start = min((launched[i] for i in iids if launched.get(i)), default=None)
+        ran = (now - start).total_seconds() / 3600 if start else 0.0
+        out[name] = max(0.0, job.spec.expected_hours - ran)
+    return out
+
+
+def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> dict:
+    """What a plan reads of the clock, computed with the planner's own functions where it has them: two
+    moments with the same clock inputs (and the same everything else) give the same plan."""
+    from reconciler.problem import _reservations, effective_priority
+
+    aging = desired.placement.aging
+    left = running_hours_left(desired, observed, now)
+    with_deadline = {n: j for n, j in desired.jobs.items() if j.spec.deadline is not None}
+    latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in with_deadline.items()}
+    return {
+        "aged": {n: effective_priority(j, bool(observed.placements.get(n)), now, aging)
+                 for n, j in desired.jobs.items() if j.spec.submitted is not None},
+        "reservations": sorted(_reservations(desired, now)),
+        "deadline_ranks": {n: list(v) for n, v in ranks(latest, {n: j.spec.expected_hours for n, j in with_deadline.items()}, now).items()},
+        "deadline_conditions": conditions({n: (j.spec.deadline, left.get(n, j.spec.expected_hours)) for n, j in with_deadline.items()},
+                                          set(), now),
+        "hours_left": left,
+    }
+
+
+def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now: datetime, options: dict) -> str:
+    """SHA-256 over every input of the plan (the module docstring lists them). Raises Unkeyable."""
+    from providers.catalog import catalog_for, shipped_catalog_text
+
+    pinned = catalog_for(config_dir)
+    catalog = pinned.read_bytes() if pinned is not None else shipped_catalog_text().encode()
+    body = {
+        "program": program_digest(),
+        "catalog": hashlib.sha256(catalog).hexdigest(),
+        "desired": desired.digest,
+        "observed": _plain(observed),
+        "clock": _plain(clock_inputs(desired, observed, now)),
+        "options": _plain(options),
+    }
+    try:
+        text = json.dumps(body, sort_keys=True, allow_nan=False)
+    except ValueError as e:  # NaN or infinity somewhere: not an exact key
+        raise Unkeyable(str(e)) from e
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read(config_dir: Path, key: str, desired: DesiredState, observed: "Observed") -> tuple["Plan", float] | None:
+    """The memo's plan and the seconds it took to make, if the memo holds a sound entry for exactly this key."""
+    from reconciler.plan import Plan
+
+    try:
+        head, _, text = (Path(config_dir) / MEMO_FILE).read_bytes().partition(b"\n")
+        entry = json.loads(head)
+        if entry != {"key": key, "sum": hashlib.sha256(text).hexdigest(), "seconds": entry.get("seconds")}:
+            return None
+        plan = Plan.from_json(text.decode())
+        seconds = float(entry["seconds"])
+    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable, torn, edited or not this shape
+        return None
+    if plan.fleet != desired.fleet or plan.desired_digest != desired.digest or plan.observed_digest != observed.digest:
+        return None
+    return plan, seconds
+
+
+def keep(config_dir: Path, key: str, plan: "Plan", seconds: float, time_limit: float) -> bool:
+    """Store `plan` as the memo's one entry (atomically; best effort). A plan cut short by the wall-clock
+    cap is not kept (its status is GREEDY_FALLBACK with a time limit: whether the cap hits depends on the load)."""
+    if plan.solver.status == "GREEDY_FALLBACK" and time_limit > 0:
+        return False
+    text = plan.to_json().encode()
+    head = json.dumps({"key": key, "sum": hashlib.sha256(text).hexdigest(), "seconds": round(seconds, 3)}).encode()
+    path = Path(config_dir) / MEMO_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(head + b"\n" + text)
+        os.replace(tmp, path)  # whole or not at all, also beside a concurrent plan
+    except OSError:
+        return False
+    return True
+
+
+__all__ = ["MEMO_FILE", "Unkeyable", "clock_inputs", "keep", "memo_key", "read", "running_hours_left"]
