@@ -145,6 +145,7 @@ class MemoPlan:
     plan: Plan
     reused: bool
     seconds: float  # what making it took (when reused: when it was first made)
+    key: str | None = None  # its memo key (None: an input could not be keyed; not kept)
 
 
 @_few_collections
@@ -166,19 +167,19 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     when = now or utcnow()
     try:
         key = memo.memo_key(config_dir, desired, observed, when, {
-            "provider": provider, "time_limit": time_limit, "gap": gap, "allow_destroy": allow_destroy,
+            "provider": provider, "time_limit": float(time_limit), "gap": None if gap is None else float(gap), "allow_destroy": allow_destroy,
             "adopt_fleet": adopt_fleet, "lp_bound": False})
     except memo.Unkeyable:
         key = None
     if key is not None:
         hit = memo.read(config_dir, key, desired, observed)
         if hit is not None:
-            return MemoPlan(hit[0], True, hit[1])
+            return MemoPlan(hit[0], True, hit[1], key)
     made = _plan(desired, observed, provider, time_limit, allow_destroy, when, gap).plan
     seconds = time.monotonic() - t0
     if key is not None:
         memo.keep(config_dir, key, made, seconds, time_limit)
-    return MemoPlan(made, False, seconds)
+    return MemoPlan(made, False, seconds, key)
 
 
 @_few_collections

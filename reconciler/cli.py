@@ -218,7 +218,19 @@ def plan(
         out.write_text(res.plan.to_json())
     from reconciler.progress import use_color
 
-    typer.echo(render(res.plan, fmt, str(out) if out else None, color=use_color(sys.stdout)), nl=False)
+    color = use_color(sys.stdout)
+    text = None
+    if getattr(res, "reused", False) and res.key is not None:  # a memo hit: printed as it was last time, if it was
+        from reconciler import memo
+
+        variant = json.dumps([fmt, color, str(out) if out else None])
+        text = memo.read_render(config_dir, res.key, variant)
+        if text is None:
+            text = render(res.plan, fmt, str(out) if out else None, color=color)
+            memo.keep_render(config_dir, res.key, variant, text)
+    if text is None:
+        text = render(res.plan, fmt, str(out) if out else None, color=color)
+    typer.echo(text, nl=False)
     if detailed_exitcode and res.plan.has_changes:
         raise typer.Exit(2)
 
