@@ -209,7 +209,7 @@ def plan(
         else:
             res = api.plan_with_memo(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
                                      options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
-            if res.reused:
+            if res.reused and fmt == "human":  # (json and markdown stay the plan alone, also with 2>&1)
                 typer.echo(f"(the plan made for these exact inputs, read back from .reconcile/cache/plan-memo.json: making "
                            f"it took {res.seconds:.2f}s; --no-memo solves again)", err=True)
     except ReconcileError as e:
