@@ -12,8 +12,9 @@ last plan is kept in .reconcile/cache/plan-memo.json under the SHA-256 of every 
   availability, placements, cool-offs (read at the clock), account quotas, what the node agents reported, notes;
 - the options: provider, time limit, gap, LP bound, --allow-destroy, --adopt-fleet;
 - the clock, as the plan reads it (`clock_inputs`): aged priorities, the Reservations in force, deadline ranks
-  and conditions, and the hours left of each running job (the victims tier weighs evictions by them and the
-  planner moves the jobs with most time left first). These change with every second while a running job is
+  and conditions, and the hours left of each running job (the victims tier ranks demands by them and the
+  planner moves the jobs with most time left first; the ranks alone would do, bench/README.md says what keying
+  them needs). These change with every second while a running job is
   within its expected_hours, and then the memo is never used; they stop changing once every running job is past
   its expected time (a fleet in its steady state), and the memo then serves every plan until something changes.
 
