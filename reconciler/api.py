@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-
+from typing import TYPE_CHECKING
 
 from policies.guardrails import violations
 from reconciler.apply import ApplyReport, OnEvent, apply_plan
@@ -23,7 +23,6 @@ from reconciler.observe import Fleet, Observed
 from reconciler.plan import Plan, make_plan, outcome_rank, unpacked
 from reconciler.plancheck import recheck
 from reconciler.problem import Problem, build_problem
-from reconciler.solve import GAP_LIMIT, Solution, solve
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler import identity
@@ -31,7 +30,13 @@ from reconciler.state import State, state_dir, utcnow
 from reconciler.status import StatusFiles, write_status
 from reconciler.status import read_status as read_status_files
 
+if TYPE_CHECKING:
+    from reconciler.solve import Solution
+
 DEFAULT_TIME_LIMIT = 20.0
+# The solver (ortools, which imports pandas and numpy: ~0.5 s of CPU) is imported where a plan is solved, not
+# here: a plan read back from the memo (reconciler/memo.py), `status` and `validate` never load it. gap=None is
+# solve.GAP_LIMIT.
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,10 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
-          now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False) -> PlanResult:
+          now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
+    from reconciler.solve import GAP_LIMIT, solve
+
+    gap = GAP_LIMIT if gap is None else gap
     demand = demanding(desired, observed)  # finished jobs demand no capacity
     problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
@@ -117,7 +125,7 @@ def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: Sta
 @_few_collections
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
-         now: datetime | None = None, gap: float = GAP_LIMIT, lp_bound: bool = False, adopt_fleet: bool = False) -> PlanResult:
+         now: datetime | None = None, gap: float | None = None, lp_bound: bool = False, adopt_fleet: bool = False) -> PlanResult:
     """`state`: the state backend URL (None/'local' or s3://bucket/prefix). `now`: the time
     priority aging is measured at (default: the clock). `lp_bound`: also compute the LP
     relaxation's least instance cost (solution.lp_bound; the benchmark's yardstick). `adopt_fleet`:
@@ -130,9 +138,53 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
     return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap, lp_bound)
 
 
+@dataclass(frozen=True)
+class MemoPlan:
+    """`reconcile plan`'s answer: the plan, and whether it was read back from the plan memo (reconciler/memo.py)."""
+
+    plan: Plan
+    reused: bool
+    seconds: float  # what making it took (when reused: when it was first made)
+    key: str | None = None  # its memo key (None: an input could not be keyed; not kept)
+
+
+@_few_collections
+def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
+                   allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
+                   now: datetime | None = None, gap: float | None = None, adopt_fleet: bool = False) -> MemoPlan:
+    """`plan`, but the plan made last for exactly these inputs is read back instead of solved again, and a
+    new plan is kept for next time (reconciler/memo.py says what the key holds). Apply never uses this."""
+    import time
+
+    from reconciler import memo
+
+    t0 = time.monotonic()
+    config_dir = Path(config_dir)
+    desired = load(config_dir, cache=True)
+    backend = backend_for(config_dir, state)
+    fleet = Fleet(desired, state_dir(config_dir), provider, options)
+    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet))
+    when = now or utcnow()
+    try:
+        key = memo.memo_key(config_dir, desired, observed, when, {
+            "provider": provider, "time_limit": float(time_limit), "gap": None if gap is None else float(gap), "allow_destroy": allow_destroy,
+            "adopt_fleet": adopt_fleet, "lp_bound": False})
+    except memo.Unkeyable:
+        key = None
+    if key is not None:
+        hit = memo.read(config_dir, key, desired, observed)
+        if hit is not None:
+            return MemoPlan(hit[0], True, hit[1], key)
+    made = _plan(desired, observed, provider, time_limit, allow_destroy, when, gap).plan
+    seconds = time.monotonic() - t0
+    if key is not None:
+        memo.keep(config_dir, key, made, seconds, time_limit)
+    return MemoPlan(made, False, seconds, key)
+
+
 @_few_collections
 def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-            options: dict | None = None, state: str | None = None, now: datetime | None = None, gap: float = GAP_LIMIT):
+            options: dict | None = None, state: str | None = None, now: datetime | None = None, gap: float | None = None):
     """Why JOB runs where it does or is pending, and (for a pending job) which single change
     to the desired state would place it, each checked by planning again against the same fleet."""
     from reconciler.errors import ReconcileError
@@ -158,7 +210,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
 @_few_collections
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
           time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
-          state: str | None = None, gap: float = GAP_LIMIT, on_plan: Callable[[Plan], None] | None = None,
+          state: str | None = None, gap: float | None = None, on_plan: Callable[[Plan], None] | None = None,
           on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None, adopt_fleet: bool = False) -> ApplyResult:
     """Plan (or take a saved plan), check guardrails, apply, write status.
 
@@ -317,7 +369,7 @@ def _resulting_fleet(plan: Plan, observed: Observed) -> tuple[dict[str, int], di
 
 @_few_collections
 def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
-         options: dict | None = None, state: str | None = None, gap: float = GAP_LIMIT) -> DiffResult:
+         options: dict | None = None, state: str | None = None, gap: float | None = None) -> DiffResult:
     """Plan the config at `base_ref` and the working config against the same fleet, and
     report only what differs: the change a pull request makes, not the fleet's drift."""
     import tempfile

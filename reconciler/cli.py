@@ -194,6 +194,7 @@ def plan(
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
     adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
+    no_memo: bool = typer.Option(False, "--no-memo", help="Solve again even when .reconcile/cache/plan-memo.json holds the plan for these exact inputs."),
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
     from reconciler import api
@@ -202,15 +203,34 @@ def plan(
     if fmt not in ("human", "markdown", "json"):
         raise typer.BadParameter("--format must be human, markdown or json")
     try:
-        res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                       options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+        if no_memo:
+            res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                           options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+        else:
+            res = api.plan_with_memo(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
+                                     options=_options(provider_option), state=state, gap=gap, adopt_fleet=adopt_fleet)
+            if res.reused and fmt == "human":  # (json and markdown stay the plan alone, also with 2>&1)
+                typer.echo(f"(the plan made for these exact inputs, read back from .reconcile/cache/plan-memo.json: making "
+                           f"it took {res.seconds:.2f}s; --no-memo solves again)", err=True)
     except ReconcileError as e:
         _fail(e, config_dir, state)
     if out is not None:
         out.write_text(res.plan.to_json())
     from reconciler.progress import use_color
 
-    typer.echo(render(res.plan, fmt, str(out) if out else None, color=use_color(sys.stdout)), nl=False)
+    color = use_color(sys.stdout)
+    text = None
+    if getattr(res, "reused", False) and res.key is not None:  # a memo hit: printed as it was last time, if it was
+        from reconciler import memo
+
+        variant = json.dumps([fmt, color, str(out) if out else None])
+        text = memo.read_render(config_dir, res.key, variant)
+        if text is None:
+            text = render(res.plan, fmt, str(out) if out else None, color=color)
+            memo.keep_render(config_dir, res.key, variant, text)
+    if text is None:
+        text = render(res.plan, fmt, str(out) if out else None, color=color)
+    typer.echo(text, nl=False)
     if detailed_exitcode and res.plan.has_changes:
         raise typer.Exit(2)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.errors import SolverError
@@ -23,7 +23,9 @@ from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
 from reconciler.problem import Capacity, Demand, Problem, fit, placement_refusal, shape_changes, spot_measure
-from reconciler.solve import Solution
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
 
 PLAN_FORMAT = 2
 UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding
