@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import conditions as deadline_conditions
+from reconciler.ledger import MILLI
 from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import Capacity, Problem
 
@@ -31,8 +32,6 @@ def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: lis
         return "FEASIBLE", False, 1.0
     if solution.cost_value is None or solution.cost_bound is None:
         return solution.status, solution.optimal and not repairs, solution.gap if not repairs else max(solution.gap, 1e-6)
-    from reconciler.solve import MILLI
-
     emitted = sum(round(hosts[h].price * MILLI) for h in kept if h in hosts) + sum(round(a.price * MILLI) + 1 for a in creates)
     counted = sum(round(hosts[h].price * MILLI) for h in solution.keep if h in hosts) + \
         sum((round(solution.capacities[k].price * MILLI) + 1) * n for k, n in solution.new.items() if k in solution.capacities)
