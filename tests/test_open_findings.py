@@ -34,7 +34,7 @@ def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():
 
 def test_cp_sat_keeps_each_tenants_spot_share():
     """Fixed: the packer dropped t2's 4-GPU job the solver had counted, leaving t2's spot job over its share;
-    the plan now takes that spot job out too (plan._settle_tenant_spot; tests/test_rules.py has it reduced)."""
+    the plan now takes that spot job out too (plan/tenant_spot.py, settle_tenant_spot; tests/test_rules.py has it reduced)."""
     check_fleet(fleet("fleet12"), time_limit=5)
 
 

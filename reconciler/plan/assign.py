@@ -1,0 +1,80 @@
+"""Phase 1 of a plan: which jobs run, and which of their items stay where they are.
+
+The solver counts per class of identical jobs and per instance or offer; this names the jobs
+(those staying first) and sends every item that does not stay to a host or an offer, to be packed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataclasses import dataclass
+
+from reconciler.errors import SolverError
+from reconciler.observe import Observed
+from reconciler.problem import Capacity, Demand, Problem
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+Item = tuple[Demand, str, int]  # (its class, job, replica or bundle index)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    slots: dict[str, list[str | None]]  # job -> instance id per item (None: to be packed)
+    to_host: dict[str, list[Item]]  # existing instance id -> new items
+    to_offer: dict[str, list[Item]]  # offer (or zone class) key -> new items
+
+
+def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, observed: Observed) -> list[str]:
+    """Which of a class's identical jobs run: those staying where they are first, then the other
+    running ones (most time left first: the victims are those nearly done), then the rest in
+    submission order."""
+    if n <= 0:
+        return []
+    if d.gang:
+        return list(d.jobs)
+    running = dict(d.running)
+    staying, moving = [], []
+    for j in d.jobs:
+        if j in running:
+            (staying if any(stay_left.get(h, 0) > 0 for h in running[j]) else moving).append(j)
+    moving.sort(key=lambda j: (-problem.job_remaining.get(j, 0.0), j))
+    rest = [j for j in d.jobs if j not in running]
+    return (staying + moving + rest)[:n]
+
+
+def assign_items(problem: Problem, observed: Observed, solution: Solution, caps: dict[str, Capacity]) -> Assignment:
+    """The solver's stay and new counts, item by item: a running item stays on its host while the
+    count for that host lasts; the others go to an existing host first, then to an offer."""
+    stay_left = {}
+    for (dk, hk), n in solution.stay.items():
+        stay_left.setdefault(dk, {})[hk] = n
+    new_left = {}
+    for (dk, ck), n in solution.x.items():
+        new_left.setdefault(dk, {})[ck] = n
+    slots: dict[str, list[str | None]] = {}
+    to_host: dict[str, list[Item]] = {}
+    to_offer: dict[str, list[Item]] = {}
+    for d in problem.demands:
+        sl = stay_left.get(d.key, {})
+        jobs = choose_jobs(d, solution.placed.get(d.key, 0), sl, problem, observed)
+        running = dict(d.running)
+        for job in jobs:
+            items: list[str | None] = [None] * d.replicas
+            for r, hk in enumerate(running.get(job, ())[: d.replicas] if d.bundle == 1 else running.get(job, ())[:1]):
+                if sl.get(hk, 0) > 0:
+                    sl[hk] -= 1
+                    items[r] = hk
+            for r in range(d.replicas):
+                if items[r] is not None:
+                    continue
+                nl = new_left.get(d.key, {})
+                ck = next((k for k in sorted(nl, key=lambda k: (not caps[k].existing, k)) if nl[k] > 0), None)
+                if ck is None:
+                    raise SolverError(f"internal: demand {d.key} placed {len(jobs)} jobs but has no room left for {job}")
+                nl[ck] -= 1
+                (to_host if caps[ck].existing else to_offer).setdefault(ck, []).append((d, job, r))
+            slots[job] = items
+    return Assignment(slots, to_host, to_offer)

@@ -1,0 +1,81 @@
+"""The plan file: its format version, its JSON, the digest that refuses an edited body, and the
+names a plan gives (its id, which keys its creates; a gang's placement group).
+
+Kept apart from the plan's types so a saved plan's shape is read in one place: `reconcile plan
+--out` writes it, `reconcile apply PLAN` reads it back (and plancheck.py checks every action).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields, is_dataclass
+
+from reconciler.model import DesiredState
+from reconciler.observe import Observed
+
+PLAN_FORMAT = 2
+
+
+def encode(plan) -> str:
+    """The plan as JSON, byte for byte the same for the same (desired, observed), ending in its body digest."""
+    raw = _json_ready(plan)
+    del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
+    if not raw["rules"]:
+        del raw["rules"]
+    for c in raw["creates"]:  # (only where set: a plan without reservations is as before)
+        if c["reservation"] is None:
+            del c["reservation"]
+    for j in raw["jobs"]:  # a job whose replicas hold no whole GPU (CPU, MIG slices) shows `gpus: []` rather than `[[]]`
+        if not any(j["gpus"]):
+            j["gpus"] = []
+    body = json.loads(json.dumps(raw))
+    return json.dumps({**body, "body_digest": body_digest(body)}, indent=2, sort_keys=False)
+
+
+def read_body(text: str) -> dict:
+    """A saved plan's body, checked: this version's format, and every field as `reconcile plan` wrote it."""
+    raw = json.loads(text)
+    if raw.get("format") != PLAN_FORMAT:
+        raise ValueError(f"plan format {raw.get('format')} is not {PLAN_FORMAT}; make the plan again with this version")
+    if raw.pop("body_digest", None) != body_digest(raw):
+        raise ValueError("the plan's body does not match its body_digest: it was edited after `reconcile plan` wrote "
+                         "it (or made by an older version); make the plan again")
+    return raw
+
+
+def _json_ready(obj):
+    """asdict, with a float field always a float (`cost_before: 0.0`, not `0` beside `72.21`)."""
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            v = _json_ready(getattr(obj, f.name))
+            if f.type in ("float", "float | None") and type(v) is int:
+                v = float(v)
+            elif f.type == "dict[str, float]":
+                v = {k: float(x) for k, x in v.items()}
+            out[f.name] = v
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    return obj
+
+
+def body_digest(body: dict) -> str:
+    """What a saved plan's every field hashes to, so an edited body is refused even with its old digests. A
+    checksum, not a signature: apply also checks every action of a saved plan on its own (plancheck.py)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def placement_group_name(fleet: str, job: str, zone: str) -> str:
+    """The cluster placement group of a placement-group gang in one zone: `<fleet>-<job>-<hash of the pair>-<zone>`.
+    A group lives in one zone (with one name per gang, a gang whose allowlist moved it failed every create in the
+    new zone). Names are dash-joined, so `<fleet>-<job>` alone was ambiguous (fleet `team` job `a-train` and fleet
+    `team-a` job `train` shared `team-a-train`); the pair's hash (a `/` cannot occur in either name) tells them apart."""
+    return f"{fleet}-{job}-{hashlib.sha256(f'{fleet}/{job}'.encode()).hexdigest()[:8]}-{zone}"
+
+
+def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str:
+    return hashlib.sha256(f"{desired.fleet}|{desired.digest}|{observed.digest}|{actions}".encode()).hexdigest()[:12]

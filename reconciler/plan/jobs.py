@@ -1,0 +1,84 @@
+"""Phase 4 of a plan: per job, what happens to it and why.
+
+Kept, placed, moved (with what the move is for: healing lost capacity, leaving an instance that
+must go, a rule of the job's own, or consolidation), evicted or pending. Pending reasons are
+read off the finished plan: its instances, charges and spot share.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataclasses import replace
+
+from reconciler.explain import pending_reason
+from reconciler.ledger import Ledger
+from reconciler.model import DesiredState
+from reconciler.observe import Observed
+from reconciler.plan.packing import Packing
+from reconciler.plan.quality import UNPACKED
+from reconciler.plan.types import JobAction, JobChange
+from reconciler.problem import Capacity, Demand, Problem, placement_refusal, shape_changes
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+
+def job_changes(desired: DesiredState, observed: Observed, problem: Problem, solution: Solution, slots: dict[str, list[str | None]],
+                packing: Packing, spot_drops: dict[str, str], hosts: dict[str, Capacity]) -> list[JobChange]:
+    """Every job of the problem, in the problem's order; a job without instances has a reason only
+    where the plan knows it already (a tenant's spot share, a static one): with_pending_reasons."""
+    unpacked, where, gpu_of = packing.unpacked, packing.where, packing.gpu_of
+    jobs: list[JobChange] = []
+    for d in problem.demands:
+        for job in d.jobs:
+            prev = tuple(observed.placements.get(job, ()))
+            if job in spot_drops:
+                jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, spot_drops[job]))
+            elif job in slots and job not in unpacked:
+                now, gpus = [], []
+                for r in range(d.replicas):
+                    for k in range(d.bundle):
+                        now.append(where[(job, r)])
+                        g = gpu_of.get((job, r), ((),))
+                        gpus.append(g[k] if k < len(g) else ())
+                now_t = tuple(now)
+                action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
+                note = move_note(d, job, prev, now_t, observed, hosts, solution) if action == "move" else ""
+                if job in d.reshaped:  # a resource change is a change: the job restarts
+                    where_to = "restarts in place" if action == "keep" else "restarts on other instances"
+                    action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
+                if action == "place" and observed.lost.get(job):
+                    note = f"replaces {', '.join(observed.lost[job])}: gone (spot interruption or lost capacity)"
+                jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))
+            else:
+                jobs.append(JobChange(job, d.tenant, "evict" if prev else "pending", (), prev, problem.static_pending.get(job, "")))
+    return jobs
+
+
+def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger, unpacked: set[str],
+                         demand_of: dict[str, Demand]) -> list[JobChange]:
+    """Each job left without instances and a reason gets its reason from the finished plan's
+    ledger (its instances, charges and spot share); sorted by name."""
+    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job))
+            if not j.instances and not j.reason else j for j in jobs]
+    jobs.sort(key=lambda j: j.job)
+    return jobs
+
+
+def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
+              solution: Solution) -> str:
+    gone = observed.lost.get(job)
+    if gone:
+        return f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)"
+    left = [h for h in prev if h not in now]
+    blocked = [h for h in left if h in hosts and hosts[h].keep_blocker]
+    if blocked:
+        return f"leaves {blocked[0]}: {hosts[blocked[0]].keep_blocker}"
+    refused = [(h, placement_refusal(d, hosts[h])) for h in left if h in hosts]
+    refused = [(h, why) for h, why in refused if why]
+    if refused:  # the job's own rules changed (an allowlist, spot mode): the rule forces it, not a saving
+        return f"leaves {refused[0][0]}: {refused[0][1]}"
+    if any(h not in solution.keep for h in left):
+        return "consolidation: its instance is removed"
+    return "consolidation: a cheaper packing"

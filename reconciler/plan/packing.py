@@ -1,0 +1,203 @@
+"""Phase 2 of a plan: pack the items onto GPUs. Kept instances keep their residents' GPUs; new
+instances are filled first-fit decreasing, with a repair instance bought where the solver's
+counts (capacity summed per offer) do not pack, if every fleet rule allows one more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from reconciler.ledger import QuotaBook, budget_ok, pool_ok, spot_share_ok
+from reconciler.observe import Observed
+from reconciler.pack import Bin, pack_items
+from reconciler.plan.assign import Assignment
+from reconciler.plan.file import placement_group_name
+from reconciler.problem import Capacity, Demand, Problem, spot_measure
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+
+@dataclass
+class Packing:
+    """The packed plan as it is built. Mutable: the later phases (a tenant's spot share, the
+    stability rules) take items out of its bins or move them, and naming the new instances
+    fills `where` and `gpu_of` for the items on them."""
+
+    bins_of: dict[str, list[Bin]]  # host id or offer key -> its bins
+    gpu_of: dict[tuple[str, int], tuple[tuple[int, ...], ...]]  # (job, item) -> GPU indices per replica
+    where: dict[tuple[str, int], str]  # (job, item) -> instance id or create ref
+    unpacked: set[str]  # jobs the solver placed whose items did not all pack
+    pool_count: dict[str, int]  # instances per pool, repairs included
+    fleet: dict[str, float]  # the plan's spot measure: "all" and "spot"
+    prim: Callable[[Capacity], float]  # an instance's size in that measure
+    repairs: int = 0  # instances bought beyond the solver's counts
+
+
+def resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict[tuple[str, int], tuple[int, ...]]:
+    """GPU indices of the replicas running on a host: as recorded, else as the packer would have
+    given them (deterministic, so two runs agree)."""
+    recorded = getattr(observed, "gpu_indices", {}) or {}
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    missing = []
+    for dk, job, _ in sorted(set(host.residents)):
+        hosts = observed.placements.get(job, ())
+        for r, iid in enumerate(hosts):
+            if iid != host.key:
+                continue
+            rec = recorded.get(job)
+            if rec and r < len(rec):
+                out[(job, r)] = tuple(rec[r])
+            else:
+                missing.append((problem.demand(dk), job, r))
+    if missing:
+        b = Bin.empty(host, host.key)
+        for (job, r), idx in out.items():
+            b.reserve(problem.demand(next(dk for dk, j, _ in host.residents if j == job)), [idx])
+        for d, job, r in sorted(missing, key=lambda m: (-m[0].gpus, m[1], m[2])):
+            single = Demand(**{**d.__dict__, "bundle": 1, "gpus": d.gpus // d.bundle}) if d.bundle > 1 else d
+            idx = b.gpus_for(single) or [()]
+            out[(job, r)] = idx[0]
+    return out
+
+
+def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Solution, caps: dict[str, Capacity],
+         hosts: dict[str, Capacity], demand_of: dict[str, Demand], assigned: Assignment) -> Packing:
+    """Every item onto an instance and its GPUs; a gang is whole or nothing (a job with an item
+    that did not pack is taken out entirely and counted in `unpacked`)."""
+    in_group = {d.key for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
+
+    def group(d: Demand, zone: str) -> str | None:
+        """A gang's cluster placement group, one per zone: a group lives in the zone of its first
+        instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
+        gang, every create in the new zone failed, every run)."""
+        return placement_group_name(fleet_name, d.jobs[0], zone) if d.key in in_group else None
+
+    pool_count = {p: 0 for p in problem.pool_bounds}
+    for hk in solution.keep:
+        pool_count[hosts[hk].pool] = pool_count.get(hosts[hk].pool, 0) + 1
+    for ok, n in solution.new.items():
+        pool_count[caps[ok].pool] = pool_count.get(caps[ok].pool, 0) + n
+    _, prim = spot_measure(caps.values(), problem.gpu_fleet)
+    fleet = {"all": sum(prim(hosts[h]) for h in solution.keep) + sum(prim(caps[k]) * n for k, n in solution.new.items())}
+    fleet["spot"] = sum(prim(hosts[h]) for h in solution.keep if hosts[h].market == "spot") + \
+        sum(prim(caps[k]) * n for k, n in solution.new.items() if caps[k].market == "spot")
+    packing = Packing({}, {}, {}, set(), pool_count, fleet, prim)
+    _pack_hosts(packing, problem, observed, solution, hosts, demand_of, assigned, group)
+    repairs = _Repairs(problem, solution, caps, hosts, packing)
+    _pack_offers(packing, solution, caps, assigned, group, repairs.more_of)
+    for bins in packing.bins_of.values():
+        for b in bins:
+            for job in {j for _, j, _ in b.items if j in packing.unpacked}:
+                b.remove(demand_of[job], job)
+    return packing
+
+
+def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution: Solution, hosts: dict[str, Capacity],
+                demand_of: dict[str, Demand], assigned: Assignment, group: Callable[[Demand, str], str | None]) -> None:
+    """The instances the plan keeps: staying items on their recorded GPUs, then the new items."""
+    staying_at: dict[str, list[tuple[str, int]]] = {}
+    for job, items in assigned.slots.items():
+        for r, at in enumerate(items):
+            if at is not None:
+                staying_at.setdefault(at, []).append((job, r))
+    for hk in sorted(solution.keep):
+        h = hosts[hk]
+        b = Bin.empty(h, hk)
+        known = resident_gpus(h, problem, observed) if h.gpus else {}
+        fresh = []
+        for job, r in staying_at.get(hk, []):
+            d = demand_of[job]
+            if job in d.reshaped:  # restarts here in its new shape: GPUs given afresh, after the others'
+                fresh.append((d, job, r, group(d, h.zone)))
+                continue
+            idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
+            b.reserve(d, idx)
+            packing.gpu_of[(job, r)] = tuple(idx)
+            packing.where[(job, r)] = hk
+        # A replica placed anew on the instance it runs on takes its own GPUs again when they
+        # are free, so a job that ends where it was is really kept (apply records these GPUs).
+        for d, job, r in assigned.to_host.get(hk, []):
+            idx = known.get((job, r)) if d.bundle == 1 else None
+            was_here = tuple(observed.placements.get(job, ()))[r:r + 1] == (hk,)
+            if was_here and idx is not None and len(idx) == d.gpus and not any(b.gpus_used[i] for i in idx if i < len(b.gpus_used)):
+                b.reserve(d, [idx])
+                packing.gpu_of[(job, r)] = (tuple(idx),)
+                packing.where[(job, r)] = hk
+            else:
+                fresh.append((d, job, r, group(d, h.zone)))
+        left = pack_items([b], fresh)
+        packing.unpacked.update(job for _, job, _, _ in left)
+        packing.bins_of[hk] = [b]
+
+
+class _Repairs:
+    """Buys one more instance of an offer where the packer needs it, if its pool, the cloud
+    quotas, the budget and the spot share allow. A spot repair is refused when the SpotPolicy
+    asks for a buffer or diversity the solver, not the packer, must keep."""
+
+    def __init__(self, problem: Problem, solution: Solution, caps: dict[str, Capacity], hosts: dict[str, Capacity],
+                 packing: Packing):
+        self.problem, self.packing = problem, packing
+        self.cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
+        self.cloud_quotas = QuotaBook(problem.quotas)  # what the solver's new instances take of the account's quotas
+        for ok, n in solution.new.items():
+            self.cloud_quotas.take(caps[ok], n)
+
+    def more_of(self, cap: Capacity, ok: str) -> Callable[[], Bin | None]:
+        return lambda: self._buy(cap, ok)
+
+    def _buy(self, cap: Capacity, ok: str) -> Bin | None:
+        problem, p = self.problem, self.packing
+        lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
+        if not pool_ok(p.pool_count.get(cap.pool, 0), 1, hi) or not budget_ok(self.cost + cap.price, problem.budget):
+            return None
+        if self.cloud_quotas.short(cap) is not None:
+            return None
+        if cap.reservation and len(p.bins_of.get(ok, [])) >= cap.max_new:
+            return None  # the reservation has no more instances
+        sp = problem.spot
+        if cap.market == "spot":
+            if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
+                return None
+            if not spot_share_ok(p.fleet["spot"] + p.prim(cap), p.fleet["all"] + p.prim(cap), sp.max_spot_fraction):
+                return None
+            p.fleet["spot"] += p.prim(cap)
+        p.fleet["all"] += p.prim(cap)
+        self.cloud_quotas.take(cap)
+        p.pool_count[cap.pool] = p.pool_count.get(cap.pool, 0) + 1
+        self.cost += cap.price
+        p.repairs += 1
+        b = Bin.empty(cap, f"{ok}#r{p.repairs}")
+        p.bins_of.setdefault(ok, []).append(b)
+        return b
+
+
+def _pack_offers(packing: Packing, solution: Solution, caps: dict[str, Capacity], assigned: Assignment,
+                 group: Callable[[Demand, str], str | None], more_of: Callable[[Capacity, str], Callable[[], Bin | None]]) -> None:
+    """The new instances. Work pinned to a zone first, on its zone's instances; then work placed
+    on a zone class, on any instance of its zones (cheapest zone first); then repairs for what did
+    not fit. Pinned work that shares its zone with a class's work is packed compactly (fullest
+    instance first), so it strands none of the room the class's larger items need."""
+    bins_of, to_offer = packing.bins_of, assigned.to_offer
+    for ok in sorted(solution.new):
+        bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
+    pinned = {ok: [(d, job, r, group(d, caps[ok].zone)) for d, job, r in items] for ok, items in to_offer.items() if not caps[ok].members}
+    shared = {m for ck in to_offer if caps[ck].members for m in caps[ck].members}
+    leftover: dict[str, list] = {}
+    for ok in sorted(k for k in pinned if k in shared):
+        leftover[ok] = pack_items(list(bins_of.setdefault(ok, [])), pinned.pop(ok), compact=True)
+    for ck in sorted(k for k in to_offer if caps[k].members):
+        zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
+        view = [b for k in zones for b in bins_of.get(k, [])]
+        leftover[ck] = pack_items(view, [(d, job, r, group(d, caps[ck].zone)) for d, job, r in to_offer[ck]])  # (gangs are never on a zone class)
+    for ok in sorted(set(pinned) | {k for k in leftover if not caps[k].members}):
+        bins_of.setdefault(ok, [])
+        left = pack_items(list(bins_of[ok]), pinned.get(ok, []) + leftover.get(ok, []), more_of(caps[ok], ok))
+        packing.unpacked.update(job for _, job, _, _ in left)
+    for ck in sorted(k for k in leftover if caps[k].members and leftover[k]):
+        zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
+        view = [b for k in zones for b in bins_of.get(k, [])]
+        left = pack_items(view, leftover[ck], more_of(caps[zones[0]], zones[0]))
+        packing.unpacked.update(job for _, job, _, _ in left)

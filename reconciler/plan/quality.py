@@ -1,0 +1,101 @@
+"""What a finished plan says about itself, and how it ranks: the solver's status and gap as the
+emitted plan reaches them (not the solver's counts), jobs left unpacked, the consolidation's
+saving, the scheduling rules' figures, and the README's order of outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconciler.deadlines import conditions as deadline_conditions
+from reconciler.ledger import MILLI
+from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobChange, Plan
+from reconciler.problem import Capacity, Problem
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding
+
+
+def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
+                    n_unpacked: int, kept: frozenset[str]) -> tuple[str, bool, float]:
+    """(status, optimal, gap) of the plan as emitted, not of the solver's counts. The solver's
+    cost bound holds for any plan reaching its tiers (its model relaxes packing: capacity summed
+    per offer, valid cuts), so the gap is the emitted cost's to that bound: instances the packer
+    added (repairs) or left out are counted at their price, like the solver's own objective.
+    Optimal only when nothing was repaired or left unpacked; a plan whose packing left jobs
+    the solver placed has not reached the tiers the bound is for: no gap (1.0)."""
+    if solution.status == "GREEDY_FALLBACK":
+        return solution.status, False, solution.gap
+    if n_unpacked:
+        return "FEASIBLE", False, 1.0
+    if solution.cost_value is None or solution.cost_bound is None:
+        return solution.status, solution.optimal and not repairs, solution.gap if not repairs else max(solution.gap, 1e-6)
+    emitted = sum(round(hosts[h].price * MILLI) for h in kept if h in hosts) + sum(round(a.price * MILLI) + 1 for a in creates)
+    counted = sum(round(hosts[h].price * MILLI) for h in solution.keep if h in hosts) + \
+        sum((round(solution.capacities[k].price * MILLI) + 1) * n for k, n in solution.new.items() if k in solution.capacities)
+    value = solution.cost_value + emitted - counted  # the rest of the objective (egress, moves) as the solver counted it
+    gap = max(0.0, (value - solution.cost_bound) / value) if value > 0 else 0.0
+    optimal = solution.optimal and not repairs and gap <= 1e-9
+    return ("OPTIMAL" if optimal else "FEASIBLE"), optimal, (0.0 if optimal else max(gap, 1e-6) if repairs else gap)
+
+
+def unpacked(plan: Plan) -> int:
+    """Jobs the solver placed that the packer could not (see make_plan)."""
+    return sum(1 for j in plan.jobs if j.reason.startswith(UNPACKED))
+
+
+def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
+    """The README's order as a finished plan shows it, higher is better: per priority class from
+    the highest, the running work kept (in place or moved, by size), then all work placed
+    (priority x size); then fewer evicted jobs. The solver's tiers hold for its counts; packing
+    can only drop jobs from them (`unpacked`), which this order sees."""
+    running = {j for d in problem.demands for j, _ in d.running}
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    classes = sorted({d.klass for d in problem.demands}, reverse=True)
+    out: list[int] = []
+    for c in classes:
+        ds = [d for d in problem.demands if d.klass == c]
+        out.append(sum(d.job_size for d in ds for j in d.jobs if j in placed and j in running))
+        out.append(sum(d.weight for d in ds for j in d.jobs if j in placed))
+    out.append(-sum(1 for j in running if j not in placed))
+    return tuple(out)
+
+
+def rule_summary(problem: Problem, ledger) -> dict:
+    """What the plan's scheduling rules come to, from its ledger: licenses held per License,
+    reservations' use and waste, deadline conditions."""
+    out: dict = {}
+    if problem.licenses:
+        out["licenses"] = ledger.license_summary()
+    if problem.reservations:
+        out["reservations"] = ledger.reservation_summary()
+    if problem.deadlines:
+        out["deadlines"] = deadline_conditions(problem.deadlines, ledger.placed_jobs(), problem.now)
+    if problem.quotas:
+        out["cloud_quotas"] = ledger.quota_book().summary()
+    if problem.quota_floors:
+        out["cloud_quota_floors"] = dict(sorted(problem.quota_floors.items()))
+    return out
+
+
+def consolidation(problem: Problem, jobs: list[JobChange], deletes: list[DeleteAction], creates: list[CreateAction],
+                  hosts: dict[str, Capacity]) -> Consolidation | None:
+    moved = [j for j in jobs if j.action == "move" and j.reason.startswith("consolidation")]
+    if not moved:
+        return None
+    removed = tuple(d.instance_id for d in deletes if d.reason.startswith("consolidated"))
+    new_refs = {i for j in moved for i in j.instances if i.startswith("+")}
+    saving = sum(hosts[i].price for i in removed) - sum(c.price for c in creates if c.ref in new_refs)
+    pol = problem.placement
+    demand_of = {job: d for d in problem.demands for job in d.jobs}
+    cost = 0.0
+    replicas = 0
+    for j in moved:
+        d = demand_of[j.job]
+        n = sum(1 for a, b in zip(j.previous, j.instances) if a != b) or len(j.instances)
+        replicas += n
+        per = pol.move_cost_per_gpu * (d.gpus // d.bundle) if d.gpus else pol.move_cost_per_replica
+        cost += per * n
+    return Consolidation(replicas, removed, round(saving, 4), round(cost, 2))

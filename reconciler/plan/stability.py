@@ -1,0 +1,102 @@
+"""Phase 2b of a plan: no move without a rule behind it.
+
+The solver stops within its gap of the best cost, so its answer may move running work for
+nothing: buy an instance identical to one it deletes, or move a replica off an instance the plan
+keeps. Both are undone here where every fleet and tenant rule still holds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataclasses import replace
+
+from reconciler.ledger import charge, within
+from reconciler.observe import Observed
+from reconciler.pack import Bin
+from reconciler.plan.packing import resident_gpus
+from reconciler.problem import Capacity, Demand, Problem, fit
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+
+def keep_identical(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],
+                   hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> Solution:
+    """The solver stops within its gap of the best cost, and one such answer deleted an instance
+    while buying an identical one for the same work ("consolidated", $6.13/h -> $6.13/h), every
+    plan again (issue 18). Here each such new instance is replaced by the deleted one when all
+    its items fit there: its old residents on their recorded GPUs, the others packed as usual.
+    Pool counts, prices, markets and zones are the same, so every fleet and tenant rule holds."""
+    keep = set(solution.keep)
+    for h in sorted((h for h in hosts.values() if h.key not in keep and h.keep_blocker is None and not h.frozen), key=lambda h: h.key):
+        twins = [b for ok, bins in sorted(bins_of.items()) if ok not in hosts for b in bins
+                 if b.items and b.group is None and b.cap.offer_key == h.offer_key and abs(b.cap.price - h.price) < 1e-9]
+        known = resident_gpus(h, problem, observed) if h.gpus else {}
+        for b in twins:
+            nb = Bin.empty(h, h.key)
+            # (A same-instance gang's item is `bundle` replicas, each back on its own GPUs: before, such a gang
+            # was re-packed onto new GPUs of the instance it runs on, under a running job: property tier.)
+            home = [(dk, job, r) for dk, job, r in b.items if job not in demand_of[job].reshaped
+                    and tuple(observed.placements.get(job, ()))[r * demand_of[job].bundle:(r + 1) * demand_of[job].bundle]
+                    == (h.key,) * demand_of[job].bundle]
+            ok = True
+            for dk, job, r in home:  # back where it runs, on its own GPUs
+                d = demand_of[job]
+                idxs = [known.get((job, k), ()) for k in range(r * d.bundle, (r + 1) * d.bundle)]
+                used = [i for idx in idxs for i in idx]
+                if not nb.fits(d) or any(len(idx) != d.gpus // d.bundle for idx in idxs) or len(set(used)) != len(used) \
+                        or any(nb.gpus_used[i] for i in used if i < len(nb.gpus_used)):
+                    ok = False
+                    break
+                nb.reserve(d, idxs)
+                nb.items.append((dk, job, r))
+                nb.gpu_of[(job, r)] = tuple(tuple(idx) for idx in idxs)
+            rest = sorted((it for it in b.items if it not in home), key=lambda it: (-demand_of[it[1]].gpus, it[1], it[2]))
+            if not ok or not home or any(nb.place(demand_of[job], job, r) is None for _, job, r in rest):
+                continue
+            for bins in bins_of.values():
+                if b in bins:
+                    bins.remove(b)
+            bins_of[h.key] = [nb]
+            keep.add(h.key)
+            break
+    return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep))
+
+
+def return_home(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],
+                hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> None:
+    """A replica moved off an instance the plan keeps goes back when it still fits there on its
+    own GPUs, in the same market, at no higher price share or egress/latency cost: a move with
+    no rule behind it (the solver's answer, stopped within its gap, moved running work for
+    nothing). Fleet and tenant rules hold: same market (spot shares, buffer), no dearer."""
+    bin_at: dict[tuple[str, int], Bin] = {}
+    for bins in bins_of.values():
+        for b in bins:
+            for _, job, r in b.items:
+                bin_at[(job, r)] = b
+    known_at: dict[str, dict] = {}
+    for job, prev in sorted(observed.placements.items()):
+        d = demand_of.get(job)
+        if d is None or d.gang or d.bundle > 1 or job in d.reshaped:
+            continue
+        for r, hk in enumerate(prev[:d.replicas]):
+            b, home = bin_at.get((job, r)), bins_of.get(hk)
+            h = hosts.get(hk)
+            if b is None or b.ref == hk or not home or h is None or hk not in solution.keep or fit(d, h) == 0:
+                continue
+            c = b.cap
+            budget = d.tenant in problem.tenants and problem.tenants[d.tenant].budget is not None
+            if h.market != c.market or problem.cost_coef(d, h) > problem.cost_coef(d, c) + 1e-9 or \
+                    budget and not within(charge(d, h), charge(d, c)):
+                continue
+            hb = home[0]
+            if hk not in known_at:
+                known_at[hk] = resident_gpus(h, problem, observed) if h.gpus else {}
+            idx = known_at[hk].get((job, r), ())
+            if not hb.fits(d) or len(idx) != d.gpus or any(hb.gpus_used[i] for i in idx if i < len(hb.gpus_used)):
+                continue
+            b.remove(d, job)
+            hb.reserve(d, [idx])
+            hb.items.append((d.key, job, r))
+            hb.gpu_of[(job, r)] = (tuple(idx),)

@@ -1,0 +1,74 @@
+"""Phase 2a of a plan: a tenant's spot share on what was actually packed.
+
+The solver holds each tenant's tenant_max_spot_fraction on its counts, which include on-demand
+work the packer may then leave out; the spot work stayed while the tenant's total shrank, so the
+packed plan took the tenant over its share (fleet12, issue 18). Spot work goes too, here.
+
+Its last resort, running spot work, never takes a job inside its tenant's guarantee for a share the
+fleet as it runs keeps (README, Tenants; apply's re-check refuses such an evict): that job stays,
+and the tenant's other spot work waits.
+"""
+
+from __future__ import annotations
+
+from reconciler.ledger import Ledger, plan_ledger, spot_share_ok, tenant_spot_drops, work_units
+from reconciler.observe import Observed
+from reconciler.pack import Bin
+from reconciler.problem import Capacity, Demand, Problem
+
+
+def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, list[str | None]], unpacked: set[str],
+                       bins_of: dict[str, list[Bin]], hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> dict[str, str]:
+    """Take spot work out of the packed plan where a tenant is over its tenant_max_spot_fraction
+    (the solver held it, counting work the packer then left out): new spot work first, lowest
+    priority first. Returns job -> its pending reason; their items leave the bins."""
+    market: dict[tuple[str, int], str] = {}
+    for bins in bins_of.values():
+        for b in bins:
+            for _, job, r in b.items:
+                market[(job, r)] = b.cap.market
+    per_tenant: dict[str, list[tuple[tuple, str, int, int]]] = {}
+    for job, items in slots.items():
+        d = demand_of[job]
+        r_ = problem.tenants.get(d.tenant)
+        if job in unpacked or r_ is None or r_.spot_fraction is None:
+            continue
+        on = sum(work_units(d) for r, at in enumerate(items) if (hosts[at].market if at is not None else market.get((job, r))) == "spot")
+        running = bool(observed.placements.get(job))
+        per_tenant.setdefault(d.tenant, []).append(((running, d.priority, -on, job), job, on, work_units(d) * len(items)))
+    drops: dict[str, str] = {}
+    as_it_runs: list[Ledger] = []  # the fleet as it runs, read only where the last resort reaches a protected job
+    for tenant, rows in sorted(per_tenant.items()):
+        rows.sort()
+        frac = problem.tenants[tenant].spot_fraction
+        on, tot = sum(r[2] for r in rows), sum(r[3] for r in rows)
+        order = [(job, s, t) for _, job, s, t in rows]
+        chosen = tenant_spot_drops(order, frac)
+        protected = set(problem.tenants[tenant].protected_jobs)
+        stays = ""
+        if protected.intersection(chosen) and not _share_broken_now(problem, observed, tenant, as_it_runs):
+            # The rest goes instead, in its order, until the share holds or none is left; the protected work stays.
+            rest = [r for r in order if r[0] not in protected]
+            chosen = [job for job in tenant_spot_drops(rest + [r for r in order if r[0] in protected], frac) if job not in protected]
+            gone = [r for r in order if r[0] in chosen]
+            if not spot_share_ok(on - sum(r[1] for r in gone), tot - sum(r[2] for r in gone), frac):
+                spared = sorted(job for job, s, _ in order if job in protected and s)
+                stays = f"; its running spot work inside its guarantee stays ({', '.join(spared)})"
+        for job in chosen:
+            drops[job] = (f"tenant spot share: {tenant}'s placed work would be {on:g} of {tot:g} work units on spot, over its "
+                          f"max_spot_fraction {frac:g}, as on-demand work the solver placed could not be packed{stays}")
+    for bins in bins_of.values():
+        for b in bins:
+            for job in {j for _, j, _ in b.items if j in drops}:
+                b.remove(demand_of[job], job)
+    return drops
+
+
+def _share_broken_now(problem: Problem, observed: Observed, tenant: str, cache: list[Ledger]) -> bool:
+    """Does the fleet as it runs break the tenant's spot share? Then the rule requires something to give, and work
+    inside the guarantee may (README, Tenants). The snapshot is read by the one ledger, as apply's re-check reads it."""
+    if not cache:
+        jobs = {j for d in problem.demands for j in d.jobs}
+        hosts = sorted(c.key for c in problem.capacities if c.existing)
+        cache.append(plan_ledger(problem, (), hosts, [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in jobs]))
+    return not spot_share_ok(*cache[0].tenant_spot(tenant), problem.tenants[tenant].spot_fraction)

@@ -1,0 +1,154 @@
+"""The plan's data: what it creates and deletes, what happens to each job, and how good it is.
+
+Plain frozen dataclasses; the file they are saved as (its format version, its digest) is file.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reconciler.ledger import SpotBallast
+from reconciler.plan.file import PLAN_FORMAT, encode, read_body
+
+JobAction = Literal["keep", "place", "move", "evict", "pending"]
+
+
+@dataclass(frozen=True)
+class CreateAction:
+    ref: str  # how the plan names the instance before it exists: "+1", "+2", ...
+    key: str  # idempotency key: the same plan never creates it twice
+    pool: str
+    provider: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: str
+    price: float
+    max_price: float | None
+    placement_group: str | None = None  # launch into this cluster placement group (a gang's)
+    reservation: str | None = None  # launch into this Reservation's capacity (price 0: its cost is committed)
+    price_source: str = ""  # where `price` comes from and its date: "catalog: <source> (<date>)" or a live API
+
+
+@dataclass(frozen=True)
+class DeleteAction:
+    instance_id: str
+    pool: str
+    provider: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: str
+    price: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobChange:
+    job: str
+    tenant: str
+    action: JobAction
+    instances: tuple[str, ...]  # one per replica: instance id or a create ref
+    previous: tuple[str, ...]
+    reason: str = ""
+    gpus: tuple[tuple[int, ...], ...] = ()  # GPU indices per replica on its instance
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    status: str
+    optimal: bool
+    gap: float
+    seconds: float  # wall clock: shown to people, left out of the JSON (the same input gives the same JSON)
+    tiers: tuple[dict, ...] = ()  # what each objective tier reached (name, value, bound, status, proven)
+    scope: tuple[int, int] = (0, 0)  # existing instances solved, frozen as they are
+    repairs: int = 0  # instances added by the packer where aggregate counts did not pack
+    note: str = ""
+    work: float = 0.0  # CP-SAT deterministic seconds spent (--time-limit bounds them)
+    unpacked: int = 0  # jobs the solver placed that the packer could not: the plan does not reach its tiers
+
+    @property
+    def unproven(self) -> list[str]:
+        """Tiers whose value is not proven best: the plan holds at least greedy's there."""
+        return [t["name"] for t in self.tiers if not t.get("proven", t.get("status") in ("HELD", "OPTIMAL"))]
+
+
+@dataclass(frozen=True)
+class Consolidation:
+    """Moves made only because a cheaper packing exists."""
+
+    moved_replicas: int
+    instances_removed: tuple[str, ...]
+    saving_per_hour: float  # $/h of the instances removed minus those bought for the moved replicas
+    move_cost: float  # one-time USD, as the PlacementPolicy prices a move
+
+
+@dataclass(frozen=True)
+class Plan:
+    id: str
+    fleet: str
+    desired_digest: str
+    observed_digest: str
+    creates: tuple[CreateAction, ...]
+    deletes: tuple[DeleteAction, ...]
+    jobs: tuple[JobChange, ...]
+    cost_before: float  # USD per hour, instances
+    cost_after: float
+    solver: SolverReport
+    violations: tuple[str, ...] = ()
+    format: int = PLAN_FORMAT
+    kept: dict[str, float] = field(default_factory=dict)  # existing instance id -> USD/h, for those that stay
+    consolidation: Consolidation | None = None
+    notes: tuple[str, ...] = ()  # what observe found worth saying (state vs placement tags)
+    ballast: SpotBallast | None = None  # idle on-demand capacity paid for only to allow the spot in the plan
+    # The scheduling rules' figures (licenses held, reservations used, deadline conditions), only
+    # where the config has such rules: left out of the JSON when empty, so other plans are as before.
+    rules: dict = field(default_factory=dict)
+
+    @property
+    def changed_jobs(self) -> list[JobChange]:
+        return [j for j in self.jobs if j.action in ("place", "move", "evict")]
+
+    @property
+    def pending(self) -> list[JobChange]:
+        return [j for j in self.jobs if j.action in ("pending", "evict")]
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.creates or self.deletes or self.changed_jobs)
+
+    def counts(self) -> dict[str, int]:
+        c = {a: 0 for a in ("keep", "place", "move", "evict", "pending")}
+        for j in self.jobs:
+            c[j.action] += 1
+        return {"create": len(self.creates), "delete": len(self.deletes), **c}
+
+    def to_json(self) -> str:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """A saved plan, refused when its format is another version's or its body was edited (file.py)."""
+        raw = read_body(text)
+        solver = raw["solver"]
+        cons = raw.get("consolidation")
+        return cls(
+            id=raw["id"], fleet=raw["fleet"], desired_digest=raw["desired_digest"], observed_digest=raw["observed_digest"],
+            creates=tuple(CreateAction(**c) for c in raw["creates"]),
+            deletes=tuple(DeleteAction(**d) for d in raw["deletes"]),
+            jobs=tuple(JobChange(**{**j, "instances": tuple(j["instances"]), "previous": tuple(j["previous"]),
+                                    "gpus": tuple(tuple(g) for g in j.get("gpus", ()))}) for j in raw["jobs"]),
+            cost_before=raw["cost_before"], cost_after=raw["cost_after"],
+            solver=SolverReport(**{"seconds": 0.0, **solver, "tiers": tuple(solver.get("tiers", ())), "scope": tuple(solver.get("scope", (0, 0)))}),
+            violations=tuple(raw.get("violations", ())), kept=dict(raw.get("kept", {})),
+            consolidation=Consolidation(**{**cons, "instances_removed": tuple(cons["instances_removed"])}) if cons else None,
+            notes=tuple(raw.get("notes", ())),
+            ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
+            rules=dict(raw.get("rules", {})),
+        )
+
+
+__all__ = ["JobAction", "CreateAction", "DeleteAction", "JobChange", "SolverReport", "Consolidation", "Plan"]
