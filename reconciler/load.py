@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from providers.catalog import load_catalog, mig_layout_error
+from reconciler.localkey import seal, sealed
 from reconciler.errors import ConfigError, Diagnostic
 from reconciler.ledger import budget_ok, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
@@ -386,8 +387,9 @@ class _ParseCache:
     without an error, one entry per file content (SHA-256 of the bytes, the parser's code and
     PyYAML's version), under .reconcile/cache/parse/. Parsing is most of a load: 5,000 jobs took
     5.3 s of 6.5 s under cProfile; validation still runs on every load. An entry is used only
-    when it is whole JSON whose own checksum, key and shape check out; anything else is parsed
-    again (and rewritten). Writing is best effort: a read-only directory just has no cache."""
+    when it is whole JSON whose key and shape check out and that this machine sealed
+    (reconciler/localkey.py: an entry that came with the checkout is not trusted, since a forged
+    one would make load read YAML nobody reviewed); anything else is parsed again (and rewritten). Writing is best effort: a read-only directory just has no cache."""
 
     def __init__(self, directory: Path):
         self.dir = directory
@@ -403,8 +405,8 @@ class _ParseCache:
         try:
             head, _, text = (self.dir / f"{key}.json").read_bytes().partition(b"\n")
             entry = json.loads(head)
-            if entry != {"key": key, "sum": hashlib.sha256(text).hexdigest()}:
-                return None
+            if set(entry) != {"key", "seal"} or entry["key"] != key or not sealed(key.encode() + b"\n" + text, entry["seal"]):
+                return None  # torn, edited, or not written by this machine (reconciler/localkey.py)
             return [_Parsed(rel, line, body, pending=lines) for line, body, lines in json.loads(text)]
         except (OSError, ValueError, TypeError):  # absent, unreadable, torn or not this shape
             return None
@@ -431,7 +433,10 @@ class _ParseCache:
         back = json.loads(text)
         if back != plain or [[type(x) for x in _leaves(d[1])] for d in back] != [[type(x) for x in _leaves(d.body)] for d in docs]:
             return  # JSON would not give back the same values (an int key turned into a string, say)
-        head = json.dumps({"key": key, "sum": hashlib.sha256(text.encode()).hexdigest()})
+        tag = seal(key.encode() + b"\n" + text.encode())
+        if tag is None:
+            return  # no key to seal it with: not cached
+        head = json.dumps({"key": key, "seal": tag})
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.dir / f".{key}.{os.getpid()}.tmp"

@@ -18,8 +18,9 @@ last plan is kept in .reconcile/cache/plan-memo.json under the SHA-256 of every 
   within its expected_hours, and then the memo is never used; they stop changing once every running job is past
   its expected time (a fleet in its steady state), and the memo then serves every plan until something changes.
 
-An entry is used only when its checksum, key, fleet and digests check out; anything else (torn, foreign, another
-version's) is ignored and replaced. A plan the wall-clock safety cap cut short (greedy's, on a busy machine) is not
+An entry is used only when its key, fleet and digests check out and this machine sealed it (reconciler/localkey.py:
+the memo lives in the config checkout, and a plan anyone could checksum could be committed with a pull request and
+printed as its plan); anything else (torn, foreign, another version's) is ignored and replaced. A plan the wall-clock safety cap cut short (greedy's, on a busy machine) is not
 kept: the next run may do better. Only `reconcile plan` reads the memo: apply always plans again (or re-checks a
 saved plan against the fleet as it is). Beside it, plan-memo-render.json keeps the plan as last printed for the
 same key (one format), since rich takes 0.2 s to render 5,000 jobs.
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import conditions, ranks, start_by
+from reconciler.localkey import seal, sealed
 from reconciler.model import DesiredState
 
 if TYPE_CHECKING:
@@ -173,8 +175,9 @@ def read(config_dir: Path, key: str, desired: DesiredState, observed: "Observed"
     try:
         head, _, text = (Path(config_dir) / MEMO_FILE).read_bytes().partition(b"\n")
         entry = json.loads(head)
-        if entry != {"key": key, "sum": hashlib.sha256(text).hexdigest(), "seconds": entry.get("seconds")}:
-            return None
+        if set(entry) != {"key", "seal", "seconds"} or entry["key"] != key \
+                or not sealed(f"{key}\n{entry['seconds']!r}\n".encode() + text, entry["seal"]):
+            return None  # torn, edited, or not written by this machine (reconciler/localkey.py)
         plan = Plan.from_json(text.decode())
         seconds = float(entry["seconds"])
     except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable, torn, edited or not this shape
@@ -190,7 +193,11 @@ def keep(config_dir: Path, key: str, plan: "Plan", seconds: float, time_limit: f
     if plan.solver.status == "GREEDY_FALLBACK" and time_limit > 0:
         return False
     text = plan.to_json().encode()
-    head = json.dumps({"key": key, "sum": hashlib.sha256(text).hexdigest(), "seconds": round(seconds, 3)}).encode()
+    seconds = round(seconds, 3)
+    tag = seal(f"{key}\n{seconds!r}\n".encode() + text)
+    if tag is None:
+        return False  # no key to seal it with: not kept
+    head = json.dumps({"key": key, "seal": tag, "seconds": seconds}).encode()
     return _write(Path(config_dir) / MEMO_FILE, head + b"\n" + text)
 
 
@@ -212,7 +219,8 @@ def read_render(config_dir: Path, key: str, variant: str) -> str | None:
     try:
         entry = json.loads((Path(config_dir) / RENDER_FILE).read_bytes())
         text = entry["text"]
-        if entry != {"key": key, "variant": variant, "text": text, "sum": hashlib.sha256(text.encode()).hexdigest()}:
+        if set(entry) != {"key", "variant", "text", "seal"} or (entry["key"], entry["variant"]) != (key, variant) \
+                or not sealed(_render_body(key, variant, text), entry["seal"]):
             return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -220,8 +228,15 @@ def read_render(config_dir: Path, key: str, variant: str) -> str | None:
 
 
 def keep_render(config_dir: Path, key: str, variant: str, text: str) -> bool:
-    entry = {"key": key, "variant": variant, "text": text, "sum": hashlib.sha256(text.encode()).hexdigest()}
+    tag = seal(_render_body(key, variant, text))
+    if tag is None:
+        return False
+    entry = {"key": key, "variant": variant, "text": text, "seal": tag}
     return _write(Path(config_dir) / RENDER_FILE, json.dumps(entry).encode())
+
+
+def _render_body(key: str, variant: str, text: str) -> bytes:
+    return json.dumps([key, variant, text]).encode()
 
 
 __all__ = ["MEMO_FILE", "RENDER_FILE", "Unkeyable", "clock_inputs", "keep", "keep_render", "memo_key", "read", "read_render",

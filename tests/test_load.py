@@ -279,6 +279,35 @@ def test_a_corrupt_parse_cache_is_ignored(tmp_path):
         assert entry.read_bytes() == good
 
 
+def test_a_parse_cache_entry_that_came_with_the_checkout_is_not_read(tmp_path, monkeypatch):
+    """The config directory is a git checkout: a pull request can add files under .reconcile/cache/. An entry
+    for fleet.yaml's exact bytes whose body says gpus: 8 where the file says 1, with a checksum anyone computes,
+    used to be read as the file (apply would act on YAML nobody reviewed); an entry sealed on another machine
+    (another key) is not read either. Only this machine's seal (reconciler/localkey.py) is trusted."""
+    import hashlib
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-a"))
+    docs = [topology(), tenant("t", gpus=16), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
+    cfg = write_config(tmp_path / "c", docs)
+    want = load(cfg, cache=True)
+    [entry] = _cache_entries(cfg)
+    head, _, text = entry.read_bytes().partition(b"\n")
+    key = json.loads(head)["key"]
+    forged = text.replace(b'"gpus": 1', b'"gpus": 8')
+    assert forged != text
+    for fake in ({"key": key, "sum": hashlib.sha256(forged).hexdigest()},  # the checksum format trusted before
+                 {"key": key, "seal": hashlib.sha256(key.encode() + b"\n" + forged).hexdigest()}):
+        entry.write_bytes(json.dumps(fake).encode() + b"\n" + forged)
+        got = load(cfg, cache=True)
+        assert got == want and got.jobs["j"].spec.resources.gpus == 1
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-b"))  # another machine: its own key
+    entry.write_bytes(head + b"\n" + forged.replace(b'"gpus": 8', b'"gpus": 1'))  # machine A's sound entry
+    load(cfg, cache=True)
+    assert json.loads(entry.read_bytes().partition(b"\n")[0])["seal"] != json.loads(head)["seal"]  # not read: parsed, resealed
+    assert (tmp_path / "home-a" / "fleetops" / "cache-seal.key").stat().st_mode & 0o077 == 0  # the key is the user's alone
+
+
 def test_values_json_cannot_hold_are_not_cached(tmp_path):
     """A file with a YAML timestamp (JSON would give back a string) is parsed on every load, with
     the same result; a config that does not load leaves no cache (nor any .reconcile/) behind."""

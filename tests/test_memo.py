@@ -79,13 +79,22 @@ def test_a_torn_edited_or_foreign_memo_is_ignored_and_rebuilt(tmp_path):
         assert not res.reused and res.plan.to_json() == good
         head, _, text = path.read_bytes().partition(b"\n")
         assert text == sound.partition(b"\n")[2] and json.loads(head)["key"] == json.loads(sound.partition(b"\n")[0])["key"]  # rewritten whole
-    # An entry whose checksum holds but whose plan is another fleet's is not trusted either.
+    # A plan committed with a pull request, under the right key and a checksum anyone computes (the format trusted
+    # before), saying "no change" for a config that changes the fleet, is not printed: only this machine's seal is read.
+    from reconciler.plan import body_digest
+
     head, _, text = sound.partition(b"\n")
-    alien = text.replace(b'"fleet": "quickstart"', b'"fleet": "intruder"')
-    entry = json.loads(head)
-    entry["sum"] = hashlib.sha256(alien).hexdigest()
-    path.write_bytes(json.dumps(entry).encode() + b"\n" + alien)
-    assert not api.plan_with_memo(cfg, time_limit=5, now=T0).reused
+    raw = json.loads(text)
+    raw["cost_after"] += 1000.0
+    raw.pop("body_digest")
+    raw["body_digest"] = body_digest(raw)  # as anyone can (tests/test_saved_plans.py)
+    forged = json.dumps(raw).encode()
+    key = json.loads(head)["key"]
+    for entry in ({"key": key, "sum": hashlib.sha256(forged).hexdigest(), "seconds": 1.0},
+                  {"key": key, "seal": hashlib.sha256(forged).hexdigest(), "seconds": 1.0}):
+        path.write_bytes(json.dumps(entry).encode() + b"\n" + forged)
+        res = api.plan_with_memo(cfg, time_limit=5, now=T0)
+        assert not res.reused and res.plan.to_json() == good
 
 
 def test_cli_plan_says_when_it_read_the_memo_and_no_memo_solves(tmp_path):
