@@ -13,6 +13,10 @@ Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
 dominant share first, each on the open instance it fits first, else on the offer
 with the lowest price per item (gangs zone by zone, cheapest zone wins).
+
+Its fleet-wide state is a Ledger (reconciler/ledger.py): what it opens and places
+is added there (and removed when it gives up a host), and the ledger names the
+rule that refuses each step, the rule explain reads off the finished plan.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ fleet-wide rules a finished plan is measured by.
 Pure. `charge` is what tenant budgets, status/, explain and pending reasons all quote: a
 replica pays its share of its instance's price, in the instance's primary resource (GPUs;
 compute slices of 7 per GPU for MIG; vCPU on CPU instances). `Ledger` holds the fleet a
-plan leaves (instances kept and created, the items on them) and answers, for one more job,
-which rule refuses each way of placing it, with the plan's own numbers: diagnosis reads
-the rules here instead of re-deriving them. The test oracle (tests/invariants.py) keeps
+plan leaves (instances kept and created, the items on them), or that greedy is building,
+and answers, for one more instance, item or job, which rule refuses it, with the plan's own
+numbers: greedy, diagnosis and explain read the rules here instead of re-deriving them. The test oracle (tests/invariants.py) keeps
 its own, independent copy of the rules.
 """
 
@@ -503,6 +503,8 @@ class Ledger:
     def add_instance(self, ref: str, cap, buffer: bool = True) -> None:
         """buffer=False: an on-demand instance whose idle capacity the on-demand buffer is not to count on (greedy
         counts the hosts it keeps and the capacity it buys to stand idle, not what it buys for work)."""
+        if ref in self.instances:
+            raise ValueError(f"instance {ref} is in the ledger already")
         self.instances[ref] = cap
         self.items[ref] = []
         self._instance(ref, cap, 1, buffer)
