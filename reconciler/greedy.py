@@ -13,6 +13,10 @@ Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
 dominant share first, each on the open instance it fits first, else on the offer
 with the lowest price per item (gangs zone by zone, cheapest zone wins).
+
+Its fleet-wide state is a Ledger (reconciler/ledger.py): what it opens and places
+is added there (and removed when it gives up a host), and the ledger names the
+rule that refuses each step, the rule explain reads off the finished plan.
 """
 
 from __future__ import annotations
@@ -20,9 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import (LicenseBook, QuotaBook, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, pool_min_ok, pool_ok, quota_ok,
-                               spot_share_ok, work_units)
-from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, stuck_gangs, has_room, rules_allow, spot_measure, type_class
+from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, pool_min_ok, spot_share_ok
+from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
 
 
 @dataclass
@@ -35,6 +38,9 @@ class Assignment:
     placed: dict[str, int] = field(default_factory=dict)  # demand -> jobs
     cost: float = 0.0  # USD/h of instances
     work: int = 0
+    # demand -> the rules (Refusal.rule names, as the Ledger names them) that refused the first of its jobs greedy could
+    # not place; (): no fleet-wide rule did, nothing it fits had room
+    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _drop(lst: list, x) -> None:
@@ -47,12 +53,13 @@ def _drop(lst: list, x) -> None:
 
 
 class _Inst:
-    __slots__ = ("cap", "free", "key", "gpu_residents", "buffer_used")
+    """An open instance as greedy packs it: its free room per dimension (its ref in the ledger is `key`)."""
+
+    __slots__ = ("cap", "free", "key", "gpu_residents")
 
     def __init__(self, cap: Capacity, free: dict[str, float], key: str):
         self.cap, self.free, self.key = cap, free, key
         self.gpu_residents = False
-        self.buffer_used = 0.0  # of the spot share's unit, as the on-demand buffer counts it (ledger.buffer_use)
 
     def fits(self, d: Demand) -> bool:
         f = self.free
@@ -69,6 +76,9 @@ class _Inst:
             self.gpu_residents = True
 
 
+_NOTHING = Pending()  # nothing planned yet (never added to)
+
+
 def _capacity_of(c: Capacity) -> dict[str, float]:
     dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
     return {k: c.cap(k) for k in dims}
@@ -80,21 +90,18 @@ class _Greedy:
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         self.buy_spot = sp.min_instance_types <= 1 and sp.min_zones <= 1 and sp.on_demand_buffer_percent <= 0
-        self.spot_dim, self._prim = spot_measure(problem.capacities, problem.gpu_fleet)
-        self.pool_count = {p: 0 for p in problem.pool_bounds}
-        self.fleet = {"all": 0.0, "spot": 0.0}
-        self.tenant_use = {t: {k: 0.0 for k in DIMS} for t in problem.tenants}
-        self.tenant_cost = {t: 0.0 for t in problem.tenants}
-        self.tenant_spot = {t: [0.0, 0.0] for t in problem.tenants}  # spot size, total size
-        self.licenses = LicenseBook(problem.licenses)
-        self.cloud_quotas = QuotaBook(problem.quotas)  # what the new instances take of the account's quotas
+        # Every total a fleet-wide rule reads (spend, pool counts, spot and idle on-demand capacity, tenant charges, use,
+        # spot shares, licenses, cloud quotas) is the ledger's; greedy asks it which rule refuses a step.
+        self.led = Ledger(problem)
+        self._prim = self.led._prim
+        self.booked: dict[str, int] = {}  # demand -> its jobs booked in the ledger (tokens "<demand>#<n>")
+        self.refused: set[str] = set()  # the rules that refused a step of the job being planned
         self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances with room
         self.full: list[_Inst] = []  # open instances with no room for any item
         self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
-        self.ballast: list[_Inst] = []  # on-demand instances bought to stand idle for the fleet's spot rules
         self.sparing_buffer = False  # plan onto no open on-demand instance the on-demand buffer counts
         self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
         self.keys_memo: dict[tuple, list[str]] = {}  # _keys_at's answers
@@ -129,40 +136,36 @@ class _Greedy:
 
     # -- bookkeeping
 
-    def _may_open(self, c: Capacity, extra_cost: float = 0.0, extra_pool: dict | None = None, extra_fleet=(0.0, 0.0),
-                  extra_buys: dict | None = None) -> bool:
-        """Pool ceiling, the cloud quotas a new instance counts against (`extra_buys`: offer key -> instances
-        planned, not bought yet), fleet budget (less what unmet pool minimums will cost), and (except while
-        keeping what runs, which is settled after as a whole: opening spot hosts first would look
-        over the share) the spot rules."""
-        p = self.p
-        n = self.pool_count.get(c.pool, 0) + (extra_pool or {}).get(c.pool, 0)
-        if not pool_ok(n, 1, p.pool_bounds.get(c.pool, (0, 0))[1]):
-            return False
-        if not c.existing and p.quotas and self.cloud_quotas.short(
-                c, 1, [(self.offer[k], v) for k, v in (extra_buys or {}).items()]) is not None:
-            return False
-        if p.budget is not None and not budget_ok(self.a.cost + extra_cost + c.price + self._owed(c, extra_pool), p.budget):
-            return False
-        if c.market == "spot" and not self.keeping:
-            if not self.buy_spot:
-                return False  # an idle spot host opened now would escape the buffer and diversity rules too
-            f = p.spot.max_spot_fraction
-            spot = self.fleet["spot"] + extra_fleet[1] + self._prim(c)
-            total = self.fleet["all"] + extra_fleet[0] + self._prim(c)
-            if not spot_share_ok(spot, total, f):
-                return False
-        return True
+    def _refuses(self, rule: str | None) -> bool:
+        """Note the rule the ledger named (if any): it is what refused the job, should nothing else take it."""
+        if rule:
+            self.refused.add(rule)
+            return True
+        return False
 
-    def _owed(self, c: Capacity, extra_pool: dict | None) -> float:
+    def _may_open(self, c: Capacity, pending: Pending | None = None) -> bool:
+        """Pool ceiling, the cloud quotas a new instance counts against, fleet budget (less what unmet pool minimums
+        will cost), and (except while keeping what runs, which is settled after as a whole: opening spot hosts first
+        would look over the share) the spot share, as the ledger rules them with `pending` (planned, not opened yet)
+        on top; then greedy's own restraint on spot."""
+        pending = pending or _NOTHING
+        reserve = self._owed(c, pending) if self.floor_price else 0.0
+        if self._refuses(self.led.refuses_open(c, 1, pending, reserve, spot_share=not self.keeping)):
+            return False
+        # An idle spot host opened now would escape the buffer and diversity rules too (greedy's restraint, not a rule).
+        return not (c.market == "spot" and not self.keeping and not self.buy_spot)
+
+    def _owed(self, c: Capacity, pending: Pending) -> float:
         """$/h the pool minimums still unmet once c is open will cost at least."""
         owed = 0.0
         for pool, price in self.floor_price.items():
-            n = self.pool_count.get(pool, 0) + (extra_pool or {}).get(pool, 0) + (pool == c.pool)
+            n = self.led.pool_count(pool) + pending.pools.get(pool, 0) + (pool == c.pool)
             owed += max(0, self.p.pool_bounds[pool][0] - n) * price
         return owed
 
-    def _open(self, c: Capacity) -> _Inst:
+    def _open(self, c: Capacity, ballast: bool = False) -> _Inst:
+        """Open a host or buy an instance of an offer. The on-demand buffer counts the idle capacity of the hosts
+        kept and of `ballast` (bought to stand idle for the spot rules), not of what is bought for work."""
         if c.existing:
             inst = _Inst(c, _capacity_of(c), c.key)
             self.opened[c.key] = inst
@@ -172,14 +175,9 @@ class _Greedy:
             n = self.bought.get(c.offer_key, 0)
             self.bought[c.offer_key] = n + 1
             self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
-            self.cloud_quotas.take(c)
             inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
         self.buckets.setdefault(c.offer_key, []).append(inst)
-        self.pool_count[c.pool] = self.pool_count.get(c.pool, 0) + 1
-        self.a.cost += c.price
-        self.fleet["all"] += self._prim(c)
-        if c.market == "spot":
-            self.fleet["spot"] += self._prim(c)
+        self.led.add_instance(inst.key, c, buffer=c.existing or ballast)
         return inst
 
     def _retire_if_full(self, inst: _Inst) -> None:
@@ -192,63 +190,27 @@ class _Greedy:
 
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d)
-        inst.buffer_used += buffer_use(d, self.spot_dim)
         self._retire_if_full(inst)
-        c = inst.cap
-        key = (d.key, c.key)
+        key = (d.key, inst.cap.key)
         if stay:
             self.a.stay[key] = self.a.stay.get(key, 0) + 1
         else:
             self.a.x[key] = self.a.x.get(key, 0) + 1
-        if d.tenant in self.tenant_cost:
-            self.tenant_cost[d.tenant] += charge(d, c)
-            ts = self.tenant_spot[d.tenant]
-            ts[1] += work_units(d)
-            if c.market == "spot":
-                ts[0] += work_units(d)
+        self.led.add_item(d, None, inst.key)
 
     def _quota_ok(self, d: Demand) -> bool:
         """Its tenant's quota, and the licenses it would hold (counts and tenant quotas)."""
-        if d.licenses and self.licenses.short(d) is not None:
-            return False
-        r = self.p.tenants.get(d.tenant)
-        if r is None:
-            return True
-        u = self.tenant_use[d.tenant]
-        return all(quota_ok(u[k], d.req(k) * d.replicas, v) for k, v in r.cap.items())
+        return not self._refuses(self.led.refuses_job(d))
 
     def _charge_quota(self, d: Demand, jobs: int = 1) -> None:
-        if d.tenant in self.tenant_use:
-            for k in DIMS:
-                self.tenant_use[d.tenant][k] += d.req(k) * d.replicas * jobs
-        for _ in range(abs(jobs)):
-            self.licenses.take(d, sign=1 if jobs > 0 else -1)
-
-    def _item_ok(self, d: Demand, c: Capacity, pending_cost: float = 0.0, pending_spot=(0.0, 0.0)) -> bool:
-        """Tenant budget and tenant spot share for one more item of d on c."""
-        r = self.p.tenants.get(d.tenant)
-        if r is None:
-            return True
-        if not budget_ok(self.tenant_cost[d.tenant] + pending_cost + charge(d, c), r.budget):
-            return False
-        if r.spot_fraction is not None and c.market == "spot" and not self.keeping:
-            spot, total = self.tenant_spot[d.tenant]
-            spot += pending_spot[0] + work_units(d)
-            total += pending_spot[1] + work_units(d)
-            if not spot_share_ok(spot, total, r.spot_fraction):
-                return False
-        return True
-
-    def _items_ok(self, d: Demand, cells: list[Capacity]) -> bool:
-        """Tenant budget and spot share for all of a job's items at once."""
-        cost, spot = 0.0, [0.0, 0.0]
-        for c in cells:
-            if not self._item_ok(d, c, cost, spot):
-                return False
-            cost += charge(d, c)
-            spot[0] += work_units(d) if c.market == "spot" else 0.0
-            spot[1] += work_units(d)
-        return True
+        """Book `jobs` more jobs of d in the ledger (negative: give them back): their tenant's quota and licenses.
+        Identical jobs are alike to every rule, so they are booked by count."""
+        n = self.booked.get(d.key, 0)
+        for i in range(n, n + jobs):
+            self.led.add_job(d, f"{d.key}#{i}")
+        for i in range(n - 1, n + jobs - 1, -1):
+            self.led.remove_job(f"{d.key}#{i}")
+        self.booked[d.key] = n + jobs
 
     def _compatible(self, d: Demand, okey: str) -> bool:
         return self.fits.at(d, okey, self.rep[okey]) > 0
@@ -287,7 +249,7 @@ class _Greedy:
                 if d.gang and d.gang_mode == "placement-group" and len({c.offer_key for c in cells}) > 1:
                     continue
                 trial = []
-                extra_cost, extra_pool = 0.0, {}
+                pending = Pending()
                 ok = True
                 free_copy: dict[str, dict] = {}
                 for c in cells:
@@ -299,13 +261,12 @@ class _Greedy:
                     for k in d.dims:
                         free[k] = free.get(k, 0) - d.req(k)
                     if inst is None and c.key not in [t.key for t in trial]:
-                        if not self._may_open(c, extra_cost, extra_pool):
+                        if not self._may_open(c, pending):
                             ok = False
                             break
-                        extra_cost += c.price
-                        extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
+                        pending.open(c, self._prim(c))
                         trial.append(c)
-                if not ok or not self._items_ok(d, cells):
+                if not ok or self._refuses(self.led.refuses_items(d, cells, spot_share=not self.keeping)):
                     continue
                 for c in cells:
                     inst = self.opened.get(c.key) or self._open(c)
@@ -343,7 +304,8 @@ class _Greedy:
                     continue
                 buys = self._ballast_buys() if self._other_spot_rules_hold() else []
                 if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)
-                    self.ballast += [self._open(c) for c in buys]
+                    for c in buys:
+                        self._open(c, ballast=True)
                     continue
             rank = {d.key: i for i, d in enumerate(order)}
             worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
@@ -354,24 +316,21 @@ class _Greedy:
         for the spot hosts kept: the cheapest single offer that mends them, else the cheapest per GPU (vCPU)
         one at a time; within max_new, pool ceilings, cloud quotas and the budget. [] if none does."""
         sp = self.p.spot
-        spot, total, idle = self._kept_spot()
+        (spot, total), idle = self.led.spot(), self.led.idle_on_demand()
         offers = sorted((c for c in self.offer.values() if c.market != "spot" and self._prim(c) > 0),
                         key=lambda c: (c.price / self._prim(c), c.key))
         picked: list[Capacity] = []
-        buys: dict[str, int] = {}
-        extra_cost, extra_pool = 0.0, {}
+        pending = Pending()
         while not (spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)):
-            ok = [c for c in offers if self.bought.get(c.offer_key, 0) + buys.get(c.offer_key, 0) < c.max_new
-                  and self._may_open(c, extra_cost, extra_pool, extra_buys=buys)]
+            ok = [c for c in offers if self.bought.get(c.offer_key, 0) + pending.buying(c) < c.max_new
+                  and self._may_open(c, pending)]
             if not ok:
                 return []
             whole = [c for c in ok if spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction)
                      and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)]
             c = min(whole, key=lambda c: (c.price, c.key)) if whole else ok[0]
             picked.append(c)
-            buys[c.offer_key] = buys.get(c.offer_key, 0) + 1
-            extra_cost += c.price
-            extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
+            pending.open(c, self._prim(c))
             total, idle = total + self._prim(c), idle + self._prim(c)
         return picked
 
@@ -379,8 +338,7 @@ class _Greedy:
         """The cheapest idle spot host the fleet has that adds a spot instance type or zone the SpotPolicy
         still asks for, within pool ceilings and the budget."""
         sp = self.p.spot
-        caps = [i.cap for i in self.opened.values() if i.cap.market == "spot"]
-        types, zones = {c.instance_type for c in caps}, {c.zone for c in caps}
+        types, zones = self.led.spot_sites()
         want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
         cands = [h for hs in self.idle.values() for h in hs if h.market == "spot" and h.key not in self.opened
                  and h.key not in tried and (want_type and h.instance_type not in types or want_zone and h.zone not in zones)]
@@ -390,18 +348,10 @@ class _Greedy:
         finally:
             self.keeping = keeping
 
-    def _kept_spot(self) -> tuple[float, float, float]:
-        """Of the kept hosts: spot capacity, all capacity, and what is idle on on-demand ones."""
-        opened = list(self.opened.values()) + self.ballast
-        spot = sum(self._prim(i.cap) for i in opened if i.cap.market == "spot")
-        total = sum(self._prim(i.cap) for i in opened)
-        idle = sum(self._prim(i.cap) - i.buffer_used for i in opened if i.cap.market != "spot")
-        return spot, total, idle
-
     def _fleet_spot_rules_hold(self) -> bool:
         """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
         sp = self.p.spot
-        spot, total, idle = self._kept_spot()
+        (spot, total), idle = self.led.spot(), self.led.idle_on_demand()
         return spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)
 
     def _spot_rules_hold(self) -> bool:
@@ -410,14 +360,12 @@ class _Greedy:
     def _other_spot_rules_hold(self) -> bool:
         """Spot diversity and the tenants' spot shares: what more on-demand capacity does not mend."""
         p, sp = self.p, self.p.spot
-        opened = list(self.opened.values())
-        spot_caps = [i.cap for i in opened if i.cap.market == "spot"]
-        if spot_caps and not diversity_ok(len({c.instance_type for c in spot_caps}), len({c.zone for c in spot_caps}),
-                                          sp.min_instance_types, sp.min_zones):
+        types, zones = self.led.spot_sites()
+        if types and not diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones):
             return False
         for t, r in p.tenants.items():
             if r.spot_fraction is not None:
-                s_, tot = self.tenant_spot[t]
+                s_, tot = self.led.tenant_spot(t)
                 if not spot_share_ok(s_, tot, r.spot_fraction):
                     return False
         return True
@@ -460,7 +408,7 @@ class _Greedy:
                     break
                 inst = self._open(c)
                 opened_here.append(inst)
-            if not inst.fits(d) or not self._item_ok(d, c):
+            if not inst.fits(d) or self._refuses(self.led.refuses_item(d, c, spot_share=not self.keeping)):
                 break
             self._record(d, inst, stay=True)
             insts.append(inst)
@@ -480,19 +428,12 @@ class _Greedy:
 
     def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d, sign=-1)
-        inst.buffer_used -= buffer_use(d, self.spot_dim)
         if inst in self.full:  # room again
             self.full.remove(inst)
             self.buckets.setdefault(inst.cap.offer_key, []).append(inst)
-        c = inst.cap
         book = self.a.stay if stay else self.a.x
-        book[(d.key, c.key)] -= 1
-        if d.tenant in self.tenant_cost:
-            self.tenant_cost[d.tenant] -= charge(d, c)
-            ts = self.tenant_spot[d.tenant]
-            ts[1] -= work_units(d)
-            if c.market == "spot":
-                ts[0] -= work_units(d)
+        book[(d.key, inst.cap.key)] -= 1
+        self.led.remove_item(d, None, inst.key)
 
     def _close(self, inst: _Inst) -> None:
         c = inst.cap
@@ -500,18 +441,14 @@ class _Greedy:
         self.opened.pop(c.key, None)
         self.a.use[c.key] -= 1
         self.idle.setdefault(c.offer_key, []).append(c)
-        self.pool_count[c.pool] -= 1
-        self.a.cost -= c.price
-        self.fleet["all"] -= self._prim(c)
-        if c.market == "spot":
-            self.fleet["spot"] -= self._prim(c)
+        self.led.remove_instance(inst.key)
 
     def pool_minimums(self) -> None:
         for pool, (lo, _) in self.p.pool_bounds.items():
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
             cands.sort(key=lambda c: (not c.existing, c.price, c.key))
-            while not pool_min_ok(self.pool_count.get(pool, 0), lo):
+            while not pool_min_ok(self.led.pool_count(pool), lo):
                 pick = None
                 for c in cands:
                     if c.existing and c.key in self.opened:
@@ -541,95 +478,86 @@ class _Greedy:
         return best
 
     def _plan_items(self, d: Demand, k: int, sites, only_offer: str | None = None):
-        """Where k items of d would go: open instances first (first fit), then the offer with
-        the lowest price per item. Returns [(offer key, _Inst or Capacity-to-buy)] or None."""
-        plan: list = []
-        taken: dict[int, dict] = {}  # id(inst) -> tentative free
+        """Where k items of d would go: room on open instances first, then capacity to open, Karpenter's
+        order (existing nodes, then new ones). Returns [(offer key, _Inst or _Buy)] or None."""
         if only_offer:
             keys = [only_offer] if only_offer in self.rep and self._compatible(d, only_offer) else []
         else:
             keys = self._keys_at(d, sites)
-        pending_cost, pending_spot = 0.0, [0.0, 0.0]
-        # 1. Open instances (not for placement groups, which launch together).
-        if not (d.gang and d.gang_mode == "placement-group"):
-            for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
-                for inst in self.buckets.get(kk, []):
-                    if d.nvlink and inst.cap.existing and inst.gpu_residents:
-                        continue
-                    if self.sparing_buffer and _in_buffer(self, inst):
-                        continue
-                    free = taken.get(id(inst), inst.free)
-                    while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
-                        if not self._item_ok(d, inst.cap, pending_cost, pending_spot):
-                            break
-                        free = taken.setdefault(id(inst), dict(free))
-                        for dd in d.dims:
-                            free[dd] = free.get(dd, 0) - d.req(dd)
-                        plan.append((kk, inst))
-                        pending_cost += charge(d, inst.cap)
-                        if inst.cap.market == "spot":
-                            pending_spot[0] += work_units(d)
-                        pending_spot[1] += work_units(d)
-                    if len(plan) >= k:
-                        return plan
-        # 2. Buy: idle hosts and offers, cheapest per item first.
+        pending = Pending()  # the items' tenant charges and spot share, then the instances to open, as planned
+        # Not on open instances for placement groups, which launch together.
+        plan = [] if d.gang and d.gang_mode == "placement-group" else self._plan_on_open(d, k, keys, pending)
+        if len(plan) < k:
+            self._plan_buys(d, k, keys, plan, pending)
+        return plan if len(plan) >= k else None
+
+    def _plan_on_open(self, d: Demand, k: int, keys: list[str], pending: Pending) -> list:
+        """Up to k items of d in the room on open instances of these offers, first fit, the offers in order of
+        their egress/latency cost for d."""
+        plan: list = []
+        taken: dict[int, dict] = {}  # id(inst) -> tentative free
+        for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
+            for inst in self.buckets.get(kk, []):
+                if d.nvlink and inst.cap.existing and inst.gpu_residents:
+                    continue
+                if self.sparing_buffer and self.led.in_buffer(inst.key):
+                    continue
+                free = taken.get(id(inst), inst.free)
+                while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
+                    if self._refuses(self.led.plan_item(d, inst.cap, pending)):
+                        break
+                    free = taken.setdefault(id(inst), dict(free))
+                    for dd in d.dims:
+                        free[dd] = free.get(dd, 0) - d.req(dd)
+                    plan.append((kk, inst))
+                if len(plan) >= k:
+                    return plan
+        return plan
+
+    def _plan_buys(self, d: Demand, k: int, keys: list[str], plan: list, pending: Pending) -> None:
+        """Top `plan` up to k items of d on capacity to open: idle hosts and new instances of offers, cheapest
+        per item first, each within the rules with what is already planned (`pending`)."""
         cands = []
         for kk in keys:
-            for h in self.idle.get(kk, []):
-                if not (d.gang and d.gang_mode == "placement-group"):
-                    cands.append(h)
+            if not (d.gang and d.gang_mode == "placement-group"):
+                cands += self.idle.get(kk, [])
             if kk in self.offer:
                 cands.append(self.offer[kk])
         cands.sort(key=lambda c: (c.price / max(1, min(self.fits(d, c), k - len(plan))) + self.p.cost_coef(d, c), c.existing is False, c.key))
-        extra_cost, extra_pool, extra_fleet = 0.0, {}, [0.0, 0.0]
         used_hosts: set[str] = set()
-        buys = {}
         for c in cands:
-            f = self.fits(d, c)
+            f, okey = self.fits(d, c), c.offer_key
             while len(plan) < k:
                 if c.existing:
                     if c.key in used_hosts:
                         break
-                elif self.bought.get(c.offer_key, 0) + buys.get(c.offer_key, 0) >= c.max_new:
+                elif self.bought.get(okey, 0) + pending.buying(c) >= c.max_new:
+                    self._may_open(c, pending)  # (only to note a rule that also refuses: the pool's max_instances bounds max_new)
                     break
-                if not self._may_open(c, extra_cost, extra_pool, tuple(extra_fleet), buys):
+                if not self._may_open(c, pending):
                     break
-                n = min(f, k - len(plan))
                 ok_items = 0
-                for _ in range(n):
-                    if not self._item_ok(d, c, pending_cost, pending_spot):
+                for _ in range(min(f, k - len(plan))):
+                    if self._refuses(self.led.plan_item(d, c, pending)):
                         break
                     ok_items += 1
-                    pending_cost += charge(d, c)
-                    if c.market == "spot":
-                        pending_spot[0] += work_units(d)
-                    pending_spot[1] += work_units(d)
                 if ok_items == 0:
                     break
-                extra_cost += c.price
-                extra_pool[c.pool] = extra_pool.get(c.pool, 0) + 1
-                extra_fleet[0] += self._prim(c)
-                if c.market == "spot":
-                    extra_fleet[1] += self._prim(c)
+                pending.open(c, self._prim(c))
                 if c.existing:
                     used_hosts.add(c.key)
-                else:
-                    buys[c.offer_key] = buys.get(c.offer_key, 0) + 1
                 # One instance bought: its first items go on it, as a marker the caller opens once.
                 marker = _Buy(c)
-                for _ in range(ok_items):
-                    plan.append((c.offer_key, marker))
+                plan += [(okey, marker)] * ok_items
             if len(plan) >= k:
                 break
-        if len(plan) < k:
-            return None
-        return plan
 
     def finish(self) -> None:
         # Hosts opened only for pool minimums keep use=1; hosts and offers never opened are released (0).
         for c in self.p.capacities:
             self.a.use.setdefault(c.key, 0)
         self.a.work = sum(d.weight * self.a.placed[d.key] for d in self.p.demands)
+        self.a.cost = self.led.cost()
 
 
 def _plan_cost(p: Problem, d: Demand, plan) -> float:
@@ -697,8 +625,10 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
 
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:
-    """Place one job of d (all its items) or nothing."""
+    """Place one job of d (all its items) or nothing; nothing notes the rules that refused it (Assignment.refused)."""
+    g.refused = set()
     if not g._quota_ok(d):
+        g.a.refused[d.key] = tuple(sorted(g.refused))
         return False
     plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, None)
     if plan is not None and _breaks_buffer(g, d, plan):
@@ -709,6 +639,7 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
         finally:
             g.sparing_buffer = False
     if plan is None or _breaks_buffer(g, d, plan):
+        g.a.refused[d.key] = tuple(sorted(g.refused))
         return False
     _commit(g, d, plan)
     g.a.placed[d.key] += 1
@@ -717,21 +648,10 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
 
 
 def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
-    """Would the plan's items on kept on-demand hosts eat into the idle capacity the on-demand
-    buffer keeps for the kept spot hosts (the rule `settle_spot` established)?"""
-    pct = g.p.spot.on_demand_buffer_percent
-    if pct <= 0 or d.deadline_critical:  # deadline-critical work may use the buffer's capacity
-        return False
-    taken = sum(buffer_use(d, g.spot_dim) for _, t in plan if isinstance(t, _Inst) and _in_buffer(g, t))
-    if not taken:
-        return False
-    spot, _, idle = g._kept_spot()
-    return not buffer_ok(idle - taken, spot, pct)
-
-
-def _in_buffer(g: _Greedy, inst: _Inst) -> bool:
-    """An open on-demand instance whose idle capacity the on-demand buffer counts: a kept host, or ballast."""
-    return inst.cap.market != "spot" and (inst.key in g.opened or any(inst is b for b in g.ballast))
+    """Would the plan's items on open on-demand instances the buffer counts (hosts kept, ballast) eat into the
+    idle capacity the on-demand buffer keeps for the spot capacity (the rule `settle_spot` established)?"""
+    taken = sum(buffer_use(d, g.led.dim) for _, t in plan if isinstance(t, _Inst) and g.led.in_buffer(t.key))
+    return g._refuses(g.led.refuses_buffer(d, taken))
 
 
 def _commit(g: _Greedy, d: Demand, plan) -> None:

@@ -4,16 +4,16 @@ fleet-wide rules a finished plan is measured by.
 Pure. `charge` is what tenant budgets, status/, explain and pending reasons all quote: a
 replica pays its share of its instance's price, in the instance's primary resource (GPUs;
 compute slices of 7 per GPU for MIG; vCPU on CPU instances). `Ledger` holds the fleet a
-plan leaves (instances kept and created, the items on them) and answers, for one more job,
-which rule refuses each way of placing it, with the plan's own numbers: diagnosis reads
-the rules here instead of re-deriving them. The test oracle (tests/invariants.py) keeps
+plan leaves (instances kept and created, the items on them), or that greedy is building,
+and answers, for one more instance, item or job, which rule refuses it, with the plan's own
+numbers: greedy, diagnosis and explain read the rules here instead of re-deriving them. The test oracle (tests/invariants.py) keeps
 its own, independent copy of the rules.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from providers.catalog import load_catalog
@@ -296,13 +296,6 @@ class ReservationRules:
     until: str | None = None
 
 
-def _count(items) -> dict:
-    out: dict = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
-    return out
-
-
 def reservation_cost(count: int, used: int, hourly_cost: float) -> tuple[float, float, float]:
     """(utilisation, USD/h committed, USD/h wasted) of a reservation of `count` instances with
     `used` of them running: all of it is paid; the unused part is the waste."""
@@ -396,11 +389,85 @@ class Option:
     refusals: tuple[Refusal, ...]
 
 
-class Ledger:
-    """The fleet a plan leaves and the totals the fleet-wide rules read.
+class ExactSum:
+    """A float total that adding and taking away keep exact: add x, take x away, and the total is
+    what it was, bit for bit (a running `+=` drifts: 0.1 + 0.2 - 0.2 is 0.10000000000000003, and a
+    ledger greedy adds to and takes from 20k times must not). Shewchuk's non-overlapping partials,
+    as math.fsum keeps them; `value` is their correctly rounded sum."""
 
-    Built from the plan's instances (existing ones kept, new ones created, each as its
-    Capacity) and the items placed on them."""
+    __slots__ = ("_parts", "_value")
+
+    def __init__(self) -> None:
+        self._parts: list[float] = []
+        self._value: float | None = 0.0
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            self._value = math.fsum(self._parts)
+        return self._value
+
+    def add(self, x: float) -> None:
+        parts, i = self._parts, 0
+        for y in parts:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                parts[i] = lo
+                i += 1
+            x = hi
+        parts[i:] = [x]
+        self._value = None  # summed when read: greedy adds more often than it reads some totals
+
+
+@dataclass(slots=True)
+class Pending:
+    """What a placement being planned would add before it is committed (greedy plans a job whole,
+    then commits it): instances to open and items to place, for one demand's tenant."""
+
+    cost: float = 0.0  # USD/h of the instances to open
+    pools: dict = field(default_factory=dict)  # pool -> instances to open
+    capacity: float = 0.0  # of the instances to open, in the spot share's unit
+    spot: float = 0.0  # ... of those that are spot
+    buys: dict = field(default_factory=dict)  # offer's capacity key -> [Capacity, new instances] (what cloud quotas count)
+    tenant_cost: float = 0.0  # USD/h the items charge their tenant
+    tenant_spot: float = 0.0  # work units of the items on spot
+    tenant_work: float = 0.0  # work units of the items
+
+    def open(self, c, prim: float) -> None:
+        self.cost += c.price
+        self.pools[c.pool] = self.pools.get(c.pool, 0) + 1
+        self.capacity += prim
+        if c.market == "spot":
+            self.spot += prim
+        if not c.existing:
+            b = self.buys.get(c.key)
+            if b is None:
+                self.buys[c.key] = [c, 1]
+            else:
+                b[1] += 1
+
+    def buying(self, c) -> int:
+        """New instances of offer c planned."""
+        b = self.buys.get(c.key)
+        return b[1] if b else 0
+
+
+_NONE = Pending()  # nothing pending (never added to)
+
+
+class Ledger:
+    """The fleet a plan leaves (or greedy is building) and the totals the fleet-wide rules read.
+
+    Instances (existing ones kept, new ones created, each as its Capacity), the items placed on
+    them and the jobs placed are added and removed; every total a rule reads (spend, pool counts,
+    spot and on-demand capacity, the idle on-demand buffer, tenant charges, use and spot shares,
+    licenses, cloud quotas, reservations) is kept incrementally, exact under add then remove
+    (ExactSum), so a check costs the same at 20k jobs as at 10. `refuses_*` name the rule that
+    refuses one more instance, item or job ("pool-max", "tenant-budget", ...: Refusal.rule);
+    greedy asks them, and the messages of explain and pending reasons are built on the same checks."""
 
     def __init__(self, problem) -> None:
         self.problem = problem
@@ -408,9 +475,22 @@ class Ledger:
         self.items: dict[str, list] = {}  # instance -> [(demand, job)]
         self.jobs: dict[str, str] = {}  # placed job -> tenant
         self.job_demand: dict[str, object] = {}
+        self._job_items: dict[str, int] = {}  # placed job -> its items in `items`
         self.dim, self._prim = spot_units(problem.capacities, getattr(problem, "gpu_fleet", None))
-        self._memo: dict = {}  # totals, computed once per state: a plan asks them for every pending job
+        self._memo: dict = {}  # what explain asks of one state (room, options): computed once per state
         self._fits: dict[tuple[str, str], int] = {}  # (demand, offer key) -> items per empty instance
+        self._cost = ExactSum()
+        self._pools: dict[str, int] = {}
+        self._all, self._spot, self._idle = ExactSum(), ExactSum(), ExactSum()
+        self._outside_buffer: set[str] = set()  # on-demand instances whose idle capacity the buffer does not count
+        self._spot_types: dict[str, int] = {}
+        self._spot_zones: dict[str, int] = {}
+        self._reserved: dict[str, int] = {}
+        self._charges: dict[str, ExactSum] = {}  # tenant -> USD/h its items are charged
+        self._tenant_spot: dict[str, list[float]] = {}  # tenant -> [work units on spot, in all] (whole numbers)
+        self._use: dict[str, dict[str, ExactSum]] = {}  # tenant -> dimension -> what its placed jobs request
+        self.licenses = LicenseBook(problem.licenses)
+        self.quotas = QuotaBook(getattr(problem, "quotas", ()))  # what the new instances take of cloud quotas
 
     def _once(self, key, compute):
         v = self._memo.get(key)
@@ -418,59 +498,139 @@ class Ledger:
             v = self._memo[key] = compute()
         return v
 
-    # -- building
+    # -- building (and taking apart: greedy gives up what it kept)
 
-    def add_instance(self, ref: str, cap) -> None:
+    def add_instance(self, ref: str, cap, buffer: bool = True) -> None:
+        """buffer=False: an on-demand instance whose idle capacity the on-demand buffer is not to count on (greedy
+        counts the hosts it keeps and the capacity it buys to stand idle, not what it buys for work)."""
+        if ref in self.instances:
+            raise ValueError(f"instance {ref} is in the ledger already")
         self.instances[ref] = cap
-        self.items.setdefault(ref, [])
-        self._memo.clear()
+        self.items[ref] = []
+        self._instance(ref, cap, 1, buffer)
 
-    def add_item(self, d, job: str, ref: str) -> None:
+    def remove_instance(self, ref: str) -> None:
+        """Take an instance out; it must hold no items."""
+        if self.items[ref]:
+            raise ValueError(f"instance {ref} still holds {len(self.items[ref])} items")
+        cap = self.instances.pop(ref)
+        del self.items[ref]
+        self._instance(ref, cap, -1, ref not in self._outside_buffer)
+        self._outside_buffer.discard(ref)
+
+    def _instance(self, ref: str, c, sign: int, buffer: bool) -> None:
+        self._memo.clear()
+        self._cost.add(sign * c.price)
+        self._pools[c.pool] = self._pools.get(c.pool, 0) + sign
+        prim = sign * self._prim(c)
+        self._all.add(prim)
+        if c.market == "spot":
+            self._spot.add(prim)
+            self._spot_types[c.instance_type] = self._spot_types.get(c.instance_type, 0) + sign
+            self._spot_zones[c.zone] = self._spot_zones.get(c.zone, 0) + sign
+        elif buffer:
+            self._idle.add(prim)
+        elif sign > 0:
+            self._outside_buffer.add(ref)
+        if not c.existing:
+            self.quotas.take(c, sign)
+        if c.reservation:
+            self._reserved[c.reservation] = self._reserved.get(c.reservation, 0) + sign
+
+    def add_item(self, d, job: str | None, ref: str) -> None:
+        """One item of d on instance ref, of placed job `job` (its first item places the job: add_job). job None:
+        the item only (greedy places items before it knows which of identical jobs they are; it books jobs apart)."""
         self.items[ref].append((d, job))
+        self._item(d, ref, 1)
+        if job is not None:
+            n = self._job_items.get(job, 0)
+            if not n:
+                self.add_job(d, job)
+            self._job_items[job] = n + 1
+
+    def remove_item(self, d, job: str | None, ref: str) -> None:
+        """Take one item of d (of `job`) off instance ref; its job's last item takes the job out."""
+        its = self.items[ref]
+        for i, (o, j) in enumerate(its):
+            if o is d and j == job:  # by identity: comparing Demands field by field is slow
+                del its[i]
+                break
+        else:
+            raise ValueError(f"no item of {d.key} ({job}) on {ref}")
+        self._item(d, ref, -1)
+        if job is not None:
+            self._job_items[job] -= 1
+            if not self._job_items[job]:
+                del self._job_items[job]
+                self.remove_job(job)
+
+    def _item(self, d, ref: str, sign: int) -> None:
+        self._memo.clear()
+        c = self.instances[ref]
+        s = self._charges.get(d.tenant)
+        if s is None:
+            s = self._charges[d.tenant] = ExactSum()
+        s.add(sign * charge(d, c))
+        ts = self._tenant_spot.setdefault(d.tenant, [0, 0])
+        if c.market == "spot":
+            ts[0] += sign * work_units(d)
+        ts[1] += sign * work_units(d)
+        if c.market != "spot" and ref not in self._outside_buffer:
+            use = buffer_use(d, self.dim)
+            if use:
+                self._idle.add(-sign * use)
+
+    def add_job(self, d, job: str) -> None:
+        """Job `job` of d is placed: it counts against its tenant's quota and holds its licenses."""
+        self._memo.clear()
         self.jobs[job] = d.tenant
         self.job_demand[job] = d
+        self._job(d, job, 1)
+
+    def remove_job(self, job: str) -> None:
         self._memo.clear()
+        d = self.job_demand.pop(job)
+        del self.jobs[job]
+        self._job(d, job, -1)
+
+    def _job(self, d, job: str, sign: int) -> None:
+        use = self._use.get(d.tenant)
+        if use is None:
+            use = self._use[d.tenant] = {k: ExactSum() for k in DIMS}
+        for k in DIMS:
+            r = d.req(k)
+            if r:
+                use[k].add(sign * d.replicas * r)
+        if d.licenses:
+            self.licenses.take(d, job, sign)
 
     # -- totals
 
     def cost(self) -> float:
-        return self._once("cost", lambda: sum(c.price for c in self.instances.values()))
+        return self._cost.value
 
     def pool_count(self, pool: str) -> int:
-        def count() -> dict[str, int]:
-            out: dict[str, int] = {}
-            for c in self.instances.values():
-                out[c.pool] = out.get(c.pool, 0) + 1
-            return out
-        return self._once("pools", count).get(pool, 0)
+        return self._pools.get(pool, 0)
 
     def tenant_charge(self, tenant: str) -> float:
-        return self.tenant_charges().get(tenant, 0.0)
+        s = self._charges.get(tenant)
+        return s.value if s is not None else 0.0
 
     def tenant_charges(self) -> dict[str, float]:
-        def charges() -> dict[str, float]:
-            out: dict[str, float] = {}
-            for ref, its in self.items.items():
-                for d, _ in its:
-                    out[d.tenant] = out.get(d.tenant, 0.0) + charge(d, self.instances[ref])
-            return out
-        return self._once("charges", charges)
+        return {t: s.value for t, s in self._charges.items()}
 
     def tenant_use(self, tenant: str) -> dict[str, float]:
         """Requested resources of the tenant's placed jobs (what quotas count)."""
-        def use() -> dict[str, dict[str, float]]:
-            out: dict[str, dict[str, float]] = {}
-            for job, t in self.jobs.items():
-                d, u = self.job_demand[job], out.setdefault(t, {k: 0.0 for k in DIMS})
-                for k in DIMS:
-                    u[k] += d.replicas * d.req(k)
-            return out
-        return dict(self._once("use", use).get(tenant, {k: 0.0 for k in DIMS}))
+        use = self._use.get(tenant)
+        return {k: use[k].value if use else 0.0 for k in DIMS}
 
     def spot(self) -> tuple[float, float]:
         """Spot capacity and all capacity, in the spot share's unit."""
-        caps = self.instances.values()
-        return self._once("spot", lambda: (sum(self._prim(c) for c in caps if c.market == "spot"), sum(self._prim(c) for c in caps)))
+        return self._spot.value, self._all.value
+
+    def spot_sites(self) -> tuple[set[str], set[str]]:
+        """The instance types and zones the spot capacity spans (what SpotPolicy diversity counts)."""
+        return {t for t, n in self._spot_types.items() if n}, {z for z, n in self._spot_zones.items() if n}
 
     def used(self, ref: str, buffer: bool = False) -> float:
         """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU).
@@ -478,21 +638,107 @@ class Ledger:
         return sum(item_units(d, self.dim) for d, _ in self.items[ref] if not (buffer and d.deadline_critical))
 
     def idle_on_demand(self) -> float:
-        return self._once("idle", lambda: sum(self._prim(c) - self.used(ref, buffer=True) for ref, c in self.instances.items() if c.market != "spot"))
+        """Idle on-demand capacity the on-demand buffer counts, in the spot share's unit."""
+        return self._idle.value
+
+    def in_buffer(self, ref: str) -> bool:
+        """Does the on-demand buffer count this instance's idle capacity (so work placed there takes from it)?"""
+        return self.instances[ref].market != "spot" and ref not in self._outside_buffer
 
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
-        def shares() -> dict[str, list[float]]:
-            out: dict[str, list[float]] = {}
-            for ref, its in self.items.items():
-                spot = self.instances[ref].market == "spot"
-                for d, _ in its:
-                    v = out.setdefault(d.tenant, [0.0, 0.0])
-                    v[1] += work_units(d)
-                    v[0] += work_units(d) if spot else 0.0
-            return out
-        on, tot = self._once("tenant_spot", shares).get(tenant, (0.0, 0.0))
-        return on, tot
+        on, tot = self._tenant_spot.get(tenant, (0, 0))
+        return float(on), float(tot)
+
+    # -- the rules, for one more instance, item or job: the refusing rule's name (Refusal.rule) or None
+
+    def open_rules(self, c, n: int = 1, pending: Pending = _NONE, reserve: float = 0.0, spot_share: bool = True,
+                   first: bool = True) -> list[str]:
+        """The rules n more instances of c (besides `pending`) would break, in this order: "pool-max",
+        "cloud-quota", "fleet-budget" (with `reserve` USD/h kept back: greedy's unmet pool minimums), "spot-share"
+        (spot_share=False: not asked). first: only the first (greedy asks for every instance it would open)."""
+        p, out = self.problem, []
+        if not pool_ok(self._pools.get(c.pool, 0) + pending.pools.get(c.pool, 0), n, p.pool_bounds.get(c.pool, (0, 0))[1]):
+            out.append("pool-max")
+            if first:
+                return out
+        if not c.existing and self.quotas.quotas and self.quotas.short(c, n, pending.buys.values()) is not None:
+            out.append("cloud-quota")
+            if first:
+                return out
+        if p.budget is not None and not budget_ok(self._cost.value + pending.cost + n * c.price + reserve, p.budget):
+            out.append("fleet-budget")
+            if first:
+                return out
+        f = p.spot.max_spot_fraction
+        if spot_share and c.market == "spot" and f < 1:
+            add = n * self._prim(c)
+            if not spot_share_ok(self._spot.value + pending.spot + add, self._all.value + pending.capacity + add, f):
+                out.append("spot-share")
+        return out
+
+    def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: float = 0.0, spot_share: bool = True) -> str | None:
+        """The first rule n more instances of c (besides `pending`) would break, or None (open_rules)."""
+        rules = self.open_rules(c, n, pending, reserve, spot_share)
+        return rules[0] if rules else None
+
+    def plan_item(self, d, c, pending: Pending, spot_share: bool = True) -> str | None:
+        """The rule one more item of d on c (besides `pending`, placed for d's tenant) would break: "tenant-budget",
+        "tenant-spot-share" (spot_share=False: not asked); None, and the item joins `pending`, if none does."""
+        r = self.problem.tenants.get(d.tenant)
+        if r is None:
+            return None
+        more, wu, spot = 0.0, d.size, c.market == "spot"  # (d.size: work_units, inline: greedy asks per item)
+        if r.budget is not None:
+            more = charge(d, c)
+            s = self._charges.get(d.tenant)
+            if not budget_ok((s.value if s is not None else 0.0) + pending.tenant_cost + more, r.budget):
+                return "tenant-budget"
+        if spot and spot_share and r.spot_fraction is not None:
+            on, tot = self._tenant_spot.get(d.tenant, (0, 0))
+            if not spot_share_ok(on + pending.tenant_spot + wu, tot + pending.tenant_work + wu, r.spot_fraction):
+                return "tenant-spot-share"
+        pending.tenant_cost += more
+        if spot:
+            pending.tenant_spot += wu
+        pending.tenant_work += wu
+        return None
+
+    def refuses_item(self, d, c, spot_share: bool = True) -> str | None:
+        """plan_item for one item alone."""
+        return self.plan_item(d, c, Pending(), spot_share)
+
+    def refuses_items(self, d, cells, spot_share: bool = True) -> str | None:
+        """plan_item for a job's items on `cells`, one after another."""
+        pending = Pending()
+        for c in cells:
+            rule = self.plan_item(d, c, pending, spot_share)
+            if rule:
+                return rule
+        return None
+
+    def refuses_job(self, d) -> str | None:
+        """The rule one more job of d breaks wherever it goes: a license it would hold ("license", "license-quota")
+        or its tenant's quota ("quota"; a tenant already over its ceiling in a dimension takes no more jobs)."""
+        if d.licenses:
+            s = self.licenses.short(d)
+            if s is not None:
+                return "license" if s.scope == "count" else "license-quota"
+        r = self.problem.tenants.get(d.tenant)
+        if r is None:
+            return None
+        use = self._use.get(d.tenant)
+        for k, v in r.cap.items():
+            if not quota_ok(use[k].value if use else 0.0, d.req(k) * d.replicas, v):
+                return "quota"
+        return None
+
+    def refuses_buffer(self, d, taken: float) -> str | None:
+        """"spot-buffer" if d's items would take `taken` (buffer_use) of the idle on-demand capacity the buffer keeps."""
+        pct = self.problem.spot.on_demand_buffer_percent
+        if pct <= 0 or d.deadline_critical or not taken:
+            return None
+        return None if buffer_ok(self.idle_on_demand() - taken, self._spot.value, pct) else "spot-buffer"
 
     def free(self, ref: str) -> dict[str, float]:
         def room() -> dict[str, float]:
@@ -529,22 +775,11 @@ class Ledger:
 
     def license_book(self) -> "LicenseBook":
         """The licenses the plan's placed jobs hold."""
-        def build() -> LicenseBook:
-            book = LicenseBook(self.problem.licenses)
-            for job, d in sorted(self.job_demand.items()):
-                book.take(d, job)
-            return book
-        return self._once("licenses", build)
+        return self.licenses
 
     def quota_book(self) -> "QuotaBook":
         """The cloud quotas the plan's new instances take (instances it keeps are in the usage already)."""
-        def build() -> QuotaBook:
-            book = QuotaBook(getattr(self.problem, "quotas", ()))
-            for c in self.instances.values():
-                if not c.existing:
-                    book.take(c)
-            return book
-        return self._once("cloud_quotas", build)
+        return self.quotas
 
     def broken_rules(self) -> dict[str, str]:
         """The fleet-wide rules this fleet breaks as it stands (a budget lowered below what runs, a
@@ -633,22 +868,21 @@ class Ledger:
     # -- rules for one more job
 
     def _tenant_refusals(self, d, cells: list) -> list[Refusal]:
-        """Tenant budget and tenant spot share for d's items on these capacities."""
+        """Tenant budget and tenant spot share for d's items on these capacities (the checks refuses_item makes)."""
         out = []
         r = self.problem.tenants.get(d.tenant)
         if r is None:
             return out
         if r.budget is not None:
-            spent = self.tenant_charge(d.tenant)
-            more = sum(charge(d, c) for c in cells)
-            if not budget_ok(spent + more, r.budget):
+            more, spent = sum(charge(d, c) for c in cells), self.tenant_charge(d.tenant)
+            if not budget_ok(spent + more, r.budget):  # (as plan_item: charges only add, so one sum is the same verdict)
                 short = spent + more - r.budget
                 out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} spends {money(spent)}/h of its {money(r.budget)}/h "
                                    f"in this plan; the job would add {money(more)}/h, {money(short)}/h more than it allows", d.tenant, short))
         if r.spot_fraction is not None and any(c.market == "spot" for c in cells):
-            on, tot = self.tenant_spot(d.tenant)
             add_on = sum(work_units(d) for c in cells if c.market == "spot")
-            if not spot_share_ok(on + add_on, tot + work_units(d) * len(cells), r.spot_fraction):
+            on, tot = self.tenant_spot(d.tenant)
+            if not spot_share_ok(on + add_on, tot + work_units(d) * len(cells), r.spot_fraction):  # the share the job leaves
                 now = on / tot if tot else 0.0
                 out.append(Refusal("tenant-spot-share", f"tenant spot share: {d.tenant}'s placed work is {now:.1%} on spot; "
                                    f"the job on spot would take it over its max {r.spot_fraction:g}", d.tenant))
@@ -657,49 +891,43 @@ class Ledger:
     def _buffer_refusals(self, d, cells: list) -> list[Refusal]:
         """The on-demand buffer, for d's items in room left on on-demand instances: idle capacity they would
         take (deadline-critical work may use it)."""
-        pct = self.problem.spot.on_demand_buffer_percent
-        if pct <= 0 or d.deadline_critical:
-            return []
         taken = buffer_use(d, self.dim) * sum(1 for c in cells if c.market != "spot")
-        spot, _ = self.spot()
-        idle = self.idle_on_demand()
-        if not taken or buffer_ok(idle - taken, spot, pct):
+        if not self.refuses_buffer(d, taken):
             return []
+        pct, spot, idle = self.problem.spot.on_demand_buffer_percent, self._spot.value, self.idle_on_demand()
         unit = "GPUs" if self.dim == "gpus" else "vCPU"
         return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
                                        f"the plan keeps; {pct:g}% of {spot:g} spot {unit} must stay idle")]
 
     def _new_refusals(self, c, n: int) -> list[Refusal]:
-        """Pool size, fleet budget and spot rules for n more instances of offer c."""
+        """Pool size, fleet budget and spot rules for n more instances of offer c (all of them, where
+        refuses_open names the first)."""
         p, out = self.problem, []
         if c.reservation and c.reservation in p.reservations:
             r = p.reservations[c.reservation]
-            have = self._once("reserved", lambda: _count(x.reservation for x in self.instances.values() if x.reservation)).get(c.reservation, 0)
+            have = self._reserved.get(c.reservation, 0)
             if have + n > r.count:
                 out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
                                                   f"in {r.zone})", r.name, have + n - r.count, n))
-        if getattr(p, "quotas", ()):
-            book = self.quota_book()
-            over = book.short(c, n)
-            if over is not None:
-                out.append(Refusal("cloud-quota", book.message(over[0], c, n), quota_scope(book.quotas[over[0]]), over[1], n))
-        lo, hi = p.pool_bounds.get(c.pool, (0, 0))
-        have = self.pool_count(c.pool)
-        if not pool_ok(have, n, hi):
+        rules = self.open_rules(c, n, first=False)
+        over = self.quotas.short(c, n) if "cloud-quota" in rules else None
+        if over is not None:
+            out.append(Refusal("cloud-quota", self.quotas.message(over[0], c, n), quota_scope(self.quotas.quotas[over[0]]), over[1], n))
+        if "pool-max" in rules:
+            hi, have = p.pool_bounds.get(c.pool, (0, 0))[1], self.pool_count(c.pool)
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
                                + (f"; the job needs {n} more" if n > 1 else ""), c.pool, have + n - hi, n))
-        if p.budget is not None:
+        if "fleet-budget" in rules:
             cost = self.cost()
-            if not budget_ok(cost + n * c.price, p.budget):
-                short = cost + n * c.price - p.budget
-                out.append(Refusal("fleet-budget", f"budget: the fleet costs {money(cost)}/h and max_hourly_budget is {money(p.budget)}/h; "
-                                   f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more budget", "", short))
+            short = cost + n * c.price - p.budget
+            out.append(Refusal("fleet-budget", f"budget: the fleet costs {money(cost)}/h and max_hourly_budget is {money(p.budget)}/h; "
+                               f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more budget", "", short))
         if c.market == "spot":
             sp = p.spot
             spot, total = self.spot()
             add = n * self._prim(c)
             unit = "GPUs" if self.dim == "gpus" else "vCPU"
-            if sp.max_spot_fraction < 1 and not spot_share_ok(spot + add, total + add, sp.max_spot_fraction):
+            if "spot-share" in rules:
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
                 out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {total:g} {unit}); "
@@ -709,9 +937,7 @@ class Ledger:
                 if not buffer_ok(idle, spot + add, sp.on_demand_buffer_percent):
                     out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
                                        f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"))
-            have_types, have_zones = self._once("spot_sites", lambda: (
-                {x.instance_type for x in self.instances.values() if x.market == "spot"},
-                {x.zone for x in self.instances.values() if x.market == "spot"}))
+            have_types, have_zones = self.spot_sites()
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
             if not diversity_ok(types, zones, sp.min_instance_types, sp.min_zones):
                 out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
@@ -872,4 +1098,4 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
 
 
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "Refusal", "Option", "plan_ledger"]
+           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger"]
