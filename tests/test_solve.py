@@ -150,6 +150,15 @@ def test_no_pool_offers_reason(tmp_path):
     assert "CPU jobs do not run on GPU instances" in jobs["cpu"].reason
 
 
+def test_an_empty_regions_allowlist_is_named_as_the_reason(tmp_path):
+    """`regions: []` allows no region: the placement rules refuse every instance, and the pending reason says so
+    (it read the empty list as no allowlist, and blamed 'the pool, market and spot price rules')."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
+            job("nowhere", gpus=1, gpu_type="A100", cpu=4, mem=16, regions=[])]
+    reason = by_job(plan_for(tmp_path, docs))["nowhere"].reason
+    assert reason == "no pool offers 1x A100 in an allowed region or cloud (job allows: none)"
+
+
 def test_running_jobs_stay_put_and_idle_instances_go(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"])]
     docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=4, mem=16) for i in range(2)]

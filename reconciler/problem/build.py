@@ -7,7 +7,7 @@ import math
 from datetime import datetime
 
 from providers.catalog import load_catalog
-from reconciler.problem.diagnosis import why_nothing_fits
+from reconciler.problem.diagnosis import pool_instances, why_nothing_fits
 from reconciler.ledger import LicenseRules, QuotaBook, quota_scope, quota_units
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
@@ -90,9 +90,11 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     for c in caps:
         if c.keep_blocker is None:
             shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
+    every = None  # what the pools could ever run, built for the first demand nothing fits
     for d in demands:
         if not any(fit(d, c) > 0 for c in shapes_by_type.get(type_class(d), {}).values()):
-            reason = why_nothing_fits(d, desired, observed, offers)
+            every = pool_instances(desired, observed) if every is None else every
+            reason = why_nothing_fits(d, desired, observed, offers, every)
             for j in d.jobs:
                 static_pending[j] = reason
 

@@ -9,10 +9,10 @@ from typing import Callable
 
 from providers.base import TAG_RESERVATION
 from reconciler.ledger import GPU_SLICES, ReservationRules
-from reconciler.model import DesiredState, region_matches
+from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.demands import as_utc
-from reconciler.problem.rules import OfferFits
+from reconciler.problem.rules import OfferFits, guardrail_refusal
 from reconciler.problem.types import Capacity, Demand, spot_measure, type_class
 
 def _offering_lookup(observed: Observed, catalog):
@@ -50,10 +50,8 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
             blocker = f"drifted from Pool/{pool.name} (type or zone no longer allowed)"
         elif inst.market not in pool.spec.markets():
             blocker = f"market {inst.market} no longer allowed by Pool/{pool.name}"
-        elif not region_matches(guard.allowed_regions, inst.cloud, inst.region):
-            blocker = f"region {inst.cloud}/{inst.region} not allowed by the GuardrailPolicy"
-        elif guard.allowed_clouds is not None and inst.cloud not in guard.allowed_clouds:
-            blocker = f"cloud {inst.cloud} not allowed by the GuardrailPolicy"
+        else:
+            blocker = guardrail_refusal(guard, inst.cloud, inst.region)
         od = off.on_demand_price if off else 0.0
         price = off.spot_price if inst.market == "spot" and off and off.spot_price is not None else od
         res = tuple(sorted((dk, job, n) for (dk, job), n in residents.get(inst.id, {}).items()))
@@ -76,9 +74,7 @@ def offers_of(desired: DesiredState, observed: Observed, default_provider: str) 
     for po in observed.offerings:
         pool = desired.pools[po.pool]
         o = po.offering
-        if not o.available or not region_matches(guard.allowed_regions, o.cloud, o.region):
-            continue
-        if guard.allowed_clouds is not None and o.cloud not in guard.allowed_clouds:
+        if not o.available or guardrail_refusal(guard, o.cloud, o.region) is not None:
             continue
         for market in pool.spec.markets():
             if (o.cloud, o.zone, o.instance_type, market) in observed.short:
@@ -144,8 +140,7 @@ def reserved_offers(desired: DesiredState, observed: Observed, default_provider:
     for name, r in sorted(reservations.items()):
         o = by_key.get((r.pool, r.zone, r.instance_type))
         left = r.count - used.get(name, 0)
-        if o is None or left <= 0 or not region_matches(guard.allowed_regions, o.cloud, o.region) \
-                or (guard.allowed_clouds is not None and o.cloud not in guard.allowed_clouds) \
+        if o is None or left <= 0 or guardrail_refusal(guard, o.cloud, o.region) is not None \
                 or (o.cloud, o.zone, o.instance_type, "on-demand") in observed.short:
             continue  # (a reservation's capacity is held for it: only a provider that says so makes it short)
         pool = desired.pools[r.pool]

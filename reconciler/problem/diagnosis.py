@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.ledger import Ledger, Refusal, money, plan_ledger
-from reconciler.model import DesiredState, region_matches
+from reconciler.model import DesiredState
 from reconciler.observe import Observed
-from reconciler.problem.rules import fit, stuck_gangs
+from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
 from reconciler.problem.types import Capacity, Demand, Problem
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
@@ -105,70 +105,64 @@ def _outranked(d: Demand, ledger: Ledger) -> str:
 
 
 
-def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity]) -> str:
-    """The first rule, in the order a user would check them, that leaves no capacity."""
+def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity], every: list | None = None) -> str:
+    """The first rule, in the order a user would check them, that leaves no capacity. Each step asks the
+    placement rules (problem.rules) of every instance the pools could ever run, whatever is available now
+    (`every`: pool_instances(desired, observed), built once for all the demands a build asks about)."""
     if d.mig:
         what = f"{d.mig[1]}x MIG {d.mig[0]} of {d.gpu_type}"
     else:
         what = f"{d.gpus}x {d.gpu_type}" if d.gpus else f"{d.cpu:g} vCPU / {d.memory_gib:g} GiB (CPU-only)"
-    shapes: dict[str, list] = {}  # pool -> the offerings its provider reports
-    for po in observed.offerings:
-        shapes.setdefault(po.pool, []).append(po.offering)
-    pools = [p for p in desired.pools.values() if d.pools is None or p.name in d.pools]
+    every = pool_instances(desired, observed) if every is None else every
 
-    def serves(p, o) -> bool:
-        if d.mig:
-            return o.gpu_type == d.gpu_type and bool(p.spec.mig) and d.mig[0] in p.spec.mig
-        if d.gpus:
-            return o.gpu_type == d.gpu_type and not p.spec.mig
-        return o.gpus == 0
+    def allowed(cands, *rules: str) -> list:
+        return [(c, o) for c, o in cands if placement_refusal(d, c, rules) is None]
 
-    typed = [p for p in pools if any(serves(p, o) for o in shapes.get(p.name, []))]
+    typed = allowed(every, "pools", "kind")
     if not typed:
         return f"no pool offers {what}" + (" (CPU jobs do not run on GPU instances)" if not d.gpus and not d.mig else "")
     guard = desired.guardrails
-    in_region = [p for p in typed if region_matches(list(d.regions) if d.regions else None, p.spec.cloud, p.spec.region)
-                 and region_matches(guard.allowed_regions, p.spec.cloud, p.spec.region)
-                 and (d.clouds is None or p.spec.cloud in d.clouds)
-                 and (guard.allowed_clouds is None or p.spec.cloud in guard.allowed_clouds)]
+    in_region = [(c, o) for c, o in allowed(typed, "regions", "clouds") if guardrail_refusal(guard, c.cloud, c.region) is None]
     if not in_region:
-        where = ", ".join((d.regions or ()) + tuple(sorted(d.clouds or ()))) or "any"
+        where = ", ".join((d.regions or ()) + tuple(sorted(d.clouds or ()))) or ("none" if () in (d.regions, d.clouds) else "any")
         return f"no pool offers {what} in an allowed region or cloud (job allows: {where})"
-    if d.zones is not None and not any((p.spec.cloud, z) in d.zones for p in in_region for z in p.spec.zones):
+    # (Any zone of the pool, offered there or not, as before the rules were asked.)
+    pools = {c.pool: c for c, _ in in_region}
+    if d.zones is not None and not any(placement_refusal(d, replace(c, zone=z), ("zones",)) is None
+                                       for c in pools.values() for z in desired.pools[c.pool].spec.zones):
         return f"no pool offering {what} has a zone within the data's max_latency_ms"
-    per_gpu = d.gpus // d.bundle if d.gpus else 0
-
-    def large(p, o) -> bool:
-        return (serves(p, o) and o.cpu >= d.cpu and o.memory_gib >= d.memory_gib and (not d.gpus or o.gpus >= d.gpus)
-                and (not d.nvlink or getattr(o, "nvlink_domain", 1) >= per_gpu)
-                # (MIG: as many devices of the profile as the pool's layout makes on its GPUs; a same-instance gang
-                # of 4x 2g.20gb on a 1-GPU type with two per GPU was said to find every zone out of capacity)
-                and (not d.mig or o.gpus * list(p.spec.mig).count(d.mig[0]) >= d.mig[1]))
-
-    big = [p for p in in_region if any(large(p, o) for o in shapes.get(p.name, []))]
+    big = [(c, o) for c, o in allowed(in_region, "gpus", "nvlink") if size_fit(d, c) >= 1]
     if not big:
+        per_gpu = d.gpus // d.bundle if d.gpus else 0
         nv = f", {per_gpu} GPUs in one NVLink domain" if d.nvlink else ""
         return f"no instance type in an allowed pool is large enough for one {'instance-gang' if d.bundle > 1 else 'replica'} ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB{nv})"
-    markets = {m for p in big for m in p.spec.markets()}
-    if d.spot == "never" and markets == {"spot"}:
-        return "spot: never, but every matching pool is spot-only"
-    if d.spot == "required" and "spot" not in markets:
-        return "spot: required, but no matching pool allows spot"
-    names = {p.name for p in big}
+    usable = allowed(big, "spot")
+    if not usable:
+        return {"never": "spot: never, but every matching pool is spot-only",
+                "required": "spot: required, but no matching pool allows spot"}[d.spot]
+    names = {c.pool for c, _ in big}
     if not any(o.pool in names for o in offers):
         # Spot offers over the price cap are left out too: say so when that, not capacity, is why (a spot-only
         # A10G pool at 0.3 was said to find 'every matching zone out of capacity': property tier).
-        usable = {"never": {"on-demand"}, "required": {"spot"}}.get(d.spot, {"spot", "on-demand"})
         frac = desired.spot_policy.max_price_fraction
-        short, priced_out = 0, 0
-        for p in big:
-            for o in (o for o in shapes.get(p.name, []) if large(p, o)):
-                for market in set(p.spec.markets()) & usable:
-                    if not o.available or (o.cloud, o.zone, o.instance_type, market) in observed.short:
-                        short += 1
-                    elif market == "spot" and (o.spot_price is None or o.spot_price > frac * o.on_demand_price + 1e-9):
-                        priced_out += 1
+        short = sum(1 for c, o in usable if not o.available or (o.cloud, o.zone, o.instance_type, c.market) in observed.short)
+        priced_out = sum(1 for c, o in usable if o.available and (o.cloud, o.zone, o.instance_type, c.market) not in observed.short
+                         and c.market == "spot" and (o.spot_price is None or o.spot_price > frac * o.on_demand_price + 1e-9))
         if priced_out and not short:
             return f"spot: every matching spot price is over max_price_fraction {frac:g} of on-demand, and the job cannot run on on-demand there"
         return "every matching zone is out of capacity or in cool-off after a capacity error; retry later or add zones"
     return f"no capacity matches {what} under the pool, market and spot price rules"
+
+
+def pool_instances(desired: DesiredState, observed: Observed) -> list[tuple[Capacity, object]]:
+    """(instance, offering): every instance the pools could run: each offering its provider reports for a pool, in each market
+    the pool allows, as the Capacity the rules read (available, priced or not)."""
+    out = []
+    for po in observed.offerings:
+        p, o = desired.pools[po.pool], po.offering
+        for market in p.spec.markets():
+            out.append((Capacity(key="", pool=p.name, provider="", cloud=p.spec.cloud, region=p.spec.region, zone=o.zone,
+                                 instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+                                 memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
+                                 nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(p.spec.mig) if p.spec.mig else None), o))
+    return out

@@ -11,6 +11,7 @@ from reconciler.ledger import quota_ok
 from reconciler.model import region_matches
 from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
 
+
 def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
     """Could the smallest item still fit in what is free? `smallest` is, per dimension, the least
     any item asks. GPUs, vCPU and memory are needed together; a MIG item needs devices of its own
@@ -21,42 +22,106 @@ def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
     return all(free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0 and not k.startswith("mig:"))
 
 
-def rules_allow(d: Demand, c: Capacity) -> bool:
-    """Every placement rule but size: GPU model, MIG, NVLink, spot, pools, regions, clouds, latency."""
-    return placement_refusal(d, c) is None
+# ---------------------------------------------------------------- placement rules
+# One function a rule, each the refusal in words or None. placement_refusal asks them all in this order;
+# the diagnosis of work nothing can host (diagnosis.why_nothing_fits) asks them one by one, to say which
+# one leaves no capacity, instead of re-deriving them from pools and offerings.
 
 
-def placement_refusal(d: Demand, c: Capacity) -> str | None:
-    """The placement rule (rules_allow's) that keeps d off c, in words; None if none does."""
+def _kind(d: Demand, c: Capacity) -> str | None:
+    """GPU model and MIG profile, whatever the count; CPU work stays off GPU instances."""
     if d.mig is not None:
         if c.gpu_type != d.gpu_type or not c.mig or d.mig[0] not in c.mig:
             return f"its instance does not offer MIG {d.mig[0]} of {d.gpu_type}"
     elif d.gpus > 0:
-        if c.gpu_type != d.gpu_type or c.mig or c.gpus < d.gpus:
+        if c.gpu_type != d.gpu_type or c.mig:
             return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
-        if d.nvlink and c.nvlink_domain < d.gpus // d.bundle:
-            return "its instance has no NVLink domain large enough"
     elif c.gpus > 0:
         return "CPU work does not run on GPU instances"  # tainted for GPU work, as GPU node pools usually are
+    return None
+
+
+def _gpu_count(d: Demand, c: Capacity) -> str | None:
+    if d.mig is None and d.gpus > 0 and c.gpus < d.gpus:
+        return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
+    return None
+
+
+def _nvlink(d: Demand, c: Capacity) -> str | None:
+    if d.mig is None and d.gpus > 0 and d.nvlink and c.nvlink_domain < d.gpus // d.bundle:
+        return "its instance has no NVLink domain large enough"
+    return None
+
+
+def _spot(d: Demand, c: Capacity) -> str | None:
     if d.spot == "never" and c.market == "spot" or d.spot == "required" and c.market != "spot":
         return f"the job's spot: {d.spot} excludes {c.market} instances"
+    return None
+
+
+def _pools(d: Demand, c: Capacity) -> str | None:
     if d.pools is not None and c.pool not in d.pools:
         return f"the job's pools allowlist ({', '.join(sorted(d.pools))}) excludes pool {c.pool}"
+    return None
+
+
+def _clouds(d: Demand, c: Capacity) -> str | None:
     if d.clouds is not None and c.cloud not in d.clouds:
         return f"the job's clouds allowlist ({', '.join(sorted(d.clouds))}) excludes {c.cloud}"
+    return None
+
+
+def _regions(d: Demand, c: Capacity) -> str | None:
     if d.regions is not None and not region_matches(list(d.regions), c.cloud, c.region):
         return f"the job's regions allowlist ({', '.join(d.regions)}) excludes {c.cloud}/{c.region}"
+    return None
+
+
+def _zones(d: Demand, c: Capacity) -> str | None:
     if d.zones is not None and (c.cloud, c.zone) not in d.zones:
         return f"{c.cloud}/{c.zone} is beyond the data's max_latency_ms"
     return None
+
+
+PLACEMENT_RULES = {"kind": _kind, "gpus": _gpu_count, "nvlink": _nvlink, "spot": _spot, "pools": _pools, "clouds": _clouds,
+                   "regions": _regions, "zones": _zones}
+_ALL_RULES = tuple(PLACEMENT_RULES.values())
+
+
+def placement_refusal(d: Demand, c: Capacity, rules: tuple[str, ...] | None = None) -> str | None:
+    """The placement rule that keeps d off c, in words; None if none does. Every rule but size (GPU model,
+    MIG, GPU count, NVLink, spot, pools, clouds, regions, latency), or only the named ones (PLACEMENT_RULES)."""
+    for rule in _ALL_RULES if rules is None else (PLACEMENT_RULES[r] for r in rules):
+        why = rule(d, c)
+        if why is not None:
+            return why
+    return None
+
+
+def rules_allow(d: Demand, c: Capacity) -> bool:
+    """Every placement rule but size: placement_refusal finds none."""
+    return placement_refusal(d, c) is None
+
+
+def guardrail_refusal(guard, cloud: str, region: str) -> str | None:
+    """The GuardrailPolicy's allowed regions and clouds: what keeps a site out of the fleet; None if allowed."""
+    if not region_matches(guard.allowed_regions, cloud, region):
+        return f"region {cloud}/{region} not allowed by the GuardrailPolicy"
+    if guard.allowed_clouds is not None and cloud not in guard.allowed_clouds:
+        return f"cloud {cloud} not allowed by the GuardrailPolicy"
+    return None
+
+
+def size_fit(d: Demand, c: Capacity) -> int:
+    """How many items of d one empty instance of c holds by size alone (GPUs or MIG devices, vCPU, memory)."""
+    return max(0, min(math.floor(c.cap(dim) / d.req(dim) + 1e-9) for dim in d.dims if d.req(dim) > 0))
 
 
 def fit(d: Demand, c: Capacity) -> int:
     """How many items of d fit on one empty instance of c, honouring every placement rule (0: none)."""
     if not rules_allow(d, c):
         return 0
-    n = min(math.floor(c.cap(dim) / d.req(dim) + 1e-9) for dim in d.dims if d.req(dim) > 0)
-    return max(0, n)
+    return size_fit(d, c)
 
 
 def fit_shape(d: Demand) -> tuple:
