@@ -87,18 +87,8 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         (Alternative(_cap_label(c), round(charge(d, c) + problem.cost_coef(d, c), 4)) for c in by_offer.values()),
         key=lambda a: (a.per_replica, a.where))
     if change.instances:
-        caps = {c.key: c for c in problem.capacities}
-        hosts = {}
-        for i in change.instances:
-            if i.startswith("+"):
-                cr = next(c for c in plan.creates if c.ref == i)
-                hosts[i] = f"{cr.ref} (new {cr.instance_type} {cr.market}, {cr.cloud}/{cr.zone})"
-            else:
-                c = caps.get(i)
-                hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
-        where = ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
         state = {"keep": "running", "place": "placed", "move": "moved"}[change.action]
-        summary = f"{state} on {where}"
+        summary = f"{state} on {_where(change, plan, problem)}"
         if change.reason:
             details.append(change.reason)
         g = solution.guaranteed.get(d.key) if solution.guaranteed else None
@@ -133,6 +123,20 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         if last is not None:
             tried.append(last)
     return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
+
+
+def _where(change, plan, problem: Problem) -> str:
+    """The instances a placed job's replicas run on: type, market, zone, and the GPUs it holds there."""
+    caps = {c.key: c for c in problem.capacities}
+    hosts = {}
+    for i in change.instances:
+        if i.startswith("+"):
+            cr = next(c for c in plan.creates if c.ref == i)
+            hosts[i] = f"{cr.ref} (new {cr.instance_type} {cr.market}, {cr.cloud}/{cr.zone})"
+        else:
+            c = caps.get(i)
+            hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
+    return ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
 
 
 def _side_effects(plan, p2, job: str) -> tuple[str, list[str], list[str], float]:

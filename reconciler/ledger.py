@@ -1097,5 +1097,12 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
+def running_ledger(problem) -> Ledger:
+    """The ledger of the fleet as it runs: every existing instance, each running job where it runs now
+    (what plancheck compares a plan with, and what a stuck gang's reason names as broken)."""
+    hosts = sorted(c.key for c in problem.capacities if c.existing)
+    return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
+
+
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger"]
+           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger"]

@@ -16,7 +16,7 @@ from reconciler.problem.demands import demands_of, group_key, as_utc
 from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
 from reconciler.problem.rules import fit
 from reconciler.problem.tenants import tenant_rules
-from reconciler.problem.types import DIMS, Capacity, Problem, type_class
+from reconciler.problem.types import DIMS, Capacity, Demand, Problem, type_class
 from reconciler.topology import TopologyIndex
 
 def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
@@ -33,7 +33,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     # the plan can buy or use now (ledger.spot_units).
     gpu_fleet = any(po.offering.gpus for po in observed.offerings) or any(h.gpus for h in hosts)
     offers = size_offers(offers_of(desired, observed, default_provider) + reserved_offers(desired, observed, default_provider, reservations, hosts),
-                          demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
+                         demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
     quotas = _cloud_quotas(observed, offers)
     pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
 
@@ -56,22 +56,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         groups.setdefault(group_key(d, split), []).append(d.key)
     group_map = {f"g{i}": tuple(keys) for i, keys in enumerate(groups.values())}
 
-    # Data egress and latency, per item-hour, for every zone a demand could use.
-    coef: dict[tuple[str, str], float] = {}
-    lat_cost = desired.placement.latency_cost_per_ms
-    sites = {(c.cloud, c.region, c.zone) for c in offers + hosts}
-    for d in demands:
-        if not d.data_location:
-            continue
-        for cloud, region, zone in sites:
-            dist = topo.distance(d.data_location, cloud, region, zone)
-            v = 0.0
-            if d.data_gib > 0:
-                v += dist.egress_per_gb * d.data_gib / d.hours / d.replicas  # the data set is read once per job
-            if lat_cost > 0 and math.isfinite(dist.latency_ms):
-                v += lat_cost * dist.latency_ms * d.bundle
-            if v:
-                coef[(d.key, f"{cloud}/{zone}")] = v
+    coef = _zone_costs(demands, {(c.cloud, c.region, c.zone) for c in offers + hosts}, topo, desired.placement.latency_cost_per_ms)
 
     # Expected hours left for running jobs: the victim order of preemption.
     launched = {i.id: parse_time(i.launched_at) for i in observed.instances}
@@ -85,7 +70,41 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
                  if desired.jobs[j].spec.deadline is not None}
 
     caps = hosts + offers
-    static_pending = {}
+    static_pending = _static_pending(demands, caps, desired, observed, offers)
+
+    return Problem(
+        demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
+        desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
+        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
+        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
+        gpu_fleet=gpu_fleet,
+    )
+
+
+
+def _zone_costs(demands: list[Demand], sites: set[tuple[str, str, str]], topo: TopologyIndex, lat_cost: float) -> dict[tuple[str, str], float]:
+    """Data egress and latency, USD per item-hour, for every zone (cloud, region, zone) a demand could use."""
+    coef: dict[tuple[str, str], float] = {}
+    for d in demands:
+        if not d.data_location:
+            continue
+        for cloud, region, zone in sites:
+            dist = topo.distance(d.data_location, cloud, region, zone)
+            v = 0.0
+            if d.data_gib > 0:
+                v += dist.egress_per_gb * d.data_gib / d.hours / d.replicas  # the data set is read once per job
+            if lat_cost > 0 and math.isfinite(dist.latency_ms):
+                v += lat_cost * dist.latency_ms * d.bundle
+            if v:
+                coef[(d.key, f"{cloud}/{zone}")] = v
+    return coef
+
+
+def _static_pending(demands: list[Demand], caps: list[Capacity], desired: DesiredState, observed: Observed,
+                    offers: list[Capacity]) -> dict[str, str]:
+    """Job -> why no capacity the fleet could have ever hosts it (diagnosis.why_nothing_fits), for the demands
+    no keepable host and no offer fits."""
+    out: dict[str, str] = {}
     shapes_by_type: dict[tuple, dict[str, Capacity]] = {}  # one capacity per offer key: fit() reads nothing else
     for c in caps:
         if c.keep_blocker is None:
@@ -96,15 +115,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
             every = pool_instances(desired, observed) if every is None else every
             reason = why_nothing_fits(d, desired, observed, offers, every)
             for j in d.jobs:
-                static_pending[j] = reason
-
-    return Problem(
-        demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
-        desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
-        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
-        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
-        gpu_fleet=gpu_fleet,
-    )
+                out[j] = reason
+    return out
 
 
 def _quota_floors(pool_bounds: dict[str, tuple[int, int]], hosts: list[Capacity], offers: list[Capacity],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.ledger import Ledger, Refusal, money, plan_ledger
+from reconciler.ledger import Ledger, Refusal, money, running_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
@@ -78,9 +78,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
 def _stuck_reason(problem: Problem) -> str:
     """A running gang under WhenEmpty may stay or stop, never move (problem.stuck_gangs): no other placement was
     open to it, so what stopped it is what the fleet as it runs breaks, which this plan had to mend."""
-    hosts = sorted(c.key for c in problem.capacities if c.existing)
-    running = plan_ledger(problem, (), hosts, [(j, ids) for dd in problem.demands for j, ids in dd.running])
-    broken = running.broken_rules()
+    broken = running_ledger(problem).broken_rules()
     why = ("; ".join(broken[k] for k in sorted(broken)) + ", so the plan gives up running work") if broken else \
         "its capacity goes to work that ranks above it in this plan (the tiers in README, How it decides)"
     return f"under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves, and it cannot stay: {why}"

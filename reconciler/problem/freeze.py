@@ -49,21 +49,8 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     pending_by_type: dict[tuple, set[tuple[str, int]]] = {}
     for d in pending:
         pending_by_type.setdefault(type_class(d), set()).add((d.tenant, d.klass))
-    # The cheapest $/h per item of each demand on any offer: what consolidation would pay.
-    slice_price: dict[str, float] = {}
     consolidate = desired.placement.consolidation == "WhenUnderutilized"
-    if consolidate:
-        by_type: dict[tuple, list[Capacity]] = {}
-        for o in offers:
-            by_type.setdefault(type_class(o), []).append(o)
-        for d in demands:
-            if d.running:
-                best = math.inf
-                for o in by_type.get(type_class(d), []):
-                    f = fit(d, o)
-                    if f:
-                        best = min(best, o.price / f)
-                slice_price[d.key] = best
+    slice_price = _slice_prices(demands, offers) if consolidate else {}
 
     wanted_licenses = {n for d in pending for n, _ in d.licenses}
     fits_on = OfferFits()
@@ -95,3 +82,20 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
             continue  # its work fits more cheaply elsewhere
         frozen.add(h.instance_id)
     return frozen
+
+
+def _slice_prices(demands: list[Demand], offers: list[Capacity]) -> dict[str, float]:
+    """The cheapest $/h per item of each running demand on any offer: what consolidation would pay."""
+    by_type: dict[tuple, list[Capacity]] = {}
+    for o in offers:
+        by_type.setdefault(type_class(o), []).append(o)
+    out: dict[str, float] = {}
+    for d in demands:
+        if d.running:
+            best = math.inf
+            for o in by_type.get(type_class(d), []):
+                f = fit(d, o)
+                if f:
+                    best = min(best, o.price / f)
+            out[d.key] = best
+    return out
