@@ -387,6 +387,8 @@ class Option:
     label: str
     price: float  # USD/h the plan would pay more for it
     refusals: tuple[Refusal, ...]
+    offer: str = ""  # on new instances: the key of their offer (problem.capacities), and how many
+    new: int = 0
 
 
 class ExactSum:
@@ -1006,7 +1008,7 @@ class Ledger:
                 cells += [self.instances[ref]] * min(k, d.replicas - len(cells))
             reserved = f" (reserved: {c.reservation})" if c.reservation else ""
             out.append(Option(f"{n} new {c.instance_type} {c.market}{reserved} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
-                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells))))
+                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells)), c.key, n))
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:

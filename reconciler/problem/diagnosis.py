@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.ledger import Ledger, Refusal, money, running_ledger
+from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
-from reconciler.problem.types import Capacity, Demand, Problem
+from reconciler.problem.types import Capacity, Demand, Problem, spot_measure
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
 _RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
@@ -52,7 +52,10 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
                        "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
     open_ = [o for o in options if not o.refusals]
     if open_:
-        o = open_[0]
+        sized = {o.offer: c for o in open_ if (c := _sized_out(o, problem, ledger)) is not None}
+        o = next((o for o in open_ if o.offer not in sized), None)
+        if o is None:  # every open way needs more new instances of an offer than the problem lets the plan buy
+            return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger)
         return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
                        f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
                        "(a longer --time-limit searches more)")
@@ -73,6 +76,37 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
             + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+def _bought(ledger: Ledger, c: Capacity) -> list[str]:
+    """The plan's new instances of offer c."""
+    return sorted(ref for ref, x in ledger.instances.items() if not x.existing and x.key == c.key)
+
+
+def _sized_out(o: Option, problem: Problem, ledger: Ledger) -> Capacity | None:
+    """The offer an option buys new instances of, if the plan already has as many as the problem offers: an
+    offer is sized to the work that fits it (capacity.size_offers), and the plan may use them for something else."""
+    c = next((c for c in problem.capacities if o.offer and c.key == o.offer and not c.existing), None)
+    return c if c is not None and len(_bought(ledger, c)) + o.new > c.max_new else None
+
+
+def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger) -> str:
+    """The rules allow the option, the offer's size does not: say what the plan does with the instances it has."""
+    _, prim = spot_measure(problem.capacities, problem.gpu_fleet)
+    spot, _ = ledger.spot()
+    pct = problem.spot.on_demand_buffer_percent
+    uses = []
+    for ref in _bought(ledger, c):
+        jobs = sorted({job for _, job in ledger.items.get(ref, ())})
+        if jobs:
+            uses.append(f"{ref} runs {', '.join(jobs[:3])}" + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""))
+        elif c.market != "spot" and not buffer_ok(ledger.idle_on_demand() - prim(c), spot, pct):
+            uses.append(f"{ref} stands idle for the on-demand buffer ({pct:g}% of the spot {'GPUs' if ledger.dim == 'gpus' else 'vCPU'})")
+        else:
+            uses.append(f"{ref} stands idle")
+    return (f"not placed by this plan: {o.label} would hold it under every pool, budget, quota and spot rule (+{money(o.price)}/h), "
+            f"but the planner offers at most {c.max_new} new {c.instance_type} {c.market} there (an offer is sized to the work "
+            f"that fits it) and this plan's {'; '.join(uses)}")
 
 
 def _stuck_reason(problem: Problem) -> str:
