@@ -1,11 +1,6 @@
-"""Why a job is where it is, or why it is pending: name the rule that binds, in words a
-user can act on.
-
-`pending_reason` is pure: it reads the problem and the solver's answer and never
-re-solves (the plan calls it for every pending job). `explain_job` backs
-`reconcile explain JOB`: it says where the job landed and what the alternatives
-cost, or which rule keeps it pending, and then proves what would change it by
-solving again with one rule relaxed at a time.
+"""`reconcile explain JOB`: where the job landed and what the alternatives cost, or which rule keeps
+it pending (diagnosis.pending_reason, as the plan says), and then proof of what would change it: the
+fleet planned again with one rule relaxed at a time.
 """
 
 from __future__ import annotations
@@ -13,8 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from reconciler.ledger import Ledger, Refusal, charge, money, plan_ledger, quota_ok
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow, stuck_gangs
+from reconciler.problem.diagnosis import pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
+from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok
+from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -27,94 +23,6 @@ def _what(d: Demand) -> str:
     if d.gpus:
         return f"{d.replicas * d.bundle}x {d.gpus // d.bundle} {d.gpu_type}"
     return f"{d.replicas * d.bundle}x {d.cpu / d.bundle:g} vCPU"
-
-
-# The order a user would look at the rules in, when several each block a way of placing the job.
-_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
-
-
-def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
-    """One rule's refusals (one kind, maybe several pools) as one clause with the plan's numbers."""
-    first = refusals[0]
-    if first.rule == "pool-max":
-        bounds = ledger.problem.pool_bounds
-        parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in sorted({r.limit for r in refusals}))
-        n = min(r.instances for r in refusals)
-        need = f"; the job needs {n} new instances" if n > 1 else ""
-        return f"pools at max_instances ({parts}){need}"
-    return min(refusals, key=lambda r: r.shortfall).message
-
-
-def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None) -> str:
-    """The rule that binds for this job in this plan, with the plan's own numbers (the ledger
-    of the finished plan: its instances, charges, spot share). Every way of placing the job is
-    tried against the ledger: on new instances of each offer, or in room left on an instance.
-    The reason names the rule that alone blocks the cheapest of them (lifting it would let the
-    job be placed), or says that several bind at once."""
-    evicted = job is not None and any(j == job for j, _ in d.running)
-    head = "evicted: " if evicted else ""
-    if evicted and d.key in stuck_gangs(problem):
-        return head + _stuck_reason(problem)
-    blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
-    options = ledger.options(d, fit)
-    if blanket:  # a quota or a license refuses every way alike
-        options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
-    if not options:
-        lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
-        return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
-                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
-    open_ = [o for o in options if not o.refusals]
-    if open_:
-        o = open_[0]
-        return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
-                       f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
-                       "(a longer --time-limit searches more)")
-    single: dict[str, list[Refusal]] = {}
-    for o in options:
-        kinds = {r.rule for r in o.refusals}
-        if len(kinds) == 1:
-            single.setdefault(kinds.pop(), []).extend(o.refusals)
-    if single:
-        kind = min(single, key=_RULE_ORDER.index)
-        text = _rule_text(single[kind], ledger)
-        others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
-        also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else "")
-    cheapest = options[0]
-    kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
-    texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
-    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
-    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
-            + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
-
-
-def _stuck_reason(problem: Problem) -> str:
-    """A running gang under WhenEmpty may stay or stop, never move (problem.stuck_gangs): no other placement was
-    open to it, so what stopped it is what the fleet as it runs breaks, which this plan had to mend."""
-    hosts = sorted(c.key for c in problem.capacities if c.existing)
-    running = plan_ledger(problem, (), hosts, [(j, ids) for dd in problem.demands for j, ids in dd.running])
-    broken = running.broken_rules()
-    why = ("; ".join(broken[k] for k in sorted(broken)) + ", so the plan gives up running work") if broken else \
-        "its capacity goes to work that ranks above it in this plan (the tiers in README, How it decides)"
-    return f"under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves, and it cannot stay: {why}"
-
-
-# Rules over capacity all tenants share: only there does higher-priority work take it first.
-_SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
-
-
-_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
-               "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
-               "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
-
-
-def _outranked(d: Demand, ledger: Ledger) -> str:
-    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones)."""
-    names = ledger.higher(d)
-    if not names:
-        return ""
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f" (capacity goes to higher-priority work first: {', '.join(names[:3])}{more})"
 
 
 # ---------------------------------------------------------------- reconcile explain JOB
@@ -179,18 +87,8 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         (Alternative(_cap_label(c), round(charge(d, c) + problem.cost_coef(d, c), 4)) for c in by_offer.values()),
         key=lambda a: (a.per_replica, a.where))
     if change.instances:
-        caps = {c.key: c for c in problem.capacities}
-        hosts = {}
-        for i in change.instances:
-            if i.startswith("+"):
-                cr = next(c for c in plan.creates if c.ref == i)
-                hosts[i] = f"{cr.ref} (new {cr.instance_type} {cr.market}, {cr.cloud}/{cr.zone})"
-            else:
-                c = caps.get(i)
-                hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
-        where = ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
         state = {"keep": "running", "place": "placed", "move": "moved"}[change.action]
-        summary = f"{state} on {where}"
+        summary = f"{state} on {_where(change, plan, problem)}"
         if change.reason:
             details.append(change.reason)
         g = solution.guaranteed.get(d.key) if solution.guaranteed else None
@@ -225,6 +123,20 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         if last is not None:
             tried.append(last)
     return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
+
+
+def _where(change, plan, problem: Problem) -> str:
+    """The instances a placed job's replicas run on: type, market, zone, and the GPUs it holds there."""
+    caps = {c.key: c for c in problem.capacities}
+    hosts = {}
+    for i in change.instances:
+        if i.startswith("+"):
+            cr = next(c for c in plan.creates if c.ref == i)
+            hosts[i] = f"{cr.ref} (new {cr.instance_type} {cr.market}, {cr.cloud}/{cr.zone})"
+        else:
+            c = caps.get(i)
+            hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i
+    return ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
 
 
 def _side_effects(plan, p2, job: str) -> tuple[str, list[str], list[str], float]:

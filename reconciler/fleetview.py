@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from reconciler.ledger import GPU_SLICES, Ledger, mig_compute, quota_ok
-from reconciler.problem import DIMS, _utc
+from reconciler.problem import DIMS, as_utc
 
 # A pending reason's category (a bounded label), by how the reason text starts.
 REASON_KINDS: tuple[tuple[str, str], ...] = (
@@ -129,7 +129,7 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
             continue
         phase, reason = reasons.get(name, ("pending", "not in the plan"))
         sub = job.spec.submitted
-        wait = max(0.0, (now - _utc(sub)).total_seconds()) if sub is not None else None  # no zone: UTC, as aging reads it
+        wait = max(0.0, (now - as_utc(sub)).total_seconds()) if sub is not None else None  # no zone: UTC, as aging reads it
         jobs.append(JobState(name, job.spec.tenant, phase, reason, wait))
     over = {}
     for t, tenant in desired.tenants.items():

@@ -387,6 +387,8 @@ class Option:
     label: str
     price: float  # USD/h the plan would pay more for it
     refusals: tuple[Refusal, ...]
+    offer: str = ""  # on new instances: the key of their offer (problem.capacities), and how many
+    new: int = 0
 
 
 class ExactSum:
@@ -1006,7 +1008,7 @@ class Ledger:
                 cells += [self.instances[ref]] * min(k, d.replicas - len(cells))
             reserved = f" (reserved: {c.reservation})" if c.reservation else ""
             out.append(Option(f"{n} new {c.instance_type} {c.market}{reserved} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
-                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells))))
+                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells)), c.key, n))
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:
@@ -1097,5 +1099,12 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     return led
 
 
+def running_ledger(problem) -> Ledger:
+    """The ledger of the fleet as it runs: every existing instance, each running job where it runs now
+    (what plancheck compares a plan with, and what a stuck gang's reason names as broken)."""
+    hosts = sorted(c.key for c in problem.capacities if c.existing)
+    return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
+
+
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger"]
+           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger"]

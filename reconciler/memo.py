@@ -116,9 +116,9 @@ def _plain(x):
 def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime) -> dict[str, float]:
     """Running job -> expected hours left at `now`, as build_problem computes Problem.job_remaining
     (tests/test_memo.py pins the two equal)."""
-    from reconciler.problem import _parse_time
+    from reconciler.problem import parse_time
 
-    launched = {i.id: _parse_time(i.launched_at) for i in observed.instances}
+    launched = {i.id: parse_time(i.launched_at) for i in observed.instances}
     out = {}
     for name, iids in observed.placements.items():
         job = desired.jobs.get(name)
@@ -133,7 +133,7 @@ def running_hours_left(desired: DesiredState, observed: "Observed", now: datetim
 def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> dict:
     """What a plan reads of the clock, computed with the planner's own functions where it has them: two
     moments with the same clock inputs (and the same everything else) give the same plan."""
-    from reconciler.problem import _reservations, effective_priority
+    from reconciler.problem import active_reservations, effective_priority
 
     aging = desired.placement.aging
     left = running_hours_left(desired, observed, now)
@@ -142,7 +142,7 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
     return {
         "aged": {n: effective_priority(j, bool(observed.placements.get(n)), now, aging)
                  for n, j in desired.jobs.items() if j.spec.submitted is not None},
-        "reservations": sorted(_reservations(desired, now)),
+        "reservations": sorted(active_reservations(desired, now)),
         "deadline_ranks": {n: list(v) for n, v in ranks(latest, {n: j.spec.expected_hours for n, j in with_deadline.items()}, now).items()},
         "deadline_conditions": conditions({n: (j.spec.deadline, left.get(n, j.spec.expected_hours)) for n, j in with_deadline.items()},
                                           set(), now),

@@ -21,7 +21,7 @@ never read from the plan:
 * jobs land only on instances that stay or that the plan creates, each listed once, with as many
   replicas as it has; an action agrees with what the snapshot runs (keep and move: running; place:
   not; a job that runs stops only as an evict, never hidden as pending);
-* what every instance will host fits it (reconciler/problem.py's one definition of an instance's
+* what every instance will host fits it (reconciler/problem/types.py's one definition of an instance's
   capacity and a replica's needs): GPUs, vCPUs, memory and MIG slices within the instance, each
   whole-GPU replica on as many distinct GPU indices as it asks, inside the instance, none shared;
   and a replica arriving on an instance obeys every placement rule the planner does (GPU model,
@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units
+from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units, running_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -140,7 +140,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
                           staying)
 
     errors += _gang_errors(plan, observed, problem, creates)
-    ledgers = _ledgers(plan, observed, problem, creates, staying)
+    ledgers = _ledgers(plan, problem, creates, staying)
     if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
         after, before = ledgers
         errors += _tenant_errors(problem, after, before)
@@ -237,16 +237,14 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -
 _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}
 
 
-def _ledgers(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction], staying: set[str]):
+def _ledgers(plan: Plan, problem: Problem, creates: list[CreateAction], staying: set[str]):
     """The one ledger (reconciler/ledger.py) of the fleet the plan leaves, and of the fleet as it runs."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     ours = [j for j in plan.jobs if j.action in ("keep", "place", "move") and j.job in demand_of]
     if any(len(j.instances) != demand_of[j.job].replicas * demand_of[j.job].bundle for j in ours):
         return None
     after = plan_ledger(problem, creates, sorted(staying), [(j.job, j.instances) for j in ours])
-    hosts = {c.instance_id for c in problem.capacities if c.existing}
-    before = plan_ledger(problem, (), sorted(hosts), [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in demand_of])
-    return after, before
+    return after, running_ledger(problem)  # (the problem's running jobs are the observed placements of its jobs)
 
 
 def _tenant_errors(problem: Problem, after, before) -> list[str]:

@@ -5,7 +5,8 @@ told to make it a plain test).
 
 - fleet11: greedy's plan evicted t1's protected job j7 when the on-demand buffer broke (its only on-demand host
   must go; settle_spot gave up the spot host running j7 instead of buying on-demand room, as CP-SAT does), and
-  `apply --plan`'s re-check refused it.
+  `apply --plan`'s re-check refused it. And j6's pending reason blamed the solver for a placement the problem's
+  offer size ruled out (the one instance it allowed stands idle for the buffer).
 - fleet12: CP-SAT's plan put tenant t2 at 1/1 of its work on spot, over its tenant_max_spot_fraction 0.5, because
   the packer dropped t2's on-demand job the solver had counted in the share.
 - fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) was evicted
@@ -30,6 +31,43 @@ def fleet(name: str) -> Fleet:
 
 def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():
     check_fleet(fleet("fleet11"), time_limit=5)
+
+
+def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
+    """fleet11: j6 (1 A100-80GB) stays pending beside the one new Standard_NC24ads_A100_v4, which stands idle for
+    the on-demand buffer. Its reason said a new one 'would hold it under every rule ... the solver did not find that
+    placement': not true of the plan, whose problem offered one instance of that type there (sized to the work that
+    fits it), the one the buffer took. It now says so; explain prints the same reason, and raising max_instances,
+    which does not size the offer, leaves it pending for that reason."""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.explain import explain_job
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, write_config
+
+    f = fleet("fleet11")
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+
+    def planned(desired, obs=None):
+        problem = build_problem(desired, obs or observed)
+        solution = solve(problem, time_limit=4, workers=1)
+        return problem, solution, make_plan(desired, obs or observed, problem, solution)
+
+    problem, solution, plan = planned(desired)
+    j6 = next(j for j in plan.jobs if j.job == "j6")
+    assert j6.action == "pending" and "the solver did not find" not in j6.reason, j6.reason
+    assert [(c.ref, c.instance_type, c.market) for c in plan.creates] == [("+1", "Standard_NC24ads_A100_v4", "on-demand")]
+    assert ("but the planner offers at most 1 new Standard_NC24ads_A100_v4 on-demand there (an offer is sized to the work that "
+            "fits it) and this plan's +1 stands idle for the on-demand buffer (25% of the spot GPUs)") in j6.reason, j6.reason
+    e = explain_job("j6", desired, observed, problem, solution, plan, lambda d, o=None: planned(d, o)[2])
+    assert e.summary == f"pending: {j6.reason}"
+    assert any(t.startswith("raise max_instances of az-a100-80 by 1: still pending") and "the planner offers at most 1" in t for t in e.tried), e.tried
 
 
 def test_cp_sat_keeps_each_tenants_spot_share():

@@ -150,6 +150,38 @@ def test_no_pool_offers_reason(tmp_path):
     assert "CPU jobs do not run on GPU instances" in jobs["cpu"].reason
 
 
+def test_an_empty_regions_allowlist_is_named_as_the_reason(tmp_path):
+    """`regions: []` allows no region: the placement rules refuse every instance, and the pending reason says so
+    (it read the empty list as no allowlist, and blamed 'the pool, market and spot price rules')."""
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
+            job("nowhere", gpus=1, gpu_type="A100", cpu=4, mem=16, regions=[])]
+    reason = by_job(plan_for(tmp_path, docs))["nowhere"].reason
+    assert reason == "no pool offers 1x A100 in an allowed region or cloud (job allows: none)"
+
+
+def test_placement_refusal_names_the_first_rule_or_only_the_rules_asked():
+    """One function a placement rule: placement_refusal asks them all in one order (the reason a plan gives for an
+    instance a job may not stay on), or only those named (the diagnosis of pending work asks step by step);
+    rules_allow and fit read the same answer."""
+    from dataclasses import replace
+
+    from reconciler.problem import Capacity, Demand, fit, placement_refusal, rules_allow
+
+    c = Capacity(key="c", pool="p", provider="sim", cloud="gcp", region="us-central1", zone="us-central1-a", instance_type="a2-highgpu-1g",
+                 market="spot", gpus=1, gpu_type="A100", cpu=12, memory_gib=85, price=1.0, on_demand_price=3.0)
+    d = Demand(key="d", jobs=("j",), replicas=1, bundle=1, tenant="t", gpus=1, gpu_type="A100", mig=None, nvlink=False, cpu=4, memory_gib=16,
+               priority=10, spot="never", gang_mode="zone", pools=frozenset({"q"}), regions=None, clouds=None, zones=None,
+               data_location=None, data_gib=0, hours=1)
+    assert placement_refusal(d, c) == "the job's spot: never excludes spot instances"
+    assert placement_refusal(d, c, ("pools",)) == "the job's pools allowlist (q) excludes pool p"
+    assert placement_refusal(d, c, ("kind", "gpus", "nvlink", "zones")) is None
+    assert not rules_allow(d, c) and fit(d, c) == 0
+    free = replace(d, spot="eligible", pools=None)
+    assert rules_allow(free, c) and fit(free, c) == 1
+    two = replace(free, gpus=2)
+    assert placement_refusal(two, c) == "its instance does not offer 2 whole A100 GPUs" and placement_refusal(two, c, ("kind",)) is None
+
+
 def test_running_jobs_stay_put_and_idle_instances_go(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"])]
     docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=4, mem=16) for i in range(2)]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from reconciler.explain import pending_reason
+from reconciler.problem.diagnosis import pending_reason
 from reconciler.ledger import Ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed

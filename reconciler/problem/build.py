@@ -1,0 +1,168 @@
+"""Turn desired + observed state into the solver's problem: demands, capacity, tenants, the fleet's
+capacity for fair shares, costs per zone, deadlines, and what nothing can ever host."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from providers.catalog import load_catalog
+from reconciler.problem.diagnosis import pool_instances, why_nothing_fits
+from reconciler.ledger import LicenseRules, QuotaBook, quota_scope, quota_units
+from reconciler.model import DesiredState
+from reconciler.observe import Observed
+from reconciler.problem.capacity import hosts_of, offers_of, active_reservations, reserved_hosts, reserved_offers, size_offers
+from reconciler.problem.demands import demands_of, group_key, as_utc
+from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
+from reconciler.problem.rules import fit
+from reconciler.problem.tenants import tenant_rules
+from reconciler.problem.types import DIMS, Capacity, Demand, Problem, type_class
+from reconciler.topology import TopologyIndex
+
+def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
+                  freeze: bool | None = None) -> Problem:
+    """`now` drives priority aging and remaining times (None: no aging). `freeze`: True or
+    False forces freezing of unchangeable hosts on or off; None freezes above FREEZE_ABOVE hosts."""
+    catalog = load_catalog()
+    topo = TopologyIndex(desired.topology.spec)
+    demands = demands_of(desired, observed, now, topo)
+    pool_bounds = {n: (p.spec.min_instances, p.spec.max_instances) for n, p in desired.pools.items()}
+    reservations = active_reservations(desired, now)
+    hosts = reserved_hosts(hosts_of(desired, observed, demands, catalog), observed, reservations)
+    # The spot share counts GPUs when the fleet's pools offer any GPU type (or a GPU instance runs), whatever
+    # the plan can buy or use now (ledger.spot_units).
+    gpu_fleet = any(po.offering.gpus for po in observed.offerings) or any(h.gpus for h in hosts)
+    offers = size_offers(offers_of(desired, observed, default_provider) + reserved_offers(desired, observed, default_provider, reservations, hosts),
+                         demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
+    quotas = _cloud_quotas(observed, offers)
+    pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
+
+    fleet_capacity = {dim: 0.0 for dim in DIMS}
+    best: dict[tuple[str, str], float] = {}
+    for c in offers + hosts:
+        for dim in DIMS:
+            best[(c.pool, dim)] = max(best.get((c.pool, dim), 0.0), c.cap(dim))
+    for (pool, dim), v in best.items():
+        fleet_capacity[dim] += v * pool_bounds.get(pool, (0, 1))[1]
+    tenants = tenant_rules(desired, demands, hosts, fleet_capacity)
+
+    if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
+        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet)
+        hosts = [Capacity(**{**h.__dict__, "frozen": True}) if h.instance_id in frozen else h for h in hosts]
+
+    split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
+    groups: dict[tuple, list[str]] = {}
+    for d in demands:
+        groups.setdefault(group_key(d, split), []).append(d.key)
+    group_map = {f"g{i}": tuple(keys) for i, keys in enumerate(groups.values())}
+
+    coef = _zone_costs(demands, {(c.cloud, c.region, c.zone) for c in offers + hosts}, topo, desired.placement.latency_cost_per_ms)
+
+    # Expected hours left for running jobs: the victim order of preemption.
+    launched = {i.id: parse_time(i.launched_at) for i in observed.instances}
+    job_remaining = {}
+    for d in demands:
+        for job, iids in d.running:
+            start = min((launched.get(i) for i in iids if launched.get(i)), default=None)
+            ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
+            job_remaining[job] = max(0.0, d.hours - ran)
+    deadlines = {j: (desired.jobs[j].spec.deadline, job_remaining.get(j, d.hours)) for d in demands for j in d.jobs
+                 if desired.jobs[j].spec.deadline is not None}
+
+    caps = hosts + offers
+    static_pending = _static_pending(demands, caps, desired, observed, offers)
+
+    return Problem(
+        demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
+        desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
+        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
+        licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
+        gpu_fleet=gpu_fleet,
+    )
+
+
+
+def _zone_costs(demands: list[Demand], sites: set[tuple[str, str, str]], topo: TopologyIndex, lat_cost: float) -> dict[tuple[str, str], float]:
+    """Data egress and latency, USD per item-hour, for every zone (cloud, region, zone) a demand could use."""
+    coef: dict[tuple[str, str], float] = {}
+    for d in demands:
+        if not d.data_location:
+            continue
+        for cloud, region, zone in sites:
+            dist = topo.distance(d.data_location, cloud, region, zone)
+            v = 0.0
+            if d.data_gib > 0:
+                v += dist.egress_per_gb * d.data_gib / d.hours / d.replicas  # the data set is read once per job
+            if lat_cost > 0 and math.isfinite(dist.latency_ms):
+                v += lat_cost * dist.latency_ms * d.bundle
+            if v:
+                coef[(d.key, f"{cloud}/{zone}")] = v
+    return coef
+
+
+def _static_pending(demands: list[Demand], caps: list[Capacity], desired: DesiredState, observed: Observed,
+                    offers: list[Capacity]) -> dict[str, str]:
+    """Job -> why no capacity the fleet could have ever hosts it (diagnosis.why_nothing_fits), for the demands
+    no keepable host and no offer fits."""
+    out: dict[str, str] = {}
+    shapes_by_type: dict[tuple, dict[str, Capacity]] = {}  # one capacity per offer key: fit() reads nothing else
+    for c in caps:
+        if c.keep_blocker is None:
+            shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
+    every = None  # what the pools could ever run, built for the first demand nothing fits
+    for d in demands:
+        if not any(fit(d, c) > 0 for c in shapes_by_type.get(type_class(d), {}).values()):
+            every = pool_instances(desired, observed) if every is None else every
+            reason = why_nothing_fits(d, desired, observed, offers, every)
+            for j in d.jobs:
+                out[j] = reason
+    return out
+
+
+def _quota_floors(pool_bounds: dict[str, tuple[int, int]], hosts: list[Capacity], offers: list[Capacity],
+                  quotas: tuple) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """A pool minimum the account's quotas leave no room to launch is lowered to what they allow (a quota limits
+    launches; a minimum it blocks would leave no plan at all): pools in name order, each filling its minimum from its
+    cheapest offers while the quotas (shared between pools) have room. Returns the bounds and, per lowered pool, why."""
+    if not quotas:
+        return pool_bounds, {}
+    book = QuotaBook(quotas)
+    have: dict[str, int] = {}
+    for h in hosts:
+        if h.keep_blocker is None:
+            have[h.pool] = have.get(h.pool, 0) + 1
+    bounds, why = dict(pool_bounds), {}
+    for pool in sorted(pool_bounds):
+        lo, hi = pool_bounds[pool]
+        need, got, blocked = lo - have.get(pool, 0), 0, None
+        for o in sorted((o for o in offers if o.pool == pool), key=lambda o: (o.price, o.key)):
+            for _ in range(min(o.max_new, max(0, need - got))):
+                over = book.short(o)
+                if over is not None:
+                    blocked = blocked or quota_scope(book.quotas[over[0]])
+                    break
+                book.take(o)
+                got += 1
+        if need > 0 and got < need and blocked:
+            bounds[pool] = (lo - (need - got), hi)
+            why[pool] = f"pool {pool}: min_instances {lo} lowered to {lo - (need - got)}: cloud quota {blocked} has no room for more"
+    return bounds, why
+
+
+def _cloud_quotas(observed: Observed, offers: list[Capacity]) -> tuple:
+    """The quotas providers read that some offer's new instances count against (the others cannot bind)."""
+    return tuple(q for q in sorted(getattr(observed, "quotas", ()), key=lambda q: (q.cloud, q.region, q.name))
+                 if any(quota_units(q, c) for c in offers))
+
+
+def _licenses(desired: DesiredState) -> dict[str, LicenseRules]:
+    return {n: LicenseRules(n, lic.spec.count, dict(lic.spec.tenant_quotas), lic.spec.cost_per_hour) for n, lic in desired.licenses.items()}
+
+
+def parse_time(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None

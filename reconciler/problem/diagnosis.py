@@ -1,0 +1,200 @@
+"""Why work is pending, in words a user can act on: the rule that binds, with the plan's numbers.
+
+Two questions. Before solving: what keeps a job off every capacity the fleet could ever have
+(`why_nothing_fits`, the problem's static_pending). After: what keeps it out of this plan
+(`pending_reason`, read off the finished plan's ledger). Both are pure, ask the rules (problem.rules,
+ledger.py) for their refusals and never re-solve (the plan asks for every pending job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running_ledger
+from reconciler.model import DesiredState
+from reconciler.observe import Observed
+from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
+from reconciler.problem.types import Capacity, Demand, Problem, spot_measure
+
+# The order a user would look at the rules in, when several each block a way of placing the job.
+_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
+
+
+def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
+    """One rule's refusals (one kind, maybe several pools) as one clause with the plan's numbers."""
+    first = refusals[0]
+    if first.rule == "pool-max":
+        bounds = ledger.problem.pool_bounds
+        parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in sorted({r.limit for r in refusals}))
+        n = min(r.instances for r in refusals)
+        need = f"; the job needs {n} new instances" if n > 1 else ""
+        return f"pools at max_instances ({parts}){need}"
+    return min(refusals, key=lambda r: r.shortfall).message
+
+
+def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None) -> str:
+    """The rule that binds for this job in this plan, with the plan's own numbers (the ledger
+    of the finished plan: its instances, charges, spot share). Every way of placing the job is
+    tried against the ledger: on new instances of each offer, or in room left on an instance.
+    The reason names the rule that alone blocks the cheapest of them (lifting it would let the
+    job be placed), or says that several bind at once."""
+    evicted = job is not None and any(j == job for j, _ in d.running)
+    head = "evicted: " if evicted else ""
+    if evicted and d.key in stuck_gangs(problem):
+        return head + _stuck_reason(problem)
+    blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
+    options = ledger.options(d, fit)
+    if blanket:  # a quota or a license refuses every way alike
+        options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
+    if not options:
+        lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
+        return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
+                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
+    open_ = [o for o in options if not o.refusals]
+    if open_:
+        sized = {o.offer: c for o in open_ if (c := _sized_out(o, problem, ledger)) is not None}
+        o = next((o for o in open_ if o.offer not in sized), None)
+        if o is None:  # every open way needs more new instances of an offer than the problem lets the plan buy
+            return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger)
+        return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
+                       f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
+                       "(a longer --time-limit searches more)")
+    single: dict[str, list[Refusal]] = {}
+    for o in options:
+        kinds = {r.rule for r in o.refusals}
+        if len(kinds) == 1:
+            single.setdefault(kinds.pop(), []).extend(o.refusals)
+    if single:
+        kind = min(single, key=_RULE_ORDER.index)
+        text = _rule_text(single[kind], ledger)
+        others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
+        also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
+        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else "")
+    cheapest = options[0]
+    kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
+    texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
+    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
+    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
+            + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+def _bought(ledger: Ledger, c: Capacity) -> list[str]:
+    """The plan's new instances of offer c."""
+    return sorted(ref for ref, x in ledger.instances.items() if not x.existing and x.key == c.key)
+
+
+def _sized_out(o: Option, problem: Problem, ledger: Ledger) -> Capacity | None:
+    """The offer an option buys new instances of, if the plan already has as many as the problem offers: an
+    offer is sized to the work that fits it (capacity.size_offers), and the plan may use them for something else."""
+    c = next((c for c in problem.capacities if o.offer and c.key == o.offer and not c.existing), None)
+    return c if c is not None and len(_bought(ledger, c)) + o.new > c.max_new else None
+
+
+def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger) -> str:
+    """The rules allow the option, the offer's size does not: say what the plan does with the instances it has."""
+    _, prim = spot_measure(problem.capacities, problem.gpu_fleet)
+    spot, _ = ledger.spot()
+    pct = problem.spot.on_demand_buffer_percent
+    uses = []
+    for ref in _bought(ledger, c):
+        jobs = sorted({job for _, job in ledger.items.get(ref, ())})
+        if jobs:
+            uses.append(f"{ref} runs {', '.join(jobs[:3])}" + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""))
+        elif c.market != "spot" and not buffer_ok(ledger.idle_on_demand() - prim(c), spot, pct):
+            uses.append(f"{ref} stands idle for the on-demand buffer ({pct:g}% of the spot {'GPUs' if ledger.dim == 'gpus' else 'vCPU'})")
+        else:
+            uses.append(f"{ref} stands idle")
+    return (f"not placed by this plan: {o.label} would hold it under every pool, budget, quota and spot rule (+{money(o.price)}/h), "
+            f"but the planner offers at most {c.max_new} new {c.instance_type} {c.market} there (an offer is sized to the work "
+            f"that fits it) and this plan's {'; '.join(uses)}")
+
+
+def _stuck_reason(problem: Problem) -> str:
+    """A running gang under WhenEmpty may stay or stop, never move (problem.stuck_gangs): no other placement was
+    open to it, so what stopped it is what the fleet as it runs breaks, which this plan had to mend."""
+    broken = running_ledger(problem).broken_rules()
+    why = ("; ".join(broken[k] for k in sorted(broken)) + ", so the plan gives up running work") if broken else \
+        "its capacity goes to work that ranks above it in this plan (the tiers in README, How it decides)"
+    return f"under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves, and it cannot stay: {why}"
+
+
+# Rules over capacity all tenants share: only there does higher-priority work take it first.
+_SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
+
+
+_RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
+               "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
+               "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
+
+
+def _outranked(d: Demand, ledger: Ledger) -> str:
+    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones)."""
+    names = ledger.higher(d)
+    if not names:
+        return ""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f" (capacity goes to higher-priority work first: {', '.join(names[:3])}{more})"
+
+
+
+def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity], every: list | None = None) -> str:
+    """The first rule, in the order a user would check them, that leaves no capacity. Each step asks the
+    placement rules (problem.rules) of every instance the pools could ever run, whatever is available now
+    (`every`: pool_instances(desired, observed), built once for all the demands a build asks about)."""
+    if d.mig:
+        what = f"{d.mig[1]}x MIG {d.mig[0]} of {d.gpu_type}"
+    else:
+        what = f"{d.gpus}x {d.gpu_type}" if d.gpus else f"{d.cpu:g} vCPU / {d.memory_gib:g} GiB (CPU-only)"
+    every = pool_instances(desired, observed) if every is None else every
+
+    def allowed(cands, *rules: str) -> list:
+        return [(c, o) for c, o in cands if placement_refusal(d, c, rules) is None]
+
+    typed = allowed(every, "pools", "kind")
+    if not typed:
+        return f"no pool offers {what}" + (" (CPU jobs do not run on GPU instances)" if not d.gpus and not d.mig else "")
+    guard = desired.guardrails
+    in_region = [(c, o) for c, o in allowed(typed, "regions", "clouds") if guardrail_refusal(guard, c.cloud, c.region) is None]
+    if not in_region:
+        where = ", ".join((d.regions or ()) + tuple(sorted(d.clouds or ()))) or ("none" if () in (d.regions, d.clouds) else "any")
+        return f"no pool offers {what} in an allowed region or cloud (job allows: {where})"
+    # (Any zone of the pool, offered there or not, as before the rules were asked.)
+    pools = {c.pool: c for c, _ in in_region}
+    if d.zones is not None and not any(placement_refusal(d, replace(c, zone=z), ("zones",)) is None
+                                       for c in pools.values() for z in desired.pools[c.pool].spec.zones):
+        return f"no pool offering {what} has a zone within the data's max_latency_ms"
+    big = [(c, o) for c, o in allowed(in_region, "gpus", "nvlink") if size_fit(d, c) >= 1]
+    if not big:
+        per_gpu = d.gpus // d.bundle if d.gpus else 0
+        nv = f", {per_gpu} GPUs in one NVLink domain" if d.nvlink else ""
+        return f"no instance type in an allowed pool is large enough for one {'instance-gang' if d.bundle > 1 else 'replica'} ({what}, {d.cpu:g} vCPU, {d.memory_gib:g} GiB{nv})"
+    usable = allowed(big, "spot")
+    if not usable:
+        return {"never": "spot: never, but every matching pool is spot-only",
+                "required": "spot: required, but no matching pool allows spot"}[d.spot]
+    names = {c.pool for c, _ in big}
+    if not any(o.pool in names for o in offers):
+        # Spot offers over the price cap are left out too: say so when that, not capacity, is why (a spot-only
+        # A10G pool at 0.3 was said to find 'every matching zone out of capacity': property tier).
+        frac = desired.spot_policy.max_price_fraction
+        short = sum(1 for c, o in usable if not o.available or (o.cloud, o.zone, o.instance_type, c.market) in observed.short)
+        priced_out = sum(1 for c, o in usable if o.available and (o.cloud, o.zone, o.instance_type, c.market) not in observed.short
+                         and c.market == "spot" and (o.spot_price is None or o.spot_price > frac * o.on_demand_price + 1e-9))
+        if priced_out and not short:
+            return f"spot: every matching spot price is over max_price_fraction {frac:g} of on-demand, and the job cannot run on on-demand there"
+        return "every matching zone is out of capacity or in cool-off after a capacity error; retry later or add zones"
+    return f"no capacity matches {what} under the pool, market and spot price rules"
+
+
+def pool_instances(desired: DesiredState, observed: Observed) -> list[tuple[Capacity, object]]:
+    """(instance, offering): every instance the pools could run: each offering its provider reports for a pool, in each market
+    the pool allows, as the Capacity the rules read (available, priced or not)."""
+    out = []
+    for po in observed.offerings:
+        p, o = desired.pools[po.pool], po.offering
+        for market in p.spec.markets():
+            out.append((Capacity(key="", pool=p.name, provider="", cloud=p.spec.cloud, region=p.spec.region, zone=o.zone,
+                                 instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+                                 memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
+                                 nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(p.spec.mig) if p.spec.mig else None), o))
+    return out

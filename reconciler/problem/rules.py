@@ -1,0 +1,234 @@
+"""The placement rules: which work may go on which capacity, and how much of it fits there; and the
+rules of who may take whose capacity (preemption, borrowing, moves). One definition each, read by the
+problem's build, the freezer, the solver, greedy, the plan's checks and the diagnosis of pending work."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from reconciler.ledger import quota_ok
+from reconciler.model import region_matches
+from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
+
+
+def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
+    """Could the smallest item still fit in what is free? `smallest` is, per dimension, the least
+    any item asks. GPUs, vCPU and memory are needed together; a MIG item needs devices of its own
+    profile only, so room in one profile is enough."""
+    mig = [k for k, v in smallest.items() if k.startswith("mig:") and v > 0]
+    if mig and not any(free.get(k, 0.0) >= smallest[k] - 1e-9 for k in mig):
+        return False
+    return all(free.get(k, 0.0) >= v - 1e-9 for k, v in smallest.items() if v > 0 and not k.startswith("mig:"))
+
+
+# ---------------------------------------------------------------- placement rules
+# One function a rule, each the refusal in words or None. placement_refusal asks them all in this order;
+# the diagnosis of work nothing can host (diagnosis.why_nothing_fits) asks them one by one, to say which
+# one leaves no capacity, instead of re-deriving them from pools and offerings.
+
+
+def _kind(d: Demand, c: Capacity) -> str | None:
+    """GPU model and MIG profile, whatever the count; CPU work stays off GPU instances."""
+    if d.mig is not None:
+        if c.gpu_type != d.gpu_type or not c.mig or d.mig[0] not in c.mig:
+            return f"its instance does not offer MIG {d.mig[0]} of {d.gpu_type}"
+    elif d.gpus > 0:
+        if c.gpu_type != d.gpu_type or c.mig:
+            return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
+    elif c.gpus > 0:
+        return "CPU work does not run on GPU instances"  # tainted for GPU work, as GPU node pools usually are
+    return None
+
+
+def _gpu_count(d: Demand, c: Capacity) -> str | None:
+    if d.mig is None and d.gpus > 0 and c.gpus < d.gpus:
+        return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
+    return None
+
+
+def _nvlink(d: Demand, c: Capacity) -> str | None:
+    if d.mig is None and d.gpus > 0 and d.nvlink and c.nvlink_domain < d.gpus // d.bundle:
+        return "its instance has no NVLink domain large enough"
+    return None
+
+
+def _spot(d: Demand, c: Capacity) -> str | None:
+    if d.spot == "never" and c.market == "spot" or d.spot == "required" and c.market != "spot":
+        return f"the job's spot: {d.spot} excludes {c.market} instances"
+    return None
+
+
+def _pools(d: Demand, c: Capacity) -> str | None:
+    if d.pools is not None and c.pool not in d.pools:
+        return f"the job's pools allowlist ({', '.join(sorted(d.pools))}) excludes pool {c.pool}"
+    return None
+
+
+def _clouds(d: Demand, c: Capacity) -> str | None:
+    if d.clouds is not None and c.cloud not in d.clouds:
+        return f"the job's clouds allowlist ({', '.join(sorted(d.clouds))}) excludes {c.cloud}"
+    return None
+
+
+def _regions(d: Demand, c: Capacity) -> str | None:
+    if d.regions is not None and not region_matches(list(d.regions), c.cloud, c.region):
+        return f"the job's regions allowlist ({', '.join(d.regions)}) excludes {c.cloud}/{c.region}"
+    return None
+
+
+def _zones(d: Demand, c: Capacity) -> str | None:
+    if d.zones is not None and (c.cloud, c.zone) not in d.zones:
+        return f"{c.cloud}/{c.zone} is beyond the data's max_latency_ms"
+    return None
+
+
+PLACEMENT_RULES = {"kind": _kind, "gpus": _gpu_count, "nvlink": _nvlink, "spot": _spot, "pools": _pools, "clouds": _clouds,
+                   "regions": _regions, "zones": _zones}
+_ALL_RULES = tuple(PLACEMENT_RULES.values())
+
+
+def placement_refusal(d: Demand, c: Capacity, rules: tuple[str, ...] | None = None) -> str | None:
+    """The placement rule that keeps d off c, in words; None if none does. Every rule but size (GPU model,
+    MIG, GPU count, NVLink, spot, pools, clouds, regions, latency), or only the named ones (PLACEMENT_RULES)."""
+    for rule in _ALL_RULES if rules is None else (PLACEMENT_RULES[r] for r in rules):
+        why = rule(d, c)
+        if why is not None:
+            return why
+    return None
+
+
+def rules_allow(d: Demand, c: Capacity) -> bool:
+    """Every placement rule but size: placement_refusal finds none."""
+    return placement_refusal(d, c) is None
+
+
+def guardrail_refusal(guard, cloud: str, region: str) -> str | None:
+    """The GuardrailPolicy's allowed regions and clouds: what keeps a site out of the fleet; None if allowed."""
+    if not region_matches(guard.allowed_regions, cloud, region):
+        return f"region {cloud}/{region} not allowed by the GuardrailPolicy"
+    if guard.allowed_clouds is not None and cloud not in guard.allowed_clouds:
+        return f"cloud {cloud} not allowed by the GuardrailPolicy"
+    return None
+
+
+def size_fit(d: Demand, c: Capacity) -> int:
+    """How many items of d one empty instance of c holds by size alone (GPUs or MIG devices, vCPU, memory)."""
+    return max(0, min(math.floor(c.cap(dim) / d.req(dim) + 1e-9) for dim in d.dims if d.req(dim) > 0))
+
+
+def fit(d: Demand, c: Capacity) -> int:
+    """How many items of d fit on one empty instance of c, honouring every placement rule (0: none)."""
+    if not rules_allow(d, c):
+        return 0
+    return size_fit(d, c)
+
+
+def fit_shape(d: Demand) -> tuple:
+    """Everything of a demand that fit() reads: demands alike in these fit every offer alike (a 10k-job
+    fleet has ~7,500 demands but a few hundred shapes)."""
+    return (d.mig, d.gpu_type, d.gpus, d.nvlink, d.bundle, d.spot, d.pools, d.clouds, d.regions, d.zones, d.cpu, d.memory_gib)
+
+
+class OfferFits:
+    """fit(d, c) asked once per (demand shape, offer key): it reads only what the offer key fixes (pool,
+    zone, type, market) and the demand's fit_shape, so every instance of an offer answers alike, and
+    so does every demand of one shape; a 10k-instance fleet asks it ~1M times otherwise (and greedy,
+    which asks each demand against every offer, 1.6M times at 10k jobs)."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[int, str], int] = {}
+        self.shape_of: dict[str, int] = {}  # demand key -> its shape's number
+        self.shapes: dict[tuple, int] = {}
+
+    def __call__(self, d: Demand, c: Capacity) -> int:
+        return self.at(d, c.offer_key, c)
+
+    def shape(self, d: Demand) -> int:
+        """The number of d's fit_shape (demands of one shape share it)."""
+        s = self.shape_of.get(d.key)
+        if s is None:
+            s = self.shape_of[d.key] = self.shapes.setdefault(fit_shape(d), len(self.shapes))
+        return s
+
+    def at(self, d: Demand, offer_key: str, c: Capacity) -> int:
+        """fit(d, c) where the caller knows c's offer key (building it is a third of a lookup's cost)."""
+        k = (self.shape(d), offer_key)
+        f = self.known.get(k)
+        if f is None:
+            f = self.known[k] = fit(d, c)
+        return f
+
+
+def _running_use(demands) -> dict[str, dict[str, float]]:
+    use: dict[str, dict[str, float]] = {}
+    for d in demands:
+        u = use.setdefault(d.tenant, {k: 0.0 for k in DIMS})
+        for k in DIMS:
+            u[k] += d.req(k) * d.running_items
+    return use
+
+
+def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
+    use = _running_use(demands)
+    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.guarantee.items())}
+
+
+def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
+    """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
+    use = _running_use(demands)
+    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.cap.items())}
+
+
+def forced_moves(problem: "Problem") -> dict[str, int]:
+    """Items of each demand that must leave their instance whatever is decided (it goes, or they
+    no longer fit there): under WhenEmpty, the only running work that may move."""
+    by_key = {d.key: d for d in problem.demands}
+    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
+    split = {(d.key, job) for d in problem.demands if d.gang for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
+    out: dict[str, int] = {}
+    for h in problem.capacities:
+        if h.existing:
+            for dk, job, n in h.residents:
+                if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
+                    out[dk] = out.get(dk, 0) + n
+    return out
+
+
+def stuck_gangs(p: "Problem") -> set[str]:
+    """Under WhenEmpty, running gangs none of whose items must leave their instance: the model
+    lets them stay or stop, never move (`_Model._moves`); greedy and pending reasons alike."""
+    if p.placement.consolidation != "WhenEmpty":
+        return set()
+    forced = forced_moves(p)
+    return {d.key for d in p.demands if d.gang and d.running_jobs and d.key not in forced}
+
+
+def gang_split(d: Demand, hosts: list) -> bool:
+    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?"""
+    if any(h is None for h in hosts):
+        return False  # (a lost host: the gang is healed around its survivors)
+    if len({(h.cloud, h.zone) for h in hosts}) > 1:
+        return True
+    if d.gang_mode == "instance":
+        return len({h.instance_id for h in hosts}) > 1
+    return d.gang_mode == "placement-group" and len({h.instance_type for h in hosts}) > 1
+
+
+def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:
+    """Could pending work p ever evict running work r? Inside one tenant, a higher class may
+    (PlacementPolicy preemption: LowerPriority); across tenants only borrowed work is taken,
+    to give a guarantee back or to a higher class. Guaranteed work is never taken by others."""
+    if p.tenant == r.tenant:
+        return preemption == "LowerPriority" and p.klass > r.klass
+    return r.tenant in borrowing and (p.tenant not in borrowing or p.klass > r.klass)
+
+
+@dataclass(frozen=True)
+class Rival:
+    """The part of a demand `may_preempt` reads: its tenant and class."""
+
+    tenant: str
+    klass: int

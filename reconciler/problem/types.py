@@ -1,0 +1,247 @@
+"""The solver's problem as plain frozen data: demands (classes of identical work), capacity (existing
+instances and offers of new ones), tenants' rules and the Problem that holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
+from reconciler.model import PlacementPolicySpec, SpotPolicySpec
+
+DIMS = ("gpus", "cpu", "memory_gib")
+
+
+def priority_class(priority: int) -> int:
+    """0 low, 1 normal, 2 high, 3 critical: the bands of the named classes (1, 10, 100, 1000)."""
+    return 0 if priority < 10 else 1 if priority < 100 else 2 if priority < 1000 else 3
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One class of identical work: a gang (one job, all replicas) or identical 1-replica jobs.
+
+    An item is what lands on one instance: a replica, or for a same-instance gang the
+    whole job (`bundle` replicas)."""
+
+    key: str
+    jobs: tuple[str, ...]
+    replicas: int  # items per job
+    bundle: int  # job replicas per item (>1 only for gang: instance)
+    tenant: str
+    gpus: int  # per item
+    gpu_type: str | None
+    mig: tuple[str, int] | None  # (profile, devices) per item
+    nvlink: bool
+    cpu: float
+    memory_gib: float
+    priority: int  # effective: aged while pending
+    spot: str
+    gang_mode: str  # zone | placement-group | instance
+    pools: frozenset[str] | None
+    regions: tuple[str, ...] | None
+    clouds: frozenset[str] | None
+    zones: frozenset[tuple[str, str]] | None  # (cloud, zone) within the data's max_latency_ms
+    data_location: str | None
+    data_gib: float
+    hours: float
+    running: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (job, host per item) of jobs running now
+    base_priority: int = 0
+    reshaped: frozenset[str] = frozenset()  # running jobs whose resources changed since they were placed: they restart
+    licenses: tuple[tuple[str, int], ...] = ()  # (License, held per item) while it runs
+    deadline_rank: int = 0  # within its class: above work without a deadline, the closer the higher (deadlines.py)
+    deadline_critical: bool = False  # must start within its expected_hours: may use the on-demand buffer's capacity
+
+    @property
+    def gang(self) -> bool:
+        return self.replicas > 1
+
+    @property
+    def klass(self) -> int:
+        return priority_class(self.priority)
+
+    @property
+    def size(self) -> int:
+        """Work units of one item: 7 per GPU (a MIG compute slice is 1), 1 for CPU work."""
+        if self.mig is not None:
+            return mig_compute(self.mig[0]) * self.mig[1]
+        return 7 * self.gpus if self.gpus else 1
+
+    @property
+    def job_size(self) -> int:
+        return self.size * self.replicas
+
+    @property
+    def weight(self) -> int:
+        """Objective weight of one job inside its priority class."""
+        return self.priority * self.job_size
+
+    @property
+    def running_jobs(self) -> int:
+        return len(self.running)
+
+    @property
+    def running_items(self) -> int:
+        """Items running now (a same-instance gang's replicas are one item)."""
+        return sum(len(h) // self.bundle for _, h in self.running)
+
+    def req(self, dim: str) -> float:
+        if dim == "gpus":
+            return self.gpus
+        if dim == "cpu":
+            return self.cpu
+        if dim == "memory_gib":
+            return self.memory_gib
+        if self.mig is not None and dim == f"mig:{self.mig[0]}":
+            return self.mig[1]
+        return 0.0
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        mig = (f"mig:{self.mig[0]}",) if self.mig else ()
+        return (("gpus",) if self.gpus else ()) + mig + ("cpu", "memory_gib")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """An existing instance (a host: instance_id set) or an offer of up to max_new new instances."""
+
+    key: str
+    pool: str
+    provider: str
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: str
+    gpus: int  # physical GPUs
+    gpu_type: str | None
+    cpu: float
+    memory_gib: float
+    price: float  # USD per hour
+    on_demand_price: float
+    nvlink_domain: int = 1
+    mig: tuple[str, ...] | None = None  # the per-GPU MIG layout of the pool
+    instance_id: str | None = None
+    max_new: int = 0
+    keep_blocker: str | None = None  # existing: why it must go (pool removed, drifted from spec)
+    residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
+    frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
+    members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
+    reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
+    price_source: str = ""  # where the price comes from, and its date (shown with the plan)
+
+    @property
+    def existing(self) -> bool:
+        return self.instance_id is not None
+
+    @property
+    def offer_key(self) -> str:
+        """The (pool, zone, type, market) class this capacity belongs to (a reservation's is its own)."""
+        return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
+
+    @property
+    def class_key(self) -> str:
+        """The same across the zones of a pool: (pool, type, market)."""
+        return f"{self.pool}/*/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
+
+    @property
+    def site(self) -> tuple[str, str]:
+        return (self.cloud, self.zone)
+
+    def cap(self, dim: str) -> float:
+        if dim == "gpus":
+            return 0 if self.mig else self.gpus
+        if dim == "cpu":
+            return self.cpu
+        if dim == "memory_gib":
+            return self.memory_gib
+        if dim.startswith("mig:") and self.mig:
+            return self.gpus * self.mig.count(dim[4:])
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TenantRules:
+    name: str
+    weight: float
+    cap: dict[str, float]  # hard ceilings (burst, else quota); a missing dimension is unlimited
+    guarantee: dict[str, float]  # guaranteed amounts; a missing dimension is fully guaranteed
+    budget: float | None = None  # USD/h of its replicas
+    spot_fraction: float | None = None
+    protected: int = 0  # work units of its running jobs inside its guarantee now
+    protected_jobs: tuple[str, ...] = ()  # those jobs: no other tenant's work and no fleet limit may take them
+    dominant: str = "gpus"  # the dimension its fair share is measured in
+
+
+@dataclass(frozen=True)
+class Problem:
+    demands: tuple[Demand, ...]
+    capacities: tuple[Capacity, ...]
+    groups: dict[str, tuple[str, ...]]  # group key -> demand keys sharing placement variables
+    pool_bounds: dict[str, tuple[int, int]]
+    tenants: dict[str, TenantRules]
+    desired_spot: SpotPolicySpec  # the SpotPolicy spec, a frozen model
+    placement: PlacementPolicySpec
+    budget: float | None
+    fleet_capacity: dict[str, float]  # per dimension, for fair shares
+    static_pending: dict[str, str] = field(default_factory=dict)  # job -> why nothing can ever host it
+    job_remaining: dict[str, float] = field(default_factory=dict)  # running job -> expected hours left
+    coef: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, zone site) -> USD/h per item
+    now: datetime | None = None
+    licenses: dict[str, LicenseRules] = field(default_factory=dict)
+    reservations: dict[str, ReservationRules] = field(default_factory=dict)  # the active ones
+    deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
+    quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
+    quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
+    gpu_fleet: bool | None = None  # do the fleet's pools offer GPUs (the spot share counts GPUs)? None: read the capacities
+
+    @property
+    def spot(self) -> SpotPolicySpec:
+        return self.desired_spot
+
+    def demand(self, key: str) -> Demand:
+        return self._demand_index[key]
+
+    @property
+    def _demand_index(self) -> dict[str, Demand]:
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = {d.key: d for d in self.demands}
+            object.__setattr__(self, "_idx", idx)
+        return idx
+
+    def hosts(self) -> list[Capacity]:
+        return [c for c in self.capacities if c.existing]
+
+    def offers(self) -> list[Capacity]:
+        return [c for c in self.capacities if not c.existing]
+
+    def cost_coef(self, d: Demand, c: Capacity) -> float:
+        """USD/h per item of d on c beyond the instance price: data egress, latency, and the
+        premium a spot-preferred job pays for falling back to on-demand."""
+        v = self.coef.get((d.key, f"{c.cloud}/{c.zone}"), 0.0)
+        if d.spot == "preferred" and c.market != "spot":
+            v += 0.5 * c.on_demand_price * share(d, c)
+        return v
+
+
+def share(d: Demand, c: Capacity) -> float:
+    """The fraction of an instance one item of d uses, in the instance's primary resource:
+    what its cost is attributed by (status, tenant budgets): the ledger's definition."""
+    return item_share(d, c)
+
+
+def spot_measure(capacities, gpu_fleet: bool | None = None) -> tuple[str, Callable[[Capacity], float]]:
+    """What the spot share and the on-demand buffer count, one definition for the solver, the
+    warm start, the packer and the freezer: GPUs in a GPU fleet (CPU instances count 0), vCPUs in
+    a CPU-only fleet (ledger.spot_units). Returns the dimension and the measure of an instance."""
+    return spot_units(capacities, gpu_fleet)
+
+
+def type_class(x) -> tuple:
+    """(GPU model or None for CPU-only, MIG or not): capacity and work of different classes never meet."""
+    if isinstance(x, Capacity):
+        return (x.gpu_type if x.gpus else None, bool(x.mig))
+    return (x.gpu_type if (x.gpus or x.mig) else None, x.mig is not None)
