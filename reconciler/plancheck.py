@@ -54,14 +54,43 @@ from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenant
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
-    errors: list[str] = []
     offers = {(c.pool, c.zone, c.instance_type, c.market, c.reservation): c for c in problem.capacities if not c.existing}
     host_price = {c.instance_id: c.price for c in problem.capacities if c.existing}
     instances = {i.id: i for i in observed.instances}
-    gangs = [d.jobs[0] for d in problem.demands if d.gang and d.gang_mode == "placement-group"]
 
+    creates, errors = _checked_creates(plan, desired, problem, offers)
+    refs = {c.ref for c in creates}
+    deletes, more = _checked_deletes(plan, desired, instances, host_price)
+    errors += more
+    leaving = {d.instance_id for d in deletes} | {d.instance_id for d in plan.deletes}
+    staying = set(instances) - leaving
+    errors += _pool_errors(desired, instances, staying, creates)
+    errors += _quota_errors(problem, creates, offers)
+    errors += _job_errors(plan, desired, observed, refs, staying, deletes)
+    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
+                          staying)
+
+    errors += _gang_errors(plan, observed, problem, creates)
+    ledgers = _ledgers(plan, problem, creates, staying)
+    if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
+        after, before = ledgers
+        errors += _tenant_errors(problem, after, before)
+        errors += _fleet_rule_errors(after, before)
+        errors += _eviction_errors(plan, observed, problem, before)
+
+    cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
+    kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
+    cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
+    checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
+                      kept=kept)
+    return checked, errors
+
+
+def _checked_creates(plan: Plan, desired: DesiredState, problem: Problem, offers: dict) -> tuple[list[CreateAction], list[str]]:
+    """The creates that name an offer the pool allows now, priced from the offering (never from the file)."""
+    gangs = [d.jobs[0] for d in problem.demands if d.gang and d.gang_mode == "placement-group"]
     creates: list[CreateAction] = []
-    refs: set[str] = set()
+    errors: list[str] = []
     for n, c in enumerate(plan.creates, 1):
         what = f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r})"
         if c.ref != f"+{n}" or c.key != f"{plan.id}-{n:04d}":
@@ -84,10 +113,14 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             errors.append(f"{what}: provider/cloud/region {c.provider}/{c.cloud}/{c.region} are not the pool's "
                           f"({offer.provider}/{offer.cloud}/{offer.region})")
             continue
-        refs.add(c.ref)
         creates.append(replace(c, price=offer.price, max_price=offer.on_demand_price if c.market == "spot" else None))
+    return creates, errors
 
+
+def _checked_deletes(plan: Plan, desired: DesiredState, instances: dict, host_price: dict) -> tuple[list[DeleteAction], list[str]]:
+    """The deletes of instances the plan's observed snapshot has, each once, described as observed."""
     deletes: list[DeleteAction] = []
+    errors: list[str] = []
     for d in plan.deletes:
         inst = instances.get(d.instance_id)
         if inst is None:
@@ -98,21 +131,29 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             continue
         deletes.append(DeleteAction(inst.id, inst.pool, inst.provider, inst.cloud, inst.region, inst.zone, inst.instance_type,
                                     inst.market, host_price.get(inst.id, d.price), d.reason))
-    leaving = {d.instance_id for d in deletes} | {d.instance_id for d in plan.deletes}
-    staying = set(instances) - leaving
+    return deletes, errors
 
+
+def _pool_errors(desired: DesiredState, instances: dict, staying: set[str], creates: list[CreateAction]) -> list[str]:
+    """Pools the plan's creates take past max_instances."""
     count: dict[str, int] = {}
     for iid in staying:
         count[instances[iid].pool] = count.get(instances[iid].pool, 0) + 1
     for c in creates:
         count[c.pool] = count.get(c.pool, 0) + 1
+    errors = []
     for pool in sorted({c.pool for c in creates}):
         hi = desired.pools[pool].spec.max_instances
         if count[pool] > hi:
             errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
+    return errors
 
-    errors += _quota_errors(problem, creates, offers)
 
+def _job_errors(plan: Plan, desired: DesiredState, observed: Observed, refs: set[str], staying: set[str],
+                deletes: list[DeleteAction]) -> list[str]:
+    """Every job accounted for once, its action agreeing with what runs, placed only where an instance stays or
+    is created, and none kept on an instance the plan deletes."""
+    errors = []
     changes = {j.job: j for j in plan.jobs}
     listed = Counter(j.job for j in plan.jobs)
     for name in sorted(n for n, k in listed.items() if k > 1):
@@ -135,24 +176,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
             j = changes.get(name)
             if d.instance_id in ids and j is not None and d.instance_id in j.instances:
                 errors.append(f"delete {d.instance_id}: job {name} runs on it and the plan keeps it there")
+    return errors
 
-    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
-                          staying)
-
-    errors += _gang_errors(plan, observed, problem, creates)
-    ledgers = _ledgers(plan, problem, creates, staying)
-    if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
-        after, before = ledgers
-        errors += _tenant_errors(problem, after, before)
-        errors += _fleet_rule_errors(after, before)
-        errors += _eviction_errors(plan, observed, problem, before)
-
-    cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
-    kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
-    cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
-    checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
-                      kept=kept)
-    return checked, errors
 
 def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -> list[str]:
     """Creates past a cloud account quota's headroom, in the plan's order (the order apply launches them in)."""

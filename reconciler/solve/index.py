@@ -133,6 +133,23 @@ class HostIndex:
                     out.setdefault(t, set()).update(at)
         return out
 
+    def bound_freed(self, freed: dict[tuple, set[int]], groups: dict[tuple, int], pairs: int) -> dict[tuple, set[int]]:
+        """`freed` with at most pairs // groups[t] hosts of each type class t offered this way, those with the most
+        free room first (then in model order), where every pending group taking all of them would pass `pairs`
+        (group, host) candidates. At 5,436 running instances of a 10k-job fleet after a 5% reclaim, some pending
+        work may evict a resident nearly everywhere, and offering every such host to every pending group grew
+        the model from 119,601 to 662,883 variables (28 s -> 224 s of CPU; the wall cap then made it greedy's)."""
+        out = {}
+        for t, at in freed.items():
+            n = groups.get(t, 0)
+            if n * len(at) <= pairs:
+                out[t] = at
+                continue
+            order = self.order[t]
+            most = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+            out[t] = set(most[:max(1, pairs // max(n, 1))])
+        return out
+
     def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None) -> list[Capacity]:
         """`warm_hosts`: the hosts the warm start puts this group's new items on; `freed`: hosts where some
         group's pending work may evict a resident (`freed()`), offered to every group with pending work."""

@@ -26,6 +26,9 @@ from reconciler.solve.variables import Values, set_hints
 
 # The constraint families, in the order they add their rows (capacity's come before the demand
 # variables exist: they read only instances, stays and new items).
+# (group, host) candidates the room evictions free may add (HostIndex.bound_freed): the 10k-job drift model
+# had 119,601 variables before such room was offered at all.
+FREED_PAIRS = 20_000
 FAMILIES = ("capacity", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
 
 
@@ -148,6 +151,12 @@ class Model:
         # a 4-vCPU job stayed pending beside the 8 vCPU a normal job's eviction of a 12-vCPU one freed, or the
         # plan bought a new instance at 2.6x the spot host's price to hold it: the pending-reason property tier.)
         freed = hosts_at.freed({(type_class(self.demands[problem.groups[gk][0]]), pend) for gk, pend in pending_of.items() if pend}, may_evict)
+        groups_of: dict[tuple, int] = {}
+        for gk, pend in pending_of.items():
+            if pend:
+                t = type_class(self.demands[problem.groups[gk][0]])
+                groups_of[t] = groups_of.get(t, 0) + 1
+        freed = hosts_at.bound_freed(freed, groups_of, FREED_PAIRS)
         fit_of = OfferFits()  # asked for each group's first demand: the group's shape
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
