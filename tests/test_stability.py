@@ -660,3 +660,26 @@ def test_a_gang_that_must_move_whole_does_not_take_a_protected_job_of_its_own_cl
     plan = plan_for(tmp_path, docs, fleet, placements, time_limit=time_limit, gpu_indices=gpus)
     assert by_job(plan)["one"].action == "keep", by_job(plan)["one"]
     assert by_job(plan)["gang"].action == "evict"
+
+
+def test_a_move_is_judged_against_the_best_answer_that_moves_nothing(tmp_path):
+    """A job runs in us-west-2 far from its 5,000 GiB data set in us-east-1: the plan moves it next to its data,
+    and the solver says what staying put would cost (`Solution.stay_value`), so the plan can say what the move
+    saves (egress and latency) instead of a difference of instance prices that does not see them."""
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, instance, write_config
+
+    docs = [topology(clouds={"aws": {"us-east-1": ["us-east-1a"], "us-west-2": ["us-west-2a"]}}), tenant("t"),
+            pool("east", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]),
+            pool("west", "aws", "us-west-2", ["us-west-2a"], ["g5.xlarge"]),
+            job("train", gpus=1, gpu_type="A10G", cpu=2, mem=8, data={"location": "aws/us-east-1", "size_gib": 5000},
+                expected_hours=24)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, [instance("w0", "west", "aws", "us-west-2", "us-west-2a", "g5.xlarge")], {"train": ("w0",)})
+    sol = solve(build_problem(desired, observed), time_limit=5)
+    assert "w0" not in sol.keep and sum(sol.x.values()) == 1  # it moves to a new instance in us-east-1
+    assert list(sol.new) == ["east/us-east-1a/g5.xlarge/on-demand"]
+    # Milli-dollars an hour: staying costs the egress of 5,000 GiB over 24 h; moving, the move's amortised cost.
+    assert sol.stay_value is not None and sol.stay_value - sol.cost_value > 3000
