@@ -77,10 +77,13 @@ def consolidation_line(plan: Plan) -> str | None:
     c = plan.consolidation
     if c is None:
         return None
+    moves = f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go"
+    if c.saving_per_hour is None:
+        return f"{moves}, for a one-time {money(c.move_cost)} of restarts (the saving was not measured)"
     payback = f", paid back in {c.move_cost / c.saving_per_hour:.1f} h" if c.saving_per_hour > 0 else ""
     gain = f"saving {money(c.saving_per_hour)}/h" if c.saving_per_hour >= 0 else f"at {money(-c.saving_per_hour)}/h more"
-    return (f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go, "
-            f"{gain} for a one-time {money(c.move_cost)} of restarts{payback}")
+    return (f"{moves}, {gain} against the best plan found that moves them not (instances, egress and latency), for a "
+            f"one-time {money(c.move_cost)} of restarts{payback}")
 
 
 def ballast_line(plan: Plan) -> str | None:

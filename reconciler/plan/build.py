@@ -77,6 +77,6 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             scope=solution.scope, repairs=packing.repairs, note=solution.note, work=solution.work_spent, unpacked=n_unpacked,
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
-        consolidation=consolidation(problem, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
+        consolidation=consolidation(problem, solved, solution.keep, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
         ballast=spot_ballast(ledger), rules=rule_summary(problem, ledger),
     )

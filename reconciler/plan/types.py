@@ -78,11 +78,13 @@ class SolverReport:
 
 @dataclass(frozen=True)
 class Consolidation:
-    """Moves made only because a cheaper packing exists."""
+    """Moves made only because a cheaper plan exists."""
 
     moved_replicas: int
     instances_removed: tuple[str, ...]
-    saving_per_hour: float  # $/h of the instances removed minus those bought for the moved replicas
+    # $/h the moves save (instances, egress, latency), before their one-time cost, against the best answer the
+    # solver found that moves only what must move; None where it did not search one (plan/quality.consolidation)
+    saving_per_hour: float | None
     move_cost: float  # one-time USD, as the PlacementPolicy prices a move
 
 

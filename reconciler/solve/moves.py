@@ -22,15 +22,27 @@ def moved_items(model: Model) -> dict[str, object]:
     return moved
 
 
-def add_when_empty(model: Model) -> None:
-    p = model.p
-    if p.placement.consolidation != "WhenEmpty":
-        return
-    forced = forced_moves(p)
-    for dk, mv in model.moved.items():
+def must_move(model: Model) -> dict[str, int]:
+    """Demand key -> the items that move whatever is decided: forced off their instance, or restarted
+    anyway because the job's resources changed (it may restart elsewhere)."""
+    forced = forced_moves(model.p)
+    out = {}
+    for dk in model.moved:
         d = model.demands[dk]
-        # (a job whose resources changed restarts anyway: it may restart elsewhere)
-        model.m.add(mv <= forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped))
+        out[dk] = forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped)
+    return out
 
 
-__all__ = ["add_when_empty", "moved_items"]
+def add_only_forced_moves(model: Model, m) -> None:
+    """In CP-SAT model m (the model's own, or a copy of it): nothing moves unless it must."""
+    limit = must_move(model)
+    for dk, mv in model.moved.items():
+        m.add(mv <= limit[dk])
+
+
+def add_when_empty(model: Model) -> None:
+    if model.p.placement.consolidation == "WhenEmpty":
+        add_only_forced_moves(model, model.m)
+
+
+__all__ = ["add_only_forced_moves", "add_when_empty", "moved_items", "must_move"]

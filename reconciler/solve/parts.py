@@ -43,7 +43,15 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
         cost_value=None if any(s.cost_value is None for s in sols) else sum(s.cost_value for s in sols),
         cost_bound=None if any(s.cost_bound is None for s in sols) else sum(s.cost_bound for s in sols),
+        stay_value=_stay_value(sols),
     )
+
+
+def _stay_value(sols: list[Solution]) -> float | None:
+    """The parts' cost had only what must move moved: a part that moves no more than that counts as it is."""
+    if all(s.stay_value is None for s in sols) or any(s.cost_value is None for s in sols):
+        return None
+    return sum(s.stay_value if s.stay_value is not None else s.cost_value for s in sols)
 
 
 __all__ = ["merge_parts"]

@@ -53,6 +53,9 @@ class Solution:
     # its gap against the bound after packing (make_plan), since repairs add to the cost.
     cost_value: float | None = None
     cost_bound: float | None = None
+    # The cost (same units) of the best answer found that moves only the running work that must move,
+    # when this answer moves more (strategy.stay_put): what the moves save is stay_value - cost_value.
+    stay_value: float | None = None
 
 
 __all__ = ["Solution", "TierReport"]
