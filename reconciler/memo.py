@@ -12,11 +12,11 @@ last plan is kept in .reconcile/cache/plan-memo.json under the SHA-256 of every 
   availability, placements, cool-offs (read at the clock), account quotas, what the node agents reported, notes;
 - the options: provider, time limit, gap, LP bound, --allow-destroy, --adopt-fleet;
 - the clock, as the plan reads it (`clock_inputs`): aged priorities, the Reservations in force, deadline ranks
-  and conditions, and the hours left of each running job (the victims tier ranks demands by them and the
-  planner moves the jobs with most time left first; the ranks alone would do, bench/README.md says what keying
-  them needs). These change with every second while a running job is
-  within its expected_hours, and then the memo is never used; they stop changing once every running job is past
-  its expected time (a fleet in its steady state), and the memo then serves every plan until something changes.
+  and conditions (a running job with a deadline: its hours left, so the memo misses while one runs), and the
+  running jobs whose start is not known (they count as started now: then the time itself). Running jobs are
+  otherwise ranked by when they are expected to end (start + expected_hours, keyed as observed and desired),
+  which the clock does not move: an unchanged young fleet is read back too (before, the key held each running
+  job's hours left, which change every second, and the memo served only fleets past their expected hours).
 
 An entry is used only when its key, fleet and digests check out and this machine sealed it (reconciler/localkey.py:
 the memo lives in the config checkout, and a plan anyone could checksum could be committed with a pull request and
@@ -137,6 +137,8 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
 
     aging = desired.placement.aging
     left = running_hours_left(desired, observed, now)
+    launched = {i.id for i in observed.instances if i.launched_at}
+    unknown = [n for n, iids in observed.placements.items() if n in desired.jobs and iids and not any(i in launched for i in iids)]
     with_deadline = {n: j for n, j in desired.jobs.items() if j.spec.deadline is not None}
     latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in with_deadline.items()}
     return {
@@ -146,7 +148,10 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
         "deadline_ranks": {n: list(v) for n, v in ranks(latest, {n: j.spec.expected_hours for n, j in with_deadline.items()}, now).items()},
         "deadline_conditions": conditions({n: (j.spec.deadline, left.get(n, j.spec.expected_hours)) for n, j in with_deadline.items()},
                                           set(), now),
-        "hours_left": left,
+        # Running jobs are ranked by when they are expected to end (start + expected_hours: keyed as observed and
+        # desired), which the clock does not move; a job whose start is not known counts as started now.
+        "started_now": sorted(unknown),
+        **({"now": now.isoformat()} if unknown else {}),
     }
 
 

@@ -205,13 +205,26 @@ def test_running_jobs_hours_left_are_build_problems(tmp_path):
     assert left and left == build_problem(d, o, "sim", now=now).job_remaining
 
 
-def test_running_jobs_hours_left_are_in_the_key(tmp_path):
-    """They change every second while a job is within its expected_hours (the memo is not used then), and
-    not at all once every running job is past it (then it is)."""
+def test_a_young_fleet_keys_the_same_from_one_second_to_the_next(tmp_path):
+    """Running jobs are ranked by when they are expected to end, which the clock does not move, so an unchanged
+    fleet whose jobs are within their expected_hours keys the same a second, an hour or a month later (before,
+    its hours left were keyed and every plan solved again); the plan then is the same plan too."""
     cfg = _applied_quickstart(tmp_path)
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    assert _key(cfg, now + timedelta(seconds=1)) != _key(cfg, now + timedelta(seconds=2))
-    assert _key(cfg, now + timedelta(days=30)) == _key(cfg, now + timedelta(days=31))
+    keys = {_key(cfg, now + timedelta(seconds=s)) for s in (1, 2, 3600, 30 * 86400)}
+    assert len(keys) == 1
+    plans = {api.plan(cfg, time_limit=5, now=now + timedelta(seconds=s)).plan.to_json() for s in (1, 3600, 30 * 86400)}
+    assert len(plans) == 1
+
+
+def test_a_running_job_without_a_known_start_keys_the_time(tmp_path):
+    """A running job whose instance reports no launch time counts as started now: its expected end moves with the
+    clock, so the time is in the key."""
+    cfg = _applied_quickstart(tmp_path)
+    d, o = _inputs(cfg)
+    o = replace(o, instances=tuple(replace(i, launched_at=None) for i in o.instances))
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    assert _key(cfg, now, d, o) != _key(cfg, now + timedelta(seconds=1), d, o)
 
 
 def test_cool_offs_and_live_prices_are_in_the_key(tmp_path):

@@ -40,7 +40,7 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
     for j in d.jobs:
         if j in running:
             (staying if any(stay_left.get(h, 0) > 0 for h in running[j]) else moving).append(j)
-    moving.sort(key=lambda j: (-problem.job_remaining.get(j, 0.0), j))
+    moving.sort(key=lambda j: (-problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
     rest = [j for j in d.jobs if j not in running]
     return (staying + moving + rest)[:n]
 

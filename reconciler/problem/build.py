@@ -58,14 +58,16 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 
     coef = _zone_costs(demands, {(c.cloud, c.region, c.zone) for c in offers + hosts}, topo, desired.placement.latency_cost_per_ms)
 
-    # Expected hours left for running jobs: the victim order of preemption.
+    # Expected hours left for running jobs (deadlines), and when each is expected to end: the victim order of
+    # preemption, which does not move with the clock (every running job ages alike).
     launched = {i.id: parse_time(i.launched_at) for i in observed.instances}
-    job_remaining = {}
+    job_remaining, job_end = {}, {}
     for d in demands:
         for job, iids in d.running:
             start = min((launched.get(i) for i in iids if launched.get(i)), default=None)
             ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
             job_remaining[job] = max(0.0, d.hours - ran)
+            job_end[job] = expected_end(start, d.hours, now)
     deadlines = {j: (desired.jobs[j].spec.deadline, job_remaining.get(j, d.hours)) for d in demands for j in d.jobs
                  if desired.jobs[j].spec.deadline is not None}
 
@@ -75,7 +77,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     return Problem(
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
-        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, coef=coef, now=now,
+        fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, job_end=job_end, coef=coef, now=now,
         licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
         gpu_fleet=gpu_fleet,
     )
@@ -166,3 +168,10 @@ def parse_time(text: str) -> datetime | None:
         return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
     except ValueError:
         return None
+
+
+def expected_end(start, hours: float, now) -> float:
+    """When a running job is expected to end, in seconds since the epoch: its start plus its expected_hours. A job
+    whose start is not known counts as started now (its end then moves with the clock; the plan memo keys that)."""
+    begun = start if start is not None else now
+    return (begun.timestamp() if begun is not None else 0.0) + hours * 3600

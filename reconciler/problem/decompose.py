@@ -77,6 +77,7 @@ def components(problem: Problem) -> list[Problem]:
             fleet_capacity=problem.fleet_capacity,
             static_pending={j: r for j, r in problem.static_pending.items() if j in jobs},
             job_remaining={j: r for j, r in problem.job_remaining.items() if j in jobs},
+            job_end={j: r for j, r in problem.job_end.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
             quotas=tuple(q for q in problem.quotas if any(not c.existing and quota_units(q, c) for c in part["c"])),

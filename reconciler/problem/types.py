@@ -188,6 +188,7 @@ class Problem:
     fleet_capacity: dict[str, float]  # per dimension, for fair shares
     static_pending: dict[str, str] = field(default_factory=dict)  # job -> why nothing can ever host it
     job_remaining: dict[str, float] = field(default_factory=dict)  # running job -> expected hours left
+    job_end: dict[str, float] = field(default_factory=dict)  # running job -> when it is expected to end (epoch s)
     coef: dict[tuple[str, str], float] = field(default_factory=dict)  # (demand, zone site) -> USD/h per item
     now: datetime | None = None
     licenses: dict[str, LicenseRules] = field(default_factory=dict)

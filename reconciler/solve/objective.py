@@ -144,17 +144,18 @@ def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:
 
 
 def victims_tier(model: Model) -> Tier | None:
-    """Among equally good answers, evict the jobs with the least time left. Weighed by the rank of
-    a demand's time left, not the hours: every running job ages alike, so the ranks hold from one
-    plan to the next while the hours do not, and a model whose weights moved with the clock was
-    another search. On an applied 1k-job fleet whose tiers the work limit cuts short, the same
-    config and fleet planned an hour apart gave $7,957.79/h with 69 moves, then $7,961.13/h with 63."""
+    """Among equally good answers, evict the jobs with the least time left: weighed by the rank of when a
+    demand's running jobs are expected to end (their mean), which orders them as their time left does and
+    does not move with the clock. Weights of hours left did: a model an hour later was another search, and
+    on an applied 1k-job fleet whose tiers the work limit cuts short, the same config and fleet planned an
+    hour apart gave $7,957.79/h with 69 moves, then $7,961.13/h with 63 (and ranks of hours left, clamped
+    at none, still moved as jobs passed their expected_hours)."""
     p = model.p
     left = {}
     for d in p.demands:
         if d.running_jobs:
-            rem = [p.job_remaining.get(j, d.hours) for j, _ in d.running]
-            left[d.key] = sum(rem) / len(rem)
+            ends = [p.job_end.get(j, 0.0) for j, _ in d.running]
+            left[d.key] = sum(ends) / len(ends)
     rank = {v: n for n, v in enumerate(sorted(set(left.values())), 1)}
     ev = []
     for d in p.demands:
