@@ -39,7 +39,7 @@ from providers.placements import Placement, PlacementRecord, PlacementTagError, 
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
-from reconciler.plan import CreateAction, Plan
+from reconciler.plan import CreateAction, DeleteAction, Plan
 from reconciler.problem import shape_of
 from reconciler.state import State
 
@@ -342,6 +342,27 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
+    todo = _resume_creates(plan, already, report)
+    _launch_all(todo, desired, plan, fleet, state, serial, already, existing, report, steps)
+    placed = _placements(plan, observed, report)
+    leaving = {d.instance_id for d in plan.deletes} - placed.stranded  # retagging those would be wasted
+    _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placed.ids, placed.gpus),
+                       serial, report, steps)
+    _delete_all(plan, fleet, existing, placed.stranded, report, steps)
+    if not report.stopped:
+        _clean_up(fleet, plan, existing, report)
+    _update_state(desired, observed, fleet, state, existing, placed, serial, report)
+    return report
+
+
+def _what(action: CreateAction | DeleteAction) -> str:
+    """An action's instance, for people: "spot g5.xlarge in us-east-1b"."""
+    return f"{action.market} {action.instance_type} in {action.zone}"
+
+
+def _resume_creates(plan: Plan, already: dict[str | None, Instance], report: ApplyReport) -> list[CreateAction]:
+    """The creates still to launch. One an earlier, interrupted run of this same plan launched (under any
+    attempt's key) is recorded as created and not launched again."""
     todo = []
     for c in plan.creates:
         found = next((already[k] for k in (attempt_key(c.key, n) for n in range(MAX_ATTEMPTS)) if k in already), None)
@@ -349,15 +370,19 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
             report.created[c.ref] = found.id
         else:
             todo.append(c)
+    return todo
 
-    def what_c(c: CreateAction) -> str:
-        return f"{c.market} {c.instance_type} in {c.zone}"
+
+def _launch_all(todo: list[CreateAction], desired: DesiredState, plan: Plan, fleet: Fleet, state: State, serial: int,
+                already: dict[str | None, Instance], existing: dict[str, Instance], report: ApplyReport, steps: _Steps) -> None:
+    """Launch the creates, lanes in parallel. A launched instance joins `existing` and report.created; a failed
+    create is reported (a capacity error also marks its zone short in the state, so the next plan goes elsewhere)."""
 
     def created(c: CreateAction, started: float, inst: Instance | None, e: BaseException | None) -> None:
         if e is None:
             report.created[c.ref] = inst.id  # type: ignore[union-attr]
             existing[inst.id] = inst  # type: ignore[union-attr,index]
-            steps.end(started, "create", c.ref, what_c(c), inst.id)  # type: ignore[union-attr]
+            steps.end(started, "create", c.ref, _what(c), inst.id)  # type: ignore[union-attr]
             return
         if not isinstance(e, ProviderError):
             raise e
@@ -367,86 +392,101 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e} (zone marked short; the next run places the work elsewhere)")
         else:
             report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
-        steps.end(started, "create", c.ref, what_c(c), error=e)
+        steps.end(started, "create", c.ref, _what(c), error=e)
 
-    arriving: dict[str, list[Placement]] = {}  # create ref -> the replicas the plan puts on it (once: 3k creates x 5k jobs took 10 s)
+    arriving = _arrivals(plan)
+    _run_all(todo, lane=lambda c: _lane(fleet, c.provider, desired.pools[c.pool].spec.region),
+             limit=lambda c: parallelism(fleet.provider(c.provider)),
+             begin=lambda c: steps.begin("create", c.ref, _what(c)),
+             work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid, arriving.get(c.ref, [])),
+             finish=created)
+
+
+def _arrivals(plan: Plan) -> dict[str, list[Placement]]:
+    """Create ref -> the replicas the plan puts on it (worked out once: per create, 3k creates x 5k jobs took 10 s)."""
+    arriving: dict[str, list[Placement]] = {}
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
             for r, ref in enumerate(j.instances):
                 arriving.setdefault(ref, []).append(Placement(j.job, r, tuple(j.gpus[r]) if r < len(j.gpus) else ()))
-    _run_all(todo, lane=lambda c: _lane(fleet, c.provider, desired.pools[c.pool].spec.region),
-             limit=lambda c: parallelism(fleet.provider(c.provider)),
-             begin=lambda c: steps.begin("create", c.ref, what_c(c)),
-             work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid, arriving.get(c.ref, [])),
-             finish=created)
+    return arriving
 
-    # Placements: a job moves only if every replica's new instance exists.
-    stranded: set[str] = set()  # instances still hosting a replica that could not move
-    placements: dict[str, list[str]] = {}
-    gpus: dict[str, list[list[int]]] = {}
-    stayed_old: set[str] = set()  # jobs whose move failed: they still run as they were
+
+@dataclass
+class _Placed:
+    """Where each job runs once the creates are done."""
+
+    ids: dict[str, list[str]] = field(default_factory=dict)  # job -> instance ids
+    gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica
+    stranded: set[str] = field(default_factory=set)  # instances still hosting a replica that could not move
+    stayed_old: set[str] = field(default_factory=set)  # jobs whose move failed: they still run as they were
+
+
+def _placements(plan: Plan, observed: Observed, report: ApplyReport) -> _Placed:
+    """A job moves only if every replica's new instance exists; otherwise it stays where it ran (stranding
+    those instances) or, new, is not placed. Evicted and pending jobs are no longer placed."""
+    placed = _Placed()
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
             ids = [report.created.get(r) if r.startswith("+") else r for r in j.instances]
             if all(ids):
-                placements[j.job] = ids  # type: ignore[assignment]
+                placed.ids[j.job] = ids  # type: ignore[assignment]
                 if any(j.gpus):
-                    gpus[j.job] = [list(g) for g in j.gpus]
+                    placed.gpus[j.job] = [list(g) for g in j.gpus]
                 continue
             if j.previous:
-                placements[j.job] = list(j.previous)
-                stayed_old.add(j.job)
+                placed.ids[j.job] = list(j.previous)
+                placed.stayed_old.add(j.job)
                 if j.job in observed.gpu_indices:  # aligned with previous (the survivors), as observed
-                    gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
-                stranded.update(j.previous)
-        # evicted and pending jobs are no longer placed
-    _hold_back_arrivals(plan, observed, placements, gpus, stranded, report)
+                    placed.gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
+                placed.stranded.update(j.previous)
+    _hold_back_arrivals(plan, observed, placed.ids, placed.gpus, placed.stranded, report)
+    return placed
 
-    leaving = {d.instance_id for d in plan.deletes} - stranded  # retagging those would be wasted
-    _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placements, gpus),
-                       serial, report, steps)
 
-    todo_d = []
+def _delete_all(plan: Plan, fleet: Fleet, existing: dict[str, Instance], stranded: set[str], report: ApplyReport,
+                steps: _Steps) -> None:
+    """Delete what the plan deletes, lanes in parallel, except an instance still hosting a replica that could not
+    move (kept, said why) and one observe did not find (refused)."""
+    todo = []
     for d in plan.deletes:
         if d.instance_id in stranded:
             report.skipped_deletes[d.instance_id] = "still hosts a replica whose new instance could not be created"
         elif d.instance_id not in existing:  # a plan only deletes what observe found (ours, alive): refused, not "deleted"
             report.failures.append(f"delete {d.instance_id}: refused: not an instance of this fleet that observe found")
         else:
-            todo_d.append(d)
+            todo.append(d)
 
-    def what_d(d) -> str:
-        return f"{d.market} {d.instance_type} in {d.zone}"
-
-    def removed(d, started: float, _result, e: BaseException | None) -> None:
+    def removed(d: DeleteAction, started: float, _result, e: BaseException | None) -> None:
         if e is None:
             report.deleted.append(d.instance_id)
-            steps.end(started, "delete", d.instance_id, what_d(d), d.instance_id)
+            steps.end(started, "delete", d.instance_id, _what(d), d.instance_id)
             return
         if not isinstance(e, ProviderError):
             raise e
         report.failures.append(f"delete {d.instance_id}: {e}")
-        steps.end(started, "delete", d.instance_id, what_d(d), d.instance_id, e)
+        steps.end(started, "delete", d.instance_id, _what(d), d.instance_id, e)
 
-    def delete(d) -> None:
+    def delete(d: DeleteAction) -> None:
         provider = fleet.provider(d.provider)
         _retry(lambda: provider.delete(existing[d.instance_id]), f"delete {d.instance_id}", _window(provider))
 
-    _run_all(todo_d, lane=lambda d: _lane(fleet, d.provider, existing[d.instance_id].region),
+    _run_all(todo, lane=lambda d: _lane(fleet, d.provider, existing[d.instance_id].region),
              limit=lambda d: parallelism(fleet.provider(d.provider)),
-             begin=lambda d: steps.begin("delete", d.instance_id, what_d(d)), work=delete, finish=removed)
+             begin=lambda d: steps.begin("delete", d.instance_id, _what(d)), work=delete, finish=removed)
 
-    if not report.stopped:
-        _clean_up(fleet, plan, existing, report)
 
+def _update_state(desired: DesiredState, observed: Observed, fleet: Fleet, state: State, existing: dict[str, Instance],
+                  placed: _Placed, serial: int, report: ApplyReport) -> None:
+    """The state (and report.placements) as the cloud now is: regions still in use, where each job runs, on which
+    GPUs, with which shape, under the new serial. The caller saves it."""
     gone = set(report.deleted)
     state.regions = _regions(desired, fleet, state, [i for iid, i in existing.items() if iid not in gone])
-    state.placements = {j: ids for j, ids in placements.items() if not gone.intersection(ids)}
-    state.gpus = {j: g for j, g in gpus.items() if j in state.placements}
+    state.placements = {j: ids for j, ids in placed.ids.items() if not gone.intersection(ids)}
+    state.gpus = {j: g for j, g in placed.gpus.items() if j in state.placements}
     # The shape each placed job runs with: the desired one, except where a move failed and the
     # job still runs as it was (the next plan sees the change again and restarts it).
-    state.shapes = {j: (observed.shapes[j] if j in stayed_old and j in observed.shapes else shape_of(desired.jobs[j]))
+    state.shapes = {j: (observed.shapes[j] if j in placed.stayed_old and j in observed.shapes else shape_of(desired.jobs[j]))
                     for j in state.placements if j in desired.jobs}
     state.serial = serial
     report.placements = state.placements
-    return report

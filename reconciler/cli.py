@@ -9,13 +9,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError
 from providers.redact import redact
+
+if TYPE_CHECKING:  # the CLI imports what a command needs when it runs
+    from reconciler.api import ApplyResult
+    from reconciler.plan import Plan
+    from reconciler.progress import StopOnInterrupt
 
 # click's UsageError, wherever this typer takes click from (typer 0.29 vendors its own copy as typer._click).
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -251,55 +256,21 @@ def apply(
     adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
 ) -> None:
     """Apply a plan through the providers, then write status/ back into the config dir."""
-    from reconciler import api
-    from reconciler.plan import Plan
-    from reconciler.progress import ApplyProgress, StopOnInterrupt, use_color
-    from reconciler.render import render_human, summary_line
+    from reconciler.progress import StopOnInterrupt, use_color
 
-    opts = _options(provider_option)
+    planning = dict(provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=_options(provider_option),
+                    state=state, gap=gap, adopt_fleet=adopt_fleet)
     color = use_color(sys.stdout)
     stop = StopOnInterrupt()
-    progress: list[ApplyProgress] = []
-
-    def show_plan(p: Plan) -> None:
-        if plan_file is not None or auto_approve:  # the interactive path showed it before asking
-            typer.echo(render_human(p, color=color), nl=False)
-        progress.append(ApplyProgress(p, sys.stdout, color=color).__enter__())
-        stop.applying = True
-
-    def on_event(e) -> None:
-        progress[0](e)
-
-    def end_progress() -> None:
-        for p in progress:
-            p.__exit__(None, None, None)
-
     try:
         saved = None
         if plan_file is not None:
-            try:
-                saved = Plan.from_json(plan_file.read_text())
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
+            saved = _read_plan(plan_file)
         elif not auto_approve:
-            preview = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=opts, state=state, gap=gap,
-                               adopt_fleet=adopt_fleet)
-            typer.echo(render_human(preview.plan, color=color), nl=False)
-            if not preview.plan.has_changes:
+            saved = _preview_and_confirm(config_dir, color, planning)
+            if saved is None:
                 return
-            if not sys.stdin.isatty():
-                typer.echo("Error: not a terminal; re-run with --auto-approve or apply a saved --plan", err=True)
-                raise typer.Exit(1)
-            if not typer.confirm("Apply this plan?"):
-                typer.echo("Apply cancelled.")
-                raise typer.Exit(1)
-            saved = preview.plan
-        with stop:
-            try:
-                res = api.apply(config_dir, saved_plan=saved, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
-                                options=opts, state=state, gap=gap, adopt_fleet=adopt_fleet, on_plan=show_plan, on_event=on_event, should_stop=stop)
-            finally:
-                end_progress()
+        res = _apply_with_progress(config_dir, saved, plan_file is not None or auto_approve, color, stop, planning)
     except KeyboardInterrupt:
         if stop.applying:
             typer.echo("Aborted in the middle of an action: the state was not saved and the lock was released; run "
@@ -308,15 +279,83 @@ def apply(
             typer.echo("Interrupted before any action: nothing was changed.", err=True)
         raise typer.Exit(130)
     except ApplyError as e:
-        res = e.result  # type: ignore[attr-defined]
-        typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
-        if commit:
-            _commit_status(config_dir, res, status_branch)
-        if res.report.stopped:
-            _say_stopped(res)
-        _fail(e)
+        _report_partly_applied(e, config_dir, commit, status_branch)
     except ReconcileError as e:
         _fail(e, config_dir, state)
+    _report_applied(res, config_dir, commit, status_branch)
+
+
+def _read_plan(plan_file: Path) -> Plan:
+    """A saved plan (--plan); one that cannot be read is a ReconcileError naming the file."""
+    from reconciler.plan import Plan
+
+    try:
+        return Plan.from_json(plan_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
+
+
+def _preview_and_confirm(config_dir: Path, color: bool, planning: dict) -> Plan | None:
+    """Plan, show it and ask before applying it: the plan to apply, or None when it changes nothing.
+    Not on a terminal, or declined: exit 1."""
+    from reconciler import api
+    from reconciler.render import render_human
+
+    preview = api.plan(config_dir, **planning)
+    typer.echo(render_human(preview.plan, color=color), nl=False)
+    if not preview.plan.has_changes:
+        return None
+    if not sys.stdin.isatty():
+        typer.echo("Error: not a terminal; re-run with --auto-approve or apply a saved --plan", err=True)
+        raise typer.Exit(1)
+    if not typer.confirm("Apply this plan?"):
+        typer.echo("Apply cancelled.")
+        raise typer.Exit(1)
+    return preview.plan
+
+
+def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color: bool, stop: StopOnInterrupt,
+                         planning: dict) -> ApplyResult:
+    """Apply `saved` (None: plan afresh), showing each action as it runs; Ctrl-C asks `stop` to start no more
+    actions once applying began. `show`: print the plan first (the interactive path already showed it)."""
+    from reconciler import api
+    from reconciler.progress import ApplyProgress
+    from reconciler.render import render_human
+
+    progress: list[ApplyProgress] = []
+
+    def show_plan(p: Plan) -> None:
+        if show:
+            typer.echo(render_human(p, color=color), nl=False)
+        progress.append(ApplyProgress(p, sys.stdout, color=color).__enter__())
+        stop.applying = True
+
+    def on_event(e) -> None:
+        progress[0](e)
+
+    with stop:
+        try:
+            return api.apply(config_dir, saved_plan=saved, **planning, on_plan=show_plan, on_event=on_event, should_stop=stop)
+        finally:
+            for p in progress:
+                p.__exit__(None, None, None)
+
+
+def _report_partly_applied(e: ApplyError, config_dir: Path, commit: bool, status_branch: Optional[str]) -> None:
+    """Some actions failed: say what was done, commit status if asked, and exit with the error."""
+    res = e.result  # type: ignore[attr-defined]
+    typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
+    if commit:
+        _commit_status(config_dir, res, status_branch)
+    if res.report.stopped:
+        _say_stopped(res)
+    _fail(e)
+
+
+def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_branch: Optional[str]) -> None:
+    """Commit status if asked and say what was done; stopped by Ctrl-C: exit 130."""
+    from reconciler.render import summary_line
+
     if commit:
         _commit_status(config_dir, res, status_branch)
     r = res.report

@@ -182,56 +182,72 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
                   runtime=None, fleet_uid: str = "") -> Path:
     root = files.config_dir / "status"
     now = utcnow().isoformat()
-    catalog = load_catalog()
-    by_id = {i.id: i for i in instances}
-    price = dict(plan.kept)  # existing instances kept, at the plan's prices
-    for ref, iid in report.created.items():
-        price[iid] = next(c.price for c in plan.creates if c.ref == ref)
+    pricing = _Pricing(plan, report, instances)
+    licenses = {n: lic.spec for n, lic in desired.licenses.items()}
+    charges = _write_job_statuses(files, root, now, desired, plan, report, pricing, licenses, runtime)
+    _write_pool_statuses(files, root, now, desired, plan, report, instances, pricing)
+    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid)
+    return root
 
-    def inst_price(iid: str) -> float:
-        if iid in price:
-            return price[iid]
-        i = by_id.get(iid)
-        off = catalog.offering(i.cloud, i.region, i.zone, i.instance_type) if i else None
+
+class _Pricing:
+    """What an instance costs an hour: the plan's price for those it kept or created, else the catalog's."""
+
+    def __init__(self, plan: Plan, report: ApplyReport, instances: list[Instance]):
+        self.catalog = load_catalog()
+        self.by_id = {i.id: i for i in instances}
+        self.price = dict(plan.kept)  # existing instances kept, at the plan's prices
+        for ref, iid in report.created.items():
+            self.price[iid] = next(c.price for c in plan.creates if c.ref == ref)
+
+    def hourly(self, iid: str) -> float:
+        if iid in self.price:
+            return self.price[iid]
+        i = self.by_id.get(iid)
+        off = self.catalog.offering(i.cloud, i.region, i.zone, i.instance_type) if i else None
         if off is None:
             return 0.0
         return off.spot_price if i.market == "spot" and off.spot_price is not None else off.on_demand_price
 
+
+@dataclass
+class _Charges:
+    """Per tenant, what its placed jobs cost an hour (instances, licenses), and per license, what each tenant holds."""
+
+    tenant_cost: dict[str, float]
+    license_cost: dict[str, float]
+    held: dict[str, dict[str, int]]  # license -> tenant -> held by running replicas
+
+
+def _write_job_statuses(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
+                        pricing: _Pricing, licenses: dict, runtime) -> _Charges:
+    """status/jobs/<job>.yaml for every desired job (the files of jobs no longer desired are removed); the
+    charges they add up to, for fleet.yaml."""
     changes = {j.job: j for j in plan.jobs}
-    tenant_cost: dict[str, float] = {t: 0.0 for t in desired.tenants}
-    licenses = {n: lic.spec for n, lic in desired.licenses.items()}
-    license_cost: dict[str, float] = {t: 0.0 for t in desired.tenants}
-    held: dict[str, dict[str, int]] = {n: {} for n in licenses}  # license -> tenant -> held by running replicas
+    charges = _Charges({t: 0.0 for t in desired.tenants}, {t: 0.0 for t in desired.tenants}, {n: {} for n in licenses})
     seen_jobs = set()
     for name, job in desired.jobs.items():
         seen_jobs.add(name)
         ids = report.placements.get(name, [])
-        ch = changes.get(name)
         cost = 0.0
         for iid in ids:
-            inst = by_id.get(iid)
-            shape = catalog.shape(inst.cloud, inst.instance_type) if inst else None
+            inst = pricing.by_id.get(iid)
+            shape = pricing.catalog.shape(inst.cloud, inst.instance_type) if inst else None
             if shape is not None:  # the ledger's charge, as tenant budgets count it (MIG slices too)
-                cost += replica_charge(job.spec.resources, shape.gpus, shape.cpu, inst_price(iid))
-        tenant_cost[job.spec.tenant] = tenant_cost.get(job.spec.tenant, 0.0) + cost
+                cost += replica_charge(job.spec.resources, shape.gpus, shape.cpu, pricing.hourly(iid))
+        tenant = job.spec.tenant
+        charges.tenant_cost[tenant] = charges.tenant_cost.get(tenant, 0.0) + cost
         lic_cost = license_charge(job.spec.licenses, licenses, len(ids))  # license-hours, charged to the tenant
-        license_cost[job.spec.tenant] = license_cost.get(job.spec.tenant, 0.0) + lic_cost
+        charges.license_cost[tenant] = charges.license_cost.get(tenant, 0.0) + lic_cost
         for lname, n in job.spec.licenses.items():
-            if lname in held and ids:
-                held[lname][job.spec.tenant] = held[lname].get(job.spec.tenant, 0) + n * len(ids)
+            if lname in charges.held and ids:
+                charges.held[lname][tenant] = charges.held[lname].get(tenant, 0) + n * len(ids)
         run = runtime.jobs.get(name) if runtime is not None else None
-        if run is not None and name in runtime.finished and not ids:
-            cond = Condition("Placed", False, "Finished", f"{run.phase}: its capacity is released until its spec changes")
-        elif ids:
-            cond = Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")
-        elif ch is not None and ch.action in ("place", "move"):
-            cond = Condition("Placed", False, "ProvisioningFailed", "; ".join(report.failed_refs.get(r, "") for r in ch.instances if r in report.failed_refs) or "new capacity could not be created")
-        else:
-            cond = Condition("Placed", False, "Evicted" if ch and ch.action == "evict" else "Pending", ch.reason if ch else "not in the last plan")
+        cond = _placed_condition(name, ids, changes.get(name), run, runtime, report)
         path = root / "jobs" / f"{name}.yaml"
         conds = [cond] + ([Condition(*c) for c in run.conditions] if run is not None else []) + _deadline_conditions(plan, name)
         body = {
-            "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": job.spec.tenant, "instances": ids,
+            "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
             **({"licenses": dict(job.spec.licenses), "licenseCostPerHour": round(lic_cost, 4)} if job.spec.licenses else {}),
             "conditions": _conditions(files, path, conds, now),
@@ -243,10 +259,26 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
     for stale in files.names(root / "jobs"):
         if stale[: -len(".yaml")] not in seen_jobs:
             files.remove(root / "jobs" / stale)
+    return charges
 
+
+def _placed_condition(name: str, ids: list[str], ch, run, runtime, report: ApplyReport) -> Condition:
+    """A job's Placed condition: finished (capacity released), placed, its new capacity failed, evicted or pending."""
+    if run is not None and name in runtime.finished and not ids:
+        return Condition("Placed", False, "Finished", f"{run.phase}: its capacity is released until its spec changes")
+    if ids:
+        return Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")
+    if ch is not None and ch.action in ("place", "move"):
+        return Condition("Placed", False, "ProvisioningFailed", "; ".join(report.failed_refs.get(r, "") for r in ch.instances if r in report.failed_refs) or "new capacity could not be created")
+    return Condition("Placed", False, "Evicted" if ch and ch.action == "evict" else "Pending", ch.reason if ch else "not in the last plan")
+
+
+def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
+                         instances: list[Instance], pricing: _Pricing) -> None:
+    """status/pools/<pool>.yaml: its instances, their cost, and whether it is within its bounds with no create failed."""
     for name, pool in desired.pools.items():
         mine = sorted((i for i in instances if i.pool == name), key=lambda i: i.id)
-        cost = sum(inst_price(i.id) for i in mine)
+        cost = sum(pricing.hourly(i.id) for i in mine)
         lo, hi = pool.spec.min_instances, pool.spec.max_instances
         failed = [report.failed_refs[c.ref] for c in plan.creates if c.pool == name and c.ref in report.failed_refs]
         ok = lo <= len(mine) <= hi and not failed
@@ -261,19 +293,25 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
                 "conditions": _conditions(files, path, [Condition("Provisioned", ok, "Provisioned" if ok else "ProvisioningFailed", msg)], now),
             },
         })
-    fleet_cost = sum(inst_price(i.id) for i in instances)
+
+
+def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
+                        instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str) -> None:
+    """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts and the last plan that changed it."""
+    fleet_cost = sum(pricing.hourly(i.id) for i in instances)
     path = root / "fleet.yaml"
     # The last plan that changed something; a run that changes nothing leaves status untouched.
     last = plan.id
     if not plan.has_changes and report.ok:
         old = files.document(path).get("status")
         last = old.get("lastChangedBy", plan.id) if isinstance(old, dict) else plan.id
+    held = charges.held
     _write(files, path, {
         "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet, **({"uid": fleet_uid} if fleet_uid else {})},
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
-            "tenants": {t: {"hourlyCost": round(c, 4), **({"licenseCostPerHour": round(license_cost.get(t, 0.0), 4)} if licenses else {})}
-                        for t, c in sorted(tenant_cost.items())},
+            "tenants": {t: {"hourlyCost": round(c, 4), **({"licenseCostPerHour": round(charges.license_cost.get(t, 0.0), 4)} if licenses else {})}
+                        for t, c in sorted(charges.tenant_cost.items())},
             **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
                              for n, spec in sorted(licenses.items())}} if licenses else {}),
             **({"reservations": _reservation_status(desired, instances)} if desired.reservations else {}),
@@ -282,7 +320,6 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },
     })
-    return root
 
 
 def _deadline_conditions(plan: Plan, job: str) -> list[Condition]:
