@@ -113,21 +113,21 @@ def _plain(x):
     raise Unkeyable(f"cannot key {t.__name__}")
 
 
-def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime) -> dict[str, float]:
-    """Running job -> expected hours left at `now`, as build_problem computes Problem.job_remaining
-    (tests/test_memo.py pins the two equal)."""
+def running_starts(desired: DesiredState, observed: "Observed") -> dict[str, datetime | None]:
+    """Running job -> when it started, as build_problem reads it (None: no instance of it says)."""
     from reconciler.problem import parse_time
+    from reconciler.problem.build import started
 
     launched = {i.id: parse_time(i.launched_at) for i in observed.instances}
-    out = {}
-    for name, iids in observed.placements.items():
-        job = desired.jobs.get(name)
-        if job is None or not iids:
-            continue
-        start = min((launched[i] for i in iids if launched.get(i)), default=None)
-        ran = (now - start).total_seconds() / 3600 if start else 0.0
-        out[name] = max(0.0, job.spec.expected_hours - ran)
-    return out
+    return {name: started(iids, launched) for name, iids in observed.placements.items() if name in desired.jobs and iids}
+
+
+def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime) -> dict[str, float]:
+    """Running job -> expected hours left at `now`, as build_problem computes Problem.job_remaining
+    (problem.build.hours_left; tests/test_memo.py pins the two equal)."""
+    from reconciler.problem.build import hours_left
+
+    return {n: hours_left(s, desired.jobs[n].spec.expected_hours, now) for n, s in running_starts(desired, observed).items()}
 
 
 def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> dict:
@@ -137,8 +137,7 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
 
     aging = desired.placement.aging
     left = running_hours_left(desired, observed, now)
-    launched = {i.id for i in observed.instances if i.launched_at}
-    unknown = [n for n, iids in observed.placements.items() if n in desired.jobs and iids and not any(i in launched for i in iids)]
+    unknown = [n for n, s in running_starts(desired, observed).items() if s is None]
     with_deadline = {n: j for n, j in desired.jobs.items() if j.spec.deadline is not None}
     latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in with_deadline.items()}
     return {

@@ -64,9 +64,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     job_remaining, job_end = {}, {}
     for d in demands:
         for job, iids in d.running:
-            start = min((launched.get(i) for i in iids if launched.get(i)), default=None)
-            ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
-            job_remaining[job] = max(0.0, d.hours - ran)
+            start = started(iids, launched)
+            job_remaining[job] = hours_left(start, d.hours, now)
             job_end[job] = expected_end(start, d.hours, now)
     deadlines = {j: (desired.jobs[j].spec.deadline, job_remaining.get(j, d.hours)) for d in demands for j in d.jobs
                  if desired.jobs[j].spec.deadline is not None}
@@ -168,6 +167,17 @@ def parse_time(text: str) -> datetime | None:
         return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
     except ValueError:
         return None
+
+
+def started(iids, launched: dict) -> datetime | None:
+    """When a running job started: the earliest launch of its instances (None: none of them says)."""
+    return min((launched[i] for i in iids if launched.get(i)), default=None)
+
+
+def hours_left(start, hours: float, now) -> float:
+    """A running job's expected hours left at `now` (all of them when its start is not known; none once past)."""
+    ran = (now - start).total_seconds() / 3600 if (now and start) else 0.0
+    return max(0.0, hours - ran)
 
 
 def expected_end(start, hours: float, now) -> float:
