@@ -111,6 +111,28 @@ def instance(iid: str, pool: str, cloud: str, region: str, zone: str, itype: str
                     state="running", pool=pool, tags={"fleetops.io/fleet": fleet, "fleetops.io/pool": pool})
 
 
+
+def reduced_fleet12() -> tuple[list[dict], list[Instance]]:
+    """fleet12 of the slow tier (issue 18), reduced: t1's two 3 x 2-GPU zone gangs (gang0 runs on i0) and t2's
+    4-GPU NVLink job `big` and CPU job `small`, a p4d pool of two zones at max 2 and a CPU pool whose running
+    instance i1 is spot, each tenant at a 0.5 spot share. The docs and the running instances; which jobs run where
+    is the test's."""
+    docs = [topology(), tenant("t1"), tenant("t2"),
+            pool("gpu", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], market="either", hi=2),
+            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "max_price_fraction": 0.3,  # (no spot p4d)
+                                     "tenant_max_spot_fraction": {"t1": 0.5, "t2": 0.5}}),
+            doc("PlacementPolicy", "pp", {"consolidation": "WhenUnderutilized", "preemption": "LowerPriority"})]
+    gangs = [job(f"gang{i}", tenant="t1", priority="low", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="zone")
+             for i in range(2)]
+    gangs[1]["spec"]["resources"]["nvlink"] = True
+    big = job("big", tenant="t2", priority="low", gpus=4, gpu_type="A100", cpu=40, mem=300)
+    big["spec"]["resources"]["nvlink"] = True
+    docs += gangs + [big, job("small", tenant="t2", priority="low", cpu=4, mem=16)]
+    running = [instance("i0", "gpu", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
+               instance("i1", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    return docs, running
+
 @contextlib.contextmanager
 def pinned_catalog(path: Path, edit):
     """Plan with a copy of the shipped price catalog that `edit(raw)` changed, pinned as a config repo pins

@@ -89,20 +89,9 @@ def _fleet12(tmp_path, big_runs_in_zone: str | None):
     from reconciler.plancheck import recheck
     from reconciler.problem import build_problem
     from reconciler.solve import solve
-    from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
+    from tests.fleetkit import catalog_observed, instance, reduced_fleet12, write_config
 
-    docs = [topology(), tenant("t1"), tenant("t2"),
-            pool("gpu", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], market="either", hi=2),
-            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
-            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "max_price_fraction": 0.3, "tenant_max_spot_fraction": {"t1": 0.5, "t2": 0.5}}),
-            doc("PlacementPolicy", "pp", {"consolidation": "WhenUnderutilized", "preemption": "LowerPriority"})]
-    gangs = [job(f"gang{i}", tenant="t1", priority="low", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="zone") for i in range(2)]
-    gangs[1]["spec"]["resources"]["nvlink"] = True
-    big = job("big", tenant="t2", priority="low", gpus=4, gpu_type="A100", cpu=40, mem=300)
-    big["spec"]["resources"]["nvlink"] = True
-    docs += gangs + [big, job("small", tenant="t2", priority="low", cpu=4, mem=16)]
-    running = [instance("i0", "gpu", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
-               instance("i1", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    docs, running = reduced_fleet12()
     placements = {"gang0": ("i0",) * 3, "small": ("i1",)}
     gpus = {"gang0": ((0, 1), (2, 3), (4, 5))}
     if big_runs_in_zone:

@@ -189,20 +189,9 @@ def test_tenant_spot_share_holds_when_the_packer_drops_its_on_demand_work(tmp_pa
     GPUs, which it counts as room for t2's 4-GPU NVLink job; no instance has 4, the pool is at max,
     so the packer drops it. t2's CPU job on the running spot instance was within its 50% share
     only beside it (1 of 29 work units): alone it is 1 of 1, so the plan must not run it there."""
-    docs = [topology(), tenant("t1"), tenant("t2"),
-            pool("gpu", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], market="either", hi=2),
-            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
-            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "max_price_fraction": 0.3,  # (no spot p4d)
-                                     "tenant_max_spot_fraction": {"t1": 0.5, "t2": 0.5}}),
-            placement(consolidation="WhenUnderutilized", preemption="LowerPriority")]
-    gangs = [job(f"gang{i}", tenant="t1", priority="low", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="zone")
-             for i in range(2)]
-    gangs[1]["spec"]["resources"]["nvlink"] = True
-    big = job("big", tenant="t2", priority="low", gpus=4, gpu_type="A100", cpu=40, mem=300)
-    big["spec"]["resources"]["nvlink"] = True
-    docs += gangs + [big, job("small", tenant="t2", priority="low", cpu=4, mem=16)]
-    running = [instance("i0", "gpu", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
-               instance("i1", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    from tests.fleetkit import reduced_fleet12
+
+    docs, running = reduced_fleet12()
     plan = plan_for(tmp_path, docs, running, {"gang0": ("i0",) * 3}, time_limit=5, workers=1,
                     gpu_indices={"gang0": ((0, 1), (2, 3), (4, 5))})  # (the oracle checks every tenant's share)
     jobs, m = by_job(plan), markets(plan, running)
