@@ -389,7 +389,8 @@ class _ParseCache:
     5.3 s of 6.5 s under cProfile; validation still runs on every load. An entry is used only
     when it is whole JSON whose key and shape check out and that this machine sealed
     (reconciler/localkey.py: an entry that came with the checkout is not trusted, since a forged
-    one would make load read YAML nobody reviewed); anything else is parsed again (and rewritten). Writing is best effort: a read-only directory just has no cache."""
+    one would make load read YAML nobody reviewed); anything else is parsed again (and
+    rewritten). Writing is best effort: a read-only directory just has no cache."""
 
     def __init__(self, directory: Path):
         self.dir = directory
