@@ -307,9 +307,18 @@ class _Greedy:
                     for c in buys:
                         self._open(c, ballast=True)
                     continue
-            rank = {d.key: i for i, d in enumerate(order)}
-            worst = max(spot_hosts, key=lambda i: (min((rank.get(dk, 0) for (dk, hk) in self.a.stay if hk == i.key), default=-1), i.key))
-            self._release(worst)
+            self._release(self._lowest_ranked(spot_hosts, order))
+
+    def _lowest_ranked(self, hosts: list[_Inst], order: list[Demand]) -> _Inst:
+        """The host whose best-ranked staying job ranks lowest; a host nothing stays on comes last. Only jobs
+        that still stay count: a released job leaves a zero in `stay`, and counting it chose an emptied host
+        again and again, forever (fleet14)."""
+        rank = {d.key: i for i, d in enumerate(order)}
+        best: dict[str, int] = {}
+        for (dk, hk), n in self.a.stay.items():
+            if n:
+                best[hk] = min(best.get(hk, len(rank)), rank.get(dk, 0))
+        return max(hosts, key=lambda i: (best.get(i.key, -1), i.key))
 
     def _ballast_buys(self) -> list[Capacity]:
         """The on-demand instances to buy that, standing idle, mend the fleet's spot share and on-demand buffer
@@ -392,7 +401,9 @@ class _Greedy:
             self._charge_quota(d, -jobs_lost)
         # Only the hosts this leaves empty: an idle on-demand host settle_spot kept for the buffer stays (closing it
         # too gave up the next spot host for a buffer it had mended, or bought an identical host to replace it).
-        for hk in [k for k in sorted(emptied) if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
+        # The released host itself goes even when nothing stayed on it (a spot host kept idle for diversity): a
+        # release that changes nothing would be asked for again.
+        for hk in [k for k in sorted(emptied | {inst.key}) if not any(n for (dk, h), n in self.a.stay.items() if h == k)]:
             self._close(self.opened[hk])
 
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:

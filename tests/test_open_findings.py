@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All three are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All four are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -11,14 +11,12 @@ told to make it a plain test).
   the packer dropped t2's on-demand job the solver had counted in the share.
 - fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) was evicted
   with "pools at max_instances"; with that limit lifted it was still evicted: under WhenEmpty the gang may only
-  stay or stop, and the reason now says so with what the running fleet breaks."""
+  stay or stop, and the reason now says so with what the running fleet breaks.
+- fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
-
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
@@ -94,12 +92,11 @@ def test_an_evicted_gangs_reason_names_what_binds():
     assert "the fleet is 100.0% spot, over max_spot_fraction 0.25" in j4.reason
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open: greedy's settle_spot cycles (buys ballast, releases a spot host, again) "
-                                       "on fleet14; the plan never ends (found by the slow tier, 2026-11-26; on cadbeab too)")
 def test_greedy_settles_spot_in_finite_time_on_fleet14():
-    """fleet14 (16 documents, 7 running instances): `reconcile plan` hung in greedy.settle_spot, the warm start,
-    before any wall-clock cap applies. Run in a child so the hang is a failure, not a stuck tier."""
+    """fleet14 (16 documents, 7 running instances; t1 may not run on spot and runs j4, j5 there): `reconcile plan`
+    hung in greedy.settle_spot, the warm start, before any wall-clock cap applies. Releasing j4's host left a zero in
+    greedy's stay counts, which still ranked the emptied host (reopened for spot diversity) as the one to release,
+    and releasing an empty host changed nothing. Run in a child so a hang is a failure, not a stuck run."""
     import subprocess
     import sys
 
