@@ -9,7 +9,9 @@ last plan is kept in .reconcile/cache/plan-memo.json under the SHA-256 of every 
 - the desired state (its digest: every document as validated, defaults included) and the price catalog file the
   config pins, or the shipped one;
 - the observed fleet, whole: instances with their tags and launch times, offerings with their (live) prices and
-  availability, placements, cool-offs (read at the clock), account quotas, what the node agents reported, notes;
+  availability, placements, cool-offs (read at the clock), account quotas, notes; of what the node agents
+  reported, what planning reads (`runtime.publish.planning_reads`: the jobs that finished, the instances to
+  replace), not heartbeats or log tails, so a fleet whose agents are alive is read back too;
 - the options: provider, time limit, gap, LP bound, --allow-destroy, --adopt-fleet;
 - the clock, as the plan reads it (`clock_inputs`): aged priorities, the Reservations in force, deadline ranks
   and conditions (a running job with a deadline: its hours left, so the memo misses while one runs), and the
@@ -26,7 +28,7 @@ saved plan against the fleet as it is). Beside it, plan-memo-render.json keeps t
 same key (one format), since rich takes 0.2 s to render 5,000 jobs.
 
 Nothing else in planning reads the clock (grep'd: problem, solve, plan, explain, ledger, pack, greedy, policies):
-the cool-offs and the agents' reports are read at the clock by observe and are keyed as observed."""
+the cool-offs and the agents' reports are read at the clock by observe and are keyed as observed (the reports as planning reads them)."""
 
 from __future__ import annotations
 
@@ -157,6 +159,7 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
 def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now: datetime, options: dict) -> str:
     """SHA-256 over every input of the plan (the module docstring lists them). Raises Unkeyable."""
     from providers.catalog import catalog_for, shipped_catalog_text
+    from reconciler.runtime.publish import planning_reads
 
     pinned = catalog_for(config_dir)
     catalog = pinned.read_bytes() if pinned is not None else shipped_catalog_text().encode()
@@ -164,7 +167,9 @@ def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now:
         ("program", program_digest()),
         ("catalog", hashlib.sha256(catalog).hexdigest()),
         ("desired", desired.digest),
-        ("observed", _plain(observed)),
+        # The agents' reports only as planning reads them (heartbeats and log tails move every second).
+        ("observed", _plain(dataclasses.replace(observed, runtime=None))),
+        ("runtime", _plain(planning_reads(observed.runtime))),
         ("clock", _plain(clock_inputs(desired, observed, now))),
         ("options", _plain(dict(sorted(options.items())))),
     )

@@ -223,6 +223,11 @@ def test_the_quickstart_runs_its_jobs_and_stays_converged(rt):
     wait(lambda: all(run_phase(qs, n) == "Running" for n in running), timeout=180, what="every quickstart job running")
     again = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10"])
     assert again.exit_code == 0, again.output
+    # With the agents alive (new heartbeats and log lines since), the same plan is read back, not solved again.
+    beats = {i: a.get("heartbeat_at") for i, a in bus(qs).agents().items()}
+    wait(lambda: all(bus(qs).agent(i).get("heartbeat_at") != b for i, b in beats.items()), what="a new heartbeat from every agent")
+    third = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10"])
+    assert third.exit_code == 0 and "read back from .reconcile/cache/plan-memo.json" in third.stderr, third.output
     wait(lambda: any("step 1/150" in ln for ln in bus(qs).run("finetune-a", 0)["log_tail"]), what="finetune-a's first step")
     logs = runner.invoke(app, ["logs", str(qs), "finetune-a"])
     assert logs.exit_code == 0 and "finetune-a rank 0/1: step 1/150" in logs.output

@@ -130,6 +130,16 @@ def workload_note(run) -> str:
     return f"job {run.job}: {run.phase}, " + ", ".join(bits) if bits else ""
 
 
+def planning_reads(view: RuntimeView | None) -> dict | None:
+    """What planning reads of the agents' reports: the jobs that finished (`demanding`) and the instances to
+    replace, with their words (`block_unhealthy`); the plan's notes (`with_runtime`) are in observed.notes.
+    Heartbeats, log tails, run phases and times are for status only: a plan memo that keyed them (all of
+    observed.runtime) missed on every plan of a fleet whose agents are alive (issue 20)."""
+    if view is None:
+        return None
+    return {"finished": dict(sorted(view.finished.items())), "unhealthy": dict(sorted(view.unhealthy.items()))}
+
+
 def demanding(desired: DesiredState, observed) -> DesiredState:
     """The desired state the solver sees: without the jobs that finished (a Succeeded batch job, a
     Failed one past its restarts) at their current spec; they are placed again when it changes."""
