@@ -19,9 +19,9 @@ which takes minutes; with --dir an applied config is reused (its .reconcile/ hol
 (issue 20.3): one changed job < 1 s, no change < 0.7 s, end to end.
 
 --age-hours H moves the sim's instance launch times H hours back first (in DIR's .reconcile/sim/, for
-good): a fleet that has run that long. A plan reads the clock through each running job's hours left
-(reconciler/memo.py), so the plan memo serves a no-change plan only once every running job is past its
-expected_hours (the generated jobs expect 4, 24 or 72 h: --age-hours 96).
+good): a fleet that has run that long. Running jobs are ranked by when they are expected to end, which the
+clock does not move (reconciler/memo.py), so the plan memo serves a no-change plan at any age; the option
+remains to check that (the generated jobs expect 4, 24 or 72 h: --age-hours 96 puts every one past it).
 """
 
 from __future__ import annotations
