@@ -113,7 +113,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
                 continue
             jc = next((j for j in p2.jobs if j.job == job), None)
             if jc is not None and jc.instances:
-                text, lost, moved, delta = _side_effects(plan, p2, job)
+                text, lost, moved, delta = _side_effects(plan, p2, job, problem)
                 would.append(WhatIf(f"{label}: it would run ({text})", change=label, outcome="runs", fleet_cost_delta=delta,
                                     evicts=tuple(lost), moves=tuple(moved)))
                 last = None
@@ -139,11 +139,23 @@ def _where(change, plan, problem: Problem) -> str:
     return ", ".join(hosts[i] + (f" GPUs {gpu_span(g)}" if g else "") for i, g in zip(change.instances, change.gpus or [()] * len(change.instances)))
 
 
-def _side_effects(plan, p2, job: str) -> tuple[str, list[str], list[str], float]:
+def _side_effects(plan, p2, job: str, problem: Problem) -> tuple[str, list[str], list[str], float]:
     """What else the re-planned fleet does differently: the $/h, and the other jobs it evicts
-    (or no longer places) and the running ones it moves."""
+    (or no longer places) and the running ones it moves. Identical jobs (one demand) are alike to every
+    rule, so a re-plan that keeps one where the plan kept its twin loses nothing: only the jobs a demand
+    has fewer of count ("raise max_instances of cpu by 1: ... evicts g1" was said of a re-plan that kept g2
+    in g1's stead, both 1-GPU jobs of a tenant whose quota held one)."""
     before = {j.job: j for j in plan.jobs}
-    lost = sorted(j.job for j in p2.jobs if j.job != job and not j.instances and j.job in before and before[j.job].instances)
+    twins = {name: d.key for d in problem.demands for name in d.jobs}
+    lost_of: dict[str, list[str]] = {}
+    gained: dict[str, int] = {}
+    for j in p2.jobs:
+        if j.job != job and j.job in before and bool(j.instances) != bool(before[j.job].instances):
+            if j.instances:
+                gained[twins.get(j.job, j.job)] = gained.get(twins.get(j.job, j.job), 0) + 1
+            else:
+                lost_of.setdefault(twins.get(j.job, j.job), []).append(j.job)
+    lost = sorted(n for dk, names in lost_of.items() for n in sorted(names)[:max(0, len(names) - gained.get(dk, 0))])
     moved = sorted(j.job for j in p2.jobs if j.job != job and j.action == "move" and j.job in before and before[j.job].action == "keep")
     delta = p2.cost_after - plan.cost_after
     out = [f"{'+' if delta >= -0.005 else ''}{money(delta)}/h for the fleet"]

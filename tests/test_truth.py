@@ -258,6 +258,25 @@ def test_explain_reports_what_a_what_if_evicts(tmp_path):
     _no_negative_dollars(ex)
 
 
+def test_a_what_if_that_keeps_a_twin_in_place_of_a_job_evicts_nothing(tmp_path):
+    """Two identical 1-GPU jobs, one kept under a quota lowered to 1 GPU: the re-plan for 'raise max_instances of
+    cpu' kept g2 where the plan kept g1 and explain said it 'evicts or leaves pending g1', which the raise does not
+    do. Identical jobs are alike to every rule: only a demand's net loss is a side effect ('critical' for c2 does
+    evict c1, its twin, to run it)."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    pools = [_gpu_pool(hi=2), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1)]
+    base = [topology(), *pools, job("g1", **A100), job("g2", **A100), job("c1", cpu=12, mem=32)]
+    cfg = write_config(tmp_path / "c", [tenant("t", gpus=2), *base])
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, [tenant("t", gpus=1), *base, job("c2", cpu=12, mem=32)])
+    ex = api.explain(cfg, "c2", time_limit=5)
+    assert ex.summary == "pending: pools at max_instances (cpu 1/1)"
+    raise_max = [w for w in ex.would_change if w.startswith("raise max_instances of cpu by 1")]
+    assert raise_max == ["raise max_instances of cpu by 1: it would run (+$0.77/h for the fleet)"], ex.would_change
+    assert "give it priority critical: it would run (+$0.00/h for the fleet; evicts or leaves pending c1)" in ex.would_change
+
+
 def test_explain_searches_the_budget_that_suffices(tmp_path):
     """A $1/h tenant budget and a $3.67/h job: +50% was tried, then 'several limits bind at
     once' was said although only that budget bound. The amount short is searched instead."""
