@@ -168,7 +168,7 @@ def gpu_allocation(r) -> float | None:
     """GPUs given to replicas / GPUs of the instances the plan keeps and buys (None: no GPUs)."""
     gpus_of = {c.instance_type: c.gpus for c in r.problem.capacities}
     type_of = {i.id: i.instance_type for i in r.observed.instances}
-    total = sum(gpus_of.get(type_of.get(iid, ""), 0) for iid in r.plan.kept) + sum(gpus_of.get(c.instance_type, 0) for c in r.plan.creates)
+    total = sum(gpus_of.get(type_of.get(iid, ""), 0) for iid in r.plan.kept) + sum(gpus_of.get(c.site.instance_type, 0) for c in r.plan.creates)
     used = sum(len(g) for j in r.plan.jobs if j.action in ("keep", "place", "move") for g in j.gpus)
     return round(used / total, 4) if total else None
 
@@ -201,7 +201,7 @@ def gpu_packing(r) -> dict:
 
     type_of = {c.instance_type: c for c in r.problem.capacities}
     kept = [type_of[i.instance_type] for i in r.observed.instances if i.id in r.plan.kept and i.instance_type in type_of]
-    bought = [type_of[c.instance_type] for c in r.plan.creates]
+    bought = [type_of[c.site.instance_type] for c in r.plan.creates]
     room = {k: sum(c.cap(k) for c in kept + bought) for k in ("gpus", "cpu", "memory_gib")}
     lp = pywraplp.Solver.CreateSolver("GLOP")
     xs = [(d, lp.NumVar(0, len(d.jobs), "")) for d in r.problem.demands if d.gpus]

@@ -361,9 +361,9 @@ def _resulting_fleet(plan: Plan, observed: Observed) -> tuple[dict[str, int], di
             counts[key] = counts.get(key, 0) + 1
             types[i.id] = f"{i.instance_type} ({i.cloud}/{i.zone})"
     for c in plan.creates:
-        key = f"{c.pool} {c.instance_type} {c.market}"
+        key = f"{c.site.pool} {c.site.instance_type} {c.site.market}"
         counts[key] = counts.get(key, 0) + 1
-        types[c.ref] = f"{c.instance_type} ({c.cloud}/{c.zone})"
+        types[c.ref] = f"{c.site.instance_type} ({c.site.cloud}/{c.site.zone})"
     return counts, types
 
 

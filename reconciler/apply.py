@@ -190,14 +190,14 @@ def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callabl
 
 def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str,
             hosted: list[Placement]) -> Instance:
-    provider = fleet.provider(c.provider)
-    tags = {**ownership_tags(desired.fleet, c.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
+    provider = fleet.provider(c.site.provider)
+    tags = {**ownership_tags(desired.fleet, c.site.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
     reservation = desired.reservations.get(c.reservation) if c.reservation else None
     if c.reservation:
         tags[TAG_RESERVATION] = c.reservation  # how the next plan knows it is reserved capacity (price 0)
     req = CreateRequest(
-        key=key, pool=pool_target(desired.pools[c.pool]), zone=c.zone, instance_type=c.instance_type,
-        market=c.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
+        key=key, pool=pool_target(desired.pools[c.site.pool]), zone=c.site.zone, instance_type=c.site.instance_type,
+        market=c.site.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted), agent_state_url=getattr(fleet, "agent_state_url", None),
         capacity_reservation=reservation.spec.target.reservation_id if reservation is not None and reservation.spec.target else None,
     )
@@ -268,7 +268,7 @@ def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: A
         ours = [i for i in existing.values() if i.provider == name]
         in_use = frozenset(i.placement_group for i in ours if i.placement_group and i.id not in deleted)
         freed = any(i.placement_group and i.id in deleted for i in ours) or any(
-            c.placement_group and c.ref in report.failed_refs for c in plan.creates if c.provider == name)
+            c.placement_group and c.ref in report.failed_refs for c in plan.creates if c.site.provider == name)
         if not (freed or in_use):
             continue
         provider = fleet.provider(name)
@@ -357,7 +357,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
 
 def _what(action: CreateAction | DeleteAction) -> str:
     """An action's instance, for people: "spot g5.xlarge in us-east-1b"."""
-    return f"{action.market} {action.instance_type} in {action.zone}"
+    return f"{action.site.market} {action.site.instance_type} in {action.site.zone}"
 
 
 def _resume_creates(plan: Plan, already: dict[str | None, Instance], report: ApplyReport) -> list[CreateAction]:
@@ -389,14 +389,14 @@ def _launch_all(todo: list[CreateAction], desired: DesiredState, plan: Plan, fle
         report.failed_refs[c.ref] = str(e)
         if isinstance(e, CapacityError):
             state.mark_short(e.cloud, e.zone, e.instance_type, e.market)
-            report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e} (zone marked short; the next run places the work elsewhere)")
+            report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: {e} (zone marked short; the next run places the work elsewhere)")
         else:
-            report.failures.append(f"create {c.ref} {c.market} {c.instance_type} in {c.zone}: {e}")
+            report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: {e}")
         steps.end(started, "create", c.ref, _what(c), error=e)
 
     arriving = _arrivals(plan)
-    _run_all(todo, lane=lambda c: _lane(fleet, c.provider, desired.pools[c.pool].spec.region),
-             limit=lambda c: parallelism(fleet.provider(c.provider)),
+    _run_all(todo, lane=lambda c: _lane(fleet, c.site.provider, desired.pools[c.site.pool].spec.region),
+             limit=lambda c: parallelism(fleet.provider(c.site.provider)),
              begin=lambda c: steps.begin("create", c.ref, _what(c)),
              work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid, arriving.get(c.ref, [])),
              finish=created)
@@ -468,11 +468,11 @@ def _delete_all(plan: Plan, fleet: Fleet, existing: dict[str, Instance], strande
         steps.end(started, "delete", d.instance_id, _what(d), d.instance_id, e)
 
     def delete(d: DeleteAction) -> None:
-        provider = fleet.provider(d.provider)
+        provider = fleet.provider(d.site.provider)
         _retry(lambda: provider.delete(existing[d.instance_id]), f"delete {d.instance_id}", _window(provider))
 
-    _run_all(todo, lane=lambda d: _lane(fleet, d.provider, existing[d.instance_id].region),
-             limit=lambda d: parallelism(fleet.provider(d.provider)),
+    _run_all(todo, lane=lambda d: _lane(fleet, d.site.provider, existing[d.instance_id].region),
+             limit=lambda d: parallelism(fleet.provider(d.site.provider)),
              begin=lambda d: steps.begin("delete", d.instance_id, _what(d)), work=delete, finish=removed)
 
 

@@ -132,7 +132,7 @@ def _where(change, plan, problem: Problem) -> str:
     for i in change.instances:
         if i.startswith("+"):
             cr = next(c for c in plan.creates if c.ref == i)
-            hosts[i] = f"{cr.ref} (new {cr.instance_type} {cr.market}, {cr.cloud}/{cr.zone})"
+            hosts[i] = f"{cr.ref} (new {cr.site.instance_type} {cr.site.market}, {cr.site.cloud}/{cr.site.zone})"
         else:
             c = caps.get(i)
             hosts[i] = f"{i} ({c.instance_type} {c.market}, {c.cloud}/{c.zone})" if c else i

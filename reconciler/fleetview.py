@@ -175,7 +175,7 @@ def applied_view(problem, desired, observed, plan, report, now: datetime) -> Fle
     offers = {c.offer_key: c for c in problem.capacities if not c.existing and not c.members}
     for cr in plan.creates:
         iid = report.created.get(cr.ref)
-        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}")
+        cap = offers.get(cr.site.offer_key)
         if iid is not None and cap is not None:
             hosts[iid] = cap
     ref_to_id = dict(report.created)

@@ -1086,8 +1086,7 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     for h in kept:
         led.add_instance(h, hosts[h])
     for cr in creates:
-        reserved = getattr(cr, "reservation", None)
-        cap = offers.get(f"{cr.pool}/{cr.zone}/{cr.instance_type}/{cr.market}" + (f"@{reserved}" if reserved else ""))
+        cap = offers.get(cr.offer_key)
         if cap is not None:
             led.add_instance(cr.ref, cap)
     demand_of = {j: d for d in problem.demands for j in d.jobs}

@@ -51,10 +51,11 @@ from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
 from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, gang_split, over_cap_tenants, placement_refusal
+from reconciler.site import Site
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
-    offers = {(c.pool, c.zone, c.instance_type, c.market, c.reservation): c for c in problem.capacities if not c.existing}
+    offers = {c.offer_key: c for c in problem.capacities if not c.existing}
     host_price = {c.instance_id: c.price for c in problem.capacities if c.existing}
     instances = {i.id: i for i in observed.instances}
 
@@ -67,7 +68,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     errors += _pool_errors(desired, instances, staying, creates)
     errors += _quota_errors(problem, creates, offers)
     errors += _job_errors(plan, desired, observed, refs, staying, deletes)
-    errors += _fit_errors(plan, observed, problem, {c.ref: offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)] for c in creates},
+    errors += _fit_errors(plan, observed, problem, {c.ref: offers[c.offer_key] for c in creates},
                           staying)
 
     errors += _gang_errors(plan, observed, problem, creates)
@@ -92,28 +93,28 @@ def _checked_creates(plan: Plan, desired: DesiredState, problem: Problem, offers
     creates: list[CreateAction] = []
     errors: list[str] = []
     for n, c in enumerate(plan.creates, 1):
-        what = f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r})"
+        what = f"create {c.ref} ({c.site.market} {c.site.instance_type} in {c.site.zone}, pool {c.site.pool!r})"
         if c.ref != f"+{n}" or c.key != f"{plan.id}-{n:04d}":
             errors.append(f"{what}: ref {c.ref!r} / key {c.key!r} are not this plan's (+{n}, {plan.id}-{n:04d})")
             continue
-        if c.pool not in desired.pools:
-            errors.append(f"{what}: there is no pool {c.pool!r} in the desired state")
+        if c.site.pool not in desired.pools:
+            errors.append(f"{what}: there is no pool {c.site.pool!r} in the desired state")
             continue
-        offer = offers.get((c.pool, c.zone, c.instance_type, c.market, c.reservation))
+        offer = offers.get(c.offer_key)
         if offer is None:
-            s = desired.pools[c.pool].spec
+            s = desired.pools[c.site.pool].spec
             errors.append(f"{what}: the pool does not allow it now (pool: {s.cloud}/{s.region}, zones {', '.join(s.zones)}, "
                           f"types {', '.join(s.instance_types)}, market {s.market}; or outside the guardrails, over the "
                           "spot price cap, or in a capacity cool-off)")
             continue
-        if c.placement_group is not None and c.placement_group not in {placement_group_name(desired.fleet, j, c.zone) for j in gangs}:
+        if c.placement_group is not None and c.placement_group not in {placement_group_name(desired.fleet, j, c.site.zone) for j in gangs}:
             errors.append(f"{what}: placement group {c.placement_group!r} is not one of this fleet's gangs")
             continue
-        if (c.provider, c.cloud, c.region) != (offer.provider, offer.cloud, offer.region):
-            errors.append(f"{what}: provider/cloud/region {c.provider}/{c.cloud}/{c.region} are not the pool's "
+        if (c.site.provider, c.site.cloud, c.site.region) != (offer.provider, offer.cloud, offer.region):
+            errors.append(f"{what}: provider/cloud/region {c.site.provider}/{c.site.cloud}/{c.site.region} are not the pool's "
                           f"({offer.provider}/{offer.cloud}/{offer.region})")
             continue
-        creates.append(replace(c, price=offer.price, max_price=offer.on_demand_price if c.market == "spot" else None))
+        creates.append(replace(c, price=offer.price, max_price=offer.on_demand_price if c.site.market == "spot" else None))
     return creates, errors
 
 
@@ -129,8 +130,7 @@ def _checked_deletes(plan: Plan, desired: DesiredState, instances: dict, host_pr
         if any(x.instance_id == inst.id for x in deletes):
             errors.append(f"delete {d.instance_id}: listed twice")
             continue
-        deletes.append(DeleteAction(inst.id, inst.pool, inst.provider, inst.cloud, inst.region, inst.zone, inst.instance_type,
-                                    inst.market, host_price.get(inst.id, d.price), d.reason))
+        deletes.append(DeleteAction(inst.id, Site.of(inst), host_price.get(inst.id, d.price), d.reason))
     return deletes, errors
 
 
@@ -140,9 +140,9 @@ def _pool_errors(desired: DesiredState, instances: dict, staying: set[str], crea
     for iid in staying:
         count[instances[iid].pool] = count.get(instances[iid].pool, 0) + 1
     for c in creates:
-        count[c.pool] = count.get(c.pool, 0) + 1
+        count[c.site.pool] = count.get(c.site.pool, 0) + 1
     errors = []
-    for pool in sorted({c.pool for c in creates}):
+    for pool in sorted({c.site.pool for c in creates}):
         hi = desired.pools[pool].spec.max_instances
         if count[pool] > hi:
             errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
@@ -183,12 +183,12 @@ def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -
     """Creates past a cloud account quota's headroom, in the plan's order (the order apply launches them in)."""
     book, errors = QuotaBook(problem.quotas), []
     for c in creates:
-        cap = offers[(c.pool, c.zone, c.instance_type, c.market, c.reservation)]
+        cap = offers[c.offer_key]
         short = book.short(cap)
         if short is not None:
             q = book.quotas[short[0]]
             taken = f", and the plan's creates before it take {book.taken[short[0]]:g} more" if book.taken[short[0]] else ""
-            errors.append(f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}, pool {c.pool!r}): cloud quota: "
+            errors.append(f"create {c.ref} ({c.site.market} {c.site.instance_type} in {c.site.zone}, pool {c.site.pool!r}): cloud quota: "
                           f"{quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used when read{taken}; it needs "
                           f"{quota_units(q, cap):g} more" + (f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""))
         book.take(cap)
@@ -208,7 +208,7 @@ def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list
     (instance); one instance type and one placement group (placement-group)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     site = {i.id: (i.cloud, i.zone, i.instance_type, i.placement_group or None) for i in observed.instances}
-    site |= {c.ref: (c.cloud, c.zone, c.instance_type, c.placement_group) for c in creates}
+    site |= {c.ref: (c.site.cloud, c.site.zone, c.site.instance_type, c.placement_group) for c in creates}
     errors = []
     for j in plan.jobs:
         d = demand_of.get(j.job)

@@ -118,7 +118,7 @@ def rules_lines(plan: Plan) -> list[str]:
 
 def _market(c) -> str:
     """A create's market, and the reservation it launches into."""
-    return f"{c.market} (reserved: {c.reservation})" if getattr(c, "reservation", None) else c.market
+    return f"{c.site.market} (reserved: {c.reservation})" if getattr(c, "reservation", None) else c.site.market
 
 
 def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
@@ -134,7 +134,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         for col in ("ref", "pool", "cloud/zone", "type", "market", "$/h"):
             t.add_column(col)
         for c in plan.creates:
-            t.add_row(c.ref, c.pool, f"{c.cloud}/{c.zone}", c.instance_type, _market(c), f"{c.price:.3f}", style="green")
+            t.add_row(c.ref, c.site.pool, f"{c.site.cloud}/{c.site.zone}", c.site.instance_type, _market(c), f"{c.price:.3f}", style="green")
         con.print(t)
         con.print(prices_line(plan))
     if plan.deletes:
@@ -142,7 +142,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         for col in ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"):
             t.add_column(col)
         for d in plan.deletes:
-            t.add_row(d.instance_id, d.pool, f"{d.cloud}/{d.zone}", d.instance_type, d.market, f"{d.price:.3f}", d.reason, style="red")
+            t.add_row(d.instance_id, d.site.pool, f"{d.site.cloud}/{d.site.zone}", d.site.instance_type, d.site.market, f"{d.price:.3f}", d.reason, style="red")
         con.print(t)
     moving = [j for j in plan.jobs if j.action in ("place", "move", "evict")]
     if moving:
@@ -189,7 +189,7 @@ def _md_table(header: list[str], rows: list[list[str]], truncated_note: str) -> 
 def markdown_truncates(plan: Plan) -> bool:
     per_cloud = {}
     for a in (*plan.creates, *plan.deletes):
-        per_cloud[a.cloud] = per_cloud.get(a.cloud, 0) + 1
+        per_cloud[a.site.cloud] = per_cloud.get(a.site.cloud, 0) + 1
     moving = sum(j.action in ("place", "move") for j in plan.jobs)
     pending = sum(j.action in ("pending", "evict") for j in plan.jobs)
     return max([moving, pending, *per_cloud.values()], default=0) > MARKDOWN_MAX_ROWS
@@ -208,13 +208,13 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines.append(f"> **Note:** {n}")
     if plan.notes:
         lines.append("")
-    clouds = sorted({c.cloud for c in plan.creates} | {d.cloud for d in plan.deletes})
+    clouds = sorted({c.site.cloud for c in plan.creates} | {d.site.cloud for d in plan.deletes})
     for cloud in clouds:
-        cr = [c for c in plan.creates if c.cloud == cloud]
-        de = [d for d in plan.deletes if d.cloud == cloud]
+        cr = [c for c in plan.creates if c.site.cloud == cloud]
+        de = [d for d in plan.deletes if d.site.cloud == cloud]
         lines += [f"<details><summary>{cloud}: {len(cr)} to create, {len(de)} to delete</summary>", ""]
-        rows = [["+ create", c.ref, c.pool, c.zone, c.instance_type, _market(c), f"{c.price:.3f}"] for c in cr]
-        rows += [["- delete", d.instance_id, d.pool, d.zone, d.instance_type, d.market, f"{d.price:.3f}"] for d in de]
+        rows = [["+ create", c.ref, c.site.pool, c.site.zone, c.site.instance_type, _market(c), f"{c.price:.3f}"] for c in cr]
+        rows += [["- delete", d.instance_id, d.site.pool, d.site.zone, d.site.instance_type, d.site.market, f"{d.price:.3f}"] for d in de]
         lines += _md_table(["action", "instance", "pool", "zone", "type", "market", "$/h"], rows, note)
         lines += ["", "</details>", ""]
     moving = [j for j in plan.jobs if j.action in ("place", "move")]

@@ -280,7 +280,7 @@ def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: Desi
         mine = sorted((i for i in instances if i.pool == name), key=lambda i: i.id)
         cost = sum(pricing.hourly(i.id) for i in mine)
         lo, hi = pool.spec.min_instances, pool.spec.max_instances
-        failed = [report.failed_refs[c.ref] for c in plan.creates if c.pool == name and c.ref in report.failed_refs]
+        failed = [report.failed_refs[c.ref] for c in plan.creates if c.site.pool == name and c.ref in report.failed_refs]
         ok = lo <= len(mine) <= hi and not failed
         msg = f"{len(mine)} instance(s), within [{lo}, {hi}]" if ok else (
             f"{len(failed)} create(s) failed: {failed[0]}" if failed else f"{len(mine)} instance(s), outside [{lo}, {hi}]")

@@ -152,13 +152,14 @@ def test_apply_plan_reports_a_refused_delete_as_a_failure(applied):
     from reconciler.apply import apply_plan
     from reconciler.observe import Fleet
     from reconciler.plan import DeleteAction
+    from reconciler.site import Site
     from reconciler.state import State
 
     cfg, _ = applied
     theirs = SimCloud(state_dir(cfg)).plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", tags={"owner": "them"})
     res = api.plan(cfg, time_limit=float(QUICK))
-    plan = replace(res.plan, deletes=(DeleteAction(theirs, "aws-cpu", "sim", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
-                                                   "on-demand", 0.768, "forged"),))
+    plan = replace(res.plan, deletes=(DeleteAction(theirs, Site("aws-cpu", "sim", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
+                                                        "on-demand"), 0.768, "forged"),))
     report = apply_plan(res.desired, res.observed, plan, Fleet(res.desired, state_dir(cfg)), State())
     assert not report.ok and theirs not in report.deleted and theirs in _live(cfg)
 

@@ -13,6 +13,7 @@ from dataclasses import fields, is_dataclass
 
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
+from reconciler.site import SITE_FIELDS, Site
 
 PLAN_FORMAT = 2
 
@@ -23,6 +24,8 @@ def encode(plan) -> str:
     del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
     if not raw["rules"]:
         del raw["rules"]
+    raw["creates"] = [flat_site(c) for c in raw["creates"]]
+    raw["deletes"] = [flat_site(d) for d in raw["deletes"]]
     for c in raw["creates"]:  # (only where set: a plan without reservations is as before)
         if c["reservation"] is None:
             del c["reservation"]
@@ -42,6 +45,24 @@ def read_body(text: str) -> dict:
         raise ValueError("the plan's body does not match its body_digest: it was edited after `reconcile plan` wrote "
                          "it (or made by an older version); make the plan again")
     return raw
+
+
+def flat_site(action: dict) -> dict:
+    """An action's JSON with its site's fields in the site's place: the plan file keeps the shape it had
+    before actions carried a Site (saved plans, PR comments and body digests are unchanged)."""
+    out = {}
+    for k, v in action.items():
+        if k == "site":
+            out.update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def nest_site(raw: dict) -> dict:
+    """The inverse of flat_site: a saved action's fields with its seven site fields as one Site."""
+    rest = {k: v for k, v in raw.items() if k not in SITE_FIELDS}
+    return {**rest, "site": Site.from_json(raw)}
 
 
 def _json_ready(obj):

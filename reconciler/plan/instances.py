@@ -9,6 +9,7 @@ from reconciler.ledger import pool_min_ok
 from reconciler.plan.packing import Packing
 from reconciler.plan.types import CreateAction, DeleteAction
 from reconciler.problem import Capacity, Problem
+from reconciler.site import Site
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -31,8 +32,7 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
             n = len(creates) + 1
             c = b.cap
             creates.append(CreateAction(
-                ref=f"+{n}", key=f"{pid}-{n:04d}", pool=c.pool, provider=c.provider, cloud=c.cloud, region=c.region,
-                zone=c.zone, instance_type=c.instance_type, market=c.market, price=c.price,
+                ref=f"+{n}", key=f"{pid}-{n:04d}", site=Site.of(c), price=c.price,
                 max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
                 price_source=c.price_source,
             ))
@@ -51,7 +51,7 @@ def delete_actions(problem: Problem, solution: Solution) -> list[DeleteAction]:
     for c in problem.capacities:
         if c.existing and c.instance_id not in solution.keep:
             why = c.keep_blocker or ("consolidated: its replicas fit more cheaply elsewhere" if c.residents else "no longer needed")
-            deletes.append(DeleteAction(c.instance_id, c.pool, c.provider, c.cloud, c.region, c.zone, c.instance_type, c.market, c.price, why))
+            deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, why))
     return deletes
 
 

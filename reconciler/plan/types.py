@@ -9,39 +9,33 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from reconciler.ledger import SpotBallast
-from reconciler.plan.file import PLAN_FORMAT, encode, read_body
+from reconciler.plan.file import PLAN_FORMAT, encode, nest_site, read_body
+from reconciler.site import OnSite, Site
 
 JobAction = Literal["keep", "place", "move", "evict", "pending"]
 
 
 @dataclass(frozen=True)
-class CreateAction:
+class CreateAction(OnSite):
     ref: str  # how the plan names the instance before it exists: "+1", "+2", ...
     key: str  # idempotency key: the same plan never creates it twice
-    pool: str
-    provider: str
-    cloud: str
-    region: str
-    zone: str
-    instance_type: str
-    market: str
+    site: Site  # (its seven fields are the action's own in the plan file: file.py)
     price: float
     max_price: float | None
     placement_group: str | None = None  # launch into this cluster placement group (a gang's)
     reservation: str | None = None  # launch into this Reservation's capacity (price 0: its cost is committed)
     price_source: str = ""  # where `price` comes from and its date: "catalog: <source> (<date>)" or a live API
 
+    @property
+    def offer_key(self) -> str:
+        """The offer it buys from: its site's, or a Reservation's own (problem.types.Capacity.offer_key)."""
+        return self.site.offer_key + (f"@{self.reservation}" if self.reservation else "")
+
 
 @dataclass(frozen=True)
-class DeleteAction:
+class DeleteAction(OnSite):
     instance_id: str
-    pool: str
-    provider: str
-    cloud: str
-    region: str
-    zone: str
-    instance_type: str
-    market: str
+    site: Site
     price: float
     reason: str
 
@@ -139,8 +133,8 @@ class Plan:
         cons = raw.get("consolidation")
         return cls(
             id=raw["id"], fleet=raw["fleet"], desired_digest=raw["desired_digest"], observed_digest=raw["observed_digest"],
-            creates=tuple(CreateAction(**c) for c in raw["creates"]),
-            deletes=tuple(DeleteAction(**d) for d in raw["deletes"]),
+            creates=tuple(CreateAction(**nest_site(c)) for c in raw["creates"]),
+            deletes=tuple(DeleteAction(**nest_site(d)) for d in raw["deletes"]),
             jobs=tuple(JobChange(**{**j, "instances": tuple(j["instances"]), "previous": tuple(j["previous"]),
                                     "gpus": tuple(tuple(g) for g in j.get("gpus", ()))}) for j in raw["jobs"]),
             cost_before=raw["cost_before"], cost_after=raw["cost_after"],
