@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.problem.diagnosis import pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok
-from reconciler.problem import DIMS, Capacity, Demand, Problem, fit, rules_allow
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -79,7 +79,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
                        + (" (ranks above work of its class without a deadline)" if d.deadline_rank else ""))
     if d.licenses:
         details.append("holds " + ", ".join(f"{n // d.bundle} {name} license(s) per replica" for name, n in d.licenses) + " while it runs")
-    compatible = [c for c in problem.capacities if fit(d, c) > 0 and c.keep_blocker is None]
+    compatible = [c for c in problem.capacities if fit(d, c) > 0 and not (isinstance(c, Host) and c.keep_blocker is not None)]
     by_offer: dict[str, Capacity] = {}
     for c in compatible:
         by_offer.setdefault(c.offer_key, c)

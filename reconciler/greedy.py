@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, pool_min_ok, spot_share_ok
-from reconciler.problem import DIMS, Capacity, Demand, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
+from reconciler.problem import DIMS, Capacity, Demand, Host, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
 
 
 @dataclass
@@ -131,7 +131,7 @@ class _Greedy:
         self.floor_price: dict[str, float] = {}
         if problem.budget is not None:
             for c in problem.capacities:
-                if c.keep_blocker is None and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
+                if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
                     self.floor_price[c.pool] = min(self.floor_price.get(c.pool, math.inf), c.price)
 
     # -- bookkeeping
@@ -244,7 +244,7 @@ class _Greedy:
                 if len(iids) != d.replicas:
                     self.to_heal.append((d, cells))  # after the kept fleet is settled
                     continue
-                if d.gang and len({c.site for c in cells}) > 1:
+                if d.gang and len({c.cloud_zone for c in cells}) > 1:
                     continue
                 if d.gang and d.gang_mode == "placement-group" and len({c.offer_key for c in cells}) > 1:
                     continue
@@ -409,7 +409,7 @@ class _Greedy:
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:
         """A gang that lost replicas: keep the survivors and place the missing ones beside them
         (same zone, or same offer for a placement group). If that fails it is re-placed whole later."""
-        if len({c.site for c in survivors}) > 1 or (d.gang_mode == "placement-group" and len({c.offer_key for c in survivors}) > 1):
+        if len({c.cloud_zone for c in survivors}) > 1 or (d.gang_mode == "placement-group" and len({c.offer_key for c in survivors}) > 1):
             return
         opened_here, insts = [], []
         for c in survivors:

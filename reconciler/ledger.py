@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from providers.catalog import load_catalog
+from reconciler.site import Host
 
 GPU_SLICES = 7  # MIG compute slices of one GPU
 
@@ -949,7 +950,7 @@ class Ledger:
     def _room_items(self, d, ref: str, fits) -> int:
         """Items of d the room left on a plan instance holds (its rules allowing)."""
         c = self.instances[ref]
-        if c.keep_blocker is not None or self._fit(d, c, fits) <= 0:
+        if (isinstance(c, Host) and c.keep_blocker is not None) or self._fit(d, c, fits) <= 0:
             return 0
         if d.nvlink and any(o.gpus for o, _ in self.items[ref]):
             return 0  # as the solver: NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)

@@ -1,10 +1,15 @@
 """Site: where an instance runs or would be bought, and what it is: one value shared by the problem's
-hosts and offers and the plan's creates and deletes, so the seven fields are declared once."""
+hosts and offers and the plan's creates and deletes, so the seven fields are declared once; and the
+capacity at a site: a Host (an instance the fleet runs) or an Offer (new instances to buy).
+
+Below the ledger (which counts hosts and offers alike and must tell them apart by their type), so it
+imports nothing of the reconciler; reconciler.problem re-exports the capacity types."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import attrgetter
+from typing import ClassVar
 
 SITE_FIELDS = ("pool", "provider", "cloud", "region", "zone", "instance_type", "market")
 
@@ -56,4 +61,80 @@ for _f in SITE_FIELDS:
     setattr(OnSite, _f, property(attrgetter(f"site.{_f}"), doc=f"site.{_f}"))
 
 
-__all__ = ["SITE_FIELDS", "OnSite", "Site"]
+@dataclass(frozen=True, kw_only=True)
+class Capacity(OnSite):
+    """What a host and an offer share, and all that code treating both alike reads: where (its Site: `c.zone`
+    reads `c.site.zone`), one instance's shape and prices, and `most`, how many instances it counts at most.
+    Code that must tell them apart takes the hosts, then the offers (Problem.hosts(), Problem.offers())."""
+
+    key: str
+    site: Site
+    gpus: int  # physical GPUs
+    gpu_type: str | None
+    cpu: float
+    memory_gib: float
+    price: float  # USD per hour
+    on_demand_price: float
+    nvlink_domain: int = 1
+    mig: tuple[str, ...] | None = None  # the per-GPU MIG layout of the pool
+    reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
+    price_source: str = ""  # where the price comes from, and its date (shown with the plan)
+    existing: ClassVar[bool] = False  # a Host: the one thing every reader of a mixed list may ask
+    frozen: ClassVar[bool] = False  # only a host can be frozen (problem/freeze.py)
+
+    @property
+    def offer_key(self) -> str:
+        """The (pool, zone, type, market) class this capacity belongs to (a reservation's is its own)."""
+        return self.site.offer_key + (f"@{self.reservation}" if self.reservation else "")
+
+    @property
+    def class_key(self) -> str:
+        """The same across the zones of a pool: (pool, type, market)."""
+        return self.site.class_key + (f"@{self.reservation}" if self.reservation else "")
+
+    @property
+    def cloud_zone(self) -> tuple[str, str]:
+        return (self.site.cloud, self.site.zone)
+
+    def common(self) -> dict:
+        """The fields every capacity has: to make another kind of the same site, shape and price (an idle class)."""
+        return {f.name: getattr(self, f.name) for f in fields(Capacity)}
+
+    def cap(self, dim: str) -> float:
+        if dim == "gpus":
+            return 0 if self.mig else self.gpus
+        if dim == "cpu":
+            return self.cpu
+        if dim == "memory_gib":
+            return self.memory_gib
+        if dim.startswith("mig:") and self.mig:
+            return self.gpus * self.mig.count(dim[4:])
+        return 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Host(Capacity):
+    """An instance the fleet runs now (observe found it): its residents, and why it must go, if it must."""
+
+    instance_id: str
+    keep_blocker: str | None = None  # why it must go (pool removed, drifted from spec)
+    residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
+    frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
+    existing: ClassVar[bool] = True
+    most: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offer(Capacity):
+    """Up to max_new new instances of one site (and Reservation), or a zone class: the offers of one (pool,
+    type, market) in every zone (`members`), for work that does not care which zone (solve/index.py)."""
+
+    max_new: int = 0
+    members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
+
+    @property
+    def most(self) -> int:
+        return self.max_new
+
+
+__all__ = ["SITE_FIELDS", "Capacity", "Host", "Offer", "OnSite", "Site"]

@@ -11,7 +11,8 @@ from reconciler.ledger import ExactSum, Ledger, LicenseRules, QuotaBook
 from reconciler.load import load
 from reconciler.model import SpotPolicySpec
 from reconciler.plan import make_plan
-from reconciler.problem import Capacity, Demand, Problem, TenantRules, fit
+from reconciler.problem import Capacity, Demand, Host, Offer, Problem, TenantRules, fit
+from reconciler.site import Site
 from reconciler.solve import solve
 from tests.fleetkit import catalog_observed, doc, job, pool, tenant, topology, write_config
 from tests.invariants import check_plan
@@ -65,9 +66,9 @@ def test_the_rule_greedy_refuses_a_job_with_is_the_rule_the_plans_ledger_names(t
 
 
 def cap(key: str, market: str = "on-demand", gpus: int = 8, price: float = 0.1, zone: str = "z1", existing: bool = True, mig=None) -> Capacity:
-    return Capacity(key=key, pool="p", provider="sim", cloud="aws", region="r", zone=zone, instance_type="p4d", market=market, gpus=gpus,
-                    gpu_type="A100", cpu=96.0, memory_gib=1152.0, price=price, on_demand_price=price, mig=mig,
-                    instance_id=key if existing else None)
+    site = Site("p", "sim", "aws", "r", zone, "p4d", market)
+    shape = dict(gpus=gpus, gpu_type="A100", cpu=96.0, memory_gib=1152.0, price=price, on_demand_price=price, mig=mig)
+    return Host(key=key, site=site, **shape, instance_id=key) if existing else Offer(key=key, site=site, **shape)
 
 
 def demand(key: str, gpus: int = 1, cpu: float = 0.7, mig=None, tenant: str = "t", licenses=()) -> Demand:

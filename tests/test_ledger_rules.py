@@ -10,11 +10,12 @@ from __future__ import annotations
 from reconciler.ledger import (EPS, Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, fraction_milli, item_units, milli_down,
                                milli_up, pool_min_ok, pool_ok, quota_ok, spot_share_ok, within, work_units)
 from reconciler.model import SpotPolicySpec
-from reconciler.problem import Capacity, Demand, Problem, TenantRules
+from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
+from reconciler.site import Site
 
 
 def cap(key: str, market: str = "on-demand", gpus: int = 0, cpu: float = 8.0, price: float = 1.0, mig=None) -> Capacity:
-    return Capacity(key=key, pool="p", provider="sim", cloud="gcp", region="r", zone="z", instance_type="t", market=market, gpus=gpus,
+    return Host(key=key, site=Site("p", "sim", "gcp", "r", "z", "t", market), gpus=gpus,
                     gpu_type="A100" if gpus else None, cpu=cpu, memory_gib=64.0, price=price, on_demand_price=price, mig=mig,
                     instance_id=key)
 

@@ -18,11 +18,12 @@ from reconciler.model import SpotPolicySpec
 from reconciler.observe import Observed
 from reconciler.pack import Bin
 from reconciler.plan.tenant_spot import settle_tenant_spot
-from reconciler.problem import Capacity, Demand, Problem, TenantRules
+from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
+from reconciler.site import Site
 
 
 def host(key: str, market: str) -> Capacity:
-    return Capacity(key=key, pool="p", provider="sim", cloud="gcp", region="r", zone="z", instance_type="t", market=market, gpus=0,
+    return Host(key=key, site=Site("p", "sim", "gcp", "r", "z", "t", market), gpus=0,
                     gpu_type=None, cpu=8.0, memory_gib=64.0, price=1.0, on_demand_price=1.0, mig=None, instance_id=key)
 
 

@@ -165,10 +165,10 @@ def test_placement_refusal_names_the_first_rule_or_only_the_rules_asked():
     rules_allow and fit read the same answer."""
     from dataclasses import replace
 
-    from reconciler.problem import Capacity, Demand, fit, placement_refusal, rules_allow
+    from reconciler.problem import Demand, Offer, fit, placement_refusal, rules_allow
+    from reconciler.site import Site
 
-    c = Capacity(key="c", pool="p", provider="sim", cloud="gcp", region="us-central1", zone="us-central1-a", instance_type="a2-highgpu-1g",
-                 market="spot", gpus=1, gpu_type="A100", cpu=12, memory_gib=85, price=1.0, on_demand_price=3.0)
+    c = Offer(key="c", site=Site("p", "sim", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "spot"), gpus=1, gpu_type="A100", cpu=12, memory_gib=85, price=1.0, on_demand_price=3.0)
     d = Demand(key="d", jobs=("j",), replicas=1, bundle=1, tenant="t", gpus=1, gpu_type="A100", mig=None, nvlink=False, cpu=4, memory_gib=16,
                priority=10, spot="never", gang_mode="zone", pools=frozenset({"q"}), regions=None, clouds=None, zones=None,
                data_location=None, data_gib=0, hours=1)

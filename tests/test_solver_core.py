@@ -141,10 +141,10 @@ def test_zone_free_work_shares_one_variable_per_pool_and_type(tmp_path):
 
 def test_the_packer_pairs_cpu_heavy_with_memory_heavy_work():
     """At a full aggregate, first fit strands room; aligning items with free room does not."""
-    from reconciler.problem import Capacity, Demand
+    from reconciler.problem import Demand, Offer
+    from reconciler.site import Site
 
-    cap = Capacity(key="c", pool="p", provider="sim", cloud="aws", region="r", zone="z", instance_type="m", market="on-demand",
-                   gpus=0, gpu_type=None, cpu=16, memory_gib=64, price=1.0, on_demand_price=1.0)
+    cap = Offer(key="c", site=Site("p", "sim", "aws", "r", "z", "m", "on-demand"), gpus=0, gpu_type=None, cpu=16, memory_gib=64, price=1.0, on_demand_price=1.0)
 
     def d(cpu, mem):
         return Demand(key=f"{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=0, gpu_type=None, mig=None, nvlink=False,

@@ -4,6 +4,7 @@ capacity for fair shares, costs per zone, deadlines, and what nothing can ever h
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 
 from providers.catalog import load_catalog
@@ -16,7 +17,7 @@ from reconciler.problem.demands import demands_of, group_key, as_utc
 from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
 from reconciler.problem.rules import fit
 from reconciler.problem.tenants import tenant_rules
-from reconciler.problem.types import DIMS, Capacity, Demand, Problem, type_class
+from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, type_class
 from reconciler.topology import TopologyIndex
 
 def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
@@ -48,7 +49,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
         frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet)
-        hosts = [Capacity(**{**h.__dict__, "frozen": True}) if h.instance_id in frozen else h for h in hosts]
+        hosts = [replace(h, frozen=True) if h.instance_id in frozen else h for h in hosts]
 
     split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
     groups: dict[tuple, list[str]] = {}
@@ -108,7 +109,7 @@ def _static_pending(demands: list[Demand], caps: list[Capacity], desired: Desire
     out: dict[str, str] = {}
     shapes_by_type: dict[tuple, dict[str, Capacity]] = {}  # one capacity per offer key: fit() reads nothing else
     for c in caps:
-        if c.keep_blocker is None:
+        if not (isinstance(c, Host) and c.keep_blocker is not None):
             shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
     every = None  # what the pools could ever run, built for the first demand nothing fits
     for d in demands:

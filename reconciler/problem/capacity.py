@@ -4,6 +4,7 @@ of each (pool, zone, type, market) as offers bounded by what an optimum could bu
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from typing import Callable
 
@@ -13,7 +14,8 @@ from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.demands import as_utc
 from reconciler.problem.rules import OfferFits, guardrail_refusal
-from reconciler.problem.types import Capacity, Demand, spot_measure, type_class
+from reconciler.problem.types import Capacity, Demand, Host, Offer, spot_measure, type_class
+from reconciler.site import Site
 
 def _offering_lookup(observed: Observed, catalog):
     by_key = {(po.offering.cloud, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
@@ -57,9 +59,8 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
         res = tuple(sorted((dk, job, n) for (dk, job), n in residents.get(inst.id, {}).items()))
         # A same-instance gang is one item (of `bundle` replicas).
         res = tuple((dk, job, n // job_demand[job].bundle) for dk, job, n in res)
-        hosts.append(Capacity(
-            key=inst.id, pool=inst.pool, provider=inst.provider, cloud=inst.cloud, region=inst.region, zone=inst.zone,
-            instance_type=inst.instance_type, market=inst.market, gpus=off.gpus if off else 0,
+        hosts.append(Host(
+            key=inst.id, site=Site.of(inst), gpus=off.gpus if off else 0,
             gpu_type=off.gpu_type if off else None, cpu=off.cpu if off else 0, memory_gib=off.memory_gib if off else 0,
             price=price, on_demand_price=od, nvlink_domain=getattr(off, "nvlink_domain", 1) if off else 1,
             mig=tuple(pool.spec.mig) if pool is not None and pool.spec.mig else None,
@@ -82,10 +83,9 @@ def offers_of(desired: DesiredState, observed: Observed, default_provider: str) 
             if market == "spot":
                 if o.spot_price is None or o.spot_price > spot.max_price_fraction * o.on_demand_price + 1e-9:
                     continue
-            offers.append(Capacity(
-                key=f"{po.pool}/{o.zone}/{o.instance_type}/{market}", pool=po.pool,
-                provider=observed.providers.get(po.pool, default_provider), cloud=o.cloud, region=o.region, zone=o.zone,
-                instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+            site = Site(po.pool, observed.providers.get(po.pool, default_provider), o.cloud, o.region, o.zone, o.instance_type, market)
+            offers.append(Offer(
+                key=site.offer_key, site=site, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
                 memory_gib=o.memory_gib, price=o.price(market), on_demand_price=o.on_demand_price,
                 nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
                 price_source=price_label(o),
@@ -121,7 +121,7 @@ def reserved_hosts(hosts: list[Capacity], observed: Observed, reservations: dict
         if r is not None and h.keep_blocker is None and h.market == "on-demand" and (h.pool, h.zone, h.instance_type) == (r.pool, r.zone, r.instance_type) \
                 and taken.get(r.name, 0) < r.count:
             taken[r.name] = taken.get(r.name, 0) + 1
-            h = Capacity(**{**h.__dict__, "price": 0.0, "reservation": r.name})
+            h = replace(h, price=0.0, reservation=r.name)
         out.append(h)
     order = {h.key: i for i, h in enumerate(hosts)}
     return sorted(out, key=lambda h: order[h.key])
@@ -144,10 +144,9 @@ def reserved_offers(desired: DesiredState, observed: Observed, default_provider:
                 or (o.cloud, o.zone, o.instance_type, "on-demand") in observed.short:
             continue  # (a reservation's capacity is held for it: only a provider that says so makes it short)
         pool = desired.pools[r.pool]
-        out.append(Capacity(
-            key=f"{r.pool}/{o.zone}/{o.instance_type}/on-demand@{name}", pool=r.pool,
-            provider=observed.providers.get(r.pool, default_provider), cloud=o.cloud, region=o.region, zone=o.zone,
-            instance_type=o.instance_type, market="on-demand", gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+        site = Site(r.pool, observed.providers.get(r.pool, default_provider), o.cloud, o.region, o.zone, o.instance_type, "on-demand")
+        out.append(Offer(
+            key=f"{site.offer_key}@{name}", site=site, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
             memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
             nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
             max_new=left, reservation=name, price_source=f"Reservation/{name} (committed: ${r.hourly_cost:g}/h)",
@@ -192,7 +191,7 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
         if c.reservation:
             n = min(n, c.max_new)  # what is left of the reservation
         if n > 0:
-            sized.append(Capacity(**{**c.__dict__, "max_new": n}))
+            sized.append(replace(c, max_new=n))
     return sized
 
 

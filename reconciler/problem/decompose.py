@@ -6,7 +6,7 @@ import math
 
 from reconciler.ledger import quota_units
 from reconciler.problem.rules import fit
-from reconciler.problem.types import Capacity, Problem, type_class
+from reconciler.problem.types import Capacity, Host, Problem, type_class
 
 def components(problem: Problem) -> list[Problem]:
     """Split a problem into parts no constraint links: a demand is tied to every pool that
@@ -36,7 +36,7 @@ def components(problem: Problem) -> list[Problem]:
     for c in problem.capacities:
         by_type.setdefault(type_class(c), []).append(c)
         union("p:" + c.pool, "c:" + c.key)
-        for dk, _, _ in c.residents:
+        for dk, _, _ in c.residents if isinstance(c, Host) else ():
             union("c:" + c.key, "d:" + dk)
     for d in problem.demands:
         union("d:" + d.key, "t:" + d.tenant)

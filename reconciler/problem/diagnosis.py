@@ -14,7 +14,8 @@ from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
-from reconciler.problem.types import Capacity, Demand, Problem, spot_measure
+from reconciler.problem.types import Capacity, Demand, Offer, Problem, spot_measure
+from reconciler.site import Site
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
 _RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
@@ -160,7 +161,7 @@ def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offer
         return f"no pool offers {what} in an allowed region or cloud (job allows: {where})"
     # (Any zone of the pool, offered there or not, as before the rules were asked.)
     pools = {c.pool: c for c, _ in in_region}
-    if d.zones is not None and not any(placement_refusal(d, replace(c, zone=z), ("zones",)) is None
+    if d.zones is not None and not any(placement_refusal(d, replace(c, site=replace(c.site, zone=z)), ("zones",)) is None
                                        for c in pools.values() for z in desired.pools[c.pool].spec.zones):
         return f"no pool offering {what} has a zone within the data's max_latency_ms"
     big = [(c, o) for c, o in allowed(in_region, "gpus", "nvlink") if size_fit(d, c) >= 1]
@@ -193,8 +194,7 @@ def pool_instances(desired: DesiredState, observed: Observed) -> list[tuple[Capa
     for po in observed.offerings:
         p, o = desired.pools[po.pool], po.offering
         for market in p.spec.markets():
-            out.append((Capacity(key="", pool=p.name, provider="", cloud=p.spec.cloud, region=p.spec.region, zone=o.zone,
-                                 instance_type=o.instance_type, market=market, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
+            out.append((Offer(key="", site=Site(p.name, "", p.spec.cloud, p.spec.region, o.zone, o.instance_type, market), gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
                                  memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
                                  nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(p.spec.mig) if p.spec.mig else None), o))
     return out

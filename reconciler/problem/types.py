@@ -9,6 +9,7 @@ from typing import Callable
 
 from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
 from reconciler.model import PlacementPolicySpec, SpotPolicySpec
+from reconciler.site import Capacity, Host, Offer
 
 DIMS = ("gpus", "cpu", "memory_gib")
 
@@ -104,65 +105,6 @@ class Demand:
 
 
 @dataclass(frozen=True)
-class Capacity:
-    """An existing instance (a host: instance_id set) or an offer of up to max_new new instances."""
-
-    key: str
-    pool: str
-    provider: str
-    cloud: str
-    region: str
-    zone: str
-    instance_type: str
-    market: str
-    gpus: int  # physical GPUs
-    gpu_type: str | None
-    cpu: float
-    memory_gib: float
-    price: float  # USD per hour
-    on_demand_price: float
-    nvlink_domain: int = 1
-    mig: tuple[str, ...] | None = None  # the per-GPU MIG layout of the pool
-    instance_id: str | None = None
-    max_new: int = 0
-    keep_blocker: str | None = None  # existing: why it must go (pool removed, drifted from spec)
-    residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
-    frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
-    members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
-    reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
-    price_source: str = ""  # where the price comes from, and its date (shown with the plan)
-
-    @property
-    def existing(self) -> bool:
-        return self.instance_id is not None
-
-    @property
-    def offer_key(self) -> str:
-        """The (pool, zone, type, market) class this capacity belongs to (a reservation's is its own)."""
-        return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
-
-    @property
-    def class_key(self) -> str:
-        """The same across the zones of a pool: (pool, type, market)."""
-        return f"{self.pool}/*/{self.instance_type}/{self.market}" + (f"@{self.reservation}" if self.reservation else "")
-
-    @property
-    def site(self) -> tuple[str, str]:
-        return (self.cloud, self.zone)
-
-    def cap(self, dim: str) -> float:
-        if dim == "gpus":
-            return 0 if self.mig else self.gpus
-        if dim == "cpu":
-            return self.cpu
-        if dim == "memory_gib":
-            return self.memory_gib
-        if dim.startswith("mig:") and self.mig:
-            return self.gpus * self.mig.count(dim[4:])
-        return 0.0
-
-
-@dataclass(frozen=True)
 class TenantRules:
     name: str
     weight: float
@@ -213,11 +155,12 @@ class Problem:
             object.__setattr__(self, "_idx", idx)
         return idx
 
-    def hosts(self) -> list[Capacity]:
-        return [c for c in self.capacities if c.existing]
+    def hosts(self) -> list[Host]:
+        """The instances running now, in the capacities' order (they come before the offers)."""
+        return [c for c in self.capacities if isinstance(c, Host)]
 
-    def offers(self) -> list[Capacity]:
-        return [c for c in self.capacities if not c.existing]
+    def offers(self) -> list[Offer]:
+        return [c for c in self.capacities if isinstance(c, Offer)]
 
     def cost_coef(self, d: Demand, c: Capacity) -> float:
         """USD/h per item of d on c beyond the instance price: data egress, latency, and the

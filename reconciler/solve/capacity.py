@@ -31,19 +31,18 @@ def capacity_rows(model: Model) -> list[tuple[Capacity, list, object, int]]:
     for (dk, hk), v in model.stay.items():
         resident_load.setdefault(hk, []).append((model.demands[dk], v))
     rows: list[tuple[Capacity, list, object, int]] = []
-    for c in model.p.capacities:
-        if (c.existing and c.frozen) or c.key in model.idle_of:
-            continue
-        items = model.x_at.get(c.key, []) + (resident_load.get(c.key, []) if c.existing else [])
-        if c.existing or c.key not in model.class_of:
-            rows.append((c, items, model.use[c.key], 1 if c.existing else c.max_new))
-        elif items:
-            rows.append((c, items, model.use[c.key], c.max_new))
+    for h in model.hosts:  # (the problem's hosts come before its offers: the rows' order is the model's)
+        if not h.frozen and h.key not in model.idle_of:
+            rows.append((h, model.x_at.get(h.key, []) + resident_load.get(h.key, []), model.use[h.key], 1))
+    for o in model.offers:
+        items = model.x_at.get(o.key, [])
+        if o.key not in model.class_of or items:
+            rows.append((o, items, model.use[o.key], o.max_new))
     for ck, cls in model.classes.items():
         items = model.x_at.get(ck, []) + [it for k in cls.members for it in model.x_at.get(k, [])]
         rows.append((cls, items, sum(model.use[k] for k in cls.members), cls.max_new))
     for ik, cls in model.idle.items():
-        rows.append((cls, model.x_at.get(ik, []), model.use[ik], cls.max_new))
+        rows.append((cls, model.x_at.get(ik, []), model.use[ik], cls.most))
     return rows
 
 
@@ -54,7 +53,7 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
         s = scale(dim)
         terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
         m.add(wsum(terms) <= math.floor(c.cap(dim) * s + 1e-6) * n)
-        if not c.existing and most > 1:
+        if most > 1:  # (an offer's, a zone or idle class's: a host's is 1)
             # Valid cuts: at most k items bigger than 1/(k+1) of an instance fit on one,
             # in any dimension. They close most of the gap between the count and packing.
             for k in (1, 2, 3):

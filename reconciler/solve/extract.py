@@ -92,7 +92,7 @@ def from_assignment(problem: Problem, a: Assignment, status: str, t0: float, not
         stay={k: n for k, n in a.stay.items() if n}, x={k: n for k, n in a.x.items() if n}, placed=dict(a.placed),
         guaranteed={}, work=sum(d.weight * a.placed.get(d.key, 0) for d in problem.demands),
         cost_milli=round(a.cost * MILLI), capacities=caps,
-        scope=(sum(1 for c in problem.capacities if c.existing and not c.frozen), sum(1 for c in problem.capacities if c.frozen)),
+        scope=(sum(1 for h in problem.hosts() if not h.frozen), sum(1 for h in problem.hosts() if h.frozen)),
         note=note,
     )
 

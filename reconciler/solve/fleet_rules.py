@@ -77,8 +77,7 @@ def add_spot_diversity(model: Model, spot: list) -> None:
     m, sp = model.m, model.p.spot
     any_spot = m.new_bool_var("any_spot")
     for c in spot:
-        ub = c.max_new if not c.existing else 1
-        m.add(model.use[c.key] <= ub * any_spot)
+        m.add(model.use[c.key] <= c.most * any_spot)
     for attr, need in (("instance_type", sp.min_instance_types), ("zone", sp.min_zones)):
         if need <= 1:
             continue

@@ -22,7 +22,7 @@ def add_gangs(model: Model) -> None:
         if d.gang_mode == "placement-group":
             keyf = lambda c: c.offer_key  # noqa: E731
         else:
-            keyf = lambda c: c.site  # noqa: E731
+            keyf = lambda c: c.cloud_zone  # noqa: E731
         sites = sorted({keyf(c) for c, _ in cells}, key=str)
         if not sites:
             continue
@@ -43,7 +43,7 @@ def add_gangs(model: Model) -> None:
         for c, v in model.x_of_group[model.group_of[d.key]]:
             if c.existing:
                 continue
-            n = m.new_int_var(0, c.max_new, f"pg_instances[{d.key},{c.key}]")
+            n = m.new_int_var(0, c.most, f"pg_instances[{d.key},{c.key}]")
             m.add(v <= fit(d, c) * n)
             pg_instances.setdefault(c.key, []).append(n)
     for ck, ns in pg_instances.items():

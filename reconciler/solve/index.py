@@ -7,28 +7,39 @@ Pure: functions of the Problem's capacities and demands."""
 from __future__ import annotations
 
 import bisect
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from reconciler.problem import DIMS, Capacity, Demand, fit, type_class
+from reconciler.problem import DIMS, Capacity, Demand, Host, fit, type_class
 
 
-def idle_classes(hosts: list[Capacity]) -> tuple[dict[str, Capacity], dict[str, list[Capacity]], dict[str, str]]:
+@dataclass(frozen=True, kw_only=True)
+class IdleClass(Capacity):
+    """Identical idle hosts as one count of instances kept (`most` of them): their site, shape and price."""
+
+    hosts: tuple[str, ...]  # their keys, in keep order
+
+    @property
+    def most(self) -> int:
+        return len(self.hosts)
+
+
+def idle_classes(hosts: list[Host]) -> tuple[dict[str, IdleClass], dict[str, list[Host]], dict[str, str]]:
     """Idle hosts: identical instances with nothing on them (pool minimums kept warm) are
     interchangeable, so a class of them is one count of instances kept, and its new work
     is placed on the class, like an offer's: at 10k idle instances, per-host variables
     made a million. `extract.unfold_idle` keeps the first ones and packs the class's items onto them.
-    Returns (class key -> its shape, max_new: how many; class key -> its hosts in keep order; host key -> class key)."""
-    idle: dict[str, Capacity] = {}
-    idle_members: dict[str, list[Capacity]] = {}
+    Returns (class key -> the class; class key -> its hosts in keep order; host key -> class key)."""
+    idle: dict[str, IdleClass] = {}
+    idle_members: dict[str, list[Host]] = {}
     idle_of: dict[str, str] = {}
-    alike: dict[tuple, list[Capacity]] = {}
+    alike: dict[tuple, list[Host]] = {}
     for h in hosts:
         if not h.frozen and h.keep_blocker is None and not h.residents:
             alike.setdefault((h.offer_key, h.price, h.on_demand_price, h.mig, h.nvlink_domain), []).append(h)
     for n, hs in enumerate(v for v in alike.values() if len(v) > 1):
         hs.sort(key=lambda h: h.key)
         ik = f"idle#{n}:{hs[0].offer_key}"
-        idle[ik] = replace(hs[0], key=ik, instance_id=None, max_new=len(hs))
+        idle[ik] = IdleClass(**{**hs[0].common(), "key": ik}, hosts=tuple(h.key for h in hs))
         idle_members[ik] = hs
         for h in hs:
             idle_of[h.key] = ik
@@ -94,7 +105,7 @@ class HostIndex:
             i = len(order)
             order.append(c)
             self.pos[c.key] = (t, i)
-            if c.instance_id is None:
+            if not isinstance(c, Host):
                 self.always.setdefault(t, []).append(i)
                 continue
             self.hosts.setdefault(t, []).append((i, c))

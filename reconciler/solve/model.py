@@ -47,8 +47,8 @@ class Model:
         self.demands = {d.key: d for d in problem.demands}
         self.group_of = {dk: gk for gk, members in problem.groups.items() for dk in members}
         self.caps = {c.key: c for c in problem.capacities}
-        self.hosts = [c for c in problem.capacities if c.existing]
-        self.offers = [c for c in problem.capacities if not c.existing]
+        self.hosts = problem.hosts()
+        self.offers = problem.offers()
         self.idle, self.idle_members, self.idle_of = idle_classes(self.hosts)
         self.caps.update(self.idle)
         # What the fleet-wide rules and the cost count: offers, hosts, and idle classes.
@@ -95,7 +95,7 @@ class Model:
             else:
                 self.use[h.key] = m.new_bool_var(f"keep[{h.key}]")
         for ik, c in self.idle.items():
-            self.use[ik] = m.new_int_var(0, c.max_new, f"kept[{ik}]")
+            self.use[ik] = m.new_int_var(0, c.most, f"kept[{ik}]")
 
     def _stay_vars(self) -> None:
         """Residents that stay where they run (items per demand class and host)."""
@@ -165,7 +165,7 @@ class Model:
                 f = fit_of(rep, c)
                 if f <= 0:
                     continue
-                v = self.m.new_int_var(0, min(total, f * (c.max_new if not c.existing else 1)), f"x[{gk},{c.key}]")
+                v = self.m.new_int_var(0, min(total, f * c.most), f"x[{gk},{c.key}]")
                 self.x[(gk, c.key)] = v
                 self.x_of_group[gk].append((c, v))
                 self.x_at.setdefault(c.key, []).append((rep, v))
