@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from reconciler.greedy import Assignment
 from reconciler.ledger import MILLI
 from reconciler.pack import Bin, pack_items
-from reconciler.problem import Problem
+from reconciler.problem import Host, Problem
 from reconciler.solve.solution import Solution, TierReport
 from reconciler.solve.variables import solved
 
@@ -85,8 +85,8 @@ def split_groups(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[
 
 def from_assignment(problem: Problem, a: Assignment, status: str, t0: float, note: str = "") -> Solution:
     caps = {c.key: c for c in problem.capacities}
-    keep = frozenset(c.instance_id for c in problem.capacities if c.existing and a.use.get(c.key, 0))
-    new = {k: n for k, n in a.use.items() if n and not caps[k].existing}
+    keep = frozenset(h.instance_id for h in problem.hosts() if a.use.get(h.key, 0))
+    new = {k: n for k, n in a.use.items() if n and not isinstance(caps[k], Host)}
     return Solution(
         status=status, optimal=False, gap=1.0, seconds=time.monotonic() - t0, keep=keep, new=new,
         stay={k: n for k, n in a.stay.items() if n}, x={k: n for k, n in a.x.items() if n}, placed=dict(a.placed),

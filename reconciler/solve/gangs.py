@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.problem import fit
+from reconciler.problem import Host, fit
 from reconciler.solve.variables import is_zero
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def add_gangs(model: Model) -> None:
         if not (d.gang and d.gang_mode == "placement-group"):
             continue
         for c, v in model.x_of_group[model.group_of[d.key]]:
-            if c.existing:
+            if isinstance(c, Host):
                 continue
             n = m.new_int_var(0, c.most, f"pg_instances[{d.key},{c.key}]")
             m.add(v <= fit(d, c) * n)

@@ -98,7 +98,7 @@ class HostIndex:
         self.pos: dict[str, tuple[tuple, int]] = {}  # host key -> (type class, position)
         self.sorted_free: dict[tuple, tuple[list[float], list[int]]] = {}
         for c in [*capacities, *idle]:
-            if c.existing and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
+            if isinstance(c, Host) and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
                 continue
             t = type_class(c)
             order = self.order.setdefault(t, [])

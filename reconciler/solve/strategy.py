@@ -127,7 +127,7 @@ def warm_start(problem: Problem) -> Assignment:
     """Greedy best-fit; on a fleet with instances, the fleet as it is completed greedily when it
     is as good (so a quiet fleet is not churned for what greedy alone would rebuild differently)."""
     g = greedy(problem)
-    if any(c.existing for c in problem.capacities):
+    if problem.hosts():
         kept = greedy(problem, keep_fleet=True)
         if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
             g = kept
