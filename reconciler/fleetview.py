@@ -155,7 +155,7 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
 def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:
     """The fleet as observed, with the plan's reasons for what is not running (a job the plan would place is
     "placed by the next apply")."""
-    hosts = {c.key: c for c in problem.capacities if c.existing}
+    hosts = {c.key: c for c in problem.hosts()}
     reasons = {}
     for j in plan.jobs:
         if j.action in ("pending", "evict"):
@@ -171,8 +171,8 @@ def applied_view(problem, desired, observed, plan, report, now: datetime) -> Fle
     """The fleet an apply of `plan` left: existing instances kept (not deleted), those it created, and the
     placements it recorded."""
     deleted = set(report.deleted)
-    hosts = {c.key: c for c in problem.capacities if c.existing and c.key in plan.kept and c.key not in deleted}
-    offers = {c.offer_key: c for c in problem.capacities if not c.existing and not c.members}
+    hosts = {c.key: c for c in problem.hosts() if c.key in plan.kept and c.key not in deleted}
+    offers = {c.offer_key: c for c in problem.offers() if not c.members}
     for cr in plan.creates:
         iid = report.created.get(cr.ref)
         cap = offers.get(cr.site.offer_key)

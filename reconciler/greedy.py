@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, pool_min_ok, spot_share_ok
-from reconciler.problem import DIMS, Capacity, Demand, Host, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
+from reconciler.problem import DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
 
 
 @dataclass
@@ -98,15 +98,15 @@ class _Greedy:
         self.refused: set[str] = set()  # the rules that refused a step of the job being planned
         self.buckets: dict[str, list[_Inst]] = {}  # offer key -> open instances with room
         self.full: list[_Inst] = []  # open instances with no room for any item
-        self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.capacities if not c.existing}
+        self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.offers()}
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
         self.sparing_buffer = False  # plan onto no open on-demand instance the on-demand buffer counts
         self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
         self.keys_memo: dict[tuple, list[str]] = {}  # _keys_at's answers
-        for c in problem.capacities:
-            if c.existing and c.keep_blocker is None:
+        for c in problem.hosts():
+            if c.keep_blocker is None:
                 self.idle.setdefault(c.offer_key, []).append(c)
         self.sites: dict[str, list[str]] = {}  # site -> offer keys there
         for k, c in list(self.offer.items()) + [(h.offer_key, h) for hs in self.idle.values() for h in hs]:
@@ -166,7 +166,7 @@ class _Greedy:
     def _open(self, c: Capacity, ballast: bool = False) -> _Inst:
         """Open a host or buy an instance of an offer. The on-demand buffer counts the idle capacity of the hosts
         kept and of `ballast` (bought to stand idle for the spot rules), not of what is bought for work."""
-        if c.existing:
+        if isinstance(c, Host):
             inst = _Inst(c, _capacity_of(c), c.key)
             self.opened[c.key] = inst
             self.a.use[c.key] = 1
@@ -177,7 +177,7 @@ class _Greedy:
             self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
             inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
         self.buckets.setdefault(c.offer_key, []).append(inst)
-        self.led.add_instance(inst.key, c, buffer=c.existing or ballast)
+        self.led.add_instance(inst.key, c, buffer=isinstance(c, Host) or ballast)
         return inst
 
     def _retire_if_full(self, inst: _Inst) -> None:
@@ -229,7 +229,7 @@ class _Greedy:
 
     def keep_running(self, order: list[Demand]) -> None:
         p = self.p
-        hosts = {c.key: c for c in p.capacities if c.existing}
+        hosts = {c.key: c for c in p.hosts()}
         for d in order:
             for job, iids in d.running:
                 if not self._quota_ok(d):
@@ -458,13 +458,13 @@ class _Greedy:
         for pool, (lo, _) in self.p.pool_bounds.items():
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
-            cands.sort(key=lambda c: (not c.existing, c.price, c.key))
+            cands.sort(key=lambda c: (not isinstance(c, Host), c.price, c.key))  # hosts first
             while not pool_min_ok(self.led.pool_count(pool), lo):
                 pick = None
                 for c in cands:
-                    if c.existing and c.key in self.opened:
+                    if isinstance(c, Host) and c.key in self.opened:
                         continue
-                    if not c.existing and self.bought.get(c.offer_key, 0) >= c.max_new:
+                    if isinstance(c, Offer) and self.bought.get(c.offer_key, 0) >= c.max_new:
                         continue
                     if self._may_open(c):
                         pick = c
@@ -509,7 +509,7 @@ class _Greedy:
         taken: dict[int, dict] = {}  # id(inst) -> tentative free
         for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
             for inst in self.buckets.get(kk, []):
-                if d.nvlink and inst.cap.existing and inst.gpu_residents:
+                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents:
                     continue
                 if self.sparing_buffer and self.led.in_buffer(inst.key):
                     continue
@@ -534,12 +534,12 @@ class _Greedy:
                 cands += self.idle.get(kk, [])
             if kk in self.offer:
                 cands.append(self.offer[kk])
-        cands.sort(key=lambda c: (c.price / max(1, min(self.fits(d, c), k - len(plan))) + self.p.cost_coef(d, c), c.existing is False, c.key))
+        cands.sort(key=lambda c: (c.price / max(1, min(self.fits(d, c), k - len(plan))) + self.p.cost_coef(d, c), not isinstance(c, Host), c.key))
         used_hosts: set[str] = set()
         for c in cands:
             f, okey = self.fits(d, c), c.offer_key
             while len(plan) < k:
-                if c.existing:
+                if isinstance(c, Host):
                     if c.key in used_hosts:
                         break
                 elif self.bought.get(okey, 0) + pending.buying(c) >= c.max_new:
@@ -555,7 +555,7 @@ class _Greedy:
                 if ok_items == 0:
                     break
                 pending.open(c, self._prim(c))
-                if c.existing:
+                if isinstance(c, Host):
                     used_hosts.add(c.key)
                 # One instance bought: its first items go on it, as a marker the caller opens once.
                 marker = _Buy(c)

@@ -445,7 +445,7 @@ class Pending:
         self.capacity += prim
         if c.market == "spot":
             self.spot += prim
-        if not c.existing:
+        if not isinstance(c, Host):
             b = self.buys.get(c.key)
             if b is None:
                 self.buys[c.key] = [c, 1]
@@ -535,7 +535,7 @@ class Ledger:
             self._idle.add(prim)
         elif sign > 0:
             self._outside_buffer.add(ref)
-        if not c.existing:
+        if not isinstance(c, Host):
             self.quotas.take(c, sign)
         if c.reservation:
             self._reserved[c.reservation] = self._reserved.get(c.reservation, 0) + sign
@@ -665,7 +665,7 @@ class Ledger:
             out.append("pool-max")
             if first:
                 return out
-        if not c.existing and self.quotas.quotas and self.quotas.short(c, n, pending.buys.values()) is not None:
+        if not isinstance(c, Host) and self.quotas.quotas and self.quotas.short(c, n, pending.buys.values()) is not None:
             out.append("cloud-quota")
             if first:
                 return out
@@ -993,8 +993,8 @@ class Ledger:
                 out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used) + self._buffer_refusals(d, used))))
         def offers_by_class() -> dict[tuple, list]:
             out: dict[tuple, list] = {}
-            for o in self.problem.capacities:
-                if not o.existing and not o.members:
+            for o in self.problem.offers():
+                if not o.members:
                     out.setdefault((o.gpu_type if o.gpus else None, bool(o.mig)), []).append(o)
             return out
         for c in self._once("offers", offers_by_class).get((d.gpu_type if (d.gpus or d.mig) else None, d.mig is not None), ()):
@@ -1082,8 +1082,8 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
     """The ledger of a finished plan. `creates`: CreateActions; `kept`: ids of the existing
     instances that stay; `placements`: (job, instances per replica) of every placed job."""
     led = Ledger(problem)
-    hosts = {c.key: c for c in problem.capacities if c.existing}
-    offers = {c.offer_key: c for c in problem.capacities if not c.existing and not c.members}
+    hosts = {c.key: c for c in problem.hosts()}
+    offers = {c.offer_key: c for c in problem.offers() if not c.members}
     for h in kept:
         led.add_instance(h, hosts[h])
     for cr in creates:
@@ -1102,7 +1102,7 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
 def running_ledger(problem) -> Ledger:
     """The ledger of the fleet as it runs: every existing instance, each running job where it runs now
     (what plancheck compares a plan with, and what a stuck gang's reason names as broken)."""
-    hosts = sorted(c.key for c in problem.capacities if c.existing)
+    hosts = sorted(c.key for c in problem.hosts())
     return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
 
 

@@ -50,13 +50,13 @@ from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
-from reconciler.problem import DIMS, Capacity, Demand, Problem, borrowing_tenants, fit, gang_split, over_cap_tenants, placement_refusal
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, fit, gang_split, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
-    offers = {c.offer_key: c for c in problem.capacities if not c.existing}
-    host_price = {c.instance_id: c.price for c in problem.capacities if c.existing}
+    offers = {c.offer_key: c for c in problem.offers()}
+    host_price = {c.instance_id: c.price for c in problem.hosts()}
     instances = {i.id: i for i in observed.instances}
 
     creates, errors = _checked_creates(plan, desired, problem, offers)
@@ -231,7 +231,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
-    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
     if not evicts or before.broken_rules():
         return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
@@ -303,7 +303,7 @@ def _fit_errors(plan: Plan, observed: Observed, problem: Problem, created: dict[
     """Each job's action against the snapshot, and what each instance will host against the instance."""
     errors: list[str] = []
     demand_of = {j: d for d in problem.demands for j in d.jobs}
-    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    hosts = {c.instance_id: c for c in problem.hosts()}
     recorded = observed.gpu_indices
     placed: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}  # target -> (job, replica, GPU indices)
     for j in plan.jobs:
@@ -356,7 +356,7 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
     was = {job: sum(iid == target for iid in observed.placements.get(job, ())) for job, _, _ in reps}
     arriving = {job for job in was if sum(j == job for j, _, _ in reps) > was[job]}
     for job in sorted(arriving):
-        why = cap.keep_blocker if cap.existing and cap.keep_blocker else placement_refusal(demand_of[job], cap)
+        why = cap.keep_blocker if isinstance(cap, Host) and cap.keep_blocker else placement_refusal(demand_of[job], cap)
         if why:
             errors.append(f"job {job} onto {where}: {why}")
     dims = list(DIMS) + sorted({f"mig:{p}" for p in cap.mig or ()})

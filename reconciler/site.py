@@ -79,7 +79,8 @@ class Capacity(OnSite):
     mig: tuple[str, ...] | None = None  # the per-GPU MIG layout of the pool
     reservation: str | None = None  # reserved capacity (a Reservation's name): price 0, its cost is committed
     price_source: str = ""  # where the price comes from, and its date (shown with the plan)
-    existing: ClassVar[bool] = False  # a Host: the one thing every reader of a mixed list may ask
+    # For a reader of a mixed list (tests ask them): the planner asks the type, or takes hosts() then offers().
+    existing: ClassVar[bool] = False  # a Host
     frozen: ClassVar[bool] = False  # only a host can be frozen (problem/freeze.py)
 
     @property

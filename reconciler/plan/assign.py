@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from reconciler.errors import SolverError
 from reconciler.observe import Observed
-from reconciler.problem import Capacity, Demand, Problem
+from reconciler.problem import Capacity, Demand, Host, Problem
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -71,10 +71,10 @@ def assign_items(problem: Problem, observed: Observed, solution: Solution, caps:
                 if items[r] is not None:
                     continue
                 nl = new_left.get(d.key, {})
-                ck = next((k for k in sorted(nl, key=lambda k: (not caps[k].existing, k)) if nl[k] > 0), None)
+                ck = next((k for k in sorted(nl, key=lambda k: (not isinstance(caps[k], Host), k)) if nl[k] > 0), None)
                 if ck is None:
                     raise SolverError(f"internal: demand {d.key} placed {len(jobs)} jobs but has no room left for {job}")
                 nl[ck] -= 1
-                (to_host if caps[ck].existing else to_offer).setdefault(ck, []).append((d, job, r))
+                (to_host if isinstance(caps[ck], Host) else to_offer).setdefault(ck, []).append((d, job, r))
             slots[job] = items
     return Assignment(slots, to_host, to_offer)

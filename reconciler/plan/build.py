@@ -34,7 +34,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     # The id covers what the plan does, so two different plans never share idempotency keys.
     pid = plan_id(desired, observed, json.dumps(sorted(solution.new.items())) + json.dumps(sorted(solution.keep)))
     caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}  # with the solver's zone classes
-    hosts = {c.key: c for c in problem.capacities if c.existing}
+    hosts = {c.key: c for c in problem.hosts()}
     demand_of = {job: d for d in problem.demands for job in d.jobs}
 
     # 1. Which jobs run, and which of their items stay where they are.
@@ -62,7 +62,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     jobs = with_pending_reasons(jobs, problem, ledger, packing.unpacked, demand_of)
 
     deletes = delete_actions(problem, solution)
-    existing = [c for c in problem.capacities if c.existing]
+    existing = problem.hosts()
     cost_before = round(sum(c.price for c in existing), 4)
     cost_after = round(sum(c.price for c in existing if c.instance_id in solution.keep) + sum(a.price for a in creates), 4)
     n_unpacked = len({j.job for j in jobs if j.job in packing.unpacked or j.job in spot_drops})  # placed by the solver, not by the plan

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from reconciler.ledger import pool_min_ok
 from reconciler.plan.packing import Packing
 from reconciler.plan.types import CreateAction, DeleteAction
-from reconciler.problem import Capacity, Problem
+from reconciler.problem import Capacity, Host, Problem
 from reconciler.site import Site
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
@@ -21,7 +21,7 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
     in `packing` then name the instance (`+n`) or host they are on."""
     creates: list[CreateAction] = []
     refs: dict[str, str] = {}  # bin ref -> "+n"
-    for ok in sorted(k for k in packing.bins_of if not caps[k].existing):
+    for ok in sorted(k for k in packing.bins_of if not isinstance(caps[k], Host)):
         for b in packing.bins_of[ok]:
             if not b.items and (b.ref.split("#")[1].startswith("r") or spare(b.cap, problem, packing.pool_count, packing.fleet, packing.prim)):
                 # A repair instance left empty after a gang was taken out, or one the packer did not
@@ -48,8 +48,8 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
 def delete_actions(problem: Problem, solution: Solution) -> list[DeleteAction]:
     """Every existing instance the plan does not keep, with why."""
     deletes = []
-    for c in problem.capacities:
-        if c.existing and c.instance_id not in solution.keep:
+    for c in problem.hosts():
+        if c.instance_id not in solution.keep:
             why = c.keep_blocker or ("consolidated: its replicas fit more cheaply elsewhere" if c.residents else "no longer needed")
             deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, why))
     return deletes

@@ -69,6 +69,6 @@ def _share_broken_now(problem: Problem, observed: Observed, tenant: str, cache: 
     inside the guarantee may (README, Tenants). The snapshot is read by the one ledger, as apply's re-check reads it."""
     if not cache:
         jobs = {j for d in problem.demands for j in d.jobs}
-        hosts = sorted(c.key for c in problem.capacities if c.existing)
+        hosts = sorted(c.key for c in problem.hosts())
         cache.append(plan_ledger(problem, (), hosts, [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in jobs]))
     return not spot_share_ok(*cache[0].tenant_spot(tenant), problem.tenants[tenant].spot_fraction)

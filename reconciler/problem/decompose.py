@@ -49,8 +49,8 @@ def components(problem: Problem) -> list[Problem]:
         for k in ks[1:]:
             union("d:" + ks[0], "d:" + k)
     for i, q in enumerate(problem.quotas):  # a cloud quota ties every offer that counts against it
-        for c in problem.capacities:
-            if not c.existing and quota_units(q, c):
+        for c in problem.offers():
+            if quota_units(q, c):
                 union("c:" + c.key, f"q:{i}")
     for pool in problem.pool_bounds:
         find("p:" + pool)
@@ -80,7 +80,7 @@ def components(problem: Problem) -> list[Problem]:
             job_end={j: r for j, r in problem.job_end.items() if j in jobs},
             coef={k: v for k, v in problem.coef.items() if k[0] in keys}, now=problem.now, licenses=problem.licenses,
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
-            quotas=tuple(q for q in problem.quotas if any(not c.existing and quota_units(q, c) for c in part["c"])),
+            quotas=tuple(q for q in problem.quotas if any(not isinstance(c, Host) and quota_units(q, c) for c in part["c"])),
             quota_floors={p: w for p, w in problem.quota_floors.items() if p in part["p"]},
             gpu_fleet=problem.gpu_fleet,
         ))

@@ -14,7 +14,7 @@ from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
-from reconciler.problem.types import Capacity, Demand, Offer, Problem, spot_measure
+from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, spot_measure
 from reconciler.site import Site
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
@@ -81,13 +81,13 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
 
 def _bought(ledger: Ledger, c: Capacity) -> list[str]:
     """The plan's new instances of offer c."""
-    return sorted(ref for ref, x in ledger.instances.items() if not x.existing and x.key == c.key)
+    return sorted(ref for ref, x in ledger.instances.items() if not isinstance(x, Host) and x.key == c.key)
 
 
 def _sized_out(o: Option, problem: Problem, ledger: Ledger) -> Capacity | None:
     """The offer an option buys new instances of, if the plan already has as many as the problem offers: an
     offer is sized to the work that fits it (capacity.size_offers), and the plan may use them for something else."""
-    c = next((c for c in problem.capacities if o.offer and c.key == o.offer and not c.existing), None)
+    c = next((c for c in problem.offers() if o.offer and c.key == o.offer), None)
     return c if c is not None and len(_bought(ledger, c)) + o.new > c.max_new else None
 
 

@@ -185,15 +185,14 @@ def forced_moves(problem: "Problem") -> dict[str, int]:
     """Items of each demand that must leave their instance whatever is decided (it goes, or they
     no longer fit there): under WhenEmpty, the only running work that may move."""
     by_key = {d.key: d for d in problem.demands}
-    hosts = {c.instance_id: c for c in problem.capacities if c.existing}
+    hosts = {c.instance_id: c for c in problem.hosts()}
     # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
     split = {(d.key, job) for d in problem.demands if d.gang for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
     out: dict[str, int] = {}
-    for h in problem.capacities:
-        if h.existing:
-            for dk, job, n in h.residents:
-                if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
-                    out[dk] = out.get(dk, 0) + n
+    for h in problem.hosts():
+        for dk, job, n in h.residents:
+            if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
+                out[dk] = out.get(dk, 0) + n
     return out
 
 
