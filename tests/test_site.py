@@ -40,3 +40,36 @@ def test_actions_read_their_sites_fields_and_compare_by_value():
         ("aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "spot", "sim")
     assert d == DeleteAction("i-1", site(), 3.0, "no longer needed") and d != DeleteAction("i-1", site("us-east-1b"), 3.0, "no longer needed")
     assert Site.of(d) == d.site
+
+
+def shape(**kw) -> dict:
+    return {"gpus": 8, "gpu_type": "A100", "cpu": 96.0, "memory_gib": 1152.0, "price": 9.0, "on_demand_price": 32.0, **kw}
+
+
+def test_a_host_and_an_offer_of_one_site_share_its_keys_and_differ_in_kind():
+    """Greedy opens the idle hosts of an offer key before it buys from the offer of that key: the key must agree."""
+    from reconciler.problem import Host, Offer
+
+    h = Host(key="i-1", site=site(), **shape(), instance_id="i-1")
+    o = Offer(key=site().offer_key, site=site(), **shape(), max_new=3)
+    assert h.offer_key == o.offer_key == site().offer_key and h.class_key == o.class_key == site().class_key
+    assert (h.most, o.most) == (1, 3) and h.existing and not o.existing
+    assert h.common() == {**o.common(), "key": "i-1"}
+    assert Offer(key="i-1", site=site(), **shape()) != Host(key="i-1", site=site(), **shape(), instance_id="i-1")
+    assert not hasattr(o, "instance_id") and not hasattr(o, "residents") and not hasattr(h, "max_new")
+    reserved = Offer(key="k", site=site(market="on-demand"), **shape(price=0.0), reservation="r1")
+    assert reserved.offer_key == site(market="on-demand").offer_key + "@r1"
+
+
+def test_identical_idle_hosts_are_one_idle_class_not_an_offer():
+    """solve/index.py counts identical idle hosts as one class: their site, shape and price, and their keys."""
+    from reconciler.problem import Host, Offer
+    from reconciler.solve.index import IdleClass, idle_classes
+
+    hosts = [Host(key=k, site=site(), **shape(), instance_id=k) for k in ("i-2", "i-1")]
+    busy = Host(key="i-3", site=site(), **shape(), instance_id="i-3", residents=(("d", "j", 1),))
+    idle, members, idle_of = idle_classes(hosts + [busy])
+    (ik, cls), = idle.items()
+    assert isinstance(cls, IdleClass) and not isinstance(cls, (Host, Offer))
+    assert cls.hosts == ("i-1", "i-2") and cls.most == 2 and cls.site == site() and cls.price == 9.0
+    assert [h.key for h in members[ik]] == ["i-1", "i-2"] and idle_of == {"i-1": ik, "i-2": ik}
