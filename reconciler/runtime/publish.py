@@ -11,10 +11,10 @@ from typing import Iterable, Mapping
 from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
 from reconciler.model import DesiredState
-from reconciler.problem.types import Host
 from reconciler.runtime.assign import build_assignments
 from reconciler.runtime.bus import Bus, boot_seconds, now_unix, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
+from reconciler.site import Host
 
 
 def has_workload(desired: DesiredState) -> bool:
@@ -156,9 +156,8 @@ def block_unhealthy(problem, observed):
     view = getattr(observed, "runtime", None)
     if view is None or not view.unhealthy:
         return problem
-    caps = tuple(replace(c, keep_blocker=view.unhealthy[c.instance_id], frozen=False) if isinstance(c, Host) and c.instance_id in view.unhealthy
-                 else c
-                 for c in problem.capacities)
+    caps = tuple(replace(c, keep_blocker=view.unhealthy[c.instance_id], frozen=False)
+                 if isinstance(c, Host) and c.instance_id in view.unhealthy else c for c in problem.capacities)
     return replace(problem, capacities=caps)
 
 
