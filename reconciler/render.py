@@ -42,6 +42,11 @@ def _solver_line(plan: Plan) -> str:
                    "each at least greedy's)") if unproven else ""
         quality = (f"counts left {s.unpacked} job(s) it placed unpacked on the plan's instances (pending){stopped}, "
                    "so no optimality gap is claimed")
+    elif s.backfilled:
+        # The plan places more than the solver's answer did, so the tiers that answer reached were not the best.
+        stopped = (f" (stopped at its work limit with {len(unproven)} tier(s) not proven best: {', '.join(unproven)})"
+                   if unproven else "")
+        quality = f"answer left room for pending work{stopped}, so no optimality gap is claimed"
     elif unproven:
         # The gap speaks of cost at the tiers reached; with a work tier not proven it would read as a promise it is not.
         quality = (f"stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; each at least "
@@ -52,7 +57,8 @@ def _solver_line(plan: Plan) -> str:
         quality = f"every tier proven best; cost within {s.gap:.2%} of a lower bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
-    return f"CP-SAT {quality}{took}{scope}{repairs}; plan {plan.id}"
+    backfill = f"; {s.backfilled} pending job(s) placed in room its packing left (backfill)" if s.backfilled else ""
+    return f"CP-SAT {quality}{took}{scope}{repairs}{backfill}; plan {plan.id}"
 
 
 def where(j) -> str:

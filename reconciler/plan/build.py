@@ -3,7 +3,8 @@
 1 assign.py: which jobs run, which of their items stay where they are; 2 packing.py: the items
 onto GPUs of kept and new instances (2a tenant_spot.py: a tenant's spot share on what packed;
 2b stability.py: no move without a rule behind it); 3 instances.py: the creates, named, and the
-deletes; 4 jobs.py: per job, what happens and why; then quality.py: what the plan reaches.
+deletes (3a backfill.py: pending work into the room left); 4 jobs.py: per job, what happens and why;
+then quality.py: what the plan reaches.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from reconciler.ledger import plan_ledger, spot_ballast
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan.assign import assign_items
+from reconciler.plan.backfill import backfill
 from reconciler.plan.file import plan_id
 from reconciler.plan.instances import delete_actions, name_instances
 from reconciler.plan.jobs import job_changes, with_pending_reasons
@@ -56,6 +58,9 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     # 3. Name the new instances.
     creates = name_instances(pid, problem, packing, caps)
 
+    # 3a. Backfill: pending work into the room the packing left, on the instances the plan keeps and creates.
+    backfilled = backfill(problem, observed, solution, packing, creates, assigned.slots, spot_drops, hosts, demand_of)
+
     # 4. Per job: what happens to it. Pending reasons are read off the finished plan.
     jobs = job_changes(desired, observed, problem, solution, assigned.slots, packing, spot_drops, hosts)
     ledger = plan_ledger(problem, creates, solution.keep, [(j.job, j.instances) for j in jobs if j.instances])
@@ -66,7 +71,8 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     cost_before = round(sum(c.price for c in existing), 4)
     cost_after = round(sum(c.price for c in existing if c.instance_id in solution.keep) + sum(a.price for a in creates), 4)
     n_unpacked = len({j.job for j in jobs if j.job in packing.unpacked or j.job in spot_drops})  # placed by the solver, not by the plan
-    status, optimal, gap = emitted_quality(solved, hosts, creates, packing.repairs, n_unpacked, kept=solution.keep)
+    status, optimal, gap = emitted_quality(solved, hosts, creates, packing.repairs, n_unpacked, kept=solution.keep,
+                                           backfilled=len(backfilled))
     return Plan(
         id=pid, fleet=desired.fleet, desired_digest=desired.digest, observed_digest=observed.digest,
         creates=tuple(creates), deletes=tuple(deletes), jobs=tuple(jobs), cost_before=cost_before, cost_after=cost_after,
@@ -75,6 +81,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             tiers=tuple({"name": t.name, "value": t.value, "bound": t.bound if t.bound is None else round(t.bound, 3), "status": t.status,
                          "proven": t.proven} for t in solution.tiers),
             scope=solution.scope, repairs=packing.repairs, note=solution.note, work=solution.work_spent, unpacked=n_unpacked,
+            backfilled=len(backfilled),
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=consolidation(problem, solved, solution.keep, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),

@@ -24,6 +24,8 @@ def encode(plan) -> str:
     del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
     if not raw["rules"]:
         del raw["rules"]
+    if not raw["solver"]["backfilled"]:  # (only where backfill placed work: a plan without is as before, byte for byte)
+        del raw["solver"]["backfilled"]
     raw["creates"] = [flat_site(c) for c in raw["creates"]]
     raw["deletes"] = [flat_site(d) for d in raw["deletes"]]
     for c in raw["creates"]:  # (only where set: a plan without reservations is as before)

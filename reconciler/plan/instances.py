@@ -36,7 +36,7 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
                 max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
                 price_source=c.price_source,
             ))
-            refs[b.ref] = f"+{n}"
+            refs[b.ref] = packing.named[b.ref] = f"+{n}"
     for bins in packing.bins_of.values():
         for b in bins:
             for _, job, r in b.items:

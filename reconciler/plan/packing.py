@@ -5,7 +5,7 @@ counts (capacity summed per offer) do not pack, if every fleet rule allows one m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from reconciler.ledger import QuotaBook, budget_ok, pool_ok, spot_share_ok
@@ -33,6 +33,7 @@ class Packing:
     fleet: dict[str, float]  # the plan's spot measure: "all" and "spot"
     prim: Callable[[Capacity], float]  # an instance's size in that measure
     repairs: int = 0  # instances bought beyond the solver's counts
+    named: dict[str, str] = field(default_factory=dict)  # new bin ref -> the create ref ("+n") naming gave it
 
 
 def resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict[tuple[str, int], tuple[int, ...]]:

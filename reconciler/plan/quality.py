@@ -19,16 +19,17 @@ UNPACKED = "its replicas could not be packed onto the instances the plan buys"  
 
 
 def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
-                    n_unpacked: int, kept: frozenset[str]) -> tuple[str, bool, float]:
+                    n_unpacked: int, kept: frozenset[str], backfilled: int = 0) -> tuple[str, bool, float]:
     """(status, optimal, gap) of the plan as emitted, not of the solver's counts. The solver's
     cost bound holds for any plan reaching its tiers (its model relaxes packing: capacity summed
     per offer, valid cuts), so the gap is the emitted cost's to that bound: instances the packer
     added (repairs) or left out are counted at their price, like the solver's own objective.
     Optimal only when nothing was repaired or left unpacked; a plan whose packing left jobs
-    the solver placed has not reached the tiers the bound is for: no gap (1.0)."""
+    the solver placed has not reached the tiers the bound is for: no gap (1.0). Nor has one that placed more
+    than the solver (backfill): its bound was for the tiers the solver reached, which were not the best."""
     if solution.status == "GREEDY_FALLBACK":
         return solution.status, False, solution.gap
-    if n_unpacked:
+    if n_unpacked or backfilled:
         return "FEASIBLE", False, 1.0
     if solution.cost_value is None or solution.cost_bound is None:
         return solution.status, solution.optimal and not repairs, solution.gap if not repairs else max(solution.gap, 1e-6)

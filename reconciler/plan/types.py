@@ -63,6 +63,7 @@ class SolverReport:
     note: str = ""
     work: float = 0.0  # CP-SAT deterministic seconds spent (--time-limit bounds them)
     unpacked: int = 0  # jobs the solver placed that the packer could not: the plan does not reach its tiers
+    backfilled: int = 0  # pending jobs the plan placed in room its packing left (plan/backfill.py): beyond the solver's answer
 
     @property
     def unproven(self) -> list[str]:

@@ -1,0 +1,127 @@
+"""Phase 3a of a plan: backfill. Work still pending goes into room the packed plan leaves on the
+instances it keeps and creates anyway, where every rule allows it, as Slurm's and Kueue's backfill
+do: no instance is added, nothing placed or running moves.
+
+The solver counts capacity summed per offer, so the packer can leave jobs it placed unpacked; the
+room they were counted in then stands idle. On the trace-shaped fixed cluster (bench/trace.py,
+111 nodes of 8 GPUs) 14 such jobs left 14 GPUs idle on 9 nodes while 85 pending jobs were told
+"not placed by this plan, although room on +108 ...": the plan said there was room it did not use.
+
+Only new, single-item work is placed here: 1-replica jobs that do not run now (a running job
+placed elsewhere would be a move, which needs a rule behind it), never gangs, never spot work a
+tenant's spot share took out (phase 2a). Each placement is asked of the one ledger: the job's
+placement rules, its tenant's quota and licenses, its tenant's budget and spot share, the on-demand
+buffer. Work is tried in the README's order (class, deadline, priority), larger items first, each
+on the instance it leaves the least room on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconciler.ledger import Ledger, buffer_use, plan_ledger
+from reconciler.pack import Bin
+from reconciler.plan.packing import Packing
+from reconciler.problem import Capacity, Demand, Host, Problem, fit, fit_shape
+
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+    from reconciler.solve import Solution
+
+
+def backfill(problem: Problem, observed, solution: Solution, packing: Packing, creates: list, slots: dict[str, list[str | None]],
+             spot_drops: dict[str, str], hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> list[str]:
+    """Place pending work into the named plan's free room (module docstring): the hosts it keeps and the instances
+    it creates, the empty ones a rule bought too (a pool's minimum; the on-demand buffer's, which the ledger then
+    guards). Each job placed joins `slots`, `where` and `gpu_of`, and leaves `packing.unpacked`; returns the jobs
+    placed, in order."""
+    targets = [(b, b.ref) for key, bins in sorted(packing.bins_of.items()) for b in bins
+               if isinstance(b.cap, Host) and key in solution.keep and not b.cap.frozen and not b.cap.keep_blocker]
+    targets += [(b, packing.named[b.ref]) for key, bins in sorted(packing.bins_of.items()) for b in bins
+                if not isinstance(b.cap, Host) and b.ref in packing.named]
+    if not targets:
+        return []
+    ledger = plan_ledger(problem, creates, solution.keep, _placements(problem, packing, slots, spot_drops))
+    by_offer: dict[str, list[tuple[Bin, str]]] = {}
+    for b, ref in targets:
+        by_offer.setdefault(b.cap.offer_key, []).append((b, ref))
+    allowed: dict[tuple, bool] = {}  # (demand shape, offer key) -> fit: a fleet has a few hundred shapes, thousands of hosts
+    placed: list[str] = []
+    for d in sorted(_candidates(problem, observed, slots, packing, spot_drops), key=_order):
+        if ledger.refuses_job(d):
+            continue  # (most pending work of a big fleet waits on its tenant's quota: asked before any instance)
+        shape = fit_shape(d)
+        bins = [t for ok, ts in sorted(by_offer.items()) if _allowed(allowed, shape, ok, d, ts[0][0].cap) for t in ts]
+        for job in [j for j in d.jobs if _waiting(j, observed, slots, packing, spot_drops)]:
+            at = _place(d, job, bins, ledger, problem)
+            if at is None:
+                break  # the demand's jobs are alike: the next one finds no room either
+            b, ref = at
+            ledger.add_item(d, job, ref)
+            slots[job] = [ref]
+            packing.where[(job, 0)] = ref
+            packing.gpu_of[(job, 0)] = tuple(b.gpu_of[(job, 0)])
+            packing.unpacked.discard(job)
+            placed.append(job)
+    return placed
+
+
+def _placements(problem: Problem, packing: Packing, slots: dict[str, list[str | None]],
+                spot_drops: dict[str, str]) -> list[tuple[str, tuple[str, ...]]]:
+    """(job, instance per replica) of every job the packed plan places, as job_changes will list them."""
+    out = []
+    for d in problem.demands:
+        for job in d.jobs:
+            if job in slots and job not in packing.unpacked and job not in spot_drops:
+                out.append((job, tuple(packing.where[(job, r)] for r in range(d.replicas) for _ in range(d.bundle))))
+    return out
+
+
+def _allowed(cache: dict, shape: tuple, offer_key: str, d: Demand, c: Capacity) -> bool:
+    """fit(d, c) > 0, once per (demand shape, offer): hosts of one offer are alike to every placement rule."""
+    v = cache.get((shape, offer_key))
+    if v is None:
+        v = cache[(shape, offer_key)] = fit(d, c) > 0
+    return v
+
+
+def _candidates(problem: Problem, observed, slots, packing: Packing, spot_drops) -> list[Demand]:
+    return [d for d in problem.demands if not d.gang and d.bundle == 1
+            and any(_waiting(j, observed, slots, packing, spot_drops) for j in d.jobs)]
+
+
+def _waiting(job: str, observed, slots, packing: Packing, spot_drops) -> bool:
+    """Pending new work backfill may place: not placed (or placed by the solver but left unpacked), not running now,
+    not taken out for its tenant's spot share."""
+    return (job not in slots or job in packing.unpacked) and not observed.placements.get(job) and job not in spot_drops
+
+
+def _order(d: Demand) -> tuple:
+    """The README's order: class, deadline, priority (higher first); then larger items, which have fewer places."""
+    return (-d.klass, -d.deadline_rank, -d.priority, -d.gpus, -(d.mig[1] if d.mig else 0), -d.cpu, -d.memory_gib, d.key)
+
+
+def _place(d: Demand, job: str, bins: list[tuple[Bin, str]], ledger: Ledger, problem: Problem) -> tuple[Bin, str] | None:
+    """The instance that takes one item of d and leaves the least room (then the cheapest data path), within
+    every rule the ledger keeps; the item is placed on it (GPUs chosen as the packer chooses them)."""
+    if ledger.refuses_job(d):
+        return None
+    fitting = sorted(((b, ref) for b, ref in bins if b.fits(d)), key=lambda t: (_room_left(t[0], d), problem.cost_coef(d, t[0].cap), t[1]))
+    for b, ref in fitting:
+        if ledger.refuses_item(d, b.cap):
+            continue
+        if b.cap.market != "spot" and ledger.refuses_buffer(d, buffer_use(d, ledger.dim)):
+            continue
+        if b.place(d, job, 0) is not None:
+            return b, ref
+    return None
+
+
+def _room_left(b: Bin, d: Demand) -> tuple[float, ...]:
+    """What the instance would have free after the item, GPUs (or MIG devices) first, then vCPU and memory, each
+    as a share of the instance: the fullest instance that takes it first (best fit), so larger items keep the
+    emptier ones."""
+    order = sorted(b.free, key=lambda k: (k in ("cpu", "memory_gib"), k != "cpu", k))
+    return tuple((b.free[k] - (d.req(k) if k in d.dims else 0.0)) / b.cap.cap(k) if b.cap.cap(k) > 0 else 0.0 for k in order)
+
+
+__all__ = ["backfill"]
