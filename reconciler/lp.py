@@ -105,20 +105,23 @@ class LpMirror:
         """lo <= sum(coeffs * vars) + offset <= hi (use +-2**62 for no bound)."""
         self._add(list(zip(vars_, coeffs)), lo - offset if lo > -(2**62) else lo, hi - offset if hi < 2**62 else hi)
 
-    def optimum(self, vars_: list[int], coeffs: list[int], offset: int, maximize: bool) -> tuple[float, list[float]] | None:
+    def optimum(self, vars_: list[int], coeffs: list[int], offset: int, maximize: bool,
+                fresh: bool = False) -> tuple[float, list[float]] | None:
+        """(optimal value, the optimum's variable values), or None. fresh: from scratch, for a caller that reads
+        the optimum's values, not only its value (where several vertices are optimal, a warm solve may end at another)."""
         obj = self.lp.Objective()
         obj.Clear()
         for v, c in zip(vars_, coeffs):
             obj.SetCoefficient(self.xs[v], obj.GetCoefficient(self.xs[v]) + float(c))
         obj.SetMaximization() if maximize else obj.SetMinimization()
-        if not self._solve():
+        if not self._solve(fresh):
             return None
         return obj.Value() + offset, [x.solution_value() for x in self.xs]
 
-    def _solve(self) -> bool:
-        """Solve from the last optimal basis if there is one, else (or if that fails) from scratch: the optimum
-        is the same either way (its value; where the optimum is not unique, not always the same vertex)."""
-        if self._basis:
+    def _solve(self, fresh: bool) -> bool:
+        """Solve from the last optimal basis if there is one (and not `fresh`), else (or if that fails) from scratch:
+        the optimal value is the same either way; where several vertices are optimal, not always the same vertex."""
+        if self._basis and not fresh:
             self.solves["warm"] += 1
             if self.lp.Solve(self.warm) == pywraplp.Solver.OPTIMAL:
                 return True

@@ -298,6 +298,8 @@ def test_the_lp_is_solved_from_scratch_once_then_from_its_last_basis_with_the_sa
             lp.add(vs, cs, off, v, 2**62) if sense == "max" else lp.add(vs, cs, off, -(2**62), v)
     assert len(tiers) >= 6
     assert lp.solves == {"fresh": 1, "warm": asked - 1}
+    again = lp.optimum(vs, cs, off, maximize=False, fresh=True)  # the cost LP, whose vertex guides the search: from scratch
+    assert lp.solves["fresh"] == 2 and abs(again[0] - warm[0]) <= 1e-6 * max(1.0, abs(warm[0]))
     sol = solve(problem, time_limit=5, with_lp_bound=True)
     assert sol.cost_bound is not None and sol.cost_bound <= sol.cost_value + 1e-6
     assert sol.lp_bound is not None and sol.lp_bound <= sol.cost_milli / 1000 + 1e-6
