@@ -45,14 +45,19 @@ class LpMirror:
             lp.SetSolverSpecificParametersAsString("use_dual_simplex: true")
         lp.SuppressOutput()
         P = pywraplp.MPSolverParameters
-        # The first solve from scratch, with CLP's presolve and its choice of simplex; every later one from the last
-        # optimal basis by the primal simplex, presolve off: a held tier's row leaves that basis primal feasible
-        # (the last optimum reaches what is held), and only the objective changed. On the 20k-job drift model
-        # (326k columns, 122k rows) a fresh solve took ~68 s CPU each time, the warm ones 2.5-26 s; on 10k, 6-12 s
-        # fresh, 1.5-8.7 s warm. CLP's default re-solve from the basis (presolve on, its choice of simplex) had
-        # taken 2.6 s where a fresh one took 0.5 s (10k instances), hence the primal simplex, presolve off.
+        # `fresh` (from scratch, CLP's presolve and its choice of simplex) is for a caller that reads the optimum's
+        # values: the cost LP, whose vertex guides the search. A caller that reads only the optimal value gets the
+        # primal simplex: from scratch the first time (`first`), then from the last optimal basis, presolve off
+        # (`warm`): a held tier's row leaves that basis primal feasible (the last optimum reaches what is held) and
+        # only the objective changes. On the 20k-job drift model (326k columns, 122k rows; CPU at load 7-8) a fresh
+        # solve took 38-80 s a tier, the first one by the primal simplex 9 s, the warm ones 4-29 s; on 10k, 6-10 s
+        # fresh, 0.5-4 s warm. CLP's own choice re-solving from the basis (presolve on) had taken 2.6 s where a
+        # fresh solve took 0.5 s (10k instances).
         self.fresh = P()
         self.fresh.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_OFF)
+        self.first = P()
+        self.first.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_OFF)
+        self.first.SetIntegerParam(P.LP_ALGORITHM, P.PRIMAL)
         self.warm = P()
         self.warm.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_ON)
         self.warm.SetIntegerParam(P.LP_ALGORITHM, P.PRIMAL)
@@ -126,5 +131,5 @@ class LpMirror:
             if self.lp.Solve(self.warm) == pywraplp.Solver.OPTIMAL:
                 return True
         self.solves["fresh"] += 1
-        self._basis = self.lp.Solve(self.fresh) == pywraplp.Solver.OPTIMAL
+        self._basis = self.lp.Solve(self.fresh if fresh else self.first) == pywraplp.Solver.OPTIMAL
         return self._basis
