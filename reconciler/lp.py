@@ -50,9 +50,10 @@ class LpMirror:
         # primal simplex: from scratch the first time (`first`), then from the last optimal basis, presolve off
         # (`warm`): a held tier's row leaves that basis primal feasible (the last optimum reaches what is held) and
         # only the objective changes. On the 20k-job drift model (326k columns, 122k rows; CPU at load 7-8) a fresh
-        # solve took 38-80 s a tier, the first one by the primal simplex 9 s, the warm ones 4-29 s; on 10k, 6-10 s
-        # fresh, 0.5-4 s warm. CLP's own choice re-solving from the basis (presolve on) had taken 2.6 s where a
-        # fresh solve took 0.5 s (10k instances).
+        # solve took 29-80 s a tier; the first by the primal simplex 8.4 s, the warm ones 0.8-3.8 s; on the 10k
+        # drift 5-10 s fresh, 0.8-2 s warm. But on the converged 10k fleet the first takes 3.95 s by the primal
+        # simplex where CLP's choice takes 0.4 s (open: no rule found to pick per model). CLP's own choice
+        # re-solving from the basis (presolve on) had taken 2.6 s where a fresh solve took 0.5 s (10k instances).
         self.fresh = P()
         self.fresh.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_OFF)
         self.first = P()
