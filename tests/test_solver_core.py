@@ -271,8 +271,8 @@ def _scarce_fleet(tmp_path: Path):
 
 def test_the_lp_is_solved_from_scratch_once_then_from_its_last_basis_with_the_same_optima(tmp_path):
     """The tier LPs are solved in sequence on one relaxation that only gains rows (each tier held): the first
-    from scratch, every later one from the last optimal basis (at 20k jobs a fresh solve took ~68 s of CPU
-    each, a warm one 2.5-26 s). Same optima as a relaxation built afresh for each tier, and a bound that is one."""
+    from scratch, every later one from the last optimal basis (on the 20k-job drift a fresh solve took 29-80 s of
+    CPU a tier, a warm one 0.8-3.8 s). Same optima as a relaxation built afresh for each tier, and a bound that is one."""
     from reconciler.lp import LpMirror
     from reconciler.solve.model import Model
     from reconciler.solve.strategy import proven, warm_start
