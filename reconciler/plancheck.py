@@ -244,7 +244,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap:
             continue
         if any(i not in hosts or hosts[i].keep_blocker is not None or placement_refusal(d, hosts[i]) is not None
-               or fit(d, hosts[i]) == 0 for i in ids) or d.gang and gang_split(d, [hosts[i] for i in ids]):
+               or fit(d, hosts[i]) == 0 for i in ids) or gang_split(d, [hosts[i] for i in ids]):
             continue  # it cannot stay where it runs
         if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
             continue  # higher-class work of its own tenant takes its place

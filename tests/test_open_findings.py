@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All four are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All of them are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -12,7 +12,9 @@ told to make it a plain test).
 - fleet13: j4 (a 2 x 8-GPU gang on two spot p4d, pool max 1, fleet max_spot_fraction 0.25, WhenEmpty) was evicted
   with "pools at max_instances"; with that limit lifted it was still evicted: under WhenEmpty the gang may only
   stay or stop, and the reason now says so with what the running fleet breaks.
-- fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever."""
+- fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever.
+- fleet15: CP-SAT ranked below greedy: the problem protected a same-instance gang running split over two
+  instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted."""
 
 from __future__ import annotations
 
@@ -107,3 +109,24 @@ def test_greedy_settles_spot_in_finite_time_on_fleet14():
         subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, check=True, timeout=120)
     except subprocess.TimeoutExpired as e:
         raise AssertionError("planning fleet14 did not end within 120 s") from e
+
+
+def test_a_same_instance_gang_running_split_is_not_protected_on_fleet15():
+    """fleet15 (one p4d pool at max 1, two p4d running; t1, no quota, runs the 3 x 2-GPU `gang: instance` j5 split over
+    i0 and i1 and three 1-GPU jobs on i0): j5 must move whole, so it is new work, not running work its guarantee
+    protects. The problem still protected it (a same-instance gang is one item of `bundle` replicas, and the split
+    test asked `d.gang`, false for it), so CP-SAT counted moving j5 as a guarantee kept and evicted the protected j2
+    for it; greedy kept j2, j3 and j4 and ranked better."""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, write_config
+
+    f = fleet("fleet15")
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), f.docs))
+    problem = build_problem(desired, replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices))
+    assert problem.tenants["t1"].protected_jobs == ("j2", "j3", "j4")
+    check_fleet(f, time_limit=5)

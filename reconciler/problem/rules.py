@@ -187,7 +187,7 @@ def forced_moves(problem: "Problem") -> dict[str, int]:
     by_key = {d.key: d for d in problem.demands}
     hosts = {c.instance_id: c for c in problem.hosts()}
     # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
-    split = {(d.key, job) for d in problem.demands if d.gang for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
+    split = {(d.key, job) for d in problem.demands for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
     out: dict[str, int] = {}
     for h in problem.hosts():
         for dk, job, n in h.residents:
@@ -206,8 +206,9 @@ def stuck_gangs(p: "Problem") -> set[str]:
 
 
 def gang_split(d: Demand, hosts: list) -> bool:
-    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?"""
-    if any(h is None for h in hosts):
+    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?
+    A same-instance gang is one item of `bundle` replicas, so `d.gang` is false for it (fleet15)."""
+    if d.replicas * d.bundle < 2 or any(h is None for h in hosts):
         return False  # (a lost host: the gang is healed around its survivors)
     if len({(h.cloud, h.zone) for h in hosts}) > 1:
         return True

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from reconciler.ledger import quota_ok
 from reconciler.model import DesiredState, quota_guarantee
-from reconciler.problem.rules import placement_refusal
+from reconciler.problem.rules import gang_split, placement_refusal
 from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules
-
-def _split(d: Demand, iids, host_of: dict[str, Capacity]) -> bool:
-    """Does a gang run split as the config no longer allows (over zones; a same-instance gang over instances)?"""
-    if not d.gang:
-        return False
-    return len({(host_of[i].cloud, host_of[i].zone) for i in iids}) > 1 or (d.bundle > 1 and len(set(iids)) > 1)
 
 
 def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float]) -> dict[str, TenantRules]:
@@ -39,7 +33,7 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
                           if len(iids) == d.replicas * d.bundle and job not in d.reshaped
                           and all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None
-                                  for i in iids) and not _split(d, iids, host_of)),
+                                  for i in iids) and not gang_split(d, [host_of[i] for i in iids])),
                          key=lambda dj: (-dj[0].priority, dj[1]))
         kept: list[str] = []
         for d, job in running:
