@@ -7,16 +7,16 @@ as it runs keeps (README, Tenants: running work inside the guarantee gives way o
 class of its own tenant, a rule its own placement breaks, or a fleet-wide rule the fleet as it runs
 breaks; apply's re-check refuses such an evict). The planner reaches the last resort where the
 packer drops on-demand work the solver counted and only running spot work is left to take
-(tests/test_rules.py's reduced fleet12 with t2's CPU job running on spot, below).
+(tests/test_rules.py's reduced fleet12 with t2's CPU job running on spot, below); a protected job there
+moves onto on-demand room instead, a repair instance if need be.
 """
 
 from __future__ import annotations
 
-import pytest
-
 from reconciler.model import SpotPolicySpec
 from reconciler.observe import Observed
 from reconciler.pack import Bin
+from reconciler.plan.packing import Packing
 from reconciler.plan.tenant_spot import settle_tenant_spot
 from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
 from reconciler.site import Site
@@ -33,10 +33,11 @@ def cpu_job(name: str, running_on: str | None = None) -> Demand:
                   data_location=None, data_gib=0.0, hours=1.0, running=((name, (running_on,)),) if running_on else ())
 
 
-def settle(protected: tuple[str, ...], placements: dict[str, tuple[str, ...]]):
+def settle(protected: tuple[str, ...], placements: dict[str, tuple[str, ...]], keep_h2: bool = False):
     """Tenant t, max spot share 0.5, on a spot host h1 and an on-demand host h2: `running` (1 CPU job) runs on h1
     and `od` on h2 in `placements`. The solver kept `running` on h1, put `new` there too and moved `od` (its host
-    must go) to a new on-demand instance; the packer could not pack `od`. Returns (drops, new items left on h1)."""
+    must go) to a new on-demand instance; the packer could not pack `od`. With `keep_h2` the plan keeps h2 too (empty).
+    Returns (drops, new items left on h1), and the packing."""
     h1, h2 = host("h1", "spot"), host("h2", "on-demand")
     demands = {"running": cpu_job("running", placements.get("running", (None,))[0]), "new": cpu_job("new"),
                "od": cpu_job("od", placements.get("od", (None,))[0])}
@@ -48,31 +49,42 @@ def settle(protected: tuple[str, ...], placements: dict[str, tuple[str, ...]]):
     b.reserve(demands["running"], [()])  # (staying where it runs, as the packer keeps a resident)
     assert b.place(demands["new"], "new", 0) is not None
     slots = {"running": ["h1"], "new": [None], "od": [None]}
-    drops = settle_tenant_spot(problem, observed, slots, {"od"}, {"h1": [b]}, {"h1": h1, "h2": h2}, demands)
-    return drops, [job for _, job, _ in b.items]
+    bins_of = {"h1": [b]} | ({"h2": [Bin.empty(h2, "h2")]} if keep_h2 else {})
+    packing = Packing(bins_of, {}, {}, {"od"}, {"p": len(bins_of)}, {"all": 0.0, "spot": 0.0}, lambda c: 0.0)  # (no repair: more_of None)
+    drops = settle_tenant_spot(problem, observed, slots, packing, {"h1": h1, "h2": h2}, demands)
+    return drops, [job for _, job, _ in b.items], packing
 
 
 def test_the_last_resort_never_takes_a_protected_job_for_a_share_the_fleet_keeps():
     """As it runs, t has 1 of 2 work units on spot (its share holds). With `od` left unpacked, `running` + `new`
     are 2 of 2: dropping `new` leaves 1 of 1, still over, and the last resort evicted `running`, inside t's
     guarantee (apply's re-check then refused the plan). Now `running` stays and only the new work waits."""
-    drops, left = settle(("running",), {"running": ("h1",), "od": ("h2",)})
+    drops, left, _ = settle(("running",), {"running": ("h1",), "od": ("h2",)})
     assert list(drops) == ["new"] and left == []
     assert drops["new"].startswith("tenant spot share: t's placed work would be 2 of 2 work units on spot, over its "
                                    "max_spot_fraction 0.5")  # (true of the plan with `new` in it)
     assert "inside its guarantee" in drops["new"] and "running" in drops["new"]
 
 
+def test_a_protected_job_moves_onto_on_demand_room_the_plan_keeps_instead():
+    """The same fleet with h2 (on-demand, empty) kept: `running` moves there, which leaves t at 1 of 2 work units
+    on spot, within its share, so `new` stays too and nothing waits."""
+    drops, left, packing = settle(("running",), {"running": ("h1",), "od": ("h2",)}, keep_h2=True)
+    assert drops == {} and left == ["new"]
+    assert [job for _, job, _ in packing.bins_of["h2"][0].items] == ["running"]
+    assert packing.moved["running"].startswith("tenant spot share: moves onto on-demand room")
+
+
 def test_the_last_resort_still_takes_running_work_outside_the_guarantee():
     """The same fleet with `running` borrowed (not protected): the last resort takes it, as before."""
-    drops, left = settle((), {"running": ("h1",), "od": ("h2",)})
+    drops, left, _ = settle((), {"running": ("h1",), "od": ("h2",)})
     assert set(drops) == {"new", "running"}
 
 
 def test_a_protected_job_gives_way_to_a_share_the_fleet_as_it_runs_breaks():
     """As it runs, t has 1 of 1 work units on spot (`od` not placed yet): the fleet breaks t's share now, a rule
     that requires something to give (README, Tenants), so the last resort takes `running` as before."""
-    drops, left = settle(("running",), {"running": ("h1",)})
+    drops, left, _ = settle(("running",), {"running": ("h1",)})
     assert set(drops) == {"new", "running"}
 
 
@@ -118,22 +130,29 @@ def test_a_protected_spot_job_stops_for_the_share_the_running_fleet_breaks(tmp_p
     assert refused == []
 
 
-def test_a_protected_spot_job_stays_when_the_running_fleet_keeps_the_share(tmp_path):
+def test_a_protected_spot_job_keeps_running_when_the_running_fleet_keeps_the_share(tmp_path):
     """As it runs, t2 has 1 of 29 work units on spot (`big` on i2, on-demand): its share holds. i2 is in a zone the
     pool no longer has, so `big` must move, and the packer cannot pack it. The plan evicted `small`, inside t2's
-    guarantee, and apply's re-check refused it for that; now `small` stays."""
+    guarantee, and apply's re-check refused it for that; then it kept `small` on spot (1 of 1, over the share).
+    Now `small` moves onto a repair on-demand n2-standard-16 (CPU work does not run on the p4d the plan buys) and
+    the spot i1 it leaves empty goes."""
     _, _, plan, refused = _fleet12(tmp_path, "us-east-1c")
     jobs = {j.job: j for j in plan.jobs}
     assert jobs["big"].action == "evict" and "could not be packed" in jobs["big"].reason
-    assert jobs["small"].action == "keep"
+    create = {c.ref: c for c in plan.creates}
+    small = jobs["small"]
+    assert small.action == "move" and small.reason.startswith("tenant spot share: moves onto on-demand room"), small
+    assert [(create[i].instance_type, create[i].market) for i in small.instances] == [("n2-standard-16", "on-demand")]
+    assert [d.instance_id for d in plan.deletes if d.instance_id == "i1"] == ["i1"]
     assert not any("small" in e for e in refused)
 
 
-@pytest.mark.xfail(strict=True, reason="open: with `big` unpacked, t2's share holds only if `small` moves onto on-demand "
-                   "room; the plan keeps it on spot (1 of 1), which apply's re-check refuses and the oracle flags")
 def test_the_plan_keeping_a_protected_spot_job_also_keeps_the_share(tmp_path):
-    from tests.invariants import check_plan
+    """Was a strict xfail: the plan kept `small` on spot, 1 of 1, which apply's re-check refused and the oracle
+    flagged (t2 over its share, a rule the fleet as it runs keeps)."""
+    from tests.invariants import check_plan, check_stability
 
     desired, observed, plan, refused = _fleet12(tmp_path, "us-east-1c")
     assert refused == []
     check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)

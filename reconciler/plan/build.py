@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import json
+from dataclasses import replace
 
 from reconciler.ledger import plan_ledger, spot_ballast
 from reconciler.model import DesiredState
@@ -47,11 +48,13 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
 
     # 2a. A tenant's spot share on what was packed: on-demand work the packer could not hold
     # leaves the tenant's spot work over its share, so spot work goes too (fleet12, issue 18).
-    spot_drops = settle_tenant_spot(problem, observed, assigned.slots, packing.unpacked, packing.bins_of, hosts, demand_of)
+    spot_drops = settle_tenant_spot(problem, observed, assigned.slots, packing, hosts, demand_of)
 
     # 2b. Never a move to an identical instance: a new instance whose items all fit on an instance
     # the plan deletes, of the same pool, zone, type, market and price, is that instance instead.
     solved = solution  # the solver's answer as it counted it (emitted_quality compares the plan with it)
+    if packing.released:  # (spot hosts 2a emptied, moving protected work onto on-demand room)
+        solution = replace(solution, keep=frozenset(solution.keep) - packing.released)
     solution = keep_identical(problem, observed, solution, packing.bins_of, hosts, demand_of)
     return_home(problem, observed, solution, packing.bins_of, hosts, demand_of)
 

@@ -44,7 +44,7 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                         gpus.append(g[k] if k < len(g) else ())
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
-                note = move_note(d, job, prev, now_t, observed, hosts, solution) if action == "move" else ""
+                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution)) if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
                     action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"

@@ -34,6 +34,9 @@ class Packing:
     prim: Callable[[Capacity], float]  # an instance's size in that measure
     repairs: int = 0  # instances bought beyond the solver's counts
     named: dict[str, str] = field(default_factory=dict)  # new bin ref -> the create ref ("+n") naming gave it
+    more_of: Callable[[Capacity, str], Callable[[], Bin | None]] | None = None  # a repair instance of an offer, for the later phases
+    moved: dict[str, str] = field(default_factory=dict)  # job -> why a later phase moved it (a tenant's spot share)
+    released: set[str] = field(default_factory=set)  # hosts the solver kept that a later phase emptied and no rule keeps
 
 
 def resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -87,6 +90,7 @@ def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Soluti
     packing = Packing({}, {}, {}, set(), pool_count, fleet, prim)
     _pack_hosts(packing, problem, observed, solution, hosts, demand_of, assigned, group)
     repairs = _Repairs(problem, solution, caps, hosts, packing)
+    packing.more_of = repairs.more_of
     _pack_offers(packing, solution, caps, assigned, group, repairs.more_of)
     for bins in packing.bins_of.values():
         for b in bins:
