@@ -14,7 +14,9 @@ told to make it a plain test).
   stay or stop, and the reason now says so with what the running fleet breaks.
 - fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever.
 - fleet15: CP-SAT ranked below greedy: the problem protected a same-instance gang running split over two
-  instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted."""
+  instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted.
+- fleet17: CP-SAT moved a same-instance gang running split to a new instance identical to the one it left, which
+  the plan deleted (keep_identical asked for a job running whole there)."""
 
 from __future__ import annotations
 
@@ -130,3 +132,12 @@ def test_a_same_instance_gang_running_split_is_not_protected_on_fleet15():
     problem = build_problem(desired, replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices))
     assert problem.tenants["t1"].protected_jobs == ("j2", "j3", "j4")
     check_fleet(f, time_limit=5)
+
+
+def test_no_move_to_an_identical_instance_for_a_split_gang_on_fleet17():
+    """fleet17: j4 (3 x 2-GPU, gang: instance) runs split over the p4d i0 and i1 (us-east-1b, on-demand; pool at max
+    1). CP-SAT deleted both and bought +1, the same p4d in the same zone, for j4 and j13. keep_identical keeps a
+    deleted instance instead of its new twin only for jobs that run on it whole (their recorded GPUs), and a split
+    gang runs whole nowhere, so j4 moved from i0 and i1 to an identical instance. Now any job that ran on the deleted
+    instance is enough: i0 stays, with j4 and j13."""
+    check_fleet(fleet("fleet17"), time_limit=5)
