@@ -1106,5 +1106,16 @@ def running_ledger(problem) -> Ledger:
     return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
 
 
+def staying_ledger(problem) -> Ledger:
+    """The fleet that can stay: the existing instances but those that must go (a keep_blocker: a pool removed or
+    drifted from, a region or cloud the guardrails no longer allow), each running job whose every replica is on
+    them where it runs. A fleet-wide rule it breaks, the fleet breaks whatever a plan does (fleet16: spot diversity
+    kept only by a spot instance in a cloud no longer allowed), so something must give, as where the fleet as it
+    runs breaks one (plancheck)."""
+    hosts = sorted(c.key for c in problem.capacities if c.existing and c.keep_blocker is None)
+    stay = set(hosts)
+    return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running if set(ids) <= stay))
+
+
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger"]
+           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger"]

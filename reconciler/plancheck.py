@@ -32,11 +32,13 @@ never read from the plan:
 * no tenant ends over a ceiling (quota, or burst) or over its budget where it was not before, and no
   fleet-wide rule the fleet keeps now (spot share, on-demand buffer, spot diversity, a tenant's spot share,
   license counts) is broken by the plan: the plan's fleet and the snapshot's are read by the one ledger
-  (reconciler/ledger.py) that the planner reads;
+  (reconciler/ledger.py) that the planner reads; a rule the fleet keeps only with instances that must go
+  (ledger.staying_ledger) it does not keep now;
 * running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
   changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
-  work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs breaks a
-  fleet-wide rule; otherwise only borrowed work, never a job inside its tenant's guarantee;
+  work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or without the
+  instances that must go) breaks a fleet-wide rule; otherwise only borrowed work, never a job inside its
+  tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -46,7 +48,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units, running_ledger
+from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units, running_ledger, staying_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -76,8 +78,9 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
         after, before = ledgers
         errors += _tenant_errors(problem, after, before)
-        errors += _fleet_rule_errors(after, before)
-        errors += _eviction_errors(plan, observed, problem, before)
+        broken_now = staying_ledger(problem).broken_rules() | before.broken_rules()  # (as it runs, and without what must go)
+        errors += _fleet_rule_errors(after, broken_now)
+        errors += _eviction_errors(plan, observed, problem, broken_now)
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
@@ -195,12 +198,12 @@ def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -
     return errors
 
 
-def _fleet_rule_errors(after, before) -> list[str]:
-    """Fleet-wide rules the plan breaks that the fleet as it runs keeps: the spot share, the on-demand buffer,
-    spot diversity, tenants' spot shares and license counts (budgets, pools and ceilings are checked above)."""
-    was = before.broken_rules()
+def _fleet_rule_errors(after, broken_now: dict[str, str]) -> list[str]:
+    """Fleet-wide rules the plan breaks that the fleet keeps now, as it runs and without the instances that must go:
+    the spot share, the on-demand buffer, spot diversity, tenants' spot shares and license counts (budgets, pools and
+    ceilings are checked above)."""
     return [f"the plan breaks a rule the fleet keeps now: {why}" for rule, why in sorted(after.broken_rules().items())
-            if rule not in was and rule.split(":")[0] in ("spot-share", "spot-buffer", "spot-diversity", "tenant-spot", "license")]
+            if rule not in broken_now and rule.split(":")[0] in ("spot-share", "spot-buffer", "spot-diversity", "tenant-spot", "license")]
 
 
 def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction]) -> list[str]:
@@ -227,13 +230,13 @@ def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list
     return errors
 
 
-def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, before) -> list[str]:
+def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> list[str]:
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
-    if not evicts or before.broken_rules():
+    if not evicts or broken_now:
         return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     arriving = [(demand_of[j.job].tenant, demand_of[j.job].klass) for j in plan.jobs if j.job in demand_of and (

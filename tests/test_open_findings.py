@@ -15,6 +15,8 @@ told to make it a plain test).
 - fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever.
 - fleet15: CP-SAT ranked below greedy: the problem protected a same-instance gang running split over two
   instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted.
+- fleet16: apply's re-check refused stopping spot work that only an instance which must go (a cloud the guardrails
+  no longer allow) kept within spot diversity: it read the rules the fleet breaks now off the fleet with it.
 - fleet17: CP-SAT moved a same-instance gang running split to a new instance identical to the one it left, which
   the plan deleted (keep_identical asked for a job running whole there)."""
 
@@ -132,6 +134,16 @@ def test_a_same_instance_gang_running_split_is_not_protected_on_fleet15():
     problem = build_problem(desired, replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices))
     assert problem.tenants["t1"].protected_jobs == ("j2", "j3", "j4")
     check_fleet(f, time_limit=5)
+
+
+def test_apply_accepts_stopping_spot_work_that_only_an_instance_that_must_go_kept_diverse_on_fleet16():
+    """fleet16: spot diversity asks for 2 instance types and 2 zones; the fleet as it runs has them only through i0,
+    a spot instance in azure, which the GuardrailPolicy no longer allows. Without i0 every spot instance left is one
+    n2-standard-16 in us-central1-a, so no spot work can stay, and both plans stop t3's j10 (spot: required), inside
+    its guarantee. Apply's re-check refused that ('evicted, but it runs inside tenant t3's guarantee and no rule
+    requires stopping it'), and would have refused keeping it too (diversity, which the fleet as it runs keeps): it
+    read the rules the fleet breaks now off the fleet with i0. It reads them off the fleet that can stay as well."""
+    check_fleet(fleet("fleet16"), time_limit=5)
 
 
 def test_no_move_to_an_identical_instance_for_a_split_gang_on_fleet17():
