@@ -127,11 +127,14 @@ class _Greedy:
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
         # each: nothing else may spend that (keeping a dear running instance first once left a
-        # pool's minimum unbought, a plan that breaks a hard rule).
+        # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
+        # open: no spot where greedy opens no idle spot (priced at an idle spot host it would not
+        # keep, the minimum went unmet: fleet18).
         self.floor_price: dict[str, float] = {}
         if problem.budget is not None:
             for c in problem.capacities:
-                if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
+                if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0 \
+                        and (c.market != "spot" or self.buy_spot):
                     self.floor_price[c.pool] = min(self.floor_price.get(c.pool, math.inf), c.price)
 
     # -- bookkeeping

@@ -18,7 +18,9 @@ told to make it a plain test).
 - fleet16: apply's re-check refused stopping spot work that only an instance which must go (a cloud the guardrails
   no longer allow) kept within spot diversity: it read the rules the fleet breaks now off the fleet with it.
 - fleet17: CP-SAT moved a same-instance gang running split to a new instance identical to the one it left, which
-  the plan deleted (keep_identical asked for a job running whole there)."""
+  the plan deleted (keep_identical asked for a job running whole there).
+- fleet18: greedy's answer broke a pool minimum under a budget (it held back the price of an idle spot host it
+  would not open), CP-SAT could not complete it, and it was the plan."""
 
 from __future__ import annotations
 
@@ -153,3 +155,12 @@ def test_no_move_to_an_identical_instance_for_a_split_gang_on_fleet17():
     gang runs whole nowhere, so j4 moved from i0 and i1 to an identical instance. Now any job that ran on the deleted
     instance is enough: i0 stays, with j4 and j13."""
     check_fleet(fleet("fleet17"), time_limit=5)
+
+
+def test_greedy_reserves_for_a_pool_minimum_what_it_may_open_on_fleet18():
+    """fleet18: aws-cpu must keep 1 instance (min_instances), a $15/h budget, an on-demand buffer of 25% (so greedy
+    opens no idle spot host, its own restraint). Under a budget greedy holds back the cheapest instance of each unmet
+    pool minimum, and it priced aws-cpu's at the spot i0 ($0.29/h) it then would not open: it kept the $14.69/h i1,
+    and the on-demand m6i ($0.77/h) no longer fit the budget. Its answer broke the pool minimum, CP-SAT could not
+    complete it, and that answer was the plan. The floor is now the cheapest instance greedy may open for it."""
+    check_fleet(fleet("fleet18"), time_limit=5)
