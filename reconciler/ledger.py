@@ -1112,7 +1112,7 @@ def staying_ledger(problem) -> Ledger:
     them where it runs. A fleet-wide rule it breaks, the fleet breaks whatever a plan does (fleet16: spot diversity
     kept only by a spot instance in a cloud no longer allowed), so something must give, as where the fleet as it
     runs breaks one (plancheck)."""
-    hosts = sorted(c.key for c in problem.capacities if c.existing and c.keep_blocker is None)
+    hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
     stay = set(hosts)
     return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running if set(ids) <= stay))
 

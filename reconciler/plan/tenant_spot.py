@@ -101,7 +101,7 @@ def _onto_on_demand(problem: Problem, job: str, slots: dict[str, list[str | None
     at = {(job, r): b for bins in packing.bins_of.values() for b in bins for _, j, r in b.items if j == job}
     spot = [r for r, h in enumerate(slots[job]) if (hosts[h] if h is not None else at[(job, r)].cap).market == "spot"]
     targets = [b for bins in packing.bins_of.values() for b in bins if b.cap.market == "on-demand" and b.group is None and rules_allow(d, b.cap)]
-    offers = sorted((c for c in problem.capacities if not c.existing and c.market == "on-demand" and fit(d, c) > 0), key=lambda c: (c.price, c.key))
+    offers = sorted((c for c in problem.offers() if c.market == "on-demand" and fit(d, c) > 0), key=lambda c: (c.price, c.key))
     placed: list[Bin] = []
     for r in spot:
         b = next((b for b in targets if b.place(d, job, r) is not None), None)
