@@ -121,7 +121,7 @@ def _onto_on_demand(problem: Problem, job: str, slots: dict[str, list[str | None
         if h is None:
             at[(job, r)].unplace(d, job, r)
             continue
-        slots[job][r] = None  # (its room on the host it leaves stays taken: nothing is packed after this phase)
+        slots[job][r] = None  # (its room on the host it leaves stays taken: the backfill after sees less room, never too much)
         if not any(h in items for items in slots.values()) and not packing.bins_of[h][0].items and \
                 spare(hosts[h], problem, packing.pool_count, packing.fleet, packing.prim):
             packing.released.add(h)
