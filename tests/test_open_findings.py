@@ -13,6 +13,7 @@ told to make it a plain test).
   with "pools at max_instances"; with that limit lifted it was still evicted: under WhenEmpty the gang may only
   stay or stop, and the reason now says so with what the running fleet breaks.
 - fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever.
+- fleet20: a spot offer no job fits was offered 0 times, so a fleet needing a second spot zone used no spot.
 - fleet15: CP-SAT ranked below greedy: the problem protected a same-instance gang running split over two
   instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted.
 - fleet16: apply's re-check refused stopping spot work that only an instance which must go (a cloud the guardrails
@@ -175,3 +176,13 @@ def test_greedy_reserves_for_a_pool_minimum_what_it_may_open_on_fleet18():
                    "max_instances (az-mig 3/3); the job needs 2 new instances', and the oracle finds no rule requiring it")
 def test_greedy_keeps_a_protected_mig_placement_group_gang_on_fleet19():
     check_fleet(fleet("fleet19"), time_limit=5)
+
+
+def test_a_fleet_that_needs_a_second_spot_zone_may_buy_one_idle_spot_instance_there():
+    """fleet20 (the pending-reason tier, 2026-11-26 evening): min_zones 2, t2's j5 and j1 (1 A100-80GB each) fit a
+    spot Standard_NC24ads_A100_v4 (pool max 1), and an idle spot g5.xlarge in us-east-1a makes the second zone. j1
+    was told 'pools at max_instances'; with that lifted (and t1's A10G job gone) the plan put j5 on on-demand and
+    left j1 pending over t2's $5 budget, "OPTIMAL": sized to the work that fits it, the g5 offer was offered 0
+    times, so no spot could be used at all. A spot offer may now stand for one idle instance where the SpotPolicy
+    asks for diversity."""
+    check_reasons(fleet("fleet20"))

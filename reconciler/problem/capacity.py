@@ -184,10 +184,16 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
                     on_demand_items[d.key] = d
         bounds[c.key] = bound
     extra = _ballast_bound(offers, hosts, bounds, pool_bounds, spot, list(on_demand_items.values()), gpu_fleet)
+    # Spot diversity (min_instance_types, min_zones) may make an optimum buy one idle spot instance of a type or zone
+    # no work needs: each spot offer may stand for one. (Sized to its items alone, a spot offer no job fits was
+    # offered 0 times, so a fleet whose spot needed a second zone could use no spot at all, and its plan, "OPTIMAL",
+    # left a job pending that a spot instance plus one idle in another zone would hold: found by the
+    # pending-reason property tier.)
+    diverse = spot is not None and (spot.min_instance_types > 1 or spot.min_zones > 1)
     sized = []
     for c in offers:
         lo, hi = pool_bounds[c.pool]
-        n = min(max(bounds[c.key] + extra(c), lo), hi)
+        n = min(max(bounds[c.key] + extra(c), lo, 1 if diverse and c.market == "spot" else 0), hi)
         if c.reservation:
             n = min(n, c.max_new)  # what is left of the reservation
         if n > 0:
