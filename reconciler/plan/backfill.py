@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from reconciler.ledger import Ledger, buffer_use, plan_ledger
 from reconciler.pack import Bin
 from reconciler.plan.packing import Packing
-from reconciler.problem import Capacity, Demand, Host, Problem, fit, fit_shape
+from reconciler.problem import Capacity, Demand, Host, OfferFits, Problem
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -44,13 +44,12 @@ def backfill(problem: Problem, observed, solution: Solution, packing: Packing, c
     by_offer: dict[str, list[tuple[Bin, str]]] = {}
     for b, ref in targets:
         by_offer.setdefault(b.cap.offer_key, []).append((b, ref))
-    allowed: dict[tuple, bool] = {}  # (demand shape, offer key) -> fit: a fleet has a few hundred shapes, thousands of hosts
+    fits = OfferFits()  # once per (demand shape, offer): a fleet has a few hundred shapes, thousands of hosts
     placed: list[str] = []
     for d in sorted(_candidates(problem, observed, slots, packing, spot_drops), key=_order):
         if ledger.refuses_job(d):
             continue  # (most pending work of a big fleet waits on its tenant's quota: asked before any instance)
-        shape = fit_shape(d)
-        bins = [t for ok, ts in sorted(by_offer.items()) if _allowed(allowed, shape, ok, d, ts[0][0].cap) for t in ts]
+        bins = [t for ok, ts in sorted(by_offer.items()) if fits.at(d, ok, ts[0][0].cap) > 0 for t in ts]
         for job in [j for j in d.jobs if _waiting(j, observed, slots, packing, spot_drops)]:
             at = _place(d, job, bins, ledger, problem)
             if at is None:
@@ -74,14 +73,6 @@ def _placements(problem: Problem, packing: Packing, slots: dict[str, list[str | 
             if job in slots and job not in packing.unpacked and job not in spot_drops:
                 out.append((job, tuple(packing.where[(job, r)] for r in range(d.replicas) for _ in range(d.bundle))))
     return out
-
-
-def _allowed(cache: dict, shape: tuple, offer_key: str, d: Demand, c: Capacity) -> bool:
-    """fit(d, c) > 0, once per (demand shape, offer): hosts of one offer are alike to every placement rule."""
-    v = cache.get((shape, offer_key))
-    if v is None:
-        v = cache[(shape, offer_key)] = fit(d, c) > 0
-    return v
 
 
 def _candidates(problem: Problem, observed, slots, packing: Packing, spot_drops) -> list[Demand]:
