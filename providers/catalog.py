@@ -91,9 +91,6 @@ class Catalog:
     def shape(self, cloud: str, instance_type: str) -> InstanceShape | None:
         return self.shapes.get((cloud, instance_type))
 
-    def types_of(self, cloud: str) -> list[str]:
-        return sorted(t for c, t in self.shapes if c == cloud)
-
     def describe_source(self, key: str) -> str:
         src = self.sources.get(key)
         return f"{key} ({src.date})" if src else key
