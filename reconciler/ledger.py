@@ -727,13 +727,21 @@ class Ledger:
             s = self.licenses.short(d)
             if s is not None:
                 return "license" if s.scope == "count" else "license-quota"
+        return "quota" if self.quota_short(d) is not None else None
+
+    def quota_short(self, d) -> tuple[str, float, float, float] | None:
+        """The first dimension of its tenant's quota that one more job of d would break, as (dimension, used, need,
+        limit), or None. A dimension the job needs none of is not asked, as the model's quota rows leave it out
+        (solve/tenants.py): a tenant over its ceiling in CPU may still take a job that needs no CPU."""
         r = self.problem.tenants.get(d.tenant)
         if r is None:
             return None
         use = self._use.get(d.tenant)
-        for k, v in r.cap.items():
-            if not quota_ok(use[k].value if use else 0.0, d.req(k) * d.replicas, v):
-                return "quota"
+        for dim, limit in r.cap.items():
+            need = d.replicas * d.req(dim)
+            used = use[dim].value if use else 0.0
+            if need and not quota_ok(used, need, limit):
+                return dim, used, need, limit
         return None
 
     def refuses_buffer(self, d, taken: float) -> str | None:
@@ -1013,21 +1021,15 @@ class Ledger:
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:
-        r = self.problem.tenants.get(d.tenant)
-        if r is None:
+        short = self.quota_short(d)
+        if short is None:
             return None
-        used = self.tenant_use(d.tenant)
-        for dim, limit in r.cap.items():
-            need = d.replicas * d.req(dim)
-            if not need:
-                continue
-            if not quota_ok(0.0, need, limit):
-                return Refusal("quota", f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
-                               d.tenant, need - limit)
-            if not quota_ok(used[dim], need, limit):
-                return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used[dim]:g}/{limit:g} {_UNIT[dim]} in this plan, "
-                               f"the job needs {need:g} more", d.tenant, used[dim] + need - limit)
-        return None
+        dim, used, need, limit = short
+        if not quota_ok(0.0, need, limit):
+            return Refusal("quota", f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
+                           d.tenant, need - limit)
+        return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, "
+                       f"the job needs {need:g} more", d.tenant, used + need - limit)
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,21 @@ def test_a_ledger_refuses_an_instance_its_cloud_quota_has_no_room_for_counting_w
     pending.open(offer, 8)
     assert led.refuses_open(offer, 1, pending) == "cloud-quota"
     assert QuotaBook((quota,)).short(offer, 10) is not None
+
+
+def test_one_quota_rule_a_tenant_over_its_gpu_ceiling_may_still_take_a_job_that_needs_no_gpu():
+    """The model's quota rows leave out the dimensions a job needs none of (solve/tenants.py); greedy and backfill
+    asked `refuses_job`, which refused any job of a tenant over its ceiling in any dimension, while explain's
+    `quota_refusal` skipped them: two readings of one rule. Both read `quota_short` now."""
+    offer = cap("o", existing=False)
+    problem = Problem(demands=(), capacities=(cap("h0"), offer), groups={}, pool_bounds={"p": (0, 5)},
+                      tenants={"t": TenantRules("t", 1.0, {"gpus": 1.0, "cpu": 10.0}, {})}, desired_spot=SpotPolicySpec(),
+                      placement=None, budget=None, fleet_capacity={})
+    led = Ledger(problem)
+    led.add_instance("h0", cap("h0"))
+    led.add_item(demand("a", gpus=2, cpu=1.0), "a", "h0")  # t uses 2 GPUs of its 1 (a quota lowered under running work)
+    cpu_only, gpu_job, big_cpu = demand("c", gpus=0, cpu=2.0), demand("g", gpus=1, cpu=1.0), demand("b", gpus=0, cpu=9.5)
+    assert led.refuses_job(cpu_only) is None and led.quota_refusal(cpu_only) is None
+    assert led.refuses_job(gpu_job) == "quota" == led.quota_refusal(gpu_job).rule
+    assert "uses 2/1 GPUs" in led.quota_refusal(gpu_job).message
+    assert led.quota_short(big_cpu) == ("cpu", 1.0, 9.5, 10.0) and led.refuses_job(big_cpu) == "quota"
