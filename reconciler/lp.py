@@ -46,14 +46,18 @@ class LpMirror:
         lp.SuppressOutput()
         P = pywraplp.MPSolverParameters
         # `fresh` (from scratch, CLP's presolve and its choice of simplex) is for a caller that reads the optimum's
-        # values: the cost LP, whose vertex guides the search. A caller that reads only the optimal value gets the
-        # primal simplex: from scratch the first time (`first`), then from the last optimal basis, presolve off
-        # (`warm`): a held tier's row leaves that basis primal feasible (the last optimum reaches what is held) and
-        # only the objective changes. On the 20k-job drift model (326k columns, 122k rows; CPU at load 7-8) a fresh
-        # solve took 29-80 s a tier; the first by the primal simplex 8.4 s, the warm ones 0.8-3.8 s; on the 10k
-        # drift 5-10 s fresh, 0.8-2 s warm. But on the converged 10k fleet the first takes 3.95 s by the primal
-        # simplex where CLP's choice takes 0.4 s (open: no rule found to pick per model). CLP's own choice
-        # re-solving from the basis (presolve on) had taken 2.6 s where a fresh solve took 0.5 s (10k instances).
+        # values: the cost LP, whose vertex guides the search. A caller that reads only the optimal value gets, the
+        # first time, CLP's choice within a short wall-clock allowance (`quick`) and else the primal simplex from
+        # scratch (`first`); then the primal simplex from the last optimal basis, presolve off (`warm`): a held
+        # tier's row leaves that basis primal feasible (the last optimum reaches what is held) and only the
+        # objective changes. On the 20k-job drift model (326k columns, 122k rows; CPU at load 7-8) a fresh solve
+        # took 29-80 s a tier; the first by the primal simplex 8.4 s, the warm ones 0.8-3.8 s; on the 10k drift
+        # 5-10 s fresh, 0.8-2 s warm. On the converged 10k fleet it is the other way round: CLP's choice 0.16 s, the
+        # primal simplex 1.8 s (3.95 s at load 3). No rule was found to pick one per model, hence the allowance:
+        # the optimal value is the same either way, so the time spent is all that depends on the clock.
+        # CLP's own choice re-solving from the basis (presolve on) had taken 2.6 s where a fresh solve took 0.5 s.
+        self.quick = P()
+        self.quick.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_OFF)
         self.fresh = P()
         self.fresh.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_OFF)
         self.first = P()
@@ -63,8 +67,12 @@ class LpMirror:
         self.warm.SetIntegerParam(P.INCREMENTALITY, P.INCREMENTALITY_ON)
         self.warm.SetIntegerParam(P.LP_ALGORITHM, P.PRIMAL)
         self.warm.SetIntegerParam(P.PRESOLVE, P.PRESOLVE_OFF)
-        self.solves = {"fresh": 0, "warm": 0}  # how each optimum was found (tests, the benchmark)
+        self.solves = {"fresh": 0, "warm": 0, "quick": 0}  # how each optimum was found (quick: fresh, within the allowance)
         self._basis = False  # the LP holds an optimal basis of its last solve
+        self._quick_tried = False
+        # CLP's choice's allowance: 0.5 s + 5 us a column (0.8 s at the converged 10k fleet's 65k columns, where it
+        # needs 0.16 s; 2.1 s at the 20k drift's 326k, where it needs 63 s: the primal simplex then adds 8.4 s).
+        self.quick_ms = 500 + len(proto.variables) // 200
         self.inf = lp.infinity()
         # Built as one MPModelProto and loaded at once: a call per coefficient took 1.6 s at 58k
         # variables. Rows with a negated literal or a repeated variable go the slow way after.
@@ -126,11 +134,20 @@ class LpMirror:
 
     def _solve(self, fresh: bool) -> bool:
         """Solve from the last optimal basis if there is one (and not `fresh`), else (or if that fails) from scratch:
-        the optimal value is the same either way; where several vertices are optimal, not always the same vertex."""
+        the first time by CLP's choice within `quick_ms` of wall clock, then by the primal simplex. The optimal value
+        is the same every way; where several vertices are optimal, not always the same vertex (`fresh` callers read it)."""
         if self._basis and not fresh:
             self.solves["warm"] += 1
             if self.lp.Solve(self.warm) == pywraplp.Solver.OPTIMAL:
                 return True
         self.solves["fresh"] += 1
+        if not fresh and not self._quick_tried:
+            self._quick_tried = True  # (once: a model it was too slow for will not get quicker)
+            self.lp.SetTimeLimit(self.quick_ms)
+            self._basis = self.lp.Solve(self.quick) == pywraplp.Solver.OPTIMAL
+            self.lp.SetTimeLimit(0)  # (0: no limit)
+            if self._basis:
+                self.solves["quick"] += 1
+                return True
         self._basis = self.lp.Solve(self.fresh if fresh else self.first) == pywraplp.Solver.OPTIMAL
         return self._basis
