@@ -47,9 +47,10 @@ def test_aws_user_data_boots_the_agent(aws_env, tmp_path):
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
     raw = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="userData")["UserData"]["Value"]
     _checks(base64.b64decode(raw).decode(), "aws", "--instance-from-metadata aws")
-    # Without a remote bus (or without work that runs) nothing is passed.
-    plain = prov.create(CreateRequest(key="k-plain", pool=pool, zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
-                                      tags=ownership_tags("boot-aws", "a10g", "k-plain")))
+    # Without a remote bus (or without work that runs) nothing is passed. (Its key is its own: the moto server and its
+    # ClientTokens are shared by the session, and test_aws_provider launches a "k-plain" with other parameters.)
+    plain = prov.create(CreateRequest(key="k-boot-plain", pool=pool, zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                      tags=ownership_tags("boot-aws", "a10g", "k-boot-plain")))
     assert "Value" not in ec2.describe_instance_attribute(InstanceId=plain.id, Attribute="userData")["UserData"]
 
 
