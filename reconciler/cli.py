@@ -203,7 +203,6 @@ def plan(
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
     from reconciler import api
-    from reconciler.render import render
 
     if fmt not in ("human", "markdown", "json"):
         raise typer.BadParameter("--format must be human, markdown or json")
@@ -231,13 +230,31 @@ def plan(
         variant = json.dumps([fmt, color, str(out) if out else None])
         text = memo.read_render(config_dir, res.key, variant)
         if text is None:
-            text = render(res.plan, fmt, str(out) if out else None, color=color)
+            text = _render(res.plan, fmt, out, color)
             memo.keep_render(config_dir, res.key, variant, text)
     if text is None:
-        text = render(res.plan, fmt, str(out) if out else None, color=color)
+        text = _render(res.plan, fmt, out, color)
     typer.echo(text, nl=False)
+    _exit_without_teardown()
     if detailed_exitcode and res.plan.has_changes:
         raise typer.Exit(2)
+
+
+def _render(plan: Plan, fmt: str, out: Path | None, color: bool) -> str:
+    from reconciler.render import render  # rich: 0.015 s of CPU to import, not needed when the memo kept the text
+
+    return render(plan, fmt, str(out) if out else None, color=color)
+
+
+_EXIT = {"now": False}
+
+
+def _exit_without_teardown() -> None:
+    """The command has written all it prints: `main` may end the process without the interpreter's teardown,
+    which frees every object one by one (the config, the fleet and the plan of a 5k-job fleet: 0.07-0.1 s of
+    CPU, measured, of a 1 s plan read back from the memo). As mypy does; only for commands that leave no
+    worker thread, lock or temporary file behind (plan)."""
+    _EXIT["now"] = True
 
 
 @app.command()
@@ -832,7 +849,19 @@ def logs(
 
 
 def main() -> None:
-    app()
+    _EXIT["now"] = False
+    try:
+        app()
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+        if not (_EXIT["now"] and isinstance(code, int)):
+            raise
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed pipe: let the interpreter report it as it would
+            raise e from None
+        os._exit(code)
 
 
 if __name__ == "__main__":
