@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import marshal
 import os
 import sys
 from datetime import date, datetime
@@ -115,6 +116,28 @@ def _plain(x):
     raise Unkeyable(f"cannot key {t.__name__}")
 
 
+def _feed(h, x) -> None:
+    """Hash x as _plain(x), streamed: a dataclass field by field and a list or tuple item by item, each leaf as
+    marshal (format 2: no back-references, so equal values give equal bytes; floats as their 8 bytes) of its
+    _plain. Every record is self-delimiting and a structure's record is a tuple whose first item starts with NUL
+    (no type name or _plain tag does), so the stream is an exact encoding of x. Building the 11k instances of a
+    big fleet into one 6 MB tuple and repr'ing it took 0.17-0.18 s of CPU; streamed, 0.07."""
+    t = type(x)
+    names = _FIELDS.get(t)
+    if names is None and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = _FIELDS[t] = tuple(f.name for f in dataclasses.fields(x))
+    if names is not None:
+        h.update(marshal.dumps(("\0dataclass", t.__name__, len(names)), 2))
+        for n in names:
+            _feed(h, getattr(x, n))
+    elif t is tuple or t is list:
+        h.update(marshal.dumps(("\0[", len(x)), 2))
+        for v in x:
+            h.update(marshal.dumps(v if type(v) in _ATOMS else _plain(v), 2))
+    else:
+        h.update(marshal.dumps(_plain(x), 2))
+
+
 def running_starts(desired: DesiredState, observed: "Observed") -> dict[str, datetime | None]:
     """Running job -> when it started, as build_problem reads it (None: no instance of it says)."""
     from reconciler.problem import parse_time
@@ -124,12 +147,14 @@ def running_starts(desired: DesiredState, observed: "Observed") -> dict[str, dat
     return {name: started(iids, launched) for name, iids in observed.placements.items() if name in desired.jobs and iids}
 
 
-def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime) -> dict[str, float]:
+def running_hours_left(desired: DesiredState, observed: "Observed", now: datetime,
+                       starts: dict[str, datetime | None] | None = None) -> dict[str, float]:
     """Running job -> expected hours left at `now`, as build_problem computes Problem.job_remaining
-    (problem.build.hours_left; tests/test_memo.py pins the two equal)."""
+    (problem.build.hours_left; tests/test_memo.py pins the two equal). `starts`: running_starts, if known."""
     from reconciler.problem.build import hours_left
 
-    return {n: hours_left(s, desired.jobs[n].spec.expected_hours, now) for n, s in running_starts(desired, observed).items()}
+    starts = running_starts(desired, observed) if starts is None else starts
+    return {n: hours_left(s, desired.jobs[n].spec.expected_hours, now) for n, s in starts.items()}
 
 
 def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> dict:
@@ -138,8 +163,9 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
     from reconciler.problem import active_reservations, effective_priority
 
     aging = desired.placement.aging
-    left = running_hours_left(desired, observed, now)
-    unknown = [n for n, s in running_starts(desired, observed).items() if s is None]
+    starts = running_starts(desired, observed)  # once: it parses every instance's launch time
+    left = running_hours_left(desired, observed, now, starts)
+    unknown = [n for n, s in starts.items() if s is None]
     with_deadline = {n: j for n, j in desired.jobs.items() if j.spec.deadline is not None}
     latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in with_deadline.items()}
     return {
@@ -168,13 +194,16 @@ def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now:
         ("catalog", hashlib.sha256(catalog).hexdigest()),
         ("desired", desired.digest),
         # The agents' reports only as planning reads them (heartbeats and log tails move every second).
-        ("observed", _plain(dataclasses.replace(observed, runtime=None))),
-        ("runtime", _plain(planning_reads(observed.runtime))),
-        ("clock", _plain(clock_inputs(desired, observed, now))),
-        ("options", _plain(dict(sorted(options.items())))),
+        ("observed", dataclasses.replace(observed, runtime=None)),
+        ("runtime", planning_reads(observed.runtime)),
+        ("clock", clock_inputs(desired, observed, now)),
+        ("options", dict(sorted(options.items()))),
     )
-    text = repr(body)
-    return hashlib.sha256(text.encode()).hexdigest()
+    h = hashlib.sha256()
+    for name, value in body:
+        h.update(marshal.dumps(name, 2))
+        _feed(h, value)
+    return h.hexdigest()
 
 
 def read(config_dir: Path, key: str, desired: DesiredState, observed: "Observed") -> tuple["Plan", float] | None:
