@@ -31,6 +31,7 @@ from reconciler.status import StatusFiles, write_status
 from reconciler.status import read_status as read_status_files
 
 if TYPE_CHECKING:
+    from reconciler import memo
     from reconciler.solve import Solution
 
 DEFAULT_TIME_LIMIT = 20.0
@@ -142,10 +143,18 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
 class MemoPlan:
     """`reconcile plan`'s answer: the plan, and whether it was read back from the plan memo (reconciler/memo.py)."""
 
-    plan: Plan
+    made: "Plan | memo.Hit"  # the plan made now, or the memo's (parsed when .plan is first read)
     reused: bool
     seconds: float  # what making it took (when reused: when it was first made)
     key: str | None = None  # its memo key (None: an input could not be keyed; not kept)
+
+    @property
+    def plan(self) -> Plan:
+        return self.made if isinstance(self.made, Plan) else self.made.plan
+
+    @property
+    def has_changes(self) -> bool:
+        return self.made.has_changes
 
 
 @_few_collections
@@ -174,7 +183,7 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     if key is not None:
         hit = memo.read(config_dir, key, desired, observed)
         if hit is not None:
-            return MemoPlan(hit[0], True, hit[1], key)
+            return MemoPlan(hit, True, hit.seconds, key)
     made = _plan(desired, observed, provider, time_limit, allow_destroy, when, gap).plan
     seconds = time.monotonic() - t0
     if key is not None:

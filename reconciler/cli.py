@@ -236,7 +236,7 @@ def plan(
         text = _render(res.plan, fmt, out, color)
     typer.echo(text, nl=False)
     _exit_without_teardown()
-    if detailed_exitcode and res.plan.has_changes:
+    if detailed_exitcode and (res.has_changes if isinstance(res, api.MemoPlan) else res.plan.has_changes):
         raise typer.Exit(2)
 
 

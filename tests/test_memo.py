@@ -314,3 +314,26 @@ def test_what_the_key_leaves_out_of_the_agents_reports_does_not_change_the_plan(
     now = datetime.now(timezone.utc).replace(microsecond=0)
     plans = {api._plan(d, replace(o, runtime=v), "sim", 5, None, now, None).plan.to_json() for v in (a, b)}
     assert len(plans) == 1
+
+
+def test_a_memo_hit_exits_as_its_plan_does_and_parses_the_plan_only_when_asked(tmp_path):
+    """A hit keeps whether the plan changes anything beside it (under the seal), so `plan --detailed-exitcode`
+    exits 2 or 0 as the plan does without parsing 5,000 jobs; `.plan` parses it, the same plan byte for byte."""
+    runner = CliRunner()
+    fresh = _copy(QUICKSTART, tmp_path / "fresh")  # nothing applied: the plan creates instances
+    applied = _applied_quickstart(tmp_path / "a")  # applied: the plan is a no-op
+    for cfg, code in ((fresh, 2), (applied, 0)):
+        args = ["plan", str(cfg), "--time-limit", "5", "--detailed-exitcode", "--format", "json"]
+        assert [runner.invoke(app, args).exit_code for _ in range(2)] == [code, code]
+        res = api.plan_with_memo(cfg, time_limit=5, gap=0.03)
+        assert res.reused and isinstance(res.made, memo.Hit) and "plan" not in vars(res.made)
+        assert res.has_changes is (code == 2) is res.plan.has_changes
+        assert res.plan.to_json() == api.plan(cfg, time_limit=5, gap=0.03).plan.to_json()
+    # what the hit says without the plan is sealed with it: an entry saying "no changes" for a plan with changes
+    path = fresh / memo.MEMO_FILE
+    head, _, text = path.read_bytes().partition(b"\n")
+    entry = json.loads(head)
+    assert entry["has_changes"] is True
+    path.write_bytes(json.dumps({**entry, "has_changes": False}).encode() + b"\n" + text)
+    assert not api.plan_with_memo(fresh, time_limit=5, gap=0.03).reused
+    assert runner.invoke(app, ["plan", str(fresh), "--time-limit", "5", "--detailed-exitcode"]).exit_code == 2
