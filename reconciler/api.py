@@ -13,31 +13,28 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policies.guardrails import violations
-from reconciler.apply import ApplyReport, OnEvent, apply_plan
 from reconciler.errors import ApplyError, GuardrailError, StalePlanError
 from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
-from reconciler.plan import Plan, make_plan, outcome_rank, unpacked
-from reconciler.plancheck import recheck
-from reconciler.problem import Problem, build_problem
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler import identity
 from reconciler.state import State, state_dir, utcnow
-from reconciler.status import StatusFiles, write_status
-from reconciler.status import read_status as read_status_files
 
 if TYPE_CHECKING:
     from reconciler import memo
+    from reconciler.apply import ApplyReport, OnEvent
+    from reconciler.plan import Plan
+    from reconciler.problem import Problem
     from reconciler.solve import Solution
 
 DEFAULT_TIME_LIMIT = 20.0
 # The solver (ortools, which imports pandas and numpy: ~0.5 s of CPU) is imported where a plan is solved, not
 # here: a plan read back from the memo (reconciler/memo.py), `status` and `validate` never load it. gap=None is
-# solve.GAP_LIMIT.
+# solve.GAP_LIMIT. Likewise the planner, apply, the guardrails and status/ (with rich, ~0.04 s of CPU): a plan
+# read back from the memo needs none of them.
 
 
 @dataclass(frozen=True)
@@ -89,6 +86,9 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
+    from policies.guardrails import violations
+    from reconciler.plan import make_plan, outcome_rank, unpacked
+    from reconciler.problem import build_problem
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
@@ -150,7 +150,7 @@ class MemoPlan:
 
     @property
     def plan(self) -> Plan:
-        return self.made if isinstance(self.made, Plan) else self.made.plan
+        return self.made.plan if self.reused else self.made  # type: ignore[union-attr,return-value]
 
     @property
     def has_changes(self) -> bool:
@@ -226,6 +226,12 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
     on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
     before any provider call; raises ApplyError after writing status when some actions failed."""
+    from policies.guardrails import violations
+    from reconciler.apply import apply_plan
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from reconciler.status import StatusFiles, write_status
+
     config_dir = Path(config_dir)
     desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
@@ -301,6 +307,8 @@ def fleet_view(res: PlanResult, now: datetime | None = None):
 def read_status(config_dir: str | Path, live: bool = False, state: str | None = None) -> dict:
     """The status files as one document: fleet summary, pools, jobs. `live`: job phases as the node
     agents report them now (the files have them as of the last apply)."""
+    from reconciler.status import read_status as read_status_files
+
     out = read_status_files(Path(config_dir))
     if live and out["jobs"]:
         _live_phases(Path(config_dir), out, state)

@@ -220,7 +220,7 @@ def plan(
         _fail(e, config_dir, state)
     if out is not None:
         out.write_text(res.plan.to_json())
-    from reconciler.progress import use_color
+    from reconciler.words import use_color
 
     color = use_color(sys.stdout)
     text = None

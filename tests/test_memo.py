@@ -337,3 +337,33 @@ def test_a_memo_hit_exits_as_its_plan_does_and_parses_the_plan_only_when_asked(t
     path.write_bytes(json.dumps({**entry, "has_changes": False}).encode() + b"\n" + text)
     assert not api.plan_with_memo(fresh, time_limit=5, gap=0.03).reused
     assert runner.invoke(app, ["plan", str(fresh), "--time-limit", "5", "--detailed-exitcode"]).exit_code == 2
+
+
+def test_a_memo_hit_imports_neither_the_planner_nor_rich_and_exits_with_all_printed(tmp_path):
+    """A plan read back from the memo prints the kept text: it imports no solver, planner, apply or rich (issue 20.3:
+    0.04 s of CPU of a 0.6 s no-change plan), and `reconcile` ends the process without the interpreter's teardown
+    (reconciler/cli.py) once all is printed: the output is whole and the exit code is the plan's."""
+    import subprocess
+    import sys
+
+    cfg = _copy(QUICKSTART, tmp_path / "q")
+    args = ["plan", str(cfg), "--time-limit", "5", "--detailed-exitcode"]
+    for _ in range(2):  # solved and kept, then read back and its render kept
+        assert CliRunner().invoke(app, args).exit_code == 2
+    code = ("import sys; from typer.testing import CliRunner; from reconciler.cli import app; "
+            f"r = CliRunner().invoke(app, {args!r}); assert r.exit_code == 2, r.output; "
+            "assert 'read back' in r.stderr, r.stderr; "
+            "print(sorted(m for m in ('ortools', 'rich', 'reconciler.plan', 'reconciler.apply', 'policies.guardrails', "
+            "'reconciler.render', 'reconciler.status') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    want = api.plan_with_memo(cfg, time_limit=5, gap=0.03).plan  # as read back (no solve time in it)
+    from reconciler.render import render
+
+    main = ("import sys; from reconciler.cli import main; sys.argv = ['reconcile'] + sys.argv[1:]; main(); "
+            "print('not reached: main() ends the process')")
+    for fmt in ("human", "json"):
+        run = subprocess.run([sys.executable, "-c", main, *args, "--format", fmt], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2, run.stderr
+        assert run.stdout == render(want, fmt), fmt
