@@ -146,7 +146,7 @@ class MemoPlan:
     made: "Plan | memo.Hit"  # the plan made now, or the memo's (parsed when .plan is first read)
     reused: bool
     seconds: float  # what making it took (when reused: when it was first made)
-    key: str | None = None  # its memo key (None: an input could not be keyed; not kept)
+    key: str | None = None  # its memo key (None: an input could not be keyed, or the plan made was not kept)
 
     @property
     def plan(self) -> Plan:
@@ -186,9 +186,8 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
             return MemoPlan(hit, True, hit.seconds, key)
     made = _plan(desired, observed, provider, time_limit, allow_destroy, when, gap).plan
     seconds = time.monotonic() - t0
-    if key is not None:
-        memo.keep(config_dir, key, made, seconds, time_limit)
-    return MemoPlan(made, False, seconds, key)
+    kept = key is not None and memo.keep(config_dir, key, made, seconds, time_limit)
+    return MemoPlan(made, False, seconds, key if kept else None)
 
 
 @_few_collections

@@ -367,3 +367,25 @@ def test_a_memo_hit_imports_neither_the_planner_nor_rich_and_exits_with_all_prin
         run = subprocess.run([sys.executable, "-c", main, *args, "--format", fmt], capture_output=True, text=True, timeout=300)
         assert run.returncode == 2, run.stderr
         assert run.stdout == render(want, fmt), fmt
+
+
+def test_the_first_plan_keeps_what_the_next_one_prints_and_only_for_a_plan_it_kept(tmp_path, monkeypatch):
+    """A solve renders, beside its own output, the plan as the memo will give it back (no solve time in it), so
+    the first re-plan of the same inputs reads it instead of rendering with rich; a plan that was not kept keeps
+    no render either (another plan kept later under that key would be printed with this one's text)."""
+    from reconciler.render import render
+
+    cfg = _copy(QUICKSTART, tmp_path / "q")
+    runner = CliRunner()
+    args = ["plan", str(cfg), "--time-limit", "5"]
+    solved = runner.invoke(app, args)
+    assert "read back" not in solved.stderr
+    hit = api.plan_with_memo(cfg, time_limit=5, gap=0.03)
+    variant = json.dumps(["human", False, None])
+    assert memo.read_render(cfg, hit.key, variant) == render(hit.plan, "human") != solved.stdout  # no "in 0.04s"
+    again = runner.invoke(app, args)
+    assert "read back" in again.stderr and again.stdout == render(hit.plan, "human")
+    other = _copy(QUICKSTART, tmp_path / "o")
+    monkeypatch.setattr(memo, "keep", lambda *a, **k: False)
+    runner.invoke(app, ["plan", str(other), "--time-limit", "5"])
+    assert not (other / memo.RENDER_FILE).exists()
