@@ -27,7 +27,8 @@ digests and whether it changes anything are kept beside it under the seal, so a 
 exits without parsing the plan (Hit.plan parses it when asked). A plan the wall-clock safety cap cut short (greedy's, on a busy machine) is not
 kept: the next run may do better. Only `reconcile plan` reads the memo: apply always plans again (or re-checks a
 saved plan against the fleet as it is). Beside it, plan-memo-render.json keeps the plan as last printed for the
-same key (one format), since rich takes 0.2 s to render 5,000 jobs.
+same key (one format), since rich takes 0.2 s to render 5,000 jobs; a plan solved and kept also keeps it, rendered
+as the memo will give the plan back (reconciler/cli.py), so the first re-plan of the same inputs prints it too.
 
 Nothing else in planning reads the clock (grep'd: problem, solve, plan, explain, ledger, pack, greedy, policies):
 the cool-offs and the agents' reports are read at the clock by observe and are keyed as observed (the reports as planning reads them)."""
