@@ -194,6 +194,11 @@ def load_catalog() -> Catalog:
     return _load(str(_pinned), mtime)
 
 
+def catalog_bytes() -> bytes:
+    """What load_catalog parses: the pinned file's bytes, or the shipped catalog's. Raises OSError."""
+    return shipped_catalog_text().encode() if _pinned is None else _pinned.read_bytes()
+
+
 def catalog_for(config_dir: Path) -> Path | None:
     """The catalog file a config directory pins, if it has one."""
     p = Path(config_dir) / CATALOG_FILE

@@ -13,30 +13,28 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policies.guardrails import violations
-from reconciler.apply import ApplyReport, OnEvent, apply_plan
 from reconciler.errors import ApplyError, GuardrailError, StalePlanError
 from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
-from reconciler.plan import Plan, make_plan, outcome_rank, unpacked
-from reconciler.plancheck import recheck
-from reconciler.problem import Problem, build_problem
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler import identity
 from reconciler.state import State, state_dir, utcnow
-from reconciler.status import StatusFiles, write_status
-from reconciler.status import read_status as read_status_files
 
 if TYPE_CHECKING:
+    from reconciler import memo
+    from reconciler.apply import ApplyReport, OnEvent
+    from reconciler.plan import Plan
+    from reconciler.problem import Problem
     from reconciler.solve import Solution
 
 DEFAULT_TIME_LIMIT = 20.0
 # The solver (ortools, which imports pandas and numpy: ~0.5 s of CPU) is imported where a plan is solved, not
 # here: a plan read back from the memo (reconciler/memo.py), `status` and `validate` never load it. gap=None is
-# solve.GAP_LIMIT.
+# solve.GAP_LIMIT. Likewise the planner, apply, the guardrails and status/ (with rich, ~0.04 s of CPU): a plan
+# read back from the memo needs none of them.
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,9 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
+    from policies.guardrails import violations
+    from reconciler.plan import make_plan, outcome_rank, unpacked
+    from reconciler.problem import build_problem
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
@@ -142,10 +143,18 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
 class MemoPlan:
     """`reconcile plan`'s answer: the plan, and whether it was read back from the plan memo (reconciler/memo.py)."""
 
-    plan: Plan
+    made: "Plan | memo.Hit"  # the plan made now, or the memo's (parsed when .plan is first read)
     reused: bool
     seconds: float  # what making it took (when reused: when it was first made)
-    key: str | None = None  # its memo key (None: an input could not be keyed; not kept)
+    key: str | None = None  # its memo key (None: an input could not be keyed, or the plan made was not kept)
+
+    @property
+    def plan(self) -> Plan:
+        return self.made.plan if self.reused else self.made  # type: ignore[union-attr,return-value]
+
+    @property
+    def has_changes(self) -> bool:
+        return self.made.has_changes
 
 
 @_few_collections
@@ -174,12 +183,11 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     if key is not None:
         hit = memo.read(config_dir, key, desired, observed)
         if hit is not None:
-            return MemoPlan(hit[0], True, hit[1], key)
+            return MemoPlan(hit, True, hit.seconds, key)
     made = _plan(desired, observed, provider, time_limit, allow_destroy, when, gap).plan
     seconds = time.monotonic() - t0
-    if key is not None:
-        memo.keep(config_dir, key, made, seconds, time_limit)
-    return MemoPlan(made, False, seconds, key)
+    kept = key is not None and memo.keep(config_dir, key, made, seconds, time_limit)
+    return MemoPlan(made, False, seconds, key if kept else None)
 
 
 @_few_collections
@@ -217,6 +225,12 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
     on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
     before any provider call; raises ApplyError after writing status when some actions failed."""
+    from policies.guardrails import violations
+    from reconciler.apply import apply_plan
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from reconciler.status import StatusFiles, write_status
+
     config_dir = Path(config_dir)
     desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
@@ -292,6 +306,8 @@ def fleet_view(res: PlanResult, now: datetime | None = None):
 def read_status(config_dir: str | Path, live: bool = False, state: str | None = None) -> dict:
     """The status files as one document: fleet summary, pools, jobs. `live`: job phases as the node
     agents report them now (the files have them as of the last apply)."""
+    from reconciler.status import read_status as read_status_files
+
     out = read_status_files(Path(config_dir))
     if live and out["jobs"]:
         _live_phases(Path(config_dir), out, state)

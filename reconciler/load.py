@@ -18,7 +18,8 @@ from typing import Any, Callable
 import yaml
 from pydantic import ValidationError
 
-from providers.catalog import load_catalog, mig_layout_error
+from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
+from reconciler import snapshot
 from reconciler.localkey import seal, sealed
 from reconciler.errors import ConfigError, Diagnostic
 from reconciler.ledger import budget_ok, spot_share_ok, spot_units
@@ -260,11 +261,7 @@ def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
     return raw
 
 
-def _parse_file(root: Path, path: Path, diags: list[Diagnostic], cache: "_ParseCache | None" = None) -> list[_Parsed]:
-    rel = str(path.relative_to(root))
-    raw = _read_config(path, rel, diags)
-    if raw is None:
-        return []
+def _parse_file(rel: str, raw: bytes, diags: list[Diagnostic], cache: "_ParseCache | None" = None) -> list[_Parsed]:
     if cache is None:
         return _parse_bytes(rel, raw, diags)
     key = cache.key(raw)
@@ -363,8 +360,14 @@ def load(root: str | Path, cache: bool = False) -> DesiredState:
     files = _config_files(root, diags)
     if not files and not diags:
         diags.append(Diagnostic(str(root), 0, "", "", "<dir>", "no .yaml files found"))
+    raws = [(rel, _read_config(f, rel, diags)) for f in files for rel in (str(f.relative_to(root)),)]
+    kept = _snapshot_key(raws) if cache and not diags else None
+    if kept is not None:
+        state = snapshot.read(root, kept)
+        if state is not None:
+            return state
     parse_cache = _ParseCache(root / ".reconcile" / "cache" / "parse") if cache else None
-    parsed = [d for f in files for d in _parse_file(root, f, diags, parse_cache)]
+    parsed = [d for rel, raw in raws if raw is not None for d in _parse_file(rel, raw, diags, parse_cache)]
     validated: list[tuple[_Parsed, Any]] = []
     for doc in parsed:
         obj = _validate_doc(doc, diags)
@@ -375,7 +378,18 @@ def load(root: str | Path, cache: bool = False) -> DesiredState:
         raise ConfigError(diags)
     if parse_cache is not None:
         parse_cache.flush()
+    if kept is not None:
+        snapshot.keep(root, kept, state)
     return state
+
+
+def _snapshot_key(raws: list[tuple[str, bytes | None]]) -> str | None:
+    """The key of reconciler/snapshot.py's kept DesiredState for these files (None: the catalog cannot be read)."""
+    try:
+        catalog = catalog_bytes()
+    except OSError:
+        return None  # load reports it (or plans with what it could read): nothing is kept or read
+    return snapshot.key([(rel, raw) for rel, raw in raws if raw is not None], catalog, _CACHE_FORMAT)
 
 
 # The parse cache's format: a change to it, to the parser above or to PyYAML reads no old entry.

@@ -5,7 +5,6 @@ same lines above a live bar (rich). Fed by reconciler.apply's ApplyEvent callbac
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -16,13 +15,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from reconciler.apply import ApplyEvent
 from reconciler.plan import Plan
+from reconciler.words import use_color
 
 _DONE = {"create": "created", "delete": "deleted", "tag": "recorded placements on"}
-
-
-def use_color(stream: TextIO) -> bool:
-    """Colour only on a terminal, and never with NO_COLOR set to anything (https://no-color.org)."""
-    return bool(stream.isatty()) and not os.environ.get("NO_COLOR")
 
 
 def console_for(stream: TextIO, color: bool) -> Console:

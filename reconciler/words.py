@@ -3,6 +3,9 @@ spelling, so `plan` and `explain` print a replica's GPUs alike."""
 
 from __future__ import annotations
 
+import os
+from typing import TextIO
+
 
 def gpu_span(g) -> str:
     """GPU indices as a user reads them: consecutive ones as a range ("0-3"), others listed ("0,2,5")."""
@@ -10,4 +13,10 @@ def gpu_span(g) -> str:
     return f"{g[0]}-{g[-1]}" if len(g) > 1 and g[-1] - g[0] == len(g) - 1 else ",".join(map(str, g))
 
 
-__all__ = ["gpu_span"]
+def use_color(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never with NO_COLOR set to anything (https://no-color.org). Here, not in
+    reconciler.progress: that one imports rich, which a plan read back from the memo does not (0.02 s of CPU)."""
+    return bool(stream.isatty()) and not os.environ.get("NO_COLOR")
+
+
+__all__ = ["gpu_span", "use_color"]

@@ -264,7 +264,10 @@ def test_parse_cache_gives_the_same_state_and_the_same_errors(tmp_path):
 
 def test_a_corrupt_parse_cache_is_ignored(tmp_path):
     """A torn, garbled or edited cache entry is never trusted: the file is parsed again and the
-    entry rewritten."""
+    entry rewritten. (The validated config kept above the parse cache, reconciler/snapshot.py, is removed before
+    each load, so the parse cache is read.)"""
+    from reconciler.snapshot import SNAPSHOT_FILE
+
     docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
     cfg = write_config(tmp_path / "c", docs)
     want = load(cfg, cache=True)
@@ -274,6 +277,7 @@ def test_a_corrupt_parse_cache_is_ignored(tmp_path):
     assert edited != good
     for bad in (good[: len(good) // 2], b"\x00garbage", b"", edited, good.split(b"\n")[0] + b"\n[]"):
         entry.write_bytes(bad)
+        (cfg / SNAPSHOT_FILE).unlink()
         got = load(cfg, cache=True)
         assert got == want and got.jobs["j"].spec.resources.gpus == 1
         assert entry.read_bytes() == good
@@ -287,6 +291,8 @@ def test_a_parse_cache_entry_that_came_with_the_checkout_is_not_read(tmp_path, m
     import hashlib
     import json
 
+    from reconciler.snapshot import SNAPSHOT_FILE
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-a"))
     docs = [topology(), tenant("t", gpus=16), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"]), job("j", gpus=1, gpu_type="A10G")]
     cfg = write_config(tmp_path / "c", docs)
@@ -299,6 +305,7 @@ def test_a_parse_cache_entry_that_came_with_the_checkout_is_not_read(tmp_path, m
     for fake in ({"key": key, "sum": hashlib.sha256(forged).hexdigest()},  # the checksum format trusted before
                  {"key": key, "seal": hashlib.sha256(key.encode() + b"\n" + forged).hexdigest()}):
         entry.write_bytes(json.dumps(fake).encode() + b"\n" + forged)
+        (cfg / SNAPSHOT_FILE).unlink()  # the validated config kept above the parse cache (reconciler/snapshot.py)
         got = load(cfg, cache=True)
         assert got == want and got.jobs["j"].spec.resources.gpus == 1
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-b"))  # another machine: its own key

@@ -314,3 +314,78 @@ def test_what_the_key_leaves_out_of_the_agents_reports_does_not_change_the_plan(
     now = datetime.now(timezone.utc).replace(microsecond=0)
     plans = {api._plan(d, replace(o, runtime=v), "sim", 5, None, now, None).plan.to_json() for v in (a, b)}
     assert len(plans) == 1
+
+
+def test_a_memo_hit_exits_as_its_plan_does_and_parses_the_plan_only_when_asked(tmp_path):
+    """A hit keeps whether the plan changes anything beside it (under the seal), so `plan --detailed-exitcode`
+    exits 2 or 0 as the plan does without parsing 5,000 jobs; `.plan` parses it, the same plan byte for byte."""
+    runner = CliRunner()
+    fresh = _copy(QUICKSTART, tmp_path / "fresh")  # nothing applied: the plan creates instances
+    applied = _applied_quickstart(tmp_path / "a")  # applied: the plan is a no-op
+    for cfg, code in ((fresh, 2), (applied, 0)):
+        args = ["plan", str(cfg), "--time-limit", "5", "--detailed-exitcode", "--format", "json"]
+        assert [runner.invoke(app, args).exit_code for _ in range(2)] == [code, code]
+        res = api.plan_with_memo(cfg, time_limit=5, gap=0.03)
+        assert res.reused and isinstance(res.made, memo.Hit) and "plan" not in vars(res.made)
+        assert res.has_changes is (code == 2) is res.plan.has_changes
+        assert res.plan.to_json() == api.plan(cfg, time_limit=5, gap=0.03).plan.to_json()
+    # what the hit says without the plan is sealed with it: an entry saying "no changes" for a plan with changes
+    path = fresh / memo.MEMO_FILE
+    head, _, text = path.read_bytes().partition(b"\n")
+    entry = json.loads(head)
+    assert entry["has_changes"] is True
+    path.write_bytes(json.dumps({**entry, "has_changes": False}).encode() + b"\n" + text)
+    assert not api.plan_with_memo(fresh, time_limit=5, gap=0.03).reused
+    assert runner.invoke(app, ["plan", str(fresh), "--time-limit", "5", "--detailed-exitcode"]).exit_code == 2
+
+
+def test_a_memo_hit_imports_neither_the_planner_nor_rich_and_exits_with_all_printed(tmp_path):
+    """A plan read back from the memo prints the kept text: it imports no solver, planner, apply or rich (issue 20.3:
+    0.04 s of CPU of a 0.6 s no-change plan), and `reconcile` ends the process without the interpreter's teardown
+    (reconciler/cli.py) once all is printed: the output is whole and the exit code is the plan's."""
+    import subprocess
+    import sys
+
+    cfg = _copy(QUICKSTART, tmp_path / "q")
+    args = ["plan", str(cfg), "--time-limit", "5", "--detailed-exitcode"]
+    for _ in range(2):  # solved and kept, then read back and its render kept
+        assert CliRunner().invoke(app, args).exit_code == 2
+    code = ("import sys; from typer.testing import CliRunner; from reconciler.cli import app; "
+            f"r = CliRunner().invoke(app, {args!r}); assert r.exit_code == 2, r.output; "
+            "assert 'read back' in r.stderr, r.stderr; "
+            "print(sorted(m for m in ('ortools', 'rich', 'reconciler.plan', 'reconciler.apply', 'policies.guardrails', "
+            "'reconciler.render', 'reconciler.status') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    want = api.plan_with_memo(cfg, time_limit=5, gap=0.03).plan  # as read back (no solve time in it)
+    from reconciler.render import render
+
+    main = ("import sys; from reconciler.cli import main; sys.argv = ['reconcile'] + sys.argv[1:]; main(); "
+            "print('not reached: main() ends the process')")
+    for fmt in ("human", "json"):
+        run = subprocess.run([sys.executable, "-c", main, *args, "--format", fmt], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2, run.stderr
+        assert run.stdout == render(want, fmt), fmt
+
+
+def test_the_first_plan_keeps_what_the_next_one_prints_and_only_for_a_plan_it_kept(tmp_path, monkeypatch):
+    """A solve renders, beside its own output, the plan as the memo will give it back (no solve time in it), so
+    the first re-plan of the same inputs reads it instead of rendering with rich; a plan that was not kept keeps
+    no render either (another plan kept later under that key would be printed with this one's text)."""
+    from reconciler.render import render
+
+    cfg = _copy(QUICKSTART, tmp_path / "q")
+    runner = CliRunner()
+    args = ["plan", str(cfg), "--time-limit", "5"]
+    solved = runner.invoke(app, args)
+    assert "read back" not in solved.stderr
+    hit = api.plan_with_memo(cfg, time_limit=5, gap=0.03)
+    variant = json.dumps(["human", False, None])
+    assert memo.read_render(cfg, hit.key, variant) == render(hit.plan, "human") != solved.stdout  # no "in 0.04s"
+    again = runner.invoke(app, args)
+    assert "read back" in again.stderr and again.stdout == render(hit.plan, "human")
+    other = _copy(QUICKSTART, tmp_path / "o")
+    monkeypatch.setattr(memo, "keep", lambda *a, **k: False)
+    runner.invoke(app, ["plan", str(other), "--time-limit", "5"])
+    assert not (other / memo.RENDER_FILE).exists()
