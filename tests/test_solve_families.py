@@ -94,6 +94,18 @@ def test_slots_give_a_small_offers_instances_a_row_each_and_refuse_what_does_not
     assert admits(model_of(tmp_path / "aggregate", docs, ("capacity",)), [(new, 2), (big, 1), (lean, 8)])
 
 
+def test_slots_stay_within_their_variable_budget(tmp_path, monkeypatch):
+    """Two slots x two groups (big, the lean ones) is 4 slot variables: within a budget of 4, not of 3."""
+    from reconciler.solve import slots
+
+    docs = whole_and_lean_docs()
+    monkeypatch.setattr(slots, "SLOT_VARS", 4)
+    assert len(model_of(tmp_path / "4", docs, ("slots",)).slot_offers) == 1
+    monkeypatch.setattr(slots, "SLOT_VARS", 3)
+    model = model_of(tmp_path / "3", docs, ("slots",))
+    assert model.slot_offers == [] and not model.z and not model.on
+
+
 def test_slots_the_solver_places_only_what_packs_and_the_packer_follows_it(tmp_path):
     """Solved whole on a fixed pool of the two: the answer places the big job and six of the eight (98 work units
     against 56 for the eight alone), every instance as the model packed it: no repair, nothing unpacked."""
@@ -110,6 +122,19 @@ def test_slots_the_solver_places_only_what_packs_and_the_packer_follows_it(tmp_p
     plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
     assert plan.solver.repairs == 0 and plan.solver.unpacked == 0
     assert sum(j.action != "pending" for j in plan.jobs) == 7, plan.jobs
+
+
+def test_slots_hold_one_placement_group_each(tmp_path):
+    """Two placement-group gangs of 2 x 4 GPUs on two p4d slots: each gang's pair shares one instance, never one of
+    each gang per instance (an instance launches into one placement group)."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)]
+    docs += [job(g, gpus=4, gpu_type="A100", cpu=40, mem=300, replicas=2, gang="placement-group") for g in ("ga", "gb")]
+    model = model_of(tmp_path, docs, ("slots",))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    ga, gb = (model.group_of[demand(model, g).key] for g in ("ga", "gb"))
+    z = {(g, i): model.z[(g, p4d.key, p4d.key, i)] for g in (ga, gb) for i in (0, 1)}
+    assert admits(model, [(z[(ga, 0)], 2), (z[(gb, 1)], 2), (z[(ga, 1)], 0), (z[(gb, 0)], 0)])
+    assert not admits(model, [(z[(ga, 0)], 1), (z[(gb, 0)], 1)])
 
 
 def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):

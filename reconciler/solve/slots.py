@@ -16,7 +16,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING
 
-from reconciler.problem import Capacity, fit
+from reconciler.problem import Capacity, Demand, fit
 from reconciler.solve.variables import Values, is_zero, scale, wsum
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 SLOTS_MOST = 16  # an offer of at most this many new instances is modelled instance by instance
 FIXED_MOST = 128  # ... and one of a fixed pool (min_instances = max_instances), up to this many
+# Slot variables (instances x groups that may land on them) at most: the smallest offers first. (The trace-shaped
+# fixed cluster, 111 instances of one type and 44 groups, takes 4,884 of them.)
+SLOT_VARS = 20_000
 
 
 def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
@@ -36,15 +39,27 @@ def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
 
 def exact_offers(model: Model) -> list[Capacity]:
     """The offers modelled instance by instance, in model order: `per_instance` ones, and of a zone
-    class only when every zone is (a class's items may land in any of its zones)."""
+    class only when every zone is (a class's items may land in any of its zones); the smallest first
+    (slots x groups that may land there) while their variables stay within SLOT_VARS."""
     bounds = model.p.pool_bounds
-    out = []
+    groups_at: dict[str, int] = {}
+    for _, ck in model.x:
+        groups_at[ck] = groups_at.get(ck, 0) + 1
+    units: dict[str, list[Capacity]] = {}  # a zone class, or an offer alone -> its offers
     for o in model.offers:
-        ck = model.class_of.get(o.key)
-        members = [model.caps[k] for k in model.classes[ck].members] if ck else [o]
-        if all(per_instance(m, bounds) for m in members):
-            out.append(o)
-    return out
+        units.setdefault(model.class_of.get(o.key, o.key), []).append(o)
+    sizes = {}
+    for uk, offers in units.items():
+        if all(per_instance(o, bounds) for o in offers):
+            slots = sum(o.max_new for o in offers)
+            sizes[uk] = slots * ((groups_at.get(uk, 0) if uk in model.classes else 0) + sum(groups_at.get(o.key, 0) for o in offers))
+    chosen, total = set(), 0
+    for uk in sorted(sizes, key=lambda k: (sizes[k], k)):
+        if total + sizes[uk] > SLOT_VARS:
+            break
+        chosen.add(uk)
+        total += sizes[uk]
+    return [o for o in model.offers if model.class_of.get(o.key, o.key) in chosen]
 
 
 def slot_vars(model: Model) -> None:
@@ -96,6 +111,20 @@ def add_slot_rows(model: Model) -> None:
             s = scale(dim)
             terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
             m.add(wsum(terms) <= math.floor(o.cap(dim) * s + 1e-6) * model.on[(ok, i)])
+        one_group(model, ok, i, [(d, v) for d, v in items if d.gang and d.gang_mode == "placement-group"])
+
+
+def one_group(model: Model, ok: str, i: int, pg: list[tuple[Demand, object]]) -> None:
+    """An instance launches into one placement group: of the placement-group gangs, one at most has
+    items on a slot (the gangs family counts their instances per offer only)."""
+    if len(pg) < 2:
+        return
+    m, ys = model.m, []
+    for d, v in pg:
+        y = m.new_bool_var(f"pg[{d.key},{ok},{i}]")
+        m.add(v <= fit(d, model.caps[ok]) * y)
+        ys.append(y)
+    m.add(sum(ys) <= 1)
 
 
 def slot_hints(model: Model, a: Assignment) -> list[tuple[int, int]]:
