@@ -1,6 +1,7 @@
 """Phase 2 of a plan: pack the items onto GPUs. Kept instances keep their residents' GPUs; new
-instances are filled first-fit decreasing, with a repair instance bought where the solver's
-counts (capacity summed per offer) do not pack, if every fleet rule allows one more.
+instances of an offer the model packed one by one are filled as it says (`_pack_slots`); the
+others first-fit decreasing, with a repair instance bought where the solver's counts (capacity
+summed per offer) do not pack, if every fleet rule allows one more.
 """
 
 from __future__ import annotations

@@ -491,7 +491,7 @@ def with_bounds(search: Search, sol: Solution, bound_model: cp_model.CpModel, hi
 
 def integer_bound(m: cp_model.CpModel, instance_cost, hint: list[int], lp_bound: float | None, budget: float) -> float | None:
     """The benchmark's integer bound (USD/h): the least instance cost with whole instances per
-    offer and capacity summed per offer (the model, every tier held at what the plan reached),
+    offer and capacity summed per offer, or per instance where the model has slots (the model, every tier held at what the plan reached),
     as far as CP-SAT proves it in a bounded search; never below the LP bound. A bound, not a
     plan: valid for every plan that reaches those tiers, however it packs."""
     fixed = constant(instance_cost)
