@@ -64,8 +64,8 @@ def exact_offers(model: Model) -> list[Capacity]:
 
 def slot_vars(model: Model) -> None:
     """`model.on[(offer, i)]`: its i-th new instance is bought; `model.z[(group, cap, offer, i)]`: items
-    of a group's variable x[group, cap] (the offer's, or its zone class's) on that instance.
-    `model.slot_cells[cap]`: the (group, z) cells each x on an exact capacity is shared into."""
+    of a group's variable x[group, cap] (the offer's, or its zone class's) on that instance;
+    `model.slot_offers`: the offers modelled so (`exact_offers`)."""
     m = model.m
     model.on, model.z = Values(), Values()
     model.slot_offers = exact_offers(model)
