@@ -68,6 +68,7 @@ def slot_vars(model: Model) -> None:
     `model.slot_offers`: the offers modelled so (`exact_offers`)."""
     m = model.m
     model.on, model.z = Values(), Values()
+    model.slot_x: list[tuple[str, str]] = []  # the x each on an exact offer or class, shared among its slots
     model.slot_offers = exact_offers(model)
     exact = {o.key for o in model.slot_offers}
     for o in model.slot_offers:
@@ -78,6 +79,7 @@ def slot_vars(model: Model) -> None:
         if not offers or not all(k in exact for k in offers):
             continue
         rep = model.demands[model.p.groups[gk][0]]
+        model.slot_x.append((gk, ck))
         for ok in offers:
             o = model.caps[ok]
             f = fit(rep, o)
@@ -101,8 +103,8 @@ def add_slot_rows(model: Model) -> None:
     for (gk, ck, ok, i), v in model.z.items():
         parts.setdefault((gk, ck), []).append(v)
         on_slot.setdefault((ok, i), []).append((gk, v))
-    for (gk, ck), vs in parts.items():
-        m.add(sum(vs) == model.x[(gk, ck)])
+    for key in model.slot_x:  # (an x no slot could hold is 0)
+        m.add(sum(parts.get(key, [])) == model.x[key])
     for (ok, i), cells in on_slot.items():
         o = model.caps[ok]
         items = [(model.demands[model.p.groups[gk][0]], v) for gk, v in cells]
