@@ -41,6 +41,9 @@ class Assignment:
     # demand -> the rules (Refusal.rule names, as the Ledger names them) that refused the first of its jobs greedy could
     # not place; (): no fleet-wide rule did, nothing it fits had room
     refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # offer key -> its new instances in the order bought, each {demand: new items on it}: how greedy packed them
+    # (the model's per-instance rows are hinted with it: solve/slots.py)
+    packed: dict[str, list[dict[str, int]]] = field(default_factory=dict)
 
 
 def _drop(lst: list, x) -> None:
@@ -55,11 +58,12 @@ def _drop(lst: list, x) -> None:
 class _Inst:
     """An open instance as greedy packs it: its free room per dimension (its ref in the ledger is `key`)."""
 
-    __slots__ = ("cap", "free", "key", "gpu_residents")
+    __slots__ = ("cap", "free", "key", "gpu_residents", "items")
 
     def __init__(self, cap: Capacity, free: dict[str, float], key: str):
         self.cap, self.free, self.key = cap, free, key
         self.gpu_residents = False
+        self.items: dict[str, int] = {}  # demand -> its items here
 
     def fits(self, d: Demand) -> bool:
         f = self.free
@@ -72,6 +76,7 @@ class _Inst:
     def take(self, d: Demand, sign: int = 1) -> None:
         for k in d.dims:
             self.free[k] = self.free.get(k, 0.0) - sign * d.req(k)
+        self.items[d.key] = self.items.get(d.key, 0) + sign
         if d.gpus and sign > 0:
             self.gpu_residents = True
 
@@ -572,6 +577,10 @@ class _Greedy:
             self.a.use.setdefault(c.key, 0)
         self.a.work = sum(d.weight * self.a.placed[d.key] for d in self.p.demands)
         self.a.cost = self.led.cost()
+        bought = [i for lst in self.buckets.values() for i in lst if not isinstance(i.cap, Host)]
+        bought += [i for i in self.full if not isinstance(i.cap, Host)]
+        for inst in sorted(bought, key=lambda i: (i.cap.key, int(i.key.rsplit("#", 1)[1]))):
+            self.a.packed.setdefault(inst.cap.key, []).append({k: n for k, n in inst.items.items() if n})
 
 
 def _plan_cost(p: Problem, d: Demand, plan) -> float:

@@ -4,9 +4,10 @@ Pure. The solver decides counts (so many items of a demand on an offer's new
 instances, so many on a host); this decides which instance and which GPUs:
 first-fit decreasing by dominant share, each multi-GPU replica in one aligned
 block of GPUs inside one NVLink domain when it fits in one (always, when the job
-asks for nvlink). Offers are aggregate in the model, so fragmentation can leave an
-item without room in the bought instances: the packer then opens one more
-instance of the offer (a "repair", counted in the plan).
+asks for nvlink). A large offer is aggregate in the model, so fragmentation can leave
+an item without room in the bought instances: the packer then opens one more
+instance of the offer (a "repair", counted in the plan). A small offer's instances
+the model packs one by one (solve/slots.py), and each is filled as it says.
 """
 
 from __future__ import annotations

@@ -25,6 +25,15 @@ def _no_sim_agents(monkeypatch):
     monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
 
 
+@pytest.fixture
+def aggregate_only(monkeypatch):
+    """Every offer's new instances summed per dimension, as a large offer's are (no per-instance rows: solve/slots.py):
+    for tests of what follows when a count does not pack (repairs, jobs dropped by the packer)."""
+    from reconciler.solve import slots
+
+    monkeypatch.setattr(slots, "per_instance", lambda o, bounds: False)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """moto in server mode on 127.0.0.1 (a free port), for the whole session, behind EC2's

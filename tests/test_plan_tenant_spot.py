@@ -94,7 +94,9 @@ def test_a_protected_job_gives_way_to_a_share_the_fleet_as_it_runs_breaks():
 def _fleet12(tmp_path, big_runs_in_zone: str | None):
     """tests/test_rules.py's reduced fleet12 with t2's CPU job `small` running on the spot instance i1 (inside t2's
     guarantee: protected) and, if given, t2's 4-GPU NVLink job `big` running on an on-demand p4d in that zone. The
-    solver counts `big` (on a new p4d) in t2's share; the packer cannot pack it (2 + 2 GPUs left, pool at max)."""
+    solver counts `big` (on a new p4d) in t2's share; the packer cannot pack it (2 + 2 GPUs left, pool at max) where
+    the offers' instances are summed, as a large offer's are (the tests below that need it: `aggregate_only`; with
+    per-instance rows the plan places `big` and `small` keeps running: the last test here)."""
     from dataclasses import replace
 
     from reconciler.load import load
@@ -118,7 +120,7 @@ def _fleet12(tmp_path, big_runs_in_zone: str | None):
     return desired, observed, plan, recheck(plan, desired, observed, problem)[1]
 
 
-def test_a_protected_spot_job_stops_for_the_share_the_running_fleet_breaks(tmp_path):
+def test_a_protected_spot_job_stops_for_the_share_the_running_fleet_breaks(tmp_path, aggregate_only):
     """As it runs, t2 has 1 of 1 work units on spot (`small` alone): over its 0.5 share, so something must give,
     and `small` stops (the oracle and apply's re-check agree)."""
     from tests.invariants import check_plan
@@ -130,7 +132,7 @@ def test_a_protected_spot_job_stops_for_the_share_the_running_fleet_breaks(tmp_p
     assert refused == []
 
 
-def test_a_protected_spot_job_keeps_running_when_the_running_fleet_keeps_the_share(tmp_path):
+def test_a_protected_spot_job_keeps_running_when_the_running_fleet_keeps_the_share(tmp_path, aggregate_only):
     """As it runs, t2 has 1 of 29 work units on spot (`big` on i2, on-demand): its share holds. i2 is in a zone the
     pool no longer has, so `big` must move, and the packer cannot pack it. The plan evicted `small`, inside t2's
     guarantee, and apply's re-check refused it for that; then it kept `small` on spot (1 of 1, over the share).
@@ -156,3 +158,5 @@ def test_the_plan_keeping_a_protected_spot_job_also_keeps_the_share(tmp_path):
     assert refused == []
     check_plan(desired, observed, plan)
     check_stability(desired, observed, plan)
+    jobs = {j.job: j for j in plan.jobs}  # (the two p4d modelled one by one: `big` packs, so t2's share holds with `small`)
+    assert jobs["big"].action == "move" and jobs["small"].action == "keep" and plan.solver.repairs == plan.solver.unpacked == 0

@@ -183,9 +183,10 @@ def test_tenant_max_spot_fraction_caps_only_that_tenant(tmp_path):
     assert spot == {"capped": 2, "free": 2}
 
 
-def test_tenant_spot_share_holds_when_the_packer_drops_its_on_demand_work(tmp_path):
-    """fleet12 (issue 18), reduced. The solver counts new instances per offer and a zone class over
-    its zones: two 3 x 2-GPU gangs pinned to one new p4d each (us-east-1a, us-east-1b) leave 2 + 2
+def test_tenant_spot_share_holds_when_the_packer_drops_its_on_demand_work(tmp_path, aggregate_only):
+    """fleet12 (issue 18), reduced, with the offers' instances summed as a large offer's are (its 2 + 2 are modelled
+    one by one now: solve/slots.py; the packer still drops work where counts are summed). The solver counts new
+    instances per offer and a zone class over its zones: two 3 x 2-GPU gangs pinned to one new p4d each (us-east-1a, us-east-1b) leave 2 + 2
     GPUs, which it counts as room for t2's 4-GPU NVLink job; no instance has 4, the pool is at max,
     so the packer drops it. t2's CPU job on the running spot instance was within its 50% share
     only beside it (1 of 29 work units): alone it is 1 of 1, so the plan must not run it there."""
@@ -1064,16 +1065,13 @@ def test_an_instance_gang_running_split_that_cannot_regroup_is_evicted_and_apply
     assert recheck(plan, desired, observed, problem)[1] == []
 
 
-@pytest.mark.xfail(strict=True, reason="open: the model counts new instances per dimension, so the packer drops two protected "
-                   "jobs and apply's re-check refuses the plan; a whole-instance cut fixes it (branch slow18-cut) but changes "
-                   "the bench plans, left for the lead")
 def test_a_whole_instance_item_leaves_none_of_its_instance_to_others(tmp_path):
     """The same fleet, CP-SAT: it replaced both p4d by two new ones for tp (8 GPUs, 80 vCPU) and the eight 1-GPU jobs
     (8 GPUs, 112 vCPU), 16 GPUs and 192 vCPU in all, which the rows per dimension allow, but tp takes a whole p4d and
     the eight need 112 vCPU of the other's 96. The packer dropped f6 and f7, inside t's guarantee, and apply's
     re-check refused the plan (a way a plan takes a guarantee: 'job f6: evicted, but it runs inside tenant t's
-    guarantee'). Counting tp at 96 vCPU (an item no other item can share an instance with takes it whole in every
-    dimension) makes tp stop and f0-f7 stay."""
+    guarantee'). The offer's two new instances now have rows each (solve/slots.py: at most SLOTS_MOST of them), so the
+    model sees that tp and the eight do not pack: tp stops and f0-f7 stay."""
     from dataclasses import replace
 
     from reconciler.load import load

@@ -51,7 +51,7 @@ def offer(model: Model, **attrs):
 
 
 def test_families_are_the_models_whole_rule_set():
-    assert FAMILIES == ("capacity", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+    assert FAMILIES == ("capacity", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
 
 
 def test_capacity_counts_gpus_per_instance_and_its_cut_refuses_what_the_count_allows_but_cannot_pack(tmp_path):
@@ -68,6 +68,73 @@ def test_capacity_counts_gpus_per_instance_and_its_cut_refuses_what_the_count_al
     assert not admits(model, [(new, 1), (six, 2), (four, 0)])  # 12 GPUs on one 8-GPU instance
     # Without the family nothing bounds the items by the instances bought.
     assert admits(model_of(tmp_path / "none", docs, ()), [(new, 1), (six, 2), (four, 1)])
+
+
+def whole_and_lean_docs(lo: int = 0) -> list[dict]:
+    """Two p4d slots (8 GPUs, 96 vCPU each) for an 8-GPU, 80-vCPU job and eight 1-GPU, 14-vCPU jobs: 16 GPUs and
+    192 vCPU, which the sums per dimension of two instances allow, but the big job takes one instance whole and the
+    eight need 112 vCPU of the other's 96 (at most 6 of them fit beside nothing else)."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=lo, hi=2),
+            job("big", gpus=8, gpu_type="A100", cpu=80, mem=300)]
+    return docs + [job(f"f{k}", gpus=1, gpu_type="A100", cpu=14, mem=60) for k in range(8)]
+
+
+def test_slots_give_a_small_offers_instances_a_row_each_and_refuse_what_does_not_pack(tmp_path):
+    docs = whole_and_lean_docs()
+    model = model_of(tmp_path, docs, ("capacity", "slots"))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    assert [o.key for o in model.slot_offers] == [p4d.key] and p4d.max_new == 2
+    new, big, lean = model.use[p4d.key], new_items(model, "big", p4d.key), new_items(model, "f0", p4d.key)
+    assert admits(model, [(new, 2), (big, 1), (lean, 6)])
+    assert admits(model, [(new, 1), (big, 0), (lean, 6)])  # 6 x 14 = 84 vCPU on one
+    assert not admits(model, [(new, 2), (big, 1), (lean, 7)])  # 80 + 14 > 96 on one, or 7 x 14 = 98 on the other
+    assert not admits(model, [(new, 2), (big, 1), (lean, 8)])
+    assert not admits(model, [(new, 1), (big, 0), (lean, 7)])
+    # The aggregate rows alone (and their cuts) allow it: 16 GPUs, 192 vCPU on two instances.
+    assert admits(model_of(tmp_path / "aggregate", docs, ("capacity",)), [(new, 2), (big, 1), (lean, 8)])
+
+
+def test_slots_stay_within_their_variable_budget(tmp_path, monkeypatch):
+    """Two slots x two groups (big, the lean ones) is 4 slot variables: within a budget of 4, not of 3."""
+    from reconciler.solve import slots
+
+    docs = whole_and_lean_docs()
+    monkeypatch.setattr(slots, "SLOT_VARS", 4)
+    assert len(model_of(tmp_path / "4", docs, ("slots",)).slot_offers) == 1
+    monkeypatch.setattr(slots, "SLOT_VARS", 3)
+    model = model_of(tmp_path / "3", docs, ("slots",))
+    assert model.slot_offers == [] and not model.z and not model.on
+
+
+def test_slots_the_solver_places_only_what_packs_and_the_packer_follows_it(tmp_path):
+    """Solved whole on a fixed pool of the two: the answer places the big job and six of the eight (98 work units
+    against 56 for the eight alone), every instance as the model packed it: no repair, nothing unpacked."""
+    from reconciler.solve import solve
+    from tests.fleetkit import plan_for
+
+    docs = whole_and_lean_docs(lo=2)
+    model = model_of(tmp_path / "m", docs, ())
+    sol = solve(model.p, time_limit=5, workers=1)
+    lean = demand(model, "f0").key
+    assert sol.placed[demand(model, "big").key] == 1 and sol.placed[lean] == 6
+    (ok, insts), = sol.slots.items()
+    assert len(insts) == 2 and sorted(sum(n for *_, n in cells) for cells in insts) == [1, 6]
+    plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
+    assert plan.solver.repairs == 0 and plan.solver.unpacked == 0
+    assert sum(j.action != "pending" for j in plan.jobs) == 7, plan.jobs
+
+
+def test_slots_hold_one_placement_group_each(tmp_path):
+    """Two placement-group gangs of 2 x 4 GPUs on two p4d slots: each gang's pair shares one instance, never one of
+    each gang per instance (an instance launches into one placement group)."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)]
+    docs += [job(g, gpus=4, gpu_type="A100", cpu=40, mem=300, replicas=2, gang="placement-group") for g in ("ga", "gb")]
+    model = model_of(tmp_path, docs, ("slots",))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    ga, gb = (model.group_of[demand(model, g).key] for g in ("ga", "gb"))
+    z = {(g, i): model.z[(g, p4d.key, p4d.key, i)] for g in (ga, gb) for i in (0, 1)}
+    assert admits(model, [(z[(ga, 0)], 2), (z[(gb, 1)], 2), (z[(ga, 1)], 0), (z[(gb, 0)], 0)])
+    assert not admits(model, [(z[(ga, 0)], 1), (z[(gb, 0)], 1)])
 
 
 def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):

@@ -158,11 +158,12 @@ def test_the_packer_pairs_cpu_heavy_with_memory_heavy_work():
     assert all(b.free["cpu"] == 0 and b.free["memory_gib"] == 0 for b in bins)
 
 
-def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path):
+def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path, aggregate_only):
     # On m6i.4xlarge (16 vCPU, 64 GiB) two CPU-heavy jobs (10 vCPU) and two memory-heavy ones
     # (40 GiB) pair up, each pair leaving 4 vCPU and 16 GiB, and a 5 vCPU / 20 GiB job fits
     # neither room: every dimension's count (and every per-dimension cut) says 2 instances, the
-    # packing needs 3. The cuts are per dimension, so 2-D fragmentation is left to the packer.
+    # packing needs 3. The cuts are per dimension, so 2-D fragmentation is left to the packer
+    # where an offer's instances are summed (a large offer's; a small one's have rows each: below).
     docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=5)]
     docs += [job(f"cpu{i}", cpu=10, mem=8) for i in range(2)] + [job(f"mem{i}", cpu=2, mem=40) for i in range(2)]
     docs.append(job("both", cpu=5, mem=20))
@@ -175,7 +176,22 @@ def test_a_count_that_does_not_pack_gets_one_more_instance_and_says_so(tmp_path)
     assert "1 instance(s) added where counts did not pack" in render_human(plan)
 
 
-def test_a_plan_the_packer_repaired_claims_no_optimality_and_its_real_gap(tmp_path):
+def test_a_small_offers_instances_have_rows_each_so_its_count_packs(tmp_path):
+    """The fleet above with its offer's (at most 5) instances modelled one by one: the model buys the third
+    instance itself, and the plan needs no repair (and may say optimal)."""
+    docs = [topology(), tenant("t"), pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=5)]
+    docs += [job(f"cpu{i}", cpu=10, mem=8) for i in range(2)] + [job(f"mem{i}", cpu=2, mem=40) for i in range(2)]
+    docs.append(job("both", cpu=5, mem=20))
+    desired, observed = _setup(tmp_path, docs)
+    problem = build_problem(desired, observed)
+    sol = solve(problem, time_limit=10)
+    plan = make_plan(desired, observed, problem, sol)
+    check_plan(desired, observed, plan)
+    assert all(j.action == "place" for j in plan.jobs)
+    assert sum(sol.new.values()) == 3 and len(plan.creates) == 3 and plan.solver.repairs == 0 and plan.solver.optimal
+
+
+def test_a_plan_the_packer_repaired_claims_no_optimality_and_its_real_gap(tmp_path, aggregate_only):
     """Issue 20: the solver's counts are optimal for its model (2 instances), the packer needs
     a third: the plan, its JSON and its PR comment must speak of the emitted plan (3 instances
     against a bound of 2), never "optimal" or a 0% gap."""
@@ -189,9 +205,7 @@ def test_a_plan_the_packer_repaired_claims_no_optimality_and_its_real_gap(tmp_pa
     desired, observed = _setup(tmp_path, docs)
     problem = build_problem(desired, observed)
     plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
-    if plan.solver.repairs == 0:
-        pytest.skip("the model now packs this case exactly (no repair to report)")
-    assert not plan.solver.optimal and plan.solver.status == "FEASIBLE"
+    assert plan.solver.repairs == 1 and not plan.solver.optimal and plan.solver.status == "FEASIBLE"
     price = plan.creates[0].price
     assert plan.solver.gap == pytest.approx(price / (3 * price + 0.003), abs=1e-3)  # (3 - 2) / 3 instances
     js = json.loads(plan.to_json())["solver"]

@@ -696,3 +696,38 @@ def test_a_move_is_judged_against_the_best_answer_that_moves_nothing(tmp_path):
     assert abs(c.saving_per_hour - egress) < 0.05, (c.saving_per_hour, egress)  # the same instance price either side
     line = next(x for x in render_human(plan, width=400).splitlines() if x.startswith("Consolidation"))
     assert f"saving ${c.saving_per_hour:,.2f}/h against the best plan found that moves them not" in line and "paid back in" in line
+
+
+def test_a_twin_in_another_zone_gives_its_instance_back_only_where_the_zone_is_nothing_to_its_work(tmp_path):
+    """plan/stability.zone_free, on plain data: a 1-GPU job and a zone gang wholly on a new p4d in us-east-1b may
+    run on the deleted p4d in us-east-1a instead; not one item of a gang whose other item is elsewhere (the gang
+    would span two zones), nor anything on spot when the SpotPolicy asks for zones spread."""
+    from reconciler.load import load
+    from reconciler.pack import Bin
+    from reconciler.plan.stability import zone_free
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, instance
+
+    def setup(path, market, spot_policy=None):
+        docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], market=market, hi=2),
+                job("one", gpus=1, gpu_type="A100", cpu=8, mem=60), job("g", gpus=1, gpu_type="A100", cpu=8, mem=60, replicas=2)]
+        docs += [doc("SpotPolicy", "sp", spot_policy)] if spot_policy else []
+        desired = load(write_config(path, docs))
+        mk = "spot" if market == "spot" else "on-demand"
+        problem = build_problem(desired, catalog_observed(desired, [instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", mk)], {}))
+        h = problem.hosts()[0]
+        twin = next(o for o in problem.offers() if o.zone == "us-east-1b" and o.market == mk)
+        demand_of = {j: d for d in problem.demands for j in d.jobs}
+        return problem, h, twin, demand_of
+
+    problem, h, twin, demand_of = setup(tmp_path / "od", "on-demand")
+    b = Bin.empty(twin, "x")
+    b.place(demand_of["one"], "one", 0)
+    b.place(demand_of["g"], "g", 0)
+    assert not zone_free(problem, b, h, demand_of)  # g's other item is elsewhere
+    b.place(demand_of["g"], "g", 1)
+    assert zone_free(problem, b, h, demand_of)
+    problem, h, twin, demand_of = setup(tmp_path / "spot", "spot", {"min_zones": 2})
+    b = Bin.empty(twin, "x")
+    b.place(demand_of["one"], "one", 0)
+    assert not zone_free(problem, b, h, demand_of)

@@ -1,6 +1,7 @@
 """Phase 2 of a plan: pack the items onto GPUs. Kept instances keep their residents' GPUs; new
-instances are filled first-fit decreasing, with a repair instance bought where the solver's
-counts (capacity summed per offer) do not pack, if every fleet rule allows one more.
+instances of an offer the model packed one by one are filled as it says (`_pack_slots`); the
+others first-fit decreasing, with a repair instance bought where the solver's counts (capacity
+summed per offer) do not pack, if every fleet rule allows one more.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Soluti
     _pack_hosts(packing, problem, observed, solution, hosts, demand_of, assigned, group)
     repairs = _Repairs(problem, solution, caps, hosts, packing)
     packing.more_of = repairs.more_of
-    _pack_offers(packing, solution, caps, assigned, group, repairs.more_of)
+    _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group,
+                 repairs.more_of)
     for bins in packing.bins_of.values():
         for b in bins:
             for job in {j for _, j, _ in b.items if j in packing.unpacked}:
@@ -179,15 +181,42 @@ class _Repairs:
         return b
 
 
-def _pack_offers(packing: Packing, solution: Solution, caps: dict[str, Capacity], assigned: Assignment,
+def _pack_slots(packing: Packing, problem: Problem, solution: Solution, caps: dict[str, Capacity], to_offer: dict[str, list],
+                group: Callable[[Demand, str], str | None]) -> dict[str, list]:
+    """The new instances of offers the model packed instance by instance (`Solution.slots`): each
+    filled with the items the model gave it. Returns the items left to pack as any offer's: the
+    others, and any a slot's GPUs could not take after all (GPU blocks are not in the model)."""
+    if not solution.slots:
+        return to_offer
+    group_of = {dk: gk for gk, ks in problem.groups.items() for dk in ks}
+    queue: dict[tuple[str, str], list] = {}  # (capacity key, group) -> its items, in order
+    for ck, items in to_offer.items():
+        for it in items:
+            queue.setdefault((ck, group_of.get(it[0].key, "")), []).append(it)
+    taken: set[tuple[str, int]] = set()
+    for ok in sorted(solution.slots):
+        bins = packing.bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new.get(ok, 0))]
+        for b, cells in zip(bins, solution.slots[ok]):
+            mine = []
+            for ck, gk, n in cells:
+                q = queue.get((ck, gk), [])
+                mine += [(d, job, r, group(d, caps[ok].zone)) for d, job, r in q[:n]]
+                del q[:n]
+            pack_items([b], mine)
+            taken.update((job, r) for _, job, r in b.items)
+    return {ck: left for ck, items in to_offer.items() if (left := [it for it in items if (it[1], it[2]) not in taken])}
+
+
+def _pack_offers(packing: Packing, solution: Solution, caps: dict[str, Capacity], to_offer: dict[str, list],
                  group: Callable[[Demand, str], str | None], more_of: Callable[[Capacity, str], Callable[[], Bin | None]]) -> None:
     """The new instances. Work pinned to a zone first, on its zone's instances; then work placed
     on a zone class, on any instance of its zones (cheapest zone first); then repairs for what did
     not fit. Pinned work that shares its zone with a class's work is packed compactly (fullest
     instance first), so it strands none of the room the class's larger items need."""
-    bins_of, to_offer = packing.bins_of, assigned.to_offer
+    bins_of = packing.bins_of
     for ok in sorted(solution.new):
-        bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
+        if ok not in solution.slots:  # (those bins are filled already: _pack_slots)
+            bins_of[ok] = [Bin.empty(caps[ok], f"{ok}#{i}") for i in range(solution.new[ok])]
     pinned = {ok: [(d, job, r, group(d, caps[ok].zone)) for d, job, r in items] for ok, items in to_offer.items() if not caps[ok].members}
     shared = {m for ck in to_offer if caps[ck].members for m in caps[ck].members}
     leftover: dict[str, list] = {}

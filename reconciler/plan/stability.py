@@ -15,7 +15,7 @@ from reconciler.ledger import charge, within
 from reconciler.observe import Observed
 from reconciler.pack import Bin
 from reconciler.plan.packing import resident_gpus
-from reconciler.problem import Capacity, Demand, Problem, fit
+from reconciler.problem import Capacity, Demand, Problem, fit, rules_allow
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -27,11 +27,16 @@ def keep_identical(problem: Problem, observed: Observed, solution: Solution, bin
     while buying an identical one for the same work ("consolidated", $6.13/h -> $6.13/h), every
     plan again (issue 18). Here each such new instance is replaced by the deleted one when a job
     of it ran there and all its items fit: its old residents on their recorded GPUs, the others packed as usual.
-    Pool counts, prices, markets and zones are the same, so every fleet and tenant rule holds."""
+    Pool counts, prices and markets are the same, so every fleet and tenant rule holds; a twin in another zone
+    of the pool only where its zone is nothing to its work (`zone_free`). (The solver's choice between two
+    zones at one price is a tie: it replaced a host running an instance gang by a twin in the pool's other
+    zone, a move of the gang for nothing, once small offers got per-instance rows: test_gpu_indices.)"""
     keep = set(solution.keep)
     for h in sorted((h for h in hosts.values() if h.key not in keep and h.keep_blocker is None and not h.frozen), key=lambda h: h.key):
         twins = [b for ok, bins in sorted(bins_of.items()) if ok not in hosts for b in bins
-                 if b.items and b.group is None and b.cap.offer_key == h.offer_key and abs(b.cap.price - h.price) < 1e-9]
+                 if b.items and b.group is None and b.cap.class_key == h.class_key and abs(b.cap.price - h.price) < 1e-9
+                 and (b.cap.offer_key == h.offer_key or zone_free(problem, b, h, demand_of))]
+        twins.sort(key=lambda b: b.cap.offer_key != h.offer_key)  # (its own zone's first)
         known = resident_gpus(h, problem, observed) if h.gpus else {}
         for b in twins:
             nb = Bin.empty(h, h.key)
@@ -65,6 +70,24 @@ def keep_identical(problem: Problem, observed: Observed, solution: Solution, bin
             keep.add(h.key)
             break
     return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep))
+
+
+def zone_free(problem: Problem, b: Bin, h: Capacity, demand_of: dict[str, Demand]) -> bool:
+    """Whether the work on new instance b could as well run on h in another zone of its pool: every rule
+    allows h, egress and latency cost the same there, every gang on b is all on b, and the SpotPolicy asks
+    for no spread over zones (the pool's region, type, market and price are b's: the quotas and budgets too)."""
+    sp = problem.spot
+    if h.market == "spot" and (sp.min_zones > 1 or sp.min_instance_types > 1):
+        return False
+    on_b: dict[str, int] = {}
+    for _, job, _ in b.items:
+        on_b[job] = on_b.get(job, 0) + 1
+    for job, n in on_b.items():
+        d = demand_of[job]
+        if not rules_allow(d, h) or abs(problem.cost_coef(d, h) - problem.cost_coef(d, b.cap)) > 1e-9 \
+                or (d.gang and n != d.replicas // d.bundle):
+            return False
+    return True
 
 
 def return_home(problem: Problem, observed: Observed, solution: Solution, bins_of: dict[str, list[Bin]],

@@ -2,7 +2,8 @@
 Exact on one instance (a host); on an offer, a zone class or an idle class, aggregate over
 its instances, tightened by valid cuts (at most k items over 1/(k+1) of an instance per
 instance; Fekete-Schepers for items over half of one) that close most of the gap between the
-count and a packing (`pack.py` packs the count and adds an instance where it must)."""
+count and a packing (`pack.py` packs the count and adds an instance where it must). An offer
+whose count is small also gets rows per instance (`slots`): exact there."""
 
 from __future__ import annotations
 

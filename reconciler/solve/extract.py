@@ -10,6 +10,7 @@ from reconciler.greedy import Assignment
 from reconciler.ledger import MILLI
 from reconciler.pack import Bin, pack_items
 from reconciler.problem import Host, Problem
+from reconciler.solve.slots import slot_contents
 from reconciler.solve.solution import Solution, TierReport
 from reconciler.solve.variables import solved
 
@@ -37,7 +38,7 @@ def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierR
         cost_milli=sum(round(c.price * MILLI) * (1 if c.instance_id in keep else 0) for c in model.hosts)
         + sum(round(model.caps[k].price * MILLI) * n for k, n in new.items()),
         capacities=model.caps, scope=(hosts - frozen, frozen), variables=len(model.m.proto.variables),
-        constraints=len(model.m.proto.constraints),
+        constraints=len(model.m.proto.constraints), slots=slot_contents(model, val),
     )
 
 

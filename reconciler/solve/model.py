@@ -3,7 +3,8 @@
 Variables, in the order they are created (the order is part of the model: CP-SAT's search
 depends on it, and the plan digests prove it unchanged): instances (`use`: new per offer, keep
 per host, kept per idle class), residents that stay (`stay`), new items per group and capacity
-(`x`, only where the host index says they could land), then jobs placed per demand with their
+(`x`, only where the host index says they could land), the new instances of offers modelled one
+by one and their items (`on`, `z`: slots.py, only where counts are small), then jobs placed per demand with their
 guaranteed/borrowed split and the running jobs kept (`placed`, `g`, `b`, `krj`, `krg`, `krb`).
 Each container is a `Values`: a variable for what the model decides, a frozen int for what it
 does not. The constraint families (one module each) read these and add rows; a test may build
@@ -18,7 +19,7 @@ from ortools.sat.python import cp_model
 from reconciler.greedy import Assignment
 from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, may_preempt, over_cap_tenants,
                                 type_class)
-from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, tenants
+from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
 from reconciler.solve.quotas import add_cloud_quota_constraints
@@ -29,7 +30,7 @@ from reconciler.solve.variables import Values, set_hints
 # (group, host) candidates the room evictions free may add (HostIndex.bound_freed): the 10k-job drift model
 # had 119,601 variables before such room was offered at all.
 FREED_PAIRS = 20_000
-FAMILIES = ("capacity", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+FAMILIES = ("capacity", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
 
 
 class Model:
@@ -58,8 +59,11 @@ class Model:
         self.classes, self.class_of = zone_classes(self.offers)
         self.caps.update(self.classes)
         self._placement_vars(warm)
+        slots.slot_vars(self)
         if "capacity" in families:
             capacity.add_capacity(self)
+        if "slots" in families:
+            slots.add_slot_rows(self)
         self._demand_vars()
         if "items" in families:
             items.add_item_balance(self)
@@ -267,11 +271,13 @@ class Model:
             hints.append((v.index, per_group.get(k, 0)))
         for dk, v in self.placed.variable_items():
             hints.append((v.index, a.placed.get(dk, 0)))
+        hints += slots.slot_hints(self, a)
         set_hints(self.m, hints)
 
     def primaries(self) -> list:
-        """The variables a placement is: instances, stays, new items, jobs placed (the rest follows from them)."""
-        return self.use.variables() + self.stay.variables() + list(self.x.values()) + self.placed.variables()
+        """The variables a placement is: instances, stays, new items, jobs placed, and which new instance
+        of an offer modelled instance by instance holds them (the rest follows from them)."""
+        return self.use.variables() + self.stay.variables() + list(self.x.values()) + self.placed.variables() + slots.slot_variables(self)
 
     def set_primary_hint(self, values: list[int]) -> None:
         set_hints(self.m, [(v.index, values[v.index]) for v in self.primaries()])

@@ -56,6 +56,9 @@ class Solution:
     # The cost (same units) of the best answer found that moves only the running work that must move,
     # when this answer moves more (strategy.stay_put): what the moves save is stay_value - cost_value.
     stay_value: float | None = None
+    # Offers modelled instance by instance (solve/slots.py): offer key -> its new instances, each as
+    # (x's capacity key, group, items): a packing the model proved, which the packer follows.
+    slots: dict[str, tuple[tuple[tuple[str, str, int], ...], ...]] = field(default_factory=dict)
 
 
 __all__ = ["Solution", "TierReport"]
