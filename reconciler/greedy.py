@@ -517,7 +517,7 @@ class _Greedy:
         taken: dict[int, dict] = {}  # id(inst) -> tentative free
         for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
             for inst in self.buckets.get(kk, []):
-                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents:
+                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
                     continue
                 if self.sparing_buffer and self.led.in_buffer(inst.key):
                     continue

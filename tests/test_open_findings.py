@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet19 and fleet21 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All but fleet19 are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -14,8 +14,8 @@ told to make it a plain test).
   stay or stop, and the reason now says so with what the running fleet breaks.
 - fleet14: planning never ended: greedy's settle_spot released the same emptied spot host forever.
 - fleet20: a spot offer no job fits was offered 0 times, so a fleet needing a second spot zone used no spot.
-- fleet21 (open): CP-SAT moves running work onto an identical instance in another zone where a plan of the same rank
-  keeps it.
+- fleet21: CP-SAT moved running work onto an identical instance in another zone where a plan of the same rank
+  kept it: the model gave NVLink work no room beside a running job's GPU, even where one NVLink domain spans them all.
 - fleet15: CP-SAT ranked below greedy: the problem protected a same-instance gang running split over two
   instances (it must move whole), so moving it counted as a guarantee kept and a protected job was evicted.
 - fleet16: apply's re-check refused stopping spot work that only an instance which must go (a cloud the guardrails
@@ -192,10 +192,12 @@ def test_a_fleet_that_needs_a_second_spot_zone_may_buy_one_idle_spot_instance_th
 
 def test_cp_sat_does_not_move_work_the_cheaper_plan_of_the_same_rank_keeps():
     """fleet21 (the slow property tier on final main, 2026-11-26 18:10): pool aws-a100 (us-east-1a/b, max 1) runs
-    j12 on i0 in us-east-1b. CP-SAT's plan, OPTIMAL at gap 0, deletes i0 and buys an identical p4d in us-east-1a for
-    j12 and six 2-GPU jobs ($2 of restarts, $25.71/h as the README counts it); greedy's keeps i0 for all of them and,
-    backfilling j10 onto the Azure instance, reaches the same rank at $25.63/h. Before backfill greedy's plan ranked
-    lower, so the comparison never ran: the move is older than backfill. Passes since the pool's small offers (1
-    instance each) are modelled instance by instance (solve/slots.py) and a new twin of a deleted instance in the
-    pool's other zone may give it back (plan/stability.zone_free): either alone makes it pass, neither fails it."""
+    j12 (1 GPU) on the p4d i0 in us-east-1b. CP-SAT's plan, OPTIMAL at gap 0, deleted i0 and bought an identical p4d
+    in us-east-1a for j12 and six jobs ($2 of restarts, $25.71/h as the README counts it); greedy's kept i0 and,
+    backfilling j2 onto it, reached the same rank at $25.63/h. The cause: the model offered j2 (2 GPUs, nvlink) no
+    room on i0, as NVLink work went only where no GPU is taken, so keeping i0 placed 49 work units where the move
+    placed 63. On a p4d one NVLink domain spans every GPU (Capacity.one_nvlink_domain), so j2 may join j12 there
+    (tests/test_gpu_indices.py has the rule in plain data). It passed on main too once the pool's small offers were
+    modelled instance by instance (solve/slots.py) and a new twin of a deleted instance in the pool's other zone may
+    give it back (plan/stability.zone_free)."""
     check_fleet(fleet("fleet21"), time_limit=5)
