@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet19 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -24,14 +24,13 @@ told to make it a plain test).
   the plan deleted (keep_identical asked for a job running whole there).
 - fleet18: greedy's answer broke a pool minimum under a budget (it held back the price of an idle spot host it
   would not open), CP-SAT could not complete it, and it was the plan.
-- fleet19 (open, strict xfail): greedy's plan evicts a protected MIG placement-group gang running over a spot and an
-  on-demand instance of a pool at max_instances."""
+- fleet19: greedy's plan evicted a protected MIG placement-group gang running over a spot and an on-demand instance
+  of one zone and type (a pool at max_instances): greedy and the model kept such a gang only on one offer."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
@@ -173,11 +172,21 @@ def test_greedy_reserves_for_a_pool_minimum_what_it_may_open_on_fleet18():
     check_fleet(fleet("fleet18"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="open (found at 17:47 by the last slow run, not diagnosed): greedy's plan evicts t1's "
-                   "protected j4, a 2-replica MIG placement-group gang running on i1 (spot) and i2 (on-demand), 'pools at "
-                   "max_instances (az-mig 3/3); the job needs 2 new instances', and the oracle finds no rule requiring it")
 def test_greedy_keeps_a_protected_mig_placement_group_gang_on_fleet19():
-    check_fleet(fleet("fleet19"), time_limit=5)
+    """fleet19: t1's protected j4 (2 x MIG 2g.20gb, gang: placement-group) runs on i1 (spot) and i2 (on-demand) of
+    az-mig, one zone and one type, the pool at its max_instances 3/3. Greedy kept a placement-group gang only on one
+    offer (pool, zone, type and market), so it re-placed j4 and, the pool full, evicted it: 'pools at max_instances
+    (az-mig 3/3); the job needs 2 new instances'. A gang's rule is problem.gang_split's (one zone; one type for a
+    placement group), read now by greedy's keep and heal and by the model, whose placement-group site was the offer
+    too (it could not complete greedy's answer once greedy kept j4). Greedy keeps j4 where it runs; CP-SAT moves
+    i2's replica onto a new spot instance of i1's offer and deletes i2 and the idle i3, which pays."""
+    from tests.test_properties import solve_both
+
+    f = fleet("fleet19")
+    check_fleet(f, time_limit=5)
+    _, _, (solution, plan), (_, gplan) = solve_both(f, time_limit=5)
+    assert next(j for j in gplan.jobs if j.job == "j4").action == "keep"
+    assert solution.status == "OPTIMAL" and next(j for j in plan.jobs if j.job == "j4").action != "evict"
 
 
 def test_a_fleet_that_needs_a_second_spot_zone_may_buy_one_idle_spot_instance_there():
