@@ -26,6 +26,8 @@ told to make it a plain test).
   would not open), CP-SAT could not complete it, and it was the plan.
 - fleet19: greedy's plan evicted a protected MIG placement-group gang running over a spot and an on-demand instance
   of one zone and type (a pool at max_instances): greedy and the model kept such a gang only on one offer.
+- fleet23: greedy's plan kept a same-instance gang where it ran but gave it other GPUs: the packer took a running
+  item's own GPUs back only for 1-replica items.
 - fleet22 (open, strict xfail): CP-SAT evicts t1's protected low j5 and places t2's pending normal j12 in its room,
   counting t1's normal j6 (running, but it must leave its spot instance) as the higher class that took j5's place."""
 
@@ -213,6 +215,15 @@ def test_cp_sat_does_not_move_work_the_cheaper_plan_of_the_same_rank_keeps():
     modelled instance by instance (solve/slots.py) and a new twin of a deleted instance in the pool's other zone may
     give it back (plan/stability.zone_free)."""
     check_fleet(fleet("fleet21"), time_limit=5)
+
+
+def test_a_same_instance_gang_placed_where_it_runs_keeps_its_gpus_on_fleet23():
+    """fleet23 (the slow property tier on this branch, 19:45): t1's j12 (2 x 2 GPUs, gang: instance) runs on the
+    p4d i3 at GPUs (0, 1), (2, 3). Greedy's answer places it anew on i3 (an item placed on its own host, not one
+    that stays; t1 runs far over its 4-GPU quota), and the plan says keep; the packer gave a running item its own GPUs back only when
+    it was one replica, so j12 got (6, 7), (0, 1) and a 'keep' that restarts it on other GPUs (the oracle: running
+    replicas keep theirs). It now takes back every replica's GPUs of the item where they are free."""
+    check_fleet(fleet("fleet23"), time_limit=5)
 
 
 @pytest.mark.xfail(strict=True, reason="open (slow tier, 19:23): CP-SAT evicts t1's protected j5 for t2's j12; the guarantee tier "
