@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, pool_min_ok, spot_share_ok
-from reconciler.problem import DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, stuck_gangs, has_room, rules_allow, type_class
+from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, rules_allow, stuck_gangs,
+                                type_class)
 
 
 @dataclass
@@ -252,9 +253,7 @@ class _Greedy:
                 if len(iids) != d.replicas:
                     self.to_heal.append((d, cells))  # after the kept fleet is settled
                     continue
-                if d.gang and len({c.cloud_zone for c in cells}) > 1:
-                    continue
-                if d.gang and d.gang_mode == "placement-group" and len({c.offer_key for c in cells}) > 1:
+                if gang_split(d, cells):
                     continue
                 trial = []
                 pending = Pending()
@@ -417,7 +416,7 @@ class _Greedy:
     def _heal(self, d: Demand, survivors: list[Capacity]) -> None:
         """A gang that lost replicas: keep the survivors and place the missing ones beside them
         (same zone, or same offer for a placement group). If that fails it is re-placed whole later."""
-        if len({c.cloud_zone for c in survivors}) > 1 or (d.gang_mode == "placement-group" and len({c.offer_key for c in survivors}) > 1):
+        if gang_split(d, survivors):
             return
         opened_here, insts = [], []
         for c in survivors:
@@ -517,7 +516,7 @@ class _Greedy:
         taken: dict[int, dict] = {}  # id(inst) -> tentative free
         for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
             for inst in self.buckets.get(kk, []):
-                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents:
+                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
                     continue
                 if self.sparing_buffer and self.led.in_buffer(inst.key):
                     continue

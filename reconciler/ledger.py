@@ -960,8 +960,8 @@ class Ledger:
         c = self.instances[ref]
         if (isinstance(c, Host) and c.keep_blocker is not None) or self._fit(d, c, fits) <= 0:
             return 0
-        if d.nvlink and any(o.gpus for o, _ in self.items[ref]):
-            return 0  # as the solver: NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
+        if d.nvlink and not c.one_nvlink_domain and any(o.gpus for o, _ in self.items[ref]):
+            return 0  # as the solver: beside taken GPUs only in one NVLink domain (Capacity.one_nvlink_domain)
         free = self.free(ref)
         return max(0, min(math.floor(free.get(k, 0.0) / d.req(k) + 1e-9) for k in d.dims if d.req(k) > 0))
 

@@ -89,6 +89,15 @@ class Capacity(OnSite):
         return self.site.offer_key + (f"@{self.reservation}" if self.reservation else "")
 
     @property
+    def one_nvlink_domain(self) -> bool:
+        """All its GPUs in one NVLink domain (every NVLink type of the catalog). An NVLink block then fits wherever
+        the free GPU count holds it, whatever GPUs running work keeps (their indices are not re-packed; the packer
+        takes any free GPUs of the domain, pack.Bin._block), so counting GPUs, as the solver and greedy do, is
+        exact. With several domains the kept GPUs can leave no domain a block the count has room for: there
+        NVLink work goes only where no GPU is taken."""
+        return self.nvlink_domain >= self.gpus
+
+    @property
     def class_key(self) -> str:
         """The same across the zones of a pool: (pool, type, market)."""
         return self.site.class_key + (f"@{self.reservation}" if self.reservation else "")

@@ -126,6 +126,11 @@ def reduced_fleet12() -> tuple[list[dict], list[Instance]]:
     gangs = [job(f"gang{i}", tenant="t1", priority="low", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=3, gang="zone")
              for i in range(2)]
     gangs[1]["spec"]["resources"]["nvlink"] = True
+    # Each gang's data pins it to a zone (gang0 us-east-1a, gang1 us-east-1b), so the solver counts one new p4d each,
+    # whose 2 + 2 free GPUs it takes for room for big. Unpinned, gang1 now shares a p4d with gang0 (NVLink beside
+    # running work in one NVLink domain, fleet21) and every job packs.
+    for g, zone in zip(gangs, ("us-east-1a", "us-east-1b")):
+        g["spec"]["data"] = {"location": f"aws/us-east-1/{zone}", "size_gib": 0, "max_latency_ms": 0.5}
     big = job("big", tenant="t2", priority="low", gpus=4, gpu_type="A100", cpu=40, mem=300)
     big["spec"]["resources"]["nvlink"] = True
     docs += gangs + [big, job("small", tenant="t2", priority="low", cpu=4, mem=16)]

@@ -68,3 +68,56 @@ def test_a_same_instance_gang_kept_where_it_runs_keeps_its_gpus(tmp_path):
                     gpu_indices={"j2": ((0, 1), (2, 3)), "j3": ((4,),)})
     gang = next(j for j in plan.jobs if j.job == "j2")
     assert gang.action == "keep" and gang.gpus == ((0, 1), (2, 3)), gang
+
+
+def _nvlink_beside_running(domain: int):
+    """One 8-GPU host running r (1 GPU at index 0), the pool at max 1, and n (2 GPUs, nvlink) pending: plain data."""
+    from reconciler.model import PlacementPolicySpec, SpotPolicySpec
+    from reconciler.problem import Demand, Host, Offer, Problem, TenantRules
+    from reconciler.site import Site
+
+    def site(zone):
+        return Site("p", "sim", "aws", "us-east-1", zone, "p4d", "on-demand")
+
+    shape = dict(gpus=8, gpu_type="A100", cpu=96.0, memory_gib=1152.0, price=22.0, on_demand_price=22.0, nvlink_domain=domain)
+    host = Host(key="i0", site=site("a"), **shape, instance_id="i0", residents=(("r", "r", 1),))
+    offer = Offer(key="p/b/p4d/on-demand", site=site("b"), **shape, max_new=1)
+
+    def demand(key, gpus, nvlink, running=()):
+        return Demand(key=key, jobs=(key,), replicas=1, bundle=1, tenant="t", gpus=gpus, gpu_type="A100", mig=None, nvlink=nvlink,
+                      cpu=8.0, memory_gib=60.0, priority=1, spot="eligible", gang_mode="zone", pools=None, regions=None, clouds=None,
+                      zones=None, data_location=None, data_gib=0.0, hours=24.0, running=running)
+
+    demands = (demand("r", 1, False, (("r", ("i0",)),)), demand("n", 2, True))
+    return Problem(demands=demands, capacities=(host, offer), groups={"gr": ("r",), "gn": ("n",)}, pool_bounds={"p": (0, 1)},
+                   tenants={"t": TenantRules("t", 1.0, {}, {})}, desired_spot=SpotPolicySpec(), placement=PlacementPolicySpec(),
+                   budget=None, fleet_capacity={"gpus": 8.0, "cpu": 96.0, "memory_gib": 1152.0}), host
+
+
+def test_an_nvlink_job_joins_running_work_where_one_nvlink_domain_spans_the_instance():
+    """fleet21: j2 (2 A100, nvlink) could not go on the p4d i0 beside j12 (1 GPU): the solver and greedy kept NVLink work
+    off any host with a GPU taken, since running work keeps its GPU indices. On a p4d one NVLink domain spans all 8
+    GPUs and the packer takes any free ones, so the count is exact; kept out, the plan (pool at max 1) deleted i0 and
+    moved j12 to an identical p4d to place j2. Where an instance has several domains the count cannot tell whether a
+    block is free, and NVLink work still goes only where no GPU is taken."""
+    from reconciler.greedy import greedy
+    from reconciler.pack import Bin
+    from reconciler.solve import solve
+    from reconciler.solve.model import Model
+
+    problem, host = _nvlink_beside_running(8)
+    assert ("gn", "i0") in Model(problem).x  # the solver offers it the host on its own, not only where greedy put it
+    assert host.one_nvlink_domain
+    g = greedy(problem)
+    assert g.x.get(("n", "i0")) == 1 and g.stay.get(("r", "i0")) == 1, (g.x, g.stay)
+    sol = solve(problem, time_limit=2)
+    assert sol.keep == {"i0"} and not any(sol.new.values()) and sol.x.get(("n", "i0")) == 1, (sol.keep, sol.new, sol.x)
+    b = Bin.empty(host, "i0")
+    b.gpus_used[0] = True  # r's recorded GPU
+    assert b.place(problem.demand("n"), "n", 0) == [(2, 3)]  # the packer finds the block the count promised
+
+    problem, host = _nvlink_beside_running(4)  # two domains of 4 GPUs: r's GPU 0 could leave no block the count sees
+    assert not host.one_nvlink_domain
+    assert ("n", "i0") not in greedy(problem).x
+    assert ("gn", "i0") not in Model(problem).x
+    assert ("n", "i0") not in solve(problem, time_limit=2).x

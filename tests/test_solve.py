@@ -295,3 +295,32 @@ def test_room_evictions_free_is_offered_within_a_bound(tmp_path, monkeypatch):
     plan = make_plan(desired, observed, problem, sol)
     check_plan(desired, observed, plan)
     assert {j.job: j.action for j in plan.jobs}["urgent"] == "place"
+
+
+def test_a_placement_group_gang_running_on_a_spot_and_an_on_demand_instance_of_one_type_stays():
+    """A placement-group gang's rule is one zone and one instance type (problem.gang_split, as plancheck and the README
+    say); its market is not part of it. Greedy kept such a gang only on one offer (pool, zone, type, market) and the
+    model keyed its site by offer, so a gang running on a spot and an on-demand instance was re-placed, or evicted
+    with the pool at max_instances (fleet19). Plain data: the pool is at max 2, both hosts run g; it stays in both."""
+    from reconciler.greedy import greedy
+    from reconciler.model import PlacementPolicySpec, SpotPolicySpec
+    from reconciler.problem import Demand, Host, Offer, Problem, TenantRules, gang_split
+    from reconciler.site import Site
+
+    def site(market):
+        return Site("p", "sim", "azure", "eastus", "eastus-1", "nc24", market)
+
+    shape = dict(gpus=1, gpu_type="A100-80GB", cpu=24.0, memory_gib=220.0, price=3.7, on_demand_price=3.7)
+    spot, od = (Host(key=k, site=site(m), **shape, instance_id=k, residents=(("g", "g", 1),)) for k, m in (("i1", "spot"), ("i2", "on-demand")))
+    offers = tuple(Offer(key=f"p/eastus-1/nc24/{m}", site=site(m), **shape, max_new=1) for m in ("spot", "on-demand"))
+    g = Demand(key="g", jobs=("g",), replicas=2, bundle=1, tenant="t", gpus=1, gpu_type="A100-80GB", mig=None, nvlink=False, cpu=8.0,
+               memory_gib=60.0, priority=1, spot="eligible", gang_mode="placement-group", pools=None, regions=None, clouds=None, zones=None,
+               data_location=None, data_gib=0.0, hours=24.0, running=(("g", ("i1", "i2")),))
+    problem = Problem(demands=(g,), capacities=(spot, od, *offers), groups={"gg": ("g",)}, pool_bounds={"p": (0, 2)},
+                      tenants={"t": TenantRules("t", 1.0, {}, {})}, desired_spot=SpotPolicySpec(max_spot_fraction=1.0),
+                      placement=PlacementPolicySpec(), budget=None, fleet_capacity={"gpus": 2.0, "cpu": 48.0, "memory_gib": 440.0})
+    assert spot.offer_key != od.offer_key and not gang_split(g, [spot, od])
+    a = greedy(problem)
+    assert a.placed["g"] == 1 and a.stay == {("g", "i1"): 1, ("g", "i2"): 1}, (a.placed, a.stay)
+    sol = solve(problem, time_limit=2)
+    assert sol.status == "OPTIMAL" and sol.placed["g"] == 1 and sol.keep == {"i1", "i2"}, (sol.status, sol.placed, sol.keep)

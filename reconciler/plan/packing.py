@@ -126,17 +126,31 @@ def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution
         # A replica placed anew on the instance it runs on takes its own GPUs again when they
         # are free, so a job that ends where it was is really kept (apply records these GPUs).
         for d, job, r in assigned.to_host.get(hk, []):
-            idx = known.get((job, r)) if d.bundle == 1 else None
-            was_here = tuple(observed.placements.get(job, ()))[r:r + 1] == (hk,)
-            if was_here and idx is not None and len(idx) == d.gpus and not any(b.gpus_used[i] for i in idx if i < len(b.gpus_used)):
-                b.reserve(d, [idx])
-                packing.gpu_of[(job, r)] = (tuple(idx),)
+            idx = _own_gpus(known, observed, d, job, r, hk)
+            if idx is not None and not any(b.gpus_used[i] for g in idx for i in g if i < len(b.gpus_used)):
+                b.reserve(d, idx)
+                packing.gpu_of[(job, r)] = tuple(idx)
                 packing.where[(job, r)] = hk
             else:
                 fresh.append((d, job, r, group(d, h.zone)))
         left = pack_items([b], fresh)
         packing.unpacked.update(job for _, job, _, _ in left)
         packing.bins_of[hk] = [b]
+
+
+def _own_gpus(known: dict, observed: Observed, d: Demand, job: str, r: int, hk: str) -> list[tuple[int, ...]] | None:
+    """The GPUs item r of `job` had on host hk, one tuple per replica of the item (a same-instance gang's item has
+    `bundle` of them); None unless every replica of the item ran there with its GPUs known. (Asked only of
+    1-replica items, a same-instance gang placed anew where it ran got fresh GPUs though the plan keeps it:
+    fleet23, the slow tier.)"""
+    ran = tuple(observed.placements.get(job, ()))
+    reps = range(r * d.bundle, (r + 1) * d.bundle)
+    if any(k >= len(ran) or ran[k] != hk for k in reps):
+        return None
+    idx = [known.get((job, k)) for k in reps]
+    if any(i is None or len(i) != d.gpus // d.bundle for i in idx):
+        return None
+    return idx
 
 
 class _Repairs:

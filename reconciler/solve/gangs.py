@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.problem import Host, fit
+from reconciler.problem import Demand, Host, fit, gang_split
 from reconciler.solve.variables import is_zero
 
 if TYPE_CHECKING:
@@ -19,10 +19,7 @@ def add_gangs(model: Model) -> None:
             continue
         gk = model.group_of[d.key]
         cells = list(model.x_of_group[gk]) + [(c, v) for c, v in model.stay_of.get(d.key, [])]
-        if d.gang_mode == "placement-group":
-            keyf = lambda c: c.offer_key  # noqa: E731
-        else:
-            keyf = lambda c: c.cloud_zone  # noqa: E731
+        keyf = _site_of(d, [h for h, _ in model.stay_of.get(d.key, [])])
         sites = sorted({keyf(c) for c, _ in cells}, key=str)
         if not sites:
             continue
@@ -48,6 +45,21 @@ def add_gangs(model: Model) -> None:
             pg_instances.setdefault(c.key, []).append(n)
     for ck, ns in pg_instances.items():
         m.add(sum(ns) <= model.use[ck])
+
+
+def _site_of(d: Demand, hosts: list[Host]):
+    """The site a gang's items must share: its zone; for a placement group, its offer (new instances launch together),
+    except that the offers of the hosts it runs on now are one site where they break no gang rule (one zone, one
+    type: problem.gang_split). A gang running on a spot and an on-demand instance of one zone and type may stay as
+    it runs, and heal onto either offer: keyed per offer it could not (fleet19: greedy evicted the protected j4 for
+    'pools at max_instances', and once greedy kept it the model could not complete greedy's answer)."""
+    if d.gang_mode != "placement-group":
+        return lambda c: c.cloud_zone
+    running = {h.offer_key for h in hosts}
+    if len(running) < 2 or gang_split(d, hosts):
+        return lambda c: c.offer_key
+    site = min(running)
+    return lambda c: site if c.offer_key in running else c.offer_key
 
 
 __all__ = ["add_gangs"]

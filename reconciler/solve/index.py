@@ -181,8 +181,8 @@ class HostIndex:
                     if may_evict(pending, pairs):
                         found += at
                 found += (freed or {}).get(t, ())
-            if rep.nvlink:  # NVLink blocks go only where no GPU is taken (GPU indices are not re-packed)
-                found = [i for i in found if order[i].key not in self.gpu_resident]
+            if rep.nvlink:  # beside taken GPUs only in one NVLink domain (Capacity.one_nvlink_domain)
+                found = [i for i in found if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident]
             picked.update(found)
         return [order[i] for i in sorted(picked)]
 
