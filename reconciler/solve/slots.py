@@ -8,6 +8,10 @@ says which items it holds (`z`), and whether it is bought (`on`, slots bought fi
 counts are small (`per_instance`): a slot costs a variable per group that may land on it, and
 at hundreds of instances of one type the aggregate rows with their cuts stay (scale).
 
+Where an answer's counts on a large offer do not pack after all (vCPU and memory filled to the last
+unit in sum), the repair stage (strategy.py) gives that offer slots too (`extend_slots`): as many as
+the packer took for those items, for only the groups the answer put there.
+
 Variables (`slot_vars`) and rows (`add_slot_rows`) apart: the rows are a constraint family."""
 
 from __future__ import annotations
