@@ -52,9 +52,9 @@ WALL_FACTOR, WALL_SLACK = 10.0, 30.0
 WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
 STAY_PUT_SHARE = 0.2  # of the cost stage's work left, kept for stay_put when running work may move
 # The repair stage: where an answer's counts on an offer summed per dimension do not pack (the packer would buy
-# repairs), those offers' items packed again with per-instance rows, with max(REPAIR_WORK[0], REPAIR_WORK[1] x budget)
-# of work on top of the budget (a plan whose counts pack spends none).
-REPAIR_WORK = (0.05, 0.015)
+# repairs), those offers get per-instance rows and the packer's packing is checked against every rule, in at most
+# REPAIR_WORK deterministic seconds on top of the budget (a plan whose counts pack spends none; 10k jobs: ~0.001).
+REPAIR_WORK = 0.1
 
 
 class WallCap(Exception):
@@ -477,10 +477,10 @@ def polish(search: Search, hint: list[int], value: float | None) -> tuple[list[i
 def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport]) -> tuple[Solution, list[int]]:
     """Where the answer's counts on an offer summed per dimension do not pack (`new_instances`: the
     plan's packer, with the instances it would buy), the model again with slots for those offers (as
-    many as that packing took, for the items the answer put there), hinted with that packing: every
-    other placement held, the search packs those items onto as few instances as it finds. The answer
-    is the better of the two by the tiers, then the cost with the instances its packing buys, then
-    the fewest bought so (its items never move: one round packs them all)."""
+    many as that packing took, for the items the answer put there) and that packing on them, every
+    other placement held (`repack`). The answer is the better of the two by the tiers, then the cost
+    with the instances its packing buys, then the fewest bought so: with every instance counted, the
+    plan says its real gap and has no repair (its items never move: one round packs them all)."""
     from reconciler.plan.packing import new_instances  # (the plan's packer: the plan imports the solver only to annotate)
 
     model = search.model
@@ -540,51 +540,29 @@ def needed(model: Model, sol: Solution, packed: dict[str, tuple], more: dict[str
 
 
 def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> tuple[list[int], float] | None:
-    """The cost, every placement held but the instances of the `added` offers and what each holds:
-    from the answer with the instances its packing took (`repaired`) and that packing on the slots.
-    Returns (answer, cost), or None if it found none (the packing breaks a fleet rule, and no
-    other was found)."""
+    """The answer with the instances its packing took (`repaired`) and that packing on the slots of the
+    `added` offers, if the fleet's rules allow it (pools, quotas, budget, spot share): (answer, cost),
+    else None. (A search for a packing on fewer instances, every other placement held, with presolve:
+    at 2k jobs with rules the packer's 11 instances over the counts became 10 in 0.1 work-seconds, 6 in
+    0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to 0.7 s of CPU at 10k: left out.)"""
     m, model = search.m, search.model
     vec = repaired + [0] * (len(m.proto.variables) - len(repaired))
-    free = set()
     for o in added:
-        free.add(model.use[o.key].index)
         insts = packed.get(o.key, ())
-        for i in range(model.slots_of[o.key]):
-            free.add(model.on[(o.key, i)].index)
-            vec[model.on[(o.key, i)].index] = 1 if i < len(insts) else 0
-        for i, cells in enumerate(insts[:model.slots_of[o.key]]):
-            for ck, gk, n in cells:
+        for i in range(min(len(insts), model.slots_of[o.key])):
+            vec[model.on[(o.key, i)].index] = 1
+            for ck, gk, n in insts[i]:
                 v = model.z.get((gk, ck, o.key, i))
                 if v is not None:
                     vec[v.index] = n
-    free.update(v.index for (_, _, ok, _), v in model.z.items() if ok in {o.key for o in added})
-    held = [v.index for v in model.primaries() if v.index not in free]
-    saved = [(i, list(m.proto.variables[i].domain)) for i in held]
-    for i, dom in saved:
-        if len(dom) == 2:
-            d = m.proto.variables[i].domain
-            d[0], d[1] = vec[i], vec[i]
     m.minimize(search.cost)
     set_hints(m, enumerate(vec))
-    found = None
-    try:
-        # The packer's packing as it is (when the fleet's rules allow its instances), then a search from it with
-        # presolve (the held variables go): at 2k jobs with rules, the 11 instances 6 offers' packing added over their
-        # counts became 10 in 0.1 work-seconds, 6 in 0.3; at 1k, 5k and 10k jobs it found none fewer than the packer.
-        # (Presolve alone lost the hint of trace-buy-1k's p4d packing: UNKNOWN after 0.3.)
-        for s, work in ((search.solver_for(fix_variables_to_their_hinted_value=True), 0.1),
-                        (search.solver_for(presolve=True), max(REPAIR_WORK[0], REPAIR_WORK[1] * search.budget))):
-            st = search.clock.solve(s, m, work)
-            if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and (found is None or s.objective_value < found[1]):
-                found = list(s.response_proto.solution), s.objective_value
-    finally:
-        m.clear_hints()
-        for i, dom in saved:
-            if len(dom) == 2:
-                d = m.proto.variables[i].domain
-                d[0], d[1] = dom
-    return found
+    s = search.solver_for(fix_variables_to_their_hinted_value=True)
+    st = search.clock.solve(s, m, REPAIR_WORK)
+    m.clear_hints()
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return list(s.response_proto.solution), s.objective_value
+    return None
 
 
 def finish(search: Search, hint: list[int], value: float | None, lb: float | None, status: str, reports: list[TierReport]) -> Solution:
