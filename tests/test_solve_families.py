@@ -190,6 +190,23 @@ def test_the_repair_stage_packs_what_the_counts_summed_per_offer_did_not(tmp_pat
     assert plan.solver.status == "FEASIBLE" and plan.solver.gap > 0  # the LP's bound is 8 instances: not proven
 
 
+def test_the_repair_stage_keeps_the_answer_where_the_packers_instances_break_a_rule(tmp_path, monkeypatch):
+    """With a fleet budget for 8 instances the packer's ninth is refused: the repair stage finds its packing breaks
+    the budget (no answer from `repack`) and keeps the solver's answer, whose 4 small jobs the packer then leaves
+    unpacked (pending), as before the stage; nothing over the budget is bought."""
+    from reconciler.solve import strategy
+    from tests.fleetkit import plan_for
+
+    seen = []
+    repack = strategy.repack
+    monkeypatch.setattr(strategy, "repack", lambda *a: seen.append(repack(*a)) or seen[-1])
+    docs = two_dimension_docs() + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 6.2})]  # 8 x $0.768/h = $6.14/h
+    plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
+    assert seen == [None]
+    assert len(plan.creates) == 8 and plan.solver.repairs == 0 and plan.solver.unpacked == 4
+    assert sum(j.action == "place" for j in plan.jobs) == 16 and plan.cost_after <= 6.2
+
+
 def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4)]
     docs += [job(f"j{i}", **A100_1G) for i in range(2)]
