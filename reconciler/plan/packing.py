@@ -1,7 +1,9 @@
 """Phase 2 of a plan: pack the items onto GPUs. Kept instances keep their residents' GPUs; new
 instances of an offer the model packed one by one are filled as it says (`_pack_slots`); the
 others first-fit decreasing, with a repair instance bought where the solver's counts (capacity
-summed per offer) do not pack, if every fleet rule allows one more.
+summed per offer) do not pack, if every fleet rule allows one more. The solver's repair stage packs
+the new instances the same way first (`new_instances`), so a plan buys repairs only where it could
+not model the offer instance by instance or its rules refused the instances that packing took.
 """
 
 from __future__ import annotations
