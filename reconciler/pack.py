@@ -7,7 +7,8 @@ block of GPUs inside one NVLink domain when it fits in one (always, when the job
 asks for nvlink). A large offer is aggregate in the model, so fragmentation can leave
 an item without room in the bought instances: the packer then opens one more
 instance of the offer (a "repair", counted in the plan). A small offer's instances
-the model packs one by one (solve/slots.py), and each is filled as it says.
+the model packs one by one (solve/slots.py), and each is filled as it says; so are a large
+offer's where the solver's repair stage found that its counts did not pack (solve/strategy.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def aggregate_only(monkeypatch):
     for tests of what follows when a count does not pack (repairs, jobs dropped by the packer)."""
     from reconciler.solve import slots
 
-    monkeypatch.setattr(slots, "per_instance", lambda o, bounds: False)
+    monkeypatch.setattr(slots, "per_instance", lambda o, bounds, need=None: False)
 
 
 @pytest.fixture(scope="session")

@@ -137,6 +137,76 @@ def test_slots_hold_one_placement_group_each(tmp_path):
     assert not admits(model, [(z[(ga, 0)], 1), (z[(gb, 0)], 1)])
 
 
+def two_dimension_docs() -> list[dict]:
+    """Eight 12-vCPU jobs, eight 40-GiB ones and four of 4 vCPU and 4 GiB on m6i.4xlarge (16 vCPU, 64 GiB), up to 40
+    instances (more than SLOTS_MOST: summed per offer). Eight instances hold them in sum and in each dimension alone
+    (12+4 vCPU on four, 12+2+2 on the others), but in two each takes one 12-vCPU job and one 40-GiB job at most
+    (12+12 vCPU, 40+40 GiB do not fit), which leaves 2 vCPU: the 4-vCPU ones need a ninth."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=40)]
+    docs += [job(f"a{i}", cpu=12, mem=8) for i in range(8)] + [job(f"c{i}", cpu=2, mem=40) for i in range(8)]
+    return docs + [job(f"e{i}", cpu=4, mem=4) for i in range(4)]
+
+
+def test_extended_slots_refuse_a_count_that_packs_per_dimension_but_not_in_two(tmp_path):
+    from reconciler.solve import slots
+
+    model = model_of(tmp_path, two_dimension_docs(), ("capacity", "slots"))
+    m6i = offer(model, instance_type="m6i.4xlarge")
+    assert m6i.max_new > slots.SLOTS_MOST and model.slot_offers == []
+
+    def everything_on(n: int, e: int = 4) -> list:
+        return [(model.use[m6i.key], n), (new_items(model, "a0", m6i.key), 8), (new_items(model, "c0", m6i.key), 8),
+                (new_items(model, "e0", m6i.key), e)]
+
+    assert admits(model, everything_on(8))  # the aggregate rows and their cuts allow it
+    assert slots.extend_slots(model, {m6i.key: 9}) == [m6i] and len(model.on) == 9
+    assert not admits(model, everything_on(8))
+    assert admits(model, everything_on(9))
+    assert not admits(model, everything_on(10, e=0))  # the slots bound the count: 9 of 40 here
+    # Slots for only the x an answer put there (`held`): the others' items are 0 on that offer.
+    other = model_of(tmp_path / "held", two_dimension_docs(), ("capacity", "slots"))
+    held = {(other.group_of[demand(other, j).key], m6i.key) for j in ("a0", "c0")}
+    assert slots.extend_slots(other, {m6i.key: 9}, held) == [m6i]
+    assert admits(other, [(new_items(other, "a0", m6i.key), 8), (new_items(other, "e0", m6i.key), 0)])
+    assert not admits(other, [(new_items(other, "e0", m6i.key), 1)])
+
+
+def test_the_repair_stage_packs_what_the_counts_summed_per_offer_did_not(tmp_path, monkeypatch):
+    """The solver buys the 8 instances the sums allow; the packer then needed a ninth (a repair). The repair stage
+    models that offer instance by instance and packs its items there: the same 20 jobs placed at the same tiers, on
+    9 instances with no repair, at no more than the repaired plan's $/h."""
+    from reconciler.solve import strategy
+    from tests.fleetkit import plan_for
+
+    docs = two_dimension_docs()
+    plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
+    assert plan.solver.repairs == 0 and plan.solver.unpacked == 0 and len(plan.creates) == 9
+    monkeypatch.setattr(strategy, "repair_stage", lambda search, sol, hint, lb, reports: (sol, hint))
+    before = plan_for(tmp_path / "before", docs, time_limit=5, workers=1)
+    assert before.solver.repairs == 1 and len(before.creates) == 9 and before.solver.status == "FEASIBLE"
+    assert [t["value"] for t in plan.solver.tiers] == [t["value"] for t in before.solver.tiers]
+    assert sum(j.action == "place" for j in plan.jobs) == 20 == sum(j.action == "place" for j in before.jobs)
+    assert plan.cost_after <= before.cost_after
+    assert plan.solver.status == "FEASIBLE" and plan.solver.gap > 0  # the LP's bound is 8 instances: not proven
+
+
+def test_the_repair_stage_keeps_the_answer_where_the_packers_instances_break_a_rule(tmp_path, monkeypatch):
+    """With a fleet budget for 8 instances the packer's ninth is refused: the repair stage finds its packing breaks
+    the budget (no answer from `repack`) and keeps the solver's answer, whose 4 small jobs the packer then leaves
+    unpacked (pending), as before the stage; nothing over the budget is bought."""
+    from reconciler.solve import strategy
+    from tests.fleetkit import plan_for
+
+    seen = []
+    repack = strategy.repack
+    monkeypatch.setattr(strategy, "repack", lambda *a: seen.append(repack(*a)) or seen[-1])
+    docs = two_dimension_docs() + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 6.2})]  # 8 x $0.768/h = $6.14/h
+    plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
+    assert seen == [None]
+    assert len(plan.creates) == 8 and plan.solver.repairs == 0 and plan.solver.unpacked == 4
+    assert sum(j.action == "place" for j in plan.jobs) == 16 and plan.cost_after <= 6.2
+
+
 def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4)]
     docs += [job(f"j{i}", **A100_1G) for i in range(2)]

@@ -1,7 +1,9 @@
 """Phase 2 of a plan: pack the items onto GPUs. Kept instances keep their residents' GPUs; new
 instances of an offer the model packed one by one are filled as it says (`_pack_slots`); the
 others first-fit decreasing, with a repair instance bought where the solver's counts (capacity
-summed per offer) do not pack, if every fleet rule allows one more.
+summed per offer) do not pack, if every fleet rule allows one more. The solver's repair stage packs
+the new instances the same way first (`new_instances`), so a plan buys repairs only where it could
+not model the offer instance by instance or its rules refused the instances that packing took.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from reconciler.ledger import QuotaBook, budget_ok, pool_ok, spot_share_ok
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
-from reconciler.plan.assign import Assignment
+from reconciler.plan.assign import Assignment, assign_items
 from reconciler.plan.file import placement_group_name
 from reconciler.problem import Capacity, Demand, Problem, spot_measure
 
@@ -71,14 +73,7 @@ def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Soluti
          hosts: dict[str, Capacity], demand_of: dict[str, Demand], assigned: Assignment) -> Packing:
     """Every item onto an instance and its GPUs; a gang is whole or nothing (a job with an item
     that did not pack is taken out entirely and counted in `unpacked`)."""
-    in_group = {d.key for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
-
-    def group(d: Demand, zone: str) -> str | None:
-        """A gang's cluster placement group, one per zone: a group lives in the zone of its first
-        instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
-        gang, every create in the new zone failed, every run)."""
-        return placement_group_name(fleet_name, d.jobs[0], zone) if d.key in in_group else None
-
+    group = _group_namer(fleet_name, problem)
     pool_count = {p: 0 for p in problem.pool_bounds}
     for hk in solution.keep:
         pool_count[hosts[hk].pool] = pool_count.get(hosts[hk].pool, 0) + 1
@@ -99,6 +94,51 @@ def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Soluti
             for job in {j for _, j, _ in b.items if j in packing.unpacked}:
                 b.remove(demand_of[job], job)
     return packing
+
+
+def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple[tuple[str, str, int], ...], ...]]:
+    """The new instances of every offer as `pack` fills them from this answer, each as (x's capacity
+    key, group, items) like `Solution.slots`, with as many more instances as the packing takes (no
+    fleet rule asked): an offer with more than `solution.new` of them is one whose counts did not
+    pack, and this is a per-instance packing of it. What the solver's repair stage reads (strategy.py)."""
+    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}
+    assigned = assign_items(problem, Observed((), (), {}), solution, caps)
+    packing = Packing({}, {}, {}, set(), {}, {"all": 0.0, "spot": 0.0}, lambda c: 0.0)
+
+    def more_of(cap: Capacity, ok: str) -> Callable[[], Bin | None]:
+        def more() -> Bin:
+            b = Bin.empty(cap, f"{ok}#r")
+            packing.bins_of.setdefault(ok, []).append(b)
+            return b
+        return more
+
+    group = _group_namer("", problem)
+    _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group, more_of)
+    origin = {(job, r): ck for ck, items in assigned.to_offer.items() for _, job, r in items}
+    group_of = {dk: gk for gk, ks in problem.groups.items() for dk in ks}
+    out = {}
+    for ok, bins in packing.bins_of.items():
+        insts = []
+        for b in bins:
+            cells: dict[tuple[str, str], int] = {}
+            for dk, job, r in b.items:
+                k = (origin[(job, r)], group_of[dk])
+                cells[k] = cells.get(k, 0) + 1
+            insts.append(tuple(sorted((ck, gk, n) for (ck, gk), n in cells.items())))
+        out[ok] = tuple(insts)
+    return out
+
+
+def _group_namer(fleet_name: str, problem: Problem) -> Callable[[Demand, str], str | None]:
+    in_group = {d.key for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
+
+    def group(d: Demand, zone: str) -> str | None:
+        """A gang's cluster placement group, one per zone: a group lives in the zone of its first
+        instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
+        gang, every create in the new zone failed, every run)."""
+        return placement_group_name(fleet_name, d.jobs[0], zone) if d.key in in_group else None
+
+    return group
 
 
 def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution: Solution, hosts: dict[str, Capacity],

@@ -12,7 +12,7 @@ index), `variables` (a value that is a CP-SAT variable or a frozen int behind on
 `model` (the variables, and the constraint families in order), one module per family
 (`capacity` with its cuts, `slots` (per-instance rows where counts are small), `items`, `gangs`, `tenants`, `licenses`, `quotas`, `fleet_rules`,
 `moves`), `objective` (the tiers and the cost), `strategy` (warm start, tiers, LP guidance,
-the cost search, polish, the deterministic work budget), `extract` (the Solution), `parts`
+the cost search, polish, the repair stage, the deterministic work budget), `extract` (the Solution), `parts`
 (independent parts' solutions joined).
 
 Pure: a function of the Problem.

@@ -8,6 +8,10 @@ says which items it holds (`z`), and whether it is bought (`on`, slots bought fi
 counts are small (`per_instance`): a slot costs a variable per group that may land on it, and
 at hundreds of instances of one type the aggregate rows with their cuts stay (scale).
 
+Where an answer's counts on a large offer do not pack after all (vCPU and memory filled to the last
+unit in sum), the repair stage (strategy.py) gives that offer slots too (`extend_slots`): as many as
+the packer took for those items, for only the groups the answer put there.
+
 Variables (`slot_vars`) and rows (`add_slot_rows`) apart: the rows are a constraint family."""
 
 from __future__ import annotations
@@ -30,29 +34,44 @@ FIXED_MOST = 128  # ... and one of a fixed pool (min_instances = max_instances),
 SLOT_VARS = 20_000
 
 
-def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
+def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dict[str, int] | None = None) -> bool:
     """The one definition of which offers get per-instance rows: those whose count is small (at
-    most SLOTS_MOST new instances), or fixed by their pool (min = max) and at most FIXED_MOST."""
+    most SLOTS_MOST new instances), or fixed by their pool (min = max) and at most FIXED_MOST; and
+    those whose aggregate counts did not pack in an answer (`need`: the repair stage, strategy.py)."""
+    return small(o, pool_bounds) or (need is not None and o.key in need)
+
+
+def small(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
     lo, hi = pool_bounds.get(o.pool, (0, 0))
     return o.max_new <= SLOTS_MOST or (lo == hi and o.max_new <= FIXED_MOST)
 
 
-def exact_offers(model: Model) -> list[Capacity]:
+def slot_count(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dict[str, int] | None = None) -> int:
+    """How many of a `per_instance` offer's new instances get a slot: all of them where the count is
+    small; where it is not, the instances a packing of the answer needed (its count, repairs included),
+    so a few dozen slots stand for an offer of hundreds."""
+    return o.max_new if small(o, pool_bounds) else min(o.max_new, (need or {}).get(o.key, 0))
+
+
+def exact_offers(model: Model, need: dict[str, int] | None = None, held: set[tuple[str, str]] | None = None) -> list[Capacity]:
     """The offers modelled instance by instance, in model order: `per_instance` ones, and of a zone
     class only when every zone is (a class's items may land in any of its zones); the smallest first
-    (slots x groups that may land there) while their variables stay within SLOT_VARS."""
+    (slots x groups that may land there: on a `need` offer, only the x in `held`) while their
+    variables stay within SLOT_VARS."""
     bounds = model.p.pool_bounds
     groups_at: dict[str, int] = {}
-    for _, ck in model.x:
-        groups_at[ck] = groups_at.get(ck, 0) + 1
+    for key in model.x:
+        if not holds(model, key, need, held):
+            continue
+        groups_at[key[1]] = groups_at.get(key[1], 0) + 1
     units: dict[str, list[Capacity]] = {}  # a zone class, or an offer alone -> its offers
     for o in model.offers:
         units.setdefault(model.class_of.get(o.key, o.key), []).append(o)
     sizes = {}
     for uk, offers in units.items():
-        if all(per_instance(o, bounds) for o in offers):
-            slots = sum(o.max_new for o in offers)
-            sizes[uk] = slots * ((groups_at.get(uk, 0) if uk in model.classes else 0) + sum(groups_at.get(o.key, 0) for o in offers))
+        if all(per_instance(o, bounds, need) for o in offers):
+            n = sum(slot_count(o, bounds, need) for o in offers)
+            sizes[uk] = n * ((groups_at.get(uk, 0) if uk in model.classes else 0) + sum(groups_at.get(o.key, 0) for o in offers))
     chosen, total = set(), 0
     for uk in sorted(sizes, key=lambda k: (sizes[k], k)):
         if total + sizes[uk] > SLOT_VARS:
@@ -62,39 +81,67 @@ def exact_offers(model: Model) -> list[Capacity]:
     return [o for o in model.offers if model.class_of.get(o.key, o.key) in chosen]
 
 
+def holds(model: Model, key: tuple[str, str], need: dict[str, int] | None, held: set[tuple[str, str]] | None) -> bool:
+    """Whether x[key] gets a variable on the slots of its capacity: always, but on the offers of the
+    repair stage (`need`), where only the x its answer placed there (`held`) do, so a few dozen
+    slots of an offer hundreds of groups could land on stay a few thousand variables."""
+    if need is None or held is None or key in held:
+        return True
+    ck = key[1]
+    return not any(k in need for k in (model.classes[ck].members if ck in model.classes else [ck]))
+
+
 def slot_vars(model: Model) -> None:
     """`model.on[(offer, i)]`: its i-th new instance is bought; `model.z[(group, cap, offer, i)]`: items
     of a group's variable x[group, cap] (the offer's, or its zone class's) on that instance;
-    `model.slot_offers`: the offers modelled so (`exact_offers`)."""
-    m = model.m
+    `model.slot_offers`: the offers modelled so (`exact_offers`), `model.slots_of`: their slots."""
     model.on, model.z = Values(), Values()
     model.slot_x: list[tuple[str, str]] = []  # the x each on an exact offer or class, shared among its slots
-    model.slot_offers = exact_offers(model)
-    exact = {o.key for o in model.slot_offers}
-    for o in model.slot_offers:
-        for i in range(o.max_new):
+    model.slot_offers, model.slots_of = [], {}
+    _new_slots(model, exact_offers(model), {})
+
+
+def _new_slots(model: Model, offers: list[Capacity], need: dict[str, int],
+               held: set[tuple[str, str]] | None = None) -> tuple[list[Capacity], list[tuple[str, str]]]:
+    """The slot variables of `offers` (not modelled so yet): returns them and the x keys they share
+    (an x with no slot variable, not `held`, is 0 by their rows)."""
+    m, bounds = model.m, model.p.pool_bounds
+    offers = [o for o in offers if o.key not in model.slots_of]
+    for o in offers:
+        model.slots_of[o.key] = slot_count(o, bounds, need)
+        model.slot_offers.append(o)
+        for i in range(model.slots_of[o.key]):
             model.on[(o.key, i)] = m.new_bool_var(f"on[{o.key},{i}]")
+    new = {o.key for o in offers}
+    exact = set(model.slots_of)
+    shared = []
     for gk, ck in model.x:
-        offers = [ck] if ck in exact else list(model.classes[ck].members) if ck in model.classes else []
-        if not offers or not all(k in exact for k in offers):
+        members = [ck] if ck in exact else list(model.classes[ck].members) if ck in model.classes else []
+        if not members or not all(k in exact for k in members) or not any(k in new for k in members):
             continue
         rep = model.demands[model.p.groups[gk][0]]
-        model.slot_x.append((gk, ck))
-        for ok in offers:
-            o = model.caps[ok]
-            f = fit(rep, o)
+        shared.append((gk, ck))
+        if not holds(model, (gk, ck), need, held):
+            continue
+        for ok in members:
+            f = fit(rep, model.caps[ok])
             if f <= 0:
                 continue
-            for i in range(o.max_new):
+            for i in range(model.slots_of[ok]):
                 model.z[(gk, ck, ok, i)] = m.new_int_var(0, f, f"z[{gk},{ok},{i}]")
+    model.slot_x += shared
+    return offers, shared
 
 
-def add_slot_rows(model: Model) -> None:
+def add_slot_rows(model: Model, offers: list[Capacity] | None = None, shared: list[tuple[str, str]] | None = None) -> None:
     """Each exact offer's count is its slots bought (the first ones), each x on it is shared among
-    its slots, and each slot holds its items per dimension."""
+    its slots, and each slot holds its items per dimension. (`offers`, `shared`: only those's rows.)"""
     m = model.m
-    for o in model.slot_offers:
-        on = [model.on[(o.key, i)] for i in range(o.max_new)]
+    offers = model.slot_offers if offers is None else offers
+    shared = model.slot_x if shared is None else shared
+    mine = {o.key for o in offers}
+    for o in offers:
+        on = [model.on[(o.key, i)] for i in range(model.slots_of[o.key])]
         m.add(sum(on) == model.use[o.key])
         for a, b in itertools.pairwise(on):
             m.add(a >= b)  # (identical instances: bought in order, no symmetric answers)
@@ -102,8 +149,9 @@ def add_slot_rows(model: Model) -> None:
     on_slot: dict[tuple[str, int], list[tuple[int, object]]] = {}
     for (gk, ck, ok, i), v in model.z.items():
         parts.setdefault((gk, ck), []).append(v)
-        on_slot.setdefault((ok, i), []).append((gk, v))
-    for key in model.slot_x:  # (an x no slot could hold is 0)
+        if ok in mine:
+            on_slot.setdefault((ok, i), []).append((gk, v))
+    for key in shared:  # (an x no slot could hold is 0)
         m.add(sum(parts.get(key, [])) == model.x[key])
     for (ok, i), cells in on_slot.items():
         o = model.caps[ok]
@@ -114,6 +162,16 @@ def add_slot_rows(model: Model) -> None:
             terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
             m.add(wsum(terms) <= math.floor(o.cap(dim) * s + 1e-6) * model.on[(ok, i)])
         one_group(model, ok, i, [(d, v) for d, v in items if d.gang and d.gang_mode == "placement-group"])
+
+
+def extend_slots(model: Model, need: dict[str, int], held: set[tuple[str, str]] | None = None) -> list[Capacity]:
+    """Slots, with their rows, for the offers whose aggregate counts did not pack (`need`: offer ->
+    the instances its packing took; `held`: the x that may be on them, None: any), where
+    `exact_offers` takes them: returns the offers added. The model's other rows stay, so an answer
+    of it is one of the model before, that packs there."""
+    offers, shared = _new_slots(model, exact_offers(model, need, held), need, held)
+    add_slot_rows(model, offers, shared)
+    return offers
 
 
 def one_group(model: Model, ok: str, i: int, pg: list[tuple[Demand, object]]) -> None:
@@ -136,7 +194,7 @@ def slot_hints(model: Model, a: Assignment) -> list[tuple[int, int]]:
     exact = {o.key for o in model.slot_offers}
     for o in model.slot_offers:
         n = a.use.get(o.key, 0)
-        for i in range(o.max_new):
+        for i in range(model.slots_of[o.key]):
             hints.append((model.on[(o.key, i)].index, 1 if i < n else 0))
     got: dict[tuple, int] = {}
     for ok, insts in a.packed.items():
@@ -160,7 +218,7 @@ def slot_contents(model: Model, val) -> dict[str, tuple[tuple[tuple[str, str, in
     the packer fills each instance with."""
     out: dict[str, list[list[tuple[str, str, int]]]] = {}
     for o in model.slot_offers:
-        n = sum(val(model.on[(o.key, i)]) for i in range(o.max_new))
+        n = sum(val(model.on[(o.key, i)]) for i in range(model.slots_of[o.key]))
         if n:
             out[o.key] = [[] for _ in range(n)]
     for (gk, ck, ok, i), v in model.z.items():
@@ -174,5 +232,5 @@ def slot_variables(model: Model) -> list:
     return model.on.variables() + [v for v in model.z.values() if not is_zero(v)]
 
 
-__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "per_instance", "slot_contents", "slot_hints", "slot_vars",
-           "slot_variables"]
+__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "extend_slots", "holds", "per_instance", "slot_contents", "slot_count",
+           "slot_hints", "slot_vars", "slot_variables"]
