@@ -262,6 +262,35 @@ def test_parse_cache_gives_the_same_state_and_the_same_errors(tmp_path):
     assert cached_errors_of(cfg) == errs and cached_errors_of(cfg) == errs  # parsed anew; a load with errors writes no entry
 
 
+def test_a_cached_file_names_the_same_lines_as_a_fresh_parse(tmp_path):
+    """The parse cache keeps a document's lines without their paths (in the order the parser records them) and
+    makes the paths again when an error needs a line: an error in a cached file, caused by an edit to another
+    file, names the same nested line as when both are parsed anew (spec.tenant below a mapping, a list and a
+    nested list, in the second and third documents of the file)."""
+    from reconciler.snapshot import SNAPSHOT_FILE
+
+    docs = [topology(), tenant("t", gpus=4), tenant("u", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"])]
+    cfg = write_config(tmp_path / "c", docs)
+    jobs = [job("a", gpus=1, gpu_type="A10G")]
+    for name, owner in (("b", "u"), ("c", "u")):
+        j = job(name, gpus=1, gpu_type="A10G", tenant=owner)
+        j["metadata"]["labels"] = {"team": "x", "tags": "y"}
+        j["spec"] = {"regions": ["us-east-1", "us-west-2"], "resources": j["spec"]["resources"], "tenant": owner,
+                     "clouds": ["aws"]}
+        jobs.append(j)
+    (cfg / "jobs.yaml").write_text(yaml.safe_dump_all(jobs, sort_keys=False))
+    load(cfg, cache=True)
+    write_config(cfg, docs[:2] + docs[3:])  # tenant u is gone: jobs b and c name an unknown tenant
+    (cfg / SNAPSHOT_FILE).unlink(missing_ok=True)
+    cached = cached_errors_of(cfg)  # jobs.yaml from the cache
+    with pytest.raises(ConfigError) as fresh:
+        load(cfg)
+    lines = (cfg / "jobs.yaml").read_text().splitlines()
+    at = [n + 1 for n, text in enumerate(lines) if text.strip() == "tenant: u"]
+    assert len(at) == 2 and [f"jobs.yaml:{n}:" in e for e, n in zip(cached, at)] == [True, True]
+    assert cached == [str(d) for d in fresh.value.diagnostics]
+
+
 def test_a_corrupt_parse_cache_is_ignored(tmp_path):
     """A torn, garbled or edited cache entry is never trusted: the file is parsed again and the
     entry rewritten. (The validated config kept above the parse cache, reconciler/snapshot.py, is removed before

@@ -18,7 +18,7 @@ from reconciler.observe import Observed
 from reconciler.plan.packing import Packing
 from reconciler.plan.quality import UNPACKED
 from reconciler.plan.types import JobAction, JobChange
-from reconciler.problem import Capacity, Demand, Problem, placement_refusal, shape_changes
+from reconciler.problem import Capacity, Demand, OfferFits, Problem, placement_refusal, shape_changes
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -59,8 +59,11 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
 def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger, unpacked: set[str],
                          demand_of: dict[str, Demand]) -> list[JobChange]:
     """Each job left without instances and a reason gets its reason from the finished plan's
-    ledger (its instances, charges and spot share); sorted by name."""
-    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job))
+    ledger (its instances, charges and spot share); sorted by name. One OfferFits for them all:
+    a 10k-job cold plan has ~900 pending jobs of ~800 demands but a few hundred shapes (fit()
+    asked 25k times otherwise)."""
+    fits = OfferFits()
+    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job, fits))
             if not j.instances and not j.reason else j for j in jobs]
     jobs.sort(key=lambda j: j.job)
     return jobs

@@ -167,19 +167,24 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
     need one by one (or the pool minimum), nor more than the pool allows; unless those bounds
     leave no room for the idle on-demand capacity the SpotPolicy's spot share and on-demand
     buffer ask for (`_ballast_bound`)."""
-    by_type: dict[tuple, list[Demand]] = {}
-    for d in demands:
-        by_type.setdefault(type_class(d), []).append(d)
+    # Each demand with its shape's number: an offer's fit is asked once per shape, then read by number
+    # (274k OfferFits asks on the applied 10k-job fleet were ~30% of building its problem).
     fits = OfferFits()
+    by_type: dict[tuple, list[tuple[Demand, int, int]]] = {}
+    for d in demands:
+        by_type.setdefault(type_class(d), []).append((d, fits.shape(d), len(d.jobs) * d.replicas))
     bounds: dict[str, int] = {}
     on_demand_items: dict[str, Demand] = {}  # demands some on-demand offer fits
     for c in offers:
         bound = 0
         okey = c.offer_key
-        for d in by_type.get(type_class(c), []):
-            f = fits.at(d, okey, c)
+        of_shape: dict[int, int] = {}
+        for d, shape, items in by_type.get(type_class(c), []):
+            f = of_shape.get(shape)
+            if f is None:
+                f = of_shape[shape] = fits.at(d, okey, c)
             if f:
-                bound += math.ceil(len(d.jobs) * d.replicas / f)
+                bound += math.ceil(items / f)
                 if c.market != "spot":
                     on_demand_items[d.key] = d
         bounds[c.key] = bound

@@ -8,6 +8,7 @@ ledger.py) for their refusals and never re-solve (the plan asks for every pendin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running_ledger
@@ -33,18 +34,19 @@ def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
     return min(refusals, key=lambda r: r.shortfall).message
 
 
-def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None) -> str:
+def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit) -> str:
     """The rule that binds for this job in this plan, with the plan's own numbers (the ledger
     of the finished plan: its instances, charges, spot share). Every way of placing the job is
     tried against the ledger: on new instances of each offer, or in room left on an instance.
     The reason names the rule that alone blocks the cheapest of them (lifting it would let the
-    job be placed), or says that several bind at once."""
+    job be placed), or says that several bind at once. `fits`: fit, or an OfferFits shared by
+    the reasons of one plan (demands of one shape fit alike)."""
     evicted = job is not None and any(j == job for j, _ in d.running)
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
     blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
-    options = ledger.options(d, fit)
+    options = ledger.options(d, fits)
     if blanket:  # a quota or a license refuses every way alike
         options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
     if not options:

@@ -7,7 +7,7 @@ import math
 
 from reconciler.ledger import budget_ok, pool_ok, spot_share_ok
 from reconciler.model import DesiredState
-from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, fit, has_room, may_preempt, over_cap_tenants
+from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, has_room, may_preempt, over_cap_tenants
 from reconciler.problem.types import Capacity, Demand, TenantRules, spot_measure, type_class
 
 FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
@@ -85,17 +85,25 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
 
 
 def _slice_prices(demands: list[Demand], offers: list[Capacity]) -> dict[str, float]:
-    """The cheapest $/h per item of each running demand on any offer: what consolidation would pay."""
-    by_type: dict[tuple, list[Capacity]] = {}
+    """The cheapest $/h per item of each running demand on any offer: what consolidation would pay. One answer
+    per demand shape (OfferFits): fit() per running demand and offer was 250k calls, ~40% of building the
+    applied 10k-job fleet's problem."""
+    by_type: dict[tuple, list[tuple[str, Capacity]]] = {}
     for o in offers:
-        by_type.setdefault(type_class(o), []).append(o)
+        by_type.setdefault(type_class(o), []).append((o.offer_key, o))
+    fits = OfferFits()
+    of_shape: dict[int, float] = {}
     out: dict[str, float] = {}
     for d in demands:
         if d.running:
-            best = math.inf
-            for o in by_type.get(type_class(d), []):
-                f = fit(d, o)
-                if f:
-                    best = min(best, o.price / f)
+            shape = fits.shape(d)
+            best = of_shape.get(shape)
+            if best is None:
+                best = math.inf
+                for okey, o in by_type.get(type_class(d), []):
+                    f = fits.at(d, okey, o)
+                    if f:
+                        best = min(best, o.price / f)
+                of_shape[shape] = best
             out[d.key] = best
     return out
