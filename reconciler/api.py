@@ -61,7 +61,7 @@ def load(config_dir: str | Path, cache: bool = False) -> DesiredState:
     return _load_config(config_dir, cache=cache)
 
 
-def _few_collections(fn):
+def few_collections(fn):
     """Run fn with the cyclic collector triggered 1/300 as often (as mypy does for a build).
     A plan allocates millions of long-lived objects (config, problem, model) and almost no
     cycles; at CPython's default thresholds the collector traced that heap over and over:
@@ -79,7 +79,7 @@ def _few_collections(fn):
     return wrapper
 
 
-@_few_collections
+@few_collections
 def validate(config_dir: str | Path) -> DesiredState:
     return load(config_dir)
 
@@ -123,7 +123,7 @@ def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: Sta
     return observed
 
 
-@_few_collections
+@few_collections
 def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
          now: datetime | None = None, gap: float | None = None, lp_bound: bool = False, adopt_fleet: bool = False) -> PlanResult:
@@ -157,7 +157,7 @@ class MemoPlan:
         return self.made.has_changes
 
 
-@_few_collections
+@few_collections
 def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
                    allow_destroy: int | None = None, options: dict | None = None, state: str | None = None,
                    now: datetime | None = None, gap: float | None = None, adopt_fleet: bool = False) -> MemoPlan:
@@ -190,7 +190,7 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     return MemoPlan(made, False, seconds, key if kept else None)
 
 
-@_few_collections
+@few_collections
 def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
             options: dict | None = None, state: str | None = None, now: datetime | None = None, gap: float | None = None):
     """Why JOB runs where it does or is pending, and (for a pending job) which single change
@@ -215,7 +215,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
     return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
 
 
-@_few_collections
+@few_collections
 def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: str = "sim",
           time_limit: float = DEFAULT_TIME_LIMIT, allow_destroy: int | None = None, options: dict | None = None,
           state: str | None = None, gap: float | None = None, on_plan: Callable[[Plan], None] | None = None,
@@ -383,7 +383,7 @@ def _resulting_fleet(plan: Plan, observed: Observed) -> tuple[dict[str, int], di
     return counts, types
 
 
-@_few_collections
+@few_collections
 def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
          options: dict | None = None, state: str | None = None, gap: float | None = None) -> DiffResult:
     """Plan the config at `base_ref` and the working config against the same fleet, and
