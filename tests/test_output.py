@@ -65,3 +65,26 @@ def test_plan_json_keeps_float_fields_floats_and_mig_replicas_without_gpu_lists(
     gang = next(j for j in raw["jobs"] if j["job"] == "llm-pretrain")
     assert all(len(g) == 8 for g in gang["gpus"])
     assert '"cost_before": 0.0' in out.output
+
+
+def test_a_plan_of_thousands_of_jobs_prints_every_row_aligned_one_a_line(tmp_path):
+    """Above PLAIN_TABLE_ROWS a table is plain aligned columns (rich laid out a 10k-job plan's 15.8k rows in 5.1 s of
+    CPU; plain, 0.3 s): every row still printed, one a line, its columns under their headers, long reasons whole."""
+    from reconciler.render import PLAIN_TABLE_ROWS
+
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    j = plan.jobs[0]
+    n = PLAIN_TABLE_ROWS + 5
+    reason = "quota exhausted: tenant t uses 4/4 GPUs in this plan, the job needs 1 more " + "x" * 150
+    many = [replace(j, job=f"job-{k:04d}", action="pending", instances=(), gpus=(), reason=reason) for k in range(n)]
+    many += [replace(j, job=f"mover-{k:04d}", action="place", previous=()) for k in range(n)]
+    text = render_human(replace(plan, jobs=tuple(many)))
+    lines = text.splitlines()
+    assert f"Pending jobs ({n})" in lines and f"Job placements ({n})" in lines
+    rows = [ln for ln in lines if ln.startswith("job-")]
+    assert len(rows) == n and all(ln.endswith(reason) for ln in rows)  # (a long reason is not wrapped or cut)
+    header = lines[lines.index(f"Pending jobs ({n})") + 1]
+    assert header.split() == ["job", "tenant", "state", "reason"]
+    assert {ln.index("pending") for ln in rows} == {header.index("state")}  # aligned under its header
+    assert len([ln for ln in lines if ln.startswith("mover-")]) == n
+    assert f"{n} pending" in text  # the summary line as before
