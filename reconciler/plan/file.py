@@ -34,8 +34,9 @@ def encode(plan) -> str:
     for j in raw["jobs"]:  # a job whose replicas hold no whole GPU (CPU, MIG slices) shows `gpus: []` rather than `[[]]`
         if not any(j["gpus"]):
             j["gpus"] = []
-    body = json.loads(json.dumps(raw))
-    return json.dumps({**body, "body_digest": body_digest(body)}, indent=2, sort_keys=False)
+    # `raw` is what reading the file back gives, digest and all: JSON's own types, string keys only (_json_ready
+    # refuses others); it went through json.loads(json.dumps()) before, 0.25 s of CPU for a 10k-job plan, the same bytes.
+    return json.dumps({**raw, "body_digest": body_digest(raw)}, indent=2, sort_keys=False)
 
 
 def read_body(text: str) -> dict:
@@ -82,6 +83,8 @@ def _json_ready(obj):
     if isinstance(obj, (list, tuple)):
         return [_json_ready(x) for x in obj]
     if isinstance(obj, dict):
+        if not all(type(k) is str for k in obj):  # (JSON would turn 1 into "1" and sort it otherwise: see encode)
+            raise TypeError(f"internal: a plan's mapping has a key that is not a string: {sorted(map(repr, obj))[:3]}")
         return {k: _json_ready(v) for k, v in obj.items()}
     return obj
 
