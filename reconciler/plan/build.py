@@ -22,7 +22,7 @@ from reconciler.plan.backfill import backfill
 from reconciler.plan.file import plan_id
 from reconciler.plan.instances import delete_actions, name_instances
 from reconciler.plan.jobs import job_changes, with_pending_reasons
-from reconciler.plan.packing import pack
+from reconciler.plan.packing import capacities_of, pack
 from reconciler.plan.quality import consolidation, emitted_quality, rule_summary
 from reconciler.plan.stability import keep_identical, return_home
 from reconciler.plan.tenant_spot import settle_tenant_spot
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, panda
 def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solution: Solution) -> Plan:
     # The id covers what the plan does, so two different plans never share idempotency keys.
     pid = plan_id(desired, observed, json.dumps(sorted(solution.new.items())) + json.dumps(sorted(solution.keep)))
-    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}  # with the solver's zone classes
+    caps = capacities_of(problem, solution)
     hosts = {c.key: c for c in problem.hosts()}
     demand_of = {job: d for d in problem.demands for job in d.jobs}
 

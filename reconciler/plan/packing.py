@@ -101,7 +101,7 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
     key, group, items) like `Solution.slots`, with as many more instances as the packing takes (no
     fleet rule asked): an offer with more than `solution.new` of them is one whose counts did not
     pack, and this is a per-instance packing of it. What the solver's repair stage reads (strategy.py)."""
-    caps = {**{c.key: c for c in problem.capacities}, **solution.capacities}
+    caps = capacities_of(problem, solution)
     assigned = assign_items(problem, Observed((), (), {}), solution, caps)
     packing = Packing({}, {}, {}, set(), {}, {"all": 0.0, "spot": 0.0}, lambda c: 0.0)
 
@@ -115,7 +115,7 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
     group = _group_namer("", problem)
     _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group, more_of)
     origin = {(job, r): ck for ck, items in assigned.to_offer.items() for _, job, r in items}
-    group_of = {dk: gk for gk, ks in problem.groups.items() for dk in ks}
+    group_of = _group_of(problem)
     out = {}
     for ok, bins in packing.bins_of.items():
         insts = []
@@ -127,6 +127,16 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
             insts.append(tuple(sorted((ck, gk, n) for (ck, gk), n in cells.items())))
         out[ok] = tuple(insts)
     return out
+
+
+def capacities_of(problem: Problem, solution: Solution) -> dict[str, Capacity]:
+    """Every capacity by key, the solver's zone classes with them: what an answer's keys name."""
+    return {**{c.key: c for c in problem.capacities}, **solution.capacities}
+
+
+def _group_of(problem: Problem) -> dict[str, str]:
+    """Demand key -> its group's key (demands alike share the model's variables)."""
+    return {dk: gk for gk, ks in problem.groups.items() for dk in ks}
 
 
 def _group_namer(fleet_name: str, problem: Problem) -> Callable[[Demand, str], str | None]:
@@ -242,7 +252,7 @@ def _pack_slots(packing: Packing, problem: Problem, solution: Solution, caps: di
     others, and any a slot's GPUs could not take after all (GPU blocks are not in the model)."""
     if not solution.slots:
         return to_offer
-    group_of = {dk: gk for gk, ks in problem.groups.items() for dk in ks}
+    group_of = _group_of(problem)
     queue: dict[tuple[str, str], list] = {}  # (capacity key, group) -> its items, in order
     for ck, items in to_offer.items():
         for it in items:
