@@ -206,21 +206,33 @@ def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> li
     """The tenant's running jobs inside its guarantee, highest priority first (the README: 'no
     tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
     the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
+    return _guaranteed_running(desired, observed, tenant)[0]
+
+
+def moving_jobs(desired: DesiredState, observed: Observed, tenant: str) -> list[str]:
+    """The tenant's running jobs that cannot stay where they run (not protected), in what its
+    guarantee leaves after the protected ones, highest priority first: the README's second
+    guarantee tier keeps them running (moved) before other tenants' new work."""
+    return _guaranteed_running(desired, observed, tenant)[1]
+
+
+def _guaranteed_running(desired: DesiredState, observed: Observed, tenant: str) -> tuple[list[str], list[str]]:
     q = desired.tenants[tenant].spec.quota
     # (a tenant without a quota is unlimited: everything it runs is inside its guarantee)
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     used = dict.fromkeys(DIMS, 0.0)
-    out = []
     nothing = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
-    running = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)
-               and _legal_now(j, observed, desired, nothing)]  # (a job that cannot stay where it runs is not kept there)
-    for j in sorted(running, key=lambda j: (-j.spec.priority_weight(), j.name)):
-        r = j.spec.resources
-        need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
-        if all(used[k] + need[k] <= guar[k] + EPS for k in guar):
-            for k in DIMS:
-                used[k] += need[k]
-            out.append(j.name)
+    whole = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
+    stays = [j for j in whole if _legal_now(j, observed, desired, nothing)]  # (a job that cannot stay where it runs is not kept there)
+    out: tuple[list[str], list[str]] = ([], [])
+    for part, jobs in zip(out, (stays, [j for j in whole if j not in stays])):
+        for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), j.name)):
+            r = j.spec.resources
+            need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
+            if all(used[k] + need[k] <= guar[k] + EPS for k in guar):
+                for k in DIMS:
+                    used[k] += need[k]
+                part.append(j.name)
     return out
 
 
@@ -229,13 +241,14 @@ def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
     return sum(job_size(desired.jobs[j]) for j in protected_jobs(desired, observed, tenant))
 
 
-def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, placed: set[str]) -> int:
+def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, placed: set[str], moving: bool = False) -> int:
     """Work units of the tenant's protected jobs that the plan keeps (in place or moved), or whose place its own
     new work of a higher class takes (the README: a higher class may evict a lower one of its tenant; the
-    same class never). A pending job of a lost one's class does not stand in for it."""
+    same class never). A pending job of a lost one's class does not stand in for it. moving: the second
+    guarantee tier, where its running jobs that must move (`moving_jobs`) count as its own units, not as new work."""
     lost: dict[int, int] = defaultdict(int)
     kept = 0
-    protected = protected_jobs(desired, observed, tenant)
+    protected = protected_jobs(desired, observed, tenant) + (moving_jobs(desired, observed, tenant) if moving else [])
     for name in protected:
         j = desired.jobs[name]
         if name in placed:
@@ -259,13 +272,15 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
 
 def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:
     """The README's lexicographic order ("How it decides") for a fleet where no tenant can
-    borrow, larger is better: guaranteed running work kept (`_guarantee_kept`); per class from critical down, the
+    borrow, larger is better: guaranteed running work kept (`_guarantee_kept`), then the same with the jobs that
+    must move counted as its own (the second guarantee tier); per class from critical down, the
     running work kept (in place or moved), then the priority-weighted work placed (preemption:
     Never puts the running work of every class first); then minus the evicted jobs' time left
     (10 x work units x hours; with no clock, a job's expected_hours)."""
     assert not can_borrow(desired), "with borrowing, fair share and guaranteed/borrowed tiers come in between"
     placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
     kept = sum(_guarantee_kept(desired, observed, t, placed) for t in desired.tenants)
+    kept_moving = sum(_guarantee_kept(desired, observed, t, placed, moving=True) for t in desired.tenants)
     run, work = [0] * 4, [0] * 4
     victims = 0
     for j in desired.jobs.values():
@@ -280,7 +295,7 @@ def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int,
         tiers = run + work
     else:
         tiers = [v for pair in zip(run, work) for v in pair]
-    return (kept, *tiers, -victims)
+    return (kept, kept_moving, *tiers, -victims)
 
 
 def cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) -> float:

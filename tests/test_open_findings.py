@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet22 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -28,14 +28,12 @@ told to make it a plain test).
   of one zone and type (a pool at max_instances): greedy and the model kept such a gang only on one offer.
 - fleet23: greedy's plan kept a same-instance gang where it ran but gave it other GPUs: the packer took a running
   item's own GPUs back only for 1-replica items.
-- fleet22 (open, strict xfail): CP-SAT evicts t1's protected low j5 and places t2's pending normal j12 in its room,
-  counting t1's normal j6 (running, but it must leave its spot instance) as the higher class that took j5's place."""
+- fleet22: CP-SAT evicted t1's protected low j5 and placed t2's pending normal j12 in its room,
+  counting t1's normal j6 (running, but it must leave its spot instance) as the higher class that took j5's place (a second guarantee tier now keeps a tenant's running work, moved or not)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
@@ -226,21 +224,34 @@ def test_a_same_instance_gang_placed_where_it_runs_keeps_its_gpus_on_fleet23():
     check_fleet(fleet("fleet23"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="open (slow tier, 19:23): CP-SAT evicts t1's protected j5 for t2's j12; the guarantee tier "
-                                       "counts t1's j6, which must move, as the higher class that took j5's place")
 def test_another_tenants_work_takes_no_protected_jobs_room_on_fleet22():
     """fleet22 (the slow property tier on this branch, 2026-11-26 19:23): pool gcp-cpu (n2-standard-16, max 2) runs
     t1's low j4, j5, j11 (4 vCPU each, protected: t1 has no quota) on the on-demand i0 and t1's normal j6 (12 vCPU,
     spot: never) on the spot i1, which it must leave; t2's normal j12 (12 vCPU) is pending. Two instances hold 32
     vCPU; t1's work is 24, j12 12, so j12 runs only if a t1 job stops. Greedy keeps j4, j5, j11, moves j6 to a new
     on-demand instance and leaves j12 pending. CP-SAT (OPTIMAL) evicts j5 and places j12: in the guarantee tier
-    (objective.guarantees_tier) t1's protected low units are covered by those kept or by t1's new higher-class
+    (objective.guarantees_tiers) t1's protected low units are covered by those kept or by t1's new higher-class
     work, and j6, running but not protected (it must move), counts as new normal work, so t1's guarantee reads 3 of
     3 with j5 gone; the next tier, guaranteed normal work, then prefers placing j12. The oracle's check_stability
     does not accept a running job that moves as the higher class that displaced j5 (only pending or changed
-    work), while its ranking (_guarantee_kept) does, as the model does: the stand-in is counted whether or not j6
-    needed j5's room. Not fixed: no running job as a stand-in (the kept running jobs subtracted for every
-    demand, as before commit 0b06141) makes this pass but fails tests/test_stability.py's
-    test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenants_low_jobs_place (measured): the
-    model cannot tell in aggregate whether the moving job needed the protected job's room."""
-    check_fleet(fleet("fleet22"), time_limit=5)
+    work), while its ranking (_guarantee_kept) did, as the model did: the stand-in was counted whether or not j6
+    needed j5's room. Fixed by a second guarantee tier (objective.guarantees_tiers, TenantRules.moving_jobs):
+    t1's running work kept, j6 counted as its own unit wherever it runs, so evicting j5 keeps 3 of 4 there.
+    (No running job as a stand-in in the first tier also passed here but failed tests/test_stability.py's
+    split-gang test: the model cannot tell in aggregate whether the moving job needed the protected job's room.)"""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, write_config
+    from tests.invariants import moving_jobs, protected_jobs
+
+    f = fleet("fleet22")
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    t1 = build_problem(desired, observed).tenants["t1"]
+    assert (set(t1.protected_jobs), t1.moving_jobs) == ({"j4", "j5", "j11"}, ("j6",))
+    assert (set(protected_jobs(desired, observed, "t1")), moving_jobs(desired, observed, "t1")) == ({"j4", "j5", "j11"}, ["j6"])
+    check_fleet(f, time_limit=5)

@@ -20,8 +20,6 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         cap = {dim: q.cap(dim) for dim in DIMS if q.cap(dim) is not None}
         guarantee = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
         # Protected: its running jobs, highest priority first, while they stay inside the guarantee.
-        used = {dim: 0.0 for dim in DIMS}
-        protected = 0
         # Only jobs running whole in the shape they ask for now: a gang grown by a replica (or a
         # job whose resources changed) needs capacity it does not hold, which is new work. Counted
         # at its new size, it outweighed other tenants' guaranteed work in this sum (a vision gang
@@ -30,19 +28,19 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         # Nor a job that cannot stay where it runs (its instance must go or no longer allows it): counted, it
         # made a job that can stay look borrowed (found by the property tier).
         # Nor a gang running split (over zones, or a same-instance gang over instances): it must move whole.
-        running = sorted(((d, job) for d in by_tenant.get(name, []) for job, iids in d.running
-                          if len(iids) == d.replicas * d.bundle and job not in d.reshaped
-                          and all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None
-                                  for i in iids) and not gang_split(d, [host_of[i] for i in iids])),
-                         key=lambda dj: (-dj[0].priority, dj[1]))
-        kept: list[str] = []
-        for d, job in running:
-            need = {dim: d.req(dim) * d.replicas for dim in DIMS}
-            if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
-                for k in DIMS:
-                    used[k] += need[k]
-                protected += d.job_size
-                kept.append(job)
+        whole = [(d, job, iids) for d in by_tenant.get(name, []) for job, iids in d.running
+                 if len(iids) == d.replicas * d.bundle and job not in d.reshaped]
+        stays = {job for d, job, iids in whole
+                 if all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None for i in iids)
+                 and not gang_split(d, [host_of[i] for i in iids])}
+        used = {dim: 0.0 for dim in DIMS}
+        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used)
+        # Then, in what the guarantee has left, the running jobs that must move (their instance must go or no
+        # longer allows them, or a gang runs split): not protected (above), but the guarantee's second tier
+        # keeps them running before another tenant's new work (objective.guarantees_tiers).
+        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used)
+        size = {job: d.job_size for d, job, _ in whole}
+        protected = sum(size[job] for job in kept)
         # Fair share is measured in the dimension its own demand weighs most on.
         demand_dim = {dim: sum(d.req(dim) * d.replicas * len(d.jobs) for d in by_tenant.get(name, [])) / fleet_capacity[dim]
                       if fleet_capacity.get(dim) else 0.0 for dim in DIMS}
@@ -51,6 +49,18 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
             name=name, weight=t.spec.weight, cap=cap, guarantee=guarantee,
             budget=desired.guardrails.tenant_hourly_budgets.get(name),
             spot_fraction=desired.spot_policy.tenant_max_spot_fraction.get(name),
-            protected=protected, protected_jobs=tuple(kept), dominant=dominant,
+            protected=protected, protected_jobs=tuple(kept), moving_jobs=tuple(moving), dominant=dominant,
         )
+    return out
+
+
+def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float]) -> list[str]:
+    """The running jobs, highest priority first, that fit in what `used` leaves of the guarantee (used grows)."""
+    out = []
+    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, dj[1])):
+        need = {dim: d.req(dim) * d.replicas for dim in DIMS}
+        if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
+            for k in DIMS:
+                used[k] += need[k]
+            out.append(job)
     return out

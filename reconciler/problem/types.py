@@ -114,6 +114,7 @@ class TenantRules:
     spot_fraction: float | None = None
     protected: int = 0  # work units of its running jobs inside its guarantee now
     protected_jobs: tuple[str, ...] = ()  # those jobs: no other tenant's work and no fleet limit may take them
+    moving_jobs: tuple[str, ...] = ()  # running jobs that must move, in what the guarantee leaves: kept next (objective)
     dominant: str = "gpus"  # the dimension its fair share is measured in
 
 

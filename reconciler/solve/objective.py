@@ -38,9 +38,7 @@ def tiers(model: Model) -> list[Tier]:
     p = model.p
     classes = sorted({d.klass for d in p.demands}, reverse=True)
     out: list[Tier] = []
-    guarantees = guarantees_tier(model)
-    if guarantees is not None:
-        out.append(guarantees)
+    out += guarantees_tiers(model)
     # Inside guarantees, by class: what runs first (no same-class preemption), then all.
     if p.placement.preemption == "Never":
         for c in classes:
@@ -64,8 +62,29 @@ def tiers(model: Model) -> list[Tier]:
     return out
 
 
-def guarantees_tier(model: Model) -> Tier | None:
+def guarantees_tiers(model: Model) -> list[Tier]:
     """Guarantees are never taken by another tenant: each keeps the guaranteed work it runs.
+
+    First its protected units (`protected_tier`). Then, as the next tier, the same count with its running
+    jobs that must move (TenantRules.moving_jobs: their instance must go or no longer allows them, or a gang
+    runs split) counted as its own units, kept when they run anywhere, and no longer as new work that may
+    stand in for a lower protected job. In the first tier such a job must be new work: counted as a
+    protected unit there, a tier summed over tenants traded another tenant's protected job for a larger
+    gang that must move (fleet15). But as new work alone it stood in for its tenant's protected job while
+    another tenant's work took that job's room, whether or not it needed that room (fleet22: t1's normal
+    j6 left its spot instance, t1's protected low j5 was evicted, t2's j12 took the room). The second tier
+    tells the two apart: a tenant's running work kept whole counts once, moved or not, so evicting j5 loses
+    a unit there, while a gang that must move into its own tenant's low job's room keeps more units than
+    that job (a higher class of its tenant may take a lower job's place: the README)."""
+    first = protected_tier(model, "guarantees kept", lambda r: r.protected_jobs)
+    second = None
+    if any(r.moving_jobs for r in model.p.tenants.values()):
+        second = protected_tier(model, "guaranteed running work kept", lambda r: r.protected_jobs + r.moving_jobs)
+    return [t for t in (first, second) if t is not None]
+
+
+def protected_tier(model: Model, name: str, units_of) -> Tier | None:
+    """The units of each tenant's running jobs `units_of(rules)` (protected: TenantRules.protected_jobs).
 
     A tenant's protected units of class c are kept by its running jobs of class c kept inside the
     guarantee, or replaced by its new guaranteed work of a higher class (the README lets a tenant's
@@ -85,10 +104,11 @@ def guarantees_tier(model: Model) -> Tier | None:
     prot = []
     bound = 0
     for t, r in p.tenants.items():
-        if r.protected <= 0:  # (a tenant with no quota at all is unlimited: all it runs is guaranteed)
+        # (a tenant with no quota at all is unlimited: all it runs is guaranteed; a set, not a scan per job at 10k)
+        protected_jobs = set(units_of(r))
+        if not protected_jobs:
             continue
         mine = [d for d in p.demands if d.tenant == t]
-        protected_jobs = set(r.protected_jobs)  # (a tuple of thousands of names at 10k: a set, not a scan per job)
         units: dict[int, int] = {}
         for d in mine:
             n = d.job_size * sum(j in protected_jobs for j, _ in d.running)
@@ -102,13 +122,13 @@ def guarantees_tier(model: Model) -> Tier | None:
         # stood in for the tenant's protected job of its class, which another job's work then took: property tier)
         holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
         kept = {c: [(d.job_size, model.krg[d.key]) for d in mine if d.klass == c and d.key in model.krg and d.key in holds] for c in levels}
-        pt = m.new_int_var(0, total, f"protect[{t}]")
+        pt = m.new_int_var(0, total, f"{name}[{t}]")
         for i, a in enumerate(levels):
             # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
             # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
             terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
             terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
-            new_above = m.new_int_var(0, total, f"protect_new[{t},{a}]")
+            new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
             else:
@@ -118,7 +138,7 @@ def guarantees_tier(model: Model) -> Tier | None:
                 m.add(pt <= total - sum(units[c] for c in span) + wsum([x for c in span for x in kept[c]]) + new_above)
         prot.append(pt)
         bound += total
-    return Tier("guarantees kept", sum(prot), "max", bound) if prot else None
+    return Tier(name, sum(prot), "max", bound) if prot else None
 
 
 def running_tiers(model: Model, c: int, kept: Values, label: str) -> list[Tier]:
@@ -242,5 +262,5 @@ def instance_cost(model: Model):
     return wsum([(round(c.price * MILLI), model.use[c.key]) for c in model.units])
 
 
-__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tier", "instance_cost", "running_tiers",
+__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tiers", "instance_cost", "protected_tier", "running_tiers",
            "tiers", "victims_tier", "work_tiers"]
