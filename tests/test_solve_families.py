@@ -207,6 +207,62 @@ def test_the_repair_stage_keeps_the_answer_where_the_packers_instances_break_a_r
     assert sum(j.action == "place" for j in plan.jobs) == 16 and plan.cost_after <= 6.2
 
 
+# vCPU of 80 one-GPU jobs drawn from bench/trace.py's shapes (seed 36), in job-name order (the packer's order follows it).
+TRACE_CPU = [12, 16, 12, 8, 15, 12, 12, 12, 12, 4, 10, 19, 10, 12, 4, 12, 4, 25, 4, 12, 19, 16, 19, 12, 16, 12, 25, 12, 12, 4,
+             12, 12, 25, 4, 4, 12, 19, 9, 6, 4, 12, 12, 19, 12, 12, 15, 12, 12, 12, 12, 12, 12, 4, 4, 10, 12, 12, 12, 10, 12,
+             12, 12, 12, 16, 12, 12, 12, 8, 19, 12, 8, 12, 12, 12, 12, 10, 8, 12, 19, 12]
+
+
+def trace_shaped_docs() -> list[dict]:
+    """80 one-GPU jobs of 4 to 25 vCPU (955 in all) on p4d.24xlarge (8 GPUs, 96 vCPU), up to 40 (summed per offer):
+    10 instances hold them, with no GPU and 5 vCPU to spare; the packer's first fit and filling take 11."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=40)]
+    return docs + [job(f"j{i}", gpus=1, gpu_type="A100", cpu=c, mem=1) for i, c in enumerate(TRACE_CPU)]
+
+
+def test_the_repair_stage_finds_a_packing_on_the_count_the_model_proved(tmp_path, monkeypatch):
+    """Issue 20's trace-buy-1k in small: the model proves 10 instances (its bound), the packer's packing of the 10 takes
+    11. The repair stage packed the items of the 11th and of the roomiest instances again (`fewer_instances`) and
+    finds a packing on 10: the plan buys 10 and says OPTIMAL, gap 0. Without that search it bought 11 and said
+    FEASIBLE with its gap to the 10 (true, but a plan of 10 existed: the next plan moved jobs to give one back)."""
+    from reconciler.solve import strategy
+    from tests.fleetkit import plan_for
+
+    plan = plan_for(tmp_path / "p", trace_shaped_docs(), time_limit=5, workers=1)
+    assert sum(j.action == "place" for j in plan.jobs) == 80
+    assert len(plan.creates) == 10 and plan.solver.repairs == 0 and plan.solver.unpacked == 0
+    assert plan.solver.status == "OPTIMAL" and plan.solver.gap == 0.0
+    monkeypatch.setattr(strategy, "fewer_instances", lambda *a: None)
+    before = plan_for(tmp_path / "before", trace_shaped_docs(), time_limit=5, workers=1)
+    assert sum(j.action == "place" for j in before.jobs) == 80 and len(before.creates) == 11
+    assert before.solver.status == "FEASIBLE" and before.solver.gap > 0.08  # 1 instance of 11 over the bound
+    assert plan.cost_after < before.cost_after
+
+
+def test_a_plan_right_after_applying_the_trace_shaped_plan_changes_nothing(tmp_path):
+    """Issue 18: the plan of the same config right after its apply is a no-op. (When the cold plan bought 11 instances,
+    it moved 8 jobs, removed no instance and said "consolidation: a cheaper packing" at $1.16/h more.)"""
+    from reconciler import api
+
+    cfg = write_config(tmp_path / "cfg", trace_shaped_docs())
+    first = api.plan(cfg, time_limit=5)
+    api.apply(cfg, saved_plan=first.plan, time_limit=5)
+    again = api.plan(cfg, time_limit=5)
+    counts = again.plan.counts()
+    assert (counts["move"], counts["create"], counts["delete"], counts["evict"], counts["keep"]) == (0, 0, 0, 0, 80)
+    assert not again.plan.has_changes
+
+
+def test_the_integer_bound_is_below_the_plans_exact_price(tmp_path):
+    """The benchmark's bounds price instances rounded down to the milli-dollar: 10 p4d.24xlarge at $21.957642/h cost
+    $219.57642/h, and at the cost objective's nearest milli-dollar ($21.958) the bound said $219.58."""
+    from reconciler import api
+
+    res = api.plan(write_config(tmp_path / "cfg", trace_shaped_docs()), time_limit=5, lp_bound=True)
+    assert len(res.plan.creates) == 10
+    assert res.solution.lp_bound <= res.solution.int_bound <= res.plan.cost_after < res.solution.int_bound + 0.01
+
+
 def test_items_every_placed_job_has_its_items_stay_or_land_somewhere(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4)]
     docs += [job(f"j{i}", **A100_1G) for i in range(2)]

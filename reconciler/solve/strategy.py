@@ -27,6 +27,7 @@ from reconciler.greedy import Assignment, greedy
 from reconciler.ledger import MILLI
 from reconciler.problem import Problem, components
 from reconciler.solve.extract import extract, from_assignment
+from reconciler.solve.fewer import fewer_instances
 from reconciler.solve import moves, slots
 from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier
@@ -495,6 +496,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     if not added:
         return sol, hint
     found = repack(search, with_counts(model, hint, more), packed, added)
+    if found is not None:  # the packer's packing may take more instances than a packing near it
+        found = fewer_instances(search, *found, added, {o.key: hint[model.use[o.key].index] for o in added}) or found
     search.lap("repair")
     if found is None:
         return sol, hint
