@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI
+from reconciler.ledger import MILLI, milli_down
 from reconciler.problem import Demand
 from reconciler.solve.variables import Values, scale, wsum
 
@@ -259,7 +259,10 @@ def move_weight(d: Demand, pol) -> int:
 
 
 def instance_cost(model: Model):
-    return wsum([(round(c.price * MILLI), model.use[c.key]) for c in model.units])
+    """$/h of instances in milli-dollars at prices rounded down: the benchmark's bounds are on it, and a plan's $/h
+    is at its exact prices, which a bound at prices rounded to the nearest milli-dollar (as `cost`'s) can pass (131
+    p4d.24xlarge at $21.957642: bound $2,876.50, plan $2,876.45)."""
+    return wsum([(milli_down(c.price), model.use[c.key]) for c in model.units])
 
 
 __all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tiers", "instance_cost", "protected_tier", "running_tiers",
