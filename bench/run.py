@@ -138,7 +138,9 @@ class Phases:
             self.cp_model_size = (len(proto.variables), len(proto.constraints))
             status = getattr(result, "name", str(result))
             row = {"stage": f"cp-sat #{self.calls['cpsat']}", "seconds": round(seconds, 3), "status": status,
-                   "variables": len(proto.variables), "hinted": len(proto.solution_hint.vars)}
+                   "variables": len(proto.variables), "hinted": len(proto.solution_hint.vars),
+                   # (completing a hint, the polish, the repair's check: not a search, so its OPTIMAL is no claim about the plan)
+                   "fixed": bool(solver.parameters.fix_variables_to_their_hinted_value)}
             if status in ("OPTIMAL", "FEASIBLE"):
                 row.update(objective=solver.objective_value, bound=solver.best_objective_bound)
             self.stages.append(row)
@@ -484,6 +486,9 @@ def _stages(stages: list[dict]) -> str:
             out.append(f"greedy {s['seconds']:.1f}s work {s['work']:,}")
         else:
             found = ""
+            if s.get("fixed"):
+                out.append(f"{s['stage']} hinted values fixed {s['status']} {s['seconds']:.1f}s")
+                continue
             if "objective" in s and s["stage"] == "cp-sat #1":  # the work found and the best possible
                 found = f" work {s['objective']:,.0f} bound {s['bound']:,.0f}"
             elif s.get("objective"):
@@ -511,7 +516,7 @@ def stability_table(rows: list[dict]) -> str:
 
 def phase_table(rows: list[dict]) -> str:
     cols = ["load", "observe", "problem", "greedy", "model", "cpsat", "plan", "other"]
-    lines = ["| tier | step | wall s | " + " | ".join(cols) + " | solver stages (#1 max work, #2 min cost) |", "|" + "---|" * (len(cols) + 4)]
+    lines = ["| tier | step | wall s | " + " | ".join(cols) + " | solver stages (each CP-SAT call: its status and its own objective's gap; \"hinted values fixed\": a completion or check, no search) |", "|" + "---|" * (len(cols) + 4)]
     for r in rows:
         if "phases_s" in r:
             p = r["phases_s"]
