@@ -479,7 +479,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     """Where the answer's counts on an offer summed per dimension do not pack (`new_instances`: the
     plan's packer, with the instances it would buy), the model again with slots for those offers (as
     many as that packing took, for the items the answer put there) and that packing on them, every
-    other placement held (`repack`). The answer is the better of the two by the tiers, then the cost
+    other placement held (`repack`), then on fewer of them where a search near it finds that (`fewer_instances`:
+    the count the model proved, which the packer's first fit may miss). The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
     plan says its real gap and has no repair (its items never move: one round packs them all)."""
     from reconciler.plan.packing import new_instances  # (the plan's packer: the plan imports the solver only to annotate)
@@ -545,9 +546,10 @@ def needed(model: Model, sol: Solution, packed: dict[str, tuple], more: dict[str
 def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> tuple[list[int], float] | None:
     """The answer with the instances its packing took (`repaired`) and that packing on the slots of the
     `added` offers, if the fleet's rules allow it (pools, quotas, budget, spot share): (answer, cost),
-    else None. (A search for a packing on fewer instances, every other placement held, with presolve:
-    at 2k jobs with rules the packer's 11 instances over the counts became 10 in 0.1 work-seconds, 6 in
-    0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to 0.7 s of CPU at 10k: left out.)"""
+    else None. (A search of every slot of those offers for a packing on fewer instances, every other placement held,
+    with presolve: at 2k jobs with rules the packer's 11 instances over the counts became 10 in 0.1 work-seconds, 6 in
+    0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to 0.7 s of CPU at 10k: left out; `fewer_instances` searches the
+    slots beyond the count and the roomiest ones only.)"""
     m, model = search.m, search.model
     vec = repaired + [0] * (len(m.proto.variables) - len(repaired))
     for o in added:
