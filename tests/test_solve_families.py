@@ -339,3 +339,27 @@ def test_moves_under_when_empty_keep_a_running_job_where_it_runs(tmp_path):
         moved_to_i1 = new_items(model, "j", next(h.key for h in model.hosts if h.instance_id == "i1"))
         assert admits(model, [(model.krj[d.key], 1), (stay, 1)])
         assert admits(model, [(model.krj[d.key], 1), (stay, 0), (moved_to_i1, 1)]) is not when_empty
+
+
+def test_a_plan_after_applying_a_packing_on_one_instance_more_gives_that_instance_back(tmp_path, monkeypatch):
+    """The fleet of the trace-shaped plan on 11 instances (the cold plan without `fewer_instances`, as before it),
+    applied, then planned again: a consolidation that pays back (its moves cost less than the instance they free),
+    so the plan moves jobs onto 10 instances, deletes the 11th and says what it saves; every move is that
+    consolidation's and the fleet after it costs what the cold plan of 10 costs."""
+    from reconciler import api
+    from reconciler.solve import strategy
+    from tests.fleetkit import plan_for
+
+    cfg = write_config(tmp_path / "cfg", trace_shaped_docs())
+    with monkeypatch.context() as mp:
+        mp.setattr(strategy, "fewer_instances", lambda *a: None)
+        first = api.plan(cfg, time_limit=5)
+    assert len(first.plan.creates) == 11
+    api.apply(cfg, saved_plan=first.plan, time_limit=5)
+    again = api.plan(cfg, time_limit=5).plan
+    counts = again.counts()
+    assert (counts["create"], counts["delete"], counts["evict"], counts["pending"]) == (0, 1, 0, 0)
+    assert all(j.reason.startswith("consolidation") for j in again.jobs if j.action == "move")
+    c = again.consolidation
+    assert c.instances_removed == tuple(d.instance_id for d in again.deletes) and c.saving_per_hour > 0
+    assert abs(again.cost_after - plan_for(tmp_path / "ten", trace_shaped_docs(), time_limit=5, workers=1).cost_after) < 1e-6
