@@ -181,6 +181,7 @@ class Search:
     lp: object = None  # LpMirror, once the warm start is complete
     spent0: float = 0.0
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
+    stay_answer: list[int] | None = None  # that answer
 
     def __post_init__(self) -> None:
         self.spent0 = self.clock.used
@@ -426,6 +427,7 @@ def stay_put(search: Search, hint: list[int], value: float) -> tuple[list[int], 
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     search.stay_value = s.objective_value
+    search.stay_answer = list(s.response_proto.solution)
     if s.objective_value < value - 0.5:
         return list(s.response_proto.solution), s.objective_value
     return None
@@ -500,17 +502,45 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     if found is not None:  # the packer's packing may take more instances than a packing near it
         found = fewer_instances(search, *found, added, {o.key: hint[model.use[o.key].index] for o in added}) or found
     search.lap("repair")
-    if found is None:
-        return sol, hint
-    new_hint, value = found
-    done = {o.key for o in added}
     old_key = emitted(search, hint, more)
-    new_key = emitted(search, new_hint, {ok: n for ok, n in more.items() if ok not in done})
-    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-        print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
-    if not (better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:])):
+    if found is not None:
+        new_hint, value = found
+        done = {o.key for o in added}
+        new_key = emitted(search, new_hint, {ok: n for ok, n in more.items() if ok not in done})
+        if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+            print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
+        if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
+            sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
+    return stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
+
+
+def status_of(value: float, lb: float | None) -> str:
+    return "OPTIMAL" if lb is not None and value - lb < 0.5 else "FEASIBLE"
+
+
+def stay_if_cheaper(search: Search, sol: Solution, hint: list[int], key: tuple[list[int], float, int], lb: float | None,
+                    reports: list[TierReport], slotted: list[str]) -> tuple[Solution, list[int]]:
+    """The answer that moves only what must move (stay_put's), where the emitted answer (`key`: its tiers, its cost
+    with the instances its packing buys) costs more than it and it packs as counted: the moves were chosen on counts
+    whose packing took more instances, so they would pay for nothing. (An applied fleet of 80 trace-shaped jobs on 11
+    p4d: the answer gave 3 hosts up for 2 new ones, whose packing took a third; the plan moved 5 jobs and said
+    "consolidation: a cheaper packing" at $1.41/h more than staying put.) `slotted`: the offers the repair stage
+    gave slots, which that answer (found before them) must not buy: its slot variables are 0."""
+    from reconciler.plan.packing import new_instances
+
+    model = search.model
+    stay = search.stay_answer
+    if stay is None or search.stay_value is None or key[1] <= search.stay_value + 0.5:
         return sol, hint
-    return finish(search, new_hint, value, lb, "OPTIMAL" if lb is not None and value - lb < 0.5 else "FEASIBLE", reports), new_hint
+    if any(stay[model.use[ok].index] for ok in slotted):
+        return sol, hint
+    stay = stay + [0] * (len(search.m.proto.variables) - len(stay))
+    if [evaluate(stay, t.expr) for t in search.tiers] != key[0]:
+        return sol, hint  # (stay_put holds every tier: never so, but the tiers come first)
+    stay_sol = finish(search, stay, search.stay_value, lb, status_of(search.stay_value, lb), reports)
+    if any(len(insts) > stay_sol.new.get(ok, 0) for ok, insts in new_instances(search.problem, stay_sol).items()):
+        return sol, hint  # (its own packing would buy more: not the answer it was costed as)
+    return stay_sol, stay
 
 
 def with_counts(model: Model, hint: list[int], more: dict[str, int]) -> list[int]:
