@@ -342,3 +342,30 @@ def test_the_first_lp_is_solved_by_the_primal_simplex_when_clps_choice_runs_out_
         values.append(lp.optimum(list(range(3000)), obj, 0, maximize=True)[0])
         assert lp.solves == {"fresh": 1, "warm": 0, "quick": quick}
     assert abs(values[0] - values[1]) <= 1e-6 * values[1] and values[1] > 40_000
+
+
+@pytest.mark.parametrize("summed", [False, True])
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("n_shape", ["var", "sum", "int"])
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_a_capacity_row_written_to_the_proto_is_the_row_cp_sats_add_gives(summed, k, n_shape, size):
+    """variables.add_at_most_count writes `lhs <= k * n` straight to the proto; it must be the row CP-SAT's own
+    `add` makes of the expression, variable for variable (the model, and so every plan, stays the same)."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.solve.variables import add_at_most_count, wsum
+
+    def build(fast: bool):
+        m = cp_model.CpModel()
+        ns = [m.new_int_var(0, 9, f"n{i}") for i in range(2)]
+        xs = [m.new_int_var(0, 9, f"x{i}") for i in range(size)]
+        n = {"var": ns[1], "sum": sum(ns), "int": 2}[n_shape]
+        terms = [((1 if summed else 3 + i), v) for i, v in enumerate(reversed(xs))]
+        if fast:
+            add_at_most_count(m, terms, k, n, summed=summed)
+        else:
+            m.add((cp_model.LinearExpr.sum([v for _, v in terms]) if summed else wsum(terms)) <= k * n)
+        ct = m.proto.constraints[0]
+        return len(m.proto.constraints), ct.has_linear(), list(ct.linear.vars), list(ct.linear.coeffs), list(ct.linear.domain)
+
+    assert build(True) == build(False)
