@@ -130,7 +130,12 @@ class LpMirror:
         obj.SetMaximization() if maximize else obj.SetMinimization()
         if not self._solve(fresh):
             return None
-        return obj.Value() + offset, [x.solution_value() for x in self.xs]
+        # (the values in one response: a call per variable took 0.1 s a solve at 337k columns, the same values)
+        from ortools.linear_solver import linear_solver_pb2
+
+        resp = linear_solver_pb2.MPSolutionResponse()
+        self.lp.FillSolutionResponseProto(resp)
+        return obj.Value() + offset, list(resp.variable_value)
 
     def _solve(self, fresh: bool) -> bool:
         """Solve from the last optimal basis if there is one (and not `fresh`), else (or if that fails) from scratch:
