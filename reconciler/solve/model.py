@@ -178,6 +178,7 @@ class Model:
         """The capacities a group's items get a variable on: its candidates, with a zone offer
         replaced by its zone class where the zone does not matter to the group."""
         done_classes: set[str] = set()
+        zoned: set[str] = set()  # classes whose zones this group must tell apart (asked once: 2-3 zones each)
         for c in candidates:
             if c.key in self.idle and rep.gang_mode == "placement-group" and rep.gang:
                 continue  # (as on any host)
@@ -187,15 +188,22 @@ class Model:
                 ck = self.class_of[c.key]
                 if ck in done_classes:
                     continue
-                zones = [self.caps[k] for k in self.classes[ck].members]
-                # A tenant budget charges a class's items at its dearest zone's price: only where
-                # the zones cost alike (else work that fits the budget in the cheap zone was left out).
-                rules = self.p.tenants.get(rep.tenant)
-                priced_alike = rules is None or rules.budget is None or len({z.price for z in zones}) == 1
-                if all(fit_of(rep, z) > 0 for z in zones) and len({round(self.p.cost_coef(rep, z), 9) for z in zones}) == 1 and priced_alike:
-                    done_classes.add(ck)
-                    c = self.classes[ck]  # one variable for every zone of the class
+                if ck not in zoned:
+                    if self._one_class(rep, ck, fit_of):
+                        done_classes.add(ck)
+                        c = self.classes[ck]  # one variable for every zone of the class
+                    else:
+                        zoned.add(ck)
             yield c
+
+    def _one_class(self, rep: Demand, ck: str, fit_of: OfferFits) -> bool:
+        """Whether a group's items may go on zone class ck as one: every zone fits them at one cost."""
+        zones = [self.caps[k] for k in self.classes[ck].members]
+        # A tenant budget charges a class's items at its dearest zone's price: only where
+        # the zones cost alike (else work that fits the budget in the cheap zone was left out).
+        rules = self.p.tenants.get(rep.tenant)
+        priced_alike = rules is None or rules.budget is None or len({z.price for z in zones}) == 1
+        return all(fit_of(rep, z) > 0 for z in zones) and len({round(self.p.cost_coef(rep, z), 9) for z in zones}) == 1 and priced_alike
 
     def _demand_vars(self) -> None:
         """Jobs placed per demand; for tenants that can borrow (a ceiling above the guarantee), its
