@@ -84,20 +84,21 @@ def add_at_most_count(m: cp_model.CpModel, terms: list[tuple[int, object]], k: i
     most of the capacity rows' cost: 2M terms in the cuts alone of a 50k-job model. Any other shape goes through `add`."""
     lhs = [(c, v) for c, v in terms if c]
     n_vars, n_coeffs, n_off = flatten(n)
-    coef: dict[int, int] = {}
-    if len(lhs) >= 2 and k >= 1 and not n_off and n_vars and all(c == 1 for c in n_coeffs):
-        sign = 1 if summed else -1  # (lhs's sign in the row)
-        for c, v in lhs:
-            coef[v.index] = sign * c
-        for i in n_vars:
-            coef[i] = -sign * k
-    if len(coef) != len(lhs) + len(n_vars):  # (another shape, or a variable twice, which CP-SAT merges)
+    if len(lhs) < 2 or k < 1 or n_off or not n_vars or any(c != 1 for c in n_coeffs):
         m.add((cp_model.LinearExpr.sum([v for _, v in lhs]) if summed else wsum(lhs)) <= k * n)
         return
-    order = sorted(coef)
+    sign = 1 if summed else -1  # (lhs's sign in the row)
+    idx = n_vars + [v.index for _, v in lhs]
+    co = [-sign * k] * len(n_vars) + ([c for c, _ in lhs] if summed else [-c for c, _ in lhs])
+    order = sorted(idx)
+    if len(set(order)) != len(order):  # (a variable twice: CP-SAT merges them, its own way)
+        m.add((cp_model.LinearExpr.sum([v for _, v in lhs]) if summed else wsum(lhs)) <= k * n)
+        return
+    if order != idx:  # (mostly in order already: the instances' variables come before their items')
+        co = [c for _, c in sorted(zip(idx, co))]
     lin = m.proto.constraints.add().linear
     lin.vars.extend(order)
-    lin.coeffs.extend([coef[i] for i in order])
+    lin.coeffs.extend(co)
     lin.domain.extend([INT64_MIN, 0] if summed else [0, INT64_MAX])
 
 
