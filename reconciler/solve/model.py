@@ -23,7 +23,7 @@ from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objecti
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
 from reconciler.solve.quotas import add_cloud_quota_constraints
-from reconciler.solve.variables import Values, set_hints
+from reconciler.solve.variables import Values, set_full_hints, set_hints
 
 # The constraint families, in the order they add their rows (capacity's come before the demand
 # variables exist: they read only instances, stays and new items).
@@ -291,7 +291,7 @@ class Model:
         set_hints(self.m, [(v.index, values[v.index]) for v in self.primaries()])
 
     def set_full_hint(self, values: list[int]) -> None:
-        set_hints(self.m, enumerate(values))
+        set_full_hints(self.m, values)
 
 
 __all__ = ["FAMILIES", "Model"]

@@ -33,7 +33,7 @@ from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
-from reconciler.solve.variables import constant, evaluate, flatten, set_hints
+from reconciler.solve.variables import constant, evaluate, flatten, set_full_hints, set_hints
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
@@ -408,7 +408,7 @@ def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[
             dom = sub.proto.variables[i].domain
             dom[0], dom[1] = 0, 0
     sub.minimize(search.cost)
-    set_hints(sub, enumerate(hint))
+    set_full_hints(sub, hint)
     # One worker, CP-SAT's LP-guided search, which is what finds good answers in this small
     # neighbourhood (2 workers gave 12.8k-14.0k $/h at 1k jobs depending on the seed; 1 gives
     # 12.8k). It stops once within the gap of the LP bound (the cut above is in the clone):
@@ -436,7 +436,7 @@ def stay_put(search: Search, hint: list[int], value: float) -> tuple[list[int], 
     sub = search.m.clone()
     moves.add_only_forced_moves(model, sub)
     sub.minimize(search.cost)
-    set_hints(sub, enumerate(hint))
+    set_full_hints(sub, hint)
     s = search.solver_for(presolve=True, num_workers=1, linearization_level=2, relative_gap_limit=search.gap_limit)
     st = search.clock.solve(s, sub, max(0.1, search.left()))
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -606,7 +606,7 @@ def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added:
                 if v is not None:
                     vec[v.index] = n
     m.minimize(search.cost)
-    set_hints(m, enumerate(vec))
+    set_full_hints(m, vec)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
     st = search.clock.solve(s, m, REPAIR_WORK)
     m.clear_hints()
@@ -650,7 +650,7 @@ def integer_bound(m: cp_model.CpModel, instance_cost, hint: list[int], lp_bound:
     if fixed is not None:
         return fixed / MILLI
     m.minimize(instance_cost)
-    set_hints(m, enumerate(hint))
+    set_full_hints(m, hint)
     s = cp_model.CpSolver()
     s.parameters.num_workers = 1
     s.parameters.random_seed = 0

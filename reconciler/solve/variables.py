@@ -130,4 +130,13 @@ def set_hints(m: cp_model.CpModel, hints) -> None:
     h.values.extend(int(n) for _, n in pairs)
 
 
-__all__ = ["Values", "add_at_most_count", "scale", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_hints"]
+def set_full_hints(m: cp_model.CpModel, values: list[int]) -> None:
+    """`set_hints(m, enumerate(values))`: the i-th variable hinted at values[i], every one, written at once
+    (pairs built one by one took 0.1 s a hint at the 50k-job model's 337k variables)."""
+    m.clear_hints()
+    h = m.proto.solution_hint
+    h.vars.extend(range(len(values)))
+    h.values.extend(values)
+
+
+__all__ = ["Values", "add_at_most_count", "scale", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_full_hints", "set_hints"]
