@@ -369,3 +369,27 @@ def test_a_capacity_row_written_to_the_proto_is_the_row_cp_sats_add_gives(summed
         return len(m.proto.constraints), ct.has_linear(), list(ct.linear.vars), list(ct.linear.coeffs), list(ct.linear.domain)
 
     assert build(True) == build(False)
+
+
+@pytest.mark.parametrize("sense", ["min", "max"])
+def test_an_objective_set_from_its_flattened_form_is_the_one_cp_sat_sets(sense):
+    """Search.objective writes a tier's or the cost's objective from its cached flattened form; it must be what
+    CpModel.minimize / maximize writes (the search, and so the plan, depends on it)."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.solve.strategy import Search
+
+    def build(fast: bool):
+        m = cp_model.CpModel()
+        xs = [m.new_int_var(0, 9, f"x{i}") for i in range(4)]
+        expr = 3 * xs[2] + 5 * xs[0] - 2 * xs[3] + 7
+        if fast:
+            search = Search.__new__(Search)
+            search._flat = {}
+            search.objective(m, expr, sense)
+        else:
+            m.maximize(expr) if sense == "max" else m.minimize(expr)
+        o = m.proto.objective
+        return list(o.vars), list(o.coeffs), o.offset, o.scaling_factor
+
+    assert build(True) == build(False)

@@ -212,6 +212,21 @@ class Search:
         vs, cs, off = self.flat(expr)
         return sum(c * values[i] for i, c in zip(vs, cs)) + off
 
+    def objective(self, m: cp_model.CpModel, expr, sense: str = "min") -> None:
+        """`m.minimize(expr)` (or maximize, sense "max"), from its flattened form: the objective CP-SAT's own
+        `minimize` writes, without walking the expression again (0.12 s for the cost at 20k jobs)."""
+        if isinstance(expr, int):  # (a constant: CP-SAT's own way)
+            m.maximize(expr) if sense == "max" else m.minimize(expr)
+            return
+        vs, cs, off = self.flat(expr)
+        m.clear_objective()
+        obj = m.proto.objective
+        obj.vars.extend(vs)
+        sign = -1 if sense == "max" else 1
+        obj.coeffs.extend(cs if sign == 1 else [-c for c in cs])
+        obj.offset = sign * off
+        obj.scaling_factor = float(sign)
+
     def left(self) -> float:
         """This problem's work left, deterministic seconds."""
         return self.budget - (self.clock.used - self.spent0)
@@ -333,7 +348,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
     search.hold(tier.expr, hv, tier.sense)  # the floor: what the answer so far (at least greedy's) reaches
     search.model.set_full_hint(best)
-    m.maximize(tier.expr) if tier.sense == "max" else m.minimize(tier.expr)
+    search.objective(m, tier.expr, tier.sense)
     s = search.solver_for()
     stage1 = search.budget * 0.5  # work for the tiers; the cost stage has the rest
     st = search.clock.solve(s, m, max(0.05, (stage1 - (search.clock.used - search.spent0)) / max(1, tiers_left)))
@@ -407,7 +422,7 @@ def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[
         if lp_values[i] < 1e-6 and hint[i] == 0:
             dom = sub.proto.variables[i].domain
             dom[0], dom[1] = 0, 0
-    sub.minimize(search.cost)
+    search.objective(sub, search.cost)
     set_full_hints(sub, hint)
     # One worker, CP-SAT's LP-guided search, which is what finds good answers in this small
     # neighbourhood (2 workers gave 12.8k-14.0k $/h at 1k jobs depending on the seed; 1 gives
@@ -435,7 +450,7 @@ def stay_put(search: Search, hint: list[int], value: float) -> tuple[list[int], 
         return None
     sub = search.m.clone()
     moves.add_only_forced_moves(model, sub)
-    sub.minimize(search.cost)
+    search.objective(sub, search.cost)
     set_full_hints(sub, hint)
     s = search.solver_for(presolve=True, num_workers=1, linearization_level=2, relative_gap_limit=search.gap_limit)
     st = search.clock.solve(s, sub, max(0.1, search.left()))
@@ -451,7 +466,7 @@ def stay_put(search: Search, hint: list[int], value: float) -> tuple[list[int], 
 def full_search(search: Search, hint: list[int], value: float | None, lb: float | None, status: str, reserve: float = 0.0):
     """The whole model, from `hint`, with the work left but `reserve`: returns (answer, cost, bound, status), improved or as given."""
     m = search.m
-    m.minimize(search.cost)
+    search.objective(m, search.cost)
     search.model.set_full_hint(hint)
     s = search.solver_for(relative_gap_limit=search.gap_limit)
     st = search.clock.solve(s, m, search.left() - reserve)
@@ -480,7 +495,7 @@ def polish(search: Search, hint: list[int], value: float | None) -> tuple[list[i
     # its 111 slots again and found nothing in its 0.5 s of work, 1.8 s of wall time)
     placements = model.stay.variables() + list(model.x.values()) + model.placed.variables() + model.z.variables()
     set_hints(m, [(v.index, hint[v.index]) for v in placements])
-    m.minimize(search.cost)
+    search.objective(m, search.cost)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
     st = search.clock.solve(s, m, min(0.5, max(0.1, search.left())))
     m.clear_hints()
@@ -605,7 +620,7 @@ def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added:
                 v = model.z.get((gk, ck, o.key, i))
                 if v is not None:
                     vec[v.index] = n
-    m.minimize(search.cost)
+    search.objective(m, search.cost)
     set_full_hints(m, vec)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
     st = search.clock.solve(s, m, REPAIR_WORK)
