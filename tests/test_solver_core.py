@@ -393,3 +393,27 @@ def test_an_objective_set_from_its_flattened_form_is_the_one_cp_sat_sets(sense):
         return list(o.vars), list(o.coeffs), o.offset, o.scaling_factor
 
     assert build(True) == build(False)
+
+
+@pytest.mark.parametrize("sense", ["min", "max"])
+@pytest.mark.parametrize("shape", ["weighted", "repeated", "one", "sum", "cancelled", "constant"])
+def test_a_bound_written_from_the_flattened_expression_is_the_row_cp_sats_add_gives(sense, shape):
+    """variables.add_bound holds a tier (or cuts the cost) from the expression's flattened form; it must be the
+    row `m.add(expr >= value)` (or <=) makes, variable for variable."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.solve.variables import add_bound, flatten, wsum
+
+    def build(fast: bool):
+        m = cp_model.CpModel()
+        xs = [m.new_int_var(0, 9, f"x{i}") for i in range(5)]
+        expr = {"weighted": 3 * xs[3] + 5 * xs[0] - 2 * xs[4] + 7, "repeated": wsum([(2, xs[4]), (3, xs[1]), (1, xs[4])]) + 4,
+                "one": 3 * xs[2], "sum": sum([xs[3], xs[1]]), "cancelled": xs[2] - xs[2] + 2, "constant": 5}[shape]
+        if fast:
+            add_bound(m, expr, flatten(expr), 11, sense)
+        else:
+            m.add(expr >= 11) if sense == "max" else m.add(expr <= 11)
+        return [(c.has_linear(), list(c.linear.vars), list(c.linear.coeffs), list(c.linear.domain), c.has_bool_and(), c.has_bool_or())
+                for c in m.proto.constraints]
+
+    assert build(True) == build(False)

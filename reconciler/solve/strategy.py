@@ -33,7 +33,7 @@ from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
-from reconciler.solve.variables import constant, evaluate, flatten, set_full_hints, set_hints
+from reconciler.solve.variables import add_bound, constant, evaluate, flatten, set_full_hints, set_hints
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
@@ -249,11 +249,10 @@ class Search:
     def hold(self, expr, value: int, sense: str) -> None:
         """Keep `expr` at least (max) or at most (min) `value` from now on, in the model and its LP."""
         vs, cs, off = self.flat(expr)
+        add_bound(self.m, expr, (vs, cs, off), value, sense)
         if sense == "max":
-            self.m.add(expr >= value)
             self.lp.add(vs, cs, off, value, 2**62)
         else:
-            self.m.add(expr <= value)
             self.lp.add(vs, cs, off, -(2**62), value)
 
     def complete(self, work: float) -> list[int] | None:
@@ -383,7 +382,7 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
     res = search.lp.optimum(cvs, ccs, coff, maximize=False, fresh=True)
     lb = res[0] if res is not None else None
     if lb is not None and not fixed:
-        m.add(cost >= proven(lb, "min"))  # a valid cut: CP-SAT's own bound starts there
+        add_bound(m, cost, search.flat(cost), proven(lb, "min"), "max")  # a valid cut (cost >= lb): CP-SAT's own bound starts there
     search.lap("lp")
     status, value = "UNKNOWN", None
     hint_value = search.value(hint, cost) if not fixed else None

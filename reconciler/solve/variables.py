@@ -130,6 +130,20 @@ def set_hints(m: cp_model.CpModel, hints) -> None:
     h.values.extend(int(n) for _, n in pairs)
 
 
+def add_bound(m: cp_model.CpModel, expr, flat: tuple[list[int], list[int], int], value: int, sense: str) -> None:
+    """m.add(expr >= value) (sense "max") or m.add(expr <= value) ("min"), `flat` its `flatten` (by index, merged),
+    written as CP-SAT's `add` writes it (a test checks it): a tier held, or the cost's cut, without walking the
+    expression again (0.1 s for the cost at 20k jobs). An expression with no variable goes through `add`."""
+    vs, cs, off = flat
+    if not vs:
+        m.add(expr >= value) if sense == "max" else m.add(expr <= value)
+        return
+    lin = m.proto.constraints.add().linear
+    lin.vars.extend(vs)
+    lin.coeffs.extend(cs)
+    lin.domain.extend([value - off, INT64_MAX] if sense == "max" else [INT64_MIN, value - off])
+
+
 def set_full_hints(m: cp_model.CpModel, values: list[int]) -> None:
     """`set_hints(m, enumerate(values))`: the i-th variable hinted at values[i], every one, written at once
     (pairs built one by one took 0.1 s a hint at the 50k-job model's 337k variables)."""
@@ -139,4 +153,4 @@ def set_full_hints(m: cp_model.CpModel, values: list[int]) -> None:
     h.values.extend(values)
 
 
-__all__ = ["Values", "add_at_most_count", "scale", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_full_hints", "set_hints"]
+__all__ = ["Values", "add_at_most_count", "add_bound", "scale", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_full_hints", "set_hints"]
