@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ortools.sat.python import cp_model
 
 from reconciler.problem import Capacity
-from reconciler.solve.variables import set_hints
+from reconciler.solve.variables import set_full_hints
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -51,8 +51,8 @@ def fewer_instances(search: Search, answer: list[int], value: float, added: list
     for v in model.primaries():
         if v.index not in free:
             hold(sub, v, answer[v.index])
-    sub.minimize(search.cost)
-    set_hints(sub, enumerate(answer))
+    search.objective(sub, search.cost)
+    set_full_hints(sub, answer)
     s = search.solver_for()
     st = search.clock.solve(s, sub, FEWER_WORK)
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value < value - 0.5:
