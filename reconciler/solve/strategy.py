@@ -485,10 +485,11 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     the count the model proved, which the packer's first fit may miss). The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
     plan says its real gap and has no repair (its items never move: one round packs them all)."""
-    from reconciler.plan.packing import new_instances  # (the plan's packer: the plan imports the solver only to annotate)
+    from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
 
     model = search.model
-    packed = new_instances(search.problem, sol)
+    handed = offer_packing(search.problem, sol)
+    sol, packed = replace(sol, packed=handed), handed.instances  # (make_plan packs this answer the same: it takes it)
     more = {ok: len(insts) for ok, insts in packed.items() if len(insts) > sol.new.get(ok, 0)}
     need = needed(model, sol, packed, more)
     if not need:
