@@ -202,6 +202,8 @@ def plan(
     no_memo: bool = typer.Option(False, "--no-memo", help="Solve again even when .reconcile/cache/plan-memo.json holds the plan for these exact inputs."),
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
+    if _EXIT["main"]:
+        _collector_off()
     from reconciler import api
 
     if fmt not in ("human", "markdown", "json"):
@@ -262,7 +264,21 @@ def _render(plan: Plan, fmt: str, out: Path | None, color: bool) -> str:
     return few_collections(render)(plan, fmt, str(out) if out else None, color=color)
 
 
-_EXIT = {"now": False}
+_EXIT = {"now": False, "main": False, "gc": False}
+
+
+def _collector_off() -> None:
+    """In a `reconcile plan` process (`main`), the cyclic collector is off from the command's start to the process's
+    end. A plan makes almost no cyclic garbage (10k jobs: 89k objects, the packer's bins in one cycle through its
+    repair buyer; the peak RSS the same, 468-470 MiB), yet the collector cost 0.35-0.55 s of CPU of a 10k-job plan:
+    at few_collections' thresholds it traced the young heap ~80 times, and turned back on after the plan, its first
+    collections traced every object the plan had made (0.24 + 0.13 s). `main` turns it on again when the process
+    goes on (the teardown); in-process callers (tests, CliRunner) do not go through `main` and are left alone."""
+    import gc
+
+    if gc.isenabled():
+        gc.disable()
+        _EXIT["gc"] = True
 
 
 def _alone() -> bool:
@@ -876,7 +892,7 @@ def logs(
 
 
 def main() -> None:
-    _EXIT["now"] = False
+    _EXIT.update(now=False, main=True, gc=False)
     try:
         app()
     except SystemExit as e:
@@ -889,6 +905,12 @@ def main() -> None:
         except (OSError, ValueError):  # a closed pipe: let the interpreter report it as it would
             raise e from None
         os._exit(code)
+    finally:
+        if _EXIT["gc"]:  # (not reached when the process ended above)
+            import gc
+
+            gc.enable()
+        _EXIT.update(main=False, gc=False)
 
 
 if __name__ == "__main__":
