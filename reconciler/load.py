@@ -402,9 +402,11 @@ def _parse_bytes(rel: str, raw: bytes, diags: list[Diagnostic]) -> list[_Parsed]
         diags.append(Diagnostic(rel, line, "", "", "<file>", f"not valid UTF-8 (byte {e.start})"))
         return []
     try:
-        return [_Parsed(rel, line, body, pending=lines, plain=True) for line, body, lines in _plain_docs(text)]
+        plain = _plain_docs(text)
     except Exception:  # noqa: BLE001 -- anything unusual or wrong is parsed again the long way, which reports it
-        pass
+        plain = None
+    if plain is not None:
+        return [_Parsed(rel, line, body, pending=lines, plain=True) for line, body, lines in plain]
     docs = []
     conv = _Converter(rel)
     try:

@@ -40,7 +40,7 @@ class Site:
         return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}"
 
     @cached_property
-    def cloud_zone(self) -> str:
+    def zone_site(self) -> str:
         """`cloud/zone`: what the problem's per-item egress and latency costs are keyed by (Problem.coef)."""
         return f"{self.cloud}/{self.zone}"
 
@@ -102,11 +102,6 @@ class Capacity(OnSite):
         exact. With several domains the kept GPUs can leave no domain a block the count has room for: there
         NVLink work goes only where no GPU is taken."""
         return self.nvlink_domain >= self.gpus
-
-    @cached_property
-    def cloud_zone(self) -> str:
-        """`cloud/zone`: what the problem's per-item egress and latency costs are keyed by (Problem.coef)."""
-        return f"{self.cloud}/{self.zone}"
 
     @cached_property
     def class_key(self) -> str:
