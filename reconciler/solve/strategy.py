@@ -512,7 +512,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
             print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
         if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
-    return stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
+    sol, hint = stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
+    return replace(sol, packed=handed), hint  # (the parts of its packing that are this answer's too: make_plan takes them)
 
 
 def status_of(value: float, lb: float | None) -> str:
