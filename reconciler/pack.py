@@ -45,7 +45,13 @@ class Bin:
         return cls(cap, ref, {k: cap.cap(k) for k in dims}, [False] * (0 if cap.mig else cap.gpus))
 
     def fits(self, d: Demand) -> bool:
-        return all(self.free.get(k, 0.0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0)
+        # (a loop, not all() over a generator: asked 53k times packing a 10k-job plan's new instances)
+        free = self.free
+        for k in d.dims:
+            r = d.req(k)
+            if r > 0 and not free.get(k, 0.0) >= r - 1e-9:
+                return False
+        return True
 
     def take_resources(self, d: Demand) -> None:
         self.touched = True

@@ -40,6 +40,11 @@ class Site:
         return f"{self.pool}/{self.zone}/{self.instance_type}/{self.market}"
 
     @cached_property
+    def zone_site(self) -> str:
+        """`cloud/zone`: what the problem's per-item egress and latency costs are keyed by (Problem.coef)."""
+        return f"{self.cloud}/{self.zone}"
+
+    @cached_property
     def class_key(self) -> str:
         """The same across the zones of a pool: (pool, type, market)."""
         return f"{self.pool}/*/{self.instance_type}/{self.market}"

@@ -194,3 +194,34 @@ def test_the_last_resort_message_is_one_redacted_paragraph():
     assert "\n" not in short and "--debug" in short and "FLEETOPS_DEBUG=1" in short
     assert full.startswith("Traceback (most recent call last):") and full.endswith(short) and "test_cli_ux.py" in full
     assert "hunter2" not in short + full
+
+
+def test_a_solved_plan_ends_the_process_without_the_teardown_only_when_nothing_else_runs(tmp_path):
+    """`reconcile plan` ends the process once all is printed, without the interpreter's teardown (which freed a
+    10k-job plan's heap object by object: 0.3 s of CPU), when no other thread or child process is left; the
+    output is whole and the exit code the plan's. With another thread alive it ends the usual way. In the
+    process, the cyclic collector is off for the plan (0.35-0.55 s of CPU at 10k jobs), and on again when the
+    process goes on; a plan run in-process (not through `main`) leaves it as it was."""
+    import gc
+
+    from reconciler import api
+    from reconciler.render import render
+
+    cfg = copy_quickstart(tmp_path / "q")
+    args = ["plan", str(cfg), "--no-memo", "--time-limit", "5", "--detailed-exitcode", "--format", "json"]
+    run = ("import gc, sys, threading; from reconciler import api; from reconciler.cli import main\n"
+           "sys.argv = ['reconcile'] + sys.argv[2:]; plan = api.plan\n"
+           "def traced(*a, **k):\n    print('collector on:', gc.isenabled(), file=sys.stderr)\n    return plan(*a, **k)\n"
+           "api.plan = traced\n"
+           "if %s: threading.Thread(target=threading.Event().wait, args=(60,), daemon=True).start()\n"
+           "try:\n    main()\nexcept SystemExit as e:\n    print('torn down', e.code, gc.isenabled(), file=sys.stderr); raise\n")
+    want = render(api.plan(cfg, time_limit=5).plan, "json")
+    for other_thread in (False, True):
+        out = subprocess.run([sys.executable, "-c", run % other_thread, "-", *args], capture_output=True, text=True,
+                             timeout=300, cwd=Path(__file__).resolve().parent.parent)
+        assert out.returncode == 2, out.stderr
+        assert out.stdout == want
+        assert "collector on: False" in out.stderr
+        assert ("torn down 2 True" in out.stderr) is other_thread, out.stderr
+    assert gc.isenabled()
+    assert runner.invoke(app, args).exit_code == 2 and gc.isenabled()

@@ -398,3 +398,103 @@ def test_spot_only_minimums_no_on_demand_pool_can_balance_are_refused_at_load(tm
     errs = errors_of(write_config(tmp_path / "over", docs(0.5)))
     assert any("spec.max_spot_fraction" in e and "2 GPUs on spot" in e for e in errs), errs
     load(write_config(tmp_path / "fits", docs(0.7)))
+
+
+def _the_long_way(text: str) -> list:
+    """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
+    from reconciler.load import _compose_all, _Converter
+
+    conv, out = _Converter("f.yaml"), []
+    for node in _compose_all(text):
+        lines: dict = {}
+        out.append((node.start_mark.line + 1, conv.convert(node, (), lines, []), list(lines.values())))
+    return out
+
+
+def _typed(docs: list) -> list:
+    from reconciler.load import _leaves
+
+    return [(line, [(type(x), x) for x in _leaves(body)], lines) for line, body, lines in docs]
+
+
+USUAL = """# a comment
+apiVersion: fleetops/v1
+kind: Job
+metadata: {name: "a", labels: {team: 'x', n: "1"}}
+spec:
+  resources: {gpus: 2, cpu: 8.5, memory_gib: 1e3, tiny: .5, flag: yes, other: False, none: ~, empty: null}
+  regions: [us-east-1,
+    us-west-2]
+  nested:
+    - - 1
+      - -0x1F
+      - {deep: [[], {}, ""]}
+    - >
+      folded
+      text
+  quoted: "line\\nbreak"
+  octal: 0o17
+  big: 123456789012345678901234567890
+---
+just: a second document
+...
+--- [1, 2.0, true, "3"]
+"""
+
+
+@pytest.mark.parametrize("text", [USUAL, "a: 1", "- x\n- y", "plain scalar", "", "---\n", "a:\nb: 2\n"])
+def test_the_usual_document_is_read_from_the_parsers_events_as_the_long_way_reads_it(text):
+    """`_plain_docs` builds values and line lists from libyaml's events without YAML nodes or paths: the same
+    values, of the same types, and the same lines in the same order as composing and converting the nodes."""
+    from reconciler.load import _plain_docs
+
+    assert _typed(_plain_docs(text)) == _typed(_the_long_way(text))
+
+
+@pytest.mark.parametrize("text", [
+    "base: &b {x: 1}\nuse: *b\n",  # an anchor and an alias
+    "base: &b {x: 1}\nuse:\n  <<: *b\n  y: 2\n",  # a merge key
+    "a: 1\na: 2\n",  # a duplicate key
+    "1: one\n",  # a key that is not a string
+    "on: push\n",  # (YAML 1.1: the key is True)
+    "? [a, b]\n: c\n",  # a key that is a collection
+    "when: 2026-01-02T03:04:05Z\n",  # a timestamp
+    "x: !!str 1\n",  # an explicit tag
+    "a: [1, 2\n",  # invalid YAML
+    "a:" + " [" * 70 + " ]" * 70 + "\n",  # nested more than MAX_DEPTH
+])
+def test_an_unusual_document_is_read_the_long_way(tmp_path, text):
+    """What `_plain_docs` does not read as the composer would (anchors, merge keys, duplicate or non-string keys,
+    timestamps, tags, errors, limits) it refuses, and the file is parsed the long way: the same documents and the
+    same diagnostics as before it existed."""
+    from reconciler.load import _parse_bytes, _plain_docs, _Unusual
+
+    with pytest.raises((_Unusual, yaml.YAMLError)):
+        _plain_docs(text)
+    diags: list = []
+    docs = _parse_bytes("f.yaml", text.encode(), diags)
+    assert not any(d.plain for d in docs)
+    if not diags:
+        assert _typed([(d.line, d.body, list(d.lines.values())) for d in docs]) == _typed(_the_long_way(text))
+    else:
+        assert diags and all(d.file == "f.yaml" for d in diags)
+
+
+def test_a_plainly_read_file_names_the_lines_a_composed_one_does(tmp_path):
+    """An error in a document read from the events names the line the node-by-node reading named."""
+    from reconciler import load as L
+
+    docs = [topology(), tenant("t", gpus=4), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"])]
+    cfg = write_config(tmp_path / "c", docs)
+    bad = job("j", gpus=1, gpu_type="A10G")
+    bad["spec"]["resources"]["gpus"] = "many"
+    bad["spec"]["regions"] = ["us-east-1", {"not": "a region"}]
+    (cfg / "jobs.yaml").write_text(yaml.safe_dump_all([job("ok", gpus=1, gpu_type="A10G"), bad], sort_keys=False))
+    plain = errors_of(cfg)
+    assert any("jobs.yaml:" in e and "resources.gpus" in e for e in plain)
+    long_way = L._plain_docs
+    try:
+        L._plain_docs = lambda text: (_ for _ in ()).throw(L._Unusual())
+        assert errors_of(cfg) == plain
+    finally:
+        L._plain_docs = long_way

@@ -68,25 +68,49 @@ def nest_site(raw: dict) -> dict:
     return {**rest, "site": Site.from_json(raw)}
 
 
+_SCALARS = (str, int, float, bool, type(None))
+_FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}  # dataclass -> (field, "float" | "floats" | "") per field
+
+
 def _json_ready(obj):
-    """asdict, with a float field always a float (`cost_before: 0.0`, not `0` beside `72.21`)."""
+    """asdict, with a float field always a float (`cost_before: 0.0`, not `0` beside `72.21`). A scalar is
+    taken as it is where it stands and a dataclass's fields are read once per class (a 10k-job plan's 15k
+    dataclasses and 150k values: 0.11 -> 0.04 s of CPU); anything else (a subclass of list, dict...) as before."""
+    t = type(obj)
+    if t in _SCALARS:
+        return obj
+    if t is list or t is tuple:
+        return [x if type(x) in _SCALARS else _json_ready(x) for x in obj]
+    if t is dict:
+        _string_keys(obj)
+        return {k: v if type(v) in _SCALARS else _json_ready(v) for k, v in obj.items()}
     if is_dataclass(obj):
+        shape = _FIELDS.get(t)
+        if shape is None:
+            shape = _FIELDS[t] = tuple((f.name, "float" if f.type in ("float", "float | None") else
+                                        "floats" if f.type == "dict[str, float]" else "") for f in fields(obj))
         out = {}
-        for f in fields(obj):
-            v = _json_ready(getattr(obj, f.name))
-            if f.type in ("float", "float | None") and type(v) is int:
+        for name, kind in shape:
+            v = getattr(obj, name)
+            if type(v) not in _SCALARS:
+                v = _json_ready(v)
+            if kind == "float" and type(v) is int:
                 v = float(v)
-            elif f.type == "dict[str, float]":
+            elif kind == "floats":
                 v = {k: float(x) for k, x in v.items()}
-            out[f.name] = v
+            out[name] = v
         return out
     if isinstance(obj, (list, tuple)):
         return [_json_ready(x) for x in obj]
     if isinstance(obj, dict):
-        if not all(type(k) is str for k in obj):  # (JSON would turn 1 into "1" and sort it otherwise: see encode)
-            raise TypeError(f"internal: a plan's mapping has a key that is not a string: {sorted(map(repr, obj))[:3]}")
+        _string_keys(obj)
         return {k: _json_ready(v) for k, v in obj.items()}
     return obj
+
+
+def _string_keys(obj: dict) -> None:
+    if not all(type(k) is str for k in obj):  # (JSON would turn 1 into "1" and sort it otherwise: see encode)
+        raise TypeError(f"internal: a plan's mapping has a key that is not a string: {sorted(map(repr, obj))[:3]}")
 
 
 def body_digest(body: dict) -> str:

@@ -8,7 +8,7 @@ not model the offer instance by instance or its rules refused the instances that
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from reconciler.ledger import QuotaBook, budget_ok, pool_ok, spot_share_ok
@@ -87,8 +87,15 @@ def pack(fleet_name: str, problem: Problem, observed: Observed, solution: Soluti
     _pack_hosts(packing, problem, observed, solution, hosts, demand_of, assigned, group)
     repairs = _Repairs(problem, solution, caps, hosts, packing)
     packing.more_of = repairs.more_of
-    _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group,
-                 repairs.more_of)
+    handed = getattr(solution, "packed", None)
+    parts = _parts(solution, caps, assigned.to_offer) if handed is not None else {}
+    reuse = {keys for keys, inputs in parts.items() if handed.same(keys, inputs)}
+    if reuse:
+        fresh = {k for keys in parts if keys not in reuse for k in keys}
+        _pack_rest(packing, problem, solution, caps, assigned.to_offer, group, repairs, fresh, handed.rebuilt(reuse, caps, fleet_name))
+    else:
+        _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group,
+                     repairs.more_of)
     for bins in packing.bins_of.values():
         for b in bins:
             for job in {j for _, j, _ in b.items if j in packing.unpacked}:
@@ -101,6 +108,40 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
     key, group, items) like `Solution.slots`, with as many more instances as the packing takes (no
     fleet rule asked): an offer with more than `solution.new` of them is one whose counts did not
     pack, and this is a per-instance packing of it. What the solver's repair stage reads (strategy.py)."""
+    return offer_packing(problem, solution).instances
+
+
+@dataclass(frozen=True)
+class OfferPacking:
+    """The new instances of every offer as packed from one answer (`offer_packing`), as plain data. The solver's
+    repair stage packs them anyway and hands this on with its answer (`Solution.packed`, also on the answer it
+    repairs), so `pack` rebuilds the bins of each part whose inputs are the same instead of packing it again."""
+
+    instances: dict[str, tuple[tuple[tuple[str, str, int], ...], ...]]  # what new_instances returns
+    parts: dict[frozenset, tuple[tuple, tuple]]  # a part's keys -> (its inputs, its bins' states per offer); none that bought
+
+    def same(self, keys: frozenset, inputs: tuple) -> bool:
+        """Is this part packed here from the same inputs, buying nothing? (What it bought, `pack` buys only
+        where every fleet rule allows: a part that bought is packed again.)"""
+        kept = self.parts.get(keys)
+        return kept is not None and kept[0] == inputs
+
+    def rebuilt(self, parts: set[frozenset], caps: dict[str, Capacity], fleet_name: str) -> dict[str, list[Bin]]:
+        """The bins of these parts as packed, fresh (the plan's later phases change them), with the fleet's placement groups."""
+        out = {}
+        for keys in parts:
+            for ok, states in self.parts[keys][1]:
+                out[ok] = [Bin(caps[ok], ref, dict(free), list(used), list(items),
+                               None if group is None else placement_group_name(fleet_name, *group),
+                               {k: list(v) for k, v in gpu_of}, touched, before)
+                           for ref, free, used, items, group, gpu_of, touched, before in states]
+        return out
+
+
+def offer_packing(problem: Problem, solution: Solution) -> OfferPacking:
+    """The new instances of every offer packed from this answer as `pack` packs them, buying an instance
+    wherever the packing needs one (no fleet rule asked). A gang's placement group is kept as its
+    (job, zone), which `OfferPacking.rebuilt` names for the fleet (pack compares groups only for equality)."""
     caps = capacities_of(problem, solution)
     assigned = assign_items(problem, Observed((), (), {}), solution, caps)
     packing = Packing({}, {}, {}, set(), {}, {"all": 0.0, "spot": 0.0}, lambda c: 0.0)
@@ -112,7 +153,7 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
             return b
         return more
 
-    group = _group_namer("", problem)
+    group = _group_namer("", problem, lambda fleet, job, zone: (job, zone))
     _pack_offers(packing, solution, caps, _pack_slots(packing, problem, solution, caps, assigned.to_offer, group), group, more_of)
     origin = {(job, r): ck for ck, items in assigned.to_offer.items() for _, job, r in items}
     group_of = _group_of(problem)
@@ -126,7 +167,63 @@ def new_instances(problem: Problem, solution: Solution) -> dict[str, tuple[tuple
                 cells[k] = cells.get(k, 0) + 1
             insts.append(tuple(sorted((ck, gk, n) for (ck, gk), n in cells.items())))
         out[ok] = tuple(insts)
-    return out
+    kept = {}
+    for keys, inputs in _parts(solution, caps, assigned.to_offer).items():
+        mine = [(ok, packing.bins_of[ok]) for ok in sorted(keys) if ok in packing.bins_of]
+        if all(len(bins) <= solution.new.get(ok, 0) for ok, bins in mine):
+            kept[keys] = (inputs, tuple((ok, tuple(_state(b) for b in bins)) for ok, bins in mine))
+    return OfferPacking(out, kept)
+
+
+def _state(b: Bin) -> tuple:
+    return (b.ref, tuple(b.free.items()), tuple(b.gpus_used), tuple(b.items), b.group, tuple((k, tuple(v)) for k, v in b.gpu_of.items()),
+            b.touched, b.touched_before)
+
+
+def _parts(solution: Solution, caps: dict[str, Capacity], to_offer: dict[str, list]) -> dict[frozenset, tuple]:
+    """The parts of the new instances' packing no step links (a zone class with its zones, an offer modelled
+    instance by instance with the capacities its slots name, any other offer alone), each with all that its
+    packing reads: per key its count, slots, capacity and items, in order."""
+    parent: dict[str, str] = {}
+
+    def root(k: str) -> str:
+        parent.setdefault(k, k)
+        while parent[k] != k:
+            k = parent[k]
+        return k
+
+    for k in [*solution.new, *solution.slots, *to_offer]:
+        links = list(caps[k].members or ()) + [ck for inst in solution.slots.get(k, ()) for ck, _, _ in inst]
+        for m in links:
+            parent[root(m)] = root(k)
+        root(k)
+    members: dict[str, list[str]] = {}
+    for k in list(parent):
+        members.setdefault(root(k), []).append(k)
+    return {frozenset(ks): tuple((k, solution.new.get(k, 0), solution.slots.get(k), caps.get(k),
+                                  tuple((d.key, job, r) for d, job, r in to_offer.get(k, ()))) for k in sorted(ks))
+            for ks in members.values()}
+
+
+def _pack_rest(packing: Packing, problem: Problem, solution: Solution, caps: dict[str, Capacity], to_offer: dict[str, list],
+               group: Callable[[Demand, str], str | None], repairs: "_Repairs", fresh: set[str],
+               reused: dict[str, list[Bin]]) -> None:
+    """The new instances with the parts the hand-off holds rebuilt (`reused`) and the others' keys (`fresh`)
+    packed as `_pack_slots` and `_pack_offers` pack them, the offers' bins in the order packing them all gives."""
+    hosts = list(packing.bins_of)
+    if fresh:
+        sub = replace(solution, new={k: n for k, n in solution.new.items() if k in fresh},
+                      slots={k: v for k, v in solution.slots.items() if k in fresh})
+        mine = {k: v for k, v in to_offer.items() if k in fresh}
+        _pack_offers(packing, sub, caps, _pack_slots(packing, problem, sub, caps, mine, group), group, repairs.more_of)
+    made = {k: v for k, v in packing.bins_of.items() if k not in set(hosts)}
+    out = {k: packing.bins_of[k] for k in hosts}
+    for k in sorted(solution.slots) + sorted(k for k in solution.new if k not in solution.slots):
+        if k in reused or k in made:
+            out[k] = reused[k] if k in reused else made[k]
+    for k, bins in made.items():
+        out.setdefault(k, bins)
+    packing.bins_of = out
 
 
 def capacities_of(problem: Problem, solution: Solution) -> dict[str, Capacity]:
@@ -139,14 +236,14 @@ def _group_of(problem: Problem) -> dict[str, str]:
     return {dk: gk for gk, ks in problem.groups.items() for dk in ks}
 
 
-def _group_namer(fleet_name: str, problem: Problem) -> Callable[[Demand, str], str | None]:
+def _group_namer(fleet_name: str, problem: Problem, name: Callable = placement_group_name) -> Callable[[Demand, str], str | None]:
     in_group = {d.key for d in problem.demands if d.gang and d.gang_mode == "placement-group"}
 
     def group(d: Demand, zone: str) -> str | None:
         """A gang's cluster placement group, one per zone: a group lives in the zone of its first
         instance, so a gang whose allowlist moved it elsewhere needs another (with one name per
         gang, every create in the new zone failed, every run)."""
-        return placement_group_name(fleet_name, d.jobs[0], zone) if d.key in in_group else None
+        return name(fleet_name, d.jobs[0], zone) if d.key in in_group else None
 
     return group
 

@@ -166,8 +166,9 @@ class Problem:
     def cost_coef(self, d: Demand, c: Capacity) -> float:
         """USD/h per item of d on c beyond the instance price: data egress, latency, and the
         premium a spot-preferred job pays for falling back to on-demand."""
-        v = self.coef.get((d.key, f"{c.cloud}/{c.zone}"), 0.0)
-        if d.spot == "preferred" and c.market != "spot":
+        site = c.site  # (asked 300k times by greedy on a 10k-job fleet: its zone_site is made once)
+        v = self.coef.get((d.key, site.zone_site), 0.0)
+        if d.spot == "preferred" and site.market != "spot":
             v += 0.5 * c.on_demand_price * share(d, c)
         return v
 

@@ -59,6 +59,9 @@ class Solution:
     # Offers modelled instance by instance (solve/slots.py): offer key -> its new instances, each as
     # (x's capacity key, group, items): a packing the model proved, which the packer follows.
     slots: dict[str, tuple[tuple[tuple[str, str, int], ...], ...]] = field(default_factory=dict)
+    # The new instances as the plan's packer filled them from this answer (plan/packing.OfferPacking, made by the
+    # repair stage): make_plan uses it instead of packing again while it is this answer's (None: it packs).
+    packed: object = field(default=None, compare=False, repr=False)
 
 
 __all__ = ["Solution", "TierReport"]

@@ -514,10 +514,11 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     the count the model proved, which the packer's first fit may miss). The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
     plan says its real gap and has no repair (its items never move: one round packs them all)."""
-    from reconciler.plan.packing import new_instances  # (the plan's packer: the plan imports the solver only to annotate)
+    from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
 
     model = search.model
-    packed = new_instances(search.problem, sol)
+    handed = offer_packing(search.problem, sol)
+    sol, packed = replace(sol, packed=handed), handed.instances  # (make_plan packs this answer the same: it takes it)
     more = {ok: len(insts) for ok, insts in packed.items() if len(insts) > sol.new.get(ok, 0)}
     need = needed(model, sol, packed, more)
     if not need:
@@ -540,7 +541,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
             print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
         if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
-    return stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
+    sol, hint = stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
+    return replace(sol, packed=handed), hint  # (the parts of its packing that are this answer's too: make_plan takes them)
 
 
 def status_of(value: float, lb: float | None) -> str:
