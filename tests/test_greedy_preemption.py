@@ -1,0 +1,72 @@
+"""Greedy takes a lower class's place inside its own tenant's quota, as the model's tiers rank it (README: a higher
+class may evict a lower one of its tenant, the same class never): where the quota alone refuses a job, the tenant's
+running jobs of a lower class stop, lowest class first, then the least work and the least time left.
+
+Found on an applied 5k-job fleet (bench.pr_plan): a PR added a normal 1-GPU job to a tenant at its GPU quota, greedy
+left it pending, the guaranteed normal work tier's LP bound was one job more, and CP-SAT spent its whole work limit
+without the eviction (10.7 s of CPU, the tier unproven, the job pending); with 120 s it found it. With greedy's warm
+start at the bound, every tier is held: 5.6 s, the job placed, one low job of its tenant stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fleetkit import doc, instance, job, plan_for, pool, topology
+from tests.invariants import check_plan, check_stability
+
+A100 = {"gpus": 1, "gpu_type": "A100", "cpu": 8, "mem": 60}
+
+
+def docs(preemption: str = "LowerPriority", quota: int = 2) -> list[dict]:
+    return [topology(), doc("Tenant", "t", {"quota": {"gpus": quota}}), doc("Tenant", "u", {}),
+            pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4),
+            doc("PlacementPolicy", "pp", {"preemption": preemption}),
+            job("low-a", "t", priority="low", expected_hours=72, **A100),
+            job("low-b", "t", priority="low", expected_hours=4, **A100),
+            job("theirs", "u", priority="low", **A100),
+            job("new", "t", priority="normal", **A100)]
+
+
+FLEET = [instance(f"i{k}", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g") for k in range(3)]
+RUNNING = {"low-a": ("i0",), "low-b": ("i1",), "theirs": ("i2",)}
+
+
+def by_job(plan) -> dict:
+    return {j.job: j for j in plan.jobs}
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_higher_class_takes_its_own_tenants_lower_job_when_the_quota_alone_refuses_it(tmp_path, time_limit):
+    """t (2 GPUs) runs two low jobs; its new normal job fits only in their quota. Greedy (--time-limit 0) left it
+    pending on the quota; now it stops the low job with the least time left (low-b: 4 h) and places it, and the
+    other tenant's job is untouched. CP-SAT's warm start is then at every tier's bound: each is held."""
+    plan = plan_for(tmp_path / "p", docs(), FLEET, RUNNING, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "place" and jobs["low-b"].action == "evict", {k: v.action for k, v in jobs.items()}
+    assert jobs["low-a"].action == "keep" and jobs["theirs"].action == "keep"
+    if time_limit:
+        assert all(t["status"] == "HELD" for t in plan.solver.tiers if "normal" in t["name"]), plan.solver.tiers
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, FLEET, RUNNING)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+
+
+def test_greedy_stops_no_running_job_under_preemption_never(tmp_path):
+    plan = plan_for(tmp_path / "p", docs("Never"), FLEET, RUNNING, time_limit=0)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "pending" and "quota" in jobs["new"].reason
+    assert {jobs[j].action for j in RUNNING} == {"keep"}
+
+
+def test_greedy_stops_nothing_when_the_stopped_jobs_could_not_make_room(tmp_path):
+    """A 2-GPU normal job needs 2 GPUs of quota; stopping both low jobs frees them, but the pool (max 3, all running)
+    has no instance with 2 GPUs: nothing is stopped for a job that is not placed (the undo)."""
+    two = [d for d in docs() if d["metadata"]["name"] != "new"]
+    two.append(job("new", "t", priority="normal", gpus=2, gpu_type="A100", cpu=16, mem=120))
+    plan = plan_for(tmp_path / "p", two, FLEET, RUNNING, time_limit=0)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "pending"
+    assert {jobs[j].action for j in RUNNING} == {"keep"}
