@@ -770,9 +770,12 @@ class Ledger:
             return out
         return self._once("roomy", find)
 
-    def higher(self, d) -> list[str]:
-        """Placed jobs of a higher class than d's on the same kind of capacity, by name."""
+    def higher(self, d, tenant: str | None = None) -> list[str]:
+        """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name."""
         kind = (d.gpu_type, d.gpus > 0, bool(d.mig))
+        if tenant is not None:
+            return sorted(j for j, o in self.job_demand.items() if o.tenant == tenant and o.klass > d.klass
+                          and (o.gpu_type, o.gpus > 0, bool(o.mig)) == kind)
 
         def by_kind() -> dict[tuple, list[tuple[int, str]]]:
             out: dict[tuple, list[tuple[int, str]]] = {}

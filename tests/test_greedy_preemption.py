@@ -44,6 +44,8 @@ def test_a_higher_class_takes_its_own_tenants_lower_job_when_the_quota_alone_ref
     jobs = by_job(plan)
     assert jobs["new"].action == "place" and jobs["low-b"].action == "evict", {k: v.action for k, v in jobs.items()}
     assert jobs["low-a"].action == "keep" and jobs["theirs"].action == "keep"
+    assert jobs["low-b"].reason.endswith("quota exhausted: tenant t uses 2/2 GPUs in this plan, the job needs 1 more "
+                                         "(its tenant's quota goes to its higher-priority work first: new)"), jobs["low-b"].reason
     if time_limit:
         assert all(t["status"] == "HELD" for t in plan.solver.tiers if "normal" in t["name"]), plan.solver.tiers
     from reconciler.load import load
