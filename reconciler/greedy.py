@@ -674,11 +674,12 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
     """Where its tenant's quota alone refuses one more job of d, stop the tenant's own running jobs of a lower class
     (the lowest class first) until the quota has room, and place it (the README: a higher class may take a lower
     one's place in its tenant; as the model's tiers rank it, class by class, unless preemption is Never). Only
-    1-replica, non-gang jobs are stopped. Nothing changes if it cannot be placed so. (An applied 5k-job fleet where
+    1-replica, non-gang jobs are stopped (for a job or a gang). Nothing changes if it cannot be placed so. (An applied 5k-job fleet where
     a PR added a normal 1-GPU job to a tenant at its GPU quota: greedy left it pending, the guaranteed normal work
     tier's LP bound was one job more, and CP-SAT spent its whole work limit without finding the eviction: 10.7 s
-    of CPU and an unproven tier; with 120 s it found it.)"""
-    if g.p.placement.preemption == "Never" or d.gang or g.led.quota_short(d) is None:
+    of CPU and an unproven tier; with 120 s it found it. A high 2 x 8-GPU gang added there stayed pending the same way,
+    its tier unproven; now it takes 16 of its tenant's low 1-GPU jobs' quota, every tier proven.)"""
+    if g.p.placement.preemption == "Never" or g.led.quota_short(d) is None:
         return False
     stays = [(v, hk, g.a.stay.get((v.key, hk), 0)) for v, hk in _victims(g, d.tenant) if v.klass < d.klass]
     stopped: list[tuple[Demand, _Inst]] = []

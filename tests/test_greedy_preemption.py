@@ -72,3 +72,15 @@ def test_greedy_stops_nothing_when_the_stopped_jobs_could_not_make_room(tmp_path
     jobs = by_job(plan)
     assert jobs["new"].action == "pending"
     assert {jobs[j].action for j in RUNNING} == {"keep"}
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_gang_of_a_higher_class_takes_its_own_tenants_lower_jobs_quota(tmp_path, time_limit):
+    """A normal 2-replica gang of t (quota 2 GPUs, both used by its low jobs): greedy stops both low jobs, not the other
+    tenant's, and places the gang whole."""
+    gang = [d for d in docs() if d["metadata"]["name"] != "new"]
+    gang.append(job("new", "t", priority="normal", replicas=2, gang="zone", **A100))
+    plan = plan_for(tmp_path / "p", gang, FLEET, RUNNING, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "place" and len(jobs["new"].instances) == 2, {k: (v.action, v.reason) for k, v in jobs.items()}
+    assert (jobs["low-a"].action, jobs["low-b"].action, jobs["theirs"].action) == ("evict", "evict", "keep")
