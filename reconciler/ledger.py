@@ -797,7 +797,7 @@ class Ledger:
 
     def broken_rules(self) -> dict[str, str]:
         """The fleet-wide rules this fleet breaks as it stands (a budget lowered below what runs, a
-        pool shrunk, a spot share or buffer no longer met, a tenant past its ceiling, budget or
+        pool shrunk or under its minimum, a spot share or buffer no longer met, a tenant past its ceiling, budget or
         spot share, a license count lowered): something must give, so work the rules would
         otherwise keep may be stopped. {rule: what breaks it}; {} when every rule holds."""
         p, out = self.problem, {}
@@ -806,6 +806,11 @@ class Ledger:
         for pool in sorted({c.pool for c in self.instances.values()}):
             if not pool_ok(self.pool_count(pool), 0, p.pool_bounds.get(pool, (0, math.inf))[1]):
                 out[f"pool:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, over its max_instances"
+        # (a minimum the fleet does not meet is bought by the plan, and what that costs may be a running job's room under
+        # the budget: an honest plan evicting a guaranteed job for it was refused by apply's re-check, fleet25)
+        for pool, (lo, _) in sorted(p.pool_bounds.items()):
+            if not pool_min_ok(self.pool_count(pool), lo):
+                out[f"pool-min:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, under its min_instances {lo}"
         sp = p.spot
         spot, total = self.spot()
         if spot and sp.max_spot_fraction < 1 and not spot_share_ok(spot, total, sp.max_spot_fraction):

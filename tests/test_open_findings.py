@@ -30,6 +30,9 @@ told to make it a plain test).
   item's own GPUs back only for 1-replica items.
 - fleet22: CP-SAT evicted t1's protected low j5 and placed t2's pending normal j12 in its room,
   counting t1's normal j6 (running, but it must leave its spot instance) as the higher class that took j5's place (a second guarantee tier now keeps a tenant's running work, moved or not).
+- fleet25: apply's re-check refused an honest plan that evicted a guaranteed job because the fleet as it ran left a
+  pool minimum unmet, whose price under the budget was that job's instance: the re-check did not count an unmet
+  minimum among the fleet-wide rules the fleet breaks now.
 - fleet24 (open, strict xfail): j3 (A100-80GB, only in az-a100-80: on-demand, max 1) is pending on "pools at
   max_instances; other capacity is blocked by the on-demand buffer"; with max_instances lifted it is still pending:
   the offer is sized to the one instance j3's work needs, which the optimum keeps idle for the buffer."""
@@ -261,6 +264,15 @@ def test_another_tenants_work_takes_no_protected_jobs_room_on_fleet22():
     assert (set(protected_jobs(desired, observed, "t1")), moving_jobs(desired, observed, "t1")) == ({"j4", "j5", "j11"}, ["j6"])
     check_fleet(f, time_limit=5)
 
+
+
+def test_apply_accepts_an_eviction_that_an_unmet_pool_minimum_needs_under_the_budget_on_fleet25():
+    """fleet25 (the slow property tier on main, 2026-11-26 22:50): t1's low j2 (2 x A100, protected: t1 has no quota)
+    runs on i0, an a2-highgpu-4g ($14.69/h); aws-cpu asks for min_instances 1 (an m6i.4xlarge) and the fleet has none;
+    max_hourly_budget is $15. Buying the minimum leaves no budget for i0, so both planners stop j2 (and run j0 on an
+    a2-highgpu-1g). The oracle accepts it (the fleet as it runs breaks a pool rule); `apply --plan`'s re-check refused
+    it: ledger.broken_rules named a pool over its maximum but not one under its minimum."""
+    check_fleet(fleet("fleet25"), time_limit=5)
 
 @pytest.mark.xfail(strict=True, reason="open (slow tier, 22:45): size_offers gives an on-demand offer no room for the buffer's "
                                        "idle instance where other on-demand offers could hold it, so lifting max_instances does not place j3")
