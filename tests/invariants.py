@@ -259,6 +259,8 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
     # must move whole or a changed job, which need capacity anew)
     new = sorted((priority_class(j.spec.priority_weight()), job_size(j)) for j in desired.jobs.values()
                  if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
+    if desired.placement.preemption == "Never":
+        new = []  # (no class takes another's place: nothing stands in)
     for klass, size in new:  # smallest class first: each covers lost units of any class below its own
         for c in sorted(lost):
             if c >= klass or size <= 0:

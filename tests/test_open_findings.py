@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet24 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All but fleet24 and greedy's side of fleet26 are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -33,6 +33,11 @@ told to make it a plain test).
 - fleet25: apply's re-check refused an honest plan that evicted a guaranteed job because the fleet as it ran left a
   pool minimum unmet, whose price under the budget was that job's instance: the re-check did not count an unmet
   minimum among the fleet-wide rules the fleet breaks now.
+- fleet26: greedy's answer released the only instance of a pool at min_instances 1 (a spot host spot diversity
+  could not keep) and could not buy another under the budget; CP-SAT could not complete that answer and emitted it.
+  CP-SAT now starts from its own answer (greedy's as a hint); greedy's own plan is still wrong (open, strict xfail).
+- fleet27: under preemption: Never, the guarantee tier let t1's new normal job stand in for its evicted protected
+  low job; no class takes another's place there, so nothing stands in.
 - fleet24 (open, strict xfail): j3 (A100-80GB, only in az-a100-80: on-demand, max 1) is pending on "pools at
   max_instances; other capacity is blocked by the on-demand buffer"; with max_instances lifted it is still pending:
   the offer is sized to the one instance j3's work needs, which the optimum keeps idle for the buffer."""
@@ -273,6 +278,43 @@ def test_apply_accepts_an_eviction_that_an_unmet_pool_minimum_needs_under_the_bu
     a2-highgpu-1g). The oracle accepts it (the fleet as it runs breaks a pool rule); `apply --plan`'s re-check refused
     it: ledger.broken_rules named a pool over its maximum but not one under its minimum."""
     check_fleet(fleet("fleet25"), time_limit=5)
+
+
+def test_cp_sat_plans_from_its_own_start_where_greedys_answer_breaks_a_pool_minimum_on_fleet26():
+    """fleet26 (the slow property tier on main, 2026-11-26 23:12; also on the session's first main): aws-cpu (min 1, max 1)
+    has only i0, a spot m6i.4xlarge that spot diversity (min_zones 2) cannot keep; gcp-a100's a2-highgpu-4g ($14.69/h)
+    runs t1's j10; max_hourly_budget $15. Greedy gives up i0 and cannot buy an on-demand m6i ($0.77/h) under the
+    budget: its answer leaves the pool under its minimum, CP-SAT could not complete it, and the plan was that answer
+    ("CP-SAT could not complete greedy's answer"). Now CP-SAT searches from greedy's answer as a hint only: an on-demand
+    m6i for j1 and j10 moved to an a2-highgpu-1g, every rule kept."""
+    from tests.invariants import check_plan, check_stability
+    from tests.test_properties import solve_both
+
+    desired, observed, (_, plan), _ = solve_both(fleet("fleet26"), 5)
+    assert plan.solver.status != "GREEDY_FALLBACK", plan.solver.note
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+
+
+@pytest.mark.xfail(strict=True, reason="open (slow tier, 23:12): greedy's answer leaves aws-cpu under min_instances (the budget)")
+def test_greedys_plan_keeps_the_pool_minimum_on_fleet26():
+    """Greedy's own plan (--time-limit 0, and the fallback) on fleet26 still releases i0 and buys nothing for the pool's
+    minimum: it would have to give up the a2-highgpu-4g for a smaller instance to afford it, which it does not try."""
+    from tests.invariants import check_plan
+    from tests.test_properties import solve_both
+
+    desired, observed, _, (_, gplan) = solve_both(fleet("fleet26"), 5)
+    check_plan(desired, observed, gplan)
+
+
+def test_no_job_stands_in_for_a_protected_one_under_preemption_never_on_fleet27():
+    """fleet27 (the slow property tier on main, 2026-11-26 23:12; also on the session's first main): preemption: Never;
+    t1 (no quota: all it runs is guaranteed) runs low j1 (spot: required, so it must leave the on-demand i0) and low j2
+    on i0. Moving j1 to a new spot instance makes the on-demand buffer (50%) ask for idle room on i0 that j2 holds.
+    CP-SAT (OPTIMAL) evicted j2 and placed t1's new normal j10: the guarantee tier counted j10 as the higher class that
+    took j2's place, which preemption: Never does not allow. Now nothing stands in under Never (objective.protected_tier,
+    and the oracle's ranking alike): j2 stays."""
+    check_fleet(fleet("fleet27"), time_limit=5)
 
 @pytest.mark.xfail(strict=True, reason="open (slow tier, 22:45): size_offers gives an on-demand offer no room for the buffer's "
                                        "idle instance where other on-demand offers could hold it, so lifting max_instances does not place j3")

@@ -103,6 +103,7 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
     p, m = model.p, model.m
     prot = []
     bound = 0
+    stand_ins = p.placement.preemption != "Never"
     for t, r in p.tenants.items():
         # (a tenant with no quota at all is unlimited: all it runs is guaranteed; a set, not a scan per job at 10k)
         protected_jobs = set(units_of(r))
@@ -126,8 +127,12 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
         for i, a in enumerate(levels):
             # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
             # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
-            terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
-            terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
+            # (under preemption: Never no class takes another's place, so nothing stands in for a protected job: its
+            # tenant's new normal job counted for its evicted low one, fleet27)
+            terms = []
+            if stand_ins:
+                terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
+                terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
             new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
