@@ -307,6 +307,16 @@ def test_greedys_plan_keeps_the_pool_minimum_on_fleet26():
     check_plan(desired, observed, gplan)
 
 
+def test_apply_refuses_greedys_plan_that_leaves_a_pool_under_its_minimum_on_fleet26():
+    """Until greedy keeps the minimum itself (above), `apply --plan` of its plan (--time-limit 0) refuses it with the
+    pool named: the re-check checked pool maximums, not minimums, and let it through."""
+    from reconciler.problem import build_problem
+    from tests.test_properties import recheck, solve_both
+
+    desired, observed, _, (_, gplan) = solve_both(fleet("fleet26"), 5)
+    refused = recheck(gplan, desired, observed, build_problem(desired, observed))[1]
+    assert refused == ["the plan breaks a rule the fleet keeps now: pool aws-cpu has 0 instances, under its min_instances 1"]
+
 def test_no_job_stands_in_for_a_protected_one_under_preemption_never_on_fleet27():
     """fleet27 (the slow property tier on main, 2026-11-26 23:12; also on the session's first main): preemption: Never;
     t1 (no quota: all it runs is guaranteed) runs low j1 (spot: required, so it must leave the on-demand i0) and low j2
