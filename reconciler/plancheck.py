@@ -11,7 +11,7 @@ never read from the plan:
   type and market, inside the guardrails' regions and the spot price cap, not in a capacity
   cool-off), the provider that pool uses, and a key and ref of this plan's form; its price and
   spot bid come from the offering;
-* no pool ends with more than max_instances, and the creates fit the headroom of every cloud account quota
+* no pool ends with more than max_instances, nor under a min_instances the fleet meets now, and the creates fit the headroom of every cloud account quota
   as apply reads it now (quotas are not in the observed digest: another team's launch or a lowered limit since
   the plan was made is found here), by the one rule in reconciler/ledger.py (apply creates before it deletes,
   so a delete frees nothing for this plan); before, such a plan launched until the cloud refused, half applied;
