@@ -255,11 +255,10 @@ class Search:
         else:
             self.lp.add(vs, cs, off, -(2**62), value)
 
-    def complete(self, work: float, fixed: bool = True) -> list[int] | None:
+    def complete(self, work: float) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
         helper variable set as high as those placements allow in each tier (max tiers count double
-        the borrowed ones so the guaranteed/borrowed split favours the guarantee). fixed=False: the
-        hint guides the search only (where greedy's answer breaks a rule the model keeps)."""
+        the borrowed ones so the guaranteed/borrowed split favours the guarantee)."""
         m = self.m
         terms = []
         for t in self.tiers:
@@ -267,10 +266,9 @@ class Search:
             terms.append(t.expr * (w if t.sense == "max" else -w))
         if terms:
             m.maximize(sum(terms))
-        s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed else self.solver_for()
+        s = self.solver_for(fix_variables_to_their_hinted_value=True)
         st = self.clock.solve(s, m, work)
-        if fixed or st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            m.clear_hints()
+        m.clear_hints()
         return list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
 
 
@@ -290,9 +288,6 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     # are every tier's floor; without them nothing could promise an answer at least greedy's.
     model.hint_from(g)
     best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget))
-    if best is None:  # greedy's answer breaks a rule the model keeps (fleet26: a pool minimum under the budget), or is
-        # too hard to complete: CP-SAT's own start, greedy's answer as a hint only (its floors would hold a broken answer)
-        best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget), fixed=False)
     if best is None:
         return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0,
                                note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit")
