@@ -607,12 +607,9 @@ def test_the_oracles_guarantee_rank_credits_only_what_keeps_or_outranks_a_runnin
     assert kept({"run": "i0", "up": "i1"}) == 14  # the tenant's high job takes its low job's place
 
 
-def test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenants_low_jobs_place(tmp_path):
-    """Found by the property tier: t1 (16 GPUs guaranteed) runs a high 2 x 8-GPU gang split over two zones (a
-    drifted fleet) and three low jobs on a p4d; the pool allows two p4d. The gang must move whole, so it is not
-    protected where it runs (the library counted it, leaving the low jobs unprotected) and, as t1's higher class,
-    may take the low jobs' place (the oracle counted only pending jobs as new work, and called CP-SAT's plan,
-    which moves the gang into one zone, worse than greedy's, which evicts it)."""
+def _split_gang_fleet(tmp_path, tenant_spec: dict):
+    """t1 (`tenant_spec`) runs a high 2 x 8-GPU gang split over two zones and three low jobs on a p4d, the pool allows
+    two p4d: the problem's t1 rules, CP-SAT's plan, greedy's plan's ranking and CP-SAT's, after check_stability."""
     from dataclasses import replace
 
     from reconciler.load import load
@@ -620,7 +617,7 @@ def test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenan
     from tests.fleetkit import catalog_observed, instance, plan_for
     from tests.invariants import ranking
     a100 = {"gpu_type": "A100"}
-    docs = [topology(), doc("Tenant", "t1", {"quota": {"gpus": 16}}),
+    docs = [topology(), doc("Tenant", "t1", tenant_spec),
             pool("aws-a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=2),
             job("gang", "t1", gpus=8, cpu=90, mem=600, replicas=2, priority="high", **a100),
             job("one", "t1", gpus=1, cpu=8, mem=60, priority="low", **a100),
@@ -634,11 +631,21 @@ def test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenan
     plans = {tl: plan_for(tmp_path / str(tl), docs, fleet, placements, time_limit=tl, gpu_indices=gpus) for tl in (10, 0)}
     desired = load(tmp_path / "10")
     observed = replace(catalog_observed(desired, fleet, placements), gpu_indices=gpus)
-    assert set(build_problem(desired, observed).tenants["t1"].protected_jobs) == {"one", "two", "three"}
-    gang = by_job(plans[10])["gang"]
-    assert gang.action == "move" and len({i for i in gang.instances}) == 2, gang
-    assert ranking(desired, observed, plans[10]) >= ranking(desired, observed, plans[0])
     check_stability(desired, observed, plans[10])
+    return build_problem(desired, observed).tenants["t1"], plans[10], ranking(desired, observed, plans[0]), ranking(desired, observed, plans[10])
+
+
+def test_a_gang_running_split_over_zones_is_new_work_that_may_take_its_own_tenants_low_jobs_place(tmp_path):
+    """Found by the property tier: t1 (16 GPUs guaranteed) runs a high 2 x 8-GPU gang split over two zones (a
+    drifted fleet) and three low jobs on a p4d; the pool allows two p4d. The gang must move whole, so it is not
+    protected where it runs (the library counted it, leaving the low jobs unprotected) and, as t1's higher class,
+    may take the low jobs' place (the oracle counted only pending jobs as new work, and called CP-SAT's plan,
+    which moves the gang into one zone, worse than greedy's, which evicts it)."""
+    t1, plan, greedy_rank, rank = _split_gang_fleet(tmp_path, {"quota": {"gpus": 16}})
+    assert set(t1.protected_jobs) == {"one", "two", "three"}
+    gang = by_job(plan)["gang"]
+    assert gang.action == "move" and len({i for i in gang.instances}) == 2, gang
+    assert rank >= greedy_rank
 
 
 def test_a_gang_that_must_move_inside_its_guarantee_still_takes_its_own_tenants_low_jobs_place(tmp_path):
@@ -646,33 +653,11 @@ def test_a_gang_that_must_move_inside_its_guarantee_still_takes_its_own_tenants_
     move is counted in the second guarantee tier (TenantRules.moving_jobs) as t1's own running work. Moved whole
     into the low jobs' room it keeps 2 x 8 GPUs of t1's running work there, more than the three low jobs' 4 GPUs,
     so it still moves, as a higher class of their own tenant may (the second tier must not pin the low jobs)."""
-    from dataclasses import replace
-
-    from reconciler.load import load
-    from reconciler.problem import build_problem
-    from tests.fleetkit import catalog_observed, instance, plan_for
-    from tests.invariants import ranking
-    a100 = {"gpu_type": "A100"}
-    docs = [topology(), doc("Tenant", "t1", {}),
-            pool("aws-a100", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=2),
-            job("gang", "t1", gpus=8, cpu=90, mem=600, replicas=2, priority="high", **a100),
-            job("one", "t1", gpus=1, cpu=8, mem=60, priority="low", **a100),
-            job("two", "t1", gpus=2, cpu=16, mem=120, priority="low", **a100),
-            job("three", "t1", gpus=1, cpu=8, mem=60, priority="low", **a100)]
-    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
-             instance("i1", "aws-a100", "aws", "us-east-1", "us-east-1b", "p4d.24xlarge"),
-             instance("i2", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
-    placements = {"gang": ("i1", "i2"), "one": ("i0",), "two": ("i0",), "three": ("i0",)}
-    gpus = {"gang": (tuple(range(8)), tuple(range(8))), "one": ((0,),), "two": ((1, 2),), "three": ((3,),)}
-    plans = {tl: plan_for(tmp_path / str(tl), docs, fleet, placements, time_limit=tl, gpu_indices=gpus) for tl in (10, 0)}
-    desired = load(tmp_path / "10")
-    observed = replace(catalog_observed(desired, fleet, placements), gpu_indices=gpus)
-    t1 = build_problem(desired, observed).tenants["t1"]
+    t1, plan, greedy_rank, rank = _split_gang_fleet(tmp_path, {})
     assert (set(t1.protected_jobs), t1.moving_jobs) == ({"one", "two", "three"}, ("gang",))
-    gang = by_job(plans[10])["gang"]
+    gang = by_job(plan)["gang"]
     assert gang.action == "move" and len({i for i in gang.instances}) == 2, gang
-    assert ranking(desired, observed, plans[10]) >= ranking(desired, observed, plans[0])
-    check_stability(desired, observed, plans[10])
+    assert rank >= greedy_rank
 
 
 @pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
