@@ -213,11 +213,26 @@ TRACE_CPU = [12, 16, 12, 8, 15, 12, 12, 12, 12, 4, 10, 19, 10, 12, 4, 12, 4, 25,
              12, 12, 12, 16, 12, 12, 12, 8, 19, 12, 8, 12, 12, 12, 12, 10, 8, 12, 19, 12]
 
 
-def trace_shaped_docs() -> list[dict]:
-    """80 one-GPU jobs of 4 to 25 vCPU (955 in all) on p4d.24xlarge (8 GPUs, 96 vCPU), up to 40 (summed per offer):
-    10 instances hold them, with no GPU and 5 vCPU to spare; the packer's first fit and filling take 11."""
+def trace_shaped_docs(cpus: list[int] = TRACE_CPU) -> list[dict]:
+    """80 one-GPU jobs of 4 to 25 vCPU (TRACE_CPU: 955 in all) on p4d.24xlarge (8 GPUs, 96 vCPU), up to 40 (summed per
+    offer): 10 instances hold them, with no GPU and 5 vCPU to spare; the packer's first fit and filling take 11."""
     docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=40)]
-    return docs + [job(f"j{i}", gpus=1, gpu_type="A100", cpu=c, mem=1) for i, c in enumerate(TRACE_CPU)]
+    return docs + [job(f"j{i}", gpus=1, gpu_type="A100", cpu=c, mem=1) for i, c in enumerate(cpus)]
+
+
+def replanned_after_the_packers_instances(tmp_path, monkeypatch, docs: list[dict]):
+    """The cold plan without `fewer_instances` (the packer's packing, on 11 instances), applied on the sim, and the
+    plan of the same config after it: (the cold PlanResult, the next Plan)."""
+    from reconciler import api
+    from reconciler.solve import strategy
+
+    cfg = write_config(tmp_path / "cfg", docs)
+    with monkeypatch.context() as mp:
+        mp.setattr(strategy, "fewer_instances", lambda *a: None)
+        first = api.plan(cfg, time_limit=5)
+    assert len(first.plan.creates) == 11
+    api.apply(cfg, saved_plan=first.plan, time_limit=5)
+    return first, api.plan(cfg, time_limit=5).plan
 
 
 def test_the_repair_stage_finds_a_packing_on_the_count_the_model_proved(tmp_path, monkeypatch):
@@ -346,17 +361,9 @@ def test_a_plan_after_applying_a_packing_on_one_instance_more_gives_that_instanc
     applied, then planned again: a consolidation that pays back (its moves cost less than the instance they free),
     so the plan moves jobs onto 10 instances, deletes the 11th and says what it saves; every move is that
     consolidation's and the fleet after it costs what the cold plan of 10 costs."""
-    from reconciler import api
-    from reconciler.solve import strategy
     from tests.fleetkit import plan_for
 
-    cfg = write_config(tmp_path / "cfg", trace_shaped_docs())
-    with monkeypatch.context() as mp:
-        mp.setattr(strategy, "fewer_instances", lambda *a: None)
-        first = api.plan(cfg, time_limit=5)
-    assert len(first.plan.creates) == 11
-    api.apply(cfg, saved_plan=first.plan, time_limit=5)
-    again = api.plan(cfg, time_limit=5).plan
+    _, again = replanned_after_the_packers_instances(tmp_path, monkeypatch, trace_shaped_docs())
     counts = again.counts()
     assert (counts["create"], counts["delete"], counts["evict"], counts["pending"]) == (0, 1, 0, 0)
     assert all(j.reason.startswith("consolidation") for j in again.jobs if j.action == "move")
@@ -377,17 +384,6 @@ def test_the_repair_stage_does_not_emit_moves_that_cost_more_than_staying_put(tm
     3 hosts up for 2 new ones; their packing took a 3rd (the repair stage), so the emitted plan cost $1.41/h more than
     the fleet as it runs, moved 5 jobs, deleted nothing and called it "consolidation: a cheaper packing". The answer
     that moves only what must move is now weighed against the emitted one (`strategy.stay_if_cheaper`)."""
-    from reconciler import api
-    from reconciler.solve import strategy
-
-    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=40)]
-    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=c, mem=1) for i, c in enumerate(TRACE_CPU_17)]
-    cfg = write_config(tmp_path / "cfg", docs)
-    with monkeypatch.context() as mp:
-        mp.setattr(strategy, "fewer_instances", lambda *a: None)
-        first = api.plan(cfg, time_limit=5)
-    assert len(first.plan.creates) == 11
-    api.apply(cfg, saved_plan=first.plan, time_limit=5)
-    again = api.plan(cfg, time_limit=5).plan
+    _, again = replanned_after_the_packers_instances(tmp_path, monkeypatch, trace_shaped_docs(TRACE_CPU_17))
     moved = [(j.job, j.reason) for j in again.jobs if j.action == "move"]
     assert not moved and not again.has_changes and again.cost_after == again.cost_before, (moved, again.consolidation)
