@@ -771,18 +771,18 @@ class Ledger:
         return self._once("roomy", find)
 
     def higher(self, d, tenant: str | None = None) -> list[str]:
-        """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name."""
+        """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name.
+        (Asked for every pending job: the placed jobs are grouped by kind and by kind and tenant once.)"""
         kind = (d.gpu_type, d.gpus > 0, bool(d.mig))
-        if tenant is not None:
-            return sorted(j for j, o in self.job_demand.items() if o.tenant == tenant and o.klass > d.klass
-                          and (o.gpu_type, o.gpus > 0, bool(o.mig)) == kind)
 
         def by_kind() -> dict[tuple, list[tuple[int, str]]]:
             out: dict[tuple, list[tuple[int, str]]] = {}
             for j, o in self.job_demand.items():
-                out.setdefault((o.gpu_type, o.gpus > 0, bool(o.mig)), []).append((o.klass, j))
+                k = (o.gpu_type, o.gpus > 0, bool(o.mig))
+                out.setdefault(k, []).append((o.klass, j))
+                out.setdefault((k, o.tenant), []).append((o.klass, j))
             return out
-        return sorted(j for k, j in self._once("kinds", by_kind).get(kind, ()) if k > d.klass)
+        return sorted(j for k, j in self._once("kinds", by_kind).get(kind if tenant is None else (kind, tenant), ()) if k > d.klass)
 
     def placed_jobs(self) -> set[str]:
         return set(self.jobs)

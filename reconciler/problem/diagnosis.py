@@ -72,7 +72,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else _outranked_in_tenant(d, ledger) if kind == "quota" else "")
+        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "")
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
@@ -130,23 +130,15 @@ _RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's co
                "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
 
 
-def _outranked(d: Demand, ledger: Ledger) -> str:
-    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones)."""
-    names = ledger.higher(d)
+def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False) -> str:
+    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones); in_tenant: its
+    tenant's only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
+    names = ledger.higher(d, tenant=d.tenant if in_tenant else None)
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f" (capacity goes to higher-priority work first: {', '.join(names[:3])}{more})"
-
-
-def _outranked_in_tenant(d: Demand, ledger: Ledger) -> str:
-    """Its tenant's higher-class jobs of the same kind of capacity that this plan places: its quota goes to them first
-    (a higher class may take a lower one's place in its tenant)."""
-    names = ledger.higher(d, tenant=d.tenant)
-    if not names:
-        return ""
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f" (its tenant's quota goes to its higher-priority work first: {', '.join(names[:3])}{more})"
+    what = "its tenant's quota goes to its higher-priority work first" if in_tenant else "capacity goes to higher-priority work first"
+    return f" ({what}: {', '.join(names[:3])}{more})"
 
 
 def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity], every: list | None = None) -> str:

@@ -406,7 +406,7 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
         found = stay_put(search, hint, value)
         if found is not None:
             hint, value = found
-            status = "OPTIMAL" if lb is not None and value - lb < 0.5 else "FEASIBLE"
+            status = status_of(value, lb)
         search.lap("cost: stay put")
     return hint, value, lb, status
 
@@ -474,7 +474,7 @@ def full_search(search: Search, hint: list[int], value: float | None, lb: float 
         hint, value = list(s.response_proto.solution), s.objective_value
         lb = max(lb or 0.0, s.best_objective_bound)
         # CP-SAT says OPTIMAL once within relative_gap_limit: optimal means no gap at all.
-        status = "OPTIMAL" if value - lb < 0.5 else "FEASIBLE"
+        status = status_of(value, lb)
     elif st == cp_model.INFEASIBLE:
         raise SolverError("internal: the cost stage is infeasible although every tier was reached")
     return hint, value, lb, status
@@ -546,6 +546,7 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
 
 
 def status_of(value: float, lb: float | None) -> str:
+    """OPTIMAL where the cost reaches its bound (milli-dollars: within half a unit), else FEASIBLE."""
     return "OPTIMAL" if lb is not None and value - lb < 0.5 else "FEASIBLE"
 
 
