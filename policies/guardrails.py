@@ -13,7 +13,7 @@ def violations(plan: Plan, guard: GuardrailPolicySpec, allow_destroy: int | None
     for c in plan.creates:
         if not region_matches(guard.allowed_regions, c.site.cloud, c.site.region):
             out.append(f"allowed_regions: would create {c.site.instance_type} in {c.site.cloud}/{c.site.region}, which is not allowed")
-    if not budget_ok(plan.cost_after, guard.max_hourly_budget):
+    if not budget_ok(plan.spend, guard.max_hourly_budget):
         out.append(f"max_hourly_budget: the fleet would cost ${plan.cost_after:,.2f}/h, over the ${guard.max_hourly_budget:,.2f}/h budget")
     limit = guard.max_destroy_per_apply
     if limit is not None and len(plan.deletes) > limit and (allow_destroy is None or len(plan.deletes) > allow_destroy):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, pool_min_ok, spot_share_ok
+from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, spot_share_ok
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, rules_allow, stuck_gangs,
                                 type_class)
 
@@ -137,12 +137,13 @@ class _Greedy:
         # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
         # open: no spot where greedy opens no idle spot (priced at an idle spot host it would not
         # keep, the minimum went unmet: fleet18).
-        self.floor_price: dict[str, float] = {}
+        self.floor_price: dict[str, int] = {}  # pool -> micro-dollars/h (ledger.micro: what the budget counts)
         if problem.budget is not None:
             for c in problem.capacities:
                 if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0 \
                         and (c.market != "spot" or self.buy_spot):
-                    self.floor_price[c.pool] = min(self.floor_price.get(c.pool, math.inf), c.price)
+                    price = micro(c.price)
+                    self.floor_price[c.pool] = min(self.floor_price.get(c.pool, price), price)
 
     # -- bookkeeping
 
@@ -159,15 +160,15 @@ class _Greedy:
         would look over the share) the spot share, as the ledger rules them with `pending` (planned, not opened yet)
         on top; then greedy's own restraint on spot."""
         pending = pending or _NOTHING
-        reserve = self._owed(c, pending) if self.floor_price else 0.0
+        reserve = self._owed(c, pending) if self.floor_price else 0
         if self._refuses(self.led.refuses_open(c, 1, pending, reserve, spot_share=not self.keeping)):
             return False
         # An idle spot host opened now would escape the buffer and diversity rules too (greedy's restraint, not a rule).
         return not (c.market == "spot" and not self.keeping and not self.buy_spot)
 
-    def _owed(self, c: Capacity, pending: Pending) -> float:
-        """$/h the pool minimums still unmet once c is open will cost at least."""
-        owed = 0.0
+    def _owed(self, c: Capacity, pending: Pending) -> int:
+        """Micro-dollars/h the pool minimums still unmet once c is open will cost at least."""
+        owed = 0
         for pool, price in self.floor_price.items():
             n = self.led.pool_count(pool) + pending.pools.get(pool, 0) + (pool == c.pool)
             owed += max(0, self.p.pool_bounds[pool][0] - n) * price

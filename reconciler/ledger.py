@@ -90,8 +90,9 @@ DIMS = ("gpus", "cpu", "memory_gib")
 # freezer, the Ledger's refusals and broken rules, the guardrail re-check and the CP-SAT model's coefficients all
 # call these. Callers add what they count; these compare.
 
-EPS = 1e-9  # sums of float prices, vCPUs and shares: a rule holds within this (one tolerance for every rule)
-MILLI = 1000  # the model's money unit: USD/h as integer milli-dollars
+EPS = 1e-9  # sums of float vCPUs and shares: a rule holds within this (one tolerance for every rule but budgets)
+MILLI = 1000  # the cost objective's money unit: USD/h as integer milli-dollars
+MICRO = 1_000_000  # the budgets' money unit: USD/h as integer micro-dollars (`micro`)
 
 
 def within(amount: float, limit: float) -> bool:
@@ -99,10 +100,21 @@ def within(amount: float, limit: float) -> bool:
     return amount <= limit + EPS
 
 
-def budget_ok(cost: float, budget: float | None) -> bool:
-    """A fleet's (max_hourly_budget) or a tenant's (tenant_hourly_budgets) budget: USD/h `cost` (what is spent
-    plus what is added) keeps it; no budget keeps anything."""
-    return budget is None or within(cost, budget)
+def micro(usd: float) -> int:
+    """USD/h as every budget counts it: integer micro-dollars, to the nearest. A budget adds `micro` of each
+    instance's price (the fleet's) or of each item's charge (a tenant's) and compares the sum with `micro` of the
+    budget (budget_ok), so greedy, the ledger, the packer, the freezer, apply's re-check and the CP-SAT rows add the
+    same integers and no answer one accepts another refuses. (The model had rounded each price up to the
+    milli-dollar and the budget down while greedy summed floats: greedy's answer at $5,999.995/h of a $6,000 budget
+    read $6,000.145 to the model, which could not complete it, so every plan near its budget was greedy's.)
+    Catalog prices have at most 6 decimals: their sums are exact."""
+    return round(usd * MICRO)
+
+
+def budget_ok(spend: int, budget: float | None) -> bool:
+    """A fleet's (max_hourly_budget) or a tenant's (tenant_hourly_budgets) budget: `spend`, in micro-dollars/h
+    (`micro` of each price or charge, summed: what is spent plus what is added), keeps it; no budget keeps anything."""
+    return budget is None or spend <= micro(budget)
 
 
 def pool_ok(count: int, add: int, max_instances: int) -> bool:
@@ -170,13 +182,8 @@ def tenant_spot_drops(jobs: list[tuple[str, int, int]], fraction: float) -> list
     return drops
 
 
-def milli_up(usd: float) -> int:
-    """A price or charge as the model's integer coefficient: rounded up, so a plan is never over by a fraction."""
-    return math.ceil(usd * MILLI)
-
-
 def milli_down(usd: float) -> int:
-    """A budget as the model's integer bound: rounded down."""
+    """A price as the benchmark's bounds count it: rounded down, so a bound is never above a plan's exact $/h."""
     return math.floor(usd * MILLI)
 
 
@@ -430,17 +437,17 @@ class Pending:
     """What a placement being planned would add before it is committed (greedy plans a job whole,
     then commits it): instances to open and items to place, for one demand's tenant."""
 
-    cost: float = 0.0  # USD/h of the instances to open
+    spend: int = 0  # micro-dollars/h of the instances to open (what the fleet budget counts: `micro`)
     pools: dict = field(default_factory=dict)  # pool -> instances to open
     capacity: float = 0.0  # of the instances to open, in the spot share's unit
     spot: float = 0.0  # ... of those that are spot
     buys: dict = field(default_factory=dict)  # offer's capacity key -> [Capacity, new instances] (what cloud quotas count)
-    tenant_cost: float = 0.0  # USD/h the items charge their tenant
+    tenant_spend: int = 0  # micro-dollars/h the items charge their tenant (what its budget counts)
     tenant_spot: float = 0.0  # work units of the items on spot
     tenant_work: float = 0.0  # work units of the items
 
     def open(self, c, prim: float) -> None:
-        self.cost += c.price
+        self.spend += micro(c.price)
         self.pools[c.pool] = self.pools.get(c.pool, 0) + 1
         self.capacity += prim
         if c.market == "spot":
@@ -482,7 +489,8 @@ class Ledger:
         self.dim, self._prim = spot_units(problem.capacities, getattr(problem, "gpu_fleet", None))
         self._memo: dict = {}  # what explain asks of one state (room, options): computed once per state
         self._fits: dict[tuple[str, str], int] = {}  # (demand, offer key) -> items per empty instance
-        self._cost = ExactSum()
+        self._cost = ExactSum()  # USD/h, as reported
+        self._spend = 0  # micro-dollars/h, as the fleet budget counts it
         self._pools: dict[str, int] = {}
         self._all, self._spot, self._idle = ExactSum(), ExactSum(), ExactSum()
         self._outside_buffer: set[str] = set()  # on-demand instances whose idle capacity the buffer does not count
@@ -490,6 +498,7 @@ class Ledger:
         self._spot_zones: dict[str, int] = {}
         self._reserved: dict[str, int] = {}
         self._charges: dict[str, ExactSum] = {}  # tenant -> USD/h its items are charged
+        self._charged: dict[str, int] = {}  # tenant -> micro-dollars/h of those charges, as its budget counts them
         self._tenant_spot: dict[str, list[float]] = {}  # tenant -> [work units on spot, in all] (whole numbers)
         self._use: dict[str, dict[str, ExactSum]] = {}  # tenant -> dimension -> what its placed jobs request
         self.licenses = LicenseBook(problem.licenses)
@@ -524,6 +533,7 @@ class Ledger:
     def _instance(self, ref: str, c, sign: int, buffer: bool) -> None:
         self._memo.clear()
         self._cost.add(sign * c.price)
+        self._spend += sign * micro(c.price)
         self._pools[c.pool] = self._pools.get(c.pool, 0) + sign
         prim = sign * self._prim(c)
         self._all.add(prim)
@@ -573,7 +583,9 @@ class Ledger:
         s = self._charges.get(d.tenant)
         if s is None:
             s = self._charges[d.tenant] = ExactSum()
-        s.add(sign * charge(d, c))
+        x = charge(d, c)
+        s.add(sign * x)
+        self._charged[d.tenant] = self._charged.get(d.tenant, 0) + sign * micro(x)
         ts = self._tenant_spot.setdefault(d.tenant, [0, 0])
         if c.market == "spot":
             ts[0] += sign * work_units(d)
@@ -612,12 +624,20 @@ class Ledger:
     def cost(self) -> float:
         return self._cost.value
 
+    def spend(self) -> int:
+        """The fleet's cost as its budget counts it (micro-dollars/h: budget_ok)."""
+        return self._spend
+
     def pool_count(self, pool: str) -> int:
         return self._pools.get(pool, 0)
 
     def tenant_charge(self, tenant: str) -> float:
         s = self._charges.get(tenant)
         return s.value if s is not None else 0.0
+
+    def tenant_spend(self, tenant: str) -> int:
+        """The tenant's charges as its budget counts them (micro-dollars/h: budget_ok)."""
+        return self._charged.get(tenant, 0)
 
     def tenant_charges(self) -> dict[str, float]:
         return {t: s.value for t, s in self._charges.items()}
@@ -655,10 +675,10 @@ class Ledger:
 
     # -- the rules, for one more instance, item or job: the refusing rule's name (Refusal.rule) or None
 
-    def open_rules(self, c, n: int = 1, pending: Pending = _NONE, reserve: float = 0.0, spot_share: bool = True,
+    def open_rules(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True,
                    first: bool = True) -> list[str]:
         """The rules n more instances of c (besides `pending`) would break, in this order: "pool-max",
-        "cloud-quota", "fleet-budget" (with `reserve` USD/h kept back: greedy's unmet pool minimums), "spot-share"
+        "cloud-quota", "fleet-budget" (with `reserve` micro-dollars/h kept back: greedy's unmet pool minimums), "spot-share"
         (spot_share=False: not asked). first: only the first (greedy asks for every instance it would open)."""
         p, out = self.problem, []
         if not pool_ok(self._pools.get(c.pool, 0) + pending.pools.get(c.pool, 0), n, p.pool_bounds.get(c.pool, (0, 0))[1]):
@@ -669,7 +689,7 @@ class Ledger:
             out.append("cloud-quota")
             if first:
                 return out
-        if p.budget is not None and not budget_ok(self._cost.value + pending.cost + n * c.price + reserve, p.budget):
+        if p.budget is not None and not budget_ok(self._spend + pending.spend + n * micro(c.price) + reserve, p.budget):
             out.append("fleet-budget")
             if first:
                 return out
@@ -680,7 +700,7 @@ class Ledger:
                 out.append("spot-share")
         return out
 
-    def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: float = 0.0, spot_share: bool = True) -> str | None:
+    def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True) -> str | None:
         """The first rule n more instances of c (besides `pending`) would break, or None (open_rules)."""
         rules = self.open_rules(c, n, pending, reserve, spot_share)
         return rules[0] if rules else None
@@ -691,17 +711,16 @@ class Ledger:
         r = self.problem.tenants.get(d.tenant)
         if r is None:
             return None
-        more, wu, spot = 0.0, d.size, c.market == "spot"  # (d.size: work_units, inline: greedy asks per item)
+        more, wu, spot = 0, d.size, c.market == "spot"  # (d.size: work_units, inline: greedy asks per item)
         if r.budget is not None:
-            more = charge(d, c)
-            s = self._charges.get(d.tenant)
-            if not budget_ok((s.value if s is not None else 0.0) + pending.tenant_cost + more, r.budget):
+            more = micro(charge(d, c))
+            if not budget_ok(self._charged.get(d.tenant, 0) + pending.tenant_spend + more, r.budget):
                 return "tenant-budget"
         if spot and spot_share and r.spot_fraction is not None:
             on, tot = self._tenant_spot.get(d.tenant, (0, 0))
             if not spot_share_ok(on + pending.tenant_spot + wu, tot + pending.tenant_work + wu, r.spot_fraction):
                 return "tenant-spot-share"
-        pending.tenant_cost += more
+        pending.tenant_spend += more
         if spot:
             pending.tenant_spot += wu
         pending.tenant_work += wu
@@ -801,7 +820,7 @@ class Ledger:
         spot share, a license count lowered): something must give, so work the rules would
         otherwise keep may be stopped. {rule: what breaks it}; {} when every rule holds."""
         p, out = self.problem, {}
-        if not budget_ok(self.cost(), p.budget):
+        if not budget_ok(self._spend, p.budget):
             out["budget"] = f"the fleet costs {money(self.cost())}/h, over max_hourly_budget {money(p.budget)}/h"
         for pool in sorted({c.pool for c in self.instances.values()}):
             if not pool_ok(self.pool_count(pool), 0, p.pool_bounds.get(pool, (0, math.inf))[1]):
@@ -827,7 +846,7 @@ class Ledger:
             use = self.tenant_use(name)
             if not all(quota_ok(use.get(k, 0.0), 0.0, v) for k, v in r.cap.items()):
                 out[f"tenant-cap:{name}"] = f"tenant {name} is over its ceiling"
-            if not budget_ok(self.tenant_charge(name), r.budget):
+            if not budget_ok(self.tenant_spend(name), r.budget):
                 out[f"tenant-budget:{name}"] = (f"tenant {name} is charged {money(self.tenant_charge(name))}/h, "
                                                 f"over its budget {money(r.budget)}/h")
             on, tot = self.tenant_spot(name)
@@ -893,8 +912,9 @@ class Ledger:
         if r is None:
             return out
         if r.budget is not None:
-            more, spent = sum(charge(d, c) for c in cells), self.tenant_charge(d.tenant)
-            if not budget_ok(spent + more, r.budget):  # (as plan_item: charges only add, so one sum is the same verdict)
+            charges = [charge(d, c) for c in cells]
+            more, spent = sum(charges), self.tenant_charge(d.tenant)
+            if not budget_ok(self.tenant_spend(d.tenant) + sum(map(micro, charges)), r.budget):  # (as plan_item: charges only add)
                 short = spent + more - r.budget
                 out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} spends {money(spent)}/h of its {money(r.budget)}/h "
                                    f"in this plan; the job would add {money(more)}/h, {money(short)}/h more than it allows", d.tenant, short))
@@ -1128,4 +1148,4 @@ def staying_ledger(problem) -> Ledger:
 
 
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "milli_up", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger"]
+           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger"]

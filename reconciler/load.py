@@ -22,7 +22,7 @@ from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
 from reconciler import snapshot
 from reconciler.localkey import seal, sealed
 from reconciler.errors import ConfigError, Diagnostic
-from reconciler.ledger import budget_ok, spot_share_ok, spot_units
+from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -919,7 +919,7 @@ def _check_plannable(f: _Fleet) -> None:
     by_kind, guard, spot, diags, catalog = f.by_kind, f.guard, f.spot, f.diags, f.catalog
     g = guard.spec if guard is not None else GuardrailPolicySpec()
     frac = spot.spec.max_price_fraction if spot is not None else SpotPolicySpec().max_price_fraction
-    floor = 0.0  # USD/h of every pool's minimum, at its cheapest offer
+    floor, spend = 0.0, 0  # USD/h of every pool's minimum, at its cheapest offer (and as the budget counts it: micro)
     for _, (doc, pool) in sorted(by_kind["Pool"].items()):
         s = pool.spec
         if s.cloud not in catalog.regions or s.min_instances == 0:
@@ -946,7 +946,8 @@ def _check_plannable(f: _Fleet) -> None:
                                             + (f" under the SpotPolicy's max_price_fraction {frac:g}" if "spot" in s.markets() else "")))
             continue
         floor += s.min_instances * min(prices)
-    if not budget_ok(floor, g.max_hourly_budget) and guard is not None:
+        spend += s.min_instances * micro(min(prices))
+    if not budget_ok(spend, g.max_hourly_budget) and guard is not None:
         gdoc = by_kind["GuardrailPolicy"][guard.name][0]
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "

@@ -288,9 +288,10 @@ def _tenant_errors(problem: Problem, after, before) -> list[str]:
                 errors.append(f"tenant {name}: the plan gives it {use[dim]:g} {_UNITS.get(dim, dim)}, over its ceiling of "
                               f"{cap:g} (quota, or burst where it may borrow)")
         if rules.budget is not None:
-            pay, paid = after.tenant_charge(name), before.tenant_charge(name)
-            if not budget_ok(pay, rules.budget) and pay > paid + 1e-6:
-                errors.append(f"tenant {name}: the plan charges it {money(pay)}/h, over its budget of {money(rules.budget)}/h")
+            pay = after.tenant_spend(name)
+            if not budget_ok(pay, rules.budget) and pay > before.tenant_spend(name):
+                errors.append(f"tenant {name}: the plan charges it {money(after.tenant_charge(name))}/h, over its budget of "
+                              f"{money(rules.budget)}/h")
     return errors
 
 

@@ -38,6 +38,12 @@ from reconciler.plan import JobChange, Plan
 from reconciler.topology import TopologyIndex
 
 EPS = 1e-6
+
+
+def _micro(usd: float) -> int:
+    """README "Budgets": a budget counts each instance's price and each replica's charge in whole micro-dollars (to
+    the nearest), summed, against the budget in micro-dollars."""
+    return round(usd * 1_000_000)
 DIMS = ("gpus", "cpu", "memory_gib")
 _NO_GPU = InstanceShape("", "", 0, None, 0, 0, {})  # a type the catalog does not know
 
@@ -563,6 +569,8 @@ def tenant_costs(desired: DesiredState, observed: Observed, plan: Plan) -> dict[
 def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
     use: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     cost: dict[str, float] = defaultdict(float)
+    spend: dict[str, int] = defaultdict(int)  # micro-dollars/h, each replica's charge rounded (_micro)
+    n_reps: dict[str, int] = defaultdict(int)
     spot_work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # on spot, all
     for job, rs in reps.items():
         j = desired.jobs[job]
@@ -573,6 +581,8 @@ def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> Non
         u[2] += r.memory_gib * len(rs)
         for rep in rs:
             cost[t] += rep.host.price * replica_share(j, rep.host)
+            spend[t] += _micro(rep.host.price * replica_share(j, rep.host))
+            n_reps[t] += 1
             spot_work[t][1] += work_units(j)
             if rep.host.market == "spot":
                 spot_work[t][0] += work_units(j)
@@ -582,7 +592,8 @@ def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> Non
             cap = q.cap(dim)
             assert cap is None or v <= cap + EPS, f"tenant {tname} over quota on {dim}: {v}>{cap}"
     for tname, budget in desired.guardrails.tenant_hourly_budgets.items():
-        assert cost[tname] <= budget + EPS, f"tenant {tname} costs ${cost[tname]:.4f}/h, over its budget ${budget}/h"
+        # (the planner charges a same-instance gang's replicas as one item, rounded once: a micro-dollar a replica at most)
+        assert spend[tname] <= _micro(budget) + n_reps[tname], f"tenant {tname} costs ${cost[tname]:.6f}/h, over its budget ${budget}/h"
     for tname, frac in desired.spot_policy.tenant_max_spot_fraction.items():
         spot, total = spot_work[tname]
         assert spot <= frac * total + EPS, f"tenant {tname} has {spot:g}/{total:g} on spot, over its max {frac}"
@@ -663,7 +674,8 @@ def _check_guardrails(desired: DesiredState, plan: Plan, hosts: dict[str, Host])
     cost = sum(h.price for h in hosts.values())
     assert abs(plan.cost_after - cost) <= 1e-3, f"the plan says ${plan.cost_after}/h after; its instances cost ${cost:.4f}/h"
     if g.max_hourly_budget is not None:
-        assert cost <= g.max_hourly_budget + EPS, f"the fleet costs ${cost:.4f}/h, over max_hourly_budget {g.max_hourly_budget}"
+        assert sum(_micro(h.price) for h in hosts.values()) <= _micro(g.max_hourly_budget), \
+            f"the fleet costs ${cost:.6f}/h, over max_hourly_budget {g.max_hourly_budget}"
 
 
 # ---------------------------------------------------------------- stability (issue 18)

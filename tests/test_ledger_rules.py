@@ -7,8 +7,8 @@ rules, the guardrail re-check and the model's coefficients call. tests/invariant
 
 from __future__ import annotations
 
-from reconciler.ledger import (EPS, Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, fraction_milli, item_units, milli_down,
-                               milli_up, pool_min_ok, pool_ok, quota_ok, spot_share_ok, within, work_units)
+from reconciler.ledger import (Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, fraction_milli, item_units, milli_down,
+                               micro, pool_min_ok, pool_ok, quota_ok, spot_share_ok, within, work_units)
 from reconciler.model import SpotPolicySpec
 from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
 from reconciler.site import Site
@@ -34,11 +34,27 @@ def problem(caps, spot: SpotPolicySpec | None = None, tenants=None, budget=None)
 # ---------------------------------------------------------------- the functions, at and past their limits
 
 
-def test_budgets_hold_up_to_the_budget_within_the_tolerance():
-    assert budget_ok(100.0, 100.0) and budget_ok(100.0 + EPS / 2, 100.0)
-    assert not budget_ok(100.0 + 2 * EPS, 100.0) and not budget_ok(100.01, 100.0)
-    assert budget_ok(1e9, None)  # no budget
-    assert within(0.1 + 0.2, 0.3)  # float sums: 0.30000000000000004 is within 0.3
+def test_budgets_count_whole_micro_dollars_up_to_the_budget():
+    assert micro(21.957642) == 21_957_642 and micro(15.3) == 15_300_000 and micro(0.1 + 0.2) == 300_000
+    assert budget_ok(100_000_000, 100.0) and not budget_ok(100_000_001, 100.0)  # a micro-dollar over is over
+    assert budget_ok(sum(map(micro, [0.1, 0.2])), 0.3)  # no float drift: the sum of the integers is exact
+    assert budget_ok(10**15, None)  # no budget
+    assert within(0.1 + 0.2, 0.3)  # the other rules' float sums: 0.30000000000000004 is within 0.3
+
+
+def test_the_model_row_greedy_and_the_recheck_agree_at_the_edge_of_a_budget():
+    """The budget was two rules: the model rounded each price up to the milli-dollar and the budget down, the ledger
+    summed floats. Four p4d at $21.957642 fill a $87.830568 budget exactly: the ledger took them and the model
+    (4 x 21.958 = 87.832 > 87.830) refused them, so CP-SAT could not complete greedy's answer. Now both count
+    micro-dollars and agree."""
+    p4d = cap("p4d", gpus=8, price=21.957642)
+    led = Ledger(problem([p4d], budget=4 * 21.957642))
+    for i in range(3):
+        led.add_instance(f"i{i}", p4d)
+    assert led.refuses_open(p4d) is None  # the fourth fits exactly
+    led.add_instance("i3", p4d)
+    assert led.refuses_open(p4d) == "fleet-budget" and not led.broken_rules()
+    assert 4 * micro(p4d.price) <= micro(4 * 21.957642)  # the CP-SAT row's coefficients (solve/fleet_rules) hold it too
 
 
 def test_pool_limits_count_whole_instances():
@@ -84,8 +100,8 @@ def test_charges_are_the_share_of_the_instance_price():
     assert charge(demand(cpu=2), cap("cpu", cpu=8, price=0.4)) == 0.1
 
 
-def test_model_coefficients_round_prices_up_and_budgets_down():
-    assert milli_up(1.0001) == 1001 and milli_up(2.0) == 2000 and milli_down(99.9999) == 99999
+def test_model_coefficients_round_bound_prices_down_and_fractions_to_per_mille():
+    assert milli_down(99.9999) == 99999
     assert fraction_milli(0.5) == 500 and fraction_milli(0.3333) == 333
 
 

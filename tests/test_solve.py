@@ -138,6 +138,24 @@ def test_budget_and_region_guardrails(tmp_path):
     assert all("budget" in j.reason for j in pend)
 
 
+@pytest.mark.parametrize("which", ["fleet", "tenant"])
+def test_a_budget_filled_to_the_micro_dollar_is_the_same_rule_for_cp_sat_and_greedy(tmp_path, which):
+    """Issue 18: the budget was two rules. Four p4d.24xlarge at $21.957642 cost $87.830568/h; under that budget
+    greedy (exact sums) bought all four, and the model (each price rounded up to $21.958, the budget down to
+    $87.830) refused the fourth: CP-SAT could not complete greedy's answer and the plan was greedy's
+    (GREEDY_FALLBACK), as on every generated fleet whose greedy answer lands within cents of its budget. The same
+    for a tenant's budget, charged per replica. Now every budget counts whole micro-dollars (ledger.micro)."""
+    budget = round(4 * 21.957642, 6)
+    guard = {"max_hourly_budget": budget} if which == "fleet" else {"tenant_hourly_budgets": {"t": budget}}
+    docs = [topology(), tenant("t"), pool("p4d", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=10),
+            doc("GuardrailPolicy", "g", guard)]
+    docs += [job(f"j{i}", gpus=8, gpu_type="A100", cpu=90, mem=1000, spot="never") for i in range(5)]
+    plan = plan_for(tmp_path, docs)
+    assert plan.solver.status == "OPTIMAL", plan.solver.note
+    assert len(plan.creates) == 4 and sum(j.action == "place" for j in plan.jobs) == 4
+    assert "budget" in next(j.reason for j in plan.jobs if j.action == "pending")
+
+
 def test_no_pool_offers_reason(tmp_path):
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
             job("a", gpus=1, gpu_type="A100", cpu=4, mem=16, regions=["us-east-1"]),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from reconciler.ledger import QuotaBook, budget_ok, pool_ok, spot_share_ok
+from reconciler.ledger import QuotaBook, budget_ok, micro, pool_ok, spot_share_ok
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
 from reconciler.plan.assign import Assignment, assign_items
@@ -308,7 +308,8 @@ class _Repairs:
     def __init__(self, problem: Problem, solution: Solution, caps: dict[str, Capacity], hosts: dict[str, Capacity],
                  packing: Packing):
         self.problem, self.packing = problem, packing
-        self.cost = sum(hosts[h].price for h in solution.keep) + sum(caps[k].price * n for k, n in solution.new.items())
+        # what the fleet budget counts (ledger.micro), of the instances the packing keeps and buys
+        self.spend = sum(micro(hosts[h].price) for h in solution.keep) + sum(micro(caps[k].price) * n for k, n in solution.new.items())
         self.cloud_quotas = QuotaBook(problem.quotas)  # what the solver's new instances take of the account's quotas
         for ok, n in solution.new.items():
             self.cloud_quotas.take(caps[ok], n)
@@ -319,7 +320,7 @@ class _Repairs:
     def _buy(self, cap: Capacity, ok: str) -> Bin | None:
         problem, p = self.problem, self.packing
         lo, hi = problem.pool_bounds.get(cap.pool, (0, 0))
-        if not pool_ok(p.pool_count.get(cap.pool, 0), 1, hi) or not budget_ok(self.cost + cap.price, problem.budget):
+        if not pool_ok(p.pool_count.get(cap.pool, 0), 1, hi) or not budget_ok(self.spend + micro(cap.price), problem.budget):
             return None
         if self.cloud_quotas.short(cap) is not None:
             return None
@@ -335,7 +336,7 @@ class _Repairs:
         p.fleet["all"] += p.prim(cap)
         self.cloud_quotas.take(cap)
         p.pool_count[cap.pool] = p.pool_count.get(cap.pool, 0) + 1
-        self.cost += cap.price
+        self.spend += micro(cap.price)
         p.repairs += 1
         b = Bin.empty(cap, f"{ok}#r{p.repairs}")
         p.bins_of.setdefault(ok, []).append(b)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from reconciler.ledger import SpotBallast
+from reconciler.ledger import SpotBallast, micro
 from reconciler.plan.file import PLAN_FORMAT, encode, nest_site, read_body
 from reconciler.site import OnSite, Site
 
@@ -116,6 +116,12 @@ class Plan:
     @property
     def has_changes(self) -> bool:
         return bool(self.creates or self.deletes or self.changed_jobs)
+
+    @property
+    def spend(self) -> int:
+        """What the fleet budget counts of the fleet this plan leaves (ledger.micro: each kept instance's price and each
+        create's, summed as integers; cost_after is rounded for show)."""
+        return sum(map(micro, self.kept.values())) + sum(micro(c.price) for c in self.creates)
 
     def counts(self) -> dict[str, int]:
         c = {a: 0 for a in ("keep", "place", "move", "evict", "pending")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from reconciler.ledger import budget_ok, pool_ok, spot_share_ok
+from reconciler.ledger import budget_ok, micro, pool_ok, spot_share_ok
 from reconciler.model import DesiredState
 from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, has_room, may_preempt, over_cap_tenants
 from reconciler.problem.types import Capacity, Demand, TenantRules, spot_measure, type_class
@@ -24,7 +24,7 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     by_key = {d.key: d for d in demands}
     pending = [d for d in demands if d.running_jobs < len(d.jobs) or d.running_items < d.running_jobs * d.replicas]
     # Fleet-wide states that force a look at everything.
-    if not budget_ok(sum(h.price for h in hosts), desired.guardrails.max_hourly_budget):
+    if not budget_ok(sum(micro(h.price) for h in hosts), desired.guardrails.max_hourly_budget):
         return set()
     sp = desired.spot_policy
     _, prim = spot_measure(hosts + offers, gpu_fleet)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import buffer_use, fraction_milli, milli_down, milli_up
+from reconciler.ledger import buffer_use, fraction_milli, micro
 from reconciler.problem import Demand, spot_measure
 from reconciler.solve.variables import is_variable, wsum
 
@@ -36,8 +36,8 @@ def add_pool_bounds(model: Model) -> None:
 
 def add_fleet_budget(model: Model) -> None:
     p = model.p
-    if p.budget is not None:  # prices rounded up, budget down: never over by a fraction of a cent
-        model.m.add(wsum([(milli_up(c.price), model.use[c.key]) for c in model.units]) <= milli_down(p.budget))
+    if p.budget is not None:  # the budget's own integers (ledger.micro): the row accepts what greedy and apply accept
+        model.m.add(wsum([(micro(c.price), model.use[c.key]) for c in model.units]) <= micro(p.budget))
 
 
 def add_spot_rules(model: Model) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import charge, fraction_milli, milli_down, milli_up, work_units
+from reconciler.ledger import charge, fraction_milli, micro, work_units
 from reconciler.problem import Demand
 from reconciler.solve.variables import scale, wsum
 
@@ -30,7 +30,7 @@ def add_tenant_rules(model: Model) -> None:
         if r.budget is not None:
             terms = tenant_cost_terms(model, mine)
             if terms:
-                m.add(wsum(terms) <= milli_down(r.budget))
+                m.add(wsum(terms) <= micro(r.budget))
         if r.spot_fraction is not None and r.spot_fraction < 1:
             on_spot, total = [], []
             for d in mine:
@@ -48,15 +48,16 @@ def add_tenant_rules(model: Model) -> None:
 
 
 def tenant_cost_terms(model: Model, mine: list[Demand]) -> list[tuple[int, object]]:
-    """(milli-dollars per hour charged, items) of the tenant's demands `mine`, staying and new."""
+    """(micro-dollars per hour charged, as the tenant's budget counts them: ledger.micro; items) of the tenant's
+    demands `mine`, staying and new."""
     terms = []
     for d in mine:
         for c, v in model.stay_of.get(d.key, []):
-            terms.append((milli_up(charge(d, c)), v))
+            terms.append((micro(charge(d, c)), v))
     for gk in {model.group_of[d.key] for d in mine}:
         rep = model.demands[model.p.groups[gk][0]]
         for c, v in model.x_of_group[gk]:
-            terms.append((milli_up(charge(rep, c)), v))
+            terms.append((micro(charge(rep, c)), v))
     return terms
 
 
