@@ -102,7 +102,7 @@ class LpMirror:
         for terms, lo, hi in slow:
             self._add(terms, lo, hi)
 
-    def _add(self, terms, lo, hi) -> None:
+    def _add(self, terms, lo, hi):
         coeffs: dict[int, float] = {}
         shift = 0.0
         for var, coef in terms:
@@ -114,10 +114,11 @@ class LpMirror:
         ct = self.lp.Constraint(float(lo) - shift if lo > -(2**62) else -self.inf, float(hi) - shift if hi < 2**62 else self.inf)
         for var, coef in coeffs.items():
             ct.SetCoefficient(self.xs[var], coef)
+        return ct
 
-    def add(self, vars_: list[int], coeffs: list[int], offset: int, lo: float, hi: float) -> None:
-        """lo <= sum(coeffs * vars) + offset <= hi (use +-2**62 for no bound)."""
-        self._add(list(zip(vars_, coeffs)), lo - offset if lo > -(2**62) else lo, hi - offset if hi < 2**62 else hi)
+    def add(self, vars_: list[int], coeffs: list[int], offset: int, lo: float, hi: float):
+        """lo <= sum(coeffs * vars) + offset <= hi (use +-2**62 for no bound); the row (its bounds may be reset)."""
+        return self._add(list(zip(vars_, coeffs)), lo - offset if lo > -(2**62) else lo, hi - offset if hi < 2**62 else hi)
 
     def optimum(self, vars_: list[int], coeffs: list[int], offset: int, maximize: bool,
                 fresh: bool = False) -> tuple[float, list[float]] | None:

@@ -102,19 +102,21 @@ def _gpu_block_problems(plan, recorded: dict[str, list[list[int]]], gpus_per_ins
             continue
         if j.action == "keep" and j.job in recorded and [list(g) for g in j.gpus] != recorded[j.job]:
             bad.append(f"keep {j.job}: GPUs {recorded[j.job]} -> {j.gpus}")
-        for iid, g in zip(j.instances, j.gpus):
+        for r, (iid, g) in enumerate(zip(j.instances, j.gpus)):
             for i in g:
                 if (iid, i) in used:
-                    bad.append(f"{iid} GPU {i}: {used[(iid, i)]} and {j.job}")
-                used[(iid, i)] = j.job
+                    bad.append(f"{iid} GPU {i}: {used[(iid, i)][0]} and {j.job}")
+                used[(iid, i)] = (j.job, r)
     for j in plan.jobs:
         if j.action not in ("place", "move"):
             continue
-        for iid, g in zip(j.instances, j.gpus):
+        for r, (iid, g) in enumerate(zip(j.instances, j.gpus)):
             n, b = len(g), _pow2(len(g))
             if n < 2 or (g == tuple(range(g[0], g[0] + n)) and g[0] % b == 0):
                 continue
-            taken = {i for (at, i), who in used.items() if at == iid and who != j.job}
+            # (what every other replica holds, the job's own other replicas on this instance too: an instance gang's
+            # 2 x 3 GPUs beside a job on GPU 6 take (0, 1, 2) and (3, 4, 5), and no block of 4 is left for the second)
+            taken = {i for (at, i), who in used.items() if at == iid and who != (j.job, r)}
             if any(not taken & set(range(s, s + b)) for s in range(0, gpus_per_instance - b + 1, b)):
                 bad.append(f"{j.job} on {iid} GPUs {g} while an aligned block of {b} is free")
     return bad

@@ -750,3 +750,35 @@ def test_a_twin_in_another_zone_gives_its_instance_back_only_where_the_zone_is_n
     b = Bin.empty(twin, "x")
     b.place(demand_of["one"], "one", 0)
     assert not zone_free(problem, b, h, demand_of)
+
+
+@pytest.mark.parametrize("move_cost", [2.0, 1000.0])
+@pytest.mark.parametrize("k_priority", ["low", "high"])
+def test_a_running_job_moves_for_a_higher_class_or_a_consolidation_that_pays(tmp_path, k_priority, move_cost):
+    """Two a2-highgpu-4g (pool max 2) each run one low 2-GPU job; k asks for 4 GPUs. Moving j2 beside j1 frees i1.
+    For a high k that is room for a higher class (which could evict j2, its tenant's): j2 moves instead, whatever
+    the move costs, and says so. For a low k it is a move for work of j2's own class, made only where it pays by
+    itself: at $2 a GPU, freeing i1 ($14.69/h) pays, and k takes the freed i1 (not a deleted i1 and a new twin
+    of it); at $1,000 a GPU it does not, and k waits on the pool's max. (The work tiers had bought their gain with
+    moves: an applied 1k-job fleet under a budget, re-planned unchanged, moved 8 running jobs to place 15 more of
+    their classes; objective.moves_tier, strategy.consolidate.)"""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpu_type": "A100", "cpu": 4, "mem": 16}
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], hi=2),
+            job("j1", "t", gpus=2, priority="low", **a100), job("j2", "t", gpus=2, priority="low", **a100),
+            job("k", "t", gpus=4, priority=k_priority, **a100), doc("PlacementPolicy", "pp", {"move_cost_per_gpu": move_cost})]
+    fleet = [instance(f"i{n}", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g") for n in (0, 1)]
+    plan = plan_for(tmp_path, docs, fleet, {"j1": ("i0",), "j2": ("i1",)}, gpu_indices={"j1": ((0, 1),), "j2": ((0, 1),)})
+    jobs = by_job(plan)
+    assert not plan.creates and not plan.deletes
+    if k_priority == "low" and move_cost > 100:
+        assert (jobs["j1"].action, jobs["j2"].action, jobs["k"].action) == ("keep", "keep", "pending"), jobs
+        assert jobs["k"].reason == "pools at max_instances (p 2/2)" and not plan.has_changes
+        return
+    assert (jobs["j1"].action, jobs["j2"].action, jobs["k"].action) == ("keep", "move", "place"), jobs
+    assert jobs["j2"].instances == ("i0",) and jobs["k"].instances == ("i1",)
+    if k_priority == "high":
+        assert jobs["j2"].reason == "makes room on i1 for higher-priority work: k" and plan.consolidation is None
+    else:
+        assert jobs["j2"].reason == "consolidation: its room on i1 goes to k"
+        assert plan.consolidation is not None and plan.consolidation.saving_per_hour is None  # (no plan keeps j2 and places k)

@@ -29,6 +29,11 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
     """Every job of the problem, in the problem's order; a job without instances has a reason only
     where the plan knows it already (a tenant's spot share, a static one): with_pending_reasons."""
     unpacked, where, gpu_of = packing.unpacked, packing.where, packing.gpu_of
+    klass = {job: d.klass for d in problem.demands for job in d.jobs}
+    arrivals: dict[str, list[str]] = {}  # instance -> the jobs that come onto it in this plan
+    for (job, _), inst in where.items():
+        if inst not in observed.placements.get(job, ()):
+            arrivals.setdefault(inst, []).append(job)
     jobs: list[JobChange] = []
     for d in problem.demands:
         for job in d.jobs:
@@ -44,7 +49,8 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                         gpus.append(g[k] if k < len(g) else ())
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
-                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution)) if action == "move" else ""
+                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution, arrivals, klass)) \
+                    if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
                     action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
@@ -70,7 +76,9 @@ def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger
 
 
 def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
-              solution: Solution) -> str:
+              solution: Solution, arrivals: dict[str, list[str]] | None = None, klass: dict[str, int] | None = None) -> str:
+    """Why a running job moves: what it replaces, the instance or rule that makes it leave, the higher-priority work
+    that takes its room (a running job moves for no other work: solve/objective.moves_tier), or consolidation."""
     gone = observed.lost.get(job)
     if gone:
         return f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)"
@@ -84,4 +92,15 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
         return f"leaves {refused[0][0]}: {refused[0][1]}"
     if any(h not in solution.keep for h in left):
         return "consolidation: its instance is removed"
+    for h in left:
+        came = sorted(set((arrivals or {}).get(h, ())))
+        above = [j for j in came if (klass or {}).get(j, -1) > d.klass]
+        if above:
+            return f"makes room on {h} for higher-priority work: {_few(above)}"
+        if came:  # (a consolidation that pays freed it, and pending work took it: solve/strategy.consolidate)
+            return f"consolidation: its room on {h} goes to {_few(came)}"
     return "consolidation: a cheaper packing"
+
+
+def _few(jobs: list[str]) -> str:
+    return ", ".join(jobs[:3]) + (f" (+{len(jobs) - 3} more)" if len(jobs) > 3 else "")

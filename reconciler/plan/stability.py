@@ -25,8 +25,8 @@ def keep_identical(problem: Problem, observed: Observed, solution: Solution, bin
                    hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> Solution:
     """The solver stops within its gap of the best cost, and one such answer deleted an instance
     while buying an identical one for the same work ("consolidated", $6.13/h -> $6.13/h), every
-    plan again (issue 18). Here each such new instance is replaced by the deleted one when a job
-    of it ran there and all its items fit: its old residents on their recorded GPUs, the others packed as usual.
+    plan again (issue 18). Here each such new instance is replaced by the deleted one when all its items fit there
+    and it is of the deleted one's offer or a job of it ran there: its old residents on their recorded GPUs, the others packed as usual.
     Pool counts, prices and markets are the same, so every fleet and tenant rule holds; a twin in another zone
     of the pool only where its zone is nothing to its work (`zone_free`). (The solver's choice between two
     zones at one price is a tie: it replaced a host running an instance gang by a twin in the pool's other
@@ -59,8 +59,10 @@ def keep_identical(problem: Problem, observed: Observed, solution: Solution, bin
                 nb.gpu_of[(job, r)] = tuple(tuple(idx) for idx in idxs)
             rest = sorted((it for it in b.items if it not in home), key=lambda it: (-demand_of[it[1]].gpus, it[1], it[2]))
             # (a job that ran there in part is enough: a same-instance gang running split runs whole nowhere, and it
-            # moved from both its instances to a new twin of one: fleet17)
-            ran_here = any(h.key in observed.placements.get(job, ()) for _, job, _ in b.items)
+            # moved from both its instances to a new twin of one: fleet17. A twin of its own offer needs none: the
+            # host left empty takes the new instance's work, where deleting it and buying its twin for pending work
+            # was churn, once a consolidation's freed room went to pending work: solve/strategy.consolidate)
+            ran_here = b.cap.offer_key == h.offer_key or any(h.key in observed.placements.get(job, ()) for _, job, _ in b.items)
             if not ok or not ran_here or any(nb.place(demand_of[job], job, r) is None for _, job, r in rest):
                 continue
             for bins in bins_of.values():

@@ -33,7 +33,7 @@ from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
-from reconciler.solve.variables import add_bound, constant, evaluate, flatten, set_full_hints, set_hints
+from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, set_full_hints, set_hints
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
@@ -52,6 +52,8 @@ WORK_PER_SECOND = 0.3
 WALL_FACTOR, WALL_SLACK = 10.0, 30.0
 WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
 STAY_PUT_SHARE = 0.2  # of the cost stage's work left, kept for stay_put when running work may move
+CONSOLIDATE_SHARE = 0.4  # ... kept for consolidate, while running work is held where it runs
+CLAIM_WORK = 0.5  # deterministic s at most for claim_room's search for work a consolidation's room could take
 # The repair stage: where an answer's counts on an offer summed per dimension do not pack (the packer would buy
 # repairs), those offers get per-instance rows and the packer's packing is checked against every rule, in at most
 # REPAIR_WORK deterministic seconds on top of the budget (a plan whose counts pack spends none; 10k jobs: ~0.001).
@@ -182,6 +184,7 @@ class Search:
     spent0: float = 0.0
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
     stay_answer: list[int] | None = None  # that answer
+    held_for_now: list = field(default_factory=list)  # (constraint index, LP row) of the holds `release` lets go
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
     _flat: dict = field(default_factory=dict)
@@ -246,14 +249,39 @@ class Search:
             setattr(s.parameters, k, v)
         return s
 
-    def hold(self, expr, value: int, sense: str) -> None:
-        """Keep `expr` at least (max) or at most (min) `value` from now on, in the model and its LP."""
+    def hold(self, expr, value: int, sense: str, released: bool = False, lp: bool = True) -> None:
+        """Keep `expr` at least (max) or at most (min) `value` from now on, in the model and (lp) its LP; `released`:
+        only until `release` (a Tier.released, or a cut valid only while those hold)."""
         vs, cs, off = self.flat(expr)
+        at = len(self.m.proto.constraints)
         add_bound(self.m, expr, (vs, cs, off), value, sense)
-        if sense == "max":
-            self.lp.add(vs, cs, off, value, 2**62)
-        else:
-            self.lp.add(vs, cs, off, -(2**62), value)
+        row = None
+        if lp:
+            row = self.lp.add(vs, cs, off, value, 2**62) if sense == "max" else self.lp.add(vs, cs, off, -(2**62), value)
+        if released:
+            if not vs:
+                raise SolverError("internal: a released hold has no variable")
+            self.held_for_now.append((at, row))
+
+    def release(self) -> None:
+        """Let go of every hold made with `released`: the rows stay, bounded by nothing (CP-SAT's model and the LP
+        keep their shape, and the LP its basis)."""
+        for at, row in self.held_for_now:
+            dom = self.m.proto.constraints[at].linear.domain  # (two bounds: one interval, as add_bound writes it)
+            dom[0], dom[1] = INT64_MIN, INT64_MAX
+            if row is not None:
+                row.SetBounds(-self.lp.inf, self.lp.inf)
+        self.held_for_now.clear()
+
+    def fix(self, variables: list, values: list[int]) -> None:
+        """Each of `variables` at its value in `values` (a full solution), in the model and its LP, for good."""
+        for v in variables:
+            x = values[v.index]
+            dom = self.m.proto.variables[v.index].domain
+            if len(dom) != 2:
+                raise SolverError(f"internal: variable {v.index} has a domain of several intervals")
+            dom[0], dom[1] = x, x
+            self.lp.xs[v.index].SetBounds(float(x), float(x))
 
     def complete(self, work: float) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
@@ -300,11 +328,17 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     search.lap("lp")
     cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     best, reports = solve_tiers(search, best)
+    # The moves tiers (objective.moves_tier) only order what the work tiers may use, and stay held through the cost
+    # stage; the answer is judged, and compared with greedy's, by the others.
+    goals = [i for i, t in enumerate(search.tiers) if not t.released]
+    search.tiers, reports, warm = [search.tiers[i] for i in goals], [reports[i] for i in goals], [warm[i] for i in goals]
     if any(improves(r.value, search.value(cost_hint, t.expr), t.sense) for t, r in zip(search.tiers, reports)):
         cost_hint = None
     hint = cost_hint if cost_hint is not None else best
     search.lap("tiers")
     hint, value, lb, status = cost_stage(search, hint)
+    if search.held_for_now:
+        hint, value, lb, status, reports = consolidate(search, hint, value, lb, status, reports)
     bound_model = model.m.clone() if with_lp_bound else None  # before the polish's constraints, which only this answer needs
     hint, value = polish(search, hint, value)
     # The answer against the warm start, tier by tier: held floors make it at least as good; if
@@ -335,17 +369,18 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     ts = time.monotonic()
     bound = tier.bound
     hv = search.value(best, tier.expr)
+    rel = tier.released
     if reaches(hv, bound, tier.sense):
-        search.hold(tier.expr, hv, tier.sense)  # the warm start reaches the tier's best value: nothing to solve
+        search.hold(tier.expr, hv, tier.sense, rel)  # the warm start reaches the tier's best value: nothing to solve
         return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
     vs, cs, off = search.flat(tier.expr)
     res = lp.optimum(vs, cs, off, maximize=tier.sense == "max")
     if res is not None:
         bound = min(bound, proven(res[0], "max")) if tier.sense == "max" else max(bound, proven(res[0], "min"))
     if reaches(hv, bound, tier.sense):
-        search.hold(tier.expr, hv, tier.sense)
+        search.hold(tier.expr, hv, tier.sense, rel)
         return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
-    search.hold(tier.expr, hv, tier.sense)  # the floor: what the answer so far (at least greedy's) reaches
+    search.hold(tier.expr, hv, tier.sense, rel)  # the floor: what the answer so far (at least greedy's) reaches
     search.model.set_full_hint(best)
     search.objective(m, tier.expr, tier.sense)
     s = search.solver_for()
@@ -356,7 +391,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         raise SolverError("internal: a tier is infeasible although the warm start reaches every tier held so far")
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and improves(s.objective_value, hv, tier.sense):
         val = round(s.objective_value)
-        search.hold(tier.expr, val, tier.sense)
+        search.hold(tier.expr, val, tier.sense, rel)
         best = list(s.response_proto.solution)
         # Its other tiers' helper variables are whatever the search left: settle them at their
         # best for these placements, so later tiers are judged on what this answer really reaches.
@@ -373,7 +408,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
 def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None, float | None, str]:
     """Cost, with every tier held: the LP bound (added as a cut), then a search restricted to what the
     LP uses, then the whole model while still outside the gap. Returns (answer, its cost, bound, status)."""
-    m, cost = search.m, search.cost
+    cost = search.cost
     fixed = constant(cost) is not None  # no variable in the cost: nothing to search for it
     cvs, ccs, coff = search.flat(cost)
     # From scratch: its answer's values guide lp_guided. From the tiers' last basis it took 26 s of CPU where a fresh
@@ -382,7 +417,9 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
     res = search.lp.optimum(cvs, ccs, coff, maximize=False, fresh=True)
     lb = res[0] if res is not None else None
     if lb is not None and not fixed:
-        add_bound(m, cost, search.flat(cost), proven(lb, "min"), "max")  # a valid cut (cost >= lb): CP-SAT's own bound starts there
+        # A valid cut (cost >= lb): CP-SAT's own bound starts there. While moves are held (consolidate) it is valid only
+        # as long as they are: let go with them.
+        search.hold(cost, proven(lb, "min"), "max", released=bool(search.held_for_now), lp=False)
     search.lap("lp")
     status, value = "UNKNOWN", None
     hint_value = search.value(hint, cost) if not fixed else None
@@ -398,7 +435,8 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
     if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
         print(f"[solve] lb={lb} after lp-guided: {status} value={value}", flush=True)
     may_move = not fixed and search.model.p.placement.consolidation != "WhenEmpty" and bool(search.model.moved)
-    reserve = search.left() * STAY_PUT_SHARE if may_move else 0.0  # the work stay_put may need at the end
+    # the work stay_put may need at the end, or, while moves are held, what consolidate may need after
+    reserve = search.left() * (CONSOLIDATE_SHARE if search.held_for_now else STAY_PUT_SHARE) if may_move else 0.0
     if not fixed and (lb is None or value is None or (value - lb) > search.gap_limit * max(value, 1)) and search.left() - reserve > 0.1:
         hint, value, lb, status = full_search(search, hint, value, lb, status, reserve)
         search.lap("cost: full model")
@@ -409,6 +447,67 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
             status = status_of(value, lb)
         search.lap("cost: stay put")
     return hint, value, lb, status
+
+
+def consolidate(search: Search, hint: list[int], value: float | None, lb: float | None, status: str,
+                reports: list[TierReport]) -> tuple[list[int], float | None, float | None, str, list[TierReport]]:
+    """Consolidation: the answer found with running work held where it runs (but for what a rule moves and what a
+    higher class needs: objective.moves_tier), against the cost stage run again with running work free to move. The
+    holds are let go, so the bound is the cheapest the fleet could be at the same tiers; where the answer is within
+    the gap of it, it stands (no churn for crumbs). Else the moves the cost stage finds are made where they pay at the
+    same work (a move's cost is in the cost, amortised over payback_hours), and the room they free goes to pending
+    work (`claim_room`): a running job moves for cost, or for a higher class, never to make room for its own class
+    or a lower one alone. (An applied 1k-job fleet under a $6,000/h budget, re-planned unchanged, had moved 8 running
+    jobs to fund 15 more jobs of their classes, labelled a consolidation at $2.10/h more. A consolidation that
+    freed a pool slot left a pending job beside it, "the solver did not find that placement", for the next plan.)
+    Returns (answer, cost, bound, status, tier reports)."""
+    search.release()
+    if constant(search.cost) is not None or value is None or search.model.p.placement.consolidation == "WhenEmpty":
+        return hint, value, lb, status, reports
+    held, held_value, held_stay = hint, value, (search.stay_value, search.stay_answer)
+    hint, value, lb, status = cost_stage(search, held)
+    search.lap("consolidate")
+    if value is None or value >= held_value - 0.5:
+        search.stay_value, search.stay_answer = held_stay
+        return held, held_value, lb, status_of(held_value, lb) if lb is not None else status, reports
+    claimed = claim_room(search, hint)
+    if claimed is None:
+        return hint, value, lb, status, reports
+    # The consolidated answer, its running work where it is and its freed room taken: its stays fixed, each tier held
+    # at what it reaches (a tier it raised is not proven best: its bound was the held answer's), then the cost.
+    search.fix(search.model.stay.variables(), hint)
+    out = []
+    for t, r in zip(search.tiers, reports):
+        v = search.value(claimed, t.expr)
+        search.hold(t.expr, v, t.sense)
+        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
+    hint, value, _, _ = cost_stage(search, claimed)  # (its bound is for these stays only: the plan is measured against lb)
+    # No answer keeping running work where it runs places this work, so none is what the moves save against
+    # (Consolidation.saving_per_hour: not measured): a consolidation that pays freed the room the work took.
+    search.stay_value, search.stay_answer = None, None
+    search.lap("consolidate")
+    return hint, value, lb, status_of(value, lb) if lb is not None else status, out
+
+
+def claim_room(search: Search, answer: list[int]) -> list[int] | None:
+    """An answer placing more pending work than `answer` with its running work where `answer` puts it (every stay as
+    it has it, each tier held at least there): a search of a copy of the model for any tier better, bounded in work,
+    so room it does not find is room the next plan may fill (new work, no move). None if it finds none."""
+    goals = [t.expr * (1 if t.sense == "max" else -1) for t in search.tiers]
+    if not goals:
+        return None
+    sub = search.m.clone()
+    for v in search.model.stay.variables():
+        dom = sub.proto.variables[v.index].domain
+        dom[0], dom[1] = answer[v.index], answer[v.index]
+    now = sum(search.value(answer, t.expr) * (1 if t.sense == "max" else -1) for t in search.tiers)
+    sub.maximize(sum(goals))
+    set_full_hints(sub, answer)
+    s = search.solver_for()
+    st = search.clock.solve(s, sub, max(0.1, min(CLAIM_WORK, search.left())))
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value > now + 0.5:
+        return list(s.response_proto.solution)
+    return None
 
 
 def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[list[int], float] | None:
