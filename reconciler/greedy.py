@@ -463,13 +463,19 @@ class _Greedy:
         self.idle.setdefault(c.offer_key, []).append(c)
         self.led.remove_instance(inst.key)
 
-    def pool_minimums(self) -> None:
+    def pool_minimums(self, order: list[Demand]) -> None:
+        """Open the cheapest instances each pool's min_instances still needs (hosts first). Where the budget alone
+        refuses them, give up the kept host whose work ranks lowest among those whose price makes room, and try
+        again: its jobs are placed anew after (on cheaper capacity where there is some). A pool minimum and the
+        budget are both hard rules; the kept fleet can break them together only where it lost what met the
+        minimum (fleet26: a spot m6i that spot diversity gave up was aws-cpu's only instance, and keeping an
+        a2-highgpu-4g for a 1-GPU job left no budget for an on-demand one; greedy's answer broke the minimum)."""
         for pool, (lo, _) in self.p.pool_bounds.items():
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
             cands.sort(key=lambda c: (not isinstance(c, Host), c.price, c.key))  # hosts first
             while not pool_min_ok(self.led.pool_count(pool), lo):
-                pick = None
+                pick, short = None, None
                 for c in cands:
                     if isinstance(c, Host) and c.key in self.opened:
                         continue
@@ -478,9 +484,24 @@ class _Greedy:
                     if self._may_open(c):
                         pick = c
                         break
+                    if short is None and self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget":
+                        short = c  # the cheapest the budget alone refuses
                 if pick is None:
-                    return
+                    if short is None or not self._give_way(short, order):
+                        return
+                    continue
                 self._open(pick)
+
+    def _give_way(self, c: Capacity, order: list[Demand]) -> bool:
+        """Release the kept host, outside c's pool and not frozen, whose work ranks lowest among those whose price
+        would let c open under the budget; False if there is none."""
+        need = micro(c.price) + self._owed(c, _NOTHING) + self.led.spend() - micro(self.p.budget)
+        hosts = [i for i in self.opened.values() if isinstance(i.cap, Host) and not i.cap.frozen and i.cap.pool != c.pool
+                 and micro(i.cap.price) >= need]
+        if not hosts:
+            return False
+        self._release(self._lowest_ranked(hosts, order))
+        return True
 
     def _plan_gang(self, d: Demand):
         best, best_cost = None, math.inf
@@ -636,7 +657,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         for c in sorted((h for hs in g.idle.values() for h in hs), key=lambda h: (h.market == "spot", h.key)):
             if c.key not in g.opened and g._may_open(c):  # (a budget keeps room for unmet pool minimums)
                 g._open(c)
-    g.pool_minimums()
+    g.pool_minimums(order)
     stuck = stuck_gangs(problem)
     for d in order:
         if d.key in stuck:

@@ -33,9 +33,10 @@ told to make it a plain test).
 - fleet25: apply's re-check refused an honest plan that evicted a guaranteed job because the fleet as it ran left a
   pool minimum unmet, whose price under the budget was that job's instance: the re-check did not count an unmet
   minimum among the fleet-wide rules the fleet breaks now.
-- fleet26 (open, strict xfails): greedy's answer released the only instance of a pool at min_instances 1 (a spot
-  host spot diversity could not keep) and could not buy another under the budget; CP-SAT could not complete that
-  answer and emitted it. apply --plan now refuses such a plan (the re-check checked pool maximums only).
+- fleet26: greedy's answer released the only instance of a pool at min_instances 1 (a spot host spot diversity could
+  not keep) and could not buy another under the budget; CP-SAT could not complete that answer and emitted it. Greedy
+  now gives up a dearer kept host for the minimum, CP-SAT starts from its own answer where greedy's is proven
+  incomplete, and apply --plan refuses such a plan (the re-check checked pool maximums only).
 - fleet27: under preemption: Never, the guarantee tier let t1's new normal job stand in for its evicted protected
   low job; no class takes another's place there, so nothing stands in.
 - fleet24 (open, strict xfail): j3 (A100-80GB, only in az-a100-80: on-demand, max 1) is pending on "pools at
@@ -280,17 +281,15 @@ def test_apply_accepts_an_eviction_that_an_unmet_pool_minimum_needs_under_the_bu
     check_fleet(fleet("fleet25"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="open (slow tier, 23:12): CP-SAT cannot complete greedy's answer, which breaks the pool "
-                                       "minimum, and emits it (GREEDY_FALLBACK); apply --plan refuses that plan")
 def test_cp_sat_plans_from_its_own_start_where_greedys_answer_breaks_a_pool_minimum_on_fleet26():
-    """fleet26 (the slow property tier on main, 2026-11-26 23:12; also on the session's first main): aws-cpu (min 1, max 1)
-    has only i0, a spot m6i.4xlarge that spot diversity (min_zones 2) cannot keep; gcp-a100's a2-highgpu-4g ($14.69/h)
-    runs t1's j10; max_hourly_budget $15. Greedy gives up i0 and cannot buy an on-demand m6i ($0.77/h) under the
-    budget: its answer leaves the pool under its minimum, CP-SAT cannot complete it, and the plan is that answer
-    ("CP-SAT could not complete greedy's answer"). Tried: CP-SAT searching from greedy's answer as a hint only when the
-    completion fails finds the right plan here (an on-demand m6i for j1, j10 moved to an a2-highgpu-1g), but on the
-    slow tier's applied 1k-job fleet under a $6,000 budget the completion of greedy's (valid, no-op) answer also fails
-    and the free search's plan moved 5 jobs and deleted an instance: reverted. Why that completion fails is open."""
+    """fleet26 (the slow property tier on main, 2026-11-26 23:12): aws-cpu (min 1, max 1) has only i0, a spot
+    m6i.4xlarge that spot diversity (min_zones 2) cannot keep; gcp-a100's a2-highgpu-4g ($14.69/h) runs t1's j10;
+    max_hourly_budget $15. Greedy gave up i0 and could not buy an on-demand m6i ($0.77/h) under the budget: its answer
+    left the pool under its minimum, CP-SAT could not complete it, and the plan was that answer ("CP-SAT could not
+    complete greedy's answer"). Where the completion is proven infeasible CP-SAT now starts from its own answer,
+    greedy's as a hint only (tried on 2026-11-26 and reverted: the 1k fleet under a $6,000 budget failed to complete
+    a valid answer then, the budget being two rules; one rule since). The plan: an on-demand m6i for j1, j10 moved
+    to an a2-highgpu-1g."""
     from tests.invariants import check_plan, check_stability
     from tests.test_properties import solve_both
 
@@ -298,28 +297,43 @@ def test_cp_sat_plans_from_its_own_start_where_greedys_answer_breaks_a_pool_mini
     assert plan.solver.status != "GREEDY_FALLBACK", plan.solver.note
     check_plan(desired, observed, plan)
     check_stability(desired, observed, plan)
+    assert {(c.site.pool, c.site.instance_type, c.site.market) for c in plan.creates} == {
+        ("aws-cpu", "m6i.4xlarge", "on-demand"), ("gcp-a100", "a2-highgpu-1g", "on-demand")}
 
 
-@pytest.mark.xfail(strict=True, reason="open (slow tier, 23:12): greedy's answer leaves aws-cpu under min_instances (the budget)")
 def test_greedys_plan_keeps_the_pool_minimum_on_fleet26():
-    """Greedy's own plan (--time-limit 0, and the fallback) on fleet26 still releases i0 and buys nothing for the pool's
-    minimum: it would have to give up the a2-highgpu-4g for a smaller instance to afford it, which it does not try."""
-    from tests.invariants import check_plan
-    from tests.test_properties import solve_both
+    """Greedy's own plan (--time-limit 0, and the fallback) on fleet26 released i0 and bought nothing for the pool's
+    minimum: it had to give up the a2-highgpu-4g for a smaller instance to afford it, which it did not try. Now
+    greedy.pool_minimums gives up the kept host whose work ranks lowest where the budget alone refuses the minimum
+    (`_give_way`), and places its job anew: j10 on an a2-highgpu-1g."""
+    from reconciler.problem import build_problem
+    from tests.invariants import check_plan, check_stability
+    from tests.test_properties import recheck, solve_both
 
     desired, observed, _, (_, gplan) = solve_both(fleet("fleet26"), 5)
     check_plan(desired, observed, gplan)
+    check_stability(desired, observed, gplan)
+    assert recheck(gplan, desired, observed, build_problem(desired, observed))[1] == []
+    assert {j.job: j.action for j in gplan.jobs if j.action != "pending"} == {"j1": "move", "j10": "move"}
 
 
-def test_apply_refuses_greedys_plan_that_leaves_a_pool_under_its_minimum_on_fleet26():
-    """Until greedy keeps the minimum itself (above), `apply --plan` of its plan (--time-limit 0) refuses it with the
-    pool named: the re-check checked pool maximums, not minimums, and let it through."""
+def test_apply_refuses_a_plan_that_leaves_a_pool_under_its_minimum_on_fleet26():
+    """`apply --plan` of a plan that leaves aws-cpu under its minimum (fleet26's plan without its m6i, j1 stopped:
+    what greedy's plan was) is refused with the pool named: the re-check had checked pool maximums only."""
+    from dataclasses import replace
+
     from reconciler.problem import build_problem
     from tests.test_properties import recheck, solve_both
 
     desired, observed, _, (_, gplan) = solve_both(fleet("fleet26"), 5)
-    refused = recheck(gplan, desired, observed, build_problem(desired, observed))[1]
+    m6i, a2 = sorted(gplan.creates, key=lambda c: c.site.pool != "aws-cpu")
+    one = replace(a2, ref=m6i.ref, key=m6i.key)  # (the creates are numbered: the a2's becomes the first)
+    jobs = tuple(replace(j, action="evict", instances=(), gpus=(), reason="") if j.job == "j1" else
+                 replace(j, instances=(one.ref,)) if j.job == "j10" else j for j in gplan.jobs)
+    broken = replace(gplan, creates=(one,), jobs=jobs)
+    refused = recheck(broken, desired, observed, build_problem(desired, observed))[1]
     assert refused == ["the plan breaks a rule the fleet keeps now: pool aws-cpu has 0 instances, under its min_instances 1"]
+
 
 def test_no_job_stands_in_for_a_protected_one_under_preemption_never_on_fleet27():
     """fleet27 (the slow property tier on main, 2026-11-26 23:12; also on the session's first main): preemption: Never;

@@ -184,6 +184,7 @@ class Search:
     spent0: float = 0.0
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
     stay_answer: list[int] | None = None  # that answer
+    infeasible: bool = False  # the last `complete` proved its hint cannot be completed
     held_for_now: list = field(default_factory=list)  # (constraint index, LP row) of the holds `release` lets go
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
@@ -283,10 +284,11 @@ class Search:
             dom[0], dom[1] = x, x
             self.lp.xs[v.index].SetBounds(float(x), float(x))
 
-    def complete(self, work: float) -> list[int] | None:
+    def complete(self, work: float, fixed: bool = True) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
         helper variable set as high as those placements allow in each tier (max tiers count double
-        the borrowed ones so the guaranteed/borrowed split favours the guarantee)."""
+        the borrowed ones so the guaranteed/borrowed split favours the guarantee). fixed=False: the
+        hint only guides the search. `self.infeasible`: the last call proved no such solution exists."""
         m = self.m
         terms = []
         for t in self.tiers:
@@ -294,9 +296,10 @@ class Search:
             terms.append(t.expr * (w if t.sense == "max" else -w))
         if terms:
             m.maximize(sum(terms))
-        s = self.solver_for(fix_variables_to_their_hinted_value=True)
+        s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed else self.solver_for()
         st = self.clock.solve(s, m, work)
         m.clear_hints()
+        self.infeasible = st == cp_model.INFEASIBLE
         return list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
 
 
@@ -316,6 +319,13 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     # are every tier's floor; without them nothing could promise an answer at least greedy's.
     model.hint_from(g)
     best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget))
+    if best is None and search.infeasible:
+        # Greedy's answer breaks a rule the model keeps (fleet26: it gave up the only instance of a pool at its
+        # min_instances and could not afford another under the budget: apply's re-check refuses such a plan). Its
+        # floors would hold a broken answer, so CP-SAT starts from its own, greedy's answer as a hint only. Only where
+        # that is proven: an answer too large to complete in the work keeps greedy's plan (a valid one, the floor).
+        model.hint_from(g)
+        best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget), fixed=False)
     if best is None:
         return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0,
                                note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit")
