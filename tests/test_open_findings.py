@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet26 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
