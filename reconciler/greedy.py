@@ -572,7 +572,7 @@ class _Greedy:
                 if isinstance(c, Host):
                     if c.key in used_hosts:
                         break
-                elif self.bought.get(okey, 0) + pending.buying(c) >= c.max_new:
+                elif self.bought.get(okey, 0) + pending.buying(c) >= c.work_most:  # (the offer's ballast stands idle)
                     self._may_open(c, pending)  # (only to note a rule that also refuses: the pool's max_instances bounds max_new)
                     break
                 if not self._may_open(c, pending):

@@ -89,6 +89,11 @@ class Capacity(OnSite):
     existing: ClassVar[bool] = False  # a Host
     frozen: ClassVar[bool] = False  # only a host can be frozen (problem/freeze.py)
 
+    @property
+    def work_most(self) -> int:
+        """Of `most`, the instances that may hold work (an offer's others stand idle: Offer.ballast)."""
+        return self.most
+
     @cached_property
     def offer_key(self) -> str:
         """The (pool, zone, type, market) class this capacity belongs to (a reservation's is its own)."""
@@ -147,10 +152,17 @@ class Offer(Capacity):
 
     max_new: int = 0
     members: tuple[str, ...] = ()  # a zone class: the offers (one per zone) it stands for
+    # Of max_new, the instances an optimum may buy only to stand idle for the spot share and the on-demand buffer
+    # (problem/capacity.py, size_offers): counted by the fleet rules and the cost, never given work (no slots).
+    ballast: int = 0
 
     @property
     def most(self) -> int:
         return self.max_new
+
+    @property
+    def work_most(self) -> int:
+        return self.max_new - self.ballast
 
 
 __all__ = ["SITE_FIELDS", "Capacity", "Host", "Offer", "OnSite", "Site"]

@@ -1,5 +1,5 @@
 """Fleets the slow property tiers found on 2026-11-26 that the planner got wrong (issues 18 and 19), each the
-failing `Fleet` exactly as the property test printed it. All but fleet24 and fleet26 are fixed and kept as regression tests; a new
+failing `Fleet` exactly as the property test printed it. All are fixed and kept as regression tests; a new
 finding that is not fixed yet goes here as a strict xfail (a strict xfail that passes fails the run, so its fix is
 told to make it a plain test).
 
@@ -39,15 +39,16 @@ told to make it a plain test).
   incomplete, and apply --plan refuses such a plan (the re-check checked pool maximums only).
 - fleet27: under preemption: Never, the guarantee tier let t1's new normal job stand in for its evicted protected
   low job; no class takes another's place there, so nothing stands in.
-- fleet24 (open, strict xfail): j3 (A100-80GB, only in az-a100-80: on-demand, max 1) is pending on "pools at
-  max_instances; other capacity is blocked by the on-demand buffer"; with max_instances lifted it is still pending:
-  the offer is sized to the one instance j3's work needs, which the optimum keeps idle for the buffer."""
+- fleet24: j3 (A100-80GB, only in az-a100-80: on-demand, max 1) is pending on "pools at max_instances; other
+  capacity is blocked by the on-demand buffer"; with max_instances lifted it was still pending: the offer was sized
+  to the one instance j3's work needs, which the optimum kept idle for the buffer. Every on-demand offer may now hold
+  the buffer's idle capacity too (capacity.size_offers, its ballast), and fleet11's j6, pending so beside its
+  offer's one idle instance, now runs beside it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from providers.base import Instance
 from tests.test_properties import Fleet, check_fleet
@@ -64,16 +65,12 @@ def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():
     check_fleet(fleet("fleet11"), time_limit=5)
 
 
-def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
-    """fleet11: j6 (1 A100-80GB) stays pending beside the one new Standard_NC24ads_A100_v4, which stands idle for
-    the on-demand buffer. Its reason said a new one 'would hold it under every rule ... the solver did not find that
-    placement': not true of the plan, whose problem offered one instance of that type there (sized to the work that
-    fits it), the one the buffer took. It now says so; explain prints the same reason, and raising max_instances,
-    which does not size the offer, leaves it pending for that reason."""
+def _fleet11_planned(docs=None):
+    """fleet11 planned as the CLI plans it: (desired, observed, planned), where planned(desired, problem=None) returns
+    (problem, solution, plan), with the problem built from the config unless one is given."""
     import tempfile
     from dataclasses import replace
 
-    from reconciler.explain import explain_job
     from reconciler.load import load
     from reconciler.plan import make_plan
     from reconciler.problem import build_problem
@@ -82,23 +79,51 @@ def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
 
     f = fleet("fleet11")
     with tempfile.TemporaryDirectory() as d:
-        desired = load(write_config(Path(d), f.docs))
+        desired = load(write_config(Path(d), docs or f.docs))
     observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
 
-    def planned(desired, obs=None):
-        problem = build_problem(desired, obs or observed)
+    def planned(desired, problem=None):
+        problem = problem or build_problem(desired, observed)
         solution = solve(problem, time_limit=4, workers=1)
-        return problem, solution, make_plan(desired, obs or observed, problem, solution)
+        return problem, solution, make_plan(desired, observed, problem, solution)
+    return desired, observed, planned
 
+
+def test_a_job_runs_beside_the_instance_the_buffer_keeps_idle():
+    """fleet11: j6 (1 A100-80GB) fits only Standard_NC24ads_A100_v4 in az-a100-80 (on-demand, max 2), whose
+    instance is also where the on-demand buffer's idle GPU is cheapest. The problem offered one instance there (sized
+    to the work that fits it; room for idle buffer instances only where the other on-demand offers' could not hold
+    them), the plan (OPTIMAL) kept it idle and left j6 pending. The offer now also has a ballast instance
+    (capacity.size_offers): the plan buys two, one runs j6 and the other stands idle."""
+    desired, _, planned = _fleet11_planned()
     problem, solution, plan = planned(desired)
+    (o,) = [o for o in problem.offers() if o.pool == "az-a100-80"]
+    assert (o.max_new, o.ballast) == (2, 1)
+    j6 = next(j for j in plan.jobs if j.job == "j6")
+    assert j6.action == "place", j6.reason
+    assert sorted((c.instance_type, c.market) for c in plan.creates) == [("Standard_NC24ads_A100_v4", "on-demand")] * 2
+
+
+def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
+    """Where the problem offers fewer new instances than the rules allow (here fleet11's problem with its A100-80GB
+    offer sized as before size_offers gave it ballast: one instance, the buffer's), the pending job's reason says
+    so, not "the solver did not find that placement" (not true of the plan: the problem offered no such
+    placement), and explain prints the same reason."""
+    from dataclasses import replace
+
+    from reconciler.explain import explain_job
+
+    desired, observed, planned = _fleet11_planned()
+    problem, _, _ = planned(desired)
+    caps = tuple(replace(c, max_new=1, ballast=0) if c.pool == "az-a100-80" else c for c in problem.capacities)
+    problem, solution, plan = planned(desired, replace(problem, capacities=caps))
     j6 = next(j for j in plan.jobs if j.job == "j6")
     assert j6.action == "pending" and "the solver did not find" not in j6.reason, j6.reason
     assert [(c.ref, c.instance_type, c.market) for c in plan.creates] == [("+1", "Standard_NC24ads_A100_v4", "on-demand")]
     assert ("but the planner offers at most 1 new Standard_NC24ads_A100_v4 on-demand there (an offer is sized to the work that "
             "fits it) and this plan's +1 stands idle for the on-demand buffer (25% of the spot GPUs)") in j6.reason, j6.reason
-    e = explain_job("j6", desired, observed, problem, solution, plan, lambda d, o=None: planned(d, o)[2])
+    e = explain_job("j6", desired, observed, problem, solution, plan, lambda d: planned(d)[2])
     assert e.summary == f"pending: {j6.reason}"
-    assert any(t.startswith("raise max_instances of az-a100-80 by 1: still pending") and "the planner offers at most 1" in t for t in e.tried), e.tried
 
 
 def test_cp_sat_keeps_each_tenants_spot_share():
@@ -344,20 +369,17 @@ def test_no_job_stands_in_for_a_protected_one_under_preemption_never_on_fleet27(
     and the oracle's ranking alike): j2 stays."""
     check_fleet(fleet("fleet27"), time_limit=5)
 
-@pytest.mark.xfail(strict=True, reason="open (slow tier, 22:45): size_offers gives an on-demand offer no room for the buffer's "
-                                       "idle instance where other on-demand offers could hold it, so lifting max_instances does not place j3")
 def test_lifting_the_named_limit_places_the_job_on_fleet24():
     """fleet24 (the slow reason tier on main, 2026-11-26 22:45; also on the session's first main, b6e3c92): SpotPolicy
     on_demand_buffer_percent 50 with spot A10G/A100 capacity; j3 (1 x A100-80GB) fits only az-a100-80
     (Standard_NC24ads_A100_v4, on-demand, max 1). The plan keeps that one instance idle for the buffer and says j3
     waits for "pools at max_instances (az-a100-80 1/1); other capacity is blocked by the on-demand buffer". Lifted to
-    max 2, the plan (OPTIMAL) still leaves j3 pending: "the planner offers at most 1 new Standard_NC24ads_A100_v4
-    on-demand there ... and this plan's +2 stands idle for the on-demand buffer". The cause is
-    problem/capacity._ballast_bound: an on-demand offer gets room for idle buffer instances beyond its items' bound
-    only when all on-demand offers' bounds together cannot hold the idle capacity; here the p4d offers' bounds could,
-    but the optimum buys the idle GPU where it is cheapest, on the A100-80GB offer, whose one instance j3 needed. So
-    the sized problem is not a relaxation of the config and its "OPTIMAL" is not the config's. Not fixed tonight: a
-    bound valid for every optimum (each on-demand offer may hold the whole idle need: ceil(idle / its GPUs)) raises
-    max_new on every on-demand offer of the bench fleets, whose buffer asks for thousands of idle GPUs, and with it
-    which offers are modelled instance by instance (solve/slots.py): it needs its own measurements."""
+    max 2, the plan (OPTIMAL) still left j3 pending: "the planner offers at most 1 new Standard_NC24ads_A100_v4
+    on-demand there ... and this plan's +2 stands idle for the on-demand buffer". The cause was
+    problem/capacity._ballast_bound: an on-demand offer got room for idle buffer instances beyond its items' bound
+    only when all on-demand offers' bounds together could not hold the idle capacity; here the p4d offers' bounds could,
+    but the optimum bought the idle GPU where it is cheapest, on the A100-80GB offer, whose one instance j3 needed. So
+    the sized problem was not a relaxation of the config and its "OPTIMAL" was not the config's. Now every on-demand
+    offer may hold the whole idle need (capacity.size_offers: `ballast`, instances that get no per-instance slots), so
+    lifted to max 2 the plan buys both and j3 runs."""
     check_reasons(fleet("fleet24"))

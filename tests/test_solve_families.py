@@ -106,6 +106,27 @@ def test_slots_stay_within_their_variable_budget(tmp_path, monkeypatch):
     assert model.slot_offers == [] and not model.z and not model.on
 
 
+def test_an_offers_ballast_stands_idle_beyond_its_slots(tmp_path):
+    """The p4d offer of whole_and_lean_docs (pool max 5) beside one spot A10G under a 50% on-demand buffer: its
+    items need 3 instances one by one (the big job one, the eight lean ones two), and it may hold the buffer's idle
+    GPU too (capacity.size_offers: a fourth instance, its ballast). The ballast gets no slot of its own, so the
+    model is as small as without it, and is bought only once every slot is (any plan's empty instances can be its
+    last ones)."""
+    docs = whole_and_lean_docs()[:2] + [pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=5),
+                                        pool("s", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="spot", hi=4),
+                                        doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "on_demand_buffer_percent": 50}),
+                                        job("sj", gpus=1, gpu_type="A10G", cpu=2, mem=8, spot="required")] + whole_and_lean_docs()[3:]
+    model = model_of(tmp_path, docs, ("capacity", "slots"))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    assert (p4d.max_new, p4d.ballast, model.slots_of[p4d.key]) == (4, 1, 3)
+    new, big, lean = model.use[p4d.key], new_items(model, "big", p4d.key), new_items(model, "f0", p4d.key)
+    last = model.on[(p4d.key, 2)]
+    assert admits(model, [(new, 4), (big, 1), (lean, 8)])  # the fourth stands idle
+    assert admits(model, [(new, 3), (last, 1)])
+    assert not admits(model, [(new, 3), (last, 0)])  # a ballast instance before the last slot
+    assert not admits(model, [(new, 4), (last, 0)])
+
+
 def test_slots_the_solver_places_only_what_packs_and_the_packer_follows_it(tmp_path):
     """Solved whole on a fixed pool of the two: the answer places the big job and six of the eight (98 work units
     against 56 for the eight alone), every instance as the model packed it: no repair, nothing unpacked."""

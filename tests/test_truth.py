@@ -362,11 +362,13 @@ def test_the_fleet_budget_reason_says_how_much_more_is_needed(tmp_path):
 
 
 def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(tmp_path):
-    """Four spot-required A100 jobs under max_spot_fraction 0.5 and one T4 job: the plan puts
-    the T4 job on a 4-GPU g4dn.12xlarge ($3.91/h) rather than a 1-GPU g4dn.xlarge ($0.53/h),
-    because its three idle T4 GPUs let the A100 work run on spot (as the 15 empty NC64as_T4
-    of the issue did). That was silent; now it is a line with its price in every format, and
-    the JSON plan round-trips it."""
+    """Four spot-required A100 jobs under max_spot_fraction 0.5 and one T4 job: the plan buys three
+    1-GPU g4dn.xlarge ($0.53/h) beside the T4 job's to stand idle, because their three T4 GPUs let
+    the A100 work run on spot (as the 15 empty NC64as_T4 of the issue did). That was silent; now it
+    is a line with its price in every format, and the JSON plan round-trips it. (Before the problem
+    gave every on-demand offer room for that idle capacity, capacity.size_offers, it offered one
+    g4dn.xlarge, the T4 job's, and the plan, "OPTIMAL", put the job on a 4-GPU g4dn.12xlarge at
+    $3.91/h for its three idle GPUs: $1.81/h more than this one.)"""
     import json
 
     from reconciler.plan import Plan
@@ -380,13 +382,17 @@ def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(t
             job("x", gpus=1, gpu_type="T4", cpu=4, mem=16, spot="never")] + [job(f"a{i}", spot="required", **A100) for i in range(4)]
     plan = plan_for(tmp_path, docs)
     assert all(j.action == "place" for j in plan.jobs)
-    big = next(c for c in plan.creates if c.instance_type == "g4dn.12xlarge")
+    assert plan.solver.status == "OPTIMAL" and plan.cost_after == pytest.approx(4 * 1.80385 + 4 * 0.526)
+    small = [c for c in plan.creates if c.instance_type == "g4dn.xlarge"]
+    assert len(small) == 4 and not [c for c in plan.creates if c.instance_type == "g4dn.12xlarge"]
+    x = next(j for j in plan.jobs if j.job == "x")
+    idle = tuple(c.ref for c in small if c.ref not in x.instances)
     b = plan.ballast
-    assert b is not None and b.instances == (big.ref,) and b.idle == 3 and b.unit == "GPUs"
-    assert b.cost_per_hour == pytest.approx(big.price * 3 / 4, abs=1e-3)
+    assert b is not None and b.instances == idle and len(idle) == 3 and b.idle == 3 and b.unit == "GPUs"
+    assert b.cost_per_hour == pytest.approx(3 * 0.526, abs=1e-3)
     assert b.rule == "max_spot_fraction 0.5" and b.spot_share == 0.5 and b.spot_share_without == 0.8
-    line = f"Spot ballast: 3 idle on-demand GPUs ({big.ref}) cost $2.93/h and hold max_spot_fraction 0.5"
+    line = f"Spot ballast: 3 idle on-demand GPUs ({', '.join(idle)}) cost $1.58/h and hold max_spot_fraction 0.5"
     assert line in " ".join(render(plan, "human").split())
     assert line in render(plan, "markdown")
-    assert json.loads(plan.to_json())["ballast"]["instances"] == [big.ref]
+    assert json.loads(plan.to_json())["ballast"]["instances"] == list(idle)
     assert Plan.from_json(plan.to_json()).ballast == b

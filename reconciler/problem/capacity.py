@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Callable
 
 from providers.base import TAG_RESERVATION
-from reconciler.ledger import GPU_SLICES, ReservationRules
+from reconciler.ledger import ReservationRules
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.demands import as_utc
@@ -163,10 +163,28 @@ def price_label(o) -> str:
 
 def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict[str, tuple[int, int]],
                  spot=None, hosts: list[Capacity] = (), gpu_fleet: bool | None = None) -> list[Capacity]:
-    """Bound each offer's count: no optimum buys more instances of it than its compatible items
-    need one by one (or the pool minimum), nor more than the pool allows; unless those bounds
-    leave no room for the idle on-demand capacity the SpotPolicy's spot share and on-demand
-    buffer ask for (`_ballast_bound`)."""
+    """Bound each offer's count by what an optimum of the config could buy, so that the sized problem is a
+    relaxation of the config at every optimum (README, How it decides: its OPTIMAL is the config's):
+
+    - for work, the instances its compatible items need one by one (`bound`: each demand's items on
+      instances of their own), or the pool minimum, or, under spot diversity, one (a spot offer), within the
+      pool's max_instances and a reservation's count (`max_new - ballast`);
+    - and, on an on-demand offer, `ballast` more that stand idle for the spot share and the on-demand buffer
+      (`_ballast`): `max_new` is min(max(bound + ballast, min_instances, diversity), max_instances).
+
+    Why no optimum buys more: take any plan the config allows and put each demand's items on an offer onto
+    instances of their own (its per-offer counts are unchanged, and nothing the model or its tiers read tells
+    which instance of an offer an item is on): at most `bound` instances hold work, and the others are empty.
+    An empty instance serves only a pool minimum, spot diversity (one spot instance of a type or zone), or,
+    on-demand, the spot share (on-demand >= spot x (1 - f) / f) and the buffer (idle >= pct% of spot). With n
+    instances of an offer over max(bound + ballast, min_instances, diversity), one empty instance goes and
+    every rule still holds: the pool keeps its minimum, the offer an instance, and the offer's own empty
+    instances, at least `ballast` of them, hold alone the idle capacity either spot rule asks beside the most
+    spot capacity the problem can buy and keep; the budget, quotas and max_instances only gain. It saves its
+    price, so no optimum has it (a reservation's instance is free: an optimum without it is one too).
+
+    Model size: the ballast gets no per-instance slots (solve/slots.py sizes those by `work_most`), so an
+    offer modelled instance by instance stays so however much idle capacity the buffer could ask for."""
     # Each demand with its shape's number: an offer's fit is asked once per shape, then read by number
     # (274k OfferFits asks on the applied 10k-job fleet were ~30% of building its problem).
     fits = OfferFits()
@@ -174,7 +192,6 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
     for d in demands:
         by_type.setdefault(type_class(d), []).append((d, fits.shape(d), len(d.jobs) * d.replicas))
     bounds: dict[str, int] = {}
-    on_demand_items: dict[str, Demand] = {}  # demands some on-demand offer fits
     for c in offers:
         bound = 0
         okey = c.offer_key
@@ -185,48 +202,48 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
                 f = of_shape[shape] = fits.at(d, okey, c)
             if f:
                 bound += math.ceil(items / f)
-                if c.market != "spot":
-                    on_demand_items[d.key] = d
         bounds[c.key] = bound
-    extra = _ballast_bound(offers, hosts, bounds, pool_bounds, spot, list(on_demand_items.values()), gpu_fleet)
     # Spot diversity (min_instance_types, min_zones) may make an optimum buy one idle spot instance of a type or zone
     # no work needs: each spot offer may stand for one. (Sized to its items alone, a spot offer no job fits was
     # offered 0 times, so a fleet whose spot needed a second zone could use no spot at all, and its plan, "OPTIMAL",
     # left a job pending that a spot instance plus one idle in another zone would hold: found by the
     # pending-reason property tier.)
     diverse = spot is not None and (spot.min_instance_types > 1 or spot.min_zones > 1)
+
+    def size(c: Capacity, idle: int) -> int:
+        lo, hi = pool_bounds[c.pool]
+        n = min(max(bounds[c.key] + idle, lo, 1 if diverse and c.market == "spot" else 0), hi)
+        return min(n, c.max_new) if c.reservation else n  # (a reservation: what is left of it)
+
+    work = {c.key: size(c, 0) for c in offers}
+    ballast = _ballast(offers, hosts, work, spot, gpu_fleet)
     sized = []
     for c in offers:
-        lo, hi = pool_bounds[c.pool]
-        n = min(max(bounds[c.key] + extra(c), lo, 1 if diverse and c.market == "spot" else 0), hi)
-        if c.reservation:
-            n = min(n, c.max_new)  # what is left of the reservation
+        n = size(c, ballast(c))
         if n > 0:
-            sized.append(replace(c, max_new=n))
+            sized.append(replace(c, max_new=n, ballast=n - work[c.key]))
     return sized
 
 
-def _ballast_bound(offers: list[Capacity], hosts: list[Capacity], bounds: dict[str, int], pool_bounds: dict[str, tuple[int, int]],
-                   spot, on_demand_items: list[Demand], gpu_fleet: bool | None = None) -> Callable[[Capacity], int]:
-    """Instances of an on-demand offer an optimum may buy beyond its items' bound, to stand idle beside spot
-    capacity. Only where the on-demand offers' bounds, less what the items that fit them use, cannot hold
-    the idle capacity the spot share (on-demand >= spot x (1 - f) / f) and the buffer (idle >= pct% of spot)
-    ask for beside all the spot capacity the fleet could hold: then each may hold it alone. (An on-demand
-    offer whose one instance was the buffer's idle GPU could not also host the one job that fits it, which
-    stayed pending although a second instance broke no rule: found by the pending-reason property tier.
-    Where the bounds leave room, as on the generated bench fleets, the model is as before.)"""
+def _ballast(offers: list[Capacity], hosts: list[Capacity], work: dict[str, int], spot,
+             gpu_fleet: bool | None = None) -> Callable[[Capacity], int]:
+    """Instances of an on-demand offer an optimum may buy beyond its work, to stand idle beside spot capacity:
+    as many as hold alone the idle capacity the spot share (on-demand >= spot x (1 - f) / f) and the buffer
+    (idle >= pct% of spot) ask for beside the most spot capacity the problem can have (the spot hosts it may
+    keep, every spot offer at its size; spot offers get no ballast, so this is not circular). Every on-demand
+    offer may hold it all: the optimum buys it where it is cheapest, which may be the offer whose instances a job
+    needs. (Before, an offer got any only where the other on-demand offers' room could not hold it: on fleet24 the
+    optimum bought the idle GPU on the one instance j3's offer had, and j3, pending, stayed so with max_instances
+    lifted: an "OPTIMAL" plan that was not the config's, found by the pending-reason property tier.)"""
     f = spot.max_spot_fraction if spot is not None else 1.0
     pct = spot.on_demand_buffer_percent if spot is not None else 0.0
     ratio = max((1 - f) / f if 0 < f < 1 else 0.0, pct / 100)
     if ratio <= 0:
         return lambda c: 0
-    dim, prim = spot_measure(list(offers) + list(hosts), gpu_fleet)
-    most = sum(prim(h) for h in hosts if h.market == "spot")
-    most += sum(prim(c) * min(bounds[c.key], pool_bounds[c.pool][1]) for c in offers if c.market == "spot")
+    _, prim = spot_measure(list(offers) + list(hosts), gpu_fleet)
+    most = sum(prim(h) for h in hosts if h.market == "spot" and h.keep_blocker is None)
+    most += sum(prim(c) * work[c.key] for c in offers if c.market == "spot")
     idle = most * ratio
-    room = sum(prim(h) for h in hosts if h.market != "spot")
-    room += sum(prim(c) * min(bounds[c.key], pool_bounds[c.pool][1]) for c in offers if c.market != "spot")
-    used = sum(len(d.jobs) * d.replicas * (d.size / GPU_SLICES if dim == "gpus" and d.mig else d.req(dim)) for d in on_demand_items)
-    if idle <= 0 or room - used >= idle - 1e-9:
+    if idle <= 0:
         return lambda c: 0
     return lambda c: math.ceil(idle / prim(c) - 1e-9) if c.market != "spot" and prim(c) > 0 else 0

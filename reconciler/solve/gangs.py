@@ -40,7 +40,7 @@ def add_gangs(model: Model) -> None:
         for c, v in model.x_of_group[model.group_of[d.key]]:
             if isinstance(c, Host):
                 continue
-            n = m.new_int_var(0, c.most, f"pg_instances[{d.key},{c.key}]")
+            n = m.new_int_var(0, c.work_most, f"pg_instances[{d.key},{c.key}]")
             m.add(v <= fit(d, c) * n)
             pg_instances.setdefault(c.key, []).append(n)
     for ck, ns in pg_instances.items():

@@ -61,7 +61,7 @@ def zone_classes(offers: list[Capacity]) -> tuple[dict[str, Capacity], dict[str,
             continue
         rep = min(os_, key=lambda o: (o.price, o.key))
         classes[ck] = replace(rep, key=ck, price=max(o.price for o in os_), max_new=sum(o.max_new for o in os_),
-                              members=tuple(o.key for o in os_))
+                              ballast=sum(o.ballast for o in os_), members=tuple(o.key for o in os_))
         for o in os_:
             class_of[o.key] = ck
     return classes, class_of

@@ -169,7 +169,7 @@ class Model:
                 f = fit_of(rep, c)
                 if f <= 0:
                     continue
-                v = self.m.new_int_var(0, min(total, f * c.most), f"x[{gk},{c.key}]")
+                v = self.m.new_int_var(0, min(total, f * c.work_most), f"x[{gk},{c.key}]")
                 self.x[(gk, c.key)] = v
                 self.x_of_group[gk].append((c, v))
                 self.x_at.setdefault(c.key, []).append((rep, v))

@@ -42,15 +42,16 @@ def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dic
 
 
 def small(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
+    """Whether the instances that may hold work are few (an offer's ballast, which stands idle, gets no slot)."""
     lo, hi = pool_bounds.get(o.pool, (0, 0))
-    return o.max_new <= SLOTS_MOST or (lo == hi and o.max_new <= FIXED_MOST)
+    return o.work_most <= SLOTS_MOST or (lo == hi and o.work_most <= FIXED_MOST)
 
 
 def slot_count(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dict[str, int] | None = None) -> int:
-    """How many of a `per_instance` offer's new instances get a slot: all of them where the count is
-    small; where it is not, the instances a packing of the answer needed (its count, repairs included),
-    so a few dozen slots stand for an offer of hundreds."""
-    return o.max_new if small(o, pool_bounds) else min(o.max_new, (need or {}).get(o.key, 0))
+    """How many of a `per_instance` offer's new instances get a slot: all that may hold work where
+    their count is small; where it is not, the instances a packing of the answer needed (its count,
+    repairs included), so a few dozen slots stand for an offer of hundreds."""
+    return o.work_most if small(o, pool_bounds) else min(o.work_most, (need or {}).get(o.key, 0))
 
 
 def exact_offers(model: Model, need: dict[str, int] | None = None, held: set[tuple[str, str]] | None = None) -> list[Capacity]:
@@ -134,15 +135,20 @@ def _new_slots(model: Model, offers: list[Capacity], need: dict[str, int],
 
 
 def add_slot_rows(model: Model, offers: list[Capacity] | None = None, shared: list[tuple[str, str]] | None = None) -> None:
-    """Each exact offer's count is its slots bought (the first ones), each x on it is shared among
-    its slots, and each slot holds its items per dimension. (`offers`, `shared`: only those's rows.)"""
+    """Each exact offer's count is its slots bought (the first ones), and its ballast instances once all its
+    slots are (they stand idle: any plan's empty instances can be its last ones), each x on it is shared
+    among its slots, and each slot holds its items per dimension. (`offers`, `shared`: only those's rows.)"""
     m = model.m
     offers = model.slot_offers if offers is None else offers
     shared = model.slot_x if shared is None else shared
     mine = {o.key for o in offers}
     for o in offers:
         on = [model.on[(o.key, i)] for i in range(model.slots_of[o.key])]
-        m.add(sum(on) == model.use[o.key])
+        if not o.ballast:
+            m.add(sum(on) == model.use[o.key])
+        elif on:
+            m.add(sum(on) <= model.use[o.key])
+            m.add(model.use[o.key] <= sum(on) + o.ballast * on[-1])
         for a, b in itertools.pairwise(on):
             m.add(a >= b)  # (identical instances: bought in order, no symmetric answers)
     parts: dict[tuple[str, str], list] = {}
