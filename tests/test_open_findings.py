@@ -43,7 +43,10 @@ told to make it a plain test).
   capacity is blocked by the on-demand buffer"; with max_instances lifted it was still pending: the offer was sized
   to the one instance j3's work needs, which the optimum kept idle for the buffer. Every on-demand offer may now hold
   the buffer's idle capacity too (capacity.size_offers, its ballast), and fleet11's j6, pending so beside its
-  offer's one idle instance, now runs beside it."""
+  offer's one idle instance, now runs beside it.
+- fleet28 (the slow reason tier, 2026-11-29, on main and on the session's first main): j0 (A10G) pending with "the
+  planner offers at most 1 new g5.12xlarge on-demand there ... and this plan's +1 stands idle for the on-demand
+  buffer (50% of the spot GPUs)": fleet24's kind, fixed by the same sizing."""
 
 from __future__ import annotations
 
@@ -383,3 +386,10 @@ def test_lifting_the_named_limit_places_the_job_on_fleet24():
     offer may hold the whole idle need (capacity.size_offers: `ballast`, instances that get no per-instance slots), so
     lifted to max 2 the plan buys both and j3 runs."""
     check_reasons(fleet("fleet24"))
+
+
+def test_each_pending_reason_on_fleet28_names_a_limit_that_lifted_alone_places_the_job():
+    """fleet28: an A10G job pending beside its offer's one instance, which the plan kept idle for the on-demand buffer
+    (the reason blamed the offer's size, which the optimum had spent on the buffer). Since every on-demand offer may
+    hold the buffer's idle need (capacity.size_offers), every reason names a limit that lifted alone places the job."""
+    check_reasons(fleet("fleet28"))
