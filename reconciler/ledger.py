@@ -1130,10 +1130,24 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
 
 
 def running_ledger(problem) -> Ledger:
-    """The ledger of the fleet as it runs: every existing instance, each running job where it runs now
-    (what plancheck compares a plan with, and what a stuck gang's reason names as broken)."""
+    """The ledger of the fleet as it runs: every existing instance, each running job where it runs now, in the shape
+    it runs in (what plancheck compares a plan with, and what a stuck gang's reason names as broken)."""
     hosts = sorted(c.key for c in problem.hosts())
-    return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
+    return _as_running(problem, hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running))
+
+
+def _as_running(problem, kept: list[str], placements: list[tuple[str, tuple[str, ...]]]) -> Ledger:
+    """plan_ledger of running jobs where they run, each in the shape it runs in (Demand.as_it_runs): a job whose
+    resources a PR raised is not running at its new size yet (counted so, a running job raised from 1 to 2 T4s read
+    its tenant over its quota now, and apply's re-check then let any eviction through: 'something must give')."""
+    led = plan_ledger(problem, (), kept, ())
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    for job, instances in placements:
+        d = demand_of[job].as_it_runs(job)
+        for ref in instances[:: d.bundle]:
+            if ref in led.instances:
+                led.add_item(d, job, ref)
+    return led
 
 
 def staying_ledger(problem) -> Ledger:
@@ -1144,7 +1158,7 @@ def staying_ledger(problem) -> Ledger:
     runs breaks one (plancheck)."""
     hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
     stay = set(hosts)
-    return plan_ledger(problem, (), hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running if set(ids) <= stay))
+    return _as_running(problem, hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running if set(ids) <= stay))
 
 
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",

@@ -417,3 +417,45 @@ def test_a_bound_written_from_the_flattened_expression_is_the_row_cp_sats_add_gi
                 for c in m.proto.constraints]
 
     assert build(True) == build(False)
+
+
+def _at_quota_across_gpu_models(tmp_path: Path, raised: bool):
+    """t (5 GPUs) runs a low 1-H100 job on a p5.4xlarge and normal T4 jobs on a g4dn.12xlarge (both full); it asks one
+    more T4: a pending job (raised False), or its running `run` raised from 1 to 2 T4s (raised True). Only stopping
+    the low H100 job gives the quota room."""
+    docs = [topology(), tenant("t", gpus=5),
+            pool("a", "aws", "us-east-1", ["us-east-1a"], ["p5.4xlarge"], hi=2),
+            pool("g", "aws", "us-east-1", ["us-east-1a"], ["g4dn.12xlarge"], hi=3),
+            job("big", gpus=1, gpu_type="H100", cpu=8, mem=60, priority="low"),
+            job("run", gpus=2 if raised else 1, gpu_type="T4", cpu=4, mem=16, priority="normal"),
+            job("other", gpus=3, gpu_type="T4", cpu=12, mem=48, priority="normal")]
+    if not raised:
+        docs.append(job("new", gpus=1, gpu_type="T4", cpu=4, mem=16, priority="normal"))
+    insts = [instance("i-a", "a", "aws", "us-east-1", "us-east-1a", "p5.4xlarge"),
+             instance("i-g", "g", "aws", "us-east-1", "us-east-1a", "g4dn.12xlarge")]
+    placements = {"big": ("i-a",), "run": ("i-g",), "other": ("i-g",)}
+    desired, observed = _setup(tmp_path, docs, insts, placements)
+    shapes = {"run": {"gpus": 1, "gpu_type": "T4", "mig": None, "nvlink": False, "cpu": 4.0, "memory_gib": 16.0}}
+    return desired, replace(observed, shapes=shapes)
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["pending", "raised"])
+def test_a_higher_class_short_of_its_quota_unfreezes_its_tenants_lower_jobs_on_any_gpu_model(tmp_path, raised):
+    """A higher class takes its tenant's lower job's place wherever that job runs when the quota is what it needs: the
+    freezer looked for such rivals on the same GPU model only, froze the p4d, and the plan left the T4 job pending
+    (on the applied 5k fleet, a job raised to 2 T4s stopped an L4 job where the H100 one, with less time left, was
+    the victims tier's choice). Frozen or solved whole, the plan is the same: the low H100 job stops."""
+    from reconciler.problem import borrowing_tenants, over_cap_tenants
+
+    desired, observed = _at_quota_across_gpu_models(tmp_path, raised)
+    frozen, whole = build_problem(desired, observed, freeze=True), build_problem(desired, observed, freeze=False)
+    assert not any(c.frozen for c in frozen.hosts() if c.key == "i-a")
+    # The raised job is new work: its tenant is not over its quota now (1 + 1 + 3 runs), nothing it runs is borrowed.
+    assert over_cap_tenants(frozen.demands, frozen.tenants) == borrowing_tenants(frozen.demands, frozen.tenants) == set()
+    for time_limit in (10, 0):
+        pa = make_plan(desired, observed, frozen, solve(frozen, time_limit=time_limit))
+        pb = make_plan(desired, observed, whole, solve(whole, time_limit=time_limit))
+        check_plan(desired, observed, pa)
+        acts = {j.job: j.action for j in pa.jobs}
+        assert acts["big"] == "evict" and acts["other"] == "keep" and acts["new" if not raised else "run"] in ("place", "move"), acts
+        assert acts == {j.job: j.action for j in pb.jobs}
