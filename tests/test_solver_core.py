@@ -111,6 +111,29 @@ def test_hosts_a_pending_higher_class_could_preempt_are_not_frozen(tmp_path):
     assert not any(c.frozen for c in problem.capacities)  # a critical job may evict any low one
 
 
+def test_pending_work_no_capacity_can_ever_host_unfreezes_nothing(tmp_path):
+    """A critical job pinned to a region no pool serves can never run, so it evicts no one: the twelve full hosts
+    stay constants. (On the applied 5k fleet, four such jobs of a higher class kept ~1,100 hosts solved.)"""
+    desired, observed = _busy_fleet(tmp_path, pending_critical=True)
+    docs = _docs_of(tmp_path)
+    for d in docs:
+        if d["metadata"]["name"] == "new":
+            d["spec"]["regions"] = ["us-west-2"]
+    desired, observed = _setup(tmp_path, docs, observed.instances, observed.placements)
+    problem = build_problem(desired, observed, freeze=True)
+    assert problem.static_pending.get("new", "").startswith("no ")
+    assert sum(c.frozen for c in problem.capacities) == 12
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    check_plan(desired, observed, plan)
+    assert {j.job: j.action for j in plan.jobs}["new"] == "pending"
+
+
+def _docs_of(cfg: Path) -> list[dict]:
+    import yaml
+
+    return list(yaml.safe_load_all((cfg / "fleet.yaml").read_text()))
+
+
 def test_the_lp_bound_is_below_the_plan_and_greedy(tmp_path):
     docs = [topology(), tenant("t"),
             pool("a", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], hi=10),

@@ -47,8 +47,10 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         fleet_capacity[dim] += v * pool_bounds.get(pool, (0, 1))[1]
     tenants = tenant_rules(desired, demands, hosts, fleet_capacity)
 
+    static_pending = _static_pending(demands, hosts + offers, desired, observed, offers)
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
-        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet)
+        hopeless = frozenset(d.key for d in demands if d.jobs[0] in static_pending)
+        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet, hopeless)
         hosts = [replace(h, frozen=True) if h.instance_id in frozen else h for h in hosts]
 
     split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
@@ -72,7 +74,6 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
                  if desired.jobs[j].spec.deadline is not None}
 
     caps = hosts + offers
-    static_pending = _static_pending(demands, caps, desired, observed, offers)
 
     return Problem(
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,

@@ -14,16 +14,19 @@ FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
 
 
 def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand], desired: DesiredState,
-            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]], gpu_fleet: bool | None = None) -> set[str]:
+            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]], gpu_fleet: bool | None = None,
+            hopeless: frozenset[str] = frozenset()) -> set[str]:
     """Hosts no decision can change, solved as constants. A host is frozen only when it is
     keepable and full (no compatible item fits in what is free), its residents all fit and
     may stay, no pending work may evict them (`may_preempt`; nor, on any GPU model, its tenant's
     pending higher class where the quota is what it needs), moving them to their cheapest
     capacity would not save (consolidation), and no fleet-wide rule is broken now (pool max,
     budgets, quotas, spot rules). Everything else is solved. Checks are by GPU model, not by
-    pool or region, so they err towards solving more."""
+    pool or region, so they err towards solving more. `hopeless`: demands no capacity the fleet could have ever
+    hosts (Problem.static_pending): they take no room and no job's place. (On the applied 5k fleet four such jobs of
+    a higher class, pinned to regions without a large enough T4 type, kept ~1,100 hosts of their tenants solved.)"""
     by_key = {d.key: d for d in demands}
-    pending = [d for d in demands if wants_room(d) or d.running_items < d.running_jobs * d.replicas]
+    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.running_items < d.running_jobs * d.replicas)]
     # Fleet-wide states that force a look at everything.
     if not budget_ok(sum(micro(h.price) for h in hosts), desired.guardrails.max_hourly_budget):
         return set()
@@ -44,6 +47,8 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.
     smallest: dict[tuple, dict[str, float]] = {}
     for d in demands:
+        if d.key in hopeless:
+            continue
         cur = smallest.setdefault(type_class(d), {})
         for k in d.dims:
             cur[k] = min(cur.get(k, math.inf), d.req(k))
