@@ -111,7 +111,7 @@ def test_hosts_a_pending_higher_class_could_preempt_are_not_frozen(tmp_path):
     assert not any(c.frozen for c in problem.capacities)  # a critical job may evict any low one
 
 
-def test_pending_work_no_capacity_can_ever_host_unfreezes_nothing(tmp_path):
+def test_pending_work_no_capacity_can_ever_host_unfreezes_nothing_and_bounds_no_tier(tmp_path):
     """A critical job pinned to a region no pool serves can never run, so it evicts no one: the twelve full hosts
     stay constants. (On the applied 5k fleet, four such jobs of a higher class kept ~1,100 hosts solved.)"""
     desired, observed = _busy_fleet(tmp_path, pending_critical=True)
@@ -123,9 +123,17 @@ def test_pending_work_no_capacity_can_ever_host_unfreezes_nothing(tmp_path):
     problem = build_problem(desired, observed, freeze=True)
     assert problem.static_pending.get("new", "").startswith("no ")
     assert sum(c.frozen for c in problem.capacities) == 12
+    # Nor does a work tier's bound count it: the tier is at its bound as it is (on the applied 5k fleet such jobs
+    # kept three work tiers from their bounds, each then proven by an LP, one by a CP-SAT search too).
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import warm_start
+
+    tiers = {t.name: t for t in Model(problem, warm_start(problem)).tiers()}
+    assert tiers["guaranteed critical work"].bound == 0
     plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
     check_plan(desired, observed, plan)
     assert {j.job: j.action for j in plan.jobs}["new"] == "pending"
+    assert {t["name"]: t["status"] for t in plan.solver.tiers}["guaranteed critical work"] == "HELD"
 
 
 def _docs_of(cfg: Path) -> list[dict]:
