@@ -15,7 +15,7 @@ from reconciler.observe import Observed
 from reconciler.problem.capacity import hosts_of, offers_of, active_reservations, reserved_hosts, reserved_offers, size_offers
 from reconciler.problem.demands import demands_of, group_key, as_utc
 from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
-from reconciler.problem.rules import fit
+from reconciler.problem.rules import OfferFits
 from reconciler.problem.tenants import tenant_rules
 from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, type_class
 from reconciler.topology import TopologyIndex
@@ -116,8 +116,9 @@ def _static_pending(demands: list[Demand], caps: list[Capacity], desired: Desire
         if not (isinstance(c, Host) and c.keep_blocker is not None):
             shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
     every = None  # what the pools could ever run, built for the first demand nothing fits
+    fits = OfferFits()  # (once per demand shape and offer: 5,000 demands asked 35k times, 0.05 s at 5k jobs)
     for d in demands:
-        if not any(fit(d, c) > 0 for c in shapes_by_type.get(type_class(d), {}).values()):
+        if not any(fits.at(d, k, c) > 0 for k, c in shapes_by_type.get(type_class(d), {}).items()):
             every = pool_instances(desired, observed) if every is None else every
             reason = why_nothing_fits(d, desired, observed, offers, every)
             for j in d.jobs:
