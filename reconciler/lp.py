@@ -48,8 +48,7 @@ class LpMirror:
         # `fresh` (from scratch, CLP's presolve and its choice of simplex) is for a caller that reads the optimum's
         # values: the cost LP, whose vertex guides the search. A caller that reads only the optimal value gets, the
         # first time, CLP's choice within a short wall-clock allowance (`quick`) and else the primal simplex from
-        # scratch (`first`); then, where that quick solve succeeded, CLP's choice again (`_quick_ok` below), else
-        # the primal simplex from the last optimal basis, presolve off (`warm`): a held
+        # scratch (`first`); then the primal simplex from the last optimal basis, presolve off (`warm`): a held
         # tier's row leaves that basis primal feasible (the last optimum reaches what is held) and only the
         # objective changes. On the 20k-job drift model (326k columns, 122k rows; CPU at load 7-8) a fresh solve
         # took 29-80 s a tier; the first by the primal simplex 8.4 s, the warm ones 0.8-3.8 s; on the 10k drift
@@ -71,11 +70,6 @@ class LpMirror:
         self.solves = {"fresh": 0, "warm": 0, "quick": 0}  # how each optimum was found (quick: fresh, within the allowance)
         self._basis = False  # the LP holds an optimal basis of its last solve
         self._quick_tried = False
-        # Once the first quick solve succeeded, each later tier's LP is solved the quick way first as well: on the
-        # applied 5k fleet (53k columns) CLP's choice from scratch took 0.04-0.15 s a tier LP where the primal simplex
-        # from the last basis took 0.04-0.85 s (the held moves tiers' rows: 1.1 s of a PR plan's 4.8). A model where
-        # it ever runs out of its allowance goes back to the warm primal simplex for good.
-        self._quick_ok = False
         # CLP's choice's allowance: 0.5 s + 5 us a column (0.8 s at the converged 10k fleet's 65k columns, where it
         # needs 0.16 s; 2.1 s at the 20k drift's 326k, where it needs 63 s: the primal simplex then adds 8.4 s).
         self.quick_ms = 500 + len(proto.variables) // 200
@@ -146,36 +140,20 @@ class LpMirror:
 
     def _solve(self, fresh: bool) -> bool:
         """Solve from the last optimal basis if there is one (and not `fresh`), else (or if that fails) from scratch:
-        the first time by CLP's choice within `quick_ms` of wall clock, then by the primal simplex; where that first
-        quick solve succeeded, every later one too is tried so first (`_quick_ok`). The optimal value is the same
-        every way; where several vertices are optimal, not always the same vertex (`fresh` callers read it)."""
+        the first time by CLP's choice within `quick_ms` of wall clock, then by the primal simplex. The optimal value
+        is the same every way; where several vertices are optimal, not always the same vertex (`fresh` callers read it)."""
         if self._basis and not fresh:
-            if self._quick_ok:
-                self.solves["fresh"] += 1
-                if self._quick():
-                    return True
-                self._quick_ok = False  # (a model it was too slow for once goes back to the warm primal simplex for good)
-                return self._from_scratch(self.first)
             self.solves["warm"] += 1
             if self.lp.Solve(self.warm) == pywraplp.Solver.OPTIMAL:
                 return True
         self.solves["fresh"] += 1
         if not fresh and not self._quick_tried:
             self._quick_tried = True  # (once: a model it was too slow for will not get quicker)
-            if self._quick():
-                self._quick_ok = True
+            self.lp.SetTimeLimit(self.quick_ms)
+            self._basis = self.lp.Solve(self.quick) == pywraplp.Solver.OPTIMAL
+            self.lp.SetTimeLimit(0)  # (0: no limit)
+            if self._basis:
+                self.solves["quick"] += 1
                 return True
-        return self._from_scratch(self.fresh if fresh else self.first)
-
-    def _quick(self) -> bool:
-        """CLP's choice from scratch within `quick_ms` of wall clock (counted in `solves` if it finished)."""
-        self.lp.SetTimeLimit(self.quick_ms)
-        self._basis = self.lp.Solve(self.quick) == pywraplp.Solver.OPTIMAL
-        self.lp.SetTimeLimit(0)  # (0: no limit)
-        if self._basis:
-            self.solves["quick"] += 1
-        return self._basis
-
-    def _from_scratch(self, params) -> bool:
-        self._basis = self.lp.Solve(params) == pywraplp.Solver.OPTIMAL
+        self._basis = self.lp.Solve(self.fresh if fresh else self.first) == pywraplp.Solver.OPTIMAL
         return self._basis
