@@ -506,3 +506,35 @@ def test_a_job_raised_past_its_tenants_quota_licenses_no_other_eviction(tmp_path
     edited = replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) if j.job == "jb" else j for j in plan.jobs))
     errors = recheck(edited, desired, observed, problem)[1]
     assert any("job jb: evicted, but it runs inside tenant u's guarantee" in e for e in errors), errors
+
+
+def test_on_the_sim_a_raised_job_stops_its_own_tenants_low_job_and_apply_refuses_stopping_anothers(tmp_path):
+    """The same PR end to end on the simulated cloud: applied, then ja raised from 1 to 2 A100s with its tenant t at its
+    quota (3 GPUs). The plan restarts ja and stops t's low jl (apply records the shape each job runs with, so the
+    plan knows ja runs at 1 GPU); the saved plan edited to stop u's guaranteed jb too is refused by `apply --plan`,
+    which carries out the plan as made."""
+    import yaml
+
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    def docs(ja_gpus: int) -> list[dict]:
+        one = dict(gpu_type="A100", cpu=8, mem=60)
+        return [topology(), tenant("t", gpus=3), tenant("u", gpus=1), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+                job("ja", "t", gpus=ja_gpus, priority="normal", **one), job("jc", "t", gpus=1, priority="normal", **one),
+                job("jl", "t", gpus=1, priority="low", **one), job("jb", "u", gpus=1, priority="normal", **one)]
+
+    cfg = write_config(tmp_path / "cfg", docs(1))
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs(2), sort_keys=False))
+    out = tmp_path / "plan.json"
+    res = runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK, "--detailed-exitcode"])
+    assert res.exit_code == 2, res.output
+    acts = {j["job"]: j["action"] for j in json.loads(out.read_text())["jobs"]}
+    assert acts == {"ja": "move", "jc": "keep", "jl": "evict", "jb": "keep"}, acts
+    pristine, before = out.read_text(), set(_live(cfg))
+    _fresh(out, pristine, lambda raw: _job(raw, "jb").update(action="evict", instances=[], gpus=[]))
+    _refused(_apply(cfg, out), "job jb: evicted, but it runs inside tenant u's guarantee")
+    assert set(_live(cfg)) == before
+    out.write_text(pristine)
+    assert _apply(cfg, out).exit_code == 0
+    assert runner.invoke(app, ["plan", str(cfg), "--time-limit", QUICK, "--detailed-exitcode"]).exit_code == 0
