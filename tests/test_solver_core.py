@@ -473,7 +473,7 @@ def _at_quota_across_gpu_models(tmp_path: Path, raised: bool):
 @pytest.mark.parametrize("raised", [False, True], ids=["pending", "raised"])
 def test_a_higher_class_short_of_its_quota_unfreezes_its_tenants_lower_jobs_on_any_gpu_model(tmp_path, raised):
     """A higher class takes its tenant's lower job's place wherever that job runs when the quota is what it needs: the
-    freezer looked for such rivals on the same GPU model only, froze the p4d, and the plan left the T4 job pending
+    freezer looked for such rivals on the same GPU model only, froze the H100 host, and the plan left the T4 job pending
     (on the applied 5k fleet, a job raised to 2 T4s stopped an L4 job where the H100 one, with less time left, was
     the victims tier's choice). Frozen or solved whole, the plan is the same: the low H100 job stops."""
     from reconciler.problem import borrowing_tenants, over_cap_tenants
