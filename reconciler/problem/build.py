@@ -17,7 +17,7 @@ from reconciler.problem.demands import demands_of, group_key, as_utc
 from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
 from reconciler.problem.rules import OfferFits
 from reconciler.problem.tenants import tenant_rules
-from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, type_class
+from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, hopeless, type_class
 from reconciler.topology import TopologyIndex
 
 def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
@@ -49,8 +49,8 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
 
     static_pending = _static_pending(demands, hosts + offers, desired, observed, offers)
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
-        hopeless = frozenset(d.key for d in demands if d.jobs[0] in static_pending)
-        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet, hopeless)
+        never = frozenset(d.key for d in demands if hopeless(d, static_pending))
+        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet, never)
         hosts = [replace(h, frozen=True) if h.instance_id in frozen else h for h in hosts]
 
     split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}

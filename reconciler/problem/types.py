@@ -169,6 +169,11 @@ class Problem:
             object.__setattr__(self, "_idx", idx)
         return idx
 
+    def never_hosted(self, d: Demand) -> bool:
+        """No capacity the fleet could have ever hosts d (its jobs are in `static_pending`, all alike): it is never
+        placed, so it takes no room, no job's place (the freezer, the model's candidates) and no tier's bound."""
+        return hopeless(d, self.static_pending)
+
     def hosts(self) -> list[Host]:
         """The instances running now, in the capacities' order (they come before the offers)."""
         return [c for c in self.capacities if isinstance(c, Host)]
@@ -184,6 +189,11 @@ class Problem:
         if d.spot == "preferred" and site.market != "spot":
             v += 0.5 * c.on_demand_price * share(d, c)
         return v
+
+
+def hopeless(d: Demand, static_pending: dict[str, str]) -> bool:
+    """Problem.never_hosted, for build_problem's freezer (before the Problem exists)."""
+    return d.jobs[0] in static_pending
 
 
 def share(d: Demand, c: Capacity) -> float:

@@ -148,7 +148,7 @@ class Model:
             return v
 
         hosts_at = HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
-        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if wants_room(d := self.demands[k]) and d.jobs[0] not in problem.static_pending)
+        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if wants_room(d := self.demands[k]) and not problem.never_hosted(d))
                       for gk, members_ in problem.groups.items()}
         # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
         # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
