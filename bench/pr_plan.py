@@ -12,6 +12,8 @@ fleet that was applied on the simulated cloud:
   add a job      one new 1-GPU job in a new file (what a PR adding a job does)
   remove a job   the last job of the last jobs file taken out
   change a job   one job's priority changed
+  raise a job    a running normal job's GPUs raised from 1 to 2 T4s (its tenant at its GPU quota: the new shape
+                 needs a lower job of its tenant to stop; README "Stability": it restarts in its new shape)
 
 Every change is undone after its row. Without --dir the fleet is generated (bench.generate, the
 run.py `10k` tier: 5,000 jobs on ~11,700 instances) and applied with api.apply of its cold plan,
@@ -64,6 +66,20 @@ def timed_plan(cfg: Path, time_limit: float, *extra: str) -> dict:
     summary = next((line for line in p.stdout.splitlines() if line.startswith("Plan:")), p.stderr.strip()[-200:])
     memo = " (memo)" if "plan-memo.json" in p.stderr else ""
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "exit": p.returncode, "summary": summary + memo}
+
+
+def raised(text: str, cfg: Path) -> str | None:
+    """`text` (a jobs file) with its first running normal 1-T4 job raised to 2 T4s (None: it has none)."""
+    import json
+
+    running = json.loads((cfg / ".reconcile" / "state.json").read_text()).get("placements", {})
+    docs = text.split("\n---\n")
+    for i, doc in enumerate(docs):
+        name = re.search(r"name: ([\w-]+)", doc)
+        if name and name.group(1) in running and "priority: normal" in doc and "resources: {gpus: 1, gpu_type: T4," in doc:
+            docs[i] = doc.replace("resources: {gpus: 1, gpu_type: T4,", "resources: {gpus: 2, gpu_type: T4,")
+            return "\n---\n".join(docs)
+    return None
 
 
 def age_sim(cfg: Path, hours: float) -> int:
@@ -144,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         assert changed != original, f"no low-priority job in {last} to change"
         last.write_text(changed)
         measure("change a job")
+        bigger = raised(original, cfg)
+        if bigger is None:
+            print(f"raise a job: no running normal 1-T4 job in {last}, not measured", flush=True)
+        else:
+            last.write_text(bigger)
+            measure("raise a job")
     finally:
         last.write_text(original)
         if (jobs_dir / "pr-added.yaml").exists():

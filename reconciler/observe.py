@@ -44,7 +44,15 @@ class Observed:
 
     @property
     def digest(self) -> str:
-        """What a saved plan was made against: instances and placements (not prices)."""
+        """What a saved plan was made against: instances and placements (not prices). Computed once (a plan asks it
+        twice, the plan id and the plan's own field: 0.03 s each at 10,895 instances); the fields are frozen."""
+        kept = self.__dict__.get("_digest")
+        if kept is None:
+            kept = self._digest_now()
+            object.__setattr__(self, "_digest", kept)
+        return kept
+
+    def _digest_now(self) -> str:
         body = {
             "instances": sorted((i.id, i.instance_type, i.zone, i.market, i.state, i.pool) for i in self.instances),
             "placements": {k: list(v) for k, v in sorted(self.placements.items())},

@@ -8,6 +8,7 @@ as anyone can): on the code before, each was carried out or crashed."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -462,3 +463,78 @@ def test_extra_creates_past_a_cloud_quota_are_refused_before_anything_launches(t
                                                           "p4d.24xlarge") for n in range(1, room + 2)]))
     _refused(_apply(cfg, out), f"cloud quota: aws {quota} in us-east-1")
     assert set(_live(cfg)) == before
+
+
+
+def _reshaped_at_quota(tmp_path: Path):
+    """t (3 GPUs) runs normal ja and jc and low jl on one p4d, u (1 GPU) its normal jb beside them; a PR raises ja
+    from 1 to 2 A100s. Returns (desired, observed, problem)."""
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, instance, job, pool, tenant, topology, write_config
+
+    one = dict(gpu_type="A100", cpu=8, mem=60)
+    docs = [topology(), tenant("t", gpus=3), tenant("u", gpus=1), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2),
+            job("ja", "t", gpus=2, priority="normal", **one), job("jc", "t", gpus=1, priority="normal", **one),
+            job("jl", "t", gpus=1, priority="low", **one), job("jb", "u", gpus=1, priority="normal", **one)]
+    fleet = [instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    placements = {j: ("i0",) for j in ("ja", "jc", "jl", "jb")}
+    shapes = {j: {"gpus": 1, "gpu_type": "A100", "mig": None, "nvlink": False, "cpu": 8.0, "memory_gib": 60.0} for j in placements}
+    desired = load(write_config(tmp_path, docs))
+    observed = replace(catalog_observed(desired, fleet, placements), shapes=shapes)
+    return desired, observed, build_problem(desired, observed)
+
+
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_job_raised_past_its_tenants_quota_licenses_no_other_eviction(tmp_path, time_limit):
+    """A PR raising a running job's GPUs puts its tenant over its quota only at the new size, which does not run
+    yet. The fleet as it runs was read with the job at its new size (t at 4 of 3 GPUs: 'a rule the fleet breaks
+    now, something must give'), so the re-check let any eviction through: an edited plan stopping u's guaranteed
+    job jb was accepted. The honest plan (ja restarts at 2 GPUs, t's low jl stops for it) still is."""
+    from reconciler.plancheck import recheck
+    from reconciler.plan import make_plan
+    from reconciler.solve import solve
+    from tests.invariants import check_plan, check_stability
+
+    desired, observed, problem = _reshaped_at_quota(tmp_path)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit))
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+    jobs = {j.job: j for j in plan.jobs}
+    assert jobs["ja"].action == "move" and jobs["jl"].action == "evict" and jobs["jb"].action == jobs["jc"].action == "keep", jobs
+    assert recheck(plan, desired, observed, problem)[1] == []
+    edited = replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) if j.job == "jb" else j for j in plan.jobs))
+    errors = recheck(edited, desired, observed, problem)[1]
+    assert any("job jb: evicted, but it runs inside tenant u's guarantee" in e for e in errors), errors
+
+
+def test_on_the_sim_a_raised_job_stops_its_own_tenants_low_job_and_apply_refuses_stopping_anothers(tmp_path):
+    """The same PR end to end on the simulated cloud: applied, then ja raised from 1 to 2 A100s with its tenant t at its
+    quota (3 GPUs). The plan restarts ja and stops t's low jl (apply records the shape each job runs with, so the
+    plan knows ja runs at 1 GPU); the saved plan edited to stop u's guaranteed jb too is refused by `apply --plan`,
+    which carries out the plan as made."""
+    import yaml
+
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    def docs(ja_gpus: int) -> list[dict]:
+        one = dict(gpu_type="A100", cpu=8, mem=60)
+        return [topology(), tenant("t", gpus=3), tenant("u", gpus=1), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+                job("ja", "t", gpus=ja_gpus, priority="normal", **one), job("jc", "t", gpus=1, priority="normal", **one),
+                job("jl", "t", gpus=1, priority="low", **one), job("jb", "u", gpus=1, priority="normal", **one)]
+
+    cfg = write_config(tmp_path / "cfg", docs(1))
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs(2), sort_keys=False))
+    out = tmp_path / "plan.json"
+    res = runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK, "--detailed-exitcode"])
+    assert res.exit_code == 2, res.output
+    acts = {j["job"]: j["action"] for j in json.loads(out.read_text())["jobs"]}
+    assert acts == {"ja": "move", "jc": "keep", "jl": "evict", "jb": "keep"}, acts
+    pristine, before = out.read_text(), set(_live(cfg))
+    _fresh(out, pristine, lambda raw: _job(raw, "jb").update(action="evict", instances=[], gpus=[]))
+    _refused(_apply(cfg, out), "job jb: evicted, but it runs inside tenant u's guarantee")
+    assert set(_live(cfg)) == before
+    out.write_text(pristine)
+    assert _apply(cfg, out).exit_code == 0
+    assert runner.invoke(app, ["plan", str(cfg), "--time-limit", QUICK, "--detailed-exitcode"]).exit_code == 0

@@ -111,6 +111,37 @@ def test_hosts_a_pending_higher_class_could_preempt_are_not_frozen(tmp_path):
     assert not any(c.frozen for c in problem.capacities)  # a critical job may evict any low one
 
 
+def test_pending_work_no_capacity_can_ever_host_unfreezes_nothing_and_bounds_no_tier(tmp_path):
+    """A critical job pinned to a region no pool serves can never run, so it evicts no one: the twelve full hosts
+    stay constants. (On the applied 5k fleet, four such jobs of a higher class kept ~1,100 hosts solved.)"""
+    desired, observed = _busy_fleet(tmp_path, pending_critical=True)
+    docs = _docs_of(tmp_path)
+    for d in docs:
+        if d["metadata"]["name"] == "new":
+            d["spec"]["regions"] = ["us-west-2"]
+    desired, observed = _setup(tmp_path, docs, observed.instances, observed.placements)
+    problem = build_problem(desired, observed, freeze=True)
+    assert problem.static_pending.get("new", "").startswith("no ")
+    assert sum(c.frozen for c in problem.capacities) == 12
+    # Nor does a work tier's bound count it: the tier is at its bound as it is (on the applied 5k fleet such jobs
+    # kept three work tiers from their bounds, each then proven by an LP, one by a CP-SAT search too).
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import warm_start
+
+    tiers = {t.name: t for t in Model(problem, warm_start(problem)).tiers()}
+    assert tiers["guaranteed critical work"].bound == 0
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=10))
+    check_plan(desired, observed, plan)
+    assert {j.job: j.action for j in plan.jobs}["new"] == "pending"
+    assert {t["name"]: t["status"] for t in plan.solver.tiers}["guaranteed critical work"] == "HELD"
+
+
+def _docs_of(cfg: Path) -> list[dict]:
+    import yaml
+
+    return list(yaml.safe_load_all((cfg / "fleet.yaml").read_text()))
+
+
 def test_the_lp_bound_is_below_the_plan_and_greedy(tmp_path):
     docs = [topology(), tenant("t"),
             pool("a", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"], hi=10),
@@ -417,3 +448,45 @@ def test_a_bound_written_from_the_flattened_expression_is_the_row_cp_sats_add_gi
                 for c in m.proto.constraints]
 
     assert build(True) == build(False)
+
+
+def _at_quota_across_gpu_models(tmp_path: Path, raised: bool):
+    """t (5 GPUs) runs a low 1-H100 job on a p5.4xlarge and normal T4 jobs on a g4dn.12xlarge (both full); it asks one
+    more T4: a pending job (raised False), or its running `run` raised from 1 to 2 T4s (raised True). Only stopping
+    the low H100 job gives the quota room."""
+    docs = [topology(), tenant("t", gpus=5),
+            pool("a", "aws", "us-east-1", ["us-east-1a"], ["p5.4xlarge"], hi=2),
+            pool("g", "aws", "us-east-1", ["us-east-1a"], ["g4dn.12xlarge"], hi=3),
+            job("big", gpus=1, gpu_type="H100", cpu=8, mem=60, priority="low"),
+            job("run", gpus=2 if raised else 1, gpu_type="T4", cpu=4, mem=16, priority="normal"),
+            job("other", gpus=3, gpu_type="T4", cpu=12, mem=48, priority="normal")]
+    if not raised:
+        docs.append(job("new", gpus=1, gpu_type="T4", cpu=4, mem=16, priority="normal"))
+    insts = [instance("i-a", "a", "aws", "us-east-1", "us-east-1a", "p5.4xlarge"),
+             instance("i-g", "g", "aws", "us-east-1", "us-east-1a", "g4dn.12xlarge")]
+    placements = {"big": ("i-a",), "run": ("i-g",), "other": ("i-g",)}
+    desired, observed = _setup(tmp_path, docs, insts, placements)
+    shapes = {"run": {"gpus": 1, "gpu_type": "T4", "mig": None, "nvlink": False, "cpu": 4.0, "memory_gib": 16.0}}
+    return desired, replace(observed, shapes=shapes)
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["pending", "raised"])
+def test_a_higher_class_short_of_its_quota_unfreezes_its_tenants_lower_jobs_on_any_gpu_model(tmp_path, raised):
+    """A higher class takes its tenant's lower job's place wherever that job runs when the quota is what it needs: the
+    freezer looked for such rivals on the same GPU model only, froze the H100 host, and the plan left the T4 job pending
+    (on the applied 5k fleet, a job raised to 2 T4s stopped an L4 job where the H100 one, with less time left, was
+    the victims tier's choice). Frozen or solved whole, the plan is the same: the low H100 job stops."""
+    from reconciler.problem import borrowing_tenants, over_cap_tenants
+
+    desired, observed = _at_quota_across_gpu_models(tmp_path, raised)
+    frozen, whole = build_problem(desired, observed, freeze=True), build_problem(desired, observed, freeze=False)
+    assert not any(c.frozen for c in frozen.hosts() if c.key == "i-a")
+    # The raised job is new work: its tenant is not over its quota now (1 + 1 + 3 runs), nothing it runs is borrowed.
+    assert over_cap_tenants(frozen.demands, frozen.tenants) == borrowing_tenants(frozen.demands, frozen.tenants) == set()
+    for time_limit in (10, 0):
+        pa = make_plan(desired, observed, frozen, solve(frozen, time_limit=time_limit))
+        pb = make_plan(desired, observed, whole, solve(whole, time_limit=time_limit))
+        check_plan(desired, observed, pa)
+        acts = {j.job: j.action for j in pa.jobs}
+        assert acts["big"] == "evict" and acts["other"] == "keep" and acts["new" if not raised else "run"] in ("place", "move"), acts
+        assert acts == {j.job: j.action for j in pb.jobs}

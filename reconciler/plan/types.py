@@ -130,7 +130,13 @@ class Plan:
         return {"create": len(self.creates), "delete": len(self.deletes), **c}
 
     def to_json(self) -> str:
-        return encode(self)
+        """The plan file's text (file.py), encoded once: `reconcile plan` keeps it in the memo and reads it back for the
+        render the memo keeps (0.05-0.09 s an encoding at 5k jobs); the plan is frozen."""
+        text = self.__dict__.get("_json")
+        if text is None:
+            text = encode(self)
+            object.__setattr__(self, "_json", text)
+        return text
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":

@@ -15,9 +15,9 @@ from reconciler.observe import Observed
 from reconciler.problem.capacity import hosts_of, offers_of, active_reservations, reserved_hosts, reserved_offers, size_offers
 from reconciler.problem.demands import demands_of, group_key, as_utc
 from reconciler.problem.freeze import FREEZE_ABOVE, frozen_hosts
-from reconciler.problem.rules import fit
+from reconciler.problem.rules import OfferFits
 from reconciler.problem.tenants import tenant_rules
-from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, type_class
+from reconciler.problem.types import DIMS, Capacity, Demand, Host, Problem, hopeless, type_class
 from reconciler.topology import TopologyIndex
 
 def build_problem(desired: DesiredState, observed: Observed, default_provider: str = "sim", now: datetime | None = None,
@@ -47,8 +47,10 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         fleet_capacity[dim] += v * pool_bounds.get(pool, (0, 1))[1]
     tenants = tenant_rules(desired, demands, hosts, fleet_capacity)
 
+    static_pending = _static_pending(demands, hosts + offers, desired, observed, offers)
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):
-        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet)
+        never = frozenset(d.key for d in demands if hopeless(d, static_pending))
+        frozen = frozen_hosts(hosts, offers, demands, desired, tenants, pool_bounds, gpu_fleet, never)
         hosts = [replace(h, frozen=True) if h.instance_id in frozen else h for h in hosts]
 
     split = {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
@@ -72,7 +74,6 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
                  if desired.jobs[j].spec.deadline is not None}
 
     caps = hosts + offers
-    static_pending = _static_pending(demands, caps, desired, observed, offers)
 
     return Problem(
         demands=tuple(demands), capacities=tuple(caps), groups=group_map, pool_bounds=pool_bounds, tenants=tenants,
@@ -115,8 +116,9 @@ def _static_pending(demands: list[Demand], caps: list[Capacity], desired: Desire
         if not (isinstance(c, Host) and c.keep_blocker is not None):
             shapes_by_type.setdefault(type_class(c), {}).setdefault(c.offer_key, c)
     every = None  # what the pools could ever run, built for the first demand nothing fits
+    fits = OfferFits()  # (once per demand shape and offer: 5,000 demands asked 35k times, 0.05 s at 5k jobs)
     for d in demands:
-        if not any(fit(d, c) > 0 for c in shapes_by_type.get(type_class(d), {}).values()):
+        if not any(fits.at(d, k, c) > 0 for k, c in shapes_by_type.get(type_class(d), {}).items()):
             every = pool_instances(desired, observed) if every is None else every
             reason = why_nothing_fits(d, desired, observed, offers, every)
             for j in d.jobs:

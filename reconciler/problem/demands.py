@@ -33,6 +33,17 @@ def shape_changes(job: Job, observed: Observed) -> tuple[str, ...]:
     return tuple(f"{k} {old.get(k)} -> {new[k]}" for k in SHAPE_FIELDS if k in old and old.get(k) != new[k])
 
 
+def _placed_shape(job: Job, old: dict) -> tuple:
+    """The shape a reshaped job runs in, per replica, as Demand.ran_as holds it (a field the state does not record
+    is as the job asks now)."""
+    r = job.spec.resources
+    mig = (r.mig.profile, r.mig.count) if r.mig else None
+    if "mig" in old:
+        mig = None if old["mig"] is None else (old["mig"].split("x ", 1)[1], int(old["mig"].split("x ", 1)[0]))
+    return (old.get("gpus", r.gpus), old.get("gpu_type", r.gpu_type), mig, old.get("nvlink", r.nvlink), float(old.get("cpu", r.cpu)),
+            float(old.get("memory_gib", r.memory_gib)))
+
+
 def as_utc(t: datetime | None) -> datetime | None:
     if t is None:
         return None
@@ -86,6 +97,7 @@ def demands_of(desired: DesiredState, observed: Observed, now: datetime | None, 
             (j.name, tuple(observed.placements[j.name])) for j in jobs if observed.placements.get(j.name)
         )
         reshaped = frozenset(j.name for j in jobs if shape_changes(j, observed))
+        ran_as = tuple((name, _placed_shape(desired.jobs[name], observed.shapes[name])) for name in sorted(reshaped))
         out.append(Demand(
             key=f"d{i}:{jobs[0].name}", jobs=tuple(j.name for j in jobs), replicas=items, bundle=bundle, tenant=s.tenant,
             gpus=r.gpus * bundle, gpu_type=r.gpu_type, mig=(r.mig.profile, r.mig.count * bundle) if r.mig else None,
@@ -95,7 +107,7 @@ def demands_of(desired: DesiredState, observed: Observed, now: datetime | None, 
             regions=tuple(s.regions) if s.regions is not None else None,
             clouds=frozenset(s.clouds) if s.clouds is not None else None, zones=zones,
             data_location=s.data.location if s.data else None, data_gib=s.data.size_gib if s.data else 0.0,
-            hours=s.expected_hours, running=running, reshaped=reshaped,
+            hours=s.expected_hours, running=running, reshaped=reshaped, ran_as=ran_as,
             licenses=tuple((n, k * bundle) for n, k in sorted(s.licenses.items())),
         ))
     latest = {d.key: start_by(desired.jobs[d.jobs[0]].spec.deadline, d.hours) for d in out if desired.jobs[d.jobs[0]].spec.deadline is not None}

@@ -7,22 +7,26 @@ import math
 
 from reconciler.ledger import budget_ok, micro, pool_ok, spot_share_ok
 from reconciler.model import DesiredState
-from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, has_room, may_preempt, over_cap_tenants
-from reconciler.problem.types import Capacity, Demand, TenantRules, spot_measure, type_class
+from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, has_room, may_preempt, over_cap_tenants, wants_room
+from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules, spot_measure, type_class
 
 FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
 
 
 def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[Demand], desired: DesiredState,
-            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]], gpu_fleet: bool | None = None) -> set[str]:
+            tenants: dict[str, TenantRules], pool_bounds: dict[str, tuple[int, int]], gpu_fleet: bool | None = None,
+            hopeless: frozenset[str] = frozenset()) -> set[str]:
     """Hosts no decision can change, solved as constants. A host is frozen only when it is
     keepable and full (no compatible item fits in what is free), its residents all fit and
-    may stay, no pending work may evict them (`may_preempt`), moving them to their cheapest
+    may stay, no pending work may evict them (`may_preempt`; nor, on any GPU model, its tenant's
+    pending higher class where the quota is what it needs), moving them to their cheapest
     capacity would not save (consolidation), and no fleet-wide rule is broken now (pool max,
     budgets, quotas, spot rules). Everything else is solved. Checks are by GPU model, not by
-    pool or region, so they err towards solving more."""
+    pool or region, so they err towards solving more. `hopeless`: demands no capacity the fleet could have ever
+    hosts (Problem.static_pending): they take no room and no job's place. (On the applied 5k fleet four such jobs of
+    a higher class, pinned to regions without a large enough T4 type, kept ~1,100 hosts of their tenants solved.)"""
     by_key = {d.key: d for d in demands}
-    pending = [d for d in demands if d.running_jobs < len(d.jobs) or d.running_items < d.running_jobs * d.replicas]
+    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.running_items < d.running_jobs * d.replicas)]
     # Fleet-wide states that force a look at everything.
     if not budget_ok(sum(micro(h.price) for h in hosts), desired.guardrails.max_hourly_budget):
         return set()
@@ -43,12 +47,25 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     # Per GPU model: the smallest item any demand asks (what "room" means), and who is pending.
     smallest: dict[tuple, dict[str, float]] = {}
     for d in demands:
+        if d.key in hopeless:
+            continue
         cur = smallest.setdefault(type_class(d), {})
         for k in d.dims:
             cur[k] = min(cur.get(k, math.inf), d.req(k))
     pending_by_type: dict[tuple, set[tuple[str, int]]] = {}
     for d in pending:
         pending_by_type.setdefault(type_class(d), set()).add((d.tenant, d.klass))
+    # A higher class takes its tenant's lower job's place on any kind of capacity where the tenant's quota is what
+    # it needs: stopping a low H100 job gives a normal T4 job the GPU quota (the applied 5k fleet, a job raised from
+    # 1 to 2 T4s at its tenant's quota: the victim with the least time left ran on an H100, whose frozen host the
+    # model could not stop, and the plan stopped an L4 job at twice the victims tier's weight). Per tenant, the
+    # highest pending class, by each capped dimension it asks.
+    quota_rivals: dict[tuple[str, str], int] = {}
+    if desired.placement.preemption == "LowerPriority":
+        for d in pending:
+            for k in tenants[d.tenant].cap if d.tenant in tenants else ():
+                if d.req(k) > 0:
+                    quota_rivals[(d.tenant, k)] = max(quota_rivals.get((d.tenant, k), -1), d.klass)
     consolidate = desired.placement.consolidation == "WhenUnderutilized"
     slice_price = _slice_prices(demands, offers) if consolidate else {}
 
@@ -78,6 +95,8 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
         rivals = pending_by_type.get(tc, ())
         if any(may_preempt(Rival(t, c), d, borrowing, preemption) for t, c in rivals for d, _ in res):
             continue
+        if quota_rivals and any(quota_rivals.get((d.tenant, k), -1) > d.klass for d, _ in res for k in DIMS if d.req(k) > 0):
+            continue  # its tenant's higher-class work may take its quota
         if consolidate and sum(slice_price.get(d.key, math.inf) * n for d, n in res) < h.price * 0.97:
             continue  # its work fits more cheaply elsewhere
         frozen.add(h.instance_id)

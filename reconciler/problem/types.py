@@ -3,7 +3,7 @@ instances and offers of new ones), tenants' rules and the Problem that holds the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Callable
 
@@ -50,6 +50,9 @@ class Demand:
     running: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (job, host per item) of jobs running now
     base_priority: int = 0
     reshaped: frozenset[str] = frozenset()  # running jobs whose resources changed since they were placed: they restart
+    # (job, (gpus, gpu_type, mig (profile, count) or None, nvlink, cpu, memory_gib) per replica) of the reshaped jobs:
+    # the shape each runs in now, as apply recorded it
+    ran_as: tuple[tuple[str, tuple], ...] = ()
     licenses: tuple[tuple[str, int], ...] = ()  # (License, held per item) while it runs
     deadline_rank: int = 0  # within its class: above work without a deadline, the closer the higher (deadlines.py)
     deadline_critical: bool = False  # must start within its expected_hours: may use the on-demand buffer's capacity
@@ -86,6 +89,16 @@ class Demand:
     def running_items(self) -> int:
         """Items running now (a same-instance gang's replicas are one item)."""
         return sum(len(h) // self.bundle for _, h in self.running)
+
+    def as_it_runs(self, job: str) -> Demand:
+        """This demand as running job `job` runs now: in the shape it was placed with, where its resources changed
+        since (the fleet as it runs, which apply's re-check compares a plan with, holds it so)."""
+        for j, (gpus, gpu_type, mig, nvlink, cpu, mem) in self.ran_as:
+            if j == job:
+                b = self.bundle
+                return replace(self, gpus=gpus * b, gpu_type=gpu_type, mig=(mig[0], mig[1] * b) if mig else None, nvlink=nvlink,
+                               cpu=cpu * b, memory_gib=mem * b, reshaped=frozenset(), ran_as=())
+        return self
 
     def req(self, dim: str) -> float:
         if dim == "gpus":
@@ -156,6 +169,11 @@ class Problem:
             object.__setattr__(self, "_idx", idx)
         return idx
 
+    def never_hosted(self, d: Demand) -> bool:
+        """No capacity the fleet could have ever hosts d (its jobs are in `static_pending`, all alike): it is never
+        placed, so it takes no room, no job's place (the freezer, the model's candidates) and no tier's bound."""
+        return hopeless(d, self.static_pending)
+
     def hosts(self) -> list[Host]:
         """The instances running now, in the capacities' order (they come before the offers)."""
         return [c for c in self.capacities if isinstance(c, Host)]
@@ -171,6 +189,11 @@ class Problem:
         if d.spot == "preferred" and site.market != "spot":
             v += 0.5 * c.on_demand_price * share(d, c)
         return v
+
+
+def hopeless(d: Demand, static_pending: dict[str, str]) -> bool:
+    """Problem.never_hosted, for build_problem's freezer (before the Problem exists)."""
+    return d.jobs[0] in static_pending
 
 
 def share(d: Demand, c: Capacity) -> float:

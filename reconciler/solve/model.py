@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
 from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, may_preempt, over_cap_tenants,
-                                type_class)
+                                type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
@@ -148,7 +148,7 @@ class Model:
             return v
 
         hosts_at = HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
-        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if (d := self.demands[k]).running_jobs < len(d.jobs))
+        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if wants_room(d := self.demands[k]) and not problem.never_hosted(d))
                       for gk, members_ in problem.groups.items()}
         # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
         # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
