@@ -154,10 +154,12 @@ def dominant(d: Demand, c: Capacity) -> float:
 
 
 def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]], more=None,
-               compact: bool = False) -> list[tuple[Demand, str, int, str | None]]:
+               compact: bool = False, least_left: bool = False) -> list[tuple[Demand, str, int, str | None]]:
     """`_pack_greedy`; where it leaves items over on the instances there are, `_pack_filling`
     too (from the same start), and the better of the two (fewer GPUs, then items, left over);
-    then more() for what is left. Summed capacity packs item by item far more often than the
+    then more() for what is left. least_left: what is left over at the end traded up (`_trade_up`), so it is the
+    least important work whichever pass packed (for a packing whose leftovers the plan drops, not one that says what
+    to buy: traded, two low items left where one normal was took one more repair instance). Summed capacity packs item by item far more often than the
     greedy pass finds: on the trace-shaped fixed cluster (1-GPU jobs of 4 to 25 vCPU on 8-GPU,
     96-vCPU nodes, bench/trace.py) the solver's 850 jobs filled the 111 nodes' GPUs and vCPU to
     the last unit in sum; the greedy pass left 92 of them over, filling left 7."""
@@ -173,6 +175,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
             left = _pack_greedy(bins, items, None, compact)
     if left and more is not None:
         left = _pack_greedy(bins, left, more, compact)
+    if left and least_left and len(items) > 1 and all(g is None for *_, g in items):
+        left = _trade_up(bins, items, left)
     return left
 
 

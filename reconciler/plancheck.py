@@ -241,8 +241,12 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     if not evicts or broken_now:
         return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
+    # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
+    # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
+    # every plan that healed a critical gang in a low job's room after a spot interruption, tests/data/findings/fleet31.txt)
     arriving = [(demand_of[j.job].tenant, demand_of[j.job].klass) for j in plan.jobs if j.job in demand_of and (
-        j.action == "place" or j.action in ("keep", "move") and j.job in demand_of[j.job].reshaped)]
+        j.action == "place" or j.action in ("keep", "move") and (
+            j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle))]
     errors = []
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]

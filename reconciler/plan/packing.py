@@ -280,7 +280,9 @@ def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution
                 packing.where[(job, r)] = hk
             else:
                 fresh.append((d, job, r, group(d, h.zone)))
-        left = pack_items([b], fresh)
+        # (what the instance cannot hold is dropped: the least important work, not the greedy pass's last item, a
+        # critical running job beside a low one that could give way, which the plan evicted inside its guarantee: fleet29)
+        left = pack_items([b], fresh, least_left=True)
         packing.unpacked.update(job for _, job, _, _ in left)
         packing.bins_of[hk] = [b]
 

@@ -53,15 +53,53 @@ def unpacked(plan: Plan) -> int:
     return sum(1 for j in plan.jobs if j.reason.startswith(UNPACKED))
 
 
+def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> int:
+    """The README's first tiers as a finished plan shows them: the units of each tenant's protected jobs
+    (TenantRules.protected_jobs; with `moving`, also its running jobs that must move) that the plan runs, or whose
+    place its own placed work of a higher class takes (not under preemption: Never, where no class takes another's
+    place), one unit at most per unit of that work, from the class just below it down."""
+    by_job = {j: d for d in problem.demands for j in d.jobs}
+    stand_ins = problem.placement.preemption != "Never"
+    total = 0
+    for t, rules in problem.tenants.items():
+        protected = set(rules.protected_jobs) | (set(rules.moving_jobs) if moving else set())
+        if not protected:
+            continue
+        lost: dict[int, int] = {}
+        for j in protected:
+            d = by_job.get(j)
+            if d is None:
+                continue
+            if j in placed:
+                total += d.job_size
+            else:
+                lost[d.klass] = lost.get(d.klass, 0) + d.job_size
+        if not lost or not stand_ins:
+            continue
+        new = sorted((d.klass, d.job_size) for d in problem.demands if d.tenant == t for j in d.jobs if j in placed and j not in protected)
+        for klass, size in new:  # the lowest class first: each covers lost units of any class below its own
+            for c in sorted(lost):
+                if c >= klass or size <= 0:
+                    break
+                take = min(size, lost[c])
+                lost[c] -= take
+                size -= take
+                total += take
+    return total
+
+
 def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
-    """The README's order as a finished plan shows it, higher is better: per priority class from
-    the highest, the running work kept (in place or moved, by size), then all work placed
-    (priority x size); then fewer evicted jobs. The solver's tiers hold for its counts; packing
-    can only drop jobs from them (`unpacked`), which this order sees."""
+    """The README's order as a finished plan shows it, higher is better: the guarantees kept (`guarantee_kept`,
+    then with the running jobs that must move), then per priority class from the highest, the running work kept
+    (in place or moved, by size), then all work placed (priority x size); then fewer evicted jobs. The solver's
+    tiers hold for its counts; packing can only drop jobs from them (`unpacked`), which this order sees. (Without
+    the guarantees, a plan whose packing dropped a protected critical job the solver had moved, to keep an
+    unprotected one of that class, ranked above greedy's, which kept the protected one; it was emitted and
+    `apply --plan` refused it, and every plan after it: an audit's 500-job fleet, tests/test_open_findings.py.)"""
     running = {j for d in problem.demands for j, _ in d.running}
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
     classes = sorted({d.klass for d in problem.demands}, reverse=True)
-    out: list[int] = []
+    out: list[int] = [guarantee_kept(problem, placed), guarantee_kept(problem, placed, moving=True)]
     for c in classes:
         ds = [d for d in problem.demands if d.klass == c]
         out.append(sum(d.job_size for d in ds for j in d.jobs if j in placed and j in running))
