@@ -52,9 +52,11 @@ told to make it a plain test).
   CP-SAT's plan evicted it inside its tenant's guarantee; on the 500 jobs that plan also ranked above greedy's (the
   packed plans were compared without the guarantees) and `apply --plan` refused it, and every plan after it. Fixed
   both ways. Still a strict xfail: the solver puts on idle instances, summed as a class, what does not pack there.
-- fleet30 (the same audit, a 60-job scenario): right after an apply, the unchanged config's plan evicts a running job
-  for pending work of its own class and tenant. Strict xfail: the protected set fills the guarantee by priority then
-  name, leaving room in it only the pending job fits.
+- fleet30 (the same audit, a 60-job scenario): right after an apply, the unchanged config's plan evicted a running job
+  for pending work of its own tenant (first of its own class; with that forbidden, its low job for a normal one): the
+  protected set filled the guarantee by priority then name, leaving room in it that no running job fit, which the
+  pending job took. It fills within a class largest first now, and a tier keeps a tenant's running work from being
+  stopped for its own new work of that class or below.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -406,7 +408,6 @@ def test_each_pending_reason_on_fleet28_names_a_limit_that_lifted_alone_places_t
     check_reasons(fleet("fleet28"))
 
 
-@pytest.mark.xfail(strict=True, reason="fleet30: the protected set fills the guarantee by priority then name; see the docstring")
 def test_the_plan_after_apply_evicts_no_job_for_its_own_class_on_fleet30():
     """fleet30 (audit of main, 2026-11-29, from a 60-job scenario of its own): one tenant, vision (20 GPUs guaranteed,
     burst 30, tenant_hourly_budgets $80), eleven jobs. The cold plan (OPTIMAL) runs normal j0058 (4 x A100) and leaves
@@ -415,14 +416,16 @@ def test_the_plan_after_apply_evicts_no_job_for_its_own_class_on_fleet30():
     of its own class and tenant, which the README's "Priorities" forbids ("a running job is never evicted for work of
     its own class"), and the plan right after an apply is not a no-op.
     Cause: after the apply the guarantee's protected jobs (problem.tenants._fill: highest priority first, then by
-    name) are the high jobs (16 GPUs), j0001 (1 GPU) and the MIG j0033, not j0014 (4 GPUs: 21 > 20), so 3 GPUs of the
-    guarantee are left that no running normal job fits; the tier "guaranteed normal work" fills them with j0037 (the
-    protected tier holds j0001 in the guarantee), the budget makes room by stopping j0058, which counts as borrowed,
-    and "borrowed running normal jobs kept" comes after. The cold plan put j0014 in the guarantee instead (no running
-    work, no protected set). The oracle lets it through (check_stability: j0058's tenant borrows and j0058 is not
-    protected); the property's no-op after apply does not. Not fixed: filling the protected set largest first would
-    fix this fleet but not a guarantee whose remainder no running job fits; a tier keeping a tenant's running work of
-    class c before its own guaranteed c work must still let other tenants reclaim their guarantee."""
+    name) were the high jobs (16 GPUs), j0001 (1 GPU) and the MIG j0033, not j0014 (4 GPUs: 21 > 20), so 3 GPUs of the
+    guarantee were left that no running normal job fit; the tier "guaranteed normal work" filled them with j0037 (the
+    protected tier holds j0001 in the guarantee), the budget made room by stopping j0058, which counted as borrowed,
+    and "borrowed running normal jobs kept" came after. The cold plan put j0014 in the guarantee instead (no running
+    work, no protected set). With a tier against stopping a tenant's running work for its own new work of that class
+    (objective.swaps_tier) the plan evicted the low MIG j0033 for j0037 instead (a higher class of its tenant may);
+    with the protected set filled largest first within a class (j0014, as the applied plan had), the plan is a
+    no-op. tests/test_stability.py has the same-class case on its own (a new job of a tenant, a running one stopped).
+    The oracle lets both through (check_stability: j0058's tenant borrows and j0058 is not protected); the
+    property's no-op after apply does not."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet30"), [], None)

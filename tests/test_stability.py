@@ -502,6 +502,32 @@ def test_when_a_tenant_budget_keeps_one_of_its_jobs_the_higher_class_stays(tmp_p
     assert by_job(plan)["sweep"].action == "evict"
 
 
+@pytest.mark.parametrize("time_limit", [10, 0], ids=["cp-sat", "greedy"])
+def test_a_new_job_does_not_stop_a_running_job_of_its_own_class_and_tenant(tmp_path, time_limit):
+    """t1 (3 GPUs guaranteed, bursting to 8, $12/h) runs two normal 2-GPU jobs on one p4d, $10.98/h: a's 2 GPUs in the
+    guarantee, b's borrowed, 1 GPU of the guarantee left. New work of its own class arrives, a 1-GPU job that fits
+    that last GPU but not the budget beside both. Placing it in b's stead adds guaranteed normal work, and b's tier
+    (borrowed running normal work kept) came after, so CP-SAT stopped b for it: a running job evicted for work of its
+    own class (README, Priorities). The new job waits."""
+    from tests.fleetkit import instance, plan_for
+    a100 = {"gpu_type": "A100", "cpu": 8, "mem": 60}
+    docs = [
+        topology(),
+        doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t1": 12.0}}),
+        doc("Tenant", "t1", {"quota": {"gpus": 3, "burst": {"gpus": 8}}}),
+        pool("aws-a100", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+        job("a", "t1", gpus=2, priority="normal", **a100),
+        job("b", "t1", gpus=2, priority="normal", **a100),
+        job("c", "t1", gpus=1, priority="normal", **a100),
+    ]
+    fleet = [instance("i0", "aws-a100", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"a": ("i0",), "b": ("i0",)}, time_limit=time_limit,
+                    gpu_indices={"a": ((0, 1),), "b": ((2, 3),)})
+    jobs = by_job(plan)
+    assert jobs["a"].action == "keep" and jobs["b"].action == "keep", (jobs["a"], jobs["b"])
+    assert jobs["c"].action == "pending" and "tenant budget" in jobs["c"].reason, jobs["c"]
+
+
 def test_a_job_that_must_go_does_not_make_the_job_that_can_stay_look_guaranteed(tmp_path):
     """Found by the property tier: t1 (4 GPUs guaranteed, burst 8) runs a normal 1-GPU job that must go (spot:
     required, on on-demand), a 2x2-GPU gang and a 1-GPU low job. Counting the leaving job first made the small

@@ -55,9 +55,13 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
 
 
 def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float]) -> list[str]:
-    """The running jobs, highest priority first, that fit in what `used` leaves of the guarantee (used grows)."""
+    """The running jobs, highest priority first and within a class the largest first, that fit in what `used` leaves
+    of the guarantee (used grows). Largest first, as the plans fill a guarantee (the tier of a class's guaranteed
+    work counts its size): by name, a fleet's 1-GPU normal job took the guarantee's last 4 GPUs where the plan that
+    was applied had put a 4-GPU one, the 3 left held no running job, and the next plan filled them with the tenant's
+    pending normal job, stopping its low MIG job for the budget (fleet30): a plan right after an apply that changed."""
     out = []
-    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, dj[1])):
+    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, -dj[0].job_size, dj[1])):
         need = {dim: d.req(dim) * d.replicas for dim in DIMS}
         if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
             for k in DIMS:

@@ -51,12 +51,14 @@ def tiers(model: Model) -> list[Tier]:
             out += running_tiers(model, c, model.krg, "guaranteed")
         for c in classes:
             out += moves_tier(model, c, limit)
+            out += swaps_tier(model, c, limit)
         for c in classes:
             out += work_tiers(model, c, model.g, "guaranteed")
     else:
         for c in classes:
             out += running_tiers(model, c, model.krg, "guaranteed")
             out += moves_tier(model, c, limit)
+            out += swaps_tier(model, c, limit)
             out += work_tiers(model, c, model.g, "guaranteed")
     # Borrowed capacity: weighted dominant-resource fair share first, then by class.
     fair = fair_share_tier(model)
@@ -188,6 +190,44 @@ def moves_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
     if not terms:
         return []
     return [Tier(f"running {CLASS_NAMES[c]} jobs moved for other work", sum(terms), "min", 0, released=True)]
+
+
+def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]:
+    """Per tenant, its running class-c work stopped while its new work of class c or below is placed (the less of the
+    two, in job sizes), at its least, held through the tiers after it and then released (Tier.released), as
+    `moves_tier`: a running job is never stopped for work of its own class or below of its own tenant (Kueue's
+    withinClusterQueue: LowerPriority). Another tenant may still reclaim the room it borrows (its stopped work
+    counts here only beside new work of its own). Without it a tenant's running job counted as borrowed (its guarantee
+    held by other running jobs with 3 GPUs left) was stopped for its own pending job of its class that fit in those
+    3 GPUs, by a plan right after an apply of the same config (fleet30). Tenants breaking a rule of their own, and
+    every tenant where the fleet breaks a fleet-wide one (`moves.licensed`: None), are left to the tiers."""
+    m = model.m
+    by_tenant: dict[str, tuple[list, list, list]] = {}  # tenant -> (stopped terms, new terms, [most stopped, most new])
+    for d in model.p.demands:
+        if d.klass > c or limit.get(d.key, 0) is None:
+            continue
+        stopped, new, most = by_tenant.setdefault(d.tenant, ([], [], [0, 0]))
+        kept = model.krj[d.key] if d.running_jobs else 0
+        running = min(d.running_jobs, len(d.jobs))
+        if d.klass == c and running and constant(kept) is None:
+            stopped.append(d.job_size * (running - kept))
+            most[0] += d.job_size * running
+        if len(d.jobs) > running and not model.placed.is_zero(d.key):
+            new.append(d.job_size * (model.placed[d.key] - kept))
+            most[1] += d.job_size * len(d.jobs)
+    terms = []
+    for t, (stopped, new, most) in sorted(by_tenant.items()):
+        if not stopped or not new:
+            continue
+        top = min(most)
+        swapped = m.new_int_var(0, top, f"swapped[{t},{c}]")
+        by_new = m.new_bool_var(f"swapped by new[{t},{c}]")
+        m.add(swapped >= sum(stopped) - most[0] * by_new)
+        m.add(swapped >= sum(new) - most[1] * (1 - by_new))
+        terms.append(swapped)
+    if not terms:
+        return []
+    return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True)]
 
 
 def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:
