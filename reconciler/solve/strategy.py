@@ -627,8 +627,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     """Where the answer's counts on an offer summed per dimension do not pack (`new_instances`: the
     plan's packer, with the instances it would buy), the model again with slots for those offers (as
     many as that packing took, for the items the answer put there) and that packing on them, every
-    other placement held (`repack`), then on fewer of them where a search near it finds that (`fewer_instances`:
-    the count the model proved, which the packer's first fit may miss). The answer is the better of the two by the tiers, then the cost
+    other placement held (`repack`), on fewer of them where a search near it finds that (`fewer_instances`:
+    the count the model proved, which the packer's first fit may miss), else as packed. The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
     plan says its real gap and has no repair (its items never move: one round packs them all)."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
@@ -645,9 +645,10 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     added = slots.extend_slots(model, need, held)
     if not added:
         return sol, hint
-    found = repack(search, with_counts(model, hint, more), packed, added)
-    if found is not None:  # the packer's packing may take more instances than a packing near it
-        found = fewer_instances(search, *found, added, {o.key: hint[model.use[o.key].index] for o in added}) or found
+    packing = packed_answer(search, with_counts(model, hint, more), packed, added)
+    # The packer's packing may take more instances than a packing near it: that one, where the model allows it.
+    fewer = fewer_instances(search, packing, added, {o.key: hint[model.use[o.key].index] for o in added})
+    found = (repack(search, fewer) if fewer is not None else None) or repack(search, packing)
     search.lap("repair")
     old_key = emitted(search, hint, more)
     if found is not None:
@@ -722,13 +723,8 @@ def needed(model: Model, sol: Solution, packed: dict[str, tuple], more: dict[str
     return need
 
 
-def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> tuple[list[int], float] | None:
-    """The answer with the instances its packing took (`repaired`) and that packing on the slots of the
-    `added` offers, if the fleet's rules allow it (pools, quotas, budget, spot share): (answer, cost),
-    else None. (A search of every slot of those offers for a packing on fewer instances, every other placement held,
-    with presolve: at 2k jobs with rules the packer's 11 instances over the counts became 10 in 0.1 work-seconds, 6 in
-    0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to 0.7 s of CPU at 10k: left out; `fewer_instances` searches the
-    slots beyond the count and the roomiest ones only.)"""
+def packed_answer(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> list[int]:
+    """The answer with the instances its packing took (`repaired`) and that packing on the slots of the `added` offers."""
     m, model = search.m, search.model
     vec = repaired + [0] * (len(m.proto.variables) - len(repaired))
     for o in added:
@@ -739,6 +735,16 @@ def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added:
                 v = model.z.get((gk, ck, o.key, i))
                 if v is not None:
                     vec[v.index] = n
+    return vec
+
+
+def repack(search: Search, vec: list[int]) -> tuple[list[int], float] | None:
+    """A packed answer (`packed_answer`, or `fewer_instances`') as an answer of the model, if the fleet's rules allow
+    it (pools, quotas, budget, spot share): (answer, cost), else None. (A search of every slot of those offers for a
+    packing on fewer instances, every other placement held, with presolve: at 2k jobs with rules the packer's 11
+    instances over the counts became 10 in 0.1 work-seconds, 6 in 0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to
+    0.7 s of CPU at 10k: left out; `fewer_instances` searches the slots beyond the count and the roomiest ones only.)"""
+    m = search.m
     search.objective(m, search.cost)
     set_full_hints(m, vec)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
