@@ -408,3 +408,34 @@ def test_the_repair_stage_does_not_emit_moves_that_cost_more_than_staying_put(tm
     _, again = replanned_after_the_packers_instances(tmp_path, monkeypatch, trace_shaped_docs(TRACE_CPU_17))
     moved = [(j.job, j.reason) for j in again.jobs if j.action == "move"]
     assert not moved and not again.has_changes and again.cost_after == again.cost_before, (moved, again.consolidation)
+
+
+def test_the_repair_stage_finds_the_proven_count_on_each_offer_short(tmp_path):
+    """trace_shaped_docs' 80 jobs twice, on p4d pools in two regions (each job pinned to one): each offer's count is
+    10, each packer's packing takes 11; `fewer_instances` packs each offer's picked instances in a search of its own,
+    and the plan buys 10 of each, OPTIMAL (one search of both offers must find both within the same work)."""
+    from tests.fleetkit import plan_for
+
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=40),
+            pool("q", "aws", "us-west-2", ["us-west-2a"], ["p4d.24xlarge"], hi=40)]
+    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=c, mem=1, pools=["p"]) for i, c in enumerate(TRACE_CPU)]
+    docs += [job(f"k{i}", gpus=1, gpu_type="A100", cpu=c, mem=1, pools=["q"]) for i, c in enumerate(TRACE_CPU)]
+    plan = plan_for(tmp_path / "p", docs, time_limit=5, workers=1)
+    assert sum(j.action == "place" for j in plan.jobs) == 160
+    assert sorted(c.pool for c in plan.creates) == ["p"] * 10 + ["q"] * 10
+    assert plan.solver.repairs == 0 and plan.solver.status == "OPTIMAL" and plan.solver.gap == 0.0
+
+
+def test_the_cost_stage_gets_more_work_on_a_model_past_its_size(tmp_path, monkeypatch):
+    """The cost stage's work grows with the model past COST_WORK_VARS variables (twice as many: twice the budget), and
+    the wall-clock safety cap moves by WALL_FACTOR seconds for each work-second added; a model within it keeps both."""
+    from reconciler.solve import strategy
+
+    model = model_of(tmp_path, two_dimension_docs(), FAMILIES)
+    n = len(model.m.proto.variables)
+    for vars_, budget, deadline in ((n, 6.0, 100.0), (n // 2, 6.0 * n / (n // 2), 100.0 + 10.0 * (6.0 * n / (n // 2) - 6.0) / 0.3)):
+        monkeypatch.setattr(strategy, "COST_WORK_VARS", vars_)
+        search = strategy.Search(model.p, 6.0, strategy.Work(100.0), 1, 0, 0.03)
+        search.model = model
+        strategy.grow_cost_work(search)
+        assert abs(search.budget - budget) < 1e-9 and abs(search.clock.deadline - deadline) < 1e-6

@@ -58,6 +58,11 @@ CLAIM_WORK = 0.5  # deterministic s at most for claim_room's search for work a c
 # repairs), those offers get per-instance rows and the packer's packing is checked against every rule, in at most
 # REPAIR_WORK deterministic seconds on top of the budget (a plan whose counts pack spends none; 10k jobs: ~0.001).
 REPAIR_WORK = 0.1
+# The cost stage's work grows with the model past COST_WORK_VARS variables (x2 at twice as many): CP-SAT's work to find
+# the same answer grows with the model it propagates. The LP-guided search reaches the gap in 0.49 work-seconds at 10k
+# jobs (75k variables), 1.24 at 20k (145k) and 6.9 at 50k (337k), where the budget's cost stage had 6: both its searches
+# ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
+COST_WORK_VARS = 100_000
 
 
 class WallCap(Exception):
@@ -356,6 +361,7 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
         cost_hint = None
     hint = cost_hint if cost_hint is not None else best
     search.lap("tiers")
+    grow_cost_work(search)
     hint, value, lb, status = cost_stage(search, hint)
     if search.held_for_now:
         hint, value, lb, status, reports = consolidate(search, hint, value, lb, status, reports)
@@ -371,6 +377,16 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     if with_lp_bound:
         sol = with_bounds(search, sol, bound_model, hint[:len(bound_model.proto.variables)])
     return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()})
+
+
+def grow_cost_work(search: Search) -> None:
+    """The work left for the cost stage, grown with the model past COST_WORK_VARS variables (the tiers' is as it
+    was); the wall-clock safety cap moves by the same work, at WALL_FACTOR seconds for each work-second bought."""
+    grow = len(search.m.proto.variables) / COST_WORK_VARS
+    if grow > 1.0:
+        more = search.budget * (grow - 1.0)
+        search.budget += more
+        search.clock.deadline += WALL_FACTOR * more / WORK_PER_SECOND
 
 
 def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierReport]]:
@@ -627,8 +643,8 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     """Where the answer's counts on an offer summed per dimension do not pack (`new_instances`: the
     plan's packer, with the instances it would buy), the model again with slots for those offers (as
     many as that packing took, for the items the answer put there) and that packing on them, every
-    other placement held (`repack`), then on fewer of them where a search near it finds that (`fewer_instances`:
-    the count the model proved, which the packer's first fit may miss). The answer is the better of the two by the tiers, then the cost
+    other placement held (`repack`), on fewer of them where a search near it finds that (`fewer_instances`:
+    the count the model proved, which the packer's first fit may miss), else as packed. The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
     plan says its real gap and has no repair (its items never move: one round packs them all)."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
@@ -645,9 +661,10 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     added = slots.extend_slots(model, need, held)
     if not added:
         return sol, hint
-    found = repack(search, with_counts(model, hint, more), packed, added)
-    if found is not None:  # the packer's packing may take more instances than a packing near it
-        found = fewer_instances(search, *found, added, {o.key: hint[model.use[o.key].index] for o in added}) or found
+    packing = packed_answer(search, with_counts(model, hint, more), packed, added)
+    # The packer's packing may take more instances than a packing near it: that one, where the model allows it.
+    fewer = fewer_instances(search, packing, added, {o.key: hint[model.use[o.key].index] for o in added})
+    found = (repack(search, fewer) if fewer is not None else None) or repack(search, packing)
     search.lap("repair")
     old_key = emitted(search, hint, more)
     if found is not None:
@@ -722,13 +739,8 @@ def needed(model: Model, sol: Solution, packed: dict[str, tuple], more: dict[str
     return need
 
 
-def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> tuple[list[int], float] | None:
-    """The answer with the instances its packing took (`repaired`) and that packing on the slots of the
-    `added` offers, if the fleet's rules allow it (pools, quotas, budget, spot share): (answer, cost),
-    else None. (A search of every slot of those offers for a packing on fewer instances, every other placement held,
-    with presolve: at 2k jobs with rules the packer's 11 instances over the counts became 10 in 0.1 work-seconds, 6 in
-    0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to 0.7 s of CPU at 10k: left out; `fewer_instances` searches the
-    slots beyond the count and the roomiest ones only.)"""
+def packed_answer(search: Search, repaired: list[int], packed: dict[str, tuple], added: list) -> list[int]:
+    """The answer with the instances its packing took (`repaired`) and that packing on the slots of the `added` offers."""
     m, model = search.m, search.model
     vec = repaired + [0] * (len(m.proto.variables) - len(repaired))
     for o in added:
@@ -739,6 +751,16 @@ def repack(search: Search, repaired: list[int], packed: dict[str, tuple], added:
                 v = model.z.get((gk, ck, o.key, i))
                 if v is not None:
                     vec[v.index] = n
+    return vec
+
+
+def repack(search: Search, vec: list[int]) -> tuple[list[int], float] | None:
+    """A packed answer (`packed_answer`, or `fewer_instances`') as an answer of the model, if the fleet's rules allow
+    it (pools, quotas, budget, spot share): (answer, cost), else None. (A search of every slot of those offers for a
+    packing on fewer instances, every other placement held, with presolve: at 2k jobs with rules the packer's 11
+    instances over the counts became 10 in 0.1 work-seconds, 6 in 0.3; at 1k, 5k and 10k jobs none fewer, at 0.3 to
+    0.7 s of CPU at 10k: left out; `fewer_instances` searches the slots beyond the count and the roomiest ones only.)"""
+    m = search.m
     search.objective(m, search.cost)
     set_full_hints(m, vec)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
