@@ -790,7 +790,7 @@ class Ledger:
             return out
         return self._once("roomy", find)
 
-    def higher(self, d, tenant: str | None = None) -> list[str]:
+    def higher(self, d, tenant: str | None = None) -> tuple[str, ...]:
         """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name.
         (Asked for every pending job: the placed jobs are grouped by kind and by kind and tenant once.)"""
         kind = (d.gpu_type, d.gpus > 0, bool(d.mig))
@@ -802,7 +802,11 @@ class Ledger:
                 out.setdefault(k, []).append((o.klass, j))
                 out.setdefault((k, o.tenant), []).append((o.klass, j))
             return out
-        return sorted(j for k, j in self._once("kinds", by_kind).get(kind if tenant is None else (kind, tenant), ()) if k > d.klass)
+        key = kind if tenant is None else (kind, tenant)
+        # (one sorted list per kind, tenant and class: asked for each of the 50k-job plan's 10,900 pending jobs, the sort
+        # of the placed jobs above each took 2.6 s)
+        return self._once(("higher", key, d.klass),
+                          lambda: tuple(sorted(j for k, j in self._once("kinds", by_kind).get(key, ()) if k > d.klass)))
 
     def placed_jobs(self) -> set[str]:
         return set(self.jobs)
