@@ -209,7 +209,7 @@ def changed(job: Job, observed: Observed) -> bool:
 
 
 def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> list[str]:
-    """The tenant's running jobs inside its guarantee, highest priority first (the README: 'no
+    """The tenant's running jobs inside its guarantee, highest priority first, the largest first within a class (the README: 'no
     tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
     the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
     return _guaranteed_running(desired, observed, tenant)[0]
@@ -232,7 +232,7 @@ def _guaranteed_running(desired: DesiredState, observed: Observed, tenant: str) 
     stays = [j for j in whole if _legal_now(j, observed, desired, nothing)]  # (a job that cannot stay where it runs is not kept there)
     out: tuple[list[str], list[str]] = ([], [])
     for part, jobs in zip(out, (stays, [j for j in whole if j not in stays])):
-        for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), j.name)):
+        for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), -job_size(j), j.name)):  # (largest first in a class)
             r = j.spec.resources
             need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
             if all(used[k] + need[k] <= guar[k] + EPS for k in guar):

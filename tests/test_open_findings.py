@@ -57,6 +57,10 @@ told to make it a plain test).
   protected set filled the guarantee by priority then name, leaving room in it that no running job fit, which the
   pending job took. It fills within a class largest first now, and a tier keeps a tenant's running work from being
   stopped for its own new work of that class or below.
+- fleet32 (the slow property tier, 2026-11-29, right after fleet30's fix): t3 (4 GPUs guaranteed) runs a 1-GPU and a
+  4-GPU low job, which its guarantee cannot both hold, and one must leave spot; the model protects the 4-GPU job
+  (largest first within a class, fleet30), the oracle protected the 1-GPU one (by name) and ranked CP-SAT's plan,
+  which keeps the larger, below greedy's. The oracle now fills a guarantee as the README says the planner does.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -524,3 +528,9 @@ def test_a_packed_plan_that_takes_a_guarantee_ranks_below_one_that_keeps_it():
         return replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=(), reason="x") if j.job == name else j
                                         for j in plan.jobs))
     assert outcome_rank(problem, stopping("jb")) > outcome_rank(problem, stopping("ja"))
+
+
+def test_the_oracle_and_the_planner_protect_the_same_running_jobs_on_fleet32():
+    """fleet32: of t3's two running low jobs, which its 4-GPU guarantee cannot both hold, the 4-GPU one is protected
+    (the largest first within a class); CP-SAT's plan keeps it and ranks at least as high as greedy's."""
+    check_fleet(fleet("fleet32"), time_limit=5)
