@@ -21,12 +21,8 @@ if TYPE_CHECKING:
 def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierReport], status: str, optimal: bool,
              gap: float, t0: float) -> Solution:
     val = lambda v: solved(v, values)  # noqa: E731
-    placed = {dk: val(v) for dk, v in model.placed.items()}
-    stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
-    xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
-    keep = frozenset([c.instance_id for c in model.hosts if c.key in model.use and val(model.use[c.key])]
-                     + [h.instance_id for ik, hs in model.idle_members.items() for h in hs[:val(model.use[ik])]])
-    x = unfold_idle(model, split_groups(problem, xg, placed, stay), keep)
+    placed, stay, x, keep = placements(problem, model, values)
+    x = unfold_idle(model, x, keep, val)[0]
     new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
     guaranteed = {dk: val(v) for dk, v in model.g.items()}
     hosts = len(model.hosts)
@@ -42,15 +38,34 @@ def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierR
     )
 
 
-def unfold_idle(model: Model, x: dict[tuple[str, str], int], keep: frozenset[str]) -> dict[tuple[str, str], int]:
+def placements(problem: Problem, model: Model, values: list[int]) -> tuple[dict, dict, dict, frozenset[str]]:
+    """An answer's jobs placed, stays, new items per demand and capacity (an idle class's not yet unfolded onto
+    its hosts) and the instances it keeps."""
+    val = lambda v: solved(v, values)  # noqa: E731
+    placed = {dk: val(v) for dk, v in model.placed.items()}
+    stay = {k: val(v) for k, v in model.stay.items() if val(v) > 0}
+    xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
+    keep = frozenset([c.instance_id for c in model.hosts if c.key in model.use and val(model.use[c.key])]
+                     + [h.instance_id for ik, hs in model.idle_members.items() for h in hs[:val(model.use[ik])]])
+    return placed, stay, split_groups(problem, xg, placed, stay), keep
+
+
+def unfold_idle(model: Model, x: dict[tuple[str, str], int], keep: frozenset[str], val=None) -> tuple[dict[tuple[str, str], int], dict[str, list[str]]]:
     """Items placed on a class of idle hosts, packed onto its kept hosts as the planner will
-    pack them (largest first). The class's capacity rows and cuts make a misfit rare; an
-    item that does not fit is left on the first host, where the planner leaves its job
-    pending rather than overcommit."""
+    pack them (largest first), or, where the repair stage gave the class per-instance rows
+    (slots.extend_idle_slots; `val` reads the answer), as those rows hold them. The class's
+    capacity rows and cuts make a misfit rare; an item that does not fit is left on the first
+    host, where the planner leaves its job pending rather than overcommit. Returns the items
+    per (demand, host) and, per class where items did not fit, their demands, one per item, left on its first host
+    (what the repair stage reads)."""
     out = {k: n for k, n in x.items() if k[1] not in model.idle}
+    short: dict[str, list[str]] = {}
     for ik, hosts in model.idle_members.items():
         items = [(model.demands[dk], f"{dk}#{i}", 0, None) for (dk, ck), n in sorted(x.items()) if ck == ik for i in range(n)]
         if not items:
+            continue
+        if val is not None and ik in model.slots_of:
+            _unfold_slots(model, ik, hosts, x, val, out)
             continue
         bins = [Bin.empty(h, h.key) for h in hosts if h.instance_id in keep] or [Bin.empty(hosts[0], hosts[0].key)]
         left = pack_items(bins, items)
@@ -59,7 +74,25 @@ def unfold_idle(model: Model, x: dict[tuple[str, str], int], keep: frozenset[str
                 out[(dk, b.ref)] = out.get((dk, b.ref), 0) + 1
         for d, *_ in left:
             out[(d.key, bins[0].ref)] = out.get((d.key, bins[0].ref), 0) + 1
-    return out
+        if left:
+            short[ik] = [d.key for d, *_ in left]
+    return out, short
+
+
+def _unfold_slots(model: Model, ik: str, hosts: list[Host], x: dict[tuple[str, str], int], val, out: dict) -> None:
+    """An idle class with slots: slot i is its i-th host in keep order (both are kept first to last), and takes
+    the items of each group its row holds, from that group's demands in order."""
+    queue: dict[str, list[str]] = {}
+    for (dk, ck), n in sorted(x.items()):
+        if ck == ik:
+            queue.setdefault(model.group_of[dk], []).extend([dk] * n)
+    for (gk, ck, ok, i), v in sorted(model.z.items()):
+        if ok != ik or ck != ik or not (n := val(v)):
+            continue
+        q = queue.get(gk, [])
+        for dk in q[:n]:
+            out[(dk, hosts[i].key)] = out.get((dk, hosts[i].key), 0) + 1
+        del q[:n]
 
 
 def split_groups(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
@@ -98,4 +131,4 @@ def from_assignment(problem: Problem, a: Assignment, status: str, t0: float, not
     )
 
 
-__all__ = ["extract", "from_assignment", "split_groups", "unfold_idle"]
+__all__ = ["extract", "from_assignment", "placements", "split_groups", "unfold_idle"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from reconciler.problem import DIMS, Capacity, Demand, Host, fit, type_class
 
@@ -17,6 +18,7 @@ class IdleClass(Capacity):
     """Identical idle hosts as one count of instances kept (`most` of them): their site, shape and price."""
 
     hosts: tuple[str, ...]  # their keys, in keep order
+    ballast: ClassVar[int] = 0  # (none stands idle by design: what slots.add_slot_rows asks of an offer)
 
     @property
     def most(self) -> int:

@@ -180,6 +180,31 @@ def extend_slots(model: Model, need: dict[str, int], held: set[tuple[str, str]] 
     return offers
 
 
+def extend_idle_slots(model: Model, need: dict[str, int], held: set[tuple[str, str]]) -> list[Capacity]:
+    """Slots, with their rows, for idle classes whose kept instances do not hold the items an answer put on them
+    (`need`: class -> its instances kept; `held`: the x that may be on them), as `extend_slots` gives an offer's new
+    instances: slot i is the class's i-th host (both are kept in order). A class's rows are summed over its hosts
+    (index.idle_classes), so an answer may put there what no host holds (fleet29: 24 of 32 vCPU and 108 of 128 GiB
+    in sum on two 16-vCPU hosts, but a 60-GiB job fills one alone). Every host of a class gets a slot where SLOT_VARS
+    allows, else those kept: an answer that keeps fewer than the class has may need more of them to hold its work
+    (fleet29 at 40 times its size: 50 of 80 kept, and 30 jobs waited with 50 slots). Returns the classes added."""
+    bounds = model.p.pool_bounds
+    at: dict[str, int] = {}
+    for _, ck in held:
+        at[ck] = at.get(ck, 0) + 1
+    need = {ik: model.idle[ik].most if model.idle[ik].most * at.get(ik, 0) <= SLOT_VARS else n for ik, n in need.items()}
+    chosen, total = [], 0
+    for ik in sorted(need, key=lambda k: (slot_count(model.idle[k], bounds, need) * at.get(k, 0), k)):
+        size = slot_count(model.idle[ik], bounds, need) * at.get(ik, 0)
+        if ik in model.slots_of or total + size > SLOT_VARS:
+            continue
+        chosen.append(model.idle[ik])
+        total += size
+    classes, shared = _new_slots(model, chosen, need, held)
+    add_slot_rows(model, classes, shared)
+    return classes
+
+
 def one_group(model: Model, ok: str, i: int, pg: list[tuple[Demand, object]]) -> None:
     """An instance launches into one placement group: of the placement-group gangs, one at most has
     items on a slot (the gangs family counts their instances per offer only)."""
@@ -225,7 +250,7 @@ def slot_contents(model: Model, val) -> dict[str, tuple[tuple[tuple[str, str, in
     out: dict[str, list[list[tuple[str, str, int]]]] = {}
     for o in model.slot_offers:
         n = sum(val(model.on[(o.key, i)]) for i in range(model.slots_of[o.key]))
-        if n:
+        if n and o.key not in model.idle:  # (an idle class's are its hosts: extract.unfold_idle reads them)
             out[o.key] = [[] for _ in range(n)]
     for (gk, ck, ok, i), v in model.z.items():
         k = val(v)
@@ -238,5 +263,5 @@ def slot_variables(model: Model) -> list:
     return model.on.variables() + [v for v in model.z.values() if not is_zero(v)]
 
 
-__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "extend_slots", "holds", "per_instance", "slot_contents", "slot_count",
+__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "extend_idle_slots", "extend_slots", "holds", "per_instance", "slot_contents", "slot_count",
            "slot_hints", "slot_vars", "slot_variables"]

@@ -56,7 +56,8 @@ CONSOLIDATE_SHARE = 0.4  # ... kept for consolidate, while running work is held 
 CLAIM_WORK = 0.5  # deterministic s at most for claim_room's search for work a consolidation's room could take
 # The repair stage: where an answer's counts on an offer summed per dimension do not pack (the packer would buy
 # repairs), those offers get per-instance rows and the packer's packing is checked against every rule, in at most
-# REPAIR_WORK deterministic seconds on top of the budget (a plan whose counts pack spends none; 10k jobs: ~0.001).
+# REPAIR_WORK deterministic seconds on top of the budget (a plan whose counts pack spends none; 10k jobs: ~0.001); an idle
+# class whose hosts do not hold its items the same again (idle_repair).
 REPAIR_WORK = 0.1
 # The cost stage's work grows with the model past COST_WORK_VARS variables (x2 at twice as many): CP-SAT's work to find
 # the same answer grows with the model it propagates. The LP-guided search reaches the gap in 0.49 work-seconds at 10k
@@ -191,6 +192,7 @@ class Search:
     stay_answer: list[int] | None = None  # that answer
     infeasible: bool = False  # the last `complete` proved its hint cannot be completed
     held_for_now: list = field(default_factory=list)  # the constraint indices of the holds `release` lets go
+    floors: list = field(default_factory=list)  # the constraint indices of the tiers' other holds (the repair of an idle class lets them go)
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
@@ -269,7 +271,9 @@ class Search:
             if not vs:
                 raise SolverError("internal: a released hold has no variable")
             self.held_for_now.append(at)
-        elif lp:
+        elif vs and expr is not self.cost:
+            self.floors.append(at)
+        if not released and lp:
             self.lp.add(vs, cs, off, value, 2**62) if sense == "max" else self.lp.add(vs, cs, off, -(2**62), value)
             self.lp_rows += 1
 
@@ -299,18 +303,23 @@ class Search:
             self.lp.xs[v.index].SetBounds(float(x), float(x))
         self.lp_rows += 1  # (the LP changed: cost_lp solves it again)
 
+    def completion(self):
+        """What `complete` maximizes: the tiers summed, the guarantees' max tiers counted double."""
+        terms = []
+        for t in self.tiers:
+            w = 1 if t.sense == "min" else (2 if t.name.startswith(("guarantee", "protected")) else 1)
+            terms.append(t.expr * (w if t.sense == "max" else -w))
+        return sum(terms)
+
     def complete(self, work: float, fixed: bool = True) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
         helper variable set as high as those placements allow in each tier (max tiers count double
         the borrowed ones so the guaranteed/borrowed split favours the guarantee). fixed=False: the
         hint only guides the search. `self.infeasible`: the last call proved no such solution exists."""
         m = self.m
-        terms = []
-        for t in self.tiers:
-            w = 1 if t.sense == "min" else (2 if t.name.startswith(("guarantee", "protected")) else 1)
-            terms.append(t.expr * (w if t.sense == "max" else -w))
-        if terms:
-            m.maximize(sum(terms))
+        goal = self.completion()
+        if not isinstance(goal, int):
+            m.maximize(goal)
         s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed else self.solver_for()
         st = self.clock.solve(s, m, work)
         m.clear_hints()
@@ -646,7 +655,14 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     other placement held (`repack`), on fewer of them where a search near it finds that (`fewer_instances`:
     the count the model proved, which the packer's first fit may miss), else as packed. The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
-    plan says its real gap and has no repair (its items never move: one round packs them all)."""
+    plan says its real gap and has no repair (its items never move: one round packs them all).
+    Then, where an idle class's kept hosts do not hold what the answer put on the class, `idle_repair`."""
+    sol, hint = offer_repair(search, sol, hint, lb, reports)
+    return idle_repair(search, sol, hint, lb, reports)
+
+
+def offer_repair(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport]) -> tuple[Solution, list[int]]:
+    """`repair_stage` for the new instances of offers."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
 
     model = search.model
@@ -677,6 +693,136 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
     sol, hint = stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
     return replace(sol, packed=handed), hint  # (the parts of its packing that are this answer's too: make_plan takes them)
+
+
+def idle_repair(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport]) -> tuple[Solution, list[int]]:
+    """Where the items an answer put on an idle class do not pack onto the hosts it keeps there (`extract.unfold_idle`,
+    the planner's packing: its leftovers the plan leaves pending), that class gets per-instance rows (its slots, as
+    an offer's new instances get in `offer_repair`) and the answer is searched again around them (`around_idle`):
+    what it put there packs host by host, or goes elsewhere (where its jobs ran, say), or waits, whichever the tiers
+    prefer. No instance can be bought for it (an idle class has only its hosts), so the packer's packing is no
+    answer to check, as an offer's is. The answer found is the plan's (the one before does not pack); none found
+    (the work ran out), the answer stands and the plan leaves the leftovers pending, as before. (fleet29: two idle
+    n2-standard-16 held 4 jobs in sum, 24 of 32 vCPU and 108 of 128 GiB, but a 60-GiB job fills one alone and the
+    other three need 20 vCPU of 16; the answer found keeps the host a critical job ran on, and all four run.)"""
+    from reconciler.solve.extract import placements, unfold_idle
+
+    model = search.model
+    _, _, x, keep = placements(search.problem, model, hint)
+    unfolded, short = unfold_idle(model, x, keep)
+    if not short:
+        return sol, hint
+    held = {key for key, v in model.x.variable_items() if key[1] in short and hint[v.index] > 0}
+    added = slots.extend_idle_slots(model, {ik: hint[model.use[ik].index] for ik in sorted(short)}, held)
+    if not added:
+        return sol, hint
+    classes = {o.key for o in added}
+    found = around_idle(search, hint, classes, {gk for gk, _ in held}, packed_less_left(model, hint, unfolded, short, classes))
+    search.lap("repair")
+    if found is None:
+        return sol, hint
+    new_hint, value = found
+    out, same = [], True
+    for t, r in zip(search.tiers, reports):
+        v = search.value(new_hint, t.expr)
+        same = same and v == r.value
+        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
+    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+        print(f"[repair] idle classes {sorted(short)} do not pack: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, "
+              f"cost {sol.cost_value} -> {value}", flush=True)
+    lb = lb if same else None  # (a bound at the tiers the answer before claimed: not one at lower tiers)
+    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), packed=sol.packed), new_hint
+
+
+def packed_less_left(model: Model, answer: list[int], unfolded: dict[tuple[str, str], int], left: dict[str, list[str]],
+                     classes: set[str]) -> list[tuple[int, int]]:
+    """Hints for the primary variables of the answer the plan would have made of `answer`: the planner's packing of
+    each idle class in `classes` (`unfolded`, as extract.unfold_idle packs it) on its slots, without what it left over
+    (`left`: those items, and their jobs, are not placed). What `around_idle` starts from, so its answer is at least
+    that plan's. (Where a job is left over only in part, its other items stay in the hint, which CP-SAT repairs.)"""
+    vec = answer + [0] * (len(model.m.proto.variables) - len(answer))
+    gone: dict[str, int] = {}
+    for ik in classes:
+        for dk in left[ik]:
+            gone[dk] = gone.get(dk, 0) + 1
+    cells: dict[tuple, int] = {}
+    for ik in classes:
+        at = {h.key: i for i, h in enumerate(model.idle_members[ik])}
+        drop = {}
+        for dk in left[ik]:
+            drop[dk] = drop.get(dk, 0) + 1
+        for (dk, hk), n in unfolded.items():
+            if hk in at:
+                n -= drop.pop(dk, 0) if at[hk] == 0 else 0  # (extract.unfold_idle leaves them on the first kept host)
+                k = (model.group_of[dk], ik, ik, at[hk])
+                cells[k] = cells.get(k, 0) + n
+        for i in range(model.slots_of[ik]):
+            vec[model.on[(ik, i)].index] = 1 if i < answer[model.use[ik].index] else 0
+    for (gk, ck, ok, i), v in model.z.variable_items():
+        if ok in classes:
+            vec[v.index] = cells.get((gk, ck, ok, i), 0)
+    for (gk, ck), v in model.x.variable_items():
+        if ck in classes:
+            vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
+    for dk, n in gone.items():
+        v = model.placed[dk]
+        if not isinstance(v, int):
+            vec[v.index] -= min(vec[v.index], -(-n // model.demands[dk].replicas))
+    return [(v.index, vec[v.index]) for v in model.primaries()]
+
+
+def around_idle(search: Search, answer: list[int], classes: set[str], groups: set[str],
+                start: list[tuple[int, int]]) -> tuple[list[int], float] | None:
+    """The best answer by the tiers, then the cost, that differs from `answer` only in the work of `groups` (the groups
+    it put on the idle `classes`, now modelled host by host): where their items go among those classes and the
+    running hosts (whose rows are exact: an offer's are not, so what is there stays as it is), which of their jobs
+    run and stay where they run, and which of those hosts and of the classes' are kept. Every other placement and
+    instance is held, the tiers are let go of the floors the answer set them (the answer claimed more than packs)
+    and reached again one by one, in REPAIR_WORK deterministic seconds in all (fleet29: 0.0002), from `start` (the
+    primaries of the plan the answer gave, completed first), so the answer is at least that plan by the tiers. Returns
+    (answer, its cost), or None where a search ran out of work first."""
+    model, m = search.model, search.m.clone()
+    vec = answer + [0] * (len(m.proto.variables) - len(answer))
+    for at in search.floors:
+        dom = m.proto.constraints[at].linear.domain
+        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    jobs = {dk for gk in groups for dk in model.p.groups[gk]}
+    hosts = {h.key for h in model.hosts}
+    free = {v.index for (gk, ck), v in model.x.variable_items() if gk in groups and (ck in classes or ck in hosts)}
+    free |= {v.index for (dk, _), v in model.stay.variable_items() if dk in jobs}
+    free |= {v.index for dk, v in model.placed.variable_items() if dk in jobs}
+    free |= {v.index for k, v in model.use.variable_items() if k in classes or k in {h.key for dk in jobs for h, _ in model.stay_of.get(dk, [])}}
+    free |= {v.index for (ok, _), v in model.on.variable_items() if ok in classes}
+    free |= {v.index for (_, _, ok, _), v in model.z.variable_items() if ok in classes}
+    for v in model.primaries():
+        if v.index not in free:
+            dom = m.proto.variables[v.index].domain
+            dom[0], dom[1] = vec[v.index], vec[v.index]
+    for (dk, hk), v in model.stay.variable_items():  # (consolidate may have fixed the stays: `Search.fix`)
+        if dk in jobs:
+            dom = m.proto.variables[v.index].domain
+            dom[0], dom[1] = 0, sum(n for k, _, n in model.caps[hk].residents if k == dk)
+    best, goals, spent = None, [(t.expr, t.sense) for t in search.tiers] + [(search.cost, "min")], 0.0
+    m.maximize(search.completion())
+    set_hints(m, start)
+    s = search.solver_for(fix_variables_to_their_hinted_value=True)
+    if search.clock.solve(s, m, REPAIR_WORK / 4) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        best = list(s.response_proto.solution)
+    spent += s.response_proto.deterministic_time
+    m.clear_hints()
+    for k, (expr, sense) in enumerate(goals):
+        search.objective(m, expr, sense)
+        if best is not None:
+            set_full_hints(m, best)
+        s = search.solver_for(presolve=True)  # (it drops the held variables: the search is of the few left)
+        st = search.clock.solve(s, m, (REPAIR_WORK - spent) / (len(goals) - k))
+        spent += s.response_proto.deterministic_time
+        m.clear_hints()
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        best = list(s.response_proto.solution)
+        add_bound(m, expr, search.flat(expr), search.value(best, expr), sense)
+    return best, search.value(best, search.cost)
 
 
 def status_of(value: float, lb: float | None) -> str:
