@@ -96,13 +96,16 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
     problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
     plan = make_plan(demand, observed, problem, solution)
-    if unpacked(plan) and solution.status != "GREEDY_FALLBACK":
-        # The solver's counts did not all pack: its plan may now rank below greedy's, which is
-        # packed instance by instance. Never emit a plan worse than the fallback.
+    if (unpacked(plan) or solution.below_floors) and solution.status != "GREEDY_FALLBACK":
+        # The solver's counts did not all pack (or an idle class was searched again below the tiers' floors, greedy's
+        # value among them): its plan may now rank below greedy's, which is packed instance by instance. Never emit a
+        # plan worse than the fallback.
         fallback = solve(problem, time_limit=0)
         other = make_plan(demand, observed, problem, fallback)
         if outcome_rank(problem, other) > outcome_rank(problem, plan):
-            note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked, ranking below greedy's plan: greedy best-fit")
+            note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked, ranking below greedy's plan: greedy best-fit"
+                    if unpacked(plan) else "CP-SAT's answer, searched again where idle instances did not hold it, ranks "
+                    "below greedy's plan: greedy best-fit")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))

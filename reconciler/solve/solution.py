@@ -62,6 +62,9 @@ class Solution:
     # The new instances as the plan's packer filled them from this answer (plan/packing.OfferPacking, made by the
     # repair stage): make_plan uses it instead of packing again while it is this answer's (None: it packs).
     packed: object = field(default=None, compare=False, repr=False)
+    # An idle class was searched again with the tiers' floors let go (strategy.idle_repair): greedy's value, every
+    # other answer's floor, no longer holds for this one, so the API compares the plan with greedy's (api._plan).
+    below_floors: bool = False
 
 
 __all__ = ["Solution", "TierReport"]

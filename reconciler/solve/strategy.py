@@ -731,7 +731,7 @@ def idle_repair(search: Search, sol: Solution, hint: list[int], lb: float | None
         print(f"[repair] idle classes {sorted(short)} do not pack: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, "
               f"cost {sol.cost_value} -> {value}", flush=True)
     lb = lb if same else None  # (a bound at the tiers the answer before claimed: not one at lower tiers)
-    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), packed=sol.packed), new_hint
+    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), packed=sol.packed, below_floors=not same), new_hint
 
 
 def packed_less_left(model: Model, answer: list[int], unfolded: dict[tuple[str, str], int], left: dict[str, list[str]],
