@@ -63,6 +63,11 @@ told to make it a plain test).
   4-GPU low job, which its guarantee cannot both hold, and one must leave spot; the model protects the 4-GPU job
   (largest first within a class, fleet30), the oracle protected the 1-GPU one (by name) and ranked CP-SAT's plan,
   which keeps the larger, below greedy's. The oracle now fills a guarantee as the README says the planner does.
+- fleet34 (the slow reason tier, 2026-11-29, right after fleet30's fix): t1's low j0 must leave its p4d (its latency
+  cap is 5 ms from gcp/us-central1) and nothing in reach holds it; the new tier against stopping a tenant's running
+  work for its own new work counted j0 as stopped, held t1's new low work at 0 through the work tiers, and after its
+  release only 6 of 7 came back: j6 (CPU) stayed pending, "the solver did not find that placement". A job a rule
+  moves is not counted as stopped now.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -565,3 +570,9 @@ def test_the_oracle_and_the_planner_protect_the_same_running_jobs_on_fleet32():
     """fleet32: of t3's two running low jobs, which its 4-GPU guarantee cannot both hold, the 4-GPU one is protected
     (the largest first within a class); CP-SAT's plan keeps it and ranks at least as high as greedy's."""
     check_fleet(fleet("fleet32"), time_limit=5)
+
+
+def test_a_job_a_rule_moves_does_not_hold_back_its_tenants_new_work_on_fleet34():
+    """fleet34: t1's running low j0 must leave its instance and has nowhere to go; its tenant's pending low jobs all
+    run (j6 on a new m6i.4xlarge), and each pending reason names a limit that, lifted alone, places the job."""
+    check_reasons(fleet("fleet34"))
