@@ -76,6 +76,10 @@ told to make it a plain test).
   another tenant's guaranteed job, because its tenant's spot share row (solve/tenants.add_tenant_rules) is held over
   everything placed, with no exemption for a share the fleet as it runs keeps; greedy stops the tenant's spot job
   instead. Every plan of that fleet is refused by `apply --plan` (nothing is done), so no damage, but it is stuck.
+- fleet38 (audit19, open, strict xfail, slow; a 150-job hand-made config, not reduced): under a short work limit
+  (`--time-limit 6`) the cold plan places 22 jobs with tiers unproven; the plan after its apply evicts t4's j123 for
+  its higher-class j17 while placing t4's new j127 and j71 of j123's class or below. At the default limit it
+  converges (39 placed, then a no-op).
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -659,3 +663,29 @@ def test_a_resized_job_takes_no_guarantee_for_its_tenants_spot_share_on_fleet37(
         assert b.action == "keep", f"{name}: {b.action}: {b.reason}"
         check_stability(desired, observed, plan)
         assert recheck(plan, desired, observed, problem)[1] == [], name
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="fleet38: open (audit19): under a short work limit, the next plan stops a job while its tenant places new work of its class")
+def test_the_plan_after_a_short_cold_plan_stops_no_job_for_its_own_class_on_fleet38():
+    """fleet38 (audit19, 2026-11-29, a hand-made 150-job config: tests/data/findings/fleet38.yaml): planned cold with
+    `time_limit=6` (the work tiers unproven: 22 placed, 13 created), applied, and planned again at 6, the plan evicts
+    t4's j123 ("its tenant's quota goes to its higher-priority work first: j17") while it places t4's new j127 and j71,
+    of j123's class or below: an eviction check_stability calls unlicensed (the same plan could keep j123 and leave
+    one of them pending). With the default limit (20) the cold plan places 39 and the plan after it is a no-op. Not
+    reduced; the swaps tier is likely not proven within the work there (greedy's warm start makes the swap)."""
+    import shutil
+    import tempfile
+
+    from reconciler import api
+    from tests.invariants import check_stability
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "cfg"
+        cfg.mkdir()
+        shutil.copy(FINDINGS / "fleet38.yaml", cfg / "fleet.yaml")
+        first = api.plan(cfg, time_limit=6)
+        api.apply(cfg, saved_plan=first.plan, time_limit=6, allow_destroy=1000)
+        again = api.plan(cfg, time_limit=6)
+        check_stability(again.desired, again.observed, again.plan)
+
