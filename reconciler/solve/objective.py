@@ -202,11 +202,12 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
     3 GPUs, by a plan right after an apply of the same config (fleet30). Tenants breaking a rule of their own, and
     every tenant where the fleet breaks a fleet-wide one (`moves.licensed`: None), are left to the tiers."""
     m = model.m
-    by_tenant: dict[str, tuple[list, list, list]] = {}  # tenant -> (stopped terms, new terms, [most stopped, most new])
+    # tenant -> (its running class-c demands that could stay: (demand, jobs that could stay, kept, forced), new terms)
+    by_tenant: dict[str, tuple[list, list]] = {}
     for d in model.p.demands:
         if d.klass > c or limit.get(d.key, 0) is None:
             continue
-        stopped, new, most = by_tenant.setdefault(d.tenant, ([], [], [0, 0]))
+        stoppable, new = by_tenant.setdefault(d.tenant, ([], []))
         kept = model.krj[d.key] if d.running_jobs else 0
         running = min(d.running_jobs, len(d.jobs))
         # (only jobs that could stay where they run: one a rule moves, kept nowhere, is not stopped for new work; counted,
@@ -215,22 +216,26 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
         forced = limit.get(d.key) or 0
         could_stay = 0 if d.gang and forced else max(0, running - forced)
         if d.klass == c and could_stay and constant(kept) is None:
-            over = m.new_int_var(0, could_stay, f"stopped[{d.key}]")
-            m.add(over >= could_stay - kept)
-            stopped.append(d.job_size * over)
-            most[0] += d.job_size * could_stay
+            stoppable.append((d, could_stay, kept, forced))
         if len(d.jobs) > running and not model.placed.is_zero(d.key):
-            new.append(d.job_size * (model.placed[d.key] - kept))
-            most[1] += d.job_size * len(d.jobs)
+            new.append((d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
     terms = []
-    for t, (stopped, new, most) in sorted(by_tenant.items()):
-        if not stopped or not new:
-            continue
-        top = min(most)
-        swapped = m.new_int_var(0, top, f"swapped[{t},{c}]")
+    for t, (stoppable, new) in sorted(by_tenant.items()):
+        if not stoppable or not new:
+            continue  # (no variable for a tenant with nothing to swap: most of an applied fleet's running demands)
+        stopped = []
+        for d, could_stay, kept, forced in stoppable:
+            if forced:  # (its kept jobs may be movers beyond those that could stay: stopped is at least 0)
+                over = m.new_int_var(0, could_stay, f"stopped[{d.key}]")
+                m.add(over >= could_stay - kept)
+                stopped.append(d.job_size * over)
+            else:
+                stopped.append(d.job_size * (could_stay - kept))
+        most = (sum(d.job_size * k for d, k, _, _ in stoppable), sum(n for n, _ in new))
+        swapped = m.new_int_var(0, min(most), f"swapped[{t},{c}]")
         by_new = m.new_bool_var(f"swapped by new[{t},{c}]")
         m.add(swapped >= sum(stopped) - most[0] * by_new)
-        m.add(swapped >= sum(new) - most[1] * (1 - by_new))
+        m.add(swapped >= sum(e for _, e in new) - most[1] * (1 - by_new))
         terms.append(swapped)
     if not terms:
         return []
