@@ -794,7 +794,8 @@ def around_idle(search: Search, answer: list[int], classes: set[str], groups: se
     free = {v.index for (gk, ck), v in model.x.variable_items() if gk in groups and (ck in classes or ck in hosts)}
     free |= {v.index for (dk, _), v in model.stay.variable_items() if dk in jobs}
     free |= {v.index for dk, v in model.placed.variable_items() if dk in jobs}
-    free |= {v.index for k, v in model.use.variable_items() if k in classes or k in {h.key for dk in jobs for h, _ in model.stay_of.get(dk, [])}}
+    ran_on = {h.key for dk in jobs for h, _ in model.stay_of.get(dk, [])}  # (once, not per instance variable)
+    free |= {v.index for k, v in model.use.variable_items() if k in classes or k in ran_on}
     free |= {v.index for (ok, _), v in model.on.variable_items() if ok in classes}
     free |= {v.index for (_, _, ok, _), v in model.z.variable_items() if ok in classes}
     for v in model.primaries():
