@@ -32,13 +32,14 @@ never read from the plan:
 * no tenant ends over a ceiling (quota, or burst) or over its budget where it was not before, and no
   fleet-wide rule the fleet keeps now (spot share, on-demand buffer, spot diversity, a tenant's spot share,
   license counts) is broken by the plan: the plan's fleet and the snapshot's are read by the one ledger
-  (reconciler/ledger.py) that the planner reads; a rule the fleet keeps only with instances that must go
-  (ledger.staying_ledger) it does not keep now;
+  (reconciler/ledger.py) that the planner reads; a rule the fleet keeps only with instances that must go or jobs
+  that changed (ledger.staying_ledger) it does not keep now;
 * running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
   changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
-  work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or without the
-  instances that must go) breaks a fleet-wide rule; otherwise only borrowed work, never a job inside its
-  tenant's guarantee;
+  work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
+  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule,
+  or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only borrowed work, never a
+  job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -48,7 +49,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import QuotaBook, budget_ok, money, plan_ledger, quota_ok, quota_scope, quota_units, running_ledger, staying_ledger
+from reconciler.ledger import (QuotaBook, budget_ok, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
+                              running_ledger)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
@@ -78,7 +80,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     if ledgers is not None:  # (else refused above: a job with the wrong number of replicas)
         after, before = ledgers
         errors += _tenant_errors(problem, after, before)
-        broken_now = staying_ledger(problem).broken_rules() | before.broken_rules()  # (as it runs, and without what must go)
+        broken_now = rules_broken_now(problem) | before.broken_rules()  # (as it runs, and as it can stay)
         errors += _fleet_rule_errors(after, broken_now)
         errors += _eviction_errors(plan, observed, problem, broken_now)
 
@@ -238,7 +240,8 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
-    if not evicts or broken_now:
+    licensed = licensed_by(broken_now)
+    if not evicts or licensed is None:
         return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
@@ -250,8 +253,8 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     errors = []
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
-        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap:
-            continue
+        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
+            continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts or hosts[i].keep_blocker is not None or placement_refusal(d, hosts[i]) is not None
                or fit(d, hosts[i]) == 0 for i in ids) or gang_split(d, [hosts[i] for i in ids]):
             continue  # it cannot stay where it runs

@@ -197,8 +197,12 @@ def changed(job: Job, observed: Observed) -> bool:
     """Does a running job ask for something other than what runs: another replica count (a gang
     grown or shrunk), or resources other than those apply recorded it with (state `shapes`)?"""
     placed = observed.placements.get(job.name, ())
-    if len(placed) != job.spec.replicas:
-        return True
+    return len(placed) != job.spec.replicas or reshaped(job, observed)
+
+
+def reshaped(job: Job, observed: Observed) -> bool:
+    """Does a running job ask for resources other than those apply recorded it with (state `shapes`)? It restarts in
+    its new shape: it cannot stay as it runs."""
     old = getattr(observed, "shapes", {}).get(job.name)
     if not old:
         return False
@@ -729,11 +733,19 @@ def _use_now(desired: DesiredState, observed: Observed, tenant: str) -> dict[str
 def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
     """Does the fleet as it runs break a rule the checks above know (budgets, pools, quotas,
     tenant budgets and spot shares, the spot share, buffer and diversity)? Then something must
-    give. The fleet as it runs is checked as a plan that keeps everything where it is."""
+    give. The fleet as it runs is checked as a plan that keeps everything where it is; and then
+    without the jobs whose resources changed (they restart, so they cannot stay as they run: a tenant's
+    spot share that holds only with such a job, which then has no room, may take its spot work, fleet37)."""
+    return _broken_as(desired, observed, lambda name: True) or _broken_as(
+        desired, observed, lambda name: not reshaped(desired.jobs[name], observed))
+
+
+def _broken_as(desired: DesiredState, observed: Observed, stays) -> bool:
+    """Does the fleet with its running jobs `stays(name)` where they run break a rule the checks know?"""
     hosts = fleet_after(observed, Plan("", "", "", "", (), (), (), 0.0, 0.0, None), desired)  # type: ignore[arg-type]
     jobs = []
     for name, ids in sorted(observed.placements.items()):
-        if name in desired.jobs and ids and all(i in hosts for i in ids):
+        if name in desired.jobs and ids and all(i in hosts for i in ids) and stays(name):
             rec = observed.gpu_indices.get(name, ())
             gpus = tuple(tuple(g) for g in rec) if len(rec) == len(ids) else ((),) * len(ids)
             jobs.append(JobChange(name, desired.jobs[name].spec.tenant, "keep", tuple(ids), tuple(ids), "", gpus))

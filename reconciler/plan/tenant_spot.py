@@ -12,7 +12,7 @@ the tenant's other spot work waits.
 
 from __future__ import annotations
 
-from reconciler.ledger import Ledger, plan_ledger, spot_share_ok, tenant_spot_drops, work_units
+from reconciler.ledger import rules_broken_now, spot_share_ok, tenant_spot_drops, work_units
 from reconciler.observe import Observed
 from reconciler.pack import Bin
 from reconciler.plan.instances import spare
@@ -42,7 +42,6 @@ def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, li
         running = bool(observed.placements.get(job))
         per_tenant.setdefault(d.tenant, []).append(((running, d.priority, -on, job), job, on, work_units(d) * len(items)))
     drops: dict[str, str] = {}
-    as_it_runs: list[Ledger] = []  # the fleet as it runs, read only where the last resort reaches a protected job
     for tenant, rows in sorted(per_tenant.items()):
         rows.sort()
         frac = problem.tenants[tenant].spot_fraction
@@ -51,7 +50,7 @@ def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, li
         chosen = tenant_spot_drops(order, frac)
         protected = set(problem.tenants[tenant].protected_jobs)
         stays = ""
-        if protected.intersection(chosen) and not _share_broken_now(problem, observed, tenant, as_it_runs):
+        if protected.intersection(chosen) and not _share_broken_now(problem, tenant):
             # Running on on-demand room, a protected job keeps the share the fleet as it runs keeps (fleet12 reduced).
             for job in [job for job in chosen if job in protected]:
                 if protected.intersection(chosen) and _onto_on_demand(problem, job, slots, packing, hosts, demand_of):
@@ -60,7 +59,7 @@ def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, li
                     order = [(j, 0 if j == job else s, t) for j, s, t in order]
                     on = sum(s for _, s, _ in order)
                     chosen = tenant_spot_drops(order, frac)
-        if protected.intersection(chosen) and not _share_broken_now(problem, observed, tenant, as_it_runs):
+        if protected.intersection(chosen) and not _share_broken_now(problem, tenant):
             # The rest goes instead, in its order, until the share holds or none is left; the protected work stays.
             rest = [r for r in order if r[0] not in protected]
             chosen = [job for job in tenant_spot_drops(rest + [r for r in order if r[0] in protected], frac) if job not in protected]
@@ -78,14 +77,10 @@ def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, li
     return drops
 
 
-def _share_broken_now(problem: Problem, observed: Observed, tenant: str, cache: list[Ledger]) -> bool:
-    """Does the fleet as it runs break the tenant's spot share? Then the rule requires something to give, and work
-    inside the guarantee may (README, Tenants). The snapshot is read by the one ledger, as apply's re-check reads it."""
-    if not cache:
-        jobs = {j for d in problem.demands for j in d.jobs}
-        hosts = sorted(c.key for c in problem.hosts())
-        cache.append(plan_ledger(problem, (), hosts, [(j, tuple(ids)) for j, ids in sorted(observed.placements.items()) if j in jobs]))
-    return not spot_share_ok(*cache[0].tenant_spot(tenant), problem.tenants[tenant].spot_fraction)
+def _share_broken_now(problem: Problem, tenant: str) -> bool:
+    """Does the fleet as it runs (or as it can stay) break the tenant's spot share? Then the rule requires something
+    to give, and work inside the guarantee may (README, Tenants): the one reading apply's re-check makes."""
+    return f"tenant-spot:{tenant}" in rules_broken_now(problem)
 
 
 def _onto_on_demand(problem: Problem, job: str, slots: dict[str, list[str | None]], packing: Packing, hosts: dict[str, Capacity],

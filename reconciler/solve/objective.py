@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, milli_down
+from reconciler.ledger import MILLI, milli_down, rules_broken_now
 from reconciler.problem import Demand
 from reconciler.solve import moves
 from reconciler.solve.variables import Values, constant, scale, wsum
@@ -115,12 +115,17 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
     prot = []
     bound = 0
     stand_ins = p.placement.preemption != "Never"
+    shares = spot_shares_broken(model)
     for t, r in p.tenants.items():
         # (a tenant with no quota at all is unlimited: all it runs is guaranteed; a set, not a scan per job at 10k)
         protected_jobs = set(units_of(r))
         if not protected_jobs:
             continue
         mine = [d for d in p.demands if d.tenant == t]
+        if t in shares:
+            protected_jobs -= {j for d in mine for j, ids in d.running if any(model.caps[i].market == "spot" for i in ids if i in model.caps)}
+            if not protected_jobs:
+                continue
         units: dict[int, int] = {}
         for d in mine:
             n = d.job_size * sum(j in protected_jobs for j, _ in d.running)
@@ -155,6 +160,20 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
         prot.append(pt)
         bound += total
     return Tier(name, sum(prot), "max", bound) if prot else None
+
+
+def spot_shares_broken(model: Model) -> set[str]:
+    """Tenants with protected jobs whose spot share the fleet breaks now, as it runs or as it can stay
+    (ledger.rules_broken_now): the share may take their running spot work (README, Spot policy), so it is no unit of
+    the guarantees tiers. Counted, it tied there with another tenant's guaranteed job whose room the tenant's
+    on-demand work could take to hold the share, and the tiers below chose that: a job that changed took t4's b to keep
+    t3's spot job under its share (fleet37)."""
+    p = model.p
+    asked = [t for t, r in p.tenants.items() if r.spot_fraction is not None and r.spot_fraction < 1 and (r.protected_jobs or r.moving_jobs)]
+    if not asked:
+        return set()
+    broken = rules_broken_now(p)
+    return {t for t in asked if f"tenant-spot:{t}" in broken}
 
 
 def running_tiers(model: Model, c: int, kept: Values, label: str) -> list[Tier]:
@@ -360,5 +379,5 @@ def instance_cost(model: Model):
     return wsum([(milli_down(c.price), model.use[c.key]) for c in model.units])
 
 
-__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tiers", "instance_cost", "moves_tier", "protected_tier", "running_tiers",
+__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tiers", "instance_cost", "moves_tier", "protected_tier", "running_tiers", "spot_shares_broken",
            "tiers", "victims_tier", "work_tiers"]
