@@ -79,6 +79,8 @@ told to make it a plain test).
   job that changed restarts, so the fleet that can stay (ledger.staying_ledger) does not hold it and the share is
   broken without it: the share may take the tenant's spot work, which is no unit of the guarantees tier then, and a
   tenant's own rule broken now licenses only its own work's evictions at apply's re-check.
+- fleet39 (the slow property tier, right after fleet37's fix): leaving a tenant's spot job out of the first guarantees
+  tier let its own low jobs outweigh it; the first tier now leaves out the tenant over its spot share whole.
 - fleet38 (audit19, open, strict xfail, slow; a 150-job hand-made config, not reduced): under a short work limit
   (`--time-limit 6`) the cold plan places 22 jobs with tiers unproven; the plan after its apply evicts t4's j123 for
   its higher-class j17 while placing t4's new j127 and j71 of j123's class or below. At the default limit it
@@ -664,6 +666,16 @@ def test_a_resized_job_takes_no_guarantee_for_its_tenants_spot_share_on_fleet37(
         assert recheck(plan, desired, observed, problem)[1] == [], name
     taking_b = replace(plan, jobs=tuple(replace(j, action="evict", instances=()) if j.job == "b" else j for j in plan.jobs))
     assert any(e.startswith("job b: evicted, but it runs inside tenant t4's guarantee") for e in recheck(taking_b, desired, observed, problem)[1])
+
+
+def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_on_fleet39():
+    """fleet39 (the slow property tier, 2026-11-29, right after fleet37's fix): t1 (tenant_max_spot_fraction 0) runs
+    its normal j12 on a spot m6i.4xlarge and its low j10, j11 on the on-demand one; the pool is over its max, so one
+    instance goes and j12 must move onto the on-demand one, where only it and one low job fit. Greedy moves j12 and
+    stops j11; CP-SAT stopped j12: fleet37's fix had left t1's spot job out of the guarantees tier (its broken share
+    may take it), so t1's two low jobs outweighed it. The first tier now leaves out every unit of a tenant over its
+    spot share (so it never ties with another tenant's), and the next counts them all."""
+    check_fleet(fleet("fleet39"), time_limit=5)
 
 
 @pytest.mark.slow

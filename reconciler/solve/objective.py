@@ -86,16 +86,25 @@ def guarantees_tiers(model: Model) -> list[Tier]:
     j6 left its spot instance, t1's protected low j5 was evicted, t2's j12 took the room). The second tier
     tells the two apart: a tenant's running work kept whole counts once, moved or not, so evicting j5 loses
     a unit there, while a gang that must move into its own tenant's low job's room keeps more units than
-    that job (a higher class of its tenant may take a lower job's place: the README)."""
-    first = protected_tier(model, "guarantees kept", lambda r: r.protected_jobs)
+    that job (a higher class of its tenant may take a lower job's place: the README).
+
+    Where a tenant's spot share is broken now (`spot_shares_broken`), the share may take its running work, so the
+    first tier counts only the other tenants' units: summed with theirs, its spot job tied with another tenant's
+    guaranteed job whose room its on-demand work could take to hold the share, and the tiers below chose that
+    (fleet37). The next tier counts every tenant's; only its spot work left out of the first, its low jobs outweighed
+    its normal spot job that had to move onto their room (fleet39)."""
+    shares = spot_shares_broken(model)
+    first = protected_tier(model, "guarantees kept", lambda r: r.protected_jobs, shares)
+    whole = protected_tier(model, "guarantees kept, with tenants over their spot share", lambda r: r.protected_jobs) if shares else None
     second = None
     if any(r.moving_jobs for r in model.p.tenants.values()):
         second = protected_tier(model, "guaranteed running work kept", lambda r: r.protected_jobs + r.moving_jobs)
-    return [t for t in (first, second) if t is not None]
+    return [t for t in (first, whole, second) if t is not None]
 
 
-def protected_tier(model: Model, name: str, units_of) -> Tier | None:
-    """The units of each tenant's running jobs `units_of(rules)` (protected: TenantRules.protected_jobs).
+def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset()) -> Tier | None:
+    """The units of each tenant's running jobs `units_of(rules)` (protected: TenantRules.protected_jobs), but those
+    of the tenants in `skip`.
 
     A tenant's protected units of class c are kept by its running jobs of class c kept inside the
     guarantee, or replaced by its new guaranteed work of a higher class (the README lets a tenant's
@@ -115,17 +124,12 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
     prot = []
     bound = 0
     stand_ins = p.placement.preemption != "Never"
-    shares = spot_shares_broken(model)
     for t, r in p.tenants.items():
         # (a tenant with no quota at all is unlimited: all it runs is guaranteed; a set, not a scan per job at 10k)
         protected_jobs = set(units_of(r))
-        if not protected_jobs:
+        if not protected_jobs or t in skip:
             continue
         mine = [d for d in p.demands if d.tenant == t]
-        if t in shares:
-            protected_jobs -= {j for d in mine for j, ids in d.running if any(model.caps[i].market == "spot" for i in ids if i in model.caps)}
-            if not protected_jobs:
-                continue
         units: dict[int, int] = {}
         for d in mine:
             n = d.job_size * sum(j in protected_jobs for j, _ in d.running)
@@ -164,10 +168,8 @@ def protected_tier(model: Model, name: str, units_of) -> Tier | None:
 
 def spot_shares_broken(model: Model) -> set[str]:
     """Tenants with protected jobs whose spot share the fleet breaks now, as it runs or as it can stay
-    (ledger.rules_broken_now): the share may take their running spot work (README, Spot policy), so it is no unit of
-    the guarantees tiers. Counted, it tied there with another tenant's guaranteed job whose room the tenant's
-    on-demand work could take to hold the share, and the tiers below chose that: a job that changed took t4's b to keep
-    t3's spot job under its share (fleet37)."""
+    (ledger.rules_broken_now): the share may take their running work (README, Spot policy), so they count in the
+    second guarantees tier, not the first (guarantees_tiers)."""
     p = model.p
     asked = [t for t, r in p.tenants.items() if r.spot_fraction is not None and r.spot_fraction < 1 and (r.protected_jobs or r.moving_jobs)]
     if not asked:
