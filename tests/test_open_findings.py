@@ -81,10 +81,10 @@ told to make it a plain test).
   tenant's own rule broken now licenses only its own work's evictions at apply's re-check.
 - fleet39 (the slow property tier, right after fleet37's fix): leaving a tenant's spot job out of the first guarantees
   tier let its own low jobs outweigh it; the first tier now leaves out the tenant over its spot share whole.
-- fleet38 (audit19, open, strict xfail, slow; a 150-job hand-made config, not reduced): under a short work limit
-  (`--time-limit 6`) the cold plan places 22 jobs with tiers unproven; the plan after its apply evicts t4's j123 for
-  its higher-class j17 while placing t4's new j127 and j71 of j123's class or below. At the default limit it
-  converges (39 placed, then a no-op).
+- fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
+  plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
+  the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
+  answer. Each tier is scaled to its bound in the completion now.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -679,14 +679,16 @@ def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_o
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="fleet38: open (audit19): under a short work limit, the next plan stops a job while its tenant places new work of its class")
 def test_the_plan_after_a_short_cold_plan_stops_no_job_for_its_own_class_on_fleet38():
     """fleet38 (audit19, 2026-11-29, a hand-made 150-job config: tests/data/findings/fleet38.yaml): planned cold with
-    `time_limit=6` (the work tiers unproven: 22 placed, 13 created), applied, and planned again at 6, the plan evicts
-    t4's j123 ("its tenant's quota goes to its higher-priority work first: j17") while it places t4's new j127 and j71,
-    of j123's class or below: an eviction check_stability calls unlicensed (the same plan could keep j123 and leave
-    one of them pending). With the default limit (20) the cold plan places 39 and the plan after it is a no-op. Not
-    reduced; the swaps tier is likely not proven within the work there (greedy's warm start makes the swap)."""
+    `time_limit=6` (the work tiers unproven: 22 placed, 13 created), applied, and planned again at 6, the plan evicted
+    t4's j123 ("its tenant's quota goes to its higher-priority work first: j17") while it placed t4's new j127 and j71,
+    of j123's class or below: an eviction check_stability calls unlicensed. The warm start's completion (greedy's
+    placements, every other variable set to its best) summed the tiers unscaled, so the fair share (hundreds of
+    thousands) outweighed the guarantees (units): it counted running critical work as borrowed, 91 of the 294 protected
+    units greedy's placements keep, the tiers held those floors, the first spent its share of the work getting back
+    to 294, and the tiers after could not undo greedy's swap. Scaled per tier (Search.completion), the warm start
+    keeps 294 and the plan after the apply evicts nothing."""
     import shutil
     import tempfile
 
