@@ -798,10 +798,12 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
         assert borrowing and not protected, (
             f"{jc.job} ({t}, {job.spec.priority}) evicted from {jc.previous} with no rule requiring it"
             + (" (inside its tenant's guarantee)" if protected else "") + f": {jc.reason}")
-        # (borrowed work is reclaimed for others: never stopped for new work of its own tenant of its class or below,
-        # README "Priorities"; fleet30 and tests/test_stability.py's new job beside a running one of its class)
+        # (borrowed work is reclaimed for others: never stopped for new work of its own tenant of its class or below, of
+        # any class under preemption: Never, README "Priorities"; fleet30 and tests/test_stability.py's new job beside a
+        # running one of its class)
         own = sorted(k for k in placed_now if (k not in placed_before or changed(desired.jobs[k], observed))
-                     and desired.jobs[k].spec.tenant == t and priority_class(desired.jobs[k].spec.priority_weight()) <= klass)
+                     and desired.jobs[k].spec.tenant == t and (desired.placement.preemption == "Never"
+                                                               or priority_class(desired.jobs[k].spec.priority_weight()) <= klass))
         assert not own, (f"{jc.job} ({t}, {job.spec.priority}) evicted from {jc.previous} while its tenant places new work "
                          f"of its class or below: {own[:5]}: {jc.reason}")
     insts = {i.id: i for i in observed.instances}

@@ -85,6 +85,9 @@ told to make it a plain test).
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
   answer. Each tier is scaled to its bound in the completion now.
+- fleet40 (found reducing fleet38, at the default limit): under preemption: Never a running job was stopped for its
+  tenant's budget while its tenant's new work was placed; the tier against that counted only new work of its class or
+  below (as under LowerPriority); under Never it counts every class.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
   interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
 
@@ -704,3 +707,26 @@ def test_the_plan_after_a_short_cold_plan_stops_no_job_for_its_own_class_on_flee
         again = api.plan(cfg, time_limit=6)
         check_stability(again.desired, again.observed, again.plan)
 
+
+def test_a_running_job_is_not_stopped_for_its_tenants_new_work_under_preemption_never_on_fleet40():
+    """fleet40 (2026-11-29, found while reducing fleet38: the fleet its short cold plan applied, tests/data/findings/fleet40:
+    the sim's cloud and the state apply wrote, under fleet38.yaml): preemption is Never and t1's hourly budget binds.
+    The next plan at the default limit stopped t1's running j30 ("tenant budget: t1 spends $24.81/h of its $25.00/h")
+    while it placed t1's new work, j128 of j30's class among it: the tier against stopping a tenant's running work for
+    its own new work counted only new work of its class or below, as under LowerPriority, where a higher class may take
+    a lower one's place; under Never none may. It counts new work of every class there now."""
+    import shutil
+    import tempfile
+
+    from reconciler import api
+    from tests.invariants import check_stability
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "cfg"
+        (cfg / ".reconcile" / "sim").mkdir(parents=True)
+        shutil.copy(FINDINGS / "fleet38.yaml", cfg / "fleet.yaml")
+        shutil.copy(FINDINGS / "fleet40" / "state.json", cfg / ".reconcile" / "state.json")
+        for f in ("cloud.json", "cloud.journal"):
+            shutil.copy(FINDINGS / "fleet40" / "sim" / f, cfg / ".reconcile" / "sim" / f)
+        again = api.plan(cfg)
+        check_stability(again.desired, again.observed, again.plan)

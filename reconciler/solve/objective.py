@@ -214,7 +214,8 @@ def moves_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
 
 
 def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]:
-    """Per tenant, its running class-c work stopped while its new work of class c or below is placed (the less of the
+    """Per tenant, its running class-c work stopped while its new work of class c or below (any class, under preemption:
+    Never) is placed (the less of the
     two, in job sizes), at its least, held through the tiers after it and then released (Tier.released), as
     `moves_tier`: a running job is never stopped for work of its own class or below of its own tenant (Kueue's
     withinClusterQueue: LowerPriority). Another tenant may still reclaim the room it borrows (its stopped work
@@ -223,10 +224,13 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
     3 GPUs, by a plan right after an apply of the same config (fleet30). Tenants breaking a rule of their own, and
     every tenant where the fleet breaks a fleet-wide one (`moves.licensed`: None), are left to the tiers."""
     m = model.m
+    # (under preemption: Never no class takes another's place: its new work of any class counts; fleet40: t1's running
+    # j30 was stopped for its budget's room while t1's new work was placed, in the plan after an apply)
+    above = model.p.placement.preemption == "Never"
     # tenant -> (its running class-c demands that could stay: (demand, jobs that could stay, kept, forced), new terms)
     by_tenant: dict[str, tuple[list, list]] = {}
     for d in model.p.demands:
-        if d.klass > c or limit.get(d.key, 0) is None:
+        if d.klass > c and not above or limit.get(d.key, 0) is None:
             continue
         stoppable, new = by_tenant.setdefault(d.tenant, ([], []))
         kept = model.krj[d.key] if d.running_jobs else 0
