@@ -81,6 +81,9 @@ told to make it a plain test).
   tenant's own rule broken now licenses only its own work's evictions at apply's re-check.
 - fleet39 (the slow property tier, right after fleet37's fix): leaving a tenant's spot job out of the first guarantees
   tier let its own low jobs outweigh it; the first tier now leaves out the tenant over its spot share whole.
+- fleet41 (the slow property tier, right after fleet39's fix): with a fleet-wide rule broken as well, leaving a tenant
+  over its spot share out of the first guarantees tier kept another tenant's one protected job over its two; the
+  tier leaves it out only where the tenant's own rules alone are broken.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -679,6 +682,16 @@ def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_o
     may take it), so t1's two low jobs outweighed it. The first tier now leaves out every unit of a tenant over its
     spot share (so it never ties with another tenant's), and the next counts them all."""
     check_fleet(fleet("fleet39"), time_limit=5)
+
+
+def test_a_tenant_over_its_spot_share_still_counts_where_the_fleet_breaks_a_fleet_wide_rule_on_fleet41():
+    """fleet41 (the slow property tier, 2026-11-29, right after fleet39's fix): three m6i.4xlarge in a pool of max 1 (two
+    spot), t1 (tenant_max_spot_fraction 0) runs seven low and normal CPU jobs, t2 one 12-vCPU job. One on-demand
+    instance stays; it holds t1's normal j12 and either t1's j11 or t2's j10. Greedy keeps j11 and j12; CP-SAT kept
+    j10 and j12 (fewer protected jobs), as fleet37's fix left t1 (over its share) out of the first guarantees tier.
+    With a fleet-wide rule broken (the pool over its max) anyone's work may go and the most guarantees kept decide:
+    the first tier leaves a tenant out only where the tenant's own rules alone are broken."""
+    check_fleet(fleet("fleet41"), time_limit=5)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, milli_down, rules_broken_now
+from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
 from reconciler.problem import Demand
 from reconciler.solve import moves
 from reconciler.solve.variables import Values, constant, scale, wsum
@@ -169,12 +169,16 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
 def spot_shares_broken(model: Model) -> set[str]:
     """Tenants with protected jobs whose spot share the fleet breaks now, as it runs or as it can stay
     (ledger.rules_broken_now): the share may take their running work (README, Spot policy), so they count in the
-    second guarantees tier, not the first (guarantees_tiers)."""
+    second guarantees tier, not the first (guarantees_tiers). Only where no fleet-wide rule is broken: then anyone's
+    work may go, and a tenant over its share left out of the first tier lost two protected jobs where greedy's
+    plan lost another tenant's one (fleet41: the pool over its max_instances, one instance left)."""
     p = model.p
     asked = [t for t, r in p.tenants.items() if r.spot_fraction is not None and r.spot_fraction < 1 and (r.protected_jobs or r.moving_jobs)]
     if not asked:
         return set()
     broken = rules_broken_now(p)
+    if licensed_by(broken) is None:
+        return set()  # (a fleet-wide rule broken: anyone's work may go, and the most guarantees kept decide: fleet41)
     return {t for t in asked if f"tenant-spot:{t}" in broken}
 
 
