@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -1211,7 +1212,8 @@ def staying_ledger(problem) -> Ledger:
                                               if set(ids) <= stay and job not in d.reshaped))
 
 
-_BROKEN_NOW: list = []  # [(problem, its rules broken now)]: one problem, asked by the model, the objective, packing
+_BROKEN_NOW: list = []  # [(a weak reference to the problem, its rules broken now)]: asked by the model, the objective,
+# the packer and the re-check of one problem; weak, so a controller's long-lived process does not keep the last one
 
 
 def rules_broken_now(problem) -> dict[str, str]:
@@ -1220,13 +1222,13 @@ def rules_broken_now(problem) -> dict[str, str]:
     a fleet-wide rule any work, for a tenant's own rule (`tenant-...:<tenant>`) that tenant's work (`licensed_by`).
     The one reading of it for the model's moves, its guarantees tier, the packer's tenant spot shares and apply's
     re-check."""
-    if _BROKEN_NOW and _BROKEN_NOW[0][0] is problem:
+    if _BROKEN_NOW and _BROKEN_NOW[0][0]() is problem:
         return _BROKEN_NOW[0][1]
     out = running_ledger(problem).broken_rules()
     # (the staying fleet is the running one unless an instance must go or a job changed: 0.18 s at 11.7k hosts)
     if any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped for d in problem.demands):
         out = staying_ledger(problem).broken_rules() | out
-    _BROKEN_NOW[:] = [(problem, out)]
+    _BROKEN_NOW[:] = [(weakref.ref(problem), out)]
     return out
 
 
