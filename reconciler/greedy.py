@@ -317,7 +317,42 @@ class _Greedy:
                     for c in buys:
                         self._open(c, ballast=True)
                     continue
+            elif self._diversity_holds() and self._release_tenant_spot(order):
+                continue
             self._release(self._lowest_ranked(spot_hosts, order))
+
+    def _diversity_holds(self) -> bool:
+        sp = self.p.spot
+        types, zones = self.led.spot_sites()
+        return not types or diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones)
+
+    def _release_tenant_spot(self, order: list[Demand]) -> bool:
+        """Where a tenant's spot share alone is broken: its lowest-ranked job staying on spot no longer stays (a gang
+        whole), and a spot host that leaves empty goes; the job is placed anew after, where its rules allow. Giving up
+        the whole host stopped another tenant's guaranteed job beside it, which no rule of that tenant required, and
+        `apply --plan` refused the plan (fleet42). False if no tenant is over its share with a job on spot."""
+        over = {t for t, r in self.p.tenants.items() if r.spot_fraction is not None and not spot_share_ok(*self.led.tenant_spot(t), r.spot_fraction)}
+        if not over:
+            return False
+        spot = {k for k, i in self.opened.items() if i.cap.market == "spot"}
+        for d in reversed(order):
+            if d.tenant not in over:
+                continue
+            cells = [(hk, n) for (dk, hk), n in self.a.stay.items() if dk == d.key and n]
+            if not any(hk in spot for hk, _ in cells):
+                continue
+            if not d.gang:
+                cells = [next((hk, 1) for hk, _ in cells if hk in spot)]
+            for hk, n in cells:
+                for _ in range(n):
+                    self._unrecord(d, self.opened[hk], stay=True)
+            self.a.placed[d.key] -= 1
+            self._charge_quota(d, -1)
+            for hk in sorted({hk for hk, _ in cells}):
+                if not any(n for (_, h), n in self.a.stay.items() if h == hk):
+                    self._close(self.opened[hk])
+            return True
+        return False
 
     def _lowest_ranked(self, hosts: list[_Inst], order: list[Demand]) -> _Inst:
         """The host whose best-ranked staying job ranks lowest; a host nothing stays on comes last. Only jobs

@@ -84,6 +84,8 @@ told to make it a plain test).
 - fleet41 (the slow property tier, right after fleet39's fix): with a fleet-wide rule broken as well, leaving a tenant
   over its spot share out of the first guarantees tier kept another tenant's one protected job over its two; the
   tier leaves it out only where the tenant's own rules alone are broken.
+- fleet42 (the slow property tier, right after): greedy gave up a whole spot host for one tenant's spot share, stopping
+  another tenant's guaranteed job beside it; it takes out only the tenant's spot job now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -682,6 +684,15 @@ def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_o
     may take it), so t1's two low jobs outweighed it. The first tier now leaves out every unit of a tenant over its
     spot share (so it never ties with another tenant's), and the next counts them all."""
     check_fleet(fleet("fleet39"), time_limit=5)
+
+
+def test_greedy_gives_up_only_the_tenants_spot_job_for_its_share_on_fleet42():
+    """fleet42 (the slow property tier, 2026-11-29, right after apply's re-check began to license a tenant's own broken
+    rule for its own work only): one spot a2-highgpu-4g (its pool at max 1, GCP the only cloud allowed) runs t2's j9
+    and t1's j10; t1's tenant_max_spot_fraction is 0. Greedy's plan gave up the whole spot host for t1's share,
+    stopping t2's guaranteed j9 too, and the re-check refused it. Greedy now takes out only the tenant's spot job
+    (`_release_tenant_spot`): j9 stays, j10 waits (the pool has no room for an on-demand instance)."""
+    check_fleet(fleet("fleet42"), time_limit=5)
 
 
 def test_a_tenant_over_its_spot_share_still_counts_where_the_fleet_breaks_a_fleet_wide_rule_on_fleet41():
