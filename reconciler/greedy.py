@@ -240,49 +240,58 @@ class _Greedy:
     # -- phases
 
     def keep_running(self, order: list[Demand]) -> None:
-        p = self.p
-        hosts = {c.key: c for c in p.hosts()}
-        for d in order:
-            for job, iids in d.running:
-                if not self._quota_ok(d):
-                    continue
-                if d.bundle > 1:  # a same-instance gang is one item: it stays only if whole on one instance
-                    if len(iids) != d.bundle or len(set(iids)) != 1:
-                        continue
-                    iids = iids[:1]
-                cells = [hosts.get(i) for i in iids]
-                if any(c is None or c.keep_blocker is not None or self.fits(d, c) == 0 for c in cells):
-                    continue
-                if len(iids) != d.replicas:
-                    self.to_heal.append((d, cells))  # after the kept fleet is settled
-                    continue
-                if gang_split(d, cells):
-                    continue
-                trial = []
-                pending = Pending()
-                ok = True
-                free_copy: dict[str, dict] = {}
-                for c in cells:
-                    inst = self.opened.get(c.key)
-                    free = free_copy.setdefault(c.key, dict(inst.free) if inst else _capacity_of(c))
-                    if not all(free.get(k, 0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0):
-                        ok = False
-                        break
-                    for k in d.dims:
-                        free[k] = free.get(k, 0) - d.req(k)
-                    if inst is None and c.key not in [t.key for t in trial]:
-                        if not self._may_open(c, pending):
-                            ok = False
-                            break
-                        pending.open(c, self._prim(c))
-                        trial.append(c)
-                if not ok or self._refuses(self.led.refuses_items(d, cells, spot_share=not self.keeping)):
-                    continue
-                for c in cells:
-                    inst = self.opened.get(c.key) or self._open(c)
-                    self._record(d, inst, stay=True)
-                self.a.placed[d.key] += 1
-                self._charge_quota(d)
+        """Every running job where it runs, in `order`; then a job whose resources changed, restarted in place where
+        its new shape still fits beside them. It is new work: kept first in the order, it took the room of another
+        tenant's guaranteed job (evicted "pools at max_instances": apply's re-check refused the plan) or of its own
+        tenant's job of its class, and at short limits CP-SAT kept greedy's answer (audit20 findings 5 and 6)."""
+        hosts = {c.key: c for c in self.p.hosts()}
+        for reshaped in (False, True):
+            for d in order:
+                for job, iids in d.running:
+                    if (job in d.reshaped) == reshaped:
+                        self._keep(d, iids, hosts)
+
+    def _keep(self, d: Demand, iids: tuple[str, ...], hosts: dict[str, Capacity]) -> None:
+        """Keep one running job of d on the hosts it runs on (`iids`), if it still fits and no rule refuses it."""
+        if not self._quota_ok(d):
+            return
+        if d.bundle > 1:  # a same-instance gang is one item: it stays only if whole on one instance
+            if len(iids) != d.bundle or len(set(iids)) != 1:
+                return
+            iids = iids[:1]
+        cells = [hosts.get(i) for i in iids]
+        if any(c is None or c.keep_blocker is not None or self.fits(d, c) == 0 for c in cells):
+            return
+        if len(iids) != d.replicas:
+            self.to_heal.append((d, cells))  # after the kept fleet is settled
+            return
+        if gang_split(d, cells):
+            return
+        trial = []
+        pending = Pending()
+        ok = True
+        free_copy: dict[str, dict] = {}
+        for c in cells:
+            inst = self.opened.get(c.key)
+            free = free_copy.setdefault(c.key, dict(inst.free) if inst else _capacity_of(c))
+            if not all(free.get(k, 0) >= d.req(k) - 1e-9 for k in d.dims if d.req(k) > 0):
+                ok = False
+                break
+            for k in d.dims:
+                free[k] = free.get(k, 0) - d.req(k)
+            if inst is None and c.key not in [t.key for t in trial]:
+                if not self._may_open(c, pending):
+                    ok = False
+                    break
+                pending.open(c, self._prim(c))
+                trial.append(c)
+        if not ok or self._refuses(self.led.refuses_items(d, cells, spot_share=not self.keeping)):
+            return
+        for c in cells:
+            inst = self.opened.get(c.key) or self._open(c)
+            self._record(d, inst, stay=True)
+        self.a.placed[d.key] += 1
+        self._charge_quota(d)
 
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot

@@ -89,6 +89,12 @@ told to make it a plain test).
 - fleet43 (the slow reason tier, open, strict xfail; also before today's changes): a pending reason is true of the
   plan, but the limit it names is also what moved a running job out of the room the pending job would take; lifted
   alone, the running job stays and the pending job still waits.
+- fleet44, fleet45 (audit20 findings 6 and 5): greedy kept running jobs in class order, a resized job first in its
+  new shape, so it restarted in place in another tenant's guaranteed job's room, or its own tenant's job of its class;
+  apply's re-check refused those plans (and CP-SAT's at short limits, which kept greedy's answer). Greedy keeps every
+  job as it runs first now.
+- fleet46 (audit20 finding 1): a CPU same-instance gang counted 1 work unit in its tenant's spot share whatever its
+  replicas; it counts 1 per replica now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -701,6 +707,97 @@ def test_a_pending_reason_lifted_alone_places_the_job_on_fleet43():
     from tests.test_truth import check_reasons
 
     check_reasons(fleet("fleet43"))
+
+
+def _resized(docs, insts, placements, shapes, gpu_indices=None):
+    """(desired, observed, problem) of a fleet whose running jobs `shapes` ran in other shapes than they ask now."""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, write_config
+
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), docs))
+    observed = replace(catalog_observed(desired, insts, placements), gpu_indices=gpu_indices or {}, shapes=shapes)
+    return desired, observed, build_problem(desired, observed)
+
+
+def _both_plans(desired, observed, problem):
+    from reconciler.plan import make_plan
+    from reconciler.solve import solve
+
+    return [(name, make_plan(desired, observed, problem, solve(problem, time_limit=tl, workers=1))) for name, tl in (("CP-SAT", 4), ("greedy", 0))]
+
+
+@pytest.mark.parametrize("preemption", ["Never", "LowerPriority"])
+def test_a_resized_job_waits_rather_than_take_another_tenants_guarantee_on_fleet44(preemption):
+    """fleet44 (audit20 finding 6, 2026-11-29): ta's a1 grows from 4 to 12 vCPU on i0 (m6i.4xlarge, 16 vCPU, its pool at
+    max 1) beside tb's b1 (8 vCPU, inside tb's 8-vCPU guarantee). A job whose resources change is new work and waits
+    rather than evict another tenant's guaranteed job (README, Stability). Greedy's plan (the fallback, and CP-SAT's
+    warm start) restarted a1 in place and evicted b1 ("pools at max_instances"): greedy kept running jobs in class
+    order, a1 (the larger) first in its new shape. It keeps every job as it runs first now, then restarts a resized one
+    in place where it still fits."""
+    from reconciler.plancheck import recheck
+    from tests.fleetkit import doc, instance, job, pool, topology
+    from tests.invariants import check_stability
+
+    docs = [topology(), doc("Tenant", "ta", {}), doc("Tenant", "tb", {"quota": {"cpu": 8}}),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1),
+            job("a1", "ta", cpu=12, mem=8), job("b1", "tb", cpu=8, mem=8), doc("PlacementPolicy", "pp", {"preemption": preemption})]
+    shapes = {"a1": {"gpus": 0, "gpu_type": None, "mig": None, "nvlink": False, "cpu": 4.0, "memory_gib": 8.0}}
+    desired, observed, problem = _resized(docs, [instance("i0", "cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")],
+                                          {"a1": ("i0",), "b1": ("i0",)}, shapes)
+    for name, plan in _both_plans(desired, observed, problem):
+        assert {j.job: j.action for j in plan.jobs}["b1"] == "keep", (name, [(j.job, j.action, j.reason) for j in plan.jobs])
+        check_stability(desired, observed, plan)
+        assert recheck(plan, desired, observed, problem)[1] == [], name
+
+
+def test_a_resized_job_does_not_take_its_own_tenants_job_of_its_class_on_fleet45():
+    """fleet45 (audit20 finding 5, reduced, 2026-11-29): tenant tt (2 GPUs) runs high x and y on one a2-highgpu-4g (its
+    pool at max 1); y grows from 1 to 2 A100s. A resized job is new work and may take only a lower class's place in
+    its tenant, so y waits. Greedy's plan stopped x to restart y in place; with another tenant over its own spot share
+    (a tenant's rule, which licenses only that tenant's work), apply's re-check refused it, and at short limits on a
+    250-job fleet CP-SAT emitted the same and `apply --plan` raised StalePlanError."""
+    from reconciler.plancheck import recheck
+    from tests.fleetkit import doc, instance, job, pool, topology
+    from tests.invariants import check_stability
+
+    docs = [topology(), doc("Tenant", "tt", {"quota": {"gpus": 2}}),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], market="on-demand", hi=1),
+            job("x", "tt", gpus=1, gpu_type="A100", cpu=4, mem=8, priority="high"),
+            job("y", "tt", gpus=2, gpu_type="A100", cpu=4, mem=8, priority="high"),
+            doc("Tenant", "tu", {}), pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=1),
+            job("u", "tu", cpu=4, mem=8), doc("SpotPolicy", "sp", {"tenant_max_spot_fraction": {"tu": 0.0}})]
+    insts = [instance("i0", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g"),
+             instance("i1", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    shapes = {"y": {"gpus": 1, "gpu_type": "A100", "mig": None, "nvlink": False, "cpu": 4.0, "memory_gib": 8.0}}
+    desired, observed, problem = _resized(docs, insts, {"x": ("i0",), "y": ("i0",), "u": ("i1",)}, shapes,
+                                          {"x": ((0,),), "y": ((1,),)})
+    for name, plan in _both_plans(desired, observed, problem):
+        assert {j.job: j.action for j in plan.jobs}["x"] == "keep", (name, [(j.job, j.action, j.reason) for j in plan.jobs])
+        check_stability(desired, observed, plan)
+        assert recheck(plan, desired, observed, problem)[1] == [], name
+
+
+@pytest.mark.parametrize("gang_mode", ["zone", "instance"])
+def test_a_cpu_gang_counts_each_replica_in_its_tenants_spot_share_on_fleet46(gang_mode):
+    """fleet46 (audit20 finding 1, 2026-11-29): tenant t (tenant_max_spot_fraction 0.5) has an on-demand CPU job `a`
+    and a 2-replica CPU gang `g` that requires spot. As a same-instance gang, `g` was one item of 1 work unit
+    (Demand.size: 1 for CPU work, whatever the replicas), so CP-SAT placed it on spot: 2 of 3 replicas, over the
+    share. As a zone gang it counted 2 and waited. CPU work counts 1 per replica now, in either mode."""
+    from tests.fleetkit import doc, job, pool, tenant, topology
+    from tests.test_properties import Fleet
+
+    docs = [topology(), tenant("t"),
+            pool("od", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="on-demand", hi=2),
+            pool("sp", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=2),
+            doc("SpotPolicy", "sp", {"tenant_max_spot_fraction": {"t": 0.5}}),
+            job("a", "t", cpu=4, mem=8, spot="never"),
+            job("g", "t", cpu=4, mem=8, replicas=2, gang=gang_mode, spot="required")]
+    check_fleet(Fleet(docs), time_limit=4)
 
 
 def test_greedy_gives_up_only_the_tenants_spot_job_for_its_share_on_fleet42():

@@ -67,10 +67,13 @@ class Demand:
 
     @property
     def size(self) -> int:
-        """Work units of one item: 7 per GPU (a MIG compute slice is 1), 1 for CPU work."""
+        """Work units of one item: 7 per GPU (a MIG compute slice is 1), 1 per replica of CPU work. (A same-instance
+        gang's item holds `bundle` replicas: its GPUs and slices count them all, and its CPU work counted 1, so a 2-replica
+        CPU gang on spot was half the work in its tenant's spot share that the same job as a zone gang was, and the
+        tenant ended over its share: audit20 finding 1.)"""
         if self.mig is not None:
             return mig_compute(self.mig[0]) * self.mig[1]
-        return 7 * self.gpus if self.gpus else 1
+        return 7 * self.gpus if self.gpus else self.bundle
 
     @property
     def job_size(self) -> int:
