@@ -95,6 +95,8 @@ told to make it a plain test).
   job as it runs first now.
 - fleet46 (audit20 finding 1): a CPU same-instance gang counted 1 work unit in its tenant's spot share whatever its
   replicas; it counts 1 per replica now.
+- fleet47 (audit20 finding 2, open, strict xfail): a tenant's new work waits one plan behind its running job
+  that another tenant reclaims (the swaps tier counts that stop as a swap), so the plan after the apply places it.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -798,6 +800,44 @@ def test_a_cpu_gang_counts_each_replica_in_its_tenants_spot_share_on_fleet46(gan
             job("a", "t", cpu=4, mem=8, spot="never"),
             job("g", "t", cpu=4, mem=8, replicas=2, gang=gang_mode, spot="required")]
     check_fleet(Fleet(docs), time_limit=4)
+
+
+@pytest.mark.xfail(strict=True, reason="fleet47: open (audit20 finding 2): new work waits a plan behind its tenant's job another tenant reclaims")
+def test_the_plan_after_a_reclaim_is_a_no_op_on_fleet47():
+    """fleet47 (audit20 finding 2, 2026-11-29; at the default limit, either preemption): adding t1's spot share of 0.5
+    moves t1's critical j4 onto on-demand A10G room; the pool is at its max, so t3's borrowed high j6 is evicted for
+    it (another tenant may reclaim borrowed room). The same plan (OPTIMAL) leaves t3's new j1 (an A100 gang that t3's
+    burst holds once j6 stops) pending with "the solver did not find that placement", and the plan right after its
+    apply places j1: not a no-op. The swaps tier (objective.swaps_tier) counts j6's stop as a swap for j1 and holds j1
+    at 0 through the work tiers, though j6 stops for t1's j4 either way; the reason then claims what the tiers did not."""
+    import tempfile
+
+    import yaml
+
+    from reconciler import api
+    from tests.fleetkit import doc, job, pool, topology
+
+    def docs(share: bool) -> list[dict]:
+        j1 = job("j1", "t3", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="placement-group", priority=50, spot="required")
+        j1["spec"]["resources"]["nvlink"] = True
+        return [topology(),
+                pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=2),
+                pool("gcp-a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-4g"], market="spot", hi=3),
+                doc("Tenant", "t1", {}), doc("Tenant", "t3", {"quota": {"gpus": 2, "burst": {"gpus": 6}}}), j1,
+                job("j4", "t1", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="critical", spot="preferred"),
+                job("j5", "t3", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="normal", spot="required"),
+                job("j6", "t3", gpus=4, gpu_type="A10G", cpu=40, mem=160, priority="high", spot="required"),
+                doc("SpotPolicy", "sp", {"max_price_fraction": 1.0, **({"tenant_max_spot_fraction": {"t1": 0.5}} if share else {})}),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty", "preemption": "Never"})]
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "cfg"
+        cfg.mkdir()
+        for share in (False, True):
+            (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs(share), sort_keys=False))
+            api.apply(cfg, saved_plan=api.plan(cfg).plan, allow_destroy=100)
+            again = api.plan(cfg)
+            assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
 
 
 def test_greedy_gives_up_only_the_tenants_spot_job_for_its_share_on_fleet42():
