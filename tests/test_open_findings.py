@@ -802,42 +802,65 @@ def test_a_cpu_gang_counts_each_replica_in_its_tenants_spot_share_on_fleet46(gan
     check_fleet(Fleet(docs), time_limit=4)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet47: open (audit20 finding 2): new work waits a plan behind its tenant's job another tenant reclaims")
-def test_the_plan_after_a_reclaim_is_a_no_op_on_fleet47():
-    """fleet47 (audit20 finding 2, 2026-11-29; at the default limit, either preemption): adding t1's spot share of 0.5
-    moves t1's critical j4 onto on-demand A10G room; the pool is at its max, so t3's borrowed high j6 is evicted for
-    it (another tenant may reclaim borrowed room). The same plan (OPTIMAL) leaves t3's new j1 (an A100 gang that t3's
-    burst holds once j6 stops) pending with "the solver did not find that placement", and the plan right after its
-    apply places j1: not a no-op. The swaps tier (objective.swaps_tier) counts j6's stop as a swap for j1 and holds j1
-    at 0 through the work tiers, though j6 stops for t1's j4 either way; the reason then claims what the tiers did not."""
+def _fleet47_docs(share: bool) -> list[dict]:
+    from tests.fleetkit import doc, job, pool, topology
+
+    j1 = job("j1", "t3", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="placement-group", priority=50, spot="required")
+    j1["spec"]["resources"]["nvlink"] = True
+    return [topology(),
+            pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=2),
+            pool("gcp-a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-4g"], market="spot", hi=3),
+            doc("Tenant", "t1", {}), doc("Tenant", "t3", {"quota": {"gpus": 2, "burst": {"gpus": 6}}}), j1,
+            job("j4", "t1", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="critical", spot="preferred"),
+            job("j5", "t3", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="normal", spot="required"),
+            job("j6", "t3", gpus=4, gpu_type="A10G", cpu=40, mem=160, priority="high", spot="required"),
+            doc("SpotPolicy", "sp", {"max_price_fraction": 1.0, **({"tenant_max_spot_fraction": {"t1": 0.5}} if share else {})}),
+            doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty", "preemption": "Never"})]
+
+
+def _fleet47_runs():
+    """(the plan of each step, the plan right after its apply): step 0 without t1's spot share, step 1 with it."""
     import tempfile
 
     import yaml
 
     from reconciler import api
-    from tests.fleetkit import doc, job, pool, topology
 
-    def docs(share: bool) -> list[dict]:
-        j1 = job("j1", "t3", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="placement-group", priority=50, spot="required")
-        j1["spec"]["resources"]["nvlink"] = True
-        return [topology(),
-                pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=2),
-                pool("gcp-a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-4g"], market="spot", hi=3),
-                doc("Tenant", "t1", {}), doc("Tenant", "t3", {"quota": {"gpus": 2, "burst": {"gpus": 6}}}), j1,
-                job("j4", "t1", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="critical", spot="preferred"),
-                job("j5", "t3", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="normal", spot="required"),
-                job("j6", "t3", gpus=4, gpu_type="A10G", cpu=40, mem=160, priority="high", spot="required"),
-                doc("SpotPolicy", "sp", {"max_price_fraction": 1.0, **({"tenant_max_spot_fraction": {"t1": 0.5}} if share else {})}),
-                doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty", "preemption": "Never"})]
-
+    out = []
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "cfg"
         cfg.mkdir()
         for share in (False, True):
-            (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(docs(share), sort_keys=False))
-            api.apply(cfg, saved_plan=api.plan(cfg).plan, allow_destroy=100)
-            again = api.plan(cfg)
-            assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
+            (cfg / "fleet.yaml").write_text(yaml.safe_dump_all(_fleet47_docs(share), sort_keys=False))
+            first = api.plan(cfg)
+            api.apply(cfg, saved_plan=first.plan, allow_destroy=100)
+            out.append((first.plan, api.plan(cfg).plan))
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="fleet47: open (audit20 finding 2): new work waits a plan behind its tenant's job another tenant reclaims")
+def test_the_plan_after_a_reclaim_is_a_no_op_on_fleet47():
+    """fleet47 (audit20 finding 2, 2026-11-29; at the default limit, either preemption): adding t1's spot share of 0.5
+    moves t1's critical j4 onto on-demand A10G room; the pool is at its max, so t3's borrowed high j6 is evicted for
+    it (another tenant may reclaim borrowed room). The same plan leaves t3's new j1 (an A100 gang that t3's burst holds
+    once j6 stops) pending, and the plan right after its apply places j1: not a no-op. The swaps tier
+    (objective.swaps_tier) counts j6's stop as a swap for j1 and holds j1 at 0 through the work tiers, though j6 stops
+    for t1's j4 either way."""
+    for plan, again in _fleet47_runs():
+        assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
+
+
+def test_the_reasons_of_a_reclaim_say_what_the_plan_does_on_fleet47():
+    """fleet47's plan with t1's spot share (above): j1's reason claimed "the solver did not find that placement" in an
+    OPTIMAL plan, j4's move onto dearer on-demand room read "consolidation: a cheaper packing", and the spot instance
+    it and j6 left, under WhenEmpty, "consolidated: its replicas fit more cheaply elsewhere" (audit20 finding 2). They
+    say what the plan does now: j1 waits for the next plan behind j6's stop (the swaps tier), j4 leaves spot for its
+    tenant's share, the instance is emptied."""
+    plan = _fleet47_runs()[1][0]
+    reason = {j.job: j.reason for j in plan.jobs}
+    assert reason["j1"].startswith("waits for the next plan: its tenant's running j6"), reason["j1"]
+    assert {j.job: j.action for j in plan.jobs}["j4"] == "move" and reason["j4"].startswith("leaves spot (") and "tenant t1" in reason["j4"], reason["j4"]
+    assert plan.deletes and all(d.reason.startswith("emptied: ") for d in plan.deletes), [d.reason for d in plan.deletes]
 
 
 def test_greedy_gives_up_only_the_tenants_spot_job_for_its_share_on_fleet42():

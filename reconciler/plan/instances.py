@@ -50,7 +50,10 @@ def delete_actions(problem: Problem, solution: Solution) -> list[DeleteAction]:
     deletes = []
     for c in problem.hosts():
         if c.instance_id not in solution.keep:
-            why = c.keep_blocker or ("consolidated: its replicas fit more cheaply elsewhere" if c.residents else "no longer needed")
+            # (under WhenEmpty nothing moves to save money: a host goes because its jobs move or stop for the rules)
+            emptied = ("emptied: every job on it moves or stops in this plan (their reasons say why)"
+                       if problem.placement.consolidation == "WhenEmpty" else "consolidated: its replicas fit more cheaply elsewhere")
+            why = c.keep_blocker or (emptied if c.residents else "no longer needed")
             deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, why))
     return deletes
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from reconciler.problem.diagnosis import pending_reason
-from reconciler.ledger import Ledger
+from reconciler.ledger import Ledger, rules_broken_now
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan.packing import Packing
@@ -35,6 +35,14 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
         if inst not in observed.placements.get(job, ()):
             arrivals.setdefault(inst, []).append(job)
     jobs: list[JobChange] = []
+    shares: dict[str, str] = {}
+
+    def spot_shares() -> dict[str, str]:  # (read once, where a move asks: the fleet as it runs, at 10k a tenth of a second)
+        if "" not in shares:
+            shares[""] = ""
+            shares.update({rule.split(":", 1)[1]: why for rule, why in rules_broken_now(problem).items() if rule.startswith("tenant-spot:")})
+        return shares
+
     for d in problem.demands:
         for job in d.jobs:
             prev = tuple(observed.placements.get(job, ()))
@@ -49,7 +57,7 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                         gpus.append(g[k] if k < len(g) else ())
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
-                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution, arrivals, klass)) \
+                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution, arrivals, klass, spot_shares)) \
                     if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
@@ -76,9 +84,12 @@ def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger
 
 
 def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
-              solution: Solution, arrivals: dict[str, list[str]] | None = None, klass: dict[str, int] | None = None) -> str:
+              solution: Solution, arrivals: dict[str, list[str]] | None = None, klass: dict[str, int] | None = None,
+              spot_shares=None) -> str:
     """Why a running job moves: what it replaces, the instance or rule that makes it leave, the higher-priority work
-    that takes its room (a running job moves for no other work: solve/objective.moves_tier), or consolidation."""
+    that takes its room (a running job moves for no other work: solve/objective.moves_tier), or consolidation.
+    `spot_shares()`: tenant -> why its spot share is broken now (a job leaving spot for it is no consolidation: a move
+    onto dearer on-demand room read "consolidation: a cheaper packing", audit20 finding 2)."""
     gone = observed.lost.get(job)
     if gone:
         return f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)"
@@ -90,6 +101,10 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
     refused = [(h, why) for h, why in refused if why]
     if refused:  # the job's own rules changed (an allowlist, spot mode): the rule forces it, not a saving
         return f"leaves {refused[0][0]}: {refused[0][1]}"
+    spot_left = [h for h in left if h in hosts and hosts[h].market == "spot"]
+    why = spot_shares().get(d.tenant) if spot_left and spot_shares is not None else None
+    if why:
+        return f"leaves spot ({spot_left[0]}): {why}"
     if any(h not in solution.keep for h in left):
         return "consolidation: its instance is removed"
     for h in left:

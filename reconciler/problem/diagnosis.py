@@ -59,6 +59,12 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
         o = next((o for o in open_ if o.offer not in sized), None)
         if o is None:  # every open way needs more new instances of an offer than the problem lets the plan buy
             return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger)
+        behind = [] if evicted or d.running else _stopped_beside(d, problem, ledger)
+        if behind:
+            return head + (f"waits for the next plan: its tenant's running {', '.join(behind[:3])}{' and more' if len(behind) > 3 else ''} "
+                           f"(of its class or above) stop{'s' if len(behind) == 1 else ''} in this plan, and a tenant's new work does not "
+                           f"take its running work's place in the plan that stops it (README, How it decides: the swaps tier); "
+                           f"{o.label} would hold it under every rule (+{money(o.price)}/h)")
         return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
                        f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
                        "(a longer --time-limit searches more)")
@@ -79,6 +85,15 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
             + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+def _stopped_beside(d: Demand, problem: Problem, ledger: Ledger) -> list[str]:
+    """The running jobs of d's tenant that this plan stops, of d's class or above (any class under preemption: Never):
+    the swaps tier (objective.swaps_tier) holds the tenant's new work of their class or below at none where they
+    stop, so a job the rules would hold waits for the next plan rather than "the solver did not find" it (fleet47)."""
+    never = problem.placement.preemption == "Never"
+    return sorted(job for o in problem.demands if o.tenant == d.tenant and (never or o.klass >= d.klass)
+                  for job, _ in o.running if job not in ledger.job_demand)
 
 
 def _bought(ledger: Ledger, c: Capacity) -> list[str]:
