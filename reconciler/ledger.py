@@ -399,6 +399,8 @@ class Option:
     refusals: tuple[Refusal, ...]
     offer: str = ""  # on new instances: the key of their offer (problem.capacities), and how many
     new: int = 0
+    # in room left on the plan's instances: (the instances of a room kind, by name; items of the job one holds) per kind
+    rooms: tuple = field(default=(), compare=False)
 
 
 class ExactSum:
@@ -1059,7 +1061,8 @@ class Ledger:
                         break
                 where = self._once(("where", tuple(sorted(id(kind) for kind, _ in held))),
                                    lambda held=held: ", ".join(heapq.merge(*[kind.by_name for kind, _ in held])))
-                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used) + self._buffer_refusals(d, used))))
+                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used) + self._buffer_refusals(d, used)),
+                                  rooms=tuple((kind.by_name, k) for kind, k in held)))
         def offers_by_class() -> dict[tuple, list]:
             out: dict[tuple, list] = {}
             for o in self.problem.offers():

@@ -86,9 +86,9 @@ told to make it a plain test).
   tier leaves it out only where the tenant's own rules alone are broken.
 - fleet42 (the slow property tier, right after): greedy gave up a whole spot host for one tenant's spot share, stopping
   another tenant's guaranteed job beside it; it takes out only the tenant's spot job now.
-- fleet43 (the slow reason tier, open, strict xfail; also before today's changes): a pending reason is true of the
-  plan, but the limit it names is also what moved a running job out of the room the pending job would take; lifted
-  alone, the running job stays and the pending job still waits.
+- fleet43 (the slow reason tier; also before today's changes): a pending reason was true of the plan, but the limit
+  it named was also what moved a running job out of the room the pending job would take; lifted alone, the running job
+  stayed and the pending job still waited. The reason names both now ("several limits bind at once").
 - fleet44, fleet45 (audit20 findings 6 and 5): greedy kept running jobs in class order, a resized job first in its
   new shape, so it restarted in place in another tenant's guaranteed job's room, or its own tenant's job of its class;
   apply's re-check refused those plans (and CP-SAT's at short limits, which kept greedy's answer). Greedy keeps every
@@ -697,15 +697,16 @@ def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_o
     check_fleet(fleet("fleet39"), time_limit=5)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet43: open: a pending reason whose lifted limit also frees the room the job would take")
 def test_a_pending_reason_lifted_alone_places_the_job_on_fleet43():
     """fleet43 (the slow reason tier, 2026-11-29; the same on main before today's changes): t1's low j0 runs on the
     only gcp-cpu instance, a spot n2-standard-16, and t1's tenant_max_spot_fraction is 0, so j0 moves to an on-demand
     m6i and t2's j5 (GCP only) takes part of its room; t1's low j11 (12 vCPU, spot required) would fit the 12 vCPUs
     left and is pending for "tenant spot share", true of the plan. Lifted, j0 no longer has to move, and a running job
     does not move for work of its own class (the moves tier): j0, j5 and two more low jobs fill the instance and j11
-    stays pending ("the instances that could hold it are full"). The rule that blocks j11 is also what frees its room;
-    the reason should say that several limits bind at once, or name the room's owner."""
+    stayed pending ("the instances that could hold it are full"). The rule that blocks j11 is also what frees its room:
+    a way of placing a job that holds it only in room its running jobs of its class or above leave in the plan
+    carries a refusal saying so (diagnosis._with_vacated), and the reason reads "several limits bind at once with it
+    for room on i0: the room it would take on i0 is running j0's, which leaves it in this plan"."""
     from tests.test_truth import check_reasons
 
     check_reasons(fleet("fleet43"))

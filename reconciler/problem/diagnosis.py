@@ -8,6 +8,8 @@ ledger.py) for their refusals and never re-solve (the plan asks for every pendin
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -19,7 +21,8 @@ from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, spo
 from reconciler.site import Site
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
-_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity")
+_RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity",
+               "vacated")
 
 
 def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
@@ -46,7 +49,7 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
     blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
-    options = ledger.options(d, fits)
+    options = _with_vacated(d, problem, ledger, ledger.options(d, fits))
     if blanket:  # a quota or a license refuses every way alike
         options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
     if not options:
@@ -85,6 +88,59 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
             + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+
+
+# ledger -> (what running jobs leave on each host, a set of each room kind's instances by id of its list)
+_VACATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _with_vacated(d: Demand, problem: Problem, ledger: Ledger, options: list[Option]) -> list[Option]:
+    """Options in room left on the plan's instances that hold the job only in room its running jobs of its class or
+    above (any class under preemption: Never) leave in this plan, with a refusal saying so ("vacated"): such a job does
+    not move for this one (the moves tier), so the room is there only for the rule that moves it. Without it, a job
+    pending for its tenant's spot share, whose room on a spot host a running job of its tenant left for that share, was
+    said to be held by the share alone; lifted, the running job stayed and the room was gone (fleet43)."""
+    memo = _VACATED.get(ledger)
+    if memo is None:
+        memo = _VACATED[ledger] = (_vacated(problem, ledger), {})
+    left, sets = memo
+    if not left:
+        return options
+    never = problem.placement.preemption == "Never"
+    out = []
+    for o in options:
+        if o.rooms and o.refusals:  # (open room is open: the plan's own answer left it so)
+            lost, who = 0, []
+            # (a set per room kind, once a plan: the applied 5k fleet's idle instances are a few kinds of thousands)
+            rooms = [(sets.get(id(refs)) or sets.setdefault(id(refs), set(refs)), k) for refs, k in o.rooms]
+            for ref, gone in left.items():
+                mine = [(v, job, n) for v, job, n in gone if never or v.klass >= d.klass]
+                k = next((k for refs, k in rooms if ref in refs), 0) if mine else 0
+                if not k:
+                    continue
+                free = ledger.free(ref)
+                without = {dim: free.get(dim, 0.0) - sum(v.req(dim) * n for v, _, n in mine) for dim in d.dims}
+                lost += k - max(0, min((math.floor(without[dim] / d.req(dim) + 1e-9) for dim in d.dims if d.req(dim) > 0), default=k))
+                who += [(ref, job) for _, job, _ in mine]
+            if lost and sum(k * len(refs) for refs, k in o.rooms) - lost < d.replicas:
+                ref, job = who[0]
+                o = replace(o, refusals=(*o.refusals, Refusal("vacated", f"the room it would take on {ref} is running {job}'s, which "
+                                                                          "leaves it in this plan (a running job does not move for work of "
+                                                                          "its class or below)")))
+        out.append(o)
+    return out
+
+
+def _vacated(problem: Problem, ledger: Ledger) -> dict[str, list[tuple[Demand, str, int]]]:
+    """Existing host -> the running jobs (as they run, the job, its items there) that leave it in this plan."""
+    placed = {ref: {job for _, job in items} for ref, items in ledger.items.items()}
+    out: dict[str, list[tuple[Demand, str, int]]] = {}
+    for v in problem.demands:
+        for job, ids in v.running:
+            for ref in sorted(set(ids)):
+                if ref in placed and job not in placed[ref]:
+                    out.setdefault(ref, []).append((v.as_it_runs(job), job, ids.count(ref) // v.bundle))
+    return out
 
 
 def _stopped_beside(d: Demand, problem: Problem, ledger: Ledger) -> list[str]:
@@ -142,7 +198,7 @@ _SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share
 
 _RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
                "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
-               "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity"}
+               "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity", "vacated": "room a running job leaves in this plan"}
 
 
 def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False) -> str:
