@@ -97,6 +97,8 @@ told to make it a plain test).
   replicas; it counts 1 per replica now.
 - fleet47 (audit20 finding 2, open, strict xfail): a tenant's new work waits one plan behind its running job
   that another tenant reclaims (the swaps tier counts that stop as a swap), so the plan after the apply places it.
+- fleet48 (the slow reason tier): under WhenEmpty, a pool over its max could lose an instance only with its jobs: the
+  model held running jobs to the moves forced on them alone; a rule the fleet breaks now licenses moves too.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -695,6 +697,19 @@ def test_a_tenant_over_its_spot_share_keeps_its_normal_job_before_its_low_ones_o
     may take it), so t1's two low jobs outweighed it. The first tier now leaves out every unit of a tenant over its
     spot share (so it never ties with another tenant's), and the next counts them all."""
     check_fleet(fleet("fleet39"), time_limit=5)
+
+
+def test_a_pool_over_its_max_moves_running_work_under_when_empty_on_fleet48():
+    """fleet48 (the slow reason tier, 2026-11-29; the same before this session): two spot n2-standard-16 in gcp-cpu
+    (max 1) run t1's low j0 and t3's low j5 (i0) and t1's normal j11 (12 vCPU, spot required; i1); consolidation is
+    WhenEmpty. One instance must go. Lifting t1's spot share from the plan (its reason for j11), CP-SAT's plan, OPTIMAL,
+    evicted j11 and kept the low jobs; greedy's kept all three (j0 beside j11, j5 onto an on-demand m6i). Under
+    WhenEmpty the model held every running job to the moves a rule forces on it alone (its instance must go), which no
+    single instance was here; a rule the fleet breaks now (the pool over its max) licenses moves as it licenses
+    evictions (moves.add_when_empty)."""
+    from tests.test_truth import check_reasons
+
+    check_reasons(fleet("fleet48"))
 
 
 def test_a_pending_reason_lifted_alone_places_the_job_on_fleet43():

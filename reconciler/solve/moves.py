@@ -62,8 +62,15 @@ def add_only_forced_moves(model: Model, m) -> None:
 
 
 def add_when_empty(model: Model) -> None:
+    """Consolidation WhenEmpty: nothing moves but what must (`must_move`), unless a rule the fleet breaks now licenses
+    it (`licensed`: a fleet-wide rule, or the demand's tenant's own), as it licenses an eviction: something must give,
+    and a move is kinder. Held to the forced moves, a pool over its max_instances could only lose an instance with its
+    jobs: CP-SAT evicted a running normal job greedy moved beside the low ones, "OPTIMAL" (fleet48)."""
     if model.p.placement.consolidation == "WhenEmpty":
-        add_only_forced_moves(model, model.m)
+        limit = licensed(model)
+        for dk, mv in model.moved.items():
+            if limit.get(dk, 0) is not None:
+                model.m.add(mv <= limit[dk])
 
 
 __all__ = ["add_only_forced_moves", "add_when_empty", "licensed", "moved_items", "must_move"]
