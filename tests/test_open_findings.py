@@ -99,6 +99,8 @@ told to make it a plain test).
   that another tenant reclaims (the swaps tier counts that stop as a swap), so the plan after the apply places it.
 - fleet48 (the slow reason tier): under WhenEmpty, a pool over its max could lose an instance only with its jobs: the
   model held running jobs to the moves forced on them alone; a rule the fleet breaks now licenses moves too.
+- fleet49 (the slow reason tier): a running job that had to leave its host (spot required on on-demand) got no
+  variable where its tenant's lower job could make room; such work counts as needing room now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -710,6 +712,18 @@ def test_a_pool_over_its_max_moves_running_work_under_when_empty_on_fleet48():
     from tests.test_truth import check_reasons
 
     check_reasons(fleet("fleet48"))
+
+
+def test_a_running_job_that_must_leave_may_take_its_tenants_lower_jobs_room_on_fleet49():
+    """fleet49 (the slow reason tier, 2026-11-29; the same before this session): t1's normal j11 (12 vCPU, spot required)
+    runs on an on-demand m6i, so it must leave; the only spot instance runs t1's low j0 and t3's low j5 (8 vCPU free).
+    With t1's spot share lifted (its reason), j0 may move onto on-demand room to make room for j11 (a higher class of
+    its tenant), but the model offered j11 no variable there: only new or resized work was "pending" where a host's
+    room is counted with what a lower job could free, and both plans evicted j11. Running work that must leave counts
+    as work that needs room now (in the model's variables and in the freezer)."""
+    from tests.test_truth import check_reasons
+
+    check_reasons(fleet("fleet49"))
 
 
 def test_a_pending_reason_lifted_alone_places_the_job_on_fleet43():

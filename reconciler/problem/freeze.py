@@ -7,7 +7,7 @@ import math
 
 from reconciler.ledger import budget_ok, micro, pool_ok, spot_share_ok
 from reconciler.model import DesiredState
-from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, has_room, may_preempt, over_cap_tenants, wants_room
+from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, forced_items, has_room, may_preempt, over_cap_tenants, wants_room
 from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules, spot_measure, type_class
 
 FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
@@ -26,7 +26,9 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     hosts (Problem.static_pending): they take no room and no job's place. (On the applied 5k fleet four such jobs of
     a higher class, pinned to regions without a large enough T4 type, kept ~1,100 hosts of their tenants solved.)"""
     by_key = {d.key: d for d in demands}
-    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.running_items < d.running_jobs * d.replicas)]
+    # (and running work that must leave where it runs: it needs room as new work does, fleet49)
+    forced = forced_items(demands, hosts)
+    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.running_items < d.running_jobs * d.replicas or d.key in forced)]
     # Fleet-wide states that force a look at everything.
     if not budget_ok(sum(micro(h.price) for h in hosts), desired.guardrails.max_hourly_budget):
         return set()

@@ -207,12 +207,17 @@ def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[s
 def forced_moves(problem: "Problem") -> dict[str, int]:
     """Items of each demand that must leave their instance whatever is decided (it goes, or they
     no longer fit there): under WhenEmpty, the only running work that may move."""
-    by_key = {d.key: d for d in problem.demands}
-    hosts = {c.instance_id: c for c in problem.hosts()}
+    return forced_items(problem.demands, problem.hosts())
+
+
+def forced_items(demands, host_list) -> dict[str, int]:
+    """forced_moves of these demands on these hosts (the freezer asks before the Problem exists)."""
+    by_key = {d.key: d for d in demands}
+    hosts = {c.instance_id: c for c in host_list}
     # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
-    split = {(d.key, job) for d in problem.demands for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
+    split = {(d.key, job) for d in demands for job, iids in d.running if gang_split(d, [hosts.get(i) for i in iids])}
     out: dict[str, int] = {}
-    for h in problem.hosts():
+    for h in host_list:
         for dk, job, n in h.residents:
             if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
                 out[dk] = out.get(dk, 0) + n

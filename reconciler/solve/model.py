@@ -17,7 +17,7 @@ import math
 from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
-from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, may_preempt, over_cap_tenants,
+from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants,
                                 type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
@@ -148,7 +148,12 @@ class Model:
             return v
 
         hosts_at = HostIndex(problem.capacities, list(self.idle.values()), self.idle_of, room, self.demands, leaving)
-        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_ if wants_room(d := self.demands[k]) and not problem.never_hosted(d))
+        # (work that needs room it does not hold: new, resized, or running where it must leave, e.g. a spot-required job on
+        # an on-demand host: as new work it may take its tenant's lower job's room, which a variable there must offer; a
+        # normal job that had to leave was evicted beside the low job whose move would have made room for it: fleet49)
+        forced = forced_moves(problem)
+        pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_
+                                    if (wants_room(d := self.demands[k]) or k in forced) and not problem.never_hosted(d))
                       for gk, members_ in problem.groups.items()}
         # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
         # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
