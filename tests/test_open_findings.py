@@ -101,6 +101,9 @@ told to make it a plain test).
   model held running jobs to the moves forced on them alone; a rule the fleet breaks now licenses moves too.
 - fleet49 (the slow reason tier): a running job that had to leave its host (spot required on on-demand) got no
   variable where its tenant's lower job could make room; such work counts as needing room now.
+- fleet50, fleet51 (audit21 findings 2, 3, 5): a shrunk gang under WhenEmpty was evicted from the instance it fits on
+  (the model counted every running item as kept), a shrunk gang's stays past its first replicas stopped the plan
+  ("internal: ... no room left"), and a resized gang's move read "consolidation: a cheaper packing".
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -724,6 +727,70 @@ def test_a_running_job_that_must_leave_may_take_its_tenants_lower_jobs_room_on_f
     from tests.test_truth import check_reasons
 
     check_reasons(fleet("fleet49"))
+
+
+def _resize_gang(docs_of, before: int, after: int):
+    """Apply docs_of(before) on the sim, then plan docs_of(after): (the plan, the plan right after applying it)."""
+    import tempfile
+
+    from reconciler import api
+    from tests.fleetkit import write_config
+    from tests.invariants import check_plan
+
+    with tempfile.TemporaryDirectory() as t:
+        cfg = write_config(Path(t) / "c", docs_of(before))
+        api.apply(cfg)
+        write_config(cfg, docs_of(after))
+        first = api.plan(cfg)
+        check_plan(first.desired, first.observed, first.plan)
+        api.apply(cfg, saved_plan=first.plan, allow_destroy=100)
+        return first.plan, api.plan(cfg).plan
+
+
+@pytest.mark.parametrize("mode,before,after,gpus", [("zone", 3, 2, 2), ("zone", 3, 2, 4), ("placement-group", 3, 2, 4), ("zone", 2, 3, 4)])
+def test_a_resized_gang_stays_where_it_fits_under_when_empty_on_fleet50(mode, before, after, gpus):
+    """fleet50 (audit21 findings 2 and 5, 2026-11-29): one running gang on p4d.24xlarge, consolidation WhenEmpty, its
+    replicas changed. Shrunk, it fits where it runs, but the model counted every running item as kept while it is
+    placed (3, where 2 can stay): one was a move, which WhenEmpty forbids, so the plan evicted the gang ("a running
+    gang stays where it runs or stops ... it cannot stay"), deleted its instance, and the plan after the apply bought
+    a new one for it. A gang keeps at most the items it asks now. Its move read "consolidation: a cheaper packing";
+    it says its replicas changed."""
+    from tests.fleetkit import doc, job, pool, tenant, topology
+
+    def docs(n: int) -> list[dict]:
+        return [topology(), tenant("t"), pool("p4d", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty"}),
+                job("j0", "t", gpus=gpus, gpu_type="A100", cpu=8 * gpus, mem=60 * gpus, replicas=n, gang=mode)]
+
+    plan, again = _resize_gang(docs, before, after)
+    j0 = next(j for j in plan.jobs if j.job == "j0")
+    assert j0.action == "move" and j0.reason.startswith(f"replicas changed ({before} -> {after}): restarts"), (j0.action, j0.reason)
+    if after < before:
+        assert set(j0.instances) <= set(j0.previous) and not plan.creates, (j0.instances, j0.previous, plan.creates)
+    assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs]
+
+
+def test_a_shrunk_gang_keeps_the_replicas_the_solver_keeps_on_fleet51():
+    """fleet51 (audit21 finding 3, 2026-11-29): a high 3 x 4-A100 zone gang runs over two a2-highgpu-4g (spot) and an
+    a2-highgpu-8g it shares with a low job, beside a normal 1-A100 job; shrunk to 2 replicas, every plan of that config
+    stopped with "internal: demand d2:j2 placed 1 jobs but has no room left for j2": the solver kept replicas on its
+    second and third hosts, and the plan read a gang's stays by replica position among the first two only."""
+    from tests.fleetkit import doc, job, pool, tenant, topology
+
+    def docs(n: int) -> list[dict]:
+        j0 = job("j0", "t1", gpus=4, gpu_type="A100", cpu=32, mem=240, priority="low", spot="never")
+        j0["spec"]["resources"]["nvlink"] = True
+        return [topology(), tenant("t1"),
+                pool("gcp-a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g"],
+                     market="either", hi=5),
+                doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "max_price_fraction": 1.0}),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenUnderutilized", "preemption": "LowerPriority"}),
+                job("j2", "t1", gpus=4, gpu_type="A100", cpu=32, mem=240, replicas=n, gang="zone", priority="high"), j0,
+                job("j1", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="normal")]
+
+    plan, again = _resize_gang(docs, 3, 2)
+    j2 = next(j for j in plan.jobs if j.job == "j2")
+    assert j2.action == "move" and len(j2.instances) == 2, (j2.action, j2.instances, j2.reason)
 
 
 def test_a_pending_reason_lifted_alone_places_the_job_on_fleet43():

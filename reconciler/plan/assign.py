@@ -63,10 +63,21 @@ def assign_items(problem: Problem, observed: Observed, solution: Solution, caps:
         running = dict(d.running)
         for job in jobs:
             items: list[str | None] = [None] * d.replicas
-            for r, hk in enumerate(running.get(job, ())[: d.replicas] if d.bundle == 1 else running.get(job, ())[:1]):
+            ran = running.get(job, ())
+            for r, hk in enumerate(ran[: d.replicas] if d.bundle == 1 else ran[:1]):
                 if sl.get(hk, 0) > 0:
                     sl[hk] -= 1
                     items[r] = hk
+            # A gang shrunk since it was placed runs more replicas than it asks: the solver may keep those past the
+            # count (its stay on their hosts), in the items left free. (Read by position alone, its stays on the third
+            # host were never used and the plan stopped with "no room left": audit21 finding 3.)
+            for hk in ran[d.replicas:] if d.bundle == 1 else ():
+                free = next((r for r, at in enumerate(items) if at is None), None)
+                if free is None:
+                    break
+                if sl.get(hk, 0) > 0:
+                    sl[hk] -= 1
+                    items[free] = hk
             for r in range(d.replicas):
                 if items[r] is not None:
                     continue

@@ -62,6 +62,10 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
                     action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
+                elif action == "move" and d.gang and len(prev) != len(now_t) and not observed.lost.get(job):
+                    # (a gang grown or shrunk restarts at its new size: it read "consolidation: a cheaper packing", audit21 finding 5)
+                    where_to = "restarts where it runs" if set(now_t) <= set(prev) else "restarts, on other instances too"
+                    note = f"replicas changed ({len(prev) // d.bundle} -> {d.replicas}): {where_to}"
                 if action == "place" and observed.lost.get(job):
                     note = f"replaces {', '.join(observed.lost[job])}: gone (spot interruption or lost capacity)"
                 jobs.append(JobChange(job, d.tenant, action, now_t, prev, note, tuple(gpus)))

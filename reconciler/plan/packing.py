@@ -261,12 +261,19 @@ def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution
         b = Bin.empty(h, hk)
         known = resident_gpus(h, problem, observed) if h.gpus else {}
         fresh = []
+        taken: set[tuple[str, int]] = set()
         for job, r in staying_at.get(hk, []):
             d = demand_of[job]
             if job in d.reshaped:  # restarts here in its new shape: GPUs given afresh, after the others'
                 fresh.append((d, job, r, group(d, h.zone)))
                 continue
-            idx = [known.get((job, k), ()) for k in range(d.bundle)] if d.bundle > 1 else [known.get((job, r), ())]
+            if d.bundle > 1:
+                idx = [known.get((job, k), ()) for k in range(d.bundle)]
+            else:  # (the GPUs of a replica that ran here: a shrunk gang keeps a replica past its count in a lower slot)
+                ran = observed.placements.get(job, ())
+                at = r if r < len(ran) and ran[r] == hk else next((k for k, i in enumerate(ran) if i == hk and (job, k) not in taken), r)
+                taken.add((job, at))
+                idx = [known.get((job, at), ())]
             b.reserve(d, idx)
             packing.gpu_of[(job, r)] = tuple(idx)
             packing.where[(job, r)] = hk

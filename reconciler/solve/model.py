@@ -245,8 +245,10 @@ class Model:
                     self.krg[d.key], self.krb[d.key] = k, 0
 
     def kept_items(self, d: Demand):
-        """Items of a running demand's kept jobs: a gang's every running item while it is placed."""
-        return self.placed[d.key] * d.running_items if d.gang else self.krj[d.key]
+        """Items of a running demand's kept jobs: a gang's every running item while it is placed, but no more than it
+        asks now (a gang shrunk from 3 replicas to 2 keeps 2: counted 3, one more than could stay was a move, which
+        WhenEmpty forbids, so the gang was evicted from the instance it fits on, audit21 finding 2)."""
+        return self.placed[d.key] * min(d.running_items, d.replicas) if d.gang else self.krj[d.key]
 
     # -- objectives (objective.py)
 
