@@ -756,6 +756,7 @@ def _broken_as(desired: DesiredState, observed: Observed, stays) -> bool:
         _check_pools(desired, observed, as_it_runs, hosts)
         _check_spot(desired, hosts, reps)
         _check_guardrails(desired, as_it_runs, hosts)
+        _check_licenses(desired, reps)  # (a license count lowered below what is held: audit21 saw it flag the planner's eviction)
     except AssertionError:
         return True
     return False

@@ -808,3 +808,28 @@ def test_a_running_job_moves_for_a_higher_class_or_a_consolidation_that_pays(tmp
     else:
         assert jobs["j2"].reason == "consolidation: its room on i1 goes to k"
         assert plan.consolidation is not None and plan.consolidation.saving_per_hour is None  # (no plan keeps j2 and places k)
+
+
+def test_a_license_count_lowered_below_what_is_held_licenses_the_eviction(tmp_path):
+    """A License lowered to 1 seat while two running jobs hold one each: one of them must stop, and the oracle
+    (check_stability) lets it (audit21: the oracle did not read licenses when it asked what the fleet as it runs
+    breaks, and called the planner's eviction unlicensed)."""
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, instance
+
+    docs = [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=2),
+            doc("License", "sim", {"count": 1, "cost_per_hour": 1.5})]
+    for name in ("a", "b"):
+        j = job(name, "t", cpu=4, mem=8)
+        j["spec"]["licenses"] = {"sim": 1}
+        docs.append(j)
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, [instance("i0", "cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")], {"a": ("i0",), "b": ("i0",)})
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=4, workers=1))
+    assert sorted(j.action for j in plan.jobs) == ["evict", "keep"], [(j.job, j.action, j.reason) for j in plan.jobs]
+    assert next(j for j in plan.jobs if j.action == "evict").reason.startswith("evicted: license sim: 1/1 held"), plan.jobs
+    check_stability(desired, observed, plan)
