@@ -344,10 +344,14 @@ class _Greedy:
         if not over:
             return False
         spot = {k for k, i in self.opened.items() if i.cap.market == "spot"}
+        stays_of: dict[str, list[tuple[str, int]]] = {}  # (one pass over the stays, not one per demand)
+        for (dk, hk), n in self.a.stay.items():
+            if n:
+                stays_of.setdefault(dk, []).append((hk, n))
         for d in reversed(order):
             if d.tenant not in over:
                 continue
-            cells = [(hk, n) for (dk, hk), n in self.a.stay.items() if dk == d.key and n]
+            cells = stays_of.get(d.key, [])
             if not any(hk in spot for hk, _ in cells):
                 continue
             if not d.gang:
@@ -422,9 +426,8 @@ class _Greedy:
 
     def _other_spot_rules_hold(self) -> bool:
         """Spot diversity and the tenants' spot shares: what more on-demand capacity does not mend."""
-        p, sp = self.p, self.p.spot
-        types, zones = self.led.spot_sites()
-        if types and not diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones):
+        p = self.p
+        if not self._diversity_holds():
             return False
         for t, r in p.tenants.items():
             if r.spot_fraction is not None:

@@ -7,6 +7,7 @@ read off the finished plan: its instances, charges and spot share.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from dataclasses import replace
@@ -35,13 +36,9 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
         if inst not in observed.placements.get(job, ()):
             arrivals.setdefault(inst, []).append(job)
     jobs: list[JobChange] = []
-    shares: dict[str, str] = {}
-
+    @functools.cache
     def spot_shares() -> dict[str, str]:  # (read once, where a move asks: the fleet as it runs, at 10k a tenth of a second)
-        if "" not in shares:
-            shares[""] = ""
-            shares.update({rule.split(":", 1)[1]: why for rule, why in rules_broken_now(problem).items() if rule.startswith("tenant-spot:")})
-        return shares
+        return {rule.split(":", 1)[1]: why for rule, why in rules_broken_now(problem).items() if rule.startswith("tenant-spot:")}
 
     for d in problem.demands:
         for job in d.jobs:
