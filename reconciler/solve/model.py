@@ -58,6 +58,7 @@ class Model:
         self._stay_vars()
         self.classes, self.class_of = zone_classes(self.offers)
         self.caps.update(self.classes)
+        self.forced = forced_moves(problem)  # running items that must leave their instance (read by the variables and moves)
         self._placement_vars(warm)
         slots.slot_vars(self)
         if "capacity" in families:
@@ -78,6 +79,7 @@ class Model:
         if "fleet" in families:
             fleet_rules.add_fleet_rules(self)
         self.moved = moves.moved_items(self)
+        self.licensed = moves.licensed(self)  # (asked by WhenEmpty's rows and by the moves and swaps tiers)
         if "moves" in families:
             moves.add_when_empty(self)
 
@@ -151,9 +153,8 @@ class Model:
         # (work that needs room it does not hold: new, resized, or running where it must leave, e.g. a spot-required job on
         # an on-demand host: as new work it may take its tenant's lower job's room, which a variable there must offer; a
         # normal job that had to leave was evicted beside the low job whose move would have made room for it: fleet49)
-        forced = forced_moves(problem)
         pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_
-                                    if (wants_room(d := self.demands[k]) or k in forced) and not problem.never_hosted(d))
+                                    if (wants_room(d := self.demands[k]) or k in self.forced) and not problem.never_hosted(d))
                       for gk, members_ in problem.groups.items()}
         # Room an eviction frees is room for any pending work of the shape, not only the evicting job's: a host
         # where some pending work may evict a resident is offered to every group with pending jobs. (Without it

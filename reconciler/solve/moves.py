@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.problem import forced_moves
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -25,11 +24,10 @@ def moved_items(model: Model) -> dict[str, object]:
 def must_move(model: Model) -> dict[str, int]:
     """Demand key -> the items that move whatever is decided: forced off their instance, or restarted
     anyway because the job's resources changed (it may restart elsewhere)."""
-    forced = forced_moves(model.p)
     out = {}
     for dk in model.moved:
         d = model.demands[dk]
-        out[dk] = forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped)
+        out[dk] = model.forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped)
     return out
 
 
@@ -67,7 +65,7 @@ def add_when_empty(model: Model) -> None:
     and a move is kinder. Held to the forced moves, a pool over its max_instances could only lose an instance with its
     jobs: CP-SAT evicted a running normal job greedy moved beside the low ones, "OPTIMAL" (fleet48)."""
     if model.p.placement.consolidation == "WhenEmpty":
-        limit = licensed(model)
+        limit = model.licensed
         for dk, mv in model.moved.items():
             if limit.get(dk, 0) is not None:
                 model.m.add(mv <= limit[dk])

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
 from reconciler.problem import Demand
-from reconciler.solve import moves
 from reconciler.solve.variables import Values, constant, scale, wsum
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ def tiers(model: Model) -> list[Tier]:
     out += guarantees_tiers(model)
     # Inside guarantees, by class: what runs first (no same-class preemption), then all.
     # A class's running jobs are moved only for work of a higher class (moves_tier), as only a higher class may evict.
-    limit = moves.licensed(model)
+    limit = model.licensed
     if p.placement.preemption == "Never":
         for c in classes:
             out += running_tiers(model, c, model.krg, "guaranteed")
