@@ -95,8 +95,9 @@ told to make it a plain test).
   job as it runs first now.
 - fleet46 (audit20 finding 1): a CPU same-instance gang counted 1 work unit in its tenant's spot share whatever its
   replicas; it counts 1 per replica now.
-- fleet47 (audit20 finding 2, open, strict xfail): a tenant's new work waits one plan behind its running job
-  that another tenant reclaims (the swaps tier counts that stop as a swap), so the plan after the apply places it.
+- fleet47 (audit20 finding 2): a tenant's new work waited one plan behind its running job that another tenant
+  reclaims (the swaps tier counted that stop as a swap), so the plan after the apply placed it. A stop made while the
+  tenant's new work waits is no swap now: the problem is solved again with it exempt (objective.swap_exemptions).
 - fleet48 (the slow reason tier): under WhenEmpty, a pool over its max could lose an instance only with its jobs: the
   model held running jobs to the moves forced on them alone; a rule the fleet breaks now licenses moves too.
 - fleet49 (the slow reason tier): a running job that had to leave its host (spot required on on-demand) got no
@@ -104,8 +105,9 @@ told to make it a plain test).
 - fleet50, fleet51 (audit21 findings 2, 3, 5): a shrunk gang under WhenEmpty was evicted from the instance it fits on
   (the model counted every running item as kept), a shrunk gang's stays past its first replicas stopped the plan
   ("internal: ... no room left"), and a resized gang's move read "consolidation: a cheaper packing".
-- fleet52 (the stable-run exploration, open, strict xfail): after a grown gang no longer fits and is evicted, the
-  emitted plan (greedy's) keeps the instance it leaves empty, and the next plan deletes it.
+- fleet52 (the stable-run exploration): after a grown gang no longer fit and was evicted, the swaps tier counted its
+  stop as a swap and held its tenant's new work at 0, CP-SAT's answer ranked below greedy's, and the emitted plan
+  (greedy's) kept the instance the gang left empty; the next plan deleted it. The same fix as fleet47's.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -939,14 +941,13 @@ def _fleet47_runs():
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="fleet47: open (audit20 finding 2): new work waits a plan behind its tenant's job another tenant reclaims")
 def test_the_plan_after_a_reclaim_is_a_no_op_on_fleet47():
     """fleet47 (audit20 finding 2, 2026-11-29; at the default limit, either preemption): adding t1's spot share of 0.5
     moves t1's critical j4 onto on-demand A10G room; the pool is at its max, so t3's borrowed high j6 is evicted for
     it (another tenant may reclaim borrowed room). The same plan leaves t3's new j1 (an A100 gang that t3's burst holds
-    once j6 stops) pending, and the plan right after its apply places j1: not a no-op. The swaps tier
-    (objective.swaps_tier) counts j6's stop as a swap for j1 and holds j1 at 0 through the work tiers, though j6 stops
-    for t1's j4 either way."""
+    once j6 stops) pending, and the plan right after its apply placed j1: not a no-op. The swaps tier
+    (objective.swaps_tier) counted j6's stop as a swap for j1 and held j1 at 0 through the work tiers, though j6 stops
+    for t1's j4 either way. A stop made while the tenant's new work waits is no swap now (objective.swap_exemptions)."""
     for plan, again in _fleet47_runs():
         assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
 
@@ -955,11 +956,11 @@ def test_the_reasons_of_a_reclaim_say_what_the_plan_does_on_fleet47():
     """fleet47's plan with t1's spot share (above): j1's reason claimed "the solver did not find that placement" in an
     OPTIMAL plan, j4's move onto dearer on-demand room read "consolidation: a cheaper packing", and the spot instance
     it and j6 left, under WhenEmpty, "consolidated: its replicas fit more cheaply elsewhere" (audit20 finding 2). They
-    say what the plan does now: j1 waits for the next plan behind j6's stop (the swaps tier), j4 leaves spot for its
-    tenant's share, the instance is emptied."""
+    say what the plan does now: j4 leaves spot for its tenant's share, the instance is emptied, and j1 is placed in the
+    same plan (j6's stop is no swap: `objective.swap_exemptions`; before, it waited for the next plan)."""
     plan = _fleet47_runs()[1][0]
     reason = {j.job: j.reason for j in plan.jobs}
-    assert reason["j1"].startswith("waits for the next plan: its tenant's running j6"), reason["j1"]
+    assert {j.job: j.action for j in plan.jobs}["j1"] == "place", reason["j1"]
     assert {j.job: j.action for j in plan.jobs}["j4"] == "move" and reason["j4"].startswith("leaves spot (") and "tenant t1" in reason["j4"], reason["j4"]
     assert plan.deletes and all(d.reason.startswith("emptied: ") for d in plan.deletes), [d.reason for d in plan.deletes]
 
@@ -1034,13 +1035,14 @@ def test_a_running_job_is_not_stopped_for_its_tenants_new_work_under_preemption_
         check_stability(again.desired, again.observed, again.plan)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet52: open: after a grown gang is evicted, greedy's emitted plan keeps its emptied instance idle")
 def test_the_plan_after_a_grown_gang_is_evicted_is_a_no_op_on_fleet52():
     """fleet52 (the stable-run exploration, 2026-11-29, the end of the session; the same before it): a 2-replica gang
     runs over two a2-highgpu-8g (gcp-a100 at max 2) beside 1-GPU jobs; grown to 3 replicas it no longer fits and is
-    evicted. The plan of that edit is greedy's (GREEDY_FALLBACK: CP-SAT's answer was not emitted) and keeps the
-    instance the gang leaves empty; the plan right after its apply deletes it ("no longer needed"): not a no-op. Open:
-    why CP-SAT's answer was not taken here, and greedy's keep of an emptied host."""
+    evicted. The plan of that edit was greedy's (GREEDY_FALLBACK) and kept the instance the gang leaves empty; the plan
+    right after its apply deleted it ("no longer needed"): not a no-op. The swaps tier had counted the gang's stop as a
+    swap for its tenant's new 1-GPU jobs and held them at 0, so CP-SAT's answer ranked below greedy's. The stop is no
+    swap (the jobs wait, and it stops all the same: objective.swap_exemptions): solved again, CP-SAT's plan places the
+    jobs and deletes the emptied instance, and is emitted."""
     import tempfile
 
     from reconciler import api

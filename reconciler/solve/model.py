@@ -36,14 +36,17 @@ FAMILIES = ("capacity", "slots", "items", "gangs", "tenants", "licenses", "quota
 class Model:
     """The CP-SAT model of one Problem; variables for solved parts, constants for frozen ones."""
 
-    def __init__(self, problem: Problem, warm: Assignment | None = None, families: tuple[str, ...] = FAMILIES):
+    def __init__(self, problem: Problem, warm: Assignment | None = None, families: tuple[str, ...] = FAMILIES,
+                 exempt: dict[str, int] | None = None):
         """`warm`: the warm start; every host it puts new work on gets that work's variable,
         even where the model alone would not look (a host freed by a gang greedy moves away).
-        `families`: the constraint families to add (all of them but in tests of one family)."""
+        `families`: the constraint families to add (all of them but in tests of one family).
+        `exempt`: demand key -> running jobs whose stop is no swap (objective.swap_exemptions)."""
         unknown = set(families) - set(FAMILIES)
         if unknown:
             raise ValueError(f"internal: unknown constraint families {sorted(unknown)}")
         self.p = problem
+        self.exempt = dict(exempt or {})
         m = self.m = cp_model.CpModel()
         self.demands = {d.key: d for d in problem.demands}
         self.group_of = {dk: gk for gk, members in problem.groups.items() for dk in members}

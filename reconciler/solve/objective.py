@@ -216,21 +216,15 @@ def moves_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
     return [Tier(f"running {CLASS_NAMES[c]} jobs moved for other work", sum(terms), "min", 0, released=True)]
 
 
-def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]:
-    """Per tenant, its running class-c work stopped while its new work of class c or below (any class, under preemption:
-    Never) is placed (the less of the
-    two, in job sizes), at its least, held through the tiers after it and then released (Tier.released), as
-    `moves_tier`: a running job is never stopped for work of its own class or below of its own tenant (Kueue's
-    withinClusterQueue: LowerPriority). Another tenant may still reclaim the room it borrows (its stopped work
-    counts here only beside new work of its own). Without it a tenant's running job counted as borrowed (its guarantee
-    held by other running jobs with 3 GPUs left) was stopped for its own pending job of its class that fit in those
-    3 GPUs, by a plan right after an apply of the same config (fleet30). Tenants breaking a rule of their own, and
-    every tenant where the fleet breaks a fleet-wide one (`moves.licensed`: None), are left to the tiers."""
-    m = model.m
+def swap_sides(model: Model, c: int, limit: dict[str, int | None]) -> dict[str, tuple[list, list]]:
+    """Per tenant, the two sides of a swap at class c (`swaps_tier`): its running class-c demands that could stay,
+    as (demand, jobs that could stay, kept, forced), and its demands with new work of class c or below (any class,
+    under preemption: Never), as (demand, most new work, new work placed) in job sizes. Running jobs a rule moves,
+    and those `Model.exempt` names (stopped in an answer that held their tenant's new work back: `swap_exemptions`),
+    are not on the first side."""
     # (under preemption: Never no class takes another's place: its new work of any class counts; fleet40: t1's running
     # j30 was stopped for its budget's room while t1's new work was placed, in the plan after an apply)
     above = model.p.placement.preemption == "Never"
-    # tenant -> (its running class-c demands that could stay: (demand, jobs that could stay, kept, forced), new terms)
     by_tenant: dict[str, tuple[list, list]] = {}
     for d in model.p.demands:
         if d.klass > c and not above or limit.get(d.key, 0) is None:
@@ -242,13 +236,27 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
         # a low job whose latency cap its instance broke, with no room left in reach, held its tenant's every new low
         # job at 0 through the work tiers: 6 of 7 came back after the release, a CPU job stayed pending)
         forced = limit.get(d.key) or 0
-        could_stay = 0 if d.gang and forced else max(0, running - forced)
+        could_stay = 0 if d.gang and forced else max(0, running - forced - model.exempt.get(d.key, 0))
         if d.klass == c and could_stay and constant(kept) is None:
-            stoppable.append((d, could_stay, kept, forced))
+            stoppable.append((d, could_stay, kept, forced or d.key in model.exempt))
         if len(d.jobs) > running and not model.placed.is_zero(d.key):
-            new.append((d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
+            new.append((d, d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
+    return by_tenant
+
+
+def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]:
+    """Per tenant, its running class-c work stopped while its new work of class c or below (any class, under preemption:
+    Never) is placed (the less of the two, in job sizes: `swap_sides`), at its least, held through the tiers after it
+    and then released (Tier.released), as `moves_tier`: a running job is never stopped for work of its own class or
+    below of its own tenant (Kueue's withinClusterQueue: LowerPriority). Another tenant may still reclaim the room it
+    borrows (its stopped work counts here only beside new work of its own). Without it a tenant's running job counted
+    as borrowed (its guarantee held by other running jobs with 3 GPUs left) was stopped for its own pending job of its
+    class that fit in those 3 GPUs, by a plan right after an apply of the same config (fleet30). Tenants breaking a rule
+    of their own, and every tenant where the fleet breaks a fleet-wide one (`moves.licensed`: None), are left to the
+    tiers."""
+    m = model.m
     terms = []
-    for t, (stoppable, new) in sorted(by_tenant.items()):
+    for t, (stoppable, new) in sorted(swap_sides(model, c, limit).items()):
         if not stoppable or not new:
             continue  # (no variable for a tenant with nothing to swap: most of an applied fleet's running demands)
         stopped = []
@@ -259,15 +267,36 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
                 stopped.append(d.job_size * over)
             else:
                 stopped.append(d.job_size * (could_stay - kept))
-        most = (sum(d.job_size * k for d, k, _, _ in stoppable), sum(n for n, _ in new))
+        most = (sum(d.job_size * k for d, k, _, _ in stoppable), sum(n for _, n, _ in new))
         swapped = m.new_int_var(0, min(most), f"swapped[{t},{c}]")
         by_new = m.new_bool_var(f"swapped by new[{t},{c}]")
         m.add(swapped >= sum(stopped) - most[0] * by_new)
-        m.add(swapped >= sum(e for _, e in new) - most[1] * (1 - by_new))
+        m.add(swapped >= sum(e for _, _, e in new) - most[1] * (1 - by_new))
         terms.append(swapped)
     if not terms:
         return []
     return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True)]
+
+
+def swap_exemptions(model: Model, value) -> dict[str, int]:
+    """Running jobs an answer stops while their tenant's new work (the other side of `swap_sides`) waits, none of it
+    placed: demand key -> jobs. `value(expr)`: the expression's value in the answer. Their stop is not for that work (it
+    all waits, and they stop all the same: a rule, a higher tier, another tenant's reclaim, a change that no longer
+    fits), so it is no swap,
+    and a solve with them in `Model.exempt` lets the work take the room left. Counted as swaps, they held it back for
+    one plan: the plan after the apply placed it (fleet47: another tenant's critical job took the room of t3's
+    borrowed j6, and t3's new j1 waited; fleet52: a grown gang no longer fit, and its tenant's 1-GPU jobs waited)."""
+    out: dict[str, int] = {}
+    classes = sorted({d.klass for d in model.p.demands})
+    for c in classes:
+        for stoppable, new in swap_sides(model, c, model.licensed).values():
+            if not stoppable or not new or any(value(e) > 0 for _, _, e in new):
+                continue  # (a tenant that places new work beside the stops: they may be its swaps, which the tier weighs)
+            for d, could_stay, kept, _ in stoppable:
+                stopped = could_stay - value(kept)
+                if stopped > 0:
+                    out[d.key] = model.exempt.get(d.key, 0) + stopped
+    return out
 
 
 def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:

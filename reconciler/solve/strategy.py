@@ -30,7 +30,7 @@ from reconciler.solve.extract import extract, from_assignment
 from reconciler.solve.fewer import fewer_instances
 from reconciler.solve import moves, slots
 from reconciler.solve.model import Model
-from reconciler.solve.objective import Tier
+from reconciler.solve.objective import Tier, swap_exemptions
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
 from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, set_full_hints, set_hints
@@ -65,6 +65,7 @@ REPAIR_WORK = 0.1
 # jobs (75k variables), 1.24 at 20k (145k) and 6.9 at 50k (337k), where the budget's cost stage had 6: both its searches
 # ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
 COST_WORK_VARS = 100_000
+SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
 
 class WallCap(Exception):
@@ -337,11 +338,26 @@ class Search:
 
 def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, with_lp_bound: bool, gap_limit: float,
               clock: Work) -> Solution:
-    """One problem: the warm start, the tiers, the cost, the polish; never an answer below greedy's."""
-    search = Search(problem, budget, clock, workers or WORKERS, seed, gap_limit)
+    """One problem: the warm start, the tiers, the cost, the polish; never an answer below greedy's. Where the answer
+    stops running jobs while their tenant's new work waits (objective.swap_exemptions), those stops are no swaps: the
+    problem is solved again, with the same work, with them exempt (at most SWAP_PASSES solves; each pass only adds)."""
+    t0 = time.monotonic()
     g = warm_start(problem)
-    search.lap("greedy")
-    model = search.model = Model(problem, g)
+    exempt: dict[str, int] = {}
+    for _ in range(SWAP_PASSES):
+        sol, found = solve_pass(problem, g, exempt, budget, workers, seed, with_lp_bound, gap_limit, clock, t0)
+        if all(v <= exempt.get(k, 0) for k, v in found.items()):
+            break
+        exempt = {k: max(exempt.get(k, 0), found.get(k, 0)) for k in exempt.keys() | found.keys()}
+    return sol
+
+
+def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: float, workers: int | None, seed: int,
+               with_lp_bound: bool, gap_limit: float, clock: Work, t0: float) -> tuple[Solution, dict[str, int]]:
+    """One solve of `solve_one`: (the solution, the stops its tiers' answer makes that are no swaps)."""
+    search = Search(problem, budget, clock, workers or WORKERS, seed, gap_limit, t0=t0)
+    search.lap("greedy" if not exempt else "solved again: stops that are no swaps")
+    model = search.model = Model(problem, g, exempt=exempt)
     search.tiers = model.tiers()
     search.cost = model.cost()
     search.lap("model")
@@ -360,7 +376,7 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
         best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget), fixed=False)
     if best is None:
         return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0,
-                               note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit")
+                               note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit"), {}
     warm = [search.value(best, t.expr) for t in search.tiers]
     search.lap("warm start")
 
@@ -370,6 +386,7 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     search.lap("lp")
     cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     best, reports = solve_tiers(search, best)
+    found = swap_exemptions(model, lambda e: search.value(best, e))
     # The moves tiers (objective.moves_tier) only order what the work tiers may use, and stay held through the cost
     # stage; the answer is judged, and compared with greedy's, by the others.
     goals = [i for i, t in enumerate(search.tiers) if not t.released]
@@ -388,12 +405,12 @@ def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, w
     # it ever were not, greedy's answer is the plan (never a plan worse than the fallback).
     reached = [search.value(hint, t.expr) for t in search.tiers]
     if better(warm, reached, search.tiers):
-        return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0, note="CP-SAT's answer ranked below greedy's: greedy best-fit")
+        return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0, note="CP-SAT's answer ranked below greedy's: greedy best-fit"), found
     sol = finish(search, hint, value, lb, status, reports)
     sol, hint = repair_stage(search, sol, hint, lb, reports)
     if with_lp_bound:
         sol = with_bounds(search, sol, bound_model, hint[:len(bound_model.proto.variables)])
-    return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()})
+    return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()}), found
 
 
 def grow_cost_work(search: Search) -> None:
