@@ -1054,7 +1054,11 @@ def test_the_plan_after_a_grown_gang_is_evicted_is_a_no_op_on_fleet52():
         cfg = write_config(Path(d) / "c", f.docs)
         api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
         write_config(cfg, _edit(f.docs, "grow gang", None))
-        api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
+        edit = api.plan(cfg, time_limit=4).plan
+        assert edit.solver.status != "GREEDY_FALLBACK", edit.solver.note
+        # (the instance goes because its one job stops, not for a cheaper packing)
+        assert [d.reason for d in edit.deletes] == ["emptied: every job on it stops in this plan (their reasons say why)"], edit.deletes
+        api.apply(cfg, saved_plan=edit, time_limit=4, allow_destroy=100)
         again = api.plan(cfg, time_limit=4).plan
         assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
 

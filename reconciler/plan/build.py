@@ -69,7 +69,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     ledger = plan_ledger(problem, creates, solution.keep, [(j.job, j.instances) for j in jobs if j.instances])
     jobs = with_pending_reasons(jobs, problem, ledger, packing.unpacked, demand_of)
 
-    deletes = delete_actions(problem, solution)
+    deletes = delete_actions(problem, solution, jobs)
     existing = problem.hosts()
     cost_before = round(sum(c.price for c in existing), 4)
     cost_after = round(sum(c.price for c in existing if c.instance_id in solution.keep) + sum(a.price for a in creates), 4)

@@ -45,13 +45,17 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
     return creates
 
 
-def delete_actions(problem: Problem, solution: Solution) -> list[DeleteAction]:
-    """Every existing instance the plan does not keep, with why."""
+def delete_actions(problem: Problem, solution: Solution, jobs=()) -> list[DeleteAction]:
+    """Every existing instance the plan does not keep, with why. `jobs`: the plan's job changes (an instance whose
+    every job stops is emptied by those stops, not consolidated: fleet52's gang, grown past what the pool holds)."""
+    action = {j.job: j.action for j in jobs}
     deletes = []
     for c in problem.hosts():
         if c.instance_id not in solution.keep:
+            stops = bool(action) and all(action.get(job) in ("evict", "pending") for _, job, _ in c.residents)
             # (under WhenEmpty nothing moves to save money: a host goes because its jobs move or stop for the rules)
-            emptied = ("emptied: every job on it moves or stops in this plan (their reasons say why)"
+            emptied = ("emptied: every job on it stops in this plan (their reasons say why)" if stops else
+                       "emptied: every job on it moves or stops in this plan (their reasons say why)"
                        if problem.placement.consolidation == "WhenEmpty" else "consolidated: its replicas fit more cheaply elsewhere")
             why = c.keep_blocker or (emptied if c.residents else "no longer needed")
             deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, why))
