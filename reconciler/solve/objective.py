@@ -35,6 +35,7 @@ class Tier:
     # Held only while the tiers after it are solved, then let go: an order on what the work tiers may use, not a
     # goal of the plan (moves_tier); the cost stage and the comparisons with greedy do not see it.
     released: bool = False
+    swaps: bool = False  # a swaps tier (swaps_tier), whose hold `strategy.place_more`'s probe lets go
 
 
 def tiers(model: Model) -> list[Tier]:
@@ -275,28 +276,30 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
         terms.append(swapped)
     if not terms:
         return []
-    return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True)]
+    return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True, swaps=True)]
 
 
-def swap_exemptions(model: Model, value) -> dict[str, int]:
+def swap_exemptions(model: Model, value) -> tuple[dict[str, int], list]:
     """Running jobs an answer stops while their tenant's new work (the other side of `swap_sides`) waits, none of it
-    placed: demand key -> jobs. `value(expr)`: the expression's value in the answer. Their stop is not for that work (it
-    all waits, and they stop all the same: a rule, a higher tier, another tenant's reclaim, a change that no longer
-    fits), so it is no swap,
-    and a solve with them in `Model.exempt` lets the work take the room left. Counted as swaps, they held it back for
-    one plan: the plan after the apply placed it (fleet47: another tenant's critical job took the room of t3's
-    borrowed j6, and t3's new j1 waited; fleet52: a grown gang no longer fit, and its tenant's 1-GPU jobs waited)."""
+    placed: (demand key -> jobs, the expressions of that new work placed). `value(expr)`: an expression's value in
+    the answer. Their stop is not for that work (it all waits, and they stop all the same: a rule, a higher tier,
+    another tenant's reclaim, a change that no longer fits), so it is no swap, and a solve with them in `Model.exempt`
+    lets the work take the room left. Counted as swaps, they held it back for one plan: the plan after the apply placed
+    it (fleet47: another tenant's critical job took the room of t3's borrowed j6, and t3's new j1 waited; fleet52: a
+    grown gang no longer fit, and its tenant's 1-GPU jobs waited)."""
     out: dict[str, int] = {}
+    waiting = []
     classes = sorted({d.klass for d in model.p.demands})
     for c in classes:
         for stoppable, new in swap_sides(model, c, model.licensed).values():
             if not stoppable or not new or any(value(e) > 0 for _, _, e in new):
                 continue  # (a tenant that places new work beside the stops: they may be its swaps, which the tier weighs)
-            for d, could_stay, kept, _ in stoppable:
-                stopped = could_stay - value(kept)
-                if stopped > 0:
-                    out[d.key] = model.exempt.get(d.key, 0) + stopped
-    return out
+            stops = {d.key: could_stay - value(kept) for d, could_stay, kept, _ in stoppable if could_stay - value(kept) > 0}
+            for dk, n in stops.items():
+                out[dk] = model.exempt.get(dk, 0) + n
+            if stops:
+                waiting += [e for _, _, e in new]
+    return out, waiting
 
 
 def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:

@@ -65,6 +65,7 @@ REPAIR_WORK = 0.1
 # jobs (75k variables), 1.24 at 20k (145k) and 6.9 at 50k (337k), where the budget's cost stage had 6: both its searches
 # ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
 COST_WORK_VARS = 100_000
+PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
 
@@ -194,6 +195,7 @@ class Search:
     stay_answer: list[int] | None = None  # that answer
     infeasible: bool = False  # the last `complete` proved its hint cannot be completed
     held_for_now: list = field(default_factory=list)  # the constraint indices of the holds `release` lets go
+    swap_holds: list = field(default_factory=list)  # those of the swaps tiers (place_more's probe lets them go)
     floors: list = field(default_factory=list)  # the constraint indices of the tiers' other holds (the repair of an idle class lets them go)
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
@@ -356,7 +358,9 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
                with_lp_bound: bool, gap_limit: float, clock: Work, t0: float) -> tuple[Solution, dict[str, int]]:
     """One solve of `solve_one`: (the solution, the stops its tiers' answer makes that are no swaps)."""
     search = Search(problem, budget, clock, workers or WORKERS, seed, gap_limit, t0=t0)
-    search.lap("greedy" if not exempt else "solved again: stops that are no swaps")
+    if exempt:
+        search._since = time.monotonic()  # (the first pass's phases are its own; this one's begin here)
+    search.lap("greedy")
     model = search.model = Model(problem, g, exempt=exempt)
     search.tiers = model.tiers()
     search.cost = model.cost()
@@ -386,7 +390,11 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     search.lap("lp")
     cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     best, reports = solve_tiers(search, best)
-    found = swap_exemptions(model, lambda e: search.value(best, e))
+    search.lap("tiers")
+    found, waiting = swap_exemptions(model, lambda e: search.value(best, e))
+    if found and not place_more(search, best, waiting):
+        found = {}  # (solved again, the answer would be the same: the work waits for more than the stops)
+    search.lap("swaps probe")
     # The moves tiers (objective.moves_tier) only order what the work tiers may use, and stay held through the cost
     # stage; the answer is judged, and compared with greedy's, by the others.
     goals = [i for i, t in enumerate(search.tiers) if not t.released]
@@ -413,6 +421,25 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()}), found
 
 
+def place_more(search: Search, best: list[int], waiting: list) -> bool:
+    """Could more of the `waiting` new work be placed (objective.swap_exemptions) with every tier at least where
+    `best` holds it, the swaps tiers let go? A probe on a copy of the model, within PROBE_WORK: only then is the
+    problem solved again with the stops exempt. (A job added to the applied 5k fleet evicts its tenant's lower job,
+    whose tenant waits at its GPU quota: solved again for it, the same plan took 2.2 s more.)"""
+    goal = sum(waiting)
+    if isinstance(goal, int):
+        return False
+    m = search.m.clone()
+    for at in search.swap_holds:
+        dom = m.proto.constraints[at].linear.domain
+        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    m.maximize(goal)
+    set_full_hints(m, best)
+    s = search.solver_for()
+    st = search.clock.solve(s, m, max(0.05, min(PROBE_WORK, search.left())))
+    return st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value > search.value(best, goal) + 0.5
+
+
 def grow_cost_work(search: Search) -> None:
     """The work left for the cost stage, grown with the model past COST_WORK_VARS variables (the tiers' is as it
     was); the wall-clock safety cap moves by the same work, at WALL_FACTOR seconds for each work-second bought."""
@@ -427,7 +454,10 @@ def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierRe
     """Each tier in turn, held at the best value found before the next: returns the best answer and the reports."""
     reports: list[TierReport] = []
     for i, tier in enumerate(search.tiers):
+        held = len(search.held_for_now)
         best, report = solve_tier(search, tier, best, len(search.tiers) - i)
+        if tier.swaps:
+            search.swap_holds += search.held_for_now[held:]
         reports.append(report)
     return best, reports
 
