@@ -511,6 +511,18 @@ class _Greedy:
         self.idle.setdefault(c.offer_key, []).append(c)
         self.led.remove_instance(inst.key)
 
+    def drop_idle_hosts(self) -> None:
+        """keep_fleet kept every host before placing; one nothing went on goes where no rule needs it (its pool's
+        minimum, the spot rules). Kept, a host a grown gang left empty stood idle in greedy's plan, and the plan after
+        its apply deleted it ("no longer needed": fleet52)."""
+        for key in sorted(k for k, inst in self.opened.items() if isinstance(inst.cap, Host) and not any(inst.items.values())):
+            c = self.opened[key].cap
+            if not pool_min_ok(self.led.pool_count(c.pool) - 1, self.p.pool_bounds.get(c.pool, (0, 0))[0]):
+                continue
+            self._close(self.opened[key])
+            if not self._spot_rules_hold():
+                self._open(c)  # (an idle on-demand host the spot share or the buffer counts, a spot one diversity does)
+
     def pool_minimums(self, order: list[Demand]) -> None:
         """Open the cheapest instances each pool's min_instances still needs (hosts first). Where the budget alone
         refuses them, give up the kept host whose work ranks lowest among those whose price makes room, and try
@@ -718,6 +730,8 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         for _ in range(len(d.jobs) - g.a.placed[d.key]):
             if not _place_resolving(g, d) and not _place_preempting(g, d):
                 break
+    if keep_fleet:
+        g.drop_idle_hosts()
     g.finish()
     return g.a
 

@@ -1062,3 +1062,26 @@ def test_the_plan_after_a_grown_gang_is_evicted_is_a_no_op_on_fleet52():
         again = api.plan(cfg, time_limit=4).plan
         assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
 
+
+def test_greedys_plan_gives_up_the_instance_a_grown_gang_leaves_empty_on_fleet52():
+    """fleet52's edit planned by greedy alone (`--time-limit 0`, and the plan whenever CP-SAT's is not taken): greedy's
+    warm start keeps every host of the fleet before placing, and kept the instance the evicted gang left empty, idle;
+    the plan after its apply deleted it. A host nothing went on goes now where no rule needs it (greedy
+    `drop_idle_hosts`)."""
+    import tempfile
+
+    from reconciler import api
+    from tests.fleetkit import write_config
+    from tests.test_properties import _edit
+
+    f = fleet("fleet52")
+    with tempfile.TemporaryDirectory() as d:
+        cfg = write_config(Path(d) / "c", f.docs)
+        api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
+        write_config(cfg, _edit(f.docs, "grow gang", None))
+        edit = api.plan(cfg, time_limit=0).plan
+        assert len(edit.deletes) == 1 and {j.job: j.action for j in edit.jobs}["j1"] == "evict", edit.deletes
+        api.apply(cfg, saved_plan=edit, time_limit=0, allow_destroy=100)
+        again = api.plan(cfg, time_limit=0).plan
+        assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
+
