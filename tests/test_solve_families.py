@@ -439,3 +439,35 @@ def test_the_cost_stage_gets_more_work_on_a_model_past_its_size(tmp_path, monkey
         search.model = model
         strategy.grow_cost_work(search)
         assert abs(search.budget - budget) < 1e-9 and abs(search.clock.deadline - deadline) < 1e-6
+
+
+def test_a_stop_made_while_all_of_its_tenants_new_work_waits_is_no_swap(tmp_path):
+    """`old` runs on i0 and `new` (its tenant's, its class) waits. The swaps tier counts the less of `old`'s stop and
+    `new`'s placement. An answer that stops `old` and places none of the tenant's new work names `old` as a stop that is
+    no swap (objective.swap_exemptions), with `new`'s placement as the work a probe may try; one that places `new`, or
+    keeps `old`, names nothing. With `old` exempt, the tenant has nothing to swap: no swaps tier."""
+    from reconciler.solve.objective import swap_exemptions
+    from reconciler.solve.variables import evaluate
+
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=2),
+            job("old", priority="low", **A100_1G), job("new", priority="low", **A100_1G)]
+    insts = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")]
+    desired = load(write_config(tmp_path, docs))
+    problem = build_problem(desired, catalog_observed(desired, insts, {"old": ("i0",)}))
+    model = Model(problem)
+    tiers = model.tiers()
+    assert [t.name for t in tiers if t.swaps] == ["running low jobs stopped for their own tenant's work"]
+    old, new = demand(model, "old"), demand(model, "new")
+
+    def answer(kept_old: int, placed_new: int):
+        values = [0] * len(model.m.proto.variables)
+        values[model.krj[old.key].index] = kept_old
+        values[model.placed[old.key].index] = kept_old
+        values[model.placed[new.key].index] = placed_new
+        return swap_exemptions(model, lambda e: evaluate(values, e))
+
+    found, waiting = answer(0, 0)
+    assert found == {old.key: 1} and len(waiting) == 1
+    assert answer(0, 1) == ({}, [])  # its tenant places new work beside the stop: maybe a swap, the tier weighs it
+    assert answer(1, 0) == ({}, [])  # nothing stops
+    assert not [t for t in Model(problem, exempt={old.key: 1}).tiers() if t.swaps]
