@@ -108,6 +108,10 @@ told to make it a plain test).
 - fleet52 (the stable-run exploration): after a grown gang no longer fit and was evicted, the swaps tier counted its
   stop as a swap and held its tenant's new work at 0, CP-SAT's answer ranked below greedy's, and the emitted plan
   (greedy's) kept the instance the gang left empty; the next plan deleted it. The same fix as fleet47's.
+- fleet53, fleet54, fleet55 (the stable-run exploration): a gang grown past its instance's free room was offered no
+  room where its tenant's lower jobs ran (only jobs not running or resized counted as needing room), so the plan of
+  the edit evicted it, bought it an identical instance or evicted another job, and the plan after the apply placed it
+  in the lower jobs' room. A gang running fewer replicas than it asks needs room now (rules.wants_room).
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1085,3 +1089,26 @@ def test_greedys_plan_gives_up_the_instance_a_grown_gang_leaves_empty_on_fleet52
         again = api.plan(cfg, time_limit=0).plan
         assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
 
+
+
+def _j3_of(strategy):
+    """The draw of fleet55's one edit that draws: 'change resources' on j3."""
+    return next(e for e in strategy.elements if e["metadata"]["name"] == "j3")
+
+
+@pytest.mark.parametrize("name, edits, draw", [
+    ("fleet53", ["grow gang"], None),
+    ("fleet54", ["grow gang"], None),
+    ("fleet55", ["change resources", "none", "grow gang"], _j3_of),
+])
+def test_a_grown_gang_takes_its_tenants_lower_jobs_room_in_the_plan_of_the_edit(name, edits, draw):
+    """fleet53-55 (the stable-run exploration, 2026-11-29; the same before this session): a normal zone gang grown by a
+    replica past its instance's free room, its tenant's low jobs beside it. The model offered the grown gang no room
+    where those jobs ran (it counted as new work only jobs not running or resized, not a gang running fewer replicas than
+    it asks), so the plan of the edit evicted it (fleet53: "pools at max_instances"), or bought an identical instance
+    for it (fleet54: "j3 moves from sim-aws-00001 to +1, an identical instance"), or evicted another job for the buffer
+    (fleet55); the plan after the apply then placed it anew in the low jobs' room. A gang running short counts as
+    needing room now (`rules.wants_room`): it grows in place, its tenant's lower jobs stopped, in one plan."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet(name), edits, draw)

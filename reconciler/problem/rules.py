@@ -187,9 +187,12 @@ def _running_use(demands) -> dict[str, dict[str, float]]:
 
 
 def wants_room(d: Demand) -> bool:
-    """Has d jobs that need capacity they do not hold: jobs not running, or running jobs whose resources changed
-    (they restart in the new shape: new work, which may take a lower class's place in its tenant as any may)."""
-    return d.running_jobs < len(d.jobs) or bool(d.reshaped)
+    """Has d jobs that need capacity they do not hold: jobs not running, running jobs whose resources changed
+    (they restart in the new shape: new work, which may take a lower class's place in its tenant as any may), or a
+    gang running fewer replicas than it asks (grown, or short of a reclaimed spot replica). Without the last, a
+    normal gang grown past its instance's free room was offered no room where its tenant's low jobs ran: the plan
+    evicted it, and the plan after the apply placed it anew in those jobs' room (the stable-run exploration)."""
+    return d.running_jobs < len(d.jobs) or bool(d.reshaped) or d.running_items < d.running_jobs * d.replicas
 
 
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
