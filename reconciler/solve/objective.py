@@ -281,7 +281,7 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
 
 def swap_exemptions(model: Model, value) -> tuple[dict[str, int], list]:
     """Running jobs an answer stops while their tenant's new work (the other side of `swap_sides`) waits, none of it
-    placed: (demand key -> jobs, the expressions of that new work placed). `value(expr)`: an expression's value in
+    placed: (demand key -> jobs, that new work as (demand, its placed work)). `value(expr)`: an expression's value in
     the answer. Their stop is not for that work (it all waits, and they stop all the same: a rule, a higher tier,
     another tenant's reclaim, a change that no longer fits), so it is no swap, and a solve with them in `Model.exempt`
     lets the work take the room left. Counted as swaps, they held it back for one plan: the plan after the apply placed
@@ -300,7 +300,7 @@ def swap_exemptions(model: Model, value) -> tuple[dict[str, int], list]:
             for dk, n in stops.items():
                 out[dk] = model.exempt.get(dk, 0) + n
             if stops:
-                waiting += [e for _, _, e in new]
+                waiting += [(d, e) for d, _, e in new]
     return out, waiting
 
 

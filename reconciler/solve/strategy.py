@@ -33,7 +33,7 @@ from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier, swap_exemptions
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
-from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, set_full_hints, set_hints
+from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, scale, set_full_hints, set_hints
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
@@ -426,18 +426,54 @@ def place_more(search: Search, best: list[int], waiting: list) -> bool:
     `best` holds it, the swaps tiers let go? A probe on a copy of the model, within PROBE_WORK: only then is the
     problem solved again with the stops exempt. (A job added to the applied 5k fleet evicts its tenant's lower job,
     whose tenant waits at its GPU quota: solved again for it, the same plan took 2.2 s more.)"""
-    goal = sum(waiting)
+    room = ceiling_room(search, best)
+    waiting = [(d, e) for d, e in waiting if room(d)]
+    goal = sum(e for _, e in waiting)
     if isinstance(goal, int):
         return False
-    m = search.m.clone()
-    for at in search.swap_holds:
+    m = search.m  # (in place, the holds put back after: a copy of the applied 5k fleet's model took 0.1 s)
+    held = [(at, tuple(m.proto.constraints[at].linear.domain)) for at in search.swap_holds]
+    for at, _ in held:
         dom = m.proto.constraints[at].linear.domain
         dom[0], dom[1] = INT64_MIN, INT64_MAX
-    m.maximize(goal)
-    set_full_hints(m, best)
-    s = search.solver_for()
-    st = search.clock.solve(s, m, max(0.05, min(PROBE_WORK, search.left())))
+    try:
+        search.objective(m, goal, "max")
+        set_full_hints(m, best)
+        s = search.solver_for()
+        st = search.clock.solve(s, m, max(0.05, min(PROBE_WORK, search.left())))
+    finally:
+        m.clear_hints()
+        for at, (lo, hi) in held:
+            dom = m.proto.constraints[at].linear.domain
+            dom[0], dom[1] = lo, hi
     return st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value > search.value(best, goal) + 0.5
+
+
+def ceiling_room(search: Search, best: list[int]):
+    """d -> would one more of d's jobs keep its tenant within its ceilings in `best` (the tenants family's rows, read
+    off the answer)? A probe for work whose tenant is at its quota finds nothing (the applied 5k fleet's raised job:
+    0.3 s of probe for a tenant at 2,161 of 2,161 GPUs)."""
+    p, placed = search.model.p, search.model.placed
+    used: dict[str, dict[str, int]] = {}
+
+    def use_of(t: str) -> dict[str, int]:
+        if t not in used:
+            u = used[t] = {}
+            for e in p.demands:
+                if e.tenant == t:
+                    n = search.value(best, placed[e.key])
+                    for dim in p.tenants[t].cap:
+                        u[dim] = u.get(dim, 0) + round(e.req(dim) * scale(dim)) * e.replicas * n
+        return used[t]
+
+    def room(d) -> bool:
+        r = p.tenants.get(d.tenant)
+        if r is None or not r.cap:
+            return True
+        u = use_of(d.tenant)
+        return all(u.get(dim, 0) + round(d.req(dim) * scale(dim)) * d.replicas <= math.floor(limit * scale(dim) + 1e-6)
+                   for dim, limit in r.cap.items() if d.req(dim))
+    return room
 
 
 def grow_cost_work(search: Search) -> None:
