@@ -1112,3 +1112,30 @@ def test_a_grown_gang_takes_its_tenants_lower_jobs_room_in_the_plan_of_the_edit(
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet(name), edits, draw)
+
+
+def test_a_placement_group_gang_grown_by_a_replica_grows_on_the_instance_it_runs_on(tmp_path):
+    """Audit21 (noticed, 2026-11-29): a `gang: placement-group` of 2 x 2 A100s runs on one p4d (8 GPUs); grown to 3
+    replicas it has room for the third beside its own two. The model offered placement-group gangs no room on running
+    instances (their members launch together into the group), so the plan bought an identical p4d in the group, moved
+    the gang whole onto it and deleted the first. The instances a placement-group gang runs on are in its group: it
+    grows there now, and the plan after the apply is a no-op."""
+    from reconciler import api
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+    from tests.invariants import check_plan, check_stability
+
+    def docs(replicas):
+        return [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+                job("g", gpus=2, gpu_type="A100", cpu=8, mem=60, replicas=replicas, gang="placement-group")]
+
+    cfg = write_config(tmp_path / "c", docs(2))
+    api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
+    write_config(cfg, docs(3))
+    res = api.plan(cfg, time_limit=4)
+    check_plan(res.desired, res.observed, res.plan)
+    check_stability(res.desired, res.observed, res.plan)
+    (g,) = res.plan.jobs
+    assert not res.plan.creates and not res.plan.deletes, (res.plan.creates, res.plan.deletes)
+    assert set(g.instances) == set(g.previous) and len(g.instances) == 3 and g.reason.startswith("replicas changed (2 -> 3)"), g
+    api.apply(cfg, saved_plan=res.plan, time_limit=4, allow_destroy=100)
+    assert not api.plan(cfg, time_limit=4).plan.has_changes

@@ -163,15 +163,17 @@ class HostIndex:
             out[t] = set(most[:max(1, pairs // max(n, 1))])
         return out
 
-    def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None) -> list[Capacity]:
+    def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None,
+                   own: tuple[str, ...] = ()) -> list[Capacity]:
         """`warm_hosts`: the hosts the warm start puts this group's new items on; `freed`: hosts where some
-        group's pending work may evict a resident (`freed()`), offered to every group with pending work."""
+        group's pending work may evict a resident (`freed()`), offered to every group with pending work; `own`: for a
+        placement-group gang alone in its group, the hosts it runs on (in its placement group)."""
         t = type_class(rep)
         order = self.order.get(t)
         if not order:
             return []
         picked = set(self.always.get(t, ()))
-        for k in warm_hosts:  # the hint must be expressible (an idle class's members are not here: the class is)
+        for k in (*warm_hosts, *own):  # the hint must be expressible (an idle class's members are not here: the class is)
             tk, i = self.pos.get(k, (None, -1))
             if tk == t:
                 picked.add(i)

@@ -174,7 +174,12 @@ class Model:
         for gk, members_ in problem.groups.items():
             rep = self.demands[members_[0]]
             total = sum(len(self.demands[k].jobs) * self.demands[k].replicas for k in members_)
-            for c in self._group_capacities(rep, hosts_at.candidates(rep, pending_of[gk], warm_hosts.get(gk, []), may_evict, freed), fit_of):
+            # (a placement-group gang's new items go on new instances launched into its group, or, grown, on the
+            # instances it runs on, which are in its group; offered none, a gang grown by a replica with room for it
+            # beside its own moved whole onto an identical new instance)
+            own = tuple(sorted({h for _, hs in rep.running for h in hs})) if rep.gang_mode == "placement-group" and rep.gang \
+                and len(members_) == 1 and len(rep.jobs) == 1 and pending_of[gk] else ()
+            for c in self._group_capacities(rep, hosts_at.candidates(rep, pending_of[gk], warm_hosts.get(gk, []), may_evict, freed, own), fit_of):
                 f = fit_of(rep, c)
                 if f <= 0:
                     continue
