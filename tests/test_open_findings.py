@@ -112,6 +112,11 @@ told to make it a plain test).
   room where its tenant's lower jobs ran (only jobs not running or resized counted as needing room), so the plan of
   the edit evicted it, bought it an identical instance or evicted another job, and the plan after the apply placed it
   in the lower jobs' room. A gang running fewer replicas than it asks needs room now (rules.wants_room).
+- fleet56 (the stable-run exploration): a host whose stays were fewer than the identical jobs running on it had every
+  one of them called staying, and the job left over had no room: "internal: ... no room left" stopped every plan.
+- fleet57 (the same): the probe for a stop that is no swap held every tier at the answer's value, so another
+  tenant's borrowed job held the room the stopped job's tenant's guaranteed work would reclaim; it holds only the
+  tiers ranked above the swaps tier now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1139,3 +1144,32 @@ def test_a_placement_group_gang_grown_by_a_replica_grows_on_the_instance_it_runs
     assert set(g.instances) == set(g.previous) and len(g.instances) == 3 and g.reason.startswith("replicas changed (2 -> 3)"), g
     api.apply(cfg, saved_plan=res.plan, time_limit=4, allow_destroy=100)
     assert not api.plan(cfg, time_limit=4).plan.has_changes
+
+
+def test_a_host_whose_stays_are_fewer_than_its_running_jobs_gives_each_stay_to_one_job_on_fleet56():
+    """fleet56 (the stable-run exploration, 2026-11-29; the same before this session): twelve identical low jobs run
+    four to an instance on three g5.12xlarge (the pool at its max); a critical job added takes one low job's GPU. The
+    answer keeps 11 of the 12 (stays 4, 3 and 4), but the packer called every job on a host with any stay left
+    "staying", chose the first 11 in name order (four on the host with three stays), and the twelfth had no room: every
+    plan of that config stopped with "internal: demand d1:j0 placed 11 jobs but has no room left for j2". Each staying
+    job takes its host's count now, as the items are assigned (plan/assign.choose_jobs)."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet56"), ["interrupt spot", "new job", "raise quota"], _named("j5"))
+
+
+def _named(name: str):
+    """A draw that picks the job named `name` from a sampled_from strategy (a finding's recorded draw)."""
+    return lambda strategy: next(e for e in strategy.elements if e["metadata"]["name"] == name)
+
+
+def test_a_tenants_guaranteed_work_reclaims_borrowed_room_in_the_plan_that_stops_its_gang_on_fleet57():
+    """fleet57 (the stable-run exploration, 2026-11-29; the same before this session): one a2-highgpu-4g under a
+    $15/h budget runs t1's low gang j0; grown to 3 replicas it no longer fits and stops. The plan of that edit gave the
+    room to t2's borrowed gang j3 while t1's guaranteed low work (j10-j14) waited behind j0's stop (the swaps tier),
+    and the plan after the apply evicted j3 to place it. j0's stop is no swap (all of t1's new work waits), and the
+    probe for it now holds only the tiers ranked above the swaps tier of j0's class: held at the answer's borrowed
+    work, it found no room for t1's work and the problem was not solved again."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet57"), ["grow gang"], None)

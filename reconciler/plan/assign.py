@@ -37,9 +37,18 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
         return list(d.jobs)
     running = dict(d.running)
     staying, moving = [], []
+    left = dict(stay_left)  # (each staying job takes its host's count, as assign_items does: counted only as > 0, a
+    # host whose count is 3 of the 4 jobs on it had all 4 called staying, and the 11 of 12 placed left one with no
+    # room, "internal: ... no room left": the stable-run exploration, a critical job taking a low job's room)
     for j in d.jobs:
         if j in running:
-            (staying if any(stay_left.get(h, 0) > 0 for h in running[j]) else moving).append(j)
+            hosts = running[j][: d.replicas] if d.bundle == 1 else running[j][:1]
+            stays = 0
+            for h in hosts:
+                if left.get(h, 0) > 0:
+                    left[h] -= 1
+                    stays += 1
+            (staying if stays else moving).append(j)
     moving.sort(key=lambda j: (-problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
     rest = [j for j in d.jobs if j not in running]
     return (staying + moving + rest)[:n]

@@ -35,7 +35,8 @@ class Tier:
     # Held only while the tiers after it are solved, then let go: an order on what the work tiers may use, not a
     # goal of the plan (moves_tier); the cost stage and the comparisons with greedy do not see it.
     released: bool = False
-    swaps: bool = False  # a swaps tier (swaps_tier), whose hold `strategy.place_more`'s probe lets go
+    swaps: bool = False  # a swaps tier (swaps_tier): `strategy.place_more`'s probe lets it go, and the tiers after it
+    klass: int | None = None  # a swaps tier's class
 
 
 def tiers(model: Model) -> list[Tier]:
@@ -276,7 +277,7 @@ def swaps_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
         terms.append(swapped)
     if not terms:
         return []
-    return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True, swaps=True)]
+    return [Tier(f"running {CLASS_NAMES[c]} jobs stopped for their own tenant's work", sum(terms), "min", 0, released=True, swaps=True, klass=c)]
 
 
 def swap_exemptions(model: Model, value) -> tuple[dict[str, int], list]:

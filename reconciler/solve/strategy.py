@@ -195,7 +195,7 @@ class Search:
     stay_answer: list[int] | None = None  # that answer
     infeasible: bool = False  # the last `complete` proved its hint cannot be completed
     held_for_now: list = field(default_factory=list)  # the constraint indices of the holds `release` lets go
-    swap_holds: list = field(default_factory=list)  # those of the swaps tiers (place_more's probe lets them go)
+    tier_rows: list = field(default_factory=list)  # per tier solved: (tier, the constraint rows its holds took: [from, to))
     floors: list = field(default_factory=list)  # the constraint indices of the tiers' other holds (the repair of an idle class lets them go)
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
@@ -392,7 +392,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     best, reports = solve_tiers(search, best)
     search.lap("tiers")
     found, waiting = swap_exemptions(model, lambda e: search.value(best, e))
-    if found and not place_more(search, best, waiting):
+    if found and not place_more(search, best, waiting, {model.demands[k].klass for k in found}):
         found = {}  # (solved again, the answer would be the same: the work waits for more than the stops)
     search.lap("swaps probe")
     # The moves tiers (objective.moves_tier) only order what the work tiers may use, and stay held through the cost
@@ -421,21 +421,30 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()}), found
 
 
-def place_more(search: Search, best: list[int], waiting: list) -> bool:
-    """Could more of the `waiting` new work be placed (objective.swap_exemptions) with every tier at least where
-    `best` holds it, the swaps tiers let go? A probe on a copy of the model, within PROBE_WORK: only then is the
-    problem solved again with the stops exempt. (A job added to the applied 5k fleet evicts its tenant's lower job,
-    whose tenant waits at its GPU quota: solved again for it, the same plan took 2.2 s more.)"""
+def place_more(search: Search, best: list[int], waiting: list, classes: set[int]) -> bool:
+    """Could more of the `waiting` new work be placed (objective.swap_exemptions), every tier ranked above the swaps
+    tier of the stops' classes held where `best` holds it and the tiers from it on let go? A probe, within PROBE_WORK:
+    only then is the problem solved again with the stops exempt. (Holding every tier, a borrowed job of another tenant
+    kept in `best` held the room the tenant's guaranteed work would reclaim: the plan after the apply did it. A job
+    added to the applied 5k fleet evicts its tenant's lower job, whose tenant waits at its GPU quota: solved again for
+    it, the same plan took 2.2 s more; `ceiling_room` leaves such work out.)"""
     room = ceiling_room(search, best)
     waiting = [(d, e) for d, e in waiting if room(d)]
     goal = sum(e for _, e in waiting)
     if isinstance(goal, int):
         return False
-    m = search.m  # (in place, the holds put back after: a copy of the applied 5k fleet's model took 0.1 s)
-    held = [(at, tuple(m.proto.constraints[at].linear.domain)) for at in search.swap_holds]
-    for at, _ in held:
-        dom = m.proto.constraints[at].linear.domain
-        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    m = search.m  # (in place, the rows put back after: a copy of the applied 5k fleet's model took 0.1 s)
+    start = min((i for i, (t, _, _) in enumerate(search.tier_rows) if t.swaps and t.klass in classes), default=None)
+    if start is None:
+        return False
+    held = []
+    for _, lo, hi in search.tier_rows[start:]:
+        for at in range(lo, hi):
+            c = m.proto.constraints[at]
+            if c.has_linear() and len(c.linear.domain) == 2:  # (a hold: one interval, as add_bound writes it)
+                dom = c.linear.domain
+                held.append((at, (dom[0], dom[1])))
+                dom[0], dom[1] = INT64_MIN, INT64_MAX
     try:
         search.objective(m, goal, "max")
         set_full_hints(m, best)
@@ -490,10 +499,9 @@ def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierRe
     """Each tier in turn, held at the best value found before the next: returns the best answer and the reports."""
     reports: list[TierReport] = []
     for i, tier in enumerate(search.tiers):
-        held = len(search.held_for_now)
+        rows = len(search.m.proto.constraints)
         best, report = solve_tier(search, tier, best, len(search.tiers) - i)
-        if tier.swaps:
-            search.swap_holds += search.held_for_now[held:]
+        search.tier_rows.append((tier, rows, len(search.m.proto.constraints)))
         reports.append(report)
     return best, reports
 
