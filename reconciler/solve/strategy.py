@@ -33,7 +33,8 @@ from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier, swap_exemptions
 from reconciler.solve.parts import merge_parts
 from reconciler.solve.solution import Solution, TierReport
-from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, scale, set_full_hints, set_hints
+from reconciler.solve.tenants import ceiling_rows
+from reconciler.solve.variables import INT64_MAX, INT64_MIN, add_bound, constant, evaluate, flatten, set_full_hints, set_hints
 
 GAP_LIMIT = 0.03  # stop once the cost is provably within 3% of the LP relaxation's bound (--gap)
 EXACT_BELOW = 3000  # variables: models this small are solved to optimality (milliseconds), whatever the gap limit
@@ -459,29 +460,23 @@ def place_more(search: Search, best: list[int], waiting: list, classes: set[int]
 
 
 def ceiling_room(search: Search, best: list[int]):
-    """d -> would one more of d's jobs keep its tenant within its ceilings in `best` (the tenants family's rows, read
-    off the answer)? A probe for work whose tenant is at its quota finds nothing (the applied 5k fleet's raised job:
-    0.3 s of probe for a tenant at 2,161 of 2,161 GPUs)."""
+    """d -> would one more of d's jobs keep its tenant within its quota's ceilings in `best` (tenants.ceiling_rows,
+    read off the answer)? A probe for work whose tenant is at its quota finds nothing (the applied 5k fleet's raised
+    job: 0.3 s of probe for a tenant at 2,161 of 2,161 GPUs)."""
     p, placed = search.model.p, search.model.placed
-    used: dict[str, dict[str, int]] = {}
+    rows: dict[str, list[tuple[dict[str, int], int, int]]] = {}  # tenant -> (units per job, most, units placed)
 
-    def use_of(t: str) -> dict[str, int]:
-        if t not in used:
-            u = used[t] = {}
-            for e in p.demands:
-                if e.tenant == t:
-                    n = search.value(best, placed[e.key])
-                    for dim in p.tenants[t].cap:
-                        u[dim] = u.get(dim, 0) + round(e.req(dim) * scale(dim)) * e.replicas * n
-        return used[t]
+    def rows_of(t: str) -> list[tuple[dict[str, int], int, int]]:
+        if t not in rows:
+            mine = [e for e in p.demands if e.tenant == t]
+            rows[t] = [(coefs, most, sum(c * search.value(best, placed[k]) for k, c in coefs.items()))
+                       for coefs, most in ceiling_rows(mine, p.tenants[t].cap)]
+        return rows[t]
 
     def room(d) -> bool:
-        r = p.tenants.get(d.tenant)
-        if r is None or not r.cap:
+        if d.tenant not in p.tenants or not p.tenants[d.tenant].cap:
             return True
-        u = use_of(d.tenant)
-        return all(u.get(dim, 0) + round(d.req(dim) * scale(dim)) * d.replicas <= math.floor(limit * scale(dim) + 1e-6)
-                   for dim, limit in r.cap.items() if d.req(dim))
+        return all(used + coefs[d.key] <= most for coefs, most, used in rows_of(d.tenant) if d.key in coefs)
     return room
 
 
