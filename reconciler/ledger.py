@@ -1211,8 +1211,27 @@ def staying_ledger(problem) -> Ledger:
     then had no room; its running spot job was counted as taken for a share the fleet keeps, and every plan refused.)"""
     hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
     stay = set(hosts)
+    leaving = jobs_that_must_leave(problem)
     return _as_running(problem, hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running
-                                              if set(ids) <= stay and job not in d.reshaped))
+                                              if set(ids) <= stay and job not in d.reshaped and job not in leaving))
+
+
+def jobs_that_must_leave(problem) -> set[str]:
+    """Running jobs that cannot stay where they run by their own rules (a spot-required job on an on-demand host, an
+    allowlist or latency cap the host breaks, a gang split over zones): they move or stop whatever a plan does, so
+    the fleet that can stay does not hold them. (fleet59: t2's spot share held only with its spot-required j5 on an
+    on-demand host; without it t2 ran all its work on spot, so its j0 had to go too, and apply's re-check refused the
+    plan that stopped it: every plan of that fleet was refused.)"""
+    from reconciler.problem.rules import fit, gang_split
+
+    hosts = {c.instance_id: c for c in problem.hosts()}
+    out = set()
+    for d in problem.demands:
+        for job, ids in d.running:
+            on = [hosts.get(i) for i in ids]
+            if any(h is not None and fit(d, h) == 0 for h in on) or (d.gang and gang_split(d, on)):
+                out.add(job)
+    return out
 
 
 _BROKEN_NOW: list = []  # [(a weak reference to the problem, its rules broken now)]: asked by the model, the objective,
@@ -1229,7 +1248,8 @@ def rules_broken_now(problem) -> dict[str, str]:
         return _BROKEN_NOW[0][1]
     out = running_ledger(problem).broken_rules()
     # (the staying fleet is the running one unless an instance must go or a job changed: 0.18 s at 11.7k hosts)
-    if any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped for d in problem.demands):
+    if any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped for d in problem.demands) \
+            or jobs_that_must_leave(problem):
         out = staying_ledger(problem).broken_rules() | out
     _BROKEN_NOW[:] = [(weakref.ref(problem), out)]
     return out

@@ -735,9 +735,13 @@ def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
     tenant budgets and spot shares, the spot share, buffer and diversity)? Then something must
     give. The fleet as it runs is checked as a plan that keeps everything where it is; and then
     without the jobs whose resources changed (they restart, so they cannot stay as they run: a tenant's
-    spot share that holds only with such a job, which then has no room, may take its spot work, fleet37)."""
+    spot share that holds only with such a job, which then has no room, may take its spot work, fleet37), nor the jobs
+    whose placement a rule breaks (they must leave where they run: t2's spot share held only with its spot-required
+    j5 on an on-demand host; without it t2 ran all its work on spot, and its j0 had to go too, fleet59)."""
+    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
     return _broken_as(desired, observed, lambda name: True) or _broken_as(
-        desired, observed, lambda name: not reshaped(desired.jobs[name], observed))
+        desired, observed, lambda name: not reshaped(desired.jobs[name], observed)
+        and _legal_now(desired.jobs[name], observed, desired, empty))
 
 
 def _broken_as(desired: DesiredState, observed: Observed, stays) -> bool:

@@ -120,8 +120,9 @@ told to make it a plain test).
 - fleet58 (the same, open, strict xfail): a normal job whose zone does not matter is offered a zone class, and a new
   instance bought through a zone's offer (for jobs whose zone matters) holds none of the class's items in the model;
   the plan after the apply, where that instance is a host, evicts a low job for it.
-- fleet59 (the slow property tier, open, strict xfail): of two identical running jobs, one on a host a rule makes it
-  leave, the plan evicted the one that could stay and put the other in its place.
+- fleet59 (the slow property tier): a tenant's spot share held only with its spot-required job on an on-demand host;
+  the plan rightly evicted its other job too, and apply's re-check refused it. The fleet that can stay leaves out
+  the jobs a rule moves now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1201,12 +1202,11 @@ def test_the_plan_after_a_raised_budget_is_applied_is_a_no_op_on_fleet58():
     check_stable_run(fleet("fleet58"), ["lower budget"], lambda strategy: 60.0)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet59: open: of two identical running jobs, the one that could stay is evicted and the one a rule moves takes its place")
-def test_the_job_that_could_stay_is_kept_when_its_twin_must_leave_on_fleet59():
-    """fleet59 (the slow property tier, 2026-11-29, the end of the session; the same before it): t2's j0 and j5 are
-    identical spot-required jobs (one demand), j0 on the spot g5.xlarge i0, j5 on the on-demand i1, which a spot-required
-    job must leave; t2's spot share lets one of them run on spot. The plan keeps one job of the demand and evicts j0
-    ("the instances that could hold it are full"), putting j5 on i0 in its place: j0, which could stay, is stopped for
-    its tenant's job of its class that a rule moves. Open: which of a demand's jobs the answer keeps (its stays, the
-    victims tier, `assign.choose_jobs`) when one of them must leave."""
+def test_a_tenant_spot_share_that_holds_only_with_a_job_that_must_leave_licenses_its_other_jobs_on_fleet59():
+    """fleet59 (the slow property tier, 2026-11-29, the end of the session; the same before it): t2's only jobs, j0 and
+    j5, are spot-required, and its spot share is 0.5. j0 runs on the spot i0, j5 on the on-demand i1, which it must
+    leave. Without j5, t2 runs all its work on spot, so j0 must go too, and CP-SAT's plan evicts both. Apply's re-check
+    (and the stability oracle) read the fleet as it runs, where the share holds, and as it can stay without only
+    resized jobs: they called j0's eviction unlicensed and refused the plan, so every plan of that fleet was refused.
+    The fleet that can stay leaves out the jobs a rule moves now (`ledger.jobs_that_must_leave`)."""
     check_fleet(fleet("fleet59"), time_limit=5)
