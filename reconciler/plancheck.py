@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from reconciler.ledger import (QuotaBook, budget_ok, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
+from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
                               running_ledger)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
@@ -247,9 +247,14 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
     # every plan that healed a critical gang in a low job's room after a spot interruption, tests/data/findings/fleet31.txt)
+    # (and a running job a rule moves, placed elsewhere: it needs room as new work does, the model's wants_room and
+    # forced movers; refusing its evictions refused every plan of a fleet whose normal spot-required job had to leave
+    # an on-demand host for its tenant's low job's spot room, fleet60)
+    leaving = jobs_that_must_leave(problem)
     arriving = [(demand_of[j.job].tenant, demand_of[j.job].klass) for j in plan.jobs if j.job in demand_of and (
         j.action == "place" or j.action in ("keep", "move") and (
-            j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle))]
+            j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle
+            or j.action == "move" and j.job in leaving))]
     errors = []
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]

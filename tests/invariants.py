@@ -809,6 +809,8 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
     market and price to the one it leaves, which is deleted."""
     placed_before = {j for j, ids in observed.placements.items() if ids}
     placed_now = {jc.job for jc in plan.jobs if jc.action in ("keep", "place", "move")}
+    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
+    must_leave = {j for j in placed_before if j in desired.jobs and not _legal_now(desired.jobs[j], observed, desired, empty)}
     broken = None
     for jc in plan.jobs:
         if jc.action != "evict":
@@ -819,10 +821,10 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
             continue
         klass = priority_class(job.spec.priority_weight())
         if desired.placement.preemption == "LowerPriority" and any(
-                k in placed_now and (k not in placed_before or changed(desired.jobs[k], observed))
+                k in placed_now and (k not in placed_before or changed(desired.jobs[k], observed) or k in must_leave)
                 and desired.jobs[k].spec.tenant == t and priority_class(desired.jobs[k].spec.priority_weight()) > klass
                 for k in desired.jobs):
-            continue  # a higher class of its tenant
+            continue  # a higher class of its tenant (new, changed, or running where a rule moves it: README, it counts as new work)
         q = desired.tenants[t].spec.quota if t in desired.tenants else None
         use = _use_now(desired, observed, t)
         if q is not None and any(q.cap(k) is not None and use[k] > q.cap(k) + EPS for k in DIMS):

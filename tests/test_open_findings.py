@@ -123,6 +123,8 @@ told to make it a plain test).
 - fleet59 (the slow property tier): a tenant's spot share held only with its spot-required job on an on-demand host;
   the plan rightly evicted its other job too, and apply's re-check refused it. The fleet that can stay leaves out
   the jobs a rule moves now.
+- fleet60 (the slow property tier): a normal job a rule moved took its tenant's low job's room; apply's re-check
+  counted only jobs placed anew, resized or healed as arriving work and refused the plan. Movers arrive too now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1210,3 +1212,13 @@ def test_a_tenant_spot_share_that_holds_only_with_a_job_that_must_leave_licenses
     resized jobs: they called j0's eviction unlicensed and refused the plan, so every plan of that fleet was refused.
     The fleet that can stay leaves out the jobs a rule moves now (`ledger.jobs_that_must_leave`)."""
     check_fleet(fleet("fleet59"), time_limit=5)
+
+
+def test_a_running_job_a_rule_moves_may_take_its_tenants_lower_jobs_room_on_fleet60():
+    """fleet60 (the slow property tier, 2026-11-29, right after fleet59's fix; the same before this session): t2's
+    normal, spot-required j5 runs on the on-demand i1, which it must leave; the only spot room is t2's low j0's on i0.
+    CP-SAT moves j5 there and evicts j0: a higher class of its tenant, which a running job a rule moves counts as
+    (README: it needs room as new work does). Apply's re-check (and the stability oracle) counted only jobs placed
+    anew, resized or healed as arriving work, refused the plan, and so every plan of the fleet. A job a rule moves,
+    placed elsewhere, arrives too now."""
+    check_fleet(fleet("fleet60"), time_limit=5)
