@@ -1060,6 +1060,16 @@ def test_the_plan_after_a_grown_gang_is_evicted_is_a_no_op_on_fleet52():
     swap for its tenant's new 1-GPU jobs and held them at 0, so CP-SAT's answer ranked below greedy's. The stop is no
     swap (the jobs wait, and it stops all the same: objective.swap_exemptions): solved again, CP-SAT's plan places the
     jobs and deletes the emptied instance, and is emitted."""
+    edit, again = _fleet52_grown(time_limit=4)
+    assert edit.solver.status != "GREEDY_FALLBACK", edit.solver.note
+    # (the instance goes because its one job stops, not for a cheaper packing)
+    assert [d.reason for d in edit.deletes] == ["emptied: every job on it stops in this plan (their reasons say why)"], edit.deletes
+    assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
+
+
+def _fleet52_grown(time_limit: float):
+    """fleet52 planned and applied (time_limit 4), its gang grown, planned and applied at `time_limit`, planned again
+    at it: (the edit's plan, the plan after its apply)."""
     import tempfile
 
     from reconciler import api
@@ -1071,13 +1081,9 @@ def test_the_plan_after_a_grown_gang_is_evicted_is_a_no_op_on_fleet52():
         cfg = write_config(Path(d) / "c", f.docs)
         api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
         write_config(cfg, _edit(f.docs, "grow gang", None))
-        edit = api.plan(cfg, time_limit=4).plan
-        assert edit.solver.status != "GREEDY_FALLBACK", edit.solver.note
-        # (the instance goes because its one job stops, not for a cheaper packing)
-        assert [d.reason for d in edit.deletes] == ["emptied: every job on it stops in this plan (their reasons say why)"], edit.deletes
-        api.apply(cfg, saved_plan=edit, time_limit=4, allow_destroy=100)
-        again = api.plan(cfg, time_limit=4).plan
-        assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
+        edit = api.plan(cfg, time_limit=time_limit).plan
+        api.apply(cfg, saved_plan=edit, time_limit=time_limit, allow_destroy=100)
+        return edit, api.plan(cfg, time_limit=time_limit).plan
 
 
 def test_greedys_plan_gives_up_the_instance_a_grown_gang_leaves_empty_on_fleet52():
@@ -1085,34 +1091,20 @@ def test_greedys_plan_gives_up_the_instance_a_grown_gang_leaves_empty_on_fleet52
     warm start keeps every host of the fleet before placing, and kept the instance the evicted gang left empty, idle;
     the plan after its apply deleted it. A host nothing went on goes now where no rule needs it (greedy
     `drop_idle_hosts`)."""
-    import tempfile
-
-    from reconciler import api
-    from tests.fleetkit import write_config
-    from tests.test_properties import _edit
-
-    f = fleet("fleet52")
-    with tempfile.TemporaryDirectory() as d:
-        cfg = write_config(Path(d) / "c", f.docs)
-        api.apply(cfg, saved_plan=api.plan(cfg, time_limit=4).plan, time_limit=4, allow_destroy=100)
-        write_config(cfg, _edit(f.docs, "grow gang", None))
-        edit = api.plan(cfg, time_limit=0).plan
-        assert len(edit.deletes) == 1 and {j.job: j.action for j in edit.jobs}["j1"] == "evict", edit.deletes
-        api.apply(cfg, saved_plan=edit, time_limit=0, allow_destroy=100)
-        again = api.plan(cfg, time_limit=0).plan
-        assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
+    edit, again = _fleet52_grown(time_limit=0)
+    assert len(edit.deletes) == 1 and {j.job: j.action for j in edit.jobs}["j1"] == "evict", edit.deletes
+    assert not again.has_changes, ([(x.instance_id, x.reason) for x in again.deletes], [(j.job, j.action) for j in again.jobs if j.action != "keep"])
 
 
-
-def _j3_of(strategy):
-    """The draw of fleet55's one edit that draws: 'change resources' on j3."""
-    return next(e for e in strategy.elements if e["metadata"]["name"] == "j3")
+def _named(name: str):
+    """A draw that picks the job named `name` from a sampled_from strategy (a finding's recorded draw)."""
+    return lambda strategy: next(e for e in strategy.elements if e["metadata"]["name"] == name)
 
 
 @pytest.mark.parametrize("name, edits, draw", [
     ("fleet53", ["grow gang"], None),
     ("fleet54", ["grow gang"], None),
-    ("fleet55", ["change resources", "none", "grow gang"], _j3_of),
+    ("fleet55", ["change resources", "none", "grow gang"], _named("j3")),
 ])
 def test_a_grown_gang_takes_its_tenants_lower_jobs_room_in_the_plan_of_the_edit(name, edits, draw):
     """fleet53-55 (the stable-run exploration, 2026-11-29; the same before this session): a normal zone gang grown by a
@@ -1165,11 +1157,6 @@ def test_a_host_whose_stays_are_fewer_than_its_running_jobs_gives_each_stay_to_o
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet56"), ["interrupt spot", "new job", "raise quota"], _named("j5"))
-
-
-def _named(name: str):
-    """A draw that picks the job named `name` from a sampled_from strategy (a finding's recorded draw)."""
-    return lambda strategy: next(e for e in strategy.elements if e["metadata"]["name"] == name)
 
 
 def test_a_tenants_guaranteed_work_reclaims_borrowed_room_in_the_plan_that_stops_its_gang_on_fleet57():
