@@ -46,6 +46,7 @@ def _micro(usd: float) -> int:
     return round(usd * 1_000_000)
 DIMS = ("gpus", "cpu", "memory_gib")
 _NO_GPU = InstanceShape("", "", 0, None, 0, 0, {})  # a type the catalog does not know
+_NO_CHANGES = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]  # the fleet as it runs
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,8 @@ def _guaranteed_running(desired: DesiredState, observed: Observed, tenant: str) 
     # (a tenant without a quota is unlimited: everything it runs is inside its guarantee)
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     used = dict.fromkeys(DIMS, 0.0)
-    nothing = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
     whole = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
-    stays = [j for j in whole if _legal_now(j, observed, desired, nothing)]  # (a job that cannot stay where it runs is not kept there)
+    stays = [j for j in whole if _legal_now(j, observed, desired, _NO_CHANGES)]  # (a job that cannot stay where it runs is not kept there)
     out: tuple[list[str], list[str]] = ([], [])
     for part, jobs in zip(out, (stays, [j for j in whole if j not in stays])):
         for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), -job_size(j), j.name)):  # (largest first in a class)
@@ -738,15 +738,14 @@ def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
     spot share that holds only with such a job, which then has no room, may take its spot work, fleet37), nor the jobs
     whose placement a rule breaks (they must leave where they run: t2's spot share held only with its spot-required
     j5 on an on-demand host; without it t2 ran all its work on spot, and its j0 had to go too, fleet59)."""
-    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
     return _broken_as(desired, observed, lambda name: True) or _broken_as(
         desired, observed, lambda name: not reshaped(desired.jobs[name], observed)
-        and _legal_now(desired.jobs[name], observed, desired, empty))
+        and _legal_now(desired.jobs[name], observed, desired, _NO_CHANGES))
 
 
 def _broken_as(desired: DesiredState, observed: Observed, stays) -> bool:
     """Does the fleet with its running jobs `stays(name)` where they run break a rule the checks know?"""
-    hosts = fleet_after(observed, Plan("", "", "", "", (), (), (), 0.0, 0.0, None), desired)  # type: ignore[arg-type]
+    hosts = fleet_after(observed, _NO_CHANGES, desired)
     jobs = []
     for name, ids in sorted(observed.placements.items()):
         if name in desired.jobs and ids and all(i in hosts for i in ids) and stays(name):
@@ -809,8 +808,7 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
     market and price to the one it leaves, which is deleted."""
     placed_before = {j for j, ids in observed.placements.items() if ids}
     placed_now = {jc.job for jc in plan.jobs if jc.action in ("keep", "place", "move")}
-    empty = Plan("", "", "", "", (), (), (), 0.0, 0.0, None)  # type: ignore[arg-type]
-    must_leave = {j for j in placed_before if j in desired.jobs and not _legal_now(desired.jobs[j], observed, desired, empty)}
+    must_leave = {j for j in placed_before if j in desired.jobs and not _legal_now(desired.jobs[j], observed, desired, _NO_CHANGES)}
     broken = None
     for jc in plan.jobs:
         if jc.action != "evict":

@@ -28,7 +28,7 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     by_key = {d.key: d for d in demands}
     # (and running work that must leave where it runs: it needs room as new work does, fleet49)
     forced = forced_items(demands, hosts)
-    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.running_items < d.running_jobs * d.replicas or d.key in forced)]
+    pending = [d for d in demands if d.key not in hopeless and (wants_room(d) or d.key in forced)]
     # Fleet-wide states that force a look at everything.
     if not budget_ok(sum(micro(h.price) for h in hosts), desired.guardrails.max_hourly_budget):
         return set()

@@ -220,7 +220,8 @@ def moves_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]
 
 def swap_sides(model: Model, c: int, limit: dict[str, int | None]) -> dict[str, tuple[list, list]]:
     """Per tenant, the two sides of a swap at class c (`swaps_tier`): its running class-c demands that could stay,
-    as (demand, jobs that could stay, kept, forced), and its demands with new work of class c or below (any class,
+    as (demand, jobs that could stay, kept, whether it keeps jobs past those: a rule moves some, or some are exempt),
+    and its demands with new work of class c or below (any class,
     under preemption: Never), as (demand, most new work, new work placed) in job sizes. Running jobs a rule moves,
     and those `Model.exempt` names (stopped in an answer that held their tenant's new work back: `swap_exemptions`),
     are not on the first side."""
@@ -240,7 +241,7 @@ def swap_sides(model: Model, c: int, limit: dict[str, int | None]) -> dict[str, 
         forced = limit.get(d.key) or 0
         could_stay = 0 if d.gang and forced else max(0, running - forced - model.exempt.get(d.key, 0))
         if d.klass == c and could_stay and constant(kept) is None:
-            stoppable.append((d, could_stay, kept, forced or d.key in model.exempt))
+            stoppable.append((d, could_stay, kept, bool(forced) or d.key in model.exempt))
         if len(d.jobs) > running and not model.placed.is_zero(d.key):
             new.append((d, d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
     return by_tenant
