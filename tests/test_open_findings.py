@@ -117,9 +117,9 @@ told to make it a plain test).
 - fleet57 (the same): the probe for a stop that is no swap held every tier at the answer's value, so another
   tenant's borrowed job held the room the stopped job's tenant's guaranteed work would reclaim; it holds only the
   tiers ranked above the swaps tier now.
-- fleet58 (the same, open, strict xfail): a normal job whose zone does not matter is offered a zone class, and a new
-  instance bought through a zone's offer (for jobs whose zone matters) holds none of the class's items in the model;
-  the plan after the apply, where that instance is a host, evicts a low job for it.
+- fleet58 (the same): the room a consolidation frees was searched with every tier held at least at its floor, so a
+  low job placed anew kept room its tenant's normal job wanted, and the plan after the apply evicted it for that job.
+  claim_room searches the tiers again in their order now (the floors below a raised tier let go).
 - fleet59 (the slow property tier): a tenant's spot share held only with its spot-required job on an on-demand host;
   the plan rightly evicted its other job too, and apply's re-check refused it. The fleet that can stay leaves out
   the jobs a rule moves now.
@@ -1171,21 +1171,17 @@ def test_a_tenants_guaranteed_work_reclaims_borrowed_room_in_the_plan_that_stops
     check_stable_run(fleet("fleet57"), ["grow gang"], None)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet58: open: a zone class's items cannot share a new instance bought through a zone's offer; the next plan evicts a low job for a normal one")
 def test_the_plan_after_a_raised_budget_is_applied_is_a_no_op_on_fleet58():
-    """fleet58 (the stable-run exploration, 2026-11-29, the end of the session; the same before it; at the default
-    limit too): the fleet budget raised from $15 to $60/h. With running work held where it runs (the moves tier), the
-    tiers reach 'guaranteed high work' 0 and 'guaranteed normal work' 70. The consolidation then moves the running
-    jobs for cost, and `claim_room` places the high gang j6 in the room they free (the plan reports the tier at 700,
-    FEASIBLE); the tiers after it are held at what that answer reaches, not searched again, so t1's low j3 takes the
-    new spot a2-highgpu-8g while t1's normal, spot-required j7 waits. The plan after the apply evicts j3 for j7 (a
-    higher class of its tenant: licensed; 'guaranteed normal work' 210), so it is not a no-op. Cause, found at the end
-    of the session: j7's zone does not matter to it, so its group is offered the zone class
-    `gcp-a100/*/a2-highgpu-8g/spot`, while j3 and the moved jobs use the zone offer in us-central1-b. In the model a new
-    instance belongs to one capacity, so j7 cannot share the new spot instance with them (and the pool is at its max
-    of 2); after the apply that instance is a host, which both may use. (Searching the lower tiers again in the
-    consolidated answer, tried, left j7 pending for that reason.) Open: new instances a zone class and its zones' offers
-    could share."""
+    """fleet58 (the stable-run exploration, 2026-11-29; the same before that session; at the default limit too): the
+    fleet budget raised from $15 to $60/h. With running work held where it runs (the moves tier), the tiers reach
+    'guaranteed high work' 0 and 'guaranteed normal work' 70. The consolidation then moves the running jobs for cost,
+    and `claim_room` searched for more work in the room they free with every tier held at least where it was: so t1's
+    high j25 took room, but t1's normal, spot-required j7 could take the room of t1's low j3 (placed anew) only by
+    bringing 'guaranteed low work' below its floor of 50, and waited. The plan after the apply evicted j3 for j7 (a
+    higher class of its tenant: licensed), so it was not a no-op. (Found first as a zone class and a zone offer that
+    could not share an instance; they can: the floors were the cause.) claim_room searches the tiers again in their
+    order now, each from where the ones above it are held, the floors below let go, as the tiers would have ordered
+    the room had it been free when they were solved; the cost's bound is taken again at the tiers it reaches."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet58"), ["lower budget"], lambda strategy: 60.0)

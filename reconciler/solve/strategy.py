@@ -198,6 +198,8 @@ class Search:
     held_for_now: list = field(default_factory=list)  # the constraint indices of the holds `release` lets go
     tier_rows: list = field(default_factory=list)  # per tier solved: (tier, the constraint rows its holds took: [from, to))
     floors: list = field(default_factory=list)  # the constraint indices of the tiers' other holds (the repair of an idle class lets them go)
+    floor_rows: list = field(default_factory=list)  # their rows in the LP (None: held in the model only)
+    cost_cuts: list = field(default_factory=list)  # the constraint indices of the cost's cuts (cost >= its bound at the floors)
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
@@ -272,15 +274,32 @@ class Search:
         vs, cs, off = self.flat(expr)
         at = len(self.m.proto.constraints)
         add_bound(self.m, expr, (vs, cs, off), value, sense)
+        row = None
+        if not released and lp:
+            row = self.lp.add(vs, cs, off, value, 2**62) if sense == "max" else self.lp.add(vs, cs, off, -(2**62), value)
+            self.lp_rows += 1
         if released:
             if not vs:
                 raise SolverError("internal: a released hold has no variable")
             self.held_for_now.append(at)
-        elif vs and expr is not self.cost:
+        elif vs and expr is self.cost:
+            self.cost_cuts.append(at)
+        elif vs:
             self.floors.append(at)
-        if not released and lp:
-            self.lp.add(vs, cs, off, value, 2**62) if sense == "max" else self.lp.add(vs, cs, off, -(2**62), value)
-            self.lp_rows += 1
+            self.floor_rows.append(row)
+
+    def let_go_floors(self) -> None:
+        """Every tier's floor and the cost's cuts let go, in the model and its LP (their rows stay, bounded by
+        nothing): for an answer better by the tiers in their order that some tier below ranks worse in (claim_room).
+        The cuts go too: a bound of the cost at the old floors is none at the new ones."""
+        for at in self.floors + self.cost_cuts:
+            dom = self.m.proto.constraints[at].linear.domain
+            dom[0], dom[1] = INT64_MIN, INT64_MAX
+        for row in self.floor_rows:
+            if row is not None:
+                row.SetBounds(-self.lp.inf, self.lp.inf)
+        self.floors, self.floor_rows, self.cost_cuts = [], [], []
+        self.lp_rows += 1  # (the LP changed: cost_lp solves it again)
 
     def release(self) -> None:
         """Let go of every hold made with `released`: its row stays in the model, bounded by nothing."""
@@ -615,12 +634,21 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
         return hint, value, lb, status, reports
     # The consolidated answer, its running work where it is and its freed room taken: its stays fixed, each tier held
     # at what it reaches (a tier it raised is not proven best: its bound was the held answer's), then the cost.
+    reached = [search.value(claimed, t.expr) for t in search.tiers]
+    if any(improves(r.value, v, t.sense) for t, r, v in zip(search.tiers, reports, reached)):
+        # A tier below one it raised ranks worse (a higher class took a lower one's room): the floors it is under
+        # go, and so does the bound of the cost at them. The cost's LP at the tiers it reaches, with running work
+        # free to move as the bound was, is the bound (before the stays are fixed: this answer's stays only).
+        search.let_go_floors()
+        for t, v in zip(search.tiers, reached):
+            search.hold(t.expr, v, t.sense)
+        res = search.cost_lp()
+        lb = res[0] if res is not None else None
+    else:
+        for t, v in zip(search.tiers, reached):
+            search.hold(t.expr, v, t.sense)
     search.fix(search.model.stay.variables(), hint)
-    out = []
-    for t, r in zip(search.tiers, reports):
-        v = search.value(claimed, t.expr)
-        search.hold(t.expr, v, t.sense)
-        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
+    out = [r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds) for r, v in zip(reports, reached)]
     hint, value, _, _ = cost_stage(search, claimed)  # (its bound is for these stays only: the plan is measured against lb)
     # No answer keeping running work where it runs places this work, so none is what the moves save against
     # (Consolidation.saving_per_hour: not measured): a consolidation that pays freed the room the work took.
@@ -630,24 +658,40 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
 
 
 def claim_room(search: Search, answer: list[int]) -> list[int] | None:
-    """An answer placing more pending work than `answer` with its running work where `answer` puts it (every stay as
-    it has it, each tier held at least there): a search of a copy of the model for any tier better, bounded in work,
-    so room it does not find is room the next plan may fill (new work, no move). None if it finds none."""
-    goals = [t.expr * (1 if t.sense == "max" else -1) for t in search.tiers]
-    if not goals:
+    """An answer better by the tiers than `answer`, in their order, with its running work where `answer` puts it
+    (every stay as it has it): the tiers searched again one by one on a copy of the model, each held where its
+    search leaves it before the next, from `answer` and within CLAIM_WORK in all, so room it does not find is room
+    the next plan may fill (new work, no move). The floors the tiers set before the moves are let go: a higher class
+    may take room that a lower class's new work has in `answer`, as the tiers would have given it had the room been
+    free when they were solved. (Each tier held at least at its floor, a consolidation's room went to t1's low j3
+    while its normal j7 waited, and the plan after the apply evicted j3 for j7: fleet58.) None if it finds none."""
+    tiers = search.tiers
+    if not tiers:
         return None
     sub = search.m.clone()
     for v in search.model.stay.variables():
         dom = sub.proto.variables[v.index].domain
         dom[0], dom[1] = answer[v.index], answer[v.index]
-    now = sum(search.value(answer, t.expr) * (1 if t.sense == "max" else -1) for t in search.tiers)
-    sub.maximize(sum(goals))
-    set_full_hints(sub, answer)
-    s = search.solver_for()
-    st = search.clock.solve(s, sub, max(0.1, min(CLAIM_WORK, search.left())))
-    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and s.objective_value > now + 0.5:
-        return list(s.response_proto.solution)
-    return None
+    for at in search.floors + search.cost_cuts:
+        dom = sub.proto.constraints[at].linear.domain
+        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    best, spent = answer, 0.0
+    for k, t in enumerate(tiers):
+        v = search.value(best, t.expr)
+        if not reaches(v, t.bound, t.sense) and spent < CLAIM_WORK:
+            search.objective(sub, t.expr, t.sense)
+            set_full_hints(sub, best)
+            s = search.solver_for()
+            st = search.clock.solve(s, sub, max(0.02, min((CLAIM_WORK - spent) / (len(tiers) - k), search.left())))
+            spent += s.response_proto.deterministic_time
+            sub.clear_hints()
+            if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and improves(s.objective_value, v, t.sense):
+                best = list(s.response_proto.solution)
+                v = search.value(best, t.expr)
+        add_bound(sub, t.expr, search.flat(t.expr), v, t.sense)
+    if not better([search.value(best, t.expr) for t in tiers], [search.value(answer, t.expr) for t in tiers], tiers):
+        return None
+    return best
 
 
 def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[list[int], float] | None:
