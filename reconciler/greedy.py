@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, spot_share_ok
-from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, rules_allow, stuck_gangs,
+from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, refuses, rules_allow, stuck_gangs,
                                 type_class)
 
 
@@ -260,7 +260,7 @@ class _Greedy:
                 return
             iids = iids[:1]
         cells = [hosts.get(i) for i in iids]
-        if any(c is None or c.keep_blocker is not None or self.fits(d, c) == 0 for c in cells):
+        if any(c is None or refuses(d, c, self.fits) for c in cells):
             return
         if len(iids) != d.replicas:
             self.to_heal.append((d, cells))  # after the kept fleet is settled

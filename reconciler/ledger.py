@@ -1217,21 +1217,16 @@ def staying_ledger(problem, leaving: set[str] | None = None) -> Ledger:
 
 
 def jobs_that_must_leave(problem) -> set[str]:
-    """Running jobs that cannot stay where they run by their own rules (a spot-required job on an on-demand host, an
-    allowlist or latency cap the host breaks, a gang split over zones): they move or stop whatever a plan does, so
-    the fleet that can stay does not hold them. (fleet59: t2's spot share held only with its spot-required j5 on an
-    on-demand host; without it t2 ran all its work on spot, so its j0 had to go too, and apply's re-check refused the
-    plan that stopped it: every plan of that fleet was refused.)"""
-    from reconciler.problem.rules import fit, gang_split
+    """Running jobs that cannot stay where they run by their own rules (rules.cannot_stay: a host that must go or no
+    longer allows them, a gang split over zones): they move or stop whatever a plan does, so the fleet that can stay
+    does not hold them, and placed elsewhere they arrive as new work does. (fleet59: t2's spot share held only with
+    its spot-required j5 on an on-demand host; without it t2 ran all its work on spot, so its j0 had to go too, and
+    apply's re-check refused the plan that stopped it: every plan of that fleet was refused. A job leaving a removed
+    pool for its tenant's low job's room was not counted here, and the re-check refused that plan too.)"""
+    from reconciler.problem.rules import cannot_stay
 
     hosts = {c.instance_id: c for c in problem.hosts()}
-    out = set()
-    for d in problem.demands:
-        for job, ids in d.running:
-            on = [hosts.get(i) for i in ids]
-            if any(h is not None and fit(d, h) == 0 for h in on) or (d.gang and gang_split(d, on)):
-                out.add(job)
-    return out
+    return {job for d in problem.demands for job, ids in d.running if cannot_stay(d, [hosts.get(i) for i in ids])}
 
 
 _BROKEN_NOW: list = []  # [(a weak reference to the problem, its rules broken now)]: asked by the model, the objective,

@@ -54,7 +54,7 @@ from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licen
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
-from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, fit, gang_split, over_cap_tenants, placement_refusal
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
 
@@ -260,8 +260,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
         d, ids = demand_of[jc.job], observed.placements[jc.job]
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
-        if any(i not in hosts or hosts[i].keep_blocker is not None or placement_refusal(d, hosts[i]) is not None
-               or fit(d, hosts[i]) == 0 for i in ids) or gang_split(d, [hosts[i] for i in ids]):
+        if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
         if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
             continue  # higher-class work of its own tenant takes its place

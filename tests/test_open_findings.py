@@ -125,6 +125,8 @@ told to make it a plain test).
   the jobs a rule moves now.
 - fleet60 (the slow property tier): a normal job a rule moved took its tenant's low job's room; apply's re-check
   counted only jobs placed anew, resized or healed as arriving work and refused the plan. Movers arrive too now.
+- fleet61 (made by hand from fleet60, 2026-11-29): the same with the job leaving a removed pool; the re-check's list
+  of jobs that cannot stay missed a host that must go, and refused the plan. One definition now (rules.cannot_stay).
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1205,3 +1207,12 @@ def test_a_running_job_a_rule_moves_may_take_its_tenants_lower_jobs_room_on_flee
     anew, resized or healed as arriving work, refused the plan, and so every plan of the fleet. A job a rule moves,
     placed elsewhere, arrives too now."""
     check_fleet(fleet("fleet60"), time_limit=5)
+
+
+def test_a_running_job_leaving_a_removed_pool_may_take_its_tenants_lower_jobs_room_on_fleet61():
+    """fleet61 (made by hand from fleet60, 2026-11-29, after noticing three copies of "cannot stay where it runs"):
+    t2's normal j5 runs on i1, in a pool no longer in the config; the only room is t2's low j0's on i0 (the pool at
+    max_instances). CP-SAT moves j5 there and evicts j0, as in fleet60. The model's forced moves counted a host that
+    must go, but `jobs_that_must_leave` (which apply's re-check reads for the movers that arrive as new work) did
+    not: the re-check refused the plan, so every plan of the fleet. Both read rules.cannot_stay now."""
+    check_fleet(fleet("fleet61"), time_limit=5)

@@ -214,7 +214,8 @@ def forced_moves(problem: "Problem") -> dict[str, int]:
 
 
 def forced_items(demands, host_list) -> dict[str, int]:
-    """forced_moves of these demands on these hosts (the freezer asks before the Problem exists)."""
+    """forced_moves of these demands on these hosts (the freezer asks before the Problem exists): the items on a host
+    that refuses them, and every item of a gang that runs split (`cannot_stay`'s reasons, counted per item)."""
     by_key = {d.key: d for d in demands}
     hosts = {c.instance_id: c for c in host_list}
     # A running gang that breaks its gang mode as it runs (replicas in two zones, say) moves whole.
@@ -222,9 +223,25 @@ def forced_items(demands, host_list) -> dict[str, int]:
     out: dict[str, int] = {}
     for h in host_list:
         for dk, job, n in h.residents:
-            if dk in by_key and (h.keep_blocker is not None or fit(by_key[dk], h) == 0 or (dk, job) in split):
+            if dk in by_key and ((dk, job) in split or refuses(by_key[dk], h)):
                 out[dk] = out.get(dk, 0) + n
     return out
+
+
+def refuses(d: Demand, h, fits=None) -> bool:
+    """Whether a host cannot keep d's work running on it: it must go (keep_blocker: its pool removed or drifted from,
+    a region or cloud the guardrails no longer allow) or no longer fits d (a spot-required job on on-demand, an
+    allowlist or latency cap it breaks). `fits`: fit, or a caller's cached OfferFits."""
+    return h.keep_blocker is not None or (fits or fit)(d, h) == 0
+
+
+def cannot_stay(d: Demand, hosts: list, fits=None) -> bool:
+    """The one definition of a running job that cannot stay where it runs by its own rules, whatever a plan does: a
+    host of it refuses it (`refuses`), or it is a gang that breaks its gang mode as it runs (split over zones; a
+    same-instance gang over instances). `hosts`: the hosts of its replicas, None for one lost (no reason: the job is
+    healed around its survivors). The model moves its items (forced_items), apply's re-check and the fleet that can
+    stay count it as arriving work (ledger.jobs_that_must_leave), its tenant's guarantee does not protect it."""
+    return any(h is not None and refuses(d, h, fits) for h in hosts) or gang_split(d, hosts)
 
 
 def stuck_gangs(p: "Problem") -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from reconciler.ledger import quota_ok
 from reconciler.model import DesiredState, quota_guarantee
-from reconciler.problem.rules import gang_split, placement_refusal
+from reconciler.problem.rules import cannot_stay
 from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules
 
 
@@ -30,9 +30,7 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         # Nor a gang running split (over zones, or a same-instance gang over instances): it must move whole.
         whole = [(d, job, iids) for d in by_tenant.get(name, []) for job, iids in d.running
                  if len(iids) == d.replicas * d.bundle and job not in d.reshaped]
-        stays = {job for d, job, iids in whole
-                 if all(i in host_of and host_of[i].keep_blocker is None and placement_refusal(d, host_of[i]) is None for i in iids)
-                 and not gang_split(d, [host_of[i] for i in iids])}
+        stays = {job for d, job, iids in whole if all(i in host_of for i in iids) and not cannot_stay(d, [host_of[i] for i in iids])}
         used = {dim: 0.0 for dim in DIMS}
         kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used)
         # Then, in what the guarantee has left, the running jobs that must move (their instance must go or no
