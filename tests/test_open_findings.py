@@ -127,6 +127,10 @@ told to make it a plain test).
   counted only jobs placed anew, resized or healed as arriving work and refused the plan. Movers arrive too now.
 - fleet61 (made by hand from fleet60, 2026-11-29): the same with the job leaving a removed pool; the re-check's list
   of jobs that cannot stay missed a host that must go, and refused the plan. One definition now (rules.cannot_stay).
+- fleet62 (the stable-run exploration with the new edits): a low gang grown from 2 to 3 replicas stopped its tenant's
+  running low job for the quota: the ledger counted the gang at 3 replicas as it ran 2 (its tenant "over its
+  ceiling" now, so anything of it could stop), and the tiers counted the grown gang as running work kept. It ranks as
+  new work now (rules.settled_jobs) and the fleet as it runs holds the replicas that run (Demand.as_it_runs).
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1216,3 +1220,16 @@ def test_a_running_job_leaving_a_removed_pool_may_take_its_tenants_lower_jobs_ro
     must go, but `jobs_that_must_leave` (which apply's re-check reads for the movers that arrive as new work) did
     not: the re-check refused the plan, so every plan of the fleet. Both read rules.cannot_stay now."""
     check_fleet(fleet("fleet61"), time_limit=5)
+
+
+def test_a_gang_grown_past_its_tenants_ceiling_waits_rather_than_stop_its_tenants_job_of_its_class_on_fleet62():
+    """fleet62 (the stable-run exploration with the remove-pool and move-allowlist edits, 2026-11-29; the same before
+    this session): t3 (guarantee 4 GPUs, ceiling 12) runs its low 2 x 2-GPU gang j1, j4, j7 and the 1-GPU j8: 11 GPUs.
+    j1 grown to 3 replicas needs 13. The plan stopped j8 for j1's third replica: a swap (README, Stability: a grown
+    gang ranks as new work and never takes the place of its tenant's running jobs of its class). Two causes: the fleet
+    as it runs counted j1 at the 3 replicas it asks (the ledger books a job's quota at its replicas), so t3 read over
+    its ceiling now and any of its work could go; and the tiers counted the grown j1 as running work kept. Now j1 is
+    stopped and waits ("quota exhausted: tenant t3 uses 7/12 GPUs in this plan, the job needs 6 more")."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet62"), ["grow gang"], lambda strategy: None)

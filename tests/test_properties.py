@@ -430,7 +430,8 @@ def test_the_greedy_warm_start_is_a_solution_of_the_model(fleet):
 
 # ---------------------------------------------------------------- stability (issue 18)
 
-EDITS = ("none", "raise quota", "grow gang", "change resources", "interrupt spot", "lower budget", "new job")
+EDITS = ("none", "raise quota", "grow gang", "change resources", "interrupt spot", "lower budget", "new job", "remove pool",
+         "move allowlist")
 
 
 def _edit(docs: list[dict], kind: str, draw) -> list[dict]:
@@ -470,7 +471,32 @@ def _edit(docs: list[dict], kind: str, draw) -> list[dict]:
         new["metadata"] = {"name": "added"}
         new["spec"] = dict(new["spec"], priority="critical")
         docs.append(new)
+    elif kind == "remove pool" and (pools := _removable_pools(docs)):
+        gone = draw(st.sampled_from(pools))  # its instances must go; a job pinned to it alone may go anywhere now
+        docs = [d for d in docs if not (d["kind"] == "Pool" and d["metadata"]["name"] == gone)]
+        for d in docs:
+            if d["kind"] == "Job" and gone in d["spec"].get("pools", ()):
+                left = [p for p in d["spec"]["pools"] if p != gone]
+                d["spec"] = {k: v for k, v in d["spec"].items() if k != "pools"} | ({"pools": left} if left else {})
+    elif kind == "move allowlist" and jobs:
+        d = draw(st.sampled_from([d for d in docs if d["kind"] == "Job"]))  # pinned to one pool that serves its kind
+        res = d["spec"]["resources"]
+        kinds = {None: {"cpu"}, "A10G": {"a10g"}, "A100": {"a100", "a100nv", "gang8", "gang2"},
+                 "A100-80GB": {"mig"} if res.get("mig") else {"a100-80"}}[res.get("gpu_type")]
+        serves = {p.name: set(p.serves) for p in POOLS}
+        d["spec"] = {k: v for k, v in d["spec"].items() if k not in ("pools", "clouds", "regions")}
+        d["spec"]["pools"] = [draw(st.sampled_from(sorted(x["metadata"]["name"] for x in docs if x["kind"] == "Pool"
+                                                          and serves[x["metadata"]["name"]] & kinds)))]
     return docs
+
+
+def _removable_pools(docs: list[dict]) -> list[str]:
+    """The pools whose kinds of work another pool serves too, and no Reservation names (without them, a job's GPU
+    type or a Reservation would have no pool: a config error, which the loader's tests check)."""
+    names = [d["metadata"]["name"] for d in docs if d["kind"] == "Pool"]
+    serves = {p.name: set(p.serves) for p in POOLS}
+    reserved = {"aws-a100"} if any(d["kind"] == "Reservation" for d in docs) else set()  # (its p4d: fleets_with_rules)
+    return [n for n in names if n not in reserved and serves[n] <= set().union(*(serves[o] for o in names if o != n))]
 
 
 def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:

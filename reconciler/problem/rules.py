@@ -192,7 +192,17 @@ def wants_room(d: Demand) -> bool:
     gang running fewer replicas than it asks (grown, or short of a reclaimed spot replica). Without the last, a
     normal gang grown past its instance's free room was offered no room where its tenant's low jobs ran: the plan
     evicted it, and the plan after the apply placed it anew in those jobs' room (the stable-run exploration)."""
-    return d.running_jobs < len(d.jobs) or bool(d.reshaped) or d.running_items < d.running_jobs * d.replicas
+    return d.running_jobs < len(d.jobs) or settled_jobs(d) < d.running_jobs
+
+
+def settled_jobs(d: Demand) -> int:
+    """d's running jobs that may run on as they run: not restarted in a new shape (Demand.reshaped), and running whole
+    (a gang grown by a replica, or short of a reclaimed one, restarts or heals: it needs capacity it does not hold).
+    The rest rank as new work: the tiers keeping running work do not count them, so they never take the place of
+    their tenant's running jobs of their class (README, Stability). (Counted there, t3's low gang grown from 2 to 3
+    replicas kept its third replica by stopping t3's running low j8 for the quota, a swap.)"""
+    whole = d.replicas * d.bundle
+    return sum(1 for job, ids in d.running if job not in d.reshaped and len(ids) >= whole)
 
 
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:

@@ -95,13 +95,22 @@ class Demand:
 
     def as_it_runs(self, job: str) -> Demand:
         """This demand as running job `job` runs now: in the shape it was placed with, where its resources changed
-        since (the fleet as it runs, which apply's re-check compares a plan with, holds it so)."""
+        since, and with the replicas it runs (a gang grown or short of a replica: its quota counts what runs, as
+        rules._running_use does; counted at the replicas it asks, a gang grown from 2 to 3 read its tenant over its
+        ceiling now, and any of the tenant's work could be stopped for it, a swap). The fleet as it runs, which apply's
+        re-check compares a plan with, holds it so."""
+        d = self
         for j, (gpus, gpu_type, mig, nvlink, cpu, mem) in self.ran_as:
             if j == job:
                 b = self.bundle
-                return replace(self, gpus=gpus * b, gpu_type=gpu_type, mig=(mig[0], mig[1] * b) if mig else None, nvlink=nvlink,
-                               cpu=cpu * b, memory_gib=mem * b, reshaped=frozenset(), ran_as=())
-        return self
+                d = replace(self, gpus=gpus * b, gpu_type=gpu_type, mig=(mig[0], mig[1] * b) if mig else None, nvlink=nvlink,
+                            cpu=cpu * b, memory_gib=mem * b, reshaped=frozenset(), ran_as=())
+                break
+        if self.replicas > 1:  # (a gang: one job, so `running` holds one entry at most)
+            items = next((len(ids) // self.bundle for j, ids in self.running if j == job), self.replicas)
+            if 0 < items != self.replicas:
+                d = replace(d, replicas=items)
+        return d
 
     def req(self, dim: str) -> float:
         if dim == "gpus":

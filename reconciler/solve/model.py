@@ -5,7 +5,7 @@ depends on it, and the plan digests prove it unchanged): instances (`use`: new p
 per host, kept per idle class), residents that stay (`stay`), new items per group and capacity
 (`x`, only where the host index says they could land), the new instances of offers modelled one
 by one and their items (`on`, `z`: slots.py, only where counts are small), then jobs placed per demand with their
-guaranteed/borrowed split and the running jobs kept (`placed`, `g`, `b`, `krj`, `krg`, `krb`).
+guaranteed/borrowed split and the running jobs kept (`placed`, `g`, `b`, `krj`, of them as they run `krs`, `krg`, `krb`).
 Each container is a `Values`: a variable for what the model decides, a frozen int for what it
 does not. The constraint families (one module each) read these and add rows; a test may build
 the model with only some of them (`families`) to check one family alone."""
@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
 from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants,
-                                type_class, wants_room)
+                                settled_jobs, type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
@@ -225,7 +225,7 @@ class Model:
         define the split (g + b = placed, kept within placed); the rules on them are the families'."""
         m, p = self.m, self.p
         self.placed, self.g, self.b = Values(), Values(), Values()
-        self.krj, self.krg, self.krb = Values(), Values(), Values()
+        self.krj, self.krs, self.krg, self.krb = Values(), Values(), Values(), Values()
         finite = {t for t, r in p.tenants.items()
                   if any(r.cap.get(dim, math.inf) > v + 1e-9 for dim, v in r.guarantee.items())}
         for d in p.demands:
@@ -244,14 +244,24 @@ class Model:
                 else:
                     k = self.krj[d.key] = m.new_int_var(0, min(n, r), f"krj[{d.key}]")
                     m.add(k <= pl)
-                if d.tenant in finite:
-                    kg = self.krg[d.key] = m.new_int_var(0, min(n, r), f"krg[{d.key}]")
-                    kb = self.krb[d.key] = m.new_int_var(0, min(n, r), f"krb[{d.key}]")
+                # Of them, the jobs kept as they run: a job restarted in a new shape, or a gang grown or short of a
+                # replica, is kept only as new work is placed (rules.settled_jobs), never counted as running work kept.
+                s = min(n, settled_jobs(d))
+                if s == r:
+                    ks = self.krs[d.key] = k
+                elif s == 0:
+                    ks = self.krs[d.key] = 0
+                else:
+                    ks = self.krs[d.key] = m.new_int_var(0, s, f"krs[{d.key}]")
+                    m.add(ks <= k)
+                if d.tenant in finite and s:
+                    kg = self.krg[d.key] = m.new_int_var(0, s, f"krg[{d.key}]")
+                    kb = self.krb[d.key] = m.new_int_var(0, s, f"krb[{d.key}]")
                     m.add(kg <= self.g[d.key])
                     m.add(kb <= self.b[d.key])
-                    m.add(kg + kb <= k)
+                    m.add(kg + kb <= ks)
                 else:
-                    self.krg[d.key], self.krb[d.key] = k, 0
+                    self.krg[d.key], self.krb[d.key] = ks, 0
 
     def kept_items(self, d: Demand):
         """Items of a running demand's kept jobs: a gang's every running item while it is placed, but no more than it

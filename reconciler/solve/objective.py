@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
-from reconciler.problem import Demand
+from reconciler.problem import Demand, settled_jobs
 from reconciler.solve.variables import Values, constant, scale, wsum
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def running_tiers(model: Model, c: int, kept: Values, label: str) -> list[Tier]:
     if not ds:
         return []
     return [Tier(f"{label} running {CLASS_NAMES[c]} jobs kept", wsum([(d.job_size, kept[d.key]) for d in ds]), "max",
-                 sum(d.job_size * min(d.running_jobs, len(d.jobs)) for d in ds))]
+                 sum(d.job_size * min(settled_jobs(d), len(d.jobs)) for d in ds))]
 
 
 def moves_tier(model: Model, c: int, limit: dict[str, int | None]) -> list[Tier]:
@@ -233,15 +233,16 @@ def swap_sides(model: Model, c: int, limit: dict[str, int | None]) -> dict[str, 
         if d.klass > c and not above or limit.get(d.key, 0) is None:
             continue
         stoppable, new = by_tenant.setdefault(d.tenant, ([], []))
-        kept = model.krj[d.key] if d.running_jobs else 0
-        running = min(d.running_jobs, len(d.jobs))
+        kept = model.krs[d.key] if d.running_jobs else 0  # (kept as they run: rules.settled_jobs)
+        running = min(settled_jobs(d), len(d.jobs))
         # (only jobs that could stay where they run: one a rule moves, kept nowhere, is not stopped for new work; counted,
         # a low job whose latency cap its instance broke, with no room left in reach, held its tenant's every new low
         # job at 0 through the work tiers: 6 of 7 came back after the release, a CPU job stayed pending)
         forced = limit.get(d.key) or 0
-        could_stay = 0 if d.gang and forced else max(0, running - forced - model.exempt.get(d.key, 0))
+        could_stay = 0 if d.gang and forced else max(0, min(running, d.running_jobs - forced) - model.exempt.get(d.key, 0))
         if d.klass == c and could_stay and constant(kept) is None:
             stoppable.append((d, could_stay, kept, bool(forced) or d.key in model.exempt))
+        # (new work: jobs not running, and those that run but not as they may run on: a new shape, a gang grown or short)
         if len(d.jobs) > running and not model.placed.is_zero(d.key):
             new.append((d, d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
     return by_tenant
