@@ -131,6 +131,9 @@ told to make it a plain test).
   running low job for the quota: the ledger counted the gang at 3 replicas as it ran 2 (its tenant "over its
   ceiling" now, so anything of it could stop), and the tiers counted the grown gang as running work kept. It ranks as
   new work now (rules.settled_jobs) and the fleet as it runs holds the replicas that run (Demand.as_it_runs).
+- fleet63 (the exploration, right after fleet62's fix): a gang grown past its instance moved in greedy's plan; its
+  move counted as one for other work, so CP-SAT's tiers stopped it, ranked below greedy, and greedy's plan (not the
+  cheapest) was emitted, so the next plan consolidated. A gang that restarts may move where it restarts now.
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1233,3 +1236,16 @@ def test_a_gang_grown_past_its_tenants_ceiling_waits_rather_than_stop_its_tenant
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet62"), ["grow gang"], lambda strategy: None)
+
+
+def test_a_grown_gang_may_move_where_it_restarts_on_fleet63():
+    """fleet63 (the stable-run exploration, 2026-11-29, after fleet62's fix; not before it): t3's low 2 x 2-GPU gang j1
+    on a 4-GPU spot a2-highgpu-4g, grown to 3 replicas, no longer fits there, and the gcp pool is at its max of 3
+    instances. Once a grown gang ranked as new work (fleet62),
+    nothing kept it running above the moves tier, whose count took its move to a new instance for a move for other
+    work: CP-SAT stopped j1, ranked below greedy's plan (which moved it) and emitted greedy's plan, whose next plan
+    consolidated j2 onto the new p4d. A gang that runs other replicas than it asks restarts, so its running items may
+    move where it restarts (moves.must_move, as a resized job's), and CP-SAT moves it."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet63"), ["grow gang"], lambda strategy: None)

@@ -431,7 +431,7 @@ def test_the_greedy_warm_start_is_a_solution_of_the_model(fleet):
 # ---------------------------------------------------------------- stability (issue 18)
 
 EDITS = ("none", "raise quota", "grow gang", "change resources", "interrupt spot", "lower budget", "new job", "remove pool",
-         "move allowlist")
+         "move allowlist", "fail a create")
 
 
 def _edit(docs: list[dict], kind: str, draw) -> list[dict]:
@@ -466,9 +466,9 @@ def _edit(docs: list[dict], kind: str, draw) -> list[dict]:
         for d in docs:
             if d["kind"] == "GuardrailPolicy":
                 d["spec"]["max_hourly_budget"] = draw(st.sampled_from([20.0, 60.0]))
-    elif kind == "new job" and jobs:
+    elif kind in ("new job", "fail a create") and jobs:  # (fail a create: a new job, whose apply's first create fails)
         new = dict(draw(st.sampled_from(jobs)))
-        new["metadata"] = {"name": "added"}
+        new["metadata"] = {"name": "added" if kind == "new job" else "added-late"}
         new["spec"] = dict(new["spec"], priority="critical")
         docs.append(new)
     elif kind == "remove pool" and (pools := _removable_pools(docs)):
@@ -505,6 +505,7 @@ def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:
     and plan again: a plan right after an apply changes nothing."""
     from providers.sim import SimCloud
     from reconciler import api
+    from reconciler.errors import ApplyError
     from reconciler.state import state_dir
 
     with tempfile.TemporaryDirectory() as d:
@@ -525,6 +526,19 @@ def check_stable_run(fleet: Fleet, edits: list[str], draw) -> None:
             res = api.plan(cfg, time_limit=4, now=now)
             check_plan(res.desired, res.observed, res.plan, now=now)
             check_stability(res.desired, res.observed, res.plan)
+            if kind == "fail a create" and res.plan.creates:
+                # An ordinary capacity error on the first create: the apply fails part-way, and the plan of the fleet it
+                # leaves keeps every rule; with the capacity back, its apply converges as any does.
+                c = res.plan.creates[0]
+                sim = SimCloud(state_dir(cfg))
+                sim.exhaust(c.zone, c.instance_type, c.market)
+                with pytest.raises(ApplyError):
+                    api.apply(cfg, saved_plan=res.plan, time_limit=4, allow_destroy=100)
+                sim.exhaust(c.zone, c.instance_type, c.market, restore=True)
+                now = datetime.now(timezone.utc)
+                res = api.plan(cfg, time_limit=4, now=now)
+                check_plan(res.desired, res.observed, res.plan, now=now)
+                check_stability(res.desired, res.observed, res.plan)
             api.apply(cfg, saved_plan=res.plan, time_limit=4, allow_destroy=100)
             now = datetime.now(timezone.utc)
             again = api.plan(cfg, time_limit=4, now=now)

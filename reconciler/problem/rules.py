@@ -201,8 +201,13 @@ def settled_jobs(d: Demand) -> int:
     The rest rank as new work: the tiers keeping running work do not count them, so they never take the place of
     their tenant's running jobs of their class (README, Stability). (Counted there, t3's low gang grown from 2 to 3
     replicas kept its third replica by stopping t3's running low j8 for the quota, a swap.)"""
-    whole = d.replicas * d.bundle
-    return sum(1 for job, ids in d.running if job not in d.reshaped and len(ids) >= whole)
+    return sum(1 for job, ids in d.running if runs_settled(d, job, ids))
+
+
+def runs_settled(d: Demand, job: str, ids) -> bool:
+    """Whether running job `job` of d, on instances `ids`, may run on as it runs (settled_jobs). One that may not
+    restarts or heals, so its running items may move where it restarts (moves.must_move): no move for other work."""
+    return job not in d.reshaped and len(ids) >= d.replicas * d.bundle
 
 
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:

@@ -23,11 +23,15 @@ def moved_items(model: Model) -> dict[str, object]:
 
 def must_move(model: Model) -> dict[str, int]:
     """Demand key -> the items that move whatever is decided: forced off their instance, or restarted
-    anyway because the job's resources changed (it may restart elsewhere)."""
+    anyway because the job's resources changed or a gang runs other replicas than it asks (grown, or short of a
+    reclaimed one: rules.runs_settled), so it may restart elsewhere. (A grown gang's move counted as one for other
+    work held it where it could not grow, and it was stopped where greedy moved it.)"""
+    from reconciler.problem import runs_settled
+
     out = {}
     for dk in model.moved:
         d = model.demands[dk]
-        out[dk] = model.forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if j in d.reshaped)
+        out[dk] = model.forced.get(dk, 0) + sum(len(h) // d.bundle for j, h in d.running if not runs_settled(d, j, h))
     return out
 
 
