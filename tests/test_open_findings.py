@@ -134,6 +134,10 @@ told to make it a plain test).
 - fleet63 (the exploration, right after fleet62's fix): a gang grown past its instance moved in greedy's plan; its
   move counted as one for other work, so CP-SAT's tiers stopped it, ranked below greedy, and greedy's plan (not the
   cheapest) was emitted, so the next plan consolidated. A gang that restarts may move where it restarts now.
+- fleet64 (the exploration with the new edits): under preemption: Never, a pool removed moved t3's j4 into the room
+  of t3's running j5 of its class: the swaps tier, let go with the moves tiers for the consolidation, no longer
+  held, and apply's re-check refused the plan. A consolidation stops nothing the held answer keeps now
+  (strategy.keep_running), and a mover whose demand keeps others that may stay arrives (Model.arrived).
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1249,3 +1253,19 @@ def test_a_grown_gang_may_move_where_it_restarts_on_fleet63():
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet63"), ["grow gang"], lambda strategy: None)
+
+
+def test_a_consolidation_makes_no_stop_for_its_tenants_own_work_on_fleet64():
+    """fleet64 (the stable-run exploration with the remove-pool edit, 2026-11-29; the same before this session, with
+    the edit): preemption: Never, a $40/h budget. Pool gcp-a100 is removed, so t3's j4 must leave its instance; the
+    only other A100 pool (aws-a100, max 1) runs an on-demand p4d full with t1's j14, t3's j19 and j20 and t3's
+    spot-never j5. With running work held (the moves tiers), j4 has no room and stops. The consolidation let go of
+    the moves tiers and, with them, of the swaps tiers: its cost stage swapped the on-demand p4d for a cheaper spot one,
+    moved everything there but j5 (spot: never) and put j4 in j5's place, a stop for the tenant's own work of its
+    class. Apply's re-check refused the plan (so every plan of the fleet). A consolidation's cost stage keeps every
+    running job the held answer keeps now (strategy.keep_running: it moves work for cost, and the room it frees goes
+    to pending work by the tiers' order); and j4 shares its demand with j19, which may stay, so it counts as arriving
+    work where it goes (Model.arrived: the swaps tier sees it)."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet64"), ["remove pool"], lambda strategy: "gcp-a100")

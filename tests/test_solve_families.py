@@ -471,3 +471,53 @@ def test_a_stop_made_while_all_of_its_tenants_new_work_waits_is_no_swap(tmp_path
     assert answer(0, 1) == ({}, [])  # its tenant places new work beside the stop: maybe a swap, the tier weighs it
     assert answer(1, 0) == ({}, [])  # nothing stops
     assert not [t for t in Model(problem, exempt={old.key: 1}).tiers() if t.swaps]
+
+
+def _least_swaps(model: Model, klass: int, fixed: list[tuple[object, int]]) -> int:
+    """The least value of the swaps tier of class `klass` (objective.swaps_tier) with these variables fixed."""
+    from reconciler.solve.objective import tiers
+
+    tier = next(t for t in tiers(model) if t.swaps and t.klass == klass)
+    sub = model.m.clone()
+    for v, n in fixed:
+        dom = sub.proto.variables[v.index].domain
+        dom[0], dom[1] = n, n
+    sub.minimize(tier.expr)
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    assert s.solve(sub) == cp_model.OPTIMAL
+    return round(s.objective_value)
+
+
+def test_the_swaps_tier_counts_a_job_a_rule_moves_as_arriving_where_it_goes(tmp_path):
+    """t's normal spot-required `mover` runs on an on-demand g5 it must leave; t's normal `sibling` runs on a spot g5.
+    The mover placed in the sibling's room with the sibling stopped is a stop for the tenant's own work of its class
+    (as apply's re-check counts a mover: fleet60): the swaps tier counts it. (It counted only jobs not running, so the
+    tier read 0 and cost or the victims tier chose between the two.)"""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="either", hi=2),
+            job("sibling", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="normal", spot="eligible"),
+            job("mover", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="normal", spot="required")]
+    insts = [instance("i0", "p", "aws", "us-east-1", "us-east-1a", "g5.xlarge", market="spot"),
+             instance("i1", "p", "aws", "us-east-1", "us-east-1a", "g5.xlarge")]
+    model = model_of(tmp_path, docs, ("capacity", "items", "tenants"), insts, {"sibling": ("i0",), "mover": ("i1",)})
+    sibling, mover = demand(model, "sibling"), demand(model, "mover")
+    fixed = [(model.krj[sibling.key], 0), (model.placed[mover.key], 1)]
+    assert _least_swaps(model, sibling.klass, fixed) == sibling.job_size
+    assert _least_swaps(model, sibling.klass, [(model.krj[sibling.key], 1), (model.placed[mover.key], 0)]) == 0
+
+
+def test_the_swaps_tier_counts_a_mover_that_shares_its_demand_with_jobs_that_may_stay(tmp_path):
+    """`a` and `b` are identical (one demand); `a` runs in pool q, no longer in the config, `b` on a p4d it may stay
+    on; t's `other`, of the same class, runs beside `b`. Both of a and b kept (a moved) with `other` stopped is a stop
+    for the tenant's own work: the swaps tier counts the mover past the jobs that may stay (Model.arrived; fleet64)."""
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+            job("a", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="normal", spot="never"),
+            job("b", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="normal", spot="never"),
+            job("other", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="normal", spot="never", expected_hours=5)]
+    insts = [instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge"),
+             instance("i1", "q", "aws", "us-east-1", "us-east-1b", "p4d.24xlarge")]
+    model = model_of(tmp_path, docs, ("capacity", "items", "tenants"), insts, {"b": ("i0",), "other": ("i0",), "a": ("i1",)})
+    ab, other = demand(model, "a"), demand(model, "other")
+    assert ab is demand(model, "b") and ab is not other
+    assert _least_swaps(model, other.klass, [(model.krj[other.key], 0), (model.krj[ab.key], 2)]) == other.job_size
+    assert _least_swaps(model, other.klass, [(model.krj[other.key], 1), (model.krj[ab.key], 1)]) == 0

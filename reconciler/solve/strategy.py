@@ -621,7 +621,11 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     if constant(search.cost) is not None or value is None or search.model.p.placement.consolidation == "WhenEmpty":
         return hint, value, lb, status, reports
     held, held_value, held_stay = hint, value, (search.stay_value, search.stay_answer)
-    hint, value, lb, status = cost_stage(search, held)
+    restore = keep_running(search, held)
+    try:
+        hint, value, lb, status = cost_stage(search, held)
+    finally:
+        restore()
     search.lap("consolidate")
     # (Crumbs: a saving within the gap limit of the held answer's cost is no consolidation. A cold plan stops within that
     # gap of its bound, so the plan right after its apply, whose best answer is no cheaper than that bound, never moves
@@ -655,6 +659,25 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     search.stay_value, search.stay_answer = None, None
     search.lap("consolidate")
     return hint, value, lb, status_of(value, lb) if lb is not None else status, out
+
+
+def keep_running(search: Search, answer: list[int]):
+    """Every running job `answer` keeps, kept (the lower bounds of the kept-jobs variables, in the model only: the LP
+    stays a relaxation): a consolidation moves work for cost and stops none of it. With the moves tiers let go, the
+    swaps tiers go too, and the cost stage, at the same tiers, stopped t3's running spot-never j5 for t3's j4, which a
+    removed pool moved, to put both on a cheaper spot p4d: a stop for its tenant's own work of its class, which apply's
+    re-check refused (fleet64). The room a consolidation frees goes to pending work after it (claim_room). Returns
+    the function that puts the bounds back."""
+    saved = []
+    for v in search.model.krj.variables():
+        dom = search.m.proto.variables[v.index].domain
+        saved.append((dom, dom[0]))
+        dom[0] = max(dom[0], answer[v.index])
+
+    def restore() -> None:
+        for dom, lo in saved:
+            dom[0] = lo
+    return restore
 
 
 def claim_room(search: Search, answer: list[int]) -> list[int] | None:
