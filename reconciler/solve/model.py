@@ -136,7 +136,8 @@ class Model:
         self.x = Values()
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
-        room = {h.key: free_room(h, self.demands) for h in self.hosts if not h.frozen and h.keep_blocker is None}
+        unsettled = frozenset(d.key for d in problem.demands if d.running_jobs and settled_jobs(d) < d.running_jobs)
+        room = {h.key: free_room(h, self.demands, unsettled) for h in self.hosts if not h.frozen and h.keep_blocker is None}
         warm_hosts: dict[str, list[str]] = {}  # group -> hosts the warm start puts its new items on
         for (dk, ck), n in (warm.x.items() if warm else ()):
             if n and ck in room:
