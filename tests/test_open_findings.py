@@ -137,7 +137,7 @@ told to make it a plain test).
 - fleet64 (the exploration with the new edits): under preemption: Never, a pool removed moved t3's j4 into the room
   of t3's running j5 of its class: the swaps tier, let go with the moves tiers for the consolidation, no longer
   held, and apply's re-check refused the plan. A consolidation stops nothing the held answer keeps now
-  (strategy.keep_running), and a mover whose demand keeps others that may stay arrives (Model.arrived).
+  (strategy.keep_running).
 - fleet38 (audit19, slow; a 150-job hand-made config, not reduced): under a short work limit (`--time-limit 6`) the
   plan after a cold apply evicted t4's j123 while placing t4's new work of its class: the warm start's completion summed
   the tiers unscaled, the fair share outweighed the guarantees, and the tiers' floors were far below greedy's own
@@ -1264,8 +1264,7 @@ def test_a_consolidation_makes_no_stop_for_its_tenants_own_work_on_fleet64():
     moved everything there but j5 (spot: never) and put j4 in j5's place, a stop for the tenant's own work of its
     class. Apply's re-check refused the plan (so every plan of the fleet). A consolidation's cost stage keeps every
     running job the held answer keeps now (strategy.keep_running: it moves work for cost, and the room it frees goes
-    to pending work by the tiers' order); and j4 shares its demand with j19, which may stay, so it counts as arriving
-    work where it goes (Model.arrived: the swaps tier sees it)."""
+    to pending work by the tiers' order)."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet64"), ["remove pool"], lambda strategy: "gcp-a100")
@@ -1298,3 +1297,15 @@ def test_a_reservation_freed_by_a_delete_is_used_in_the_same_plan_on_fleet66():
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet66"), ["remove pool", "raise quota"], lambda strategy: "gcp-cpu")
+
+
+def test_a_job_a_rule_moves_does_not_hold_its_tenants_new_work_back_on_fleet67():
+    """fleet67 (the stable-run exploration on up to 45 jobs, 2026-11-29; caused by a first fix of fleet64 that counted
+    a job a rule moves as new work in the swaps tier, and not before it): pool gcp-a100 removed, t1's critical j16
+    moves to an AWS p4d, and t1's borrowed critical gang j2 stops there (higher tiers). t1's new critical j13 (4 A10G,
+    another pool) waited: with j16 counted as t1's new work placed beside j2's stop, `swap_exemptions` did not exempt
+    the stop, and the swaps tier held j13 at 0; the plan after the apply placed it. The swaps tier counts movers as
+    it did; fleet64's consolidation is kept from stopping running work another way (strategy.keep_running)."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet67"), ["remove pool"], lambda strategy: "gcp-a100")

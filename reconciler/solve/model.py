@@ -47,7 +47,6 @@ class Model:
             raise ValueError(f"internal: unknown constraint families {sorted(unknown)}")
         self.p = problem
         self.exempt = dict(exempt or {})
-        self._arrived: dict[str, object] = {}
         m = self.m = cp_model.CpModel()
         self.demands = {d.key: d for d in problem.demands}
         self.group_of = {dk: gk for gk, members in problem.groups.items() for dk in members}
@@ -264,15 +263,6 @@ class Model:
                     m.add(kg + kb <= ks)
                 else:
                     self.krg[d.key], self.krb[d.key] = ks, 0
-
-    def arrived(self, d: Demand, may_stay: int):
-        """Jobs of d kept past the `may_stay` that may stay where they run: the ones a rule moves, arriving where they
-        go (objective.swap_sides), exactly (the max of 0 and kept less may_stay), once per demand."""
-        v = self._arrived.get(d.key)
-        if v is None:
-            v = self._arrived[d.key] = self.m.new_int_var(0, d.running_jobs, f"arrived[{d.key}]")
-            self.m.add_max_equality(v, [0, self.krs[d.key] - may_stay])
-        return v
 
     def kept_items(self, d: Demand):
         """Items of a running demand's kept jobs: a gang's every running item while it is placed, but no more than it

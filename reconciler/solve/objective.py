@@ -239,21 +239,14 @@ def swap_sides(model: Model, c: int, limit: dict[str, int | None]) -> dict[str, 
         # a low job whose latency cap its instance broke, with no room left in reach, held its tenant's every new low
         # job at 0 through the work tiers: 6 of 7 came back after the release, a CPU job stayed pending)
         forced = limit.get(d.key) or 0
-        may_stay = 0 if d.gang and forced else max(0, min(running, d.running_jobs - forced))
-        could_stay = max(0, may_stay - model.exempt.get(d.key, 0))
+        could_stay = 0 if d.gang and forced else max(0, min(running, d.running_jobs - forced) - model.exempt.get(d.key, 0))
         if d.klass == c and could_stay and constant(kept) is None:
             stoppable.append((d, could_stay, kept, bool(forced) or d.key in model.exempt))
-        # (new work: jobs not running, and those that run but not as they may run on: a new shape, a gang grown or short;
-        # and where none of its running jobs may stay, every job placed: one a rule moves arrives where it goes, as the
-        # re-check counts it (fleet60). Not counted, a job leaving a removed pool under preemption: Never took the room
-        # of its tenant's running job of its class, which the cost then stopped for a cheaper instance: fleet64)
-        if model.placed.is_zero(d.key):
-            continue
-        if d.running_jobs and not may_stay:
-            new.append((d, d.job_size * len(d.jobs), d.job_size * model.placed[d.key]))
-        elif forced and constant(kept) is None:  # (some may stay, some a rule moves: those kept past the first arrive)
-            new.append((d, d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept + model.arrived(d, may_stay))))
-        elif len(d.jobs) > running:
+        # (new work: jobs not running, and those that run but not as they may run on: a new shape, a gang grown or short.
+        # A job a rule moves is not counted here, though apply's re-check counts it as arriving: counted, its placement
+        # beside a stop its tenant's higher tiers made kept the stop from `swap_exemptions`, and the tenant's new work
+        # waited a plan (fleet67); a consolidation no longer stops running work for it (strategy.keep_running, fleet64).)
+        if len(d.jobs) > running and not model.placed.is_zero(d.key):
             new.append((d, d.job_size * len(d.jobs), d.job_size * (model.placed[d.key] - kept)))
     return by_tenant
 
