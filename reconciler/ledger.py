@@ -1205,15 +1205,18 @@ def staying_ledger(problem, leaving: set[str] | None = None) -> Ledger:
     """The fleet that can stay: the existing instances but those that must go (a keep_blocker: a pool removed or
     drifted from, a region or cloud the guardrails no longer allow), each running job whose every replica is on
     them where it runs, but a job whose resources changed (Demand.reshaped: it restarts in its new shape, so it
-    cannot stay as it runs). A fleet-wide rule it breaks, the fleet breaks whatever a plan does (fleet16: spot diversity
+    cannot stay as it runs), or a gang grown or short of a replica (it restarts too: rules.runs_settled; kept, t3's spot
+    share held only with its grown gang, and the re-check refused the plan that stopped t3's spot job: fleet68). A fleet-wide rule it breaks, the fleet breaks whatever a plan does (fleet16: spot diversity
     kept only by a spot instance in a cloud no longer allowed), so something must give, as where the fleet as it
     runs breaks one (plancheck). (fleet37: a tenant's spot share held only with its on-demand job that changed and
     then had no room; its running spot job was counted as taken for a share the fleet keeps, and every plan refused.)"""
     hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
     stay = set(hosts)
+    from reconciler.problem.rules import runs_settled
+
     leaving = jobs_that_must_leave(problem) if leaving is None else leaving  # (rules_broken_now has it)
     return _as_running(problem, hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running
-                                              if set(ids) <= stay and job not in d.reshaped and job not in leaving))
+                                              if set(ids) <= stay and runs_settled(d, job, ids) and job not in leaving))
 
 
 def jobs_that_must_leave(problem) -> set[str]:
@@ -1244,7 +1247,8 @@ def rules_broken_now(problem) -> dict[str, str]:
     out = running_ledger(problem).broken_rules()
     # (the staying fleet is the running one unless an instance must go or a job changed: 0.18 s at 11.7k hosts)
     leaving = jobs_that_must_leave(problem)
-    if leaving or any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped for d in problem.demands):
+    if leaving or any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped or d.running_items < d.running_jobs * d.replicas
+                                                                               for d in problem.demands):
         out = staying_ledger(problem, leaving).broken_rules() | out
     _BROKEN_NOW[:] = [(weakref.ref(problem), out)]
     return out

@@ -740,6 +740,7 @@ def _fleet_rules_broken_now(desired: DesiredState, observed: Observed) -> bool:
     j5 on an on-demand host; without it t2 ran all its work on spot, and its j0 had to go too, fleet59)."""
     return _broken_as(desired, observed, lambda name: True) or _broken_as(
         desired, observed, lambda name: not reshaped(desired.jobs[name], observed)
+        and len(observed.placements[name]) >= desired.jobs[name].spec.replicas  # (a gang grown or short restarts too: fleet68)
         and _legal_now(desired.jobs[name], observed, desired, _NO_CHANGES))
 
 

@@ -1309,3 +1309,15 @@ def test_a_job_a_rule_moves_does_not_hold_its_tenants_new_work_back_on_fleet67()
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet67"), ["remove pool"], lambda strategy: "gcp-a100")
+
+
+def test_a_tenants_spot_share_held_only_by_its_grown_gang_licenses_its_spot_work_on_fleet68():
+    """fleet68 (the stable-run exploration, 2026-11-29, with its jobs' deadlines taken out; the same at the session's
+    start): t3 (tenant_max_spot_fraction 0.5) runs its low gang j2 on an on-demand p4d and its low j0 on a spot
+    instance. j2 grown past t3's GPU limit restarts and has no room, so it stops; without it t3 would run all its work
+    on spot, so j0 must go too, as for a resized job (fleet37). The fleet that can stay (ledger.staying_ledger, and
+    the stability oracle's) held the grown gang as it runs, so apply's re-check refused the plan (and every plan of
+    the fleet). A gang grown or short of a replica is left out of it now (rules.runs_settled)."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet68"), ["interrupt spot", "remove pool", "grow gang"], lambda strategy: "sim-azure-00002")
