@@ -1210,10 +1210,10 @@ def staying_ledger(problem, leaving: set[str] | None = None) -> Ledger:
     kept only by a spot instance in a cloud no longer allowed), so something must give, as where the fleet as it
     runs breaks one (plancheck). (fleet37: a tenant's spot share held only with its on-demand job that changed and
     then had no room; its running spot job was counted as taken for a share the fleet keeps, and every plan refused.)"""
-    hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
-    stay = set(hosts)
     from reconciler.problem.rules import runs_settled
 
+    hosts = sorted(c.key for c in problem.hosts() if c.keep_blocker is None)
+    stay = set(hosts)
     leaving = jobs_that_must_leave(problem) if leaving is None else leaving  # (rules_broken_now has it)
     return _as_running(problem, hosts, sorted((job, ids) for d in problem.demands for job, ids in d.running
                                               if set(ids) <= stay and runs_settled(d, job, ids) and job not in leaving))
@@ -1246,9 +1246,10 @@ def rules_broken_now(problem) -> dict[str, str]:
         return _BROKEN_NOW[0][1]
     out = running_ledger(problem).broken_rules()
     # (the staying fleet is the running one unless an instance must go or a job changed: 0.18 s at 11.7k hosts)
+    from reconciler.problem.rules import settled_jobs
+
     leaving = jobs_that_must_leave(problem)
-    if leaving or any(h.keep_blocker is not None for h in problem.hosts()) or any(d.reshaped or d.running_items < d.running_jobs * d.replicas
-                                                                               for d in problem.demands):
+    if leaving or any(h.keep_blocker is not None for h in problem.hosts()) or any(settled_jobs(d) < d.running_jobs for d in problem.demands):
         out = staying_ledger(problem, leaving).broken_rules() | out
     _BROKEN_NOW[:] = [(weakref.ref(problem), out)]
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reconciler.problem import runs_settled
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -26,8 +27,6 @@ def must_move(model: Model) -> dict[str, int]:
     anyway because the job's resources changed or a gang runs other replicas than it asks (grown, or short of a
     reclaimed one: rules.runs_settled), so it may restart elsewhere. (A grown gang's move counted as one for other
     work held it where it could not grow, and it was stopped where greedy moved it.)"""
-    from reconciler.problem import runs_settled
-
     out = {}
     for dk in model.moved:
         d = model.demands[dk]

@@ -292,9 +292,7 @@ class Search:
         """Every tier's floor and the cost's cuts let go, in the model and its LP (their rows stay, bounded by
         nothing): for an answer better by the tiers in their order that some tier below ranks worse in (claim_room).
         The cuts go too: a bound of the cost at the old floors is none at the new ones."""
-        for at in self.floors + self.cost_cuts:
-            dom = self.m.proto.constraints[at].linear.domain
-            dom[0], dom[1] = INT64_MIN, INT64_MAX
+        let_go(self.m, self.floors + self.cost_cuts)
         for row in self.floor_rows:
             if row is not None:
                 row.SetBounds(-self.lp.inf, self.lp.inf)
@@ -303,9 +301,7 @@ class Search:
 
     def release(self) -> None:
         """Let go of every hold made with `released`: its row stays in the model, bounded by nothing."""
-        for at in self.held_for_now:
-            dom = self.m.proto.constraints[at].linear.domain  # (two bounds: one interval, as add_bound writes it)
-            dom[0], dom[1] = INT64_MIN, INT64_MAX
+        let_go(self.m, self.held_for_now)
         self.held_for_now.clear()
 
     def cost_lp(self) -> tuple[float, list[float]] | None:
@@ -639,18 +635,17 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     # The consolidated answer, its running work where it is and its freed room taken: its stays fixed, each tier held
     # at what it reaches (a tier it raised is not proven best: its bound was the held answer's), then the cost.
     reached = [search.value(claimed, t.expr) for t in search.tiers]
-    if any(improves(r.value, v, t.sense) for t, r, v in zip(search.tiers, reports, reached)):
-        # A tier below one it raised ranks worse (a higher class took a lower one's room): the floors it is under
-        # go, and so does the bound of the cost at them. The cost's LP at the tiers it reaches, with running work
-        # free to move as the bound was, is the bound (before the stays are fixed: this answer's stays only).
+    # A tier below one it raised may rank worse (a higher class took a lower one's room): the floors it is under go,
+    # and so does the bound of the cost at them. The cost's LP at the tiers it reaches, with running work free to
+    # move as the bound was, is the bound then (taken before the stays are fixed: after, it is these stays' only).
+    lowered = any(improves(r.value, v, t.sense) for t, r, v in zip(search.tiers, reports, reached))
+    if lowered:
         search.let_go_floors()
-        for t, v in zip(search.tiers, reached):
-            search.hold(t.expr, v, t.sense)
+    for t, v in zip(search.tiers, reached):
+        search.hold(t.expr, v, t.sense)
+    if lowered:
         res = search.cost_lp()
         lb = res[0] if res is not None else None
-    else:
-        for t, v in zip(search.tiers, reached):
-            search.hold(t.expr, v, t.sense)
     search.fix(search.model.stay.variables(), hint)
     out = [r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds) for r, v in zip(reports, reached)]
     hint, value, _, _ = cost_stage(search, claimed)  # (its bound is for these stays only: the plan is measured against lb)
@@ -680,6 +675,13 @@ def keep_running(search: Search, answer: list[int]):
     return restore
 
 
+def let_go(m: cp_model.CpModel, rows: list[int]) -> None:
+    """Holds let go in model m: each row stays, bounded by nothing (two bounds: one interval, as add_bound writes it)."""
+    for at in rows:
+        dom = m.proto.constraints[at].linear.domain
+        dom[0], dom[1] = INT64_MIN, INT64_MAX
+
+
 def claim_room(search: Search, answer: list[int]) -> list[int] | None:
     """An answer better by the tiers than `answer`, in their order, with its running work where `answer` puts it
     (every stay as it has it): the tiers searched again one by one on a copy of the model, each held where its
@@ -695,9 +697,7 @@ def claim_room(search: Search, answer: list[int]) -> list[int] | None:
     for v in search.model.stay.variables():
         dom = sub.proto.variables[v.index].domain
         dom[0], dom[1] = answer[v.index], answer[v.index]
-    for at in search.floors + search.cost_cuts:
-        dom = sub.proto.constraints[at].linear.domain
-        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    let_go(sub, search.floors + search.cost_cuts)
     best, spent = answer, 0.0
     for k, t in enumerate(tiers):
         v = search.value(best, t.expr)
@@ -947,9 +947,7 @@ def around_idle(search: Search, answer: list[int], classes: set[str], groups: se
     (answer, its cost), or None where a search ran out of work first."""
     model, m = search.model, search.m.clone()
     vec = answer + [0] * (len(m.proto.variables) - len(answer))
-    for at in search.floors:
-        dom = m.proto.constraints[at].linear.domain
-        dom[0], dom[1] = INT64_MIN, INT64_MAX
+    let_go(m, search.floors)
     jobs = {dk for gk in groups for dk in model.p.groups[gk]}
     hosts = {h.key for h in model.hosts}
     free = {v.index for (gk, ck), v in model.x.variable_items() if gk in groups and (ck in classes or ck in hosts)}
