@@ -1,7 +1,10 @@
 """Carry a plan out through the providers: create, re-place, then delete.
 
 Make before break: new capacity is created first; an instance is deleted only
-after every replica it hosted has somewhere to go. Each create carries the
+after every replica it hosted has somewhere to go. The one exception is a full
+Reservation: a create into it waits until the plan has deleted one of its
+instances (the cloud takes no more), so a replica moving between two of its
+instances restarts on the new one after the old one is gone. Each create carries the
 plan's idempotency key, so a retry (or a rerun of the same plan after a crash)
 never yields a second instance. Failures are collected, not raised midway:
 the report says exactly what happened.
@@ -282,7 +285,7 @@ def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: A
 
 
 def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, list[str]], gpus: dict[str, list[list[int]]],
-                        stranded: set[str], report: ApplyReport) -> None:
+                        stranded: set[str], failures: list[str]) -> None:
     """A job the plan puts on an instance whose resident could not leave (its new instance was
     not created) would share its GPUs and room with it: 16 of 8 GPUs, both on GPUs 0-7. It is
     not put there: it stays where it runs (which strands that instance in turn) or, new, waits
@@ -298,7 +301,7 @@ def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, li
             if not blocked:
                 continue
             changed = True
-            report.failures.append(f"{j.job} not put on {', '.join(blocked)}: what runs there could not move (its new instance "
+            failures.append(f"{j.job} not put on {', '.join(blocked)}: what runs there could not move (its new instance "
                                    "was not created); " + ("it stays where it runs" if j.previous else "the next run places it"))
             if j.previous:
                 placements[j.job] = list(j.previous)
@@ -343,12 +346,31 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 
     todo = _resume_creates(plan, already, report)
-    _launch_all(todo, desired, plan, fleet, state, serial, already, existing, report, steps)
-    placed = _placements(plan, observed, report)
+    now, later = _reservation_order(desired, plan, todo, existing)
+    _launch_all(now, desired, plan, fleet, state, serial, already, existing, report, steps)
+    placed = _placements(plan, observed, report, coming={c.ref for c in later})
     leaving = {d.instance_id for d in plan.deletes} - placed.stranded  # retagging those would be wasted
-    _record_placements(fleet, [i for iid, i in sorted(existing.items()) if iid not in leaving], _hosted(placed.ids, placed.gpus),
-                       serial, report, steps)
-    _delete_all(plan, fleet, existing, placed.stranded, report, steps)
+
+    def survivors() -> list[Instance]:
+        return [i for iid, i in sorted(existing.items()) if iid not in leaving]
+    _record_placements(fleet, survivors(), _hosted(placed.ids, placed.gpus), serial, report, steps)
+    deletes = plan.deletes
+    if later:
+        # A full Reservation takes a new instance only once one of its own is gone: its holders the plan deletes go
+        # first, then the creates that waited for them, then the other deletes (make before break as usual).
+        waited = {c.reservation for c in later}
+        freeing = [d for d in deletes if existing.get(d.instance_id) and _reservation_of(existing[d.instance_id]) in waited]
+        _delete_all(freeing, fleet, existing, placed.stranded, report, steps)
+        _launch_all(_room_left(desired, plan, later, existing, report), desired, plan, fleet, state, serial, already,
+                    existing, report, steps)
+        notes: list[str] = []
+        placed = _placements(plan, observed, report, failures=notes)  # as the creates ended
+        report.failures.extend(n for n in notes if n not in report.failures)
+        if any(c.ref in report.failed_refs for c in later):  # what the survivors host changed: record it again
+            leaving = {d.instance_id for d in deletes} - placed.stranded
+            _record_placements(fleet, survivors(), _hosted(placed.ids, placed.gpus), serial, report, steps)
+        deletes = [d for d in deletes if d not in freeing]
+    _delete_all(deletes, fleet, existing, placed.stranded, report, steps)
     if not report.stopped:
         _clean_up(fleet, plan, existing, report)
     _update_state(desired, observed, fleet, state, existing, placed, serial, report)
@@ -358,6 +380,61 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
 def _what(action: CreateAction | DeleteAction) -> str:
     """An action's instance, for people: "spot g5.xlarge in us-east-1b"."""
     return f"{action.site.market} {action.site.instance_type} in {action.site.zone}"
+
+
+def _reservation_of(inst: Instance) -> str | None:
+    """The Reservation an instance of ours was launched into (its tag), if on-demand (a spot one cannot be in one)."""
+    return inst.tags.get(TAG_RESERVATION) if inst.market == "on-demand" else None
+
+
+def _reservation_order(desired: DesiredState, plan: Plan, todo: list[CreateAction],
+                       existing: dict[str, Instance]) -> tuple[list[CreateAction], list[CreateAction]]:
+    """(creates to launch now, creates that wait for the plan's deletes): a create into a Reservation whose instances
+    alive now already fill its count waits until the plan has deleted one of them. The cloud refuses a launch into a
+    full targeted reservation (EC2: ReservationCapacityExceeded, a capacity error that would mark the zone short),
+    and into an open one it launches at the on-demand price. The plan may do this: its count holds the instances it
+    keeps and launches (problem.capacity.reserved_offers; fleet66)."""
+    held: dict[str, int] = {}
+    for inst in existing.values():
+        name = _reservation_of(inst)
+        if name:
+            held[name] = held.get(name, 0) + 1
+    now, later = [], []
+    for c in todo:
+        r = desired.reservations.get(c.reservation) if c.reservation else None
+        if r is not None and held.get(c.reservation, 0) >= r.spec.count:  # type: ignore[arg-type]
+            later.append(c)
+        else:
+            now.append(c)
+            if c.reservation:
+                held[c.reservation] = held.get(c.reservation, 0) + 1
+    return now, later
+
+
+def _room_left(desired: DesiredState, plan: Plan, later: list[CreateAction], existing: dict[str, Instance],
+               report: ApplyReport) -> list[CreateAction]:
+    """Of the creates that waited for their Reservation, those it has room for now that the plan's deletes ran; the
+    others are reported failed, not started (nothing is launched past a reservation's count)."""
+    ids: dict[str, set[str]] = {}
+    for iid, inst in existing.items():
+        name = _reservation_of(inst)
+        if name:
+            ids.setdefault(name, set()).add(iid)
+    for c in plan.creates:  # (the ids, so that one an interrupted run launched and observe found counts once)
+        if c.reservation and c.ref in report.created:
+            ids.setdefault(c.reservation, set()).add(report.created[c.ref])
+    held = {name: len(s - set(report.deleted)) for name, s in ids.items()}
+    out = []
+    for c in later:
+        name = c.reservation or ""
+        if held.get(name, 0) < desired.reservations[name].spec.count:
+            held[name] = held.get(name, 0) + 1
+            out.append(c)
+            continue
+        why = f"reservation {name} is still full: its instance(s) the plan deletes were not deleted"
+        report.failed_refs[c.ref] = why
+        report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: not started: {why}")
+    return out
 
 
 def _resume_creates(plan: Plan, already: dict[str | None, Instance], report: ApplyReport) -> list[CreateAction]:
@@ -422,13 +499,16 @@ class _Placed:
     stayed_old: set[str] = field(default_factory=set)  # jobs whose move failed: they still run as they were
 
 
-def _placements(plan: Plan, observed: Observed, report: ApplyReport) -> _Placed:
+def _placements(plan: Plan, observed: Observed, report: ApplyReport, coming: set[str] = frozenset(),  # type: ignore[assignment]
+                failures: list[str] | None = None) -> _Placed:
     """A job moves only if every replica's new instance exists; otherwise it stays where it ran (stranding
-    those instances) or, new, is not placed. Evicted and pending jobs are no longer placed."""
+    those instances) or, new, is not placed. Evicted and pending jobs are no longer placed. `coming`: creates still
+    to launch (after the deletes their Reservation waits for), counted as if they existed (by their ref).
+    `failures`: where to say which jobs were held back (report.failures)."""
     placed = _Placed()
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
-            ids = [report.created.get(r) if r.startswith("+") else r for r in j.instances]
+            ids = [(r if r in coming else report.created.get(r)) if r.startswith("+") else r for r in j.instances]
             if all(ids):
                 placed.ids[j.job] = ids  # type: ignore[assignment]
                 if any(j.gpus):
@@ -440,16 +520,16 @@ def _placements(plan: Plan, observed: Observed, report: ApplyReport) -> _Placed:
                 if j.job in observed.gpu_indices:  # aligned with previous (the survivors), as observed
                     placed.gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
                 placed.stranded.update(j.previous)
-    _hold_back_arrivals(plan, observed, placed.ids, placed.gpus, placed.stranded, report)
+    _hold_back_arrivals(plan, observed, placed.ids, placed.gpus, placed.stranded, report.failures if failures is None else failures)
     return placed
 
 
-def _delete_all(plan: Plan, fleet: Fleet, existing: dict[str, Instance], stranded: set[str], report: ApplyReport,
+def _delete_all(deletes: list[DeleteAction], fleet: Fleet, existing: dict[str, Instance], stranded: set[str], report: ApplyReport,
                 steps: _Steps) -> None:
     """Delete what the plan deletes, lanes in parallel, except an instance still hosting a replica that could not
     move (kept, said why) and one observe did not find (refused)."""
     todo = []
-    for d in plan.deletes:
+    for d in deletes:
         if d.instance_id in stranded:
             report.skipped_deletes[d.instance_id] = "still hosts a replica whose new instance could not be created"
         elif d.instance_id not in existing:  # a plan only deletes what observe found (ours, alive): refused, not "deleted"

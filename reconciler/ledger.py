@@ -681,10 +681,15 @@ class Ledger:
 
     def open_rules(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True,
                    first: bool = True) -> list[str]:
-        """The rules n more instances of c (besides `pending`) would break, in this order: "pool-max",
-        "cloud-quota", "fleet-budget" (with `reserve` micro-dollars/h kept back: greedy's unmet pool minimums), "spot-share"
-        (spot_share=False: not asked). first: only the first (greedy asks for every instance it would open)."""
+        """The rules n more instances of c (besides `pending`) would break, in this order: "reservation" (its count,
+        the instances kept in it counted), "pool-max", "cloud-quota", "fleet-budget" (with `reserve` micro-dollars/h
+        kept back: greedy's unmet pool minimums), "spot-share" (spot_share=False: not asked). first: only the first
+        (greedy asks for every instance it would open)."""
         p, out = self.problem, []
+        if c.reservation and not isinstance(c, Host) and self.reservation_over(c, n + pending.buying(c)) > 0:
+            out.append("reservation")
+            if first:
+                return out
         if not pool_ok(self._pools.get(c.pool, 0) + pending.pools.get(c.pool, 0), n, p.pool_bounds.get(c.pool, (0, 0))[1]):
             out.append("pool-max")
             if first:
@@ -703,6 +708,12 @@ class Ledger:
             if not spot_share_ok(self._spot.value + pending.spot + add, self._all.value + pending.capacity + add, f):
                 out.append("spot-share")
         return out
+
+    def reservation_over(self, c, n: int) -> int:
+        """How many instances n more of c would put its Reservation over its count (the instances kept in it and
+        launched into it, as the model's row counts them: solve/fleet_rules.add_reservations); 0 within it."""
+        r = self.problem.reservations.get(c.reservation) if c.reservation else None
+        return max(0, self._reserved.get(c.reservation, 0) + n - r.count) if r is not None else 0
 
     def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True) -> str | None:
         """The first rule n more instances of c (besides `pending`) would break, or None (open_rules)."""
@@ -950,13 +961,11 @@ class Ledger:
         """Pool size, fleet budget and spot rules for n more instances of offer c (all of them, where
         refuses_open names the first)."""
         p, out = self.problem, []
-        if c.reservation and c.reservation in p.reservations:
-            r = p.reservations[c.reservation]
-            have = self._reserved.get(c.reservation, 0)
-            if have + n > r.count:
-                out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
-                                                  f"in {r.zone})", r.name, have + n - r.count, n))
         rules = self.open_rules(c, n, first=False)
+        if "reservation" in rules:
+            r, have = p.reservations[c.reservation], self._reserved.get(c.reservation, 0)
+            out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
+                                              f"in {r.zone})", r.name, self.reservation_over(c, n), n))
         over = self.quotas.short(c, n) if "cloud-quota" in rules else None
         if over is not None:
             out.append(Refusal("cloud-quota", self.quotas.message(over[0], c, n), quota_scope(self.quotas.quotas[over[0]]), over[1], n))

@@ -21,7 +21,8 @@ from providers.catalog import load_catalog
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import CapacityError, OwnershipError, ProviderError
+from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError
+from reconciler.state import load_state
 from tests.conftest import AWS_ENV
 from tests.fleetkit import copy_example
 
@@ -355,3 +356,67 @@ def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(prox
     assert tags["fleetops.io/reservation"] == "t4-2026"
     again = api.plan(cfg, provider="aws", options=opts).plan
     assert not again.has_changes and again.rules["reservations"]["t4-2026"]["used"] == 1
+
+
+def _reserved_canary(proxy, tmp_path: Path, fleet: str) -> tuple[Path, str, dict, str]:
+    """examples/aws-only with a reservation of one g4dn.xlarge (a targeted one, held by the proxy as EC2 holds it),
+    applied: inference-canary runs on the instance that holds it. Returns (config, fleet.yaml's text, options, that
+    instance's id)."""
+    cfg = _config(tmp_path)
+    text = (cfg / "fleet.yaml").read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}")
+    (cfg / "fleet.yaml").write_text(text)
+    res_doc = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "t4-2026"},
+               "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": 1,
+                        "hourly_cost": 0.33, "target": {"reservation_id": CR}}}
+    (cfg / "reservation.yaml").write_text(json.dumps(res_doc))
+    proxy.reserve(CR, "g4dn.xlarge", "us-west-2a", 1)
+    opts = {"endpoint_url": proxy.url}
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok
+    old = first.report.placements["inference-canary"][0]
+    assert proxy.reservations[CR]["members"] == {old}
+    return cfg, text, opts, old
+
+
+def test_a_reserved_instance_the_plan_replaces_gives_its_reservation_to_the_replacement_against_moto(proxy, tmp_path, fleet):
+    """A reservation of one g4dn.xlarge, held by the instance inference-canary runs on. Its pool is renamed, so the
+    plan deletes that instance and launches the canary's new one into the reservation (price 0). EC2 takes no launch
+    into a full targeted reservation (ReservationCapacityExceeded): apply created first, the create failed, the zone
+    was marked short and the canary stayed on an instance of no pool. A create into a full reservation now waits for
+    the plan's delete of one of its instances (fleet66)."""
+    cfg, text, opts, old = _reserved_canary(proxy, tmp_path, fleet)
+    (cfg / "fleet.yaml").write_text(text.replace("metadata: {name: t4-west}", "metadata: {name: t4-pool}"))
+    plan = api.plan(cfg, provider="aws", options=opts).plan
+    assert [d.instance_id for d in plan.deletes] == [old]
+    (new,) = [c for c in plan.creates if c.reservation == "t4-2026"]
+    assert new.price == 0.0 and new.site.pool == "t4-pool"
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok, res.report.failures
+    iid = res.report.created[new.ref]
+    assert res.report.deleted == [old] and res.report.placements["inference-canary"] == [iid]
+    assert iid in proxy.reservations[CR]["members"]
+    w2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=proxy.url)
+    state = w2.describe_instances(InstanceIds=[old])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("shutting-down", "terminated")
+    again = api.plan(cfg, provider="aws", options=opts).plan
+    assert not again.has_changes and again.rules["reservations"]["t4-2026"]["used"] == 1
+
+
+def test_a_create_waiting_for_its_reservation_is_not_launched_when_the_delete_fails_against_moto(proxy, tmp_path, fleet):
+    """The same replacement, but EC2 refuses to terminate the reservation's instance (OperationNotPermitted:
+    termination protection). Nothing is launched past the reservation's count: the waiting create is reported not
+    started, the canary keeps running where it ran, and once the delete goes through the next apply converges."""
+    cfg, text, opts, old = _reserved_canary(proxy, tmp_path, fleet)
+    (cfg / "fleet.yaml").write_text(text.replace("metadata: {name: t4-west}", "metadata: {name: t4-pool}"))
+    launches = len(proxy.run_requests)
+    proxy.fail("TerminateInstances", "OperationNotPermitted",
+               f"The instance '{old}' may not be terminated. Modify its 'disableApiTermination' instance attribute and try again.")
+    with pytest.raises(ApplyError) as err:
+        api.apply(cfg, provider="aws", options=opts)
+    assert "reservation t4-2026 is still full" in str(err.value) and "ReservationCapacityExceeded" not in str(err.value)
+    assert len(proxy.run_requests) == launches and proxy.reservations[CR]["members"] == {old}
+    assert load_state(cfg).placements["inference-canary"] == [old]
+    assert not load_state(cfg).short_now()  # (no capacity error: the zone is not marked short)
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok and res.report.deleted == [old]
+    assert proxy.reservations[CR]["members"] - {old} == set(res.report.placements["inference-canary"])

@@ -1283,7 +1283,6 @@ def test_a_grown_gangs_room_is_offered_to_every_job_of_the_shape_on_fleet65():
     check_stable_run(fleet("fleet65"), ["grow gang"], lambda strategy: None)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet66: open: a deleted reserved instance's reservation is not offered to its replacement in the same plan")
 def test_a_reservation_freed_by_a_delete_is_used_in_the_same_plan_on_fleet66():
     """fleet66 (the stable-run exploration, 2026-11-29; the same before this session): a Reservation of one p4d in
     us-east-1a, held by sim-aws-00002; the aws-a100 pool at its max of 2. t1's quota raised, its high placement-group

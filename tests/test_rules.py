@@ -10,6 +10,7 @@ repeated here: see tests/test_solve.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
 
 import pytest
@@ -870,6 +871,22 @@ def test_unused_reserved_hours_are_shown_as_waste(tmp_path):
     text = render_human(plan, width=400)
     assert "Reservation r1: 1/2 p4d.24xlarge in us-east-1a used (50%), $38.40/h committed (not in the $/h above); 1 unused waste $19.20/h" in text
     assert "on-demand (reserved: r1)" in text
+
+
+def test_a_reservation_its_kept_instance_fills_takes_no_new_one(tmp_path):
+    """A reservation of one p4d, held by the running instance j0 runs on: j1 (8 GPUs) gets an instance of its own,
+    not a second one in the reservation. The reservation's offer is sized to its whole count now (a plan may delete
+    a holder and launch into it: fleet66), so the count of kept and new instances is a rule of the model's
+    (fleet_rules.add_reservations), of greedy's ledger (Ledger.open_rules) and of the packer's; each of them alone
+    put j1 in the full reservation at $0."""
+    held = instance("i-r", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")
+    held = replace(held, tags={**held.tags, "fleetops.io/reservation": "r1"})
+    for limit in (10, 0):  # CP-SAT's plan, and greedy's
+        plan = plan_for(tmp_path / str(limit), _p4d_fleet(2, reservation_doc(count=1)), [held], {"j0": ("i-r",)}, time_limit=limit)
+        jobs = by_job(plan)
+        assert jobs["j0"].instances == ("i-r",) and not plan.deletes, limit
+        assert [c.reservation for c in plan.creates] == [None] and jobs["j1"].instances == (plan.creates[0].ref,), limit
+        assert plan.rules["reservations"]["r1"]["used"] == 1, limit
 
 
 def test_an_expired_reservation_is_not_planned_on(tmp_path):

@@ -8,6 +8,7 @@ not model the offer instance by instance or its rules refused the instances that
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -320,6 +321,7 @@ class _Repairs:
         # what the fleet budget counts (ledger.micro), of the instances the packing keeps and buys
         self.spend = sum(micro(hosts[h].price) for h in solution.keep) + sum(micro(caps[k].price) * n for k, n in solution.new.items())
         self.cloud_quotas = QuotaBook(problem.quotas)  # what the solver's new instances take of the account's quotas
+        self.reserved_kept = Counter(hosts[h].reservation for h in solution.keep if hosts[h].reservation)  # (a Reservation's count holds them too)
         for ok, n in solution.new.items():
             self.cloud_quotas.take(caps[ok], n)
 
@@ -333,7 +335,8 @@ class _Repairs:
             return None
         if self.cloud_quotas.short(cap) is not None:
             return None
-        if cap.reservation and len(p.bins_of.get(ok, [])) >= cap.max_new:
+        r = problem.reservations.get(cap.reservation) if cap.reservation else None
+        if r is not None and self.reserved_kept[cap.reservation] + len(p.bins_of.get(ok, [])) >= min(r.count, cap.max_new):
             return None  # the reservation has no more instances
         sp = problem.spot
         if cap.market == "spot":

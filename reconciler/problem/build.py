@@ -33,7 +33,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     # The spot share counts GPUs when the fleet's pools offer any GPU type (or a GPU instance runs), whatever
     # the plan can buy or use now (ledger.spot_units).
     gpu_fleet = any(po.offering.gpus for po in observed.offerings) or any(h.gpus for h in hosts)
-    offers = size_offers(offers_of(desired, observed, default_provider) + reserved_offers(desired, observed, default_provider, reservations, hosts),
+    offers = size_offers(offers_of(desired, observed, default_provider) + reserved_offers(desired, observed, default_provider, reservations),
                          demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
     quotas = _cloud_quotas(observed, offers)
     pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)

@@ -127,20 +127,18 @@ def reserved_hosts(hosts: list[Capacity], observed: Observed, reservations: dict
     return sorted(out, key=lambda h: order[h.key])
 
 
-def reserved_offers(desired: DesiredState, observed: Observed, default_provider: str, reservations: dict[str, ReservationRules],
-                     hosts: list[Capacity]) -> list[Capacity]:
-    """What is left of each reservation: new on-demand instances at price 0 (its own offer)."""
+def reserved_offers(desired: DesiredState, observed: Observed, default_provider: str,
+                    reservations: dict[str, ReservationRules]) -> list[Capacity]:
+    """Each reservation's own offer: new on-demand instances at price 0, up to its count. Its instances the fleet
+    runs count against the count too (`fleet_rules.add_reservations`, `Ledger.open_rules`, the packer): a plan may
+    delete one and launch another into it (a placement-group gang's new instance, fleet66), so a reservation its
+    holders fill is still offered while any of them could go."""
     guard = desired.guardrails
-    used: dict[str, int] = {}
-    for h in hosts:
-        if h.reservation:
-            used[h.reservation] = used.get(h.reservation, 0) + 1
     by_key = {(po.pool, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
     out = []
     for name, r in sorted(reservations.items()):
         o = by_key.get((r.pool, r.zone, r.instance_type))
-        left = r.count - used.get(name, 0)
-        if o is None or left <= 0 or guardrail_refusal(guard, o.cloud, o.region) is not None \
+        if o is None or r.count <= 0 or guardrail_refusal(guard, o.cloud, o.region) is not None \
                 or (o.cloud, o.zone, o.instance_type, "on-demand") in observed.short:
             continue  # (a reservation's capacity is held for it: only a provider that says so makes it short)
         pool = desired.pools[r.pool]
@@ -149,7 +147,7 @@ def reserved_offers(desired: DesiredState, observed: Observed, default_provider:
             key=f"{site.offer_key}@{name}", site=site, gpus=o.gpus, gpu_type=o.gpu_type, cpu=o.cpu,
             memory_gib=o.memory_gib, price=0.0, on_demand_price=o.on_demand_price,
             nvlink_domain=getattr(o, "nvlink_domain", 1), mig=tuple(pool.spec.mig) if pool.spec.mig else None,
-            max_new=left, reservation=name, price_source=f"Reservation/{name} (committed: ${r.hourly_cost:g}/h)",
+            max_new=r.count, reservation=name, price_source=f"Reservation/{name} (committed: ${r.hourly_cost:g}/h)",
         ))
     return out
 

@@ -36,6 +36,8 @@ def components(problem: Problem) -> list[Problem]:
     for c in problem.capacities:
         by_type.setdefault(type_class(c), []).append(c)
         union("p:" + c.pool, "c:" + c.key)
+        if c.reservation:  # a Reservation's count ties its instances kept and its offer (one pool today: said anyway)
+            union("c:" + c.key, "r:" + c.reservation)
         for dk, _, _ in c.residents if isinstance(c, Host) else ():
             union("c:" + c.key, "d:" + dk)
     for d in problem.demands:

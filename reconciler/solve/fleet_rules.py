@@ -1,4 +1,4 @@
-"""Fleet-wide rules on instances: pool bounds, the fleet budget, the spot share, the on-demand
+"""Fleet-wide rules on instances: pool bounds, reservations' counts, the fleet budget, the spot share, the on-demand
 buffer beside spot capacity, and spot diversity (instance types, zones). They count offers,
 hosts and idle classes (`Model.units`); the measures are the ledger's."""
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 def add_fleet_rules(model: Model) -> None:
     add_pool_bounds(model)
+    add_reservations(model)
     add_fleet_budget(model)
     add_spot_rules(model)
 
@@ -32,6 +33,21 @@ def add_pool_bounds(model: Model) -> None:
             m.add(sum(vs) <= hi)
         elif not lo <= sum(vs) <= hi:
             m.add(m.new_constant(0) >= 1)  # e.g. nothing can be bought for this pool, yet it needs lo instances
+
+
+def add_reservations(model: Model) -> None:
+    """A Reservation's instances kept and launched into it: at most its count. Its offer is sized to the whole
+    count (problem.capacity.reserved_offers), so a plan may delete a holder and launch another into it."""
+    by_name: dict[str, list] = {}
+    for c in model.units:
+        if c.reservation:
+            by_name.setdefault(c.reservation, []).append(c)
+    for name, cs in sorted(by_name.items()):
+        r = model.p.reservations.get(name)
+        vs = [model.use[c.key] for c in cs]
+        # (only where it can bind: with no instance of its own running, the offer's size already holds it)
+        if r is not None and any(is_variable(v) for v in vs) and sum(c.most for c in cs) > r.count:
+            model.m.add(sum(vs) <= r.count)
 
 
 def add_fleet_budget(model: Model) -> None:
@@ -88,4 +104,4 @@ def add_spot_diversity(model: Model, spot: list) -> None:
         m.add(sum(used.values()) >= need * any_spot)
 
 
-__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_spot_diversity", "add_spot_rules"]
+__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_reservations", "add_spot_diversity", "add_spot_rules"]
