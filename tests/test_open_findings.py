@@ -1320,3 +1320,14 @@ def test_a_tenants_spot_share_held_only_by_its_grown_gang_licenses_its_spot_work
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet68"), ["interrupt spot", "remove pool", "grow gang"], lambda strategy: "sim-azure-00002")
+
+
+def test_a_running_job_stopped_for_its_tenants_higher_work_may_move_where_it_takes_a_lower_ones_room_on_fleet69():
+    """fleet69 (the stable-run exploration with the fail-a-create edit, 2026-11-29; the same at the last session's
+    start): t2's new critical job (a copy of j13 on gcp-a100) takes the room of t2's running high j25 there. j25 was
+    stopped: as running work it was offered no host where it in turn may stop a resident (only pending work was), and
+    the plan after the apply placed it where it stopped t2's low j1. A running job where pending work may stop it is
+    offered those hosts too (Model._displaced): it moves in one plan, as the moves tier allows for a higher class."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet69"), ["change resources", "fail a create"], _named("j13"))

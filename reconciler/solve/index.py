@@ -150,6 +150,10 @@ class HostIndex:
                     out.setdefault(t, set()).update(at)
         return out
 
+    def on_freed(self, freed: dict[tuple, set[int]]) -> set[str]:
+        """The host keys of `freed` (positions per type class)."""
+        return {self.order[t][i].key for t, at in freed.items() for i in at}
+
     def bound_freed(self, freed: dict[tuple, set[int]], groups: dict[tuple, int], pairs: int) -> dict[tuple, set[int]]:
         """`freed` with at most pairs // groups[t] hosts of each type class t offered this way, those with the most
         free room first (then in model order), where every pending group taking all of them would pass `pairs`

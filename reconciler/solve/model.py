@@ -170,6 +170,7 @@ class Model:
             if pend:
                 t = type_class(self.demands[problem.groups[gk][0]])
                 groups_of[t] = groups_of.get(t, 0) + 1
+        displaced = self._displaced(hosts_at.on_freed(freed), pending_of)
         freed = hosts_at.bound_freed(freed, groups_of, FREED_PAIRS)
         fit_of = OfferFits()  # asked for each group's first demand: the group's shape
         for gk, members_ in problem.groups.items():
@@ -180,7 +181,9 @@ class Model:
             # beside its own moved whole onto an identical new instance)
             own = tuple(sorted({h for _, hs in rep.running for h in hs})) if rep.gang_mode == "placement-group" and rep.gang \
                 and len(members_) == 1 and len(rep.jobs) == 1 and pending_of[gk] else ()
-            for c in self._group_capacities(rep, hosts_at.candidates(rep, pending_of[gk], warm_hosts.get(gk, []), may_evict, freed, own), fit_of):
+            found = hosts_at.candidates(rep, pending_of[gk] or displaced.get(gk, frozenset()), warm_hosts.get(gk, []), may_evict,
+                                        freed if pending_of[gk] else None, own)
+            for c in self._group_capacities(rep, found, fit_of):
                 f = fit_of(rep, c)
                 if f <= 0:
                     continue
@@ -188,6 +191,25 @@ class Model:
                 self.x[(gk, c.key)] = v
                 self.x_of_group[gk].append((c, v))
                 self.x_at.setdefault(c.key, []).append((rep, v))
+
+    def _displaced(self, hosts: set[str], pending_of: dict[str, frozenset]) -> dict[str, frozenset]:
+        """Group -> the (tenant, class) pairs of its running jobs on `hosts` (where pending work may evict a resident),
+        for groups with no pending work of their own: such a job may be stopped for the room, and may instead move where
+        it in turn may evict a resident (a higher class of its tenant taking a lower one's room; moves_tier: a move is
+        kinder than the eviction). Offered nowhere to evict, t2's running high j25 was stopped for its tenant's new
+        critical job and placed, by the plan after the apply, where it stopped t2's low j1 (the exploration)."""
+        out: dict[str, frozenset] = {}
+        if not hosts:
+            return out
+        for h in self.hosts:
+            if h.key not in hosts:
+                continue
+            for dk, _, _ in h.residents:
+                d = self.demands.get(dk)
+                gk = self.group_of.get(dk)
+                if d is not None and gk is not None and not pending_of.get(gk):
+                    out[gk] = out.get(gk, frozenset()) | {(d.tenant, d.klass)}
+        return out
 
     def _group_capacities(self, rep: Demand, candidates: list[Capacity], fit_of: OfferFits):
         """The capacities a group's items get a variable on: its candidates, with a zone offer
