@@ -150,6 +150,7 @@ told to make it a plain test).
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -161,10 +162,21 @@ from tests.test_truth import check_reasons
 FINDINGS = Path(__file__).parent / "data" / "findings"
 
 
-def fleet(name: str) -> Fleet:
-    import datetime
+# The findings' deadlines are dates the exploration drew on the day it ran, and the plans read the real clock: from
+# 2026-12-04 every one would be past, and the finding's jobs no deadline work at all. Each is moved as far as the clock
+# has since this instant, so it stays as far ahead of the plans as it was then.
+RECORDED = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
 
-    return eval((FINDINGS / f"{name}.txt").read_text(), {"Fleet": Fleet, "Instance": Instance, "datetime": datetime})  # noqa: S307 - our own test data
+
+def fleet(name: str) -> Fleet:
+    import datetime as dt
+
+    f = eval((FINDINGS / f"{name}.txt").read_text(), {"Fleet": Fleet, "Instance": Instance, "datetime": dt})  # noqa: S307 - our own test data
+    shift = datetime.now(timezone.utc) - RECORDED
+    for d in f.docs:
+        if d["kind"] == "Job" and isinstance(d["spec"].get("deadline"), datetime):
+            d["spec"] = {**d["spec"], "deadline": d["spec"]["deadline"] + shift}
+    return f
 
 
 def test_greedy_keeps_a_protected_job_when_the_on_demand_buffer_breaks():

@@ -344,6 +344,10 @@ def test_solver_answer_keeps_every_rule_on_larger_fleets(fleet):
     check_fleet(fleet, time_limit=5)
 
 
+# Deadlines from two days ahead (midnight UTC): a fixed date would pass, and with it every deadline the tier draws.
+DEADLINES_FROM = (datetime.now(timezone.utc) + timedelta(days=2)).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 @st.composite
 def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
     """A fleet (as `fleets`) with the issue-17 rules added: a License of a few seats (a tenant quota
@@ -359,7 +363,7 @@ def fleets_with_rules(draw, max_jobs: int = 8, max_instances: int = 4) -> Fleet:
         if d["kind"] == "Job" and draw(st.booleans()):
             d["spec"]["licenses"] = {"sim": draw(st.sampled_from([1, 1, 2]))}
         if d["kind"] == "Job" and draw(st.integers(0, 2)) == 0:
-            d["spec"]["deadline"] = datetime(2026, 12, 1, tzinfo=timezone.utc) + timedelta(hours=draw(st.integers(0, 72)))
+            d["spec"]["deadline"] = DEADLINES_FROM + timedelta(hours=draw(st.integers(0, 72)))
     if any(d["kind"] == "Pool" and d["metadata"]["name"] == "aws-a100" for d in docs) and draw(st.booleans()):
         docs.append(doc("Reservation", "p4d", {"cloud": "aws", "region": "us-east-1", "zone": draw(st.sampled_from(["us-east-1a", "us-east-1b"])),
                                                "instance_type": "p4d.24xlarge", "count": draw(st.integers(1, 2)), "hourly_cost": 19.2}))
