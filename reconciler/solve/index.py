@@ -103,6 +103,7 @@ class HostIndex:
         self.by_pairs: dict[tuple, dict[frozenset, list[int]]] = {}  # who lives there -> positions
         self.pos: dict[str, tuple[tuple, int]] = {}  # host key -> (type class, position)
         self.sorted_free: dict[tuple, tuple[list[float], list[int]]] = {}
+        self._evictable: dict[tuple, list[int]] = {}  # (type class, pairs, nvlink, rule) -> hosts where they may evict, ranked
         for c in [*capacities, *idle]:
             if isinstance(c, Host) and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
                 continue
@@ -170,6 +171,29 @@ class HostIndex:
             most = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
             out[t] = set(most[:max(1, pairs // max(n, 1))])
         return out
+
+    def evictable(self, rep: Demand, pairs: frozenset, may_evict, most: int) -> list[int]:
+        """Positions of at most `most` hosts of rep's type class where work of `pairs` (tenant, class) may evict a
+        resident, those with the most free room first (then in model order); not beside taken GPUs for NVLink work
+        on several domains (as `candidates`)."""
+        t = type_class(rep)
+        key = (t, pairs, rep.nvlink, may_evict)
+        ranked = self._evictable.get(key)
+        if ranked is None:  # (asked per group: at 5k jobs after a reclaim, 1,162 groups of a few dozen (tenant, class) pairs)
+            order = self.order.get(t, [])
+            at = {i for rp, idx in self.by_pairs.get(t, {}).items() if may_evict(pairs, rp) for i in idx}
+            if rep.nvlink:
+                at = {i for i in at if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident}
+            ranked = self._evictable[key] = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+        return ranked[:most]
+
+    def merged(self, rep: Demand, found: list[Capacity], more: list[int]) -> list[Capacity]:
+        """`found` (rep's candidates, in model order) with the hosts at positions `more` of its type class added."""
+        if not more:
+            return found
+        order = self.order[type_class(rep)]
+        picked = {self.pos[c.key][1] for c in found} | set(more)
+        return [order[i] for i in sorted(picked)]
 
     def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None,
                    own: tuple[str, ...] = ()) -> list[Capacity]:
