@@ -1343,3 +1343,16 @@ def test_a_running_job_stopped_for_its_tenants_higher_work_may_move_where_it_tak
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet69"), ["change resources", "fail a create"], _named("j13"))
+
+
+def test_a_consolidation_that_frees_room_for_work_places_it_at_the_cheapest_on_fleet70():
+    """fleet70 (the stable-run exploration on up to 45 jobs, 2026-11-29; the same at the last session's start): the
+    fleet budget raised from $15 to $60/h. The plan consolidated (t1's running j2 and j5 free to move for cost), gave
+    the room to pending work (claim_room: t1's j1, j4 and j8 placed), then priced that work with running work fixed
+    where the consolidation had put it: two p4d on-demand for j1, j4, j8 and t3's j10, $55.20/h, "FEASIBLE, gap 39.7%".
+    The plan after the apply moved j4 and j8 beside j10 and j1, j2, j5 onto one a2-highgpu-4g spot, $36.85/h. The last
+    cost stage now lets running work move for cost again (every running job kept: strategy.keep_running), so the
+    consolidation and the work it makes room for are priced together."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet70"), ["lower budget"], lambda strategy: 60.0)

@@ -646,9 +646,12 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     if lowered:
         res = search.cost_lp()
         lb = res[0] if res is not None else None
-    search.fix(search.model.stay.variables(), hint)
     out = [r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds) for r, v in zip(reports, reached)]
-    hint, value, _, _ = cost_stage(search, claimed)  # (its bound is for these stays only: the plan is measured against lb)
+    restore = keep_running(search, claimed)
+    try:
+        hint, value, _, _ = cost_stage(search, claimed)  # (the plan is measured against lb)
+    finally:
+        restore()
     # No answer keeping running work where it runs places this work, so none is what the moves save against
     # (Consolidation.saving_per_hour: not measured): a consolidation that pays freed the room the work took.
     search.stay_value, search.stay_answer = None, None
