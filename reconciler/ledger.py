@@ -124,6 +124,12 @@ def pool_ok(count: int, add: int, max_instances: int) -> bool:
     return count + add <= max_instances
 
 
+def reservation_over(count: int, add: int, reserved: int) -> int:
+    """A Reservation of `reserved` instances: how many `count` instances in it (kept and launched into it) and `add`
+    more would be over it; 0 within it."""
+    return max(0, count + add - reserved)
+
+
 def pool_min_ok(count: int, min_instances: int) -> bool:
     """A pool's min_instances: `count` instances meet it."""
     return count >= min_instances
@@ -713,7 +719,7 @@ class Ledger:
         """How many instances n more of c would put its Reservation over its count (the instances kept in it and
         launched into it, as the model's row counts them: solve/fleet_rules.add_reservations); 0 within it."""
         r = self.problem.reservations.get(c.reservation) if c.reservation else None
-        return max(0, self._reserved.get(c.reservation, 0) + n - r.count) if r is not None else 0
+        return reservation_over(self._reserved.get(c.reservation, 0), n, r.count) if r is not None else 0
 
     def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True) -> str | None:
         """The first rule n more instances of c (besides `pending`) would break, or None (open_rules)."""
@@ -1273,4 +1279,4 @@ def licensed_by(broken: dict[str, str] | set[str]) -> set[str] | None:
 
 
 __all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]
+           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from reconciler.ledger import QuotaBook, budget_ok, micro, pool_ok, spot_share_ok
+from reconciler.ledger import QuotaBook, budget_ok, micro, pool_ok, reservation_over, spot_share_ok
 from reconciler.observe import Observed
 from reconciler.pack import Bin, pack_items
 from reconciler.plan.assign import Assignment, assign_items
@@ -336,7 +336,8 @@ class _Repairs:
         if self.cloud_quotas.short(cap) is not None:
             return None
         r = problem.reservations.get(cap.reservation) if cap.reservation else None
-        if r is not None and self.reserved_kept[cap.reservation] + len(p.bins_of.get(ok, [])) >= min(r.count, cap.max_new):
+        if r is not None and (reservation_over(self.reserved_kept[cap.reservation] + len(p.bins_of.get(ok, [])), 1, r.count)
+                              or len(p.bins_of.get(ok, [])) >= cap.max_new):
             return None  # the reservation has no more instances
         sp = problem.spot
         if cap.market == "spot":

@@ -632,12 +632,14 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     claimed = claim_room(search, hint)
     if claimed is None:
         return hint, value, lb, status, reports
-    # The consolidated answer, its running work where it is and its freed room taken: its stays fixed, each tier held
-    # at what it reaches (a tier it raised is not proven best: its bound was the held answer's), then the cost.
+    # The consolidated answer with its freed room taken: each tier held at what it reaches (a tier it raised is not
+    # proven best: its bound was the held answer's), then the cost, every running job kept and free to move for cost
+    # again. (With the consolidation's stays fixed, the work the room took was priced around them: two p4d at $55.20/h,
+    # and the plan after the apply moved five jobs to reach $36.85/h, fleet70.)
     reached = [search.value(claimed, t.expr) for t in search.tiers]
     # A tier below one it raised may rank worse (a higher class took a lower one's room): the floors it is under go,
     # and so does the bound of the cost at them. The cost's LP at the tiers it reaches, with running work free to
-    # move as the bound was, is the bound then (taken before the stays are fixed: after, it is these stays' only).
+    # move as the bound was, is the bound then.
     lowered = any(improves(r.value, v, t.sense) for t, r, v in zip(search.tiers, reports, reached))
     if lowered:
         search.let_go_floors()
