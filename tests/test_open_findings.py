@@ -1373,3 +1373,15 @@ def test_a_tenants_guarantee_holds_the_jobs_the_last_plan_kept_in_it_on_fleet71(
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet71"), ["fail a create"], _named("j1"))
+
+
+@pytest.mark.xfail(strict=True, reason="fleet72: open: fleet71's cause, through the fair share of borrowed capacity")
+def test_a_tenants_guarantee_holds_the_jobs_the_last_plan_kept_in_it_under_fair_share_on_fleet72():
+    """fleet72 (the stable-run exploration, 2026-11-29; the same at the session's start): fleet71's cause through the
+    fair share. t1 (2 GPUs guaranteed, burst 6) runs critical j24 and normal j20 (1 GPU each) inside its guarantee; its
+    critical j11, resized to 2 GPUs, takes the room of borrowing t3's j21 and j5 on borrowed capacity (2 GPUs, whole or
+    nothing, against t3's 0). After the apply the guarantee is filled again, largest first: j11 inside, j24 and j20
+    borrowed, and the fair share of borrowed capacity now stops t1's j20 for t3's j21, in the plan after the apply."""
+    from tests.test_properties import check_stable_run
+
+    check_stable_run(fleet("fleet72"), ["grow gang", "change resources", "raise quota"], _named("j11"))
