@@ -568,5 +568,8 @@ def _update_state(desired: DesiredState, observed: Observed, fleet: Fleet, state
     # job still runs as it was (the next plan sees the change again and restarts it).
     state.shapes = {j: (observed.shapes[j] if j in placed.stayed_old and j in observed.shapes else shape_of(desired.jobs[j]))
                     for j in state.placements if j in desired.jobs}
+    # Since when each placed job has run: a job that ran before (moved or not) keeps its serial, a new one gets this
+    # apply's (a tenant's guarantee holds the longest-running first, as the plan that placed them did: problem.tenants)
+    state.since = {j: observed.since.get(j, 0) if observed.placements.get(j) else serial for j in state.placements}
     state.serial = serial
     report.placements = state.placements

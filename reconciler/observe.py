@@ -38,6 +38,7 @@ class Observed:
     serial: int = 0  # the newest placement serial seen, in the state or on an instance's tags
     notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
+    since: dict[str, int] = field(default_factory=dict)  # job -> the serial of the apply that started it (state), where known
     runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
     foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
     quotas: tuple = ()  # providers.base.Quota: the account quotas the providers read (none: not read, or none apply)
@@ -169,6 +170,7 @@ class Fleet:
                                        "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle))
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
+            since={j: v for j, v in state.since.items() if j in merged.placements},
             quotas=tuple(quotas),
         )
 

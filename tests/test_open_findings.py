@@ -1358,30 +1358,27 @@ def test_a_consolidation_that_frees_room_for_work_places_it_at_the_cheapest_on_f
     check_stable_run(fleet("fleet70"), ["lower budget"], lambda strategy: 60.0)
 
 
-@pytest.mark.xfail(strict=True, reason="fleet71: open: which of a tenant's running jobs its guarantee holds is chosen again "
-                                       "each plan, largest first, not as the plan that placed them chose")
 def test_a_tenants_guarantee_holds_the_jobs_the_last_plan_kept_in_it_on_fleet71():
     """fleet71 (the stable-run exploration with fail-a-create, 2026-11-29; the same at the last session's start): t3
     (guarantee 2 GPUs) runs its critical j25 (1 GPU, A100-80GB, inside the guarantee) and low j1. t3's new critical job
     (2 GPUs) takes j1's place: the plan keeps j25 in the guarantee (the tier keeping running jobs comes first) and the
     new job on borrowed capacity. After the apply both run, and the guarantee is filled again by priority and size
     (problem/tenants._fill): the new job inside, j25 borrowed, so t2's pending normal j19, inside t2's guarantee,
-    reclaims j25's instance (the only A100-80GB one). A licensed reclaim, but in the plan after the apply. The model's
-    own split agrees with the fill then: with both running, its tier of guaranteed critical work counts size and puts
-    the 2-GPU job inside. Open: both need to know which jobs the last plan kept inside the guarantee (a record in the
-    state, read first), or the first plan to split as the next one will."""
+    reclaims j25's instance (the only A100-80GB one). A licensed reclaim, but in the plan after the apply. The state
+    now records since which apply each job has run (State.since, a move keeps it), and the fill takes the
+    longest-running first within a class, as the plan that placed them kept them."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet71"), ["fail a create"], _named("j1"))
 
 
-@pytest.mark.xfail(strict=True, reason="fleet72: open: fleet71's cause, through the fair share of borrowed capacity")
 def test_a_tenants_guarantee_holds_the_jobs_the_last_plan_kept_in_it_under_fair_share_on_fleet72():
     """fleet72 (the stable-run exploration, 2026-11-29; the same at the session's start): fleet71's cause through the
     fair share. t1 (2 GPUs guaranteed, burst 6) runs critical j24 and normal j20 (1 GPU each) inside its guarantee; its
     critical j11, resized to 2 GPUs, takes the room of borrowing t3's j21 and j5 on borrowed capacity (2 GPUs, whole or
     nothing, against t3's 0). After the apply the guarantee is filled again, largest first: j11 inside, j24 and j20
-    borrowed, and the fair share of borrowed capacity now stops t1's j20 for t3's j21, in the plan after the apply."""
+    borrowed, and the fair share of borrowed capacity now stops t1's j20 for t3's j21, in the plan after the apply.
+    Fixed with fleet71 (State.since, the fill longest-running first)."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet72"), ["grow gang", "change resources", "raise quota"], _named("j11"))

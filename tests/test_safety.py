@@ -182,6 +182,8 @@ CORRUPT = [
     ("state a list", lambda c: _state(c).write_text("[]"), "apply", ["state.json: cannot read the reconciler's state: expected a JSON object, got list"]),
     ("state wrong types", lambda c: _state(c).write_text('{"placements": {"train": "i-1"}}'), "apply",
      ["state.json: cannot read the reconciler's state: placements is not a map of job -> [instance id]"]),
+    ("state bad since", lambda c: _state(c).write_text('{"since": {"train": "yesterday"}}'), "plan",
+     ["state.json: cannot read the reconciler's state: since is not a map of job -> serial"]),
     ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
      "apply", ["state.json: cannot read the reconciler's state: short: until 'soon' is not a time"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),

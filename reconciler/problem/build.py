@@ -45,7 +45,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
             best[(c.pool, dim)] = max(best.get((c.pool, dim), 0.0), c.cap(dim))
     for (pool, dim), v in best.items():
         fleet_capacity[dim] += v * pool_bounds.get(pool, (0, 1))[1]
-    tenants = tenant_rules(desired, demands, hosts, fleet_capacity)
+    tenants = tenant_rules(desired, demands, hosts, fleet_capacity, getattr(observed, "since", {}))
 
     static_pending = _static_pending(demands, hosts + offers, desired, observed, offers)
     if freeze or (freeze is None and len(hosts) > FREEZE_ABOVE):

@@ -9,7 +9,11 @@ from reconciler.problem.rules import cannot_stay
 from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules
 
 
-def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float]) -> dict[str, TenantRules]:
+def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float],
+                 since: dict[str, int] | None = None) -> dict[str, TenantRules]:
+    """`since`: job -> the serial of the apply that started it (Observed.since): within a class, the guarantee holds the
+    longest-running first."""
+    since = since or {}
     by_tenant: dict[str, list[Demand]] = {}
     for d in demands:
         by_tenant.setdefault(d.tenant, []).append(d)
@@ -32,11 +36,11 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
                  if len(iids) == d.replicas * d.bundle and job not in d.reshaped]
         stays = {job for d, job, iids in whole if all(i in host_of for i in iids) and not cannot_stay(d, [host_of[i] for i in iids])}
         used = {dim: 0.0 for dim in DIMS}
-        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used)
+        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used, since)
         # Then, in what the guarantee has left, the running jobs that must move (their instance must go or no
         # longer allows them, or a gang runs split): not protected (above), but the guarantee's second tier
         # keeps them running before another tenant's new work (objective.guarantees_tiers).
-        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used)
+        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since)
         size = {job: d.job_size for d, job, _ in whole}
         protected = sum(size[job] for job in kept)
         # Fair share is measured in the dimension its own demand weighs most on.
@@ -52,14 +56,22 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
     return out
 
 
-def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float]) -> list[str]:
-    """The running jobs, highest priority first and within a class the largest first, that fit in what `used` leaves
-    of the guarantee (used grows). Largest first, as the plans fill a guarantee (the tier of a class's guaranteed
-    work counts its size): by name, a fleet's 1-GPU normal job took the guarantee's last 4 GPUs where the plan that
-    was applied had put a 4-GPU one, the 3 left held no running job, and the next plan filled them with the tenant's
-    pending normal job, stopping its low MIG job for the budget (fleet30): a plan right after an apply that changed."""
+def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float],
+          since: dict[str, int] | None = None) -> list[str]:
+    """The running jobs, highest priority first, within a class the longest-running first (`since`: the apply that
+    started each), then the largest first, that fit in what `used` leaves of the guarantee (used grows).
+
+    Longest-running first, as the plan that placed them kept them: its tier keeping running jobs inside the guarantee
+    comes before its tier of guaranteed work, so a new job of the class went on borrowed capacity beside them. Filled
+    again largest first after the apply, t3's new 2-GPU critical job was inside and its running 1-GPU critical j25
+    borrowed, and another tenant's pending job reclaimed j25's instance in the plan after the apply (fleet71; through
+    the fair share, fleet72). Then largest first, as the plans fill a guarantee with jobs placed together (the tier of
+    a class's guaranteed work counts its size): by name, a fleet's 1-GPU normal job took the guarantee's last 4 GPUs
+    where the plan that was applied had put a 4-GPU one, the 3 left held no running job, and the next plan filled them
+    with the tenant's pending normal job, stopping its low MIG job for the budget (fleet30)."""
+    since = since or {}
     out = []
-    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, -dj[0].job_size, dj[1])):
+    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, since.get(dj[1], 0), -dj[0].job_size, dj[1])):
         need = {dim: d.req(dim) * d.replicas for dim in DIMS}
         if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
             for k in DIMS:
