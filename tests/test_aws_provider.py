@@ -333,16 +333,7 @@ def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(prox
     """examples/aws-only with a reservation of two g4dn.xlarge in us-west-2a: the on-demand T4 job goes there at no
     marginal cost, launched with the reservation's id and tagged with its name; the next plan changes nothing and
     reports one of two reserved instances used."""
-    cfg = _config(tmp_path)
-    text = (cfg / "fleet.yaml").read_text()  # a fleet of its own: moto's state is shared by the session's tests
-    (cfg / "fleet.yaml").write_text(text.replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
-    assert fleet in (cfg / "fleet.yaml").read_text()
-    res_doc = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "t4-2026"},
-               "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": 2,
-                        "hourly_cost": 0.33, "target": {"reservation_id": CR}}}
-    (cfg / "reservation.yaml").write_text(json.dumps(res_doc))
-    proxy.reserve(CR, "g4dn.xlarge", "us-west-2a", 2)
-    opts = {"endpoint_url": proxy.url}
+    cfg, _, opts = _reserved_config(proxy, tmp_path, fleet, 2)
     res = api.apply(cfg, provider="aws", options=opts)
     assert res.report.ok
     reserved = [c for c in res.plan.creates if c.reservation == "t4-2026"]
@@ -358,19 +349,26 @@ def test_apply_launches_reserved_capacity_into_its_reservation_against_moto(prox
     assert not again.has_changes and again.rules["reservations"]["t4-2026"]["used"] == 1
 
 
-def _reserved_canary(proxy, tmp_path: Path, fleet: str) -> tuple[Path, str, dict, str]:
-    """examples/aws-only with a reservation of one g4dn.xlarge (a targeted one, held by the proxy as EC2 holds it),
-    applied: inference-canary runs on the instance that holds it. Returns (config, fleet.yaml's text, options, that
-    instance's id)."""
+def _reserved_config(proxy, tmp_path: Path, fleet: str, count: int) -> tuple[Path, str, dict]:
+    """examples/aws-only as a fleet of its own (moto's state is shared by the session's tests), with a targeted
+    reservation of `count` g4dn.xlarge in us-west-2a, held by the proxy as EC2 holds it. Returns (config, fleet.yaml's
+    text, options)."""
     cfg = _config(tmp_path)
     text = (cfg / "fleet.yaml").read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}")
+    assert fleet in text
     (cfg / "fleet.yaml").write_text(text)
     res_doc = {"apiVersion": "fleetops.io/v1alpha1", "kind": "Reservation", "metadata": {"name": "t4-2026"},
-               "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": 1,
+               "spec": {"cloud": "aws", "region": "us-west-2", "zone": "us-west-2a", "instance_type": "g4dn.xlarge", "count": count,
                         "hourly_cost": 0.33, "target": {"reservation_id": CR}}}
     (cfg / "reservation.yaml").write_text(json.dumps(res_doc))
-    proxy.reserve(CR, "g4dn.xlarge", "us-west-2a", 1)
-    opts = {"endpoint_url": proxy.url}
+    proxy.reserve(CR, "g4dn.xlarge", "us-west-2a", count)
+    return cfg, text, {"endpoint_url": proxy.url}
+
+
+def _reserved_canary(proxy, tmp_path: Path, fleet: str) -> tuple[Path, str, dict, str]:
+    """_reserved_config with a reservation of one, applied: inference-canary runs on the instance that holds it.
+    Returns (config, fleet.yaml's text, options, that instance's id)."""
+    cfg, text, opts = _reserved_config(proxy, tmp_path, fleet, 1)
     first = api.apply(cfg, provider="aws", options=opts)
     assert first.report.ok
     old = first.report.placements["inference-canary"][0]
