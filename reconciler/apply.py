@@ -387,6 +387,22 @@ def _reservation_of(inst: Instance) -> str | None:
     return inst.tags.get(TAG_RESERVATION) if inst.market == "on-demand" else None
 
 
+def _reservation_members(plan: Plan, existing: dict[str, Instance], created: dict[str, str], deleted) -> dict[str, set[str]]:
+    """Reservation -> the ids of our instances in it: those observed (or launched: `existing`) with its tag, and the
+    plan's creates into it launched so far (`created`: by id, so one an interrupted run launched and observe found
+    counts once), less those `deleted`."""
+    ids: dict[str, set[str]] = {}
+    for iid, inst in existing.items():
+        name = _reservation_of(inst)
+        if name:
+            ids.setdefault(name, set()).add(iid)
+    for c in plan.creates:
+        if c.reservation and c.ref in created:
+            ids.setdefault(c.reservation, set()).add(created[c.ref])
+    gone = set(deleted)
+    return {name: s - gone for name, s in ids.items()}
+
+
 def _reservation_order(desired: DesiredState, plan: Plan, todo: list[CreateAction],
                        existing: dict[str, Instance]) -> tuple[list[CreateAction], list[CreateAction]]:
     """(creates to launch now, creates that wait for the plan's deletes): a create into a Reservation whose instances
@@ -394,11 +410,7 @@ def _reservation_order(desired: DesiredState, plan: Plan, todo: list[CreateActio
     full targeted reservation (EC2: ReservationCapacityExceeded, a capacity error that would mark the zone short),
     and into an open one it launches at the on-demand price. The plan may do this: its count holds the instances it
     keeps and launches (problem.capacity.reserved_offers; fleet66)."""
-    held: dict[str, int] = {}
-    for inst in existing.values():
-        name = _reservation_of(inst)
-        if name:
-            held[name] = held.get(name, 0) + 1
+    held = {name: len(ids) for name, ids in _reservation_members(plan, existing, {}, ()).items()}
     now, later = [], []
     for c in todo:
         r = desired.reservations.get(c.reservation) if c.reservation else None
@@ -415,15 +427,7 @@ def _room_left(desired: DesiredState, plan: Plan, later: list[CreateAction], exi
                report: ApplyReport) -> list[CreateAction]:
     """Of the creates that waited for their Reservation, those it has room for now that the plan's deletes ran; the
     others are reported failed, not started (nothing is launched past a reservation's count)."""
-    ids: dict[str, set[str]] = {}
-    for iid, inst in existing.items():
-        name = _reservation_of(inst)
-        if name:
-            ids.setdefault(name, set()).add(iid)
-    for c in plan.creates:  # (the ids, so that one an interrupted run launched and observe found counts once)
-        if c.reservation and c.ref in report.created:
-            ids.setdefault(c.reservation, set()).add(report.created[c.ref])
-    held = {name: len(s - set(report.deleted)) for name, s in ids.items()}
+    held = {name: len(ids) for name, ids in _reservation_members(plan, existing, report.created, report.deleted).items()}
     out = []
     for c in later:
         name = c.reservation or ""
