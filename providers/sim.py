@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
@@ -435,7 +435,14 @@ class SimProvider:
         with self.cloud.world() as w:
             existing = w["keys"].get(request.key)
             if existing is not None:  # idempotent retry: the same key never makes a second instance
-                return self._to_instance(w["instances"][existing])
+                d = w["instances"][existing]
+                asked = (request.pool.cloud, request.zone, request.instance_type, request.market)
+                if (d["cloud"], d["zone"], d["instance_type"], d["market"]) != asked:
+                    # As EC2 answers a ClientToken reused with other parameters: an error, never the other launch's
+                    # instance (apply tries the next attempt's key, as on AWS).
+                    raise KeySpentError(f"sim: IdempotentParameterMismatch: key {request.key} was used for another launch "
+                                        f"({d['market']} {d['instance_type']} in {d['zone']})")
+                return self._to_instance(d)
             self._call(w)
             every = w["faults"].get("reject_every")
             if every:  # a partial batch failure: every n-th launch is refused, the others succeed

@@ -21,7 +21,7 @@ from reconciler.observe import Fleet, Observed
 from reconciler.backend import backend_for
 from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
 from reconciler import identity
-from reconciler.state import State, state_dir, utcnow
+from reconciler.state import State, refuse_links, state_dir, utcnow
 
 if TYPE_CHECKING:
     from reconciler import memo
@@ -57,6 +57,7 @@ class ApplyResult:
 
 def load(config_dir: str | Path, cache: bool = False) -> DesiredState:
     """The config, validated against the price catalog it pins (`catalog.json` beside its YAML) or the shipped one."""
+    refuse_links(Path(config_dir))  # (before the parse cache, the memo or anything else reads or writes .reconcile/)
     pin_catalog(catalog_for(Path(config_dir)))
     return _load_config(config_dir, cache=cache)
 

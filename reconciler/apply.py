@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET_UID, TAG_RESERVATION, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_RESERVATION, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
@@ -208,9 +208,9 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
 
 
 def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int,
-            alive: dict[str, Instance], uid: str, hosted: list[Placement]) -> Instance:
+            alive: dict[str, Instance], uid: str, hosted: list[Placement], known: frozenset[str]) -> Instance:
     """The create's first attempt that launches or finds a live instance (module docstring). `hosted`: the
-    replicas the plan puts on it (recorded in its tags)."""
+    replicas the plan puts on it (recorded in its tags). `known`: the ids of the instances the fleet ran before."""
     for n in range(MAX_ATTEMPTS):
         key = attempt_key(c.key, n)
         if key in alive:  # created by an earlier, interrupted run of this same plan
@@ -220,9 +220,31 @@ def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
         except KeySpentError:
             continue
         if inst.alive:
+            _check_launched(c, key, inst, known, desired.fleet)
             return inst
     raise ProviderError(f"the cloud answered all {MAX_ATTEMPTS} create keys {c.key}..{attempt_key(c.key, MAX_ATTEMPTS - 1)} "
                         "with instances that are gone; nothing was launched")
+
+
+def _check_launched(c: CreateAction, key: str, inst: Instance, known: frozenset[str], fleet: str) -> None:
+    """The instance the cloud answered a create with is a new one of the site asked for. A cloud answers a key it has
+    seen with that key's instance, whatever was asked: one the fleet already ran (a key it was launched with) or one of
+    another site would get the plan's replicas beside its own work, on GPUs it does not have (audit: a plan given an
+    earlier plan's id). Nothing is placed on it; the create fails and says why."""
+    site = c.site
+    if inst.id in known:
+        raise ProviderError(f"the cloud answered create key {key} with {inst.id}, an instance the fleet already runs, not a "
+                            "new one; nothing was placed on it")
+    owner = inst.tags.get(TAG_FLEET)
+    if owner and owner != fleet:
+        raise ProviderError(f"the cloud answered create key {key} with {inst.id}, an instance of fleet {owner!r}, not a new one "
+                            "of this fleet; nothing was placed on it")
+    got = (inst.cloud, inst.zone, inst.instance_type, inst.market, inst.pool or site.pool)  # (a launch may answer before
+    want = (site.cloud, site.zone, site.instance_type, site.market, site.pool)             # its tags are readable)
+    if got != want:
+        raise ProviderError(f"the cloud answered create key {key} with {inst.id}, a {inst.market} {inst.instance_type} in "
+                            f"{inst.cloud}/{inst.zone} (pool {inst.pool!r}), not the {site.market} {site.instance_type} in "
+                            f"{site.cloud}/{site.zone} (pool {site.pool!r}) asked for; nothing was placed on it")
 
 
 def _hosted(placements: dict[str, list[str]], gpus: dict[str, list[list[int]]]) -> dict[str, list[Placement]]:
@@ -476,10 +498,11 @@ def _launch_all(todo: list[CreateAction], desired: DesiredState, plan: Plan, fle
         steps.end(started, "create", c.ref, _what(c), error=e)
 
     arriving = _arrivals(plan)
+    known = frozenset(i.id for i in already.values())
     _run_all(todo, lane=lambda c: _lane(fleet, c.site.provider, desired.pools[c.site.pool].spec.region),
              limit=lambda c: parallelism(fleet.provider(c.site.provider)),
              begin=lambda c: steps.begin("create", c.ref, _what(c)),
-             work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid, arriving.get(c.ref, [])),
+             work=lambda c: _launch(fleet, desired, plan, c, serial, already, state.fleet_uid, arriving.get(c.ref, []), known),
              finish=created)
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from providers.base import TAG_CREATE_KEY
 from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
                               running_ledger)
 from reconciler.model import DesiredState
@@ -64,6 +65,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     instances = {i.id: i for i in observed.instances}
 
     creates, errors = _checked_creates(plan, desired, problem, offers)
+    errors += _key_errors(creates, observed)
     refs = {c.ref for c in creates}
     deletes, more = _checked_deletes(plan, desired, instances, host_price)
     errors += more
@@ -121,6 +123,22 @@ def _checked_creates(plan: Plan, desired: DesiredState, problem: Problem, offers
             continue
         creates.append(replace(c, price=offer.price, max_price=offer.on_demand_price if c.site.market == "spot" else None))
     return creates, errors
+
+
+def _key_errors(creates: list[CreateAction], observed: Observed) -> list[str]:
+    """No create's key (nor a retry's, `<key>-N`) is one a live instance of the fleet was launched with. The cloud answers a
+    key it has seen with that instance, so apply would take an instance that already runs work for a new one and put the
+    plan's replicas on it beside that work (a plan given an earlier plan's id, its keys rewritten to match: audit). A plan
+    made by `reconcile plan` cannot do so: its id hashes the fleet it was made against, which holds every live key."""
+    live = sorted((i.tags.get(TAG_CREATE_KEY) or "", i.id) for i in observed.instances if i.alive)
+    errors = []
+    for c in creates:
+        held = [iid for key, iid in live if key == c.key or key.startswith(c.key + "-")]
+        if held:
+            errors.append(f"create {c.ref}: its key {c.key!r} is the one {', '.join(held)} was launched with; the cloud would "
+                          "answer it with that running instance, not a new one (the plan was made for another fleet state, "
+                          "or edited)")
+    return errors
 
 
 def _checked_deletes(plan: Plan, desired: DesiredState, instances: dict, host_price: dict) -> tuple[list[DeleteAction], list[str]]:

@@ -74,6 +74,36 @@ class StateFileError(ReconcileError):
             "state (each instance's placement tags, where its provider keeps them, then say again what runs where).")
 
 
+class StateLinkError(ReconcileError):
+    """A symlink under .reconcile/: nothing is read or written through it."""
+
+
+def refuse_links(config_dir: Path) -> None:
+    """Refuse a symlink anywhere under the config's .reconcile/ before anything reads or writes there. Apply writes and
+    prunes files in its directories (assignments, agents' reports, the sim's world, caches), and a pull request can add
+    a link to the checkout: `.reconcile/assignments -> /somewhere` had every apply delete the *.json files there and
+    write its own (audit). status/ was already never written through a link; this is the same rule for the state."""
+    top = state_dir(config_dir)
+    if top.is_symlink():
+        links = [top]
+    elif not top.is_dir():
+        return
+    else:
+        links = []
+        disks = {top / "sim" / "volumes", *(top / "sim" / "agents").glob("*/replicas")}
+        for root, dirs, files in os.walk(top):  # (a link to a directory is listed in dirs and not entered)
+            links += [Path(root) / n for n in (*dirs, *files) if os.path.islink(os.path.join(root, n))]
+            if Path(root) in disks:  # the simulated instances' disks: what the jobs write there (a venv's links) is theirs
+                dirs[:] = []
+    if links:
+        first = sorted(links)[0]
+        more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+        raise StateLinkError(f"{first} is a symlink (to {os.readlink(first)}){more}: the reconciler never reads or writes "
+                             "its state through a link, which could lead out of the config directory. Nothing was "
+                             f"changed. Remove the link (`rm {first}`); its files are rewritten by the next run, or restore "
+                             "them from a backup.")
+
+
 def _state_problem(raw) -> str | None:
     """What is wrong with a parsed state document, if anything (its shape, not its meaning)."""
     if not isinstance(raw, dict):

@@ -538,3 +538,64 @@ def test_on_the_sim_a_raised_job_stops_its_own_tenants_low_job_and_apply_refuses
     out.write_text(pristine)
     assert _apply(cfg, out).exit_code == 0
     assert runner.invoke(app, ["plan", str(cfg), "--time-limit", QUICK, "--detailed-exitcode"]).exit_code == 0
+
+
+def test_a_plan_given_an_earlier_plans_id_and_keys_is_refused_before_anything_launches(applied):
+    """Audit: a saved plan whose id (and so its create keys) was set to the first apply's. The cloud answers a key it has
+    seen with that key's instance: apply took three busy instances (one an A10G box, for an A100 job) as new ones, put
+    the plan's jobs beside their residents on the same GPUs, and reported "3 created"."""
+    cfg, out = applied
+    sim = SimCloud(state_dir(cfg))
+    gcp = sorted(i for i, d in _live(cfg).items() if d["cloud"] == "gcp")
+    for iid in gcp[:3]:
+        sim.interrupt(iid)
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    first = sorted(d["tags"]["fleetops.io/create-key"] for d in _live(cfg).values())[0].split("-")[0]
+    before = _live(cfg)
+
+    def earlier(raw):
+        assert raw["creates"], "the interrupts need replacements"
+        raw["id"] = first
+        for n, c in enumerate(raw["creates"], 1):
+            c["key"] = f"{first}-{n:04d}"
+
+    _edit(out, earlier)
+    _refused(_apply(cfg, out), f"create +1: its key '{first}-0001' is the one")
+    assert _live(cfg) == before
+
+
+def test_a_create_the_cloud_answers_with_another_launchs_instance_places_nothing_on_it(tmp_path):
+    """Defense in depth below the re-check: where the cloud answers a create with an instance of another site or fleet
+    (a key some other launch used), the create fails and no replica is put on that instance."""
+    from providers.base import Instance
+    from reconciler.apply import _check_launched
+    from reconciler.errors import ProviderError
+    from reconciler.plan import CreateAction
+    from reconciler.site import Site
+
+    site = Site("aws-a100", "sim", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "on-demand")
+    c = CreateAction(ref="+1", key="abc-0001", site=site, price=21.96, max_price=None)
+    new = Instance("i-9", "sim", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge", "on-demand", "running", "aws-a100",
+                   tags={"fleetops.io/fleet": "f"})
+    _check_launched(c, c.key, new, frozenset({"i-1"}), "f")  # a new instance of the site asked for
+    with pytest.raises(ProviderError, match="an instance the fleet already runs"):
+        _check_launched(c, c.key, new, frozenset({"i-9"}), "f")
+    with pytest.raises(ProviderError, match="a on-demand g5.12xlarge"):
+        _check_launched(c, c.key, replace(new, instance_type="g5.12xlarge"), frozenset(), "f")
+    with pytest.raises(ProviderError, match="an instance of fleet 'other'"):
+        _check_launched(c, c.key, replace(new, tags={"fleetops.io/fleet": "other"}), frozenset(), "f")
+
+
+def test_the_sim_answers_a_key_reused_for_another_launch_as_ec2_does(tmp_path):
+    """EC2 answers a ClientToken reused with other parameters with IdempotentParameterMismatch, never with the other
+    launch's instance; the sim did (it returned an A10G box for a p4d create). The key is spent: apply tries the next."""
+    from providers.base import CreateRequest, PoolTarget, ProviderContext
+    from providers.errors import KeySpentError
+    from providers.sim import SimProvider
+
+    prov = SimProvider(ProviderContext("f", tmp_path))
+    pool = PoolTarget("p", "aws", "us-east-1", ("us-east-1a",), ("g5.xlarge", "m6i.4xlarge"))
+    first = prov.create(CreateRequest("k-0001", pool, "us-east-1a", "g5.xlarge", "on-demand"))
+    assert prov.create(CreateRequest("k-0001", pool, "us-east-1a", "g5.xlarge", "on-demand")).id == first.id  # a retry
+    with pytest.raises(KeySpentError, match="IdempotentParameterMismatch"):
+        prov.create(CreateRequest("k-0001", pool, "us-east-1a", "m6i.4xlarge", "on-demand"))
