@@ -327,7 +327,7 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             if entry.name.startswith(".") or entry.name in SKIP_DIRS:
                 continue
             path, rel = directory / entry.name, rel_dir / entry.name
-            is_yaml = entry.name.endswith((".yaml", ".yml"))
+            is_yaml = entry.name.lower().endswith((".yaml", ".yml"))  # (jobs in a .YAML file are jobs: skipped, their instances went)
             real = real_dir / entry.name
             if entry.is_symlink():
                 try:
@@ -492,7 +492,19 @@ def load(root: str | Path, cache: bool = False) -> DesiredState:
         if state is not None:
             return state
     parse_cache = _ParseCache(root / ".reconcile" / "cache" / "parse") if cache else None
-    parsed = [d for rel, raw in raws if raw is not None for d in _parse_file(rel, raw, diags, parse_cache)]
+    parsed: list[_Parsed] = []
+    for rel, raw in raws:
+        if raw is None:
+            continue
+        before = len(diags)
+        docs = [d for d in _parse_file(rel, raw, diags, parse_cache) if d.body is not None]  # (a `---` with nothing after)
+        if not docs and len(diags) == before:
+            # A zero-byte or comment-only file is far more often one cut short (a bad merge, a full disk, an editor's
+            # crash) than one meant to say nothing: read as nothing, its jobs stopped and apply deleted their instances.
+            diags.append(Diagnostic(rel, 1, "", "", "<file>", "holds no document (empty, or only comments): its jobs would "
+                                    "stop and what they run on be deleted. Delete the file to remove what it held, or "
+                                    "restore its documents"))
+        parsed += docs
     validated: list[tuple[_Parsed, Any]] = []
     for doc in parsed:
         obj = _validate_doc(doc, diags)

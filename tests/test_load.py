@@ -178,6 +178,29 @@ def test_status_and_hidden_dirs_are_not_config(tmp_path):
     assert load(tmp_path).fleet == "test"
 
 
+@pytest.mark.parametrize("text", ["", "# TODO: jobs\n", "---\n", "# cut\n---\n---\n"])
+def test_a_file_with_no_document_is_an_error_not_an_empty_file(tmp_path, text):
+    """Audit: a jobs file cut to nothing (or to a comment) read as no jobs: the plan stopped the five jobs it held and
+    deleted their six instances, "0 evicted". A refusal naming the file beats that guess."""
+    cfg = tmp_path / "q"
+    shutil.copytree(QUICKSTART, cfg)
+    (cfg / "jobs" / "research.yaml").write_text(text)
+    assert errors_of(cfg) == ["jobs/research.yaml:1: holds no document (empty, or only comments): its jobs would "
+                              "stop and what they run on be deleted. Delete the file to remove what it held, or restore "
+                              "its documents"]
+
+
+def test_a_yaml_file_is_read_whatever_the_case_of_its_extension(tmp_path):
+    """Audit: jobs/research.YAML was skipped: "ok ... 5 jobs", and the plan deleted the six instances its jobs ran on."""
+    cfg = tmp_path / "q"
+    shutil.copytree(QUICKSTART, cfg)
+    (cfg / "jobs" / "research.yaml").rename(cfg / "jobs" / "research.YAML")
+    (cfg / "jobs" / "platform.yaml").rename(cfg / "jobs" / "platform.Yml")
+    product = cfg / "jobs" / "product.yaml"
+    product.write_text(product.read_text() + "\n---\n")  # a trailing `---` is an empty document, not "got NoneType"
+    assert load(cfg).jobs.keys() == load(QUICKSTART).jobs.keys()
+
+
 def test_cli_validate_exit_codes(tmp_path):
     runner = CliRunner()
     ok = runner.invoke(app, ["validate", str(QUICKSTART)])
