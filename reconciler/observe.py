@@ -42,6 +42,7 @@ class Observed:
     runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
     foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
     quotas: tuple = ()  # providers.base.Quota: the account quotas the providers read (none: not read, or none apply)
+    removed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a job the config no longer has -> where it runs
 
     @property
     def digest(self) -> str:
@@ -58,6 +59,13 @@ class Observed:
             "instances": sorted((i.id, i.instance_type, i.zone, i.market, i.state, i.pool) for i in self.instances),
             "placements": {k: list(v) for k, v in sorted(self.placements.items())},
         }
+        # What runs as applied, beyond where: the GPUs each replica holds, the shape it was placed with, since when it
+        # runs, and the jobs the config dropped. A saved plan made against other values of them is stale (audit: a plan
+        # saved before a job was resized in place, then applied after, restarted it on fewer GPUs and put a new job on
+        # the GPU it still held). Each only where set: a fleet without them hashes as before.
+        for name, value in (("gpus", self.gpu_indices), ("shapes", self.shapes), ("since", self.since), ("removed", self.removed)):
+            if value:
+                body[name] = {k: v for k, v in sorted(value.items())}
         rt = self.runtime
         if rt is not None and (rt.finished or rt.unhealthy):  # type: ignore[attr-defined]
             body["runtime"] = {"finished": dict(sorted(rt.finished.items())), "unhealthy": sorted(rt.unhealthy)}  # type: ignore[attr-defined]
@@ -171,7 +179,7 @@ class Fleet:
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},
-            quotas=tuple(quotas),
+            quotas=tuple(quotas), removed=merged.removed,
         )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from providers.base import Instance
 from providers.placements import TAG_PLACEMENTS, Placement, PlacementRecord, PlacementTagError, read_placements
@@ -36,6 +36,7 @@ class Merged:
     gpu_indices: dict[str, tuple[tuple[int, ...], ...]]  # job -> GPUs per live replica, where known
     serial: int  # the newest serial seen (state or tags): the next apply must write a larger one
     notes: tuple[str, ...]
+    removed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a job not desired -> its live instances
 
 
 def _fmt(ps: Collection[Placement]) -> str:
@@ -127,4 +128,18 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         log.info("placements: %s", n)
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
-    return Merged(placements, lost, gpu_indices, newest, tuple(notes))
+    return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
+
+
+def _undesired(state: State, newer: dict[str, PlacementRecord], alive: set[str], jobs: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """The jobs the fleet runs that are not desired (their documents were removed), with their live instances: what the
+    state says, or where an instance's tags are newer than it, those tags. The plan says they stop."""
+    out: dict[str, set[str]] = {}
+    for job, ids in state.placements.items():
+        if job not in jobs:
+            out.setdefault(job, set()).update(i for i in ids if i in alive and i not in newer)
+    for iid, rec in newer.items():
+        for p in rec.placements:
+            if p.job not in jobs:
+                out.setdefault(p.job, set()).add(iid)
+    return {job: tuple(sorted(ids)) for job, ids in sorted(out.items()) if ids}

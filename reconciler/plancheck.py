@@ -54,7 +54,7 @@ from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licen
                               running_ledger)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
-from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name
+from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
@@ -90,7 +90,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
     cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
     checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
-                      kept=kept)
+                      kept=kept, removed=removed_jobs(desired, observed))  # (what stops is what the fleet runs, never the file's word)
     return checked, errors
 
 
@@ -357,6 +357,13 @@ def _fit_errors(plan: Plan, observed: Observed, problem: Problem, created: dict[
             continue
         if j.action == "keep" and sorted(j.instances) != sorted(j.previous):
             errors.append(f"job {j.job}: keep, but on {list(j.instances)}, not where it runs ({list(j.previous)})")
+        rec = recorded.get(j.job)
+        if j.action == "keep" and j.gpus and rec and len(rec) == len(j.previous) and \
+                sorted(zip(j.instances, map(tuple, j.gpus))) != sorted(zip(j.previous, map(tuple, rec))):
+            # A keep restarts nothing: the replica goes on holding the GPUs it holds, whatever the plan writes (audit: a
+            # keep relabelled to GPU 7 and a new job given GPU 1, which the kept job held: two jobs on one GPU).
+            errors.append(f"job {j.job}: keep, but on GPUs {[list(g) for g in j.gpus]}, not the GPUs it runs on "
+                          f"({[list(g) for g in rec]})")
         if (j.action == "move") != bool(j.previous) and j.action != "keep":
             errors.append(f"job {j.job}: {j.action}, but it " + ("does not run" if j.action == "move" else f"runs on {list(j.previous)}"))
         if j.gpus and len(j.gpus) != want:

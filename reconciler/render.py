@@ -21,7 +21,8 @@ def summary_line(plan: Plan) -> str:
     c = plan.counts()
     return (
         f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
-        f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged; "
+        f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged"
+        f"{f', {n} removed' if (n := c['remove']) else ''}; "
         f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
     )
 
@@ -149,6 +150,9 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         _table(con, "Job placements", ("job", "tenant", "action", "instances", "from", "note"),
                [(j.job, j.tenant, j.action, where(j) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
                 for j in moving], [style[j.action] for j in moving])
+    if plan.removed:
+        _table(con, "Jobs removed from the config (they stop)", ("job", "from"),
+               [(r.job, ", ".join(r.previous)) for r in plan.removed], ["red"] * len(plan.removed))
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
     if ballast_line(plan):
@@ -240,6 +244,10 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     if moving:
         lines += [f"<details><summary>Job placements ({len(moving)})</summary>", ""]
         lines += _md_table(["job", "tenant", "action", "instances", "note"], [[j.job, j.tenant, j.action, where(j), j.reason] for j in moving], note)
+        lines += ["", "</details>", ""]
+    if plan.removed:
+        lines += [f"<details open><summary>Jobs removed from the config: they stop ({len(plan.removed)})</summary>", ""]
+        lines += _md_table(["job", "from"], [[r.job, ", ".join(r.previous)] for r in plan.removed], note)
         lines += ["", "</details>", ""]
     if consolidation_line(plan):
         lines += [f"**{consolidation_line(plan)}**", ""]

@@ -101,3 +101,26 @@ def test_a_plan_mapping_with_a_key_that_is_not_a_string_is_refused_not_written_d
     assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()  # read back, written again: the same bytes
     with pytest.raises(TypeError, match="not a string"):
         replace(plan, rules={1: "x"}).to_json()
+
+
+def test_a_running_job_removed_from_the_config_is_a_change_the_plan_shows(tmp_path):
+    """Audit: a running job's document deleted read "No changes. The fleet matches the desired state." (exit 0 with
+    --detailed-exitcode: a scheduled run saw no drift) where its instance stayed, and "0 evicted" beside the deletes of
+    its instances; apply stopped it either way. The plan lists it, counts it, and exits 2."""
+    cfg = copy_quickstart(tmp_path)
+    assert cli("apply", cfg, "--auto-approve", "--time-limit", 5).exit_code == 0
+    jobs = cfg / "jobs" / "platform.yaml"
+    docs = jobs.read_text().split("---\n")
+    jobs.write_text("---\n".join(d for d in docs if "name: label-sync" not in d))
+    res = cli("plan", cfg, "--detailed-exitcode", "--time-limit", 5)
+    assert res.exit_code == 2, res.output
+    assert "No changes" not in res.output and "9 unchanged, 1 removed;" in res.output, res.output
+    assert re.search(r"label-sync\s*│\s*sim-\w+-\d+", res.output), res.output
+    md = cli("plan", cfg, "--format", "markdown", "--time-limit", 5).output
+    assert "Jobs removed from the config: they stop (1)" in md and "| label-sync |" in md
+    saved = tmp_path / "p.json"
+    assert cli("plan", cfg, "--out", saved, "--time-limit", 5, "--format", "json").exit_code == 0
+    assert [r["job"] for r in json.loads(saved.read_text())["removed"]] == ["label-sync"]
+    assert cli("apply", cfg, "--plan", saved).exit_code == 0
+    after = cli("plan", cfg, "--detailed-exitcode", "--time-limit", 5)
+    assert after.exit_code == 0 and "removed" not in after.output, after.output

@@ -599,3 +599,74 @@ def test_the_sim_answers_a_key_reused_for_another_launch_as_ec2_does(tmp_path):
     assert prov.create(CreateRequest("k-0001", pool, "us-east-1a", "g5.xlarge", "on-demand")).id == first.id  # a retry
     with pytest.raises(KeySpentError, match="IdempotentParameterMismatch"):
         prov.create(CreateRequest("k-0001", pool, "us-east-1a", "m6i.4xlarge", "on-demand"))
+
+
+def _one_p4d(tmp_path: Path, *jobs: str) -> Path:
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=1, hi=1)]
+    docs += [job(name, gpus=gpus, gpu_type="A100", cpu=4, mem=16) for name, gpus in (j.split(":") for j in jobs) for gpus in [int(gpus)]]
+    return write_config(tmp_path / "cfg", docs)
+
+
+def test_a_keep_given_other_gpus_than_it_runs_on_is_refused(tmp_path):
+    """Audit: a kept job's GPUs relabelled (1 -> 7) in the saved plan and a new job given GPU 1: accepted, and both ran
+    with CUDA_VISIBLE_DEVICES=1. A keep restarts nothing, so it must name the GPUs its replicas hold."""
+    cfg = _one_p4d(tmp_path, "a:1", "b:1")
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    (cfg / "fleet.yaml").write_text((cfg / "fleet.yaml").read_text() + yaml_job("n", 1))
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    raw = json.loads(out.read_text())
+    assert _job(raw, "b")["action"] == "keep" and _job(raw, "n")["action"] == "place"
+    held = _job(raw, "b")["gpus"]  # as it runs
+    taken = {g for name in ("a", "b", "n") for g in _job(raw, name)["gpus"][0]}
+    free = min(set(range(8)) - taken)
+
+    def relabel(raw):
+        _job(raw, "b")["gpus"] = [[free]]
+        _job(raw, "n")["gpus"] = held  # the GPU b goes on holding
+    _edit(out, relabel)
+    _refused(_apply(cfg, out), f"job b: keep, but on GPUs [[{free}]], not the GPUs it runs on ({held})")
+
+
+def test_a_plan_saved_before_a_job_was_resized_in_place_is_stale(tmp_path):
+    """Audit: a plan saved, then the fleet changed by an apply that resized a job in place (its GPUs, its shape), then
+    the config put back and the old plan applied: both digests matched, and it restarted the job on fewer GPUs while a
+    new job took a GPU the old one still held. The GPUs each replica holds and its shape are part of what a plan was
+    made against."""
+    cfg = _one_p4d(tmp_path, "a:1", "b:1")
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    text = (cfg / "fleet.yaml").read_text()
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    (cfg / "fleet.yaml").write_text(text.replace("gpus: 1", "gpus: 2", 1))  # a: 1 -> 2 GPUs, restarted in place
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", QUICK]).exit_code == 0
+    (cfg / "fleet.yaml").write_text(text)
+    _refused(_apply(cfg, out), "stale plan: the fleet changed since the plan was made")
+
+
+def yaml_job(name: str, gpus: int) -> str:
+    import yaml
+
+    from tests.fleetkit import job
+    return "---\n" + yaml.safe_dump(job(name, gpus=gpus, gpu_type="A100", cpu=4, mem=16), sort_keys=False)
+
+
+@pytest.mark.parametrize("field,value,needle", [("gpus", [[0.0]], "jobs[{n}].gpus[0][0]: expected an integer, got 0.0"),
+                                                ("gpus", [["0"]], 'jobs[{n}].gpus[0][0]: expected an integer, got "0"'),
+                                                ("instances", [1], "jobs[{n}].instances[0]: expected a string, got 1"),
+                                                ("action", "restart", "jobs[{n}].action: 'restart' is not one of")])
+def test_a_field_of_the_wrong_type_is_refused_before_anything_launches(applied, field, value, needle):
+    """Audit: a saved plan's GPU indices written as floats passed the re-check; apply launched the replacement
+    instance, then stopped with "unexpected PlacementTagError" and recorded nothing (the instance ran on, unknown
+    to the state). Strings gave "unexpected TypeError". Every field is read as `reconcile plan` writes it, first."""
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "sweep-lr"))
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    assert json.loads(out.read_text())["creates"]
+    before = _live(cfg)
+    n = [j["job"] for j in json.loads(out.read_text())["jobs"]].index("sweep-lr")
+    _edit(out, lambda raw: _job(raw, "sweep-lr").update({field: value}))
+    _refused(_apply(cfg, out), f"cannot read plan {out}: " + needle.format(n=n))
+    assert _live(cfg) == before

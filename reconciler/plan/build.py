@@ -26,7 +26,7 @@ from reconciler.plan.packing import capacities_of, pack
 from reconciler.plan.quality import consolidation, emitted_quality, rule_summary
 from reconciler.plan.stability import keep_identical, return_home
 from reconciler.plan.tenant_spot import settle_tenant_spot
-from reconciler.plan.types import Plan, SolverReport
+from reconciler.plan.types import Plan, RemovedJob, SolverReport
 from reconciler.problem import Problem
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
@@ -88,5 +88,10 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=consolidation(problem, solved, solution.keep, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
-        ballast=spot_ballast(ledger), rules=rule_summary(problem, ledger),
+        ballast=spot_ballast(ledger), rules=rule_summary(problem, ledger), removed=removed_jobs(desired, observed),
     )
+
+
+def removed_jobs(desired: DesiredState, observed: Observed) -> tuple[RemovedJob, ...]:
+    """The jobs the fleet runs that the config no longer has: they stop (plancheck recomputes them for a saved plan)."""
+    return tuple(RemovedJob(job, ids) for job, ids in sorted(observed.removed.items()) if job not in desired.jobs)

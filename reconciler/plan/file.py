@@ -24,6 +24,8 @@ def encode(plan) -> str:
     del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
     if not raw["rules"]:
         del raw["rules"]
+    if not raw["removed"]:  # (only where a running job left the config: other plans are as before, byte for byte)
+        del raw["removed"]
     if not raw["solver"]["backfilled"]:  # (only where backfill placed work: a plan without is as before, byte for byte)
         del raw["solver"]["backfilled"]
     raw["creates"] = [flat_site(c) for c in raw["creates"]]
@@ -47,7 +49,63 @@ def read_body(text: str) -> dict:
     if raw.pop("body_digest", None) != body_digest(raw):
         raise ValueError("the plan's body does not match its body_digest: it was edited after `reconcile plan` wrote "
                          "it (or made by an older version); make the plan again")
+    _check_shape(raw)
     return raw
+
+
+# The type of every field a saved plan's actions are read from, as `reconcile plan` writes it. The digest is a checksum
+# anyone can recompute, so a body with a GPU index 0.0 or an instance id 1 got past it, and apply launched an instance
+# before it failed on them ("unexpected PlacementTagError", nothing recorded: audit). Checked before anything is done.
+_STR, _NUM, _INT, _OPT_STR, _OPT_NUM = "a string", "a number", "an integer", "a string or null", "a number or null"
+_SITE = {f: _STR for f in SITE_FIELDS}
+_SHAPES = {
+    "creates": {"ref": _STR, "key": _STR, **_SITE, "price": _NUM, "max_price": _OPT_NUM, "placement_group": _OPT_STR,
+                "reservation": _OPT_STR, "price_source": _STR},
+    "deletes": {"instance_id": _STR, **_SITE, "price": _NUM, "reason": _STR},
+    "jobs": {"job": _STR, "tenant": _STR, "action": _STR, "instances": [_STR], "previous": [_STR], "reason": _STR,
+             "gpus": [[_INT]]},
+    "removed": {"job": _STR, "previous": [_STR]},
+}
+_JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
+
+
+def _check_shape(raw: dict) -> None:
+    for name in ("id", "fleet", "desired_digest", "observed_digest"):
+        _expect(raw.get(name), _STR, name)
+    for name in ("cost_before", "cost_after"):
+        _expect(raw.get(name), _NUM, name)
+    for name, fields_ in _SHAPES.items():
+        items = raw.get(name, [])
+        if not isinstance(items, list):
+            raise ValueError(f"{name}: expected a list, got {type(items).__name__}")
+        for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ValueError(f"{name}[{n}]: expected an object, got {type(item).__name__}")
+            unknown = sorted(set(item) - set(fields_))
+            if unknown:
+                raise ValueError(f"{name}[{n}]: unknown field {unknown[0]!r}")
+            for f, kind in fields_.items():
+                if f in item:
+                    _expect(item[f], kind, f"{name}[{n}].{f}")
+            if name == "jobs" and item.get("action") not in _JOB_ACTIONS:
+                raise ValueError(f"jobs[{n}].action: {item.get('action')!r} is not one of {', '.join(_JOB_ACTIONS)}")
+    for name in ("solver", "kept"):
+        if not isinstance(raw.get(name), dict):
+            raise ValueError(f"{name}: expected an object")
+
+
+def _expect(value, kind, where: str) -> None:
+    if isinstance(kind, list):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        for n, v in enumerate(value):
+            _expect(v, kind[0], f"{where}[{n}]")
+        return
+    ok = {_STR: lambda v: isinstance(v, str), _OPT_STR: lambda v: v is None or isinstance(v, str),
+          _INT: lambda v: type(v) is int,
+          _NUM: lambda v: type(v) in (int, float), _OPT_NUM: lambda v: v is None or type(v) in (int, float)}[kind]
+    if not ok(value):
+        raise ValueError(f"{where}: expected {kind}, got {json.dumps(value)[:40]}")
 
 
 def flat_site(action: dict) -> dict:

@@ -52,6 +52,16 @@ class JobChange:
 
 
 @dataclass(frozen=True)
+class RemovedJob:
+    """A job the fleet runs that the config no longer has: it stops (apply gives its replicas no place). Listed so
+    the plan says so: before, removing a running job's document read "No changes" (exit 0 with --detailed-exitcode)
+    when its instance stayed, or "0 evicted" beside the deletes of its instances, and apply stopped it all the same."""
+
+    job: str
+    previous: tuple[str, ...]  # the instances it runs on, one per replica
+
+
+@dataclass(frozen=True)
 class SolverReport:
     status: str
     optimal: bool
@@ -104,6 +114,7 @@ class Plan:
     # The scheduling rules' figures (licenses held, reservations used, deadline conditions), only
     # where the config has such rules: left out of the JSON when empty, so other plans are as before.
     rules: dict = field(default_factory=dict)
+    removed: tuple[RemovedJob, ...] = ()  # running jobs the config no longer has (left out of the JSON when none)
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -115,7 +126,7 @@ class Plan:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.creates or self.deletes or self.changed_jobs)
+        return bool(self.creates or self.deletes or self.changed_jobs or self.removed)
 
     @property
     def spend(self) -> int:
@@ -127,7 +138,7 @@ class Plan:
         c = {a: 0 for a in ("keep", "place", "move", "evict", "pending")}
         for j in self.jobs:
             c[j.action] += 1
-        return {"create": len(self.creates), "delete": len(self.deletes), **c}
+        return {"create": len(self.creates), "delete": len(self.deletes), **c, "remove": len(self.removed)}
 
     def to_json(self) -> str:
         """The plan file's text (file.py), encoded once: `reconcile plan` keeps it in the memo and reads it back for the
@@ -157,7 +168,8 @@ class Plan:
             notes=tuple(raw.get("notes", ())),
             ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
             rules=dict(raw.get("rules", {})),
+            removed=tuple(RemovedJob(r["job"], tuple(r["previous"])) for r in raw.get("removed", ())),
         )
 
 
-__all__ = ["JobAction", "CreateAction", "DeleteAction", "JobChange", "SolverReport", "Consolidation", "Plan"]
+__all__ = ["JobAction", "CreateAction", "DeleteAction", "JobChange", "RemovedJob", "SolverReport", "Consolidation", "Plan"]
