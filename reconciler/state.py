@@ -96,7 +96,7 @@ def refuse_links(config_dir: Path) -> None:
             if Path(root) in disks:  # the simulated instances' disks: what the jobs write there (a venv's links) is theirs
                 dirs[:] = []
     if links:
-        first = sorted(links)[0]
+        first = min(links)
         more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
         raise StateLinkError(f"{first} is a symlink (to {os.readlink(first)}){more}: the reconciler never reads or writes "
                              "its state through a link, which could lead out of the config directory. Nothing was "

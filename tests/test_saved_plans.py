@@ -550,7 +550,7 @@ def test_a_plan_given_an_earlier_plans_id_and_keys_is_refused_before_anything_la
     for iid in gcp[:3]:
         sim.interrupt(iid)
     assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
-    first = sorted(d["tags"]["fleetops.io/create-key"] for d in _live(cfg).values())[0].split("-")[0]
+    first = min(d["tags"]["fleetops.io/create-key"] for d in _live(cfg).values()).split("-")[0]
     before = _live(cfg)
 
     def earlier(raw):

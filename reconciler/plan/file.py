@@ -77,27 +77,27 @@ def _check_shape(raw: dict) -> None:
     for name, fields_ in _SHAPES.items():
         items = raw.get(name, [])
         if not isinstance(items, list):
-            raise ValueError(f"{name}: expected a list, got {type(items).__name__}")
+            raise TypeError(f"{name}: expected a list, got {type(items).__name__}")
         for n, item in enumerate(items):
             if not isinstance(item, dict):
-                raise ValueError(f"{name}[{n}]: expected an object, got {type(item).__name__}")
+                raise TypeError(f"{name}[{n}]: expected an object, got {type(item).__name__}")
             unknown = sorted(set(item) - set(fields_))
             if unknown:
-                raise ValueError(f"{name}[{n}]: unknown field {unknown[0]!r}")
+                raise TypeError(f"{name}[{n}]: unknown field {unknown[0]!r}")
             for f, kind in fields_.items():
                 if f in item:
                     _expect(item[f], kind, f"{name}[{n}].{f}")
             if name == "jobs" and item.get("action") not in _JOB_ACTIONS:
-                raise ValueError(f"jobs[{n}].action: {item.get('action')!r} is not one of {', '.join(_JOB_ACTIONS)}")
+                raise TypeError(f"jobs[{n}].action: {item.get('action')!r} is not one of {', '.join(_JOB_ACTIONS)}")
     for name in ("solver", "kept"):
         if not isinstance(raw.get(name), dict):
-            raise ValueError(f"{name}: expected an object")
+            raise TypeError(f"{name}: expected an object")
 
 
 def _expect(value, kind, where: str) -> None:
     if isinstance(kind, list):
         if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+            raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
         for n, v in enumerate(value):
             _expect(v, kind[0], f"{where}[{n}]")
         return
@@ -105,7 +105,7 @@ def _expect(value, kind, where: str) -> None:
           _INT: lambda v: type(v) is int,
           _NUM: lambda v: type(v) in (int, float), _OPT_NUM: lambda v: v is None or type(v) in (int, float)}[kind]
     if not ok(value):
-        raise ValueError(f"{where}: expected {kind}, got {json.dumps(value)[:40]}")
+        raise TypeError(f"{where}: expected {kind}, got {json.dumps(value)[:40]}")
 
 
 def flat_site(action: dict) -> dict:
