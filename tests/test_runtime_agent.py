@@ -254,3 +254,100 @@ def test_logs_shows_the_replica_asked_for(bus, agents, tmp_path, free_port):
     assert out.exit_code == 0 and "hello from rank 1" in out.output and "hello from rank 0" not in out.output
     missing = CliRunner().invoke(app, ["logs", str(tmp_path), "pair", "--replica", "5"])
     assert missing.exit_code == 1 and "no run of pair/5 has been reported yet" in missing.output
+
+
+# A replica that notes when it starts, when its checkpoint signal (SIGTERM) arrives and when it exits, with
+# its GPUs, and checkpoints for CHECKPOINT_SECONDS before it exits.
+NOTED = r'''
+import os, signal, sys, time
+def note(what):
+    with open(os.environ["NOTES"], "a") as f:
+        f.write(f"{os.environ['TAG']} {what} {time.time():.6f} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}\n")
+def on_term(s, f):
+    note("checkpointing")
+    time.sleep(float(os.environ["CHECKPOINT_SECONDS"]))
+    note("exit")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+note("start")
+while True:
+    time.sleep(0.05)
+'''
+
+
+def noted(job: str, notes: Path, tag: str | None = None, gpus=(), checkpoint_seconds: float = 1.5, grace: float = 30, **kw) -> dict:
+    env = {"NOTES": str(notes), "TAG": tag or job, "CHECKPOINT_SECONDS": str(checkpoint_seconds)}
+    return entry(job, [PY, "-c", NOTED], gpus=list(gpus), env=env, checkpoint={"dir": str(notes.parent / "ck"), "signal": "SIGTERM",
+                                                                               "grace_seconds": grace}, **kw)
+
+
+def notes_of(path: Path) -> dict[tuple[str, str], float]:
+    """(tag, what) -> when, from the replicas' own notes."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {(t, what): float(when) for t, what, when, _ in (ln.split() for ln in lines)}
+
+
+def noted_at(path: Path, *keys: tuple[str, str]):
+    return lambda: (n := notes_of(path)) and all(k in n for k in keys) and n
+
+
+@pytest.mark.parametrize(("held", "other"), [("2", "3"), ("0:1", "0:2")], ids=["gpu", "mig"])
+def test_a_replica_given_a_stopping_replicas_gpu_starts_only_once_it_has_exited(bus, agents, tmp_path, held, other):
+    """The audit's case: j3 leaves and n2 is given its GPU in one edit. n2 waits, reported as
+    WaitingForGPUs, until j3 has checkpointed and exited; a replica on another device and a CPU-only
+    one start at once."""
+    notes = tmp_path / "notes"
+    mig = {"mig_profile": "2g.20gb", "mig_layout": ["3g.40gb", "2g.20gb", "2g.20gb"]} if ":" in held else {}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("j3", notes, gpus=[held], checkpoint_seconds=2, **mig)]})
+    a = agents("i-0")
+    run_until([a], noted_at(notes, ("j3", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [noted("n2", notes, gpus=[held], **mig), noted("side", notes, gpus=[other], **mig),
+                                                         noted("cpu", notes)]})
+    seen = []  # n2's record at every tick
+    n = run_until([a], lambda: seen.append(bus.run("n2", 0)) or noted_at(notes, ("j3", "exit"), ("n2", "start"), ("side", "start"), ("cpu", "start"))())
+    assert n["n2", "start"] >= n["j3", "exit"], n  # never two processes on one GPU
+    assert n["side", "start"] < n["j3", "exit"] and n["cpu", "start"] < n["j3", "exit"], n  # nothing else waited
+    waiting = next(r for r in seen if r and r["reason"] == "WaitingForGPUs")  # what `reconcile status` showed meanwhile
+    assert waiting["phase"] == "Starting" and f"{held} held by j3/0, stopping (Unassigned)" in waiting["message"], waiting
+    assert run_until([a], lambda: (r := bus.run("n2", 0)) and r["phase"] == "Running" and r)["reason"] == "Started"
+
+
+def test_a_replica_restarting_in_place_with_a_new_spec_waits_for_its_old_process(bus, agents, tmp_path):
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("train", notes, tag="old", gpus=["0", "1"])]})
+    a = agents("i-0")
+    run_until([a], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [noted("train", notes, tag="new", gpus=["0", "1"], spec_hash="h2")]})
+    n = run_until([a], noted_at(notes, ("old", "exit"), ("new", "start")))
+    assert n["new", "start"] >= n["old", "exit"], n
+
+
+def test_the_wait_for_a_stuck_stopping_replica_ends_with_its_grace(bus, agents, tmp_path):
+    """A replica that does not exit on its checkpoint signal is killed after its grace, as before; the
+    replica given its GPU then starts (the wait is bounded by that grace)."""
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("stuck", notes, gpus=["2"], checkpoint_seconds=600, grace=1)]})
+    a = agents("i-0")
+    run_until([a], noted_at(notes, ("stuck", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [noted("next", notes, gpus=["2"])]})
+    n = run_until([a], noted_at(notes, ("stuck", "checkpointing"), ("next", "start")))
+    assert n["next", "start"] >= n["stuck", "checkpointing"] + 0.8, n  # not before the grace was over
+    assert bus.run("stuck", 0)["exit_code"] == -9 and ("stuck", "exit") not in n
+
+
+def test_an_agent_stopped_while_a_replica_waits_for_gpus_does_not_start_it(bus, agents, tmp_path):
+    import threading
+
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("old", notes, gpus=["2"])]})
+    a = agents("i-0")
+    run_until([a], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [noted("new", notes, gpus=["2"])]})
+    run_until([a], lambda: bus.run("new", 0))
+    done = threading.Thread(target=a.shutdown, daemon=True)
+    done.start()
+    done.join(timeout=60)
+    assert not done.is_alive()  # every replica stopped, the agent with them
+    n = notes_of(notes)
+    assert ("old", "exit") in n and ("new", "start") not in n, n
+    assert bus.run("new", 0)["started_at"] is None

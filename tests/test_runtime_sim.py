@@ -297,3 +297,32 @@ def test_an_agent_whose_sim_store_was_deleted_ends_with_its_replicas(rt):
 
     wait(lambda: gone(agent_pid), what="the agent exited")
     wait(lambda: not replicas_on(iid), what="its replica was ended")
+
+
+def test_a_job_given_the_gpu_of_a_job_still_checkpointing_starts_only_once_it_has_exited(rt):
+    """The audit's case on one fixed p4d: j3 (checkpointing for 2 s on SIGTERM) leaves and n2 comes in the same
+    edit, on j3's GPU. n2's process starts only after j3's has exited (they overlapped before)."""
+    from tests.test_runtime_agent import NOTED, notes_of
+
+    notes = rt / "notes"
+
+    def noted(name: str, **spec) -> dict:
+        env = {"NOTES": str(notes), "TAG": name, "CHECKPOINT_SECONDS": "2"}
+        return job(name, gpus=1, gpu_type="A100", cpu=2, mem=8, run={"command": [PY, "-c", NOTED], "env": env}, **spec)
+
+    def gpu_of(name: str) -> str:
+        return next(ln.split()[3] for ln in notes.read_text().splitlines() if ln.split()[:2] == [name, "start"])
+
+    def p4d(*jobs: dict) -> Path:
+        return write_config(rt / "c", [topology(), tenant("t"), pool("gpu", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=1, hi=1), *jobs])
+
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    jobs = [noted(f"j{i}", **({"checkpoint": ck} if i == 3 else {})) for i in range(1, 9)]
+    cfg = p4d(*jobs)
+    api.apply(cfg, time_limit=5)
+    wait(lambda: len(notes_of(notes)) == 8 and notes_of(notes), what="j1..j8 started")
+    p4d(*(j for j in jobs if j["metadata"]["name"] != "j3"), noted("n2"))
+    api.apply(cfg, time_limit=5)
+    n = wait(lambda: (x := notes_of(notes)) and ("n2", "start") in x and ("j3", "exit") in x and x, what="j3 exited and n2 started")
+    assert gpu_of("n2") == gpu_of("j3")  # the GPU j3 released
+    assert n["n2", "start"] >= n["j3", "exit"], n

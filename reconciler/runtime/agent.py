@@ -4,8 +4,10 @@ Every poll it reads `assignments/<instance>.json`, starts the replicas assigned 
 runtime, stops the ones no longer assigned (checkpoint signal, grace period, kill), restarts
 failed ones with exponential backoff up to the job's backoff_limit (a gang restarts together),
 stops a replica past its time limit, and on an interruption notice checkpoints everything and
-reports the instance as Interrupting. It writes each replica's record to `runs/<job>/<replica>.json`
-and its heartbeat to `agents/<instance>.json`; it writes nothing else.
+reports the instance as Interrupting. A replica starts only once no other process holds any of its
+GPUs (a replica that is stopping keeps them through its checkpoint grace). It writes each replica's
+record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`; it writes
+nothing else.
 
 The agent keeps running what it runs when the bus cannot be reached (a network blip must not
 kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
@@ -59,6 +61,16 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two of the plan's device ids share hardware: GPU `G`, or MIG device `G:M` (on GPU G)."""
+    return a == b or a.split(":")[0] == b.split(":")[0] and (":" not in a or ":" not in b)
+
+
+def device_names(devices: list[str]) -> str:
+    mig = any(":" in d for d in devices)
+    return f"{'MIG device' if mig else 'GPU'}{'s' if len(devices) > 1 else ''} {','.join(devices)}"
+
+
 @dataclass
 class _Stop:
     deadline: float
@@ -87,6 +99,7 @@ class Replica:
     next_start: float = 0.0
     stop: _Stop | None = None
     env: dict = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # the GPUs / MIG devices (the plan's ids) its process was started on
 
     @property
     def key(self) -> tuple[str, int]:
@@ -149,7 +162,7 @@ class Agent:
             if rep.running and rep.stop is None:
                 self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
         while any(r.running for r in self.replicas.values()):
-            self._supervise()
+            self._supervise(starts=False)  # a replica that started now would never be stopped
             time.sleep(min(self.poll, 0.2))
         self._publish(force=True, state="Stopped")
         self._log("stopped")
@@ -200,6 +213,7 @@ class Agent:
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
             if rep.handle is not None:
+                rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
                 self.replicas[key] = rep
                 self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
@@ -330,8 +344,9 @@ class Agent:
                     rep.phase, rep.reason, rep.terminal = "Starting", "GangRestart", False
 
     # -------------------------------------------------------------- processes
-    def _supervise(self) -> None:
+    def _supervise(self, starts: bool = True) -> None:
         now = time.monotonic()
+        ready = []
         for rep in self.replicas.values():
             if rep.stop is not None:
                 code = self.runtime.poll(rep.handle) if rep.handle is not None else -1
@@ -360,11 +375,35 @@ class Agent:
                 self._ended(rep, exit_record(self._exit_path(rep.key)) or {"code": code})
                 continue
             if not rep.terminal and rep.phase != "Stopped" and now >= rep.next_start and not self.notice_seen:
-                self._start(rep)
+                ready.append(rep)
+        for rep in ready if starts else ():  # after every exit of this tick: the GPUs it released are free
+            self._start(rep)
+
+    def _holders(self, rep: Replica) -> list[str]:
+        """Why `rep` cannot start yet: each device it is given that another replica's process still
+        holds (one stopping through its checkpoint grace, or an older spec of this replica). Starting
+        beside it would put two processes on one GPU until that one exits."""
+        mine = [str(g) for g in rep.entry.get("gpus", ())]
+        out = []
+        for other in self.replicas.values():
+            if other is rep or other.handle is None:
+                continue
+            shared = [d for d in mine if any(same_device(d, h) for h in other.devices)]
+            if shared:
+                state = f"stopping ({other.stop.reason})" if other.stop else other.phase
+                out.append(f"{device_names(shared)} held by {other.key[0]}/{other.key[1]}, {state}")
+        return out
 
     def _start(self, rep: Replica) -> None:
         e = rep.entry
         job, r = rep.key
+        held = self._holders(rep)
+        if held:  # started on the first tick after the last of them exits (or is killed after its grace)
+            msg = "waiting for its devices to be released: " + "; ".join(held)
+            if (rep.reason, rep.message) != ("WaitingForGPUs", msg):
+                self._log(f"{job}/{r}: {msg}")
+            rep.reason, rep.message = "WaitingForGPUs", msg
+            return
         master = self.address if e.get("master_instance") in (None, self.instance) else None
         if master is None:
             try:
@@ -417,6 +456,7 @@ class Agent:
             self._log(f"{job}/{r}: cannot start: {err}")
             return
         rep.started_mono = time.monotonic()
+        rep.devices = tuple(str(g) for g in e.get("gpus", ()))
         rep.phase, rep.reason, rep.message = "Starting", "Started", f"attempt {rep.attempt}"
         self._save_local(rep, launch)
         self._log(f"{job}/{r}: started attempt {rep.attempt} (pid {rep.handle.pid}, RANK {r}, WORLD_SIZE {env['WORLD_SIZE']}, MASTER_ADDR {master})")
