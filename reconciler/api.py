@@ -19,7 +19,7 @@ from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
 from reconciler.backend import backend_for
-from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, with_runtime
+from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, published, with_runtime
 from reconciler import identity
 from reconciler.state import State, refuse_links, state_dir, utcnow
 
@@ -267,13 +267,14 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
             the_plan, problem = planned.plan, planned.problem
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
+        assigned = published(backend)
         if on_plan is not None:
             on_plan(the_plan)
         report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
         backend.check_lock()  # never write the shared state without the lock
         backend.save(current)
         after = fleet.observe(current).instances
-        view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state)
+        view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state, assigned)
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
                                   fleet_uid=current.fleet_uid)
         left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),

@@ -66,6 +66,15 @@ class ApplyError(ReconcileError):
     """Some plan actions failed; the message lists what succeeded and what did not."""
 
 
+class CorruptBusObjectError(ReconcileError):
+    """A bus object that is not what its writer writes (garbled JSON, a wrong type): its key and why.
+    Readers of the agents' reports skip such an object (one agent's bad report must not stop the fleet)."""
+
+    def __init__(self, key: str, why: str):
+        self.key, self.why = key, why
+        super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
+
+
 __all__ = ["ReconcileError", "Diagnostic", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
-           "StalePlanError", "LockError", "GuardrailError", "SolverError", "ApplyError"]
+           "StalePlanError", "LockError", "GuardrailError", "SolverError", "ApplyError", "CorruptBusObjectError"]

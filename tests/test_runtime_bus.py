@@ -8,7 +8,7 @@ import boto3
 import pytest
 
 from reconciler.backend import backend_for
-from reconciler.errors import ReconcileError
+from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.runtime.bus import Bus
 
 
@@ -23,17 +23,17 @@ def s3_bus(aws_env, monkeypatch, request, tmp_path):
 
 def _round_trip(bus: Bus) -> None:
     assert bus.assignment("i-1") is None and bus.assignments() == {} and bus.runs() == {} and bus.agents() == {}
-    bus.put_assignment("i-1", {"serial": 3, "replicas": [{"job": "train", "replica": 0}]})
+    bus.put_assignment("i-1", {"serial": 3, "replicas": [{"job": "train", "replica": 0, "spec_hash": "h", "epoch": 3, "run": {"command": ["x"]}}]})
     bus.put_assignment("i-2", {"serial": 3, "replicas": []})
     bus.put_run("train", 0, {"phase": "Running"})
     bus.put_run("train", 1, {"phase": "Starting"})
     bus.put_run("eval", 0, {"phase": "Succeeded"})
-    bus.put_agent("i-1", {"heartbeat": 1.0})
+    bus.put_agent("i-1", {"heartbeat_at": 1.0})
     assert bus.assignment("i-1")["serial"] == 3
     assert sorted(bus.assignments()) == ["i-1", "i-2"]
     assert bus.runs() == {("eval", 0): {"phase": "Succeeded"}, ("train", 0): {"phase": "Running"}, ("train", 1): {"phase": "Starting"}}
     assert set(bus.runs("train")) == {("train", 0), ("train", 1)}
-    assert bus.agents() == {"i-1": {"heartbeat": 1.0}}
+    assert bus.agents() == {"i-1": {"heartbeat_at": 1.0}}
     bus.delete_assignment("i-2")
     assert list(bus.assignments()) == ["i-1"]
     for bad in ("../state.json", "/etc/passwd", "runs/../../x", ""):
@@ -62,6 +62,56 @@ def test_a_corrupt_bus_object_names_the_key(tmp_path):
     (tmp_path / ".reconcile/agents/i-9.json").write_text("{not json")
     with pytest.raises(ReconcileError, match=r"agents/i-9.json is not valid JSON; delete it"):
         bus.agents()
+
+
+# (key, a wrong-typed object a reader once met as a TypeError/ValueError, what the error names)
+WRONG_TYPES = [
+    ("agents/i-9.json", {"heartbeat_at": "soon", "state": "Ready"}, "heartbeat_at \"soon\", not a unix time"),
+    ("agents/i-9.json", {"state": "Ready"}, "has no heartbeat_at"),
+    ("agents/i-9.json", {"heartbeat_at": 1e300}, "not a unix time"),
+    ("agents/i-9.json", {"heartbeat_at": 5.0, "running": "a/0"}, "running \"a/0\""),
+    ("runs/train/0.json", {"restarts": "x", "spec_hash": "h"}, "restarts \"x\", not a count"),
+    ("runs/train/0.json", {"started_at": 5}, "started_at 5, not a time"),
+    ("runs/train/0.json", {"log_tail": "oops"}, "log_tail"),
+    ("runs/train/0.json", [1, 2], "is not a JSON object"),
+    ("assignments/i-9.json", {"serial": 1, "published_at": "x"}, "published_at \"x\", not a unix time"),
+    ("assignments/i-9.json", {"serial": "1"}, "serial \"1\""),
+    ("assignments/i-9.json", {"serial": 1, "replicas": [{"job": "a", "replica": 0}]}, "replicas"),
+    ("assignments/i-9.json", {"serial": 1, "replicas": [{"job": "a", "replica": 0, "spec_hash": "h", "epoch": 1, "run": {"command": ["x"]},
+                                                         "checkpoint": {"dir": "/c", "signal": "SIGNOPE"}}]}, "replicas"),
+]
+
+
+@pytest.mark.parametrize("key,doc,needle", WRONG_TYPES, ids=[f"{k}:{n[:20]}" for k, _, n in WRONG_TYPES])
+def test_wrong_types_in_a_bus_object_name_the_key_and_field(tmp_path, key, doc, needle):
+    """Before, these reached the readers: `unexpected ValueError/TypeError` from plan, apply and status."""
+    bus = Bus(backend_for(tmp_path, None))
+    path = tmp_path / ".reconcile" / key
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc))
+    kind = key.split("/")[0]
+    read = {"agents": lambda: bus.agent("i-9"), "runs": lambda: bus.run("train", 0), "assignments": lambda: bus.assignment("i-9")}[kind]
+    with pytest.raises(CorruptBusObjectError) as err:
+        read()
+    assert str(err.value).startswith(f"bus object {key} ") and needle in str(err.value), err.value
+    assert str(err.value).endswith("delete it and its writer rewrites it")
+
+
+def test_the_agents_reports_are_read_past_one_bad_object(tmp_path):
+    """The bulk readers of the agents' reports skip a corrupt object (garbled or wrong types alike) and name it."""
+    bus = Bus(backend_for(tmp_path, None))
+    bus.put_agent("i-1", {"heartbeat_at": 5.0, "state": "Ready"})
+    bus.put_run("train", 0, {"phase": "Running", "restarts": 0})
+    (tmp_path / ".reconcile/agents/i-2.json").write_text('{"heartbeat_at": "soon"}')
+    (tmp_path / ".reconcile/agents/i-3.json").write_text("{not json")
+    (tmp_path / ".reconcile/runs/train/1.json").write_text('{"restarts": "x"}')
+    skipped: dict[str, str] = {}
+    assert bus.agents(skipped=skipped) == {"i-1": {"heartbeat_at": 5.0, "state": "Ready"}}
+    assert bus.runs(skipped=skipped) == {("train", 0): {"phase": "Running", "restarts": 0}}
+    assert sorted(skipped) == ["agents/i-2.json", "agents/i-3.json", "runs/train/1.json"]
+    assert "is not valid JSON" in skipped["agents/i-3.json"] and "restarts" in skipped["runs/train/1.json"]
+    with pytest.raises(CorruptBusObjectError):
+        bus.runs()  # without `skipped`: the error, as for any reader that must not go on without it
 
 
 def test_an_unreachable_s3_bus_is_a_clear_error(aws_env, monkeypatch, tmp_path):

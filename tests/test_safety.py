@@ -224,7 +224,18 @@ CORRUPT = [
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
      ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
     ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),
+    ("assignment wrong type", lambda c: _edit_assignment(c, published_at="x"), "apply",
+     ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
+    ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
+     ["bus object assignments/sim-aws-00003.json is not valid JSON", "delete it and its writer rewrites it"]),
 ]
+
+
+def _edit_assignment(cfg: Path, **fields) -> None:
+    import json
+
+    path = cfg / ".reconcile/assignments/sim-aws-00003.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
 @pytest.mark.parametrize("name,corrupt,command,needles", CORRUPT, ids=[c[0] for c in CORRUPT])
@@ -238,6 +249,32 @@ def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt
     assert_clean_error(cli(*args), *needles)
     if "sim" not in name:
         assert _live(cfg) == before  # nothing launched or deleted on the strength of it
+
+
+def test_one_bad_agent_report_does_not_stop_the_fleet(applied_once, tmp_path):
+    """Reports an agent wrote (agents/, runs/) that cannot be read, garbled or mistyped, are skipped and named
+    on the plan; the instance is kept (never replaced on an unreadable report). Before: plan and apply
+    failed for the whole fleet with `unexpected ValueError` / `unexpected TypeError` (a bug paragraph)."""
+    import json
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    before = _live(cfg)
+    bus = cfg / ".reconcile"
+    entry = json.loads((bus / "assignments/sim-aws-00003.json").read_text())["replicas"][0]
+    (bus / "agents").mkdir()
+    (bus / "agents/sim-aws-00003.json").write_text('{"heartbeat_at": "soon", "state": "Ready"}')
+    (bus / "agents/sim-aws-00004.json").write_text('{"heartbeat_at": 1')
+    (bus / f"runs/{entry['job']}").mkdir(parents=True)
+    (bus / f"runs/{entry['job']}/0.json").write_text(json.dumps({"restarts": "x", "spec_hash": entry["spec_hash"]}))
+    for args in (("plan", cfg), ("apply", cfg, "--auto-approve")):
+        res = cli(*args)
+        assert res.returncode == 0 and "unexpected" not in res.stderr, res.stderr
+        out = " ".join((res.stdout + res.stderr).split())
+        for needle in ('agents/sim-aws-00003.json has heartbeat_at "soon", not a unix time', "agents/sim-aws-00004.json is not valid JSON",
+                       f'runs/{entry["job"]}/0.json has restarts "x", not a count'):
+            assert needle in out, (needle, out)
+    assert _live(cfg) == before
 
 
 @pytest.fixture

@@ -11,13 +11,15 @@ runs/ and agents/ keys."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import time
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import quote, unquote
 
 from reconciler.backend import StateBackend
-from reconciler.errors import ReconcileError
+from reconciler.errors import CorruptBusObjectError, ReconcileError
 
 ASSIGNMENTS, RUNS, AGENTS = "assignments", "runs", "agents"
 
@@ -69,9 +71,105 @@ def instance_key(instance: str) -> str:
     return quote(instance, safe="-_.~")
 
 
-def _instance_of(key: str, prefix: str) -> str | None:
+def instance_of(key: str, prefix: str) -> str | None:
     name = key[len(prefix) + 1:]
     return unquote(name[:-5]) if key.startswith(prefix + "/") and name.endswith(".json") and "/" not in name else None
+
+
+# ---------------------------------------------------------------- what each kind of object must hold
+# One check per kind, of every field a reader uses (the reconciler's lifecycle and status, the agents,
+# `reconcile logs`): a wrong type is refused here, by key, not met as a TypeError deep in a reader.
+
+Check = tuple[Callable[[Any], bool], str]
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _count(v: Any) -> bool:
+    return _int(v) and v >= 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _unix_time(v: Any) -> bool:
+    return _number(v) and 0 <= v < 1e11  # shown as a date: beyond year 5000 is no time a writer wrote
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _signal(v: Any) -> bool:
+    return isinstance(v, str) and isinstance(getattr(signal, v, None), signal.Signals)
+
+
+def _shape(doc: Any, fields: dict[str, Check], required: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with `doc` (a JSON object whose listed fields, where present, pass their checks), or None."""
+    if not isinstance(doc, dict):
+        return "is not a JSON object"
+    for name in required:
+        if name not in doc:
+            return f"has no {name}"
+    for name, (ok, what) in fields.items():
+        if name in doc and not ok(doc[name]):
+            return f"has {name} {json.dumps(doc[name])[:40]}, not {what}"
+    return None
+
+
+AGENT_FIELDS: dict[str, Check] = {
+    "heartbeat_at": (_unix_time, "a unix time"), "state": (lambda v: v in ("Ready", "Interrupting", "Stopped"), "Ready, Interrupting or Stopped"),
+    "running": (_strings, "a list of job/replica"), "notice": (_opt(_str), "a string"), "address": (_opt(_str), "an address"),
+}
+RUN_FIELDS: dict[str, Check] = {
+    "job": (_str, "a job name"), "replica": (_count, "a replica number"), "instance": (_opt(_str), "an instance id"),
+    "spec_hash": (_str, "a spec hash"), "epoch": (_int, "an epoch"), "attempt": (_count, "a count"), "restarts": (_count, "a count"),
+    "phase": (_str, "a phase"), "reason": (_str, "a reason"), "message": (_str, "a message"), "terminal": (lambda v: isinstance(v, bool), "true or false"),
+    "exit_code": (_opt(_int), "an exit code"), "started_at": (_opt(_str), "a time"), "finished_at": (_opt(_str), "a time"),
+    "log_tail": (_strings, "a list of lines"), "log_path": (_opt(_str), "a path"),
+}
+_RUN_SPEC: dict[str, Check] = {"command": (lambda v: _strings(v) and bool(v), "a command"), "image": (_opt(_str), "an image"),
+                               "env": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), "a map of strings")}
+_CHECKPOINT: dict[str, Check] = {"dir": (_str, "a directory"), "signal": (_signal, "a signal name"), "grace_seconds": (_number, "seconds")}
+_RESTART: dict[str, Check] = {"policy": (_str, "a policy"), "backoff_limit": (_count, "a count")}
+_ENTRY: dict[str, Check] = {
+    "job": (_str, "a job name"), "replica": (_count, "a replica number"), "spec_hash": (_str, "a spec hash"), "epoch": (_int, "an epoch"),
+    "run": (lambda v: _shape(v, _RUN_SPEC, ("command",)) is None, "a run spec with a command"),
+    "world_size": (lambda v: _int(v) and v >= 1, "a count"), "local_rank": (_count, "a count"), "master_port": (_count, "a port"),
+    "master_instance": (_opt(_str), "an instance id"), "gpus": (_strings, "a list of devices"), "mode": (_str, "a mode"),
+    "restart": (lambda v: _shape(v, _RESTART) is None, "a restart policy"), "time_limit_hours": (_opt(_number), "hours"),
+    "checkpoint": (lambda v: v is None or _shape(v, _CHECKPOINT, ("dir",)) is None, "a checkpoint spec"),
+    "mig_profile": (_str, "a MIG profile"), "mig_layout": (_strings, "a list of MIG profiles"),
+}
+ASSIGNMENT_FIELDS: dict[str, Check] = {
+    "serial": (_int, "a serial"), "published_at": (_unix_time, "a unix time"),
+    "replicas": (lambda v: isinstance(v, list) and all(_shape(e, _ENTRY, ("job", "replica", "spec_hash", "epoch", "run")) is None for e in v),
+                 "a list of replica assignments (job, replica, spec_hash, epoch, run)"),
+}
+
+
+def _agent_problem(doc: Any) -> str | None:
+    """heartbeat_at is required: a report without one would read as a lost node, replaced on no evidence."""
+    return _shape(doc, AGENT_FIELDS, ("heartbeat_at",))
+
+
+def _run_problem(doc: Any) -> str | None:
+    return _shape(doc, RUN_FIELDS)
+
+
+def _assignment_problem(doc: Any) -> str | None:
+    return _shape(doc, ASSIGNMENT_FIELDS)
 
 
 class Bus:
@@ -80,24 +178,36 @@ class Bus:
     def __init__(self, store: StateBackend):
         self.store = store
 
-    def _read(self, key: str) -> dict | None:
+    def _read(self, key: str, problem: Callable[[Any], str | None]) -> dict | None:
+        """The object at `key`, None when there is none; CorruptBusObjectError when it is not what its writer writes."""
         raw = self.store.read_key(key)
         if raw is None:
             return None
         try:
             doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise ReconcileError(f"bus object {key} is not valid JSON; delete it and its writer rewrites it") from None
-        if not isinstance(doc, dict):
-            raise ReconcileError(f"bus object {key} is not a JSON object; delete it and its writer rewrites it")
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise CorruptBusObjectError(key, "is not valid JSON") from None
+        why = problem(doc)
+        if why is not None:
+            raise CorruptBusObjectError(key, why)
         return doc
+
+    def _read_or_skip(self, key: str, problem: Callable[[Any], str | None], skipped: dict[str, str] | None) -> dict | None:
+        """With `skipped`, a corrupt object is left out and noted there (key -> the error), not raised."""
+        try:
+            return self._read(key, problem)
+        except CorruptBusObjectError as e:
+            if skipped is None:
+                raise
+            skipped[key] = str(e)
+            return None
 
     def _write(self, key: str, doc: dict[str, Any]) -> None:
         self.store.write_key(key, json.dumps(doc, indent=1, sort_keys=True).encode())
 
     # assignments/ (apply)
     def assignment(self, instance: str) -> dict | None:
-        return self._read(f"{ASSIGNMENTS}/{instance_key(instance)}.json")
+        return self._read(f"{ASSIGNMENTS}/{instance_key(instance)}.json", _assignment_problem)
 
     def put_assignment(self, instance: str, doc: dict) -> None:
         self._write(f"{ASSIGNMENTS}/{instance_key(instance)}.json", doc)
@@ -106,7 +216,7 @@ class Bus:
         self.store.delete_key(f"{ASSIGNMENTS}/{instance_key(instance)}.json")
 
     def assigned_instances(self) -> list[str]:
-        return [i for k in self.store.list_keys(ASSIGNMENTS) if (i := _instance_of(k, ASSIGNMENTS)) is not None]
+        return [i for k in self.store.list_keys(ASSIGNMENTS) if (i := instance_of(k, ASSIGNMENTS)) is not None]
 
     def assignments(self) -> dict[str, dict]:
         out = {}
@@ -118,40 +228,40 @@ class Bus:
 
     # runs/ (agents)
     def run(self, job: str, replica: int) -> dict | None:
-        return self._read(f"{RUNS}/{job}/{replica}.json")
+        return self._read(f"{RUNS}/{job}/{replica}.json", _run_problem)
 
     def put_run(self, job: str, replica: int, doc: dict) -> None:
         self._write(f"{RUNS}/{job}/{replica}.json", doc)
 
-    def runs(self, job: str | None = None) -> dict[tuple[str, int], dict]:
+    def runs(self, job: str | None = None, skipped: dict[str, str] | None = None) -> dict[tuple[str, int], dict]:
         out = {}
         for key in self.store.list_keys(f"{RUNS}/{job}" if job else RUNS):
             parts = key.split("/")
             if len(parts) != 3 or not parts[2].endswith(".json") or not parts[2][:-5].isdigit():
                 continue
-            doc = self._read(key)
+            doc = self._read_or_skip(key, _run_problem, skipped)
             if doc is not None:
                 out[(parts[1], int(parts[2][:-5]))] = doc
         return out
 
     # agents/ (agents)
     def agent(self, instance: str) -> dict | None:
-        return self._read(f"{AGENTS}/{instance_key(instance)}.json")
+        return self._read(f"{AGENTS}/{instance_key(instance)}.json", _agent_problem)
 
     def put_agent(self, instance: str, doc: dict) -> None:
         self._write(f"{AGENTS}/{instance_key(instance)}.json", doc)
 
     def agent_instances(self) -> list[str]:
-        return [i for k in self.store.list_keys(AGENTS) if (i := _instance_of(k, AGENTS)) is not None]
+        return [i for k in self.store.list_keys(AGENTS) if (i := instance_of(k, AGENTS)) is not None]
 
     def delete_agent(self, instance: str) -> None:
         """The reconciler's cleanup once the instance is gone (an agent never deletes)."""
         self.store.delete_key(f"{AGENTS}/{instance_key(instance)}.json")
 
-    def agents(self) -> dict[str, dict]:
+    def agents(self, skipped: dict[str, str] | None = None) -> dict[str, dict]:
         out = {}
         for key in self.store.list_keys(AGENTS):
-            iid = _instance_of(key, AGENTS)
-            if iid is not None and (doc := self._read(key)) is not None:
+            iid = instance_of(key, AGENTS)
+            if iid is not None and (doc := self._read_or_skip(key, _agent_problem, skipped)) is not None:
                 out[iid] = doc
         return out

@@ -31,6 +31,7 @@ class RuntimeView:
     finished: dict[str, str] = field(default_factory=dict)  # job -> Succeeded | Failed: demands no capacity
     unhealthy: dict[str, str] = field(default_factory=dict)  # instance -> why it must be replaced
     heartbeats: dict[str, float] = field(default_factory=dict)  # instance -> last heartbeat (unix)
+    unreadable: dict[str, str] = field(default_factory=dict)  # bus key -> why it was skipped (garbled, wrong types)
 
 
 def _ago(now: float, ts: float) -> str:
@@ -67,11 +68,15 @@ def _finished(n: int, recs: list[dict | None], mode: str) -> str | None:
 
 def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tuple[str, ...]], runs: Mapping[tuple[str, int], dict],
                  agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
-                 launched: Mapping[str, float] | None = None, boot: float = 0.0) -> RuntimeView:
+                 launched: Mapping[str, float] | None = None, boot: float = 0.0,
+                 unreadable_agents: Mapping[str, str] | None = None) -> RuntimeView:
     """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
     An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
-    not unreachable (a cloud instance boots and installs the agent first)."""
+    not unreachable (a cloud instance boots and installs the agent first). `unreadable_agents`:
+    instance -> why its agent's report was skipped; such an instance is neither healthy nor replaced
+    (nothing is decided on a report that cannot be read), its replicas are Unknown."""
     launched = launched or {}
+    unreadable_agents = unreadable_agents or {}
     fresh = {i for i, a in agents.items() if now - float(a.get("heartbeat_at", 0)) <= stale and a.get("state") != "Stopped"}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
@@ -99,6 +104,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = (here or r or {}).get("phase", "Pending"), (here or r or {}).get("reason", "")
             elif not ids:
                 phase, reason = "Pending", "NotPlaced"
+            elif iid in unreadable_agents:
+                phase, reason = "Unknown", "AgentUnreachable"
+                unreachable.append(f"{iid} (its report is unreadable: {unreadable_agents[iid]})")
             elif iid not in agents and now - launched.get(iid, 0.0) <= boot:
                 phase, reason = "Starting", "AgentStarting"
             elif iid not in fresh:

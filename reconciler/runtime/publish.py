@@ -12,7 +12,7 @@ from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import build_assignments
-from reconciler.runtime.bus import Bus, boot_seconds, now_unix, stale_seconds
+from reconciler.runtime.bus import AGENTS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
 
@@ -55,7 +55,9 @@ def agent_bus(desired: DesiredState, state_url: str | None) -> str | None:
 def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[str, Iterable[str]],
               instances: Iterable[Instance] | None) -> RuntimeView | None:
     """None when nothing runs through the bus (no job has `run`, nothing was ever assigned): a
-    config that declares no workload costs one listing and behaves exactly as before."""
+    config that declares no workload costs one listing and behaves exactly as before. An agent's
+    report that cannot be read (garbled, wrong types) is skipped and named in view.unreadable: one
+    agent's bad report must not stop plan, apply and the controller for the whole fleet."""
     bus = Bus(backend)
     if not has_workload(desired) and not bus.assigned_instances() and not bus.store.list_keys("runs"):
         return None
@@ -65,17 +67,23 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     else:
         instances = list(instances)
         ids, launched = [i.id for i in instances], _launched(instances)
-    return runtime_view(desired, {j: list(v) for j, v in placements.items()}, bus.runs(), bus.agents(), ids,
-                        now_unix(), stale_seconds(), launched, boot_seconds())
+    skipped: dict[str, str] = {}
+    runs, agents = bus.runs(skipped=skipped), bus.agents(skipped=skipped)
+    bad_agents = {i: msg for k, msg in skipped.items() if (i := instance_of(k, AGENTS)) is not None}
+    view = runtime_view(desired, {j: list(v) for j, v in placements.items()}, runs, agents, ids,
+                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents)
+    return replace(view, unreadable=dict(sorted(skipped.items())))
 
 
 def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
-            serial: int, instances: Iterable[Instance], providers: Mapping[str, object], config_dir: Path, state_url: str | None) -> int:
+            serial: int, instances: Iterable[Instance], providers: Mapping[str, object], config_dir: Path, state_url: str | None,
+            previous: Mapping[str, dict] | None = None) -> int:
     """Write `assignments/<instance>.json` for every instance that hosts work with `run`, delete the
     ones no longer assigned, and ask providers that host agents (the sim) to start one where none
-    runs. Returns how many assignments were written or deleted."""
+    runs. Returns how many assignments were written or deleted. `previous`: the published assignments,
+    when the caller read them already (apply does, before any provider call)."""
     bus = Bus(backend)
-    previous = bus.assignments()
+    previous = bus.assignments() if previous is None else previous
     if not has_workload(desired) and not previous:
         return 0
     live = {i.id: i for i in instances}
@@ -113,6 +121,7 @@ def with_runtime(backend: StateBackend, desired: DesiredState, observed):
     notes = [f"job {j} {phase} (spec unchanged): it demands no capacity until its spec changes"
              for j, phase in sorted(view.finished.items()) if observed.placements.get(j)]
     notes += [f"instance {i} is replaced: {why}" for i, why in sorted(view.unhealthy.items())]
+    notes += [f"skipped: {msg}" for msg in view.unreadable.values()]
     notes += [workload_note(run) for _, run in sorted(view.jobs.items()) if workload_note(run)]
     return replace(observed, runtime=view, notes=tuple(observed.notes) + tuple(notes))
 
@@ -161,12 +170,18 @@ def block_unhealthy(problem, observed):
     return replace(problem, capacities=caps)
 
 
+def published(backend: StateBackend) -> dict[str, dict]:
+    """The assignments apply published last: read before an apply changes anything, so a corrupt one
+    (the reconciler's own record) is refused with nothing changed, not found after the launches."""
+    return Bus(backend).assignments()
+
+
 def publish_assignments(backend: StateBackend, desired: DesiredState, state, instances: list[Instance], fleet, config_dir: Path,
-                        state_url: str | None) -> RuntimeView | None:
+                        state_url: str | None, previous: Mapping[str, dict] | None = None) -> RuntimeView | None:
     """After an apply: publish what each instance runs, then read the view back for status."""
     providers = {}
     for inst in instances:
         if inst.provider not in providers:
             providers[inst.provider] = fleet.provider(inst.provider)
-    publish(backend, desired, state.placements, state.gpus, state.serial, instances, providers, config_dir, state_url)
+    publish(backend, desired, state.placements, state.gpus, state.serial, instances, providers, config_dir, state_url, previous)
     return read_view(backend, desired, state.placements, instances)
