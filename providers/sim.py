@@ -111,11 +111,12 @@ class SimCloud:
         self.journal = self.dir / "cloud.journal"
 
     def _stamp(self) -> tuple:
-        try:
-            st = self.path.stat()
-            return (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            return ()
+        with self._io(self.path, "read"):
+            try:
+                st = self.path.stat()
+            except FileNotFoundError:
+                return ()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _load(self, write: bool) -> dict:
         """The world as the files say (under the lock), from the cache where they did not change."""
@@ -128,12 +129,16 @@ class SimCloud:
             for k in _TRACKED:
                 data[k] = _Tracked(data.get(k, {}))
             offset = 0
-        size = self.journal.stat().st_size if self.journal.exists() else 0
+        with self._io(self.journal, "read"):
+            size = self.journal.stat().st_size if self.journal.exists() else 0
         if size < offset:  # folded by another process after our snapshot stamp was taken: read all again
             _CACHE.pop(self.path, None)
             return self._load(write)
+        if offset == 0 and data.get("journal") is not None:
+            offset = self._check_header(data["journal"], size)
+            size = max(size, offset)
         if size > offset:
-            with open(self.journal, "rb") as f:
+            with self._io(self.journal, "read"), open(self.journal, "rb") as f:
                 f.seek(offset)
                 tail = f.read()
             end = tail.rfind(b"\n") + 1  # a line cut short by a killed process is not a call that happened
@@ -148,9 +153,59 @@ class SimCloud:
                     raise self._corrupt(self.journal, f"entry {n + 1} after byte {offset} is garbled ({e})") from None
             offset += end
             if write and end < len(tail):
-                os.truncate(self.journal, offset)
+                with self._io(self.journal, "write"):
+                    os.truncate(self.journal, offset)
         _CACHE[self.path] = (stamp, offset, data)
         return data
+
+    def _check_header(self, token: str, size: int) -> int:
+        """Where the journal's entries start. The snapshot names the journal begun with it (`journal`), whose first
+        line is a header with that name: a journal missing or empty then lost every call since the snapshot
+        (instances would silently vanish), and is refused. A journal of another name is the one an earlier fold
+        replaced (a crash between the two renames): everything in it is in the snapshot already."""
+        head = b""
+        if size:
+            with self._io(self.journal, "read"), open(self.journal, "rb") as f:
+                head = f.readline(4096)
+        if not head:
+            _CACHE.pop(self.path, None)
+            raise ProviderError(
+                f"{self.journal}: the simulated cloud's journal is {'empty' if self.journal.exists() else 'missing'}, but "
+                f"{self.path} says one was begun with it (journal {token}): the calls made since that snapshot (instances "
+                f"created, deleted, interrupted) are lost. Nothing was changed. Restore {self.journal.name} from a backup, or "
+                f"delete {self.dir} to start an empty simulated cloud (every simulated instance is then gone, and the next "
+                "apply creates the fleet again).")
+        try:
+            first = json.loads(head) if head.endswith(b"\n") else None
+        except ValueError:
+            first = None
+        if first == {"journal": token}:
+            return len(head)
+        if not isinstance(first, dict) or not (set(first) == {"journal"} or set(first) <= {*_TRACKED, "top"}):
+            _CACHE.pop(self.path, None)
+            raise self._corrupt(self.journal, f"its first line is not the header of journal {token}")
+        self._begin_journal(token)  # under the lock; what the old one held is in the snapshot
+        return len(self._header(token))
+
+    @staticmethod
+    def _header(token: str) -> bytes:
+        return (json.dumps({"journal": token}) + "\n").encode()
+
+    def _begin_journal(self, token: str) -> None:
+        """A new journal holding only its header, in place of the old one at once (never a moment without a header)."""
+        tmp = self.journal.with_suffix(".tmp")
+        with self._io(self.journal, "write"):
+            tmp.write_bytes(self._header(token))
+            os.replace(tmp, self.journal)
+
+    @contextlib.contextmanager
+    def _io(self, path: Path, verb: str) -> Iterator[None]:
+        """An OS error on one of the sim's files as what it is (permissions, a directory where the file belongs), naming the file."""
+        try:
+            yield
+        except OSError as e:
+            raise ProviderError(f"{path}: cannot {verb} the simulated cloud's record: {e.strerror or e}. Nothing in it was "
+                                f"changed; make {path} a file this user can read and write.") from None
 
     def _corrupt(self, path: Path, problem: str) -> ProviderError:
         return ProviderError(
@@ -159,13 +214,16 @@ class SimCloud:
             "instance is then gone, and the next apply creates the fleet again).")
 
     def _read_snapshot(self) -> dict:
+        with self._io(self.path, "read"):
+            raw = self.path.read_bytes()
         try:
-            data = json.loads(self.path.read_bytes())
-        except (OSError, ValueError) as e:
+            data = json.loads(raw)
+        except ValueError as e:
             raise self._corrupt(self.path, f"not valid JSON ({e})") from None
         shapes = {"instances": dict, "keys": dict, "next_id": int, "faults": dict}
         if not isinstance(data, dict) or any(not isinstance(data.get(k), t) for k, t in shapes.items()) or \
-                not all(isinstance(i, dict) and isinstance(i.get("tags"), dict) and "state" in i for i in data["instances"].values()):
+                not all(isinstance(i, dict) and isinstance(i.get("tags"), dict) and "state" in i for i in data["instances"].values()) or \
+                not isinstance(data.get("journal", ""), str):
             raise self._corrupt(self.path, "it is not a snapshot of instances, keys, next_id and faults")
         return data
 
@@ -181,31 +239,39 @@ class SimCloud:
 
     def _save(self, data: dict) -> None:
         entry = {k: {key: dict.get(data[k], key) for key in data[k].touched} for k in _TRACKED}
-        entry["top"] = {k: v for k, v in data.items() if k not in _TRACKED}
+        entry["top"] = {k: v for k, v in data.items() if k not in _TRACKED and k != "journal"}  # the snapshot's, not a call's
         line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)  # one write: a killed process leaves a whole line or a cut one (ignored)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        with self._io(self.journal, "write"):
+            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write: a killed process leaves a whole line or a cut one (ignored)
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
         stamp = self._stamp()
         if not stamp or (size > COMPACT_BYTES and size > stamp[2]):
+            # The snapshot, then a new journal under the name the snapshot gives it: a crash between the two
+            # renames leaves the old journal, whose calls are all in the snapshot (and is told apart by its name).
+            data["journal"] = os.urandom(8).hex()
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, separators=(",", ":")))
-            os.replace(tmp, self.path)  # atomic; a crash before the truncate replays lines already in it: harmless
-            os.truncate(self.journal, 0)
-            stamp, size = self._stamp(), 0
+            with self._io(self.path, "write"):
+                tmp.write_text(json.dumps(data, separators=(",", ":")))
+                os.replace(tmp, self.path)
+            self._begin_journal(data["journal"])
+            stamp, size = self._stamp(), len(self._header(data["journal"]))
         _CACHE[self.path] = (stamp, size, data)
 
     @contextlib.contextmanager
     def world(self, write: bool = True) -> Iterator[dict]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "cloud.lock", "a+") as lock:
+        lock_path = self.dir / "cloud.lock"
+        with self._io(lock_path, "lock"):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            lock = open(lock_path, "a+")
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 data = self._load(write)
-            except (OSError, ValueError):
+            except (OSError, ValueError, ProviderError):
                 _CACHE.pop(self.path, None)
                 raise
             for k in _TRACKED:

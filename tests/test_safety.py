@@ -188,9 +188,9 @@ def _journal_with_garbled_middle(cfg: Path) -> None:
     sim = SimCloud(state_dir(cfg))
     sim.set_fault(latency_ms=0)  # two journal entries after the snapshot
     sim.set_fault(throttle=0)
-    lines = sim.journal.read_bytes().splitlines(keepends=True)
-    assert len(lines) >= 2
-    sim.journal.write_bytes(b"".join([lines[0], b'{"instances": {"i-1": \n', *lines[1:]]))
+    lines = sim.journal.read_bytes().splitlines(keepends=True)  # its header, then the entries
+    assert len(lines) >= 3
+    sim.journal.write_bytes(b"".join([*lines[:2], b'{"instances": {"i-1": \n', *lines[2:]]))
 
 
 # (name, how to corrupt the applied quickstart, command, what the error must say)

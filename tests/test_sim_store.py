@@ -39,7 +39,8 @@ def test_the_journal_is_folded_into_the_snapshot_and_other_processes_follow(tmp_
     monkeypatch.setattr(sim_mod, "COMPACT_BYTES", 2000)
     sim = SimCloud(tmp_path)
     ids = _plant(sim, 40)
-    assert sim.journal.stat().st_size < 2000 + 1000  # folded at least once
+    # folded whenever it outgrew both the threshold and the snapshot (one call's line over at most)
+    assert sim.journal.stat().st_size <= max(2000, sim.path.stat().st_size) + 1000
     assert len(json.loads(sim.path.read_text())["instances"]) >= 30
     sim.interrupt(ids[0])
     seen = {i["id"]: i["state"] for i in _other_process_sees(tmp_path)}
@@ -48,3 +49,67 @@ def test_the_journal_is_folded_into_the_snapshot_and_other_processes_follow(tmp_
     code = f"from providers.sim import SimCloud; SimCloud({str(tmp_path)!r}).interrupt({ids[1]!r})"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
     assert {i["id"]: i["state"] for i in sim.instances()}[ids[1]] == "terminated"
+
+
+def test_a_lost_journal_is_refused_not_read_as_an_empty_world(tmp_path):
+    """The snapshot names the journal begun with it. Before, a zero-byte (or deleted) cloud.journal read as
+    "no calls since the snapshot": the instances it recorded silently vanished and the next plan created them again."""
+    import pytest
+
+    from providers.errors import ProviderError
+
+    sim = SimCloud(tmp_path)
+    ids = _plant(sim, 3)
+    assert sorted(i["id"] for i in sim.instances()) == ids
+    kept = sim.journal.read_bytes()
+    for lose in (lambda: sim.journal.write_bytes(b""), sim.journal.unlink):
+        lose()
+        sim_mod._CACHE.clear()  # as a new process
+        with pytest.raises(ProviderError, match=r"cloud.journal: the simulated cloud's journal is (empty|missing), but .*cloud.json says "
+                                                r"one was begun with it.*are lost. Nothing was changed. Restore cloud.journal"):
+            sim.instances()
+        sim.journal.write_bytes(kept)
+    sim_mod._CACHE.clear()
+    assert sorted(i["id"] for i in sim.instances()) == ids
+
+
+def test_a_fold_cut_between_its_two_renames_keeps_every_instance(tmp_path, monkeypatch):
+    """A kill after the new snapshot replaced the old one but before the new journal did: the old journal's
+    calls are all in the snapshot, so it is set aside (not refused, not replayed over newer state)."""
+    sim = SimCloud(tmp_path)
+    ids = _plant(sim, 2)
+    old_journal = sim.journal.read_bytes()
+    monkeypatch.setattr(sim_mod, "COMPACT_BYTES", 0)  # the next call folds
+    monkeypatch.setattr(SimCloud, "_begin_journal", lambda self, token: None)  # ...and is killed before the journal's rename
+    ids += _plant(sim, 1)
+    monkeypatch.undo()
+    assert sim.journal.read_bytes().startswith(old_journal)  # the old journal, under a snapshot that names another
+    sim_mod._CACHE.clear()
+    assert sorted(i["id"] for i in sim.instances()) == ids
+    ids += _plant(sim, 1)
+    assert sorted(i["id"] for i in _other_process_sees(tmp_path)) == ids
+
+
+def test_unreadable_sim_files_are_named_as_such(tmp_path):
+    """Before: cloud.json unreadable was "corrupt: not valid JSON (Permission denied)" with advice to delete the
+    whole simulated world; cloud.journal unreadable and cloud.lock a directory were `unexpected` bug reports."""
+    import pytest
+
+    from providers.errors import ProviderError
+
+    sim = SimCloud(tmp_path)
+    _plant(sim, 2)
+    for name in ("cloud.json", "cloud.journal", "cloud.lock"):
+        path = sim.dir / name
+        kept = path.read_bytes()
+        path.unlink()
+        path.mkdir()
+        sim_mod._CACHE.clear()
+        with pytest.raises(ProviderError) as err:
+            sim.instances()
+        msg = str(err.value)
+        assert msg.startswith(f"{path}: cannot ") and "Is a directory" in msg and "corrupt" not in msg and "delete" not in msg, msg
+        path.rmdir()
+        path.write_bytes(kept)
+    sim_mod._CACHE.clear()
+    assert len(sim.instances()) == 2
