@@ -264,10 +264,10 @@ class SimCloud:
     @contextlib.contextmanager
     def world(self, write: bool = True) -> Iterator[dict]:
         lock_path = self.dir / "cloud.lock"
-        with self._io(lock_path, "lock"):
-            self.dir.mkdir(parents=True, exist_ok=True)
-            lock = open(lock_path, "a+")
-        with lock:
+        with contextlib.ExitStack() as held:
+            with self._io(lock_path, "lock"):
+                self.dir.mkdir(parents=True, exist_ok=True)
+                lock = held.enter_context(open(lock_path, "a+"))
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 data = self._load(write)
