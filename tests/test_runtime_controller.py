@@ -66,3 +66,31 @@ def test_the_controller_pulls_the_config_repo_and_applies_what_was_pushed(tmp_pa
     assert not ctl.step()
     assert any(m.startswith("git pull failed:") for m in logs[n:]), logs[n:]
     assert live(cfg / "fleet") == 2
+
+
+def test_a_refused_apply_is_retried_with_a_backoff_not_every_poll(tmp_path):
+    """A guardrail refuses the apply (3 deletes, 1 allowed). Before, a failed apply set the last plan's time to 0:
+    the controller planned (and failed) at every poll, 60 times a minute at --poll 1, a core's worth on a 10k-job
+    fleet. Now it tries again after 2, 4, 8 ... s (capped at --resync), and at once when the config changes."""
+    from tests.fleetkit import doc
+
+    guard = doc("GuardrailPolicy", "g", {"max_destroy_per_apply": 1})
+    cfg = write_config(tmp_path / "fleet", [*fleet_docs(job("a", cpu=15), job("b", cpu=15), job("c", cpu=15)), guard])
+    now = [1000.0]
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=1, resync=60, log=logs.append, clock=lambda: now[0])
+    assert ctl.step() and live(cfg) == 3
+    write_config(cfg, [*fleet_docs(), guard])  # every job gone: 3 instances to delete
+    failed_at = []
+    for _ in range(180):  # three minutes of 1 s polls
+        n = len(logs)
+        ctl.step()
+        failed_at += [now[0] for m in logs[n:] if m.startswith("apply of plan")]
+        now[0] += 1
+    assert live(cfg) == 3 and "max_destroy_per_apply" in next(m for m in logs if m.startswith("apply of plan"))
+    gaps = [b - a for a, b in zip(failed_at, failed_at[1:])]
+    assert gaps[:5] == [2, 4, 8, 16, 32] and set(gaps[5:]) == {60}, failed_at  # before: 180 attempts, 1 s apart
+
+    # The config changes (the limit raised): planned and applied at the next poll, not after the backoff.
+    write_config(cfg, [*fleet_docs(), doc("GuardrailPolicy", "g", {"max_destroy_per_apply": 5})])
+    assert ctl.step() and live(cfg) == 0

@@ -5,7 +5,10 @@ agents report something the fleet must react to (a job finished or failed for go
 Interrupting or silent), or when `resync` seconds passed (drift: a vanished instance, a price).
 An interruption notice is acted on at its first sight. It plans without the lock and applies that
 saved plan under the lock (refused if the fleet or the config changed in between: then it plans
-again at the next wake-up), so the lock is held only while applying. SIGTERM ends it between steps."""
+again at the next wake-up), so the lock is held only while applying. An apply that fails otherwise
+(a guardrail refuses it, a provider error) is tried again after a backoff that doubles from `poll`
+up to `resync`, or at once when the config or the agents' reports change: planning every poll for a
+refusal that stands cost a core on a large fleet. SIGTERM ends it between steps."""
 
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ class Trigger:
     digest: str = ""
     bus: tuple = ()
     at: float = 0.0
+    failures: int = 0  # applies that failed in a row since the last one that did not
+
+
+def retry_after(failures: int, poll: float, resync: float) -> float:
+    """Seconds between plans while nothing changes: `resync`, or after failed applies a backoff doubling from `poll`."""
+    return resync if failures == 0 else min(resync, poll * 2 ** failures)
 
 
 def bus_signature(view) -> tuple:
@@ -35,11 +44,11 @@ def bus_signature(view) -> tuple:
 class Controller:
     def __init__(self, config_dir: Path, *, provider: str = "sim", state: str | None = None, options: dict | None = None,
                  time_limit: float = 10.0, poll: float = 2.0, resync: float = 60.0, pull: bool = False,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
         self.config_dir = Path(config_dir)
         self.provider, self.state, self.options = provider, state, options or {}
         self.time_limit, self.poll, self.resync, self.pull = time_limit, poll, resync, pull
-        self.log = log
+        self.log, self.clock = log, clock
         self.last = Trigger()
         self.applies = 0
         self.view = None  # the FleetView of the last plan or apply: what /metrics serves (None before the first)
@@ -61,8 +70,8 @@ class Controller:
             if new_bad:
                 return f"replace {', '.join(new_bad)}: {view.unhealthy[new_bad[0]]}", desired.digest, sig
             return "jobs finished: " + ", ".join(f"{j} {p}" for j, p in sorted(view.finished.items())), desired.digest, sig
-        if time.monotonic() - self.last.at >= self.resync:
-            return "resync", desired.digest, sig
+        if self.clock() - self.last.at >= retry_after(self.last.failures, self.poll, self.resync):
+            return ("retry after a failed apply" if self.last.failures else "resync"), desired.digest, sig
         return None, desired.digest, sig
 
     def step(self) -> bool:
@@ -82,15 +91,18 @@ class Controller:
             return False
         if why is None:
             return False
+        failures = self.last.failures if why.startswith(("resync", "retry")) else 0  # a change is tried at once, afresh
         try:
             res = api.plan(self.config_dir, provider=self.provider, time_limit=self.time_limit, options=self.options, state=self.state)
         except ReconcileError as e:
-            self.log(f"{why}: plan failed: {e}")
+            self.last = Trigger(digest, sig, self.clock(), failures + 1)
+            self.log(f"{why}: plan failed: {e} (next try in {retry_after(failures + 1, self.poll, self.resync):g}s, "
+                     "or when the config or the fleet changes)")
             return False
-        self.last = Trigger(digest, sig, time.monotonic())
+        self.last = Trigger(digest, sig, self.clock())
         self.view = api.fleet_view(res)
         if not res.plan.has_changes:
-            if why != "resync":
+            if why not in ("resync", "retry after a failed apply"):
                 self.log(f"{why}: plan {res.plan.id}: no changes")
             return False
         self.log(f"{why}: plan {res.plan.id}: {summary_line(res.plan)}")
@@ -102,8 +114,9 @@ class Controller:
             self.last = Trigger()  # plan again at the next wake-up
             return False
         except ReconcileError as e:
-            self.log(f"apply of plan {res.plan.id} failed: {e}")
-            self.last.at = 0.0
+            self.last.failures = failures + 1
+            wait = retry_after(self.last.failures, self.poll, self.resync)
+            self.log(f"apply of plan {res.plan.id} failed: {e} (next try in {wait:g}s, or when the config or the fleet changes)")
             return False
         self.applies += 1
         self.view = done.view or self.view
