@@ -4,6 +4,7 @@ logged and the fleet is kept as it is. Real git repositories (a bare remote and 
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_a_refused_apply_is_retried_with_a_backoff_not_every_poll(tmp_path):
         failed_at += [now[0] for m in logs[n:] if m.startswith("apply of plan")]
         now[0] += 1
     assert live(cfg) == 3 and "max_destroy_per_apply" in next(m for m in logs if m.startswith("apply of plan"))
-    gaps = [b - a for a, b in zip(failed_at, failed_at[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(failed_at)]
     assert gaps[:5] == [2, 4, 8, 16, 32] and set(gaps[5:]) == {60}, failed_at  # before: 180 attempts, 1 s apart
 
     # The config changes (the limit raised): planned and applied at the next poll, not after the backoff.
