@@ -42,7 +42,7 @@ from providers.placements import Placement, PlacementRecord, PlacementTagError, 
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
-from reconciler.plan import CreateAction, DeleteAction, Plan
+from reconciler.plan import CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import shape_of
 from reconciler.state import State
 
@@ -117,6 +117,7 @@ class ApplyReport:
     stopped: bool = False  # asked to stop (Ctrl-C): actions after that point were not started
     not_started: list[str] = field(default_factory=list)  # "create +3", "delete i-0ab..."
     cleaned_up: list[str] = field(default_factory=list)  # unused cloud objects deleted (AWS placement groups)
+    gangs_stopped: dict[str, list[str]] = field(default_factory=dict)  # job -> instances its survivors were stopped on
 
     @property
     def ok(self) -> bool:
@@ -306,12 +307,12 @@ def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: A
             report.failures.append(f"clean up {name}: {e} (the next run tries again)")
 
 
-def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, list[str]], gpus: dict[str, list[list[int]]],
-                        stranded: set[str], failures: list[str]) -> None:
+def _hold_back_arrivals(plan: Plan, observed: Observed, placed: "_Placed", failures: list[str]) -> None:
     """A job the plan puts on an instance whose resident could not leave (its new instance was
     not created) would share its GPUs and room with it: 16 of 8 GPUs, both on GPUs 0-7. It is
     not put there: it stays where it runs (which strands that instance in turn) or, new, waits
-    for the next plan, which sees the fleet as it is."""
+    for the next plan, which sees the fleet as it is (and so does a gang that lost replicas: _stop_gang)."""
+    placements, gpus, stranded = placed.ids, placed.gpus, placed.stranded
     changed = True
     while changed:
         changed = False
@@ -323,9 +324,14 @@ def _hold_back_arrivals(plan: Plan, observed: Observed, placements: dict[str, li
             if not blocked:
                 continue
             changed = True
+            partly = _runs_partly(j, observed)
             failures.append(f"{j.job} not put on {', '.join(blocked)}: what runs there could not move (its new instance "
-                                   "was not created); " + ("it stays where it runs" if j.previous else "the next run places it"))
-            if j.previous:
+                                   "was not created); " + ("it stays where it runs" if j.previous and not partly else "the next run places it"))
+            if partly:
+                del placements[j.job]
+                gpus.pop(j.job, None)
+                _stop_gang(j, observed, placed, failures)
+            elif j.previous:
                 placements[j.job] = list(j.previous)
                 gpus.pop(j.job, None)
                 if j.job in observed.gpu_indices:
@@ -524,6 +530,23 @@ class _Placed:
     gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica
     stranded: set[str] = field(default_factory=set)  # instances still hosting a replica that could not move
     stayed_old: set[str] = field(default_factory=set)  # jobs whose move failed: they still run as they were
+    stopped: dict[str, list[str]] = field(default_factory=dict)  # gangs not run: job -> where their survivors were
+
+
+def _runs_partly(j: JobChange, observed: Observed) -> bool:
+    """A gang that lost replicas (their instances are gone) and runs with the rest: it may not stay so."""
+    return bool(j.previous) and bool(observed.lost.get(j.job))
+
+
+def _stop_gang(j: JobChange, observed: Observed, placed: _Placed, failures: list[str]) -> None:
+    """A gang runs with all its replicas or none (README, Gangs): one that lost replicas and whose replacements
+    were not all created is not left running with the rest, restarted at a smaller world size (before: WORLD_SIZE=1,
+    recorded as running, and the next plan read the heal as "replicas changed (1 -> 2)"). Its survivors stop and it
+    is pending; the state remembers what it lost, so the next plan places it whole as the heal it is."""
+    placed.stopped[j.job] = list(j.previous)
+    failures.append(f"{j.job}: stopped its surviving replica(s) on {', '.join(j.previous)}: its replica(s) lost on "
+                    f"{', '.join(observed.lost[j.job])} could not all be replaced, and a gang runs with all its replicas "
+                    "or none; it is pending until the next run places it whole")
 
 
 def _placements(plan: Plan, observed: Observed, report: ApplyReport, coming: set[str] = frozenset(),  # type: ignore[assignment]
@@ -533,6 +556,7 @@ def _placements(plan: Plan, observed: Observed, report: ApplyReport, coming: set
     to launch (after the deletes their Reservation waits for), counted as if they existed (by their ref).
     `failures`: where to say which jobs were held back (report.failures)."""
     placed = _Placed()
+    failures = report.failures if failures is None else failures
     for j in plan.jobs:
         if j.action in ("keep", "place", "move"):
             ids = [(r if r in coming else report.created.get(r)) if r.startswith("+") else r for r in j.instances]
@@ -541,13 +565,15 @@ def _placements(plan: Plan, observed: Observed, report: ApplyReport, coming: set
                 if any(j.gpus):
                     placed.gpus[j.job] = [list(g) for g in j.gpus]
                 continue
-            if j.previous:
+            if _runs_partly(j, observed):
+                _stop_gang(j, observed, placed, failures)
+            elif j.previous:
                 placed.ids[j.job] = list(j.previous)
                 placed.stayed_old.add(j.job)
                 if j.job in observed.gpu_indices:  # aligned with previous (the survivors), as observed
                     placed.gpus[j.job] = [list(g) for g in observed.gpu_indices[j.job]]
                 placed.stranded.update(j.previous)
-    _hold_back_arrivals(plan, observed, placed.ids, placed.gpus, placed.stranded, report.failures if failures is None else failures)
+    _hold_back_arrivals(plan, observed, placed, failures)
     return placed
 
 
@@ -598,5 +624,9 @@ def _update_state(desired: DesiredState, observed: Observed, fleet: Fleet, state
     # Since when each placed job has run: a job that ran before (moved or not) keeps its serial, a new one gets this
     # apply's (a tenant's guarantee holds the longest-running first, as the plan that placed them did: problem.tenants)
     state.since = {j: observed.since.get(j, 0) if observed.placements.get(j) else serial for j in state.placements}
+    # What a stopped gang lost, until it runs again (observe read the earlier ones into observed.lost)
+    state.lost = {j: list(ids) for j, ids in sorted(observed.lost.items())
+                  if j in desired.jobs and j not in state.placements and (j in placed.stopped or j in state.lost)}
     state.serial = serial
     report.placements = state.placements
+    report.gangs_stopped = dict(placed.stopped)

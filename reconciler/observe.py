@@ -170,9 +170,12 @@ class Fleet:
                         if o is not None:
                             offerings.append(PoolOffering(p.name, o))
         merged = merge_placements(state, instances, self.desired.jobs)
+        # A gang apply stopped because its lost replicas could not all be replaced still replaces them (state.lost)
+        lost = {**{j: tuple(ids) for j, ids in state.lost.items() if j in self.desired.jobs and j not in merged.placements},
+                **merged.lost}
         return Observed(
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
-            placements=merged.placements, short=state.short_now(), providers=providers, lost=merged.lost,
+            placements=merged.placements, short=state.short_now(), providers=providers, lost=lost,
             gpu_indices=merged.gpu_indices, serial=merged.serial, foreign=tuple(sorted(foreign)),
             notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
                                        "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle))

@@ -38,6 +38,9 @@ class State:
     fleet_name: str = ""  # the fleet this state belongs to, and its uid (reconciler/identity.py)
     fleet_uid: str = ""
     regions: list[dict] = field(default_factory=list)  # {provider, cloud, region, settings}: launched into, maybe not empty yet
+    # job -> the gone instances of a gang that apply stopped because it could not replace them all, until it runs
+    # again: the next plan says it replaces them (not a resize of its survivors: reconciler/apply.py _placements)
+    lost: dict[str, list[str]] = field(default_factory=dict)
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()
@@ -61,7 +64,7 @@ def state_to_json(state: State) -> str:
                        "gpus": dict(sorted(state.gpus.items())), "shapes": dict(sorted(state.shapes.items())),
                        "since": dict(sorted(state.since.items())),
                        "short": state.short, "fleet": {"name": state.fleet_name, "uid": state.fleet_uid},
-                       "regions": state.regions}, indent=1)
+                       "regions": state.regions, **({"lost": dict(sorted(state.lost.items()))} if state.lost else {})}, indent=1)
 
 
 class StateFileError(ReconcileError):
@@ -114,6 +117,8 @@ def _state_problem(raw) -> str | None:
 
     if not str_lists(raw.get("placements", {}), lambda i: isinstance(i, str)):
         return "placements is not a map of job -> [instance id]"
+    if not str_lists(raw.get("lost", {}), lambda i: isinstance(i, str)):
+        return "lost is not a map of job -> [instance id]"
     if not str_lists(raw.get("gpus", {}), lambda g: isinstance(g, list) and all(isinstance(n, int) for n in g)):
         return "gpus is not a map of job -> [[GPU index]]"
     if not isinstance(raw.get("serial", 0), int) or isinstance(raw.get("serial", 0), bool):
@@ -147,7 +152,7 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
     fleet = raw.get("fleet") or {}
     return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
                  shapes=raw.get("shapes", {}), since=raw.get("since", {}), fleet_name=fleet.get("name", ""), fleet_uid=fleet.get("uid", ""),
-                 regions=list(raw.get("regions", [])))
+                 regions=list(raw.get("regions", [])), lost=raw.get("lost", {}))
 
 
 def load_state(config_dir: Path) -> State:

@@ -269,7 +269,12 @@ def _placed_condition(name: str, ids: list[str], ch, run, runtime, report: Apply
     if ids:
         return Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")
     if ch is not None and ch.action in ("place", "move"):
-        return Condition("Placed", False, "ProvisioningFailed", "; ".join(report.failed_refs.get(r, "") for r in ch.instances if r in report.failed_refs) or "new capacity could not be created")
+        why = "; ".join(report.failed_refs.get(r, "") for r in ch.instances if r in report.failed_refs) or "new capacity could not be created"
+        stopped = report.gangs_stopped.get(name)
+        if stopped:  # (it did run, partly: say why it no longer does)
+            why += (f"; a gang runs with all its replicas or none: its surviving replica(s) on {', '.join(stopped)} were "
+                    "stopped, and the next run places it whole")
+        return Condition("Placed", False, "ProvisioningFailed", why)
     return Condition("Placed", False, "Evicted" if ch and ch.action == "evict" else "Pending", ch.reason if ch else "not in the last plan")
 
 

@@ -158,3 +158,62 @@ def test_gpu_blocks_stay_whole_aligned_and_kept_across_plans_and_applies(tmp_pat
 @pytest.mark.parametrize("seed", range(10, 22))
 def test_gpu_blocks_stay_whole_aligned_and_kept_on_many_fleets(tmp_path, seed):
     _gpu_churn(tmp_path, seed, 4)
+
+
+def _gang_config(path):
+    run = {"command": ["python3", "-c", "import os; print('RANK', os.environ['RANK'], 'WORLD', os.environ['WORLD_SIZE'])"]}
+    return write_config(path, [
+        topology(), tenant("t", gpus=32),
+        pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=3),
+        job("gang", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=2, gang="zone", run=run)])
+
+
+def test_a_gang_whose_heal_fails_stops_its_survivor_and_is_pending_with_the_true_reason(tmp_path):
+    """One replica's instance is interrupted and its zone runs out, so the heal's create fails. Before, the
+    survivor stayed placed alone: state.json and its assignment had the gang at world_size 1 (restarted so),
+    status said it ran (Placed: 1 replica), and the next plan called the heal "replicas changed (1 -> 2)" and
+    deleted the survivor's host as "consolidated". A gang runs with all its replicas or none."""
+    from reconciler.errors import ApplyError
+    from reconciler.runtime.bus import Bus
+    from reconciler.backend import backend_for
+
+    cfg = _gang_config(tmp_path / "c")
+    first = api.apply(cfg, time_limit=5)
+    hosts = first.report.placements["gang"]
+    assert len(set(hosts)) == 2 and {c.zone for c in first.plan.creates} == {"us-east-1a"}
+    lost, survivor = hosts
+    sim = SimCloud(state_dir(cfg))
+    sim.interrupt(lost)
+    sim.exhaust("us-east-1a")
+
+    with pytest.raises(ApplyError) as e:
+        api.apply(cfg, time_limit=5)
+    report = e.value.result.report
+    assert report.failed_refs and "gang" not in report.placements
+    assert any(f.startswith(f"gang: stopped its surviving replica(s) on {survivor}") for f in report.failures), report.failures
+    saved = load_state(cfg)
+    assert "gang" not in saved.placements and "gang" not in saved.gpus
+    # Nothing runs the gang at a smaller world size: its survivor's assignment is gone, its tags host nothing.
+    assignments = Bus(backend_for(cfg, None)).assignments()
+    assert not [r for doc in assignments.values() for r in doc["replicas"] if r["job"] == "gang"], assignments
+    tags = next(i for i in sim.instances() if i["id"] == survivor)["tags"]
+    assert read_placements(tags).placements == ()
+    status = api.read_status(cfg)
+    assert status["fleet"]["status"]["jobs"] == {"running": 0, "pending": 1}
+    gang = status["jobs"]["gang"]["status"]
+    placed = next(c for c in gang["conditions"] if c["type"] == "Placed")
+    assert gang["phase"] == "Pending" and gang["instances"] == []
+    assert placed["status"] == "False" and placed["reason"] == "ProvisioningFailed", placed
+    assert "InsufficientCapacity" in placed["message"] and "all its replicas or none" in placed["message"], placed
+
+    # The next plan heals it, and says so: a lost replica replaced, not a resize, nor a consolidation.
+    nxt = api.plan(cfg, time_limit=5).plan
+    change = next(j for j in nxt.jobs if j.job == "gang")
+    assert change.action == "place" and change.previous == (), change
+    assert change.reason == f"replaces {lost}: gone (spot interruption or lost capacity)", change.reason
+    assert {c.zone for c in nxt.creates} == {"us-east-1b"}
+    assert [(d.instance_id, d.reason) for d in nxt.deletes] == [(survivor, "no longer needed")]
+    healed = api.apply(cfg, time_limit=5)
+    assert healed.report.ok and len(set(healed.report.placements["gang"])) == 2
+    assert "gang" not in load_state(cfg).lost
+    assert {r["world_size"] for doc in Bus(backend_for(cfg, None)).assignments().values() for r in doc["replicas"]} == {2}

@@ -326,3 +326,33 @@ def test_a_job_given_the_gpu_of_a_job_still_checkpointing_starts_only_once_it_ha
     n = wait(lambda: (x := notes_of(notes)) and ("n2", "start") in x and ("j3", "exit") in x and x, what="j3 exited and n2 started")
     assert gpu_of("n2") == gpu_of("j3")  # the GPU j3 released
     assert n["n2", "start"] >= n["j3", "exit"], n
+
+
+def test_a_gang_whose_heal_fails_stops_its_survivor_and_never_runs_at_a_smaller_world_size(rt, monkeypatch):
+    """Replica 0's instance is interrupted and its zone runs out, so the heal fails. Before, the survivor was
+    reassigned alone and restarted as "RANK 0 WORLD 1" (assignment world_size 1) while status said the gang ran.
+    A gang runs with all its replicas or none: the survivor is stopped and the gang is pending."""
+    from reconciler.errors import ApplyError
+
+    monkeypatch.setenv("FLEETOPS_SIM_NOTICE_SECONDS", "5")
+    cmd = [PY, "-c", "import os, time; print('RANK', os.environ['RANK'], 'WORLD', os.environ['WORLD_SIZE'], flush=True); "
+                     "time.sleep(600)"]
+    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", mode="service", run={"command": cmd}))
+    api.apply(cfg, time_limit=5)
+    for r in (0, 1):
+        wait(lambda: (rec := bus(cfg).run("gang", r)) and "WORLD 2" in " ".join(rec["log_tail"]), what=f"gang/{r} running")
+    lost, survivor = api.plan(cfg, time_limit=5).observed.placements["gang"]
+    assert lost != survivor
+    sim = SimCloud(state_dir(cfg))
+    sim.interrupt(lost)
+    sim.exhaust("us-east-1a")
+    with pytest.raises(ApplyError):
+        api.apply(cfg, time_limit=5)
+
+    assert bus(cfg).assignments() == {}  # nothing assigned: the survivor is not restarted at world_size 1
+    rec = wait(lambda: (r := bus(cfg).run("gang", 1)) and r["phase"] == "Stopped" and r, what="the survivor's replica stopped")
+    assert (rec["instance"], rec["reason"]) == (survivor, "Unassigned"), rec
+    wait(lambda: not replicas_on(survivor), what="the survivor's replica process gone")
+    assert not any("WORLD 1" in line for r in (0, 1) for line in bus(cfg).run("gang", r)["log_tail"])
+    st = job_status(cfg, "gang")
+    assert st["phase"] == "Pending" and st["instances"] == [] and "all its replicas or none" in st["conditions"][0]["message"]
