@@ -29,8 +29,9 @@ from typing import Any, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
+from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from providers.options import ProviderOptions
+from providers.options import ProviderOptions, count, seconds, text, url
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 CAPACITY_CODES = {
@@ -73,14 +74,20 @@ SSM_PREFIX = "resolve:ssm:"
 
 class AwsProvider:
     name = "aws"
+    # The `-o` options it takes (README, AWS), each checked when the provider is made.
+    OPTIONS = {
+        "endpoint_url": url(), "regions": text(), "parallelism": count(DEFAULT_PARALLELISM),
+        "consistency_timeout": seconds(120), "placement_group_wait": seconds(180),
+        "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S), "quotas_ttl": seconds(DEFAULT_TTL_S),
+    }
 
     def __init__(self, ctx: ProviderContext):
         import boto3
         from botocore.config import Config
 
         self.ctx = ctx
-        self.options = ProviderOptions("aws", ctx.options)
-        self.endpoint = self.options.text("endpoint_url")
+        self.options = ProviderOptions("aws", ctx.options, self.OPTIONS)
+        self.endpoint = self.options.url("endpoint_url")
         self.session = boto3.session.Session()
         self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
@@ -88,9 +95,9 @@ class AwsProvider:
         self._clients_lock = threading.Lock()
         # Creates (or deletes) apply runs at once in one region (reconciler/apply.py). EC2 throttles with
         # RequestLimitExceeded, which botocore's adaptive mode retries.
-        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
+        self.parallelism = self.options.count("parallelism")
         # consistency_timeout: how long a just-launched instance may stay invisible to DescribeInstances.
-        self.consistency_timeout = self.options.seconds("consistency_timeout", 120)
+        self.consistency_timeout = self.options.seconds("consistency_timeout")
 
     # -- plumbing ------------------------------------------------------------------
     def ec2(self, region: str):
@@ -306,7 +313,7 @@ class AwsProvider:
                 out += [[o["InstanceType"], o["Location"]] for o in page["InstanceTypeOfferings"]]
             return out
 
-        ttl = self.options.seconds("offerings_ttl", DEFAULT_TTL_S)
+        ttl = self.options.seconds("offerings_ttl")
         key = f"aws-offers-{region}-" + hashlib.sha256("\n".join(types).encode()).hexdigest()[:16]
         return {(t, z) for t, z in cached(self.ctx.state_dir, key, ttl, read)}
 
@@ -330,7 +337,7 @@ class AwsProvider:
         """({(type, zone): today's spot price}, when read), cached `spot_price_ttl` seconds (default 3600,
         providers/livespot.py) so a controller planning every minute does not page the history every minute.
         Types or zones without a row keep the catalog's price."""
-        from providers.livespot import DEFAULT_SPOT_TTL_S, read_spot
+        from providers.livespot import read_spot
 
         def fetch() -> dict[str, dict[str, float]]:
             got = self._call("describe_spot_price_history", lambda: latest_spot_prices(ec2, types, datetime.now(timezone.utc)))
@@ -339,7 +346,7 @@ class AwsProvider:
                 by_zone.setdefault(z, {})[t] = price
             return by_zone
 
-        ttl = self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S)
+        ttl = self.options.seconds("spot_price_ttl")
         by_zone, read_at = read_spot(self.ctx.state_dir, "aws", [self.endpoint or "", region, *types], ttl, fetch)
         return {(t, z): p for z, prices in by_zone.items() for t, p in prices.items()}, read_at
 
@@ -352,7 +359,7 @@ class AwsProvider:
         by_region: dict[str, set[str]] = {}
         for p in pools:
             by_region.setdefault(p.region, set()).update(p.instance_types)
-        ttl = self.options.seconds("quotas_ttl", DEFAULT_TTL_S)
+        ttl = self.options.seconds("quotas_ttl")
         out: list[Quota] = []
         for region, types in sorted(by_region.items()):
             ec2 = self.ec2(region)
@@ -501,7 +508,7 @@ class AwsProvider:
         return removed
 
     def _delete_group(self, ec2, name: str) -> bool:
-        pause, deadline = 1.0, time.monotonic() + self.options.seconds("placement_group_wait", 180)
+        pause, deadline = 1.0, time.monotonic() + self.options.seconds("placement_group_wait")
         while True:
             try:
                 self._call(f"delete_placement_group {name}", ec2.delete_placement_group, GroupName=name)

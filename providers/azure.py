@@ -35,7 +35,8 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
-from providers.options import ProviderOptions
+from providers.livespot import DEFAULT_SPOT_TTL_S
+from providers.options import ProviderOptions, count, seconds, switch, text, url
 from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 log = logging.getLogger(__name__)
@@ -165,27 +166,39 @@ class StaticTokenCredential:
 # -- the provider ---------------------------------------------------------------------------------
 class AzureProvider:
     name = "azure"
+    # The `-o` options it takes (README, Azure), each checked when the provider is made.
+    OPTIONS = {
+        "subscription_id": text(), "resource_group": text(), "resource_groups": text(), "credential": text(),
+        "endpoint": url(), "ca_bundle": text(), "prices_endpoint": url(), "live_spot": switch(),
+        "polling_interval": seconds(5.0), "lro_timeout": seconds(1800.0), "max_retries": count(3, least=0),
+        "parallelism": count(DEFAULT_PARALLELISM), "retry_window": seconds(300.0),
+        "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S),
+    }
 
     def __init__(self, ctx: ProviderContext):
         import azure.mgmt.compute  # noqa: F401 - fail at load time (registry: "install the extra") if missing
+        import importlib.util
+
+        if importlib.util.find_spec("azure.identity") is None:  # imported only when a credential is first needed
+            raise ModuleNotFoundError("No module named 'azure.identity'", name="azure.identity")
 
         self.ctx = ctx
-        self.options = ProviderOptions("azure", ctx.options)
+        self.options = ProviderOptions("azure", ctx.options, self.OPTIONS)
         self.catalog = load_catalog()
-        self.endpoint = self.options.text("endpoint")
+        self.endpoint = self.options.url("endpoint")
         if self.endpoint and not self.endpoint.startswith("https://"):
             raise ProviderError(f"azure: endpoint {self.endpoint!r} must be https:// (bearer tokens are only sent over TLS)")
         self.ca_bundle = self.options.text("ca_bundle")
-        self.polling_interval = self.options.seconds("polling_interval", 5.0)
-        self.lro_timeout = self.options.seconds("lro_timeout", 1800.0)
-        self.max_retries = self.options.count("max_retries", 3, least=0)
+        self.polling_interval = self.options.seconds("polling_interval")
+        self.lro_timeout = self.options.seconds("lro_timeout")
+        self.max_retries = self.options.count("max_retries")
         self._credential: Any = None
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.RLock()
         # Creates (or deletes) apply runs at once per region, and how long it retries throttling and busy VMs:
         # ARM's write limits are per minute (and per hour), so retries span minutes.
-        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
-        self.retry_window_s = self.options.seconds("retry_window", 300.0)
+        self.parallelism = self.options.count("parallelism")
+        self.retry_window_s = self.options.seconds("retry_window")
 
     # -- plumbing ------------------------------------------------------------------
     def credential(self):
@@ -414,10 +427,10 @@ class AzureProvider:
         """Spot prices from the public Retail Prices API, cached `spot_price_ttl` seconds (providers/livespot.py).
         Read for the public cloud only: with a custom ARM `endpoint` (a test, a sovereign cloud) only when
         `prices_endpoint` names the price API too; `live_spot=off` keeps the catalog's."""
-        from providers.livespot import DEFAULT_SPOT_TTL_S, azure_spot, read_spot, unread, with_live_spot
+        from providers.livespot import azure_spot, read_spot, unread, with_live_spot
         from providers.pricesources import PriceSourceError
 
-        prices_endpoint = self.options.text("prices_endpoint")
+        prices_endpoint = self.options.url("prices_endpoint")
         if not offers or (self.endpoint and not prices_endpoint) or self.options.off("live_spot"):
             return offers
         sizes: dict[str, set[str]] = {}
@@ -427,7 +440,7 @@ class AzureProvider:
         try:
             prices, read_at = read_spot(
                 self.ctx.state_dir, "azure", [prices_endpoint or ""] + [f"{r}/{t}" for r, ts in sizes.items() for t in ts],
-                self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S),
+                self.options.seconds("spot_price_ttl"),
                 lambda: {r: azure_spot(r, sorted(ts), prices_endpoint) for r, ts in sorted(sizes.items())})
         except PriceSourceError as e:
             log.warning("azure: %s unreadable, planning with the catalog's spot prices: %s", api, e)
@@ -541,7 +554,7 @@ class AzureProvider:
             return {"zones": out, "sizes": sizes}
 
         key = "azure-skus-" + hashlib.sha256(f"{subscription}\n{region}".encode()).hexdigest()[:16]
-        return cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl", DEFAULT_TTL_S), read)
+        return cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl"), read)
 
     # -- quotas --------------------------------------------------------------------
     def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:

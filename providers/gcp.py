@@ -47,7 +47,8 @@ from typing import Any, Callable, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
-from providers.options import ProviderOptions
+from providers.livespot import DEFAULT_SPOT_TTL_S
+from providers.options import ProviderOptions, count, seconds, switch, text, url
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError,
@@ -195,24 +196,31 @@ def _last(url: str) -> str:
 
 class GcpProvider:
     name = "gcp"
+    # The `-o` options it takes (README, GCP), each checked when the provider is made.
+    OPTIONS = {
+        "project": text(), "endpoint": url(), "prices_endpoint": url(), "live_spot": switch(),
+        "timeout": seconds(60, zero=False), "operation_timeout": seconds(900, zero=False), "retry_timeout": seconds(30, zero=False),
+        "parallelism": count(DEFAULT_PARALLELISM), "retry_window": seconds(300),
+        "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S),
+    }
 
     def __init__(self, ctx: ProviderContext):
         from google.api_core.client_options import ClientOptions
         from google.cloud import compute_v1
 
         self.ctx = ctx
-        self.options = ProviderOptions("gcp", ctx.options)
+        self.options = ProviderOptions("gcp", ctx.options, self.OPTIONS)
         self.compute = compute_v1
         self.catalog = load_catalog()
-        self.timeout = self.options.seconds("timeout", 60, zero=False)  # one HTTP call
-        self.operation_timeout = self.options.seconds("operation_timeout", 900, zero=False)  # one insert or delete, start to DONE
-        self.read_retry = self._read_retry(self.options.seconds("retry_timeout", 30, zero=False))  # a read's retries, all told
+        self.timeout = self.options.seconds("timeout")  # one HTTP call
+        self.operation_timeout = self.options.seconds("operation_timeout")  # one insert or delete, start to DONE
+        self.read_retry = self._read_retry(self.options.seconds("retry_timeout"))  # a read's retries, all told
         # Creates (or deletes) apply runs at once per region, and how long it retries a throttled or failed insert
         # (the requestId makes that safe): GCE's rate limits are per minute, so retries span minutes.
-        self.parallelism = self.options.count("parallelism", DEFAULT_PARALLELISM)
-        self.retry_window_s = self.options.seconds("retry_window", 300)
+        self.parallelism = self.options.count("parallelism")
+        self.retry_window_s = self.options.seconds("retry_window")
         self.fleet_label = label_value(ctx.fleet)
-        endpoint = self.options.text("endpoint")
+        endpoint = self.options.url("endpoint")
         self.default_project: str | None = self.options.text("project")
         if endpoint:
             # A local fake or emulator. The REST transport keeps an explicit http:// scheme
@@ -417,16 +425,16 @@ class GcpProvider:
         (providers/livespot.py). The API needs an API key (GOOGLE_API_KEY or FLEETOPS_GCP_API_KEY): without one the
         catalog's dated prices. With a custom compute `endpoint` (a test) only when `prices_endpoint` is given too;
         `live_spot=off` keeps the catalog's."""
-        from providers.livespot import DEFAULT_SPOT_TTL_S, gcp_spot, read_spot, unread, with_live_spot
+        from providers.livespot import gcp_spot, read_spot, unread, with_live_spot
         from providers.pricesources import PriceSourceError, gcp_api_key
 
-        prices_endpoint = self.options.text("prices_endpoint")
+        prices_endpoint = self.options.url("prices_endpoint")
         if (not offers or not gcp_api_key() or (self.options.text("endpoint") and not prices_endpoint)
                 or self.options.off("live_spot")):
             return offers
         types = sorted({o.instance_type for o in offers})
         regions = sorted({o.region for o in offers})
-        ttl = self.options.seconds("spot_price_ttl", DEFAULT_SPOT_TTL_S)
+        ttl = self.options.seconds("spot_price_ttl")
         api = "Cloud Billing Catalog API"
         try:
             prices, read_at = read_spot(self.ctx.state_dir, "gcp", [prices_endpoint or ""] + types + regions, ttl,
@@ -579,7 +587,7 @@ class GcpProvider:
                     out += [[_last(scope), item.name] for scope, item in self._list_types(kind, project, flt)]
             return out
 
-        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl", DEFAULT_TTL_S), read)}
+        return {(z, n) for z, n in cached(self.ctx.state_dir, key, self.options.seconds("offerings_ttl"), read)}
 
     def _list_types(self, kind: str, project: str, flt: str):
         c = self.compute

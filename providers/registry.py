@@ -6,10 +6,12 @@ ProviderContext and returns an object implementing providers.base.Provider."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from providers.base import Provider, ProviderContext
 from providers.errors import PluginError
+from providers.options import Option
 
 ENTRY_POINT_GROUP = "reconciler.providers"
 BUILTIN = {
@@ -18,6 +20,19 @@ BUILTIN = {
     "gcp": "providers.gcp:GcpProvider",
     "azure": "providers.azure:AzureProvider",
 }
+
+
+# The extra (pyproject.toml) that installs each built-in cloud provider's SDK.
+EXTRAS = {"aws": "aws", "gcp": "gcp", "azure": "azure"}
+
+
+def _missing(name: str, e: ModuleNotFoundError) -> str:
+    """What to install when a provider's SDK is missing: the built-in's extra, else the module a plugin lacks."""
+    module = e.name or str(e)
+    if name in EXTRAS and BUILTIN.get(name) == available().get(name):
+        return (f"provider {name!r} needs {module}, which is not installed: pip install "
+                f"'fleetops-reconciler[{EXTRAS[name]}]'")
+    return f"provider {name!r} needs the Python module {module}, which is not installed: install it (or the package that provides it)"
 
 
 def available() -> dict[str, str]:
@@ -34,11 +49,30 @@ def load_provider(name: str, ctx: ProviderContext) -> Provider:
     module, _, attr = target.partition(":")
     try:
         factory = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        raise PluginError(_missing(name, e)) from e
     except ImportError as e:
         raise PluginError(f"provider {name!r} could not be loaded ({e}); install its extra, e.g. pip install 'fleetops-reconciler[{name}]'") from e
     except AttributeError as e:
         raise PluginError(f"provider {name!r}: {target} does not exist") from e
-    provider = factory(ctx)
+    try:
+        provider = factory(ctx)
+    except ModuleNotFoundError as e:  # a cloud SDK each built-in imports when it is made, not when it is listed
+        raise PluginError(_missing(name, e)) from e
     if not isinstance(provider, Provider):
         raise PluginError(f"provider {name!r} ({target}) does not implement observe/offerings/create/delete")
     return provider
+
+
+def declared_options(name: str) -> Mapping[str, Option] | None:
+    """The `-o` options provider `name` takes (its factory's OPTIONS). None: it declares none (a plugin may read
+    any key), or it is unknown or cannot be imported (loading it says why)."""
+    target = available().get(name)
+    if target is None:
+        return None
+    module, _, attr = target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+    return getattr(factory, "OPTIONS", None)

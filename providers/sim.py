@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shlex
 import signal
@@ -19,7 +20,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
@@ -213,6 +214,14 @@ class SimCloud:
             f"world (its instances); restore it, or delete {self.dir} to start an empty simulated cloud (every simulated "
             "instance is then gone, and the next apply creates the fleet again).")
 
+    def _bad_faults(self, problem: str) -> ProviderError:
+        """Faults are saved in the journal's last line once there is one, else in the snapshot."""
+        where = self.journal if self.journal.exists() and self.journal.stat().st_size else self.path
+        return ProviderError(
+            f"{where}: the simulated cloud's injected faults are invalid: {problem}. Nothing was changed. Set it again "
+            "with `reconcile sim fault`, `reconcile sim exhaust ZONE --restore` or `reconcile sim quota NAME --cloud C "
+            f"--remove`, or delete {self.dir} to start an empty simulated cloud.")
+
     def _read_snapshot(self) -> dict:
         with self._io(self.path, "read"):
             raw = self.path.read_bytes()
@@ -262,7 +271,9 @@ class SimCloud:
         _CACHE[self.path] = (stamp, size, data)
 
     @contextlib.contextmanager
-    def world(self, write: bool = True) -> Iterator[dict]:
+    def world(self, write: bool = True, check: bool = True) -> Iterator[dict]:
+        """The world under the lock. `check`: refuse one whose faults are invalid (the commands that set faults
+        pass False, so they can also set right a value written by hand)."""
         lock_path = self.dir / "cloud.lock"
         with contextlib.ExitStack() as held:
             with self._io(lock_path, "lock"):
@@ -274,6 +285,9 @@ class SimCloud:
             except (OSError, ValueError, ProviderError):
                 _CACHE.pop(self.path, None)
                 raise
+            problem = _fault_problem(data.get("faults")) if check else None
+            if problem:
+                raise self._bad_faults(problem)
             for k in _TRACKED:
                 data[k].touched.clear()
             try:
@@ -353,14 +367,31 @@ class SimCloud:
         for d in sorted((self.dir / "agents").glob("*")) if (self.dir / "agents").is_dir() else []:
             self.stop_agent(d.name)
 
-    def exhaust(self, zone: str, instance_type: str | None = None, market: str | None = None, restore: bool = False) -> None:
+    def exhaust(self, zone: str, instance_type: str | None = None, market: str | None = None, restore: bool = False,
+                zones: Collection[str] | None = None) -> None:
+        """Mark a zone (one type, one market: None is any) out of capacity, or restore it. `zones`: the zones a
+        launch can go to (None: the catalog's); another zone, type or market is refused, as it would never match."""
+        if not restore:
+            catalog = load_catalog()
+            known = set(zones) if zones is not None else set()
+            known |= {z for regions in catalog.regions.values() for r in regions.values() for z in r.get("zones", ())}
+            if zone not in known:
+                raise ProviderError(f"sim: no region has zone {zone!r} (zones: {', '.join(sorted(known))})")
+            if instance_type is not None and not any(t == instance_type for _, t in catalog.shapes):
+                raise ProviderError(f"sim: unknown instance type {instance_type!r} (not in the price catalog)")
+            if market not in (None, *MARKETS):
+                raise ProviderError(f"sim: market {market!r} is not spot or on-demand")
         entry = {"zone": zone, "instance_type": instance_type, "market": market}
-        with self.world() as w:
+        with self.world(check=False) as w:
             ex = [e for e in w["faults"]["exhausted"] if e != entry]
             w["faults"]["exhausted"] = ex if restore else ex + [entry]
 
     def set_fault(self, **faults) -> None:
-        with self.world() as w:
+        """throttle, latency_ms: 0 or more; fail_after, reject_every: 0 or more, or None (cleared)."""
+        problem = _fault_problem({**faults, "exhausted": [], "quotas": []})
+        if problem:
+            raise ProviderError(f"sim: {problem.removeprefix('faults.')}")
+        with self.world(check=False) as w:
             w["faults"].update(faults)
 
     def set_quota(self, name: str, cloud: str, region: str, unit: str, limit: float, market: str | None = None,
@@ -369,11 +400,12 @@ class SimCloud:
         (the fleet's, other fleets', planted ones), and a launch past it fails with a QuotaError. region "" covers
         every region of the cloud; unit is vCPUs, GPUs or instances; market, gpu_type and instance_types narrow
         what counts (None: any)."""
-        if unit not in SIM_QUOTA_UNITS:
-            raise ProviderError(f"sim: quota unit {unit!r} is not one of {', '.join(SIM_QUOTA_UNITS)}")
         entry = {"name": name, "cloud": cloud, "region": region, "unit": unit, "limit": float(limit), "market": market,
                  "gpu_type": gpu_type, "instance_types": sorted(instance_types) if instance_types else None}
-        with self.world() as w:
+        problem = None if remove else _quota_problem(entry)
+        if problem:
+            raise ProviderError(f"sim: quota {name!r}: {problem}")
+        with self.world(check=False) as w:
             kept = [q for q in w["faults"].get("quotas", []) if (q["cloud"], q["region"], q["name"]) != (cloud, region, name)]
             w["faults"]["quotas"] = kept if remove else kept + [entry]
 
@@ -386,7 +418,7 @@ class SimCloud:
 
     def instances(self) -> list[dict]:
         """Copies: the world itself stays as the files say."""
-        with self.world(write=False) as w:
+        with self.world(write=False, check=False) as w:
             return json.loads(json.dumps(list(w["instances"].values())))
 
     @staticmethod
@@ -404,6 +436,55 @@ class SimCloud:
 
 
 SIM_QUOTA_UNITS = ("vCPUs", "GPUs", "instances")
+SIM_CLOUDS = ("aws", "gcp", "azure")
+MARKETS = ("spot", "on-demand")
+
+
+def _count(v, least: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _fault_problem(f) -> str | None:
+    """What is wrong with the faults of a world (None: nothing). A value `reconcile sim` refuses is refused here too,
+    as one written into the file by hand: a NaN quota limit made every later plan fail with a bare ValueError."""
+    if not isinstance(f, dict):
+        return "faults is not an object"
+    for key in ("throttle", "latency_ms"):
+        v = f.get(key, 0)
+        if not (_count(v) or isinstance(v, float) and math.isfinite(v) and v >= 0):
+            return f"faults.{key} is {v!r}, not a number 0 or more"
+    for key in ("fail_after", "reject_every"):
+        if f.get(key) is not None and not _count(f[key]):
+            return f"faults.{key} is {f[key]!r}, not a whole number 0 or more (or null)"
+    ex = f.get("exhausted", [])
+    for n, e in enumerate(ex if isinstance(ex, list) else [None]):
+        if not (isinstance(e, dict) and isinstance(e.get("zone"), str) and isinstance(e.get("instance_type"), (str, type(None)))
+                and e.get("market") in (None, *MARKETS)):
+            return f"faults.exhausted[{n}] is {e!r}, not a zone with an optional instance_type and market (spot or on-demand)"
+    qs = f.get("quotas", [])
+    for n, q in enumerate(qs if isinstance(qs, list) else [None]):
+        problem = _quota_problem(q) if isinstance(q, dict) else "is not an object"
+        if problem:
+            return f"faults.quotas[{n}] {problem}"
+    return None
+
+
+def _quota_problem(q: dict) -> str | None:
+    limit = q.get("limit")
+    if not isinstance(q.get("name"), str) or not isinstance(q.get("region"), str):
+        return "has no name or region"
+    if q.get("cloud") not in SIM_CLOUDS:
+        return f"cloud {q.get('cloud')!r} is not one of {', '.join(SIM_CLOUDS)}"
+    if q.get("unit") not in SIM_QUOTA_UNITS:
+        return f"unit {q.get('unit')!r} is not one of {', '.join(SIM_QUOTA_UNITS)}"
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (math.isfinite(limit) and limit >= 0):
+        return f"limit {limit!r} is not a number 0 or more"
+    if q.get("market") not in (None, *MARKETS):
+        return f"market {q.get('market')!r} is not spot or on-demand"
+    types = q.get("instance_types")
+    if not isinstance(q.get("gpu_type"), (str, type(None))) or not (types is None or isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        return "gpu_type or instance_types is not a name (or a list of names)"
+    return None
 
 
 def _sim_quota_units(q: dict, catalog, cloud: str, region: str, instance_type: str, market: str) -> float:
@@ -425,6 +506,7 @@ class SimProvider:
     """Provider protocol over SimCloud."""
 
     name = "sim"
+    OPTIONS: dict = {}  # it takes no `-o` options (faults and quotas are set with `reconcile sim ...`)
 
     def __init__(self, ctx: ProviderContext):
         self.ctx = ctx

@@ -654,6 +654,9 @@ def backend_for(config_dir: Path, url: str | None = None) -> StateBackend:
         return LocalBackend(config_dir)
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme in BACKENDS:
+        if "@" in urlparse(url).netloc:  # a bucket name never holds '@': a key pasted in would reach the SDK's errors
+            raise ReconcileError(f"state backend {url!r}: credentials do not go in the URL (user:secret@); the "
+                                 f"{scheme} backend takes them from its cloud's usual chain (environment, profile, identity)")
         return BACKENDS[scheme](url)
     raise ReconcileError(f"unknown state backend {url!r}: use 'local', s3://bucket/prefix, gs://bucket/prefix "
                          "or azblob://account/container/prefix")

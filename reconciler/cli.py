@@ -112,14 +112,29 @@ def _root(ctx: typer.Context,
 sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
 app.add_typer(sim_app, name="sim")
 
+def _time_limit_ok(value: float) -> float:
+    """A work limit of 0 (greedy only) up to a day: NaN fell through to greedy, inf made the wall cap infinite."""
+    if value is not None and not 0 <= value <= MAX_TIME_LIMIT:
+        raise typer.BadParameter(f"{value:g} is not a number of seconds from 0 (greedy best-fit only) to {MAX_TIME_LIMIT:g}")
+    return value
+
+
+def _gap_ok(value: float) -> float:
+    """The gap is a fraction of the LP bound: 0 (search to the time limit) up to, not including, 1."""
+    if value is not None and not 0 <= value < 1:
+        raise typer.BadParameter(f"{value:g} is not a fraction from 0 up to 1 (0.03: within 3% of the LP bound)")
+    return value
+
+
+MAX_TIME_LIMIT = 86400.0  # a day of solver work; the wall cap is 10x this + 30 s
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
-TimeLimitOpt = typer.Option(20.0, "--time-limit", help="CP-SAT work limit, about seconds on an idle core; counted in the "
+TimeLimitOpt = typer.Option(20.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT work limit, about seconds on an idle core; counted in the "
                             "solver's deterministic work, so a busy machine gives the same plan (0: greedy best-fit only). The wall "
                             "clock is capped at 10x this + 30 s: past it, the plan is greedy's and says so.")
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
 StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default), s3://bucket/prefix, gs://bucket/prefix or azblob://account/container/prefix.")
-GapOpt = typer.Option(0.03, "--gap", help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
+GapOpt = typer.Option(0.03, "--gap", callback=_gap_ok, help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
 
 
 def _options(pairs: Optional[list[str]]) -> dict:
@@ -195,7 +210,7 @@ def plan(
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
     gap: float = GapOpt,
-    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", min=0, help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
     adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
@@ -208,6 +223,8 @@ def plan(
 
     if fmt not in ("human", "markdown", "json"):
         raise typer.BadParameter("--format must be human, markdown or json")
+    if out is not None:
+        _writable(out, "--out")
     try:
         if no_memo:
             res = api.plan(config_dir, provider=provider, time_limit=time_limit, allow_destroy=allow_destroy,
@@ -221,7 +238,7 @@ def plan(
     except ReconcileError as e:
         _fail(e, config_dir, state)
     if out is not None:
-        out.write_text(api.few_collections(res.plan.to_json)())  # (see _render)
+        _write(out, api.few_collections(res.plan.to_json)())  # (see _render)
     from reconciler.words import use_color
 
     color = use_color(sys.stdout)
@@ -243,6 +260,21 @@ def plan(
         _exit_without_teardown()
     if detailed_exitcode and (res.has_changes if isinstance(res, api.MemoPlan) else res.plan.has_changes):
         raise typer.Exit(2)
+
+
+def _writable(path: Path, flag: str) -> None:
+    """Refuse, before any work, a file that cannot be written: a directory, or one in a directory that is not there."""
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a directory; give a file name", param_hint=flag)
+    if not path.parent.is_dir():
+        raise typer.BadParameter(f"directory {path.parent} does not exist", param_hint=flag)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        _fail(ReconcileError(f"cannot write {path}: {e.strerror or e}"))
 
 
 def _keep_hit_render(config_dir: Path, res, fmt: str, out: Path | None, color: bool, variant: str) -> None:
@@ -308,7 +340,7 @@ def apply(
     provider: str = ProviderOpt,
     time_limit: float = TimeLimitOpt,
     gap: float = GapOpt,
-    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
+    allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", min=0, help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
     commit: bool = typer.Option(False, "--commit", help="Commit the status/ changes (and nothing else) to git."),
@@ -578,7 +610,8 @@ def report(
         raise typer.Exit(1)
     from reconciler.state import utcnow
 
-    out.write_text(render_report(_fleet_view(config_dir, provider, time_limit, gap, provider_option, state), utcnow()))
+    _writable(out, "--out")
+    _write(out, render_report(_fleet_view(config_dir, provider, time_limit, gap, provider_option, state), utcnow()))
     typer.echo(f"report written to {out}")
 
 
@@ -683,11 +716,27 @@ def sim_stop_agents(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path]
     typer.echo("agents stopped")
 
 
+def _sim_zones(config_dir: Path) -> set[str]:
+    """The zones DIR's Topology names (the sim launches where its pools say), beside the catalog's, which DIR may pin."""
+    from providers.catalog import catalog_for, pin_catalog
+    from reconciler.load import load
+
+    try:
+        pin_catalog(catalog_for(config_dir))
+        topology = load(config_dir).topology
+    except ReconcileError:  # a config that does not load: the catalog's zones alone
+        return set()
+    return {z for c in topology.spec.clouds.values() for r in c.regions.values() for z in r.zones}
+
+
 @sim_app.command("exhaust")
 def sim_exhaust(zone: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt, instance_type: Optional[str] = typer.Option(None, "--type"),
                 market: Optional[str] = typer.Option(None, "--market"), restore: bool = typer.Option(False, "--restore")) -> None:
     """Mark a zone (optionally one type/market) out of capacity, or --restore it."""
-    _sim(config_dir, dir_opt).exhaust(zone, instance_type, market, restore=restore)
+    try:
+        _sim(config_dir, dir_opt).exhaust(zone, instance_type, market, restore=restore, zones=_sim_zones(config_dir or dir_opt or Path(".")))
+    except ReconcileError as e:
+        _fail(e)
     typer.echo(f"{'restored' if restore else 'exhausted'} {zone} {instance_type or '*'} {market or '*'}")
 
 
@@ -717,7 +766,10 @@ def sim_fault(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = Sim
     faults = {k: v for k, v in dict(throttle=throttle, reject_every=reject_every, latency_ms=latency_ms).items() if v is not None}
     if fail_after is not None:
         faults["fail_after"] = None if fail_after < 0 else fail_after
-    _sim(config_dir, dir_opt).set_fault(**faults)
+    try:
+        _sim(config_dir, dir_opt).set_fault(**faults)
+    except ReconcileError as e:
+        _fail(e)
     typer.echo("faults: " + (", ".join(f"{k}={v}" for k, v in faults.items()) or "unchanged"))
 
 
@@ -796,7 +848,7 @@ def controller(
     provider: str = ProviderOpt,
     state: Optional[str] = StateOpt,
     provider_option: Optional[list[str]] = OptionOpt,
-    time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit per plan, in seconds."),
+    time_limit: float = typer.Option(10.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT time limit per plan, in seconds."),
     poll: float = typer.Option(2.0, "--poll", help="Seconds between looks at the config and the bus."),
     resync: float = typer.Option(60.0, "--resync", help="Plan at least this often (drift: vanished instances)."),
     pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look."),

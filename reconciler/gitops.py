@@ -86,6 +86,11 @@ def export_config(config_dir: Path, ref: str, dest: Path) -> Path:
     rel = config_dir.relative_to(root).as_posix()
     spec = f"{ref}:{rel}" if rel != "." else f"{ref}:"
     try:
+        git(root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    except GitError:
+        raise GitError(f"git ref {ref!r} does not exist in {root} (a branch, tag or commit; `git fetch` first for "
+                       "a remote one such as origin/main)") from None
+    try:
         git(root, "rev-parse", "--verify", "-q", spec)
     except GitError:
         raise GitError(f"{rel or '.'} does not exist at {ref}") from None

@@ -480,7 +480,8 @@ def load(root: str | Path, cache: bool = False) -> DesiredState:
     plain load writes nothing)."""
     root = Path(root)
     if not root.is_dir():
-        raise ConfigError([Diagnostic(str(root), 0, "", "", "<dir>", "config directory does not exist")])
+        what = "is a file, not a directory: give the directory that holds it" if root.exists() else "does not exist"
+        raise ConfigError([Diagnostic(str(root), 0, "", "", "<dir>", f"config directory {what}")])
     diags: list[Diagnostic] = []
     files = _config_files(root, diags)
     if not files and not diags:

@@ -14,7 +14,8 @@ from typing import Callable
 
 from providers.base import TAG_FLEET_UID, Instance, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
 from reconciler.errors import ProviderError
-from providers.registry import load_provider
+from providers.options import check_options
+from providers.registry import declared_options, load_provider
 from reconciler.model import DesiredState, Pool
 from reconciler.placements import merge_placements
 from reconciler.state import State
@@ -142,6 +143,8 @@ class Fleet:
         by_provider = self.pools_by_provider()
         for r in state.regions:
             by_provider.setdefault(r["provider"], [])
+        if self.ctx.options:  # before any provider is made: a key none of them takes is a typo, not a no-op
+            check_options(self.ctx.options, {name: declared_options(name) for name in by_provider})
         for name, pools in sorted(by_provider.items()):
             prov = self.provider(name)
             targets = [pool_target(p) for p in pools]

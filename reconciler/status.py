@@ -374,6 +374,9 @@ def _status_problem(kind: str, doc) -> str | None:
 def read_status(config_dir: Path) -> dict:
     """The status files as one document: fleet summary, pools, jobs. A file that cannot be read
     (not YAML, wrong shape, a symlink, a directory) is an error naming it, never a traceback."""
+    if not Path(config_dir).is_dir():
+        what = "is a file, not a directory" if Path(config_dir).exists() else "does not exist"
+        raise ReconcileError(f"config directory {config_dir} {what}")
     out: dict = {"fleet": None, "pools": {}, "jobs": {}}
     with StatusFiles(config_dir) as files:
         root = files.config_dir / "status"
