@@ -26,9 +26,10 @@ BUILTIN = {
 EXTRAS = {"aws": "aws", "gcp": "gcp", "azure": "azure"}
 
 
-def _missing(name: str, e: ModuleNotFoundError) -> str:
-    """What to install when a provider's SDK is missing: the built-in's extra, else the module a plugin lacks."""
-    module = e.name or str(e)
+def _missing(name: str, e: ImportError) -> str:
+    """What to install when a provider's SDK is missing: the built-in's extra, else the module a plugin lacks.
+    (`from google.cloud import compute_v1` without the package is an ImportError naming google.cloud, not the module.)"""
+    module = e.name if isinstance(e, ModuleNotFoundError) and e.name else f"a module it imports ({e})"
     if name in EXTRAS and BUILTIN.get(name) == available().get(name):
         return (f"provider {name!r} needs {module}, which is not installed: pip install "
                 f"'fleetops-reconciler[{EXTRAS[name]}]'")
@@ -57,7 +58,7 @@ def load_provider(name: str, ctx: ProviderContext) -> Provider:
         raise PluginError(f"provider {name!r}: {target} does not exist") from e
     try:
         provider = factory(ctx)
-    except ModuleNotFoundError as e:  # a cloud SDK each built-in imports when it is made, not when it is listed
+    except ImportError as e:  # a cloud SDK each built-in imports when it is made, not when it is listed
         raise PluginError(_missing(name, e)) from e
     if not isinstance(provider, Provider):
         raise PluginError(f"provider {name!r} ({target}) does not implement observe/offerings/create/delete")

@@ -215,8 +215,10 @@ class SimCloud:
             "instance is then gone, and the next apply creates the fleet again).")
 
     def _bad_faults(self, problem: str) -> ProviderError:
-        """Faults are saved in the journal's last line once there is one, else in the snapshot."""
-        where = self.journal if self.journal.exists() and self.journal.stat().st_size else self.path
+        """Faults are saved in the journal's last line once there is one, else in the snapshot (a journal of its
+        header line alone holds no call)."""
+        calls = self.journal.exists() and self.journal.read_bytes().count(b"\n") > 1
+        where = self.journal if calls else self.path
         return ProviderError(
             f"{where}: the simulated cloud's injected faults are invalid: {problem}. Nothing was changed. Set it again "
             "with `reconcile sim fault`, `reconcile sim exhaust ZONE --restore` or `reconcile sim quota NAME --cloud C "

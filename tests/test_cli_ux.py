@@ -225,3 +225,91 @@ def test_a_solved_plan_ends_the_process_without_the_teardown_only_when_nothing_e
         assert ("torn down 2 True" in out.stderr) is other_thread, out.stderr
     assert gc.isenabled()
     assert runner.invoke(app, args).exit_code == 2 and gc.isenabled()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--allow-destroy", "-1"], "--allow-destroy"),
+    (["--time-limit", "-1"], "--time-limit"),
+    (["--time-limit", "nan"], "--time-limit"),
+    (["--time-limit", "inf"], "--time-limit"),  # the wall cap (10x + 30 s) became infinite
+    (["--time-limit", "1e308"], "--time-limit"),
+    (["--gap", "nan"], "--gap"),
+    (["--gap", "-1"], "--gap"),
+    (["--gap", "5"], "--gap"),  # a fraction of the LP bound
+])
+def test_numbers_out_of_range_are_usage_errors(qs, args, says):
+    """Before, each was taken (exit 0): NaN fell through to greedy, inf made the wall clock cap infinite."""
+    r = cli("plan", qs, *args)
+    assert r.exit_code == 1 and says in r.output and "unexpected" not in r.output, r.output
+    assert not (qs / ".reconcile" / "state.json").exists()  # refused before any observe or plan
+
+
+def test_plain_user_errors_are_not_called_bugs(qs, tmp_path):
+    """A missing --out directory, --out a directory, a missing DIR, DIR a file: each says what is wrong, exit 1 (before:
+    "unexpected FileNotFoundError ... This is a bug", or "config directory does not exist" for a file)."""
+    for args, says in [(["plan", qs, "--out", tmp_path / "nowhere" / "plan.json"], f"directory {tmp_path / 'nowhere'} does not exist"),
+                       (["plan", qs, "--out", tmp_path], f"{tmp_path} is a directory"),
+                       (["report", qs, "--out", tmp_path], f"{tmp_path} is a directory"),
+                       (["status", tmp_path / "nosuch"], f"config directory {tmp_path / 'nosuch'} does not exist"),
+                       (["plan", qs / "pools.yaml"], "config directory is a file, not a directory")]:
+        r = cli(*args)
+        assert r.exit_code == 1 and "unexpected" not in r.output and "bug" not in r.output, (args, r.output)
+        assert says in " ".join(r.output.replace("│", " ").split()), (args, r.output)
+
+
+def test_diff_against_a_ref_that_does_not_exist_names_the_ref(qs):
+    git = ["git", "-C", str(qs), "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    r = cli("diff", qs, "--base", "nosuchref", "--time-limit", "1")
+    assert r.exit_code == 1 and "git ref 'nosuchref' does not exist" in r.output, r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["sim", "quota", "q", "--cloud", "aws", "--limit", "nan"], "limit nan is not a number 0 or more"),
+    (["sim", "quota", "q", "--cloud", "aws", "--limit", "inf"], "limit inf is not a number 0 or more"),
+    (["sim", "quota", "q", "--cloud", "aws", "--limit", "-4"], "limit -4.0 is not a number 0 or more"),
+    (["sim", "quota", "q", "--cloud", "nosuch", "--limit", "4"], "cloud 'nosuch' is not one of aws, gcp, azure"),
+    (["sim", "fault", "--throttle", "-3"], "throttle is -3"),
+    (["sim", "fault", "--latency-ms", "-5"], "latency_ms is -5"),
+    (["sim", "exhaust", "nosuchzone"], "no region has zone 'nosuchzone'"),
+    (["sim", "exhaust", "us-east-1a", "--market", "bogus"], "market 'bogus' is not spot or on-demand"),
+])
+def test_sim_refuses_faults_that_mean_nothing_and_saves_none(qs, args, says):
+    """Before, each was saved (exit 0); a NaN or inf quota limit then failed every later plan with a bare ValueError."""
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    r = cli(*args[:2], *([args[2]] if args[1] in ("quota", "exhaust") else []), qs, *args[3 if args[1] in ("quota", "exhaust") else 2:])
+    assert r.exit_code == 1 and says in r.output and "unexpected" not in r.output, r.output
+    after = cli("plan", qs, "--detailed-exitcode")
+    assert after.exit_code == 0, after.output
+
+
+MISSING_SDK = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+@pytest.mark.parametrize("provider, blocked", [
+    ("aws", ["boto3"]), ("gcp", ["google.cloud.compute_v1"]), ("azure", ["azure.mgmt.compute"]), ("azure", ["azure.identity"]),
+])
+def test_a_providers_missing_sdk_names_the_extra_to_install(qs, tmp_path, provider, blocked):
+    """The SDK import fails in a real process (a sitecustomize hides it), as on an install without the extra. Before:
+    "Error: unexpected ModuleNotFoundError: No module named 'boto3'. This is a bug ..."."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(MISSING_SDK.format(blocked=blocked))
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(root)]), "FLEETOPS_SIM_AGENTS": "0"}
+    r = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(qs), "--provider", provider, "--no-memo"],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"provider {provider!r} needs " in r.stderr and f"pip install 'fleetops-reconciler[{provider}]'" in r.stderr, r.stderr
+    assert "unexpected" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -81,3 +81,79 @@ def test_one_option_set_reaches_every_provider_and_each_takes_its_own(cloud, tmp
     opts = {"parallelism": "7", "aws_parallelism": "3", "gcp_parallelism": "5", "azure_parallelism": "9"}
     assert _make(cloud, tmp_path, opts).parallelism == {"aws": 3, "gcp": 5, "azure": 9}[cloud]
     assert _make(cloud, tmp_path, {"parallelism": "7"}).parallelism == 7
+
+
+def _qs(tmp_path):
+    from tests.fleetkit import copy_quickstart
+
+    return copy_quickstart(tmp_path / "cfg")
+
+
+@pytest.mark.parametrize("provider, options, says", [
+    # A typo fell through to the real https://ec2.us-east-1.amazonaws.com/; the known keys are named, the near one first.
+    ("aws", {"endpont_url": "http://127.0.0.1:9"}, "no provider of this run takes 'endpont_url' (aws takes consistency_timeout, endpoint_url"),
+    ("aws", {"endpont_url": "http://127.0.0.1:9"}, "did you mean 'endpoint_url'?"),
+    ("aws", {"timeout": "soon"}, "no provider of this run takes 'timeout'"),  # GCP's option: taken silently by an AWS run
+    ("aws", {"timeout": "-5"}, "no provider of this run takes 'timeout'"),
+    ("aws", {"aws_timeout": "nan"}, "no provider of this run takes 'aws_timeout'"),
+    ("sim", {"parallelism": "0"}, "no provider of this run takes 'parallelism' (sim takes none"),
+    ("sim", {"gcp_timeout": "soon"}, "gcp: option timeout='soon' must be a number of seconds, more than 0"),
+    ("aws", {"endpoint_url": "notaurl"}, "aws: option endpoint_url='notaurl' must be an http:// or https:// URL"),  # was "unexpected ValueError"
+    ("gcp", {"endpoint": "127.0.0.1:9"}, "gcp: option endpoint='127.0.0.1:9' must be an http:// or https:// URL"),
+    ("aws", {"live_spot": "of"}, "no provider of this run takes 'live_spot'"),
+    ("gcp", {"live_spot": "of", "endpoint": "http://127.0.0.1:9"}, "gcp: option live_spot='of' must be on or off"),
+])
+def test_an_option_no_provider_of_the_run_takes_or_a_bad_value_is_refused_before_any_call(tmp_path, provider, options, says):
+    from reconciler import api
+
+    cfg = _qs(tmp_path)
+    with pytest.raises(ProviderError) as e:
+        api.plan(cfg, provider=provider, options=options, time_limit=1)
+    assert says in str(e.value)
+    assert not (cfg / ".reconcile" / "sim").exists()  # no provider was made, nothing was read
+
+
+def test_another_clouds_own_option_is_taken_and_a_sim_run_still_plans(tmp_path):
+    """One `-o` set may serve configs of several clouds: `gcp_project` in a sim run names GCP's option, no typo."""
+    from reconciler import api
+
+    assert api.plan(_qs(tmp_path), options={"gcp_project": "p", "azure_max_retries": "0"}, time_limit=1).plan.has_changes
+
+
+def test_every_provider_declares_its_options_once_and_reads_only_those():
+    """The options each built-in reads are the ones it declares (OPTIONS): none read without a declaration."""
+    import re
+    from pathlib import Path
+
+    from providers.registry import declared_options
+
+    root = Path(__file__).resolve().parent.parent / "providers"
+    assert declared_options("sim") == {}
+    for cloud in ("aws", "gcp", "azure"):
+        read = set(re.findall(r"self\.options\.\w+\(\"(\w+)\"", (root / f"{cloud}.py").read_text()))
+        assert read == set(declared_options(cloud)), cloud
+
+
+def test_an_endpoints_query_string_never_reaches_the_error(tmp_path, monkeypatch):
+    """A presigned-style endpoint was echoed whole in the connection error (`?X-Amz-Signature=...`)."""
+    from reconciler import api
+    from tests.conftest import AWS_ENV
+
+    pytest.importorskip("boto3")
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    aws = tmp_path / "aws"
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "aws-only", aws)
+    with pytest.raises(ProviderError) as e:
+        api.plan(aws, provider="aws", options={"endpoint_url": "http://127.0.0.1:9/?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIA"})
+    assert "SECRETSIG" not in str(e.value) and "AKIA" not in str(e.value) and "http://127.0.0.1:9/?***" in str(e.value)
+
+
+def test_redact_replaces_url_userinfo_and_query_strings():
+    from providers.redact import redact
+
+    text = 'cannot reach "http://u:p@h:1/x?sig=S&b=2" (https://h/p?key=K), see https://h/docs, or s3://AKIA:SECRET@bucket/p'
+    assert redact(text) == 'cannot reach "http://***@h:1/x?***" (https://h/p?***), see https://h/docs, or s3://***@bucket/p'

@@ -113,3 +113,31 @@ def test_unreadable_sim_files_are_named_as_such(tmp_path):
         path.write_bytes(kept)
     sim_mod._CACHE.clear()
     assert len(sim.instances()) == 2
+
+
+def test_a_fault_written_by_hand_that_means_nothing_is_an_error_naming_the_file(tmp_path):
+    """A NaN quota limit (json writes and reads `NaN`) made every later plan fail with "unexpected ValueError: cannot
+    convert float NaN to integer"; now the world is refused, naming the file, and `sim quota --remove` sets it right."""
+    import pytest
+
+    from providers.errors import ProviderError
+
+    sim = SimCloud(tmp_path)
+    _plant(sim, 1)
+    data = json.loads(sim.path.read_text())
+    data["faults"]["quotas"] = [{"name": "q", "cloud": "aws", "region": "", "unit": "vCPUs", "limit": float("nan"),
+                                 "market": None, "gpu_type": None, "instance_types": None}]
+    sim.path.write_text(json.dumps(data))
+    sim.journal.write_bytes(sim.journal.read_bytes().split(b"\n")[0] + b"\n")  # its header: no call since the snapshot
+    sim_mod._CACHE.clear()
+    with pytest.raises(ProviderError, match=rf"^{sim.path}: the simulated cloud's injected faults are invalid: faults.quotas\[0\] limit nan"):
+        with sim.world(write=False):
+            pass
+    sim.set_quota("q", "aws", "", "vCPUs", 0, remove=True)
+    with sim.world(write=False) as w:
+        assert w["faults"]["quotas"] == []
+    for bad in ({"throttle": -3}, {"latency_ms": -5}, {"reject_every": 1.5}):
+        with pytest.raises(ProviderError, match="not a"):
+            sim.set_fault(**bad)
+    with pytest.raises(ProviderError, match="limit inf is not a number 0 or more"):
+        sim.set_quota("q", "aws", "", "vCPUs", float("inf"))

@@ -127,3 +127,17 @@ def test_two_concurrent_applies_exactly_one_proceeds(s3_env, tmp_path):
     assert "another apply holds the lock s3://" in loser_out[2] and "reconcile unlock" in loser_out[2]
     assert "Applied plan" in winner_out[1]
     assert not api.plan(qs, state=url).plan.has_changes
+
+
+@pytest.mark.parametrize("url", ["s3://AKIA:SECRETSHOULDNOTPRINT@bucket/p", "gs://user:SECRETSHOULDNOTPRINT@bucket/p",
+                                 "azblob://key:SECRETSHOULDNOTPRINT@account/container/p"])
+def test_credentials_in_a_state_url_are_refused_and_never_printed(url, tmp_path):
+    """botocore's "Invalid bucket name" message echoed the whole netloc, key and secret included."""
+    from reconciler.errors import ReconcileError
+
+    with pytest.raises(ReconcileError) as e:
+        backend_for(tmp_path, url)
+    assert "credentials do not go in the URL" in str(e.value) and "SECRETSHOULDNOTPRINT" not in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "reconciler.cli", "status", str(tmp_path), "--state", url], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 1 and "SECRETSHOULDNOTPRINT" not in r.stdout + r.stderr, r.stderr
