@@ -24,14 +24,14 @@ import hashlib
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from providers.options import ProviderOptions, count, seconds, text, url
+from providers.options import Option, ProviderOptions, count, seconds, text, url
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 CAPACITY_CODES = {
@@ -75,7 +75,7 @@ SSM_PREFIX = "resolve:ssm:"
 class AwsProvider:
     name = "aws"
     # The `-o` options it takes (README, AWS), each checked when the provider is made.
-    OPTIONS = {
+    OPTIONS: ClassVar[dict[str, Option]] = {
         "endpoint_url": url(), "regions": text(), "parallelism": count(DEFAULT_PARALLELISM),
         "consistency_timeout": seconds(120), "placement_group_wait": seconds(180),
         "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S), "quotas_ttl": seconds(DEFAULT_TTL_S),

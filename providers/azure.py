@@ -30,13 +30,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
-from providers.options import ProviderOptions, count, seconds, switch, text, url
+from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
 from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class StaticTokenCredential:
 class AzureProvider:
     name = "azure"
     # The `-o` options it takes (README, Azure), each checked when the provider is made.
-    OPTIONS = {
+    OPTIONS: ClassVar[dict[str, Option]] = {
         "subscription_id": text(), "resource_group": text(), "resource_groups": text(), "credential": text(),
         "endpoint": url(), "ca_bundle": text(), "prices_endpoint": url(), "live_spot": switch(),
         "polling_interval": seconds(5.0), "lro_timeout": seconds(1800.0), "max_retries": count(3, least=0),

@@ -42,13 +42,13 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
-from providers.options import ProviderOptions, count, seconds, switch, text, url
+from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError,
@@ -197,7 +197,7 @@ def _last(url: str) -> str:
 class GcpProvider:
     name = "gcp"
     # The `-o` options it takes (README, GCP), each checked when the provider is made.
-    OPTIONS = {
+    OPTIONS: ClassVar[dict[str, Option]] = {
         "project": text(), "endpoint": url(), "prices_endpoint": url(), "live_spot": switch(),
         "timeout": seconds(60, zero=False), "operation_timeout": seconds(900, zero=False), "retry_timeout": seconds(30, zero=False),
         "parallelism": count(DEFAULT_PARALLELISM), "retry_window": seconds(300),

@@ -1,5 +1,5 @@
-"""Credentials never reach output: the userinfo of a URL (`http://user:PASS@host`) and its query string
-(`?X-Amz-Signature=...`, `?key=API_KEY`: a presigned or keyed endpoint) are replaced.
+"""Credentials never reach output: the userinfo of a URL (`http://user:PASS@host`) and the secrets of its query
+string (`?X-Amz-Signature=...`, `?key=API_KEY`: a presigned or keyed endpoint) are replaced.
 
 One rule, applied where text leaves the process: every ReconcileError's message (so provider
 errors, plan failures and the report), the CLI's error output, and status files."""
@@ -11,15 +11,21 @@ import re
 # scheme://userinfo@ : userinfo runs to the last '@' before the host (a raw '@' in a password
 # is not valid, but it is what people type), and never over '/', '?', '#', blanks or quotes.
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"<>@]*(?:@[^/?#\s'\"<>@]*)*@")
-# scheme://host/path?query : the query, up to a fragment, a blank, a quote or a closing bracket of the text around it.
-_QUERY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^?#\s'\"<>]*\?)[^#\s'\"<>)\]]+")
+# scheme://host/path?query : in the query, the value of every parameter that carries a secret (a presigned URL's
+# X-Amz-Signature / X-Amz-Credential / X-Goog-*, an Azure SAS's sig, a key=, token=, password=...). The rest stays: a
+# console link's ?project= is what a message is for.
+_URL_QUERY = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^?#\s'\"<>]*\?[^#\s'\"<>)\]]+")
+_SECRET_PARAM = re.compile(r"([?&;](?:x-amz-[^=&;#]*|x-goog-[^=&;#]*|[^=&;#]*(?:sig|signature|token|key|secret|passw|pwd|credential|auth|session)"
+                           r"[^=&;#]*)=)[^&;#]*", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """`text` with every URL's userinfo and query string replaced by `***`."""
+    """`text` with every URL's userinfo, and the secrets in its query string, replaced by `***`."""
     if "@" in text:
         text = _USERINFO.sub(r"\1***@", text)
-    return _QUERY.sub(r"\1***", text) if "?" in text else text
+    if "?" in text:
+        text = _URL_QUERY.sub(lambda m: _SECRET_PARAM.sub(r"\1***", m.group(0)), text)
+    return text
 
 
 __all__ = ["redact"]

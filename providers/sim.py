@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
+from typing import ClassVar, Collection, Iterator, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
@@ -508,7 +508,7 @@ class SimProvider:
     """Provider protocol over SimCloud."""
 
     name = "sim"
-    OPTIONS: dict = {}  # it takes no `-o` options (faults and quotas are set with `reconcile sim ...`)
+    OPTIONS: ClassVar[dict] = {}  # it takes no `-o` options (faults and quotas are set with `reconcile sim ...`)
 
     def __init__(self, ctx: ProviderContext):
         self.ctx = ctx

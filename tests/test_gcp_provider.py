@@ -205,12 +205,12 @@ def test_spot_prices_are_read_live_when_an_api_key_is_set_cached_and_labelled(gc
 
 
 def test_a_bad_spot_price_ttl_is_an_error_naming_it(gce, tmp_path, monkeypatch):
-    """Before, `-o spot_price_ttl=soon` was a bare ValueError out of float() (an "unexpected error" at plan time)."""
+    """Before, `-o spot_price_ttl=soon` was a bare ValueError out of float() (an "unexpected error" at plan time). Every
+    option's value is checked when the provider is made, before any call."""
     monkeypatch.setenv("FLEETOPS_GCP_API_KEY", "fake-api-key-for-tests")
-    p = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
-        "endpoint": gce.url, "project": PROJECT, "prices_endpoint": "http://127.0.0.1:9", "spot_price_ttl": "soon"}))
     with pytest.raises(ProviderError, match=r"^gcp: option spot_price_ttl='soon' must be a number of seconds, 0 or more$"):
-        p.offerings([target(types=("a2-highgpu-1g",))])
+        GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+            "endpoint": gce.url, "project": PROJECT, "prices_endpoint": "http://127.0.0.1:9", "spot_price_ttl": "soon"}))
 
 
 def test_instance_type_names_split_into_machine_type_and_attached_gpus():
