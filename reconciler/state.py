@@ -123,6 +123,8 @@ def _state_problem(raw) -> str | None:
         return "gpus is not a map of job -> [[GPU index]]"
     if not isinstance(raw.get("serial", 0), int) or isinstance(raw.get("serial", 0), bool):
         return "serial is not an integer"
+    if raw.get("serial", 0) < 0:  # applies count up from 0, so no apply wrote this
+        return f"serial is negative ({raw['serial']})"
     since = raw.get("since", {})
     if not isinstance(since, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in since.items()):
         return "since is not a map of job -> serial"

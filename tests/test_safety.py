@@ -203,6 +203,8 @@ CORRUPT = [
     ("state a list", lambda c: _state(c).write_text("[]"), "apply", ["state.json: cannot read the reconciler's state: expected a JSON object, got list"]),
     ("state wrong types", lambda c: _state(c).write_text('{"placements": {"train": "i-1"}}'), "apply",
      ["state.json: cannot read the reconciler's state: placements is not a map of job -> [instance id]"]),
+    ("state negative serial", lambda c: _state(c).write_text('{"serial": -5}'), "plan",
+     ["state.json: cannot read the reconciler's state: serial is negative (-5)", "move it aside"]),
     ("state bad since", lambda c: _state(c).write_text('{"since": {"train": "yesterday"}}'), "plan",
      ["state.json: cannot read the reconciler's state: since is not a map of job -> serial"]),
     ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
