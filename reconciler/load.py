@@ -446,7 +446,9 @@ def _tab_hint(text: str, e: yaml.MarkedYAMLError) -> str:
     return ""
 
 
-def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
+def _validate_doc(doc: _Parsed, diags: list[Diagnostic], source: bytes | None = None) -> Any | None:
+    """The document as its kind's model, or None and a diagnostic per problem. `source`: the file's bytes, read
+    again only for an error's words (a key that is not a string, a YAML boolean), which the parse does not keep."""
     body = doc.body
     if not isinstance(body, dict):
         diags.append(Diagnostic(doc.file, doc.line, "", "", "<document>", f"expected a mapping with apiVersion/kind/metadata/spec, got {type(body).__name__}"))
@@ -462,16 +464,117 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic]) -> Any | None:
     try:
         return KINDS[kind].model_validate(body)
     except ValidationError as e:
+        source_nodes = _SourceNodes(source, doc)
+        found: list[list] = []  # [path, is a union's branch, messages]: a union's branches at one path are one diagnostic
         for err in e.errors():
-            loc = tuple(err["loc"])
-            # Union branches add their type names to loc; keep the path the user wrote.
-            clean = tuple(p for p in loc if isinstance(p, int) or not any(c in str(p) for c in "[]('\""))
-            clean = tuple(p for p in clean if p not in ("int", "str", "float", "bool", "date", "datetime"))
+            path, branch = _user_path(body, tuple(err["loc"]), err["type"])
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown field" + (did_you_mean(clean[-1], known_fields(kind, clean[:-1])) if clean else "")
-            diags.append(Diagnostic(doc.file, doc.line_of(clean), kind, name, ".".join(map(str, clean)) or "<document>", msg))
+                msg = "unknown field" + (did_you_mean(str(path[-1]), known_fields(kind, path[:-1])) if path else "")
+            is_key = err["loc"][-1:] == ("[key]",)
+            if is_key:
+                msg = f"the key: {msg}"
+            if isinstance(err.get("input"), bool) and err["type"] in ("string_type", "literal_error"):
+                msg += _bool_hint(source_nodes.text(path, key=is_key), str(err.get("ctx", {}).get("expected", "")) if err["type"] == "literal_error" else None)
+            same = next((f for f in found if branch and f[1] and f[0] == path), None)
+            if same is None:
+                found.append([path, branch, [msg]])
+            elif msg not in same[2]:
+                same[2].append(msg)
+        for path, _, msgs in found:
+            shown = ".".join(source_nodes.key_text(path[:n + 1]) for n in range(len(path)))
+            diags.append(Diagnostic(doc.file, doc.line_of(path), kind, name, shown or "<document>", "; or ".join(msgs)))
         return None
+
+
+def _user_path(body: Any, loc: tuple, err_type: str) -> tuple[tuple, bool]:
+    """The path in the document that pydantic's `loc` points at, and whether tags were left out of it. Pydantic adds a
+    union branch's tag (`constrained-int`, `literal['low',...]`, `date`), a dict key's `[key]`, and gives a key `true` as
+    1 and `3.5` as '3.5': the path keeps the document's own keys and indices (and a missing field's name), nothing else."""
+    path: list = []
+    tagged = False
+    node = body
+    for n, part in enumerate(loc):
+        # The key as parsed: True, not pydantic's 1; 3.5, not its '3.5'.
+        key = next((k for k in node if k == part or (not isinstance(k, str) and str(k) == part)), None) if isinstance(node, dict) else None
+        if key is not None:
+            path.append(key)
+            node = node[key]
+        elif isinstance(node, list) and type(part) is int and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and err_type == "missing" and n == len(loc) - 1:
+            path.append(part)
+        elif part != "[key]":
+            tagged = True
+    return tuple(path), tagged
+
+
+def _bool_hint(word: str | None, expected: str | None) -> str:
+    """What to say of a YAML 1.1 boolean (`no`, `on`, ...) given where a string belongs; `expected`: a literal's
+    allowed values as pydantic lists them (None: any string)."""
+    if word is None:
+        return " (YAML reads an unquoted yes/no/on/off/true/false as a boolean: quote it)"
+    if expected is not None and f"'{word}'" not in expected:
+        return f" (YAML reads `{word}` as a boolean; '{word}' is not one of these either)"
+    return f" (YAML reads `{word}` as a boolean; quote it: '{word}')"
+
+
+class _SourceNodes:
+    """A document's YAML nodes, composed again from its file's bytes when an error asks what a scalar's text was."""
+
+    def __init__(self, source: bytes | None, doc: _Parsed):
+        self.source, self.doc = source, doc
+        self.root: yaml.Node | None = None
+        self.read = False
+
+    def _root(self) -> yaml.Node | None:
+        if not self.read and self.source is not None:
+            self.read = True
+            try:
+                for node in _compose_all(self.source.decode("utf-8")):
+                    if node is not None and node.start_mark.line + 1 == self.doc.line:
+                        self.root = node
+                        break
+            except (UnicodeDecodeError, yaml.YAMLError, _TooBig, RecursionError):
+                self.root = None
+        return self.root
+
+    def _walk(self, path: tuple) -> tuple[yaml.Node | None, yaml.Node | None]:
+        """The key node and value node at `path` (None, None: not found)."""
+        node, key_node, conv = self._root(), None, _Converter(self.doc.file)
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                conv.scalars.flatten_mapping(node)
+                pairs = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and conv._scalar(k) == part]
+                if not pairs:
+                    return None, None
+                key_node, node = pairs[-1]  # (a later duplicate is the one parsed)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                key_node, node = None, node.value[part]
+            else:
+                return None, None
+        return key_node, node
+
+    def text(self, path: tuple, key: bool = False) -> str | None:
+        """The text of the scalar (or, `key`, of the mapping key) at `path` as the file has it."""
+        key_node, node = self._walk(path)
+        node = key_node if key else node
+        return node.value if isinstance(node, yaml.ScalarNode) else None
+
+    def key_text(self, path: tuple) -> str:
+        """The last part of `path` as the user wrote it: a key that is not a string (`true`, `3`) from the file."""
+        part = path[-1]
+        if isinstance(part, str) or isinstance(self._body_at(path[:-1]), list):
+            return str(part)
+        written = self.text(path, key=True)
+        return written if written is not None else str(part).lower() if isinstance(part, bool) else str(part)
+
+    def _body_at(self, path: tuple) -> Any:
+        node = self.doc.body
+        for part in path:
+            node = node[part]
+        return node
 
 
 def load(root: str | Path, cache: bool = False) -> DesiredState:
@@ -506,12 +609,9 @@ def load(root: str | Path, cache: bool = False) -> DesiredState:
                                     "stop and what they run on be deleted. Delete the file to remove what it held, or "
                                     "restore its documents"))
         parsed += docs
-    validated: list[tuple[_Parsed, Any]] = []
-    for doc in parsed:
-        obj = _validate_doc(doc, diags)
-        if obj is not None:
-            validated.append((doc, obj))
-    state = _assemble(validated, diags)
+    source = dict(raws)
+    checked = [(doc, _validate_doc(doc, diags, source=source[doc.file])) for doc in parsed]
+    state = _assemble(checked, diags)
     if diags or state is None:
         raise ConfigError(diags)
     if parse_cache is not None:
@@ -631,21 +731,35 @@ def _leaves(value: Any):
             stack.extend(v)
 
 
-def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> DesiredState | None:
+def _assemble(checked: list[tuple[_Parsed, Any | None]], diags: list[Diagnostic]) -> DesiredState | None:
+    """The DesiredState of every document and its validated object (None: it failed validation, reported). One that
+    failed still has its kind and name: a duplicate of it is reported with its own errors, not once they are fixed,
+    and what names it is not told it is unknown."""
     by_kind: dict[str, dict[str, tuple[_Parsed, Any]]] = {k: {} for k in KINDS}
-    for doc, obj in validated:
-        seen = by_kind[obj.kind]
-        if obj.name in seen:
-            first = seen[obj.name][0]
-            diags.append(Diagnostic(doc.file, doc.line_of(("metadata", "name")), obj.kind, obj.name, "metadata.name", f"duplicate {obj.kind} name (first defined at {first.file}:{first.line})"))
+    invalid: dict[str, set[str]] = {k: set() for k in KINDS}
+    first: dict[tuple[str, str], _Parsed] = {}
+    for doc, obj in checked:
+        ident = (obj.kind, obj.name) if obj is not None else _identity(doc.body)
+        if ident is None:
             continue
-        seen[obj.name] = (doc, obj)
+        kind, name = ident
+        if ident in first:
+            at = first[ident]
+            diags.append(Diagnostic(doc.file, doc.line_of(("metadata", "name")), kind, name, "metadata.name",
+                                    f"duplicate {kind} name (first defined at {at.file}:{at.line_of(('metadata', 'name'))})"))
+        else:
+            first[ident] = doc
+        if obj is None:
+            invalid[kind].add(name)
+        elif name not in by_kind[kind]:
+            by_kind[kind][name] = (doc, obj)
+    validated = [(doc, obj) for doc, obj in checked if obj is not None]
 
     def single(kind: str, required: bool):
         docs = list(by_kind[kind].values())
         for doc, obj in docs[1:]:
             diags.append(Diagnostic(doc.file, doc.line, kind, obj.name, "kind", f"only one {kind} per fleet is allowed (another is {docs[0][1].name} at {docs[0][0].file}:{docs[0][0].line})"))
-        if required and not docs:
+        if required and not docs and not invalid[kind]:
             diags.append(Diagnostic("<config>", 0, kind, "-", "kind", f"a {kind} document is required"))
         return docs[0][1] if docs else None
 
@@ -657,7 +771,7 @@ def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> 
     pools = {n: o for n, (_, o) in by_kind["Pool"].items()}
     jobs = {n: o for n, (_, o) in by_kind["Job"].items()}
     if topology is not None:
-        fleet = _Fleet(by_kind, topology, guard, spot, diags)
+        fleet = _Fleet(by_kind, topology, guard, spot, diags, invalid=invalid)
         for check in _CHECKS:
             check(fleet)
     if topology is None:
@@ -674,6 +788,15 @@ def _assemble(validated: list[tuple[_Parsed, Any]], diags: list[Diagnostic]) -> 
         placement=placement.spec if placement else PlacementPolicySpec(),
         digest=digest,
     )
+
+
+def _identity(body: Any) -> tuple[str, str] | None:
+    """A document's kind and metadata.name as written, when it has both (also one that fails validation)."""
+    if not isinstance(body, dict):
+        return None
+    kind, meta = body.get("kind"), body.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return (kind, name) if isinstance(kind, str) and kind in KINDS and isinstance(name, str) else None
 
 
 def _digest_body(obj: Any) -> dict:
@@ -705,6 +828,7 @@ class _Fleet:
     diags: list[Diagnostic]
     catalog: Any = field(default_factory=load_catalog)
     pool_gpus: dict[str, _PoolGPUs] = field(default_factory=dict)  # filled by _check_pools, read by _check_job_resources
+    invalid: dict[str, set[str]] = field(default_factory=dict)  # kind -> names of documents that failed validation
 
     def __post_init__(self) -> None:
         spec = self.topology.spec
@@ -716,8 +840,12 @@ class _Fleet:
     def err(self, doc: _Parsed, obj: Any, loc: tuple, msg: str) -> None:
         self.diags.append(Diagnostic(doc.file, doc.line_of(loc), obj.kind, obj.name, ".".join(map(str, loc)), msg))
 
+    def defined(self, kind: str, name: str) -> bool:
+        """Is there a document of that kind and name (a valid one, or one whose own errors are reported)?"""
+        return name in self.by_kind[kind] or name in self.invalid.get(kind, ())
+
     def tenant_known(self, name: str) -> bool:
-        return name in self.by_kind["Tenant"]
+        return self.defined("Tenant", name)
 
 
 def _check_links(f: _Fleet) -> None:
@@ -813,7 +941,7 @@ def _check_jobs(f: _Fleet) -> None:
         if not f.tenant_known(s.tenant):
             f.err(doc, job, ("spec", "tenant"), f"unknown tenant {s.tenant!r}")
         for i, p in enumerate(s.pools or []):
-            if p not in f.by_kind["Pool"]:
+            if not f.defined("Pool", p):
                 f.err(doc, job, ("spec", "pools", i), f"unknown pool {p!r}")
         for i, r in enumerate(s.regions or []):
             if r not in f.region_names:
@@ -832,8 +960,9 @@ def _check_job_resources(f: _Fleet) -> None:
     have a few dozen (0.19 s -> 0.01 s of a 5,000-job load, which looked at every pool for every job)."""
     offered = sorted({t for g in f.pool_gpus.values() for t in g.nvlink})
     pools = f.by_kind["Pool"]
-    # A cloud the shipped catalog does not know (a plugin's) can only be checked at plan time.
-    unpriced = {p for p, (_, pool) in pools.items() if pool.spec.cloud not in f.catalog.regions}
+    # A cloud the shipped catalog does not know (a plugin's) can only be checked at plan time; a pool that failed
+    # validation (its errors reported) offers what it offers once it is fixed.
+    unchecked = {p for p, (_, pool) in pools.items() if pool.spec.cloud not in f.catalog.regions} | f.invalid.get("Pool", set())
     verdicts: dict[tuple, tuple[tuple, str] | None] = {}
     for doc, job in f.by_kind["Job"].values():
         s = job.spec
@@ -842,17 +971,20 @@ def _check_job_resources(f: _Fleet) -> None:
             continue
         key = (tuple(s.pools) if s.pools is not None else None, r.gpu_type, r.mig.profile if r.mig else None, r.nvlink, r.gpus)
         if key not in verdicts:
-            verdicts[key] = _resource_verdict(f, s.pools if s.pools is not None else list(f.pool_gpus), r, offered, unpriced)
+            verdicts[key] = _resource_verdict(f, s.pools, r, offered, unchecked)
         if verdicts[key] is not None:
             where, message = verdicts[key]
             f.err(doc, job, where, message)
 
 
-def _resource_verdict(f: _Fleet, candidates: list[str], r, offered: list[str], unpriced: set[str]) -> tuple[tuple, str] | None:
-    """The field and message of what no candidate pool offers a job's resources `r` (None: one does)."""
+def _resource_verdict(f: _Fleet, job_pools: list[str] | None, r, offered: list[str], unchecked: set[str]) -> tuple[tuple, str] | None:
+    """The field and message of what no pool the job may use (`job_pools`, None: any) offers of its resources `r`
+    (None: one does, or it cannot be told: a pool it names is unknown, reported on its own, or unchecked)."""
     gt = r.gpu_type
-    if any(p in unpriced for p in candidates):
+    candidates = (list(f.pool_gpus) + sorted(f.invalid.get("Pool", ()))) if job_pools is None else job_pools
+    if any(p in unchecked for p in candidates):
         return None
+    unknown = any(p not in f.pool_gpus for p in candidates)
     gpus = {p: f.pool_gpus[p] for p in candidates if p in f.pool_gpus}
     whole = [p for p, g in gpus.items() if gt in g.nvlink and g.mig is None]
     if r.mig is not None:
@@ -860,15 +992,36 @@ def _resource_verdict(f: _Fleet, candidates: list[str], r, offered: list[str], u
         if model is None or r.mig.profile not in model.mig_profiles:
             have = ", ".join(model.mig_profiles) if model and model.mig_profiles else "none"
             return ("spec", "resources", "mig", "profile"), f"{gt} has no MIG profile {r.mig.profile!r} (it has: {have})"
-        if not any(gt in g.nvlink and r.mig.profile in (g.mig or ()) for g in gpus.values()):
+        if not unknown and not any(gt in g.nvlink and r.mig.profile in (g.mig or ()) for g in gpus.values()):
             return ("spec", "resources", "mig"), f"no pool partitions {gt} into {r.mig.profile} (set Pool spec.mig)"
+    elif gt not in offered:
+        return ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r} (pools offer: {', '.join(offered) or 'none'})"
+    elif unknown:
+        return None
     elif not whole:
-        only_mig = " as whole GPUs (its pools are MIG-partitioned)" if gt in offered else ""
-        return ("spec", "resources", "gpu_type"), f"no pool offers gpu_type {gt!r}{only_mig} (pools offer: {', '.join(offered) or 'none'})"
+        return ("spec", "resources", "gpu_type"), _no_whole_gpus(f, gt, job_pools, gpus)
     elif r.nvlink and not any(gpus[p].nvlink.get(gt, 0) >= r.gpus for p in whole):
         best = max(gpus[p].nvlink.get(gt, 0) for p in whole)
         return ("spec", "resources", "nvlink"), f"no pool has {r.gpus} {gt} GPUs in one NVLink domain (largest: {best})"
     return None
+
+
+def _no_whole_gpus(f: _Fleet, gt: str, job_pools: list[str] | None, gpus: dict[str, _PoolGPUs]) -> str:
+    """Why no pool the job may use gives it whole `gt` GPUs, which some pool of the fleet offers: the pools it may
+    use partition them with MIG, or (pools it names) offer other GPUs; and which other pools offer them whole."""
+    def named(pools: list[str]) -> str:
+        return f"pool{'s' if len(pools) > 1 else ''} {', '.join(pools)}"
+
+    partitioned = [p for p, g in gpus.items() if gt in g.nvlink]  # (none of them offers it whole)
+    why = f"{named(partitioned)} partition{'' if len(partitioned) > 1 else 's'} it with MIG (ask for resources.mig instead)"
+    if job_pools is None:
+        return f"no pool offers gpu_type {gt!r} as whole GPUs: {why}"
+    if not partitioned:
+        own = sorted({t for g in gpus.values() for t in g.nvlink})
+        why = f"its pools ({', '.join(job_pools)}) offer {', '.join(own) or 'no GPUs'}"
+    others = sorted(p for p, g in f.pool_gpus.items() if p not in gpus and gt in g.nvlink and g.mig is None)
+    elsewhere = f"; {gt} is offered by {named(others)}" if others else ""
+    return f"none of its pools offers gpu_type {gt!r}{' as whole GPUs' if partitioned else ''}: {why}{elsewhere}"
 
 
 def _check_licenses(f: _Fleet) -> None:
@@ -884,7 +1037,7 @@ def _check_job_rules(f: _Fleet) -> None:
     licenses = f.by_kind["License"]
     for _, (doc, job) in sorted(f.by_kind["Job"].items()):
         for name in job.spec.licenses:
-            if name not in licenses:
+            if not f.defined("License", name):
                 known = ", ".join(sorted(licenses)) or "none"
                 f.err(doc, job, ("spec", "licenses", name), f"unknown License {name!r}{did_you_mean(name, sorted(licenses))} (defined: {known})")
         if job.spec.deadline is not None and job.spec.submitted is not None and _utc(job.spec.deadline) <= _utc(job.spec.submitted):
@@ -902,12 +1055,12 @@ def _check_reservations(f: _Fleet) -> None:
             f.err(doc, res, ("spec", "target", "reservation_id"), f"an AWS capacity reservation id starts with 'cr-' (got {s.target.reservation_id!r})")
         matches = reservation_pools(s, pools)
         if s.pool is not None:
-            if s.pool not in f.by_kind["Pool"]:
+            if not f.defined("Pool", s.pool):
                 f.err(doc, res, ("spec", "pool"), f"unknown pool {s.pool!r}")
-            elif s.pool not in [p.name for p in matches]:
+            elif s.pool not in [p.name for p in matches] and s.pool in f.by_kind["Pool"]:
                 f.err(doc, res, ("spec", "pool"), f"pool {s.pool} cannot hold it: it needs cloud {s.cloud}, region {s.region}, zone {s.zone} "
                                                   f"among its zones, {s.instance_type} among its instance_types and on-demand among its markets")
-        elif len(matches) != 1:
+        elif len(matches) > 1 or (not matches and not f.invalid.get("Pool")):
             what = f"pools {', '.join(p.name for p in matches)} all match" if matches else "no pool matches"
             f.err(doc, res, ("spec", "zone" if not matches else "pool"),
                   f"{what} ({s.cloud}/{s.zone} {s.instance_type}, on-demand): set spec.pool to the pool its instances belong to"
@@ -965,7 +1118,7 @@ def _check_plannable(f: _Fleet) -> None:
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
                                 f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
-    if spot is not None and spot.spec.max_spot_fraction < 1:
+    if spot is not None and spot.spec.max_spot_fraction < 1 and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
         _check_spot_minimums(by_kind, g, spot, catalog, diags)
 
 

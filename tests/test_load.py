@@ -279,7 +279,7 @@ def test_parse_cache_gives_the_same_state_and_the_same_errors(tmp_path):
     assert again == first and again.digest == first.digest
     (cfg / "more.yaml").write_text(yaml.safe_dump(job("j", gpus=1, gpu_type="A10G")))
     errs = cached_errors_of(cfg)  # fleet.yaml from the cache
-    line = (cfg / "fleet.yaml").read_text().splitlines().index("kind: Job")  # the document's first line
+    line = (cfg / "fleet.yaml").read_text().splitlines().index("  name: j") + 1  # the first definition's name
     assert errs == [f"more.yaml:4: Job/j: metadata.name: duplicate Job name (first defined at fleet.yaml:{line})"]
     shutil.rmtree(cfg / ".reconcile")
     assert cached_errors_of(cfg) == errs and cached_errors_of(cfg) == errs  # parsed anew; a load with errors writes no entry
@@ -521,3 +521,104 @@ def test_a_plainly_read_file_names_the_lines_a_composed_one_does(tmp_path):
         assert errors_of(cfg) == plain
     finally:
         L._plain_docs = long_way
+
+
+# -- what validate says about a bad copy of the quickstart: true, complete, in the user's words ---------------------
+
+
+def _quickstart(tmp_path) -> Path:
+    from tests.fleetkit import copy_quickstart
+
+    return copy_quickstart(tmp_path)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_jobs_own_pools_are_named_when_they_lack_its_gpu_type(tmp_path):
+    """Before: 'no pool offers gpu_type 'A100' as whole GPUs (its pools are MIG-partitioned)' for a job limited to
+    the A10G pool (no pool is MIG-partitioned: the check looked at every pool of the fleet), and the same for a job
+    whose only pool is misspelt, on top of the unknown pool."""
+    cfg = _quickstart(tmp_path)
+    research = cfg / "jobs" / "research.yaml"
+    _edit(research, "metadata: {name: finetune-b}\nspec:\n", "metadata: {name: finetune-b}\nspec:\n  pools: [aws-a10g]\n")
+    _edit(research, "metadata: {name: sweep-lr}\nspec:\n", "metadata: {name: sweep-lr}\nspec:\n  pools: [aws-a1000]\n")
+    errs = errors_of(cfg)
+    assert not any("MIG" in e for e in errs), errs
+    assert [e for e in errs if "finetune-b" in e] == [
+        "jobs/research.yaml:30: Job/finetune-b: spec.resources.gpu_type: none of its pools offers gpu_type 'A100': "
+        "its pools (aws-a10g) offer A10G; A100 is offered by pools aws-a100, gcp-a100"]
+    assert [e for e in errs if "sweep-lr" in e] == ["jobs/research.yaml:39: Job/sweep-lr: spec.pools.0: unknown pool 'aws-a1000'"]
+
+
+def test_a_job_whose_pools_offer_its_gpu_type_only_partitioned_is_told_so(tmp_path):
+    mig = pool("mig", "gcp", "us-central1", ["us-central1-a"], ["a2-ultragpu-8g"])
+    mig["spec"]["mig"] = ["1g.10gb"] * 7
+    whole = pool("whole", "aws", "us-east-1", ["us-east-1a"], ["p4de.24xlarge"])
+    docs = [topology(), tenant("t"), mig, whole, job("j", gpus=1, gpu_type="A100-80GB", pools=["mig"])]
+    errs = [e.split(": ", 1)[1] for e in errors_of(write_config(tmp_path / "pinned", docs))]
+    assert errs == ["Job/j: spec.resources.gpu_type: none of its pools offers gpu_type 'A100-80GB' as whole GPUs: "
+                    "pool mig partitions it with MIG (ask for resources.mig instead); A100-80GB is offered by pool whole"]
+    docs[-1]["spec"].pop("pools")
+    errs = [e.split(": ", 1)[1] for e in errors_of(write_config(tmp_path / "any", [d for d in docs if d is not whole]))]
+    assert errs == ["Job/j: spec.resources.gpu_type: no pool offers gpu_type 'A100-80GB' as whole GPUs: "
+                    "pool mig partitions it with MIG (ask for resources.mig instead)"]
+
+
+def test_a_document_that_fails_validation_still_counts_for_duplicates_and_references(tmp_path):
+    """Before: a Pool with min_instances > max_instances hid that its name was defined twice (reported only once the
+    first was fixed), and a Tenant with a bad field made every job of it 'unknown tenant'."""
+    cfg = _quickstart(tmp_path)
+    _edit(cfg / "pools.yaml", "  max_instances: 3\n", "  min_instances: 5\n  max_instances: 3\n")
+    (cfg / "jobs" / "extra.yaml").write_text(
+        "apiVersion: fleetops.io/v1alpha1\nkind: Pool\nmetadata: {name: aws-a100}\n"
+        "spec: {cloud: aws, region: us-east-1, zones: [us-east-1a], instance_types: [p4d.24xlarge]}\n")
+    _edit(cfg / "tenants.yaml", "weight: 2", "weight: -2")
+    errs = errors_of(cfg)
+    assert errs == [
+        "pools.yaml:3: Pool/aws-a100: metadata.name: duplicate Pool name (first defined at jobs/extra.yaml:3)",
+        "pools.yaml:5: Pool/aws-a100: spec: Value error, min_instances (5) exceeds max_instances (3)",
+        "tenants.yaml:5: Tenant/research: spec.weight: Input should be greater than 0",
+    ], errs
+
+
+def test_a_duplicate_name_points_at_the_first_definitions_name(tmp_path):
+    """Before: 'first defined at extra.yaml:1' whatever line the first document's name was on."""
+    cfg = _quickstart(tmp_path)
+    (cfg / "jobs" / "extra.yaml").write_text(
+        "# research, as the platform team sees it\n\napiVersion: fleetops.io/v1alpha1\nkind: Tenant\n"
+        "metadata:\n  labels: {team: platform}\n  name: research\nspec: {}\n")
+    assert errors_of(cfg) == ["tenants.yaml:3: Tenant/research: metadata.name: duplicate Tenant name (first defined at jobs/extra.yaml:7)"]
+
+
+def test_field_paths_are_the_users_not_pydantics(tmp_path):
+    """Before: `spec.priority.constrained-int` (a union's branch tag) and `spec.1` for a key written `true`."""
+    cfg = _quickstart(tmp_path)
+    research = cfg / "jobs" / "research.yaml"
+    _edit(research, "  priority: high\n", "  priority: -3\n")
+    _edit(research, "metadata: {name: finetune-a}\nspec:\n", "metadata: {name: finetune-a}\nspec:\n  true: 1\n")
+    _edit(research, 'env: {LR: "3e-4"}', 'env: {LR: "3e-4", Yes: x}')
+    errs = errors_of(cfg)
+    assert not any("constrained" in e or "literal" in e or "[key]" in e for e in errs), errs
+    assert [e for e in errs if "llm-pretrain" in e] == [
+        "jobs/research.yaml:6: Job/llm-pretrain: spec.priority: Input should be greater than or equal to 0; "
+        "or Input should be 'low', 'normal', 'high' or 'critical'"]
+    assert "jobs/research.yaml:18: Job/finetune-a: spec.true: Keys should be strings" in errs, errs
+    assert any(e.startswith("jobs/research.yaml:43: Job/sweep-lr: spec.run.env.Yes: the key: Input should be a valid string")
+               for e in errs), errs
+
+
+def test_a_yaml_boolean_where_a_string_belongs_gets_a_hint(tmp_path):
+    """`spot: no` is the boolean false in YAML 1.1: say so, and what the field takes; a string field is told to quote it."""
+    cfg = _quickstart(tmp_path)
+    research = cfg / "jobs" / "research.yaml"
+    _edit(research, "  spot: never ", "  spot: no ")
+    _edit(research, "{name: ablation-attn}\nspec:\n  tenant: research", "{name: ablation-attn}\nspec:\n  tenant: Off")
+    errs = errors_of(cfg)
+    assert "jobs/research.yaml:9: Job/llm-pretrain: spec.spot: Input should be 'eligible', 'preferred', 'required' or 'never' " \
+           "(YAML reads `no` as a boolean; 'no' is not one of these either)" in errs, errs
+    assert any(e.startswith("jobs/research.yaml:50: Job/ablation-attn: spec.tenant: Input should be a valid string "
+                            "(YAML reads `Off` as a boolean; quote it: 'Off')") for e in errs), errs

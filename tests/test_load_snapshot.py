@@ -26,7 +26,7 @@ def _docs():
 def _no_validation(monkeypatch):
     """Make a load that parses and validates fail loudly: what still loads was read back from the snapshot."""
 
-    def refuse(doc, diags):
+    def refuse(doc, diags, **_):
         raise AssertionError("validated: the snapshot was not read")
 
     monkeypatch.setattr(load_module, "_validate_doc", refuse)
