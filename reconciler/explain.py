@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from reconciler.problem.diagnosis import pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
-from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok
+from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
@@ -171,8 +171,7 @@ def _amounts(shortfall: float, fallback: float, unit: float) -> list[float]:
     base = shortfall if shortfall > 1e-9 else fallback
     if base <= 1e-9:
         return []
-    first = math.ceil(base / unit - 1e-9) * unit
-    return [first, math.ceil(3 * base / unit - 1e-9) * unit]
+    return [round_up(base, unit), round_up(3 * base, unit)]  # (the pending reason's shortfall rounds the same way)
 
 
 def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger):
@@ -221,7 +220,10 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
             lics[lic.limit] = ldoc.model_copy(update={"spec": spec})
             cands.append((label, desired.model_copy(update={"licenses": lics})))
         out.append(cands)
-    pools = sorted({c.pool for c in problem.capacities if rules_allow(d, c)})
+    # Only the pools the ledger says are at their max_instances for it (as the budgets below): explain offered "raise
+    # max_instances of aws-a100, gcp-a100" for a job whose pools were at 0 of 3 (audit).
+    at_max = {r.limit for r in refusals if r.rule == "pool-max"}
+    pools = sorted({c.pool for c in problem.capacities if rules_allow(d, c) and c.pool in at_max})
     if pools:
         cands = []
         for n in sorted({max(1, round(short("pool-max"))), d.replicas}):

@@ -71,6 +71,18 @@ def money(x: float) -> str:
     return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
+def round_up(x: float, unit: float) -> float:
+    """x rounded up to a whole number of `unit`s, float noise (1e-6 of a unit) aside: a shortfall raised by this
+    much is met. One rule for the pending reasons' shortfalls and explain's raises."""
+    return math.ceil(round(float(x) / unit, 6)) * unit
+
+
+def money_short(x: float) -> str:
+    """A shortfall in $/h, rounded up to the cent (money() rounds to the nearest: "$17.06/h more budget" where
+    explain's raise, rounded up, said $17.07)."""
+    return money(round_up(x, 0.01))
+
+
 def spot_units(capacities, gpu_fleet: bool | None = None) -> tuple[str, object]:
     """What the spot share and the on-demand buffer count: GPUs in a GPU fleet (CPU instances
     count 0), vCPUs in a CPU-only fleet. A fleet is a GPU fleet when its pools offer any GPU type
@@ -942,7 +954,7 @@ class Ledger:
             if not budget_ok(self.tenant_spend(d.tenant) + sum(map(micro, charges)), r.budget):  # (as plan_item: charges only add)
                 short = spent + more - r.budget
                 out.append(Refusal("tenant-budget", f"tenant budget: {d.tenant} spends {money(spent)}/h of its {money(r.budget)}/h "
-                                   f"in this plan; the job would add {money(more)}/h, {money(short)}/h more than it allows", d.tenant, short))
+                                   f"in this plan; the job would add {money(more)}/h, {money_short(short)}/h more than it allows", d.tenant, short))
         if r.spot_fraction is not None and any(c.market == "spot" for c in cells):
             add_on = sum(work_units(d) for c in cells if c.market == "spot")
             on, tot = self.tenant_spot(d.tenant)
@@ -983,7 +995,7 @@ class Ledger:
             cost = self.cost()
             short = cost + n * c.price - p.budget
             out.append(Refusal("fleet-budget", f"budget: the fleet costs {money(cost)}/h and max_hourly_budget is {money(p.budget)}/h; "
-                               f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money(short)}/h more budget", "", short))
+                               f"{n} more {c.instance_type} ({money(n * c.price)}/h) would need {money_short(short)}/h more budget", "", short))
         if c.market == "spot":
             sp = p.spot
             spot, total = self.spot()

@@ -27,6 +27,15 @@ def summary_line(plan: Plan) -> str:
     )
 
 
+def no_changes_line(plan: Plan) -> str:
+    """A plan that changes nothing. It matches the desired state only if nothing waits: a job the plan cannot place
+    is desired and not running (before: "The fleet matches the desired state" above a table of pending jobs)."""
+    waiting = sum(j.action == "pending" for j in plan.jobs)
+    if waiting:
+        return f"No changes. {waiting} job(s) stay pending (reasons below): the fleet does not yet match the desired state."
+    return "No changes. The fleet matches the desired state."
+
+
 def _solver_line(plan: Plan) -> str:
     s = plan.solver
     took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
@@ -135,7 +144,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
                   no_color=not color, highlight=False)
     style = {"place": "green", "move": "yellow", "evict": "red"}
     if not plan.has_changes:
-        con.print("No changes. The fleet matches the desired state.")
+        con.print(no_changes_line(plan))
     if plan.creates:
         _table(con, "Instances to create", ("ref", "pool", "cloud/zone", "type", "market", "$/h"),
                [(c.ref, c.site.pool, f"{c.site.cloud}/{c.site.zone}", c.site.instance_type, _market(c), f"{c.price:.3f}") for c in plan.creates],
@@ -222,7 +231,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     note = f"the full plan is in `{full_plan_path}`" if full_plan_path else "run `reconcile plan --format json` for the full plan"
     lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
     if not plan.has_changes:
-        lines += ["No changes. The fleet matches the desired state.", ""]
+        lines += [no_changes_line(plan), ""]
     for v in plan.violations:
         lines.append(f"> :no_entry: **Guardrail:** {v}")
     if plan.violations:

@@ -32,3 +32,29 @@ def test_would_change_and_tried_are_structured(tmp_path):
     assert w["text"].startswith(w["change"] + ": it would run (+$3.67/h")
     for t in e["tried"]:
         assert t["outcome"] in ("still pending", "refused") and t["reason"] and t["change"]
+
+
+def test_explain_raises_only_a_limit_that_binds_and_by_at_least_the_shortfall_it_prints(tmp_path):
+    """Audit: a job held by the fleet budget was offered "raise max_instances of aws-a100, gcp-a100" though neither pool
+    was at its max (aws-a100 0/3), and its pending reason said "$17.06/h more budget" where explain's raise said
+    $17.07/h. A pool raise is tried only for a pool at its max_instances, and a shortfall is printed rounded up, as the
+    raise that meets it is."""
+    import re
+
+    from reconciler import api
+    from tests.fleetkit import copy_quickstart
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=5)  # $53.40/h
+    pol = cfg / "policies.yaml"
+    pol.write_text(pol.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 55"))
+    (cfg / "jobs" / "more.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: more}\n"
+                                            "spec: {tenant: research, resources: {gpus: 1, gpu_type: A100, cpu: 8, memory_gib: 60}, spot: never}\n")
+    ex = api.explain(cfg, "more", time_limit=5)
+    assert ex.state == "pending"
+    text = " ".join((ex.summary, *ex.details, *ex.would_change, *ex.tried))
+    assert "max_hourly_budget" in text, text
+    assert "raise max_instances" not in text, text
+    said = re.findall(r"would need \$([\d,.]+)/h more budget", text)
+    raised = re.findall(r"raise max_hourly_budget by \$([\d,.]+)/h", text)
+    assert said and raised and float(raised[0].replace(",", "")) == float(said[0].replace(",", "")), (said, raised)

@@ -124,3 +124,16 @@ def test_a_running_job_removed_from_the_config_is_a_change_the_plan_shows(tmp_pa
     assert cli("apply", cfg, "--plan", saved).exit_code == 0
     after = cli("plan", cfg, "--detailed-exitcode", "--time-limit", 5)
     assert after.exit_code == 0 and "removed" not in after.output, after.output
+
+
+def test_a_plan_that_changes_nothing_but_leaves_jobs_pending_does_not_say_the_fleet_matches(tmp_path):
+    """Audit: a new job no pool can hold printed "No changes. The fleet matches the desired state." above its pending
+    reason: the desired job does not run. Nothing to apply (exit 0 with --detailed-exitcode), and the line says why."""
+    cfg = copy_quickstart(tmp_path)
+    assert cli("apply", cfg, "--auto-approve", "--time-limit", 5).exit_code == 0
+    (cfg / "jobs" / "big.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: too-big}\n"
+                                           "spec: {tenant: platform, resources: {cpu: 1000, memory_gib: 4}}\n")
+    for fmt in ("human", "markdown"):
+        res = cli("plan", cfg, "--detailed-exitcode", "--format", fmt, "--time-limit", 5)
+        assert res.exit_code == 0, res.output
+        assert "No changes. 1 job(s) stay pending (reasons below)" in res.output and "matches the desired state" not in res.output
