@@ -4,6 +4,7 @@ through the real CLI and must end in a clear error (exit 1), never a traceback o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -277,6 +278,23 @@ def test_one_bad_agent_report_does_not_stop_the_fleet(applied_once, tmp_path):
                        f'runs/{entry["job"]}/0.json has restarts "x", not a count'):
             assert needle in out, (needle, out)
     assert _live(cfg) == before
+
+
+def test_a_job_whose_run_record_cannot_be_read_is_not_placed_again(applied_once, tmp_path):
+    """A run record says whether a batch job finished; one that cannot be read was skipped, so the plan placed the job
+    again although it may have Succeeded (it would run twice). A job that does not run and whose record cannot be read
+    is not placed, and the plan says why; a running one goes on as it runs (above)."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    (cfg / "jobs" / "done.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: done-batch}\n"
+                                            "spec: {tenant: platform, resources: {cpu: 1, memory_gib: 1}, run: {command: [\"true\"]}}\n")
+    (cfg / ".reconcile" / "runs" / "done-batch").mkdir(parents=True)
+    (cfg / ".reconcile" / "runs" / "done-batch" / "0.json").write_text('{"phase": "Succ')
+    res = cli("plan", cfg, "--format", "json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert "done-batch" not in {j["job"] for j in plan["jobs"] if j["instances"]}
+    assert any("job done-batch is not placed while its run record cannot be read" in n for n in plan["notes"]), plan["notes"]
 
 
 @pytest.fixture

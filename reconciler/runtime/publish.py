@@ -12,7 +12,7 @@ from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import build_assignments
-from reconciler.runtime.bus import AGENTS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
+from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
 
@@ -122,6 +122,8 @@ def with_runtime(backend: StateBackend, desired: DesiredState, observed):
              for j, phase in sorted(view.finished.items()) if observed.placements.get(j)]
     notes += [f"instance {i} is replaced: {why}" for i, why in sorted(view.unhealthy.items())]
     notes += [f"skipped: {msg}" for msg in view.unreadable.values()]
+    notes += [f"job {j} is not placed while its run record cannot be read (it may have finished): restore the record, or "
+              "delete it to run the job again" for j in sorted(unread_runs(view, observed))]
     notes += [workload_note(run) for _, run in sorted(view.jobs.items()) if workload_note(run)]
     return replace(observed, runtime=view, notes=tuple(observed.notes) + tuple(notes))
 
@@ -154,9 +156,20 @@ def demanding(desired: DesiredState, observed) -> DesiredState:
     """The desired state the solver sees: without the jobs that finished (a Succeeded batch job, a
     Failed one past its restarts) at their current spec; they are placed again when it changes."""
     view = getattr(observed, "runtime", None)
-    if view is None or not view.finished:
+    if view is None:
         return desired
-    return desired.model_copy(update={"jobs": {n: j for n, j in desired.jobs.items() if n not in view.finished}})
+    drop = set(view.finished) | unread_runs(view, observed)
+    if not drop:
+        return desired
+    return desired.model_copy(update={"jobs": {n: j for n, j in desired.jobs.items() if n not in drop}})
+
+
+def unread_runs(view: RuntimeView, observed) -> set[str]:
+    """Jobs not running whose run record cannot be read: they are not placed. The record may say the job finished
+    (a Succeeded batch job), and placing it again would run it twice; nothing is decided on what cannot be read. A job
+    that runs goes on as it runs."""
+    jobs = {key.split("/")[1] for key in view.unreadable if key.startswith(RUNS + "/") and key.count("/") == 2}
+    return {j for j in jobs if not observed.placements.get(j)}
 
 
 def block_unhealthy(problem, observed):
