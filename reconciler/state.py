@@ -85,7 +85,9 @@ def refuse_links(config_dir: Path) -> None:
     """Refuse a symlink anywhere under the config's .reconcile/ before anything reads or writes there. Apply writes and
     prunes files in its directories (assignments, agents' reports, the sim's world, caches), and a pull request can add
     a link to the checkout: `.reconcile/assignments -> /somewhere` had every apply delete the *.json files there and
-    write its own (audit). status/ was already never written through a link; this is the same rule for the state."""
+    write its own (audit). status/ was already never written through a link; this is the same rule for the state.
+    One exception: `.reconcile/sim` may link to a directory. It is the simulated cloud account, which two config
+    checkouts may share as two repos share a real one (tests/test_fleet_identity.py); its files are the sim's."""
     top = state_dir(config_dir)
     if top.is_symlink():
         links = [top]
@@ -95,7 +97,8 @@ def refuse_links(config_dir: Path) -> None:
         links = []
         disks = {top / "sim" / "volumes", *(top / "sim" / "agents").glob("*/replicas")}
         for root, dirs, files in os.walk(top):  # (a link to a directory is listed in dirs and not entered)
-            links += [Path(root) / n for n in (*dirs, *files) if os.path.islink(os.path.join(root, n))]
+            links += [Path(root) / n for n in (*dirs, *files) if os.path.islink(os.path.join(root, n))
+                      and not (Path(root) == top and n == "sim" and os.path.isdir(os.path.join(root, n)))]
             if Path(root) in disks:  # the simulated instances' disks: what the jobs write there (a venv's links) is theirs
                 dirs[:] = []
     if links:
