@@ -348,14 +348,15 @@ def test_outranked_names_only_jobs_the_plan_places(tmp_path):
 
 def test_the_fleet_budget_reason_says_how_much_more_is_needed(tmp_path):
     """Three $3.67/h jobs under an $8/h fleet budget: the third's reason quotes the plan's cost
-    and the budget it would need ($7.35 + $3.67 - $8.00)."""
+    and the budget it would need: 3 x $3.67339 - $8.00 = $3.0202, rounded up (a budget
+    raised by the $3.02 the nearest cent said would still refuse it: explain raises by $3.03)."""
     from tests.fleetkit import doc, job, plan_for, tenant, topology
 
     docs = [topology(), tenant("a"), _gpu_pool(hi=3), doc("GuardrailPolicy", "g", {"max_hourly_budget": 8.0})]
     docs += [job(f"j{i}", tenant="a", priority=p, **A100) for i, p in enumerate(["high", "normal", "low"])]
     j2 = next(x for x in plan_for(tmp_path, docs).jobs if x.job == "j2")
     assert j2.reason.startswith("budget: the fleet costs $7.35/h and max_hourly_budget is $8.00/h; "
-                                "1 more a2-highgpu-1g ($3.67/h) would need $3.02/h more budget"), j2.reason
+                                "1 more a2-highgpu-1g ($3.67/h) would need $3.03/h more budget"), j2.reason
 
 
 # ---------------------------------------------------------------- 5. spot ballast
