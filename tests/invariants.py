@@ -709,7 +709,9 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
         if s.data is not None and s.data.max_latency_ms is not None and \
                 TopologyIndex(desired.topology.spec).distance(s.data.location, i.cloud, i.region, i.zone).latency_ms > s.data.max_latency_ms + EPS:
             return False
-        if iid in deleted and deleted[iid].startswith(("consolidated", "no longer needed", "emptied")) is False:
+        # (its pool past max_instances is a fleet-wide rule, not one of the instance's own: the job could stay but for it)
+        if iid in deleted and not deleted[iid].startswith(("consolidated", "no longer needed", "emptied")) \
+                and not deleted[iid].endswith(f"over its max_instances {pool.spec.max_instances}"):
             return False
     ids = observed.placements.get(job.name, ())
     if len({(insts[i].cloud, insts[i].zone) for i in ids}) > 1:

@@ -810,6 +810,83 @@ def test_a_running_job_moves_for_a_higher_class_or_a_consolidation_that_pays(tmp
         assert plan.consolidation is not None and plan.consolidation.saving_per_hour is None  # (no plan keeps j2 and places k)
 
 
+def _quickstart_applied(tmp_path):
+    from tests.fleetkit import copy_quickstart
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=10)
+    return cfg
+
+
+def _no_consolidation_claimed(plan):
+    """No reason of the plan calls a move a consolidation, nor a delete consolidated, and it has no consolidation line."""
+    said = [j.reason for j in plan.jobs] + [d.reason for d in plan.deletes]
+    assert plan.consolidation is None and not [r for r in said if r.startswith("consolidat")], said
+
+
+def test_a_pool_past_its_max_instances_names_that_rule_on_its_moves_and_deletes(tmp_path):
+    """The quickstart applied, gcp-a100 lowered to max_instances 2 of a2-highgpu-1g while three run: the pool must
+    shrink. Its three instances went and their jobs moved to a new p4d ($53.40/h -> $60.48/h), each move reading
+    "consolidation: its instance is removed" and each delete "consolidated: its replicas fit more cheaply
+    elsewhere", with a consolidation line whose saving was not measured (audit). They name the pool's rule now."""
+    cfg = _quickstart_applied(tmp_path)
+    pools = (cfg / "pools.yaml").read_text()
+    edited = pools.replace("instance_types: [a2-highgpu-1g, a2-highgpu-8g]\n  market: either\n  max_instances: 6",
+                           "instance_types: [a2-highgpu-1g]\n  market: either\n  max_instances: 2")
+    assert edited != pools
+    (cfg / "pools.yaml").write_text(edited)
+    res = plan_checked(cfg, time_limit=10)
+    plan = res.plan
+    rule = "pool gcp-a100 has 3 instances, over its max_instances 2"
+    gone = {d.instance_id for d in plan.deletes}
+    assert gone and all(d.reason == rule for d in plan.deletes), plan.deletes
+    moved = [j for j in plan.jobs if j.action == "move"]
+    assert moved and all(j.reason == f"leaves {j.previous[0]}: {rule}" and j.previous[0] in gone for j in moved), moved
+    _no_consolidation_claimed(plan)
+
+
+def test_room_made_for_another_tenants_higher_class_names_that_work_not_a_consolidation(tmp_path):
+    """The quickstart applied, research's guarantee lowered to 16 GPUs (it borrows now), gcp-a100 at max_instances 3
+    (its three a2-highgpu-1g run research's jobs) and product's new critical urgent-a100 asking that pool: research's
+    three jobs moved onto one a2-highgpu-8g beside it, each "consolidation: its instance is removed" ($53.40/h ->
+    $62.42/h, audit). A running job moves for a higher class (README, How it decides): the moves name that work."""
+    cfg = _quickstart_applied(tmp_path)
+    pools = (cfg / "pools.yaml").read_text()
+    (cfg / "pools.yaml").write_text(pools.replace("a2-highgpu-8g]\n  market: either\n  max_instances: 6",
+                                                  "a2-highgpu-8g]\n  market: either\n  max_instances: 3"))
+    tenants = (cfg / "tenants.yaml").read_text()
+    (cfg / "tenants.yaml").write_text(tenants.replace("quota: {gpus: 24, burst: {gpus: 32}}", "quota: {gpus: 16, burst: {gpus: 32}}"))
+    with (cfg / "jobs" / "product.yaml").open("a") as f:
+        f.write(yaml.safe_dump(doc("Job", "urgent-a100", {"tenant": "product", "priority": "critical", "pools": ["gcp-a100"],
+                                                          "resources": {"gpus": 1, "gpu_type": "A100", "cpu": 8, "memory_gib": 60}}),
+                               explicit_start=True, sort_keys=False))
+    plan = plan_checked(cfg, time_limit=10).plan
+    jobs = by_job(plan)
+    assert jobs["urgent-a100"].action == "place"
+    moved = [j for j in plan.jobs if j.action == "move"]
+    assert moved and all(j.tenant == "research" for j in moved), moved
+    for j in moved:
+        assert j.reason == "makes room in pool gcp-a100, at its max_instances 3, for product's higher-priority work: urgent-a100", j
+    assert all(d.reason == "emptied: every job on it moves or stops in this plan (their reasons say why)" for d in plan.deletes), plan.deletes
+    _no_consolidation_claimed(plan)
+
+
+def test_a_gang_that_restarts_whole_in_another_zone_empties_its_instance_without_a_consolidation(tmp_path):
+    """A 2-replica zone gang runs one replica on i0 in us-east-1a (the other's instance is gone) and that zone is
+    short (a heal's create failed there): it restarts whole in us-east-1b, and i0 goes. The delete read
+    "consolidated: its replicas fit more cheaply elsewhere" (audit); no saving moved it."""
+    from tests.fleetkit import instance, plan_for
+
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"], hi=3),
+            job("g", "t", replicas=2, gpus=8, gpu_type="A100", cpu=90, mem=1000)]
+    fleet = [instance("i0", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    plan = plan_for(tmp_path, docs, fleet, {"g": ("i0",)}, short={("aws", "us-east-1a", "p4d.24xlarge", m) for m in ("on-demand", "spot")})
+    g = by_job(plan)["g"]
+    assert g.action == "move" and all(i.startswith("+") for i in g.instances), g
+    assert [(d.instance_id, d.reason) for d in plan.deletes] == \
+        [("i0", "emptied: every job on it moves or stops in this plan (their reasons say why)")], plan.deletes
+    _no_consolidation_claimed(plan)
+
+
 def test_a_license_count_lowered_below_what_is_held_licenses_the_eviction(tmp_path):
     """A License lowered to 1 seat while two running jobs hold one each: one of them must stop, and the oracle
     (check_stability) lets it (audit21: the oracle did not read licenses when it asked what the fleet as it runs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import pool_min_ok
+from reconciler.ledger import pool_min_ok, rules_broken_now
 from reconciler.plan.packing import Packing
 from reconciler.plan.types import CreateAction, DeleteAction
 from reconciler.problem import Capacity, Host, Problem
@@ -46,19 +46,30 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
 
 
 def delete_actions(problem: Problem, solution: Solution, jobs=()) -> list[DeleteAction]:
-    """Every existing instance the plan does not keep, with why. `jobs`: the plan's job changes (an instance whose
-    every job stops is emptied by those stops, not consolidated: fleet52's gang, grown past what the pool holds)."""
-    action = {j.job: j.action for j in jobs}
+    """Every existing instance the plan does not keep, with why: the rule that makes it go (its own, or its pool past
+    max_instances), else what its jobs do. `jobs`: the plan's job changes (an instance whose every job stops is
+    emptied by those stops, not consolidated: fleet52's gang, grown past what the pool holds); it is "consolidated"
+    only where every job leaving it moves for a consolidation (their reasons: plan/jobs.move_note). (Instances of a
+    pool past its max_instances, or emptied for a higher class's room, read "consolidated" at $/h more: audit.)"""
+    change = {j.job: j for j in jobs}
+    broken = rules_broken_now(problem) if any(c.instance_id not in solution.keep for c in problem.hosts()) else {}
     deletes = []
     for c in problem.hosts():
         if c.instance_id not in solution.keep:
-            stops = bool(action) and all(action.get(job) in ("evict", "pending") for _, job, _ in c.residents)
-            # (under WhenEmpty nothing moves to save money: a host goes because its jobs move or stop for the rules)
-            emptied = ("emptied: every job on it stops in this plan (their reasons say why)" if stops else
-                       "emptied: every job on it moves or stops in this plan (their reasons say why)"
-                       if problem.placement.consolidation == "WhenEmpty" else "consolidated: its replicas fit more cheaply elsewhere")
-            why = c.keep_blocker or (emptied if c.residents else "no longer needed")
-            deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, why))
+            mine = [change[job] for _, job, _ in c.residents if job in change]
+            stops = bool(change) and all(j.action in ("evict", "pending") for j in mine)
+            over = broken.get(f"pool:{c.pool}")
+            if not c.residents:
+                emptied = "no longer needed"
+            elif stops:
+                emptied = "emptied: every job on it stops in this plan (their reasons say why)"
+            elif over:
+                emptied = f"{over} {problem.pool_bounds[c.pool][1]}"
+            elif mine and all(j.reason.startswith("consolidation") for j in mine if j.action not in ("evict", "pending")):
+                emptied = "consolidated: its replicas fit more cheaply elsewhere"
+            else:
+                emptied = "emptied: every job on it moves or stops in this plan (their reasons say why)"
+            deletes.append(DeleteAction(c.instance_id, Site.of(c), c.price, c.keep_blocker or emptied))
     return deletes
 
 

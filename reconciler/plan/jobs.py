@@ -8,6 +8,7 @@ read off the finished plan: its instances, charges and spot share.
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING
 
 from dataclasses import replace
@@ -19,7 +20,7 @@ from reconciler.observe import Observed
 from reconciler.plan.packing import Packing
 from reconciler.plan.quality import UNPACKED
 from reconciler.plan.types import JobAction, JobChange
-from reconciler.problem import Capacity, Demand, OfferFits, Problem, placement_refusal, shape_changes
+from reconciler.problem import Capacity, Demand, OfferFits, Problem, gang_split, placement_refusal, shape_changes
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -35,10 +36,24 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
     for (job, _), inst in where.items():
         if inst not in observed.placements.get(job, ()):
             arrivals.setdefault(inst, []).append(job)
+    tenant_of = {job: d.tenant for d in problem.demands for job in d.jobs}
     jobs: list[JobChange] = []
+
     @functools.cache
-    def spot_shares() -> dict[str, str]:  # (read once, where a move asks: the fleet as it runs, at 10k a tenth of a second)
-        return {rule.split(":", 1)[1]: why for rule, why in rules_broken_now(problem).items() if rule.startswith("tenant-spot:")}
+    def broken() -> dict[str, str]:  # (read once, where a move asks: the fleet as it runs, at 10k a tenth of a second)
+        return rules_broken_now(problem)
+
+    @functools.cache
+    def pool_room() -> dict[str, tuple[int, list[str]]]:  # pool -> (instances it runs, the jobs that come into it)
+        pool_of = {packing.named.get(b.ref, b.ref): b.cap.pool for bins in packing.bins_of.values() for b in bins}
+        out: dict[str, tuple[int, list[str]]] = {}
+        for h in hosts.values():
+            out[h.pool] = (out.get(h.pool, (0, []))[0] + 1, [])
+        for ref, came in arrivals.items():
+            p = pool_of.get(ref)
+            if p is not None:
+                out.setdefault(p, (0, []))[1].extend(j for j in came if all(i not in hosts or hosts[i].pool != p for i in observed.placements.get(j, ())))
+        return out
 
     for d in problem.demands:
         for job in d.jobs:
@@ -54,7 +69,8 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                         gpus.append(g[k] if k < len(g) else ())
                 now_t = tuple(now)
                 action: JobAction = "keep" if sorted(now_t) == sorted(prev) and len(prev) == len(now_t) else ("move" if prev else "place")
-                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution, arrivals, klass, spot_shares)) \
+                note = (packing.moved.get(job) or move_note(d, job, prev, now_t, observed, hosts, solution, arrivals, klass, broken, problem, tenant_of,
+                                                               pool_room)) \
                     if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
@@ -86,11 +102,14 @@ def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger
 
 def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
               solution: Solution, arrivals: dict[str, list[str]] | None = None, klass: dict[str, int] | None = None,
-              spot_shares=None) -> str:
+              broken=None, problem: Problem | None = None, tenant_of: dict[str, str] | None = None, pool_room=None) -> str:
     """Why a running job moves: what it replaces, the instance or rule that makes it leave, the higher-priority work
-    that takes its room (a running job moves for no other work: solve/objective.moves_tier), or consolidation.
-    `spot_shares()`: tenant -> why its spot share is broken now (a job leaving spot for it is no consolidation: a move
-    onto dearer on-demand room read "consolidation: a cheaper packing", audit20 finding 2)."""
+    that takes its room (a running job moves for no other work: solve/objective.moves_tier), or consolidation, named
+    only where the solver moved work for cost (`Solution.consolidated`, or a saving it measured: stay_value); else it
+    says the plan cannot name why. (Forced moves read "consolidation: its instance is removed": a pool past its
+    max_instances, a higher class's room, at $/h more; audit.) `broken()`: the rules the fleet breaks now
+    (ledger.rules_broken_now: a pool past its max, the budget, a tenant's spot share: a job leaving spot for it is no
+    consolidation, audit20 finding 2). `pool_room()`: pool -> (instances it runs, the jobs that come into it)."""
     gone = observed.lost.get(job)
     if gone:
         return f"replaces {', '.join(gone)}: gone (spot interruption or lost capacity)"
@@ -102,20 +121,58 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
     refused = [(h, why) for h, why in refused if why]
     if refused:  # the job's own rules changed (an allowlist, spot mode): the rule forces it, not a saving
         return f"leaves {refused[0][0]}: {refused[0][1]}"
+    split = _split(d, [hosts.get(h) for h in prev])
+    if split:
+        return f"its gang runs split over {split}, which its gang mode forbids: it moves whole"
     spot_left = [h for h in left if h in hosts and hosts[h].market == "spot"]
-    why = spot_shares().get(d.tenant) if spot_left and spot_shares is not None else None
+    removed = [h for h in left if h not in solution.keep and h in hosts]
+    rules = broken() if broken is not None and (spot_left or removed) else {}
+    why = rules.get(f"tenant-spot:{d.tenant}") if spot_left else None
     if why:
         return f"leaves spot ({spot_left[0]}): {why}"
-    if any(h not in solution.keep for h in left):
-        return "consolidation: its instance is removed"
+    consolidated = solution.consolidated or solution.stay_value is not None
+    for h in removed:  # its instance goes: the rule that shrinks its pool or the fleet, else the work that takes the room
+        pool = hosts[h].pool
+        most = problem.pool_bounds.get(pool, (0, math.inf))[1] if problem is not None else math.inf
+        if f"pool:{pool}" in rules:
+            return f"leaves {h}: {rules[f'pool:{pool}']} {most}"
+        for rule in ("budget", "spot-share") if hosts[h].market == "spot" else ("budget",):
+            if rule in rules:
+                return f"leaves {h}: {rules[rule]}"
+        if f"tenant-budget:{d.tenant}" in rules:
+            return f"leaves {h}: {rules[f'tenant-budget:{d.tenant}']}"
+        running, came = pool_room()[pool] if pool_room is not None else (0, [])
+        above = sorted({j for j in came if (klass or {}).get(j, -1) > d.klass}) if running >= most else []
+        if above:  # (no slot left in its pool: the room the higher class takes is the instance)
+            return f"makes room in pool {pool}, at its max_instances {most}, for {_whose(above, d, tenant_of)}higher-priority work: {_few(above)}"
+    if removed:
+        return "consolidation: its instance is removed" if consolidated else \
+            f"leaves {removed[0]}: its instance is removed (the plan cannot name the rule or saving that moves it)"
     for h in left:
         came = sorted(set((arrivals or {}).get(h, ())))
         above = [j for j in came if (klass or {}).get(j, -1) > d.klass]
         if above:
-            return f"makes room on {h} for higher-priority work: {_few(above)}"
+            return f"makes room on {h} for {_whose(above, d, tenant_of)}higher-priority work: {_few(above)}"
         if came:  # (a consolidation that pays freed it, and pending work took it: solve/strategy.consolidate)
-            return f"consolidation: its room on {h} goes to {_few(came)}"
-    return "consolidation: a cheaper packing"
+            return f"consolidation: its room on {h} goes to {_few(came)}" if consolidated else \
+                f"leaves {h}: its room goes to {_few(came)} (the plan cannot name the rule or saving that moves it)"
+    return "consolidation: a cheaper packing" if consolidated else "moves (the plan cannot name the rule or saving that moves it)"
+
+
+def _split(d: Demand, hosts: list) -> str | None:
+    """What a running gang runs split over, where its gang mode forbids it (rules.gang_split): zones, instances, types."""
+    if not gang_split(d, hosts):
+        return None
+    if len({(h.cloud, h.zone) for h in hosts}) > 1:
+        return "zones"
+    return "instances" if d.gang_mode == "instance" else "instance types"
+
+
+def _whose(jobs: list[str], d: Demand, tenant_of: dict[str, str] | None) -> str:
+    """"<tenant>'s " where all of `jobs` are another tenant's than d's, else nothing."""
+    tenants = {(tenant_of or {}).get(j) for j in jobs}
+    t = tenants.pop() if len(tenants) == 1 else None
+    return f"{t}'s " if t is not None and t != d.tenant else ""
 
 
 def _few(jobs: list[str]) -> str:

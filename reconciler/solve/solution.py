@@ -56,6 +56,9 @@ class Solution:
     # The cost (same units) of the best answer found that moves only the running work that must move,
     # when this answer moves more (strategy.stay_put): what the moves save is stay_value - cost_value.
     stay_value: float | None = None
+    # The cost stage moved running work for cost alone (strategy.consolidate adopted its answer): with stay_value, what
+    # lets the plan call a move a consolidation; else a move names its rule, or says it cannot (plan/jobs.move_note).
+    consolidated: bool = False
     # Offers modelled instance by instance (solve/slots.py): offer key -> its new instances, each as
     # (x's capacity key, group, items): a packing the model proved, which the packer follows.
     slots: dict[str, tuple[tuple[tuple[str, str, int], ...], ...]] = field(default_factory=dict)

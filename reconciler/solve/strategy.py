@@ -194,6 +194,7 @@ class Search:
     spent0: float = 0.0
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
     stay_answer: list[int] | None = None  # that answer
+    consolidated: bool = False  # consolidate() made the answer: running work moved for cost (Solution.consolidated)
     infeasible: bool = False  # the last `complete` proved its hint cannot be completed
     held_for_now: list = field(default_factory=list)  # the constraint indices of the holds `release` lets go
     tier_rows: list = field(default_factory=list)  # per tier solved: (tier, the constraint rows its holds took: [from, to))
@@ -629,6 +630,7 @@ def consolidate(search: Search, hint: list[int], value: float | None, lb: float 
     if value is None or value >= held_value - 0.5 or held_value - value <= search.gap_limit * max(held_value, 1):
         search.stay_value, search.stay_answer = held_stay
         return held, held_value, lb, status_of(held_value, lb) if lb is not None else status, reports
+    search.consolidated = True
     claimed = claim_room(search, hint)
     if claimed is None:
         return hint, value, lb, status, reports
@@ -1017,7 +1019,7 @@ def stay_if_cheaper(search: Search, sol: Solution, hint: list[int], key: tuple[l
     stay = stay + [0] * (len(search.m.proto.variables) - len(stay))
     if [evaluate(stay, t.expr) for t in search.tiers] != key[0]:
         return sol, hint  # (stay_put holds every tier: never so, but the tiers come first)
-    stay_sol = finish(search, stay, search.stay_value, lb, status_of(search.stay_value, lb), reports)
+    stay_sol = replace(finish(search, stay, search.stay_value, lb, status_of(search.stay_value, lb), reports), consolidated=False)
     if any(len(insts) > stay_sol.new.get(ok, 0) for ok, insts in new_instances(search.problem, stay_sol).items()):
         return sol, hint  # (its own packing would buy more: not the answer it was costed as)
     return stay_sol, stay
@@ -1096,6 +1098,7 @@ def finish(search: Search, hint: list[int], value: float | None, lb: float | Non
     if fixed is not None:
         value = lb = fixed
     sol = replace(sol, work_spent=round(search.clock.used - search.spent0, 3), cost_value=value, stay_value=search.stay_value,
+                  consolidated=search.consolidated,
                   cost_bound=None if lb is None else (value if status == "OPTIMAL" else min(lb, value)))
     search.lap("extract")
     return sol
