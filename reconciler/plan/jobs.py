@@ -145,18 +145,25 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
         above = sorted({j for j in came if (klass or {}).get(j, -1) > d.klass}) if running >= most else []
         if above:  # (no slot left in its pool: the room the higher class takes is the instance)
             return f"makes room in pool {pool}, at its max_instances {most}, for {_whose(above, d, tenant_of)}higher-priority work: {_few(above)}"
-    if removed:
-        return "consolidation: its instance is removed" if consolidated else \
-            f"leaves {removed[0]}: its instance is removed (the plan cannot name the rule or saving that moves it)"
+    if removed and consolidated:
+        return "consolidation: its instance is removed"
     for h in left:
         came = sorted(set((arrivals or {}).get(h, ())))
         above = [j for j in came if (klass or {}).get(j, -1) > d.klass]
         if above:
             return f"makes room on {h} for {_whose(above, d, tenant_of)}higher-priority work: {_few(above)}"
-        if came:  # (a consolidation that pays freed it, and pending work took it: solve/strategy.consolidate)
-            return f"consolidation: its room on {h} goes to {_few(came)}" if consolidated else \
-                f"leaves {h}: its room goes to {_few(came)} (the plan cannot name the rule or saving that moves it)"
-    return "consolidation: a cheaper packing" if consolidated else "moves (the plan cannot name the rule or saving that moves it)"
+        if came and consolidated:  # (a consolidation that pays freed it, and pending work took it: solve/strategy.consolidate)
+            return f"consolidation: its room on {h} goes to {_few(came)}"
+    if consolidated:
+        return "consolidation: a cheaper packing"
+    # No rule above and no saving: a rule the fleet breaks now licenses the move (README, Stability), or nothing the plan can name.
+    rules = broken() if broken is not None else {}
+    why = next((w for r, w in rules.items() if not r.startswith("tenant-") or r.split(":", 1)[1] == d.tenant), None)
+    taken = next(((h, came) for h in left if (came := sorted(set((arrivals or {}).get(h, ()))))), None)
+    head = f"leaves {removed[0]}: its instance is removed" if removed else \
+        f"leaves {taken[0]}: its room goes to {_few(taken[1])}" if taken else f"leaves {left[0]}" if left else "moves"
+    return f"{head} under a rule the fleet breaks now ({why})" if why else \
+        f"{head} (the plan cannot name the rule or saving that moves it)"
 
 
 def _split(d: Demand, hosts: list) -> str | None:
