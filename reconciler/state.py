@@ -95,12 +95,21 @@ def refuse_links(config_dir: Path) -> None:
         return
     else:
         links = []
-        disks = {top / "sim" / "volumes", *(top / "sim" / "agents").glob("*/replicas")}
-        for root, dirs, files in os.walk(top):  # (a link to a directory is listed in dirs and not entered)
-            links += [Path(root) / n for n in (*dirs, *files) if os.path.islink(os.path.join(root, n))
-                      and not (Path(root) == top and n == "sim" and os.path.isdir(os.path.join(root, n)))]
-            if Path(root) in disks:  # the simulated instances' disks: what the jobs write there (a venv's links) is theirs
-                dirs[:] = []
+        sim = os.path.join(top, "sim")
+        disks = {os.path.join(sim, "volumes"), *(os.path.join(sim, "agents", n, "replicas") for n in _names(os.path.join(sim, "agents")))}
+        todo = [str(top)]
+        while todo:  # (scandir's entries know whether they are links without a stat each: 15k entries in ~0.03 s)
+            d = todo.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue  # (what cannot be listed is reported by whatever reads it)
+            for e in entries:
+                if e.is_symlink():
+                    if not (e.path == sim and os.path.isdir(e.path)):
+                        links.append(Path(e.path))
+                elif d not in disks and e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)  # the simulated instances' disks are the jobs' own (a venv's links): not entered
     if links:
         first = min(links)
         more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
@@ -108,6 +117,13 @@ def refuse_links(config_dir: Path) -> None:
                              "its state through a link, which could lead out of the config directory. Nothing was "
                              f"changed. Remove the link (`rm {first}`); its files are rewritten by the next run, or restore "
                              "them from a backup.")
+
+
+def _names(d: str) -> list[str]:
+    try:
+        return os.listdir(d)
+    except OSError:
+        return []
 
 
 def _state_problem(raw) -> str | None:

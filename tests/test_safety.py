@@ -167,6 +167,23 @@ def test_nothing_is_read_or_written_through_a_symlink_under_dot_reconcile(applie
     assert _live(applied) == before
 
 
+def test_links_the_jobs_make_on_the_simulated_disks_are_theirs(tmp_path):
+    """What a job writes on its (simulated) instance's disk is its own: a venv's `bin/python` link in its working
+    directory, a `latest` link among its checkpoints. Refused, they would have stopped every plan of the fleet."""
+    from reconciler.errors import ReconcileError
+    from reconciler.state import refuse_links, state_dir
+
+    sim = state_dir(tmp_path) / "sim"
+    (sim / "volumes" / "train" / "ckpt").mkdir(parents=True)
+    (sim / "volumes" / "train" / "ckpt" / "latest").symlink_to("step-10")
+    (sim / "agents" / "i-1" / "replicas" / "train-0" / "venv" / "bin").mkdir(parents=True)
+    (sim / "agents" / "i-1" / "replicas" / "train-0" / "venv" / "bin" / "python").symlink_to("/usr/bin/python3")
+    refuse_links(tmp_path)
+    (sim / "agents" / "i-1" / "agent.log").symlink_to(tmp_path / "elsewhere.log")  # the agent's own files are not
+    with pytest.raises(ReconcileError, match="agents/i-1/agent.log is a symlink"):
+        refuse_links(tmp_path)
+
+
 # -- 6. corrupt files: one clear error naming the file, exit 1, nothing launched or deleted ----
 
 @pytest.fixture(scope="module")
