@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Sequence
+from urllib.parse import urlsplit
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
@@ -69,6 +70,7 @@ DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # CPU sizes; Gen2
 # stack; plain Ubuntu has no driver, so the fleet's work could not use a GPU. Pin a version with azure.image.
 DEFAULT_GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 NETWORK_API_VERSION = "2020-11-01"  # lets Compute create the NIC itself
+ARM_HOST = "management.azure.com"  # where a real credential's token may go (the SDK's scope: its .default)
 TEST_CREDENTIAL = "fake-for-tests"  # TEST ONLY: a static bearer token, refused without a custom endpoint
 
 _VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I)
@@ -188,6 +190,12 @@ class AzureProvider:
         self.endpoint = self.options.url("endpoint")
         if self.endpoint and not self.endpoint.startswith("https://"):
             raise ProviderError(f"azure: endpoint {self.endpoint!r} must be https:// (bearer tokens are only sent over TLS)")
+        mode = self.options.text("credential") or "default"
+        if self.endpoint and mode != TEST_CREDENTIAL and (urlsplit(self.endpoint).hostname or "").lower() != ARM_HOST:
+            # The SDK asks the credential for a token scoped to https://management.azure.com whatever base_url is, so
+            # a live management token would go to whoever answers there (a typo, or a hostile -o in a CI config).
+            raise ProviderError(f"azure: endpoint {self.endpoint!r} is not Azure Resource Manager ({ARM_HOST}): a real "
+                                f"credential's token is only sent there; a local ARM fake takes credential={TEST_CREDENTIAL}")
         self.ca_bundle = self.options.text("ca_bundle")
         self.polling_interval = self.options.seconds("polling_interval")
         self.lro_timeout = self.options.seconds("lro_timeout")

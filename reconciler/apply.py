@@ -221,13 +221,13 @@ def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
         except KeySpentError:
             continue
         if inst.alive:
-            _check_launched(c, key, inst, known, desired.fleet)
+            _check_launched(c, key, inst, known, desired.fleet, uid)
             return inst
     raise ProviderError(f"the cloud answered all {MAX_ATTEMPTS} create keys {c.key}..{attempt_key(c.key, MAX_ATTEMPTS - 1)} "
                         "with instances that are gone; nothing was launched")
 
 
-def _check_launched(c: CreateAction, key: str, inst: Instance, known: frozenset[str], fleet: str) -> None:
+def _check_launched(c: CreateAction, key: str, inst: Instance, known: frozenset[str], fleet: str, uid: str = "") -> None:
     """The instance the cloud answered a create with is a new one of the site asked for. A cloud answers a key it has
     seen with that key's instance, whatever was asked: one the fleet already ran (a key it was launched with) or one of
     another site would get the plan's replicas beside its own work, on GPUs it does not have (audit: a plan given an
@@ -236,10 +236,10 @@ def _check_launched(c: CreateAction, key: str, inst: Instance, known: frozenset[
     if inst.id in known:
         raise ProviderError(f"the cloud answered create key {key} with {inst.id}, an instance the fleet already runs, not a "
                             "new one; nothing was placed on it")
-    owner = inst.tags.get(TAG_FLEET)
-    if owner and owner != fleet:
-        raise ProviderError(f"the cloud answered create key {key} with {inst.id}, an instance of fleet {owner!r}, not a new one "
-                            "of this fleet; nothing was placed on it")
+    owner, theirs = inst.tags.get(TAG_FLEET), inst.tags.get(TAG_FLEET_UID)
+    if owner and owner != fleet or uid and theirs and theirs != uid:  # (a name is no identity: reconciler/identity.py)
+        raise ProviderError(f"the cloud answered create key {key} with {inst.id}, an instance of fleet {owner!r} "
+                            f"(uid {theirs or 'unknown'}), not a new one of this fleet; nothing was placed on it")
     got = (inst.cloud, inst.zone, inst.instance_type, inst.market, inst.pool or site.pool)  # (a launch may answer before
     want = (site.cloud, site.zone, site.instance_type, site.market, site.pool)             # its tags are readable)
     if got != want:

@@ -161,3 +161,25 @@ def test_redact_replaces_url_userinfo_and_the_secrets_of_query_strings():
             'https://console.cloud.google.com/iam-admin/quotas?project=p, s3://AKIA:SECRET@bucket/p or https://a.blob/c?sv=1&sig=abc%3D')
     assert redact(text) == ('cannot reach "http://***@h:1/x?X-Amz-Signature=***&b=2" (https://h/p?key=***), raise it at '
                             'https://console.cloud.google.com/iam-admin/quotas?project=p, s3://***@bucket/p or https://a.blob/c?sv=1&sig=***')
+
+
+@pytest.mark.parametrize("endpoint, credential, refused", [
+    ("https://example.invalid", None, True),  # a typo, or a hostile -o: the live token would go there
+    ("https://management.azure.com.evil.example", None, True),
+    ("https://management.azure.com", None, False),
+    ("https://127.0.0.1:8443", "fake-for-tests", False),  # the local ARM fake, with its static test token
+])
+def test_a_real_azure_credential_is_never_sent_to_another_endpoint(endpoint, credential, refused):
+    """The Azure SDK asks the credential for a token scoped to https://management.azure.com whatever base_url is: with
+    `-o endpoint=` anything else and DefaultAzureCredential, a live management token went to that host (audit)."""
+    from pathlib import Path
+
+    from providers.azure import AzureProvider
+    from providers.base import ProviderContext
+
+    options = {"endpoint": endpoint, **({"credential": credential} if credential else {})}
+    if refused:
+        with pytest.raises(ProviderError, match="is not Azure Resource Manager .management.azure.com.: a real credential's token"):
+            AzureProvider(ProviderContext("f", Path("/nonexistent"), options))
+    else:
+        AzureProvider(ProviderContext("f", Path("/nonexistent"), options))

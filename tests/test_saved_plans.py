@@ -584,6 +584,11 @@ def test_a_create_the_cloud_answers_with_another_launchs_instance_places_nothing
         _check_launched(c, c.key, replace(new, instance_type="g5.12xlarge"), frozenset(), "f")
     with pytest.raises(ProviderError, match="an instance of fleet 'other'"):
         _check_launched(c, c.key, replace(new, tags={"fleetops.io/fleet": "other"}), frozenset(), "f")
+    # Another repo's fleet of the same name (its own uid) is not this fleet either.
+    theirs = replace(new, tags={"fleetops.io/fleet": "f", "fleetops.io/fleet-uid": "u-2"})
+    with pytest.raises(ProviderError, match="an instance of fleet 'f' .uid u-2."):
+        _check_launched(c, c.key, theirs, frozenset(), "f", "u-1")
+    _check_launched(c, c.key, replace(theirs, tags={**theirs.tags, "fleetops.io/fleet-uid": "u-1"}), frozenset(), "f", "u-1")
 
 
 def test_the_sim_answers_a_key_reused_for_another_launch_as_ec2_does(tmp_path):
