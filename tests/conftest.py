@@ -66,8 +66,10 @@ def moto_url(moto_server):
 
 @pytest.fixture
 def ec2_tokens(moto_server):
-    """The ClientToken layer in front of moto: its counters (replays, mismatches) for assertions."""
-    return moto_server[1]
+    """The ClientToken layer in front of moto: its counters (replays, mismatches) for assertions, and its lagging
+    tag-filtered listings (lag_tag), reset after."""
+    yield moto_server[1]
+    moto_server[1].reset()
 
 
 @pytest.fixture

@@ -7,7 +7,14 @@ As "Ensuring idempotency in Amazon EC2 API requests" documents them:
   with the instances' current state ("the result might contain updated information"): a
   terminated instance comes back terminated;
 * the same token with any other parameter changed (a tag, the type; not the Region or the
-  Availability Zone) fails with IdempotentParameterMismatch and launches nothing.
+  Availability Zone) fails with IdempotentParameterMismatch and launches nothing;
+* DescribeInstances takes the `client-token` filter ("The idempotency token you provided when you
+  launched the instance", EC2 API reference), which moto does not implement: answered with the
+  instances the token launched.
+
+And EC2's eventual consistency for tag-filtered listings, on demand: lag_tag(key, value) leaves the
+instances tagged key=value out of the next DescribeInstances that filters on that tag, as a listing
+that does not show a just-launched instance yet.
 
 A WSGI middleware around moto's own application, so every client (the providers under test,
 the CLI in a subprocess, the tests' own boto3 clients) meets the same rules over HTTP."""
@@ -26,6 +33,9 @@ _INSTANCE_ID = re.compile(rb"<instanceId>(i-[0-9a-f]+)</instanceId>")  # RunInst
 NS = "{http://ec2.amazonaws.com/doc/2016-11-15}"
 ET.register_namespace("", NS[1:-1])
 _REGION = re.compile(r"Credential=[^/]+/\d+/([a-z0-9-]+)/ec2/")
+_FILTER = re.compile(r"Filter\.(\d+)\.(Name|Value\.\d+)")
+_EMPTY = (f'<?xml version="1.0" encoding="UTF-8"?><DescribeInstancesResponse xmlns="{NS[1:-1]}"><requestId>{{}}</requestId>'
+          "<reservationSet/></DescribeInstancesResponse>")
 
 
 class ClientTokens:
@@ -35,6 +45,16 @@ class ClientTokens:
         self.tokens: dict[tuple[str, str], tuple[tuple, bytes, list[str]]] = {}  # (region, token) -> (params, body, ids)
         self.replays = 0
         self.mismatches = 0
+        self.lagging: dict[tuple[str, str], int] = {}  # (tag key, value) -> tag-filtered listings left that miss it
+
+    def lag_tag(self, key: str, value: str, reads: int = 1) -> None:
+        """The next `reads` DescribeInstances filtered on tag:`key` with `value` do not show the instances carrying it."""
+        with self.lock:
+            self.lagging[(key, value)] = reads
+
+    def reset(self) -> None:
+        with self.lock:
+            self.lagging.clear()
 
     def __call__(self, environ, start_response):
         if environ.get("REQUEST_METHOD") != "POST":
@@ -43,10 +63,11 @@ class ClientTokens:
         environ["wsgi.input"] = io.BytesIO(body)
         form = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
         fields = dict(form)
+        if fields.get("Action") == "DescribeInstances":
+            return self._describe(environ, start_response, form)
         if fields.get("Action") != "RunInstances" or not fields.get("ClientToken"):
             return self.app(environ, start_response)
-        m = _REGION.search(environ.get("HTTP_AUTHORIZATION", ""))
-        key = (m.group(1) if m else "us-east-1", fields["ClientToken"])
+        key = (_region(environ), fields["ClientToken"])
         params = tuple(sorted((k, v) for k, v in form if k not in IGNORED))
         with self.lock:  # one launch per token, even for concurrent retries
             seen = self.tokens.get(key)
@@ -68,6 +89,57 @@ class ClientTokens:
             start_response(*status[0])
             return [out]
 
+    def _describe(self, environ, start_response, form: list[tuple[str, str]]):
+        """DescribeInstances: a `client-token` filter becomes an `instance-id` filter on the ids the token launched
+        (no launch: nothing matches); a lagging tag's instances are left out of a listing filtered on that tag."""
+        filters: dict[str, tuple[str, list[str]]] = {}
+        for k, v in form:
+            if m := _FILTER.fullmatch(k):
+                name, values = filters.setdefault(m.group(1), ("", []))
+                filters[m.group(1)] = (v, values) if m.group(2) == "Name" else (name, values + [v])
+        rest = [(k, v) for k, v in form if not _FILTER.fullmatch(k)]
+        if not any(name == "client-token" or name.startswith("tag:") for name, _ in filters.values()):
+            return self.app(environ, start_response)
+        region, lagged, by_token = _region(environ), None, False
+        with self.lock:
+            kept = []
+            for name, values in filters.values():
+                if name == "client-token":
+                    by_token = True
+                    ids = sorted({i for t in values for i in self.tokens.get((region, t), ((), b"", []))[2]})
+                    if not ids:
+                        return _respond(start_response, _EMPTY.format(uuid.uuid4()).encode())
+                    name, values = "instance-id", ids
+                elif name.startswith("tag:") and lagged is None:
+                    lagged = next(((name[4:], v) for v in values if self.lagging.get((name[4:], v), 0) > 0), None)
+                    if lagged:
+                        self.lagging[lagged] -= 1
+                kept.append((name, values))
+        if not by_token and lagged is None:
+            return self.app(environ, start_response)
+        query = rest + [kv for n, (name, values) in enumerate(kept, 1)
+                        for kv in [(f"Filter.{n}.Name", name)] + [(f"Filter.{n}.Value.{j}", v) for j, v in enumerate(values, 1)]]
+        body = urlencode(query).encode()
+        env = {**environ, "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body))}
+        if lagged is None:
+            return self.app(env, start_response)
+        status: list = []
+        out = b"".join(self.app(env, lambda s, h, exc=None: status.append((s, h)) or (lambda data: None)))
+        if not status or not status[0][0].startswith("200"):
+            start_response(*status[0])
+            return [out]
+        root = ET.fromstring(out)
+        reservations = root.find(f"{NS}reservationSet")
+        for res in list(reservations if reservations is not None else ()):
+            instances = res.find(f"{NS}instancesSet")
+            for item in list(instances if instances is not None else ()):
+                tags = {(t.findtext(f"{NS}key"), t.findtext(f"{NS}value")) for t in item.findall(f"{NS}tagSet/{NS}item")}
+                if lagged in tags:
+                    instances.remove(item)  # type: ignore[union-attr]
+            if instances is None or not len(instances):
+                reservations.remove(res)  # type: ignore[union-attr]
+        return _respond(start_response, ET.tostring(root, xml_declaration=True, encoding="utf-8"))
+
     def _with_current_state(self, environ, original: bytes, ids: list[str]) -> bytes:
         """The original RunInstances answer with each instance's state as DescribeInstances gives it now."""
         query = urlencode([("Action", "DescribeInstances"), ("Version", "2016-11-15")]
@@ -82,6 +154,16 @@ class ClientTokens:
             if state is not None and current is not None:
                 item[list(item).index(state)] = current
         return ET.tostring(root, xml_declaration=True, encoding="utf-8")
+
+
+def _region(environ) -> str:
+    m = _REGION.search(environ.get("HTTP_AUTHORIZATION", ""))
+    return m.group(1) if m else "us-east-1"
+
+
+def _respond(start_response, out: bytes):
+    start_response("200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(out)))])
+    return [out]
 
 
 def _error(start_response, code: str, message: str):

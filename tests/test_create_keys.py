@@ -123,6 +123,17 @@ def test_ec2_token_layer_behaves_as_ec2_documents(aws_env, ec2_tokens):
     mine = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:token", "Values": [token]}])["Reservations"]
             for i in r["Instances"]]
     assert [i["InstanceId"] for i in mine] == [first["InstanceId"]], "a token launched twice"
+    # DescribeInstances' client-token filter (moto has none): the token's instances, terminated ones too.
+    by_token = [i for r in ec2.describe_instances(Filters=[{"Name": "client-token", "Values": [token]}])["Reservations"]
+                for i in r["Instances"]]
+    assert [i["InstanceId"] for i in by_token] == [first["InstanceId"]]
+    assert ec2.describe_instances(Filters=[{"Name": "client-token", "Values": [f"never-{token}"]}])["Reservations"] == []
+    # A lagging tag-filtered listing (eventual consistency) misses the instance once, then shows it.
+    ec2_tokens.lag_tag("token", token)
+    tagged = [{"Name": "tag:token", "Values": [token]}]
+    assert ec2.describe_instances(Filters=tagged)["Reservations"] == []
+    assert [i["InstanceId"] for r in ec2.describe_instances(Filters=tagged)["Reservations"] for i in r["Instances"]] == [
+        first["InstanceId"]]
 
 
 def _reclaim_and_heal(cfg: Path, provider: str, opts: dict, kill, rounds: int = 3) -> None:
