@@ -6,8 +6,10 @@ is derived from the create key (EC2 returns the same instance for a retried
 token), and an instance already carrying the key's tag is returned as is (some
 EC2-compatible endpoints, moto among them, ignore ClientToken). EC2 remembers a
 token for at least 24 h after its instance terminated and answers it with that
-instance, terminated, or with IdempotentParameterMismatch (KeySpentError) if a
-parameter differs: apply then tries the next attempt's key (reconciler/apply.py).
+instance, terminated: apply then tries the next attempt's key (reconciler/apply.py).
+A token reused with other parameters is IdempotentParameterMismatch, which only
+says an earlier launch with it succeeded: the token's instance is looked up, and
+a live one is the create's; the key is spent (KeySpentError) once it is terminated.
 
 Each instance also carries the job replicas it hosts (providers/placements.py):
 written with the launch's TagSpecifications, then kept current by
@@ -222,8 +224,8 @@ class AwsProvider:
                 raise CapacityError(text, cloud="aws", zone=zone, instance_type=itype, market=market) from None
             if code in TRANSIENT_CODES:
                 raise TransientProviderError(text) from None
-            if code == "IdempotentParameterMismatch":  # the ClientToken launched something else before
-                raise KeySpentError(text) from None
+            if code == "IdempotentParameterMismatch":  # the ClientToken launched with other parameters: create() looks
+                raise KeySpentError(text) from None   # its instance up, live or spent
             raise ProviderError(text) from None
         except BotoCoreError as e:  # connection errors, timeouts, missing credentials
             raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}") from None
@@ -461,9 +463,36 @@ class AwsProvider:
             if request.max_price is not None:
                 opts["MaxPrice"] = f"{request.max_price:.4f}"
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": opts}
-        resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
-                          cloud_zone=(request.zone, request.instance_type, request.market), **params)
+        try:
+            resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
+                              cloud_zone=(request.zone, request.instance_type, request.market), **params)
+        except KeySpentError as e:
+            return self._launched_with(p.region, params["ClientToken"], request.key, str(e))
         return self._to_instance(p.region, resp["Instances"][0])
+
+    def _launched_with(self, region: str, token: str, key: str, error: str) -> Instance:
+        """After IdempotentParameterMismatch: EC2 says an earlier RunInstances with this token succeeded with other
+        parameters (on a rerun a tag changed, or an SSM alias resolved to a newer AMI), not that its instance is gone.
+        Its live instance is the create's (the key's tag lookup above may have missed it: eventual consistency), else
+        the key is spent once every instance the token launched is terminated. Looked up by DescribeInstances'
+        client-token filter and the key's tag; nothing visible is asked again with backoff for consistency_timeout
+        (a just-launched instance may not show yet), then the key counts as spent (EC2 lists a terminated instance
+        for about an hour, and keeps its token for at least 24 h)."""
+        pause, deadline = 0.2, time.monotonic() + self.consistency_timeout
+        while True:
+            found = {i.id: i for i in self._describe(region, [{"Name": "client-token", "Values": [token]}])}
+            found.update({i.id: i for i in self._describe(region, [{"Name": f"tag:{TAG_CREATE_KEY}", "Values": [key]}])
+                          if i.tags.get(TAG_FLEET) == self.ctx.fleet})
+            ranked = sorted(found.values(), key=lambda i: (not i.alive, i.state == "terminated", i.id))
+            if ranked and ranked[0].state != "terminated":
+                return ranked[0]  # live, else stopped (not alive: apply tries the next key, as for a replayed token)
+            if ranked:
+                raise KeySpentError(f"{error}; {', '.join(f'{i.id} is terminated' for i in ranked)}")
+            if time.monotonic() + pause > deadline:
+                raise KeySpentError(f"{error}; no instance launched with it shows in {self.consistency_timeout:.0f} s "
+                                    "(terminated over an hour ago)")
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     def _placement_group(self, ec2, name: str, region: str) -> None:
         """A cluster placement group for a gang, created once (tagged with the fleet) and reused; clean_up deletes

@@ -49,9 +49,9 @@ class TransientProviderError(ProviderError):
 
 
 class KeySpentError(ProviderError):
-    """The cloud has already used this create key for a launch whose instance is gone (or for a
-    request with other parameters: EC2's IdempotentParameterMismatch). Retrying the same key can
-    never launch anything; the caller must try the next attempt's key."""
+    """The cloud has already used this create key for a launch whose instance is gone (EC2: an
+    IdempotentParameterMismatch whose token's instances are all terminated). Retrying the same key
+    can never launch anything; the caller must try the next attempt's key."""
 
 
 class OwnershipError(ProviderError):

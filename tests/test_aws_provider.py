@@ -21,7 +21,7 @@ from providers.catalog import load_catalog
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError
+from reconciler.errors import ApplyError, CapacityError, KeySpentError, OwnershipError, ProviderError
 from reconciler.state import load_state
 from tests.conftest import AWS_ENV
 from tests.fleetkit import copy_example
@@ -75,6 +75,37 @@ def test_retry_with_the_same_key_returns_the_same_instance(prov, fleet):
     again = prov.create(req(fleet, "k-same"))
     assert again.id == first.id
     assert [i.id for i in prov.observe([target()])] == [first.id]
+
+
+def _with_tag(request: CreateRequest, key: str, value: str) -> CreateRequest:
+    return replace(request, tags={**request.tags, key: value})
+
+
+def test_a_token_reused_with_other_parameters_answers_its_live_instance(prov, fleet, ec2, ec2_tokens):
+    """EC2's IdempotentParameterMismatch says an earlier launch with the token succeeded with other parameters (on a
+    rerun a tag changed, or the AMI's SSM alias resolved to a newer image), not that its instance is gone. With the
+    key's tag lookup missing the instance (eventual consistency), that answer was KeySpentError, and apply launched
+    `<key>-1`: a second GPU instance beside the running one. The create is the token's live instance."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    first = prov.create(req(fleet, key))
+    mismatches = ec2_tokens.mismatches
+    ec2_tokens.lag_tag(TAG_CREATE_KEY, key)
+    again = prov.create(_with_tag(req(fleet, key), "team", "vision"))
+    assert ec2_tokens.mismatches == mismatches + 1, "EC2 did not answer IdempotentParameterMismatch"
+    assert (again.id, again.alive) == (first.id, True)
+    mine = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]}])[
+        "Reservations"] for i in r["Instances"]]
+    assert mine == [first.id]
+
+
+def test_a_token_reused_with_other_parameters_is_spent_once_its_instance_is_terminated(prov, fleet, ec2, ec2_tokens):
+    """A reclaimed replacement's plan recurs with new placement tags: its token's instance is terminated, so the key
+    is spent and apply tries the next one."""
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    first = prov.create(req(fleet, key))
+    ec2.terminate_instances(InstanceIds=[first.id])
+    with pytest.raises(KeySpentError, match=rf"IdempotentParameterMismatch.*{first.id} is terminated"):
+        prov.create(_with_tag(req(fleet, key), "team", "vision"))
 
 
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fleet, ec2):
