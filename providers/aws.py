@@ -490,7 +490,7 @@ class AwsProvider:
                 raise KeySpentError(f"{error}; {', '.join(f'{i.id} is terminated' for i in ranked)}")
             if time.monotonic() + pause > deadline:
                 raise KeySpentError(f"{error}; no instance launched with it shows in {self.consistency_timeout:.0f} s "
-                                    "(terminated over an hour ago)")
+                                    "(so terminated over an hour ago: EC2 lists one for about that long)")
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 
