@@ -14,8 +14,10 @@ lost, a scale to zero reverted. Every cloud remembers a key after its instance i
 ClientToken for >= 24 h after termination, GCE a requestId, the sim for ever) and answers it
 with the dead instance, so each create is tried as a sequence of attempts: the plan's key, then
 `<key>-1`, `<key>-2`, ... An attempt whose key the cloud proves spent (it answers with an
-instance that is not alive, or KeySpentError) moves on to the next; the first attempt that
-launches, or finds a live instance (a rerun after a crash), is the create. Attempts are tried in
+instance that is gone, or KeySpentError) moves on to the next; the first attempt that
+launches, or finds a live instance (a rerun after a crash), is the create. One answered with an
+instance that exists but is stopped fails the create instead: the key is not spent, and moving on
+would launch a second instance for it. Attempts are tried in
 order and a spent key is never counted as a launch, so the rule needs no state of its own and
 survives a lost state file.
 
@@ -220,6 +222,10 @@ def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
             inst = _create(fleet, desired, plan, c, serial, key, uid, hosted)
         except KeySpentError:
             continue
+        if inst.state == "stopping":  # the key's instance exists, stopped: launching under the next key would make two
+            raise ProviderError(f"the cloud answered create key {key} with {inst.id}, which exists but does not run "
+                                "(stopped, suspended or failed): it is this create's instance, so no second one is "
+                                "launched; start it, or delete it yourself, then apply again")
         if inst.alive:
             _check_launched(c, key, inst, known, desired.fleet, uid)
             return inst

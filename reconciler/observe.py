@@ -137,7 +137,7 @@ class Fleet:
         offerings: list[PoolOffering] = []
         providers: dict[str, str] = {}
         foreign: list[tuple[str, str]] = []
-        idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, deallocated)
+        idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, suspended, deallocated, failed)
         quotas: list[Quota] = []
         quota_notes: list[str] = []
         by_provider = self.pools_by_provider()
@@ -180,8 +180,10 @@ class Fleet:
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
             placements=merged.placements, short=state.short_now(), providers=providers, lost=lost,
             gpu_indices=merged.gpu_indices, serial=merged.serial, foreign=tuple(sorted(foreign)),
-            notes=merged.notes + tuple(f"{iid} is stopped or deallocated: not counted as capacity and left alone (start "
-                                       "it, or delete it yourself); the plan places its work elsewhere" for iid in sorted(idle))
+            notes=merged.notes + tuple(f"{iid} exists but does not run (stopped, suspended, deallocated or failed): not "
+                                       "counted as capacity and left alone (start it, or delete it yourself: it may still be "
+                                       "billed, its disks always, an Azure VM's compute too unless deallocated); the plan places "
+                                       "its work elsewhere" for iid in sorted(idle))
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},

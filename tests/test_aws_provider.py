@@ -202,6 +202,57 @@ def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):
     assert state == "running"
 
 
+def test_a_stopped_instance_is_observed_as_stopping_not_gone(prov, fleet, ec2):
+    """A stopped EC2 instance still exists (its EBS volumes are billed): observe reports it, not alive, never drops it."""
+    inst = prov.create(req(fleet, "k-stopped"))
+    ec2.stop_instances(InstanceIds=[inst.id])
+    assert [(i.id, i.state) for i in prov.observe([target()])] == [(inst.id, "stopping")]
+    assert prov.create(req(fleet, "k-stopped")).state == "stopping"  # its key finds it as it is
+
+
+def test_a_stopped_instance_is_noted_left_alone_and_its_work_placed_elsewhere(aws_env, tmp_path, fleet):
+    """Audit: observe listed only pending/running instances, so a stopped one vanished: its replicas were relaunched
+    elsewhere and the instance itself was never reported (nor cleaned up)."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    opts = {"endpoint_url": aws_env}
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok
+    victim = min(first.report.created.values())
+    region = next(i.region for i in api.plan(cfg, provider="aws", options=opts).observed.instances if i.id == victim)
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=aws_env)
+    ec2.stop_instances(InstanceIds=[victim])
+    res = api.plan(cfg, provider="aws", options=opts)
+    assert victim not in {i.id for i in res.observed.instances}  # not capacity
+    assert victim not in {d.instance_id for d in res.plan.deletes} and res.plan.creates  # left alone; its work goes elsewhere
+    assert any(n.startswith(f"{victim} exists but does not run") and "may still be billed" in n for n in res.plan.notes)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    assert ec2.describe_instances(InstanceIds=[victim])["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
+
+
+def test_a_create_whose_key_holds_a_stopped_instance_launches_no_second_one(aws_env, tmp_path, fleet):
+    """Every instance stopped: the plan (and its create keys) is the first apply's again, and EC2 answers each key
+    with its stopped instance. Launching under the next key would make a second instance for the key; the create
+    fails instead, naming the instance and what to do."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    opts = {"endpoint_url": aws_env}
+    first = api.apply(cfg, provider="aws", options=opts)
+    by_region: dict[str, list[str]] = {}
+    for i in api.plan(cfg, provider="aws", options=opts).observed.instances:
+        by_region.setdefault(i.region, []).append(i.id)
+    for region, ids in by_region.items():
+        boto3.client("ec2", region_name=region, endpoint_url=aws_env).stop_instances(InstanceIds=ids)
+    with pytest.raises(ApplyError, match="exists but does not run .*no second one is launched; start it, or delete it"):
+        api.apply(cfg, provider="aws", options=opts)
+    after = [d for region in by_region for r in boto3.client("ec2", region_name=region, endpoint_url=aws_env).describe_instances(
+        Filters=[{"Name": "tag:fleetops.io/fleet", "Values": [fleet]}])["Reservations"] for d in r["Instances"]]
+    assert sorted(d["InstanceId"] for d in after) == sorted(first.report.created.values())  # nothing launched
+    assert {d["State"]["Name"] for d in after} == {"stopped"}
+
+
 def test_cli_against_moto(aws_env, tmp_path):
     cfg = _config(tmp_path)
     runner = CliRunner()
