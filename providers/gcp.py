@@ -61,8 +61,12 @@ LABEL_PREFIX = "fleetops-"
 LABEL_FLEET = "fleetops-fleet"
 LABEL_CREATE_KEY = "fleetops-create-key"
 LIVE_STATUSES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # REPAIRING: back to RUNNING after a host failure
+# Stopped, suspended or on the way there: the instance exists (its disks and static IPs are billed) but does not run.
+# TERMINATED is GCE's "stopped", not deleted (a deleted instance is gone from the API). Observed as `stopping`: not
+# capacity, left alone, noted (reconciler/observe.py).
+STOPPED_STATUSES = ("PENDING_STOP", "STOPPING", "TERMINATED", "STOPPED", "SUSPENDING", "SUSPENDED", "DEPROVISIONING")
 STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "REPAIRING": "running",
-          "STOPPING": "stopping", "SUSPENDING": "stopping", "SUSPENDED": "stopping", "TERMINATED": "terminated"}
+          **{s: "stopping" for s in STOPPED_STATUSES}}
 # Operation error codes (and HTTP error texts) that mean "no capacity here now": the zone is marked short.
 CAPACITY_CODES = frozenset({
     "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
@@ -180,11 +184,11 @@ def request_id(fleet: str, key: str) -> str:
 
 
 def observe_filter(fleet_label: str) -> str:
-    """The aggregatedList filter for a fleet's live instances, in the form the API documents: a flat chain of
-    parenthesised comparisons (implicitly ANDed). Nested parentheses are not part of that grammar, and AND/OR mixed
-    in one chain has no documented precedence, so the chain only ANDs; observe checks status and label again."""
-    dead = sorted(set(STATES) - set(LIVE_STATUSES))
-    return " AND ".join([f'(labels.{LABEL_FLEET} = "{fleet_label}")', *(f"(status != {s})" for s in dead)])
+    """The aggregatedList filter for a fleet's instances, live and stopped (observe keeps the statuses it knows), in
+    the form the API documents: a flat chain of parenthesised comparisons (implicitly ANDed). Nested parentheses are
+    not part of that grammar, and AND/OR mixed in one chain has no documented precedence, so the chain only ANDs;
+    observe checks status and label again."""
+    return f'(labels.{LABEL_FLEET} = "{fleet_label}")'
 
 
 def _last(url: str) -> str:
@@ -373,7 +377,8 @@ class GcpProvider:
 
     # -- observe -------------------------------------------------------------------
     def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:
-        """Every live instance of the fleet, or an IncompleteObservationError: aggregatedList does not fail when a zone
+        """Every instance of the fleet, live or stopped (`stopping`: TERMINATED and SUSPENDED ones are billed for
+        their disks and IPs, so they are reported, not dropped), or an IncompleteObservationError: aggregatedList does not fail when a zone
         cannot be reached, it leaves that zone's instances out and says so in a warning (UNREACHABLE, or the list's
         `unreachables`). Instances it could not see are not gone, and a plan made without them would replace them."""
         projects = {self._project(p) for p in pools}
@@ -392,7 +397,7 @@ class GcpProvider:
                     if "warning" in scoped and scoped.warning.code == self.compute.Warning.Code.UNREACHABLE:
                         unreachable.add(scope)
                     for d in scoped.instances:
-                        if d.labels.get(LABEL_FLEET) == self.fleet_label and d.status in LIVE_STATUSES:
+                        if d.labels.get(LABEL_FLEET) == self.fleet_label and d.status in STATES:
                             found.append(self._to_instance(project, d))
             if unreachable:
                 raise IncompleteObservationError(
@@ -700,7 +705,9 @@ class GcpProvider:
         return op, self._get(project, zone, name), replayed
 
     def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
-        """The instance holding our name, if it is this fleet's and this key's; never someone else's."""
+        """The instance holding our name, if it is this fleet's and this key's; never someone else's. A stopped one
+        (TERMINATED: GCE keeps it) is returned as it is, `stopping`: the key's instance exists, so apply launches no
+        second one for the key (reconciler/apply.py) and the name stays taken until it is started or deleted."""
         d = self._get(project, zone, name)
         if d is None:
             raise TransientProviderError(f"gcp: {name} in {zone} was reported to exist but is gone; retry")

@@ -49,7 +49,8 @@ Limit: 16.0 in region us-central1."), as GCE's does.
 
 Realistic latency: op_latency (seconds before an operation is DONE; wait blocks until then), with
 running_ops / max_running_ops to see how many ran at once. Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
-plant(...), forget_request_ids(), conflicts = "operation" (a taken name fails the
+plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
+instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
 Networks: networks.get and subnetworks.get (add_network, add_subnetwork; every project has the auto-mode "default"
@@ -359,7 +360,7 @@ class GceFake:
         self.operations: dict[tuple[str, str, str], Operation] = {}
         self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}  # (project, requestId) -> operation key
         self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
-        self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted (and deleted) the moment they start
+        self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted the moment they start (instanceTerminationAction)
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
         self.unreachable: set[str] = set()  # zones aggregatedList cannot reach: a warning instead of their instances
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
@@ -418,7 +419,8 @@ class GceFake:
             self.exhausted.pop(zone, None)
 
     def reclaim_spot(self, zone: str) -> None:
-        """Spot VMs inserted in `zone` are preempted as they start: the insert succeeds, the instance is gone."""
+        """Spot VMs inserted in `zone` are preempted as they start: the insert succeeds, then the instance is gone
+        (instanceTerminationAction DELETE) or TERMINATED (STOP, GCE's default)."""
         with self.lock:
             self.reclaiming.add(zone)
 
@@ -520,6 +522,23 @@ class GceFake:
             inst["status"] = status
             self.instances_by_key[(project, zone, name)] = inst
             return copy.deepcopy(inst)
+
+    def preempt(self, project: str, zone: str, name: str) -> None:
+        """GCE reclaims a Spot VM: what its scheduling.instanceTerminationAction says (GCE's default STOP keeps it,
+        TERMINATED, its disks still billed; DELETE deletes it)."""
+        with self.lock:
+            self._preempted((project, zone, name))
+
+    def _preempted(self, key: tuple[str, str, str]) -> None:
+        if self.instances_by_key[key]["scheduling"].get("instanceTerminationAction", "STOP") == "DELETE":
+            del self.instances_by_key[key]
+        else:
+            self.instances_by_key[key]["status"] = "TERMINATED"
+
+    def stop_instance(self, project: str, zone: str, name: str) -> None:
+        """`gcloud compute instances stop`, done: the instance stays, TERMINATED (GCE's stopped)."""
+        with self.lock:
+            self.instances_by_key[(project, zone, name)]["status"] = "TERMINATED"
 
     def set_quota(self, metric: str, limit: float, region: str = "") -> None:
         """The limit of a quota metric in `region` ("" : a global, project-wide one)."""
@@ -859,7 +878,7 @@ class GceFake:
                 if cur is not None and cur["id"] == iid and cur["status"] == "PROVISIONING":
                     cur["status"] = "RUNNING"
                     if zone in self.reclaiming and cur["scheduling"]["provisioningModel"] == "SPOT":
-                        del self.instances_by_key[key]  # preempted, instanceTerminationAction DELETE
+                        self._preempted(key)
 
             op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running)
         if request_id is not None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, PoolTarget, ProviderContext, ownership_tags
 from providers.catalog import load_catalog
 from providers.gcp import (
-    DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, LABEL_FLEET, LIVE_STATUSES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
+    DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, LABEL_FLEET, STATES, GcpProvider, instance_name, join_type, label_key, label_value, request_id,
     split_type, tag_value,
 )
 from reconciler import api
@@ -292,11 +292,13 @@ def test_observe_paginates_and_filters_server_side(prov, gce):
     for n in range(6):
         gce.plant(PROJECT, ZONE_B, f"other-{n}", labels={LABEL_FLEET: "gcp-test-fleet"})  # '-' is not '.': not ours
     found = prov.observe([target()])
-    assert sorted(i.id.rsplit("/", 1)[1] for i in found) == [f"mine-{n:02d}" for n in range(11)]
+    assert sorted(i.id.rsplit("/", 1)[1] for i in found) == [f"mine-{n:02d}" for n in range(11)] + ["mine-stopped", "mine-stopping"]
+    assert {i.id.rsplit("/", 1)[1]: i.state for i in found if i.state != "running"} == {"mine-stopped": "stopping",
+                                                                                         "mine-stopping": "stopping"}
     assert {i.market for i in found if i.id.endswith(("01", "03"))} == {"spot"}
     assert {i.region for i in found} == {"us-central1", "europe-west4"}  # a removed pool's region is still watched
     lists = gce.requests("GET", "/aggregated/instances")
-    assert len(lists) == 3  # 11 matches, 4 a page: the filter ran on the server
+    assert len(lists) == 4  # 13 matches, 4 a page: the filter ran on the server
     assert "pageToken" not in lists[0][2] and all("pageToken" in q for _, _, q in lists[1:])
 
 
@@ -307,13 +309,12 @@ def test_an_instance_under_repair_is_still_observed_as_running(prov, gce):
     assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-repairing", "running")]
 
 
-def test_the_observe_filter_selects_exactly_this_fleets_live_instances(prov, gce):
+def test_the_observe_filter_selects_exactly_this_fleets_instances_live_or_stopped(prov, gce):
     prov.observe([target()])
     flt = gce.requests("GET", "/aggregated/instances")[0][2]["filter"][0]
     match = parse_filter(flt)
     ours = {"labels": {LABEL_FLEET: "gcp-test_fleet"}}
-    assert all(match({**ours, "status": s}) for s in LIVE_STATUSES)
-    assert not any(match({**ours, "status": s}) for s in ("STOPPING", "TERMINATED", "SUSPENDED"))
+    assert all(match({**ours, "status": s}) for s in STATES)  # a stopped one is billed: it must not vanish
     assert not match({"labels": {LABEL_FLEET: "other"}, "status": "RUNNING"}) and not match({"status": "RUNNING"})
 
 
@@ -323,7 +324,50 @@ def test_observe_checks_ownership_itself_even_if_the_server_ignores_the_filter(p
     gce.plant(PROJECT, ZONE_A, "bare")
     gce.plant(PROJECT, ZONE_A, "theirs", labels={LABEL_FLEET: "someone-else"})
     gce.plant(PROJECT, ZONE_B, "mine-stopping", labels={LABEL_FLEET: "gcp-test_fleet"}, status="STOPPING")
-    assert [i.id for i in prov.observe([target()])] == [mine.id]
+    gce.plant(PROJECT, ZONE_B, "theirs-stopped", labels={LABEL_FLEET: "someone-else"}, status="TERMINATED")
+    assert sorted((i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])) == [("fo-k-mine", "running"),
+                                                                                          ("mine-stopping", "stopping")]
+
+
+def test_stopped_and_suspended_instances_are_observed_as_stopping_not_gone(prov, gce):
+    """Audit: TERMINATED (GCE's stopped: its disks and static IPs still billed) and SUSPENDED instances were dropped by
+    observe, so their replicas were declared lost and relaunched, and the instances never reported."""
+    stopped = prov.create(req("k-stopped"))
+    gce.stop_instance(PROJECT, ZONE_A, "fo-k-stopped")
+    gce.plant(PROJECT, ZONE_B, "mine-suspended", labels={LABEL_FLEET: "gcp-test_fleet"}, status="SUSPENDED")
+    gce.plant(PROJECT, ZONE_B, "mine-suspending", labels={LABEL_FLEET: "gcp-test_fleet"}, status="SUSPENDING")
+    seen = {i.id.rsplit("/", 1)[1]: i.state for i in prov.observe([target()])}
+    assert seen == {"fo-k-stopped": "stopping", "mine-suspended": "stopping", "mine-suspending": "stopping"}
+    assert stopped.id.endswith("/fo-k-stopped")
+
+
+@pytest.mark.parametrize("conflicts", ["http", "operation"])
+def test_a_create_whose_key_holds_a_stopped_instance_returns_it_stopped(prov, gce, conflicts):
+    """GCE keeps a stopped (TERMINATED) instance and its name: a create with its key finds it, `stopping`, so apply
+    launches no second instance for the key (before, it was "terminated" and apply moved on to the next key)."""
+    gce.conflicts = conflicts
+    first = prov.create(req("k-held"))
+    gce.stop_instance(PROJECT, ZONE_A, "fo-k-held")
+    again = prov.create(req("k-held"))  # the requestId answered with the original operation
+    assert (again.id, again.state) == (first.id, "stopping")
+    gce.forget_request_ids()  # later: the name is taken by it
+    again = prov.create(req("k-held"))
+    assert (again.id, again.state) == (first.id, "stopping")
+    assert [(i["name"], i["status"]) for i in gce.instances(PROJECT)] == [("fo-k-held", "TERMINATED")]
+
+
+def test_a_preempted_spot_vm_is_deleted_or_kept_as_its_termination_action_says(prov, gce):
+    """GCE's default instanceTerminationAction is STOP: a preempted Spot VM stays, TERMINATED, its disk billed. The
+    provider asks for DELETE, so its Spot VMs go when preempted; the fake honours either."""
+    ours = prov.create(req("k-spot", market="spot"))
+    body = next(b for _, _, b in gce.insert_bodies if b["name"] == "fo-k-spot")
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    gce.plant(PROJECT, ZONE_A, "mine-spot-stop", labels={LABEL_FLEET: "gcp-test_fleet"}, spot=True)  # GCE's default
+    gce.preempt(PROJECT, ZONE_A, "fo-k-spot")
+    gce.preempt(PROJECT, ZONE_A, "mine-spot-stop")
+    assert [(i["name"], i["status"]) for i in gce.instances(PROJECT)] == [("mine-spot-stop", "TERMINATED")]
+    assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-spot-stop", "stopping")]
+    assert ours.id not in {i.id for i in prov.observe([target()])}
 
 
 # ---------------------------------------------------------------- errors
@@ -499,6 +543,24 @@ def test_a_reverted_config_applies_again(gce, tmp_path):
     assert again.plan.id == first.plan.id and again.report.ok
     assert len(_ours(gce)) == len(first.plan.creates) and all(i["status"] == "RUNNING" for i in _ours(gce))
     assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+
+
+def test_stopped_instances_are_noted_left_alone_and_no_second_instance_is_launched_for_their_keys(gce, tmp_path):
+    """Every instance stopped (TERMINATED): observe notes each (it may still be billed) and the plan is the first
+    apply's again, its create keys too. GCE answers each with its stopped instance: apply fails those creates, naming
+    the instance and what to do, instead of launching a second instance under the next key."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    for i in _ours(gce):
+        gce.stop_instance(PROJECT, _zone(i), i["name"])
+    res = api.plan(cfg, provider="gcp", options=opts)
+    assert not res.observed.instances and not res.plan.deletes
+    for iid in first.report.created.values():
+        assert any(n.startswith(f"{iid} exists but does not run") and "may still be billed" in n for n in res.plan.notes)
+    with pytest.raises(ApplyError, match="exists but does not run .*no second one is launched; start it, or delete it"):
+        api.apply(cfg, provider="gcp", options=opts)
+    assert len(_ours(gce)) == len(first.report.created) and {i["status"] for i in _ours(gce)} == {"TERMINATED"}
 
 
 def _zone(inst: dict) -> str:
