@@ -61,8 +61,10 @@ TRANSIENT_CODES = {"TooManyRequests", "RetryableError", "ServerTimeout", "Intern
 DEFAULT_PARALLELISM = 100
 STATES = {"creating": "pending", "updating": "running", "migrating": "running", "succeeded": "running",
           "deleting": "stopping"}
+# unknown: Azure cannot reach the VM's host; the VM is not gone. Counted as running: the node agent's heartbeat says
+# whether its work is healthy (a silent agent gets it replaced), as for any running VM.
 POWER_STATES = {"running": "running", "starting": "pending", "stopping": "stopping", "stopped": "stopping",
-                "deallocating": "stopping", "deallocated": "stopping"}
+                "deallocating": "stopping", "deallocated": "stopping", "unknown": "running"}
 TAG_NAME_FORBIDDEN = set('<>%&\\?/')
 LOGICAL_PREFIX, AZURE_PREFIX = "fleetops.io/", "fleetops.io_"
 DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # CPU sizes; Gen2
@@ -336,7 +338,8 @@ class AzureProvider:
     # -- observe -------------------------------------------------------------------
     def _state(self, scope: Scope, vm, power: bool = False) -> str:
         """Our state from provisioningState; from the instance view's power state when that cannot tell (Failed), or
-        when `power` asks for it (the raw power state, e.g. "deallocated", is returned then)."""
+        when `power` asks for it (the raw power state, e.g. "deallocated", is returned then). A Failed VM with no power
+        state exists (and may be billed for its disk) but does not run: `stopping`, reported and left alone."""
         prov = str(getattr(vm, "provisioning_state", None) or "succeeded").lower()
         if prov in STATES and not power:
             return STATES[prov]
@@ -351,7 +354,7 @@ class AzureProvider:
             if code.startswith("PowerState/"):
                 raw = code.split("/", 1)[1].lower()
                 return raw if power else POWER_STATES.get(raw, "terminated")
-        return "running" if power else "terminated"
+        return "running" if power else "stopping"
 
     def _to_instance(self, scope: Scope, vm, state: str | None = None) -> Instance:
         tags = logical_tags(vm.tags)
@@ -663,8 +666,12 @@ class AzureProvider:
             state = str(existing.provisioning_state or "").lower()
             if state == "deleting":
                 raise TransientProviderError(f"azure: VM {name} is still being deleted; retry")
-            if state != "failed":
-                return self._to_instance(scope, existing)  # created by an earlier attempt with this key
+            if state != "failed":  # created by an earlier attempt with this key: as it is now, stopped or not
+                inst = self._to_instance(scope, existing)
+                if inst.state != "running":
+                    return inst
+                power = self._state(scope, existing, power=True)  # Succeeded says nothing of it: its power state does
+                return replace(inst, state=POWER_STATES.get(power, "stopping"))  # type: ignore[arg-type]
             self._delete(scope, name)  # a failed earlier allocation: clear it and try again
 
         poller = self._call(f"create VM {name} ({request.instance_type} in {request.zone})",

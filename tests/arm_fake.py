@@ -17,7 +17,7 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 
 The request body is validated the way ARM would reject it (tag names, spot settings,
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
-silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), fail_next().
+silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next().
 GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
 GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
 lists (or gets) the marketplace image versions it holds (MARKETPLACE_IMAGES, add_image()); an unknown one is 404
@@ -231,8 +231,9 @@ class ArmFake:
             self._inject.append(Injected(status, code, message, method, count, headers or {}))
 
     def plant(self, name: str, *, resource_group: str | None = None, tags: dict | None = None, location: str = "eastus",
-              zone: str | None = "1", vm_size: str = "Standard_NC4as_T4_v3", priority: str | None = None) -> dict:
-        """A VM that someone else created (provisioningState Succeeded)."""
+              zone: str | None = "1", vm_size: str = "Standard_NC4as_T4_v3", priority: str | None = None,
+              provisioning_state: str = "Succeeded") -> dict:
+        """A VM that someone else created (provisioningState Succeeded; a Failed one has no power state)."""
         rg = resource_group or next(iter(self.resource_groups.values()))
         body = {"location": location, "tags": tags or {}, "properties": {
             "hardwareProfile": {"vmSize": vm_size},
@@ -245,7 +246,7 @@ class ArmFake:
             body["properties"]["priority"] = priority
         with self.lock:
             vm = self._new_vm(self.subscription, rg, name, body)
-            vm["properties"]["provisioningState"] = "Succeeded"
+            vm["properties"]["provisioningState"] = provisioning_state
             self.vms[(self.subscription.lower(), rg.lower(), name.lower())] = vm
             return copy.deepcopy(vm)
 
@@ -436,6 +437,12 @@ class ArmFake:
         rg = (resource_group or next(iter(self.resource_groups.values()))).lower()
         with self.lock:
             self.power[(self.subscription.lower(), rg, name.lower())] = "deallocated" if deallocate else "stopped"
+
+    def lose_host(self, name: str, resource_group: str | None = None) -> None:
+        """Azure cannot reach the VM's host: its instance view says PowerState/unknown (the VM is not gone)."""
+        rg = (resource_group or next(iter(self.resource_groups.values()))).lower()
+        with self.lock:
+            self.power[(self.subscription.lower(), rg, name.lower())] = "unknown"
 
     def evict(self, name: str, resource_group: str | None = None) -> None:
         """A spot eviction with evictionPolicy Delete: the VM is simply gone."""

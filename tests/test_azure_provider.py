@@ -101,7 +101,8 @@ def test_a_failed_earlier_attempt_is_cleared_and_retried(arm, tmp_path):
         prov.create(req("k-retry"))
     name = vm_name(FLEET, "k-retry")
     assert arm.snapshot()[name]["properties"]["provisioningState"] == "Failed"
-    assert prov.observe([target()]) == []  # a VM that never allocated is not a live instance
+    # A VM that never allocated is not a live instance, but it exists: reported (`stopping`), not capacity
+    assert [i.state for i in prov.observe([target()])] == ["stopping"]
     arm.replenish("eastus", "1")
     inst = prov.create(req("k-retry"))
     assert inst.state == "running" and arm.snapshot()[name]["properties"]["provisioningState"] == "Succeeded"
@@ -351,7 +352,48 @@ def test_a_deallocated_vm_is_replaced_noted_and_left_alone(arm, tmp_path):
     res = api.plan(cfg, provider="azure", options=opts)
     assert victim not in {i.id for i in res.observed.instances}
     assert len(res.plan.creates) == 1 and not res.plan.deletes  # its capacity is replaced; the VM itself is not touched
-    assert any(victim in n and "deallocated" in n for n in res.plan.notes)
+    assert any(n.startswith(f"{victim} exists but does not run") and "deallocated" in n for n in res.plan.notes)
+    # "Left alone" is not "free": a VM stopped without deallocation is still billed for compute, a disk always.
+    assert any(victim in n and "may still be billed" in n and "compute too unless deallocated" in n for n in res.plan.notes)
+
+
+def test_a_vm_whose_host_is_unreachable_is_still_observed_as_running(arm, tmp_path):
+    """Audit: PowerState/unknown (Azure cannot reach the VM's host) was read as gone: the VM vanished unreported and
+    its replicas were relaunched elsewhere. It is not gone: it counts as running, and the node agent's heartbeat says
+    whether its work is healthy."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    first = api.apply(cfg, provider="azure", options=opts)
+    assert first.report.ok
+    victim = min(first.report.created.values())
+    arm.lose_host(victim.rsplit("/", 1)[1])
+    res = api.plan(cfg, provider="azure", options=opts)
+    assert victim in {i.id for i in res.observed.instances} and not res.plan.has_changes
+
+
+def test_a_failed_vm_without_a_power_state_is_reported_and_left_alone(arm, tmp_path):
+    """Audit: a VM in provisioningState Failed with no power state was read as gone and dropped. It exists (its disk
+    billed): reported, not counted as capacity, not deleted."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok
+    failed = arm.plant("azure-fleet-failed", tags={azure_tag_name(TAG_FLEET): "azure-fleet", azure_tag_name(TAG_POOL): "t4"},
+                       provisioning_state="Failed")
+    res = api.plan(cfg, provider="azure", options=opts)
+    assert failed["id"] not in {i.id for i in res.observed.instances} and not res.plan.has_changes
+    assert any(n.startswith(f"{failed['id']} exists but does not run") for n in res.plan.notes)
+    api.apply(cfg, provider="azure", options=opts)
+    assert arm.snapshot()["azure-fleet-failed"]["properties"]["provisioningState"] == "Failed"
+
+
+def test_a_create_whose_key_holds_a_stopped_vm_returns_it_stopped(prov, arm):
+    """The VM of a key, stopped or deallocated, is still provisioningState Succeeded: a create with that key answered
+    it as running, and apply put the plan's replicas on it. It is answered as it is (apply then launches nothing)."""
+    first = prov.create(req("k-held"))
+    arm.power_off(vm_name(FLEET, "k-held"))
+    again = prov.create(req("k-held"))
+    assert (again.id, again.state) == (first.id, "stopping")
+    assert len(arm.snapshot()) == 1
 
 
 # -- zone offerings (issue 22, item 2) ----------------------------------------------------------------
