@@ -325,8 +325,8 @@ def test_observe_checks_ownership_itself_even_if_the_server_ignores_the_filter(p
     gce.plant(PROJECT, ZONE_A, "theirs", labels={LABEL_FLEET: "someone-else"})
     gce.plant(PROJECT, ZONE_B, "mine-stopping", labels={LABEL_FLEET: "gcp-test_fleet"}, status="STOPPING")
     gce.plant(PROJECT, ZONE_B, "theirs-stopped", labels={LABEL_FLEET: "someone-else"}, status="TERMINATED")
-    assert sorted((i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])) == [("fo-k-mine", "running"),
-                                                                                          ("mine-stopping", "stopping")]
+    assert {i.id: i.state for i in prov.observe([target()])} == {
+        mine.id: "running", f"projects/{PROJECT}/zones/{ZONE_B}/instances/mine-stopping": "stopping"}
 
 
 def test_stopped_and_suspended_instances_are_observed_as_stopping_not_gone(prov, gce):
