@@ -331,12 +331,37 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
         return  # the files still say what the last apply saw
     if view is None:
         return
+    now = utcnow().isoformat()
     for name, run in view.jobs.items():
         st = (out["jobs"].get(name) or {}).get("status")
         if st is not None and st.get("run") is not None:
             st["phase"] = run.phase
             st["run"].update(reason=run.reason, message=run.message, restarts=run.restarts, startedAt=run.started_at,
                              finishedAt=run.finished_at, replicas=list(run.replicas), lastLog=list(run.log_tail))
+            st["conditions"] = _live_conditions(st["conditions"], run.conditions, now)
+    fleet = (out.get("fleet") or {}).get("status")
+    if isinstance(fleet, dict):  # the counts agree with the phases shown: a job that finished since the apply is done
+        from reconciler.status import count_phase, job_counts
+
+        fleet["jobs"] = job_counts({n: count_phase(bool((d.get("status") or {}).get("instances")), view.finished.get(n))
+                                    for n, d in out["jobs"].items()})
+
+
+def _live_conditions(conditions: list, live: tuple, now: str) -> list:
+    """The job's conditions with those the agents' reports decide (Running, Succeeded, Failed, Restarts, ...) as they
+    are now, so none contradicts the live phase; Placed and the deadline conditions stay as the last apply decided
+    them (the placement changes only on an apply). A condition that flipped since the files were written is dated now."""
+    fresh = {c[0]: c for c in live}
+    out = []
+    for c in conditions:
+        new = fresh.get(c.get("type")) if isinstance(c, dict) else None
+        if new is None:
+            out.append(c)
+            continue
+        status = "True" if new[1] else "False"
+        since = c.get("lastTransitionTime") if c.get("status") == status else now
+        out.append({"type": new[0], "status": status, "reason": new[2], "message": new[3], "lastTransitionTime": since})
+    return out
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,14 @@ class Host:
 class JobState:
     job: str
     tenant: str
-    phase: str  # running | pending | evicted
+    phase: str  # running | pending | evicted | succeeded | failed (finished: its agents reported it done)
     reason: str
-    wait_seconds: float | None  # pending since `submitted` (None: no submitted time)
+    wait_seconds: float | None  # pending since `submitted` (None: no submitted time, or not waiting)
+
+    @property
+    def waiting(self) -> bool:
+        """Pending or evicted: wants capacity it does not have (a finished job wants none)."""
+        return self.phase in ("pending", "evicted")
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class FleetView:
 
     def wait_stats(self) -> tuple[float, float]:
         """Average and p95 (nearest rank) of pending jobs' wait since `submitted`, in seconds (0, 0 if none)."""
-        waits = sorted(j.wait_seconds for j in self.jobs if j.phase != "running" and j.wait_seconds is not None)
+        waits = sorted(j.wait_seconds for j in self.jobs if j.waiting and j.wait_seconds is not None)
         if not waits:
             return 0.0, 0.0
         return sum(waits) / len(waits), waits[max(0, math.ceil(0.95 * len(waits)) - 1)]
@@ -122,8 +127,15 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
         for iid in ids[:: d.bundle]:
             led.add_item(d, job, iid)
     placed = led.placed_jobs()
+    # A finished job (Succeeded, Failed past its restarts) demands nothing, so the plan leaves it out: it is done, not
+    # pending (before: counted pending "not in the plan", and its `submitted` fed the queue wait forever).
+    finished = dict(getattr(getattr(observed, "runtime", None), "finished", None) or {})
     jobs = []
     for name, job in sorted(desired.jobs.items()):
+        if name in finished:
+            jobs.append(JobState(name, job.spec.tenant, finished[name].lower(),
+                                 f"{finished[name]}: demands no capacity until its spec changes", None))
+            continue
         if name in placed:
             jobs.append(JobState(name, job.spec.tenant, "running", "", None))
             continue

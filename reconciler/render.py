@@ -344,7 +344,9 @@ def render_status(st: dict) -> str:
     """`reconcile status` for people, from the status files (api.read_status)."""
     f = st["fleet"]["status"]
     lines = [f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, {money(f['hourlyCost'])}/h, "
-             f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending (last change: plan {f['lastChangedBy']})"]
+             f"{f['jobs']['running']} jobs running, {f['jobs']['pending']} pending"
+             + "".join(f", {f['jobs'][k]} {k}" for k in ("succeeded", "failed") if f["jobs"].get(k))
+             + f" (last change: plan {f['lastChangedBy']})"]
     lines += [f"  tenant {t}: {money(c['hourlyCost'])}/h"
               + (f" + {money(c['licenseCostPerHour'])}/h of licenses" if c.get("licenseCostPerHour") else "") for t, c in f["tenants"].items()]
     for name, r in (f.get("reservations") or {}).items():

@@ -49,7 +49,7 @@ def _figures(view: FleetView) -> list[tuple[str, object]]:
 
     reasons: dict[str, int] = {}
     for j in view.jobs:
-        if j.phase != "running":
+        if j.waiting:
             k = reason_kind(j.reason)
             reasons[k] = reasons.get(k, 0) + 1
     kinds = sorted(reasons)
@@ -93,10 +93,11 @@ def render_report(view: FleetView, generated: datetime) -> str:
         parts.append(f'<section id="{div_id}">' + pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=f"plot-{div_id}",
                                                             config={"displaylogo": False, "responsive": True}) + "</section>")
     running = sum(j.phase == "running" for j in view.jobs)
+    done = sum(j.phase in ("succeeded", "failed") for j in view.jobs)
     gpus = sum(h.gpus for h in view.hosts)
     used = sum(h.gpus_allocated for h in view.hosts)
     summary = (f"{len(view.hosts)} instances, {gpus} GPUs ({used} allocated), ${view.cost:,.2f}/h; "
-               f"{running} jobs running, {len(view.jobs) - running} not running")
+               f"{running} jobs running, {len(view.jobs) - running - done} not running" + (f", {done} finished" if done else ""))
     cut = sum(1 for h in view.hosts if h.gpus) - MAP_MAX_HOSTS
     note = f"<p>The GPU map shows the first {MAP_MAX_HOSTS} GPU instances of {MAP_MAX_HOSTS + cut}.</p>" if cut > 0 else ""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

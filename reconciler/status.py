@@ -186,8 +186,22 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
     licenses = {n: lic.spec for n, lic in desired.licenses.items()}
     charges = _write_job_statuses(files, root, now, desired, plan, report, pricing, licenses, runtime)
     _write_pool_statuses(files, root, now, desired, plan, report, instances, pricing)
-    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid)
+    finished = dict(runtime.finished) if runtime is not None else {}
+    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished)
     return root
+
+
+def job_counts(phases: dict[str, str]) -> dict[str, int]:
+    """fleet.yaml's job counts from each job's status phase: a finished job (Succeeded, or Failed past its restarts)
+    is counted as such, never as pending (it demands nothing, so the plan leaves it unplaced)."""
+    counts = {"running": 0, "pending": 0, "succeeded": 0, "failed": 0}
+    for phase in phases.values():
+        counts[phase] += 1
+    return counts
+
+
+def count_phase(placed: bool, finished: str | None) -> str:
+    return finished.lower() if finished in ("Succeeded", "Failed") else "running" if placed else "pending"
 
 
 class _Pricing:
@@ -301,7 +315,8 @@ def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: Desi
 
 
 def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
-                        instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str) -> None:
+                        instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str,
+                        finished: dict[str, str]) -> None:
     """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts and the last plan that changed it."""
     fleet_cost = sum(pricing.hourly(i.id) for i in instances)
     path = root / "fleet.yaml"
@@ -320,7 +335,7 @@ def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: Desir
             **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
                              for n, spec in sorted(licenses.items())}} if licenses else {}),
             **({"reservations": _reservation_status(desired, instances)} if desired.reservations else {}),
-            "jobs": {"running": sum(1 for j in desired.jobs if report.placements.get(j)), "pending": sum(1 for j in desired.jobs if not report.placements.get(j))},
+            "jobs": job_counts({j: count_phase(bool(report.placements.get(j)), finished.get(j)) for j in desired.jobs}),
             "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },

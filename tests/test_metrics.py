@@ -188,3 +188,50 @@ def test_queue_wait_is_the_average_and_nearest_rank_p95_of_pending_jobs_since_su
     assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "pending") in lab) == 4  # none applied yet
     assert value(ss, "fleetops_queue_wait_seconds_avg") == pytest.approx(1000 / 3, abs=1e-3)
     assert value(ss, "fleetops_queue_wait_seconds_p95") == 600
+
+
+def test_a_finished_batch_job_is_counted_as_succeeded_never_pending(tmp_path):
+    """A batch job whose replicas all Succeeded demands nothing, so the plan leaves it out; status, fleet.yaml and the
+    metrics counted it pending ("not in the plan"), and its `submitted` fed the queue wait forever (the quickstart with
+    agents: "6 jobs running, 12 pending" when one was). `reconcile status --format json` showed the live phase beside the
+    last apply's conditions (phase Succeeded, condition Succeeded False). The agent's report is written to the bus."""
+
+    cfg = copy_quickstart(tmp_path)
+    etl = cfg / "jobs" / "platform.yaml"
+    etl.write_text(etl.read_text().replace("  tenant: platform\n", "  tenant: platform\n  submitted: 2026-01-01T00:00:00Z\n", 1))
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    entry = next(r for p in sorted((cfg / ".reconcile" / "assignments").glob("*.json"))
+                 for r in json.loads(p.read_text())["replicas"] if r["job"] == "feature-etl")
+    runs = cfg / ".reconcile" / "runs" / "feature-etl"
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / "0.json").write_text(json.dumps({
+        "job": "feature-etl", "replica": 0, "instance": p_instance(cfg, "feature-etl"), "spec_hash": entry["spec_hash"],
+        "epoch": entry.get("epoch", 1), "attempt": 0, "restarts": 0, "phase": "Succeeded", "reason": "Completed",
+        "terminal": True, "exit_code": 0, "started_at": "2026-11-29T10:00:00+00:00", "finished_at": "2026-11-29T10:02:30+00:00"}))
+
+    # Live, before the next apply: the document agrees with itself.
+    res = cli("status", cfg, "--format", "json")
+    assert res.exit_code == 0, res.output
+    st = json.loads(res.output)
+    job = st["jobs"]["feature-etl"]["status"]
+    conds = {c["type"]: c for c in job["conditions"]}
+    assert job["phase"] == "Succeeded"
+    assert conds["Succeeded"]["status"] == "True" and conds["Running"]["status"] == "False", conds
+    assert st["fleet"]["status"]["jobs"]["succeeded"] == 1 and st["fleet"]["status"]["jobs"]["pending"] == 0
+
+    # The next apply releases its capacity: it is succeeded, not pending, everywhere.
+    assert cli("apply", cfg, "--auto-approve").exit_code == 0
+    counts = yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"]["jobs"]
+    assert counts == {"running": 9, "pending": 0, "succeeded": 1, "failed": 0}
+    assert " 9 jobs running, 0 pending, 1 succeeded (last change" in cli("status", cfg).output.splitlines()[0]
+    for text in ((cfg / "status" / "metrics.prom").read_text(), cli("metrics", cfg).output):
+        ss = samples(text)
+        assert value(ss, "fleetops_jobs", phase="succeeded", tenant="platform") == 1
+        assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "pending") in lab) == 0
+        assert value(ss, "fleetops_pending_jobs", reason="other") == 0
+        assert value(ss, "fleetops_queue_wait_seconds_avg") == 0 == value(ss, "fleetops_queue_wait_seconds_p95")
+
+
+def p_instance(cfg: Path, job: str) -> str:
+    """The instance the last apply placed `job`'s first replica on (status/jobs/JOB.yaml)."""
+    return yaml.safe_load((cfg / "status" / "jobs" / f"{job}.yaml").read_text())["status"]["instances"][0]
