@@ -54,7 +54,7 @@ from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licen
                               running_ledger)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
-from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs
+from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
@@ -90,7 +90,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
     cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
     checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
-                      kept=kept, removed=removed_jobs(desired, observed))  # (what stops is what the fleet runs, never the file's word)
+                      kept=kept, removed=removed_jobs(desired, observed),  # (what stops is what the fleet runs, never the file's word)
+                      restarted=restarted_jobs(desired, observed, plan.jobs))
     return checked, errors
 
 

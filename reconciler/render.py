@@ -22,7 +22,7 @@ def summary_line(plan: Plan) -> str:
     return (
         f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
         f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged"
-        f"{f', {n} removed' if (n := c['remove']) else ''}; "
+        f"{f', {n} removed' if (n := c['remove']) else ''}{f', {n} restarted' if (n := c['restart']) else ''}; "
         f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
     )
 
@@ -162,6 +162,9 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     if plan.removed:
         _table(con, "Jobs removed from the config (they stop)", ("job", "from"),
                [(r.job, ", ".join(r.previous)) for r in plan.removed], ["red"] * len(plan.removed))
+    if plan.restarted:
+        _table(con, "Jobs whose run spec changed (they restart in place)", ("job", "on"),
+               [(r.job, ", ".join(r.instances)) for r in plan.restarted], ["yellow"] * len(plan.restarted))
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
     if ballast_line(plan):
@@ -257,6 +260,10 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     if plan.removed:
         lines += [f"<details open><summary>Jobs removed from the config: they stop ({len(plan.removed)})</summary>", ""]
         lines += _md_table(["job", "from"], [[r.job, ", ".join(r.previous)] for r in plan.removed], note)
+        lines += ["", "</details>", ""]
+    if plan.restarted:
+        lines += [f"<details open><summary>Jobs whose run spec changed: they restart in place ({len(plan.restarted)})</summary>", ""]
+        lines += _md_table(["job", "on"], [[r.job, ", ".join(r.instances)] for r in plan.restarted], note)
         lines += ["", "</details>", ""]
     if consolidation_line(plan):
         lines += [f"**{consolidation_line(plan)}**", ""]

@@ -12,7 +12,7 @@ NOW = 1_000_000.0
 
 def desired(tmp_path, **spec):
     return load(write_config(tmp_path, [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
-                                        job("j", cpu=1, replicas=2, run={"command": ["train"]}, **spec)]))
+                                        job("j", **{"cpu": 1, "replicas": 2, "run": {"command": ["train"]}, **spec})]))
 
 
 def rec(d, replica, instance, phase, **kw):
@@ -74,3 +74,94 @@ def test_assignments_carry_the_gang_and_a_new_epoch_only_when_the_placement_chan
     assert same["i-1"]["replicas"][0]["epoch"] == 5
     moved = build_assignments(d, {"j": ["i-1", "i-9"]}, {}, {"i-1": "aws", "i-9": "aws"}, 7, first)
     assert moved["i-9"]["replicas"][0]["epoch"] == 7 and moved["i-1"]["replicas"][0]["epoch"] == 7
+
+
+def _published_hash(d, previous=None, serial=5):
+    """The spec hash apply publishes for job j on unchanged placements (what the agent compares to restart it)."""
+    out = build_assignments(d, {"j": ["i-1", "i-2"]}, {}, {"i-1": "aws", "i-2": "aws"}, serial, previous or {})
+    assert out["i-1"]["replicas"][0]["epoch"] == (previous["i-1"]["replicas"][0]["epoch"] if previous else serial)
+    return out, out["i-1"]["replicas"][0]["spec_hash"]
+
+
+def test_scheduling_edits_neither_restart_nor_rerun_a_job_run_edits_do(tmp_path):
+    """Audit: the spec hash covered the whole spec, so editing a job's priority or expected_hours restarted it (its agent
+    saw a new hash) and ran a Succeeded batch job again. Only what changes the process counts now."""
+    d = desired(tmp_path)
+    first, h = _published_hash(d)
+    done = {("j", 0): rec(d, 0, "i-1", "Succeeded"), ("j", 1): rec(d, 1, "i-2", "Succeeded")}
+    for n, edit in enumerate([{"priority": "critical"}, {"expected_hours": 3}, {"spot": "never"}, {"submitted": "2026-01-01T00:00:00Z"},
+                              {"priority": 7, "expected_hours": 100, "deadline": "2030-01-01T00:00:00Z", "regions": ["us-east-1"]}]):
+        e = desired(tmp_path / f"s{n}", **edit)
+        assert spec_hash(e.jobs["j"]) == h and _published_hash(e, first)[1] == h, edit
+        assert runtime_view(e, {}, done, {}, [], NOW, 60).finished == {"j": "Succeeded"}, edit  # not run again
+    for n, edit in enumerate([{"run": {"command": ["train", "--lr", "0.1"]}}, {"run": {"command": ["train"], "env": {"LR": "0.1"}}},
+                              {"mode": "service"}, {"replicas": 3}]):
+        e = desired(tmp_path / f"r{n}", **edit)
+        assert spec_hash(e.jobs["j"]) != h and _published_hash(e, first)[1] != h, edit
+        assert runtime_view(e, {}, done, {}, [], NOW, 60).finished == {}, edit  # a finished job runs again
+
+
+def test_an_upgrade_from_whole_spec_hashes_restarts_and_reruns_nothing(tmp_path):
+    """Records and assignments an older version wrote carry the whole spec's hash: they stay current while the spec is
+    unchanged (no restart of every running job, no re-run of every finished one, on upgrade)."""
+    from reconciler.runtime.assign import legacy_spec_hash
+
+    d = desired(tmp_path)
+    old = legacy_spec_hash(d.jobs["j"])
+    assert old != spec_hash(d.jobs["j"])
+    before, _ = _published_hash(d)
+    for doc in before.values():
+        for e in doc["replicas"]:
+            e["spec_hash"] = old  # as the older version published it
+    _, h = _published_hash(d, before)
+    assert h == old  # the same hash again: the agents restart nothing
+    done = {k: {**r, "spec_hash": old} for k, r in {("j", 0): rec(d, 0, "i-1", "Succeeded"), ("j", 1): rec(d, 1, "i-2", "Succeeded")}.items()}
+    assert runtime_view(d, {}, done, {}, [], NOW, 60).finished == {"j": "Succeeded"}
+    running = {k: {**r, "spec_hash": old} for k, r in {("j", 0): rec(d, 0, "i-1", "Running"), ("j", 1): rec(d, 1, "i-2", "Running")}.items()}
+    assert runtime_view(d, {"j": ["i-1", "i-2"]}, running, {"i-1": beat(1), "i-2": beat(1)}, [], NOW, 60).jobs["j"].phase == "Running"
+    # The first edit after the upgrade publishes the narrow hash (one restart, as before); from then on it is stable.
+    e = desired(tmp_path / "e", run={"command": ["train"], "env": {"A": "1"}})
+    after, h2 = _published_hash(e, before)
+    assert h2 == spec_hash(e.jobs["j"])
+    assert _published_hash(desired(tmp_path / "f", run={"command": ["train"], "env": {"A": "1"}}, priority="low"), after)[1] == h2
+
+
+def test_plan_lists_a_running_job_whose_run_changed_and_apply_rolls_it_out(tmp_path):
+    """Audit: editing a running job's `run` planned "No changes." (exit 0 with --detailed-exitcode) while apply
+    published a new spec that restarted it; the controller never rolled it out. Agents off: apply still publishes."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+    from tests.fleetkit import copy_quickstart
+
+    qs = copy_quickstart(tmp_path)
+    runner = CliRunner()
+    assert runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"]).exit_code == 0
+    assert runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10"]).exit_code == 0
+    # As an older version published them (the whole spec's hash): still no change, nothing restarts on upgrade.
+    from reconciler.runtime.assign import legacy_spec_hash
+
+    d = load(qs)
+    for path in (qs / ".reconcile" / "assignments").glob("*.json"):
+        doc = json.loads(path.read_text())
+        for e in doc["replicas"]:
+            e["spec_hash"] = legacy_spec_hash(d.jobs[e["job"]])
+        path.write_text(json.dumps(doc))
+    assert runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10"]).exit_code == 0
+    jobs = qs / "jobs" / "platform.yaml"
+    text = jobs.read_text()
+    assert 'run: {command: [python3, bin/train.py, "150"]}\n' in text  # feature-etl's
+    jobs.write_text(text.replace('run: {command: [python3, bin/train.py, "150"]}\n',
+                                 'run: {command: [python3, bin/train.py, "150"], env: {LR: "0.1"}}\n', 1))
+    plan = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10", "--format", "json"])
+    assert plan.exit_code == 2, plan.output
+    restarted = json.loads(plan.stdout)["restarted"]
+    assert [r["job"] for r in restarted] == ["feature-etl"] and len(restarted[0]["instances"]) == 1
+    human = runner.invoke(app, ["plan", str(qs), "--time-limit", "10"])
+    assert "1 restarted" in human.output and "restart in place" in human.output
+    applied = runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"])
+    assert applied.exit_code == 0 and "1 restarted" in applied.output, applied.output
+    again = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10", "--format", "json"])
+    assert again.exit_code == 0 and "restarted" not in json.loads(again.stdout), again.output

@@ -9,7 +9,7 @@ then quality.py: what the plan reaches.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import json
 from dataclasses import replace
@@ -26,7 +26,7 @@ from reconciler.plan.packing import capacities_of, pack
 from reconciler.plan.quality import consolidation, emitted_quality, rule_summary
 from reconciler.plan.stability import keep_identical, return_home
 from reconciler.plan.tenant_spot import settle_tenant_spot
-from reconciler.plan.types import Plan, RemovedJob, SolverReport
+from reconciler.plan.types import JobChange, Plan, RemovedJob, RestartedJob, SolverReport
 from reconciler.problem import Problem
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
@@ -89,9 +89,26 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=consolidation(problem, solved, solution.keep, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),
         ballast=spot_ballast(ledger), rules=rule_summary(problem, ledger), removed=removed_jobs(desired, observed),
+        restarted=restarted_jobs(desired, observed, jobs),
     )
 
 
 def removed_jobs(desired: DesiredState, observed: Observed) -> tuple[RemovedJob, ...]:
     """The jobs the fleet runs that the config no longer has: they stop (plancheck recomputes them for a saved plan)."""
     return tuple(RemovedJob(job, ids) for job, ids in sorted(observed.removed.items()) if job not in desired.jobs)
+
+
+def restarted_jobs(desired: DesiredState, observed: Observed, jobs: Iterable[JobChange]) -> tuple[RestartedJob, ...]:
+    """The jobs that keep their place whose run spec apply last published differs from the one it would publish now:
+    their agents restart them in place (plancheck recomputes them for a saved plan). A job that moves restarts
+    through its move; one that stops or finished is not published again."""
+    from reconciler.runtime.assign import hash_to_publish
+
+    published = getattr(getattr(observed, "runtime", None), "published", None) or {}
+    out = []
+    for j in jobs:
+        job, was = desired.jobs.get(j.job), published.get(j.job)
+        if j.action == "keep" and j.instances and was is not None and job is not None and job.spec.run is not None \
+                and hash_to_publish(job, was) != was:
+            out.append(RestartedJob(j.job, tuple(j.instances)))
+    return tuple(out)

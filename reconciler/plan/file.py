@@ -26,6 +26,8 @@ def encode(plan) -> str:
         del raw["rules"]
     if not raw["removed"]:  # (only where a running job left the config: other plans are as before, byte for byte)
         del raw["removed"]
+    if not raw["restarted"]:  # (only where a running job's run changed: other plans are as before, byte for byte)
+        del raw["restarted"]
     if not raw["solver"]["backfilled"]:  # (only where backfill placed work: a plan without is as before, byte for byte)
         del raw["solver"]["backfilled"]
     raw["creates"] = [flat_site(c) for c in raw["creates"]]
@@ -65,6 +67,7 @@ _SHAPES = {
     "jobs": {"job": _STR, "tenant": _STR, "action": _STR, "instances": [_STR], "previous": [_STR], "reason": _STR,
              "gpus": [[_INT]]},
     "removed": {"job": _STR, "previous": [_STR]},
+    "restarted": {"job": _STR, "instances": [_STR]},
 }
 _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
 

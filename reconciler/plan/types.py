@@ -62,6 +62,16 @@ class RemovedJob:
 
 
 @dataclass(frozen=True)
+class RestartedJob:
+    """A running job that keeps its place whose run spec changed (command, env, image, ...: runtime/assign.spec_hash):
+    apply publishes the new spec and its agents restart it in place. Listed so the plan says so: before, editing a
+    running job's `run` read "No changes" (exit 0 with --detailed-exitcode), so the controller never rolled it out."""
+
+    job: str
+    instances: tuple[str, ...]  # where it runs and restarts, one per replica
+
+
+@dataclass(frozen=True)
 class SolverReport:
     status: str
     optimal: bool
@@ -115,6 +125,7 @@ class Plan:
     # where the config has such rules: left out of the JSON when empty, so other plans are as before.
     rules: dict = field(default_factory=dict)
     removed: tuple[RemovedJob, ...] = ()  # running jobs the config no longer has (left out of the JSON when none)
+    restarted: tuple[RestartedJob, ...] = ()  # running jobs whose run spec changed (left out of the JSON when none)
 
     @property
     def changed_jobs(self) -> list[JobChange]:
@@ -126,7 +137,7 @@ class Plan:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.creates or self.deletes or self.changed_jobs or self.removed)
+        return bool(self.creates or self.deletes or self.changed_jobs or self.removed or self.restarted)
 
     @property
     def spend(self) -> int:
@@ -138,7 +149,7 @@ class Plan:
         c = {a: 0 for a in ("keep", "place", "move", "evict", "pending")}
         for j in self.jobs:
             c[j.action] += 1
-        return {"create": len(self.creates), "delete": len(self.deletes), **c, "remove": len(self.removed)}
+        return {"create": len(self.creates), "delete": len(self.deletes), **c, "remove": len(self.removed), "restart": len(self.restarted)}
 
     def to_json(self) -> str:
         """The plan file's text (file.py), encoded once: `reconcile plan` keeps it in the memo and reads it back for the
@@ -169,7 +180,8 @@ class Plan:
             ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
             rules=dict(raw.get("rules", {})),
             removed=tuple(RemovedJob(r["job"], tuple(r["previous"])) for r in raw.get("removed", ())),
+            restarted=tuple(RestartedJob(r["job"], tuple(r["instances"])) for r in raw.get("restarted", ())),
         )
 
 
-__all__ = ["JobAction", "CreateAction", "DeleteAction", "JobChange", "RemovedJob", "SolverReport", "Consolidation", "Plan"]
+__all__ = ["JobAction", "CreateAction", "DeleteAction", "JobChange", "RemovedJob", "RestartedJob", "SolverReport", "Consolidation", "Plan"]

@@ -13,8 +13,55 @@ CLOUD_MASTER_PORT = 29500  # torch.distributed's default: each replica has its o
 
 
 def spec_hash(job: Job) -> str:
-    """The job's spec as agents and the reconciler compare it: a finished job runs again only when it changes."""
+    """What the job's agents run, as agents and the reconciler compare it: a running replica restarts, and a
+    finished job runs again, only when it changes. Only the fields that change the process or what it is given
+    count; the scheduling-only ones (tenant, priority, spot, data, allowlists, expected_hours, submitted,
+    deadline, licenses, gang, nvlink, cpu, memory_gib) do not: editing a job's priority restarted it from its
+    last checkpoint, and ran a Succeeded batch job again (audit). A scheduling edit that moves the job
+    restarts it through its placement (a new epoch) all the same."""
+    s = job.spec
+    body = {
+        "run": s.run.model_dump(mode="json") if s.run else None,  # command, env, image: the process itself
+        "mode": s.run_mode, "restart": s.restart_policy.model_dump(mode="json"),  # what the agent does when it ends
+        "time_limit_hours": s.time_limit_hours,  # when the agent stops it
+        "checkpoint": s.checkpoint.model_dump(mode="json") if s.checkpoint else None,  # its dir (env) and stop signal
+        "replicas": s.replicas,  # WORLD_SIZE
+        # The devices it is given (NVIDIA/CUDA_VISIBLE_DEVICES): they can change on the same instances (same epoch).
+        # cpu and memory_gib are not given to the process (no runtime limits them): placement only.
+        "gpus": s.resources.gpus, "gpu_type": s.resources.gpu_type,
+        "mig": s.resources.mig.model_dump(mode="json") if s.resources.mig else None,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def legacy_spec_hash(job: Job) -> str:
+    """The hash versions before spec_hash's narrowing published: the whole spec. A run record or an assignment
+    carrying it is current while the spec is unchanged since, so an upgrade restarts and re-runs nothing."""
     return hashlib.sha256(json.dumps(job.spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def current_hashes(job: Job) -> tuple[str, str]:
+    """The spec hashes a record of this job's current spec may carry (the narrow one, or an older version's)."""
+    return spec_hash(job), legacy_spec_hash(job)
+
+
+def hash_to_publish(job: Job, published: str | None) -> str:
+    """The spec hash apply publishes for the job, `published` being the one it published last: that one again
+    while it is an older version's whole-spec hash of the spec as it is (a new hash would restart what runs),
+    else spec_hash. The first edit after an upgrade, of any field, then restarts the job once (as before)."""
+    if published is not None and published == legacy_spec_hash(job):
+        return published
+    return spec_hash(job)
+
+
+def published_hashes(assignments: Mapping[str, dict]) -> dict[str, str]:
+    """job -> the spec hash the published assignments give it (its lowest replica's)."""
+    out: dict[str, tuple[int, str]] = {}
+    for doc in assignments.values():
+        for e in doc.get("replicas", []):
+            if e["job"] not in out or e["replica"] < out[e["job"]][0]:
+                out[e["job"]] = (e["replica"], e["spec_hash"])
+    return {j: h for j, (_, h) in sorted(out.items())}
 
 
 def master_port(fleet: str, job: str, epoch: int, shared_host: bool) -> int:
@@ -77,6 +124,7 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
     moves, the whole gang restarts (from its checkpoint) at the new epoch. `mig_hosts`: instance ->
     (its pool's MIG layout, its GPU count), for the instances whose GPUs are MIG-partitioned."""
     before = previous_placements(previous)
+    hashes = published_hashes(previous)
     out: dict[str, dict] = {}
     for name, ids in sorted(placements.items()):
         job = desired.jobs.get(name)
@@ -88,6 +136,7 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
         epoch = prev[0] if prev is not None and prev[1] == where else serial
         shared = all(providers.get(i) == "sim" for i in ids)
         g = gpus.get(name) or []
+        h = hash_to_publish(job, hashes.get(name))
         seen: dict[str, int] = {}
         for r, iid in enumerate(ids):
             local_rank = seen.get(iid, 0)
@@ -95,7 +144,7 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
             doc = out.setdefault(iid, {"instance": iid, "fleet": desired.fleet, "serial": serial, "replicas": []})
             doc["replicas"].append({
                 "job": name, "replica": r, "world_size": len(ids), "local_rank": local_rank, "epoch": epoch,
-                "spec_hash": spec_hash(job), "run": s.run.model_dump(mode="json"), "mode": s.run_mode,
+                "spec_hash": h, "run": s.run.model_dump(mode="json"), "mode": s.run_mode,
                 "restart": s.restart_policy.model_dump(mode="json"), "time_limit_hours": s.time_limit_hours,
                 "checkpoint": s.checkpoint.model_dump(mode="json") if s.checkpoint else None,
                 "gpus": [str(x) for x in (g[r] if r < len(g) else [])],

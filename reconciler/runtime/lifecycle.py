@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from reconciler.model import DesiredState
-from reconciler.runtime.assign import spec_hash
+from reconciler.runtime.assign import current_hashes
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class RuntimeView:
     unhealthy: dict[str, str] = field(default_factory=dict)  # instance -> why it must be replaced
     heartbeats: dict[str, float] = field(default_factory=dict)  # instance -> last heartbeat (unix)
     unreadable: dict[str, str] = field(default_factory=dict)  # bus key -> why it was skipped (garbled, wrong types)
+    published: dict[str, str] = field(default_factory=dict)  # job -> the spec hash apply last published for it
 
 
 def _ago(now: float, ts: float) -> str:
@@ -84,9 +85,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         s = job.spec
         if s.run is None:
             continue
-        h = spec_hash(job)
+        h = current_hashes(job)
         n = s.replicas
-        recs = [r if (r := runs.get((name, i))) is not None and r.get("spec_hash") == h else None for i in range(n)]
+        recs = [r if (r := runs.get((name, i))) is not None and r.get("spec_hash") in h else None for i in range(n)]
         done = _finished(n, recs, s.run_mode)
         ids = list(placements.get(name, ()))
         if done:

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
 from reconciler.model import DesiredState
-from reconciler.runtime.assign import build_assignments
+from reconciler.runtime.assign import build_assignments, published_hashes
 from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
@@ -61,8 +61,8 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     bus = Bus(backend)
     if not has_workload(desired) and not bus.assigned_instances() and not bus.store.list_keys("runs"):
         return None
+    published = bus.assignments()  # (their spec hashes: the jobs whose run changed since, which the plan lists)
     if instances is None:  # `reconcile status` asks no provider: the instances are the assigned ones, as published
-        published = bus.assignments()
         ids, launched = sorted(published), {i: float(d.get("published_at", 0)) for i, d in published.items()}
     else:
         instances = list(instances)
@@ -72,7 +72,7 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     bad_agents = {i: msg for k, msg in skipped.items() if (i := instance_of(k, AGENTS)) is not None}
     view = runtime_view(desired, {j: list(v) for j, v in placements.items()}, runs, agents, ids,
                         now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents)
-    return replace(view, unreadable=dict(sorted(skipped.items())))
+    return replace(view, unreadable=dict(sorted(skipped.items())), published=published_hashes(published))
 
 
 def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
@@ -144,12 +144,14 @@ def workload_note(run) -> str:
 
 def planning_reads(view: RuntimeView | None) -> dict | None:
     """What planning reads of the agents' reports: the jobs that finished (`demanding`) and the instances to
-    replace, with their words (`block_unhealthy`); the plan's notes (`with_runtime`) are in observed.notes.
+    replace, with their words (`block_unhealthy`); of the published assignments, each job's spec hash (the plan's
+    `restarted`); the plan's notes (`with_runtime`) are in observed.notes.
     Heartbeats, log tails, run phases and times are for status only: a plan memo that keyed them (all of
     observed.runtime) missed on every plan of a fleet whose agents are alive (issue 20)."""
     if view is None:
         return None
-    return {"finished": dict(sorted(view.finished.items())), "unhealthy": dict(sorted(view.unhealthy.items()))}
+    return {"finished": dict(sorted(view.finished.items())), "unhealthy": dict(sorted(view.unhealthy.items())),
+            "published": dict(sorted(view.published.items()))}
 
 
 def demanding(desired: DesiredState, observed) -> DesiredState:
