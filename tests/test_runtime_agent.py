@@ -351,3 +351,34 @@ def test_an_agent_stopped_while_a_replica_waits_for_gpus_does_not_start_it(bus, 
     n = notes_of(notes)
     assert ("old", "exit") in n and ("new", "start") not in n, n
     assert bus.run("new", 0)["started_at"] is None
+
+
+def test_a_replica_moved_to_another_instance_starts_only_once_its_old_copy_has_exited(bus, agents, tmp_path):
+    """The audit's case: a plan keeps i-0 and moves replica 1 to i-1. The new copy started at once, while the
+    old one was still checkpointing on its SIGTERM (one rank ran twice, and the old checkpoint overwrote the
+    new run's). i-1 now waits, reported as WaitingForPredecessor naming i-0, until i-0's agent reports it stopped."""
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1, checkpoint_seconds=2)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old, new], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2)]})
+    seen = []
+    n = run_until([old, new], lambda: seen.append(bus.run("g3", 1)) or noted_at(notes, ("old", "exit"), ("new", "start"))())
+    assert n["new", "start"] >= n["old", "exit"], n  # never the same rank twice
+    waiting = next(r for r in seen if r and r["reason"] == "WaitingForPredecessor")
+    assert waiting["instance"] == "i-1" and waiting["phase"] == "Starting" and "previous copy on i-0" in waiting["message"], waiting
+
+
+def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents, tmp_path, monkeypatch):
+    """The old agent stopped reporting (its instance lost): its stale heartbeat holds nothing, so the
+    moved replica starts once that heartbeat is stale, not never."""
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "1")
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old], noted_at(notes, ("old", "start")))  # from now on i-0's agent is silent; its replica still runs
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2)]})
+    silent = time.monotonic()
+    run_until([new], noted_at(notes, ("new", "start")))
+    assert time.monotonic() - silent >= 0.5  # it did wait for the heartbeat to go stale

@@ -5,7 +5,8 @@ runtime, stops the ones no longer assigned (checkpoint signal, grace period, kil
 failed ones with exponential backoff up to the job's backoff_limit (a gang restarts together),
 stops a replica past its time limit, and on an interruption notice checkpoints everything and
 reports the instance as Interrupting. A replica starts only once no other process holds any of its
-GPUs (a replica that is stopping keeps them through its checkpoint grace). It writes each replica's
+GPUs (a replica that is stopping keeps them through its checkpoint grace), and a replica the plan moved
+here only once the agent of the instance it left no longer runs it. It writes each replica's
 record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`; it writes
 nothing else.
 
@@ -26,12 +27,13 @@ from typing import Callable
 
 from providers.pids import start_time
 from reconciler.errors import ReconcileError
-from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds
+from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
+HANDOFF_MARGIN_S = 30.0  # beyond a moved replica's grace: time for the old agent to see the move, stop and report it
 LOG_TAIL_LINES = 20
 
 
@@ -100,6 +102,8 @@ class Replica:
     stop: _Stop | None = None
     env: dict = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # the GPUs / MIG devices (the plan's ids) its process was started on
+    predecessor: str | None = None  # the instance whose agent ran it before the plan moved it here
+    waiting_since: float | None = None  # when it began waiting for that copy to stop
 
     @property
     def key(self) -> tuple[str, int]:
@@ -134,6 +138,7 @@ class Agent:
         self.bus_error: str | None = None
         self.written: dict[tuple[str, int], str] = {}
         self.last_beat = 0.0
+        self.last_running: list[str] | None = None
         self.stopping = False
         self.adopted = False
 
@@ -163,6 +168,7 @@ class Agent:
                 self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
         while any(r.running for r in self.replicas.values()):
             self._supervise(starts=False)  # a replica that started now would never be stopped
+            self._publish()  # what still runs: the agent a replica moved to waits for it to stop
             time.sleep(min(self.poll, 0.2))
         self._publish(force=True, state="Stopped")
         self._log("stopped")
@@ -304,6 +310,8 @@ class Agent:
                 prev = self.bus.run(*key)
             except ReconcileError:
                 prev = None
+            if prev and prev.get("instance") not in (None, self.instance) and not prev.get("terminal"):
+                rep.predecessor = prev["instance"]  # remembered: our own record overwrites its record
             if prev and prev.get("instance") == self.instance and (prev.get("spec_hash"), prev.get("epoch")) == (entry["spec_hash"], entry["epoch"]):
                 rep.attempt = prev.get("attempt", 0)
                 if prev.get("terminal"):  # finished before this agent (re)started: not run again
@@ -394,6 +402,48 @@ class Agent:
                 out.append(f"{device_names(shared)} held by {other.key[0]}/{other.key[1]}, {state}")
         return out
 
+    def _predecessor(self, rep: Replica) -> str | None:
+        """The other instance whose agent still runs (or is stopping) this replica, which the plan moved
+        here: starting now would run one rank twice, and the old copy's checkpoint, written through its
+        grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`); a stale
+        or Stopped agent, or one whose key is gone (the reconciler deletes it with the instance), holds
+        nothing, and the wait ends anyway after the replica's grace plus a margin."""
+        job, r = rep.key
+        olds = {rep.predecessor} - {None}
+        try:
+            rec = self.bus.run(job, r)
+        except ReconcileError:
+            rec = None
+        if rec and rec.get("instance") not in (None, self.instance) and not rec.get("terminal"):
+            olds.add(rec["instance"])
+        holder = None
+        for old in sorted(olds):
+            try:
+                doc = self.bus.agent(old)
+            except ReconcileError:
+                continue  # unreadable: no evidence that it still runs
+            if doc and doc.get("state") != "Stopped" and now_unix() - float(doc["heartbeat_at"]) <= stale_seconds() \
+                    and f"{job}/{r}" in doc.get("running", []):
+                holder = old
+                break
+        if holder is None:
+            rep.waiting_since = None
+            return None
+        ck = rep.entry.get("checkpoint")
+        grace = float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
+        now = time.monotonic()
+        if rep.waiting_since is None:
+            rep.waiting_since = now
+        if now - rep.waiting_since > grace + HANDOFF_MARGIN_S:
+            self._log(f"{job}/{r}: the agent on {holder} still reports it running {now - rep.waiting_since:.0f}s after the move: starting anyway")
+            rep.predecessor = None
+            return None
+        msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s)"
+        if (rep.reason, rep.message) != ("WaitingForPredecessor", msg):
+            self._log(f"{job}/{r}: {msg}")
+        rep.reason, rep.message = "WaitingForPredecessor", msg
+        return holder
+
     def _start(self, rep: Replica) -> None:
         e = rep.entry
         job, r = rep.key
@@ -403,6 +453,8 @@ class Agent:
             if (rep.reason, rep.message) != ("WaitingForGPUs", msg):
                 self._log(f"{job}/{r}: {msg}")
             rep.reason, rep.message = "WaitingForGPUs", msg
+            return
+        if self._predecessor(rep) is not None:  # started on the first tick after the old copy is reported stopped
             return
         master = self.address if e.get("master_instance") in (None, self.instance) else None
         if master is None:
@@ -537,17 +589,18 @@ class Agent:
         for rep in self.replicas.values():
             self._write_run(rep)
         now = now_unix()
-        if not force and now - self.last_beat < self.heartbeat:
-            return
+        running = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running)
+        if not force and now - self.last_beat < self.heartbeat and running == self.last_running:
+            return  # a change in what runs is reported at once: an agent a replica moved to waits on it
         doc = {
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
             "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
-            "running": sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running),
+            "running": running,
         }
         try:
             self.bus.put_agent(self.instance, doc)
-            self.last_beat = now
+            self.last_beat, self.last_running = now, running
         except ReconcileError as e:
             if str(e) != self.bus_error:
                 self._log(f"cannot write the heartbeat: {e}")
