@@ -28,6 +28,22 @@ from providers.placements import PlacementRecord, is_placement_key, placement_ta
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
+DEFAULT_GRACE_S = 10.0  # the agent's stop grace for a replica without a checkpoint spec (reconciler/runtime/agent.py)
+SHUTDOWN_MARGIN_S = 10.0  # beyond the longest grace: the agent's poll and its own kill at the end of a grace
+
+# What a shut-down instance's leftovers get: run detached, it waits until the agent and the replicas it
+# started have ended, or until the deadline, then SIGKILLs whatever of them still runs (the sim's end of
+# an OS shutdown). The apply that deleted the instance does not wait for this.
+REAPER = r"""
+import sys, time
+from pathlib import Path
+from providers.sim import _kill_leftovers, _leftovers
+d, deadline = Path(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline and _leftovers(d):
+    time.sleep(0.2)
+_kill_leftovers(d)
+"""
+
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
           "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "reject_every": None, "latency_ms": 0}, "calls": 0}
 
@@ -47,6 +63,42 @@ def _kill_group(pid: int, started: str) -> None:
         os.waitpid(pid, os.WNOHANG)  # our own child (a test's): reap it
     except ChildProcessError:
         pass
+
+
+def _pid_lines(d: Path) -> list[tuple[int, str]]:
+    """The agent of agent directory `d` and the replica process groups it recorded, as (pid, start time)."""
+    out = []
+    for f in (d / "agent.pid", d / "replicas.pids"):
+        try:
+            lines = f.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts and parts[0].isdigit():
+                out.append((int(parts[0]), parts[1] if len(parts) > 1 else ""))
+    return out
+
+
+def _leftovers(d: Path) -> list[tuple[int, str]]:
+    return [(pid, started) for pid, started in _pid_lines(d) if running(pid, started or _starttime(pid))]
+
+
+def _kill_leftovers(d: Path) -> None:
+    for pid, started in _pid_lines(d):
+        _kill_group(pid, started)
+
+
+def _longest_grace(d: Path) -> float:
+    """The longest stop grace of the replicas the agent in `d` started (its local records name their entries)."""
+    graces = [DEFAULT_GRACE_S]
+    for f in sorted((d / "replicas").glob("*.json")) if (d / "replicas").is_dir() else []:
+        try:
+            ck = json.loads(f.read_text())["entry"].get("checkpoint")
+            graces.append(float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else DEFAULT_GRACE_S)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return max(graces)
 
 
 def _alive(pidfile: Path) -> bool:
@@ -354,16 +406,24 @@ class SimCloud:
 
     def stop_agent(self, instance_id: str) -> None:
         """The instance is gone: its agent and every replica process it started go with it."""
+        _kill_leftovers(self.agent_dir(instance_id))
+
+    def shut_down_agent(self, instance_id: str) -> None:
+        """The instance shuts down, as a cloud's termination does: its agent (a system service) gets SIGTERM
+        and stops its replicas with their checkpoint signal and grace; whatever still runs after the longest
+        grace plus a margin is killed by a detached reaper. Returns at once (the instance is shutting down).
+        With no agent alive, or no replica running, nothing needs the grace: everything ends now."""
         d = self.agent_dir(instance_id)
-        for f in (d / "agent.pid", d / "replicas.pids"):
-            try:
-                lines = f.read_text().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                parts = line.split()
-                if parts and parts[0].isdigit():
-                    _kill_group(int(parts[0]), parts[1] if len(parts) > 1 else "")
+        parts = (d / "agent.pid").read_text().split() if self.agent_alive(instance_id) else []
+        if not parts or not [p for p in _leftovers(d) if p[0] != int(parts[0])]:
+            self.stop_agent(instance_id)
+            return
+        subprocess.Popen([sys.executable, "-c", REAPER, str(d.resolve()), str(_longest_grace(d) + SHUTDOWN_MARGIN_S)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            os.kill(int(parts[0]), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop_all_agents(self) -> None:
         for d in sorted((self.dir / "agents").glob("*")) if (self.dir / "agents").is_dir() else []:
@@ -640,7 +700,7 @@ class SimProvider:
             d = self._owned(w, instance, "delete")
             if d is not None:
                 d["state"], d["terminated_reason"] = "terminated", "deleted-by-reconciler"
-        self.cloud.stop_agent(instance.id)
+        self.cloud.shut_down_agent(instance.id)  # its replicas get their checkpoint signal and grace
 
     def ensure_agent(self, instance: Instance, target: AgentTarget) -> None:
         """One agent process per instance with work, unless FLEETOPS_SIM_AGENTS=0 (most tests)."""

@@ -356,3 +356,26 @@ def test_a_gang_whose_heal_fails_stops_its_survivor_and_never_runs_at_a_smaller_
     assert not any("WORLD 1" in line for r in (0, 1) for line in bus(cfg).run("gang", r)["log_tail"])
     st = job_status(cfg, "gang")
     assert st["phase"] == "Pending" and st["instances"] == [] and "all its replicas or none" in st["conditions"][0]["message"]
+
+
+def test_a_replica_on_a_deleted_instance_gets_its_checkpoint_signal_and_grace(rt):
+    """Deleting a sim instance SIGKILLed its agent and replicas at once, so a replica there never checkpointed
+    (a cloud's termination shuts the OS down: the agent gets SIGTERM and stops its replicas with their signal).
+    Now the replica writes its checkpoint and exits, and the apply that deleted the instance did not wait for it."""
+    from tests.test_runtime_agent import NOTED, notes_of
+
+    notes = rt / "notes"
+    env = {"NOTES": str(notes), "TAG": "ft", "CHECKPOINT_SECONDS": "2"}
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    cfg = config(rt / "c", job("ft", cpu=2, mode="service", run={"command": [PY, "-c", NOTED], "env": env}, checkpoint=ck))
+    api.apply(cfg, time_limit=5)
+    iid = live(cfg)[0]
+    wait(lambda: ("ft", "start") in notes_of(notes), what="ft started")
+    config(rt / "c")  # the job is removed: its instance is deleted
+    began = time.monotonic()
+    res = api.apply(cfg, time_limit=5)
+    assert res.report.deleted == [iid] and iid not in live(cfg)
+    assert time.monotonic() - began < 25  # apply did not sit out the 30 s grace
+    n = wait(lambda: (x := notes_of(notes)) and ("ft", "exit") in x and x, timeout=60, what="ft checkpointed and exited")
+    assert n["ft", "checkpointing"] < n["ft", "exit"] and n["ft", "exit"] - n["ft", "checkpointing"] >= 1.5, n
+    wait(lambda: not replicas_on(iid), what=f"the replica processes of {iid} gone")
