@@ -379,3 +379,31 @@ def test_a_replica_on_a_deleted_instance_gets_its_checkpoint_signal_and_grace(rt
     n = wait(lambda: (x := notes_of(notes)) and ("ft", "exit") in x and x, timeout=60, what="ft checkpointed and exited")
     assert n["ft", "checkpointing"] < n["ft", "exit"] and n["ft", "exit"] - n["ft", "checkpointing"] >= 1.5, n
     wait(lambda: not replicas_on(iid), what=f"the replica processes of {iid} gone")
+
+
+def test_a_replica_moved_off_a_deleted_instance_starts_anew_only_after_its_old_copy_checkpointed(rt):
+    """The pool's instance type changes: apply creates the new instance, deletes the old one and moves the replica.
+    The old copy checkpoints through its grace (2 s here) while the new instance's agent boots; the new copy starts
+    only after the old one exited (reported as WaitingForPredecessor meanwhile), so the rank never runs twice."""
+    from tests.test_runtime_agent import NOTED, notes_of
+
+    notes = rt / "notes"
+    cmd = [PY, "-c", NOTED.replace("os.environ['TAG']", "os.environ['FLEETOPS_INSTANCE']")]  # each copy notes its instance
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    spec = job("ft", cpu=2, mode="service", run={"command": cmd, "env": {"NOTES": str(notes), "CHECKPOINT_SECONDS": "2"}}, checkpoint=ck)
+
+    def on(itype: str) -> Path:
+        return write_config(rt / "c", [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], [itype], hi=4), spec])
+
+    cfg = on("m6i.4xlarge")
+    api.apply(cfg, time_limit=5)
+    old = live(cfg)[0]
+    wait(lambda: (old, "start") in notes_of(notes), what="ft started")
+    res = api.apply(on("c6i.8xlarge"), time_limit=5)
+    assert res.report.deleted == [old] and len(live(cfg)) == 1
+    new = live(cfg)[0]
+    n = wait(lambda: (x := notes_of(notes)) and (old, "exit") in x and (new, "start") in x and x, timeout=60,
+             what="the old copy exited and the new one started")
+    assert n[new, "start"] >= n[old, "exit"], n
+    log = (SimCloud(state_dir(cfg)).agent_dir(new) / "agent.log").read_text()
+    assert f"ft/0: waiting for its previous copy on {old} to stop" in log, log

@@ -166,6 +166,7 @@ class Agent:
         for rep in self.replicas.values():
             if rep.running and rep.stop is None:
                 self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
+        self._publish(force=True)  # at once: the reconciler may have removed our key with the instance
         while any(r.running for r in self.replicas.values()):
             self._supervise(starts=False)  # a replica that started now would never be stopped
             self._publish()  # what still runs: the agent a replica moved to waits for it to stop
