@@ -910,3 +910,24 @@ def test_a_license_count_lowered_below_what_is_held_licenses_the_eviction(tmp_pa
     assert sorted(j.action for j in plan.jobs) == ["evict", "keep"], [(j.job, j.action, j.reason) for j in plan.jobs]
     assert next(j for j in plan.jobs if j.action == "evict").reason.startswith("evicted: license sim: 1/1 held"), plan.jobs
     check_stability(desired, observed, plan)
+
+
+@pytest.mark.parametrize("spot, total, buffer, spare_it", [(24, 100, 0, True), (25, 100, 0, False), (24, 100, 10, False),
+                                                          (0, 100, 0, True)])
+def test_an_idle_on_demand_instance_is_bought_only_where_a_spot_rule_needs_it(tmp_path, spot, total, buffer, spare_it):
+    """A 142-job fleet (the mid-size exploration): the cold plan bought an idle on-demand A100 VM, kept "for the spot
+    rules" because the fleet ran any spot, though 24 spot GPUs of 99 met max_spot_fraction 0.25 without it; the plan
+    after the apply deleted it, "no longer needed". An empty on-demand instance is now left out where the spot share
+    holds without it, and kept under an on-demand buffer (which counts idle on-demand capacity) or where the share
+    needs it."""
+    from reconciler.load import load
+    from reconciler.plan.instances import spare
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, doc
+
+    docs = [topology(), tenant("t"), pool("od", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=3),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "on_demand_buffer_percent": buffer}), job("a", gpus=1, gpu_type="A10G", cpu=1, mem=1)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    problem = build_problem(desired, catalog_observed(desired, [], {}))
+    cap = next(c for c in problem.capacities if c.pool == "od" and c.market == "on-demand")
+    assert spare(cap, problem, {"od": 1}, {"spot": spot, "all": total}, lambda c: 1) is spare_it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import pool_min_ok, rules_broken_now
+from reconciler.ledger import pool_min_ok, rules_broken_now, spot_share_ok
 from reconciler.plan.packing import Packing
 from reconciler.plan.types import CreateAction, DeleteAction
 from reconciler.problem import Capacity, Host, Problem
@@ -28,6 +28,9 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
                 # need (it packs an offer's items tighter than the solver's count of them): buying it
                 # would launch an idle instance that the next plan deletes.
                 packing.pool_count[b.cap.pool] -= 1
+                packing.fleet["all"] -= packing.prim(b.cap)  # (the spot rules of the next one read the fleet without it)
+                if b.cap.market == "spot":
+                    packing.fleet["spot"] -= packing.prim(b.cap)
                 continue
             n = len(creates) + 1
             c = b.cap
@@ -82,4 +85,9 @@ def spare(cap: Capacity, problem: Problem, pool_count: dict[str, int], fleet: di
     sp = problem.spot
     if cap.market == "spot":
         return sp.min_instance_types <= 1 and sp.min_zones <= 1
-    return fleet["spot"] == 0 or prim(cap) == 0  # (a CPU instance counts nothing in a GPU fleet's spot rules)
+    if fleet["spot"] == 0 or prim(cap) == 0:  # (a CPU instance counts nothing in a GPU fleet's spot rules)
+        return True
+    # An idle on-demand instance the spot share holds without: kept, it was launched and the next plan deleted it as
+    # "no longer needed" (a 142-job fleet: 24 spot GPUs of 100 with it, 99 without, under max_spot_fraction 0.25). The
+    # on-demand buffer counts idle on-demand capacity, so under one it stays.
+    return sp.on_demand_buffer_percent <= 0 and spot_share_ok(fleet["spot"], fleet["all"] - prim(cap), sp.max_spot_fraction)
