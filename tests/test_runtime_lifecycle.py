@@ -165,3 +165,24 @@ def test_plan_lists_a_running_job_whose_run_changed_and_apply_rolls_it_out(tmp_p
     assert applied.exit_code == 0 and "1 restarted" in applied.output, applied.output
     again = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10", "--format", "json"])
     assert again.exit_code == 0 and "restarted" not in json.loads(again.stdout), again.output
+
+
+def test_a_deleted_instances_heartbeat_stays_while_its_agent_still_stops_replicas(tmp_path):
+    """Apply deletes the heartbeat keys of instances the cloud no longer lists, but not one whose agent still reports
+    replicas running with a fresh heartbeat: a deleted instance shuts down through its replicas' checkpoint grace, and
+    a replica the plan moved waits for its old copy by that report. Deleted at once, the moved copy started while
+    the old one still wrote its checkpoint (the moved-replica race in test_runtime_sim)."""
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus, now_unix
+    from reconciler.runtime.publish import publish
+
+    d = desired(tmp_path / "c")
+    backend = backend_for(tmp_path / "c")
+    bus = Bus(backend)
+    now = now_unix()
+    bus.put_agent("i-stopping", {"instance": "i-stopping", "heartbeat_at": now - 1, "state": "Ready", "running": ["j/0"]})
+    bus.put_agent("i-stopped", {"instance": "i-stopped", "heartbeat_at": now - 1, "state": "Stopped", "running": []})
+    bus.put_agent("i-idle", {"instance": "i-idle", "heartbeat_at": now - 1, "state": "Ready", "running": []})
+    bus.put_agent("i-stale", {"instance": "i-stale", "heartbeat_at": now - 3600, "state": "Ready", "running": ["j/1"]})
+    publish(backend, d, {}, {}, 1, [], {}, tmp_path / "c", None, previous={"i-stopping": {"serial": 0, "replicas": []}})
+    assert sorted(bus.agent_instances()) == ["i-stopping"]

@@ -381,13 +381,12 @@ def test_a_replica_on_a_deleted_instance_gets_its_checkpoint_signal_and_grace(rt
     wait(lambda: not replicas_on(iid), what=f"the replica processes of {iid} gone")
 
 
-@pytest.mark.xfail(strict=False, reason="open race (2026-11-29): apply removes the deleted instance's heartbeat key, and "
-                   "the new agent reads a missing key as 'instance gone' and starts at once; passes when the new agent "
-                   "boots after the old agent's next heartbeat (seen failing 1 run in ~6 under load)")
 def test_a_replica_moved_off_a_deleted_instance_starts_anew_only_after_its_old_copy_checkpointed(rt):
     """The pool's instance type changes: apply creates the new instance, deletes the old one and moves the replica.
     The old copy checkpoints through its grace (2 s here) while the new instance's agent boots; the new copy starts
-    only after the old one exited (reported as WaitingForPredecessor meanwhile), so the rank never runs twice."""
+    only after the old one exited (reported as WaitingForPredecessor meanwhile), so the rank never runs twice. (Apply
+    keeps the deleted instance's heartbeat while its agent still reports the replica: deleted with the instance, the
+    new agent read the missing key as gone and started at once, 1 run in ~6 under load.)"""
     from tests.test_runtime_agent import NOTED, notes_of
 
     notes = rt / "notes"

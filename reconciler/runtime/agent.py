@@ -406,9 +406,9 @@ class Agent:
     def _predecessor(self, rep: Replica) -> str | None:
         """The other instance whose agent still runs (or is stopping) this replica, which the plan moved
         here: starting now would run one rank twice, and the old copy's checkpoint, written through its
-        grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`); a stale
-        or Stopped agent, or one whose key is gone (the reconciler deletes it with the instance), holds
-        nothing, and the wait ends anyway after the replica's grace plus a margin."""
+        grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`; apply keeps
+        a deleted instance's key while it does: publish.shutting_down); a stale or Stopped agent, or one
+        whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
         job, r = rep.key
         olds = {rep.predecessor} - {None}
         try:

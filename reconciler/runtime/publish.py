@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 
 from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
+from reconciler.errors import ReconcileError
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import build_assignments, published_hashes
 from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
@@ -99,7 +100,7 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         bus.delete_assignment(iid)
         changed += 1
     for iid in bus.agent_instances():
-        if iid not in live:  # the instance is gone: its heartbeat would only pile up (its runs/ records stay: history)
+        if iid not in live and not shutting_down(bus, iid):  # gone: its heartbeat would only pile up (its runs/ stay: history)
             bus.delete_agent(iid)
     target = AgentTarget(config_dir=Path(config_dir).resolve(), state_url=state_url)
     for iid in sorted(want):
@@ -107,6 +108,24 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         if isinstance(provider, AgentHost):
             provider.ensure_agent(live[iid], target)
     return changed
+
+
+def shutting_down(bus: Bus, instance: str) -> bool:
+    """Does the agent of an instance the cloud no longer lists still report replicas running, with a fresh heartbeat?
+    A deleted instance shuts down as a cloud instance does: its agent stops its replicas through their checkpoint
+    grace. A replica the plan moved waits for its old copy by that report (agent.Agent._predecessor), so the key stays
+    until it says Stopped or goes stale: deleted at once, the moved copy started while the old one still wrote its
+    checkpoint (test_runtime_sim, the moved replica)."""
+    try:
+        doc = bus.agent(instance)
+    except ReconcileError:
+        return False  # unreadable: no evidence that it still runs
+    if not doc or doc.get("state") == "Stopped" or not doc.get("running"):
+        return False
+    try:
+        return now_unix() - float(doc["heartbeat_at"]) <= stale_seconds()
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------- the pipeline's boundaries

@@ -66,6 +66,7 @@ REPAIR_WORK = 0.1
 # jobs (75k variables), 1.24 at 20k (145k) and 6.9 at 50k (337k), where the budget's cost stage had 6: both its searches
 # ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
 COST_WORK_VARS = 100_000
+TIER_SHARE = 0.5  # of the tiers' work left, the most one tier's search may take (solve_tier)
 PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
@@ -206,6 +207,8 @@ class Search:
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
     _flat: dict = field(default_factory=dict)
+    _completion: tuple | None = None  # (the tiers it was made for, `completion`)
+    _stage_row: int | None = None  # the constraint row `complete` holds an earlier stage's value in
 
     def __post_init__(self) -> None:
         self.spent0 = self.clock.used
@@ -324,35 +327,102 @@ class Search:
             self.lp.xs[v.index].SetBounds(float(x), float(x))
         self.lp_rows += 1  # (the LP changed: cost_lp solves it again)
 
-    def completion(self):
-        """What `complete` maximizes: the tiers summed, each max tier scaled to about COMPLETION_SCALE over its bound,
-        the guarantees' tiers 4x and the guaranteed part's 2x the borrowed part's. Summed unscaled, the fair share
-        (hundreds of thousands) outweighed the guarantees (units): fleet38's warm start counted running critical work
-        as borrowed, 91 of 343 protected units kept where greedy's placements keep 294, the tiers held those floors,
-        and under a short work limit the plan kept greedy's swap of a running job for its tenant's new work."""
-        terms = []
-        for t in self.tiers:
-            if t.sense == "min":
-                terms.append(-t.expr)
-                continue
-            w = 4 if t.name.startswith(("guarantees", "protected")) else (2 if t.name.startswith("guaranteed") else 1)
-            terms.append(t.expr * (w * max(1, round(COMPLETION_SCALE / max(1, abs(t.bound))))))
-        return sum(terms)
+    def completion(self) -> list[tuple[list[int], list[int]]]:
+        """What `complete` maximizes, stage by stage, each as (variable indices, coefficients).
+
+        With the primaries fixed, what is left is mostly how each tenant's work is split between its guarantee and
+        its borrowed part, which the tiers rank in opposite ways, so the stages follow the tiers' order: first the
+        guarantees' tiers and the guaranteed part's (each guarantees unit outweighing everything the guaranteed tiers
+        can move: their coefficient exceeds those tiers' span, read off the variables' domains), then, with that held,
+        the fair share and the borrowed part. In a stage, each max tier is scaled to about COMPLETION_SCALE over its
+        bound. One sum was not enough: summed unscaled, the fair share (hundreds of thousands) outweighed the
+        guarantees (units): fleet38's warm start counted running critical work as borrowed, 91 of 343 protected units
+        kept where greedy's placements keep 294, and the tiers held those floors; scaled, a fair share of 812,500
+        (scaled up, never down) still outweighed them: fleet73's warm start put t1's and t2's protected work all on
+        borrowed capacity (0 of 168 units each), the tiers held that floor, and the plan after an apply evicted t2's
+        guaranteed critical gang for a pool's max_instances."""
+        key = tuple((id(t.expr), t.sense) for t in self.tiers)
+        if self._completion is not None and self._completion[0] == key:
+            return self._completion[1]
+        doms = self.m.proto.variables
+        cut = next((i for i, t in enumerate(self.tiers) if t.name.startswith(("fair share", "borrowed"))), len(self.tiers))
+        first = [t for t in self.tiers[:cut] if t.sense == "max" and t.name.startswith(("guarantees", "protected"))]
+        guaranteed = [t for t in self.tiers[:cut] if t not in first]
+
+        def scaled(tiers: list, coef: dict[int, int], above: int = 0) -> int:
+            """Add the tiers to coef (each max tier times `above` where given, else scaled); returns their span."""
+            moved = 0
+            for t in tiers:
+                vs, cs, _ = self.flat(t.expr)
+                k = -1 if t.sense == "min" else (above or max(1, round(COMPLETION_SCALE / max(1, abs(t.bound)))))
+                for v, c in zip(vs, cs):
+                    coef[v] = coef.get(v, 0) + k * c
+                # (domain[len - 1]: OR-Tools' repeated fields read domain[-1] as 0)
+                moved += abs(k) * sum(abs(c) * (doms[v].domain[len(doms[v].domain) - 1] - doms[v].domain[0]) for v, c in zip(vs, cs))
+            return moved
+
+        stages = []
+        for part in ((first, guaranteed), ((), self.tiers[cut:])):
+            coef: dict[int, int] = {}
+            moved = scaled(part[1], coef)
+            scaled(part[0], coef, above=moved + 1)
+            if any(coef.values()):
+                stages.append(([v for v, c in coef.items() if c], [c for c in coef.values() if c]))
+        self._completion = (key, stages)
+        return stages
+
+    def maximize(self, m: cp_model.CpModel, objective: tuple[list[int], list[int]]) -> None:
+        """(variable indices, coefficients) as m's objective, maximized."""
+        vs, cs = objective
+        m.clear_objective()
+        obj = m.proto.objective
+        obj.vars.extend(vs)
+        obj.coeffs.extend(-c for c in cs)
+        obj.scaling_factor = -1.0
 
     def complete(self, work: float, fixed: bool = True) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
-        helper variable set as high as those placements allow in each tier (max tiers count double
-        the borrowed ones so the guaranteed/borrowed split favours the guarantee). fixed=False: the
-        hint only guides the search. `self.infeasible`: the last call proved no such solution exists."""
+        helper variable set as high as those placements allow in each tier, in the tiers' order (`completion`'s
+        stages: the guaranteed part's tiers first, held while the borrowed part's are completed). fixed=False: the
+        hint only guides the search (the later stages keep the primaries the first found). `self.infeasible`: the
+        last call proved no such solution exists."""
         m = self.m
-        goal = self.completion()
-        if not isinstance(goal, int):
-            m.maximize(goal)
-        s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed else self.solver_for()
-        st = self.clock.solve(s, m, work)
-        m.clear_hints()
-        self.infeasible = st == cp_model.INFEASIBLE
-        return list(s.response_proto.solution) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+        stages = self.completion()
+        used0, sol = self.clock.used, None
+        for i, objective in enumerate(stages or [([], [])]):
+            if i:
+                self.model.set_primary_hint(sol)
+                self.stage_hold(*stages[i - 1], sol)
+            if objective[0]:
+                self.maximize(m, objective)
+            else:
+                m.clear_objective()
+            s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed or i else self.solver_for()
+            st = self.clock.solve(s, m, max(0.01, work - (self.clock.used - used0)) if i else work / len(stages or [0]))
+            m.clear_hints()
+            if i == 0:
+                self.infeasible = st == cp_model.INFEASIBLE
+            if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                break  # (a later stage that runs out keeps the earlier stage's answer)
+            sol = list(s.response_proto.solution)
+        if self._stage_row is not None:
+            let_go(m, [self._stage_row])
+        return sol
+
+    def stage_hold(self, vs: list[int], cs: list[int], sol: list[int]) -> None:
+        """sum(cs x vs) held at least at its value in `sol`, in the one row `complete` keeps for it (a row a call, let
+        go after, would pile up: the model has no way to drop one)."""
+        m = self.m
+        if self._stage_row is None:
+            self._stage_row = len(m.proto.constraints)
+            m.proto.constraints.add()
+        lin = m.proto.constraints[self._stage_row].linear
+        lin.vars.clear()
+        lin.coeffs.clear()
+        lin.domain.clear()
+        lin.vars.extend(vs)
+        lin.coeffs.extend(cs)
+        lin.domain.extend([sum(c * sol[v] for v, c in zip(vs, cs)), INT64_MAX])
 
 
 def solve_one(problem: Problem, budget: float, workers: int | None, seed: int, with_lp_bound: bool, gap_limit: float,
@@ -540,7 +610,12 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     search.objective(m, tier.expr, tier.sense)
     s = search.solver_for()
     stage1 = search.budget * 0.5  # work for the tiers; the cost stage has the rest
-    st = search.clock.solve(s, m, max(0.05, (stage1 - (search.clock.used - search.spent0)) / max(1, tiers_left)))
+    # (half of what the tiers have left, at least an even share: a tier that proves its optimum stops early and leaves
+    # the rest to the tiers below; the earlier tier ranks first. An even share, 0.33 deterministic s, left fleet73's
+    # cold plan at 644 of its 665 guaranteed critical units (FEASIBLE), which 0.4 s proves optimal, and the plan after
+    # its apply placed the rest by evicting seven jobs)
+    left = stage1 - (search.clock.used - search.spent0)
+    st = search.clock.solve(s, m, max(0.05, left * max(TIER_SHARE, 1 / max(1, tiers_left))))
     m.clear_hints()
     if st == cp_model.INFEASIBLE:
         raise SolverError("internal: a tier is infeasible although the warm start reaches every tier held so far")
@@ -973,7 +1048,7 @@ def around_idle(search: Search, answer: list[int], classes: set[str], groups: se
             dom = m.proto.variables[v.index].domain
             dom[0], dom[1] = 0, sum(n for k, _, n in model.caps[hk].residents if k == dk)
     best, goals, spent = None, [(t.expr, t.sense) for t in search.tiers] + [(search.cost, "min")], 0.0
-    m.maximize(search.completion())
+    search.maximize(m, (search.completion() or [([], [])])[0])
     set_hints(m, start)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
     if search.clock.solve(s, m, REPAIR_WORK / 4) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
