@@ -1397,7 +1397,7 @@ def test_a_guaranteed_critical_gang_is_not_evicted_for_a_full_pool_on_fleet73():
     borrowed part's are completed: Search.completion), and a tenant's fair share counts no more than its room above
     the guarantee. Then the cold plan's first tier was left at 644 of 665 units (an even share of the tiers' work,
     0.33 deterministic s, where 0.4 proves it) and the plan after the apply placed the rest, evicting seven jobs: a tier
-    may now take half the tiers' work left (TIER_SHARE; one that proves its optimum stops early)."""
+    may now take a quarter of the tiers' work left (TIER_SHARE; one that proves its optimum stops early)."""
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet73"), ["none"], lambda strategy: None, time_limit=20)
@@ -1412,3 +1412,20 @@ def test_the_plan_after_applying_a_mid_size_fleet_places_nothing_more_on_fleet74
     from tests.test_properties import check_stable_run
 
     check_stable_run(fleet("fleet74"), ["none"], lambda strategy: None, time_limit=20)
+
+
+def test_room_a_quota_stop_frees_is_offered_to_other_tenants_work_on_fleet75():
+    """fleet75 (the solver property tier on larger fleets, 2026-11-29, eighth session; the same on main before it): t2's
+    low j3 runs on the only A10G host, and t2's pending normal A100 gang j6 needs the GPUs of t2's quota that j3 holds,
+    so j3 stops (a higher class of its tenant). t1's pending high j1 (A10G) then fits in j3's room, where greedy placed
+    it; CP-SAT's model offered j1 no variable on that host (it was full, and j1 may not evict another tenant's job), so
+    its plan left j1 pending and ranked below greedy's. A host whose resident may stop for its own tenant's higher class
+    at the tenant's quota is offered to every pending group of its shape (rules.quota_shedding)."""
+    check_fleet(fleet("fleet75"), time_limit=5)
+
+
+def test_room_a_quota_stop_frees_is_priced_as_greedy_prices_it_on_fleet76():
+    """fleet76 (the same run, the same cause as fleet75): greedy put t1's critical j1 and high j10 in the room t2's low
+    j3 leaves on the A10G host for t2's own higher work at its quota; CP-SAT, offered no variable there, bought more
+    A100 capacity and its plan cost $64.45/h against greedy's $60.78/h at the same rank, "OPTIMAL, gap 0"."""
+    check_fleet(fleet("fleet76"), time_limit=5)

@@ -222,6 +222,34 @@ def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[s
     return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.cap.items())}
 
 
+def quota_shedding(demands, tenants: dict[str, TenantRules], preemption: str) -> dict[str, int]:
+    """Tenant -> the class below which its running work may stop for its own pending work at its quota's ceiling: the
+    highest class c whose pending work (of c and above) the ceiling cannot hold beside everything the tenant runs.
+    Under preemption LowerPriority a higher class takes its tenant's lower job's place, here for the quota, whatever
+    capacity either runs on; the room the stop frees is room for anyone's pending work of the shape. (Offered no
+    variable there, t1's pending high j1 waited while t2's low j3 stopped on the one A10G host for t2's normal A100
+    gang at t2's GPU quota, where greedy placed j1 in j3's room: the solver property tier, 2026-11-29.)"""
+    if preemption != "LowerPriority":
+        return {}
+    use = _running_use(demands)
+    need: dict[str, dict[int, dict[str, float]]] = {}
+    for d in demands:
+        if d.tenant in tenants and tenants[d.tenant].cap and wants_room(d):
+            per = need.setdefault(d.tenant, {}).setdefault(d.klass, {k: 0.0 for k in DIMS})
+            for k in DIMS:
+                per[k] += d.req(k) * d.replicas * (len(d.jobs) - settled_jobs(d))
+    out: dict[str, int] = {}
+    for t, by_class in need.items():
+        cap, total = tenants[t].cap, {k: 0.0 for k in DIMS}
+        for c in sorted(by_class, reverse=True):
+            for k in DIMS:
+                total[k] += by_class[c][k]
+            if not all(quota_ok(use.get(t, {}).get(k, 0.0), total[k], v) for k, v in cap.items()):
+                out[t] = c
+                break
+    return out
+
+
 def forced_moves(problem: "Problem") -> dict[str, int]:
     """Items of each demand that must leave their instance whatever is decided (it goes, or they
     no longer fit there): under WhenEmpty, the only running work that may move."""

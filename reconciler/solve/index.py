@@ -151,6 +151,15 @@ class HostIndex:
                     out.setdefault(t, set()).update(at)
         return out
 
+    def holding(self, resident) -> dict[tuple, set[int]]:
+        """Per type class, positions of hosts with a resident whose (tenant, class) pair `resident` accepts."""
+        out: dict[tuple, set[int]] = {}
+        for t, by in self.by_pairs.items():
+            for pairs, at in by.items():
+                if any(resident(p) for p in pairs):
+                    out.setdefault(t, set()).update(at)
+        return out
+
     def on_freed(self, freed: dict[tuple, set[int]]) -> set[str]:
         """The host keys of `freed` (positions per type class)."""
         return {self.order[t][i].key for t, at in freed.items() for i in at}
