@@ -14,6 +14,8 @@ from reconciler.plan import Plan
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
+# RestartedJob.change, as the plan's table says it
+RUN_CHANGES = {"restarts": "restarts (run changed)", "starts": "starts (run added)", "stops": "stops (run removed; it keeps its place)"}
 MARKDOWN_MAX_CHARS = 60_000  # GitHub caps a comment at 65,536 characters
 
 
@@ -163,8 +165,8 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         _table(con, "Jobs removed from the config (they stop)", ("job", "from"),
                [(r.job, ", ".join(r.previous)) for r in plan.removed], ["red"] * len(plan.removed))
     if plan.restarted:
-        _table(con, "Jobs whose run spec changed (they restart in place)", ("job", "on"),
-               [(r.job, ", ".join(r.instances)) for r in plan.restarted], ["yellow"] * len(plan.restarted))
+        _table(con, "Jobs whose run spec changed (they restart in place, or start or stop there)", ("job", "on", "change"),
+               [(r.job, ", ".join(r.instances), RUN_CHANGES[r.change]) for r in plan.restarted], ["yellow"] * len(plan.restarted))
     if consolidation_line(plan):
         con.print(consolidation_line(plan))
     if ballast_line(plan):
@@ -262,8 +264,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += _md_table(["job", "from"], [[r.job, ", ".join(r.previous)] for r in plan.removed], note)
         lines += ["", "</details>", ""]
     if plan.restarted:
-        lines += [f"<details open><summary>Jobs whose run spec changed: they restart in place ({len(plan.restarted)})</summary>", ""]
-        lines += _md_table(["job", "on"], [[r.job, ", ".join(r.instances)] for r in plan.restarted], note)
+        lines += [f"<details open><summary>Jobs whose run spec changed: they restart in place, or start or stop there ({len(plan.restarted)})</summary>", ""]
+        lines += _md_table(["job", "on", "change"], [[r.job, ", ".join(r.instances), RUN_CHANGES[r.change]] for r in plan.restarted], note)
         lines += ["", "</details>", ""]
     if consolidation_line(plan):
         lines += [f"**{consolidation_line(plan)}**", ""]

@@ -186,3 +186,42 @@ def test_a_deleted_instances_heartbeat_stays_while_its_agent_still_stops_replica
     bus.put_agent("i-stale", {"instance": "i-stale", "heartbeat_at": now - 3600, "state": "Ready", "running": ["j/1"]})
     publish(backend, d, {}, {}, 1, [], {}, tmp_path / "c", None, previous={"i-stopping": {"serial": 0, "replicas": []}})
     assert sorted(bus.agent_instances()) == ["i-stopping"]
+
+
+def test_plan_lists_a_running_job_that_gains_or_loses_its_run(tmp_path):
+    """Taking `run` out of a running job stops its process (apply withdraws its assignment) and putting one on a job
+    placed without it (a reservation) starts one; both planned "No changes." (exit 0 with --detailed-exitcode), so a PR
+    doing either was never applied by CI or the controller. They are listed with the run changes now."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+    from tests.fleetkit import copy_quickstart
+
+    qs = copy_quickstart(tmp_path)
+    runner = CliRunner()
+    run_line = '  run: {command: [python3, bin/train.py, "150"]}\n'
+    jobs = qs / "jobs" / "platform.yaml"
+    text = jobs.read_text()
+    assert text.count(run_line) >= 1
+
+    def plan() -> tuple[int, dict]:
+        res = runner.invoke(app, ["plan", str(qs), "--detailed-exitcode", "--time-limit", "10", "--format", "json"])
+        return res.exit_code, json.loads(res.stdout)
+
+    assert runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"]).exit_code == 0
+    jobs.write_text(text.replace(run_line, "", 1))  # feature-etl keeps its place, without a process
+    code, doc = plan()
+    assert code == 2 and doc["restarted"] == [{"job": "feature-etl", "instances": doc["restarted"][0]["instances"], "change": "stops"}], doc
+    human = runner.invoke(app, ["plan", str(qs), "--time-limit", "10"]).output
+    assert "stops (run removed" in human
+    assert runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"]).exit_code == 0
+    assert not [e for p in (qs / ".reconcile" / "assignments").glob("*.json")
+                for e in json.loads(p.read_text())["replicas"] if e["job"] == "feature-etl"]
+    assert plan()[0] == 0
+    jobs.write_text(text)  # and back: it starts
+    code, doc = plan()
+    assert code == 2 and [(r["job"], r["change"]) for r in doc["restarted"]] == [("feature-etl", "starts")], doc
+    assert runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"]).exit_code == 0
+    assert plan()[0] == 0

@@ -100,15 +100,24 @@ def removed_jobs(desired: DesiredState, observed: Observed) -> tuple[RemovedJob,
 
 def restarted_jobs(desired: DesiredState, observed: Observed, jobs: Iterable[JobChange]) -> tuple[RestartedJob, ...]:
     """The jobs that keep their place whose run spec apply last published differs from the one it would publish now:
-    their agents restart them in place (plancheck recomputes them for a saved plan). A job that moves restarts
-    through its move; one that stops or finished is not published again."""
+    their agents restart them in place, start them (`run` added to a job placed without one) or stop them (`run`
+    taken out) (plancheck recomputes them for a saved plan). A job that moves restarts through its move; one that
+    stops or finished is not published again. Without the runtime's view (nothing read what apply published) none."""
     from reconciler.runtime.assign import hash_to_publish
 
-    published = getattr(getattr(observed, "runtime", None), "published", None) or {}
+    runtime = getattr(observed, "runtime", None)
+    if runtime is None:
+        return ()
+    published = getattr(runtime, "published", None) or {}
     out = []
     for j in jobs:
         job, was = desired.jobs.get(j.job), published.get(j.job)
-        if j.action == "keep" and j.instances and was is not None and job is not None and job.spec.run is not None \
-                and hash_to_publish(job, was) != was:
-            out.append(RestartedJob(j.job, tuple(j.instances)))
+        if j.action != "keep" or not j.instances or job is None:
+            continue
+        if job.spec.run is None:
+            change = "stops" if was is not None else None
+        else:
+            change = "starts" if was is None else ("restarts" if hash_to_publish(job, was) != was else None)
+        if change is not None:
+            out.append(RestartedJob(j.job, tuple(j.instances), change))
     return tuple(out)

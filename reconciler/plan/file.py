@@ -67,9 +67,10 @@ _SHAPES = {
     "jobs": {"job": _STR, "tenant": _STR, "action": _STR, "instances": [_STR], "previous": [_STR], "reason": _STR,
              "gpus": [[_INT]]},
     "removed": {"job": _STR, "previous": [_STR]},
-    "restarted": {"job": _STR, "instances": [_STR]},
+    "restarted": {"job": _STR, "instances": [_STR], "change": _STR},
 }
 _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
+_RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
 
 
 def _check_shape(raw: dict) -> None:
@@ -90,6 +91,8 @@ def _check_shape(raw: dict) -> None:
             for f, kind in fields_.items():
                 if f in item:
                     _expect(item[f], kind, f"{name}[{n}].{f}")
+            if name == "restarted" and item.get("change", "restarts") not in _RUN_CHANGES:
+                raise TypeError(f"restarted[{n}].change: {item.get('change')!r} is not one of {', '.join(_RUN_CHANGES)}")
             if name == "jobs" and item.get("action") not in _JOB_ACTIONS:
                 raise TypeError(f"jobs[{n}].action: {item.get('action')!r} is not one of {', '.join(_JOB_ACTIONS)}")
     for name in ("solver", "kept"):

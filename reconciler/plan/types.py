@@ -69,6 +69,9 @@ class RestartedJob:
 
     job: str
     instances: tuple[str, ...]  # where it runs and restarts, one per replica
+    # "restarts" (its run changed); "starts" (a job placed without `run`, a reservation, given one: its agents start it);
+    # "stops" (its `run` taken out: its agents stop the process, the job keeps its place). Both read "No changes".
+    change: str = "restarts"
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class Plan:
             ballast=SpotBallast(**{**raw["ballast"], "instances": tuple(raw["ballast"]["instances"])}) if raw.get("ballast") else None,
             rules=dict(raw.get("rules", {})),
             removed=tuple(RemovedJob(r["job"], tuple(r["previous"])) for r in raw.get("removed", ())),
-            restarted=tuple(RestartedJob(r["job"], tuple(r["instances"])) for r in raw.get("restarted", ())),
+            restarted=tuple(RestartedJob(r["job"], tuple(r["instances"]), r.get("change", "restarts")) for r in raw.get("restarted", ())),
         )
 
 
