@@ -52,6 +52,11 @@ VCPU_QUOTAS = {
     "x": (("L-7295265B", "Running On-Demand X instances"), ("L-E3A00192", "All X Spot Instance Requests")),
     "f": (("L-74FC7D96", "Running On-Demand F instances"), ("L-88CF9481", "All F Spot Instance Requests")),
     "dl": (("L-6E869C2A", "Running On-Demand DL instances"), ("L-85EED4F7", "All DL Spot Instance Requests")),  # dl1, dl2q
+    # HPC (hpc6a, hpc7g, ...) and High Memory (u-6tb1, u7i-12tb, ...) run On-Demand only: no Spot quota exists, so a
+    # spot launch (which EC2 refuses) is named against the one there is. (Counted as Standard before, a plan read the
+    # wrong quota's headroom and a refused launch named the wrong quota to raise.)
+    "hpc": (("L-F7808C92", "Running On-Demand HPC instances"), ("L-F7808C92", "Running On-Demand HPC instances")),
+    "u": (("L-43DA4232", "Running On-Demand High Memory instances"), ("L-43DA4232", "Running On-Demand High Memory instances")),
 }
 STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))

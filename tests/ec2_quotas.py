@@ -42,6 +42,8 @@ QUOTAS = {
     "x": (("L-7295265B", "Running On-Demand X instances"), ("L-E3A00192", "All X Spot Instance Requests")),
     "f": (("L-74FC7D96", "Running On-Demand F instances"), ("L-88CF9481", "All F Spot Instance Requests")),
     "dl": (("L-6E869C2A", "Running On-Demand DL instances"), ("L-85EED4F7", "All DL Spot Instance Requests")),
+    "hpc": (("L-F7808C92", "Running On-Demand HPC instances"),) * 2,  # On-Demand only
+    "u": (("L-43DA4232", "Running On-Demand High Memory instances"),) * 2,  # u-6tb1, u7i-12tb: On-Demand only
 }
 STANDARD = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
             ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))

@@ -441,3 +441,17 @@ def test_a_pool_minimum_a_quota_leaves_no_room_for_is_lowered_not_a_failed_plan(
     assert res.plan.solver.status == "OPTIMAL" and len(res.plan.creates) == 1
     assert res.plan.rules["cloud_quota_floors"] == {
         "p4d": f"pool p4d: min_instances 3 lowered to 1: cloud quota aws {P_QUOTA} in us-east-1 has no room for more"}
+
+
+@pytest.mark.parametrize("itype,market,code", [
+    ("p4d.24xlarge", "on-demand", "L-417A185B"), ("g5.xlarge", "spot", "L-3819A6DF"), ("m6i.4xlarge", "on-demand", "L-1216C47A"),
+    ("h1.2xlarge", "on-demand", "L-1216C47A"),  # H is Standard; HPC is its own
+    ("hpc7g.16xlarge", "on-demand", "L-F7808C92"), ("hpc6a.48xlarge", "on-demand", "L-F7808C92"),
+    ("u-6tb1.56xlarge", "on-demand", "L-43DA4232"), ("u7i-12tb.224xlarge", "on-demand", "L-43DA4232"),
+    ("x2idn.32xlarge", "on-demand", "L-7295265B"), ("dl1.24xlarge", "spot", "L-85EED4F7")])
+def test_aws_instance_families_count_against_the_vcpu_quota_ec2_documents(itype, market, code):
+    """HPC and High Memory instances have quotas of their own (Running On-Demand HPC / High Memory instances);
+    counted as Standard, the plan read the wrong quota's headroom and a refused launch named the wrong one to raise."""
+    from providers.aws import vcpu_quota
+
+    assert vcpu_quota(itype, market)[0] == code
