@@ -340,11 +340,12 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
                              finishedAt=run.finished_at, replicas=list(run.replicas), lastLog=list(run.log_tail))
             st["conditions"] = _live_conditions(st["conditions"], run.conditions, now)
     fleet = (out.get("fleet") or {}).get("status")
-    if isinstance(fleet, dict):  # the counts agree with the phases shown: a job that finished since the apply is done
-        from reconciler.status import count_phase, job_counts
+    if isinstance(fleet, dict):  # the counts agree with the phases shown: a job that finished since the apply is done,
+        from reconciler.status import count_phase, job_counts  # a reservation (phase Reserved: no `run`) is reserved
 
-        fleet["jobs"] = job_counts({n: count_phase(bool((d.get("status") or {}).get("instances")), view.finished.get(n))
-                                    for n, d in out["jobs"].items()})
+        shown = {n: d.get("status") or {} for n, d in out["jobs"].items()}
+        fleet["jobs"] = job_counts({n: count_phase(bool(s.get("instances")), view.finished.get(n), s.get("phase") == "Reserved")
+                                    for n, s in shown.items()})
 
 
 def _live_conditions(conditions: list, live: tuple, now: str) -> list:

@@ -38,7 +38,7 @@ class Alternative:
 @dataclass(frozen=True)
 class Explanation:
     job: str
-    state: str  # running | placed | moved | pending | evicted
+    state: str  # running | reserved (kept, no `run`: nothing started) | placed | moved | pending | evicted
     summary: str
     details: tuple[str, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
@@ -87,7 +87,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         (Alternative(_cap_label(c), round(charge(d, c) + problem.cost_coef(d, c), 4)) for c in by_offer.values()),
         key=lambda a: (a.per_replica, a.where))
     if change.instances:
-        state = {"keep": "running", "place": "placed", "move": "moved"}[change.action]
+        state = {"keep": "running" if spec.run is not None else "reserved", "place": "placed", "move": "moved"}[change.action]
         summary = f"{state} on {_where(change, plan, problem)}"
         if change.reason:
             details.append(change.reason)

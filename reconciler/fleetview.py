@@ -71,7 +71,7 @@ class Host:
 class JobState:
     job: str
     tenant: str
-    phase: str  # running | pending | evicted | succeeded | failed (finished: its agents reported it done)
+    phase: str  # running | reserved (placed, no `run`) | pending | evicted | succeeded | failed (finished: its agents reported it done)
     reason: str
     wait_seconds: float | None  # pending since `submitted` (None: no submitted time, or not waiting)
 
@@ -136,8 +136,8 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
             jobs.append(JobState(name, job.spec.tenant, finished[name].lower(),
                                  f"{finished[name]}: demands no capacity until its spec changes", None))
             continue
-        if name in placed:
-            jobs.append(JobState(name, job.spec.tenant, "running", "", None))
+        if name in placed:  # a job without `run` is a reservation: placed, nothing started
+            jobs.append(JobState(name, job.spec.tenant, "reserved" if job.spec.run is None else "running", "", None))
             continue
         phase, reason = reasons.get(name, ("pending", "not in the plan"))
         sub = job.spec.submitted

@@ -193,15 +193,27 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
 
 def job_counts(phases: dict[str, str]) -> dict[str, int]:
     """fleet.yaml's job counts from each job's status phase: a finished job (Succeeded, or Failed past its restarts)
-    is counted as such, never as pending (it demands nothing, so the plan leaves it unplaced)."""
-    counts = {"running": 0, "pending": 0, "succeeded": 0, "failed": 0}
+    is counted as such, never as pending (it demands nothing, so the plan leaves it unplaced); a placed job without
+    `run` is reserved, never running (nothing is started for it)."""
+    counts = {"running": 0, "reserved": 0, "pending": 0, "succeeded": 0, "failed": 0}
     for phase in phases.values():
         counts[phase] += 1
     return counts
 
 
-def count_phase(placed: bool, finished: str | None) -> str:
-    return finished.lower() if finished in ("Succeeded", "Failed") else "running" if placed else "pending"
+def count_phase(placed: bool, finished: str | None, reserved: bool = False) -> str:
+    """`reserved`: the job has no `run` (a reservation: placed, nothing started)."""
+    if finished in ("Succeeded", "Failed"):
+        return finished.lower()
+    return ("reserved" if reserved else "running") if placed else "pending"
+
+
+def job_phase(run, placed: bool, reserved: bool) -> str:
+    """A job's status phase: as its agents report it; without their report, Reserved for a placed job without `run`
+    (nothing is started for it), else Running or Pending as placed."""
+    if run is not None:
+        return run.phase
+    return ("Reserved" if reserved else "Running") if placed else "Pending"
 
 
 class _Pricing:
@@ -257,11 +269,11 @@ def _write_job_statuses(files: StatusFiles, root: Path, now: str, desired: Desir
             if lname in charges.held and ids:
                 charges.held[lname][tenant] = charges.held[lname].get(tenant, 0) + n * len(ids)
         run = runtime.jobs.get(name) if runtime is not None else None
-        cond = _placed_condition(name, ids, changes.get(name), run, runtime, report)
+        cond = _placed_condition(name, ids, changes.get(name), run, runtime, report, job.spec.run is None)
         path = root / "jobs" / f"{name}.yaml"
         conds = [cond] + ([Condition(*c) for c in run.conditions] if run is not None else []) + _deadline_conditions(plan, name)
         body = {
-            "phase": run.phase if run is not None else "Running" if ids else "Pending", "tenant": tenant, "instances": ids,
+            "phase": job_phase(run, bool(ids), job.spec.run is None), "tenant": tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
             **({"licenses": dict(job.spec.licenses), "licenseCostPerHour": round(lic_cost, 4)} if job.spec.licenses else {}),
             "conditions": _conditions(files, path, conds, now),
@@ -276,10 +288,14 @@ def _write_job_statuses(files: StatusFiles, root: Path, now: str, desired: Desir
     return charges
 
 
-def _placed_condition(name: str, ids: list[str], ch, run, runtime, report: ApplyReport) -> Condition:
-    """A job's Placed condition: finished (capacity released), placed, its new capacity failed, evicted or pending."""
+def _placed_condition(name: str, ids: list[str], ch, run, runtime, report: ApplyReport, reserved: bool = False) -> Condition:
+    """A job's Placed condition: finished (capacity released), placed (reserved: no `run`), its new capacity failed,
+    evicted or pending."""
     if run is not None and name in runtime.finished and not ids:
         return Condition("Placed", False, "Finished", f"{run.phase}: its capacity is released until its spec changes")
+    if ids and reserved:
+        return Condition("Placed", True, "Placed", f"{len(ids)} replica(s) reserved on {', '.join(sorted(set(ids)))}: "
+                                                    "nothing is started (the job has no run)")
     if ids:
         return Condition("Placed", True, "Placed", f"{len(ids)} replica(s) on {', '.join(sorted(set(ids)))}")
     if ch is not None and ch.action in ("place", "move"):
@@ -335,7 +351,8 @@ def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: Desir
             **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
                              for n, spec in sorted(licenses.items())}} if licenses else {}),
             **({"reservations": _reservation_status(desired, instances)} if desired.reservations else {}),
-            "jobs": job_counts({j: count_phase(bool(report.placements.get(j)), finished.get(j)) for j in desired.jobs}),
+            "jobs": job_counts({n: count_phase(bool(report.placements.get(n)), finished.get(n), j.spec.run is None)
+                                for n, j in desired.jobs.items()}),
             "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },

@@ -50,7 +50,7 @@ def test_quickstart_plans_applies_and_converges(qs):
     assert "No changes" in again.output
     # Status files: one per job and pool, with conditions and cost.
     st = yaml.safe_load((qs / "status/jobs/llm-pretrain.yaml").read_text())["status"]
-    assert st["phase"] == "Running" and len(st["instances"]) == 2 and st["hourlyCost"] == pytest.approx(2 * 21.9576, abs=0.01)  # 2 p4d
+    assert st["phase"] == "Reserved" and len(st["instances"]) == 2 and st["hourlyCost"] == pytest.approx(2 * 21.9576, abs=0.01)  # 2 p4d
     assert st["conditions"][0]["type"] == "Placed" and st["conditions"][0]["status"] == "True"
     pool_st = yaml.safe_load((qs / "status/pools/aws-cpu.yaml").read_text())["status"]
     assert pool_st["conditions"][0]["type"] == "Provisioned" and pool_st["conditions"][0]["status"] == "True"

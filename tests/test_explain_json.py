@@ -46,6 +46,8 @@ def test_explain_raises_only_a_limit_that_binds_and_by_at_least_the_shortfall_it
 
     cfg = copy_quickstart(tmp_path)
     api.apply(cfg, time_limit=5)  # $53.40/h
+    kept = api.explain(cfg, "llm-pretrain", time_limit=5)  # no run: a reservation, kept where it is, nothing started
+    assert kept.state == "reserved" and kept.summary.startswith("reserved on "), kept.summary
     pol = cfg / "policies.yaml"
     pol.write_text(pol.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 55"))
     (cfg / "jobs" / "more.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: more}\n"

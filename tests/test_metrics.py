@@ -51,10 +51,38 @@ def test_metrics_after_apply_agree_with_status(applied):
         for t, c in status["tenants"].items():
             assert value(ss, "fleetops_tenant_cost_dollars_per_hour", tenant=t) == pytest.approx(c["hourlyCost"], abs=1e-3)
         running = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab)
-        assert running == status["jobs"]["running"] == 10
+        assert running == status["jobs"]["running"] == 9  # and llm-pretrain, without run, reserved
+        reserved = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "reserved") in lab)
+        assert reserved == status["jobs"]["reserved"] == 1
         gpus = value(ss, "fleetops_gpus", pool="aws-a100", gpu_type="A100")
         assert gpus == 16 == value(ss, "fleetops_gpus_allocated", pool="aws-a100", gpu_type="A100")  # llm-pretrain: 2 x 8
         assert value(ss, "fleetops_plan_changes_outstanding") == 0
+
+
+def test_a_job_without_run_is_reserved_never_running(applied):
+    """A Job without `run` is a reservation: placed, nothing started (the quickstart's llm-pretrain). Its status file, live
+    `reconcile status` (and json), fleet.yaml's counts and the metrics said Running and counted it running. A job with
+    `run` is not one (here its agents have not reported: Starting, counted running, as before)."""
+    st = yaml.safe_load((applied / "status" / "jobs" / "llm-pretrain.yaml").read_text())["status"]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert st["phase"] == "Reserved" and len(st["instances"]) == 2 and "run" not in st
+    assert conds["Placed"]["status"] == "True" and "nothing is started (the job has no run)" in conds["Placed"]["message"]
+    assert "Running" not in conds
+    assert yaml.safe_load((applied / "status" / "jobs" / "finetune-a.yaml").read_text())["status"]["phase"] != "Reserved"
+    counts = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]["jobs"]
+    assert counts == {"running": 9, "reserved": 1, "pending": 0, "succeeded": 0, "failed": 0}
+
+    live = json.loads(cli("status", applied, "--format", "json").output)
+    assert live["jobs"]["llm-pretrain"]["status"]["phase"] == "Reserved" and live["fleet"]["status"]["jobs"] == counts
+    human = cli("status", applied).output.splitlines()
+    assert " 10 instances, " in human[0] and " 9 jobs running, 1 reserved, 0 pending (last change" in human[0]
+    assert any(line.startswith("  job llm-pretrain: Reserved (Placed: 2 replica(s) reserved on ") for line in human), human
+
+    for text in ((applied / "status" / "metrics.prom").read_text(), cli("metrics", applied).output):
+        ss = samples(text)
+        assert value(ss, "fleetops_jobs", phase="reserved", tenant="research") == 1
+        assert value(ss, "fleetops_jobs", phase="reserved", tenant="platform") == 0  # a zero, not "no data"
+        assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab) == 9
 
 
 def test_a_spot_interruption_shows_in_the_metrics(applied):
@@ -222,8 +250,8 @@ def test_a_finished_batch_job_is_counted_as_succeeded_never_pending(tmp_path):
     # The next apply releases its capacity: it is succeeded, not pending, everywhere.
     assert cli("apply", cfg, "--auto-approve").exit_code == 0
     counts = yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"]["jobs"]
-    assert counts == {"running": 9, "pending": 0, "succeeded": 1, "failed": 0}
-    assert " 9 jobs running, 0 pending, 1 succeeded (last change" in cli("status", cfg).output.splitlines()[0]
+    assert counts == {"running": 8, "reserved": 1, "pending": 0, "succeeded": 1, "failed": 0}  # llm-pretrain: no run
+    assert " 8 jobs running, 1 reserved, 0 pending, 1 succeeded (last change" in cli("status", cfg).output.splitlines()[0]
     for text in ((cfg / "status" / "metrics.prom").read_text(), cli("metrics", cfg).output):
         ss = samples(text)
         assert value(ss, "fleetops_jobs", phase="succeeded", tenant="platform") == 1

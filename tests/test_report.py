@@ -46,6 +46,15 @@ def test_report_is_one_file_that_loads_nothing(fleet):
     assert not re.search(r"<link[^>]+href=", page), "a stylesheet loaded from elsewhere"
 
 
+def test_report_summary_counts_a_job_without_run_reserved_as_status_does(fleet):
+    """ml-platform's jobs have no `run`: placed, nothing started. The summary said "N jobs running"."""
+    cfg, out = fleet
+    counts = yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"]["jobs"]
+    summary = re.search(r'<p id="summary">([^<]*)</p>', out.read_text()).group(1)
+    assert counts["running"] == 0 and counts["reserved"] >= 10, counts
+    assert f"0 jobs running, {counts['reserved']} reserved, {counts['pending']} not running;" in summary, summary
+
+
 def _browser():
     if CHROMIUM is None:
         if os.environ.get("CI"):

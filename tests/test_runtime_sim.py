@@ -232,7 +232,8 @@ def test_the_quickstart_runs_its_jobs_and_stays_converged(rt):
     logs = runner.invoke(app, ["logs", str(qs), "finetune-a"])
     assert logs.exit_code == 0 and "finetune-a rank 0/1: step 1/150" in logs.output
     st = runner.invoke(app, ["status", str(qs)])
-    assert "job finetune-a: Running" in st.output and "job llm-pretrain: Running (Placed:" in st.output
+    assert "job finetune-a: Running" in st.output and "job llm-pretrain: Reserved (Placed: 2 replica(s) reserved on" in st.output
+    assert " 9 jobs running, 1 reserved, 0 pending" in st.output.splitlines()[0]
 
 
 def test_the_controller_replaces_an_interrupted_instance_and_exits_on_sigterm(rt):
