@@ -525,3 +525,26 @@ def test_the_warm_starts_completion_keeps_running_guaranteed_work_in_the_guarant
     for t in ("a0", "b0"):  # each in its tenant's guarantee, not on borrowed capacity
         d = next(d for d in problem.demands if t in d.jobs)
         assert search.value(best, search.model.g[d.key]) == 1, (t, values)
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.333])
+def test_the_fair_share_tiers_bound_is_the_most_the_model_allows(tmp_path, weight):
+    """A tier's bound is its best value possible: a warm start that reaches it is held without a search, and the plan
+    reports it. A tenant's share is capped at its room above its guarantee, which as a whole per mille rounded up
+    (3 of 56 GPUs: 53.6 -> 54) let the fair share pass its bound where the model counts guaranteed work as borrowed;
+    and the bound divided by the tenant's weight where its segments' row has it rounded to hundredths (0.333: 0.33)."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import warm_start
+
+    docs = [topology(), doc("Tenant", "a", {"quota": {"gpus": 2, "burst": {"gpus": 5}}, "weight": weight}),
+            tenant("b", gpus=2, burst={"gpus": 5}), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=7)]
+    docs += [job(f"{t}{i}", tenant=t, gpus=1, gpu_type="A100", cpu=4, mem=16) for t in "ab" for i in range(6)]
+    problem = build_problem(*_setup(tmp_path, docs))
+    model = Model(problem, warm_start(problem))
+    fair = next(t for t in model.tiers() if t.name == "fair share of borrowed capacity")
+    model.m.maximize(fair.expr)  # (nothing held: the split between guarantee and borrowed part is free)
+    s = cp_model.CpSolver()
+    assert s.solve(model.m) == cp_model.OPTIMAL
+    assert s.objective_value <= fair.bound, (s.objective_value, fair.bound)

@@ -377,7 +377,10 @@ def fair_share_tier(model: Model) -> Tier | None:
         # its borrowed part is the model's choice, and a share counting guaranteed work as borrowed outweighed the
         # guaranteed tiers in the warm start's completion: fleet73's cold plan put 252 of t2's critical units on
         # borrowed capacity, the tiers held that floor and the plan after the apply placed 5 more jobs)
-        s = m.new_int_var(0, min(1000, math.ceil(1000 * most / denom)), f"share[{t}]")
+        # (in whole per mille rounded down, as the bound counts it: rounded up, the share passed the tier's bound where
+        # guaranteed work counts as borrowed; never below a real share, whose beta is at most `most`)
+        top_share = min(1000, math.floor(1000 * most / denom + 1e-6))
+        s = m.new_int_var(0, top_share, f"share[{t}]")
         m.add(round(denom) * s <= 1000 * wsum(beta))
         w = max(1, round(r.weight * 100))
         segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
@@ -385,7 +388,7 @@ def fair_share_tier(model: Model) -> Tier | None:
         # Weighted utility, weight x f(share / weight): its slope in share is f' alone, so the
         # optimum equalises share / weight (without the factor the heavier tenant got less).
         terms += [(w * (SEGMENTS - k), v) for k, v in enumerate(segs)]
-        x_max = min(1000.0, 1000.0 * most / denom) / max(r.weight, 1e-3)
+        x_max = 100 * top_share / w  # (the segments' row's weight, w / 100: at r.weight 0.333 they passed the bound)
         left = x_max
         for k in range(SEGMENTS):
             take = max(0.0, min(step, left))
