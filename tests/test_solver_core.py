@@ -548,3 +548,35 @@ def test_the_fair_share_tiers_bound_is_the_most_the_model_allows(tmp_path, weigh
     s = cp_model.CpSolver()
     assert s.solve(model.m) == cp_model.OPTIMAL
     assert s.objective_value <= fair.bound, (s.objective_value, fair.bound)
+
+
+def test_the_warm_starts_completion_stays_within_cp_sats_integer_range(tmp_path, monkeypatch):
+    """The completion's first stage weighs each guarantees unit above the whole span of the guaranteed tiers, and CP-SAT
+    refuses an objective (or a row) whose activity may pass 2^62: the warm start then could not be completed and the
+    plan was greedy's, "within its work limit". Its spans grow with the fleet: a guaranteed work tier weighs
+    priority x units (1,000,000 x 7 per GPU), times the protected units, ~2.4e19 at 50k running 8-GPU jobs of priority
+    1,000,000. Here a larger COMPLETION_SCALE stands in for that size: the guarantees then get a stage of their own."""
+    from reconciler.solve import strategy
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import WORKERS, Search, Work, warm_start
+
+    monkeypatch.setattr(strategy, "COMPLETION_SCALE", 2**55)
+    docs = [topology(), tenant("a", gpus=8, burst={"gpus": 40}), tenant("b", gpus=8, burst={"gpus": 40}),
+            pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=4)]
+    docs += [job("a0", tenant="a", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical"),
+             job("b0", tenant="b", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical")]
+    docs += [job(f"{t}{i}", tenant=t, gpus=2, gpu_type="A100", cpu=16, mem=100, priority="low") for t in "ab" for i in range(1, 9)]
+    hosts = [instance(f"i-{t}", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for t in "ab"]
+    problem = build_problem(*_setup(tmp_path, docs, hosts, {"a0": ("i-a",), "b0": ("i-b",)}))
+    g = warm_start(problem)
+    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
+    search.model = Model(problem, g)
+    search.tiers = search.model.tiers()
+    search.model.hint_from(g)
+    doms = search.m.proto.variables
+    for vs, cs in search.completion():  # (CP-SAT's own check: the most each stage's sum may reach)
+        assert sum(abs(c) * max(abs(doms[v].domain[0]), abs(doms[v].domain[len(doms[v].domain) - 1])) for v, c in zip(vs, cs)) < 2**62
+    best = search.complete(1.0)
+    assert best is not None and not search.infeasible
+    kept, most = next((search.value(best, t.expr), t.bound) for t in search.tiers if t.name == "guarantees kept")
+    assert kept == most > 0

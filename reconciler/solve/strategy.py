@@ -52,6 +52,9 @@ WORKERS = 1
 WORK_PER_SECOND = 0.3
 WALL_FACTOR, WALL_SLACK = 10.0, 30.0
 COMPLETION_SCALE = 2 ** 16  # what a max tier's whole range weighs in the warm start's completion (Search.completion)
+# The most a completion stage's sum may reach (Search.completion): CP-SAT refuses an objective or row whose activity may
+# pass 2^62 (MODEL_INVALID), and the warm start then fell back to greedy's plan.
+STAGE_MAGNITUDE = 2 ** 61
 WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
 STAY_PUT_SHARE = 0.2  # of the cost stage's work left, kept for stay_put when running work may move
 CONSOLIDATE_SHARE = 0.4  # ... kept for consolidate, while running work is held where it runs
@@ -208,7 +211,7 @@ class Search:
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
     _flat: dict = field(default_factory=dict)
     _completion: tuple | None = None  # (the tiers it was made for, `completion`)
-    _stage_row: int | None = None  # the constraint row `complete` holds an earlier stage's value in
+    _stage_rows: list = field(default_factory=list)  # the constraint rows `complete` holds the earlier stages' values in
 
     def __post_init__(self) -> None:
         self.spent0 = self.clock.used
@@ -361,13 +364,30 @@ class Search:
                 moved += abs(k) * sum(abs(c) * (doms[v].domain[len(doms[v].domain) - 1] - doms[v].domain[0]) for v, c in zip(vs, cs))
             return moved
 
+        def reach(coef: dict[int, int]) -> int:
+            """The most |sum| can be over the variables' domains, as CP-SAT's overflow check reads it."""
+            return sum(abs(c) * max(abs(doms[v].domain[0]), abs(doms[v].domain[len(doms[v].domain) - 1])) for v, c in coef.items())
+
         stages = []
-        for part in ((first, guaranteed), ((), self.tiers[cut:])):
-            coef: dict[int, int] = {}
-            moved = scaled(part[1], coef)
-            scaled(part[0], coef, above=moved + 1)
+
+        def stage(coef: dict[int, int]) -> None:
             if any(coef.values()):
                 stages.append(([v for v, c in coef.items() if c], [c for c in coef.values() if c]))
+
+        for dominant, rest in ((first, guaranteed), ((), self.tiers[cut:])):
+            coef: dict[int, int] = {}
+            moved = scaled(rest, coef)
+            scaled(dominant, coef, above=moved + 1)
+            if dominant and reach(coef) > STAGE_MAGNITUDE:
+                # (weighed above the guaranteed tiers' span, the guarantees passed CP-SAT's range: ~2.4e19 at 50k running
+                # 8-GPU jobs of priority 1,000,000. A stage of their own, held while those are completed, ranks the same.)
+                alone, after = {}, {}
+                scaled(dominant, alone)
+                scaled(rest, after)
+                stage(alone)
+                stage(after)
+            else:
+                stage(coef)
         self._completion = (key, stages)
         return stages
 
@@ -384,39 +404,39 @@ class Search:
         """A full solution from the hinted primary variables (instances, stays, placements): every
         helper variable set as high as those placements allow in each tier, in the tiers' order (`completion`'s
         stages: the guaranteed part's tiers first, held while the borrowed part's are completed). fixed=False: the
-        hint only guides the search (the later stages keep the primaries the first found). `self.infeasible`: the
-        last call proved no such solution exists."""
+        hint only guides the search (the later stages keep the primaries the first found). Each stage holds every
+        earlier one's value. `self.infeasible`: the last call proved no such solution exists."""
         m = self.m
         stages = self.completion()
         used0, sol = self.clock.used, None
         for i, objective in enumerate(stages or [([], [])]):
             if i:
                 self.model.set_primary_hint(sol)
-                self.stage_hold(*stages[i - 1], sol)
+                self.stage_hold(i - 1, *stages[i - 1], sol)
             if objective[0]:
                 self.maximize(m, objective)
             else:
                 m.clear_objective()
             s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed or i else self.solver_for()
-            st = self.clock.solve(s, m, max(0.01, work - (self.clock.used - used0)) if i else work / len(stages or [0]))
+            left = work - (self.clock.used - used0)
+            st = self.clock.solve(s, m, max(0.01, left / (len(stages) - i)) if i else work / len(stages or [0]))
             m.clear_hints()
             if i == 0:
                 self.infeasible = st == cp_model.INFEASIBLE
             if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 break  # (a later stage that runs out keeps the earlier stage's answer)
             sol = list(s.response_proto.solution)
-        if self._stage_row is not None:
-            let_go(m, [self._stage_row])
+        let_go(m, self._stage_rows)
         return sol
 
-    def stage_hold(self, vs: list[int], cs: list[int], sol: list[int]) -> None:
-        """sum(cs x vs) held at least at its value in `sol`, in the one row `complete` keeps for it (a row a call, let
-        go after, would pile up: the model has no way to drop one)."""
+    def stage_hold(self, at: int, vs: list[int], cs: list[int], sol: list[int]) -> None:
+        """sum(cs x vs) held at least at its value in `sol`, in the row `complete` keeps for its stage `at` (a row a
+        call, let go after, would pile up: the model has no way to drop one)."""
         m = self.m
-        if self._stage_row is None:
-            self._stage_row = len(m.proto.constraints)
+        while len(self._stage_rows) <= at:
+            self._stage_rows.append(len(m.proto.constraints))
             m.proto.constraints.add()
-        lin = m.proto.constraints[self._stage_row].linear
+        lin = m.proto.constraints[self._stage_rows[at]].linear
         lin.vars.clear()
         lin.coeffs.clear()
         lin.domain.clear()
