@@ -554,7 +554,7 @@ def test_the_warm_starts_completion_stays_within_cp_sats_integer_range(tmp_path,
     """The completion's first stage weighs each guarantees unit above the whole span of the guaranteed tiers, and CP-SAT
     refuses an objective (or a row) whose activity may pass 2^62: the warm start then could not be completed and the
     plan was greedy's, "within its work limit". Its spans grow with the fleet: a guaranteed work tier weighs
-    priority x units (1,000,000 x 7 per GPU), times the protected units, ~2.4e19 at 50k running 8-GPU jobs of priority
+    priority x units (1,000,000 x 7 per GPU), times the protected units, ~7.8e18 at 50k protected 8-GPU jobs of priority
     1,000,000. Here a larger COMPLETION_SCALE stands in for that size: the guarantees then get a stage of their own."""
     from reconciler.solve import strategy
     from reconciler.solve.model import Model

@@ -379,7 +379,7 @@ class Search:
             moved = scaled(rest, coef)
             scaled(dominant, coef, above=moved + 1)
             if dominant and reach(coef) > STAGE_MAGNITUDE:
-                # (weighed above the guaranteed tiers' span, the guarantees passed CP-SAT's range: ~2.4e19 at 50k running
+                # (weighed above the guaranteed tiers' span, the guarantees passed CP-SAT's range: ~7.8e18 at 50k running
                 # 8-GPU jobs of priority 1,000,000. A stage of their own, held while those are completed, ranks the same.)
                 alone, after = {}, {}
                 scaled(dominant, alone)
