@@ -574,6 +574,7 @@ def test_the_warm_starts_completion_stays_within_cp_sats_integer_range(tmp_path,
     search.tiers = search.model.tiers()
     search.model.hint_from(g)
     doms = search.m.proto.variables
+    assert len(search.completion()) == 3  # (the guarantees, the guaranteed part, the borrowed part)
     for vs, cs in search.completion():  # (CP-SAT's own check: the most each stage's sum may reach)
         assert sum(abs(c) * max(abs(doms[v].domain[0]), abs(doms[v].domain[len(doms[v].domain) - 1])) for v, c in zip(vs, cs)) < 2**62
     best = search.complete(1.0)
