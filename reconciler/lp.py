@@ -85,8 +85,10 @@ class LpMirror:
             if not (c.HasField("linear") and len(c.linear.vars)):
                 continue
             lin = c.linear
-            vars_ = list(lin.vars)
             dom = list(lin.domain)
+            if dom[0] <= -(2**62) and dom[-1] >= 2**62:
+                continue  # a hold let go (Search.complete's stage rows): it bounds nothing
+            vars_ = list(lin.vars)
             if min(vars_) < 0 or len(set(vars_)) != len(vars_):
                 slow.append((list(zip(vars_, lin.coeffs)), dom[0], dom[-1]))
                 continue

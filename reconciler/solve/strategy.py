@@ -56,6 +56,7 @@ COMPLETION_SCALE = 2 ** 16  # what a max tier's whole range weighs in the warm s
 # pass 2^62 (MODEL_INVALID), and the warm start then fell back to greedy's plan.
 STAGE_MAGNITUDE = 2 ** 61
 WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
+FIRST_STAGE_SHARE = 0.8  # of that work, the most the completion's first stage may take (Search.complete)
 STAY_PUT_SHARE = 0.2  # of the cost stage's work left, kept for stay_put when running work may move
 CONSOLIDATE_SHARE = 0.4  # ... kept for consolidate, while running work is held where it runs
 CLAIM_WORK = 0.5  # deterministic s at most for claim_room's search for work a consolidation's room could take
@@ -419,7 +420,9 @@ class Search:
                 m.clear_objective()
             s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed or i else self.solver_for()
             left = work - (self.clock.used - used0)
-            st = self.clock.solve(s, m, max(0.01, left / (len(stages) - i)) if i else work / len(stages or [0]))
+            # (the first stage most of it: with fixed=False it searches the primaries; a later one fixes them and
+            # completes helpers only, 0.01-0.09 deterministic s on a 150-job fleet)
+            st = self.clock.solve(s, m, max(0.01, left / (len(stages) - i)) if i else work * (FIRST_STAGE_SHARE if len(stages) > 1 else 1.0))
             m.clear_hints()
             if i == 0:
                 self.infeasible = st == cp_model.INFEASIBLE
