@@ -95,3 +95,26 @@ def test_a_refused_apply_is_retried_with_a_backoff_not_every_poll(tmp_path):
     # The config changes (the limit raised): planned and applied at the next poll, not after the backoff.
     write_config(cfg, [*fleet_docs(), doc("GuardrailPolicy", "g", {"max_destroy_per_apply": 5})])
     assert ctl.step() and live(cfg) == 0
+
+
+def test_a_replaced_instance_calls_for_no_second_plan(tmp_path, monkeypatch):
+    """An instance whose agent went silent is replaced at once; the next wake-up then saw its entry gone from the
+    agents' reports and planned again, logged as "jobs finished: : plan ...: no changes" (after every replacement).
+    Only what is new in the reports (an instance to replace, a job that finished) calls for a plan."""
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus, now_unix
+
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")  # (the test plays the agent: a heartbeat an hour old)
+    cfg = write_config(tmp_path / "fleet", fleet_docs(job("a", cpu=15, mode="service", run={"command": ["sleep", "1000"]})))
+    now = [1000.0]
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=1, resync=60, log=logs.append, clock=lambda: now[0])
+    assert ctl.step()
+    iid = backend_for(cfg).load().placements["a"][0]
+    Bus(backend_for(cfg)).put_agent(iid, {"instance": iid, "heartbeat_at": now_unix() - 3600, "state": "Ready", "running": ["a/0"]})
+    assert ctl.step() and logs[-2].startswith(f"replace {iid}: lost node"), logs
+    n = len(logs)
+    for _ in range(5):
+        now[0] += 1
+        assert not ctl.step()
+    assert logs[n:] == [], logs[n:]  # before: ['jobs finished: : plan ...: no changes']

@@ -69,7 +69,12 @@ class Controller:
             new_bad = sorted(set(view.unhealthy) - set(self.last.bus[1] if self.last.bus else ()))
             if new_bad:
                 return f"replace {', '.join(new_bad)}: {view.unhealthy[new_bad[0]]}", desired.digest, sig
-            return "jobs finished: " + ", ".join(f"{j} {p}" for j, p in sorted(view.finished.items())), desired.digest, sig
+            new_done = sorted(set(view.finished.items()) - set(self.last.bus[0] if self.last.bus else ()))
+            if new_done:
+                return "jobs finished: " + ", ".join(f"{j} {p}" for j, p in new_done), desired.digest, sig
+            # (what went away, an instance the last apply replaced, calls for nothing: planned again, every
+            # replacement was followed by a plan "jobs finished: : no changes")
+            self.last.bus = sig
         if self.clock() - self.last.at >= retry_after(self.last.failures, self.poll, self.resync):
             return ("retry after a failed apply" if self.last.failures else "resync"), desired.digest, sig
         return None, desired.digest, sig
