@@ -109,6 +109,30 @@ def test_a_service_is_restarted_whenever_it_exits(bus, agents):
     assert rec["log_tail"].count("serving") >= 3
 
 
+def test_a_restarted_agent_keeps_a_services_restart_backoff(bus, tmp_path):
+    """A crashing service backs off between restarts (exponentially, up to 300 s). Its agent restarted (a crash, or
+    systemd) read the run record's attempt but not the wait, and started it again at once: a crash loop as fast as
+    the agent restarts. The wait's end is in the run record (next_start_at) and the new agent keeps it."""
+    cmd = [PY, "-c", "raise SystemExit(3)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("api", cmd, mode="service")]})
+
+    def agent() -> Agent:
+        return Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=30,
+                     log=lambda m: None)
+
+    first = agent()
+    rec = run_until([first], lambda: (r := bus.run("api", 0)) is not None and r["reason"] == "BackOff" and r)
+    assert rec["attempt"] == 1, rec
+    second = agent()  # the first one is gone (nothing of it runs: its replica exited)
+    limit = time.monotonic() + 1.5
+    while time.monotonic() < limit:
+        second.tick()
+        time.sleep(0.05)
+    rec = bus.run("api", 0)
+    assert rec["attempt"] == 1 and rec["reason"] == "BackOff" and not second.replicas[("api", 0)].running, rec  # before: started again
+    assert rec["next_start_at"] > time.time() + 20, rec  # the first agent's wait of 30 s, not a new one
+
+
 GANG = r'''
 import os, socket, sys, time, json
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

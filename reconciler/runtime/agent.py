@@ -99,6 +99,7 @@ class Replica:
     handle: object | None = None
     started_mono: float = 0.0
     next_start: float = 0.0
+    next_start_at: float | None = None  # the same as a unix time, in its run record while it backs off (agent restarts keep it)
     stop: _Stop | None = None
     env: dict = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # the GPUs / MIG devices (the plan's ids) its process was started on
@@ -315,6 +316,12 @@ class Agent:
                 rep.predecessor = prev["instance"]  # remembered: our own record overwrites its record
             if prev and prev.get("instance") == self.instance and (prev.get("spec_hash"), prev.get("epoch")) == (entry["spec_hash"], entry["epoch"]):
                 rep.attempt = prev.get("attempt", 0)
+                if prev.get("reason") == "BackOff" and prev.get("next_start_at") is not None and not prev.get("terminal"):
+                    # backing off when this agent (re)started: the rest of the wait, not a restart at once (a crashing
+                    # service, with its agent restarted by systemd, was started again without its backoff)
+                    wait = min(MAX_BACKOFF_S, max(0.0, float(prev["next_start_at"]) - now_unix()))
+                    rep.next_start, rep.next_start_at = time.monotonic() + wait, float(prev["next_start_at"])
+                    rep.phase, rep.reason, rep.message = "Starting", "BackOff", prev.get("message", "")
                 if prev.get("terminal"):  # finished before this agent (re)started: not run again
                     for k in ("phase", "reason", "message", "terminal", "exit_code", "started_at", "finished_at"):
                         setattr(rep, k, prev.get(k))
@@ -540,6 +547,7 @@ class Agent:
         rep.attempt += 1
         delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.attempt - 1))
         rep.next_start = time.monotonic() + delay
+        rep.next_start_at = now_unix() + delay
         rep.phase, rep.reason = "Starting", "BackOff"
         rep.message = f"{how}; restart {rep.attempt}{f'/{limit}' if limit is not None else ''} in {delay:.1f}s"
 
@@ -573,6 +581,7 @@ class Agent:
             "terminal": rep.terminal, "exit_code": rep.exit_code, "started_at": rep.started_at, "finished_at": rep.finished_at,
             "world_size": e.get("world_size", 1), "master_addr": rep.env.get("MASTER_ADDR"),
             "log_path": str(self._log_path(rep)), "log_tail": log_tail(self._log_path(rep)),
+            **({"next_start_at": rep.next_start_at} if rep.reason == "BackOff" and rep.next_start_at is not None else {}),
         }
 
     def _write_run(self, rep: Replica, force: bool = False) -> None:

@@ -138,6 +138,7 @@ RUN_FIELDS: dict[str, Check] = {
     "phase": (_str, "a phase"), "reason": (_str, "a reason"), "message": (_str, "a message"), "terminal": (lambda v: isinstance(v, bool), "true or false"),
     "exit_code": (_opt(_int), "an exit code"), "started_at": (_opt(_str), "a time"), "finished_at": (_opt(_str), "a time"),
     "log_tail": (_strings, "a list of lines"), "log_path": (_opt(_str), "a path"),
+    "next_start_at": (_opt(_unix_time), "a unix time"),
 }
 _RUN_SPEC: dict[str, Check] = {"command": (lambda v: _strings(v) and bool(v), "a command"), "image": (_opt(_str), "an image"),
                                "env": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), "a map of strings")}
