@@ -146,7 +146,13 @@ told to make it a plain test).
   tenant's budget while its tenant's new work was placed; the tier against that counted only new work of its class or
   below (as under LowerPriority); under Never it counts every class.
 - fleet31 (the same audit, seen at 500 jobs): `apply --plan` refused a plan that healed a critical gang after a spot
-  interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work)."""
+  interruption in its tenant's low job's room (the re-check did not count a gang that runs short as arriving work).
+- fleet65 to fleet72: the stable-run explorations of 2026-11-29 (each test's docstring says what and why).
+- fleet73, fleet74 (the mid-size exploration at the default 20 s, slow): the warm start's completion let the fair share
+  outweigh the guarantees, and a tier's even share of the work left the cold plan's first tier unproven; the plan
+  after the apply evicted a guaranteed critical gang, or placed four more jobs.
+- fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
+  tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank."""
 
 from __future__ import annotations
 
