@@ -75,6 +75,21 @@ PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
 
+def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], sense: str) -> None:
+    """m's objective: `flat` (variable indices, coefficients, constant) minimized, or maximized (sense "max"), written
+    as CP-SAT's own `minimize`/`maximize` writes it (a test checks it); nothing at all: no objective."""
+    vs, cs, off = flat
+    m.clear_objective()
+    if not vs and not off:
+        return
+    obj = m.proto.objective
+    obj.vars.extend(vs)
+    sign = -1 if sense == "max" else 1
+    obj.coeffs.extend(cs if sign == 1 else [-c for c in cs])
+    obj.offset = sign * off
+    obj.scaling_factor = float(sign)
+
+
 class WallCap(Exception):
     """The wall-clock safety cap was hit: the search result would depend on the machine's load."""
 
@@ -246,14 +261,7 @@ class Search:
         if isinstance(expr, int):  # (a constant: CP-SAT's own way)
             m.maximize(expr) if sense == "max" else m.minimize(expr)
             return
-        vs, cs, off = self.flat(expr)
-        m.clear_objective()
-        obj = m.proto.objective
-        obj.vars.extend(vs)
-        sign = -1 if sense == "max" else 1
-        obj.coeffs.extend(cs if sign == 1 else [-c for c in cs])
-        obj.offset = sign * off
-        obj.scaling_factor = float(sign)
+        set_objective(m, self.flat(expr), sense)
 
     def left(self) -> float:
         """This problem's work left, deterministic seconds."""
@@ -392,15 +400,6 @@ class Search:
         self._completion = (key, stages)
         return stages
 
-    def maximize(self, m: cp_model.CpModel, objective: tuple[list[int], list[int]]) -> None:
-        """(variable indices, coefficients) as m's objective, maximized."""
-        vs, cs = objective
-        m.clear_objective()
-        obj = m.proto.objective
-        obj.vars.extend(vs)
-        obj.coeffs.extend(-c for c in cs)
-        obj.scaling_factor = -1.0
-
     def complete(self, work: float, fixed: bool = True) -> list[int] | None:
         """A full solution from the hinted primary variables (instances, stays, placements): every
         helper variable set as high as those placements allow in each tier, in the tiers' order (`completion`'s
@@ -414,10 +413,7 @@ class Search:
             if i:
                 self.model.set_primary_hint(sol)
                 self.stage_hold(i - 1, *stages[i - 1], sol)
-            if objective[0]:
-                self.maximize(m, objective)
-            else:
-                m.clear_objective()
+            set_objective(m, (*objective, 0), "max")
             s = self.solver_for(fix_variables_to_their_hinted_value=True) if fixed or i else self.solver_for()
             left = work - (self.clock.used - used0)
             # (the first stage most of it: with fixed=False it searches the primaries; a later one fixes them and
@@ -1073,7 +1069,7 @@ def around_idle(search: Search, answer: list[int], classes: set[str], groups: se
             dom = m.proto.variables[v.index].domain
             dom[0], dom[1] = 0, sum(n for k, _, n in model.caps[hk].residents if k == dk)
     best, goals, spent = None, [(t.expr, t.sense) for t in search.tiers] + [(search.cost, "min")], 0.0
-    search.maximize(m, (search.completion() or [([], [])])[0])
+    set_objective(m, (*(search.completion() or [([], [])])[0], 0), "max")
     set_hints(m, start)
     s = search.solver_for(fix_variables_to_their_hinted_value=True)
     if search.clock.solve(s, m, REPAIR_WORK / 4) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
