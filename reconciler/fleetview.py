@@ -110,7 +110,11 @@ class FleetView:
 
 
 def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, tuple[str, ...]], gpus: dict,
-          reasons: dict[str, tuple[str, str]], now: datetime, changes_outstanding: int) -> FleetView:
+          reasons: dict[str, tuple[str, str]], now: datetime, changes_outstanding: int,
+          run_changes: dict[str, str] | None = None) -> FleetView:
+    """`run_changes`: job -> "starts" / "stops" for a job whose `run` was added or taken out since the last apply (the
+    plan's `restarted`): it runs, or not, as that apply left it until the next one publishes the change."""
+    run_changes = run_changes or {}
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     led = Ledger(problem)
     for key, cap in hosts.items():
@@ -137,7 +141,8 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
                                  f"{finished[name]}: demands no capacity until its spec changes", None))
             continue
         if name in placed:  # a job without `run` is a reservation: placed, nothing started
-            jobs.append(JobState(name, job.spec.tenant, "reserved" if job.spec.run is None else "running", "", None))
+            reserved = run_changes.get(name) == "starts" or (job.spec.run is None and run_changes.get(name) != "stops")
+            jobs.append(JobState(name, job.spec.tenant, "reserved" if reserved else "running", "", None))
             continue
         phase, reason = reasons.get(name, ("pending", "not in the plan"))
         sub = job.spec.submitted
@@ -176,7 +181,8 @@ def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:
             reasons[j.job] = ("pending", "placed by the next apply")
     placements = {j: tuple(ids) for j, ids in observed.placements.items()}
     outstanding = len(plan.creates) + len(plan.deletes)
-    return _view(problem, desired, observed, plan, hosts, placements, dict(observed.gpu_indices), reasons, now, outstanding)
+    return _view(problem, desired, observed, plan, hosts, placements, dict(observed.gpu_indices), reasons, now, outstanding,
+                 {r.job: r.change for r in plan.restarted})
 
 
 def applied_view(problem, desired, observed, plan, report, now: datetime) -> FleetView:

@@ -85,6 +85,30 @@ def test_a_job_without_run_is_reserved_never_running(applied):
         assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab) == 9
 
 
+def test_a_run_added_or_taken_out_before_the_apply_counts_as_it_runs(applied):
+    """`reconcile metrics` (and the report) show the fleet as it runs: a running job whose `run` was taken out still runs
+    until the apply withdraws it, and a reservation given a `run` starts only at the apply. They counted the config's
+    word (reserved, running) while `reconcile status` showed what runs (Running, Reserved)."""
+    jobs = applied / "jobs" / "platform.yaml"
+    text = jobs.read_text()
+    run_line = '  run: {command: [python3, bin/train.py, "150"]}\n'
+    assert run_line in text
+
+    def counts() -> tuple[dict, dict]:
+        ss = samples(cli("metrics", applied).output)
+        metric = {ph: sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", ph) in lab)
+                  for ph in ("running", "reserved")}
+        live = json.loads(cli("status", applied, "--format", "json").output)["fleet"]["status"]["jobs"]
+        return metric, {ph: live[ph] for ph in ("running", "reserved")}
+
+    jobs.write_text(text.replace(run_line, "", 1))  # feature-etl's process runs until the apply
+    assert counts() == ({"running": 9, "reserved": 1},) * 2
+    assert cli("apply", applied, "--auto-approve").exit_code == 0
+    assert counts() == ({"running": 8, "reserved": 2},) * 2
+    jobs.write_text(text)  # given its run back: it starts at the next apply
+    assert counts() == ({"running": 8, "reserved": 2},) * 2
+
+
 def test_a_spot_interruption_shows_in_the_metrics(applied):
     spot = next(line.split("\t")[0] for line in cli("sim", "ls", applied).output.splitlines() if "\tspot\t" in line)
     assert cli("sim", "interrupt", spot, applied).exit_code == 0
