@@ -24,8 +24,11 @@ def summary_line(plan: Plan) -> str:
     return (
         f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
         f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged"
-        f"{f', {n} removed' if (n := c['remove']) else ''}{f', {n} restarted' if (n := c['restart']) else ''}; "
-        f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
+        + f"{f', {n} removed' if (n := c['remove']) else ''}"
+        + "".join(f", {n} {word}" for change, word in (("restarts", "restarted"), ("starts", "started"), ("stops", "stopped"))
+                  if (n := sum(r.change == change for r in plan.restarted)))  # a run added or taken out is no restart
+        + "; "
+        + f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
     )
 
 
