@@ -492,6 +492,27 @@ def test_a_higher_class_short_of_its_quota_unfreezes_its_tenants_lower_jobs_on_a
         assert acts == {j.job: j.action for j in pb.jobs}
 
 
+def _two_borrowers_running_critical_work(tmp_path: Path):
+    """A Search over two borrowing tenants (a fair share), each running an 8-GPU critical job inside its guarantee and
+    asking for more, hinted with greedy's answer: what Search.complete completes."""
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import WORKERS, Search, Work, warm_start
+
+    docs = [topology(), tenant("a", gpus=8, burst={"gpus": 40}), tenant("b", gpus=8, burst={"gpus": 40}),
+            pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=4)]
+    docs += [job("a0", tenant="a", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical"),
+             job("b0", tenant="b", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical")]
+    docs += [job(f"{t}{i}", tenant=t, gpus=2, gpu_type="A100", cpu=16, mem=100, priority="low") for t in "ab" for i in range(1, 9)]
+    hosts = [instance(f"i-{t}", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for t in "ab"]
+    problem = build_problem(*_setup(tmp_path, docs, hosts, {"a0": ("i-a",), "b0": ("i-b",)}))
+    g = warm_start(problem)
+    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
+    search.model = Model(problem, g)
+    search.tiers = search.model.tiers()
+    search.model.hint_from(g)
+    return problem, search
+
+
 def test_the_warm_starts_completion_keeps_running_guaranteed_work_in_the_guarantee(tmp_path):
     """With the placements fixed, the warm start's completion chooses how each tenant's work splits between its
     guarantee and its borrowed part, and its tier values are every tier's floor. It follows the tiers' order: the
@@ -499,24 +520,8 @@ def test_the_warm_starts_completion_keeps_running_guaranteed_work_in_the_guarant
     the fair share of borrowed capacity (hundreds of thousands) outweigh the guarantees: fleet73's completion put two
     tenants' running protected work on borrowed capacity (0 of 168 units kept each), the tiers held that floor, and
     the plan after an apply evicted a guaranteed critical gang."""
-    from reconciler.solve.strategy import WORKERS, Search, Work, warm_start
-    from reconciler.solve.model import Model
-
-    # Two borrowers (a fair share), each running an 8-GPU critical job inside its guarantee, and asking for more.
-    docs = [topology(), tenant("a", gpus=8, burst={"gpus": 40}), tenant("b", gpus=8, burst={"gpus": 40}),
-            pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=4)]
-    docs += [job("a0", tenant="a", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical"),
-             job("b0", tenant="b", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical")]
-    docs += [job(f"{t}{i}", tenant=t, gpus=2, gpu_type="A100", cpu=16, mem=100, priority="low") for t in "ab" for i in range(1, 9)]
-    hosts = [instance(f"i-{t}", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for t in "ab"]
-    desired, observed = _setup(tmp_path, docs, hosts, {"a0": ("i-a",), "b0": ("i-b",)})
-    problem = build_problem(desired, observed)
+    problem, search = _two_borrowers_running_critical_work(tmp_path)
     assert {t: r.protected_jobs for t, r in problem.tenants.items()} == {"a": ("a0",), "b": ("b0",)}
-    g = warm_start(problem)
-    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
-    search.model = Model(problem, g)
-    search.tiers = search.model.tiers()
-    search.model.hint_from(g)
     best = search.complete(1.0)
     assert best is not None
     values = {t.name: (search.value(best, t.expr), t.bound) for t in search.tiers}
@@ -557,22 +562,9 @@ def test_the_warm_starts_completion_stays_within_cp_sats_integer_range(tmp_path,
     priority x units (1,000,000 x 7 per GPU), times the protected units, ~7.8e18 at 50k protected 8-GPU jobs of priority
     1,000,000. Here a larger COMPLETION_SCALE stands in for that size: the guarantees then get a stage of their own."""
     from reconciler.solve import strategy
-    from reconciler.solve.model import Model
-    from reconciler.solve.strategy import WORKERS, Search, Work, warm_start
 
     monkeypatch.setattr(strategy, "COMPLETION_SCALE", 2**55)
-    docs = [topology(), tenant("a", gpus=8, burst={"gpus": 40}), tenant("b", gpus=8, burst={"gpus": 40}),
-            pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=4)]
-    docs += [job("a0", tenant="a", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical"),
-             job("b0", tenant="b", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="critical")]
-    docs += [job(f"{t}{i}", tenant=t, gpus=2, gpu_type="A100", cpu=16, mem=100, priority="low") for t in "ab" for i in range(1, 9)]
-    hosts = [instance(f"i-{t}", "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for t in "ab"]
-    problem = build_problem(*_setup(tmp_path, docs, hosts, {"a0": ("i-a",), "b0": ("i-b",)}))
-    g = warm_start(problem)
-    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
-    search.model = Model(problem, g)
-    search.tiers = search.model.tiers()
-    search.model.hint_from(g)
+    _, search = _two_borrowers_running_critical_work(tmp_path)
     doms = search.m.proto.variables
     assert len(search.completion()) == 3  # (the guarantees, the guaranteed part, the borrowed part)
     for vs, cs in search.completion():  # (CP-SAT's own check: the most each stage's sum may reach)
