@@ -368,7 +368,7 @@ def _live_conditions(conditions: list, live: tuple, now: str) -> list:
 @dataclass(frozen=True)
 class JobOutcome:
     job: str
-    base: str  # "absent", "running on 2x p4d.24xlarge (aws/us-east-1b)", "pending: <reason>"
+    base: str  # "absent", "running on 2x p4d.24xlarge (aws/us-east-1b)", "reserved on ..." (no `run`), "pending: <reason>"
     head: str
 
 
@@ -388,12 +388,15 @@ class DiffResult:
         return bool(self.documents or self.jobs or self.capacity)
 
 
-def _outcomes(plan: Plan, placed_types: dict[str, str]) -> dict[str, str]:
+def _outcomes(plan: Plan, placed_types: dict[str, str], desired: DesiredState) -> dict[str, str]:
+    """job -> what the plan does with it; a job without `run` is a reservation: "reserved on", nothing runs."""
     out = {}
     for j in plan.jobs:
         if j.instances:
             kinds = sorted({placed_types.get(i, i) for i in j.instances})
-            out[j.job] = f"running on {len(j.instances)}x {', '.join(kinds)}"
+            job = desired.jobs.get(j.job)
+            verb = "reserved" if job is not None and job.spec.run is None else "running"
+            out[j.job] = f"{verb} on {len(j.instances)}x {', '.join(kinds)}"
         else:
             out[j.job] = f"pending: {j.reason}"
     return out
@@ -447,7 +450,7 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
             docs.append(f"~ {kind}")
     bcount, btypes = _resulting_fleet(base.plan, base.observed)
     hcount, htypes = _resulting_fleet(head.plan, head.observed)
-    bout, hout = _outcomes(base.plan, btypes), _outcomes(head.plan, htypes)
+    bout, hout = _outcomes(base.plan, btypes, base.desired), _outcomes(head.plan, htypes, head.desired)
     jobs = tuple(JobOutcome(j, bout.get(j, "absent"), hout.get(j, "absent"))
                  for j in sorted(set(bout) | set(hout)) if bout.get(j, "absent") != hout.get(j, "absent"))
     capacity = tuple((k, bcount.get(k, 0), hcount.get(k, 0)) for k in sorted(set(bcount) | set(hcount)) if bcount.get(k, 0) != hcount.get(k, 0))

@@ -69,7 +69,7 @@ def test_pull_request_to_healing_run(repo):
     d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
     assert d.exit_code == 2, d.output
     assert "+ Job/rl-rollouts" in d.output
-    assert "| rl-rollouts | absent | running on 1x g5.12xlarge" in d.output
+    assert "| rl-rollouts | absent | reserved on 1x g5.12xlarge" in d.output  # (no run: a reservation, nothing runs)
     assert "aws-a10g g5.12xlarge" in d.output  # one more 4-GPU A10G instance
     md = cli("plan", repo, "--format", "markdown", "--detailed-exitcode")
     assert md.exit_code == 2 and "**1 to create, 0 to delete; jobs: 1 placed" in md.output
