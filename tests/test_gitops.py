@@ -181,3 +181,18 @@ def test_example_workflows_use_real_commands_and_options():
                     cmd.make_context(name, args, resilient_parsing=False)  # raises on unknown options
                     seen.add(name)
     assert {"validate", "diff", "plan", "apply"} <= seen
+
+
+def test_a_pull_request_giving_a_reservation_a_run_shows_in_the_diff(repo):
+    """A placed job without `run` is a reservation; a PR giving it one starts it on merge. The diff says so (reserved
+    -> running on the same instance), where it said "running on" both times and so listed nothing."""
+    (repo / "jobs" / "rl.yaml").write_text(NEW_JOB)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "add rl-rollouts")
+    assert cli("apply", repo, "--auto-approve").exit_code == 0
+    git(repo, "checkout", "-q", "-b", "run-rl")
+    (repo / "jobs" / "rl.yaml").write_text(NEW_JOB + "  run: {command: [python3, -c, pass]}\n")
+    git(repo, "commit", "-q", "-am", "run rl-rollouts")
+    d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
+    assert d.exit_code == 2, d.output
+    assert "| rl-rollouts | reserved on 1x g5.12xlarge" in d.output and "| running on 1x g5.12xlarge" in d.output, d.output
