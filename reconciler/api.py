@@ -341,7 +341,8 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
             st["conditions"] = _live_conditions(st["conditions"], run.conditions, now)
     fleet = (out.get("fleet") or {}).get("status")
     if isinstance(fleet, dict):  # the counts agree with the phases shown: a job that finished since the apply is done,
-        from reconciler.status import count_phase, job_counts  # a reservation (phase Reserved: no `run`) is reserved
+        from reconciler.fleetview import count_phase  # (a reservation, phase Reserved: no `run`, is reserved)
+        from reconciler.status import job_counts
 
         shown = {n: d.get("status") or {} for n, d in out["jobs"].items()}
         fleet["jobs"] = job_counts({n: count_phase(bool(s.get("instances")), view.finished.get(n), s.get("phase") == "Reserved")

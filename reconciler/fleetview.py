@@ -109,6 +109,15 @@ class FleetView:
         return sum(waits) / len(waits), waits[max(0, math.ceil(0.95 * len(waits)) - 1)]
 
 
+def count_phase(placed: bool, finished: str | None, reserved: bool = False) -> str:
+    """How a job counts (fleet.yaml, live status, metrics, the report): succeeded or failed once its agents report it
+    finished (whether or not it is placed), else reserved (placed without `run`: nothing started), running or pending
+    as placed."""
+    if finished in ("Succeeded", "Failed"):
+        return finished.lower()
+    return ("reserved" if reserved else "running") if placed else "pending"
+
+
 def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, tuple[str, ...]], gpus: dict,
           reasons: dict[str, tuple[str, str]], now: datetime, changes_outstanding: int,
           run_changes: dict[str, str] | None = None) -> FleetView:
@@ -136,13 +145,11 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
     finished = dict(getattr(getattr(observed, "runtime", None), "finished", None) or {})
     jobs = []
     for name, job in sorted(desired.jobs.items()):
-        if name in finished:
-            jobs.append(JobState(name, job.spec.tenant, finished[name].lower(),
-                                 f"{finished[name]}: demands no capacity until its spec changes", None))
-            continue
-        if name in placed:  # a job without `run` is a reservation: placed, nothing started
-            reserved = run_changes.get(name) == "starts" or (job.spec.run is None and run_changes.get(name) != "stops")
-            jobs.append(JobState(name, job.spec.tenant, "reserved" if reserved else "running", "", None))
+        reserved = run_changes.get(name) == "starts" or (job.spec.run is None and run_changes.get(name) != "stops")
+        counted = count_phase(name in placed, finished.get(name), reserved)
+        if counted != "pending":
+            why = f"{finished[name]}: demands no capacity until its spec changes" if counted in ("succeeded", "failed") else ""
+            jobs.append(JobState(name, job.spec.tenant, counted, why, None))
             continue
         phase, reason = reasons.get(name, ("pending", "not in the plan"))
         sub = job.spec.submitted

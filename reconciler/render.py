@@ -14,8 +14,9 @@ from reconciler.plan import Plan
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
-# RestartedJob.change, as the plan's table says it
+# RestartedJob.change, as the plan's table says it and as its summary line counts it
 RUN_CHANGES = {"restarts": "restarts (run changed)", "starts": "starts (run added)", "stops": "stops (run removed; it keeps its place)"}
+RUN_CHANGED = {"restarts": "restarted", "starts": "started", "stops": "stopped"}
 MARKDOWN_MAX_CHARS = 60_000  # GitHub caps a comment at 65,536 characters
 
 
@@ -25,7 +26,7 @@ def summary_line(plan: Plan) -> str:
         f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
         f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged"
         + f"{f', {n} removed' if (n := c['remove']) else ''}"
-        + "".join(f", {n} {word}" for change, word in (("restarts", "restarted"), ("starts", "started"), ("stops", "stopped"))
+        + "".join(f", {n} {word}" for change, word in RUN_CHANGED.items()
                   if (n := sum(r.change == change for r in plan.restarted)))  # a run added or taken out is no restart
         + "; "
         + f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"

@@ -17,6 +17,7 @@ from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
+from reconciler.fleetview import count_phase
 from providers.redact import redact
 from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, DesiredState
@@ -199,13 +200,6 @@ def job_counts(phases: dict[str, str]) -> dict[str, int]:
     for phase in phases.values():
         counts[phase] += 1
     return counts
-
-
-def count_phase(placed: bool, finished: str | None, reserved: bool = False) -> str:
-    """`reserved`: the job has no `run` (a reservation: placed, nothing started)."""
-    if finished in ("Succeeded", "Failed"):
-        return finished.lower()
-    return ("reserved" if reserved else "running") if placed else "pending"
 
 
 def job_phase(run, placed: bool, reserved: bool) -> str:

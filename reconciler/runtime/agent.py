@@ -27,7 +27,7 @@ from typing import Callable
 
 from providers.pids import start_time
 from reconciler.errors import ReconcileError
-from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, stale_seconds
+from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
 
@@ -430,8 +430,7 @@ class Agent:
                 doc = self.bus.agent(old)
             except ReconcileError:
                 continue  # unreadable: no evidence that it still runs
-            if doc and doc.get("state") != "Stopped" and now_unix() - float(doc["heartbeat_at"]) <= stale_seconds() \
-                    and f"{job}/{r}" in doc.get("running", []):
+            if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{r}" in doc.get("running", []):
                 holder = old
                 break
         if holder is None:

@@ -47,6 +47,11 @@ def heartbeat_seconds() -> float:
     return setting("AGENT_HEARTBEAT_SECONDS", 5.0)
 
 
+def reports_alive(doc: dict | None, now: float, stale: float) -> bool:
+    """An agent's report that says it is up: a heartbeat at most `stale` seconds old, and not Stopped."""
+    return bool(doc) and doc.get("state") != "Stopped" and now - float(doc.get("heartbeat_at", 0)) <= stale
+
+
 def stale_seconds() -> float:
     """A heartbeat older than this is a lost node: a few missed beats, not one slow write."""
     return setting("HEARTBEAT_STALE_SECONDS", 60.0)

@@ -9,6 +9,7 @@ from typing import Mapping
 
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import current_hashes
+from reconciler.runtime.bus import reports_alive
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     (nothing is decided on a report that cannot be read), its replicas are Unknown."""
     launched = launched or {}
     unreadable_agents = unreadable_agents or {}
-    fresh = {i for i, a in agents.items() if now - float(a.get("heartbeat_at", 0)) <= stale and a.get("state") != "Stopped"}
+    fresh = {i for i, a in agents.items() if reports_alive(a, now, stale)}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():

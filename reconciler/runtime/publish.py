@@ -13,7 +13,7 @@ from reconciler.backend import StateBackend
 from reconciler.errors import ReconcileError
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import build_assignments, published_hashes
-from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, stale_seconds
+from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, reports_alive, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
 
@@ -120,12 +120,7 @@ def shutting_down(bus: Bus, instance: str) -> bool:
         doc = bus.agent(instance)
     except ReconcileError:
         return False  # unreadable: no evidence that it still runs
-    if not doc or doc.get("state") == "Stopped" or not doc.get("running"):
-        return False
-    try:
-        return now_unix() - float(doc["heartbeat_at"]) <= stale_seconds()
-    except (KeyError, TypeError, ValueError):
-        return False
+    return reports_alive(doc, now_unix(), stale_seconds()) and bool(doc.get("running"))
 
 
 # ---------------------------------------------------------------- the pipeline's boundaries
