@@ -278,7 +278,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
                                   fleet_uid=current.fleet_uid)
         left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),
-                              desired, observed, the_plan, report)
+                              desired, observed, the_plan, report, view)
     result = ApplyResult(the_plan, report, status_dir, left)
     if not report.ok:
         done = f"{len(report.created)} created, {len(report.deleted)} deleted"
@@ -289,13 +289,13 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
 
 
 def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, observed: Observed, the_plan: Plan,
-                   report: ApplyReport):
+                   report: ApplyReport, runtime=None):
     """status/metrics.prom: the fleet the apply left, for node_exporter's textfile collector (not committed with
     status: its plan time and queue waits change every run). Returns that view (the controller serves it)."""
     from reconciler.fleetview import applied_view
     from reconciler.metrics import write_textfile
 
-    view = applied_view(problem, desired, observed, the_plan, report, utcnow())
+    view = applied_view(problem, desired, observed, the_plan, report, utcnow(), runtime)
     write_textfile(status_dir / "metrics.prom", view)
     return view
 
@@ -345,8 +345,8 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
         from reconciler.status import job_counts
 
         shown = {n: d.get("status") or {} for n, d in out["jobs"].items()}
-        fleet["jobs"] = job_counts({n: count_phase(bool(s.get("instances")), view.finished.get(n), s.get("phase") == "Reserved")
-                                    for n, s in shown.items()})
+        fleet["jobs"] = job_counts({n: count_phase(bool(s.get("instances")), view.finished.get(n), s.get("phase") == "Reserved",
+                                                   s.get("phase")) for n, s in shown.items()})
 
 
 def _live_conditions(conditions: list, live: tuple, now: str) -> list:

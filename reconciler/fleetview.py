@@ -109,20 +109,28 @@ class FleetView:
         return sum(waits) / len(waits), waits[max(0, math.ceil(0.95 * len(waits)) - 1)]
 
 
-def count_phase(placed: bool, finished: str | None, reserved: bool = False) -> str:
+def count_phase(placed: bool, finished: str | None, reserved: bool = False, live: str | None = None) -> str:
     """How a job counts (fleet.yaml, live status, metrics, the report): succeeded or failed once its agents report it
-    finished (whether or not it is placed), else reserved (placed without `run`: nothing started), running or pending
-    as placed."""
+    finished (whether or not it is placed), else pending when not placed, reserved when placed without `run` (nothing
+    started), else as its agents report its phase (`live`, lifecycle.JobRun.phase): starting while any replica is not
+    running yet (assigned, waiting for GPUs or its predecessor, in a restart's backoff), unknown while an agent is
+    unreachable, running when all run or where no agent reports (a provider without the runtime). Before, a placed
+    job counted running whatever its agents said: a job crash-looping in its backoff was "running"."""
     if finished in ("Succeeded", "Failed"):
         return finished.lower()
-    return ("reserved" if reserved else "running") if placed else "pending"
+    if not placed:
+        return "pending"
+    if reserved:
+        return "reserved"
+    return {"Starting": "starting", "Pending": "starting", "Unknown": "unknown"}.get(live or "Running", "running")
 
 
 def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, tuple[str, ...]], gpus: dict,
           reasons: dict[str, tuple[str, str]], now: datetime, changes_outstanding: int,
-          run_changes: dict[str, str] | None = None) -> FleetView:
+          run_changes: dict[str, str] | None = None, runtime=None) -> FleetView:
     """`run_changes`: job -> "starts" / "stops" for a job whose `run` was added or taken out since the last apply (the
-    plan's `restarted`): it runs, or not, as that apply left it until the next one publishes the change."""
+    plan's `restarted`): it runs, or not, as that apply left it until the next one publishes the change. `runtime`: what
+    the agents report (lifecycle.RuntimeView), the observed one unless given."""
     run_changes = run_changes or {}
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     led = Ledger(problem)
@@ -142,11 +150,14 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
     placed = led.placed_jobs()
     # A finished job (Succeeded, Failed past its restarts) demands nothing, so the plan leaves it out: it is done, not
     # pending (before: counted pending "not in the plan", and its `submitted` fed the queue wait forever).
-    finished = dict(getattr(getattr(observed, "runtime", None), "finished", None) or {})
+    runtime = runtime if runtime is not None else getattr(observed, "runtime", None)
+    finished = dict(getattr(runtime, "finished", None) or {})
+    runs = dict(getattr(runtime, "jobs", None) or {})
     jobs = []
     for name, job in sorted(desired.jobs.items()):
         reserved = run_changes.get(name) == "starts" or (job.spec.run is None and run_changes.get(name) != "stops")
-        counted = count_phase(name in placed, finished.get(name), reserved)
+        live = runs[name].phase if name in runs else None
+        counted = count_phase(name in placed, finished.get(name), reserved, live)
         if counted != "pending":
             why = f"{finished[name]}: demands no capacity until its spec changes" if counted in ("succeeded", "failed") else ""
             jobs.append(JobState(name, job.spec.tenant, counted, why, None))
@@ -192,9 +203,9 @@ def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:
                  {r.job: r.change for r in plan.restarted})
 
 
-def applied_view(problem, desired, observed, plan, report, now: datetime) -> FleetView:
+def applied_view(problem, desired, observed, plan, report, now: datetime, runtime=None) -> FleetView:
     """The fleet an apply of `plan` left: existing instances kept (not deleted), those it created, and the
-    placements it recorded."""
+    placements it recorded; `runtime`, what the agents reported after it (the jobs it placed are starting)."""
     deleted = set(report.deleted)
     hosts = {c.key: c for c in problem.hosts() if c.key in plan.kept and c.key not in deleted}
     offers = {c.offer_key: c for c in problem.offers() if not c.members}
@@ -216,7 +227,7 @@ def applied_view(problem, desired, observed, plan, report, now: datetime) -> Fle
             reasons[j.job] = ("pending", "its new instances could not be created")
     placements = {j: tuple(ids) for j, ids in report.placements.items()}
     outstanding = len(report.failed_refs) + len(report.not_started) + len(report.skipped_deletes)
-    return _view(problem, desired, observed, plan, hosts, placements, gpus, reasons, now, outstanding)
+    return _view(problem, desired, observed, plan, hosts, placements, gpus, reasons, now, outstanding, runtime=runtime)
 
 
 __all__ = ["FleetView", "Host", "JobState", "Slot", "applied_view", "current_view", "reason_kind"]

@@ -32,7 +32,7 @@ METRICS: dict[str, str] = {
     "fleetops_tenant_cost_dollars_per_hour": "USD per hour charged to each tenant (the share of its instances its replicas use)",
     "fleetops_pool_cost_dollars_per_hour": "USD per hour of each pool's instances",
     "fleetops_tenant_license_cost_dollars_per_hour": "USD per hour of the floating licenses each tenant's running jobs hold",
-    "fleetops_jobs": "Jobs per phase (running, reserved, pending, evicted, succeeded, failed) and tenant",
+    "fleetops_jobs": "Jobs per phase (running, starting, unknown, reserved, pending, evicted, succeeded, failed) and tenant",
     "fleetops_pending_jobs": "Jobs waiting for capacity (pending or evicted; not finished ones), per reason category",
     "fleetops_queue_wait_seconds_avg": "Average time pending jobs have waited since spec.submitted",
     "fleetops_queue_wait_seconds_p95": "95th percentile (nearest rank) of pending jobs' wait since spec.submitted",
@@ -79,7 +79,7 @@ def families(view: FleetView) -> list[GaugeMetricFamily]:
 
     phases: dict[tuple[str, str], int] = {}
     for t in view.tenant_cost:
-        for ph in ("running", "reserved", "pending", "evicted", "succeeded", "failed"):
+        for ph in ("running", "starting", "unknown", "reserved", "pending", "evicted", "succeeded", "failed"):
             phases[(ph, t)] = 0
     reasons: dict[str, int] = {kind: 0 for _, kind in REASON_KINDS} | {"other": 0}  # a zero, not "no data"
     for j in view.jobs:

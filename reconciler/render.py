@@ -357,7 +357,8 @@ def render_status(st: dict) -> str:
     """`reconcile status` for people, from the status files (api.read_status)."""
     f = st["fleet"]["status"]
     lines = [f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, {money(f['hourlyCost'])}/h, "
-             f"{f['jobs']['running']} jobs running" + (f", {f['jobs']['reserved']} reserved" if f["jobs"].get("reserved") else "")
+             f"{f['jobs']['running']} jobs running"
+             + "".join(f", {f['jobs'][k]} {k}" for k in ("starting", "unknown", "reserved") if f["jobs"].get(k))
              + f", {f['jobs']['pending']} pending"
              + "".join(f", {f['jobs'][k]} {k}" for k in ("succeeded", "failed") if f["jobs"].get(k))
              + f" (last change: plan {f['lastChangedBy']})"]

@@ -92,14 +92,13 @@ def render_report(view: FleetView, generated: datetime) -> str:
     for i, (div_id, fig) in enumerate(_figures(view)):
         parts.append(f'<section id="{div_id}">' + pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=f"plot-{div_id}",
                                                             config={"displaylogo": False, "responsive": True}) + "</section>")
-    running = sum(j.phase == "running" for j in view.jobs)
-    reserved = sum(j.phase == "reserved" for j in view.jobs)  # placed without `run`: nothing started
+    count = {ph: sum(j.phase == ph for j in view.jobs) for ph in ("running", "starting", "unknown", "reserved")}  # reserved: no `run`
     done = sum(j.phase in ("succeeded", "failed") for j in view.jobs)
     gpus = sum(h.gpus for h in view.hosts)
     used = sum(h.gpus_allocated for h in view.hosts)
     summary = (f"{len(view.hosts)} instances, {gpus} GPUs ({used} allocated), ${view.cost:,.2f}/h; "
-               f"{running} jobs running" + (f", {reserved} reserved" if reserved else "")
-               + f", {len(view.jobs) - running - reserved - done} not running" + (f", {done} finished" if done else ""))
+               f"{count['running']} jobs running" + "".join(f", {count[ph]} {ph}" for ph in ("starting", "unknown", "reserved") if count[ph])
+               + f", {len(view.jobs) - sum(count.values()) - done} not running" + (f", {done} finished" if done else ""))
     cut = sum(1 for h in view.hosts if h.gpus) - MAP_MAX_HOSTS
     note = f"<p>The GPU map shows the first {MAP_MAX_HOSTS} GPU instances of {MAP_MAX_HOSTS + cut}.</p>" if cut > 0 else ""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

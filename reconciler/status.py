@@ -188,15 +188,16 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
     charges = _write_job_statuses(files, root, now, desired, plan, report, pricing, licenses, runtime)
     _write_pool_statuses(files, root, now, desired, plan, report, instances, pricing)
     finished = dict(runtime.finished) if runtime is not None else {}
-    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished)
+    phases = {n: r.phase for n, r in runtime.jobs.items()} if runtime is not None else {}
+    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished, phases)
     return root
 
 
 def job_counts(phases: dict[str, str]) -> dict[str, int]:
     """fleet.yaml's job counts from each job's status phase: a finished job (Succeeded, or Failed past its restarts)
     is counted as such, never as pending (it demands nothing, so the plan leaves it unplaced); a placed job without
-    `run` is reserved, never running (nothing is started for it)."""
-    counts = {"running": 0, "reserved": 0, "pending": 0, "succeeded": 0, "failed": 0}
+    `run` is reserved, never running (nothing is started for it); one whose agents have not started it is starting."""
+    counts = {"running": 0, "starting": 0, "unknown": 0, "reserved": 0, "pending": 0, "succeeded": 0, "failed": 0}
     for phase in phases.values():
         counts[phase] += 1
     return counts
@@ -326,7 +327,7 @@ def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: Desi
 
 def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
                         instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str,
-                        finished: dict[str, str]) -> None:
+                        finished: dict[str, str], phases: dict[str, str]) -> None:
     """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts and the last plan that changed it."""
     fleet_cost = sum(pricing.hourly(i.id) for i in instances)
     path = root / "fleet.yaml"
@@ -345,8 +346,8 @@ def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: Desir
             **({"licenses": {n: {"count": spec.count, "held": sum(held[n].values()), "tenants": dict(sorted(held[n].items()))}
                              for n, spec in sorted(licenses.items())}} if licenses else {}),
             **({"reservations": _reservation_status(desired, instances)} if desired.reservations else {}),
-            "jobs": job_counts({n: count_phase(bool(report.placements.get(n)), finished.get(n), j.spec.run is None)
-                                for n, j in desired.jobs.items()}),
+            "jobs": job_counts({n: count_phase(bool(report.placements.get(n)), finished.get(n), j.spec.run is None,
+                                               phases.get(n)) for n, j in desired.jobs.items()}),
             "lastChangedBy": last, "failures": report.failures,
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },

@@ -199,7 +199,7 @@ def test_a_gang_whose_heal_fails_stops_its_survivor_and_is_pending_with_the_true
     tags = next(i for i in sim.instances() if i["id"] == survivor)["tags"]
     assert read_placements(tags).placements == ()
     status = api.read_status(cfg)
-    assert status["fleet"]["status"]["jobs"] == {"running": 0, "reserved": 0, "pending": 1, "succeeded": 0, "failed": 0}
+    assert status["fleet"]["status"]["jobs"] == {"running": 0, "starting": 0, "unknown": 0, "reserved": 0, "pending": 1, "succeeded": 0, "failed": 0}
     gang = status["jobs"]["gang"]["status"]
     placed = next(c for c in gang["conditions"] if c["type"] == "Placed")
     assert gang["phase"] == "Pending" and gang["instances"] == []

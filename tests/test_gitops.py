@@ -95,7 +95,7 @@ def test_pull_request_to_healing_run(repo):
     assert sum(s.startswith("fleetops: apply ") for s in log) == 3
     assert "1 created" in log[0]
     fleet = yaml.safe_load(git(repo, "show", "HEAD:status/fleet.yaml"))["status"]
-    assert fleet["jobs"] == {"running": 0, "reserved": 11, "pending": 0, "succeeded": 0, "failed": 0}  # none has run
+    assert fleet["jobs"] == {"running": 0, "starting": 0, "unknown": 0, "reserved": 11, "pending": 0, "succeeded": 0, "failed": 0}  # none has run
     assert spot["id"] not in git(repo, "show", "HEAD:status/fleet.yaml") + "".join(
         git(repo, "show", f"HEAD:status/pools/{p}") for p in git(repo, "ls-tree", "--name-only", "HEAD", "status/pools/").replace("status/pools/", "").split())
     # A run that changes nothing commits nothing.

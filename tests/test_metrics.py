@@ -41,6 +41,30 @@ def applied(tmp_path):
     return cfg
 
 
+def report_runs(cfg: Path, phase=lambda job: ("Running", "Started")) -> dict[str, dict]:
+    """Write to the bus what the agents would: a fresh heartbeat from every instance that runs a replica, and each
+    published replica's run record in `phase(job)` ((phase, reason)). Returns the jobs' status documents."""
+    import time
+
+    from reconciler.api import backend_for
+    from reconciler.runtime.bus import Bus
+
+    status = {p.stem: yaml.safe_load(p.read_text())["status"] for p in (cfg / "status" / "jobs").glob("*.yaml")}
+    bus = Bus(backend_for(cfg, None))
+    entries = [r for p in (cfg / ".reconcile" / "assignments").glob("*.json") for r in json.loads(p.read_text())["replicas"]]
+    now = time.time()
+    for iid in {status[e["job"]]["instances"][e["replica"]] for e in entries}:
+        bus.put_agent(iid, {"instance": iid, "heartbeat_at": now, "state": "Ready", "running": []})
+    for e in entries:
+        ph, why = phase(e["job"])
+        bus.put_run(e["job"], e["replica"], {
+            "job": e["job"], "replica": e["replica"], "instance": status[e["job"]]["instances"][e["replica"]],
+            "spec_hash": e["spec_hash"], "epoch": e.get("epoch", 1), "attempt": int(why == "BackOff"),
+            "restarts": int(why == "BackOff"), "phase": ph, "reason": why, "terminal": False,
+            "started_at": "2026-11-29T10:00:00+00:00"})
+    return status
+
+
 def test_metrics_after_apply_agree_with_status(applied):
     status = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]
     for text in ((applied / "status" / "metrics.prom").read_text(), cli("metrics", applied).output):
@@ -50,8 +74,8 @@ def test_metrics_after_apply_agree_with_status(applied):
         assert value(ss, "fleetops_cost_dollars_per_hour") == pytest.approx(status["hourlyCost"], abs=1e-3)
         for t, c in status["tenants"].items():
             assert value(ss, "fleetops_tenant_cost_dollars_per_hour", tenant=t) == pytest.approx(c["hourlyCost"], abs=1e-3)
-        running = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab)
-        assert running == status["jobs"]["running"] == 9  # and llm-pretrain, without run, reserved
+        starting = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "starting") in lab)
+        assert starting == status["jobs"]["starting"] == 9  # no agent has started them; llm-pretrain, without run, reserved
         reserved = sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "reserved") in lab)
         assert reserved == status["jobs"]["reserved"] == 1
         gpus = value(ss, "fleetops_gpus", pool="aws-a100", gpu_type="A100")
@@ -62,7 +86,7 @@ def test_metrics_after_apply_agree_with_status(applied):
 def test_a_job_without_run_is_reserved_never_running(applied):
     """A Job without `run` is a reservation: placed, nothing started (the quickstart's llm-pretrain). Its status file, live
     `reconcile status` (and json), fleet.yaml's counts and the metrics said Running and counted it running. A job with
-    `run` is not one (here its agents have not reported: Starting, counted running, as before)."""
+    `run` is not one (here its agents have not reported: Starting, counted starting)."""
     st = yaml.safe_load((applied / "status" / "jobs" / "llm-pretrain.yaml").read_text())["status"]
     conds = {c["type"]: c for c in st["conditions"]}
     assert st["phase"] == "Reserved" and len(st["instances"]) == 2 and "run" not in st
@@ -70,19 +94,19 @@ def test_a_job_without_run_is_reserved_never_running(applied):
     assert "Running" not in conds
     assert yaml.safe_load((applied / "status" / "jobs" / "finetune-a.yaml").read_text())["status"]["phase"] != "Reserved"
     counts = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]["jobs"]
-    assert counts == {"running": 9, "reserved": 1, "pending": 0, "succeeded": 0, "failed": 0}
+    assert counts == {"running": 0, "starting": 9, "unknown": 0, "reserved": 1, "pending": 0, "succeeded": 0, "failed": 0}
 
     live = json.loads(cli("status", applied, "--format", "json").output)
     assert live["jobs"]["llm-pretrain"]["status"]["phase"] == "Reserved" and live["fleet"]["status"]["jobs"] == counts
     human = cli("status", applied).output.splitlines()
-    assert " 10 instances, " in human[0] and " 9 jobs running, 1 reserved, 0 pending (last change" in human[0]
+    assert " 10 instances, " in human[0] and " 0 jobs running, 9 starting, 1 reserved, 0 pending (last change" in human[0]
     assert any(line.startswith("  job llm-pretrain: Reserved (Placed: 2 replica(s) reserved on ") for line in human), human
 
     for text in ((applied / "status" / "metrics.prom").read_text(), cli("metrics", applied).output):
         ss = samples(text)
         assert value(ss, "fleetops_jobs", phase="reserved", tenant="research") == 1
         assert value(ss, "fleetops_jobs", phase="reserved", tenant="platform") == 0  # a zero, not "no data"
-        assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "running") in lab) == 9
+        assert sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", "starting") in lab) == 9
 
 
 def test_a_run_added_or_taken_out_before_the_apply_counts_as_it_runs(applied):
@@ -101,6 +125,7 @@ def test_a_run_added_or_taken_out_before_the_apply_counts_as_it_runs(applied):
         live = json.loads(cli("status", applied, "--format", "json").output)["fleet"]["status"]["jobs"]
         return metric, {ph: live[ph] for ph in ("running", "reserved")}
 
+    report_runs(applied)  # every replica runs
     jobs.write_text(text.replace(run_line, "", 1))  # feature-etl's process runs until the apply
     assert counts() == ({"running": 9, "reserved": 1},) * 2
     assert cli("apply", applied, "--auto-approve").exit_code == 0
@@ -274,8 +299,8 @@ def test_a_finished_batch_job_is_counted_as_succeeded_never_pending(tmp_path):
     # The next apply releases its capacity: it is succeeded, not pending, everywhere.
     assert cli("apply", cfg, "--auto-approve").exit_code == 0
     counts = yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"]["jobs"]
-    assert counts == {"running": 8, "reserved": 1, "pending": 0, "succeeded": 1, "failed": 0}  # llm-pretrain: no run
-    assert " 8 jobs running, 1 reserved, 0 pending, 1 succeeded (last change" in cli("status", cfg).output.splitlines()[0]
+    assert counts == {"running": 0, "starting": 8, "unknown": 0, "reserved": 1, "pending": 0, "succeeded": 1, "failed": 0}  # llm-pretrain: no run
+    assert " 0 jobs running, 8 starting, 1 reserved, 0 pending, 1 succeeded (last change" in cli("status", cfg).output.splitlines()[0]
     for text in ((cfg / "status" / "metrics.prom").read_text(), cli("metrics", cfg).output):
         ss = samples(text)
         assert value(ss, "fleetops_jobs", phase="succeeded", tenant="platform") == 1
@@ -287,3 +312,41 @@ def test_a_finished_batch_job_is_counted_as_succeeded_never_pending(tmp_path):
 def p_instance(cfg: Path, job: str) -> str:
     """The instance the last apply placed `job`'s first replica on (status/jobs/JOB.yaml)."""
     return yaml.safe_load((cfg / "status" / "jobs" / f"{job}.yaml").read_text())["status"]["instances"][0]
+
+
+def test_a_job_its_agents_have_not_started_counts_starting_never_running(applied):
+    """fleet.yaml's counts, live `reconcile status`, the metrics and the report counted every placed job with `run` as
+    running, whatever its agents reported: a job in its restart's backoff (phase Starting, BackOff), or one whose
+    agent had not started it yet, was "running". They count it as its phase says now: starting, or unknown while its
+    agent is unreachable. The agents' reports are written to the bus as an agent writes them."""
+    # Right after the apply nothing has started (no agent reported): starting, never running.
+    counts = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]["jobs"]
+    assert counts["running"] == 0 and counts["starting"] == 9 and counts["reserved"] == 1, counts
+
+    status = report_runs(applied, lambda job: ("Starting", "BackOff") if job == "finetune-a" else ("Running", "Started"))
+    live = json.loads(cli("status", applied, "--format", "json").output)
+    assert live["jobs"]["finetune-a"]["status"]["phase"] == "Starting"
+    assert live["fleet"]["status"]["jobs"] == {"running": 8, "starting": 1, "unknown": 0, "reserved": 1, "pending": 0,
+                                               "succeeded": 0, "failed": 0}
+    assert " 8 jobs running, 1 starting, 1 reserved, 0 pending (last change" in cli("status", applied).output.splitlines()[0]
+    ss = samples(cli("metrics", applied).output)
+    by_phase = {ph: sum(v for (n, lab), v in ss.items() if n == "fleetops_jobs" and ("phase", ph) in lab)
+                for ph in ("running", "starting", "reserved")}
+    assert by_phase == {"running": 8, "starting": 1, "reserved": 1}
+    assert value(ss, "fleetops_jobs", phase="starting", tenant=status["finetune-a"]["tenant"]) == 1
+
+    # The next apply (nothing to change) writes the same counts into fleet.yaml, and the metrics file agrees.
+    assert cli("apply", applied, "--auto-approve").exit_code == 0
+    counts = yaml.safe_load((applied / "status" / "fleet.yaml").read_text())["status"]["jobs"]
+    assert counts == live["fleet"]["status"]["jobs"], counts
+    ss = samples((applied / "status" / "metrics.prom").read_text())
+    assert value(ss, "fleetops_jobs", phase="starting", tenant=status["finetune-a"]["tenant"]) == 1
+
+    # An unreachable agent: its jobs are unknown, not running.
+    from reconciler.api import backend_for
+    from reconciler.runtime.bus import Bus
+
+    gone = status["finetune-a"]["instances"][0]
+    Bus(backend_for(applied, None)).put_agent(gone, {"instance": gone, "heartbeat_at": 1.0, "state": "Ready", "running": []})
+    live = json.loads(cli("status", applied, "--format", "json").output)["fleet"]["status"]["jobs"]
+    assert live["unknown"] >= 1 and live["running"] + live["unknown"] + live["starting"] == 9, live

@@ -71,25 +71,28 @@ def _finished(n: int, recs: list[dict | None], mode: str) -> str | None:
 def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tuple[str, ...]], runs: Mapping[tuple[str, int], dict],
                  agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
                  launched: Mapping[str, float] | None = None, boot: float = 0.0,
-                 unreadable_agents: Mapping[str, str] | None = None) -> RuntimeView:
+                 unreadable_agents: Mapping[str, str] | None = None, published: Mapping[str, str] | None = None) -> RuntimeView:
     """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
     An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
     not unreachable (a cloud instance boots and installs the agent first). `unreadable_agents`:
     instance -> why its agent's report was skipped; such an instance is neither healthy nor replaced
-    (nothing is decided on a report that cannot be read), its replicas are Unknown."""
+    (nothing is decided on a report that cannot be read), its replicas are Unknown. `published`: job -> the spec hash
+    the last apply published; a job whose `run` was taken out since runs that spec until the next apply withdraws it,
+    so its phase is read by that hash (never its finish: a reservation demands its capacity whatever the old process did)."""
     launched = launched or {}
+    published = published or {}
     unreadable_agents = unreadable_agents or {}
     fresh = {i for i, a in agents.items() if reports_alive(a, now, stale)}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
         s = job.spec
-        if s.run is None:
+        if s.run is None and name not in published:
             continue
-        h = current_hashes(job)
+        h = current_hashes(job) if s.run is not None else (published[name],)
         n = s.replicas
         recs = [r if (r := runs.get((name, i))) is not None and r.get("spec_hash") in h else None for i in range(n)]
-        done = _finished(n, recs, s.run_mode)
+        done = _finished(n, recs, s.run_mode) if s.run is not None else None
         ids = list(placements.get(name, ()))
         if done:
             finished[name] = done

@@ -71,9 +71,10 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     skipped: dict[str, str] = {}
     runs, agents = bus.runs(skipped=skipped), bus.agents(skipped=skipped)
     bad_agents = {i: msg for k, msg in skipped.items() if (i := instance_of(k, AGENTS)) is not None}
+    hashes = published_hashes(published)
     view = runtime_view(desired, {j: list(v) for j, v in placements.items()}, runs, agents, ids,
-                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents)
-    return replace(view, unreadable=dict(sorted(skipped.items())), published=published_hashes(published))
+                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents, hashes)
+    return replace(view, unreadable=dict(sorted(skipped.items())), published=hashes)
 
 
 def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
