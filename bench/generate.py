@@ -1,7 +1,8 @@
 """A seeded generator of large, valid fleet configs for the plan-time benchmark.
 
 The fleet spans the 3 clouds and 6 regions of the shipped catalog
-(providers/data/catalog.json). Pools come from the catalog: in every region, one
+(providers/data/catalog.json). Pools come from the catalog's types named in
+BENCH_TYPES (its types as of 2026-11-26, so the fleets stay fixed): in every region, one
 pool per GPU family offered there plus one CPU pool, on the first
 `zones_per_region` catalog zones, spot or on-demand, with a high max_instances.
 A GPU pool takes the family's types of at least `min_gpus` GPUs (default 4, e.g.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import dataclasses
 import random
 import re
 from pathlib import Path
@@ -48,6 +50,21 @@ MULTI_TYPES = {"A100": 3, "A10G": 2, "L4": 1, "T4": 1, "H100": 1}
 GANG_TYPES = {"A100": 3, "H100": 2, "A10G": 1}
 PRIORITIES = {"low": 3, "normal": 5, "high": 2, "critical": 1}
 EU_REGIONS = ["gcp/europe-west4", "azure/westeurope"]
+# The catalog types the generated fleets are built from: the shipped catalog's 44 as of 2026-11-26. The catalog has
+# since learned more types (g5.2xlarge, a2-highgpu-2g, ...); pinning the set keeps every generated fleet, and so the
+# benchmark's digests, what it was. A catalog that drops one of these fails here, not silently.
+BENCH_TYPES = {
+    "aws": ("c6i.8xlarge", "g4dn.12xlarge", "g4dn.xlarge", "g5.12xlarge", "g5.48xlarge", "g5.xlarge", "g6.24xlarge",
+            "g6.2xlarge", "g6.48xlarge", "g6e.48xlarge", "g6e.xlarge", "m6i.4xlarge", "p3.16xlarge", "p3.2xlarge",
+            "p3.8xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5.4xlarge", "p5en.48xlarge",
+            "p6-b200.48xlarge"),
+    "gcp": ("a2-highgpu-1g", "a2-highgpu-4g", "a2-highgpu-8g", "a2-ultragpu-8g", "a3-highgpu-8g", "a3-ultragpu-8g",
+            "g2-standard-4", "g2-standard-48", "n1-standard-32+4xnvidia-tesla-v100", "n1-standard-8+1xnvidia-tesla-t4",
+            "n1-standard-8+1xnvidia-tesla-v100", "n2-standard-16"),
+    "azure": ("Standard_D16s_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5", "Standard_NC4as_T4_v3",
+              "Standard_NC64as_T4_v3", "Standard_NC96ads_A100_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96asr_v4",
+              "Standard_ND96isr_H100_v5", "Standard_NV36ads_A10_v5", "Standard_NV72ads_A10_v5"),
+}
 
 
 def _doc(kind: str, name: str, spec: dict) -> dict:
@@ -60,6 +77,14 @@ def _name(*parts: str) -> str:
 
 def _pick(rng: random.Random, weights: dict[str, int]) -> str:
     return rng.choices(list(weights), weights=list(weights.values()))[0]
+
+
+def bench_catalog(catalog: Catalog) -> Catalog:
+    """The catalog restricted to BENCH_TYPES (ValueError naming any it lacks)."""
+    missing = [f"{c} {t}" for c, ts in BENCH_TYPES.items() for t in ts if catalog.shape(c, t) is None]
+    if missing:
+        raise ValueError(f"the catalog lacks the benchmark's types: {', '.join(missing)}")
+    return dataclasses.replace(catalog, shapes={k: s for k, s in catalog.shapes.items() if k[1] in BENCH_TYPES.get(k[0], ())})
 
 
 def _offered(catalog: Catalog, cloud: str, region: str) -> list[InstanceShape]:
@@ -139,7 +164,7 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
     `rules`: also the issue-17 scheduling rules (`rule_docs`): floating licenses, reservations, deadlines."""
     if jobs < 0 or tenants < 1 or not 0 < quota_fraction or zones_per_region < 1:
         raise ValueError("jobs >= 0, tenants >= 1, quota_fraction > 0 and zones_per_region >= 1 are required")
-    catalog = load_catalog()
+    catalog = bench_catalog(load_catalog())
     rng = random.Random(seed)
     max_instances = max_instances or max(100, jobs)
 

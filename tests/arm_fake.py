@@ -67,14 +67,19 @@ _SKUS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/skus/?
 # VM sizes the fake's regions offer, in every zone unless restricted (restrict_sku).
 SKU_SIZES = ("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3", "Standard_NC24ads_A100_v4", "Standard_NC96ads_A100_v4",
              "Standard_NC40ads_H100_v5", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
-             "Standard_NV36ads_A10_v5", "Standard_D16s_v5")
+             "Standard_NV36ads_A10_v5", "Standard_D16s_v5", "Standard_NC8as_T4_v3", "Standard_NC16as_T4_v3",
+             "Standard_NC48ads_A100_v4", "Standard_NV36adms_A10_v5", "Standard_D4s_v5", "Standard_D8s_v5", "Standard_D32s_v5")
 SKU_LOCATIONS = ("eastus", "westeurope")
 # Each size's quota family and vCPUs, as the resource SKU list reports them (`family`, capability `vCPUs`).
 SKU_FAMILIES = {"Standard_NC4as_T4_v3": ("standardNCASv3_T4Family", 4), "Standard_NC64as_T4_v3": ("standardNCASv3_T4Family", 64),
                 "Standard_NC24ads_A100_v4": ("StandardNCADSA100v4Family", 24), "Standard_NC96ads_A100_v4": ("StandardNCADSA100v4Family", 96),
                 "Standard_NC40ads_H100_v5": ("StandardNCadsH100v5Family", 40), "Standard_ND96asr_v4": ("standardNDASv4Family", 96),
                 "Standard_ND96amsr_A100_v4": ("standardNDAMSv4_A100Family", 96), "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96),
-                "Standard_NV36ads_A10_v5": ("StandardNVADSA10v5Family", 36), "Standard_D16s_v5": ("standardDSv5Family", 16)}
+                "Standard_NV36ads_A10_v5": ("StandardNVADSA10v5Family", 36), "Standard_D16s_v5": ("standardDSv5Family", 16),
+                "Standard_NC8as_T4_v3": ("standardNCASv3_T4Family", 8), "Standard_NC16as_T4_v3": ("standardNCASv3_T4Family", 16),
+                "Standard_NC48ads_A100_v4": ("StandardNCADSA100v4Family", 48),
+                "Standard_NV36adms_A10_v5": ("StandardNVADSA10v5Family", 36), "Standard_D4s_v5": ("standardDSv5Family", 4),
+                "Standard_D8s_v5": ("standardDSv5Family", 8), "Standard_D32s_v5": ("standardDSv5Family", 32)}
 DEFAULT_QUOTA = 10000  # a limit no test fleet reaches unless a test sets one
 _USAGES = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/usages/?$", re.I)
 _NETWORK = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/virtualnetworks/([^/]+)"
