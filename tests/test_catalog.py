@@ -19,7 +19,7 @@ import pytest
 from providers.catalog import load_catalog, parse_catalog, shipped_catalog_text
 from reconciler.errors import ReconcileError
 from tests.conftest import AWS_ENV
-from tests.fleetkit import copy_quickstart
+from tests.fleetkit import copy_quickstart, job, pool, tenant, topology, write_config
 
 RECONCILE = [sys.executable, "-m", "reconciler.cli"]
 
@@ -161,6 +161,31 @@ def test_a_type_is_priced_only_where_its_source_priced_it():
     with pytest.raises(ReconcileError, match="x.json: not a fleetops price catalog: .*source 'nowhere' is not in `sources`"):
         parse_catalog({"sources": {}, "clouds": {"aws": {"regions": {}, "instance_types": {
             "t": {"gpus": 0, "cpu": 1, "memory_gib": 1, "prices": {"r": {"on_demand": 1, "source": "nowhere"}}}}}}}, "x.json")
+
+
+def test_a_fleet_of_types_the_catalog_learned_on_2026_11_29_validates_plans_and_applies_at_the_catalogs_prices(tmp_path):
+    """A Pool naming a2-highgpu-2g was refused ("unknown gcp instance type"): the catalog knew 21/12/11 types. Now one
+    pool per cloud of a newly priced type validates, the plan creates each at its catalog price, and the apply leaves
+    nothing to do."""
+    cat = load_catalog()
+    types = {"aws": ("us-east-1", "us-east-1a", "g6e.2xlarge"), "gcp": ("us-central1", "us-central1-a", "a2-highgpu-2g"),
+             "azure": ("eastus", "eastus-1", "Standard_NC48ads_A100_v4")}
+    cfg = write_config(tmp_path / "fleet", [
+        topology(clouds={c: {r: [z]} for c, (r, z, _) in types.items()}), tenant("t"),
+        *[pool(f"{c}-new", c, r, [z], [t]) for c, (r, z, t) in types.items()],
+        job("a100x2", gpus=2, gpu_type="A100", cpu=8, mem=64), job("l40s", gpus=1, gpu_type="L40S", cpu=4, mem=32),
+        job("a100-80gbx2", gpus=2, gpu_type="A100-80GB", cpu=16, mem=128)])
+    res = cli("validate", cfg)
+    assert res.returncode == 0, res.stderr
+    res = cli("plan", cfg, "--format", "json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert {(c["cloud"], c["instance_type"], c["price"]) for c in plan["creates"]} == {
+        (c, t, cat.offering(c, r, z, t).on_demand_price) for c, (r, z, t) in types.items()}
+    assert {c["price"] for c in plan["creates"]} == {2.24208, 7.34677, 7.346}  # as published (GCP: VM + 2 x A100 rows)
+    assert all(j["action"] == "place" for j in plan["jobs"])
+    assert cli("apply", cfg, "--auto-approve").returncode == 0
+    assert cli("plan", cfg, "--detailed-exitcode").returncode == 0
 
 
 @pytest.fixture
