@@ -173,11 +173,133 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
         if _left_size(left) >= greedy_left:  # no better: the greedy pass's packing, as it was
             _unplace_all(bins, items)
             left = _pack_greedy(bins, items, None, compact)
+    if left and len(items) > 1 and all(g is None for *_, g in items):
+        left = _repack(bins, items, left)
     if left and more is not None:
         left = _pack_greedy(bins, left, more, compact)
     if left and least_left and len(items) > 1 and all(g is None for *_, g in items):
         left = _trade_up(bins, items, left)
     return left
+
+
+# The exact re-pack's neighbourhood: the instances with the most room, the items they hold and the items left over.
+# (A pass's leftovers are a handful where counts summed per offer pack at all: 1 of 4,256 and 5 of 8,652 jobs on the
+# trace-shaped fixed clusters of 563 and 1,147 nodes, bench/README.md; a neighbourhood this size has room for them.)
+REPACK_BINS = 32
+REPACK_ITEMS = 400
+REPACK_LEFT = 64
+REPACK_WORK = 0.5  # CP-SAT deterministic seconds per re-pack: deterministic, so two plans of one input agree
+_SCALE = 1000  # vCPU and GiB in thousandths, requests rounded up and room down: never more than the instance has
+
+
+def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
+            left: list[tuple[Demand, str, int, str | None]]) -> list[tuple[Demand, str, int, str | None]]:
+    """Items left over placed by packing a neighbourhood exactly: the instances with the most free room (up to
+    REPACK_BINS), this call's items on them moved freely among them, every one of those staying placed, and as
+    many jobs of the leftovers (each whole: all its leftover items or none; the higher class first, then more
+    work) as fit. The greedy and filling passes pack item by item; summed room that no order of theirs uses (a
+    CPU-heavy item beside a GPU with no vCPU left) is found here. The instances are changed only if the exact
+    packing places more and every item then gets its GPUs (aligned blocks, as `place` gives them); else they
+    stay as they were. Returns what is still left."""
+    mine = {(job, rep): d for d, job, rep, _ in items}
+    pending = sorted(left, key=lambda it: (-it[0].klass, -it[0].weight, it[1], it[2]))[:REPACK_LEFT]
+    dims = sorted({k for d, *_ in pending for k in d.dims if d.req(k) > 0})
+    if not pending or not dims:
+        return left
+
+    def room(b: Bin) -> tuple:  # the share of each dimension the leftovers ask for that is free here, summed
+        return tuple(min(b.free.get(k, 0.0) / b.cap.cap(k), 1.0) if b.cap.cap(k) > 0 else 0.0 for k in dims)
+
+    # (free GPUs first: the leftovers' GPUs are the room that is scarce; ranked by room summed, 32 instances with free
+    # vCPU and memory and none of the 8 free GPUs held a fixed cluster's 8-GPU leftover out)
+    ranked = sorted(range(len(bins)), key=lambda i: (-bins[i].free.get("gpus", 0.0), -sum(room(bins[i])), i))
+    chosen: list[int] = []
+    movable: list[tuple[Demand, str, int]] = []
+    for i in ranked:
+        if not any(bins[i].free.get(k, 0.0) > 1e-9 for k in dims):
+            break
+        here = [(mine[(j, r)], j, r) for _, j, r in bins[i].items if (j, r) in mine]
+        if len(chosen) >= REPACK_BINS or len(movable) + len(here) > REPACK_ITEMS:
+            break
+        chosen.append(i)
+        movable += here
+    if not chosen:
+        return left
+    from ortools.sat.python import cp_model  # (only where a pass left items over: the plan phase imports no solver otherwise)
+
+    need_dims = sorted({k for d, *_ in movable + [(d, j, r) for d, j, r, _ in pending] for k in d.dims if d.req(k) > 0})
+
+    def req(d: Demand, k: str) -> int:
+        return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
+
+    base: dict[int, dict[str, int]] = {}  # free room with this call's movable items taken off
+    for i in chosen:
+        on = set(bins[i].items)
+        free = {k: bins[i].free.get(k, 0.0) + sum(d.req(k) for d, j, r in movable if (d.key, j, r) in on) for k in need_dims}
+        base[i] = {k: int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9) for k, v in free.items()}
+
+    m = cp_model.CpModel()
+    every = movable + [(d, j, r) for d, j, r, _ in pending]
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    of_item: dict[int, list] = {n: [] for n in range(len(every))}
+    of_bin: dict[int, list] = {i: [] for i in chosen}
+    for n, (d, j, r) in enumerate(every):
+        need = {k: req(d, k) for k in need_dims}
+        for i in chosen:
+            if all(need[k] <= base[i][k] for k in need_dims):
+                x[(n, i)] = v = m.new_bool_var(f"x{n}_{i}")
+                of_item[n].append(v)
+                of_bin[i].append((need, v))
+    y = {job: m.new_bool_var(f"y_{job}") for job in sorted({j for _, j, _, _ in pending})}
+    for n, (d, j, r) in enumerate(every):
+        if n < len(movable):
+            if not of_item[n]:
+                return left
+            m.add_exactly_one(of_item[n])  # placed now: stays placed
+        else:
+            m.add(sum(of_item[n]) == y[j])  # (at most one instance: y is 0 or 1)
+    for i in chosen:
+        for k in need_dims:
+            terms = [(need[k], v) for need, v in of_bin[i] if need[k]]
+            if terms:
+                m.add(sum(c * v for c, v in terms) <= base[i][k])
+    for job, v in y.items():  # a job's leftover items together or not at all (its other items are placed, or it is a 1-item job)
+        if sum(1 for _, j, _, _ in left if j == job) > sum(1 for _, j, _, _ in pending if j == job):
+            m.add(v == 0)
+    klass = {j: d.klass for d, j, _, _ in pending}
+    work = {j: d.weight for d, j, _, _ in pending}
+    step = sum(work.values()) + 1
+    m.maximize(sum((klass[j] * step + work[j]) * v for j, v in y.items()))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    solver.parameters.max_deterministic_time = REPACK_WORK
+    st = solver.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not any(solver.value(v) for v in y.values()):
+        return left
+    # Apply: every chosen instance emptied of this call's items, then filled as the exact packing says (largest first).
+    saved = [(bins[i], dict(bins[i].free), list(bins[i].gpus_used), list(bins[i].items), dict(bins[i].gpu_of),
+              bins[i].group, bins[i].touched) for i in chosen]
+    for d, j, r in movable:
+        for i in chosen:
+            if (d.key, j, r) in bins[i].items:
+                bins[i].unplace(d, j, r)
+    placed: set[tuple[str, int]] = set()
+    ok = True
+    for i in chosen:
+        here = sorted((every[n] for (n, ii), v in x.items() if ii == i and solver.value(v)), key=lambda e: (-e[0].gpus, e[1], e[2]))
+        for d, j, r in here:
+            if bins[i].place(d, j, r) is None:
+                ok = False
+                break
+            placed.add((j, r))
+        if not ok:
+            break
+    if not ok:  # (GPU blocks the sums do not see): as they were
+        for b, free, used, its, gpu_of, group, touched in saved:
+            b.free, b.gpus_used, b.items, b.gpu_of, b.group, b.touched = free, used, its, gpu_of, group, touched
+        return left
+    return [it for it in left if (it[1], it[2]) not in placed]
 
 
 def _left_size(left: list) -> tuple[int, int]:

@@ -27,7 +27,8 @@ def test_a_fixed_cluster_plan_fills_the_room_its_packing_left(aggregate_only):
     unpacked, so the plan was greedy's, and 44 pending jobs were told 'not placed by this plan,
     although room on +23 ... would hold it under every pool, budget, quota and spot rule': the room was on
     instances the plan created empty for the pool's minimum. Now that room takes them, every rule holds, apply's
-    re-check accepts the plan, and it claims no gap."""
+    re-check accepts the plan, and it claims no gap. (Since the packer re-packs what its passes leave exactly, over the
+    instances with the most room, 1 job of the 14 is left unpacked here, and backfill places 1.)"""
     from bench.trace import generate
 
     with tempfile.TemporaryDirectory() as d:
@@ -35,7 +36,7 @@ def test_a_fixed_cluster_plan_fills_the_room_its_packing_left(aggregate_only):
         res = api.plan(cfg, time_limit=5)
         plan, desired, observed = res.plan, res.desired, res.observed
         assert not [j.job for j in plan.jobs if "although room" in j.reason]
-        assert plan.solver.backfilled >= 4 and not plan.solver.optimal
+        assert plan.solver.backfilled >= 1 and not plan.solver.optimal
         check_plan(desired, observed, plan)
         assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
         line = next(ln for ln in render(plan, "human").splitlines() if "plan " + plan.id in ln)
