@@ -13,6 +13,7 @@ offer's where the solver's repair stage found that its counts did not pack (solv
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from reconciler.problem import DIMS, Capacity, Demand, has_room
@@ -154,10 +155,11 @@ def dominant(d: Demand, c: Capacity) -> float:
 
 
 def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]], more=None,
-               compact: bool = False, least_left: bool = False) -> list[tuple[Demand, str, int, str | None]]:
+               compact: bool = False, least_left: bool = False, exact: bool = False) -> list[tuple[Demand, str, int, str | None]]:
     """`_pack_greedy`; where it leaves items over on the instances there are, `_pack_filling`
     too (from the same start), and the better of the two (fewer GPUs, then items, left over);
-    then an exact re-pack of the instances with the most room (`_repack`); then more() for what is left. least_left: what is left over at the end traded up (`_trade_up`), so it is the
+    then more() for what is left; then, with `exact` (the plan's last call for these instances: what is left now is
+    left out of the plan), an exact re-pack of the instances with the most room (`_repack`). least_left: what is left over at the end traded up (`_trade_up`), so it is the
     least important work whichever pass packed (for a packing whose leftovers the plan drops, not one that says what
     to buy: traded, two low items left where one normal was took one more repair instance). Summed capacity packs item by item far more often than the
     greedy pass finds: on the trace-shaped fixed cluster (1-GPU jobs of 4 to 25 vCPU on 8-GPU,
@@ -173,10 +175,13 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
         if _left_size(left) >= greedy_left:  # no better: the greedy pass's packing, as it was
             _unplace_all(bins, items)
             left = _pack_greedy(bins, items, None, compact)
-    if left and not compact and len(items) > 1 and all(g is None for *_, g in items):  # (compact: its leftovers get a later call)
-        left = _repack(bins, items, left)
     if left and more is not None:
         left = _pack_greedy(bins, left, more, compact)
+    # (only where the leftovers would be left out: a repair instance, where one may be bought, and the solver's repair
+    # stage, which models a class that did not pack instance by instance, are what the plan had; the re-pack in every
+    # call saved $4/h of $37,422 on the 5k tier for 3 s of its 6.6 s cold plan)
+    if left and exact and len(items) > 1 and all(g is None for *_, g in items):
+        left = _repack(bins, items, left)
     if left and least_left and len(items) > 1 and all(g is None for *_, g in items):
         left = _trade_up(bins, items, left)
     return left
@@ -185,8 +190,9 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
 # The exact re-pack's neighbourhood: the instances with the most room, the items they hold and the items left over.
 # (A pass's leftovers are a handful where counts summed per offer pack at all: 1 of 4,256 and 5 of 8,652 jobs on the
 # trace-shaped fixed clusters of 563 and 1,147 nodes, bench/README.md; a neighbourhood this size has room for them.)
-REPACK_BINS = 32
-REPACK_ITEMS = 400
+REPACK_BINS = 32  # at least, and more while their free room is short of twice what the leftovers ask
+REPACK_MAX_BINS = 96
+REPACK_ITEMS = 800
 REPACK_LEFT = 64
 REPACK_WORK = 0.5  # CP-SAT deterministic seconds per re-pack: deterministic, so two plans of one input agree
 _SCALE = 1000  # vCPU and GiB in thousandths, requests rounded up and room down: never more than the instance has
@@ -207,22 +213,35 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     if not pending or not dims:
         return left
 
-    def room(b: Bin) -> tuple:  # the share of each dimension the leftovers ask for that is free here, summed
-        return tuple(min(b.free.get(k, 0.0) / b.cap.cap(k), 1.0) if b.cap.cap(k) > 0 else 0.0 for k in dims)
+    def room(b: Bin) -> float:  # the shares of the dimensions the leftovers ask for that are free here, summed
+        return sum(min(b.free.get(k, 0.0) / b.cap.cap(k), 1.0) for k in dims if b.cap.cap(k) > 0)
 
-    # (free GPUs first: the leftovers' GPUs are the room that is scarce; ranked by room summed, 32 instances with free
-    # vCPU and memory and none of the 8 free GPUs held a fixed cluster's 8-GPU leftover out)
-    ranked = sorted(range(len(bins)), key=lambda i: (-bins[i].free.get("gpus", 0.0), -sum(room(bins[i])), i))
+    # The instances with free GPUs (the leftovers' GPUs are the room that is scarce: ranked by room summed, 32 instances
+    # with free vCPU and memory and none of the 8 free GPUs held a fixed cluster's 8-GPU leftover out), then those with
+    # the most of the dimension the leftovers are shortest of, until the neighbourhood's free room is at least twice
+    # what they ask in every dimension, or all there is (at 1,147 nodes, 32 instances' free vCPU was short of five 1-GPU jobs').
+    need = {k: sum(d.req(k) for d, *_ in pending) for k in dims}
+    total = {k: sum(b.free.get(k, 0.0) for b in bins) for k in dims}
+    scarce = max((k for k in dims if k != "gpus"), key=lambda k: (need[k] / max(total[k], 1e-9), k), default="gpus")
+    has_gpu = [i for i in range(len(bins)) if bins[i].free.get("gpus", 0.0) >= 1 - 1e-9] if "gpus" in dims else []
+    ranked = sorted(has_gpu, key=lambda i: (-bins[i].free.get("gpus", 0.0), -room(bins[i]), i)) + sorted(
+        (i for i in range(len(bins)) if i not in set(has_gpu) and any(bins[i].free.get(k, 0.0) > 1e-9 for k in dims)),
+        key=lambda i: (-bins[i].free.get(scarce, 0.0) / max(bins[i].cap.cap(scarce), 1e-9), -room(bins[i]), i))
     chosen: list[int] = []
     movable: list[tuple[Demand, str, int]] = []
+    at: list[int] = []  # the instance each movable item is on
+    got = dict.fromkeys(dims, 0.0)
     for i in ranked:
-        if not any(bins[i].free.get(k, 0.0) > 1e-9 for k in dims):
+        if len(chosen) >= REPACK_BINS and all(got[k] >= min(2 * need[k], total[k]) - 1e-9 for k in dims):
             break
         here = [(mine[(j, r)], j, r) for _, j, r in bins[i].items if (j, r) in mine]
-        if len(chosen) >= REPACK_BINS or len(movable) + len(here) > REPACK_ITEMS:
+        if len(chosen) >= REPACK_MAX_BINS or len(movable) + len(here) > REPACK_ITEMS:
             break
         chosen.append(i)
         movable += here
+        at += [i] * len(here)
+        for k in dims:
+            got[k] += bins[i].free.get(k, 0.0)
     if not chosen:
         return left
     from ortools.sat.python import cp_model  # (only where a pass left items over: the plan phase imports no solver otherwise)
@@ -238,38 +257,47 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         free = {k: bins[i].free.get(k, 0.0) + sum(d.req(k) for d, j, r in movable if (d.key, j, r) in on) for k in need_dims}
         base[i] = {k: int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9) for k, v in free.items()}
 
+    # Items of one shape are interchangeable here (`place` reads only the shape): the model counts items of each shape
+    # per instance, so thousands of alike items are not thousands of symmetric variables (per item, 32 instances' 212
+    # items found no better packing in the work; counted per shape, the few shapes on 32 instances are a small model).
+    shape_of = {_shape(d): d for d, *_ in movable + [(d, j, r) for d, j, r, _ in pending]}
+    shapes = sorted(shape_of, key=repr)
+    sid = {sh: n for n, sh in enumerate(shapes)}
+    moving = Counter(sid[_shape(d)] for d, *_ in movable)
+    jobs_left = sorted({j for _, j, _, _ in pending})
+    per_job: dict[str, Counter] = {j: Counter() for j in jobs_left}
+    for d, j, _, _ in pending:
+        per_job[j][sid[_shape(d)]] += 1
+    now_at = Counter((sid[_shape(d)], i) for (d, _, _), i in zip(movable, at))
+
     m = cp_model.CpModel()
-    every = movable + [(d, j, r) for d, j, r, _ in pending]
-    x: dict[tuple[int, int], cp_model.IntVar] = {}
-    of_item: dict[int, list] = {n: [] for n in range(len(every))}
-    of_bin: dict[int, list] = {i: [] for i in chosen}
-    for n, (d, j, r) in enumerate(every):
-        need = {k: req(d, k) for k in need_dims}
+    cnt: dict[tuple[int, int], cp_model.IntVar] = {}
+    for n, sh in enumerate(shapes):
+        d = shape_of[sh]
+        most = moving[n] + sum(c[n] for c in per_job.values())
         for i in chosen:
-            if all(need[k] <= base[i][k] for k in need_dims):
-                x[(n, i)] = v = m.new_bool_var(f"x{n}_{i}")
-                of_item[n].append(v)
-                of_bin[i].append((need, v))
-    y = {job: m.new_bool_var(f"y_{job}") for job in sorted({j for _, j, _, _ in pending})}
-    for n, (d, j, r) in enumerate(every):
-        if n < len(movable):
-            if not of_item[n]:
-                return left
-            m.add_exactly_one(of_item[n])  # placed now: stays placed
-        else:
-            m.add(sum(of_item[n]) == y[j])  # (at most one instance: y is 0 or 1)
+            fit = min((base[i][k] // req(d, k) for k in need_dims if req(d, k) > 0), default=most)
+            if min(fit, most) > 0:
+                cnt[(n, i)] = m.new_int_var(0, min(fit, most), f"n{n}_{i}")
+    y = {j: m.new_bool_var(f"y_{j}") for j in jobs_left}
+    for n in range(len(shapes)):  # every movable item placed, and the leftovers of the jobs taken
+        m.add(sum(v for (nn, _), v in cnt.items() if nn == n) == moving[n] + sum(c[n] * y[j] for j, c in per_job.items() if c[n]))
     for i in chosen:
         for k in need_dims:
-            terms = [(need[k], v) for need, v in of_bin[i] if need[k]]
+            terms = [(req(shape_of[shapes[n]], k), v) for (n, ii), v in cnt.items() if ii == i and req(shape_of[shapes[n]], k)]
             if terms:
                 m.add(sum(c * v for c, v in terms) <= base[i][k])
-    for job, v in y.items():  # a job's leftover items together or not at all (its other items are placed, or it is a 1-item job)
-        if sum(1 for _, j, _, _ in left if j == job) > sum(1 for _, j, _, _ in pending if j == job):
+    for j, v in y.items():  # a job's leftover items together or not at all (its other items are placed, or it is a 1-item job)
+        if sum(1 for _, jj, _, _ in left if jj == j) > sum(per_job[j].values()):
             m.add(v == 0)
     klass = {j: d.klass for d, j, _, _ in pending}
     work = {j: d.weight for d, j, _, _ in pending}
     step = sum(work.values()) + 1
     m.maximize(sum((klass[j] * step + work[j]) * v for j, v in y.items()))
+    for key, v in cnt.items():  # the packing as it is: a feasible start
+        m.add_hint(v, now_at.get(key, 0))
+    for v in y.values():
+        m.add_hint(v, False)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
@@ -277,18 +305,35 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     st = solver.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not any(solver.value(v) for v in y.values()):
         return left
-    # Apply: every chosen instance emptied of this call's items, then filled as the exact packing says (largest first).
+    # Apply: the items to place per shape (each instance keeps its own items of a shape first: fewest GPU changes),
+    # every chosen instance emptied of this call's items, then filled as the counts say, largest first.
+    queue: dict[int, list[tuple[Demand, str, int]]] = {n: [] for n in range(len(shapes))}
+    wants = {key: solver.value(v) for key, v in cnt.items() if solver.value(v)}
+    mine_at: dict[tuple[int, int], list] = {}
+    for (d, j, r), i in zip(movable, at):
+        mine_at.setdefault((sid[_shape(d)], i), []).append((d, j, r))
+    fill: dict[int, list[tuple[Demand, str, int]]] = {i: [] for i in chosen}
+    for (n, i), own in sorted(mine_at.items()):
+        k = wants.get((n, i), 0)
+        fill[i] += own[:k]
+        queue[n] += own[k:]
+        if k:
+            wants[(n, i)] = k - len(own[:k])
+    for d, j, r, _ in pending:
+        if solver.value(y[j]):
+            queue[sid[_shape(d)]].append((d, j, r))
+    for (n, i), k in sorted(wants.items()):
+        fill[i] += queue[n][:k]
+        queue[n] = queue[n][k:]
     saved = [(bins[i], dict(bins[i].free), list(bins[i].gpus_used), list(bins[i].items), dict(bins[i].gpu_of),
               bins[i].group, bins[i].touched) for i in chosen]
-    for d, j, r in movable:
-        for i in chosen:
-            if (d.key, j, r) in bins[i].items:
-                bins[i].unplace(d, j, r)
+    for (d, j, r), i in zip(movable, at):
+        bins[i].unplace(d, j, r)
     placed: set[tuple[str, int]] = set()
-    ok = True
-    for i in chosen:
-        here = sorted((every[n] for (n, ii), v in x.items() if ii == i and solver.value(v)), key=lambda e: (-e[0].gpus, e[1], e[2]))
-        for d, j, r in here:
+    ok = not any(queue.values()) and sum(len(f) for f in fill.values()) == len(movable) + sum(
+        1 for _, j, _, _ in pending if solver.value(y[j]))  # (every item found its instance, once)
+    for i in chosen if ok else ():
+        for d, j, r in sorted(fill[i], key=lambda e: (-e[0].gpus, e[1], e[2])):
             if bins[i].place(d, j, r) is None:
                 ok = False
                 break

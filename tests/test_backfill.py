@@ -21,27 +21,26 @@ from tests.invariants import check_plan
 A100 = dict(gpus=1, gpu_type="A100", cpu=8, mem=60)
 
 
-def test_a_fixed_cluster_plan_fills_the_room_its_packing_left(aggregate_only):
+def test_a_fixed_cluster_summed_per_offer_packs_what_its_counts_place(aggregate_only):
     """The trace-shaped fixed cluster (bench/trace.py, 200 jobs, seed 2; 23 nodes of 8 A100, min = max), its offer's
-    instances summed as a large offer's are (a fixed pool's now have rows each: below): CP-SAT's counts left 14 jobs
-    unpacked, so the plan was greedy's, and 44 pending jobs were told 'not placed by this plan,
-    although room on +23 ... would hold it under every pool, budget, quota and spot rule': the room was on
-    instances the plan created empty for the pool's minimum. Now that room takes them, every rule holds, apply's
-    re-check accepts the plan, and it claims no gap. (Since the packer re-packs what its passes leave exactly, over the
-    instances with the most room, 1 job of the 14 is left unpacked here, and backfill places 1.)"""
+    instances summed as a large offer's are (a fixed pool's now have rows each: below). CP-SAT's counts left 14 jobs
+    unpacked: the plan was greedy's, and 44 pending jobs were told 'not placed by this plan, although room on +23 ...
+    would hold it'; then backfill placed pending work in that room, and the plan claimed no gap. The packer now packs
+    what its passes leave over exactly (the instances with the most room, items counted per shape): every job the
+    counts place is packed, nothing is left for backfill, every rule holds, apply's re-check accepts the plan, and its
+    claim is the solver's."""
     from bench.trace import generate
 
     with tempfile.TemporaryDirectory() as d:
         cfg = generate(Path(d) / "c", 200, 2, "fixed")
         res = api.plan(cfg, time_limit=5)
         plan, desired, observed = res.plan, res.desired, res.observed
-        assert not [j.job for j in plan.jobs if "although room" in j.reason]
-        assert plan.solver.backfilled >= 1 and not plan.solver.optimal
+        assert plan.solver.unpacked == 0 and plan.solver.repairs == 0 and plan.solver.backfilled == 0
+        assert plan.solver.status == "OPTIMAL" and not [j.job for j in plan.jobs if "although room" in j.reason]
         check_plan(desired, observed, plan)
         assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
         line = next(ln for ln in render(plan, "human").splitlines() if "plan " + plan.id in ln)
-        assert "no optimality gap is claimed" in line or "greedy best-fit" in line, line
-        assert f"{plan.solver.backfilled} pending job(s) placed in room its packing left (backfill)" in line or "greedy" in line
+        assert "no optimality gap is claimed" not in line and "backfill" not in line, line
 
 
 def test_a_fixed_cluster_modelled_instance_by_instance_packs_as_solved():

@@ -291,7 +291,7 @@ def _pack_hosts(packing: Packing, problem: Problem, observed: Observed, solution
                 fresh.append((d, job, r, group(d, h.zone)))
         # (what the instance cannot hold is dropped: the least important work, not the greedy pass's last item, a
         # critical running job beside a low one that could give way, which the plan evicted inside its guarantee: fleet29)
-        left = pack_items([b], fresh, least_left=True)
+        left = pack_items([b], fresh, least_left=True, exact=True)
         packing.unpacked.update(job for _, job, _, _ in left)
         packing.bins_of[hk] = [b]
 
@@ -404,10 +404,10 @@ def _pack_offers(packing: Packing, solution: Solution, caps: dict[str, Capacity]
         leftover[ck] = pack_items(view, [(d, job, r, group(d, caps[ck].zone)) for d, job, r in to_offer[ck]])  # (gangs are never on a zone class)
     for ok in sorted(set(pinned) | {k for k in leftover if not caps[k].members}):
         bins_of.setdefault(ok, [])
-        left = pack_items(list(bins_of[ok]), pinned.get(ok, []) + leftover.get(ok, []), more_of(caps[ok], ok))
+        left = pack_items(list(bins_of[ok]), pinned.get(ok, []) + leftover.get(ok, []), more_of(caps[ok], ok), exact=True)
         packing.unpacked.update(job for _, job, _, _ in left)
     for ck in sorted(k for k in leftover if caps[k].members and leftover[k]):
         zones = sorted(caps[ck].members, key=lambda k: (caps[k].price, k))
         view = [b for k in zones for b in bins_of.get(k, [])]
-        left = pack_items(view, leftover[ck], more_of(caps[zones[0]], zones[0]))
+        left = pack_items(view, leftover[ck], more_of(caps[zones[0]], zones[0]), exact=True)
         packing.unpacked.update(job for _, job, _, _ in left)
