@@ -164,25 +164,31 @@ def test_a_type_is_priced_only_where_its_source_priced_it():
 
 
 def test_a_fleet_of_types_the_catalog_learned_on_2026_11_29_validates_plans_and_applies_at_the_catalogs_prices(tmp_path):
-    """A Pool naming a2-highgpu-2g was refused ("unknown gcp instance type"): the catalog knew 21/12/11 types. Now one
-    pool per cloud of a newly priced type validates, the plan creates each at its catalog price, and the apply leaves
-    nothing to do."""
+    """A Pool naming a2-highgpu-2g was refused ("unknown gcp instance type"): the catalog knew 21/12/11 types; so was
+    one naming g5.2xlarge or m6i.16xlarge until the AWS sizes the source prices were read too. Now one pool of a newly
+    priced type per cloud, and an AWS A10G and CPU pool, validate, the plan creates each at its catalog price, and the
+    apply leaves nothing to do."""
     cat = load_catalog()
-    types = {"aws": ("us-east-1", "us-east-1a", "g6e.2xlarge"), "gcp": ("us-central1", "us-central1-a", "a2-highgpu-2g"),
-             "azure": ("eastus", "eastus-1", "Standard_NC48ads_A100_v4")}
+    pools = {"aws-new": ("aws", "us-east-1", "us-east-1a", "g6e.2xlarge"),
+             "aws-a10g": ("aws", "us-east-1", "us-east-1a", "g5.2xlarge"),
+             "aws-cpu": ("aws", "us-east-1", "us-east-1a", "m6i.16xlarge"),
+             "gcp-new": ("gcp", "us-central1", "us-central1-a", "a2-highgpu-2g"),
+             "azure-new": ("azure", "eastus", "eastus-1", "Standard_NC48ads_A100_v4")}
     cfg = write_config(tmp_path / "fleet", [
-        topology(clouds={c: {r: [z]} for c, (r, z, _) in types.items()}), tenant("t"),
-        *[pool(f"{c}-new", c, r, [z], [t]) for c, (r, z, t) in types.items()],
+        topology(clouds={c: {r: [z]} for c, r, z, _ in pools.values()}), tenant("t"),
+        *[pool(name, c, r, [z], [t]) for name, (c, r, z, t) in pools.items()],
         job("a100x2", gpus=2, gpu_type="A100", cpu=8, mem=64), job("l40s", gpus=1, gpu_type="L40S", cpu=4, mem=32),
-        job("a100-80gbx2", gpus=2, gpu_type="A100-80GB", cpu=16, mem=128)])
+        job("a100-80gbx2", gpus=2, gpu_type="A100-80GB", cpu=16, mem=128), job("a10g", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+        job("cpu40", cpu=40, mem=160)])  # too big for what any GPU node has left: only m6i.16xlarge takes it
     res = cli("validate", cfg)
     assert res.returncode == 0, res.stderr
     res = cli("plan", cfg, "--format", "json")
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
-    assert {(c["cloud"], c["instance_type"], c["price"]) for c in plan["creates"]} == {
-        (c, t, cat.offering(c, r, z, t).on_demand_price) for c, (r, z, t) in types.items()}
-    assert {c["price"] for c in plan["creates"]} == {2.24208, 7.34677, 7.346}  # as published (GCP: VM + 2 x A100 rows)
+    assert sorted((c["cloud"], c["instance_type"], c["price"]) for c in plan["creates"]) == sorted(
+        (c, t, cat.offering(c, r, z, t).on_demand_price) for c, r, z, t in pools.values())
+    # As published (GCP: VM + 2 x A100 rows): g6e.2xlarge, g5.2xlarge, m6i.16xlarge, a2-highgpu-2g, NC48ads_A100_v4.
+    assert sorted(c["price"] for c in plan["creates"]) == [1.212, 2.24208, 3.072, 7.346, 7.34677]
     assert all(j["action"] == "place" for j in plan["jobs"])
     assert cli("apply", cfg, "--auto-approve").returncode == 0
     assert cli("plan", cfg, "--detailed-exitcode").returncode == 0

@@ -448,7 +448,9 @@ def test_a_pool_minimum_a_quota_leaves_no_room_for_is_lowered_not_a_failed_plan(
     ("h1.2xlarge", "on-demand", "L-1216C47A"),  # H is Standard; HPC is its own
     ("hpc7g.16xlarge", "on-demand", "L-F7808C92"), ("hpc6a.48xlarge", "on-demand", "L-F7808C92"),
     ("u-6tb1.56xlarge", "on-demand", "L-43DA4232"), ("u7i-12tb.224xlarge", "on-demand", "L-43DA4232"),
-    ("x2idn.32xlarge", "on-demand", "L-7295265B"), ("dl1.24xlarge", "spot", "L-85EED4F7")])
+    ("x2idn.32xlarge", "on-demand", "L-7295265B"), ("dl1.24xlarge", "spot", "L-85EED4F7"),
+    ("g4dn.16xlarge", "on-demand", "L-DB2E81BA"), ("g6.12xlarge", "spot", "L-3819A6DF"),  # G, however many vCPUs
+    ("c6i.16xlarge", "spot", "L-34B43A08"), ("m6i.xlarge", "on-demand", "L-1216C47A")])
 def test_aws_instance_families_count_against_the_vcpu_quota_ec2_documents(itype, market, code):
     """HPC and High Memory instances have quotas of their own (Running On-Demand HPC / High Memory instances);
     counted as Standard, the plan read the wrong quota's headroom and a refused launch named the wrong one to raise."""
