@@ -158,8 +158,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
                compact: bool = False, least_left: bool = False, exact: bool = False) -> list[tuple[Demand, str, int, str | None]]:
     """`_pack_greedy`; where it leaves items over on the instances there are, `_pack_filling`
     too (from the same start), and the better of the two (fewer GPUs, then items, left over);
-    then more() for what is left; then, with `exact` (the plan's last call for these instances: what is left now is
-    left out of the plan), an exact re-pack of the instances with the most room (`_repack`). least_left: what is left over at the end traded up (`_trade_up`), so it is the
+    then, with `exact` (the plan's last call for these instances: what is left now is bought for or left out), an
+    exact re-pack of the instances with the most room (`_repack`); then more() for what is left. least_left: what is left over at the end traded up (`_trade_up`), so it is the
     least important work whichever pass packed (for a packing whose leftovers the plan drops, not one that says what
     to buy: traded, two low items left where one normal was took one more repair instance). Summed capacity packs item by item far more often than the
     greedy pass finds: on the trace-shaped fixed cluster (1-GPU jobs of 4 to 25 vCPU on 8-GPU,
@@ -175,13 +175,13 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
         if _left_size(left) >= greedy_left:  # no better: the greedy pass's packing, as it was
             _unplace_all(bins, items)
             left = _pack_greedy(bins, items, None, compact)
-    if left and more is not None:
-        left = _pack_greedy(bins, left, more, compact)
-    # (only where the leftovers would be left out: a repair instance, where one may be bought, and the solver's repair
-    # stage, which models a class that did not pack instance by instance, are what the plan had; the re-pack in every
-    # call saved $4/h of $37,422 on the 5k tier for 3 s of its 6.6 s cold plan)
+    # (only in the plan's last call for these instances: in the solver's repair stage, which models a class that did not
+    # pack instance by instance, a re-pack per item in every call saved $4/h of $37,422 on the 5k tier for 3 s of its
+    # 6.6 s cold plan)
     if left and exact and len(items) > 1 and all(g is None for *_, g in items):
         left = _repack(bins, items, left)
+    if left and more is not None:
+        left = _pack_greedy(bins, left, more, compact)
     if left and least_left and len(items) > 1 and all(g is None for *_, g in items):
         left = _trade_up(bins, items, left)
     return left
