@@ -242,14 +242,16 @@ def trace_shaped_docs(cpus: list[int] = TRACE_CPU) -> list[dict]:
 
 
 def replanned_after_the_packers_instances(tmp_path, monkeypatch, docs: list[dict]):
-    """The cold plan without `fewer_instances` (the packer's packing, on 11 instances), applied on the sim, and the
-    plan of the same config after it: (the cold PlanResult, the next Plan)."""
-    from reconciler import api
+    """The cold plan without `fewer_instances` and the packer's exact re-pack of its leftovers (the packer's packing, on
+    11 instances, as before both), applied on the sim, and the plan of the same config after it: (the cold PlanResult,
+    the next Plan)."""
+    from reconciler import api, pack
     from reconciler.solve import strategy
 
     cfg = write_config(tmp_path / "cfg", docs)
     with monkeypatch.context() as mp:
         mp.setattr(strategy, "fewer_instances", lambda *a: None)
+        mp.setattr(pack, "_repack", lambda bins, items, left: left)
         first = api.plan(cfg, time_limit=5)
     assert len(first.plan.creates) == 11
     api.apply(cfg, saved_plan=first.plan, time_limit=5)
@@ -260,7 +262,9 @@ def test_the_repair_stage_finds_a_packing_on_the_count_the_model_proved(tmp_path
     """Issue 20's trace-buy-1k in small: the model proves 10 instances (its bound), the packer's packing of the 10 takes
     11. The repair stage packed the items of the 11th and of the roomiest instances again (`fewer_instances`) and
     finds a packing on 10: the plan buys 10 and says OPTIMAL, gap 0. Without that search it bought 11 and said
-    FEASIBLE with its gap to the 10 (true, but a plan of 10 existed: the next plan moved jobs to give one back)."""
+    FEASIBLE with its gap to the 10 (true, but a plan of 10 existed: the next plan moved jobs to give one back). (The
+    packer's exact re-pack of its leftovers, before it buys a repair, finds the 10 too: both are taken out for "before".)"""
+    from reconciler import pack
     from reconciler.solve import strategy
     from tests.fleetkit import plan_for
 
@@ -269,6 +273,9 @@ def test_the_repair_stage_finds_a_packing_on_the_count_the_model_proved(tmp_path
     assert len(plan.creates) == 10 and plan.solver.repairs == 0 and plan.solver.unpacked == 0
     assert plan.solver.status == "OPTIMAL" and plan.solver.gap == 0.0
     monkeypatch.setattr(strategy, "fewer_instances", lambda *a: None)
+    alone = plan_for(tmp_path / "alone", trace_shaped_docs(), time_limit=5, workers=1)  # the packer's re-pack alone
+    assert sum(j.action == "place" for j in alone.jobs) == 80 and len(alone.creates) == 10 and alone.solver.repairs == 0
+    monkeypatch.setattr(pack, "_repack", lambda bins, items, left: left)
     before = plan_for(tmp_path / "before", trace_shaped_docs(), time_limit=5, workers=1)
     assert sum(j.action == "place" for j in before.jobs) == 80 and len(before.creates) == 11
     assert before.solver.status == "FEASIBLE" and before.solver.gap > 0.08  # 1 instance of 11 over the bound
