@@ -200,10 +200,9 @@ _SCALE = 1000  # vCPU and GiB in thousandths, requests rounded up and room down:
 
 def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
             left: list[tuple[Demand, str, int, str | None]]) -> list[tuple[Demand, str, int, str | None]]:
-    """Items left over placed by packing a neighbourhood exactly: the instances with the most free room (up to
-    REPACK_BINS), this call's items on them moved freely among them, every one of those staying placed, and as
-    many jobs of the leftovers (each whole: all its leftover items or none; the higher class first, then more
-    work) as fit. The greedy and filling passes pack item by item; summed room that no order of theirs uses (a
+    """Items left over placed by packing a neighbourhood exactly: the instances with the most free room (below),
+    this call's items on them moved freely among them, every one of those staying placed, and as many jobs of the
+    leftovers (each whole: all its leftover items or none; the higher class first, then more work) as fit. The greedy and filling passes pack item by item; summed room that no order of theirs uses (a
     CPU-heavy item beside a GPU with no vCPU left) is found here. The instances are changed only if the exact
     packing places more and every item then gets its GPUs (aligned blocks, as `place` gives them); else they
     stay as they were. Returns what is still left."""
@@ -223,9 +222,9 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     need = {k: sum(d.req(k) for d, *_ in pending) for k in dims}
     total = {k: sum(b.free.get(k, 0.0) for b in bins) for k in dims}
     scarce = max((k for k in dims if k != "gpus"), key=lambda k: (need[k] / max(total[k], 1e-9), k), default="gpus")
-    has_gpu = [i for i in range(len(bins)) if bins[i].free.get("gpus", 0.0) >= 1 - 1e-9] if "gpus" in dims else []
+    has_gpu = {i for i in range(len(bins)) if bins[i].free.get("gpus", 0.0) >= 1 - 1e-9} if "gpus" in dims else set()
     ranked = sorted(has_gpu, key=lambda i: (-bins[i].free.get("gpus", 0.0), -room(bins[i]), i)) + sorted(
-        (i for i in range(len(bins)) if i not in set(has_gpu) and any(bins[i].free.get(k, 0.0) > 1e-9 for k in dims)),
+        (i for i in range(len(bins)) if i not in has_gpu and any(bins[i].free.get(k, 0.0) > 1e-9 for k in dims)),
         key=lambda i: (-bins[i].free.get(scarce, 0.0) / max(bins[i].cap.cap(scarce), 1e-9), -room(bins[i]), i))
     chosen: list[int] = []
     movable: list[tuple[Demand, str, int]] = []
@@ -251,11 +250,11 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     def req(d: Demand, k: str) -> int:
         return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
 
-    base: dict[int, dict[str, int]] = {}  # free room with this call's movable items taken off
-    for i in chosen:
-        on = set(bins[i].items)
-        free = {k: bins[i].free.get(k, 0.0) + sum(d.req(k) for d, j, r in movable if (d.key, j, r) in on) for k in need_dims}
-        base[i] = {k: int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9) for k, v in free.items()}
+    free = {i: {k: bins[i].free.get(k, 0.0) for k in need_dims} for i in chosen}  # with this call's movable items taken off
+    for (d, _, _), i in zip(movable, at):
+        for k in need_dims:
+            free[i][k] += d.req(k)
+    base = {i: {k: int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9) for k, v in f.items()} for i, f in free.items()}
 
     # Items of one shape are interchangeable here (`place` reads only the shape): the model counts items of each shape
     # per instance, so thousands of alike items are not thousands of symmetric variables (per item, 32 instances' 212
