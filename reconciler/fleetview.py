@@ -109,6 +109,10 @@ class FleetView:
         return sum(waits) / len(waits), waits[max(0, math.ceil(0.95 * len(waits)) - 1)]
 
 
+# What `count_phase` counts a job as, in the order fleet.yaml, the metrics and `reconcile status` show them.
+COUNTED = ("running", "starting", "unknown", "reserved", "pending", "succeeded", "failed")
+
+
 def count_phase(placed: bool, finished: str | None, reserved: bool = False, live: str | None = None) -> str:
     """How a job counts (fleet.yaml, live status, metrics, the report): succeeded or failed once its agents report it
     finished (whether or not it is placed), else pending when not placed, reserved when placed without `run` (nothing
@@ -230,4 +234,4 @@ def applied_view(problem, desired, observed, plan, report, now: datetime, runtim
     return _view(problem, desired, observed, plan, hosts, placements, gpus, reasons, now, outstanding, runtime=runtime)
 
 
-__all__ = ["FleetView", "Host", "JobState", "Slot", "applied_view", "current_view", "reason_kind"]
+__all__ = ["COUNTED", "FleetView", "Host", "JobState", "Slot", "applied_view", "count_phase", "current_view", "reason_kind"]

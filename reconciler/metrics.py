@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from reconciler.fleetview import REASON_KINDS, FleetView, reason_kind
+from reconciler.fleetview import COUNTED, REASON_KINDS, FleetView, reason_kind
 
 METRICS: dict[str, str] = {
     "fleetops_gpus": "GPUs on the fleet's instances, per pool and GPU type",
@@ -79,7 +79,7 @@ def families(view: FleetView) -> list[GaugeMetricFamily]:
 
     phases: dict[tuple[str, str], int] = {}
     for t in view.tenant_cost:
-        for ph in ("running", "starting", "unknown", "reserved", "pending", "evicted", "succeeded", "failed"):
+        for ph in (*COUNTED, "evicted"):  # (evicted: waiting, stopped by the plan, which fleet.yaml counts pending)
             phases[(ph, t)] = 0
     reasons: dict[str, int] = {kind: 0 for _, kind in REASON_KINDS} | {"other": 0}  # a zero, not "no data"
     for j in view.jobs:

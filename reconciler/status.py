@@ -17,7 +17,7 @@ from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
 from reconciler.errors import ReconcileError
-from reconciler.fleetview import count_phase
+from reconciler.fleetview import COUNTED, count_phase
 from providers.redact import redact
 from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, DesiredState
@@ -197,7 +197,7 @@ def job_counts(phases: dict[str, str]) -> dict[str, int]:
     """fleet.yaml's job counts from each job's status phase: a finished job (Succeeded, or Failed past its restarts)
     is counted as such, never as pending (it demands nothing, so the plan leaves it unplaced); a placed job without
     `run` is reserved, never running (nothing is started for it); one whose agents have not started it is starting."""
-    counts = {"running": 0, "starting": 0, "unknown": 0, "reserved": 0, "pending": 0, "succeeded": 0, "failed": 0}
+    counts = dict.fromkeys(COUNTED, 0)
     for phase in phases.values():
         counts[phase] += 1
     return counts
