@@ -16,6 +16,11 @@ p4d.24xlarge, azure Standard_ND96asr_v4).
   fixed  one pool of a2-highgpu-8g with min_instances = max_instances (an on-prem or reserved
          cluster) holding FIXED_SHARE of the GPUs the jobs ask for: the plan chooses what runs,
          and packing decides how much of the cluster is used.
+  mixed  a fixed cluster of the trace cluster's node sizes: its 1,213 GPU nodes are 617 of 8 GPUs,
+         54 of 4, 518 of 2 and 24 of 1 (79.5% / 3.5% / 16.7% / 0.4% of its 6,212 GPUs). Here
+         they are a2-highgpu-8g / -4g / -2g / -1g (12 vCPU per GPU each), one fixed pool per
+         type holding that share of FIXED_SHARE of the GPUs asked for: packing across node
+         sizes, where a CPU-heavy job on a large node can strand its GPUs.
   buy    pools of the three types in one US region per cloud, on-demand, nothing running: the
          plan chooses what to buy, and every job fits.
 
@@ -49,6 +54,9 @@ TRACE: dict[tuple[int, int, int], int] = {
 FIXED_SHARE = 0.85  # the fixed cluster's GPUs / the GPUs the jobs ask for: not everything runs
 BUY_POOLS = [("gcp", "us-central1", "a2-highgpu-8g"), ("aws", "us-east-1", "p4d.24xlarge"), ("azure", "eastus", "Standard_ND96asr_v4")]
 PRIORITIES = {"low": 3, "normal": 5, "high": 2}
+# openb_node_list_gpu_node.csv: GPUs per node -> the GPUs its nodes of that size hold (617 x 8, 54 x 4, 518 x 2, 24 x 1)
+NODE_GPUS = {8: 4936, 4: 216, 2: 1036, 1: 24}
+MIXED_TYPES = {8: "a2-highgpu-8g", 4: "a2-highgpu-4g", 2: "a2-highgpu-2g", 1: "a2-highgpu-1g"}
 
 
 def jobs(n: int, seed: int) -> list[dict]:
@@ -64,8 +72,8 @@ def jobs(n: int, seed: int) -> list[dict]:
 
 
 def fleet_docs(n: int, seed: int = 1, mode: str = "fixed") -> list[dict]:
-    if mode not in ("fixed", "buy"):
-        raise ValueError("mode is fixed or buy")
+    if mode not in ("fixed", "mixed", "buy"):
+        raise ValueError("mode is fixed, mixed or buy")
     specs = jobs(n, seed)
     gpus = sum(s["resources"]["gpus"] for s in specs)
     if mode == "fixed":
@@ -73,6 +81,14 @@ def fleet_docs(n: int, seed: int = 1, mode: str = "fixed") -> list[dict]:
         pools = [_doc("Pool", "cluster", {"cloud": "gcp", "region": "us-central1", "zones": ["us-central1-a"],
                                           "instance_types": ["a2-highgpu-8g"], "market": "on-demand",
                                           "min_instances": nodes, "max_instances": nodes})]
+    elif mode == "mixed":
+        total = sum(NODE_GPUS.values())
+        pools = []
+        for size, held in NODE_GPUS.items():
+            nodes = max(1, round(gpus * FIXED_SHARE * held / total / size))
+            pools.append(_doc("Pool", f"cluster-{size}g", {"cloud": "gcp", "region": "us-central1", "zones": ["us-central1-a"],
+                                                          "instance_types": [MIXED_TYPES[size]], "market": "on-demand",
+                                                          "min_instances": nodes, "max_instances": nodes}))
     else:
         pools = [_doc("Pool", f"{cloud}-a100", {"cloud": cloud, "region": region, "zones": [z], "instance_types": [t],
                                                 "market": "on-demand", "max_instances": max(10, math.ceil(gpus / 4))})
@@ -116,7 +132,7 @@ def generate(out_dir: Path, n: int, seed: int = 1, mode: str = "fixed") -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.trace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--mode", choices=["fixed", "buy"], default="fixed")
+    ap.add_argument("--mode", choices=["fixed", "mixed", "buy"], default="fixed")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
