@@ -602,3 +602,30 @@ def test_what_the_packing_passes_leave_over_an_exact_repack_places():
         assert b.free["gpus"] == 0 and b.free["cpu"] >= 0 and b.free["memory_gib"] >= 0
         gpus = [i for idx in b.gpu_of.values() for t in idx for i in t]
         assert sorted(gpus) == list(range(8))
+
+
+def test_an_answer_whose_counts_an_offer_cannot_pack_is_told_apart(tmp_path, monkeypatch):
+    """strategy.packs_as_counted, which decides whether a tier's LP-guided answer is taken: three 1-GPU jobs of 60
+    vCPU fit two 96-vCPU a2-highgpu-8g summed per dimension (180 of 192 vCPU) but need one instance each. Counted on
+    three instances the answer packs; on two it does not (the plan's packer would buy a third or leave one unpacked:
+    under a budget, g1k-b6k's plan fell back to greedy's, 373 jobs placed instead of 712)."""
+    from reconciler.solve import slots
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import WORKERS, Search, Work, packs_as_counted, warm_start
+
+    monkeypatch.setattr(slots, "SLOTS_MOST", 2)  # (its three instances summed, as a large offer's are)
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=100)]
+    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=60, mem=100) for i in range(3)]
+    problem = build_problem(*_setup(tmp_path, docs))
+    g = warm_start(problem)
+    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
+    search.model = Model(problem, g)
+    search.tiers = search.model.tiers()
+    search.model.hint_from(g)
+    best = search.complete(1.0)
+    (offer,) = [o for o in search.model.offers if best[search.model.use[o.key].index]]
+    assert offer.key not in search.model.slots_of
+    assert best[search.model.use[offer.key].index] == 3 and packs_as_counted(search, best)
+    short = list(best)
+    short[search.model.use[offer.key].index] = 2
+    assert not packs_as_counted(search, short)

@@ -703,6 +703,8 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
             break
         found = list(s.response_proto.solution)
         if not packs_as_counted(search, found):
+            if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+                print(f"[solve] {tier.name} lp-guided: its answer does not pack, not taken", flush=True)
             break
         hint = best = found
         if reaches(s.objective_value, bound, tier.sense) or end - search.clock.used < 0.05:
@@ -720,7 +722,11 @@ def packs_as_counted(search: Search, vec: list[int]) -> bool:
     greedy's, 373 jobs placed where the whole model's search placed 712; on the 5k-job cluster of mixed node
     sizes (bench/trace.py), 57 were."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
+    from reconciler.solve.extract import placements, unfold_idle
 
+    _, _, x, keep = placements(search.problem, search.model, vec)
+    if unfold_idle(search.model, x, keep)[1]:  # (an idle class's kept hosts: `idle_repair`)
+        return False
     sol = extract(search.problem, search.model, vec, [], "FEASIBLE", False, 1.0, search.t0)
     handed = offer_packing(search.problem, sol)
     return all(len(insts) <= sol.new.get(ok, 0) for ok, insts in handed.instances.items())
