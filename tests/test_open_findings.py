@@ -1435,3 +1435,25 @@ def test_room_a_quota_stop_frees_is_priced_as_greedy_prices_it_on_fleet76():
     j3 leaves on the A10G host for t2's own higher work at its quota; CP-SAT, offered no variable there, bought more
     A100 capacity and its plan cost $64.45/h against greedy's $60.78/h at the same rank, "OPTIMAL, gap 0"."""
     check_fleet(fleet("fleet76"), time_limit=5)
+
+
+def test_an_answer_whose_idle_class_does_not_pack_is_told_apart_on_fleet29(monkeypatch):
+    """strategy.packs_as_counted, which decides whether a tier's LP-guided answer is taken, on the answer the repair
+    stage gets for fleet29 (above): its four jobs on the two idle n2-standard-16 pack only in sum, so it does not pack
+    as counted; the answer idle_repair makes of it (i78 kept) does."""
+    from reconciler.solve import strategy
+
+    seen = []
+    real = strategy.idle_repair
+
+    def spy(search, sol, hint, lb, reports):
+        out = real(search, sol, hint, lb, reports)
+        seen.append((search, list(hint), list(out[1])))
+        return out
+
+    monkeypatch.setattr(strategy, "idle_repair", spy)
+    _cp_sat_plan(fleet("fleet29"), time_limit=15)
+    (search, before, after), *_ = seen
+    assert before != after
+    assert not strategy.packs_as_counted(search, before)
+    assert strategy.packs_as_counted(search, after)

@@ -716,11 +716,12 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
 
 
 def packs_as_counted(search: Search, vec: list[int]) -> bool:
-    """Do the new instances of every offer hold what answer `vec` puts there, packed as the plan packs them? An
-    LP-guided answer fills the rows of an offer summed per dimension to the last unit where the plan's packer
-    cannot: under a budget that buys no repair (g1k-b6k), 24 jobs were left unpacked, and the plan fell back to
-    greedy's, 373 jobs placed where the whole model's search placed 712; on the 5k-job cluster of mixed node
-    sizes (bench/trace.py), 57 were."""
+    """Do the rows summed over many instances hold what answer `vec` puts there, packed instance by instance: an idle
+    class's kept hosts (`extract.unfold_idle`, as `idle_repair` asks), and every offer's new instances as the plan's
+    packer packs them (no more instances than counted)? An LP-guided answer fills an offer's summed rows to the last
+    unit where the packer cannot: under a budget that buys no repair (g1k-b6k) 24 jobs were left unpacked and the plan
+    fell back to greedy's, 373 jobs placed where the whole model's search placed 712; on the 5k-job cluster of mixed
+    node sizes (bench/trace.py), 57 were."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
     from reconciler.solve.extract import placements, unfold_idle
 
