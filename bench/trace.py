@@ -71,7 +71,8 @@ def jobs(n: int, seed: int) -> list[dict]:
     return out
 
 
-def fleet_docs(n: int, seed: int = 1, mode: str = "fixed") -> list[dict]:
+def fleet_docs(n: int, seed: int = 1, mode: str = "fixed", nodes: dict[int, int] | None = None) -> list[dict]:
+    """`nodes` (mode mixed): GPUs per node -> nodes of that size, instead of the trace cluster's shares."""
     if mode not in ("fixed", "mixed", "buy"):
         raise ValueError("mode is fixed, mixed or buy")
     specs = jobs(n, seed)
@@ -84,11 +85,11 @@ def fleet_docs(n: int, seed: int = 1, mode: str = "fixed") -> list[dict]:
     elif mode == "mixed":
         total = sum(NODE_GPUS.values())
         pools = []
-        for size, held in NODE_GPUS.items():
-            nodes = max(1, round(gpus * FIXED_SHARE * held / total / size))
+        counts = nodes or {size: max(1, round(gpus * FIXED_SHARE * held / total / size)) for size, held in NODE_GPUS.items()}
+        for size, count in counts.items():
             pools.append(_doc("Pool", f"cluster-{size}g", {"cloud": "gcp", "region": "us-central1", "zones": ["us-central1-a"],
                                                           "instance_types": [MIXED_TYPES[size]], "market": "on-demand",
-                                                          "min_instances": nodes, "max_instances": nodes}))
+                                                          "min_instances": count, "max_instances": count}))
     else:
         pools = [_doc("Pool", f"{cloud}-a100", {"cloud": cloud, "region": region, "zones": [z], "instance_types": [t],
                                                 "market": "on-demand", "max_instances": max(10, math.ceil(gpus / 4))})
@@ -107,13 +108,13 @@ def fleet_docs(n: int, seed: int = 1, mode: str = "fixed") -> list[dict]:
     ]
 
 
-def generate(out_dir: Path, n: int, seed: int = 1, mode: str = "fixed") -> Path:
+def generate(out_dir: Path, n: int, seed: int = 1, mode: str = "fixed", nodes: dict[int, int] | None = None) -> Path:
     out = Path(out_dir)
     if out.exists() and any(out.glob("**/*.yaml")):
         raise FileExistsError(f"{out} already holds YAML files; generate into an empty directory")
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     by_kind: dict[str, list[dict]] = {}
-    for d in fleet_docs(n, seed, mode):
+    for d in fleet_docs(n, seed, mode, nodes):
         by_kind.setdefault(d["kind"], []).append(d)
 
     def dump(path: Path, items: list[dict]) -> None:

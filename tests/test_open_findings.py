@@ -1438,9 +1438,10 @@ def test_room_a_quota_stop_frees_is_priced_as_greedy_prices_it_on_fleet76():
 
 
 def test_an_answer_whose_idle_class_does_not_pack_is_told_apart_on_fleet29(monkeypatch):
-    """strategy.packs_as_counted, which decides whether a tier's LP-guided answer is taken, on the answer the repair
-    stage gets for fleet29 (above): its four jobs on the two idle n2-standard-16 pack only in sum, so it does not pack
-    as counted; the answer idle_repair makes of it (i78 kept) does."""
+    """strategy.beyond_count, which values a tier's LP-guided answer as packed (emitted_value), on the answer the
+    repair stage gets for fleet29 (above): its four jobs on the two idle n2-standard-16 pack only in sum, so it is
+    refused (None: an idle class's leftovers are no new work to count out); the answer idle_repair makes of it (i78
+    kept) packs."""
     from reconciler.solve import strategy
 
     seen = []
@@ -1455,5 +1456,5 @@ def test_an_answer_whose_idle_class_does_not_pack_is_told_apart_on_fleet29(monke
     _cp_sat_plan(fleet("fleet29"), time_limit=15)
     (search, before, after), *_ = seen
     assert before != after
-    assert not strategy.packs_as_counted(search, before)
-    assert strategy.packs_as_counted(search, after)
+    assert strategy.beyond_count(search, before) is None
+    assert strategy.beyond_count(search, after) == []

@@ -674,8 +674,9 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
     """RINS for a tier the warm start leaves below its LP bound: a copy of the model where the instances and the
     new items at 0 in both the tier's LP optimum and the answer so far stay 0, searched for the tier with CP-SAT's
     LP-guided search (as `lp_guided` does for the cost); again from a better answer (its support is another
-    neighbourhood), at most RINS_ROUNDS times within `work`. Returns the best full answer found (its helper variables
-    settled as `complete` settles them), or None. (The full model's search from greedy's answer found nothing better
+    neighbourhood), at most RINS_ROUNDS times within `work`, each answer valued as the plan's packer would pack it
+    (`emitted_value`). Returns the best full answer found (its helper variables settled as `complete` settles them),
+    or None. (The full model's search from greedy's answer found nothing better
     in 13 CPU seconds on a fixed cluster of mixed 8/4/2/1-GPU nodes, 1,000 trace jobs: the low work tier at 595 of its
     bound 1,127, 811 of 887 GPUs used.) The LP is solved from scratch: its optimum's values choose the neighbourhood,
     and a warm solve may end at another optimal vertex (`LpMirror._solve`), so the plan would not be a function of its
@@ -702,9 +703,10 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, search.value(hint, tier.expr), tier.sense):
             break
         found = list(s.response_proto.solution)
-        if not packs_as_counted(search, found):
+        emitted = emitted_value(search, tier, found, round(s.objective_value))
+        if emitted is None or not improves(emitted, search.value(hint, tier.expr), tier.sense):
             if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-                print(f"[solve] {tier.name} lp-guided: its answer does not pack, not taken", flush=True)
+                print(f"[solve] {tier.name} lp-guided: its answer packed reaches {emitted}, not taken", flush=True)
             break
         hint = best = found
         if reaches(s.objective_value, bound, tier.sense) or end - search.clock.used < 0.05:
@@ -715,22 +717,56 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
     return search.complete(1.0) or best
 
 
-def packs_as_counted(search: Search, vec: list[int]) -> bool:
-    """Do the rows summed over many instances hold what answer `vec` puts there, packed instance by instance: an idle
-    class's kept hosts (`extract.unfold_idle`, as `idle_repair` asks), and every offer's new instances as the plan's
-    packer packs them (no more instances than counted)? An LP-guided answer fills an offer's summed rows to the last
-    unit where the packer cannot: under a budget that buys no repair (g1k-b6k) 24 jobs were left unpacked and the plan
-    fell back to greedy's, 373 jobs placed where the whole model's search placed 712; on the 5k-job cluster of mixed
-    node sizes (bench/trace.py), 57 were."""
+def beyond_count(search: Search, vec: list[int]) -> list[tuple[str, int]] | None:
+    """What answer `vec` puts on rows summed over many instances that does not pack instance by instance: each
+    offer's new instances as the plan's packer packs them, the items beyond its count, as (group, items); None where an
+    idle class's kept hosts do not hold theirs (`extract.unfold_idle`, what `idle_repair` asks). An LP-guided answer
+    fills an offer's summed rows to the last unit where the packer cannot: under a budget that buys no repair
+    (g1k-b6k) 24 jobs were left unpacked, critical ones among them, and the plan fell back to greedy's, 373 jobs placed
+    where the whole model's search placed 712."""
     from reconciler.plan.packing import offer_packing  # (the plan's packer: the plan imports the solver only to annotate)
     from reconciler.solve.extract import placements, unfold_idle
 
     _, _, x, keep = placements(search.problem, search.model, vec)
-    if unfold_idle(search.model, x, keep)[1]:  # (an idle class's kept hosts: `idle_repair`)
-        return False
+    if unfold_idle(search.model, x, keep)[1]:
+        return None
     sol = extract(search.problem, search.model, vec, [], "FEASIBLE", False, 1.0, search.t0)
-    handed = offer_packing(search.problem, sol)
-    return all(len(insts) <= sol.new.get(ok, 0) for ok, insts in handed.instances.items())
+    out: dict[str, int] = {}
+    for ok, insts in offer_packing(search.problem, sol).instances.items():
+        for inst in insts[sol.new.get(ok, 0):]:
+            for _, gk, n in inst:
+                out[gk] = out.get(gk, 0) + n
+    return sorted(out.items())
+
+
+def emitted_value(search: Search, tier: Tier, vec: list[int], value: int) -> int | None:
+    """A work tier's `value` in answer `vec` less what the packer leaves over (`beyond_count`), or None where that
+    could be anything but this tier's own new work or lower: the tier's demands must be of one class, and each group
+    left over must have that many new jobs placed of that class or lower (the packer's leftovers go lowest class
+    first), each counted at the most a job of the group weighs in the tier. (The heterogeneous A100 cluster, 271 / 135
+    / 90 / 113 nodes of 1 / 2 / 4 / 8 GPUs, 2,000 trace jobs: the neighbourhood's answer raised the low work tier from
+    1,435 to 2,128 and left one item over on the 135 summed 2-GPU nodes; refused for that, the plan used 92.6% of the
+    GPUs.)"""
+    left = beyond_count(search, vec)
+    if left is None or tier.sense != "max":
+        return None if left is None or left else value
+    if not left:
+        return value
+    model = search.model
+    at = set(search.flat(tier.expr)[0])
+    mine = {dk for vals in (model.placed, model.g, model.b) for dk, v in vals.variable_items() if v.index in at}
+    classes = {model.demands[dk].klass for dk in mine}
+    if len(classes) != 1:
+        return None
+    (c,) = classes
+    loss = 0
+    for gk, n in left:
+        members = [model.demands[dk] for dk in search.problem.groups[gk]]
+        new = sum(model.placed.solved(d.key, vec) for d in members if d.klass <= c and not d.running)
+        if new < n:
+            return None
+        loss += n * max((d.weight for d in members if d.key in mine), default=0)
+    return value - loss
 
 
 def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None, float | None, str]:
