@@ -71,11 +71,15 @@ REPAIR_WORK = 0.1
 # ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
 COST_WORK_VARS = 100_000
 TIER_SHARE = 0.25  # of the tiers' work left, the most one tier's search may take (solve_tier)
-# Of a tier's share, the most its LP-guided neighbourhood search may take first (tier_lp_guided), in at most RINS_ROUNDS
-# neighbourhoods, each around the last answer found: on the 1k-job cluster of mixed node sizes the first reached 1,071
-# of the low work tier's 1,127 and the second 1,127 (proven at the LP bound) in 0.72 deterministic s in all.
+# A tier's LP-guided neighbourhood search (tier_lp_guided) may take TIER_RINS_SHARE of the tier's share more, in at
+# most RINS_ROUNDS neighbourhoods, each around the last answer found; only in a model of RINS_FROM variables or more
+# (below it the whole model's search proves most tiers at once: a 2,697-variable model of a 510-job mixed cluster left
+# its normal tier FEASIBLE, and the plan after its apply evicted 15 low jobs for it; the neighbourhood proves it). On
+# the 1k-job cluster of mixed node sizes the first neighbourhood reached 1,071 of the low work tier's 1,127 and the
+# second 1,127 (proven at the LP bound), 0.72 deterministic s in all.
 TIER_RINS_SHARE = 0.5
 RINS_ROUNDS = 3
+RINS_FROM = 1000
 PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
@@ -217,6 +221,7 @@ class Search:
     cost: object = 0
     lp: object = None  # LpMirror, once the warm start is complete
     spent0: float = 0.0
+    rins_work: float = 0.0  # deterministic s the tiers' neighbourhood searches took (tier_lp_guided): not the tiers' share
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
     stay_answer: list[int] | None = None  # that answer
     consolidated: bool = False  # consolidate() made the answer: running work moved for cost (Solution.consolidated)
@@ -637,24 +642,31 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     # plan after its apply placed the rest by evicting seven jobs. Half of what is left was too much: g2kr's normal tier
     # found 1,890 more units and its low deadline tier, with less work left, fell from 156,711 to 31,493, 136 fewer
     # jobs placed; at a quarter g2kr's plan is the even share's, and fleet73's first tier is proven)
-    left = stage1 - (search.clock.used - search.spent0)
+    left = stage1 - (search.clock.used - search.spent0 - search.rins_work)
     share = max(0.05, left * max(TIER_SHARE, 1 / max(1, tiers_left)))
-    used0 = search.clock.used
-    # (a model below EXACT_BELOW variables is searched whole: CP-SAT proves its tiers in milliseconds)
-    found = tier_lp_guided(search, tier, best, bound, share * TIER_RINS_SHARE) if len(m.proto.variables) >= EXACT_BELOW else None
-    if found is not None and improves(search.value(found, tier.expr), hv, tier.sense):
-        best, hv = found, search.value(found, tier.expr)
-        search.hold(tier.expr, hv, tier.sense, rel)
-        if reaches(hv, bound, tier.sense):  # at the LP's bound: proven, nothing left to search
-            return best, TierReport(tier.name, tier.sense, hv, bound, "OPTIMAL", time.monotonic() - ts)
+    # The LP-guided neighbourhood first, on work of its own (out of the cost stage's half, not the tiers'); then, where
+    # it did not reach the bound, the whole model from the answer before it with the tier's whole share, and the
+    # better of the two answers. So every tier's search is what it was without the neighbourhood, or better: a
+    # neighbourhood answer searched on from (or half the share spent on the neighbourhood) left a 540-job mixed cluster's
+    # normal tier short after an edit, and the plan after its apply evicted two low jobs for it. (A model below
+    # RINS_FROM variables is searched whole.)
+    found = None
+    if len(m.proto.variables) >= RINS_FROM:
+        used0 = search.clock.used
+        found = tier_lp_guided(search, tier, best, bound, min(share * TIER_RINS_SHARE, max(0.0, search.left())))
+        search.rins_work += search.clock.used - used0
+    rins = search.value(found, tier.expr) if found is not None else hv
+    if improves(rins, hv, tier.sense) and reaches(rins, bound, tier.sense):  # at the LP's bound: proven, nothing left to search
+        search.hold(tier.expr, rins, tier.sense, rel)
+        return found, TierReport(tier.name, tier.sense, rins, bound, "OPTIMAL", time.monotonic() - ts)
     search.model.set_full_hint(best)
     search.objective(m, tier.expr, tier.sense)
     s = search.solver_for()
-    st = search.clock.solve(s, m, max(0.05, share - (search.clock.used - used0)))
+    st = search.clock.solve(s, m, share)
     m.clear_hints()
     if st == cp_model.INFEASIBLE:
         raise SolverError("internal: a tier is infeasible although the warm start reaches every tier held so far")
-    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and improves(s.objective_value, hv, tier.sense):
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and improves(s.objective_value, hv, tier.sense) and not improves(rins, s.objective_value, tier.sense):
         val = round(s.objective_value)
         search.hold(tier.expr, val, tier.sense, rel)
         best = list(s.response_proto.solution)
@@ -662,6 +674,9 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         # best for these placements, so later tiers are judged on what this answer really reaches.
         search.model.set_primary_hint(best)
         best = search.complete(1.0) or best
+    elif improves(rins, hv, tier.sense):
+        best, val = found, rins
+        search.hold(tier.expr, val, tier.sense, rel)
     else:
         val = hv  # no better answer than the floor, which is held
     proven_bound = s.best_objective_bound if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else bound
