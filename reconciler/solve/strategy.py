@@ -74,7 +74,7 @@ TIER_SHARE = 0.25  # of the tiers' work left, the most one tier's search may tak
 # A tier's LP-guided neighbourhood search (tier_lp_guided) may take TIER_RINS_SHARE of the tier's share more, in at
 # most RINS_ROUNDS neighbourhoods, each around the last answer found; only in a model of RINS_FROM variables or more
 # (below it the whole model's search proves most tiers at once: a 2,697-variable model of a 510-job mixed cluster left
-# its normal tier FEASIBLE, and the plan after its apply evicted 15 low jobs for it; the neighbourhood proves it). On
+# its normal tier FEASIBLE, and the plan after its apply evicted low jobs for it; the neighbourhood proves it). On
 # the 1k-job cluster of mixed node sizes the first neighbourhood reached 1,071 of the low work tier's 1,127 and the
 # second 1,127 (proven at the LP bound), 0.72 deterministic s in all.
 TIER_RINS_SHARE = 0.5
