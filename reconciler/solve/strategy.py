@@ -80,6 +80,10 @@ TIER_SHARE = 0.25  # of the tiers' work left, the most one tier's search may tak
 TIER_RINS_SHARE = 0.5
 RINS_ROUNDS = 3
 RINS_FROM = 1000
+# ... and of at most RINS_MOST: the tier's LP from scratch, which the neighbourhood needs, took 29-80 s a tier on the
+# 20k-job drift model (326k columns; reconciler/lp.py), more than the search it would guide. (The bench's 10k drift
+# plan, 164k variables, took the same time with the neighbourhood as without; 20k jobs cold ran none, its tiers held.)
+RINS_MOST = 200_000
 PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
@@ -651,7 +655,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     # normal tier short after an edit, and the plan after its apply evicted two low jobs for it. (A model below
     # RINS_FROM variables is searched whole.)
     found = None
-    if len(m.proto.variables) >= RINS_FROM:
+    if RINS_FROM <= len(m.proto.variables) <= RINS_MOST:
         used0 = search.clock.used
         found = tier_lp_guided(search, tier, best, bound, min(share * TIER_RINS_SHARE, max(0.0, search.left())))
         search.rins_work += search.clock.used - used0
