@@ -604,18 +604,14 @@ def test_what_the_packing_passes_leave_over_an_exact_repack_places():
         assert sorted(gpus) == list(range(8))
 
 
-def test_an_answer_whose_counts_an_offer_cannot_pack_is_told_apart(tmp_path, monkeypatch):
-    """strategy.beyond_count, which values a tier's LP-guided answer as packed: three 1-GPU jobs of 60
-    vCPU fit two 96-vCPU a2-highgpu-8g summed per dimension (180 of 192 vCPU) but need one instance each. Counted on
-    three instances the answer packs; on two it does not (the plan's packer would buy a third or leave one unpacked:
-    under a budget, g1k-b6k's plan fell back to greedy's, 373 jobs placed instead of 712)."""
+def _one_offer_short(tmp_path: Path, monkeypatch, docs: list[dict]):
+    """(problem, search, greedy's answer completed, that answer with its one offer's count one instance short): the
+    offer summed per dimension, as a large offer's is."""
     from reconciler.solve import slots
     from reconciler.solve.model import Model
-    from reconciler.solve.strategy import WORKERS, Search, Work, beyond_count, warm_start
+    from reconciler.solve.strategy import WORKERS, Search, Work, warm_start
 
-    monkeypatch.setattr(slots, "SLOTS_MOST", 2)  # (its three instances summed, as a large offer's are)
-    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=100)]
-    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=60, mem=100) for i in range(3)]
+    monkeypatch.setattr(slots, "SLOTS_MOST", 2)
     problem = build_problem(*_setup(tmp_path, docs))
     g = warm_start(problem)
     search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
@@ -624,10 +620,23 @@ def test_an_answer_whose_counts_an_offer_cannot_pack_is_told_apart(tmp_path, mon
     search.model.hint_from(g)
     best = search.complete(1.0)
     (offer,) = [o for o in search.model.offers if best[search.model.use[o.key].index]]
-    assert offer.key not in search.model.slots_of
-    assert best[search.model.use[offer.key].index] == 3 and beyond_count(search, best) == []
+    assert offer.key not in search.model.slots_of and best[search.model.use[offer.key].index] == 3
     short = list(best)
     short[search.model.use[offer.key].index] = 2
+    return problem, search, best, short
+
+
+def test_an_answer_whose_counts_an_offer_cannot_pack_is_told_apart(tmp_path, monkeypatch):
+    """strategy.beyond_count, which values a tier's LP-guided answer as packed: three 1-GPU jobs of 60
+    vCPU fit two 96-vCPU a2-highgpu-8g summed per dimension (180 of 192 vCPU) but need one instance each. Counted on
+    three instances the answer packs; on two it does not (the plan's packer would buy a third or leave one unpacked:
+    under a budget, g1k-b6k's plan fell back to greedy's, 373 jobs placed instead of 712)."""
+    from reconciler.solve.strategy import beyond_count
+
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=100)]
+    docs += [job(f"j{i}", gpus=1, gpu_type="A100", cpu=60, mem=100) for i in range(3)]
+    problem, search, best, short = _one_offer_short(tmp_path, monkeypatch, docs)
+    assert beyond_count(search, best) == []
     assert beyond_count(search, short) == [(search.model.group_of[next(d.key for d in problem.demands if "j0" in d.jobs)], 1)]
 
 
@@ -636,25 +645,13 @@ def test_a_neighbourhood_answer_is_valued_as_packed_and_refused_where_higher_wor
     1-GPU jobs of 60 vCPU and a low 1-GPU job of 4 vCPU on a2-highgpu-8g summed per dimension: counted on two
     instances, one 60-vCPU item is left over. The high tier's value loses one high job's weight; the low tier's
     answer is refused (None), since what is left over is higher-class work its tier would take the place of."""
-    from reconciler.solve import slots
-    from reconciler.solve.model import Model
-    from reconciler.solve.strategy import WORKERS, Search, Work, beyond_count, emitted_value, warm_start
+    from reconciler.solve.strategy import beyond_count, emitted_value
 
-    monkeypatch.setattr(slots, "SLOTS_MOST", 2)
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=100)]
     docs += [job(f"h{i}", gpus=1, gpu_type="A100", cpu=60, mem=100, priority="high") for i in range(3)]
     docs += [job("low", gpus=1, gpu_type="A100", cpu=4, mem=16, priority="low")]
-    problem = build_problem(*_setup(tmp_path, docs))
-    g = warm_start(problem)
-    search = Search(problem, 5.0, Work(float("inf")), WORKERS, 0, 0.0)
-    search.model = Model(problem, g)
-    search.tiers = search.model.tiers()
-    search.model.hint_from(g)
-    best = search.complete(1.0)
-    (offer,) = [o for o in search.model.offers if best[search.model.use[o.key].index]]
-    assert best[search.model.use[offer.key].index] == 3 and beyond_count(search, best) == []
-    short = list(best)
-    short[search.model.use[offer.key].index] = 2
+    problem, search, best, short = _one_offer_short(tmp_path, monkeypatch, docs)
+    assert beyond_count(search, best) == []
     h = next(d for d in problem.demands if "h0" in d.jobs)
     assert beyond_count(search, short) == [(search.model.group_of[h.key], 1)]
     tiers = {t.name: t for t in search.tiers}

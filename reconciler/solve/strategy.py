@@ -650,10 +650,10 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     share = max(0.05, left * max(TIER_SHARE, 1 / max(1, tiers_left)))
     # The LP-guided neighbourhood first, on work of its own (out of the cost stage's half, not the tiers'); then, where
     # it did not reach the bound, the whole model from the answer before it with the tier's whole share, and the
-    # better of the two answers. So every tier's search is what it was without the neighbourhood, or better: a
-    # neighbourhood answer searched on from (or half the share spent on the neighbourhood) left a 540-job mixed cluster's
-    # normal tier short after an edit, and the plan after its apply evicted two low jobs for it. (A model below
-    # RINS_FROM variables is searched whole.)
+    # better of the two answers. So every tier's whole-model search is what it was without the neighbourhood. (With
+    # half the share spent on the neighbourhood and the whole model searched on from its answer, the bench's 100-job
+    # tier found another optimum of its tiers, a dearer start for the cost stage: $927.81/h for the same work where
+    # this way gives main's $920.31/h.)
     found = None
     if RINS_FROM <= len(m.proto.variables) <= RINS_MOST:
         used0 = search.clock.used
@@ -695,11 +695,10 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
     LP-guided search (as `lp_guided` does for the cost); again from a better answer (its support is another
     neighbourhood), at most RINS_ROUNDS times within `work`, each answer valued as the plan's packer would pack it
     (`emitted_value`). Returns the best full answer found (its helper variables settled as `complete` settles them),
-    or None. (The full model's search from greedy's answer found nothing better
-    in 13 CPU seconds on a fixed cluster of mixed 8/4/2/1-GPU nodes, 1,000 trace jobs: the low work tier at 595 of its
-    bound 1,127, 811 of 887 GPUs used.) The LP is solved from scratch: its optimum's values choose the neighbourhood,
-    and a warm solve may end at another optimal vertex (`LpMirror._solve`), so the plan would not be a function of its
-    input."""
+    or None. (The full model's search from greedy's answer found nothing better in 13 CPU seconds on a fixed cluster
+    of mixed 8/4/2/1-GPU nodes, 1,000 trace jobs: the low work tier at 595 of its bound 1,127, 811 of 887 GPUs used.)
+    The LP is solved from scratch: its optimum's values choose the neighbourhood, and a warm solve may end at another
+    optimal vertex (`LpMirror._solve`), so the plan would not be a function of its input."""
     vs, cs, off = search.flat(tier.expr)
     res = search.lp.optimum(vs, cs, off, maximize=tier.sense == "max", fresh=True)
     if res is None:
@@ -767,10 +766,12 @@ def emitted_value(search: Search, tier: Tier, vec: list[int], value: int) -> int
     1,435 to 2,128 and left one item over on the 135 summed 2-GPU nodes; refused for that, the plan used 92.6% of the
     GPUs.)"""
     left = beyond_count(search, vec)
-    if left is None or tier.sense != "max":
-        return None if left is None or left else value
+    if left is None:
+        return None
     if not left:
         return value
+    if tier.sense != "max":
+        return None
     model = search.model
     at = set(search.flat(tier.expr)[0])
     mine = {dk for vals in (model.placed, model.g, model.b) for dk, v in vals.variable_items() if v.index in at}
