@@ -245,7 +245,8 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         return left
     from ortools.sat.python import cp_model  # (only where a pass left items over: the plan phase imports no solver otherwise)
 
-    need_dims = sorted({k for d, *_ in movable + [(d, j, r) for d, j, r, _ in pending] for k in d.dims if d.req(k) > 0})
+    every = movable + [(d, j, r) for d, j, r, _ in pending]  # (the items the model places: those it moves, then the leftovers)
+    need_dims = sorted({k for d, *_ in every for k in d.dims if d.req(k) > 0})
 
     def req(d: Demand, k: str) -> int:
         return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
@@ -259,7 +260,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     # Items of one shape are interchangeable here (`place` reads only the shape): the model counts items of each shape
     # per instance, so thousands of alike items are not thousands of symmetric variables (per item, 32 instances' 212
     # items found no better packing in the work; counted per shape, the few shapes on 32 instances are a small model).
-    shape_of = {_shape(d): d for d, *_ in movable + [(d, j, r) for d, j, r, _ in pending]}
+    shape_of = {_shape(d): d for d, *_ in every}
     shapes = sorted(shape_of, key=repr)
     sid = {sh: n for n, sh in enumerate(shapes)}
     moving = Counter(sid[_shape(d)] for d, *_ in movable)

@@ -718,11 +718,12 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         st = search.clock.solve(s, sub, max(0.05, (end - search.clock.used) / n))
         if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
             print(f"[solve] {tier.name} lp-guided: {st} {s.objective_value} work {s.response_proto.deterministic_time:.2f}", flush=True)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, search.value(hint, tier.expr), tier.sense):
+        before = search.value(hint, tier.expr)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, before, tier.sense):
             break
         found = list(s.response_proto.solution)
         emitted = emitted_value(search, tier, found, round(s.objective_value))
-        if emitted is None or not improves(emitted, search.value(hint, tier.expr), tier.sense):
+        if emitted is None or not improves(emitted, before, tier.sense):
             if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
                 print(f"[solve] {tier.name} lp-guided: its answer packed reaches {emitted}, not taken", flush=True)
             break
