@@ -261,6 +261,16 @@ def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list
     return errors
 
 
+def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> list[str]:
+    """The re-check's rule on evictions (`_eviction_errors`), asked of a plan the planner just made: a plan whose
+    guarantees tier was not proven could stop a job inside its tenant's guarantee that no rule requires stopping
+    (bench.explore_mixed's fleet 80 after tenant quotas were set: team-2's job-00007), and `reconcile apply` without
+    --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads."""
+    if not any(j.action == "evict" for j in plan.jobs):
+        return []
+    return _eviction_errors(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules())
+
+
 def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> list[str]:
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
@@ -432,4 +442,4 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
     return errors
 
 
-__all__ = ["recheck"]
+__all__ = ["recheck", "unlawful_evictions"]

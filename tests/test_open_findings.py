@@ -1479,3 +1479,34 @@ def test_a_plan_after_tenant_quotas_are_set_on_a_mixed_cluster_passes_applys_rec
         res = check(cfg, "after quota")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guarantees kept"]["value"] == tiers["guarantees kept"]["bound"], tiers["guarantees kept"]
+
+
+def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job_no_rule_requires(monkeypatch):
+    """The same fleet 80 after its quota edit, with the tiers' neighbourhood search off (strategy.RINS_FROM, as on main
+    at 5e91380): CP-SAT's answer, its "guarantees kept" tier FEASIBLE, evicted job-00007 and job-00111 inside team-2's
+    guarantee, which no rule requires stopping. `reconcile apply` without --plan does not re-check the plan it makes:
+    it stopped both jobs. Now the planner applies the re-check's rule to its own answer and emits greedy's plan, which
+    stops only what a rule requires, saying why; the apply keeps both jobs running."""
+    import tempfile
+
+    from bench.explore_mixed import check, edit, fleet
+    from bench.trace import generate
+    from reconciler import api
+    from reconciler.plancheck import recheck
+    from reconciler.solve import strategy
+
+    jobs, nodes, rng = fleet(80)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = generate(Path(d) / "c", jobs, 80, "mixed", nodes=nodes)
+        check(cfg, "cold")
+        assert edit(cfg, rng) == "quota"
+        monkeypatch.setattr(strategy, "RINS_FROM", 10**9)
+        res = api.plan(cfg, time_limit=20)
+        assert not recheck(res.plan, res.desired, res.observed, res.problem)[1]
+        assert res.plan.solver.status == "GREEDY_FALLBACK"
+        assert "no rule requires stopping, job-00007 first" in res.plan.solver.note
+        running = api.plan(cfg, time_limit=0).observed.placements
+        assert {"job-00007", "job-00111"} <= set(running)
+        api.apply(cfg, time_limit=20, allow_destroy=10**6)
+        after = api.plan(cfg, time_limit=0).observed.placements
+        assert after["job-00007"] == running["job-00007"] and after["job-00111"] == running["job-00111"]
