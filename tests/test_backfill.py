@@ -132,7 +132,7 @@ def test_backfill_keeps_quotas_placement_rules_and_budgets():
             job("c", tenant="u", spot="required", **A100), job("e", tenant="u", **{**A100, "cpu": 10}),
             doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"u": 3.0}})]
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
-    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"})), packing, [], slots, {}, hosts, demand_of)
+    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of)
     assert placed == ["a"]
     assert slots["a"] == ["i0"] and packing.where[("a", 0)] == "i0" and packing.gpu_of[("a", 0)] == ((1,),)
     assert "b" not in slots and "c" not in slots and "e" not in slots
@@ -142,8 +142,27 @@ def test_backfill_never_moves_running_work_nor_fills_a_host_the_plan_deletes():
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
             job("r", **A100), job("n", **A100)]
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
-    assert backfill(problem, observed, SimpleNamespace(keep=frozenset()), packing, [], {}, {}, hosts, demand_of) == []
+    assert backfill(problem, observed, SimpleNamespace(keep=frozenset(), status="FEASIBLE", tiers=()), packing, [], {}, {}, hosts, demand_of) == []
     # r is running but the plan placed it nowhere (evicted): backfill does not place it again (that is a move).
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
     del slots["r"]
-    assert backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"})), packing, [], slots, {}, hosts, demand_of) == ["n"]
+    assert backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of) == ["n"]
+
+
+def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work():
+    """bench.explore_mixed's fleet 189 (645 trace jobs on 35 / 18 / 35 / 7 fixed nodes of 8 / 4 / 2 / 1 GPUs), cold:
+    the search stopped its normal work tier short of its bound (20,650 of 20,720), and the plan left team-1's normal
+    1-GPU job-00379 pending, "capacity goes to higher-priority work first", while it placed team-1's low 1-GPU
+    job-00588, larger in every dimension, on +38. The plan after its apply evicted job-00588 for job-00379: not a
+    no-op. The plan as packed now gives that room to the normal job, says it is not the solver's best (FEASIBLE, no
+    gap), and the plan after its apply is a no-op (`check` asserts it, every rule and apply's re-check)."""
+    from bench.explore_mixed import check, fleet
+    from bench.trace import generate
+
+    jobs, nodes, _ = fleet(189)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = generate(Path(d) / "c", jobs, 189, "mixed", nodes=nodes)
+        res = check(cfg, "cold")
+        act = {j.job: j for j in res.plan.jobs}
+        assert act["job-00379"].action == "place" and act["job-00588"].action == "pending", (act["job-00379"], act["job-00588"])
+        assert res.plan.solver.status == "FEASIBLE" and res.plan.solver.backfilled >= 1
