@@ -1510,3 +1510,26 @@ def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job
         api.apply(cfg, time_limit=20, allow_destroy=10**6)
         after = api.plan(cfg, time_limit=0).observed.placements
         assert after["job-00007"] == running["job-00007"] and after["job-00111"] == running["job-00111"]
+
+
+def test_work_on_a_pool_over_its_max_is_offered_room_its_tenants_lower_work_holds_after_a_shrink():
+    """bench.explore_mixed's fleet 147 (302 trace jobs on 20 / 19 / 28 / 11 fixed nodes of 8 / 4 / 2 / 1 GPUs), its
+    pools shrunk to 80% after the first apply: the search chooses which instances go, so the running work on them was
+    neither pending nor forced to move, and the model offered it no host where a lower job of another tenant runs whose
+    own tenant's higher work could take that room. The plan kept 1,057 of 1,190 running normal units, at
+    `--time-limit 80` too, evicting normal jobs while low ones stayed; the plan after its apply placed 12 normal jobs by
+    evicting low ones (each low job's tenant's own normal work arriving): not a no-op. Now such work is offered that
+    room as new work is, and the plan after the shrink's apply is a no-op (`check`: every rule, the re-check too)."""
+    import tempfile
+
+    from bench.explore_mixed import check, edit, fleet
+    from bench.trace import generate
+
+    jobs, nodes, rng = fleet(147)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = generate(Path(d) / "c", jobs, 147, "mixed", nodes=nodes)
+        check(cfg, "cold")
+        assert edit(cfg, rng) == "shrink"
+        res = check(cfg, "after shrink")
+        tiers = {t["name"]: t for t in res.plan.solver.tiers}
+        assert tiers["guaranteed running normal jobs kept"]["value"] > 1_100, tiers["guaranteed running normal jobs kept"]
