@@ -1482,8 +1482,8 @@ def test_a_plan_after_tenant_quotas_are_set_on_a_mixed_cluster_passes_applys_rec
 
 
 def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job_no_rule_requires(monkeypatch):
-    """The same fleet 80 after its quota edit, with the tiers' neighbourhood search off (strategy.RINS_FROM, as on main
-    at 5e91380): CP-SAT's answer, its "guarantees kept" tier FEASIBLE, evicted job-00007 and job-00111 inside team-2's
+    """The same fleet 80 after its quota edit, with the tiers' neighbourhood search off (strategy.RINS_FROM) and half
+    the budget for the tiers (FIXED_TIERS_WORK), as on main at 5e91380: CP-SAT's answer, its "guarantees kept" tier FEASIBLE, evicted job-00007 and job-00111 inside team-2's
     guarantee, which no rule requires stopping. `reconcile apply` without --plan does not re-check the plan it makes:
     it stopped both jobs. Now the planner applies the re-check's rule to its own answer and emits greedy's plan, which
     stops only what a rule requires, saying why; the apply keeps both jobs running."""
@@ -1501,6 +1501,7 @@ def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job
         check(cfg, "cold")
         assert edit(cfg, rng) == "quota"
         monkeypatch.setattr(strategy, "RINS_FROM", 10**9)
+        monkeypatch.setattr(strategy, "FIXED_TIERS_WORK", strategy.TIERS_WORK)  # (the tiers' half, as on a fleet that buys)
         res = api.plan(cfg, time_limit=20)
         assert not recheck(res.plan, res.desired, res.observed, res.problem)[1]
         assert res.plan.solver.status == "GREEDY_FALLBACK"
@@ -1533,3 +1534,25 @@ def test_work_on_a_pool_over_its_max_is_offered_room_its_tenants_lower_work_hold
         res = check(cfg, "after shrink")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed running normal jobs kept"]["value"] > 1_100, tiers["guaranteed running normal jobs kept"]
+
+
+def test_a_fixed_clusters_tiers_get_the_work_its_cost_stage_does_not_need():
+    """bench.explore_mixed's fleet 41 (540 trace jobs on 39 / 12 / 36 / 18 fixed nodes of 8 / 4 / 2 / 1 GPUs), its pools
+    shrunk to 80% after the first apply: with half the budget for the tiers, as on a fleet that buys, the plan kept
+    1,834 of its 1,869 running normal units (FEASIBLE; at `--time-limit 80` it proves 1,869), and the plan after its
+    apply evicted three low jobs for normal ones: not a no-op. On a fixed cluster (every pool's min_instances its max)
+    the instances cost the same whatever the answer, so the tiers now get most of the budget (strategy.tiers_work): the
+    tier is proven and the plan after the shrink's apply is a no-op (`check`: every rule, the re-check too)."""
+    import tempfile
+
+    from bench.explore_mixed import check, edit, fleet
+    from bench.trace import generate
+
+    jobs, nodes, rng = fleet(41)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = generate(Path(d) / "c", jobs, 41, "mixed", nodes=nodes)
+        check(cfg, "cold")
+        assert edit(cfg, rng) == "shrink"
+        res = check(cfg, "after shrink")
+        tiers = {t["name"]: t for t in res.plan.solver.tiers}
+        assert tiers["guaranteed running normal jobs kept"]["value"] == tiers["guaranteed running normal jobs kept"]["bound"]

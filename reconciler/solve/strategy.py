@@ -71,6 +71,13 @@ REPAIR_WORK = 0.1
 # ran out (77-85 s of CPU) and the plan was greedy's, 12.3% over the bound. Below it, nothing changes.
 COST_WORK_VARS = 100_000
 TIER_SHARE = 0.25  # of the tiers' work left, the most one tier's search may take (solve_tier)
+# Of the budget, the tiers' work; the cost stage (with stay-put and consolidation) has the rest. Where every pool's
+# min_instances is its max_instances (a fixed cluster: on-prem or reserved capacity), nothing is bought or sold by
+# choice and the instances' cost is the same whatever the answer, so the tiers get most of it: with half, fixed mixed
+# clusters' plans after a pool shrink (bench.explore_mixed's fleets 41 and 72) and one cold plan (fleet 130) stopped a
+# normal tier short of its bound, and the plan after the apply evicted low jobs for normal ones; with 0.8 each proves
+# it, or reaches what the next plan does (a no-op after the apply).
+TIERS_WORK, FIXED_TIERS_WORK = 0.5, 0.8
 # A tier's LP-guided neighbourhood search (tier_lp_guided) may take TIER_RINS_SHARE of the tier's share more, in at
 # most RINS_ROUNDS neighbourhoods, each around the last answer found; only in a model of RINS_FROM variables or more
 # (below it the whole model's search proves most tiers at once: a 2,697-variable model of a 510-job mixed cluster left
@@ -620,6 +627,12 @@ def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierRe
     return best, reports
 
 
+def tiers_work(problem: Problem) -> float:
+    """The tiers' share of the budget: FIXED_TIERS_WORK on a fixed cluster (every pool's min_instances its max)."""
+    bounds = problem.pool_bounds.values()
+    return FIXED_TIERS_WORK if bounds and all(lo == hi for lo, hi in bounds) else TIERS_WORK
+
+
 def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> tuple[list[int], TierReport]:
     """One tier: held at once where the warm start reaches its bound or its LP bound; else searched
     from `best` with an even share of the tiers' half of the work left."""
@@ -639,15 +652,20 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         search.hold(tier.expr, hv, tier.sense, rel)
         return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
     search.hold(tier.expr, hv, tier.sense, rel)  # the floor: what the answer so far (at least greedy's) reaches
-    stage1 = search.budget * 0.5  # work for the tiers; the cost stage has the rest
+    stage1 = search.budget * tiers_work(search.problem)  # work for the tiers; the cost stage has the rest
     # (up to TIER_SHARE of what the tiers have left, at least an even share: a tier that proves its optimum stops early
     # and leaves the rest to the tiers below; the earlier tier ranks first. An even share, 0.33 deterministic s, left
     # fleet73's cold plan at 644 of its 665 guaranteed critical units (FEASIBLE), which 0.4 s proves optimal, and the
     # plan after its apply placed the rest by evicting seven jobs. Half of what is left was too much: g2kr's normal tier
     # found 1,890 more units and its low deadline tier, with less work left, fell from 156,711 to 31,493, 136 fewer
     # jobs placed; at a quarter g2kr's plan is the even share's, and fleet73's first tier is proven)
-    left = stage1 - (search.clock.used - search.spent0 - search.rins_work)
+    used_by_tiers = search.clock.used - search.spent0 - search.rins_work
+    left = stage1 - used_by_tiers
     share = max(0.05, left * max(TIER_SHARE, 1 / max(1, tiers_left)))
+    # (the neighbourhood's work as with the tiers' half of the budget, on a fixed cluster too: from the larger share,
+    # trace-mixed-1k's cold plan took three neighbourhoods of more work where two had proven the same tier, 3.79 s
+    # against 1.83 s for the same plan)
+    half = max(0.05, (search.budget * TIERS_WORK - used_by_tiers) * max(TIER_SHARE, 1 / max(1, tiers_left)))
     # The LP-guided neighbourhood first, on work of its own (out of the cost stage's half, not the tiers'); then, where
     # it did not reach the bound, the whole model from the answer before it with the tier's whole share, and the
     # better of the two answers. So every tier's whole-model search is what it was without the neighbourhood. (With
@@ -657,7 +675,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     found = None
     if RINS_FROM <= len(m.proto.variables) <= RINS_MOST:
         used0 = search.clock.used
-        found = tier_lp_guided(search, tier, best, bound, min(share * TIER_RINS_SHARE, max(0.0, search.left())))
+        found = tier_lp_guided(search, tier, best, bound, min(half * TIER_RINS_SHARE, max(0.0, search.left())))
         search.rins_work += search.clock.used - used0
     rins = search.value(found, tier.expr) if found is not None else hv
     if improves(rins, hv, tier.sense) and reaches(rins, bound, tier.sense):  # at the LP's bound: proven, nothing left to search
