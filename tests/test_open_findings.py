@@ -156,6 +156,7 @@ told to make it a plain test).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -1460,22 +1461,33 @@ def test_an_answer_whose_idle_class_does_not_pack_is_told_apart_on_fleet29(monke
     assert strategy.beyond_count(search, after) == []
 
 
+@contextmanager
+def _explored(n: int, kind: str):
+    """bench.explore_mixed's fleet n in a temporary directory: generated, planned, checked, applied and planned again
+    (`check`: every rule, apply's re-check, a no-op after the apply), then edited by its own draw, which must be `kind`.
+    Yields the edited config."""
+    import tempfile
+
+    from bench.explore_mixed import check, edit, fleet
+    from bench.trace import generate
+
+    jobs, nodes, rng = fleet(n)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = generate(Path(d) / "c", jobs, n, "mixed", nodes=nodes)
+        check(cfg, "cold")
+        assert edit(cfg, rng) == kind
+        yield cfg
+
+
 def test_a_plan_after_tenant_quotas_are_set_on_a_mixed_cluster_passes_applys_recheck():
     """bench.explore_mixed's fleet 80 (428 trace jobs on 31 / 13 / 23 / 23 fixed nodes of 8 / 4 / 2 / 1 GPUs), planned,
     applied, then tenant quotas set: on main at 5e91380 the plan after the edit left its "guarantees kept" tier
     FEASIBLE at 2,416 of 2,471 and evicted job-00007 and others inside team-2's guarantee, which no rule required:
     apply's re-check refused the plan the planner had just made. The tier's LP-guided neighbourhood now proves it at
     2,471: every rule holds, the re-check accepts, and the plan after its apply is a no-op (`check` asserts each)."""
-    import tempfile
+    from bench.explore_mixed import check
 
-    from bench.explore_mixed import check, edit, fleet
-    from bench.trace import generate
-
-    jobs, nodes, rng = fleet(80)
-    with tempfile.TemporaryDirectory() as d:
-        cfg = generate(Path(d) / "c", jobs, 80, "mixed", nodes=nodes)
-        check(cfg, "cold")
-        assert edit(cfg, rng) == "quota"
+    with _explored(80, "quota") as cfg:
         res = check(cfg, "after quota")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guarantees kept"]["value"] == tiers["guarantees kept"]["bound"], tiers["guarantees kept"]
@@ -1483,23 +1495,15 @@ def test_a_plan_after_tenant_quotas_are_set_on_a_mixed_cluster_passes_applys_rec
 
 def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job_no_rule_requires(monkeypatch):
     """The same fleet 80 after its quota edit, with the tiers' neighbourhood search off (strategy.RINS_FROM) and half
-    the budget for the tiers (FIXED_TIERS_WORK), as on main at 5e91380: CP-SAT's answer, its "guarantees kept" tier FEASIBLE, evicted job-00007 and job-00111 inside team-2's
-    guarantee, which no rule requires stopping. `reconcile apply` without --plan does not re-check the plan it makes:
+    the budget for the tiers (FIXED_TIERS_WORK), as on main at 5e91380: CP-SAT's answer, its "guarantees kept" tier
+    FEASIBLE, evicted job-00007 and job-00111 inside team-2's guarantee, which no rule requires stopping. `reconcile apply` without --plan does not re-check the plan it makes:
     it stopped both jobs. Now the planner applies the re-check's rule to its own answer and emits greedy's plan, which
     stops only what a rule requires, saying why; the apply keeps both jobs running."""
-    import tempfile
-
-    from bench.explore_mixed import check, edit, fleet
-    from bench.trace import generate
     from reconciler import api
     from reconciler.plancheck import recheck
     from reconciler.solve import strategy
 
-    jobs, nodes, rng = fleet(80)
-    with tempfile.TemporaryDirectory() as d:
-        cfg = generate(Path(d) / "c", jobs, 80, "mixed", nodes=nodes)
-        check(cfg, "cold")
-        assert edit(cfg, rng) == "quota"
+    with _explored(80, "quota") as cfg:
         monkeypatch.setattr(strategy, "RINS_FROM", 10**9)
         monkeypatch.setattr(strategy, "FIXED_TIERS_WORK", strategy.TIERS_WORK)  # (the tiers' half, as on a fleet that buys)
         res = api.plan(cfg, time_limit=20)
@@ -1521,16 +1525,9 @@ def test_work_on_a_pool_over_its_max_is_offered_room_its_tenants_lower_work_hold
     `--time-limit 80` too, evicting normal jobs while low ones stayed; the plan after its apply placed 12 normal jobs by
     evicting low ones (each low job's tenant's own normal work arriving): not a no-op. Now such work is offered that
     room as new work is, and the plan after the shrink's apply is a no-op (`check`: every rule, the re-check too)."""
-    import tempfile
+    from bench.explore_mixed import check
 
-    from bench.explore_mixed import check, edit, fleet
-    from bench.trace import generate
-
-    jobs, nodes, rng = fleet(147)
-    with tempfile.TemporaryDirectory() as d:
-        cfg = generate(Path(d) / "c", jobs, 147, "mixed", nodes=nodes)
-        check(cfg, "cold")
-        assert edit(cfg, rng) == "shrink"
+    with _explored(147, "shrink") as cfg:
         res = check(cfg, "after shrink")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed running normal jobs kept"]["value"] > 1_100, tiers["guaranteed running normal jobs kept"]
@@ -1543,16 +1540,9 @@ def test_a_fixed_clusters_tiers_get_the_work_its_cost_stage_does_not_need():
     apply evicted three low jobs for normal ones: not a no-op. On a fixed cluster (every pool's min_instances its max)
     the instances cost the same whatever the answer, so the tiers now get most of the budget (strategy.tiers_work): the
     tier is proven and the plan after the shrink's apply is a no-op (`check`: every rule, the re-check too)."""
-    import tempfile
+    from bench.explore_mixed import check
 
-    from bench.explore_mixed import check, edit, fleet
-    from bench.trace import generate
-
-    jobs, nodes, rng = fleet(41)
-    with tempfile.TemporaryDirectory() as d:
-        cfg = generate(Path(d) / "c", jobs, 41, "mixed", nodes=nodes)
-        check(cfg, "cold")
-        assert edit(cfg, rng) == "shrink"
+    with _explored(41, "shrink") as cfg:
         res = check(cfg, "after shrink")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed running normal jobs kept"]["value"] == tiers["guaranteed running normal jobs kept"]["bound"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from reconciler.ledger import budget_ok, micro, pool_ok, spot_share_ok
+from reconciler.ledger import budget_ok, micro, spot_share_ok
 from reconciler.model import DesiredState
-from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, forced_items, has_room, may_preempt, over_cap_tenants, wants_room
+from reconciler.problem.rules import OfferFits, Rival, borrowing_tenants, forced_items, has_room, may_preempt, over_cap_tenants, pools_over_max, wants_room
 from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules, spot_measure, type_class
 
 FREEZE_ABOVE = 400  # hosts; smaller fleets are always solved whole (exact)
@@ -38,10 +38,7 @@ def frozen_hosts(hosts: list[Capacity], offers: list[Capacity], demands: list[De
     total_p = sum(prim(h) for h in hosts)
     spot_rules = sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1
     unfrozen_markets = {"spot", "on-demand"} if (spot_rules or not spot_share_ok(spot_p, total_p, sp.max_spot_fraction)) else set()
-    per_pool: dict[str, int] = {}
-    for h in hosts:
-        per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
-    over_pools = {p for p, n in per_pool.items() if p in pool_bounds and not pool_ok(n, 0, pool_bounds[p][1])}
+    over_pools = pools_over_max(hosts, pool_bounds)
     # Tenants over a cap now, or with budgets or spot shares (which tie all their work together).
     hot = over_cap_tenants(demands, tenants) | {t for t, r in tenants.items() if r.budget is not None or r.spot_fraction is not None}
     borrowing = borrowing_tenants(demands, tenants)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from reconciler.ledger import quota_ok
+from reconciler.ledger import pool_ok, quota_ok
 from reconciler.model import region_matches
 from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
 
@@ -306,6 +306,15 @@ def gang_split(d: Demand, hosts: list) -> bool:
     if d.gang_mode == "instance":
         return len({h.instance_id for h in hosts}) > 1
     return d.gang_mode == "placement-group" and len({h.instance_type for h in hosts}) > 1
+
+
+def pools_over_max(hosts, pool_bounds: dict[str, tuple[int, int]]) -> set[str]:
+    """Pools running more instances than their max_instances now: some of their instances must go, and which is the
+    search's choice (the freezer solves their hosts; the model offers their work room as new work's)."""
+    per_pool: dict[str, int] = {}
+    for h in hosts:
+        per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
+    return {p for p, n in per_pool.items() if p in pool_bounds and not pool_ok(n, 0, pool_bounds[p][1])}
 
 
 def may_preempt(p: Demand, r: Demand, borrowing: set[str], preemption: str) -> bool:

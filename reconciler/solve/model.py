@@ -17,9 +17,8 @@ import math
 from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
-from reconciler.ledger import pool_ok
-from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants, quota_shedding,
-                                settled_jobs, type_class, wants_room)
+from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants, pools_over_max,
+                                quota_shedding, settled_jobs, type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
@@ -171,10 +170,7 @@ class Model:
         # the work on them needs room as new work does. Not offered it, a fleet whose pools were shrunk to 80% kept its
         # tenants' running low jobs and evicted 13 running normal ones; the plan after the apply evicted the low jobs
         # for them, their tenants' own normal work arriving in turn: bench.explore_mixed's fleet 147)
-        per_pool: dict[str, int] = {}
-        for h in self.hosts:
-            per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
-        over = {pool for pool, n in per_pool.items() if pool in problem.pool_bounds and not pool_ok(n, 0, problem.pool_bounds[pool][1])}
+        over = pools_over_max(self.hosts, problem.pool_bounds)
         movable = {dk for h in self.hosts if h.pool in over and not h.frozen for dk, _, _ in h.residents}
         pending_of = {gk: frozenset((d.tenant, d.klass) for k in members_
                                     if (wants_room(d := self.demands[k]) or k in self.forced or k in movable) and not problem.never_hosted(d))
