@@ -97,39 +97,43 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
     problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
     plan = make_plan(demand, observed, problem, solution)
+
+    @functools.cache
+    def greedy() -> tuple[Solution, Plan]:  # greedy best-fit's answer and plan: made once, for either fallback below
+        fallback = solve(problem, time_limit=0)
+        return fallback, make_plan(demand, observed, problem, fallback)
+
     if (unpacked(plan) or solution.below_floors) and solution.status != "GREEDY_FALLBACK":
         # The solver's counts did not all pack (or an idle class was searched again below the tiers' floors, greedy's
         # value among them): its plan may now rank below greedy's, which is packed instance by instance. Never emit a
         # plan worse than the fallback.
-        fallback = solve(problem, time_limit=0)
-        other = make_plan(demand, observed, problem, fallback)
+        fallback, other = greedy()
         if outcome_rank(problem, other) > outcome_rank(problem, plan):
             note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked, ranking below greedy's plan: greedy best-fit"
                     if unpacked(plan) else "CP-SAT's answer, searched again where idle instances did not hold it, ranks "
                     "below greedy's plan: greedy best-fit")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
-    plan, solution = _lawful(demand, observed, problem, plan, solution)
+    plan, solution = _lawful(observed, problem, plan, solution, greedy)
     plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
     return PlanResult(plan, desired, observed, problem, solution)
 
 
-def _lawful(demand: DesiredState, observed: Observed, problem: Problem, plan: Plan, solution: Solution) -> tuple[Plan, Solution]:
+def _lawful(observed: Observed, problem: Problem, plan: Plan, solution: Solution,
+            greedy: Callable[[], tuple[Solution, Plan]]) -> tuple[Plan, Solution]:
     """The plan, or greedy's, such that it stops no running job that no rule requires stopping (plancheck's rule,
     the one apply's re-check of a saved plan applies); never a plan that breaks it. Where CP-SAT's search did not
     prove its guarantees tier, its answer could trade a job inside one tenant's guarantee for another tenant's work:
-    the PR showed a plan `apply --plan` refused, and `apply` without --plan, which does not re-check, stopped the job.
-    Greedy best-fit evicts only for those rules; if its plan broke one too, that is a bug, and nothing is emitted."""
-    from reconciler.plan import make_plan
+    the PR showed a plan `apply --plan` refused, and `apply` without --plan, which did not re-check, stopped the job.
+    Greedy best-fit (`greedy()`: its answer and plan) evicts only for those rules; if its plan broke one too, that is a
+    bug, and nothing is emitted."""
     from reconciler.plancheck import unlawful_evictions
-    from reconciler.solve import solve
 
     wrong = unlawful_evictions(plan, observed, problem)
     if not wrong:
         return plan, solution
     if solution.status != "GREEDY_FALLBACK":
-        fallback = solve(problem, time_limit=0)
-        other = make_plan(demand, observed, problem, fallback)
+        fallback, other = greedy()
         if not unlawful_evictions(other, observed, problem):
             note = (f"CP-SAT's answer stopped {len(wrong)} running job(s) no rule requires stopping, "
                     f"{wrong[0].split(':')[0].removeprefix('job ')} first: greedy best-fit")

@@ -105,7 +105,7 @@ def _displace(problem: Problem, observed, slots: dict[str, list[str | None]], pa
         if not mine:
             continue
         for job in [j for j in d.jobs if _waiting(j, observed, slots, packing, spot_drops)]:
-            at = _displacing(d, job, mine, ledger, problem, demand_of)
+            at = _displacing(d, job, mine, ledger, demand_of)
             if at is None:
                 break  # (the demand's jobs are alike)
             b, ref, gone = at
@@ -125,7 +125,7 @@ def _displace(problem: Problem, observed, slots: dict[str, list[str | None]], pa
     return any_
 
 
-def _displacing(d: Demand, job: str, mine: list[tuple[Bin, str, str]], ledger: Ledger, problem: Problem,
+def _displacing(d: Demand, job: str, mine: list[tuple[Bin, str, str]], ledger: Ledger,
                 demand_of: dict[str, Demand]) -> tuple[Bin, str, str] | None:
     """The new work of d's tenant, of a lower class, whose room takes one item of d within every rule: the lowest in the
     README's order first, then the instance d leaves the least room on. Tried on copies: nothing is changed."""
