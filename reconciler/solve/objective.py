@@ -37,6 +37,7 @@ class Tier:
     released: bool = False
     swaps: bool = False  # a swaps tier (swaps_tier): `strategy.place_more`'s probe lets it go, and the tiers after it
     klass: int | None = None  # a swaps tier's class
+    work: tuple[str, int] | None = None  # a work tier's part ("guaranteed" or "borrowed") and class (not a deadline tier)
 
 
 def tiers(model: Model) -> list[Tier]:
@@ -322,7 +323,7 @@ def work_tiers(model: Model, c: int, var: Values, label: str) -> list[Tier]:
         # ever placed. Counted, a critical job pinned to regions without a large enough T4 type on the applied 5k fleet
         # kept the critical work tier from its bound: an LP and a CP-SAT search, 0.2 s of each PR's plan, to prove it.)
         out.append(Tier(f"{label} {CLASS_NAMES[c]} work", wsum([(d.weight, var[d.key]) for d in ds]), "max",
-                        sum(d.weight * len(d.jobs) for d in ds if not model.p.never_hosted(d))))
+                        sum(d.weight * len(d.jobs) for d in ds if not model.p.never_hosted(d)), work=(label, c)))
     return out
 
 

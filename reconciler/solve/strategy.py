@@ -29,6 +29,7 @@ from reconciler.problem import Problem, components
 from reconciler.solve.extract import extract, from_assignment
 from reconciler.solve.fewer import fewer_instances
 from reconciler.solve import moves, slots
+from reconciler.solve.bounds import guaranteed_work_bound
 from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier, swap_exemptions
 from reconciler.solve.parts import merge_parts
@@ -244,6 +245,7 @@ class Search:
     cost_cuts: list = field(default_factory=list)  # the constraint indices of the cost's cuts (cost >= its bound at the floors)
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
+    full: set = field(default_factory=set)  # (part, class) of each work tier held at its bound: all its jobs placed there
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
     _flat: dict = field(default_factory=dict)
@@ -622,6 +624,8 @@ def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierRe
     for i, tier in enumerate(search.tiers):
         rows = len(search.m.proto.constraints)
         best, report = solve_tier(search, tier, best, len(search.tiers) - i)
+        if tier.work is not None and report.value >= tier.bound:
+            search.full.add(tier.work)  # (held there: every job of its that weighs is placed in that part)
         search.tier_rows.append((tier, rows, len(search.m.proto.constraints)))
         reports.append(report)
     return best, reports
@@ -641,16 +645,19 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     bound = tier.bound
     hv = search.value(best, tier.expr)
     rel = tier.released
-    if reaches(hv, bound, tier.sense):
-        search.hold(tier.expr, hv, tier.sense, rel)  # the warm start reaches the tier's best value: nothing to solve
-        return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
+    if reaches(hv, bound, tier.sense):  # the warm start reaches the tier's best value: nothing to solve
+        return best, held_at(search, tier, hv, bound, ts)
+    if tier.work is not None and tier.work[0] == "guaranteed":
+        # (a bound from the tenants' rows alone, where the classes above fill their guarantees: no LP where it holds)
+        bound = min(bound, guaranteed_work_bound(search.model, tier.work[1], {c for part, c in search.full if part == "guaranteed"}))
+        if reaches(hv, bound, tier.sense):
+            return best, held_at(search, tier, hv, bound, ts)
     vs, cs, off = search.flat(tier.expr)
     res = lp.optimum(vs, cs, off, maximize=tier.sense == "max")
     if res is not None:
         bound = min(bound, proven(res[0], "max")) if tier.sense == "max" else max(bound, proven(res[0], "min"))
     if reaches(hv, bound, tier.sense):
-        search.hold(tier.expr, hv, tier.sense, rel)
-        return best, TierReport(tier.name, tier.sense, hv, bound, "HELD", time.monotonic() - ts)
+        return best, held_at(search, tier, hv, bound, ts)
     search.hold(tier.expr, hv, tier.sense, rel)  # the floor: what the answer so far (at least greedy's) reaches
     stage1 = search.budget * tiers_work(search.problem)  # work for the tiers; the cost stage has the rest
     # (up to TIER_SHARE of what the tiers have left, at least an even share: a tier that proves its optimum stops early
@@ -705,6 +712,12 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     bound = max(bound, proven_bound) if tier.sense == "min" else min(bound, proven_bound)
     status = "OPTIMAL" if st == cp_model.OPTIMAL else ("FEASIBLE" if st == cp_model.FEASIBLE else "UNKNOWN")
     return best, TierReport(tier.name, tier.sense, val, bound, status, time.monotonic() - ts)
+
+
+def held_at(search: Search, tier: Tier, value: int, bound: float, ts: float) -> TierReport:
+    """The tier held at `value`, the warm start's, which reaches `bound`: proven, nothing to search."""
+    search.hold(tier.expr, value, tier.sense, tier.released)
+    return TierReport(tier.name, tier.sense, value, bound, "HELD", time.monotonic() - ts)
 
 
 def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, work: float) -> list[int] | None:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 def ceiling_rows(mine: list[Demand], cap: dict[str, float]) -> list[tuple[dict[str, int], int]]:
     """The quota's ceiling rows of one tenant (`mine`: its demands): per capped dimension, each demand's units per job
     placed and the most units the tenant may place. The model's rows, and what strategy.place_more reads off an
-    answer (is there room for one more job?)."""
+    answer (is there room for one more job?). Given the tenant's guarantee as `cap`, the guarantee's rows over the
+    guaranteed part; bounds.guaranteed_work_bound reads both."""
     rows = []
     for dim, limit in cap.items():
         coefs = {d.key: round(d.req(dim) * scale(dim)) * d.replicas for d in mine if d.req(dim)}
@@ -33,10 +34,8 @@ def add_tenant_rules(model: Model) -> None:
         mine = [d for d in p.demands if d.tenant == t]
         for coefs, most in ceiling_rows(mine, r.cap):
             m.add(wsum([(c, model.placed[k]) for k, c in coefs.items()]) <= most)
-        for dim, limit in r.guarantee.items():
-            terms = [(round(d.req(dim) * scale(dim)) * d.replicas, model.g[d.key]) for d in mine if d.req(dim)]
-            if terms:
-                m.add(wsum(terms) <= math.floor(limit * scale(dim) + 1e-6))
+        for coefs, most in ceiling_rows(mine, r.guarantee):  # (the same rows over the guaranteed part)
+            m.add(wsum([(c, model.g[k]) for k, c in coefs.items()]) <= most)
         if r.budget is not None:
             terms = tenant_cost_terms(model, mine)
             if terms:
