@@ -1561,3 +1561,19 @@ def test_a_tiers_neighbourhoods_have_the_work_to_reach_a_shrunk_clusters_running
         res = check(cfg, "after shrink")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed normal work"]["value"] == tiers["guaranteed normal work"]["bound"], tiers["guaranteed normal work"]
+
+
+def test_an_exhausted_neighbourhood_opens_the_room_of_its_tenants_running_lower_work():
+    """bench.explore_mixed's fleet 210 (543 trace jobs on 29 / 12 / 59 / 10 fixed nodes of 8 / 4 / 2 / 1 GPUs), some
+    priorities changed after the first apply: the high work tier's neighbourhoods were proven optimal at 72,100 of its
+    73,500 (neither the tier's LP optimum nor the answer so far used the room of team-0's running low job-00373, so
+    they held it shut), and the plan after the apply placed team-0's high job-00487 there, evicting it: not a no-op.
+    A neighbourhood exhausted below the tier's bound is now searched again with the room a group's pending work may take
+    from its own tenant's running lower jobs open (strategy.own_lower_room): the tier is proven at 73,500 and the plan
+    after the apply is a no-op (`check`: every rule, the re-check too)."""
+    from bench.explore_mixed import check
+
+    with _explored(210, "raise") as cfg:
+        res = check(cfg, "after raise")
+        tiers = {t["name"]: t for t in res.plan.solver.tiers}
+        assert tiers["guaranteed high work"]["value"] == tiers["guaranteed high work"]["bound"], tiers["guaranteed high work"]

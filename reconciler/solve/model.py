@@ -179,6 +179,7 @@ class Model:
         # where some pending work may evict a resident is offered to every group with pending jobs. (Without it
         # a 4-vCPU job stayed pending beside the 8 vCPU a normal job's eviction of a 12-vCPU one freed, or the
         # plan bought a new instance at 2.6x the spot host's price to hold it: the pending-reason property tier.)
+        self.pending_of = pending_of  # (strategy.own_lower_room reads it)
         freed = hosts_at.freed({(type_class(self.demands[problem.groups[gk][0]]), pend) for gk, pend in pending_of.items() if pend}, may_evict)
         groups_of: dict[tuple, int] = {}
         for gk, pend in pending_of.items():

@@ -25,7 +25,7 @@ from reconciler import parallel
 from reconciler.errors import SolverError
 from reconciler.greedy import Assignment, greedy
 from reconciler.ledger import MILLI
-from reconciler.problem import Problem, components
+from reconciler.problem import Host, Problem, components
 from reconciler.solve.extract import extract, from_assignment
 from reconciler.solve.fewer import fewer_instances
 from reconciler.solve import moves, slots
@@ -727,7 +727,10 @@ def held_at(search: Search, tier: Tier, value: int, bound: float, ts: float) -> 
 
 def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, work: float) -> list[int] | None:
     """RINS for a tier the warm start leaves below its LP bound: a copy of the model where the instances and the
-    new items at 0 in both the tier's LP optimum and the answer so far stay 0, searched for the tier with CP-SAT's
+    new items at 0 in both the tier's LP optimum and the answer so far stay 0 (once a neighbourhood holds nothing better,
+    but those in the room of its tenant's running lower jobs that pending work may take: `own_lower_room`; from
+    fleet 210's state after an edit, the high work tier was proven at 73,500 so, where its neighbourhoods had been
+    OPTIMAL at 72,100), searched for the tier with CP-SAT's
     LP-guided search (as `lp_guided` does for the cost); again from a better answer (its support is another
     neighbourhood), at most RINS_ROUNDS times within `work`, each answer valued as the plan's packer would pack it
     (`emitted_value`). Returns the best full answer found (its helper variables settled as `complete` settles them),
@@ -742,10 +745,12 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
     lp_values, model, best = res[1], search.model, None
     pairs = list(model.x.values()) + model.use.variables() + model.z.variables()
     end = search.clock.used + work
-    for n in range(RINS_ROUNDS, 0, -1):
+    opened: set[int] | None = None  # own_lower_room, once a neighbourhood is exhausted below the tier's bound
+    n = RINS_ROUNDS
+    while n > 0:
         sub = search.m.clone()
         for v in pairs:
-            if not isinstance(v, int) and lp_values[v.index] < 1e-6 and hint[v.index] == 0:
+            if not isinstance(v, int) and lp_values[v.index] < 1e-6 and hint[v.index] == 0 and not (opened and v.index in opened):
                 dom = sub.proto.variables[v.index].domain
                 dom[0], dom[1] = 0, 0
         search.objective(sub, tier.expr, tier.sense)
@@ -753,9 +758,16 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         s = search.solver_for(presolve=True, num_workers=1, linearization_level=2)
         st = search.clock.solve(s, sub, max(0.05, (end - search.clock.used) / n))
         if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-            print(f"[solve] {tier.name} lp-guided: {st} {s.objective_value} work {s.response_proto.deterministic_time:.2f}", flush=True)
+            print(f"[solve] {tier.name} lp-guided: {st} {s.objective_value} work {s.response_proto.deterministic_time:.2f} round {n} opened {None if opened is None else len(opened)}", flush=True)
         before = search.value(hint, tier.expr)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, before, tier.sense):
+            if st == cp_model.OPTIMAL and opened is None:
+                # (the neighbourhood holds nothing better: the next ones also keep open the room the pending work may
+                # take from its own tenant's running lower jobs, as a round more; opened from the first, the
+                # neighbourhoods grew and three fleets that converge did not: bench/README.md, twelfth session)
+                opened = own_lower_room(model)
+                if opened:
+                    continue
             break
         found = list(s.response_proto.solution)
         emitted = emitted_value(search, tier, found, round(s.objective_value))
@@ -766,10 +778,28 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         hint = best = found
         if reaches(s.objective_value, bound, tier.sense) or end - search.clock.used < 0.05:
             break
+        n -= 1
     if best is None:
         return None
     search.model.set_primary_hint(best)
     return search.complete(1.0) or best
+
+
+def own_lower_room(model: Model) -> set[int]:
+    """The indices of the new-item variables on a host where a running job runs whose tenant has pending work of a
+    higher class in the variable's group: room that work may take (a tenant's higher class before its lower ones)."""
+    out: set[int] = set()
+    for (gk, ck), v in model.x.items():
+        pairs = model.pending_of.get(gk)
+        h = model.caps.get(ck)
+        if not pairs or isinstance(v, int) or not isinstance(h, Host):
+            continue
+        for dk, _, _ in h.residents:
+            d = model.demands.get(dk)
+            if d is not None and d.running_jobs and any(t == d.tenant and k > d.klass for t, k in pairs):
+                out.add(v.index)
+                break
+    return out
 
 
 def beyond_count(search: Search, vec: list[int]) -> list[tuple[str, int]] | None:
