@@ -89,8 +89,9 @@ TIERS_WORK, FIXED_TIERS_WORK = 0.5, 0.8
 # stalled at 1,596 of the 1,617 running normal units; the normal work tier then stopped at 16,030 of 16,170 and the
 # plan after the apply evicted two low jobs for normal ones of their tenants (fleet 207 after its priorities changed:
 # three). With 0.19 each they reach 1,610, the normal work tier is proven, and both plans after the apply are no-ops.
-# The seven bench.digests plans are the same either way. Not shown to help beyond those fleets: fleets 301-400 converge
-# 100 of 100 with half and 98 with three quarters (308 and 362 after a shrink); bench/README.md, twelfth session.
+# The seven bench.digests plans are the same either way. Out of sample neither is better: fleets 301-400 converge 100 of
+# 100 with half and 98 with three quarters (308 and 362 after a shrink), fleets 401-500 98 with half (414, 439) and 99
+# with three quarters (414); bench/README.md, twelfth and thirteenth sessions.
 TIER_RINS_SHARE = 0.75
 RINS_ROUNDS = 3
 RINS_FROM = 1000
