@@ -99,6 +99,13 @@ RINS_FROM = 1000
 # 20k-job drift model (326k columns; reconciler/lp.py), more than the search it would guide. (The bench's 10k drift
 # plan, 164k variables, took the same time with the neighbourhood as without; 20k jobs cold ran none, its tiers held.)
 RINS_MOST = 200_000
+# The cost stage's LP-guided search (lp_guided) first dives along its hint, an LP at every decision, before it searches.
+# In a model of DIVE_MOST variables or more it does not: the hint is its first answer already (completed in presolve),
+# and the dive's LPs grow with the model. At 50k jobs (337k variables) the dive took 10.2 s to find the hint again and
+# the search 7.0 s more to an answer 0.024% over the LP bound; without the dive, 3.9 s to one 0.055% over (the plan
+# 63.5 -> 52.7 s end to end, the same tiers). At 20k jobs (145k) the dive pays: 2.0 s and 0.5 s, where without it the
+# search took 5.0 s. Measured at those two sizes only.
+DIVE_MOST = 200_000
 PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
@@ -1040,11 +1047,8 @@ def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[
     # about 0.2 s at 1k jobs, 2.3 s at 5k; up to half the work left otherwise.
     s = search.solver_for(presolve=True, num_workers=1, linearization_level=2,
                           relative_gap_limit=search.gap_limit, log_search_progress=bool(os.environ.get("FLEETOPS_SOLVER_DEBUG")))
-    if len(sub.proto.variables) >= COST_WORK_VARS:
-        # (no dive along the hint before the search: the hint is its first answer already, completed in presolve, and
-        # at 50k jobs, 337k variables, the dive took 10.2 of the search's 20.2 s to find the hint again, $467,309/h;
-        # without it the search reaches $409,786/h, 0.055% over the LP bound, in 6.9 s, where it reached $409,659/h)
-        s.parameters.hint_conflict_limit = 0
+    if len(sub.proto.variables) >= DIVE_MOST:
+        s.parameters.hint_conflict_limit = 0  # (no dive along the hint first: DIVE_MOST)
     st = search.clock.solve(s, sub, max(0.1, search.left() * 0.5))
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return list(s.response_proto.solution), s.objective_value
