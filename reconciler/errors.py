@@ -62,6 +62,11 @@ class SolverError(ReconcileError):
     """The solver found no answer at all (not even 'place nothing')."""
 
 
+class WallCap(Exception):
+    """Internal, never shown: the solver's wall-clock safety cap was hit (by a CP-SAT search or an LP solve), so its
+    result would depend on the machine's load; solve.strategy.solve catches it and the plan is greedy's."""
+
+
 class ApplyError(ReconcileError):
     """Some plan actions failed; the message lists what succeeded and what did not."""
 
@@ -77,4 +82,4 @@ class CorruptBusObjectError(ReconcileError):
 
 __all__ = ["ReconcileError", "Diagnostic", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
-           "StalePlanError", "LockError", "GuardrailError", "SolverError", "ApplyError", "CorruptBusObjectError"]
+           "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]

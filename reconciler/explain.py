@@ -95,7 +95,8 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         if g is not None and problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
             details.append("inside its tenant's guarantee" if g >= solution.placed.get(d.key, 0)
                            else "on borrowed capacity (beyond its tenant's guarantee): reclaimable when another tenant needs its guarantee")
-        details.append(f"the plan is {plan.solver.status.lower()}" + (f" (cost gap {plan.solver.gap:.1%})" if not plan.solver.optimal else "")
+        of = " of the choices the solver was offered" if plan.solver.narrowed else ""  # (its bounds are theirs: solve.model)
+        details.append(f"the plan is {plan.solver.status.lower()}" + (f" (cost gap {plan.solver.gap:.1%}{of})" if not plan.solver.optimal else "")
                        + "; cheaper options are either taken by the rules above or cost more in the whole plan (pool sizes, spot share, budgets, moves)")
         return Explanation(job, state, summary, tuple(details), tuple(alts[:5]))
 

@@ -8,8 +8,13 @@ a plan's cost can be from the best possible at the same placed work."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
+
+from reconciler.errors import WallCap
 
 
 def _readable(model: cp_model.CpModel):
@@ -34,8 +39,12 @@ class LpMirror:
     """The LP relaxation of a CP-SAT model, built once and kept in step: constraints added to
     the model are added here too."""
 
-    def __init__(self, model: cp_model.CpModel):
+    def __init__(self, model: cp_model.CpModel, deadline: Callable[[], float] | None = None):
+        """`deadline`: the wall-clock safety cap (time.monotonic), asked at each solve; a solve it stops raises WallCap.
+        (Unbounded, the LP of a 20k-job fleet's re-plan after a reclaim took 286 s with the cap at 230 s.)"""
         from ortools.linear_solver import linear_solver_pb2
+
+        self.deadline = deadline
 
         proto = _readable(model)
         # CLP solved the 10k-instance fleet's LPs (65k columns, 33k rows) in 0.5 s where GLOP's
@@ -146,16 +155,29 @@ class LpMirror:
         is the same every way; where several vertices are optimal, not always the same vertex (`fresh` callers read it)."""
         if self._basis and not fresh:
             self.solves["warm"] += 1
-            if self.lp.Solve(self.warm) == pywraplp.Solver.OPTIMAL:
+            if self._run(self.warm) == pywraplp.Solver.OPTIMAL:
                 return True
         self.solves["fresh"] += 1
         if not fresh and not self._quick_tried:
             self._quick_tried = True  # (once: a model it was too slow for will not get quicker)
-            self.lp.SetTimeLimit(self.quick_ms)
-            self._basis = self.lp.Solve(self.quick) == pywraplp.Solver.OPTIMAL
-            self.lp.SetTimeLimit(0)  # (0: no limit)
+            self._basis = self._run(self.quick, self.quick_ms) == pywraplp.Solver.OPTIMAL
             if self._basis:
                 self.solves["quick"] += 1
                 return True
-        self._basis = self.lp.Solve(self.fresh if fresh else self.first) == pywraplp.Solver.OPTIMAL
+        self._basis = self._run(self.fresh if fresh else self.first) == pywraplp.Solver.OPTIMAL
         return self._basis
+
+    def _run(self, params, allowance_ms: int = 0) -> int:
+        """One solve, within `allowance_ms` of wall clock (0: none) and the deadline; past the deadline, WallCap."""
+        ms = allowance_ms
+        if self.deadline is not None:
+            left = int((self.deadline() - time.monotonic()) * 1000)
+            if left <= 0:
+                raise WallCap
+            ms = min(ms, left) if ms else left
+        self.lp.SetTimeLimit(ms)
+        st = self.lp.Solve(params)
+        self.lp.SetTimeLimit(0)  # (0: no limit)
+        if st != pywraplp.Solver.OPTIMAL and self.deadline is not None and time.monotonic() >= self.deadline():
+            raise WallCap
+        return st

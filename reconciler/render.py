@@ -69,9 +69,13 @@ def _solver_line(plan: Plan) -> str:
                    "greedy's), so no optimality gap is claimed")
     elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
         quality = "at the least possible cost ($0.00/h)"
+    elif s.narrowed:
+        quality = f"every tier proven best of the choices offered; cost within {s.gap:.2%} of their lower bound"
     else:
         quality = f"every tier proven best; cost within {s.gap:.2%} of a lower bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
+    if s.narrowed:  # (solve.model: the bounds above are of the choices the model offered)
+        scope += f"; {s.narrowed:,} (job group, instance) choices not offered to the solver (too many to offer every one)"
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
     backfill = f"; {s.backfilled} pending job(s) placed in room its packing left (backfill)" if s.backfilled else ""
     return f"CP-SAT {quality}{took}{scope}{repairs}{backfill}; plan {plan.id}"

@@ -342,3 +342,80 @@ def test_a_placement_group_gang_running_on_a_spot_and_an_on_demand_instance_of_o
     assert a.placed["g"] == 1 and a.stay == {("g", "i1"): 1, ("g", "i2"): 1}, (a.placed, a.stay)
     sol = solve(problem, time_limit=2)
     assert sol.status == "OPTIMAL" and sol.placed["g"] == 1 and sol.keep == {"i1", "i2"}, (sol.status, sol.placed, sol.keep)
+
+
+def test_running_work_is_offered_hosts_with_room_within_a_bound_and_the_plan_says_it_was(tmp_path, monkeypatch):
+    """Work that runs and has nothing waiting may only move (a consolidation, a move for a higher class); every host
+    with room for one of its items was a variable, and at 20k jobs after a 5% reclaim (6,210 such groups, ~132 hosts
+    with room each) that was 818k of the model's 1.11M placements and a 324 s plan. Within MOVE_PAIRS, each such group
+    is offered the hosts that fit it tightest and, in turn, a run of the others (index.spread), so the groups see
+    every host between them. Here 12 jobs of 6 shapes (6 groups) run one per 16-vCPU instance, two fit one: bounded
+    to 8 hosts a group, the plan still halves the fleet, and it claims no optimum of a model that left choices out."""
+    import reconciler.solve.model as model_mod
+    from reconciler.render import render_human
+    from reconciler.solve.model import Model
+    from reconciler.solve.strategy import warm_start
+
+    hosts = [instance(f"i{n:02d}", "p", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge") for n in range(12)]
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=12)]
+    docs += [job(f"r{n}", cpu=6 + (n % 6) / 10, mem=8) for n in range(12)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, hosts, {f"r{n}": (f"i{n:02d}",) for n in range(12)})
+    problem = build_problem(desired, observed)
+
+    def hosts_offered(m) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for gk, ck in m.x:
+            if ck.startswith("i"):
+                out.setdefault(gk, set()).add(ck)
+        return out
+
+    whole = Model(problem, warm_start(problem))
+    assert len(hosts_offered(whole)) == 6 and all(len(at) == 12 for at in hosts_offered(whole).values())
+    assert whole.narrowed == 0
+    monkeypatch.setattr(model_mod, "MOVE_PAIRS", 6)
+    narrow = Model(problem, warm_start(problem))
+    offered = hosts_offered(narrow)
+    assert all(len(at) == model_mod.MOVE_LEAST == 8 for at in offered.values())
+    assert set().union(*offered.values()) == {h.id for h in hosts}  # every host, between the groups
+    assert narrow.narrowed == 6 * (12 - 8)
+    sol = solve(problem, time_limit=5)
+    plan = make_plan(desired, observed, problem, sol)
+    check_plan(desired, observed, plan)
+    assert len(plan.deletes) == 6 and plan.counts()["evict"] == 0 and plan.counts()["pending"] == 0
+    assert not plan.solver.optimal and plan.solver.narrowed == 24
+    line = next(x for x in render_human(plan).splitlines() if x.startswith("CP-SAT"))
+    assert "of the choices offered" in line and "24 (job group, instance) choices not offered" in line
+
+
+def test_waiting_work_is_offered_hosts_with_room_within_a_bound_but_never_fewer_than_it_needs(tmp_path, monkeypatch):
+    """Work that waits is offered, within ROOM_PAIRS a type class, hosts with room (and, apart, hosts where it may evict
+    a resident), never fewer than MOVE_LEAST nor than its waiting items, so the hosts a group is offered could hold all
+    of it. 12 instances each run a 6-vCPU job and have room for one more; three 5-vCPU jobs of three shapes wait
+    alone, and ten 4-vCPU ones of one shape. Bounded to 8 hosts a lone job and 10 for the ten, the plan still places
+    all 13 in that room and buys nothing."""
+    import reconciler.solve.model as model_mod
+    from reconciler.solve.model import Model
+
+    hosts = [instance(f"i{n:02d}", "p", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge") for n in range(12)]
+    docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=12)]
+    docs += [job(f"r{n}", cpu=6, mem=8) for n in range(12)]
+    docs += [job(f"one{n}", cpu=5 + n / 10, mem=8) for n in range(3)] + [job(f"ten{n}", cpu=4, mem=8) for n in range(10)]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, hosts, {f"r{n}": (f"i{n:02d}",) for n in range(12)})
+    problem = build_problem(desired, observed)
+
+    def hosts_offered(m) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for gk, ck in m.x:
+            name = m.demands[problem.groups[gk][0]].jobs[0]
+            if ck.startswith("i") and not name.startswith("r"):
+                out[name[:3]] = out.get(name[:3], 0) + 1
+        return out
+
+    assert hosts_offered(Model(problem)) == {"one": 36, "ten": 12}  # (no warm start: its hosts are always offered)
+    monkeypatch.setattr(model_mod, "ROOM_PAIRS", 4)
+    assert hosts_offered(Model(problem)) == {"one": 3 * 8, "ten": 10}
+    plan = make_plan(desired, observed, problem, solve(problem, time_limit=5))
+    check_plan(desired, observed, plan)
+    assert plan.counts()["place"] == 13 and not plan.creates and plan.solver.narrowed

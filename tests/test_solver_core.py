@@ -375,6 +375,38 @@ def test_the_first_lp_is_solved_by_the_primal_simplex_when_clps_choice_runs_out_
     assert abs(values[0] - values[1]) <= 1e-6 * values[1] and values[1] > 40_000
 
 
+def test_an_lp_solve_stops_at_the_wall_clock_cap():
+    """The wall-clock safety cap (--time-limit x 10 + 30 s) was checked only before CP-SAT's searches, and a 20k-job
+    re-plan after a reclaim spent 286 s in the LP with the cap at 230 s. An LP solve now runs within what is left of
+    the cap and raises WallCap when the cap stops it (solve() then gives greedy's plan and says so); with time left it
+    gives the same optimum as without a cap."""
+    import math
+    import random
+    import time
+
+    from ortools.sat.python import cp_model
+
+    from reconciler.errors import WallCap
+    from reconciler.lp import LpMirror
+
+    rng = random.Random(7)
+    m = cp_model.CpModel()
+    xs = [m.new_int_var(0, 10, f"x{i}") for i in range(3000)]
+    for _ in range(1500):
+        m.add(sum(rng.randint(1, 9) * xs[i] for i in rng.sample(range(3000), 12)) <= rng.randint(20, 90))
+    obj = [rng.randint(1, 20) for _ in xs]
+    free = LpMirror(m).optimum(list(range(3000)), obj, 0, maximize=True, fresh=True)[0]  # (~0.8 s here)
+    capped = LpMirror(m, lambda: time.monotonic() + 600).optimum(list(range(3000)), obj, 0, maximize=True, fresh=True)[0]
+    assert capped == free
+    with pytest.raises(WallCap):  # past the cap: no solve at all
+        LpMirror(m, lambda: time.monotonic() - 1).optimum(list(range(3000)), obj, 0, maximize=True)
+    cap = [math.inf]
+    lp = LpMirror(m, lambda: cap[0])
+    cap[0] = time.monotonic() + 0.05
+    with pytest.raises(WallCap):  # the cap comes during the solve: it stops there
+        lp.optimum(list(range(3000)), obj, 0, maximize=True, fresh=True)
+
+
 @pytest.mark.parametrize("summed", [False, True])
 @pytest.mark.parametrize("k", [0, 1, 3])
 @pytest.mark.parametrize("n_shape", ["var", "sum", "int"])

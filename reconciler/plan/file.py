@@ -30,6 +30,8 @@ def encode(plan) -> str:
         del raw["restarted"]
     if not raw["solver"]["backfilled"]:  # (only where backfill placed work: a plan without is as before, byte for byte)
         del raw["solver"]["backfilled"]
+    if not raw["solver"]["narrowed"]:  # (only where the solver's model left choices out: solve.model)
+        del raw["solver"]["narrowed"]
     raw["creates"] = [flat_site(c) for c in raw["creates"]]
     raw["deletes"] = [flat_site(d) for d in raw["deletes"]]
     for c in raw["creates"]:  # (only where set: a plan without reservations is as before)

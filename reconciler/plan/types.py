@@ -87,6 +87,7 @@ class SolverReport:
     work: float = 0.0  # CP-SAT deterministic seconds spent (--time-limit bounds them)
     unpacked: int = 0  # jobs the solver placed that the packer could not: the plan does not reach its tiers
     backfilled: int = 0  # pending jobs the plan placed in room its packing left (plan/backfill.py): beyond the solver's answer
+    narrowed: int = 0  # (job group, host) choices the solver's model left out (solve.model: too many): its bounds are of the rest
 
     @property
     def unproven(self) -> list[str]:

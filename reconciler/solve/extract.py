@@ -34,7 +34,7 @@ def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierR
         cost_milli=sum(round(c.price * MILLI) * (1 if c.instance_id in keep else 0) for c in model.hosts)
         + sum(round(model.caps[k].price * MILLI) * n for k, n in new.items()),
         capacities=model.caps, scope=(hosts - frozen, frozen), variables=len(model.m.proto.variables),
-        constraints=len(model.m.proto.constraints), slots=slot_contents(model, val),
+        constraints=len(model.m.proto.constraints), slots=slot_contents(model, val), narrowed=model.narrowed,
     )
 
 

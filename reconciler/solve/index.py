@@ -104,6 +104,7 @@ class HostIndex:
         self.pos: dict[str, tuple[tuple, int]] = {}  # host key -> (type class, position)
         self.sorted_free: dict[tuple, tuple[list[float], list[int]]] = {}
         self._evictable: dict[tuple, list[int]] = {}  # (type class, pairs, nvlink, rule) -> hosts where they may evict, ranked
+        self.narrowed = 0  # (group, host) candidates left out by a bound (bound_freed, evictable, candidates' room_most)
         for c in [*capacities, *idle]:
             if isinstance(c, Host) and (c.frozen or c.keep_blocker is not None or c.key in idle_of):
                 continue
@@ -179,6 +180,7 @@ class HostIndex:
             order = self.order[t]
             most = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
             out[t] = set(most[:max(1, pairs // max(n, 1))])
+            self.narrowed += n * (len(at) - len(out[t]))
         return out
 
     def evictable(self, rep: Demand, pairs: frozenset, may_evict, most: int) -> list[int]:
@@ -194,6 +196,7 @@ class HostIndex:
             if rep.nvlink:
                 at = {i for i in at if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident}
             ranked = self._evictable[key] = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+        self.narrowed += max(0, len(ranked) - most)
         return ranked[:most]
 
     def merged(self, rep: Demand, found: list[Capacity], more: list[int]) -> list[Capacity]:
@@ -205,10 +208,11 @@ class HostIndex:
         return [order[i] for i in sorted(picked)]
 
     def candidates(self, rep: Demand, pending: frozenset, warm_hosts: list[str], may_evict, freed: dict | None = None,
-                   own: tuple[str, ...] = ()) -> list[Capacity]:
+                   own: tuple[str, ...] = (), room_most: int | None = None, turn: int = 0) -> list[Capacity]:
         """`warm_hosts`: the hosts the warm start puts this group's new items on; `freed`: hosts where some
         group's pending work may evict a resident (`freed()`), offered to every group with pending work; `own`: for a
-        placement-group gang alone in its group, the hosts it runs on (in its placement group)."""
+        placement-group gang alone in its group, the hosts it runs on (in its placement group); `room_most`: at most
+        this many of the hosts with room for one item (`spread`, the group's `turn` among those so bounded)."""
         t = type_class(rep)
         order = self.order.get(t)
         if not order:
@@ -220,11 +224,17 @@ class HostIndex:
                 picked.add(i)
         if not (rep.gang_mode == "placement-group" and rep.gang):  # a placement group's members are new instances
             found = list(self.shedding.get(t, ()))
-            found += self._with_room(t, [(k, rep.req(k) - 1e-9) for k in rep.dims if rep.req(k) > 0])
+            room = self._with_room(t, [(k, rep.req(k) - 1e-9) for k in rep.dims if rep.req(k) > 0])
+            if room_most is not None and len(room) > room_most:
+                self.narrowed += len(room) - room_most
+                room = spread(room, room_most, turn)
+            found += room
             if pending:
-                for pairs, at in self.by_pairs.get(t, {}).items():
-                    if may_evict(pending, pairs):
-                        found += at
+                evict = [i for pairs, at in self.by_pairs.get(t, {}).items() if may_evict(pending, pairs) for i in at]
+                if room_most is not None and len(evict) > room_most:  # (the roomiest first, as `evictable`)
+                    self.narrowed += len(evict) - room_most
+                    evict = spread(sorted(evict, key=lambda i: (-sum(self.room[order[i].key].values()), i)), room_most, turn)
+                found += evict
                 found += (freed or {}).get(t, ())
             if rep.nvlink:  # beside taken GPUs only in one NVLink domain (Capacity.one_nvlink_domain)
                 found = [i for i in found if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident]
@@ -232,4 +242,19 @@ class HostIndex:
         return [order[i] for i in sorted(picked)]
 
 
-__all__ = ["HostIndex", "free_room", "idle_classes", "zone_classes"]
+def spread(ranked: list[int], most: int, turn: int) -> list[int]:
+    """`most` of `ranked` (hosts, the tightest fit first): the first half of them, where an item packs best and
+    every group of the shape looks, then a run of the rest that starts further on at each `turn`, so the groups
+    bounded together see every host between them (all of them the tightest alone: a few hosts' room for thousands of
+    groups)."""
+    if len(ranked) <= most:
+        return ranked
+    head = most // 2
+    rest = ranked[head:]
+    k = most - head
+    start = (turn * k) % len(rest)
+    run = rest[start:start + k]
+    return ranked[:head] + run + rest[:k - len(run)]
+
+
+__all__ = ["HostIndex", "free_room", "idle_classes", "spread", "zone_classes"]

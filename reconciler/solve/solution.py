@@ -68,6 +68,9 @@ class Solution:
     # An idle class was searched again with the tiers' floors let go (strategy.idle_repair): greedy's value, every
     # other answer's floor, no longer holds for this one, so the API compares the plan with greedy's (api._plan).
     below_floors: bool = False
+    # (group, host) choices the model left out where offering every one would make it too large (Model.narrowed): its
+    # bounds are of the choices offered, so its answer is not called optimal and the plan says so.
+    narrowed: int = 0
 
 
 __all__ = ["Solution", "TierReport"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ortools.sat.python import cp_model
 
 from reconciler import parallel
-from reconciler.errors import SolverError
+from reconciler.errors import SolverError, WallCap
 from reconciler.greedy import Assignment, greedy
 from reconciler.ledger import MILLI
 from reconciler.problem import Host, Problem, components
@@ -123,10 +123,6 @@ def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], s
     obj.coeffs.extend(cs if sign == 1 else [-c for c in cs])
     obj.offset = sign * off
     obj.scaling_factor = float(sign)
-
-
-class WallCap(Exception):
-    """The wall-clock safety cap was hit: the search result would depend on the machine's load."""
 
 
 class Work:
@@ -529,7 +525,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
 
     from reconciler.lp import LpMirror
 
-    search.lp = LpMirror(model.m)
+    search.lp = LpMirror(model.m, lambda: search.clock.deadline)
     search.lap("lp")
     cost_hint = best  # greedy chose cheap capacity; tier solutions need not have
     best, reports = solve_tiers(search, best)
@@ -1400,7 +1396,8 @@ def finish(search: Search, hint: list[int], value: float | None, lb: float | Non
     gap = 0.0 if status == "OPTIMAL" else (max(0.0, (value - lb) / value) if lb is not None and value else 1.0)
     if fixed is not None:
         gap = 0.0
-    optimal = gap <= 1e-9 and all(r.proven for r in reports)
+    # (a narrowed model's bounds are of the choices it offered: `Model.narrowed`)
+    optimal = gap <= 1e-9 and all(r.proven for r in reports) and not search.model.narrowed
     sol = extract(search.problem, search.model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, search.t0)
     if fixed is not None:
         value = lb = fixed
