@@ -261,6 +261,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
         # The plan's own status and gap (after packing: issue 20), not the solver's counts'.
         "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": round(r.plan.solver.gap, 4),
         "solver_status": r.solution.status, "solver_gap": round(r.solution.gap, 4),
+        "narrowed": r.plan.solver.narrowed,  # (group, instance) choices the model left out: its bounds are of the rest
         "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
         "cp_vars": cp[0] if cp else None, "cp_constraints": cp[1] if cp else None,
         "instances_before": len(r.observed.instances), "creates": c["create"], "deletes": c["delete"],
