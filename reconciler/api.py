@@ -88,7 +88,7 @@ def validate(config_dir: str | Path) -> DesiredState:
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
     from policies.guardrails import violations
-    from reconciler.plan import make_plan, outcome_rank, unpacked
+    from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
     from reconciler.problem import build_problem
     from reconciler.solve import GAP_LIMIT, solve
 
@@ -109,9 +109,8 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
         # plan worse than the fallback.
         fallback, other = greedy()
         if outcome_rank(problem, other) > outcome_rank(problem, plan):
-            note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked, ranking below greedy's plan: greedy best-fit"
-                    if unpacked(plan) else "CP-SAT's answer, searched again where idle instances did not hold it, ranks "
-                    "below greedy's plan: greedy best-fit")
+            note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked: {RANKS_HIGHER}" if unpacked(plan) else
+                    f"CP-SAT's answer, searched again instance by instance where its instances did not hold it: {RANKS_HIGHER}")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
     plan, solution = _lawful(observed, problem, plan, solution, greedy)

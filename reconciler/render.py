@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reconciler.ledger import money
-from reconciler.plan import Plan
+from reconciler.plan import RANKS_HIGHER, Plan
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -47,6 +47,8 @@ def _solver_line(plan: Plan) -> str:
     took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
     if s.status == "GREEDY_FALLBACK":
         why = s.note or f"CP-SAT found no solution{took}"
+        if why.endswith(RANKS_HIGHER):  # (more work is no promise here: plan.quality.RANKS_HIGHER)
+            return f"{why}; plan {plan.id}"
         return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
     unproven = s.unproven
     if s.optimal:

@@ -12,9 +12,9 @@ in their own modules, named there), quality.py what a finished plan reaches.
 
 from reconciler.plan.build import make_plan, removed_jobs, restarted_jobs
 from reconciler.plan.file import PLAN_FORMAT, body_digest, placement_group_name, plan_id
-from reconciler.plan.quality import UNPACKED, emitted_quality, outcome_rank, rule_summary, unpacked
+from reconciler.plan.quality import RANKS_HIGHER, UNPACKED, emitted_quality, outcome_rank, rule_summary, unpacked
 from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobAction, JobChange, Plan, RemovedJob, RestartedJob, SolverReport
 
 __all__ = ["Plan", "CreateAction", "DeleteAction", "JobChange", "RemovedJob", "RestartedJob", "JobAction", "SolverReport", "Consolidation", "make_plan",
-           "plan_id", "placement_group_name", "body_digest", "PLAN_FORMAT", "UNPACKED", "emitted_quality", "rule_summary",
+           "plan_id", "placement_group_name", "body_digest", "PLAN_FORMAT", "RANKS_HIGHER", "UNPACKED", "emitted_quality", "rule_summary",
            "outcome_rank", "unpacked", "removed_jobs", "restarted_jobs"]

@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, panda
 UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding
 
 
+# How a plan says it is greedy best-fit's because that plan ranks higher by the tiers than the solver's packed answer
+# (api.plan): more --time-limit is then no promise of a better one (the repair stages' work is fixed), so the plan line
+# gives none (render._solver_line).
+RANKS_HIGHER = "this plan is greedy best-fit's, which ranks higher by the tiers"
+
 def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
                     n_unpacked: int, kept: frozenset[str], backfilled: int = 0) -> tuple[str, bool, float]:
     """(status, optimal, gap) of the plan as emitted, not of the solver's counts. The solver's

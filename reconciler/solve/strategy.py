@@ -1165,8 +1165,82 @@ def offer_repair(search: Search, sol: Solution, hint: list[int], lb: float | Non
             print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
         if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
+    if found is None:
+        return within_limits(search, sol, hint, lb, reports, added, packed, handed)
     sol, hint = stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
     return replace(sol, packed=handed), hint  # (the parts of its packing that are this answer's too: make_plan takes them)
+
+
+def within_limits(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport],
+                  added: list, packed: dict[str, tuple], handed) -> tuple[Solution, list[int]]:
+    """Where the packer's packing of the `added` offers (now with slots) takes more instances than the answer's count
+    and no answer has them (a pool at its max_instances, a quota or the budget: `repack` found none) nor packs on
+    fewer (`fewer_instances`), the answer searched again around those slots (`around_idle`'s search, which an idle
+    class's shortfall gets too): what the answer put there packs instance by instance within the count, or goes
+    elsewhere, or waits, whichever the tiers prefer; from the plan the answer gave (the packer's packing on the
+    count's instances, what it left over not placed), so it is at least that plan. Else the answer stands, and
+    the plan leaves the leftovers pending. (trace-fixed-5k's drift plan: the fixed pool at 563 of 563, the answer's
+    183 items on its 28 new instances took 29 to pack, and the plan, one job unpacked, ranked below greedy's and
+    was greedy's.)"""
+    model = search.model
+    offers = {o.key for o in added}
+    units = offers | {model.class_of[k] for k in offers if k in model.class_of}
+    groups = {gk for (gk, ck), v in model.x.variable_items() if ck in units and hint[v.index] > 0}
+    found = around_idle(search, hint, units, groups, packed_within(model, hint, packed, offers))
+    search.lap("repair")
+    if found is None:
+        return replace(sol, packed=handed), hint
+    new_hint, value = found
+    out, same = [], True
+    for t, r in zip(search.tiers, reports):
+        v = search.value(new_hint, t.expr)
+        same = same and v == r.value
+        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
+    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+        print(f"[repair] offers {sorted(offers)} do not pack within their count: tiers {[r.value for r in reports]} -> "
+              f"{[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
+    lb = lb if same else None  # (a bound at the tiers the answer before claimed: not one at lower tiers)
+    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), below_floors=not same), new_hint
+
+
+def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: set[str]) -> list[tuple[int, int]]:
+    """Hints for the primary variables of the plan `answer` gives where the packer's packing of `offers` (now with
+    slots) took more instances than the answer buys: each offer's first instances, as many as the answer buys, as
+    packed (the slots), and the items packed beyond them not placed, their jobs pending as the plan leaves them (the
+    group's last demands' new jobs first). What `within_limits` starts from. (A job left over in part keeps its other items in
+    the hint, which CP-SAT repairs.)"""
+    vec = answer + [0] * (len(model.m.proto.variables) - len(answer))
+    cells: dict[tuple, int] = {}
+    left: dict[str, int] = {}  # group -> items packed past the count
+    for ok in sorted(offers):
+        count = min(answer[model.use[ok].index], model.slots_of.get(ok, 0))
+        for i, inst in enumerate(packed.get(ok, ())):
+            for ck, gk, n in inst:
+                if i < count:
+                    cells[(gk, ck, ok, i)] = cells.get((gk, ck, ok, i), 0) + n
+                else:
+                    left[gk] = left.get(gk, 0) + n
+        for i in range(model.slots_of.get(ok, 0)):
+            vec[model.on[(ok, i)].index] = 1 if i < count else 0
+    for (gk, ck, ok, i), v in model.z.variable_items():
+        if ok in offers:
+            vec[v.index] = cells.get((gk, ck, ok, i), 0)
+    units = offers | {model.class_of[k] for k in offers if k in model.class_of}
+    for (gk, ck), v in model.x.variable_items():
+        if ck in units:
+            vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
+    for gk, n in left.items():
+        for dk in reversed(model.p.groups[gk]):
+            v = model.placed[dk]
+            if n <= 0 or isinstance(v, int):
+                continue
+            d = model.demands[dk]
+            jobs = min(vec[v.index] - d.running_jobs, -(-n // d.replicas))  # (new jobs: a running one's stop is another rule's)
+            if jobs <= 0:
+                continue
+            vec[v.index] -= jobs
+            n -= jobs * d.replicas
+    return [(v.index, vec[v.index]) for v in model.primaries()]
 
 
 def idle_repair(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport]) -> tuple[Solution, list[int]]:
@@ -1248,13 +1322,14 @@ def packed_less_left(model: Model, answer: list[int], unfolded: dict[tuple[str, 
 def around_idle(search: Search, answer: list[int], classes: set[str], groups: set[str],
                 start: list[tuple[int, int]]) -> tuple[list[int], float] | None:
     """The best answer by the tiers, then the cost, that differs from `answer` only in the work of `groups` (the groups
-    it put on the idle `classes`, now modelled host by host): where their items go among those classes and the
+    it put on the idle `classes`, now modelled host by host, or on offers given slots: `within_limits`): where their items go among those classes and the
     running hosts (whose rows are exact: an offer's are not, so what is there stays as it is), which of their jobs
     run and stay where they run, and which of those hosts and of the classes' are kept. Every other placement and
     instance is held, the tiers are let go of the floors the answer set them (the answer claimed more than packs)
     and reached again one by one, in REPAIR_WORK deterministic seconds in all (fleet29: 0.0002), from `start` (the
-    primaries of the plan the answer gave, completed first), so the answer is at least that plan by the tiers. Returns
-    (answer, its cost), or None where a search ran out of work first."""
+    primaries of the plan the answer gave, completed first), so the answer is at least that plan by the tiers: a goal
+    whose search finds nothing in its work is held where that plan has it. Returns (answer, its cost), or None where
+    the start does not complete and a search runs out of work first."""
     model, m = search.model, search.m.clone()
     vec = answer + [0] * (len(m.proto.variables) - len(answer))
     let_go(m, search.floors)
@@ -1291,10 +1366,11 @@ def around_idle(search: Search, answer: list[int], classes: set[str], groups: se
         st = search.clock.solve(s, m, (REPAIR_WORK - spent) / (len(goals) - k))
         spent += s.response_proto.deterministic_time
         m.clear_hints()
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            best = list(s.response_proto.solution)
+        elif best is None:
             return None
-        best = list(s.response_proto.solution)
-        add_bound(m, expr, search.flat(expr), search.value(best, expr), sense)
+        add_bound(m, expr, search.flat(expr), search.value(best, expr), sense)  # (where the search found none, the start's)
     return best, search.value(best, search.cost)
 
 
