@@ -59,7 +59,8 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
     change = next(j for j in plan.jobs if j.job == job)
     d = demand
     spec = desired.jobs[job].spec
-    details = [f"asks {_what(d)}{' (nvlink)' if d.nvlink else ''}, {d.cpu / d.bundle:g} vCPU and {d.memory_gib / d.bundle:g} GiB "
+    cpu = f"{d.cpu / d.bundle:g} vCPU and " if d.gpus or d.mig else ""  # (a CPU job's _what is its vCPU already)
+    details = [f"asks {_what(d)}{' (nvlink)' if d.nvlink else ''}{', ' if cpu else ' and '}{cpu}{d.memory_gib / d.bundle:g} GiB "
                f"per replica; tenant {d.tenant}; priority {spec.priority}"
                + (f" (aged to {d.priority})" if d.priority != d.base_priority else "") + f"; spot {d.spot}"]
     rules = []

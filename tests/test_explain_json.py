@@ -60,3 +60,15 @@ def test_explain_raises_only_a_limit_that_binds_and_by_at_least_the_shortfall_it
     said = re.findall(r"would need \$([\d,.]+)/h more budget", text)
     raised = re.findall(r"raise max_hourly_budget by \$([\d,.]+)/h", text)
     assert said and raised and float(raised[0].replace(",", "")) == float(said[0].replace(",", "")), (said, raised)
+
+
+def test_explain_says_once_what_a_cpu_job_asks(tmp_path):
+    """A CPU job's explanation read "asks 1x 8 vCPU, 8 vCPU and 16 GiB per replica" (its vCPU twice: found on the 20k
+    reclaim's explain); a GPU job's names its GPUs, then its vCPU and memory."""
+    from reconciler import api
+
+    docs = [topology(), tenant("a"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge", "g5.xlarge"], hi=3),
+            job("cpu-job", tenant="a", cpu=8, mem=16), job("gpu-job", tenant="a", gpus=1, gpu_type="A10G", cpu=4, mem=16)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    assert api.explain(cfg, "cpu-job", time_limit=5).details[0].startswith("asks 1x 8 vCPU and 16 GiB per replica; tenant a")
+    assert api.explain(cfg, "gpu-job", time_limit=5).details[0].startswith("asks 1x 1 A10G, 4 vCPU and 16 GiB per replica")
