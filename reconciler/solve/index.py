@@ -225,20 +225,21 @@ class HostIndex:
         if not (rep.gang_mode == "placement-group" and rep.gang):  # a placement group's members are new instances
             found = list(self.shedding.get(t, ()))
             room = self._with_room(t, [(k, rep.req(k) - 1e-9) for k in rep.dims if rep.req(k) > 0])
+            evict = [i for pairs, at in self.by_pairs.get(t, {}).items() if may_evict(pending, pairs) for i in at] if pending else []
+            unbounded = room + evict
             if room_most is not None and len(room) > room_most:
-                self.narrowed += len(room) - room_most
                 room = spread(room, room_most, turn)
-            found += room
+            if room_most is not None and len(evict) > room_most:  # (the roomiest first, as `evictable`)
+                evict = spread(sorted(evict, key=lambda i: (-sum(self.room[order[i].key].values()), i)), room_most, turn)
+            found += room + evict
             if pending:
-                evict = [i for pairs, at in self.by_pairs.get(t, {}).items() if may_evict(pending, pairs) for i in at]
-                if room_most is not None and len(evict) > room_most:  # (the roomiest first, as `evictable`)
-                    self.narrowed += len(evict) - room_most
-                    evict = spread(sorted(evict, key=lambda i: (-sum(self.room[order[i].key].values()), i)), room_most, turn)
-                found += evict
                 found += (freed or {}).get(t, ())
             if rep.nvlink:  # beside taken GPUs only in one NVLink domain (Capacity.one_nvlink_domain)
                 found = [i for i in found if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident]
+                unbounded = [i for i in unbounded if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident]
             picked.update(found)
+            if room_most is not None:  # (those left out and offered no other way)
+                self.narrowed += len(set(unbounded) - picked)
         return [order[i] for i in sorted(picked)]
 
 
