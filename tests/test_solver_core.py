@@ -350,22 +350,27 @@ def test_the_lp_is_solved_from_scratch_once_then_from_its_last_basis_with_the_sa
     assert sol.lp_bound is not None and sol.lp_bound <= sol.cost_milli / 1000 + 1e-6
 
 
-def test_the_first_lp_is_solved_by_the_primal_simplex_when_clps_choice_runs_out_of_its_allowance():
-    """The first tier LP gets CLP's own choice of simplex for a short while (0.16 s on the converged 10k fleet where
-    the primal simplex takes 1.8 s), then the primal simplex from scratch (8.4 s on the 20k drift model where CLP's
-    choice took 63 s). Either way the same optimum: an allowance too short for this LP (1 ms) still gives it."""
+def random_lp():
+    """A CP-SAT model of 3,000 variables in 1,500 random rows, and an objective: an LP CLP takes ~0.8 s over here."""
     import random
 
     from ortools.sat.python import cp_model
-
-    from reconciler.lp import LpMirror
 
     rng = random.Random(7)
     m = cp_model.CpModel()
     xs = [m.new_int_var(0, 10, f"x{i}") for i in range(3000)]
     for _ in range(1500):
         m.add(sum(rng.randint(1, 9) * xs[i] for i in rng.sample(range(3000), 12)) <= rng.randint(20, 90))
-    obj = [rng.randint(1, 20) for _ in xs]
+    return m, [rng.randint(1, 20) for _ in xs]
+
+
+def test_the_first_lp_is_solved_by_the_primal_simplex_when_clps_choice_runs_out_of_its_allowance():
+    """The first tier LP gets CLP's own choice of simplex for a short while (0.16 s on the converged 10k fleet where
+    the primal simplex takes 1.8 s), then the primal simplex from scratch (8.4 s on the 20k drift model where CLP's
+    choice took 63 s). Either way the same optimum: an allowance too short for this LP (1 ms) still gives it."""
+    from reconciler.lp import LpMirror
+
+    m, obj = random_lp()
     values = []
     for ms, quick in ((1, 0), (60_000, 1)):
         lp = LpMirror(m)
@@ -381,20 +386,12 @@ def test_an_lp_solve_stops_at_the_wall_clock_cap():
     the cap and raises WallCap when the cap stops it (solve() then gives greedy's plan and says so); with time left it
     gives the same optimum as without a cap."""
     import math
-    import random
     import time
-
-    from ortools.sat.python import cp_model
 
     from reconciler.errors import WallCap
     from reconciler.lp import LpMirror
 
-    rng = random.Random(7)
-    m = cp_model.CpModel()
-    xs = [m.new_int_var(0, 10, f"x{i}") for i in range(3000)]
-    for _ in range(1500):
-        m.add(sum(rng.randint(1, 9) * xs[i] for i in rng.sample(range(3000), 12)) <= rng.randint(20, 90))
-    obj = [rng.randint(1, 20) for _ in xs]
+    m, obj = random_lp()
     free = LpMirror(m).optimum(list(range(3000)), obj, 0, maximize=True, fresh=True)[0]  # (~0.8 s here)
     capped = LpMirror(m, lambda: time.monotonic() + 600).optimum(list(range(3000)), obj, 0, maximize=True, fresh=True)[0]
     assert capped == free

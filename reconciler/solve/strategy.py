@@ -1191,16 +1191,24 @@ def within_limits(search: Search, sol: Solution, hint: list[int], lb: float | No
     if found is None:
         return replace(sol, packed=handed), hint
     new_hint, value = found
+    return searched_again(search, sol, new_hint, value, lb, reports, f"offers {sorted(offers)} do not pack within their count"), new_hint
+
+
+def searched_again(search: Search, sol: Solution, answer: list[int], value: float, lb: float | None,
+                   reports: list[TierReport], what: str) -> Solution:
+    """The Solution of `answer`, found by `around_idle` below the floors `sol`'s tiers set: each tier at what it
+    reaches (one it moved, not proven), the bound only where every tier is as before (a bound at the tiers the answer
+    before claimed is none at lower ones), and `below_floors` where one is not, so the API compares its plan with
+    greedy's. `what`: which repair, for the solver's debug output."""
     out, same = [], True
     for t, r in zip(search.tiers, reports):
-        v = search.value(new_hint, t.expr)
+        v = search.value(answer, t.expr)
         same = same and v == r.value
         out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
     if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-        print(f"[repair] offers {sorted(offers)} do not pack within their count: tiers {[r.value for r in reports]} -> "
-              f"{[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
-    lb = lb if same else None  # (a bound at the tiers the answer before claimed: not one at lower tiers)
-    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), below_floors=not same), new_hint
+        print(f"[repair] {what}: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
+    lb = lb if same else None
+    return replace(finish(search, answer, value, lb, status_of(value, lb), out), below_floors=not same)
 
 
 def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: set[str]) -> list[tuple[int, int]]:
@@ -1270,16 +1278,8 @@ def idle_repair(search: Search, sol: Solution, hint: list[int], lb: float | None
     if found is None:
         return sol, hint
     new_hint, value = found
-    out, same = [], True
-    for t, r in zip(search.tiers, reports):
-        v = search.value(new_hint, t.expr)
-        same = same and v == r.value
-        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
-    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-        print(f"[repair] idle classes {sorted(short)} do not pack: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, "
-              f"cost {sol.cost_value} -> {value}", flush=True)
-    lb = lb if same else None  # (a bound at the tiers the answer before claimed: not one at lower tiers)
-    return replace(finish(search, new_hint, value, lb, status_of(value, lb), out), packed=sol.packed, below_floors=not same), new_hint
+    return replace(searched_again(search, sol, new_hint, value, lb, reports, f"idle classes {sorted(short)} do not pack"),
+                   packed=sol.packed), new_hint
 
 
 def packed_less_left(model: Model, answer: list[int], unfolded: dict[tuple[str, str], int], left: dict[str, list[str]],
