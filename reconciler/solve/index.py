@@ -142,6 +142,12 @@ class HostIndex:
                 out.append(i)
         return out
 
+    def _roomiest_first(self, t: tuple, at) -> list[int]:
+        """Positions `at` of type class t, those with the most free room first (summed over its dimensions), then in
+        model order: the order every bound on evictable room keeps."""
+        order = self.order.get(t, ())
+        return sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+
     def freed(self, pendings: set[tuple[tuple, frozenset]], may_evict) -> dict[tuple, set[int]]:
         """Per type class, positions of hosts where some group's pending work (type class, its (tenant,
         class) pairs) may evict a resident."""
@@ -177,8 +183,7 @@ class HostIndex:
             if n * len(at) <= pairs:
                 out[t] = at
                 continue
-            order = self.order[t]
-            most = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+            most = self._roomiest_first(t, at)
             out[t] = set(most[:max(1, pairs // max(n, 1))])
             self.narrowed += n * (len(at) - len(out[t]))
         return out
@@ -195,7 +200,7 @@ class HostIndex:
             at = {i for rp, idx in self.by_pairs.get(t, {}).items() if may_evict(pairs, rp) for i in idx}
             if rep.nvlink:
                 at = {i for i in at if order[i].one_nvlink_domain or order[i].key not in self.gpu_resident}
-            ranked = self._evictable[key] = sorted(at, key=lambda i: (-sum(self.room[order[i].key].values()), i))
+            ranked = self._evictable[key] = self._roomiest_first(t, at)
         self.narrowed += max(0, len(ranked) - most)
         return ranked[:most]
 
@@ -230,7 +235,7 @@ class HostIndex:
             if room_most is not None and len(room) > room_most:
                 room = spread(room, room_most, turn)
             if room_most is not None and len(evict) > room_most:  # (the roomiest first, as `evictable`)
-                evict = spread(sorted(evict, key=lambda i: (-sum(self.room[order[i].key].values()), i)), room_most, turn)
+                evict = spread(self._roomiest_first(t, evict), room_most, turn)
             found += room + evict
             if pending:
                 found += (freed or {}).get(t, ())

@@ -210,11 +210,12 @@ class Model:
         if shed:
             for t, at in hosts_at.bound_freed(hosts_at.holding(lambda pair: pair[1] < shed.get(pair[0], -1)), groups_of, SHED_PAIRS).items():
                 freed.setdefault(t, set()).update(at)
-        moving_of: dict[tuple, int] = {}  # type class -> groups with running work and none pending (it only may move)
-        for gk, members_ in problem.groups.items():
-            if not pending_of[gk] and any(self.demands[k].running_jobs for k in members_):
-                t = type_class(self.demands[members_[0]])
-                moving_of[t] = moving_of.get(t, 0) + 1
+        moving = {gk for gk, members_ in problem.groups.items()  # groups with running work and none pending: it only may move
+                  if not pending_of[gk] and any(self.demands[k].running_jobs for k in members_)}
+        moving_of: dict[tuple, int] = {}  # type class -> such groups
+        for gk in moving:
+            t = type_class(self.demands[problem.groups[gk][0]])
+            moving_of[t] = moving_of.get(t, 0) + 1
         turns: dict[tuple, int] = {}
         fit_of = OfferFits()  # asked for each group's first demand: the group's shape
         for gk, members_ in problem.groups.items():
@@ -227,7 +228,7 @@ class Model:
                 and len(members_) == 1 and len(rep.jobs) == 1 and pending_of[gk] else ()
             room_most, turn = None, 0
             t = type_class(rep)
-            if not pending_of[gk] and any(self.demands[k].running_jobs for k in members_):
+            if gk in moving:
                 room_most, turn = max(MOVE_LEAST, MOVE_PAIRS // moving_of[t]), turns.get((t, False), 0)
                 turns[(t, False)] = turn + 1
             elif pending_of[gk]:  # (and never fewer than its waiting items: the hosts offered could hold them all)

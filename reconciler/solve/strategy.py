@@ -1186,7 +1186,7 @@ def within_limits(search: Search, sol: Solution, hint: list[int], lb: float | No
     offers = {o.key for o in added}
     units = offers | {model.class_of[k] for k in offers if k in model.class_of}
     groups = {gk for (gk, ck), v in model.x.variable_items() if ck in units and hint[v.index] > 0}
-    found = around_idle(search, hint, units, groups, packed_within(model, hint, packed, offers))
+    found = around_idle(search, hint, units, groups, packed_within(model, hint, packed, offers, units))
     search.lap("repair")
     if found is None:
         return replace(sol, packed=handed), hint
@@ -1211,12 +1211,12 @@ def searched_again(search: Search, sol: Solution, answer: list[int], value: floa
     return replace(finish(search, answer, value, lb, status_of(value, lb), out), below_floors=not same)
 
 
-def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: set[str]) -> list[tuple[int, int]]:
+def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: set[str], units: set[str]) -> list[tuple[int, int]]:
     """Hints for the primary variables of the plan `answer` gives where the packer's packing of `offers` (now with
     slots) took more instances than the answer buys: each offer's first instances, as many as the answer buys, as
     packed (the slots), and the items packed beyond them not placed, their jobs pending as the plan leaves them (the
-    group's last demands' new jobs first). What `within_limits` starts from. (A job left over in part keeps its other items in
-    the hint, which CP-SAT repairs.)"""
+    group's last demands' new jobs first). What `within_limits` starts from. `units`: the offers and their zone classes
+    (x's capacity keys there). (A job left over in part keeps its other items in the hint, which CP-SAT repairs.)"""
     vec = answer + [0] * (len(model.m.proto.variables) - len(answer))
     cells: dict[tuple, int] = {}
     left: dict[str, int] = {}  # group -> items packed past the count
@@ -1233,7 +1233,6 @@ def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], off
     for (gk, ck, ok, i), v in model.z.variable_items():
         if ok in offers:
             vec[v.index] = cells.get((gk, ck, ok, i), 0)
-    units = offers | {model.class_of[k] for k in offers if k in model.class_of}
     for (gk, ck), v in model.x.variable_items():
         if ck in units:
             vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
