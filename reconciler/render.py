@@ -242,6 +242,19 @@ def markdown_truncates(plan: Plan) -> bool:
     return max([moving, pending, *per_cloud.values()], default=0) > MARKDOWN_MAX_ROWS
 
 
+def _tiers_differ(plan: Plan) -> str | None:
+    """Why the tiers table's values are not this plan's, if they are not: the tiers are the solver's counts, and
+    packing left some of its jobs pending (`unpacked`) or backfill placed pending work in room its packing left.
+    (Before, the table read "value 20,720, best possible 20,720, proven yes" above a plan that placed more or less.)"""
+    s = plan.solver
+    what = [f"packing left {s.unpacked} job(s) it placed pending"] if s.unpacked else []
+    what += [f"backfill placed {s.backfilled} more pending job(s)"] if s.backfilled else []
+    if not what:
+        return None
+    return (f"_These are the solver's counts, not this plan's: {' and '.join(what)}, so this plan's own values differ "
+            "and none is claimed best for it._")
+
+
 def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     note = f"the full plan is in `{full_plan_path}`" if full_plan_path else "run `reconcile plan --format json` for the full plan"
     lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
@@ -295,6 +308,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += _md_table(["tier", "value", "best possible", "how", "proven"],
                            [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower(),
                              "no: at least greedy's" if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
+        if differs := _tiers_differ(plan):
+            lines += ["", differs]
         lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
     text = "\n".join(lines) + "\n"

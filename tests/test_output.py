@@ -27,6 +27,20 @@ def test_a_bound_just_below_zero_is_not_minus_zero(tmp_path):
     assert row == "| cost | 0 | 0 | optimal | yes |"  # (the last column: proven)
 
 
+def test_the_tiers_table_says_when_its_values_are_the_solvers_not_the_plans(tmp_path):
+    """The tiers are the solver's counts; a plan whose packing left some of them pending, or whose backfill placed
+    more, does not have those values, and the PR comment must not present them as its own, proven best."""
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    assert plan.solver.tiers and not plan.solver.unpacked and not plan.solver.backfilled
+    assert "not this plan's" not in render_markdown(plan)
+    for changed, words in (({"backfilled": 3}, "backfill placed 3 more pending job(s)"),
+                           ({"unpacked": 2}, "packing left 2 job(s) it placed pending"),
+                           ({"unpacked": 1, "backfilled": 4}, "packing left 1 job(s) it placed pending and backfill placed 4")):
+        md = render_markdown(replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, **changed)))
+        tiers = md[md.index("Objective tiers"):md.index("</details>", md.index("Objective tiers"))]
+        assert "These are the solver's counts, not this plan's" in tiers and words in tiers, tiers
+
+
 def test_deleting_everything_is_not_within_100_percent_of_a_bound(tmp_path):
     cfg = copy_quickstart(tmp_path)
     assert cli("apply", cfg, "--auto-approve").exit_code == 0
