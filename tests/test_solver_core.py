@@ -4,6 +4,7 @@ user (same answer, faster; never an invalid plan), not how it is built."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -453,6 +454,36 @@ def test_an_objective_set_from_its_flattened_form_is_the_one_cp_sat_sets(sense):
         return list(o.vars), list(o.coeffs), o.offset, o.scaling_factor
 
     assert build(True) == build(False)
+
+
+@pytest.mark.parametrize("sense", ["min", "max"])
+def test_an_objectives_proven_bound_ends_the_search_at_an_answer_that_reaches_it(sense):
+    """A tier's objective set with its proven bound (an LP's, the tenants' rows'): CP-SAT's own bound on this model is
+    loose (a knapsack's fractions), so without it the search goes on proving; with it, the first answer at the bound
+    is OPTIMAL, and no answer past the bound is allowed (a bound one short of the optimum shows it)."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.solve.strategy import Search
+
+    def solve(bound):
+        m = cp_model.CpModel()
+        xs = [m.new_int_var(0, 1, f"x{i}") for i in range(3)]
+        expr = 4 * xs[0] + 4 * xs[1] + 3 * xs[2] + 10  # 8 units of room, items of 5, 5 and 4: at most two 4s, or a 4 and a 3
+        m.add(5 * xs[0] + 5 * xs[1] + 4 * xs[2] <= 9)
+        if sense == "min":
+            expr = -expr
+        search = Search.__new__(Search)
+        search._flat = {}
+        search.objective(m, expr, sense, bound)
+        s = cp_model.CpSolver()
+        s.parameters.num_workers = 1
+        return s.status_name(s.solve(m)), s.objective_value
+
+    best = 17 if sense == "max" else -17
+    assert solve(None) == ("OPTIMAL", best)
+    assert solve(best) == ("OPTIMAL", best)
+    assert solve(best - 1 if sense == "max" else best + 1) == ("OPTIMAL", 14 if sense == "max" else -14)  # (16 is no answer's)
+    assert solve(math.inf if sense == "max" else -math.inf) == ("OPTIMAL", best)  # (no bound: as None)
 
 
 @pytest.mark.parametrize("sense", ["min", "max"])

@@ -29,7 +29,7 @@ from reconciler.problem import Host, Problem, components
 from reconciler.solve.extract import extract, from_assignment
 from reconciler.solve.fewer import fewer_instances
 from reconciler.solve import moves, slots
-from reconciler.solve.bounds import guaranteed_work_bound
+from reconciler.solve.bounds import guaranteed_work_bound, tenant_rows_relaxation
 from reconciler.solve.model import Model
 from reconciler.solve.objective import Tier, swap_exemptions
 from reconciler.solve.parts import merge_parts
@@ -107,12 +107,15 @@ RINS_MOST = 200_000
 # search took 5.0 s. Measured at those two sizes only.
 DIVE_MOST = 200_000
 PROBE_WORK = 0.2  # deterministic s at most for place_more's probe
+RELAXATION_WORK = 0.2  # deterministic s at most for a guaranteed work tier's bound from the tenants' rows (relaxed_bound)
 SWAP_PASSES = 3  # solves of one problem at most: the first, and again while its answer names more stops that are no swaps
 
 
-def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], sense: str) -> None:
+def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], sense: str, bound: float | None = None) -> None:
     """m's objective: `flat` (variable indices, coefficients, constant) minimized, or maximized (sense "max"), written
-    as CP-SAT's own `minimize`/`maximize` writes it (a test checks it); nothing at all: no objective."""
+    as CP-SAT's own `minimize`/`maximize` writes it (a test checks it); nothing at all: no objective. `bound`: a
+    proven bound on it (an upper one for max), as the objective's domain: CP-SAT's search then stops at an answer
+    that reaches it instead of proving what is already proven (the bench's 100-job fleet: 3 s of a tier's search)."""
     vs, cs, off = flat
     m.clear_objective()
     if not vs and not off:
@@ -123,6 +126,10 @@ def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], s
     obj.coeffs.extend(cs if sign == 1 else [-c for c in cs])
     obj.offset = sign * off
     obj.scaling_factor = float(sign)
+    if vs and bound is not None and math.isfinite(bound):
+        # (the domain is of the sum without the offset, as minimized: max's sum is -value - off >= -(bound) - off)
+        least = sign * (math.floor(bound) if sense == "max" else math.ceil(bound)) - sign * off
+        obj.domain.extend([least, INT64_MAX])
 
 
 class Work:
@@ -256,6 +263,7 @@ class Search:
     lp_rows: int = 0  # changes `hold` and `fix` made to the LP (what cost_lp's answer is for)
     _cost_lp: tuple | None = None
     full: set = field(default_factory=set)  # (part, class) of each work tier held at its bound: all its jobs placed there
+    held_work: dict = field(default_factory=dict)  # (part, class) -> the value each work tier solved so far is held at
     # id(expr) -> (expr, its flattened form): each tier and the cost is read ~5 times a solve, and flattening one
     # took 0.07 s at 20k jobs (the expr is kept with it, so its id is not reused while cached)
     _flat: dict = field(default_factory=dict)
@@ -288,13 +296,14 @@ class Search:
         vs, cs, off = self.flat(expr)
         return sum(c * values[i] for i, c in zip(vs, cs)) + off
 
-    def objective(self, m: cp_model.CpModel, expr, sense: str = "min") -> None:
+    def objective(self, m: cp_model.CpModel, expr, sense: str = "min", bound: float | None = None) -> None:
         """`m.minimize(expr)` (or maximize, sense "max"), from its flattened form: the objective CP-SAT's own
-        `minimize` writes, without walking the expression again (0.12 s for the cost at 20k jobs)."""
+        `minimize` writes, without walking the expression again (0.12 s for the cost at 20k jobs). `bound`: a proven
+        bound on it (set_objective)."""
         if isinstance(expr, int):  # (a constant: CP-SAT's own way)
             m.maximize(expr) if sense == "max" else m.minimize(expr)
             return
-        set_objective(m, self.flat(expr), sense)
+        set_objective(m, self.flat(expr), sense, bound)
 
     def left(self) -> float:
         """This problem's work left, deterministic seconds."""
@@ -636,6 +645,8 @@ def solve_tiers(search: Search, best: list[int]) -> tuple[list[int], list[TierRe
         best, report = solve_tier(search, tier, best, len(search.tiers) - i)
         if tier.work is not None and report.value >= tier.bound:
             search.full.add(tier.work)  # (held there: every job of its that weighs is placed in that part)
+        if tier.work is not None:
+            search.held_work[tier.work] = report.value
         search.tier_rows.append((tier, rows, len(search.m.proto.constraints)))
         reports.append(report)
     return best, reports
@@ -660,6 +671,9 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     if tier.work is not None and tier.work[0] == "guaranteed":
         # (a bound from the tenants' rows alone, where the classes above fill their guarantees: no LP where it holds)
         bound = min(bound, guaranteed_work_bound(search.model, tier.work[1], {c for part, c in search.full if part == "guaranteed"}))
+        if reaches(hv, bound, tier.sense):
+            return best, held_at(search, tier, hv, bound, ts)
+        bound = min(bound, relaxed_bound(search, tier.work[1]))
         if reaches(hv, bound, tier.sense):
             return best, held_at(search, tier, hv, bound, ts)
     vs, cs, off = search.flat(tier.expr)
@@ -699,7 +713,7 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         search.hold(tier.expr, rins, tier.sense, rel)
         return found, TierReport(tier.name, tier.sense, rins, bound, "OPTIMAL", time.monotonic() - ts)
     search.model.set_full_hint(best)
-    search.objective(m, tier.expr, tier.sense)
+    search.objective(m, tier.expr, tier.sense, bound)
     s = search.solver_for()
     st = search.clock.solve(s, m, share)
     m.clear_hints()
@@ -722,6 +736,18 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
     bound = max(bound, proven_bound) if tier.sense == "min" else min(bound, proven_bound)
     status = "OPTIMAL" if st == cp_model.OPTIMAL else ("FEASIBLE" if st == cp_model.FEASIBLE else "UNKNOWN")
     return best, TierReport(tier.name, tier.sense, val, bound, status, time.monotonic() - ts)
+
+
+def relaxed_bound(search: Search, c: int) -> float:
+    """The guaranteed class-c work tier's bound from the tenants' rows alone, with the classes above held where
+    they are (bounds.tenant_rows_relaxation): CP-SAT's bound on that small model after RELAXATION_WORK, valid
+    however far its search got (inf: none)."""
+    m = tenant_rows_relaxation(search.model, c, {k: v for (part, k), v in search.held_work.items() if part == "guaranteed"})
+    if m is None:
+        return math.inf
+    s = search.solver_for()
+    st = search.clock.solve(s, m, RELAXATION_WORK)
+    return proven(s.best_objective_bound, "max") if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else math.inf
 
 
 def held_at(search: Search, tier: Tier, value: int, bound: float, ts: float) -> TierReport:
