@@ -104,8 +104,9 @@ def test_a_fixed_cluster_whose_small_node_pools_are_summed_gives_nearly_every_gp
         assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
 
 
-def _one_host(docs: list[dict], running: dict[str, int]):
-    """A problem with one kept a2-highgpu-8g (i0) running `running` (job -> its GPU), and its packed bin."""
+def _one_host(docs: list[dict], running: dict[str, int], new: tuple[str, ...] = ()):
+    """A problem with one kept a2-highgpu-8g (i0) running `running` (job -> its GPU), and its packed bin, where the
+    plan also placed the jobs `new` (not running now)."""
     with tempfile.TemporaryDirectory() as d:
         desired = load(write_config(Path(d), docs))
     i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g")
@@ -114,12 +115,15 @@ def _one_host(docs: list[dict], running: dict[str, int]):
     host = problem.hosts()[0]
     demand_of = {j: dm for dm in problem.demands for j in dm.jobs}
     b = Bin.empty(host, "i0")
-    for j, g in running.items():
-        b.reserve(demand_of[j], [(g,)])
+    gpus = {j: (g,) for j, g in running.items()}
+    for j, g in gpus.items():
+        b.reserve(demand_of[j], [g])
+    for j in new:
+        gpus[j] = tuple(b.place(demand_of[j], j, 0)[0])
     _, prim = spot_measure(problem.capacities, problem.gpu_fleet)
-    packing = Packing({"i0": [b]}, {(j, 0): ((g,),) for j, g in running.items()}, {(j, 0): "i0" for j in running}, set(),
+    packing = Packing({"i0": [b]}, {(j, 0): (g,) for j, g in gpus.items()}, {(j, 0): "i0" for j in gpus}, set(),
                       {"p": 1}, {"all": prim(host), "spot": 0.0}, prim)
-    slots = {j: ["i0"] for j in running}
+    slots = {j: ["i0"] for j in gpus}
     return problem, observed, packing, slots, {"i0": host}, demand_of
 
 
@@ -149,13 +153,29 @@ def test_backfill_never_moves_running_work_nor_fills_a_host_the_plan_deletes():
     assert backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of) == ["n"]
 
 
+def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work_on_the_plan_as_packed():
+    """The room i0 has left (7 GPUs) holds the solver's new low job lo of tenant t; t's normal job n, as large,
+    waits. Backfill gives the room to n (the README: a higher class of a tenant before its lower ones), and lo, which
+    does not run now, waits instead; nothing running moves."""
+    big = {**A100, "gpus": 7, "cpu": 56}
+    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
+            job("r", **A100), job("lo", priority="low", **big), job("n", priority="normal", **big)]
+    problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0}, ("lo",))
+    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of)
+    assert placed == ["n"]
+    assert slots["n"] == ["i0"] and slots["r"] == ["i0"] and not slots.get("lo")
+    assert packing.gpu_of[("n", 0)] == ((1, 2, 3, 4, 5, 6, 7),)
+
+
 def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work():
     """bench.explore_mixed's fleet 189 (645 trace jobs on 35 / 18 / 35 / 7 fixed nodes of 8 / 4 / 2 / 1 GPUs), cold:
     the search stopped its normal work tier short of its bound (20,650 of 20,720), and the plan left team-1's normal
     1-GPU job-00379 pending, "capacity goes to higher-priority work first", while it placed team-1's low 1-GPU
     job-00588, larger in every dimension, on +38. The plan after its apply evicted job-00588 for job-00379: not a
-    no-op. The plan as packed now gives that room to the normal job, says it is not the solver's best (FEASIBLE, no
-    gap), and the plan after its apply is a no-op (`check` asserts it, every rule and apply's re-check)."""
+    no-op. The plan as packed gave that room to the normal job (backfill's displacement, the test above), said it was
+    not the solver's best (FEASIBLE, no gap), and the plan after its apply is a no-op (`check` asserts it, every rule
+    and apply's re-check). Since the guaranteed work tiers' whole-job bounds the search proves that tier (20,720):
+    the same jobs run, and a plan that needed no backfill may say so."""
     from bench.explore_mixed import check, fleet
     from bench.trace import generate
 
@@ -165,4 +185,6 @@ def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work():
         res = check(cfg, "cold")
         act = {j.job: j for j in res.plan.jobs}
         assert act["job-00379"].action == "place" and act["job-00588"].action == "pending", (act["job-00379"], act["job-00588"])
-        assert res.plan.solver.status == "FEASIBLE" and res.plan.solver.backfilled >= 1
+        tiers = {t["name"]: t for t in res.plan.solver.tiers}
+        assert tiers["guaranteed normal work"]["value"] == 20_720, tiers["guaranteed normal work"]
+        assert not (res.plan.solver.backfilled and res.plan.solver.optimal)  # (a plan backfill added to claims no optimum)

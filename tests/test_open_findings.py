@@ -1496,25 +1496,47 @@ def test_a_plan_after_tenant_quotas_are_set_on_a_mixed_cluster_passes_applys_rec
 def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job_no_rule_requires(monkeypatch):
     """The same fleet 80 after its quota edit, with the tiers' neighbourhood search off (strategy.RINS_FROM) and half
     the budget for the tiers (FIXED_TIERS_WORK), as on main at 5e91380: CP-SAT's answer, its "guarantees kept" tier
-    FEASIBLE, evicted job-00007 and job-00111 inside team-2's guarantee, which no rule requires stopping. `reconcile apply` without --plan does not re-check the plan it makes:
-    it stopped both jobs. Now the planner applies the re-check's rule to its own answer and emits greedy's plan, which
-    stops only what a rule requires, saying why; the apply keeps both jobs running."""
+    FEASIBLE, evicted job-00007 and job-00111 inside team-2's guarantee, which no rule requires stopping. `reconcile
+    apply` without --plan does not re-check the plan it makes: it stopped both jobs. Now the planner applies the
+    re-check's rule to its own answer and emits greedy's plan, which stops only what a rule requires, saying why.
+    (Since the guaranteed work tiers' whole-job bounds the cold plan, and so the fleet, differ, and CP-SAT's answer here
+    stops no guaranteed job; the rule is asked of that answer with one evicted, as main's answer then was.) The apply
+    keeps every job the plan keeps running."""
+    from dataclasses import replace
+
     from reconciler import api
-    from reconciler.plancheck import recheck
-    from reconciler.solve import strategy
+    from reconciler.plan import make_plan
+    from reconciler.plancheck import recheck, unlawful_evictions
+    from reconciler.runtime.publish import demanding
+    from reconciler.solve import solve, strategy
 
     with _explored(80, "quota") as cfg:
         monkeypatch.setattr(strategy, "RINS_FROM", 10**9)
         monkeypatch.setattr(strategy, "FIXED_TIERS_WORK", strategy.TIERS_WORK)  # (the tiers' half, as on a fleet that buys)
         res = api.plan(cfg, time_limit=20)
         assert not recheck(res.plan, res.desired, res.observed, res.problem)[1]
-        assert res.plan.solver.status == "GREEDY_FALLBACK"
-        assert "no rule requires stopping, job-00007 first" in res.plan.solver.note
-        running = api.plan(cfg, time_limit=0).observed.placements
-        assert {"job-00007", "job-00111"} <= set(running)
+        running = res.observed.placements
+
+        def greedy():
+            fallback = solve(res.problem, time_limit=0)
+            return fallback, make_plan(demanding(res.desired, res.observed), res.observed, res.problem, fallback)
+
+        def stopping(job: str):
+            return replace(res.plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) if j.job == job else j
+                                                for j in res.plan.jobs))
+
+        # (the applied cold plan differs from main's then, so which guaranteed jobs run does too: the first one whose
+        # stop the rule refuses, in the plan's order)
+        job = next(j.job for j in res.plan.jobs if j.action == "keep" and unlawful_evictions(stopping(j.job), res.observed, res.problem))
+        plan, solution = api._lawful(res.observed, res.problem, stopping(job), res.solution, greedy)
+        assert solution.status == plan.solver.status == "GREEDY_FALLBACK"
+        assert f"no rule requires stopping, {job} first" in plan.solver.note
+        assert {j.job: j.action for j in plan.jobs}[job] == "keep"
+        assert api._lawful(res.observed, res.problem, res.plan, res.solution, greedy)[0] is res.plan  # (a lawful plan as it is)
         api.apply(cfg, time_limit=20, allow_destroy=10**6)
         after = api.plan(cfg, time_limit=0).observed.placements
-        assert after["job-00007"] == running["job-00007"] and after["job-00111"] == running["job-00111"]
+        kept = [j.job for j in res.plan.jobs if j.action == "keep"]
+        assert job in kept and all(after.get(j) == running[j] for j in kept)
 
 
 def test_work_on_a_pool_over_its_max_is_offered_room_its_tenants_lower_work_holds_after_a_shrink():
