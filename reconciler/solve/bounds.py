@@ -1,7 +1,8 @@
 """Bounds on a tier that cost less than its LP: where one holds, a warm start that reaches it is proven at once.
 
-Pure. Each bound relaxes the model (it keeps some of its rows and drops the rest), so it is never below the LP's
-optimum: where the warm start reaches it, the LP would have said the same, and the plan is the same."""
+Pure. Each bound relaxes the model (it keeps some of its rows, with jobs whole, and drops the rest), so it is never
+below the tier's best value. Unlike the LP, which places fractions of jobs, it can be below the LP's optimum: then a
+tier is proven that the LP could not prove, and its search (CP-SAT proving what whole jobs allow) is spared."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def guaranteed_work_bound(model: Model, c: int, full: set[int]) -> int:
     """The most the guaranteed class-c work tier can reach once each class in `full` (classes above c) has its
     guaranteed work tier held at its bound, so that all of that class's jobs are placed inside their tenants'
     guarantees. Per tenant, each of its guarantee's rows and its quota's rows, less what those jobs take of it, is
-    filled with the tenant's class-c jobs as a fractional knapsack (most weight per unit first); the tenant's bound
+    filled with the tenant's class-c jobs, whole (`knapsack`); the tenant's bound
     is the least over its rows. (The 10k tier's drift plan: every tenant at its GPU quota, the low work tier 10,957
     of the 39,048 its jobs weigh; the LP that proved 10,957 took 6 of the plan's 15.5 s of CPU.)"""
     p = model.p
