@@ -703,7 +703,7 @@ def test_alike_empty_instances_take_every_item_where_a_packing_by_patterns_exist
     for b in bins:
         assert b.free["gpus"] >= 0 and b.free["cpu"] >= 0 and b.free["memory_gib"] >= 0
         blocks = [t for idx in b.gpu_of.values() for t in idx]
-        assert sorted(i for t in blocks for i in t) == sorted(set(i for t in blocks for i in t))  # (no GPU twice)
+        assert sorted(i for t in blocks for i in t) == sorted({i for t in blocks for i in t})  # (no GPU twice)
         assert all(t == tuple(range(t[0], t[0] + len(t))) and t[0] % len(t) == 0 for t in blocks)  # (aligned blocks)
 
 
