@@ -231,6 +231,57 @@ def test_the_repair_stage_packs_within_the_count_where_the_packers_instances_bre
     assert placed > 16 and plan.cost_after <= 6.2 and plan.solver.note == "" and plan.solver.status == "FEASIBLE"  # (18)
 
 
+# Job mixes other than the trace's (bench/README.md, fifteenth session): (GPUs, vCPU, GiB) -> weight, drawn by
+# bench.trace.jobs. 1-GPU jobs at 20-24 vCPU strand GPUs of 12-vCPU-a-GPU nodes; 10 and 16 vCPU a GPU do not tile.
+CPU_HEAVY = {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7}
+TEN_AND_SIXTEEN = {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8}
+
+
+def _gpus_by_class(res) -> dict[int, int]:
+    klass = {j: d.klass for d in res.problem.demands for j in d.jobs}
+    out: dict[int, int] = {}
+    for j in res.plan.jobs:
+        if j.action in ("keep", "place", "move"):
+            out[klass[j.job]] = out.get(klass[j.job], 0) + sum(len(g) for g in j.gpus)
+    return out
+
+
+def _mix(tmp_path, monkeypatch, trace: dict, mode: str, seed: int):
+    import bench.trace
+
+    monkeypatch.setattr(bench.trace, "TRACE", trace)
+    return bench.trace.generate(tmp_path / "cfg", 1000, seed, mode)
+
+
+def test_a_mixed_clusters_answer_searched_again_keeps_the_high_and_normal_work_an_exact_packing_places(tmp_path, monkeypatch):
+    """1,000 CPU-heavy jobs on the trace cluster's fixed 8/4/2/1-GPU pools: the answer's counts on the 8-GPU pool do
+    not pack, and the repair stage searches the answer again around their packing (`within_limits`). It left out the
+    group's last demands' jobs, whatever their class (a group is one shape of every class), and a goal's search already
+    at its best could hand over another answer that lost the goals after it: 736 normal GPUs, where an exact packing by
+    class (computed outside the project) places 748. Now the lowest class's jobs are left out and the start is kept
+    where a goal's search does no better: 352 high and 748 normal GPUs, every one."""
+    from reconciler import api
+
+    res = api.plan(_mix(tmp_path, monkeypatch, CPU_HEAVY, "mixed", 1), time_limit=20)
+    assert _gpus_by_class(res) == {2: 352, 1: 748}, _gpus_by_class(res)
+
+
+def test_a_fixed_pools_answer_searched_again_ranks_above_greedys_plan(tmp_path, monkeypatch):
+    """1,000 jobs at 10 and 16 vCPU a GPU on one fixed pool of 215 8-GPU nodes (past the 128 modelled one by one): the
+    repair stage's search around the answer's packing, from a start that kept all the high and normal work, returned
+    an answer its first goal's search had handed over with less of the rest, below greedy's plan, which was emitted.
+    Now the start stands where no goal does better: CP-SAT's plan, every high and normal GPU greedy's places and more
+    low work."""
+    from reconciler import api
+
+    cfg = _mix(tmp_path, monkeypatch, TEN_AND_SIXTEEN, "fixed", 2)
+    res = api.plan(cfg, time_limit=20)
+    greedy = api.plan(cfg, time_limit=0)
+    ours, theirs = _gpus_by_class(res), _gpus_by_class(greedy)
+    assert res.plan.solver.status == "FEASIBLE" and not res.plan.solver.unpacked, res.plan.solver.note
+    assert ours[2] == theirs[2] and ours[1] == theirs[1] and ours[0] > theirs[0], (ours, theirs)
+
+
 # vCPU of 80 one-GPU jobs drawn from bench/trace.py's shapes (seed 36), in job-name order (the packer's order follows it).
 TRACE_CPU = [12, 16, 12, 8, 15, 12, 12, 12, 12, 4, 10, 19, 10, 12, 4, 12, 4, 25, 4, 12, 19, 16, 19, 12, 16, 12, 25, 12, 12, 4,
              12, 12, 25, 4, 4, 12, 19, 9, 6, 4, 12, 12, 19, 12, 12, 15, 12, 12, 12, 12, 12, 12, 4, 4, 10, 12, 12, 12, 10, 12,
