@@ -1265,7 +1265,8 @@ def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], off
     for gk, n in left.items():
         # (the least important first, as the packer leaves them: a group is one shape, any class; its last demands
         # first, as before, it dropped a fixed cluster's high jobs beside its normal ones)
-        for dk in sorted(reversed(model.p.groups[gk]), key=lambda k: (model.demands[k].klass, model.demands[k].priority)):
+        at = {dk: i for i, dk in enumerate(model.p.groups[gk])}
+        for dk in sorted(at, key=lambda k: (model.demands[k].klass, model.demands[k].priority, -at[k])):
             v = model.placed[dk]
             if n <= 0 or isinstance(v, int):
                 continue
