@@ -327,8 +327,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     for (n, i), k in sorted(wants.items()):
         fill[i] += queue[n][:k]
         queue[n] = queue[n][k:]
-    saved = [(bins[i], dict(bins[i].free), list(bins[i].gpus_used), list(bins[i].items), dict(bins[i].gpu_of),
-              bins[i].group, bins[i].touched) for i in chosen]
+    restore = _kept([bins[i] for i in chosen])
     for (d, j, r), i in zip(movable, at):
         bins[i].unplace(d, j, r)
     placed: set[tuple[str, int]] = set()
@@ -343,8 +342,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         if not ok:
             break
     if not ok:  # (GPU blocks the sums do not see): as they were
-        for b, free, used, its, gpu_of, group, touched in saved:
-            b.free, b.gpus_used, b.items, b.gpu_of, b.group, b.touched = free, used, its, gpu_of, group, touched
+        restore()
         return left
     return [it for it in left if (it[1], it[2]) not in placed]
 
@@ -422,7 +420,7 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     solver.parameters.max_deterministic_time = PATTERN_WORK
     if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return left
-    saved = [(b, dict(b.free), list(b.gpus_used), list(b.items), dict(b.gpu_of), b.group, b.touched) for b in bins]
+    restore = _kept(bins)
     _unplace_all(bins, items)
     queue = {sh: list(its) for sh, its in of_shape.items()}
     at = iter(bins)
@@ -435,10 +433,19 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
                     d, job, rep, group = queue[sh].pop(0)
                     ok = ok and b.place(d, job, rep, group) is not None
     if not ok or any(queue.values()):
-        for b, free, used, its, gpu_of, group, touched in saved:
-            b.free, b.gpus_used, b.items, b.gpu_of, b.group, b.touched = free, used, its, gpu_of, group, touched
+        restore()
         return left
     return []
+
+
+def _kept(bins: list[Bin]):
+    """The instances as they are now: returns what puts them back so (an exact pass that fails half-way)."""
+    saved = [(b, dict(b.free), list(b.gpus_used), list(b.items), dict(b.gpu_of), b.group, b.touched) for b in bins]
+
+    def restore() -> None:
+        for b, free, used, its, gpu_of, group, touched in saved:
+            b.free, b.gpus_used, b.items, b.gpu_of, b.group, b.touched = free, used, its, gpu_of, group, touched
+    return restore
 
 
 def _left_size(left: list) -> tuple[int, int]:

@@ -635,22 +635,31 @@ def test_the_warm_starts_completion_stays_within_cp_sats_integer_range(tmp_path,
     assert kept == most > 0
 
 
+def a2_highgpu_8g():
+    """An offer of a2-highgpu-8g instances (8 A100s in one NVLink domain, 96 vCPU, 680 GiB), for the packer alone."""
+    from reconciler.problem import Offer
+    from reconciler.site import Site
+
+    return Offer(key="c", site=Site("p", "sim", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "on-demand"), gpus=8,
+                 gpu_type="A100", cpu=96, memory_gib=680, price=1.0, on_demand_price=1.0, nvlink_domain=8)
+
+
+def a100_item(g: int, cpu: float, mem: float):
+    """A one-replica demand of g A100s, cpu vCPU and mem GiB (its key its shape), for the packer alone."""
+    from reconciler.problem import Demand
+
+    return Demand(key=f"{g}/{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=g, gpu_type="A100", mig=None,
+                  nvlink=False, cpu=cpu, memory_gib=mem, priority=10, spot="eligible", gang_mode="zone", pools=None, regions=None,
+                  clouds=None, zones=None, data_location=None, data_gib=0, hours=24)
+
+
 def test_what_the_packing_passes_leave_over_an_exact_repack_places():
     """Two 8 x A100, 96-vCPU instances and nine trace-shaped items that fill them exactly (4 + 2 + 1 + 1 GPUs with
     40 + 24 + 6 + 24 vCPU on one; 4 + 1 + 1 + 1 with 40 + 16 + 4 + 2 and the last 24 on the other): largest first
     and the filling pass each leave an item over, which a fixed pool then reported as "could not be packed" (the
     trace-shaped fixed clusters of 563 and 1,147 nodes left 1 and 5 such jobs, among them an 8-GPU one whose GPUs
     were free, one or two per instance). Packing the instances with the most room exactly places it."""
-    from reconciler.problem import Demand, Offer
-    from reconciler.site import Site
-
-    cap = Offer(key="c", site=Site("p", "sim", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "on-demand"), gpus=8,
-                gpu_type="A100", cpu=96, memory_gib=680, price=1.0, on_demand_price=1.0, nvlink_domain=8)
-
-    def d(g, cpu, mem):
-        return Demand(key=f"{g}/{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=g, gpu_type="A100", mig=None,
-                      nvlink=False, cpu=cpu, memory_gib=mem, priority=10, spot="eligible", gang_mode="zone", pools=None, regions=None,
-                      clouds=None, zones=None, data_location=None, data_gib=0, hours=24)
+    cap, d = a2_highgpu_8g(), a100_item
 
     shapes = [(4, 40, 300), (2, 24, 120), (1, 6, 60), (1, 16, 60), (4, 40, 300), (1, 24, 60), (1, 4, 60), (1, 2, 60), (1, 24, 60)]
     items = [(d(*s), f"j{i}", 0, None) for i, s in enumerate(shapes)]
@@ -672,16 +681,7 @@ def test_alike_empty_instances_take_every_item_where_a_packing_by_patterns_exist
     Every instance within its room, every replica on GPUs of its own in one aligned block."""
     import bench.trace
     from reconciler import pack
-    from reconciler.problem import Demand, Offer
-    from reconciler.site import Site
-
-    cap = Offer(key="c", site=Site("p", "sim", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g", "on-demand"), gpus=8,
-                gpu_type="A100", cpu=96, memory_gib=680, price=1.0, on_demand_price=1.0, nvlink_domain=8)
-
-    def d(g, cpu, mem):
-        return Demand(key=f"{g}/{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=g, gpu_type="A100", mig=None,
-                      nvlink=False, cpu=cpu, memory_gib=mem, priority=10, spot="eligible", gang_mode="zone", pools=None, regions=None,
-                      clouds=None, zones=None, data_location=None, data_gib=0, hours=24)
+    cap, d = a2_highgpu_8g(), a100_item
 
     monkeypatch.setattr(bench.trace, "TRACE", {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8})
     shapes = [(r["gpus"], r["cpu"], r["memory_gib"]) for r in (s["resources"] for s in bench.trace.jobs(1000, 1))]
