@@ -180,8 +180,8 @@ def pack_items(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]]
     # 6.6 s cold plan)
     if left and exact and len(items) > 1 and all(g is None for *_, g in items):
         left = _repack(bins, items, left)
-    if left and exact and len(items) > 1 and all(g is None for *_, g in items):
-        left = _pattern_pack(bins, items, left)
+        if left:
+            left = _pattern_pack(bins, items, left)
     if left and more is not None:
         left = _pack_greedy(bins, left, more, compact)
     if left and least_left and len(items) > 1 and all(g is None for *_, g in items):
@@ -198,6 +198,16 @@ REPACK_ITEMS = 800
 REPACK_LEFT = 64
 REPACK_WORK = 0.5  # CP-SAT deterministic seconds per re-pack: deterministic, so two plans of one input agree
 _SCALE = 1000  # vCPU and GiB in thousandths, requests rounded up and room down: never more than the instance has
+
+
+def _units(d: Demand, k: str) -> int:
+    """What an item asks of dimension k in the exact passes' integers (GPUs whole, the rest in thousandths, up)."""
+    return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
+
+
+def _room(v: float, k: str) -> int:
+    """Free room `v` of dimension k in the exact passes' integers (down)."""
+    return int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9)
 
 
 def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
@@ -250,14 +260,11 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     every = movable + [(d, j, r) for d, j, r, _ in pending]  # (the items the model places: those it moves, then the leftovers)
     need_dims = sorted({k for d, *_ in every for k in d.dims if d.req(k) > 0})
 
-    def req(d: Demand, k: str) -> int:
-        return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
-
     free = {i: {k: bins[i].free.get(k, 0.0) for k in need_dims} for i in chosen}  # with this call's movable items taken off
     for (d, _, _), i in zip(movable, at):
         for k in need_dims:
             free[i][k] += d.req(k)
-    base = {i: {k: int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9) for k, v in f.items()} for i, f in free.items()}
+    base = {i: {k: _room(v, k) for k, v in f.items()} for i, f in free.items()}
 
     # Items of one shape are interchangeable here (`place` reads only the shape): the model counts items of each shape
     # per instance, so thousands of alike items are not thousands of symmetric variables (per item, 32 instances' 212
@@ -278,7 +285,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         d = shape_of[sh]
         most = moving[n] + sum(c[n] for c in per_job.values())
         for i in chosen:
-            fit = min((base[i][k] // req(d, k) for k in need_dims if req(d, k) > 0), default=most)
+            fit = min((base[i][k] // _units(d, k) for k in need_dims if _units(d, k) > 0), default=most)
             if min(fit, most) > 0:
                 cnt[(n, i)] = m.new_int_var(0, min(fit, most), f"n{n}_{i}")
     y = {j: m.new_bool_var(f"y_{j}") for j in jobs_left}
@@ -286,7 +293,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         m.add(sum(v for (nn, _), v in cnt.items() if nn == n) == moving[n] + sum(c[n] * y[j] for j, c in per_job.items() if c[n]))
     for i in chosen:
         for k in need_dims:
-            terms = [(req(shape_of[shapes[n]], k), v) for (n, ii), v in cnt.items() if ii == i and req(shape_of[shapes[n]], k)]
+            terms = [(_units(shape_of[shapes[n]], k), v) for (n, ii), v in cnt.items() if ii == i and _units(shape_of[shapes[n]], k)]
             if terms:
                 m.add(sum(c * v for c, v in terms) <= base[i][k])
     for j, v in y.items():  # a job's leftover items together or not at all (its other items are placed, or it is a 1-item job)
@@ -377,11 +384,8 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     shapes = sorted(shape_of, key=lambda sh: (-shape_of[sh].gpus, repr(sh)))
     dims = sorted({k for d in shape_of.values() for k in d.dims if d.req(k) > 0})
 
-    def units(d: Demand, k: str) -> int:  # (requests rounded up and room down, as _repack counts them)
-        return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
-
-    room = {k: int(cap.cap(k) * _SCALE + 1e-6) if k != "gpus" else int(cap.cap(k) + 1e-9) for k in dims}
-    need = [{k: units(shape_of[sh], k) for k in dims} for sh in shapes]
+    room = {k: _room(cap.cap(k), k) for k in dims}
+    need = [{k: _units(shape_of[sh], k) for k in dims} for sh in shapes]
     avail = [len(of_shape[sh]) for sh in shapes]
     if any(all(v == 0 for v in n.values()) for n in need) or any(
             sum(n[k] * a for n, a in zip(need, avail)) > room[k] * len(bins) for k in dims):

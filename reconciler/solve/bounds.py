@@ -116,7 +116,7 @@ def knapsack(items: list[Demand], units: dict[str, int], room: int) -> int:
             n, k = n - take, k * 2
     if (room + 1) * len(pieces) > KNAPSACK_CELLS or sum(w * n for _, w, n in sized) >= 2**62:  # (int64 cells)
         return free + fractional_knapsack([(a // div, w, n) for a, w, n in sized], room)
-    import numpy as np  # (imported with ortools already: cp_model needs it)
+    import numpy as np  # (imported with ortools already: cp_model needs it; declared in pyproject.toml)
 
     best = np.zeros(room + 1, dtype=np.int64)  # best[r]: the most weight in at most r units
     for a, w in pieces:  # (each piece once: the right-hand side is read before the assignment)

@@ -1241,7 +1241,7 @@ def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], off
     """Hints for the primary variables of the plan `answer` gives where the packer's packing of `offers` (now with
     slots) took more instances than the answer buys: each offer's first instances, as many as the answer buys, as
     packed (the slots), and the items packed beyond them not placed, their jobs pending as the plan leaves them (the
-    group's last demands' new jobs first). What `within_limits` starts from. `units`: the offers and their zone classes
+    group's new jobs of the lowest class first). What `within_limits` starts from. `units`: the offers and their zone classes
     (x's capacity keys there). (A job left over in part keeps its other items in the hint, which CP-SAT repairs.)"""
     vec = answer + [0] * (len(model.m.proto.variables) - len(answer))
     cells: dict[tuple, int] = {}
@@ -1263,8 +1263,8 @@ def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], off
         if ck in units:
             vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
     for gk, n in left.items():
-        # (the least important first, as the packer leaves them: a group is one shape, any class; its last demands
-        # first, as before, it dropped a fixed cluster's high jobs beside its normal ones)
+        # (the least important first, as the packer leaves them: a group is one shape, any class; taken by its last
+        # demands first, it dropped a mixed cluster's high jobs beside its normal ones)
         at = {dk: i for i, dk in enumerate(model.p.groups[gk])}
         for dk in sorted(at, key=lambda k: (model.demands[k].klass, model.demands[k].priority, -at[k])):
             v = model.placed[dk]
