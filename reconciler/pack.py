@@ -390,38 +390,15 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     if any(all(v == 0 for v in n.values()) for n in need) or any(
             sum(n[k] * a for n, a in zip(need, avail)) > room[k] * len(bins) for k in dims):
         return left  # (a shape that takes nothing: no pattern bounds it; or more than the instances hold in sum)
-    patterns: list[tuple[int, ...]] = []
-
-    def walk(i: int, free: dict[str, int], counts: list[int]) -> bool:
-        if len(patterns) > PATTERNS_MOST:
-            return False
-        if i == len(shapes):
-            if any(counts):
-                patterns.append(tuple(counts))
-            return True
-        most = min([avail[i]] + [free[k] // need[i][k] for k in dims if need[i][k]])
-        for n in range(most, -1, -1):
-            counts.append(n)
-            ok = walk(i + 1, {k: free[k] - n * need[i][k] for k in dims}, counts)
-            counts.pop()
-            if not ok:
-                return False
-        return True
-
-    if not walk(0, room, []):
+    patterns = _patterns(room, need, avail)
+    if patterns is None:
         return left
     from ortools.sat.python import cp_model  # (only where the passes left items over)
 
-    m = cp_model.CpModel()
-    use = [m.new_int_var(0, min(len(bins), min(avail[i] // p[i] for i in range(len(shapes)) if p[i])), f"p{n}")
-           for n, p in enumerate(patterns)]
-    m.add(sum(use) <= len(bins))
+    m, use = _pattern_model(patterns, avail, len(bins))
     for i in range(len(shapes)):
         m.add(sum(p[i] * u for p, u in zip(patterns, use) if p[i]) == avail[i])
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    solver.parameters.max_deterministic_time = PATTERN_WORK
+    solver = _pattern_solver()
     if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return left
     restore = _kept(bins)
@@ -440,6 +417,109 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
         restore()
         return left
     return []
+
+
+def _patterns(room: dict[str, int], need: list[dict[str, int]], avail: list[int]) -> list[tuple[int, ...]] | None:
+    """Every way one instance with `room` holds items of these shapes (`need`: each one's integer requests; `avail`:
+    at most so many of each), as a count per shape, fullest first; None where there are more than PATTERNS_MOST."""
+    dims = sorted(room)
+    patterns: list[tuple[int, ...]] = []
+
+    def walk(i: int, free: dict[str, int], counts: list[int]) -> bool:
+        if len(patterns) > PATTERNS_MOST:
+            return False
+        if i == len(need):
+            if any(counts):
+                patterns.append(tuple(counts))
+            return True
+        most = min([avail[i]] + [free[k] // need[i][k] for k in dims if need[i].get(k)])
+        for n in range(most, -1, -1):
+            counts.append(n)
+            ok = walk(i + 1, {k: free[k] - n * need[i].get(k, 0) for k in dims}, counts)
+            counts.pop()
+            if not ok:
+                return False
+        return True
+
+    return patterns if walk(0, room, []) else None
+
+
+def _pattern_model(patterns: list[tuple[int, ...]], avail: list[int], instances: int):
+    """The configuration model: how many of the `instances` take each pattern (its variables returned beside it)."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    use = [m.new_int_var(0, min(instances, min(avail[i] // p[i] for i in range(len(p)) if p[i])), f"p{n}")
+           for n, p in enumerate(patterns)]
+    m.add(sum(use) <= instances)
+    return m, use
+
+
+def _pattern_solver():
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    solver.parameters.max_deterministic_time = PATTERN_WORK
+    return solver
+
+
+def most_by_pattern(cap: Capacity, count: int, kinds: list[tuple[Demand, list[tuple[int, int]]]]) -> list[tuple[int, ...]] | None:
+    """The most valued items that `count` alike empty instances of `cap` hold, by counting patterns (as
+    `_pattern_pack`): `kinds` are a shape (a Demand) and its items' values, (class, work), highest first; the most work
+    of the highest class, then of the next, and so on (the tiers' order: one 8-GPU job is eight 1-GPU jobs' work, not
+    one item). The answer is each instance's pattern (how many items of each kind it holds, a kind's highest valued
+    taken first), fullest first; None where the shapes give more than PATTERNS_MOST patterns, CP-SAT finds no answer
+    within PATTERN_WORK, or an instance's GPU blocks refuse a pattern. For the solver's repair stage, where an offer's
+    count is all it may have (a pool at its max_instances): which items its instances hold, not the packer's first
+    instances. (A fixed pool of 274 8-GPU nodes and 1,000 jobs at 120-150 GiB a GPU: the packer's first 274
+    instances left 72 low GPUs and 20 normal ones of the exact optimum idle; greedy's plan was emitted, 95% of the
+    GPUs the optimum places.)"""
+    if count < 1 or not kinds or any(d.replicas != 1 or d.mig for d, _ in kinds):
+        return None
+    dims = sorted({k for d, _ in kinds for k in d.dims if d.req(k) > 0})
+    room = {k: _room(cap.cap(k), k) for k in dims}
+    need = [{k: _units(d, k) for k in dims} for d, _ in kinds]
+    avail = [len(v) for _, v in kinds]
+    if any(all(v == 0 for v in n.values()) for n in need):
+        return None
+    patterns = _patterns(room, need, avail)
+    if not patterns:
+        return None
+    from ortools.sat.python import cp_model
+
+    m, use = _pattern_model(patterns, avail, count)
+    gain: dict[int, list] = {}  # class -> its work's terms
+    for i, (_, values) in enumerate(kinds):
+        runs: dict[tuple[int, int], int] = {}
+        for v in values:
+            runs[v] = runs.get(v, 0) + 1
+        parts = [(v, m.new_int_var(0, n, f"k{i}c{v[0]}w{v[1]}")) for v, n in sorted(runs.items(), reverse=True)]
+        m.add(sum(p[i] * u for p, u in zip(patterns, use) if p[i]) == sum(x for _, x in parts))
+        for (klass, work), x in parts:
+            gain.setdefault(klass, []).append(work * x)
+    solver, answer = _pattern_solver(), None
+    solver.parameters.max_deterministic_time = PATTERN_WORK / len(gain)
+    for klass in sorted(gain, reverse=True):  # (each class's best held while the next is sought)
+        m.maximize(sum(gain[klass]))
+        if answer is not None:
+            m.clear_hints()
+            for v, a in zip(use, answer):
+                m.add_hint(v, a)
+        if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        answer = [solver.value(u) for u in use]
+        m.add(sum(gain[klass]) >= int(solver.objective_value))
+    chosen = sorted(((p, n) for p, n in zip(patterns, answer) if n), reverse=True)
+    order = sorted(range(len(kinds)), key=lambda i: -kinds[i][0].gpus)  # (the largest GPU shapes first: aligned blocks)
+    for p, _ in chosen:
+        b = Bin.empty(cap, "pattern")
+        for i in order:
+            for n in range(p[i]):
+                if b.place(kinds[i][0], f"k{i}", n) is None:
+                    return None
+    return [p for p, n in chosen for _ in range(n)]
 
 
 def _kept(bins: list[Bin]):

@@ -235,6 +235,7 @@ def test_the_repair_stage_packs_within_the_count_where_the_packers_instances_bre
 # bench.trace.jobs. 1-GPU jobs at 20-24 vCPU strand GPUs of 12-vCPU-a-GPU nodes; 10 and 16 vCPU a GPU do not tile.
 CPU_HEAVY = {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7}
 TEN_AND_SIXTEEN = {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8}
+MEMORY_HEAVY = {(1, 8, 120): 40, (1, 12, 150): 20, (2, 16, 200): 10, (4, 32, 400): 15, (8, 64, 640): 15}
 
 
 def _gpus_by_class(res) -> dict[int, int]:
@@ -280,6 +281,19 @@ def test_a_fixed_pools_answer_searched_again_ranks_above_greedys_plan(tmp_path, 
     ours, theirs = _gpus_by_class(res), _gpus_by_class(greedy)
     assert res.plan.solver.status == "FEASIBLE" and not res.plan.solver.unpacked, res.plan.solver.note
     assert ours[2] == theirs[2] and ours[1] == theirs[1] and ours[0] > theirs[0], (ours, theirs)
+
+
+def test_a_fixed_pools_count_holds_the_most_by_class_an_exact_packing_places(tmp_path, monkeypatch):
+    """1,000 jobs at 120-150 GiB a GPU on one fixed pool of 274 a2-highgpu-8g (85 GiB a GPU; past the 128 nodes
+    modelled one by one): the answer's counts, summed over the pool, do not pack, and the repair stage searched again
+    from the packer's first 274 instances, which held 20 normal GPUs fewer than an exact packing by class (computed
+    outside the project: 511 high, 1,269 normal, 72 low). Greedy's plan ranked higher and was emitted: 511 and 1,249,
+    no low. Now the start is the most by class the 274 instances hold (`most_within`): the exact optimum's counts."""
+    from reconciler import api
+
+    res = api.plan(_mix(tmp_path, monkeypatch, MEMORY_HEAVY, "fixed", 1), time_limit=20)
+    assert res.plan.solver.status == "FEASIBLE" and not res.plan.solver.unpacked, res.plan.solver.note
+    assert _gpus_by_class(res) == {2: 511, 1: 1269, 0: 72}, _gpus_by_class(res)
 
 
 # vCPU of 80 one-GPU jobs drawn from bench/trace.py's shapes (seed 36), in job-name order (the packer's order follows it).

@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reconciler.greedy import greedy
 from reconciler.load import load
@@ -651,6 +653,53 @@ def a100_item(g: int, cpu: float, mem: float):
     return Demand(key=f"{g}/{cpu}/{mem}", jobs=("x",), replicas=1, bundle=1, tenant="t", gpus=g, gpu_type="A100", mig=None,
                   nvlink=False, cpu=cpu, memory_gib=mem, priority=10, spot="eligible", gang_mode="zone", pools=None, regions=None,
                   clouds=None, zones=None, data_location=None, data_gib=0, hours=24)
+
+
+SHAPES = [(1, 20, 150), (1, 40, 120), (2, 32, 300), (4, 48, 400), (8, 64, 640)]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(SHAPES), st.lists(st.tuples(st.integers(0, 2), st.integers(1, 9)), min_size=1, max_size=3)),
+                min_size=1, max_size=3, unique_by=lambda k: k[0]).filter(lambda ks: sum(len(v) for _, v in ks) <= 7), st.integers(1, 2))
+def test_the_count_of_instances_holds_the_most_work_by_class_any_assignment_does(kinds, count):
+    """`most_by_pattern` (the repair stage's start where an offer's count is all it may have) against every way of
+    putting each item on one of `count` 8 x A100, 96-vCPU, 680-GiB instances or none: the work it keeps, class by
+    class from the highest (items valued (class, work)), is the best such assignment's, and each instance's pattern
+    fits it."""
+    import itertools
+
+    from reconciler.pack import most_by_pattern
+
+    offer = a2_highgpu_8g()
+    kinds = [(a100_item(*sh), sorted(vals, reverse=True)) for sh, vals in kinds]
+    items = [(i, v) for i, (_, vals) in enumerate(kinds) for v in vals]
+
+    def fits(on: list[int]) -> bool:
+        d = [kinds[i][0] for i in on]
+        return sum(x.gpus for x in d) <= 8 and sum(x.cpu for x in d) <= 96 and sum(x.memory_gib for x in d) <= 680
+
+    def by_class(values) -> list[int]:
+        return [sum(w for c, w in values if c == klass) for klass in (2, 1, 0)]
+
+    best = [0, 0, 0]
+    for where in itertools.product(range(count + 1), repeat=len(items)):  # (count: left out)
+        if all(fits([items[n][0] for n, w in enumerate(where) if w == b]) for b in range(count)):
+            best = max(best, by_class([items[n][1] for n, w in enumerate(where) if w < count]))
+    patterns = most_by_pattern(offer, count, kinds)
+    assert patterns is not None and len(patterns) <= count
+    assert all(fits([i for i, n in enumerate(p) for _ in range(n)]) for p in patterns)
+    kept = [sum(p[i] for p in patterns) for i in range(len(kinds))]
+    assert by_class([v for (_, vals), n in zip(kinds, kept) for v in vals[:n]]) == best
+
+
+def test_the_count_of_instances_takes_no_pattern_for_a_gang_or_a_mig_slice():
+    """A gang's items are not whole jobs and a MIG slice is no GPU count: the pattern model is not theirs (None)."""
+    from reconciler.pack import most_by_pattern
+
+    item = a100_item(1, 8, 60)
+    assert most_by_pattern(a2_highgpu_8g(), 2, [(replace(item, replicas=2), [(1, 7), (1, 7)])]) is None
+    assert most_by_pattern(a2_highgpu_8g(), 2, [(replace(item, mig=("1g.10gb", 1)), [(1, 7)])]) is None
+    assert most_by_pattern(a2_highgpu_8g(), 0, [(item, [(1, 7)])]) is None
 
 
 def test_what_the_packing_passes_leave_over_an_exact_repack_places():
