@@ -370,8 +370,10 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     1,000 jobs of 1-GPU at 14-18 vCPU on a fixed pool of 209 such instances: they left 32 GPUs idle that jobs waited
     for.) Only where the shapes give at most PATTERNS_MOST patterns and CP-SAT finds a packing of them all within
     PATTERN_WORK; else, or where an instance's GPU blocks refuse a pattern (`place`), the instances stay as they were.
-    (Where not every item fits, the most of them by class was tried: it packed more of each call, but on mixed node
-    sizes the answer searched again around it lost high work, the plan 144 high GPUs of 1,669: not kept.)"""
+    (Where not every item fits, the most of them by class was tried here: it valued an item by its class, then its
+    work, so it counted a class's items, not its work (forty-six 1-GPU jobs kept for eleven 8-GPU ones), and on mixed
+    node sizes the plan lost normal work: not kept. The repair stage's start on a pool at its count now takes the
+    most work by class: `most_by_pattern`.)"""
     cap = bins[0].cap if bins else None
     if cap is None or len(bins) < 2 or any(b.cap.key != cap.key or b.touched_before for b in bins):
         return left
