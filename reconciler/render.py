@@ -42,6 +42,15 @@ def no_changes_line(plan: Plan) -> str:
     return "No changes. The fleet matches the desired state."
 
 
+def _unproven_words(s) -> str:
+    """The tiers not proven best, and what is known of each: at least greedy's answer there (the warm start is their
+    floor), or below it where the repair stage's answer gave it up for a tier ranked above (status BELOW_GREEDY)."""
+    below = [t["name"] for t in s.tiers if t.get("status") == "BELOW_GREEDY"]
+    rest = [n for n in s.unproven if n not in below]
+    return "; ".join(([f"{', '.join(rest)}; each at least greedy's"] if rest else []) +
+                     ([f"{', '.join(below)}: below greedy's, for a tier ranked above"] if below else []))
+
+
 def _solver_line(plan: Plan) -> str:
     s = plan.solver
     took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
@@ -51,24 +60,26 @@ def _solver_line(plan: Plan) -> str:
             return f"{why}; plan {plan.id}"
         return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
     unproven = s.unproven
+    words = _unproven_words(s)
+    # (a tier below greedy's comes from the repair stage's answer, searched again instance by instance, not a limit)
+    limit = ("was searched again where its counts did not pack" if any(t.get("status") == "BELOW_GREEDY" for t in s.tiers)
+             else "stopped at its work limit")
     if s.optimal:
         quality = "optimal"
     elif s.unpacked:
         # The bound is for plans that place what the solver placed; this one places less. Unproven tiers are still
         # named: the plan says which tiers were proven whatever else it says.
-        stopped = (f" and stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; "
-                   "each at least greedy's)") if unproven else ""
+        stopped = (f" and {limit.removeprefix('was ')} with {len(unproven)} tier(s) not proven best ({words})") if unproven else ""
         quality = (f"counts left {s.unpacked} job(s) it placed unpacked on the plan's instances (pending){stopped}, "
                    "so no optimality gap is claimed")
     elif s.backfilled:
         # The plan places more than the solver's answer did, so the tiers that answer reached were not the best.
-        stopped = (f" (stopped at its work limit with {len(unproven)} tier(s) not proven best: {', '.join(unproven)})"
+        stopped = (f" ({limit.removeprefix('was ')} with {len(unproven)} tier(s) not proven best: {words})"
                    if unproven else "")
         quality = f"answer left room for pending work{stopped}, so no optimality gap is claimed"
     elif unproven:
         # The gap speaks of cost at the tiers reached; with a work tier not proven it would read as a promise it is not.
-        quality = (f"stopped at its work limit with {len(unproven)} tier(s) not proven best ({', '.join(unproven)}; each at least "
-                   "greedy's), so no optimality gap is claimed")
+        quality = f"{limit} with {len(unproven)} tier(s) not proven best ({words}), so no optimality gap is claimed"
     elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
         quality = "at the least possible cost ($0.00/h)"
     elif s.narrowed:
@@ -307,7 +318,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         unproven = set(plan.solver.unproven)
         lines += _md_table(["tier", "value", "best possible", "how", "proven"],
                            [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower(),
-                             "no: at least greedy's" if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
+                             ("no: below greedy's, for a tier above" if t["status"] == "BELOW_GREEDY" else "no: at least greedy's")
+                             if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
         if differs := _tiers_differ(plan):
             lines += ["", differs]
         lines += ["", "</details>", ""]

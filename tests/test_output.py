@@ -41,6 +41,37 @@ def test_the_tiers_table_says_when_its_values_are_the_solvers_not_the_plans(tmp_
         assert "These are the solver's counts, not this plan's" in tiers and words in tiers, tiers
 
 
+def test_a_tier_below_greedys_is_not_said_to_be_at_least_greedys(tmp_path):
+    """A tier the repair stage's answer gave up for a tier ranked above (BELOW_GREEDY, strategy.searched_again) is
+    below greedy's answer there: the plan must not say "at least greedy's" of it, nor that a work limit stopped it."""
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    tiers = ({"name": "guaranteed normal work", "value": 90, "bound": None, "status": "FEASIBLE", "proven": False},
+             {"name": "guaranteed low work", "value": 0, "bound": None, "status": "BELOW_GREEDY", "proven": False})
+    traded = replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
+    md = render_markdown(traded)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| guaranteed")}
+    assert rows["guaranteed normal work"].endswith("| no: at least greedy's |"), rows
+    assert rows["guaranteed low work"].endswith("| no: below greedy's, for a tier above |"), rows
+    line = next(x for x in render_human(traded).splitlines() if x.startswith("CP-SAT"))
+    assert ("was searched again where its counts did not pack with 2 tier(s) not proven best (guaranteed normal work; each at "
+            "least greedy's; guaranteed low work: below greedy's, for a tier ranked above)") in line, line
+    assert "work limit" not in line
+
+
+def test_parts_merged_keep_a_tier_below_greedys_so():
+    """Independent parts' tiers summed: one part's tier below its warm start's value leaves the sum unclaimed."""
+    from reconciler.solve.parts import merge_parts
+    from reconciler.solve.solution import Solution, TierReport
+
+    def part(status: str) -> Solution:
+        return Solution(status="FEASIBLE", optimal=False, gap=1.0, seconds=0.0, keep=frozenset(), new={}, stay={}, x={},
+                        placed={}, guaranteed={}, tiers=(TierReport("guaranteed low work", "max", 5, None, status, 0.0),))
+
+    for a, b in (("BELOW_GREEDY", "FEASIBLE"), ("OPTIMAL", "BELOW_GREEDY"), ("BELOW_GREEDY", "BELOW_GREEDY")):
+        assert merge_parts([part(a), part(b)], 0.0, False).tiers[0].status == "BELOW_GREEDY", (a, b)
+    assert merge_parts([part("OPTIMAL"), part("FEASIBLE")], 0.0, False).tiers[0].status == "FEASIBLE"
+
+
 def test_deleting_everything_is_not_within_100_percent_of_a_bound(tmp_path):
     cfg = copy_quickstart(tmp_path)
     assert cli("apply", cfg, "--auto-approve").exit_code == 0

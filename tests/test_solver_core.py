@@ -811,3 +811,25 @@ def test_a_neighbourhood_answer_is_valued_as_packed_and_refused_where_higher_wor
     value = search.value(short, high.expr)
     assert emitted_value(search, high, short, value) == value - h.weight
     assert emitted_value(search, low, short, search.value(short, low.expr)) is None
+
+
+def test_tiers_searched_again_are_unproven_from_the_first_that_moved_and_below_greedys_say_so():
+    """`moved_reports`: the repair stage's answer keeps the reports of the tiers above the first that moved; from it
+    on no tier is proven (its proof held the tiers above where they were) nor has a bound, and one below the warm
+    start's (greedy's) value is BELOW_GREEDY, so the plan does not call it "at least greedy's"."""
+    from reconciler.solve.objective import Tier
+    from reconciler.solve.solution import TierReport
+    from reconciler.solve.strategy import moved_reports
+
+    tiers = [Tier(n, 0, "max", 0) for n in ("high", "normal", "low", "spare")] + [Tier("cost", 0, "min", 0)]
+    reports = [TierReport("high", "max", 10, 10, "HELD", 0.0), TierReport("normal", "max", 20, 20, "OPTIMAL", 0.0),
+               TierReport("low", "max", 5, 5, "OPTIMAL", 0.0), TierReport("spare", "max", 3, 3, "OPTIMAL", 0.0),
+               TierReport("cost", "min", 7, 7, "OPTIMAL", 0.0)]
+    out = moved_reports(tiers, reports, [10, 18, 2, 3, 9], warm=[10, 17, 4, 3, 8])
+    assert out[0] is reports[0]
+    assert [(r.status, r.bound, r.proven) for r in out[1:]] == [
+        ("FEASIBLE", None, False),  # moved, still above greedy's 17
+        ("BELOW_GREEDY", None, False),  # 2 < greedy's 4
+        ("FEASIBLE", None, False),  # the same value, but the tiers above it moved: not proven
+        ("BELOW_GREEDY", None, False)]  # a cost above greedy's
+    assert moved_reports(tiers, reports, [10, 20, 5, 3, 7], warm=[0] * 5) == reports

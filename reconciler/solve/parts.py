@@ -18,6 +18,8 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
                 status = t.status
             elif prev.proven and t.proven:
                 status = "OPTIMAL"  # each part's best: so is their sum
+            elif "BELOW_GREEDY" in (prev.status, t.status):
+                status = "BELOW_GREEDY"  # (a part's value below its warm start's: the sum is not claimed at least greedy's)
             else:
                 status = "UNKNOWN" if "UNKNOWN" in (prev.status, t.status) else "FEASIBLE"
             bound = None if t.bound is None or (prev is not None and prev.bound is None) else t.bound + (prev.bound if prev else 0)

@@ -14,7 +14,9 @@ class TierReport:
     sense: str  # max | min
     value: int
     bound: float | None  # the best value possible (None: not computed)
-    status: str  # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN
+    # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN | BELOW_GREEDY (below the warm
+    # start's value: the repair stage's answer gave it up for a tier ranked above, strategy.searched_again)
+    status: str
     seconds: float
 
     @property

@@ -251,6 +251,7 @@ class Search:
     lp: object = None  # LpMirror, once the warm start is complete
     spent0: float = 0.0
     rins_work: float = 0.0  # deterministic s the tiers' neighbourhood searches took (tier_lp_guided): not the tiers' share
+    warm: list = field(default_factory=list)  # each goal tier's value in the warm start (greedy's answer completed): its floor
     stay_value: float | None = None  # the cost of the best answer found that moves only what must move (stay_put)
     stay_answer: list[int] | None = None  # that answer
     consolidated: bool = False  # consolidate() made the answer: running work moved for cost (Solution.consolidated)
@@ -547,6 +548,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     # stage; the answer is judged, and compared with greedy's, by the others.
     goals = [i for i, t in enumerate(search.tiers) if not t.released]
     search.tiers, reports, warm = [search.tiers[i] for i in goals], [reports[i] for i in goals], [warm[i] for i in goals]
+    search.warm = warm
     if any(improves(r.value, search.value(cost_hint, t.expr), t.sense) for t, r in zip(search.tiers, reports)):
         cost_hint = None
     hint = cost_hint if cost_hint is not None else best
@@ -1223,19 +1225,32 @@ def within_limits(search: Search, sol: Solution, hint: list[int], lb: float | No
 
 def searched_again(search: Search, sol: Solution, answer: list[int], value: float, lb: float | None,
                    reports: list[TierReport], what: str) -> Solution:
-    """The Solution of `answer`, found by `around_idle` below the floors `sol`'s tiers set: each tier at what it
-    reaches (one it moved, not proven), the bound only where every tier is as before (a bound at the tiers the answer
-    before claimed is none at lower ones), and `below_floors` where one is not, so the API compares its plan with
-    greedy's. `what`: which repair, for the solver's debug output."""
-    out, same = [], True
-    for t, r in zip(search.tiers, reports):
-        v = search.value(answer, t.expr)
-        same = same and v == r.value
-        out.append(r if v == r.value else TierReport(r.name, r.sense, v, None, "FEASIBLE", r.seconds))
+    """The Solution of `answer`, found by `around_idle` below the floors `sol`'s tiers set: its tiers as
+    `moved_reports` says, the bound only where every tier is as before (a bound at the tiers the answer before claimed
+    is none at lower ones), and `below_floors` where one is not, so the API compares its plan with greedy's. `what`:
+    which repair, for the solver's debug output."""
+    out = moved_reports(search.tiers, reports, [search.value(answer, t.expr) for t in search.tiers], search.warm)
+    same = all(a is b for a, b in zip(out, reports))
     if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
         print(f"[repair] {what}: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
     lb = lb if same else None
     return replace(finish(search, answer, value, lb, status_of(value, lb), out), below_floors=not same)
+
+
+def moved_reports(tiers: list[Tier], reports: list[TierReport], values: list[int], warm: list[int]) -> list[TierReport]:
+    """The tier reports of an answer searched again (`values`, tier by tier) after `reports`' answer: each as it was
+    up to the first tier that moved; from there on none is proven (a tier's proof held the tiers above it where they
+    were) and each has no bound, and one below the warm start's value (`warm`: greedy's answer) says so, BELOW_GREEDY,
+    not FEASIBLE, which promises at least greedy's: the answer may give a tier up for one ranked above it."""
+    out, moved = [], False
+    for i, (t, r, v) in enumerate(zip(tiers, reports, values)):
+        moved = moved or v != r.value
+        if not moved:
+            out.append(r)
+            continue
+        below = i < len(warm) and improves(warm[i], v, t.sense)
+        out.append(TierReport(r.name, r.sense, v, None, "BELOW_GREEDY" if below else "FEASIBLE", r.seconds))
+    return out
 
 
 def most_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: list) -> dict[str, tuple]:
