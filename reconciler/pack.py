@@ -421,14 +421,17 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     return []
 
 
-def _patterns(room: dict[str, int], need: list[dict[str, int]], avail: list[int]) -> list[tuple[int, ...]] | None:
+def _patterns(room: dict[str, int], need: list[dict[str, int]], avail: list[int],
+              limit: int | None = None) -> list[tuple[int, ...]] | None:
     """Every way one instance with `room` holds items of these shapes (`need`: each one's integer requests; `avail`:
-    at most so many of each), as a count per shape, fullest first; None where there are more than PATTERNS_MOST."""
+    at most so many of each), as a count per shape, fullest first; None where there are more than `limit`
+    (PATTERNS_MOST)."""
     dims = sorted(room)
     patterns: list[tuple[int, ...]] = []
+    limit = PATTERNS_MOST if limit is None else limit
 
     def walk(i: int, free: dict[str, int], counts: list[int]) -> bool:
-        if len(patterns) > PATTERNS_MOST:
+        if len(patterns) > limit:
             return False
         if i == len(need):
             if any(counts):

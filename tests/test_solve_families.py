@@ -51,7 +51,7 @@ def offer(model: Model, **attrs):
 
 
 def test_families_are_the_models_whole_rule_set():
-    assert FAMILIES == ("capacity", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+    assert FAMILIES == ("capacity", "patterns", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
 
 
 def test_capacity_counts_gpus_per_instance_and_its_cut_refuses_what_the_count_allows_but_cannot_pack(tmp_path):
@@ -77,6 +77,24 @@ def whole_and_lean_docs(lo: int = 0) -> list[dict]:
     docs = [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=lo, hi=2),
             job("big", gpus=8, gpu_type="A100", cpu=80, mem=300)]
     return docs + [job(f"f{k}", gpus=1, gpu_type="A100", cpu=14, mem=60) for k in range(8)]
+
+
+def test_patterns_refuse_on_a_large_fixed_pool_what_its_sums_allow_but_no_packing_holds(tmp_path):
+    """The same jobs on a fixed pool of 130 p4d (min = max, past the 128 modelled one by one, so summed): two instances
+    allow the big job and eight lean ones per dimension in sum (16 GPUs, 192 vCPU), but no two instances hold them;
+    the pattern rows (one pattern per instance: a count per shape within every dimension) refuse it, and allow the big
+    job with six lean ones, or all on three."""
+    docs = whole_and_lean_docs()
+    docs[2] = pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=130, hi=130)
+    model = model_of(tmp_path, docs, ("capacity", "patterns"))
+    p4d = offer(model, instance_type="p4d.24xlarge")
+    assert p4d.key not in model.slots_of and p4d.key in model.pattern_vars
+    new, big, lean = model.use[p4d.key], new_items(model, "big", p4d.key), new_items(model, "f0", p4d.key)
+    assert not admits(model, [(new, 2), (big, 1), (lean, 8)])
+    assert admits(model, [(new, 2), (big, 1), (lean, 6)])
+    assert admits(model, [(new, 3), (big, 1), (lean, 8)])
+    # The summed rows alone allow it.
+    assert admits(model_of(tmp_path / "sums", docs, ("capacity",)), [(new, 2), (big, 1), (lean, 8)])
 
 
 def test_slots_give_a_small_offers_instances_a_row_each_and_refuse_what_does_not_pack(tmp_path):
@@ -274,7 +292,9 @@ def test_a_fixed_pools_answer_searched_again_ranks_above_greedys_plan(tmp_path, 
     Now the start stands where no goal does better: CP-SAT's plan, every high and normal GPU greedy's places and more
     low work."""
     from reconciler import api
+    from reconciler.solve import patterns
 
+    monkeypatch.setattr(patterns, "PATTERNS_MOST", 0)  # (the repair stage's case: the pool's rows summed, not by pattern)
     cfg = _mix(tmp_path, monkeypatch, TEN_AND_SIXTEEN, "fixed", 2)
     res = api.plan(cfg, time_limit=20)
     greedy = api.plan(cfg, time_limit=0)
@@ -290,10 +310,26 @@ def test_a_fixed_pools_count_holds_the_most_by_class_an_exact_packing_places(tmp
     outside the project: 511 high, 1,269 normal, 72 low). Greedy's plan ranked higher and was emitted: 511 and 1,249,
     no low. Now the start is the most by class the 274 instances hold (`most_within`): the exact optimum's counts."""
     from reconciler import api
+    from reconciler.solve import patterns
 
+    monkeypatch.setattr(patterns, "PATTERNS_MOST", 0)  # (the repair stage's case: the pool's rows summed, not by pattern)
     res = api.plan(_mix(tmp_path, monkeypatch, MEMORY_HEAVY, "fixed", 1), time_limit=20)
     assert res.plan.solver.status == "FEASIBLE" and not res.plan.solver.unpacked, res.plan.solver.note
     assert _gpus_by_class(res) == {2: 511, 1: 1269, 0: 72}, _gpus_by_class(res)
+
+
+def test_fixed_pools_past_the_slots_counted_by_pattern_reach_the_exact_optimum_and_prove_it(tmp_path, monkeypatch):
+    """With the pattern rows, the model's counts on a large fixed pool are what packs: 1,000 memory-heavy jobs on 274
+    a2-highgpu-8g, and 1,000 Philly-like jobs at 10 and 16 vCPU a GPU on the trace cluster's mixed node sizes (166
+    8-GPU nodes summed), place what an exact packing by class places (computed outside the project), every tier
+    proven, no repair, gap 0. Before them the repair stage's answers were FEASIBLE, the second 1,646 GPUs of 1,672."""
+    from reconciler import api
+
+    for trace, mode, exact in ((MEMORY_HEAVY, "fixed", {2: 511, 1: 1269, 0: 72}), (TEN_AND_SIXTEEN, "mixed", {2: 392, 1: 959, 0: 321})):
+        res = api.plan(_mix(tmp_path / mode, monkeypatch, trace, mode, 1), time_limit=20)
+        s = res.plan.solver
+        assert (s.status, s.gap, s.unpacked, s.repairs, s.unproven) == ("OPTIMAL", 0.0, 0, 0, []), (s.status, s.gap, s.note)
+        assert _gpus_by_class(res) == exact, _gpus_by_class(res)
 
 
 # vCPU of 80 one-GPU jobs drawn from bench/trace.py's shapes (seed 36), in job-name order (the packer's order follows it).

@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 from reconciler.greedy import Assignment
 from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants, pools_over_max,
                                 quota_shedding, settled_jobs, type_class, wants_room)
-from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, slots, tenants
+from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, patterns, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
 from reconciler.solve.licenses import add_license_constraints
 from reconciler.solve.quotas import add_cloud_quota_constraints
@@ -47,7 +47,7 @@ MOVE_LEAST = 8
 # roomiest first), and never fewer than the group's waiting items. On that fleet: 370k variables, 41 s (LP 19 s), the
 # same plan again (its LP bound too); on the 10k-job drift nothing more is left out.
 ROOM_PAIRS = 40_000
-FAMILIES = ("capacity", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
+FAMILIES = ("capacity", "patterns", "slots", "items", "gangs", "tenants", "licenses", "quotas", "fleet", "moves")
 
 
 class Model:
@@ -81,8 +81,11 @@ class Model:
         self.forced = forced_moves(problem)  # running items that must leave their instance (read by the variables and moves)
         self._placement_vars(warm)
         slots.slot_vars(self)
+        self.pattern_vars: dict[str, tuple[list, list]] = {}  # capacity key -> (its patterns, their counts): patterns.py
         if "capacity" in families:
             capacity.add_capacity(self)
+        if "patterns" in families:
+            patterns.add_patterns(self)
         if "slots" in families:
             slots.add_slot_rows(self)
         self._demand_vars()

@@ -1,0 +1,73 @@
+"""Patterns: on a fixed pool's offer modelled in sum (more instances than `slots.FIXED_MOST`), the items fit the
+instances one pattern each. A pattern is a way one instance holds items of the shapes that may land there (a count
+per shape within every dimension, requests rounded up and room down, as the packer counts them: `pack._patterns`);
+a count per pattern, within the instances, covers each shape's items. This is the configuration model of cutting
+stock: exact for packing where the summed rows are not (with memory or vCPU binding, 1,000 jobs at 120-150 GiB a
+GPU on 274 a2-highgpu-8g had counts that did not pack, and the repair stage had to search the answer again), and its
+LP relaxation is the Gilmore-Gomory bound, so the tiers are proven against what packs. Only where the shapes give at
+most PATTERNS_MOST patterns (else the summed rows alone, as before); the summed rows and their cuts stay beside."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconciler.problem import Capacity
+from reconciler.solve.variables import is_zero
+
+if TYPE_CHECKING:
+    from reconciler.solve.model import Model
+
+# At most this many patterns per offer or class (each one a variable): the memory-heavy fixed pool's shapes give 2,251.
+PATTERNS_MOST = 5_000
+
+
+def add_patterns(model: Model) -> None:
+    """The pattern rows of every fixed pool's offer (or zone class) modelled in sum."""
+    from reconciler.solve.capacity import capacity_rows
+
+    for c, items, n, most in capacity_rows(model):
+        if most > 1 and fixed_in_sum(model, c):
+            add_pattern_rows(model, c, [(d, v) for d, v in items if not is_zero(v)], n, most)
+
+
+def fixed_in_sum(model: Model, c: Capacity) -> bool:
+    """A new-instance capacity of fixed pools (min_instances = max_instances) with no per-instance rows (slots)."""
+    keys = list(getattr(c, "members", ()) or ()) or [c.key]
+    if c.key in model.idle or any(k not in model.caps or k in model.slots_of for k in keys):
+        return False
+    bounds = model.p.pool_bounds
+    return all((b := bounds.get(model.caps[k].pool)) is not None and b[0] == b[1] for k in keys)
+
+
+def add_pattern_rows(model: Model, c: Capacity, items: list, n, most: int) -> bool:
+    """`items` ((Demand, its variable) on `n` instances of `c`, at most `most`) covered by patterns; False where the
+    shapes are not whole-GPU single items or give more than PATTERNS_MOST patterns (no row is added then)."""
+    from reconciler.pack import _patterns, _room, _shape, _units
+
+    if not items or any(d.mig for d, _ in items):
+        return False
+    shapes: dict[tuple, list] = {}
+    rep = {}
+    for d, v in items:
+        sh = _shape(d)
+        shapes.setdefault(sh, []).append(v)
+        rep.setdefault(sh, d)
+    order = sorted(shapes, key=repr)
+    dims = sorted({k for sh in order for k in rep[sh].dims if rep[sh].req(k) > 0})
+    need = [{k: _units(rep[sh], k) for k in dims} for sh in order]
+    if any(all(x == 0 for x in nd.values()) for nd in need):
+        return False
+    room = {k: _room(c.cap(k), k) for k in dims}
+    patterns = _patterns(room, need, [10**9] * len(need), limit=PATTERNS_MOST)
+    if not patterns:
+        return False
+    m = model.m
+    ys = [m.new_int_var(0, most, f"pattern[{c.key},{i}]") for i in range(len(patterns))]
+    m.add(sum(ys) <= n)
+    for s, sh in enumerate(order):
+        m.add(sum(shapes[sh]) <= sum(p[s] * y for p, y in zip(patterns, ys) if p[s]))
+    model.pattern_vars[c.key] = (patterns, ys)
+    return True
+
+
+__all__ = ["PATTERNS_MOST", "add_pattern_rows", "add_patterns", "fixed_in_sum"]
