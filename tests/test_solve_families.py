@@ -97,6 +97,24 @@ def test_patterns_refuse_on_a_large_fixed_pool_what_its_sums_allow_but_no_packin
     assert admits(model_of(tmp_path / "sums", docs, ("capacity",)), [(new, 2), (big, 1), (lean, 8)])
 
 
+def test_patterns_go_on_every_large_fixed_pool_of_a_gpu_type_or_on_none(tmp_path, monkeypatch):
+    """Two fixed pools of 130 p4d: pool a holds the big and lean jobs (a few patterns), pool b those and jobs of two
+    more shapes pinned to it (more patterns). With room for pool a's patterns but not pool b's, neither gets pattern
+    rows: exact on one pool and summed on the other, the answer moved work to the summed one, where its counts did not
+    pack (trace-mixed-5k: 60 jobs unpacked, and greedy's plan, 76 GPUs fewer, was emitted)."""
+    from reconciler.solve import patterns
+
+    docs = [topology(), tenant("t"), pool("a", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=130, hi=130),
+            pool("b", "aws", "us-east-1", ["us-east-1b"], ["p4d.24xlarge"], lo=130, hi=130),
+            job("big", gpus=8, gpu_type="A100", cpu=80, mem=300), job("lean", gpus=1, gpu_type="A100", cpu=14, mem=60)]
+    docs += [job(f"odd{c}", gpus=1, gpu_type="A100", cpu=c, mem=20, pools=["b"]) for c in (5, 7)]
+    model = model_of(tmp_path / "all", docs, ("capacity", "patterns"))
+    counts = {o.pool: len(model.pattern_vars[o.key][0]) for o in model.offers if o.key in model.pattern_vars}
+    assert set(counts) == {"a", "b"} and counts["a"] < counts["b"], counts
+    monkeypatch.setattr(patterns, "PATTERNS_MOST", counts["a"])
+    assert not model_of(tmp_path / "none", docs, ("capacity", "patterns")).pattern_vars
+
+
 def test_slots_give_a_small_offers_instances_a_row_each_and_refuse_what_does_not_pack(tmp_path):
     docs = whole_and_lean_docs()
     model = model_of(tmp_path, docs, ("capacity", "slots"))
