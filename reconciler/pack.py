@@ -205,6 +205,14 @@ def _units(d: Demand, k: str) -> int:
     return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
 
 
+def _needs(shapes: list[Demand]) -> tuple[list[str], list[dict[str, int]]] | None:
+    """The dimensions these shapes ask for and each one's integer requests in them (`_units`), as the pattern passes
+    count them; None where a shape asks for nothing (no pattern bounds how many one instance holds)."""
+    dims = sorted({k for d in shapes for k in d.dims if d.req(k) > 0})
+    need = [{k: _units(d, k) for k in dims} for d in shapes]
+    return None if any(all(v == 0 for v in n.values()) for n in need) else (dims, need)
+
+
 def _room(v: float, k: str) -> int:
     """Free room `v` of dimension k in the exact passes' integers (down)."""
     return int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9)
@@ -384,14 +392,14 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
         shape_of.setdefault(sh, it[0])
         of_shape.setdefault(sh, []).append(it)
     shapes = sorted(shape_of, key=lambda sh: (-shape_of[sh].gpus, repr(sh)))
-    dims = sorted({k for d in shape_of.values() for k in d.dims if d.req(k) > 0})
-
+    asked = _needs([shape_of[sh] for sh in shapes])
+    if asked is None:
+        return left
+    dims, need = asked
     room = {k: _room(cap.cap(k), k) for k in dims}
-    need = [{k: _units(shape_of[sh], k) for k in dims} for sh in shapes]
     avail = [len(of_shape[sh]) for sh in shapes]
-    if any(all(v == 0 for v in n.values()) for n in need) or any(
-            sum(n[k] * a for n, a in zip(need, avail)) > room[k] * len(bins) for k in dims):
-        return left  # (a shape that takes nothing: no pattern bounds it; or more than the instances hold in sum)
+    if any(sum(n[k] * a for n, a in zip(need, avail)) > room[k] * len(bins) for k in dims):
+        return left  # (more than the instances hold in sum)
     patterns = _patterns(room, need, avail)
     if patterns is None:
         return left
@@ -483,12 +491,12 @@ def most_by_pattern(cap: Capacity, count: int, kinds: list[tuple[Demand, list[tu
     GPUs the optimum places.)"""
     if count < 1 or not kinds or any(d.replicas != 1 or d.mig for d, _ in kinds):
         return None
-    dims = sorted({k for d, _ in kinds for k in d.dims if d.req(k) > 0})
-    room = {k: _room(cap.cap(k), k) for k in dims}
-    need = [{k: _units(d, k) for k in dims} for d, _ in kinds]
-    avail = [len(v) for _, v in kinds]
-    if any(all(v == 0 for v in n.values()) for n in need):
+    asked = _needs([d for d, _ in kinds])
+    if asked is None:
         return None
+    dims, need = asked
+    room = {k: _room(cap.cap(k), k) for k in dims}
+    avail = [len(v) for _, v in kinds]
     patterns = _patterns(room, need, avail)
     if not patterns:
         return None

@@ -54,7 +54,7 @@ def patterns_of(c: Capacity, items: list) -> tuple[list, dict, list] | None:
     """The shapes of `items` ((Demand, its variable) on instances of `c`), each shape's variables, and every way one
     instance holds them (`pack._patterns`); None where an item is a MIG slice or takes nothing, or where there are more
     than PATTERNS_MOST. No items: no shape, no pattern."""
-    from reconciler.pack import _patterns, _room, _shape, _units
+    from reconciler.pack import _needs, _patterns, _room, _shape
 
     if any(d.mig for d, _ in items):
         return None
@@ -65,10 +65,10 @@ def patterns_of(c: Capacity, items: list) -> tuple[list, dict, list] | None:
         shapes.setdefault(sh, []).append(v)
         rep.setdefault(sh, d)
     order = sorted(shapes, key=repr)
-    dims = sorted({k for sh in order for k in rep[sh].dims if rep[sh].req(k) > 0})
-    need = [{k: _units(rep[sh], k) for k in dims} for sh in order]
-    if any(all(x == 0 for x in nd.values()) for nd in need):
+    asked = _needs([rep[sh] for sh in order])
+    if asked is None:
         return None
+    dims, need = asked
     patterns = _patterns({k: _room(c.cap(k), k) for k in dims}, need, [10**9] * len(need), limit=PATTERNS_MOST) if order else []
     return None if patterns is None else (order, shapes, patterns)
 
