@@ -1,0 +1,70 @@
+"""An exploration, not a benchmark: large fixed clusters (one pool, or the trace cluster's node sizes with an 8-GPU
+pool of at least 130 nodes: past the 128 modelled one by one, so counted by pattern, reconciler/solve/patterns.py)
+of 800-1,600 jobs of the job mixes that bound memory or vCPU (the probe of bench/README.md, sixteenth session). As
+bench/explore_mixed.py: each planned, checked against every rule and apply's re-check, applied and planned again (a
+no-op expected); then one edit and the same again. One line per fleet; fleet i is seeded by i.
+
+    python -m bench.explore_large N [START]
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("FLEETOPS_SIM_AGENTS", "0")  # (before the sim is imported: no node agents)
+
+import bench.trace  # noqa: E402
+from bench.explore_mixed import check, edit  # noqa: E402
+
+# (gpus, vcpu, mem_gib) -> weight; every shape fits one a2-highgpu-8g (8 GPUs, 96 vCPU, 680 GiB)
+MIXES = {
+    "memory-heavy": {(1, 8, 120): 40, (1, 12, 150): 20, (2, 16, 200): 10, (4, 32, 400): 15, (8, 64, 640): 15},
+    "10-and-16-vcpu": {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8},
+    "cpu-heavy": {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7},
+    "14-to-18-vcpu": {(1, 14, 60): 30, (1, 16, 70): 25, (1, 18, 80): 15, (2, 24, 160): 10, (4, 48, 320): 12, (8, 96, 640): 8},
+}
+
+
+def fleet(i: int, d: Path) -> tuple[str, str, int, Path, random.Random]:
+    """Fleet i's mix, mode, job count, config (generated into d) and the generator its edit draws from."""
+    rng = random.Random(1000 + i)
+    name = rng.choice(sorted(MIXES))
+    jobs = rng.randrange(800, 1600)
+    mode = rng.choice(["fixed", "mixed"])
+    trace = bench.trace.TRACE
+    bench.trace.TRACE = MIXES[name]
+    try:
+        if mode == "mixed":
+            gpus = jobs * 1.6 * rng.uniform(0.5, 1.0)
+            nodes = {8: max(130, round(gpus * rng.uniform(0.5, 0.8) / 8)), 4: rng.randrange(0, 20), 2: rng.randrange(0, 150),
+                     1: rng.randrange(0, 40)}
+            cfg = bench.trace.generate(d / "c", jobs, i, "mixed", nodes={k: v for k, v in nodes.items() if v})
+        else:
+            cfg = bench.trace.generate(d / "c", jobs, i, "fixed")
+    finally:
+        bench.trace.TRACE = trace
+    return name, mode, jobs, cfg, rng
+
+
+def main(argv: list[str]) -> None:
+    n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
+    for i in range(start, start + n):
+        with tempfile.TemporaryDirectory() as d:
+            name, mode, jobs, cfg, rng = fleet(i, Path(d))
+            try:
+                r = check(cfg, "cold")
+                used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
+                k = edit(cfg, rng)
+                check(cfg, f"after {k}")
+                print(f"fleet {i}: {name} {mode} {jobs} jobs ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)
+            except Exception as e:
+                print(f"fleet {i}: {name} {mode} {jobs} jobs FAILED: {e!r}"[:600], flush=True)
+                traceback.print_exc()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
