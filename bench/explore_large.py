@@ -12,13 +12,12 @@ import os
 import random
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 os.environ.setdefault("FLEETOPS_SIM_AGENTS", "0")  # (before the sim is imported: no node agents)
 
 import bench.trace  # noqa: E402
-from bench.explore_mixed import check, edit  # noqa: E402
+from bench.explore_mixed import explore  # noqa: E402
 
 # (gpus, vcpu, mem_gib) -> weight; every shape fits one a2-highgpu-8g (8 GPUs, 96 vCPU, 680 GiB)
 MIXES = {
@@ -29,41 +28,38 @@ MIXES = {
 }
 
 
-def fleet(i: int, d: Path) -> tuple[str, str, int, Path, random.Random]:
-    """Fleet i's mix, mode, job count, config (generated into d) and the generator its edit draws from."""
+def fleet(i: int) -> tuple[str, str, int, dict[int, int] | None, random.Random]:
+    """Fleet i's mix, mode, job count, node counts per GPU size (mixed; None: one fixed pool) and the generator its
+    edit draws from."""
     rng = random.Random(1000 + i)
     name = rng.choice(sorted(MIXES))
     jobs = rng.randrange(800, 1600)
     mode = rng.choice(["fixed", "mixed"])
+    nodes = None
+    if mode == "mixed":
+        gpus = jobs * 1.6 * rng.uniform(0.5, 1.0)
+        nodes = {8: max(130, round(gpus * rng.uniform(0.5, 0.8) / 8)), 4: rng.randrange(0, 20), 2: rng.randrange(0, 150),
+                 1: rng.randrange(0, 40)}
+        nodes = {k: v for k, v in nodes.items() if v}
+    return name, mode, jobs, nodes, rng
+
+
+def generated(d: Path, name: str, mode: str, jobs: int, i: int, nodes: dict[int, int] | None) -> Path:
+    """The config of fleet i: bench.trace's generator with the mix's shapes in place of the trace's."""
     trace = bench.trace.TRACE
     bench.trace.TRACE = MIXES[name]
     try:
-        if mode == "mixed":
-            gpus = jobs * 1.6 * rng.uniform(0.5, 1.0)
-            nodes = {8: max(130, round(gpus * rng.uniform(0.5, 0.8) / 8)), 4: rng.randrange(0, 20), 2: rng.randrange(0, 150),
-                     1: rng.randrange(0, 40)}
-            cfg = bench.trace.generate(d / "c", jobs, i, "mixed", nodes={k: v for k, v in nodes.items() if v})
-        else:
-            cfg = bench.trace.generate(d / "c", jobs, i, "fixed")
+        return bench.trace.generate(d / "c", jobs, i, mode, **({"nodes": nodes} if nodes else {}))
     finally:
         bench.trace.TRACE = trace
-    return name, mode, jobs, cfg, rng
 
 
 def main(argv: list[str]) -> None:
     n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
     for i in range(start, start + n):
+        name, mode, jobs, nodes, rng = fleet(i)
         with tempfile.TemporaryDirectory() as d:
-            name, mode, jobs, cfg, rng = fleet(i, Path(d))
-            try:
-                r = check(cfg, "cold")
-                used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
-                k = edit(cfg, rng)
-                check(cfg, f"after {k}")
-                print(f"fleet {i}: {name} {mode} {jobs} jobs ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)
-            except Exception as e:
-                print(f"fleet {i}: {name} {mode} {jobs} jobs FAILED: {e!r}"[:600], flush=True)
-                traceback.print_exc()
+            explore(i, f"{name} {mode} {jobs} jobs", lambda: generated(Path(d), name, mode, jobs, i, nodes), rng)
 
 
 if __name__ == "__main__":

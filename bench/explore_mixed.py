@@ -14,6 +14,7 @@ import random
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -77,21 +78,27 @@ def fleet(i: int) -> tuple[int, dict[int, int], random.Random]:
     return jobs, {k: v for k, v in nodes.items() if v}, rng
 
 
+def explore(i: int, what: str, make: Callable[[], Path], rng: random.Random) -> None:
+    """Fleet i (`what` it is, `make` generates its config): `check` cold, one `edit` drawn from `rng`, `check` again;
+    one line, "ok" or "FAILED" with the assertion and its traceback, and the run goes on."""
+    try:
+        cfg = make()
+        r = check(cfg, "cold")
+        used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
+        k = edit(cfg, rng)
+        check(cfg, f"after {k}")
+        print(f"fleet {i}: {what} ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)
+    except Exception as e:
+        print(f"fleet {i}: {what} FAILED: {e!r}"[:600], flush=True)
+        traceback.print_exc()
+
+
 def main(argv: list[str]) -> None:
     n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
     for i in range(start, start + n):
         jobs, nodes, rng = fleet(i)
         with tempfile.TemporaryDirectory() as d:
-            try:
-                cfg = generate(Path(d) / "c", jobs, i, "mixed", nodes=nodes)
-                r = check(cfg, "cold")
-                used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
-                k = edit(cfg, rng)
-                check(cfg, f"after {k}")
-                print(f"fleet {i}: {jobs} jobs {nodes} ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)
-            except Exception as e:
-                print(f"fleet {i}: {jobs} jobs {nodes} FAILED: {e!r}"[:600], flush=True)
-                traceback.print_exc()
+            explore(i, f"{jobs} jobs {nodes}", lambda: generate(Path(d) / "c", jobs, i, "mixed", nodes=nodes), rng)
 
 
 if __name__ == "__main__":
