@@ -19,13 +19,7 @@ os.environ.setdefault("FLEETOPS_SIM_AGENTS", "0")  # (before the sim is imported
 import bench.trace  # noqa: E402
 from bench.explore_mixed import explore  # noqa: E402
 
-# (gpus, vcpu, mem_gib) -> weight; every shape fits one a2-highgpu-8g (8 GPUs, 96 vCPU, 680 GiB)
-MIXES = {
-    "memory-heavy": {(1, 8, 120): 40, (1, 12, 150): 20, (2, 16, 200): 10, (4, 32, 400): 15, (8, 64, 640): 15},
-    "10-and-16-vcpu": {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8},
-    "cpu-heavy": {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7},
-    "14-to-18-vcpu": {(1, 14, 60): 30, (1, 16, 70): 25, (1, 18, 80): 15, (2, 24, 160): 10, (4, 48, 320): 12, (8, 96, 640): 8},
-}
+MIXES = bench.trace.MIXES
 
 
 def fleet(i: int) -> tuple[str, str, int, dict[int, int] | None, random.Random]:

@@ -51,6 +51,15 @@ TRACE: dict[tuple[int, int, int], int] = {
     (2, 31, 157): 3, (4, 61, 313): 3, (1, 8, 64): 2, (2, 18, 42): 2, (1, 16, 16): 2, (1, 17, 83): 2, (1, 6, 8): 1,
     (1, 8, 24): 1, (1, 9, 41): 1, (1, 6, 16): 1, (1, 12, 12): 1, (1, 4, 8): 1,
 }
+# Job mixes other than the trace's, in TRACE's form, that bind memory or vCPU on an 8-GPU, 96-vCPU, 680-GiB node
+# (a2-highgpu-8g; every shape fits one): the probe of bench/README.md (sixteenth session), bench/explore_large.py and
+# the solver's tests put one in TRACE's place.
+MIXES: dict[str, dict[tuple[int, int, int], int]] = {
+    "memory-heavy": {(1, 8, 120): 40, (1, 12, 150): 20, (2, 16, 200): 10, (4, 32, 400): 15, (8, 64, 640): 15},
+    "10-and-16-vcpu": {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8},
+    "cpu-heavy": {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7},
+    "14-to-18-vcpu": {(1, 14, 60): 30, (1, 16, 70): 25, (1, 18, 80): 15, (2, 24, 160): 10, (4, 48, 320): 12, (8, 96, 640): 8},
+}
 FIXED_SHARE = 0.85  # the fixed cluster's GPUs / the GPUs the jobs ask for: not everything runs
 BUY_POOLS = [("gcp", "us-central1", "a2-highgpu-8g"), ("aws", "us-east-1", "p4d.24xlarge"), ("azure", "eastus", "Standard_ND96asr_v4")]
 PRIORITIES = {"low": 3, "normal": 5, "high": 2}

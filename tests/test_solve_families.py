@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
+from bench.trace import MIXES
 from reconciler.load import load
 from reconciler.problem import build_problem
 from reconciler.solve.model import FAMILIES, Model
@@ -269,9 +270,8 @@ def test_the_repair_stage_packs_within_the_count_where_the_packers_instances_bre
 
 # Job mixes other than the trace's (bench/README.md, fifteenth session): (GPUs, vCPU, GiB) -> weight, drawn by
 # bench.trace.jobs. 1-GPU jobs at 20-24 vCPU strand GPUs of 12-vCPU-a-GPU nodes; 10 and 16 vCPU a GPU do not tile.
-CPU_HEAVY = {(1, 20, 80): 30, (1, 22, 90): 25, (1, 24, 100): 20, (2, 24, 160): 10, (4, 48, 320): 8, (8, 96, 640): 7}
-TEN_AND_SIXTEEN = {(1, 10, 50): 40, (1, 16, 60): 30, (2, 20, 100): 10, (4, 40, 200): 12, (8, 80, 400): 8}
-MEMORY_HEAVY = {(1, 8, 120): 40, (1, 12, 150): 20, (2, 16, 200): 10, (4, 32, 400): 15, (8, 64, 640): 15}
+# (bench/trace.py's job mixes: shape (gpus, vcpu, mem_gib) -> weight)
+CPU_HEAVY, TEN_AND_SIXTEEN, MEMORY_HEAVY = (MIXES[k] for k in ("cpu-heavy", "10-and-16-vcpu", "memory-heavy"))
 
 
 def _gpus_by_class(res) -> dict[int, int]:

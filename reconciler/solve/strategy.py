@@ -1230,7 +1230,7 @@ def searched_again(search: Search, sol: Solution, answer: list[int], value: floa
     is none at lower ones), and `below_floors` where one is not, so the API compares its plan with greedy's. `what`:
     which repair, for the solver's debug output."""
     out = moved_reports(search.tiers, reports, [search.value(answer, t.expr) for t in search.tiers], search.warm)
-    same = all(a is b for a, b in zip(out, reports))
+    same = out == reports
     if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
         print(f"[repair] {what}: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
     lb = lb if same else None
