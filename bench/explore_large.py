@@ -2,9 +2,10 @@
 pool of at least 130 nodes: past the 128 modelled one by one, so counted by pattern, reconciler/solve/patterns.py)
 of 800-1,600 jobs of the job mixes that bound memory or vCPU (the probe of bench/README.md, sixteenth session). As
 bench/explore_mixed.py: each planned, checked against every rule and apply's re-check, applied and planned again (a
-no-op expected); then one edit and the same again. One line per fleet; fleet i is seeded by i.
+no-op expected); then one edit and the same again. One line per fleet; fleet i is seeded by i. With --tiers, a
+second line per fleet: the plan after the edit, tier by tier (explore_mixed.summary), to compare two solvers by.
 
-    python -m bench.explore_large N [START]
+    python -m bench.explore_large N [START] [--tiers]
 """
 from __future__ import annotations
 
@@ -49,11 +50,13 @@ def generated(d: Path, name: str, mode: str, jobs: int, i: int, nodes: dict[int,
 
 
 def main(argv: list[str]) -> None:
+    tiers = "--tiers" in argv
+    argv = [a for a in argv if a != "--tiers"]
     n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
     for i in range(start, start + n):
         name, mode, jobs, nodes, rng = fleet(i)
         with tempfile.TemporaryDirectory() as d:
-            explore(i, f"{name} {mode} {jobs} jobs", lambda: generated(Path(d), name, mode, jobs, i, nodes), rng)
+            explore(i, f"{name} {mode} {jobs} jobs", lambda: generated(Path(d), name, mode, jobs, i, nodes), rng, tiers)
 
 
 if __name__ == "__main__":

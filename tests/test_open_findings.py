@@ -1599,30 +1599,3 @@ def test_an_exhausted_neighbourhood_opens_the_room_of_its_tenants_running_lower_
         res = check(cfg, "after raise")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed high work"]["value"] == tiers["guaranteed high work"]["bound"], tiers["guaranteed high work"]
-
-
-@pytest.mark.slow
-def test_raised_jobs_on_a_large_full_fixed_pool_are_placed_by_the_plan_after_the_edit_not_the_one_after_its_apply():
-    """bench.explore_large's fleet 1 (1,578 jobs at 10 and 16 vCPU a GPU on 339 fixed a2-highgpu-8g), applied, then
-    10% of its priorities redrawn: on main at 98acaaa the plan after the edit left the high work tier at 487,200 of
-    501,200 (FEASIBLE; job-00471, -00960 and -00967, raised to high, pending), and the plan right after its apply placed
-    them by evicting 12 low jobs and moving 6: not a no-op. The tiers' searches valued only their own tier, so the high
-    work tier's first neighbourhood moved 288 running items for 700 units and the search went on from there; they now
-    rank fewer moves below the tier (strategy.then_fewer_moves): the tier is proven at its bound in the plan after the
-    edit and the plan after that one's apply is a no-op (`check`: every rule, the re-check too)."""
-    import tempfile
-
-    from bench.explore_large import fleet, generated
-    from bench.explore_mixed import check, edit
-
-    name, mode, jobs, nodes, rng = fleet(1)
-    assert (name, mode, jobs, nodes) == ("10-and-16-vcpu", "fixed", 1578, None)
-    with tempfile.TemporaryDirectory() as d:
-        cfg = generated(Path(d), name, mode, jobs, 1, nodes)
-        check(cfg, "cold")
-        assert edit(cfg, rng) == "raise"
-        res = check(cfg, "after raise")
-        tiers = {t["name"]: t for t in res.plan.solver.tiers}
-        assert tiers["guaranteed high work"]["value"] == tiers["guaranteed high work"]["bound"] == 501_200
-        placed = {j.job for j in res.plan.jobs if j.action == "place"}
-        assert {"job-00471", "job-00960", "job-00967"} <= placed

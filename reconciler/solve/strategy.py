@@ -56,9 +56,6 @@ COMPLETION_SCALE = 2 ** 16  # what a max tier's whole range weighs in the warm s
 # The most a completion stage's sum may reach (Search.completion): CP-SAT refuses an objective or row whose activity may
 # pass 2^62 (MODEL_INVALID), and the warm start then fell back to greedy's plan.
 STAGE_MAGNITUDE = 2 ** 61
-# CP-SAT gives an objective's value and bound as doubles: past 2^52 a tier read back from its then_fewer_moves objective
-# (tier_part) could be a unit off, so that objective stays within it.
-EXACT_DOUBLE = 2 ** 52
 WARM_WORK = (1.0, 0.1)  # work to complete the warm start into a solution of the model: max(1, 0.1 x budget)
 FIRST_STAGE_SHARE = 0.8  # of that work, the most the completion's first stage may take (Search.complete)
 STAY_PUT_SHARE = 0.2  # of the cost stage's work left, kept for stay_put when running work may move
@@ -135,74 +132,6 @@ def set_objective(m: cp_model.CpModel, flat: tuple[list[int], list[int], int], s
         obj.domain.extend([least, INT64_MAX])
 
 
-def then_fewer_moves(search: Search, tier: Tier) -> tuple[tuple[list[int], list[int], int], int]:
-    """A tier's search objective that also asks for fewer moves: (its flattened form, k), the tier's expression times
-    k less (max; plus for min) the items of running work moved (`moves.moved_items`, less the least their sum can be),
-    k one more than that sum's range. So of two answers the better for the tier is better whatever they move, and of
-    two as good for it the one that moves less is; the tier's value is the objective's divided by k, rounded toward
-    the worse (`tier_part`). (k 1, the tier alone, where nothing runs or the objective could pass EXACT_DOUBLE.)
-    Why: a tier's search valued nothing but its tier, and an answer that left every running job in place was as good
-    as one that moved 288 of them for the same work; the moves tiers below could not take such moves back within
-    their share. On a 1,578-job fixed pool after priorities were raised (bench.explore_large's fleet 1) the first
-    neighbourhood of the high work tier went from no moves to 288, the tier stopped 14,000 units short (3 raised jobs
-    pending), and the plan after the apply placed them by evicting 12 low jobs and moving 6. Valued this way, the
-    tier's whole-model search reaches its bound from 485,100 in 0.72 of its 1.2 deterministic s (by the tier alone:
-    485,800 in all 1.2), every tier is proven, the plan places the seven raised jobs, evicting 15 low ones and moving
-    3, and the plan after its apply is a no-op."""
-    vs, cs, off = search.flat(tier.expr)
-    if search._moves is None:
-        coefs: dict[int, int] = {}
-        const = 0
-        for e in search.model.moved.values():
-            evs, ecs, eoff = flatten(e)
-            const += eoff
-            for i, c in zip(evs, ecs):
-                coefs[i] = coefs.get(i, 0) + c
-        doms = search.m.proto.variables  # (the whole model's domains: a neighbourhood's are within them)
-        lo = const + sum(c * (doms[i].domain[0] if c > 0 else _top(doms[i])) for i, c in coefs.items())
-        hi = const + sum(c * (_top(doms[i]) if c > 0 else doms[i].domain[0]) for i, c in coefs.items())
-        reach = sum(abs(c) * max(abs(doms[i].domain[0]), abs(_top(doms[i]))) for i, c in coefs.items()) + abs(const)
-        search._moves = (coefs, const - lo, hi - lo + 1, reach)
-    coefs, shift, k, reach = search._moves
-    if not coefs or not vs or k == 1:
-        return (vs, cs, off), 1
-    doms = search.m.proto.variables
-    if k * (abs(off) + sum(abs(c) * max(abs(doms[i].domain[0]), abs(_top(doms[i]))) for i, c in zip(vs, cs))) + reach + abs(shift) > EXACT_DOUBLE:
-        return (vs, cs, off), 1
-    sign = -1 if tier.sense == "max" else 1
-    out = {i: c * k for i, c in zip(vs, cs)}
-    for i, c in coefs.items():
-        out[i] = out.get(i, 0) + sign * c
-    order = sorted(i for i, c in out.items() if c)
-    return (order, [out[i] for i in order], off * k + sign * shift), k
-
-
-def _top(var) -> int:
-    """A CP-SAT variable proto's upper bound (domain[-1] reads 0 on OR-Tools' repeated fields: the last is at len - 1)."""
-    return var.domain[len(var.domain) - 1]
-
-
-def tier_part(value: float, k: int, sense: str) -> float:
-    """The tier's own value (or bound) from a `then_fewer_moves` objective's: the moves add 0 to k - 1 below it (k 1:
-    the tier's alone, as it is)."""
-    if k == 1:
-        return value
-    return math.floor((value + k - 1) / k) if sense == "max" else math.ceil((value - k + 1) / k)
-
-
-class StopAt(cp_model.CpSolverSolutionCallback):
-    """Stops a `then_fewer_moves` search at its first answer whose tier reaches `bound`: what the objective's domain
-    did for the tier alone (set_objective), where the moves below it would keep the search going to its work limit."""
-
-    def __init__(self, k: int, sense: str, bound: float):
-        super().__init__()
-        self.k, self.sense, self.bound = k, sense, bound
-
-    def on_solution_callback(self) -> None:
-        if reaches(tier_part(self.objective_value, self.k, self.sense), self.bound, self.sense):
-            self.stop_search()
-
-
 class Work:
     """The search's budget in deterministic seconds, spent stage by stage, with the wall clock as
     a safety cap. Every decision reads `used`, which CP-SAT counts deterministically (one worker)."""
@@ -211,15 +140,14 @@ class Work:
         self.deadline = deadline
         self.used = 0.0
 
-    def solve(self, s: cp_model.CpSolver, m: cp_model.CpModel, work: float, until=None) -> int:
-        """`until`: a CpSolverSolutionCallback that may stop the search at an answer good enough (StopAt)."""
+    def solve(self, s: cp_model.CpSolver, m: cp_model.CpModel, work: float) -> int:
         wall = self.deadline - time.monotonic()
         if wall <= 0:
             raise WallCap
         work = max(0.01, work)
         s.parameters.max_deterministic_time = work
         s.parameters.max_time_in_seconds = wall
-        st = s.solve(m, until)
+        st = s.solve(m)
         used = s.response_proto.deterministic_time
         self.used += used
         if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and used < work * 0.999 and s.wall_time >= wall * 0.99:
@@ -342,7 +270,6 @@ class Search:
     _flat: dict = field(default_factory=dict)
     _completion: tuple | None = None  # (the tiers it was made for, `completion`)
     _stage_rows: list = field(default_factory=list)  # the constraint rows `complete` holds the earlier stages' values in
-    _moves: tuple | None = None  # then_fewer_moves' sum of the items moved: (coefficients, constant, k, reach)
 
     def __post_init__(self) -> None:
         self.spent0 = self.clock.used
@@ -788,19 +715,14 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         search.hold(tier.expr, rins, tier.sense, rel)
         return found, TierReport(tier.name, tier.sense, rins, bound, "OPTIMAL", time.monotonic() - ts)
     search.model.set_full_hint(best)
-    flat, k = then_fewer_moves(search, tier)
-    set_objective(m, flat, tier.sense, bound * k if math.isfinite(bound) else None)
+    search.objective(m, tier.expr, tier.sense, bound)
     s = search.solver_for()
-    st = search.clock.solve(s, m, share, StopAt(k, tier.sense, bound) if k > 1 and math.isfinite(bound) else None)
+    st = search.clock.solve(s, m, share)
     m.clear_hints()
-    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-        print(f"[solve] {tier.name} whole model: {st} {s.objective_value} bound {s.best_objective_bound} (k {k}) from {hv} "
-              f"work {s.response_proto.deterministic_time:.2f} of {share:.2f}", flush=True)
     if st == cp_model.INFEASIBLE:
         raise SolverError("internal: a tier is infeasible although the warm start reaches every tier held so far")
-    found_value = search.value(list(s.response_proto.solution), tier.expr) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
-    if found_value is not None and improves(found_value, hv, tier.sense) and not improves(rins, found_value, tier.sense):
-        val = found_value
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) and improves(s.objective_value, hv, tier.sense) and not improves(rins, s.objective_value, tier.sense):
+        val = round(s.objective_value)
         search.hold(tier.expr, val, tier.sense, rel)
         best = list(s.response_proto.solution)
         # Its other tiers' helper variables are whatever the search left: settle them at their
@@ -812,10 +734,9 @@ def solve_tier(search: Search, tier: Tier, best: list[int], tiers_left: int) -> 
         search.hold(tier.expr, val, tier.sense, rel)
     else:
         val = hv  # no better answer than the floor, which is held
-    proven_bound = tier_part(s.best_objective_bound, k, tier.sense) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else bound
+    proven_bound = s.best_objective_bound if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else bound
     bound = max(bound, proven_bound) if tier.sense == "min" else min(bound, proven_bound)
-    # (at its bound the tier is proven, though the search may have stopped before it proved the fewest moves: StopAt)
-    status = "OPTIMAL" if st == cp_model.OPTIMAL or reaches(val, bound, tier.sense) else ("FEASIBLE" if st == cp_model.FEASIBLE else "UNKNOWN")
+    status = "OPTIMAL" if st == cp_model.OPTIMAL else ("FEASIBLE" if st == cp_model.FEASIBLE else "UNKNOWN")
     return best, TierReport(tier.name, tier.sense, val, bound, status, time.monotonic() - ts)
 
 
@@ -865,15 +786,14 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
             if not isinstance(v, int) and lp_values[v.index] < 1e-6 and hint[v.index] == 0 and not (opened and v.index in opened):
                 dom = sub.proto.variables[v.index].domain
                 dom[0], dom[1] = 0, 0
-        set_objective(sub, then_fewer_moves(search, tier)[0], tier.sense)
+        search.objective(sub, tier.expr, tier.sense)
         set_full_hints(sub, hint)
         s = search.solver_for(presolve=True, num_workers=1, linearization_level=2)
         st = search.clock.solve(s, sub, max(0.05, (end - search.clock.used) / n))
-        got = search.value(list(s.response_proto.solution), tier.expr) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
         if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
-            print(f"[solve] {tier.name} lp-guided: {st} {got} work {s.response_proto.deterministic_time:.2f} round {n} opened {None if opened is None else len(opened)}", flush=True)
+            print(f"[solve] {tier.name} lp-guided: {st} {s.objective_value} work {s.response_proto.deterministic_time:.2f} round {n} opened {None if opened is None else len(opened)}", flush=True)
         before = search.value(hint, tier.expr)
-        if got is None or not improves(got, before, tier.sense):
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, before, tier.sense):
             if st == cp_model.OPTIMAL and opened is None:
                 # (the neighbourhood holds nothing better: the next ones also keep open the room the pending work may
                 # take from its own tenant's running lower jobs, as a round more; opened from the first, the
@@ -883,13 +803,13 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
                     continue
             break
         found = list(s.response_proto.solution)
-        emitted = emitted_value(search, tier, found, got)
+        emitted = emitted_value(search, tier, found, round(s.objective_value))
         if emitted is None or not improves(emitted, before, tier.sense):
             if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
                 print(f"[solve] {tier.name} lp-guided: its answer packed reaches {emitted}, not taken", flush=True)
             break
         hint = best = found
-        if reaches(got, bound, tier.sense) or end - search.clock.used < 0.05:
+        if reaches(s.objective_value, bound, tier.sense) or end - search.clock.used < 0.05:
             break
         n -= 1
     if best is None:
