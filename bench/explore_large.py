@@ -2,10 +2,10 @@
 pool of at least 130 nodes: past the 128 modelled one by one, so counted by pattern, reconciler/solve/patterns.py)
 of 800-1,600 jobs of the job mixes that bound memory or vCPU (the probe of bench/README.md, sixteenth session). As
 bench/explore_mixed.py: each planned, checked against every rule and apply's re-check, applied and planned again (a
-no-op expected); then one edit and the same again. One line per fleet; fleet i is seeded by i. With --tiers, a
-second line per fleet: the plan after the edit, tier by tier (explore_mixed.summary), to compare two solvers by.
+no-op expected); then one edit and the same again. One line per fleet; fleet i is seeded by i. --keep DIR keeps each
+edited fleet for bench.replan.
 
-    python -m bench.explore_large N [START] [--tiers]
+    python -m bench.explore_large N [START] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ.setdefault("FLEETOPS_SIM_AGENTS", "0")  # (before the sim is imported: no node agents)
 
 import bench.trace  # noqa: E402
-from bench.explore_mixed import explore  # noqa: E402
+from bench.explore_mixed import explore, options  # noqa: E402
 
 MIXES = bench.trace.MIXES
 
@@ -50,13 +50,11 @@ def generated(d: Path, name: str, mode: str, jobs: int, i: int, nodes: dict[int,
 
 
 def main(argv: list[str]) -> None:
-    tiers = "--tiers" in argv
-    argv = [a for a in argv if a != "--tiers"]
-    n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
+    n, start, keep = options(argv)
     for i in range(start, start + n):
         name, mode, jobs, nodes, rng = fleet(i)
         with tempfile.TemporaryDirectory() as d:
-            explore(i, f"{name} {mode} {jobs} jobs", lambda: generated(Path(d), name, mode, jobs, i, nodes), rng, tiers)
+            explore(i, f"{name} {mode} {jobs} jobs", lambda: generated(Path(d), name, mode, jobs, i, nodes), rng, keep)
 
 
 if __name__ == "__main__":

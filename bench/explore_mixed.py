@@ -3,10 +3,10 @@ trace jobs, 8/4/2/1-GPU pools of random sizes), each planned, checked against ev
 apply's re-check, applied and planned again (a no-op expected); then one edit (priorities changed, 10% of the jobs
 removed, pools shrunk to 80%, tenant quotas set) and the same again. One line per fleet; a failure prints its
 assertion and traceback and the run goes on. Fleet i is seeded by i: `python -m bench.explore_mixed 1 80` replays
-fleet 80 alone (bench/README.md, "Fixed clusters of mixed node sizes", lists what it found). With --tiers, a second
-line per fleet: the plan after the edit, tier by tier ("*": below its bound) and its job changes.
+fleet 80 alone (bench/README.md, "Fixed clusters of mixed node sizes", lists what it found). With --keep DIR, each
+edited fleet is kept for bench.replan (two solvers compared on the same state at the same instant).
 
-    python -m bench.explore_mixed N [START] [--tiers]
+    python -m bench.explore_mixed N [START] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -57,20 +57,16 @@ def edit(cfg: Path, rng: random.Random) -> str:
     return kind
 
 def summary(r) -> str:
-    """A plan's tiers in their order (value, "*" where below its bound: unproven) and its job changes: what two
-    versions of the solver are compared by on the same state, tier by tier (bench/README.md, seventeenth session)."""
+    """A plan's tiers in their order (value, "*" where below its bound: unproven) and its job changes (bench.replan)."""
     tiers = " ".join(f"{t['value']:g}{'' if t['value'] == t['bound'] else '*'}" for t in r.plan.solver.tiers)
     acts = {a: sum(1 for j in r.plan.jobs if j.action == a) for a in ("place", "move", "evict")}
     return f"[{tiers}] " + " ".join(f"{a} {n}" for a, n in acts.items())
 
 
-def check(cfg: Path, label: str, seen: list[str] | None = None):
-    """Plan, every rule, apply's re-check, apply, and the next plan a no-op; returns the first plan. `seen`: the first
-    plan's `summary` is appended to it before anything is asserted."""
+def check(cfg: Path, label: str):
+    """Plan, every rule, apply's re-check, apply, and the next plan a no-op; returns the first plan."""
     now = datetime.now(timezone.utc)
     r = api.plan(cfg, time_limit=20, now=now)
-    if seen is not None:
-        seen.append(summary(r))
     check_plan(r.desired, r.observed, r.plan, now=now)
     check_stability(r.desired, r.observed, r.plan)
     bad = recheck(r.plan, r.desired, r.observed, build_problem(r.desired, r.observed))[1]
@@ -90,33 +86,41 @@ def fleet(i: int) -> tuple[int, dict[int, int], random.Random]:
     return jobs, {k: v for k, v in nodes.items() if v}, rng
 
 
-def explore(i: int, what: str, make: Callable[[], Path], rng: random.Random, tiers: bool = False) -> None:
+def explore(i: int, what: str, make: Callable[[], Path], rng: random.Random, keep: Path | None = None) -> None:
     """Fleet i (`what` it is, `make` generates its config): `check` cold, one `edit` drawn from `rng`, `check` again;
-    one line, "ok" or "FAILED" with the assertion and its traceback, and the run goes on. With `tiers`, a second line:
-    the plan after the edit's `summary`."""
-    seen: list[str] = []
+    one line, "ok" or "FAILED" with the assertion and its traceback, and the run goes on. `keep`: the edited fleet,
+    before its plan, is copied to keep/fleet-i (bench.replan plans it again, with another solver too)."""
     try:
         cfg = make()
         r = check(cfg, "cold")
         used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
         k = edit(cfg, rng)
-        check(cfg, f"after {k}", seen)
+        if keep is not None:
+            from bench.replan import save
+
+            save(cfg, keep / f"fleet-{i}")
+        check(cfg, f"after {k}")
         print(f"fleet {i}: {what} ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)
     except Exception as e:
         print(f"fleet {i}: {what} FAILED: {e!r}"[:600], flush=True)
         traceback.print_exc()
-    if tiers and seen:
-        print(f"fleet {i} after the edit: {seen[0]}", flush=True)
+
+
+def options(argv: list[str]) -> tuple[int, int, Path | None]:
+    """N, START and --keep DIR of the explorations' command lines."""
+    keep = None
+    if "--keep" in argv:
+        at = argv.index("--keep")
+        keep, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    return int(argv[0]), int(argv[1]) if len(argv) > 1 else 0, keep
 
 
 def main(argv: list[str]) -> None:
-    tiers = "--tiers" in argv
-    argv = [a for a in argv if a != "--tiers"]
-    n, start = int(argv[0]), int(argv[1]) if len(argv) > 1 else 0
+    n, start, keep = options(argv)
     for i in range(start, start + n):
         jobs, nodes, rng = fleet(i)
         with tempfile.TemporaryDirectory() as d:
-            explore(i, f"{jobs} jobs {nodes}", lambda: generate(Path(d) / "c", jobs, i, "mixed", nodes=nodes), rng, tiers)
+            explore(i, f"{jobs} jobs {nodes}", lambda: generate(Path(d) / "c", jobs, i, "mixed", nodes=nodes), rng, keep)
 
 
 if __name__ == "__main__":
