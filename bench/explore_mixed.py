@@ -23,6 +23,7 @@ import yaml
 
 os.environ.setdefault("FLEETOPS_SIM_AGENTS", "0")  # (before the sim is imported: no node agents)
 
+from bench.replan import save  # noqa: E402
 from bench.trace import generate  # noqa: E402
 from reconciler import api  # noqa: E402
 from reconciler.plancheck import recheck  # noqa: E402
@@ -55,13 +56,6 @@ def edit(cfg: Path, rng: random.Random) -> str:
         if changed:
             f.write_text(yaml.safe_dump_all(ds, sort_keys=False))
     return kind
-
-def summary(r) -> str:
-    """A plan's tiers in their order (value, "*" where below its bound: unproven) and its job changes (bench.replan)."""
-    tiers = " ".join(f"{t['value']:g}{'' if t['value'] == t['bound'] else '*'}" for t in r.plan.solver.tiers)
-    acts = {a: sum(1 for j in r.plan.jobs if j.action == a) for a in ("place", "move", "evict")}
-    return f"[{tiers}] " + " ".join(f"{a} {n}" for a, n in acts.items())
-
 
 def check(cfg: Path, label: str):
     """Plan, every rule, apply's re-check, apply, and the next plan a no-op; returns the first plan."""
@@ -96,8 +90,6 @@ def explore(i: int, what: str, make: Callable[[], Path], rng: random.Random, kee
         used = sum(len(x) for j in r.plan.jobs if j.instances for x in j.gpus)
         k = edit(cfg, rng)
         if keep is not None:
-            from bench.replan import save
-
             save(cfg, keep / f"fleet-{i}")
         check(cfg, f"after {k}")
         print(f"fleet {i}: {what} ok, {used} GPUs, {r.plan.solver.status}; edit {k} ok", flush=True)

@@ -29,9 +29,15 @@ def save(cfg: Path, dest: Path) -> None:
     (dest / "now").write_text((datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat() + "\n")
 
 
+def summary(r) -> str:
+    """A plan's tiers in their order (value, "*" where below its bound: unproven) and its job changes."""
+    tiers = " ".join(f"{t['value']:g}{'' if t['value'] == t['bound'] else '*'}" for t in r.plan.solver.tiers)
+    acts = {a: sum(1 for j in r.plan.jobs if j.action == a) for a in ("place", "move", "evict")}
+    return f"[{tiers}] " + " ".join(f"{a} {n}" for a, n in acts.items())
+
+
 def replan(kept: Path, time_limit: float = 20.0) -> str:
-    """A plan of a fresh copy of kept state `kept` at its recorded instant: `explore_mixed.summary`'s line."""
-    from bench.explore_mixed import summary
+    """A plan of a fresh copy of kept state `kept` at its recorded instant: its status and `summary`."""
     from reconciler import api
 
     now = datetime.fromisoformat((kept / "now").read_text().strip())

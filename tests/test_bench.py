@@ -85,3 +85,25 @@ def test_the_10k_tier_plans_applies_and_heals_under_2_gib(tmp_path):
     # (nearly) all it ran; the objective may trade a few jobs between tenants' quotas after a loss.
     assert drift["status"] in ("OPTIMAL", "FEASIBLE") and drift["creates"] > 0
     assert drift["placed"] >= 0.99 * steps["warm plan"]["placed"]
+
+
+def test_a_kept_fleet_is_planned_again_at_its_recorded_instant(tmp_path):
+    """bench.replan: a fleet kept by `save` (applied, then edited) is planned from a fresh copy at the instant kept
+    with it, so two runs (two solvers, in the seventeenth session's comparison) read the same clock and give the same
+    line; the copy leaves the kept state as it was."""
+    from datetime import datetime
+
+    from bench.replan import replan, save
+    from bench.trace import generate
+    from reconciler import api
+
+    cfg = generate(tmp_path / "c", 60, 3, "fixed")
+    api.apply(cfg, saved_plan=api.plan(cfg, time_limit=5).plan, allow_destroy=10**6)
+    for f in (cfg / "jobs").glob("*.yaml"):  # an edit: every job raised to high
+        f.write_text(f.read_text().replace("priority: low", "priority: high"))
+    save(cfg, tmp_path / "kept")
+    before = sorted(p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file())
+    datetime.fromisoformat((tmp_path / "kept" / "now").read_text().strip())
+    first = replan(tmp_path / "kept", time_limit=5)
+    assert first.split()[0] in ("OPTIMAL", "FEASIBLE") and first == replan(tmp_path / "kept", time_limit=5)
+    assert sorted(p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()) == before
