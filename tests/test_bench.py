@@ -91,7 +91,7 @@ def test_a_kept_fleet_is_planned_again_at_its_recorded_instant(tmp_path):
     """bench.replan: a fleet kept by `save` (applied, then edited) is planned from a fresh copy at the instant kept
     with it, so two runs (two solvers, in the seventeenth session's comparison) read the same clock and give the same
     line; the copy leaves the kept state as it was."""
-    from datetime import datetime
+    from datetime import datetime, timedelta, timezone
 
     from bench.replan import replan, save
     from bench.trace import generate
@@ -101,9 +101,11 @@ def test_a_kept_fleet_is_planned_again_at_its_recorded_instant(tmp_path):
     api.apply(cfg, saved_plan=api.plan(cfg, time_limit=5).plan, allow_destroy=10**6)
     for f in (cfg / "jobs").glob("*.yaml"):  # an edit: every job raised to high
         f.write_text(f.read_text().replace("priority: low", "priority: high"))
+    kept_at = datetime.now(timezone.utc)
     save(cfg, tmp_path / "kept")
     before = sorted(p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file())
-    datetime.fromisoformat((tmp_path / "kept" / "now").read_text().strip())
+    now = datetime.fromisoformat((tmp_path / "kept" / "now").read_text().strip())
+    assert kept_at + timedelta(seconds=50) <= now <= datetime.now(timezone.utc) + timedelta(seconds=70)  # a minute on
     first = replan(tmp_path / "kept", time_limit=5)
     assert first.split()[0] in ("OPTIMAL", "FEASIBLE") and first == replan(tmp_path / "kept", time_limit=5)
     assert sorted(p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()) == before
