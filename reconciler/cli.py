@@ -943,8 +943,44 @@ def logs(
         typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
 
 
+class _ReaderMayLeave:
+    """stdout whose reader may leave before the end (`reconcile plan | head`, a CI log viewer closed): the first write
+    that finds the pipe closed points fd 1 at /dev/null, and the command goes on to its end and its own exit code.
+    Before, Python's BrokenPipeError reached the last resort ("unexpected ... a bug in reconcile") and exited 1, and an
+    apply would have stopped between two of its actions because nobody read its log."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_left()
+            self._stream.flush()  # what was buffered goes to /dev/null now
+
+    def _reader_left(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     _EXIT.update(now=False, main=True, gc=False)
+    if sys.stdout is not None and not isinstance(sys.stdout, _ReaderMayLeave):
+        sys.stdout = _ReaderMayLeave(sys.stdout)
     try:
         app()
     except SystemExit as e:

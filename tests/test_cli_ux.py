@@ -313,3 +313,34 @@ def test_a_providers_missing_sdk_names_the_extra_to_install(qs, tmp_path, provid
     assert r.returncode == 1, r.stderr
     assert f"provider {provider!r} needs " in r.stderr and f"pip install 'fleetops-reconciler[{provider}]'" in r.stderr, r.stderr
     assert "unexpected" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _with_reader_gone(args, cwd):
+    """`reconcile ARGS` whose stdout is a pipe nobody reads any more (`reconcile plan | head` after head exited)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        env = {**os.environ, "FLEETOPS_SIM_AGENTS": "0"}
+        return subprocess.run([RECONCILE, *map(str, args)], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              env=env, timeout=300, cwd=cwd)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("args, code", [(["--help"], 0), (["plan", "--help"], 0), (["--version"], 0)])
+def test_output_to_a_reader_that_left_is_not_reported_as_a_bug(tmp_path, args, code):
+    """Before: exit 1 and "Error: unexpected BrokenPipeError ... This is a bug in reconcile" for `reconcile plan --help | head`."""
+    r = _with_reader_gone(args, tmp_path)
+    assert (r.returncode, r.stderr) == (code, "")
+
+
+def test_a_plan_and_an_apply_whose_reader_left_run_to_their_end(qs):
+    """The plan keeps its exit code; the apply is not cut between two actions because its log's reader went away:
+    every action is carried out and recorded, so the next plan has nothing to do."""
+    plan = _with_reader_gone(["plan", qs, "--detailed-exitcode"], qs)
+    assert plan.returncode == 2 and "unexpected" not in plan.stderr, plan.stderr
+    applied = _with_reader_gone(["apply", qs, "--auto-approve"], qs)
+    assert applied.returncode == 0 and "unexpected" not in applied.stderr, applied.stderr
+    after = subprocess.run([RECONCILE, "plan", str(qs), "--detailed-exitcode"], capture_output=True, text=True,
+                           env={**os.environ, "FLEETOPS_SIM_AGENTS": "0"}, timeout=300, cwd=qs)
+    assert after.returncode == 0, after.stdout + after.stderr
