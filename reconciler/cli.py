@@ -959,6 +959,10 @@ class _ReaderMayLeave:
             self._reader_left()
             return len(text)
 
+    def writelines(self, lines) -> None:  # (delegated as it is, it would write past the guard above)
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         try:
             self._stream.flush()
