@@ -102,7 +102,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         return Explanation(job, state, summary, tuple(details), tuple(alts[:5]))
 
     state = "evicted" if change.action == "evict" else "pending"
-    summary = f"{state}: {change.reason}"
+    summary = f"{state}: {change.reason.removeprefix(f'{state}: ')}"  # (an evicted job's reason starts "evicted: " already)
     ledger = plan_ledger(problem, plan.creates, plan.kept, [(j.job, j.instances) for j in plan.jobs if j.instances])
     would, tried = [], []
     for candidates in _relaxations(desired, d, job, problem, ledger) + _cloud_quota_relaxations(desired, observed, ledger, d):

@@ -397,3 +397,51 @@ def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(t
     assert line in render(plan, "markdown")
     assert json.loads(plan.to_json())["ballast"]["instances"] == list(idle)
     assert Plan.from_json(plan.to_json()).ballast == b
+
+
+def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict]) -> tuple[Path, api.PlanResult]:
+    """Two 8-GPU nodes of a fixed pool; tenant b's 16 low 1-GPU jobs applied there (b's quota `b_quota`; tenant a's
+    guarantee 8 GPUs, its ceiling 16); then `newcomers` added: the config and its plan."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    fixed = pool("onprem", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=2, hi=2)
+    base = [topology(), fixed, tenant("a", gpus=8, burst={"gpus": 16}), tenant("b", **b_quota),
+            *(job(f"b-{i:02d}", tenant="b", priority="low", **A100) for i in range(16))]
+    cfg = write_config(tmp_path / "c", base)
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, base + newcomers)
+    return cfg, api.plan(cfg, time_limit=5)
+
+
+def test_an_evicted_job_says_its_tenant_borrowed_the_room_and_whose_guaranteed_work_takes_it_back(tmp_path):
+    """Tenant b (8 GPUs guaranteed, 16 at most) ran 16 low jobs on a fixed pool of two 8-GPU nodes; tenant a (the
+    same quota) then asked for 8 low jobs. The plan evicts 8 of b's for a's, as a guarantee reclaims borrowed room,
+    and each eviction said only "evicted: pools at max_instances (onprem 2/2)": a job of another tenant, of the same
+    priority, taking a running job's place with nothing to say why. It now says b ran above its guarantee and names the
+    work that takes the room back; explain says it once ("evicted: evicted: ..." before)."""
+    from tests.fleetkit import job
+
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
+                        [job(f"a-{i:02d}", tenant="a", priority="low", **A100) for i in range(8)])
+    evicted = [j for j in r.plan.jobs if j.action == "evict"]
+    placed = sorted(j.job for j in r.plan.jobs if j.action == "place")
+    assert len(evicted) == 8 and placed == [f"a-{i:02d}" for i in range(8)]
+    for j in evicted:
+        assert j.tenant == "b"
+        assert j.reason == ("evicted: pools at max_instances (onprem 2/2) (tenant b ran 16 GPUs, above its guaranteed 8: "
+                            "the room it borrowed goes back to other tenants' work within their guarantees: a-00, a-01, "
+                            "a-02 and 5 more)"), j.reason
+    ex = api.explain(cfg, evicted[0].job, time_limit=5)
+    assert ex.state == "evicted" and ex.summary == evicted[0].reason
+
+
+def test_an_eviction_inside_its_tenants_guarantee_claims_no_borrowed_room(tmp_path):
+    """The same fleet with b's 16 GPUs all guaranteed, and b's own 8 high jobs added: 8 of its low jobs stop for them
+    (a tenant's higher class first), inside its guarantee, and no reason speaks of borrowed room."""
+    from tests.fleetkit import job
+
+    _, r = _borrowed_fleet(tmp_path, dict(gpus=16), [job(f"b-hi-{i}", tenant="b", priority="high", **A100) for i in range(8)])
+    evicted = [j for j in r.plan.jobs if j.action == "evict"]
+    assert len(evicted) == 8
+    for j in evicted:
+        assert "borrowed" not in j.reason and j.reason.startswith("evicted: "), j.reason

@@ -13,11 +13,11 @@ import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
-from reconciler.ledger import Ledger, Option, Refusal, buffer_ok, money, running_ledger
+from reconciler.ledger import _UNIT, Ledger, Option, Refusal, buffer_ok, money, quota_ok, running_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
-from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
-from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, spot_measure
+from reconciler.problem.rules import _running_use, fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
+from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
 from reconciler.site import Site
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
@@ -43,8 +43,15 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     tried against the ledger: on new instances of each offer, or in room left on an instance.
     The reason names the rule that alone blocks the cheapest of them (lifting it would let the
     job be placed), or says that several bind at once. `fits`: fit, or an OfferFits shared by
-    the reasons of one plan (demands of one shape fit alike)."""
+    the reasons of one plan (demands of one shape fit alike). An evicted job whose tenant ran on
+    borrowed room says so, and whose work takes the room back (`_reclaimed`)."""
     evicted = job is not None and any(j == job for j, _ in d.running)
+    reason = _binding(d, problem, ledger, evicted, fits)
+    return reason + _reclaimed(d, problem, ledger) if evicted else reason
+
+
+def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: Callable[[Demand, Capacity], int]) -> str:
+    """pending_reason's rule that binds (evicted: the job ran before this plan)."""
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
@@ -199,6 +206,66 @@ _SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share
 _RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
                "spot-share": "max_spot_fraction", "tenant-spot-share": "its tenant's max spot fraction",
                "spot-buffer": "the on-demand buffer", "spot-diversity": "spot diversity", "vacated": "room a running job leaves in this plan"}
+
+
+# ledger -> (each tenant's running use before the plan, the hosts each tenant ran on, the jobs the plan places anew by
+# capacity kind and tenant with the instances it places them on)
+_RECLAIM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _kind(d: Demand) -> tuple:
+    return (d.gpu_type, d.gpus > 0, bool(d.mig))
+
+
+def _reclaimed(d: Demand, problem: Problem, ledger: Ledger) -> str:
+    """For an evicted job whose tenant ran above its guarantee before this plan (it borrowed: rules.borrowing_tenants),
+    in a dimension the job uses: that, and the other tenants' jobs this plan places anew, on its kind of capacity and on
+    instances its tenant ran on, while their tenants stay within their own guarantees there: the work the borrowed room
+    goes back to (Kueue's "reclaimed while borrowing"). "" where any of that is not so. (Reclaimed by tenant a's
+    guaranteed jobs on a full fixed pool, tenant b's evicted jobs said only "pools at max_instances (onprem 2/2)": a
+    same-priority job of another tenant taking a running one's place, with nothing to say why.)"""
+    rules = problem.tenants.get(d.tenant)
+    if rules is None:
+        return ""
+    memo = _RECLAIM.get(ledger)
+    if memo is None:
+        ran_on: dict[str, set[str]] = {}
+        for v in problem.demands:
+            for _, ids in v.running:
+                ran_on.setdefault(v.tenant, set()).update(ids)
+        on: dict[str, set[str]] = {}
+        for ref, items in ledger.items.items():
+            for _, j in items:
+                on.setdefault(j, set()).add(ref)
+        placed: dict[tuple, list[tuple[str, set[str]]]] = {}
+        for j, o in ledger.job_demand.items():
+            if not any(j == r for r, _ in o.running):
+                placed.setdefault((_kind(o), o.tenant), []).append((j, on.get(j, set())))
+        memo = _RECLAIM[ledger] = (_running_use(problem.demands), ran_on, placed, {})
+    before, ran_on, placed, said = memo
+    key = (d.tenant, _kind(d), tuple(bool(d.req(dim)) for dim in ("gpus", "cpu", "memory_gib")))
+    if key not in said:  # (alike for every evicted job of a tenant, kind and dimensions: a plan may evict hundreds)
+        said[key] = _reclaim_text(d, rules, problem, ledger, before, ran_on.get(d.tenant, set()), placed)
+    return said[key]
+
+
+def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledger, before: dict, mine: set[str], placed: dict) -> str:
+    """`_reclaimed`'s clause for d, from the plan's memo (`_RECLAIM`): mine, the hosts d's tenant ran on."""
+    for dim in ("gpus", "cpu", "memory_gib"):
+        g = rules.guarantee.get(dim)
+        ran = before.get(d.tenant, {}).get(dim, 0.0)
+        if not d.req(dim) or g is None or quota_ok(ran, 0.0, g):
+            continue
+        takers = sorted(j for (kind, t), jobs in placed.items() if kind == _kind(d) and t != d.tenant
+                        and (gt := problem.tenants.get(t)) is not None
+                        and (gt.guarantee.get(dim) is None or quota_ok(ledger.tenant_use(t)[dim], 0.0, gt.guarantee[dim]))
+                        for j, refs in jobs if refs & mine and ledger.job_demand[j].req(dim))
+        if not takers:
+            return ""
+        more = f" and {len(takers) - 3} more" if len(takers) > 3 else ""
+        return (f" (tenant {d.tenant} ran {ran:g} {_UNIT[dim]}, above its guaranteed {g:g}: the room it borrowed goes back to "
+                f"other tenants' work within their guarantees: {', '.join(takers[:3])}{more})")
+    return ""
 
 
 def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False) -> str:
