@@ -15,8 +15,10 @@ from datetime import datetime
 from reconciler.ledger import GPU_SLICES, Ledger, mig_compute, quota_ok
 from reconciler.problem import DIMS, as_utc
 
-# A pending reason's category (a bounded label), by how the reason text starts.
+# A pending reason's category (a bounded label), by how the reason text starts ("evicted: " aside). An eviction that
+# reclaims the room its tenant borrowed above its guarantee (diagnosis._reclaimed) is "guarantee", whatever rule binds.
 REASON_KINDS: tuple[tuple[str, str], ...] = (
+    (r".*\(tenant .* above its guaranteed .* the room it borrowed goes back", "guarantee"),
     (r"placed by the next apply", "awaiting-apply"),
     (r"cloud quota", "cloud-quota"),
     (r"quota", "quota"),
@@ -25,14 +27,16 @@ REASON_KINDS: tuple[tuple[str, str], ...] = (
     (r".*pools? at max_instances", "pool-max-instances"),
     (r"gang", "gang"),
     (r"spot", "spot"),
-    (r".*beyond tenant .* guarantee", "guarantee"),
     (r"(preempted|outranked)", "priority"),
 )
 
 
 def reason_kind(reason: str) -> str:
+    """The category of a pending or evicted job's reason. (An evicted job's reason starts "evicted: ", and every
+    eviction but one for a pool at max_instances was counted "other": a quota, budget, spot or gang eviction too.)"""
+    text = reason.removeprefix("evicted: ")
     for pattern, kind in REASON_KINDS:
-        if re.match(pattern, reason):
+        if re.match(pattern, text):
             return kind
     return "other"
 

@@ -350,3 +350,37 @@ def test_a_job_its_agents_have_not_started_counts_starting_never_running(applied
     Bus(backend_for(applied, None)).put_agent(gone, {"instance": gone, "heartbeat_at": 1.0, "state": "Ready", "running": []})
     live = json.loads(cli("status", applied, "--format", "json").output)["fleet"]["status"]["jobs"]
     assert live["unknown"] >= 1 and live["running"] + live["unknown"] + live["starting"] == 9, live
+
+
+@pytest.mark.parametrize("reason, kind", [
+    ("quota exhausted: tenant t uses 8/8 GPUs in this plan, the job needs 1 more", "quota"),
+    ("tenant budget: a spends $3.00/h of its $3.00/h", "tenant-budget"),
+    ("budget: the fleet costs $7.35/h and max_hourly_budget is $8.00/h", "budget"),
+    ("spot share: 4 of 8 GPUs on spot", "spot"),
+    ("cloud quota: aws us-east-1 P instances 96/96 vCPU", "cloud-quota"),
+    ("pools at max_instances (cpu 1/1)", "pool-max-instances"),
+])
+def test_an_evicted_jobs_reason_counts_in_the_category_of_its_rule(reason, kind):
+    """An evicted job's reason is its rule's, after "evicted: ": only "pools at max_instances" was matched past that
+    prefix, and a job evicted for its tenant's quota, a budget, the spot share or a cloud quota was counted "other"
+    in fleetops_pending_jobs and the report's pending plot."""
+    from reconciler.fleetview import reason_kind
+
+    assert reason_kind(reason) == kind
+    assert reason_kind(f"evicted: {reason}") == kind
+
+
+def test_jobs_evicted_to_reclaim_borrowed_room_count_as_guarantee(tmp_path):
+    """Tenant b's 8 jobs on room it borrowed above its guarantee, evicted for tenant a's guaranteed work
+    (tests/test_truth.py's fleet) and applied: the apply's fleetops_pending_jobs counts them under "guarantee" (the
+    category was listed but no reason matched it), not under the pool's max_instances their reason also names."""
+    from tests.fleetkit import job
+    from tests.test_truth import A100, _borrowed_fleet
+
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
+                             [job(f"a-{i:02d}", tenant="a", priority="low", **A100) for i in range(8)])
+    api.apply(cfg, saved_plan=r.plan, time_limit=5)
+    ss = samples((cfg / "status" / "metrics.prom").read_text())  # (the apply's: `reconcile metrics` plans anew, where
+    assert value(ss, "fleetops_pending_jobs", reason="guarantee") == 8  # they wait for the pool, pending, not evicted)
+    assert value(ss, "fleetops_pending_jobs", reason="pool-max-instances") == 0
+    assert value(samples(cli("metrics", cfg).output), "fleetops_pending_jobs", reason="pool-max-instances") == 8
