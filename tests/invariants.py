@@ -801,6 +801,18 @@ def _could_stay_without(desired: DesiredState, observed: Observed, plan: Plan, e
     return True
 
 
+def _stood_in(desired: DesiredState, observed: Observed, plan: Plan, name: str) -> bool:
+    """Whether the plan keeps (in place or moved) as many running jobs identical to `name` (the same spec: tenant,
+    priority, resources, everything but the name) as there are protected ones among them: then the tenant keeps its
+    guaranteed work, an identical job standing in for the evicted one (jobs alike are interchangeable; which of them
+    a plan keeps follows the instances it keeps)."""
+    spec = desired.jobs[name].spec
+    alike = [j.name for j in desired.jobs.values() if j.spec == spec and observed.placements.get(j.name)]
+    protected = set(protected_jobs(desired, observed, spec.tenant))
+    kept = {jc.job for jc in plan.jobs if jc.action in ("keep", "move")}
+    return sum(j in kept for j in alike) >= sum(j in protected for j in alike)
+
+
 def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     """Issue 18: running work that may stay where it is stays, unless a rule the README names
     requires otherwise. An evicted job must have one: it changed (grown gang, new resources),
@@ -834,7 +846,7 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
             broken = _fleet_rules_broken_now(desired, observed)
         if broken:
             continue
-        protected = jc.job in protected_jobs(desired, observed, t)
+        protected = jc.job in protected_jobs(desired, observed, t) and not _stood_in(desired, observed, plan, jc.job)
         borrowing = q is not None and any(quota_guarantee(q, k) is not None and use[k] > quota_guarantee(q, k) + EPS for k in DIMS)
         assert borrowing and not protected, (
             f"{jc.job} ({t}, {job.spec.priority}) evicted from {jc.previous} with no rule requiring it"

@@ -399,9 +399,10 @@ def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(t
     assert Plan.from_json(plan.to_json()).ballast == b
 
 
-def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict]) -> tuple[Path, api.PlanResult]:
+def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict], critical: str | None = None) -> tuple[Path, api.PlanResult]:
     """Two 8-GPU nodes of a fixed pool; tenant b's 16 low 1-GPU jobs applied there (b's quota `b_quota`; tenant a's
-    guarantee 8 GPUs, its ceiling 16); then `newcomers` added: the config and its plan."""
+    guarantee 8 GPUs, its ceiling 16); then `newcomers` added (and b's job `critical` made critical): the config and its
+    plan."""
     from tests.fleetkit import job, pool, tenant, topology, write_config
 
     fixed = pool("onprem", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=2, hi=2)
@@ -409,6 +410,8 @@ def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict]) -> tup
             *(job(f"b-{i:02d}", tenant="b", priority="low", **A100) for i in range(16))]
     cfg = write_config(tmp_path / "c", base)
     api.apply(cfg, time_limit=5)
+    if critical:
+        base = [dict(d, spec=dict(d["spec"], priority="critical")) if d["metadata"]["name"] == critical else d for d in base]
     write_config(cfg, base + newcomers)
     return cfg, api.plan(cfg, time_limit=5)
 
@@ -445,3 +448,28 @@ def test_an_eviction_inside_its_tenants_guarantee_claims_no_borrowed_room(tmp_pa
     assert len(evicted) == 8
     for j in evicted:
         assert "borrowed" not in j.reason and j.reason.startswith("evicted: "), j.reason
+
+
+def test_a_guarantee_reclaims_borrowed_room_where_identical_jobs_stand_in_for_protected_ones(tmp_path):
+    """The same fleet, with b-08 (on the second host) made critical as tenant a asks for its 8 guaranteed GPUs: b's
+    guarantee protects b-08 and, by name, b-00..b-06 on the first host. CP-SAT gave a the first host and kept b's
+    others (b-09..b-15, identical to the protected ones) on the second, and the plan's check refused it as stopping
+    work inside b's guarantee, so the plan was greedy's: a's 8 guaranteed jobs pending beside b's 8 borrowed ones
+    ("pools at max_instances ... capacity goes to higher-priority work first: b-08"), against the README's "borrowed
+    work ... is reclaimed when an owner needs its guarantee back". A kept identical job stands in for a protected one,
+    as the model counts it: CP-SAT's plan places a's 8, evicts 8 of b's low jobs, keeps every rule (tests/invariants.py,
+    apply's re-check), and the plan after its apply is a no-op."""
+    from tests.fleetkit import job
+    from tests.invariants import check_plan, check_stability
+
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
+                             [job(f"a-{i:02d}", tenant="a", priority="low", **A100) for i in range(8)], critical="b-08")
+    assert r.plan.solver.status != "GREEDY_FALLBACK", r.plan.solver.note
+    placed = sorted(j.job for j in r.plan.jobs if j.action == "place")
+    evicted = [j for j in r.plan.jobs if j.action == "evict"]
+    assert placed == [f"a-{i:02d}" for i in range(8)]
+    assert len(evicted) == 8 and all(j.tenant == "b" and j.job != "b-08" for j in evicted)
+    check_plan(r.desired, r.observed, r.plan)
+    check_stability(r.desired, r.observed, r.plan)
+    api.apply(cfg, saved_plan=r.plan, time_limit=5)
+    assert not api.plan(cfg, time_limit=5).plan.has_changes
