@@ -25,7 +25,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, spot_share_ok
+from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, refuses, rules_allow, stuck_gangs,
                                 type_class)
 
@@ -133,6 +133,7 @@ class _Greedy:
                 cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
+        self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]]] | None = None  # _reclaimable's answer
         # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
         # each: nothing else may spend that (keeping a dear running instance first once left a
         # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
@@ -728,7 +729,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         if d.key in stuck:
             continue  # as in the model: a running gang's jobs stay where they are or not at all
         for _ in range(len(d.jobs) - g.a.placed[d.key]):
-            if not _place_resolving(g, d) and not _place_preempting(g, d):
+            if not _place_resolving(g, d) and not _place_preempting(g, d) and not _place_reclaiming(g, d):
                 break
     if keep_fleet:
         g.drop_idle_hosts()
@@ -793,6 +794,80 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
         g.a.placed[v.key] += 1
         g._charge_quota(v)
     return False
+
+
+def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
+    """Where d's tenant has room in its guarantee for one more job of d that nothing else gives it, stop other tenants'
+    running jobs on room they borrow (each such tenant kept at its guarantee or above, none of its protected jobs
+    stopped past what its kept identical jobs stand in for: plancheck) on one instance d may use, in the order
+    `_victims` stops them, until d fits there, and place it (README, Tenants: borrowed work is reclaimed when an owner
+    needs its guarantee back; under preemption Never too). Only 1-replica, non-gang jobs, on either side; the
+    instances by name. Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran
+    16 1-GPU jobs, 8 guaranteed: greedy left tenant a's 8 guaranteed jobs pending beside b's borrowed ones, and so did
+    every plan that fell back to greedy's.)"""
+    rules = g.p.tenants.get(d.tenant)
+    if d.gang or d.replicas != 1 or d.bundle != 1 or rules is None or not rules.guarantee:
+        return False
+    use = g.led.tenant_use(d.tenant)
+    if not all(quota_ok(use[k], d.req(k), v) for k, v in rules.guarantee.items()):
+        return False  # (beyond its guarantee it borrows too: nothing to reclaim for)
+    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and r.guarantee
+               and not all(quota_ok(g.led.tenant_use(t)[k], 0.0, v) for k, v in r.guarantee.items())}
+    if not lenders:
+        return False
+    on_host, hosts_of = _reclaimable(g)
+    for hk in sorted(on_host):
+        inst = g.opened.get(hk)
+        if inst is None or g.fits.at(d, inst.cap.offer_key, inst.cap) <= 0:
+            continue
+        stopped: list[Demand] = []
+        for v in on_host[hk]:
+            r = lenders.get(v.tenant)
+            if r is None:
+                continue
+            while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key]):
+                g._unrecord(v, inst, stay=True)
+                g.a.placed[v.key] -= 1
+                g._charge_quota(v, -1)
+                stopped.append(v)
+            if inst.fits(d):
+                break
+        if stopped and inst.fits(d) and _place_resolving(g, d):
+            return True
+        for v in reversed(stopped):  # undo
+            g._record(v, inst, stay=True)
+            g.a.placed[v.key] += 1
+            g._charge_quota(v)
+    return False
+
+
+def _borrowed(g: _Greedy, v: Demand, r, hosts: list[str]) -> bool:
+    """Whether one more running job of v may stop for another tenant's guarantee: its tenant (rules r) stays at or above
+    its guarantee in every guaranteed dimension v uses (at least one), and v keeps at least as many running jobs as it
+    has protected ones (identical jobs stand in for each other)."""
+    use = g.led.tenant_use(v.tenant)
+    dims = [k for k in r.guarantee if v.req(k) > 0]
+    if not dims or any(use[k] - v.req(k) < r.guarantee[k] - 1e-9 for k in dims):
+        return False
+    kept = sum(g.a.stay.get((v.key, hk), 0) for hk in hosts)
+    return kept > sum(j in r.protected_jobs for j, _ in v.running)
+
+
+def _reclaimable(g: _Greedy) -> tuple[dict[str, list[Demand]], dict[str, list[str]]]:
+    """Host -> the running 1-replica, non-gang demands on it, in `_victims`' order (not on a frozen host); and each
+    such demand's hosts (every one it runs on). Made once a run."""
+    if g.reclaimable is None:
+        hosts = {c.key: c for c in g.p.hosts()}
+        on_host: dict[str, list[Demand]] = {}
+        hosts_of: dict[str, list[str]] = {}
+        for v in sorted((v for v in g.p.demands if v.running and not v.gang and v.replicas == 1 and v.bundle == 1),
+                        key=lambda v: (v.klass, v.job_size, _mean_end(g.p, v), v.key)):
+            hosts_of[v.key] = sorted({i for _, iids in v.running for i in iids})
+            for hk in hosts_of[v.key]:
+                if hk in hosts and not hosts[hk].frozen:
+                    on_host.setdefault(hk, []).append(v)
+        g.reclaimable = (on_host, hosts_of)
+    return g.reclaimable
 
 
 def _victims(g: _Greedy, tenant: str) -> tuple[list[tuple[Demand, str]], list[int]]:

@@ -399,7 +399,8 @@ def test_idle_on_demand_bought_for_the_spot_share_is_a_priced_line_of_the_plan(t
     assert Plan.from_json(plan.to_json()).ballast == b
 
 
-def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict], critical: str | None = None) -> tuple[Path, api.PlanResult]:
+def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict], critical: str | None = None,
+                    time_limit: float = 5) -> tuple[Path, api.PlanResult]:
     """Two 8-GPU nodes of a fixed pool; tenant b's 16 low 1-GPU jobs applied there (b's quota `b_quota`; tenant a's
     guarantee 8 GPUs, its ceiling 16); then `newcomers` added (and b's job `critical` made critical): the config and its
     plan."""
@@ -413,7 +414,7 @@ def _borrowed_fleet(tmp_path: Path, b_quota: dict, newcomers: list[dict], critic
     if critical:
         base = [dict(d, spec=dict(d["spec"], priority="critical")) if d["metadata"]["name"] == critical else d for d in base]
     write_config(cfg, base + newcomers)
-    return cfg, api.plan(cfg, time_limit=5)
+    return cfg, api.plan(cfg, time_limit=time_limit)
 
 
 def test_an_evicted_job_says_its_tenant_borrowed_the_room_and_whose_guaranteed_work_takes_it_back(tmp_path):
@@ -473,3 +474,25 @@ def test_a_guarantee_reclaims_borrowed_room_where_identical_jobs_stand_in_for_pr
     check_stability(r.desired, r.observed, r.plan)
     api.apply(cfg, saved_plan=r.plan, time_limit=5)
     assert not api.plan(cfg, time_limit=5).plan.has_changes
+
+
+@pytest.mark.parametrize("critical", [None, "b-08"])
+def test_greedy_reclaims_borrowed_room_for_a_guarantee(tmp_path, critical):
+    """The same fleets planned by greedy best-fit alone (--time-limit 0; the plan whenever CP-SAT's is refused or its
+    wall cap is hit): it stopped only its tenant's own lower jobs, never another tenant's borrowed ones, and left a's 8
+    guaranteed jobs pending beside b's 8 borrowed ones. It now reclaims them as the solver does: a's 8 placed, 8 of
+    b's low jobs evicted (b-08 kept), every rule kept (tests/invariants.py), and the plan after its apply a no-op."""
+    from tests.fleetkit import job
+    from tests.invariants import check_plan, check_stability
+
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
+                             [job(f"a-{i:02d}", tenant="a", priority="low", **A100) for i in range(8)], critical=critical,
+                             time_limit=0)
+    assert r.plan.solver.status == "GREEDY_FALLBACK"
+    assert sorted(j.job for j in r.plan.jobs if j.action == "place") == [f"a-{i:02d}" for i in range(8)]
+    evicted = [j for j in r.plan.jobs if j.action == "evict"]
+    assert len(evicted) == 8 and all(j.tenant == "b" and j.job != "b-08" for j in evicted)
+    check_plan(r.desired, r.observed, r.plan)
+    check_stability(r.desired, r.observed, r.plan)
+    api.apply(cfg, saved_plan=r.plan, time_limit=0)
+    assert not api.plan(cfg, time_limit=0).plan.has_changes
