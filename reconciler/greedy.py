@@ -799,45 +799,57 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
 def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     """Where d's tenant has room in its guarantee for one more job of d that nothing else gives it, stop other tenants'
     running jobs on room they borrow (each such tenant kept at its guarantee or above, none of its protected jobs
-    stopped past what its kept identical jobs stand in for: plancheck) on one instance d may use, in the order
-    `_victims` stops them, until d fits there, and place it (README, Tenants: borrowed work is reclaimed when an owner
-    needs its guarantee back; under preemption Never too). Only 1-replica, non-gang jobs, on either side; the
-    instances by name. Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran
-    16 1-GPU jobs, 8 guaranteed: greedy left tenant a's 8 guaranteed jobs pending beside b's borrowed ones, and so did
-    every plan that fell back to greedy's.)"""
+    stopped past what its kept identical jobs stand in for: plancheck), instance by instance among those d may use (by
+    name), each until an item of d fits there, in the order `_victims` stops them, until d is placed; then the stops on
+    instances d does not use are undone (README, Tenants: borrowed work is reclaimed when an owner needs its guarantee
+    back; under preemption Never too). Only 1-replica, non-gang jobs are stopped, for a job or a gang (not an instance
+    gang). Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran 16 1-GPU
+    jobs, 8 guaranteed: greedy left tenant a's 8 guaranteed jobs, or its 2 x 4-GPU gang, pending beside b's borrowed
+    ones, and so did every plan that fell back to greedy's.)"""
     rules = g.p.tenants.get(d.tenant)
-    if d.gang or d.replicas != 1 or d.bundle != 1 or rules is None or not rules.guarantee:
+    if d.bundle != 1 or rules is None or not rules.guarantee:
         return False
     use = g.led.tenant_use(d.tenant)
-    if not all(quota_ok(use[k], d.req(k), v) for k, v in rules.guarantee.items()):
+    if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
         return False  # (beyond its guarantee it borrows too: nothing to reclaim for)
     lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and r.guarantee
                and not all(quota_ok(g.led.tenant_use(t)[k], 0.0, v) for k, v in r.guarantee.items())}
     if not lenders:
         return False
     on_host, hosts_of = _reclaimable(g)
+    stopped: dict[str, list[Demand]] = {}  # instance -> the jobs stopped there, by demand
+
+    def undo(hk: str) -> None:
+        inst = g.opened[hk]
+        for v in reversed(stopped.pop(hk)):
+            g._record(v, inst, stay=True)
+            g.a.placed[v.key] += 1
+            g._charge_quota(v)
+
     for hk in sorted(on_host):
         inst = g.opened.get(hk)
         if inst is None or g.fits.at(d, inst.cap.offer_key, inst.cap) <= 0:
             continue
-        stopped: list[Demand] = []
+        here = stopped.setdefault(hk, [])
         for v in on_host[hk]:
             r = lenders.get(v.tenant)
-            if r is None:
-                continue
-            while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key]):
+            while r is not None and not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key]):
                 g._unrecord(v, inst, stay=True)
                 g.a.placed[v.key] -= 1
                 g._charge_quota(v, -1)
-                stopped.append(v)
+                here.append(v)
             if inst.fits(d):
                 break
-        if stopped and inst.fits(d) and _place_resolving(g, d):
+        if not here or not inst.fits(d):
+            undo(hk)  # (no room for an item of d here)
+            continue
+        had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
+        if _place_resolving(g, d):
+            for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
+                undo(h)  # (d took none of that room: nothing stops for it there)
             return True
-        for v in reversed(stopped):  # undo
-            g._record(v, inst, stay=True)
-            g.a.placed[v.key] += 1
-            g._charge_quota(v)
+    for hk in list(stopped):
+        undo(hk)
     return False
 
 

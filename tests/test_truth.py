@@ -496,3 +496,22 @@ def test_greedy_reclaims_borrowed_room_for_a_guarantee(tmp_path, critical):
     check_stability(r.desired, r.observed, r.plan)
     api.apply(cfg, saved_plan=r.plan, time_limit=0)
     assert not api.plan(cfg, time_limit=0).plan.has_changes
+
+
+def test_greedy_reclaims_borrowed_room_for_a_guaranteed_gang(tmp_path):
+    """The same fleet, tenant a asking for a 2 x 4-GPU gang (its guarantee's 8 GPUs), planned by greedy alone: the gang
+    stayed pending ("pools at max_instances (onprem 2/2)"). Greedy now stops b's borrowed jobs instance by instance
+    until the gang is placed: 8 of them, none more, every rule kept, the plan after its apply a no-op."""
+    from tests.fleetkit import job
+    from tests.invariants import check_plan, check_stability
+
+    gang = job("a-gang", tenant="a", priority="low", gpus=4, gpu_type="A100", cpu=32, mem=256, replicas=2)
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}), [gang], time_limit=0)
+    placed = {j.job: j for j in r.plan.jobs if j.action == "place"}
+    assert list(placed) == ["a-gang"] and len(placed["a-gang"].instances) == 2
+    evicted = [j for j in r.plan.jobs if j.action == "evict"]
+    assert len(evicted) == 8 and all(j.tenant == "b" for j in evicted)
+    check_plan(r.desired, r.observed, r.plan)
+    check_stability(r.desired, r.observed, r.plan)
+    api.apply(cfg, saved_plan=r.plan, time_limit=0)
+    assert not api.plan(cfg, time_limit=0).plan.has_changes
