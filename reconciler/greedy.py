@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok
-from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, gang_split, has_room, refuses, rules_allow, stuck_gangs,
-                                type_class)
+from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, gang_split, has_room, refuses, rules_allow,
+                                stuck_gangs, type_class)
 
 
 @dataclass
@@ -133,7 +133,7 @@ class _Greedy:
                 cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
-        self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]]] | None = None  # _reclaimable's answer
+        self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]] | None = None  # _reclaimable's answer
         # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
         # each: nothing else may spend that (keeping a dear running instance first once left a
         # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
@@ -816,7 +816,7 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
                and not all(quota_ok(g.led.tenant_use(t)[k], 0.0, v) for k, v in r.guarantee.items())}
     if not lenders:
         return False
-    on_host, hosts_of = _reclaimable(g)
+    on_host, hosts_of, protected = _reclaimable(g)
     stopped: dict[str, list[Demand]] = {}  # instance -> the jobs stopped there, by demand
 
     def undo(hk: str) -> None:
@@ -833,7 +833,7 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
         here = stopped.setdefault(hk, [])
         for v in on_host[hk]:
             r = lenders.get(v.tenant)
-            while r is not None and not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key]):
+            while r is not None and not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key], protected[v.key]):
                 g._unrecord(v, inst, stay=True)
                 g.a.placed[v.key] -= 1
                 g._charge_quota(v, -1)
@@ -853,32 +853,35 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     return False
 
 
-def _borrowed(g: _Greedy, v: Demand, r, hosts: list[str]) -> bool:
+def _borrowed(g: _Greedy, v: Demand, r: TenantRules, hosts: list[str], protected: int) -> bool:
     """Whether one more running job of v may stop for another tenant's guarantee: its tenant (rules r) stays at or above
     its guarantee in every guaranteed dimension v uses (at least one), and v keeps at least as many running jobs as it
-    has protected ones (identical jobs stand in for each other)."""
+    has protected ones, `protected` (identical jobs stand in for each other)."""
     use = g.led.tenant_use(v.tenant)
     dims = [k for k in r.guarantee if v.req(k) > 0]
     if not dims or any(use[k] - v.req(k) < r.guarantee[k] - 1e-9 for k in dims):
         return False
     kept = sum(g.a.stay.get((v.key, hk), 0) for hk in hosts)
-    return kept > sum(j in r.protected_jobs for j, _ in v.running)
+    return kept > protected
 
 
-def _reclaimable(g: _Greedy) -> tuple[dict[str, list[Demand]], dict[str, list[str]]]:
-    """Host -> the running 1-replica, non-gang demands on it, in `_victims`' order (not on a frozen host); and each
-    such demand's hosts (every one it runs on). Made once a run."""
+def _reclaimable(g: _Greedy) -> tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]]:
+    """Host -> the running 1-replica, non-gang demands on it, in `_victims`' order (not on a frozen host); each such
+    demand's hosts (every one it runs on), and its protected jobs (TenantRules.protected_jobs) counted. Made once a run."""
     if g.reclaimable is None:
         hosts = {c.key: c for c in g.p.hosts()}
         on_host: dict[str, list[Demand]] = {}
         hosts_of: dict[str, list[str]] = {}
+        protected: dict[str, int] = {}
+        mine = {t: set(r.protected_jobs) for t, r in g.p.tenants.items()}
         for v in sorted((v for v in g.p.demands if v.running and not v.gang and v.replicas == 1 and v.bundle == 1),
                         key=lambda v: (v.klass, v.job_size, _mean_end(g.p, v), v.key)):
             hosts_of[v.key] = sorted({i for _, iids in v.running for i in iids})
+            protected[v.key] = sum(j in mine.get(v.tenant, ()) for j, _ in v.running)
             for hk in hosts_of[v.key]:
                 if hk in hosts and not hosts[hk].frozen:
                     on_host.setdefault(hk, []).append(v)
-        g.reclaimable = (on_host, hosts_of)
+        g.reclaimable = (on_host, hosts_of, protected)
     return g.reclaimable
 
 

@@ -147,6 +147,11 @@ def pool_min_ok(count: int, min_instances: int) -> bool:
     return count >= min_instances
 
 
+def capacity_kind(d) -> tuple:
+    """The kind of capacity a demand takes, as pending reasons compare jobs by it: GPU model, whether GPUs, whether MIG."""
+    return (d.gpu_type, d.gpus > 0, bool(d.mig))
+
+
 def quota_ok(used: float, need: float, limit: float) -> bool:
     """A tenant's quota (or burst ceiling) in one dimension: `used` and `need` more keep it."""
     return within(used + need, limit)
@@ -825,12 +830,12 @@ class Ledger:
     def higher(self, d, tenant: str | None = None) -> tuple[str, ...]:
         """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name.
         (Asked for every pending job: the placed jobs are grouped by kind and by kind and tenant once.)"""
-        kind = (d.gpu_type, d.gpus > 0, bool(d.mig))
+        kind = capacity_kind(d)
 
         def by_kind() -> dict[tuple, list[tuple[int, str]]]:
             out: dict[tuple, list[tuple[int, str]]] = {}
             for j, o in self.job_demand.items():
-                k = (o.gpu_type, o.gpus > 0, bool(o.mig))
+                k = capacity_kind(o)
                 out.setdefault(k, []).append((o.klass, j))
                 out.setdefault((k, o.tenant), []).append((o.klass, j))
             return out
@@ -1290,5 +1295,5 @@ def licensed_by(broken: dict[str, str] | set[str]) -> set[str] | None:
     return {rule.split(":", 1)[1] for rule in broken}
 
 
-__all__ = ["EPS", "MILLI", "within", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
+__all__ = ["EPS", "MILLI", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
            "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]

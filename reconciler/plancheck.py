@@ -299,6 +299,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     # which left all of a's guaranteed work pending beside b's borrowed jobs)
     kept = Counter(demand_of[j.job].key for j in plan.jobs if j.action in ("keep", "move") and j.job in demand_of
                    and observed.placements.get(j.job))
+    protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     errors = []
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
@@ -309,7 +310,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
         if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
-        if rules is not None and jc.job in rules.protected_jobs and kept[d.key] < sum(j in rules.protected_jobs for j in d.jobs):
+        if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
             errors.append(f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
                           "stopping it (only the planner's rules may: a higher class of its own tenant, its tenant over "
                           "its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")

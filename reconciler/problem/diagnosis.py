@@ -13,10 +13,10 @@ import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
-from reconciler.ledger import _UNIT, Ledger, Option, Refusal, buffer_ok, money, quota_ok, running_ledger
+from reconciler.ledger import _UNIT, Ledger, Option, Refusal, buffer_ok, capacity_kind, money, quota_ok, running_ledger
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
-from reconciler.problem.rules import _running_use, fit, guardrail_refusal, placement_refusal, size_fit, stuck_gangs
+from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, running_use, size_fit, stuck_gangs
 from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
 from reconciler.site import Site
 
@@ -213,10 +213,6 @@ _RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's co
 _RECLAIM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _kind(d: Demand) -> tuple:
-    return (d.gpu_type, d.gpus > 0, bool(d.mig))
-
-
 def _reclaimed(d: Demand, problem: Problem, ledger: Ledger) -> str:
     """For an evicted job whose tenant ran above its guarantee before this plan (it borrowed: rules.borrowing_tenants),
     in a dimension the job uses: that, and the other tenants' jobs this plan places anew, on its kind of capacity and on
@@ -240,10 +236,10 @@ def _reclaimed(d: Demand, problem: Problem, ledger: Ledger) -> str:
         placed: dict[tuple, list[tuple[str, set[str]]]] = {}
         for j, o in ledger.job_demand.items():
             if not any(j == r for r, _ in o.running):
-                placed.setdefault((_kind(o), o.tenant), []).append((j, on.get(j, set())))
-        memo = _RECLAIM[ledger] = (_running_use(problem.demands), ran_on, placed, {})
+                placed.setdefault((capacity_kind(o), o.tenant), []).append((j, on.get(j, set())))
+        memo = _RECLAIM[ledger] = (running_use(problem.demands), ran_on, placed, {})
     before, ran_on, placed, said = memo
-    key = (d.tenant, _kind(d), tuple(bool(d.req(dim)) for dim in ("gpus", "cpu", "memory_gib")))
+    key = (d.tenant, capacity_kind(d), tuple(bool(d.req(dim)) for dim in ("gpus", "cpu", "memory_gib")))
     if key not in said:  # (alike for every evicted job of a tenant, kind and dimensions: a plan may evict hundreds)
         said[key] = _reclaim_text(d, rules, problem, ledger, before, ran_on.get(d.tenant, set()), placed)
     return said[key]
@@ -256,7 +252,7 @@ def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledge
         ran = before.get(d.tenant, {}).get(dim, 0.0)
         if not d.req(dim) or g is None or quota_ok(ran, 0.0, g):
             continue
-        takers = sorted(j for (kind, t), jobs in placed.items() if kind == _kind(d) and t != d.tenant
+        takers = sorted(j for (kind, t), jobs in placed.items() if kind == capacity_kind(d) and t != d.tenant
                         and (gt := problem.tenants.get(t)) is not None
                         and (gt.guarantee.get(dim) is None or quota_ok(ledger.tenant_use(t)[dim], 0.0, gt.guarantee[dim]))
                         for j, refs in jobs if refs & mine and ledger.job_demand[j].req(dim))

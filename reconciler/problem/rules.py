@@ -169,7 +169,7 @@ class OfferFits:
         return f
 
 
-def _running_use(demands) -> dict[str, dict[str, float]]:
+def running_use(demands) -> dict[str, dict[str, float]]:
     """Per tenant, what its running jobs that may run on as they do request. A job whose resources changed is not
     counted: it restarts in its new shape, new work that needs capacity it does not hold (as tenant_rules protects
     it not). Counted at its new size, one PR raising a running job from 1 to 2 T4s read its tenant over its quota
@@ -212,13 +212,13 @@ def runs_settled(d: Demand, job: str, ids) -> bool:
 
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
-    use = _running_use(demands)
+    use = running_use(demands)
     return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.guarantee.items())}
 
 
 def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
-    use = _running_use(demands)
+    use = running_use(demands)
     return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.cap.items())}
 
 
@@ -231,7 +231,7 @@ def quota_shedding(demands, tenants: dict[str, TenantRules], preemption: str) ->
     gang at t2's GPU quota, where greedy placed j1 in j3's room: the solver property tier, 2026-11-29.)"""
     if preemption != "LowerPriority":
         return {}
-    use = _running_use(demands)
+    use = running_use(demands)
     need: dict[str, dict[int, dict[str, float]]] = {}
     for d in demands:
         if d.tenant in tenants and tenants[d.tenant].cap and wants_room(d):

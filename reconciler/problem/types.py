@@ -96,7 +96,7 @@ class Demand:
     def as_it_runs(self, job: str) -> Demand:
         """This demand as running job `job` runs now: in the shape it was placed with, where its resources changed
         since, and with the replicas it runs (a gang grown or short of a replica: its quota counts what runs, as
-        rules._running_use does; counted at the replicas it asks, a gang grown from 2 to 3 read its tenant over its
+        rules.running_use does; counted at the replicas it asks, a gang grown from 2 to 3 read its tenant over its
         ceiling now, and any of the tenant's work could be stopped for it, a swap). The fleet as it runs, which apply's
         re-check compares a plan with, holds it so."""
         d = self
