@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok
-from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, gang_split, has_room, refuses, rules_allow,
+from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, borrows, gang_split, has_room, refuses, rules_allow,
                                 stuck_gangs, type_class)
 
 
@@ -812,8 +812,7 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     use = g.led.tenant_use(d.tenant)
     if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
         return False  # (beyond its guarantee it borrows too: nothing to reclaim for)
-    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and r.guarantee
-               and not all(quota_ok(g.led.tenant_use(t)[k], 0.0, v) for k, v in r.guarantee.items())}
+    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and borrows(g.led.tenant_use(t), r)}
     if not lenders:
         return False
     on_host, hosts_of, protected = _reclaimable(g)

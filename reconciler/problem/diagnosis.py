@@ -17,7 +17,7 @@ from reconciler.ledger import _UNIT, Ledger, Option, Refusal, buffer_ok, capacit
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, running_use, size_fit, stuck_gangs
-from reconciler.problem.types import Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
+from reconciler.problem.types import DIMS, Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
 from reconciler.site import Site
 
 # The order a user would look at the rules in, when several each block a way of placing the job.
@@ -239,7 +239,7 @@ def _reclaimed(d: Demand, problem: Problem, ledger: Ledger) -> str:
                 placed.setdefault((capacity_kind(o), o.tenant), []).append((j, on.get(j, set())))
         memo = _RECLAIM[ledger] = (running_use(problem.demands), ran_on, placed, {})
     before, ran_on, placed, said = memo
-    key = (d.tenant, capacity_kind(d), tuple(bool(d.req(dim)) for dim in ("gpus", "cpu", "memory_gib")))
+    key = (d.tenant, capacity_kind(d), tuple(bool(d.req(dim)) for dim in DIMS))
     if key not in said:  # (alike for every evicted job of a tenant, kind and dimensions: a plan may evict hundreds)
         said[key] = _reclaim_text(d, rules, problem, ledger, before, ran_on.get(d.tenant, set()), placed)
     return said[key]
@@ -247,7 +247,7 @@ def _reclaimed(d: Demand, problem: Problem, ledger: Ledger) -> str:
 
 def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledger, before: dict, mine: set[str], placed: dict) -> str:
     """`_reclaimed`'s clause for d, from the plan's memo (`_RECLAIM`): mine, the hosts d's tenant ran on."""
-    for dim in ("gpus", "cpu", "memory_gib"):
+    for dim in DIMS:
         g = rules.guarantee.get(dim)
         ran = before.get(d.tenant, {}).get(dim, 0.0)
         if not d.req(dim) or g is None or quota_ok(ran, 0.0, g):

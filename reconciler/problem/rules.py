@@ -210,10 +210,15 @@ def runs_settled(d: Demand, job: str, ids) -> bool:
     return job not in d.reshaped and len(ids) >= d.replicas * d.bundle
 
 
+def borrows(use: dict[str, float], rules: TenantRules) -> bool:
+    """Whether a tenant using `use` (per dimension) is above its guarantee in one: the excess is borrowed."""
+    return not all(quota_ok(use.get(k, 0.0), 0.0, v) for k, v in rules.guarantee.items())
+
+
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their guarantee now: the excess may be reclaimed."""
     use = running_use(demands)
-    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.guarantee.items())}
+    return {t for t, r in tenants.items() if borrows(use.get(t, {}), r)}
 
 
 def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
