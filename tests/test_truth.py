@@ -515,3 +515,30 @@ def test_greedy_reclaims_borrowed_room_for_a_guaranteed_gang(tmp_path):
     check_stability(r.desired, r.observed, r.plan)
     api.apply(cfg, saved_plan=r.plan, time_limit=0)
     assert not api.plan(cfg, time_limit=0).plan.has_changes
+
+
+def test_a_job_waiting_after_a_reclaim_says_its_tenant_would_borrow_from_guaranteed_work(tmp_path):
+    """After the reclaim's apply (a's 8 guaranteed jobs on what b ran on, b back at its guaranteed 8), b's 8 waiting jobs
+    said only "pools at max_instances (onprem 2/2)", beside a's jobs of the same priority: nothing said that b is at its
+    guarantee, so each would borrow, and borrowed room never takes other tenants' guaranteed work. They now say so and
+    name that work; so does a's own ninth job (a at its guarantee, b's 8 within b's). Tenant c's first job, within its
+    guarantee (the guarantees oversubscribe the pool), borrows nothing and says only the pool's limit."""
+    from tests.fleetkit import job, tenant, write_config
+
+    cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
+                             [job(f"a-{i:02d}", tenant="a", priority="low", **A100) for i in range(8)])
+    api.apply(cfg, saved_plan=r.plan, time_limit=5)
+    docs = list(yaml.safe_load_all((cfg / "fleet.yaml").read_text()))
+    write_config(cfg, docs + [job("a-08", tenant="a", priority="low", **A100), tenant("c", gpus=8),
+                              job("c-00", tenant="c", priority="low", **A100)])
+    plan = api.plan(cfg, time_limit=5).plan
+    pending = {j.job: j.reason for j in plan.jobs if j.action == "pending"}
+    assert sorted(pending) == ["a-08", *(f"b-{i:02d}" for i in range(8)), "c-00"] and not plan.has_changes
+    for name in (f"b-{i:02d}" for i in range(8)):
+        assert pending[name] == ("pools at max_instances (onprem 2/2) (tenant b runs 8 GPUs, its guaranteed 8, so this job "
+                                 "would borrow; borrowed room never displaces other tenants' work within their "
+                                 "guarantees, which holds this capacity: a-00, a-01, a-02 and 5 more)"), pending[name]
+    assert pending["a-08"].endswith("(tenant a runs 8 GPUs, its guaranteed 8, so this job would borrow; borrowed room "
+                                    "never displaces other tenants' work within their guarantees, which holds this "
+                                    "capacity: b-08, b-09, b-10 and 5 more)"), pending["a-08"]
+    assert pending["c-00"] == "pools at max_instances (onprem 2/2)", pending["c-00"]

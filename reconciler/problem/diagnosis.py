@@ -62,7 +62,8 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
     if not options:
         lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
         return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
-                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger)
+                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger) \
+            + _guaranteed_first(d, problem, ledger, evicted)
     open_ = [o for o in options if not o.refusals]
     if open_:
         sized = {o.offer: c for o in open_ if (c := _sized_out(o, problem, ledger)) is not None}
@@ -88,13 +89,14 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + also + (_outranked(d, ledger) if kind in _SHARED else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "")
+        return head + text + also + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if kind in _SHARED
+                                     else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "")
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
-            + (_outranked(d, ledger) if _SHARED.intersection(kinds) else ""))
+            + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if _SHARED.intersection(kinds) else ""))
 
 
 # ledger -> (what running jobs leave on each host, a set of each room kind's instances by id of its list)
@@ -253,14 +255,48 @@ def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledge
         if not d.req(dim) or g is None or quota_ok(ran, 0.0, g):
             continue
         takers = sorted(j for (kind, t), jobs in placed.items() if kind == capacity_kind(d) and t != d.tenant
-                        and (gt := problem.tenants.get(t)) is not None
-                        and (gt.guarantee.get(dim) is None or quota_ok(ledger.tenant_use(t)[dim], 0.0, gt.guarantee[dim]))
+                        and _within_guarantee(t, dim, problem, ledger)
                         for j, refs in jobs if refs & mine and ledger.job_demand[j].req(dim))
         if not takers:
             return ""
         more = f" and {len(takers) - 3} more" if len(takers) > 3 else ""
         return (f" (tenant {d.tenant} ran {ran:g} {_UNIT[dim]}, above its guaranteed {g:g}: the room it borrowed goes back to "
                 f"other tenants' work within their guarantees: {', '.join(takers[:3])}{more})")
+    return ""
+
+
+def _within_guarantee(t: str, dim: str, problem: Problem, ledger: Ledger) -> bool:
+    """Whether tenant t's placed work in this plan stays within its guarantee in `dim` (a dimension it guarantees
+    nothing in is no borrowing there): work another tenant's borrowing never takes."""
+    g = problem.tenants.get(t)
+    return g is not None and (g.guarantee.get(dim) is None or quota_ok(ledger.tenant_use(t)[dim], 0.0, g.guarantee[dim]))
+
+
+def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool) -> str:
+    """For a pending job whose tenant is at its guarantee in a dimension the job uses (placed within its tenant's
+    ceiling, the job would borrow), where shared capacity binds: that, and the other tenants' jobs within their
+    guarantees that hold its kind of capacity. (After a reclaim's apply, tenant b's waiting jobs said only "pools at max_instances (onprem 2/2)", beside
+    tenant a's jobs of the same priority on what b ran on.) "" for an evicted job (`_reclaimed` says it) or where no
+    such job holds the capacity (then the borrowed room goes by the fair share, or to higher classes: `_outranked`)."""
+    rules = problem.tenants.get(d.tenant)
+    if evicted or rules is None:
+        return ""
+    use = ledger.tenant_use(d.tenant)
+    if not all(quota_ok(use[k], d.req(k), cap) for k, cap in rules.cap.items()):
+        return ""  # its tenant's ceiling refuses it: no burst to borrow with (the quota's reason says so)
+    for dim in DIMS:
+        g = rules.guarantee.get(dim)
+        if not d.req(dim) or g is None or quota_ok(use[dim], d.req(dim), g):
+            continue
+        holders = ledger._once(("guaranteed", capacity_kind(d), d.tenant, dim), lambda: sorted(
+            j for j, o in ledger.job_demand.items() if o.tenant != d.tenant and capacity_kind(o) == capacity_kind(d)
+            and o.req(dim) and _within_guarantee(o.tenant, dim, problem, ledger)))
+        if not holders:
+            return ""
+        more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
+        return (f" (tenant {d.tenant} runs {use[dim]:g} {_UNIT[dim]}, its guaranteed {g:g}, so this job would borrow; "
+                f"borrowed room never displaces other tenants' work within their guarantees, which holds this capacity: "
+                f"{', '.join(holders[:3])}{more})")
     return ""
 
 
