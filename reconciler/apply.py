@@ -45,8 +45,8 @@ from reconciler.errors import CapacityError, KeySpentError, ProviderError, Trans
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
 from reconciler.plan import CreateAction, DeleteAction, JobChange, Plan
-from reconciler.problem import shape_of
-from reconciler.state import State
+from reconciler.problem import effective_priority, shape_of
+from reconciler.state import State, utcnow
 
 RETRIES = 4
 BACKOFF_S = 0.2
@@ -630,6 +630,12 @@ def _update_state(desired: DesiredState, observed: Observed, fleet: Fleet, state
     # Since when each placed job has run: a job that ran before (moved or not) keeps its serial, a new one gets this
     # apply's (a tenant's guarantee holds the longest-running first, as the plan that placed them did: problem.tenants)
     state.since = {j: observed.since.get(j, 0) if observed.placements.get(j) else serial for j in state.placements}
+    # The aged priority each job was placed with, held while it runs (problem.demands.effective_priority): a job that ran
+    # before keeps what it held, a new one what aging gives it now (where above its own priority)
+    now, aging = utcnow(), desired.placement.aging
+    aged = {j: observed.aged.get(j, 0) if observed.placements.get(j)
+            else effective_priority(desired.jobs[j], False, now, aging) for j in state.placements if j in desired.jobs}
+    state.aged = {j: p for j, p in aged.items() if p > desired.jobs[j].spec.priority_weight()}
     # What a stopped gang lost, until it runs again (observe read the earlier ones into observed.lost)
     state.lost = {j: list(ids) for j, ids in sorted(observed.lost.items())
                   if j in desired.jobs and j not in state.placements and (j in placed.stopped or j in state.lost)}

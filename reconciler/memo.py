@@ -173,8 +173,8 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
     with_deadline = {n: j for n, j in desired.jobs.items() if j.spec.deadline is not None}
     latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in with_deadline.items()}
     return {
-        "aged": {n: effective_priority(j, bool(observed.placements.get(n)), now, aging)
-                 for n, j in desired.jobs.items() if j.spec.submitted is not None},
+        "aged": {n: effective_priority(j, bool(observed.placements.get(n)), now, aging, observed.aged.get(n))
+                 for n, j in desired.jobs.items() if j.spec.submitted is not None or n in observed.aged},
         "reservations": sorted(active_reservations(desired, now)),
         "deadline_ranks": {n: list(v) for n, v in ranks(latest, {n: j.spec.expected_hours for n, j in with_deadline.items()}, now).items()},
         "deadline_conditions": conditions({n: (j.spec.deadline, left.get(n, j.spec.expected_hours)) for n, j in with_deadline.items()},

@@ -40,6 +40,7 @@ class Observed:
     notes: tuple[str, ...] = ()  # where the state and the instances' placement tags disagreed, and who won
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (state), where known
     since: dict[str, int] = field(default_factory=dict)  # job -> the serial of the apply that started it (state), where known
+    aged: dict[str, int] = field(default_factory=dict)  # job -> the aged priority it was placed with (state), where above its own
     runtime: object | None = None  # reconciler.runtime.lifecycle.RuntimeView: what the node agents reported
     foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
     quotas: tuple = ()  # providers.base.Quota: the account quotas the providers read (none: not read, or none apply)
@@ -64,7 +65,7 @@ class Observed:
         # runs, and the jobs the config dropped. A saved plan made against other values of them is stale (audit: a plan
         # saved before a job was resized in place, then applied after, restarted it on fewer GPUs and put a new job on
         # the GPU it still held). Each only where set: a fleet without them hashes as before.
-        for name, value in (("gpus", self.gpu_indices), ("shapes", self.shapes), ("since", self.since), ("removed", self.removed)):
+        for name, value in (("gpus", self.gpu_indices), ("shapes", self.shapes), ("since", self.since), ("aged", self.aged), ("removed", self.removed)):
             if value:
                 body[name] = {k: v for k, v in sorted(value.items())}
         rt = self.runtime
@@ -187,6 +188,7 @@ class Fleet:
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},
+            aged={j: v for j, v in state.aged.items() if j in merged.placements},
             quotas=tuple(quotas), removed=merged.removed,
         )
 

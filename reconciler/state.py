@@ -35,6 +35,9 @@ class State:
     serial: int = 0  # one more each apply, and above every placement tag's serial seen
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (problem.shape_of)
     since: dict[str, int] = field(default_factory=dict)  # job -> the serial of the apply that started it, running since
+    # job -> the priority aging had raised it to when it was placed (only where above its own): a running job holds it
+    # (problem.demands.effective_priority), so the work it displaced does not outrank it again once it runs
+    aged: dict[str, int] = field(default_factory=dict)
     fleet_name: str = ""  # the fleet this state belongs to, and its uid (reconciler/identity.py)
     fleet_uid: str = ""
     regions: list[dict] = field(default_factory=list)  # {provider, cloud, region, settings}: launched into, maybe not empty yet
@@ -62,7 +65,7 @@ def state_dir(config_dir: Path) -> Path:
 def state_to_json(state: State) -> str:
     return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())),
                        "gpus": dict(sorted(state.gpus.items())), "shapes": dict(sorted(state.shapes.items())),
-                       "since": dict(sorted(state.since.items())),
+                       "since": dict(sorted(state.since.items())), **({"aged": dict(sorted(state.aged.items()))} if state.aged else {}),
                        "short": state.short, "fleet": {"name": state.fleet_name, "uid": state.fleet_uid},
                        "regions": state.regions, **({"lost": dict(sorted(state.lost.items()))} if state.lost else {})}, indent=1)
 
@@ -147,6 +150,10 @@ def _state_problem(raw) -> str | None:
     since = raw.get("since", {})
     if not isinstance(since, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in since.items()):
         return "since is not a map of job -> serial"
+    aged = raw.get("aged", {})
+    if not isinstance(aged, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                             for k, v in aged.items()):
+        return "aged is not a map of job -> priority (a positive integer)"
     short = raw.get("short", [])
     keys = ("cloud", "zone", "instance_type", "market", "until")
     if not isinstance(short, list) or not all(isinstance(s, dict) and all(isinstance(s.get(k), str) for k in keys) for s in short):
@@ -172,7 +179,7 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
     short = [s for s in raw.get("short", []) if datetime.fromisoformat(s["until"]) > now]
     fleet = raw.get("fleet") or {}
     return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
-                 shapes=raw.get("shapes", {}), since=raw.get("since", {}), fleet_name=fleet.get("name", ""), fleet_uid=fleet.get("uid", ""),
+                 shapes=raw.get("shapes", {}), since=raw.get("since", {}), aged=raw.get("aged", {}), fleet_name=fleet.get("name", ""), fleet_uid=fleet.get("uid", ""),
                  regions=list(raw.get("regions", [])), lost=raw.get("lost", {}))
 
 

@@ -103,6 +103,31 @@ def test_priority_aging_lets_an_old_low_job_beat_a_new_normal_one(tmp_path):
     assert young["old-low"].action == "pending" and young["new-normal"].action == "place"
 
 
+
+def test_an_aged_job_once_placed_keeps_its_place_and_the_plan_after_its_apply_is_a_no_op(tmp_path, monkeypatch):
+    """A low job waiting since 2020 has aged to high and takes the only GPU from a running normal job. Once it ran it
+    dropped back to low (running jobs kept their own priority), and the normal job, now waiting, outranked it again:
+    each apply evicted the other, without end (a controller would restart both every cycle). A running job now holds
+    the aged priority it was placed with (state `aged`): the plan after the apply is a no-op, and the job is still
+    evicted for work above what aging gave it (critical)."""
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+    base = [topology(), tenant("t"), one_gpu_pool(), placement(aging={"step_hours": 24, "max_priority": "high"}),
+            job("n0", priority="normal", **A100)]
+    cfg = write_config(tmp_path / "c", base)
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, base + [job("aged", priority="low", submitted=datetime(2020, 1, 1, tzinfo=timezone.utc), **A100)])
+    jobs = by_job(api.plan(cfg, time_limit=5).plan)
+    assert jobs["aged"].action == "place" and jobs["n0"].action == "evict"
+    api.apply(cfg, time_limit=5)
+    again = api.plan(cfg, time_limit=5).plan
+    assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
+    assert by_job(again)["n0"].action == "pending" and "higher-priority work first: aged" in by_job(again)["n0"].reason
+    write_config(cfg, base + [job("aged", priority="low", submitted=datetime(2020, 1, 1, tzinfo=timezone.utc), **A100),
+                              job("crit", priority="critical", **A100)])
+    jobs = by_job(api.plan(cfg, time_limit=5).plan)
+    assert jobs["crit"].action == "place" and jobs["aged"].action == "evict"
+
+
 # ---------------------------------------------------------------- guarantees, borrowing, fair share
 
 

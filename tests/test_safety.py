@@ -224,6 +224,8 @@ CORRUPT = [
      ["state.json: cannot read the reconciler's state: serial is negative (-5)", "move it aside"]),
     ("state bad since", lambda c: _state(c).write_text('{"since": {"train": "yesterday"}}'), "plan",
      ["state.json: cannot read the reconciler's state: since is not a map of job -> serial"]),
+    ("state bad aged", lambda c: _state(c).write_text('{"aged": {"train": "high"}}'), "plan",
+     ["state.json: cannot read the reconciler's state: aged is not a map of job -> priority (a positive integer)"]),
     ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
      "apply", ["state.json: cannot read the reconciler's state: short: until 'soon' is not a time"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),

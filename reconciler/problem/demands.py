@@ -50,17 +50,22 @@ def as_utc(t: datetime | None) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def effective_priority(job: Job, running: bool, now: datetime | None, aging) -> int:
+def effective_priority(job: Job, running: bool, now: datetime | None, aging, held: int | None = None) -> int:
     """Pending jobs climb one class (x10) per aging.step_hours since `submitted`, up to
-    aging.max_priority, so nothing starves; running jobs keep their own priority."""
+    aging.max_priority, so nothing starves. A running job holds what it was placed with: its own
+    priority, or `held`, the aged one apply recorded (state `aged`; never above aging.max_priority
+    now). Dropped back to its own once it ran, an aged low job and the normal job it displaced
+    evicted each other in turn at every apply."""
     base = job.spec.priority_weight()
+    ceiling = PRIORITY_CLASSES[aging.max_priority]
+    if running:
+        return max(base, min(held, ceiling)) if held else base
     sub = as_utc(job.spec.submitted)
-    if running or sub is None or now is None:
+    if sub is None or now is None:
         return base
     steps = int(max(0.0, (now - sub).total_seconds() / 3600) // aging.step_hours)
     if steps <= 0:
         return base
-    ceiling = PRIORITY_CLASSES[aging.max_priority]
     return max(base, min(base * 10 ** min(steps, 6), ceiling))
 
 
@@ -71,7 +76,7 @@ def demands_of(desired: DesiredState, observed: Observed, now: datetime | None, 
     for job in desired.jobs.values():
         s = job.spec
         running = bool(observed.placements.get(job.name))
-        eff[job.name] = effective_priority(job, running, now, aging)
+        eff[job.name] = effective_priority(job, running, now, aging, getattr(observed, "aged", {}).get(job.name))
         r = s.resources
         sig = (
             s.tenant, r.gpus, r.gpu_type, (r.mig.profile, r.mig.count) if r.mig else None, r.nvlink, r.cpu, r.memory_gib,
