@@ -857,6 +857,23 @@ def _check_links(f: _Fleet) -> None:
                 f.err(doc, f.topology, ("spec", "links", i, loc), f"unknown topology node {end!r}")
 
 
+def _check_zones(f: _Fleet) -> None:
+    """A zone belongs to one region: a zone name listed under two regions of one cloud is refused (gangs keep
+    to a (cloud, zone), so such a zone would let a `gang: zone` job span both regions)."""
+    doc = next(iter(f.by_kind["Topology"].values()))[0]
+    for c, ct in f.topology.spec.clouds.items():
+        first: dict[str, tuple[str, int]] = {}  # zone -> (region, index) where first listed
+        for r, rt in ct.regions.items():
+            for i, z in enumerate(rt.zones):
+                if z not in first:
+                    first[z] = (r, i)
+                elif first[z][0] != r:
+                    r0, i0 = first[z]
+                    at = doc.line_of(("spec", "clouds", c, "regions", r0, "zones", i0))
+                    f.err(doc, f.topology, ("spec", "clouds", c, "regions", r, "zones", i),
+                          f"zone {z!r} is already a zone of {c}/{r0} (line {at}): a zone belongs to one region")
+
+
 def _check_pools(f: _Fleet) -> None:
     """A pool's region and zones are the Topology's and its allowed region, its types exist there, its MIG
     layout fits them, its cloud section is its cloud's. Records what each pool offers (f.pool_gpus)."""
@@ -1146,7 +1163,7 @@ def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy
 # pools offer, its rules), in the order they were written in: ConfigError sorts diagnostics by file, line and
 # field, and no two checks report the same field of one document. _check_pools fills what _check_job_resources reads.
 _CHECKS: tuple[Callable[[_Fleet], None], ...] = (
-    _check_links, _check_pools, _check_guardrails, _check_spot_policies, _check_jobs, _check_job_resources,
+    _check_links, _check_zones, _check_pools, _check_guardrails, _check_spot_policies, _check_jobs, _check_job_resources,
     _check_plannable, _check_licenses, _check_job_rules, _check_reservations,
 )
 

@@ -116,6 +116,33 @@ def test_topology_links_name_nodes_the_topology_defines(tmp_path):
                     "Topology/test: spec.links.1.to: unknown topology node 'aws/us-east-1/us-east-1z'"]
 
 
+def test_a_zone_under_two_regions_of_one_cloud_is_refused(tmp_path):
+    # Gangs keep to a (cloud, zone): one zone name in two regions would let a `gang: zone` job span both.
+    (tmp_path / "topology.yaml").write_text(
+        "apiVersion: fleetops.io/v1alpha1\n"
+        "kind: Topology\n"
+        "metadata: {name: test}\n"
+        "spec:\n"
+        "  clouds:\n"
+        "    aws:\n"
+        "      regions:\n"
+        "        us-east-1: {zones: [us-east-1a, us-east-1b]}\n"   # line 8
+        "        us-west-2:\n"
+        "          zones:\n"
+        "            - us-west-2a\n"
+        "            - us-east-1a\n"                            # line 12: us-east-1's zone again
+        "    gcp:\n"
+        "      regions:\n"
+        "        us-central1: {zones: [us-east-1a]}\n"          # another cloud's zone of that name is its own
+    )
+    (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(tenant("t")))
+    res = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert res.exit_code == 1, res.output
+    errs = [line.removeprefix(f"{tmp_path}/") for line in res.output.splitlines() if ": Topology/" in line]
+    assert errs == ["topology.yaml:12: Topology/test: spec.clouds.aws.regions.us-west-2.zones.1: "
+                    "zone 'us-east-1a' is already a zone of aws/us-east-1 (line 8): a zone belongs to one region"], res.output
+
+
 def test_pool_errors(tmp_path):
     from tests.fleetkit import TOPOLOGY
 
