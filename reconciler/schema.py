@@ -8,6 +8,7 @@ is in `reconcile validate`. Rules that span documents (references, quotas agains
 from __future__ import annotations
 
 import functools
+import os
 import re
 from typing import Annotated, Any, Union, get_args
 
@@ -105,10 +106,13 @@ def _edits(a: str, b: str) -> int:
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     """" (did you mean 'replicas'?)" when a choice is a typo away from `word` (at most a third of its letters
-    changed, as git and cargo suggest), else "": `replicsa` and `Jbo` get one, `colour` is not `clouds`."""
+    changed, as git and cargo suggest), else "": `replicsa` and `Jbo` get one, `colour` is not `clouds`.
+    Of choices as near, the one sharing the longest prefix with `word` is meant (a typo is likelier at the
+    end: `gpu` is `gpus`, not `cpu`; `cpus` is `cpu`, not `gpus`), then the alphabetical first."""
     word = str(word)
-    best = min(((_edits(word.lower(), c.lower()), c) for c in choices), default=None)
-    return f" (did you mean {best[1]!r}?)" if best and best[0] <= max(1, len(word) // 3) and best[0] < len(word) else ""
+    low = word.lower()
+    best = min(((_edits(low, c.lower()), -len(os.path.commonprefix([low, c.lower()])), c) for c in choices), default=None)
+    return f" (did you mean {best[2]!r}?)" if best and best[0] <= max(1, len(word) // 3) and best[0] < len(word) else ""
 
 
 __all__ = ["DRAFT", "SCHEMA_ID", "did_you_mean", "document_schema", "known_fields"]

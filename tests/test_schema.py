@@ -124,6 +124,23 @@ def test_validate_suggests_the_field_and_kind_meant(tmp_path):
     assert "unknown kind 'Jbo' (did you mean 'Job'?)" in out.output
 
 
+def test_a_near_tie_suggests_the_field_the_typo_begins(tmp_path):
+    """`gpu` is one edit from `cpu` and from `gpus`: the hint names `gpus`, the field it is the start of (it
+    said 'cpu', the alphabetical first); `cpus` still gets `cpu`."""
+    from tests.fleetkit import job, tenant, topology, write_config
+
+    j = job("j", gpus=1)
+    j["spec"]["resources"]["gpu"] = j["spec"]["resources"].pop("gpus")
+    k = job("k")
+    k["spec"]["resources"]["cpus"] = k["spec"]["resources"].pop("cpu")
+    write_config(tmp_path, [topology(), {**tenant("t"), "spec": {"quota": {"gpu": 2}}}, j, k])
+    out = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert out.exit_code == 1
+    assert "Tenant/t: spec.quota.gpu: unknown field (did you mean 'gpus'?)" in out.output, out.output
+    assert "Job/j: spec.resources.gpu: unknown field (did you mean 'gpus'?)" in out.output, out.output
+    assert "Job/k: spec.resources.cpus: unknown field (did you mean 'cpu'?)" in out.output, out.output
+
+
 def test_a_tab_in_indentation_is_named(tmp_path):
     from tests.fleetkit import copy_quickstart
 
