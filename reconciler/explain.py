@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.problem.diagnosis import pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
-from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, rules_allow
+from reconciler.model import PRIORITY_CLASSES
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, priority_band, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -46,6 +47,14 @@ class Explanation:
     tried: tuple[str, ...] = field(default=())  # relaxations tried that did not
 
 
+def _band(priority: int | str) -> str:
+    """The class of an integer priority that is not a class's own value: preemption and the solver's tiers compare
+    classes, so 99 ranks as normal ("class normal: 10-99 rank alike"); "" for a class name or value."""
+    if isinstance(priority, str) or priority in PRIORITY_CLASSES.values():
+        return ""
+    return f"{priority_band(priority)} rank alike"
+
+
 def _cap_label(c: Capacity) -> str:
     return f"{c.pool} {c.cloud}/{c.zone} {c.instance_type} {c.market}" + (f" (reserved: {c.reservation})" if c.reservation else "")
 
@@ -60,9 +69,12 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
     d = demand
     spec = desired.jobs[job].spec
     cpu = f"{d.cpu / d.bundle:g} vCPU and " if d.gpus or d.mig else ""  # (a CPU job's _what is its vCPU already)
+    band, aged_band = _band(spec.priority), _band(d.priority)
+    priority = f"priority {spec.priority}" + (f" ({band})" if band else "")
+    if d.priority != d.base_priority:
+        priority += f" (aged to {d.priority}" + (f", {aged_band}" if aged_band else "") + ")"
     details = [f"asks {_what(d)}{' (nvlink)' if d.nvlink else ''}{', ' if cpu else ' and '}{cpu}{d.memory_gib / d.bundle:g} GiB "
-               f"per replica; tenant {d.tenant}; priority {spec.priority}"
-               + (f" (aged to {d.priority})" if d.priority != d.base_priority else "") + f"; spot {d.spot}"]
+               f"per replica; tenant {d.tenant}; {priority}; spot {d.spot}"]
     rules = []
     if d.pools is not None:
         rules.append(f"pools {', '.join(sorted(d.pools))}")

@@ -72,3 +72,34 @@ def test_explain_says_once_what_a_cpu_job_asks(tmp_path):
     cfg = write_config(tmp_path / "cfg", docs)
     assert api.explain(cfg, "cpu-job", time_limit=5).details[0].startswith("asks 1x 8 vCPU and 16 GiB per replica; tenant a")
     assert api.explain(cfg, "gpu-job", time_limit=5).details[0].startswith("asks 1x 1 A10G, 4 vCPU and 16 GiB per replica")
+
+
+def test_explain_names_the_class_an_integer_priority_ranks_in(tmp_path):
+    """Integer priorities rank by class (1/10/100/1000 bands): a job of priority 99 waits behind its tenant's running
+    normal (10) job, and explain said only "priority 99". It names the class where the integer is not a class's own
+    value, and the aged priority's; a class name or value reads as before."""
+    from datetime import datetime, timedelta, timezone
+
+    from reconciler import api
+
+    now = datetime(2026, 11, 2, tzinfo=timezone.utc)
+    docs = [topology(), tenant("a"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            doc("PlacementPolicy", "pp", {"aging": {"step_hours": 24, "max_priority": "high"}}),
+            job("n", tenant="a", priority="normal", **A100)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    assert api.apply(cfg, time_limit=5).report.ok
+    day_ago = (now - timedelta(hours=30)).isoformat()
+    docs += [job("p99", tenant="a", priority=99, **A100), job("p5", tenant="a", priority=5, submitted=day_ago, **A100),
+             job("old-low", tenant="a", priority="low", submitted=(now - timedelta(days=3)).isoformat(), **A100)]
+    write_config(cfg, docs)
+
+    def explained(name):
+        return api.explain(cfg, name, time_limit=5, now=now)
+
+    p99 = explained("p99")
+    assert p99.state == "pending", p99.summary
+    assert "; priority 99 (class normal: 10-99 rank alike); spot " in p99.details[0], p99.details[0]
+    p5 = explained("p5")
+    assert "; priority 5 (class low: 0-9 rank alike) (aged to 50, class normal: 10-99 rank alike); spot " in p5.details[0], p5.details[0]
+    assert "; priority low (aged to 100); spot " in explained("old-low").details[0]  # aged to high's own value
+    assert "; priority normal; spot " in explained("n").details[0]

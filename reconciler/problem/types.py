@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Callable
 
 from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
-from reconciler.model import PlacementPolicySpec, SpotPolicySpec
+from reconciler.model import PRIORITY_CLASSES, PlacementPolicySpec, SpotPolicySpec
 from reconciler.site import Capacity, Host, Offer
 
 DIMS = ("gpus", "cpu", "memory_gib")
@@ -17,6 +17,15 @@ DIMS = ("gpus", "cpu", "memory_gib")
 def priority_class(priority: int) -> int:
     """0 low, 1 normal, 2 high, 3 critical: the bands of the named classes (1, 10, 100, 1000)."""
     return 0 if priority < 10 else 1 if priority < 100 else 2 if priority < 1000 else 3
+
+
+def priority_band(priority: int) -> str:
+    """The class an integer priority ranks in and the integers that rank alike with it, as explain prints it:
+    "class normal: 10-99" (preemption and the solver's tiers compare these classes, not the integers)."""
+    names, values = list(PRIORITY_CLASSES), list(PRIORITY_CLASSES.values())
+    k = priority_class(priority)
+    lo = 0 if k == 0 else values[k]
+    return f"class {names[k]}: {lo}-{values[k + 1] - 1}" if k + 1 < len(values) else f"class {names[k]}: {lo} and above"
 
 
 @dataclass(frozen=True)
