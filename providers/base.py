@@ -22,6 +22,8 @@ TAG_POOL = "fleetops.io/pool"  # the Pool document the instance belongs to
 TAG_CREATE_KEY = "fleetops.io/create-key"  # the idempotency key it was created with
 TAG_RESERVATION = "fleetops.io/reservation"  # the Reservation (its name) the instance was launched into
 TAG_FLEET_UID = "fleetops.io/fleet-uid"  # which fleet of that name: generated on its first apply (reconciler/identity.py)
+TAG_MIG = "fleetops.io/mig"  # the MIG layout the instance was launched with (mig_tag): what its bootstrap partitioned
+NO_MIG = "none"  # TAG_MIG of an instance launched without a MIG layout (whole GPUs, or no GPU)
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,23 @@ class Janitor(Protocol):
 
 def ownership_tags(fleet: str, pool: str, key: str) -> dict[str, str]:
     return {TAG_FLEET: fleet, TAG_POOL: pool, TAG_CREATE_KEY: key}
+
+
+def mig_tag(layout: Sequence[str]) -> str:
+    """TAG_MIG's value for a launch with `layout` (its pool's `mig`, as the bootstrap applies it): the profiles in the
+    pool's order joined by `-` ("3g.40gb-2g.20gb-2g.20gb"), or NO_MIG. Profiles are `[1-7]g.<n>gb`, so the value is
+    `[a-z0-9.-]` and at most 55 characters with NVIDIA's profiles (seven `1g.NNgb`): every cloud holds it as is,
+    GCE labels too (`.` spelled `_`, which reads back exact: gcp.label_value)."""
+    return "-".join(layout) if layout else NO_MIG
+
+
+def mig_of(tags: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The MIG layout an instance records (TAG_MIG), () for none; None when it records nothing (launched before
+    the tag existed: taken as its pool's layout, reconciler/observe.instance_layout says why)."""
+    value = tags.get(TAG_MIG)
+    if value is None:
+        return None
+    return () if value == NO_MIG else tuple(value.split("-"))
 
 
 @dataclass(frozen=True)

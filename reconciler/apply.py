@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_RESERVATION, CreateRequest, Instance, Janitor, PlacementRecorder, ownership_tags
+from providers.base import (TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, Instance, Janitor,
+                            PlacementRecorder, mig_tag, ownership_tags)
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
@@ -197,12 +198,16 @@ def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callabl
 def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str,
             hosted: list[Placement]) -> Instance:
     provider = fleet.provider(c.site.provider)
+    target = pool_target(desired.pools[c.site.pool])
     tags = {**ownership_tags(desired.fleet, c.site.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
+    # The layout the bootstrap partitions its GPUs with (target.mig), once: how the next plans know it when the pool's
+    # changes (a drifted instance is replaced: reconciler/problem/capacity.py).
+    tags[TAG_MIG] = mig_tag(target.mig)
     reservation = desired.reservations.get(c.reservation) if c.reservation else None
     if c.reservation:
         tags[TAG_RESERVATION] = c.reservation  # how the next plan knows it is reserved capacity (price 0)
     req = CreateRequest(
-        key=key, pool=pool_target(desired.pools[c.site.pool]), zone=c.site.zone, instance_type=c.site.instance_type,
+        key=key, pool=target, zone=c.site.zone, instance_type=c.site.instance_type,
         market=c.site.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted), agent_state_url=getattr(fleet, "agent_state_url", None),
         capacity_reservation=reservation.spec.target.reservation_id if reservation is not None and reservation.spec.target else None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from providers.base import TAG_FLEET_UID, Instance, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
+from providers.base import TAG_FLEET_UID, Instance, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
 from reconciler.errors import ProviderError
 from providers.options import check_options
 from providers.registry import declared_options, load_provider
@@ -81,6 +81,19 @@ def pool_target(pool: Pool) -> PoolTarget:
         name=pool.name, cloud=s.cloud, region=s.region, zones=tuple(s.zones), instance_types=tuple(s.instance_types),
         settings=section.model_dump() if section is not None else {}, mig=tuple(s.mig or ()),
     )
+
+
+def instance_layout(inst: Instance, pool: Pool | None) -> tuple[str, ...]:
+    """The MIG layout of an instance's GPUs, () for whole GPUs: the one it recorded at launch (TAG_MIG), which it keeps
+    whatever its pool says now (the bootstrap partitions its GPUs once; an instance whose layout is not its pool's is
+    replaced: reconciler/problem/capacity.py). An instance that records none was launched by an older version: it is
+    taken to have its pool's layout now, as those versions took it, not as drifted, so that upgrading does not replace
+    every MIG instance of the fleet at once (nothing tells which were partitioned otherwise). The price: a later change
+    of its pool's layout does not replace it either (README "MIG": tag it with its layout, or delete it)."""
+    recorded = mig_of(inst.tags)
+    if recorded is not None:
+        return recorded
+    return tuple(pool.spec.mig or ()) if pool is not None else ()
 
 
 def provider_for(pool: Pool, default: str) -> str:

@@ -66,6 +66,7 @@ class Host:
     on_demand: float
     group: str | None = None  # placement group (new instances only)
     reservation: str | None = None  # launched into this Reservation (new instances): price 0, checked in fleet_after
+    mig: tuple[str, ...] = ()  # the MIG layout of its GPUs (_layout), () for whole GPUs
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,21 @@ def _offering(observed: Observed, cloud: str, region: str, zone: str, itype: str
         if (o.cloud, o.zone, o.instance_type) == (cloud, zone, itype):
             return o
     return load_catalog().offering(cloud, region, zone, itype)
+
+
+def _layout(i, desired: DesiredState | None) -> tuple[str, ...]:
+    """An instance's MIG layout: the one it recorded at launch (`fleetops.io/mig`: profiles joined by '-', or 'none');
+    an instance that records none (launched before the tag) counts as having its pool's (README, MIG)."""
+    tag = i.tags.get("fleetops.io/mig")
+    if tag is not None:
+        return () if tag == "none" else tuple(tag.split("-"))
+    pool = desired.pools.get(i.pool) if desired is not None else None
+    return tuple(pool.spec.mig or ()) if pool is not None else ()
+
+
+def _pool_layout(desired: DesiredState | None, pool: str) -> tuple[str, ...]:
+    p = desired.pools.get(pool) if desired is not None else None
+    return tuple(p.spec.mig or ()) if p is not None else ()
 
 
 def _reserved(desired: DesiredState | None, observed: Observed) -> set[str]:
@@ -116,7 +132,7 @@ def fleet_after(observed: Observed, plan: Plan, desired: DesiredState | None = N
         if i.id in reserved:
             price = 0.0
         hosts[i.id] = Host(i.id, False, i.cloud, i.region, i.zone, i.instance_type, i.market, i.pool,
-                           cat.shape(i.cloud, i.instance_type), price, o.on_demand_price)
+                           cat.shape(i.cloud, i.instance_type), price, o.on_demand_price, mig=_layout(i, desired))
     for c in plan.creates:
         o = _offering(observed, c.cloud, c.region, c.zone, c.instance_type)
         assert o is not None, f"create {c.ref}: no offering of {c.instance_type} in {c.zone}"
@@ -128,7 +144,8 @@ def fleet_after(observed: Observed, plan: Plan, desired: DesiredState | None = N
                 f"create {c.ref} ({c.market} {c.instance_type} in {c.zone}) is not what reservation {c.reservation} holds")
             assert c.price == 0.0, f"create {c.ref} in reservation {c.reservation} priced {c.price}, not 0 (its cost is committed)"
         hosts[c.ref] = Host(c.ref, True, c.cloud, c.region, c.zone, c.instance_type, c.market, c.pool,
-                            cat.shape(c.cloud, c.instance_type), price, o.on_demand_price, c.placement_group, c.reservation)
+                            cat.shape(c.cloud, c.instance_type), price, o.on_demand_price, c.placement_group, c.reservation,
+                            _pool_layout(desired, c.pool))
     return hosts
 
 
@@ -506,7 +523,7 @@ def _check_jobs(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
         for rep in rs:
             h = rep.host
             s = h.shape
-            pool_mig = desired.pools[h.pool].spec.mig if h.pool in desired.pools else None
+            pool_mig = h.mig  # (its GPUs' layout: a kept instance keeps the one it was launched with)
             if r.mig:
                 assert s.gpu_type == r.gpu_type, f"MIG job {job} wants {r.gpu_type}, {h.ref} has {s.gpu_type}"
                 assert pool_mig and r.mig.profile in pool_mig, f"MIG job {job} ({r.mig.profile}) on {h.ref} of pool {h.pool} (layout {pool_mig})"
@@ -585,7 +602,7 @@ def _check_capacity(desired: DesiredState, hosts: dict[str, Host], reps: dict[st
         assert m <= s.memory_gib + EPS, f"memory overcommit on {ref}: {m}>{s.memory_gib}"
     for ref, per in mig_used.items():
         h = hosts[ref]
-        layout = desired.pools[h.pool].spec.mig or []
+        layout = list(h.mig)
         for prof, n in per.items():
             assert n <= h.shape.gpus * layout.count(prof), (
                 f"MIG overcommit on {ref}: {n} x {prof}, the layout {layout} on {h.shape.gpus} GPUs has {h.shape.gpus * layout.count(prof)}")
@@ -647,6 +664,8 @@ def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: d
         assert (h.cloud, h.region) == (s.cloud, s.region) and h.zone in s.zones and h.itype in s.instance_types, (
             f"{h.ref} ({h.cloud}/{h.zone} {h.itype}) does not match Pool/{h.pool}")
         assert h.market in s.markets(), f"{h.ref} is {h.market}, Pool/{h.pool} allows {s.market}"
+        assert sorted(h.mig) == sorted(s.mig or ()), (
+            f"{h.ref} stays with MIG layout {list(h.mig)}, Pool/{h.pool}'s is {s.mig} (a layout is applied only at launch)")
         if h.new:
             assert (h.cloud, h.zone, h.itype, h.market) not in short, f"{h.ref} bought in {h.zone} {h.itype} {h.market}, in capacity cool-off"
             o = _offering(observed, h.cloud, h.region, h.zone, h.itype)
@@ -729,6 +748,8 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
         pool = desired.pools.get(i.pool)
         if pool is None or i.zone not in pool.spec.zones or i.instance_type not in pool.spec.instance_types or i.market not in pool.spec.markets():
             return False
+        if sorted(_layout(i, desired)) != sorted(pool.spec.mig or ()):
+            return False  # (its GPUs keep the layout they were launched with)
         if not region_matches(g.allowed_regions, i.cloud, i.region) or (g.allowed_clouds is not None and i.cloud not in g.allowed_clouds):
             return False
         if s.pools is not None and i.pool not in s.pools or s.clouds is not None and i.cloud not in s.clouds:
@@ -904,8 +925,10 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
                 price = (o.spot_price if i.market == "spot" else o.on_demand_price) if o else None
                 # (an instance launched into a gang's placement group is not one outside it: a
                 # placement-group gang can only join new instances of its group)
-                assert (i.pool, i.zone, i.instance_type, i.market, i.placement_group or None) != \
-                    (c.pool, c.zone, c.instance_type, c.market, c.placement_group) or price is None or abs(price - c.price) > EPS, (
+                # (nor is one whose GPUs are partitioned otherwise: a new instance gets its pool's MIG layout)
+                assert (i.pool, i.zone, i.instance_type, i.market, i.placement_group or None, sorted(_layout(i, desired))) != \
+                    (c.pool, c.zone, c.instance_type, c.market, c.placement_group, sorted(_pool_layout(desired, c.pool))) \
+                    or price is None or abs(price - c.price) > EPS, (
                     f"{jc.job} moves from {old} to {new}, an identical instance ({c.pool} {c.zone} {c.instance_type} {c.market} ${c.price}/h): {jc.reason}")
     # No instance is bought to stand idle (the next plan would delete it), unless its pool's
     # minimum needs it or spot capacity is in the fleet (the spot share and buffer count on-demand capacity).

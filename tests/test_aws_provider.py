@@ -500,3 +500,18 @@ def test_a_create_waiting_for_its_reservation_is_not_launched_when_the_delete_fa
     res = api.apply(cfg, provider="aws", options=opts)
     assert res.report.ok and res.report.deleted == [old]
     assert proxy.reservations[CR]["members"] - {old} == set(res.report.placements["inference-canary"])
+
+
+def test_a_mig_layout_is_tagged_at_launch_read_back_and_a_changed_one_replaces_the_instance(aws_env, tmp_path, ec2, fleet):
+    from tests.test_mig_drift import check_mig_drift_on, cloud_mig_config
+
+    cfg = _config(tmp_path)
+
+    def raw(i) -> str:
+        found = ec2.describe_instances(InstanceIds=[i.id])["Reservations"][0]["Instances"][0]
+        return {t["Key"]: t["Value"] for t in found["Tags"]}["fleetops.io/mig"]
+
+    check_mig_drift_on(cfg, "aws", {"endpoint_url": aws_env},  # p4d.24xlarge: eight A100 (40 GB)
+                       lambda layout, profile: cloud_mig_config(cfg, "a100", "p4d.24xlarge", "A100", layout, profile, like="a10g",
+                                                                        fleet=fleet),
+                       ["3g.20gb", "3g.20gb"], ["2g.10gb", "2g.10gb", "2g.10gb"], ("3g.20gb", "2g.10gb"), raw, lambda v: v)

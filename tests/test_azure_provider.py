@@ -527,3 +527,17 @@ def test_an_unreadable_network_api_is_transient_not_a_verdict(arm, tmp_path):
     with pytest.raises(TransientProviderError, match="ServiceUnavailable"):
         prov.offerings([target(subnet_id=other)])
     assert prov.offerings([target(subnet_id=other)])
+
+
+def test_a_mig_layout_is_tagged_at_launch_read_back_and_a_changed_one_replaces_the_vm(arm, tmp_path):
+    """Azure tag names allow no '/': the logical fleetops.io/mig is the tag fleetops.io_mig, its value as is."""
+    from tests.test_mig_drift import check_mig_drift_on, cloud_mig_config
+
+    cfg = _config(tmp_path)
+
+    def raw(i) -> str:
+        return arm.snapshot()[i.id.rsplit("/", 1)[1]]["tags"][azure_tag_name("fleetops.io/mig")]
+
+    check_mig_drift_on(cfg, "azure", options(arm),  # one A100-80GB
+                       lambda layout, profile: cloud_mig_config(cfg, "a100", "Standard_NC24ads_A100_v4", "A100-80GB", layout, profile),
+                       ["3g.40gb", "2g.20gb", "2g.20gb"], ["3g.40gb", "3g.40gb"], ("3g.40gb", "3g.40gb"), raw, lambda v: v)

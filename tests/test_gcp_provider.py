@@ -715,3 +715,39 @@ def test_a_pools_network_and_subnetwork_are_checked_at_plan_time(prov, gce):
             prov.offerings([target(**pool_settings)])
     with pytest.raises(ProviderError, match="The referenced network resource cannot be found"):
         prov.create(req("k-bad-net", pool=target(network="ml-vcp")))  # what an unchecked pool met at insert time
+
+
+def test_a_mig_layout_is_labelled_at_launch_read_back_and_a_changed_one_replaces_the_instance(gce, tmp_path):
+    """GCE label values allow no '.': the layout `3g.20gb-3g.20gb` is the label `3g_20gb-3g_20gb`, read back exact."""
+    from tests.test_mig_drift import check_mig_drift_on, cloud_mig_config
+
+    cfg = _config(tmp_path)
+
+    def raw(i: Instance) -> str:
+        return next(d for d in gce.instances(PROJECT) if i.id.endswith("/" + d["name"]))["labels"]["fleetops-mig"]
+
+    check_mig_drift_on(cfg, "gcp", {"endpoint": gce.url, "project": PROJECT},
+                       lambda layout, profile: cloud_mig_config(cfg, "a100", "a2-highgpu-1g", "A100", layout, profile),
+                       ["3g.20gb", "3g.20gb"], ["2g.10gb", "2g.10gb", "2g.10gb"], ("3g.20gb", "2g.10gb"), raw,
+                       lambda v: v.replace(".", "_"))
+
+
+def test_every_catalog_mig_layout_fits_a_gce_label_exactly():
+    """Every layout the config allows (catalog.mig_layout_error) of every GPU model the catalog partitions is at most
+    63 characters of [a-z0-9_-] as a label and reads back as written (a hashed label would read as another layout:
+    the instance would be replaced on every plan). The longest: seven 1g devices, 55 characters."""
+    from itertools import combinations_with_replacement
+
+    from providers.base import NO_MIG, mig_of, mig_tag
+    from providers.catalog import mig_layout_error
+
+    longest = 0
+    for model in load_catalog().gpu_models.values():
+        for n in range(1, 8):
+            for layout in combinations_with_replacement(sorted(model.mig_profiles), n):
+                if mig_layout_error(model, list(layout)) is None:
+                    label = label_value(mig_tag(layout))
+                    assert LABEL_VALUE_RE.fullmatch(label) and mig_of({"fleetops.io/mig": tag_value(label)}) == layout, label
+                    longest = max(longest, len(label))
+    assert 0 < longest <= 63
+    assert mig_tag(()) == NO_MIG and mig_of({"fleetops.io/mig": tag_value(label_value(NO_MIG))}) == ()

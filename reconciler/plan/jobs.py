@@ -74,6 +74,9 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
                     if action == "move" else ""
                 if job in d.reshaped:  # a resource change is a change: the job restarts
                     where_to = "restarts in place" if action == "keep" else "restarts on other instances"
+                    gone = [h for h in prev if h not in now_t and h in hosts and hosts[h].keep_blocker]
+                    if gone:  # (and the instance it ran on must go: its MIG layout drifted from its pool's, its pool removed)
+                        where_to += f"; it leaves {gone[0]}: {hosts[gone[0]].keep_blocker}"
                     action, note = "move", f"resources changed ({'; '.join(shape_changes(desired.jobs[job], observed))}): {where_to}"
                 elif action == "move" and d.gang and len(prev) != len(now_t) and not observed.lost.get(job):
                     # (a gang grown or shrunk restarts at its new size: it read "consolidation: a cheaper packing", audit21 finding 5)

@@ -11,7 +11,7 @@ from typing import Callable
 from providers.base import TAG_RESERVATION
 from reconciler.ledger import ReservationRules
 from reconciler.model import DesiredState
-from reconciler.observe import Observed
+from reconciler.observe import Observed, instance_layout
 from reconciler.problem.demands import as_utc
 from reconciler.problem.rules import OfferFits, guardrail_refusal
 from reconciler.problem.types import Capacity, Demand, Host, Offer, spot_measure, type_class
@@ -23,6 +23,10 @@ def _offering_lookup(observed: Observed, catalog):
     def lookup(cloud: str, region: str, zone: str, itype: str):
         return by_key.get((cloud, zone, itype)) or catalog.offering(cloud, region, zone, itype)
     return lookup
+
+
+def show_layout(layout) -> str:
+    return "[" + ", ".join(layout) + "]" if layout else "none (whole GPUs)"
 
 
 def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], catalog) -> list[Capacity]:
@@ -52,6 +56,9 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
             blocker = f"drifted from Pool/{pool.name} (type or zone no longer allowed)"
         elif inst.market not in pool.spec.markets():
             blocker = f"market {inst.market} no longer allowed by Pool/{pool.name}"
+        elif sorted(layout := instance_layout(inst, pool)) != sorted(pool.spec.mig or ()):
+            blocker = (f"drifted from Pool/{pool.name}: its MIG layout {show_layout(layout)} is not the pool's "
+                       f"{show_layout(pool.spec.mig or ())} (a layout is applied only at launch)")
         else:
             blocker = guardrail_refusal(guard, inst.cloud, inst.region)
         od = off.on_demand_price if off else 0.0
@@ -63,7 +70,7 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
             key=inst.id, site=Site.of(inst), gpus=off.gpus if off else 0,
             gpu_type=off.gpu_type if off else None, cpu=off.cpu if off else 0, memory_gib=off.memory_gib if off else 0,
             price=price, on_demand_price=od, nvlink_domain=getattr(off, "nvlink_domain", 1) if off else 1,
-            mig=tuple(pool.spec.mig) if pool is not None and pool.spec.mig else None,
+            mig=instance_layout(inst, pool) or None,
             instance_id=inst.id, keep_blocker=blocker, residents=res,
         ))
     return hosts

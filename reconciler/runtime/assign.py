@@ -83,7 +83,8 @@ def previous_placements(previous: Mapping[str, dict]) -> dict[str, tuple[int, di
 
 def mig_devices(layout: Sequence[str], gpus: int) -> list[tuple[str, str]]:
     """Every MIG device of an instance whose `gpus` GPUs are each partitioned with `layout`, as
-    (device, profile): device `G:M` is GPU G's M-th device in the pool's layout order."""
+    (device, profile): device `G:M` is GPU G's M-th device in the layout's order (the one the instance was
+    launched with: publish.mig_hosts)."""
     return [(f"{g}:{m}", p) for g in range(gpus) for m, p in enumerate(layout)]
 
 
@@ -122,7 +123,7 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
     """instance id -> its assignment document, for every instance that hosts a replica of a job
     with `run`. A job's epoch is the serial at which its placement last changed: when one replica
     moves, the whole gang restarts (from its checkpoint) at the new epoch. `mig_hosts`: instance ->
-    (its pool's MIG layout, its GPU count), for the instances whose GPUs are MIG-partitioned."""
+    (its MIG layout, its GPU count), for the instances whose GPUs are MIG-partitioned."""
     before = previous_placements(previous)
     hashes = published_hashes(previous)
     out: dict[str, dict] = {}

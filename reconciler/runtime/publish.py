@@ -33,15 +33,19 @@ def _launched(instances: Iterable[Instance]) -> dict[str, float]:
 
 
 def mig_hosts(desired: DesiredState, instances: Iterable[Instance]) -> dict[str, tuple[tuple[str, ...], int]]:
-    """instance -> (its pool's MIG layout, its GPU count from the catalog), for MIG-partitioned instances."""
+    """instance -> (its MIG layout, its GPU count from the catalog), for MIG-partitioned instances. The layout is the
+    one the instance was launched with (observe.instance_layout), not its pool's now: the devices `G:M` name are
+    those its GPUs have (a drifted instance is replaced, and until then hosts no replica of the pool's new layout)."""
     from providers.catalog import load_catalog
+    from reconciler.observe import instance_layout
 
     catalog, out = load_catalog(), {}
     for inst in instances:
         pool = desired.pools.get(inst.pool)
         shape = catalog.shape(inst.cloud, inst.instance_type)
-        if pool is not None and pool.spec.mig and shape is not None and shape.gpus:
-            out[inst.id] = (tuple(pool.spec.mig), shape.gpus)
+        layout = instance_layout(inst, pool)
+        if pool is not None and layout and shape is not None and shape.gpus:
+            out[inst.id] = (layout, shape.gpus)
     return out
 
 

@@ -215,7 +215,7 @@ def parse_mig_list(text: str) -> dict[int, list[tuple[str, str]]]:
 
 
 def mig_uuids(devices: tuple[str, ...], layout: list[str], listing: str | None) -> tuple[str, ...] | None:
-    """The MIG UUIDs of the plan's devices (`G:M`: GPU G's M-th device of the pool's layout) on this
+    """The MIG UUIDs of the plan's devices (`G:M`: GPU G's M-th device of the instance's layout) on this
     host, matched by profile: the k-th `2g.20gb` of the layout on a GPU is the k-th one nvidia-smi lists
     there (same-profile devices are interchangeable; the driver's own numbering is not the layout's).
     None without nvidia-smi (the sim): the indices stand. A GPU not partitioned as the pool says is a
@@ -231,8 +231,8 @@ def mig_uuids(devices: tuple[str, ...], layout: list[str], listing: str | None) 
         mine = [u for p, u in have.get(g, []) if p == profile]
         if ordinal >= len(mine):
             listed = ", ".join(p for p, _ in have.get(g, [])) or "no MIG devices"
-            raise StartError(f"GPU {g} has {len(mine)} MIG device(s) of profile {profile}, the pool's layout {'/'.join(layout)} "
-                             f"needs {layout.count(profile)} (nvidia-smi -L lists: {listed}); partition the GPUs with the pool's layout")
+            raise StartError(f"GPU {g} has {len(mine)} MIG device(s) of profile {profile}, the instance's layout {'/'.join(layout)} "
+                             f"needs {layout.count(profile)} (nvidia-smi -L lists: {listed}); partition the GPUs with that layout")
         out.append(mine[ordinal])
     return tuple(out)
 
