@@ -328,10 +328,14 @@ def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, ob
     """status/metrics.prom: the fleet the apply left, for node_exporter's textfile collector (not committed with
     status: its plan time and queue waits change every run). Returns that view (the controller serves it)."""
     from reconciler.fleetview import applied_view
-    from reconciler.metrics import write_textfile
+    from reconciler.metrics import exposition
+    from reconciler.status import METRICS_FILE, StatusFiles
 
     view = applied_view(problem, desired, observed, the_plan, report, utcnow(), runtime)
-    write_textfile(status_dir / "metrics.prom", view)
+    # As every status file: never through a link (the repo's status/ is a pull request's to change), checked
+    # before the apply by StatusFiles.check.
+    with StatusFiles(status_dir.parent) as files:
+        files.write(status_dir / METRICS_FILE, exposition(view))
     return view
 
 

@@ -584,11 +584,16 @@ def metrics(
     """The fleet's metrics (GPUs, cost, jobs, pending reasons, queue wait, solver) for Prometheus."""
     from reconciler.metrics import exposition, write_textfile
 
+    if out is not None and out.is_dir():  # (before the plan, which takes a while)
+        _fail(ReconcileError(f"{out} is a directory: --out names the file to write (e.g. {out / 'fleetops.prom'})"))
     view = _fleet_view(config_dir, provider, time_limit, gap, provider_option, state)
     if out is None:
         typer.echo(exposition(view, openmetrics), nl=False)
     else:
-        write_textfile(out, view)
+        try:
+            write_textfile(out, view)
+        except ReconcileError as e:
+            _fail(e)
         typer.echo(f"metrics written to {out}")
 
 

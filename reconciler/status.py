@@ -33,6 +33,10 @@ class Condition:
     message: str
 
 
+METRICS_FILE = "metrics.prom"  # status/metrics.prom: the apply's metrics for node_exporter (reconciler/metrics.py)
+_TEMP_IN_THE_WAY = "is in the way of the temporary file apply writes there (it is not a file apply can remove)"
+
+
 class StatusFiles:
     """status/ in the config dir, each path component opened relative to its parent's descriptor
     with O_NOFOLLOW: a symlink anywhere under status/ (status/ itself, status/jobs, a job's file)
@@ -106,20 +110,35 @@ class StatusFiles:
             return f.read().decode("utf-8", errors="replace")
 
     def write(self, path: Path, text: str) -> None:
-        """Replace a status file (atomically) unless it already says `text`."""
+        """Replace a status file (atomically) unless it already says `text`: written to `.NAME.tmp`, created anew
+        (O_EXCL|O_NOFOLLOW: a link planted at that name is removed, never written through), then renamed over NAME
+        (which replaces a link there, never follows it). The temporary file is removed when any step fails."""
         parts = self._parts(path)
         if self.read(path) == text:
             return
         d = self._dir(parts[:-1], create=True)
         tmp = f".{parts[-1]}.tmp"
+        tmp_parts = (*parts[:-1], tmp)
         try:
-            os.unlink(tmp, dir_fd=d)
+            os.unlink(tmp, dir_fd=d)  # a leftover of a killed run, or a link: the entry itself, never its target
         except FileNotFoundError:
             pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=d)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, parts[-1], src_dir_fd=d, dst_dir_fd=d)
+        except OSError as e:
+            raise self._refuse(tmp_parts, e, _TEMP_IN_THE_WAY) from None
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=d)
+        except OSError as e:
+            raise self._refuse(tmp_parts, e) from None
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, parts[-1], src_dir_fd=d, dst_dir_fd=d)
+        except OSError as e:
+            try:
+                os.unlink(tmp, dir_fd=d)
+            except OSError:
+                pass
+            raise self._refuse(parts, e) from None
 
     def names(self, directory: Path) -> list[str]:
         """The *.yaml entries of a status directory (none if it does not exist)."""
@@ -133,11 +152,19 @@ class StatusFiles:
             os.unlink(parts[-1], dir_fd=d)  # a link itself, never what it points to
 
     def check(self) -> None:
-        """Refuse, before an apply changes anything, a status/ that could not be written safely."""
+        """Refuse, before an apply changes anything, a status/ that could not be written safely: a link, directory
+        or other non-file at a name apply writes (status/, jobs/, pools/, *.yaml, fleet.yaml, metrics.prom), or a
+        directory where it puts a temporary file (`.NAME.tmp`)."""
         for sub in ((), ("jobs",), ("pools",)):
             directory = self.config_dir / "status" / Path(*sub)
-            for name in self.names(directory) + (["fleet.yaml"] if not sub else []):
+            for name in self.names(directory) + (["fleet.yaml", METRICS_FILE] if not sub else []):
                 self.read(directory / name)
+            d = self._dir(("status", *sub), create=False)
+            for name in os.listdir(d) if d is not None else ():
+                if name.startswith(".") and name.endswith(".tmp"):
+                    st = os.stat(name, dir_fd=d, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        raise self._refuse(("status", *sub, name), None, _TEMP_IN_THE_WAY)
 
     def document(self, path: Path) -> dict:
         """A status file's YAML as a mapping; {} if it is absent, not YAML or not a mapping

@@ -147,6 +147,62 @@ def test_status_is_never_written_through_a_symlink(applied, tmp_path):
     assert [p.name for p in outside.iterdir()] == ["keep.yaml"] and _live(applied) == before
 
 
+def test_metrics_prom_is_never_written_through_a_planted_link(tmp_path):
+    """Audit: apply wrote status/metrics.prom through `status/.metrics.prom.<pid>.tmp` with a plain write, so a link
+    committed at that name (pids are predictable on CI) had a file outside the repo overwritten. The link is planted
+    here for the very pid the apply runs as (the shell's: exec keeps it)."""
+    cfg = copy_quickstart(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (cfg / "status").mkdir()
+    res = subprocess.run(["sh", "-c", 'ln -s "$1" "$2/status/.metrics.prom.$$.tmp" && exec "$3" -m reconciler.cli apply "$2" '
+                                      "--auto-approve", "sh", str(victim), str(cfg), sys.executable],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "precious\n"
+    assert (cfg / "status" / "metrics.prom").read_text().startswith("# HELP fleetops_")
+    assert not [p.name for p in (cfg / "status").iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+@pytest.mark.parametrize("case", ["symlink", "directory"])
+def test_metrics_prom_in_the_way_is_refused_before_any_change(tmp_path, case):
+    """status/metrics.prom a link, or a directory: refused up front, as every status file is, with nothing created
+    (a directory made every apply create its instances, then fail with "unexpected IsADirectoryError")."""
+    cfg = copy_quickstart(tmp_path)  # never applied: the apply would create 10 instances
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (cfg / "status").mkdir()
+    prom = cfg / "status" / "metrics.prom"
+    if case == "symlink":
+        prom.symlink_to(victim)
+        expect = f"status/metrics.prom is a symlink (to {victim})"
+    else:
+        prom.mkdir()
+        expect = "status/metrics.prom is not a regular file"
+    assert_clean_error(cli("apply", cfg, "--auto-approve"), expect, "Remove or move it away")
+    assert _live(cfg) == [] and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in (cfg / "status").iterdir()) == ["metrics.prom"]  # no temp file left behind
+    prom.unlink() if case == "symlink" else prom.rmdir()
+    (cfg / "status" / ".fleet.yaml.tmp").mkdir()  # a directory where a temp file goes: refused up front too
+    assert_clean_error(cli("apply", cfg, "--auto-approve"), "status/.fleet.yaml.tmp is in the way")
+    assert _live(cfg) == []
+
+
+def test_metrics_out_is_written_atomically_and_refuses_a_directory(applied, tmp_path):
+    """`reconcile metrics --out`: a directory is a clear error (was "unexpected IsADirectoryError"); the temporary
+    file next to the output has an unpredictable name, so a link planted there is not written through."""
+    out_dir = tmp_path / "textfile"
+    out_dir.mkdir()
+    assert_clean_error(cli("metrics", applied, "--out", out_dir), f"{out_dir} is a directory")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    res = subprocess.run(["sh", "-c", 'ln -s "$1" "$2/.fleet.prom.$$.tmp" && exec "$3" -m reconciler.cli metrics "$4" --out "$2/fleet.prom"',
+                          "sh", str(victim), str(out_dir), sys.executable, str(applied)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "precious\n" and (out_dir / "fleet.prom").read_text().startswith("# HELP fleetops_")
+    assert sorted(p.name for p in out_dir.iterdir() if not p.is_symlink()) == ["fleet.prom"]
+
+
 @pytest.mark.parametrize("where", ["assignments", "cache", "cache/parse"])
 def test_nothing_is_read_or_written_through_a_symlink_under_dot_reconcile(applied, tmp_path, where):
     """Audit: `.reconcile/assignments` made a link to another directory (a pull request can add one to the checkout):
