@@ -40,7 +40,11 @@ from reconciler.topology import topology_nodes
 MAX_FILE_BYTES = 4 * 1024 * 1024  # checked on the open file before a byte is parsed
 MAX_NODES = 200_000  # per file, counted while composing and again after alias expansion ("billion laughs")
 MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
-SKIP_DIRS = {"status", "node_modules"}  # plus every hidden directory (.reconcile, .git, .github)
+# Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
+# what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
+# (teams/status/) is config like any other (skipped, its jobs vanished and the plan deleted their instances). Hidden
+# files and directories (.reconcile, .git, .github) are skipped at every depth.
+SKIP_DIRS = {"status", "node_modules"}
 # libyaml's parser when PyYAML has it (about 5x faster at 1,000 jobs than the pure-Python one); line
 # marks are the same. Its events are composed into nodes by _compose_all below, not by libyaml's own
 # composer: that one recurses in C, so `a: [[[[...` 25,000 deep crashed the process (SIGSEGV), and it
@@ -296,7 +300,7 @@ def _plain_docs(text: str) -> list[tuple[int, Any, list[int]]]:
 
 
 def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
-    """YAML files under root, skipping hidden and status dirs. Symlinks (to files or directories)
+    """YAML files under root, skipping hidden files and directories and, directly under root only, SKIP_DIRS. Symlinks (to files or directories)
     are followed when they stay inside root, and every directory is read once (a link to one read
     already, an ancestor say, adds nothing). A link that leaves root, dangles or loops, and a directory
     that cannot be listed are errors, never skipped: the jobs in them would vanish from the desired
@@ -324,7 +328,7 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             refuse(rel_dir, f"cannot list this directory: {e.strerror}")
             continue
         for entry in entries:
-            if entry.name.startswith(".") or entry.name in SKIP_DIRS:
+            if entry.name.startswith(".") or (entry.name in SKIP_DIRS and rel_dir == Path()):
                 continue
             path, rel = directory / entry.name, rel_dir / entry.name
             is_yaml = entry.name.lower().endswith((".yaml", ".yml"))  # (jobs in a .YAML file are jobs: skipped, their instances went)

@@ -199,10 +199,25 @@ def test_non_utf8_and_symlink_outside(tmp_path):
 
 def test_status_and_hidden_dirs_are_not_config(tmp_path):
     write_config(tmp_path, [topology(), tenant("t")])
-    for d in ("status/jobs", ".reconcile", ".github/workflows"):
+    for d in ("status/jobs", "node_modules/pkg", ".reconcile", ".github/workflows", "teams/.drafts"):
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "x.yaml").write_text("this: is not a document\n")
     assert load(tmp_path).fleet == "test"
+
+
+@pytest.mark.parametrize("name", ["status", "node_modules"])
+def test_a_nested_dir_named_like_a_skipped_one_is_config(tmp_path, name):
+    """Audit: `status` and `node_modules` were skipped at every depth: `mkdir teams/status && mv jobs/product.yaml
+    teams/status/` validated "ok" with 7 jobs instead of 10, and the plan deleted their instances. Only the config
+    dir's own status/ and node_modules/ are skipped; deeper down they are config like any directory."""
+    cfg = tmp_path / "q"
+    shutil.copytree(QUICKSTART, cfg)
+    (cfg / "teams" / name).mkdir(parents=True)
+    (cfg / "jobs" / "product.yaml").rename(cfg / "teams" / name / "product.yaml")
+    res = CliRunner().invoke(app, ["validate", str(cfg)])
+    assert res.exit_code == 0 and "10 jobs" in res.output, res.output
+    (cfg / "teams" / name / "junk.yaml").write_text("this: is not a document\n")  # read, so an error naming it
+    assert any(e.startswith(f"teams/{name}/junk.yaml:1:") for e in errors_of(cfg)), errors_of(cfg)
 
 
 @pytest.mark.parametrize("text", ["", "# TODO: jobs\n", "---\n", "# cut\n---\n---\n"])
