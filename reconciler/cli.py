@@ -350,6 +350,13 @@ def apply(
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler.progress import StopOnInterrupt, use_color
 
+    if commit and config_dir.is_dir():  # (a missing config dir: load's error says so)
+        from reconciler.gitops import check_commit
+
+        try:
+            check_commit(config_dir, status_branch)  # before any provider call: not after creating the fleet
+        except ReconcileError as e:
+            _fail(e)
     planning = dict(provider=provider, time_limit=time_limit, allow_destroy=allow_destroy, options=_options(provider_option),
                     state=state, gap=gap, adopt_fleet=adopt_fleet)
     color = use_color(sys.stdout)

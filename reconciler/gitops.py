@@ -39,18 +39,51 @@ def git(repo: Path, *args: str, env: dict | None = None, input: str | None = Non
 
 
 def repo_root(path: Path) -> Path:
+    """The root of the git work tree holding `path`; an error naming `path` outside one (no repository, a bare
+    one, or inside .git)."""
     try:
         return Path(git(path, "rev-parse", "--show-toplevel"))
     except GitError as e:
-        raise GitError(f"{path} is not inside a git repository ({e})") from None
+        raise GitError(f"{path} is not inside a git repository's work tree ({e})") from None
+
+
+def check_commit(config_dir: Path, branch: str | None = None) -> Path:
+    """What `apply --commit [--status-branch B]` needs, checked before the apply changes anything (it used to
+    create every instance, then fail): config_dir inside a git work tree, and B a valid branch name (never one
+    starting with '-', which git could read as an option: `--orphan=x` was taken as a literal branch), or,
+    without B, a current branch to commit to (not a detached HEAD). Returns the work tree's root."""
+    root = repo_root(Path(config_dir).resolve())
+    if branch is not None:
+        why = ("it starts with '-', which git would read as an option" if branch.startswith("-")
+               else "it is empty" if not branch else None)
+        if why is None:
+            try:  # (the name cannot start with '-' here, so git reads it as a name, not an option)
+                if git(root, "check-ref-format", "--branch", branch) != branch:
+                    why = "git reads it as another branch (such as @{-1}, the previous one)"
+                else:
+                    git(root, "check-ref-format", f"refs/heads/{branch}")  # as commit_status names it
+            except GitError:
+                why = "git refuses it: no '..', spaces, '~^:?*[\\', '@{', a trailing '.lock' or '/'"
+        if why is not None:
+            raise GitError(f"--status-branch {branch!r} is not a valid git branch name ({why}); nothing was changed. "
+                           "Name a branch such as fleet-status (`git check-ref-format --branch NAME` checks a name)")
+    else:
+        try:
+            git(root, "symbolic-ref", "-q", "HEAD")
+        except GitError:
+            raise GitError(f"--commit: HEAD of {root} is not on a branch (a detached HEAD), so there is no current branch "
+                           "to commit status to; nothing was changed. Check out a branch, or name one with "
+                           "--status-branch") from None
+    return root
 
 
 def commit_status(config_dir: Path, message: str, branch: str | None = None) -> str | None:
     """Commit config_dir/status to `branch` (default: the current branch). Returns the new
     commit id, or None when status/ did not change. A separate status branch holds only
-    status/, with its own history (like gh-pages), so it never conflicts with config."""
+    status/, with its own history (like gh-pages), so it never conflicts with config.
+    `apply --commit` calls check_commit before applying; it is checked here again all the same."""
     config_dir = Path(config_dir).resolve()
-    root = repo_root(config_dir)
+    root = check_commit(config_dir, branch)
     status_rel = (config_dir / "status").relative_to(root).as_posix()
     target = f"refs/heads/{branch}" if branch else git(root, "symbolic-ref", "HEAD")
     try:
@@ -86,6 +119,8 @@ def export_config(config_dir: Path, ref: str, dest: Path) -> Path:
     rel = config_dir.relative_to(root).as_posix()
     spec = f"{ref}:{rel}" if rel != "." else f"{ref}:"
     try:
+        if ref.startswith("-"):  # (never handed to git, which could read it as an option: `git show --output=FILE`)
+            raise GitError(ref)
         git(root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
     except GitError:
         raise GitError(f"git ref {ref!r} does not exist in {root} (a branch, tag or commit; `git fetch` first for "

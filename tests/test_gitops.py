@@ -130,6 +130,42 @@ def test_status_branch_leaves_main_alone(repo):
     assert git(repo, "rev-parse", "main") == main_before
 
 
+def _live(cfg) -> list[str]:
+    if not (state_dir(cfg) / "sim").exists():
+        return []
+    return [i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated"]
+
+
+@pytest.mark.parametrize("branch", ["bad..name", "--orphan=x", "-x", "@{-1}", ""])
+def test_an_invalid_status_branch_is_refused_before_any_change(repo, branch):
+    """Audit: `--status-branch bad..name` created every instance and only then failed in git; `--orphan=x` was even
+    taken as a literal branch. Checked before any provider call now: exit 1, the name in the message, nothing made."""
+    git(repo, "checkout", "-q", "-b", "other")
+    git(repo, "checkout", "-q", "main")  # (so @{-1} would name `other`)
+    branches = git(repo, "branch", "--format=%(refname)")
+    out = cli("apply", repo, "--auto-approve", "--commit", f"--status-branch={branch}")
+    assert out.exit_code == 1 and f"--status-branch {branch!r} is not a valid git branch name" in out.output, out.output
+    assert "nothing was changed" in out.output and "unexpected" not in out.output
+    assert _live(repo) == [] and not (repo / "status").exists()
+    assert git(repo, "branch", "--format=%(refname)") == branches
+
+
+def test_commit_outside_a_git_work_tree_or_on_a_detached_head_is_refused_before_any_change(tmp_path, repo):
+    cfg = tmp_path / "cfg"
+    shutil.copytree(QUICKSTART, cfg, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    out = cli("apply", cfg, "--auto-approve", "--commit")
+    assert out.exit_code == 1 and f"{cfg.resolve()} is not inside a git repository" in out.output, out.output
+    assert _live(cfg) == [] and not (cfg / "status").exists()
+    git(repo, "checkout", "-q", "--detach")
+    out = cli("apply", repo, "--auto-approve", "--commit")
+    assert out.exit_code == 1 and "is not on a branch (a detached HEAD)" in out.output, out.output
+    assert _live(repo) == [] and not (repo / "status").exists()
+    # --status-branch needs no current branch: the fleet is applied and status committed there.
+    out = cli("apply", repo, "--auto-approve", "--commit", "--status-branch", "fleet-status")
+    assert out.exit_code == 0 and "status committed" in out.output, out.output
+    assert len(_live(repo)) > 0 and "status/fleet.yaml" in git(repo, "ls-tree", "-r", "--name-only", "fleet-status")
+
+
 def test_bot_identity_only_when_none_is_configured(repo, monkeypatch):
     for k in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
         monkeypatch.delenv(k)
