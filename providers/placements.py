@@ -40,6 +40,7 @@ TAG_VALUE_MAX = 256  # EC2 and Azure tag values
 MAX_TAGS = 20  # chunks: with the serial and the ownership tags, 25 of EC2's 50 tags per resource
 CONTINUED = ",..."  # a chunk that goes on in the next tag ends with this
 OVERFLOW = "!overflow"  # job names never start with '!'
+MAX_GPU_INDEX = 1023  # far above any instance's GPUs (which observe checks each index against)
 
 
 class PlacementTagError(ValueError):
@@ -109,20 +110,31 @@ def placement_tags(record: PlacementRecord) -> dict[str, str]:
     return out
 
 
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # (str.isdigit() alone takes '²', which int() refuses)
+
+
 def _parse_gpus(text: str) -> tuple[int, ...]:
+    """The GPU indices of an entry, as _gpus_text writes them: runs of distinct indices. Anything else (a run
+    backwards, an index twice, one past MAX_GPU_INDEX: `0-99999999999` would be a list of 10^11) is refused."""
     out: list[int] = []
     for run in text.split("+"):
         lo, _, hi = run.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        if not _digits(lo) or (hi and not _digits(hi)):
             raise PlacementTagError(f"bad GPU indices {text!r}")
-        out.extend(range(int(lo), int(hi or lo) + 1))
+        a, b = int(lo), int(hi or lo)
+        if b > MAX_GPU_INDEX or b < a:
+            raise PlacementTagError(f"bad GPU indices {text!r}: not runs of GPUs 0..{MAX_GPU_INDEX}")
+        out.extend(range(a, b + 1))
+    if len(set(out)) != len(out):
+        raise PlacementTagError(f"bad GPU indices {text!r}: a GPU twice")
     return tuple(out)
 
 
 def _parse_entry(e: str) -> Placement:
     head, at, gpus = e.partition("@")
     job, _, replica = head.rpartition("/")
-    if not job or not replica.isdigit() or (at and not gpus):
+    if not job or not _digits(replica) or (at and not gpus):
         raise PlacementTagError(f"bad placement entry {e!r}")
     return Placement(job, int(replica), _parse_gpus(gpus) if at else ())
 
@@ -133,7 +145,7 @@ def read_placements(tags: Mapping[str, str]) -> PlacementRecord | None:
     if TAG_PLACEMENTS not in tags and TAG_PLACEMENTS_SERIAL not in tags:
         return None
     serial = tags.get(TAG_PLACEMENTS_SERIAL, "")
-    if not serial.isdigit() or TAG_PLACEMENTS not in tags:
+    if not _digits(serial) or TAG_PLACEMENTS not in tags:
         raise PlacementTagError(f"{TAG_PLACEMENTS} and a numeric {TAG_PLACEMENTS_SERIAL} go together (serial {serial!r})")
     value = tags[TAG_PLACEMENTS]
     if value.startswith(OVERFLOW):

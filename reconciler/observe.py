@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Callable
 
 from providers.base import TAG_FLEET_UID, Instance, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
+from providers.catalog import load_catalog
 from reconciler.errors import ProviderError
 from providers.options import check_options
-from providers.registry import declared_options, load_provider
+from providers.registry import available, declared_options, load_provider
 from reconciler.model import DesiredState, Pool
-from reconciler.placements import merge_placements
-from reconciler.state import State
+from reconciler.placements import merge_placements, untrusted_gpus
+from reconciler.state import State, StateFileError
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,12 @@ class Fleet:
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, suspended, deallocated, failed)
         quotas: list[Quota] = []
         quota_notes: list[str] = []
+        gpus_by_key: dict[tuple[str, str, str], int] = {}  # (cloud, zone, type) -> GPUs, as the providers offer them
         by_provider = self.pools_by_provider()
-        for r in state.regions:
-            by_provider.setdefault(r["provider"], [])
+        for n, r in enumerate(state.regions):
+            if r["provider"] not in by_provider:
+                _check_recorded_provider(state, n, r)
+                by_provider[r["provider"]] = []
         if self.ctx.options:  # before any provider is made: a key none of them takes is a typo, not a no-op
             check_options(self.ctx.options, {name: declared_options(name) for name in by_provider})
         for name, pools in sorted(by_provider.items()):
@@ -175,6 +179,7 @@ class Fleet:
                 elif i.state == "stopping":
                     idle.append(i.id)
             by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)} if targets else {}
+            gpus_by_key.update({k: o.gpus for k, o in by_key.items()})
             if targets:
                 read, unread = _read_quotas(name, prov, targets)
                 quotas += read
@@ -186,7 +191,7 @@ class Fleet:
                         o = by_key.get((t.cloud, z, it))
                         if o is not None:
                             offerings.append(PoolOffering(p.name, o))
-        merged = merge_placements(state, instances, self.desired.jobs)
+        merged = untrusted_gpus(merge_placements(state, instances, self.desired.jobs), instances, _gpu_count(gpus_by_key))
         # A gang apply stopped because its lost replicas could not all be replaced still replaces them (state.lost)
         lost = {**{j: tuple(ids) for j, ids in state.lost.items() if j in self.desired.jobs and j not in merged.placements},
                 **merged.lost}
@@ -204,6 +209,27 @@ class Fleet:
             aged={j: v for j, v in state.aged.items() if j in merged.placements},
             quotas=tuple(quotas), removed=merged.removed,
         )
+
+
+def _gpu_count(offered: dict[tuple[str, str, str], int]) -> Callable[[Instance], int | None]:
+    """How many GPUs an instance has: as its provider offers the type there, else as the catalog lists it (None: unknown)."""
+    def gpus_of(inst: Instance) -> int | None:
+        n = offered.get((inst.cloud, inst.zone, inst.instance_type))
+        if n is None:
+            shape = load_catalog().shape(inst.cloud, inst.instance_type)
+            n = shape.gpus if shape is not None else None
+        return n
+    return gpus_of
+
+
+def _check_recorded_provider(state: State, n: int, r: dict) -> None:
+    """A region the state records instances in whose provider no pool names: one that is installed, or the state's
+    error (an uninstalled plugin, or an edited state), never a bare 'unknown provider' that names neither."""
+    installed = available()
+    if r["provider"] not in installed:
+        raise StateFileError(state.source, f"regions[{n}] records instances launched through provider {r['provider']!r} in "
+                                           f"{r['cloud']}/{r['region']}, which is not installed (installed: "
+                                           f"{', '.join(sorted(installed))}): install it so that they are seen")
 
 
 def _read_quotas(name: str, prov, targets: list[PoolTarget]) -> tuple[list[Quota], list[str]]:

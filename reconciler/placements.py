@@ -17,8 +17,8 @@ silently; the next apply rewrites whatever tags are out of date.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 
 from providers.base import Instance
 from providers.placements import TAG_PLACEMENTS, Placement, PlacementRecord, PlacementTagError, read_placements
@@ -129,6 +129,36 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
     return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
+
+
+def untrusted_gpus(merged: Merged, instances: Sequence[Instance], gpus_of: Callable[[Instance], int | None]) -> Merged:
+    """`merged` without the GPU indices no apply could have given: beyond its instance's GPUs (`gpus_of`: how many the
+    instance has, None if its type is unknown: not judged), or a GPU another replica on that instance also holds. Such a
+    record is an edited state or edited tags; trusted, it went to the agent and back into the tags (`finetune-a/0@99`).
+    Each such job's indices are dropped with a note: the plan gives its replicas GPUs anew, as for a job with none recorded."""
+    by_id = {i.id: i for i in instances}
+    holders: dict[tuple[str, int], list[str]] = {}  # (instance, GPU) -> the jobs whose replicas there hold it
+    bad: dict[str, str] = {}
+    for job, reps in sorted(merged.gpu_indices.items()):
+        for r, (iid, g) in enumerate(zip(merged.placements.get(job, ()), reps)):
+            inst = by_id.get(iid)
+            n = gpus_of(inst) if inst is not None else None
+            if n is not None and any(x >= n for x in g):
+                bad.setdefault(job, f"replica {r} on {iid} is recorded on GPU(s) {list(g)}, but its {inst.instance_type} has "  # type: ignore[union-attr]
+                                    f"{n} GPU(s)" + (f" (0..{n - 1})" if n else ""))
+            for x in g:
+                holders.setdefault((iid, x), []).append(job)
+    for (iid, x), jobs in sorted(holders.items()):
+        if len(jobs) > 1:
+            for job in jobs:
+                bad.setdefault(job, f"GPU {x} of {iid} is recorded for {' and '.join(sorted(set(jobs)))}")
+    if not bad:
+        return merged
+    notes = tuple(f"job {job}: its recorded GPU indices are not trusted ({why}); the plan gives its replicas GPUs anew"
+                  for job, why in sorted(bad.items()))
+    for n in notes:
+        log.info("placements: %s", n)
+    return replace(merged, gpu_indices={j: g for j, g in merged.gpu_indices.items() if j not in bad}, notes=merged.notes + notes)
 
 
 def _undesired(state: State, newer: dict[str, PlacementRecord], alive: set[str], jobs: Collection[str]) -> dict[str, tuple[str, ...]]:

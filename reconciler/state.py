@@ -11,7 +11,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
+import re
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ class State:
     # job -> the gone instances of a gang that apply stopped because it could not replace them all, until it runs
     # again: the next plan says it replaces them (not a resize of its survivors: reconciler/apply.py _placements)
     lost: dict[str, list[str]] = field(default_factory=dict)
+    source: str = field(default="state", compare=False)  # where it was read from (errors about it name that): not saved
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()
@@ -129,8 +132,80 @@ def _names(d: str) -> list[str]:
         return []
 
 
+def _is_int(v) -> bool:
+    return type(v) is int  # (not a bool, which JSON's true would be)
+
+
+def _is_num(v) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+# A recorded shape's fields (problem/demands.py shape_of), each as apply writes it; a field may be left out (a state from
+# before it existed: the job's own value is taken), others are ignored.
+_SHAPE_KINDS = {
+    "gpus": ("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "gpu_type": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "mig": ("null or \"<count>x <profile>\"", lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9]{1,6}x \S+", v) is not None)),
+    "nvlink": ("true or false", lambda v: type(v) is bool),
+    "cpu": ("a non-negative number", lambda v: _is_num(v) and v >= 0),
+    "memory_gib": ("a non-negative number", lambda v: _is_num(v) and v >= 0),
+}
+_REGION_FIELDS = ("provider", "cloud", "region")
+
+
+def _gpus_problem(gpus) -> str | None:
+    if not isinstance(gpus, dict):
+        return "gpus is not a map of job -> [[GPU index]]"
+    for job, reps in gpus.items():
+        if not isinstance(reps, list) or not all(isinstance(g, list) and all(map(_is_int, g)) for g in reps):
+            return f"gpus.{job} is not a list of [GPU index] per replica"
+        for r, g in enumerate(reps):
+            if any(n < 0 for n in g):
+                return f"gpus.{job}: replica {r} holds GPU index {min(g)}, which is negative"
+            if len(set(g)) != len(g):
+                return f"gpus.{job}: replica {r} holds GPU {next(n for n in g if g.count(n) > 1)} twice ({g})"
+    return None
+
+
+def _identity_problem(raw) -> str | None:
+    fleet = raw.get("fleet")
+    if fleet is None:
+        return None
+    if not isinstance(fleet, dict) or not all(isinstance(fleet.get(k, ""), str) for k in ("name", "uid")):
+        return "fleet is not {name, uid} (two strings)"
+    return None
+
+
+def _regions_problem(regions) -> str | None:
+    if not isinstance(regions, list):
+        return "regions is not a list of {provider, cloud, region, settings}"
+    for n, r in enumerate(regions):
+        if not isinstance(r, dict):
+            return f"regions[{n}] is not an object {{provider, cloud, region, settings}}"
+        for k in _REGION_FIELDS:
+            if not isinstance(r.get(k), str) or not r[k]:
+                return f"regions[{n}].{k} is " + ("missing" if k not in r else "not a name")
+        settings = r.get("settings", {})
+        if not isinstance(settings, dict) or not all(isinstance(v, str) for v in settings.values()):
+            return f"regions[{n}].settings is not a map of name -> string"
+    return None
+
+
+def _shapes_problem(shapes) -> str | None:
+    if not isinstance(shapes, dict):
+        return "shapes is not a map of job -> {gpus, gpu_type, mig, nvlink, cpu, memory_gib}"
+    for job, shape in shapes.items():
+        if not isinstance(shape, dict):
+            return f"shapes.{job} is not an object {{gpus, gpu_type, mig, nvlink, cpu, memory_gib}}"
+        for k, (what, ok) in _SHAPE_KINDS.items():
+            if k in shape and not ok(shape[k]):
+                return f"shapes.{job}.{k} is {json.dumps(shape[k])[:40]}, not {what}"
+    return None
+
+
 def _state_problem(raw) -> str | None:
-    """What is wrong with a parsed state document, if anything (its shape, not its meaning)."""
+    """What is wrong with a parsed state document, if anything (its shape, not its meaning): every field as apply
+    writes it. (A GPU index beyond its instance's GPUs is judged where the instance is known: observe.py.)"""
     if not isinstance(raw, dict):
         return f"expected a JSON object, got {type(raw).__name__}"
 
@@ -141,8 +216,9 @@ def _state_problem(raw) -> str | None:
         return "placements is not a map of job -> [instance id]"
     if not str_lists(raw.get("lost", {}), lambda i: isinstance(i, str)):
         return "lost is not a map of job -> [instance id]"
-    if not str_lists(raw.get("gpus", {}), lambda g: isinstance(g, list) and all(isinstance(n, int) for n in g)):
-        return "gpus is not a map of job -> [[GPU index]]"
+    problem = _gpus_problem(raw.get("gpus", {}))
+    if problem:
+        return problem
     if not isinstance(raw.get("serial", 0), int) or isinstance(raw.get("serial", 0), bool):
         return "serial is not an integer"
     if raw.get("serial", 0) < 0:  # applies count up from 0, so no apply wrote this
@@ -163,7 +239,7 @@ def _state_problem(raw) -> str | None:
             datetime.fromisoformat(s["until"])
         except ValueError:
             return f"short: until {s['until']!r} is not a time"
-    return None
+    return _shapes_problem(raw.get("shapes", {})) or _identity_problem(raw) or _regions_problem(raw.get("regions", []))
 
 
 def state_from_json(text: str | bytes, where: str = "state") -> State:
@@ -180,7 +256,7 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
     fleet = raw.get("fleet") or {}
     return State(placements=raw.get("placements", {}), gpus=raw.get("gpus", {}), short=short, serial=raw.get("serial", 0),
                  shapes=raw.get("shapes", {}), since=raw.get("since", {}), aged=raw.get("aged", {}), fleet_name=fleet.get("name", ""), fleet_uid=fleet.get("uid", ""),
-                 regions=list(raw.get("regions", [])), lost=raw.get("lost", {}))
+                 regions=list(raw.get("regions", [])), lost=raw.get("lost", {}), source=where)
 
 
 def load_state(config_dir: Path) -> State:
@@ -188,7 +264,7 @@ def load_state(config_dir: Path) -> State:
     try:
         text = path.read_bytes()
     except FileNotFoundError:
-        return State()
+        return State(source=str(path))
     except OSError as e:
         raise StateFileError(str(path), e.strerror or str(e)) from None
     return state_from_json(text, str(path))

@@ -29,7 +29,7 @@ from providers.sim import SimCloud, SimProvider
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import OwnershipError
-from reconciler.placements import merge_placements
+from reconciler.placements import merge_placements, untrusted_gpus
 from reconciler.plan import Plan
 from reconciler.render import render
 from reconciler.state import State, state_dir
@@ -80,6 +80,15 @@ def test_more_than_the_tags_can_hold_is_marked_not_written_in_part():
     {TAG_PLACEMENTS: "a/0@", TAG_PLACEMENTS_SERIAL: "1"},
     {TAG_PLACEMENTS: "a/0@1-x", TAG_PLACEMENTS_SERIAL: "1"},
     {TAG_PLACEMENTS: "a/0,...", TAG_PLACEMENTS_SERIAL: "1"},  # continued, but no -2
+    # Never written by placement_tags: a run backwards (was read as no GPUs), a GPU twice (was taken as two), a run
+    # of 10^11 GPUs (was a list of 10^11 ints), and digits int() refuses (was an uncaught ValueError).
+    {TAG_PLACEMENTS: "a/0@3-1", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@0+0", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@0-1+1-2", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@0-99999999999", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0@\u00b2", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/\u00b2", TAG_PLACEMENTS_SERIAL: "1"},
+    {TAG_PLACEMENTS: "a/0", TAG_PLACEMENTS_SERIAL: "\u00b2"},
 ])
 def test_unreadable_tags_are_a_typed_error(tags):
     with pytest.raises(PlacementTagError):
@@ -124,6 +133,27 @@ def test_overflowed_or_unreadable_tags_leave_the_instance_to_the_state():
     assert m.placements == {"x": ("i-a",), "y": ("i-b",)}
     assert any("i-a" in n and "more replicas than tags can" in n for n in m.notes)
     assert any("i-b" in n and "cannot be read" in n for n in m.notes)
+
+
+def test_gpu_indices_no_apply_could_give_are_dropped_with_a_note():
+    """GPU indices past the instance's GPUs, or held by two replicas of one instance, are an edited state or edited
+    tags: trusted, apply wrote them on to the agent and back into the tags (`finetune-a/0@99`). Each such job's are
+    dropped with a note (its replicas get GPUs anew, as a job with none recorded); the others' are kept."""
+    state = State(placements={"a": ["i-a"], "b": ["i-a"], "c": ["i-b"], "d": ["i-b"], "e": ["i-b"], "f": ["i-x"]},
+                  gpus={"a": [[0, 1]], "b": [[2, 3]], "c": [[0]], "d": [[0, 1]], "e": [[2, 3]], "f": [[99]]}, serial=3)
+    insts = [_tagged("i-a", 3), _tagged("i-b", 3), _tagged("i-x", 3)]  # g5.12xlarge: 4 GPUs
+    insts = [*insts[:2], insts[2].__class__(**{**insts[2].__dict__, "instance_type": "unknown.type"})]
+    gpus = {"g5.12xlarge": 4}
+    m = untrusted_gpus(merge_placements(state, insts, set(state.placements)), insts, lambda i: gpus.get(i.instance_type))
+    assert m.gpu_indices == {"a": ((0, 1),), "b": ((2, 3),), "e": ((2, 3),), "f": ((99,),)}  # f: its type is unknown
+    assert [n for n in m.notes if "not trusted" in n] == [
+        "job c: its recorded GPU indices are not trusted (GPU 0 of i-b is recorded for c and d); the plan gives its replicas GPUs anew",
+        "job d: its recorded GPU indices are not trusted (GPU 0 of i-b is recorded for c and d); the plan gives its replicas GPUs anew"]
+    state.gpus["a"] = [[0, 4]]
+    m = untrusted_gpus(merge_placements(state, insts, set(state.placements)), insts, lambda i: gpus.get(i.instance_type))
+    assert "a" not in m.gpu_indices and "b" in m.gpu_indices
+    assert any(n.startswith("job a: its recorded GPU indices are not trusted (replica 0 on i-a is recorded on GPU(s) [0, 4], "
+                            "but its g5.12xlarge has 4 GPU(s) (0..3))") for n in m.notes), m.notes
 
 
 # ---------------------------------------------------------------- one scenario, sim and AWS

@@ -266,6 +266,17 @@ def _journal_with_garbled_middle(cfg: Path) -> None:
     sim.journal.write_bytes(b"".join([*lines[:2], b'{"instances": {"i-1": \n', *lines[2:]]))
 
 
+def _edit_state(edit):
+    """A corruption that edits the applied state's parsed JSON in place (`edit(state)`)."""
+    def corrupt(cfg: Path) -> None:
+        raw = json.loads(_state(cfg).read_text())
+        edit(raw)
+        _state(cfg).write_text(json.dumps(raw))
+    return corrupt
+
+
+_STATE = "state.json: cannot read the reconciler's state: "
+
 # (name, how to corrupt the applied quickstart, command, what the error must say)
 CORRUPT = [
     ("state truncated", lambda c: _state(c).write_text(_state(c).read_text()[:40]), "apply",
@@ -284,6 +295,27 @@ CORRUPT = [
      ["state.json: cannot read the reconciler's state: aged is not a map of job -> priority (a positive integer)"]),
     ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
      "apply", ["state.json: cannot read the reconciler's state: short: until 'soon' is not a time"]),
+    # Every field's shape (audit: each of these was an "unexpected AttributeError/KeyError/TypeError", accepted
+    # silently, or, for GPU indices, planned as "No changes" and then failed or written into the cloud's tags).
+    ("state fleet a string", _edit_state(lambda s: s.update(fleet="quickstart")), "plan", [_STATE + "fleet is not {name, uid}", "move it aside"]),
+    ("state fleet wrong types", _edit_state(lambda s: s.update(fleet={"name": 5, "uid": []})), "apply", [_STATE + "fleet is not {name, uid}"]),
+    ("state regions a number", _edit_state(lambda s: s.update(regions=5)), "plan", [_STATE + "regions is not a list"]),
+    ("state region a list", _edit_state(lambda s: s.update(regions=[["x"]])), "apply", [_STATE + "regions[0] is not an object"]),
+    ("state region without cloud", _edit_state(lambda s: s["regions"].append({"provider": "sim"})), "apply",
+     [_STATE + "regions[3].cloud is missing"]),
+    ("state region unknown provider", _edit_state(lambda s: s["regions"].append({"provider": "bogus", "cloud": "aws", "region": "x"})),
+     "apply", [_STATE + "regions[3] records instances launched through provider 'bogus' in aws/x, which is not installed", "move it aside"]),
+    ("state shapes a string", _edit_state(lambda s: s.update(shapes="x")), "plan", [_STATE + "shapes is not a map of job ->"]),
+    ("state shape wrong type", _edit_state(lambda s: s["shapes"].update({"finetune-a": {"gpus": "lots"}})), "apply",
+     [_STATE + 'shapes.finetune-a.gpus is "lots", not a non-negative integer']),
+    ("state shape bad mig", _edit_state(lambda s: s["shapes"]["finetune-a"].update(mig="half")), "plan",
+     [_STATE + 'shapes.finetune-a.mig is "half"']),
+    ("state gpus booleans", _edit_state(lambda s: s["gpus"].update({"finetune-a": [[True]]})), "apply",
+     [_STATE + "gpus.finetune-a is not a list of [GPU index] per replica"]),
+    ("state gpus negative", _edit_state(lambda s: s["gpus"].update({"finetune-a": [[-1]]})), "plan",
+     [_STATE + "gpus.finetune-a: replica 0 holds GPU index -1, which is negative"]),
+    ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
+     "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
     ("sim snapshot truncated", lambda c: (c / ".reconcile/sim/cloud.json").write_text((c / ".reconcile/sim/cloud.json").read_text()[:100]), "apply",
      ["sim/cloud.json: the simulated cloud's record is corrupt: not valid JSON", "delete"]),
@@ -326,6 +358,40 @@ def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt
     assert_clean_error(cli(*args), *needles)
     if "sim" not in name:
         assert _live(cfg) == before  # nothing launched or deleted on the strength of it
+
+
+@pytest.mark.parametrize("where", ["state", "tags"])
+def test_gpu_indices_past_the_instance_never_reach_the_cloud(applied_once, tmp_path, where):
+    """Audit: finetune-a recorded on GPU 99 of its 1-GPU a2-highgpu-1g (the state edited, or tags a corrupt state's apply
+    wrote) planned as "No changes", and apply wrote `finetune-a/0@99` into the instance's placement tags and GPU "99"
+    into its agent assignment. Such indices are not trusted: dropped with a note, the replica is given GPU 0 again."""
+    from providers.placements import TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    host = json.loads(_state(cfg).read_text())["placements"]["finetune-a"][0]
+    if where == "state":
+        _edit_state(lambda s: s["gpus"].update({"finetune-a": [[99]]}))(cfg)
+    else:  # tags newer than the state: they say what the instance hosts
+        with SimCloud(state_dir(cfg)).world() as w:
+            w["instances"][host]["tags"].update({TAG_PLACEMENTS: "finetune-a/0@99", TAG_PLACEMENTS_SERIAL: "50"})
+    before = _live(cfg)
+    for args in (("plan", cfg), ("apply", cfg, "--auto-approve")):
+        res = cli(*args)
+        assert res.returncode == 0 and "unexpected" not in res.stderr, res.stderr
+        out = " ".join((res.stdout + res.stderr).split())
+        assert (f"job finetune-a: its recorded GPU indices are not trusted (replica 0 on {host} is recorded on GPU(s) [99], "
+                "but its a2-highgpu-1g has 1 GPU(s) (0..0)); the plan gives its replicas GPUs anew") in out, out
+    assert _live(cfg) == before
+    with SimCloud(state_dir(cfg)).world(write=False) as w:
+        assert w["instances"][host]["tags"][TAG_PLACEMENTS] == "finetune-a/0@0"
+    assert json.loads(_state(cfg).read_text())["gpus"]["finetune-a"] == [[0]]
+    assignment = json.loads((cfg / f".reconcile/assignments/{host}.json").read_text())
+    assert [r["gpus"] for r in assignment["replicas"] if r["job"] == "finetune-a"] == [["0"]]
+    res = cli("plan", cfg, "--detailed-exitcode")
+    assert res.returncode == 0 and "not trusted" not in res.stdout + res.stderr, (res.stdout, res.stderr)
 
 
 def test_one_bad_agent_report_does_not_stop_the_fleet(applied_once, tmp_path):
