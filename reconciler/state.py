@@ -288,9 +288,11 @@ def lock_holder(body: bytes) -> dict:
         h = json.loads(body)
     except ValueError:
         h = None
-    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"]:
+    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"] and ("pid" not in h or _is_pid(h["pid"])):
         return h
     what = "empty" if not body.strip() else "garbled (not a lock this tool wrote)"
+    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"]:
+        what = f"garbled (its pid {json.dumps(h['pid'])[:40]} is not a process id)"
     return {"id": GARBLED + hashlib.sha256(body).hexdigest()[:8], "garbled": what}
 
 
@@ -323,7 +325,7 @@ class ApplyLock:
 
     def _refuse(self, h: dict) -> LockError:
         return LockError(f"another apply holds the lock {self.path}: {describe_holder(h)}; "
-                         f"if no apply is running, run `reconcile unlock {h['id']}`")
+                         f"if no apply is running, run `reconcile unlock {h['id']}`" + (" (or remove the file)" if "garbled" in h else ""))
 
     def __enter__(self) -> "ApplyLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -405,8 +407,15 @@ def break_lock(config_dir: Path, lock_id: str) -> None:
     lock.path.unlink(missing_ok=True)
 
 
+PID_MAX = 1 << 22  # Linux's highest pid_max
+
+
+def _is_pid(pid) -> bool:
+    return type(pid) is int and 0 < pid <= PID_MAX
+
+
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
+    if not _is_pid(pid):  # (lock_holder refuses such a lock's pid: this is for a lock without one, -1)
         return False
     try:
         os.kill(pid, 0)

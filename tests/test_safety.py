@@ -275,7 +275,17 @@ def _edit_state(edit):
     return corrupt
 
 
+def _lock(pid: str):
+    """A lock this host's apply could have written, but for its pid (JSON text): held by nobody that can be checked."""
+    import socket
+
+    host = json.dumps(socket.gethostname())
+    return lambda c: (c / ".reconcile/apply.lock").write_text(
+        f'{{"id": "abc123def456", "pid": {pid}, "host": {host}, "since": "2026-01-01T00:00:00+00:00"}}')
+
+
 _STATE = "state.json: cannot read the reconciler's state: "
+_MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
 
 # (name, how to corrupt the applied quickstart, command, what the error must say)
 CORRUPT = [
@@ -333,6 +343,10 @@ CORRUPT = [
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
      ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
     ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),
+    ("lock pid a string", _lock('"x"'), "apply", [*_MALFORMED_LOCK, 'pid "x" is not a process id']),
+    ("lock pid null", _lock("null"), "apply", _MALFORMED_LOCK),
+    ("lock pid huge float", _lock("1e30"), "apply", _MALFORMED_LOCK),
+    ("lock pid past a C long", _lock("99999999999999999999"), "apply", _MALFORMED_LOCK),
     ("assignment wrong type", lambda c: _edit_assignment(c, published_at="x"), "apply",
      ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
     ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
