@@ -33,16 +33,48 @@ def new_uid() -> str:
 
 
 def recorded(config_dir: Path, state: State) -> tuple[str, str]:
-    """(name, uid) as the state records them, else as status/fleet.yaml does, else ("", "")."""
+    """(name, uid) as the state records them, else as status/fleet.yaml does, else ("", ""). A status/fleet.yaml that
+    is there but cannot be read is an error naming it: taken as no identity, the fleet's instances looked like another
+    fleet's ("belong to another fleet of that name", advising a rename or --adopt-fleet)."""
     if state.fleet_uid:
         return state.fleet_name, state.fleet_uid
+    path = Path(config_dir) / "status" / "fleet.yaml"
     try:
-        meta = (yaml.safe_load((Path(config_dir) / "status" / "fleet.yaml").read_text()) or {}).get("metadata") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
+        text = path.read_text()
+    except FileNotFoundError:
+        return "", ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise _unreadable(path, getattr(e, "strerror", None) or str(e)) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise _unreadable(path, f"not valid YAML{f' (line {mark.line + 1})' if mark else ''}") from None
+    if doc is None:
+        return "", ""
+    if not isinstance(doc, dict):
+        raise _unreadable(path, f"it is not a status document (a YAML {_kind(doc)}, not a mapping)")
+    meta = doc.get("metadata")
+    if meta is None:
         return "", ""
     if not isinstance(meta, dict):
-        return "", ""
-    return str(meta.get("name") or ""), str(meta.get("uid") or "")
+        raise _unreadable(path, f"metadata is a YAML {_kind(meta)}, not a mapping")
+    for k in ("name", "uid"):
+        if meta.get(k) is not None and not isinstance(meta[k], str):
+            raise _unreadable(path, f"metadata.{k} is {meta[k]!r}, not a string")
+    return meta.get("name") or "", meta.get("uid") or ""
+
+
+def _kind(v) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(v), type(v).__name__)
+
+
+def _unreadable(path: Path, problem: str) -> FleetIdentityError:
+    return FleetIdentityError(
+        f"{path}: cannot read the fleet's identity: {problem}. The state records no fleet uid (a first apply, or a lost "
+        "state file), so this file says which fleet this is and which instances are its own; nothing was changed. "
+        "Restore it from git (status/ is committed with the config), or, if the fleet has no instances yet, delete it "
+        "(apply rewrites it).")
 
 
 def check_name(fleet: str, known_name: str, known_uid: str, adopt: bool) -> str:

@@ -284,8 +284,13 @@ def _lock(pid: str):
         f'{{"id": "abc123def456", "pid": {pid}, "host": {host}, "since": "2026-01-01T00:00:00+00:00"}}')
 
 
+def _lost_state_and_fleet_yaml(text: str):
+    return lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").write_text(text))
+
+
 _STATE = "state.json: cannot read the reconciler's state: "
 _MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
+_FLEET_YAML = "status/fleet.yaml: cannot read the fleet's identity: "
 
 # (name, how to corrupt the applied quickstart, command, what the error must say)
 CORRUPT = [
@@ -347,6 +352,14 @@ CORRUPT = [
     ("lock pid null", _lock("null"), "apply", _MALFORMED_LOCK),
     ("lock pid huge float", _lock("1e30"), "apply", _MALFORMED_LOCK),
     ("lock pid past a C long", _lock("99999999999999999999"), "apply", _MALFORMED_LOCK),
+    # status/fleet.yaml says who the fleet is when the state is lost: malformed, it was taken as no identity, and the
+    # fleet's own instances were "another fleet of that name" (rename a Topology, or --adopt-fleet).
+    ("status/fleet.yaml uid a number, state lost", _lost_state_and_fleet_yaml("metadata: {name: quickstart, uid: 5}\n"), "apply",
+     [_FLEET_YAML + "metadata.uid is 5, not a string", "Restore it from git"]),
+    ("status/fleet.yaml uid a list, state lost", _lost_state_and_fleet_yaml("metadata: {name: quickstart, uid: [a]}\n"), "plan",
+     [_FLEET_YAML + "metadata.uid is ['a'], not a string"]),
+    ("status/fleet.yaml a list, state lost", _lost_state_and_fleet_yaml("[1]\n"), "apply",
+     [_FLEET_YAML + "it is not a status document (a YAML list, not a mapping)"]),
     ("assignment wrong type", lambda c: _edit_assignment(c, published_at="x"), "apply",
      ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
     ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
