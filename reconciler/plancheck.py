@@ -55,6 +55,7 @@ from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licen
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
+from reconciler.plan.file import PLAN_ID_LEN, is_plan_id
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
@@ -65,6 +66,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     instances = {i.id: i for i in observed.instances}
 
     creates, errors = _checked_creates(plan, desired, problem, offers)
+    if not is_plan_id(plan.id):  # (a saved plan's is checked when read: this is for a Plan handed to api.apply)
+        errors.insert(0, f"plan id {plan.id[:40]!r} is not one `reconcile plan` makes ({PLAN_ID_LEN} hex digits)")
     errors += _key_errors(creates, observed)
     refs = {c.ref for c in creates}
     deletes, more = _checked_deletes(plan, desired, instances, host_price)

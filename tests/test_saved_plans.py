@@ -675,3 +675,61 @@ def test_a_field_of_the_wrong_type_is_refused_before_anything_launches(applied, 
     _edit(out, lambda raw: _job(raw, "sweep-lr").update({field: value}))
     _refused(_apply(cfg, out), f"cannot read plan {out}: " + needle.format(n=n))
     assert _live(cfg) == before
+
+
+def _text(text: str):
+    return lambda path: path.write_text(text)
+
+
+def _redigested(change):
+    return lambda path: _edit(path, change)
+
+
+@pytest.mark.parametrize("corrupt,needle", [
+    (_text("[]"), "not a plan: a JSON array, not an object"),
+    (_text('"x"'), "not a plan: a JSON string, not an object"),
+    (_text("[" * 100_000), "not a plan: nested too deep to be one"),
+    (_text('{"format": 2, "id": ' + "[" * 100_000), "not a plan: nested too deep to be one"),
+    (_redigested(lambda raw: raw["solver"].update(tiers="x")), "solver.tiers: expected a list, got str"),
+    (_redigested(lambda raw: raw.update(solver={})), "solver: status is missing"),
+    (_redigested(lambda raw: raw["solver"]["tiers"][0].update(proven="yes")), 'solver.tiers[0].proven: expected true or false, got "yes"'),
+    (_redigested(lambda raw: raw["solver"].update(scope=[1])), "solver.scope: expected [solved, frozen]"),
+    (_redigested(lambda raw: raw["solver"].update(seconds=1.0)), "solver: unknown field 'seconds'"),
+    (_redigested(lambda raw: raw.update(consolidation={"moved_replicas": 1})), "consolidation: instances_removed is missing"),
+    (_redigested(lambda raw: raw.update(notes="x")), "notes: expected a list, got str"),
+    # The id keys every create (`<id>-0001`, an AWS ClientToken of at most 64 characters) and goes into tags and status/.
+    (_redigested(lambda raw: raw.update(id="my plan")), 'id: "my plan" is not a plan id (12 hex digits'),
+    (_redigested(lambda raw: raw.update(id='a"b\ncd')), 'id: "a\\"b\\ncd" is not a plan id'),
+    (_redigested(lambda raw: raw.update(id="a" * 5000)), "is not a plan id (12 hex digits"),
+    (_redigested(lambda raw: raw.update(id=raw["id"].upper())), "is not a plan id (12 hex digits"),
+], ids=["list", "string", "deep list", "deep in an object", "tiers a string", "solver empty", "tier proven a string", "scope short",
+        "solver unknown field", "consolidation short", "notes a string", "id with a space", "id with a quote and newline",
+        "id 5000 chars", "id upper case"])
+def test_a_malformed_plan_file_is_one_clear_error_and_changes_nothing(applied, corrupt, needle):
+    """Audit: `[]` or `"x"` gave "unexpected AttributeError", 100,000 `[` "unexpected RecursionError"; with the body digest
+    recomputed (anyone can), `solver.tiers: "x"` an AttributeError and `solver: {}` SolverReport's missing arguments; and
+    an id with spaces, quotes, a newline or 5,000 characters was applied, into create keys, tags and status/."""
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "sweep-lr"))  # a plan with a create, so a slip would launch it
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    assert json.loads(out.read_text())["creates"]
+    before = _live(cfg)
+    corrupt(out)
+    _refused(_apply(cfg, out), f"cannot read plan {out}: ", needle)
+    assert _live(cfg) == before
+
+
+def test_a_plan_handed_to_the_api_with_an_id_plan_does_not_make_is_refused(applied):
+    """The same rule for a Plan object given to api.apply (not read from a file): the re-check refuses its id."""
+    from reconciler.errors import StalePlanError
+
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "sweep-lr"))
+    plan = api.plan(cfg, time_limit=float(QUICK)).plan
+    assert plan.creates
+    bad = "x" * 70
+    plan = replace(plan, id=bad, creates=tuple(replace(c, key=f"{bad}-{n:04d}") for n, c in enumerate(plan.creates, 1)))
+    before = _live(cfg)
+    with pytest.raises(StalePlanError, match="plan id 'xxxxxxxx.*' is not one `reconcile plan` makes"):
+        api.apply(cfg, saved_plan=plan, time_limit=float(QUICK))
+    assert _live(cfg) == before

@@ -47,7 +47,13 @@ def encode(plan) -> str:
 
 def read_body(text: str) -> dict:
     """A saved plan's body, checked: this version's format, and every field as `reconcile plan` wrote it."""
-    raw = json.loads(text)
+    try:
+        raw = json.loads(text)
+    except RecursionError:  # (`[[[[...` 100,000 deep: JSON's decoder recurses per level)
+        raise ValueError("not a plan: nested too deep to be one") from None
+    if not isinstance(raw, dict):
+        kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(raw), "null")
+        raise TypeError(f"not a plan: a JSON {kind}, not an object")
     if raw.get("format") != PLAN_FORMAT:
         raise ValueError(f"plan format {raw.get('format')} is not {PLAN_FORMAT}; make the plan again with this version")
     if raw.pop("body_digest", None) != body_digest(raw):
@@ -71,6 +77,15 @@ _SHAPES = {
     "removed": {"job": _STR, "previous": [_STR]},
     "restarted": {"job": _STR, "instances": [_STR], "change": _STR},
 }
+# The fields read as they are (shown with the plan, not acted on), typed so that showing them cannot fail.
+_BOOL, _DICT = "true or false", "an object"
+_SOLVER = {"status": _STR, "optimal": _BOOL, "gap": _NUM, "tiers": [_DICT], "scope": [_INT], "repairs": _INT, "note": _STR,
+           "work": _NUM, "unpacked": _INT, "backfilled": _INT, "narrowed": _INT}
+_SOLVER_NEEDS = ("status", "optimal", "gap")
+_TIER = {"name": _STR, "value": _OPT_NUM, "bound": _OPT_NUM, "status": _STR, "proven": _BOOL}
+_CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_per_hour": _OPT_NUM, "move_cost": _NUM}
+_BALLAST = {"instances": [_STR], "idle": _NUM, "unit": _STR, "cost_per_hour": _NUM, "rule": _STR, "spot_share": _NUM,
+            "spot_share_without": _NUM}
 _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
 _RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
 
@@ -78,6 +93,8 @@ _RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
 def _check_shape(raw: dict) -> None:
     for name in ("id", "fleet", "desired_digest", "observed_digest"):
         _expect(raw.get(name), _STR, name)
+    if not is_plan_id(raw["id"]):
+        raise TypeError(f"id: {json.dumps(raw['id'])[:40]} is not a plan id ({PLAN_ID_LEN} hex digits, as `reconcile plan` makes them)")
     for name in ("cost_before", "cost_after"):
         _expect(raw.get(name), _NUM, name)
     for name, fields_ in _SHAPES.items():
@@ -100,6 +117,32 @@ def _check_shape(raw: dict) -> None:
     for name in ("solver", "kept"):
         if not isinstance(raw.get(name), dict):
             raise TypeError(f"{name}: expected an object")
+    _check_object(raw["solver"], _SOLVER, "solver", _SOLVER_NEEDS)
+    if len(raw["solver"].get("scope", (0, 0))) != 2:
+        raise TypeError("solver.scope: expected [solved, frozen]")
+    for n, tier in enumerate(raw["solver"].get("tiers", ())):
+        _check_object(tier, _TIER, f"solver.tiers[{n}]", ("name",))
+    for name, fields_ in (("consolidation", _CONSOLIDATION), ("ballast", _BALLAST)):
+        if raw.get(name) is not None:
+            _check_object(raw[name], fields_, name, tuple(fields_))
+    for name in ("notes", "violations"):
+        _expect(raw.get(name, []), [_STR], name)
+    if not isinstance(raw.get("rules", {}), dict):
+        raise TypeError("rules: expected an object")
+
+
+def _check_object(value, fields_: dict, where: str, needs: tuple[str, ...]) -> None:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where}: expected an object, got {json.dumps(value)[:40]}")
+    unknown = sorted(set(value) - set(fields_))
+    if unknown:
+        raise TypeError(f"{where}: unknown field {unknown[0]!r}")
+    missing = [f for f in needs if f not in value]
+    if missing:
+        raise TypeError(f"{where}: {missing[0]} is missing")
+    for f, kind in fields_.items():
+        if f in value:
+            _expect(value[f], kind, f"{where}.{f}")
 
 
 def _expect(value, kind, where: str) -> None:
@@ -110,7 +153,7 @@ def _expect(value, kind, where: str) -> None:
             _expect(v, kind[0], f"{where}[{n}]")
         return
     ok = {_STR: lambda v: isinstance(v, str), _OPT_STR: lambda v: v is None or isinstance(v, str),
-          _INT: lambda v: type(v) is int,
+          _INT: lambda v: type(v) is int, _BOOL: lambda v: type(v) is bool, _DICT: lambda v: isinstance(v, dict),
           _NUM: lambda v: type(v) in (int, float), _OPT_NUM: lambda v: v is None or type(v) in (int, float)}[kind]
     if not ok(value):
         raise TypeError(f"{where}: expected {kind}, got {json.dumps(value)[:40]}")
@@ -193,5 +236,14 @@ def placement_group_name(fleet: str, job: str, zone: str) -> str:
     return f"{fleet}-{job}-{hashlib.sha256(f'{fleet}/{job}'.encode()).hexdigest()[:8]}-{zone}"
 
 
+PLAN_ID_LEN = 12
+
+
 def plan_id(desired: DesiredState, observed: Observed, actions: str = "") -> str:
-    return hashlib.sha256(f"{desired.fleet}|{desired.digest}|{observed.digest}|{actions}".encode()).hexdigest()[:12]
+    return hashlib.sha256(f"{desired.fleet}|{desired.digest}|{observed.digest}|{actions}".encode()).hexdigest()[:PLAN_ID_LEN]
+
+
+def is_plan_id(text: str) -> bool:
+    """What plan_id makes: a saved plan's id keys its creates (`<id>-0001`: an AWS ClientToken, at most 64 characters)
+    and goes into tags and status/, so a file's id that is not one (spaces, quotes, a newline, 5,000 characters) is refused."""
+    return isinstance(text, str) and len(text) == PLAN_ID_LEN and all(c in "0123456789abcdef" for c in text)
