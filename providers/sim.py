@@ -190,6 +190,8 @@ class SimCloud:
         if offset == 0 and data.get("journal") is not None:
             offset = self._check_header(data["journal"], size)
             size = max(size, offset)
+        elif not stamp and size:
+            self._check_genesis(size)
         if size > offset:
             with self._io(self.journal, "read"), open(self.journal, "rb") as f:
                 f.seek(offset)
@@ -239,6 +241,33 @@ class SimCloud:
             raise self._corrupt(self.journal, f"its first line is not the header of journal {token}")
         self._begin_journal(token)  # under the lock; what the old one held is in the snapshot
         return len(self._header(token))
+
+    def _check_genesis(self, size: int) -> None:
+        """A journal without its snapshot. The first call writes the snapshot right after its journal line, and every
+        snapshot begins a journal with a header naming it: a journal of that first line alone (a kill between the
+        two writes) rebuilds the world by itself; one with a header, or more calls, continued a snapshot that is
+        gone, and reading it over an empty world would silently drop the instances the snapshot held."""
+        with self._io(self.journal, "read"), open(self.journal, "rb") as f:
+            lines = f.read().split(b"\n")[:-1]  # whole lines only (a cut last line is not a call)
+        try:
+            first = json.loads(lines[0]) if lines else None
+        except ValueError:
+            first = None  # garbled: replaying it names the line
+        if not isinstance(first, dict):
+            return
+        top = first.get("top") if isinstance(first.get("top"), dict) else {}
+        numbered = top.get("next_id", 1)
+        first_call = ("journal" not in first and len(lines) == 1 and isinstance(first.get("instances", {}), dict)
+                      and isinstance(numbered, int) and numbered - 1 <= len(first.get("instances", {})))
+        if first_call:
+            return
+        _CACHE.pop(self.path, None)
+        begun = f" (journal {first['journal']})" if isinstance(first.get("journal"), str) else ""
+        raise ProviderError(
+            f"{self.path}: the simulated cloud's snapshot is missing, but {self.journal}{begun} continues one: the "
+            f"instances recorded in the snapshot would silently vanish (and the next plan replace them). Nothing was "
+            f"changed. Restore {self.path.name} from a backup, or delete {self.dir} to start an empty simulated cloud "
+            "(every simulated instance is then gone, and the next apply creates the fleet again).")
 
     @staticmethod
     def _header(token: str) -> bytes:

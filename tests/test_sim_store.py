@@ -73,6 +73,48 @@ def test_a_lost_journal_is_refused_not_read_as_an_empty_world(tmp_path):
     assert sorted(i["id"] for i in sim.instances()) == ids
 
 
+def test_a_lost_snapshot_is_refused_not_read_as_an_empty_world(tmp_path, monkeypatch):
+    """The symmetric case: cloud.json gone, cloud.journal kept. Before, the journal (whose header says it continues
+    a snapshot) was replayed over an empty world: the snapshot's instances vanished and the next plan replaced them
+    as interrupted. Only the first call's own line, killed before its snapshot was written, rebuilds the world alone."""
+    import pytest
+
+    from providers.errors import ProviderError
+
+    sim = SimCloud(tmp_path)
+    ids = _plant(sim, 2)
+    for calls_since in (0, 1):  # a journal of its header alone, and one with a call after it
+        ids += _plant(sim, calls_since)
+        kept = sim.path.read_bytes()
+        sim.path.unlink()
+        sim_mod._CACHE.clear()  # as a new process
+        with pytest.raises(ProviderError, match=r"cloud.json: the simulated cloud's snapshot is missing, but .*cloud.journal "
+                                                r"\(journal [0-9a-f]+\) continues one.*Nothing was changed. Restore cloud.json from a "
+                                                r"backup, or delete .*sim to start an empty simulated cloud"):
+            sim.instances()
+        assert not sim.path.exists()  # nothing written over it
+        sim.path.write_bytes(kept)
+        sim_mod._CACHE.clear()
+        assert sorted(i["id"] for i in sim.instances()) == ids
+    # A first call killed between its journal line and its snapshot: the line is the whole world, and is read.
+    class Killed(BaseException):
+        pass
+
+    def killed(*a):
+        raise Killed
+
+    fresh = SimCloud(tmp_path / "fresh")
+    monkeypatch.setattr(sim_mod.os, "replace", killed)  # killed before the snapshot's rename
+    with pytest.raises(Killed):
+        _plant(fresh, 1)
+    monkeypatch.undo()
+    assert not fresh.path.exists() and fresh.journal.read_bytes().count(b"\n") == 1
+    sim_mod._CACHE.clear()
+    first = [i["id"] for i in fresh.instances()]
+    assert first == ["sim-aws-00001"]
+    assert [i["id"] for i in _other_process_sees(tmp_path / "fresh")] == first
+
+
 def test_a_fold_cut_between_its_two_renames_keeps_every_instance(tmp_path, monkeypatch):
     """A kill after the new snapshot replaced the old one but before the new journal did: the old journal's
     calls are all in the snapshot, so it is set aside (not refused, not replayed over newer state)."""
