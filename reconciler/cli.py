@@ -126,6 +126,32 @@ def _gap_ok(value: float) -> float:
     return value
 
 
+def _seconds_ok(value: float | None) -> float | None:
+    """A period (--poll, --heartbeat, --resync): finite, above 0, at most a week; the FLEETOPS_* settings' rule."""
+    from reconciler.runtime.bus import seconds_problem
+
+    problem = seconds_problem(value) if value is not None else None
+    if problem:
+        raise typer.BadParameter(f"{value:g} {problem}")
+    return value
+
+
+def _port_ok(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 65535:
+        raise typer.BadParameter(f"{value} is not a TCP port from 0 (a free one) to 65535")
+    return value
+
+
+def _grace_ok(value: float | None) -> float | None:
+    """A grace period that may be 0 (none): --notice-seconds."""
+    from reconciler.runtime.bus import seconds_problem
+
+    problem = seconds_problem(value, zero=True) if value is not None else None
+    if problem:
+        raise typer.BadParameter(f"{value:g} {problem}")
+    return value
+
+
 MAX_TIME_LIMIT = 86400.0  # a day of solver work; the wall cap is 10x this + 30 s
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
@@ -712,7 +738,7 @@ def _sim(config_dir: Optional[Path], dir_opt: Optional[Path] = None):
 @sim_app.command("interrupt")
 def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt,
                   reason: str = typer.Option("spot-interruption", "--reason", help="The reason recorded."),
-                  notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", help="How long its agent gets to checkpoint (default 120).")) -> None:
+                  notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", callback=_grace_ok, help="How long its agent gets to checkpoint (default 120).")) -> None:
     """Reclaim an instance, as a spot interruption or a lost host would (its agent gets a notice first)."""
     try:
         _sim(config_dir, dir_opt).interrupt(instance_id, reason, notice_seconds)
@@ -813,15 +839,15 @@ def agent(
     workdir: Path = typer.Option(Path("/var/lib/fleetops"), "--workdir", help="Logs and the agent's own files."),
     cwd: Optional[Path] = typer.Option(None, "--cwd", help="Working directory of `process` commands."),
     checkpoint_root: Optional[Path] = typer.Option(None, "--checkpoint-root", help="Host directory under which each job's checkpoint dir lives."),
-    poll: Optional[float] = typer.Option(None, "--poll", help="Seconds between reads of the assignment (FLEETOPS_AGENT_POLL_SECONDS, 2)."),
-    heartbeat: Optional[float] = typer.Option(None, "--heartbeat", help="Seconds between heartbeats (FLEETOPS_AGENT_HEARTBEAT_SECONDS, 5)."),
+    poll: Optional[float] = typer.Option(None, "--poll", callback=_seconds_ok, help="Seconds between reads of the assignment (FLEETOPS_AGENT_POLL_SECONDS, 2)."),
+    heartbeat: Optional[float] = typer.Option(None, "--heartbeat", callback=_seconds_ok, help="Seconds between heartbeats (FLEETOPS_AGENT_HEARTBEAT_SECONDS, 5)."),
 ) -> None:
     """The node agent: run what the bus assigns to this instance, report phases and heartbeats."""
     import signal as signals
 
     from reconciler.backend import backend_for
     from reconciler.runtime.agent import Agent
-    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.bus import Bus, stale_seconds
     from reconciler.runtime.metadata import instance_id_from_metadata
     from reconciler.runtime.notices import notice_source
     from reconciler.runtime.runtimes import RUNTIMES
@@ -845,8 +871,12 @@ def agent(
 
     signals.signal(signals.SIGTERM, on_term)
     signals.signal(signals.SIGINT, on_term)
-    ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
-               address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
+    try:  # (its FLEETOPS_AGENT_* settings are read here: one out of range was an "unexpected" bug report)
+        ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
+                   address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
+        stale_seconds()  # read while running (gang peers): checked now
+    except ReconcileError as e:
+        _fail(e)
     # A sim instance lives in its agent directory under the sim's store: once that is deleted (the
     # instance or the whole sim store removed) the agent stands for nothing and ends with it. Without
     # this, agents of a deleted quickstart copy ran forever (hundreds after a day of test runs).
@@ -861,10 +891,10 @@ def controller(
     state: Optional[str] = StateOpt,
     provider_option: Optional[list[str]] = OptionOpt,
     time_limit: float = typer.Option(10.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT time limit per plan, in seconds."),
-    poll: float = typer.Option(2.0, "--poll", help="Seconds between looks at the config and the bus."),
-    resync: float = typer.Option(60.0, "--resync", help="Plan at least this often (drift: vanished instances)."),
+    poll: float = typer.Option(2.0, "--poll", callback=_seconds_ok, help="Seconds between looks at the config and the bus."),
+    resync: float = typer.Option(60.0, "--resync", callback=_seconds_ok, help="Plan at least this often (drift: vanished instances)."),
     pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0: a free one) "
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", callback=_port_ok, help="Serve Prometheus /metrics on this port (0: a free one) "
                                                "from the last plan or apply."),
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="The address --metrics-port listens on."),
 ) -> None:
@@ -906,7 +936,7 @@ def controller(
 def logs(
     config_dir: Path = ConfigDir,
     job: str = typer.Argument(..., help="The Job whose output to show."),
-    replica: int = typer.Option(0, "--replica", help="Which replica."),
+    replica: int = typer.Option(0, "--replica", min=0, help="Which replica."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the replica ends."),
     state: Optional[str] = StateOpt,
 ) -> None:
@@ -919,6 +949,7 @@ def logs(
     try:
         bus = Bus(backend_for(config_dir, state))
         rec = bus.run(job, replica)
+        wait = min(1.0, poll_seconds()) if follow else 1.0  # (FLEETOPS_AGENT_POLL_SECONDS out of range: an error here)
     except ReconcileError as e:
         _fail(e)
     if rec is None:
@@ -944,7 +975,7 @@ def logs(
             shown_tail = tail
         if not follow or rec.get("terminal") or rec.get("phase") == "Stopped":
             break
-        time.sleep(min(1.0, poll_seconds()))
+        time.sleep(wait)
         try:
             rec = bus.run(job, replica) or rec
         except ReconcileError:

@@ -244,6 +244,52 @@ def test_numbers_out_of_range_are_usage_errors(qs, args, says):
     assert not (qs / ".reconcile" / "state.json").exists()  # refused before any observe or plan
 
 
+@pytest.mark.parametrize("args, says", [
+    (["controller", "{qs}", "--poll", "0"], "--poll"),  # busy-looped a core (it sleeps min(0.2, poll))
+    (["controller", "{qs}", "--poll", "-1"], "--poll"),
+    (["controller", "{qs}", "--poll", "nan"], "--poll"),
+    (["controller", "{qs}", "--resync", "0"], "--resync"),  # planned at every poll
+    (["controller", "{qs}", "--resync", "inf"], "--resync"),
+    (["controller", "{qs}", "--metrics-port", "99999"], "--metrics-port"),  # "unexpected OverflowError"
+    (["controller", "{qs}", "--metrics-port", "-1"], "--metrics-port"),
+    (["agent", "i-1", "--dir", "{qs}", "--runtime", "process", "--poll", "-1"], "--poll"),  # "unexpected ValueError: sleep length"
+    (["agent", "i-1", "--dir", "{qs}", "--runtime", "process", "--poll", "0"], "--poll"),  # silently the default
+    (["agent", "i-1", "--dir", "{qs}", "--runtime", "process", "--heartbeat", "nan"], "--heartbeat"),
+    (["agent", "i-1", "--dir", "{qs}", "--runtime", "process", "--heartbeat", "1e20"], "--heartbeat"),  # overflows a sleep
+    (["sim", "interrupt", "sim-aws-00001", "{qs}", "--notice-seconds", "nan"], "--notice-seconds"),
+    (["sim", "interrupt", "sim-aws-00001", "{qs}", "--notice-seconds", "-5"], "--notice-seconds"),
+    (["logs", "{qs}", "llm-pretrain", "--replica", "-1"], "--replica"),
+])
+def test_runtime_numbers_out_of_range_are_usage_errors(qs, monkeypatch, args, says):
+    """Periods are finite, above 0 and at most a week (the FLEETOPS_* settings' rule, `bus.seconds_problem`), a grace
+    0 or more, ports 0-65535: before, each was taken (the controller busy-looped) or crashed as an "unexpected" bug."""
+    import signal
+
+    from reconciler.runtime.agent import Agent
+    from reconciler.runtime.controller import Controller
+
+    ran = []
+    monkeypatch.setattr(Controller, "run", lambda self, stop: ran.append("controller"))
+    monkeypatch.setattr(Agent, "run", lambda self, stop, **kw: ran.append("agent"))
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    r = cli(*[a.format(qs=qs) for a in args])
+    assert r.exit_code == 1 and says in r.output and "unexpected" not in r.output and not ran, r.output
+    assert not (qs / ".reconcile" / "state.json").exists()
+
+
+@pytest.mark.parametrize("env, value", [("FLEETOPS_AGENT_POLL_SECONDS", "0"), ("FLEETOPS_AGENT_POLL_SECONDS", "inf"),
+                                        ("FLEETOPS_HEARTBEAT_STALE_SECONDS", "nan")])
+def test_an_agent_setting_out_of_range_is_an_error_not_a_bug(qs, monkeypatch, env, value):
+    """The agent read its FLEETOPS_* settings outside any error handling: "unexpected ReconcileError ... a bug"."""
+    from reconciler.runtime.agent import Agent
+
+    monkeypatch.setattr(Agent, "run", lambda self, stop, **kw: None)
+    monkeypatch.setattr(__import__("signal"), "signal", lambda *a: None)
+    monkeypatch.setenv(env, value)
+    r = cli("agent", "i-1", "--dir", qs, "--runtime", "process")
+    assert r.exit_code == 1 and f"{env}={value!r} must be above 0" in r.output and "unexpected" not in r.output, r.output
+
+
 def test_plain_user_errors_are_not_called_bugs(qs, tmp_path):
     """A missing --out directory, --out a directory, a missing DIR, DIR a file: each says what is wrong, exit 1 (before:
     "unexpected FileNotFoundError ... This is a bug", or "config directory does not exist" for a file)."""

@@ -24,6 +24,18 @@ from reconciler.errors import CorruptBusObjectError, ReconcileError
 ASSIGNMENTS, RUNS, AGENTS = "assignments", "runs", "agents"
 
 
+MAX_SECONDS = 7 * 86400.0  # a week: no period or threshold here is longer (and time.sleep overflows near 1e10 s)
+
+
+def seconds_problem(value: float, zero: bool = False) -> str | None:
+    """Why `value` is not a period or threshold in seconds (None: it is): a finite number above 0 (0 or more
+    with `zero`) and at most a week. The rule of the FLEETOPS_* settings below and of the CLI's --poll,
+    --heartbeat, --resync and --notice-seconds: 0, a negative or NaN poll busy-looped a core or crashed a sleep."""
+    if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:
+        return f"must be {'0 or more' if zero else 'above 0'} and at most {MAX_SECONDS:g} seconds (a week)"
+    return None
+
+
 def setting(name: str, default: float) -> float:
     """A runtime period or threshold in seconds: FLEETOPS_<NAME> from the environment (tests and
     the sim shorten them), else the default."""
@@ -34,8 +46,9 @@ def setting(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ReconcileError(f"FLEETOPS_{name}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ReconcileError(f"FLEETOPS_{name}={raw!r} must be above 0")
+    problem = seconds_problem(value)
+    if problem:
+        raise ReconcileError(f"FLEETOPS_{name}={raw!r} {problem}")
     return value
 
 
