@@ -115,6 +115,27 @@ class CatalogError(ReconcileError):
     pass
 
 
+# Generous physical bounds on a catalog's figures (the shipped catalog's largest: 16 GPUs, 224 vCPUs, 2,952 GiB,
+# $113.93/h): a figure past one is a typo or corruption, never an instance. NaN, inf, negative GPUs and negative or
+# zero prices were taken before: a plan costed $-155.93/h past the budget guardrail, NaN crashed the solver ("cannot
+# convert float NaN to integer"), and gpus: 10**9 ate memory until the plan was killed.
+MAX_GPUS = 64  # per instance
+MAX_VCPUS = 2048
+MAX_MEMORY_GIB = 32 * 1024.0  # 32 TiB
+MAX_GPU_MEMORY_GIB = 4096.0  # per GPU
+MAX_PRICE = 10_000.0  # USD per instance-hour
+
+
+def _number(v, what: str, lo: float, hi: float, *, above: bool = False, whole: bool = False) -> float:
+    """`v` as a finite number in [lo, hi] ((lo, hi] with `above`), whole with `whole`; else a ValueError saying so."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (lo < v if above else lo <= v) and v <= hi
+    if not ok or (whole and v != int(v)):
+        kind = "a whole number" if whole else "a number"
+        raise CatalogError(f"{what} is {v!r}, not {kind} {'above' if above else 'from'} {lo:g}{'' if above else ' to'}"
+                           f"{' and at most' if above else ''} {hi:g}")
+    return int(v) if whole else float(v)
+
+
 def parse_catalog(raw: dict, where: str) -> Catalog:
     """A Catalog from catalog.json's data; CatalogError naming the file and field when it is not one."""
     def bad(what: str) -> CatalogError:
@@ -128,30 +149,53 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
         shapes = {}
         for cloud, c in raw["clouds"].items():
             for name, t in c["instance_types"].items():
+                at = f"clouds.{cloud}.instance_types.{name}"
                 prices = {}
                 for region, p in t.get("prices", {}).items():
+                    here = f"{at}.prices.{region}"
+
+                    def price(v, field: str) -> float:  # a price: above 0 (no spot market is no `spot`, not 0)
+                        return _number(v, f"{here}.{field} (USD per hour)", 0, MAX_PRICE, above=True)
                     spot = p.get("spot")
                     if isinstance(spot, dict):
-                        spot = {z: float(v) for z, v in spot.items()}
+                        spot = {z: price(v, f"spot.{z}") for z, v in spot.items()}
                     elif spot is not None:
-                        spot = float(spot)
+                        spot = price(spot, "spot")
                     if p.get("source", "") not in sources:
-                        raise bad(f"clouds.{cloud}.instance_types.{name}.prices.{region}.source {p.get('source')!r} is not in `sources`")
+                        raise bad(f"{here}.source {p.get('source')!r} is not in `sources`")
                     zones = p.get("zones")
                     if zones is not None and not (isinstance(zones, list) and all(isinstance(z, str) for z in zones)):
-                        raise bad(f"clouds.{cloud}.instance_types.{name}.prices.{region}.zones is not a list of zone names")
-                    prices[region] = RegionPrice(float(p["on_demand"]), spot, p["source"], tuple(zones) if zones is not None else None)
+                        raise bad(f"{here}.zones is not a list of zone names")
+                    prices[region] = RegionPrice(price(p["on_demand"], "on_demand"), spot, p["source"],
+                                                 tuple(zones) if zones is not None else None)
+                gpus = _number(t["gpus"], f"{at}.gpus", 0, MAX_GPUS, whole=True)
                 shapes[(cloud, name)] = InstanceShape(
-                    cloud=cloud, name=name, gpus=int(t["gpus"]), gpu_type=t.get("gpu_type"), cpu=float(t["cpu"]),
-                    memory_gib=float(t["memory_gib"]), prices=prices, nvlink_domain=int(t.get("nvlink_domain", 1)),
+                    cloud=cloud, name=name, gpus=gpus, gpu_type=t.get("gpu_type"),
+                    cpu=_number(t["cpu"], f"{at}.cpu (vCPUs)", 0, MAX_VCPUS, above=True),
+                    memory_gib=_number(t["memory_gib"], f"{at}.memory_gib", 0, MAX_MEMORY_GIB, above=True), prices=prices,
+                    nvlink_domain=_number(t.get("nvlink_domain", 1), f"{at}.nvlink_domain (GPUs per NVLink domain)", 1,
+                                          max(gpus, 1), whole=True),
                 )
         regions = {cloud: c["regions"] for cloud, c in raw["clouds"].items()}
-        models = {
-            name: GpuModel(name, m["memory_gib"], {p: MigProfile(p, *v) for p, v in m.get("mig_profiles", {}).items()})
-            for name, m in raw.get("gpu_models", {}).items() if not name.startswith("_")
-        }
-    except CatalogError:
-        raise
+        models = {}
+        for name, m in raw.get("gpu_models", {}).items():
+            if name.startswith("_"):
+                continue
+            profiles = {}
+            for prof, v in m.get("mig_profiles", {}).items():
+                if not (isinstance(v, list) and len(v) == 3):
+                    raise CatalogError(f"gpu_models.{name}.mig_profiles.{prof} is {v!r}, not [compute slices, memory slices, "
+                                       "max per GPU]")
+                at = f"gpu_models.{name}.mig_profiles.{prof}"
+                profiles[prof] = MigProfile(prof, _number(v[0], f"{at}[0] (compute slices of 7)", 1, 7, whole=True),
+                                            _number(v[1], f"{at}[1] (memory slices of 8)", 1, 8, whole=True),
+                                            _number(v[2], f"{at}[2] (max per GPU)", 1, 7, whole=True))
+            _number(m["memory_gib"], f"gpu_models.{name}.memory_gib", 0, MAX_GPU_MEMORY_GIB, above=True)
+            models[name] = GpuModel(name, m["memory_gib"], profiles)
+    except CatalogError as e:
+        if str(e).startswith(where):
+            raise
+        raise bad(str(e)) from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise bad(f"{type(e).__name__}: {e}") from None
     return Catalog(date=str(raw.get("date", "")), regions=regions, shapes=shapes, gpu_models=models, sources=sources, path=where)

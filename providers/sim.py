@@ -629,7 +629,7 @@ class SimProvider:
         with self.cloud.world(write=False) as w:
             return [
                 self._to_instance(d) for d in w["instances"].values()
-                if d["tags"].get(TAG_FLEET) == self.ctx.fleet and d["state"] in ("pending", "running")
+                if d["tags"].get(TAG_FLEET) == self.ctx.fleet and d["state"] != "terminated"  # (the observer judges any other state)
             ]
 
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:

@@ -227,10 +227,12 @@ def _launch(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
             inst = _create(fleet, desired, plan, c, serial, key, uid, hosted)
         except KeySpentError:
             continue
-        if inst.state == "stopping":  # the key's instance exists, stopped: launching under the next key would make two
+        if inst.state not in ("pending", "running", "terminated"):  # the key's instance exists, stopped (or in a state
+            # we do not know): launching under the next key would make two
             raise ProviderError(f"the cloud answered create key {key} with {inst.id}, which exists but does not run "
-                                "(stopped, suspended or failed): it is this create's instance, so no second one is "
-                                "launched; start it, or delete it yourself, then apply again")
+                                f"(stopped, suspended or failed{'' if inst.state == 'stopping' else f'; its state is {inst.state!r}'}): "
+                                "it is this create's instance, so no second one is launched; start it, or delete it yourself, "
+                                "then apply again")
         if inst.alive:
             _check_launched(c, key, inst, known, desired.fleet, uid)
             return inst

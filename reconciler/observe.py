@@ -6,6 +6,7 @@ merged with the placement tags instances carry (reconciler/placements.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class Fleet:
         providers: dict[str, str] = {}
         foreign: list[tuple[str, str]] = []
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, suspended, deallocated, failed)
+        unknown: list[tuple[str, str]] = []  # the fleet's instances in a state we do not know: taken as running
         quotas: list[Quota] = []
         quota_notes: list[str] = []
         gpus_by_key: dict[tuple[str, str, str], int] = {}  # (cloud, zone, type) -> GPUs, as the providers offer them
@@ -178,6 +180,11 @@ class Fleet:
                     instances.append(i)
                 elif i.state == "stopping":
                     idle.append(i.id)
+                elif i.state != "terminated":
+                    # A state no provider maps to ours: it may still run. Dropped, it read as gone and its work was
+                    # launched again beside it; kept as it was, nothing runs twice, and the note says why.
+                    unknown.append((i.id, i.state))
+                    instances.append(dataclasses.replace(i, state="running"))
             by_key = {(o.cloud, o.zone, o.instance_type): o for o in prov.offerings(targets)} if targets else {}
             gpus_by_key.update({k: o.gpus for k, o in by_key.items()})
             if targets:
@@ -203,6 +210,9 @@ class Fleet:
                                        "counted as capacity and left alone (start it, or delete it yourself: it may still be "
                                        "billed, its disks always, an Azure VM's compute too unless deallocated); the plan places "
                                        "its work elsewhere" for iid in sorted(idle))
+            + tuple(f"{iid} reports state {state!r}, which is none of pending, running, stopping or terminated: taken as "
+                    "running (counted as capacity, its work left on it, nothing launched in its place, so nothing runs "
+                    "twice); see what it is in the cloud's console" for iid, state in sorted(unknown))
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},

@@ -163,6 +163,69 @@ def test_a_type_is_priced_only_where_its_source_priced_it():
             "t": {"gpus": 0, "cpu": 1, "memory_gib": 1, "prices": {"r": {"on_demand": 1, "source": "nowhere"}}}}}}}, "x.json")
 
 
+P4D = "clouds.aws.instance_types.p4d.24xlarge"
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t["prices"]["us-east-1"].update(on_demand=-50), f"{P4D}.prices.us-east-1.on_demand (USD per hour) is -50"),
+    (lambda t: t["prices"]["us-east-1"].update(on_demand=0), f"{P4D}.prices.us-east-1.on_demand (USD per hour) is 0,"),
+    (lambda t: t["prices"]["us-east-1"].update(on_demand=float("nan")), f"{P4D}.prices.us-east-1.on_demand (USD per hour) is nan"),
+    (lambda t: t["prices"]["us-east-1"].update(spot=-1.5), f"{P4D}.prices.us-east-1.spot (USD per hour) is -1.5"),
+    (lambda t: t["prices"]["us-east-1"].update(spot={"us-east-1a": float("inf")}), f"{P4D}.prices.us-east-1.spot.us-east-1a"),
+    (lambda t: t["prices"]["us-east-1"].update(on_demand=1e9), "is 1000000000.0, not a number above 0 and at most 10000"),
+    (lambda t: t.update(memory_gib=float("nan")), f"{P4D}.memory_gib is nan"),
+    (lambda t: t.update(memory_gib=10 ** 6), f"{P4D}.memory_gib is 1000000, not a number above 0 and at most 32768"),
+    (lambda t: t.update(gpus=10 ** 9), f"{P4D}.gpus is 1000000000, not a whole number from 0 to 64"),
+    (lambda t: t.update(gpus=-8), f"{P4D}.gpus is -8"),
+    (lambda t: t.update(gpus=2.5), f"{P4D}.gpus is 2.5, not a whole number"),
+    (lambda t: t.update(cpu=0), f"{P4D}.cpu (vCPUs) is 0"),
+    (lambda t: t.update(cpu=4096), f"{P4D}.cpu (vCPUs) is 4096"),
+    (lambda t: t.update(nvlink_domain=0), f"{P4D}.nvlink_domain (GPUs per NVLink domain) is 0, not a whole number from 1 to 8"),
+])
+def test_a_pinned_catalogs_numbers_are_range_checked_naming_the_entry_and_field(edit, says):
+    """Before, parse_catalog took any float()/int(): a negative price planned `$0.00/h -> $-155.93/h` past the budget
+    guardrail, NaN crashed the solver ("unexpected ValueError"), gpus: 10**9 ate memory until the plan was killed."""
+    raw = json.loads(shipped_catalog_text())
+    edit(raw["clouds"]["aws"]["instance_types"]["p4d.24xlarge"])
+    with pytest.raises(ReconcileError) as e:
+        parse_catalog(raw, "pinned/catalog.json")
+    assert str(e.value).startswith("pinned/catalog.json: not a fleetops price catalog: ") and says in str(e.value), str(e.value)
+
+
+def test_the_shipped_catalog_is_within_the_bounds_and_a_plan_with_a_negative_price_changes_nothing(tmp_path):
+    from providers.catalog import MAX_GPUS, MAX_MEMORY_GIB, MAX_PRICE, MAX_VCPUS
+
+    shapes = load_catalog().shapes.values()
+    assert max(s.gpus for s in shapes) * 4 <= MAX_GPUS and max(s.cpu for s in shapes) * 8 <= MAX_VCPUS
+    assert max(s.memory_gib for s in shapes) * 8 <= MAX_MEMORY_GIB
+    assert max(p.on_demand for s in shapes for p in s.prices.values()) * 80 <= MAX_PRICE
+    qs = copy_quickstart(tmp_path)
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["p4d.24xlarge"]["prices"]["us-east-1"]["on_demand"] = -50
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode == 1 and "unexpected" not in res.stderr, res.stderr
+    assert f"{qs / 'catalog.json'}: not a fleetops price catalog: {P4D}.prices.us-east-1.on_demand (USD per hour) is -50" in res.stderr
+    assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()  # nothing launched
+
+
+def test_catalog_update_leaves_out_a_price_its_source_gives_as_zero_or_less(monkeypatch):
+    """What it writes, parse_catalog takes: a source's 0 or negative price is no price there (on-demand: the type
+    loses its price in the region, listed; spot: no spot market), never a figure the next plan refuses."""
+    import providers.pricesources as ps
+
+    raw = json.loads(shipped_catalog_text())
+    given = {"p4d.24xlarge": {"us-east-1": {"on_demand": 0.0, "spot": 5.0}},
+             "p5.48xlarge": {"us-east-1": {"on_demand": 55.04, "spot": 0.0}, "us-west-2": {"on_demand": -1.0}}}
+    monkeypatch.setitem(ps.FETCHERS, "aws", lambda cat, types, regions: (given, {"fake-1": {"date": "2026-12-01", "what": "t"}}))
+    new, lines = ps.update_catalog(raw, load_catalog(), ["aws"], {"aws": ["us-east-1", "us-west-2"]})
+    types = new["clouds"]["aws"]["instance_types"]
+    assert "us-east-1" not in types["p4d.24xlarge"]["prices"] and "us-west-2" not in types["p5.48xlarge"]["prices"]
+    assert types["p5.48xlarge"]["prices"]["us-east-1"] == {"on_demand": 55.04, "source": "fake-1"}
+    assert "p4d.24xlarge in us-east-1" in lines[0]
+    parse_catalog(new, "updated.json")
+
+
 def test_a_fleet_of_types_the_catalog_learned_on_2026_11_29_validates_plans_and_applies_at_the_catalogs_prices(tmp_path):
     """A Pool naming a2-highgpu-2g was refused ("unknown gcp instance type"): the catalog knew 21/12/11 types; so was
     one naming g5.2xlarge or m6i.16xlarge until the AWS sizes the source prices were read too. Now one pool of a newly

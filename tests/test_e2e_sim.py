@@ -77,6 +77,31 @@ def test_spot_interruption_is_healed_in_one_run(qs):
     assert spot["id"] not in {i["id"] for i in live(qs)}
 
 
+def test_an_instance_in_a_state_or_cloud_fleetops_does_not_know_is_no_crash_and_no_duplicate(qs):
+    """An instance whose state is none of ours was read as gone: its job was launched again beside it while it may
+    still run. One in a cloud the catalog and Topology do not know crashed the solver ("unexpected OverflowError:
+    cannot convert float infinity to integer": the egress to a site outside the Topology). Now the first is kept as
+    running, with a note, and nothing is launched in its place; the second has drifted from its pool (in cloud ibm,
+    not aws) and is replaced, make before break, as any drifted instance is."""
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    sim = SimCloud(state_dir(qs))
+    p4d = sorted(i["id"] for i in live(qs) if i["instance_type"] == "p4d.24xlarge")
+    with sim.world() as w:
+        w["instances"][p4d[0]] = {**w["instances"][p4d[0]], "state": "impaired"}
+    res = api.plan(qs)
+    assert not res.plan.creates and not res.plan.deletes, res.plan.counts()
+    assert any(n.startswith(f"{p4d[0]} reports state 'impaired', which is none of") and "nothing runs twice" in n
+               for n in res.plan.notes), res.plan.notes
+    with sim.world() as w:
+        w["instances"][p4d[0]] = {**w["instances"][p4d[0]], "state": "running", "cloud": "ibm"}
+    out = cli("plan", qs)
+    assert out.exit_code == 0 and "unexpected" not in out.output, out.output
+    res = api.plan(qs)
+    assert [(d.instance_id, d.reason) for d in res.plan.deletes] == [(p4d[0], "drifted from Pool/aws-a100 (in cloud ibm, not aws)")]
+    assert len(res.plan.creates) == 1
+    check_plan(res.desired, res.observed, res.plan)
+
+
 def test_capacity_error_marks_zone_short_and_next_run_goes_elsewhere(qs):
     cloud = SimCloud(state_dir(qs))
     plan = api.plan(qs).plan

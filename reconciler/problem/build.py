@@ -97,7 +97,7 @@ def _zone_costs(demands: list[Demand], sites: set[tuple[str, str, str]], topo: T
             if dist is None:
                 dist = dists[k] = topo.distance(d.data_location, cloud, region, zone)
             v = 0.0
-            if d.data_gib > 0:
+            if d.data_gib > 0 and math.isfinite(dist.egress_per_gb):  # (inf: an instance outside the Topology, which must go)
                 v += dist.egress_per_gb * d.data_gib / d.hours / d.replicas  # the data set is read once per job
             if lat_cost > 0 and math.isfinite(dist.latency_ms):
                 v += lat_cost * dist.latency_ms * d.bundle

@@ -50,6 +50,8 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
         blocker = None
         if pool is None:
             blocker = f"pool {inst.pool!r} is no longer in the desired state"
+        elif inst.cloud != pool.spec.cloud:  # (a cloud the catalog and Topology may not know: it cannot be priced)
+            blocker = f"drifted from Pool/{pool.name} (in cloud {inst.cloud}, not {pool.spec.cloud})"
         elif off is None:
             blocker = f"instance type {inst.instance_type} is unknown in {inst.zone}"
         elif inst.instance_type not in pool.spec.instance_types or inst.zone not in pool.spec.zones or inst.region != pool.spec.region:
