@@ -286,8 +286,8 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
     # must move whole or a changed job, which need capacity anew; each stands in for as many protected units of its
     # kind of capacity as its resources would hold, in the dimension where that is most: _stand_in)
     rates = _unit_rates([desired.jobs[n] for n in protected])
-    new = sorted((priority_class(j.spec.priority_weight()), job_size(j) if observed.placements.get(j.name) else _stand_in(j, rates))
-                 for j in desired.jobs.values() if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
+    new = sorted((priority_class(j.spec.priority_weight()), _stand_in(j, rates)) for j in desired.jobs.values()
+                 if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
     if desired.placement.preemption == "Never":
         new = []  # (no class takes another's place: nothing stands in)
     for klass, size in new:  # smallest class first: each covers lost units of any class below its own

@@ -155,11 +155,9 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
             # tenant's new normal job counted for its evicted low one, fleet27)
             terms = []
             if stand_ins:
-                # (work none of which runs now counted as the protected units its resources would hold,
-                # rules.stand_in_units; a demand with running jobs by its own units: a kept running job takes no lower
-                # job's place, and counted by its resources it let the tier give away guaranteed jobs no rule stops)
-                terms = [(d.job_size if d.running else stand_in_units(d, rates), model.g[d.key]) for d in mine if d.klass > a]
-                terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
+                # (each counted as the protected units its resources would hold: rules.stand_in_units)
+                terms = [(stand_in_units(d, rates), model.g[d.key]) for d in mine if d.klass > a]
+                terms += [(-stand_in_units(d, rates), model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
             new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
