@@ -283,10 +283,8 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
         else:
             lost[priority_class(j.spec.priority_weight())] += job_size(j)
     # (its other placed jobs are new work: pending ones, and running ones it does not protect, e.g. a gang that
-    # must move whole or a changed job, which need capacity anew; each stands in for as many protected units of its
-    # kind of capacity as its resources would hold, in the dimension where that is most: _stand_in)
-    rates = _unit_rates([desired.jobs[n] for n in protected])
-    new = sorted((priority_class(j.spec.priority_weight()), _stand_in(j, rates)) for j in desired.jobs.values()
+    # must move whole or a changed job, which need capacity anew)
+    new = sorted((priority_class(j.spec.priority_weight()), job_size(j)) for j in desired.jobs.values()
                  if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
     if desired.placement.preemption == "Never":
         new = []  # (no class takes another's place: nothing stands in)
@@ -299,35 +297,6 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
             size -= take
             kept += take
     return kept
-
-
-def _kind(job: Job) -> tuple:
-    r = job.spec.resources
-    return (r.gpu_type, r.gpus > 0, r.mig is not None)
-
-
-def _per_replica(job: Job) -> dict[str, float]:
-    r = job.spec.resources
-    return {"gpus": r.gpus, "cpu": r.cpu, "memory_gib": r.memory_gib}
-
-
-def _unit_rates(jobs: list[Job]) -> dict[tuple, dict[str, float]]:
-    """Per kind of capacity and resource, the least of it one work unit of these jobs holds."""
-    rates: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for j in jobs:
-        for k, v in _per_replica(j).items():
-            if v > 0:
-                rates[_kind(j)][k] = min(rates[_kind(j)].get(k, math.inf), v / work_units(j))
-    return rates
-
-
-def _stand_in(job: Job, rates: dict[tuple, dict[str, float]]) -> int:
-    """The protected units of its tenant a new job of a higher class may stand in for: its own, or as many of those on
-    its kind of capacity as its resources hold at `rates` (README: a higher class takes a lower one's place; a 12-vCPU
-    job needs two 6-vCPU jobs' room)."""
-    need = _per_replica(job)
-    per = max([work_units(job), *(math.ceil(need[k] / rate - 1e-9) for k, rate in rates.get(_kind(job), {}).items() if need[k] > 0)])
-    return per * job.spec.replicas
 
 
 def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:

@@ -128,33 +128,6 @@ def test_an_aged_job_once_placed_keeps_its_place_and_the_plan_after_its_apply_is
     assert jobs["crit"].action == "place" and jobs["aged"].action == "evict"
 
 
-
-def test_a_critical_job_takes_the_room_of_two_smaller_normal_jobs_of_its_tenant(tmp_path, monkeypatch):
-    """Tenant t (64 vCPUs guaranteed) runs two 6-vCPU normal jobs on the pool's only 16-vCPU instance, then asks for a
-    12-vCPU critical job. A CPU replica is one work unit whatever its vCPUs, and new work of a higher class stood in for
-    its own units only: one unit for the two it displaces, so the guarantees tier kept both normal jobs and the critical
-    job stayed pending ("pools at max_instances (cpu 1/1)") at every plan. A higher class stands in for as many protected
-    units of its kind as its resources hold: it is placed, both normal jobs evicted, every rule kept, and the plan after
-    the apply a no-op."""
-    from tests.invariants import check_plan, check_stability
-
-    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
-    cpu = pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1)
-    base = [topology(), doc("Tenant", "t", {"quota": {"cpu": 64}}), cpu,
-            job("n1", tenant="t", cpu=6, mem=8), job("n2", tenant="t", cpu=6, mem=8)]
-    cfg = write_config(tmp_path / "c", base)
-    api.apply(cfg, time_limit=5)
-    write_config(cfg, base + [job("urgent", tenant="t", priority="critical", cpu=12, mem=8)])
-    r = api.plan(cfg, time_limit=5)
-    jobs = by_job(r.plan)
-    assert jobs["urgent"].action == "place" and jobs["n1"].action == jobs["n2"].action == "evict", \
-        [(j.job, j.action, j.reason) for j in r.plan.jobs]
-    check_plan(r.desired, r.observed, r.plan)
-    check_stability(r.desired, r.observed, r.plan)
-    api.apply(cfg, saved_plan=r.plan, time_limit=5)
-    assert not api.plan(cfg, time_limit=5).plan.has_changes
-
-
 # ---------------------------------------------------------------- guarantees, borrowing, fair share
 
 

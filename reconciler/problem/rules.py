@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from reconciler.ledger import capacity_kind, pool_ok, quota_ok
+from reconciler.ledger import pool_ok, quota_ok
 from reconciler.model import region_matches
 from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
 
@@ -337,29 +337,3 @@ class Rival:
 
     tenant: str
     klass: int
-
-
-def unit_rates(demands) -> dict[tuple, dict[str, float]]:
-    """Per kind of capacity (ledger.capacity_kind) and dimension, the least of it a work unit of these demands holds
-    (req per item / size per item; dimensions none of them uses are left out): the rates at which stand_in_units counts
-    another demand's resources in their units."""
-    rates: dict[tuple, dict[str, float]] = {}
-    for d in demands:
-        kind = rates.setdefault(capacity_kind(d), {})
-        for dim in DIMS:
-            if d.req(dim) > 0 and d.size > 0:
-                kind[dim] = min(kind.get(dim, math.inf), d.req(dim) / d.size)
-    return rates
-
-
-def stand_in_units(d: Demand, rates: dict[tuple, dict[str, float]]) -> int:
-    """Work units of a tenant's protected running jobs that a job of d, its tenant's new work of a higher class, may stand
-    in for (README: a higher class may take a lower one's place): its own units, or as many of those on its kind of
-    capacity as its resources would hold (at `rates`, unit_rates of those jobs), in the dimension where that is most.
-    A 12-vCPU critical job needs the room of two 6-vCPU normal jobs (a CPU replica is one unit, whatever its vCPUs):
-    counted as one unit, it stood in for one of them only, and the guarantees tier kept both and left it pending on a
-    full pool for good. (Only its own kind: a GPU job's memory counted in small CPU jobs' units would let it stand in
-    for work it never needs the room of.)"""
-    mine = rates.get(capacity_kind(d), {})
-    per_item = max([d.size, *(math.ceil(d.req(dim) / rate - 1e-9) for dim, rate in mine.items() if d.req(dim) > 0)])
-    return per_item * d.replicas

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
 from reconciler.problem import Demand, settled_jobs
-from reconciler.problem.rules import stand_in_units, unit_rates
 from reconciler.solve.variables import Values, constant, scale, wsum
 
 if TYPE_CHECKING:
@@ -145,7 +144,6 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         # (only demands with protected jobs keep protected units: a gang that must move whole, kept by moving,
         # stood in for the tenant's protected job of its class, which another job's work then took: property tier)
         holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
-        rates = unit_rates([d for d in mine if d.key in holds])
         kept = {c: [(d.job_size, model.krg[d.key]) for d in mine if d.klass == c and d.key in model.krg and d.key in holds] for c in levels}
         pt = m.new_int_var(0, total, f"{name}[{t}]")
         for i, a in enumerate(levels):
@@ -155,9 +153,8 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
             # tenant's new normal job counted for its evicted low one, fleet27)
             terms = []
             if stand_ins:
-                # (each counted as the protected units its resources would hold: rules.stand_in_units)
-                terms = [(stand_in_units(d, rates), model.g[d.key]) for d in mine if d.klass > a]
-                terms += [(-stand_in_units(d, rates), model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
+                terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
+                terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
             new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
