@@ -106,8 +106,7 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
             details.append(change.reason)
         g = solution.guaranteed.get(d.key) if solution.guaranteed else None
         if g is not None and problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
-            details.append("inside its tenant's guarantee" if g >= solution.placed.get(d.key, 0)
-                           else "on borrowed capacity (beyond its tenant's guarantee): reclaimable when another tenant needs its guarantee")
+            details.append(_guarantee_text(job, d, round(g), problem.tenants[d.tenant], plan))
         of = " of the choices the solver was offered" if plan.solver.narrowed else ""  # (its bounds are theirs: solve.model)
         details.append(f"the plan is {plan.solver.status.lower()}" + (f" (cost gap {plan.solver.gap:.1%}{of})" if not plan.solver.optimal else "")
                        + "; cheaper options are either taken by the rules above or cost more in the whole plan (pool sizes, spot share, budgets, moves)")
@@ -137,6 +136,34 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         if last is not None:
             tried.append(last)
     return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
+
+
+_BORROWED = "on borrowed capacity (beyond its tenant's guarantee): reclaimable when another tenant needs its guarantee"
+
+
+def _guarantee_text(job: str, d: Demand, g: int, rules, plan) -> str:
+    """Whether a placed job is inside its tenant's guarantee, for this job. A running job's answer is by name: the
+    guarantee holds its running jobs that TenantRules.protected_jobs (or moving_jobs, in what it leaves) name, and a
+    running job it does not name borrows. New work is counted per group of identical jobs (the plan's guaranteed part
+    of the demand, less its running jobs inside), so a group split across the guarantee says how many of it are
+    inside, not which. (Said of the whole group as one yes/no: all three of tenant a's identical 1-GPU jobs, a
+    guarantee of 2 GPUs, were each "on borrowed capacity", while two of them were protected.)"""
+    inside = set(rules.protected_jobs) | set(rules.moving_jobs)
+    judged = {j for j, ids in d.running if len(ids) == d.replicas * d.bundle and j not in d.reshaped}
+    if job in inside:
+        return "inside its tenant's guarantee"
+    if job in judged:
+        return _BORROWED
+    placed = {j.job for j in plan.jobs if j.instances}
+    new = [j for j in d.jobs if j in placed and j not in inside and j not in judged]
+    fresh = max(0, min(len(new), g - sum(1 for j in d.jobs if j in placed and j in inside)))
+    if fresh == len(new):
+        return "inside its tenant's guarantee"
+    if fresh == 0:
+        return _BORROWED
+    return (f"of its identical jobs this plan places {len(new)} anew ({', '.join(sorted(new)[:5])}{' and more' if len(new) > 5 else ''}): "
+            f"{fresh} inside its tenant's guarantee, {len(new) - fresh} on borrowed capacity (beyond the guarantee: reclaimable when "
+            f"another tenant needs its guarantee); which of them is which is settled once they run")
 
 
 def _where(change, plan, problem: Problem) -> str:
