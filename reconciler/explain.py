@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from reconciler.problem.diagnosis import pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
+from reconciler.problem.diagnosis import never_keeps, pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.model import PRIORITY_CLASSES
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, priority_band, rules_allow
@@ -295,6 +295,10 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
         out.append([("let it run on spot or on-demand (spot: eligible)", _with_job(desired, job, spec.model_copy(update={"spot": "eligible"})))])
     if spec.regions is not None or spec.clouds is not None or spec.pools is not None:
         out.append([("drop its region/cloud/pool allowlists", _with_job(desired, job, spec.model_copy(update={"regions": None, "clouds": None, "pools": None})))])
+    if never_keeps(d, problem, ledger):  # its tenant's lower-class running jobs, kept: under LowerPriority its class may take their place
+        pol = desired.placement
+        out.append([("set PlacementPolicy preemption: LowerPriority (a tenant's higher-priority job may take its lower ones' place)",
+                     desired.model_copy(update={"placement": pol.model_copy(update={"preemption": "LowerPriority"})}))])
     if spec.priority_weight() < 1000:
         out.append([("give it priority critical", _with_job(desired, job, spec.model_copy(update={"priority": "critical"})))])
     return [c for c in out if c]

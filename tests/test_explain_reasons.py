@@ -5,7 +5,7 @@ for every instance type, and the rule that evicts a job when no way of placing i
 from __future__ import annotations
 
 from reconciler import api
-from tests.fleetkit import doc, job, pool, topology, write_config
+from tests.fleetkit import doc, job, pool, tenant, topology, write_config
 
 A10G = {"gpus": 1, "gpu_type": "A10G"}
 AWS = {"aws": {"us-east-1": ["us-east-1a", "us-east-1b"]}}
@@ -35,3 +35,37 @@ def test_explain_says_per_job_which_of_identical_jobs_borrow(tmp_path, monkeypat
     said = {name: _guarantee_line(api.explain(cfg, name, time_limit=5)) for name in ("a0", "a1", "a2")}
     assert said["a0"] == said["a1"] == "inside its tenant's guarantee", said
     assert said["a2"].startswith("on borrowed capacity"), said
+
+
+def test_preemption_never_is_named_where_it_keeps_the_tenants_lower_jobs(tmp_path, monkeypatch):
+    """Tenant t at its 4-GPU quota with four running low jobs on a full fixed pool, preemption: Never, and a new critical
+    job: its reason said only "quota exhausted ...; pools at max_instances" and explain "No single change tried places
+    it", where under LowerPriority it takes a low job's place. Both name preemption: Never now, and explain's re-plan
+    shows LowerPriority placing it."""
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+    docs = [topology(clouds=AWS), FIXED, tenant("t", gpus=4), doc("PlacementPolicy", "default", {"preemption": "Never"})]
+    docs += [job(f"l{i}", priority="low", **A10G) for i in range(4)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, docs + [job("crit", priority="critical", **A10G)])
+    reason = next(j.reason for j in api.plan(cfg, time_limit=5).plan.jobs if j.job == "crit")
+    assert reason.startswith("quota exhausted") and "preemption: Never keeps its tenant's lower-priority running jobs running" in reason, reason
+    e = api.explain(cfg, "crit", time_limit=5)
+    assert e.state == "pending"
+    assert any(w.startswith("set PlacementPolicy preemption: LowerPriority") and ": it would run" in w for w in e.would_change), e.would_change
+
+
+def test_preemption_never_is_not_named_for_a_quota_the_job_alone_exceeds(tmp_path, monkeypatch):
+    """No stop of a lower job makes room for a job bigger than its tenant's quota: Never is not named, and LowerPriority,
+    tried, is said not to be enough."""
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+    docs = [topology(clouds=AWS), FIXED, tenant("t", gpus=2), doc("PlacementPolicy", "default", {"preemption": "Never"})]
+    docs += [job("l0", priority="low", **A10G)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, docs + [job("crit", priority="critical", gpus=3, gpu_type="A10G")])
+    e = api.explain(cfg, "crit", time_limit=5)
+    assert e.state == "pending" and "preemption" not in e.summary, e.summary
+    assert not any("LowerPriority" in w for w in e.would_change), e.would_change
+    assert any("LowerPriority" in w and "still pending (quota: the job needs 3 GPUs" in w for w in e.tried), e.tried
+

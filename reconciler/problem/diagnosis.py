@@ -90,13 +90,55 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
         return head + text + also + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if kind in _SHARED
-                                     else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "")
+                                     else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
+            + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
-            + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if _SHARED.intersection(kinds) else ""))
+            + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if _SHARED.intersection(kinds) else "")
+            + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
+
+
+def never_keeps(d: Demand, problem: Problem, ledger: Ledger) -> list[str]:
+    """Under PlacementPolicy preemption: Never, its tenant's running jobs of a lower class than d's that this plan keeps:
+    under LowerPriority d's class could take their place (rules.may_preempt), under Never none is stopped for it."""
+    if problem.placement.preemption != "Never":
+        return []
+    return sorted(j for o in problem.demands if o.tenant == d.tenant and o.klass < d.klass
+                  for j, _ in o.running if j in ledger.job_demand)
+
+
+def _never_keeps(d: Demand, problem: Problem, ledger: Ledger, kinds: set[str]) -> str:
+    """Where its tenant's quota or a limit all tenants share binds for a pending job, under preemption: Never: its
+    tenant's lower-class running jobs that hold what it needs (for the quota: at least the shortfall in the quota's
+    dimension; for a shared limit: its kind of capacity), named. (A critical job at its tenant's 4-GPU quota beside four
+    running low jobs on a full fixed pool said only "quota exhausted ...; pools at max_instances"; under LowerPriority
+    it took a low job's place.)"""
+    quota, shared = "quota" in kinds, bool(_SHARED & kinds)
+    if not (quota or shared):
+        return ""
+    names = never_keeps(d, problem, ledger)
+    if not names:
+        return ""
+    kind = capacity_kind(d)
+    held = [j for j in names if any(d.req(k) and ledger.job_demand[j].req(k) for k in DIMS)
+            and (not shared or capacity_kind(ledger.job_demand[j]) == kind)]
+    if quota:
+        short = ledger.quota_short(d)
+        if short is None:
+            return ""
+        dim, used, need, limit = short
+        if not quota_ok(0.0, need, limit):  # the job alone exceeds the quota: no stop makes room
+            return ""
+        if sum(ledger.job_demand[j].req(dim) * ledger.job_demand[j].replicas for j in held) + 1e-9 < used + need - limit:
+            return ""
+    if not held:
+        return ""
+    more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+    return (f" (preemption: Never keeps its tenant's lower-priority running jobs running, and they hold what it needs: "
+            f"{', '.join(held[:3])}{more})")
 
 
 # ledger -> (what running jobs leave on each host, a set of each room kind's instances by id of its list)
