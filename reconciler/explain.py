@@ -45,6 +45,7 @@ class Explanation:
     alternatives: tuple[Alternative, ...] = ()
     would_change: tuple[str, ...] = ()  # relaxations that, solved again, place the job
     tried: tuple[str, ...] = field(default=())  # relaxations tried that did not
+    unchanged: str = ""  # a pending or evicted job that no change tried places: why, as its reason says
 
 
 def _band(priority: int | str) -> str:
@@ -135,7 +136,21 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
             last = WhatIf(f"{label}: still pending ({why})", change=label, outcome="still pending", reason=why)
         if last is not None:
             tried.append(last)
-    return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried))
+    return Explanation(job, state, summary, tuple(details), tuple(alts[:5]), tuple(would), tuple(tried),
+                       "" if would else _unchanged(job, change.reason, problem))
+
+
+def _unchanged(job: str, reason: str, problem: Problem) -> str:
+    """Why no single change tried places the job, as true as its reason: what no capacity the fleet could ever have
+    allows (problem.static_pending: no instance type large enough, no pool in its regions, ...), or several limits where
+    the reason says several bind. (A 3x 2 T4 instance-gang, the largest type 4 T4, was said to be held by "several limits
+    bind at once", where its reason named the one: no instance type is large enough.)"""
+    static = problem.static_pending.get(job)
+    if static:
+        return f"No single change tried places it: {static}."
+    if "several limits bind" in reason:
+        return "No single change tried places it; several limits bind at once."
+    return "No single change tried places it."
 
 
 _BORROWED = "on borrowed capacity (beyond its tenant's guarantee): reclaimable when another tenant needs its guarantee"

@@ -373,7 +373,7 @@ def render_explanation(e) -> str:
         lines.append("  Not enough on its own:")
         lines += [f"    - {w}" for w in e.tried]
     if e.state in ("pending", "evicted") and not e.would_change:
-        lines.append("  No single change tried places it; several limits bind at once.")
+        lines.append(f"  {e.unchanged or 'No single change tried places it.'}")
     return "\n".join(lines) + "\n"
 
 

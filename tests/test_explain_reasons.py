@@ -69,3 +69,19 @@ def test_preemption_never_is_not_named_for_a_quota_the_job_alone_exceeds(tmp_pat
     assert not any("LowerPriority" in w for w in e.would_change), e.would_change
     assert any("LowerPriority" in w and "still pending (quota: the job needs 3 GPUs" in w for w in e.tried), e.tried
 
+
+def test_explain_says_no_instance_type_holds_a_gang_rather_than_several_limits(tmp_path, monkeypatch):
+    """A gang: instance job of 3x 2 T4 where the largest type holds 4 T4: its reason rightly said no instance type is large
+    enough, and explain ended "No single change tried places it; several limits bind at once": one limit binds."""
+    from reconciler.render import render_explanation
+
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+    docs = [topology(clouds=AWS), tenant("t", gpus=64),
+            pool("g4", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["g4dn.xlarge", "g4dn.12xlarge"], hi=6),
+            job("too-big-inst", replicas=3, gang="instance", gpus=2, gpu_type="T4", cpu=4, mem=16)]
+    e = api.explain(write_config(tmp_path / "cfg", docs), "too-big-inst", time_limit=5)
+    assert e.state == "pending" and not e.would_change
+    assert "no instance type in an allowed pool is large enough" in e.summary, e.summary
+    text = render_explanation(e)
+    assert "several limits" not in text, text
+    assert "No single change tried places it: no instance type in an allowed pool is large enough for one instance-gang" in text, text
