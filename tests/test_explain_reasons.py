@@ -85,3 +85,33 @@ def test_explain_says_no_instance_type_holds_a_gang_rather_than_several_limits(t
     text = render_explanation(e)
     assert "several limits" not in text, text
     assert "No single change tried places it: no instance type in an allowed pool is large enough for one instance-gang" in text, text
+
+
+def test_an_eviction_names_the_rule_that_refuses_keeping_its_instance(tmp_path, monkeypatch):
+    """A spot job running in us-east-1a, then SpotPolicy min_zones: 2 with spot in both zones in cool-off: the plan deletes
+    its (not full) instance for spot diversity, and its reason said "the instances that could hold it are full and no new
+    one can be bought for it". Without the cool-offs the reason was rightly "spot diversity: ..."; now it is with them."""
+    from reconciler.state import load_state, save_state
+
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+
+    def docs(min_zones: int) -> list[dict]:
+        return [topology(clouds=AWS), tenant("a", gpus=16),
+                pool("a10g", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["g5.xlarge"], market="either", hi=10),
+                doc("SpotPolicy", "default", {"max_spot_fraction": 1.0, "min_zones": min_zones}),
+                job("a1", tenant="a", spot="required", gpus=1, gpu_type="A10G", cpu=2, mem=8)]
+
+    cfg = write_config(tmp_path / "cfg", docs(1))
+    applied = api.apply(cfg, time_limit=5).plan
+    (host,) = next(j.instances for j in api.plan(cfg, time_limit=5).plan.jobs if j.job == "a1")
+    assert [c.site.market for c in applied.creates] == ["spot"]
+    state = load_state(cfg)
+    for zone in ("us-east-1a", "us-east-1b"):
+        state.mark_short("aws", zone, "g5.xlarge", "spot")
+    save_state(cfg, state)
+    write_config(cfg, docs(2))
+    plan = api.plan(cfg, time_limit=5).plan
+    a1 = next(j for j in plan.jobs if j.job == "a1")
+    assert a1.action == "evict" and [d.instance_id for d in plan.deletes] == [host]
+    assert a1.reason.startswith("evicted: spot diversity: spot in the plan would span 1 instance type(s) and 1 zone(s)"), a1.reason
+    assert "are full" not in a1.reason and f"keeping it on {host}, where it runs" in a1.reason, a1.reason

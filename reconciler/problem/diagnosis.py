@@ -46,23 +46,34 @@ def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None 
     the reasons of one plan (demands of one shape fit alike). An evicted job whose tenant ran on
     borrowed room says so, and whose work takes the room back (`_reclaimed`)."""
     evicted = job is not None and any(j == job for j, _ in d.running)
-    reason = _binding(d, problem, ledger, evicted, fits)
+    reason = _binding(d, problem, ledger, evicted, fits, job)
     return reason + _reclaimed(d, problem, ledger) if evicted else reason
 
 
-def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: Callable[[Demand, Capacity], int]) -> str:
+_NOTHING_NEW = "its zones are short of capacity or in cool-off, or spot is over max_price_fraction"
+
+
+def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: Callable[[Demand, Capacity], int],
+             job: str | None = None) -> str:
     """pending_reason's rule that binds (evicted: the job ran before this plan)."""
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
     blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
     options = _with_vacated(d, problem, ledger, ledger.options(d, fits))
+    tail = ""
+    if not options and evicted and job is not None:
+        # No room and no new instance for it: the instances it ran on, gone in this plan, are the way left. The rules
+        # that refuse keeping them are what evicts it (spot diversity's min_zones, with the job's other zone in cool-off,
+        # was said to be "the instances that could hold it are full", its own not full but deleted).
+        options = _staying(d, problem, ledger, job, fits)
+        tail = f" (for keeping it {options[0].label.removeprefix('staying ')}, where it runs; no new instance can be bought for it: " \
+               f"{_NOTHING_NEW})" if options else ""
     if blanket:  # a quota or a license refuses every way alike
         options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
     if not options:
         lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
-        return head + lead + ("the instances that could hold it are full and no new one can be bought for it "
-                       "(its zones are short of capacity or in cool-off, or spot is over max_price_fraction)") + _outranked(d, ledger) \
+        return head + lead + f"the instances that could hold it are full and no new one can be bought for it ({_NOTHING_NEW})" + _outranked(d, ledger) \
             + _guaranteed_first(d, problem, ledger, evicted)
     open_ = [o for o in options if not o.refusals]
     if open_:
@@ -89,14 +100,14 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + also + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if kind in _SHARED
+        return head + text + tail + also + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if kind in _SHARED
                                      else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
             + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
-    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:])
+    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:]) + tail
             + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if _SHARED.intersection(kinds) else "")
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
 
@@ -139,6 +150,26 @@ def _never_keeps(d: Demand, problem: Problem, ledger: Ledger, kinds: set[str]) -
     more = f" and {len(held) - 3} more" if len(held) > 3 else ""
     return (f" (preemption: Never keeps its tenant's lower-priority running jobs running, and they hold what it needs: "
             f"{', '.join(held[:3])}{more})")
+
+
+def _staying(d: Demand, problem: Problem, ledger: Ledger, job: str, fits: Callable[[Demand, Capacity], int]) -> list[Option]:
+    """For an evicted job: staying where it runs, on its instances that this plan deletes, as one way of placing it with
+    the rules that refuse keeping them (pool size, fleet budget, spot share and diversity, its tenant's budget and spot
+    share: as for new instances of their offers); [] where that is not the question (an instance the plan keeps, one
+    that must go or no longer holds it) or no rule refuses it."""
+    ids = next((ids for j, ids in d.running if j == job), ())
+    hosts = {c.instance_id: c for c in problem.capacities if isinstance(c, Host) and c.instance_id in ids}
+    if not ids or set(ids) != set(hosts) or any(i in ledger.instances for i in ids) \
+            or any(h.keep_blocker is not None or fits(d, h) <= 0 for h in hosts.values()):
+        return []
+    by_offer: dict[str, list[Host]] = {}
+    for h in hosts.values():
+        by_offer.setdefault(h.offer_key, []).append(h)
+    refusals = [r for hs in by_offer.values() for r in ledger._new_refusals(hs[0], len(hs))]
+    refusals += ledger._tenant_refusals(d, [hosts[i] for i in ids])
+    if not refusals:
+        return []
+    return [Option(f"staying on {', '.join(sorted(hosts))}", 0.0, tuple(refusals))]
 
 
 # ledger -> (what running jobs leave on each host, a set of each room kind's instances by id of its list)
