@@ -81,6 +81,7 @@ SSM_PREFIX = "resolve:ssm:"
 
 class AwsProvider:
     name = "aws"
+    placement_groups: ClassVar[bool] = True  # launches into a gang's group and reports it (base.keeps_placement_groups)
     # The `-o` options it takes (README, AWS), each checked when the provider is made.
     OPTIONS: ClassVar[dict[str, Option]] = {
         "endpoint_url": url(), "regions": text(), "parallelism": count(DEFAULT_PARALLELISM),

@@ -175,6 +175,13 @@ class PlacementRecorder(Protocol):
         ...
 
 
+def keeps_placement_groups(provider) -> bool:
+    """An optional capability, a class attribute `placement_groups = True` (sim, AWS): the provider launches into a
+    request's cluster placement group and reports the group each instance is in (Instance.placement_group). The
+    others ignore CreateRequest.placement_group, so that their instances are in none says nothing about a gang."""
+    return getattr(provider, "placement_groups", False) is True
+
+
 @runtime_checkable
 class QuotaReader(Protocol):
     """An optional capability: a provider that reads the account quotas its pools' launches count against (AWS

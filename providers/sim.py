@@ -597,6 +597,7 @@ class SimProvider:
     """Provider protocol over SimCloud."""
 
     name = "sim"
+    placement_groups: ClassVar[bool] = True  # launches into a gang's group and reports it (base.keeps_placement_groups)
     OPTIONS: ClassVar[dict] = {}  # it takes no `-o` options (faults and quotas are set with `reconcile sim ...`)
 
     def __init__(self, ctx: ProviderContext):
@@ -623,6 +624,7 @@ class SimProvider:
             id=d["id"], provider=self.name, cloud=d["cloud"], region=d["region"], zone=d["zone"],
             instance_type=d["instance_type"], market=d["market"], state=d["state"],
             pool=d["tags"].get(TAG_POOL, ""), tags=dict(d["tags"]), launched_at=d.get("launched_at", ""),
+            placement_group=d.get("placement_group") or "",  # (as AWS reports Placement.GroupName)
         )
 
     def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from providers.base import TAG_FLEET_UID, Instance, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader
+from providers.base import TAG_FLEET_UID, Instance, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
 from providers.catalog import load_catalog
 from reconciler.errors import ProviderError
 from providers.options import check_options
@@ -47,6 +47,9 @@ class Observed:
     foreign: tuple[tuple[str, str], ...] = ()  # (instance id, fleet uid): our fleet name, another fleet's uid; left out
     quotas: tuple = ()  # providers.base.Quota: the account quotas the providers read (none: not read, or none apply)
     removed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a job the config no longer has -> where it runs
+    # Providers whose instances report the cluster placement group they run in (providers.base.keeps_placement_groups):
+    # only there does an instance in none, or in another's, break a placement-group gang's rule (rules.gang_split)
+    grouped: frozenset[str] = frozenset()
 
     @property
     def digest(self) -> str:
@@ -165,8 +168,11 @@ class Fleet:
                 by_provider[r["provider"]] = []
         if self.ctx.options:  # before any provider is made: a key none of them takes is a typo, not a no-op
             check_options(self.ctx.options, {name: declared_options(name) for name in by_provider})
+        grouped: set[str] = set()
         for name, pools in sorted(by_provider.items()):
             prov = self.provider(name)
+            if keeps_placement_groups(prov):
+                grouped.add(name)
             targets = [pool_target(p) for p in pools]
             seen = {(t.cloud, t.region) for t in targets}
             remembered = [PoolTarget(name="", cloud=r["cloud"], region=r["region"], zones=(), instance_types=(),
@@ -217,7 +223,7 @@ class Fleet:
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},
             aged={j: v for j, v in state.aged.items() if j in merged.placements},
-            quotas=tuple(quotas), removed=merged.removed,
+            quotas=tuple(quotas), removed=merged.removed, grouped=frozenset(grouped),
         )
 
 

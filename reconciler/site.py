@@ -140,6 +140,10 @@ class Host(Capacity):
     instance_id: str
     keep_blocker: str | None = None  # why it must go (pool removed, drifted from spec)
     residents: tuple[tuple[str, str, int], ...] = ()  # (demand key, job, items here)
+    # Where its provider launches into cluster placement groups (Observed.grouped): the placement-group gang (its job)
+    # whose group it runs in, as the planner names groups (plan.placement_group_name), '' for none (in no group, or in
+    # one no such gang of this fleet names); None where its provider has no groups: nothing to check (rules.gang_split)
+    group_of: str | None = None
     frozen: bool = False  # nothing can change here: kept, residents stay, nothing new lands
     existing: ClassVar[bool] = True
     most: ClassVar[int] = 1

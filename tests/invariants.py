@@ -34,7 +34,7 @@ from datetime import timezone
 from providers.catalog import InstanceShape, load_catalog
 from reconciler.model import PRIORITY_CLASSES, DesiredState, Job, quota_guarantee, region_matches
 from reconciler.observe import Observed
-from reconciler.plan import JobChange, Plan
+from reconciler.plan import JobChange, Plan, placement_group_name
 from reconciler.topology import TopologyIndex
 
 EPS = 1e-6
@@ -64,7 +64,9 @@ class Host:
     shape: InstanceShape
     price: float
     on_demand: float
-    group: str | None = None  # placement group (new instances only)
+    # placement group: of a new instance, the one it launches into; of a running one, the one its provider reports ('' none)
+    # where the provider keeps groups (Observed.grouped), else None
+    group: str | None = None
     reservation: str | None = None  # launched into this Reservation (new instances): price 0, checked in fleet_after
     mig: tuple[str, ...] = ()  # the MIG layout of its GPUs (_layout), () for whole GPUs
 
@@ -132,7 +134,8 @@ def fleet_after(observed: Observed, plan: Plan, desired: DesiredState | None = N
         if i.id in reserved:
             price = 0.0
         hosts[i.id] = Host(i.id, False, i.cloud, i.region, i.zone, i.instance_type, i.market, i.pool,
-                           cat.shape(i.cloud, i.instance_type), price, o.on_demand_price, mig=_layout(i, desired))
+                           cat.shape(i.cloud, i.instance_type), price, o.on_demand_price,
+                           group=(i.placement_group or "") if i.provider in observed.grouped else None, mig=_layout(i, desired))
     for c in plan.creates:
         o = _offering(observed, c.cloud, c.region, c.zone, c.instance_type)
         assert o is not None, f"create {c.ref}: no offering of {c.instance_type} in {c.zone}"
@@ -530,7 +533,12 @@ def _check_gangs(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
             assert len(types) == 1, f"placement-group gang {job} spans instance types {types}"
             groups = {rep.host.group for rep in rs if rep.host.new}
             assert None not in groups, f"placement-group gang {job} on a new instance without a placement group"
+            # (and where it runs on, kept, the instances of a provider with groups: all in its own, the one the plan names
+            # for it in its zone; a zone gang before was in none: README, it moves whole into one)
+            groups |= {rep.host.group for rep in rs if not rep.host.new and rep.host.group is not None}
             assert len(groups) <= 1, f"placement-group gang {job} spans placement groups {groups}"
+            own = placement_group_name(desired.fleet, job, rs[0].host.zone)
+            assert groups <= {own}, f"placement-group gang {job} runs outside its placement group {own}: in {sorted(groups)}"
 
 
 def _check_gpu_indices(desired: DesiredState, reps: dict[str, list[Replica]]) -> None:
@@ -739,6 +747,10 @@ def _legal_now(job: Job, observed: Observed, desired: DesiredState, plan: Plan) 
         return False  # a gang split over zones as it runs must move (or go)
     if job.spec.replicas > 1 and job.spec.gang == "instance" and len(set(ids)) > 1:
         return False  # a same-instance gang split over instances as it runs, likewise
+    if job.spec.replicas > 1 and job.spec.gang == "placement-group" and any(
+            insts[i].provider in observed.grouped and insts[i].placement_group != placement_group_name(desired.fleet, job.name, insts[i].zone)
+            for i in ids):
+        return False  # a placement-group gang outside its own group (where the provider keeps groups), likewise
     return True
 
 

@@ -19,6 +19,7 @@ from providers.sim import SimCloud
 from reconciler import api
 from reconciler.state import state_dir
 from tests.fleetkit import job, pool, tenant, topology, write_config
+from tests.invariants import check_plan, check_stability
 
 AMI = "ami-03cf127a"  # one of moto's built-in images
 
@@ -180,3 +181,43 @@ def test_aws_refuses_a_duplicate_group_another_fleet_owns(aws_env, tmp_path):
         prov.create(CreateRequest(key="k", pool=target, zone="us-east-1a", instance_type="p4d.24xlarge", market="on-demand",
                                   tags=ownership_tags("pg-mine", "a100", "k"), placement_group="shared-name"))
     assert prov.observe([target]) == []  # nothing was launched
+
+
+def _g4_docs(gang: str | None) -> list[dict]:
+    spec = {} if gang is None else {"gang": gang}
+    return [topology("pg", clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t", gpus=8),
+            pool("g4", "aws", "us-east-1", ["us-east-1a"], ["g4dn.xlarge"], hi=4),
+            job("train", gpus=1, gpu_type="T4", cpu=4, mem=16, replicas=2, **spec)]
+
+
+@pytest.mark.parametrize("time_limit", [5, 0])  # CP-SAT's plan, greedy's
+def test_a_running_gang_made_placement_group_moves_whole_into_its_group(tmp_path, time_limit):
+    """A running zone gang whose job now asks `gang: placement-group` runs on instances in no placement group: its own
+    rule changed, so it moves whole onto new instances launched into its group (README: every replica launches into
+    one). Before, the plan only checked zone and type, said "No changes" and the gang never entered a group. Back to
+    `gang: zone`, a gang in its group breaks nothing: it stays."""
+    cfg = write_config(tmp_path / "c", _g4_docs(None))
+    assert api.apply(cfg, time_limit=time_limit).report.ok
+    before = {i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"}
+    assert len(before) == 2
+    kept = api.plan(cfg, time_limit=time_limit).plan  # the plan the fleet as a zone gang needs: none
+    assert not kept.has_changes
+    write_config(tmp_path / "c", _g4_docs("placement-group"))
+    made = api.plan(cfg, time_limit=time_limit)
+    p = made.plan
+    check_plan(made.desired, made.observed, p)
+    check_stability(made.desired, made.observed, p)
+    with pytest.raises(AssertionError, match="outside its placement group"):  # the oracle refuses what the plan was
+        check_plan(made.desired, made.observed, kept)
+    group = placement_group_name("pg", "train", "us-east-1a")
+    (train,) = [j for j in p.jobs if j.job == "train"]
+    assert train.action == "move" and "placement group" in train.reason, (train.action, train.reason)
+    assert len(p.creates) == 2 and {c.placement_group for c in p.creates} == {group}
+    assert set(train.instances) == {c.ref for c in p.creates}
+    done = api.apply(cfg, time_limit=time_limit)
+    assert done.report.ok, done.report.failures
+    world = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
+    assert len(world) == 2 and not before & {i["id"] for i in world} and {i["placement_group"] for i in world} == {group}
+    assert not api.plan(cfg, time_limit=time_limit).plan.has_changes
+    write_config(tmp_path / "c", _g4_docs("zone"))
+    assert not api.plan(cfg, time_limit=time_limit).plan.has_changes

@@ -126,7 +126,7 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
         return f"leaves {refused[0][0]}: {refused[0][1]}"
     split = _split(d, [hosts.get(h) for h in prev])
     if split:
-        return f"its gang runs split over {split}, which its gang mode forbids: it moves whole"
+        return split
     spot_left = [h for h in left if h in hosts and hosts[h].market == "spot"]
     removed = [h for h in left if h not in solution.keep and h in hosts]
     rules = broken() if broken is not None and (spot_left or removed) else {}
@@ -170,12 +170,20 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
 
 
 def _split(d: Demand, hosts: list) -> str | None:
-    """What a running gang runs split over, where its gang mode forbids it (rules.gang_split): zones, instances, types."""
+    """How a running gang breaks its gang mode as it runs (rules.gang_split): split over zones, instances or types, or,
+    a placement-group gang, outside its placement group (a zone gang before: its instances are in none)."""
     if not gang_split(d, hosts):
         return None
     if len({(h.cloud, h.zone) for h in hosts}) > 1:
-        return "zones"
-    return "instances" if d.gang_mode == "instance" else "instance types"
+        over = "zones"
+    elif d.gang_mode == "instance":
+        over = "instances"
+    elif len({h.instance_type for h in hosts}) > 1:
+        over = "instance types"
+    else:
+        return ("gang: placement-group, but its instances are not all in its placement group: it moves whole onto new "
+                "instances launched into one")
+    return f"its gang runs split over {over}, which its gang mode forbids: it moves whole"
 
 
 def _whose(jobs: list[str], d: Demand, tenant_of: dict[str, str] | None) -> str:

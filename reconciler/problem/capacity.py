@@ -33,6 +33,7 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
     guard = desired.guardrails
     lookup = _offering_lookup(observed, catalog)
     job_demand = {j: d for d in demands for j in d.jobs}
+    group_of = _group_owner(desired, observed)
     residents: dict[str, dict[tuple[str, str], int]] = {}
     for job, iids in observed.placements.items():
         d = job_demand.get(job)
@@ -73,9 +74,29 @@ def hosts_of(desired: DesiredState, observed: Observed, demands: list[Demand], c
             gpu_type=off.gpu_type if off else None, cpu=off.cpu if off else 0, memory_gib=off.memory_gib if off else 0,
             price=price, on_demand_price=od, nvlink_domain=getattr(off, "nvlink_domain", 1) if off else 1,
             mig=instance_layout(inst, pool) or None,
-            instance_id=inst.id, keep_blocker=blocker, residents=res,
+            instance_id=inst.id, keep_blocker=blocker, residents=res, group_of=group_of(inst),
         ))
     return hosts
+
+
+def _group_owner(desired: DesiredState, observed: Observed) -> Callable:
+    """Host.group_of of an observed instance: the placement-group gang whose cluster placement group (the name the plan
+    launches its instances into, in that zone) it runs in, '' for none; None where its provider keeps no groups."""
+    from reconciler.plan.file import placement_group_name  # (reconciler.plan imports the problem)
+
+    gangs = [j.name for j in desired.jobs.values() if j.spec.gang == "placement-group" and j.spec.replicas > 1]
+    owners: dict[str, dict[str, str]] = {}  # zone -> group name -> its gang
+
+    def group_of(inst) -> str | None:
+        if inst.provider not in observed.grouped:
+            return None
+        if not inst.placement_group or not gangs:
+            return ""
+        if inst.zone not in owners:
+            owners[inst.zone] = {placement_group_name(desired.fleet, j, inst.zone): j for j in gangs}
+        return owners[inst.zone].get(inst.placement_group, "")
+
+    return group_of
 
 
 def offers_of(desired: DesiredState, observed: Observed, default_provider: str) -> list[Capacity]:

@@ -302,15 +302,28 @@ def stuck_gangs(p: "Problem") -> set[str]:
 
 
 def gang_split(d: Demand, hosts: list) -> bool:
-    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type (placement-group)?
-    A same-instance gang is one item of `bundle` replicas, so `d.gang` is false for it (fleet15)."""
+    """Do a running gang's hosts break its gang mode: one zone; one instance (instance); one type and all in its own
+    cluster placement group (placement-group: a gang that ran as a zone gang before is in none, so it moves whole into
+    one; where the provider has no groups, Host.group_of None, one type is all)? A same-instance gang is one item of
+    `bundle` replicas, so `d.gang` is false for it (fleet15)."""
     if d.replicas * d.bundle < 2 or any(h is None for h in hosts):
         return False  # (a lost host: the gang is healed around its survivors)
     if len({(h.cloud, h.zone) for h in hosts}) > 1:
         return True
     if d.gang_mode == "instance":
         return len({h.instance_id for h in hosts}) > 1
-    return d.gang_mode == "placement-group" and len({h.instance_type for h in hosts}) > 1
+    return d.gang_mode == "placement-group" and (len({h.instance_type for h in hosts}) > 1 or not in_own_group(d, hosts))
+
+
+def in_own_group(d: Demand, hosts: list) -> bool:
+    """Are a placement-group gang's hosts all in its own cluster placement group, where their providers keep groups?"""
+    return not any(outside_group(d, h) for h in hosts)
+
+
+def outside_group(d: Demand, h) -> bool:
+    """Is host h, whose provider keeps placement groups, outside placement-group gang d's own group (in none, or in
+    another's)? Its items there cannot stay (gang_split moves the gang whole) and no new item of d goes there."""
+    return d.gang and d.gang_mode == "placement-group" and getattr(h, "group_of", None) is not None and h.group_of not in d.jobs
 
 
 def pools_over_max(hosts, pool_bounds: dict[str, tuple[int, int]]) -> set[str]:

@@ -17,7 +17,7 @@ import math
 from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
-from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, over_cap_tenants, pools_over_max,
+from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, outside_group, over_cap_tenants, pools_over_max,
                                 quota_shedding, settled_jobs, type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, patterns, slots, tenants
 from reconciler.solve.index import HostIndex, free_room, idle_classes, zone_classes
@@ -140,10 +140,10 @@ class Model:
                 d = self.demands[dk]
                 if h.frozen:
                     v = n
-                elif h.keep_blocker is None and fit(d, h) > 0:
+                elif h.keep_blocker is None and fit(d, h) > 0 and not outside_group(d, h):
                     v = m.new_int_var(0, n, f"stay[{dk},{h.key}]")
                 else:
-                    v = 0  # it must move: its instance goes, or it no longer fits there
+                    v = 0  # it must move: its instance goes, it no longer fits there, or its gang's group is not there
                 self.stay[(dk, h.key)] = v
                 self.stay_of.setdefault(dk, []).append((h, v))
 
@@ -156,6 +156,7 @@ class Model:
         self.x_of_group: dict[str, list[tuple[Capacity, object]]] = {gk: [] for gk in problem.groups}
         self.x_at: dict[str, list[tuple[Demand, object]]] = {}
         unsettled = frozenset(d.key for d in problem.demands if d.running_jobs and settled_jobs(d) < d.running_jobs)
+        host_at = {h.key: h for h in self.hosts}
         room = {h.key: free_room(h, self.demands, unsettled) for h in self.hosts if not h.frozen and h.keep_blocker is None}
         warm_hosts: dict[str, list[str]] = {}  # group -> hosts the warm start puts its new items on
         for (dk, ck), n in (warm.x.items() if warm else ()):
@@ -227,8 +228,10 @@ class Model:
             # (a placement-group gang's new items go on new instances launched into its group, or, grown, on the
             # instances it runs on, which are in its group; offered none, a gang grown by a replica with room for it
             # beside its own moved whole onto an identical new instance)
+            # (none where they are outside its group: rules.outside_group, the gang moves whole into one)
             own = tuple(sorted({h for _, hs in rep.running for h in hs})) if rep.gang_mode == "placement-group" and rep.gang \
-                and len(members_) == 1 and len(rep.jobs) == 1 and pending_of[gk] else ()
+                and len(members_) == 1 and len(rep.jobs) == 1 and pending_of[gk] \
+                and not any(outside_group(rep, host_at[h]) for _, hs in rep.running for h in hs if h in host_at) else ()
             room_most, turn = None, 0
             t = type_class(rep)
             if gk in moving:
