@@ -387,15 +387,24 @@ class SimCloud:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
                 raise ProviderError(f"sim: no live instance {instance_id!r}")
-        if self.agent_alive(instance_id):
-            self.deliver_notice(instance_id, reason, notice_seconds)
+        checkpointed = self.deliver_notice(instance_id, reason, notice_seconds) if self.agent_alive(instance_id) else None
         with self.world() as w:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
                 raise ProviderError(f"sim: no live instance {instance_id!r}")
             inst["state"], inst["terminated_reason"] = "terminated", reason
         self.stop_agent(instance_id)
-        return inst
+        # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when the notice ran
+        # out first (they were killed mid-checkpoint), None without an agent alive
+        return {**inst, "checkpointed": checkpointed}
+
+    def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
+        """The config dir and state URL the instance's agent was started with (start_agent), or None."""
+        try:
+            doc = json.loads((self.agent_dir(instance_id) / "target.json").read_text())
+            return Path(doc["config_dir"]), doc.get("state_url")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     # -- node agents: one `reconcile agent` process per instance that has work to run ------
     def agent_dir(self, instance_id: str) -> Path:
@@ -411,6 +420,7 @@ class SimCloud:
         if (d / "agent.pid").exists():
             return False
         d.mkdir(parents=True, exist_ok=True)
+        (d / "target.json").write_text(json.dumps({"config_dir": str(Path(config_dir).resolve()), "state_url": state_url}))
         cmd = [sys.executable, "-m", "reconciler.cli", "agent", instance_id, "--dir", str(config_dir), "--runtime", "process",
                "--notice", "sim", "--address", "127.0.0.1", "--workdir", str(d), "--cwd", str(config_dir),
                "--checkpoint-root", str(self.dir.resolve() / "volumes")]

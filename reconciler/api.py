@@ -309,7 +309,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         backend.check_lock()  # never write the shared state without the lock
         backend.save(current)
         after = fleet.observe(current).instances
-        view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state, assigned)
+        listed = {i.id for i in observed.instances}  # before this apply deleted any: what vanished went without it
+        vanished = {i for ids in observed.lost.values() for i in ids} | {i for i in assigned if i not in listed}
+        view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state, assigned, vanished)
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
                                   fleet_uid=current.fleet_uid)
         left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),

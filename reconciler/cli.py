@@ -740,11 +740,31 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
                   reason: str = typer.Option("spot-interruption", "--reason", help="The reason recorded."),
                   notice_seconds: Optional[float] = typer.Option(None, "--notice-seconds", callback=_grace_ok, help="How long its agent gets to checkpoint (default 120).")) -> None:
     """Reclaim an instance, as a spot interruption or a lost host would (its agent gets a notice first)."""
+    sim = _sim(config_dir, dir_opt)
     try:
-        _sim(config_dir, dir_opt).interrupt(instance_id, reason, notice_seconds)
+        inst = sim.interrupt(instance_id, reason, notice_seconds)
     except ReconcileError as e:
         _fail(e)
+    if inst.get("checkpointed") is False:
+        typer.echo(f"warning: {instance_id}'s agent had not reported its replicas checkpointed and stopped when the notice "
+                   "ran out: they were killed with the instance, maybe mid-checkpoint", err=True)
+    _mark_reclaimed(sim, instance_id, reason, config_dir or dir_opt)
     typer.echo(f"interrupted {instance_id}")
+
+
+def _mark_reclaimed(sim, instance_id: str, reason: str, config_dir: Optional[Path]) -> None:
+    """The sim is the cloud: it knows the instance is gone, so its agent's last report (fresh for up to 60 s, listing
+    replicas running) is marked lost on the bus the agent used, and status shows them lost at once, not Running."""
+    from reconciler.backend import backend_for
+    from reconciler.runtime.publish import mark_lost
+
+    target = sim.agent_target(instance_id)
+    where, url = target if target is not None else (config_dir or Path("."), None)
+    try:
+        mark_lost(backend_for(Path(where), url), instance_id, f"{reason}: the sim reclaimed it")
+    except ReconcileError as e:
+        typer.echo(f"warning: could not mark {instance_id}'s agent report lost ({e}); status shows its replicas "
+                   "unreachable once its heartbeat is stale", err=True)
 
 
 @sim_app.command("stop-agents")

@@ -406,3 +406,22 @@ def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents
     silent = time.monotonic()
     run_until([new], noted_at(notes, ("new", "start")))
     assert time.monotonic() - silent >= 0.5  # it did wait for the heartbeat to go stale
+
+
+def test_a_moved_replica_does_not_wait_for_an_agent_whose_instance_is_gone(bus, agents, tmp_path):
+    """QA's rt3: the instance was reclaimed mid-checkpoint, its agent killed with it, its last report fresh and listing
+    the replica running. Marked lost (the sim's reclaim, or apply once observe finds it gone), it holds nothing:
+    the moved copy starts at its first tick, not after the report went stale (60 s)."""
+    from reconciler.runtime.publish import mark_lost
+
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old], noted_at(notes, ("old", "start")))
+    run_until([old], lambda: "g3/1" in (bus.agent("i-0") or {}).get("running", []))  # its last report: running
+    mark_lost(bus.store, "i-0", "spot-interruption: the sim reclaimed it")
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2)]})
+    new.tick()
+    rec = bus.run("g3", 1)
+    assert rec["instance"] == "i-1" and rec["reason"] != "WaitingForPredecessor", rec
+    run_until([new], noted_at(notes, ("new", "start")), timeout=10)

@@ -227,3 +227,105 @@ def test_plan_lists_a_running_job_that_gains_or_loses_its_run(tmp_path):
     assert "10 unchanged, 1 started; $" in runner.invoke(app, ["plan", str(qs), "--time-limit", "10"]).output
     assert runner.invoke(app, ["apply", str(qs), "--auto-approve", "--time-limit", "10"]).exit_code == 0
     assert plan()[0] == 0
+
+
+def test_a_replica_whose_instance_is_gone_is_never_running_on_its_agents_last_report(tmp_path):
+    """QA's rt3: a reclaimed instance's agent had written a heartbeat listing the replica running a moment before it
+    was killed; for up to 60 s that report was fresh, and the job was shown Running on a terminated instance. An
+    instance the cloud no longer lists (`gone`, from observe), or whose report was marked lost, is never Running."""
+    d = desired(tmp_path)
+    placed = {"j": ["i-1", "i-2"]}
+    agents = {"i-1": beat(1, running=["j/0"]), "i-2": beat(1, running=["j/1"])}
+    both = {("j", 0): rec(d, 0, "i-1", "Running"), ("j", 1): rec(d, 1, "i-2", "Running")}
+    v = runtime_view(d, placed, both, agents, ["i-1"], NOW, 60, gone={"i-2": "the cloud no longer lists it"})
+    run = v.jobs["j"]
+    assert (run.phase, run.reason) == ("Unknown", "AgentUnreachable"), run
+    assert [r["phase"] for r in run.replicas] == ["Running", "Unknown"]
+    cond = {c[0]: c for c in run.conditions}
+    assert cond["AgentUnreachable"][1] and "i-2 (its instance is gone" in cond["AgentUnreachable"][3]
+    assert not cond["Running"][1]
+    marked = {**agents, "i-2": {**beat(1), "state": "Stopped", "lost": "spot-interruption: the sim reclaimed it"}}
+    v = runtime_view(d, placed, both, marked, ["i-1", "i-2"], NOW, 60)
+    assert v.jobs["j"].phase == "Unknown" and "spot-interruption" in v.jobs["j"].message
+    assert v.unhealthy == {"i-2": "gone: spot-interruption: the sim reclaimed it"}
+
+
+def _rt3(tmp_path):
+    """One CPU spot-required job with a checkpoint, as QA's rt3, applied on the sim (agents off: the test writes what
+    the agent had reported just before the reclaim killed it)."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    cfg = write_config(tmp_path / "rt3", [topology(), tenant("t"),
+                                          pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="either"),
+                                          job("slow", cpu=2, mem=4, spot="required", priority="high", run={"command": ["python3", "slow.py"]},
+                                              checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 60})])
+    runner = CliRunner()
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
+    assert out.exit_code == 0, out.output
+    return cfg, runner, app
+
+
+def _running_report(cfg, iid):
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus, now_unix
+
+    bus = Bus(backend_for(cfg))
+    d = load(cfg)
+    bus.put_agent(iid, {"instance": iid, "heartbeat_at": now_unix(), "state": "Interrupting", "notice": "spot-interruption",
+                        "running": ["slow/0"], "address": "127.0.0.1"})
+    bus.put_run("slow", 0, {"job": "slow", "replica": 0, "instance": iid, "spec_hash": spec_hash(d.jobs["slow"]), "epoch": 1,
+                            "attempt": 0, "restarts": 0, "phase": "Running", "reason": "Running", "message": "", "terminal": False})
+    return bus
+
+
+def test_status_shows_a_reclaimed_instances_job_lost_at_once_not_running(tmp_path):
+    """`sim interrupt` killed the instance mid-checkpoint; `status` said Running (its agent's report was 0-60 s old)
+    while `plan` replaced the instance as gone. The sim, which is the cloud, marks the agent's report lost."""
+    import json
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    assert st["jobs"]["slow"]["status"]["phase"] == "Running"  # the agent's fresh report, before the reclaim
+    out = runner.invoke(app, ["sim", "interrupt", iid, str(cfg), "--notice-seconds", "0"])
+    assert out.exit_code == 0, out.output
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    job_st = st["jobs"]["slow"]["status"]
+    assert job_st["phase"] == "Unknown" and job_st["run"]["reason"] == "AgentUnreachable", job_st
+    assert "gone" in job_st["run"]["message"] and iid in job_st["run"]["message"]
+    assert bus.agent(iid)["running"] == [] and bus.agent(iid)["state"] == "Stopped"  # a moved copy waits for nothing
+    human = runner.invoke(app, ["status", str(cfg)]).output
+    assert "Running: 1 replica(s) running" not in human, human
+
+
+def test_apply_drops_the_report_of_an_instance_that_vanished_so_its_moved_replica_waits_for_nothing(tmp_path):
+    """A real cloud reclaims an instance without a word on the bus: its agent's last report, fresh and listing the
+    replica running, stayed (publish.shutting_down, meant for instances an apply shuts down), and the moved copy sat in
+    WaitingForPredecessor until it went stale (60 s). Apply knows from observe that it vanished: the key goes, and
+    the view combined with observed instances never shows a replica on it Running."""
+    import json
+
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    SimCloud(state_dir(cfg)).interrupt(iid)  # the cloud alone: nothing written on the bus
+    from reconciler.backend import backend_for
+    from reconciler.runtime.publish import read_view
+
+    seen = read_view(backend_for(cfg), load(cfg), {"slow": [iid]}, [])  # as observed: the cloud lists no such instance
+    assert (seen.jobs["slow"].phase, seen.jobs["slow"].reason) == ("Unknown", "AgentUnreachable"), seen.jobs["slow"]
+    plan = runner.invoke(app, ["plan", str(cfg), "--time-limit", "10"])
+    assert "gone (spot interruption or lost capacity)" in plan.output, plan.output
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
+    assert out.exit_code == 0, out.output
+    assert iid not in bus.agent_instances()  # before: kept, fresh and "running", for up to 60 s
+    new = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    assert new != iid
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    assert st["jobs"]["slow"]["status"]["phase"] != "Running"

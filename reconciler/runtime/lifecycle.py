@@ -49,7 +49,9 @@ def unhealthy_instances(instances: list[str], agents: Mapping[str, dict], now: f
         if a is None:
             continue
         beat = float(a.get("heartbeat_at", 0))
-        if a.get("state") == "Interrupting":
+        if a.get("lost"):
+            out[iid] = f"gone: {a['lost']}"
+        elif a.get("state") == "Interrupting":
             if a.get("running"):
                 continue  # still checkpointing: replaced once its replicas have stopped (or it goes silent)
             out[iid] = f"interruption notice ({a.get('notice') or 'spot'}), reported by its agent {_ago(now, beat)}"
@@ -71,18 +73,23 @@ def _finished(n: int, recs: list[dict | None], mode: str) -> str | None:
 def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tuple[str, ...]], runs: Mapping[tuple[str, int], dict],
                  agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
                  launched: Mapping[str, float] | None = None, boot: float = 0.0,
-                 unreadable_agents: Mapping[str, str] | None = None, published: Mapping[str, str] | None = None) -> RuntimeView:
+                 unreadable_agents: Mapping[str, str] | None = None, published: Mapping[str, str] | None = None,
+                 gone: Mapping[str, str] | None = None) -> RuntimeView:
     """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
     An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
     not unreachable (a cloud instance boots and installs the agent first). `unreadable_agents`:
     instance -> why its agent's report was skipped; such an instance is neither healthy nor replaced
     (nothing is decided on a report that cannot be read), its replicas are Unknown. `published`: job -> the spec hash
     the last apply published; a job whose `run` was taken out since runs that spec until the next apply withdraws it,
-    so its phase is read by that hash (never its finish: a reservation demands its capacity whatever the old process did)."""
+    so its phase is read by that hash (never its finish: a reservation demands its capacity whatever the old process did).
+    `gone`: instance -> why, the instances the cloud no longer lists (observe); an agent's report marked `lost` (publish.mark_lost)
+    counts too. A replica there is Unknown (AgentUnreachable), whatever its agent's last heartbeat said: nothing runs on a
+    terminated instance, and its agent's last report (fresh for up to `stale` seconds) must not show it Running."""
     launched = launched or {}
     published = published or {}
     unreadable_agents = unreadable_agents or {}
-    fresh = {i for i, a in agents.items() if reports_alive(a, now, stale)}
+    gone = {**{i: a["lost"] for i, a in agents.items() if a.get("lost")}, **(gone or {})}
+    fresh = {i for i, a in agents.items() if reports_alive(a, now, stale) and i not in gone}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
@@ -109,6 +116,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = (here or r or {}).get("phase", "Pending"), (here or r or {}).get("reason", "")
             elif not ids:
                 phase, reason = "Pending", "NotPlaced"
+            elif iid in gone:
+                phase, reason = "Unknown", "AgentUnreachable"
+                unreachable.append(f"{iid} (its instance is gone: {gone[iid]})")
             elif iid in unreadable_agents:
                 phase, reason = "Unknown", "AgentUnreachable"
                 unreachable.append(f"{iid} (its report is unreadable: {unreadable_agents[iid]})")

@@ -18,6 +18,9 @@ from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
 
 
+GONE = "the cloud no longer lists it (spot interruption or lost capacity)"
+
+
 def has_workload(desired: DesiredState) -> bool:
     return any(j.spec.run is not None for j in desired.jobs.values())
 
@@ -66,29 +69,36 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     bus = Bus(backend)
     if not has_workload(desired) and not bus.assigned_instances() and not bus.store.list_keys("runs"):
         return None
+    gone: dict[str, str] = {}
     published = bus.assignments()  # (their spec hashes: the jobs whose run changed since, which the plan lists)
     if instances is None:  # `reconcile status` asks no provider: the instances are the assigned ones, as published
         ids, launched = sorted(published), {i: float(d.get("published_at", 0)) for i, d in published.items()}
     else:
         instances = list(instances)
         ids, launched = [i.id for i in instances], _launched(instances)
+        listed = set(ids)  # a placed instance the cloud no longer lists is gone, however fresh its agent's last report
+        gone = {i: GONE for v in placements.values() for i in v if i not in listed}
     skipped: dict[str, str] = {}
     runs, agents = bus.runs(skipped=skipped), bus.agents(skipped=skipped)
     bad_agents = {i: msg for k, msg in skipped.items() if (i := instance_of(k, AGENTS)) is not None}
     hashes = published_hashes(published)
     view = runtime_view(desired, {j: list(v) for j, v in placements.items()}, runs, agents, ids,
-                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents, hashes)
+                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents, hashes, gone)
     return replace(view, unreadable=dict(sorted(skipped.items())), published=hashes)
 
 
 def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[str, list[str]], gpus: Mapping[str, list[list[int]]],
             serial: int, instances: Iterable[Instance], providers: Mapping[str, object], config_dir: Path, state_url: str | None,
-            previous: Mapping[str, dict] | None = None) -> int:
+            previous: Mapping[str, dict] | None = None, vanished: Iterable[str] = ()) -> int:
     """Write `assignments/<instance>.json` for every instance that hosts work with `run`, delete the
     ones no longer assigned, and ask providers that host agents (the sim) to start one where none
     runs. Returns how many assignments were written or deleted. `previous`: the published assignments,
-    when the caller read them already (apply does, before any provider call)."""
+    when the caller read them already (apply does, before any provider call). `vanished`: the instances the cloud no longer
+    listed before this apply changed anything (a spot reclaim, lost capacity; not the ones the apply deleted): their
+    heartbeat keys go whatever they last said, since nothing runs on a terminated instance and a replica moved from one
+    must not wait for its report to go stale (publish.shutting_down is for instances shut down by an apply)."""
     bus = Bus(backend)
+    vanished = set(vanished)
     previous = bus.assignments() if previous is None else previous
     if not has_workload(desired) and not previous:
         return 0
@@ -105,7 +115,7 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         bus.delete_assignment(iid)
         changed += 1
     for iid in bus.agent_instances():
-        if iid not in live and not shutting_down(bus, iid):  # gone: its heartbeat would only pile up (its runs/ stay: history)
+        if iid not in live and (iid in vanished or not shutting_down(bus, iid)):  # gone: its heartbeat would only pile up (its runs/ stay: history)
             bus.delete_agent(iid)
     target = AgentTarget(config_dir=Path(config_dir).resolve(), state_url=state_url)
     for iid in sorted(want):
@@ -126,6 +136,24 @@ def shutting_down(bus: Bus, instance: str) -> bool:
     except ReconcileError:
         return False  # unreadable: no evidence that it still runs
     return reports_alive(doc, now_unix(), stale_seconds()) and bool(doc.get("running"))
+
+
+def mark_lost(backend: StateBackend, instance: str, why: str) -> bool:
+    """The instance is gone (its cloud reclaimed or lost it) and its agent with it: rewrite its agent's report as
+    `Stopped`, running nothing, with `lost` saying why, so that neither status nor a replica moved from it (agent._predecessor)
+    trusts its last heartbeat, fresh for up to 60 s, which still listed replicas running. `Stopped` is what every agent
+    version already reads as holding nothing. False when the instance has neither a report nor an assignment."""
+    bus = Bus(backend)
+    try:
+        doc = bus.agent(instance)
+    except ReconcileError:
+        doc = {}  # unreadable: replaced by what is known now
+    if doc is None and instance not in bus.assigned_instances():
+        return False  # no agent report, nothing assigned: nothing to correct
+    beat = (doc or {}).get("heartbeat_at", now_unix())
+    bus.put_agent(instance, {**(doc or {}), "instance": instance, "heartbeat_at": beat, "state": "Stopped", "running": [],
+                             "lost": why, "lost_at": now_unix()})
+    return True
 
 
 # ---------------------------------------------------------------- the pipeline's boundaries
@@ -211,11 +239,13 @@ def published(backend: StateBackend) -> dict[str, dict]:
 
 
 def publish_assignments(backend: StateBackend, desired: DesiredState, state, instances: list[Instance], fleet, config_dir: Path,
-                        state_url: str | None, previous: Mapping[str, dict] | None = None) -> RuntimeView | None:
+                        state_url: str | None, previous: Mapping[str, dict] | None = None,
+                        vanished: Iterable[str] = ()) -> RuntimeView | None:
     """After an apply: publish what each instance runs, then read the view back for status."""
     providers = {}
     for inst in instances:
         if inst.provider not in providers:
             providers[inst.provider] = fleet.provider(inst.provider)
-    publish(backend, desired, state.placements, state.gpus, state.serial, instances, providers, config_dir, state_url, previous)
+    publish(backend, desired, state.placements, state.gpus, state.serial, instances, providers, config_dir, state_url, previous,
+            vanished)
     return read_view(backend, desired, state.placements, instances)
