@@ -103,6 +103,16 @@ def test_priority_aging_lets_an_old_low_job_beat_a_new_normal_one(tmp_path):
     assert young["old-low"].action == "pending" and young["new-normal"].action == "place"
 
 
+def test_a_priority_zero_job_ages_too(tmp_path):
+    """`priority: 0` (the lowest integer the schema takes) aged as 0 x 10 per step: it stayed 0 and starved behind every
+    newer job, against "so nothing starves". It climbs from 1: after three days it is high and takes the GPU."""
+    submitted = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    now = submitted + timedelta(days=3)
+    docs = [topology(), tenant("t"), one_gpu_pool(), placement(aging={"step_hours": 24, "max_priority": "high"}),
+            job("zero", priority=0, submitted=submitted, **A100), job("new-normal", priority="normal", submitted=now, **A100)]
+    assert by_job(plan_for(tmp_path, docs, now=now))["zero"].action == "place"
+
+
 
 def test_an_aged_job_once_placed_keeps_its_place_and_the_plan_after_its_apply_is_a_no_op(tmp_path, monkeypatch):
     """A low job waiting since 2020 has aged to high and takes the only GPU from a running normal job. Once it ran it

@@ -66,7 +66,8 @@ def effective_priority(job: Job, running: bool, now: datetime | None, aging, hel
     steps = int(max(0.0, (now - sub).total_seconds() / 3600) // aging.step_hours)
     if steps <= 0:
         return base
-    return max(base, min(base * 10 ** min(steps, 6), ceiling))
+    # (from 1 for `priority: 0`: 0 x 10 per step stayed 0, and such a job never climbed: it could starve)
+    return max(base, min(max(base, 1) * 10 ** min(steps, 6), ceiling))
 
 
 def demands_of(desired: DesiredState, observed: Observed, now: datetime | None, topo: TopologyIndex) -> list[Demand]:
