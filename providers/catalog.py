@@ -136,6 +136,15 @@ def _number(v, what: str, lo: float, hi: float, *, above: bool = False, whole: b
     return int(v) if whole else float(v)
 
 
+def is_price(v) -> bool:
+    """Whether `v` is a price a catalog holds: a finite USD per hour above 0, at most MAX_PRICE (parse_catalog's rule)."""
+    try:
+        _number(v, "price", 0, MAX_PRICE, above=True)
+    except CatalogError:
+        return False
+    return True
+
+
 def parse_catalog(raw: dict, where: str) -> Catalog:
     """A Catalog from catalog.json's data; CatalogError naming the file and field when it is not one."""
     def bad(what: str) -> CatalogError:

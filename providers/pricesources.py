@@ -26,7 +26,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from providers.catalog import MAX_PRICE, Catalog
+from providers.catalog import Catalog, is_price
 from providers.errors import ReconcileError
 from providers.redact import redact
 
@@ -253,11 +253,6 @@ FETCHERS: dict[str, Callable[[Catalog, list[str], list[str]], tuple[dict, dict]]
 }
 
 
-def _a_price(v) -> bool:
-    """A price the catalog can hold (providers/catalog.py's rule): a finite USD per hour above 0, at most MAX_PRICE."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_PRICE
-
-
 def update_catalog(raw: dict, catalog: Catalog, clouds: list[str], regions: dict[str, list[str]] | None = None) -> tuple[dict, list[str]]:
     """A copy of catalog.json's data with these clouds' prices replaced by what their public sources say now, and
     a line per cloud saying what changed. A type the source does not price in a region loses its price there (the
@@ -278,9 +273,9 @@ def update_catalog(raw: dict, catalog: Catalog, clouds: list[str], regions: dict
             entry = c["instance_types"][t].setdefault("prices", {})
             for r in regs:
                 p = prices.get(t, {}).get(r)
-                if p is not None and not _a_price(p.get("spot")):
+                if p is not None and not is_price(p.get("spot")):
                     p = {k: v for k, v in p.items() if k != "spot"}  # a spot price of 0 (or garbage) is no spot market
-                if p is None or not _a_price(p.get("on_demand")):
+                if p is None or not is_price(p.get("on_demand")):
                     if entry.pop(r, None) is not None:
                         missing.append(f"{t} in {r}")
                     continue

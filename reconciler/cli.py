@@ -126,14 +126,19 @@ def _gap_ok(value: float) -> float:
     return value
 
 
-def _seconds_ok(value: float | None) -> float | None:
-    """A period (--poll, --heartbeat, --resync): finite, above 0, at most a week; the FLEETOPS_* settings' rule."""
+def _seconds(value: float | None, zero: bool = False) -> float | None:
+    """The FLEETOPS_* settings' rule for seconds given on the command line (runtime.bus.seconds_problem)."""
     from reconciler.runtime.bus import seconds_problem
 
-    problem = seconds_problem(value) if value is not None else None
+    problem = seconds_problem(value, zero) if value is not None else None
     if problem:
         raise typer.BadParameter(f"{value:g} {problem}")
     return value
+
+
+def _seconds_ok(value: float | None) -> float | None:
+    """A period (--poll, --heartbeat, --resync): finite, above 0, at most a week."""
+    return _seconds(value)
 
 
 def _port_ok(value: int | None) -> int | None:
@@ -144,12 +149,7 @@ def _port_ok(value: int | None) -> int | None:
 
 def _grace_ok(value: float | None) -> float | None:
     """A grace period that may be 0 (none): --notice-seconds."""
-    from reconciler.runtime.bus import seconds_problem
-
-    problem = seconds_problem(value, zero=True) if value is not None else None
-    if problem:
-        raise typer.BadParameter(f"{value:g} {problem}")
-    return value
+    return _seconds(value, zero=True)
 
 
 MAX_TIME_LIMIT = 86400.0  # a day of solver work; the wall cap is 10x this + 30 s

@@ -219,16 +219,15 @@ def _state_problem(raw) -> str | None:
     problem = _gpus_problem(raw.get("gpus", {}))
     if problem:
         return problem
-    if not isinstance(raw.get("serial", 0), int) or isinstance(raw.get("serial", 0), bool):
+    if not _is_int(raw.get("serial", 0)):
         return "serial is not an integer"
     if raw.get("serial", 0) < 0:  # applies count up from 0, so no apply wrote this
         return f"serial is negative ({raw['serial']})"
     since = raw.get("since", {})
-    if not isinstance(since, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in since.items()):
+    if not isinstance(since, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in since.items()):
         return "since is not a map of job -> serial"
     aged = raw.get("aged", {})
-    if not isinstance(aged, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                             for k, v in aged.items()):
+    if not isinstance(aged, dict) or not all(isinstance(k, str) and _is_int(v) and v > 0 for k, v in aged.items()):
         return "aged is not a map of job -> priority (a positive integer)"
     short = raw.get("short", [])
     keys = ("cloud", "zone", "instance_type", "market", "until")

@@ -210,9 +210,14 @@ def runs_settled(d: Demand, job: str, ids) -> bool:
     return job not in d.reshaped and len(ids) >= d.replicas * d.bundle
 
 
+def exceeds(use: dict[str, float], limits: dict[str, float]) -> bool:
+    """Whether a tenant using `use` (per dimension) is above one of `limits` (its guarantee, or its ceiling)."""
+    return not all(quota_ok(use.get(k, 0.0), 0.0, v) for k, v in limits.items())
+
+
 def borrows(use: dict[str, float], rules: TenantRules) -> bool:
     """Whether a tenant using `use` (per dimension) is above its guarantee in one: the excess is borrowed."""
-    return not all(quota_ok(use.get(k, 0.0), 0.0, v) for k, v in rules.guarantee.items())
+    return exceeds(use, rules.guarantee)
 
 
 def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
@@ -224,7 +229,7 @@ def borrowing_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[
 def over_cap_tenants(demands: list[Demand] | tuple[Demand, ...], tenants: dict[str, TenantRules]) -> set[str]:
     """Tenants whose running work exceeds their ceiling now (a quota was lowered): some of it must go."""
     use = running_use(demands)
-    return {t for t, r in tenants.items() if not all(quota_ok(use.get(t, {}).get(k, 0.0), 0.0, v) for k, v in r.cap.items())}
+    return {t for t, r in tenants.items() if exceeds(use.get(t, {}), r.cap)}
 
 
 def quota_shedding(demands, tenants: dict[str, TenantRules], preemption: str) -> dict[str, int]:
