@@ -56,7 +56,7 @@ from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
 from reconciler.plan.file import PLAN_ID_LEN, is_plan_id
-from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, over_cap_tenants, placement_refusal
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, borrows, over_cap_tenants, placement_refusal
 from reconciler.site import Site
 
 
@@ -264,25 +264,30 @@ def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list
     return errors
 
 
-def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> list[str]:
+def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> dict[str, str]:
     """The re-check's rule on evictions (`_eviction_errors`), asked of a plan the planner just made: a plan whose
     guarantees tier was not proven could stop a job inside its tenant's guarantee that no rule requires stopping
     (bench.explore_mixed's fleet 80 after tenant quotas were set: team-2's job-00007), and `reconcile apply` without
     --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads."""
     if not any(j.action == "evict" for j in plan.jobs):
-        return []
-    return _eviction_errors(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules())
+        return {}
+    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules())
 
 
 def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> list[str]:
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
+    return list(_unlawful(plan, observed, problem, broken_now).values())
+
+
+def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> dict[str, str]:
+    """Evicted job -> why no rule requires its stop (`_eviction_errors`)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
     licensed = licensed_by(broken_now)
     if not evicts or licensed is None:
-        return []  # (with a fleet-wide rule broken now something must give; the planner chooses what)
+        return {}  # (with a fleet-wide rule broken now something must give; the planner chooses what)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
@@ -291,7 +296,7 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     # forced movers; refusing its evictions refused every plan of a fleet whose normal spot-required job had to leave
     # an on-demand host for its tenant's low job's spot room, fleet60)
     leaving = jobs_that_must_leave(problem)
-    arriving = [(demand_of[j.job].tenant, demand_of[j.job].klass) for j in plan.jobs if j.job in demand_of and (
+    arriving = [j for j in plan.jobs if j.job in demand_of and (
         j.action == "place" or j.action in ("keep", "move") and (
             j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle
             or j.action == "move" and j.job in leaving))]
@@ -303,24 +308,61 @@ def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_no
     kept = Counter(demand_of[j.job].key for j in plan.jobs if j.action in ("keep", "move") and j.job in demand_of
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
-    errors = []
+    errors: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
-        if problem.placement.preemption == "LowerPriority" and any(t == d.tenant and k > d.klass for t, k in arriving):
+        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, plan, observed, demand_of, arriving, problem):
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
-            errors.append(f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
-                          "stopping it (only the planner's rules may: a higher class of its own tenant, its tenant over "
-                          "its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
+            errors[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
+                              "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
+                              "tenant over its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
         elif d.tenant not in borrowing:
-            errors.append(f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
-                          "and it may stay where it runs)")
+            errors[jc.job] = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
+                              "and it may stay where it runs)")
     return errors
+
+
+def own_higher_class_room(job: str, ran_on, plan: Plan, observed: Observed, demand_of: dict[str, Demand], arriving,
+                          problem: Problem) -> bool:
+    """Whether the stop of running job `job` (on instances `ran_on`) is its own tenant's higher class taking its place (README, Tenants: its
+    guaranteed work gives way only to a higher class of its own tenant, never to another tenant's work). So the
+    tenant's arriving work (`arriving`: placed, or restarted, as new work) of a higher class must take the job's room:
+    land on an instance it ran on, or on one a job of its tenant left to move into that room (a chain of moves); or
+    the tenant's guarantee must be full without it (its kept work and that higher work leave no guaranteed room for
+    it: the job would borrow, and borrowed room goes back). Its tenant's critical job placed on a new instance
+    elsewhere excused the stop of its normal job, whose room another tenant's job took: that tenant took the
+    guarantee (fixed pool of one m6i.4xlarge, tests/test_rules.py)."""
+    d = demand_of[job]
+    higher = [j for j in arriving if demand_of[j.job].tenant == d.tenant and demand_of[j.job].klass > d.klass]
+    if not higher:
+        return False
+    room = set(ran_on)
+    grown = True
+    while grown:  # (the tenant's jobs moved into the room left room where they ran)
+        grown = False
+        for j in plan.jobs:
+            if j.action == "move" and j.job in demand_of and demand_of[j.job].tenant == d.tenant \
+                    and room.intersection(j.instances) and not room.issuperset(observed.placements.get(j.job, ())):
+                room.update(observed.placements.get(j.job, ()))
+                grown = True
+    if any(room.intersection(j.instances) for j in higher):
+        return True
+    rules = problem.tenants.get(d.tenant)
+    if rules is None or not rules.guarantee:
+        return False  # (nothing bounds its guaranteed room: the job fits beside what the tenant runs)
+    held = {j.job for j in higher} | {j.job for j in plan.jobs if j.action in ("keep", "move")}
+    use = {k: d.req(k) * d.replicas for k in DIMS}
+    for j in plan.jobs:
+        if j.job in held and j.job in demand_of and demand_of[j.job].tenant == d.tenant:
+            for k in DIMS:
+                use[k] += demand_of[j.job].req(k) * demand_of[j.job].replicas
+    return borrows(use, rules)
 
 
 _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}

@@ -846,6 +846,37 @@ def _stood_in(desired: DesiredState, observed: Observed, plan: Plan, name: str) 
     return sum(j in kept for j in alike) >= sum(j in protected for j in alike)
 
 
+def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str, higher: list[str]) -> bool:
+    """Whether its tenant's higher-class work `higher` takes the room of evicted job `name` (README, Tenants: guaranteed
+    work gives way only to a higher class of its own tenant): some of it lands where the job ran, or where a job of the
+    tenant that moved into that room ran; or the tenant's guarantee cannot hold the job beside what the plan keeps of the
+    tenant's work and that higher work (the job would borrow)."""
+    if not higher:
+        return False
+    t = desired.jobs[name].spec.tenant
+    room = set(observed.placements[name])
+    on = {jc.job: set(jc.instances) for jc in plan.jobs}
+    moved = [jc.job for jc in plan.jobs if jc.action == "move" and desired.jobs[jc.job].spec.tenant == t]
+    while True:
+        more = {i for k in moved if on[k] & room for i in observed.placements.get(k, ())} - room
+        if not more:
+            break
+        room |= more
+    if any(on.get(k, set()) & room for k in higher):
+        return True
+    q = desired.tenants[t].spec.quota if t in desired.tenants else None
+    if q is None:
+        return False
+    held = set(higher) | {jc.job for jc in plan.jobs if jc.action in ("keep", "move")}
+    use = dict.fromkeys(DIMS, 0.0)
+    for k in held | {name}:
+        if desired.jobs[k].spec.tenant == t:
+            r, n = desired.jobs[k].spec.resources, desired.jobs[k].spec.replicas
+            for dim, v in (("gpus", r.gpus), ("cpu", r.cpu), ("memory_gib", r.memory_gib)):
+                use[dim] += v * n
+    return any(quota_guarantee(q, k) is not None and use[k] > quota_guarantee(q, k) + EPS for k in DIMS)
+
+
 def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     """Issue 18: running work that may stay where it is stays, unless a rule the README names
     requires otherwise. An evicted job must have one: it changed (grown gang, new resources),
@@ -866,10 +897,10 @@ def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> No
         if changed(job, observed) or not _legal_now(job, observed, desired, plan):
             continue
         klass = priority_class(job.spec.priority_weight())
-        if desired.placement.preemption == "LowerPriority" and any(
-                k in placed_now and (k not in placed_before or changed(desired.jobs[k], observed) or k in must_leave)
-                and desired.jobs[k].spec.tenant == t and priority_class(desired.jobs[k].spec.priority_weight()) > klass
-                for k in desired.jobs):
+        higher = [k for k in desired.jobs
+                  if k in placed_now and (k not in placed_before or changed(desired.jobs[k], observed) or k in must_leave)
+                  and desired.jobs[k].spec.tenant == t and priority_class(desired.jobs[k].spec.priority_weight()) > klass]
+        if desired.placement.preemption == "LowerPriority" and _room_taken(desired, observed, plan, jc.job, higher):
             continue  # a higher class of its tenant (new, changed, or running where a rule moves it: README, it counts as new work)
         q = desired.tenants[t].spec.quota if t in desired.tenants else None
         use = _use_now(desired, observed, t)

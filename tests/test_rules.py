@@ -18,7 +18,9 @@ import pytest
 from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.render import render_human
-from tests.fleetkit import doc, instance, job, pinned_catalog, plan_for, pool, tenant, topology, write_config
+from reconciler.load import load
+from tests.fleetkit import catalog_observed, doc, instance, job, pinned_catalog, plan_for, pool, tenant, topology, write_config
+from tests.invariants import check_plan
 
 A100 = dict(gpus=1, gpu_type="A100", cpu=8, mem=60)  # one a2-highgpu-1g each
 
@@ -55,6 +57,32 @@ def test_a_higher_class_evicts_a_lower_running_job_of_its_tenant(tmp_path):
     jobs = by_job(plan)
     assert jobs["crit"].instances == ("i0",) and not plan.creates
     assert jobs["low"].action == "evict" and "higher-priority work first: crit" in jobs["low"].reason
+
+
+@pytest.mark.parametrize("crit_cpu", [6, 12])
+def test_a_tenants_higher_class_placed_elsewhere_gives_its_lower_jobs_room_to_no_other_tenant(tmp_path, crit_cpu):
+    """t runs n1 and n2 on the one instance of a fixed pool, inside its guarantee; it adds a critical job that may go
+    anywhere, and u a high job that fits only on the fixed pool. t's critical job takes a new instance, so nothing of
+    t's needs n2's room: u's job waits (a guarantee is never taken by another tenant's work, whatever its class). The
+    planner's model counted t's critical job in n2's place wherever it landed, and its plan evicted n2 for u's job."""
+    docs = [topology(), tenant("t", cpu=64), tenant("u", cpu=64),
+            pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
+            pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4),
+            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
+            job("crit", cpu=crit_cpu, mem=8, priority="critical"),
+            job("uhigh", tenant="u", cpu=6, mem=8, priority="high", pools=["fixed"])]
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")],
+                                {"n1": ("i0",), "n2": ("i0",)})
+    plan = api._plan(desired, observed, "sim", 10, None).plan
+    check_plan(desired, observed, plan)
+    jobs = by_job(plan)
+    assert jobs["n1"].action == jobs["n2"].action == "keep"
+    assert jobs["uhigh"].action == "pending" and jobs["crit"].instances == ("+1",)
+    # (its reason names what holds the fixed pool, not t's critical job elsewhere)
+    assert "other tenants' work within their guarantees, which no other tenant's work displaces: n1, n2" in jobs["uhigh"].reason
+    assert "crit" not in jobs["uhigh"].reason
+    assert plan.solver.status == "OPTIMAL"  # (searched again counting t's critical work only in its lower jobs' room)
 
 
 def test_preemption_evicts_the_cheapest_victims(tmp_path):

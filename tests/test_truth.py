@@ -522,7 +522,8 @@ def test_a_job_waiting_after_a_reclaim_says_its_tenant_would_borrow_from_guarant
     said only "pools at max_instances (onprem 2/2)", beside a's jobs of the same priority: nothing said that b is at its
     guarantee, so each would borrow, and borrowed room never takes other tenants' guaranteed work. They now say so and
     name that work; so does a's own ninth job (a at its guarantee, b's 8 within b's). Tenant c's first job, within its
-    guarantee (the guarantees oversubscribe the pool), borrows nothing and says only the pool's limit."""
+    guarantee (the guarantees oversubscribe the pool), borrows nothing: it says the pool's limit and the other tenants'
+    work within their guarantees that holds the pool (it said only the limit, which told c nothing of why)."""
     from tests.fleetkit import job, tenant, write_config
 
     cfg, r = _borrowed_fleet(tmp_path, dict(gpus=8, burst={"gpus": 16}),
@@ -541,4 +542,6 @@ def test_a_job_waiting_after_a_reclaim_says_its_tenant_would_borrow_from_guarant
     assert pending["a-08"].endswith("(tenant a runs 8 GPUs, its guaranteed 8, so this job would borrow; borrowed room "
                                     "never displaces other tenants' work within their guarantees, which holds this "
                                     "capacity: b-08, b-09, b-10 and 5 more)"), pending["a-08"]
-    assert pending["c-00"] == "pools at max_instances (onprem 2/2)", pending["c-00"]
+    assert pending["c-00"] == ("pools at max_instances (onprem 2/2) (the instances that could hold it run other tenants' "
+                               "work within their guarantees, which no other tenant's work displaces: a-00, a-01, a-02 "
+                               "and 13 more)"), pending["c-00"]

@@ -73,8 +73,8 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         options = [replace(o, refusals=(*blanket, *o.refusals)) for o in options]
     if not options:
         lead = f"{'; '.join(r.message for r in blanket)}; several limits bind at once with it: " if blanket else ""
-        return head + lead + f"the instances that could hold it are full and no new one can be bought for it ({_NOTHING_NEW})" + _outranked(d, ledger) \
-            + _guaranteed_first(d, problem, ledger, evicted)
+        return head + lead + f"the instances that could hold it are full and no new one can be bought for it ({_NOTHING_NEW})" \
+            + _who_holds(d, problem, ledger, evicted, {"full"})
     open_ = [o for o in options if not o.refusals]
     if open_:
         sized = {o.offer: c for o in open_ if (c := _sized_out(o, problem, ledger)) is not None}
@@ -100,7 +100,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + tail + also + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if kind in _SHARED
+        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, {kind}) if kind in _SHARED
                                      else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
             + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
@@ -108,7 +108,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:]) + tail
-            + (_outranked(d, ledger) + _guaranteed_first(d, problem, ledger, evicted) if _SHARED.intersection(kinds) else "")
+            + (_who_holds(d, problem, ledger, evicted, _SHARED.intersection(kinds)) if _SHARED.intersection(kinds) else "")
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
 
 
@@ -276,6 +276,9 @@ def _stuck_reason(problem: Problem) -> str:
 
 # Rules over capacity all tenants share: only there does higher-priority work take it first.
 _SHARED = {"reservation", "cloud-quota", "pool-max", "fleet-budget", "spot-share", "spot-buffer", "spot-diversity"}
+# (of them, those the work on the instances a job could use takes: a pool's count, a reservation's; and "full", the
+# instances that could hold it full. A budget or a spot share is taken by work anywhere.)
+_LOCAL = {"reservation", "pool-max", "full"}
 
 
 _RULE_NAMES = {"quota": "its tenant's quota", "reservation": "a reservation's count", "cloud-quota": "a cloud account quota", "license": "a license's count", "license-quota": "its tenant's license quota", "pool-max": "max_instances", "fleet-budget": "max_hourly_budget", "tenant-budget": "its tenant's budget",
@@ -373,15 +376,63 @@ def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool
     return ""
 
 
-def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False) -> str:
-    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones); in_tenant: its
-    tenant's only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
+def _who_holds(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, kinds: set[str]) -> str:
+    """What holds the shared capacity d waits for (`kinds`: the rules that bind): higher classes placed (`_outranked`:
+    where d could go, where only such rules bind: `_LOCAL`), then, its tenant at its guarantee, the other tenants'
+    guaranteed work (`_guaranteed_first`), or, a job that waits with no higher class there, the other tenants' running
+    work of its class or below kept within their guarantees there (`_guarantees_hold`)."""
+    local = kinds <= _LOCAL
+    out = _outranked(d, ledger, local=local) + _guaranteed_first(d, problem, ledger, evicted)
+    return out or ("" if evicted or not local else _guarantees_hold(d, ledger))
+
+
+def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False, local: bool = False) -> str:
+    """Higher-class jobs of the same kind of capacity that this plan places (never pending ones); `local`: on instances
+    that could hold d (named wherever placed, u's high job pinned to a full fixed pool read "capacity goes to
+    higher-priority work first: crit", t's critical job on a new instance of another pool); in_tenant: its tenant's
+    only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
     names = ledger.higher(d, tenant=d.tenant if in_tenant else None)
+    if names and local and not in_tenant:
+        names = ledger._once(("higher, could hold", _placement_shape(d), d.klass),
+                             lambda: tuple(j for j in names if _on_usable(d, j, ledger)))
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     what = "its tenant's quota goes to its higher-priority work first" if in_tenant else "capacity goes to higher-priority work first"
     return f" ({what}: {', '.join(names[:3])}{more})"
+
+
+def _placement_shape(d: Demand) -> tuple:
+    """What decides where d may go (rules and size), as one key: demands alike are asked once."""
+    return (d.gpus, d.gpu_type, d.mig, d.nvlink, d.cpu, d.memory_gib, d.spot, d.pools, d.regions, d.clouds, d.zones, d.bundle)
+
+
+def _on_usable(d: Demand, job: str, ledger: Ledger) -> bool:
+    """Whether placed job `job` holds room on an instance that could hold d (every placement rule and size)."""
+    on = ledger._once("instances of jobs", lambda: _instances_of_jobs(ledger))
+    return any(fit(d, ledger.instances[ref]) > 0 for ref in on.get(job, ()) if ref in ledger.instances)
+
+
+def _instances_of_jobs(ledger: Ledger) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for ref, items in ledger.items.items():
+        for _, j in items:
+            out.setdefault(j, set()).add(ref)
+    return out
+
+
+def _guarantees_hold(d: Demand, ledger: Ledger) -> str:
+    """Where no higher class holds the instances that could hold d: other tenants' running work of its class or below
+    kept within their guarantees on them, which no other tenant's work displaces (README, Tenants)."""
+    problem = ledger.problem
+    names = ledger._once(("guaranteed running, could hold", _placement_shape(d), d.tenant, d.klass), lambda: tuple(sorted(
+        j for t, r in problem.tenants.items() if t != d.tenant for j in r.protected_jobs
+        if j in ledger.job_demand and ledger.job_demand[j].klass <= d.klass and _on_usable(d, j, ledger))))
+    if not names:
+        return ""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return (f" (the instances that could hold it run other tenants' work within their guarantees, which no other tenant's "
+            f"work displaces: {', '.join(names[:3])}{more})")
 
 
 def why_nothing_fits(d: Demand, desired: DesiredState, observed: Observed, offers: list[Capacity], every: list | None = None) -> str:

@@ -174,6 +174,13 @@ class Problem:
     quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
     quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
     gpu_fleet: bool | None = None  # do the fleet's pools offer GPUs (the spot share counts GPUs)? None: read the capacities
+    # demand -> running jobs of it a plan keeps, at least: set where an answer stopped some that no rule requires
+    # stopping (api._lawful), so the search again is for a plan that keeps them
+    held: dict[str, int] = field(default_factory=dict)
+    # count a tenant's new higher-class work in its lost lower job's place only where it takes that job's room
+    # (objective.stand_in_room): set where an answer counted without it stopped a job no rule requires stopping
+    # (api._lawful); the model without it is the looser one, as fast as before, and its lawful answers stand
+    stand_in_rooms: bool = False
 
     @property
     def spot(self) -> SpotPolicySpec:

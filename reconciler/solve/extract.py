@@ -47,7 +47,11 @@ def placements(problem: Problem, model: Model, values: list[int]) -> tuple[dict,
     xg = {k: val(v) for k, v in model.x.items() if val(v) > 0}
     keep = frozenset([c.instance_id for c in model.hosts if c.key in model.use and val(model.use[c.key])]
                      + [h.instance_id for ik, hs in model.idle_members.items() for h in hs[:val(model.use[ik])]])
-    return placed, stay, split_groups(problem, xg, placed, stay), keep
+    shares = {}
+    for gk, ck, dks, v in model.stand_in_shares:
+        if val(v) > 0:
+            shares.setdefault((gk, ck), []).append((dks, val(v)))
+    return placed, stay, split_groups(problem, xg, placed, stay, shares), keep
 
 
 def unfold_idle(model: Model, x: dict[tuple[str, str], int], keep: frozenset[str], val=None) -> tuple[dict[tuple[str, str], int], dict[str, list[str]]]:
@@ -95,16 +99,30 @@ def _unfold_slots(model: Model, ik: str, hosts: list[Host], x: dict[tuple[str, s
         del q[:n]
 
 
-def split_groups(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+def split_groups(problem: Problem, xg: dict[tuple[str, str], int], placed: dict[str, int], stay: dict[tuple[str, str], int],
+                 shares: dict[tuple[str, str], list[tuple[tuple[str, ...], int]]] | None = None) -> dict[tuple[str, str], int]:
     """Share each group's new items per capacity among its demands: each demand gets what it
-    placed minus what stays."""
+    placed minus what stays. First the items the model counted as a tenant's higher work taking its lower work's room
+    (`shares`: (group, host) -> (those demands, items): objective.stand_in_room), to those demands, the highest class
+    first: in member order alone, t2's high job landed where t3's normal job was evicted and t3's where t2's was, each
+    tenant's guaranteed room taken by the other, and the plan gave way (bench's kept fixed cluster)."""
     staying: dict[str, int] = {}
     for (dk, _), n in stay.items():
         staying[dk] = staying.get(dk, 0) + n
     need = {d.key: placed.get(d.key, 0) * d.replicas - staying.get(d.key, 0) for d in problem.demands}
     out: dict[tuple[str, str], int] = {}
+    left = dict(xg)
+    for (gk, ck), owed in sorted((shares or {}).items()):
+        for dks, n in owed:
+            for dk in sorted(dks, key=lambda k: -problem.demand(k).klass):
+                take = min(need[dk], n, left.get((gk, ck), 0))
+                if take > 0:
+                    out[(dk, ck)] = out.get((dk, ck), 0) + take
+                    need[dk] -= take
+                    n -= take
+                    left[(gk, ck)] -= take
     cells_of: dict[str, list[tuple[str, int]]] = {}
-    for (gk, ck), n in sorted(xg.items()):
+    for (gk, ck), n in sorted(left.items()):
         cells_of.setdefault(gk, []).append((ck, n))
     for gk, members in problem.groups.items():
         for ck, n in cells_of.get(gk, []):

@@ -82,6 +82,10 @@ class Model:
         self._placement_vars(warm)
         slots.slot_vars(self)
         self.pattern_vars: dict[str, tuple[list, list]] = {}  # capacity key -> (its patterns, their counts): patterns.py
+        # (objective.stand_in_room, per tenant, made once; and the items per (group, host) it counts as a tenant's
+        # higher work taking its lower work's room, with the demands they are, which extract.split_groups honours)
+        self.stand_in_rooms: dict[str, object] = {}
+        self.stand_in_shares: list[tuple[str, str, tuple[str, ...], object]] = []
         if "capacity" in families:
             capacity.add_capacity(self)
         if "patterns" in families:
@@ -340,6 +344,8 @@ class Model:
                 else:
                     k = self.krj[d.key] = m.new_int_var(0, min(n, r), f"krj[{d.key}]")
                     m.add(k <= pl)
+                if p.held.get(d.key):
+                    m.add(k >= min(p.held[d.key], n, r))  # (Problem.held)
                 # Of them, the jobs kept as they run: a job restarted in a new shape, or a gang grown or short of a
                 # replica, is kept only as new work is placed (rules.settled_jobs), never counted as running work kept.
                 s = min(n, settled_jobs(d))

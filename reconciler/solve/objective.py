@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
 from reconciler.problem import Demand, settled_jobs
-from reconciler.solve.variables import Values, constant, scale, wsum
+from reconciler.solve.tenants import ceiling_rows
+from reconciler.solve.variables import Values, constant, is_zero, scale, wsum
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -146,6 +147,7 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
         kept = {c: [(d.job_size, model.krg[d.key]) for d in mine if d.klass == c and d.key in model.krg and d.key in holds] for c in levels}
         pt = m.new_int_var(0, total, f"{name}[{t}]")
+        room = stand_in_room(model, t, mine, holds, levels[0]) if stand_ins and p.stand_in_rooms else None
         for i, a in enumerate(levels):
             # (its new work above a, one variable: rows of every demand per interval made a 1k-job warm plan slower)
             # (running jobs that are not protected, e.g. a gang that must move whole, need capacity anew: new work)
@@ -158,6 +160,8 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
             new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
+                if room is not None:
+                    m.add(new_above <= room)
             else:
                 m.add(new_above == 0)
             for b in levels[i:]:
@@ -166,6 +170,86 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         prot.append(pt)
         bound += total
     return Tier(name, sum(prot), "max", bound) if prot else None
+
+
+def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], lowest: int):
+    """The most units of tenant t's new higher-class work that may stand in for its lost protected ones
+    (`protected_tier`): only what takes their room, or any where its guarantee is full without them (plancheck's
+    rule, plancheck.own_higher_class_room). Per host where t's work holding protected jobs runs, the least of the
+    units of that work leaving it and of the units placed there by groups with t's work above its lowest protected
+    class (a group may mix tenants: extract.split_groups gives such a host's items to the tenant whose lower work
+    leaves it first: Model.stand_in_shares); plus, where t's guaranteed part could not hold its smallest protected job beside what it
+    places, any. (Counted wherever the work landed, t's critical job on a new instance stood in for its normal job
+    whose room another tenant's job took: the plan evicted it, tests/test_rules.py.) Made once per tenant."""
+    memo = model.stand_in_rooms
+    if t in memo:
+        return memo[t]
+    m, p = model.m, model.p
+    total = sum(d.job_size * len(d.jobs) for d in mine)
+    higher = [d for d in mine if d.klass > lowest and d.key in model.group_of]
+    if not any(settled_jobs(d) < len(d.jobs) for d in higher):
+        memo[t] = 0  # (no new work above its lowest protected class: nothing of it stands in, wherever it lands)
+        return 0
+    groups = sorted({model.group_of[d.key] for d in higher})
+    # (t's share of a group's items per host, `share`, at most the items of t's higher work in it that do not stay
+    # where they run: a group may hold other tenants' work, and t's running jobs stay. Counted per group alone, one
+    # item of t's stood in for two rooms, and t's running high job's group, its item kept, counted another tenant's
+    # new item in t's lost room: bench's kept fixed cluster)
+    own = {gk: [d for d in higher if model.group_of[d.key] == gk] for gk in groups}
+    share: dict[str, list] = {gk: [] for gk in groups}
+    parts = []
+    hosts_of = model.__dict__.get("_hosts_of_tenant")
+    if hosts_of is None:  # (tenant -> the hosts its work runs on that the model may change: built once, not per tenant)
+        hosts_of = model.__dict__["_hosts_of_tenant"] = {}
+        for h in model.hosts:
+            if not h.frozen:
+                for tenant in {model.demands[dk].tenant for dk, _, _ in h.residents if dk in model.demands}:
+                    hosts_of.setdefault(tenant, []).append(h)
+    for h in hosts_of.get(t, ()):
+        lost = []
+        for dk, _, n in h.residents:
+            if dk in holds:
+                d = model.demands[dk]
+                lost.append((d.size * n, 1))
+        if not lost:
+            continue
+        for dk in {dk for dk, _, _ in h.residents if dk in holds}:
+            lost.append((-model.demands[dk].size, model.stay.get((dk, h.key), 0)))
+        here = []
+        for gk in groups:
+            v = model.x.get((gk, h.key), 0)
+            if is_zero(v):
+                continue
+            y = m.new_int_var(0, sum(len(d.jobs) * d.replicas for d in own[gk]), f"stand-in share[{t},{gk},{h.key}]")
+            m.add(y <= v)
+            share[gk].append(y)
+            model.stand_in_shares.append((gk, h.key, tuple(d.key for d in own[gk]), y))
+            here.append((model.demands[p.groups[gk][0]].size, y))
+        if not here:
+            continue
+        s = m.new_int_var(0, total, f"stand-in room[{t},{h.key}]")
+        m.add(s <= wsum(lost))
+        m.add(s <= wsum(here))
+        parts.append(s)
+    for gk, ys in share.items():
+        if ys:
+            anew = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-1, v) for d in own[gk] for _, v in model.stay_of.get(d.key, [])]
+            m.add(wsum([(1, y) for y in ys]) <= wsum(anew))
+    rules = p.tenants.get(t)
+    protected = set(rules.protected_jobs) if rules is not None else set()
+    small = [d for d in mine if d.key in holds and any(j in protected for j, _ in d.running)]
+    full = []
+    for coefs, most in (ceiling_rows(mine, rules.guarantee) if rules is not None and small else []):
+        least = min((coefs.get(d.key, 0) for d in small), default=0)
+        f = m.new_bool_var(f"guarantee full[{t}]")
+        # (what it places above its lowest protected class, and of the rest only the running jobs kept: its new work of
+        # that class or below ranks below a protected job and would give way; as plancheck counts it)
+        held = [(c, model.placed[k] if model.demands[k].klass > lowest else model.krj.get(k, 0)) for k, c in coefs.items()]
+        m.add(wsum(held) >= most - least + 1).only_enforce_if(f)
+        full.append(f)
+    room = wsum([(1, v) for v in parts] + [(total, f) for f in full])
+    memo[t] = room
+    return room
 
 
 def spot_shares_broken(model: Model) -> set[str]:

@@ -1584,8 +1584,9 @@ def finish(search: Search, hint: list[int], value: float | None, lb: float | Non
     gap = 0.0 if status == "OPTIMAL" else (max(0.0, (value - lb) / value) if lb is not None and value else 1.0)
     if fixed is not None:
         gap = 0.0
-    # (a narrowed model's bounds are of the choices it offered: `Model.narrowed`)
-    optimal = gap <= 1e-9 and all(r.proven for r in reports) and not search.model.narrowed
+    # (a narrowed model's bounds are of the choices it offered: `Model.narrowed`; a model holding running jobs the
+    # rules would let go, of the plans that keep them: Problem.held)
+    optimal = gap <= 1e-9 and all(r.proven for r in reports) and not search.model.narrowed and not search.problem.held
     sol = extract(search.problem, search.model, hint, reports, "OPTIMAL" if optimal else "FEASIBLE", optimal, gap, search.t0)
     if fixed is not None:
         value = lb = fixed
