@@ -376,6 +376,9 @@ def apply(
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler.progress import StopOnInterrupt, use_color
 
+    if status_branch is not None and not commit:  # (ignored, the status was left uncommitted and the run said nothing)
+        raise typer.BadParameter("it names the branch --commit commits status/ to; add --commit, or leave it out",
+                                 param_hint="'--status-branch'")
     if commit and config_dir.is_dir():  # (a missing config dir: load's error says so)
         from reconciler.gitops import check_commit
 

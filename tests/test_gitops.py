@@ -130,6 +130,15 @@ def test_status_branch_leaves_main_alone(repo):
     assert git(repo, "rev-parse", "main") == main_before
 
 
+def test_a_status_branch_without_commit_is_a_usage_error_before_any_change(repo):
+    """`--status-branch` without `--commit` was ignored: the fleet was applied, status/ left uncommitted, and nothing
+    said the branch was not used. A usage error now (exit 1), before any provider call."""
+    out = cli("apply", repo, "--auto-approve", "--status-branch", "fleet-status")
+    assert out.exit_code == 1 and "--status-branch" in out.output and "--commit" in out.output, out.output
+    assert _live(repo) == [] and not (repo / "status").exists()
+    assert "fleet-status" not in git(repo, "branch", "--format=%(refname)")
+
+
 def _live(cfg) -> list[str]:
     if not (state_dir(cfg) / "sim").exists():
         return []
