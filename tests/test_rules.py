@@ -85,6 +85,23 @@ def test_a_tenants_higher_class_placed_elsewhere_gives_its_lower_jobs_room_to_no
     assert plan.solver.status == "OPTIMAL"  # (searched again counting t's critical work only in its lower jobs' room)
 
 
+def test_a_larger_higher_class_cpu_job_takes_the_room_of_two_smaller_jobs_of_its_tenant(tmp_path):
+    """A 12-vCPU critical job fits only on the one instance of a fixed pool, where its tenant's two 6-vCPU normal jobs
+    run: it takes their place (a higher class of its own tenant may). A CPU replica counted one unit whatever its
+    size, so the guarantees tier kept two units rather than one and the critical job waited for good."""
+    docs = [topology(), tenant("t", cpu=64), pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
+            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
+            job("crit", cpu=12, mem=8, priority="critical", pools=["fixed"])]
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")],
+                                {"n1": ("i0",), "n2": ("i0",)})
+    plan = api._plan(desired, observed, "sim", 10, None).plan
+    check_plan(desired, observed, plan)
+    jobs = by_job(plan)
+    assert jobs["crit"].instances == ("i0",) and jobs["n1"].action == jobs["n2"].action == "evict"
+    assert "higher-priority work first: crit" in jobs["n1"].reason
+
+
 def test_preemption_evicts_the_cheapest_victims(tmp_path):
     """Of three low jobs on a full p4d, a 2-GPU critical job evicts the one that loses least:
     not the 4-GPU job (more GPUs lost), not the 2-GPU job with 100 hours to go, but the one with

@@ -155,8 +155,9 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
             # tenant's new normal job counted for its evicted low one, fleet27)
             terms = []
             if stand_ins:
-                terms = [(d.job_size, model.g[d.key]) for d in mine if d.klass > a]
-                terms += [(-d.job_size, model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
+                lower = [q for q in mine if q.key in holds and q.klass >= a]
+                terms = [(stand_in_units(d, lower), model.g[d.key]) for d in mine if d.klass > a]
+                terms += [(-stand_in_units(d, lower), model.krg[d.key]) for d in mine if d.klass > a and d.key in model.krg and d.key in holds]
             new_above = m.new_int_var(0, total, f"{name}: new[{t},{a}]")
             if terms:
                 m.add(new_above <= wsum(terms))
@@ -170,6 +171,24 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         prot.append(pt)
         bound += total
     return Tier(name, sum(prot), "max", bound) if prot else None
+
+
+def stand_in_units(d: Demand, lower: list[Demand]) -> int:
+    """The units of its tenant's protected lower jobs (`lower`: the demands holding them) one job of d may stand in
+    for (`protected_tier`): its own units, or, CPU work in CPU work's place, as many of a lower job's as its vCPU or
+    memory would take the room of (a CPU replica is one unit whatever its size: counted so, a 12-vCPU critical job
+    stood in for one of the two 6-vCPU normal jobs of its tenant holding the one instance it fits on, and waited for
+    good beside them). GPU work is counted by its GPUs alike already (7 a GPU)."""
+    units = d.job_size
+    if d.gpus or d.mig:
+        return units
+    for q in lower:
+        if q.klass >= d.klass or q.gpus or q.mig:
+            continue
+        takes = max((math.ceil(d.req(dim) * d.replicas / (q.req(dim) * q.replicas) - 1e-9)
+                     for dim in ("cpu", "memory_gib") if q.req(dim) > 0), default=0)
+        units = max(units, takes * q.job_size)
+    return units
 
 
 def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], lowest: int):
@@ -197,6 +216,7 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
     # new item in t's lost room: bench's kept fixed cluster)
     own = {gk: [d for d in higher if model.group_of[d.key] == gk] for gk in groups}
     share: dict[str, list] = {gk: [] for gk in groups}
+    lower = [q for q in mine if q.key in holds]
     parts = []
     hosts_of = model.__dict__.get("_hosts_of_tenant")
     if hosts_of is None:  # (tenant -> the hosts its work runs on that the model may change: built once, not per tenant)
@@ -224,7 +244,7 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
             m.add(y <= v)
             share[gk].append(y)
             model.stand_in_shares.append((gk, h.key, tuple(d.key for d in own[gk]), y))
-            here.append((model.demands[p.groups[gk][0]].size, y))
+            here.append((max(-(-stand_in_units(d, lower) // d.replicas) for d in own[gk]), y))
         if not here:
             continue
         s = m.new_int_var(0, total, f"stand-in room[{t},{h.key}]")
