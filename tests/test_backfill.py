@@ -7,6 +7,8 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from reconciler import api
 from reconciler.load import load
 from reconciler.pack import Bin
@@ -84,6 +86,9 @@ def test_a_fixed_cluster_of_mixed_node_sizes_gives_every_gpu_a_job():
         assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
 
 
+# (in the slow tier: 40 s on the 2-core CI machine, whose default tier reached 609 s on 2026-12-01, over its
+# 10 minutes; the same suite at the session's first commit took 563 s there that day)
+@pytest.mark.slow
 def test_a_fixed_cluster_whose_small_node_pools_are_summed_gives_nearly_every_gpu_a_job():
     """Four fixed A100 pools, 271 / 135 / 90 / 113 nodes of 1 / 2 / 4 / 8 GPUs (1,805 GPUs), 2,000 trace jobs: the
     1- and 2-GPU pools are over 128 nodes, so their rows are summed per dimension. The tiers' LP-guided neighbourhood
