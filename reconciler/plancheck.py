@@ -362,7 +362,7 @@ def own_higher_class_room(job: str, ran_on, plan: Plan, observed: Observed, dema
         if j.job in held and j.job in demand_of and demand_of[j.job].tenant == d.tenant:
             for k in DIMS:
                 use[k] += demand_of[j.job].req(k) * demand_of[j.job].replicas
-    return borrows(use, rules)
+    return borrows({k: v for k, v in use.items() if d.req(k)}, rules)  # (in a dimension it asks for: it would borrow there)
 
 
 _UNITS = {"gpus": "GPUs", "cpu": "vCPUs", "memory_gib": "GiB of memory"}

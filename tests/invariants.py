@@ -874,7 +874,8 @@ def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str
             r, n = desired.jobs[k].spec.resources, desired.jobs[k].spec.replicas
             for dim, v in (("gpus", r.gpus), ("cpu", r.cpu), ("memory_gib", r.memory_gib)):
                 use[dim] += v * n
-    return any(quota_guarantee(q, k) is not None and use[k] > quota_guarantee(q, k) + EPS for k in DIMS)
+    asks = desired.jobs[name].spec.resources
+    return any(quota_guarantee(q, k) is not None and use[k] > quota_guarantee(q, k) + EPS and getattr(asks, k) for k in DIMS)
 
 
 def check_stability(desired: DesiredState, observed: Observed, plan: Plan) -> None:

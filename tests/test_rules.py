@@ -85,6 +85,29 @@ def test_a_tenants_higher_class_placed_elsewhere_gives_its_lower_jobs_room_to_no
     assert plan.solver.status == "OPTIMAL"  # (searched again counting t's critical work only in its lower jobs' room)
 
 
+def test_a_tenant_over_its_gpu_guarantee_still_keeps_its_cpu_jobs_room_from_other_tenants(tmp_path):
+    """As the fixed-pool case above, with t also running two 1-GPU jobs over its guarantee of 1 GPU (its burst 2): its
+    guarantee is "full" in GPUs, not in vCPU, and its normal CPU job would borrow nothing. The excuse read any
+    dimension, so t's critical job on a new instance elsewhere let u's high job take n2's room."""
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 1, "cpu": 64, "burst": {"gpus": 2, "cpu": 64}}}), tenant("u", cpu=64),
+            pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=2, hi=2),
+            pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4),
+            job("g1", pools=["gpu"], **A100), job("g2", pools=["gpu"], **A100),
+            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
+            job("crit", cpu=6, mem=8, priority="critical", pools=["buy"]),
+            job("uhigh", tenant="u", cpu=6, mem=8, priority="high", pools=["fixed"])]
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge"),
+                                          gcp_1g("g0", pool_name="gpu"), gcp_1g("g9", pool_name="gpu")],
+                                {"n1": ("i0",), "n2": ("i0",), "g1": ("g0",), "g2": ("g9",)})
+    plan = api._plan(desired, observed, "sim", 10, None).plan
+    check_plan(desired, observed, plan)
+    jobs = by_job(plan)
+    assert jobs["n1"].action == jobs["n2"].action == "keep" and jobs["uhigh"].action == "pending"
+    assert jobs["crit"].instances == ("+1",)
+
+
 def test_a_larger_higher_class_cpu_job_takes_the_room_of_two_smaller_jobs_of_its_tenant(tmp_path):
     """A 12-vCPU critical job fits only on the one instance of a fixed pool, where its tenant's two 6-vCPU normal jobs
     run: it takes their place (a higher class of its own tenant may). A CPU replica counted one unit whatever its

@@ -260,14 +260,18 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
     small = [d for d in mine if d.key in holds and any(j in protected for j, _ in d.running)]
     full = []
     for coefs, most in (ceiling_rows(mine, rules.guarantee) if rules is not None and small else []):
-        least = min((coefs.get(d.key, 0) for d in small), default=0)
+        least = min((coefs[d.key] for d in small if coefs.get(d.key)), default=None)
+        if least is None:
+            continue  # (no protected job asks for this dimension: none would borrow in it)
         f = m.new_bool_var(f"guarantee full[{t}]")
         # (what it places above its lowest protected class, and of the rest only the running jobs kept: its new work of
         # that class or below ranks below a protected job and would give way; as plancheck counts it)
         held = [(c, model.placed[k] if model.demands[k].klass > lowest else model.krj.get(k, 0)) for k, c in coefs.items()]
         m.add(wsum(held) >= most - least + 1).only_enforce_if(f)
-        full.append(f)
-    room = wsum([(1, v) for v in parts] + [(total, f) for f in full])
+        # (the units of its protected jobs that ask for the dimension: only they would borrow in it; counted as
+        # `total`, t's GPUs over their guarantee let its CPU job's room go to another tenant's work)
+        full.append((sum(d.job_size * sum(j in protected for j, _ in d.running) for d in small if coefs.get(d.key)), f))
+    room = wsum([(1, v) for v in parts] + full)
     memo[t] = room
     return room
 
