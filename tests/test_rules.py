@@ -59,24 +59,34 @@ def test_a_higher_class_evicts_a_lower_running_job_of_its_tenant(tmp_path):
     assert jobs["low"].action == "evict" and "higher-priority work first: crit" in jobs["low"].reason
 
 
+FIXED = pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1)  # one 16-vCPU instance, i0
+BUY = pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4)
+
+
+def fixed_pool_plan(tmp_path, docs, crit: dict, instances=(), placements=None):
+    """t's normal n1 and n2 (6 vCPU each) run on the fixed pool's i0; t adds a critical CPU job (`crit`: its spec);
+    `docs` the rest (the tenants among them). The plan `reconcile plan` emits (api._plan: the eviction rule asked of
+    it), checked by tests/invariants.py; its jobs by name."""
+    docs = [topology(), FIXED, *docs, job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
+            job("crit", mem=8, priority="critical", **crit)]
+    desired = load(write_config(tmp_path, docs))
+    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge"), *instances],
+                                {"n1": ("i0",), "n2": ("i0",), **(placements or {})})
+    plan = api._plan(desired, observed, "sim", 10, None).plan
+    check_plan(desired, observed, plan)
+    return plan, by_job(plan)
+
+
+UHIGH = job("uhigh", tenant="u", cpu=6, mem=8, priority="high", pools=["fixed"])  # u's job that fits only on i0
+
+
 @pytest.mark.parametrize("crit_cpu", [6, 12])
 def test_a_tenants_higher_class_placed_elsewhere_gives_its_lower_jobs_room_to_no_other_tenant(tmp_path, crit_cpu):
     """t runs n1 and n2 on the one instance of a fixed pool, inside its guarantee; it adds a critical job that may go
     anywhere, and u a high job that fits only on the fixed pool. t's critical job takes a new instance, so nothing of
     t's needs n2's room: u's job waits (a guarantee is never taken by another tenant's work, whatever its class). The
     planner's model counted t's critical job in n2's place wherever it landed, and its plan evicted n2 for u's job."""
-    docs = [topology(), tenant("t", cpu=64), tenant("u", cpu=64),
-            pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
-            pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4),
-            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
-            job("crit", cpu=crit_cpu, mem=8, priority="critical"),
-            job("uhigh", tenant="u", cpu=6, mem=8, priority="high", pools=["fixed"])]
-    desired = load(write_config(tmp_path, docs))
-    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")],
-                                {"n1": ("i0",), "n2": ("i0",)})
-    plan = api._plan(desired, observed, "sim", 10, None).plan
-    check_plan(desired, observed, plan)
-    jobs = by_job(plan)
+    plan, jobs = fixed_pool_plan(tmp_path, [tenant("t", cpu=64), tenant("u", cpu=64), BUY, UHIGH], dict(cpu=crit_cpu))
     assert jobs["n1"].action == jobs["n2"].action == "keep"
     assert jobs["uhigh"].action == "pending" and jobs["crit"].instances == ("+1",)
     # (its reason names what holds the fixed pool, not t's critical job elsewhere)
@@ -89,21 +99,11 @@ def test_a_tenant_over_its_gpu_guarantee_still_keeps_its_cpu_jobs_room_from_othe
     """As the fixed-pool case above, with t also running two 1-GPU jobs over its guarantee of 1 GPU (its burst 2): its
     guarantee is "full" in GPUs, not in vCPU, and its normal CPU job would borrow nothing. The excuse read any
     dimension, so t's critical job on a new instance elsewhere let u's high job take n2's room."""
-    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 1, "cpu": 64, "burst": {"gpus": 2, "cpu": 64}}}), tenant("u", cpu=64),
-            pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
-            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=2, hi=2),
-            pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4),
-            job("g1", pools=["gpu"], **A100), job("g2", pools=["gpu"], **A100),
-            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
-            job("crit", cpu=6, mem=8, priority="critical", pools=["buy"]),
-            job("uhigh", tenant="u", cpu=6, mem=8, priority="high", pools=["fixed"])]
-    desired = load(write_config(tmp_path, docs))
-    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge"),
-                                          gcp_1g("g0", pool_name="gpu"), gcp_1g("g9", pool_name="gpu")],
-                                {"n1": ("i0",), "n2": ("i0",), "g1": ("g0",), "g2": ("g9",)})
-    plan = api._plan(desired, observed, "sim", 10, None).plan
-    check_plan(desired, observed, plan)
-    jobs = by_job(plan)
+    t = doc("Tenant", "t", {"quota": {"gpus": 1, "cpu": 64, "burst": {"gpus": 2, "cpu": 64}}})
+    gpu = pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], lo=2, hi=2)
+    _, jobs = fixed_pool_plan(tmp_path, [t, tenant("u", cpu=64), gpu, BUY, UHIGH, job("g1", pools=["gpu"], **A100),
+                                         job("g2", pools=["gpu"], **A100)], dict(cpu=6, pools=["buy"]),
+                              [gcp_1g("g0", pool_name="gpu"), gcp_1g("g9", pool_name="gpu")], {"g1": ("g0",), "g2": ("g9",)})
     assert jobs["n1"].action == jobs["n2"].action == "keep" and jobs["uhigh"].action == "pending"
     assert jobs["crit"].instances == ("+1",)
 
@@ -112,15 +112,7 @@ def test_a_larger_higher_class_cpu_job_takes_the_room_of_two_smaller_jobs_of_its
     """A 12-vCPU critical job fits only on the one instance of a fixed pool, where its tenant's two 6-vCPU normal jobs
     run: it takes their place (a higher class of its own tenant may). A CPU replica counted one unit whatever its
     size, so the guarantees tier kept two units rather than one and the critical job waited for good."""
-    docs = [topology(), tenant("t", cpu=64), pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=1),
-            job("n1", cpu=6, mem=8, pools=["fixed"]), job("n2", cpu=6, mem=8, pools=["fixed"]),
-            job("crit", cpu=12, mem=8, priority="critical", pools=["fixed"])]
-    desired = load(write_config(tmp_path, docs))
-    observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge")],
-                                {"n1": ("i0",), "n2": ("i0",)})
-    plan = api._plan(desired, observed, "sim", 10, None).plan
-    check_plan(desired, observed, plan)
-    jobs = by_job(plan)
+    _, jobs = fixed_pool_plan(tmp_path, [tenant("t", cpu=64)], dict(cpu=12, pools=["fixed"]))
     assert jobs["crit"].instances == ("i0",) and jobs["n1"].action == jobs["n2"].action == "evict"
     assert "higher-priority work first: crit" in jobs["n1"].reason
 
