@@ -729,7 +729,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         if d.key in stuck:
             continue  # as in the model: a running gang's jobs stay where they are or not at all
         for _ in range(len(d.jobs) - g.a.placed[d.key]):
-            if not _place_resolving(g, d) and not _place_preempting(g, d) and not _place_reclaiming(g, d):
+            if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_reclaiming(g, d) or _place_displacing(g, d)):
                 break
     if keep_fleet:
         g.drop_idle_hosts()
@@ -833,6 +833,57 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
         for v in on_host[hk]:
             r = lenders.get(v.tenant)
             while r is not None and not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key], protected[v.key]):
+                g._unrecord(v, inst, stay=True)
+                g.a.placed[v.key] -= 1
+                g._charge_quota(v, -1)
+                here.append(v)
+            if inst.fits(d):
+                break
+        if not here or not inst.fits(d):
+            undo(hk)  # (no room for an item of d here)
+            continue
+        had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
+        if _place_resolving(g, d):
+            for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
+                undo(h)  # (d took none of that room: nothing stops for it there)
+            return True
+    for hk in list(stopped):
+        undo(hk)
+    return False
+
+
+def _place_displacing(g: _Greedy, d: Demand) -> bool:
+    """Where no room is left for one more job of d and its tenant's quota has room (`_place_preempting` frees quota),
+    stop the tenant's own running jobs of a lower class on instances d may use, host by host (hosts in the order of
+    `_victims`: the lowest class, least work and time lost first; on a host, its jobs in that order), each until an
+    item of d fits there, until d is placed; then the stops on hosts d does not use are undone (README: a higher class
+    may take a lower one's place in its tenant, where it lands: plancheck.own_higher_class_room). Not under
+    `preemption: Never`; only 1-replica, non-gang jobs are stopped, for a job or a gang (not an instance gang). Nothing
+    changes if it cannot be placed so. (A 12-vCPU critical job that fits only on the one instance of a fixed pool,
+    where its tenant's two 6-vCPU normal jobs ran, waited in greedy's plan with "pools at max_instances"; CP-SAT
+    evicted both and placed it.)"""
+    if g.p.placement.preemption == "Never" or d.bundle != 1 or g.led.quota_short(d) is not None:
+        return False
+    victims, classes = _victims(g, d.tenant)
+    on_host: dict[str, list[Demand]] = {}
+    for v, hk in victims[:bisect.bisect_left(classes, d.klass)]:
+        on_host.setdefault(hk, []).append(v)
+    stopped: dict[str, list[Demand]] = {}  # host -> the jobs stopped there, by demand
+
+    def undo(hk: str) -> None:
+        inst = g.opened[hk]
+        for v in reversed(stopped.pop(hk)):
+            g._record(v, inst, stay=True)
+            g.a.placed[v.key] += 1
+            g._charge_quota(v)
+
+    for hk, here_victims in on_host.items():
+        inst = g.opened.get(hk)
+        if inst is None or g.fits.at(d, inst.cap.offer_key, inst.cap) <= 0:
+            continue
+        here = stopped.setdefault(hk, [])
+        for v in here_victims:
+            while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0:
                 g._unrecord(v, inst, stay=True)
                 g.a.placed[v.key] -= 1
                 g._charge_quota(v, -1)

@@ -84,3 +84,53 @@ def test_a_gang_of_a_higher_class_takes_its_own_tenants_lower_jobs_quota(tmp_pat
     jobs = by_job(plan)
     assert jobs["new"].action == "place" and len(jobs["new"].instances) == 2, {k: (v.action, v.reason) for k, v in jobs.items()}
     assert (jobs["low-a"].action, jobs["low-b"].action, jobs["theirs"].action) == ("evict", "evict", "keep")
+
+
+# ---------------------------------------------------------------- no room left (capacity, not quota)
+
+
+def full_pool_docs(preemption: str = "LowerPriority", new_priority: str = "normal") -> list[dict]:
+    """t (4 GPUs guaranteed) runs two low jobs, u (1 GPU guaranteed) one; the pool's 3 instances are all it may have."""
+    return [topology(), doc("Tenant", "t", {"quota": {"gpus": 4}}), doc("Tenant", "u", {"quota": {"gpus": 1}}),
+            pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=3),
+            doc("PlacementPolicy", "pp", {"preemption": preemption}),
+            job("low-a", "t", priority="low", expected_hours=72, **A100),
+            job("low-b", "t", priority="low", expected_hours=4, **A100),
+            job("theirs", "u", priority="low", **A100),
+            job("new", "t", priority=new_priority, **A100)]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_higher_class_takes_its_own_tenants_lower_jobs_room_when_no_capacity_is_left(tmp_path, time_limit):
+    """The pool is at its max, t's quota has room: t's new normal job takes the room of its low job with the least time
+    left (low-b, 4 h), on low-b's instance; u's guaranteed job is not touched. Greedy (--time-limit 0) stopped a lower
+    job only for its tenant's quota and left the job pending on "pools at max_instances"."""
+    plan = plan_for(tmp_path / "p", full_pool_docs(), FLEET, RUNNING, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["new"].instances == ("i1",) and jobs["low-b"].action == "evict", {k: (v.action, v.reason) for k, v in jobs.items()}
+    assert jobs["low-a"].action == jobs["theirs"].action == "keep"
+    assert "higher-priority work first: new" in jobs["low-b"].reason
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, FLEET, RUNNING)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+
+
+@pytest.mark.parametrize("preemption,new_priority", [("Never", "normal"), ("LowerPriority", "low")], ids=["never", "same-class"])
+def test_greedy_takes_no_room_under_preemption_never_nor_for_its_own_class(tmp_path, preemption, new_priority):
+    plan = plan_for(tmp_path / "p", full_pool_docs(preemption, new_priority), FLEET, RUNNING, time_limit=0)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "pending" and "max_instances" in jobs["new"].reason
+    assert {jobs[j].action for j in RUNNING} == {"keep"}
+
+
+def test_greedy_takes_no_room_a_job_cannot_use(tmp_path):
+    """t's new 2-GPU normal job: stopping a low job frees one a2-highgpu-1g, never enough: nothing is stopped."""
+    two = [d for d in full_pool_docs() if d["metadata"]["name"] != "new"]
+    two.append(job("new", "t", priority="normal", gpus=2, gpu_type="A100", cpu=16, mem=120))
+    plan = plan_for(tmp_path / "p", two, FLEET, RUNNING, time_limit=0)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "pending"
+    assert {jobs[j].action for j in RUNNING} == {"keep"}

@@ -63,7 +63,7 @@ FIXED = pool("fixed", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1,
 BUY = pool("buy", "aws", "us-east-1", ["us-east-1a"], ["m6i.8xlarge"], hi=4)
 
 
-def fixed_pool_plan(tmp_path, docs, crit: dict, instances=(), placements=None):
+def fixed_pool_plan(tmp_path, docs, crit: dict, instances=(), placements=None, time_limit=10):
     """t's normal n1 and n2 (6 vCPU each) run on the fixed pool's i0; t adds a critical CPU job (`crit`: its spec);
     `docs` the rest (the tenants among them). The plan `reconcile plan` emits (api._plan: the eviction rule asked of
     it), checked by tests/invariants.py; its jobs by name."""
@@ -72,7 +72,7 @@ def fixed_pool_plan(tmp_path, docs, crit: dict, instances=(), placements=None):
     desired = load(write_config(tmp_path, docs))
     observed = catalog_observed(desired, [instance("i0", "fixed", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge"), *instances],
                                 {"n1": ("i0",), "n2": ("i0",), **(placements or {})})
-    plan = api._plan(desired, observed, "sim", 10, None).plan
+    plan = api._plan(desired, observed, "sim", time_limit, None).plan
     check_plan(desired, observed, plan)
     return plan, by_job(plan)
 
@@ -108,11 +108,14 @@ def test_a_tenant_over_its_gpu_guarantee_still_keeps_its_cpu_jobs_room_from_othe
     assert jobs["crit"].instances == ("+1",)
 
 
-def test_a_larger_higher_class_cpu_job_takes_the_room_of_two_smaller_jobs_of_its_tenant(tmp_path):
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_larger_higher_class_cpu_job_takes_the_room_of_two_smaller_jobs_of_its_tenant(tmp_path, time_limit):
     """A 12-vCPU critical job fits only on the one instance of a fixed pool, where its tenant's two 6-vCPU normal jobs
     run: it takes their place (a higher class of its own tenant may). A CPU replica counted one unit whatever its
-    size, so the guarantees tier kept two units rather than one and the critical job waited for good."""
-    _, jobs = fixed_pool_plan(tmp_path, [tenant("t", cpu=64)], dict(cpu=12, pools=["fixed"]))
+    size, so the guarantees tier kept two units rather than one and the critical job waited for good; greedy
+    (--time-limit 0, and the plan a solve falls back to) took a lower job's place only for quota, and left it
+    waiting with "pools at max_instances"."""
+    _, jobs = fixed_pool_plan(tmp_path, [tenant("t", cpu=64)], dict(cpu=12, pools=["fixed"]), time_limit=time_limit)
     assert jobs["crit"].instances == ("i0",) and jobs["n1"].action == jobs["n2"].action == "evict"
     assert "higher-priority work first: crit" in jobs["n1"].reason
 
