@@ -25,7 +25,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok
+from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, borrows, gang_split, has_room, refuses, rules_allow,
                                 stuck_gangs, type_class)
 
@@ -861,21 +861,31 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
     `preemption: Never`; only 1-replica, non-gang jobs are stopped, for a job or a gang (not an instance gang). Nothing
     changes if it cannot be placed so. (A 12-vCPU critical job that fits only on the one instance of a fixed pool,
     where its tenant's two 6-vCPU normal jobs ran, waited in greedy's plan with "pools at max_instances"; CP-SAT
-    evicted both and placed it.)"""
+    evicted both and placed it.) Its tenant's protected jobs (TenantRules.protected_jobs) are stopped only as far as
+    d stands in for them (ledger.stand_in_units: the guarantees tier, first of the model's): only new work does, so a
+    running job that must move takes no protected job's room (it did, in fleet 41 of bench.explore_mixed after a
+    shrink: the warm start lost 14 guarantee units, and the tiers the solver then had to reach again stayed unproven)."""
     if g.p.placement.preemption == "Never" or d.bundle != 1 or g.led.quota_short(d) is not None:
         return False
     victims, classes = _victims(g, d.tenant)
     on_host: dict[str, list[Demand]] = {}
     for v, hk in victims[:bisect.bisect_left(classes, d.klass)]:
         on_host.setdefault(hk, []).append(v)
+    _, hosts_of, protected = _reclaimable(g)
     stopped: dict[str, list[Demand]] = {}  # host -> the jobs stopped there, by demand
+    lost: dict[str, list[Demand]] = {}  # host -> the protected jobs among them (their units are the guarantee's)
 
     def undo(hk: str) -> None:
         inst = g.opened[hk]
+        lost.pop(hk, None)
         for v in reversed(stopped.pop(hk)):
             g._record(v, inst, stay=True)
             g.a.placed[v.key] += 1
             g._charge_quota(v)
+
+    def stands_in() -> bool:  # d stands in for every protected unit stopped so far
+        gone = [v for vs in lost.values() for v in vs]
+        return not gone or (d.running_jobs == 0 and sum(v.job_size for v in gone) <= stand_in_units(d, gone))
 
     for hk, here_victims in on_host.items():
         inst = g.opened.get(hk)
@@ -884,14 +894,16 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
         here = stopped.setdefault(hk, [])
         for v in here_victims:
             while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0:
+                if sum(g.a.stay.get((v.key, h), 0) for h in hosts_of[v.key]) <= protected[v.key]:
+                    lost.setdefault(hk, []).append(v)  # (identical jobs stand in for each other: one of v's protected)
                 g._unrecord(v, inst, stay=True)
                 g.a.placed[v.key] -= 1
                 g._charge_quota(v, -1)
                 here.append(v)
             if inst.fits(d):
                 break
-        if not here or not inst.fits(d):
-            undo(hk)  # (no room for an item of d here)
+        if not here or not inst.fits(d) or not stands_in():
+            undo(hk)  # (no room for an item of d here, or not without taking its tenant's guarantee)
             continue
         had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
         if _place_resolving(g, d):

@@ -1295,5 +1295,23 @@ def licensed_by(broken: dict[str, str] | set[str]) -> set[str] | None:
     return {rule.split(":", 1)[1] for rule in broken}
 
 
-__all__ = ["EPS", "MILLI", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
+def stand_in_units(d, lower: list) -> int:
+    """The units of its tenant's protected lower jobs (`lower`: the demands holding them) one job of d may stand in
+    for (objective.protected_tier, and greedy's `_place_displacing`): its own units, or, CPU work in CPU work's place,
+    as many of a lower job's as its vCPU or memory would take the room of (a CPU replica is one unit whatever its size: counted so, a 12-vCPU critical job
+    stood in for one of the two 6-vCPU normal jobs of its tenant holding the one instance it fits on, and waited for
+    good beside them). GPU work is counted by its GPUs alike already (7 a GPU)."""
+    units = d.job_size
+    if d.gpus or d.mig:
+        return units
+    for q in lower:
+        if q.klass >= d.klass or q.gpus or q.mig:
+            continue
+        takes = max((math.ceil(d.req(dim) * d.replicas / (q.req(dim) * q.replicas) - 1e-9)
+                     for dim in ("cpu", "memory_gib") if q.req(dim) > 0), default=0)
+        units = max(units, takes * q.job_size)
+    return units
+
+
+__all__ = ["EPS", "MILLI", "stand_in_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
            "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]

@@ -801,13 +801,19 @@ def test_a_running_job_moves_for_a_higher_class_or_a_consolidation_that_pays(tmp
         assert (jobs["j1"].action, jobs["j2"].action, jobs["k"].action) == ("keep", "keep", "pending"), jobs
         assert jobs["k"].reason == "pools at max_instances (p 2/2)" and not plan.has_changes
         return
+    if k_priority == "high":
+        # (j1 and j2 are alike: either moves beside the other; greedy's warm start, which now takes a lower job's room
+        # where no capacity is left, moves j1, the first of the two in its victims' order)
+        moved, stays = ("j1", "j2") if jobs["j1"].action == "move" else ("j2", "j1")
+        freed, other = jobs[moved].previous[0], jobs[stays].instances[0]
+        assert (jobs[stays].action, jobs[moved].action, jobs["k"].action) == ("keep", "move", "place"), jobs
+        assert jobs[moved].instances == (other,) and jobs["k"].instances == (freed,) and freed != other
+        assert jobs[moved].reason == f"makes room on {freed} for higher-priority work: k" and plan.consolidation is None
+        return
     assert (jobs["j1"].action, jobs["j2"].action, jobs["k"].action) == ("keep", "move", "place"), jobs
     assert jobs["j2"].instances == ("i0",) and jobs["k"].instances == ("i1",)
-    if k_priority == "high":
-        assert jobs["j2"].reason == "makes room on i1 for higher-priority work: k" and plan.consolidation is None
-    else:
-        assert jobs["j2"].reason == "consolidation: its room on i1 goes to k"
-        assert plan.consolidation is not None and plan.consolidation.saving_per_hour is None  # (no plan keeps j2 and places k)
+    assert jobs["j2"].reason == "consolidation: its room on i1 goes to k"
+    assert plan.consolidation is not None and plan.consolidation.saving_per_hour is None  # (no plan keeps j2 and places k)
 
 
 def _quickstart_applied(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now
+from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_units
 from reconciler.problem import Demand, settled_jobs
 from reconciler.solve.tenants import ceiling_rows
 from reconciler.solve.variables import Values, constant, is_zero, scale, wsum
@@ -171,24 +171,6 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         prot.append(pt)
         bound += total
     return Tier(name, sum(prot), "max", bound) if prot else None
-
-
-def stand_in_units(d: Demand, lower: list[Demand]) -> int:
-    """The units of its tenant's protected lower jobs (`lower`: the demands holding them) one job of d may stand in
-    for (`protected_tier`): its own units, or, CPU work in CPU work's place, as many of a lower job's as its vCPU or
-    memory would take the room of (a CPU replica is one unit whatever its size: counted so, a 12-vCPU critical job
-    stood in for one of the two 6-vCPU normal jobs of its tenant holding the one instance it fits on, and waited for
-    good beside them). GPU work is counted by its GPUs alike already (7 a GPU)."""
-    units = d.job_size
-    if d.gpus or d.mig:
-        return units
-    for q in lower:
-        if q.klass >= d.klass or q.gpus or q.mig:
-            continue
-        takes = max((math.ceil(d.req(dim) * d.replicas / (q.req(dim) * q.replicas) - 1e-9)
-                     for dim in ("cpu", "memory_gib") if q.req(dim) > 0), default=0)
-        units = max(units, takes * q.job_size)
-    return units
 
 
 def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], lowest: int):
