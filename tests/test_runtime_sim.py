@@ -245,17 +245,23 @@ def test_the_controller_replaces_an_interrupted_instance_and_exits_on_sigterm(rt
     with open(log, "wb") as out:
         ctl = subprocess.Popen([PY, "-m", "reconciler.cli", "controller", str(cfg), "--poll", "0.5", "--resync", "5", "--time-limit", "5"],
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    def logged(cond, what: str):  # (a wait that fails shows the controller's log: what it planned, and why instances went)
+        try:
+            return wait(cond, timeout=120, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\ncontroller log:\n{log.read_text()}") from None
+
     try:
         # (on a live instance: under a loaded CI machine the record read was twice of an instance already gone, "sim: no
         # live instance", its replica's last report; not diagnosed, see issue 20's notes of 2026-12-01)
         live = lambda: {i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"}  # noqa: E731
-        rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]) and r["instance"] in live() and r,
-                   timeout=120, what="ft running")
+        rec = logged(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]) and r["instance"] in live() and r,
+                     what="ft running")
         first = rec["instance"]
         noticed = time.monotonic()
         SimCloud(state_dir(cfg)).interrupt(first)
-        rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] != first and any("resuming" in ln for ln in r["log_tail"]) and r,
-                   timeout=120, what="ft resumed on a replacement")
+        rec = logged(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] != first and any("resuming" in ln for ln in r["log_tail"]) and r,
+                     what="ft resumed on a replacement")
         elapsed = time.monotonic() - noticed
         text = log.read_text()
         assert f"replace {first}: interruption notice" in text or "resync: plan" in text, text  # acted on the report (or on drift)

@@ -41,6 +41,14 @@ def bus_signature(view) -> tuple:
     return (tuple(sorted(view.finished.items())), tuple(sorted(view.unhealthy)))
 
 
+def gone_lines(plan, deleted: list[str], most: int = 20) -> list[str]:
+    """One line per instance the apply deleted, with the plan's reason: an instance gone from under its work is the
+    first thing an operator asks about (a controller test saw its job's instance gone and the log could not say why)."""
+    why = {d.instance_id: d.reason for d in plan.deletes}
+    lines = [f"  deleted {i}: {why.get(i, 'not in the plan')}" for i in deleted[:most]]
+    return lines + ([f"  and {len(deleted) - most} more deleted"] if len(deleted) > most else [])
+
+
 class Controller:
     def __init__(self, config_dir: Path, *, provider: str = "sim", state: str | None = None, options: dict | None = None,
                  time_limit: float = 10.0, poll: float = 2.0, resync: float = 60.0, pull: bool = False,
@@ -127,6 +135,8 @@ class Controller:
         self.view = done.view or self.view
         r = done.report
         self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
+        for line in gone_lines(res.plan, r.deleted):
+            self.log(line)
         return True
 
     def _pull(self) -> None:
