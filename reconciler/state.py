@@ -65,8 +65,14 @@ def state_dir(config_dir: Path) -> Path:
     return Path(config_dir) / ".reconcile"
 
 
+# The state document's format: written in every state, refused when above this (a newer fleetops wrote fields this one
+# would drop on its next save, or read otherwise). Raise it with a change a reader of this format would misread.
+STATE_FORMAT = 1
+_STATE_FIELDS = frozenset({"format", "serial", "placements", "gpus", "shapes", "since", "aged", "short", "fleet", "regions", "lost"})
+
+
 def state_to_json(state: State) -> str:
-    return json.dumps({"serial": state.serial, "placements": dict(sorted(state.placements.items())),
+    return json.dumps({"format": STATE_FORMAT, "serial": state.serial, "placements": dict(sorted(state.placements.items())),
                        "gpus": dict(sorted(state.gpus.items())), "shapes": dict(sorted(state.shapes.items())),
                        "since": dict(sorted(state.since.items())), **({"aged": dict(sorted(state.aged.items()))} if state.aged else {}),
                        "short": state.short, "fleet": {"name": state.fleet_name, "uid": state.fleet_uid},
@@ -76,11 +82,14 @@ def state_to_json(state: State) -> str:
 class StateFileError(ReconcileError):
     """The reconciler's state (a file or an object) cannot be read: nothing is planned from it."""
 
-    def __init__(self, where: str, problem: str):
-        super().__init__(
-            f"{where}: cannot read the reconciler's state: {problem}. Nothing was changed. This file records which "
-            "job replica runs on which instance; restore it from a backup, or move it aside to start from an empty "
-            "state (each instance's placement tags, where its provider keeps them, then say again what runs where).")
+    def __init__(self, where: str, problem: str, newer: bool = False):
+        advice = ("Upgrade fleetops to the version that wrote it (do not move it aside: it records which job replica "
+                  "runs on which instance, and an older fleetops would drop what it does not know on its next save)."
+                  if newer else
+                  "This file records which job replica runs on which instance; restore it from a backup, or move it aside "
+                  "to start from an empty state (each instance's placement tags, where its provider keeps them, then say "
+                  "again what runs where).")
+        super().__init__(f"{where}: cannot read the reconciler's state: {problem}. Nothing was changed. {advice}")
 
 
 class StateLinkError(ReconcileError):
@@ -203,6 +212,22 @@ def _shapes_problem(shapes) -> str | None:
     return None
 
 
+def _newer_problem(raw) -> str | None:
+    """A state document this fleetops cannot read whole: a newer format, or a field it does not know (written by a newer
+    fleetops, or by hand): read anyway, its next save would drop what it did not know (a state `{"version": 99}` was
+    planned from as an empty one)."""
+    if not isinstance(raw, dict):
+        return None
+    fmt = raw.get("format", 1)  # (states saved before the field was written are format 1)
+    if _is_int(fmt) and fmt > STATE_FORMAT:
+        return f"it was written by a newer fleetops (state format {fmt}; this one reads format {STATE_FORMAT})"
+    unknown = sorted(k for k in raw if k not in _STATE_FIELDS)
+    if unknown:
+        return (f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(repr(k)[:40] for k in unknown[:3])} "
+                f"(state format {STATE_FORMAT} has none such: written by a newer fleetops, or by hand?)")
+    return None
+
+
 def _state_problem(raw) -> str | None:
     """What is wrong with a parsed state document, if anything (its shape, not its meaning): every field as apply
     writes it. (A GPU index beyond its instance's GPUs is judged where the instance is known: observe.py.)"""
@@ -219,6 +244,8 @@ def _state_problem(raw) -> str | None:
     problem = _gpus_problem(raw.get("gpus", {}))
     if problem:
         return problem
+    if not _is_int(raw.get("format", 1)) or raw.get("format", 1) < 1:
+        return f"format is {json.dumps(raw.get('format'))[:40]}, not a format number"
     if not _is_int(raw.get("serial", 0)):
         return "serial is not an integer"
     if raw.get("serial", 0) < 0:  # applies count up from 0, so no apply wrote this
@@ -247,6 +274,9 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
         raw = json.loads(text)
     except ValueError as e:  # also UnicodeDecodeError
         raise StateFileError(where, f"not valid JSON ({'empty' if not text.strip() else e})") from None
+    newer = _newer_problem(raw)
+    if newer:
+        raise StateFileError(where, newer, newer=True)
     problem = _state_problem(raw)
     if problem:
         raise StateFileError(where, problem)

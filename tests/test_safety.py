@@ -310,6 +310,13 @@ CORRUPT = [
      ["state.json: cannot read the reconciler's state: aged is not a map of job -> priority (a positive integer)"]),
     ("state bad time", lambda c: _state(c).write_text('{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "soon"}]}'),
      "apply", ["state.json: cannot read the reconciler's state: short: until 'soon' is not a time"]),
+    # A state this fleetops cannot read whole: refused, with "upgrade", never "move it aside" (its next save would drop
+    # what it does not know; `{"version": 99}` was planned from as an empty state)
+    ("state from a newer fleetops", _edit_state(lambda s: s.update(format=2)), "plan",
+     [_STATE + "it was written by a newer fleetops (state format 2; this one reads format 1)", "Upgrade fleetops"]),
+    ("state unknown field", lambda c: _state(c).write_text('{"version": 99}'), "apply",
+     [_STATE + "unknown field 'version' (state format 1 has none such", "Upgrade fleetops"]),
+    ("state format garbled", _edit_state(lambda s: s.update(format="one")), "plan", [_STATE + 'format is "one", not a format number']),
     # Every field's shape (audit: each of these was an "unexpected AttributeError/KeyError/TypeError", accepted
     # silently, or, for GPU indices, planned as "No changes" and then failed or written into the cloud's tags).
     ("state fleet a string", _edit_state(lambda s: s.update(fleet="quickstart")), "plan", [_STATE + "fleet is not {name, uid}", "move it aside"]),
