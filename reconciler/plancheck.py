@@ -47,7 +47,7 @@ Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from providers.base import TAG_CREATE_KEY
 from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
@@ -308,6 +308,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     kept = Counter(demand_of[j.job].key for j in plan.jobs if j.action in ("keep", "move") and j.job in demand_of
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
+    by_tenant = TenantMoves.of(plan, demand_of, arriving)
     errors: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
@@ -315,7 +316,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
-        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, plan, observed, demand_of, arriving, problem):
+        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, observed, demand_of, by_tenant, problem):
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
@@ -328,27 +329,58 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     return errors
 
 
-def own_higher_class_room(job: str, ran_on, plan: Plan, observed: Observed, demand_of: dict[str, Demand], arriving,
+@dataclass(frozen=True)
+class TenantMoves:
+    """A tenant's part of a plan, as `own_higher_class_room` reads it for each of its evicted jobs: its moves, the use
+    of the work it keeps or moves (every dimension), and its arriving work (placed, or restarted as new) by class.
+    Made once per check: read per eviction from the plan's whole job list, a plan of thousands of evictions cost
+    evictions x jobs."""
+
+    moves: tuple = ()
+    kept_use: dict = field(default_factory=dict)
+    arriving: tuple = ()  # (class, JobChange), arriving work
+
+    @staticmethod
+    def of(plan: Plan, demand_of: dict[str, Demand], arriving) -> dict[str, TenantMoves]:
+        moves: dict[str, list] = {}
+        use: dict[str, dict[str, float]] = {}
+        came: dict[str, list] = {}
+        for j in plan.jobs:
+            d = demand_of.get(j.job)
+            if d is None or j.action not in ("keep", "move"):
+                continue
+            if j.action == "move":
+                moves.setdefault(d.tenant, []).append(j)
+            u = use.setdefault(d.tenant, dict.fromkeys(DIMS, 0.0))
+            for k in DIMS:
+                u[k] += d.req(k) * d.replicas
+        for j in arriving:
+            came.setdefault(demand_of[j.job].tenant, []).append((demand_of[j.job].klass, j))
+        return {t: TenantMoves(tuple(moves.get(t, ())), use.get(t, dict.fromkeys(DIMS, 0.0)), tuple(came.get(t, ())))
+                for t in set(moves) | set(use) | set(came)}
+
+
+def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],
                           problem: Problem) -> bool:
     """Whether the stop of running job `job` (on instances `ran_on`) is its own tenant's higher class taking its place (README, Tenants: its
     guaranteed work gives way only to a higher class of its own tenant, never to another tenant's work). So the
-    tenant's arriving work (`arriving`: placed, or restarted, as new work) of a higher class must take the job's room:
-    land on an instance it ran on, or on one a job of its tenant left to move into that room (a chain of moves); or
-    the tenant's guarantee must be full without it (its kept work and that higher work leave no guaranteed room for
-    it: the job would borrow, and borrowed room goes back). Its tenant's critical job placed on a new instance
+    tenant's arriving work (`TenantMoves.arriving`: placed, or restarted, as new work) of a higher class must take the
+    job's room: land on an instance it ran on, or on one a job of its tenant left to move into that room (a chain of
+    moves); or the tenant's guarantee must be full without it (its kept work and that higher work leave no guaranteed
+    room for it: the job would borrow, and borrowed room goes back). Its tenant's critical job placed on a new instance
     elsewhere excused the stop of its normal job, whose room another tenant's job took: that tenant took the
     guarantee (fixed pool of one m6i.4xlarge, tests/test_rules.py)."""
     d = demand_of[job]
-    higher = [j for j in arriving if demand_of[j.job].tenant == d.tenant and demand_of[j.job].klass > d.klass]
+    mine = by_tenant.get(d.tenant)
+    higher = [j for c, j in mine.arriving if c > d.klass] if mine else []
     if not higher:
         return False
     room = set(ran_on)
     grown = True
     while grown:  # (the tenant's jobs moved into the room left room where they ran)
         grown = False
-        for j in plan.jobs:
-            if j.action == "move" and j.job in demand_of and demand_of[j.job].tenant == d.tenant \
-                    and room.intersection(j.instances) and not room.issuperset(observed.placements.get(j.job, ())):
+        for j in mine.moves:
+            if room.intersection(j.instances) and not room.issuperset(observed.placements.get(j.job, ())):
                 room.update(observed.placements.get(j.job, ()))
                 grown = True
     if any(room.intersection(j.instances) for j in higher):
@@ -356,12 +388,13 @@ def own_higher_class_room(job: str, ran_on, plan: Plan, observed: Observed, dema
     rules = problem.tenants.get(d.tenant)
     if rules is None or not rules.guarantee:
         return False  # (nothing bounds its guaranteed room: the job fits beside what the tenant runs)
-    held = {j.job for j in higher} | {j.job for j in plan.jobs if j.action in ("keep", "move")}
-    use = {k: d.req(k) * d.replicas for k in DIMS}
-    for j in plan.jobs:
-        if j.job in held and j.job in demand_of and demand_of[j.job].tenant == d.tenant:
+    # (what it keeps or moves, the higher work that arrives new, and the job: kept or moved arriving work is in the first)
+    use = {k: d.req(k) * d.replicas + mine.kept_use[k] for k in DIMS}
+    for j in higher:
+        if j.action not in ("keep", "move"):
+            q = demand_of[j.job]
             for k in DIMS:
-                use[k] += demand_of[j.job].req(k) * demand_of[j.job].replicas
+                use[k] += q.req(k) * q.replicas
     return borrows({k: v for k, v in use.items() if d.req(k)}, rules)  # (in a dimension it asks for: it would borrow there)
 
 
