@@ -531,7 +531,9 @@ class Ledger:
         self.licenses = LicenseBook(problem.licenses)
         self.quotas = QuotaBook(getattr(problem, "quotas", ()))  # what the new instances take of cloud quotas
 
-    def _once(self, key, compute):
+    def once(self, key, compute):
+        """compute(), made once while the ledger stays as it is (every add or remove forgets it): what explain and the
+        pending reasons ask of one state many times (room, options, who holds what)."""
         v = self._memo.get(key)
         if v is None:
             v = self._memo[key] = compute()
@@ -813,7 +815,7 @@ class Ledger:
             c = self.instances[ref]
             dims = list(DIMS) + [f"mig:{p}" for p in set(c.mig or ())]
             return {k: c.cap(k) - sum(d.req(k) for d, _ in self.items[ref]) for k in dims}
-        return self._once(("free", ref), room)
+        return self.once(("free", ref), room)
 
     def roomy(self) -> dict[tuple, list[str]]:
         """Instances with some GPU (or, without GPUs, vCPU) left, by (GPU model or None, MIG or
@@ -825,7 +827,7 @@ class Ledger:
                 if c.mig and any(v > 1e-9 for k, v in f.items() if k.startswith("mig:")) or f["gpus"] > 1e-9 or not c.gpus and f["cpu"] > 1e-9:
                     out.setdefault((c.gpu_type if c.gpus else None, bool(c.mig)), []).append(ref)
             return out
-        return self._once("roomy", find)
+        return self.once("roomy", find)
 
     def higher(self, d, tenant: str | None = None) -> tuple[str, ...]:
         """Placed jobs of a higher class than d's on the same kind of capacity (of `tenant` only, if given), by name.
@@ -842,8 +844,8 @@ class Ledger:
         key = kind if tenant is None else (kind, tenant)
         # (one sorted list per kind, tenant and class: asked for each of the 50k-job plan's 10,900 pending jobs, the sort
         # of the placed jobs above each took 2.6 s)
-        return self._once(("higher", key, d.klass),
-                          lambda: tuple(sorted(j for k, j in self._once("kinds", by_kind).get(key, ()) if k > d.klass)))
+        return self.once(("higher", key, d.klass),
+                          lambda: tuple(sorted(j for k, j in self.once("kinds", by_kind).get(key, ()) if k > d.klass)))
 
     def placed_jobs(self) -> set[str]:
         return set(self.jobs)
@@ -947,7 +949,7 @@ class Ledger:
 
     # -- rules for one more job
 
-    def _tenant_refusals(self, d, cells: list) -> list[Refusal]:
+    def tenant_refusals(self, d, cells: list) -> list[Refusal]:
         """Tenant budget and tenant spot share for d's items on these capacities (the checks refuses_item makes)."""
         out = []
         r = self.problem.tenants.get(d.tenant)
@@ -980,7 +982,7 @@ class Ledger:
         return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
                                        f"the plan keeps; {pct:g}% of {spot:g} spot {unit} must stay idle")]
 
-    def _new_refusals(self, c, n: int) -> list[Refusal]:
+    def new_refusals(self, c, n: int) -> list[Refusal]:
         """Pool size, fleet budget and spot rules for n more instances of offer c (all of them, where
         refuses_open names the first)."""
         p, out = self.problem, []
@@ -1057,7 +1059,7 @@ class Ledger:
             for kind in kinds.values():
                 kind.by_name = sorted(ref for _, ref in kind.at)
             return out
-        return self._once("room kinds", find)
+        return self.once("room kinds", find)
 
     def _fit(self, d, c, fits) -> int:
         k = (d.key, c.offer_key)  # fit reads only what the offer key fixes (problem.OfferFits)
@@ -1067,7 +1069,7 @@ class Ledger:
         return f
 
     def options(self, d, fits) -> list[Option]:
-        return self._once(("options", d.key), lambda: self._options(d, fits))  # identical jobs are one demand
+        return self.once(("options", d.key), lambda: self._options(d, fits))  # identical jobs are one demand
 
     def _options(self, d, fits) -> list[Option]:
         """Every way of placing one more job of d considered here, each with the rules that
@@ -1091,9 +1093,9 @@ class Ledger:
                     left -= take
                     if not left:
                         break
-                where = self._once(("where", tuple(sorted(id(kind) for kind, _ in held))),
+                where = self.once(("where", tuple(sorted(id(kind) for kind, _ in held))),
                                    lambda held=held: ", ".join(heapq.merge(*[kind.by_name for kind, _ in held])))
-                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self._tenant_refusals(d, used) + self._buffer_refusals(d, used)),
+                out.append(Option(f"room on {where} ({cloud}/{zone})", 0.0, tuple(self.tenant_refusals(d, used) + self._buffer_refusals(d, used)),
                                   rooms=tuple((kind.by_name, k) for kind, k in held)))
         def offers_by_class() -> dict[tuple, list]:
             out: dict[tuple, list] = {}
@@ -1101,7 +1103,7 @@ class Ledger:
                 if not o.members:
                     out.setdefault((o.gpu_type if o.gpus else None, bool(o.mig)), []).append(o)
             return out
-        for c in self._once("offers", offers_by_class).get((d.gpu_type if (d.gpus or d.mig) else None, d.mig is not None), ()):
+        for c in self.once("offers", offers_by_class).get((d.gpu_type if (d.gpus or d.mig) else None, d.mig is not None), ()):
             f = self._fit(d, c, fits)
             if f <= 0:
                 continue
@@ -1116,7 +1118,7 @@ class Ledger:
                         break
             reserved = f" (reserved: {c.reservation})" if c.reservation else ""
             out.append(Option(f"{n} new {c.instance_type} {c.market}{reserved} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
-                              tuple(self._new_refusals(c, n) + self._tenant_refusals(d, cells)), c.key, n))
+                              tuple(self.new_refusals(c, n) + self.tenant_refusals(d, cells)), c.key, n))
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:

@@ -130,5 +130,5 @@ def test_a_tenant_over_its_budget_by_a_fraction_is_over_it_everywhere():
     led = Ledger(problem([c], tenants={"t": TenantRules("t", 1.0, {}, {}, budget=1.0)}))
     led.add_instance("c", c)
     led.add_item(demand("j", gpus=1), "j", "c")
-    refused = any(r.rule == "tenant-budget" for r in led._tenant_refusals(demand("k", gpus=1), []))
+    refused = any(r.rule == "tenant-budget" for r in led.tenant_refusals(demand("k", gpus=1), []))
     assert refused == ("tenant-budget:t" in led.broken_rules())

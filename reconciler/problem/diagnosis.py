@@ -165,8 +165,8 @@ def _staying(d: Demand, problem: Problem, ledger: Ledger, job: str, fits: Callab
     by_offer: dict[str, list[Host]] = {}
     for h in hosts.values():
         by_offer.setdefault(h.offer_key, []).append(h)
-    refusals = [r for hs in by_offer.values() for r in ledger._new_refusals(hs[0], len(hs))]
-    refusals += ledger._tenant_refusals(d, [hosts[i] for i in ids])
+    refusals = [r for hs in by_offer.values() for r in ledger.new_refusals(hs[0], len(hs))]
+    refusals += ledger.tenant_refusals(d, [hosts[i] for i in ids])
     if not refusals:
         return []
     return [Option(f"staying on {', '.join(sorted(hosts))}", 0.0, tuple(refusals))]
@@ -364,7 +364,7 @@ def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool
         g = rules.guarantee.get(dim)
         if not d.req(dim) or g is None or quota_ok(use[dim], d.req(dim), g):
             continue
-        holders = ledger._once(("guaranteed", capacity_kind(d), d.tenant, dim), lambda: sorted(
+        holders = ledger.once(("guaranteed", capacity_kind(d), d.tenant, dim), lambda: sorted(
             j for j, o in ledger.job_demand.items() if o.tenant != d.tenant and capacity_kind(o) == capacity_kind(d)
             and o.req(dim) and _within_guarantee(o.tenant, dim, problem, ledger)))
         if not holders:
@@ -393,7 +393,7 @@ def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False, local: bool =
     only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
     names = ledger.higher(d, tenant=d.tenant if in_tenant else None)
     if names and local and not in_tenant:
-        names = ledger._once(("higher, could hold", _placement_shape(d), d.klass),
+        names = ledger.once(("higher, could hold", _placement_shape(d), d.klass),
                              lambda: tuple(j for j in names if _on_usable(d, j, ledger)))
     if not names:
         return ""
@@ -409,7 +409,7 @@ def _placement_shape(d: Demand) -> tuple:
 
 def _on_usable(d: Demand, job: str, ledger: Ledger) -> bool:
     """Whether placed job `job` holds room on an instance that could hold d (every placement rule and size)."""
-    on = ledger._once("instances of jobs", lambda: _instances_of_jobs(ledger))
+    on = ledger.once("instances of jobs", lambda: _instances_of_jobs(ledger))
     return any(fit(d, ledger.instances[ref]) > 0 for ref in on.get(job, ()) if ref in ledger.instances)
 
 
@@ -425,7 +425,7 @@ def _guarantees_hold(d: Demand, ledger: Ledger) -> str:
     """Where no higher class holds the instances that could hold d: other tenants' running work of its class or below
     kept within their guarantees on them, which no other tenant's work displaces (README, Tenants)."""
     problem = ledger.problem
-    names = ledger._once(("guaranteed running, could hold", _placement_shape(d), d.tenant, d.klass), lambda: tuple(sorted(
+    names = ledger.once(("guaranteed running, could hold", _placement_shape(d), d.tenant, d.klass), lambda: tuple(sorted(
         j for t, r in problem.tenants.items() if t != d.tenant for j in r.protected_jobs
         if j in ledger.job_demand and ledger.job_demand[j].klass <= d.klass and _on_usable(d, j, ledger))))
     if not names:
