@@ -193,6 +193,14 @@ class _Greedy:
         self.led.add_instance(inst.key, c, buffer=isinstance(c, Host) or ballast)
         return inst
 
+    def _unbuy(self, inst: _Inst) -> None:
+        """Undo `_open` of a new instance nothing was placed on."""
+        c = inst.cap
+        (self.full if inst in self.full else self.buckets[c.offer_key]).remove(inst)
+        self.bought[c.offer_key] -= 1
+        self.a.use[c.key] -= 1
+        self.led.remove_instance(inst.key)
+
     def _retire_if_full(self, inst: _Inst) -> None:
         need = self.smallest.get(type_class(inst.cap), {})
         if not has_room(inst.free, need):
@@ -729,7 +737,8 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         if d.key in stuck:
             continue  # as in the model: a running gang's jobs stay where they are or not at all
         for _ in range(len(d.jobs) - g.a.placed[d.key]):
-            if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_reclaiming(g, d) or _place_displacing(g, d)):
+            if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
+                    or _place_displacing(g, d)):
                 break
     if keep_fleet:
         g.drop_idle_hosts()
@@ -793,6 +802,40 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
         g._record(v, inst, stay=True)
         g.a.placed[v.key] += 1
         g._charge_quota(v)
+    return False
+
+
+def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
+    """Where greedy's restraint alone keeps d off new spot capacity (the SpotPolicy asks for an on-demand buffer, which
+    a spot instance bought for work breaks until idle on-demand capacity stands beside it), buy the cheapest spot
+    instance d fits together with the on-demand capacity that, standing idle, keeps the buffer and the fleet's spot
+    share (`_ballast_buys`: within pool ceilings, cloud quotas and the budget), and place one job of d there. Nothing
+    changes if it cannot be placed so. Only for a job whose items one spot instance holds, and not where spot diversity
+    (min_instance_types, min_zones) is asked for: greedy buys no spot there. (A SpotPolicy with
+    on_demand_buffer_percent 50 and four spot-required 14-vCPU jobs: `--time-limit 0`, and a plan that fell back to
+    greedy's, placed none ("on-demand buffer: 0 idle on-demand vCPU in the plan"); CP-SAT bought two on-demand
+    instances to stand idle beside four spot ones.)"""
+    sp = g.p.spot
+    if g.buy_spot or sp.min_instance_types > 1 or sp.min_zones > 1 or d.gang or not g._quota_ok(d) or not g._other_spot_rules_hold():
+        return False
+    cands = sorted((c for k in g._keys_at(d, None) if (c := g.offer.get(k)) is not None and c.market == "spot"),
+                   key=lambda c: (c.price + g.p.cost_coef(d, c), c.key))
+    refused = g.a.refused.get(d.key)  # (why it waits, if it does: not what a tentative purchase undone met)
+    for c in cands:
+        reserve = g._owed(c, _NOTHING) if g.floor_price else 0  # (as _may_open: unmet pool minimums are owed)
+        if g.bought.get(c.offer_key, 0) >= c.work_most or g.led.refuses_open(c, 1, _NOTHING, reserve, spot_share=False):
+            continue
+        opened = [g._open(c)]
+        buys = g._ballast_buys()
+        if buys or g._fleet_spot_rules_hold():
+            opened += [g._open(b, ballast=True) for b in buys]
+            if g._fleet_spot_rules_hold() and _place_resolving(g, d):
+                return True
+        for inst in reversed(opened):
+            g._unbuy(inst)
+        break  # (the cheapest spot offer d may use could not be bought so: a dearer one needs no less ballast)
+    if refused is not None:
+        g.a.refused[d.key] = refused
     return False
 
 

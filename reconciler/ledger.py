@@ -1017,13 +1017,32 @@ class Ledger:
                 idle = self.idle_on_demand()
                 if not buffer_ok(idle, spot + add, sp.on_demand_buffer_percent):
                     out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
-                                       f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"))
+                                       f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"
+                                       + self._buffer_unaffordable(c, n, sp.on_demand_buffer_percent / 100 * (spot + add) - idle)))
             have_types, have_zones = self.spot_sites()
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
             if not diversity_ok(types, zones, sp.min_instance_types, sp.min_zones):
                 out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
                                    f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
         return out
+
+    def _buffer_unaffordable(self, c, n: int, need: float) -> str:
+        """Where the fleet budget cannot pay for n more instances of spot offer c and on-demand capacity for `need`
+        more idle units of the buffer (the cheapest offer's instances that cover it; any other cover costs no less),
+        the words saying so; else "". A spot job pending on the buffer under a budget that could not buy the buffer
+        read as if one idle on-demand instance would do (QA 4b)."""
+        budget = self.problem.budget
+        offers = [o for o in self.problem.offers() if o.market != "spot" and self._prim(o) > 0]
+        if budget is None or need <= 1e-9 or not offers:
+            return ""
+        k = {o.key: math.ceil(need / self._prim(o) - 1e-9) for o in offers}
+        o = min(offers, key=lambda o: (k[o.key] * micro(o.price), o.key))
+        after = self.spend() + n * micro(c.price) + k[o.key] * micro(o.price)
+        if budget_ok(after, budget):
+            return ""
+        return (f"; the budget cannot pay for it: the cheapest cover, {k[o.key]} on-demand {o.instance_type} standing idle "
+                f"({money(k[o.key] * o.price)}/h) beside it, would take the fleet to {money(after / MICRO)}/h, over "
+                f"max_hourly_budget {money(budget)}/h")
 
     def _room_items(self, d, ref: str, fits) -> int:
         """Items of d the room left on a plan instance holds (its rules allowing)."""

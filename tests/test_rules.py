@@ -271,6 +271,34 @@ def test_on_demand_buffer_keeps_idle_on_demand_gpus_beside_spot(tmp_path):
     assert spot > 0 and idle >= 0.5 * spot
 
 
+def _buffered_spot_docs(budget: float) -> list[dict]:
+    """A 50% on-demand buffer, a spot and an on-demand pool of m6i.4xlarge (16 vCPU), four spot-required 14-vCPU jobs."""
+    return [topology(), tenant("t"), pool("sp", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="spot", hi=10),
+            pool("od", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=10),
+            doc("SpotPolicy", "s", {"max_spot_fraction": 1.0, "on_demand_buffer_percent": 50}),
+            doc("GuardrailPolicy", "g", {"max_hourly_budget": budget}),
+            *[job(f"j{i}", cpu=14, mem=16, spot="required") for i in range(4)]]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_spot_required_work_runs_beside_the_idle_on_demand_capacity_the_buffer_asks_for(tmp_path, time_limit):
+    """Four spot-required jobs, one m6i.4xlarge each, under a 50% buffer: all four run on spot, two on-demand instances
+    stand idle beside them (the invariants check the buffer). Greedy best-fit (--time-limit 0, and the plan a solve
+    falls back to) bought no spot where a buffer is asked for and left all four pending ("on-demand buffer: 0 idle
+    on-demand vCPU in the plan"). Under a budget ($0.90/h) that cannot pay an on-demand instance ($0.77/h) beside a spot
+    one ($0.29/h), none runs in either plan, and the reason says the budget binds (it named the buffer alone: QA 4b)."""
+    plan = plan_for(tmp_path / "open", _buffered_spot_docs(100.0), time_limit=time_limit)
+    assert all(j.action == "place" for j in plan.jobs), [(j.job, j.reason) for j in plan.jobs]
+    assert sorted(c.market for c in plan.creates) == ["on-demand"] * 2 + ["spot"] * 4
+    assert {markets(plan)[j.instances[0]] for j in plan.jobs} == {"spot"}
+    plan = plan_for(tmp_path / "tight", _buffered_spot_docs(0.9), time_limit=time_limit)
+    assert {j.action for j in plan.jobs} == {"pending"} and not plan.creates
+    # (and its reason names the budget: the buffer alone read as if one idle on-demand instance would do)
+    assert plan.jobs[0].reason == ("on-demand buffer: 0 idle on-demand vCPU in the plan, 50% of 16 spot vCPU is needed; the "
+                                   "budget cannot pay for it: the cheapest cover, 1 on-demand m6i.4xlarge standing idle ($0.77/h) "
+                                   "beside it, would take the fleet to $1.06/h, over max_hourly_budget $0.90/h"), plan.jobs[0].reason
+
+
 def test_tenant_max_spot_fraction_caps_only_that_tenant(tmp_path):
     """Tenant capped at 50% spot runs half its jobs on-demand; the other tenant all on spot."""
     docs = [topology(), tenant("capped"), tenant("free"), one_gpu_pool(hi=8, market="either"),
