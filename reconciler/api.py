@@ -89,13 +89,24 @@ def validate(config_dir: str | Path) -> DesiredState:
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
     from policies.guardrails import violations
-    from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
     from reconciler.problem import build_problem
+
+    demand = demanding(desired, observed)  # finished jobs demand no capacity
+    problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
+    plan, solution = emitted(demand, observed, problem, time_limit, gap, lp_bound)
+    plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
+    return PlanResult(plan, desired, observed, problem, solution)
+
+
+def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_limit: float, gap: float | None = None,
+            lp_bound: bool = False) -> tuple[Plan, Solution]:
+    """The plan the planner emits for a problem, and its solution: CP-SAT's, never ranked below greedy's where its counts
+    did not pack, and never one that stops running work no rule requires stopping (`_lawful`). The property tests
+    check this, what a user gets, not the first search's answer."""
+    from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
-    demand = demanding(desired, observed)  # finished jobs demand no capacity
-    problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     solution = solve(problem, time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
     plan = make_plan(demand, observed, problem, solution)
 
@@ -114,13 +125,12 @@ def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: 
                     f"CP-SAT's answer, searched again instance by instance where its instances did not hold it: {RANKS_HIGHER}")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
+
     def again(held: dict[str, int]) -> tuple[Solution, Plan]:  # CP-SAT's search again, stand-ins in their rooms
         again_solution = solve(replace(problem, held=held, stand_in_rooms=True), time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
         return again_solution, make_plan(demand, observed, problem, again_solution)
 
-    plan, solution = _lawful(observed, problem, plan, solution, greedy, again)
-    plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
-    return PlanResult(plan, desired, observed, problem, solution)
+    return _lawful(observed, problem, plan, solution, greedy, again)
 
 
 # searches again after an answer that stopped running jobs no rule requires stopping, at most, before greedy's plan:

@@ -277,6 +277,7 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
     same class never). A pending job of a lost one's class does not stand in for it. moving: the second
     guarantee tier, where its running jobs that must move (`moving_jobs`) count as its own units, not as new work."""
     lost: dict[int, int] = defaultdict(int)
+    lost_jobs: list[Job] = []
     kept = 0
     protected = protected_jobs(desired, observed, tenant) + (moving_jobs(desired, observed, tenant) if moving else [])
     for name in protected:
@@ -285,9 +286,10 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
             kept += job_size(j)
         else:
             lost[priority_class(j.spec.priority_weight())] += job_size(j)
+            lost_jobs.append(j)
     # (its other placed jobs are new work: pending ones, and running ones it does not protect, e.g. a gang that
     # must move whole or a changed job, which need capacity anew)
-    new = sorted((priority_class(j.spec.priority_weight()), job_size(j)) for j in desired.jobs.values()
+    new = sorted((priority_class(j.spec.priority_weight()), _stands_in_for(j, lost_jobs)) for j in desired.jobs.values()
                  if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
     if desired.placement.preemption == "Never":
         new = []  # (no class takes another's place: nothing stands in)
@@ -300,6 +302,24 @@ def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plac
             size -= take
             kept += take
     return kept
+
+
+def _stands_in_for(job: Job, lost: list[Job]) -> int:
+    """The units of its tenant's lost lower protected jobs a new job may stand in for (README, Tenants: a CPU job of a
+    higher class counts for as many of its tenant's smaller CPU jobs as its vCPU or memory takes the room of; GPU work
+    by its own units, which count GPUs): its own units, or, CPU work for CPU work, that many of a lost job's."""
+    units = job_size(job)
+    r = job.spec.resources
+    if r.gpus or r.mig:
+        return units
+    for q in lost:
+        qr = q.spec.resources
+        if priority_class(q.spec.priority_weight()) >= priority_class(job.spec.priority_weight()) or qr.gpus or qr.mig:
+            continue
+        takes = max((math.ceil(a * job.spec.replicas / (b * q.spec.replicas) - 1e-9)
+                     for a, b in ((r.cpu, qr.cpu), (r.memory_gib, qr.memory_gib)) if b > 0), default=0)
+        units = max(units, takes * job_size(q))
+    return units
 
 
 def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int, ...]:
