@@ -390,13 +390,19 @@ class SimCloud:
         checkpointed = self.deliver_notice(instance_id, reason, notice_seconds) if self.agent_alive(instance_id) else None
         with self.world() as w:
             inst = w["instances"].get(instance_id)
-            if inst is None or inst["state"] == "terminated":
+            if inst is None:
                 raise ProviderError(f"sim: no live instance {instance_id!r}")
-            inst["state"], inst["terminated_reason"] = "terminated", reason
+            # Terminated during its notice (a controller replaced it on the notice, as it should): there is nothing left
+            # to reclaim, as for a cloud reclaiming an instance already gone. It raised "no live instance", and the
+            # controller test failed so under load whenever the replacement's apply beat the notice's end.
+            gone = inst["state"] == "terminated"
+            if not gone:
+                inst["state"], inst["terminated_reason"] = "terminated", reason
         self.stop_agent(instance_id)
         # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when the notice ran
-        # out first (they were killed mid-checkpoint), None without an agent alive
-        return {**inst, "checkpointed": checkpointed}
+        # out first (they were killed mid-checkpoint), None without an agent alive; terminated_during_notice: the
+        # instance was gone before the reclaim (its terminated_reason says by what)
+        return {**inst, "checkpointed": checkpointed, "terminated_during_notice": gone}
 
     def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
         """The config dir and state URL the instance's agent was started with (start_agent), or None."""

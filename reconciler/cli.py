@@ -748,6 +748,9 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
         inst = sim.interrupt(instance_id, reason, notice_seconds)
     except ReconcileError as e:
         _fail(e)
+    if inst.get("terminated_during_notice"):
+        typer.echo(f"{instance_id} was terminated during its notice ({inst.get('terminated_reason')}): nothing left to reclaim")
+        return
     if inst.get("checkpointed") is False:
         typer.echo(f"warning: {instance_id}'s agent had not reported its replicas checkpointed and stopped when the notice "
                    "ran out: they were killed with the instance, maybe mid-checkpoint", err=True)

@@ -252,8 +252,9 @@ def test_the_controller_replaces_an_interrupted_instance_and_exits_on_sigterm(rt
             raise AssertionError(f"{e}\ncontroller log:\n{log.read_text()}") from None
 
     try:
-        # (on a live instance: under a loaded CI machine the record read was twice of an instance already gone, "sim: no
-        # live instance", its replica's last report; not diagnosed, see issue 20's notes of 2026-12-01)
+        # (on a live instance. Under load this test failed with "sim: no live instance": the controller, acting on the
+        # notice, terminated the instance while SimCloud.interrupt still waited for the agent's checkpoint, and the
+        # reclaim after the notice refused an instance already gone; it is now a reclaim of nothing, test_sim_store)
         live = lambda: {i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"}  # noqa: E731
         rec = logged(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]) and r["instance"] in live() and r,
                      what="ft running")

@@ -183,3 +183,33 @@ def test_a_fault_written_by_hand_that_means_nothing_is_an_error_naming_the_file(
             sim.set_fault(**bad)
     with pytest.raises(ProviderError, match="limit inf is not a number 0 or more"):
         sim.set_quota("q", "aws", "", "vCPUs", float("inf"))
+
+
+def test_an_instance_the_reconciler_terminated_during_its_notice_is_not_an_error_to_reclaim(tmp_path):
+    """A controller replaces an instance on its interruption notice: the apply may terminate it while the notice still
+    runs (its agent checkpointing). The reclaim then finds it gone; it raised "sim: no live instance", and the
+    controller test failed so under load (test_runtime_sim, 2026-12-01). Now it is a reclaim of nothing: the record
+    keeps the reconciler's reason."""
+
+    class NoticeRace(SimCloud):
+        """The sim, with the controller's apply landing while the notice runs (an agent alive to be noticed)."""
+
+        def agent_alive(self, instance_id: str) -> bool:
+            return True
+
+        def deliver_notice(self, instance_id, reason, notice_seconds):
+            with self.world() as w:  # (what the sim provider's delete writes)
+                w["instances"][instance_id].update(state="terminated", terminated_reason="deleted-by-reconciler")
+            return True
+
+    sim = NoticeRace(tmp_path)
+    iid = _plant(sim, 1)[0]
+    out = sim.interrupt(iid)
+    assert out["terminated_during_notice"] and out["terminated_reason"] == "deleted-by-reconciler"
+    assert {i["id"]: i["terminated_reason"] for i in SimCloud(tmp_path).instances()}[iid] == "deleted-by-reconciler"
+    import pytest
+
+    from providers.errors import ProviderError
+
+    with pytest.raises(ProviderError, match="no live instance"):  # (terminated before the call: still refused)
+        sim.interrupt(iid)
