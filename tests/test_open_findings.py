@@ -1605,3 +1605,18 @@ def test_an_exhausted_neighbourhood_opens_the_room_of_its_tenants_running_lower_
         res = check(cfg, "after raise")
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed high work"]["value"] == tiers["guaranteed high work"]["bound"], tiers["guaranteed high work"]
+
+
+def test_a_critical_cpu_job_in_its_tenants_low_jobs_room_ranks_as_the_model_ranks_it():
+    """fleet78 (the slow tier's random fleets, 2026-12-01): t2's new critical 12-vCPU job takes the room of its running
+    low 4-vCPU jobs j5 and j6 on i0 (its own higher class, inside its guarantee). The plan is OPTIMAL and lawful, but the
+    property test's ranking (tests/invariants._guarantee_kept) counted the critical job as standing in for one 4-vCPU
+    unit, where the model counts three (objective.stand_in_units): "CP-SAT ranks (4, ...) below greedy (6, ...)"."""
+    check_fleet(fleet("fleet78"), time_limit=5)
+
+
+def test_the_property_tests_check_the_plan_the_planner_emits():
+    """fleet79 (the slow tier's random fleets, 2026-12-01): the first search's answer evicts t1's protected low j0, and
+    the planner searches it again (api._lawful) and emits a plan that keeps it. The property test checked the first
+    answer; it now checks the emitted plan (api.emitted)."""
+    check_fleet(fleet("fleet79"), time_limit=5)
