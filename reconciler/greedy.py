@@ -503,6 +503,18 @@ class _Greedy:
         for inst in opened_here:
             self._close(inst)
 
+    def _stop_running(self, v: Demand, inst: _Inst) -> None:
+        """Stop one running job of v on inst (preempted, reclaimed or displaced): its room, its placement, its quota."""
+        self._unrecord(v, inst, stay=True)
+        self.a.placed[v.key] -= 1
+        self._charge_quota(v, -1)
+
+    def _keep_running_again(self, v: Demand, inst: _Inst) -> None:
+        """Undo `_stop_running`."""
+        self._record(v, inst, stay=True)
+        self.a.placed[v.key] += 1
+        self._charge_quota(v)
+
     def _unrecord(self, d: Demand, inst: _Inst, stay: bool) -> None:
         inst.take(d, sign=-1)
         if inst in self.full:  # room again
@@ -791,17 +803,13 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
             if short is None or not v.req(short[0]):  # (a job that frees none of the short dimension stays)
                 break
             inst = g.opened[hk]
-            g._unrecord(v, inst, stay=True)
-            g.a.placed[v.key] -= 1
-            g._charge_quota(v, -1)
+            g._stop_running(v, inst)
             stopped.append((v, inst))
     if stopped and g.led.quota_short(d) is None and _place_resolving(g, d):
         g.a.refused.pop(d.key, None)  # (the quota that refused it first is not why anything is pending now)
         return True
     for v, inst in reversed(stopped):  # undo
-        g._record(v, inst, stay=True)
-        g.a.placed[v.key] += 1
-        g._charge_quota(v)
+        g._keep_running_again(v, inst)
     return False
 
 
@@ -864,9 +872,7 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     def undo(hk: str) -> None:
         inst = g.opened[hk]
         for v in reversed(stopped.pop(hk)):
-            g._record(v, inst, stay=True)
-            g.a.placed[v.key] += 1
-            g._charge_quota(v)
+            g._keep_running_again(v, inst)
 
     for hk in sorted(on_host):
         inst = g.opened.get(hk)
@@ -876,9 +882,7 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
         for v in on_host[hk]:
             r = lenders.get(v.tenant)
             while r is not None and not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _borrowed(g, v, r, hosts_of[v.key], protected[v.key]):
-                g._unrecord(v, inst, stay=True)
-                g.a.placed[v.key] -= 1
-                g._charge_quota(v, -1)
+                g._stop_running(v, inst)
                 here.append(v)
             if inst.fits(d):
                 break
@@ -922,9 +926,7 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
         inst = g.opened[hk]
         lost.pop(hk, None)
         for v in reversed(stopped.pop(hk)):
-            g._record(v, inst, stay=True)
-            g.a.placed[v.key] += 1
-            g._charge_quota(v)
+            g._keep_running_again(v, inst)
 
     def stands_in() -> bool:  # d stands in for every protected unit stopped so far
         gone = [v for vs in lost.values() for v in vs]
@@ -939,9 +941,7 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
             while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0:
                 if sum(g.a.stay.get((v.key, h), 0) for h in hosts_of[v.key]) <= protected[v.key]:
                     lost.setdefault(hk, []).append(v)  # (identical jobs stand in for each other: one of v's protected)
-                g._unrecord(v, inst, stay=True)
-                g.a.placed[v.key] -= 1
-                g._charge_quota(v, -1)
+                g._stop_running(v, inst)
                 here.append(v)
             if inst.fits(d):
                 break
