@@ -22,6 +22,7 @@ rule that refuses each step, the rule explain reads off the finished plan.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 import math
 from dataclasses import dataclass, field
 
@@ -889,14 +890,22 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
         if not here or not inst.fits(d):
             undo(hk)  # (no room for an item of d here)
             continue
-        had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
-        if _place_resolving(g, d):
-            for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
-                undo(h)  # (d took none of that room: nothing stops for it there)
+        if _place_in_freed_room(g, d, stopped, undo):
             return True
     for hk in list(stopped):
         undo(hk)
     return False
+
+
+def _place_in_freed_room(g: _Greedy, d: Demand, stopped: dict[str, list[Demand]], undo: Callable[[str], None]) -> bool:
+    """Place one job of d with the stops made so far (`stopped`: host -> jobs stopped there); where it is placed, undo
+    the stops on hosts d took no room on (nothing stops for it there). `_place_reclaiming` and `_place_displacing`."""
+    had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
+    if not _place_resolving(g, d):
+        return False
+    for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
+        undo(h)
+    return True
 
 
 def _place_displacing(g: _Greedy, d: Demand) -> bool:
@@ -948,10 +957,7 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
         if not here or not inst.fits(d) or not stands_in():
             undo(hk)  # (no room for an item of d here, or not without taking its tenant's guarantee)
             continue
-        had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
-        if _place_resolving(g, d):
-            for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
-                undo(h)  # (d took none of that room: nothing stops for it there)
+        if _place_in_freed_room(g, d, stopped, undo):
             return True
     for hk in list(stopped):
         undo(hk)
