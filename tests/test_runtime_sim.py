@@ -299,7 +299,9 @@ def test_an_agent_whose_sim_store_was_deleted_ends_with_its_replicas(rt):
     sim = SimCloud(state_dir(cfg))
     agent_pid = int((sim.agent_dir(iid) / "agent.pid").read_text().split()[0])
     wait(lambda: replicas_on(iid), what="the replica started")
-    shutil.rmtree(state_dir(cfg))
+    # (its agent writes there while it goes: a file it adds mid-removal left the directory not empty, as `rm -rf`
+    # can; removed again until it is gone)
+    wait(lambda: shutil.rmtree(state_dir(cfg), ignore_errors=True) or not state_dir(cfg).exists(), what="the store removed")
 
     def gone(pid: int) -> bool:
         try:
