@@ -2,9 +2,10 @@
 
 Three uses: CP-SAT's warm start (so its answer is never worse), the fallback when
 CP-SAT finds nothing in time (said so in the plan), and the baseline the benchmark
-compares against. Pure. It keeps every hard rule the model has, opening no spot
-capacity (new, or an idle spot host) beyond the hosts of running work when the
-SpotPolicy asks for diversity or an on-demand buffer (a valid, if dearer, answer);
+compares against. Pure. It keeps every hard rule the model has. Where the SpotPolicy
+asks for diversity or an on-demand buffer, it opens spot capacity (new, or an idle spot
+host) beyond the hosts of running work only for work that waits otherwise, with what
+keeps the rule beside it (`_place_with_ballast`, `_place_spot_diverse`);
 where the kept spot hosts need more on-demand capacity than the fleet has (its
 on-demand host must go), it buys that capacity to stand idle rather than stop
 running work, as the model ranks running work above cost.
@@ -753,6 +754,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
             if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
                     or _place_displacing(g, d)):
                 break
+    _place_spot_diverse(g, order)
     if keep_fleet:
         g.drop_idle_hosts()
     g.finish()
@@ -846,6 +848,96 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
     if refused is not None:
         g.a.refused[d.key] = refused
     return False
+
+
+def _place_spot_diverse(g: _Greedy, order: list[Demand]) -> None:
+    """Where greedy's restraint alone kept the waiting work off new spot capacity (the SpotPolicy asks for spot
+    diversity, min_instance_types or min_zones, which one spot instance bought for work breaks): place the jobs that
+    still wait on spot, each where it adds an instance type or zone the policy still asks for if it can (else where it
+    costs least), then, if the spot capacity still spans too few, buy the cheapest spot instances that add one to stand
+    idle; all within pool ceilings, cloud quotas, the budgets and the spot shares. If the rule still does not hold,
+    nothing changes: all or nothing, as the rule is the fleet's. (Two spot-required jobs under `min_zones: 2`:
+    `--time-limit 0`, and a plan that fell back to greedy's, placed neither, "spot diversity: spot in the plan would
+    span 1 instance type(s) and 1 zone(s)", where CP-SAT placed one in each zone.) Not for gangs, nor beside an
+    on-demand buffer (`_place_with_ballast` buys spot there)."""
+    sp = g.p.spot
+    if g.buy_spot or sp.on_demand_buffer_percent > 0 or not (sp.min_instance_types > 1 or sp.min_zones > 1):
+        return
+    waiting = [d for d in order if not d.gang and d.spot != "never" and g.a.placed[d.key] < len(d.jobs)]
+    if not waiting or not g._other_spot_rules_hold() and g.led.spot_sites()[0]:
+        return  # (nothing waits; or the spot the fleet keeps breaks a rule settle_spot could not mend)
+    refused = dict(g.a.refused)
+    placed: list[tuple[Demand, _Inst]] = []  # items, in order
+    jobs: dict[str, tuple[Demand, int]] = {}  # demand -> (it, jobs placed here)
+    opened: list[_Inst] = []
+    g.buy_spot = True
+    try:
+        for d in waiting:
+            for _ in range(len(d.jobs) - g.a.placed[d.key]):
+                plan = _diverse_plan(g, d) or (g._plan_items(d, 1, None) if g._quota_ok(d) else None)
+                if plan is None:
+                    break
+                for _, target in plan:
+                    if isinstance(target, _Buy) and target.inst is None:
+                        target.inst = g._open(target.cap)
+                        opened.append(target.inst)
+                    inst = target.inst if isinstance(target, _Buy) else target
+                    g._record(d, inst, stay=False)
+                    placed.append((d, inst))
+                g.a.placed[d.key] += 1
+                g._charge_quota(d)
+                jobs[d.key] = (d, jobs.get(d.key, (d, 0))[1] + 1)
+        while placed and not g._diversity_holds() and (spare := _diversity_buy(g)) is not None:
+            opened.append(g._open(spare))
+    finally:
+        g.buy_spot = False
+    if placed and g._spot_rules_hold():
+        for d, _ in jobs.values():
+            if g.a.placed[d.key] >= len(d.jobs):
+                g.a.refused.pop(d.key, None)
+        return
+    for d, inst in reversed(placed):  # undo: the rule is the fleet's, and it does not hold
+        g._unrecord(d, inst, stay=False)
+    for d, n in jobs.values():
+        g.a.placed[d.key] -= n
+        g._charge_quota(d, -n)
+    for inst in reversed(opened):
+        if isinstance(inst.cap, Host):
+            g._close(inst)  # (an idle host the fleet has goes back to idle)
+        else:
+            g._unbuy(inst)
+    g.a.refused = refused
+
+
+def _diverse_plan(g: _Greedy, d: Demand):
+    """One job of d on a spot offer that adds an instance type or zone the SpotPolicy still asks for, the cheapest
+    such plan; None if there is none (or nothing is still asked for)."""
+    sp = g.p.spot
+    types, zones = g.led.spot_sites()
+    want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
+    if not (want_type or want_zone) or not g._quota_ok(d):
+        return None
+    best, best_cost = None, math.inf
+    for k in g._keys_at(d, None):
+        c = g.rep.get(k)
+        if c is None or c.market != "spot" or not (want_type and c.instance_type not in types or want_zone and c.zone not in zones):
+            continue
+        plan = g._plan_items(d, 1, None, only_offer=k)
+        if plan is not None and (cost := _plan_cost(g.p, d, plan)) < best_cost - 1e-9:
+            best, best_cost = plan, cost
+    return best
+
+
+def _diversity_buy(g: _Greedy) -> Capacity | None:
+    """The cheapest spot instance (an idle host the fleet has, else a new one) that adds an instance type or zone the
+    SpotPolicy still asks for, within pool ceilings, cloud quotas, the budget and the spot share; None if none."""
+    sp = g.p.spot
+    types, zones = g.led.spot_sites()
+    want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
+    cands = [h for hs in g.idle.values() for h in hs if h.key not in g.opened]
+    cands += [c for c in g.offer.values() if g.bought.get(c.offer_key, 0) < c.max_new]
+    cands = [c for c in cands if c.market == "spot" and (want_type and c.instance_type not in types or want_zone and c.zone not in zones)]
+    return min((c for c in cands if g._may_open(c)), key=lambda c: (c.price, not isinstance(c, Host), c.key), default=None)
 
 
 def _place_reclaiming(g: _Greedy, d: Demand) -> bool:

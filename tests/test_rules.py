@@ -334,12 +334,45 @@ def test_tenant_spot_share_holds_when_the_packer_drops_its_on_demand_work(tmp_pa
         assert small.action == "place" and all(m[i] == "on-demand" for i in small.instances), small
 
 
-def test_min_zones_spreads_spot_over_zones(tmp_path):
-    """min_zones: 2 puts spot capacity in two zones even though one zone is cheaper."""
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_min_zones_spreads_spot_over_zones(tmp_path, time_limit):
+    """min_zones: 2 puts spot capacity in two zones even though one zone is cheaper. Greedy best-fit (--time-limit 0,
+    and the plan a solve falls back to) bought no spot where diversity is asked for and left both jobs pending with
+    "spot diversity: spot in the plan would span 1 instance type(s) and 1 zone(s)", which one job in each zone keeps."""
     docs = [topology(), tenant("t"), one_gpu_pool(hi=4, market="spot", zones=("us-central1-a", "us-central1-b")),
             doc("SpotPolicy", "sp", {"min_zones": 2})] + [job(f"j{i}", **A100) for i in range(2)]
-    plan = plan_for(tmp_path, docs)
-    assert {c.zone for c in plan.creates} == {"us-central1-a", "us-central1-b"}
+    plan = plan_for(tmp_path, docs, time_limit=time_limit)
+    assert {j.action for j in plan.jobs} == {"place"}, [(j.job, j.reason) for j in plan.jobs]
+    assert {c.zone for c in plan.creates} == {"us-central1-a", "us-central1-b"} and len(plan.creates) == 2
+
+
+def _spot_required_cpu(zones: tuple[str, ...], n: int) -> list[dict]:
+    """n spot-required 4-vCPU jobs, a pool of m6i.xlarge (4 vCPU) of either market in these zones, min_zones: 2."""
+    return [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", list(zones), ["m6i.xlarge"], market="either", hi=10),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "min_zones": 2}),
+            *[job(f"j{i}", cpu=4, mem=8, spot="required") for i in range(n)]]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_one_spot_required_job_under_min_zones_runs_beside_an_idle_spot_instance_of_the_other_zone(tmp_path, time_limit):
+    """One spot-required job and min_zones: 2: the plan buys a spot instance in each zone, the job on one, the other
+    standing idle for the rule (the invariants check min_zones), greedy as CP-SAT. Where the budget cannot pay the
+    second one, the job waits in both, and nothing is bought."""
+    plan = plan_for(tmp_path / "open", _spot_required_cpu(("us-east-1a", "us-east-1b"), 1), time_limit=time_limit)
+    assert by_job(plan)["j0"].action == "place", by_job(plan)["j0"].reason
+    assert sorted((c.zone, c.market) for c in plan.creates) == [("us-east-1a", "spot"), ("us-east-1b", "spot")]
+    tight = _spot_required_cpu(("us-east-1a", "us-east-1b"), 1) + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 0.12})]
+    plan = plan_for(tmp_path / "tight", tight, time_limit=time_limit)
+    assert by_job(plan)["j0"].action == "pending" and not plan.creates
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_spot_work_that_no_plan_can_spread_over_two_zones_waits_and_nothing_is_bought(tmp_path, time_limit):
+    """min_zones: 2 where the pool has spot in one zone only: no plan keeps the rule with spot, so the spot-required
+    jobs wait, saying so, and greedy buys nothing (its tentative spot purchases are undone, all or nothing)."""
+    plan = plan_for(tmp_path, _spot_required_cpu(("us-east-1a",), 2), time_limit=time_limit)
+    assert {j.action for j in plan.jobs} == {"pending"} and not plan.creates
+    assert all(j.reason.startswith("spot diversity: ") for j in plan.jobs), [j.reason for j in plan.jobs]
 
 
 # ---------------------------------------------------------------- budgets
