@@ -1023,8 +1023,37 @@ class Ledger:
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
             if not diversity_ok(types, zones, sp.min_instance_types, sp.min_zones):
                 out.append(Refusal("spot-diversity", f"spot diversity: spot in the plan would span {types} instance type(s) and "
-                                   f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"))
+                                   f"{zones} zone(s); the SpotPolicy asks for {sp.min_instance_types} and {sp.min_zones}"
+                                   + self._diversity_unaffordable(c, n, have_types | {c.instance_type}, have_zones | {c.zone})))
         return out
+
+    def _diversity_unaffordable(self, c, n: int, types: set[str], zones: set[str]) -> str:
+        """Where the fleet budget cannot pay for n more instances of spot offer c and the spot instances that would
+        add the instance types and zones spot diversity still asks for, the words saying so; else "". Each instance
+        adds at most one type and one zone, so a cover takes at least m more, each of another offer that adds one
+        still asked for: the m cheapest such offers are a bound no cover costs less than, which is all the words
+        claim (the rule named alone read as if any second zone would do, as the buffer's did: QA 4b)."""
+        budget, sp = self.problem.budget, self.problem.spot
+        m = max(sp.min_instance_types - len(types), sp.min_zones - len(zones), 0)
+        if budget is None or m == 0:
+            return ""
+        want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
+        adding = sorted((o for o in self.problem.offers() if o.market == "spot"
+                         and (want_type and o.instance_type not in types or want_zone and o.zone not in zones)),
+                        key=lambda o: (micro(o.price), o.key))
+        cheapest: dict[tuple[str, str], object] = {}  # (a second instance of a type and zone adds nothing)
+        for o in adding:
+            cheapest.setdefault((o.instance_type, o.zone), o)
+        if len(cheapest) < m:
+            return ""  # (no cover at all: the rule alone is the reason)
+        cover = list(cheapest.values())[:m]
+        after = self.spend() + n * micro(c.price) + sum(micro(o.price) for o in cover)
+        if budget_ok(after, budget):
+            return ""
+        what = ", ".join(f"{o.instance_type} in {o.zone}" for o in cover)
+        return (f"; the budget cannot pay for it: that takes at least {m} more spot instance(s) of another type or zone, "
+                f"{money(sum(o.price for o in cover))}/h at the cheapest ({what}), which would take the fleet to at least "
+                f"{money(after / MICRO)}/h, over max_hourly_budget {money(budget)}/h")
 
     def _buffer_unaffordable(self, c, n: int, need: float) -> str:
         """Where the fleet budget cannot pay for n more instances of spot offer c and on-demand capacity for `need`

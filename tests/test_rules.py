@@ -357,13 +357,18 @@ def _spot_required_cpu(zones: tuple[str, ...], n: int) -> list[dict]:
 def test_one_spot_required_job_under_min_zones_runs_beside_an_idle_spot_instance_of_the_other_zone(tmp_path, time_limit):
     """One spot-required job and min_zones: 2: the plan buys a spot instance in each zone, the job on one, the other
     standing idle for the rule (the invariants check min_zones), greedy as CP-SAT. Where the budget cannot pay the
-    second one, the job waits in both, and nothing is bought."""
+    second one, the job waits in both, nothing is bought, and the reason says the budget binds (it named the rule
+    alone, as if a second zone were all it took)."""
     plan = plan_for(tmp_path / "open", _spot_required_cpu(("us-east-1a", "us-east-1b"), 1), time_limit=time_limit)
     assert by_job(plan)["j0"].action == "place", by_job(plan)["j0"].reason
     assert sorted((c.zone, c.market) for c in plan.creates) == [("us-east-1a", "spot"), ("us-east-1b", "spot")]
     tight = _spot_required_cpu(("us-east-1a", "us-east-1b"), 1) + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 0.12})]
     plan = plan_for(tmp_path / "tight", tight, time_limit=time_limit)
     assert by_job(plan)["j0"].action == "pending" and not plan.creates
+    assert by_job(plan)["j0"].reason == (
+        "spot diversity: spot in the plan would span 1 instance type(s) and 1 zone(s); the SpotPolicy asks for 1 and 2; the "
+        "budget cannot pay for it: that takes at least 1 more spot instance(s) of another type or zone, $0.09/h at the "
+        "cheapest (m6i.xlarge in us-east-1b), which would take the fleet to at least $0.17/h, over max_hourly_budget $0.12/h")
 
 
 @pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
