@@ -136,6 +136,7 @@ class _Greedy:
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
         self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]] | None = None  # _reclaimable's answer
+        self.running_gangs: list[Demand] | None = None  # _place_reclaiming_gang's candidates, in its order
         # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
         # each: nothing else may spend that (keeping a dear running instance first once left a
         # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
@@ -752,7 +753,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
             continue  # as in the model: a running gang's jobs stay where they are or not at all
         for _ in range(len(d.jobs) - g.a.placed[d.key]):
             if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
-                    or _place_displacing(g, d)):
+                    or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
                 break
     _place_spot_diverse(g, order)
     if keep_fleet:
@@ -946,8 +947,8 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     stopped past what its kept identical jobs stand in for: plancheck), instance by instance among those d may use (by
     name), each until an item of d fits there, in the order `_victims` stops them, until d is placed; then the stops on
     instances d does not use are undone (README, Tenants: borrowed work is reclaimed when an owner needs its guarantee
-    back; under preemption Never too). Only 1-replica, non-gang jobs are stopped, for a job or a gang (not an instance
-    gang). Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran 16 1-GPU
+    back; under preemption Never too). Only 1-replica, non-gang jobs are stopped here (a lender's gang:
+    `_place_reclaiming_gang`), for a job or a gang (not an instance gang). Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran 16 1-GPU
     jobs, 8 guaranteed: greedy left tenant a's 8 guaranteed jobs, or its 2 x 4-GPU gang, pending beside b's borrowed
     ones, and so did every plan that fell back to greedy's.)"""
     rules = g.p.tenants.get(d.tenant)
@@ -986,6 +987,61 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
             return True
     for hk in list(stopped):
         undo(hk)
+    return False
+
+
+def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
+    """`_place_reclaiming` for a lender's running gang: where d's tenant has room in its guarantee for one more job of d,
+    stop one gang (whole: a gang runs whole or not at all) of another tenant that borrows, that its tenant's guarantee
+    does not protect and whose stop leaves that tenant at or above its guarantee in every guaranteed dimension the gang
+    uses, running on an instance d may use; in `_victims`' order (the lowest class, the least work, the least time
+    left), and place d; the stop is undone where d takes none of the gang's room, and nothing changes if d cannot be
+    placed so. One gang per job of d. (A fixed pool of two p4d where tenant b, 4 GPUs guaranteed, ran two 2 x 4-GPU
+    gangs: greedy left tenant a's 8-GPU job pending within a's guarantee, "pools at max_instances (onprem 2/2)", where
+    CP-SAT stopped one gang: `_place_reclaiming` stops only 1-replica jobs.)"""
+    rules = g.p.tenants.get(d.tenant)
+    if d.bundle != 1 or rules is None or not rules.guarantee:
+        return False
+    use = g.led.tenant_use(d.tenant)
+    if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
+        return False
+    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and borrows(g.led.tenant_use(t), r)}
+    if not lenders:
+        return False
+    if g.running_gangs is None:  # (made once a run: every job that waits within its guarantee asks)
+        frozen = {c.key for c in g.p.hosts() if c.frozen}
+        protected = {j for r in g.p.tenants.values() for j in r.protected_jobs}
+        g.running_gangs = [v for v in sorted((v for v in g.p.demands if v.gang and v.running), key=lambda v: (v.klass, v.job_size, _mean_end(g.p, v), v.key))
+                           if not any(j in protected or any(h in frozen for h in hs) for j, hs in v.running)]
+    for v in g.running_gangs:
+        r = lenders.get(v.tenant)
+        if r is None or g.a.placed[v.key] <= 0:
+            continue
+        cells = sorted((hk, g.a.stay.get((v.key, hk), 0)) for hk in {h for _, hs in v.running for h in hs})
+        if any(n <= 0 or hk not in g.opened for hk, n in cells):
+            continue  # (not kept whole where it runs: nothing of it to stop here)
+        if not any(g.fits.at(d, g.opened[hk].cap.offer_key, g.opened[hk].cap) > 0 for hk, _ in cells):
+            continue
+        t_use = g.led.tenant_use(v.tenant)
+        dims = [k for k in r.guarantee if v.req(k) > 0]
+        if not dims or any(t_use[k] - v.replicas * v.req(k) < r.guarantee[k] - 1e-9 for k in dims):
+            continue
+        had = {hk: g.opened[hk].items.get(d.key, 0) for hk, _ in cells}
+        for hk, n in cells:
+            for _ in range(n):
+                g._unrecord(v, g.opened[hk], stay=True)
+        g.a.placed[v.key] -= 1
+        g._charge_quota(v, -1)
+        placed = _place_resolving(g, d)
+        if placed and any(g.opened[hk].items.get(d.key, 0) > had[hk] for hk, _ in cells):
+            return True
+        for hk, n in cells:  # undo: no room of the gang's was what d needed
+            for _ in range(n):
+                g._record(v, g.opened[hk], stay=True)
+        g.a.placed[v.key] += 1
+        g._charge_quota(v)
+        if placed:
+            return True
     return False
 
 

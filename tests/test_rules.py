@@ -225,6 +225,32 @@ def test_borrowed_capacity_is_reclaimed_when_the_owner_needs_its_guarantee(tmp_p
     assert sorted(j.action for n, j in jobs.items() if n.startswith("a")) == ["evict", "evict", "keep"]
 
 
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_borrowing_tenants_gang_is_reclaimed_for_the_owners_guaranteed_job(tmp_path, time_limit):
+    """A fixed pool of two p4d (8 GPUs each); tenant b (4 GPUs guaranteed, 16 at most) runs two 2 x 4-GPU gangs, one
+    per host; tenant a (8 guaranteed) asks for an 8-GPU job. One of b's gangs stops, whole, and a's job takes its
+    host, greedy (--time-limit 0, and the plan a solve falls back to) as CP-SAT: greedy reclaimed only 1-replica jobs
+    and left a's job pending within its guarantee, "pools at max_instances (onprem 2/2)"."""
+    docs = [topology(), pool("onprem", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=2, hi=2),
+            tenant("a", gpus=8, burst={"gpus": 16}), tenant("b", gpus=4, burst={"gpus": 16}),
+            *(job(g, "b", gpus=4, gpu_type="A100", cpu=8, mem=60, replicas=2, priority="low") for g in ("g1", "g2")),
+            job("a-8", "a", gpus=8, gpu_type="A100", cpu=8, mem=60, priority="low")]
+    fleet = [instance(f"h{k}", "onprem", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for k in range(2)]
+    halves = ((0, 1, 2, 3), (4, 5, 6, 7))
+    plan = plan_for(tmp_path, docs, fleet, {"g1": ("h0", "h0"), "g2": ("h1", "h1")}, time_limit=time_limit,
+                    gpu_indices={"g1": halves, "g2": halves})
+    jobs = by_job(plan)
+    assert jobs["a-8"].action == "place", jobs["a-8"].reason
+    assert sorted(jobs[g].action for g in ("g1", "g2")) == ["evict", "keep"]
+    gone = next(jobs[g] for g in ("g1", "g2") if jobs[g].action == "evict")
+    assert jobs["a-8"].instances == (gone.previous[0],) and "above its guaranteed 4" in gone.reason, gone.reason
+    # b's 16 GPUs all guaranteed: it borrows nothing, so nothing of it is reclaimed and a's job waits
+    docs[3] = tenant("b", gpus=16)
+    plan = plan_for(tmp_path / "owned", docs, fleet, {"g1": ("h0", "h0"), "g2": ("h1", "h1")}, time_limit=time_limit,
+                    gpu_indices={"g1": halves, "g2": halves})
+    assert [j.action for j in sorted(plan.jobs, key=lambda j: j.job)] == ["pending", "keep", "keep"]
+
+
 def test_weighted_fair_share_splits_borrowed_capacity_by_weight(tmp_path):
     """Two tenants with nothing guaranteed ask for all 8 GPUs each: weight 3 against weight 1
     gets 6 of them against 2."""
