@@ -94,11 +94,12 @@ def _capacity_of(c: Capacity) -> dict[str, float]:
 
 
 class _Greedy:
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, spot_first: bool = False):
         self.p = problem
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
-        self.buy_spot = sp.min_instance_types <= 1 and sp.min_zones <= 1 and sp.on_demand_buffer_percent <= 0
+        # (spot_first: spot bought as if no diversity were asked, the rule settled at the end: `greedy`)
+        self.buy_spot = (spot_first or sp.min_instance_types <= 1 and sp.min_zones <= 1) and sp.on_demand_buffer_percent <= 0
         # Every total a fleet-wide rule reads (spend, pool counts, spot and idle on-demand capacity, tenant charges, use,
         # spot shares, licenses, cloud quotas) is the ledger's; greedy asks it which rule refuses a step.
         self.led = Ledger(problem)
@@ -730,8 +731,27 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
 def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     """First-fit decreasing. keep_fleet: once what runs is kept and the spot rules settled, keep
     every other instance the fleet has (within pool ceilings, the budget and the spot share)
-    before placing anything: the answer closest to the fleet as it is."""
-    g = _Greedy(problem)
+    before placing anything: the answer closest to the fleet as it is.
+
+    Where the SpotPolicy asks for spot diversity (and no on-demand buffer), greedy also plans as it does without
+    diversity, spot bought where it is cheapest, then buys the idle spot instances of the types and zones the rule
+    still asks for (`_settle_diversity`); that answer is greedy's where it keeps every rule and ranks above the one that
+    buys spot only for work that waits otherwise ((work, -cost), as strategy.warm_start compares). A fleet of
+    spot-eligible work under `min_zones: 2` ran all of it on on-demand in greedy's plan (`--time-limit 0`, the plan a
+    solve falls back to, the warm start), at on-demand prices."""
+    a = _run(problem, keep_fleet, spot_first=False)
+    sp = problem.spot
+    if sp.on_demand_buffer_percent <= 0 and (sp.min_instance_types > 1 or sp.min_zones > 1):
+        b = _run(problem, keep_fleet, spot_first=True)
+        if b is not None and (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost)):
+            return b
+    return a
+
+
+def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | None:
+    """One greedy pass (`greedy`); spot_first: spot bought as where no diversity is asked, the rule settled at the end
+    (None if it cannot be)."""
+    g = _Greedy(problem, spot_first)
     cache: dict = {}
     order = sorted(problem.demands, key=lambda d: (-d.klass, -d.deadline_rank, -d.priority, -(d.running_jobs > 0), -d.gang,
                                                    -_dominant(d, problem, cache), d.key))
@@ -756,10 +776,23 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
                     or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
                 break
     _place_spot_diverse(g, order)
+    if spot_first and not _settle_diversity(g):
+        return None
     if keep_fleet:
         g.drop_idle_hosts()
     g.finish()
     return g.a
+
+
+def _settle_diversity(g: _Greedy) -> bool:
+    """Buy (or keep) the cheapest idle spot instances that add the instance types and zones the SpotPolicy still asks
+    for (`_diversity_buy`), until it holds; whether every spot rule holds then."""
+    while not g._diversity_holds():
+        c = _diversity_buy(g)
+        if c is None:
+            return False
+        g._open(c)
+    return g._spot_rules_hold()
 
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:
