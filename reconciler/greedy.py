@@ -23,6 +23,7 @@ rule that refuses each step, the rule explain reads off the finished plan.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Callable
 import math
 from dataclasses import dataclass, field
@@ -788,11 +789,79 @@ def _settle_diversity(g: _Greedy) -> bool:
     """Buy (or keep) the cheapest idle spot instances that add the instance types and zones the SpotPolicy still asks
     for (`_diversity_buy`), until it holds; whether every spot rule holds then."""
     while not g._diversity_holds():
+        if _diversity_move(g):
+            continue
         c = _diversity_buy(g)
         if c is None:
             return False
         g._open(c)
     return g._spot_rules_hold()
+
+
+def _index(inst: _Inst) -> int:
+    """A bought instance's place among its offer's (its key is "<offer>#<n>")."""
+    return int(inst.key.rsplit("#", 1)[1])
+
+
+def _diversity_deficit(g: _Greedy, types: set[str], zones: set[str]) -> int:
+    sp = g.p.spot
+    return max(0, sp.min_instance_types - len(types)) + max(0, sp.min_zones - len(zones))
+
+
+def _diversity_move(g: _Greedy) -> bool:
+    """Move the work of one spot instance bought for it to a new spot instance of a type or zone the SpotPolicy still
+    asks for, where that costs no more (the price, its items' egress and latency terms), holds as much of the spot
+    share's unit and leaves the spot capacity spanning more of what the rule asks for; the cheapest such move first.
+    False if there is none. (Four jobs packed where spot is cheapest took a fifth, idle instance of the other zone;
+    one of the four moved there costs nothing: CP-SAT's plan.)"""
+    types, zones = g.led.spot_sites()
+    deficit = _diversity_deficit(g, types, zones)
+    spot = [i for lst in g.buckets.values() for i in lst if i.cap.market == "spot"] + [i for i in g.full if i.cap.market == "spot"]
+    n_type = Counter(i.cap.instance_type for i in g.opened.values() if i.cap.market == "spot") + Counter(i.cap.instance_type for i in spot if not isinstance(i.cap, Host))
+    n_zone = Counter(i.cap.zone for i in g.opened.values() if i.cap.market == "spot") + Counter(i.cap.zone for i in spot if not isinstance(i.cap, Host))
+    demands = {d.key: d for d in g.p.demands}
+    offers = [c for c in g.offer.values() if c.market == "spot" and (c.instance_type not in types or c.zone not in zones)]
+    last: dict[str, _Inst] = {}  # offer -> its instance bought last: the one `_unbuy` may take back (keys stay n#0..n#k)
+    for i in spot:
+        if not isinstance(i.cap, Host) and (i.cap.offer_key not in last or _index(i) > _index(last[i.cap.offer_key])):
+            last[i.cap.offer_key] = i
+    best = None
+    for inst in sorted(last.values(), key=lambda i: i.key):
+        items = [(demands[k], n) for k, n in sorted(inst.items.items()) if n]
+        if not items or any(d.gang for d, _ in items):
+            continue  # (a gang's items move together or not at all: not here)
+        old = inst.cap
+        t_after = types - ({old.instance_type} if n_type[old.instance_type] <= 1 else set())
+        z_after = zones - ({old.zone} if n_zone[old.zone] <= 1 else set())
+        for c in offers:
+            if (c.price > old.price + 1e-12 or g._prim(c) != g._prim(old) or g.bought.get(c.offer_key, 0) >= c.work_most
+                    or _diversity_deficit(g, t_after | {c.instance_type}, z_after | {c.zone}) >= deficit
+                    or not all(g._compatible(d, c.offer_key) for d, _ in items)):
+                continue
+            room = _capacity_of(c)
+            if any(sum(d.req(k) * n for d, n in items) > room.get(k, 0.0) + 1e-9 for k in {k for d, _ in items for k in d.dims}):
+                continue
+            delta = c.price - old.price + sum((g.p.cost_coef(d, c) - g.p.cost_coef(d, old)) * n for d, n in items)
+            if delta <= 1e-9 and (best is None or (delta, c.key, inst.key) < best[0]):
+                best = ((delta, c.key, inst.key), inst, c, items)
+    if best is None:
+        return False
+    _, inst, c, items = best
+    for d, n in items:
+        for _ in range(n):
+            g._unrecord(d, inst, stay=False)
+    g._unbuy(inst)
+    if not g._may_open(c):  # (the ledger refuses it: the work goes back where it was)
+        back = g._open(inst.cap)
+        for d, n in items:
+            for _ in range(n):
+                g._record(d, back, stay=False)
+        return False
+    new = g._open(c)
+    for d, n in items:
+        for _ in range(n):
+            g._record(d, new, stay=False)
+    return True
 
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:

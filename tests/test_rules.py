@@ -399,16 +399,16 @@ def test_one_spot_required_job_under_min_zones_runs_beside_an_idle_spot_instance
 
 @pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
 def test_spot_eligible_work_runs_on_spot_under_min_zones(tmp_path, time_limit):
-    """Four spot-eligible 4-vCPU jobs under min_zones: 2 run on spot in two zones, greedy as CP-SAT (CP-SAT spreads
-    them; greedy packs them where spot is cheapest and keeps a spot instance of the other zone beside them). Greedy's
-    plan (--time-limit 0, the plan a solve falls back to, CP-SAT's warm start) ran all four on on-demand: $0.77/h
-    against $0.43/h."""
+    """Four spot-eligible 4-vCPU jobs under min_zones: 2 run on spot in two zones, four instances, no idle one, greedy
+    as CP-SAT (greedy packs them where spot is cheapest, then moves one to the other zone at no cost rather than buy a
+    fifth to stand idle there). Greedy's plan (--time-limit 0, the plan a solve falls back to, CP-SAT's warm start) ran
+    all four on on-demand: $0.77/h against $0.34/h."""
     docs = [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["m6i.xlarge"], market="either", hi=10),
             doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "min_zones": 2}), *[job(f"j{i}", cpu=4, mem=8) for i in range(4)]]
     plan = plan_for(tmp_path, docs, time_limit=time_limit)
     assert {j.action for j in plan.jobs} == {"place"}
     assert {c.market for c in plan.creates} == {"spot"} and {c.zone for c in plan.creates} == {"us-east-1a", "us-east-1b"}
-    assert sum(c.price for c in plan.creates) <= 5 * 0.085 + 1e-9, [(c.zone, c.price) for c in plan.creates]
+    assert len(plan.creates) == 4 and {i for j in plan.jobs for i in j.instances} == {c.ref for c in plan.creates}
 
 
 @pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
