@@ -1165,8 +1165,11 @@ class Ledger:
                     if len(cells) >= d.replicas:
                         break
             reserved = f" (reserved: {c.reservation})" if c.reservation else ""
+            # (the room it is topped up from may be the idle on-demand capacity the buffer keeps, as a way in room alone:
+            # a 2 x 8-GPU gang was "held under every rule" by one new p4d beside the idle one the buffer stands on)
             out.append(Option(f"{n} new {c.instance_type} {c.market}{reserved} in {c.pool} ({c.cloud}/{c.zone})", n * c.price,
-                              tuple(self.new_refusals(c, n) + self.tenant_refusals(d, cells)), c.key, n))
+                              tuple(self.new_refusals(c, n) + self.tenant_refusals(d, cells)
+                                    + self._buffer_refusals(d, cells[d.replicas - have:])), c.key, n))
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:

@@ -152,7 +152,9 @@ told to make it a plain test).
   outweigh the guarantees, and a tier's even share of the work left the cold plan's first tier unproven; the plan
   after the apply evicted a guaranteed critical gang, or placed four more jobs.
 - fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
-  tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank."""
+  tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
+- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet81 (the slow tiers'
+  random fleets, 2026-12-01): each test's docstring says what and why."""
 
 from __future__ import annotations
 
@@ -1629,3 +1631,25 @@ def test_the_property_tests_check_the_plan_the_planner_emits():
     the planner searches it again (api._lawful) and emits a plan that keeps it. The property test checked the first
     answer; it now checks the emitted plan (api.emitted)."""
     check_fleet(fleet("fleet79"), time_limit=5)
+
+
+def test_a_plan_whose_backfill_gives_a_lower_class_room_to_its_tenants_higher_class_is_checked_by_class():
+    """fleet80 (the slow tier's random fleets, 2026-12-01; on main before this session's changes too): greedy's answer
+    left t3's normal spot-required j1 pending (the spot share refused a first spot instance) and put t3's low 4-GPU j2 on
+    the spot instance bought later; the plan's backfill gives j2's room to j1 (backfill._displace: the README's order, a
+    tenant's higher class first), 210 of the answer's 280 work units summed. The property test took any plan running
+    less than its answer for the packer's known drop at max_instances; it now ranks such a plan by class."""
+    check_fleet(fleet("fleet80"), time_limit=5)
+
+
+def test_a_way_topped_up_from_the_buffers_idle_room_says_the_buffer_blocks_it_on_fleet81():
+    """fleet81 (the slow reason tier's random fleets, 2026-12-01; on main before this session's changes too): t2's
+    2 x 8-GPU zone gang j1 waited with "not placed by this plan, although 1 new p4d.24xlarge on-demand in aws-a100
+    (aws/us-east-1b) would hold it under every pool, budget, quota and spot rule; the solver did not find that
+    placement", where that way tops one new p4d up with the idle p4d the on-demand buffer (25% of t1's spot g5) stands
+    on, which the buffer refuses. The ways topped up from room are asked the buffer now, as ways in room alone were:
+    "pools at max_instances (aws-a100 1/2); the job needs 2 new instances; other capacity is blocked by the on-demand
+    buffer", and lifting that limit places it (`check_reasons`)."""
+    from tests.test_truth import check_reasons
+
+    check_reasons(fleet("fleet81"))
