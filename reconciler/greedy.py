@@ -23,7 +23,6 @@ rule that refuses each step, the rule explain reads off the finished plan.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Callable
 import math
 from dataclasses import dataclass, field
@@ -415,14 +414,18 @@ class _Greedy:
             total, idle = total + self._prim(c), idle + self._prim(c)
         return picked
 
-    def _diversity_spare(self, tried: set[str]) -> Capacity | None:
-        """The cheapest idle spot host the fleet has that adds a spot instance type or zone the SpotPolicy
-        still asks for, within pool ceilings and the budget."""
+    def _adds_diversity(self) -> Callable[[Capacity], bool]:
+        """Does spot capacity c add an instance type or zone the SpotPolicy still asks for (in the plan so far)?"""
         sp = self.p.spot
         types, zones = self.led.spot_sites()
         want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
-        cands = [h for hs in self.idle.values() for h in hs if h.market == "spot" and h.key not in self.opened
-                 and h.key not in tried and (want_type and h.instance_type not in types or want_zone and h.zone not in zones)]
+        return lambda c: c.market == "spot" and (want_type and c.instance_type not in types or want_zone and c.zone not in zones)
+
+    def _diversity_spare(self, tried: set[str]) -> Capacity | None:
+        """The cheapest idle spot host the fleet has that adds a spot instance type or zone the SpotPolicy
+        still asks for, within pool ceilings and the budget."""
+        adds = self._adds_diversity()
+        cands = [h for hs in self.idle.values() for h in hs if h.key not in self.opened and h.key not in tried and adds(h)]
         keeping, self.keeping = self.keeping, True  # (the spot rules are what this settles: only ceilings and budget)
         try:
             return min((h for h in cands if self._may_open(h)), key=lambda h: (h.price, h.key), default=None)
@@ -817,8 +820,6 @@ def _diversity_move(g: _Greedy) -> bool:
     types, zones = g.led.spot_sites()
     deficit = _diversity_deficit(g, types, zones)
     spot = [i for lst in g.buckets.values() for i in lst if i.cap.market == "spot"] + [i for i in g.full if i.cap.market == "spot"]
-    n_type = Counter(i.cap.instance_type for i in g.opened.values() if i.cap.market == "spot") + Counter(i.cap.instance_type for i in spot if not isinstance(i.cap, Host))
-    n_zone = Counter(i.cap.zone for i in g.opened.values() if i.cap.market == "spot") + Counter(i.cap.zone for i in spot if not isinstance(i.cap, Host))
     demands = {d.key: d for d in g.p.demands}
     offers = [c for c in g.offer.values() if c.market == "spot" and (c.instance_type not in types or c.zone not in zones)]
     last: dict[str, _Inst] = {}  # offer -> its instance bought last: the one `_unbuy` may take back (keys stay n#0..n#k)
@@ -831,8 +832,9 @@ def _diversity_move(g: _Greedy) -> bool:
         if not items or any(d.gang for d, _ in items):
             continue  # (a gang's items move together or not at all: not here)
         old = inst.cap
-        t_after = types - ({old.instance_type} if n_type[old.instance_type] <= 1 else set())
-        z_after = zones - ({old.zone} if n_zone[old.zone] <= 1 else set())
+        n_type, n_zone = g.led.spot_site_counts(old.instance_type, old.zone)
+        t_after = types - ({old.instance_type} if n_type <= 1 else set())
+        z_after = zones - ({old.zone} if n_zone <= 1 else set())
         for c in offers:
             if (c.price > old.price + 1e-12 or g._prim(c) != g._prim(old) or g.bought.get(c.offer_key, 0) >= c.work_most
                     or _diversity_deficit(g, t_after | {c.instance_type}, z_after | {c.zone}) >= deficit
@@ -1015,15 +1017,13 @@ def _place_spot_diverse(g: _Greedy, order: list[Demand]) -> None:
 def _diverse_plan(g: _Greedy, d: Demand):
     """One job of d on a spot offer that adds an instance type or zone the SpotPolicy still asks for, the cheapest
     such plan; None if there is none (or nothing is still asked for)."""
-    sp = g.p.spot
-    types, zones = g.led.spot_sites()
-    want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
-    if not (want_type or want_zone) or not g._quota_ok(d):
-        return None
+    if not _diversity_deficit(g, *g.led.spot_sites()) or not g._quota_ok(d):
+        return None  # (nothing is still asked for: a plan where it costs least will do)
+    adds = g._adds_diversity()
     best, best_cost = None, math.inf
     for k in g._keys_at(d, None):
         c = g.rep.get(k)
-        if c is None or c.market != "spot" or not (want_type and c.instance_type not in types or want_zone and c.zone not in zones):
+        if c is None or not adds(c):
             continue
         plan = g._plan_items(d, 1, None, only_offer=k)
         if plan is not None and (cost := _plan_cost(g.p, d, plan)) < best_cost - 1e-9:
@@ -1034,12 +1034,10 @@ def _diverse_plan(g: _Greedy, d: Demand):
 def _diversity_buy(g: _Greedy) -> Capacity | None:
     """The cheapest spot instance (an idle host the fleet has, else a new one) that adds an instance type or zone the
     SpotPolicy still asks for, within pool ceilings, cloud quotas, the budget and the spot share; None if none."""
-    sp = g.p.spot
-    types, zones = g.led.spot_sites()
-    want_type, want_zone = len(types) < sp.min_instance_types, len(zones) < sp.min_zones
+    adds = g._adds_diversity()
     cands = [h for hs in g.idle.values() for h in hs if h.key not in g.opened]
     cands += [c for c in g.offer.values() if g.bought.get(c.offer_key, 0) < c.max_new]
-    cands = [c for c in cands if c.market == "spot" and (want_type and c.instance_type not in types or want_zone and c.zone not in zones)]
+    cands = [c for c in cands if adds(c)]
     return min((c for c in cands if g._may_open(c)), key=lambda c: (c.price, not isinstance(c, Host), c.key), default=None)
 
 

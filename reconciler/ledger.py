@@ -684,6 +684,10 @@ class Ledger:
         """The instance types and zones the spot capacity spans (what SpotPolicy diversity counts)."""
         return {t for t, n in self._spot_types.items() if n}, {z for z, n in self._spot_zones.items() if n}
 
+    def spot_site_counts(self, instance_type: str, zone: str) -> tuple[int, int]:
+        """Spot instances of this type, and in this zone, in the plan (whether one going leaves the type or zone)."""
+        return self._spot_types.get(instance_type, 0), self._spot_zones.get(zone, 0)
+
     def used(self, ref: str, buffer: bool = False) -> float:
         """What the items on an instance use of the spot share's unit (a MIG item: its slices of a GPU).
         buffer: as the on-demand buffer counts it (deadline-critical work may use the buffer's capacity)."""
