@@ -1048,16 +1048,11 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
     name), each until an item of d fits there, in the order `_victims` stops them, until d is placed; then the stops on
     instances d does not use are undone (README, Tenants: borrowed work is reclaimed when an owner needs its guarantee
     back; under preemption Never too). Only 1-replica, non-gang jobs are stopped here (a lender's gang:
-    `_place_reclaiming_gang`), for a job or a gang (not an instance gang). Nothing changes if it cannot be placed so. (A fixed pool of two 8-GPU hosts whose tenant b ran 16 1-GPU
+    `_place_reclaiming_gang`), for a job or a gang (not an instance gang). Nothing changes if it cannot be placed so.
+    (A fixed pool of two 8-GPU hosts whose tenant b ran 16 1-GPU
     jobs, 8 guaranteed: greedy left tenant a's 8 guaranteed jobs, or its 2 x 4-GPU gang, pending beside b's borrowed
     ones, and so did every plan that fell back to greedy's.)"""
-    rules = g.p.tenants.get(d.tenant)
-    if d.bundle != 1 or rules is None or not rules.guarantee:
-        return False
-    use = g.led.tenant_use(d.tenant)
-    if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
-        return False  # (beyond its guarantee it borrows too: nothing to reclaim for)
-    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and borrows(g.led.tenant_use(t), r)}
+    lenders = _lenders(g, d)
     if not lenders:
         return False
     on_host, hosts_of, protected = _reclaimable(g)
@@ -1099,13 +1094,7 @@ def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
     placed so. One gang per job of d. (A fixed pool of two p4d where tenant b, 4 GPUs guaranteed, ran two 2 x 4-GPU
     gangs: greedy left tenant a's 8-GPU job pending within a's guarantee, "pools at max_instances (onprem 2/2)", where
     CP-SAT stopped one gang: `_place_reclaiming` stops only 1-replica jobs.)"""
-    rules = g.p.tenants.get(d.tenant)
-    if d.bundle != 1 or rules is None or not rules.guarantee:
-        return False
-    use = g.led.tenant_use(d.tenant)
-    if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
-        return False
-    lenders = {t: r for t, r in g.p.tenants.items() if t != d.tenant and borrows(g.led.tenant_use(t), r)}
+    lenders = _lenders(g, d)
     if not lenders:
         return False
     if g.running_gangs is None:  # (made once a run: every job that waits within its guarantee asks)
@@ -1143,6 +1132,19 @@ def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
         if placed:
             return True
     return False
+
+
+def _lenders(g: _Greedy, d: Demand) -> dict[str, TenantRules]:
+    """The other tenants that borrow (their rules), where d's tenant has room in its guarantee for one more job of d:
+    whose running work `_place_reclaiming` and `_place_reclaiming_gang` may stop for it; {} otherwise (beyond its
+    guarantee d borrows too: nothing to reclaim for)."""
+    rules = g.p.tenants.get(d.tenant)
+    if d.bundle != 1 or rules is None or not rules.guarantee:
+        return {}
+    use = g.led.tenant_use(d.tenant)
+    if not all(quota_ok(use[k], d.replicas * d.req(k), v) for k, v in rules.guarantee.items()):
+        return {}
+    return {t: r for t, r in g.p.tenants.items() if t != d.tenant and borrows(g.led.tenant_use(t), r)}
 
 
 def _place_in_freed_room(g: _Greedy, d: Demand, stopped: dict[str, list[Demand]], undo: Callable[[str], None]) -> bool:
