@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import ClassVar, Collection, Iterator, Sequence
+from typing import Callable, ClassVar, Collection, Iterator, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
@@ -202,6 +202,11 @@ class SimCloud:
                     entry = json.loads(line)
                     if not isinstance(entry, dict) or not all(isinstance(entry.get(k, {}), dict) for k in (*_TRACKED, "top")):
                         raise ValueError("not a journal entry")
+                    changed = entry.get("instances", {})
+                    problem = _records_problem(changed, entry.get("keys", {}), entry.get("top", {}),
+                                               lambda i: changed[i] if i in changed else dict.get(data["instances"], i))
+                    if problem:
+                        raise ValueError(problem)
                     self._replay(data, entry)
                 except (ValueError, TypeError, AttributeError) as e:
                     _CACHE.pop(self.path, None)
@@ -317,6 +322,9 @@ class SimCloud:
                 not all(isinstance(i, dict) and isinstance(i.get("tags"), dict) and "state" in i for i in data["instances"].values()) or \
                 not isinstance(data.get("journal", ""), str):
             raise self._corrupt(self.path, "it is not a snapshot of instances, keys, next_id and faults")
+        problem = _records_problem(data["instances"], data["keys"], data, data["instances"].get)
+        if problem:
+            raise self._corrupt(self.path, problem)
         return data
 
     @staticmethod
@@ -549,6 +557,43 @@ MARKETS = ("spot", "on-demand")
 
 def _count(v, least: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+_INSTANCE_FIELDS = ("id", "cloud", "region", "zone", "instance_type", "market", "state")
+
+
+def _records_problem(instances: dict, keys: dict, top: dict, known: Callable[[str], object]) -> str | None:
+    """What is wrong with records of the world (a snapshot's, or those one journal entry changes; None: nothing), read
+    back by every call: a field missing or mistyped was an `unexpected KeyError` far from the file. `known`: the record
+    of an instance a key may name (a key is never forgotten, nor its instance: the sim remembers both for ever)."""
+    for iid, d in instances.items():
+        if d is None:  # (a journal entry's way of saying the record is gone)
+            continue
+        if not isinstance(d, dict):
+            return f"instances.{iid} is not an object"
+        for name in _INSTANCE_FIELDS:
+            if name not in d:
+                return f"instances.{iid}.{name} is missing"
+            if not isinstance(d[name], str):
+                return f"instances.{iid}.{name} is {json.dumps(d[name])[:40]}, not a string"
+        if d["id"] != iid:
+            return f"instances.{iid}.id is {d['id']!r}, not its own id"
+        tags = d.get("tags")
+        if not isinstance(tags, dict) or not all(isinstance(v, str) for v in tags.values()):
+            return f"instances.{iid}.tags is not a map of strings"
+        for name in ("launched_at", "placement_group", "terminated_reason"):
+            if d.get(name) is not None and not isinstance(d[name], str):
+                return f"instances.{iid}.{name} is {json.dumps(d[name])[:40]}, not a string"
+    for key, iid in keys.items():
+        if iid is not None and (not isinstance(iid, str) or not isinstance(known(iid), dict)):
+            return f"keys.{key} names {json.dumps(iid)[:40]}, which it has no record of"
+    for name in ("next_id", "calls", "creates_seen"):
+        if name in top and not _count(top[name]):
+            return f"{name} is {json.dumps(top[name])[:40]}, not a count"
+    groups = top.get("placement_groups", {})
+    if not isinstance(groups, dict) or not all(isinstance(z, str) for z in groups.values()):
+        return "placement_groups is not a map of group -> zone"
+    return None
 
 
 def _fault_problem(f) -> str | None:

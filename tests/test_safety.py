@@ -289,7 +289,29 @@ def _lost_state_and_fleet_yaml(text: str):
     return lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").write_text(text))
 
 
+def _edit_sim(edit):
+    """A corruption that edits the sim's snapshot (cloud.json: the first instance created) in place (`edit(world)`)."""
+    def corrupt(cfg: Path) -> None:
+        path = cfg / ".reconcile/sim/cloud.json"
+        world = json.loads(path.read_text())
+        edit(world)
+        path.write_text(json.dumps(world))
+    return corrupt
+
+
+def _edit_sim_journal(edit):
+    """A corruption that edits the last entry of the sim's journal (a call that created an instance) in place."""
+    def corrupt(cfg: Path) -> None:
+        path = cfg / ".reconcile/sim/cloud.journal"
+        lines = path.read_text().splitlines()
+        entry = json.loads(lines[-1])
+        edit(entry)
+        path.write_text("\n".join([*lines[:-1], json.dumps(entry)]) + "\n")
+    return corrupt
+
+
 _STATE = "state.json: cannot read the reconciler's state: "
+_SIM = "sim/cloud.json: the simulated cloud's record is corrupt: "
 _MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
 _FLEET_YAML = "status/fleet.yaml: cannot read the fleet's identity: "
 
@@ -345,6 +367,20 @@ CORRUPT = [
     ("sim snapshot wrong type", lambda c: (c / ".reconcile/sim/cloud.json").write_text('{"instances": [], "keys": {}, "next_id": 1, "faults": {}}'),
      "plan", ["sim/cloud.json: the simulated cloud's record is corrupt: it is not a snapshot"]),
     ("sim journal garbled", _journal_with_garbled_middle, "apply", ["sim/cloud.journal: the simulated cloud's record is corrupt: entry 2"]),
+    # Each instance and key the sim reads back (audit: each was an "unexpected KeyError/TypeError/AttributeError", a bug
+    # paragraph naming no file).
+    ("sim instance without its cloud", _edit_sim(lambda w: w["instances"]["sim-aws-00001"].pop("cloud")), "plan",
+     [_SIM + "instances.sim-aws-00001.cloud is missing", "delete"]),
+    ("sim instance zone a number", _edit_sim(lambda w: w["instances"]["sim-aws-00001"].update(zone=5)), "plan",
+     [_SIM + "instances.sim-aws-00001.zone is 5, not a string"]),
+    ("sim journal tag a number", _edit_sim_journal(lambda e: next(iter(e["instances"].values()))["tags"].update(x=5)), "plan",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", "tags is not a map of strings"]),
+    ("sim journal instance a string", _edit_sim_journal(lambda e: e["instances"].update({"sim-aws-00002": "x"})), "plan",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", "instances.sim-aws-00002 is not an object"]),
+    ("sim journal key of no instance", _edit_sim_journal(lambda e: e["keys"].update({"k-1": "sim-nope"})), "plan",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", 'keys.k-1 names "sim-nope", which it has no record of']),
+    ("sim journal call count a string", _edit_sim_journal(lambda e: e["top"].update(calls="x")), "apply",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", 'calls is "x", not a count']),
     ("status/fleet.yaml a directory", lambda c: ((c / "status/fleet.yaml").unlink(), (c / "status/fleet.yaml").mkdir()), "apply",
      ["status/fleet.yaml is not a regular file", "Remove or move it away"]),
     ("status/jobs a file", lambda c: (shutil.rmtree(c / "status/jobs"), (c / "status/jobs").write_text("x")), "apply",
