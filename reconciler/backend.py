@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import threading
 import uuid
 from datetime import datetime, timedelta
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
-from reconciler.errors import LockError, ReconcileError
+from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
 from providers.redact import redact
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
@@ -99,12 +100,16 @@ class LocalBackend:
         return self.config_dir / ".reconcile" / check_key(key)
 
     def read_key(self, key: str) -> bytes | None:
+        path = self._path(key)
         try:
-            return self._path(key).read_bytes()
+            mode = path.stat().st_mode
+            if not stat.S_ISREG(mode):  # (a fifo would block the read for ever)
+                raise CorruptBusObjectError(key, f"is not a file ({'a directory' if stat.S_ISDIR(mode) else 'a special file'})")
+            return path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
-            raise ReconcileError(f"local bus: cannot read {self._path(key)}: {e.strerror}") from None
+            raise ReconcileError(f"local bus: cannot read {path}: {e.strerror}") from None
 
     def write_key(self, key: str, body: bytes) -> None:
         path = self._path(key)
@@ -117,14 +122,20 @@ class LocalBackend:
             raise ReconcileError(f"local bus: cannot write {path}: {e.strerror}") from None
 
     def delete_key(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as e:  # (a directory at the object's name, listed for its readers to refuse: not ours to remove)
+            raise CorruptBusObjectError(key, f"cannot be deleted ({e.strerror})") from None
 
     def list_keys(self, prefix: str) -> list[str]:
         root = self.config_dir / ".reconcile"
         base = root / check_key(prefix.rstrip("/"))
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
+        # An object's name with something else there is listed too, for its reader to refuse: left out, a directory at
+        # assignments/<instance>.json was no assignment, and apply created instances before it failed to write one.
+        return sorted(str(p.relative_to(root)) for p in base.rglob("*")
+                      if not p.name.startswith(".") and (p.is_file() or p.suffix == ".json"))
 
 
 class LeaseStore(Protocol):

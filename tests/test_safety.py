@@ -312,6 +312,7 @@ def _edit_sim_journal(edit):
 
 _STATE = "state.json: cannot read the reconciler's state: "
 _SIM = "sim/cloud.json: the simulated cloud's record is corrupt: "
+_ASSIGNMENT = ".reconcile/assignments/sim-aws-00003.json"
 _MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
 _FLEET_YAML = "status/fleet.yaml: cannot read the fleet's identity: "
 
@@ -408,6 +409,10 @@ CORRUPT = [
      ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
     ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
      ["bus object assignments/sim-aws-00003.json is not valid JSON", "delete it and its writer rewrites it"]),
+    # A directory where the object belongs was listed as no object: plan said the job "starts", apply created its
+    # instances and then failed writing the assignment (audit).
+    ("assignment a directory", lambda c: ((c / _ASSIGNMENT).unlink(), (c / _ASSIGNMENT).mkdir()), "apply",
+     ["bus object assignments/sim-aws-00003.json is not a file (a directory)", "delete it"]),
 ]
 
 
@@ -491,16 +496,21 @@ def test_one_bad_agent_report_does_not_stop_the_fleet(applied_once, tmp_path):
     assert _live(cfg) == before
 
 
-def test_a_job_whose_run_record_cannot_be_read_is_not_placed_again(applied_once, tmp_path):
+@pytest.mark.parametrize("record", ["garbled", "a directory"])
+def test_a_job_whose_run_record_cannot_be_read_is_not_placed_again(applied_once, tmp_path, record):
     """A run record says whether a batch job finished; one that cannot be read was skipped, so the plan placed the job
     again although it may have Succeeded (it would run twice). A job that does not run and whose record cannot be read
-    is not placed, and the plan says why; a running one goes on as it runs (above)."""
+    is not placed, and the plan says why; a running one goes on as it runs (above). A directory at the record's name
+    was not even listed (audit): the job was placed with no note."""
     cfg = tmp_path / "cfg"
     shutil.copytree(applied_once, cfg)
     (cfg / "jobs" / "done.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: done-batch}\n"
                                             "spec: {tenant: platform, resources: {cpu: 1, memory_gib: 1}, run: {command: [\"true\"]}}\n")
     (cfg / ".reconcile" / "runs" / "done-batch").mkdir(parents=True)
-    (cfg / ".reconcile" / "runs" / "done-batch" / "0.json").write_text('{"phase": "Succ')
+    if record == "garbled":
+        (cfg / ".reconcile" / "runs" / "done-batch" / "0.json").write_text('{"phase": "Succ')
+    else:
+        (cfg / ".reconcile" / "runs" / "done-batch" / "0.json").mkdir()
     res = cli("plan", cfg, "--format", "json")
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)

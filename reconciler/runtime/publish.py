@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 
 from providers.base import AgentHost, AgentTarget, Instance
 from reconciler.backend import StateBackend
-from reconciler.errors import ReconcileError
+from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import build_assignments, published_hashes
 from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, reports_alive, stale_seconds
@@ -116,7 +116,10 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         changed += 1
     for iid in bus.agent_instances():
         if iid not in live and (iid in vanished or not shutting_down(bus, iid)):  # gone: its heartbeat would only pile up (its runs/ stay: history)
-            bus.delete_agent(iid)
+            try:
+                bus.delete_agent(iid)
+            except CorruptBusObjectError:
+                pass  # not a report (a directory at its name): each plan names it among the reports it skipped
     target = AgentTarget(config_dir=Path(config_dir).resolve(), state_url=state_url)
     for iid in sorted(want):
         provider = providers.get(live[iid].provider)
