@@ -981,11 +981,11 @@ def logs(
     if rec is None:
         typer.echo(f"Error: no run of {job}/{replica} has been reported yet", err=True)
         raise typer.Exit(1)
-    path = Path(rec.get("log_path") or "")
+    path = _sim_log(config_dir, job, replica, rec)
     offset = 0
     shown_tail: list[str] = []
     while True:
-        if path.is_file():
+        if path is not None and path.is_file():
             with open(path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
@@ -1006,10 +1006,23 @@ def logs(
             rec = bus.run(job, replica) or rec
         except ReconcileError:
             pass
-        if rec.get("log_path") and Path(rec["log_path"]) != path:
-            path, offset = Path(rec["log_path"]), 0  # placed again elsewhere: the new attempt's log
+        if (moved := _sim_log(config_dir, job, replica, rec)) is not None and moved != path:
+            path, offset = moved, 0  # placed again elsewhere: the new attempt's log
     if rec.get("terminal") or rec.get("phase") == "Stopped":
         typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
+
+
+def _sim_log(config_dir: Path, job: str, replica: int, rec: dict) -> Path | None:
+    """The replica's log file, where the run record names the one the sim's agent of its instance writes, else None (its
+    reported tail is shown). A run record is an agent's, and on a shared bus any instance's agent may write runs/*: a
+    log_path opened as it was written had `logs` print whatever local file it named (credentials, the cache seal's key)."""
+    from reconciler.state import state_dir
+
+    instance, named = rec.get("instance"), rec.get("log_path")
+    if not instance or not named or Path(instance).name != instance or instance in (".", ".."):
+        return None
+    own = (state_dir(config_dir) / "sim" / "agents" / instance).resolve() / "logs" / f"{job}-{replica}.log"  # (agent.Agent._log_path)
+    return own if Path(named) == own else None
 
 
 class _ReaderMayLeave:

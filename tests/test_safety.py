@@ -518,6 +518,31 @@ def test_a_job_whose_run_record_cannot_be_read_is_not_placed_again(applied_once,
     assert any("job done-batch is not placed while its run record cannot be read" in n for n in plan["notes"]), plan["notes"]
 
 
+def test_logs_prints_no_file_but_the_sims_own_log_of_the_replica(tmp_path):
+    """A run record is an agent's (on a shared bus any instance's agent may write runs/*), and `logs` printed whatever
+    local file its log_path named: a planted credentials file, or the cache seal's key (audit). It prints a file only
+    where the sim's agent of the record's instance writes that replica's log, else the tail the agent reported."""
+    cfg = copy_quickstart(tmp_path)
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = planted-secret\n")
+    run = cfg / ".reconcile/runs/finetune-a/0.json"
+    run.parent.mkdir(parents=True)
+    rec = {"job": "finetune-a", "replica": 0, "instance": "sim-gcp-00007", "phase": "Running", "log_tail": ["step 1 of 150"]}
+    outside = tmp_path / "outside/logs/finetune-a-0.log"  # (the instance `../../../../outside` from the agents' directory)
+    outside.parent.mkdir(parents=True)
+    outside.write_text("planted-secret\n")
+    for bad in ({"log_path": str(secret)}, {"instance": "../../../../outside", "log_path": str(outside)}):
+        run.write_text(json.dumps({**rec, **bad}))
+        res = cli("logs", cfg, "finetune-a")
+        assert res.returncode == 0 and res.stdout == "step 1 of 150\n", (bad, res.stdout, res.stderr)
+    own = cfg / ".reconcile/sim/agents/sim-gcp-00007/logs/finetune-a-0.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("step 1 of 150\nstep 2 of 150\n")
+    run.write_text(json.dumps({**rec, "log_path": str(own.resolve())}))
+    res = cli("logs", cfg, "finetune-a")
+    assert res.returncode == 0 and res.stdout == "step 1 of 150\nstep 2 of 150\n", res.stderr
+
+
 @pytest.fixture
 def s3_state(aws_env, request):
     """A bucket on the moto server, and the environment the CLI needs to use it as its state backend."""
