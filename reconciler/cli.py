@@ -405,12 +405,12 @@ def apply(
                        "`reconcile apply` again to carry on (a create retried with the same plan makes no second instance).", err=True)
         else:
             typer.echo("Interrupted before any action: nothing was changed.", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(stop.exit_code)
     except ApplyError as e:
-        _report_partly_applied(e, config_dir, commit, status_branch)
+        _report_partly_applied(e, config_dir, commit, status_branch, stop)
     except ReconcileError as e:
         _fail(e, config_dir, state)
-    _report_applied(res, config_dir, commit, status_branch)
+    _report_applied(res, config_dir, commit, status_branch, stop)
 
 
 def _read_plan(plan_file: Path) -> Plan:
@@ -469,19 +469,19 @@ def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color
                 p.__exit__(None, None, None)
 
 
-def _report_partly_applied(e: ApplyError, config_dir: Path, commit: bool, status_branch: Optional[str]) -> None:
+def _report_partly_applied(e: ApplyError, config_dir: Path, commit: bool, status_branch: Optional[str], stop: StopOnInterrupt) -> None:
     """Some actions failed: say what was done, commit status if asked, and exit with the error."""
     res = e.result  # type: ignore[attr-defined]
     typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
     if commit:
         _commit_status(config_dir, res, status_branch)
     if res.report.stopped:
-        _say_stopped(res)
+        _say_stopped(res, stop)
     _fail(e)
 
 
-def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_branch: Optional[str]) -> None:
-    """Commit status if asked and say what was done; stopped by Ctrl-C: exit 130."""
+def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_branch: Optional[str], stop: StopOnInterrupt) -> None:
+    """Commit status if asked and say what was done; stopped by Ctrl-C or SIGTERM: exit 130 or 143."""
     from reconciler.render import summary_line
 
     if commit:
@@ -495,13 +495,13 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
     for n in res.plan.notes:
         typer.echo(f"note: {n}")
     if r.stopped:
-        _say_stopped(res)
-        raise typer.Exit(130)
+        _say_stopped(res, stop)
+        raise typer.Exit(stop.exit_code)
 
 
-def _say_stopped(res) -> None:
+def _say_stopped(res, stop: StopOnInterrupt) -> None:
     r = res.report
-    typer.echo(f"Stopped plan {res.plan.id} by Ctrl-C: {len(r.created)} created, {len(r.deleted)} deleted, {len(r.not_started)} action(s) not "
+    typer.echo(f"Stopped plan {res.plan.id} by {stop.how}: {len(r.created)} created, {len(r.deleted)} deleted, {len(r.not_started)} action(s) not "
                f"started ({', '.join(r.not_started[:5])}{' ...' if len(r.not_started) > 5 else ''}); status written, lock released. "
                "Run `reconcile apply` again to finish.", err=True)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import TextIO
+from typing import ClassVar, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -75,32 +75,51 @@ class ApplyProgress:
 
 
 class StopOnInterrupt:
-    """Ctrl-C during an apply: the first one asks the apply to start no new action (the ones in flight finish and
-    are recorded, the lock is released); a second one, or one before any action started, interrupts at once."""
+    """Ctrl-C (SIGINT) or SIGTERM during an apply: the first one asks the apply to start no new action (the ones in
+    flight finish and are recorded, the lock is released); a second one, or one before any action started,
+    interrupts at once. SIGTERM is what CI runners (a cancelled GitLab job, a Kubernetes pod or systemd unit stopped)
+    send: it killed the apply mid-action, leaving the lock and no state of what it had made (the next plan found it by
+    the instances' tags); Terraform stops gracefully on either signal the same way."""
+
+    _NAMES: ClassVar[dict[int, str]] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.applying = False  # set once actions are about to start
         self.requested = threading.Event()
-        self._previous = None
+        self.signum = signal.SIGINT  # the signal that stopped it (the last one received)
+        self._previous: dict[int, object] = {}
+
+    @property
+    def how(self) -> str:
+        """What stopped it, as people name it ("Ctrl-C", "SIGTERM")."""
+        return self._NAMES.get(self.signum, f"signal {int(self.signum)}")
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as a shell reports a process it ended (130 Ctrl-C, 143 SIGTERM)."""
+        return 128 + int(self.signum)
 
     def __enter__(self) -> StopOnInterrupt:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            for signum in self._NAMES:
+                self._previous[signum] = signal.signal(signum, self._handler)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
     def __call__(self) -> bool:
         return self.requested.is_set()
 
     def _handler(self, signum, frame) -> None:
+        self.signum = signum
         if not self.applying or self.requested.is_set():
             raise KeyboardInterrupt
         self.requested.set()
-        print("\nStopping: no new action starts; the ones in flight finish and are recorded "
+        print(f"\nStopping ({self.how}): no new action starts; the ones in flight finish and are recorded "
               "(Ctrl-C again to abort at once)", file=self.stream, flush=True)
 
 

@@ -106,17 +106,18 @@ def _read_until(fd, pattern: str, timeout: float = 120) -> str:
     return seen
 
 
-def _ctrl_c(args: list[str], after: str) -> str:
-    """Run `reconcile ARGS`, send it a real SIGINT once it printed `after`; its output (it must exit 130)."""
+def _ctrl_c(args: list[str], after: str, signum: int = signal.SIGINT) -> str:
+    """Run `reconcile ARGS`, send it a real SIGINT (or `signum`) once it printed `after`; its output (it must exit 128 +
+    the signal: 130 for SIGINT)."""
     read, write = os.pipe()
     proc = subprocess.Popen([RECONCILE, *args], stdout=write, stderr=write, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     os.close(write)
     try:
         seen = _read_until(read, after)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         while chunk := os.read(read, 65536):
             seen += chunk.decode(errors="replace")
-        assert proc.wait(timeout=120) == 130, seen
+        assert proc.wait(timeout=120) == 128 + signum, seen
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -124,13 +125,16 @@ def _ctrl_c(args: list[str], after: str) -> str:
     return seen
 
 
-def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock(qs):
+@pytest.mark.parametrize("signum, how", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_apply_finishes_the_action_in_flight_and_releases_the_lock(qs, signum, how):
     """A real SIGINT to a real `reconcile apply`: no new action starts, what was done is recorded and said,
-    the lock is released, exit 130; the next plan carries on exactly where it stopped."""
+    the lock is released, exit 130; the next plan carries on exactly where it stopped. SIGTERM (what a cancelled CI
+    job, a stopped pod or systemd unit sends) the same way, exit 143: it killed the apply mid-action, leaving the
+    lock and no state of what it had made."""
     assert cli("sim", "fault", qs, "--latency-ms", "400").exit_code == 0
-    seen = _ctrl_c(["apply", str(qs), "--auto-approve"], after="[1/10] created")
-    assert "Stopping: no new action starts" in seen
-    done = re.search(r"Stopped plan \w+ by Ctrl-C: (\d+) created, 0 deleted, (\d+) action\(s\) not started", seen)
+    seen = _ctrl_c(["apply", str(qs), "--auto-approve"], after="[1/10] created", signum=signum)
+    assert f"Stopping ({how}): no new action starts" in seen
+    done = re.search(rf"Stopped plan \w+ by {how}: (\d+) created, 0 deleted, (\d+) action\(s\) not started", seen)
     assert done, seen
     created, not_started = int(done.group(1)), int(done.group(2))
     assert created >= 1 and created + not_started == 10
