@@ -417,7 +417,12 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
     try:
         desired = load(config_dir)
         backend = backend_for(config_dir, state)
-        view = read_view(backend, desired, backend.load().placements, None)
+        st = backend.load()
+        placements = st.placements
+        if not st.serial:  # no state (deleted, or lost): where the last apply placed the jobs is what its status files say
+            placements = {n: list(ids) for n, d in out["jobs"].items()
+                          if isinstance(ids := (d.get("status") or {}).get("instances"), list) and all(isinstance(i, str) for i in ids)}
+        view = read_view(backend, desired, placements, None)
     except ReconcileError:
         return  # the files still say what the last apply saw
     if view is None:

@@ -301,6 +301,21 @@ def test_status_shows_a_reclaimed_instances_job_lost_at_once_not_running(tmp_pat
     assert "Running: 1 replica(s) running" not in human, human
 
 
+def test_status_with_the_state_file_deleted_shows_the_jobs_where_the_last_apply_placed_them(tmp_path):
+    """state.json deleted (or lost): `status` showed every running job "Pending (NotPlaced: waiting for a placement)"
+    and the fleet "0 jobs running, N starting", reading the agents' reports against the state's now empty placements;
+    the last apply's status files say where it placed them (plan and apply recover the placements from the tags)."""
+    import json
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    _running_report(cfg, iid)
+    (cfg / ".reconcile" / "state.json").unlink()
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    assert st["jobs"]["slow"]["status"]["phase"] == "Running", st["jobs"]["slow"]["status"]
+    assert st["fleet"]["status"]["jobs"]["running"] >= 1, st["fleet"]["status"]["jobs"]
+
+
 def test_apply_drops_the_report_of_an_instance_that_vanished_so_its_moved_replica_waits_for_nothing(tmp_path):
     """A real cloud reclaims an instance without a word on the bus: its agent's last report, fresh and listing the
     replica running, stayed (publish.shutting_down, meant for instances an apply shuts down), and the moved copy sat in
