@@ -15,6 +15,7 @@ import math
 import os
 import re
 import socket
+import stat
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -348,9 +349,32 @@ class ApplyLock:
 
     def holder(self) -> dict | None:
         try:
+            mode = os.lstat(self.path).st_mode
+            if not stat.S_ISREG(mode):  # (a fifo's read would block for ever)
+                raise self._not_a_lock(mode)
             return lock_holder(self.path.read_bytes())
         except FileNotFoundError:
             return None
+        except OSError as e:
+            raise self._cannot_read(e) from None
+
+    def _not_a_lock(self, mode: int) -> LockError:
+        """Something no apply wrote at the lock's name (a directory, a fifo): it names no holder, yet no apply can take
+        the lock while it is there. Left for a person to remove: a directory may hold someone's files."""
+        what, rm = (("a directory", "rm -r") if stat.S_ISDIR(mode) else ("a symlink", "rm") if stat.S_ISLNK(mode)
+                    else ("a special file", "rm"))
+        return LockError(f"{self.path} is not a lock file ({what}): no apply wrote it, and none can take the lock while "
+                         f"it is there. Nothing was changed. If no apply is running, remove it (`{rm} {self.path}`) and "
+                         "run again.")
+
+    def _cannot_read(self, e: OSError) -> LockError:
+        try:
+            mode = os.lstat(self.path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):  # (a symlink: O_NOFOLLOW's ELOOP)
+            return self._not_a_lock(mode)
+        return LockError(f"cannot read the apply lock {self.path}: {e.strerror or e}. Nothing was changed.")
 
     def _refuse(self, h: dict) -> LockError:
         return LockError(f"another apply holds the lock {self.path}: {describe_holder(h)}; "
@@ -385,11 +409,20 @@ class ApplyLock:
     def _take_over_stale(self, mine: Path) -> bool:
         """True if the lock at self.path was stale and is ours now; False to try again; LockError if held."""
         try:
-            old = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            old = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # (a fifo's open would block)
         except FileNotFoundError:
             return False
+        except OSError as e:
+            raise self._cannot_read(e) from None
         try:
-            h = lock_holder(os.read(old, 1 << 16))
+            mode = os.fstat(old).st_mode
+            if not stat.S_ISREG(mode):  # (a directory's read was an "unexpected IsADirectoryError")
+                raise self._not_a_lock(mode)
+            try:
+                body = os.read(old, 1 << 16)
+            except OSError as e:
+                raise self._cannot_read(e) from None
+            h = lock_holder(body)
             try:
                 fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

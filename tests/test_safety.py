@@ -316,6 +316,11 @@ _ASSIGNMENT = ".reconcile/assignments/sim-aws-00003.json"
 _MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
 _FLEET_YAML = "status/fleet.yaml: cannot read the fleet's identity: "
 
+
+def _odd_lock(what: str, rm: str) -> list[str]:
+    return [f".reconcile/apply.lock is not a lock file ({what})", "Nothing was changed", f"`{rm}", "apply.lock`"]
+
+
 # (name, how to corrupt the applied quickstart, command, what the error must say)
 CORRUPT = [
     ("state truncated", lambda c: _state(c).write_text(_state(c).read_text()[:40]), "apply",
@@ -397,6 +402,12 @@ CORRUPT = [
     ("lock pid null", _lock("null"), "apply", _MALFORMED_LOCK),
     ("lock pid huge float", _lock("1e30"), "apply", _MALFORMED_LOCK),
     ("lock pid past a C long", _lock("99999999999999999999"), "apply", _MALFORMED_LOCK),
+    # Something other than a file at the lock's name: a directory was an "unexpected IsADirectoryError ... a bug" from
+    # apply and unlock, and a fifo hung both (the lock was opened, or read, to learn its holder).
+    ("lock a directory", lambda c: (c / ".reconcile/apply.lock").mkdir(), "apply", _odd_lock("a directory", "rm -r")),
+    ("lock a directory, unlock", lambda c: (c / ".reconcile/apply.lock").mkdir(), "unlock", _odd_lock("a directory", "rm -r")),
+    ("lock a fifo", lambda c: os.mkfifo(c / ".reconcile/apply.lock"), "apply", _odd_lock("a special file", "rm ")),
+    ("lock a fifo, unlock", lambda c: os.mkfifo(c / ".reconcile/apply.lock"), "unlock", _odd_lock("a special file", "rm ")),
     # status/fleet.yaml says who the fleet is when the state is lost: malformed, it was taken as no identity, and the
     # fleet's own instances were "another fleet of that name" (rename a Topology, or --adopt-fleet).
     ("status/fleet.yaml uid a number, state lost", _lost_state_and_fleet_yaml("metadata: {name: quickstart, uid: 5}\n"), "apply",
@@ -430,7 +441,8 @@ def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt
     (cfg / "jobs" / "platform.yaml").write_text((cfg / "jobs" / "platform.yaml").read_text().replace("cpu: 14", "cpu: 13"))
     before = _live(cfg)
     corrupt(cfg)
-    args = {"apply": ("apply", cfg, "--auto-approve"), "plan": ("plan", cfg), "status": ("status", cfg)}[command]
+    args = {"apply": ("apply", cfg, "--auto-approve"), "plan": ("plan", cfg), "status": ("status", cfg),
+            "unlock": ("unlock", "garbled-00000000", "--dir", cfg)}[command]
     assert_clean_error(cli(*args), *needles)
     if "sim" not in name:
         assert _live(cfg) == before  # nothing launched or deleted on the strength of it
