@@ -40,6 +40,7 @@ TAG_VALUE_MAX = 256  # EC2 and Azure tag values
 MAX_TAGS = 20  # chunks: with the serial and the ownership tags, 25 of EC2's 50 tags per resource
 CONTINUED = ",..."  # a chunk that goes on in the next tag ends with this
 OVERFLOW = "!overflow"  # job names never start with '!'
+SERIAL_MAX = 2**63 - 1  # a 64-bit counter, one more each apply: the state's serial and the tags' are below it
 MAX_GPU_INDEX = 1023  # far above any instance's GPUs (which observe checks each index against)
 
 
@@ -147,6 +148,8 @@ def read_placements(tags: Mapping[str, str]) -> PlacementRecord | None:
     serial = tags.get(TAG_PLACEMENTS_SERIAL, "")
     if not _digits(serial) or TAG_PLACEMENTS not in tags:
         raise PlacementTagError(f"{TAG_PLACEMENTS} and a numeric {TAG_PLACEMENTS_SERIAL} go together (serial {serial!r})")
+    if len(serial) > 19 or int(serial) > SERIAL_MAX:  # (the length first: int() of thousands of digits is refused)
+        raise PlacementTagError(f"{TAG_PLACEMENTS_SERIAL} is out of range ({len(serial)} digits; an apply's serial is below 2**63)")
     value = tags[TAG_PLACEMENTS]
     if value.startswith(OVERFLOW):
         return PlacementRecord(int(serial), (), complete=False)
@@ -162,4 +165,4 @@ def read_placements(tags: Mapping[str, str]) -> PlacementRecord | None:
 
 
 __all__ = ["Placement", "PlacementRecord", "PlacementTagError", "placement_tags", "read_placements", "is_placement_key",
-           "TAG_PLACEMENTS", "TAG_PLACEMENTS_SERIAL", "MAX_TAGS", "TAG_VALUE_MAX"]
+           "TAG_PLACEMENTS", "TAG_PLACEMENTS_SERIAL", "MAX_TAGS", "TAG_VALUE_MAX", "SERIAL_MAX"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from providers.placements import SERIAL_MAX
 from reconciler.errors import LockError, ReconcileError
 
 CAPACITY_COOL_OFF = timedelta(minutes=30)
@@ -251,6 +252,8 @@ def _state_problem(raw) -> str | None:
         return "serial is not an integer"
     if raw.get("serial", 0) < 0:  # applies count up from 0, so no apply wrote this
         return f"serial is negative ({raw['serial']})"
+    if raw.get("serial", 0) > SERIAL_MAX:  # it goes into every instance's placement tags (EC2 values: 256 characters)
+        return f"serial is out of range ({len(str(raw['serial']))} digits; an apply's serial is below 2**63)"
     since = raw.get("since", {})
     if not isinstance(since, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in since.items()):
         return "since is not a map of job -> serial"

@@ -89,6 +89,10 @@ def test_more_than_the_tags_can_hold_is_marked_not_written_in_part():
     {TAG_PLACEMENTS: "a/0@\u00b2", TAG_PLACEMENTS_SERIAL: "1"},
     {TAG_PLACEMENTS: "a/\u00b2", TAG_PLACEMENTS_SERIAL: "1"},
     {TAG_PLACEMENTS: "a/0", TAG_PLACEMENTS_SERIAL: "\u00b2"},
+    # A serial past the state's 64-bit counter (reconciler/state.py): the next apply saved a state one more, which
+    # its next load refuses as corrupt.
+    {TAG_PLACEMENTS: "a/0", TAG_PLACEMENTS_SERIAL: str(2**63)},
+    {TAG_PLACEMENTS: "a/0", TAG_PLACEMENTS_SERIAL: "9" * 250},
 ])
 def test_unreadable_tags_are_a_typed_error(tags):
     with pytest.raises(PlacementTagError):

@@ -333,6 +333,10 @@ CORRUPT = [
      ["state.json: cannot read the reconciler's state: placements is not a map of job -> [instance id]"]),
     ("state negative serial", lambda c: _state(c).write_text('{"serial": -5}'), "plan",
      ["state.json: cannot read the reconciler's state: serial is negative (-5)", "move it aside"]),
+    # A serial goes into every instance's placement tags (AWS: 256 characters, GCP labels: 63): a 401-digit one was
+    # accepted and written there.
+    ("state serial huge", _edit_state(lambda s: s.update(serial=10**400)), "apply",
+     [_STATE + "serial is out of range (401 digits; an apply's serial is below 2**63)", "move it aside"]),
     ("state bad since", lambda c: _state(c).write_text('{"since": {"train": "yesterday"}}'), "plan",
      ["state.json: cannot read the reconciler's state: since is not a map of job -> serial"]),
     ("state bad aged", lambda c: _state(c).write_text('{"aged": {"train": "high"}}'), "plan",
@@ -446,6 +450,14 @@ def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt
     assert_clean_error(cli(*args), *needles)
     if "sim" not in name:
         assert _live(cfg) == before  # nothing launched or deleted on the strength of it
+
+
+def test_state_serial_is_a_64_bit_counter():
+    from reconciler.state import StateFileError, state_from_json
+
+    assert state_from_json(json.dumps({"serial": 2**63 - 1})).serial == 2**63 - 1
+    with pytest.raises(StateFileError, match=r"serial is out of range \(19 digits"):
+        state_from_json(json.dumps({"serial": 2**63}))
 
 
 @pytest.mark.parametrize("where", ["state", "tags"])
