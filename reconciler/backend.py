@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
+from reconciler.atomicfile import write_atomic
 from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
 from providers.redact import redact
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
@@ -114,10 +115,7 @@ class LocalBackend:
     def write_key(self, key: str, body: bytes) -> None:
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(body)
-            os.replace(tmp, path)  # readers see the old object or the new one, never half of one
+            write_atomic(path, body)  # readers see the old object or the new one, never half of one
         except OSError as e:
             raise ReconcileError(f"local bus: cannot write {path}: {e.strerror}") from None
 

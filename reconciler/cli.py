@@ -673,6 +673,7 @@ def catalog_update(
 
     from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, shipped_catalog_text
     from providers.pricesources import update_catalog
+    from reconciler.atomicfile import write_atomic
 
     target = out or config_dir / CATALOG_FILE
     try:
@@ -690,9 +691,7 @@ def catalog_update(
         catalog = load_catalog()
         raw = json.loads(pinned.read_text() if pinned else shipped_catalog_text())
         new, lines = update_catalog(raw, catalog, cloud, regions)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(new, indent=1) + "\n")
-        tmp.replace(target)
+        write_atomic(target, (json.dumps(new, indent=1) + "\n").encode())
     except ReconcileError as e:
         _fail(e)
     except OSError as e:

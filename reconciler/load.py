@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
 from reconciler import snapshot
+from reconciler.atomicfile import write_atomic
 from reconciler.localkey import seal, sealed
 from reconciler.errors import ConfigError, Diagnostic
 from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
@@ -699,10 +700,7 @@ class _ParseCache:
             return  # no key to seal it with: not cached
         head = json.dumps({"key": key, "seal": tag})
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.dir / f".{key}.{os.getpid()}.tmp"
-            tmp.write_text(head + "\n" + text)
-            os.replace(tmp, self.dir / f"{key}.json")  # whole or not at all, also with a concurrent plan
+            write_atomic(self.dir / f"{key}.json", (head + "\n" + text).encode())  # whole or not at all, also with a concurrent plan
             self.wrote = True
         except OSError:
             pass

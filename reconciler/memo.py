@@ -40,12 +40,12 @@ import functools
 import hashlib
 import json
 import marshal
-import os
 import sys
 from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reconciler.atomicfile import write_atomic
 from reconciler.deadlines import conditions, ranks, start_by
 from reconciler.localkey import seal, sealed
 from reconciler.model import DesiredState
@@ -271,10 +271,7 @@ def keep(config_dir: Path, key: str, plan: "Plan", seconds: float, time_limit: f
 def _write(path: Path, data: bytes) -> bool:
     """Replace `path` with `data` atomically (best effort: a read-only directory just keeps no memo)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)  # whole or not at all, also beside a concurrent plan
+        write_atomic(path, data)  # whole or not at all, also beside a concurrent plan
     except OSError:
         return False
     return True

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import pickle
 from pathlib import Path
 
+from reconciler.atomicfile import write_atomic
 from reconciler.localkey import seal, sealed
 from reconciler.model import DesiredState
 
@@ -81,10 +81,7 @@ def keep(root: Path, want: str, state: DesiredState) -> bool:
         return False  # no key to seal it with: not kept
     path = Path(root) / SNAPSHOT_FILE
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(f"{want} {tag}\n".encode() + data)
-        os.replace(tmp, path)  # whole or not at all, also beside a concurrent plan
+        write_atomic(path, f"{want} {tag}\n".encode() + data)  # whole or not at all, also beside a concurrent plan
     except OSError:
         return False
     return True

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from providers.placements import SERIAL_MAX
+from reconciler.atomicfile import write_atomic
 from reconciler.errors import LockError, ReconcileError
 
 CAPACITY_COOL_OFF = timedelta(minutes=30)
@@ -304,11 +305,7 @@ def load_state(config_dir: Path) -> State:
 
 
 def save_state(config_dir: Path, state: State) -> None:
-    d = state_dir(config_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "state.json.tmp"
-    tmp.write_text(state_to_json(state))
-    os.replace(tmp, d / "state.json")
+    write_atomic(state_dir(config_dir) / "state.json", state_to_json(state).encode())
 
 
 GARBLED = "garbled-"  # the id of a lock that names no holder: "garbled-" and a digest of its bytes

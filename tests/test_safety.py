@@ -223,6 +223,27 @@ def test_nothing_is_read_or_written_through_a_symlink_under_dot_reconcile(applie
     assert _live(applied) == before
 
 
+@pytest.mark.parametrize("where", ["plan-memo.json", "desired.pickle", "parse"])
+def test_a_cache_file_that_cannot_be_replaced_leaves_no_temporary_file(tmp_path, where):
+    """Audit: with .reconcile/cache/plan-memo.json a directory, every plan wrote `.plan-memo.json.<pid>.tmp`, failed to
+    rename it over the directory and left it there (so did the load snapshot and the parse cache). The plan still
+    succeeds (these are caches), and a failed replace removes its temporary file."""
+    cfg = copy_quickstart(tmp_path)
+    assert cli("plan", cfg).returncode == 0
+    cache = cfg / ".reconcile" / "cache"
+    blocked = list((cache / "parse").glob("*.json")) if where == "parse" else [cache / where]
+    assert blocked
+    for path in blocked:
+        path.unlink()
+        path.mkdir()
+    if where == "parse":
+        (cache / "desired.pickle").unlink()  # else the load snapshot answers and no file is parsed
+    for _ in range(2):
+        res = cli("plan", cfg)
+        assert res.returncode == 0, res.stderr
+    assert not [str(p.relative_to(cfg)) for p in (cfg / ".reconcile").rglob("*.tmp")]
+
+
 def test_links_the_jobs_make_on_the_simulated_disks_are_theirs(tmp_path):
     """What a job writes on its (simulated) instance's disk is its own: a venv's `bin/python` link in its working
     directory, a `latest` link among its checkpoints. Refused, they would have stopped every plan of the fleet."""
