@@ -11,9 +11,6 @@ Grafana dashboard in examples/grafana/ is checked against."""
 
 from __future__ import annotations
 
-import errno
-import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.fleetview import COUNTED, REASON_KINDS, FleetView, reason_kind
 
@@ -141,32 +139,16 @@ def exposition(view: FleetView, openmetrics: bool = False) -> str:
 
 def write_textfile(path: Path, view: FleetView) -> None:
     """`reconcile metrics --out PATH`: atomically (write, then rename), so the textfile collector never reads half a
-    file. The temporary file next to PATH has an unpredictable name and is created anew (O_CREAT|O_EXCL|O_NOFOLLOW),
-    so nothing planted in that directory is written through; it is removed when a step fails. (status/metrics.prom,
+    file, through reconciler.atomicfile (nothing planted in that directory is written through; the temporary file is
+    removed when a step fails). (status/metrics.prom,
     inside the config repo, goes through reconciler.status.StatusFiles instead, as every status file does.)"""
     path = Path(path)
     text = exposition(view).encode()
     if path.is_dir():
         raise ReconcileError(f"{path} is a directory: --out names the file to write (e.g. {path / 'fleetops.prom'})")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(100):
-            tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
+        write_atomic(path, text)
     except OSError as e:
-        raise ReconcileError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise ReconcileError(f"cannot write {path}: {e.strerror or e}") from None
 
 
