@@ -58,6 +58,24 @@ def test_finished_jobs_stop_demanding_capacity_until_the_spec_changes(tmp_path):
     assert runtime_view(changed, {}, done, {}, [], NOW, 60).finished == {}
 
 
+def test_a_failed_gang_shows_the_replica_that_failed_not_the_peers_it_stopped(tmp_path):
+    """README: a replica that fails for good fails the job with its reason (Error with Never, BackoffLimitExceeded,
+    StartError, DeadlineExceeded) and its last log lines; the others stop with GangFailed. The job showed the first
+    failed record in replica order: replica 0's GangFailed ('replica 1 failed: Error') and replica 0's log lines,
+    never the exit code and output of replica 1, the one that failed."""
+    d = desired(tmp_path, restart={"policy": "Never"})
+    recs = {("j", 0): rec(d, 0, "i-1", "Failed", reason="GangFailed", message="replica 1 failed: Error", exit_code=-15, log_tail=["R=0"]),
+            ("j", 1): rec(d, 1, "i-2", "Failed", reason="Error", message="exit code 7 after 0 restart(s); last lines: boom",
+                          exit_code=7, log_tail=["R=1", "boom"])}
+    for placed, agents in (({}, {}), ({"j": ["i-1", "i-2"]}, {"i-1": beat(1), "i-2": beat(1)})):
+        v = runtime_view(d, placed, recs, agents, ["i-1", "i-2"] if placed else [], NOW, 60)
+        run = v.jobs["j"]
+        assert v.finished == {"j": "Failed"}
+        assert (run.phase, run.reason) == ("Failed", "Error"), run
+        assert run.message.startswith("replica 1: exit code 7") and run.log_tail == ("R=1", "boom")
+        assert dict((c[0], c) for c in run.conditions)["Failed"][2] == "Error"
+
+
 def test_an_interrupting_instance_is_replaced_once_its_replicas_stopped():
     assert unhealthy_instances(["i-1"], {"i-1": beat(1, "Interrupting", ["j/0"])}, NOW, 60) == {}
     assert "interruption notice" in unhealthy_instances(["i-1"], {"i-1": beat(1, "Interrupting")}, NOW, 60)["i-1"]

@@ -135,7 +135,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
             reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
                          "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0)})
         phases = [r["phase"] for r in reps]
-        failed = next((r for r in recs if r and r.get("terminal") and r.get("phase") == "Failed"), None)
+        failures = [r for r in recs if r and r.get("terminal") and r.get("phase") == "Failed"]
+        # The replica that failed, not a peer it stopped (GangFailed): its reason, exit code and last lines are the job's.
+        failed = next((r for r in failures if r.get("reason") != "GangFailed"), failures[0] if failures else None)
         if done == "Failed" and failed is not None:
             phase, reason, message = "Failed", failed.get("reason", "Error"), f"replica {failed.get('replica')}: {failed.get('message', '')}"
         elif done == "Succeeded":
