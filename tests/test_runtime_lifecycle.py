@@ -247,6 +247,30 @@ def test_plan_lists_a_running_job_that_gains_or_loses_its_run(tmp_path):
     assert plan()[0] == 0
 
 
+def test_a_running_job_whose_run_was_edited_shows_its_old_process_running_until_the_apply(tmp_path):
+    """`reconcile status` is live, as the agents report now: a job whose `run` was edited in the config (a merged PR, before
+    the apply that restarts it) still runs its old spec. It was shown 'Starting (Assigned)' and counted starting (status,
+    fleet.yaml, metrics), its Running condition flipped to False, while its processes ran and nothing new was assigned.
+    Its old records count for what it shows, never for its finish: the edited spec demands capacity and runs again."""
+    d = desired(tmp_path / "d")
+    e = desired(tmp_path / "e", run={"command": ["train"], "env": {"LR": "0.1"}})
+    old = spec_hash(d.jobs["j"])
+    assert old != spec_hash(e.jobs["j"])
+    placed, agents = {"j": ["i-1", "i-2"]}, {"i-1": beat(1, running=["j/0"]), "i-2": beat(1, running=["j/1"])}
+    running = {("j", 0): rec(d, 0, "i-1", "Running", started_at="t0"), ("j", 1): rec(d, 1, "i-2", "Running", started_at="t0")}
+    v = runtime_view(e, placed, running, agents, ["i-1", "i-2"], NOW, 60, published={"j": old})
+    run = v.jobs["j"]
+    assert (run.phase, run.reason) == ("Running", "Running"), run
+    assert [r["phase"] for r in run.replicas] == ["Running", "Running"] and not v.finished
+    # Its old spec's finish is not the edited job's: it is not finished, and shows no old terminal phase.
+    done = {("j", 0): rec(d, 0, "i-1", "Succeeded"), ("j", 1): rec(d, 1, "i-2", "Succeeded")}
+    v = runtime_view(e, placed, done, agents, ["i-1", "i-2"], NOW, 60, published={"j": old})
+    assert not v.finished and v.jobs["j"].phase == "Starting"
+    # Once the apply published the edited spec, the old records are history: Starting until its agents report it.
+    v = runtime_view(e, placed, running, agents, ["i-1", "i-2"], NOW, 60, published={"j": spec_hash(e.jobs["j"])})
+    assert v.jobs["j"].phase == "Starting" and not v.finished
+
+
 def test_a_replica_whose_instance_is_gone_is_never_running_on_its_agents_last_report(tmp_path):
     """QA's rt3: a reclaimed instance's agent had written a heartbeat listing the replica running a moment before it
     was killed; for up to 60 s that report was fresh, and the job was shown Running on a terminated instance. An

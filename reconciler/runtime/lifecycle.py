@@ -103,6 +103,12 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         ids = list(placements.get(name, ()))
         if done:
             finished[name] = done
+        was = published.get(name) if s.run is not None and ids else None
+        if was is not None and was not in h:
+            # Its `run` was edited since the last apply, which published `was`: until the next apply restarts it, its
+            # agents run that spec, and what they report of it is what runs now (never its finish: the edit runs again).
+            recs = [r if r is not None or (o := runs.get((name, i))) is None or o.get("spec_hash") != was or o.get("terminal")
+                    else o for i, r in enumerate(recs)]
         restarts = max((r.get("restarts", 0) for r in recs if r), default=0)
         started = min((r["started_at"] for r in recs if r and r.get("started_at")), default=None)
         ended = max((r["finished_at"] for r in recs if r and r.get("finished_at")), default=None)
