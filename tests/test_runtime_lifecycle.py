@@ -44,6 +44,20 @@ def test_phases_follow_the_replicas_and_heartbeats(tmp_path):
     assert v.jobs["j"].phase == "Unknown" and not v.unhealthy
 
 
+def test_a_job_some_of_whose_replicas_completed_while_the_rest_run_is_running(tmp_path):
+    """Replica 0 succeeded, replica 1 still runs: the job was shown "Starting (Completed: replica 0: Succeeded)" and
+    counted starting, though nothing was being started; it runs (as a Kubernetes Job with completions does)."""
+    d = desired(tmp_path)
+    placed = {"j": ["i-1", "i-2"]}
+    agents = {"i-1": beat(1), "i-2": beat(1)}
+    half = {("j", 0): rec(d, 0, "i-1", "Succeeded", reason="Completed"), ("j", 1): rec(d, 1, "i-2", "Running")}
+    v = runtime_view(d, placed, half, agents, ["i-1", "i-2"], NOW, 60)
+    assert (v.jobs["j"].phase, v.jobs["j"].message) == ("Running", "1 replica(s) running, 1 completed")
+    assert not v.finished
+    booting = {("j", 0): rec(d, 0, "i-1", "Succeeded", reason="Completed")}  # the other not started yet: Starting
+    assert runtime_view(d, placed, booting, agents, ["i-1", "i-2"], NOW, 60).jobs["j"].phase == "Starting"
+
+
 def test_finished_jobs_stop_demanding_capacity_until_the_spec_changes(tmp_path):
     d = desired(tmp_path)
     done = {("j", 0): rec(d, 0, "i-1", "Succeeded"), ("j", 1): rec(d, 1, "i-2", "Succeeded")}

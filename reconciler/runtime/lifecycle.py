@@ -154,6 +154,11 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
             phase, reason, message = "Unknown", "AgentUnreachable", "no fresh heartbeat from " + ", ".join(unreachable)
         elif all(p == "Running" for p in phases):
             phase, reason, message = "Running", "Running", f"{n} replica(s) running"
+        elif "Running" in phases and all(p in ("Running", "Succeeded") for p in phases):
+            # Some replicas finished their share and the rest run (a Kubernetes Job with completions is Running so):
+            # nothing is being started, so not Starting, as it was shown and counted.
+            k = phases.count("Running")
+            phase, reason, message = "Running", "Running", f"{k} replica(s) running, {n - k} completed"
         else:
             phase, reason = "Starting", next((r["reason"] for r in reps if r["phase"] != "Running"), "Starting")
             message = "; ".join(f"replica {r['replica']}: {r['phase']} ({r['reason']})" for r in reps if r["phase"] != "Running")
