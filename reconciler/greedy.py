@@ -403,14 +403,17 @@ class _Greedy:
                         key=lambda c: (c.price / self._prim(c), c.key))
         picked: list[Capacity] = []
         pending = Pending()
+        def openable(c: Capacity) -> bool:
+            return self.bought.get(c.offer_key, 0) + pending.buying(c) < c.max_new and self._may_open(c, pending)
+
         while not (spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)):
-            ok = [c for c in offers if self.bought.get(c.offer_key, 0) + pending.buying(c) < c.max_new
-                  and self._may_open(c, pending)]
-            if not ok:
+            # The rules asked of an offer only until one is found (the cheapest that mends, else the cheapest per unit):
+            # asking every offer for each of the ~500 instances a 2k-job fleet's 25% buffer buys one by one was 1.4 s.
+            whole = sorted((c for c in offers if spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction)
+                            and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)), key=lambda c: (c.price, c.key))
+            c = next((c for c in whole if openable(c)), None) or next((c for c in offers if openable(c)), None)
+            if c is None:
                 return []
-            whole = [c for c in ok if spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction)
-                     and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)]
-            c = min(whole, key=lambda c: (c.price, c.key)) if whole else ok[0]
             picked.append(c)
             pending.open(c, self._prim(c))
             total, idle = total + self._prim(c), idle + self._prim(c)
