@@ -25,6 +25,10 @@ get theirs attached as guestAccelerators, and their instance type names say so:
 `n1-standard-8+1xnvidia-tesla-t4` is machine type n1-standard-8 with one T4
 (split_type). observe reads such a name back from the instance's accelerators.
 
+A launch into a Reservation with a target names that reservation (reservationAffinity SPECIFIC_RESERVATION): the
+default affinity never consumes a reservation created to be targeted (specificReservationRequired), and one that any
+VM may take needs no target.
+
 Spot instances use provisioningModel SPOT with instanceTerminationAction DELETE:
 a preempted instance disappears and the next run replaces it. GCE has no bid
 price for Spot VMs, so request.max_price is enforced by the planner (catalog
@@ -106,6 +110,9 @@ DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
+# ReservationAffinity.key naming a reservation (Compute v1 reference): values [NAME], or [projects/P/reservations/NAME]
+# for one shared from project P.
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-5b1e-8c3f-2a7e0f6d9b41")  # fixed: the same key always gives the same requestId
 DEFAULT_PARALLELISM = 100
 MAX_PAGE = 500  # GCE's largest page
@@ -636,6 +643,10 @@ class GcpProvider:
             disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
                 source_image=image_for(s, gpus), disk_type=f"zones/{zone}/diskTypes/{DEFAULT_DISK_TYPE}"))],
         )
+        if request.capacity_reservation:  # a Reservation's target: GCE's default affinity (ANY_RESERVATION) never takes
+            # a slot of a reservation only named instances may consume, so unnamed the VM would run (billed) outside it
+            resource.reservation_affinity = c.ReservationAffinity(consume_reservation_type="SPECIFIC_RESERVATION",
+                                                                  key=RESERVATION_KEY, values=[request.capacity_reservation])
         if accelerator is not None:
             resource.guest_accelerators = [c.AcceleratorConfig(
                 accelerator_count=count, accelerator_type=f"projects/{project}/zones/{zone}/acceleratorTypes/{accelerator}")]

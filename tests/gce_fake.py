@@ -53,6 +53,14 @@ plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted 
 instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
+Reservations (add_reservation; reservation_in_use): zonal reservations of one machine type, consumed as GCE documents
+(ReservationAffinity, Reservation.specificReservationRequired in the Compute v1 reference): an insert with the default
+affinity (ANY_RESERVATION) takes a slot of a matching reservation that does not require targeting, never of one that
+does ("only VMs that target the reservation by name can consume from this reservation"); SPECIFIC_RESERVATION names one
+(key compute.googleapis.com/reservation-name, values [NAME] or [projects/P/reservations/NAME] for a shared one) and is
+refused (400 invalid) when it does not exist in the zone, does not require targeting ("can not be targeted as
+specificReservationRequired is not set", GCE's answer), is of another machine type, or is full. Only the first and the
+third sentence of those refusals are GCE's wording as seen in the wild; the others are the fake's.
 Networks: networks.get and subnetworks.get (add_network, add_subnetwork; every project has the auto-mode "default"
 network with a "default" subnetwork per region); an insert whose NIC names a network or subnetwork that does not exist,
 or a subnetwork of another region or network, is 400 invalid, as GCE answers.
@@ -95,6 +103,8 @@ N1_RE = re.compile(r"^n1-(?:standard|highmem|highcpu)-([0-9]+)$")
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # ReservationAffinity.key that names a reservation
+_RESERVATION_VALUE = re.compile(r"^(?:projects/([^/]+)/reservations/)?([a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)$")
 MACHINE_TYPE_RE = re.compile(r"^(?:(?:https?://[^/]+)?/?compute/v1/)?(?:projects/[^/]+/)?zones/([^/]+)/machineTypes/([a-z0-9-]+)$")
 CAPACITY_MESSAGES = {
     "ZONE_RESOURCE_POOL_EXHAUSTED": "The zone 'projects/{p}/zones/{z}' does not have enough resources available to fulfill "
@@ -372,6 +382,10 @@ class GceFake:
         self.default_network = True
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
         self.quota_limits: dict[tuple[str, str], float] = {}  # (region, or "" for the project's, metric) -> limit
+        # (project, zone, name) -> {"machine_type", "count", "specific"}; and which reservation each instance took a
+        # slot of: instance id -> (project, zone, name). A slot is held while the instance is not stopped.
+        self.reservations: dict[tuple[str, str, str], dict] = {}
+        self.consumed: dict[str, tuple[str, str, str]] = {}
         self._inject: list[Injected] = []
         self._ips = 2
         self.url = ""
@@ -539,6 +553,56 @@ class GceFake:
         """`gcloud compute instances stop`, done: the instance stays, TERMINATED (GCE's stopped)."""
         with self.lock:
             self.instances_by_key[(project, zone, name)]["status"] = "TERMINATED"
+
+    def add_reservation(self, project: str, zone: str, name: str, machine_type: str, count: int, *,
+                        specific: bool = True) -> None:
+        """A zonal reservation of `count` VMs of `machine_type`; `specific`: specificReservationRequired (only an
+        insert that names it consumes it), else any matching insert with the default affinity does."""
+        with self.lock:
+            self.reservations[(project, zone, name)] = {"machine_type": machine_type, "count": count, "specific": specific}
+
+    def reservation_in_use(self, project: str, zone: str, name: str) -> int:
+        """The reservation's inUseCount: instances holding one of its slots."""
+        with self.lock:
+            return self._in_use((project, zone, name))
+
+    def _in_use(self, key: tuple[str, str, str]) -> int:
+        return sum(1 for inst in self.instances_by_key.values()
+                   if self.consumed.get(inst["id"]) == key and inst["status"] not in ("TERMINATED", "SUSPENDED"))
+
+    def _reservation_for(self, project: str, zone: str, body: dict) -> tuple[str, str, str] | None:
+        """The reservation an insert consumes a slot of (None: none), or the 400 GCE answers its affinity with."""
+        aff = body.get("reservationAffinity") or {}
+        kind = aff.get("consumeReservationType", "ANY_RESERVATION")
+        mt = MACHINE_TYPE_RE.fullmatch(body["machineType"]).group(2)  # type: ignore[union-attr]
+        if kind in ("NO_RESERVATION", "UNSPECIFIED"):
+            return None
+        if kind == "ANY_RESERVATION":
+            return next((k for k, r in sorted(self.reservations.items()) if k[:2] == (project, zone) and not r["specific"]
+                         and r["machine_type"] == mt and self._in_use(k) < r["count"]), None)
+        if kind != "SPECIFIC_RESERVATION":
+            raise _invalid("resource.reservationAffinity.consumeReservationType", kind, "Unknown reservation affinity.")
+        values = aff.get("values") or []
+        m = _RESERVATION_VALUE.fullmatch(values[0]) if len(values) == 1 else None
+        if aff.get("key") != RESERVATION_KEY or m is None:
+            raise _invalid("resource.reservationAffinity", json.dumps(aff), f"SPECIFIC_RESERVATION needs key {RESERVATION_KEY} "
+                           "and one value: a reservation name or projects/PROJECT/reservations/NAME.")
+        key = (m.group(1) or project, zone, m.group(2))
+        r = self.reservations.get(key)
+        ref = f"projects/{key[0]}/reservations/{key[2]}"
+        if r is None:
+            raise _invalid("resource.reservationAffinity", json.dumps(aff), f"Could not find the given reservation with "
+                           f"the following name: {ref} in zone {zone}.")
+        if not r["specific"]:
+            raise _invalid("resource.reservationAffinity", json.dumps(aff), f"Specified reservations [{ref}] can not be "
+                           "targeted as specificReservationRequired is not set")
+        if r["machine_type"] != mt:
+            raise _invalid("resource.reservationAffinity", json.dumps(aff), f"Specified reservation {ref} is for machine "
+                           f"type {r['machine_type']}, not {mt}.")
+        if self._in_use(key) >= r["count"]:
+            raise _invalid("resource.reservationAffinity", json.dumps(aff), f"Specified reservation {ref} does not have "
+                           "available resources for the request.")
+        return key
 
     def set_quota(self, metric: str, limit: float, region: str = "") -> None:
         """The limit of a quota metric in `region` ("" : a global, project-wide one)."""
@@ -833,6 +897,7 @@ class GceFake:
             "selfLink": f"{base}/instances/{name}", "scheduling": sched, "cpuPlatform": "Unknown CPU Platform",
             "labels": dict(body.get("labels") or {}), "labelFingerprint": _fingerprint(), "startRestricted": False,
             "deletionProtection": False, "fingerprint": _fingerprint(), "lastStartTimestamp": _now(),
+            "reservationAffinity": dict(body.get("reservationAffinity") or {"consumeReservationType": "ANY_RESERVATION"}),
         }
         attached = [(ACCELERATOR_TYPE_RE.fullmatch(a["acceleratorType"]).group(3), a["acceleratorCount"])  # type: ignore[union-attr]
                     for a in body.get("guestAccelerators") or []]
@@ -857,6 +922,7 @@ class GceFake:
         exists = f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists"
         if taken and self.conflicts == "http":
             raise GceError(409, "alreadyExists", exists)
+        reservation = None if taken else self._reservation_for(project, zone, body)
         self.insert_bodies.append((project, zone, copy.deepcopy(body)))
         if taken:
             op = self._new_op(project, zone, "insert", name, self.instances_by_key[(project, zone, name)]["id"],
@@ -872,6 +938,8 @@ class GceFake:
         else:
             inst = self._materialize(project, zone, body)
             self.instances_by_key[(project, zone, name)] = inst
+            if reservation is not None:
+                self.consumed[inst["id"]] = reservation
 
             def running(key=(project, zone, name), iid=inst["id"]) -> None:
                 cur = self.instances_by_key.get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -445,6 +446,25 @@ def test_a_request_gce_rejects_is_a_provider_error_not_capacity(prov, gce):
         prov.create(req("k-bad", itype="G2-Standard-4"))  # machine type names are lower case
     assert type(e.value) is ProviderError and "HTTP 400" in str(e.value) and "machineType" in str(e.value)
     assert gce.instances(PROJECT) == []
+
+
+def test_a_reservation_target_is_named_so_the_launch_takes_a_slot_of_it(prov, gce):
+    """A Reservation's target (apply passes it as capacity_reservation) is a reservation that only instances naming it
+    consume (specificReservationRequired): GCE's default affinity, ANY_RESERVATION, never takes one of its slots. Left
+    unnamed, the instance ran outside it, billed on-demand, while the plan priced it at $0 as reserved."""
+    gce.add_reservation(PROJECT, ZONE_A, "l4-block", "g2-standard-4", 2)
+    plain = prov.create(req("k-plain"))  # no target: GCE's default affinity leaves a targeted-only reservation alone
+    assert gce.reservation_in_use(PROJECT, ZONE_A, "l4-block") == 0 and plain.state == "running"
+    reserved = prov.create(replace(req("k-res"), capacity_reservation="l4-block"))
+    assert reserved.state == "running" and gce.reservation_in_use(PROJECT, ZONE_A, "l4-block") == 1
+    assert stored(gce, instance_name("k-res"))["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name", "values": ["l4-block"]}
+    # What GCE refuses, the fake refuses: a reservation that does not exist, or one any VM may take (not targetable).
+    gce.add_reservation(PROJECT, ZONE_A, "open", "g2-standard-4", 2, specific=False)
+    for key, target, why in (("k-none", "no-such", "Could not find the given reservation"),
+                             ("k-open", "open", "specificReservationRequired is not set")):
+        with pytest.raises(ProviderError, match=why):
+            prov.create(replace(req(key), capacity_reservation=target))
 
 
 def test_deleting_an_instance_busy_with_another_operation_is_retried_later(prov, gce):
