@@ -15,7 +15,10 @@ plan's key, and an existing VM of that name carrying our tags is returned instea
 of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
-Long-running operations are polled to the end (bounded by `lro_timeout`).
+Long-running operations are polled to the end (bounded by `lro_timeout`). A launch
+into a Reservation with a target names its capacity reservation group
+(properties.capacityReservation): a VM takes reserved capacity only from a group it
+names.
 
 Credentials: azure.identity.DefaultAzureCredential (imported lazily). Tokens are
 never printed or logged; errors carry only ARM's error code and message.
@@ -109,6 +112,16 @@ def vm_name(fleet: str, key: str) -> str:
     digest = hashlib.sha256(f"{fleet}\0{key}".encode()).hexdigest()[:12]
     head = "-".join(p for p in (f[:20].strip("-"), k[:28].strip("-")) if p)
     return f"{head}-{digest}" if head else f"vm-{digest}"
+
+
+def capacity_group_id(scope: "Scope", target: str) -> str:
+    """A Reservation target's capacity reservation group id: the target as Azure's guide writes the id
+    (`subscriptions/.../capacityReservationGroups/NAME`, the leading '/' optional), or a group name in the pool's
+    resource group."""
+    if "/" in target:
+        return "/" + target.lstrip("/")
+    return (f"/subscriptions/{scope.subscription}/resourceGroups/{scope.resource_group}/providers/Microsoft.Compute/"
+            f"capacityReservationGroups/{target}")
 
 
 def image_for(settings: dict, gpus: bool) -> str:
@@ -638,6 +651,10 @@ class AzureProvider:
 
             script = bootstrap_script("azure", request.agent_state_url, self._scope(p.settings).vm_id(name), mig=p.mig)
             props["osProfile"]["customData"] = base64.b64encode(script.encode()).decode()
+        if request.capacity_reservation:  # a Reservation's target: a VM takes a (targeted) capacity reservation group's
+            # capacity only when its create names the group, so unnamed it would run (billed) outside the reservation
+            props["capacityReservation"] = {"capacityReservationGroup": {
+                "id": capacity_group_id(self._scope(s), request.capacity_reservation)}}
         if request.market == "spot":
             props["priority"] = "Spot"
             props["evictionPolicy"] = "Delete"  # an evicted VM is gone, disks and NIC with it: nothing to clean up

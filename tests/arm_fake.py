@@ -34,6 +34,12 @@ AuthorizationFailed for a VNet forbid_read() names (an account holding a role on
 NIC names a subnet that does not exist, or one of another subscription or location, is 400 InvalidResourceReference
 (a malformed id 400 LinkedInvalidPropertyId), as ARM answers: a NIC joins only a VNet of its own subscription and
 location.
+Capacity reservation groups (add_capacity_reservation_group; associated_vms): a VM consumes a targeted group's reserved
+capacity only when its create names the group ("To associate a new virtual machine to the capacity reservation group,
+the group must be explicitly referenced as a property of the VM", Associate a VM to a capacity reservation group:
+properties.capacityReservation.capacityReservationGroup.id); a VM that names none is associated with nothing. A
+malformed group id is 400 LinkedInvalidPropertyId, a group that does not exist or is in another location 400
+InvalidParameter (the fake's wording). More VMs than reserved may be associated (Azure documents overallocation).
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ _USAGES = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/loca
 _NETWORK = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/virtualnetworks/([^/]+)"
                       r"(?:/subnets/([^/]+))?/?$", re.I)
 _ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
+_CAPACITY_GROUP = re.compile(r"^/?subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
+                             r"capacityreservationgroups/([^/]+)/?$", re.I)
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
 
@@ -183,6 +191,7 @@ class ArmFake:
         self.networks: dict[tuple[str, str, str], dict] = {}
         self.unreadable_networks: set[tuple[str, str, str]] = set()  # GET of these VNets is 403 (subnets stay readable)
         self.unreadable_subnets: set[tuple[str, str, str]] = set()  # ... and of their subnets too (a join-only role)
+        self.capacity_groups: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> the group's location
         self._inject: list[Injected] = []
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -436,6 +445,38 @@ class ArmFake:
                                    "not found. Please make sure that the referenced resource exists, and that both resources "
                                    "are in the same region.")
 
+    def add_capacity_reservation_group(self, name: str, *, resource_group: str | None = None, location: str = "eastus") -> None:
+        """A (targeted) capacity reservation group in the fake's subscription."""
+        rg = resource_group or next(iter(self.resource_groups.values()))
+        with self.lock:
+            self.capacity_groups[(self.subscription.lower(), rg.lower(), name.lower())] = location.lower()
+
+    def associated_vms(self, name: str, resource_group: str | None = None) -> list[str]:
+        """The group's virtualMachinesAssociated, by VM name."""
+        rg = (resource_group or next(iter(self.resource_groups.values()))).lower()
+        with self.lock:
+            return sorted(vm["name"] for vm in self.vms.values() if self._capacity_group(vm) == (self.subscription.lower(), rg, name.lower()))
+
+    @staticmethod
+    def _capacity_group(body: dict) -> tuple[str, str, str] | None:
+        ref = (((body.get("properties") or {}).get("capacityReservation") or {}).get("capacityReservationGroup") or {}).get("id")
+        m = _CAPACITY_GROUP.match(str(ref)) if ref else None
+        return (m.group(1).lower(), m.group(2).lower(), m.group(3).lower()) if m else None
+
+    def _check_capacity_group(self, body: dict) -> None:
+        """The capacity reservation group a create names exists, in the VM's location."""
+        ref = (((body.get("properties") or {}).get("capacityReservation") or {}).get("capacityReservationGroup") or {}).get("id")
+        if not ref:
+            return
+        key = self._capacity_group(body)
+        if key is None:
+            raise ArmError(400, "LinkedInvalidPropertyId", f"Property id '{ref}' at path 'properties.capacityReservation."
+                           "capacityReservationGroup.id' is invalid. Expect fully qualified resource Id that start with "
+                           "'/subscriptions/{subscriptionId}' or '/providers/{resourceProviderNamespace}/'.")
+        if self.capacity_groups.get(key) != str(body.get("location", "")).lower():
+            raise ArmError(400, "InvalidParameter", f"Capacity reservation group '{ref}' was not found in location "
+                           f"'{body.get('location')}'.", "capacityReservationGroup")
+
     def power_off(self, name: str, *, deallocate: bool = True, resource_group: str | None = None) -> None:
         """Someone stopped (or stopped and deallocated) the VM: its provisioningState stays Succeeded, as in Azure;
         only the instance view's PowerState code says it is not running."""
@@ -565,6 +606,7 @@ class ArmFake:
             return 200, copy.deepcopy(existing), {}
         self._validate(name, body)
         self._check_nic_subnets(sub, rg, body)
+        self._check_capacity_group(body)
         size = ((body.get("properties") or {}).get("hardwareProfile") or {}).get("vmSize")
         if set(body.get("zones") or []) & set(self.sku_restrictions.get((body["location"].lower(), size), ())):
             raise ArmError(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in location "

@@ -93,6 +93,23 @@ def test_retry_with_the_same_key_yields_one_vm(prov, arm):
     assert [i.id for i in prov.observe([target()])] == [first.id]
 
 
+def test_a_reservation_target_associates_the_vm_with_its_capacity_reservation_group(prov, arm):
+    """A Reservation's target (apply passes it as capacity_reservation) is a capacity reservation group, whose reserved
+    capacity a VM takes only when its create names the group (properties.capacityReservation.capacityReservationGroup).
+    Left unnamed, the VM ran outside the reservation, billed, while the plan priced it at $0 as reserved. The target is
+    the group's name (in the pool's resource group) or its id as Azure's guide writes it (no leading '/')."""
+    arm.add_capacity_reservation_group("t4-crg")
+    prov.create(req("k-plain"))
+    assert arm.associated_vms("t4-crg") == []  # naming no group associates the VM with none
+    by_name = prov.create(replace(req("k-res"), capacity_reservation="t4-crg"))
+    group_id = f"subscriptions/{arm.subscription}/resourceGroups/{RG}/providers/Microsoft.Compute/capacityReservationGroups/t4-crg"
+    by_id = prov.create(replace(req("k-res-id", zone="eastus-2"), capacity_reservation=group_id))
+    assert by_name.state == by_id.state == "running"
+    assert arm.associated_vms("t4-crg") == sorted([vm_name(FLEET, "k-res"), vm_name(FLEET, "k-res-id")])
+    with pytest.raises(ProviderError, match="was not found"):  # ARM refuses a group that does not exist
+        prov.create(replace(req("k-none"), capacity_reservation="no-such-crg"))
+
+
 def test_a_failed_earlier_attempt_is_cleared_and_retried(arm, tmp_path):
     prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, max_retries="0")))
     arm.exhaust("eastus", "1")
