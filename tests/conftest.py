@@ -57,20 +57,23 @@ def aggregate_only(monkeypatch):
 @pytest.fixture(scope="session")
 def moto_server():
     """moto in server mode on 127.0.0.1 (a free port), for the whole session, behind EC2's
-    ClientToken rules (tests/ec2_tokens.py): moto itself ignores the token; and behind EC2's vCPU quotas with the
-    Service Quotas API that reports them (tests/ec2_quotas.py): moto has neither."""
+    ClientToken rules (tests/ec2_tokens.py): moto itself ignores the token; behind EC2's vCPU quotas with the
+    Service Quotas API that reports them (tests/ec2_quotas.py): moto has neither; and behind EC2's limits on tag keys,
+    tag values and ClientTokens (tests/ec2_params.py), which moto does not check."""
     import threading
 
     from moto.moto_server.threaded_moto_server import MotoRequestHandler
     from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
+    from tests.ec2_params import ParameterRules
     from tests.ec2_quotas import Ec2Quotas
     from tests.ec2_tokens import ClientTokens
 
     quotas = Ec2Quotas(DomainDispatcherApplication(create_backend_app))
     tokens = ClientTokens(quotas)  # a replayed token is answered before any quota is counted, as EC2 does
-    server = make_server("127.0.0.1", 0, tokens, threaded=True, request_handler=MotoRequestHandler)
+    params = ParameterRules(tokens)  # a malformed request is refused before anything else looks at it
+    server = make_server("127.0.0.1", 0, params, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     host, port = server.server_address[:2]

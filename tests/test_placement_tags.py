@@ -22,8 +22,9 @@ import pytest
 from typer.testing import CliRunner
 
 from providers.aws import AwsProvider
-from providers.base import TAG_FLEET, CreateRequest, PoolTarget, ProviderContext, ownership_tags
-from providers.placements import (MAX_TAGS, TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL, TAG_VALUE_MAX, Placement, PlacementRecord,
+from providers.base import (TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, PoolTarget, ProviderContext,
+                            ownership_tags)
+from providers.placements import (MAX_TAGS, SERIAL_MAX, TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL, TAG_VALUE_MAX, Placement, PlacementRecord,
                                   PlacementTagError, placement_tags, read_placements)
 from providers.sim import SimCloud, SimProvider
 from reconciler import api
@@ -353,6 +354,43 @@ def test_aws_long_lists_chunk_over_tags_and_shrink_cleanly(aws_env, tmp_path):
     after = raw()
     assert {k for k in after if k.startswith(TAG_PLACEMENTS)} == {TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL}
     assert read_placements(after) == few and after[TAG_FLEET] == fleet
+
+
+def test_ec2s_tag_and_client_token_limits_are_held_and_the_longest_tags_the_provider_writes_pass(aws_env, tmp_path):
+    """EC2 refuses a tag key over 127 characters or starting aws:, a tag value over 256 (the API reference's Tag) and a
+    ClientToken over 64 ASCII characters ("Ensuring idempotency"); moto took them all, so tests/ec2_params.py refuses
+    them as EC2 does. What the provider writes at its longest passes: 63-character names, a full MIG layout, and
+    MAX_TAGS full placement chunks of 63-character job names, at launch and when retagged."""
+    from botocore.exceptions import ClientError
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_env)
+    for tags, token, why in (([{"Key": "k", "Value": "v" * 257}], None, "at most 256"), ([{"Key": "k" * 128, "Value": ""}], None,
+                             "at most 127"), ([{"Key": "AWS:x", "Value": "v"}], None, "reserved"), ([], "t" * 65, "64 ASCII")):
+        extra = {"TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]} if tags else {"ClientToken": token}
+        with pytest.raises(ClientError, match=why):
+            ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, **extra)
+    with pytest.raises(ClientError, match="at most 256"):
+        ec2.create_tags(Resources=["i-0123456789abcdef0"], Tags=[{"Key": "k", "Value": "v" * 257}])
+
+    fleet = ("f" + uuid.uuid4().hex + "." + "x" * 63)[:63]  # the longest names the config allows ([a-z0-9.-], 63)
+    key = "0123456789ab-0001-15"  # a plan's key at its 16th launch attempt (reconciler/apply.py)
+    tags = {**ownership_tags(fleet, "p" * 63, key), "fleetops.io/plan": "0123456789ab", TAG_FLEET_UID: "0123456789abcdef",
+            TAG_MIG: "-".join(["1g.10gb"] * 7), TAG_RESERVATION: "r" * 63}
+    def entry(i: int) -> Placement:  # 84, 83, 83 characters (`JOB/9999@0+2+4+6+8+10+12`): three fill a value to 256
+        return Placement(f"{i:04d}" + "j" * (59 if i % 3 == 0 else 58), 9999, (0, 2, 4, 6, 8, 10, 12))
+
+    entries: list[Placement] = []  # as many as the tags hold before they overflow
+    while not placement_tags(PlacementRecord.of(SERIAL_MAX, entries + [entry(len(entries))]))[TAG_PLACEMENTS].startswith("!"):
+        entries.append(entry(len(entries)))
+    full = PlacementRecord.of(SERIAL_MAX, entries)
+    written = placement_tags(full)
+    assert len(written) == MAX_TAGS + 1 and max(len(v) for v in written.values()) == TAG_VALUE_MAX
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env}))
+    made = prov.create(CreateRequest(key=key, pool=_target(), zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                     tags=tags, placements=full))
+    d = ec2.describe_instances(InstanceIds=[made.id])["Reservations"][0]["Instances"][0]
+    assert read_placements({t["Key"]: t["Value"] for t in d["Tags"]}) == full
+    prov.record_placements(made, PlacementRecord.of(SERIAL_MAX, entries[1:]))
 
 
 def test_aws_never_tags_an_instance_it_does_not_own(aws_env, tmp_path):

@@ -1,0 +1,65 @@
+"""EC2's documented limits on tags and ClientTokens, in front of the moto server (moto checks only the tag count).
+
+* Tags (the EC2 API reference's Tag type): "Tag keys are case-sensitive and accept a maximum of 127 Unicode
+  characters. May not begin with aws:"; "Tag values ... accept a maximum of 256 Unicode characters". moto stores a
+  key or value of any length and a user key starting with aws:. Checked on every tag a request writes: RunInstances'
+  and CreatePlacementGroup's TagSpecification.N.Tag.M, CreateTags' Tag.N. The 50 tags a resource may carry moto
+  enforces itself (TagLimitExceeded).
+* ClientToken ("Ensuring idempotency in Amazon EC2 API requests"): "a unique, case-sensitive string of up to 64 ASCII
+  characters". moto takes any string.
+
+A request past a limit is answered 400 InvalidParameterValue (the wording is this layer's) and reaches nothing behind
+it. A WSGI middleware around moto's application, like tests/ec2_tokens.py, so every client meets the same rules."""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+from urllib.parse import parse_qsl
+from xml.sax.saxutils import escape
+
+KEY_MAX = 127
+VALUE_MAX = 256
+TOKEN_MAX = 64
+_TAG_KEY = re.compile(r"^(?:TagSpecification\.\d+\.)?Tag\.\d+\.Key$")
+TAGGING = {"RunInstances", "CreateTags", "CreatePlacementGroup"}
+
+
+def refusal(fields: dict[str, str]) -> str | None:
+    """What EC2 says of a request's tags or ClientToken, if it breaks a documented limit."""
+    for name, key in fields.items():
+        if not _TAG_KEY.fullmatch(name):
+            continue
+        value = fields.get(name[: -len("Key")] + "Value", "")
+        if len(key) > KEY_MAX:
+            return f"Tag key '{key[:40]}...' is {len(key)} characters long; a tag key accepts at most {KEY_MAX}."
+        if key.lower().startswith("aws:"):
+            return f"Tag key '{key}' begins with aws:, which is reserved for AWS use."
+        if len(value) > VALUE_MAX:
+            return f"The value of tag '{key}' is {len(value)} characters long; a tag value accepts at most {VALUE_MAX}."
+    token = fields.get("ClientToken")
+    if token is not None and (len(token) > TOKEN_MAX or not token.isascii()):
+        return f"ClientToken '{token[:40]}' is not a string of up to {TOKEN_MAX} ASCII characters."
+    return None
+
+
+class ParameterRules:
+    def __init__(self, app):
+        self.app = app
+        self.refused = 0
+
+    def __call__(self, environ, start_response):
+        if environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        why = refusal(fields) if fields.get("Action") in TAGGING else None
+        if why is None:
+            return self.app(environ, start_response)
+        self.refused += 1
+        out = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidParameterValue</Code>'
+               f"<Message>{escape(why)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+        start_response("400 Bad Request", [("Content-Type", "text/xml"), ("Content-Length", str(len(out)))])
+        return [out]
