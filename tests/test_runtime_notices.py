@@ -99,6 +99,17 @@ def test_azure_preempt_event_for_this_vm_only(md):
     assert AzureNotice("fleet-vm-2", md.url).check() is None
 
 
+def test_azure_preempt_event_for_the_vm_the_bootstrap_names_by_its_arm_id(md):
+    """The bootstrap passes the agent the VM's ARM id (AzureProvider vm_id); Scheduled Events' `Resources` lists
+    VM names ("List of resources this event affects", e.g. ["FrontEnd_IN_0", "BackEnd_IN_0"]: Microsoft's Scheduled
+    Events for Linux VMs). A Preempt naming this VM is this VM's notice, whichever spelling of the id is passed."""
+    arm = "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/fleet-vm-1"
+    assert AzureNotice(arm, md.url).check() is None
+    md.notice = True
+    assert AzureNotice(arm, md.url).check() == "Azure Preempt at Mon, 23 Nov 2026 18:02:00 GMT"
+    assert AzureNotice(arm.replace("fleet-vm-1", "fleet-vm-2"), md.url).check() is None
+
+
 def test_an_unreachable_metadata_service_is_no_notice_and_no_stall():
     assert AwsNotice("http://127.0.0.1:9").check() is None and GceNotice("http://127.0.0.1:9").check() is None
 

@@ -86,10 +86,14 @@ class GceNotice:
 
 
 class AzureNotice:
-    """Azure Scheduled Events: a `Preempt` event naming this VM (Spot eviction, about 30 s ahead)."""
+    """Azure Scheduled Events: a `Preempt` event naming this VM (Spot eviction, about 30 s ahead).
 
-    def __init__(self, vm_name: str, base: str = "http://169.254.169.254"):
-        self.vm_name = vm_name
+    An event's `Resources` are VM names ("FrontEnd_IN_0" in Microsoft's reference), while the bootstrap names the
+    instance by its ARM id (`/subscriptions/.../virtualMachines/NAME`): the name is its last segment. Azure resource
+    names are case-insensitive."""
+
+    def __init__(self, vm: str, base: str = "http://169.254.169.254"):
+        self.vm_name = vm.rstrip("/").rsplit("/", 1)[-1]
         self.base = base.rstrip("/")
 
     def check(self) -> str | None:
@@ -101,7 +105,8 @@ class AzureNotice:
         except ValueError:
             return None
         for e in events:
-            if e.get("EventType") == "Preempt" and (not e.get("Resources") or self.vm_name in e["Resources"]):
+            names = {str(r).lower() for r in e.get("Resources") or []}
+            if e.get("EventType") == "Preempt" and (not names or self.vm_name.lower() in names):
                 return f"Azure Preempt at {e.get('NotBefore', '?')}"
         return None
 
