@@ -57,7 +57,10 @@ def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, versio
     return f"""#!/bin/bash
 # fleetops node agent bootstrap, written by `reconcile apply` ({PACKAGE} {version}).
 set -euo pipefail
-if ! command -v python3 >/dev/null; then (apt-get update -q && apt-get install -yq python3 python3-venv) || dnf install -yq python3; fi
+# Debian and Ubuntu ship python3 without venv's ensurepip (package python3-venv; their cloud images have python3, not it).
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  (apt-get update -q && apt-get install -yq -o DPkg::Lock::Timeout=300 python3 python3-venv) || dnf install -yq python3
+fi
 python3 -m venv /opt/fleetops
 /opt/fleetops/bin/pip install --quiet {shlex.quote(spec)}
 mkdir -p /var/lib/fleetops

@@ -142,3 +142,39 @@ def test_a_pools_mig_layout_reaches_the_launch(tmp_path):
     p["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
     d = load(write_config(tmp_path, [topology(), tenant("t"), p]))
     assert pool_target(d.pools["mig"]).mig == ("3g.40gb", "2g.20gb", "2g.20gb")
+
+
+FAKE_PYTHON3 = """#!/bin/sh
+# A Debian/Ubuntu python3 without the python3-venv package: no ensurepip, so `-m venv` fails as Debian's does.
+echo "python3 $*" >> "$CALLS"
+if [ -e "$HAS_VENV" ]; then exit 0; fi
+case "$*" in
+  "-m venv"*) echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1 ;;
+  -c*) exit 1 ;;
+esac
+"""
+
+FAKE_APT_GET = """#!/bin/sh
+echo "apt-get $*" >> "$CALLS"
+case "$*" in *install*python3-venv*) touch "$HAS_VENV" ;; esac
+"""
+
+
+def test_the_bootstrap_installs_python3_venv_where_python3_comes_without_it(tmp_path):
+    """Debian and Ubuntu ship venv's ensurepip in a separate package, python3-venv, that their cloud images (GCE's
+    debian-12, the Azure CPU default Ubuntu 24.04) do not install, though python3 is there: the bootstrap's lines up to
+    the venv, run by bash with a python3 like theirs, install it, and `python3 -m venv` then succeeds."""
+    for name, text in (("python3", FAKE_PYTHON3), ("apt-get", FAKE_APT_GET)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    calls, has_venv = tmp_path / "calls", tmp_path / "has-venv"
+    script = bootstrap_script("gcp", STATE, "projects/p/zones/z/instances/n", version="1.2.3")
+    upto_venv = script[:script.index("python3 -m venv /opt/fleetops\n")] + f"python3 -m venv {tmp_path / 'venv'}\n"
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "CALLS": str(calls), "HAS_VENV": str(has_venv)}
+    run = subprocess.run(["bash", "-c", upto_venv], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert any(c.startswith("apt-get") and "install" in c and "python3-venv" in c for c in calls.read_text().splitlines())
+    # Where python3 has venv (Amazon Linux, or once installed), nothing is installed.
+    calls.unlink()
+    assert subprocess.run(["bash", "-c", upto_venv], env=env).returncode == 0
+    assert not any(c.startswith("apt-get") for c in calls.read_text().splitlines())
