@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import shlex
 
+from providers.errors import ProviderError
+from providers.redact import redact
+
 PACKAGE = "fleetops-reconciler"
 NOTICE = {"aws": "aws", "gcp": "gcp", "azure": "azure"}
 
@@ -22,6 +25,20 @@ def package_version() -> str:
         return version(PACKAGE)
     except PackageNotFoundError:  # pragma: no cover - running from a source tree without an install
         return "0.0.0"  # what reconciler.__version__ says then (it reads the same metadata)
+
+
+def agent_package() -> str | None:
+    """FLEETOPS_AGENT_PACKAGE, what instances install instead of the released package (a development build is on no
+    index), or None. It goes into user data, which is no place for secrets (EC2: do not store passwords or long-lived
+    keys in user data, which every process on the instance reads from the metadata service; GCE metadata and Azure
+    customData alike): one carrying a credential (a URL's USER:TOKEN@, a presigned URL's signature: what redact hides)
+    is refused, before any instance is launched."""
+    spec = os.environ.get("FLEETOPS_AGENT_PACKAGE") or None
+    if spec and redact(spec) != spec:
+        raise ProviderError(f"FLEETOPS_AGENT_PACKAGE {spec!r} carries a credential, and it would be written into every "
+                            "instance's user data, readable by any process there: name a package the instances can "
+                            "install without one (a public URL, or an index they reach with their own role)")
+    return spec
 
 
 def mig_partition(layout: tuple[str, ...]) -> str:
@@ -51,7 +68,7 @@ def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, versio
     spec = f"{PACKAGE}[{extra}]=={version}" if extra else f"{PACKAGE}=={version}"
     # A development build (0.2.1.dev3+gSHA) is on no package index: FLEETOPS_AGENT_PACKAGE names what
     # instances install instead (a wheel URL, `git+https://...@SHA`).
-    spec = os.environ.get("FLEETOPS_AGENT_PACKAGE") or spec
+    spec = agent_package() or spec
     agent = (f"/opt/fleetops/bin/reconcile agent {who} --state {shlex.quote(state_url)} --runtime docker "
              f"--notice {NOTICE.get(cloud, 'none')} --workdir /var/lib/fleetops --checkpoint-root /var/lib/fleetops/checkpoints")
     return f"""#!/bin/bash

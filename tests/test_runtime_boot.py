@@ -38,6 +38,32 @@ def test_the_bootstrap_quotes_what_it_is_given(monkeypatch):
         bootstrap_script("aws", "s3://b/x", None, version="0.2.1.dev3+gabc")
 
 
+def test_no_credential_of_the_agent_package_goes_into_user_data(monkeypatch, tmp_path):
+    """User data is no place for secrets: EC2 says not to store passwords or keys in it (any process on the instance
+    reads it from the metadata service; DescribeInstanceAttribute shows it), and GCE metadata and Azure customData are
+    alike. A private index's token in FLEETOPS_AGENT_PACKAGE (git+https://USER:TOKEN@..., a presigned wheel URL) is
+    refused before any instance is launched, and the error shows no secret; instances get roles, not keys."""
+    import pytest
+
+    from reconciler.errors import ReconcileError
+    from reconciler.load import load
+    from reconciler.runtime.publish import agent_bus
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    runs = load(write_config(tmp_path, [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
+                                        job("j", cpu=1, run={"command": ["true"]})]))
+    for spec in ("git+https://x-access-token:ghp_SECRET123@github.com/acme/fleetops@0123abc",
+                 "fleetops-reconciler[aws] @ https://b.s3.amazonaws.com/f-0.2.1-py3-none-any.whl?X-Amz-Signature=SECRET123"):
+        monkeypatch.setenv("FLEETOPS_AGENT_PACKAGE", spec)
+        for make in (lambda: bootstrap_script("aws", STATE, None, version="0.2.1"), lambda: agent_bus(runs, STATE)):
+            with pytest.raises(ReconcileError, match="FLEETOPS_AGENT_PACKAGE") as e:
+                make()
+            assert "SECRET123" not in str(e.value)
+    monkeypatch.setenv("FLEETOPS_AGENT_PACKAGE", "git+https://github.com/acme/fleetops@0123abc")  # public: fine
+    assert "pip install --quiet git+https://github.com/acme/fleetops@0123abc" in bootstrap_script("aws", STATE, None)
+    assert agent_bus(runs, STATE) == STATE
+
+
 def test_aws_user_data_boots_the_agent(aws_env, tmp_path):
     prov = AwsProvider(ProviderContext(fleet="boot-aws", state_dir=tmp_path, options={"endpoint_url": aws_env}))
     pool = PoolTarget(name="a10g", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("g5.xlarge",),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from providers.base import AgentHost, AgentTarget, Instance
+from providers.bootstrap import agent_package
 from reconciler.backend import StateBackend
 from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.model import DesiredState
@@ -56,6 +57,7 @@ def agent_bus(desired: DesiredState, state_url: str | None) -> str | None:
     """The bus URL cloud instances' agents are booted with: a remote state backend, when some job
     runs something. A local `.reconcile/` cannot be reached from a cloud instance: no agent then."""
     if state_url and "://" in state_url and has_workload(desired):
+        agent_package()  # refused now, before any launch, when it carries a credential (it goes into user data)
         return state_url
     return None
 
