@@ -58,6 +58,14 @@ fi
 """
 
 
+def unit_escape(command: str) -> str:
+    """A shell-quoted command line as a systemd unit's ExecStart takes it: systemd expands `%` specifiers and `$VAR`
+    in it, quoted or not (systemd.service, "Command lines"; systemd.unit, "Specifiers"), so a state URL with `%2F` in
+    its prefix failed the unit ("Failed to resolve unit specifiers": the agent never started) and one with `$HOME` was
+    another URL. `%%` and `$$` are the literal characters."""
+    return command.replace("%", "%%").replace("$", "$$")
+
+
 def bootstrap_script(cloud: str, state_url: str, instance_id: str | None, version: str | None = None, mig: tuple[str, ...] = ()) -> str:
     """A shell script (cloud-init runs `#!` user data as a script; so does GCE's startup-script).
     `instance_id` None: the agent reads it from the metadata service (EC2 ids are not known before launch).
@@ -88,7 +96,7 @@ Wants=network-online.target
 After=network-online.target docker.service
 
 [Service]
-ExecStart={agent}
+ExecStart={unit_escape(agent)}
 Restart=always
 RestartSec=5
 # A stop signals the agent alone, which checkpoints and stops its replicas itself; when it dies, its

@@ -38,6 +38,26 @@ def test_the_bootstrap_quotes_what_it_is_given(monkeypatch):
         bootstrap_script("aws", "s3://b/x", None, version="0.2.1.dev3+gabc")
 
 
+def test_the_agents_unit_starts_it_with_the_state_url_as_written(tmp_path):
+    """systemd expands `%` specifiers and `$VAR` in ExecStart even inside quotes: a bus prefix with `%2F` failed the
+    unit ("Failed to resolve unit specifiers", the agent never started) and `$HOME` named another bus. The unit writes
+    them `%%` and `$$`; undone as systemd does, the command line is the agent's with the URL as given."""
+    import shlex
+    import shutil
+
+    url = "s3://acme-fleet-state/fleets/team%2Fa/$HOME/prod"
+    script = bootstrap_script("aws", url, "i-0abc", version="1.2.3")
+    line = next(ln for ln in script.splitlines() if ln.startswith("ExecStart="))[len("ExecStart="):]
+    assert "%" not in line.replace("%%", ""), line  # every % doubled
+    argv = shlex.split(line.replace("%%", "%").replace("$$", "$"))
+    assert argv[argv.index("--state") + 1] == url
+    if shutil.which("systemd-analyze"):  # (where systemd's own parser is at hand: it resolves the unit's specifiers)
+        unit = tmp_path / "fleetops-agent.service"
+        unit.write_text(script.split("<<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0] + "\n")
+        out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        assert "specifier" not in (out.stdout + out.stderr), out.stdout + out.stderr
+
+
 def test_no_credential_of_the_agent_package_goes_into_user_data(monkeypatch, tmp_path):
     """User data is no place for secrets: EC2 says not to store passwords or keys in it (any process on the instance
     reads it from the metadata service; DescribeInstanceAttribute shows it), and GCE metadata and Azure customData are
