@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from reconciler.problem.diagnosis import never_keeps, pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.model import PRIORITY_CLASSES
+from reconciler.plan.quality import gap_withheld
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, priority_band, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
@@ -109,7 +110,11 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         if g is not None and problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
             details.append(_guarantee_text(job, d, round(g), problem.tenants[d.tenant], plan))
         of = " of the choices the solver was offered" if plan.solver.narrowed else ""  # (its bounds are theirs: solve.model)
-        details.append(f"the plan is {plan.solver.status.lower()}" + (f" (cost gap {plan.solver.gap:.1%}{of})" if not plan.solver.optimal else "")
+        # (the gap as the plan's own line claims it, or why it claims none: plan.quality.gap_withheld)
+        withheld = gap_withheld(plan.solver, plan.cost_after)
+        gap = (f" (no optimality gap is claimed: {withheld})" if withheld else
+               f" (cost gap {plan.solver.gap:.1%}{of})" if not plan.solver.optimal else "")
+        details.append(f"the plan is {plan.solver.status.lower()}" + gap
                        + "; cheaper options are either taken by the rules above or cost more in the whole plan (pool sizes, spot share, budgets, moves)")
         return Explanation(job, state, summary, tuple(details), tuple(alts[:5]))
 

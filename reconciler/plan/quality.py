@@ -44,6 +44,24 @@ def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: lis
     return ("OPTIMAL" if optimal else "FEASIBLE"), optimal, (0.0 if optimal else max(gap, 1e-6) if repairs else gap)
 
 
+def gap_withheld(solver, cost_after: float) -> str | None:
+    """Why a plan claims no cost gap, where its plan line claims none (render._solver_line), else None: `solver.gap`
+    is then no claim (1.0 stands in for "none" where packing left jobs unpacked or backfill placed more), and
+    explain and the plan's line must not differ on it."""
+    if solver.optimal:
+        return None
+    if solver.status == "GREEDY_FALLBACK":
+        return "it is greedy best-fit's"
+    why = ([f"packing left {solver.unpacked} job(s) the solver placed pending"] if solver.unpacked else []) + \
+        ([f"backfill placed {solver.backfilled} pending job(s) beyond the solver's answer"] if solver.backfilled else []) + \
+        ([f"{len(solver.unproven)} tier(s) not proven best"] if solver.unproven else [])
+    if why:
+        return "; ".join(why)
+    if cost_after <= 0:
+        return "it costs $0.00/h, the least possible"
+    return None
+
+
 def emitted_cost(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], kept: frozenset[str]) -> float:
     """The solver's cost objective (milli-dollars an hour) of the plan as emitted: its instances at their
     price (repairs included), the rest of the objective (egress, latency, moves) as the solver counted it."""
