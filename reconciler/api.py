@@ -486,14 +486,22 @@ class DiffResult:
 
 
 def _outcomes(plan: Plan, placed_types: dict[str, str], desired: DesiredState) -> dict[str, str]:
-    """job -> what the plan does with it; a job without `run` is a reservation: "reserved on", nothing runs."""
+    """job -> what the plan does with it; a job without `run` is a reservation: "reserved on", nothing runs. A job
+    the plan moves (it restarts: resized, its instance going, a consolidation) or whose run it restarts, starts or
+    stops says so, in the plan's words: on the same instance type before and after it had read the same, and a pull
+    request that restarts a running job listed no outcome for it."""
+    from reconciler.render import RUN_CHANGES
+
+    runs = {r.job: RUN_CHANGES[r.change] for r in plan.restarted}
     out = {}
     for j in plan.jobs:
         if j.instances:
             kinds = sorted({placed_types.get(i, i) for i in j.instances})
             job = desired.jobs.get(j.job)
             verb = "reserved" if job is not None and job.spec.run is None else "running"
-            out[j.job] = f"{verb} on {len(j.instances)}x {', '.join(kinds)}"
+            out[j.job] = (f"{verb} on {len(j.instances)}x {', '.join(kinds)}"
+                          + ("; move (restarts)" if j.action == "move" else "")  # (not its reason: it names this plan's refs)
+                          + (f"; {runs[j.job]}" if j.job in runs else ""))
         else:
             out[j.job] = f"pending: {j.reason}"
     return out
@@ -533,7 +541,8 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
         base = _plan(base_desired, with_runtime(backend, base_desired, fleet.observe(backend.load())), provider, time_limit, None, gap=gap)
     docs = []
     bd, hd = base.desired, head.desired
-    for kind, b, h in (("Tenant", bd.tenants, hd.tenants), ("Pool", bd.pools, hd.pools), ("Job", bd.jobs, hd.jobs)):
+    for kind, b, h in (("Tenant", bd.tenants, hd.tenants), ("Pool", bd.pools, hd.pools), ("Job", bd.jobs, hd.jobs),
+                       ("License", bd.licenses, hd.licenses), ("Reservation", bd.reservations, hd.reservations)):
         for name in sorted(set(b) | set(h)):
             if name not in b:
                 docs.append(f"+ {kind}/{name}")
@@ -542,7 +551,7 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
             elif b[name] != h[name]:
                 docs.append(f"~ {kind}/{name}")
     for kind, b, h in (("SpotPolicy", bd.spot_policy, hd.spot_policy), ("GuardrailPolicy", bd.guardrails, hd.guardrails),
-                       ("Topology", bd.topology, hd.topology)):
+                       ("PlacementPolicy", bd.placement, hd.placement), ("Topology", bd.topology, hd.topology)):
         if b != h:
             docs.append(f"~ {kind}")
     bcount, btypes = _resulting_fleet(base.plan, base.observed)

@@ -241,3 +241,36 @@ def test_a_pull_request_giving_a_reservation_a_run_shows_in_the_diff(repo):
     d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
     assert d.exit_code == 2, d.output
     assert "| rl-rollouts | reserved on 1x g5.12xlarge" in d.output and "| running on 1x g5.12xlarge" in d.output, d.output
+
+
+def test_a_pull_request_diff_lists_every_document_it_changes_and_every_job_it_restarts(repo):
+    """A PR that resizes a running job and adds a PlacementPolicy and a License. The plan restarts the job ("1 moved":
+    resources changed, it restarts); the diff listed no outcome for it (running on the same type before and after) and
+    counted 1 document changed: PlacementPolicy, License and Reservation documents were not compared."""
+    assert cli("apply", repo, "--auto-approve").exit_code == 0
+    git(repo, "checkout", "-q", "-b", "resize")
+    jobs = repo / "jobs" / "platform.yaml"
+    jobs.write_text(jobs.read_text().replace("resources: {cpu: 14, memory_gib: 48}", "resources: {cpu: 12, memory_gib: 48}"))
+    (repo / "policies.yaml").write_text((repo / "policies.yaml").read_text() + """---
+apiVersion: fleetops.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: default}
+spec: {consolidation: WhenEmpty}
+---
+apiVersion: fleetops.io/v1alpha1
+kind: License
+metadata: {name: matlab}
+spec: {count: 2}
+""")
+    git(repo, "commit", "-q", "-am", "resize feature-etl, placement policy, a license")
+    plan = cli("plan", repo, "--format", "json")
+    assert plan.exit_code == 0, plan.output
+    moved = [j for j in __import__("json").loads(plan.output)["jobs"] if j["action"] == "move"]
+    assert [j["job"] for j in moved] == ["feature-etl"], moved  # (the plan restarts it)
+    d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
+    assert d.exit_code == 2, d.output
+    assert "**3 document(s) changed;" in d.output, d.output
+    for doc in ("~ Job/feature-etl", "~ PlacementPolicy", "+ License/matlab"):
+        assert doc in d.output, d.output
+    row = next((ln for ln in d.output.splitlines() if ln.startswith("| feature-etl |")), None)
+    assert row is not None and row.endswith("; move (restarts) |"), d.output
