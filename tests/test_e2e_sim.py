@@ -77,6 +77,23 @@ def test_spot_interruption_is_healed_in_one_run(qs):
     assert spot["id"] not in {i["id"] for i in live(qs)}
 
 
+def test_the_quick_starts_interrupt_names_the_instance_of_the_job_it_says(qs):
+    """README's quick start interrupts "finetune-a's spot instance" by id, then reads finetune-a's log for its resume
+    from a checkpoint: the id must be the one finetune-a runs on once the quickstart is applied (it named
+    sim-gcp-00008, finetune-b's)."""
+    import re
+
+    from tests.fleetkit import ROOT
+
+    m = re.search(r"reconcile sim interrupt (\S+) examples/quickstart +# (\S+)'s spot instance", (ROOT / "README.md").read_text())
+    assert m, "README's quick start no longer interrupts a job's instance by id"
+    iid, job_name = m.groups()
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    runs_on = {j.job: j.instances for j in api.plan(qs).plan.jobs}
+    assert runs_on[job_name] == (iid,), (job_name, runs_on[job_name], iid)
+    assert next(i for i in live(qs) if i["id"] == iid)["market"] == "spot"
+
+
 def test_an_instance_in_a_state_or_cloud_fleetops_does_not_know_is_no_crash_and_no_duplicate(qs):
     """An instance whose state is none of ours was read as gone: its job was launched again beside it while it may
     still run. One in a cloud the catalog and Topology do not know crashed the solver ("unexpected OverflowError:

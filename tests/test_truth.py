@@ -357,6 +357,9 @@ def test_the_fleet_budget_reason_says_how_much_more_is_needed(tmp_path):
     j2 = next(x for x in plan_for(tmp_path, docs).jobs if x.job == "j2")
     assert j2.reason.startswith("budget: the fleet costs $7.35/h and max_hourly_budget is $8.00/h; "
                                 "1 more a2-highgpu-1g ($3.67/h) would need $3.03/h more budget"), j2.reason
+    # README ("How it decides") quotes this reason: as the plan says it (it quoted $3.02/h, the nearest cent)
+    said = j2.reason[:j2.reason.index("more budget") + len("more budget")]
+    assert said in " ".join((ROOT / "README.md").read_text().split()), said
 
 
 # ---------------------------------------------------------------- 5. spot ballast
