@@ -412,6 +412,22 @@ def test_spot_eligible_work_runs_on_spot_under_min_zones(tmp_path, time_limit):
 
 
 @pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_spot_gangs_under_min_zones_go_one_to_each_zone_rather_than_beside_an_idle_instance(tmp_path, time_limit):
+    """Two 2-replica zone gangs of 4-vCPU spot-eligible work under min_zones: 2: one gang in each zone, four spot
+    instances, none idle, $0.34/h, greedy as CP-SAT. Greedy put both where spot is cheapest and bought a fifth spot
+    instance to stand idle in the other zone ($0.43/h): its diversity move took no gang."""
+    docs = [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["m6i.xlarge", "m6i.2xlarge"],
+                                          market="either", hi=40),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 1.0, "min_zones": 2}),
+            *[job(f"g{i}", cpu=4, mem=8, replicas=2, gang="zone") for i in range(2)]]
+    plan = plan_for(tmp_path, docs, time_limit=time_limit)  # (plan_for checks every rule, the gangs' zones too)
+    assert {j.action for j in plan.jobs} == {"place"}
+    assert len(plan.creates) == 4 and {c.market for c in plan.creates} == {"spot"}
+    assert {c.zone for c in plan.creates} == {"us-east-1a", "us-east-1b"}
+    assert {i for j in plan.jobs for i in j.instances} == {c.ref for c in plan.creates}, "no instance stands idle"
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
 def test_spot_work_that_no_plan_can_spread_over_two_zones_waits_and_nothing_is_bought(tmp_path, time_limit):
     """min_zones: 2 where the pool has spot in one zone only: no plan keeps the rule with spot, so the spot-required
     jobs wait, saying so, and greedy buys nothing (its tentative spot purchases are undone, all or nothing)."""
