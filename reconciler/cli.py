@@ -981,6 +981,13 @@ def logs(
         typer.echo(f"Error: no run of {job}/{replica} has been reported yet", err=True)
         raise typer.Exit(1)
     path = _sim_log(config_dir, job, replica, rec)
+    earlier = _earlier_sim_logs(config_dir, job, replica, path)
+    for instance, log in earlier:
+        typer.echo(f"--- {job}/{replica} on {instance} (placed there before)", err=True)
+        sys.stdout.write(log.read_bytes().decode(errors="replace"))
+        sys.stdout.flush()
+    if earlier:
+        typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     offset = 0
     shown_tail: list[str] = []
     while True:
@@ -1022,6 +1029,22 @@ def _sim_log(config_dir: Path, job: str, replica: int, rec: dict) -> Path | None
         return None
     own = (state_dir(config_dir) / "sim" / "agents" / instance).resolve() / "logs" / f"{job}-{replica}.log"  # (agent.Agent._log_path)
     return own if Path(named) == own else None
+
+
+def _earlier_sim_logs(config_dir: Path, job: str, replica: int, current: Path | None) -> list[tuple[str, Path]]:
+    """The replica's logs on the sim's other instances, the oldest first: where it ran before a move (a spot reclaim,
+    a consolidation), whose output (its checkpoint, say) is part of its whole log; `logs` printed only the last one.
+    (Each is the sim's own agent's file, as `_sim_log`; none where the replica has no log on this machine.)"""
+    import glob
+
+    if current is None:
+        return []
+    root = current.parent.parent.parent  # (.reconcile/sim/agents)
+    out = []
+    for p in root.glob(f"*/logs/{glob.escape(job)}-{replica}.log"):
+        if p != current and p.is_file() and not p.is_symlink():
+            out.append((p.stat().st_mtime, p.parent.parent.name, p))
+    return [(instance, p) for _, instance, p in sorted(out)]
 
 
 class _ReaderMayLeave:

@@ -587,6 +587,15 @@ def test_logs_prints_no_file_but_the_sims_own_log_of_the_replica(tmp_path):
     res = cli("logs", cfg, "finetune-a")
     assert res.returncode == 0 and res.stdout == "step 1 of 150\nstep 2 of 150\n", res.stderr
 
+    # Moved here from another instance (a spot reclaim): what it printed there comes first, as part of its whole log.
+    before = cfg / ".reconcile/sim/agents/sim-gcp-00003/logs/finetune-a-0.log"
+    before.parent.mkdir(parents=True)
+    before.write_text("step 90 of 150\ncheckpoint saved at step 90\n")
+    os.utime(before, (own.stat().st_mtime - 60,) * 2)
+    res = cli("logs", cfg, "finetune-a")
+    assert res.returncode == 0 and res.stdout == "step 90 of 150\ncheckpoint saved at step 90\nstep 1 of 150\nstep 2 of 150\n", res
+    assert "finetune-a/0 on sim-gcp-00003 (placed there before)" in res.stderr, res.stderr
+
 
 @pytest.fixture
 def s3_state(aws_env, request):
