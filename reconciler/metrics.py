@@ -41,7 +41,7 @@ METRICS: dict[str, str] = {
     "fleetops_instances_lost": "Instances the last observe found gone (spot interruptions, lost hosts)",
     "fleetops_tenant_over_quota": "1 if the tenant uses more than its quota allows on some dimension",
     "fleetops_plan_duration_seconds": "Solver time of the last plan",
-    "fleetops_solver_gap_ratio": "Cost gap of the last plan to the LP bound (0: optimal)",
+    "fleetops_solver_gap_ratio": "Cost gap of the last plan to the LP bound (0: optimal; absent where the plan claims none)",
     "fleetops_plan_changes_outstanding": "Creates and deletes the fleet still needs (planned, failed or not started)",
 }
 
@@ -100,7 +100,8 @@ def families(view: FleetView) -> list[GaugeMetricFamily]:
     for t, over in sorted(view.over_quota.items()):
         fam["fleetops_tenant_over_quota"].add_metric([f, t], 1 if over else 0)
     fam["fleetops_plan_duration_seconds"].add_metric([f], round(view.plan_seconds, 3))
-    fam["fleetops_solver_gap_ratio"].add_metric([f], 0.0 if view.solver_optimal else round(max(0.0, view.solver_gap), 6))
+    if view.solver_gap is not None:  # (no sample where the plan claims no gap: fleetview._claimed_gap)
+        fam["fleetops_solver_gap_ratio"].add_metric([f], 0.0 if view.solver_optimal else round(max(0.0, view.solver_gap), 6))
     fam["fleetops_plan_changes_outstanding"].add_metric([f], view.changes_outstanding)
     return list(fam.values())
 

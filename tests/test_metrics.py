@@ -384,3 +384,17 @@ def test_jobs_evicted_to_reclaim_borrowed_room_count_as_guarantee(tmp_path):
     assert value(ss, "fleetops_pending_jobs", reason="guarantee") == 8  # they wait for the pool, pending, not evicted)
     assert value(ss, "fleetops_pending_jobs", reason="pool-max-instances") == 0
     assert value(samples(cli("metrics", cfg).output), "fleetops_pending_jobs", reason="pool-max-instances") == 8
+
+
+def test_the_gap_gauge_is_the_gap_the_plan_claims_and_absent_where_it_claims_none(tmp_path):
+    """A plan that claims no optimality gap (greedy best-fit's with --time-limit 0; tiers not proven) carries
+    solver.gap 1.0 as a stand-in, and metrics exported it as the fleet's gap, 100%, beside a plan line saying "no
+    optimality gap is claimed". The gauge now has no sample there; an optimal plan's is 0."""
+    cfg = copy_quickstart(tmp_path)
+    greedy = cli("metrics", cfg, "--time-limit", "0")
+    assert greedy.exit_code == 0, greedy.output
+    assert not [k for k in samples(greedy.output) if k[0] == "fleetops_solver_gap_ratio"]
+    plan = cli("plan", cfg, "--time-limit", "0")
+    assert "greedy best-fit" in plan.output
+    solved = samples(cli("metrics", cfg).output)
+    assert [v for k, v in solved.items() if k[0] == "fleetops_solver_gap_ratio"] == [0.0]
