@@ -336,6 +336,26 @@ def _running_report(cfg, iid):
     return bus
 
 
+def test_status_counts_the_boot_allowance_from_the_instances_launch_not_the_assignments_publication(tmp_path, monkeypatch):
+    """An instance whose agent never reported is Starting (AgentStarting) for the boot allowance after its launch, then
+    Unknown. `status` (which asks no cloud) counted it from when apply last published the instance's assignment: an
+    edit of the job's run published it again, and status said Starting where metrics and the apply's own notes,
+    which read the launch from the cloud, said Unknown (the claims audit's finding). Apply now publishes the launch."""
+    import json
+    import time
+
+    cfg, runner, app = _rt3(tmp_path)
+    monkeypatch.setenv("FLEETOPS_AGENT_BOOT_SECONDS", "4")
+    time.sleep(5)  # past the allowance since the launch; no agent has reported
+    write_config(cfg, [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="either"),
+                       job("slow", cpu=2, mem=4, spot="required", priority="high", run={"command": ["python3", "slow.py"], "env": {"X": "1"}},
+                           checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 60})])
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])  # (restarts it in place: published again)
+    assert out.exit_code == 0, out.output
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)["jobs"]["slow"]["status"]
+    assert (st["phase"], st["run"]["reason"]) == ("Unknown", "AgentUnreachable"), st
+
+
 def test_status_shows_a_reclaimed_instances_job_lost_at_once_not_running(tmp_path):
     """`sim interrupt` killed the instance mid-checkpoint; `status` said Running (its agent's report was 0-60 s old)
     while `plan` replaced the instance as gone. The sim, which is the cloud, marks the agent's report lost."""

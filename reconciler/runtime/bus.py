@@ -173,7 +173,7 @@ _ENTRY: dict[str, Check] = {
     "mig_profile": (_str, "a MIG profile"), "mig_layout": (_strings, "a list of MIG profiles"),
 }
 ASSIGNMENT_FIELDS: dict[str, Check] = {
-    "serial": (_int, "a serial"), "published_at": (_unix_time, "a unix time"),
+    "serial": (_int, "a serial"), "published_at": (_unix_time, "a unix time"), "launched_at": (_unix_time, "a unix time"),
     "replicas": (lambda v: isinstance(v, list) and all(_shape(e, _ENTRY, ("job", "replica", "spec_hash", "epoch", "run")) is None for e in v),
                  "a list of replica assignments (job, replica, spec_hash, epoch, run)"),
 }

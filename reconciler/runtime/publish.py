@@ -74,7 +74,11 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     gone: dict[str, str] = {}
     published = bus.assignments()  # (their spec hashes: the jobs whose run changed since, which the plan lists)
     if instances is None:  # `reconcile status` asks no provider: the instances are the assigned ones, as published
-        ids, launched = sorted(published), {i: float(d.get("published_at", 0)) for i, d in published.items()}
+        # (the instance's launch as apply published it; before, the publication itself: an assignment published again
+        # to an instance whose agent never reported gave it a new boot allowance in status, where metrics and apply,
+        # which read the launch from the cloud, said Unknown)
+        ids = sorted(published)
+        launched = {i: float(d.get("launched_at", d.get("published_at", 0))) for i, d in published.items()}
     else:
         instances = list(instances)
         ids, launched = [i.id for i in instances], _launched(instances)
@@ -108,7 +112,10 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
     placed = {j: ids for j, ids in placements.items() if all(i in live for i in ids)}
     want = build_assignments(desired, placed, gpus, {i: inst.provider for i, inst in live.items()}, serial, previous, mig_hosts(desired, live.values()))
     changed = 0
+    launched = _launched(live.values())
     for iid, doc in sorted(want.items()):
+        if iid in launched:  # (status reads the boot allowance from it, as apply and metrics do from the instance)
+            doc = {**doc, "launched_at": launched[iid]}
         old = previous.get(iid)
         if old is None or {**old, "serial": 0, "published_at": 0} != {**doc, "serial": 0}:
             bus.put_assignment(iid, {**doc, "published_at": now_unix()})
