@@ -326,28 +326,41 @@ def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int,
     """The README's lexicographic order ("How it decides") for a fleet where no tenant can
     borrow, larger is better: guaranteed running work kept (`_guarantee_kept`), then the same with the jobs that
     must move counted as its own (the second guarantee tier); per class from critical down, the
-    running work kept (in place or moved), then the priority-weighted work placed (preemption:
-    Never puts the running work of every class first); then minus the evicted jobs' time left
-    (10 x work units x hours; with no clock, a job's expected_hours)."""
+    running work kept (in place or moved), then the deadline work placed (work units x the job's deadline rank, as
+    reconciler.deadlines ranks the latest starts: the README's "deadline work first, within its class"), then the
+    priority-weighted work placed (preemption: Never puts the running work of every class first); then minus the
+    evicted jobs' time left (10 x work units x hours; with no clock, a job's expected_hours)."""
     assert not can_borrow(desired), "with borrowing, fair share and guaranteed/borrowed tiers come in between"
     placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
     kept = sum(_guarantee_kept(desired, observed, t, placed) for t in desired.tenants)
     kept_moving = sum(_guarantee_kept(desired, observed, t, placed, moving=True) for t in desired.tenants)
-    run, work = [0] * 4, [0] * 4
+    rank = _deadline_ranks(desired, observed)
+    run, deadline, work = [0] * 4, [0] * 4, [0] * 4
     victims = 0
     for j in desired.jobs.values():
         c = 3 - priority_class(j.spec.priority_weight())
         running = bool(observed.placements.get(j.name))
         if j.name in placed:
             work[c] += j.spec.priority_weight() * job_size(j)
+            deadline[c] += rank.get(j.name, 0) * job_size(j)
             run[c] += job_size(j) if running else 0
         elif running:
             victims += max(1, round(10 * job_size(j) * j.spec.expected_hours))
     if desired.placement.preemption == "Never":
-        tiers = run + work
+        tiers = run + [v for pair in zip(deadline, work) for v in pair]
     else:
-        tiers = [v for pair in zip(run, work) for v in pair]
+        tiers = [v for triple in zip(run, deadline, work) for v in triple]
     return (kept, kept_moving, *tiers, -victims)
+
+
+def _deadline_ranks(desired: DesiredState, observed: Observed) -> dict[str, int]:
+    """Job -> its deadline rank (reconciler.deadlines: 1..n by latest start, the closest n; none once it cannot start in
+    time), from the jobs' deadlines and expected hours as the config states them."""
+    from reconciler.deadlines import ranks, start_by
+
+    now = getattr(observed, "now", None)
+    latest = {n: start_by(j.spec.deadline, j.spec.expected_hours) for n, j in desired.jobs.items() if j.spec.deadline is not None}
+    return {n: r for n, (r, _) in ranks(latest, {n: desired.jobs[n].spec.expected_hours for n in latest}, now).items()}
 
 
 def cost_per_hour(desired: DesiredState, observed: Observed, plan: Plan) -> float:

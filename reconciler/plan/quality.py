@@ -114,7 +114,10 @@ def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> 
 def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
     """The README's order as a finished plan shows it, higher is better: the guarantees kept (`guarantee_kept`,
     then with the running jobs that must move), then per priority class from the highest, the running work kept
-    (in place or moved, by size), then all work placed (priority x size); then fewer evicted jobs. The solver's
+    (in place or moved, by size; every class's first under preemption: Never), then its deadline work (the
+    solver's deadline tier: rank x size; without it, greedy's plan of a 1-GPU priority-50 job ranked above CP-SAT's
+    of a 4-GPU normal one with the same deadline, which the tiers rank first), then all work placed (priority x
+    size); then fewer evicted jobs. The solver's
     tiers hold for its counts; packing can only drop jobs from them (`unpacked`), which this order sees. (Without
     the guarantees, a plan whose packing dropped a protected critical job the solver had moved, to keep an
     unprotected one of that class, ranked above greedy's, which kept the protected one; it was emitted and
@@ -123,10 +126,16 @@ def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
     classes = sorted({d.klass for d in problem.demands}, reverse=True)
     out: list[int] = [guarantee_kept(problem, placed), guarantee_kept(problem, placed, moving=True)]
+    run, work = [], []
     for c in classes:
         ds = [d for d in problem.demands if d.klass == c]
-        out.append(sum(d.job_size for d in ds for j in d.jobs if j in placed and j in running))
-        out.append(sum(d.weight for d in ds for j in d.jobs if j in placed))
+        run.append(sum(d.job_size for d in ds for j in d.jobs if j in placed and j in running))
+        work.append((sum(d.deadline_rank * d.job_size for d in ds for j in d.jobs if j in placed),
+                     sum(d.weight for d in ds for j in d.jobs if j in placed)))
+    if problem.placement.preemption == "Never":  # (objective.tiers: every class's running work first)
+        out += run + [v for pair in work for v in pair]
+    else:
+        out += [v for r, (dl, w) in zip(run, work) for v in (r, dl, w)]
     out.append(-sum(1 for j in running if j not in placed))
     return tuple(out)
 
