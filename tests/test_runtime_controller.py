@@ -5,6 +5,7 @@ logged and the fleet is kept as it is. Real git repositories (a bare remote and 
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 from pathlib import Path
 
@@ -121,3 +122,75 @@ def test_a_replaced_instance_calls_for_no_second_plan(tmp_path, monkeypatch):
         now[0] += 1
         assert not ctl.step()
     assert logs[n:] == [], logs[n:]  # before: ['jobs finished: : plan ...: no changes']
+
+
+def test_a_pull_that_hangs_is_given_up_and_sigterm_is_not_held_by_it(tmp_path):
+    """A remote that accepts the connection and never answers (a black-holed network, an ssh host key or password
+    prompt): `git pull` ran without a time limit, so the controller hung in it, planned nothing, reacted to no
+    interruption, and SIGTERM did not stop it (a controller with `core.sshCommand` sleeping 300 s still ran 20 s
+    after SIGTERM, and had not planned at all). Now a pull is given up after `pull_timeout` seconds (git and what
+    it started, killed), the controller plans from what it has, and a stop asked for during a pull ends it at once."""
+    import threading
+    import time
+
+    remote, cfg = tmp_path / "remote.git", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
+    (cfg / ".gitignore").write_text(".reconcile/\nstatus/\n")
+    write_config(cfg / "fleet", fleet_docs(job("a", cpu=15)))
+    push(cfg, "one job")
+    hang, pids = tmp_path / "hang.sh", tmp_path / "pids"
+    hang.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 30\n")
+    hang.chmod(0o755)
+    git(cfg, "config", "core.sshCommand", str(hang))
+    git(cfg, "remote", "set-url", "origin", "ssh://fleet-config.invalid/fleet.git")
+
+    logs: list[str] = []
+    ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append)
+    ctl.pull_timeout = 2
+    t0 = time.monotonic()
+    assert ctl.step(), logs  # the pull given up, the fleet planned and applied from the config it has
+    assert time.monotonic() - t0 < 20, logs  # before: 30 s or more, in the pull
+    assert any(m.startswith("git pull failed: no answer in 2s") for m in logs), logs
+    assert live(cfg / "fleet") == 1
+
+    # SIGTERM during a pull (here with no time limit to speak of): run() returns at once.
+    ctl.pull_timeout = 600
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    t0 = time.monotonic()
+    ctl.run(stop.is_set)
+    assert time.monotonic() - t0 < 15, logs  # before: until the stand-in's 30 s were up
+    assert "git pull stopped" in "\n".join(logs) and logs[-1].startswith("stopped after"), logs
+    time.sleep(0.5)
+    for pid in map(int, pids.read_text().split()):  # nothing git started is left behind
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError(f"the hung ssh stand-in {pid} still runs")
+
+
+def test_sigterm_during_a_controller_apply_stops_it_between_actions(tmp_path, monkeypatch):
+    """SIGTERM (a stopped pod, a systemd unit) in the middle of the controller's apply: the controller let the apply
+    run to its end (27 s after SIGTERM for 10 creates at 3 s each on the sim), where `reconcile apply` stops between
+    actions; a pod is killed 30 s after SIGTERM, mid-apply, its lock and state left as they were. Now the controller
+    stops its apply as `reconcile apply` does: no further action starts, status is written, the lock released."""
+    from providers.sim import SimProvider
+
+    cfg = write_config(tmp_path / "fleet", fleet_docs(job("a", cpu=15), job("b", cpu=15), job("c", cpu=15)))
+    stop = {"now": False}
+    create = SimProvider.create
+
+    def create_then_sigterm(self, request):
+        stop["now"] = True  # SIGTERM arrives while the first instance is being created
+        return create(self, request)
+
+    monkeypatch.setattr(SimProvider, "create", create_then_sigterm)
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=1, log=logs.append)
+    ctl.run(lambda: stop["now"])
+    assert live(cfg) == 1, logs  # before: 3, the whole apply
+    assert any(m.startswith("stopped plan") and "2 action(s) not started" in m for m in logs), logs
+    assert logs[-1].startswith("stopped after"), logs
+    assert not (state_dir(cfg) / "apply.lock").exists()

@@ -49,13 +49,19 @@ def gone_lines(plan, deleted: list[str], most: int = 20) -> list[str]:
     return lines + ([f"  and {len(deleted) - most} more deleted"] if len(deleted) > most else [])
 
 
+PULL_TIMEOUT = 60.0  # seconds a `git pull` may take before it is given up (a remote that never answers)
+
+
 class Controller:
     def __init__(self, config_dir: Path, *, provider: str = "sim", state: str | None = None, options: dict | None = None,
                  time_limit: float = 10.0, poll: float = 2.0, resync: float = 60.0, pull: bool = False,
-                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+                 pull_timeout: float = PULL_TIMEOUT):
         self.config_dir = Path(config_dir)
         self.provider, self.state, self.options = provider, state, options or {}
         self.time_limit, self.poll, self.resync, self.pull = time_limit, poll, resync, pull
+        self.pull_timeout = pull_timeout
+        self.should_stop: Callable[[], bool] = lambda: False  # run()'s: SIGTERM, asked during a pull or an apply
         self.log, self.clock = log, clock
         self.last = Trigger()
         self.applies = 0
@@ -94,6 +100,8 @@ class Controller:
 
         if self.pull:
             self._pull()
+            if self.should_stop():
+                return False
         try:
             why, digest, sig = self._why()
         except ConfigError as e:
@@ -121,7 +129,7 @@ class Controller:
         self.log(f"{why}: plan {res.plan.id}: {summary_line(res.plan)}")
         try:
             done = api.apply(self.config_dir, saved_plan=res.plan, provider=self.provider, time_limit=self.time_limit,
-                             options=self.options, state=self.state)
+                             options=self.options, state=self.state, should_stop=self.should_stop)
         except (StalePlanError, LockError) as e:
             self.log(f"not applied ({e}); planning again")
             self.last = Trigger()  # plan again at the next wake-up
@@ -134,20 +142,52 @@ class Controller:
         self.applies += 1
         self.view = done.view or self.view
         r = done.report
-        self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
+        if r.stopped:  # (SIGTERM: as `reconcile apply`, no action started after it; status written, the lock released)
+            self.log(f"stopped plan {res.plan.id} (asked to stop: SIGTERM): {len(r.created)} created, {len(r.deleted)} deleted, "
+                     f"{len(r.not_started)} action(s) not started; the next controller carries on")
+        else:
+            self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
         for line in gone_lines(res.plan, r.deleted):
             self.log(line)
         return True
 
     def _pull(self) -> None:
+        """`git pull --ff-only`, given up after pull_timeout seconds or when a stop is asked for: a remote that never
+        answers (a black-holed network, a prompt for a password or a host key) held the controller in it, with no
+        plan, no reaction to interruptions, and SIGTERM not heeded. git never prompts here, and what it started
+        (ssh, a credential helper) is killed with it: it runs in its own process group."""
+        import os
+        import signal
         import subprocess
 
-        out = subprocess.run(["git", "-C", str(self.config_dir), "pull", "--ff-only", "--quiet"], capture_output=True, text=True)
-        if out.returncode != 0:
-            self.log(f"git pull failed: {out.stderr.strip()[:200]}")
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+        proc = subprocess.Popen(["git", "-C", str(self.config_dir), "pull", "--ff-only", "--quiet"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        deadline = time.monotonic() + self.pull_timeout
+        why = None
+        while True:
+            try:
+                _, err = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if self.should_stop():
+                    why = "git pull stopped: asked to stop"
+                elif time.monotonic() >= deadline:
+                    why = f"git pull failed: no answer in {self.pull_timeout:g}s; planning from the config as it is"
+                if why is not None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.communicate()
+                    self.log(why)
+                    return
+        if proc.returncode != 0:
+            self.log(f"git pull failed: {err.strip()[:200]}")
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         self.log(f"watching {self.config_dir} (poll {self.poll:g}s, resync {self.resync:g}s)")
+        self.should_stop = should_stop
         while not should_stop():
             self.step()
             limit = time.monotonic() + self.poll
