@@ -346,8 +346,10 @@ def render_diff_markdown(d) -> str:
         return "\n".join(lines + ["No change to the fleet.", ""]) + "\n"
     lines += [f"**{len(d.documents)} document(s) changed; {len(d.jobs)} job outcome(s) change; "
               f"fleet ${d.base.cost_after:,.2f}/h -> ${d.head.cost_after:,.2f}/h ({delta:+,.2f})**", ""]
-    if d.documents:
-        lines += ["```diff", *d.documents, "```", ""]
+    if d.documents:  # (a section like the others: 60 rows, then a marker; the JSON lists every document)
+        lines += ["```diff", *d.documents[:MARKDOWN_MAX_ROWS], "```", ""]
+        if len(d.documents) > MARKDOWN_MAX_ROWS:
+            lines += [f"_... {len(d.documents) - MARKDOWN_MAX_ROWS} more document(s) truncated; see `reconcile diff --format json`_", ""]
     if d.capacity:
         lines += _md_table(["pool type market", "before", "after"], [[k, str(b), str(h)] for k, b, h in d.capacity], "see the JSON plan")
         lines.append("")

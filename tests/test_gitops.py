@@ -274,3 +274,23 @@ spec: {count: 2}
         assert doc in d.output, d.output
     row = next((ln for ln in d.output.splitlines() if ln.startswith("| feature-etl |")), None)
     assert row is not None and row.endswith("; move (restarts) |"), d.output
+
+
+def test_a_diff_of_a_large_pull_request_truncates_its_document_list_like_every_other_section(repo):
+    """A PR that adds 100 jobs: the diff's document list (a ```diff block) printed every document, where README says
+    sections over 60 rows are truncated with a marker; a PR renaming the 1,000 jobs of bench.generate's 1k fleet gave a
+    46,349-character diff of 2,072 lines, most of a comment GitHub caps at 65,536 before the full plan is added to it."""
+    git(repo, "checkout", "-q", "-b", "bulk")
+    (repo / "jobs" / "bulk.yaml").write_text("---\n".join(
+        f"apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {{name: bulk-{i:03d}}}\n"
+        "spec: {tenant: research, resources: {cpu: 1, memory_gib: 1}}\n" for i in range(100)))
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "100 small jobs")
+    d = cli("diff", repo, "--base", "main")
+    assert d.exit_code == 0, d.output
+    assert "**100 document(s) changed;" in d.output, d.output
+    block = d.output.split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block[:2] == ["+ Job/bulk-000", "+ Job/bulk-001"] and len(block) == 60, len(block)  # before: 100
+    assert "_... 40 more document(s) truncated; see `reconcile diff --format json`_" in d.output, d.output
+    j = cli("diff", repo, "--base", "main", "--format", "json")
+    assert len(__import__("json").loads(j.output)["documents"]) == 100  # the JSON lists them all
