@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.errors import ApplyError, GuardrailError, SolverError, StalePlanError
+from reconciler.errors import ApplyError, ConfigError, GuardrailError, SolverError, StalePlanError
 from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
@@ -535,7 +535,10 @@ def diff(config_dir: str | Path, base_ref: str, *, provider: str = "sim", time_l
     head = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, gap=gap)
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = export_config(config_dir, base_ref, Path(tmp) / "base")
-        base_desired = load(base_dir)
+        try:
+            base_desired = load(base_dir)
+        except ConfigError as e:  # (its files' names are the working copy's: say whose they are)
+            raise ConfigError([replace(d, file=f"{base_ref}:{d.file}") for d in e.diagnostics]) from None  # (git show REF:PATH)
         backend = backend_for(config_dir, state)
         fleet = Fleet(base_desired, state_dir(config_dir), provider, options)  # the same fleet state as head
         base = _plan(base_desired, with_runtime(backend, base_desired, fleet.observe(backend.load())), provider, time_limit, None, gap=gap)

@@ -294,3 +294,17 @@ def test_a_diff_of_a_large_pull_request_truncates_its_document_list_like_every_o
     assert "_... 40 more document(s) truncated; see `reconcile diff --format json`_" in d.output, d.output
     j = cli("diff", repo, "--base", "main", "--format", "json")
     assert len(__import__("json").loads(j.output)["documents"]) == 100  # the JSON lists them all
+
+
+def test_a_diff_whose_base_does_not_validate_names_the_base_in_its_error(repo):
+    """A broken main (bad YAML merged) and a PR that fixes it: the PR's diff failed with `jobs/product.yaml:30: invalid
+    YAML`, a file valid in the PR, never saying the error was the base's. It names it as git does: REF:PATH."""
+    good = (repo / "jobs" / "product.yaml").read_text()
+    (repo / "jobs" / "product.yaml").write_text(good + "  oops: [\n")
+    git(repo, "commit", "-q", "-am", "break main")
+    git(repo, "checkout", "-q", "-b", "fix")
+    (repo / "jobs" / "product.yaml").write_text(good)
+    git(repo, "commit", "-q", "-am", "fix it")
+    out = cli("diff", repo, "--base", "main")
+    assert out.exit_code == 1, out.output
+    assert "main:jobs/product.yaml:" in out.output, out.output
