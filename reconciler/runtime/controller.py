@@ -155,12 +155,28 @@ class Controller:
         """`git pull --ff-only`, given up after pull_timeout seconds or when a stop is asked for: a remote that never
         answers (a black-holed network, a prompt for a password or a host key) held the controller in it, with no
         plan, no reaction to interruptions, and SIGTERM not heeded. git never prompts here, and what it started
-        (ssh, a credential helper) is killed with it: it runs in its own process group."""
+        (ssh, a credential helper) is killed with it: it runs in its own process group.
+
+        Where the repo tracks status/ (examples/gitops: CI's `apply --commit` commits it), the controller's own applies
+        rewrite it, and a pull of a commit touching it was refused ("Your local changes ... would be overwritten") at
+        every poll from then on: no config change was pulled again. status/ is the reconciler's output, written again
+        by the next apply: where only status/ stands in the pull's way, the controller's copy yields to what was
+        committed and the pull runs again (nothing outside status/ is touched: a local config edit still stops it)."""
+        import os
+
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+        err = self._git_pull(env)
+        if err is not None and "would be overwritten" in err and self._yield_status(env, err):
+            err = self._git_pull(env)
+        if err:
+            self.log(f"git pull failed: {err.strip()[:200]}")
+
+    def _git_pull(self, env: dict) -> str | None:
+        """Run the pull (see _pull): None if it succeeded or was given up (logged), else git's error."""
         import os
         import signal
         import subprocess
 
-        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         proc = subprocess.Popen(["git", "-C", str(self.config_dir), "pull", "--ff-only", "--quiet"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + self.pull_timeout
@@ -181,9 +197,30 @@ class Controller:
                         pass
                     proc.communicate()
                     self.log(why)
-                    return
-        if proc.returncode != 0:
-            self.log(f"git pull failed: {err.strip()[:200]}")
+                    return None
+        return None if proc.returncode == 0 else (err or f"exit {proc.returncode}")
+
+    def _yield_status(self, env: dict, err: str) -> bool:
+        """Put the tracked status/ files back as committed, and take out the untracked ones the pull would write over,
+        where every path git named is under status/; whether it did."""
+        import subprocess
+
+        named = [ln.strip() for ln in err.splitlines() if ln.startswith(("\t", " "))]
+        prefix = subprocess.run(["git", "-C", str(self.config_dir), "rev-parse", "--show-prefix"], capture_output=True, text=True,
+                                env=env, timeout=30).stdout.strip()
+        status = f"{prefix}status/"
+        if not named or not all(p.startswith(status) for p in named):
+            return False
+        root = subprocess.run(["git", "-C", str(self.config_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                              env=env, timeout=30).stdout.strip()
+        for p in named:
+            tracked = subprocess.run(["git", "-C", root, "ls-files", "--error-unmatch", "--", p], capture_output=True, env=env, timeout=30)
+            if tracked.returncode == 0:
+                subprocess.run(["git", "-C", root, "checkout", "HEAD", "--", p], capture_output=True, env=env, timeout=30)
+            else:
+                (Path(root) / p).unlink(missing_ok=True)
+        self.log(f"status/ as committed upstream replaces this controller's copy of {len(named)} file(s) (the next apply writes it again)")
+        return True
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         self.log(f"watching {self.config_dir} (poll {self.poll:g}s, resync {self.resync:g}s)")
