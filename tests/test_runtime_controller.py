@@ -5,7 +5,6 @@ logged and the fleet is kept as it is. Real git repositories (a bare remote and 
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 from pathlib import Path
 
