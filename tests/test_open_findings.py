@@ -1063,6 +1063,8 @@ def test_the_plan_after_a_short_cold_plan_stops_no_job_for_its_own_class_on_flee
         check_stability(again.desired, again.observed, again.plan)
 
 
+@pytest.mark.slow  # (26.7 s: a plan of fleet38's config at the default work limit, fleet38's own test is slow too; every
+# default-tier random fleet is checked for stops no rule requires: test_properties' check_stability)
 def test_a_running_job_is_not_stopped_for_its_tenants_new_work_under_preemption_never_on_fleet40():
     """fleet40 (2026-11-29, found while reducing fleet38: the fleet its short cold plan applied, tests/data/findings/fleet40:
     the sim's cloud and the state apply wrote, under fleet38.yaml): preemption is Never and t1's hourly budget binds.
