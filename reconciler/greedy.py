@@ -817,6 +817,11 @@ def _index(inst: _Inst) -> int:
     return int(inst.key.rsplit("#", 1)[1])
 
 
+def _open_spot(g: _Greedy) -> list[_Inst]:
+    """The open spot instances, with room or full (what the diversity moves may take work from)."""
+    return [i for lst in g.buckets.values() for i in lst if i.cap.market == "spot"] + [i for i in g.full if i.cap.market == "spot"]
+
+
 def _diversity_deficit(g: _Greedy, types: set[str], zones: set[str]) -> int:
     sp = g.p.spot
     return max(0, sp.min_instance_types - len(types)) + max(0, sp.min_zones - len(zones))
@@ -830,7 +835,7 @@ def _diversity_move(g: _Greedy) -> bool:
     one of the four moved there costs nothing: CP-SAT's plan.)"""
     types, zones = g.led.spot_sites()
     deficit = _diversity_deficit(g, types, zones)
-    spot = [i for lst in g.buckets.values() for i in lst if i.cap.market == "spot"] + [i for i in g.full if i.cap.market == "spot"]
+    spot = _open_spot(g)
     demands = {d.key: d for d in g.p.demands}
     offers = [c for c in g.offer.values() if c.market == "spot" and (c.instance_type not in types or c.zone not in zones)]
     last: dict[str, _Inst] = {}  # offer -> its instance bought last: the one `_unbuy` may take back (keys stay n#0..n#k)
@@ -886,7 +891,7 @@ def _diversity_move_gang(g: _Greedy) -> bool:
     zone is CP-SAT's plan, $0.34/h.)"""
     types, zones = g.led.spot_sites()
     deficit = _diversity_deficit(g, types, zones)
-    spot = [i for lst in g.buckets.values() for i in lst if i.cap.market == "spot"] + [i for i in g.full if i.cap.market == "spot"]
+    spot = _open_spot(g)
     bought: dict[str, list[int]] = {}  # offer -> the indices of its instances open
     for i in spot:
         if not isinstance(i.cap, Host):
