@@ -1022,12 +1022,13 @@ def _sim_log(config_dir: Path, job: str, replica: int, rec: dict) -> Path | None
     """The replica's log file, where the run record names the one the sim's agent of its instance writes, else None (its
     reported tail is shown). A run record is an agent's, and on a shared bus any instance's agent may write runs/*: a
     log_path opened as it was written had `logs` print whatever local file it named (credentials, the cache seal's key)."""
+    from reconciler.runtime.agent import replica_log
     from reconciler.state import state_dir
 
     instance, named = rec.get("instance"), rec.get("log_path")
     if not instance or not named or Path(instance).name != instance or instance in (".", ".."):
         return None
-    own = (state_dir(config_dir) / "sim" / "agents" / instance).resolve() / "logs" / f"{job}-{replica}.log"  # (agent.Agent._log_path)
+    own = replica_log((state_dir(config_dir) / "sim" / "agents" / instance).resolve(), job, replica)
     return own if Path(named) == own else None
 
 

@@ -41,6 +41,12 @@ def iso(ts: float | None = None) -> str:
     return datetime.fromtimestamp(ts if ts is not None else now_unix(), timezone.utc).isoformat(timespec="seconds")
 
 
+def replica_log(workdir: Path, job: str, replica: int) -> Path:
+    """Where an agent keeps a replica's output (every attempt on its instance appended): `reconcile logs` reads the
+    sim's agents' files by this name too."""
+    return Path(workdir) / "logs" / f"{job}-{replica}.log"
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with open(path, "rb") as f:
@@ -498,7 +504,7 @@ class Agent:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
             if self.runtime.name == "process":  # a container sees only its devices, renumbered from 0
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        log_path = self.workdir / "logs" / f"{job}-{r}.log"
+        log_path = replica_log(self.workdir, job, r)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a") as f:
             f.write(f"--- fleetops: attempt {rep.attempt} of {job}/{r} on {self.instance} at {iso()} ---\n")
@@ -560,7 +566,7 @@ class Agent:
             self.runtime.signal(rep.handle, sig)
 
     def _log_path(self, rep: Replica) -> Path:
-        return self.workdir / "logs" / f"{rep.key[0]}-{rep.key[1]}.log"
+        return replica_log(self.workdir, *rep.key)
 
     def _write_pids(self) -> None:
         """The replicas' process groups with their start times, so the sim can end them with the
