@@ -33,6 +33,9 @@ def rt(monkeypatch, tmp_path):
                  "FLEETOPS_HEARTBEAT_STALE_SECONDS": "15", "FLEETOPS_RESTART_BACKOFF_SECONDS": "0.2",
                  "FLEETOPS_AGENT_BOOT_SECONDS": "60", "FLEETOPS_SIM_NOTICE_SECONDS": "60"}.items():
         monkeypatch.setenv(k, v)
+    # (inherited by the agents and their replicas: replicas_on counts only this test's, not another test's or another
+    # checkout's sim-aws-00001 running at the same time, which failed three tests here while other runs went on)
+    monkeypatch.setenv("FLEETOPS_TEST_RUN", str(tmp_path))
     yield tmp_path
     for d in tmp_path.rglob(".reconcile"):
         SimCloud(d).stop_all_agents()
@@ -47,7 +50,7 @@ def wait(cond, timeout: float = 90.0, what: str = "condition"):
 
 
 def replicas_on(instance: str) -> list[int]:
-    """Live replica processes started for `instance` (their environment names it; no pgrep needed)."""
+    """Live replica processes this test started for `instance` (their environment names both; no pgrep needed)."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -57,7 +60,8 @@ def replicas_on(instance: str) -> list[int]:
             state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"FLEETOPS_INSTANCE={instance}".encode() in env and state != "Z":
+        mine = f"FLEETOPS_TEST_RUN={os.environ.get('FLEETOPS_TEST_RUN', '')}".encode()
+        if f"FLEETOPS_INSTANCE={instance}".encode() in env and mine in env and state != "Z":
             out.append(int(p.name))
     return out
 
