@@ -918,7 +918,7 @@ def controller(
     time_limit: float = typer.Option(10.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT time limit per plan, in seconds."),
     poll: float = typer.Option(2.0, "--poll", callback=_seconds_ok, help="Seconds between looks at the config and the bus."),
     resync: float = typer.Option(60.0, "--resync", callback=_seconds_ok, help="Plan at least this often (drift: vanished instances)."),
-    pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look."),
+    pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look; a force-push taking pulled commits back is followed."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", callback=_port_ok, help="Serve Prometheus /metrics on this port (0: a free one) "
                                                "from the last plan or apply."),
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="The address --metrics-port listens on."),

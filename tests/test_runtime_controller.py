@@ -234,3 +234,84 @@ def test_a_pull_is_not_stopped_for_ever_by_the_controllers_own_copy_of_a_tracked
     ctl.step()
     assert any(m.startswith("git pull failed") for m in logs[n:]), logs[n:]
     assert "# local edit" in (cfg / "fleet" / "fleet.yaml").read_text()
+
+
+def test_a_force_push_that_takes_commits_back_is_followed_but_a_local_commit_is_not_dropped(tmp_path):
+    """A team takes a bad commit back with a force-push (the usual GitOps rollback). `git pull --ff-only` then said
+    "Already up to date" (the checkout is ahead) or "Not possible to fast-forward" (diverged), and the controller kept
+    enforcing the commit upstream no longer has, logging at every poll. Commits that were upstream's (its
+    remote-tracking ref's reflog holds them) are upstream's to take back: the controller follows it. A commit made in
+    the checkout itself, never pulled, is someone's work: it is kept, said once."""
+    remote, author, cfg = tmp_path / "remote.git", tmp_path / "author", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", str(remote), str(author)], check=True, timeout=60, capture_output=True)
+    (author / ".gitignore").write_text(".reconcile/\nstatus/\n")
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15)))
+    push(author, "one job")
+    subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
+    logs: list[str] = []
+    now = [1000.0]
+    ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append, clock=lambda: now[0])
+    assert ctl.step() and live(cfg / "fleet") == 1
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15), job("b", cpu=15)))
+    push(author, "second job (bad)")
+    assert ctl.step() and live(cfg / "fleet") == 2
+
+    # Taken back: upstream is one commit behind the checkout.
+    git(author, "reset", "-q", "--hard", "HEAD~1")
+    git(author, "push", "-q", "--force", "origin", "HEAD:main")
+    n = len(logs)
+    assert ctl.step(), logs[n:]
+    assert any("force-push" in m for m in logs[n:]), logs[n:]
+    assert git(cfg, "rev-parse", "HEAD") == git(author, "rev-parse", "HEAD") and live(cfg / "fleet") == 1
+
+    # Rewritten on another line: the checkout and upstream diverged.
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15), job("b", cpu=15)))
+    push(author, "b again")
+    assert ctl.step() and live(cfg / "fleet") == 2
+    git(author, "reset", "-q", "--hard", "HEAD~1")
+    write_config(author / "fleet", fleet_docs(job("a", cpu=15), job("c", cpu=15), job("d", cpu=15)))
+    push_force = ["push", "-q", "--force", "origin", "HEAD:main"]
+    git(author, "add", "-A")
+    git(author, "commit", "-q", "-m", "c and d instead")
+    git(author, *push_force)
+    n = len(logs)
+    assert ctl.step(), logs[n:]
+    assert not any(m.startswith("git pull failed") for m in logs[n:]), logs[n:]
+    assert git(cfg, "rev-parse", "HEAD") == git(author, "rev-parse", "HEAD") and live(cfg / "fleet") == 3
+
+    # A commit of the checkout's own is not upstream's: kept, and said once, not at every poll.
+    (cfg / "fleet" / "fleet.yaml").write_text((cfg / "fleet" / "fleet.yaml").read_text() + "\n# a local commit\n")
+    git(cfg, "commit", "-q", "-am", "local")
+    mine = git(cfg, "rev-parse", "HEAD")
+    n = len(logs)
+    for _ in range(3):
+        now[0] += 2
+        ctl.step()
+    assert git(cfg, "rev-parse", "HEAD") == mine
+    said = [m for m in logs[n:] if "not on origin/main" in m]
+    assert len(said) == 1, logs[n:]
+
+
+def test_a_config_that_does_not_validate_is_said_once_not_at_every_poll(tmp_path):
+    """The controller logged the same "does not validate" line at every poll (every 2 s, for as long as the config
+    stayed broken); it says it again only when the error changes or a resync period passed."""
+    from tests.fleetkit import doc
+
+    cfg = write_config(tmp_path / "fleet", [*fleet_docs(job("a", cpu=15))])
+    now = [1000.0]
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=2, resync=60, log=logs.append, clock=lambda: now[0])
+    assert ctl.step()
+    write_config(cfg, [*fleet_docs(job("a", cpu="many"))])
+    for _ in range(10):
+        now[0] += 2
+        ctl.step()
+    assert sum("does not validate" in m for m in logs) == 1, logs
+    write_config(cfg, [*fleet_docs(job("a", cpu=15)), doc("Nonsense", "x", {})])  # another error: said
+    now[0] += 2
+    ctl.step()
+    assert sum("does not validate" in m for m in logs) == 2, logs
+    now[0] += 61  # and again after a resync period, while it stands
+    ctl.step()
+    assert sum("does not validate" in m for m in logs) == 3, logs

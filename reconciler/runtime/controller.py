@@ -66,6 +66,15 @@ class Controller:
         self.last = Trigger()
         self.applies = 0
         self.view = None  # the FleetView of the last plan or apply: what /metrics serves (None before the first)
+        self._said: dict[str, tuple[str, float]] = {}  # what _say last logged under a key, and when
+
+    def _say(self, key: str, message: str) -> None:
+        """Log a standing condition (a config that does not validate, a failing pull) when it is new or changed, and
+        again every `resync` seconds while it stands: it was logged at every poll, 30 lines a minute of the same."""
+        last = self._said.get(key)
+        if last is None or last[0] != message or self.clock() - last[1] >= self.resync:
+            self.log(message)
+            self._said[key] = (message, self.clock())
 
     def _why(self) -> tuple[str | None, str, tuple]:
         """(reason to plan or None, the desired digest, the bus signature)."""
@@ -105,11 +114,12 @@ class Controller:
         try:
             why, digest, sig = self._why()
         except ConfigError as e:
-            self.log(f"the config does not validate ({len(e.diagnostics)} error(s)); keeping the fleet as it is: {e.diagnostics[0]}")
+            self._say("config", f"the config does not validate ({len(e.diagnostics)} error(s)); keeping the fleet as it is: {e.diagnostics[0]}")
             return False
         except ReconcileError as e:
-            self.log(f"cannot read the state: {e}")
+            self._say("config", f"cannot read the state: {e}")
             return False
+        self._said.pop("config", None)
         if why is None:
             return False
         failures = self.last.failures if why.startswith(("resync", "retry")) else 0  # a change is tried at once, afresh
@@ -168,8 +178,12 @@ class Controller:
         err = self._git_pull(env)
         if err is not None and "would be overwritten" in err and self._yield_status(env, err):
             err = self._git_pull(env)
+        if self._follow_rewritten_upstream(env):
+            err = None
         if err:
-            self.log(f"git pull failed: {err.strip()[:200]}")
+            self._say("pull", f"git pull failed: {err.strip()[:200]}")
+        else:
+            self._said.pop("pull", None)
 
     def _git_pull(self, env: dict) -> str | None:
         """Run the pull (see _pull): None if it succeeded or was given up (logged), else git's error."""
@@ -199,6 +213,39 @@ class Controller:
                     self.log(why)
                     return None
         return None if proc.returncode == 0 else (err or f"exit {proc.returncode}")
+
+    def _follow_rewritten_upstream(self, env: dict) -> bool:
+        """Where the checkout has commits its upstream no longer has, and every one of them was upstream's once (the
+        remote-tracking ref's reflog holds a tip they are in), upstream took them back (a force-push: the GitOps
+        rollback) and the checkout follows it (`git reset --keep`, which keeps local edits or refuses). `--ff-only`
+        kept it on the commit taken back, enforced at every poll ("Already up to date", or "Not possible to
+        fast-forward" once upstream moved on). A commit made in the checkout itself was never upstream's: it is kept
+        and said. Whether it moved the checkout."""
+        import subprocess
+
+        def git(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["git", "-C", str(self.config_dir), *args], capture_output=True, text=True, env=env,
+                                  stdin=subprocess.DEVNULL, timeout=30)
+
+        upstream = git("rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{upstream}").stdout.strip()
+        ahead = git("rev-list", "@{upstream}..HEAD").stdout.split() if upstream else []
+        if not ahead:
+            self._said.pop("ahead", None)
+            return False
+        tips = git("reflog", "show", "--format=%H", f"refs/remotes/{upstream}", "--").stdout.split()
+        if not any(git("merge-base", "--is-ancestor", "HEAD", tip).returncode == 0 for tip in dict.fromkeys(tips[:200])):
+            self._say("ahead", f"this checkout has {len(ahead)} commit(s) not on {upstream} that were never pulled from it: "
+                               f"planning from them, not following {upstream}")
+            return False
+        reset = git("reset", "-q", "--keep", "@{upstream}")
+        if reset.returncode != 0:
+            self._say("ahead", f"{upstream} took back {len(ahead)} commit(s) this checkout is on (a force-push), but the "
+                               f"checkout cannot follow it: {reset.stderr.strip()[:200]}")
+            return False
+        now = git("rev-parse", "--short", "HEAD").stdout.strip()
+        self.log(f"{upstream} no longer has {len(ahead)} commit(s) this checkout was on (a force-push): following it to {now}")
+        self._said.pop("ahead", None)
+        return True
 
     def _yield_status(self, env: dict, err: str) -> bool:
         """Put the tracked status/ files back as committed, and take out the untracked ones the pull would write over,
