@@ -308,3 +308,42 @@ def test_a_diff_whose_base_does_not_validate_names_the_base_in_its_error(repo):
     out = cli("diff", repo, "--base", "main")
     assert out.exit_code == 1, out.output
     assert "main:jobs/product.yaml:" in out.output, out.output
+
+
+@pytest.mark.parametrize("workflow", ["apply.yml", "reconcile.yml"])
+def test_the_workflows_status_push_survives_a_merge_that_landed_during_the_apply(tmp_path, monkeypatch, workflow):
+    """The example workflows pushed status with a plain `git push origin HEAD:main`: a PR merged while the apply ran
+    (minutes, on a large fleet) made that push non-fast-forward and the step failed, the status commit lost. The step
+    (run here as the workflow runs it, bash, against real repositories) rebases the status commit onto main and
+    pushes, keeping the merged change."""
+    from tests.fleetkit import ROOT
+
+    for k, v in {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
+                 "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.com"}.items():
+        monkeypatch.setenv(k, v)
+    doc = yaml.safe_load((ROOT / "examples" / "gitops" / ".github" / "workflows" / workflow).read_text())
+    step = next(s for j in doc["jobs"].values() for s in j["steps"] if s.get("name") == "Push status")
+    remote, runner_copy, dev = tmp_path / "remote.git", tmp_path / "runner", tmp_path / "dev"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    subprocess.run(["git", "clone", "-q", str(remote), str(dev)], check=True, capture_output=True)
+    (dev / "jobs").mkdir()
+    (dev / "jobs" / "a.yaml").write_text("a: 1\n")
+    git(dev, "add", "-A")
+    git(dev, "commit", "-q", "-m", "a")
+    git(dev, "push", "-q", "origin", "HEAD:main")
+    subprocess.run(["git", "clone", "-q", str(remote), str(runner_copy)], check=True, capture_output=True)
+    # The runner's apply commits status/ while a PR merges upstream.
+    (runner_copy / "status").mkdir()
+    (runner_copy / "status" / "fleet.yaml").write_text("applied: 1\n")
+    git(runner_copy, "add", "status")
+    git(runner_copy, "commit", "-q", "-m", "status")
+    (dev / "jobs" / "b.yaml").write_text("b: 1\n")
+    git(dev, "add", "-A")
+    git(dev, "commit", "-q", "-m", "merge b")
+    git(dev, "push", "-q", "origin", "HEAD:main")
+
+    out = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=runner_copy, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = git(remote, "ls-tree", "-r", "--name-only", "main").split()
+    assert {"jobs/a.yaml", "jobs/b.yaml", "status/fleet.yaml"} <= set(files), files
+    assert git(remote, "log", "-1", "--format=%s", "main") == "status"
