@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -1063,6 +1064,29 @@ def _check_job_rules(f: _Fleet) -> None:
             f.err(doc, job, ("spec", "deadline"), f"deadline {job.spec.deadline.isoformat()} is not after submitted {job.spec.submitted.isoformat()}")
 
 
+_GCE_NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"  # GCE resource names (RFC 1035 labels)
+_GCE_RESERVATION = re.compile(rf"^(?:projects/[a-z][-a-z0-9.:]{{4,61}}[a-z0-9]/reservations/)?{_GCE_NAME}$")
+_AZURE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,78}[A-Za-z0-9_])?"  # Azure compute resource names: 1-80
+_AZURE_GROUP = re.compile(rf"^(?:/?subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/capacityReservationGroups/)?{_AZURE_NAME}$",
+                          re.IGNORECASE)
+
+
+def reservation_target_problem(cloud: str, rid: str) -> str | None:
+    """Why the cloud would refuse a Reservation's target as a launch names it, or None: an AWS capacity reservation
+    `cr-...`; the value of GCE's reservationAffinity (a reservation name, or projects/P/reservations/NAME for one
+    shared from another project); an Azure capacity reservation group's name or ARM id. Unchecked, a target the cloud
+    refuses was priced at $0 reserved in the plan and failed only at apply."""
+    if cloud == "aws" and not rid.startswith("cr-"):
+        return f"an AWS capacity reservation id starts with 'cr-' (got {rid!r})"
+    if cloud == "gcp" and not _GCE_RESERVATION.match(rid):
+        return (f"a GCE reservation is named by its name (lowercase letters, digits, '-', at most 63, a letter first) or "
+                f"projects/PROJECT/reservations/NAME (got {rid!r})")
+    if cloud == "azure" and not _AZURE_GROUP.match(rid):
+        return (f"an Azure target is a capacity reservation group's name (1-80 letters, digits, '.', '_', '-') or its id "
+                f"/subscriptions/S/resourceGroups/RG/providers/Microsoft.Compute/capacityReservationGroups/NAME (got {rid!r})")
+    return None
+
+
 def _check_reservations(f: _Fleet) -> None:
     """Where a reservation's capacity is: a known type, an AWS id's form, and one pool that can hold it."""
     pools = [p for _, (_, p) in sorted(f.by_kind["Pool"].items())]
@@ -1070,8 +1094,8 @@ def _check_reservations(f: _Fleet) -> None:
         s = res.spec
         if s.cloud in f.catalog.regions and f.catalog.shape(s.cloud, s.instance_type) is None:
             f.err(doc, res, ("spec", "instance_type"), f"unknown {s.cloud} instance type {s.instance_type!r}")
-        if s.cloud == "aws" and s.target is not None and not s.target.reservation_id.startswith("cr-"):
-            f.err(doc, res, ("spec", "target", "reservation_id"), f"an AWS capacity reservation id starts with 'cr-' (got {s.target.reservation_id!r})")
+        if s.target is not None and (wrong := reservation_target_problem(s.cloud, s.target.reservation_id)):
+            f.err(doc, res, ("spec", "target", "reservation_id"), wrong)
         matches = reservation_pools(s, pools)
         if s.pool is not None:
             if not f.defined("Pool", s.pool):

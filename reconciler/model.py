@@ -330,7 +330,7 @@ class ReservationTarget(Strict):
     """The cloud's id of the reservation, which launches name: an AWS capacity reservation `cr-...`, a GCE reservation's
     name (or projects/P/reservations/NAME), an Azure capacity reservation group's name or id."""
 
-    reservation_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+    reservation_id: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^/?[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 
 class ReservationSpec(Strict):

@@ -1174,6 +1174,34 @@ def test_a_reservation_must_name_capacity_a_pool_can_hold(tmp_path):
     assert "Reservation/bad-id: spec.target.reservation_id: an AWS capacity reservation id starts with 'cr-'" in text
 
 
+
+def test_a_gcp_or_azure_reservation_target_the_cloud_cannot_take_is_refused_at_load(tmp_path):
+    """Only an AWS target's form was checked: a GCE reservation value GCE refuses (uppercase, '_', a path other than
+    projects/P/reservations/NAME) or an Azure target that is no capacity reservation group planned the instances at
+    $0 reserved and failed at apply, in the cloud. Each is refused where it is written."""
+    gcp = pool("g", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=2)
+    az = pool("z", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], hi=2)
+
+    def res(name, cloud, region, zone, itype, rid):
+        return doc("Reservation", name, {"cloud": cloud, "region": region, "zone": zone, "instance_type": itype, "count": 1,
+                                         "hourly_cost": 1.0, "target": {"reservation_id": rid}})
+
+    g = ("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    a = ("azure", "eastus", "eastus-1", "Standard_NC24ads_A100_v4")
+    bad = {"g-upper": (*g, "My-Reservation"), "g-underscore": (*g, "my_reservation"),
+           "g-path": (*g, "projects/p1/zones/us-central1-a/reservations/r1"),
+           "a-other": (*a, "subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/hostGroups/h1"),
+           "a-colon": (*a, "group:1")}
+    good = {"g-name": (*g, "r1"), "g-shared": (*g, "projects/other-project/reservations/r1"),
+            "a-name": (*a, "crg-1"), "a-id": (*a, "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/capacityReservationGroups/crg-1")}
+    docs = [topology(), tenant("t"), gcp, az] + [res(n, *v) for n, v in {**bad, **good}.items()]
+    text = load_errors(tmp_path, docs)
+    for name in bad:
+        assert f"Reservation/{name}: spec.target.reservation_id:" in text, (name, text)
+    for name in good:
+        assert f"Reservation/{name}:" not in text, (name, text)
+
+
 # ---------------------------------------------------------------- deadlines (issue 17)
 
 NOW = datetime(2026, 11, 20, tzinfo=timezone.utc)
