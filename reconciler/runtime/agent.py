@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from providers.pids import start_time
+from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
@@ -247,12 +248,10 @@ class Agent:
 
     def _save_local(self, rep: Replica, launch: Launch) -> None:
         path = self._local(rep.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"entry": rep.entry, "attempt": rep.attempt, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
                "name": launch.name, "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(),
                "env": rep.env}
-        path.with_suffix(".tmp").write_text(json.dumps(doc))
-        os.replace(path.with_suffix(".tmp"), path)
+        write_atomic(path, json.dumps(doc).encode())
 
     def _ended(self, rep: Replica, ended: dict | None) -> None:
         """A replica's process ended: how (its shim's exit file) decides what follows."""
@@ -572,10 +571,7 @@ class Agent:
         """The replicas' process groups with their start times, so the sim can end them with the
         instance even after this agent is gone (and never hit a reused pid)."""
         lines = [f"{rep.handle.pid} {start_time(rep.handle.pid)}" for rep in self.replicas.values() if rep.handle is not None]
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        tmp = self.workdir / "replicas.pids.tmp"
-        tmp.write_text("".join(f"{ln}\n" for ln in lines))
-        os.replace(tmp, self.workdir / "replicas.pids")
+        write_atomic(self.workdir / "replicas.pids", "".join(f"{ln}\n" for ln in lines).encode())
 
     # -------------------------------------------------------------- writing the bus
     def _record(self, rep: Replica) -> dict:
