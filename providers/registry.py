@@ -30,7 +30,7 @@ def _missing(name: str, e: ImportError) -> str:
     """What to install when a provider's SDK is missing: the built-in's extra, else the module a plugin lacks.
     (`from google.cloud import compute_v1` without the package is an ImportError naming google.cloud, not the module.)"""
     module = e.name if isinstance(e, ModuleNotFoundError) and e.name else f"a module it imports ({e})"
-    if name in EXTRAS and BUILTIN.get(name) == available().get(name):
+    if name in EXTRAS and BUILTIN.get(name) == _target(name):
         return (f"provider {name!r} needs {module}, which is not installed: pip install "
                 f"'fleetops-reconciler[{EXTRAS[name]}]'")
     return f"provider {name!r} needs the Python module {module}, which is not installed: install it (or the package that provides it)"
@@ -43,8 +43,15 @@ def available() -> dict[str, str]:
     return found
 
 
+def _target(name: str) -> str | None:
+    """Where provider `name` is made ("module:factory"), None if nowhere. A built-in wins over an entry point of its
+    name, so a built-in is found without reading every installed distribution's entry points (65 ms of each plan
+    with ~120 distributions installed, more than the quick start's whole solve)."""
+    return BUILTIN.get(name) or available().get(name)
+
+
 def load_provider(name: str, ctx: ProviderContext) -> Provider:
-    target = available().get(name)
+    target = _target(name)
     if target is None:
         raise PluginError(f"unknown provider {name!r}; installed: {', '.join(sorted(available()))}")
     module, _, attr = target.partition(":")
@@ -68,7 +75,7 @@ def load_provider(name: str, ctx: ProviderContext) -> Provider:
 def declared_options(name: str) -> Mapping[str, Option] | None:
     """The `-o` options provider `name` takes (its factory's OPTIONS). None: it declares none (a plugin may read
     any key), or it is unknown or cannot be imported (loading it says why)."""
-    target = available().get(name)
+    target = _target(name)
     if target is None:
         return None
     module, _, attr = target.partition(":")
