@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 
 from providers.base import Provider, ProviderContext
 from providers.errors import PluginError
@@ -37,6 +36,8 @@ def _missing(name: str, e: ImportError) -> str:
 
 
 def available() -> dict[str, str]:
+    from importlib.metadata import entry_points  # (lazily: it imports the email package, which a plan needs not)
+
     found = dict(BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(ep.name, ep.value)
