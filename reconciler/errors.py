@@ -30,10 +30,20 @@ class Diagnostic:
         no kind and no field: `jobs.yaml:4: invalid YAML: ...`, not `jobs.yaml:4: -: <yaml>: ...`)."""
         parts = [f"{self.file}:{self.line}"]
         if self.kind:
-            parts.append(f"{self.kind}/{self.name}")
+            parts.append(f"{shown(self.kind)}/{shown(self.name)}")
         if self.field and not self.field.startswith("<"):
-            parts.append(self.field)
+            parts.append(shown(self.field, 200))
         return ": ".join([*parts, self.message])
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """Text of the input as a diagnostic shows it: control characters escaped (a name with `\r` or an escape sequence
+    rewrote the terminal's line), and at most `limit` characters (a 2 MB metadata.name was printed whole in each of its
+    document's errors: 20,000 of them took 40 GB)."""
+    text = str(text)
+    head = text[:limit]
+    head = head if head.isprintable() else head.encode("unicode_escape").decode("ascii")
+    return head if len(text) <= limit else head + f"... ({len(text):,} characters)"
 
 
 class ConfigError(ReconcileError):
@@ -80,6 +90,6 @@ class CorruptBusObjectError(ReconcileError):
         super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
 
 
-__all__ = ["ReconcileError", "Diagnostic", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+__all__ = ["ReconcileError", "Diagnostic", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
            "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]

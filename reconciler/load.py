@@ -23,7 +23,7 @@ from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import seal, sealed
-from reconciler.errors import ConfigError, Diagnostic
+from reconciler.errors import ConfigError, Diagnostic, shown as _shown
 from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
@@ -41,6 +41,9 @@ from reconciler.topology import topology_nodes
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # checked on the open file before a byte is parsed
 MAX_NODES = 200_000  # per file, counted while composing and again after alias expansion ("billion laughs")
+# Text per file after alias expansion: MAX_NODES alone let a 3 MB file of 5,000 aliases to one 3 MB string through
+# (5,000 nodes), and the digest's JSON of it took 15 GB. A file without aliases has at most MAX_FILE_BYTES of text.
+MAX_TEXT = 4 * MAX_FILE_BYTES
 MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
 # Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
 # what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
@@ -92,46 +95,160 @@ def _paths(body: Any):
             stack.extend(reversed([(path + (i,), x) for i, x in enumerate(v)]))
 
 
+_MAP_TAG, _SEQ_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_MERGE_TAG, _VALUE_TAG = "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# YAML 1.1 numbers nobody means: `1:30` is 90 (base 60) and `010` is 8 (octal), silently (`expected_hours: 1:30` was 90
+# hours, `cpu: 010` 8 CPUs, also under `%YAML 1.2`). Hex (0x1F), binary (0b101) and `1_000` say what they are.
+_MISREAD_NUMBER = re.compile(r"[-+]?(0[0-9_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+_FAILED = object()  # a scalar its tag's constructor refused (reported)
+
+
+def _misread_number(tag: str, text: str) -> str | None:
+    """What to say of a plain scalar YAML 1.1 reads as a number other than the one written (None: nothing)."""
+    if tag not in _NUMBER_TAGS or not _MISREAD_NUMBER.fullmatch(text):
+        return None
+    if ":" in text:
+        return f"YAML 1.1 reads `{text}` as a base-60 number ({_base60(text):g}), not a time: write the number you mean, or quote it"
+    return f"YAML 1.1 reads `{text}` as an octal number ({int(text.replace('_', ''), 8)}): write it without the leading 0, or quote it"
+
+
+def _base60(text: str) -> float:
+    sign = -1 if text.startswith("-") else 1
+    value = 0.0
+    for part in text.lstrip("+-").replace("_", "").split(":"):
+        value = value * 60 + float(part)
+    return sign * value
+
+
 class _Converter:
     """Turns a composed YAML node tree into Python values, recording each node's line."""
 
     def __init__(self, file: str):
         self.file = file
         self.count = 0
+        self.text = 0  # characters of scalar text, aliases expanded
         self.scalars = yaml.SafeLoader("")
+        self.flat: dict[int, tuple[list, list]] = {}  # id(mapping node) -> pairs(node), within one document
 
     def convert(self, node: yaml.Node, path: tuple, lines: dict, diags: list[Diagnostic]) -> Any:
+        if not path:
+            self.flat = {}  # (anchors are a document's own: the last document's nodes are gone, and their ids reused)
         self.count += 1
         if self.count > MAX_NODES:
             raise _TooBig(node.start_mark.line + 1, f"more than {MAX_NODES:,} YAML nodes after alias expansion: refusing")
         lines.setdefault(path, node.start_mark.line + 1)
+        where = ".".join(map(str, path)) or "<document>"
         if isinstance(node, yaml.MappingNode):
-            self.scalars.flatten_mapping(node)  # resolves '<<' merge keys
+            if node.tag != _MAP_TAG:
+                diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", where, _tag_refused(node.tag, "a mapping")))
+            own, merged = self.pairs(node, diags)
             out: dict = {}
-            for k_node, v_node in node.value:
-                key = self._scalar(k_node) if isinstance(k_node, yaml.ScalarNode) else None
+            for k_node, v_node, is_own in _sides(own, merged):
+                key = self._scalar(k_node, path, diags) if isinstance(k_node, yaml.ScalarNode) else None
+                if key is _FAILED:
+                    continue
                 if not isinstance(key, (str, int, float, bool)):
-                    diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>", "mapping keys must be plain scalars"))
+                    diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", where, "mapping keys must be plain scalars"))
                     continue
                 if key in out:
-                    diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path + (key,))), f"duplicate key {key!r}"))
+                    if is_own:
+                        diags.append(Diagnostic(self.file, k_node.start_mark.line + 1, "", "", ".".join(map(str, path + (key,))), f"duplicate key {key!r}"))
+                    continue  # (a merged key the mapping has, or an earlier merge gave, is YAML's merge: theirs stands)
                 out[key] = self.convert(v_node, path + (key,), lines, diags)
             return out
         if isinstance(node, yaml.SequenceNode):
+            if node.tag != _SEQ_TAG:
+                diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", where, _tag_refused(node.tag, "a sequence")))
             return [self.convert(v, path + (i,), lines, diags) for i, v in enumerate(node.value)]
-        return self._scalar(node)
+        self.text += len(node.value)
+        if self.text > MAX_TEXT:
+            raise _TooBig(node.start_mark.line + 1, f"more than {MAX_TEXT // 1024 // 1024} MiB of text after alias expansion: refusing")
+        problem = _misread_number(node.tag, node.value) if not node.style else None  # (plain: None, or "" from libyaml)
+        if problem:
+            diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", where, problem))
+        value = self._scalar(node, path, diags)
+        return None if value is _FAILED else value
 
-    def _scalar(self, node: yaml.ScalarNode) -> Any:
+    def pairs(self, node: yaml.MappingNode, diags: list[Diagnostic] | None = None, _within: tuple = ()) -> tuple[list, list]:
+        """A mapping's own (key node, value node) pairs, and the pairs its `<<` merge keys bring, in precedence order: YAML's
+        merge, where the mapping's own key overrides a merged one and of merged mappings the one listed first wins (each
+        flattened the same way first). Not PyYAML's flatten_mapping: it rewrites the node in place (an alias of it then
+        had its merged keys as its own: `<<: *defaults` and `replicas: 3` was refused as "duplicate key"), and 6.0.4 picks
+        among merged keys by the identity of their strings (`<<: [{p: a}, {p: b}]` gave a, with `policy` as the key b)."""
+        for k, _ in node.value:
+            if k.tag == _MERGE_TAG or k.tag == _VALUE_TAG:
+                break
+        else:
+            return node.value, []  # (the usual mapping: no merge key)
+        known = self.flat.get(id(node))
+        if known is not None:
+            return known
+        own, merged, seen = [], [], set()
+        for k, v in node.value:
+            if k.tag == _VALUE_TAG:
+                k.tag = _STR_TAG  # (`=`, the YAML 1.1 value key, as flatten_mapping read it: a string)
+            if k.tag != _MERGE_TAG:
+                own.append((k, v))
+                continue
+            sources = v.value if isinstance(v, yaml.SequenceNode) else [v]
+            for src in sources:
+                if not isinstance(src, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                            f"`<<` merges a mapping or a list of mappings, not {src.id}", src.start_mark)
+                if id(src) in _within or src is node or len(_within) > MAX_DEPTH:
+                    raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                            "`<<` merges a mapping into itself", src.start_mark)
+                if src.tag != _MAP_TAG and diags is not None:
+                    diags.append(Diagnostic(self.file, src.start_mark.line + 1, "", "", "<<", _tag_refused(src.tag, "a mapping")))
+                src_own, src_merged = self.pairs(src, diags, _within + (id(node),))
+                for pair in src_own + src_merged:  # (the first of a key stands: the rest are left here, not in convert,
+                    mark = (pair[0].tag, pair[0].value) if isinstance(pair[0], yaml.ScalarNode) else id(pair[0])
+                    if mark not in seen:          # so that `<<: [*b, *b, ...]` nine levels deep is not 9^9 pairs)
+                        seen.add(mark)
+                        merged.append(pair)
+        self.flat[id(node)] = (own, merged)  # (each mapping flattened once, however many aliases name it)
+        return own, merged
+
+    def _scalar(self, node: yaml.ScalarNode, path: tuple = (), diags: list[Diagnostic] | None = None) -> Any:
+        """The scalar's value, or _FAILED (and a diagnostic, given `diags`) when its tag's constructor refuses its text:
+        `deadline: 2026-02-30` is a timestamp to YAML and no date, which raised ValueError through load ("a bug in
+        reconcile", no file or line; the controller stopped)."""
         if node.tag == _STR_TAG:
             # What SafeConstructor.construct_yaml_str returns for a scalar node. 86% of a generated
             # 10k-job config's 250k scalars are strings: the constructor's dispatch for each was
             # ~0.2 s of a 1.7 s first (uncached) load.
             return node.value
-        value = self.scalars.construct_object(node)
-        # The loader memoizes every node it constructs: cleared, so 5k jobs' nodes and their two
-        # marks each are freed now, not left for the cyclic collector to trace over and over.
-        self.scalars.constructed_objects.clear()
+        try:
+            value = self.scalars.construct_object(node)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
+            if diags is None:
+                return _FAILED
+            what = node.tag.rsplit(":", 1)[-1] if node.tag.startswith("tag:yaml.org,2002:") else node.tag
+            why = f": {e}" if isinstance(e, (ValueError, OverflowError)) and str(e) else ""
+            diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>",
+                                    f"YAML reads `{_shown(node.value)}` as a {what}, and it is not one{why}: fix it, or quote it if it is text"))
+            return _FAILED
+        finally:
+            # The loader memoizes every node it constructs: cleared, so 5k jobs' nodes and their two
+            # marks each are freed now, not left for the cyclic collector to trace over and over.
+            self.scalars.constructed_objects.clear()
         return value
+
+
+def _sides(own: list, merged: list):
+    """(key node, value node, is the mapping's own) of a mapping's own pairs, then of those it merges."""
+    for k, v in own:
+        yield k, v, True
+    for k, v in merged:
+        yield k, v, False
+
+
+def _tag_refused(tag: str, what: str) -> str:
+    shown = "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+    return f"the tag {shown} is not read here (it was ignored, the value taken as {what}): remove it"
 
 
 class _TooBig(Exception):
@@ -262,6 +379,8 @@ def _plain_docs(text: str) -> list[tuple[int, Any, list[int]]]:
                     elif tag in _PLAIN_VALUES:
                         value = plain.get(pk := (tag, ev.value), _NO_KEY)
                         if value is _NO_KEY:
+                            if _misread_number(tag, ev.value):
+                                raise _Unusual  # `1:30`, `010`: the converter reports it
                             value = plain[pk] = construct.construct_object(yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, ev.style))
                             construct.constructed_objects.clear()
                     else:
@@ -472,6 +591,7 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic], source: bytes | None = 
     except ValidationError as e:
         source_nodes = _SourceNodes(source, doc)
         found: list[list] = []  # [path, is a union's branch, messages]: a union's branches at one path are one diagnostic
+        branches: dict[tuple, list] = {}  # path -> its entry in found, for a union's branches
         for err in e.errors():
             path, branch = _user_path(body, tuple(err["loc"]), err["type"])
             msg = err["msg"]
@@ -482,9 +602,12 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic], source: bytes | None = 
                 msg = f"the key: {msg}"
             if isinstance(err.get("input"), bool) and err["type"] in ("string_type", "literal_error"):
                 msg += _bool_hint(source_nodes.text(path, key=is_key), str(err.get("ctx", {}).get("expected", "")) if err["type"] == "literal_error" else None)
-            same = next((f for f in found if branch and f[1] and f[0] == path), None)
+            # (a dict, not a scan of `found`: 200,000 errors in a list of bad names took ~20 minutes, quadratic)
+            same = branches.get(path) if branch else None
             if same is None:
-                found.append([path, branch, [msg]])
+                found.append(same := [path, branch, [msg]])
+                if branch:
+                    branches[path] = same
             elif msg not in same[2]:
                 same[2].append(msg)
         for path, _, msgs in found:
@@ -551,11 +674,15 @@ class _SourceNodes:
         node, key_node, conv = self._root(), None, _Converter(self.doc.file)
         for part in path:
             if isinstance(node, yaml.MappingNode):
-                conv.scalars.flatten_mapping(node)
-                pairs = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and conv._scalar(k) == part]
-                if not pairs:
+                try:
+                    own, merged = conv.pairs(node)
+                except yaml.YAMLError:
                     return None, None
-                key_node, node = pairs[-1]  # (a later duplicate is the one parsed)
+                mine = [(k, v) for k, v in own if isinstance(k, yaml.ScalarNode) and conv._scalar(k) == part]
+                theirs = [(k, v) for k, v in merged if isinstance(k, yaml.ScalarNode) and conv._scalar(k) == part]
+                if not mine and not theirs:
+                    return None, None
+                key_node, node = mine[0] if mine else theirs[0]  # (as convert reads them: the first of its own, else the first merged)
             elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
                 key_node, node = None, node.value[part]
             else:
@@ -870,6 +997,8 @@ def _check_zones(f: _Fleet) -> None:
             for i, z in enumerate(rt.zones):
                 if z not in first:
                     first[z] = (r, i)
+                elif first[z][0] == r:
+                    f.err(doc, f.topology, ("spec", "clouds", c, "regions", r, "zones", i), f"zone {z!r} is listed twice (also at index {first[z][1]})")
                 elif first[z][0] != r:
                     r0, i0 = first[z]
                     at = doc.line_of(("spec", "clouds", c, "regions", r0, "zones", i0))
@@ -887,6 +1016,12 @@ def _check_pools(f: _Fleet) -> None:
             f.err(doc, pool, ("spec", "region"), f"region {s.cloud}/{s.region} is not in the Topology")
             continue
         known_zones = f.topology.spec.clouds[s.cloud].regions[s.region].zones
+        for field_name, values in (("zones", s.zones), ("instance_types", s.instance_types)):
+            # (a zone or type listed twice was offered twice: CP-SAT could not complete greedy's answer on a one-job
+            # fleet, and the plan fell back to greedy's with "raise --time-limit")
+            for i, v in enumerate(values):
+                if v in values[:i]:
+                    f.err(doc, pool, ("spec", field_name, i), f"{v!r} is listed twice (also at index {values.index(v)})")
         for i, z in enumerate(s.zones):
             if z not in known_zones:
                 f.err(doc, pool, ("spec", "zones", i), f"zone {z!r} is not in {s.cloud}/{s.region} (known: {', '.join(known_zones)})")

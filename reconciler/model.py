@@ -188,10 +188,30 @@ class DataSpec(Strict):
     max_latency_ms: NonNeg | None = None  # hard: zones farther than this from the data are not used
 
 
+# A container image reference as `docker run` takes it ([registry[:port]/]name[:tag][@digest]): never starting with `-`,
+# which docker read as one of its own options (`image: --privileged` ran the job privileged, `--volume=/:/host` with the
+# host's root mounted), and no space or control character.
+ImageRef = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$", max_length=512)]
+
+
+def _checkpoint_dir(v: object) -> object:
+    """An absolute path inside the container, without `..` (the agent makes it under its --checkpoint-root:
+    `/x/../../../../etc` was the host's /etc, made by the agent and mounted into the container read-write) and without
+    `:` or `,`, which `docker run --volume` reads as its own separators."""
+    if isinstance(v, str):
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path (the checkpoint directory as the job sees it, e.g. /ckpt)")
+        if ".." in v.split("/"):
+            raise ValueError("must not contain `..`: it would leave the job's checkpoint directory on the host")
+        if ":" in v or "," in v or not v.isprintable():
+            raise ValueError("must not contain `:`, `,` or control characters (docker's --volume reads them as separators)")
+    return v
+
+
 class RunSpec(Strict):
     """What a replica runs: a container image on the clouds, `command` as a local process on the sim."""
 
-    image: str | None = None
+    image: ImageRef | None = None
     command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
 
@@ -208,7 +228,7 @@ class CheckpointSpec(Strict):
     """Before a stop the replica can survive (spot notice, move, unassignment) it gets `signal`
     and `grace_seconds` to write a checkpoint under `dir`; then it is killed."""
 
-    dir: Annotated[str, Field(min_length=1)]
+    dir: Annotated[str, Field(min_length=1, max_length=1024), BeforeValidator(_checkpoint_dir)]
     signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"] = "SIGTERM"
     grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
 

@@ -664,3 +664,158 @@ def test_a_yaml_boolean_where_a_string_belongs_gets_a_hint(tmp_path):
            "(YAML reads `no` as a boolean; 'no' is not one of these either)" in errs, errs
     assert any(e.startswith("jobs/research.yaml:50: Job/ablation-attn: spec.tenant: Input should be a valid string "
                             "(YAML reads `Off` as a boolean; quote it: 'Off')") for e in errs), errs
+
+
+# -- the config audit of 2026-12-01: hostile and odd YAML, each an error naming file, line and field ------------------
+
+_JOB_HEAD = ("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n  tenant: t\n"
+             "  resources: {cpu: 1, memory_gib: 1}\n")
+
+
+def _with_job(tmp_path, body: str) -> Path:
+    cfg = write_config(tmp_path / "c", [topology(), tenant("t"), pool("p", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"])])
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD + body)
+    return cfg
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("2026-02-30", "YAML reads `2026-02-30` as a timestamp, and it is not one: day is out of range for month"),
+    ("2026-13-01T00:00:00", "YAML reads `2026-13-01T00:00:00` as a timestamp, and it is not one: month must be in 1..12"),
+    ("2026-01-01 25:00:00", "hour must be in 0..23"),
+    ("!!int abc", "YAML reads `abc` as a int, and it is not one"),
+    ("!!bool maybe", "YAML reads `maybe` as a bool, and it is not one"),
+    ("!!timestamp soon", "YAML reads `soon` as a timestamp, and it is not one"),
+    ("!!float ''", "YAML reads `` as a float, and it is not one"),
+])
+def test_a_scalar_its_yaml_type_cannot_hold_is_an_error_on_its_line(tmp_path, value, fragment):
+    """Audit: `deadline: 2026-02-30` (a timestamp to YAML, and no date) raised ValueError through load: `Error: unexpected
+    ValueError: day is out of range for month. This is a bug in reconcile`, no file, line or field, from validate, plan
+    and apply alike, and `reconcile controller` exited on it (a config error keeps it watching)."""
+    errs = errors_of(_with_job(tmp_path, f"  deadline: {value}\n"))
+    assert len(errs) == 1 and errs[0].startswith("jobs.yaml:7: spec.deadline: ") and fragment in errs[0], errs
+
+
+def test_the_controller_keeps_watching_when_a_date_is_no_date(tmp_path):
+    from reconciler.runtime.controller import Controller
+
+    cfg = _with_job(tmp_path, "  deadline: 2026-02-30T00:00:00\n")
+    logged: list[str] = []
+    assert Controller(cfg, log=logged.append).step() is False
+    assert any("the config does not validate" in m and "day is out of range" in m for m in logged), logged
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("  expected_hours: 1:30\n", "spec.expected_hours: YAML 1.1 reads `1:30` as a base-60 number (90), not a time"),
+    ("  replicas: 1:30\n", "spec.replicas: YAML 1.1 reads `1:30` as a base-60 number (90)"),
+    ("  priority: 010\n", "spec.priority: YAML 1.1 reads `010` as an octal number (8): write it without the leading 0"),
+])
+def test_a_yaml_1_1_base_60_or_octal_number_is_refused_not_misread(tmp_path, text, fragment):
+    """Audit: `expected_hours: 1:30` loaded as 90 hours and `cpu: 010` as 8 CPUs (YAML 1.1's base-60 and octal integers,
+    also under `%YAML 1.2`), with no word. Refused with what YAML made of it; hex (0x10) says what it is and stands."""
+    cfg = _with_job(tmp_path, text)
+    errs = errors_of(cfg)
+    assert any(e.startswith("jobs.yaml:") and fragment in e for e in errs), errs
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD.replace("cpu: 1,", "cpu: 0x2,") + "  expected_hours: 1.5\n")
+    assert load(cfg).jobs["j"].spec.resources.cpu == 2
+
+
+@pytest.mark.parametrize("text,tag", [
+    ("  run: !!python/object/new:os.system {command: [x]}\n", "!!python/object/new:os.system"),
+    ("  pools: !!python/tuple [p]\n", "!!python/tuple"),
+    ("  regions: !!set {us-east-1}\n", "!!set"),
+    ("  run: !custom {command: [x]}\n", "!custom"),
+])
+def test_a_tag_on_a_mapping_or_sequence_is_refused_not_ignored(tmp_path, text, tag):
+    """Audit: a tag on a collection was dropped without a word (`spec: !!python/object/new:os.system` validated "ok"; no
+    object was made, but a reviewer reads it as code); a tag on a scalar was already an error."""
+    errs = errors_of(_with_job(tmp_path, text))
+    assert any(e.startswith("jobs.yaml:7: spec.") and f"the tag {tag} is not read here" in e for e in errs), errs
+
+
+def test_merge_keys_are_yamls_merge_not_duplicates(tmp_path):
+    """Audit: `<<: *defaults` then a key of the defaults (the merge key's one use) was refused as "duplicate key", and of
+    merged mappings PyYAML 6.0.4 let the last listed win for `policy` but the first for `p` (by string identity)."""
+    cfg = _with_job(tmp_path, "  run: {command: [x]}\n"
+                              "  checkpoint: &ck {dir: /ckpt, grace_seconds: 5}\n"
+                              "  restart: {<<: [{policy: Never, backoff_limit: 1}, {policy: OnFailure, backoff_limit: 9}], backoff_limit: 2}\n"
+                              "---\n" + _JOB_HEAD.replace("name: j}", "name: k}") +
+                              "  run: &run {command: [x], env: {A: a}}\n"
+                              "  checkpoint: {<<: {dir: /a, grace_seconds: 5}, dir: /b}\n")
+    d = load(cfg)
+    assert d.jobs["j"].spec.restart.policy == "Never" and d.jobs["j"].spec.restart.backoff_limit == 2
+    assert d.jobs["k"].spec.checkpoint.dir == "/b" and d.jobs["k"].spec.checkpoint.grace_seconds == 5
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD + "  run: {command: [x]}\n  checkpoint: {<<: {dir: /a}, dir: /b, dir: /c}\n")
+    assert errors_of(cfg) == ["jobs.yaml:8: spec.checkpoint.dir: duplicate key 'dir'"]
+
+
+def test_aliases_of_one_long_string_are_refused_by_the_text_they_expand_to(tmp_path):
+    """Audit: MAX_NODES counted nodes, not text: 5,000 aliases of one 3 MB label (a 3 MB file) validated on and on, the
+    digest's JSON of it 15 GB (MemoryError under a 6 GB limit; on this 24 GB machine, the OOM killer)."""
+    from reconciler import load as L
+
+    big = "x" * (64 * 1024)
+    n = L.MAX_TEXT // len(big) + 2
+    cfg = write_config(tmp_path / "c", [topology(), tenant("t")])
+    (cfg / "t2.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: t2\n  labels:\n"
+                                 f"    k0: &big {big}\n" + "".join(f"    k{i}: *big\n" for i in range(1, n)) + "spec: {}\n")
+    errs = errors_of(cfg)
+    assert len(errs) == 1 and "MiB of text after alias expansion: refusing" in errs[0], errs
+
+
+def test_a_huge_name_is_shown_cut_and_its_controls_escaped(tmp_path):
+    """Audit: a 2 MB metadata.name was printed whole in each of its document's errors (20,000 bad pool names: 40 GB,
+    MemoryError), and a name's `\\r` or escape sequence rewrote the terminal's line (`...\\rok: fleet ...`)."""
+    cfg = _with_job(tmp_path, "  pools: [" + ", ".join(["X"] * 50) + "]\n")
+    text = (cfg / "jobs.yaml").read_text().replace("{name: j}", "{name: " + "x" * 1_000_000 + "}")
+    (cfg / "jobs.yaml").write_text(text)
+    errs = errors_of(cfg)
+    assert len(errs) == 51 and all(len(e) < 400 for e in errs) and "... (1,000,000 characters)" in errs[0], errs[:2]
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD.replace("{name: j}", '{name: "j\\rok: fleet\\e[8m"}'))
+    assert any("Job/j\\rok: fleet\\x1b[8m: metadata.name" in e for e in errors_of(cfg)), errors_of(cfg)
+
+
+def test_many_errors_in_one_document_take_linear_time(tmp_path):
+    """Audit: each pydantic error scanned every error found before it: 50,000 bad pool names took 71 s to validate and
+    199,000 (a 400 kB file) ~20 minutes. Now ~2 s for the 50,000."""
+    import time
+
+    cfg = _with_job(tmp_path, "  pools: [" + ",".join(["X"] * 50_000) + "]\n")
+    start = time.process_time()
+    errs = errors_of(cfg)
+    assert len(errs) == 50_000 and time.process_time() - start < 30
+
+
+def test_a_zone_or_instance_type_listed_twice_is_refused(tmp_path):
+    """Audit: a Pool with `zones: [us-east-1a, us-east-1a]` (or a type twice) validated, and its offers were counted twice:
+    CP-SAT could not complete greedy's answer for one CPU job, and the plan was greedy's, "raise --time-limit"."""
+    p = pool("p", "aws", "us-east-1", ["us-east-1a", "us-east-1a"], ["m6i.4xlarge", "c6i.8xlarge", "m6i.4xlarge"])
+    topo = topology(clouds={"aws": {"us-east-1": ["us-east-1a", "us-east-1b", "us-east-1a"]}})
+    errs = errors_of(write_config(tmp_path / "c", [topo, tenant("t"), p]))
+    assert any("Pool/p: spec.zones.1: 'us-east-1a' is listed twice (also at index 0)" in e for e in errs), errs
+    assert any("Pool/p: spec.instance_types.2: 'm6i.4xlarge' is listed twice (also at index 0)" in e for e in errs), errs
+    assert any("Topology/test: spec.clouds.aws.regions.us-east-1.zones.2: zone 'us-east-1a' is listed twice" in e for e in errs), errs
+
+
+@pytest.mark.parametrize("run,fragment", [
+    ({"image": "--privileged", "command": ["ubuntu", "sh"]}, "spec.run.image: String should match pattern"),
+    ({"image": "--volume=/:/host", "command": ["sh"]}, "spec.run.image: String should match pattern"),
+])
+def test_an_image_docker_would_read_as_its_own_option_is_refused(tmp_path, run, fragment):
+    """Audit: run.image was any string, and the docker runtime passes it to `docker run` before the command: an image
+    `--privileged` ran the job privileged (the command's first word taken as the image), `--volume=/:/host` mounted
+    the host's root into the container."""
+    errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), job("j", run=run)]))
+    assert any(fragment in e for e in errs), errs
+
+
+@pytest.mark.parametrize("directory,fragment", [
+    ("/x/../../../../../../etc", "must not contain `..`"),
+    ("ckpt", "must be an absolute path"),
+    ("/ckpt:ro", "must not contain `:`"),
+])
+def test_a_checkpoint_dir_that_leaves_its_root_is_refused(tmp_path, directory, fragment):
+    """Audit: the agent makes a job's checkpoint dir as --checkpoint-root/JOB/DIR and the docker runtime mounts it at DIR:
+    `dir: /x/../../../../../../etc` was the host's /etc (on the sim, a job wrote outside .reconcile/sim/volumes)."""
+    j = job("j", run={"command": ["x"]}, checkpoint={"dir": directory})
+    errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), j]))
+    assert any("spec.checkpoint.dir: Value error, " + fragment in e for e in errs), errs
