@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "fleetops.io/v1alpha1"
 
@@ -27,7 +27,15 @@ def _iso_time(v: object) -> object:
     return datetime.fromisoformat(v) if isinstance(v, str) else v
 
 
-Timestamp = Annotated[datetime, BeforeValidator(_iso_time)]
+def _plausible_year(v: datetime) -> datetime:
+    """A time the planner can do arithmetic on: 1970-2999. `submitted: 0001-01-01` and a deadline near it, less
+    expected_hours, fell before year 1: an OverflowError in plan ("a bug in reconcile"), not a config error."""
+    if not 1970 <= v.year <= 2999:
+        raise ValueError(f"year {v.year} is outside 1970-2999")
+    return v
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(_plausible_year)]
 Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Market = Literal["spot", "on-demand"]
 
@@ -160,8 +168,10 @@ class Resources(Strict):
     # domain is smaller are not considered. Without it, GPUs are still given in one domain
     # when they fit in one.
     nvlink: bool = False
-    cpu: Annotated[float, Field(gt=0, le=100_000)] = 1.0
-    memory_gib: Annotated[float, Field(gt=0, le=1_000_000)] = 1.0
+    # At least a thousandth: the model counts vCPU and GiB in thousandths (solve/variables.scale), and a smaller ask
+    # (cpu: 1.0e-20) was a 1.6e21-replica bound that crashed the solver on a config that validated.
+    cpu: Annotated[float, Field(ge=0.001, le=100_000)] = 1.0
+    memory_gib: Annotated[float, Field(ge=0.001, le=1_000_000)] = 1.0
 
     @model_validator(mode="after")
     def _gpu_type_iff_gpus(self) -> "Resources":

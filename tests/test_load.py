@@ -819,3 +819,19 @@ def test_a_checkpoint_dir_that_leaves_its_root_is_refused(tmp_path, directory, f
     j = job("j", run={"command": ["x"]}, checkpoint={"dir": directory})
     errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), j]))
     assert any("spec.checkpoint.dir: Value error, " + fragment in e for e in errs), errs
+
+
+def test_a_resource_below_the_models_unit_or_a_year_it_cannot_count_from_is_a_config_error(tmp_path):
+    """Audit: `cpu: 1.0e-20` validated and then crashed plan inside the solver (a 1.6e21 bound: "a bug in reconcile"),
+    and `submitted: 0001-01-01` with a deadline near it overflowed the planner's date arithmetic. Each is refused
+    where it is written; a plan of the quick start's own values is unchanged."""
+    from reconciler import api
+
+    cfg = _with_job(tmp_path, "")
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD.replace("cpu: 1, memory_gib: 1", "cpu: 1.0e-20, memory_gib: 1.0e-20")
+                                   + "  submitted: 0001-01-01T00:00:00\n  deadline: 0001-01-01T00:00:01\n  expected_hours: 100000\n")
+    errs = errors_of(cfg)
+    for field in ("spec.resources.cpu", "spec.resources.memory_gib", "spec.submitted", "spec.deadline"):
+        assert any(e.startswith("jobs.yaml:") and f": {field}: " in e for e in errs), (field, errs)
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD.replace("cpu: 1, memory_gib: 1", "cpu: 0.001, memory_gib: 0.001"))
+    assert api.plan(cfg, time_limit=5).plan.jobs[0].action == "place"
