@@ -23,6 +23,7 @@ never printed: errors carry only the AWS error code and message.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -62,6 +63,8 @@ STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M,
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
 DEFAULT_PARALLELISM = 100
+FILTER_VALUES = 200  # values asked in one DescribeInstances filter
+_EC2_ID = re.compile(r"i-[0-9a-f]{8,17}")
 # EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
 SPOT_PRICE_MAX_AGE = timedelta(days=90)
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
@@ -273,6 +276,17 @@ class AwsProvider:
                 {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
             ])
         return [i for i in found if i.tags.get(TAG_FLEET) == self.ctx.fleet]
+
+    def find(self, ids: Sequence[str], pools: Sequence[PoolTarget]) -> list[Instance]:
+        """The instances of `ids` (EC2 ids) observe's tag-filtered listing left out (base.InstanceFinder), asked by
+        instance id in every region it looks in: a listing may not show an instance launched a moment ago yet
+        ("Eventual consistency in the Amazon EC2 API"). Ours and not terminated only, as observe reports them."""
+        wanted = sorted({i for i in ids if _EC2_ID.fullmatch(i)})
+        found: list[Instance] = []
+        for region in self._regions(pools) if wanted else ():
+            for n in range(0, len(wanted), FILTER_VALUES):
+                found += self._describe(region, [{"Name": "instance-id", "Values": wanted[n:n + FILTER_VALUES]}])
+        return [i for i in found if i.tags.get(TAG_FLEET) == self.ctx.fleet and i.state != "terminated"]
 
     # -- offerings -----------------------------------------------------------------
     def offerings(self, pools: Sequence[PoolTarget]) -> list[Offering]:

@@ -196,6 +196,19 @@ class QuotaReader(Protocol):
 
 
 @runtime_checkable
+class InstanceFinder(Protocol):
+    """An optional capability: a provider whose listing may lag a launch (EC2 is eventually consistent: an instance
+    launched a moment ago may be missing from a tag-filtered DescribeInstances). Observe asks it by id for the
+    instances the state places work on that its listing left out: one that exists still hosts that work, and read as
+    gone its work was launched again beside it (and the original deleted later, as idle)."""
+
+    def find(self, ids: Sequence[str], pools: Sequence[PoolTarget]) -> list[Instance]:
+        """Those of `ids` that are this fleet's instances in the pools' regions and not terminated, as observe reports
+        them; an id the cloud does not show (gone, or not one of its ids) is left out."""
+        ...
+
+
+@runtime_checkable
 class Janitor(Protocol):
     """An optional capability: a provider that creates cloud objects besides instances (AWS cluster placement
     groups) and deletes this fleet's unused ones after an apply."""

@@ -15,8 +15,9 @@ key (a second insert of that name is a 409, and an existing instance carrying ou
 fleet label and the key's label is returned as is), and the insert's requestId is
 a UUID derived from the key, so GCE itself answers a retried insert with the
 original operation. When that operation succeeded but its instance is gone (the
-same plan made again after its instances were deleted), the create inserts once
-more under a requestId derived from that operation. Every insert and delete
+same plan made again after its instances were deleted), or failed (GCE remembers a
+failed insert too: the same key back after a stockout's cool-off or a raised quota),
+the create inserts once more under a requestId derived from that operation. Every insert and delete
 waits on its zone operation; the operation's errors are what report a stockout
 or an exhausted quota.
 
@@ -325,13 +326,17 @@ class GcpProvider:
         return QuotaError(text, cloud="gcp", quota=quota, region=region, how_to_raise=how)
 
     def _wait(self, what: str, project: str, zone: str, op) -> Any:
-        """Wait for a zone operation to be DONE. zoneOperations.wait may return early (best effort), so loop."""
+        """Wait for a zone operation to be DONE. zoneOperations.wait may return early (best effort), so loop. One not
+        DONE after operation_timeout fails the call, not as a transient error: a retry would only wait for it again
+        (an insert's requestId answers with this same operation), operation_timeout more each time."""
         deadline = time.monotonic() + self.operation_timeout
         pause = 0.05
         while op.status != self.compute.Operation.Status.DONE:
             if time.monotonic() > deadline:
-                raise TransientProviderError(f"gcp: {what}: operation {op.name} is not done after {self.operation_timeout:.0f} s; "
-                                             "a rerun resumes it")
+                made = " and uses the instance it made, launching nothing twice" if op.operation_type == "insert" else ""
+                raise ProviderError(f"gcp: {what}: operation {op.name} is not done after {self.operation_timeout:.0f} s "
+                                    f"(GCE is still working on it); the next run sees how it ended{made} "
+                                    "(-o operation_timeout=SECONDS waits longer)")
             started = time.monotonic()
             name = op.name
             op = self._call(f"{what}: wait for {name}", lambda: self.operations.wait(
@@ -675,14 +680,15 @@ class GcpProvider:
             # of an earlier create of this key whose instance was deleted since (the same plan made again: a config
             # reverted while GCE still remembers the requestId), or a Spot VM was preempted as it started. Insert once
             # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated;
-            # a chain of remembered operations (the plan came back more than once) is followed the same way.
+            # a chain of remembered operations (the plan came back more than once) is followed the same way. So is a
+            # remembered operation that failed (the same key back after a stockout's cool-off or a quota raised).
             fresh_gone += not replayed
             if fresh_gone == 2:
                 break
             rid = request_id(self.ctx.fleet, f"{request.key}\n{op.id}")
         if fresh_gone < 2:
             raise KeySpentError(f"gcp: {what}: GCE answered {MAX_INSERTS} requestIds of key {request.key} with operations "
-                                "whose instances are gone")
+                                "whose instances are gone, or which failed earlier")
         if request.market == "spot":  # preempted (and deleted) twice before we could look: no spot capacity there
             raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
                                 instance_type=request.instance_type, market=request.market)
@@ -691,7 +697,9 @@ class GcpProvider:
     def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
         """One insert, waited on: (its operation, the instance it made or None if that instance is gone, whether
         GCE answered with a remembered operation). A fresh insert is PENDING or RUNNING when it is accepted (a VM
-        takes seconds to start); an operation already DONE in the insert's answer is one GCE remembered."""
+        takes seconds to start); an operation already DONE in the insert's answer is one GCE remembered (for at least
+        60 minutes), failed ones too: a remembered failure is an earlier try's, not this one's, and reads as None
+        (insert again), never as a stockout or an exhausted quota now."""
         from google.api_core.exceptions import Conflict
 
         insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
@@ -707,6 +715,8 @@ class GcpProvider:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
                 return op, self._adopt(project, zone, name, request), replayed
+            if replayed:  # an earlier insert's failure (a stockout, a quota since raised), which says nothing of now:
+                return op, None, True  # inserted again under a requestId of its own, as for a remembered instance gone
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & QUOTA_CODES:
                 raise self._quota_error(text, " ".join(msg for _, msg in errors), zone, project)

@@ -143,6 +143,15 @@ def _retry(call, what: str, window_s: float = 0.0):
     raise AssertionError(what)
 
 
+def _retried(e: ProviderError) -> str:
+    """What a transient error that outlasted _retry means, for the report: a cloud's bare throttling or outage answer
+    reads like a refusal for good."""
+    if not isinstance(e, TransientProviderError):
+        return ""
+    return (" (a transient error, still there after every retry: throttling, an outage or a timeout; the next run "
+            "tries again; if the cloud keeps throttling, fewer calls at once: -o parallelism=N)")
+
+
 def _window(provider) -> float:
     return float(getattr(provider, "retry_window_s", 0.0) or 0.0)
 
@@ -513,7 +522,7 @@ def _launch_all(todo: list[CreateAction], desired: DesiredState, plan: Plan, fle
             state.mark_short(e.cloud, e.zone, e.instance_type, e.market)
             report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: {e} (zone marked short; the next run places the work elsewhere)")
         else:
-            report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: {e}")
+            report.failures.append(f"create {c.ref} {c.site.market} {c.site.instance_type} in {c.site.zone}: {e}{_retried(e)}")
         steps.end(started, "create", c.ref, _what(c), error=e)
 
     arriving = _arrivals(plan)
@@ -610,7 +619,7 @@ def _delete_all(deletes: list[DeleteAction], fleet: Fleet, existing: dict[str, I
             return
         if not isinstance(e, ProviderError):
             raise e
-        report.failures.append(f"delete {d.instance_id}: {e}")
+        report.failures.append(f"delete {d.instance_id}: {e}{_retried(e)}")
         steps.end(started, "delete", d.instance_id, _what(d), d.instance_id, e)
 
     def delete(d: DeleteAction) -> None:

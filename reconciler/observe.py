@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from providers.base import TAG_FLEET_UID, Instance, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
+from providers.base import TAG_FLEET_UID, Instance, InstanceFinder, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
 from providers.catalog import load_catalog
 from reconciler.errors import ProviderError
 from providers.options import check_options
@@ -158,6 +158,8 @@ class Fleet:
         foreign: list[tuple[str, str]] = []
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, suspended, deallocated, failed)
         unknown: list[tuple[str, str]] = []  # the fleet's instances in a state we do not know: taken as running
+        late: list[tuple[str, str]] = []  # (provider, instance id) the state places work on, found by id, not listed yet
+        claimed = {iid for ids in state.placements.values() for iid in ids}  # the instances the state places work on
         quotas: list[Quota] = []
         quota_notes: list[str] = []
         gpus_by_key: dict[tuple[str, str, str], int] = {}  # (cloud, zone, type) -> GPUs, as the providers offer them
@@ -178,7 +180,16 @@ class Fleet:
             remembered = [PoolTarget(name="", cloud=r["cloud"], region=r["region"], zones=(), instance_types=(),
                                      settings=dict(r.get("settings", {})))
                           for r in state.regions if r["provider"] == name and (r["cloud"], r["region"]) not in seen]
-            for i in prov.observe(targets + remembered):
+            listed = list(prov.observe(targets + remembered))
+            missing = claimed - {i.id for i in listed}
+            if missing and isinstance(getattr(prov, "_provider", prov), InstanceFinder):
+                # A listing may lag a launch (eventual consistency): what the state places work on is asked for by id
+                # before it is read as gone (and its work launched again beside it).
+                found = [i for i in prov.find(sorted(missing), targets + remembered) if i.id in missing]  # type: ignore[attr-defined]
+                late += [(name, i.id) for i in found]
+                listed += found
+            claimed -= {i.id for i in listed}
+            for i in listed:
                 their = i.tags.get(TAG_FLEET_UID)
                 if their and their != uid:
                     foreign.append((i.id, their))
@@ -219,6 +230,8 @@ class Fleet:
             + tuple(f"{iid} reports state {state!r}, which is none of pending, running, stopping or terminated: taken as "
                     "running (counted as capacity, its work left on it, nothing launched in its place, so nothing runs "
                     "twice); see what it is in the cloud's console" for iid, state in sorted(unknown))
+            + tuple(f"{iid} is not in {name}'s listing yet but exists (found by its id: the listing lags its launch, "
+                    "eventual consistency): counted as it is, its work left on it" for name, iid in sorted(late))
             + tuple(quota_notes),
             shapes={j: dict(v) for j, v in state.shapes.items() if j in merged.placements},
             since={j: v for j, v in state.since.items() if j in merged.placements},

@@ -301,6 +301,29 @@ def test_an_instance_ec2_never_shows_is_a_transient_error_not_a_delete(proxy, tm
     assert ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
 
 
+def test_a_plan_before_ec2_lists_the_last_applys_instances_buys_nothing_twice(aws_env, tmp_path, fleet, ec2_tokens):
+    """Right after an apply (`apply && plan --detailed-exitcode`, a controller's next poll), EC2's tag-filtered
+    DescribeInstances may not list the instances it just launched yet. observe read them as gone: the plan placed their
+    running jobs again on 3 new instances (no note said why), and its apply bought them, the originals left idle to be
+    deleted later with their work. The instances the state places work on are asked for by id first."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    opts = {"endpoint_url": aws_env}
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok and len(first.report.created) == 4
+    ec2_tokens.lag_tag(TAG_FLEET, fleet, reads=2)  # both regions' next listings miss them
+    res = api.plan(cfg, provider="aws", options=opts)
+    assert not res.plan.has_changes and {i.id for i in res.observed.instances} == set(first.report.created.values())
+    assert any("listing yet but exists (found by its id" in n for n in res.plan.notes), res.plan.notes
+    ec2_tokens.lag_tag(TAG_FLEET, fleet, reads=2)
+    again = api.apply(cfg, provider="aws", options=opts)
+    assert again.report.ok and not again.report.created and not again.report.deleted
+    mine = [d for region in ("us-east-1", "us-west-2") for r in boto3.client("ec2", region_name=region, endpoint_url=aws_env)
+            .describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]}])["Reservations"] for d in r["Instances"]]
+    assert sorted(d["InstanceId"] for d in mine) == sorted(first.report.created.values())
+
+
 # -- quotas (issue 22, item 2) ----------------------------------------------------------------------
 @pytest.mark.parametrize("code, market, itype, quota", [
     ("VcpuLimitExceeded", "on-demand", "g5.xlarge", "L-DB2E81BA"),

@@ -416,6 +416,63 @@ def test_operation_capacity_errors_become_capacity_errors(prov, gce, code):
     assert prov.create(req("k-elsewhere", zone=ZONE_A)).zone == ZONE_A  # other zones are unaffected
 
 
+@pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED"])
+def test_a_failed_insert_gce_remembers_is_tried_again_not_answered_from_memory(prov, gce, code):
+    """GCE answers a repeated requestId with the original operation for at least 60 minutes ("the server can check if
+    original operation with the same request ID was received, and if so, will ignore the second request"), a failed
+    one too. The same key comes back within that time (the next run after a quota was raised; the plan back in a zone
+    after its 30-minute cool-off): answered from memory, it failed again with the old stockout or quota error, and
+    nothing was tried. A remembered failure is tried again under a requestId of its own, and a retry of that is one
+    instance."""
+    gce.exhaust(ZONE_B, code)
+    with pytest.raises((CapacityError, QuotaError)):
+        prov.create(req("k-later", zone=ZONE_B))
+    gce.replenish(ZONE_B)  # capacity is back, or the quota was raised
+    made = prov.create(req("k-later", zone=ZONE_B))
+    assert made.state == "running" and made.zone == ZONE_B
+    rids = [q["requestId"][0] for _, _, q in gce.requests("POST", f"/zones/{ZONE_B}/instances")]
+    assert rids[0] == rids[1] != rids[2] and len(gce.insert_bodies) == 2
+    assert prov.create(req("k-later", zone=ZONE_B)).id == made.id and len(gce.instances(PROJECT)) == 1
+
+
+def test_a_raised_quota_lets_the_next_apply_launch_what_it_refused(gce, tmp_path):
+    """The user's flow: an apply fails with QUOTA_EXCEEDED and says to raise the quota; once it is raised, the next
+    apply (the same plan, its keys and requestIds too: nothing changed in the fleet) launches the fleet."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    for z in gce.zones:
+        gce.exhaust(z, "QUOTA_EXCEEDED")
+    with pytest.raises(ApplyError, match="raise it"):
+        api.apply(cfg, provider="gcp", options=opts)
+    for z in gce.zones:
+        gce.replenish(z)
+    again = api.apply(cfg, provider="gcp", options=opts)
+    assert again.report.ok and len(_ours(gce)) == len(again.plan.creates) == 5
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+
+
+def test_an_operation_that_never_finishes_is_waited_for_once_and_the_next_run_uses_its_instance(gce, tmp_path):
+    """An insert's operation not DONE after operation_timeout (default 900 s) was a transient error: apply inserted
+    again under the same requestId, GCE answered with the same unfinished operation, and it was waited for again,
+    four times over (an hour at the default, the apply holding its lock and deaf to a stop the while). It is waited
+    for once; the create fails saying so, and the next run finds the instance and places work on it, launching
+    nothing twice."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT, "operation_timeout": "1", "retry_window": "0"}
+    gce.op_steps = 10**9  # no operation ever reaches DONE
+    with pytest.raises(ApplyError, match="is not done after 1 s") as e:
+        api.apply(cfg, provider="gcp", options=opts)
+    assert "the next run sees how it ended and uses the instance it made" in str(e.value)
+    inserts = gce.requests("POST", "/instances")
+    assert len(inserts) == len(gce.insert_bodies) == 5, "an unfinished insert was sent again"
+    for op in gce.operations.values():  # GCE gets there in the end
+        op.steps = 0
+    res = api.apply(cfg, provider="gcp", options=opts)
+    assert res.report.ok and not res.report.created and len(gce.insert_bodies) == 5
+    assert {j.action for j in res.plan.jobs} == {"place"} and all(not i.startswith("+") for j in res.plan.jobs
+                                                                    for i in j.instances)
+
+
 def test_a_machine_type_missing_from_the_zone_is_a_capacity_error(prov, gce):
     gce.withhold(ZONE_A, "g2-standard-4")
     with pytest.raises(CapacityError, match="does not exist in zone") as e:

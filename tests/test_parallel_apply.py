@@ -87,6 +87,19 @@ def test_rate_limited_inserts_are_retried_with_backoff_and_each_instance_lands_o
     assert all(ids) and len(set(ids)) == len(res.plan.creates)  # a retry repeats its requestId
 
 
+def test_a_create_throttled_through_every_retry_says_what_it_was_and_what_to_do(gce, tmp_path):
+    """A create still refused when its retries run out was reported as GCE's bare refusal ("HTTP 403: Rate Limit
+    Exceeded"), the same line as a request GCE rejects for good: nothing said it had been retried, or what to do."""
+    cfg = copy_example(tmp_path, "gcp-only")
+    opts = {"endpoint": gce.url, "project": PROJECT, "parallelism": "1", "retry_window": "0.001"}
+    gce.fail_next(403, "rateLimitExceeded", "Rate Limit Exceeded", method="POST", path_contains="/instances", count=4)
+    with pytest.raises(ApplyError) as e:
+        api.apply(cfg, provider="gcp", options=opts)
+    line = next(ln for ln in str(e.value).splitlines() if "Rate Limit Exceeded" in ln)
+    assert "still there after every retry" in line and "the next run tries again" in line
+    assert "-o parallelism" in line, line
+
+
 def test_a_hundred_creates_take_under_twice_the_time_of_one():
     """Issue 22 item 3's target, on the Compute Engine fake with 4 s operations (zoneOperations.wait blocks until
     DONE; a real insert takes tens of seconds): 100 creates in under 2x the time of one. Measured 1.76x at 2 s
