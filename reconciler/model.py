@@ -36,6 +36,18 @@ def _plausible_year(v: datetime) -> datetime:
 
 
 Timestamp = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(_plausible_year)]
+
+
+def _allows_something(v: object) -> object:
+    """An allowlist names at least one entry: `pools: []` (a template's empty expansion) allowed nothing, and the job
+    waited with "no pool offers 2 vCPU / 4 GiB"; `allowed_clouds: []` left every job pending. Absent allows all."""
+    if isinstance(v, list) and not v:
+        raise ValueError("an empty list allows nothing: name at least one, or leave the field out to allow all")
+    return v
+
+
+Allowlist = Annotated[list[str] | None, AfterValidator(_allows_something)]
+NameAllowlist = Annotated[list[Name] | None, AfterValidator(_allows_something)]
 Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Market = Literal["spot", "on-demand"]
 
@@ -255,9 +267,9 @@ class JobSpec(Strict):
     # on-demand when spot is short; required: spot or nothing; never: on-demand only.
     spot: Literal["eligible", "preferred", "required", "never"] = "eligible"
     data: DataSpec | None = None
-    regions: list[str] | None = None  # allowlist: "us-east-1" or "aws/us-east-1"
-    clouds: list[Name] | None = None  # allowlist of clouds
-    pools: list[Name] | None = None  # allowlist of Pool names
+    regions: Allowlist = None  # allowlist: "us-east-1" or "aws/us-east-1"
+    clouds: NameAllowlist = None  # allowlist of clouds
+    pools: NameAllowlist = None  # allowlist of Pool names
     expected_hours: Annotated[float, Field(gt=0, le=100_000)] = 24.0  # amortises data egress
     submitted: Timestamp | None = None
     # Must finish by then: it must start by deadline - expected_hours. Ranks above work of its
@@ -312,8 +324,8 @@ class SpotPolicySpec(Strict):
 
 
 class GuardrailPolicySpec(Strict):
-    allowed_regions: list[str] | None = None  # "us-east-1" or "aws/us-east-1"
-    allowed_clouds: list[Name] | None = None
+    allowed_regions: Allowlist = None  # "us-east-1" or "aws/us-east-1"
+    allowed_clouds: NameAllowlist = None
     max_hourly_budget: NonNeg | None = None
     tenant_hourly_budgets: dict[Name, NonNeg] = {}  # USD/h of each named tenant's replicas
     max_destroy_per_apply: Count | None = None

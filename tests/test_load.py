@@ -835,3 +835,16 @@ def test_a_resource_below_the_models_unit_or_a_year_it_cannot_count_from_is_a_co
         assert any(e.startswith("jobs.yaml:") and f": {field}: " in e for e in errs), (field, errs)
     (cfg / "jobs.yaml").write_text(_JOB_HEAD.replace("cpu: 1, memory_gib: 1", "cpu: 0.001, memory_gib: 0.001"))
     assert api.plan(cfg, time_limit=5).plan.jobs[0].action == "place"
+
+
+@pytest.mark.parametrize("text,field", [("  pools: []\n", "spec.pools"), ("  regions: []\n", "spec.regions"), ("  clouds: []\n", "spec.clouds")])
+def test_an_empty_allowlist_is_refused_not_read_as_allowing_nothing(tmp_path, text, field):
+    """Audit: `pools: []` validated and the job waited for ever with a reason about sizes ("no pool offers ..."); a
+    GuardrailPolicy's `allowed_clouds: []` left every job pending. An allowlist names something, or is left out."""
+    cfg = _with_job(tmp_path, text)
+    errs = errors_of(cfg)
+    assert any(e.startswith(f"jobs.yaml:7: Job/j: {field}: ") and "an empty list allows nothing" in e for e in errs), errs
+    (cfg / "jobs.yaml").write_text(_JOB_HEAD + "---\napiVersion: fleetops.io/v1alpha1\nkind: GuardrailPolicy\nmetadata: {name: g}\n"
+                                   "spec:\n  allowed_clouds: []\n")
+    errs = errors_of(cfg)
+    assert any("GuardrailPolicy/g: spec.allowed_clouds: " in e and "an empty list allows nothing" in e for e in errs), errs

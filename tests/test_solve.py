@@ -168,13 +168,20 @@ def test_no_pool_offers_reason(tmp_path):
     assert "CPU jobs do not run on GPU instances" in jobs["cpu"].reason
 
 
-def test_an_empty_regions_allowlist_is_named_as_the_reason(tmp_path):
-    """`regions: []` allows no region: the placement rules refuse every instance, and the pending reason says so
-    (it read the empty list as no allowlist, and blamed 'the pool, market and spot price rules')."""
-    docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
-            job("nowhere", gpus=1, gpu_type="A100", cpu=4, mem=16, regions=[])]
-    reason = by_job(plan_for(tmp_path, docs))["nowhere"].reason
-    assert reason == "no pool offers 1x A100 in an allowed region or cloud (job allows: none)"
+def test_an_empty_allowlist_is_a_config_error_not_a_job_that_waits_for_ever(tmp_path):
+    """`regions: []` allowed no region and the job waited, with a reason (it read the empty list as no allowlist once,
+    and blamed 'the pool, market and spot price rules'); `clouds: []` waited saying "job allows: any", and `pools: []`
+    was refused for the GPU type its pools () did not offer. An empty allowlist is a template's mistake far more often
+    than a wish: it is refused where it is written (tests/test_load.py has the message)."""
+    from reconciler.errors import ConfigError
+    from reconciler.load import load
+
+    for field in ("regions", "clouds", "pools"):
+        docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"]),
+                job("nowhere", gpus=1, gpu_type="A100", cpu=4, mem=16, **{field: []})]
+        with pytest.raises(ConfigError) as e:
+            load(write_config(tmp_path / field, docs))
+        assert f"Job/nowhere: spec.{field}: Value error, an empty list allows nothing" in str(e.value), str(e.value)
 
 
 def test_placement_refusal_names_the_first_rule_or_only_the_rules_asked():
