@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from providers.base import TAG_FLEET_UID
 from reconciler.errors import ApplyError, ConfigError, GuardrailError, SolverError, StalePlanError
 from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
@@ -197,7 +198,8 @@ def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: Sta
     name, uid = identity.recorded(config_dir, current)
     uid = identity.check_name(desired.fleet, name, uid, adopt)
     observed = fleet.observe(current, uid)
-    adopted = identity.check_foreign(desired.fleet, uid, observed.foreign, adopt)
+    own = sum(1 for i in observed.instances if uid and i.tags.get(TAG_FLEET_UID) == uid)
+    adopted = identity.check_foreign(desired.fleet, uid, observed.foreign, adopt, own)
     if adopted is not None:
         uid = adopted
         observed = fleet.observe(current, uid)

@@ -132,8 +132,21 @@ class LocalBackend:
             return []
         # An object's name with something else there is listed too, for its reader to refuse: left out, a directory at
         # assignments/<instance>.json was no assignment, and apply created instances before it failed to write one.
-        return sorted(str(p.relative_to(root)) for p in base.rglob("*")
-                      if not p.name.startswith(".") and (p.is_file() or p.suffix == ".json"))
+        # A directory that cannot be listed is an error, as a remote store's failed listing is: Path.rglob skipped it,
+        # and a finished job whose run record was in it was placed and run again (audit).
+        out, todo = [], [base]
+        while todo:
+            d = todo.pop()
+            try:
+                with os.scandir(d) as entries:
+                    for e in entries:
+                        if e.is_dir():
+                            todo.append(Path(e.path))
+                        if not e.name.startswith(".") and (e.is_file() or e.name.endswith(".json")):
+                            out.append(str(Path(e.path).relative_to(root)))
+            except OSError as err:
+                raise ReconcileError(f"local bus: cannot list {d}: {err.strerror}") from None
+        return sorted(out)
 
 
 class LeaseStore(Protocol):

@@ -90,20 +90,31 @@ def check_name(fleet: str, known_name: str, known_uid: str, adopt: bool) -> str:
     return known_uid
 
 
-def check_foreign(fleet: str, uid: str, foreign: tuple[tuple[str, str], ...], adopt: bool) -> str | None:
-    """None if no other fleet shares our name; with --adopt-fleet, the one other uid to adopt. Raises otherwise."""
+def check_foreign(fleet: str, uid: str, foreign: tuple[tuple[str, str], ...], adopt: bool, own: int = 0) -> str | None:
+    """None if no other fleet shares our name; with --adopt-fleet, the one other uid to adopt. Raises otherwise.
+    `own`: the instances observed with our uid. Adopting a uid takes it in place of ours, so while the fleet runs
+    instances of its own uid they would become another fleet's, running unseen, and the plan would buy all their
+    work again (audit: the refusal offered --adopt-fleet, and adopting flipped the fleet's identity back and forth):
+    refused then, and not offered."""
     if not foreign:
         return None
     uids = sorted({u for _, u in foreign})
-    if adopt and len(uids) == 1:
+    if adopt and len(uids) == 1 and not own:
         return uids[0]
     ids = ", ".join(i for i, _ in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
     mine = f"this fleet's uid is {uid}" if uid else "this config has no fleet uid recorded yet (a new repo, or a lost state)"
+    if own:
+        how = (f" This fleet runs {own} instance(s) of its own (uid {uid}), so --adopt-fleet is refused: it would take the "
+               "other uid in place of this one, and this fleet's instances would run on unseen while the plan bought their "
+               "work again. If the other instances are this fleet's too (a uid tag edited by hand), put its tag back; else "
+               "empty one of the fleets first.")
+    else:
+        how = (" If they are this fleet's (its state and status/ were lost), run again with --adopt-fleet to adopt them"
+               + (" (only one uid can be adopted)" if len(uids) > 1 else "") + ".")
     raise FleetIdentityError(
         f"{len(foreign)} instance(s) tagged fleet {fleet!r} belong to another fleet of that name (uid {', '.join(uids)}; "
         f"{mine}): {ids}. Another config repo with the same Topology name manages them; nothing was changed. Rename "
-        "one of the Topologies. If they are this fleet's (its state and status/ were lost), run again with --adopt-fleet "
-        "to adopt them" + (" (only one uid can be adopted)" if len(uids) > 1 else "") + ".")
+        "one of the Topologies." + how)
 
 
 __all__ = ["FleetIdentityError", "new_uid", "recorded", "check_name", "check_foreign"]

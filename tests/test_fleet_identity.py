@@ -109,3 +109,28 @@ def test_the_last_pool_of_a_region_removed_still_has_its_instances_deleted(aws_e
     assert live_west() == []
     assert [r["region"] for r in load_state(cfg).regions] == ["us-east-1"]
     assert not api.plan(cfg, provider="aws", options=opts).plan.has_changes
+
+
+def test_adopting_another_uid_never_abandons_the_fleets_own_instances(tmp_path):
+    """The fleet's state records its uid and its instances carry it; one instance of the same name carries another uid
+    (another repo's of that name, or a uid tag edited by hand). The refusal said to run again with --adopt-fleet, and
+    that adopted the other uid: the fleet's own 10 instances became "another fleet's", running unseen, and the plan
+    bought all their work again ("replaces ...: gone"), its $/h and the budget blind to them; the next plan was refused
+    the same way, and adopting again flipped back. Adoption is refused while the fleet runs instances of its own uid,
+    and the refusal does not offer it then."""
+    from providers.base import TAG_FLEET, TAG_POOL
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    uid = load_state(cfg).fleet_uid
+    SimCloud(state_dir(cfg)).plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
+                                   tags={TAG_FLEET: "quickstart", TAG_POOL: "aws-cpu", TAG_FLEET_UID: "0123456789abcdef"})
+    before = _live(cfg)
+    res = runner.invoke(app, ["plan", str(cfg)])
+    assert res.exit_code == 1 and "belong to another fleet of that name" in res.output, res.output
+    assert "run again with --adopt-fleet" not in " ".join(res.output.split()), res.output  # not offered
+    for args in (["plan", str(cfg), "--adopt-fleet"], ["apply", str(cfg), "--auto-approve", "--adopt-fleet"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 1, res.output
+        assert f"runs 10 instance(s) of its own (uid {uid})" in " ".join(res.output.split()), res.output
+    assert _live(cfg) == before and load_state(cfg).fleet_uid == uid  # nothing launched, deleted or re-identified

@@ -563,6 +563,46 @@ def test_a_job_whose_run_record_cannot_be_read_is_not_placed_again(applied_once,
     assert any("job done-batch is not placed while its run record cannot be read" in n for n in plan["notes"]), plan["notes"]
 
 
+
+@pytest.mark.parametrize("where", ["runs/done-batch", "runs"])
+def test_a_bus_directory_that_cannot_be_listed_is_an_error_not_no_records(applied_once, tmp_path, monkeypatch, where):
+    """A run record says a batch job Succeeded. The local bus listed its directories with Path.rglob, which skips one it
+    cannot list (permissions: an agent writing with another user's umask): the record was not there, so the plan placed
+    the finished job again and apply ran it a second time, exit 0 (audit, on the sim as a user without read access to
+    .reconcile/runs/<job>). Now the listing fails naming the directory, and nothing is planned from the rest. os.scandir
+    is made to fail there, as it does for a user who may not read it (root reads every directory)."""
+    from reconciler import api
+    from reconciler.errors import ReconcileError
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    (cfg / "jobs" / "done.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: done-batch}\n"
+                                            "spec: {tenant: platform, resources: {cpu: 1, memory_gib: 1}, run: {command: [\"true\"]}}\n")
+    from reconciler.model import Job
+    from reconciler.runtime.assign import spec_hash
+
+    job = Job.model_validate({"apiVersion": "fleetops.io/v1alpha1", "kind": "Job", "metadata": {"name": "done-batch"},
+                              "spec": {"tenant": "platform", "resources": {"cpu": 1, "memory_gib": 1}, "run": {"command": ["true"]}}})
+    (cfg / ".reconcile" / "runs" / "done-batch").mkdir(parents=True)
+    (cfg / ".reconcile" / "runs" / "done-batch" / "0.json").write_text(json.dumps({
+        "job": "done-batch", "replica": 0, "instance": "sim-aws-00003", "phase": "Succeeded", "reason": "Completed",
+        "terminal": True, "spec_hash": spec_hash(job), "exit_code": 0, "restarts": 0, "attempt": 0}))
+    placed = {j.job for j in api.plan(cfg, time_limit=5).plan.jobs if j.instances}
+    assert "done-batch" not in placed  # finished: it demands nothing
+
+    shut = (cfg / ".reconcile" / where).resolve()
+    scandir = os.scandir
+
+    def refusing(path="."):
+        if not isinstance(path, int) and Path(path).resolve() == shut:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(ReconcileError, match=f"local bus: cannot list .*{where}: Permission denied"):
+        api.plan(cfg, time_limit=5)
+
+
 def test_logs_prints_no_file_but_the_sims_own_log_of_the_replica(tmp_path):
     """A run record is an agent's (on a shared bus any instance's agent may write runs/*), and `logs` printed whatever
     local file its log_path named: a planted credentials file, or the cache seal's key (audit). It prints a file only

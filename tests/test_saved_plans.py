@@ -386,6 +386,55 @@ def test_an_evict_of_guaranteed_work_no_rule_requires_is_refused(applied):
     assert not api.read_status(cfg)["jobs"][borrowed[0]]["status"].get("instances")
 
 
+
+def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_instance_that_stays(applied):
+    """aws-cpu (min_instances 1) lost its only instance (interrupted): the fleet breaks a fleet-wide rule now, and the
+    re-check took any eviction as lawful then ("something must give"). An edited plan stopped research's guaranteed
+    llm-pretrain gang and product's critical serving-canary, and another one gave serving-canary's T4 to research's
+    new job: both applied. A minimum is met by buying (what the plan does), and no rule but a license or the on-demand
+    buffer is mended by stopping work on an instance that stays with room for it beside the running work there."""
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "feature-etl"), notice_seconds=0)
+    (cfg / "jobs" / "t4.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: t4-probe}\nspec:\n"
+                                          "  tenant: research\n  priority: critical\n  regions: [eastus]\n"
+                                          "  resources: {gpus: 1, gpu_type: T4, cpu: 4, memory_gib: 16}\n")
+    pools = cfg / "pools.yaml"  # no second T4: the probe waits (research borrows no T4 room of product's guarantee)
+    pools.write_text(pools.read_text().replace("market: on-demand\n  max_instances: 4", "market: on-demand\n  max_instances: 1"))
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    pristine = out.read_text()
+    raw = json.loads(pristine)
+    assert _job(raw, "t4-probe")["action"] == "pending" and _job(raw, "feature-etl")["action"] == "place"
+    before = set(_live(cfg))
+    canary = _host(cfg, "serving-canary")
+
+    def stop_both(raw):
+        for name in ("llm-pretrain", "serving-canary"):
+            _job(raw, name).update(action="evict", instances=[], gpus=[])
+
+    def take_the_t4(raw):
+        _job(raw, "serving-canary").update(action="evict", instances=[], gpus=[])
+        _job(raw, "t4-probe").update(action="place", instances=[canary], gpus=[[0]])
+
+    _fresh(out, pristine, stop_both)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee",
+             "job serving-canary: evicted, but it runs inside tenant product's guarantee", "pool-min:aws-cpu")
+    def swap_the_t4(raw):  # its instance deleted too, for an identical one that the new job gets
+        _job(raw, "serving-canary").update(action="evict", instances=[], gpus=[])
+        raw["creates"].append(_create(raw, 2, "azure-t4", "eastus-1", "Standard_NC4as_T4_v3", cloud="azure", region="eastus"))
+        raw["deletes"].append({"instance_id": canary, "pool": "azure-t4", "provider": "sim", "cloud": "azure", "region": "eastus",
+                               "zone": "eastus-1", "instance_type": "Standard_NC4as_T4_v3", "market": "on-demand",
+                               "price": 0.526, "reason": "edited"})
+        _job(raw, "t4-probe").update(action="place", instances=["+2"], gpus=[[0]])
+
+    for attack in (take_the_t4, swap_the_t4):
+        _fresh(out, pristine, attack)
+        _refused(_apply(cfg, out), "job serving-canary: evicted, but it runs inside tenant product's guarantee")
+    assert set(_live(cfg)) == before
+    assert api.read_status(cfg)["jobs"]["serving-canary"]["status"]["instances"] == [canary]
+    out.write_text(pristine)  # the plan as made (it buys the minimum) applies
+    assert _apply(cfg, out).exit_code == 0
+
+
 def test_a_gang_split_across_zones_and_a_spot_share_past_its_cap_are_refused(applied):
     """Gang topology and the fleet's spot rules were not re-checked: a saved plan could split a gang over two
     zones, or buy spot past max_spot_fraction (issue 15)."""
