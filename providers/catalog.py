@@ -234,7 +234,30 @@ def _load(path: str | None, mtime_ns: int) -> Catalog:
     except (OSError, ValueError) as e:
         raise CatalogError(f"{path}: cannot read the pinned price catalog: {getattr(e, 'strerror', None) or e}. "
                            "Rewrite it with `reconcile catalog update` or delete it to use the shipped catalog.") from None
-    return parse_catalog(raw, path)
+    pinned = parse_catalog(raw, path)
+    _check_known_shapes(pinned, _load(None, 0), path)
+    return pinned
+
+
+# What a type is, as the cloud builds it: a pinned catalog sets prices (and adds types), never these of a type the
+# shipped catalog knows. A pinned g5.xlarge of 8 GPUs was planned as such (a 3-GPU job on GPUs 0-2 of a 1-GPU
+# instance), validated, re-checked and launched: the AWS provider takes a known type's shape from the catalog.
+_SHAPE_FIELDS = (("gpus", "GPUs"), ("gpu_type", "GPU type"), ("cpu", "vCPUs"), ("memory_gib", "GiB of memory"),
+                 ("nvlink_domain", "GPUs per NVLink domain"))
+
+
+def _check_known_shapes(pinned: Catalog, shipped: Catalog, where: str) -> None:
+    for key, shape in sorted(pinned.shapes.items()):
+        known = shipped.shapes.get(key)
+        if known is None:
+            continue
+        for attr, what in _SHAPE_FIELDS:
+            if getattr(shape, attr) != getattr(known, attr):
+                raise CatalogError(
+                    f"{where}: clouds.{key[0]}.instance_types.{key[1]}.{attr} is {getattr(shape, attr)!r}, but a {key[1]} has "
+                    f"{getattr(known, attr)!r} {what} (the shipped catalog): a pinned catalog sets prices and adds types, "
+                    "it does not change what a known type is. Rewrite it with `reconcile catalog update` or delete it to "
+                    "use the shipped catalog.")
 
 
 def load_catalog() -> Catalog:

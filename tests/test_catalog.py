@@ -343,3 +343,24 @@ def test_a_region_the_shipped_catalog_does_not_price_is_priced_by_catalog_update
     assert raw["clouds"]["azure"]["instance_types"]["Standard_D16s_v5"]["prices"]["westeurope"]["on_demand"] == 0.84
     res = cli("validate", cfg)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_pinned_catalog_cannot_change_what_a_known_type_is(tmp_path):
+    """Audit: a config repo's catalog.json with g5.xlarge at 8 GPUs validated, and the plan put a 3-GPU job on GPUs 0-2
+    of a new g5.xlarge (1 GPU): re-checked and launched as such (the AWS provider takes a known type's shape from the
+    catalog). A pinned catalog sets prices and adds types; a known type's shape is refused, naming the field, and
+    nothing is launched. A price change alone still plans at the pinned price."""
+    qs = copy_quickstart(tmp_path)
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["g5.xlarge"]["gpus"] = 8
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode == 1 and "unexpected" not in res.stderr, res.stderr
+    assert (f"{qs / 'catalog.json'}: clouds.aws.instance_types.g5.xlarge.gpus is 8, but a g5.xlarge has 1 GPUs (the shipped "
+            "catalog)") in res.stderr, res.stderr
+    assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["g5.xlarge"]["prices"]["us-east-1"]["on_demand"] = 0.5
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    res = cli("plan", qs, "--format", "json")
+    assert res.returncode == 0, res.stderr
