@@ -173,8 +173,12 @@ def _options(pairs: Optional[list[str]]) -> dict:
     return out
 
 
-def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[str] = None) -> None:
-    """Print an error a user can act on (every diagnostic, for a bad config) and exit."""
+def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[str] = None, fmt: str = "human") -> None:
+    """Print an error a user can act on (every diagnostic, for a bad config) and exit. With --format json or markdown
+    the error is also printed on stdout in that format: a PR's plan comment is built from stdout (it was empty), and a
+    JSON consumer gets a document to read."""
+    if fmt in ("json", "markdown"):
+        typer.echo(_error_document(e, config_dir, fmt), nl=False)
     if isinstance(e, ConfigError):
         for diag in e.diagnostics:
             typer.echo(redact(str(_as_typed(diag, config_dir))), err=True)
@@ -184,6 +188,20 @@ def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[
     else:
         typer.echo(redact(f"Error: {e}"), err=True)
     raise typer.Exit(e.exit_code)
+
+
+def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> str:
+    """The error as --format asks for it: JSON `{"error": {type, message, diagnostics}}`, or a markdown section (its
+    text as an indented code block: nothing in it can close a fence)."""
+    diags = [_as_typed(d, config_dir) for d in e.diagnostics] if isinstance(e, ConfigError) else []
+    if fmt == "json":
+        doc = {"error": {"type": type(e).__name__, "message": redact(str(e)),
+                         "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
+                                          "message": redact(d.message)} for d in diags]}}
+        return json.dumps(doc, indent=2) + "\n"
+    body = [redact(str(d)) for d in diags] if diags else redact(str(e)).splitlines()
+    head = (f"the config does not validate ({len(diags)} error(s)); nothing was planned" if diags else "the plan failed")
+    return f"### fleetops: {head}\n\n" + "".join(f"    {line}\n" for line in body)
 
 
 def _as_typed(diag, config_dir: Optional[Path]):
@@ -262,7 +280,7 @@ def plan(
                 typer.echo(f"(the plan made for these exact inputs, read back from .reconcile/cache/plan-memo.json: making "
                            f"it took {res.seconds:.2f}s; --no-memo solves again)", err=True)
     except ReconcileError as e:
-        _fail(e, config_dir, state)
+        _fail(e, config_dir, state, fmt)
     if out is not None:
         _write(out, api.few_collections(res.plan.to_json)())  # (see _render)
     from reconciler.words import use_color
@@ -541,7 +559,7 @@ def diff(
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
-        _fail(e, config_dir, state)
+        _fail(e, config_dir, state, fmt)
     typer.echo(render_diff_json(d) if fmt == "json" else render_diff_markdown(d), nl=False)
     if detailed_exitcode and d.has_changes:
         raise typer.Exit(2)

@@ -137,6 +137,7 @@ class _Greedy:
             for k in d.dims:
                 cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
+        self.kept: set[str] = set()  # running jobs keep_running kept (or left to healing): not asked again
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
         self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]] | None = None  # _reclaimable's answer
         self.running_gangs: list[Demand] | None = None  # _place_reclaiming_gang's candidates, in its order
@@ -263,10 +264,10 @@ class _Greedy:
         for reshaped in (False, True):
             for d in order:
                 for job, iids in d.running:
-                    if (job in d.reshaped) == reshaped:
-                        self._keep(d, iids, hosts)
+                    if (job in d.reshaped) == reshaped and job not in self.kept:
+                        self._keep(d, job, iids, hosts)
 
-    def _keep(self, d: Demand, iids: tuple[str, ...], hosts: dict[str, Capacity]) -> None:
+    def _keep(self, d: Demand, job: str, iids: tuple[str, ...], hosts: dict[str, Capacity]) -> None:
         """Keep one running job of d on the hosts it runs on (`iids`), if it still fits and no rule refuses it."""
         if not self._quota_ok(d):
             return
@@ -279,6 +280,7 @@ class _Greedy:
             return
         if len(iids) != d.replicas:
             self.to_heal.append((d, cells))  # after the kept fleet is settled
+            self.kept.add(job)  # (asked once)
             return
         if gang_split(d, cells):
             return
@@ -307,6 +309,7 @@ class _Greedy:
             self._record(d, inst, stay=True)
         self.a.placed[d.key] += 1
         self._charge_quota(d)
+        self.kept.add(job)
 
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
@@ -769,6 +772,11 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
     g.keep_running(order)
     g.keeping = False
     g.settle_spot(order)
+    # Running work a pool's maximum kept out (the room went to the work kept before it) is asked again once the spot
+    # rules are settled, now under them: where settle_spot gave up a spot host, an on-demand host with work on it may
+    # stay in its place. New work took that room otherwise, a higher class of its tenant under preemption Never
+    # (a random fleet: pool at max 1 of 3, spot share broken; CP-SAT kept the on-demand job, greedy evicted it).
+    g.keep_running(order)
     for d, cells in g.to_heal:
         if g._quota_ok(d):
             g._heal(d, cells)

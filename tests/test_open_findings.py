@@ -153,7 +153,7 @@ told to make it a plain test).
   after the apply evicted a guaranteed critical gang, or placed four more jobs.
 - fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
-- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet82 (the slow tiers'
+- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet83 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
   why."""
 
@@ -1675,3 +1675,19 @@ def test_deadline_work_ranks_first_within_its_class_in_the_plans_order_on_fleet8
     assert "j4" in {j.job for j in plan.jobs if j.action == "place"} and "j1" in {j.job for j in gplan.jobs if j.action == "place"}
     assert outcome_rank(problem, plan) > outcome_rank(problem, gplan)
     check_fleet(fleet("fleet82"), time_limit=5)
+
+
+def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_its_host_on_fleet83():
+    """fleet83 (the slow property tier, 2026-12-01, after the saved-plan re-check stopped licensing every eviction while
+    a fleet-wide rule is broken): pool az-a100-80 at max 1 runs three 1-GPU instances (i0 spot with j5, i1 on-demand with
+    j7, i2 spot idle), the spot share at most 25%, preemption Never, and t1's new priority-50 j1 waits. Greedy kept j5
+    (first in its order) and so not j7 (the pool's one slot taken), then gave up i0 for the spot share and placed the
+    new j1 on i1: j7 stopped for new work, which preemption Never forbids, and the re-check refused greedy's plan (the
+    planner's fallback). Now running work the maximum kept out is asked again after the spot rules are settled: j7
+    stays on i1, as CP-SAT plans."""
+    from tests.test_properties import solve_both
+
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet83"), time_limit=5)
+    kept = {j.job for j in gplan.jobs if j.action == "keep"}
+    assert "j7" in kept and {d.instance_id for d in gplan.deletes} == {"i0", "i2"}, [(j.job, j.action) for j in gplan.jobs]
+    check_fleet(fleet("fleet83"), time_limit=5)

@@ -123,6 +123,29 @@ def test_bad_config_reaches_no_provider_and_exits_1(tmp_path):
     assert not state_dir(cfg).exists()  # no provider was ever constructed
 
 
+
+def test_a_bad_config_is_reported_on_stdout_in_the_format_asked_for(tmp_path):
+    """`plan --format json` or `--format markdown` on a config that does not validate printed nothing on stdout (the
+    errors went to stderr only): a PR's plan comment, built from stdout, was empty, and a JSON consumer had nothing to
+    parse. stdout carries the errors in the format asked for; stderr and the exit code are as before."""
+    import json
+
+    cfg = copy_quickstart(tmp_path)
+    (cfg / "pools.yaml").write_text((cfg / "pools.yaml").read_text().replace("max_instances: 3", "max_instances: -3"))
+    where = "pools.yaml:10: Pool/aws-a100: spec.max_instances: Input should be greater than or equal to 0"
+    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--format", "json"], capture_output=True, text=True)
+    assert out.returncode == 1 and where in out.stderr, out.stderr
+    doc = json.loads(out.stdout)
+    diag = doc["error"]["diagnostics"][0]
+    assert doc["error"]["type"] == "ConfigError" and diag["file"] == str(cfg / "pools.yaml") and diag["line"] == 10, doc
+    assert (diag["kind"], diag["name"], diag["field"]) == ("Pool", "aws-a100", "spec.max_instances"), doc
+    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--format", "markdown"], capture_output=True, text=True)
+    assert out.returncode == 1 and "does not validate" in out.stdout and where in out.stdout, out.stdout
+    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg)], capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == "" and where in out.stderr  # (human: stderr alone, as before)
+    assert not state_dir(cfg).exists()
+
+
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-9f8e7d",
     "AWS_SESSION_TOKEN": "planted-session-token-1a2b3c",
