@@ -97,12 +97,20 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     for key, (iid, _, _) in list(claims.items()):
         if iid in newer:
             del claims[key]  # that instance's newer tags say what it hosts
-    for iid, rec in sorted(newer.items(), key=lambda kv: (kv[1].serial, kv[0])):  # the newest claim last, so it wins
+    # The newest claim last, so it wins. At one serial two claims come from a copy (an instance cloned with its tags, or
+    # launched from an image of it), which is launched after its original: the first launched last, so it wins (the
+    # higher id won, and the plan deleted the original running the work as idle); unknown launch times by id, as before.
+    launched = {i.id: t for i in instances if (t := _launch_time(i.launched_at)) is not None}
+    order = sorted(newer.items(), key=lambda kv: kv[0])
+    order.sort(key=lambda kv: launched.get(kv[0], float("-inf")), reverse=True)
+    order.sort(key=lambda kv: kv[1].serial)
+    for iid, rec in order:
         for p in _on(rec.placements, jobs):
             prev = claims.get((p.job, p.replica))
             if prev is not None and prev[0] != iid and prev[2] == rec.serial:
+                first = iid in launched and prev[0] in launched and launched[iid] < launched[prev[0]]
                 notes.append(f"{p.job}/{p.replica} is claimed by the tags of both {prev[0]} and {iid} (serial {rec.serial}): "
-                             f"taking {iid}")
+                             f"taking {iid}" + (", launched first (the other's tags are a copy of its own)" if first else ""))
             claims[(p.job, p.replica)] = (iid, p.gpus, rec.serial)
     if newer and not s and not state.placements:
         n = sum(len(_on(r.placements, jobs)) for r in newer.values())
@@ -129,6 +137,18 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
     return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
+
+
+def _launch_time(text: str) -> float | None:
+    """An instance's launch time as a number (clouds write RFC 3339 with differing offsets: GCE's -08:00, EC2's Z), or
+    None when it is not given or not one."""
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def untrusted_gpus(merged: Merged, instances: Sequence[Instance], gpus_of: Callable[[Instance], int | None]) -> Merged:

@@ -122,6 +122,25 @@ def test_the_newer_record_wins_per_instance_and_per_replica_and_says_so():
     assert any("i-b" in n and "the tags win" in n for n in m.notes) and any("i-c" in n and "the tags win" in n for n in m.notes)
 
 
+def test_a_replica_two_instances_claim_at_one_serial_is_the_first_launched_ones():
+    """Damage audit: an instance cloned in the console with all its tags (or launched from an image of it) claims the
+    same replicas at the same serial. With the state lost, the higher instance id won: the plan took the clone as the
+    host and deleted the original, the one actually running the work, as idle ("10 unchanged"). Two claims at one serial
+    come from a copy, and a copy is launched after its original: the first launched wins, said in a note."""
+    from dataclasses import replace
+
+    p = Placement("x", 0, (0,))
+    original = replace(_tagged("i-b", 7, p), launched_at="2026-11-30T10:00:00+00:00")
+    clone = replace(_tagged("i-c", 7, p), launched_at="2026-12-01T09:00:00+00:00")
+    for insts in ([original, clone], [clone, original]):
+        m = merge_placements(State(), insts, {"x"})
+        assert m.placements == {"x": ("i-b",)}, m.placements
+        assert any("i-b" in n and "i-c" in n and "launched first" in n for n in m.notes), m.notes
+    # (unknown launch times: as before, by id)
+    m = merge_placements(State(), [_tagged("i-b", 7, p), _tagged("i-c", 7, p)], {"x"})
+    assert m.placements == {"x": ("i-c",)}
+
+
 def test_without_a_state_placements_come_from_the_tags():
     insts = [_tagged("i-a", 9, Placement("g", 0, (0, 1, 2, 3)), Placement("h", 0)), _tagged("i-b", 3, Placement("g", 1, (4, 5, 6, 7)))]
     m = merge_placements(State(), insts, {"g", "h"})
