@@ -11,9 +11,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable
 
-from providers.base import TAG_FLEET_UID, Instance, InstanceFinder, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
+from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_POOL, Instance, InstanceFinder, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
 from providers.catalog import load_catalog
 from reconciler.errors import ProviderError
 from providers.options import check_options
@@ -158,6 +159,7 @@ class Fleet:
         foreign: list[tuple[str, str]] = []
         idle: list[str] = []  # the fleet's instances that exist but do not run (stopped, suspended, deallocated, failed)
         unknown: list[tuple[str, str]] = []  # the fleet's instances in a state we do not know: taken as running
+        by_hand: list[str] = []  # the fleet's name tag alone: never launched by an apply (launched_by_hand)
         late: list[tuple[str, str]] = []  # (provider, instance id) the state places work on, found by id, not listed yet
         claimed = {iid for ids in state.placements.values() for iid in ids}  # the instances the state places work on
         quotas: list[Quota] = []
@@ -193,6 +195,8 @@ class Fleet:
                 their = i.tags.get(TAG_FLEET_UID)
                 if their and their != uid:
                     foreign.append((i.id, their))
+                elif launched_by_hand(i.tags):
+                    by_hand.append(i.id)
                 elif i.alive:
                     instances.append(i)
                 elif i.state == "stopping":
@@ -230,6 +234,9 @@ class Fleet:
             + tuple(f"{iid} reports state {state!r}, which is none of pending, running, stopping or terminated: taken as "
                     "running (counted as capacity, its work left on it, nothing launched in its place, so nothing runs "
                     "twice); see what it is in the cloud's console" for iid, state in sorted(unknown))
+            + tuple(f"{iid} carries this fleet's name tag ({TAG_FLEET}) but no pool, create-key or fleet-uid tag, which "
+                    "every instance an apply launches has: launched by hand or another tool, so left alone (not counted as "
+                    "capacity, never deleted); take the tag off, or delete it yourself" for iid in sorted(by_hand))
             + tuple(f"{iid} is not in {name}'s listing yet but exists (found by its id: the listing lags its launch, "
                     "eventual consistency): counted as it is, its work left on it" for name, iid in sorted(late))
             + tuple(quota_notes),
@@ -238,6 +245,14 @@ class Fleet:
             aged={j: v for j, v in state.aged.items() if j in merged.placements},
             quotas=tuple(quotas), removed=merged.removed, grouped=frozenset(grouped),
         )
+
+
+def launched_by_hand(tags: Mapping[str, str]) -> bool:
+    """Whether an instance listed as the fleet's (its TAG_FLEET) carries none of the tags every apply's launch writes
+    (its pool, its create key; its fleet's uid since uids): a colleague's instance, or another tool's, tagged with the
+    fleet's name. It was taken as the fleet's and deleted ("pool '' is no longer in the desired state"). An instance
+    whose provider reports no tags at all is left to that provider's word (a plugin may keep none)."""
+    return bool(tags.get(TAG_FLEET)) and not any(tags.get(t) for t in (TAG_POOL, TAG_CREATE_KEY, TAG_FLEET_UID))
 
 
 def _gpu_count(offered: dict[tuple[str, str, str], int]) -> Callable[[Instance], int | None]:

@@ -134,3 +134,29 @@ def test_adopting_another_uid_never_abandons_the_fleets_own_instances(tmp_path):
         assert res.exit_code == 1, res.output
         assert f"runs 10 instance(s) of its own (uid {uid})" in " ".join(res.output.split()), res.output
     assert _live(cfg) == before and load_state(cfg).fleet_uid == uid  # nothing launched, deleted or re-identified
+
+
+def test_an_instance_tagged_with_the_fleets_name_alone_is_left_alone_not_deleted(tmp_path):
+    """Damage audit: an instance launched by hand (or by another tool) with only `fleetops.io/fleet=<name>`, no pool,
+    create-key or uid tag, was taken as the fleet's and deleted by the next apply ("pool '' is no longer in the desired
+    state"), with no word of where it came from. Every apply of every provider tags its instances with their pool and
+    create key: one with neither was never launched by a fleet. It is left alone, said in a note; a legacy instance
+    without a uid but with our pool and create-key tags is still the fleet's."""
+    from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    sim = SimCloud(state_dir(cfg))
+    hand = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", tags={TAG_FLEET: "quickstart"})
+    res = api.plan(cfg, time_limit=QUICK)
+    assert hand not in {d.instance_id for d in res.plan.deletes}, res.plan.deletes
+    assert any(hand in n and "left alone" in n for n in res.plan.notes), res.plan.notes
+    legacy = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
+                       tags={TAG_FLEET: "quickstart", TAG_POOL: "aws-cpu", TAG_CREATE_KEY: "k-legacy"})
+    res = api.apply(cfg, time_limit=QUICK)
+    assert legacy in res.report.deleted and hand not in res.report.deleted, res.report.deleted
+    assert hand in _live_ids(cfg)
+
+
+def _live_ids(cfg) -> set[str]:
+    return {i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated"}
