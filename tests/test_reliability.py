@@ -133,16 +133,16 @@ def test_a_bad_config_is_reported_on_stdout_in_the_format_asked_for(tmp_path):
     cfg = copy_quickstart(tmp_path)
     (cfg / "pools.yaml").write_text((cfg / "pools.yaml").read_text().replace("max_instances: 3", "max_instances: -3"))
     where = "pools.yaml:10: Pool/aws-a100: spec.max_instances: Input should be greater than or equal to 0"
-    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--format", "json"], capture_output=True, text=True)
-    assert out.returncode == 1 and where in out.stderr, out.stderr
+    out = runner.invoke(app, ["plan", str(cfg), "--format", "json"])
+    assert out.exit_code == 1 and where in out.stderr, out.stderr
     doc = json.loads(out.stdout)
     diag = doc["error"]["diagnostics"][0]
     assert doc["error"]["type"] == "ConfigError" and diag["file"] == str(cfg / "pools.yaml") and diag["line"] == 10, doc
     assert (diag["kind"], diag["name"], diag["field"]) == ("Pool", "aws-a100", "spec.max_instances"), doc
-    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg), "--format", "markdown"], capture_output=True, text=True)
-    assert out.returncode == 1 and "does not validate" in out.stdout and where in out.stdout, out.stdout
-    out = subprocess.run([sys.executable, "-m", "reconciler.cli", "plan", str(cfg)], capture_output=True, text=True)
-    assert out.returncode == 1 and out.stdout == "" and where in out.stderr  # (human: stderr alone, as before)
+    out = runner.invoke(app, ["plan", str(cfg), "--format", "markdown"])
+    assert out.exit_code == 1 and "does not validate" in out.stdout and where in out.stdout, out.stdout
+    out = runner.invoke(app, ["plan", str(cfg)])
+    assert out.exit_code == 1 and out.stdout == "" and where in out.stderr  # (human: stderr alone, as before)
     assert not state_dir(cfg).exists()
 
 
