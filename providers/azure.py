@@ -206,6 +206,10 @@ class AzureProvider:
         if self.endpoint and not self.endpoint.startswith("https://"):
             raise ProviderError(f"azure: endpoint {self.endpoint!r} must be https:// (bearer tokens are only sent over TLS)")
         mode = self.options.text("credential") or "default"
+        if mode not in (TEST_CREDENTIAL, "default"):  # its value is never shown: a client secret typed here was echoed
+            raise ProviderError(f"azure: option credential takes only {TEST_CREDENTIAL} (a local ARM fake's; the value given "
+                                "is not shown): leave it unset for DefaultAzureCredential, which reads AZURE_CLIENT_ID/"
+                                "AZURE_TENANT_ID/AZURE_CLIENT_SECRET, workload or managed identity, and `az login`")
         if self.endpoint and mode != TEST_CREDENTIAL and (urlsplit(self.endpoint).hostname or "").lower() != ARM_HOST:
             # The SDK asks the credential for a token scoped to https://management.azure.com whatever base_url is, so
             # a live management token would go to whoever answers there (a typo, or a hostile -o in a CI config).
@@ -231,12 +235,10 @@ class AzureProvider:
                 if not self.endpoint:
                     raise ProviderError(f"azure: credential={TEST_CREDENTIAL} is for a local ARM fake; it needs endpoint=https://...")
                 self._credential = StaticTokenCredential(TEST_CREDENTIAL)
-            elif mode == "default":
+            else:  # "default": anything else was refused when the provider was made
                 from azure.identity import DefaultAzureCredential
 
                 self._credential = DefaultAzureCredential()
-            else:
-                raise ProviderError(f"azure: unknown credential {mode!r} (leave it unset for DefaultAzureCredential)")
         return self._credential
 
     def compute(self, subscription: str):

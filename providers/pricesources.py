@@ -31,6 +31,8 @@ from providers.errors import ReconcileError
 from providers.redact import redact
 
 GCE_SERVICE = "services/6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
+GCP_BILLING = "https://cloudbilling.googleapis.com"  # where a real API key may go
+TEST_API_KEY = "fake-api-key-for-tests"  # TEST ONLY: the one key sent to another endpoint (a local fake)
 # The Cloud Billing Catalog names GPUs in SKU descriptions ("Nvidia Tesla A100 GPU running in Americas").
 GCP_GPU_SKU = {"A100": "Nvidia Tesla A100", "A100-80GB": "Nvidia Tesla A100 80GB", "H100": "Nvidia H100 80GB", "H200": "Nvidia H200 141GB",
                "L4": "Nvidia L4", "T4": "Nvidia Tesla T4", "V100": "Nvidia Tesla V100", "P100": "Nvidia Tesla P100"}
@@ -131,12 +133,17 @@ def _aws_item_prices(item: dict) -> Iterable[float]:
 # -- GCP ------------------------------------------------------------------------------------------------
 
 def gcp_api_key() -> str | None:
-    return os.environ.get("GOOGLE_API_KEY") or os.environ.get("FLEETOPS_GCP_API_KEY")
+    """FLEETOPS_GCP_API_KEY, else GOOGLE_API_KEY (the generic one, which Google's Gemini SDK reads too)."""
+    return os.environ.get("FLEETOPS_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY")
 
 
 def gcp_prices(catalog: Catalog, types: list[str], regions: list[str], endpoint: str | None = None) -> tuple[dict, dict]:
-    base = (endpoint or os.environ.get("FLEETOPS_GCP_BILLING_ENDPOINT") or "https://cloudbilling.googleapis.com").rstrip("/")
+    base = (endpoint or os.environ.get("FLEETOPS_GCP_BILLING_ENDPOINT") or GCP_BILLING).rstrip("/")
     key = gcp_api_key()
+    if key and key != TEST_API_KEY and base != GCP_BILLING:  # it went as ?key= to any -o prices_endpoint, http:// too
+        raise PriceSourceError(f"gcp Cloud Billing Catalog: the API key is only sent to {GCP_BILLING}, not to "
+                               f"{redact(base.split('?')[0])} (a local fake takes FLEETOPS_GCP_API_KEY={TEST_API_KEY}); "
+                               "nothing was written")
     skus, token = [], ""
     for _ in range(1000):
         q = {"currencyCode": "USD", "pageSize": "5000", **({"pageToken": token} if token else {}), **({"key": key} if key else {})}

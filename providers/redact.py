@@ -19,6 +19,19 @@ _SECRET_PARAM = re.compile(r"([?&;](?:x-amz-[^=&;#]*|x-goog-[^=&;#]*|[^=&;#]*(?:
                            r"[^=&;#]*)=)[^&;#]*", re.IGNORECASE)
 
 
+# The environment variables that hold a credential by their name: the clouds' chains (AWS_SECRET_ACCESS_KEY,
+# AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_STORAGE_CONNECTION_STRING / _KEY / _SAS_TOKEN,
+# GOOGLE_APPLICATION_CREDENTIALS, GOOGLE_API_KEY), CI's (GITHUB_TOKEN, ACTIONS_ID_TOKEN_REQUEST_TOKEN) and any
+# *_PASSWORD: a word of the name (TOKENIZERS_PARALLELISM is none), or PASSW anywhere (PGPASSWORD). Not PWD (the working
+# directory).
+_CREDENTIAL_NAME = re.compile(r"(?:^|_)(?:SECRETS?|TOKEN|CREDENTIALS?|CONNECTION_STRING|KEY|SAS)(?:_|$)|PASSW", re.IGNORECASE)
+
+
+def credential_name(name: str) -> bool:
+    """An environment variable that holds a credential, by its name."""
+    return bool(_CREDENTIAL_NAME.search(name))
+
+
 def redact(text: str) -> str:
     """`text` with every URL's userinfo, and the secrets in its query string, replaced by `***`."""
     if "@" in text:
@@ -28,4 +41,4 @@ def redact(text: str) -> str:
     return text
 
 
-__all__ = ["redact"]
+__all__ = ["credential_name", "redact"]

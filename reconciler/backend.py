@@ -676,9 +676,15 @@ def backend_for(config_dir: Path, url: str | None = None) -> StateBackend:
         return LocalBackend(config_dir)
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme in BACKENDS:
-        if "@" in urlparse(url).netloc:  # a bucket name never holds '@': a key pasted in would reach the SDK's errors
+        u = urlparse(url)
+        if "@" in u.netloc:  # a bucket name never holds '@': a key pasted in would reach the SDK's errors
             raise ReconcileError(f"state backend {url!r}: credentials do not go in the URL (user:secret@); the "
                                  f"{scheme} backend takes them from its cloud's usual chain (environment, profile, identity)")
+        if "?" in url or "#" in url:  # no store reads one, and the URL as given goes into every instance's user data
+            raise ReconcileError(f"state backend {scheme}://{u.netloc}{u.path}: credentials do not go in the URL (a "
+                                 f"query string or fragment, such as a SAS or a presigned signature, is refused unread: "
+                                 f"the agents' --state would carry it into every instance's user data); the {scheme} "
+                                 "backend takes them from its cloud's usual chain (environment, profile, identity)")
         return BACKENDS[scheme](url)
     raise ReconcileError(f"unknown state backend {url!r}: use 'local', s3://bucket/prefix, gs://bucket/prefix "
                          "or azblob://account/container/prefix")

@@ -104,6 +104,7 @@ class PriceFake:
         self.now = datetime.now(timezone.utc)
         self.azure_items = [dict(i) for i in AZURE_ITEMS]  # a test may change a price
         self.requests: list[tuple[str, str]] = []
+        self.keys: list[str] = []  # the API keys the GCP API was sent
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,6 +123,7 @@ class PriceFake:
                 q = dict(urllib.parse.parse_qsl(u.query))
                 if u.path == "/v1/services/6F81-5844-456A/skus":
                     fake.requests.append(("gcp", q.get("pageToken", "")))
+                    fake.keys.extend([q["key"]] if "key" in q else [])
                     if "key" not in q and "Authorization" not in self.headers:  # the API takes a key or OAuth credentials
                         return self._send(403, json.dumps({"error": {"code": 403, "status": "PERMISSION_DENIED",
                                                                      "message": "The request is missing a valid API key."}}).encode(),

@@ -195,6 +195,17 @@ def test_the_test_credential_needs_a_local_https_endpoint(tmp_path):
         AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={"endpoint": "http://127.0.0.1:1"}))
 
 
+def test_a_credential_option_that_is_not_the_test_ones_is_refused_without_echoing_it(tmp_path, arm):
+    """`-o credential=` takes only fake-for-tests; anything else is refused when the provider is made, before any
+    call, and the value is not shown: a client secret passed there (the option's name invites it) was echoed whole,
+    `azure: unknown credential 'SECRET...'`, in the CLI's error and the controller's log (secrets audit)."""
+    for given in ({"credential": "PLANTED-client-secret~Xq8"}, {"azure_credential": "PLANTED-client-secret~Xq8"}):
+        with pytest.raises(ProviderError, match="credential takes only fake-for-tests") as e:
+            AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=given))
+        assert "PLANTED" not in str(e.value) and "AZURE_CLIENT_SECRET" in str(e.value)
+    assert arm.snapshot() == {}
+
+
 def test_pool_settings_are_checked_before_any_call(prov, arm):
     with pytest.raises(ProviderError, match="subnet_id"):
         prov.create(req("k", pool=target(subnet_id=None)))

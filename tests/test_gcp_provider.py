@@ -205,6 +205,35 @@ def test_spot_prices_are_read_live_when_an_api_key_is_set_cached_and_labelled(gc
         fake.stop()
 
 
+def test_a_real_api_key_is_only_sent_to_the_cloud_billing_api(gce, tmp_path, monkeypatch):
+    """GOOGLE_API_KEY (the variable Google's Gemini SDK reads too: an ML team's shell often has one) went, as `?key=`,
+    to whatever `-o prices_endpoint=` named, over plain http too (secrets audit). A real key goes only to
+    https://cloudbilling.googleapis.com; elsewhere (a local fake) only the tests' key is sent, and FLEETOPS_GCP_API_KEY
+    is read before GOOGLE_API_KEY. Refused, the plan keeps the catalog's spot prices and says why."""
+    from tests.price_fake import PriceFake
+
+    fake = PriceFake().start()
+    try:
+        def a2(**env):
+            for k in ("GOOGLE_API_KEY", "FLEETOPS_GCP_API_KEY"):
+                monkeypatch.delenv(k, raising=False)
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            p = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path / str(len(fake.requests)), options={
+                "endpoint": gce.url, "project": PROJECT, "prices_endpoint": fake.url, "spot_price_ttl": "0"}))
+            return {(o.zone, o.instance_type): o for o in p.offerings([target(types=("a2-highgpu-1g",))])}[(ZONE_A, "a2-highgpu-1g")]
+
+        cat = load_catalog().offering("gcp", "us-central1", ZONE_A, "a2-highgpu-1g")
+        refused = a2(GOOGLE_API_KEY="AIzaPLANTED-real-key")
+        assert refused.spot_price == cat.spot_price and "the API key is only sent to https://cloudbilling.googleapis.com" in \
+            refused.price_source and "PLANTED" not in refused.price_source
+        assert fake.keys == []
+        live = a2(GOOGLE_API_KEY="AIzaPLANTED-real-key", FLEETOPS_GCP_API_KEY="fake-api-key-for-tests")
+        assert "live Cloud Billing Catalog API" in live.price_source and set(fake.keys) == {"fake-api-key-for-tests"}
+    finally:
+        fake.stop()
+
+
 def test_a_bad_spot_price_ttl_is_an_error_naming_it(gce, tmp_path, monkeypatch):
     """Before, `-o spot_price_ttl=soon` was a bare ValueError out of float() (an "unexpected error" at plan time). Every
     option's value is checked when the provider is made, before any call."""

@@ -184,6 +184,26 @@ def test_gpu_indices_and_the_users_env_reach_the_command(bus, agents):
     assert rec["phase"] == "Succeeded" and rec["log_tail"] == ["2,3 2,3 offline"]
 
 
+def test_a_replica_gets_none_of_the_operators_credentials_but_its_own_env(bus, agents, monkeypatch):
+    """The process runtime (the sim's instances) started a replica with the whole environment of the agent, which the
+    sim starts from `reconcile apply`'s: the operator's AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, AZURE_CLIENT_SECRET... A
+    job that printed its environment put them in its log tail, hence in apply's output, `reconcile status` and the
+    status/ files a workflow commits (secrets audit). A container on a cloud instance gets only run.env; so does a
+    process replica now, beside the rest of the environment. A credential the job names in run.env is its own."""
+    planted = {"AWS_SECRET_ACCESS_KEY": "PLANTED-aws", "AWS_SESSION_TOKEN": "PLANTED-st", "GITHUB_TOKEN": "PLANTED-gh",
+               "AZURE_CLIENT_SECRET": "PLANTED-az", "AZURE_STORAGE_CONNECTION_STRING": "AccountKey=PLANTED-ak",
+               "AZURE_STORAGE_KEY": "PLANTED-sk", "GOOGLE_APPLICATION_CREDENTIALS": "/PLANTED/sa.json",
+               "GOOGLE_API_KEY": "PLANTED-gk", "DB_PASSWORD": "PLANTED-pw"}
+    for k, v in planted.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FLEETOPS_PLAIN", "kept")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "kept")  # a word of the name decides: no TOKEN here
+    cmd = [PY, "-c", "import os; print(sorted(v for v in os.environ.values() if 'PLANTED' in v or v in ('kept', 'mine')))"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("envy", cmd, env={"HF_TOKEN": "mine"})]})
+    rec = run_until([agents("i-0")], terminal(bus, "envy"))
+    assert rec["phase"] == "Succeeded" and rec["log_tail"] == ["['kept', 'kept', 'mine']"], rec["log_tail"]
+
+
 def test_an_unassigned_replica_gets_its_checkpoint_signal_and_grace(bus, agents, tmp_path):
     ck = tmp_path / "ck"
     cmd = [PY, "-c", "import signal, sys, time, os\n"

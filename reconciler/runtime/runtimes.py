@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from providers.pids import running
+from providers.redact import credential_name
 
 
 class StartError(Exception):
@@ -155,6 +156,13 @@ def _log(path: Path):
     return open(path, "ab", buffering=0)
 
 
+def replica_env(env: dict[str, str]) -> dict[str, str]:
+    """A process replica's environment: the agent's without its credentials, and the replica's own (run.env and the
+    agent's RANK, WORLD_SIZE...). The sim starts its agents from `reconcile apply`'s environment, and a job that
+    printed its own handed the operator's keys to its log tail, hence to status/; a container gets only run.env."""
+    return {**{k: v for k, v in os.environ.items() if not credential_name(k)}, **env}
+
+
 class ProcessRuntime:
     """The command as a local process in its own session (so signals reach its whole tree)."""
 
@@ -168,7 +176,7 @@ class ProcessRuntime:
             launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
         with _log(launch.log_path) as log:
             try:
-                return subprocess.Popen(shimmed(launch, list(launch.command)), env={**os.environ, **launch.env}, stdout=log, stderr=subprocess.STDOUT,
+                return subprocess.Popen(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
             except OSError as e:  # not executable, a bad interpreter line
                 raise StartError(f"cannot start {exe!r}: {e.strerror}") from None
