@@ -445,3 +445,24 @@ def test_a_moved_replica_does_not_wait_for_an_agent_whose_instance_is_gone(bus, 
     rec = bus.run("g3", 1)
     assert rec["instance"] == "i-1" and rec["reason"] != "WaitingForPredecessor", rec
     run_until([new], noted_at(notes, ("new", "start")), timeout=10)
+
+
+def test_a_jobs_own_credential_it_prints_is_masked_in_its_log_tail_and_record(bus, agents, tmp_path):
+    """Secrets audit: a job that printed a credential of its own run.env (HF_TOKEN, WANDB_API_KEY) put it in the log
+    tail and the failure message, hence in `reconcile status` and the status/ files a workflow commits. The agent knows
+    those values: masked where they leave the instance (the log file on the instance keeps what the job wrote). And the
+    agent's record of a replica, which holds its environment, is readable by its owner only."""
+    import stat
+
+    secret = "hf_PLANTED_own_token_1234"
+    cmd = [PY, "-c", "import os, sys; print('token is', os.environ['HF_TOKEN']); sys.exit(3)"]
+    e = entry("leaky", cmd, env={"HF_TOKEN": secret, "MODE": "x"})
+    e["restart"] = {"policy": "Never"}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    a = agents("i-0")
+    rec = run_until([a], terminal(bus, "leaky"))
+    assert rec["phase"] == "Failed", rec
+    assert secret not in json.dumps(rec) and "token is ***" in rec["log_tail"], rec
+    assert secret not in rec["message"], rec["message"]
+    for f in (a.workdir / "replicas").glob("*.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from providers.pids import start_time
+from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
@@ -58,6 +59,20 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return [ln for ln in text.splitlines() if not ln.startswith("--- fleetops:")][-lines:]
+
+
+def own_secrets(entry: dict) -> tuple[str, ...]:
+    """The values of the credentials a replica's run.env gives it (by the variable's name: providers/redact), longest
+    first: masked wherever its output leaves the instance (log tail, failure message, hence status/). Values shorter
+    than 6 characters are left alone: masking "1" or "yes" would garble every line, and they are no secret."""
+    env = (entry.get("run") or {}).get("env") or {}
+    return tuple(sorted({v for k, v in env.items() if credential_name(k) and isinstance(v, str) and len(v) >= 6}, key=len, reverse=True))
+
+
+def masked(lines: list[str], secrets: tuple[str, ...]) -> list[str]:
+    for s in secrets:
+        lines = [ln.replace(s, "***") for ln in lines]
+    return lines
 
 
 def own_address() -> str:
@@ -251,7 +266,7 @@ class Agent:
         doc = {"entry": rep.entry, "attempt": rep.attempt, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
                "name": launch.name, "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(),
                "env": rep.env}
-        write_atomic(path, json.dumps(doc).encode())
+        write_atomic(path, json.dumps(doc).encode(), mode=0o600)  # (it holds the replica's environment: run.env too)
 
     def _ended(self, rep: Replica, ended: dict | None) -> None:
         """A replica's process ended: how (its shim's exit file) decides what follows."""
@@ -541,7 +556,7 @@ class Agent:
         elif policy == "OnFailure" and rep.attempt < limit:
             self._backoff(rep, how, limit)
         else:
-            tail = log_tail(self._log_path(rep), 5)
+            tail = masked(log_tail(self._log_path(rep), 5), own_secrets(e))
             reason = "BackoffLimitExceeded" if policy == "OnFailure" and limit > 0 else "Error"
             rep.phase, rep.reason, rep.terminal = "Failed", reason, True
             rep.message = f"{how} after {rep.attempt} restart(s); last lines: " + " | ".join(tail)
@@ -581,7 +596,7 @@ class Agent:
             "attempt": rep.attempt, "restarts": rep.attempt, "phase": rep.phase, "reason": rep.reason, "message": rep.message,
             "terminal": rep.terminal, "exit_code": rep.exit_code, "started_at": rep.started_at, "finished_at": rep.finished_at,
             "world_size": e.get("world_size", 1), "master_addr": rep.env.get("MASTER_ADDR"),
-            "log_path": str(self._log_path(rep)), "log_tail": log_tail(self._log_path(rep)),
+            "log_path": str(self._log_path(rep)), "log_tail": masked(log_tail(self._log_path(rep)), own_secrets(e)),
             **({"next_start_at": rep.next_start_at} if rep.reason == "BackOff" and rep.next_start_at is not None else {}),
         }
 
