@@ -82,6 +82,22 @@ DEFAULT_GPU_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvi
 SSM_PREFIX = "resolve:ssm:"
 
 
+def aws_session():
+    """A boto3 Session, or a ProviderError naming the AWS config or credentials file it could not read (a malformed
+    ~/.aws/credentials was "unexpected ConfigParseError ... a bug in reconcile"; botocore's message names the file,
+    never its contents) or the profile that is not there."""
+    import boto3
+    from botocore.exceptions import ConfigParseError, ProfileNotFound
+
+    try:
+        session = boto3.session.Session()
+        session.available_profiles  # noqa: B018 - reads the files now (lazily otherwise: at the first client, deep in a plan)
+    except (ConfigParseError, ProfileNotFound) as e:
+        raise ProviderError(f"aws: {e}: fix that file (or AWS_PROFILE), or point AWS_CONFIG_FILE / "
+                            "AWS_SHARED_CREDENTIALS_FILE at readable ones") from None
+    return session
+
+
 class AwsProvider:
     name = "aws"
     placement_groups: ClassVar[bool] = True  # launches into a gang's group and reports it (base.keeps_placement_groups)
@@ -93,13 +109,12 @@ class AwsProvider:
     }
 
     def __init__(self, ctx: ProviderContext):
-        import boto3
         from botocore.config import Config
 
         self.ctx = ctx
         self.options = ProviderOptions("aws", ctx.options, self.OPTIONS)
         self.endpoint = self.options.url("endpoint_url")
-        self.session = boto3.session.Session()
+        self.session = aws_session()
         self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
         self._clients: dict[str, Any] = {}

@@ -402,11 +402,12 @@ class S3Backend(ObjectStoreBackend):
         self.bucket = u.netloc
         self._paths(url, f"s3://{self.bucket}", u.path, ttl)
         try:
-            import boto3  # lazy: only teams using the s3 backend need it
-            from botocore.config import Config
+            from botocore.config import Config  # lazy: only teams using the s3 backend need it
+
+            from providers.aws import aws_session
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the s3 state backend needs boto3: pip install 'fleetops-reconciler[aws]'") from e
-        self.s3 = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
+        self.s3 = aws_session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
 
     def _code(self, e: Exception) -> str:
         return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__

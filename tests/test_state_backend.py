@@ -147,3 +147,22 @@ def test_credentials_in_a_state_url_are_refused_and_never_printed(url, tmp_path)
     r = subprocess.run([sys.executable, "-m", "reconciler.cli", "status", str(tmp_path), "--state", url], capture_output=True,
                        text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 1 and "SECRETSHOULDNOTPRINT" not in r.stdout + r.stderr, r.stderr
+
+
+def test_a_malformed_aws_credentials_file_is_an_error_naming_it_not_a_bug(tmp_path, monkeypatch):
+    """Secrets audit: a malformed ~/.aws/credentials was "unexpected ConfigParseError ... This is a bug in reconcile",
+    from the AWS provider and the s3 backend alike. It is an error naming the file (botocore's message names it, never
+    its contents), and what to do."""
+    from providers.aws import AwsProvider
+    from providers.base import ProviderContext
+    from reconciler.errors import ReconcileError
+
+    bad = tmp_path / "credentials"
+    bad.write_text("[default]\naws_access_key_id = AKIA\n  stray line\n=SECRET-VALUE\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(bad))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "absent"))
+    for make in (lambda: AwsProvider(ProviderContext(fleet="f", state_dir=tmp_path, options={})),
+                 lambda: backend_for(tmp_path, "s3://bucket/prefix")):
+        with pytest.raises(ReconcileError) as e:
+            make()
+        assert f"Unable to parse config file: {bad}" in str(e.value) and "SECRET-VALUE" not in str(e.value), str(e.value)
