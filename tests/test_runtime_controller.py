@@ -315,3 +315,19 @@ def test_a_config_that_does_not_validate_is_said_once_not_at_every_poll(tmp_path
     now[0] += 61  # and again after a resync period, while it stands
     ctl.step()
     assert sum("does not validate" in m for m in logs) == 3, logs
+
+
+def test_a_pull_error_naming_a_signed_remote_url_is_logged_redacted(tmp_path):
+    """Secrets audit: git's error names the remote URL, and the controller logged it as is; git strips user:password@
+    but keeps a query string (a signed URL's sig=). Logged redacted, as every other error."""
+    cfg = write_config(tmp_path / "repo" / "fleet", fleet_docs(job("a", cpu=15)))
+    subprocess.run(["git", "init", "-q", "-b", "main", str(tmp_path / "repo")], check=True, timeout=60)
+    git(tmp_path / "repo", "add", "-A")
+    git(tmp_path / "repo", "commit", "-q", "-m", "one")
+    git(tmp_path / "repo", "remote", "add", "origin", "https://127.0.0.1:9/fleet.git?sv=2024&sig=PLANTED-signature")
+    git(tmp_path / "repo", "config", "branch.main.remote", "origin")
+    git(tmp_path / "repo", "config", "branch.main.merge", "refs/heads/main")
+    logs: list[str] = []
+    Controller(cfg, time_limit=5, pull=True, log=logs.append, pull_timeout=20).step()
+    failed = [m for m in logs if m.startswith("git pull failed")]
+    assert failed and not any("PLANTED" in m for m in logs), logs

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from providers.redact import redact
 from reconciler.errors import ConfigError, LockError, ReconcileError, StalePlanError
 
 
@@ -181,7 +182,7 @@ class Controller:
         if self._follow_rewritten_upstream(env):
             err = None
         if err:
-            self._say("pull", f"git pull failed: {err.strip()[:200]}")
+            self._say("pull", f"git pull failed: {redact(err.strip()[:200])}")
         else:
             self._said.pop("pull", None)
 
@@ -240,7 +241,7 @@ class Controller:
         reset = git("reset", "-q", "--keep", "@{upstream}")
         if reset.returncode != 0:
             self._say("ahead", f"{upstream} took back {len(ahead)} commit(s) this checkout is on (a force-push), but the "
-                               f"checkout cannot follow it: {reset.stderr.strip()[:200]}")
+                               f"checkout cannot follow it: {redact(reset.stderr.strip()[:200])}")
             return False
         now = git("rev-parse", "--short", "HEAD").stdout.strip()
         self.log(f"{upstream} no longer has {len(ahead)} commit(s) this checkout was on (a force-push): following it to {now}")
