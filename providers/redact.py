@@ -32,12 +32,24 @@ def credential_name(name: str) -> bool:
     return bool(_CREDENTIAL_NAME.search(name))
 
 
+# Outside URLs: an Azure storage connection string's AccountKey= / SharedAccessSignature= (its sig= too), a SAS or
+# shared access key given bare, and an HTTP Authorization header's credentials, as SDK errors quote them.
+_SECRET_SETTING = re.compile(r"\b((?:AccountKey|SharedAccessSignature|SharedAccessKey)=)[^;\s'\"]+", re.IGNORECASE)
+_AUTH_HEADER = re.compile(r"\b((?:Authorization|Proxy-Authorization)['\"]?\s*[:=]\s*['\"]?(?:Bearer|Basic|SharedKey|token)\s+)[^\s'\",}]+",
+                          re.IGNORECASE)
+
+
 def redact(text: str) -> str:
-    """`text` with every URL's userinfo, and the secrets in its query string, replaced by `***`."""
+    """`text` with every URL's userinfo, the secrets in its query string, a connection string's keys and an
+    Authorization header's credentials replaced by `***`."""
     if "@" in text:
         text = _USERINFO.sub(r"\1***@", text)
     if "?" in text:
         text = _URL_QUERY.sub(lambda m: _SECRET_PARAM.sub(r"\1***", m.group(0)), text)
+    if "=" in text:
+        text = _SECRET_SETTING.sub(r"\1***", text)
+    if "uthorization" in text:
+        text = _AUTH_HEADER.sub(r"\1***", text)
     return text
 
 

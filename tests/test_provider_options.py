@@ -163,6 +163,21 @@ def test_redact_replaces_url_userinfo_and_the_secrets_of_query_strings():
                             'https://console.cloud.google.com/iam-admin/quotas?project=p, s3://***@bucket/p or https://a.blob/c?sv=1&sig=***')
 
 
+
+def test_redact_replaces_connection_string_keys_and_authorization_headers():
+    """Secrets audit: redact knew URL shapes only; an Azure storage connection string's AccountKey= or
+    SharedAccessSignature=, or an Authorization header an SDK error quotes, went through. The names stay."""
+    from providers.redact import redact
+
+    text = ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0+/a==;EndpointSuffix=core.windows.net and "
+            "SharedAccessSignature=sv=2024&sig=abc; headers {'Authorization': 'Bearer eyJhbGciOi.x.y', 'x-ms-date': 'd'} "
+            "Authorization: SharedKey acct:Zm9v")
+    out = redact(text)
+    assert out == ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net and "
+                   "SharedAccessSignature=***; headers {'Authorization': 'Bearer ***', 'x-ms-date': 'd'} "
+                   "Authorization: SharedKey ***"), out
+
+
 @pytest.mark.parametrize("endpoint, credential, refused", [
     ("https://example.invalid", None, True),  # a typo, or a hostile -o: the live token would go there
     ("https://management.azure.com.evil.example", None, True),
