@@ -466,3 +466,24 @@ def test_a_jobs_own_credential_it_prints_is_masked_in_its_log_tail_and_record(bu
     assert secret not in rec["message"], rec["message"]
     for f in (a.workdir / "replicas").glob("*.json"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_a_credential_in_run_env_never_stands_in_the_docker_clients_command_line(bus, tmp_path):
+    """Secrets audit: `docker run --env HF_TOKEN=value` stays in the process table for the container's life (the
+    client runs in the foreground): any local user read it with ps. A credential (by its name) goes as `--env HF_TOKEN`,
+    its value in the client's environment, which docker documents as where a bare --env NAME takes it from; a DOCKER_*
+    name stays NAME=value (the client would read it as its own setting). Here a stand-in `docker` records what it got."""
+    seen = tmp_path / "seen.json"
+    fake = tmp_path / "docker"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\njson.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, "
+                    f"open({str(seen)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    launch = Launch(name="fleetops-t-0", command=("python", "t.py"), env={"HF_TOKEN": "hf_PLANTED_123456", "MODE": "x",
+                    "DOCKER_API_TOKEN_UNUSED": "d"}, log_path=tmp_path / "t.log", image="img")
+    assert "hf_PLANTED_123456" not in " ".join(docker_command(launch))
+    h = DockerRuntime(docker=str(fake)).start(launch)
+    h.proc.wait(timeout=60)
+    got = json.loads(seen.read_text())
+    assert "hf_PLANTED_123456" not in " ".join(got["argv"]) and got["env"]["HF_TOKEN"] == "hf_PLANTED_123456", got["argv"]
+    assert ["--env", "HF_TOKEN"] == got["argv"][got["argv"].index("HF_TOKEN") - 1:got["argv"].index("HF_TOKEN") + 1]
+    assert "MODE=x" in got["argv"] and "DOCKER_API_TOKEN_UNUSED=d" in got["argv"]

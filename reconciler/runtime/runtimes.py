@@ -274,8 +274,21 @@ def docker_command(launch: Launch) -> list[str]:
     if launch.checkpoint_dir and launch.checkpoint_host_dir is not None:
         cmd += ["--volume", f"{launch.checkpoint_host_dir}:{launch.checkpoint_dir}"]
     for k, v in sorted(launch.env.items()):
-        cmd += ["--env", f"{k}={v}"]
+        cmd += ["--env", k if hidden_in_argv(k) else f"{k}={v}"]
     return cmd + [launch.image, *launch.command]
+
+
+def hidden_in_argv(name: str) -> bool:
+    """Whether a variable goes to the container as `--env NAME`, its value taken from the docker client's own
+    environment (`docker_env`), not as NAME=value in the client's command line, which stays in the process table for
+    the container's life (`ps`, /proc/PID/cmdline: any local user read a job's HF_TOKEN). A credential by its name;
+    not a DOCKER_* one, which the client would read as its own setting (DOCKER_HOST, DOCKER_CONFIG ...)."""
+    return credential_name(name) and not name.upper().startswith("DOCKER_")
+
+
+def docker_env(launch: Launch) -> dict[str, str]:
+    """The docker client's environment: the agent's, and the values of the variables `docker_command` names alone."""
+    return {**os.environ, **{k: v for k, v in launch.env.items() if hidden_in_argv(k)}}
 
 
 @dataclass
@@ -301,7 +314,8 @@ class DockerRuntime:
         if launch.checkpoint_host_dir is not None:
             launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
         with _log(launch.log_path) as log:
-            proc = subprocess.Popen(shimmed(launch, cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(shimmed(launch, cmd), env=docker_env(launch), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         return DockerHandle(proc.pid, launch.name, proc)
 
     def poll(self, handle: DockerHandle | Detached) -> int | None:
