@@ -977,6 +977,11 @@ class _Fleet:
     def tenant_known(self, name: str) -> bool:
         return self.defined("Tenant", name)
 
+    def unknown(self, kind: str, name: str) -> str:
+        """"unknown tenant 'reserch' (did you mean 'research'?)", against every document of that kind."""
+        names = sorted({*self.by_kind[kind], *self.invalid.get(kind, ())})
+        return f"unknown {kind.lower()} {name!r}{did_you_mean(name, names)}"
+
 
 def _check_links(f: _Fleet) -> None:
     """Topology links join nodes the Topology defines."""
@@ -1078,7 +1083,7 @@ def _check_guardrails(f: _Fleet) -> None:
             f.err(gdoc, guard, ("spec", "allowed_clouds", i), f"unknown cloud {c!r} (the Topology has {', '.join(sorted(f.clouds))})")
     for t in guard.spec.tenant_hourly_budgets:
         if not f.tenant_known(t):
-            f.err(gdoc, guard, ("spec", "tenant_hourly_budgets", t), f"unknown tenant {t!r}")
+            f.err(gdoc, guard, ("spec", "tenant_hourly_budgets", t), f.unknown("Tenant", t))
 
 
 def _check_spot_policies(f: _Fleet) -> None:
@@ -1086,7 +1091,7 @@ def _check_spot_policies(f: _Fleet) -> None:
     for sdoc, spot in f.by_kind["SpotPolicy"].values():
         for t in spot.spec.tenant_max_spot_fraction:
             if not f.tenant_known(t):
-                f.err(sdoc, spot, ("spec", "tenant_max_spot_fraction", t), f"unknown tenant {t!r}")
+                f.err(sdoc, spot, ("spec", "tenant_max_spot_fraction", t), f.unknown("Tenant", t))
 
 
 def _check_jobs(f: _Fleet) -> None:
@@ -1094,10 +1099,10 @@ def _check_jobs(f: _Fleet) -> None:
     for doc, job in f.by_kind["Job"].values():
         s = job.spec
         if not f.tenant_known(s.tenant):
-            f.err(doc, job, ("spec", "tenant"), f"unknown tenant {s.tenant!r}")
+            f.err(doc, job, ("spec", "tenant"), f.unknown("Tenant", s.tenant))
         for i, p in enumerate(s.pools or []):
             if not f.defined("Pool", p):
-                f.err(doc, job, ("spec", "pools", i), f"unknown pool {p!r}")
+                f.err(doc, job, ("spec", "pools", i), f.unknown("Pool", p))
         for i, r in enumerate(s.regions or []):
             if r not in f.region_names:
                 f.err(doc, job, ("spec", "regions", i), f"unknown region {r!r}")
@@ -1184,7 +1189,7 @@ def _check_licenses(f: _Fleet) -> None:
     for _, (doc, lic) in sorted(f.by_kind["License"].items()):
         for t in lic.spec.tenant_quotas:
             if not f.tenant_known(t):
-                f.err(doc, lic, ("spec", "tenant_quotas", t), f"unknown tenant {t!r}")
+                f.err(doc, lic, ("spec", "tenant_quotas", t), f.unknown("Tenant", t))
 
 
 def _check_job_rules(f: _Fleet) -> None:
@@ -1234,7 +1239,7 @@ def _check_reservations(f: _Fleet) -> None:
         matches = reservation_pools(s, pools)
         if s.pool is not None:
             if not f.defined("Pool", s.pool):
-                f.err(doc, res, ("spec", "pool"), f"unknown pool {s.pool!r}")
+                f.err(doc, res, ("spec", "pool"), f.unknown("Pool", s.pool))
             elif s.pool not in [p.name for p in matches] and s.pool in f.by_kind["Pool"]:
                 f.err(doc, res, ("spec", "pool"), f"pool {s.pool} cannot hold it: it needs cloud {s.cloud}, region {s.region}, zone {s.zone} "
                                                   f"among its zones, {s.instance_type} among its instance_types and on-demand among its markets")

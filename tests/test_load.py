@@ -593,7 +593,7 @@ def test_a_jobs_own_pools_are_named_when_they_lack_its_gpu_type(tmp_path):
     assert [e for e in errs if "finetune-b" in e] == [
         "jobs/research.yaml:30: Job/finetune-b: spec.resources.gpu_type: none of its pools offers gpu_type 'A100': "
         "its pools (aws-a10g) offer A10G; A100 is offered by pools aws-a100, gcp-a100"]
-    assert [e for e in errs if "sweep-lr" in e] == ["jobs/research.yaml:39: Job/sweep-lr: spec.pools.0: unknown pool 'aws-a1000'"]
+    assert [e for e in errs if "sweep-lr" in e] == ["jobs/research.yaml:39: Job/sweep-lr: spec.pools.0: unknown pool 'aws-a1000' (did you mean 'aws-a100'?)"]
 
 
 def test_a_job_whose_pools_offer_its_gpu_type_only_partitioned_is_told_so(tmp_path):
@@ -848,3 +848,14 @@ def test_an_empty_allowlist_is_refused_not_read_as_allowing_nothing(tmp_path, te
                                    "spec:\n  allowed_clouds: []\n")
     errs = errors_of(cfg)
     assert any("GuardrailPolicy/g: spec.allowed_clouds: " in e and "an empty list allows nothing" in e for e in errs), errs
+
+
+def test_an_unknown_tenant_or_pool_gets_a_suggestion(tmp_path):
+    """Audit: a misspelt field or kind got "did you mean", a misspelt tenant or pool name did not."""
+    cfg = _quickstart(tmp_path)
+    research = cfg / "jobs" / "research.yaml"
+    _edit(research, "  tenant: research", "  tenant: reserch")
+    _edit(research, "  spot: never ", "  pools: [aws-cpuu]\n  spot: never ")
+    errs = errors_of(cfg)
+    assert any("spec.tenant: unknown tenant 'reserch' (did you mean 'research'?)" in e for e in errs), errs
+    assert any("unknown pool 'aws-cpuu' (did you mean 'aws-cpu'?)" in e for e in errs), errs
