@@ -354,13 +354,18 @@ def test_a_pinned_catalog_cannot_change_what_a_known_type_is(tmp_path):
     raw = json.loads(shipped_catalog_text())
     raw["clouds"]["aws"]["instance_types"]["g5.xlarge"]["gpus"] = 8
     (qs / "catalog.json").write_text(json.dumps(raw))
-    res = cli("apply", qs, "--auto-approve")
-    assert res.returncode == 1 and "unexpected" not in res.stderr, res.stderr
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["apply", str(qs), "--auto-approve"])
+    assert res.exit_code == 1 and "unexpected" not in res.stderr, res.stderr
     assert (f"{qs / 'catalog.json'}: clouds.aws.instance_types.g5.xlarge.gpus is 8, but a g5.xlarge has 1 GPUs (the shipped "
             "catalog)") in res.stderr, res.stderr
     assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()
     raw = json.loads(shipped_catalog_text())
     raw["clouds"]["aws"]["instance_types"]["g5.xlarge"]["prices"]["us-east-1"]["on_demand"] = 0.5
     (qs / "catalog.json").write_text(json.dumps(raw))
-    res = cli("plan", qs, "--format", "json")
-    assert res.returncode == 0, res.stderr
+    res = runner.invoke(app, ["plan", str(qs), "--format", "json"])
+    assert res.exit_code == 0, res.stderr
