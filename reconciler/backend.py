@@ -598,7 +598,12 @@ class AzureBlobBackend(ObjectStoreBackend):
             if named and named != self.account:
                 raise ReconcileError(f"azblob state backend: AZURE_STORAGE_CONNECTION_STRING is for account {named!r}, "
                                      f"not {self.account!r} of {url}")
-            service = BlobServiceClient.from_connection_string(conn, **options)
+            try:
+                service = BlobServiceClient.from_connection_string(conn, **options)
+            except ValueError:  # ("Connection string is either blank or malformed": "unexpected ValueError ... a bug")
+                raise ReconcileError("azblob state backend: AZURE_STORAGE_CONNECTION_STRING is not a connection string "
+                                     "(DefaultEndpointsProtocol=https;AccountName=...;AccountKey=...; its value is not shown): "
+                                     "fix it, or unset it to use AZURE_STORAGE_KEY or Azure AD") from None
         else:
             endpoint = f"https://{self.account}.blob.core.windows.net"
             key = os.environ.get("AZURE_STORAGE_KEY")

@@ -166,3 +166,14 @@ def test_a_malformed_aws_credentials_file_is_an_error_naming_it_not_a_bug(tmp_pa
         with pytest.raises(ReconcileError) as e:
             make()
         assert f"Unable to parse config file: {bad}" in str(e.value) and "SECRET-VALUE" not in str(e.value), str(e.value)
+
+
+def test_a_malformed_azure_storage_connection_string_is_an_error_not_a_bug(tmp_path, monkeypatch):
+    """Secrets audit: a malformed AZURE_STORAGE_CONNECTION_STRING was "unexpected ValueError: Connection string is either
+    blank or malformed ... a bug in reconcile". An error naming the variable, never its value."""
+    from reconciler.errors import ReconcileError
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=acct;garbage-PLANTED-secret")
+    with pytest.raises(ReconcileError) as e:
+        backend_for(tmp_path, "azblob://acct/container/prefix")
+    assert "AZURE_STORAGE_CONNECTION_STRING is not a connection string" in str(e.value) and "PLANTED" not in str(e.value)
