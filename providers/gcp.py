@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import time
 import uuid
@@ -54,6 +55,7 @@ from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
+from providers.redact import redact
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError,
@@ -206,6 +208,19 @@ def _last(url: str) -> str:
 # ---------------------------------------------------------------- the provider
 
 
+def adc_problem(e: Exception) -> str:
+    """Why Application Default Credentials could not be had: a GOOGLE_APPLICATION_CREDENTIALS file that is there but
+    not credentials (truncated JSON, a wrong kind) is said as such, not as "none found", which sent people looking for
+    a login they had. google-auth's message names the file and what is wrong, never a key; redacted and cut anyway."""
+    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if path and os.path.exists(path):
+        why = redact(str(e).splitlines()[0][:200]) if str(e) else type(e).__name__
+        return (f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which could not be read as credentials ({why}): fix or "
+                "replace that file, or unset it to use `gcloud auth application-default login` or the attached service account")
+    return ("no Application Default Credentials found: run `gcloud auth application-default login`, attach a service "
+            "account, or set GOOGLE_APPLICATION_CREDENTIALS")
+
+
 class GcpProvider:
     name = "gcp"
     # The `-o` options it takes (README, GCP), each checked when the provider is made.
@@ -246,9 +261,8 @@ class GcpProvider:
 
             try:
                 credentials, adc_project = google.auth.default(scopes=list(SCOPES))
-            except DefaultCredentialsError:
-                raise ProviderError("gcp: no Application Default Credentials found: run `gcloud auth application-default login`, "
-                                    "attach a service account, or set GOOGLE_APPLICATION_CREDENTIALS") from None
+            except DefaultCredentialsError as e:
+                raise ProviderError(f"gcp: {adc_problem(e)}") from None
             self.default_project = self.default_project or adc_project
             options = ClientOptions()
         self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options, transport="rest")

@@ -500,9 +500,10 @@ class GcsBackend(ObjectStoreBackend):
         self._retry: Retry = DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS)
         try:
             self.client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
-        except DefaultCredentialsError:
-            raise ReconcileError("gs state backend: no Google credentials found (Application Default Credentials): run "
-                                 "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+        except DefaultCredentialsError as e:
+            from providers.gcp import adc_problem
+
+            raise ReconcileError(f"gs state backend: {adc_problem(e)}") from None
         self.bucket = self.client.bucket(u.netloc)
 
     def _code(self, e: Exception) -> str:

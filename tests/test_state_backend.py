@@ -177,3 +177,21 @@ def test_a_malformed_azure_storage_connection_string_is_an_error_not_a_bug(tmp_p
     with pytest.raises(ReconcileError) as e:
         backend_for(tmp_path, "azblob://acct/container/prefix")
     assert "AZURE_STORAGE_CONNECTION_STRING is not a connection string" in str(e.value) and "PLANTED" not in str(e.value)
+
+
+def test_a_broken_google_credentials_file_is_said_to_be_broken_not_missing(tmp_path, monkeypatch):
+    """Secrets audit: GOOGLE_APPLICATION_CREDENTIALS naming a truncated file was reported as "no Google credentials found",
+    which sent people to log in again. The file is named as unreadable as credentials; no key material is printed."""
+    from providers.base import ProviderContext
+    from providers.gcp import GcpProvider
+    from reconciler.errors import ReconcileError
+
+    bad = tmp_path / "sa.json"
+    bad.write_text('{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----PLANTED')
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(bad))
+    for make in (lambda: backend_for(tmp_path, "gs://bucket/prefix"),
+                 lambda: GcpProvider(ProviderContext(fleet="f", state_dir=tmp_path, options={"project": "p"}))):
+        with pytest.raises(ReconcileError) as e:
+            make()
+        assert f"GOOGLE_APPLICATION_CREDENTIALS names {bad}, which could not be read as credentials" in str(e.value), str(e.value)
+        assert "PLANTED" not in str(e.value)
