@@ -227,10 +227,11 @@ class Fleet:
             instances=tuple(sorted(instances, key=lambda i: i.id)), offerings=tuple(offerings),
             placements=merged.placements, short=state.short_now(), providers=providers, lost=lost,
             gpu_indices=merged.gpu_indices, serial=merged.serial, foreign=tuple(sorted(foreign)),
-            notes=merged.notes + tuple(f"{iid} exists but does not run (stopped, suspended, deallocated or failed): not "
-                                       "counted as capacity and left alone (start it, or delete it yourself: it may still be "
-                                       "billed, its disks always, an Azure VM's compute too unless deallocated); the plan places "
-                                       "its work elsewhere" for iid in sorted(idle))
+            notes=merged.notes + tuple(f"{iid} exists but does not run (stopping, stopped, suspended, deallocated or failed): "
+                                       "not counted as capacity and left alone (if it stays so, start it or delete it "
+                                       "yourself: it may still be billed, its disks always, an Azure VM's compute too unless "
+                                       "deallocated; one on its way out, a delete or a Spot preemption under way, goes by "
+                                       "itself); the plan places its work elsewhere" for iid in sorted(idle))
             + tuple(f"{iid} reports state {state!r}, which is none of pending, running, stopping or terminated: taken as "
                     "running (counted as capacity, its work left on it, nothing launched in its place, so nothing runs "
                     "twice); see what it is in the cloud's console" for iid, state in sorted(unknown))
