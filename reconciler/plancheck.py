@@ -37,8 +37,8 @@ never read from the plan:
 * running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
   changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
   work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
-  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule
-  its stop can mend (a guaranteed job's: `_Mends`), or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only borrowed work, never a
+  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule,
+  or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only borrowed work, never a
   job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
@@ -50,7 +50,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from providers.base import TAG_CREATE_KEY
-from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, micro, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
+from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
                               running_ledger)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
@@ -286,15 +286,8 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
     licensed = licensed_by(broken_now)
-    if not evicts:
-        return {}
-    # (with a fleet-wide rule broken now something must give, and the planner chooses what; but a guaranteed job only
-    # where its stop can mend one: _Mends. Any eviction was lawful then: with a pool under its minimum (an interrupted
-    # instance), an edited plan stopped two tenants' guaranteed work and gave one's GPU to another tenant's new job, and
-    # apply carried it out: audit)
-    fleet_wide = licensed is None
-    if fleet_wide:
-        licensed = {rule.split(":", 1)[1] for rule in broken_now if rule.startswith("tenant-")}
+    if not evicts or licensed is None:
+        return {}  # (with a fleet-wide rule broken now something must give; the planner chooses what)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
@@ -317,7 +310,6 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     by_tenant = TenantMoves.of(plan, demand_of, arriving)
     errors: dict[str, str] = {}
-    mends: _Mends | None = None
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
@@ -327,16 +319,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
         if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, observed, demand_of, by_tenant, problem):
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
-        guaranteed = rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs)
-        if fleet_wide:
-            if guaranteed and mends is None:  # (once: what the plan's deletes mend, and the running work on each instance)
-                mends = _Mends.of(plan, problem, demand_of, hosts, broken_now, leaving)
-            if guaranteed and not mends.stop(demand_of[jc.job], ids):
-                errors[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and its stop mends "
-                                  f"none of the rules the fleet breaks now ({', '.join(sorted(broken_now))}): only a license it "
-                                  "holds, the on-demand buffer, or an instance it runs on that such a rule deletes (or running "
-                                  "work that must move, taking its room there) could; an unmet pool minimum is bought")
-        elif guaranteed:
+        if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
             errors[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
                               "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
                               "tenant over its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
@@ -344,71 +327,6 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             errors[jc.job] = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
                               "and it may stay where it runs)")
     return errors
-
-
-@dataclass(frozen=True)
-class _Mends:
-    """What can mend the fleet-wide rules the fleet breaks now, in a plan (`_unlawful`, a guaranteed job's stop): the
-    plan's deletes that can (`_deletion_mends`), and per instance the running work the plan keeps there or moves there
-    because it must move (off an instance deleted so, or a rule moves it). Made once per check."""
-
-    hosts: dict
-    broken_now: dict
-    deleted: frozenset[str]
-    running: dict  # instance -> the demands of the running work on it, one per replica
-
-    @staticmethod
-    def of(plan: Plan, problem: Problem, demand_of: dict[str, Demand], hosts: dict, broken_now: dict[str, str],
-           leaving) -> "_Mends":
-        room = _minimums_need_room(problem, broken_now)
-        deleted = frozenset(x.instance_id for x in plan.deletes if x.instance_id in hosts
-                            and _deletion_mends(hosts[x.instance_id], broken_now, room))
-        running: dict[str, list[Demand]] = {}
-        for j in plan.jobs:
-            if j.job in demand_of and (j.action == "keep" or j.action == "move" and (j.job in leaving or deleted.intersection(j.previous))):
-                for i in j.instances:
-                    running.setdefault(i, []).append(demand_of[j.job])
-        return _Mends(hosts, broken_now, deleted, running)
-
-    def stop(self, d: Demand, ran_on) -> bool:
-        """Whether stopping running work of `d` on instances `ran_on` can mend one: a license it holds; the on-demand
-        buffer (it runs on on-demand room); an instance it runs on that the plan deletes for one; or running work that must
-        move taking its room on one. New work placed there does not count: it would stand in the job's room."""
-        if any(f"license:{name}" in self.broken_now for name, _ in d.licenses):
-            return True
-        if "spot-buffer" in self.broken_now and any(self.hosts[i].market != "spot" for i in ran_on):
-            return True
-        if self.deleted.intersection(ran_on):
-            return True
-        for iid in set(ran_on):
-            cap = self.hosts[iid]
-            there = self.running.get(iid, []) + [d] * sum(i == iid for i in ran_on)
-            if any(sum(_replica_need(q, dim) for q in there) > cap.cap(dim) + 1e-9 for dim in _dims(cap, there)):
-                return True
-        return False
-
-
-def _deletion_mends(host, broken_now: dict[str, str], minimums_need_room: bool) -> bool:
-    """Whether deleting `host` can mend a fleet-wide rule broken now: the budget; its pool over its maximum; a pool under
-    its minimum where the budget cannot pay for the minimum beside what runs (`minimums_need_room`: the instance's price
-    is the minimum's room, fleet25); the spot share, buffer or diversity (a spot host)."""
-    return ("budget" in broken_now or f"pool:{host.pool}" in broken_now or minimums_need_room
-            or host.market == "spot" and bool({"spot-share", "spot-buffer", "spot-diversity"} & set(broken_now)))
-
-
-def _minimums_need_room(problem: Problem, broken_now: dict[str, str]) -> bool:
-    """Whether the pools under their minimum now cannot be bought, at their cheapest offers, under the fleet budget beside
-    the fleet as it runs."""
-    short = [rule.split(":", 1)[1] for rule in broken_now if rule.startswith("pool-min:")]
-    if problem.budget is None or not short:
-        return False
-    now = running_ledger(problem)
-    need = 0
-    for pool in short:
-        prices = [micro(o.price) for o in problem.offers() if o.pool == pool]
-        if prices:
-            need += max(0, problem.pool_bounds.get(pool, (0, 0))[0] - now.pool_count(pool)) * min(prices)
-    return not budget_ok(now.spend() + need, problem.budget)
 
 
 @dataclass(frozen=True)
@@ -516,12 +434,6 @@ def _replica_need(d: Demand, dim: str) -> float:
     return d.req(dim) / d.bundle
 
 
-def _dims(cap: Capacity, demands) -> list[str]:
-    """The dimensions an instance's load is checked in: the usual ones, its MIG profiles, and any its demands ask for."""
-    dims = list(DIMS) + sorted({f"mig:{p}" for p in cap.mig or ()})
-    return dims + sorted({k for d in demands for k in d.dims if k not in dims})
-
-
 def _whole_gpus(d: Demand, cap: Capacity) -> int:
     """GPU indices one replica of d holds on cap: whole GPUs only (MIG slices are not indexed)."""
     return 0 if d.mig or cap.mig else d.gpus // d.bundle
@@ -594,7 +506,8 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
         why = cap.keep_blocker if isinstance(cap, Host) and cap.keep_blocker else placement_refusal(demand_of[job], cap)
         if why:
             errors.append(f"job {job} onto {where}: {why}")
-    for dim in _dims(cap, [demand_of[job] for job, _, _ in reps]):
+    dims = list(DIMS) + sorted({f"mig:{p}" for p in cap.mig or ()})
+    for dim in dims + sorted({k for job, _, _ in reps for k in demand_of[job].dims if k not in dims}):
         used = sum(_replica_need(demand_of[job], dim) for job, _, _ in reps)
         if used > cap.cap(dim) + 1e-9:
             unit = _UNITS.get(dim, f"MIG {dim[4:]} slices")

@@ -153,7 +153,7 @@ told to make it a plain test).
   after the apply evicted a guaranteed critical gang, or placed four more jobs.
 - fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
-- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet83 (the slow tiers'
+- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet85 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
   why."""
 
@@ -1682,12 +1682,24 @@ def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_it
     a fleet-wide rule is broken): pool az-a100-80 at max 1 runs three 1-GPU instances (i0 spot with j5, i1 on-demand with
     j7, i2 spot idle), the spot share at most 25%, preemption Never, and t1's new priority-50 j1 waits. Greedy kept j5
     (first in its order) and so not j7 (the pool's one slot taken), then gave up i0 for the spot share and placed the
-    new j1 on i1: j7 stopped for new work, which preemption Never forbids, and the re-check refused greedy's plan (the
-    planner's fallback). Now running work the maximum kept out is asked again after the spot rules are settled: j7
-    stays on i1, as CP-SAT plans."""
+    new j1 on i1: j7 stopped for new work, which preemption Never forbids (a stricter re-check tried that day refused
+    greedy's plan, the planner's fallback; it was taken back: fleet85). Now running work the maximum kept out is asked
+    again after the spot rules are settled: j7 stays on i1, as CP-SAT plans."""
     from tests.test_properties import solve_both
 
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet83"), time_limit=5)
     kept = {j.job for j in gplan.jobs if j.action == "keep"}
     assert "j7" in kept and {d.instance_id for d in gplan.deletes} == {"i0", "i2"}, [(j.job, j.action) for j in gplan.jobs]
     check_fleet(fleet("fleet83"), time_limit=5)
+
+
+@pytest.mark.parametrize("name", ["fleet84", "fleet85"])
+def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopped(name):
+    """fleet84, fleet85 (the slow property tier, 2026-12-01, with the saved-plan re-check's stricter rule of that day:
+    a guaranteed job's stop passes only where it mends a rule broken now). fleet85: pool az-a100-80 at max 1 runs three
+    on-demand instances (j2 on i0), t1's low j1 runs on a spot g5.xlarge, the SpotPolicy asks a 25% on-demand buffer.
+    Mending the maximum deletes the idle on-demand instances, and then the buffer breaks: j1 on spot has to stop. The
+    buffer was not broken now, so the stricter rule refused CP-SAT's plan and greedy's alike and no plan was emitted
+    ("internal error: the plan would stop running work that no rule requires stopping"). The rule was taken back; these
+    fleets hold any stricter one to the planner's own plans."""
+    check_fleet(fleet(name), time_limit=5)
