@@ -17,7 +17,7 @@ silently; the next apply rewrites whatever tags are out of date.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from providers.base import Instance
@@ -100,7 +100,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     # The newest claim last, so it wins. At one serial two claims come from a copy (an instance cloned with its tags, or
     # launched from an image of it), which is launched after its original: the first launched last, so it wins (the
     # higher id won, and the plan deleted the original running the work as idle); unknown launch times by id, as before.
-    launched = {i.id: t for i in instances if (t := _launch_time(i.launched_at)) is not None}
+    launched = launch_times(instances)
     order = sorted(newer.items(), key=lambda kv: kv[0])
     order.sort(key=lambda kv: launched.get(kv[0], float("-inf")), reverse=True)
     order.sort(key=lambda kv: kv[1].serial)
@@ -139,16 +139,19 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
 
 
-def _launch_time(text: str) -> float | None:
-    """An instance's launch time as a number (clouds write RFC 3339 with differing offsets: GCE's -08:00, EC2's Z), or
-    None when it is not given or not one."""
+def launch_times(instances: Iterable[Instance]) -> dict[str, float]:
+    """instance id -> its launch time as a number, where it says one (clouds write RFC 3339 with differing offsets:
+    GCE's -08:00, EC2's Z; a time without one is UTC)."""
     from datetime import datetime, timezone
 
-    try:
-        t = datetime.fromisoformat(text)
-    except (TypeError, ValueError):
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    out = {}
+    for i in instances:
+        try:
+            t = datetime.fromisoformat(i.launched_at.replace("Z", "+00:00"))
+        except (TypeError, ValueError, AttributeError):
+            continue
+        out[i.id] = (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    return out
 
 
 def untrusted_gpus(merged: Merged, instances: Sequence[Instance], gpus_of: Callable[[Instance], int | None]) -> Merged:

@@ -4,7 +4,6 @@ publish the assignments after an apply (and start the sim's agents)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -13,6 +12,7 @@ from providers.bootstrap import agent_package
 from reconciler.backend import StateBackend
 from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.model import DesiredState
+from reconciler.placements import launch_times
 from reconciler.runtime.assign import build_assignments, published_hashes
 from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, reports_alive, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
@@ -24,16 +24,6 @@ GONE = "the cloud no longer lists it (spot interruption or lost capacity)"
 
 def has_workload(desired: DesiredState) -> bool:
     return any(j.spec.run is not None for j in desired.jobs.values())
-
-
-def _launched(instances: Iterable[Instance]) -> dict[str, float]:
-    out = {}
-    for i in instances:
-        try:
-            out[i.id] = datetime.fromisoformat(i.launched_at.replace("Z", "+00:00")).timestamp()
-        except (ValueError, AttributeError):
-            pass
-    return out
 
 
 def mig_hosts(desired: DesiredState, instances: Iterable[Instance]) -> dict[str, tuple[tuple[str, ...], int]]:
@@ -81,7 +71,7 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
         launched = {i: float(d.get("launched_at", d.get("published_at", 0))) for i, d in published.items()}
     else:
         instances = list(instances)
-        ids, launched = [i.id for i in instances], _launched(instances)
+        ids, launched = [i.id for i in instances], launch_times(instances)
         listed = set(ids)  # a placed instance the cloud no longer lists is gone, however fresh its agent's last report
         gone = {i: GONE for v in placements.values() for i in v if i not in listed}
     skipped: dict[str, str] = {}
@@ -112,7 +102,7 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
     placed = {j: ids for j, ids in placements.items() if all(i in live for i in ids)}
     want = build_assignments(desired, placed, gpus, {i: inst.provider for i, inst in live.items()}, serial, previous, mig_hosts(desired, live.values()))
     changed = 0
-    launched = _launched(live.values())
+    launched = launch_times(live.values())
     for iid, doc in sorted(want.items()):
         if iid in launched:  # (status reads the boot allowance from it, as apply and metrics do from the instance)
             doc = {**doc, "launched_at": launched[iid]}
