@@ -31,11 +31,9 @@ def push(work: Path, message: str) -> None:
     git(work, "push", "-q", "origin", "HEAD:main")
 
 
-def live(cfg: Path) -> int:
-    return sum(1 for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated")
-
-
-def test_the_controller_pulls_the_config_repo_and_applies_what_was_pushed(tmp_path):
+def pushed_and_cloned(tmp_path: Path) -> tuple[Path, Path]:
+    """A bare remote holding one commit of a one-job fleet (in its `fleet/` directory), pushed from an author's clone;
+    (the author's clone, the controller's clone)."""
     remote, author, cfg = tmp_path / "remote.git", tmp_path / "author", tmp_path / "controller"
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True, timeout=60)
     subprocess.run(["git", "clone", "-q", str(remote), str(author)], check=True, timeout=60, capture_output=True)
@@ -43,6 +41,15 @@ def test_the_controller_pulls_the_config_repo_and_applies_what_was_pushed(tmp_pa
     write_config(author / "fleet", fleet_docs(job("a", cpu=15)))
     push(author, "one job")
     subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
+    return author, cfg
+
+
+def live(cfg: Path) -> int:
+    return sum(1 for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated")
+
+
+def test_the_controller_pulls_the_config_repo_and_applies_what_was_pushed(tmp_path):
+    author, cfg = pushed_and_cloned(tmp_path)
     logs: list[str] = []
     ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append)  # the config is a directory of the repo
     assert ctl.step() and live(cfg / "fleet") == 1
@@ -242,13 +249,7 @@ def test_a_force_push_that_takes_commits_back_is_followed_but_a_local_commit_is_
     enforcing the commit upstream no longer has, logging at every poll. Commits that were upstream's (its
     remote-tracking ref's reflog holds them) are upstream's to take back: the controller follows it. A commit made in
     the checkout itself, never pulled, is someone's work: it is kept, said once."""
-    remote, author, cfg = tmp_path / "remote.git", tmp_path / "author", tmp_path / "controller"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True, timeout=60)
-    subprocess.run(["git", "clone", "-q", str(remote), str(author)], check=True, timeout=60, capture_output=True)
-    (author / ".gitignore").write_text(".reconcile/\nstatus/\n")
-    write_config(author / "fleet", fleet_docs(job("a", cpu=15)))
-    push(author, "one job")
-    subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
+    author, cfg = pushed_and_cloned(tmp_path)
     logs: list[str] = []
     now = [1000.0]
     ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append, clock=lambda: now[0])
