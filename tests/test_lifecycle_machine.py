@@ -16,7 +16,7 @@ After every plan and apply it checks what users are promised, with the checks th
   own (planted at the start: a colleague's and another fleet's, in the zones and types the pools use) untouched;
 - an apply refused (a guardrail) changes nothing in the cloud;
 - a plan right after an apply, nothing changed since, is a no-op (converged);
-- a pending job's reason names a limit that, lifted alone, places it (tests/test_truth.py's `_lift`).
+- a pending job's reason names a limit that, lifted alone, places it (tests/test_truth.py's `lifting_places`).
 
 The CI tier runs a few derandomized sequences; `-m slow` draws many new ones (FLEETOPS_LIFE_EXAMPLES lives of up to
 FLEETOPS_LIFE_STEPS steps; FLEETOPS_LIFE_TIME_LIMIT=0 plans and applies with greedy best-fit alone, the fallback).
@@ -49,7 +49,7 @@ from reconciler.state import load_state, state_dir
 from tests.fleetkit import doc, pool, tenant, topology, write_config
 from tests.invariants import check_plan, check_stability, fleet_after
 from tests.test_properties import SHAPES, Fleet
-from tests.test_truth import _lift, _plan_docs
+from tests.test_truth import lifting_places
 
 TIME_LIMIT = float(os.environ.get("FLEETOPS_LIFE_TIME_LIMIT", "3"))  # seconds per solve (small fleets: proven optimal within it); 0: greedy alone
 FLEET = "life"
@@ -312,14 +312,7 @@ class FleetLife(RuleBasedStateMachine):
         for jc in pending[:1]:
             assert "could not be packed" not in jc.reason or "several" in jc.reason or "max_instances" in jc.reason, jc.reason
             assert not jc.reason.startswith("not placed by this plan"), (jc.job, jc.reason)
-            lifted = _lift(self.docs, jc.reason, jc.tenant)
-            if lifted is None:
-                continue
-            others = {j.job for j in pending if j.job != jc.job}
-            lifted = [d for d in lifted if not (d["kind"] == "Job" and d["metadata"]["name"] in others)]
-            _, again = _plan_docs(lifted, fleet)
-            now = next(j for j in again.jobs if j.job == jc.job)
-            assert now.instances, f"{jc.job}: pending for '{jc.reason}'; with that lifted still pending: '{now.reason}'"
+            lifting_places(fleet, jc, pending)
 
     # ------------------------------------------------------------------ what an apply leaves
 
