@@ -939,15 +939,14 @@ def test_an_idle_on_demand_instance_is_bought_only_where_a_spot_rule_needs_it(tm
     assert spare(cap, problem, {"od": 1}, {"spot": spot, "all": total}, lambda c: 1) is spare_it
 
 
-@pytest.mark.xfail(strict=True, reason="open (state-machine audit): greedy buys the 1-GPU a2-highgpu-1g for t1's borrowed j1 at "
-                   "the pool's max 1, leaving t2's guaranteed j2 pending; its next plan evicts j1 for j2 (CP-SAT buys the "
-                   "a2-highgpu-4g that holds both)")
 def test_greedys_plan_after_its_own_apply_does_not_take_back_the_borrowed_room_it_gave(tmp_path):
     """tests/test_lifecycle_machine.py's slow tier with greedy alone (FLEETOPS_LIFE_TIME_LIMIT=0), minimised: t1 (4
     GPUs guaranteed, burst 8) and t2 (2 guaranteed); pool a100 at max_instances 1 of a2-highgpu-1g or -4g. Greedy's
     first plan places t1's j1 on a new a2-highgpu-1g (t1 then runs 5 GPUs: 1 borrowed) and leaves t2's j2 pending
     "pools at max_instances"; the plan right after its apply evicts j1 for j2 ("the room it borrowed goes back"): not
-    a no-op, and a job started one apply is stopped the next."""
+    a no-op, and a job started one apply is stopped the next. Greedy now places every tenant's guaranteed work before
+    borrowed work, as the model's tiers rank them: j2 takes the slot, j1 waits (CP-SAT buys the a2-highgpu-4g that
+    holds both)."""
     docs = [topology("life"), tenant("t1", gpus=4, burst={"gpus": 8}), tenant("t2", gpus=2),
             pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=1),
             pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g"],
