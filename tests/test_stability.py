@@ -961,3 +961,24 @@ def test_greedys_plan_after_its_own_apply_does_not_take_back_the_borrowed_room_i
     api.apply(cfg, saved_plan=first.plan, time_limit=0)
     again = plan_checked(cfg, time_limit=0)
     assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_another_tenants_guaranteed_job_takes_a_pools_last_slot_before_a_borrowed_job_of_a_higher_class(tmp_path, time_limit):
+    """The rule behind the test above, across classes: t1's critical A10G job fills its 1-GPU guarantee, so its high
+    A100 job would borrow; t2's low A100 job is inside t2's guarantee; the A100 pool holds one instance. The model ranks
+    every tenant's guaranteed work above borrowed work of any class (solve/objective.py), and greedy now places it
+    first: t2's job takes the slot. Greedy gave it to the high job (class order), and the plan after its apply
+    reclaimed it for t2's."""
+    docs = [topology("life"), tenant("t1", gpus=1, burst={"gpus": 4}), tenant("t2", gpus=1),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            job("hi", tenant="t1", priority="high", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("lo", tenant="t2", priority="low", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("crit", tenant="t1", priority="critical", gpus=1, gpu_type="A10G", cpu=2, mem=8)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    first = plan_checked(cfg, time_limit=time_limit)
+    assert {j.job: j.action for j in first.plan.jobs} == {"crit": "place", "lo": "place", "hi": "pending"}
+    api.apply(cfg, saved_plan=first.plan, time_limit=time_limit)
+    again = plan_checked(cfg, time_limit=time_limit)
+    assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
