@@ -13,7 +13,8 @@ running work, as the model ranks running work above cost.
 Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
 dominant share first, each on the open instance it fits first, else on the offer
-with the lowest price per item (gangs zone by zone, cheapest zone wins).
+with the lowest price per item (gangs zone by zone, cheapest zone wins): every
+tenant's guaranteed jobs in that order first, then the borrowed ones.
 
 Its fleet-wide state is a Ledger (reconciler/ledger.py): what it opens and places
 is added there (and removed when it gives up a host), and the ledger names the
