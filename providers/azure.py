@@ -16,7 +16,15 @@ of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
 Long-running operations are polled to the end (bounded by `lro_timeout`; a create not done by then fails, its
-VM left to the next run). A launch
+VM left to the next run).
+
+Retries: one layer owns each call's. The calls a create or delete makes inside apply's retry window (the GET that
+starts it, the PUT, the DELETE) are sent once, with the SDK's retries off: apply retries them for `retry_window`
+(ARM's write limits are per minute and per hour), waiting at least the Retry-After ARM answers. Before, azure-core's
+RetryPolicy (1 + max_retries tries, honouring Retry-After) ran inside apply's window: 4 PUTs per apply try; with ARM
+answering 429 to every PUT, examples/azure-only's 4 creates made 224 PUTs in the 300 s window (68 now), 64 with no
+window at all (16 now). Everything else (observe's lists, quotas, SKUs, images, subnets, and the polls of a
+long-running operation) is retried by the SDK alone, `max_retries` times. A launch
 into a Reservation with a target names its capacity reservation group
 (properties.capacityReservation): a VM takes reserved capacity only from a group it
 names.
@@ -42,7 +50,7 @@ from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
-from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +227,7 @@ class AzureProvider:
         self.ca_bundle = self.options.text("ca_bundle")
         self.polling_interval = self.options.seconds("polling_interval")
         self.lro_timeout = self.options.seconds("lro_timeout")
-        self.max_retries = self.options.count("max_retries")
+        self.max_retries = self.options.count("max_retries")  # the SDK's retries of reads and polls (not of writes)
         self._credential: Any = None
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.RLock()
@@ -293,8 +301,19 @@ class AzureProvider:
             found.setdefault(Scope(sub, rg).key, Scope(sub, rg))
         return sorted(found.values(), key=lambda s: s.key)
 
+    def _sent_once(self) -> dict[str, Any]:
+        """Keyword arguments for a create's PUT or a delete's DELETE (begin_create_or_update, begin_delete): the request
+        sent once, with the SDK's retries off (apply's _retry owns them, for retry_window, waiting at least ARM's
+        Retry-After), and polled with the client's own retries. The polling method is given explicitly because the
+        SDK hands an operation's keyword arguments to its default one too: retry_total=0 would reach every poll."""
+        from azure.mgmt.core.polling.arm_polling import ARMPolling
+
+        return {"retry_total": 0, "polling": ARMPolling(self.polling_interval, path_format_arguments={
+            "endpoint": self.endpoint or f"https://{ARM_HOST}"})}
+
     def _call(self, what: str, fn: Callable[[], Any], *, capacity: tuple[str, str, str] | None = None) -> Any:
-        """One ARM call (the SDK already retried throttling) with our error mapping."""
+        """One ARM call with our error mapping (reads and polls: the SDK already retried throttling; writes are sent
+        once, see _sent_once)."""
         from azure.core.exceptions import AzureError
 
         try:
@@ -327,15 +346,19 @@ class AzureProvider:
             zone, itype, market = capacity
             return CapacityError(text, cloud="azure", zone=zone, instance_type=itype, market=market)
         if e.status_code in TRANSIENT_STATUS or code in TRANSIENT_CODES:
-            return TransientProviderError(text)
+            response = getattr(e, "response", None)
+            return TransientProviderError(text, retry_after=retry_after_seconds(getattr(response, "headers", None)))
         return ProviderError(text)
 
-    def _get(self, scope: Scope, name: str, *, expand: str | None = None):
-        """The VM, or None if there is none of that name."""
+    def _get(self, scope: Scope, name: str, *, expand: str | None = None, once: bool = False):
+        """The VM, or None if there is none of that name. `once`: sent once, no SDK retries (the GET that starts a
+        create or delete, which apply retries)."""
         from azure.core.exceptions import AzureError, ResourceNotFoundError
 
         client = self.compute(scope.subscription)
-        kw = {"expand": expand} if expand else {}
+        kw: dict[str, Any] = {"expand": expand} if expand else {}
+        if once:
+            kw["retry_total"] = 0
         try:
             return client.virtual_machines.get(scope.resource_group, name, **kw)
         except ResourceNotFoundError:
@@ -675,7 +698,7 @@ class AzureProvider:
         capacity = (request.zone, request.instance_type, request.market)
         body = self._vm_body(request, name, zone)
 
-        existing = self._get(scope, name)
+        existing = self._get(scope, name, once=True)
         if existing is not None:
             tags = logical_tags(existing.tags)
             if tags.get(TAG_FLEET) != self.ctx.fleet:
@@ -695,7 +718,8 @@ class AzureProvider:
             self._delete(scope, name)  # a failed earlier allocation: clear it and try again
 
         poller = self._call(f"create VM {name} ({request.instance_type} in {request.zone})",
-                            lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body),
+                            lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body,
+                                                                                   **self._sent_once()),
                             capacity=capacity)
         try:
             done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity)
@@ -726,7 +750,8 @@ class AzureProvider:
     # -- delete --------------------------------------------------------------------
     def _delete(self, scope: Scope, name: str) -> None:
         client = self.compute(scope.subscription)
-        poller = self._call(f"delete VM {name}", lambda: client.virtual_machines.begin_delete(scope.resource_group, name))
+        poller = self._call(f"delete VM {name}", lambda: client.virtual_machines.begin_delete(scope.resource_group, name,
+                                                                                               **self._sent_once()))
         if not self._wait(f"delete VM {name}", poller)[0]:
             raise TransientProviderError(f"azure: deleting VM {name} did not finish within {self.lro_timeout:.0f}s")
 
@@ -735,7 +760,7 @@ class AzureProvider:
         if m is None:
             raise ProviderError(f"azure: {instance.id!r} is not a virtual machine resource id")
         scope, name = Scope(m.group(1), m.group(2)), m.group(3)
-        vm = self._get(scope, name)
+        vm = self._get(scope, name, once=True)
         if vm is None:
             return  # already gone
         tags = logical_tags(vm.tags)

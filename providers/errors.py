@@ -47,11 +47,39 @@ class QuotaError(ProviderError):
 class TransientProviderError(ProviderError):
     """Throttling, timeouts: safe to retry with the same idempotency key. `retried`: the cloud's SDK has already
     retried the call with backoff (botocore's retry mode), so the caller does not retry it again: one layer owns a
-    call's retries (audit: botocore's 9 tries inside apply's 4 made 144 RunInstances for 4 creates, 262 s)."""
+    call's retries (audit: botocore's 9 tries inside apply's 4 made 144 RunInstances for 4 creates, 262 s).
+    `retry_after`: the seconds the cloud asked to wait before the next try (its Retry-After header), when it said;
+    the caller that owns the retries (apply's _retry, for calls the SDK sent once) waits at least that long."""
 
-    def __init__(self, *args, retried: bool = False):
+    def __init__(self, *args, retried: bool = False, retry_after: float | None = None):
         super().__init__(*args)
         self.retried = retried
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(headers) -> float | None:
+    """A Retry-After header's wait in seconds (RFC 9110: delay-seconds or an HTTP-date), None when there is none or
+    it cannot be read. `headers`: any case-insensitive mapping with .get (requests', azure-core's)."""
+    import datetime as dt
+    import email.utils
+    import math
+    import time
+
+    value = (headers or {}).get("Retry-After") if headers is not None else None
+    if not value:
+        return None
+    value = str(value).strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # "-0000": HTTP-dates are GMT
+            when = when.replace(tzinfo=dt.timezone.utc)
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 class KeySpentError(ProviderError):

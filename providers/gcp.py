@@ -58,7 +58,7 @@ from providers.options import Option, ProviderOptions, count, seconds, switch, t
 from providers.redact import redact
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
-    TransientProviderError,
+    TransientProviderError, retry_after_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,8 @@ class GcpProvider:
                                       or CAPACITY_TEXT.search(e.message)):
                 raise CapacityError(text, cloud="gcp", zone=where[0], instance_type=where[1], market=where[2]) from None
             if e.code in TRANSIENT_HTTP or reasons & TRANSIENT_REASONS:
-                raise TransientProviderError(text) from None
+                headers = getattr(getattr(e, "response", None), "headers", None)
+                raise TransientProviderError(text, retry_after=retry_after_seconds(headers)) from None
             raise ProviderError(text) from None
         except gexc.RetryError as e:  # the client's own retries of a read ran out
             raise TransientProviderError(f"gcp: {what}: {e.message}; last error: {e.cause}") from None

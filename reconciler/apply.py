@@ -139,15 +139,18 @@ class ApplyReport:
 def _retry(call, what: str, window_s: float = 0.0):
     """Retry throttling and timeouts with exponential backoff; other errors go straight up. At least RETRIES tries;
     with a window (a provider's retry_window_s: the clouds' write rate limits are per minute), keep trying until the
-    next pause would end past it, pauses growing to MAX_BACKOFF_S. An error the provider's SDK already retried
-    (TransientProviderError.retried) is not retried again: the tries would multiply."""
+    next pause would end past it, pauses growing to MAX_BACKOFF_S. A pause is never shorter than the Retry-After the
+    cloud answered (TransientProviderError.retry_after); one longer than MAX_BACKOFF_S is waited only within the
+    window. An error the provider's SDK already retried (TransientProviderError.retried) is not retried again: the
+    tries would multiply."""
     started = time.monotonic()
     for attempt in itertools.count():
         try:
             return call()
         except TransientProviderError as e:
-            pause = min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
-            if e.retried or attempt >= RETRIES - 1 and time.monotonic() - started + pause > window_s:
+            pause = max(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S), e.retry_after or 0.0)
+            past_window = time.monotonic() - started + pause > window_s
+            if e.retried or (attempt >= RETRIES - 1 or pause > MAX_BACKOFF_S) and past_window:
                 raise
             time.sleep(pause)
     raise AssertionError(what)

@@ -164,6 +164,7 @@ class Injected:
     method: str | None
     remaining: int
     headers: dict
+    path_contains: str | None = None
 
 
 def _now() -> str:
@@ -242,10 +243,11 @@ class ArmFake:
             self.exhausted.pop((location.lower(), zone), None)
 
     def fail_next(self, status: int, code: str, message: str, *, method: str | None = None, count: int = 1,
-                  headers: dict | None = None) -> None:
-        """The next `count` requests (of `method`, if given) fail synchronously with this ARM error."""
+                  headers: dict | None = None, path_contains: str | None = None) -> None:
+        """The next `count` requests (of `method`, and whose path contains `path_contains`, if given) fail
+        synchronously with this ARM error."""
         with self.lock:
-            self._inject.append(Injected(status, code, message, method, count, headers or {}))
+            self._inject.append(Injected(status, code, message, method, count, headers or {}, path_contains))
 
     def hold_creates(self) -> None:
         """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
@@ -748,9 +750,10 @@ class ArmFake:
             out["nextLink"] = f"{base}{path}?api-version={api_version}{flag}&%24skiptoken={skip + self.page_size}"
         return out
 
-    def take_injected(self, method: str) -> ArmError | None:
+    def take_injected(self, method: str, path: str = "") -> ArmError | None:
         for inj in self._inject:
-            if inj.remaining > 0 and (inj.method is None or inj.method == method):
+            if inj.remaining > 0 and (inj.method is None or inj.method == method) and (
+                    inj.path_contains is None or inj.path_contains.lower() in path.lower()):
                 inj.remaining -= 1
                 return ArmError(inj.status, inj.code, inj.message, headers=inj.headers)
         return None
@@ -789,7 +792,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.headers.get("Authorization") != f"Bearer {arm.token}":
                     raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.",
                                    headers={"WWW-Authenticate": 'Bearer authorization_uri="https://login.invalid", error="invalid_token"'})
-                injected = arm.take_injected(method)
+                injected = arm.take_injected(method, parts.path)
                 if injected is not None:
                     raise injected
                 api_version = query.get("api-version")

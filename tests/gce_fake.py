@@ -155,9 +155,9 @@ MACHINE_TYPES = tuple(
 class GceError(Exception):
     """An HTTP error in Google's JSON error format."""
 
-    def __init__(self, status: int, reason: str, message: str):
+    def __init__(self, status: int, reason: str, message: str, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
+        self.status, self.reason, self.message, self.headers = status, reason, message, headers or {}
 
     def body(self) -> dict:
         return {"error": {"code": self.status, "message": self.message,
@@ -229,6 +229,7 @@ class Injected:
     method: str | None
     path_contains: str | None
     remaining: int
+    headers: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ filters (AIP-160 subset)
@@ -451,10 +452,12 @@ class GceFake:
             self.withheld.add((zone, machine_type))
 
     def fail_next(self, status: int, reason: str, message: str = "", *, method: str | None = None,
-                  path_contains: str | None = None, count: int = 1) -> None:
-        """The next `count` matching requests fail synchronously with this HTTP error."""
+                  path_contains: str | None = None, count: int = 1, headers: dict | None = None) -> None:
+        """The next `count` matching requests fail synchronously with this HTTP error (and these headers, e.g.
+        Retry-After)."""
         with self.lock:
-            self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count))
+            self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count,
+                                         dict(headers or {})))
 
     def add_network(self, project: str, name: str) -> None:
         with self.lock:
@@ -671,7 +674,7 @@ class GceFake:
             for inj in self._inject:
                 if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
                     inj.remaining -= 1
-                    raise GceError(inj.status, inj.reason, inj.message)
+                    raise GceError(inj.status, inj.reason, inj.message, inj.headers)
             q = {k: v[-1] for k, v in query.items()}
             if m := _INSTANCES.match(path):
                 project, zone, name = m.groups()
@@ -1080,12 +1083,15 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST":
                 self.gce.block_until_ready(parts.path)
             status, payload = self.gce.handle(method, parts.path, query, body)
+            headers: dict = {}
         except GceError as e:
-            status, payload = e.status, e.body()
+            status, payload, headers = e.status, e.body(), e.headers
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, str(v))
         self.end_headers()
         self.wfile.write(data)
 

@@ -331,6 +331,108 @@ def test_a_busy_or_preempted_vm_operation_is_retried_until_the_apply_lands(arm, 
     assert res.report.ok and len(res.report.deleted) == 4 and arm.snapshot() == {}
 
 
+THROTTLED = (429, "TooManyRequests", "The request is being throttled.")
+
+
+@pytest.mark.parametrize("status, code, message, retry_after", [
+    (*THROTTLED, "0"),  # ARM's throttling answer names its wait (0 s here, to keep the test short)
+    (503, "ServiceUnavailable", "The service is temporarily unavailable.", None),
+])
+def test_a_throttled_create_is_sent_once_per_apply_try_not_retried_by_the_sdk_inside_it(arm, tmp_path, status, code,
+                                                                                        message, retry_after):
+    """Audit (one retry policy per call, as for AWS): azure-core's RetryPolicy (1 + max_retries tries, 4 by default,
+    honouring Retry-After) ran inside apply's retry of each create, so under a 429 or 503 every time a create made 4
+    PUTs per apply try: 16 with no retry window at all (64 PUTs and 29 s for examples/azure-only's 4 creates). Now
+    the PUT, and the GET that starts each try, are sent once and apply alone retries them; the error carries the
+    Retry-After ARM answered, which apply waits."""
+    from reconciler.apply import RETRIES, _retry
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm)))  # max_retries 3
+    arm.fail_next(status, code, message, method="PUT", count=10**6,
+                  headers={"Retry-After": retry_after} if retry_after is not None else None)
+    with pytest.raises(TransientProviderError, match=code) as e:
+        _retry(lambda: prov.create(req("k-throttled")), "create", 0.0)
+    assert len(arm.requests("PUT", "/virtualMachines/")) == RETRIES, arm.requests("PUT")
+    assert len(arm.requests("GET", "/virtualMachines/")) == RETRIES
+    assert e.value.retry_after == (float(retry_after) if retry_after is not None else None) and not e.value.retried
+    assert arm.snapshot() == {}
+
+
+def test_a_retry_after_past_the_retry_window_ends_the_create_at_once(arm, prov):
+    """ARM asks for a wait longer than what is left of the retry window: the create fails now, transient (the next run
+    tries again), after one PUT. Before, azure-core slept the Retry-After itself, up to max_retries times, inside apply's
+    window: an apply stalled 3 minutes on a 60 s Retry-After (or 3 hours on 3600 s)."""
+    import threading
+    import time
+
+    from reconciler.apply import _retry
+
+    arm.fail_next(*THROTTLED, method="PUT", count=10**6, headers={"Retry-After": "60"})
+    outcome: list = []
+
+    def create() -> None:
+        try:
+            _retry(lambda: prov.create(req("k-later")), "create", 5.0)
+        except TransientProviderError as e:
+            outcome.append(e)
+
+    started = time.monotonic()
+    t = threading.Thread(target=create, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "still waiting on ARM's Retry-After"
+    assert time.monotonic() - started < 5 and len(outcome) == 1 and outcome[0].retry_after == 60.0
+    assert len(arm.requests("PUT", "/virtualMachines/")) == 1
+
+
+def test_a_throttled_delete_is_sent_once_per_apply_try(arm, tmp_path, prov):
+    """The same for a delete's DELETE (ARM counts it against the same write limits)."""
+    from reconciler.apply import RETRIES, _retry
+
+    inst = prov.create(req("k-del"))
+    arm.fail_next(*THROTTLED, method="DELETE", count=10**6, headers={"Retry-After": "0"})
+    with pytest.raises(TransientProviderError, match="TooManyRequests"):
+        _retry(lambda: prov.delete(inst), "delete", 0.0)
+    assert len(arm.requests("DELETE", "/virtualMachines/")) == RETRIES
+    assert vm_name(FLEET, "k-del") in arm.snapshot()
+
+
+def test_the_polls_of_a_create_are_still_retried_by_the_sdk(arm, prov):
+    """Only the writes (and the GET that starts them) are sent once: a long-running operation's status polls keep the
+    SDK's retries (max_retries), so a throttled poll neither fails the create nor sends its PUT again."""
+    arm.fail_next(*THROTTLED, method="GET", path_contains="/operations/", count=2, headers={"Retry-After": "0"})
+    assert prov.create(req("k-poll")).state == "running"
+    assert len(arm.requests("PUT", "/virtualMachines/")) == 1
+    assert len(arm.requests("GET", "/operations/")) == 2 + 2  # InProgress, Succeeded, and the two refused
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date():
+    import email.utils
+    import time
+
+    from providers.errors import retry_after_seconds
+
+    assert retry_after_seconds({"Retry-After": "17"}) == 17.0 and retry_after_seconds({"Retry-After": " 0 "}) == 0.0
+    later = retry_after_seconds({"Retry-After": email.utils.formatdate(time.time() + 60, usegmt=True)})
+    assert later is not None and 55 <= later <= 61
+    assert retry_after_seconds({"Retry-After": email.utils.formatdate(time.time() - 60, usegmt=True)}) == 0.0
+    for unreadable in ({}, None, {"Retry-After": ""}, {"Retry-After": "soon"}, {"Retry-After": "nan"}, {"Retry-After": "inf"}):
+        assert retry_after_seconds(unreadable) is None, unreadable
+
+
+@pytest.mark.slow  # about 10 s: apply's pauses, each at least the Retry-After (1 s)
+def test_throttling_that_outlasts_apply_s_first_tries_but_clears_within_the_window_still_creates_every_vm(arm, tmp_path):
+    """Throttling that clears within retry_window (300 s) still ends in every VM created, once each (the VM name is
+    the create key): 20 refusals among 4 creates, so one create at least is refused 5 times, more than apply's first
+    4 tries (RETRIES), and lands within the window."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    arm.fail_next(*THROTTLED, method="PUT", count=4 * 5, headers={"Retry-After": "1"})
+    res = api.apply(cfg, provider="azure", options=opts)
+    assert res.report.ok and len(res.report.created) == len(res.plan.creates) == 4, res.report.failures
+    assert len(arm.snapshot()) == 4 and len(arm.requests("PUT", "/virtualMachines/")) == 4 + 4 * 5
+
+
 def test_apply_routes_around_an_exhausted_zone(arm, tmp_path):
     cfg = _config(tmp_path)
     opts = options(arm)

@@ -527,6 +527,52 @@ def test_http_errors_are_mapped(prov, gce, status, reason, message, error):
     assert prov.create(req("k-http")).state == "running"  # a retry with the same key goes through
 
 
+def _inserts(gce: GceFake) -> int:
+    return len([r for r in gce.requests("POST", "/instances") if r[1].endswith("/instances")])
+
+
+@pytest.mark.parametrize("status, reason", [(429, "rateLimitExceeded"), (503, "backendError")])
+def test_a_throttled_insert_is_retried_by_apply_alone(prov, gce, status, reason):
+    """One layer owns an insert's retries: the compute client sends instances.insert once (its default has no retry;
+    the provider passes none), and apply retries it with the same requestId. Under a refusal every time: apply's
+    RETRIES inserts with no window, no more; the Retry-After GCE answered rides on the error."""
+    from reconciler.apply import RETRIES, _retry
+
+    gce.fail_next(status, reason, method="POST", path_contains="/instances", count=10**6, headers={"Retry-After": "0"})
+    with pytest.raises(TransientProviderError, match=f"HTTP {status}") as e:
+        _retry(lambda: prov.create(req("k-throttled")), "create", 0.0)
+    assert _inserts(gce) == RETRIES and e.value.retry_after == 0.0 and not e.value.retried
+    assert len({r[2]["requestId"][0] for r in gce.requests("POST", "/instances")}) == 1  # the same requestId every time
+
+
+def test_apply_waits_at_least_the_retry_after_gce_answers(prov, gce):
+    """A 429 or 503 with a Retry-After: apply's next try waits that long, not its own shorter backoff (0.2 s first)."""
+    import time
+
+    from reconciler.apply import _retry
+
+    gce.fail_next(429, "rateLimitExceeded", method="POST", path_contains="/instances", count=1, headers={"Retry-After": "1"})
+    started = time.monotonic()
+    inst = _retry(lambda: prov.create(req("k-after")), "create", 0.0)
+    assert time.monotonic() - started >= 1.0 and inst.state == "running" and _inserts(gce) == 2
+
+
+@pytest.mark.slow  # about 8 s: apply's pauses
+def test_throttling_that_outlasts_apply_s_first_tries_but_clears_within_the_window_still_creates_every_instance(gce, tmp_path):
+    """Throttling that clears within retry_window (300 s) still ends in every instance created, once each (requestId
+    and name from the key): more refusals than apply's first RETRIES tries of every create."""
+    from reconciler.apply import RETRIES
+
+    cfg = _config(tmp_path)
+    plan = api.plan(cfg, provider="gcp", options={"endpoint": gce.url, "project": PROJECT})
+    creates = len(plan.plan.creates)
+    refusals = creates * (RETRIES + 1)
+    gce.fail_next(429, "rateLimitExceeded", method="POST", path_contains="/instances", count=refusals)
+    res = api.apply(cfg, provider="gcp", options={"endpoint": gce.url, "project": PROJECT})
+    assert res.report.ok and len(res.report.created) == creates, res.report.failures
+    assert len(_ours(gce)) == creates and _inserts(gce) == creates + refusals
+
+
 def test_a_request_gce_rejects_is_a_provider_error_not_capacity(prov, gce):
     with pytest.raises(ProviderError) as e:
         prov.create(req("k-bad", itype="G2-Standard-4"))  # machine type names are lower case
