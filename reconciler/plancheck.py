@@ -47,6 +47,7 @@ Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from providers.base import TAG_CREATE_KEY
@@ -87,7 +88,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         errors += _tenant_errors(problem, after, before)
         broken_now = rules_broken_now(problem) | before.broken_rules()  # (as it runs, and as it can stay)
         errors += _fleet_rule_errors(after, broken_now)
-        errors += _eviction_errors(plan, observed, problem, broken_now)
+        errors += _eviction_errors(plan, observed, problem, broken_now, lambda: KeptInstead(plan, observed, problem, after, staying, creates))
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
@@ -271,23 +272,39 @@ def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> dict
     --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads."""
     if not any(j.action == "evict" for j in plan.jobs):
         return {}
-    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules())
+    gone = {d.instance_id for d in plan.deletes}
+    staying = {c.instance_id for c in problem.hosts()} - gone
+
+    def kept_instead() -> KeptInstead | None:
+        ledgers = _ledgers(plan, problem, list(plan.creates), staying)
+        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, list(plan.creates))
+
+    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules(), kept_instead)
 
 
-def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> list[str]:
+def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str],
+                     kept_instead: Callable[[], KeptInstead | None]) -> list[str]:
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
-    return list(_unlawful(plan, observed, problem, broken_now).values())
+    return list(_unlawful(plan, observed, problem, broken_now, kept_instead).values())
 
 
-def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> dict[str, str]:
-    """Evicted job -> why no rule requires its stop (`_eviction_errors`)."""
+def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str],
+              kept_instead: Callable[[], KeptInstead | None]) -> dict[str, str]:
+    """Evicted job -> why no rule requires its stop (`_eviction_errors`). Where the fleet breaks a fleet-wide rule now,
+    something must give and the planner chooses what: a stop is then lawful where the plan with the job kept where it
+    runs instead breaks a rule the plan keeps (`KeptInstead`), not merely because some rule is broken (with one
+    interrupted instance under a pool's minimum, an edited plan stopped two tenants' guaranteed work and gave one's
+    T4 to another tenant's new job, and apply carried it out)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
     licensed = licensed_by(broken_now)
-    if not evicts or licensed is None:
-        return {}  # (with a fleet-wide rule broken now something must give; the planner chooses what)
+    if not evicts:
+        return {}
+    fleet_broken = licensed is None
+    licensed = licensed or set()
+    weigh: list[KeptInstead | None] = []  # (made once, where a stop is weighed: it reads the whole plan)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
@@ -320,12 +337,22 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
-            errors[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
-                              "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
-                              "tenant over its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
+            why = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
+                   "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
+                   "tenant over its ceiling, a fleet-wide rule that keeping it would break, or its instance unable to keep it)")
         elif d.tenant not in borrowing:
-            errors[jc.job] = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
-                              "and it may stay where it runs)")
+            why = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
+                   "and it may stay where it runs)")
+        else:
+            continue
+        if fleet_broken:
+            if not weigh:
+                weigh.append(kept_instead())
+            if weigh[0] is None or weigh[0].breaks_a_rule(jc.job):
+                continue  # something must give for the rules broken now, and keeping this job breaks one the plan keeps
+            why += (f"; the fleet breaks {', '.join(sorted(broken_now))} now, but the plan with it kept where it runs, and "
+                    "whatever took its room where it was, breaks no rule the plan keeps")
+        errors[jc.job] = why
     return errors
 
 
@@ -358,6 +385,126 @@ class TenantMoves:
             came.setdefault(demand_of[j.job].tenant, []).append((demand_of[j.job].klass, j))
         return {t: TenantMoves(tuple(moves.get(t, ())), use.get(t, dict.fromkeys(DIMS, 0.0)), tuple(came.get(t, ())))
                 for t in set(moves) | set(use) | set(came)}
+
+
+class KeptInstead:
+    """The plan with an evicted job kept where it runs instead, as the eviction rule weighs a stop while the fleet
+    breaks a fleet-wide rule now (`_unlawful`): the stop is lawful where that plan breaks a rule the plan keeps, by the
+    one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead: the job on its instances (those the
+    plan deletes kept too), and the work that took its room there put back where it ran, or left waiting where it is
+    new work. Work that took its room that cannot go back (its instance goes, it must leave where it ran, a gang
+    re-forming, or what took its old room in turn: a chain of moves) was moved by a rule, so the planner chose what gives.
+    A replacement the plan buys in the pool of an instance it deletes counts as the job's room (a guaranteed job's
+    instance deleted and an identical one bought for another tenant's new job)."""
+
+    def __init__(self, plan: Plan, observed: Observed, problem: Problem, after, staying: set[str], creates: list[CreateAction]) -> None:
+        self.plan_jobs = {j.job: j for j in plan.jobs}
+        self.observed, self.problem, self.after, self.staying = observed, problem, after, staying
+        self.demand_of = {j: d for d in problem.demands for j in d.jobs}
+        self.hosts = {c.instance_id: c for c in problem.hosts()}
+        offers = {c.offer_key: c for c in problem.offers()}
+        self.caps: dict[str, Capacity] = {i: self.hosts[i] for i in staying if i in self.hosts}
+        self.caps |= {c.ref: offers[c.offer_key] for c in creates if c.offer_key in offers}
+        self.bought: dict[str, list[str]] = {}
+        for c in creates:
+            self.bought.setdefault(c.site.pool, []).append(c.ref)
+        self.residents: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}
+        for j in plan.jobs:
+            if j.action in ("keep", "place", "move") and j.job in self.demand_of:
+                for r, target in enumerate(j.instances):
+                    self.residents.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus and r < len(j.gpus) else ()))
+        self.leaving = jobs_that_must_leave(problem)
+        self.base = set(after.broken_rules())
+
+    def breaks_a_rule(self, job: str) -> bool:
+        ids = tuple(self.observed.placements[job])
+        takers: set[str] = set()
+        bought: list[str] = []  # (replacements its room was bought as)
+        for i in dict.fromkeys(ids):
+            if i in self.staying:
+                if not self._fits(job, i):
+                    takers |= self._arrived(i)
+            elif i in self.hosts:
+                for ref in self.bought.get(self.hosts[i].pool, ()):
+                    if self._arrived(ref):
+                        takers |= self._arrived(ref)
+                        bought.append(ref)
+        back = []
+        for t in sorted(takers):
+            was = tuple(self.observed.placements.get(t, ()))
+            q = self.demand_of[t]
+            if not was or t in q.reshaped:
+                continue  # new work: it waits instead
+            if t in self.leaving or len(was) != q.replicas * q.bundle or any(i not in self.staying for i in was) \
+                    or any(not self._fits(t, i, without=set(takers)) for i in dict.fromkeys(was)):
+                return True  # moved by a rule, or a chain of moves: the planner chose what gives
+            back.append((t, was))
+        return self._breaks(job, ids, takers, back, bought)
+
+    def _arrived(self, target: str) -> set[str]:
+        """Jobs the plan puts on `target` with more replicas than run there now."""
+        reps = self.residents.get(target, ())
+        return {j for j, _, _ in reps if sum(x == j for x, _, _ in reps) > sum(i == target for i in self.observed.placements.get(j, ()))}
+
+    def _fits(self, job: str, target: str, without: set[str] = frozenset()) -> bool:
+        """Whether job's replicas that run on `target` fit there beside what the plan leaves on it (but `without`)."""
+        cap = self.caps.get(target)
+        if cap is None:
+            return False
+        others = [r for r in self.residents.get(target, ()) if r[0] != job and r[0] not in without]
+        taken = {g for _, _, gpus in others for g in gpus}
+        rec = self.observed.gpu_indices.get(job) or ()
+        mine = []
+        for r, iid in enumerate(self.observed.placements[job]):
+            if iid != target:
+                continue
+            if r < len(rec):
+                mine.append((job, r, tuple(rec[r])))
+                continue
+            n = _whole_gpus(self.demand_of[job], cap)  # (indices not recorded: any free ones)
+            free = [g for g in range(cap.gpus) if g not in taken][:n]
+            taken.update(free)
+            mine.append((job, r, tuple(free)))
+        with_it = _instance_errors(target, cap, others + mine, self.demand_of, self.observed)
+        return not with_it or set(with_it) <= set(_instance_errors(target, cap, others, self.demand_of, self.observed))
+
+    def _breaks(self, job: str, ids: tuple[str, ...], takers: set[str], back: list, bought: list[str]) -> bool:
+        """The ledger of the plan with `job` kept (its deleted instances too), the `takers` off where the plan puts them
+        and those in `back` where they ran, and the replacements `bought` for its room not bought where that leaves
+        them empty: whether it breaks a rule the plan keeps. Undone after (the ledger is the plan's)."""
+        led, undo = self.after, []
+        try:
+            for t in sorted(takers):
+                q, j = self.demand_of[t], self.plan_jobs[t]
+                for ref in j.instances[:: q.bundle]:
+                    if ref in led.instances:
+                        led.remove_item(q, t, ref)
+                        undo.append(("add", q, t, ref))
+            for ref in dict.fromkeys(bought):
+                if ref in led.instances and not led.items[ref]:
+                    cap = led.instances[ref]
+                    led.remove_instance(ref)
+                    undo.append(("buy", cap, None, ref))
+            for i in dict.fromkeys(ids):
+                if i not in led.instances:
+                    led.add_instance(i, self.hosts[i])
+                    undo.append(("drop", None, None, i))
+            for t, was in back + [(job, ids)]:
+                q = self.demand_of[t].as_it_runs(t)
+                for ref in was[:: q.bundle]:
+                    led.add_item(q, t, ref)
+                    undo.append(("remove", q, t, ref))
+            return bool(set(led.broken_rules()) - self.base)
+        finally:
+            for op, q, t, ref in reversed(undo):
+                if op == "add":
+                    led.add_item(q, t, ref)
+                elif op == "remove":
+                    led.remove_item(q, t, ref)
+                elif op == "buy":
+                    led.add_instance(ref, q)
+                else:
+                    led.remove_instance(ref)
 
 
 def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],
@@ -528,4 +675,4 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
     return errors
 
 
-__all__ = ["recheck", "unlawful_evictions"]
+__all__ = ["KeptInstead", "recheck", "unlawful_evictions"]

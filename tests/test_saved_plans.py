@@ -387,9 +387,6 @@ def test_an_evict_of_guaranteed_work_no_rule_requires_is_refused(applied):
 
 
 
-@pytest.mark.xfail(strict=True, reason="open (2026-12-01): while a fleet-wide rule is broken now the re-check lets any "
-                   "eviction through; the stricter rule tried refused the planner's own plans (fleet85: mending a pool's "
-                   "maximum broke the on-demand buffer, and no plan was emitted at all)")
 def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_instance_that_stays(applied):
     """aws-cpu (min_instances 1) lost its only instance (interrupted): the fleet breaks a fleet-wide rule now, and the
     re-check took any eviction as lawful then ("something must give"). An edited plan stopped research's guaranteed
