@@ -392,7 +392,9 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
     re-check took any eviction as lawful then ("something must give"). An edited plan stopped research's guaranteed
     llm-pretrain gang and product's critical serving-canary, and another one gave serving-canary's T4 to research's
     new job: both applied. A minimum is met by buying (what the plan does), and no rule but a license or the on-demand
-    buffer is mended by stopping work on an instance that stays with room for it beside the running work there."""
+    buffer is mended by stopping work on an instance that stays with room for it beside the running work there: a stop
+    is lawful where the plan with the job kept instead (and what took its room back where it ran, or waiting) breaks a
+    rule the plan keeps."""
     cfg, out = applied
     SimCloud(state_dir(cfg)).interrupt(_host(cfg, "feature-etl"), notice_seconds=0)
     (cfg / "jobs" / "t4.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: t4-probe}\nspec:\n"
@@ -429,6 +431,16 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
     for attack in (take_the_t4, swap_the_t4):
         _fresh(out, pristine, attack)
         _refused(_apply(cfg, out), "job serving-canary: evicted, but it runs inside tenant product's guarantee")
+
+    p4d = _host(cfg, "llm-pretrain")
+
+    def move_into_its_room(raw):  # running work moved, for no rule, from an instance that stays into the gang's room
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        _move(raw, "finetune-a", [p4d], [[0]])
+
+    _fresh(out, pristine, move_into_its_room)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee",
+             "the plan with it kept where it runs, and whatever took its room where it was, breaks no rule")
     assert set(_live(cfg)) == before
     assert api.read_status(cfg)["jobs"]["serving-canary"]["status"]["instances"] == [canary]
     out.write_text(pristine)  # the plan as made (it buys the minimum) applies
