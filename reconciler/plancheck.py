@@ -37,9 +37,10 @@ never read from the plan:
 * running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
   changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
   work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
-  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule,
-  or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only borrowed work, never a
-  job inside its tenant's guarantee;
+  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule
+  and the plan with the job kept instead would break a rule the plan keeps (KeptInstead: not merely because some
+  rule is broken), or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only
+  borrowed work, never a job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
