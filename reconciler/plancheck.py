@@ -304,7 +304,8 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     if not evicts:
         return {}
     fleet_broken = licensed is None
-    licensed = licensed or set()
+    if fleet_broken:  # (a tenant's own rule broken beside it still lets that tenant's work go, as alone)
+        licensed = licensed_by({r: w for r, w in broken_now.items() if r.startswith("tenant-")})
     weigh: list[KeptInstead | None] = []  # (made once, where a stop is weighed: it reads the whole plan)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed

@@ -153,7 +153,7 @@ told to make it a plain test).
   after the apply evicted a guaranteed critical gang, or placed four more jobs.
 - fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
-- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet85 (the slow tiers'
+- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet86 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
   why."""
 
@@ -1693,7 +1693,7 @@ def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_it
     check_fleet(fleet("fleet83"), time_limit=5)
 
 
-@pytest.mark.parametrize("name", ["fleet84", "fleet85"])
+@pytest.mark.parametrize("name", ["fleet84", "fleet85", "fleet86"])
 def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopped(name):
     """fleet84, fleet85 (the slow property tier, 2026-12-01, with the saved-plan re-check's stricter rule of that day:
     a guaranteed job's stop passes only where it mends a rule broken now). fleet85: pool az-a100-80 at max 1 runs three
@@ -1701,5 +1701,8 @@ def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopp
     Mending the maximum deletes the idle on-demand instances, and then the buffer breaks: j1 on spot has to stop. The
     buffer was not broken now, so the stricter rule refused CP-SAT's plan and greedy's alike and no plan was emitted
     ("internal error: the plan would stop running work that no rule requires stopping"). The rule was taken back; these
-    fleets hold any stricter one to the planner's own plans."""
+    fleets hold any stricter one to the planner's own plans. fleet86 (the slow property tier, 2026-12-02, with
+    plancheck.KeptInstead): the fleet broke pool gcp-cpu's maximum, the spot buffer and t1's own spot share; greedy
+    stopped t1's j3 and j9, which t1's spot share licenses, and the re-check refused it: with a fleet-wide rule broken
+    it weighed every stop by the plan with the job kept, and forgot that a tenant's own broken rule lets its work go."""
     check_fleet(fleet(name), time_limit=5)
