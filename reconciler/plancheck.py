@@ -89,7 +89,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         errors += _tenant_errors(problem, after, before)
         broken_now = rules_broken_now(problem) | before.broken_rules()  # (as it runs, and as it can stay)
         errors += _fleet_rule_errors(after, broken_now)
-        errors += _eviction_errors(plan, observed, problem, broken_now, lambda: KeptInstead(plan, observed, problem, after, staying, creates))
+        errors += _eviction_errors(plan, observed, problem, broken_now, lambda: KeptInstead.of(plan, observed, problem, staying, creates))
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
@@ -275,12 +275,8 @@ def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> dict
         return {}
     gone = {d.instance_id for d in plan.deletes}
     staying = {c.instance_id for c in problem.hosts()} - gone
-
-    def kept_instead() -> KeptInstead | None:
-        ledgers = _ledgers(plan, problem, list(plan.creates), staying)
-        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, list(plan.creates))
-
-    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules(), kept_instead)
+    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules(),
+                     lambda: KeptInstead.of(plan, observed, problem, staying, list(plan.creates)))
 
 
 def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str],
@@ -399,7 +395,14 @@ class KeptInstead:
     A replacement the plan buys in the pool of an instance it deletes counts as the job's room (a guaranteed job's
     instance deleted and an identical one bought for another tenant's new job)."""
 
+    @staticmethod
+    def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
+        """None for a plan whose jobs have other replica counts than they ask (refused for that)."""
+        ledgers = _ledgers(plan, problem, creates, staying)
+        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, creates)
+
     def __init__(self, plan: Plan, observed: Observed, problem: Problem, after, staying: set[str], creates: list[CreateAction]) -> None:
+        """`after`: the plan's ledger, this object's own (it drops the padding from it, and weighs each stop on it)."""
         self.plan_jobs = {j.job: j for j in plan.jobs}
         self.observed, self.problem, self.after, self.staying = observed, problem, after, staying
         self.demand_of = {j: d for d in problem.demands for j in d.jobs}
@@ -416,7 +419,31 @@ class KeptInstead:
                 for r, target in enumerate(j.instances):
                     self.residents.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus and r < len(j.gpus) else ()))
         self.leaving = jobs_that_must_leave(problem)
+        self.padding = self._drop_padding(creates)
         self.base = set(after.broken_rules())
+
+    def _drop_padding(self, creates: list[CreateAction]) -> list[str]:
+        """Take out of the ledger the instances the plan buys to stand idle that no rule asks for: without them it
+        breaks no rule it keeps (an on-demand buffer, spot ballast, a pool's minimum, spot diversity are asked for, and
+        stay). Else an edited plan buying idle instances up to the budget made keeping a guaranteed job "break the
+        budget". To a fixed point: spot padding taken out may leave the buffer's on-demand padding unasked too."""
+        led, dropped = self.after, []
+        base = set(led.broken_rules())
+        idle = [c.ref for c in creates if c.ref in led.instances and not led.items[c.ref]]
+        more = True
+        while more:
+            more = False
+            for ref in idle:
+                if ref in dropped:
+                    continue
+                cap = led.instances[ref]
+                led.remove_instance(ref)
+                if set(led.broken_rules()) <= base:
+                    dropped.append(ref)
+                    more = True
+                else:
+                    led.add_instance(ref, cap)
+        return dropped
 
     def breaks_a_rule(self, job: str) -> bool:
         ids = tuple(self.observed.placements[job])

@@ -441,6 +441,20 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
     _fresh(out, pristine, move_into_its_room)
     _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee",
              "the plan with it kept where it runs, and whatever took its room where it was, breaks no rule")
+
+    def fill_the_budget(raw):  # the gang stopped, its two p4d deleted ($43.92/h), and $110/h of idle instances bought:
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])  # kept, it "broke" the $150/h budget
+        for iid in {_host(cfg, "llm-pretrain", 0), _host(cfg, "llm-pretrain", 1)}:
+            i = _live(cfg)[iid]
+            raw["deletes"].append({"instance_id": iid, "pool": "aws-a100", "provider": "sim", "cloud": "aws", "region": "us-east-1",
+                                   "zone": i["zone"], "instance_type": "p4d.24xlarge", "market": "on-demand", "price": 21.96,
+                                   "reason": "edited"})
+        raw["creates"].append(_create(raw, 2, "aws-a100", "us-east-1a", "p4d.24xlarge"))
+        for n in (3, 4, 5):
+            raw["creates"].append(_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1"))
+
+    _fresh(out, pristine, fill_the_budget)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
     assert set(_live(cfg)) == before
     assert api.read_status(cfg)["jobs"]["serving-canary"]["status"]["instances"] == [canary]
     out.write_text(pristine)  # the plan as made (it buys the minimum) applies
