@@ -390,8 +390,8 @@ class KeptInstead:
     breaks a fleet-wide rule now (`_unlawful`): the stop is lawful where that plan breaks a rule the plan keeps, by the
     one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead: the job on its instances (those the
     plan deletes kept too), and the work that took its room there put back where it ran, or left waiting where it is
-    new work. Work that took its room that cannot go back (its instance goes, it must leave where it ran, a gang
-    re-forming, or what took its old room in turn: a chain of moves) was moved by a rule, so the planner chose what gives.
+    new work. Work that took its room that cannot go back (it must leave where it ran, a gang re-forming, or what took
+    its old room in turn: a chain of moves) was moved by a rule, so the planner chose what gives.
     A replacement the plan buys in the pool of an instance it deletes counts as the job's room (a guaranteed job's
     instance deleted and an identical one bought for another tenant's new job)."""
 
@@ -464,10 +464,11 @@ class KeptInstead:
             q = self.demand_of[t]
             if not was or t in q.reshaped:
                 continue  # new work: it waits instead
-            if t in self.leaving or len(was) != q.replicas * q.bundle or any(i not in self.staying for i in was) \
-                    or any(not self._fits(t, i, without=set(takers)) for i in dict.fromkeys(was)):
+            if t in self.leaving or len(was) != q.replicas * q.bundle or any(i not in self.hosts for i in was) \
+                    or any(not self._fits(t, i, without=set(takers)) for i in dict.fromkeys(was) if i in self.staying):
                 return True  # moved by a rule, or a chain of moves: the planner chose what gives
-            back.append((t, was))
+            back.append((t, was))  # (where the plan deletes the instance it ran on, that instance kept too, as the job's
+            # own are: a job moved off an instance deleted for no rule took a guaranteed gang's room)
         return self._breaks(job, ids, takers, back, bought)
 
     def _arrived(self, target: str) -> set[str]:
@@ -514,7 +515,7 @@ class KeptInstead:
                     cap = led.instances[ref]
                     led.remove_instance(ref)
                     undo.append(("buy", cap, None, ref))
-            for i in dict.fromkeys(ids):
+            for i in dict.fromkeys([*ids, *(i for _, was in back for i in was)]):
                 if i not in led.instances:
                     led.add_instance(i, self.hosts[i])
                     undo.append(("drop", None, None, i))

@@ -453,6 +453,17 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
         for n in (3, 4, 5):
             raw["creates"].append(_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1"))
 
+    def move_off_a_deleted_instance(raw):  # finetune-a's instance deleted for no rule, and finetune-a into the gang's room
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        _move(raw, "finetune-a", [p4d], [[0]])
+        i = _live(cfg)[_host(cfg, "finetune-a")]
+        raw["deletes"].append({"instance_id": i["id"], "pool": "gcp-a100", "provider": "sim", "cloud": "gcp", "region": "us-central1",
+                               "zone": i["zone"], "instance_type": i["instance_type"], "market": i["market"], "price": 1.8,
+                               "reason": "edited"})
+
+    _fresh(out, pristine, move_off_a_deleted_instance)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
+
     _fresh(out, pristine, fill_the_budget)
     _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
     assert set(_live(cfg)) == before
