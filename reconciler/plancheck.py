@@ -302,7 +302,6 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     fleet_broken = licensed is None
     if fleet_broken:  # (a tenant's own rule broken beside it still lets that tenant's work go, as alone)
         licensed = licensed_by({r: w for r, w in broken_now.items() if r.startswith("tenant-")})
-    weigh: list[KeptInstead | None] = []  # (made once, where a stop is weighed: it reads the whole plan)
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
@@ -343,14 +342,17 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
                    "and it may stay where it runs)")
         else:
             continue
-        if fleet_broken:
-            if not weigh:
-                weigh.append(kept_instead())
-            if weigh[0] is None or weigh[0].breaks_a_rule(jc.job):
-                continue  # something must give for the rules broken now, and keeping this job breaks one the plan keeps
-            why += (f"; the fleet breaks {', '.join(sorted(broken_now))} now, but the plan with it kept where it runs, and "
-                    "whatever took its room where it was, breaks no rule the plan keeps")
         errors[jc.job] = why
+    if fleet_broken and errors:  # something must give for the rules broken now: a stop keeping which breaks one is lawful
+        weigh = kept_instead()
+        for job in (sorted(errors, key=weigh.order) if weigh is not None else list(errors)):
+            if weigh is None or weigh.breaks_a_rule(job):
+                del errors[job]
+            else:
+                errors[job] += (f"; the fleet breaks {', '.join(sorted(broken_now))} now, but the plan with it kept where it "
+                                "runs, and whatever took its room where it was, breaks no rule the plan keeps")
+        if weigh is not None:
+            weigh.done()
     return errors
 
 
@@ -387,24 +389,23 @@ class TenantMoves:
 
 class KeptInstead:
     """The plan with an evicted job kept where it runs instead, as the eviction rule weighs a stop while the fleet
-    breaks a fleet-wide rule now (`_unlawful`): the stop is lawful where that plan breaks a rule the plan keeps, by the
-    one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead: the job on its instances (those the
-    plan deletes kept too), and the work that took its room there put back where it ran, or left waiting where it is
-    new work. Work that took its room that cannot go back (it must leave where it ran, a gang re-forming, or what took
-    its old room in turn: a chain of moves) was moved by a rule, so the planner chose what gives.
-    A replacement the plan buys in the pool of an instance it deletes counts as the job's room (a guaranteed job's
-    instance deleted and an identical one bought for another tenant's new job)."""
+    breaks a fleet-wide rule now (`_unlawful`): something must give, and the stop is lawful where keeping the job
+    breaks a rule, by the one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead, the plan is
+    read as the rules rank its parts above the job: the job on its instances (those the plan deletes kept too); new
+    work (placed, not running) waits, but its own tenant's of a higher class (the only new work a running job inside
+    its guarantee gives way to); running work that took its room goes back where it ran (its instance kept too, if the
+    plan deletes it), and the work that took that room in turn, and so on; instances left standing idle that no rule
+    asks for are not bought (padding). The stop is lawful where that plan breaks a rule the same plan without the job
+    keeps. Work in its room that cannot go back (it must leave where it ran, a gang re-forming, its tenant's higher
+    class) was moved by a rule or outranks it: the planner chose what gives. A replacement the plan buys in the pool
+    of an instance it deletes counts as the job's room. (Edited plans while one instance was under a pool's minimum:
+    guaranteed work stopped for nothing, for another tenant's new job on its T4 or an identical T4 bought for it, for
+    a job moved off an instance deleted for no rule, for idle instances bought up to the budget: each passed.)"""
 
-    @staticmethod
-    def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
-        """None for a plan whose jobs have other replica counts than they ask (refused for that)."""
-        ledgers = _ledgers(plan, problem, creates, staying)
-        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, creates)
-
-    def __init__(self, plan: Plan, observed: Observed, problem: Problem, after, staying: set[str], creates: list[CreateAction]) -> None:
-        """`after`: the plan's ledger, this object's own (it drops the padding from it, and weighs each stop on it)."""
+    def __init__(self, plan: Plan, observed: Observed, problem: Problem, led, staying: set[str], creates: list[CreateAction]) -> None:
+        """`led`: the plan's ledger, this object's own (each weighing changes it and puts it back)."""
         self.plan_jobs = {j.job: j for j in plan.jobs}
-        self.observed, self.problem, self.after, self.staying = observed, problem, after, staying
+        self.observed, self.problem, self.led, self.staying = observed, problem, led, staying
         self.demand_of = {j: d for d in problem.demands for j in d.jobs}
         self.hosts = {c.instance_id: c for c in problem.hosts()}
         offers = {c.offer_key: c for c in problem.offers()}
@@ -413,70 +414,111 @@ class KeptInstead:
         self.bought: dict[str, list[str]] = {}
         for c in creates:
             self.bought.setdefault(c.site.pool, []).append(c.ref)
+        # (spot first: spot padding gone, the on-demand buffer may ask for less)
+        self.creates = sorted((c.ref for c in creates if c.ref in led.instances), key=lambda r: led.instances[r].market != "spot")
         self.residents: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}
         for j in plan.jobs:
             if j.action in ("keep", "place", "move") and j.job in self.demand_of:
                 for r, target in enumerate(j.instances):
                     self.residents.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus and r < len(j.gpus) else ()))
+        self.new = sorted(j.job for j in plan.jobs if j.action == "place" and j.job in self.demand_of)
         self.leaving = jobs_that_must_leave(problem)
-        self.padding = self._drop_padding(creates)
-        self.base = set(after.broken_rules())
+        self._key: tuple[str, int] | None = None
+        self._group: list = []  # what _enter changed in the ledger
+        self._waits: set[str] = set()
+        self._base: set[str] = set()
 
-    def _drop_padding(self, creates: list[CreateAction]) -> list[str]:
-        """Take out of the ledger the instances the plan buys to stand idle that no rule asks for: without them it
-        breaks no rule it keeps (an on-demand buffer, spot ballast, a pool's minimum, spot diversity are asked for, and
-        stay). Else an edited plan buying idle instances up to the budget made keeping a guaranteed job "break the
-        budget". To a fixed point: spot padding taken out may leave the buffer's on-demand padding unasked too."""
-        led, dropped = self.after, []
-        base = set(led.broken_rules())
-        idle = [c.ref for c in creates if c.ref in led.instances and not led.items[c.ref]]
-        more = True
-        while more:
-            more = False
-            for ref in idle:
-                if ref in dropped:
-                    continue
-                cap = led.instances[ref]
-                led.remove_instance(ref)
-                if set(led.broken_rules()) <= base:
-                    dropped.append(ref)
-                    more = True
-                else:
-                    led.add_instance(ref, cap)
-        return dropped
+    @staticmethod
+    def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
+        """None for a plan whose jobs have other replica counts than they ask (refused for that)."""
+        ledgers = _ledgers(plan, problem, creates, staying)
+        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, creates)
+
+    def order(self, job: str) -> tuple:
+        """The order to weigh stops in: by tenant and class, the part of the plan that waits for them is the same."""
+        d = self.demand_of[job]
+        return d.tenant, d.klass, job
 
     def breaks_a_rule(self, job: str) -> bool:
-        ids = tuple(self.observed.placements[job])
+        d, ids = self.demand_of[job], tuple(self.observed.placements[job])
+        self._enter((d.tenant, d.klass))
+        takers = self._takers(job, ids, self._waits)
+        if takers is None:
+            return True
+        undo: list = []
+        try:
+            base = self._base
+            if takers:
+                for t in sorted(takers):
+                    self._off(t, undo)
+                base = self._without_padding(undo)
+                for t in sorted(takers):
+                    self._on(t, self.observed.placements[t], undo)
+            self._on(job, ids, undo)
+            return bool((self._without_padding(undo) if takers else set(self.led.broken_rules())) - base)
+        finally:
+            self._undo(undo)
+
+    def _enter(self, key: tuple[str, int]) -> None:
+        """The plan as weighed for a stop of tenant key[0]'s class key[1]: the new work that ranks below it waiting, and
+        the padding then not bought (made once per tenant and class: a plan's new work is read once, not per stop)."""
+        if self._key == key:
+            return
+        self.done()
+        tenant, klass = key
+        self._waits = {t for t in self.new if not (self.demand_of[t].tenant == tenant and self.demand_of[t].klass > klass)}
+        for t in sorted(self._waits):
+            self._off(t, self._group)
+        self._base = self._without_padding(self._group)
+        self._key = key
+
+    def done(self) -> None:
+        """The ledger as the plan leaves it again."""
+        self._undo(self._group)
+        self._group, self._key = [], None
+
+    def _undo(self, undo: list) -> None:
+        for op, a, b, c in reversed(undo):
+            if op == "item+":
+                self.led.add_item(a, b, c)
+            elif op == "item-":
+                self.led.remove_item(a, b, c)
+            elif op == "inst+":
+                self.led.add_instance(c, a)
+            else:
+                self.led.remove_instance(c)
+        undo.clear()
+
+    def _takers(self, job: str, ids: tuple[str, ...], waits: set[str]) -> set[str] | None:
+        """The running work that goes back where it ran for `job` to stay: what arrived in its room, and what arrived in
+        theirs in turn. None where some of it cannot go back (the planner's choice stands)."""
         takers: set[str] = set()
-        bought: list[str] = []  # (replacements its room was bought as)
-        for i in dict.fromkeys(ids):
+        rooms = [(job, i) for i in dict.fromkeys(ids)]
+        while rooms:
+            who, i = rooms.pop()
             if i in self.staying:
-                if not self._fits(job, i):
-                    takers |= self._arrived(i)
-            elif i in self.hosts:
-                for ref in self.bought.get(self.hosts[i].pool, ()):
-                    if self._arrived(ref):
-                        takers |= self._arrived(ref)
-                        bought.append(ref)
-        back = []
-        for t in sorted(takers):
-            was = tuple(self.observed.placements.get(t, ()))
-            q = self.demand_of[t]
-            if not was or t in q.reshaped:
-                continue  # new work: it waits instead
-            if t in self.leaving or len(was) != q.replicas * q.bundle or any(i not in self.hosts for i in was) \
-                    or any(not self._fits(t, i, without=set(takers)) for i in dict.fromkeys(was) if i in self.staying):
-                return True  # moved by a rule, or a chain of moves: the planner chose what gives
-            back.append((t, was))  # (where the plan deletes the instance it ran on, that instance kept too, as the job's
-            # own are: a job moved off an instance deleted for no rule took a guaranteed gang's room)
-        return self._breaks(job, ids, takers, back, bought)
+                came = set() if self._fits(who, i, waits | takers) else self._arrived(i) - waits - takers - {job}
+                if not came and not self._fits(who, i, waits | takers):
+                    return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
+            elif i in self.hosts and who == job:
+                came = {t for ref in self.bought.get(self.hosts[i].pool, ()) for t in self._arrived(ref)} - waits - takers
+            else:
+                came = set()
+            for t in sorted(came):
+                was, q = tuple(self.observed.placements.get(t, ())), self.demand_of[t]
+                if not was or t in q.reshaped or t in self.leaving or len(was) != q.replicas * q.bundle or \
+                        any(i not in self.hosts for i in was):
+                    return None  # its tenant's higher class, moved by a rule, or a gang re-forming
+                takers.add(t)
+                rooms += [(t, w) for w in dict.fromkeys(was)]
+        return takers
 
     def _arrived(self, target: str) -> set[str]:
         """Jobs the plan puts on `target` with more replicas than run there now."""
         reps = self.residents.get(target, ())
         return {j for j, _, _ in reps if sum(x == j for x, _, _ in reps) > sum(i == target for i in self.observed.placements.get(j, ()))}
 
-    def _fits(self, job: str, target: str, without: set[str] = frozenset()) -> bool:
+    def _fits(self, job: str, target: str, without: set[str]) -> bool:
         """Whether job's replicas that run on `target` fit there beside what the plan leaves on it (but `without`)."""
         cap = self.caps.get(target)
         if cap is None:
@@ -498,43 +540,40 @@ class KeptInstead:
         with_it = _instance_errors(target, cap, others + mine, self.demand_of, self.observed)
         return not with_it or set(with_it) <= set(_instance_errors(target, cap, others, self.demand_of, self.observed))
 
-    def _breaks(self, job: str, ids: tuple[str, ...], takers: set[str], back: list, bought: list[str]) -> bool:
-        """The ledger of the plan with `job` kept (its deleted instances too), the `takers` off where the plan puts them
-        and those in `back` where they ran, and the replacements `bought` for its room not bought where that leaves
-        them empty: whether it breaks a rule the plan keeps. Undone after (the ledger is the plan's)."""
-        led, undo = self.after, []
-        try:
-            for t in sorted(takers):
-                q, j = self.demand_of[t], self.plan_jobs[t]
-                for ref in j.instances[:: q.bundle]:
-                    if ref in led.instances:
-                        led.remove_item(q, t, ref)
-                        undo.append(("add", q, t, ref))
-            for ref in dict.fromkeys(bought):
-                if ref in led.instances and not led.items[ref]:
-                    cap = led.instances[ref]
-                    led.remove_instance(ref)
-                    undo.append(("buy", cap, None, ref))
-            for i in dict.fromkeys([*ids, *(i for _, was in back for i in was)]):
-                if i not in led.instances:
-                    led.add_instance(i, self.hosts[i])
-                    undo.append(("drop", None, None, i))
-            for t, was in back + [(job, ids)]:
-                q = self.demand_of[t].as_it_runs(t)
-                for ref in was[:: q.bundle]:
-                    led.add_item(q, t, ref)
-                    undo.append(("remove", q, t, ref))
-            return bool(set(led.broken_rules()) - self.base)
-        finally:
-            for op, q, t, ref in reversed(undo):
-                if op == "add":
-                    led.add_item(q, t, ref)
-                elif op == "remove":
-                    led.remove_item(q, t, ref)
-                elif op == "buy":
-                    led.add_instance(ref, q)
+    def _off(self, t: str, undo: list) -> None:
+        """Job t's items off where the plan puts them."""
+        q = self.demand_of[t]
+        for ref in self.plan_jobs[t].instances[:: q.bundle]:
+            if ref in self.led.instances:
+                self.led.remove_item(q, t, ref)
+                undo.append(("item+", q, t, ref))
+
+    def _on(self, t: str, where, undo: list) -> None:
+        """Running job t's items where it runs, as it runs (the instances the plan deletes kept)."""
+        q = self.demand_of[t].as_it_runs(t)
+        for ref in where[:: q.bundle]:
+            if ref not in self.led.instances:
+                self.led.add_instance(ref, self.hosts[ref])
+                undo.append(("inst-", None, None, ref))
+            self.led.add_item(q, t, ref)
+            undo.append(("item-", q, t, ref))
+
+    def _without_padding(self, undo: list) -> set[str]:
+        """Take the plan's new instances left idle whose absence breaks no rule it breaks not already out (an on-demand
+        buffer, spot ballast, a pool's minimum, spot diversity ask for theirs); the rules then broken."""
+        led = self.led
+        broken = set(led.broken_rules())
+        for ref in self.creates:
+            if ref in led.instances and not led.items[ref]:
+                cap = led.instances[ref]
+                led.remove_instance(ref)
+                now = set(led.broken_rules())
+                if now <= broken:
+                    broken = now
+                    undo.append(("inst+", cap, None, ref))
                 else:
-                    led.remove_instance(ref)
+                    led.add_instance(ref, cap)
+        return broken
 
 
 def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],

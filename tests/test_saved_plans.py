@@ -472,6 +472,41 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
     assert _apply(cfg, out).exit_code == 0
 
 
+def test_new_work_bought_up_to_the_budget_licenses_no_stop_of_guaranteed_work_while_a_pool_is_under_its_minimum(applied):
+    """The fleet breaks aws-cpu's minimum (its one instance interrupted), under a $100/h budget. An edited plan stops
+    research's guaranteed llm-pretrain gang, deletes its two p4d ($43.92/h) and places a new 3 x 8-GPU gang of another
+    tenant on three new a2-highgpu-8g ($88.16/h): kept, llm-pretrain would take the fleet past the budget, and the re-check took
+    that as the rule the stop mends. New work of another tenant ranks below running work inside its tenant's guarantee:
+    weighed with it waiting (its instances not bought), keeping the gang breaks nothing, and the stop is refused."""
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "feature-etl"), notice_seconds=0)
+    policies = cfg / "policies.yaml"
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 100"))
+    (cfg / "lab.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Tenant\nmetadata: {name: lab}\nspec: {}\n---\n"
+                                  "apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: sweep-big}\nspec:\n"
+                                  "  tenant: lab\n  replicas: 3\n  spot: never\n"
+                                  "  resources: {gpus: 8, gpu_type: A100, cpu: 90, memory_gib: 600}\n")
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    pristine = out.read_text()
+    assert _job(json.loads(pristine), "sweep-big")["action"] == "pending"  # (the budget)
+    before = set(_live(cfg))
+
+    def fund_it(raw):
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        for iid in {_host(cfg, "llm-pretrain", 0), _host(cfg, "llm-pretrain", 1)}:
+            i = _live(cfg)[iid]
+            raw["deletes"].append({"instance_id": iid, "pool": "aws-a100", "provider": "sim", "cloud": "aws", "region": "us-east-1",
+                                   "zone": i["zone"], "instance_type": "p4d.24xlarge", "market": "on-demand", "price": 21.96,
+                                   "reason": "edited"})
+        raw["creates"] += [_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1")
+                           for n in (2, 3, 4)]
+        _job(raw, "sweep-big").update(action="place", instances=["+2", "+3", "+4"], gpus=[list(range(8))] * 3)
+
+    _fresh(out, pristine, fund_it)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
+    assert set(_live(cfg)) == before
+
+
 def test_a_gang_split_across_zones_and_a_spot_share_past_its_cap_are_refused(applied):
     """Gang topology and the fleet's spot rules were not re-checked: a saved plan could split a gang over two
     zones, or buy spot past max_spot_fraction (issue 15)."""
