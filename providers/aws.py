@@ -63,6 +63,9 @@ STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M,
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
 DEFAULT_PARALLELISM = 100
+# botocore's tries of one call, the first included: its standard-mode pauses before the 2nd..5th are random up to
+# 1, 2, 4, 8 s, so a throttled call gives up within 15 s; the apply says so, and the next run tries again.
+DEFAULT_MAX_ATTEMPTS = 5
 FILTER_VALUES = 200  # values asked in one DescribeInstances filter
 _EC2_ID = re.compile(r"i-[0-9a-f]{8,17}")
 # EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
@@ -106,6 +109,7 @@ class AwsProvider:
         "endpoint_url": url(), "regions": text(), "parallelism": count(DEFAULT_PARALLELISM),
         "consistency_timeout": seconds(120), "placement_group_wait": seconds(180),
         "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S), "quotas_ttl": seconds(DEFAULT_TTL_S),
+        "max_attempts": count(DEFAULT_MAX_ATTEMPTS),
     }
 
     def __init__(self, ctx: ProviderContext):
@@ -115,12 +119,17 @@ class AwsProvider:
         self.options = ProviderOptions("aws", ctx.options, self.OPTIONS)
         self.endpoint = self.options.url("endpoint_url")
         self.session = aws_session()
-        self.config = Config(retries={"mode": "adaptive", "max_attempts": 8}, user_agent_extra="fleetops-reconciler")
+        # One retry policy per call, botocore's, bounded: standard mode (exponential backoff with jitter, up to 20 s a
+        # pause), `max_attempts` tries in all. An error it gave up on is marked retried, and apply does not retry it
+        # again (before, adaptive mode's 9 tries ran inside apply's 4: 36 RunInstances a create under throttling).
+        self.max_attempts = self.options.count("max_attempts")
+        self.config = Config(retries={"mode": "standard", "total_max_attempts": self.max_attempts},
+                             user_agent_extra="fleetops-reconciler")
         self.catalog = load_catalog()
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.Lock()
         # Creates (or deletes) apply runs at once in one region (reconciler/apply.py). EC2 throttles with
-        # RequestLimitExceeded, which botocore's adaptive mode retries.
+        # RequestLimitExceeded, which botocore retries (standard mode, max_attempts tries).
         self.parallelism = self.options.count("parallelism")
         # consistency_timeout: how long a just-launched instance may stay invisible to DescribeInstances.
         self.consistency_timeout = self.options.seconds("consistency_timeout")
@@ -232,8 +241,10 @@ class AwsProvider:
         seen.add(key)
 
     def _call(self, what: str, fn, *, cloud_zone: tuple[str, str, str] | None = None, **kw):
-        """One EC2 call with our error mapping (botocore already retried throttling)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        """One EC2 call with our error mapping. botocore already retried throttling and 5xx answers (and connection
+        errors): such an error is TransientProviderError(retried=True), which apply does not retry again."""
+        from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         try:
             return fn(**kw)
@@ -247,12 +258,16 @@ class AwsProvider:
                 zone, itype, market = cloud_zone
                 raise CapacityError(text, cloud="aws", zone=zone, instance_type=itype, market=market) from None
             if code in TRANSIENT_CODES:
-                raise TransientProviderError(text) from None
+                meta = e.response.get("ResponseMetadata", {})
+                retried = bool(meta.get("MaxAttemptsReached") or meta.get("RetryAttempts"))
+                tries = f" (after {int(meta.get('RetryAttempts') or 0) + 1} tries)" if retried else ""
+                raise TransientProviderError(text + tries, retried=retried) from None
             if code == "IdempotentParameterMismatch":  # the ClientToken launched with other parameters: create() looks
                 raise KeySpentError(text) from None   # its instance up, live or spent
             raise ProviderError(text) from None
-        except BotoCoreError as e:  # connection errors, timeouts, missing credentials
-            raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}") from None
+        except BotoCoreError as e:  # connection errors, timeouts (botocore retried those), missing credentials
+            raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}",
+                                         retried=isinstance(e, (BotoConnectionError, HTTPClientError))) from None
 
     @staticmethod
     def region_of(zone: str) -> str:

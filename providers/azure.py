@@ -15,7 +15,8 @@ plan's key, and an existing VM of that name carrying our tags is returned instea
 of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
-Long-running operations are polled to the end (bounded by `lro_timeout`). A launch
+Long-running operations are polled to the end (bounded by `lro_timeout`; a create not done by then fails, its
+VM left to the next run). A launch
 into a Reservation with a target names its capacity reservation group
 (properties.capacityReservation): a VM takes reserved capacity only from a group it
 names.
@@ -701,11 +702,15 @@ class AzureProvider:
         except (CapacityError, QuotaError):
             self._discard_failed(scope, name)
             raise
-        if not done:  # still allocating after lro_timeout: report it pending; the next run sees how it ended
-            vm = self._get(scope, name)
-            if vm is None:
-                raise TransientProviderError(f"azure: VM {name} is not visible yet; retry")
-            return self._to_instance(scope, vm, state="pending")
+        if not done:
+            # Still allocating after lro_timeout. Answered as a pending instance it was reported created and given
+            # replicas, though an allocation may still fail (audit: exit 0, then a Failed VM the next run only noted).
+            # Not transient, as GCE's operation wait: a retry would only wait again. The next run sees how it ended:
+            # running, it is this key's VM; Failed, a create with this key deletes it and allocates again.
+            raise ProviderError(f"azure: create VM {name} ({request.instance_type} in {request.zone}): still allocating "
+                                f"after {self.lro_timeout:g} s (lro_timeout); nothing was placed on it; the next run sees "
+                                "how it ended and uses it, launching nothing twice, or replaces it if it failed "
+                                "(-o lro_timeout=SECONDS waits longer)")
         return self._to_instance(scope, vm)
 
     def _discard_failed(self, scope: Scope, name: str) -> None:

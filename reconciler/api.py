@@ -370,7 +370,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
                               desired, observed, the_plan, report, view)
     result = ApplyResult(the_plan, report, status_dir, left)
     if not report.ok:
-        done = f"{len(report.created)} created, {len(report.deleted)} deleted"
+        done = report.counts
         err = ApplyError(f"apply partly failed ({done}; status written):\n" + "\n".join(f"  - {f}" for f in report.failures))
         err.result = result  # type: ignore[attr-defined]
         raise err

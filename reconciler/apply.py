@@ -121,23 +121,33 @@ class ApplyReport:
     not_started: list[str] = field(default_factory=list)  # "create +3", "delete i-0ab..."
     cleaned_up: list[str] = field(default_factory=list)  # unused cloud objects deleted (AWS placement groups)
     gangs_stopped: dict[str, list[str]] = field(default_factory=dict)  # job -> instances its survivors were stopped on
+    # plan ref -> instance id: launched for work that was not placed after all (a gang missing a replica's instance),
+    # then deleted; not in `created` (it is not there) nor `deleted` (the plan did not delete it)
+    rolled_back: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
+    @property
+    def counts(self) -> str:
+        """What the apply did, for summaries: "2 created, 1 rolled back, 0 deleted" (rolled back only when any was)."""
+        back = f", {len(self.rolled_back)} rolled back" if self.rolled_back else ""
+        return f"{len(self.created)} created{back}, {len(self.deleted)} deleted"
+
 
 def _retry(call, what: str, window_s: float = 0.0):
     """Retry throttling and timeouts with exponential backoff; other errors go straight up. At least RETRIES tries;
     with a window (a provider's retry_window_s: the clouds' write rate limits are per minute), keep trying until the
-    next pause would end past it, pauses growing to MAX_BACKOFF_S."""
+    next pause would end past it, pauses growing to MAX_BACKOFF_S. An error the provider's SDK already retried
+    (TransientProviderError.retried) is not retried again: the tries would multiply."""
     started = time.monotonic()
     for attempt in itertools.count():
         try:
             return call()
-        except TransientProviderError:
+        except TransientProviderError as e:
             pause = min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
-            if attempt >= RETRIES - 1 and time.monotonic() - started + pause > window_s:
+            if e.retried or attempt >= RETRIES - 1 and time.monotonic() - started + pause > window_s:
                 raise
             time.sleep(pause)
     raise AssertionError(what)
@@ -311,7 +321,7 @@ def _clean_up(fleet: Fleet, plan: Plan, existing: dict[str, Instance], report: A
     """Janitor providers delete this fleet's placement groups nothing is in, when one may have just been freed: an
     instance in a group was deleted, a create into a group failed, or an observed instance is in one (its group is
     kept, others are looked at). Providers whose instances report no groups are not asked."""
-    deleted = set(report.deleted)
+    deleted = set(report.deleted) | set(report.rolled_back.values())
     for name, pools in sorted(fleet.pools_by_provider().items()):
         ours = [i for i in existing.values() if i.provider == name]
         in_use = frozenset(i.placement_group for i in ours if i.placement_group and i.id not in deleted)
@@ -420,11 +430,51 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
             leaving = {d.instance_id for d in deletes} - placed.stranded
             _record_placements(fleet, survivors(), _hosted(placed.ids, placed.gpus), serial, report, steps)
         deletes = [d for d in deletes if d not in freeing]
+    _roll_back(plan, placed, fleet, existing, report, steps)
     _delete_all(deletes, fleet, existing, placed.stranded, report, steps)
     if not report.stopped:
         _clean_up(fleet, plan, existing, report)
     _update_state(desired, observed, fleet, state, existing, placed, serial, report)
     return report
+
+
+def _unplaced_launches(plan: Plan, report: ApplyReport, placed: _Placed) -> list[CreateAction]:
+    """The creates launched for replicas of which none is placed after all: a job is placed only once every one of
+    its replicas' new instances exists (a gang runs with all its replicas or none), so when one create failed, the
+    instances launched for its other replicas host nothing. A create the plan launched to stand idle (no replicas
+    arriving: an on-demand buffer, spot ballast) is not one of them."""
+    hosting = {iid for ids in placed.ids.values() for iid in ids}
+    arriving = _arrivals(plan)
+    return [c for c in plan.creates if c.ref in report.created and arriving.get(c.ref) and report.created[c.ref] not in hosting]
+
+
+def _roll_back(plan: Plan, placed: _Placed, fleet: Fleet, existing: dict[str, Instance], report: ApplyReport,
+               steps: _Steps) -> None:
+    """Delete the instances launched for work that was not placed (_unplaced_launches). Kept, they ran idle and billed
+    until a later run (audit: a 3-replica gang whose third create failed left two p4d up, and apply said "2 created").
+    Not after a stop: a rerun of the same plan finds them by key and carries on. One whose delete fails is still
+    reported created (it is there), with why."""
+    launches = [] if report.stopped else _unplaced_launches(plan, report, placed)
+    if not launches:
+        return
+    why = "launched for replicas that were not placed"
+    by_id = {report.created[c.ref]: c for c in launches}
+    done = ApplyReport(plan.id)  # its deletes and failures, told apart from the plan's (steps still reports a stop)
+    _delete_all([DeleteAction(iid, c.site, c.price, why) for iid, c in by_id.items()], fleet, existing, set(), done, steps)
+    for iid in done.deleted:
+        ref = by_id[iid].ref
+        report.rolled_back[ref] = report.created.pop(ref)
+    for f in done.failures:
+        report.failures.append(f"roll back ({why}): {f}; it hosts nothing, and the next plan uses or deletes it")
+    refs = {by_id[iid].ref: iid for iid in done.deleted}
+    for j in plan.jobs:
+        back = [f"{r} {refs[r]}" for r in j.instances if r in refs]
+        failed = [r for r in j.instances if r in report.failed_refs]
+        if back and j.job not in placed.ids:
+            report.failures.append(
+                f"{j.job}: not placed: the new instance for its replica(s) on {', '.join(failed) or 'others'} could not be "
+                f"created, and a job is placed with all its replicas or none (a gang runs so); the instance(s) launched "
+                f"for its other replicas were deleted, not left idle: {', '.join(back)}")
 
 
 def _what(action: CreateAction | DeleteAction) -> str:
@@ -635,7 +685,7 @@ def _update_state(desired: DesiredState, observed: Observed, fleet: Fleet, state
                   placed: _Placed, serial: int, report: ApplyReport) -> None:
     """The state (and report.placements) as the cloud now is: regions still in use, where each job runs, on which
     GPUs, with which shape, under the new serial. The caller saves it."""
-    gone = set(report.deleted)
+    gone = set(report.deleted) | set(report.rolled_back.values())
     state.regions = _regions(desired, fleet, state, [i for iid, i in existing.items() if iid not in gone])
     state.placements = {j: ids for j, ids in placed.ids.items() if not gone.intersection(ids)}
     state.gpus = {j: g for j, g in placed.gpus.items() if j in state.placements}

@@ -490,7 +490,7 @@ def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color
 def _report_partly_applied(e: ApplyError, config_dir: Path, commit: bool, status_branch: Optional[str], stop: StopOnInterrupt) -> None:
     """Some actions failed: say what was done, commit status if asked, and exit with the error."""
     res = e.result  # type: ignore[attr-defined]
-    typer.echo(f"Applied plan {res.plan.id} partly: {len(res.report.created)} created, {len(res.report.deleted)} deleted.")
+    typer.echo(f"Applied plan {res.plan.id} partly: {res.report.counts}.")
     if commit:
         _commit_status(config_dir, res, status_branch)
     if res.report.stopped:
@@ -507,7 +507,7 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
     r = res.report
     if not r.stopped:
         typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
-    typer.echo(f"{len(r.created)} created, {len(r.deleted)} deleted; status written to {res.status_dir}")
+    typer.echo(f"{r.counts}; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
         typer.echo(f"kept {iid}: {why}")
     for n in res.plan.notes:
@@ -519,7 +519,7 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
 
 def _say_stopped(res, stop: StopOnInterrupt) -> None:
     r = res.report
-    typer.echo(f"Stopped plan {res.plan.id} by {stop.how}: {len(r.created)} created, {len(r.deleted)} deleted, {len(r.not_started)} action(s) not "
+    typer.echo(f"Stopped plan {res.plan.id} by {stop.how}: {r.counts}, {len(r.not_started)} action(s) not "
                f"started ({', '.join(r.not_started[:5])}{' ...' if len(r.not_started) > 5 else ''}); status written, lock released. "
                "Run `reconcile apply` again to finish.", err=True)
 
@@ -529,7 +529,7 @@ def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
     from reconciler.render import summary_line
 
     r = res.report
-    head = f"fleetops: apply {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted" + ("" if r.ok else f", {len(r.failures)} failed")
+    head = f"fleetops: apply {res.plan.id}: {r.counts}" + ("" if r.ok else f", {len(r.failures)} failed")
     body = [summary_line(res.plan), ""] + [f"failed: {f}" for f in r.failures]
     try:
         sha = commit_status(config_dir, "\n".join([head, "", *body]).rstrip() + "\n", branch)

@@ -13,7 +13,8 @@ running work, as the model ranks running work above cost.
 Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
 dominant share first, each on the open instance it fits first, else on the offer
-with the lowest price per item (gangs zone by zone, cheapest zone wins).
+with the lowest price per item (gangs zone by zone, cheapest zone wins): every
+tenant's guaranteed jobs in that order first, then the borrowed ones.
 
 Its fleet-wide state is a Ledger (reconciler/ledger.py): what it opens and places
 is added there (and removed when it gives up a host), and the ledger names the
@@ -786,13 +787,22 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
                 g._open(c)
     g.pool_minimums(order)
     stuck = stuck_gangs(problem)
-    for d in order:
-        if d.key in stuck:
-            continue  # as in the model: a running gang's jobs stay where they are or not at all
-        for _ in range(len(d.jobs) - g.a.placed[d.key]):
-            if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
-                    or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
-                break
+    # Every tenant's guaranteed work first, then the borrowed (a job that would take its tenant past its guarantee), each
+    # in `order`: the model's tiers rank them so (solve/objective.py), and borrowed work placed new took room guaranteed
+    # work needed, which the next plan reclaimed (`_place_reclaiming`: the borrowed job started by one apply stopped by
+    # the next; test_stability, a pool's one slot given to t1's borrowed job before t2's guaranteed one).
+    done: set[str] = set()  # demands a job of which could not be placed: not asked again
+    for borrowed in (False, True):
+        for d in order:
+            if d.key in stuck or d.key in done:
+                continue  # as in the model: a running gang's jobs stay where they are or not at all
+            for _ in range(len(d.jobs) - g.a.placed[d.key]):
+                if not borrowed and g.led.borrows_job(d):
+                    break
+                if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
+                        or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
+                    done.add(d.key)
+                    break
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
         return None

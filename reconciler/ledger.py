@@ -157,6 +157,13 @@ def quota_ok(used: float, need: float, limit: float) -> bool:
     return within(used + need, limit)
 
 
+def may_borrow(rules) -> bool:
+    """Whether a tenant (its TenantRules) may run work beyond its guarantee (a ceiling above it in a guaranteed
+    dimension): only then is any of its work borrowed, the part the model's tiers rank after every tenant's guaranteed
+    work (solve/model.py splits it, solve/objective.py ranks it); all of any other tenant's work is guaranteed."""
+    return any(rules.cap.get(dim, math.inf) > v + 1e-9 for dim, v in rules.guarantee.items())
+
+
 def spot_share_ok(spot: float, total: float, fraction: float) -> bool:
     """max_spot_fraction (fleet, in spot_units) or a tenant's (in work units): spot <= fraction x total."""
     return within(spot, fraction * total)
@@ -797,10 +804,17 @@ class Ledger:
         limit), or None. A dimension the job needs none of is not asked, as the model's quota rows leave it out
         (solve/tenants.py): a tenant over its ceiling in CPU may still take a job that needs no CPU."""
         r = self.problem.tenants.get(d.tenant)
-        if r is None:
-            return None
+        return None if r is None else self._short(d, r.cap)
+
+    def borrows_job(self, d) -> bool:
+        """Whether one more job of d would be borrowed work: its tenant may borrow (`may_borrow`) and the job takes it
+        past its guarantee in a dimension the job needs (the guarantee's rows are the quota's, solve/tenants.py)."""
+        r = self.problem.tenants.get(d.tenant)
+        return r is not None and may_borrow(r) and self._short(d, r.guarantee) is not None
+
+    def _short(self, d, limits: dict[str, float]) -> tuple[str, float, float, float] | None:
         use = self._use.get(d.tenant)
-        for dim, limit in r.cap.items():
+        for dim, limit in limits.items():
             need = d.replicas * d.req(dim)
             used = use[dim].value if use else 0.0
             if need and not quota_ok(used, need, limit):

@@ -17,7 +17,8 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 
 The request body is validated the way ARM would reject it (tag names, spot settings,
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
-silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next().
+silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next(), and
+hold_creates() / end_held() (an allocation still InProgress however long it is polled, then ended by the test).
 GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
 GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
 lists (or gets) the marketplace image versions it holds (MARKETPLACE_IMAGES, add_image()); an unknown one is 404
@@ -151,6 +152,7 @@ class Operation:
     location: str
     polls: int = 0
     error: dict | None = None  # the ARM error the operation ends with
+    held: bool = False  # InProgress until the test ends it (ArmFake.end_held)
     start: str = field(default_factory=lambda: _now())
 
 
@@ -193,6 +195,7 @@ class ArmFake:
         self.unreadable_subnets: set[tuple[str, str, str]] = set()  # ... and of their subnets too (a join-only role)
         self.capacity_groups: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> the group's location
         self._inject: list[Injected] = []
+        self.holding = False  # hold_creates(): create operations stay InProgress until end_held()
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
         self.base_url = ""
@@ -243,6 +246,28 @@ class ArmFake:
         """The next `count` requests (of `method`, if given) fail synchronously with this ARM error."""
         with self.lock:
             self._inject.append(Injected(status, code, message, method, count, headers or {}))
+
+    def hold_creates(self) -> None:
+        """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
+        allocation does, until end_held()."""
+        with self.lock:
+            self.holding = True
+
+    def end_held(self, error_code: str | None = None) -> list[str]:
+        """Stop holding: every held create ends now, Succeeded, or Failed with `error_code` (the VM left in
+        provisioningState Failed with no power state, as after a failed allocation). The names of the VMs ended."""
+        with self.lock:
+            self.holding = False
+            ended = []
+            for op in self.ops.values():
+                if op.kind == "create" and op.held and op.key in self.vms:
+                    if error_code is not None:
+                        op.error = {"code": error_code, "message": "Allocation failed. We do not have sufficient capacity "
+                                    "for the requested VM size in this zone."}
+                    op.held = False
+                    self._finish(op)
+                    ended.append(self.vms[op.key]["name"])
+            return sorted(ended)
 
     def plant(self, name: str, *, resource_group: str | None = None, tags: dict | None = None, location: str = "eastus",
               zone: str | None = "1", vm_size: str = "Standard_NC4as_T4_v3", priority: str | None = None,
@@ -629,7 +654,7 @@ class ArmFake:
         if over is not None:
             raise over
         self.vms[key] = vm
-        op = Operation(str(uuid.uuid4()), "create", key, vm["location"])
+        op = Operation(str(uuid.uuid4()), "create", key, vm["location"], held=self.holding)
         zone = (vm.get("zones") or [None])[0]
         code = self.exhausted.get((vm["location"], zone)) if zone else None
         if code is not None:
@@ -660,7 +685,7 @@ class ArmFake:
         if op is None:
             raise ArmError(404, "NotFound", f"The operation '{op_id}' was not found.")
         op.polls += 1
-        if op.polls == 1:
+        if op.polls == 1 or op.held:
             if monitor:
                 return 202, None, {}
             return 200, {"startTime": op.start, "status": "InProgress", "name": op.id}, {}

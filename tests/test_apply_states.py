@@ -217,3 +217,32 @@ def test_a_gang_whose_heal_fails_stops_its_survivor_and_is_pending_with_the_true
     assert healed.report.ok and len(set(healed.report.placements["gang"])) == 2
     assert "gang" not in load_state(cfg).lost
     assert {r["world_size"] for doc in Bus(backend_for(cfg, None)).assignments().values() for r in doc["replicas"]} == {2}
+
+
+def test_a_gang_one_of_whose_new_instances_fails_rolls_back_the_others_and_says_so(tmp_path):
+    """Audit (apply under cloud failures, item 2): a new 3-replica gang, its third create refused. Before, the two
+    instances launched for its other replicas stayed up, idle and billed, until a later run, and apply said "2 created"
+    without saying the gang was not placed. Now they are deleted (nothing is placed on them: a gang runs with all its
+    replicas or none), the summary counts them as rolled back, and the job says why it is not placed."""
+    from reconciler.errors import ApplyError
+
+    cfg = write_config(tmp_path / "c", [
+        topology(), tenant("t", gpus=32), pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+        job("gang", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=3, gang="zone")])
+    sim = SimCloud(state_dir(cfg))
+    sim.set_fault(reject_every=3)  # the third launch is refused (a partial batch failure)
+    with pytest.raises(ApplyError, match=r"0 created, 2 rolled back, 0 deleted") as e:
+        api.apply(cfg, time_limit=5)
+    report = e.value.result.report
+    assert list(report.failed_refs) == ["+3"] and report.created == {} and sorted(report.rolled_back) == ["+1", "+2"]
+    assert report.placements == {} and report.deleted == []
+    assert any(f.startswith("gang: not placed: the new instance for its replica(s) on +3 could not be created") and
+               all(iid in f for iid in report.rolled_back.values()) for f in report.failures), report.failures
+    assert [i["id"] for i in sim.instances() if i["state"] != "terminated"] == []  # nothing left idle and billed
+    assert load_state(cfg).placements == {}
+    gang = api.read_status(cfg)["jobs"]["gang"]["status"]
+    assert gang["phase"] == "Pending" and "launch 3 rejected" in next(c for c in gang["conditions"] if c["type"] == "Placed")["message"]
+
+    sim.set_fault(reject_every=None)
+    healed = api.apply(cfg, time_limit=5)
+    assert healed.report.ok and len(set(healed.report.placements["gang"])) == 3 and not healed.report.rolled_back

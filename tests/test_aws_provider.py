@@ -289,6 +289,68 @@ def test_a_just_launched_instance_that_ec2_does_not_show_yet_is_still_terminated
     assert proxy.calls.count("DescribeInstances") >= 4  # three "not found" answers, retried
 
 
+def _own_fleet(tmp_path: Path, fleet: str) -> Path:
+    """examples/aws-only as a fleet of its own (moto's state is shared by the session's tests)."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    return cfg
+
+
+def test_a_throttled_create_is_tried_max_attempts_times_in_all(proxy, tmp_path, fleet):
+    """Audit (apply under cloud failures, item 3): botocore's adaptive retries (9 tries) ran inside apply's own 4, so
+    under RequestLimitExceeded each create made 36 RunInstances (144 and 262 s for 4 creates). Now botocore's standard
+    mode owns a call's retries (max_attempts tries, explicit) and apply's retry (the one each create runs in) does not
+    retry what it gave up on. Counted at the EC2 proxy, throttling every RunInstances."""
+    from reconciler.apply import _retry
+    from reconciler.errors import TransientProviderError
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url,
+                                                                                 "max_attempts": "2"}))
+    proxy.fail("RunInstances", "RequestLimitExceeded", "Request limit exceeded.", count=10**6)
+    with pytest.raises(TransientProviderError) as e:
+        _retry(lambda: prov.create(req(fleet, "k-throttled")), "create", 0.0)
+    assert proxy.calls.count("RunInstances") == 2 and e.value.retried
+    assert re.search(r"RequestLimitExceeded: Request limit exceeded\. \(after 2 tries\)$", str(e.value)), str(e.value)
+    proxy.failures.clear()
+    proxy.fail("RunInstances", "RequestLimitExceeded", "Request limit exceeded.", count=1)  # a burst botocore rides out
+    assert _retry(lambda: prov.create(req(fleet, "k-throttled")), "create", 0.0).state in ("pending", "running")
+    assert proxy.calls.count("RunInstances") == 2 + 2
+
+
+@pytest.mark.slow  # two applies of examples/aws-only (about 10 s)
+def test_throttled_creates_are_retried_by_botocore_alone_a_bounded_number_of_times(proxy, tmp_path, fleet):
+    """The audit's apply: every create throttled; the calls counted at the EC2 proxy are max_attempts per create."""
+    cfg = _own_fleet(tmp_path, fleet)
+    opts = {"endpoint_url": proxy.url, "max_attempts": "2"}  # (2: one botocore pause of up to 1 s; the default is 5)
+    proxy.fail("RunInstances", "RequestLimitExceeded", "Request limit exceeded.", count=10**6)
+    with pytest.raises(ApplyError, match=r"RequestLimitExceeded: Request limit exceeded\. \(after 2 tries\)") as e:
+        api.apply(cfg, provider="aws", options=opts)
+    creates = len(e.value.result.plan.creates)
+    assert creates == 4 and e.value.result.report.created == {}
+    assert proxy.calls.count("RunInstances") == 2 * creates  # one retry policy: max_attempts per create, no more
+
+    # A short burst is ridden out by that one layer: one refusal, one more call, every create lands once.
+    proxy.failures.clear()
+    proxy.calls.clear()
+    proxy.fail("RunInstances", "RequestLimitExceeded", "Request limit exceeded.", count=1)
+    res = api.apply(cfg, provider="aws", options=opts)
+    assert res.report.ok and len(res.report.created) == creates and proxy.calls.count("RunInstances") == creates + 1
+
+
+def test_the_ec2_client_retries_in_standard_mode_with_an_explicit_bound(tmp_path, aws_env, fleet):
+    """botocore's retry settings are explicit, not its defaults or adaptive mode's client-side rate limiter: standard
+    mode, max_attempts tries in all (the first included), 5 unless -o max_attempts=N."""
+    def retries(**options: str) -> dict:
+        prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env, **options}))
+        return prov.ec2("us-east-1").meta.config.retries
+
+    assert retries() == {"mode": "standard", "total_max_attempts": 5}
+    assert retries(max_attempts="3") == {"mode": "standard", "total_max_attempts": 3}
+    with pytest.raises(ProviderError, match="max_attempts"):
+        retries(max_attempts="0")
+
+
 def test_an_instance_ec2_never_shows_is_a_transient_error_not_a_delete(proxy, tmp_path, fleet, ec2):
     from reconciler.errors import TransientProviderError
 

@@ -569,3 +569,43 @@ def test_a_mig_layout_is_tagged_at_launch_read_back_and_a_changed_one_replaces_t
     check_mig_drift_on(cfg, "azure", options(arm),  # one A100-80GB
                        lambda layout, profile: cloud_mig_config(cfg, "a100", "Standard_NC24ads_A100_v4", "A100-80GB", layout, profile),
                        ["3g.40gb", "2g.20gb", "2g.20gb"], ["3g.40gb", "3g.40gb"], ("3g.40gb", "3g.40gb"), raw, lambda v: v)
+
+
+def test_an_allocation_not_done_within_lro_timeout_is_not_reported_created_and_the_next_run_replaces_it(arm, tmp_path):
+    """Audit (apply under cloud failures, item 1): a VM create still allocating after `lro_timeout` was returned as a
+    pending instance, so apply reported it created (exit 0) and placed replicas on it; when the allocation then failed,
+    the next run only noted the Failed VM. Now the create fails and says the allocation is still under way, as GCE's
+    operation wait does (nothing placed, the apply exits 1); the next run replaces an allocation that failed under the
+    same key (the Failed VM deleted, created again), so no Failed VM of ours is left."""
+    cfg = _config(tmp_path)
+    opts = options(arm, lro_timeout="0.2")
+    arm.hold_creates()
+    with pytest.raises(ApplyError, match="still allocating") as caught:
+        api.apply(cfg, provider="azure", options=opts)
+    report = caught.value.result.report  # type: ignore[attr-defined]
+    assert report.created == {} and len(report.failed_refs) == 4 and report.placements == {}, report
+    assert "0 created" in str(caught.value) and "lro_timeout" in str(caught.value)
+    held = arm.end_held(error_code="ZonalAllocationFailed")  # the allocations fail after the apply gave up on them
+    assert len(held) == 4 and {v["properties"]["provisioningState"] for v in arm.snapshot().values()} == {"Failed"}
+
+    res = api.apply(cfg, provider="azure", options=options(arm))
+    assert res.report.ok and len(res.report.created) == 4, res.report.failures
+    assert {n: v["properties"]["provisioningState"] for n, v in arm.snapshot().items()} == dict.fromkeys(held, "Succeeded")
+    again = api.plan(cfg, provider="azure", options=options(arm))
+    assert not again.plan.has_changes and not any("does not run" in n for n in again.plan.notes)
+
+
+def test_an_allocation_still_under_way_at_the_next_run_is_observed_pending_and_used_once_it_runs(arm, tmp_path):
+    """The other way the timed-out VM can be found: still Creating when the next run looks. It is observed pending (ours,
+    under its key) and the plan places on it, launching nothing; once it runs, the apply lands with every VM launched once."""
+    cfg = _config(tmp_path)
+    arm.hold_creates()
+    with pytest.raises(ApplyError, match="still allocating"):
+        api.apply(cfg, provider="azure", options=options(arm, lro_timeout="0.2"))
+    seen = api.plan(cfg, provider="azure", options=options(arm))
+    assert [i.state for i in seen.observed.instances] == ["pending"] * 4 and not seen.plan.creates
+    arm.end_held()
+    res = api.apply(cfg, provider="azure", options=options(arm))
+    assert res.report.ok and not res.report.created and len(res.report.placements) == 3, res.report
+    assert len(arm.snapshot()) == 4 and len(arm.requests("PUT", "/virtualMachines/")) == 4  # each VM launched once
+    assert not api.plan(cfg, provider="azure", options=options(arm)).plan.has_changes

@@ -939,15 +939,14 @@ def test_an_idle_on_demand_instance_is_bought_only_where_a_spot_rule_needs_it(tm
     assert spare(cap, problem, {"od": 1}, {"spot": spot, "all": total}, lambda c: 1) is spare_it
 
 
-@pytest.mark.xfail(strict=True, reason="open (state-machine audit): greedy buys the 1-GPU a2-highgpu-1g for t1's borrowed j1 at "
-                   "the pool's max 1, leaving t2's guaranteed j2 pending; its next plan evicts j1 for j2 (CP-SAT buys the "
-                   "a2-highgpu-4g that holds both)")
 def test_greedys_plan_after_its_own_apply_does_not_take_back_the_borrowed_room_it_gave(tmp_path):
     """tests/test_lifecycle_machine.py's slow tier with greedy alone (FLEETOPS_LIFE_TIME_LIMIT=0), minimised: t1 (4
     GPUs guaranteed, burst 8) and t2 (2 guaranteed); pool a100 at max_instances 1 of a2-highgpu-1g or -4g. Greedy's
     first plan places t1's j1 on a new a2-highgpu-1g (t1 then runs 5 GPUs: 1 borrowed) and leaves t2's j2 pending
     "pools at max_instances"; the plan right after its apply evicts j1 for j2 ("the room it borrowed goes back"): not
-    a no-op, and a job started one apply is stopped the next."""
+    a no-op, and a job started one apply is stopped the next. Greedy now places every tenant's guaranteed work before
+    borrowed work, as the model's tiers rank them: j2 takes the slot, j1 waits (CP-SAT buys the a2-highgpu-4g that
+    holds both)."""
     docs = [topology("life"), tenant("t1", gpus=4, burst={"gpus": 8}), tenant("t2", gpus=2),
             pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=1),
             pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g"],
@@ -961,4 +960,25 @@ def test_greedys_plan_after_its_own_apply_does_not_take_back_the_borrowed_room_i
     first = plan_checked(cfg, time_limit=0)
     api.apply(cfg, saved_plan=first.plan, time_limit=0)
     again = plan_checked(cfg, time_limit=0)
+    assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_another_tenants_guaranteed_job_takes_a_pools_last_slot_before_a_borrowed_job_of_a_higher_class(tmp_path, time_limit):
+    """The rule behind the test above, across classes: t1's critical A10G job fills its 1-GPU guarantee, so its high
+    A100 job would borrow; t2's low A100 job is inside t2's guarantee; the A100 pool holds one instance. The model ranks
+    every tenant's guaranteed work above borrowed work of any class (solve/objective.py), and greedy now places it
+    first: t2's job takes the slot. Greedy gave it to the high job (class order), and the plan after its apply
+    reclaimed it for t2's."""
+    docs = [topology("life"), tenant("t1", gpus=1, burst={"gpus": 4}), tenant("t2", gpus=1),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            job("hi", tenant="t1", priority="high", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("lo", tenant="t2", priority="low", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("crit", tenant="t1", priority="critical", gpus=1, gpu_type="A10G", cpu=2, mem=8)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    first = plan_checked(cfg, time_limit=time_limit)
+    assert {j.job: j.action for j in first.plan.jobs} == {"crit": "place", "lo": "place", "hi": "pending"}
+    api.apply(cfg, saved_plan=first.plan, time_limit=time_limit)
+    again = plan_checked(cfg, time_limit=time_limit)
     assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]

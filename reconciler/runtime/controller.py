@@ -154,10 +154,10 @@ class Controller:
         self.view = done.view or self.view
         r = done.report
         if r.stopped:  # (SIGTERM: as `reconcile apply`, no action started after it; status written, the lock released)
-            self.log(f"stopped plan {res.plan.id} (asked to stop: SIGTERM): {len(r.created)} created, {len(r.deleted)} deleted, "
+            self.log(f"stopped plan {res.plan.id} (asked to stop: SIGTERM): {r.counts}, "
                      f"{len(r.not_started)} action(s) not started; the next controller carries on")
         else:
-            self.log(f"applied plan {res.plan.id}: {len(r.created)} created, {len(r.deleted)} deleted")
+            self.log(f"applied plan {res.plan.id}: {r.counts}")
         for line in gone_lines(res.plan, r.deleted):
             self.log(line)
         return True

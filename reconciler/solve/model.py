@@ -12,11 +12,10 @@ the model with only some of them (`families`) to check one family alone."""
 
 from __future__ import annotations
 
-import math
-
 from ortools.sat.python import cp_model
 
 from reconciler.greedy import Assignment
+from reconciler.ledger import may_borrow
 from reconciler.problem import (Capacity, Demand, OfferFits, Problem, Rival, borrowing_tenants, fit, forced_moves, may_preempt, outside_group, over_cap_tenants, pools_over_max,
                                 quota_shedding, settled_jobs, type_class, wants_room)
 from reconciler.solve import capacity, fleet_rules, gangs, items, moves, objective, patterns, slots, tenants
@@ -326,8 +325,7 @@ class Model:
         m, p = self.m, self.p
         self.placed, self.g, self.b = Values(), Values(), Values()
         self.krj, self.krs, self.krg, self.krb = Values(), Values(), Values(), Values()
-        finite = {t for t, r in p.tenants.items()
-                  if any(r.cap.get(dim, math.inf) > v + 1e-9 for dim, v in r.guarantee.items())}
+        finite = {t for t, r in p.tenants.items() if may_borrow(r)}
         for d in p.demands:
             n = len(d.jobs)
             pl = self.placed[d.key] = m.new_int_var(0, n, f"placed[{d.key}]")
