@@ -155,7 +155,8 @@ told to make it a plain test).
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
 - fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet86 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
-  why."""
+  why. fleet87 (the slow property tier, 2026-12-02, kept, no test yet): CP-SAT's emitted plan ranks below greedy's in
+  the second guarantees tier (44 vs 45 units), on main before that session's changes too."""
 
 from __future__ import annotations
 
