@@ -427,6 +427,7 @@ class KeptInstead:
         self._group: list = []  # what _enter changed in the ledger
         self._waits: set[str] = set()
         self._base: set[str] = set()
+        self._came: dict = {}  # target (or ("pool", name)) -> what arrives there: the plan's, read once
 
     @staticmethod
     def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
@@ -501,7 +502,7 @@ class KeptInstead:
                 if not came and not self._fits(who, i, waits | takers):
                     return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
             elif i in self.hosts and who == job:
-                came = {t for ref in self.bought.get(self.hosts[i].pool, ()) for t in self._arrived(ref)} - waits - takers
+                came = self._bought_for(self.hosts[i].pool) - waits - takers
             else:
                 came = set()
             for t in sorted(came):
@@ -515,8 +516,18 @@ class KeptInstead:
 
     def _arrived(self, target: str) -> set[str]:
         """Jobs the plan puts on `target` with more replicas than run there now."""
-        reps = self.residents.get(target, ())
-        return {j for j, _, _ in reps if sum(x == j for x, _, _ in reps) > sum(i == target for i in self.observed.placements.get(j, ()))}
+        came = self._came.get(target)
+        if came is None:
+            reps = Counter(j for j, _, _ in self.residents.get(target, ()))
+            came = self._came[target] = {j for j, n in reps.items() if n > sum(i == target for i in self.observed.placements.get(j, ()))}
+        return came
+
+    def _bought_for(self, pool: str) -> set[str]:
+        """What arrives on the plan's new instances in `pool` (a deleted instance's room, bought again)."""
+        came = self._came.get(("pool", pool))
+        if came is None:
+            came = self._came[("pool", pool)] = {t for ref in self.bought.get(pool, ()) for t in self._arrived(ref)}
+        return came
 
     def _fits(self, job: str, target: str, without: set[str]) -> bool:
         """Whether job's replicas that run on `target` fit there beside what the plan leaves on it (but `without`)."""
