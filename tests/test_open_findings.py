@@ -155,8 +155,7 @@ told to make it a plain test).
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
 - fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet86 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
-  why. fleet87 (the slow property tier, 2026-12-02, kept, no test yet): CP-SAT's emitted plan ranks below greedy's in
-  the second guarantees tier (44 vs 45 units), on main before that session's changes too."""
+  why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test)."""
 
 from __future__ import annotations
 
@@ -1707,3 +1706,12 @@ def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopp
     stopped t1's j3 and j9, which t1's spot share licenses, and the re-check refused it: with a fleet-wide rule broken
     it weighed every stop by the plan with the job kept, and forgot that a tenant's own broken rule lets its work go."""
     check_fleet(fleet(name), time_limit=5)
+
+
+def test_a_cpu_jobs_room_stands_in_for_lost_cpu_work_only_on_fleet87():
+    """fleet87 (the slow property tier, 2026-12-02): t1's normal 4-vCPU j10 must leave its pool (allowlist) and its
+    low 1-GPU j8 its instance; CP-SAT moves j10 and places the new critical 12-vCPU j6, greedy stops j10 for j6. The
+    property counted greedy's plan 45 guaranteed units to CP-SAT's 44: j6, taking the room of three j10s, stood in for
+    3 units of the lost j8, a GPU job, which CPU work's room does not hold (README, Tenants: a CPU job counts for as many
+    of its tenant's smaller CPU jobs as it takes the room of; GPU work by its own units). Counted so, both keep 44."""
+    check_fleet(fleet("fleet87"), time_limit=5)
