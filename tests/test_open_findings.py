@@ -155,7 +155,9 @@ told to make it a plain test).
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
 - fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet86 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
-  why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test)."""
+  why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test).
+  fleet88 (the slow property tier, 2026-12-02, with plancheck.KeptInstead): greedy gave up a spot CPU host for a GPU
+  spot share (its test)."""
 
 from __future__ import annotations
 
@@ -166,7 +168,7 @@ from pathlib import Path
 import pytest
 
 from providers.base import Instance
-from tests.test_properties import Fleet, check_fleet
+from tests.test_properties import Fleet, check_fleet, solve_both
 from tests.test_truth import check_reasons
 
 FINDINGS = Path(__file__).parent / "data" / "findings"
@@ -1715,3 +1717,14 @@ def test_a_cpu_jobs_room_stands_in_for_lost_cpu_work_only_on_fleet87():
     3 units of the lost j8, a GPU job, which CPU work's room does not hold (README, Tenants: a CPU job counts for as many
     of its tenant's smaller CPU jobs as it takes the room of; GPU work by its own units). Counted so, both keep 44."""
     check_fleet(fleet("fleet87"), time_limit=5)
+
+
+def test_greedy_gives_up_no_spot_host_that_cannot_mend_the_spot_share_on_fleet88():
+    """fleet88 (the slow property tier, 2026-12-02): five spot A100 instances in a pool at max 1 and two spot CPU hosts;
+    the fleet is all spot, over max_spot_fraction 0.25 (counted in GPUs). Greedy's settle_spot gave up the spot host of
+    lowest-ranked work first: t2's guaranteed low j6 on a spot m6i.4xlarge, which holds no GPU and so mends nothing.
+    The host, reopened later, took t1's new j4, and j6 was stopped: another tenant's guaranteed work for new work
+    (which plancheck.KeptInstead refuses: the rule broken now needs no stop of j6). CP-SAT kept j6."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet88"), time_limit=5)
+    assert next(j for j in gplan.jobs if j.job == "j6").action == "keep"
+    check_fleet(fleet("fleet88"), time_limit=5)
