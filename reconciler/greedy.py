@@ -347,6 +347,11 @@ class _Greedy:
                     continue
             elif self._diversity_holds() and self._release_tenant_spot(order):
                 continue
+            if not self._fleet_spot_rules_hold():
+                # (only a host with capacity in the share's unit mends the fleet's spot share or buffer: a released
+                # spot CPU host of a GPU fleet mended nothing, and its job, another tenant's guaranteed one, was then
+                # stopped for new work placed on the host reopened later; slow property tier, 2026-12-02)
+                spot_hosts = [i for i in spot_hosts if self._prim(i.cap) > 0] or spot_hosts
             self._release(self._lowest_ranked(spot_hosts, order))
 
     def _diversity_holds(self) -> bool:

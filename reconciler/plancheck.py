@@ -37,9 +37,10 @@ never read from the plan:
 * running work is stopped (evicted) only for a rule that requires it, as the planner stops it: the job
   changed, cannot stay where it runs (its instance must go, or no longer allows or holds it), higher-class
   work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
-  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule,
-  or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only borrowed work, never a
-  job inside its tenant's guarantee;
+  without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule
+  and the plan with the job kept instead would break a rule the plan keeps (KeptInstead: not merely because some
+  rule is broken), or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only
+  borrowed work, never a job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
 Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) out."""
@@ -47,6 +48,7 @@ Pure: plain data in, (the plan as it will be applied, the reasons to refuse it) 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from providers.base import TAG_CREATE_KEY
@@ -87,7 +89,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         errors += _tenant_errors(problem, after, before)
         broken_now = rules_broken_now(problem) | before.broken_rules()  # (as it runs, and as it can stay)
         errors += _fleet_rule_errors(after, broken_now)
-        errors += _eviction_errors(plan, observed, problem, broken_now)
+        errors += _eviction_errors(plan, observed, problem, broken_now, lambda: KeptInstead.of(plan, observed, problem, staying, creates))
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
     kept = {i: host_price.get(i, 0.0) for i in sorted(staying)}
@@ -271,23 +273,35 @@ def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> dict
     --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads."""
     if not any(j.action == "evict" for j in plan.jobs):
         return {}
-    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules())
+    gone = {d.instance_id for d in plan.deletes}
+    staying = {c.instance_id for c in problem.hosts()} - gone
+    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules(),
+                     lambda: KeptInstead.of(plan, observed, problem, staying, list(plan.creates)))
 
 
-def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> list[str]:
+def _eviction_errors(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str],
+                     kept_instead: Callable[[], KeptInstead | None]) -> list[str]:
     """Evictions no rule requires: an edited `keep` -> `evict` would otherwise stop another team's
     guaranteed work. The exemptions are the reasons the planner evicts for (issue 18)."""
-    return list(_unlawful(plan, observed, problem, broken_now).values())
+    return list(_unlawful(plan, observed, problem, broken_now, kept_instead).values())
 
 
-def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str]) -> dict[str, str]:
-    """Evicted job -> why no rule requires its stop (`_eviction_errors`)."""
+def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict[str, str],
+              kept_instead: Callable[[], KeptInstead | None]) -> dict[str, str]:
+    """Evicted job -> why no rule requires its stop (`_eviction_errors`). Where the fleet breaks a fleet-wide rule now,
+    something must give and the planner chooses what: a stop is then lawful where the plan with the job kept where it
+    runs instead breaks a rule the plan keeps (`KeptInstead`), not merely because some rule is broken (with one
+    interrupted instance under a pool's minimum, an edited plan stopped two tenants' guaranteed work and gave one's
+    T4 to another tenant's new job, and apply carried it out)."""
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     hosts = {c.instance_id: c for c in problem.hosts()}
     evicts = [j for j in plan.jobs if j.action == "evict" and j.job in demand_of and observed.placements.get(j.job)]
     licensed = licensed_by(broken_now)
-    if not evicts or licensed is None:
-        return {}  # (with a fleet-wide rule broken now something must give; the planner chooses what)
+    if not evicts:
+        return {}
+    fleet_broken = licensed is None
+    if fleet_broken:  # (a tenant's own rule broken beside it still lets that tenant's work go, as alone)
+        licensed = licensed_by({r: w for r, w in broken_now.items() if r.startswith("tenant-")})
     over_cap, borrowing = over_cap_tenants(problem.demands, problem.tenants), borrowing_tenants(problem.demands, problem.tenants)
     # (work that needs capacity anew: placed, restarted in a new shape, or a gang that does not run whole now, healed
     # around its survivors or grown, as the planner counts it: not protected, new work; refusing its evictions refused
@@ -320,12 +334,25 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
-            errors[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
-                              "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
-                              "tenant over its ceiling, the fleet breaking a fleet-wide rule, or its instance unable to keep it)")
+            why = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
+                   "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
+                   "tenant over its ceiling, a fleet-wide rule that keeping it would break, or its instance unable to keep it)")
         elif d.tenant not in borrowing:
-            errors[jc.job] = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
-                              "and it may stay where it runs)")
+            why = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
+                   "and it may stay where it runs)")
+        else:
+            continue
+        errors[jc.job] = why
+    if fleet_broken and errors:  # something must give for the rules broken now: a stop keeping which breaks one is lawful
+        weigh = kept_instead()
+        for job in (sorted(errors, key=weigh.order) if weigh is not None else list(errors)):
+            if weigh is None or weigh.breaks_a_rule(job):
+                del errors[job]
+            else:
+                errors[job] += (f"; the fleet breaks {', '.join(sorted(broken_now))} now, but the plan with it kept where it "
+                                "runs, and whatever took its room where it was, breaks no rule the plan keeps")
+        if weigh is not None:
+            weigh.done()
     return errors
 
 
@@ -358,6 +385,206 @@ class TenantMoves:
             came.setdefault(demand_of[j.job].tenant, []).append((demand_of[j.job].klass, j))
         return {t: TenantMoves(tuple(moves.get(t, ())), use.get(t, dict.fromkeys(DIMS, 0.0)), tuple(came.get(t, ())))
                 for t in set(moves) | set(use) | set(came)}
+
+
+class KeptInstead:
+    """The plan with an evicted job kept where it runs instead, as the eviction rule weighs a stop while the fleet
+    breaks a fleet-wide rule now (`_unlawful`): something must give, and the stop is lawful where keeping the job
+    breaks a rule, by the one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead, the plan is
+    read as the rules rank its parts above the job: the job on its instances (those the plan deletes kept too); new
+    work (placed, not running) waits, but its own tenant's of a higher class (the only new work a running job inside
+    its guarantee gives way to); running work that took its room goes back where it ran (its instance kept too, if the
+    plan deletes it), and the work that took that room in turn, and so on; instances left standing idle that no rule
+    asks for are not bought (padding). The stop is lawful where that plan breaks a rule the same plan without the job
+    keeps. Work in its room that cannot go back (it must leave where it ran, a gang re-forming, its tenant's higher
+    class) was moved by a rule or outranks it: the planner chose what gives. A replacement the plan buys in the pool
+    of an instance it deletes counts as the job's room. (Edited plans while one instance was under a pool's minimum:
+    guaranteed work stopped for nothing, for another tenant's new job on its T4 or an identical T4 bought for it, for
+    a job moved off an instance deleted for no rule, for idle instances bought up to the budget: each passed.)"""
+
+    def __init__(self, plan: Plan, observed: Observed, problem: Problem, led, staying: set[str], creates: list[CreateAction]) -> None:
+        """`led`: the plan's ledger, this object's own (each weighing changes it and puts it back)."""
+        self.plan_jobs = {j.job: j for j in plan.jobs}
+        self.observed, self.problem, self.led, self.staying = observed, problem, led, staying
+        self.demand_of = {j: d for d in problem.demands for j in d.jobs}
+        self.hosts = {c.instance_id: c for c in problem.hosts()}
+        offers = {c.offer_key: c for c in problem.offers()}
+        self.caps: dict[str, Capacity] = {i: self.hosts[i] for i in staying if i in self.hosts}
+        self.caps |= {c.ref: offers[c.offer_key] for c in creates if c.offer_key in offers}
+        self.bought: dict[str, list[str]] = {}
+        for c in creates:
+            self.bought.setdefault(c.site.pool, []).append(c.ref)
+        # (spot first: spot padding gone, the on-demand buffer may ask for less)
+        self.creates = sorted((c.ref for c in creates if c.ref in led.instances), key=lambda r: led.instances[r].market != "spot")
+        self.residents: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}
+        for j in plan.jobs:
+            if j.action in ("keep", "place", "move") and j.job in self.demand_of:
+                for r, target in enumerate(j.instances):
+                    self.residents.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus and r < len(j.gpus) else ()))
+        self.new = sorted(j.job for j in plan.jobs if j.action == "place" and j.job in self.demand_of)
+        self.leaving = jobs_that_must_leave(problem)
+        self._key: tuple[str, int] | None = None
+        self._group: list = []  # what _enter changed in the ledger
+        self._waits: set[str] = set()
+        self._base: set[str] = set()
+        self._came: dict = {}  # target (or ("pool", name)) -> what arrives there: the plan's, read once
+
+    @staticmethod
+    def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
+        """None for a plan whose jobs have other replica counts than they ask (refused for that)."""
+        ledgers = _ledgers(plan, problem, creates, staying)
+        return None if ledgers is None else KeptInstead(plan, observed, problem, ledgers[0], staying, creates)
+
+    def order(self, job: str) -> tuple:
+        """The order to weigh stops in: by tenant and class, the part of the plan that waits for them is the same."""
+        d = self.demand_of[job]
+        return d.tenant, d.klass, job
+
+    def breaks_a_rule(self, job: str) -> bool:
+        d, ids = self.demand_of[job], tuple(self.observed.placements[job])
+        self._enter((d.tenant, d.klass))
+        takers = self._takers(job, ids, self._waits)
+        if takers is None:
+            return True
+        undo: list = []
+        try:
+            base = self._base
+            if takers:
+                for t in sorted(takers):
+                    self._off(t, undo)
+                base = self._without_padding(undo)
+                for t in sorted(takers):
+                    self._on(t, self.observed.placements[t], undo)
+            self._on(job, ids, undo)
+            return bool((self._without_padding(undo) if takers else set(self.led.broken_rules())) - base)
+        finally:
+            self._undo(undo)
+
+    def _enter(self, key: tuple[str, int]) -> None:
+        """The plan as weighed for a stop of tenant key[0]'s class key[1]: the new work that ranks below it waiting, and
+        the padding then not bought (made once per tenant and class: a plan's new work is read once, not per stop)."""
+        if self._key == key:
+            return
+        self.done()
+        tenant, klass = key
+        self._waits = {t for t in self.new if not (self.demand_of[t].tenant == tenant and self.demand_of[t].klass > klass)}
+        for t in sorted(self._waits):
+            self._off(t, self._group)
+        self._base = self._without_padding(self._group)
+        self._key = key
+
+    def done(self) -> None:
+        """The ledger as the plan leaves it again."""
+        self._undo(self._group)
+        self._group, self._key = [], None
+
+    def _undo(self, undo: list) -> None:
+        for op, a, b, c in reversed(undo):
+            if op == "item+":
+                self.led.add_item(a, b, c)
+            elif op == "item-":
+                self.led.remove_item(a, b, c)
+            elif op == "inst+":
+                self.led.add_instance(c, a)
+            else:
+                self.led.remove_instance(c)
+        undo.clear()
+
+    def _takers(self, job: str, ids: tuple[str, ...], waits: set[str]) -> set[str] | None:
+        """The running work that goes back where it ran for `job` to stay: what arrived in its room, and what arrived in
+        theirs in turn. None where some of it cannot go back (the planner's choice stands)."""
+        takers: set[str] = set()
+        rooms = [(job, i) for i in dict.fromkeys(ids)]
+        while rooms:
+            who, i = rooms.pop()
+            if i in self.staying:
+                came = set() if self._fits(who, i, waits | takers) else self._arrived(i) - waits - takers - {job}
+                if not came and not self._fits(who, i, waits | takers):
+                    return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
+            elif i in self.hosts and who == job:
+                came = self._bought_for(self.hosts[i].pool) - waits - takers
+            else:
+                came = set()
+            for t in sorted(came):
+                was, q = tuple(self.observed.placements.get(t, ())), self.demand_of[t]
+                if not was or t in q.reshaped or t in self.leaving or len(was) != q.replicas * q.bundle or \
+                        any(i not in self.hosts for i in was):
+                    return None  # its tenant's higher class, moved by a rule, or a gang re-forming
+                takers.add(t)
+                rooms += [(t, w) for w in dict.fromkeys(was)]
+        return takers
+
+    def _arrived(self, target: str) -> set[str]:
+        """Jobs the plan puts on `target` with more replicas than run there now."""
+        came = self._came.get(target)
+        if came is None:
+            reps = Counter(j for j, _, _ in self.residents.get(target, ()))
+            came = self._came[target] = {j for j, n in reps.items() if n > sum(i == target for i in self.observed.placements.get(j, ()))}
+        return came
+
+    def _bought_for(self, pool: str) -> set[str]:
+        """What arrives on the plan's new instances in `pool` (a deleted instance's room, bought again)."""
+        came = self._came.get(("pool", pool))
+        if came is None:
+            came = self._came[("pool", pool)] = {t for ref in self.bought.get(pool, ()) for t in self._arrived(ref)}
+        return came
+
+    def _fits(self, job: str, target: str, without: set[str]) -> bool:
+        """Whether job's replicas that run on `target` fit there beside what the plan leaves on it (but `without`)."""
+        cap = self.caps.get(target)
+        if cap is None:
+            return False
+        others = [r for r in self.residents.get(target, ()) if r[0] != job and r[0] not in without]
+        taken = {g for _, _, gpus in others for g in gpus}
+        rec = self.observed.gpu_indices.get(job) or ()
+        mine = []
+        for r, iid in enumerate(self.observed.placements[job]):
+            if iid != target:
+                continue
+            if r < len(rec):
+                mine.append((job, r, tuple(rec[r])))
+                continue
+            n = _whole_gpus(self.demand_of[job], cap)  # (indices not recorded: any free ones)
+            free = [g for g in range(cap.gpus) if g not in taken][:n]
+            taken.update(free)
+            mine.append((job, r, tuple(free)))
+        with_it = _instance_errors(target, cap, others + mine, self.demand_of, self.observed)
+        return not with_it or set(with_it) <= set(_instance_errors(target, cap, others, self.demand_of, self.observed))
+
+    def _off(self, t: str, undo: list) -> None:
+        """Job t's items off where the plan puts them."""
+        q = self.demand_of[t]
+        for ref in self.plan_jobs[t].instances[:: q.bundle]:
+            if ref in self.led.instances:
+                self.led.remove_item(q, t, ref)
+                undo.append(("item+", q, t, ref))
+
+    def _on(self, t: str, where, undo: list) -> None:
+        """Running job t's items where it runs, as it runs (the instances the plan deletes kept)."""
+        q = self.demand_of[t].as_it_runs(t)
+        for ref in where[:: q.bundle]:
+            if ref not in self.led.instances:
+                self.led.add_instance(ref, self.hosts[ref])
+                undo.append(("inst-", None, None, ref))
+            self.led.add_item(q, t, ref)
+            undo.append(("item-", q, t, ref))
+
+    def _without_padding(self, undo: list) -> set[str]:
+        """Take the plan's new instances left idle whose absence breaks no rule it breaks not already out (an on-demand
+        buffer, spot ballast, a pool's minimum, spot diversity ask for theirs); the rules then broken."""
+        led = self.led
+        broken = set(led.broken_rules())
+        for ref in self.creates:
+            if ref in led.instances and not led.items[ref]:
+                cap = led.instances[ref]
+                led.remove_instance(ref)
+                now = set(led.broken_rules())
+                if now <= broken:
+                    broken = now
+                    undo.append(("inst+", cap, None, ref))
+                else:
+                    led.add_instance(ref, cap)
+        return broken
 
 
 def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],
@@ -528,4 +755,4 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
     return errors
 
 
-__all__ = ["recheck", "unlawful_evictions"]
+__all__ = ["KeptInstead", "recheck", "unlawful_evictions"]

@@ -153,9 +153,11 @@ told to make it a plain test).
   after the apply evicted a guaranteed critical gang, or placed four more jobs.
 - fleet75, fleet76 (the solver property tier on larger fleets): room a quota's stop frees was offered to no other
   tenant's pending work, so CP-SAT ranked below greedy or paid more at its rank.
-- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet85 (the slow tiers'
+- fleet77 (the slow property tier, 2026-12-01, not reproduced: kept, no test), fleet78 to fleet86 (the slow tiers'
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
-  why."""
+  why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test).
+  fleet88 (the slow property tier, 2026-12-02, with plancheck.KeptInstead): greedy gave up a spot CPU host for a GPU
+  spot share (its test)."""
 
 from __future__ import annotations
 
@@ -166,7 +168,7 @@ from pathlib import Path
 import pytest
 
 from providers.base import Instance
-from tests.test_properties import Fleet, check_fleet
+from tests.test_properties import Fleet, check_fleet, solve_both
 from tests.test_truth import check_reasons
 
 FINDINGS = Path(__file__).parent / "data" / "findings"
@@ -1693,7 +1695,7 @@ def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_it
     check_fleet(fleet("fleet83"), time_limit=5)
 
 
-@pytest.mark.parametrize("name", ["fleet84", "fleet85"])
+@pytest.mark.parametrize("name", ["fleet84", "fleet85", "fleet86"])
 def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopped(name):
     """fleet84, fleet85 (the slow property tier, 2026-12-01, with the saved-plan re-check's stricter rule of that day:
     a guaranteed job's stop passes only where it mends a rule broken now). fleet85: pool az-a100-80 at max 1 runs three
@@ -1701,5 +1703,28 @@ def test_mending_a_pool_maximum_may_stop_work_another_spot_rule_then_needs_stopp
     Mending the maximum deletes the idle on-demand instances, and then the buffer breaks: j1 on spot has to stop. The
     buffer was not broken now, so the stricter rule refused CP-SAT's plan and greedy's alike and no plan was emitted
     ("internal error: the plan would stop running work that no rule requires stopping"). The rule was taken back; these
-    fleets hold any stricter one to the planner's own plans."""
+    fleets hold any stricter one to the planner's own plans. fleet86 (the slow property tier, 2026-12-02, with
+    plancheck.KeptInstead): the fleet broke pool gcp-cpu's maximum, the spot buffer and t1's own spot share; greedy
+    stopped t1's j3 and j9, which t1's spot share licenses, and the re-check refused it: with a fleet-wide rule broken
+    it weighed every stop by the plan with the job kept, and forgot that a tenant's own broken rule lets its work go."""
     check_fleet(fleet(name), time_limit=5)
+
+
+def test_a_cpu_jobs_room_stands_in_for_lost_cpu_work_only_on_fleet87():
+    """fleet87 (the slow property tier, 2026-12-02): t1's normal 4-vCPU j10 must leave its pool (allowlist) and its
+    low 1-GPU j8 its instance; CP-SAT moves j10 and places the new critical 12-vCPU j6, greedy stops j10 for j6. The
+    property counted greedy's plan 45 guaranteed units to CP-SAT's 44: j6, taking the room of three j10s, stood in for
+    3 units of the lost j8, a GPU job, which CPU work's room does not hold (README, Tenants: a CPU job counts for as many
+    of its tenant's smaller CPU jobs as it takes the room of; GPU work by its own units). Counted so, both keep 44."""
+    check_fleet(fleet("fleet87"), time_limit=5)
+
+
+def test_greedy_gives_up_no_spot_host_that_cannot_mend_the_spot_share_on_fleet88():
+    """fleet88 (the slow property tier, 2026-12-02): five spot A100 instances in a pool at max 1 and two spot CPU hosts;
+    the fleet is all spot, over max_spot_fraction 0.25 (counted in GPUs). Greedy's settle_spot gave up the spot host of
+    lowest-ranked work first: t2's guaranteed low j6 on a spot m6i.4xlarge, which holds no GPU and so mends nothing.
+    The host, reopened later, took t1's new j4, and j6 was stopped: another tenant's guaranteed work for new work
+    (which plancheck.KeptInstead refuses: the rule broken now needs no stop of j6). CP-SAT kept j6."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet88"), time_limit=5)
+    assert next(j for j in gplan.jobs if j.job == "j6").action == "keep"
+    check_fleet(fleet("fleet88"), time_limit=5)

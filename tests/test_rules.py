@@ -1049,6 +1049,39 @@ def test_a_higher_class_takes_the_license_of_the_lowest_priority_holder_when_pre
     assert jobs["crit"].action == "pending" and jobs["crit"].reason.startswith("license matlab: 2/2 held, by low, normal")
 
 
+@pytest.mark.parametrize("lowered", ["license", "pool"])
+def test_a_rule_lowered_below_what_runs_stops_one_guaranteed_job_and_the_recheck_takes_that_stop_not_two(tmp_path, lowered):
+    """Tenants t and u each run one guaranteed 1-GPU job on its own a2-highgpu-1g; then a license count (or the pool's
+    max_instances) is lowered from 2 to 1. Something must give: both planners stop one of them, and apply's re-check
+    takes it, because keeping it breaks the rule the plan keeps. An edited plan stopping both is refused: keeping
+    either breaks no rule (while a fleet-wide rule was broken, the re-check took any stop)."""
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs = [topology(), tenant("t", gpus=1), tenant("u", gpus=1), one_gpu_pool(hi=1 if lowered == "pool" else 2),
+            license_doc(count=1 if lowered == "license" else 2),
+            job("a", tenant="t", licenses={"matlab": 1}, **A100), job("b", tenant="u", licenses={"matlab": 1}, **A100)]
+    insts, running = [gcp_1g("i0"), gcp_1g("i1")], {"a": ("i0",), "b": ("i1",)}
+    for limit in (5, 0):
+        plan = plan_for(tmp_path / str(limit), docs, insts, running, time_limit=limit)
+        assert sorted(j.action for j in plan.jobs) == ["evict", "keep"], (limit, plan.jobs)
+        desired = load(tmp_path / str(limit))
+        observed = catalog_observed(desired, insts, running)
+        problem = build_problem(desired, observed)
+        assert recheck(plan, desired, observed, problem)[1] == [], limit
+        both = replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) for j in plan.jobs))
+        if lowered == "pool":  # (the instance the stop frees goes too, as the planner's plan deletes it)
+            assert len(plan.deletes) == 1
+        errors = recheck(both, desired, observed, problem)[1]
+        kept = next(j.job for j in plan.jobs if j.action == "keep")
+        assert any(e.startswith(f"job {kept}: evicted, but it runs inside tenant") and "the plan with it kept where it runs" in e
+                   for e in errors), errors
+
+
 def test_license_hours_are_charged_to_the_tenant_in_plan_status_and_explain(tmp_path):
     """$1.20 per license-hour: the plan, status/ and `reconcile status` say who holds how many at
     what cost; `explain` of the waiting job proves that one more license would run it."""

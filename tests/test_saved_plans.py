@@ -387,15 +387,14 @@ def test_an_evict_of_guaranteed_work_no_rule_requires_is_refused(applied):
 
 
 
-@pytest.mark.xfail(strict=True, reason="open (2026-12-01): while a fleet-wide rule is broken now the re-check lets any "
-                   "eviction through; the stricter rule tried refused the planner's own plans (fleet85: mending a pool's "
-                   "maximum broke the on-demand buffer, and no plan was emitted at all)")
 def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_instance_that_stays(applied):
     """aws-cpu (min_instances 1) lost its only instance (interrupted): the fleet breaks a fleet-wide rule now, and the
     re-check took any eviction as lawful then ("something must give"). An edited plan stopped research's guaranteed
     llm-pretrain gang and product's critical serving-canary, and another one gave serving-canary's T4 to research's
     new job: both applied. A minimum is met by buying (what the plan does), and no rule but a license or the on-demand
-    buffer is mended by stopping work on an instance that stays with room for it beside the running work there."""
+    buffer is mended by stopping work on an instance that stays with room for it beside the running work there: a stop
+    is lawful where the plan with the job kept instead (and what took its room back where it ran, or waiting) breaks a
+    rule the plan keeps."""
     cfg, out = applied
     SimCloud(state_dir(cfg)).interrupt(_host(cfg, "feature-etl"), notice_seconds=0)
     (cfg / "jobs" / "t4.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: t4-probe}\nspec:\n"
@@ -432,10 +431,80 @@ def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_on_an_inst
     for attack in (take_the_t4, swap_the_t4):
         _fresh(out, pristine, attack)
         _refused(_apply(cfg, out), "job serving-canary: evicted, but it runs inside tenant product's guarantee")
+
+    p4d = _host(cfg, "llm-pretrain")
+
+    def move_into_its_room(raw):  # running work moved, for no rule, from an instance that stays into the gang's room
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        _move(raw, "finetune-a", [p4d], [[0]])
+
+    _fresh(out, pristine, move_into_its_room)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee",
+             "the plan with it kept where it runs, and whatever took its room where it was, breaks no rule")
+
+    def fill_the_budget(raw):  # the gang stopped, its two p4d deleted ($43.92/h), and $110/h of idle instances bought:
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])  # kept, it "broke" the $150/h budget
+        for iid in {_host(cfg, "llm-pretrain", 0), _host(cfg, "llm-pretrain", 1)}:
+            i = _live(cfg)[iid]
+            raw["deletes"].append({"instance_id": iid, "pool": "aws-a100", "provider": "sim", "cloud": "aws", "region": "us-east-1",
+                                   "zone": i["zone"], "instance_type": "p4d.24xlarge", "market": "on-demand", "price": 21.96,
+                                   "reason": "edited"})
+        raw["creates"].append(_create(raw, 2, "aws-a100", "us-east-1a", "p4d.24xlarge"))
+        for n in (3, 4, 5):
+            raw["creates"].append(_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1"))
+
+    def move_off_a_deleted_instance(raw):  # finetune-a's instance deleted for no rule, and finetune-a into the gang's room
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        _move(raw, "finetune-a", [p4d], [[0]])
+        i = _live(cfg)[_host(cfg, "finetune-a")]
+        raw["deletes"].append({"instance_id": i["id"], "pool": "gcp-a100", "provider": "sim", "cloud": "gcp", "region": "us-central1",
+                               "zone": i["zone"], "instance_type": i["instance_type"], "market": i["market"], "price": 1.8,
+                               "reason": "edited"})
+
+    _fresh(out, pristine, move_off_a_deleted_instance)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
+
+    _fresh(out, pristine, fill_the_budget)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
     assert set(_live(cfg)) == before
     assert api.read_status(cfg)["jobs"]["serving-canary"]["status"]["instances"] == [canary]
     out.write_text(pristine)  # the plan as made (it buys the minimum) applies
     assert _apply(cfg, out).exit_code == 0
+
+
+def test_new_work_bought_up_to_the_budget_licenses_no_stop_of_guaranteed_work_while_a_pool_is_under_its_minimum(applied):
+    """The fleet breaks aws-cpu's minimum (its one instance interrupted), under a $100/h budget. An edited plan stops
+    research's guaranteed llm-pretrain gang, deletes its two p4d ($43.92/h) and places a new 3 x 8-GPU gang of another
+    tenant on three new a2-highgpu-8g ($88.16/h): kept, llm-pretrain would take the fleet past the budget, and the re-check took
+    that as the rule the stop mends. New work of another tenant ranks below running work inside its tenant's guarantee:
+    weighed with it waiting (its instances not bought), keeping the gang breaks nothing, and the stop is refused."""
+    cfg, out = applied
+    SimCloud(state_dir(cfg)).interrupt(_host(cfg, "feature-etl"), notice_seconds=0)
+    policies = cfg / "policies.yaml"
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 100"))
+    (cfg / "lab.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: Tenant\nmetadata: {name: lab}\nspec: {}\n---\n"
+                                  "apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: sweep-big}\nspec:\n"
+                                  "  tenant: lab\n  replicas: 3\n  spot: never\n"
+                                  "  resources: {gpus: 8, gpu_type: A100, cpu: 90, memory_gib: 600}\n")
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    pristine = out.read_text()
+    assert _job(json.loads(pristine), "sweep-big")["action"] == "pending"  # (the budget)
+    before = set(_live(cfg))
+
+    def fund_it(raw):
+        _job(raw, "llm-pretrain").update(action="evict", instances=[], gpus=[])
+        for iid in {_host(cfg, "llm-pretrain", 0), _host(cfg, "llm-pretrain", 1)}:
+            i = _live(cfg)[iid]
+            raw["deletes"].append({"instance_id": iid, "pool": "aws-a100", "provider": "sim", "cloud": "aws", "region": "us-east-1",
+                                   "zone": i["zone"], "instance_type": "p4d.24xlarge", "market": "on-demand", "price": 21.96,
+                                   "reason": "edited"})
+        raw["creates"] += [_create(raw, n, "gcp-a100", "us-central1-a", "a2-highgpu-8g", cloud="gcp", region="us-central1")
+                           for n in (2, 3, 4)]
+        _job(raw, "sweep-big").update(action="place", instances=["+2", "+3", "+4"], gpus=[list(range(8))] * 3)
+
+    _fresh(out, pristine, fund_it)
+    _refused(_apply(cfg, out), "job llm-pretrain: evicted, but it runs inside tenant research's guarantee")
+    assert set(_live(cfg)) == before
 
 
 def test_a_gang_split_across_zones_and_a_spot_share_past_its_cap_are_refused(applied):
