@@ -566,6 +566,30 @@ class _Greedy:
             if not self._spot_rules_hold():
                 self._open(c)  # (an idle on-demand host the spot share or the buffer counts, a spot one diversity does)
 
+    def drop_spare_on_demand(self) -> None:
+        """Once nothing more is placed: the idle room of the on-demand instances bought for work counts in the on-demand
+        buffer (as the plan and the next plan, where they are hosts, count it), and an idle on-demand instance (a host
+        kept or ballast bought for the spot share or the buffer) that the fleet's spot rules then hold without, and no
+        pool minimum needs, goes, the dearest per unit first (the next plan keeps idle hosts cheapest per unit first:
+        settle_spot). Kept, a g5.12xlarge standing idle for a buffer the idle GPUs of an a2-highgpu-4g bought for work
+        in the same plan covered was deleted by the plan right after its apply (the lifecycle machine, greedy alone)."""
+        sp = self.p.spot
+        insts = list(self.opened.values()) + [i for lst in self.buckets.values() for i in lst if not isinstance(i.cap, Host)] \
+            + [i for i in self.full if not isinstance(i.cap, Host)]
+        for inst in insts:
+            if not isinstance(inst.cap, Host) and inst.cap.market != "spot":
+                self.led.count_in_buffer(inst.key)
+        idle = [i for i in insts if i.cap.market != "spot" and self._prim(i.cap) > 0 and not any(i.items.values())]
+        for inst in sorted(idle, key=lambda i: (self._prim(i.cap) / i.cap.price if i.cap.price else math.inf, i.key)):
+            c, prim = inst.cap, self._prim(inst.cap)
+            (spot, total), left = self.led.spot(), self.led.idle_on_demand() - prim
+            if (pool_min_ok(self.led.pool_count(c.pool) - 1, self.p.pool_bounds.get(c.pool, (0, 0))[0])
+                    and spot_share_ok(spot, total - prim, sp.max_spot_fraction) and buffer_ok(left, spot, sp.on_demand_buffer_percent)):
+                if isinstance(c, Host):
+                    self._close(inst)
+                else:
+                    self._unbuy(inst)
+
     def pool_minimums(self, order: list[Demand]) -> None:
         """Open the cheapest instances each pool's min_instances still needs (hosts first). Where the budget alone
         refuses them, give up the kept host whose work ranks lowest among those whose price makes room, and try
@@ -813,6 +837,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
         return None
     if keep_fleet:
         g.drop_idle_hosts()
+    g.drop_spare_on_demand()
     g.finish()
     return g.a
 

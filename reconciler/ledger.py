@@ -557,6 +557,15 @@ class Ledger:
         self.items[ref] = []
         self._instance(ref, cap, 1, buffer)
 
+    def count_in_buffer(self, ref: str) -> None:
+        """The on-demand buffer counts this instance's idle capacity from now on, as it counts every on-demand
+        instance's in a finished plan (plan_ledger) and in the next plan, where it is a host (greedy's restraint,
+        add_instance's buffer=False, ends once it places no more work)."""
+        if ref in self._outside_buffer:
+            self._memo.clear()
+            self._outside_buffer.discard(ref)
+            self._idle.add(self._prim(self.instances[ref]) - sum(buffer_use(d, self.dim) for d, _ in self.items[ref]))
+
     def remove_instance(self, ref: str) -> None:
         """Take an instance out; it must hold no items."""
         if self.items[ref]:

@@ -982,3 +982,29 @@ def test_another_tenants_guaranteed_job_takes_a_pools_last_slot_before_a_borrowe
     api.apply(cfg, saved_plan=first.plan, time_limit=time_limit)
     again = plan_checked(cfg, time_limit=time_limit)
     assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_plan_that_buys_on_demand_room_for_work_keeps_no_idle_host_for_the_buffer_that_room_covers(tmp_path, time_limit):
+    """tests/test_lifecycle_machine.py's slow tier with greedy alone (FLEETOPS_LIFE_TIME_LIMIT=0, seed
+    17384581256926617042568836333610089262), minimised: a 25% on-demand buffer; j1 and a 4-replica spot gang on three
+    spot a2-highgpu-4g (12 GPUs), the buffer an idle on-demand g5.12xlarge (4 GPUs). The gang goes and an on-demand
+    2-GPU job comes: greedy kept the g5.12xlarge for the buffer (1 GPU of j1's spot host's 4) and bought an
+    a2-highgpu-4g for the new job, whose 2 idle GPUs it did not count (greedy's restraint while it still places work);
+    the plan counts them, and the plan right after its apply deleted the g5.12xlarge ($5.67/h): not a no-op. Greedy
+    now counts them once it places no more work, and gives the g5.12xlarge up in the same plan, as CP-SAT does."""
+    a100 = {"gpus": 2, "gpu_type": "A100", "cpu": 16, "memory_gib": 120}
+    base = [topology("life"), tenant("t1"),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=2),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], market="either", hi=3),
+            doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 25}),
+            doc("Job", "j1", {"tenant": "t1", "resources": a100})]
+    gang = doc("Job", "gang", {"tenant": "t1", "replicas": 4, "gang": "zone", "spot": "required", "resources": a100})
+    cfg = write_config(tmp_path / "cfg", base + [gang])
+    api.apply(cfg, time_limit=time_limit)
+    assert sorted((i.instance_type, i.market) for i in api.plan(cfg, time_limit=time_limit).observed.instances) == [
+        ("a2-highgpu-4g", "spot")] * 3 + [("g5.12xlarge", "on-demand")]
+    write_config(cfg, base + [doc("Job", "j2", {"tenant": "t1", "spot": "never", "resources": a100})])
+    api.apply(cfg, saved_plan=plan_checked(cfg, time_limit=time_limit).plan, time_limit=time_limit, allow_destroy=3)
+    again = plan_checked(cfg, time_limit=time_limit)
+    assert not again.plan.has_changes, (again.plan.counts(), [(d.instance_id, d.site.instance_type, d.reason) for d in again.plan.deletes])
