@@ -1037,14 +1037,25 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
     # pending jobs of the applied 5k fleet was 0.1 s of a PR's plan)
     stays = [(v, hk, g.a.stay.get((v.key, hk), 0)) for v, hk in victims[:bisect.bisect_left(classes, d.klass)]]
     stopped: list[tuple[Demand, _Inst]] = []
+    _, hosts_of, protected = _reclaimable(g)
+    took_guarantee = False
     for v, hk, n in stays:
         for _ in range(n):
             short = g.led.quota_short(d)
             if short is None or not v.req(short[0]):  # (a job that frees none of the short dimension stays)
                 break
             inst = g.opened[hk]
+            took_guarantee |= sum(g.a.stay.get((v.key, h), 0) for h in hosts_of.get(v.key, ())) <= protected.get(v.key, 0)
             g._stop_running(v, inst)
             stopped.append((v, inst))
+    # (guaranteed running work gives way to its tenant's higher class only where that work is guaranteed too: every
+    # tenant's guaranteed work ranks above any borrowed work, as the model's tiers and `_run`'s order rank them; a
+    # critical 2 x 2-GPU gang of t3, borrowed past t3's 2-GPU guarantee, stopped t3's guaranteed low job that greedy's
+    # plan before had placed first, and the plan after that took it back: the lifecycle machine, greedy alone)
+    if took_guarantee and g.led.borrows_job(d):
+        stopped, undo = [], stopped
+        for v, inst in reversed(undo):
+            g._keep_running_again(v, inst)
     if stopped and g.led.quota_short(d) is None and _place_resolving(g, d):
         g.a.refused.pop(d.key, None)  # (the quota that refused it first is not why anything is pending now)
         return True

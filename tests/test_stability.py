@@ -1008,3 +1008,25 @@ def test_a_plan_that_buys_on_demand_room_for_work_keeps_no_idle_host_for_the_buf
     api.apply(cfg, saved_plan=plan_checked(cfg, time_limit=time_limit).plan, time_limit=time_limit, allow_destroy=3)
     again = plan_checked(cfg, time_limit=time_limit)
     assert not again.plan.has_changes, (again.plan.counts(), [(d.instance_id, d.site.instance_type, d.reason) for d in again.plan.deletes])
+
+
+@pytest.mark.parametrize("time_limit", [0, 5], ids=["greedy", "cp-sat"])
+def test_a_tenants_borrowed_higher_class_does_not_take_back_its_guaranteed_job_the_plan_before_placed(tmp_path, time_limit):
+    """t3: 2 GPUs guaranteed, burst 4. Its low 1-A10G j1 is inside the guarantee; its critical 2 x 2-A100 gang j2
+    would take it past the guarantee (borrowed). Both planners place j1 and leave j2 waiting on t3's quota (guaranteed
+    work first). After the apply, greedy's `_place_preempting` stopped j1 for j2, a higher class of its tenant: but
+    borrowed, and guaranteed running work gives way only to guaranteed work (the lifecycle machine, greedy alone)."""
+    docs = [topology("life"), tenant("t1"), tenant("t2"), tenant("t3", gpus=2, cpu=16, burst={"gpus": 4, "cpu": 32}),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=1),
+            pool("a100", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g", "a2-highgpu-4g"],
+                 market="either", hi=1),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}),
+            job("j1", tenant="t3", priority="low", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+            job("j2", tenant="t3", priority="critical", gpus=2, gpu_type="A100", cpu=16, mem=120, replicas=2, gang="zone"),
+            job("j3", tenant="t1", priority="low", gpus=1, gpu_type="A10G", cpu=4, mem=16)]
+    cfg = write_config(tmp_path / "cfg", docs)
+    first = plan_checked(cfg, time_limit=time_limit)
+    assert by_job(first.plan)["j1"].action == "place" and by_job(first.plan)["j2"].action == "pending"
+    api.apply(cfg, saved_plan=first.plan, time_limit=time_limit)
+    again = plan_checked(cfg, time_limit=time_limit)
+    assert not again.plan.has_changes, [(j.job, j.action, j.reason) for j in again.plan.jobs if j.action != "keep"]
