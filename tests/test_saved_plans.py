@@ -991,3 +991,25 @@ def test_a_stop_is_not_made_needed_by_a_dearer_move_an_idle_instance_kept_or_ano
         assert [j.job for j in plan.jobs if j.action == "evict"] == ["x"]
         edit = _deleting(_set(_set(plan, "x", "keep", ["i2"], [(0,)]), "e", "evict"), fleet[0])
         assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit))
+
+
+def test_spot_ballast_the_plan_keeps_or_buys_licenses_no_stop_of_guaranteed_spot_work(tmp_path):
+    """The fleet runs t1's e on spot beside t2's x on demand, over max_spot_fraction 0.4 (or, with an idle on-demand
+    instance, under it while aws-cpu is under its minimum). An edited plan stopped e and bought (or kept) an idle on-demand
+    instance: weighed with that instance taken as padding, e kept "broke" the spot share, and apply carried it out. Kept,
+    e is what the idle instance is ballast for: the padding is offered again with the job kept."""
+    from tests.fleetkit import doc, instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=8), tenant("t2", gpus=8), doc("SpotPolicy", "sp", {"max_spot_fraction": 0.4}),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=6),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=2),
+            job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60), job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    spot = instance("i1", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot")
+    for fleet in ([spot, _gcp(2)], [spot, _gcp(2), _gcp(3)]):
+        plans, check = _weighed(tmp_path / str(len(fleet)), docs, fleet, {"e": ("i1",), "x": ("i2",)}, {"e": [[0]], "x": [[0]]})
+        for plan in plans:
+            edit = _deleting(_set(_set(plan, "e", "evict"), "x", "keep", ["i2"], [(0,)]), spot)
+            if len(fleet) == 2:
+                edit = _buying(replace(edit, creates=tuple(c for c in edit.creates if c.site.pool == "cpu")), "gpu", "gcp",
+                               "us-central1", "us-central1-a", "a2-highgpu-1g")[0]
+            assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
