@@ -449,6 +449,7 @@ class KeptInstead:
         self._waits: set[str] = set()
         self._back: set[str] = set()  # running work _enter put back where it ran
         self._base: set[str] = set()
+        self._padding: list = []  # (ref, capacity) of the idle instances _enter took
         self._came: dict = {}  # target (or ("pool", name)) -> what arrives there: the plan's, read once
 
     @staticmethod
@@ -478,7 +479,11 @@ class KeptInstead:
                 for t in sorted(takers):
                     self._on(t, self.observed.placements[t], undo)
             self._on(job, ids, undo)
-            return bool((self._without_padding(undo) if takers else set(self.led.broken_rules())) - base)
+            for ref, cap in self._padding:  # (the padding offered again: kept, the job may be what it is there for, spot ballast)
+                if ref not in self.led.instances:
+                    self.led.add_instance(ref, cap)
+                    undo.append(("inst-", None, None, ref))
+            return bool((self._without_padding(undo) if takers or self._padding else set(self.led.broken_rules())) - base)
         finally:
             self._undo(undo)
 
@@ -495,6 +500,7 @@ class KeptInstead:
             self._off(t, self._group)
         self._base = self._without_padding(self._group)
         self._put_back([t for t in self.movers if t not in self._waits])
+        self._padding = [(ref, cap) for op, cap, _, ref in self._group if op == "inst+" and ref not in self.led.instances]
         self._key = key
 
     def _put_back(self, movers: list[str]) -> None:
@@ -523,7 +529,7 @@ class KeptInstead:
     def done(self) -> None:
         """The ledger as the plan leaves it again."""
         self._undo(self._group)
-        self._group, self._key, self._back = [], None, set()
+        self._group, self._key, self._back, self._padding = [], None, set(), []
 
     def _undo(self, undo: list) -> None:
         for op, a, b, c in reversed(undo):
