@@ -1013,3 +1013,25 @@ def test_spot_ballast_the_plan_keeps_or_buys_licenses_no_stop_of_guaranteed_spot
                 edit = _buying(replace(edit, creates=tuple(c for c in edit.creates if c.site.pool == "cpu")), "gpu", "gcp",
                                "us-central1", "us-central1-a", "a2-highgpu-1g")[0]
             assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
+
+
+def test_a_tenant_over_its_own_spot_share_licenses_no_stop_of_its_on_demand_work(tmp_path):
+    """t1 runs e on demand and s on spot, over its own max_spot_fraction 0.3 (lowered): its own rule broken now let any
+    of its jobs go, and an edited plan that stopped e (keeping s on spot: t1 then all spot, worse) was applied. Its spot
+    share licenses the stop of its spot work only."""
+    from tests.fleetkit import doc, instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=8), tenant("t2", gpus=8),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.9, "tenant_max_spot_fraction": {"t1": 0.3}}),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=6),
+            job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60), job("s", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    fleet = [_gcp(1), instance("i2", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"), _gcp(3)]
+    plans, check = _weighed(tmp_path, docs, fleet, {"e": ("i1",), "s": ("i2",), "x": ("i3",)}, {j: [[0]] for j in "esx"})
+    for plan in plans:
+        edit = replace(_set(plan, "e", "evict"), creates=())
+        edit = _deleting(_set(_set(edit, "s", "keep", ["i2"], [(0,)]), "x", "keep", ["i3"], [(0,)]), fleet[0])
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
+        edit = _deleting(_set(_set(replace(_set(plan, "s", "evict"), creates=()), "e", "keep", ["i1"], [(0,)]), "x", "keep",
+                              ["i3"], [(0,)]), fleet[1])
+        assert check(edit) == []  # (its spot job's stop mends it: accepted)
