@@ -320,10 +320,15 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     by_tenant = TenantMoves.of(plan, demand_of, arriving)
+    # (its spot share alone, its spot work only: the stop of its on-demand work makes the share worse; it let an edited
+    # plan stop a tenant's guaranteed on-demand job while the tenant was over its spot share, audit)
+    spot_only = {t: all(r.startswith("tenant-spot:") for r in broken_now if r.startswith("tenant-") and r.split(":", 1)[1] == t)
+                 for t in licensed}
     errors: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
-        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
+        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed and not (
+                spot_only.get(d.tenant) and not any(i in hosts and hosts[i].market == "spot" for i in ids)):
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
