@@ -1035,3 +1035,22 @@ def test_a_tenant_over_its_own_spot_share_licenses_no_stop_of_its_on_demand_work
         edit = _deleting(_set(_set(replace(_set(plan, "s", "evict"), creates=()), "e", "keep", ["i1"], [(0,)]), "x", "keep",
                               ["i3"], [(0,)]), fleet[1])
         assert check(edit) == []  # (its spot job's stop mends it: accepted)
+
+
+def test_a_tenant_over_its_gpu_ceiling_licenses_no_stop_of_its_cpu_work(tmp_path):
+    """t1 (quota 1 GPU, lowered) runs two 1-GPU jobs and the CPU job c: over its GPU ceiling, its own rule let any of
+    its jobs go, and an edited plan that stopped c and kept both GPU jobs (t1 still over its ceiling) was applied. Its
+    ceiling licenses the stop of its work in a dimension it is over only."""
+    from tests.fleetkit import instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=1, cpu=64), tenant("t2", gpus=8),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=6),
+            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], hi=3),
+            job("g1", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="high"),
+            job("g2", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="low"), job("c", "t1", cpu=4, mem=8, priority="high")]
+    fleet = [_gcp(1), _gcp(2), instance("i3", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16")]
+    plans, check = _weighed(tmp_path, docs, fleet, {"g1": ("i1",), "g2": ("i2",), "c": ("i3",)}, {"g1": [[0]], "g2": [[0]]})
+    for plan in plans:
+        assert [j.job for j in plan.jobs if j.action == "evict"] == ["g2"]
+        edit = _deleting(_set(_set(_set(plan, "c", "evict"), "g1", "keep", ["i1"], [(0,)]), "g2", "keep", ["i2"], [(0,)]), fleet[2])
+        assert any("job c: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
