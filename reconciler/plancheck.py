@@ -59,6 +59,7 @@ from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
 from reconciler.plan.file import PLAN_ID_LEN, is_plan_id
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, borrows, over_cap_tenants, placement_refusal
+from reconciler.problem.rules import running_use
 from reconciler.site import Site
 
 
@@ -320,15 +321,24 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     by_tenant = TenantMoves.of(plan, demand_of, arriving)
-    # (its spot share alone, its spot work only: the stop of its on-demand work makes the share worse; it let an edited
-    # plan stop a tenant's guaranteed on-demand job while the tenant was over its spot share, audit)
-    spot_only = {t: all(r.startswith("tenant-spot:") for r in broken_now if r.startswith("tenant-") and r.split(":", 1)[1] == t)
-                 for t in licensed}
+    # (its spot share lets its spot work go, its ceiling its work in a dimension it is over, its budget any: the stop of
+    # its on-demand work makes its spot share worse, that of its CPU job mends no GPU ceiling; audit: each was applied)
+    use = running_use(problem.demands)
+
+    def own_rule_lets_go(d: Demand, ids) -> bool:
+        kinds = {r.split(":", 1)[0] for r in broken_now if r.startswith("tenant-") and r.split(":", 1)[1] == d.tenant} \
+            if d.tenant in licensed else set()
+        kinds |= {"tenant-cap"} if d.tenant in over_cap else set()
+        if kinds - {"tenant-spot", "tenant-cap"}:
+            return True  # (its budget)
+        if "tenant-spot" in kinds and any(i in hosts and hosts[i].market == "spot" for i in ids):
+            return True
+        cap = problem.tenants[d.tenant].cap if "tenant-cap" in kinds and d.tenant in problem.tenants else {}
+        return any(d.req(k) and not quota_ok(use.get(d.tenant, {}).get(k, 0.0), 0.0, v) for k, v in cap.items())
     errors: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
-        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed and not (
-                spot_only.get(d.tenant) and not any(i in hosts and hosts[i].market == "spot" for i in ids)):
+        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or own_rule_lets_go(d, ids):
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
