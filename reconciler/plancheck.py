@@ -39,7 +39,8 @@ never read from the plan:
   work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
   without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule
   and the plan with the job kept instead would break a rule the plan keeps (KeptInstead: not merely because some
-  rule is broken), or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only
+  rule is broken), or its own tenant's (that tenant's work only, and only what can mend it: for its spot share its
+  spot work, for its ceiling its work in a dimension it is over, for its budget any); otherwise only
   borrowed work, never a job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
