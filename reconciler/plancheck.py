@@ -39,7 +39,8 @@ never read from the plan:
   work of its own tenant arrives, its tenant is over its ceiling, or the fleet as it runs (or as it can stay:
   without the instances that must go and the jobs that changed, ledger.rules_broken_now) breaks a fleet-wide rule
   and the plan with the job kept instead would break a rule the plan keeps (KeptInstead: not merely because some
-  rule is broken), or its own tenant's (its spot share, its budget: that tenant's work only); otherwise only
+  rule is broken), or its own tenant's (that tenant's work only, and only what can mend it: for its spot share its
+  spot work, for its ceiling its work in a dimension it is over, for its budget any); otherwise only
   borrowed work, never a job inside its tenant's guarantee;
 * the budget guardrail is checked on the recomputed cost (policies/guardrails.py, unchanged).
 
@@ -59,6 +60,7 @@ from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
 from reconciler.plan.file import PLAN_ID_LEN, is_plan_id
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, borrows, over_cap_tenants, placement_refusal
+from reconciler.problem.rules import running_use
 from reconciler.site import Site
 
 
@@ -310,10 +312,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     # forced movers; refusing its evictions refused every plan of a fleet whose normal spot-required job had to leave
     # an on-demand host for its tenant's low job's spot room, fleet60)
     leaving = jobs_that_must_leave(problem)
-    arriving = [j for j in plan.jobs if j.job in demand_of and (
-        j.action == "place" or j.action in ("keep", "move") and (
-            j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle
-            or j.action == "move" and j.job in leaving))]
+    arriving = _arriving(plan, observed, demand_of, leaving)
     # (of a class of identical jobs, as many kept as it has protected ones keep its guarantee: a kept identical job stands in
     # for an evicted protected one, as the model counts it, objective.protected_tier. By name, a fixed pool whose tenant
     # b ran 16 identical 1-GPU jobs on two hosts, 8 guaranteed, and tenant a asking for its guaranteed 8: CP-SAT gave a
@@ -323,10 +322,24 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     by_tenant = TenantMoves.of(plan, demand_of, arriving)
+    # (its spot share lets its spot work go, its ceiling its work in a dimension it is over, its budget any: the stop of
+    # its on-demand work makes its spot share worse, that of its CPU job mends no GPU ceiling; audit: each was applied)
+    use = running_use(problem.demands)
+
+    def own_rule_lets_go(d: Demand, ids) -> bool:
+        kinds = {r.split(":", 1)[0] for r in broken_now if r.startswith("tenant-") and r.split(":", 1)[1] == d.tenant} \
+            if d.tenant in licensed else set()
+        kinds |= {"tenant-cap"} if d.tenant in over_cap else set()
+        if kinds - {"tenant-spot", "tenant-cap"}:
+            return True  # (its budget)
+        if "tenant-spot" in kinds and any(i in hosts and hosts[i].market == "spot" for i in ids):
+            return True
+        cap = problem.tenants[d.tenant].cap if "tenant-cap" in kinds and d.tenant in problem.tenants else {}
+        return any(d.req(k) and not quota_ok(use.get(d.tenant, {}).get(k, 0.0), 0.0, v) for k, v in cap.items())
     errors: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
-        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or d.tenant in over_cap or d.tenant in licensed:
+        if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or own_rule_lets_go(d, ids):
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
@@ -354,6 +367,15 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
         if weigh is not None:
             weigh.done()
     return errors
+
+
+def _arriving(plan: Plan, observed: Observed, demand_of: dict[str, Demand], leaving: set[str]) -> list:
+    """The plan's work that needs capacity anew, as the planner counts it (`_unlawful`): placed, restarted in a new
+    shape, a gang that does not run whole now, or a running job a rule moves (`leaving`), placed elsewhere."""
+    return [j for j in plan.jobs if j.job in demand_of and (
+        j.action == "place" or j.action in ("keep", "move") and (
+            j.job in demand_of[j.job].reshaped or len(observed.placements.get(j.job, ())) != demand_of[j.job].replicas * demand_of[j.job].bundle
+            or j.action == "move" and j.job in leaving))]
 
 
 @dataclass(frozen=True)
@@ -392,15 +414,22 @@ class KeptInstead:
     breaks a fleet-wide rule now (`_unlawful`): something must give, and the stop is lawful where keeping the job
     breaks a rule, by the one ledger (reconciler/ledger.py) of the fleet the plan leaves. Kept instead, the plan is
     read as the rules rank its parts above the job: the job on its instances (those the plan deletes kept too); new
-    work (placed, not running) waits, but its own tenant's of a higher class (the only new work a running job inside
-    its guarantee gives way to); running work that took its room goes back where it ran (its instance kept too, if the
-    plan deletes it), and the work that took that room in turn, and so on; instances left standing idle that no rule
-    asks for are not bought (padding). The stop is lawful where that plan breaks a rule the same plan without the job
-    keeps. Work in its room that cannot go back (it must leave where it ran, a gang re-forming, its tenant's higher
-    class) was moved by a rule or outranks it: the planner chose what gives. A replacement the plan buys in the pool
-    of an instance it deletes counts as the job's room. (Edited plans while one instance was under a pool's minimum:
-    guaranteed work stopped for nothing, for another tenant's new job on its T4 or an identical T4 bought for it, for
-    a job moved off an instance deleted for no rule, for idle instances bought up to the budget: each passed.)"""
+    work (placed, restarted in a new shape, a gang re-forming, a job a rule moves: `_arriving`) waits, but its own
+    tenant's of a higher class (the only new work a running job inside its guarantee gives way to), and so does
+    running work outside its tenant's guarantee (borrowed: it goes before guaranteed work); running work that took its
+    room goes back where it ran (its instance kept too, if the plan deletes it), and the work that took that room in
+    turn, and so on; running work moved elsewhere for no rule goes back where it ran, where it fits there and no rule
+    the plan keeps then breaks; instances left standing idle that no rule asks for are not bought, nor kept (padding).
+    The stop is lawful where that plan breaks a rule the same plan without the job keeps. Work in its room that cannot
+    go back (it must leave where it ran, a gang re-forming, its tenant's higher class) was moved by a rule or outranks
+    it: the planner chose what gives. A replacement the plan buys in the pool of an instance it deletes counts as the
+    job's room. (Edited plans while one instance was under a pool's minimum: guaranteed work stopped for nothing, for
+    another tenant's new job on its T4 or an identical T4 bought for it, for a job moved off an instance deleted for no
+    rule, for idle instances bought up to the budget: each passed. Then (audit): another tenant's job moved onto the
+    stopped job's GPU index on its own instance, another tenant's job that must leave its host or gang re-forming put
+    in its room, another tenant's job moved to a dearer new instance up to the budget, an idle instance kept past a
+    lowered max_instances while the stopped job's was deleted, and a license lowered below what runs kept by another
+    tenant's borrowed job: each passed.)"""
 
     def __init__(self, plan: Plan, observed: Observed, problem: Problem, led, staying: set[str], creates: list[CreateAction]) -> None:
         """`led`: the plan's ledger, this object's own (each weighing changes it and puts it back)."""
@@ -414,19 +443,29 @@ class KeptInstead:
         self.bought: dict[str, list[str]] = {}
         for c in creates:
             self.bought.setdefault(c.site.pool, []).append(c.ref)
-        # (spot first: spot padding gone, the on-demand buffer may ask for less)
-        self.creates = sorted((c.ref for c in creates if c.ref in led.instances), key=lambda r: led.instances[r].market != "spot")
+        # (spot first: spot padding gone, the on-demand buffer may ask for less; the plan's new instances, then those it keeps)
+        spot_first = lambda r: led.instances[r].market != "spot"  # noqa: E731
+        self.creates = sorted((c.ref for c in creates if c.ref in led.instances), key=spot_first)
+        self.creates += sorted((i for i in staying if i in led.instances), key=spot_first)
         self.residents: dict[str, list[tuple[str, int, tuple[int, ...]]]] = {}
         for j in plan.jobs:
             if j.action in ("keep", "place", "move") and j.job in self.demand_of:
                 for r, target in enumerate(j.instances):
                     self.residents.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus and r < len(j.gpus) else ()))
-        self.new = sorted(j.job for j in plan.jobs if j.action == "place" and j.job in self.demand_of)
         self.leaving = jobs_that_must_leave(problem)
+        self.new = sorted(j.job for j in _arriving(plan, observed, self.demand_of, self.leaving))
+        arriving = set(self.new)
+        running = [j for j in plan.jobs if j.action in ("keep", "move") and j.job in self.demand_of and j.job not in arriving
+                   and observed.placements.get(j.job)]
+        self.borrowed = _borrowed([j.job for j in running], problem, self.demand_of)
+        self.movers = sorted(j.job for j in running if j.action == "move" and j.job not in self.borrowed
+                             and all(i in self.hosts for i in observed.placements[j.job]))
         self._key: tuple[str, int] | None = None
         self._group: list = []  # what _enter changed in the ledger
         self._waits: set[str] = set()
+        self._back: set[str] = set()  # running work _enter put back where it ran
         self._base: set[str] = set()
+        self._padding: list = []  # (ref, capacity) of the idle instances _enter took
         self._came: dict = {}  # target (or ("pool", name)) -> what arrives there: the plan's, read once
 
     @staticmethod
@@ -456,27 +495,57 @@ class KeptInstead:
                 for t in sorted(takers):
                     self._on(t, self.observed.placements[t], undo)
             self._on(job, ids, undo)
-            return bool((self._without_padding(undo) if takers else set(self.led.broken_rules())) - base)
+            for ref, cap in self._padding:  # (the padding offered again: kept, the job may be what it is there for, spot ballast)
+                if ref not in self.led.instances:
+                    self.led.add_instance(ref, cap)
+                    undo.append(("inst-", None, None, ref))
+            return bool((self._without_padding(undo) if takers or self._padding else set(self.led.broken_rules())) - base)
         finally:
             self._undo(undo)
 
     def _enter(self, key: tuple[str, int]) -> None:
-        """The plan as weighed for a stop of tenant key[0]'s class key[1]: the new work that ranks below it waiting, and
-        the padding then not bought (made once per tenant and class: a plan's new work is read once, not per stop)."""
+        """The plan as weighed for a stop of tenant key[0]'s class key[1]: the new work and the borrowed work that rank
+        below it waiting, the padding then not bought nor kept, and the running work moved for no rule back where it
+        ran (made once per tenant and class: a plan's new work is read once, not per stop)."""
         if self._key == key:
             return
         self.done()
         tenant, klass = key
-        self._waits = {t for t in self.new if not (self.demand_of[t].tenant == tenant and self.demand_of[t].klass > klass)}
+        self._waits = {t for t in self.new + self.borrowed if not (self.demand_of[t].tenant == tenant and self.demand_of[t].klass > klass)}
         for t in sorted(self._waits):
             self._off(t, self._group)
         self._base = self._without_padding(self._group)
+        self._put_back([t for t in self.movers if t not in self._waits])
+        self._padding = [(ref, cap) for op, cap, _, ref in self._group if op == "inst+" and ref not in self.led.instances]
         self._key = key
+
+    def _put_back(self, movers: list[str]) -> None:
+        """Running work the plan moves for no rule back where it ran, all of it at once, else each alone: where it fits
+        there again and no rule the plan keeps then breaks (a move to a dearer instance, or into another's room, makes
+        no stop's need; a move that mends a rule, to a cheaper instance under the budget say, stays)."""
+        for group in ([movers] if len(movers) > 1 else []) + [[t] for t in movers]:
+            if group[0] in self._back:
+                continue
+            trial = self._back | set(group)
+            if not all(i not in self.staying or self._fits([t for t in group if i in self.observed.placements[t]], i, self._waits | trial)
+                       for i in sorted({i for t in group for i in self.observed.placements[t]})):
+                continue
+            undo: list = []
+            for t in group:
+                self._off(t, undo)
+            for t in group:
+                self._on(t, self.observed.placements[t], undo)
+            now = self._without_padding(undo)
+            if now <= self._base:
+                self._group += undo
+                self._base, self._back = now, trial
+            else:
+                self._undo(undo)
 
     def done(self) -> None:
         """The ledger as the plan leaves it again."""
         self._undo(self._group)
-        self._group, self._key = [], None
+        self._group, self._key, self._back, self._padding = [], None, set(), []
 
     def _undo(self, undo: list) -> None:
         for op, a, b, c in reversed(undo):
@@ -498,11 +567,11 @@ class KeptInstead:
         while rooms:
             who, i = rooms.pop()
             if i in self.staying:
-                came = set() if self._fits(who, i, waits | takers) else self._arrived(i) - waits - takers - {job}
-                if not came and not self._fits(who, i, waits | takers):
+                came = set() if self._fits([who], i, waits | takers) else self._arrived(i) - waits - takers - self._back - {job}
+                if not came and not self._fits([who], i, waits | takers):
                     return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
             elif i in self.hosts and who == job:
-                came = self._bought_for(self.hosts[i].pool) - waits - takers
+                came = self._bought_for(self.hosts[i].pool) - waits - takers - self._back
             else:
                 came = set()
             for t in sorted(came):
@@ -529,17 +598,35 @@ class KeptInstead:
             came = self._came[("pool", pool)] = {t for ref in self.bought.get(pool, ()) for t in self._arrived(ref)}
         return came
 
-    def _fits(self, job: str, target: str, without: set[str]) -> bool:
-        """Whether job's replicas that run on `target` fit there beside what the plan leaves on it (but `without`)."""
+    def _fits(self, jobs: list[str], target: str, without: set[str]) -> bool:
+        """Whether the replicas of `jobs` that ran on `target` fit there again as they ran, beside what the plan leaves
+        on it (but `without`, and the work put back elsewhere) and the work put back there as it ran. Work the plan
+        leaves where it runs is read as it runs, on the GPUs it holds, whatever GPUs the plan writes for it (audit: a
+        job moved in place onto the stopped job's GPU, or kept with GPUs never recorded written as its, made the stopped
+        job "not fit" where it ran)."""
         cap = self.caps.get(target)
         if cap is None:
             return False
-        others = [r for r in self.residents.get(target, ()) if r[0] != job and r[0] not in without]
+        skip, came = set(without) | set(jobs) | self._back, self._arrived(target)
+        others = [r for r in self.residents.get(target, ()) if r[0] not in skip and r[0] in came]
+        stay = sorted({r[0] for r in self.residents.get(target, ()) if r[0] not in skip and r[0] not in came} |
+                      {t for t in self._back - set(jobs) if target in self.observed.placements.get(t, ())})
         taken = {g for _, _, gpus in others for g in gpus}
+        for t in stay + list(jobs):  # (GPUs recorded first: unrecorded replicas take free ones)
+            rec = self.observed.gpu_indices.get(t) or ()
+            taken.update(g for r, iid in enumerate(self.observed.placements.get(t, ())) if iid == target and r < len(rec) for g in rec[r])
+        left = Counter(r[0] for r in self.residents.get(target, ()))  # (as many of its replicas as the plan leaves there)
+        others += [r for t in stay for r in self._as_ran(t, target, cap, taken, None if t in self._back else left[t])]
+        mine = [r for t in jobs for r in self._as_ran(t, target, cap, taken)]
+        with_it = _instance_errors(target, cap, others + mine, self.demand_of, self.observed)
+        return not with_it or set(with_it) <= set(_instance_errors(target, cap, others, self.demand_of, self.observed))
+
+    def _as_ran(self, job: str, target: str, cap: Capacity, taken: set[int], most: int | None = None) -> list[tuple[str, int, tuple[int, ...]]]:
+        """Job's replicas that run on `target` (at most `most`), on the GPUs they run on (not recorded: free ones, then taken)."""
         rec = self.observed.gpu_indices.get(job) or ()
-        mine = []
+        mine: list[tuple[str, int, tuple[int, ...]]] = []
         for r, iid in enumerate(self.observed.placements[job]):
-            if iid != target:
+            if iid != target or most is not None and len(mine) >= most:
                 continue
             if r < len(rec):
                 mine.append((job, r, tuple(rec[r])))
@@ -548,8 +635,7 @@ class KeptInstead:
             free = [g for g in range(cap.gpus) if g not in taken][:n]
             taken.update(free)
             mine.append((job, r, tuple(free)))
-        with_it = _instance_errors(target, cap, others + mine, self.demand_of, self.observed)
-        return not with_it or set(with_it) <= set(_instance_errors(target, cap, others, self.demand_of, self.observed))
+        return mine
 
     def _off(self, t: str, undo: list) -> None:
         """Job t's items off where the plan puts them."""
@@ -570,8 +656,8 @@ class KeptInstead:
             undo.append(("item-", q, t, ref))
 
     def _without_padding(self, undo: list) -> set[str]:
-        """Take the plan's new instances left idle whose absence breaks no rule it breaks not already out (an on-demand
-        buffer, spot ballast, a pool's minimum, spot diversity ask for theirs); the rules then broken."""
+        """Take the instances the plan buys or keeps left idle whose absence breaks no rule it breaks not already out
+        (an on-demand buffer, spot ballast, a pool's minimum, spot diversity ask for theirs); the rules then broken."""
         led = self.led
         broken = set(led.broken_rules())
         for ref in self.creates:
@@ -585,6 +671,25 @@ class KeptInstead:
                 else:
                     led.add_instance(ref, cap)
         return broken
+
+
+def _borrowed(running: list[str], problem: Problem, demand_of: dict[str, Demand]) -> list[str]:
+    """Of the running jobs a plan keeps or moves, those outside their tenant's guarantee (its borrowed work: a tenant
+    that borrows, past as many of each class of identical jobs as it protects, the jobs it does not name first)."""
+    borrowing = borrowing_tenants(problem.demands, problem.tenants)
+    by_key: dict = {}
+    for j in running:
+        d = demand_of[j]
+        if d.tenant in borrowing and d.tenant in problem.tenants:
+            by_key.setdefault(d.key, []).append(j)
+    out = []
+    for jobs in by_key.values():
+        d = demand_of[jobs[0]]
+        protected = set(problem.tenants[d.tenant].protected_jobs)
+        over = len(jobs) - sum(j in protected for j in d.jobs)
+        if over > 0:
+            out += sorted(jobs, key=lambda j: (j not in protected, j))[-over:]
+    return sorted(out)
 
 
 def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],

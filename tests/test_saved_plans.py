@@ -854,3 +854,203 @@ def test_a_plan_handed_to_the_api_with_an_id_plan_does_not_make_is_refused(appli
     with pytest.raises(StalePlanError, match="plan id 'xxxxxxxx.*' is not one `reconcile plan` makes"):
         api.apply(cfg, saved_plan=plan, time_limit=float(QUICK))
     assert _live(cfg) == before
+
+
+# While the fleet breaks a fleet-wide rule now (audit of plancheck.KeptInstead): a stop whose "need" the plan's other parts
+# made. Each fleet is planned by CP-SAT and by greedy alone, both plans re-checked (they must apply), then edited.
+
+
+def _weighed(tmp_path: Path, docs: list[dict], fleet: list, placements: dict, gpu_indices: dict):
+    """The planners' plans of this fleet (CP-SAT's, greedy's; each accepted by the re-check), and the re-check of an edit."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, plan_for, write_config
+
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = replace(catalog_observed(desired, fleet, placements), gpu_indices=gpu_indices)
+
+    def check(plan) -> list[str]:
+        return recheck(plan, desired, observed, build_problem(desired, observed))[1]
+
+    plans = [plan_for(tmp_path / f"t{tl}", docs, fleet, placements, time_limit=tl, gpu_indices=gpu_indices) for tl in (10, 0)]
+    for plan in plans:
+        assert check(plan) == [], plan
+    return plans, check
+
+
+def _set(plan, name: str, action: str, instances=(), gpus=()):
+    return replace(plan, jobs=tuple(replace(j, action=action, instances=tuple(instances), gpus=tuple(gpus)) if j.job == name else j
+                                    for j in plan.jobs))
+
+
+def _deleting(plan, *instances):
+    from reconciler.plan import DeleteAction
+    from reconciler.site import Site
+
+    return replace(plan, deletes=tuple(DeleteAction(i.id, Site.of(i), 0.0, "edited") for i in instances))
+
+
+def _buying(plan, pool: str, cloud: str, region: str, zone: str, itype: str):
+    from reconciler.plan import CreateAction
+    from reconciler.site import Site
+
+    n = len(plan.creates) + 1
+    site = Site(pool=pool, provider="sim", cloud=cloud, region=region, zone=zone, instance_type=itype, market="on-demand")
+    return replace(plan, creates=plan.creates + (CreateAction(f"+{n}", f"{plan.id}-{n:04d}", site, 0.0, None),)), f"+{n}"
+
+
+def _a100_fleet(*, hi: int = 4, lo_cpu: int = 1, extra=(), market: str = "on-demand"):
+    """t1's job e and t2's job x, each 1 A100, inside their tenants' guarantees; an empty CPU pool under its minimum (the
+    fleet breaks a fleet-wide rule now, whatever a plan does)."""
+    from tests.fleetkit import job, pool, tenant, topology
+
+    return [topology(), tenant("t1", gpus=8), tenant("t2", gpus=8),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market=market, hi=hi),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=lo_cpu, hi=2),
+            job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60), *extra] + \
+        ([] if any(d["metadata"]["name"] == "x" for d in extra) else [job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60)])
+
+
+def _gcp(n: int, itype: str = "a2-highgpu-1g", pool: str = "gpu", market: str = "on-demand"):
+    from tests.fleetkit import instance
+
+    return instance(f"i{n}", pool, "gcp", "us-central1", "us-central1-a", itype, market=market)
+
+
+def test_a_pool_under_its_minimum_licenses_no_stop_of_guaranteed_work_whose_room_another_tenants_work_takes_by_an_edit(tmp_path):
+    """aws-cpu under its minimum (something must give). Edited plans stopped t1's guaranteed e for t2's x, and apply
+    carried them out: x moved in place on their shared a2-highgpu-2g onto e's GPU index, or kept there with e's GPU written
+    as its where its own were never recorded (e then "did not fit" where it ran); x,
+    which must leave its spot host (spot: never), moved into e's room (work a rule moves "outranked" e); t2's gang g,
+    one replica lost, re-formed in e's room (a gang re-forming "outranked" it). Work a rule moves and gangs re-forming
+    are new work, as the planner counts them: another tenant's waits for a job inside its guarantee."""
+    from tests.fleetkit import job, pool
+
+    docs = _a100_fleet()
+    docs[3] = pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-2g"], hi=2)
+    plans, check = _weighed(tmp_path / "gpu-index", docs, [_gcp(1, "a2-highgpu-2g")], {"e": ("i1",), "x": ("i1",)},
+                            {"e": [[0]], "x": [[1]]})
+    for plan in plans:
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e
+                   for e in check(_set(_set(plan, "e", "evict"), "x", "move", ["i1"], [(0,)])))
+    plans, check = _weighed(tmp_path / "unrecorded", docs, [_gcp(1, "a2-highgpu-2g")], {"e": ("i1",), "x": ("i1",)}, {"e": [[0]]})
+    for plan in plans:  # x's GPUs never recorded: kept, the plan wrote e's GPU as x's
+        for action in ("keep", "move"):
+            assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e
+                       for e in check(_set(_set(plan, "e", "evict"), "x", action, ["i1"], [(0,)])))
+
+    spot = [_gcp(1), _gcp(2, market="spot")]
+    never = job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60, spot="never")
+    plans, check = _weighed(tmp_path / "must-leave", _a100_fleet(extra=[never], market="either"), spot, {"e": ("i1",), "x": ("i2",)},
+                            {"e": [[0]], "x": [[0]]})
+    for plan in plans:
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e
+                   for e in check(_set(_set(plan, "e", "evict"), "x", "move", ["i1"], [(0,)])))
+
+    gang = job("g", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60, replicas=2, gang="zone")
+    plans, check = _weighed(tmp_path / "gang", _a100_fleet(extra=[gang]), [_gcp(1), _gcp(2)],
+                            {"e": ("i1",), "g": ("i2",)}, {"e": [[0]], "g": [[0]]})
+    for plan in plans:
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e
+                   for e in check(_set(_set(plan, "e", "evict"), "g", "move", ["i2", "i1"], [(0,), (0,)])))
+
+
+def test_a_stop_is_not_made_needed_by_a_dearer_move_an_idle_instance_kept_or_another_tenants_borrowed_work(tmp_path):
+    """Edited plans stopped t1's guaranteed e, each for a rule the plan's other parts made it "need", and apply carried
+    them out: with aws-cpu under its minimum and a $32/h budget, t2's x moved to a new $29/h a2-highgpu-8g (kept, e
+    "broke" the budget); with gpu's max_instances lowered to 2 of the 3 running, the idle third kept and e's deleted (kept,
+    e "broke" the maximum); with a license lowered to 1 of the 2 held, t2's borrowed x kept it. Running work moved for
+    no rule goes back where it ran, idle instances no rule asks for are not kept, and borrowed work goes first."""
+    from tests.fleetkit import doc, job, pool, tenant, topology
+
+    docs = _a100_fleet(extra=[doc("GuardrailPolicy", "g", {"max_hourly_budget": 32}),
+                              pool("big", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1)])
+    fleet = [_gcp(1), _gcp(2)]
+    plans, check = _weighed(tmp_path / "budget", docs, fleet, {"e": ("i1",), "x": ("i2",)}, {"e": [[0]], "x": [[0]]})
+    for plan in plans:
+        dearer, ref = _buying(_deleting(_set(plan, "e", "evict"), *fleet), "big", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g")
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(_set(dearer, "x", "move", [ref], [(0,)])))
+
+    fleet = [_gcp(1), _gcp(2), _gcp(3)]
+    plans, check = _weighed(tmp_path / "max", _a100_fleet(hi=2, lo_cpu=0), fleet, {"e": ("i1",), "x": ("i2",)},
+                            {"e": [[0]], "x": [[0]]})
+    for plan in plans:
+        assert [d.instance_id for d in plan.deletes] == ["i3"]
+        for edit in (_deleting(_set(plan, "e", "evict"), fleet[0]),  # the idle i3 kept
+                     _deleting(_set(_set(plan, "e", "evict"), "x", "move", ["i1"], [(0,)]), fleet[1])):  # x into e's room
+            assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit))
+
+    lic = [topology(), tenant("t1", gpus=8), tenant("t2", gpus=0, burst={"gpus": 8}), doc("License", "lic", {"count": 1}),
+           pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=4),
+           job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, licenses={"lic": 1}),
+           job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60, licenses={"lic": 1})]
+    fleet = [_gcp(1), _gcp(2)]
+    plans, check = _weighed(tmp_path / "license", lic, fleet, {"e": ("i1",), "x": ("i2",)}, {"e": [[0]], "x": [[0]]})
+    for plan in plans:
+        assert [j.job for j in plan.jobs if j.action == "evict"] == ["x"]
+        edit = _deleting(_set(_set(plan, "x", "keep", ["i2"], [(0,)]), "e", "evict"), fleet[0])
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit))
+
+
+def test_spot_ballast_the_plan_keeps_or_buys_licenses_no_stop_of_guaranteed_spot_work(tmp_path):
+    """The fleet runs t1's e on spot beside t2's x on demand, over max_spot_fraction 0.4 (or, with an idle on-demand
+    instance, under it while aws-cpu is under its minimum). An edited plan stopped e and bought (or kept) an idle on-demand
+    instance: weighed with that instance taken as padding, e kept "broke" the spot share, and apply carried it out. Kept,
+    e is what the idle instance is ballast for: the padding is offered again with the job kept."""
+    from tests.fleetkit import doc, instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=8), tenant("t2", gpus=8), doc("SpotPolicy", "sp", {"max_spot_fraction": 0.4}),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=6),
+            pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=2),
+            job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60), job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    spot = instance("i1", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot")
+    for fleet in ([spot, _gcp(2)], [spot, _gcp(2), _gcp(3)]):
+        plans, check = _weighed(tmp_path / str(len(fleet)), docs, fleet, {"e": ("i1",), "x": ("i2",)}, {"e": [[0]], "x": [[0]]})
+        for plan in plans:
+            edit = _deleting(_set(_set(plan, "e", "evict"), "x", "keep", ["i2"], [(0,)]), spot)
+            if len(fleet) == 2:
+                edit = _buying(replace(edit, creates=tuple(c for c in edit.creates if c.site.pool == "cpu")), "gpu", "gcp",
+                               "us-central1", "us-central1-a", "a2-highgpu-1g")[0]
+            assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
+
+
+def test_a_tenant_over_its_own_spot_share_licenses_no_stop_of_its_on_demand_work(tmp_path):
+    """t1 runs e on demand and s on spot, over its own max_spot_fraction 0.3 (lowered): its own rule broken now let any
+    of its jobs go, and an edited plan that stopped e (keeping s on spot: t1 then all spot, worse) was applied. Its spot
+    share licenses the stop of its spot work only."""
+    from tests.fleetkit import doc, instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=8), tenant("t2", gpus=8),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.9, "tenant_max_spot_fraction": {"t1": 0.3}}),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=6),
+            job("e", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60), job("s", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60),
+            job("x", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60)]
+    fleet = [_gcp(1), instance("i2", "gpu", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"), _gcp(3)]
+    plans, check = _weighed(tmp_path, docs, fleet, {"e": ("i1",), "s": ("i2",), "x": ("i3",)}, {j: [[0]] for j in "esx"})
+    for plan in plans:
+        edit = replace(_set(plan, "e", "evict"), creates=())
+        edit = _deleting(_set(_set(edit, "s", "keep", ["i2"], [(0,)]), "x", "keep", ["i3"], [(0,)]), fleet[0])
+        assert any("job e: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
+        edit = _deleting(_set(_set(replace(_set(plan, "s", "evict"), creates=()), "e", "keep", ["i1"], [(0,)]), "x", "keep",
+                              ["i3"], [(0,)]), fleet[1])
+        assert check(edit) == []  # (its spot job's stop mends it: accepted)
+
+
+def test_a_tenant_over_its_gpu_ceiling_licenses_no_stop_of_its_cpu_work(tmp_path):
+    """t1 (quota 1 GPU, lowered) runs two 1-GPU jobs and the CPU job c: over its GPU ceiling, its own rule let any of
+    its jobs go, and an edited plan that stopped c and kept both GPU jobs (t1 still over its ceiling) was applied. Its
+    ceiling licenses the stop of its work in a dimension it is over only."""
+    from tests.fleetkit import instance, job, pool, tenant, topology
+
+    docs = [topology(), tenant("t1", gpus=1, cpu=64), tenant("t2", gpus=8),
+            pool("gpu", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=6),
+            pool("cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], hi=3),
+            job("g1", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="high"),
+            job("g2", "t1", gpus=1, gpu_type="A100", cpu=8, mem=60, priority="low"), job("c", "t1", cpu=4, mem=8, priority="high")]
+    fleet = [_gcp(1), _gcp(2), instance("i3", "cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16")]
+    plans, check = _weighed(tmp_path, docs, fleet, {"g1": ("i1",), "g2": ("i2",), "c": ("i3",)}, {"g1": [[0]], "g2": [[0]]})
+    for plan in plans:
+        assert [j.job for j in plan.jobs if j.action == "evict"] == ["g2"]
+        edit = _deleting(_set(_set(_set(plan, "c", "evict"), "g1", "keep", ["i1"], [(0,)]), "g2", "keep", ["i2"], [(0,)]), fleet[2])
+        assert any("job c: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
