@@ -157,7 +157,8 @@ told to make it a plain test).
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
   why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test).
   fleet88 (the slow property tier, 2026-12-02, with plancheck.KeptInstead): greedy gave up a spot CPU host for a GPU
-  spot share (its test)."""
+  spot share (its test). fleet89 (the slow property tier, 2026-12-02, kept, no test yet): greedy's plan charges t3
+  $6.42/h over its $5/h tenant budget (at the session's start too); apply's re-check refuses such a plan."""
 
 from __future__ import annotations
 
