@@ -1037,7 +1037,6 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
     # pending jobs of the applied 5k fleet was 0.1 s of a PR's plan)
     stays = [(v, hk, g.a.stay.get((v.key, hk), 0)) for v, hk in victims[:bisect.bisect_left(classes, d.klass)]]
     stopped: list[tuple[Demand, _Inst]] = []
-    _, hosts_of, protected = _reclaimable(g)
     took_guarantee = False
     for v, hk, n in stays:
         for _ in range(n):
@@ -1045,7 +1044,7 @@ def _place_preempting(g: _Greedy, d: Demand) -> bool:
             if short is None or not v.req(short[0]):  # (a job that frees none of the short dimension stays)
                 break
             inst = g.opened[hk]
-            took_guarantee |= sum(g.a.stay.get((v.key, h), 0) for h in hosts_of.get(v.key, ())) <= protected.get(v.key, 0)
+            took_guarantee |= _stop_takes_protected(g, v)
             g._stop_running(v, inst)
             stopped.append((v, inst))
     # (guaranteed running work gives way to its tenant's higher class only where that work is guaranteed too: every
@@ -1328,7 +1327,6 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
     on_host: dict[str, list[Demand]] = {}
     for v, hk in victims[:bisect.bisect_left(classes, d.klass)]:
         on_host.setdefault(hk, []).append(v)
-    _, hosts_of, protected = _reclaimable(g)
     stopped: dict[str, list[Demand]] = {}  # host -> the jobs stopped there, by demand
     lost: dict[str, list[Demand]] = {}  # host -> the protected jobs among them (their units are the guarantee's)
 
@@ -1349,7 +1347,7 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
         here = stopped.setdefault(hk, [])
         for v in here_victims:
             while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0:
-                if sum(g.a.stay.get((v.key, h), 0) for h in hosts_of[v.key]) <= protected[v.key]:
+                if _stop_takes_protected(g, v):
                     lost.setdefault(hk, []).append(v)  # (identical jobs stand in for each other: one of v's protected)
                 g._stop_running(v, inst)
                 here.append(v)
@@ -1395,6 +1393,13 @@ def _reclaimable(g: _Greedy) -> tuple[dict[str, list[Demand]], dict[str, list[st
                     on_host.setdefault(hk, []).append(v)
         g.reclaimable = (on_host, hosts_of, protected)
     return g.reclaimable
+
+
+def _stop_takes_protected(g: _Greedy, v: Demand) -> bool:
+    """Whether stopping one more running job of v takes one of its tenant's protected jobs: as many of v's kept jobs
+    as it protects stand in for each other (identical jobs), so a stop takes one only once no more are kept than that."""
+    _, hosts_of, protected = _reclaimable(g)
+    return sum(g.a.stay.get((v.key, h), 0) for h in hosts_of.get(v.key, ())) <= protected.get(v.key, 0)
 
 
 def _victims(g: _Greedy, tenant: str) -> tuple[list[tuple[Demand, str]], list[int]]:
