@@ -567,8 +567,9 @@ class KeptInstead:
         while rooms:
             who, i = rooms.pop()
             if i in self.staying:
-                came = set() if self._fits([who], i, waits | takers) else self._arrived(i) - waits - takers - self._back - {job}
-                if not came and not self._fits([who], i, waits | takers):
+                fits = self._fits([who], i, waits | takers)
+                came = set() if fits else self._arrived(i) - waits - takers - self._back - {job}
+                if not came and not fits:
                     return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
             elif i in self.hosts and who == job:
                 came = self._bought_for(self.hosts[i].pool) - waits - takers - self._back
