@@ -115,6 +115,7 @@ class _Greedy:
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
         self.sparing_buffer = False  # plan onto no open on-demand instance the on-demand buffer counts
+        self.freed: set[str] = set()  # open instances whose room stops just freed for the job planned: offered first
         self.ballast_after = False  # the fleet's spot share not asked per instance: idle on-demand bought after mends it
         self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
         self.keys_memo: dict[tuple, list[str]] = {}  # _keys_at's answers
@@ -669,23 +670,32 @@ class _Greedy:
         their egress/latency cost for d."""
         plan: list = []
         taken: dict[int, dict] = {}  # id(inst) -> tentative free
-        for kk in sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk])):
-            for inst in self.buckets.get(kk, []):
-                if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
-                    continue
-                if self.sparing_buffer and self.led.in_buffer(inst.key):
-                    continue
-                free = taken.get(id(inst), inst.free)
-                while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
-                    if self._refuses(self.led.plan_item(d, inst.cap, pending)):
-                        break
-                    free = taken.setdefault(id(inst), dict(free))
-                    for dd in d.dims:
-                        free[dd] = free.get(dd, 0) - d.req(dd)
-                    plan.append((kk, inst))
-                if len(plan) >= k:
-                    return plan
+        for kk, inst in self._open_room(d, keys):
+            if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
+                continue
+            if self.sparing_buffer and self.led.in_buffer(inst.key):
+                continue
+            free = taken.get(id(inst), inst.free)
+            while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
+                if self._refuses(self.led.plan_item(d, inst.cap, pending)):
+                    break
+                free = taken.setdefault(id(inst), dict(free))
+                for dd in d.dims:
+                    free[dd] = free.get(dd, 0) - d.req(dd)
+                plan.append((kk, inst))
+            if len(plan) >= k:
+                return plan
         return plan
+
+    def _open_room(self, d: Demand, keys: list[str]):
+        """The open instances of these offers with room, as (offer key, instance), the offers in order of their
+        egress/latency cost for d; those in `freed` first."""
+        keys = sorted(keys, key=lambda kk: self.p.cost_coef(d, self.rep[kk]))
+        if not self.freed:
+            yield from ((kk, inst) for kk in keys for inst in self.buckets.get(kk, []))
+            return
+        yield from ((kk, inst) for kk in keys for inst in self.buckets.get(kk, []) if inst.key in self.freed)
+        yield from ((kk, inst) for kk in keys for inst in self.buckets.get(kk, []) if inst.key not in self.freed)
 
     def _plan_buys(self, d: Demand, k: int, keys: list[str], plan: list, pending: Pending) -> None:
         """Top `plan` up to k items of d on capacity to open: idle hosts and new instances of offers, cheapest
@@ -1000,10 +1010,19 @@ def _diversity_move_gang(g: _Greedy) -> bool:
 
 def _place_resolving(g: _Greedy, d: Demand) -> bool:
     """Place one job of d (all its items) or nothing; nothing notes the rules that refused it (Assignment.refused)."""
+    plan = _plan_job(g, d)
+    if plan is None:
+        return False
+    _place_planned(g, d, plan)
+    return True
+
+
+def _plan_job(g: _Greedy, d: Demand):
+    """Where one job of d (all its items) would go, within every rule, or None, noting the rules that refused it."""
     g.refused = set()
     if not g._quota_ok(d):
         g.a.refused[d.key] = tuple(sorted(g.refused))
-        return False
+        return None
     plan = g._plan_gang(d) if d.gang else g._plan_items(d, 1, None)
     if plan is not None and _breaks_buffer(g, d, plan):
         # Its room is the buffer's: plan again past the instances the buffer counts (buying, if it must).
@@ -1014,11 +1033,15 @@ def _place_resolving(g: _Greedy, d: Demand) -> bool:
             g.sparing_buffer = False
     if plan is None or _breaks_buffer(g, d, plan):
         g.a.refused[d.key] = tuple(sorted(g.refused))
-        return False
+        return None
+    return plan
+
+
+def _place_planned(g: _Greedy, d: Demand, plan) -> None:
+    """Carry out `_plan_job`'s plan: one job of d placed."""
     _commit(g, d, plan)
     g.a.placed[d.key] += 1
     g._charge_quota(d)
-    return True
 
 
 def _place_preempting(g: _Greedy, d: Demand) -> bool:
@@ -1265,22 +1288,20 @@ def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
         dims = [k for k in r.guarantee if v.req(k) > 0]
         if not dims or any(t_use[k] - v.replicas * v.req(k) < r.guarantee[k] - 1e-9 for k in dims):
             continue
-        had = {hk: g.opened[hk].items.get(d.key, 0) for hk, _ in cells}
         for hk, n in cells:
             for _ in range(n):
                 g._unrecord(v, g.opened[hk], stay=True)
         g.a.placed[v.key] -= 1
         g._charge_quota(v, -1)
-        placed = _place_resolving(g, d)
-        if placed and any(g.opened[hk].items.get(d.key, 0) > had[hk] for hk, _ in cells):
+        plan = _plan_in_freed_room(g, d, {hk for hk, _ in cells})
+        if plan is not None and any(t is g.opened[hk] for _, t in plan for hk, _ in cells):
+            _place_planned(g, d, plan)
             return True
-        for hk, n in cells:  # undo: no room of the gang's was what d needed
+        for hk, n in cells:  # undo, before anything is placed: d takes none of the gang's room (`_place_in_freed_room`)
             for _ in range(n):
                 g._record(v, g.opened[hk], stay=True)
         g.a.placed[v.key] += 1
         g._charge_quota(v)
-        if placed:
-            return True
     return False
 
 
@@ -1298,14 +1319,33 @@ def _lenders(g: _Greedy, d: Demand) -> dict[str, TenantRules]:
 
 
 def _place_in_freed_room(g: _Greedy, d: Demand, stopped: dict[str, list[Demand]], undo: Callable[[str], None]) -> bool:
-    """Place one job of d with the stops made so far (`stopped`: host -> jobs stopped there); where it is placed, undo
-    the stops on hosts d took no room on (nothing stops for it there). `_place_reclaiming` and `_place_displacing`."""
-    had = {h: g.opened[h].items.get(d.key, 0) for h in stopped}
-    if not _place_resolving(g, d):
-        return False
-    for h in [h for h in stopped if g.opened[h].items.get(d.key, 0) == had[h]]:
-        undo(h)
-    return True
+    """Place one job of d with the stops made so far (`stopped`: host -> jobs stopped there), taking room on every host
+    a stop is left on: the freed hosts are offered first (`_Greedy.freed`), and where the plan takes none of a host's
+    room, its stops are undone before anything is placed and d is planned again without them (nothing stops for it
+    there). Undone after d was placed, as they were, the stops gave back what d had spent of them besides room, with
+    no rule asked: its tenant's budget (fleet89: t3's critical j8 went on a new p4d that t3's $5/h afforded only with
+    its high j1 stopped on i0; j1 kept again put t3 at $6.42/h), its spot share, the licenses, the on-demand buffer.
+    `_place_reclaiming` and `_place_displacing`."""
+    while stopped:
+        plan = _plan_in_freed_room(g, d, set(stopped))
+        if plan is None:
+            return False
+        idle = [h for h in stopped if not any(t is g.opened[h] for _, t in plan)]
+        if not idle:
+            _place_planned(g, d, plan)
+            return True
+        for h in idle:
+            undo(h)
+    return False
+
+
+def _plan_in_freed_room(g: _Greedy, d: Demand, freed: set[str]):
+    """`_plan_job` with the room on the hosts in `freed` offered before any other open instance's."""
+    g.freed = freed
+    try:
+        return _plan_job(g, d)
+    finally:
+        g.freed = set()
 
 
 def _place_displacing(g: _Greedy, d: Demand) -> bool:

@@ -134,3 +134,24 @@ def test_greedy_takes_no_room_a_job_cannot_use(tmp_path):
     jobs = by_job(plan)
     assert jobs["new"].action == "pending"
     assert {jobs[j].action for j in RUNNING} == {"keep"}
+
+
+def test_greedy_takes_a_lower_jobs_room_for_its_tenants_budget_only_where_the_higher_job_lands(tmp_path):
+    """t ($5/h) runs its high job on i0, a $3.67/h a2-highgpu-1g (pool at max 1); u's job keeps a p4d open with room,
+    where t's new critical job would cost $2.75/h: $6.42/h with the high job, over t's budget. Greedy stopped the high
+    job to make room on i0, placed the critical job on the p4d (first fit, the budget's room being the stop's), then
+    kept the high job again, unasked, as the critical job took none of i0's room: t at $6.42/h, a plan `apply --plan`
+    refuses (fleet89). Planned with the freed room first, the critical job takes i0, and the high job stops for it."""
+    docs = [topology(), doc("Tenant", "t", {}), doc("Tenant", "u", {}),
+            pool("aws", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=1),
+            pool("gcp", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}),
+            job("old", "t", priority="high", **A100), job("theirs", "u", priority="low", **A100),
+            job("new", "t", priority="critical", **A100)]
+    fleet = [instance("i0", "gcp", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g"),
+             instance("i1", "aws", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge")]
+    running = {"old": ("i0",), "theirs": ("i1",)}
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=0)  # (check_plan: every tenant within its budget)
+    jobs = by_job(plan)
+    assert jobs["new"].instances == ("i0",) and jobs["old"].action == "evict", {k: (v.action, v.instances) for k, v in jobs.items()}
+    assert jobs["theirs"].action == "keep"

@@ -157,8 +157,9 @@ told to make it a plain test).
   random fleets, and the licenses/deadlines tier drawn at random, 2026-12-01): each test's docstring says what and
   why. fleet87 (the slow property tier, 2026-12-02): the property's own count of a guarantee was wrong (its test).
   fleet88 (the slow property tier, 2026-12-02, with plancheck.KeptInstead): greedy gave up a spot CPU host for a GPU
-  spot share (its test). fleet89 (the slow property tier, 2026-12-02, kept, no test yet): greedy's plan charges t3
-  $6.42/h over its $5/h tenant budget (at the session's start too); apply's re-check refuses such a plan."""
+  spot share (its test). fleet89 (the slow property tier, 2026-12-02): greedy's plan charged t3 $6.42/h of its $5/h
+  tenant budget, which apply's re-check refuses: a stop greedy made for room, undone unasked once the job it was made
+  for had spent the budget it freed elsewhere (its test)."""
 
 from __future__ import annotations
 
@@ -1729,3 +1730,15 @@ def test_greedy_gives_up_no_spot_host_that_cannot_mend_the_spot_share_on_fleet88
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet88"), time_limit=5)
     assert next(j for j in gplan.jobs if j.job == "j6").action == "keep"
     check_fleet(fleet("fleet88"), time_limit=5)
+
+
+def test_greedy_undoes_no_stop_whose_budget_the_higher_job_spent_elsewhere_on_fleet89():
+    """fleet89 (the slow property tier, 2026-12-02): t3 ($5/h) runs its high j1 on i0, an a2-highgpu-1g at $3.67/h;
+    its critical j8 on the on-demand p4d (+1) costs $2.74/h, over the budget beside j1. Greedy's _place_displacing
+    stopped j1 to free i0, and j8, planned with j1's charge gone, went first fit on the p4d; j1's stop was then undone
+    with no rule asked (j8 took none of i0's room): t3 at $6.42/h. Planned with the freed room first, and the stops it
+    takes no room of undone before anything is placed, j8 takes i0 and j1 stops for it."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet89"), time_limit=5)
+    jobs = {j.job: j for j in gplan.jobs}
+    assert jobs["j8"].instances == ("i0",) and jobs["j1"].action == "evict", {k: (v.action, v.instances) for k, v in jobs.items()}
+    check_fleet(fleet("fleet89"), time_limit=5)
