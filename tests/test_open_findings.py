@@ -1513,7 +1513,7 @@ def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job
     re-check's rule to its own answer and emits greedy's plan, which stops only what a rule requires, saying why.
     (Since the guaranteed work tiers' whole-job bounds the cold plan, and so the fleet, differ, and CP-SAT's answer here
     stops no guaranteed job; the rule is asked of that answer with one evicted, as main's answer then was.) The apply
-    keeps every job the plan keeps running."""
+    of the plan keeps every job it keeps running."""
     from dataclasses import replace
 
     from reconciler import api
@@ -1545,7 +1545,7 @@ def test_a_plan_whose_guarantees_tier_is_not_proven_never_stops_a_guaranteed_job
         assert f"no rule requires stopping, {job} first" in plan.solver.note
         assert {j.job: j.action for j in plan.jobs}[job] == "keep"
         assert api._lawful(res.observed, res.problem, res.plan, res.solution, greedy)[0] is res.plan  # (a lawful plan as it is)
-        api.apply(cfg, time_limit=20, allow_destroy=10**6)
+        api.apply(cfg, saved_plan=res.plan, time_limit=20, allow_destroy=10**6)  # (the plan as made: not solved again)
         after = api.plan(cfg, time_limit=0).observed.placements
         kept = [j.job for j in res.plan.jobs if j.action == "keep"]
         assert job in kept and all(after.get(j) == running[j] for j in kept)
