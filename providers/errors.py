@@ -59,12 +59,22 @@ class TransientProviderError(ProviderError):
 
 def retry_after_seconds(headers) -> float | None:
     """A Retry-After header's wait in seconds (RFC 9110: delay-seconds or an HTTP-date), None when there is none or
-    it cannot be read. `headers`: any case-insensitive mapping with .get (requests', azure-core's)."""
+    it cannot be read. `headers`: any case-insensitive mapping with .get (requests', azure-core's). Azure's
+    `retry-after-ms` and `x-ms-retry-after-ms` (milliseconds) come first where present, as azure-core reads them:
+    an ARM answer with only those was read as no wait at all."""
     import datetime as dt
     import email.utils
     import math
     import time
 
+    for name in ("retry-after-ms", "x-ms-retry-after-ms"):
+        ms = (headers or {}).get(name) if headers is not None else None
+        try:
+            seconds = float(str(ms).strip()) / 1000 if ms else math.nan
+        except ValueError:
+            continue
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
     value = (headers or {}).get("Retry-After") if headers is not None else None
     if not value:
         return None

@@ -418,6 +418,10 @@ def test_retry_after_is_read_as_seconds_or_an_http_date():
     assert retry_after_seconds({"Retry-After": email.utils.formatdate(time.time() - 60, usegmt=True)}) == 0.0
     for unreadable in ({}, None, {"Retry-After": ""}, {"Retry-After": "soon"}, {"Retry-After": "nan"}, {"Retry-After": "inf"}):
         assert retry_after_seconds(unreadable) is None, unreadable
+    # Azure's milliseconds first, as azure-core reads them (an unreadable one is passed over)
+    assert retry_after_seconds({"retry-after-ms": "2500"}) == 2.5
+    assert retry_after_seconds({"x-ms-retry-after-ms": "700", "Retry-After": "30"}) == 0.7
+    assert retry_after_seconds({"retry-after-ms": "soon", "Retry-After": "30"}) == 30.0
 
 
 @pytest.mark.slow  # about 10 s: apply's pauses, each at least the Retry-After (1 s)
