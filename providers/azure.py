@@ -19,12 +19,17 @@ Long-running operations are polled to the end (bounded by `lro_timeout`; a creat
 VM left to the next run).
 
 Retries: one layer owns each call's. The calls a create or delete makes inside apply's retry window (the GET that
-starts it, the PUT, the DELETE) are sent once, with the SDK's retries off: apply retries them for `retry_window`
+starts it, the PUT, the DELETE, and the GETs within: the power state of the VM an earlier try made, the Failed VM read
+before it is removed) are sent once, with the SDK's retries off: apply retries them for `retry_window`
 (ARM's write limits are per minute and per hour), waiting at least the Retry-After ARM answers. Before, azure-core's
 RetryPolicy (1 + max_retries tries, honouring Retry-After) ran inside apply's window: 4 PUTs per apply try; with ARM
 answering 429 to every PUT, examples/azure-only's 4 creates made 224 PUTs in the 300 s window (68 now), 64 with no
-window at all (16 now). Everything else (observe's lists, quotas, SKUs, images, subnets, and the polls of a
-long-running operation) is retried by the SDK alone, `max_retries` times. A launch
+window at all (16 now); under ARM read throttling (its read limits are apart from its write limits) a create's power
+state read was 4 GETs and 3 Retry-After sleeps per apply try (1 now). Everything else (observe's lists, quotas, SKUs,
+images, subnets, and the polls of a long-running operation, which azure-core's poller expects retried) is retried by
+the SDK alone, `max_retries` times; a create or delete waits on its polls for at most `lro_timeout` in all, however
+long they are retried: the operations one create waits on (a delete of the Failed VM an earlier try left, its PUT's, a
+delete of the VM whose allocation failed) share it, so a create takes its single requests plus at most `lro_timeout`. A launch
 into a Reservation with a target names its capacity reservation group
 (properties.capacityReservation): a VM takes reserved capacity only from a group it
 names.
@@ -351,8 +356,8 @@ class AzureProvider:
         return ProviderError(text)
 
     def _get(self, scope: Scope, name: str, *, expand: str | None = None, once: bool = False):
-        """The VM, or None if there is none of that name. `once`: sent once, no SDK retries (the GET that starts a
-        create or delete, which apply retries)."""
+        """The VM, or None if there is none of that name. `once`: sent once, no SDK retries: every GET a create or
+        delete makes (apply retries the whole create or delete, waiting ARM's Retry-After) but its operations' polls."""
         from azure.core.exceptions import AzureError, ResourceNotFoundError
 
         client = self.compute(scope.subscription)
@@ -366,19 +371,23 @@ class AzureProvider:
         except AzureError as e:
             raise self._map_error(f"get VM {name}", e, None) from None
 
-    def _wait(self, what: str, poller, capacity: tuple[str, str, str] | None = None) -> tuple[bool, Any]:
-        """Poll a long-running operation to its end, or for lro_timeout: (finished, its result).
-        An operation that ended Failed raises, mapped like any other ARM error."""
-        self._call(what, lambda: poller.wait(timeout=self.lro_timeout), capacity=capacity)
+    def _wait(self, what: str, poller, capacity: tuple[str, str, str] | None = None,
+              deadline: float | None = None) -> tuple[bool, Any]:
+        """Poll a long-running operation to its end, or for lro_timeout (until `deadline`, a time.monotonic(), if
+        given): (finished, its result). The polls keep the SDK's retries, however long those take: the wait ends at
+        the timeout all the same. An operation that ended Failed raises, mapped like any other ARM error."""
+        timeout = self.lro_timeout if deadline is None else max(0.0, deadline - time.monotonic())
+        self._call(what, lambda: poller.wait(timeout=timeout), capacity=capacity)
         if not poller.done():
             return False, None
         return True, self._call(what, poller.result, capacity=capacity)
 
     # -- observe -------------------------------------------------------------------
-    def _state(self, scope: Scope, vm, power: bool = False) -> str:
+    def _state(self, scope: Scope, vm, power: bool = False, once: bool = False) -> str:
         """Our state from provisioningState; from the instance view's power state when that cannot tell (Failed), or
         when `power` asks for it (the raw power state, e.g. "deallocated", is returned then). A Failed VM with no power
-        state exists (and may be billed for its disk) but does not run: `stopping`, reported and left alone."""
+        state exists (and may be billed for its disk) but does not run: `stopping`, reported and left alone. `once`: the
+        instance view's GET is sent once (a create's, which apply retries)."""
         prov = str(getattr(vm, "provisioning_state", None) or "succeeded").lower()
         if prov in STATES and not power:
             return STATES[prov]
@@ -386,7 +395,7 @@ class AzureProvider:
         # Only the instance view's power state tells them apart.
         view = getattr(vm, "instance_view", None)
         if view is None:
-            full = self._get(scope, vm.name, expand="instanceView")
+            full = self._get(scope, vm.name, expand="instanceView", once=once)
             view = getattr(full, "instance_view", None) if full is not None else None
         for status in getattr(view, "statuses", None) or []:
             code = str(getattr(status, "code", "") or "")
@@ -395,7 +404,7 @@ class AzureProvider:
                 return raw if power else POWER_STATES.get(raw, "terminated")
         return "running" if power else "stopping"
 
-    def _to_instance(self, scope: Scope, vm, state: str | None = None) -> Instance:
+    def _to_instance(self, scope: Scope, vm, state: str | None = None, once: bool = False) -> Instance:
         tags = logical_tags(vm.tags)
         location = str(vm.location).lower()
         zones = list(getattr(vm, "zones", None) or [])
@@ -407,7 +416,7 @@ class AzureProvider:
             zone=f"{location}-{zones[0]}" if zones else location,
             instance_type=str(getattr(hardware, "vm_size", "") or ""),
             market="spot" if priority in ("spot", "low") else "on-demand",
-            state=state or self._state(scope, vm),  # type: ignore[arg-type]
+            state=state or self._state(scope, vm, once=once),  # type: ignore[arg-type]
             pool=tags.get(TAG_POOL, ""), tags=tags,
             launched_at=created.isoformat() if hasattr(created, "isoformat") else str(created or ""),
         )
@@ -697,6 +706,9 @@ class AzureProvider:
         zone = zone_number(p.region, request.zone)
         capacity = (request.zone, request.instance_type, request.market)
         body = self._vm_body(request, name, zone)
+        # lro_timeout bounds the create, start to end: every operation it waits on (a Failed VM's delete before the PUT,
+        # the PUT's, a failed allocation's delete after it) gets what is left of it, not an lro_timeout of its own.
+        deadline = time.monotonic() + self.lro_timeout
 
         existing = self._get(scope, name, once=True)
         if existing is not None:
@@ -710,21 +722,22 @@ class AzureProvider:
             if state == "deleting":
                 raise TransientProviderError(f"azure: VM {name} is still being deleted; retry")
             if state != "failed":  # created by an earlier attempt with this key: as it is now, stopped or not
-                inst = self._to_instance(scope, existing)
+                inst = self._to_instance(scope, existing, once=True)
                 if inst.state != "running":
                     return inst
-                power = self._state(scope, existing, power=True)  # Succeeded says nothing of it: its power state does
+                power = self._state(scope, existing, power=True, once=True)  # Succeeded says nothing of it: its power state does
                 return replace(inst, state=POWER_STATES.get(power, "stopping"))  # type: ignore[arg-type]
-            self._delete(scope, name)  # a failed earlier allocation: clear it and try again
+            self._delete(scope, name, deadline)  # a failed earlier allocation: clear it and try again
 
         poller = self._call(f"create VM {name} ({request.instance_type} in {request.zone})",
                             lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body,
                                                                                    **self._sent_once()),
                             capacity=capacity)
         try:
-            done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity)
+            done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity,
+                                  deadline)
         except (CapacityError, QuotaError):
-            self._discard_failed(scope, name)
+            self._discard_failed(scope, name, deadline)
             raise
         if not done:
             # Still allocating after lro_timeout. Answered as a pending instance it was reported created and given
@@ -735,25 +748,26 @@ class AzureProvider:
                                 f"after {self.lro_timeout:g} s (lro_timeout); nothing was placed on it; the next run sees "
                                 "how it ended and uses it, launching nothing twice, or replaces it if it failed "
                                 "(-o lro_timeout=SECONDS waits longer)")
-        return self._to_instance(scope, vm)
+        return self._to_instance(scope, vm, once=True)
 
-    def _discard_failed(self, scope: Scope, name: str) -> None:
-        """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours."""
+    def _discard_failed(self, scope: Scope, name: str, deadline: float) -> None:
+        """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours. Its GET is sent once: a
+        throttled one leaves the VM to the next create with this key, which clears it."""
         try:
-            vm = self._get(scope, name)
+            vm = self._get(scope, name, once=True)
             if vm is not None and str(vm.provisioning_state or "").lower() == "failed" \
                     and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet:
-                self._delete(scope, name)
+                self._delete(scope, name, deadline)
         except ProviderError as e:  # the next create with this key clears it instead
             log.warning("azure: could not remove failed VM %s: %s", name, e)
 
     # -- delete --------------------------------------------------------------------
-    def _delete(self, scope: Scope, name: str) -> None:
+    def _delete(self, scope: Scope, name: str, deadline: float | None = None) -> None:
         client = self.compute(scope.subscription)
         poller = self._call(f"delete VM {name}", lambda: client.virtual_machines.begin_delete(scope.resource_group, name,
                                                                                                **self._sent_once()))
-        if not self._wait(f"delete VM {name}", poller)[0]:
-            raise TransientProviderError(f"azure: deleting VM {name} did not finish within {self.lro_timeout:.0f}s")
+        if not self._wait(f"delete VM {name}", poller, deadline=deadline)[0]:
+            raise TransientProviderError(f"azure: deleting VM {name} did not finish within {self.lro_timeout:g} s (lro_timeout)")
 
     def delete(self, instance: Instance) -> None:
         m = _VM_ID.match(instance.id)

@@ -17,7 +17,7 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 
 The request body is validated the way ARM would reject it (tag names, spot settings,
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
-silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next(), and
+silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next(), throttle_reads(), and
 hold_creates() / end_held() (an allocation still InProgress however long it is polled, then ended by the test).
 GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
 GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
@@ -165,6 +165,7 @@ class Injected:
     remaining: int
     headers: dict
     path_contains: str | None = None
+    skip: int = 0  # matching requests let through before the first that fails
 
 
 def _now() -> str:
@@ -243,11 +244,24 @@ class ArmFake:
             self.exhausted.pop((location.lower(), zone), None)
 
     def fail_next(self, status: int, code: str, message: str, *, method: str | None = None, count: int = 1,
-                  headers: dict | None = None, path_contains: str | None = None) -> None:
+                  headers: dict | None = None, path_contains: str | None = None, after: int = 0) -> None:
         """The next `count` requests (of `method`, and whose path contains `path_contains`, if given) fail
-        synchronously with this ARM error."""
+        synchronously with this ARM error; with `after`, only once that many matching requests have gone through."""
         with self.lock:
-            self._inject.append(Injected(status, code, message, method, count, headers or {}, path_contains))
+            self._inject.append(Injected(status, code, message, method, count, headers or {}, path_contains, after))
+
+    def clear_faults(self) -> None:
+        """Forget every fault fail_next() and throttle_reads() set that has not been used up."""
+        with self.lock:
+            self._inject.clear()
+
+    def throttle_reads(self, retry_after: str, *, after: int = 0, count: int = 10**6) -> None:
+        """ARM's read throttling (its read limits are apart from its write limits): once `after` more GETs have gone
+        through, the next `count` GETs (a VM's, a list's, an operation's status) are answered 429 TooManyRequests with
+        this Retry-After, as ARM answers a subscription's reads past its limit."""
+        self.fail_next(429, "TooManyRequests", "The request is being throttled as the limit has been reached for "
+                       "operation type - Read_ObservationWindow_00:05:00.", method="GET", count=count, after=after,
+                       headers={"Retry-After": retry_after, "x-ms-ratelimit-remaining-subscription-reads": "0"})
 
     def hold_creates(self) -> None:
         """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
@@ -754,6 +768,9 @@ class ArmFake:
         for inj in self._inject:
             if inj.remaining > 0 and (inj.method is None or inj.method == method) and (
                     inj.path_contains is None or inj.path_contains.lower() in path.lower()):
+                if inj.skip > 0:
+                    inj.skip -= 1
+                    continue
                 inj.remaining -= 1
                 return ArmError(inj.status, inj.code, inj.message, headers=inj.headers)
         return None

@@ -406,6 +406,58 @@ def test_the_polls_of_a_create_are_still_retried_by_the_sdk(arm, prov):
     assert len(arm.requests("GET", "/operations/")) == 2 + 2  # InProgress, Succeeded, and the two refused
 
 
+def test_the_reads_inside_a_create_are_sent_once_per_try_under_arm_read_throttling(arm, prov):
+    """Audit (one retry layer): the GETs a create makes besides the one that starts it (the power state of the VM an
+    earlier try made, the read of a VM whose allocation failed before it is removed) kept azure-core's RetryPolicy: under
+    ARM read throttling (429 with Retry-After) each was sent 1 + max_retries = 4 times, the SDK sleeping the Retry-After
+    3 times, inside every one of apply's tries (3 s a try with Retry-After: 1; at ARM's usual tens of seconds, minutes
+    past apply's retry_window). Each is sent once now: apply retries the whole create, waiting ARM's Retry-After."""
+    import time
+
+    # The key's VM exists (an earlier try made it): the create reads its power state.
+    prov.create(req("k-again"))
+    gets = len(arm.requests("GET"))
+    arm.throttle_reads("1", after=1)  # the GET that starts the create goes through; the power state read is throttled
+    started = time.monotonic()
+    with pytest.raises(TransientProviderError, match="TooManyRequests") as e:
+        prov.create(req("k-again"))
+    assert (len(arm.requests("GET")) - gets, e.value.retry_after) == (2, 1.0), arm.requests("GET")[gets:]
+    assert time.monotonic() - started < 1.0
+    arm.clear_faults()
+
+    # The allocation fails; the Failed VM Azure keeps is read before it is removed: throttled, it is left to the next
+    # create with this key (which clears it), and the create answers the capacity error at once.
+    arm.exhaust("eastus", "2")
+    gets = len(arm.requests("GET"))
+    arm.throttle_reads("1", after=3)  # the create's GET and the operation's two status polls go through
+    started = time.monotonic()
+    with pytest.raises(CapacityError):
+        prov.create(req("k-failed", zone="eastus-2"))
+    assert len(arm.requests("GET")) - gets == 3 + 1, arm.requests("GET")[gets:]
+    assert time.monotonic() - started < 1.0
+    assert arm.snapshot()[vm_name(FLEET, "k-failed")]["properties"]["provisioningState"] == "Failed"
+
+
+def test_one_create_waits_lro_timeout_in_all_not_lro_timeout_per_operation(arm, tmp_path):
+    """lro_timeout is documented as a create's bound, start to end; each operation a create waits on had one of its own:
+    the delete of a Failed VM an earlier try left, then the PUT's allocation, then the delete of a VM whose allocation
+    failed, up to 3 x lro_timeout. Here a slow delete (its polls throttled, the SDK retrying them) then an allocation
+    that never ends took 1.4 + 2 s with lro_timeout=2 s; the create now gives up at 2 s."""
+    import time
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="2")))
+    name = vm_name(FLEET, "k-slow")
+    arm.plant(name, tags={**ours(), azure_tag_name(TAG_CREATE_KEY): "k-slow"}, provisioning_state="Failed")
+    arm.throttle_reads("0.7", after=1, count=2)  # the create's GET goes through; the delete's first poll is throttled twice
+    arm.hold_creates()
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="still allocating after 2 s"):
+        prov.create(req("k-slow"))
+    took = time.monotonic() - started
+    assert len(arm.requests("DELETE")) == len(arm.requests("PUT")) == 1
+    assert 2.0 <= took < 2.7, took
+
+
 def test_retry_after_is_read_as_seconds_or_an_http_date():
     import email.utils
     import time
