@@ -6,7 +6,13 @@ ReconcileError: the CLI maps any ReconcileError, a provider's included, to exit 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 from providers.redact import redact
+
+_RETRY_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("fleetops_retry_deadline", default=None)
 
 
 class ReconcileError(Exception):
@@ -90,6 +96,24 @@ def retry_after_seconds(headers) -> float | None:
             when = when.replace(tzinfo=dt.timezone.utc)
         seconds = when.timestamp() - time.time()
     return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def retry_deadline() -> float | None:
+    """When the caller that owns this call's retries stops retrying (a time.monotonic()): the end of apply's
+    retry_window around a create or delete, None outside one. A provider's own retries of a read inside a create or
+    delete (GCE's read retries of its operation wait and gets) end there: a try apply starts near the end of its
+    window otherwise ran a whole read retry (30 s) past it."""
+    return _RETRY_DEADLINE.get()
+
+
+@contextlib.contextmanager
+def retrying_until(deadline: float | None) -> Iterator[None]:
+    """Calls made inside see `deadline` as retry_deadline() (in this thread: apply runs each create in a worker)."""
+    token = _RETRY_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _RETRY_DEADLINE.reset(token)
 
 
 class KeySpentError(ProviderError):

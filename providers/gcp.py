@@ -58,7 +58,7 @@ from providers.options import Option, ProviderOptions, count, seconds, switch, t
 from providers.redact import redact
 from providers.errors import (
     CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
-    TransientProviderError, retry_after_seconds,
+    TransientProviderError, retry_after_seconds, retry_deadline,
 )
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,8 @@ class GcpProvider:
         self.catalog = load_catalog()
         self.timeout = self.options.seconds("timeout")  # one HTTP call
         self.operation_timeout = self.options.seconds("operation_timeout")  # one insert or delete, start to DONE
-        self.read_retry = self._read_retry(self.options.seconds("retry_timeout"))  # a read's retries, all told
+        self.retry_timeout = self.options.seconds("retry_timeout")
+        self.read_retry = self._read_retry(self.retry_timeout)  # a read's retries, all told
         # Creates (or deletes) apply runs at once per region, and how long it retries a throttled or failed insert
         # (the requestId makes that safe): GCE's rate limits are per minute, so retries span minutes.
         self.parallelism = self.options.count("parallelism")
@@ -291,6 +292,21 @@ class GcpProvider:
         return Retry(initial=0.25, maximum=4.0, multiplier=2.0, timeout=budget, predicate=if_exception_type(
             gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway,
             gexc.GatewayTimeout, gexc.DeadlineExceeded, requests.ConnectionError))
+
+    def _reads(self, left: float | None = None):
+        """The retry of a read inside a create or delete (its operation wait, its gets): read_retry, cut to `left`
+        seconds (what is left of the operation's timeout) and to what is left of the retry window of the caller that
+        retries the create or delete (apply's, providers.errors.retry_deadline()); None, sent once, when nothing is.
+        Before, a try apply started near the end of its window retried its reads for retry_timeout (30 s) past it."""
+        budget = self._read_budget() if left is None else min(self._read_budget(), left)
+        if budget >= self.retry_timeout:
+            return self.read_retry
+        return self.read_retry.with_timeout(budget) if budget > 0 else None
+
+    def _read_budget(self) -> float:
+        """How long a read inside a create or delete may retry: retry_timeout, or what is left of apply's window."""
+        deadline = retry_deadline()
+        return self.retry_timeout if deadline is None else min(self.retry_timeout, deadline - time.monotonic())
 
     def _project(self, pool: PoolTarget) -> str:
         project = pool.settings.get("project") or self.default_project
@@ -343,23 +359,36 @@ class GcpProvider:
     def _wait(self, what: str, project: str, zone: str, op) -> Any:
         """Wait for a zone operation to be DONE. zoneOperations.wait may return early (best effort), so loop. One not
         DONE after operation_timeout fails the call, not as a transient error: a retry would only wait for it again
-        (an insert's requestId answers with this same operation), operation_timeout more each time."""
+        (an insert's requestId answers with this same operation), operation_timeout more each time. Each wait call gets
+        what is left of operation_timeout, its read retries too (and no more than what is left of apply's window,
+        _reads): the deadline was checked only between calls, and a call blocked on a slow operation (150 s) or
+        retrying throttled reads (retry_timeout) ran past it."""
         deadline = time.monotonic() + self.operation_timeout
         pause = 0.05
         while op.status != self.compute.Operation.Status.DONE:
-            if time.monotonic() > deadline:
-                made = " and uses the instance it made, launching nothing twice" if op.operation_type == "insert" else ""
-                raise ProviderError(f"gcp: {what}: operation {op.name} is not done after {self.operation_timeout:.0f} s "
-                                    f"(GCE is still working on it); the next run sees how it ended{made} "
-                                    "(-o operation_timeout=SECONDS waits longer)")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._not_done(what, op)
             started = time.monotonic()
             name = op.name
-            op = self._call(f"{what}: wait for {name}", lambda: self.operations.wait(
-                project=project, zone=zone, operation=name, timeout=WAIT_CALL_S, retry=self.read_retry))
+            cut = left < self._read_budget()  # the operation's deadline, not a read budget, ends this call's retries
+            try:
+                op = self._call(f"{what}: wait for {name}", lambda: self.operations.wait(
+                    project=project, zone=zone, operation=name, timeout=min(WAIT_CALL_S, left), retry=self._reads(left)))
+            except TransientProviderError as e:
+                if not cut and time.monotonic() < deadline:
+                    raise
+                raise self._not_done(what, op, e) from None
             if op.status != self.compute.Operation.Status.DONE and time.monotonic() - started < 1.0:
-                time.sleep(pause)  # the wait came back at once: do not spin
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))  # the wait came back at once: do not spin
                 pause = min(pause * 2, 2.0)
         return op
+
+    def _not_done(self, what: str, op, last: Exception | None = None) -> ProviderError:
+        made = " and uses the instance it made, launching nothing twice" if op.operation_type == "insert" else ""
+        why = f"its last read failed: {last}" if last is not None else "GCE is still working on it"
+        return ProviderError(f"gcp: {what}: operation {op.name} is not done after {self.operation_timeout:g} s ({why}); "
+                             f"the next run sees how it ended{made} (-o operation_timeout=SECONDS waits longer)")
 
     @staticmethod
     def _op_errors(op) -> list[tuple[str, str]]:
@@ -370,7 +399,7 @@ class GcpProvider:
 
         try:
             return self._call(f"get {name} in {zone}", lambda: self.instances.get(
-                project=project, zone=zone, instance=name, timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound,))
+                project=project, zone=zone, instance=name, timeout=self.timeout, retry=self._reads()), passthrough=(NotFound,))
         except NotFound:
             return None
 

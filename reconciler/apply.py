@@ -42,6 +42,7 @@ from typing import Any
 from providers.base import (TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, Instance, Janitor,
                             PlacementRecorder, mig_tag, ownership_tags)
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
+from providers.errors import retrying_until
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
@@ -142,11 +143,13 @@ def _retry(call, what: str, window_s: float = 0.0):
     next pause would end past it, pauses growing to MAX_BACKOFF_S. A pause is never shorter than the Retry-After the
     cloud answered (TransientProviderError.retry_after); one longer than MAX_BACKOFF_S is waited only within the
     window. An error the provider's SDK already retried (TransientProviderError.retried) is not retried again: the
-    tries would multiply."""
+    tries would multiply. The window's end is the call's providers.errors.retry_deadline(): a provider's own retries
+    of the reads inside a try (GCE's) stop there."""
     started = time.monotonic()
     for attempt in itertools.count():
         try:
-            return call()
+            with retrying_until(started + window_s if window_s > 0 else None):
+                return call()
         except TransientProviderError as e:
             pause = max(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S), e.retry_after or 0.0)
             past_window = time.monotonic() - started + pause > window_s

@@ -557,6 +557,48 @@ def test_apply_waits_at_least_the_retry_after_gce_answers(prov, gce):
     assert time.monotonic() - started >= 1.0 and inst.state == "running" and _inserts(gce) == 2
 
 
+def test_a_throttled_operation_wait_retries_its_reads_no_later_than_apply_s_window(gce, tmp_path):
+    """Audit: an insert's zone operation wait retried its throttled reads for retry_timeout (30 s) inside every one of
+    apply's tries, a try started near the end of apply's retry_window running up to 30 s past it. Here (retry_window 1 s,
+    retry_timeout 4 s, every wait answered 429) apply's first try alone took 4 s, its 4 tries 16 s; the wait's reads
+    are now retried only until apply's window ends (after it, a try's wait is sent once): 1 s, then apply's last tries,
+    each one insert and one wait."""
+    import time
+
+    from reconciler.apply import RETRIES, _retry
+
+    prov = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+        "endpoint": gce.url, "project": PROJECT, "retry_window": "1", "retry_timeout": "4"}))
+    gce.fail_next(429, "rateLimitExceeded", method="POST", path_contains="/wait", count=10**6)
+    started = time.monotonic()
+    with pytest.raises(TransientProviderError, match="429|rateLimitExceeded"):
+        _within(6.0, lambda: _retry(lambda: prov.create(req("k-wait")), "create", prov.retry_window_s))
+    assert time.monotonic() - started < 3.5  # the window, apply's pauses (0.2 + 0.4 + 0.8 s), and three short tries
+    assert _inserts(gce) == RETRIES and len(gce.requests("POST", "/wait")) >= RETRIES
+
+
+@pytest.mark.parametrize("fault", ["throttled", "slow"])
+def test_an_operation_wait_gives_up_at_operation_timeout_not_a_read_retry_or_a_wait_call_later(gce, tmp_path, fault):
+    """operation_timeout bounds an insert's wait, start to DONE, but was checked only between wait calls: a wait call's
+    read retries (retry_timeout) or the call itself (zoneOperations.wait blocks until the operation is DONE, up to
+    ~2 minutes; the call's own timeout was 150 s) ran past it. With operation_timeout 1 s: 4 s of retried 429s, or 3 s
+    blocked on a slow operation. Each wait call now gets what is left of operation_timeout."""
+    import time
+
+    prov = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
+        "endpoint": gce.url, "project": PROJECT, "operation_timeout": "1", "retry_timeout": "4"}))
+    if fault == "throttled":
+        gce.fail_next(429, "rateLimitExceeded", method="POST", path_contains="/wait", count=10**6)
+    else:
+        gce.op_latency = 3.0
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="not done after 1 s") as e:
+        _within(6.0, lambda: prov.create(req("k-slow-op")))
+    assert not isinstance(e.value, TransientProviderError)  # a retry would only wait for the same operation again
+    assert time.monotonic() - started < 1.8
+    assert _inserts(gce) == 1
+
+
 @pytest.mark.slow  # about 8 s: apply's pauses
 def test_throttling_that_outlasts_apply_s_first_tries_but_clears_within_the_window_still_creates_every_instance(gce, tmp_path):
     """Throttling that clears within retry_window (300 s) still ends in every instance created, once each (requestId
