@@ -831,17 +831,15 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
     # work needed, which the next plan reclaimed (`_place_reclaiming`: the borrowed job started by one apply stopped by
     # the next; test_stability, a pool's one slot given to t1's borrowed job before t2's guaranteed one).
     done: set[str] = set()  # demands a job of which could not be placed: not asked again
+    share = _SpotShareWaits(g, done)
     for borrowed in (False, True):
+        share.borrowed = borrowed
         for d in order:
             if d.key in stuck or d.key in done:
                 continue  # as in the model: a running gang's jobs stay where they are or not at all
-            for _ in range(len(d.jobs) - g.a.placed[d.key]):
-                if not borrowed and g.led.borrows_job(d):
-                    break
-                if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
-                        or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
-                    done.add(d.key)
-                    break
+            if not _place_jobs(g, d, borrowed, share.retry):
+                done.add(d.key)
+                share.add(d)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
         return None
@@ -850,6 +848,74 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
     g.drop_spare_on_demand()
     g.finish()
     return g.a
+
+
+def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None] | None = None) -> bool:
+    """Place d's jobs not placed yet, one at a time, in its tier (borrowed: beyond its tenant's guarantee too), calling
+    `placed` after each; False at the first job that cannot be placed."""
+    for _ in range(len(d.jobs) - g.a.placed[d.key]):
+        if not borrowed and g.led.borrows_job(d):
+            break
+        if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
+                or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
+            return False
+        if placed is not None:
+            placed()
+    return True
+
+
+class _SpotShareWaits:
+    """The jobs the fleet's spot share refused (max_spot_fraction), asked again, in `order`, as soon as the on-demand
+    capacity placed after them makes room for their spot capacity: the work ranked after them takes none of that room
+    first. Refused once and never asked again, a high spot-required job waited beside the on-demand work ranked after
+    it that made its room, and the plan right after the apply placed it (the lifecycle machine, greedy alone, seed 99:
+    the fleet did not converge)."""
+
+    def __init__(self, g: _Greedy, done: set[str]):
+        self.g, self.done = g, done
+        self.borrowed = False  # the tier being placed
+        self.waits: list[tuple[Demand, Capacity]] = []  # a job, and the spot capacity it needs least of (the ledger asks it)
+        self.on_demand = -math.inf  # on-demand capacity (the share's unit) when they were last asked
+
+    def _on_demand(self) -> float:
+        spot, total = self.g.led.spot()
+        return total - spot
+
+    def _spot_need(self, d: Demand) -> Capacity | None:
+        """The spot capacity d fits that holds least of the share's unit, if the spot share refused d's last job."""
+        g = self.g
+        if "spot-share" not in g.a.refused.get(d.key, ()):
+            return None
+        return min((c for k in g._keys_at(d, None) if (c := g.rep[k]).market == "spot"), key=lambda c: (g._prim(c), c.key), default=None)
+
+    def add(self, d: Demand) -> None:
+        """d's job was just refused: it waits here if the spot share was among what refused it."""
+        c = self._spot_need(d)
+        if c is not None:
+            self.waits.append((d, c))
+            self.on_demand = self._on_demand()
+
+    def retry(self) -> None:
+        """After a job is placed: where on-demand capacity grew, each waiting job the spot share would no longer refuse
+        its spot capacity is asked again (the pass's ways, in the tier being placed), in order, until none is placed."""
+        if not self.waits or self._on_demand() <= self.on_demand:
+            return
+        g, again = self.g, True
+        while again:
+            again, self.on_demand, left = False, self._on_demand(), []
+            for d, c in self.waits:
+                if "spot-share" in g.led.open_rules(c, first=False):
+                    left.append((d, c))
+                    continue
+                before = g.a.placed[d.key]
+                if _place_jobs(g, d, self.borrowed):
+                    self.done.discard(d.key)  # (its borrowed jobs, if it has more, are asked in their tier)
+                    if g.a.placed[d.key] >= len(d.jobs):
+                        g.a.refused.pop(d.key, None)
+                elif (need := self._spot_need(d)) is not None:
+                    left.append((d, need))  # (refused again by the share: asked again when more room is made)
+                again |= g.a.placed[d.key] > before
+            self.waits = left
 
 
 def _settle_spot_first(g: _Greedy) -> bool:
