@@ -16,7 +16,10 @@ of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
 Long-running operations are polled to the end (bounded by `lro_timeout`; a create not done by then fails, its
-VM left to the next run).
+VM left to the next run, the error saying whether it was still allocating or ARM refused its status polls). A create
+whose status polls failed (the SDK's retries of a throttled poll run out) is retried by apply; the retry finds the VM
+Creating and polls the same operation again (its continuation token) for what is left of that create's `lro_timeout`,
+ending as the first try would have: never a VM still allocating answered as created.
 
 Retries: one layer owns each call's. The calls a create or delete makes inside apply's retry window (the GET that
 starts it, the PUT, the DELETE, and the GETs within: the power state of the VM an earlier try made, the Failed VM read
@@ -179,6 +182,36 @@ class Scope:
         return f"/subscriptions/{self.subscription.lower()}/resourceGroups/{self.resource_group.lower()}/providers/Microsoft.Compute/virtualMachines/{name}"
 
 
+@dataclass(frozen=True)
+class _Allocation:
+    """A VM allocation a create started and has not seen end (its status polls failed and apply retries the create):
+    what the retry waits on instead of answering the VM, still Creating, as a pending instance."""
+
+    deadline: float  # time.monotonic() at which the create's lro_timeout ends
+    token: str  # the operation's continuation token (LROPoller.continuation_token()): the retry polls it again
+
+
+class _Polls:
+    """How the status polls of one long-running operation (each try of them, the SDK's retries included) were last
+    answered: an azure-core raw_response_hook. `refused`: the refusals (HTTP >= 400) since the last answer."""
+
+    def __init__(self) -> None:
+        self.refused, self.status, self.code = 0, 0, ""
+
+    def __call__(self, response) -> None:
+        http = response.http_response
+        if http.status_code < 400:
+            self.refused = 0
+            return
+        self.refused, self.status = self.refused + 1, http.status_code
+        try:
+            body = http.json()
+        except Exception:  # noqa: BLE001 - a body that is not JSON (or not read): the status alone
+            body = None
+        error = body.get("error") if isinstance(body, dict) else None
+        self.code = str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
 class StaticTokenCredential:
     """TEST ONLY: a TokenCredential that hands out a fixed bearer token, for a local ARM fake."""
 
@@ -240,6 +273,9 @@ class AzureProvider:
         # ARM's write limits are per minute (and per hour), so retries span minutes.
         self.parallelism = self.options.count("parallelism")
         self.retry_window_s = self.options.seconds("retry_window")
+        # VM id -> the allocation a create started and whose end it has not seen (apply retries that create).
+        self._allocations: dict[str, _Allocation] = {}
+        self._allocations_lock = threading.Lock()
 
     # -- plumbing ------------------------------------------------------------------
     def credential(self):
@@ -306,15 +342,20 @@ class AzureProvider:
             found.setdefault(Scope(sub, rg).key, Scope(sub, rg))
         return sorted(found.values(), key=lambda s: s.key)
 
-    def _sent_once(self) -> dict[str, Any]:
+    def _sent_once(self, polls: _Polls | None = None) -> dict[str, Any]:
         """Keyword arguments for a create's PUT or a delete's DELETE (begin_create_or_update, begin_delete): the request
         sent once, with the SDK's retries off (apply's _retry owns them, for retry_window, waiting at least ARM's
         Retry-After), and polled with the client's own retries. The polling method is given explicitly because the
         SDK hands an operation's keyword arguments to its default one too: retry_total=0 would reach every poll."""
+        return {"retry_total": 0, "polling": self._polling(polls)}
+
+    def _polling(self, polls: _Polls | None = None):
+        """The polling method of an operation: the client's retries; `polls` sees how each poll was answered."""
         from azure.mgmt.core.polling.arm_polling import ARMPolling
 
-        return {"retry_total": 0, "polling": ARMPolling(self.polling_interval, path_format_arguments={
-            "endpoint": self.endpoint or f"https://{ARM_HOST}"})}
+        hook: dict[str, Any] = {"raw_response_hook": polls} if polls is not None else {}
+        return ARMPolling(self.polling_interval, path_format_arguments={"endpoint": self.endpoint or f"https://{ARM_HOST}"},
+                          **hook)
 
     def _call(self, what: str, fn: Callable[[], Any], *, capacity: tuple[str, str, str] | None = None) -> Any:
         """One ARM call with our error mapping (reads and polls: the SDK already retried throttling; writes are sent
@@ -701,11 +742,27 @@ class AzureProvider:
     def create(self, request: CreateRequest) -> Instance:
         p = request.pool
         scope = self._scope(p.settings)
-        client = self.compute(scope.subscription)
         name = vm_name(self.ctx.fleet, request.key)
         zone = zone_number(p.region, request.zone)
-        capacity = (request.zone, request.instance_type, request.market)
         body = self._vm_body(request, name, zone)
+        try:
+            inst = self._create(request, scope, name, body)
+        except TransientProviderError:
+            raise  # apply retries this create: an allocation it started and has not seen end is waited on then
+        except BaseException:
+            self._forget_allocation(scope.vm_id(name))
+            raise
+        self._forget_allocation(scope.vm_id(name))
+        return inst
+
+    def _forget_allocation(self, vm_id: str) -> None:
+        with self._allocations_lock:
+            self._allocations.pop(vm_id, None)
+
+    def _create(self, request: CreateRequest, scope: Scope, name: str, body: dict) -> Instance:
+        client = self.compute(scope.subscription)
+        what = f"create VM {name} ({request.instance_type} in {request.zone})"
+        capacity = (request.zone, request.instance_type, request.market)
         # lro_timeout bounds the create, start to end: every operation it waits on (a Failed VM's delete before the PUT,
         # the PUT's, a failed allocation's delete after it) gets what is left of it, not an lro_timeout of its own.
         deadline = time.monotonic() + self.lro_timeout
@@ -721,6 +778,11 @@ class AzureProvider:
             state = str(existing.provisioning_state or "").lower()
             if state == "deleting":
                 raise TransientProviderError(f"azure: VM {name} is still being deleted; retry")
+            if state == "creating":
+                # Still allocating: answered as a pending instance it was reported created and given replicas, though
+                # its allocation may still fail (audit: an earlier try's status polls throttled past the SDK's retries,
+                # apply retried the create and got the VM back Creating). Its end is waited on as the first try would.
+                return self._resume(request, scope, name, body, what, capacity)
             if state != "failed":  # created by an earlier attempt with this key: as it is now, stopped or not
                 inst = self._to_instance(scope, existing, once=True)
                 if inst.state != "running":
@@ -729,26 +791,60 @@ class AzureProvider:
                 return replace(inst, state=POWER_STATES.get(power, "stopping"))  # type: ignore[arg-type]
             self._delete(scope, name, deadline)  # a failed earlier allocation: clear it and try again
 
-        poller = self._call(f"create VM {name} ({request.instance_type} in {request.zone})",
-                            lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body,
-                                                                                   **self._sent_once()),
+        polls = _Polls()
+        poller = self._call(what, lambda: client.virtual_machines.begin_create_or_update(scope.resource_group, name, body,
+                                                                                         **self._sent_once(polls)),
                             capacity=capacity)
+        with self._allocations_lock:  # apply's retry of this create, after a failed poll, waits on this operation
+            self._allocations[scope.vm_id(name)] = _Allocation(deadline, poller.continuation_token())
+        return self._allocated(scope, name, what, poller, polls, capacity, deadline)
+
+    def _resume(self, request: CreateRequest, scope: Scope, name: str, body: dict, what: str,
+                capacity: tuple[str, str, str]) -> Instance:
+        """The key's VM is still allocating. The allocation this create started (an earlier try's, whose status polls
+        failed) is polled again, for what is left of the create's lro_timeout, and ends as it would have in that try."""
+        with self._allocations_lock:
+            started = self._allocations.get(scope.vm_id(name))
+        if started is None:
+            raise ProviderError(f"azure: {what}: VM {name}, of this create key, is still allocating (provisioningState "
+                                "Creating) and this run did not start it; nothing was placed on it; the next run sees how "
+                                "it ended and uses it, launching nothing twice, or replaces it if it failed")
+        if time.monotonic() >= started.deadline:
+            raise self._unfinished(what, None)
+        client = self.compute(scope.subscription)
+        polls = _Polls()
+        poller = self._call(what, lambda: client.virtual_machines.begin_create_or_update(
+            scope.resource_group, name, body, continuation_token=started.token, polling=self._polling(polls)),
+            capacity=capacity)
+        return self._allocated(scope, name, what, poller, polls, capacity, started.deadline)
+
+    def _allocated(self, scope: Scope, name: str, what: str, poller, polls: _Polls, capacity: tuple[str, str, str],
+                   deadline: float) -> Instance:
+        """Wait on a create's operation until `deadline`: the VM it made, or the error it ended with."""
         try:
-            done, vm = self._wait(f"create VM {name} ({request.instance_type} in {request.zone})", poller, capacity,
-                                  deadline)
+            done, vm = self._wait(what, poller, capacity, deadline)
         except (CapacityError, QuotaError):
             self._discard_failed(scope, name, deadline)
             raise
         if not done:
-            # Still allocating after lro_timeout. Answered as a pending instance it was reported created and given
-            # replicas, though an allocation may still fail (audit: exit 0, then a Failed VM the next run only noted).
-            # Not transient, as GCE's operation wait: a retry would only wait again. The next run sees how it ended:
-            # running, it is this key's VM; Failed, a create with this key deletes it and allocates again.
-            raise ProviderError(f"azure: create VM {name} ({request.instance_type} in {request.zone}): still allocating "
-                                f"after {self.lro_timeout:g} s (lro_timeout); nothing was placed on it; the next run sees "
-                                "how it ended and uses it, launching nothing twice, or replaces it if it failed "
-                                "(-o lro_timeout=SECONDS waits longer)")
+            raise self._unfinished(what, polls)
         return self._to_instance(scope, vm, once=True)
+
+    def _unfinished(self, what: str, polls: _Polls | None) -> ProviderError:
+        """A create whose allocation was not seen to end within lro_timeout. Answered as a pending instance it was
+        reported created and given replicas, though an allocation may still fail (audit: exit 0, then a Failed VM the
+        next run only noted). Not transient, as GCE's operation wait: a retry would only wait again. The next run sees
+        how it ended: running, it is this key's VM; Failed, a create with this key deletes it and allocates again. What
+        is known is said: still allocating when last seen, or its status unread since ARM refused the polls."""
+        if polls is not None and polls.refused:
+            refused = f"HTTP {polls.status}{' ' + polls.code if polls.code else ''}"
+            last = "the last status poll" if polls.refused == 1 else f"the last {polls.refused} status polls"
+            known = (f"its allocation was not seen to end within {self.lro_timeout:g} s (lro_timeout): ARM refused {last} "
+                     f"of its operation ({refused}), so how it stands is not known")
+        else:
+            known = f"still allocating after {self.lro_timeout:g} s (lro_timeout)"
+        return ProviderError(f"azure: {what}: {known}; nothing was placed on it; the next run sees how it ended and uses "
+                             "it, launching nothing twice, or replaces it if it failed (-o lro_timeout=SECONDS waits longer)")
 
     def _discard_failed(self, scope: Scope, name: str, deadline: float) -> None:
         """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours. Its GET is sent once: a

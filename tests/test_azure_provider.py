@@ -458,6 +458,82 @@ def test_one_create_waits_lro_timeout_in_all_not_lro_timeout_per_operation(arm, 
     assert 2.0 <= took < 2.7, took
 
 
+@pytest.mark.parametrize("outcome", ["Succeeded", "Failed", "still Creating"])
+def test_a_create_retried_after_its_polls_were_throttled_never_answers_with_a_vm_still_allocating(arm, tmp_path, outcome):
+    """Audit (a way around lro_timeout's fix): the status polls of a create's operation throttled (429) until azure-core's
+    retries of them ran out reached apply as a transient error; apply's retry of the create GETs the VM under its name,
+    found it in provisioningState Creating and answered it as a pending instance: reported created and given replicas,
+    though its allocation could still fail. The retry now waits on the allocation this create started, for what is left
+    of its lro_timeout: a VM that allocated is answered running; a failed allocation is a capacity error and the Failed
+    VM is removed (as when the first try sees it fail); one still allocating at the deadline fails the create as the
+    first try would, nothing placed on it."""
+    import threading
+    import time
+
+    from reconciler.apply import _retry
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="2",
+                                                                                            max_retries="1")))
+    name = vm_name(FLEET, "k-held")
+    arm.hold_creates()
+    # The operation's first status poll and the SDK's one retry of it are refused: the 429 reaches apply's _retry.
+    arm.fail_next(*THROTTLED, method="GET", path_contains="/operations/", count=2, headers={"Retry-After": "0.1"})
+
+    def end_during_the_retry() -> None:  # the allocation ends once apply's retry of the create has read the VM
+        while len(arm.requests("GET", f"/virtualMachines/{name}")) < 2 and time.monotonic() < started + 5:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        arm.end_held(error_code="ZonalAllocationFailed" if outcome == "Failed" else None)
+
+    timer = threading.Thread(target=end_during_the_retry, daemon=True) if outcome != "still Creating" else None
+    started = time.monotonic()
+    if timer is not None:
+        timer.start()
+    try:
+        got = _retry(lambda: prov.create(req("k-held")), "create", 0.0)
+    except ProviderError as e:
+        got = e
+    took = time.monotonic() - started
+    if timer is not None:
+        timer.join()
+    assert len(arm.requests("PUT", "/virtualMachines/")) == 1
+    assert len(arm.requests("GET", f"/virtualMachines/{name}")) >= 2  # apply did retry: the retry read the VM (Creating)
+    if outcome == "Succeeded":
+        assert not isinstance(got, Exception) and got.state == "running", got
+        assert arm.snapshot()[name]["properties"]["provisioningState"] == "Succeeded" and took < 2.0
+    elif outcome == "Failed":
+        assert isinstance(got, CapacityError) and "ZonalAllocationFailed" in str(got), got
+        assert arm.snapshot() == {}  # the Failed VM Azure keeps was removed, as when the first try sees it fail
+    else:
+        assert type(got) is ProviderError and "still allocating after 2 s" in str(got), got
+        assert "nothing was placed on it" in str(got)
+        assert arm.snapshot()[name]["properties"]["provisioningState"] == "Creating"
+        assert 2.0 <= took < 2.7, took  # the create's own lro_timeout, not a new one for apply's retry
+
+
+def test_a_create_that_finds_its_key_s_vm_allocating_from_elsewhere_does_not_answer_it(prov, arm):
+    """The key's VM still Creating, from an allocation this provider did not start (another process's create, or a PUT
+    whose answer was lost): answered pending it was reported created and given replicas. The create fails now, at once,
+    nothing placed on it; the next run observes it and sees how it ended."""
+    name = vm_name(FLEET, "k-elsewhere")
+    arm.plant(name, tags={**ours(), azure_tag_name(TAG_CREATE_KEY): "k-elsewhere"}, provisioning_state="Creating")
+    with pytest.raises(ProviderError, match="is still allocating .*this run did not start it; nothing was placed on it") as e:
+        prov.create(req("k-elsewhere"))
+    assert type(e.value) is ProviderError and arm.requests("PUT") == []
+
+def test_a_create_whose_polls_are_refused_past_lro_timeout_says_so_not_that_it_is_still_allocating(arm, tmp_path):
+    """A create whose operation's status polls were throttled until lro_timeout ended failed with "still allocating after
+    lro_timeout": the allocation may well have finished; what is known is that its status could not be read."""
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="1",
+                                                                                            max_retries="1")))
+    arm.fail_next(*THROTTLED, method="GET", path_contains="/operations/", count=10**6, headers={"Retry-After": "1.5"})
+    with pytest.raises(ProviderError) as e:
+        prov.create(req("k-unread"))
+    message = str(e.value)
+    assert type(e.value) is ProviderError and "still allocating" not in message, message
+    assert "not known" in message and "429" in message and "nothing was placed on it" in message, message
+
+
 def test_retry_after_is_read_as_seconds_or_an_http_date():
     import email.utils
     import time
