@@ -243,6 +243,29 @@ def test_docker_runtime_without_docker_or_image_is_a_start_error(bus, agents, tm
     assert rec["reason"] == "StartError" and "docker is not installed" in rec["message"]
 
 
+def test_a_command_missing_from_the_image_is_a_start_error_not_restarted(bus, tmp_path):
+    """README: `StartError` for a command that does not exist. On cloud instances (the docker runtime) docker itself
+    starts the command, and one missing from the image was an ordinary exit 127: restarted backoff_limit times (10 s,
+    20 s, 40 s ...), then BackoffLimitExceeded. Docker's own refusal (its "Error response from daemon", exit 126 or 127)
+    is now the StartError it is; an exit 127 of the command itself is still a failure that restarts."""
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI "
+                    "runtime create failed: runc create failed: unable to start container process: exec: \"pyhton3\": executable "
+                    "file not found in $PATH: unknown.' >&2\necho >&2\necho \"Run 'docker run --help' for more information\" >&2\nexit 127\n")
+    fake.chmod(0o755)
+    a = Agent("i-0", bus, DockerRuntime(docker=str(fake)), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2,
+              backoff=0.05, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("typo", ["pyhton3"], run={"image": "img", "command": ["pyhton3"], "env": {}})]})
+    rec = run_until([a], terminal(bus, "typo"))
+    assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "StartError", 0), rec  # before: BackoffLimitExceeded, 2
+    assert 'exec: "pyhton3": executable file not found' in rec["message"]
+    fake.write_text("#!/bin/sh\necho 'train.sh: 3: preprocess: not found'\nexit 127\n")  # the command's own 127
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("own", ["train.sh"], run={"image": "img", "command": ["train.sh"], "env": {}})]})
+    rec = run_until([a], terminal(bus, "own"))
+    assert (rec["reason"], rec["restarts"]) == ("BackoffLimitExceeded", 2), rec
+
+
 def test_agent_heartbeat_names_its_state_and_address(bus, agents):
     a = agents("i-0")
     a.tick()

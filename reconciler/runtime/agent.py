@@ -276,7 +276,28 @@ class Agent:
             rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", ended["error"], True
             self._write_pids()
             return
+        refused = self._docker_refused(rep, code)
+        if refused is not None:  # the command never ran: restarting cannot help (as a missing command under `process`)
+            rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
+            rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", refused, True
+            self._write_pids()
+            self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {refused}")
+            return
         self._exited(rep, code)
+
+    def _docker_refused(self, rep: Replica, code: int) -> str | None:
+        """Docker's own refusal to start the container's command (exit 126: cannot be run, 127: not found in the
+        image), from the line the docker client printed last; None for any other end, an exit 127 of the command
+        itself included. It was an ordinary failure, restarted backoff_limit times before the job failed."""
+        if self.runtime.name != "docker" or code not in (126, 127):
+            return None
+        try:  # this attempt's output only (the log holds every attempt's): docker's error comes last, maybe before a hint
+            text = self._log_path(rep).read_bytes()[-16384:].decode(errors="replace")
+        except OSError:
+            return None
+        attempt = text.rsplit("\n--- fleetops: attempt ", 1)[-1].splitlines()[1:]
+        said = [ln for ln in attempt[-5:] if ln.startswith("docker: Error response from daemon")]
+        return masked(said, own_secrets(rep.entry))[-1][:400] if said else None
 
     # -------------------------------------------------------------- reading the bus
     def _read_assignment(self) -> None:
