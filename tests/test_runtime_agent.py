@@ -266,6 +266,23 @@ def test_a_command_missing_from_the_image_is_a_start_error_not_restarted(bus, tm
     assert (rec["reason"], rec["restarts"]) == ("BackoffLimitExceeded", 2), rec
 
 
+def test_a_command_named_relative_to_the_config_dir_runs_there_whatever_the_agents_own_directory(bus, tmp_path):
+    """The sim's agents run commands in the config directory (`--cwd`), as `python3 bin/train.py` does, but a command
+    itself named by a relative path (`./prepare.sh` beside the config) was looked for in the agent's own working
+    directory, apply's: a StartError "not found" unless apply ran from the config directory. It is looked for where it
+    runs."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "prepare.sh").write_text("#!/bin/sh\necho prepared\n")
+    (cfg / "prepare.sh").chmod(0o755)
+    assert not (Path.cwd() / "prepare.sh").exists()
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, command_cwd=cfg,
+              log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("prep", ["./prepare.sh"])]})
+    rec = run_until([a], terminal(bus, "prep"))
+    assert (rec["phase"], rec["log_tail"]) == ("Succeeded", ["prepared"]), rec  # before: Failed, StartError
+
+
 def test_agent_heartbeat_names_its_state_and_address(bus, agents):
     a = agents("i-0")
     a.tick()
