@@ -242,9 +242,13 @@ class Agent:
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
+            stopping = rec.get("stopping") if isinstance(rec.get("stopping"), dict) else None
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
+                if stopping:  # (its signal was sent: the rest of its grace, then the kill)
+                    rep.stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
+                                     stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
                 self.replicas[key] = rep
                 self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
                 continue
@@ -258,6 +262,15 @@ class Agent:
             if not (unreported or prev is None and ended is not None):
                 continue  # its end was reported already (or it never ran): the bus record is what counts
             self.replicas[key] = rep
+            if stopping:
+                # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
+                # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
+                rep.exit_code, rep.finished_at = (ended or {}).get("code", -signals.SIGKILL), iso()
+                rep.phase, rep.reason, rep.message, rep.terminal = stopping["phase"], stopping["reason"], stopping["message"], stopping["terminal"]
+                if stopping.get("restart_attempt") is not None:
+                    rep.attempt, rep.next_start = stopping["restart_attempt"], 0.0
+                self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} ended while no agent watched it, as its stop ({rep.reason}) asked")
+                continue
             self._ended(rep, ended)
             self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended while no agent watched it")
 
@@ -598,7 +611,21 @@ class Agent:
         self._log(f"{rep.key[0]}/{rep.key[1]}: stopping ({reason}): {signals.Signals(sig).name}, {grace:g}s grace")
         rep.stop = _Stop(time.monotonic() + grace, phase, reason, message, terminal, restart_attempt)
         if rep.handle is not None:
+            self._note_stop(rep, now_unix() + grace)
             self.runtime.signal(rep.handle, sig)
+
+    def _note_stop(self, rep: Replica, deadline_at: float) -> None:
+        """The stop under way, in the replica's local record (before its signal): an agent that restarts in its grace
+        ends the replica as this stop asks, not as its exit code alone would say (_adopt)."""
+        path = self._local(rep.key)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        st = rep.stop
+        doc["stopping"] = {"phase": st.phase, "reason": st.reason, "message": st.message, "terminal": st.terminal,
+                           "restart_attempt": st.restart_attempt, "deadline_at": deadline_at}
+        write_atomic(path, json.dumps(doc).encode(), mode=0o600)
 
     def _log_path(self, rep: Replica) -> Path:
         return replica_log(self.workdir, *rep.key)
