@@ -283,6 +283,20 @@ def test_a_command_named_relative_to_the_config_dir_runs_there_whatever_the_agen
     assert (rec["phase"], rec["log_tail"]) == ("Succeeded", ["prepared"]), rec  # before: Failed, StartError
 
 
+def test_a_replica_unassigned_in_its_restart_backoff_is_reported_stopped(bus, tmp_path):
+    """A replica waiting out a restart's backoff that the plan took away (the job removed, evicted or moved) was dropped
+    without a last report: its run record said Starting (BackOff) for good, and `reconcile logs --follow` of it never
+    ended. It is reported Stopped (Unassigned), as a running one is."""
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=30,
+              log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crashy", [PY, "-c", "raise SystemExit(1)"])]})
+    run_until([a], lambda: (r := bus.run("crashy", 0)) is not None and r["reason"] == "BackOff")
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    run_until([a], lambda: not a.replicas)
+    rec = bus.run("crashy", 0)
+    assert (rec["phase"], rec["reason"], rec["terminal"]) == ("Stopped", "Unassigned", False), rec  # before: Starting, BackOff
+
+
 def test_agent_heartbeat_names_its_state_and_address(bus, agents):
     a = agents("i-0")
     a.tick()

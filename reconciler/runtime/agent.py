@@ -353,6 +353,11 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
+            elif not self.notice_seen:
+                if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
+                    rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
+                    rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
+                self._last_report(rep)
             del self.replicas[key]
             self._local(key).unlink(missing_ok=True)
             self._exit_path(key).unlink(missing_ok=True)
@@ -647,6 +652,19 @@ class Agent:
             "log_path": str(self._log_path(rep)), "log_tail": masked(log_tail(self._log_path(rep)), own_secrets(e)),
             **({"next_start_at": rep.next_start_at} if rep.reason == "BackOff" and rep.next_start_at is not None else {}),
         }
+
+    def _last_report(self, rep: Replica) -> None:
+        """A replica's record as it leaves this agent, where not written yet (its end in the tick it is dropped, or it was
+        backing off): its record said Starting (BackOff), or Running, for good. Only while the record on the bus is still
+        this instance's: the agent the plan moved it to may have written its own."""
+        if self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True):
+            return
+        try:
+            now = self.bus.run(*rep.key)
+        except ReconcileError:
+            return
+        if now is None or now.get("instance") == self.instance:
+            self._write_run(rep)
 
     def _write_run(self, rep: Replica, force: bool = False) -> None:
         doc = self._record(rep)
