@@ -242,7 +242,9 @@ class Agent:
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
-            stopping = rec.get("stopping") if isinstance(rec.get("stopping"), dict) else None
+            stopping = rec.get("stopping")
+            if not (isinstance(stopping, dict) and {"phase", "reason", "message", "terminal"} <= stopping.keys()):
+                stopping = None  # (none under way, or a record an older agent wrote)
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
