@@ -430,10 +430,8 @@ def test_after_a_lost_state_file_a_running_agent_still_follows_the_next_edit(tmp
     is now above every published assignment's too."""
     from pathlib import Path
 
-    from typer.testing import CliRunner
-
+    from reconciler import api
     from reconciler.backend import backend_for
-    from reconciler.cli import app
     from reconciler.runtime.agent import Agent
     from reconciler.runtime.bus import Bus
     from reconciler.runtime.runtimes import ProcessRuntime
@@ -441,8 +439,7 @@ def test_after_a_lost_state_file_a_running_agent_still_follows_the_next_edit(tmp
     def edit(v: int) -> Path:
         cfg = write_config(tmp_path / "c", [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
                                             job("svc", cpu=2, run={"command": ["python3", "serve.py"], "env": {"V": str(v)}})])
-        out = CliRunner().invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
-        assert out.exit_code == 0, out.output
+        api.apply(cfg, time_limit=5)
         return cfg
 
     for v in range(3):
