@@ -355,6 +355,10 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         if the_plan.violations:
             raise GuardrailError("refusing to apply; nothing was changed:\n" + "\n".join(f"  - {v}" for v in the_plan.violations))
         assigned = published(backend)
+        # The serial this apply writes is above every published assignment's too (apply_plan adds one): an agent takes
+        # only an assignment whose serial is not below its own, and after a lost state file (recovered from the tags,
+        # which an edit of `run` does not rewrite) the next edit was published below it and never taken.
+        current.serial = max([current.serial, *(d.get("serial", 0) for d in assigned.values())])
         if on_plan is not None:
             on_plan(the_plan)
         report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)

@@ -134,3 +134,21 @@ def test_a_command_that_cannot_be_executed_is_a_start_error_through_the_shim(tmp
     rec = run_until([in_process(bus, "i-0", tmp_path / "w")], terminal(bus, "bad"))
     assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "StartError", 0), rec
     assert f"cannot start {str(script)!r}: No such file or directory" in rec["message"]
+
+
+def test_a_replica_that_ended_on_its_stop_signal_while_no_agent_watched_ends_as_that_stop_not_succeeded(tmp_path, leftovers):
+    """The agent stopped a replica past its time limit (checkpoint signal, grace) and crashed in the grace; the replica
+    checkpointed and exited 0, as a training script does on that signal. The restarted agent read the exit code alone:
+    Succeeded, so a job cut off by its time limit counted done (and a gang replica stopped for a peer's restart stayed
+    Succeeded, never rejoining it). The stop under way is in the replica's local record; its end is that stop's."""
+    bus = Bus(backend_for(tmp_path, None))
+    never, ckpt = tmp_path / "never", tmp_path / "ckpt"
+    e = entry("ft", waiter(never, ckpt), time_limit_hours=1 / 3600,  # one second
+              checkpoint={"dir": str(tmp_path / "ck"), "signal": "SIGUSR1", "grace_seconds": 30})
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (rep := old.replicas.get(("ft", 0))) is not None and rep.stop is not None)  # signalled ...
+    poll_until(lambda: not processes_with(str(never)), "the replica checkpointed and exited", 60)  # ... and the agent gone
+    assert ckpt.read_text() == "saved"
+    rec = run_until([in_process(bus, "i-0", tmp_path / "w")], terminal(bus, "ft"))
+    assert (rec["phase"], rec["reason"], rec["exit_code"]) == ("Failed", "DeadlineExceeded", 0), rec  # before: Succeeded

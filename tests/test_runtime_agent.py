@@ -243,6 +243,60 @@ def test_docker_runtime_without_docker_or_image_is_a_start_error(bus, agents, tm
     assert rec["reason"] == "StartError" and "docker is not installed" in rec["message"]
 
 
+def test_a_command_missing_from_the_image_is_a_start_error_not_restarted(bus, tmp_path):
+    """README: `StartError` for a command that does not exist. On cloud instances (the docker runtime) docker itself
+    starts the command, and one missing from the image was an ordinary exit 127: restarted backoff_limit times (10 s,
+    20 s, 40 s ...), then BackoffLimitExceeded. Docker's own refusal (its "Error response from daemon", exit 126 or 127)
+    is now the StartError it is; an exit 127 of the command itself is still a failure that restarts."""
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI "
+                    "runtime create failed: runc create failed: unable to start container process: exec: \"pyhton3\": executable "
+                    "file not found in $PATH: unknown.' >&2\necho >&2\necho \"Run 'docker run --help' for more information\" >&2\nexit 127\n")
+    fake.chmod(0o755)
+    a = Agent("i-0", bus, DockerRuntime(docker=str(fake)), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2,
+              backoff=0.05, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("typo", ["pyhton3"], run={"image": "img", "command": ["pyhton3"], "env": {}})]})
+    rec = run_until([a], terminal(bus, "typo"))
+    assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "StartError", 0), rec  # before: BackoffLimitExceeded, 2
+    assert 'exec: "pyhton3": executable file not found' in rec["message"]
+    fake.write_text("#!/bin/sh\necho 'train.sh: 3: preprocess: not found'\nexit 127\n")  # the command's own 127
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("own", ["train.sh"], run={"image": "img", "command": ["train.sh"], "env": {}})]})
+    rec = run_until([a], terminal(bus, "own"))
+    assert (rec["reason"], rec["restarts"]) == ("BackoffLimitExceeded", 2), rec
+
+
+def test_a_command_named_relative_to_the_config_dir_runs_there_whatever_the_agents_own_directory(bus, tmp_path):
+    """The sim's agents run commands in the config directory (`--cwd`), as `python3 bin/train.py` does, but a command
+    itself named by a relative path (`./prepare.sh` beside the config) was looked for in the agent's own working
+    directory, apply's: a StartError "not found" unless apply ran from the config directory. It is looked for where it
+    runs."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "prepare.sh").write_text("#!/bin/sh\necho prepared\n")
+    (cfg / "prepare.sh").chmod(0o755)
+    assert not (Path.cwd() / "prepare.sh").exists()
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, command_cwd=cfg,
+              log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("prep", ["./prepare.sh"])]})
+    rec = run_until([a], terminal(bus, "prep"))
+    assert (rec["phase"], rec["log_tail"]) == ("Succeeded", ["prepared"]), rec  # before: Failed, StartError
+
+
+def test_a_replica_unassigned_in_its_restart_backoff_is_reported_stopped(bus, tmp_path):
+    """A replica waiting out a restart's backoff that the plan took away (the job removed, evicted or moved) was dropped
+    without a last report: its run record said Starting (BackOff) for good, and `reconcile logs --follow` of it never
+    ended. It is reported Stopped (Unassigned), as a running one is."""
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=30,
+              log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crashy", [PY, "-c", "raise SystemExit(1)"])]})
+    run_until([a], lambda: (r := bus.run("crashy", 0)) is not None and r["reason"] == "BackOff")
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    run_until([a], lambda: not a.replicas)
+    rec = bus.run("crashy", 0)
+    assert (rec["phase"], rec["reason"], rec["terminal"]) == ("Stopped", "Unassigned", False), rec  # before: Starting, BackOff
+
+
 def test_agent_heartbeat_names_its_state_and_address(bus, agents):
     a = agents("i-0")
     a.tick()

@@ -420,3 +420,36 @@ def test_apply_drops_the_report_of_an_instance_that_vanished_so_its_moved_replic
     assert new != iid
     st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
     assert st["jobs"]["slow"]["status"]["phase"] != "Running"
+
+
+def test_after_a_lost_state_file_a_running_agent_still_follows_the_next_edit(tmp_path):
+    """README: losing the state is survivable (placements come back from the tags, "the next apply saves a serial above
+    every tag's"). An agent takes an assignment only when its serial is not below the one it runs, and assignments were
+    written with the state serial: after N edits of a running job and a lost state.json, the next edit was published at a
+    serial below the agent's, which kept running the old command for good (status: Starting, Assigned). The apply's serial
+    is now above every published assignment's too."""
+    from pathlib import Path
+
+    from reconciler import api
+    from reconciler.backend import backend_for
+    from reconciler.runtime.agent import Agent
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.runtimes import ProcessRuntime
+
+    def edit(v: int) -> Path:
+        cfg = write_config(tmp_path / "c", [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
+                                            job("svc", cpu=2, run={"command": ["python3", "serve.py"], "env": {"V": str(v)}})])
+        api.apply(cfg, time_limit=5)
+        return cfg
+
+    for v in range(3):
+        cfg = edit(v)
+    bus = Bus(backend_for(cfg))
+    (iid,) = bus.assigned_instances()
+    agent = Agent(iid, bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", log=lambda m: None)
+    agent._read_assignment()  # (no tick: only what the agent would take as its assignment, no process)
+    assert agent.assignment["replicas"][0]["run"]["env"] == {"V": "2"}
+    (cfg / ".reconcile" / "state.json").unlink()
+    edit(3)
+    agent._read_assignment()
+    assert agent.assignment["replicas"][0]["run"]["env"] == {"V": "3"}, agent.assignment  # before: {"V": "2"}, for good

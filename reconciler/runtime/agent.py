@@ -242,9 +242,15 @@ class Agent:
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
+            stopping = rec.get("stopping")
+            if not (isinstance(stopping, dict) and {"phase", "reason", "message", "terminal"} <= stopping.keys()):
+                stopping = None  # (none under way, or a record an older agent wrote)
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
+                if stopping:  # (its signal was sent: the rest of its grace, then the kill)
+                    rep.stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
+                                     stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
                 self.replicas[key] = rep
                 self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
                 continue
@@ -258,6 +264,15 @@ class Agent:
             if not (unreported or prev is None and ended is not None):
                 continue  # its end was reported already (or it never ran): the bus record is what counts
             self.replicas[key] = rep
+            if stopping:
+                # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
+                # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
+                rep.exit_code, rep.finished_at = (ended or {}).get("code", -signals.SIGKILL), iso()
+                rep.phase, rep.reason, rep.message, rep.terminal = stopping["phase"], stopping["reason"], stopping["message"], stopping["terminal"]
+                if stopping.get("restart_attempt") is not None:
+                    rep.attempt, rep.next_start = stopping["restart_attempt"], 0.0
+                self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} ended while no agent watched it, as its stop ({rep.reason}) asked")
+                continue
             self._ended(rep, ended)
             self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended while no agent watched it")
 
@@ -276,7 +291,28 @@ class Agent:
             rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", ended["error"], True
             self._write_pids()
             return
+        refused = self._docker_refused(rep, code)
+        if refused is not None:  # the command never ran: restarting cannot help (as a missing command under `process`)
+            rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
+            rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", refused, True
+            self._write_pids()
+            self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {refused}")
+            return
         self._exited(rep, code)
+
+    def _docker_refused(self, rep: Replica, code: int) -> str | None:
+        """Docker's own refusal to start the container's command (exit 126: cannot be run, 127: not found in the
+        image), from the line the docker client printed last; None for any other end, an exit 127 of the command
+        itself included. It was an ordinary failure, restarted backoff_limit times before the job failed."""
+        if self.runtime.name != "docker" or code not in (126, 127):
+            return None
+        try:  # this attempt's output only (the log holds every attempt's): docker's error comes last, maybe before a hint
+            text = self._log_path(rep).read_bytes()[-16384:].decode(errors="replace")
+        except OSError:
+            return None
+        attempt = text.rsplit("\n--- fleetops: attempt ", 1)[-1].splitlines()[1:]
+        said = [ln for ln in attempt[-5:] if ln.startswith("docker: Error response from daemon")]
+        return masked(said, own_secrets(rep.entry))[-1][:400] if said else None
 
     # -------------------------------------------------------------- reading the bus
     def _read_assignment(self) -> None:
@@ -319,6 +355,11 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
+            elif not self.notice_seen:
+                if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
+                    rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
+                    rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
+                self._last_report(rep)
             del self.replicas[key]
             self._local(key).unlink(missing_ok=True)
             self._exit_path(key).unlink(missing_ok=True)
@@ -577,7 +618,21 @@ class Agent:
         self._log(f"{rep.key[0]}/{rep.key[1]}: stopping ({reason}): {signals.Signals(sig).name}, {grace:g}s grace")
         rep.stop = _Stop(time.monotonic() + grace, phase, reason, message, terminal, restart_attempt)
         if rep.handle is not None:
+            self._note_stop(rep, now_unix() + grace)
             self.runtime.signal(rep.handle, sig)
+
+    def _note_stop(self, rep: Replica, deadline_at: float) -> None:
+        """The stop under way, in the replica's local record (before its signal): an agent that restarts in its grace
+        ends the replica as this stop asks, not as its exit code alone would say (_adopt)."""
+        path = self._local(rep.key)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        st = rep.stop
+        doc["stopping"] = {"phase": st.phase, "reason": st.reason, "message": st.message, "terminal": st.terminal,
+                           "restart_attempt": st.restart_attempt, "deadline_at": deadline_at}
+        write_atomic(path, json.dumps(doc).encode(), mode=0o600)
 
     def _log_path(self, rep: Replica) -> Path:
         return replica_log(self.workdir, *rep.key)
@@ -599,6 +654,19 @@ class Agent:
             "log_path": str(self._log_path(rep)), "log_tail": masked(log_tail(self._log_path(rep)), own_secrets(e)),
             **({"next_start_at": rep.next_start_at} if rep.reason == "BackOff" and rep.next_start_at is not None else {}),
         }
+
+    def _last_report(self, rep: Replica) -> None:
+        """A replica's record as it leaves this agent, where not written yet (its end in the tick it is dropped, or it was
+        backing off): its record said Starting (BackOff), or Running, for good. Only while the record on the bus is still
+        this instance's: the agent the plan moved it to may have written its own."""
+        if self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True):
+            return
+        try:
+            now = self.bus.run(*rep.key)
+        except ReconcileError:
+            return
+        if now is None or now.get("instance") == self.instance:
+            self._write_run(rep)
 
     def _write_run(self, rep: Replica, force: bool = False) -> None:
         doc = self._record(rep)

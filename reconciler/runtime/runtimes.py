@@ -170,7 +170,13 @@ class ProcessRuntime:
 
     def start(self, launch: Launch) -> subprocess.Popen:
         exe = launch.command[0]
-        if shutil.which(exe, path=launch.env.get("PATH", os.environ.get("PATH"))) is None and not (os.sep in exe and os.access(exe, os.X_OK)):
+        if os.sep in exe:  # a path: as the child resolves it, from its working directory (the sim's: the config dir)
+            found = os.access(Path(launch.workdir or ".") / exe, os.X_OK)
+        else:
+            found = shutil.which(exe, path=launch.env.get("PATH", os.environ.get("PATH"))) is not None
+        if not found and os.sep in exe:
+            raise StartError(f"command {exe!r} not found or not executable (in {Path(launch.workdir or '.').resolve()})")
+        if not found:
             raise StartError(f"command {exe!r} not found (PATH={launch.env.get('PATH', os.environ.get('PATH', ''))})")
         if launch.checkpoint_host_dir is not None:
             launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
