@@ -261,13 +261,18 @@ class _Greedy:
         """Every running job where it runs, in `order`; then a job whose resources changed, restarted in place where
         its new shape still fits beside them. It is new work: kept first in the order, it took the room of another
         tenant's guaranteed job (evicted "pools at max_instances": apply's re-check refused the plan) or of its own
-        tenant's job of its class, and at short limits CP-SAT kept greedy's answer (audit20 findings 5 and 6)."""
+        tenant's job of its class, and at short limits CP-SAT kept greedy's answer (audit20 findings 5 and 6). Within
+        each, the jobs inside their tenants' guarantees first, as the model's first tier ranks them: kept in `order`
+        alone, t3's borrowed low job took a pool's one slot left (max_instances lowered below what runs) before t1's
+        guaranteed low job, which the plan evicted and apply's re-check refused (tests/data/findings/fleet91)."""
         hosts = {c.key: c for c in self.p.hosts()}
+        protected = {j for r in self.p.tenants.values() for j in r.protected_jobs}
         for reshaped in (False, True):
-            for d in order:
-                for job, iids in d.running:
-                    if (job in d.reshaped) == reshaped and job not in self.kept:
-                        self._keep(d, job, iids, hosts)
+            for guaranteed in (True, False):
+                for d in order:
+                    for job, iids in d.running:
+                        if (job in d.reshaped) == reshaped and (job in protected) == guaranteed and job not in self.kept:
+                            self._keep(d, job, iids, hosts)
 
     def _keep(self, d: Demand, job: str, iids: tuple[str, ...], hosts: dict[str, Capacity]) -> None:
         """Keep one running job of d on the hosts it runs on (`iids`), if it still fits and no rule refuses it."""

@@ -514,10 +514,38 @@ class KeptInstead:
         self._waits = {t for t in self.new + self.borrowed if not (self.demand_of[t].tenant == tenant and self.demand_of[t].klass > klass)}
         for t in sorted(self._waits):
             self._off(t, self._group)
+        self._give_back_room(self._waits)
         self._base = self._without_padding(self._group)
         self._put_back([t for t in self.movers if t not in self._waits])
         self._padding = [(ref, cap) for op, cap, _, ref in self._group if op == "inst+" and ref not in self.led.instances]
         self._key = key
+
+    def _give_back_room(self, waits: set[str]) -> None:
+        """The guaranteed running work that waiting new work of its own tenant's higher class took the room of (the
+        stop its tenant's guarantee allowed for it) back where it ran, where it fits there: with that work waiting, the
+        tenant keeps its guarantee by its running job again. Left stopped, one tenant's guarantee counted for nothing
+        against another's: with one slot left by a pool's max for t2's normal job and t3's running normal job, whose
+        room t3's new high job took, keeping t2's job "broke no rule" (t3's high job waiting, its host idle) and both
+        planners' plans were refused (tests/data/findings/fleet90)."""
+        took: dict[tuple[str, str], int] = {}  # (tenant, host) -> the highest class of its waiting work placed there
+        for t in waits:
+            w = self.demand_of[t]
+            for ref in self.plan_jobs[t].instances:
+                took[(w.tenant, ref)] = max(took.get((w.tenant, ref), -1), w.klass)
+        if not took:
+            return
+        for jc in self.plan_jobs.values():
+            ids = tuple(self.observed.placements.get(jc.job, ()))
+            e = self.demand_of.get(jc.job)
+            if jc.action != "evict" or not ids or e is None or e.tenant not in self.problem.tenants \
+                    or jc.job not in self.problem.tenants[e.tenant].protected_jobs or jc.job in self.leaving \
+                    or jc.job in e.reshaped or len(ids) != e.replicas * e.bundle or any(i not in self.hosts for i in ids):
+                continue
+            if not any(took.get((e.tenant, i), -1) > e.klass for i in ids):
+                continue
+            if all(i not in self.staying or self._fits([jc.job], i, waits) for i in dict.fromkeys(ids)):
+                self._on(jc.job, ids, self._group)
+                self._back.add(jc.job)
 
     def _put_back(self, movers: list[str]) -> None:
         """Running work the plan moves for no rule back where it ran, all of it at once, else each alone: where it fits

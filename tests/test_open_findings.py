@@ -159,7 +159,9 @@ told to make it a plain test).
   fleet88 (the slow property tier, 2026-12-02, with plancheck.KeptInstead): greedy gave up a spot CPU host for a GPU
   spot share (its test). fleet89 (the slow property tier, 2026-12-02): greedy's plan charged t3 $6.42/h of its $5/h
   tenant budget, which apply's re-check refuses: a stop greedy made for room, undone unasked once the job it was made
-  for had spent the budget it freed elsewhere (its test)."""
+  for had spent the budget it freed elsewhere (its test). fleet90 and fleet91 (the slow property tier, 2026-12-02):
+  the re-check refused both planners' plans, which gave a pool's one slot to one tenant's guarantee over another's
+  (no plan at all), and greedy kept borrowed running work before guaranteed in a pool over its max (their tests)."""
 
 from __future__ import annotations
 
@@ -1742,3 +1744,34 @@ def test_greedy_undoes_no_stop_whose_budget_the_higher_job_spent_elsewhere_on_fl
     jobs = {j.job: j for j in gplan.jobs}
     assert jobs["j8"].instances == ("i0",) and jobs["j1"].action == "evict", {k: (v.action, v.instances) for k, v in jobs.items()}
     check_fleet(fleet("fleet89"), time_limit=5)
+
+
+def test_a_tenants_guarantee_held_by_its_higher_job_in_its_own_room_weighs_against_anothers_on_fleet90():
+    """fleet90 (the slow property tier, 2026-12-02; at 52921ca too): seven A100-80GB instances in a pool lowered to max
+    1 under a $15/h budget; t3's running normal j0 on i0 and its new high j3, t2's (no quota: all it runs guaranteed)
+    normal j4 and j6 on i2 and i3. One slot, and either tenant's guarantee gives: both planners give it to t3, j3 in
+    j0's room (its own higher class). The re-check weighed j4's stop with j3 waiting (another tenant's new work) and
+    i0 then idle, but left j0 stopped, so keeping j4 "broke no rule", and both plans were refused: no plan at all
+    ("internal error ... refusing to emit it"). With j3 waiting, j0 is back where it ran, and keeping j4 beside it
+    breaks the pool's max: the stop is lawful."""
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet90"), time_limit=5)
+    actions = {j.job: j.action for j in plan.jobs}
+    assert actions["j3"] == "place" and actions["j4"] == actions["j6"] == actions["j0"] == "evict", actions
+    for p in (plan, gplan):
+        assert not recheck(p, desired, observed, build_problem(desired, observed))[1]
+    check_fleet(fleet("fleet90"), time_limit=5)
+
+
+def test_greedy_keeps_guaranteed_running_work_before_borrowed_when_a_pool_is_over_its_max_on_fleet91():
+    """fleet91 (the slow property tier, 2026-12-02; at 52921ca too): a pool lowered to max 1 runs t3's borrowed low j0
+    (quota 0 GPUs, burst 4) on i0 and t1's guaranteed low j6 on i1. Greedy kept running work in its placing order
+    (class, ..., name): j0 took the one slot and j6 was evicted, and apply's re-check refused greedy's plan (CP-SAT's
+    kept j6). Guaranteed running work is kept first now, as the model's first tier ranks it."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet91"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: j.action for j in p.jobs}
+        assert actions["j6"] == "keep" and actions["j0"] == "evict", (p.solver.status, actions)
+    check_fleet(fleet("fleet91"), time_limit=5)
