@@ -114,7 +114,7 @@ class _Greedy:
         self.bought: dict[str, int] = {}
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
-        self.sparing_buffer = False  # plan onto no open on-demand instance the on-demand buffer counts
+        self.sparing_buffer = False  # plan onto no open on-demand instance (the on-demand buffer counts the room of each)
         self.freed: set[str] = set()  # open instances whose room stops just freed for the job planned: offered first
         self.ballast_after = False  # the fleet's spot share not asked per instance: idle on-demand bought after mends it
         self.fits = OfferFits()  # fit() by demand shape and offer: asked for every demand against every offer
@@ -185,9 +185,13 @@ class _Greedy:
             owed += max(0, self.p.pool_bounds[pool][0] - n) * price
         return owed
 
-    def _open(self, c: Capacity, ballast: bool = False) -> _Inst:
-        """Open a host or buy an instance of an offer. The on-demand buffer counts the idle capacity of the hosts
-        kept and of `ballast` (bought to stand idle for the spot rules), not of what is bought for work."""
+    def _open(self, c: Capacity) -> _Inst:
+        """Open a host or buy an instance of an offer. The on-demand buffer counts the idle capacity of every on-demand
+        instance open (hosts kept, ballast bought to stand idle for the spot rules, and the room left on what is bought
+        for work), during the pass as in the finished plan and the next plan (where they are hosts kept): the ledger's
+        one reading. (Counted only at the end of the pass, the 2 idle GPUs of the a2-highgpu-4g bought for a 3 x 2-GPU
+        gang were not there for a spot-required job ranked after it; with no pool room for ballast beside its spot
+        instance it waited, and the plan right after the apply placed it: the lifecycle machine, greedy alone, seed 99.)"""
         if isinstance(c, Host):
             inst = _Inst(c, _capacity_of(c), c.key)
             self.opened[c.key] = inst
@@ -199,7 +203,7 @@ class _Greedy:
             self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
             inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
         self.buckets.setdefault(c.offer_key, []).append(inst)
-        self.led.add_instance(inst.key, c, buffer=isinstance(c, Host) or ballast)
+        self.led.add_instance(inst.key, c)
         return inst
 
     def _unbuy(self, inst: _Inst) -> None:
@@ -349,7 +353,7 @@ class _Greedy:
                 buys = self._ballast_buys() if self._other_spot_rules_hold() else []
                 if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)
                     for c in buys:
-                        self._open(c, ballast=True)
+                        self._open(c)
                     continue
             elif self._diversity_holds() and self._release_tenant_spot(order):
                 continue
@@ -454,9 +458,14 @@ class _Greedy:
 
     def _fleet_spot_rules_hold(self) -> bool:
         """The fleet's spot share and on-demand buffer: what more on-demand capacity mends."""
+        return not self._fleet_spot_rules_broken()
+
+    def _fleet_spot_rules_broken(self) -> tuple[str, ...]:
+        """Which of the fleet's spot share and on-demand buffer the plan so far breaks ("spot-share", "spot-buffer")."""
         sp = self.p.spot
         (spot, total), idle = self.led.spot(), self.led.idle_on_demand()
-        return spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)
+        return (("spot-share",) if not spot_share_ok(spot, total, sp.max_spot_fraction) else ()) \
+            + (("spot-buffer",) if not buffer_ok(idle, spot, sp.on_demand_buffer_percent) else ())
 
     def _spot_rules_hold(self) -> bool:
         return self._fleet_spot_rules_hold() and self._other_spot_rules_hold()
@@ -573,18 +582,15 @@ class _Greedy:
                 self._open(c)  # (an idle on-demand host the spot share or the buffer counts, a spot one diversity does)
 
     def drop_spare_on_demand(self) -> None:
-        """Once nothing more is placed: the idle room of the on-demand instances bought for work counts in the on-demand
-        buffer (as the plan and the next plan, where they are hosts, count it), and an idle on-demand instance (a host
-        kept or ballast bought for the spot share or the buffer) that the fleet's spot rules then hold without, and no
-        pool minimum needs, goes, the dearest per unit first (the next plan keeps idle hosts cheapest per unit first:
-        settle_spot). Kept, a g5.12xlarge standing idle for a buffer the idle GPUs of an a2-highgpu-4g bought for work
-        in the same plan covered was deleted by the plan right after its apply (the lifecycle machine, greedy alone)."""
+        """Once nothing more is placed: an idle on-demand instance (a host kept or ballast bought for the spot share or
+        the buffer) that the fleet's spot rules then hold without (the idle room of on-demand instances bought for work
+        later in the pass may cover the buffer), and no pool minimum needs, goes, the dearest per unit first (the next
+        plan keeps idle hosts cheapest per unit first: settle_spot). Kept, a g5.12xlarge standing idle for a buffer the
+        idle GPUs of an a2-highgpu-4g bought for work in the same plan covered was deleted by the plan right after its
+        apply (the lifecycle machine, greedy alone)."""
         sp = self.p.spot
         insts = list(self.opened.values()) + [i for lst in self.buckets.values() for i in lst if not isinstance(i.cap, Host)] \
             + [i for i in self.full if not isinstance(i.cap, Host)]
-        for inst in insts:
-            if not isinstance(inst.cap, Host) and inst.cap.market != "spot":
-                self.led.count_in_buffer(inst.key)
         idle = [i for i in insts if i.cap.market != "spot" and self._prim(i.cap) > 0 and not any(i.items.values())]
         for inst in sorted(idle, key=lambda i: (self._prim(i.cap) / i.cap.price if i.cap.price else math.inf, i.key)):
             c, prim = inst.cap, self._prim(inst.cap)
@@ -937,7 +943,7 @@ def _settle_spot_first(g: _Greedy) -> bool:
         g._open(c)
     if not g._fleet_spot_rules_hold():
         for b in g._ballast_buys():
-            g._open(b, ballast=True)
+            g._open(b)
     return g._spot_rules_hold()
 
 
@@ -1181,9 +1187,13 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
         opened = [g._open(c)]
         buys = g._ballast_buys()
         if buys or g._fleet_spot_rules_hold():
-            opened += [g._open(b, ballast=True) for b in buys]
+            opened += [g._open(b) for b in buys]
             if g._fleet_spot_rules_hold() and _place_resolving(g, d):
                 return True
+        else:
+            # The rule that refused d is the spot share or buffer its spot instance breaks, which no on-demand capacity
+            # bought to stand idle mends (the plan's ledger names it for d): not (), "nothing it fits had room".
+            refused = tuple(sorted(set(refused or ()) | set(g._fleet_spot_rules_broken())))
         for inst in reversed(opened):
             g._unbuy(inst)
         break  # (the cheapest spot offer d may use could not be bought so: a dearer one needs no less ballast)
@@ -1239,7 +1249,7 @@ def _place_spot_diverse(g: _Greedy, order: list[Demand]) -> None:
     finally:
         g.buy_spot = g.sparing_buffer = g.ballast_after = False
     if placed and buffer and g._other_spot_rules_hold() and not g._fleet_spot_rules_hold():
-        opened += [g._open(b, ballast=True) for b in g._ballast_buys()]
+        opened += [g._open(b) for b in g._ballast_buys()]
     if placed and g._spot_rules_hold():
         for d, _ in jobs.values():
             if g.a.placed[d.key] >= len(d.jobs):
@@ -1535,7 +1545,7 @@ def _mean_end(p: Problem, d: Demand) -> float:
 
 
 def _breaks_buffer(g: _Greedy, d: Demand, plan) -> bool:
-    """Would the plan's items on open on-demand instances the buffer counts (hosts kept, ballast) eat into the
+    """Would the plan's items on open on-demand instances (the buffer counts the idle room of each) eat into the
     idle capacity the on-demand buffer keeps for the spot capacity (the rule `settle_spot` established)?"""
     taken = sum(buffer_use(d, g.led.dim) for _, t in plan if isinstance(t, _Inst) and g.led.in_buffer(t.key))
     return g._refuses(g.led.refuses_buffer(d, taken))

@@ -527,7 +527,6 @@ class Ledger:
         self._spend = 0  # micro-dollars/h, as the fleet budget counts it
         self._pools: dict[str, int] = {}
         self._all, self._spot, self._idle = ExactSum(), ExactSum(), ExactSum()
-        self._outside_buffer: set[str] = set()  # on-demand instances whose idle capacity the buffer does not count
         self._spot_types: dict[str, int] = {}
         self._spot_zones: dict[str, int] = {}
         self._reserved: dict[str, int] = {}
@@ -548,23 +547,14 @@ class Ledger:
 
     # -- building (and taking apart: greedy gives up what it kept)
 
-    def add_instance(self, ref: str, cap, buffer: bool = True) -> None:
-        """buffer=False: an on-demand instance whose idle capacity the on-demand buffer is not to count on (greedy
-        counts the hosts it keeps and the capacity it buys to stand idle, not what it buys for work)."""
+    def add_instance(self, ref: str, cap) -> None:
+        """An instance kept or bought; the on-demand buffer counts the idle capacity of every on-demand one, as the
+        plan after the apply counts it (greedy's too, during its pass: what it buys for work among them)."""
         if ref in self.instances:
             raise ValueError(f"instance {ref} is in the ledger already")
         self.instances[ref] = cap
         self.items[ref] = []
-        self._instance(ref, cap, 1, buffer)
-
-    def count_in_buffer(self, ref: str) -> None:
-        """The on-demand buffer counts this instance's idle capacity from now on, as it counts every on-demand
-        instance's in a finished plan (plan_ledger) and in the next plan, where it is a host (greedy's restraint,
-        add_instance's buffer=False, ends once it places no more work)."""
-        if ref in self._outside_buffer:
-            self._memo.clear()
-            self._outside_buffer.discard(ref)
-            self._idle.add(self._prim(self.instances[ref]) - sum(buffer_use(d, self.dim) for d, _ in self.items[ref]))
+        self._instance(ref, cap, 1)
 
     def remove_instance(self, ref: str) -> None:
         """Take an instance out; it must hold no items."""
@@ -572,10 +562,9 @@ class Ledger:
             raise ValueError(f"instance {ref} still holds {len(self.items[ref])} items")
         cap = self.instances.pop(ref)
         del self.items[ref]
-        self._instance(ref, cap, -1, ref not in self._outside_buffer)
-        self._outside_buffer.discard(ref)
+        self._instance(ref, cap, -1)
 
-    def _instance(self, ref: str, c, sign: int, buffer: bool) -> None:
+    def _instance(self, ref: str, c, sign: int) -> None:
         self._memo.clear()
         self._cost.add(sign * c.price)
         self._spend += sign * micro(c.price)
@@ -586,10 +575,8 @@ class Ledger:
             self._spot.add(prim)
             self._spot_types[c.instance_type] = self._spot_types.get(c.instance_type, 0) + sign
             self._spot_zones[c.zone] = self._spot_zones.get(c.zone, 0) + sign
-        elif buffer:
+        else:
             self._idle.add(prim)
-        elif sign > 0:
-            self._outside_buffer.add(ref)
         if not isinstance(c, Host):
             self.quotas.take(c, sign)
         if c.reservation:
@@ -635,7 +622,7 @@ class Ledger:
         if c.market == "spot":
             ts[0] += sign * work_units(d)
         ts[1] += sign * work_units(d)
-        if c.market != "spot" and ref not in self._outside_buffer:
+        if c.market != "spot":
             use = buffer_use(d, self.dim)
             if use:
                 self._idle.add(-sign * use)
@@ -715,7 +702,7 @@ class Ledger:
 
     def in_buffer(self, ref: str) -> bool:
         """Does the on-demand buffer count this instance's idle capacity (so work placed there takes from it)?"""
-        return self.instances[ref].market != "spot" and ref not in self._outside_buffer
+        return self.instances[ref].market != "spot"
 
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
