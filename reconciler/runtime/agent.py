@@ -7,8 +7,10 @@ stops a replica past its time limit, and on an interruption notice checkpoints e
 reports the instance as Interrupting. A replica starts only once no other process holds any of its
 GPUs (a replica that is stopping keeps them through its checkpoint grace), and a replica the plan moved
 here only once the agent of the instance it left no longer runs it. It writes each replica's
-record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`; it writes
-nothing else.
+record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`. After a stop a replica survives
+(a notice, a move, an edit, its own shutdown) it uploads the job's checkpoint dir to `checkpoints/<job>/`, and before
+a replica starts it restores the newest upload into an empty or older dir (reconciler/runtime/checkpoints.py); it
+writes nothing else.
 
 The agent keeps running what it runs when the bus cannot be reached (a network blip must not
 kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
