@@ -424,6 +424,11 @@ class SimCloud:
     def agent_dir(self, instance_id: str) -> Path:
         return self.dir / "agents" / instance_id
 
+    def disk_dir(self, instance_id: str) -> Path:
+        """The instance's own disk: its checkpoints live under `checkpoints/` there, as on a cloud instance's disk, so a
+        replica moved to another instance finds them only through the state backend (reconciler/runtime/checkpoints)."""
+        return self.dir / "disks" / instance_id
+
     def agent_alive(self, instance_id: str) -> bool:
         return _alive(self.agent_dir(instance_id) / "agent.pid")
 
@@ -437,7 +442,7 @@ class SimCloud:
         (d / "target.json").write_text(json.dumps({"config_dir": str(Path(config_dir).resolve()), "state_url": state_url}))
         cmd = [sys.executable, "-m", "reconciler.cli", "agent", instance_id, "--dir", str(config_dir), "--runtime", "process",
                "--notice", "sim", "--address", "127.0.0.1", "--workdir", str(d), "--cwd", str(config_dir),
-               "--checkpoint-root", str(self.dir.resolve() / "volumes")]
+               "--checkpoint-root", str(self.disk_dir(instance_id).resolve() / "checkpoints")]
         if state_url:
             cmd += ["--state", state_url]
         with open(d / "agent.log", "ab") as log:

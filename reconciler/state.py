@@ -114,7 +114,7 @@ def refuse_links(config_dir: Path) -> None:
     else:
         links = []
         sim = os.path.join(top, "sim")
-        disks = {os.path.join(sim, "volumes"), *(os.path.join(sim, "agents", n, "replicas") for n in _names(os.path.join(sim, "agents")))}
+        disks = {os.path.join(sim, "volumes"), os.path.join(sim, "disks"), *(os.path.join(sim, "agents", n, "replicas") for n in _names(os.path.join(sim, "agents")))}
         todo = [str(top)]
         while todo:  # (scandir's entries know whether they are links without a stat each: 15k entries in ~0.03 s)
             d = todo.pop()

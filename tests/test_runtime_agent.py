@@ -541,3 +541,58 @@ def test_a_credential_in_run_env_never_stands_in_the_docker_clients_command_line
     assert "hf_PLANTED_123456" not in " ".join(got["argv"]) and got["env"]["HF_TOKEN"] == "hf_PLANTED_123456", got["argv"]
     assert ["--env", "HF_TOKEN"] == got["argv"][got["argv"].index("HF_TOKEN") - 1:got["argv"].index("HF_TOKEN") + 1]
     assert "MODE=x" in got["argv"] and "DOCKER_API_TOKEN_UNUSED=d" in got["argv"]
+
+
+# A rank that, on SIGTERM, writes its checkpoint (rank-R: the step it resumed from + 1) after CK_SECONDS and exits;
+# started, it prints what it found.
+RANKED = r'''
+import os, signal, sys, time
+d, r = os.environ["FLEETOPS_CHECKPOINT_DIR"], os.environ["RANK"]
+path = os.path.join(d, f"rank-{r}")
+found = open(path).read() if os.path.exists(path) else None
+print("found", found, flush=True)
+def on(s, f):
+    time.sleep(float(os.environ["CK_SECONDS"]))
+    os.makedirs(d, exist_ok=True)
+    open(path, "w").write(str(int(found or 0) + 1))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on)
+while True:
+    time.sleep(0.05)
+'''
+
+
+def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on_another_instances_disk(bus, tmp_path):
+    """Two ranks of one job on one instance write into one checkpoint dir; rank 1 takes longer. The agent uploads
+    the dir once neither runs any more (both files), and the agent of another instance, with its own disk, restores
+    both before the ranks start there."""
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    made = []
+
+    def agent(name: str) -> Agent:
+        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
+        made.append(a)
+        return a
+
+    def gang(master: str, epoch: int) -> list[dict]:
+        return [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=master, epoch=epoch, checkpoint=ck, mode="service",
+                      env={"CK_SECONDS": str(0.2 + 1.0 * r)}) for r in (0, 1)]
+
+    try:
+        bus.put_assignment("i-1", {"serial": 1, "replicas": gang("i-1", 1)})
+        a = agent("i-1")
+        run_until([a], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))
+        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+        run_until([a], lambda: all((r := bus.run("g", i)) and r["phase"] == "Stopped" for i in (0, 1)))
+        [doc] = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+        assert sorted(f["path"] for f in doc["files"]) == ["rank-0", "rank-1"] and (doc["instance"], doc["epoch"]) == ("i-1", 1)
+        bus.put_assignment("i-2", {"serial": 3, "replicas": gang("i-2", 2)})
+        b = agent("i-2")
+        run_until([b], lambda: all((r := bus.run("g", i)) and r["instance"] == "i-2" and "found 1" in r["log_tail"] for i in (0, 1)))
+        assert (tmp_path / "i-2" / "disk" / "g" / "ckpt" / "rank-1").read_text() == "1"
+    finally:
+        for a in made:
+            for rep in a.replicas.values():
+                if rep.handle is not None:
+                    a.runtime.kill(rep.handle)

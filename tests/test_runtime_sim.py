@@ -5,6 +5,7 @@ process is killed at the end."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -168,10 +169,13 @@ def test_a_spot_interruption_checkpoints_and_the_replacement_resumes(rt):
     api.apply(cfg, time_limit=5)
     rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and any("step 5/" in ln for ln in r["log_tail"]) and r, what="ft past step 5")
     first = rec["instance"]
-    SimCloud(state_dir(cfg)).interrupt(first)  # the notice first; returns once the agent has checkpointed
-    ckpt = state_dir(cfg) / "sim" / "volumes" / "ft" / "ckpt" / "rank-0.json"
-    assert ckpt.exists()
-    saved = int(ckpt.read_text().split(":")[1].strip(" }"))
+    SimCloud(state_dir(cfg)).interrupt(first)  # the notice first; returns once the agent has checkpointed and uploaded
+    disk = state_dir(cfg) / "sim" / "disks"  # each instance's own: the checkpoint reaches the replacement through the backend
+    old = disk / first / "checkpoints" / "ft" / "ckpt" / "rank-0.json"
+    saved = int(old.read_text().split(":")[1].strip(" }"))
+    [manifest] = (state_dir(cfg) / "checkpoints" / "ft" / "manifests").iterdir()  # uploaded before the notice was done
+    doc = json.loads(manifest.read_text())
+    assert doc["instance"] == first and [f["path"] for f in doc["files"]] == ["rank-0.json"]
     rec = bus(cfg).run("ft", 0)
     assert rec["phase"] == "Stopped" and rec["reason"] == "Interrupted" and any("checkpointed at step" in ln for ln in rec["log_tail"])
     assert bus(cfg).agent(first)["state"] == "Interrupting"
@@ -180,7 +184,29 @@ def test_a_spot_interruption_checkpoints_and_the_replacement_resumes(rt):
     assert second != first and second in live(cfg)
     rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] == second and any("resuming" in ln for ln in r["log_tail"]) and r,
                what="replacement resumed")
+    ckpt = disk / second / "checkpoints" / "ft" / "ckpt" / "rank-0.json"  # restored onto the replacement's disk
     assert any(f"resuming from checkpoint {ckpt} at step {saved}" in ln for ln in rec["log_tail"])
+
+
+def test_without_checkpoint_sync_a_replica_moved_off_a_reclaimed_instance_starts_from_step_0(rt, monkeypatch):
+    """The sim is as honest as a cloud: each instance has its own disk (`sim/disks/<instance>/checkpoints`), so with
+    the copying through the state backend off, the replacement finds no checkpoint. (The sim's instances shared one
+    volumes directory before, and a moved replica resumed there as it never would on a cloud.)"""
+    monkeypatch.setenv("FLEETOPS_CHECKPOINT_SYNC", "0")  # (inherited by the sim's agents)
+    j = job("ft", cpu=2, run={"command": [PY, TRAIN, "100000", "0.05"]}, checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30})
+    cfg = config(rt / "c", j, job("hold", cpu=15))
+    api.apply(cfg, time_limit=5)
+    rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]) and r, what="ft past step 3")
+    first = rec["instance"]
+    SimCloud(state_dir(cfg)).interrupt(first)
+    assert (state_dir(cfg) / "sim" / "disks" / first / "checkpoints" / "ft" / "ckpt" / "rank-0.json").exists()
+    api.apply(cfg, time_limit=5)
+    second = api.plan(cfg, time_limit=5).observed.placements["ft"][0]
+    assert second != first
+    rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] == second and any("step 1/" in ln for ln in r["log_tail"]) and r,
+               what="the replacement's first step")
+    assert not any("resuming" in ln for ln in rec["log_tail"]), rec["log_tail"]
+    assert not (state_dir(cfg) / "checkpoints").exists()  # nothing copied
 
 
 def test_an_agent_that_cannot_reach_the_bus_shows_agent_unreachable_never_running(rt, monkeypatch):

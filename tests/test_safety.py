@@ -253,6 +253,8 @@ def test_links_the_jobs_make_on_the_simulated_disks_are_theirs(tmp_path):
     sim = state_dir(tmp_path) / "sim"
     (sim / "volumes" / "train" / "ckpt").mkdir(parents=True)
     (sim / "volumes" / "train" / "ckpt" / "latest").symlink_to("step-10")
+    (sim / "disks" / "i-1" / "checkpoints" / "train" / "ckpt").mkdir(parents=True)
+    (sim / "disks" / "i-1" / "checkpoints" / "train" / "ckpt" / "latest").symlink_to("step-10")
     (sim / "agents" / "i-1" / "replicas" / "train-0" / "venv" / "bin").mkdir(parents=True)
     (sim / "agents" / "i-1" / "replicas" / "train-0" / "venv" / "bin" / "python").symlink_to("/usr/bin/python3")
     refuse_links(tmp_path)

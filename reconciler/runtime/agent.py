@@ -7,8 +7,10 @@ stops a replica past its time limit, and on an interruption notice checkpoints e
 reports the instance as Interrupting. A replica starts only once no other process holds any of its
 GPUs (a replica that is stopping keeps them through its checkpoint grace), and a replica the plan moved
 here only once the agent of the instance it left no longer runs it. It writes each replica's
-record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`; it writes
-nothing else.
+record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`. After a stop a replica survives
+(a notice, a move, an edit, its own shutdown) it uploads the job's checkpoint dir to `checkpoints/<job>/`, and before
+a replica starts it restores the newest upload into an empty or older dir (reconciler/runtime/checkpoints.py); it
+writes nothing else.
 
 The agent keeps running what it runs when the bus cannot be reached (a network blip must not
 kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
@@ -29,6 +31,7 @@ from providers.pids import start_time
 from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
+from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
@@ -37,6 +40,7 @@ STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before
 MAX_BACKOFF_S = 300.0
 HANDOFF_MARGIN_S = 30.0  # beyond a moved replica's grace: time for the old agent to see the move, stop and report it
 LOG_TAIL_LINES = 20
+UPLOAD_MIN_S = 10.0  # a checkpoint's upload may go on this long past its replica's exit even when the grace is over
 
 
 def iso(ts: float | None = None) -> str:
@@ -141,7 +145,7 @@ class Agent:
     def __init__(self, instance: str, bus: Bus, runtime: Runtime, workdir: Path, *, notice: NoticeSource | None = None,
                  address: str | None = None, checkpoint_root: Path | None = None, poll: float | None = None,
                  heartbeat: float | None = None, backoff: float | None = None, command_cwd: Path | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, checkpoint_sync: bool | None = None):
         self.instance = instance
         self.bus = bus
         self.runtime = runtime
@@ -164,6 +168,9 @@ class Agent:
         self.last_running: list[str] | None = None
         self.stopping = False
         self.adopted = False
+        # Checkpoints copied through the state backend (reconciler/runtime/checkpoints): FLEETOPS_CHECKPOINT_SYNC=0 off.
+        self.checkpoint_sync = checkpoints.enabled() if checkpoint_sync is None else checkpoint_sync
+        self.uploads: dict[str, dict] = {}  # job -> the upload due once none of its replicas here runs any more
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -439,6 +446,8 @@ class Agent:
                 if st.restart_attempt is not None:
                     rep.attempt, rep.next_start = st.restart_attempt, 0.0
                 self._write_pids()
+                if st.phase == "Stopped":  # a stop it survives (a notice, a move, an edit, the agent stopping): its checkpoint travels
+                    self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S))
                 continue
             if rep.running:
                 code = self.runtime.poll(rep.handle)
@@ -453,6 +462,7 @@ class Agent:
                 continue
             if not rep.terminal and rep.phase != "Stopped" and now >= rep.next_start and not self.notice_seen:
                 ready.append(rep)
+        self._upload_checkpoints()  # before the heartbeat says they stopped: a moved copy waits for that, then restores
         for rep in ready if starts else ():  # after every exit of this tick: the GPUs it released are free
             self._start(rep)
 
@@ -537,9 +547,9 @@ class Agent:
         run = e["run"]
         gpus = tuple(str(g) for g in e.get("gpus", ()))
         ck = e.get("checkpoint")
-        ck_host = None
-        if ck:
-            ck_host = (self.checkpoint_root / job / ck["dir"].lstrip("/")) if self.checkpoint_root else Path(ck["dir"])
+        ck_host = self._checkpoint_dir(e)
+        if ck_host is not None:
+            self._restore_checkpoint(job, ck_host)
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -581,6 +591,62 @@ class Agent:
         self._save_local(rep, launch)
         self._log(f"{job}/{r}: started attempt {rep.attempt} (pid {rep.handle.pid}, RANK {r}, WORLD_SIZE {env['WORLD_SIZE']}, MASTER_ADDR {master})")
         self._write_pids()
+
+    # -------------------------------------------------------------- checkpoints through the state backend
+    def _checkpoint_dir(self, entry: dict) -> Path | None:
+        """Where the job's checkpoints live on this host (`--checkpoint-root`/JOB/DIR), None without `checkpoint`."""
+        ck = entry.get("checkpoint")
+        if not ck:
+            return None
+        return (self.checkpoint_root / entry["job"] / ck["dir"].lstrip("/")) if self.checkpoint_root else Path(ck["dir"])
+
+    def _marker(self, job: str) -> Path:
+        """Which uploads the job's local checkpoint dir holds (its own, or restored): not fetched back."""
+        return self.workdir / "checkpoints" / f"{checkpoints.segment(job)}.json"
+
+    def _read_marker(self, job: str) -> dict | None:
+        try:
+            doc = json.loads(self._marker(job).read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("generations"), list) else None
+
+    def _write_marker(self, job: str, generations: list[str]) -> None:
+        write_atomic(self._marker(job), json.dumps({"generations": generations, "at": iso()}).encode())
+
+    def _upload_due(self, rep: Replica, deadline: float) -> None:
+        path = self._checkpoint_dir(rep.entry)
+        if self.checkpoint_sync and path is not None:
+            e = rep.entry
+            self.uploads[e["job"]] = {"dir": path, "spec_hash": e["spec_hash"], "epoch": e["epoch"], "deadline": deadline}
+
+    def _upload_checkpoints(self) -> None:
+        """Upload each job's checkpoint dir once none of its replicas here still runs (a gang's ranks write into one
+        directory: an upload while one of them still checkpoints would take half its files)."""
+        for job, due in list(self.uploads.items()):
+            if any(r.handle is not None for (j, _), r in self.replicas.items() if j == job):
+                continue
+            del self.uploads[job]
+            try:
+                up = checkpoints.upload(self.bus.store, job, due["dir"], instance=self.instance, spec_hash=due["spec_hash"],
+                                        epoch=due["epoch"], deadline=due["deadline"], log=self._log)
+                if up.complete:
+                    self._write_marker(job, [up.generation])
+                    checkpoints.prune(self.bus.store, job, log=self._log)
+            except (ReconcileError, OSError) as err:
+                self._log(f"{job}: checkpoint not uploaded: {err}")
+
+    def _restore_checkpoint(self, job: str, path: Path) -> None:
+        """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload."""
+        if not self.checkpoint_sync:
+            return
+        try:
+            got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log)
+        except (ReconcileError, OSError) as err:
+            self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
+            return
+        if got.generations:
+            self._write_marker(job, got.generations)
 
     def _exited(self, rep: Replica, code: int) -> None:
         e = rep.entry

@@ -3,10 +3,12 @@
     assignments/<instance>.json    written by apply: what the instance runs, with the state serial
     runs/<job>/<replica>.json      written by the agent the replica is assigned to
     agents/<instance>.json         written by that instance's agent: heartbeat, address, notice
+    checkpoints/<job>/...          written by the agents: a job's checkpoint dir, copied between instances
+                                   (reconciler/runtime/checkpoints.py)
 
 Agents never write assignments/ and apply never writes runs/ or agents/, so the least-privilege
 policy for an agent is: read assignments/ (and runs/, agents/ for its gang peers), write its own
-runs/ and agents/ keys."""
+runs/ and agents/ keys, and checkpoints/ (read, write, delete)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,311 @@
+"""Checkpoints that follow a job across instances, through the state backend (the bus's).
+
+A job's `checkpoint.dir` is a directory on the instance's own disk (`--checkpoint-root`/JOB/DIR). A replica the plan
+moves to another instance (a spot reclaim, a lost node, a consolidation) would find nothing there, so the agent copies
+the directory through the state backend:
+
+    checkpoints/<job>/data/<generation>/<path>       each file of one upload
+    checkpoints/<job>/manifests/<generation>.json    written last: the upload's file list, sizes, sha256s, spec hash,
+                                                     epoch, instance and time; a generation without one is unfinished
+
+A generation is `<unix ms, 13 digits>-<instance>`: names sort by time. `upload` runs after a replica ended on its
+checkpoint signal (a stop it survives: a spot notice, a move, an edit, the agent stopping), once no other replica of the
+job on the instance still runs (a gang's ranks write into one directory); `restore` runs before a replica starts and
+fills an empty or older local directory from the newest complete upload whose every file is there with its sha256. A
+gang's replicas on several instances upload one generation each at the same stop (same spec hash and epoch, a "round"):
+`restore` takes the newest one and the newest of each other instance in its round, so every rank's files come back. A
+generation with a missing or corrupt file is skipped whole (logged), never half-restored.
+
+Limits: files are read whole into memory (the backends' write_key takes bytes); an upload past `max_bytes` in total is
+not made (logged, the previous generation stays the newest); an upload still going at its deadline stops before its
+next file and writes no manifest. Only the newest KEEP generations (and the newest round) are kept."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+from urllib.parse import quote
+
+from reconciler.backend import StateBackend
+from reconciler.errors import ReconcileError
+
+PREFIX = "checkpoints"
+VERSION = 1
+KEEP = 3  # generations kept per job (beside the newest round's)
+DEFAULT_MAX_MB = 2048.0
+
+Log = Callable[[str], None]
+
+
+def enabled() -> bool:
+    """FLEETOPS_CHECKPOINT_SYNC=0 turns the copying off (each instance keeps its own checkpoints, as before)."""
+    return os.environ.get("FLEETOPS_CHECKPOINT_SYNC", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def max_bytes() -> int:
+    raw = os.environ.get("FLEETOPS_CHECKPOINT_SYNC_MAX_MB")
+    try:
+        mb = float(raw) if raw is not None else DEFAULT_MAX_MB
+    except ValueError:
+        raise ReconcileError(f"FLEETOPS_CHECKPOINT_SYNC_MAX_MB={raw!r} is not a number") from None
+    return int(max(0.0, mb) * 1024 * 1024)
+
+
+def segment(name: str) -> str:
+    """One key segment (plain, never `.` or `..`): what a file or job name holds beyond -_.~ is percent-encoded."""
+    out = quote(name, safe="-_.~")
+    return out.replace(".", "%2E") if out in (".", "..") else out
+
+
+def generation(now: float, instance: str) -> str:
+    return f"{int(now * 1000):013d}-{segment(instance).replace('%', '_')}"
+
+
+def manifest_prefix(job: str) -> str:
+    return f"{PREFIX}/{segment(job)}/manifests"
+
+
+def manifest_key(job: str, gen: str) -> str:
+    return f"{manifest_prefix(job)}/{gen}.json"
+
+
+def file_key(job: str, gen: str, rel: str) -> str:
+    return f"{PREFIX}/{segment(job)}/data/{gen}/" + "/".join(segment(p) for p in rel.split("/"))
+
+
+def local_files(root: Path) -> list[tuple[str, Path, int]]:
+    """The regular files under `root` as (relative path with `/`, path, size), sorted; links are not followed (a
+    `latest` link is the job's, not a file of the checkpoint), nor are files that vanish while listed."""
+    out = []
+    todo = [Path(root)]
+    while todo:
+        d = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_symlink():
+                    continue
+                if e.is_dir():
+                    todo.append(Path(e.path))
+                elif e.is_file():
+                    out.append((Path(e.path).relative_to(root).as_posix(), Path(e.path), e.stat().st_size))
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def newest_mtime(root: Path) -> float | None:
+    times = []
+    for _, p, _ in local_files(root):
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
+
+
+@dataclass
+class Upload:
+    generation: str | None
+    complete: bool
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    why: str = ""
+
+
+def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spec_hash: str, epoch: int,
+           deadline: float | None = None, limit: int | None = None, now: Callable[[], float] = time.time, log: Log = print) -> Upload:
+    """Copy the files of `local_dir` to a new generation of `job`, the manifest last. `deadline` (time.monotonic()):
+    no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload."""
+    began = time.monotonic()
+    files = local_files(local_dir)
+    if not files:
+        return Upload(None, False, why="no files")
+    total = sum(size for _, _, size in files)
+    limit = max_bytes() if limit is None else limit
+    if total > limit:
+        why = f"{total} bytes in {len(files)} file(s), over the {limit} byte limit (FLEETOPS_CHECKPOINT_SYNC_MAX_MB)"
+        log(f"{job}: checkpoint not uploaded: {why}")
+        return Upload(None, False, len(files), total, why=why)
+    gen = generation(now(), instance)
+    listed, sent = [], 0
+    for rel, path, _ in files:
+        if deadline is not None and time.monotonic() > deadline:
+            why = f"out of time after {len(listed)}/{len(files)} file(s), {sent} bytes: no manifest written"
+            log(f"{job}: checkpoint upload {gen} cut: {why}")
+            return Upload(gen, False, len(listed), sent, time.monotonic() - began, why)
+        try:
+            body = path.read_bytes()
+        except OSError as e:
+            log(f"{job}: checkpoint file {rel} unreadable ({e.strerror}): left out")
+            continue
+        key = file_key(job, gen, rel)
+        store.write_key(key, body)
+        listed.append({"path": rel, "key": key, "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+        sent += len(body)
+    seconds, at = time.monotonic() - began, now()
+    doc = {"version": VERSION, "job": job, "generation": gen, "instance": instance, "spec_hash": spec_hash, "epoch": epoch,
+           "created_unix": at, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+           "files": listed, "bytes": sent, "upload_seconds": round(seconds, 3)}
+    store.write_key(manifest_key(job, gen), json.dumps(doc, indent=1).encode())
+    log(f"{job}: checkpoint uploaded as {gen}: {len(listed)} file(s), {sent} bytes in {seconds:.2f}s")
+    return Upload(gen, True, len(listed), sent, time.monotonic() - began)
+
+
+def _valid(doc: object) -> bool:
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("files"), list):
+        return False
+    if not isinstance(doc.get("generation"), str) or not isinstance(doc.get("job"), str) or not isinstance(doc.get("created_unix"), (int, float)):
+        return False
+    return all(isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("key"), str)
+               and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str) for f in doc["files"])
+
+
+def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
+    """The job's complete uploads, newest first (an unreadable manifest is skipped, logged)."""
+    out = []
+    for key in store.list_keys(manifest_prefix(job)):
+        if not key.endswith(".json"):
+            continue
+        try:
+            raw = store.read_key(key)
+            doc = json.loads(raw) if raw is not None else None
+        except (ReconcileError, ValueError, UnicodeDecodeError) as e:
+            log(f"{job}: checkpoint manifest {key} unreadable ({e}): skipped")
+            continue
+        if doc is None:
+            continue  # (deleted since listed)
+        if not _valid(doc) or f"{manifest_prefix(job)}/{doc['generation']}.json" != key:
+            log(f"{job}: checkpoint manifest {key} is not one the agent writes: skipped")
+            continue
+        out.append(doc)
+    return sorted(out, key=lambda d: (d["created_unix"], d["generation"]), reverse=True)
+
+
+def fetch(store: StateBackend, doc: dict, log: Log = print) -> dict[str, bytes] | None:
+    """Every file of one upload, each checked against its size and sha256; None (logged) when one is missing or
+    differs: that upload is skipped whole."""
+    out = {}
+    for f in doc["files"]:
+        rel = f["path"]
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+            log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r}: skipped")
+            return None
+        try:
+            body = store.read_key(f["key"])
+        except ReconcileError as e:
+            log(f"{doc['job']}: checkpoint {doc['generation']}: cannot read {rel}: {e}: skipped")
+            return None
+        if body is None or len(body) != f["size"] or hashlib.sha256(body).hexdigest() != f["sha256"]:
+            what = "missing" if body is None else "corrupt (size or sha256 differs from its manifest)"
+            log(f"{doc['job']}: checkpoint {doc['generation']}: {rel} is {what}: skipped, not restored")
+            return None
+        out[rel] = body
+    return out
+
+
+def round_of(doc: dict) -> tuple:
+    return doc.get("spec_hash"), doc.get("epoch")
+
+
+@dataclass
+class Restore:
+    generations: list[str] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    why: str = ""
+
+
+def needs_restore(local_dir: Path, newest: dict, marker: dict | None) -> bool:
+    """Whether `local_dir` should be filled from the upload `newest`: it is empty, or older than that upload and not
+    what this instance last uploaded or restored itself."""
+    mtime = newest_mtime(local_dir)
+    if mtime is None:
+        return True
+    if marker and newest["generation"] in marker.get("generations", []):
+        return False
+    return mtime < float(newest["created_unix"])
+
+
+def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | None = None, log: Log = print) -> Restore:
+    """Fill `local_dir` from the newest complete upload (and the newest one of each other instance of its round, a
+    gang's other ranks), where `needs_restore` says so. Its files replace the local ones of the same name; others stay."""
+    began = time.monotonic()
+    docs = manifests(store, job, log)
+    if not docs:
+        return Restore(why="no upload")
+    if not needs_restore(local_dir, docs[0], marker):
+        return Restore(why="the local checkpoint is as new")
+    head = body = None
+    for doc in docs:
+        body = fetch(store, doc, log)
+        if body is not None:
+            head = doc
+            break
+    if head is None:
+        return Restore(why="no complete upload", seconds=time.monotonic() - began)
+    picked = [(head, body)]
+    seen = {head.get("instance")}
+    for doc in docs:
+        if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
+            continue
+        seen.add(doc.get("instance"))
+        got = fetch(store, doc, log)
+        if got is not None:
+            picked.append((doc, got))
+    local_dir = Path(local_dir)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
+    shutil.rmtree(staging, ignore_errors=True)
+    merged: dict[str, bytes] = {}
+    for _, files in reversed(picked):  # the newest last: it wins a name two uploads hold
+        merged.update(files)
+    try:
+        for rel, data in merged.items():
+            dest = staging / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        for rel in merged:
+            target = local_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / rel, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    size = sum(len(b) for b in merged.values())
+    gens = [d["generation"] for d, _ in picked]
+    seconds = time.monotonic() - began
+    log(f"{job}: checkpoint restored from {', '.join(gens)}: {len(merged)} file(s), {size} bytes in {seconds:.2f}s")
+    return Restore(gens, len(merged), size, seconds)
+
+
+def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print) -> int:
+    """Delete the job's uploads beyond the newest `keep` and the newest round (manifest first: a reader never takes
+    an upload whose files are going). Returns how many went."""
+    docs = manifests(store, job, log=lambda m: None)
+    if not docs:
+        return 0
+    newest = round_of(docs[0])
+    gone = 0
+    for doc in docs[keep:]:
+        if round_of(doc) == newest:
+            continue
+        try:
+            store.delete_key(manifest_key(job, doc["generation"]))
+            for f in doc["files"]:
+                store.delete_key(f["key"])
+        except ReconcileError as e:
+            log(f"{job}: cannot delete the old checkpoint {doc['generation']}: {e}")
+            break
+        gone += 1
+    return gone

@@ -1,0 +1,153 @@
+"""Checkpoints copied through the state backend (reconciler/runtime/checkpoints.py): upload with its manifest last,
+restore into an empty or older directory, a partial or corrupt upload skipped whole, the newest upload wins, a gang's
+round merged; the local backend and s3:// on the moto server."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from reconciler.backend import backend_for, check_key
+from reconciler.runtime import checkpoints as ck
+
+
+def logs():
+    out: list[str] = []
+    return out, out.append
+
+
+def write(d: Path, files: dict[str, bytes | str]) -> Path:
+    for rel, body in files.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(body.encode() if isinstance(body, str) else body)
+    return d
+
+
+def clock(start: float = 1_800_000_000.0):
+    t = [start]
+
+    def now() -> float:
+        t[0] += 1.0
+        return t[0]
+    return now
+
+
+@pytest.fixture
+def store(tmp_path):
+    return backend_for(tmp_path / "cfg", None)
+
+
+def test_an_upload_writes_every_file_then_its_manifest_and_an_empty_dir_is_restored(store, tmp_path):
+    src = write(tmp_path / "a" / "ckpt", {"rank-0.json": '{"step": 23}', "shards/w.bin": os.urandom(4096), "odd name\\x": "y"})
+    out, log = logs()
+    up = ck.upload(store, "ft", src, instance="sim-aws-00001", spec_hash="h1", epoch=2, log=log)
+    assert up.complete and up.files == 3 and up.bytes == 4096 + 12 + 1
+    [key] = store.list_keys(ck.manifest_prefix("ft"))
+    doc = json.loads(store.read_key(key))
+    assert (doc["job"], doc["instance"], doc["spec_hash"], doc["epoch"], doc["bytes"]) == ("ft", "sim-aws-00001", "h1", 2, up.bytes)
+    assert sorted(f["path"] for f in doc["files"]) == ["odd name\\x", "rank-0.json", "shards/w.bin"]
+    for f in doc["files"]:
+        check_key(f["key"])  # plain names: no `..`, no backslash
+        assert store.read_key(f["key"]) == (src / f["path"]).read_bytes()
+    dest = tmp_path / "b" / "ckpt"
+    got = ck.restore(store, "ft", dest, log=log)
+    assert got.generations == [up.generation] and got.files == 3 and got.bytes == up.bytes
+    assert {r: p.read_bytes() for r, p, _ in ck.local_files(dest)} == {r: p.read_bytes() for r, p, _ in ck.local_files(src)}
+    assert not list(dest.parent.glob(".*restore*"))  # no staging left
+    # Restored, it is as new as the upload: not fetched again.
+    assert ck.restore(store, "ft", dest, log=log).generations == []
+
+
+def test_a_partial_or_corrupt_upload_is_skipped_whole_and_the_previous_one_restored(store, tmp_path):
+    now = clock()
+    out, log = logs()
+    src = tmp_path / "a"
+    good = ck.upload(store, "ft", write(src, {"rank-0.json": "10", "rank-1.json": "10"}), instance="i-1", spec_hash="h", epoch=1, now=now, log=log)
+    bad = ck.upload(store, "ft", write(src, {"rank-0.json": "20", "rank-1.json": "20"}), instance="i-1", spec_hash="h", epoch=2, now=now, log=log)
+    doc = json.loads(store.read_key(ck.manifest_key("ft", bad.generation)))
+    store.write_key(doc["files"][1]["key"], b"2X")  # corrupt: same size, other bytes
+    # ... and a third upload cut before its manifest: files without one are never read.
+    cut = ck.upload(store, "ft", write(src, {"rank-0.json": "30", "rank-1.json": "30"}), instance="i-1", spec_hash="h", epoch=3, now=now,
+                    deadline=time.monotonic() - 1, log=log)
+    assert not cut.complete and "no manifest written" in cut.why
+    assert [d["generation"] for d in ck.manifests(store, "ft")] == [bad.generation, good.generation]
+    dest = tmp_path / "b"
+    got = ck.restore(store, "ft", dest, log=log)
+    assert got.generations == [good.generation]
+    assert (dest / "rank-0.json").read_text() == "10" and (dest / "rank-1.json").read_text() == "10"  # not half of the bad one
+    assert any(f"checkpoint {bad.generation}: rank-1.json is corrupt" in m for m in out), out
+    # A missing file too, and a manifest that is not JSON.
+    store.delete_key(json.loads(store.read_key(ck.manifest_key("ft", good.generation)))["files"][0]["key"])
+    store.write_key(ck.manifest_key("ft", "9999999999999-x"), b"{nope")
+    out.clear()
+    got = ck.restore(store, "ft", tmp_path / "c", log=log)
+    assert got.generations == [] and got.why == "no complete upload" and not (tmp_path / "c").exists()
+    assert any("rank-0.json is missing" in m for m in out) and any("9999999999999-x.json unreadable" in m for m in out), out
+
+
+def test_the_newest_upload_wins_and_an_older_local_dir_is_refreshed_a_newer_one_kept(store, tmp_path):
+    now = clock(time.time() - 100)
+    src = tmp_path / "a"
+    ck.upload(store, "ft", write(src, {"rank-0.json": "1"}), instance="i-1", spec_hash="h", epoch=1, now=now)
+    new = ck.upload(store, "ft", write(src, {"rank-0.json": "2"}), instance="i-2", spec_hash="h", epoch=2, now=now)
+    dest = write(tmp_path / "b", {"rank-0.json": "0"})
+    os.utime(dest / "rank-0.json", (time.time() - 1000, time.time() - 1000))  # older than the uploads
+    assert ck.restore(store, "ft", dest).generations == [new.generation] and (dest / "rank-0.json").read_text() == "2"
+    write(dest, {"rank-0.json": "3"})  # the job went on here: newer than any upload, kept
+    assert ck.restore(store, "ft", dest).generations == [] and (dest / "rank-0.json").read_text() == "3"
+    # What this instance uploaded itself is not fetched back, however old its files (a restart in place).
+    mine = ck.upload(store, "ft", dest, instance="i-3", spec_hash="h", epoch=3, now=lambda: time.time() + 50)
+    assert ck.restore(store, "ft", dest, marker={"generations": [mine.generation]}).generations == []
+
+
+def test_a_gangs_round_brings_back_every_instances_ranks(store, tmp_path):
+    now = clock()
+    ck.upload(store, "g", write(tmp_path / "old", {"rank-1.json": "old"}), instance="i-2", spec_hash="h", epoch=1, now=now)
+    a = ck.upload(store, "g", write(tmp_path / "a", {"rank-0.json": "5"}), instance="i-1", spec_hash="h", epoch=2, now=now)
+    b = ck.upload(store, "g", write(tmp_path / "b", {"rank-1.json": "5", "rank-2.json": "5"}), instance="i-2", spec_hash="h", epoch=2, now=now)
+    dest = tmp_path / "c"
+    got = ck.restore(store, "g", dest)
+    assert got.generations == [b.generation, a.generation]
+    assert {r: p.read_text() for r, p, _ in ck.local_files(dest)} == {"rank-0.json": "5", "rank-1.json": "5", "rank-2.json": "5"}
+
+
+def test_limits_an_upload_over_its_size_is_not_made_and_old_generations_are_pruned(store, tmp_path):
+    out, log = logs()
+    src = write(tmp_path / "a", {"big.bin": b"x" * 2048})
+    up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, limit=1024, log=log)
+    assert not up.complete and up.generation is None and store.list_keys("checkpoints") == []
+    assert "over the 1024 byte limit" in out[0]
+    assert ck.upload(store, "ft", tmp_path / "empty", instance="i-1", spec_hash="h", epoch=1).why == "no files"
+    now = clock()
+    gens = [ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=e, now=now).generation for e in range(5)]
+    assert ck.prune(store, "ft", keep=2) == 3
+    assert [d["generation"] for d in ck.manifests(store, "ft")] == gens[:-3:-1]
+    assert len(store.list_keys("checkpoints/ft/data")) == 2  # the pruned ones' files went too
+
+
+def test_measured_a_64_mib_checkpoint_through_the_local_backend(store, tmp_path):
+    """Not a speed test: the figures the README quotes, printed (-s); bounds far above them for a shared machine."""
+    src = write(tmp_path / "a", {f"rank-{r}.pt": os.urandom(16 << 20) for r in range(4)})
+    up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None)
+    got = ck.restore(store, "ft", tmp_path / "b", log=lambda m: None)
+    assert up.bytes == got.bytes == 64 << 20
+    print(f"64 MiB in 4 files, local backend: upload {up.seconds:.2f}s, restore {got.seconds:.2f}s (sha256 checked)")
+    assert up.seconds < 60 and got.seconds < 60
+
+
+def test_a_round_trip_through_s3_on_the_moto_server(aws_env, monkeypatch, request, tmp_path):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
+    bucket = f"ck-{abs(hash(request.node.name)) % 10**8}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    s3 = backend_for(tmp_path, f"s3://{bucket}/fleets/demo")
+    src = write(tmp_path / "a", {"rank-0.json": '{"step": 7}', "sub/opt.bin": os.urandom(1000)})
+    up = ck.upload(s3, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None)
+    got = ck.restore(s3, "ft", tmp_path / "b", log=lambda m: None)
+    assert got.generations == [up.generation] and got.bytes == up.bytes == 1011
+    assert (tmp_path / "b" / "sub" / "opt.bin").read_bytes() == (src / "sub" / "opt.bin").read_bytes()
