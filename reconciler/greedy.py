@@ -343,6 +343,19 @@ class _Greedy:
                     tried.add(keep.key)
                     self._open(keep)
                     continue
+                # Else a spot instance of a type or zone it asks for, bought (as the model may): giving up a spot host
+                # mends diversity only once no spot is left, and the host given up was reopened for new work later,
+                # after a spot instance bought elsewhere had mended it; the guaranteed job on it was stopped for
+                # another tenant's new job (fleet92).
+                buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
+                try:
+                    buy = _diversity_buy(self)
+                finally:
+                    self.buy_spot = buy_spot
+                if buy is not None and buy.key not in tried:
+                    tried.add(buy.key)
+                    self._open(buy)
+                    continue
             if not self._fleet_spot_rules_hold():
                 # (With an on-demand buffer, work placed later cannot fill the host kept for it: _breaks_buffer.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):

@@ -161,7 +161,9 @@ told to make it a plain test).
   tenant budget, which apply's re-check refuses: a stop greedy made for room, undone unasked once the job it was made
   for had spent the budget it freed elsewhere (its test). fleet90 and fleet91 (the slow property tier, 2026-12-02):
   the re-check refused both planners' plans, which gave a pool's one slot to one tenant's guarantee over another's
-  (no plan at all), and greedy kept borrowed running work before guaranteed in a pool over its max (their tests)."""
+  (no plan at all), and greedy kept borrowed running work before guaranteed in a pool over its max (their tests).
+  fleet92 (the same run): greedy gave up a guaranteed job's spot host for spot diversity, which a spot instance bought
+  elsewhere mended (its test)."""
 
 from __future__ import annotations
 
@@ -1775,3 +1777,16 @@ def test_greedy_keeps_guaranteed_running_work_before_borrowed_when_a_pool_is_ove
         actions = {j.job: j.action for j in p.jobs}
         assert actions["j6"] == "keep" and actions["j0"] == "evict", (p.solver.status, actions)
     check_fleet(fleet("fleet91"), time_limit=5)
+
+
+def test_greedy_buys_spot_diversity_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet92():
+    """fleet92 (the slow property tier, 2026-12-02; at 52921ca too): t2's guaranteed low j8 runs on i2, the fleet's one
+    spot instance (a g5.xlarge in us-east-1a), and the SpotPolicy asks for two spot zones. Greedy's settle_spot gave up
+    i2 (diversity holds once no spot is left); a spot a2-highgpu-1g bought in GCP later mended the rule, i2 was reopened
+    for t1's new j0, and j8 was stopped for it: apply's re-check refused greedy's plan (CP-SAT's kept j8 and bought
+    that spot instance idle). Greedy now buys the spot instance the rule asks for before it gives up running work."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet92"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet92"), time_limit=5)
