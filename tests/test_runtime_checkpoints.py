@@ -151,3 +151,14 @@ def test_a_round_trip_through_s3_on_the_moto_server(aws_env, monkeypatch, reques
     got = ck.restore(s3, "ft", tmp_path / "b", log=lambda m: None)
     assert got.generations == [up.generation] and got.bytes == up.bytes == 1011
     assert (tmp_path / "b" / "sub" / "opt.bin").read_bytes() == (src / "sub" / "opt.bin").read_bytes()
+
+
+def test_a_long_upload_or_restore_lets_the_agent_beat_between_files(store, tmp_path):
+    """Upload and restore run in the agent's loop; one longer than the heartbeat's stale limit (60 s) made the instance
+    look lost and its work placed again. Each calls `progress` (the agent's keepalive) before every file it moves."""
+    beats: list[int] = []
+    src = write(tmp_path / "a", {f"shard-{i}.bin": os.urandom(64) for i in range(5)})
+    up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=logs()[1], progress=lambda: beats.append(1))
+    assert up.complete and len(beats) == 5
+    got = ck.restore(store, "ft", tmp_path / "b", log=logs()[1], progress=lambda: beats.append(2))
+    assert got.files == 5 and beats.count(2) == 5

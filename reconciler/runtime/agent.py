@@ -629,7 +629,7 @@ class Agent:
             del self.uploads[job]
             try:
                 up = checkpoints.upload(self.bus.store, job, due["dir"], instance=self.instance, spec_hash=due["spec_hash"],
-                                        epoch=due["epoch"], deadline=due["deadline"], log=self._log)
+                                        epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive)
                 if up.complete:
                     self._write_marker(job, [up.generation])
                     checkpoints.prune(self.bus.store, job, log=self._log)
@@ -641,7 +641,8 @@ class Agent:
         if not self.checkpoint_sync:
             return
         try:
-            got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log)
+            got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
+                                      progress=self._keepalive)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return
@@ -752,6 +753,17 @@ class Agent:
         running = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running)
         if not force and now - self.last_beat < self.heartbeat and running == self.last_running:
             return  # a change in what runs is reported at once: an agent a replica moved to waits on it
+        self._beat(now, running, state)
+
+    def _keepalive(self) -> None:
+        """The heartbeat, due, while a checkpoint's upload or restore runs (the loop waits for it: one longer than the
+        stale limit, 60 s, made the instance look lost and its work placed again): what runs said as it was last said,
+        so an agent a replica moved to still waits for the upload before it restores."""
+        now = now_unix()
+        if now - self.last_beat >= self.heartbeat:
+            self._beat(now, list(self.last_running or []), None)
+
+    def _beat(self, now: float, running: list[str], state: str | None) -> None:
         doc = {
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
             "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,

@@ -124,9 +124,11 @@ class Upload:
 
 
 def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spec_hash: str, epoch: int,
-           deadline: float | None = None, limit: int | None = None, now: Callable[[], float] = time.time, log: Log = print) -> Upload:
+           deadline: float | None = None, limit: int | None = None, now: Callable[[], float] = time.time, log: Log = print,
+           progress: Callable[[], None] | None = None) -> Upload:
     """Copy the files of `local_dir` to a new generation of `job`, the manifest last. `deadline` (time.monotonic()):
-    no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload."""
+    no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload. `progress` is
+    called before each file (the agent's heartbeat: an upload longer than the stale limit made its instance look lost)."""
     began = time.monotonic()
     files = local_files(local_dir)
     if not files:
@@ -144,6 +146,8 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
             why = f"out of time after {len(listed)}/{len(files)} file(s), {sent} bytes: no manifest written"
             log(f"{job}: checkpoint upload {gen} cut: {why}")
             return Upload(gen, False, len(listed), sent, time.monotonic() - began, why)
+        if progress is not None:
+            progress()
         try:
             body = path.read_bytes()
         except OSError as e:
@@ -192,11 +196,13 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
     return sorted(out, key=lambda d: (d["created_unix"], d["generation"]), reverse=True)
 
 
-def fetch(store: StateBackend, doc: dict, log: Log = print) -> dict[str, bytes] | None:
+def fetch(store: StateBackend, doc: dict, log: Log = print, progress: Callable[[], None] | None = None) -> dict[str, bytes] | None:
     """Every file of one upload, each checked against its size and sha256; None (logged) when one is missing or
-    differs: that upload is skipped whole."""
+    differs: that upload is skipped whole. `progress`: called before each file (as upload's)."""
     out = {}
     for f in doc["files"]:
+        if progress is not None:
+            progress()
         rel = f["path"]
         if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
             log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r}: skipped")
@@ -238,7 +244,8 @@ def needs_restore(local_dir: Path, newest: dict, marker: dict | None) -> bool:
     return mtime < float(newest["created_unix"])
 
 
-def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | None = None, log: Log = print) -> Restore:
+def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | None = None, log: Log = print,
+            progress: Callable[[], None] | None = None) -> Restore:
     """Fill `local_dir` from the newest complete upload (and the newest one of each other instance of its round, a
     gang's other ranks), where `needs_restore` says so. Its files replace the local ones of the same name; others stay."""
     began = time.monotonic()
@@ -249,7 +256,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
         return Restore(why="the local checkpoint is as new")
     head = body = None
     for doc in docs:
-        body = fetch(store, doc, log)
+        body = fetch(store, doc, log, progress)
         if body is not None:
             head = doc
             break
@@ -261,7 +268,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
         if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
             continue
         seen.add(doc.get("instance"))
-        got = fetch(store, doc, log)
+        got = fetch(store, doc, log, progress)
         if got is not None:
             picked.append((doc, got))
     local_dir = Path(local_dir)
