@@ -21,7 +21,8 @@ from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
 from reconciler.backend import backend_for
-from reconciler.runtime.publish import agent_bus, block_unhealthy, demanding, publish_assignments, published, with_runtime
+from reconciler.runtime.publish import (agent_bus, block_unhealthy, demanding, publish_assignments, published,
+                                        removed_checkpoints, with_runtime)
 from reconciler import identity
 from reconciler.state import State, refuse_links, state_dir, utcnow
 
@@ -368,6 +369,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         listed = {i.id for i in observed.instances}  # before this apply deleted any: what vanished went without it
         vanished = {i for ids in observed.lost.values() for i in ids} | {i for i in assigned if i not in listed}
         view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state, assigned, vanished)
+        report.notes.extend(removed_checkpoints(backend, desired, assigned))
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
                                   fleet_uid=current.fleet_uid)
         left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),
@@ -379,6 +381,20 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         err.result = result  # type: ignore[attr-defined]
         raise err
     return result
+
+
+def remove_checkpoints(config_dir: str | Path, state: str | None = None) -> list[str]:
+    """What an apply does last for the jobs removed from the config (publish.removed_checkpoints), on its own: the
+    controller's, when its plan changes nothing (the stop of a removed job's replicas is reported after the apply that
+    removed it, and then nothing may change the fleet for long). Under the lock; only when such a job has checkpoints."""
+    from reconciler.runtime import checkpoints
+
+    desired = load(config_dir, cache=True)
+    backend = backend_for(Path(config_dir), state)
+    if all(j in desired.jobs for j in checkpoints.jobs(backend)):
+        return []
+    with backend.lock():
+        return removed_checkpoints(backend, desired, published(backend))
 
 
 def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, observed: Observed, the_plan: Plan,

@@ -125,6 +125,7 @@ class ApplyReport:
     # plan ref -> instance id: launched for work that was not placed after all (a gang missing a replica's instance),
     # then deleted; not in `created` (it is not there) nor `deleted` (the plan did not delete it)
     rolled_back: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the apply did besides its actions (checkpoints of removed jobs deleted)
 
     @property
     def ok(self) -> bool:

@@ -510,7 +510,7 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
     typer.echo(f"{r.counts}; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
         typer.echo(f"kept {iid}: {why}")
-    for n in res.plan.notes:
+    for n in [*res.plan.notes, *r.notes]:
         typer.echo(f"note: {n}")
     if r.stopped:
         _say_stopped(res, stop)

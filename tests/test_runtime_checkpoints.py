@@ -162,3 +162,91 @@ def test_a_long_upload_or_restore_lets_the_agent_beat_between_files(store, tmp_p
     assert up.complete and len(beats) == 5
     got = ck.restore(store, "ft", tmp_path / "b", log=logs()[1], progress=lambda: beats.append(2))
     assert got.files == 5 and beats.count(2) == 5
+
+
+def test_prune_collects_a_cut_upload_older_than_a_complete_one_and_never_one_that_may_still_be_uploading(store, tmp_path):
+    t0 = time.time() - 600
+    src = write(tmp_path / "a", {"rank-0.json": "1", "w.bin": b"w" * 64})
+    at = lambda s: (lambda: t0 + s)  # noqa: E731
+    cut = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, now=at(0), deadline=0.0)  # cut: no manifest
+    assert not cut.complete and cut.files == 0
+    # (a cut upload that wrote some files before its deadline: made by hand, the deadline check precedes every file)
+    store.write_key(ck.file_key("ft", cut.generation, "rank-0.json"), b"1")
+    peer = ck.generation(t0 + 5, "i-2")  # a gang peer's upload of the same round, still going (another instance, fresh)
+    store.write_key(ck.file_key("ft", peer, "rank-1.json"), b"1")
+    lost = ck.generation(t0 - 3 * 3600, "i-9")  # another instance's, cut three hours ago: over (its instance is gone)
+    store.write_key(ck.file_key("ft", lost, "rank-2.json"), b"1")
+    done = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, now=at(10))
+    going = ck.generation(t0 + 20, "i-1")  # newer than the newest complete one: may be uploading now
+    store.write_key(ck.file_key("ft", going, "rank-0.json"), b"2")
+    out, log = logs()
+    assert ck.prune(store, "ft", log=log) == 2
+    gens = {k.split("/")[3] for k in store.list_keys("checkpoints/ft/data")}
+    assert gens == {done.generation, peer, going}, gens
+    assert any(f"{cut.generation} was cut before its manifest" in m for m in out), out
+    # An unreadable manifest is not a missing one: its upload's files stay.
+    store.write_key(ck.manifest_key("ft", peer), b"{nope")
+    assert ck.prune(store, "ft", now=lambda: t0 + 4 * 3600) == 0
+    assert peer in {k.split("/")[3] for k in store.list_keys("checkpoints/ft/data")}
+    assert ck.restore(store, "ft", tmp_path / "r").generations == [done.generation]
+
+
+# ---------------------------------------------------------------- a job removed from the config
+
+def _config(path: Path, *names: str) -> Path:
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    return write_config(path, [topology(), tenant("t"), pool("od", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=2),
+                               *(job(n, cpu=1, mem=1) for n in names)])
+
+
+def _planted(cfg: Path, job: str, tmp_path: Path) -> int:
+    src = write(tmp_path / f"src-{job}", {"rank-0.json": '{"step": 900}', "model.bin": b"old model"})
+    ck.upload(backend_for(cfg, None), job, src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None)
+    return len(backend_for(cfg, None).list_keys(f"checkpoints/{job}"))
+
+
+def test_an_apply_deletes_the_checkpoints_of_a_job_removed_from_the_config_and_a_new_one_of_its_name_starts_afresh(tmp_path):
+    from reconciler import api
+
+    cfg = _config(tmp_path / "c", "other")
+    n = _planted(cfg, "ft", tmp_path)  # ft was in the config; its replicas stopped and uploaded; it was removed since
+    _planted(cfg, "other", tmp_path)  # a job still in the config (finished, say) keeps its checkpoints
+    store = backend_for(cfg, None)
+    res = api.apply(cfg)
+    assert store.list_keys("checkpoints/ft") == [] and store.list_keys("checkpoints/other") != []
+    assert f"checkpoints of removed job ft deleted: {n} files" in res.report.notes, res.report.notes
+    # A new job named ft (another model) finds no upload: its replicas start from an empty checkpoint dir.
+    got = ck.restore(store, "ft", tmp_path / "new-ft" / "ckpt")
+    assert got.why == "no upload" and not (tmp_path / "new-ft").exists()
+    assert api.remove_checkpoints(cfg) == []  # nothing left to collect (the controller's call, when its plan changes nothing)
+
+
+def test_a_removed_jobs_checkpoints_stay_while_a_replica_is_assigned_or_reported_running(tmp_path):
+    from reconciler import api
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.publish import removed_checkpoints
+
+    cfg = _config(tmp_path / "c", "other")
+    _planted(cfg, "ft", tmp_path)
+    store = backend_for(cfg, None)
+    bus, desired = Bus(store), api.load(cfg)
+    entry = {"job": "ft", "replica": 0, "spec_hash": "h", "epoch": 1, "run": {"command": ["x"]}}
+    previous = {"i-1": {"serial": 3, "replicas": [entry]}}  # the apply that removes ft withdraws this assignment
+    notes = removed_checkpoints(store, desired, previous)
+    assert notes and "kept until its replicas' stop is reported (still assigned)" in notes[0]
+    # Withdrawn, but the agent still reports ft/0 running (stopping: its checkpoint grace, then its upload) ...
+    bus.put_agent("i-1", {"heartbeat_at": time.time(), "state": "Ready", "running": ["ft/0", "other/0"]})
+    assert "still running on i-1" in removed_checkpoints(store, desired, {})[0]
+    # ... even when its heartbeat is stale (a long upload's single file): its instance still listed, it may upload.
+    bus.put_agent("i-1", {"heartbeat_at": time.time() - 3600, "state": "Ready", "running": ["ft/0"]})
+    assert "still running" in api.remove_checkpoints(cfg)[0]
+    # An agent's report that cannot be read may be the one: nothing deleted.
+    store.write_key("agents/i-2.json", b"{nope")
+    assert "cannot be read" in removed_checkpoints(store, desired, {})[0]
+    store.delete_key("agents/i-2.json")
+    assert len(store.list_keys("checkpoints/ft")) == 3
+    # The stop is reported (after the upload): deleted.
+    bus.put_agent("i-1", {"heartbeat_at": time.time(), "state": "Ready", "running": ["other/0"]})
+    assert removed_checkpoints(store, desired, {}) == ["checkpoints of removed job ft deleted: 3 files"]
+    assert store.list_keys("checkpoints/ft") == []

@@ -18,7 +18,10 @@ generation with a missing or corrupt file is skipped whole (logged), never half-
 
 Limits: files are read whole into memory (the backends' write_key takes bytes); an upload past `max_bytes` in total is
 not made (logged, the previous generation stays the newest); an upload still going at its deadline stops before its
-next file and writes no manifest. Only the newest KEEP generations (and the newest round) are kept."""
+next file and writes no manifest. Only the newest KEEP generations (and the newest round) are kept; the files of an
+upload cut before its manifest go once a complete upload newer than it exists (`prune`). A job removed from the config
+loses its whole `checkpoints/<job>/` once none of its replicas is assigned or runs anywhere (`remove`, called by apply:
+publish.removed_checkpoints), so a new job given its name starts afresh."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from reconciler.backend import StateBackend
 from reconciler.errors import ReconcileError
@@ -39,6 +42,10 @@ PREFIX = "checkpoints"
 VERSION = 1
 KEEP = 3  # generations kept per job (beside the newest round's)
 DEFAULT_MAX_MB = 2048.0
+# A cut upload of another instance is collected this long after it began: it is over by then (its replica's grace is at
+# most an hour, model.Checkpoint, and the upload stops before its next file past it; an hour more for that last file).
+# Sooner it may be a gang peer's upload of the same round, still going while this instance's finished first.
+ABANDONED_S = 2 * 3600.0
 
 Log = Callable[[str], None]
 
@@ -67,8 +74,24 @@ def generation(now: float, instance: str) -> str:
     return f"{int(now * 1000):013d}-{segment(instance).replace('%', '_')}"
 
 
+def job_prefix(job: str) -> str:
+    return f"{PREFIX}/{segment(job)}"
+
+
 def manifest_prefix(job: str) -> str:
-    return f"{PREFIX}/{segment(job)}/manifests"
+    return f"{job_prefix(job)}/manifests"
+
+
+def data_prefix(job: str) -> str:
+    return f"{job_prefix(job)}/data"
+
+
+def generation_parts(gen: str) -> tuple[float, str] | None:
+    """(unix time it began, instance segment) of a generation name `generation` writes; None for another name."""
+    head, sep, inst = gen.partition("-")
+    if not sep or len(head) != 13 or not head.isdigit():
+        return None
+    return int(head) / 1000.0, inst
 
 
 def manifest_key(job: str, gen: str) -> str:
@@ -76,7 +99,7 @@ def manifest_key(job: str, gen: str) -> str:
 
 
 def file_key(job: str, gen: str, rel: str) -> str:
-    return f"{PREFIX}/{segment(job)}/data/{gen}/" + "/".join(segment(p) for p in rel.split("/"))
+    return f"{data_prefix(job)}/{gen}/" + "/".join(segment(p) for p in rel.split("/"))
 
 
 def local_files(root: Path) -> list[tuple[str, Path, int]]:
@@ -296,9 +319,10 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
     return Restore(gens, len(merged), size, seconds)
 
 
-def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print) -> int:
+def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print, now: Callable[[], float] = time.time) -> int:
     """Delete the job's uploads beyond the newest `keep` and the newest round (manifest first: a reader never takes
-    an upload whose files are going). Returns how many went."""
+    an upload whose files are going), and the files of uploads cut before their manifest (`cut_generations`).
+    Returns how many generations went."""
     docs = manifests(store, job, log=lambda m: None)
     if not docs:
         return 0
@@ -313,6 +337,51 @@ def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print) -> 
                 store.delete_key(f["key"])
         except ReconcileError as e:
             log(f"{job}: cannot delete the old checkpoint {doc['generation']}: {e}")
-            break
+            return gone
         gone += 1
+    try:
+        for gen, keys in sorted(cut_generations(store, job, docs, now()).items()):
+            for key in keys:
+                store.delete_key(key)
+            log(f"{job}: checkpoint upload {gen} was cut before its manifest: its {len(keys)} file(s) deleted")
+            gone += 1
+    except ReconcileError as e:
+        log(f"{job}: cannot delete the files of a cut checkpoint upload: {e}")
     return gone
+
+
+def cut_generations(store: StateBackend, job: str, docs: list[dict], now: float) -> dict[str, list[str]]:
+    """generation -> its data keys, for the uploads cut before their manifest that are surely over: one with no
+    manifest key (listed: an unreadable manifest is not a missing one), older than a complete upload (`docs`) of its
+    own instance (an agent uploads one at a time) or, of another instance, begun ABANDONED_S ago. A generation that
+    may still be uploading is never one: none is newer than the newest complete upload, nor is a gang peer's of the
+    same round, begun a moment before this instance's finished."""
+    listed = {key.rsplit("/", 1)[-1][:-len(".json")] for key in store.list_keys(manifest_prefix(job)) if key.endswith(".json")}
+    complete = [p for d in docs if (p := generation_parts(d["generation"])) is not None]
+    base = data_prefix(job) + "/"
+    out: dict[str, list[str]] = {}
+    for key in store.list_keys(data_prefix(job)):
+        if not key.startswith(base) or "/" not in key[len(base):]:
+            continue
+        gen = key[len(base):].split("/", 1)[0]
+        if gen in listed or (parts := generation_parts(gen)) is None:
+            continue
+        began, inst = parts
+        if any(t > began and (i == inst or now - began > ABANDONED_S) for t, i in complete):
+            out.setdefault(gen, []).append(key)
+    return out
+
+
+def jobs(store: StateBackend) -> set[str]:
+    """The jobs that have anything under checkpoints/."""
+    return {unquote(key.split("/")[1]) for key in store.list_keys(PREFIX) if key.count("/") >= 2}
+
+
+def remove(store: StateBackend, job: str) -> int:
+    """Delete every key under `checkpoints/<job>/` (the manifests first: a reader never takes an upload whose files
+    are going). Returns how many keys went."""
+    keys = store.list_keys(job_prefix(job))
+    head = manifest_prefix(job) + "/"
+    for key in sorted(keys, key=lambda k: (not k.startswith(head), k)):
+        store.delete_key(key)
+    return len(keys)

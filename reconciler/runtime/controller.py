@@ -136,6 +136,11 @@ class Controller:
         if not res.plan.has_changes:
             if why not in ("resync", "retry after a failed apply"):
                 self.log(f"{why}: plan {res.plan.id}: no changes")
+            try:  # the checkpoints of a removed job, once its replicas' stop is reported (an apply does it too)
+                for note in api.remove_checkpoints(self.config_dir, self.state):
+                    self._say(f"checkpoints {note.split(':')[0]}", note)
+            except ReconcileError as e:
+                self._say("checkpoints", f"checkpoints of removed jobs not collected: {e}")
             return False
         self.log(f"{why}: plan {res.plan.id}: {summary_line(res.plan)}")
         try:

@@ -140,6 +140,50 @@ def shutting_down(bus: Bus, instance: str) -> bool:
     return reports_alive(doc, now_unix(), stale_seconds()) and bool(doc.get("running"))
 
 
+def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: Mapping[str, dict]) -> list[str]:
+    """Delete `checkpoints/<job>/` of each job no longer in the config whose replicas are all gone, so a new job given
+    its name later starts afresh instead of resuming another model's training state; a note for each job deleted or
+    kept. Gone means: no assignment published before this apply (`previous`: what the agents may still act on) names
+    it, and no agent's report, fresh or stale, lists one of its replicas running: an agent lists a replica there until
+    its process ended and its checkpoint upload is done (agent._supervise uploads before the heartbeat that drops it),
+    so once both hold no upload of the job is under way or to come. A report that cannot be read may be the one that
+    lists it: nothing is deleted then. The apply that removes a job only withdraws its assignments; a later one deletes
+    (the controller's next resync). A job that finished and stays in the config keeps its checkpoints. A listing that
+    fails is a note, not an error: the apply that calls this has changed the fleet already and writes its status next."""
+    from reconciler.runtime import checkpoints
+
+    skipped: dict[str, str] = {}
+    try:
+        gone = sorted(j for j in checkpoints.jobs(backend) if j not in desired.jobs)
+        if not gone:
+            return []
+        reports = Bus(backend).agents(skipped=skipped)
+    except ReconcileError as e:
+        return [f"checkpoints of removed jobs not collected: {e}; tried again by the next apply"]
+    assigned = {e.get("job") for doc in previous.values() for e in doc.get("replicas", []) if isinstance(e, dict)}
+    if skipped:
+        return [f"checkpoints of removed job(s) {', '.join(gone)} kept: an agent's report cannot be read (it may run "
+                "one of their replicas); deleted by an apply after it is readable again"]
+    running: dict[str, list[str]] = {}
+    for iid, doc in sorted(reports.items()):
+        for name in doc.get("running", []):
+            running.setdefault(name.rpartition("/")[0], []).append(iid)
+    notes = []
+    for job in gone:
+        if job in assigned or job in running:
+            where = "still assigned" if job in assigned else f"still running on {', '.join(running[job])}"
+            notes.append(f"checkpoints of removed job {job} kept until its replicas' stop is reported ({where}): "
+                         "an upload may still come; deleted by a later apply")
+            continue
+        try:
+            n = checkpoints.remove(backend, job)
+        except ReconcileError as e:
+            notes.append(f"checkpoints of removed job {job}: cannot delete them ({e}); tried again by the next apply")
+            continue
+        notes.append(f"checkpoints of removed job {job} deleted: {n} files")
+    return notes
+
+
 def mark_lost(backend: StateBackend, instance: str, why: str) -> bool:
     """The instance is gone (its cloud reclaimed or lost it) and its agent with it: rewrite its agent's report as
     `Stopped`, running nothing, with `lost` saying why, so that neither status nor a replica moved from it (agent._predecessor)
