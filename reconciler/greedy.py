@@ -347,9 +347,11 @@ class _Greedy:
                 # mends diversity only once no spot is left, and the host given up was reopened for new work later,
                 # after a spot instance bought elsewhere had mended it; the guaranteed job on it was stopped for
                 # another tenant's new job (fleet92).
+                # (not while a tenant is over its own spot share: the spot work it gives up may leave the instance bought
+                # for diversity alone of its type, and the plan broke min_instance_types; the slow property tier)
                 buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
                 try:
-                    buy = _diversity_buy(self)
+                    buy = None if self._tenants_over_spot() else _diversity_buy(self)
                 finally:
                     self.buy_spot = buy_spot
                 if buy is not None and buy.key not in tried:
@@ -387,7 +389,7 @@ class _Greedy:
         whole), and a spot host that leaves empty goes; the job is placed anew after, where its rules allow. Giving up
         the whole host stopped another tenant's guaranteed job beside it, which no rule of that tenant required, and
         `apply --plan` refused the plan (fleet42). False if no tenant is over its share with a job on spot."""
-        over = {t for t, r in self.p.tenants.items() if r.spot_fraction is not None and not spot_share_ok(*self.led.tenant_spot(t), r.spot_fraction)}
+        over = self._tenants_over_spot()
         if not over:
             return False
         spot = {k for k, i in self.opened.items() if i.cap.market == "spot"}
@@ -483,17 +485,13 @@ class _Greedy:
     def _spot_rules_hold(self) -> bool:
         return self._fleet_spot_rules_hold() and self._other_spot_rules_hold()
 
+    def _tenants_over_spot(self) -> set[str]:
+        """The tenants over their own spot share (tenant_max_spot_fraction)."""
+        return {t for t, r in self.p.tenants.items() if r.spot_fraction is not None and not spot_share_ok(*self.led.tenant_spot(t), r.spot_fraction)}
+
     def _other_spot_rules_hold(self) -> bool:
         """Spot diversity and the tenants' spot shares: what more on-demand capacity does not mend."""
-        p = self.p
-        if not self._diversity_holds():
-            return False
-        for t, r in p.tenants.items():
-            if r.spot_fraction is not None:
-                s_, tot = self.led.tenant_spot(t)
-                if not spot_share_ok(s_, tot, r.spot_fraction):
-                    return False
-        return True
+        return self._diversity_holds() and not self._tenants_over_spot()
 
     def _release(self, inst: _Inst) -> None:
         """Give up a kept host: every job staying on it is no longer placed (whole, for gangs)."""

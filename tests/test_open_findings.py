@@ -163,7 +163,8 @@ told to make it a plain test).
   the re-check refused both planners' plans, which gave a pool's one slot to one tenant's guarantee over another's
   (no plan at all), and greedy kept borrowed running work before guaranteed in a pool over its max (their tests).
   fleet92 (the same run): greedy gave up a guaranteed job's spot host for spot diversity, which a spot instance bought
-  elsewhere mended (its test)."""
+  elsewhere mended (its test); fleet93: that fix's first form bought spot for diversity before a tenant's spot work
+  had given up spot (its test)."""
 
 from __future__ import annotations
 
@@ -1790,3 +1791,11 @@ def test_greedy_buys_spot_diversity_before_giving_up_a_guaranteed_jobs_spot_host
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
     check_fleet(fleet("fleet92"), time_limit=5)
+
+
+def test_greedy_buys_no_spot_for_diversity_while_a_tenant_must_give_up_spot_work_on_fleet93():
+    """fleet93 (the slow property tier, 2026-12-02, on this session's fleet92 change): two spot m6i.4xlarge, t1's CPU
+    j7 on i0 while t1's spot share is 0, and two spot instance types asked for. settle_spot bought a spot g5.xlarge for
+    the second type, then j7 gave up spot and i0 went: the g5 stood alone and greedy's plan broke min_instance_types.
+    No spot is bought for diversity while a tenant is over its own spot share (what stays on spot is not settled)."""
+    check_fleet(fleet("fleet93"), time_limit=5)
