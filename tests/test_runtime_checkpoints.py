@@ -206,19 +206,31 @@ def _planted(cfg: Path, job: str, tmp_path: Path) -> int:
     return len(backend_for(cfg, None).list_keys(f"checkpoints/{job}"))
 
 
-def test_an_apply_deletes_the_checkpoints_of_a_job_removed_from_the_config_and_a_new_one_of_its_name_starts_afresh(tmp_path):
+def test_a_job_removed_from_the_config_keeps_its_checkpoints_for_itself_put_back_and_a_new_one_of_its_name_starts_afresh(tmp_path):
+    """Nothing marked a removed job's checkpoints: a new job given its name (another model) resumed the old one's
+    training state. Deleted at once instead, a job file deleted by mistake and put back would lose its training for
+    good: they are marked removed, kept for the retention, restored only into the same job put back (its spec hash),
+    and deleted by an apply after it."""
     from reconciler import api
+    from reconciler.runtime.publish import removed_checkpoints
 
     cfg = _config(tmp_path / "c", "other")
     n = _planted(cfg, "ft", tmp_path)  # ft was in the config; its replicas stopped and uploaded; it was removed since
     _planted(cfg, "other", tmp_path)  # a job still in the config (finished, say) keeps its checkpoints
     store = backend_for(cfg, None)
     res = api.apply(cfg)
+    assert any(m.startswith("checkpoints of removed job ft marked removed, deleted after ") for m in res.report.notes), res.report.notes
+    assert ck.removed_at(store, "ft") is not None and len(store.list_keys("checkpoints/ft")) == n + 1
+    # A new job named ft (another model: another spec hash) finds no upload: it starts from an empty checkpoint dir.
+    got = ck.restore(store, "ft", tmp_path / "new-ft" / "ckpt", spec_hash="another")
+    assert got.why == "no upload since a job of this name was removed" and not (tmp_path / "new-ft").exists()
+    # The same job put back (its spec hash the uploads') resumes them.
+    assert ck.restore(store, "ft", tmp_path / "back" / "ckpt", spec_hash="h").files == 2
+    assert api.apply(cfg).report.notes == []  # marked once: nothing more to say within the retention
+    # Past the retention, deleted.
+    later = time.time() + ck.retention_seconds() + 1
+    assert removed_checkpoints(store, api.load(cfg), {}, now=later) == [f"checkpoints of removed job ft deleted: {n + 1} files"]
     assert store.list_keys("checkpoints/ft") == [] and store.list_keys("checkpoints/other") != []
-    assert f"checkpoints of removed job ft deleted: {n} files" in res.report.notes, res.report.notes
-    # A new job named ft (another model) finds no upload: its replicas start from an empty checkpoint dir.
-    got = ck.restore(store, "ft", tmp_path / "new-ft" / "ckpt")
-    assert got.why == "no upload" and not (tmp_path / "new-ft").exists()
     assert api.remove_checkpoints(cfg) == []  # nothing left to collect (the controller's call, when its plan changes nothing)
 
 
@@ -248,5 +260,5 @@ def test_a_removed_jobs_checkpoints_stay_while_a_replica_is_assigned_or_reported
     assert len(store.list_keys("checkpoints/ft")) == 3
     # The stop is reported (after the upload): deleted.
     bus.put_agent("i-1", {"heartbeat_at": time.time(), "state": "Ready", "running": ["other/0"]})
-    assert removed_checkpoints(store, desired, {}) == ["checkpoints of removed job ft deleted: 3 files"]
-    assert store.list_keys("checkpoints/ft") == []
+    [note] = removed_checkpoints(store, desired, {})
+    assert note.startswith("checkpoints of removed job ft marked removed") and ck.removed_at(store, "ft") is not None

@@ -549,7 +549,7 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            self._restore_checkpoint(job, ck_host)
+            self._restore_checkpoint(job, ck_host, e.get("spec_hash"))
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -636,13 +636,14 @@ class Agent:
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path) -> None:
-        """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload."""
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None) -> None:
+        """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
+        (of a job removed once, only one made since, or by the same job put back: `spec_hash`)."""
         if not self.checkpoint_sync:
             return
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
-                                      progress=self._keepalive)
+                                      progress=self._keepalive, spec_hash=spec_hash)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return

@@ -46,6 +46,9 @@ DEFAULT_MAX_MB = 2048.0
 # most an hour, model.Checkpoint, and the upload stops before its next file past it; an hour more for that last file).
 # Sooner it may be a gang peer's upload of the same round, still going while this instance's finished first.
 ABANDONED_S = 2 * 3600.0
+# A removed job's checkpoints are kept this long before an apply deletes them (FLEETOPS_CHECKPOINT_RETENTION_DAYS):
+# a job file deleted by mistake and put back resumes its training; deleted at once, days of it were lost for good.
+DEFAULT_RETENTION_DAYS = 7.0
 
 Log = Callable[[str], None]
 
@@ -76,6 +79,35 @@ def generation(now: float, instance: str) -> str:
 
 def job_prefix(job: str) -> str:
     return f"{PREFIX}/{segment(job)}"
+
+
+def removed_key(job: str) -> str:
+    """The mark an apply writes when the job left the config and its replicas' stop was reported (`mark_removed`)."""
+    return f"{job_prefix(job)}/removed.json"
+
+
+def retention_seconds() -> float:
+    try:
+        days = float(os.environ.get("FLEETOPS_CHECKPOINT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS))
+    except ValueError:
+        days = DEFAULT_RETENTION_DAYS
+    return max(0.0, days) * 86400.0
+
+
+def removed_at(store: StateBackend, job: str) -> float | None:
+    """When the job was marked removed (unix s), None if it never was (or the mark cannot be read: as never)."""
+    try:
+        raw = store.read_key(removed_key(job))
+        doc = json.loads(raw) if raw is not None else None
+    except (ReconcileError, ValueError, UnicodeDecodeError):
+        return None
+    value = doc.get("removed_unix") if isinstance(doc, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def mark_removed(store: StateBackend, job: str, now: float) -> None:
+    store.write_key(removed_key(job), json.dumps({"job": job, "removed_unix": now, "removed_at": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}).encode())
 
 
 def manifest_prefix(job: str) -> str:
@@ -268,13 +300,18 @@ def needs_restore(local_dir: Path, newest: dict, marker: dict | None) -> bool:
 
 
 def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | None = None, log: Log = print,
-            progress: Callable[[], None] | None = None) -> Restore:
+            progress: Callable[[], None] | None = None, spec_hash: str | None = None) -> Restore:
     """Fill `local_dir` from the newest complete upload (and the newest one of each other instance of its round, a
     gang's other ranks), where `needs_restore` says so. Its files replace the local ones of the same name; others stay."""
     began = time.monotonic()
     docs = manifests(store, job, log)
+    gone = removed_at(store, job)
+    if gone is not None:
+        # (uploads from before the job was removed belong to that job: restored only into the same job put back,
+        # its spec hash theirs; a new job given the name, another model, starts afresh)
+        docs = [d for d in docs if d["created_unix"] > gone or (spec_hash is not None and d.get("spec_hash") == spec_hash)]
     if not docs:
-        return Restore(why="no upload")
+        return Restore(why="no upload" if gone is None else "no upload since a job of this name was removed")
     if not needs_restore(local_dir, docs[0], marker):
         return Restore(why="the local checkpoint is as new")
     head = body = None

@@ -3,6 +3,8 @@ publish the assignments after an apply (and start the sim's agents)."""
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -140,18 +142,24 @@ def shutting_down(bus: Bus, instance: str) -> bool:
     return reports_alive(doc, now_unix(), stale_seconds()) and bool(doc.get("running"))
 
 
-def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: Mapping[str, dict]) -> list[str]:
-    """Delete `checkpoints/<job>/` of each job no longer in the config whose replicas are all gone, so a new job given
-    its name later starts afresh instead of resuming another model's training state; a note for each job deleted or
-    kept. Gone means: no assignment published before this apply (`previous`: what the agents may still act on) names
-    it, and no agent's report, fresh or stale, lists one of its replicas running: an agent lists a replica there until
-    its process ended and its checkpoint upload is done (agent._supervise uploads before the heartbeat that drops it),
-    so once both hold no upload of the job is under way or to come. A report that cannot be read may be the one that
-    lists it: nothing is deleted then. The apply that removes a job only withdraws its assignments; a later one deletes
-    (the controller's next resync). A job that finished and stays in the config keeps its checkpoints. A listing that
-    fails is a note, not an error: the apply that calls this has changed the fleet already and writes its status next."""
+def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: Mapping[str, dict],
+                        now: float | None = None) -> list[str]:
+    """The checkpoints of each job no longer in the config whose replicas are all gone: marked removed (`checkpoints/
+    <job>/removed.json`), so that a new job given its name later (another model) starts afresh while the same job put
+    back (its spec hash that of the uploads) resumes them; deleted once marked longer than the retention
+    (FLEETOPS_CHECKPOINT_RETENTION_DAYS, 7 days). Deleted at once, a job file deleted by mistake in a PR lost days of
+    training for good when it was put back. A note for each job marked, deleted, or kept for a replica not yet gone.
+    Gone means: no assignment published before this apply (`previous`: what the agents may still act on) names it, and
+    no agent's report, fresh or stale, lists one of its replicas running: an agent lists a replica there until its
+    process ended and its checkpoint upload is done (agent._supervise uploads before the heartbeat that drops it), so
+    once both hold no upload of the job is under way or to come (marked before, that upload would count as the new
+    job's). A report that cannot be read may be the one that lists it: nothing is marked then. The apply that removes
+    a job only withdraws its assignments; a later one marks (the controller's next resync). A job that finished and
+    stays in the config keeps its checkpoints. A listing that fails is a note, not an error: the apply that calls this
+    has changed the fleet already and writes its status next."""
     from reconciler.runtime import checkpoints
 
+    now = time.time() if now is None else now
     skipped: dict[str, str] = {}
     try:
         gone = sorted(j for j in checkpoints.jobs(backend) if j not in desired.jobs)
@@ -163,24 +171,33 @@ def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: 
     assigned = {e.get("job") for doc in previous.values() for e in doc.get("replicas", []) if isinstance(e, dict)}
     if skipped:
         return [f"checkpoints of removed job(s) {', '.join(gone)} kept: an agent's report cannot be read (it may run "
-                "one of their replicas); deleted by an apply after it is readable again"]
+                "one of their replicas); marked removed by an apply after it is readable again"]
     running: dict[str, list[str]] = {}
     for iid, doc in sorted(reports.items()):
         for name in doc.get("running", []):
             running.setdefault(name.rpartition("/")[0], []).append(iid)
+    keep_s = checkpoints.retention_seconds()
     notes = []
     for job in gone:
         if job in assigned or job in running:
             where = "still assigned" if job in assigned else f"still running on {', '.join(running[job])}"
             notes.append(f"checkpoints of removed job {job} kept until its replicas' stop is reported ({where}): "
-                         "an upload may still come; deleted by a later apply")
+                         "an upload may still come")
             continue
         try:
-            n = checkpoints.remove(backend, job)
+            marked = checkpoints.removed_at(backend, job)
+            docs = checkpoints.manifests(backend, job, log=lambda m: None)
+            if marked is None or any(d["created_unix"] > marked for d in docs):  # (put back and removed again: anew)
+                checkpoints.mark_removed(backend, job, now)
+                until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(now + keep_s))
+                notes.append(f"checkpoints of removed job {job} marked removed, deleted after {until} "
+                             "(FLEETOPS_CHECKPOINT_RETENTION_DAYS): put back as it was, it resumes them; a new job of its "
+                             "name starts afresh")
+            elif now - marked >= keep_s:
+                n = checkpoints.remove(backend, job)
+                notes.append(f"checkpoints of removed job {job} deleted: {n} files")
         except ReconcileError as e:
-            notes.append(f"checkpoints of removed job {job}: cannot delete them ({e}); tried again by the next apply")
-            continue
-        notes.append(f"checkpoints of removed job {job} deleted: {n} files")
+            notes.append(f"checkpoints of removed job {job}: {e}; tried again by the next apply")
     return notes
 
 
