@@ -20,8 +20,9 @@ Limits: files are read whole into memory (the backends' write_key takes bytes); 
 not made (logged, the previous generation stays the newest); an upload still going at its deadline stops before its
 next file and writes no manifest. Only the newest KEEP generations (and the newest round) are kept; the files of an
 upload cut before its manifest go once a complete upload newer than it exists (`prune`). A job removed from the config
-loses its whole `checkpoints/<job>/` once none of its replicas is assigned or runs anywhere (`remove`, called by apply:
-publish.removed_checkpoints), so a new job given its name starts afresh."""
+is marked removed (`checkpoints/<job>/removed.json`) once none of its replicas is assigned or runs anywhere, and its
+whole prefix deleted a retention later (`mark_removed`, `remove`: publish.removed_checkpoints); meanwhile `restore`
+gives its uploads only to the same job put back (their spec hash), so a new job given its name starts afresh."""
 
 from __future__ import annotations
 
