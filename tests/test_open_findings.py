@@ -164,7 +164,9 @@ told to make it a plain test).
   (no plan at all), and greedy kept borrowed running work before guaranteed in a pool over its max (their tests).
   fleet92 (the same run): greedy gave up a guaranteed job's spot host for spot diversity, which a spot instance bought
   elsewhere mended (its test); fleet93: that fix's first form bought spot for diversity before a tenant's spot work
-  had given up spot (its test)."""
+  had given up spot (its test). fleet94 and fleet95 (the slow property tier, 2026-12-02, at 52921ca too): greedy's
+  plan broke the on-demand buffer (fleet94) and evicted t2's guaranteed j8 with a pool over its max and the buffer
+  broken now (fleet95), which apply's re-check refuses (CP-SAT's plans are emitted)."""
 
 from __future__ import annotations
 
