@@ -315,9 +315,37 @@ class _Greedy:
                 trial.append(c)
         if not ok or self._refuses(self.led.refuses_items(d, cells, spot_share=not self.keeping)):
             return
+        # Kept again once the spot rules are settled (keep_running after settle_spot), the job's items on open on-demand
+        # instances take the idle room the on-demand buffer counts, as new work's do (_breaks_buffer): it stays only
+        # where the buffer holds, or holds with on-demand capacity bought to stand idle (_ballast_buys: running work
+        # ranks above cost, as in settle_spot). Kept unasked, t1's low job went back onto the idle on-demand host
+        # settle_spot had kept for the buffer, and greedy's plan broke it (fleet94).
+        taken = 0.0 if self.keeping else sum(buffer_use(d, self.led.dim) for c in cells
+                                             if c.key in self.opened and self.led.in_buffer(self.opened[c.key].key))
+        short = bool(taken) and self.led.refuses_buffer(d, taken) is not None
+        if short and not self._other_spot_rules_hold():
+            self._refuses("spot-buffer")
+            return
+        opened_here: list[_Inst] = []
+        kept: list[_Inst] = []
         for c in cells:
-            inst = self.opened.get(c.key) or self._open(c)
+            inst = self.opened.get(c.key)
+            if inst is None:
+                inst = self._open(c)
+                opened_here.append(inst)
             self._record(d, inst, stay=True)
+            kept.append(inst)
+        if short:
+            buys = self._ballast_buys()
+            if not buys:
+                self._refuses("spot-buffer")
+                for inst in reversed(kept):
+                    self._unrecord(d, inst, stay=True)
+                for inst in reversed(opened_here):
+                    self._close(inst)
+                return
+            for b in buys:
+                self._open(b)
         self.a.placed[d.key] += 1
         self._charge_quota(d)
         self.kept.add(job)

@@ -1801,3 +1801,17 @@ def test_greedy_buys_no_spot_for_diversity_while_a_tenant_must_give_up_spot_work
     the second type, then j7 gave up spot and i0 went: the g5 stood alone and greedy's plan broke min_instance_types.
     No spot is bought for diversity while a tenant is over its own spot share (what stays on spot is not settled)."""
     check_fleet(fleet("fleet93"), time_limit=5)
+
+
+def test_greedy_keeps_running_work_again_only_where_the_on_demand_buffer_holds_on_fleet94():
+    """fleet94 (the slow property tier, 2026-12-02; at 52921ca too): a 50% on-demand buffer, t1's low j1 on i3 (the
+    fleet's one on-demand instance, 1 GPU) and a $15/h budget. Greedy kept t1's j6 first, so j1 waited on t1's quota;
+    settle_spot then gave up j6's spot host and kept i3 idle beside a g5.xlarge bought for the buffer (2 idle GPUs, 50%
+    of the 4 left on spot). keep_running, asked again after, put j1 back on i3 without asking the buffer, and greedy's
+    plan left 1 idle on-demand GPU of the 2 needed (no budget for more ballast). Running work kept again takes the
+    buffer's room only where the buffer still holds (or holds with ballast bought): j1 is evicted, as CP-SAT's plan does."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet94"), time_limit=5)
+    actions = {j.job: j.action for j in gplan.jobs}
+    assert actions["j1"] == "evict", (gplan.solver.status, actions)
+    assert "i3" not in {d.instance_id for d in gplan.deletes}, gplan.deletes
+    check_fleet(fleet("fleet94"), time_limit=5)
