@@ -363,29 +363,36 @@ class _Greedy:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
             if not spot_hosts or self._spot_rules_hold():
                 return
-            if self._fleet_spot_rules_hold():
-                # Diversity alone: keep an idle spot host of another type or zone the fleet has, before giving up
-                # running work (a guaranteed job was evicted when the host beside it had to go: issue 18).
-                keep = self._diversity_spare(tried)
-                if keep is not None:
-                    tried.add(keep.key)
-                    self._open(keep)
-                    continue
+            fleet_ok = self._fleet_spot_rules_hold()
+            if fleet_ok or not self._diversity_holds() and not self._tenants_over_spot():
+                # Diversity: keep an idle spot host of another type or zone the fleet has, before giving up running
+                # work (a guaranteed job was evicted when the host beside it had to go: issue 18).
                 # Else a spot instance of a type or zone it asks for, bought (as the model may): giving up a spot host
                 # mends diversity only once no spot is left, and the host given up was reopened for new work later,
                 # after a spot instance bought elsewhere had mended it; the guaranteed job on it was stopped for
                 # another tenant's new job (fleet92).
                 # (not while a tenant is over its own spot share: the spot work it gives up may leave the instance bought
                 # for diversity alone of its type, and the plan broke min_instance_types; the slow property tier)
-                buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
-                try:
-                    buy = None if self._tenants_over_spot() else _diversity_buy(self)
-                finally:
-                    self.buy_spot = buy_spot
-                if buy is not None and buy.key not in tried:
-                    tried.add(buy.key)
-                    self._open(buy)
-                    continue
+                # While the fleet's spot share or on-demand buffer is broken too, diversity first where the on-demand
+                # ballast then mends them, as the model may: the ballast was never bought while diversity was broken,
+                # so the one spot host with a guaranteed job on it was given up, for a buffer and diversity that a spot
+                # instance bought and an idle on-demand one mended (fleet95; CP-SAT's plan kept the job).
+                keep = self._diversity_spare(tried)
+                if keep is None:
+                    buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
+                    try:
+                        keep = None if self._tenants_over_spot() else _diversity_buy(self)
+                    finally:
+                        self.buy_spot = buy_spot
+                if keep is not None and keep.key not in tried:
+                    tried.add(keep.key)
+                    inst = self._open(keep)
+                    if fleet_ok or self._fleet_spot_rules_hold() or self._ballast_buys():
+                        continue
+                    if isinstance(keep, Host):  # (nothing mends the share or buffer with it: not bought for nothing)
+                        self._close(inst)
+                    else:
+                        self._unbuy(inst)
             if not self._fleet_spot_rules_hold():
                 # (With an on-demand buffer, work placed later cannot fill the host kept for it: _breaks_buffer.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):

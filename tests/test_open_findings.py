@@ -1815,3 +1815,17 @@ def test_greedy_keeps_running_work_again_only_where_the_on_demand_buffer_holds_o
     assert actions["j1"] == "evict", (gplan.solver.status, actions)
     assert "i3" not in {d.instance_id for d in gplan.deletes}, gplan.deletes
     check_fleet(fleet("fleet94"), time_limit=5)
+
+
+def test_greedy_buys_spot_diversity_and_ballast_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet95():
+    """fleet95 (the slow property tier, 2026-12-02; at 52921ca too): t2's guaranteed low j8 runs on i1, a spot A100
+    in eastus-1, kept alone while the SpotPolicy asks for two spot zones and a 50% on-demand buffer (pool gcp-a100 is
+    over its max now). Greedy's settle_spot bought no ballast while diversity was broken, and bought no spot for
+    diversity while the buffer was broken, so it gave up i1 and j8 with it; two on-demand A100s filled the pool after,
+    and apply's re-check refused greedy's plan (CP-SAT's kept j8). Greedy now mends diversity first where ballast then
+    mends the buffer, as the model may, and keeps j8."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet95"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j8"] == ("keep", ("i1",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet95"), time_limit=5)
