@@ -166,7 +166,9 @@ told to make it a plain test).
   elsewhere mended (its test); fleet93: that fix's first form bought spot for diversity before a tenant's spot work
   had given up spot (its test). fleet94 and fleet95 (the slow property tier, 2026-12-02, at 52921ca too): greedy's
   plan broke the on-demand buffer (fleet94) and evicted t2's guaranteed j8 with a pool over its max and the buffer
-  broken now (fleet95), which apply's re-check refuses (CP-SAT's plans are emitted)."""
+  broken now (fleet95), which apply's re-check refuses (CP-SAT's plans are emitted). fleet96 (the same tier, after
+  both fixes; at 52921ca too): greedy's plan evicts t2's guaranteed j8 while the buffer and t1's budget are broken now
+  (kept, no test yet)."""
 
 from __future__ import annotations
 
