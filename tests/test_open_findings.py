@@ -1687,7 +1687,7 @@ def test_deadline_work_ranks_first_within_its_class_in_the_plans_order_on_fleet8
     problem = build_problem(desired, observed)
     assert "j4" in {j.job for j in plan.jobs if j.action == "place"} and "j1" in {j.job for j in gplan.jobs if j.action == "place"}
     assert outcome_rank(problem, plan) > outcome_rank(problem, gplan)
-    check_fleet(fleet("fleet82"), time_limit=5)
+    check_fleet(fleet("fleet82"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_its_host_on_fleet83():
@@ -1703,7 +1703,7 @@ def test_running_work_a_pool_maximum_kept_out_stays_where_the_spot_rules_free_it
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet83"), time_limit=5)
     kept = {j.job for j in gplan.jobs if j.action == "keep"}
     assert "j7" in kept and {d.instance_id for d in gplan.deletes} == {"i0", "i2"}, [(j.job, j.action) for j in gplan.jobs]
-    check_fleet(fleet("fleet83"), time_limit=5)
+    check_fleet(fleet("fleet83"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 @pytest.mark.parametrize("name", ["fleet84", "fleet85", "fleet86"])
@@ -1738,7 +1738,7 @@ def test_greedy_gives_up_no_spot_host_that_cannot_mend_the_spot_share_on_fleet88
     (which plancheck.KeptInstead refuses: the rule broken now needs no stop of j6). CP-SAT kept j6."""
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet88"), time_limit=5)
     assert next(j for j in gplan.jobs if j.job == "j6").action == "keep"
-    check_fleet(fleet("fleet88"), time_limit=5)
+    check_fleet(fleet("fleet88"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_undoes_no_stop_whose_budget_the_higher_job_spent_elsewhere_on_fleet89():
@@ -1750,7 +1750,7 @@ def test_greedy_undoes_no_stop_whose_budget_the_higher_job_spent_elsewhere_on_fl
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet89"), time_limit=5)
     jobs = {j.job: j for j in gplan.jobs}
     assert jobs["j8"].instances == ("i0",) and jobs["j1"].action == "evict", {k: (v.action, v.instances) for k, v in jobs.items()}
-    check_fleet(fleet("fleet89"), time_limit=5)
+    check_fleet(fleet("fleet89"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_a_tenants_guarantee_held_by_its_higher_job_in_its_own_room_weighs_against_anothers_on_fleet90():
@@ -1769,7 +1769,7 @@ def test_a_tenants_guarantee_held_by_its_higher_job_in_its_own_room_weighs_again
     assert actions["j3"] == "place" and actions["j4"] == actions["j6"] == actions["j0"] == "evict", actions
     for p in (plan, gplan):
         assert not recheck(p, desired, observed, build_problem(desired, observed))[1]
-    check_fleet(fleet("fleet90"), time_limit=5)
+    check_fleet(fleet("fleet90"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_keeps_guaranteed_running_work_before_borrowed_when_a_pool_is_over_its_max_on_fleet91():
@@ -1781,7 +1781,7 @@ def test_greedy_keeps_guaranteed_running_work_before_borrowed_when_a_pool_is_ove
     for p in (plan, gplan):
         actions = {j.job: j.action for j in p.jobs}
         assert actions["j6"] == "keep" and actions["j0"] == "evict", (p.solver.status, actions)
-    check_fleet(fleet("fleet91"), time_limit=5)
+    check_fleet(fleet("fleet91"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_buys_spot_diversity_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet92():
@@ -1794,7 +1794,7 @@ def test_greedy_buys_spot_diversity_before_giving_up_a_guaranteed_jobs_spot_host
     for p in (plan, gplan):
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet92"), time_limit=5)
+    check_fleet(fleet("fleet92"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_buys_no_spot_for_diversity_while_a_tenant_must_give_up_spot_work_on_fleet93():
@@ -1816,7 +1816,7 @@ def test_greedy_keeps_running_work_again_only_where_the_on_demand_buffer_holds_o
     actions = {j.job: j.action for j in gplan.jobs}
     assert actions["j1"] == "evict", (gplan.solver.status, actions)
     assert "i3" not in {d.instance_id for d in gplan.deletes}, gplan.deletes
-    check_fleet(fleet("fleet94"), time_limit=5)
+    check_fleet(fleet("fleet94"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_buys_spot_diversity_and_ballast_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet95():
@@ -1830,4 +1830,4 @@ def test_greedy_buys_spot_diversity_and_ballast_before_giving_up_a_guaranteed_jo
     for p in (plan, gplan):
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j8"] == ("keep", ("i1",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet95"), time_limit=5)
+    check_fleet(fleet("fleet95"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))

@@ -269,8 +269,9 @@ def solve_both(fleet: Fleet, time_limit: float = 4):
     return desired, observed, (solution, plan), (gsol, gplan)
 
 
-def check_fleet(fleet: Fleet, time_limit: float = 4) -> None:
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet, time_limit)
+def check_fleet(fleet: Fleet, time_limit: float = 4, solved: tuple | None = None) -> None:
+    """`solved`: solve_both's answer for this fleet, where the caller has it already (not solved twice)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solved or solve_both(fleet, time_limit)
     for name, p in (("CP-SAT", plan), ("greedy", gplan)):  # greedy best-fit alone is a valid answer too (the fallback)
         try:
             check_plan(desired, observed, p)
@@ -355,7 +356,7 @@ def _on_demand(jc, plan, observed) -> bool:
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@settings(max_examples=240, derandomize=True, database=None, **SETTINGS)  # the same fleets every run (CI; the slow tier draws 2,000 new; 320 -> 240 for the CI tier's 10 minutes)
+@settings(max_examples=200, derandomize=True, database=None, **SETTINGS)  # the same fleets every run (CI; the slow tier draws 2,000 new; 320 -> 240 -> 200 for the CI tier's 10 minutes: 621 s on 2026-12-02)
 @given(fleet=fleets())
 def test_solver_answer_keeps_every_rule(fleet):
     """Every rule holds on CP-SAT's plan and greedy's, and CP-SAT ranks no worse than greedy."""
