@@ -167,3 +167,13 @@ def poll_until(cond, what: str, timeout: float, every: float = 0.2):
             return out
         time.sleep(every)
     raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
+def assert_converges(cfg: Path, time_limit: float = 0) -> None:
+    """Apply the config's plan, then plan again: a no-op (nothing changed), the plan right after an apply."""
+    from reconciler import api
+
+    first = api.apply(cfg, time_limit=time_limit)
+    assert first.report.ok, first.report.failures
+    again = api.plan(cfg, time_limit=time_limit).plan
+    assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]

@@ -13,7 +13,7 @@ from reconciler import api
 from reconciler.greedy import greedy
 from reconciler.load import load
 from reconciler.problem import build_problem
-from tests.fleetkit import catalog_observed, doc, job, pool, tenant, topology, write_config
+from tests.fleetkit import assert_converges, catalog_observed, doc, job, pool, tenant, topology, write_config
 
 A100 = dict(gpu_type="A100", cpu=8, mem=60)  # per GPU: an a2-highgpu-1g holds one, an a2-highgpu-4g four
 
@@ -41,11 +41,7 @@ def test_the_spot_job_is_placed_beside_the_idle_room_of_on_demand_bought_for_wor
 
 def test_greedy_alone_converges_beside_the_buffer(tmp_path):
     """Plan and apply with greedy alone, then plan again, nothing changed: a no-op."""
-    cfg = write_config(tmp_path / "c", docs())
-    first = api.apply(cfg, time_limit=0)
-    assert first.report.ok, first.report.failures
-    again = api.plan(cfg, time_limit=0).plan
-    assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
+    assert_converges(write_config(tmp_path / "c", docs()), time_limit=0)
 
 
 def test_a_spot_job_the_buffer_keeps_waiting_says_so(tmp_path):

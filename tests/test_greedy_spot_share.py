@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import api
 from reconciler.greedy import greedy
 from reconciler.load import load
 from reconciler.problem import build_problem
-from tests.fleetkit import catalog_observed, doc, job, plan_for, pool, tenant, topology, write_config
+from tests.fleetkit import assert_converges, catalog_observed, doc, job, plan_for, pool, tenant, topology, write_config
 
 A10G = dict(gpus=1, gpu_type="A10G", cpu=4, mem=16)  # one g5.xlarge each
 
@@ -36,11 +35,7 @@ def test_spot_work_the_share_refused_first_is_placed_beside_the_on_demand_work_p
 
 def test_greedy_alone_converges_under_the_spot_share(tmp_path):
     """Plan and apply with greedy alone, then plan again, nothing changed: a no-op."""
-    cfg = write_config(tmp_path / "c", docs())
-    first = api.apply(cfg, time_limit=0)
-    assert first.report.ok, first.report.failures
-    again = api.plan(cfg, time_limit=0).plan
-    assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
+    assert_converges(write_config(tmp_path / "c", docs()), time_limit=0)
 
 
 def test_the_room_the_on_demand_work_makes_goes_to_the_spot_job_ranked_first(tmp_path):
