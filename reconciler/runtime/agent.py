@@ -250,14 +250,14 @@ class Agent:
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
             stopping = rec.get("stopping")
-            if not (isinstance(stopping, dict) and {"phase", "reason", "message", "terminal"} <= stopping.keys()):
-                stopping = None  # (none under way, or a record an older agent wrote)
+            stop = None  # (none under way, or a record an older agent wrote)
+            if isinstance(stopping, dict) and {"phase", "reason", "message", "terminal"} <= stopping.keys():
+                stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
+                             stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
-                if stopping:  # (its signal was sent: the rest of its grace, then the kill)
-                    rep.stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
-                                     stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
+                rep.stop = stop  # (its signal was sent, if any: the rest of its grace, then the kill)
                 self.replicas[key] = rep
                 self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
                 continue
@@ -271,13 +271,10 @@ class Agent:
             if not (unreported or prev is None and ended is not None):
                 continue  # its end was reported already (or it never ran): the bus record is what counts
             self.replicas[key] = rep
-            if stopping:
+            if stop:
                 # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
                 # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
-                rep.exit_code, rep.finished_at = (ended or {}).get("code", -signals.SIGKILL), iso()
-                rep.phase, rep.reason, rep.message, rep.terminal = stopping["phase"], stopping["reason"], stopping["message"], stopping["terminal"]
-                if stopping.get("restart_attempt") is not None:
-                    rep.attempt, rep.next_start = stopping["restart_attempt"], 0.0
+                self._ended_as(rep, stop, (ended or {}).get("code", -signals.SIGKILL))
                 self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} ended while no agent watched it, as its stop ({rep.reason}) asked")
                 continue
             self._ended(rep, ended)
@@ -441,10 +438,7 @@ class Agent:
                     self.runtime.kill(rep.handle)
                     code = self.runtime.poll(rep.handle)
                 st, rep.stop, rep.handle = rep.stop, None, None
-                rep.exit_code, rep.finished_at = code, iso()
-                rep.phase, rep.reason, rep.message, rep.terminal = st.phase, st.reason, st.message, st.terminal
-                if st.restart_attempt is not None:
-                    rep.attempt, rep.next_start = st.restart_attempt, 0.0
+                self._ended_as(rep, st, code)
                 self._write_pids()
                 if st.phase == "Stopped":  # a stop it survives (a notice, a move, an edit, the agent stopping): its checkpoint travels
                     self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S))
@@ -688,6 +682,14 @@ class Agent:
         if rep.handle is not None:
             self._note_stop(rep, now_unix() + grace)
             self.runtime.signal(rep.handle, sig)
+
+    @staticmethod
+    def _ended_as(rep: Replica, st: _Stop, code: int | None) -> None:
+        """The replica ended on stop `st` (its exit `code`): as that stop asked (and restarts at its attempt, a gang's)."""
+        rep.exit_code, rep.finished_at = code, iso()
+        rep.phase, rep.reason, rep.message, rep.terminal = st.phase, st.reason, st.message, st.terminal
+        if st.restart_attempt is not None:
+            rep.attempt, rep.next_start = st.restart_attempt, 0.0
 
     def _note_stop(self, rep: Replica, deadline_at: float) -> None:
         """The stop under way, in the replica's local record (before its signal): an agent that restarts in its grace
