@@ -133,6 +133,31 @@ def test_a_restarted_agent_keeps_a_services_restart_backoff(bus, tmp_path):
     assert rec["next_start_at"] > time.time() + 20, rec  # the first agent's wait of 30 s, not a new one
 
 
+def test_a_service_that_ran_long_before_it_crashed_restarts_after_the_first_delay_not_the_doubled_one(bus, tmp_path):
+    """Restart delays double while a replica crash-loops, up to 5 minutes. They never started over: a service that
+    crashed six times in a month, each after days of work, waited the 5-minute cap after the sixth. A replica that ran
+    `backoff_reset` (10 minutes; here 0.5 s) before it failed now starts the doubling over, as the kubelet does."""
+    script = tmp_path / "svc.py"
+    script.write_text("import os, sys, time\n"
+                      "time.sleep(0.8 if int(os.environ['FLEETOPS_ATTEMPT']) == 3 else 0)\n"  # the fourth run lasts
+                      "sys.exit(3)\n")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("api", [PY, str(script)], mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.02, heartbeat=0.1, backoff=0.1,
+              backoff_reset=0.5, log=lambda m: None)
+    try:
+        delays = {}
+        for attempt in range(1, 5):  # the delay before attempt 1, 2, 3 (after quick crashes), then 4 (after a long run)
+            rec = run_until([a], lambda n=attempt: (r := bus.run("api", 0)) is not None and r["reason"] == "BackOff"
+                            and r["attempt"] == n and r, timeout=30)
+            delays[attempt] = rec["message"].rsplit(" in ", 1)[1]
+        assert delays == {1: "0.1s", 2: "0.2s", 3: "0.4s", 4: "0.1s"}, delays  # before: 4 -> 0.8s
+        assert bus.run("api", 0)["backoff_from"] == 3
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
 GANG = r'''
 import os, socket, sys, time, json
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -32,7 +32,7 @@ from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
-from reconciler.runtime.bus import Bus, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
+from reconciler.runtime.bus import Bus, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
 
@@ -126,6 +126,7 @@ class Replica:
     started_mono: float = 0.0
     next_start: float = 0.0
     next_start_at: float | None = None  # the same as a unix time, in its run record while it backs off (agent restarts keep it)
+    backoff_from: int = 0  # the attempt its restart delays double from: the last that ran backoff_reset long before failing
     stop: _Stop | None = None
     env: dict = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # the GPUs / MIG devices (the plan's ids) its process was started on
@@ -144,7 +145,7 @@ class Replica:
 class Agent:
     def __init__(self, instance: str, bus: Bus, runtime: Runtime, workdir: Path, *, notice: NoticeSource | None = None,
                  address: str | None = None, checkpoint_root: Path | None = None, poll: float | None = None,
-                 heartbeat: float | None = None, backoff: float | None = None, command_cwd: Path | None = None,
+                 heartbeat: float | None = None, backoff: float | None = None, backoff_reset: float | None = None, command_cwd: Path | None = None,
                  log: Callable[[str], None] | None = None, checkpoint_sync: bool | None = None):
         self.instance = instance
         self.bus = bus
@@ -157,6 +158,7 @@ class Agent:
         self.poll = poll or poll_seconds()
         self.heartbeat = heartbeat or heartbeat_seconds()
         self.backoff = backoff or backoff_seconds()
+        self.backoff_reset = backoff_reset or backoff_reset_seconds()
         self._log = log or (lambda m: print(f"{iso()} agent {instance}: {m}", flush=True))
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.assignment: dict | None = None
@@ -245,7 +247,8 @@ class Agent:
             except (OSError, ValueError, KeyError, TypeError):
                 self._log(f"ignoring the unreadable replica record {path}")
                 continue
-            rep = Replica(entry, attempt=rec.get("attempt", 0), started_at=rec.get("started_at"), env=rec.get("env", {}))
+            rep = Replica(entry, attempt=rec.get("attempt", 0), started_at=rec.get("started_at"), env=rec.get("env", {}),
+                          backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
@@ -282,7 +285,7 @@ class Agent:
 
     def _save_local(self, rep: Replica, launch: Launch) -> None:
         path = self._local(rep.key)
-        doc = {"entry": rep.entry, "attempt": rep.attempt, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
+        doc = {"entry": rep.entry, "attempt": rep.attempt, "backoff_from": rep.backoff_from, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
                "name": launch.name, "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(),
                "env": rep.env}
         write_atomic(path, json.dumps(doc).encode(), mode=0o600)  # (it holds the replica's environment: run.env too)
@@ -380,7 +383,7 @@ class Agent:
             if prev and prev.get("instance") not in (None, self.instance) and not prev.get("terminal"):
                 rep.predecessor = prev["instance"]  # remembered: our own record overwrites its record
             if prev and prev.get("instance") == self.instance and (prev.get("spec_hash"), prev.get("epoch")) == (entry["spec_hash"], entry["epoch"]):
-                rep.attempt = prev.get("attempt", 0)
+                rep.attempt, rep.backoff_from = prev.get("attempt", 0), prev.get("backoff_from", 0)
                 if prev.get("reason") == "BackOff" and prev.get("next_start_at") is not None and not prev.get("terminal"):
                     # backing off when this agent (re)started: the rest of the wait, not a restart at once (a crashing
                     # service, with its agent restarted by systemd, was started again without its backoff)
@@ -666,8 +669,12 @@ class Agent:
         self._log(f"{job}/{r}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended: {how} -> {rep.phase} ({rep.reason})")
 
     def _backoff(self, rep: Replica, how: str, limit: int | None) -> None:
+        if rep.started_mono and time.monotonic() - rep.started_mono >= self.backoff_reset:
+            # (a service that crashed six times in a month waited the 5-minute cap after each crash; a run this long
+            # says the last crash was not part of a loop. backoff_limit still counts every attempt, as a k8s Job's does)
+            rep.backoff_from = rep.attempt
         rep.attempt += 1
-        delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.attempt - 1))
+        delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.attempt - 1 - rep.backoff_from))
         rep.next_start = time.monotonic() + delay
         rep.next_start_at = now_unix() + delay
         rep.phase, rep.reason = "Starting", "BackOff"
@@ -718,7 +725,7 @@ class Agent:
         e = rep.entry
         return {
             "job": e["job"], "replica": e["replica"], "instance": self.instance, "spec_hash": e["spec_hash"], "epoch": e["epoch"],
-            "attempt": rep.attempt, "restarts": rep.attempt, "phase": rep.phase, "reason": rep.reason, "message": rep.message,
+            "attempt": rep.attempt, "restarts": rep.attempt, "backoff_from": rep.backoff_from, "phase": rep.phase, "reason": rep.reason, "message": rep.message,
             "terminal": rep.terminal, "exit_code": rep.exit_code, "started_at": rep.started_at, "finished_at": rep.finished_at,
             "world_size": e.get("world_size", 1), "master_addr": rep.env.get("MASTER_ADDR"),
             "log_path": str(self._log_path(rep)), "log_tail": masked(log_tail(self._log_path(rep)), own_secrets(e)),

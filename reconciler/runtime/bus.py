@@ -81,6 +81,12 @@ def backoff_seconds() -> float:
     return setting("RESTART_BACKOFF_SECONDS", 10.0)
 
 
+def backoff_reset_seconds() -> float:
+    """A replica that ran this long before it failed starts its restart delays over from the first (the kubelet's
+    rule for a crash loop: 10 minutes)."""
+    return setting("RESTART_BACKOFF_RESET_SECONDS", 600.0)
+
+
 def now_unix() -> float:
     return time.time()
 
