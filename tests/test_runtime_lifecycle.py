@@ -220,6 +220,31 @@ def test_a_deleted_instances_heartbeat_stays_while_its_agent_still_stops_replica
     assert sorted(bus.agent_instances()) == ["i-stopping"]
 
 
+def test_an_apply_that_changes_no_assignment_writes_none(tmp_path):
+    """publish compared the published assignment, its publication time zeroed, with the new one, which has none: they
+    never matched, so every apply wrote every instance's assignment again (10k instances: 10k object-store writes an
+    apply, the controller's included). An unchanged one is left as it is; a changed one is written, and the serial of
+    every apply stays above every published assignment's (api: the apply's serial counts from them)."""
+    from providers.base import Instance
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.publish import publish
+
+    d = desired(tmp_path / "c")
+    backend = backend_for(tmp_path / "c")
+    bus = Bus(backend)
+    insts = [Instance(i, "sim", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge", "on-demand", "running", "p",
+                      launched_at="2026-12-01T00:00:00Z") for i in ("i-a", "i-b")]
+    placements, gpus = {"j": ["i-a", "i-b"]}, {"j": [[], []]}
+    assert publish(backend, d, placements, gpus, 1, insts, {}, tmp_path / "c", None) == 2
+    first = bus.assignments()
+    assert publish(backend, d, placements, gpus, 2, insts, {}, tmp_path / "c", None) == 0  # before: 2
+    assert bus.assignments() == first
+    moved = {"j": ["i-a", "i-a"]}
+    assert publish(backend, d, moved, gpus, 3, insts, {}, tmp_path / "c", None) == 2  # i-a's changed, i-b's withdrawn
+    assert bus.assignments()["i-a"]["serial"] == 3 and "i-b" not in bus.assignments()
+
+
 def test_plan_lists_a_running_job_that_gains_or_loses_its_run(tmp_path):
     """Taking `run` out of a running job stops its process (apply withdraws its assignment) and putting one on a job
     placed without it (a reservation) starts one; both planned "No changes." (exit 0 with --detailed-exitcode), so a PR

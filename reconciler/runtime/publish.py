@@ -109,7 +109,7 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
         if iid in launched:  # (status reads the boot allowance from it, as apply and metrics do from the instance)
             doc = {**doc, "launched_at": launched[iid]}
         old = previous.get(iid)
-        if old is None or {**old, "serial": 0, "published_at": 0} != {**doc, "serial": 0}:
+        if old is None or {**old, "serial": 0, "published_at": 0} != {**doc, "serial": 0, "published_at": 0}:
             bus.put_assignment(iid, {**doc, "published_at": now_unix()})
             changed += 1
     for iid in sorted(set(previous) - set(want)):
