@@ -234,7 +234,8 @@ class AzureProvider:
     OPTIONS: ClassVar[dict[str, Option]] = {
         "subscription_id": text(), "resource_group": text(), "resource_groups": text(), "credential": text(),
         "endpoint": url(), "ca_bundle": text(), "prices_endpoint": url(), "live_spot": switch(),
-        "polling_interval": seconds(5.0), "lro_timeout": seconds(1800.0), "max_retries": count(3, least=0),
+        "timeout": seconds(60.0, zero=False), "polling_interval": seconds(5.0), "lro_timeout": seconds(1800.0),
+        "max_retries": count(3, least=0),
         "parallelism": count(DEFAULT_PARALLELISM), "retry_window": seconds(300.0),
         "offerings_ttl": seconds(DEFAULT_TTL_S), "spot_price_ttl": seconds(DEFAULT_SPOT_TTL_S),
     }
@@ -263,6 +264,9 @@ class AzureProvider:
             raise ProviderError(f"azure: endpoint {self.endpoint!r} is not Azure Resource Manager ({ARM_HOST}): a real "
                                 f"credential's token is only sent there; a local ARM fake takes credential={TEST_CREDENTIAL}")
         self.ca_bundle = self.options.text("ca_bundle")
+        # One HTTP request's connect and read timeouts (azure-core's default is 300 s each, so an ARM connection that
+        # went silent held an apply 300 s a try, and each of the SDK's retries 300 s more: 20 minutes at max_retries 3).
+        self.timeout = self.options.seconds("timeout")
         self.polling_interval = self.options.seconds("polling_interval")
         self.lro_timeout = self.options.seconds("lro_timeout")
         self.max_retries = self.options.count("max_retries")  # the SDK's retries of reads and polls (not of writes)
@@ -301,7 +305,8 @@ class AzureProvider:
             from azure.mgmt.compute import ComputeManagementClient
 
             kwargs: dict[str, Any] = {"polling_interval": self.polling_interval, "retry_total": self.max_retries,
-                                      "user_agent": "fleetops-reconciler"}
+                                      "user_agent": "fleetops-reconciler", "connection_timeout": self.timeout,
+                                      "read_timeout": self.timeout}
             if self.endpoint:
                 kwargs["base_url"] = self.endpoint
             if self.ca_bundle:

@@ -53,6 +53,7 @@ import json
 import re
 import ssl
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -198,6 +199,7 @@ class ArmFake:
         self.capacity_groups: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> the group's location
         self._inject: list[Injected] = []
         self.holding = False  # hold_creates(): create operations stay InProgress until end_held()
+        self._stalls: list[list] = []  # stall(): [seconds, method, count left]
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
         self.base_url = ""
@@ -251,9 +253,10 @@ class ArmFake:
             self._inject.append(Injected(status, code, message, method, count, headers or {}, path_contains, after))
 
     def clear_faults(self) -> None:
-        """Forget every fault fail_next() and throttle_reads() set that has not been used up."""
+        """Forget every fault fail_next(), throttle_reads() and stall() set that has not been used up."""
         with self.lock:
             self._inject.clear()
+            self._stalls.clear()
 
     def throttle_reads(self, retry_after: str, *, after: int = 0, count: int = 10**6) -> None:
         """ARM's read throttling (its read limits are apart from its write limits): once `after` more GETs have gone
@@ -262,6 +265,12 @@ class ArmFake:
         self.fail_next(429, "TooManyRequests", "The request is being throttled as the limit has been reached for "
                        "operation type - Read_ObservationWindow_00:05:00.", method="GET", count=count, after=after,
                        headers={"Retry-After": retry_after, "x-ms-ratelimit-remaining-subscription-reads": "0"})
+
+    def stall(self, seconds: float, *, method: str | None = None, count: int = 1) -> None:
+        """The next `count` requests (of `method`, if given) are answered only after `seconds`: an ARM connection that
+        went silent (a dropped path, an overloaded front door), which only the client's read timeout ends."""
+        with self.lock:
+            self._stalls.append([seconds, method, count])
 
     def hold_creates(self) -> None:
         """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
@@ -803,6 +812,12 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = {k.lower(): v[-1] for k, v in parse_qs(parts.query).items()}
         base = f"https://{self.headers.get('Host')}"
+        with arm.lock:
+            stall = next((st for st in arm._stalls if st[2] > 0 and st[1] in (None, method)), None)
+            if stall is not None:
+                stall[2] -= 1
+        if stall is not None:
+            time.sleep(stall[0])  # (outside the lock: other requests are answered meanwhile)
         try:
             with arm.lock:
                 arm.log.append((method, self.path))

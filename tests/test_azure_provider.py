@@ -230,6 +230,24 @@ def test_observe_follows_next_link(prov, arm):
     assert len(arm.requests("GET", "statusOnly=true")) == 3  # their power states: the subscription's list, paged alike
 
 
+def test_a_silent_arm_connection_ends_at_the_request_timeout_not_azure_cores_300_s(arm, tmp_path):
+    """azure-core waits 300 s to connect and 300 s for each read, and retries a timed-out read: an ARM connection that
+    went silent held a plan or an apply 300 s a try, 20 minutes at max_retries 3. Option `timeout` (60 s) bounds
+    one request now; the timeout is transient (apply tries again in its window), and the next request goes through."""
+    import time
+
+    p = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={**options(arm), "timeout": "0.5",
+                                                                                "max_retries": "1"}))
+    arm.plant("vm-1", tags={**ours(), azure_tag_name(TAG_CREATE_KEY): "k1"})
+    arm.stall(3.0, method="GET", count=2)  # the list and the SDK's one retry of it
+    t0 = time.monotonic()
+    with pytest.raises(TransientProviderError, match="Read timed out"):
+        p.observe([target()])
+    assert time.monotonic() - t0 < 2.5  # before: 6 s (two silent reads of 3 s, answered in the end)
+    assert arm._stalls[0][2] == 0  # (both stalled: the first try and the SDK's retry)
+    assert len(p.observe([target()])) == 1
+
+
 def test_observe_covers_every_resource_group_of_the_pools_and_options(arm, tmp_path):
     arm.plant("in-other", resource_group="other-team", tags=ours())
     arm.plant("in-main", tags=ours())
