@@ -393,6 +393,11 @@ class _Greedy:
                         self._close(inst)
                     else:
                         self._unbuy(inst)
+                    # Then the next spot host (or spot instance to buy) for diversity, before running work is given
+                    # up: the cheapest may take the pool slot the ballast needs (fleet96: a spot g5.12xlarge kept in
+                    # aws-a10g, max 1, left no room for on-demand ballast, and t2's guaranteed j8 was evicted; the spot
+                    # a2-highgpu-4g in GCP with an on-demand g5.12xlarge bought kept it, as CP-SAT's plan does).
+                    continue
             if not self._fleet_spot_rules_hold():
                 # (With an on-demand buffer, work placed later cannot fill the host kept for it: _breaks_buffer.)
                 while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):

@@ -167,8 +167,8 @@ told to make it a plain test).
   had given up spot (its test). fleet94 and fleet95 (the slow property tier, 2026-12-02, at 52921ca too): greedy's
   plan broke the on-demand buffer (fleet94) and evicted t2's guaranteed j8 with a pool over its max and the buffer
   broken now (fleet95), which apply's re-check refuses (CP-SAT's plans are emitted). fleet96 (the same tier, after
-  both fixes; at 52921ca too): greedy's plan evicts t2's guaranteed j8 while the buffer and t1's budget are broken now
-  (kept, no test yet)."""
+  both fixes; at 52921ca too): greedy's plan evicted t2's guaranteed j8 while the buffer and t1's budget are broken
+  now: the cheapest spot host kept for diversity took the pool slot the buffer's ballast needed (its test)."""
 
 from __future__ import annotations
 
@@ -1831,3 +1831,18 @@ def test_greedy_buys_spot_diversity_and_ballast_before_giving_up_a_guaranteed_jo
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j8"] == ("keep", ("i1",)), (p.solver.status, actions)
     check_fleet(fleet("fleet95"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_asks_the_next_spot_host_for_diversity_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet96():
+    """fleet96 (the slow property tier, 2026-12-02, after the fleet94 and fleet95 fixes; at 52921ca too): t2's
+    guaranteed low j8 runs on i2, a spot A100 in eastus-1, kept alone while the SpotPolicy asks for two spot zones and a
+    50% on-demand buffer. settle_spot kept the cheapest idle spot host of another zone, i0 (a spot g5.12xlarge), but it
+    took aws-a10g's one slot (max 1), the only pool with room for on-demand ballast: nothing mended the buffer, i0 was
+    closed, and i2 was given up at once with j8 on it; apply's re-check refused greedy's plan (CP-SAT's kept j8 beside
+    i3, the spot a2-highgpu-4g in GCP, and an on-demand g5.12xlarge). Greedy now asks the next spot host for diversity
+    (i3, then a spot instance to buy) before it gives up running work, and keeps j8 as CP-SAT does."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet96"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet96"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
