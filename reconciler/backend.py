@@ -7,7 +7,12 @@ runners can never both believe they hold it. The
 lock names its holder and expires; its holder renews it while it works (LeasedLock,
 every write conditional on the version it last wrote) and stops if it cannot. An
 expired lock is taken over; a live, empty or garbled one is broken with
-`reconcile unlock ID`."""
+`reconcile unlock ID`.
+
+Files of any size (a job's checkpoints, reconciler/runtime/checkpoints.py) go through `write_file`/`read_file`, streamed
+from and to disk, never whole in memory: S3 with a multipart upload above S3_MULTIPART_THRESHOLD (PutObject refuses a
+body over 5 GB), GCS with a resumable upload in GCS_CHUNK chunks, Azure in blocks of AZBLOB_BLOCK. A file read is
+written to a temporary name beside its destination and renamed into place only once whole."""
 
 from __future__ import annotations
 
@@ -17,19 +22,22 @@ import os
 import socket
 import stat
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
-from reconciler.atomicfile import write_atomic
+from reconciler.atomicfile import copy_atomic, write_atomic
 from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
 from providers.redact import redact
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
 
 LOCK_TTL = timedelta(minutes=30)
+# While one file is copied, `progress` (the agent's heartbeat) is called at least this often (and at most: Every).
+PROGRESS_EVERY_S = 5.0
 
 
 class StateBackend(Protocol):
@@ -57,6 +65,61 @@ class StateBackend(Protocol):
     def delete_key(self, key: str) -> None: ...
 
     def list_keys(self, prefix: str) -> list[str]: ...
+
+    # Files of any size (checkpoints), streamed: never whole in memory. `progress` is called now and then while one is
+    # copied (every PROGRESS_EVERY_S or so), on the calling thread: the agent's heartbeat, kept through a long file.
+    def write_file(self, key: str, path: Path, progress: Callable[[], None] | None = None) -> None: ...
+
+    def read_file(self, key: str, dest: Path, progress: Callable[[], None] | None = None) -> bool:
+        """Copy `key` into the file `dest` (replaced only once whole); False, `dest` untouched, if there is no such key."""
+        ...
+
+
+class Every:
+    """`progress`, called at most every `seconds` (PROGRESS_EVERY_S): the first call that long after this was made.
+    Thread-safe; None does nothing."""
+
+    def __init__(self, progress: Callable[[], None] | None, seconds: float | None = None):
+        self.progress, self.seconds = progress, PROGRESS_EVERY_S if seconds is None else seconds
+        self._last, self._lock = time.monotonic(), threading.Lock()
+
+    def __call__(self) -> None:
+        if self.progress is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.seconds:
+                return
+            self._last = now
+            self.progress()
+
+
+def _beating(call: Callable[[], object], progress: Callable[[], None] | None) -> object:
+    """call() on a thread of its own while this one calls `progress` every PROGRESS_EVERY_S until it returns: an SDK's
+    transfer of one large file blocks for minutes, and its own progress callbacks come (if at all) from its worker
+    threads, where the agent's heartbeat must not run. Returns call()'s result or raises its exception."""
+    if progress is None:
+        return call()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="fleetops-transfer", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(PROGRESS_EVERY_S)
+            if worker.is_alive():
+                progress()
+    finally:
+        worker.join()  # (progress raised: the transfer is still ours to wait for, its temporary file ours to remove)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
 
 
 def check_key(key: str) -> str:
@@ -118,6 +181,30 @@ class LocalBackend:
             write_atomic(path, body)  # readers see the old object or the new one, never half of one
         except OSError as e:
             raise ReconcileError(f"local bus: cannot write {path}: {e.strerror}") from None
+
+    def write_file(self, key: str, path: Path, progress: Callable[[], None] | None = None) -> None:
+        dest = self._path(key)
+        try:
+            with open(path, "rb") as src:
+                copy_atomic(src, dest, Every(progress))
+        except OSError as e:
+            raise ReconcileError(f"local bus: cannot write {dest} from {path}: {e.strerror}") from None
+
+    def read_file(self, key: str, dest: Path, progress: Callable[[], None] | None = None) -> bool:
+        path = self._path(key)
+        try:
+            mode = path.stat().st_mode
+            if not stat.S_ISREG(mode):  # (a fifo would block the read for ever)
+                raise CorruptBusObjectError(key, f"is not a file ({'a directory' if stat.S_ISDIR(mode) else 'a special file'})")
+            with open(path, "rb") as src:
+                copy_atomic(src, Path(dest), Every(progress))
+            return True
+        except FileNotFoundError as e:
+            if e.filename != str(path):  # (the destination's directory is missing: an error, not a missing key)
+                raise ReconcileError(f"local bus: cannot copy {path} to {dest}: {e.strerror}") from None
+            return False
+        except OSError as e:
+            raise ReconcileError(f"local bus: cannot copy {path} to {dest}: {e.strerror}") from None
 
     def delete_key(self, key: str) -> None:
         try:
@@ -312,6 +399,14 @@ class ObjectStoreBackend:
     def _list(self, prefix: str) -> list[str]:
         raise NotImplementedError
 
+    def _put_file(self, key: str, path: Path) -> None:
+        """Upload the file `path`, streamed (the SDK's managed, chunked transfer)."""
+        raise NotImplementedError
+
+    def _get_file(self, key: str, dest: Path) -> bool:
+        """Download into the file `dest` (a temporary name, ours), streamed; False if there is no such object."""
+        raise NotImplementedError
+
     def _code(self, e: Exception) -> str:
         """The store's error code for a message (never a credential: connection errors are redacted)."""
         return redact(str(e)) or type(e).__name__
@@ -379,12 +474,42 @@ class ObjectStoreBackend:
         except Exception as e:
             raise self._bus_error(e, "cannot delete", key) from None
 
+    def write_file(self, key: str, path: Path, progress: Callable[[], None] | None = None) -> None:
+        check_key(key)
+        try:
+            _beating(lambda: self._put_file(self.prefix + key, Path(path)), progress)
+        except Exception as e:
+            raise self._bus_error(e, "cannot write", key) from None
+
+    def read_file(self, key: str, dest: Path, progress: Callable[[], None] | None = None) -> bool:
+        check_key(key)
+        dest = Path(dest)
+        part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:12]}.part")  # renamed into place only once whole
+        try:
+            if not _beating(lambda: self._get_file(self.prefix + key, part), progress):
+                return False
+            os.replace(part, dest)
+            return True
+        except Exception as e:
+            raise self._bus_error(e, "cannot read", key) from None
+        finally:
+            with contextlib.suppress(OSError):
+                part.unlink(missing_ok=True)
+
     def list_keys(self, prefix: str) -> list[str]:
         base = self.prefix + check_key(prefix.rstrip("/")) + "/"
         try:
             return sorted(k[len(self.prefix):] for k in self._list(base))
         except Exception as e:
             raise self._bus_error(e, "cannot list", prefix) from None
+
+
+# A file above the threshold is uploaded in parts (S3's PutObject refuses a body over 5 GB; AWS recommends multipart
+# above ~100 MB), S3_CONCURRENCY at a time: about S3_PART_SIZE * S3_CONCURRENCY bytes in memory. (Parts are 5 MiB to
+# 5 GiB, at most 10,000 of them: boto3 makes the parts of a file over 160 GB larger.)
+S3_MULTIPART_THRESHOLD = 64 << 20
+S3_PART_SIZE = 16 << 20
+S3_CONCURRENCY = 4
 
 
 class S3Backend(ObjectStoreBackend):
@@ -408,6 +533,7 @@ class S3Backend(ObjectStoreBackend):
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the s3 state backend needs boto3: pip install 'fleetops-reconciler[aws]'") from e
         self.s3 = aws_session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
+        self.multipart_threshold, self.part_size = S3_MULTIPART_THRESHOLD, S3_PART_SIZE
 
     def _code(self, e: Exception) -> str:
         return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
@@ -427,6 +553,28 @@ class S3Backend(ObjectStoreBackend):
     def _list(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def _transfer(self):
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self.part_size,
+                              max_concurrency=S3_CONCURRENCY)
+
+    def _put_file(self, key: str, path: Path) -> None:
+        # boto3's managed transfer: one PutObject up to the threshold, a multipart upload above it (aborted if it fails)
+        self.s3.upload_file(str(path), self.bucket, key, Config=self._transfer())
+
+    def _get_file(self, key: str, dest: Path) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.s3.download_file(self.bucket, key, str(dest), Config=self._transfer())  # ranged GETs above the threshold
+        except ClientError as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                self.s3.head_bucket(Bucket=self.bucket)  # (a HEAD's 404 has no reason: a missing bucket is no missing key)
+                return False
+            raise
+        return True
 
     # -- the lock: LeasedLock over these four conditional operations ------------------------------
     @staticmethod
@@ -471,6 +619,13 @@ class S3Backend(ObjectStoreBackend):
 
 GCS_RETRY_SECONDS = 60.0  # how long one GCS call retries transient errors (the client's default is 120 s)
 AZBLOB_RETRIES = 5  # retries of one Azure Blob call (the SDK's default is 10, exponential backoff)
+# A file is uploaded resumably in chunks of this (a multiple of 256 KiB; the library's default is 100 MiB, held in memory)
+GCS_CHUNK = 16 << 20
+# A blob above AZBLOB_BLOCK is uploaded in blocks (Put Block, then Put Block List), AZBLOB_CONCURRENCY at a time, and
+# downloaded in ranged GETs of that size; below it, in one Put Blob (the SDK reads such a body whole: its default
+# threshold is 64 MiB, its first GET 32 MiB)
+AZBLOB_BLOCK = 8 << 20
+AZBLOB_CONCURRENCY = 4
 
 
 class GcsBackend(ObjectStoreBackend):
@@ -526,6 +681,18 @@ class GcsBackend(ObjectStoreBackend):
 
     def _list(self, prefix: str) -> list[str]:
         return [b.name for b in self.client.list_blobs(self.bucket, prefix=prefix, retry=self._retry)]
+
+    def _put_file(self, key: str, path: Path) -> None:
+        # (a file over 8 MiB, or any with chunk_size set: a resumable upload, chunk by chunk, each chunk retried)
+        self.bucket.blob(key, chunk_size=GCS_CHUNK).upload_from_filename(str(path), content_type="application/octet-stream",
+                                                                         retry=self._retry)
+
+    def _get_file(self, key: str, dest: Path) -> bool:
+        try:
+            self.bucket.blob(key).download_to_filename(str(dest), retry=self._retry)  # streamed, its checksum checked
+        except self._exc.NotFound:
+            return False
+        return True
 
     def _conditional(self, what: str, call: Callable[[], object]) -> tuple[bool, object]:
         """(True, result) or (False, None) if the call's generation condition failed (412, or 404: gone)."""
@@ -591,7 +758,9 @@ class AzureBlobBackend(ObjectStoreBackend):
             raise ReconcileError("the azblob state backend needs azure-storage-blob: pip install 'fleetops-reconciler[azure]'") from e
         self._exc, self._unmodified = exceptions, MatchConditions.IfNotModified
         self._json = ContentSettings(content_type="application/json")
-        options = {"retry_total": AZBLOB_RETRIES}
+        self._octets = ContentSettings(content_type="application/octet-stream")
+        options = {"retry_total": AZBLOB_RETRIES, "max_single_put_size": AZBLOB_BLOCK, "max_block_size": AZBLOB_BLOCK,
+                   "max_single_get_size": AZBLOB_BLOCK, "max_chunk_get_size": AZBLOB_BLOCK}  # (a get's chunk is held whole)
         conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         if conn:
             fields = dict(p.split("=", 1) for p in conn.split(";") if "=" in p)
@@ -639,6 +808,20 @@ class AzureBlobBackend(ObjectStoreBackend):
 
     def _list(self, prefix: str) -> list[str]:
         return [b.name for b in self.container.list_blobs(name_starts_with=prefix)]
+
+    def _put_file(self, key: str, path: Path) -> None:
+        with open(path, "rb") as f:
+            self.container.get_blob_client(key).upload_blob(f, length=os.fstat(f.fileno()).st_size, overwrite=True,
+                                                            max_concurrency=AZBLOB_CONCURRENCY, content_settings=self._octets)
+
+    def _get_file(self, key: str, dest: Path) -> bool:
+        try:
+            download = self.container.get_blob_client(key).download_blob(max_concurrency=AZBLOB_CONCURRENCY)
+        except self._exc.ResourceNotFoundError:
+            return False
+        with open(dest, "wb") as f:
+            download.readinto(f)  # chunk by chunk (max_chunk_get_size), each ranged GET retried
+        return True
 
     def _conditional(self, what: str, call: Callable[[], object]) -> tuple[bool, object]:
         """(True, result) or (False, None) if the call's condition failed (409 exists, 412 changed, 404 gone)."""

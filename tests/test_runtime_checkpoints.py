@@ -4,6 +4,7 @@ round merged; the local backend and s3:// on the moto server."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -13,6 +14,7 @@ import boto3
 import pytest
 
 from reconciler.backend import backend_for, check_key
+from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints as ck
 
 
@@ -262,3 +264,107 @@ def test_a_removed_jobs_checkpoints_stay_while_a_replica_is_assigned_or_reported
     bus.put_agent("i-1", {"heartbeat_at": time.time(), "state": "Ready", "running": ["other/0"]})
     [note] = removed_checkpoints(store, desired, {})
     assert note.startswith("checkpoints of removed job ft marked removed") and ck.removed_at(store, "ft") is not None
+
+
+# ---------------------------------------------------------------- large files: streamed, never whole in memory
+
+def _big(path: Path, mib: int) -> Path:
+    """A file of `mib` MiB of random bytes, written a MiB at a time (the test holds none of it whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.writelines(os.urandom(1 << 20) for _ in range(mib))
+    return path
+
+
+def _same(a: Path, b: Path) -> bool:
+    def sha(p: Path) -> str:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    return sha(a) == sha(b)
+
+
+def test_a_file_over_the_multipart_threshold_goes_to_s3_in_parts_and_comes_back(aws_env, monkeypatch, request, tmp_path):
+    """S3's PutObject refuses a body over 5 GB (multipart upload is required above it): each file was one write_key of
+    its bytes. Above the backend's threshold a file now goes up in parts (S3 gives a multipart object the ETag
+    "<md5 of the parts' md5s>-<parts>") and comes back by ranged GETs; the agent's heartbeat goes on meanwhile."""
+    from reconciler import backend
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
+    monkeypatch.setattr(backend, "PROGRESS_EVERY_S", 0.01, raising=False)
+    bucket = f"ck-{abs(hash(request.node.name)) % 10**8}"
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    s3 = backend_for(tmp_path, f"s3://{bucket}/fleets/demo")
+    s3.multipart_threshold = s3.part_size = 5 << 20  # (S3's smallest part)
+    src = tmp_path / "a"
+    _big(src / "model.pt", 12)
+    write(src, {"rank-0.json": '{"step": 9}', "empty.bin": ""})
+    beats: list[int] = []
+    up = ck.upload(s3, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None, progress=lambda: beats.append(1))
+    assert up.complete and up.bytes == (12 << 20) + 11
+    doc = json.loads(s3.read_key(ck.manifest_key("ft", up.generation)))
+    etags = {f["path"]: client.head_object(Bucket=bucket, Key=f"fleets/demo/{f['key']}")["ETag"].strip('"') for f in doc["files"]}
+    assert etags["model.pt"].endswith("-3") and "-" not in etags["rank-0.json"] + etags["empty.bin"], etags  # 5 + 5 + 2 MiB; the small one whole
+    assert len(beats) > 3, beats  # called within the large file too, not only before each of the three
+    beats.clear()
+    got = ck.restore(s3, "ft", tmp_path / "b", log=lambda m: None, progress=lambda: beats.append(2))
+    assert got.generations == [up.generation] and got.bytes == up.bytes and len(beats) > 3, beats
+    assert _same(tmp_path / "b" / "model.pt", src / "model.pt") and (tmp_path / "b" / "rank-0.json").read_text() == '{"step": 9}'
+    assert (tmp_path / "b" / "empty.bin").read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no staging, no partial download left
+    # A missing object is False (its destination untouched); a missing bucket is an error, not a missing object.
+    assert s3.read_file("checkpoints/ft/nope", tmp_path / "x") is False and not (tmp_path / "x").exists()
+    with pytest.raises(ReconcileError, match=r"s3 bus: cannot read s3://no-such-bucket-ck/checkpoints/ft/nope"):
+        backend_for(tmp_path, "s3://no-such-bucket-ck").read_file("checkpoints/ft/nope", tmp_path / "x")
+    with pytest.raises(ReconcileError, match=r"s3 bus: cannot write s3://no-such-bucket-ck/checkpoints/ft/w"):
+        backend_for(tmp_path, "s3://no-such-bucket-ck").write_file("checkpoints/ft/w", src / "rank-0.json")
+
+
+def test_an_upload_and_restore_of_a_64_mib_file_never_hold_it_in_memory(store, tmp_path):
+    """A checkpoint was read whole (upload: path.read_bytes()) and restored from bytes held for every file of a
+    generation: 2 GB of them could take the agent out of memory. Peak Python allocation now stays a few MiB."""
+    import tracemalloc
+
+    src = tmp_path / "a"
+    _big(src / "model.pt", 64)
+    tracemalloc.start()
+    try:
+        up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None)
+        got = ck.restore(store, "ft", tmp_path / "b", log=lambda m: None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert up.bytes == got.bytes == 64 << 20 and _same(tmp_path / "b" / "model.pt", src / "model.pt")
+    assert peak < 8 << 20, f"peak {peak / (1 << 20):.1f} MiB"
+
+
+def test_the_heartbeat_goes_on_within_one_long_file_throttled(store, tmp_path, monkeypatch):
+    """The agent beat only before each file: one file copied for longer than the stale limit (60 s) made its instance
+    look lost. `progress` is now called within a file too (hashing it, copying it), at most every PROGRESS_EVERY_S:
+    here on a clock where every chunk takes a second."""
+    from types import SimpleNamespace
+
+    from reconciler import atomicfile, backend
+
+    src = tmp_path / "a"
+    _big(src / "model.pt", 4)
+    monkeypatch.setattr(atomicfile, "COPY_CHUNK", 256 << 10, raising=False)  # 16 chunks to copy, 16 to hash
+    monkeypatch.setattr(ck, "HASH_CHUNK", 256 << 10, raising=False)
+    t = [0.0]
+
+    def monotonic() -> float:  # (backend.Every's clock: one second more at every look, a look per chunk)
+        t[0] += 1.0
+        return t[0]
+    monkeypatch.setattr(backend, "time", SimpleNamespace(monotonic=monotonic), raising=False)
+    monkeypatch.setattr(backend, "PROGRESS_EVERY_S", 5.0, raising=False)
+    beats: list[str] = []
+    up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None, progress=lambda: beats.append("up"))
+    assert up.complete
+    # once before the file, then every 5 of its 32 chunks' seconds: neither only once nor at every chunk
+    assert 1 + 4 <= beats.count("up") <= 1 + 8, beats
+    got = ck.restore(store, "ft", tmp_path / "b", log=lambda m: None, progress=lambda: beats.append("restore"))
+    assert got.files == 1 and 1 + 4 <= beats.count("restore") <= 1 + 8, beats
+    assert _same(tmp_path / "b" / "model.pt", src / "model.pt")

@@ -16,16 +16,26 @@ gang's replicas on several instances upload one generation each at the same stop
 `restore` takes the newest one and the newest of each other instance in its round, so every rank's files come back. A
 generation with a missing or corrupt file is skipped whole (logged), never half-restored.
 
-Limits: files are read whole into memory (the backends' write_key takes bytes); an upload past `max_bytes` in total is
-not made (logged, the previous generation stays the newest); an upload still going at its deadline stops before its
-next file and writes no manifest. Only the newest KEEP generations (and the newest round) are kept; the files of an
-upload cut before its manifest go once a complete upload newer than it exists (`prune`). A job removed from the config
-is marked removed (`checkpoints/<job>/removed.json`) once none of its replicas is assigned or runs anywhere, and its
-whole prefix deleted a retention later (`mark_removed`, `remove`: publish.removed_checkpoints); meanwhile `restore`
-gives its uploads only to the same job put back (their spec hash), so a new job given its name starts afresh."""
+Files are streamed, never held whole: each is hashed (sha256) a MiB at a time, then sent by path through the backend's
+write_file (S3: a multipart upload above its threshold; GCS: a resumable upload; Azure: blocks); `restore` downloads
+each file of the uploads it takes (read_file) into a staging directory beside the local one, checks its size and
+sha256 reading it back a MiB at a time, and moves files into place only once every one of them is there and right.
+`progress` (the agent's heartbeat) is called before each file and every few seconds within one.
+
+Limits: an upload past `max_bytes` in total is not made (logged, the previous generation stays the newest); an upload
+still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A restore
+needs free disk, on the local directory's file system, for every file of the uploads it takes: all are staged before
+the local files of the same names are replaced.
+
+Only the newest KEEP generations (and the newest round) are kept; the files of an upload cut before its manifest go
+once a complete upload newer than it exists (`prune`). A job removed from the config is marked removed
+(`checkpoints/<job>/removed.json`) once none of its replicas is assigned or runs anywhere, and its whole prefix deleted
+a retention later (`mark_removed`, `remove`: publish.removed_checkpoints); meanwhile `restore` gives its uploads only to
+the same job put back (their spec hash), so a new job given its name starts afresh."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,7 +46,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote, unquote
 
-from reconciler.backend import StateBackend
+from reconciler.backend import Every, StateBackend
 from reconciler.errors import ReconcileError
 
 PREFIX = "checkpoints"
@@ -159,6 +169,23 @@ def local_files(root: Path) -> list[tuple[str, Path, int]]:
     return sorted(out)
 
 
+HASH_CHUNK = 1 << 20  # bytes read at a time for a file's sha256
+
+
+def digest(path: Path, tick: Callable[[], None] | None = None) -> tuple[int, str]:
+    """(size, sha256 hex) of the file, read HASH_CHUNK bytes at a time (never whole), `tick` called after each."""
+    h, size = hashlib.sha256(), 0
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+            if tick is not None:
+                tick()
+    return size, h.hexdigest()
+
+
 def newest_mtime(root: Path) -> float | None:
     times = []
     for _, p, _ in local_files(root):
@@ -184,7 +211,8 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
            progress: Callable[[], None] | None = None) -> Upload:
     """Copy the files of `local_dir` to a new generation of `job`, the manifest last. `deadline` (time.monotonic()):
     no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload. `progress` is
-    called before each file (the agent's heartbeat: an upload longer than the stale limit made its instance look lost)."""
+    called before each file and every few seconds within one (backend.Every: the agent's heartbeat; an upload longer
+    than the stale limit made its instance look lost). Each file is hashed and sent streamed, never read whole."""
     began = time.monotonic()
     files = local_files(local_dir)
     if not files:
@@ -196,6 +224,7 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
         log(f"{job}: checkpoint not uploaded: {why}")
         return Upload(None, False, len(files), total, why=why)
     gen = generation(now(), instance)
+    tick = Every(progress)
     listed, sent = [], 0
     for rel, path, _ in files:
         if deadline is not None and time.monotonic() > deadline:
@@ -205,14 +234,16 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
         if progress is not None:
             progress()
         try:
-            body = path.read_bytes()
+            size, sha256 = digest(path, tick)
         except OSError as e:
             log(f"{job}: checkpoint file {rel} unreadable ({e.strerror}): left out")
             continue
         key = file_key(job, gen, rel)
-        store.write_key(key, body)
-        listed.append({"path": rel, "key": key, "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
-        sent += len(body)
+        # (the file read again as it is sent: were it changed between the two, its sha256 differs and `restore` skips
+        # this upload whole; the job that writes it has stopped)
+        store.write_file(key, path, tick)
+        listed.append({"path": rel, "key": key, "size": size, "sha256": sha256})
+        sent += size
     seconds, at = time.monotonic() - began, now()
     doc = {"version": VERSION, "job": job, "generation": gen, "instance": instance, "spec_hash": spec_hash, "epoch": epoch,
            "created_unix": at, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
@@ -252,28 +283,42 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
     return sorted(out, key=lambda d: (d["created_unix"], d["generation"]), reverse=True)
 
 
-def fetch(store: StateBackend, doc: dict, log: Log = print, progress: Callable[[], None] | None = None) -> dict[str, bytes] | None:
-    """Every file of one upload, each checked against its size and sha256; None (logged) when one is missing or
-    differs: that upload is skipped whole. `progress`: called before each file (as upload's)."""
-    out = {}
-    for f in doc["files"]:
-        if progress is not None:
-            progress()
-        rel = f["path"]
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
-            log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r}: skipped")
-            return None
-        try:
-            body = store.read_key(f["key"])
-        except ReconcileError as e:
-            log(f"{doc['job']}: checkpoint {doc['generation']}: cannot read {rel}: {e}: skipped")
-            return None
-        if body is None or len(body) != f["size"] or hashlib.sha256(body).hexdigest() != f["sha256"]:
-            what = "missing" if body is None else "corrupt (size or sha256 differs from its manifest)"
-            log(f"{doc['job']}: checkpoint {doc['generation']}: {rel} is {what}: skipped, not restored")
-            return None
-        out[rel] = body
-    return out
+def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
+          progress: Callable[[], None] | None = None) -> dict[str, Path] | None:
+    """Every file of one upload, downloaded under the directory `into` (made here), each streamed to disk and checked
+    against its size and sha256 as it is read back: {path: downloaded file}. None (logged, `into` removed) when one is
+    missing or differs: that upload is skipped whole. `progress`: called before each file and every few seconds
+    within one (as upload's)."""
+    out: dict[str, Path] = {}
+    tick = Every(progress)
+    try:
+        for f in doc["files"]:
+            if progress is not None:
+                progress()
+            rel = f["path"]
+            if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")) or rel in out:
+                log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r}: skipped")
+                return None
+            dest = into / rel
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):  # a file of this upload is named as another's directory
+                log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r} below another file: skipped")
+                return None
+            try:
+                found = store.read_file(f["key"], dest, tick)
+            except ReconcileError as e:
+                log(f"{doc['job']}: checkpoint {doc['generation']}: cannot read {rel}: {e}: skipped")
+                return None
+            if not found or digest(dest, tick) != (f["size"], f["sha256"]):
+                what = "missing" if not found else "corrupt (size or sha256 differs from its manifest)"
+                log(f"{doc['job']}: checkpoint {doc['generation']}: {rel} is {what}: skipped, not restored")
+                return None
+            out[rel] = dest
+        return out
+    finally:
+        if len(out) != len(doc["files"]):
+            shutil.rmtree(into, ignore_errors=True)
 
 
 def round_of(doc: dict) -> tuple:
@@ -315,42 +360,47 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
         return Restore(why="no upload" if gone is None else "no upload since a job of this name was removed")
     if not needs_restore(local_dir, docs[0], marker):
         return Restore(why="the local checkpoint is as new")
-    head = body = None
-    for doc in docs:
-        body = fetch(store, doc, log, progress)
-        if body is not None:
-            head = doc
-            break
-    if head is None:
-        return Restore(why="no complete upload", seconds=time.monotonic() - began)
-    picked = [(head, body)]
-    seen = {head.get("instance")}
-    for doc in docs:
-        if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
-            continue
-        seen.add(doc.get("instance"))
-        got = fetch(store, doc, log, progress)
-        if got is not None:
-            picked.append((doc, got))
     local_dir = Path(local_dir)
-    local_dir.mkdir(parents=True, exist_ok=True)
+    # Each upload is downloaded into a directory of its own beside `local_dir` (the same file system: moved into place
+    # by rename), and only once every file of every upload taken is there and checked is any moved into `local_dir`.
     staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
+    made = [p for p in local_dir.parents if not p.exists()]  # removed again if nothing is restored
     shutil.rmtree(staging, ignore_errors=True)
-    merged: dict[str, bytes] = {}
-    for _, files in reversed(picked):  # the newest last: it wins a name two uploads hold
-        merged.update(files)
+    staging.mkdir(parents=True)
+    picked: list[tuple[dict, dict[str, Path]]] = []
     try:
-        for rel, data in merged.items():
-            dest = staging / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        for rel in merged:
+        for doc in docs:
+            got = fetch(store, doc, staging / str(len(picked)), log, progress)
+            if got is not None:
+                picked.append((doc, got))
+                break
+        if not picked:
+            return Restore(why="no complete upload", seconds=time.monotonic() - began)
+        head = picked[0][0]
+        seen = {head.get("instance")}
+        for doc in docs:
+            if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
+                continue
+            seen.add(doc.get("instance"))
+            got = fetch(store, doc, staging / str(len(picked)), log, progress)
+            if got is not None:
+                picked.append((doc, got))
+        merged: dict[str, tuple[Path, int]] = {}
+        for doc, files in reversed(picked):  # the newest last: it wins a name two uploads hold
+            sizes = {f["path"]: f["size"] for f in doc["files"]}
+            merged.update({rel: (path, sizes[rel]) for rel, path in files.items()})
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for rel, (path, _) in merged.items():
             target = local_dir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / rel, target)
+            os.replace(path, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    size = sum(len(b) for b in merged.values())
+        if not picked:
+            for p in made:  # (the deepest first)
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+    size = sum(n for _, n in merged.values())
     gens = [d["generation"] for d, _ in picked]
     seconds = time.monotonic() - began
     log(f"{job}: checkpoint restored from {', '.join(gens)}: {len(merged)} file(s), {size} bytes in {seconds:.2f}s")
