@@ -278,6 +278,10 @@ class Agent:
                 # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
                 # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
                 self._ended_as(rep, stop, (ended or {}).get("code", -signals.SIGKILL))
+                if stop.phase == "Stopped" and time.monotonic() < stop.deadline + HANDOFF_MARGIN_S:
+                    # a stop it survives: its checkpoint still travels (the killed agent never sent it); not later than a
+                    # moved copy waits for it, after which that copy runs and an upload of this would be older than its own
+                    self._upload_due(rep, max(stop.deadline, time.monotonic() + UPLOAD_MIN_S))
                 self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} ended while no agent watched it, as its stop ({rep.reason}) asked")
                 continue
             self._ended(rep, ended)
