@@ -1008,6 +1008,7 @@ def logs(
         typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     offset = 0
     shown_tail: list[str] = []
+    noted = None  # the stop last said (--follow)
     while True:
         if path is not None and path.is_file():
             with open(path, "rb") as f:
@@ -1023,8 +1024,17 @@ def logs(
             for line in new:
                 typer.echo(line)
             shown_tail = tail
-        if not follow or rec.get("terminal") or rec.get("phase") == "Stopped":
+        if not follow or rec.get("terminal"):
             break
+        if rec.get("phase") == "Stopped":
+            # Stopped is no end while an assignment still names it (moved, restarted by an edit, or waiting for the
+            # apply after a reclaim): --follow went on only to the first stop, so it ended at every spot interruption.
+            if not _still_assigned(bus, job, replica):
+                break
+            if (stop := (rec.get("instance"), rec.get("spec_hash"), rec.get("epoch"), rec.get("attempt"))) != noted:
+                noted = stop
+                typer.echo(f"--- {job}/{replica}: {rec.get('phase')} on {rec.get('instance')} ({rec.get('reason')}: {rec.get('message')}); "
+                           "the plan still places it: following it", err=True)
         time.sleep(wait)
         try:
             rec = bus.run(job, replica) or rec
@@ -1032,8 +1042,18 @@ def logs(
             pass
         if (moved := _sim_log(config_dir, job, replica, rec)) is not None and moved != path:
             path, offset = moved, 0  # placed again elsewhere: the new attempt's log
+            typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     if rec.get("terminal") or rec.get("phase") == "Stopped":
         typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
+
+
+def _still_assigned(bus, job: str, replica: int) -> bool:
+    """Whether some instance's published assignment names the replica (an unreadable bus: no)."""
+    try:
+        docs = bus.assignments()
+    except ReconcileError:
+        return False
+    return any(e.get("job") == job and e.get("replica") == replica for d in docs.values() for e in d.get("replicas", []) if isinstance(e, dict))
 
 
 def _sim_log(config_dir: Path, job: str, replica: int, rec: dict) -> Path | None:

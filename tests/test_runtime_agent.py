@@ -379,6 +379,48 @@ def test_logs_shows_the_replica_asked_for(bus, agents, tmp_path, free_port):
     assert missing.exit_code == 1 and "no run of pair/5 has been reported yet" in missing.output
 
 
+
+def test_logs_follow_goes_on_across_a_move_to_the_replicas_end(bus, tmp_path):
+    """Before, `logs --follow` ended at the first Stopped record: a spot interruption or a move (the old copy stopped,
+    its record `Stopped`) ended it while the replica went on elsewhere. Now a stop the replica is still assigned after
+    is followed to the new copy's log, to the replica's end."""
+    import subprocess
+
+    release = tmp_path / "release"
+    cmd = [PY, "-c", "import os, pathlib, signal, sys, time\n"
+           "here = os.environ['FLEETOPS_INSTANCE']\n"
+           "signal.signal(signal.SIGTERM, lambda *a: (print('checkpointed on', here, flush=True), sys.exit(0)))\n"
+           "print('running on', here, flush=True)\n"
+           f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+           "print('done on', here, flush=True)"]
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    sim = tmp_path / ".reconcile" / "sim" / "agents"  # where `logs` finds the sim's agents' files
+    a0, a1 = (Agent(i, bus, ProcessRuntime(), sim / i, address="127.0.0.1", poll=0.05, heartbeat=0.2, log=lambda m: None,
+                    checkpoint_sync=False) for i in ("i-0", "i-1"))
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", cmd, checkpoint=ck)]})
+    run_until([a0], lambda: (r := bus.run("ft", 0)) and "running on i-0" in r["log_tail"])
+    follow = subprocess.Popen([PY, "-m", "reconciler.cli", "logs", str(tmp_path), "ft", "--follow"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "FLEETOPS_AGENT_POLL_SECONDS": "0.1"})
+    try:
+        time.sleep(1.0)  # (it prints the first copy's lines)
+        bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # moved (an interruption's apply)
+        bus.put_assignment("i-1", {"serial": 2, "replicas": [entry("ft", cmd, checkpoint=ck, epoch=2, master="i-1")]})
+        run_until([a0], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped")
+        time.sleep(1.0)  # (--follow sees the Stopped record: it ended here before)
+        run_until([a0, a1], lambda: (r := bus.run("ft", 0)) and "running on i-1" in r["log_tail"])
+        release.touch()
+        run_until([a0, a1], terminal(bus, "ft"))
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        for a in (a0, a1):
+            for rep in a.replicas.values():
+                if rep.handle is not None:
+                    a.runtime.kill(rep.handle)
+    assert [ln for ln in out.splitlines() if not ln.startswith("--- fleetops:")] == ["running on i-0", "checkpointed on i-0", "running on i-1", "done on i-1"], (out, err)
+    assert "Stopped on i-0 (Unassigned" in err and "--- ft/0 on i-1 (now)" in err and "Succeeded (Completed" in err, err
+
+
 # A replica that notes when it starts, when its checkpoint signal (SIGTERM) arrives and when it exits, with
 # its GPUs, and checkpoints for CHECKPOINT_SECONDS before it exits.
 NOTED = r'''
