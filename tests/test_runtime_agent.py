@@ -663,3 +663,39 @@ def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on
             for rep in a.replicas.values():
                 if rep.handle is not None:
                     a.runtime.kill(rep.handle)
+
+
+def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_shows_it_unreachable(bus, tmp_path):
+    """An agent whose run-record writes fail (a policy without runs/*, a full disk) while its heartbeat goes through.
+    Before, it logged no failure but "the bus is reachable again" at every poll, and status showed its running replica
+    Starting (Assigned), and a finished one as its last record said. Now the failure is logged once, the heartbeat
+    carries it, and status shows the replica Unknown (AgentUnreachable) with why, until a record is written again."""
+    from reconciler.runtime.assign import spec_hash
+    from reconciler.runtime.lifecycle import runtime_view
+    from tests.test_runtime_lifecycle import desired
+
+    d = desired(tmp_path / "cfg", replicas=1)
+    lines: list[str] = []
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=lines.append)
+    blocker = tmp_path / ".reconcile" / "runs" / "j"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")  # a file where runs/j/ goes: every write of runs/j/0.json fails
+    cmd = [PY, "-c", "import time\nwhile True: time.sleep(0.05)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("j", cmd, spec_hash=spec_hash(d.jobs["j"]))]})
+    try:
+        run_until([a], lambda: (b := bus.agent("i-0")) and b["running"] == ["j/0"])
+        for _ in range(10):
+            a.tick()
+        view = lambda: runtime_view(d, {"j": ["i-0"]}, bus.runs(), bus.agents(), ["i-0"], time.time(), 60).jobs["j"]  # noqa: E731
+        v = view()
+        assert (v.phase, v.reason) == ("Unknown", "AgentUnreachable"), v  # before: Starting (Assigned)
+        assert "cannot write its run records: cannot write the run record of j/0" in v.message, v.message
+        assert sum("cannot write the run record" in ln for ln in lines) == 1 and not any("reachable again" in ln for ln in lines), lines
+        blocker.unlink()
+        run_until([a], lambda: bus.run("j", 0) and not bus.agent("i-0").get("write_failed"))
+        assert view().phase == "Running"
+        assert sum("reachable again" in ln for ln in lines) == 1, lines
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

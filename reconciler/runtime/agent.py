@@ -165,6 +165,8 @@ class Agent:
         self.notice_seen: str | None = None
         self.notice_done = False
         self.bus_error: str | None = None
+        self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
+        self.write_failed: str | None = None  # a run record not written since: in the heartbeat, so status does not trust runs/
         self.written: dict[tuple[str, int], str] = {}
         self.last_beat = 0.0
         self.last_running: list[str] | None = None
@@ -218,6 +220,9 @@ class Agent:
         self._gang_sync()
         self._supervise()
         self._publish(force=bool(self.notice_seen) and not self.notice_done)
+        if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
+            self._log("the bus is reachable again")
+            self.bus_said = self.write_failed = None
         if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             self.notice_done = True
@@ -330,12 +335,8 @@ class Agent:
         try:
             doc = self.bus.assignment(self.instance)
         except ReconcileError as e:
-            if str(e) != self.bus_error:
-                self._log(f"cannot reach the bus: {e}; keeping what runs")
-            self.bus_error = str(e)
+            self._bus_failed("cannot reach the bus", e, "; keeping what runs")
             return
-        if self.bus_error:
-            self._log("the bus is reachable again")
         self.bus_error = None
         if doc is None or self.assignment is None or doc.get("serial", 0) >= self.assignment.get("serial", 0):
             self.assignment = doc if doc is not None else {"serial": 0, "replicas": []}
@@ -758,7 +759,8 @@ class Agent:
             self.bus.put_run(rep.key[0], rep.key[1], {**doc, "updated_at": iso()})
             self.written[rep.key] = body
         except ReconcileError as e:
-            self.bus_error = str(e)
+            self._bus_failed(f"cannot write the run record of {rep.key[0]}/{rep.key[1]}", e)
+            self.write_failed = self.bus_said
 
     def _publish(self, force: bool = False, state: str | None = None) -> None:
         for rep in self.replicas.values():
@@ -782,12 +784,19 @@ class Agent:
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
             "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
-            "running": running,
+            "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)
             self.last_beat, self.last_running = now, running
         except ReconcileError as e:
-            if str(e) != self.bus_error:
-                self._log(f"cannot write the heartbeat: {e}")
-            self.bus_error = str(e)
+            self._bus_failed("cannot write the heartbeat", e)
+
+    def _bus_failed(self, what: str, err: ReconcileError, then: str = "") -> None:
+        """A read or write of the bus failed: logged when it differs from the last failure logged. (A failed write was
+        never logged, and the next poll's successful read logged "the bus is reachable again", every poll.)"""
+        said = f"{what}: {err}"
+        if said != self.bus_said:
+            self._log(said + then)
+            self.bus_said = said
+        self.bus_error = str(err)

@@ -90,6 +90,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     unreadable_agents = unreadable_agents or {}
     gone = {**{i: a["lost"] for i, a in agents.items() if a.get("lost")}, **(gone or {})}
     fresh = {i for i, a in agents.items() if reports_alive(a, now, stale) and i not in gone}
+    # An agent that beats but cannot write its run records (a policy without runs/*, a full disk): what runs/ holds of
+    # its replicas is stale. It showed Starting (Assigned) while they ran, and Running after they ended.
+    unwritten = {i: str(a["write_failed"]) for i, a in agents.items() if i in fresh and a.get("write_failed")}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
@@ -134,6 +137,9 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = "Unknown", "AgentUnreachable"
                 beat = agents.get(iid, {}).get("heartbeat_at")
                 unreachable.append(f"{iid} ({'no heartbeat yet' if beat is None else 'last heartbeat ' + _ago(now, float(beat))})")
+            elif iid in unwritten:
+                phase, reason = "Unknown", "AgentUnreachable"
+                unreachable.append(f"{iid} (its agent beats but cannot write its run records: {unwritten[iid]})")
             elif here is None:
                 phase, reason = "Starting", "Assigned"
             else:
@@ -151,7 +157,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         elif not ids:
             phase, reason, message = "Pending", "NotPlaced", "waiting for a placement"
         elif "Unknown" in phases:
-            phase, reason, message = "Unknown", "AgentUnreachable", "no fresh heartbeat from " + ", ".join(unreachable)
+            phase, reason, message = "Unknown", "AgentUnreachable", "no fresh report from " + ", ".join(unreachable)
         elif all(p == "Running" for p in phases):
             phase, reason, message = "Running", "Running", f"{n} replica(s) running"
         elif "Running" in phases and all(p in ("Running", "Succeeded") for p in phases):
