@@ -478,3 +478,30 @@ def test_after_a_lost_state_file_a_running_agent_still_follows_the_next_edit(tmp
     edit(3)
     agent._read_assignment()
     assert agent.assignment["replicas"][0]["run"]["env"] == {"V": "3"}, agent.assignment  # before: {"V": "2"}, for good
+
+
+def test_a_gang_replica_still_on_the_epoch_before_a_move_is_not_shown_running(tmp_path):
+    """Replica 1 moved (a new epoch); replica 0 stayed, and its agent still runs the old epoch's copy, checkpointing
+    before its restart. Before, status read its record (Running, epoch 1) as current: the job showed Running, "2
+    replica(s) running", through the whole checkpoint (6 s on the sim) while the gang was restarting. The published
+    assignments' epoch decides now: that replica is Starting (Replaced) until its new copy reports."""
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.publish import read_view
+
+    d = desired(tmp_path / "cfg")
+    backend = backend_for(tmp_path, None)
+    bus = Bus(backend)
+    assign = build_assignments(d, {"j": ["i-1", "i-3"]}, {}, {"i-1": "sim", "i-3": "sim"}, 2, {})
+    for iid, doc in assign.items():
+        bus.put_assignment(iid, doc)
+    now = __import__("time").time()
+    for iid in ("i-1", "i-3"):
+        bus.put_agent(iid, {"heartbeat_at": now, "state": "Ready", "running": [f"j/{0 if iid == 'i-1' else 1}"]})
+    bus.put_run("j", 0, rec(d, 0, "i-1", "Running", epoch=1))  # the copy from before the move
+    bus.put_run("j", 1, rec(d, 1, "i-3", "Running", epoch=2))
+    v = read_view(backend, d, {"j": ["i-1", "i-3"]}, None).jobs["j"]
+    assert v.phase == "Starting", v  # before: Running
+    assert [(r["phase"], r["reason"]) for r in v.replicas] == [("Starting", "Replaced"), ("Running", "Running")], v.replicas
+    bus.put_run("j", 0, rec(d, 0, "i-1", "Running", epoch=2))  # restarted at the new epoch
+    assert read_view(backend, d, {"j": ["i-1", "i-3"]}, None).jobs["j"].phase == "Running"

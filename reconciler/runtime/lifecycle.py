@@ -74,7 +74,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                  agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
                  launched: Mapping[str, float] | None = None, boot: float = 0.0,
                  unreadable_agents: Mapping[str, str] | None = None, published: Mapping[str, str] | None = None,
-                 gone: Mapping[str, str] | None = None) -> RuntimeView:
+                 gone: Mapping[str, str] | None = None, epochs: Mapping[str, int] | None = None) -> RuntimeView:
     """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
     An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
     not unreachable (a cloud instance boots and installs the agent first). `unreadable_agents`:
@@ -84,9 +84,12 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     so its phase is read by that hash (never its finish: a reservation demands its capacity whatever the old process did).
     `gone`: instance -> why, the instances the cloud no longer lists (observe); an agent's report marked `lost` (publish.mark_lost)
     counts too. A replica there is Unknown (AgentUnreachable), whatever its agent's last heartbeat said: nothing runs on a
-    terminated instance, and its agent's last report (fresh for up to `stale` seconds) must not show it Running."""
+    terminated instance, and its agent's last report (fresh for up to `stale` seconds) must not show it Running.
+    `epochs`: job -> the epoch its published assignments give it; a replica whose record is of an earlier one runs (or
+    checkpoints) the placement before a move and is restarted: Starting (Replaced), not Running."""
     launched = launched or {}
     published = published or {}
+    epochs = epochs or {}
     unreadable_agents = unreadable_agents or {}
     gone = {**{i: a["lost"] for i, a in agents.items() if a.get("lost")}, **(gone or {})}
     fresh = {i for i, a in agents.items() if reports_alive(a, now, stale) and i not in gone}
@@ -142,6 +145,11 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 unreachable.append(f"{iid} (its agent beats but cannot write its run records: {unwritten[iid]})")
             elif here is None:
                 phase, reason = "Starting", "Assigned"
+            elif isinstance(here.get("epoch"), int) and here["epoch"] < epochs.get(name, here["epoch"]) and not here.get("terminal"):
+                # A gang's replica that stayed put while another moved: its copy of the old epoch runs (the new one's
+                # peer waits for it) until its agent restarts it. Measured on the sim: with a 6 s checkpoint the job
+                # showed Running, "2 replica(s) running", for those 6 s.
+                phase, reason = "Starting", "Replaced"
             else:
                 phase, reason = here.get("phase", "Starting"), here.get("reason", "")
             reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
