@@ -24,6 +24,7 @@ class JobRun:
     replicas: tuple[dict, ...] = ()  # per replica: instance, phase, reason, exit_code, attempt
     conditions: tuple[tuple[str, bool, str, str], ...] = ()  # (type, status, reason, message)
     log_tail: tuple[str, ...] = ()
+    since: tuple[tuple[str, str], ...] = ()  # (condition type, when the reports say its status began): live status dates it so
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         ended = max((r["finished_at"] for r in recs if r and r.get("finished_at")), default=None)
         reps = []
         unreachable = []
+        current = []  # the records the phases shown come from
         for i in range(n):
             r = recs[i]
             iid = ids[i] if i < len(ids) else (r or {}).get("instance")
@@ -152,6 +154,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = "Starting", "Replaced"
             else:
                 phase, reason = here.get("phase", "Starting"), here.get("reason", "")
+                current.append(here)
             reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
                          "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0)})
         phases = [r["phase"] for r in reps]
@@ -187,8 +190,13 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
             ("AgentUnreachable", bool(unreachable), "NoHeartbeat" if unreachable else "HeartbeatFresh", ", ".join(unreachable)),
         ]
         tail = tuple((failed or next((r for r in recs if r), None) or {}).get("log_tail", ())[-10:])
+        since: dict[str, str] = {}
+        if phase == "Running" and len(current) == n and all(isinstance(r.get("started_at"), str) for r in current):
+            since["Running"] = max(r["started_at"] for r in current)  # when the last of its replicas started
+        elif phase in ("Succeeded", "Failed") and ended:
+            since[phase] = since["Running"] = ended
         jobs[name] = JobRun(name, phase, reason, message, restarts, started, ended if phase in ("Succeeded", "Failed") else None,
-                            tuple(reps), tuple(conds), tail)
+                            tuple(reps), tuple(conds), tail, tuple(sorted(since.items())))
     unhealthy = unhealthy_instances(instances, agents, now, stale)
     beats = {i: float(a.get("heartbeat_at", 0)) for i, a in agents.items()}
     return RuntimeView(jobs, finished, unhealthy, beats)
