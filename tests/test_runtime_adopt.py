@@ -177,3 +177,29 @@ def test_a_checkpoint_written_while_no_agent_watched_is_uploaded_by_the_restarte
     assert bus.run("ft", 0)["reason"] == "Unassigned"
     [manifest] = (tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir()
     assert [f["path"] for f in json.loads(manifest.read_text())["files"]] == ["step.txt"]
+
+
+def test_an_agent_restarted_during_a_spot_notice_reports_the_replica_stopped_and_uploads_its_checkpoint(tmp_path, leftovers):
+    """A spot notice; the agent signalled the replica and was killed in its grace (systemd restarts it within the
+    notice); the replica checkpointed and exited. Before, the restarted agent dropped it without a report (its record
+    said Running until the instance was gone) and uploaded nothing. Now it writes Stopped (Interrupted) and uploads."""
+    from reconciler.runtime.notices import FileNotice
+
+    bus = Bus(backend_for(tmp_path, None))
+    never, ck, notice = tmp_path / "never", tmp_path / "ck", tmp_path / "notice.json"
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    (ck / "ft" / "ckpt").mkdir(parents=True)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    make = lambda: Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2,  # noqa: E731
+                         backoff=0.05, log=lambda m: None, checkpoint_root=ck, checkpoint_sync=True, notice=FileNotice(notice))
+    old = make()
+    run_until([old], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Running" and "started" in " ".join(r["log_tail"]))
+    notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+    run_until([old], lambda: (rep := old.replicas.get(("ft", 0))) is not None and rep.stop is not None)
+    poll_until(lambda: not processes_with(str(never)), "the replica checkpointed and exited", 60)
+    new = make()
+    run_until([new], lambda: new.notice_done)
+    rec = bus.run("ft", 0)
+    assert (rec["phase"], rec["reason"]) == ("Stopped", "Interrupted"), rec  # before: Running, from the killed agent
+    assert bus.agent("i-0")["running"] == [] and bus.agent("i-0")["state"] == "Interrupting"
+    assert len(list((tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir())) == 1

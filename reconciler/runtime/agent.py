@@ -367,7 +367,9 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
-            elif not self.notice_seen:
+            elif self.notice_seen:
+                self._last_report(rep)  # (one adopted as stopped, by an agent restarted in the notice: never written)
+            else:
                 if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
                     rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
                     rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
