@@ -421,6 +421,31 @@ def test_logs_follow_goes_on_across_a_move_to_the_replicas_end(bus, tmp_path):
     assert "Stopped on i-0 (Unassigned" in err and "--- ft/0 on i-1 (now)" in err and "Succeeded (Completed" in err, err
 
 
+
+def test_logs_follow_ends_at_a_stop_no_assignment_names_any_more(bus, tmp_path):
+    """The other side of following a move: a replica stopped because its job was removed (no assignment names it)
+    ends `logs --follow` with its stop, as before."""
+    import subprocess
+
+    cmd = [PY, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"]
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / ".reconcile" / "sim" / "agents" / "i-0", address="127.0.0.1", poll=0.05,
+              heartbeat=0.2, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("gone", cmd)]})
+    run_until([a], lambda: (r := bus.run("gone", 0)) and "up" in r["log_tail"])
+    follow = subprocess.Popen([PY, "-m", "reconciler.cli", "logs", str(tmp_path), "gone", "--follow"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "FLEETOPS_AGENT_POLL_SECONDS": "0.1"})
+    try:
+        bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # the job removed
+        run_until([a], lambda: (r := bus.run("gone", 0)) and r["phase"] == "Stopped")
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+    assert "up" in out.splitlines() and "--- gone/0: Stopped (Unassigned: no longer assigned here)" in err, (out, err)
+
+
 # A replica that notes when it starts, when its checkpoint signal (SIGTERM) arrives and when it exits, with
 # its GPUs, and checkpoints for CHECKPOINT_SECONDS before it exits.
 NOTED = r'''
