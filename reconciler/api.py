@@ -456,7 +456,7 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
             st["phase"] = run.phase
             st["run"].update(reason=run.reason, message=run.message, restarts=run.restarts, startedAt=run.started_at,
                              finishedAt=run.finished_at, replicas=list(run.replicas), lastLog=list(run.log_tail))
-            st["conditions"] = _live_conditions(st["conditions"], run.conditions, now)
+            st["conditions"] = _live_conditions(st["conditions"], run.conditions, now, dict(run.since))
     fleet = (out.get("fleet") or {}).get("status")
     if isinstance(fleet, dict):  # the counts agree with the phases shown: a job that finished since the apply is done,
         from reconciler.fleetview import count_phase  # (a reservation, phase Reserved: no `run`, is reserved)
@@ -467,10 +467,13 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
                                                    s.get("phase")) for n, s in shown.items()})
 
 
-def _live_conditions(conditions: list, live: tuple, now: str) -> list:
+def _live_conditions(conditions: list, live: tuple, now: str, since: dict | None = None) -> list:
     """The job's conditions with those the agents' reports decide (Running, Succeeded, Failed, Restarts, ...) as they
     are now, so none contradicts the live phase; Placed and the deadline conditions stay as the last apply decided
-    them (the placement changes only on an apply). A condition that flipped since the files were written is dated now."""
+    them (the placement changes only on an apply). A condition that flipped since the files were written is dated as
+    the reports date it (`since`: Running from its last replica's start, Succeeded/Failed from its end), else now: dated
+    now, a job the controller's apply started was "Running since now" at every `status` until the next apply."""
+    since = since or {}
     fresh = {c[0]: c for c in live}
     out = []
     for c in conditions:
@@ -479,8 +482,8 @@ def _live_conditions(conditions: list, live: tuple, now: str) -> list:
             out.append(c)
             continue
         status = "True" if new[1] else "False"
-        since = c.get("lastTransitionTime") if c.get("status") == status else now
-        out.append({"type": new[0], "status": status, "reason": new[2], "message": new[3], "lastTransitionTime": since})
+        when = c.get("lastTransitionTime") if c.get("status") == status else since.get(new[0], now)
+        out.append({"type": new[0], "status": status, "reason": new[2], "message": new[3], "lastTransitionTime": when})
     return out
 
 

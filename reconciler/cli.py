@@ -1008,6 +1008,8 @@ def logs(
         typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     offset = 0
     shown_tail: list[str] = []
+    noted = None  # the stop last said (--follow)
+    scan: dict = {}  # the last look through every assignment (--follow, while the replica is Stopped)
     while True:
         if path is not None and path.is_file():
             with open(path, "rb") as f:
@@ -1023,8 +1025,17 @@ def logs(
             for line in new:
                 typer.echo(line)
             shown_tail = tail
-        if not follow or rec.get("terminal") or rec.get("phase") == "Stopped":
+        if not follow or rec.get("terminal"):
             break
+        if rec.get("phase") == "Stopped":
+            # Stopped is no end while an assignment still names it (moved, restarted by an edit, or waiting for the
+            # apply after a reclaim): --follow went on only to the first stop, so it ended at every spot interruption.
+            if not _still_assigned(bus, job, replica, rec.get("instance"), scan):
+                break
+            if (stop := (rec.get("instance"), rec.get("spec_hash"), rec.get("epoch"), rec.get("attempt"))) != noted:
+                noted = stop
+                typer.echo(f"--- {job}/{replica}: {rec.get('phase')} on {rec.get('instance')} ({rec.get('reason')}: {rec.get('message')}); "
+                           "the plan still places it: following it", err=True)
         time.sleep(wait)
         try:
             rec = bus.run(job, replica) or rec
@@ -1032,8 +1043,28 @@ def logs(
             pass
         if (moved := _sim_log(config_dir, job, replica, rec)) is not None and moved != path:
             path, offset = moved, 0  # placed again elsewhere: the new attempt's log
+            typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     if rec.get("terminal") or rec.get("phase") == "Stopped":
         typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
+
+
+def _still_assigned(bus, job: str, replica: int, instance: str | None, scan: dict) -> bool:
+    """Whether some instance's published assignment names the replica: the one it stopped on first (one read), else
+    every one, at most every 10 s (a fleet's worth of reads a second, on S3, while a moved copy's instance boots). A bus
+    that cannot be read says yes: a blip does not end --follow."""
+    import time
+
+    def names(doc) -> bool:
+        return any(isinstance(e, dict) and e.get("job") == job and e.get("replica") == replica for e in (doc or {}).get("replicas", []))
+
+    try:
+        if instance and names(bus.assignment(instance)):
+            return True
+        if time.monotonic() - scan.get("at", float("-inf")) >= 10:
+            scan.update(at=time.monotonic(), found=any(names(d) for d in bus.assignments().values()))
+        return scan["found"]
+    except ReconcileError:
+        return True
 
 
 def _sim_log(config_dir: Path, job: str, replica: int, rec: dict) -> Path | None:

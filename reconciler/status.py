@@ -176,7 +176,9 @@ class StatusFiles:
         return doc if isinstance(doc, dict) else {}
 
 
-def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str) -> list[dict]:
+def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str, dated: dict | None = None) -> list[dict]:
+    """Each condition dated when its status last changed: kept from the file, else as the agents' reports date it
+    (`dated`, JobRun.since), else now."""
     body = files.document(path).get("status")
     conditions = body.get("conditions") if isinstance(body, dict) else None
     old = {c["type"]: c for c in conditions if isinstance(c, dict) and "type" in c} if isinstance(conditions, list) else {}
@@ -184,7 +186,8 @@ def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str) 
     for c in new:
         prev = old.get(c.type)
         status = "True" if c.status else "False"
-        since = prev["lastTransitionTime"] if prev and prev.get("status") == status and "lastTransitionTime" in prev else now
+        since = prev["lastTransitionTime"] if prev and prev.get("status") == status and "lastTransitionTime" in prev else \
+            (dated or {}).get(c.type, now)
         out.append({"type": c.type, "status": status, "reason": c.reason, "message": c.message, "lastTransitionTime": since})
     return out
 
@@ -301,7 +304,7 @@ def _write_job_statuses(files: StatusFiles, root: Path, now: str, desired: Desir
             "phase": job_phase(run, bool(ids), job.spec.run is None), "tenant": tenant, "instances": ids,
             "hourlyCost": round(cost, 4),
             **({"licenses": dict(job.spec.licenses), "licenseCostPerHour": round(lic_cost, 4)} if job.spec.licenses else {}),
-            "conditions": _conditions(files, path, conds, now),
+            "conditions": _conditions(files, path, conds, now, dict(run.since) if run is not None else None),
         }
         if run is not None:
             body["run"] = {"reason": run.reason, "message": run.message, "restarts": run.restarts, "startedAt": run.started_at,

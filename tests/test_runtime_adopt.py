@@ -5,6 +5,7 @@ processes on the local bus; every wait polls for a condition."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,3 +153,53 @@ def test_a_replica_that_ended_on_its_stop_signal_while_no_agent_watched_ends_as_
     assert ckpt.read_text() == "saved"
     rec = run_until([in_process(bus, "i-0", tmp_path / "w")], terminal(bus, "ft"))
     assert (rec["phase"], rec["reason"], rec["exit_code"]) == ("Failed", "DeadlineExceeded", 0), rec  # before: Succeeded
+
+
+def test_a_checkpoint_written_while_no_agent_watched_is_uploaded_by_the_restarted_agent(tmp_path, leftovers):
+    """The agent signalled a replica the plan moved away and was killed in its grace; the replica wrote its checkpoint
+    and exited. Before, the restarted agent reported the stop but uploaded nothing (the upload was due only in the agent
+    that saw the exit), so the moved copy restored an older upload, or started from step 0. Now it uploads it."""
+    bus = Bus(backend_for(tmp_path, None))
+    never, ck = tmp_path / "never", tmp_path / "ck"
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    (ck / "ft" / "ckpt").mkdir(parents=True)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    make = lambda: Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2,  # noqa: E731
+                         backoff=0.05, log=lambda m: None, checkpoint_root=ck, checkpoint_sync=True)
+    old = make()
+    run_until([old], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Running" and "started" in " ".join(r["log_tail"]))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # moved away ...
+    run_until([old], lambda: (rep := old.replicas.get(("ft", 0))) is not None and rep.stop is not None)  # ... signalled ...
+    poll_until(lambda: not processes_with(str(never)), "the replica checkpointed and exited", 60)  # ... and the agent gone
+    assert not (tmp_path / ".reconcile" / "checkpoints").exists()  # nothing uploaded yet
+    new = make()
+    run_until([new], lambda: not new.replicas and not new.uploads)
+    assert bus.run("ft", 0)["reason"] == "Unassigned"
+    [manifest] = (tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir()
+    assert [f["path"] for f in json.loads(manifest.read_text())["files"]] == ["step.txt"]
+
+
+def test_an_agent_restarted_during_a_spot_notice_reports_the_replica_stopped_and_uploads_its_checkpoint(tmp_path, leftovers):
+    """A spot notice; the agent signalled the replica and was killed in its grace (systemd restarts it within the
+    notice); the replica checkpointed and exited. Before, the restarted agent dropped it without a report (its record
+    said Running until the instance was gone) and uploaded nothing. Now it writes Stopped (Interrupted) and uploads."""
+    from reconciler.runtime.notices import FileNotice
+
+    bus = Bus(backend_for(tmp_path, None))
+    never, ck, notice = tmp_path / "never", tmp_path / "ck", tmp_path / "notice.json"
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    (ck / "ft" / "ckpt").mkdir(parents=True)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    make = lambda: Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2,  # noqa: E731
+                         backoff=0.05, log=lambda m: None, checkpoint_root=ck, checkpoint_sync=True, notice=FileNotice(notice))
+    old = make()
+    run_until([old], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Running" and "started" in " ".join(r["log_tail"]))
+    notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+    run_until([old], lambda: (rep := old.replicas.get(("ft", 0))) is not None and rep.stop is not None)
+    poll_until(lambda: not processes_with(str(never)), "the replica checkpointed and exited", 60)
+    new = make()
+    run_until([new], lambda: new.notice_done)
+    rec = bus.run("ft", 0)
+    assert (rec["phase"], rec["reason"]) == ("Stopped", "Interrupted"), rec  # before: Running, from the killed agent
+    assert bus.agent("i-0")["running"] == [] and bus.agent("i-0")["state"] == "Interrupting"
+    assert len(list((tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir())) == 1

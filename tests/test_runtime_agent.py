@@ -379,6 +379,73 @@ def test_logs_shows_the_replica_asked_for(bus, agents, tmp_path, free_port):
     assert missing.exit_code == 1 and "no run of pair/5 has been reported yet" in missing.output
 
 
+
+def test_logs_follow_goes_on_across_a_move_to_the_replicas_end(bus, tmp_path):
+    """Before, `logs --follow` ended at the first Stopped record: a spot interruption or a move (the old copy stopped,
+    its record `Stopped`) ended it while the replica went on elsewhere. Now a stop the replica is still assigned after
+    is followed to the new copy's log, to the replica's end."""
+    import subprocess
+
+    release = tmp_path / "release"
+    cmd = [PY, "-c", "import os, pathlib, signal, sys, time\n"
+           "here = os.environ['FLEETOPS_INSTANCE']\n"
+           "signal.signal(signal.SIGTERM, lambda *a: (print('checkpointed on', here, flush=True), sys.exit(0)))\n"
+           "print('running on', here, flush=True)\n"
+           f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+           "print('done on', here, flush=True)"]
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    sim = tmp_path / ".reconcile" / "sim" / "agents"  # where `logs` finds the sim's agents' files
+    a0, a1 = (Agent(i, bus, ProcessRuntime(), sim / i, address="127.0.0.1", poll=0.05, heartbeat=0.2, log=lambda m: None,
+                    checkpoint_sync=False) for i in ("i-0", "i-1"))
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", cmd, checkpoint=ck)]})
+    run_until([a0], lambda: (r := bus.run("ft", 0)) and "running on i-0" in r["log_tail"])
+    follow = subprocess.Popen([PY, "-m", "reconciler.cli", "logs", str(tmp_path), "ft", "--follow"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "FLEETOPS_AGENT_POLL_SECONDS": "0.1"})
+    try:
+        time.sleep(1.0)  # (it prints the first copy's lines)
+        bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # moved (an interruption's apply)
+        bus.put_assignment("i-1", {"serial": 2, "replicas": [entry("ft", cmd, checkpoint=ck, epoch=2, master="i-1")]})
+        run_until([a0], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped")
+        time.sleep(1.0)  # (--follow sees the Stopped record: it ended here before)
+        run_until([a0, a1], lambda: (r := bus.run("ft", 0)) and "running on i-1" in r["log_tail"])
+        release.touch()
+        run_until([a0, a1], terminal(bus, "ft"))
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        for a in (a0, a1):
+            for rep in a.replicas.values():
+                if rep.handle is not None:
+                    a.runtime.kill(rep.handle)
+    assert [ln for ln in out.splitlines() if not ln.startswith("--- fleetops:")] == ["running on i-0", "checkpointed on i-0", "running on i-1", "done on i-1"], (out, err)
+    assert "Stopped on i-0 (Unassigned" in err and "--- ft/0 on i-1 (now)" in err and "Succeeded (Completed" in err, err
+
+
+
+def test_logs_follow_ends_at_a_stop_no_assignment_names_any_more(bus, tmp_path):
+    """The other side of following a move: a replica stopped because its job was removed (no assignment names it)
+    ends `logs --follow` with its stop, as before."""
+    import subprocess
+
+    cmd = [PY, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"]
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / ".reconcile" / "sim" / "agents" / "i-0", address="127.0.0.1", poll=0.05,
+              heartbeat=0.2, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("gone", cmd)]})
+    run_until([a], lambda: (r := bus.run("gone", 0)) and "up" in r["log_tail"])
+    follow = subprocess.Popen([PY, "-m", "reconciler.cli", "logs", str(tmp_path), "gone", "--follow"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "FLEETOPS_AGENT_POLL_SECONDS": "0.1"})
+    try:
+        bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # the job removed
+        run_until([a], lambda: (r := bus.run("gone", 0)) and r["phase"] == "Stopped")
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+    assert "up" in out.splitlines() and "--- gone/0: Stopped (Unassigned: no longer assigned here)" in err, (out, err)
+
+
 # A replica that notes when it starts, when its checkpoint signal (SIGTERM) arrives and when it exits, with
 # its GPUs, and checkpoints for CHECKPOINT_SECONDS before it exits.
 NOTED = r'''
@@ -621,3 +688,39 @@ def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on
             for rep in a.replicas.values():
                 if rep.handle is not None:
                     a.runtime.kill(rep.handle)
+
+
+def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_shows_it_unreachable(bus, tmp_path):
+    """An agent whose run-record writes fail (a policy without runs/*, a full disk) while its heartbeat goes through.
+    Before, it logged no failure but "the bus is reachable again" at every poll, and status showed its running replica
+    Starting (Assigned), and a finished one as its last record said. Now the failure is logged once, the heartbeat
+    carries it, and status shows the replica Unknown (AgentUnreachable) with why, until a record is written again."""
+    from reconciler.runtime.assign import spec_hash
+    from reconciler.runtime.lifecycle import runtime_view
+    from tests.test_runtime_lifecycle import desired
+
+    d = desired(tmp_path / "cfg", replicas=1)
+    lines: list[str] = []
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=lines.append)
+    blocker = tmp_path / ".reconcile" / "runs" / "j"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")  # a file where runs/j/ goes: every write of runs/j/0.json fails
+    cmd = [PY, "-c", "import time\nwhile True: time.sleep(0.05)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("j", cmd, spec_hash=spec_hash(d.jobs["j"]))]})
+    try:
+        run_until([a], lambda: (b := bus.agent("i-0")) and b["running"] == ["j/0"])
+        for _ in range(10):
+            a.tick()
+        view = lambda: runtime_view(d, {"j": ["i-0"]}, bus.runs(), bus.agents(), ["i-0"], time.time(), 60).jobs["j"]  # noqa: E731
+        v = view()
+        assert (v.phase, v.reason) == ("Unknown", "AgentUnreachable"), v  # before: Starting (Assigned)
+        assert "cannot write its run records: cannot write the run record of j/0" in v.message, v.message
+        assert sum("cannot write the run record" in ln for ln in lines) == 1 and not any("reachable again" in ln for ln in lines), lines
+        blocker.unlink()
+        run_until([a], lambda: bus.run("j", 0) and not bus.agent("i-0").get("write_failed"))
+        assert view().phase == "Running"
+        assert sum("reachable again" in ln for ln in lines) == 1, lines
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

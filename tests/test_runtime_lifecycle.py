@@ -478,3 +478,54 @@ def test_after_a_lost_state_file_a_running_agent_still_follows_the_next_edit(tmp
     edit(3)
     agent._read_assignment()
     assert agent.assignment["replicas"][0]["run"]["env"] == {"V": "3"}, agent.assignment  # before: {"V": "2"}, for good
+
+
+def test_a_gang_replica_still_on_the_epoch_before_a_move_is_not_shown_running(tmp_path):
+    """Replica 1 moved (a new epoch); replica 0 stayed, and its agent still runs the old epoch's copy, checkpointing
+    before its restart. Before, status read its record (Running, epoch 1) as current: the job showed Running, "2
+    replica(s) running", through the whole checkpoint (6 s on the sim) while the gang was restarting. The published
+    assignments' epoch decides now: that replica is Starting (Replaced) until its new copy reports."""
+    from reconciler.backend import backend_for
+    from reconciler.runtime.bus import Bus
+    from reconciler.runtime.publish import read_view
+
+    d = desired(tmp_path / "cfg")
+    backend = backend_for(tmp_path, None)
+    bus = Bus(backend)
+    assign = build_assignments(d, {"j": ["i-1", "i-3"]}, {}, {"i-1": "sim", "i-3": "sim"}, 2, {})
+    for iid, doc in assign.items():
+        bus.put_assignment(iid, doc)
+    now = __import__("time").time()
+    for iid in ("i-1", "i-3"):
+        bus.put_agent(iid, {"heartbeat_at": now, "state": "Ready", "running": [f"j/{0 if iid == 'i-1' else 1}"]})
+    bus.put_run("j", 0, rec(d, 0, "i-1", "Running", epoch=1))  # the copy from before the move
+    bus.put_run("j", 1, rec(d, 1, "i-3", "Running", epoch=2))
+    v = read_view(backend, d, {"j": ["i-1", "i-3"]}, None).jobs["j"]
+    assert v.phase == "Starting", v  # before: Running
+    assert [(r["phase"], r["reason"]) for r in v.replicas] == [("Starting", "Replaced"), ("Running", "Running")], v.replicas
+    bus.put_run("j", 0, rec(d, 0, "i-1", "Running", epoch=2))  # restarted at the new epoch
+    assert read_view(backend, d, {"j": ["i-1", "i-3"]}, None).jobs["j"].phase == "Running"
+
+
+def test_live_status_dates_a_condition_that_flipped_since_the_apply_from_the_reports_not_now(tmp_path):
+    """The apply wrote the job Starting; then its replica started. Before, live `status` dated its Running condition
+    now at every call until the next apply (a job the controller started was "Running since now" for its whole run,
+    and a time in the JSON moved at each call); now from its replica's start, and a finish from its end."""
+    import json
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    bus.put_agent(iid, {**bus.agent(iid), "state": "Ready", "notice": None})
+    rec = {**bus.run("slow", 0), "started_at": "2026-01-02T03:04:05+00:00"}
+    bus.put_run("slow", 0, rec)
+
+    def condition(kind):
+        st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)["jobs"]["slow"]["status"]
+        return next(c for c in st["conditions"] if c["type"] == kind)
+
+    running = condition("Running")
+    assert running["status"] == "True" and running["lastTransitionTime"] == "2026-01-02T03:04:05+00:00", running  # before: now
+    bus.put_run("slow", 0, {**rec, "phase": "Succeeded", "reason": "Completed", "terminal": True, "exit_code": 0,
+                            "finished_at": "2026-01-02T05:00:00+00:00"})
+    assert condition("Succeeded")["lastTransitionTime"] == "2026-01-02T05:00:00+00:00"

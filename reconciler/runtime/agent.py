@@ -165,6 +165,8 @@ class Agent:
         self.notice_seen: str | None = None
         self.notice_done = False
         self.bus_error: str | None = None
+        self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
+        self.write_failed: str | None = None  # a run record not written since: in the heartbeat, so status does not trust runs/
         self.written: dict[tuple[str, int], str] = {}
         self.last_beat = 0.0
         self.last_running: list[str] | None = None
@@ -218,6 +220,9 @@ class Agent:
         self._gang_sync()
         self._supervise()
         self._publish(force=bool(self.notice_seen) and not self.notice_done)
+        if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
+            self._log("the bus is reachable again")
+            self.bus_said = self.write_failed = None
         if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             self.notice_done = True
@@ -278,6 +283,10 @@ class Agent:
                 # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
                 # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
                 self._ended_as(rep, stop, (ended or {}).get("code", -signals.SIGKILL))
+                if stop.phase == "Stopped" and time.monotonic() < stop.deadline + HANDOFF_MARGIN_S:
+                    # a stop it survives: its checkpoint still travels (the killed agent never sent it); not later than a
+                    # moved copy waits for it, after which that copy runs and an upload of this would be older than its own
+                    self._upload_due(rep, max(stop.deadline, time.monotonic() + UPLOAD_MIN_S))
                 self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} ended while no agent watched it, as its stop ({rep.reason}) asked")
                 continue
             self._ended(rep, ended)
@@ -326,12 +335,8 @@ class Agent:
         try:
             doc = self.bus.assignment(self.instance)
         except ReconcileError as e:
-            if str(e) != self.bus_error:
-                self._log(f"cannot reach the bus: {e}; keeping what runs")
-            self.bus_error = str(e)
+            self._bus_failed("cannot reach the bus", e, "; keeping what runs")
             return
-        if self.bus_error:
-            self._log("the bus is reachable again")
         self.bus_error = None
         if doc is None or self.assignment is None or doc.get("serial", 0) >= self.assignment.get("serial", 0):
             self.assignment = doc if doc is not None else {"serial": 0, "replicas": []}
@@ -362,7 +367,9 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
-            elif not self.notice_seen:
+            elif self.notice_seen:
+                self._last_report(rep)  # (one adopted as stopped, by an agent restarted in the notice: never written)
+            else:
                 if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
                     rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
                     rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
@@ -754,7 +761,8 @@ class Agent:
             self.bus.put_run(rep.key[0], rep.key[1], {**doc, "updated_at": iso()})
             self.written[rep.key] = body
         except ReconcileError as e:
-            self.bus_error = str(e)
+            self._bus_failed(f"cannot write the run record of {rep.key[0]}/{rep.key[1]}", e)
+            self.write_failed = self.bus_said
 
     def _publish(self, force: bool = False, state: str | None = None) -> None:
         for rep in self.replicas.values():
@@ -778,12 +786,19 @@ class Agent:
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
             "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
-            "running": running,
+            "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)
             self.last_beat, self.last_running = now, running
         except ReconcileError as e:
-            if str(e) != self.bus_error:
-                self._log(f"cannot write the heartbeat: {e}")
-            self.bus_error = str(e)
+            self._bus_failed("cannot write the heartbeat", e)
+
+    def _bus_failed(self, what: str, err: ReconcileError, then: str = "") -> None:
+        """A read or write of the bus failed: logged when it differs from the last failure logged. (A failed write was
+        never logged, and the next poll's successful read logged "the bus is reachable again", every poll.)"""
+        said = f"{what}: {err}"
+        if said != self.bus_said:
+            self._log(said + then)
+            self.bus_said = said
+        self.bus_error = str(err)

@@ -24,6 +24,7 @@ class JobRun:
     replicas: tuple[dict, ...] = ()  # per replica: instance, phase, reason, exit_code, attempt
     conditions: tuple[tuple[str, bool, str, str], ...] = ()  # (type, status, reason, message)
     log_tail: tuple[str, ...] = ()
+    since: tuple[tuple[str, str], ...] = ()  # (condition type, when the reports say its status began): live status dates it so
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                  agents: Mapping[str, dict], instances: list[str], now: float, stale: float,
                  launched: Mapping[str, float] | None = None, boot: float = 0.0,
                  unreadable_agents: Mapping[str, str] | None = None, published: Mapping[str, str] | None = None,
-                 gone: Mapping[str, str] | None = None) -> RuntimeView:
+                 gone: Mapping[str, str] | None = None, epochs: Mapping[str, int] | None = None) -> RuntimeView:
     """`runs` and `agents` as read from the bus; `placements` as observed; `now` in unix seconds.
     An instance launched less than `boot` seconds ago whose agent has not reported yet is starting,
     not unreachable (a cloud instance boots and installs the agent first). `unreadable_agents`:
@@ -84,12 +85,18 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     so its phase is read by that hash (never its finish: a reservation demands its capacity whatever the old process did).
     `gone`: instance -> why, the instances the cloud no longer lists (observe); an agent's report marked `lost` (publish.mark_lost)
     counts too. A replica there is Unknown (AgentUnreachable), whatever its agent's last heartbeat said: nothing runs on a
-    terminated instance, and its agent's last report (fresh for up to `stale` seconds) must not show it Running."""
+    terminated instance, and its agent's last report (fresh for up to `stale` seconds) must not show it Running.
+    `epochs`: job -> the epoch its published assignments give it; a replica whose record is of an earlier one runs (or
+    checkpoints) the placement before a move and is restarted: Starting (Replaced), not Running."""
     launched = launched or {}
     published = published or {}
+    epochs = epochs or {}
     unreadable_agents = unreadable_agents or {}
     gone = {**{i: a["lost"] for i, a in agents.items() if a.get("lost")}, **(gone or {})}
     fresh = {i for i, a in agents.items() if reports_alive(a, now, stale) and i not in gone}
+    # An agent that beats but cannot write its run records (a policy without runs/*, a full disk): what runs/ holds of
+    # its replicas is stale. It showed Starting (Assigned) while they ran, and Running after they ended.
+    unwritten = {i: str(a["write_failed"]) for i, a in agents.items() if i in fresh and a.get("write_failed")}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
@@ -114,6 +121,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         ended = max((r["finished_at"] for r in recs if r and r.get("finished_at")), default=None)
         reps = []
         unreachable = []
+        current = []  # the records the phases shown come from
         for i in range(n):
             r = recs[i]
             iid = ids[i] if i < len(ids) else (r or {}).get("instance")
@@ -134,10 +142,19 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = "Unknown", "AgentUnreachable"
                 beat = agents.get(iid, {}).get("heartbeat_at")
                 unreachable.append(f"{iid} ({'no heartbeat yet' if beat is None else 'last heartbeat ' + _ago(now, float(beat))})")
+            elif iid in unwritten:
+                phase, reason = "Unknown", "AgentUnreachable"
+                unreachable.append(f"{iid} (its agent beats but cannot write its run records: {unwritten[iid]})")
             elif here is None:
                 phase, reason = "Starting", "Assigned"
+            elif isinstance(here.get("epoch"), int) and here["epoch"] < epochs.get(name, here["epoch"]) and not here.get("terminal"):
+                # A gang's replica that stayed put while another moved: its copy of the old epoch runs (the new one's
+                # peer waits for it) until its agent restarts it. Measured on the sim: with a 6 s checkpoint the job
+                # showed Running, "2 replica(s) running", for those 6 s.
+                phase, reason = "Starting", "Replaced"
             else:
                 phase, reason = here.get("phase", "Starting"), here.get("reason", "")
+                current.append(here)
             reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
                          "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0)})
         phases = [r["phase"] for r in reps]
@@ -151,7 +168,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         elif not ids:
             phase, reason, message = "Pending", "NotPlaced", "waiting for a placement"
         elif "Unknown" in phases:
-            phase, reason, message = "Unknown", "AgentUnreachable", "no fresh heartbeat from " + ", ".join(unreachable)
+            phase, reason, message = "Unknown", "AgentUnreachable", "no fresh report from " + ", ".join(unreachable)
         elif all(p == "Running" for p in phases):
             phase, reason, message = "Running", "Running", f"{n} replica(s) running"
         elif "Running" in phases and all(p in ("Running", "Succeeded") for p in phases):
@@ -173,8 +190,13 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
             ("AgentUnreachable", bool(unreachable), "NoHeartbeat" if unreachable else "HeartbeatFresh", ", ".join(unreachable)),
         ]
         tail = tuple((failed or next((r for r in recs if r), None) or {}).get("log_tail", ())[-10:])
+        since: dict[str, str] = {}
+        if phase == "Running" and len(current) == n and all(isinstance(r.get("started_at"), str) for r in current):
+            since["Running"] = max(r["started_at"] for r in current)  # when the last of its replicas started
+        elif phase in ("Succeeded", "Failed") and ended:
+            since[phase] = since["Running"] = ended
         jobs[name] = JobRun(name, phase, reason, message, restarts, started, ended if phase in ("Succeeded", "Failed") else None,
-                            tuple(reps), tuple(conds), tail)
+                            tuple(reps), tuple(conds), tail, tuple(sorted(since.items())))
     unhealthy = unhealthy_instances(instances, agents, now, stale)
     beats = {i: float(a.get("heartbeat_at", 0)) for i, a in agents.items()}
     return RuntimeView(jobs, finished, unhealthy, beats)

@@ -15,7 +15,7 @@ from reconciler.backend import StateBackend
 from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.model import DesiredState
 from reconciler.placements import launch_times
-from reconciler.runtime.assign import build_assignments, published_hashes
+from reconciler.runtime.assign import build_assignments, previous_placements, published_hashes
 from reconciler.runtime.bus import AGENTS, RUNS, Bus, instance_of, boot_seconds, now_unix, reports_alive, stale_seconds
 from reconciler.runtime.lifecycle import RuntimeView, runtime_view
 from reconciler.site import Host
@@ -81,7 +81,8 @@ def read_view(backend: StateBackend, desired: DesiredState, placements: Mapping[
     bad_agents = {i: msg for k, msg in skipped.items() if (i := instance_of(k, AGENTS)) is not None}
     hashes = published_hashes(published)
     view = runtime_view(desired, {j: list(v) for j, v in placements.items()}, runs, agents, ids,
-                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents, hashes, gone)
+                        now_unix(), stale_seconds(), launched, boot_seconds(), bad_agents, hashes, gone,
+                        {j: epoch for j, (epoch, _) in previous_placements(published).items()})
     return replace(view, unreadable=dict(sorted(skipped.items())), published=hashes)
 
 
