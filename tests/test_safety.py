@@ -700,7 +700,9 @@ import json, os, sys, time
 from pathlib import Path
 from reconciler.errors import LockError
 from reconciler.state import ApplyLock
-cfg, start = Path(sys.argv[1]), float(sys.argv[2])
+cfg = Path(sys.argv[1])
+print("ready", flush=True)  # (imported: the start time comes once every racer is)
+start = float(sys.stdin.readline())
 while time.time() < start:
     pass
 try:
@@ -724,9 +726,14 @@ def test_stale_local_lock_is_taken_over_by_exactly_one_of_many_racers(tmp_path):
     for attempt in range(3):  # the race is the kernel's to interleave: give it a few chances to bite
         (cfg / ".reconcile" / "apply.lock").write_text(json.dumps(
             {"id": "deadbeef0000", "pid": dead.pid, "host": socket.gethostname(), "since": "2026-01-01T00:00:00+00:00"}))
-        start = time.time() + 2.0
-        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(cfg), str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                  for _ in range(6)]
+        # (a barrier, not a start 2 s ahead: six racers spinning 2 s on two cores starved the other test worker)
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for _ in range(6)]
+        assert all(r.stdout.readline() == "ready\n" for r in racers)
+        start = time.time() + 0.2
+        for r in racers:
+            r.stdin.write(f"{start}\n")
+            r.stdin.flush()
         outs = [r.communicate(timeout=120) for r in racers]
         won = [o for o, _ in outs if o.startswith("won")]
         assert len(won) == 1, outs
