@@ -24,10 +24,12 @@ from tests.test_runtime_agent import entry, run_until, terminal
 PY = sys.executable
 
 
-def waiter(release: Path, ckpt: Path | None = None) -> list[str]:
-    """A replica that runs until `release` exists, then exits 0; on SIGUSR1 it writes `ckpt` and exits."""
+def waiter(release: Path, ckpt: Path | None = None, linger: float = 0.0) -> list[str]:
+    """A replica that runs until `release` exists, then exits 0; on SIGUSR1 it writes `ckpt`, waits `linger` s and exits
+    (a test that catches its agent between the signal and the exit needs the exit to come ticks later, not in the tick
+    that signalled it)."""
     return [PY, "-c", "import os, pathlib, signal, sys, time\n"
-            f"def on(s, f):\n    pathlib.Path({str(ckpt)!r}).write_text('saved'); sys.exit(0)\n"
+            f"def on(s, f):\n    pathlib.Path({str(ckpt)!r}).write_text('saved'); time.sleep({linger}); sys.exit(0)\n"
             "signal.signal(signal.SIGUSR1, on)\n"
             "print('started', os.getpid(), flush=True)\n"
             f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
@@ -161,7 +163,8 @@ def test_a_checkpoint_written_while_no_agent_watched_is_uploaded_by_the_restarte
     that saw the exit), so the moved copy restored an older upload, or started from step 0. Now it uploads it."""
     bus = Bus(backend_for(tmp_path, None))
     never, ck = tmp_path / "never", tmp_path / "ck"
-    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt", linger=1.0),
+              checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
     (ck / "ft" / "ckpt").mkdir(parents=True)
     bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
     make = lambda: Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2,  # noqa: E731
@@ -179,6 +182,25 @@ def test_a_checkpoint_written_while_no_agent_watched_is_uploaded_by_the_restarte
     assert [f["path"] for f in json.loads(manifest.read_text())["files"]] == ["step.txt"]
 
 
+def test_a_replica_stopped_at_its_time_limit_has_its_checkpoint_uploaded(tmp_path, leftovers):
+    """time_limit_hours sends the checkpoint signal, then the job is Failed (DeadlineExceeded) and its instance freed.
+    Nothing was uploaded, so the edit that raised the limit ran the job again, placed anew, from step 0 (the runtime
+    audit, on the sim). Its checkpoint is uploaded now, as after any stop it survives."""
+    bus = Bus(backend_for(tmp_path, None))
+    never, ck = tmp_path / "never", tmp_path / "ck"
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), time_limit_hours=0.0003,  # ~1 s
+              checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    (ck / "ft" / "ckpt").mkdir(parents=True)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+              log=lambda m: None, checkpoint_root=ck, checkpoint_sync=True)
+    rec = run_until([a], terminal(bus, "ft"), timeout=60)
+    assert (rec["phase"], rec["reason"]) == ("Failed", "DeadlineExceeded"), rec
+    run_until([a], lambda: not a.uploads)
+    [manifest] = (tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir()  # before: no checkpoints/ at all
+    assert [f["path"] for f in json.loads(manifest.read_text())["files"]] == ["step.txt"]
+
+
 def test_an_agent_restarted_during_a_spot_notice_reports_the_replica_stopped_and_uploads_its_checkpoint(tmp_path, leftovers):
     """A spot notice; the agent signalled the replica and was killed in its grace (systemd restarts it within the
     notice); the replica checkpointed and exited. Before, the restarted agent dropped it without a report (its record
@@ -187,7 +209,8 @@ def test_an_agent_restarted_during_a_spot_notice_reports_the_replica_stopped_and
 
     bus = Bus(backend_for(tmp_path, None))
     never, ck, notice = tmp_path / "never", tmp_path / "ck", tmp_path / "notice.json"
-    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt"), checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
+    e = entry("ft", waiter(never, ck / "ft" / "ckpt" / "step.txt", linger=1.0),
+              checkpoint={"dir": "/ckpt", "signal": "SIGUSR1", "grace_seconds": 30})
     (ck / "ft" / "ckpt").mkdir(parents=True)
     bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
     make = lambda: Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2,  # noqa: E731

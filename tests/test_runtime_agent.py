@@ -401,8 +401,18 @@ def test_logs_follow_goes_on_across_a_move_to_the_replicas_end(bus, tmp_path):
     run_until([a0], lambda: (r := bus.run("ft", 0)) and "running on i-0" in r["log_tail"])
     follow = subprocess.Popen([PY, "-m", "reconciler.cli", "logs", str(tmp_path), "ft", "--follow"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "FLEETOPS_AGENT_POLL_SECONDS": "0.1"})
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in follow.stdout], daemon=True)
+    reader.start()
+    seen: list[str] = []
     try:
-        time.sleep(1.0)  # (it prints the first copy's lines)
+        # (it prints the first copy's lines before the move: waited for, not slept on; a 1 s sleep was too short for
+        # the CLI's start under a loaded CI, and it followed the moved copy only)
+        while "running on i-0\n" not in seen:
+            seen.append(lines.get(timeout=60))
         bus.put_assignment("i-0", {"serial": 2, "replicas": []})  # moved (an interruption's apply)
         bus.put_assignment("i-1", {"serial": 2, "replicas": [entry("ft", cmd, checkpoint=ck, epoch=2, master="i-1")]})
         run_until([a0], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped")
@@ -410,13 +420,16 @@ def test_logs_follow_goes_on_across_a_move_to_the_replicas_end(bus, tmp_path):
         run_until([a0, a1], lambda: (r := bus.run("ft", 0)) and "running on i-1" in r["log_tail"])
         release.touch()
         run_until([a0, a1], terminal(bus, "ft"))
-        out, err = follow.communicate(timeout=60)
+        follow.wait(timeout=60)
+        reader.join(timeout=10)
+        err = follow.stderr.read()
     finally:
         follow.kill()
         for a in (a0, a1):
             for rep in a.replicas.values():
                 if rep.handle is not None:
                     a.runtime.kill(rep.handle)
+    out = "".join(seen + [lines.get() for _ in range(lines.qsize())])
     assert [ln for ln in out.splitlines() if not ln.startswith("--- fleetops:")] == ["running on i-0", "checkpointed on i-0", "running on i-1", "done on i-1"], (out, err)
     assert "Stopped on i-0 (Unassigned" in err and "--- ft/0 on i-1 (now)" in err and "Succeeded (Completed" in err, err
 

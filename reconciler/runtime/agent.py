@@ -109,6 +109,13 @@ class _Stop:
     restart_attempt: int | None = None  # restart at this attempt once stopped (a gang restart)
 
 
+def _uploads_after(st: _Stop) -> bool:
+    """A stop whose checkpoint is uploaded: one the replica survives (a notice, a move, an edit, the agent stopping), and
+    its time limit. The job then ends Failed (DeadlineExceeded), but its checkpoint signal was sent and the edit that
+    raises the limit runs it again, placed anew: without the upload it started from step 0 (sim, runtime audit)."""
+    return st.phase == "Stopped" or st.reason == "DeadlineExceeded"
+
+
 @dataclass
 class Replica:
     """One assigned replica on this agent, across its attempts."""
@@ -283,7 +290,7 @@ class Agent:
                 # It ended on the stop its agent had begun (a time limit, a peer's restart, an unassignment): that stop's
                 # outcome, not its exit code's. A script exits 0 on its checkpoint signal, and was read as Succeeded.
                 self._ended_as(rep, stop, (ended or {}).get("code", -signals.SIGKILL))
-                if stop.phase == "Stopped" and time.monotonic() < stop.deadline + HANDOFF_MARGIN_S:
+                if _uploads_after(stop) and time.monotonic() < stop.deadline + HANDOFF_MARGIN_S:
                     # a stop it survives: its checkpoint still travels (the killed agent never sent it); not later than a
                     # moved copy waits for it, after which that copy runs and an upload of this would be older than its own
                     self._upload_due(rep, max(stop.deadline, time.monotonic() + UPLOAD_MIN_S))
@@ -450,7 +457,7 @@ class Agent:
                 st, rep.stop, rep.handle = rep.stop, None, None
                 self._ended_as(rep, st, code)
                 self._write_pids()
-                if st.phase == "Stopped":  # a stop it survives (a notice, a move, an edit, the agent stopping): its checkpoint travels
+                if _uploads_after(st):  # its checkpoint travels
                     self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S))
                 continue
             if rep.running:
