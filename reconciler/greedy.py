@@ -400,10 +400,14 @@ class _Greedy:
                     continue
             if not self._fleet_spot_rules_hold():
                 # (With an on-demand buffer, work placed later cannot fill the host kept for it: _breaks_buffer.)
-                while spare and (spare[0].key in self.opened or not self._may_open(spare[0])):
-                    spare.pop(0)
-                if spare:
-                    self._open(spare.pop(0))
+                # (a host a pool's max or the budget refuses now is asked again after the next release: dropped for
+                # good, the pool slot i5's release freed went to an on-demand A100 bought as ballast, and t2's
+                # guaranteed j4 on the idle host i1 beside it was evicted; fleet97)
+                spare = [h for h in spare if h.key not in self.opened]
+                host = next((h for h in spare if self._may_open(h)), None)
+                if host is not None:
+                    spare.remove(host)
+                    self._open(host)
                     continue
                 buys = self._ballast_buys() if self._other_spot_rules_hold() else []
                 if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)

@@ -168,7 +168,9 @@ told to make it a plain test).
   plan broke the on-demand buffer (fleet94) and evicted t2's guaranteed j8 with a pool over its max and the buffer
   broken now (fleet95), which apply's re-check refuses (CP-SAT's plans are emitted). fleet96 (the same tier, after
   both fixes; at 52921ca too): greedy's plan evicted t2's guaranteed j8 while the buffer and t1's budget are broken
-  now: the cheapest spot host kept for diversity took the pool slot the buffer's ballast needed (its test)."""
+  now: the cheapest spot host kept for diversity took the pool slot the buffer's ballast needed (its test). fleet97
+  (the slow property tier, 2026-12-02; at f3d8ec5 too): greedy's plan evicted t2's guaranteed j4: an idle on-demand
+  host the pool's max refused as the spot share's mend was not asked again once a release freed the slot (its test)."""
 
 from __future__ import annotations
 
@@ -1846,3 +1848,19 @@ def test_greedy_asks_the_next_spot_host_for_diversity_before_giving_up_a_guarant
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
     check_fleet(fleet("fleet96"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_asks_an_idle_on_demand_host_again_once_a_spot_host_given_up_frees_its_pool_slot_on_fleet97():
+    """fleet97 (the slow property tier, 2026-12-02; at f3d8ec5 too): pool az-a100-80 (max 2) runs three 1-GPU
+    instances: t1's guaranteed high j2 on spot i0, t1's guaranteed low j9 on spot i5 and t2's guaranteed low j4 on
+    on-demand i1, under max_spot_fraction 0.5. Greedy kept j2 and j9 (one slot each), so the spot share broke; the idle
+    on-demand i1 was its first mend, but the pool's max refused it then, and settle_spot dropped it for good. It gave
+    up i5 (j9), and the slot freed went to an on-demand A100 bought as ballast, identical to i1: j4 found no slot when
+    running work was kept again, and t1's new critical j5 took i1, where j4 ran; apply's re-check refused greedy's
+    plan (CP-SAT's kept j4, and j5 took j2's room, its own tenant's lower class). A spare host refused now is asked
+    again after the next release: i1 stays, j4 with it, and greedy's plan is CP-SAT's."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet97"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j4"] == ("keep", ("i1",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet97"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
