@@ -867,3 +867,38 @@ def test_tiers_searched_again_are_unproven_from_the_first_that_moved_and_below_g
         ("FEASIBLE", None, False),  # the same value, but the tiers above it moved: not proven
         ("BELOW_GREEDY", None, False)]  # a cost above greedy's
     assert moved_reports(tiers, reports, [10, 20, 5, 3, 7], warm=[0] * 5) == reports
+
+
+def test_an_lp_clp_answers_abnormal_at_once_is_not_solved_again_until_the_cap():
+    """A solve CLP ends by itself short of the time limit (ABNORMAL: CLP's answer to a model with no rows) is the
+    caller's to judge. Solved again and again until the wall-clock cap (the loop for a limit that CPU time of other
+    threads used up early), an apply's plan spent its whole cap on it: 231 s for the ownership test's sim config."""
+    import time
+
+    from ortools.linear_solver import pywraplp
+    from ortools.sat.python import cp_model
+
+    from reconciler.lp import LpMirror
+
+    m = cp_model.CpModel()
+    m.NewIntVar(0, 5, "x")
+    cap = time.monotonic() + 3
+    lp = LpMirror(m, lambda: cap)
+    start = time.monotonic()
+    assert lp._run(lp.fresh) == pywraplp.Solver.ABNORMAL
+    assert time.monotonic() - start < 1.0
+
+
+def test_an_lp_with_no_rows_has_its_optimum_at_the_bounds_its_objective_favours():
+    """CLP answers a model with no rows ABNORMAL (read as no optimum: no bound, no guide for the search); its optimum
+    is each variable at the bound its coefficient favours."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.lp import LpMirror
+
+    m = cp_model.CpModel()
+    for lo, hi in ((1, 5), (-2, 3), (0, 4)):
+        m.NewIntVar(lo, hi, "v")
+    lp = LpMirror(m)
+    assert lp.optimum([0, 1], [2, -1], 7, maximize=True) == (2 * 5 + 2 + 7, [5.0, -2.0, 0.0])
+    assert lp.optimum([0, 1], [2, -1], 0, maximize=False) == (2 * 1 - 3, [1.0, 3.0, 0.0])
