@@ -16,7 +16,8 @@ of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
 Long-running operations are polled to the end (bounded by `lro_timeout`; a create not done by then fails, its
-VM left to the next run, the error saying whether it was still allocating or ARM refused its status polls). A create
+VM left to the next run, the error saying whether it was still allocating or ARM refused its status polls, and its
+polls stop: azure-core's poller thread would poll it for the rest of the process). A create
 whose status polls failed (the SDK's retries of a throttled poll run out) is retried by apply; the retry finds the VM
 Creating and polls the same operation again (its continuation token) for what is left of that create's `lro_timeout`,
 ending as the first try would have: never a VM still allocating answered as created.
@@ -43,6 +44,7 @@ never printed or logged; errors carry only ARM's error code and message.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -212,6 +214,39 @@ class _Polls:
         self.code = str(error.get("code") or "") if isinstance(error, dict) else ""
 
 
+class _GaveUp(Exception):
+    """Ends the polling of an operation whose wait gave up (raised in its LROPoller's thread, which keeps it)."""
+
+
+@functools.cache
+def _stoppable_polling() -> type:
+    """ARMPolling that polls no more once stop() is called. azure-core's LROPoller polls an operation in a thread of
+    its own until the operation ends; LROPoller.wait(timeout) only stops waiting on that thread: after a wait gave up
+    (lro_timeout), a held allocation was still polled every polling_interval, for as long as the process ran. Stopped,
+    the thread ends at its next poll (update_status) or at once if it is waiting between polls; a poll in flight (with
+    the SDK's retries of it) is answered first."""
+    from azure.mgmt.core.polling.arm_polling import ARMPolling
+
+    class StoppablePolling(ARMPolling):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._stopped = threading.Event()
+
+        def stop(self) -> None:
+            self._stopped.set()
+
+        def update_status(self) -> None:
+            if self._stopped.is_set():
+                raise _GaveUp("polling stopped: the wait on this operation gave up")
+            super().update_status()
+
+        def _sleep(self, delay: float) -> None:  # LROBasePolling's wait between polls (transport.sleep): woken by stop()
+            if self._stopped.wait(delay):
+                raise _GaveUp("polling stopped: the wait on this operation gave up")
+
+    return StoppablePolling
+
+
 class StaticTokenCredential:
     """TEST ONLY: a TokenCredential that hands out a fixed bearer token, for a local ARM fake."""
 
@@ -355,12 +390,11 @@ class AzureProvider:
         return {"retry_total": 0, "polling": self._polling(polls)}
 
     def _polling(self, polls: _Polls | None = None):
-        """The polling method of an operation: the client's retries; `polls` sees how each poll was answered."""
-        from azure.mgmt.core.polling.arm_polling import ARMPolling
-
+        """The polling method of an operation: the client's retries; `polls` sees how each poll was answered. One that
+        _wait stops when it gives up on the operation (_stoppable_polling)."""
         hook: dict[str, Any] = {"raw_response_hook": polls} if polls is not None else {}
-        return ARMPolling(self.polling_interval, path_format_arguments={"endpoint": self.endpoint or f"https://{ARM_HOST}"},
-                          **hook)
+        return _stoppable_polling()(self.polling_interval, path_format_arguments={"endpoint": self.endpoint or f"https://{ARM_HOST}"},
+                                    **hook)
 
     def _call(self, what: str, fn: Callable[[], Any], *, capacity: tuple[str, str, str] | None = None) -> Any:
         """One ARM call with our error mapping (reads and polls: the SDK already retried throttling; writes are sent
@@ -425,6 +459,11 @@ class AzureProvider:
         timeout = self.lro_timeout if deadline is None else max(0.0, deadline - time.monotonic())
         self._call(what, lambda: poller.wait(timeout=timeout), capacity=capacity)
         if not poller.done():
+            # Given up on: its poller's thread would poll ARM until the operation ends, for the rest of the process
+            # (the controller's). Stopped; the operation goes on in Azure and the next run sees how it ended.
+            method = poller.polling_method()
+            if isinstance(method, _stoppable_polling()):
+                method.stop()
             return False, None
         return True, self._call(what, poller.result, capacity=capacity)
 

@@ -469,22 +469,14 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
 
 def _live_conditions(conditions: list, live: tuple, now: str, since: dict | None = None) -> list:
     """The job's conditions with those the agents' reports decide (Running, Succeeded, Failed, Restarts, ...) as they
-    are now, so none contradicts the live phase; Placed and the deadline conditions stay as the last apply decided
-    them (the placement changes only on an apply). A condition that flipped since the files were written is dated as
-    the reports date it (`since`: Running from its last replica's start, Succeeded/Failed from its end), else now: dated
-    now, a job the controller's apply started was "Running since now" at every `status` until the next apply."""
-    since = since or {}
+    are now, so none contradicts the live phase, each dated as apply dates it (status.dated_condition: a condition that
+    flipped since the files were written from the reports' `since`, else now); Placed and the deadline conditions stay
+    as the last apply decided them (the placement changes only on an apply)."""
+    from reconciler.status import dated_condition
+
     fresh = {c[0]: c for c in live}
-    out = []
-    for c in conditions:
-        new = fresh.get(c.get("type")) if isinstance(c, dict) else None
-        if new is None:
-            out.append(c)
-            continue
-        status = "True" if new[1] else "False"
-        when = c.get("lastTransitionTime") if c.get("status") == status else since.get(new[0], now)
-        out.append({"type": new[0], "status": status, "reason": new[2], "message": new[3], "lastTransitionTime": when})
-    return out
+    return [dated_condition(fresh[c.get("type")], c, now, since) if isinstance(c, dict) and c.get("type") in fresh else c
+            for c in conditions]
 
 
 @dataclass(frozen=True)

@@ -176,20 +176,26 @@ class StatusFiles:
         return doc if isinstance(doc, dict) else {}
 
 
+def dated_condition(new: tuple[str, bool, str, str], prev, now: str, since: dict | None = None) -> dict:
+    """A condition (type, status, reason, message) as a status file has it, dated when its status last changed:
+    `prev` (the condition of that type as last written) keeps its time while the status is the same, else the agents'
+    reports date the change (`since`, JobRun.since: Running from its last replica's start, Succeeded/Failed from its
+    end), else now. Apply's status files and live `reconcile status` both date conditions so."""
+    kind, ok, reason, message = new
+    status = "True" if ok else "False"
+    if isinstance(prev, dict) and prev.get("status") == status and "lastTransitionTime" in prev:
+        when = prev["lastTransitionTime"]
+    else:
+        when = (since or {}).get(kind, now)
+    return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
+
+
 def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str, dated: dict | None = None) -> list[dict]:
-    """Each condition dated when its status last changed: kept from the file, else as the agents' reports date it
-    (`dated`, JobRun.since), else now."""
+    """Each condition dated (dated_condition) against the one of its type in the file."""
     body = files.document(path).get("status")
     conditions = body.get("conditions") if isinstance(body, dict) else None
     old = {c["type"]: c for c in conditions if isinstance(c, dict) and "type" in c} if isinstance(conditions, list) else {}
-    out = []
-    for c in new:
-        prev = old.get(c.type)
-        status = "True" if c.status else "False"
-        since = prev["lastTransitionTime"] if prev and prev.get("status") == status and "lastTransitionTime" in prev else \
-            (dated or {}).get(c.type, now)
-        out.append({"type": c.type, "status": status, "reason": c.reason, "message": c.message, "lastTransitionTime": since})
-    return out
+    return [dated_condition((c.type, c.status, c.reason, c.message), old.get(c.type), now, dated) for c in new]
 
 
 # libyaml's emitter where PyYAML has it: the pure-Python one took 40 s of a 5k-job apply's 248 s (one file per job).

@@ -861,3 +861,25 @@ def test_an_allocation_still_under_way_at_the_next_run_is_observed_pending_and_u
     assert res.report.ok and not res.report.created and len(res.report.placements) == 3, res.report
     assert len(arm.snapshot()) == 4 and len(arm.requests("PUT", "/virtualMachines/")) == 4  # each VM launched once
     assert not api.plan(cfg, provider="azure", options=options(arm)).plan.has_changes
+
+
+def test_a_create_that_gave_up_at_lro_timeout_stops_polling_its_operation(arm, tmp_path):
+    """A wait that gave up (lro_timeout) only stopped waiting: azure-core's LROPoller went on polling the operation in
+    a thread of its own until the operation ended, for the rest of the process (the controller's runs for hours): a
+    held allocation was polled every polling_interval long after the create had failed. Its polls now stop with the
+    wait; the allocation goes on in Azure and a later create with its key finds the VM it made."""
+    import threading
+    import time
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="0.3", polling_interval="0.05")))
+    before = set(threading.enumerate())
+    arm.hold_creates()
+    with pytest.raises(ProviderError, match="still allocating"):
+        prov.create(req("k-held"))
+    time.sleep(0.3)  # (a poll in flight at the give-up is answered)
+    polls = len(arm.requests("GET", "/operations/"))
+    time.sleep(1.5)
+    assert len(arm.requests("GET", "/operations/")) == polls, "the operation is still polled after the wait gave up"
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("LROPoller")]
+    assert arm.end_held() == [vm_name(FLEET, "k-held")]  # it kept allocating in Azure
+    assert prov.create(req("k-held")).state == "running" and len(arm.requests("PUT", "/virtualMachines/")) == 1

@@ -529,3 +529,41 @@ def test_live_status_dates_a_condition_that_flipped_since_the_apply_from_the_rep
     bus.put_run("slow", 0, {**rec, "phase": "Succeeded", "reason": "Completed", "terminal": True, "exit_code": 0,
                             "finished_at": "2026-01-02T05:00:00+00:00"})
     assert condition("Succeeded")["lastTransitionTime"] == "2026-01-02T05:00:00+00:00"
+
+
+def test_live_status_dates_a_condition_whose_file_lost_its_time_as_apply_does(tmp_path):
+    """A job file whose condition has no lastTransitionTime (hand-edited, or restored from an old commit): `reconcile
+    status` reads it (a condition needs a reason and a message), and apply dates such a condition anew, from the
+    agents' reports. Live status kept the missing time as it was and showed `"lastTransitionTime": null`, where the
+    next apply wrote the replica's start: the two definitions of how a condition is dated disagreed."""
+    import json
+
+    import yaml
+
+    from reconciler.backend import backend_for
+    from reconciler.runtime.publish import read_view
+    from reconciler.state import utcnow
+    from reconciler.status import Condition, StatusFiles, _conditions
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    bus.put_agent(iid, {**bus.agent(iid), "state": "Ready", "notice": None})
+    bus.put_run("slow", 0, {**bus.run("slow", 0), "started_at": "2026-01-02T03:04:05+00:00"})
+    path = cfg / "status" / "jobs" / "slow.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for c in doc["status"]["conditions"]:
+        if c["type"] == "Running":
+            c["status"] = "True"
+            del c["lastTransitionTime"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    out = runner.invoke(app, ["status", str(cfg), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    live = next(c for c in json.loads(out.stdout)["jobs"]["slow"]["status"]["conditions"] if c["type"] == "Running")
+    run = read_view(backend_for(cfg), load(cfg), {"slow": [iid]}, None).jobs["slow"]
+    with StatusFiles(cfg) as files:  # what apply writes for this file and these reports
+        written = next(c for c in _conditions(files, path, [Condition(*c) for c in run.conditions], utcnow().isoformat(), dict(run.since))
+                       if c["type"] == "Running")
+    assert written["lastTransitionTime"] == "2026-01-02T03:04:05+00:00", written
+    assert live == written, (live, written)  # before: live lastTransitionTime None
