@@ -150,6 +150,8 @@ def test_a_gang_resumes_every_rank_from_its_newest_complete_round_never_a_newer_
     moved = tmp_path / "new"
     assert ck.restore(store, "g", moved, spec_hash="h", epoch=3, world_size=2).generations == [b.generation, a.generation]
     assert steps(moved) == steps(stay)
+    # A gang resized by an edit (replicas 2 -> 3, a new spec) resumes from that round too: complete for its own size.
+    assert ck.restore(store, "g", tmp_path / "third", spec_hash="h3", epoch=3, world_size=3).generations == [b.generation, a.generation]
     # A restart in place within the same assignment (a failure, a gang restart) keeps what the job wrote since.
     write(stay, {"rank-0.json": "30"})
     assert ck.restore(store, "g", stay, spec_hash="h", epoch=3, world_size=2, marker=got.marker).generations == []

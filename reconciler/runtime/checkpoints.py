@@ -397,7 +397,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
         # its spec hash theirs; a new job given the name, another model, starts afresh)
         docs = [d for d in docs if d["created_unix"] > gone or (spec_hash is not None and d.get("spec_hash") == spec_hash)]
     if world_size > 1:
-        return restore_round(store, job, Path(local_dir), docs, world_size=world_size, at=[spec_hash, epoch], marker=marker,
+        return restore_round(store, job, Path(local_dir), docs, at=[spec_hash, epoch], marker=marker,
                              log=log, progress=progress, began=began)
     if not docs:
         return Restore(why="no upload" if gone is None else "no upload since a job of this name was removed")
@@ -461,14 +461,14 @@ def rounds(docs: list[dict]) -> list[tuple[tuple, list[dict]]]:
     return list(out.items())
 
 
-def missing_ranks(members: list[dict], world_size: int | None = None) -> list[int] | None:
-    """The ranks of the gang that no upload of a round holds ([] for a complete round), `world_size` that of the
-    uploads when not given; None when one of them does not say which ranks it holds (an upload from before they were
+def missing_ranks(members: list[dict]) -> list[int] | None:
+    """The ranks of the gang (of the world size its uploads recorded) that no upload of a round holds ([] for a
+    complete round); None when one of them does not say which ranks it holds (an upload from before they were
     recorded: such a round is taken as complete, as it was then)."""
     if not members or any(not isinstance(m.get("replicas"), list) for m in members):
         return None
     sizes = [m["world_size"] for m in members if isinstance(m.get("world_size"), int)]
-    n = world_size if world_size is not None else max(sizes, default=1)
+    n = max(sizes, default=1)
     have = {r for m in members for r in m["replicas"] if isinstance(r, int)}
     return [r for r in range(n) if r not in have]
 
@@ -510,13 +510,13 @@ def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> in
     return len(rels)
 
 
-def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dict], *, world_size: int, at: list,
+def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dict], *, at: list,
                   marker: dict | None = None, log: Log = print, progress: Callable[[], None] | None = None,
                   began: float | None = None) -> Restore:
     """A gang's restore: every rank, moved or not, resumes from the same round. Each agent makes its directory hold
-    exactly the files of the newest complete round, the newest round whose uploads hold every rank (`missing_ranks`)
-    and whose every file is there with its sha256 (a round with one missing or corrupt is skipped whole, and the next
-    older complete one tried); a name several of its uploads hold comes from the one whose file was written last (its
+    exactly the files of the newest complete round, the newest round whose uploads hold every rank of its gang (its
+    world size then: a gang resized by an edit resumes from its last round, `missing_ranks`) and whose every file is
+    there with its sha256 (a round with one missing or corrupt is skipped whole, and the next older complete one tried); a name several of its uploads hold comes from the one whose file was written last (its
     recorded mtime: a file an instance only carried, restored there from an earlier round, never wins over the rank's
     own). Local files not of that round (a newer local directory, from a rank that ran on after the stop, or an
     instance whose upload was cut) are moved aside, not resumed from. Uploads but no complete round (a lost node that
@@ -532,7 +532,9 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
     local = {rel: (path, size) for rel, path, size in local_files(local_dir)}
     staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
     for key, members in rounds(docs):
-        missing = missing_ranks(members, world_size)
+        # (against the round's own world size: a gang resized by an edit, `replicas`, resumes from its last round, all
+        # of whose files every rank gets; DCP reshards such a checkpoint)
+        missing = missing_ranks(members)
         if missing:
             log(f"{job}: checkpoint round {key[1]} (spec {key[0]}) lacks rank(s) {', '.join(map(str, missing))}: "
                 f"{', '.join(m['generation'] for m in members)} not restored")
