@@ -395,7 +395,7 @@ class SimCloud:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
                 raise ProviderError(f"sim: no live instance {instance_id!r}")
-        checkpointed = self.deliver_notice(instance_id, reason, notice_seconds) if self.agent_alive(instance_id) else None
+        outcome = self.deliver_notice(instance_id, reason, notice_seconds) if self.agent_alive(instance_id) else None
         with self.world() as w:
             inst = w["instances"].get(instance_id)
             if inst is None:
@@ -407,10 +407,12 @@ class SimCloud:
             if not gone:
                 inst["state"], inst["terminated_reason"] = "terminated", reason
         self.stop_agent(instance_id)
-        # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when the notice ran
-        # out first (they were killed mid-checkpoint), None without an agent alive; terminated_during_notice: the
-        # instance was gone before the reclaim (its terminated_reason says by what)
-        return {**inst, "checkpointed": checkpointed, "terminated_during_notice": gone}
+        # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when it did not (the
+        # notice ran out first, or its agent died during it: notice says which; they were killed mid-checkpoint), None
+        # without an agent alive; terminated_during_notice: the instance was gone before the reclaim (its
+        # terminated_reason says by what)
+        return {**inst, "checkpointed": None if outcome is None else outcome == "checkpointed", "notice": outcome,
+                "terminated_during_notice": gone}
 
     def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
         """The config dir and state URL the instance's agent was started with (start_agent), or None."""
@@ -450,17 +452,21 @@ class SimCloud:
         (d / "agent.pid").write_text(f"{proc.pid} {_starttime(proc.pid)}\n")
         return True
 
-    def deliver_notice(self, instance_id: str, reason: str, notice_seconds: float | None = None) -> bool:
+    def deliver_notice(self, instance_id: str, reason: str, notice_seconds: float | None = None) -> str:
         """Write the notice the agent polls for and wait until it reports its replicas checkpointed
-        and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length)."""
+        and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length), or it dies. Returns
+        "checkpointed", "ran out" or "agent died" (an agent that died in the notice had not checkpointed: this said
+        "checkpointed" of it, and `sim interrupt` gave no warning)."""
         d = self.agent_dir(instance_id)
         (d / "notice.json").write_text(json.dumps({"reason": reason, "time": _now()}))
         limit = time.monotonic() + (notice_seconds if notice_seconds is not None else float(os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS", "120")))
         while time.monotonic() < limit:
-            if (d / "notice.done").exists() or not self.agent_alive(instance_id):
-                return True
+            if (d / "notice.done").exists():
+                return "checkpointed"
+            if not self.agent_alive(instance_id):
+                return "checkpointed" if (d / "notice.done").exists() else "agent died"
             time.sleep(0.1)
-        return False
+        return "ran out"
 
     def stop_agent(self, instance_id: str) -> None:
         """The instance is gone: its agent and every replica process it started go with it."""

@@ -768,7 +768,10 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
     if inst.get("terminated_during_notice"):
         typer.echo(f"{instance_id} was terminated during its notice ({inst.get('terminated_reason')}): nothing left to reclaim")
         return
-    if inst.get("checkpointed") is False:
+    if inst.get("checkpointed") is False and inst.get("notice") == "agent died":
+        typer.echo(f"warning: {instance_id}'s agent died during the notice before it reported its replicas checkpointed and "
+                   "stopped: they were killed with the instance, maybe mid-checkpoint", err=True)
+    elif inst.get("checkpointed") is False:
         typer.echo(f"warning: {instance_id}'s agent had not reported its replicas checkpointed and stopped when the notice "
                    "ran out: they were killed with the instance, maybe mid-checkpoint", err=True)
     _mark_reclaimed(sim, instance_id, reason, config_dir or dir_opt)

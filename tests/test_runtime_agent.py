@@ -703,6 +703,54 @@ def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on
                     a.runtime.kill(rep.handle)
 
 
+def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_round(bus, tmp_path):
+    """Ranks 0 and 1 on two instances; rank 1 is unassigned (its instance deleted, as an apply does before it publishes
+    the gang's next epoch). Rank 0 gets its checkpoint signal as soon as rank 1's stop begins (GangStopped), and waits
+    (WaitingForGang) instead of running on alone; both instances upload a manifest of the round naming their rank.
+    Then rank 1 past its time limit: rank 0, stopped GangFailed, uploads too, else that round lacked its rank. Before,
+    rank 0 was never signalled, and a GangFailed rank uploaded nothing."""
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+    made = []
+
+    def agent(name: str) -> Agent:
+        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
+        made.append(a)
+        return a
+
+    def rank(r: int, epoch: int, **kw) -> dict:
+        return entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0", epoch=epoch, checkpoint=ck, mode="service",
+                     env={"CK_SECONDS": "0.2"}, **kw)
+
+    def manifests(epoch: int) -> dict[str, list[int]]:
+        docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+        return {d["instance"]: d.get("replicas") for d in docs if d["epoch"] == epoch}
+
+    try:
+        bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
+        bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
+        a, b = agent("i-0"), agent("i-1")
+        run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
+        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)
+        assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
+        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r)
+        assert "replica 1 stopped (Unassigned) on i-1" in rec["message"], rec
+        assert not a.replicas["g", 0].running  # never ran on alone
+        assert run_until([a, b], lambda: len(m := manifests(1)) == 2 and m) == {"i-0": [0], "i-1": [1]}
+
+        bus.put_assignment("i-0", {"serial": 3, "replicas": [rank(0, 3)]})
+        bus.put_assignment("i-1", {"serial": 3, "replicas": [rank(1, 3, time_limit_hours=3 / 3600)]})
+        run_until([a, b], lambda: (r := bus.run("g", 0)) and r["terminal"] and (q := bus.run("g", 1)) and q["terminal"])
+        assert (bus.run("g", 1)["reason"], bus.run("g", 0)["reason"]) == ("DeadlineExceeded", "GangFailed")
+        assert run_until([a, b], lambda: len(m := manifests(3)) == 2 and m) == {"i-0": [0], "i-1": [1]}
+    finally:
+        for x in made:
+            for rep in x.replicas.values():
+                if rep.handle is not None:
+                    x.runtime.kill(rep.handle)
+
+
 def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_shows_it_unreachable(bus, tmp_path):
     """An agent whose run-record writes fail (a policy without runs/*, a full disk) while its heartbeat goes through.
     Before, it logged no failure but "the bus is reachable again" at every poll, and status showed its running replica

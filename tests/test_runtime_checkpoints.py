@@ -119,6 +119,95 @@ def test_a_gangs_round_brings_back_every_instances_ranks(store, tmp_path):
     assert {r: p.read_text() for r, p, _ in ck.local_files(dest)} == {"rank-0.json": "5", "rank-1.json": "5", "rank-2.json": "5"}
 
 
+def _gang_up(store, d: Path, files: dict, instance: str, epoch: int, ranks: list[int], now, world: int = 2, mtimes: dict | None = None):
+    write(d, files)
+    for rel, t in (mtimes or {}).items():
+        os.utime(d / rel, (t, t))
+    return ck.upload(store, "g", d, instance=instance, spec_hash="h", epoch=epoch, now=now, replicas=ranks, world_size=world)
+
+
+def steps(d: Path) -> dict[str, str]:
+    return {r: p.read_text() for r, p, _ in ck.local_files(d)}
+
+
+def test_a_gang_resumes_every_rank_from_its_newest_complete_round_never_a_newer_local_dir(store, tmp_path):
+    """A lost node uploads nothing: its round lacks a rank, and every rank, the one that stayed with its newer local
+    files too, resumes from the round before, whole. Before, the instance that stayed kept its own newer directory
+    (step 25) while the moved rank restored the other's round (step 18): a gang at two steps."""
+    now = clock()
+    a = _gang_up(store, tmp_path / "a", {"rank-0.json": "18"}, "i-a", 1, [0], now)
+    b = _gang_up(store, tmp_path / "b", {"rank-1.json": "18"}, "i-b", 1, [1], now)
+    # Epoch 2: i-b is lost (no upload); i-a ran on to step 25 and uploaded when the gang moved.
+    _gang_up(store, tmp_path / "a", {"rank-0.json": "25"}, "i-a", 2, [0], now)
+    out, log = logs()
+    stay = write(tmp_path / "a2", {"rank-0.json": "25", "step-25/extra.bin": "x"})  # the instance that stayed
+    got = ck.restore(store, "g", stay, log=log, spec_hash="h", epoch=3, world_size=2, marker={"generations": ["whatever"]})
+    assert got.generations == [b.generation, a.generation] and got.marker["at"] == ["h", 3] and got.aside == 2
+    assert steps(stay) == {"rank-0.json": "18", "rank-1.json": "18"}  # the round, whole: not its own step 25
+    aside = tmp_path / ".a2.fleetops-aside"
+    assert steps(aside) == {"rank-0.json": "25", "step-25/extra.bin": "x"}  # kept, beside, where the job does not look
+    assert any("round 2 (spec h) lacks rank(s) 1" in m for m in out), out
+    moved = tmp_path / "new"
+    assert ck.restore(store, "g", moved, spec_hash="h", epoch=3, world_size=2).generations == [b.generation, a.generation]
+    assert steps(moved) == steps(stay)
+    # A gang resized by an edit (replicas 2 -> 3, a new spec) resumes from that round too: complete for its own size.
+    assert ck.restore(store, "g", tmp_path / "third", spec_hash="h3", epoch=3, world_size=3).generations == [b.generation, a.generation]
+    # A restart in place within the same assignment (a failure, a gang restart) keeps what the job wrote since.
+    write(stay, {"rank-0.json": "30"})
+    assert ck.restore(store, "g", stay, spec_hash="h", epoch=3, world_size=2, marker=got.marker).generations == []
+    assert steps(stay)["rank-0.json"] == "30"
+    # prune keeps that complete round whole, however many newer uploads there are.
+    for e in range(4, 8):
+        _gang_up(store, tmp_path / "a", {"rank-0.json": str(e)}, "i-a", e, [0], now)
+    ck.prune(store, "g", keep=2)
+    assert {a.generation, b.generation} <= {d["generation"] for d in ck.manifests(store, "g")}
+
+
+def test_a_gangs_round_takes_each_file_from_where_it_was_written_last_not_a_carried_copy(store, tmp_path):
+    """Each instance gets the whole job's files, so an upload carries other ranks' files from the round it restored.
+    Within a round the copy written last wins (its recorded mtime, kept by the restore), not the upload made last:
+    i-b's carried rank-0.json of step 7 lost to i-a's step 14. Before, the newest upload won every name it held, and
+    after a second move a rank resumed at the first move's step."""
+    now = clock()
+    t = time.time()
+    # i-a holds rank 0 (written at step 14) and carries rank 1's file of the round before (step 7); i-b the reverse,
+    # and i-b uploaded last.
+    a = _gang_up(store, tmp_path / "a", {"rank-0.json": "14", "rank-1.json": "7"}, "i-a", 2, [0], now,
+                 mtimes={"rank-0.json": t - 10, "rank-1.json": t - 100})
+    b = _gang_up(store, tmp_path / "b", {"rank-0.json": "7", "rank-1.json": "14"}, "i-b", 2, [1], now,
+                 mtimes={"rank-0.json": t - 100, "rank-1.json": t - 9})
+    dest = tmp_path / "c"
+    got = ck.restore(store, "g", dest, spec_hash="h", epoch=3, world_size=2)
+    assert got.generations == [b.generation, a.generation]
+    assert steps(dest) == {"rank-0.json": "14", "rank-1.json": "14"}
+    assert (dest / "rank-0.json").stat().st_mtime_ns == (tmp_path / "a" / "rank-0.json").stat().st_mtime_ns  # the writer's time
+    # On i-a itself nothing is fetched again but i-b's rank-1.json: its own files are as it uploaded them.
+    out, log = logs()
+    ck.restore(store, "g", tmp_path / "a", spec_hash="h", epoch=3, world_size=2, log=log)
+    assert steps(tmp_path / "a") == {"rank-0.json": "14", "rank-1.json": "14"}
+    assert any("2 file(s), 1 fetched" in m for m in out), out
+
+
+def test_a_gang_instance_with_nothing_to_upload_still_takes_part_in_its_round(store, tmp_path):
+    """Plain DDP saves on rank 0 only: the other instances' directories are empty. Their upload is a manifest with no
+    files that says which ranks they hold, so the round is complete; without one, no round ever was. And with uploads
+    but no complete round at all, every rank starts afresh, its local files moved aside."""
+    now = clock()
+    a = _gang_up(store, tmp_path / "a", {"model.pt": "w1"}, "i-a", 1, [0], now)
+    b = ck.upload(store, "g", tmp_path / "empty", instance="i-b", spec_hash="h", epoch=1, now=now, replicas=[1], world_size=2)
+    assert b.complete and b.files == 0
+    got = ck.restore(store, "g", tmp_path / "c", spec_hash="h", epoch=2, world_size=2)
+    assert got.generations == [b.generation, a.generation] and steps(tmp_path / "c") == {"model.pt": "w1"}
+    fresh = tmp_path / "fresh"
+    for key in store.list_keys("checkpoints/g/manifests"):
+        if b.generation in key:
+            store.delete_key(key)
+    stay = write(tmp_path / "stay", {"model.pt": "w9"})
+    got = ck.restore(store, "g", stay, spec_hash="h", epoch=2, world_size=2)
+    assert got.why == "no complete round" and got.aside == 1 and steps(stay) == {} and got.marker["at"] == ["h", 2]
+    assert ck.restore(store, "g", fresh, spec_hash="h", epoch=2, world_size=2).why == "no complete round"
+
+
 def test_limits_an_upload_over_its_size_is_not_made_and_old_generations_are_pruned(store, tmp_path):
     out, log = logs()
     src = write(tmp_path / "a", {"big.bin": b"x" * 2048})

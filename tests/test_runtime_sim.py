@@ -456,3 +456,115 @@ def test_a_replica_moved_off_a_deleted_instance_starts_anew_only_after_its_old_c
     assert n[new, "start"] >= n[old, "exit"], n
     log = (SimCloud(state_dir(cfg)).agent_dir(new) / "agent.log").read_text()
     assert f"ft/0: waiting for its previous copy on {old} to stop" in log, log
+
+
+# A gang's training step in lockstep, as DDP's: each step ends in a collective (every rank's post of the step, in a
+# shared directory the sim's local processes all see), which also reduces the stop flag over the ranks, so a rank
+# signalled stops with the others at the same step (the usual SIGTERM handling of a DDP job). It checkpoints its
+# step after each and says where it resumed from.
+LOCKSTEP = r'''
+import json, os, signal, sys, time
+steps, delay = int(sys.argv[1]), float(sys.argv[2])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+sync, ckdir = os.environ["GANG_SYNC"], os.environ["FLEETOPS_CHECKPOINT_DIR"]
+ckpt = os.path.join(ckdir, f"rank-{rank}.json")
+flag = []
+signal.signal(signal.SIGTERM, lambda s, f: flag.append(s))
+os.makedirs(sync, exist_ok=True)
+def put(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+step = 0
+if os.path.exists(ckpt):
+    with open(ckpt) as f:
+        step = json.load(f)["step"]
+print(f"rank {rank}: resuming at step {step}", flush=True)
+while step < steps:
+    time.sleep(delay)
+    nxt = step + 1
+    put(os.path.join(sync, f"{nxt}.{rank}"), "1" if flag else "0")
+    posts = [os.path.join(sync, f"{nxt}.{r}") for r in range(world)]
+    given_up = time.time() + 600
+    while not all(os.path.exists(p) for p in posts):
+        if time.time() > given_up:
+            print(f"rank {rank}: collective of step {nxt} timed out", flush=True)
+            sys.exit(1)
+        time.sleep(0.02)
+    step = nxt
+    os.makedirs(ckdir, exist_ok=True)
+    put(ckpt, json.dumps({"step": step}))
+    print(f"rank {rank}: step {step}", flush=True)
+    if any(open(p).read() == "1" for p in posts):
+        print(f"rank {rank}: stop agreed, checkpointed at step {step}", flush=True)
+        sys.exit(0)
+print(f"rank {rank}: done", flush=True)
+'''
+
+
+def resumes(cfg: Path, name: str, replica: int, instance: str) -> list[int]:
+    """The steps the replica's copies on `instance` said they resumed at, in order (its log there keeps every start)."""
+    log = SimCloud(state_dir(cfg)).agent_dir(instance) / "logs" / f"{name}-{replica}.log"
+    return [int(ln.rsplit(" ", 1)[1]) for ln in (log.read_text().splitlines() if log.exists() else []) if "resuming at step" in ln]
+
+
+def resumed_after(cfg: Path, where: dict[int, str], apply) -> tuple[dict[int, str], dict[int, int]]:
+    """Run `apply`, then wait for each replica's next start where the gang is placed then: (placement, resumed steps)."""
+    before = {(i, r): len(resumes(cfg, "gang", r, i)) for i in where.values() for r in where}
+    apply()
+    now = dict(enumerate(api.plan(cfg, time_limit=5).observed.placements["gang"]))
+    steps = {r: wait(lambda: (got := resumes(cfg, "gang", r, now[r])) and len(got) > before.get((now[r], r), 0) and [got[-1]],
+                     timeout=120, what=f"gang/{r} resumed on {now[r]}")[0] for r in now}
+    return now, steps
+
+
+def test_a_gang_whose_instance_is_reclaimed_resumes_every_rank_at_the_same_step(rt):
+    """A gang of 2, one rank per instance, training in lockstep. Rank 1's instance gets a spot notice: its rank stops
+    and the other is signalled with it (GangStopped), both checkpoint at one step, and after the heal (rank 1 on a new
+    instance, rank 0 staying) both resume there. Then rank 0's instance is reclaimed too: again one step for both.
+    Before, the rank that stayed was never signalled; with a stop agreed over the ranks it exited 0 and was recorded
+    Succeeded, and at the second move the instance that uploaded last carried rank 1's file of the first round, which
+    the restore took over rank 1's own: rank 1 resumed at the first move's step, rank 0 at the second's."""
+    sync = rt / "sync"
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 5}
+    spec = job("gang", cpu=15, replicas=2, gang="zone", run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}},
+               checkpoint=ck)
+    cfg = config(rt / "c", spec)
+    api.apply(cfg, time_limit=5)
+
+    def moved(victim: int, past: int) -> dict[int, int]:
+        where = dict(enumerate(api.plan(cfg, time_limit=5).observed.placements["gang"]))
+        for r in (0, 1):
+            wait(lambda: (rec := bus(cfg).run("gang", r)) and any(f"step {past}" in ln for ln in rec["log_tail"]), what=f"gang/{r} past step {past}")
+        SimCloud(state_dir(cfg)).interrupt(where[victim])  # the notice first; returns once its agent has checkpointed
+        stayed = where[1 - victim]
+        rec = wait(lambda: (r := bus(cfg).run("gang", 1 - victim)) and r["phase"] != "Running" and r, what="the other rank stopped")
+        # signalled at the same stop, not Succeeded (then waiting for the gang, by the next poll)
+        assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
+        stopped = {r: json.loads((SimCloud(state_dir(cfg)).disk_dir(where[r]) / "checkpoints" / "gang" / "ckpt" / f"rank-{r}.json").read_text())["step"]
+                   for r in (0, 1)}
+        assert stopped[0] == stopped[1], stopped  # one stop, one step
+        now, steps = resumed_after(cfg, where, lambda: api.apply(cfg, time_limit=5))
+        # (the heal may renumber: the instance that stayed can take the other rank, whose file it has from the last round)
+        assert stayed in now.values() and len(set(now.values()) - set(where.values())) == 1, (where, now)
+        assert steps == {0: stopped[0], 1: stopped[0]}, (steps, stopped)
+        return steps
+
+    first = moved(1, 5)
+    second = moved(0, first[0] + 5)
+    assert second[0] > first[0]
+
+    # Then a node is lost: its agent and rank die with it, nothing uploaded. The rank that stays hangs in its next
+    # collective and is killed at the end of its grace when the gang moves; its upload is a round without the lost
+    # rank, which no one restores: both resume from the last complete round, the second move's step. Before, the new
+    # copy took the survivor's upload, whose file of the lost rank was the one carried from that round, and the survivor
+    # kept its own newer step.
+    where = dict(enumerate(api.plan(cfg, time_limit=5).observed.placements["gang"]))
+    for r in (0, 1):
+        wait(lambda: (rec := bus(cfg).run("gang", r)) and any(f"step {second[0] + 5}" in ln for ln in rec["log_tail"]), what=f"gang/{r} past step {second[0] + 5}")
+    sim = SimCloud(state_dir(cfg))
+    sim.stop_agent(where[1])  # the node dies: agent and replica, no notice
+    sim.interrupt(where[1])  # (no agent alive: no notice) and the cloud says it is gone
+    now, steps = resumed_after(cfg, where, lambda: api.apply(cfg, time_limit=5))
+    assert where[1] not in now.values() and where[0] in now.values(), (where, now)
+    assert steps == {0: second[0], 1: second[0]}, (steps, second)

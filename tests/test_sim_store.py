@@ -200,7 +200,7 @@ def test_an_instance_the_reconciler_terminated_during_its_notice_is_not_an_error
         def deliver_notice(self, instance_id, reason, notice_seconds):
             with self.world() as w:  # (what the sim provider's delete writes)
                 w["instances"][instance_id].update(state="terminated", terminated_reason="deleted-by-reconciler")
-            return True
+            return "checkpointed"
 
     sim = NoticeRace(tmp_path)
     iid = _plant(sim, 1)[0]
@@ -213,3 +213,25 @@ def test_an_instance_the_reconciler_terminated_during_its_notice_is_not_an_error
 
     with pytest.raises(ProviderError, match="no live instance"):  # (terminated before the call: still refused)
         sim.interrupt(iid)
+
+
+def test_an_agent_that_dies_during_its_notice_is_not_reported_checkpointed(tmp_path):
+    """The notice's wait ended when the agent died, and said "checkpointed" (no warning from `sim interrupt`) although
+    the agent never reported its replicas checkpointed and stopped. Now it says the agent died."""
+    import subprocess
+    import sys
+
+    from providers.sim import _starttime
+
+    sim = SimCloud(tmp_path)
+    iid = _plant(sim, 1)[0]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])  # an "agent" that dies in the notice
+    try:
+        d = sim.agent_dir(iid)
+        d.mkdir(parents=True)
+        (d / "agent.pid").write_text(f"{proc.pid} {_starttime(proc.pid)}\n")
+        assert sim.agent_alive(iid)
+        out = sim.interrupt(iid, notice_seconds=30)
+    finally:
+        proc.wait()
+    assert (out["checkpointed"], out["notice"]) == (False, "agent died"), out

@@ -10,7 +10,9 @@ here only once the agent of the instance it left no longer runs it. It writes ea
 record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.json`. After a stop a replica survives
 (a notice, a move, an edit, its own shutdown) it uploads the job's checkpoint dir to `checkpoints/<job>/`, and before
 a replica starts it restores the newest upload into an empty or older dir (reconciler/runtime/checkpoints.py); it
-writes nothing else.
+writes nothing else. A gang stops and resumes whole: a peer's stop it survives (a notice, a move) stops every rank of
+the round with its checkpoint signal (GangStopped), and every rank, moved or not, starts from the gang's newest
+complete round, once the round before is uploaded (WaitingForGang; checkpoints.py says what is guaranteed).
 
 The agent keeps running what it runs when the bus cannot be reached (a network blip must not
 kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
@@ -109,11 +111,38 @@ class _Stop:
     restart_attempt: int | None = None  # restart at this attempt once stopped (a gang restart)
 
 
+# A gang peer's stop that stops the whole gang at its round (its record says it stopped, or, while it checkpoints, that
+# it is stopping): its instance is going (a notice, the agent stopping) or the plan took it away (moved, edited).
+STOPS_THE_GANG = ("Interrupted", "AgentStopped", "Unassigned", "Replaced")
+
+
+def _survives(st: _Stop) -> bool:
+    """A stop the replica survives: a notice, a move, an edit, the agent stopping, or its gang stopping with a peer."""
+    return st.phase == "Stopped" or st.reason == "GangStopped"
+
+
 def _uploads_after(st: _Stop) -> bool:
-    """A stop whose checkpoint is uploaded: one the replica survives (a notice, a move, an edit, the agent stopping), and
-    its time limit. The job then ends Failed (DeadlineExceeded), but its checkpoint signal was sent and the edit that
-    raises the limit runs it again, placed anew: without the upload it started from step 0 (sim, runtime audit)."""
-    return st.phase == "Stopped" or st.reason == "DeadlineExceeded"
+    """A stop whose checkpoint is uploaded: one the replica survives (a notice, a move, an edit, the agent stopping, a
+    gang's stop with one of them), and its time limit. The job then ends Failed (DeadlineExceeded), but its checkpoint
+    signal was sent and the edit that raises the limit runs it again, placed anew: without the upload it started from
+    step 0 (sim, runtime audit). A gang's ranks stopped because a peer ran past the limit ("replica N failed:
+    DeadlineExceeded", GangFailed) too: without theirs its round lacked their ranks and was never restored."""
+    return _survives(st) or st.reason == "DeadlineExceeded" or st.reason == "GangFailed" and st.message.endswith(": DeadlineExceeded")
+
+
+def peer_stop(replica: int, peers: list[dict]) -> str | None:
+    """Why a gang's replica `replica` stops with its peers' records `peers` (the other replicas, of its round: spec hash
+    and epoch), or None: one of them stopped, or is stopping, for a reason in STOPS_THE_GANG. A gang is one training
+    run: a rank that goes away leaves the others hung in their next collective, and checkpointed then, later, they
+    resumed at steps the moved rank's checkpoint never reached (test_runtime_sim, the gang tests)."""
+    for r in sorted(peers, key=lambda r: r.get("replica", 0)):
+        if r.get("replica") == replica or r.get("terminal"):
+            continue
+        how = r.get("stopping") if r.get("stopping") in STOPS_THE_GANG else \
+            r.get("reason") if r.get("phase") == "Stopped" and r.get("reason") in STOPS_THE_GANG else None
+        if how:
+            return f"replica {r.get('replica')} stopped ({how}) on {r.get('instance')}: the gang stops with it"
+    return None
 
 
 @dataclass
@@ -139,6 +168,7 @@ class Replica:
     devices: tuple[str, ...] = ()  # the GPUs / MIG devices (the plan's ids) its process was started on
     predecessor: str | None = None  # the instance whose agent ran it before the plan moved it here
     waiting_since: float | None = None  # when it began waiting for that copy to stop
+    gang_since: float | None = None  # when it began waiting for its gang's last round to be uploaded
 
     @property
     def key(self) -> tuple[str, int]:
@@ -423,6 +453,11 @@ class Agent:
             except ReconcileError:
                 continue
             failed = [r for r in peers if r.get("terminal") and r.get("phase") == "Failed"]
+            why = peer_stop(e["replica"], peers)
+            if why and not failed:
+                if rep.running and rep.stop is None:
+                    self._begin_stop(rep, "Starting", "GangStopped", why, terminal=False)
+                continue
             if failed:
                 msg = f"replica {failed[0].get('replica')} failed: {failed[0].get('reason')}"
                 if rep.running:
@@ -533,6 +568,66 @@ class Agent:
         rep.reason, rep.message = "WaitingForPredecessor", msg
         return holder
 
+    def _gang_stopping(self, rep: Replica) -> str | None:
+        """peer_stop for this replica, from its gang's run records of its round (None for a job of one replica)."""
+        e = rep.entry
+        if e.get("world_size", 1) <= 1:
+            return None
+        try:
+            runs = self.bus.runs(e["job"])
+        except ReconcileError:
+            return None
+        return peer_stop(e["replica"], [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])])
+
+    def _gang_wait(self, rep: Replica) -> str | None:
+        """Why a gang's replica must not restore and start yet, or None. Until a peer of its round that stopped with a
+        survivable stop (peer_stop) runs again or the plan places the gang anew (a new epoch): a gang never runs with a
+        rank missing. And, at most its grace plus HANDOFF_MARGIN_S, while a peer's copy of the round before still runs
+        or uploads (its agent, fresh, lists it), here or on another instance, or a peer's new copy still waits for its
+        old one: restored before that upload is there, its round looked incomplete (a rank missing) and this rank
+        resumed from an older round than the others."""
+        e = rep.entry
+        job, me = rep.key
+        if e.get("world_size", 1) <= 1:
+            return None
+        try:
+            runs = self.bus.runs(job)
+        except ReconcileError:
+            return None
+        mine = (e["spec_hash"], e["epoch"])
+        same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == mine]
+        why = peer_stop(me, same)
+        if why:
+            return f"{why}; it starts again with the gang"
+        waits = []
+        if job in self.uploads or any(x.handle is not None and (x.entry["spec_hash"], x.entry["epoch"]) != mine
+                                      for (j, _), x in self.replicas.items() if j == job):
+            waits.append(f"this instance's upload of {job}'s last round")
+        for (_, i), r in sorted(runs.items()):
+            if i == me or r.get("terminal"):
+                continue
+            if (r.get("spec_hash"), r.get("epoch")) == mine:
+                if r.get("reason") == "WaitingForPredecessor":
+                    waits.append(f"replica {i}'s previous copy ({r.get('message')})")
+            elif r.get("instance") not in (None, self.instance):
+                try:
+                    doc = self.bus.agent(r["instance"])
+                except ReconcileError:
+                    continue
+                if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{i}" in doc.get("running", []):
+                    waits.append(f"replica {i} on {r['instance']}, still running or uploading its checkpoint")
+        if not waits:
+            return None
+        ck = e.get("checkpoint")
+        grace = float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
+        now = time.monotonic()
+        if rep.gang_since is None:
+            rep.gang_since = now
+        if now - rep.gang_since > grace + HANDOFF_MARGIN_S:
+            self._log(f"{job}/{me}: still waiting for {'; '.join(waits)} {now - rep.gang_since:.0f}s on: starting anyway")
+            return None
+        return "waiting for the gang's last round to be uploaded: " + "; ".join(waits)
+
     def _start(self, rep: Replica) -> None:
         e = rep.entry
         job, r = rep.key
@@ -545,6 +640,13 @@ class Agent:
             return
         if self._predecessor(rep) is not None:  # started on the first tick after the old copy is reported stopped
             return
+        wait = self._gang_wait(rep)
+        if wait is not None:  # the gang's ranks restore one round: each waits until every one of them is uploaded
+            if (rep.reason, rep.message) != ("WaitingForGang", wait):
+                self._log(f"{job}/{r}: {wait}")
+            rep.reason, rep.message = "WaitingForGang", wait
+            return
+        rep.gang_since = None
         master = self.address if e.get("master_instance") in (None, self.instance) else None
         if master is None:
             try:
@@ -560,7 +662,7 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            self._restore_checkpoint(job, ck_host, e.get("spec_hash"))
+            self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -629,7 +731,15 @@ class Agent:
         path = self._checkpoint_dir(rep.entry)
         if self.checkpoint_sync and path is not None:
             e = rep.entry
-            self.uploads[e["job"]] = {"dir": path, "spec_hash": e["spec_hash"], "epoch": e["epoch"], "deadline": deadline}
+            # the job's replicas of this round here: the ranks the upload holds (a gang's round is complete when its
+            # uploads hold every rank: checkpoints.restore_round)
+            ranks = {r for (j, r), x in self.replicas.items()
+                     if j == e["job"] and (x.entry["spec_hash"], x.entry["epoch"]) == (e["spec_hash"], e["epoch"])}
+            before = self.uploads.get(e["job"])
+            if before and (before["spec_hash"], before["epoch"]) == (e["spec_hash"], e["epoch"]):
+                ranks |= set(before["replicas"])
+            self.uploads[e["job"]] = {"dir": path, "spec_hash": e["spec_hash"], "epoch": e["epoch"], "deadline": deadline,
+                                      "replicas": sorted(ranks | {e["replica"]}), "world_size": e.get("world_size", 1)}
 
     def _upload_checkpoints(self) -> None:
         """Upload each job's checkpoint dir once none of its replicas here still runs (a gang's ranks write into one
@@ -640,25 +750,29 @@ class Agent:
             del self.uploads[job]
             try:
                 up = checkpoints.upload(self.bus.store, job, due["dir"], instance=self.instance, spec_hash=due["spec_hash"],
-                                        epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive)
+                                        epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive,
+                                        replicas=due["replicas"], world_size=due["world_size"])
                 if up.complete:
                     self._write_marker(job, [up.generation])
                     checkpoints.prune(self.bus.store, job, log=self._log)
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None) -> None:
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> None:
         """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
-        (of a job removed once, only one made since, or by the same job put back: `spec_hash`)."""
+        (of a job removed once, only one made since, or by the same job put back: `spec_hash`); a gang's, once per
+        assignment, is made the gang's newest complete round (checkpoints.restore_round)."""
         if not self.checkpoint_sync:
             return
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
-                                      progress=self._keepalive, spec_hash=spec_hash)
+                                      progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return
-        if got.generations:
+        if got.marker is not None:
+            write_atomic(self._marker(job), json.dumps({**got.marker, "at_time": iso()}).encode())
+        elif got.generations:
             self._write_marker(job, got.generations)
 
     def _exited(self, rep: Replica, code: int) -> None:
@@ -669,7 +783,14 @@ class Agent:
         how = f"exit code {code}" if code >= 0 else f"killed by {signals.Signals(-code).name}"
         policy = e.get("restart", {}).get("policy", "OnFailure")
         limit = e.get("restart", {}).get("backoff_limit", 3)
-        if e.get("mode", "batch") == "batch" and code == 0:
+        why = self._gang_stopping(rep) if code == 0 else None
+        if why:
+            # (a gang whose ranks agree on a stop at a step, the stop flag reduced over the ranks, exits 0 on the peer's
+            # signal, maybe before its own: that is the gang's stop, checkpointed, not a batch job that Succeeded)
+            st = _Stop(time.monotonic(), "Starting", "GangStopped", why, False)
+            self._ended_as(rep, st, code)
+            self._upload_due(rep, time.monotonic() + UPLOAD_MIN_S)
+        elif e.get("mode", "batch") == "batch" and code == 0:
             rep.phase, rep.reason, rep.message, rep.terminal = "Succeeded", "Completed", how, True
         elif e.get("mode") == "service" and (code == 0 or policy == "OnFailure"):
             self._backoff(rep, how, None)
@@ -744,6 +865,8 @@ class Agent:
             "world_size": e.get("world_size", 1), "master_addr": rep.env.get("MASTER_ADDR"),
             "log_path": str(self._log_path(rep)), "log_tail": masked(log_tail(self._log_path(rep)), own_secrets(e)),
             **({"next_start_at": rep.next_start_at} if rep.reason == "BackOff" and rep.next_start_at is not None else {}),
+            # (a stop it survives, under way: its gang's peers stop with it at once, not once its checkpoint is written)
+            **({"stopping": rep.stop.reason} if rep.stop is not None and rep.handle is not None and _survives(rep.stop) else {}),
         }
 
     def _last_report(self, rep: Replica) -> None:

@@ -12,9 +12,34 @@ A generation is `<unix ms, 13 digits>-<instance>`: names sort by time. `upload` 
 checkpoint signal (a stop it survives: a spot notice, a move, an edit, the agent stopping), once no other replica of the
 job on the instance still runs (a gang's ranks write into one directory); `restore` runs before a replica starts and
 fills an empty or older local directory from the newest complete upload whose every file is there with its sha256. A
-gang's replicas on several instances upload one generation each at the same stop (same spec hash and epoch, a "round"):
-`restore` takes the newest one and the newest of each other instance in its round, so every rank's files come back. A
 generation with a missing or corrupt file is skipped whole (logged), never half-restored.
+
+Gangs (a job of several replicas, its ranks on one or several instances). What is guaranteed:
+
+- One stop for the whole gang. When a rank stops for a stop it survives (a spot notice, its agent stopping, a move or
+  an edit) every other rank of its round (spec hash and epoch) is stopped with its checkpoint signal too, within an
+  agent poll of the first one's signal (agent.peer_stop, reason GangStopped), and each instance uploads its directory
+  for that round; an instance whose directory is empty (plain DDP saves on rank 0) uploads a manifest with no files. Each
+  manifest names the ranks its instance held (`replicas`, `world_size`). A rank that exits 0 while a peer of its round
+  stops (a job that reduces its stop flag over its ranks) is that stop, not Succeeded.
+- One round for every rank. Before a rank starts on a new assignment (a new epoch or spec), moved or not, its agent
+  waits (a grace plus 30 s at most) until no peer's copy of the round before still runs or uploads, then makes the
+  job's directory hold exactly the newest complete round: the newest round whose uploads hold every rank, each
+  upload's every file there with its sha256 (`restore_round`). A round that lacks a rank (a lost node uploads nothing;
+  an upload cut by the notice's end has no manifest) or has a file missing or corrupt is skipped and the next older
+  complete one taken, by every rank alike; prune keeps the newest complete round whole. Within a round, a name several
+  uploads hold (each instance got the whole job's files and uploads them again) comes from the copy written last (its
+  recorded mtime, which the restore keeps): a carried copy from an older round never wins over the rank's own.
+- A local directory does not win. Files of the job's directory that are not of that round (a rank that ran on after
+  the stop, an instance whose own upload was cut) are moved aside, to `.<dir>.fleetops-aside/` beside it (the last
+  set kept), not resumed from. Uploads but no complete round at all: every rank starts afresh, its local files moved
+  aside. No upload at all (a first start, sync off): the directory is left as it is.
+- Within one assignment, a restart in place (a failure, a gang restart) keeps what the job wrote since (its agent's
+  marker records the assignment the round was restored for).
+
+Not guaranteed: which step each rank's files hold. fleetops stops the ranks together and gives them the files of one
+stop; the job writes them (a DDP job agrees on the step it stops at over its ranks, or saves collectively, as DCP does).
+Clocks: "written last" compares the writing instances' clocks, for names that two ranks both wrote in one round.
 
 Files are streamed, never held whole: each is hashed (sha256) a MiB at a time, then sent by path through the backend's
 write_file (S3: a multipart upload above its threshold; GCS: a resumable upload; Azure: blocks); `restore` downloads
@@ -208,14 +233,18 @@ class Upload:
 
 def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spec_hash: str, epoch: int,
            deadline: float | None = None, limit: int | None = None, now: Callable[[], float] = time.time, log: Log = print,
-           progress: Callable[[], None] | None = None) -> Upload:
+           progress: Callable[[], None] | None = None, replicas: list[int] | None = None, world_size: int = 1) -> Upload:
     """Copy the files of `local_dir` to a new generation of `job`, the manifest last. `deadline` (time.monotonic()):
-    no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload. `progress` is
-    called before each file and every few seconds within one (backend.Every: the agent's heartbeat; an upload longer
-    than the stale limit made its instance look lost). Each file is hashed and sent streamed, never read whole."""
+    no file is begun past it, and then no manifest is written. Nothing to copy (no files) is no upload, except for a
+    gang (`world_size` > 1): its manifest, with no files, still says that this instance's ranks (`replicas`) took part
+    in the round (plain DDP saves on rank 0 only: the other instances' directories are empty, and their round was
+    never complete). `progress` is called before each file and every few seconds within one (backend.Every: the
+    agent's heartbeat; an upload longer than the stale limit made its instance look lost). Each file is hashed and
+    sent streamed, never read whole; its mtime (ns) goes into the manifest (`restore` gives it back: a gang's round is
+    merged by it)."""
     began = time.monotonic()
     files = local_files(local_dir)
-    if not files:
+    if not files and world_size <= 1:
         return Upload(None, False, why="no files")
     total = sum(size for _, _, size in files)
     limit = max_bytes() if limit is None else limit
@@ -234,6 +263,7 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
         if progress is not None:
             progress()
         try:
+            mtime_ns = path.stat().st_mtime_ns
             size, sha256 = digest(path, tick)
         except OSError as e:
             log(f"{job}: checkpoint file {rel} unreadable ({e.strerror}): left out")
@@ -242,12 +272,13 @@ def upload(store: StateBackend, job: str, local_dir: Path, *, instance: str, spe
         # (the file read again as it is sent: were it changed between the two, its sha256 differs and `restore` skips
         # this upload whole; the job that writes it has stopped)
         store.write_file(key, path, tick)
-        listed.append({"path": rel, "key": key, "size": size, "sha256": sha256})
+        listed.append({"path": rel, "key": key, "size": size, "sha256": sha256, "mtime_ns": mtime_ns})
         sent += size
     seconds, at = time.monotonic() - began, now()
     doc = {"version": VERSION, "job": job, "generation": gen, "instance": instance, "spec_hash": spec_hash, "epoch": epoch,
            "created_unix": at, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
-           "files": listed, "bytes": sent, "upload_seconds": round(seconds, 3)}
+           "files": listed, "bytes": sent, "upload_seconds": round(seconds, 3),
+           **({"replicas": sorted(replicas), "world_size": world_size} if replicas is not None else {})}
     store.write_key(manifest_key(job, gen), json.dumps(doc, indent=1).encode())
     log(f"{job}: checkpoint uploaded as {gen}: {len(listed)} file(s), {sent} bytes in {seconds:.2f}s")
     return Upload(gen, True, len(listed), sent, time.monotonic() - began)
@@ -284,11 +315,12 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
 
 
 def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
-          progress: Callable[[], None] | None = None) -> dict[str, Path] | None:
+          progress: Callable[[], None] | None = None, have: dict[str, Path] | None = None) -> dict[str, Path] | None:
     """Every file of one upload, downloaded under the directory `into` (made here), each streamed to disk and checked
     against its size and sha256 as it is read back: {path: downloaded file}. None (logged, `into` removed) when one is
     missing or differs: that upload is skipped whole. `progress`: called before each file and every few seconds
-    within one (as upload's)."""
+    within one (as upload's). `have`: files of the upload already on this disk (a gang's restore: its own upload, or
+    one restored before, same size and mtime), given back as they are, not fetched again."""
     out: dict[str, Path] = {}
     tick = Every(progress)
     try:
@@ -299,6 +331,9 @@ def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
             if rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")) or rel in out:
                 log(f"{doc['job']}: checkpoint {doc['generation']} names the path {rel!r}: skipped")
                 return None
+            if have and rel in have:
+                out[rel] = have[rel]
+                continue
             dest = into / rel
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -318,7 +353,7 @@ def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
         return out
     finally:
         if len(out) != len(doc["files"]):
-            shutil.rmtree(into, ignore_errors=True)
+            shutil.rmtree(into, ignore_errors=True)  # (only what was fetched is there: `have` is elsewhere)
 
 
 def round_of(doc: dict) -> tuple:
@@ -332,6 +367,8 @@ class Restore:
     bytes: int = 0
     seconds: float = 0.0
     why: str = ""
+    marker: dict | None = None  # a gang's: what the agent records for the directory (which round, at which assignment)
+    aside: int = 0  # a gang's: local files moved aside (not of the round restored)
 
 
 def needs_restore(local_dir: Path, newest: dict, marker: dict | None) -> bool:
@@ -346,9 +383,12 @@ def needs_restore(local_dir: Path, newest: dict, marker: dict | None) -> bool:
 
 
 def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | None = None, log: Log = print,
-            progress: Callable[[], None] | None = None, spec_hash: str | None = None) -> Restore:
+            progress: Callable[[], None] | None = None, spec_hash: str | None = None, epoch: int | None = None,
+            world_size: int = 1) -> Restore:
     """Fill `local_dir` from the newest complete upload (and the newest one of each other instance of its round, a
-    gang's other ranks), where `needs_restore` says so. Its files replace the local ones of the same name; others stay."""
+    gang's other ranks), where `needs_restore` says so. Its files replace the local ones of the same name; others stay.
+    A gang (`world_size` > 1) restores its newest complete round instead, whatever the local directory holds
+    (`restore_round`)."""
     began = time.monotonic()
     docs = manifests(store, job, log)
     gone = removed_at(store, job)
@@ -356,6 +396,9 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
         # (uploads from before the job was removed belong to that job: restored only into the same job put back,
         # its spec hash theirs; a new job given the name, another model, starts afresh)
         docs = [d for d in docs if d["created_unix"] > gone or (spec_hash is not None and d.get("spec_hash") == spec_hash)]
+    if world_size > 1:
+        return restore_round(store, job, Path(local_dir), docs, at=[spec_hash, epoch], marker=marker,
+                             log=log, progress=progress, began=began)
     if not docs:
         return Restore(why="no upload" if gone is None else "no upload since a job of this name was removed")
     if not needs_restore(local_dir, docs[0], marker):
@@ -407,6 +450,137 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
     return Restore(gens, len(merged), size, seconds)
 
 
+def rounds(docs: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """`docs` (newest first) by round (spec hash, epoch), the round of the newest upload first; in each, the newest
+    upload of each instance (an instance's older upload of the same round is superseded), newest first."""
+    out: dict[tuple, list[dict]] = {}
+    for d in docs:
+        members = out.setdefault(round_of(d), [])
+        if all(m.get("instance") != d.get("instance") for m in members):
+            members.append(d)
+    return list(out.items())
+
+
+def missing_ranks(members: list[dict]) -> list[int] | None:
+    """The ranks of the gang (of the world size its uploads recorded) that no upload of a round holds ([] for a
+    complete round); None when one of them does not say which ranks it holds (an upload from before they were
+    recorded: such a round is taken as complete, as it was then)."""
+    if not members or any(not isinstance(m.get("replicas"), list) for m in members):
+        return None
+    sizes = [m["world_size"] for m in members if isinstance(m.get("world_size"), int)]
+    n = max(sizes, default=1)
+    have = {r for m in members for r in m["replicas"] if isinstance(r, int)}
+    return [r for r in range(n) if r not in have]
+
+
+def _mtime_ns(doc: dict, f: dict) -> int:
+    """When the file was written where it was uploaded from (an upload from before mtimes were recorded: its own time)."""
+    m = f.get("mtime_ns")
+    return m if isinstance(m, int) and not isinstance(m, bool) else int(doc["created_unix"] * 1e9)
+
+
+def _on_disk(local: dict[str, tuple[Path, int]], doc: dict) -> dict[str, Path]:
+    """The files of upload `doc` this disk holds as they were uploaded (same size and mtime: the instance's own upload,
+    or what it restored before, which keeps the file's mtime): not fetched again."""
+    out = {}
+    for f in doc["files"]:
+        got = local.get(f["path"])
+        if got is not None and got[1] == f["size"] and isinstance(f.get("mtime_ns"), int):
+            try:
+                if got[0].stat().st_mtime_ns == _mtime_ns(doc, f):
+                    out[f["path"]] = got[0]
+            except OSError:
+                pass
+    return out
+
+
+def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> int:
+    """Move these local files out of the job's directory into `.<dir>.fleetops-aside/` beside it (emptied first: one
+    set is kept), so the job cannot resume from them; logged with where they went."""
+    if not rels:
+        return 0
+    aside = local_dir.parent / f".{local_dir.name}.fleetops-aside"
+    shutil.rmtree(aside, ignore_errors=True)
+    for rel in rels:
+        target = aside / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(local_dir / rel, target)
+    log(f"{job}: {len(rels)} local checkpoint file(s) moved aside to {aside} ({why}): "
+        + ", ".join(rels[:5]) + (" ..." if len(rels) > 5 else ""))
+    return len(rels)
+
+
+def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dict], *, at: list,
+                  marker: dict | None = None, log: Log = print, progress: Callable[[], None] | None = None,
+                  began: float | None = None) -> Restore:
+    """A gang's restore: every rank, moved or not, resumes from the same round. Each agent makes its directory hold
+    exactly the files of the newest complete round, the newest round whose uploads hold every rank of its gang (its
+    world size then: a gang resized by an edit resumes from its last round, `missing_ranks`) and whose every file is
+    there with its sha256 (a round with one missing or corrupt is skipped whole, and the next older complete one tried); a name several of its uploads hold comes from the one whose file was written last (its
+    recorded mtime: a file an instance only carried, restored there from an earlier round, never wins over the rank's
+    own). Local files not of that round (a newer local directory, from a rank that ran on after the stop, or an
+    instance whose upload was cut) are moved aside, not resumed from. Uploads but no complete round (a lost node that
+    uploaded nothing, and no older complete round): every local file moved aside, the gang starts afresh, the same on
+    every rank. No upload at all: the directory is left as it is. Done once per assignment (`at`: spec hash and
+    epoch, in the marker the agent keeps): a restart in place within it (a failure, a gang restart) keeps what the
+    job wrote since."""
+    began = time.monotonic() if began is None else began
+    if marker and marker.get("at") == at:
+        return Restore(why="this assignment's round was restored already: restarted in place, the directory kept")
+    if not docs:
+        return Restore(why="no upload")
+    local = {rel: (path, size) for rel, path, size in local_files(local_dir)}
+    staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
+    for key, members in rounds(docs):
+        # (against the round's own world size: a gang resized by an edit, `replicas`, resumes from its last round, all
+        # of whose files every rank gets; DCP reshards such a checkpoint)
+        missing = missing_ranks(members)
+        if missing:
+            log(f"{job}: checkpoint round {key[1]} (spec {key[0]}) lacks rank(s) {', '.join(map(str, missing))}: "
+                f"{', '.join(m['generation'] for m in members)} not restored")
+            continue
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            got = []
+            for i, doc in enumerate(members):
+                files = fetch(store, doc, staging / str(i), log, progress, have=_on_disk(local, doc))
+                if files is None:
+                    break
+                got.append((doc, files))
+            if len(got) != len(members):
+                log(f"{job}: checkpoint round {key[1]} (spec {key[0]}) is not whole: the next older complete round is tried")
+                continue
+            merged: dict[str, tuple[int, float, Path, int]] = {}  # path -> (mtime_ns, upload time, file, size)
+            for doc, files in got:
+                for f in doc["files"]:
+                    cand = (_mtime_ns(doc, f), float(doc["created_unix"]), files[f["path"]], f["size"])
+                    if f["path"] not in merged or cand[:2] > merged[f["path"]][:2]:
+                        merged[f["path"]] = cand
+            keep = {rel for rel, (_, _, path, _) in merged.items() if rel in local and path == local[rel][0]}
+            aside = _aside(local_dir, sorted(set(local) - keep), log, job, f"not of round {key[1]}, which every rank resumes from")
+            local_dir.mkdir(parents=True, exist_ok=True)
+            for rel, (mtime_ns, _, path, _) in merged.items():
+                if rel in keep:
+                    continue
+                target = local_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                with contextlib.suppress(OSError):
+                    os.utime(target, ns=(mtime_ns, mtime_ns))  # (the writer's time: a later restore knows it, _on_disk)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        gens = [d["generation"] for d, _ in got]
+        size = sum(n for *_, n in merged.values())
+        seconds = time.monotonic() - began
+        log(f"{job}: checkpoint round {key[1]} restored from {', '.join(gens)}: {len(merged)} file(s), "
+            f"{len(merged) - len(keep)} fetched, {size} bytes in {seconds:.2f}s")
+        return Restore(gens, len(merged), size, seconds, marker={"generations": gens, "round": list(key), "at": at}, aside=aside)
+    aside = _aside(local_dir, sorted(local), log, job, "no complete round of the gang's uploads: every rank starts afresh")
+    return Restore(why="no complete round", seconds=time.monotonic() - began,
+                   marker={"generations": [], "round": None, "at": at}, aside=aside)
+
+
 def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print, now: Callable[[], float] = time.time) -> int:
     """Delete the job's uploads beyond the newest `keep` and the newest round (manifest first: a reader never takes
     an upload whose files are going), and the files of uploads cut before their manifest (`cut_generations`).
@@ -415,9 +589,12 @@ def prune(store: StateBackend, job: str, keep: int = KEEP, log: Log = print, now
     if not docs:
         return 0
     newest = round_of(docs[0])
+    # (and a gang's newest complete round, whole: a newer round that lacks a rank, a lost node's, is never restored,
+    # and the older complete one is what every rank resumes from)
+    whole = next(((key, {d["generation"] for d in members}) for key, members in rounds(docs) if missing_ranks(members) == []), None)
     gone = 0
     for doc in docs[keep:]:
-        if round_of(doc) == newest:
+        if round_of(doc) == newest or whole is not None and doc["generation"] in whole[1]:
             continue
         try:
             store.delete_key(manifest_key(job, doc["generation"]))
