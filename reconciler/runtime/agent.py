@@ -116,6 +116,13 @@ class _Stop:
 STOPS_THE_GANG = ("Interrupted", "AgentStopped", "Unassigned", "Replaced")
 
 
+def _grace(entry: dict) -> float:
+    """The checkpoint grace of an assignment's replica (STOP_GRACE_S without a checkpoint): how long a copy it hands
+    over to may wait for it (plus HANDOFF_MARGIN_S) before starting anyway."""
+    ck = entry.get("checkpoint")
+    return float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
+
+
 def _survives(st: _Stop) -> bool:
     """A stop the replica survives: a notice, a move, an edit, the agent stopping, or its gang stopping with a peer."""
     return st.phase == "Stopped" or st.reason == "GangStopped"
@@ -553,13 +560,11 @@ class Agent:
         if holder is None:
             rep.waiting_since = None
             return None
-        ck = rep.entry.get("checkpoint")
-        grace = float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
-        now = time.monotonic()
         if rep.waiting_since is None:
-            rep.waiting_since = now
-        if now - rep.waiting_since > grace + HANDOFF_MARGIN_S:
-            self._log(f"{job}/{r}: the agent on {holder} still reports it running {now - rep.waiting_since:.0f}s after the move: starting anyway")
+            rep.waiting_since = time.monotonic()
+        grace, waited = _grace(rep.entry), time.monotonic() - rep.waiting_since
+        if waited > grace + HANDOFF_MARGIN_S:
+            self._log(f"{job}/{r}: the agent on {holder} still reports it running {waited:.0f}s after the move: starting anyway")
             rep.predecessor = None
             return None
         msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s)"
@@ -618,13 +623,11 @@ class Agent:
                     waits.append(f"replica {i} on {r['instance']}, still running or uploading its checkpoint")
         if not waits:
             return None
-        ck = e.get("checkpoint")
-        grace = float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
-        now = time.monotonic()
         if rep.gang_since is None:
-            rep.gang_since = now
-        if now - rep.gang_since > grace + HANDOFF_MARGIN_S:
-            self._log(f"{job}/{me}: still waiting for {'; '.join(waits)} {now - rep.gang_since:.0f}s on: starting anyway")
+            rep.gang_since = time.monotonic()
+        waited = time.monotonic() - rep.gang_since
+        if waited > _grace(e) + HANDOFF_MARGIN_S:
+            self._log(f"{job}/{me}: still waiting for {'; '.join(waits)} {waited:.0f}s on: starting anyway")
             return None
         return "waiting for the gang's last round to be uploaded: " + "; ".join(waits)
 
