@@ -170,7 +170,13 @@ told to make it a plain test).
   both fixes; at 52921ca too): greedy's plan evicted t2's guaranteed j8 while the buffer and t1's budget are broken
   now: the cheapest spot host kept for diversity took the pool slot the buffer's ballast needed (its test). fleet97
   (the slow property tier, 2026-12-02; at f3d8ec5 too): greedy's plan evicted t2's guaranteed j4: an idle on-demand
-  host the pool's max refused as the spot share's mend was not asked again once a release freed the slot (its test)."""
+  host the pool's max refused as the spot share's mend was not asked again once a release freed the slot (its test).
+  fleet98 (the slow property tier, 2026-12-02): greedy's plan broke spot diversity with a spot instance settle_spot bought
+  for it and left alone once the spot host beside it was given up (its test).
+  fleet99 and fleet100 (made by hand, 2026-12-02, for two greedy orderings noted with fleet97): greedy's settle_spot asked
+  a spot host it had tried for diversity again, not the spot instance to buy beside it, and gave up t1's guaranteed j8;
+  and kept a pool's one slot for a spot job over the on-demand job of its rank the spot share then needed, and lost two
+  jobs where CP-SAT lost one (their tests)."""
 
 from __future__ import annotations
 
@@ -1864,3 +1870,46 @@ def test_greedy_asks_an_idle_on_demand_host_again_once_a_spot_host_given_up_free
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j4"] == ("keep", ("i1",)), (p.solver.status, actions)
     check_fleet(fleet("fleet97"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_keeps_no_spot_bought_for_diversity_once_the_spot_hosts_beside_it_are_given_up_on_fleet98():
+    """fleet98 (the slow property tier, 2026-12-02, on main): one pool, az-mig (Standard_NC24ads_A100_v4 only, either
+    market, max 3), t3's low MIG j0 on i0 (spot, eastus-1), and a SpotPolicy asking for 2 spot instance types and 2
+    zones: no spot can keep it. settle_spot bought a spot instance in eastus-2 for the second zone (fleet92's mend), found
+    no second type to buy, and gave up i0; the spot instance bought stayed, alone, and j0 was placed on it: greedy's plan
+    broke spot diversity. The spot bought for diversity goes once every spot host beside it is given up; j0 moves to an
+    on-demand instance, as in CP-SAT's plan."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet98"), time_limit=5)
+    assert not [c for c in gplan.creates if c.market == "spot"], gplan.creates
+    check_fleet(fleet("fleet98"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_asks_a_spot_instance_to_buy_for_diversity_not_a_host_it_tried_on_fleet99():
+    """fleet99 (made by hand, 2026-12-02): t1's guaranteed spot-required j8 runs on i2, a spot A100 in eastus-1; the
+    SpotPolicy asks for two spot zones and a 50% on-demand buffer. settle_spot kept i0 (an idle spot g5.xlarge in
+    us-east-1a) for the second zone, but it took aws-a10g's one slot, the only room for on-demand ballast, and was closed;
+    _diversity_buy then named i0 again (the cheapest, tied at $0.4886/h with a spot g5.xlarge to buy in aws-a10g-b, a
+    host first), tried already, so i2 was given up and j8 with it, and t2's new critical j0 took az-a100-80's slot.
+    CP-SAT's plan keeps j8, buying the spot g5.xlarge in us-east-1b and an on-demand one in aws-a10g to stand idle. A spot
+    instance tried is not asked again: greedy's plan is CP-SAT's."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet99"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet99"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_keeps_a_pools_on_demand_running_job_first_where_the_spot_share_needs_it_on_fleet100():
+    """fleet100 (made by hand, 2026-12-02): az-a100-80 (max 1) runs t1's normal j1 on spot i0 and t2's normal j2 on
+    on-demand i1, and t2's low j3 runs on i2, a spot T4; max_spot_fraction 0.5 and a 50% on-demand buffer, with room
+    for one on-demand T4 as ballast. Greedy kept running work in its placing order: j1 took the pool's slot, j2 was kept
+    out, the spot share (2 of 2 GPUs, 2 of 3 with the T4) gave up i2 and j3 with it, and greedy kept one job of three;
+    CP-SAT keeps j2 and j3 (the T4 bought to stand idle) and evicts j1 (j1 and j2 rank alike). Where a pool's maximum
+    keeps an on-demand host with running work out while a spot rule on-demand capacity mends is broken, greedy also
+    plans keeping the on-demand jobs first among running work ranked alike, and takes that answer where it ranks
+    above. Not always first: where spot diversity needs the spot job kept, the placing order's answer stays."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet100"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j2"] == ("keep", ("i1",)) and actions["j3"] == ("keep", ("i2",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet100"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
