@@ -640,6 +640,25 @@ class _Greedy:
         self.idle.setdefault(c.offer_key, []).append(c)
         self.led.remove_instance(inst.key)
 
+    def keep_stuck_gangs(self, order: list[Demand], stuck: set[str]) -> None:
+        """Once the new work is placed: a running gang that may only stay or stop (`stuck_gangs`, WhenEmpty) and stays
+        nowhere is kept again where it runs, where every host it runs on is open (none is opened for it) and no rule
+        refuses it now. settle_spot gives up spot before new work is placed: t3's low MIG gang j9 went with its spot
+        host for spot diversity and t3's spot share, the host was opened again for t2's j3 beside it, and t3's new
+        critical j7 on on-demand then held t3's share; placing anew brings other jobs back, never a gang that may not
+        move, and apply's re-check refused greedy's plan, which stopped j9 for no rule (fleet101; CP-SAT's kept it)."""
+        hosts = {c.key: c for c in self.p.hosts()}
+        for d in order:
+            if d.key not in stuck or self.a.placed[d.key] >= d.running_jobs or d.running_items < d.running_jobs * d.replicas:
+                continue
+            for job, iids in d.running:
+                cells = iids[:1] if d.bundle > 1 else iids
+                stays = {h: self.a.stay.get((d.key, h), 0) for h in cells}
+                if self.a.placed[d.key] >= d.running_jobs:
+                    break
+                if all(i in self.opened for i in cells) and any(stays[h] < cells.count(h) for h in stays):
+                    self._keep(d, job, iids, hosts)
+
     def drop_idle_hosts(self) -> None:
         """keep_fleet kept every host before placing; one nothing went on goes where no rule needs it (its pool's
         minimum, the spot rules). Kept, a host a grown gang left empty stood idle in greedy's plan, and the plan after
@@ -945,6 +964,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
             if not _place_jobs(g, d, borrowed, share.retry):
                 done.add(d.key)
                 share.add(d)
+    g.keep_stuck_gangs(order, stuck)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
         return None, contested

@@ -176,7 +176,8 @@ told to make it a plain test).
   fleet99 and fleet100 (made by hand, 2026-12-02, for two greedy orderings noted with fleet97): greedy's settle_spot asked
   a spot host it had tried for diversity again, not the spot instance to buy beside it, and gave up t1's guaranteed j8;
   and kept a pool's one slot for a spot job over the on-demand job of its rank the spot share then needed, and lost two
-  jobs where CP-SAT lost one (their tests)."""
+  jobs where CP-SAT lost one (their tests). fleet101 (the slow property tier, 2026-12-02, on main too): greedy's plan
+  stopped t3's guaranteed MIG gang j9 under WhenEmpty for spot rules its tenant's new on-demand work then kept (its test)."""
 
 from __future__ import annotations
 
@@ -1913,3 +1914,18 @@ def test_greedy_keeps_a_pools_on_demand_running_job_first_where_the_spot_share_n
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j2"] == ("keep", ("i1",)) and actions["j3"] == ("keep", ("i2",)), (p.solver.status, actions)
     check_fleet(fleet("fleet100"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_keeps_a_gang_that_may_not_move_again_where_its_host_is_opened_again_on_fleet101():
+    """fleet101 (the slow property tier, 2026-12-02; on main too): under WhenEmpty, t3's guaranteed low MIG gang j9 and
+    t2's high j3 run on i1, a spot A100 in eastus-2; the SpotPolicy asks for two spot instance types, a 50% on-demand
+    buffer and at most half of t3's work on spot. Kept as it runs, the fleet breaks all three (t3 runs j9 alone), so
+    settle_spot gave up i1, before t3's new critical j7 (on-demand) was placed; the keep_fleet pass opened i1 again for
+    j3 and bought a spot g5.xlarge for the second type, but j9, a running gang that may only stay or stop, was not asked
+    again, and apply's re-check refused greedy's plan (j9 stopped where keeping it breaks no rule the plan keeps; CP-SAT's
+    plan kept it). A gang that may not move is kept again once the new work is placed, where its hosts are open."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet101"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j9"] == ("keep", ("i1", "i1")), (p.solver.status, actions)
+    check_fleet(fleet("fleet101"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
