@@ -393,11 +393,17 @@ class _Greedy:
                 # instance bought and an idle on-demand one mended (fleet95; CP-SAT's plan kept the job).
                 keep = self._diversity_spare(tried)
                 if keep is None:
-                    buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
+                    # (greedy's restraint on idle spot lifted: a rule asks for it; and the fleet's spot share not asked, as
+                    # `_diversity_spare` does not ask it: the ballast asked below mends it or the buy is undone. Asked, a
+                    # share broken by t1's guaranteed j5 alone on a spot g5.xlarge refused every spot instance for the
+                    # second zone, the host was given up and t2's new j8 took its place: apply's re-check refused greedy's
+                    # plan, where CP-SAT's bought a spot A100 in eastus-2 and an on-demand p4d: fleet103)
+                    buy_spot, self.buy_spot = self.buy_spot, True
+                    ballast_after, self.ballast_after = self.ballast_after, True
                     try:
                         keep = None if self._tenants_over_spot() else _diversity_buy(self, tried)
                     finally:
-                        self.buy_spot = buy_spot
+                        self.buy_spot, self.ballast_after = buy_spot, ballast_after
                 if keep is not None and keep.key not in tried:
                     tried.add(keep.key)
                     inst = self._open(keep)

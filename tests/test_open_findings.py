@@ -180,7 +180,9 @@ told to make it a plain test).
   stopped t3's guaranteed MIG gang j9 under WhenEmpty for spot rules its tenant's new on-demand work then kept (its test).
   fleet102 (the slow lifecycle machine, 2026-12-02; on main too; not fixed: a strict xfail, a replayed sequence, no
   file): the plan right after an apply was no no-op, t2's guarantee filled again by class once its new high job ran
-  (its test)."""
+  (its test). fleet103 (the slow property tier, 2026-12-02, on main too): greedy gave up t1's guaranteed j5's spot host for
+  spot diversity where a spot instance bought in a second zone, with on-demand ballast for the spot share, kept it (its
+  test)."""
 
 from __future__ import annotations
 
@@ -1932,6 +1934,21 @@ def test_greedy_keeps_a_gang_that_may_not_move_again_where_its_host_is_opened_ag
         actions = {j.job: (j.action, j.instances) for j in p.jobs}
         assert actions["j9"] == ("keep", ("i1", "i1")), (p.solver.status, actions)
     check_fleet(fleet("fleet101"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_buys_spot_for_diversity_while_the_fleets_spot_share_is_broken_where_ballast_mends_it_on_fleet103():
+    """fleet103 (the slow property tier, 2026-12-02; on main too): t1's guaranteed low j5 runs alone on i0, a spot
+    g5.xlarge in us-east-1a (aws-a10g: spot, max 1); max_spot_fraction 0.25 and two spot zones asked. Kept, it breaks
+    both. settle_spot asked for a spot instance in a second zone with the fleet's spot share checked, which the share
+    (1 of 1 GPUs on spot, broken already) refused for every one; with diversity broken no ballast was bought, so i0 was
+    given up, and t2's new normal j8 took aws-a10g's one slot: apply's re-check refused greedy's plan. CP-SAT's keeps j5
+    beside a spot A100 in eastus-2 and an on-demand p4d (the A100 work, and the share). The spot share is not asked of a
+    spot instance bought for diversity, as of a spot host kept for it: the ballast asked after mends it, or it is undone."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet103"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j5"] == ("keep", ("i0",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet103"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="fleet102: not fixed yet (the plan right after an apply is no no-op)")
