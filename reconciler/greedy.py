@@ -24,7 +24,8 @@ rule that refuses each step, the rule explain reads off the finished plan.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -95,8 +96,9 @@ def _capacity_of(c: Capacity) -> dict[str, float]:
 
 
 class _Greedy:
-    def __init__(self, problem: Problem, spot_first: bool = False):
+    def __init__(self, problem: Problem, spot_first: bool = False, on_demand_first: bool = False):
         self.p = problem
+        self.on_demand_first = on_demand_first  # keep_running: of running jobs ranked alike, those on on-demand hosts first
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         # (spot_first: spot bought as if neither diversity nor an on-demand buffer were asked, both settled at the end:
@@ -140,6 +142,7 @@ class _Greedy:
                 cur[k] = min(cur.get(k, math.inf), d.req(k))
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         self.kept: set[str] = set()  # running jobs keep_running kept (or left to healing): not asked again
+        self.tie: dict[str, int] = {}  # demand -> its rank in the placing order, demands alike to it but for the name tied
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
         self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]] | None = None  # _reclaimable's answer
         self.running_gangs: list[Demand] | None = None  # _place_reclaiming_gang's candidates, in its order
@@ -273,10 +276,12 @@ class _Greedy:
         protected = {j for r in self.p.tenants.values() for j in r.protected_jobs}
         for reshaped in (False, True):
             for guaranteed in (True, False):
-                for d in order:
-                    for job, iids in d.running:
-                        if (job in d.reshaped) == reshaped and (job in protected) == guaranteed and job not in self.kept:
-                            self._keep(d, job, iids, hosts)
+                jobs = [(d, job, iids) for d in order for job, iids in d.running
+                        if (job in d.reshaped) == reshaped and (job in protected) == guaranteed and job not in self.kept]
+                if self.on_demand_first:  # (stable: in `order` within each)
+                    jobs.sort(key=lambda t: (self.tie.get(t[0].key, 0), not _on_demand(t[2], hosts)))
+                for d, job, iids in jobs:
+                    self._keep(d, job, iids, hosts)
 
     def _keep(self, d: Demand, job: str, iids: tuple[str, ...], hosts: dict[str, Capacity]) -> None:
         """Keep one running job of d on the hosts it runs on (`iids`), if it still fits and no rule refuses it."""
@@ -359,8 +364,17 @@ class _Greedy:
         spare = sorted((h for hs in self.idle.values() for h in hs if h.market != "spot" and self._prim(h) > 0),
                        key=lambda h: (h.price / self._prim(h), h.key))
         tried: set[str] = set()
+        diverse: list[_Inst] = []  # spot instances bought (not kept: hosts) for diversity, in the order bought
         while True:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
+            if not spot_hosts and not self._spot_rules_hold():
+                # Every spot host given up, what was bought beside them for diversity is all the spot left, and it breaks
+                # the rule alone: it goes too. Kept, a spot A100 bought for a second zone (no second instance type to
+                # buy: min_instance_types 2 of the one type the pools have) stood alone once t3's spot host was given
+                # up, and t3's j0 was placed on it: greedy's plan broke spot diversity (fleet98).
+                for inst in reversed(diverse):
+                    self._unbuy(inst)
+                diverse.clear()
             if not spot_hosts or self._spot_rules_hold():
                 return
             fleet_ok = self._fleet_spot_rules_hold()
@@ -379,15 +393,23 @@ class _Greedy:
                 # instance bought and an idle on-demand one mended (fleet95; CP-SAT's plan kept the job).
                 keep = self._diversity_spare(tried)
                 if keep is None:
-                    buy_spot, self.buy_spot = self.buy_spot, True  # (greedy's restraint on idle spot lifted: a rule asks for it)
+                    # (greedy's restraint on idle spot lifted: a rule asks for it; and the fleet's spot share not asked, as
+                    # `_diversity_spare` does not ask it: the ballast asked below mends it or the buy is undone. Asked, a
+                    # share broken by t1's guaranteed j5 alone on a spot g5.xlarge refused every spot instance for the
+                    # second zone, the host was given up and t2's new j8 took its place: apply's re-check refused greedy's
+                    # plan, where CP-SAT's bought a spot A100 in eastus-2 and an on-demand p4d: fleet103)
+                    buy_spot, self.buy_spot = self.buy_spot, True
+                    ballast_after, self.ballast_after = self.ballast_after, True
                     try:
-                        keep = None if self._tenants_over_spot() else _diversity_buy(self)
+                        keep = None if self._tenants_over_spot() else _diversity_buy(self, tried)
                     finally:
-                        self.buy_spot = buy_spot
+                        self.buy_spot, self.ballast_after = buy_spot, ballast_after
                 if keep is not None and keep.key not in tried:
                     tried.add(keep.key)
                     inst = self._open(keep)
                     if fleet_ok or self._fleet_spot_rules_hold() or self._ballast_buys():
+                        if not isinstance(keep, Host):
+                            diverse.append(inst)
                         continue
                     if isinstance(keep, Host):  # (nothing mends the share or buffer with it: not bought for nothing)
                         self._close(inst)
@@ -624,6 +646,25 @@ class _Greedy:
         self.idle.setdefault(c.offer_key, []).append(c)
         self.led.remove_instance(inst.key)
 
+    def keep_stuck_gangs(self, order: list[Demand], stuck: set[str]) -> None:
+        """Once the new work is placed: a running gang that may only stay or stop (`stuck_gangs`, WhenEmpty) and stays
+        nowhere is kept again where it runs, where every host it runs on is open (none is opened for it) and no rule
+        refuses it now. settle_spot gives up spot before new work is placed: t3's low MIG gang j9 went with its spot
+        host for spot diversity and t3's spot share, the host was opened again for t2's j3 beside it, and t3's new
+        critical j7 on on-demand then held t3's share; placing anew brings other jobs back, never a gang that may not
+        move, and apply's re-check refused greedy's plan, which stopped j9 for no rule (fleet101; CP-SAT's kept it)."""
+        hosts = {c.key: c for c in self.p.hosts()}
+        for d in order:
+            if d.key not in stuck or self.a.placed[d.key] >= d.running_jobs or d.running_items < d.running_jobs * d.replicas:
+                continue
+            for job, iids in d.running:
+                cells = iids[:1] if d.bundle > 1 else iids
+                stays = {h: self.a.stay.get((d.key, h), 0) for h in cells}
+                if self.a.placed[d.key] >= d.running_jobs:
+                    break
+                if all(i in self.opened for i in cells) and any(stays[h] < cells.count(h) for h in stays):
+                    self._keep(d, job, iids, hosts)
+
     def drop_idle_hosts(self) -> None:
         """keep_fleet kept every host before placing; one nothing went on goes where no rule needs it (its pool's
         minimum, the spot rules). Kept, a host a grown gang left empty stood idle in greedy's plan, and the plan after
@@ -857,26 +898,49 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     keeps every rule and ranks above the one that buys spot only for work that waits otherwise ((work, -cost), as
     strategy.warm_start compares). A fleet of spot-eligible work under `min_zones: 2` or a 25% buffer ran all of it on
     on-demand in greedy's plan (`--time-limit 0`, the plan a solve falls back to, the warm start), at on-demand prices
-    (eight 4-vCPU jobs: $1.54/h against CP-SAT's $1.06/h, eight spot and two idle on-demand)."""
-    a = _run(problem, keep_fleet, spot_first=False)
+    (eight 4-vCPU jobs: $1.54/h against CP-SAT's $1.06/h, eight spot and two idle on-demand).
+
+    Where a pool's maximum kept a running job on on-demand hosts out while the spot work kept breaks the fleet's spot
+    share or on-demand buffer (or a tenant's spot share), greedy also plans keeping the on-demand jobs first among
+    running jobs ranked alike, and takes that answer where it ranks above ((work, -cost)). Kept in the placing order,
+    t1's normal job on a spot A100 took the pool's one slot from t2's normal job on the on-demand A100 beside it, the spot
+    share then gave up t2's low job's spot T4 too, and greedy kept one job of three where CP-SAT kept two (fleet100).
+    Not always: the spot job kept may be the one spot diversity needs."""
+    a, contested = _run(problem, keep_fleet, spot_first=False)
+    od_first = False
+    if contested:
+        c, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
+        if c is not None and _ranks_above(c, a):
+            a, od_first = c, True
     sp = problem.spot
     if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
-        b = _run(problem, keep_fleet, spot_first=True)
-        if b is not None and (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost)):
+        b, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
+        if b is not None and _ranks_above(b, a):
             return b
     return a
 
 
-def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | None:
+def _ranks_above(b: Assignment, a: Assignment) -> bool:
+    """(work, -cost), as strategy.warm_start compares greedy's answers (a hair of cost: rounding)."""
+    return (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost))
+
+
+def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False) -> tuple[Assignment | None, bool]:
     """One greedy pass (`greedy`); spot_first: spot bought as where neither spot diversity nor an on-demand buffer is
-    asked, both settled at the end (None if they cannot be)."""
-    g = _Greedy(problem, spot_first)
+    asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`. And whether a
+    pass keeping on-demand work first may rank above it (`_on_demand_kept_out`)."""
+    g = _Greedy(problem, spot_first, on_demand_first)
     cache: dict = {}
-    order = sorted(problem.demands, key=lambda d: (-d.klass, -d.deadline_rank, -d.priority, -(d.running_jobs > 0), -d.gang,
-                                                   -_dominant(d, problem, cache), d.key))
+
+    def rank(d: Demand) -> tuple:
+        return -d.klass, -d.deadline_rank, -d.priority, -(d.running_jobs > 0), -d.gang, -_dominant(d, problem, cache)
+
+    order = sorted(problem.demands, key=lambda d: (*rank(d), d.key))
+    g.tie = {d.key: i for i, (_, ds) in enumerate(itertools.groupby(order, key=rank)) for d in ds}
     g.keeping = True
     g.keep_running(order)
     g.keeping = False
+    contested = not on_demand_first and _on_demand_kept_out(g)
     g.settle_spot(order)
     # Running work a pool's maximum kept out (the room went to the work kept before it) is asked again once the spot
     # rules are settled, now under them: where settle_spot gave up a spot host, an on-demand host with work on it may
@@ -906,14 +970,32 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool) -> Assignment | N
             if not _place_jobs(g, d, borrowed, share.retry):
                 done.add(d.key)
                 share.add(d)
+    g.keep_stuck_gangs(order, stuck)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
-        return None
+        return None, contested
     if keep_fleet:
         g.drop_idle_hosts()
     g.drop_spare_on_demand()
     g.finish()
-    return g.a
+    return g.a, contested
+
+
+def _on_demand(iids: tuple[str, ...], hosts: dict[str, Capacity]) -> bool:
+    """Does a running job run on on-demand hosts only (of those the problem has)?"""
+    return all(i in hosts and hosts[i].market != "spot" for i in iids)
+
+
+def _on_demand_kept_out(g: _Greedy) -> bool:
+    """Once what runs is kept: does the kept spot work break a spot rule more on-demand capacity mends (the fleet's spot
+    share or on-demand buffer, a tenant's spot share) while a pool's maximum keeps an on-demand host with running work
+    on it closed?"""
+    if g._fleet_spot_rules_hold() and not g._tenants_over_spot():
+        return False
+    hosts = {c.key: c for c in g.p.hosts()}
+    return any(job not in g.kept and iids and _on_demand(iids, hosts)
+               and any(i not in g.opened and g.led.refuses_open(hosts[i]) == "pool-max" for i in iids)
+               for d in g.p.demands for job, iids in d.running)
 
 
 def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None] | None = None) -> bool:
@@ -1340,13 +1422,17 @@ def _diverse_plan(g: _Greedy, d: Demand):
     return best
 
 
-def _diversity_buy(g: _Greedy) -> Capacity | None:
+def _diversity_buy(g: _Greedy, tried: Collection[str] = ()) -> Capacity | None:
     """The cheapest spot instance (an idle host the fleet has, else a new one) that adds an instance type or zone the
-    SpotPolicy still asks for, within pool ceilings, cloud quotas, the budget and the spot share; None if none."""
+    SpotPolicy still asks for, within pool ceilings, cloud quotas, the budget and the spot share; None if none. Not one
+    in `tried` (settle_spot's, each kept or bought once already): asked again, the idle g5.xlarge tried first (it took
+    the pool slot the on-demand ballast needed) was the cheapest again, tied with a spot g5.xlarge to buy in another
+    pool, and settle_spot gave up t1's guaranteed job's spot host where buying that one kept it, as CP-SAT's plan does
+    (fleet99)."""
     adds = g._adds_diversity()
     cands = [h for hs in g.idle.values() for h in hs if h.key not in g.opened]
     cands += [c for c in g.offer.values() if g.bought.get(c.offer_key, 0) < c.max_new]
-    cands = [c for c in cands if adds(c)]
+    cands = [c for c in cands if adds(c) and c.key not in tried]
     return min((c for c in cands if g._may_open(c)), key=lambda c: (c.price, not isinstance(c, Host), c.key), default=None)
 
 
