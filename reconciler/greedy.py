@@ -444,12 +444,6 @@ class _Greedy:
                 # stopped for new work placed on the host reopened later; slow property tier, 2026-12-02)
                 spot_hosts = [i for i in spot_hosts if self._prim(i.cap) > 0] or spot_hosts
             self._release(self._lowest_ranked(spot_hosts, order))
-            # What was tried for diversity is asked again once a spot host is given up: the release frees its pool slot
-            # and its share of spot, which the ballast may need. Kept tried, the spot A100s to buy in eastus (tried
-            # while the spot p4d i1 held aws-a100's one slot, so no on-demand p4d could be bought as ballast) were not
-            # asked again once i1 was given up, and t1's guaranteed j5 on i0 went too: t2's new j8 took its place, and
-            # apply's re-check refused greedy's plan, where CP-SAT's bought a spot A100 and an on-demand p4d (fleet104).
-            tried.clear()
 
     def _diversity_holds(self) -> bool:
         sp = self.p.spot
