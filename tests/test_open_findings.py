@@ -178,9 +178,9 @@ told to make it a plain test).
   and kept a pool's one slot for a spot job over the on-demand job of its rank the spot share then needed, and lost two
   jobs where CP-SAT lost one (their tests). fleet101 (the slow property tier, 2026-12-02, on main too): greedy's plan
   stopped t3's guaranteed MIG gang j9 under WhenEmpty for spot rules its tenant's new on-demand work then kept (its test).
-  fleet102 (the slow lifecycle machine, 2026-12-02; on main too; not fixed: a strict xfail, a replayed sequence, no
-  file): the plan right after an apply was no no-op, t2's guarantee filled again by class once its new high job ran
-  (its test). fleet103 (the slow property tier, 2026-12-02, on main too): greedy gave up t1's guaranteed j5's spot host for
+  fleet102 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence, no file): the plan right after an
+  apply was no no-op, t2's guarantee filled again by class once its new high job ran, under preemption: Never (its
+  test). fleet103 (the slow property tier, 2026-12-02, on main too): greedy gave up t1's guaranteed j5's spot host for
   spot diversity where a spot instance bought in a second zone, with on-demand ballast for the spot share, kept it (its
   test). fleet104 (the same tier, 2026-12-02, after fleet103's fix; not fixed: a strict xfail): greedy's plan evicted t1's
   guaranteed j5 with spot diversity and the spot share broken now, and apply's re-check refused it."""
@@ -1952,7 +1952,6 @@ def test_greedy_buys_spot_for_diversity_while_the_fleets_spot_share_is_broken_wh
     check_fleet(fleet("fleet103"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="fleet102: not fixed yet (the plan right after an apply is no no-op)")
 def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on_fleet102(monkeypatch):
     """fleet102 (the slow lifecycle machine, 2026-12-02, seed 192029729994492918464157863499741042829; on main too),
     replayed step by step as the machine drew it (a sequence, not one fleet: the State's record of the apply matters).
@@ -1965,8 +1964,9 @@ def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on
     guaranteed j6 may then take borrowed room, and the plan moves j3 and j5 onto one new a2-highgpu-4g beside j6 (and j2
     to a spot g5.xlarge), $11.36/h -> $18.19/h: the fleet does not converge. Either the plan that places a tenant's new
     higher-class work should fill the guarantee as the plan after its apply will (j3 borrowed now, j6 placed now), or the
-    fill should keep the jobs the last plan kept in the guarantee across classes too. Not fixed in the session: a change
-    to the guarantees' semantics (README, Tenants)."""
+    fill should keep the jobs the last plan kept in the guarantee across classes too. The latter, since under preemption:
+    Never no class takes another's place: the guarantee holds the longest-running first across classes (README,
+    Tenants; problem/tenants._fill)."""
     import tests.test_lifecycle_machine as life
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)

@@ -36,11 +36,12 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
                  if len(iids) == d.replicas * d.bundle and job not in d.reshaped]
         stays = {job for d, job, iids in whole if all(i in host_of for i in iids) and not cannot_stay(d, [host_of[i] for i in iids])}
         used = {dim: 0.0 for dim in DIMS}
-        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used, since)
+        classes = desired.placement.preemption != "Never"
+        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used, since, classes)
         # Then, in what the guarantee has left, the running jobs that must move (their instance must go or no
         # longer allows them, or a gang runs split): not protected (above), but the guarantee's second tier
         # keeps them running before another tenant's new work (objective.guarantees_tiers).
-        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since)
+        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since, classes)
         size = {job: d.job_size for d, job, _ in whole}
         protected = sum(size[job] for job in kept)
         # Fair share is measured in the dimension its own demand weighs most on.
@@ -57,9 +58,10 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
 
 
 def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float],
-          since: dict[str, int] | None = None) -> list[str]:
+          since: dict[str, int] | None = None, classes: bool = True) -> list[str]:
     """The running jobs, highest priority first, within a class the longest-running first (`since`: the apply that
-    started each), then the largest first, that fit in what `used` leaves of the guarantee (used grows).
+    started each), then the largest first, that fit in what `used` leaves of the guarantee (used grows). Without
+    `classes` (preemption: Never), the longest-running first across classes too, then the highest class.
 
     Longest-running first, as the plan that placed them kept them: its tier keeping running jobs inside the guarantee
     comes before its tier of guaranteed work, so a new job of the class went on borrowed capacity beside them. Filled
@@ -68,10 +70,21 @@ def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: 
     the fair share, fleet72). Then largest first, as the plans fill a guarantee with jobs placed together (the tier of
     a class's guaranteed work counts its size): by name, a fleet's 1-GPU normal job took the guarantee's last 4 GPUs
     where the plan that was applied had put a 4-GPU one, the 3 left held no running job, and the next plan filled them
-    with the tenant's pending normal job, stopping its low MIG job for the budget (fleet30)."""
+    with the tenant's pending normal job, stopping its low MIG job for the budget (fleet30).
+
+    Under preemption: Never no class takes another's place, so the plan that placed a tenant's new higher-class job
+    kept its running lower ones inside the guarantee and put the new one on borrowed room; filled by class after the
+    apply, t2's new high 4-GPU job was inside and its running low job borrowed, and t1's guaranteed job took that
+    room in the plan after the apply ($11.36/h -> $18.19/h, fleet102)."""
     since = since or {}
     out = []
-    for d, job in sorted(running, key=lambda dj: (-dj[0].priority, since.get(dj[1], 0), -dj[0].job_size, dj[1])):
+
+    def order(dj: tuple[Demand, str]) -> tuple:
+        d, job = dj
+        started = since.get(job, 0)
+        return (-d.priority, started, -d.job_size, job) if classes else (started, -d.priority, -d.job_size, job)
+
+    for d, job in sorted(running, key=order):
         need = {dim: d.req(dim) * d.replicas for dim in DIMS}
         if all(quota_ok(used[k], need[k], guarantee[k]) for k in guarantee):
             for k in DIMS:
