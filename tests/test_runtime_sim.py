@@ -568,3 +568,59 @@ def test_a_gang_whose_instance_is_reclaimed_resumes_every_rank_at_the_same_step(
     now, steps = resumed_after(cfg, where, lambda: api.apply(cfg, time_limit=5))
     assert where[1] not in now.values() and where[0] in now.values(), (where, now)
     assert steps == {0: second[0], 1: second[0]}, (steps, second)
+
+
+def test_the_controller_heals_a_gang_whose_ranks_get_spot_notices_and_both_ranks_resume_from_one_round(rt):
+    """The controller loop, not a manual apply, handles a spot notice on one rank of a 2-rank gang: the rank's agent
+    checkpoints on the notice and its peer stops with it (GangStopped), both at one step; the controller sees the
+    instance Interrupting, then gone, and places the rank anew; both ranks resume at the step they stopped at. Then the
+    same for rank 0, the master (the new rank 0 has another address)."""
+    import threading
+
+    from reconciler.runtime.controller import Controller
+
+    sync = rt / "sync"
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 5}
+    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
+                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}}))
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
+
+    def steps_until(cond, what: str, timeout: float = 90.0):
+        limit = time.monotonic() + timeout
+        while time.monotonic() < limit:
+            ctl.step()
+            if out := cond():
+                return out
+            time.sleep(0.3)
+        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
+
+    def placed() -> dict[int, str]:
+        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
+
+    def reclaimed(victim: int, past: int) -> int:
+        steps_until(lambda: all((r := bus(cfg).run("gang", i)) and any(f"step {past}" in ln for ln in r["log_tail"]) for i in (0, 1)),
+                    f"the gang trained past step {past}")
+        where = placed()
+        before = {(i, r): len(resumes(cfg, "gang", r, i)) for i in where.values() for r in where}
+        sim = SimCloud(state_dir(cfg))
+        reclaim = threading.Thread(target=sim.interrupt, args=(where[victim],))  # returns once the victim's agent checkpointed
+        reclaim.start()
+        try:
+            # (signalled with the victim's stop; the controller may heal the gang before a record of it is read here)
+            log = sim.agent_dir(where[1 - victim]) / "agent.log"
+            steps_until(lambda: f"gang/{1 - victim}: stopping (GangStopped)" in log.read_text(), "the other rank stopped with it")
+            now = steps_until(lambda: len(p := placed()) == 2 and where[victim] not in p.values() and p, "the gang placed anew")
+        finally:
+            reclaim.join(timeout=120)
+        stopped = {r: json.loads((sim.disk_dir(where[r]) / "checkpoints" / "gang" / "ckpt" / f"rank-{r}.json").read_text())["step"]
+                   for r in (0, 1)}
+        assert stopped[0] == stopped[1] >= past, stopped  # one stop, one step
+        steps = steps_until(lambda: all(len(resumes(cfg, "gang", r, now[r])) > before.get((now[r], r), 0) for r in (0, 1))
+                            and {r: resumes(cfg, "gang", r, now[r])[-1] for r in (0, 1)}, "both ranks resumed")
+        assert steps == {0: stopped[0], 1: stopped[0]}, (steps, stopped, logs)
+        assert any(m.startswith(f"replace {where[victim]}") for m in logs), logs
+        return stopped[0]
+
+    first = reclaimed(1, 3)
+    assert reclaimed(0, first + 3) > first
