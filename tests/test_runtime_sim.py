@@ -686,3 +686,22 @@ def test_a_gang_whose_node_is_lost_stops_its_survivor_before_the_controller_heal
     steps = steps_until(lambda: all(len(resumes(cfg, "gang", r, healed[r])) > before.get((healed[r], r), 0) for r in (0, 1))
                         and {r: resumes(cfg, "gang", r, healed[r])[-1] for r in (0, 1)}, "both ranks resumed")
     assert steps == {0: rnd, 1: rnd}, (steps, rnd, logs)  # the round without rank 1 is never restored
+
+
+def test_the_quickstart_train_py_resumes_a_gangs_ranks_at_one_step(tmp_path):
+    """The quickstart's train.py steps each rank on its own: at one stop its ranks hold different steps (measured on the
+    sim: rank 0 at 19, rank 1 at 7), and each resumed from its own. Given the round (every rank's file on every
+    instance), each rank now resumes from the lowest; a job of one replica from its own."""
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "rank-0.json").write_text(json.dumps({"step": 19}))
+    (ck / "rank-1.json").write_text(json.dumps({"step": 7}))
+
+    def resumed(rank: int, world: int) -> str:
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "FLEETOPS_CHECKPOINT_DIR": str(ck), "FLEETOPS_JOB": "g"}
+        out = subprocess.run([PY, TRAIN, "0"], env=env, capture_output=True, text=True, timeout=60)
+        return next(ln for ln in out.stdout.splitlines() if "resuming" in ln)
+
+    assert resumed(0, 2) == f"g rank 0: resuming from checkpoint {ck / 'rank-0.json'} at step 7 (the gang's lowest, rank 1's; this rank's own is at 19)"
+    assert resumed(1, 2) == f"g rank 1: resuming from checkpoint {ck / 'rank-1.json'} at step 7"
+    assert resumed(0, 1).endswith("at step 19")
