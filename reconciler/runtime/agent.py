@@ -245,6 +245,7 @@ class Agent:
         # Checkpoints copied through the state backend (reconciler/runtime/checkpoints): FLEETOPS_CHECKPOINT_SYNC=0 off.
         self.checkpoint_sync = checkpoints.enabled() if checkpoint_sync is None else checkpoint_sync
         self.uploads: dict[str, dict] = {}  # job -> the upload due once none of its replicas here runs any more
+        self.reports: dict[str, dict | None] = {}  # gang peers' agents' reports read this tick (one read per instance)
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -279,6 +280,7 @@ class Agent:
         self._log("stopped")
 
     def tick(self) -> None:
+        self.reports = {}
         if not self.adopted:
             self._adopt()
         notice = self.notice.check()
@@ -613,10 +615,12 @@ class Agent:
         """peer_lost for this replica, its peers' agents' reports read from the bus (one that cannot be read is no
         evidence of a loss)."""
         def report(instance: str) -> dict | None:
-            try:
-                return self.bus.agent(instance)
-            except ReconcileError:
-                return None
+            if instance not in self.reports:
+                try:
+                    self.reports[instance] = self.bus.agent(instance)
+                except ReconcileError:
+                    self.reports[instance] = None
+            return self.reports[instance]
 
         return peer_lost(rep.entry["replica"], self.instance, peers, report, now_unix(), stale_seconds())
 
