@@ -477,7 +477,8 @@ class Agent:
 
     def _gang_sync(self) -> None:
         """A gang restarts together: a peer on a later attempt restarts this replica at that attempt;
-        a peer that failed for good stops it."""
+        a peer that failed for good stops it; a peer's stop it survives (GangStopped) or a peer's lost agent
+        (GangPeerLost) stops it with its checkpoint signal."""
         for rep in self.replicas.values():
             e = rep.entry
             if e.get("world_size", 1) <= 1 or rep.terminal or self.bus_error:
