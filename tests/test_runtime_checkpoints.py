@@ -208,6 +208,19 @@ def test_a_gang_instance_with_nothing_to_upload_still_takes_part_in_its_round(st
     assert ck.restore(store, "g", fresh, spec_hash="h", epoch=2, world_size=2).why == "no complete round"
 
 
+def test_a_gangs_first_start_with_no_upload_records_its_assignment_so_a_restart_in_place_keeps_its_files(store, tmp_path):
+    """No upload at all: the directory is left as it is, and the assignment is recorded (the marker) as for a round
+    restored. Before, nothing was recorded: a gang restarted in place after a rank's upload of that assignment (a lost
+    peer's agent back, GangPeerLost) went back to an older round, or afresh, on the ranks that had uploaded, while the
+    others kept their newer files."""
+    mine = write(tmp_path / "mine", {"rank-0": "7"})
+    got = ck.restore(store, "g", mine, spec_hash="h", epoch=1, world_size=2)
+    assert got.why == "no upload" and got.marker["at"] == ["h", 1] and steps(mine) == {"rank-0": "7"}
+    _gang_up(store, mine, {"rank-0": "8"}, "i-a", 1, [0], clock())  # its GangPeerLost upload: a round without rank 1
+    again = ck.restore(store, "g", mine, marker=got.marker, spec_hash="h", epoch=1, world_size=2)
+    assert again.generations == [] and steps(mine) == {"rank-0": "8"}  # restarted in place: what it wrote, kept
+
+
 def test_limits_an_upload_over_its_size_is_not_made_and_old_generations_are_pruned(store, tmp_path):
     out, log = logs()
     src = write(tmp_path / "a", {"big.bin": b"x" * 2048})

@@ -568,3 +568,140 @@ def test_a_gang_whose_instance_is_reclaimed_resumes_every_rank_at_the_same_step(
     now, steps = resumed_after(cfg, where, lambda: api.apply(cfg, time_limit=5))
     assert where[1] not in now.values() and where[0] in now.values(), (where, now)
     assert steps == {0: second[0], 1: second[0]}, (steps, second)
+
+
+def test_the_controller_heals_a_gang_whose_ranks_get_spot_notices_and_both_ranks_resume_from_one_round(rt):
+    """The controller loop, not a manual apply, handles a spot notice on one rank of a 2-rank gang: the rank's agent
+    checkpoints on the notice and its peer stops with it (GangStopped), both at one step; the controller sees the
+    instance Interrupting, then gone, and places the rank anew; both ranks resume at the step they stopped at. Then the
+    same for rank 0, the master (the new rank 0 has another address)."""
+    import threading
+
+    from reconciler.runtime.controller import Controller
+
+    sync = rt / "sync"
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 5}
+    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
+                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}}))
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
+
+    def steps_until(cond, what: str, timeout: float = 90.0):
+        limit = time.monotonic() + timeout
+        while time.monotonic() < limit:
+            ctl.step()
+            if out := cond():
+                return out
+            time.sleep(0.3)
+        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
+
+    def placed() -> dict[int, str]:
+        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
+
+    def reclaimed(victim: int, past: int) -> int:
+        steps_until(lambda: all((r := bus(cfg).run("gang", i)) and any(f"step {past}" in ln for ln in r["log_tail"]) for i in (0, 1)),
+                    f"the gang trained past step {past}")
+        where = placed()
+        before = {(i, r): len(resumes(cfg, "gang", r, i)) for i in where.values() for r in where}
+        sim = SimCloud(state_dir(cfg))
+        reclaim = threading.Thread(target=sim.interrupt, args=(where[victim],))  # returns once the victim's agent checkpointed
+        reclaim.start()
+        try:
+            # (signalled with the victim's stop; the controller may heal the gang before a record of it is read here)
+            log = sim.agent_dir(where[1 - victim]) / "agent.log"
+            steps_until(lambda: f"gang/{1 - victim}: stopping (GangStopped)" in log.read_text(), "the other rank stopped with it")
+            now = steps_until(lambda: len(p := placed()) == 2 and where[victim] not in p.values() and p, "the gang placed anew")
+        finally:
+            reclaim.join(timeout=120)
+        stopped = {r: json.loads((sim.disk_dir(where[r]) / "checkpoints" / "gang" / "ckpt" / f"rank-{r}.json").read_text())["step"]
+                   for r in (0, 1)}
+        assert stopped[0] == stopped[1] >= past, stopped  # one stop, one step
+        steps = steps_until(lambda: all(len(resumes(cfg, "gang", r, now[r])) > before.get((now[r], r), 0) for r in (0, 1))
+                            and {r: resumes(cfg, "gang", r, now[r])[-1] for r in (0, 1)}, "both ranks resumed")
+        assert steps == {0: stopped[0], 1: stopped[0]}, (steps, stopped, logs)
+        assert any(m.startswith(f"replace {where[victim]}") for m in logs), logs
+        return stopped[0]
+
+    first = reclaimed(1, 3)
+    assert reclaimed(0, first + 3) > first
+
+
+def test_a_gang_whose_node_is_lost_stops_its_survivor_before_the_controller_heals_it(rt, monkeypatch):
+    """A 2-rank lockstep gang under the controller loop. Rank 1's spot reclaim first makes a complete round (both at one
+    step). Then rank 1's node is lost: its agent and rank killed, no notice, its instance still listed. Rank 0 hangs in
+    its next collective. Before the controller acts (it is not stepped), rank 0's agent sees rank 1's agent no longer
+    alive by the stale limit (4 s here) and stops rank 0 with its checkpoint signal (GangPeerLost), killed at the end of
+    its grace (hung), and it waits. Before, it hung until an apply moved the gang. Then the controller replaces the lost
+    node and both ranks resume from the newest complete round, the reclaim's."""
+    import threading
+
+    from reconciler.runtime.controller import Controller
+
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "4")
+    sync = rt / "sync"
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 3}
+    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
+                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}}))
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
+    sim = SimCloud(state_dir(cfg))
+
+    def steps_until(cond, what: str, timeout: float = 90.0, step: bool = True):
+        limit = time.monotonic() + timeout
+        while time.monotonic() < limit:
+            if step:
+                ctl.step()
+            if out := cond():
+                return out
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
+
+    def placed() -> dict[int, str]:
+        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
+
+    def past(step: int) -> bool:
+        return all((r := bus(cfg).run("gang", i)) and any(f"step {step}" in ln for ln in r["log_tail"]) for i in (0, 1))
+
+    steps_until(lambda: past(2), "the gang trained past step 2")
+    where = placed()
+    reclaim = threading.Thread(target=sim.interrupt, args=(where[1],))
+    reclaim.start()
+    try:
+        now = steps_until(lambda: len(p := placed()) == 2 and where[1] not in p.values() and p, "the gang placed anew")
+    finally:
+        reclaim.join(timeout=120)
+    rnd = json.loads((sim.disk_dir(where[0]) / "checkpoints" / "gang" / "ckpt" / "rank-0.json").read_text())["step"]
+    steps_until(lambda: all(resumes(cfg, "gang", r, now[r]) for r in (0, 1)) and past(rnd + 3), f"the gang past step {rnd + 3}")
+
+    survivor, lost = now[0], now[1]
+    before = {(i, r): len(resumes(cfg, "gang", r, i)) for i in now.values() for r in (0, 1)}
+    sim.stop_agent(lost)  # the node dies: its agent and rank, no notice; the cloud still lists it
+    log = sim.agent_dir(survivor) / "agent.log"
+    rec = steps_until(lambda: "gang/0: stopping (GangPeerLost)" in log.read_text() and (r := bus(cfg).run("gang", 0))
+                      and r["reason"] == "WaitingForGang" and r, "rank 0 stopped for its lost peer", timeout=60, step=False)  # before: hung
+    assert f"replica 1's agent on {lost} is lost" in rec["message"] and rec["epoch"] == bus(cfg).run("gang", 1)["epoch"], rec
+    steps_until(lambda: not replicas_on(survivor), "rank 0's process gone", timeout=30, step=False)
+    healed = steps_until(lambda: len(p := placed()) == 2 and lost not in p.values() and p, "the lost node replaced")
+    assert any(m.startswith(f"replace {lost}: lost node") for m in logs), logs
+    steps = steps_until(lambda: all(len(resumes(cfg, "gang", r, healed[r])) > before.get((healed[r], r), 0) for r in (0, 1))
+                        and {r: resumes(cfg, "gang", r, healed[r])[-1] for r in (0, 1)}, "both ranks resumed")
+    assert steps == {0: rnd, 1: rnd}, (steps, rnd, logs)  # the round without rank 1 is never restored
+
+
+def test_the_quickstart_train_py_resumes_a_gangs_ranks_at_one_step(tmp_path):
+    """The quickstart's train.py steps each rank on its own: at one stop its ranks hold different steps (measured on the
+    sim: rank 0 at 19, rank 1 at 7), and each resumed from its own. Given the round (every rank's file on every
+    instance), each rank now resumes from the lowest; a job of one replica from its own."""
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "rank-0.json").write_text(json.dumps({"step": 19}))
+    (ck / "rank-1.json").write_text(json.dumps({"step": 7}))
+
+    def resumed(rank: int, world: int) -> str:
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "FLEETOPS_CHECKPOINT_DIR": str(ck), "FLEETOPS_JOB": "g"}
+        out = subprocess.run([PY, TRAIN, "0"], env=env, capture_output=True, text=True, timeout=60)
+        return next(ln for ln in out.stdout.splitlines() if "resuming" in ln)
+
+    assert resumed(0, 2) == f"g rank 0: resuming from checkpoint {ck / 'rank-0.json'} at step 7 (the gang's lowest, rank 1's; this rank's own is at 19)"
+    assert resumed(1, 2) == f"g rank 1: resuming from checkpoint {ck / 'rank-1.json'} at step 7"
+    assert resumed(0, 1).endswith("at step 19")

@@ -11,8 +11,10 @@ record to `runs/<job>/<replica>.json` and its heartbeat to `agents/<instance>.js
 (a notice, a move, an edit, its own shutdown) it uploads the job's checkpoint dir to `checkpoints/<job>/`, and before
 a replica starts it restores the newest upload into an empty or older dir (reconciler/runtime/checkpoints.py); it
 writes nothing else. A gang stops and resumes whole: a peer's stop it survives (a notice, a move) stops every rank of
-the round with its checkpoint signal (GangStopped), and every rank, moved or not, starts from the gang's newest
-complete round, once the round before is uploaded (WaitingForGang; checkpoints.py says what is guaranteed).
+the round with its checkpoint signal (GangStopped), and so does a peer whose agent is lost (peer_lost: not alive by
+bus.reports_alive, the one rule status uses; GangPeerLost); every rank, moved or not, starts from the gang's newest
+complete round, once the round before is uploaded and no peer of its round is lost (WaitingForGang; checkpoints.py says
+what is guaranteed).
 
 The agent keeps running what it runs when the bus cannot be reached (a network blip must not
 kill a training run); the reconciler then sees no heartbeat and shows AgentUnreachable."""
@@ -124,8 +126,9 @@ def _grace(entry: dict) -> float:
 
 
 def _survives(st: _Stop) -> bool:
-    """A stop the replica survives: a notice, a move, an edit, the agent stopping, or its gang stopping with a peer."""
-    return st.phase == "Stopped" or st.reason == "GangStopped"
+    """A stop the replica survives: a notice, a move, an edit, the agent stopping, or its gang stopping with a peer (one
+    that stops, or one whose agent is lost)."""
+    return st.phase == "Stopped" or st.reason in ("GangStopped", "GangPeerLost")
 
 
 def _uploads_after(st: _Stop) -> bool:
@@ -149,6 +152,29 @@ def peer_stop(replica: int, peers: list[dict]) -> str | None:
             r.get("reason") if r.get("phase") == "Stopped" and r.get("reason") in STOPS_THE_GANG else None
         if how:
             return f"replica {r.get('replica')} stopped ({how}) on {r.get('instance')}: the gang stops with it"
+    return None
+
+
+def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str], dict | None], now: float, stale: float) -> str | None:
+    """Which peer of a gang's replica `replica` (its round's records `peers`) is lost, or None: one not finished, on
+    another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by the bus's one rule
+    (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks a reclaimed
+    instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run record just
+    before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer lists in the
+    apply that places its work anew. A peer not started yet has no record of the round: not lost either. A network blip
+    shorter than the stale limit keeps the heartbeat fresh. A killed agent or a vanished instance leaves its rank's
+    record saying Running for ever: the other ranks hung in their next collective (or, with a collective that times
+    out, trained on at a smaller world), until an apply moved the gang."""
+    for r in sorted(peers, key=lambda r: r.get("replica", 0)):
+        inst = r.get("instance")
+        if r.get("replica") == replica or r.get("terminal") or inst in (None, here):
+            continue
+        doc = report(inst)
+        if doc is None or reports_alive(doc, now, stale):
+            continue
+        how = f"gone: {doc['lost']}" if doc.get("lost") else "its agent stopped" if doc.get("state") == "Stopped" else \
+            f"no heartbeat since {iso(float(doc.get('heartbeat_at', 0)))}"
+        return f"replica {r.get('replica')}'s agent on {inst} is lost ({how})"
     return None
 
 
@@ -219,6 +245,7 @@ class Agent:
         # Checkpoints copied through the state backend (reconciler/runtime/checkpoints): FLEETOPS_CHECKPOINT_SYNC=0 off.
         self.checkpoint_sync = checkpoints.enabled() if checkpoint_sync is None else checkpoint_sync
         self.uploads: dict[str, dict] = {}  # job -> the upload due once none of its replicas here runs any more
+        self.reports: dict[str, dict | None] = {}  # gang peers' agents' reports read this tick (one read per instance)
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -253,6 +280,7 @@ class Agent:
         self._log("stopped")
 
     def tick(self) -> None:
+        self.reports = {}
         if not self.adopted:
             self._adopt()
         notice = self.notice.check()
@@ -449,7 +477,8 @@ class Agent:
 
     def _gang_sync(self) -> None:
         """A gang restarts together: a peer on a later attempt restarts this replica at that attempt;
-        a peer that failed for good stops it."""
+        a peer that failed for good stops it; a peer's stop it survives (GangStopped) or a peer's lost agent
+        (GangPeerLost) stops it with its checkpoint signal."""
         for rep in self.replicas.values():
             e = rep.entry
             if e.get("world_size", 1) <= 1 or rep.terminal or self.bus_error:
@@ -474,6 +503,16 @@ class Agent:
                     rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "GangFailed", msg, True
                 continue
             newest = max((r.get("attempt", 0) for r in peers), default=0)
+            lost = self._lost_peer(rep, peers)
+            if lost:
+                # Checkpointed and uploaded, as for a peer's stop; then it waits (_gang_wait) for the round to be formed
+                # again. Restarted at the next attempt: a lost agent that comes back (systemd) finds its rank's copy
+                # still running alone and restarts it at that attempt with the others (the gang restart's rule), one
+                # restart of the gang's backoff_limit, as torchrun counts a worker group restarted for a lost node.
+                if rep.running and rep.stop is None:
+                    self._begin_stop(rep, "Starting", "GangPeerLost", f"{lost}: the gang stops with it", terminal=False,
+                                     restart_attempt=max(newest, rep.attempt) + 1)
+                continue
             if newest > rep.attempt:
                 if rep.running:
                     if rep.stop is None:
@@ -573,8 +612,22 @@ class Agent:
         rep.reason, rep.message = "WaitingForPredecessor", msg
         return holder
 
-    def _gang_stopping(self, rep: Replica) -> str | None:
-        """peer_stop for this replica, from its gang's run records of its round (None for a job of one replica)."""
+    def _lost_peer(self, rep: Replica, peers: list[dict]) -> str | None:
+        """peer_lost for this replica, its peers' agents' reports read from the bus (one that cannot be read is no
+        evidence of a loss)."""
+        def report(instance: str) -> dict | None:
+            if instance not in self.reports:
+                try:
+                    self.reports[instance] = self.bus.agent(instance)
+                except ReconcileError:
+                    self.reports[instance] = None
+            return self.reports[instance]
+
+        return peer_lost(rep.entry["replica"], self.instance, peers, report, now_unix(), stale_seconds())
+
+    def _gang_stopping(self, rep: Replica) -> tuple[str, str] | None:
+        """Why this replica's gang stops, from its run records of its round: (GangStopped, peer_stop) or (GangPeerLost,
+        peer_lost); None for a job of one replica."""
         e = rep.entry
         if e.get("world_size", 1) <= 1:
             return None
@@ -582,7 +635,12 @@ class Agent:
             runs = self.bus.runs(e["job"])
         except ReconcileError:
             return None
-        return peer_stop(e["replica"], [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])])
+        same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
+        why = peer_stop(e["replica"], same)
+        if why:
+            return "GangStopped", why
+        lost = self._lost_peer(rep, same)
+        return ("GangPeerLost", f"{lost}: the gang stops with it") if lost else None
 
     def _gang_wait(self, rep: Replica) -> str | None:
         """Why a gang's replica must not restore and start yet, or None. Until a peer of its round that stopped with a
@@ -601,7 +659,7 @@ class Agent:
             return None
         mine = (e["spec_hash"], e["epoch"])
         same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == mine]
-        why = peer_stop(me, same)
+        why = peer_stop(me, same) or self._lost_peer(rep, same)
         if why:
             return f"{why}; it starts again with the gang"
         waits = []
@@ -727,8 +785,9 @@ class Agent:
             return None
         return doc if isinstance(doc, dict) and isinstance(doc.get("generations"), list) else None
 
-    def _write_marker(self, job: str, generations: list[str]) -> None:
-        write_atomic(self._marker(job), json.dumps({"generations": generations, "at": iso()}).encode())
+    def _write_marker(self, job: str, generations: list[str], at: list | None = None) -> None:
+        """`at`: the assignment (spec hash, epoch) whose round the directory was restored for (restore_round)."""
+        write_atomic(self._marker(job), json.dumps({"generations": generations, "at_time": iso(), **({"at": at} if at else {})}).encode())
 
     def _upload_due(self, rep: Replica, deadline: float) -> None:
         path = self._checkpoint_dir(rep.entry)
@@ -756,7 +815,11 @@ class Agent:
                                         epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive,
                                         replicas=due["replicas"], world_size=due["world_size"])
                 if up.complete:
-                    self._write_marker(job, [up.generation])
+                    # (the assignment its round was restored for stays: a gang restarted in place after this upload,
+                    # its lost peer's agent back, keeps what each rank wrote, as that peer's agent, which uploaded
+                    # nothing, does; dropped, this rank went back to the round before and the peer kept its newer step)
+                    was = (self._read_marker(job) or {}).get("at")
+                    self._write_marker(job, [up.generation], was if was == [due["spec_hash"], due["epoch"]] else None)
                     checkpoints.prune(self.bus.store, job, log=self._log)
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
@@ -790,7 +853,7 @@ class Agent:
         if why:
             # (a gang whose ranks agree on a stop at a step, the stop flag reduced over the ranks, exits 0 on the peer's
             # signal, maybe before its own: that is the gang's stop, checkpointed, not a batch job that Succeeded)
-            st = _Stop(time.monotonic(), "Starting", "GangStopped", why, False)
+            st = _Stop(time.monotonic(), "Starting", why[0], why[1], False, rep.attempt + 1 if why[0] == "GangPeerLost" else None)
             self._ended_as(rep, st, code)
             self._upload_due(rep, time.monotonic() + UPLOAD_MIN_S)
         elif e.get("mode", "batch") == "batch" and code == 0:

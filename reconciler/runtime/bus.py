@@ -63,7 +63,9 @@ def heartbeat_seconds() -> float:
 
 
 def reports_alive(doc: dict | None, now: float, stale: float) -> bool:
-    """An agent's report that says it is up: a heartbeat at most `stale` seconds old, and not Stopped."""
+    """An agent's report that says it is up: a heartbeat at most `stale` seconds old, and not Stopped. The one rule of
+    a lost agent: status and the controller's replacements (lifecycle), a moved replica's wait (agent._predecessor),
+    and a gang's ranks, which stop when a peer's agent is lost (agent.peer_lost)."""
     return bool(doc) and doc.get("state") != "Stopped" and now - float(doc.get("heartbeat_at", 0)) <= stale
 
 

@@ -21,7 +21,9 @@ Gangs (a job of several replicas, its ranks on one or several instances). What i
   agent poll of the first one's signal (agent.peer_stop, reason GangStopped), and each instance uploads its directory
   for that round; an instance whose directory is empty (plain DDP saves on rank 0) uploads a manifest with no files. Each
   manifest names the ranks its instance held (`replicas`, `world_size`). A rank that exits 0 while a peer of its round
-  stops (a job that reduces its stop flag over its ranks) is that stop, not Succeeded.
+  stops (a job that reduces its stop flag over its ranks) is that stop, not Succeeded. A rank whose agent is lost (no
+  heartbeat for the stale limit, its instance reported gone: agent.peer_lost) stops the others the same way
+  (GangPeerLost), once that limit has passed; the lost rank uploads nothing, so that round is never complete.
 - One round for every rank. Before a rank starts on a new assignment (a new epoch or spec), moved or not, its agent
   waits (a grace plus 30 s at most) until no peer's copy of the round before still runs or uploads, then makes the
   job's directory hold exactly the newest complete round: the newest round whose uploads hold every rank, each
@@ -34,8 +36,10 @@ Gangs (a job of several replicas, its ranks on one or several instances). What i
   the stop, an instance whose own upload was cut) are moved aside, to `.<dir>.fleetops-aside/` beside it (the last
   set kept), not resumed from. Uploads but no complete round at all: every rank starts afresh, its local files moved
   aside. No upload at all (a first start, sync off): the directory is left as it is.
-- Within one assignment, a restart in place (a failure, a gang restart) keeps what the job wrote since (its agent's
-  marker records the assignment the round was restored for).
+- Within one assignment, a restart in place (a failure, a gang restart, a lost peer's agent back) keeps what the job
+  wrote since, on every rank alike (its agent's marker records the assignment the round was restored for, or that there
+  was no upload to restore, and keeps it through the uploads of that assignment: dropped at a rank's GangPeerLost
+  upload, that rank went back to the round before while the lost rank's agent, back, kept its newer files).
 
 Not guaranteed: which step each rank's files hold. fleetops stops the ranks together and gives them the files of one
 stop; the job writes them (a DDP job agrees on the step it stops at over its ranks, or saves collectively, as DCP does).
@@ -528,7 +532,8 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
     if marker and marker.get("at") == at:
         return Restore(why="this assignment's round was restored already: restarted in place, the directory kept")
     if not docs:
-        return Restore(why="no upload")
+        # (recorded: a restart in place within this assignment keeps what the job wrote since, on every rank alike)
+        return Restore(why="no upload", marker={"generations": [], "round": None, "at": at})
     local = {rel: (path, size) for rel, path, size in local_files(local_dir)}
     staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
     for key, members in rounds(docs):
