@@ -182,8 +182,13 @@ told to make it a plain test).
   file): the plan right after an apply was no no-op, t2's guarantee filled again by class once its new high job ran
   (its test). fleet103 (the slow property tier, 2026-12-02, on main too): greedy gave up t1's guaranteed j5's spot host for
   spot diversity where a spot instance bought in a second zone, with on-demand ballast for the spot share, kept it (its
-  test). fleet104 (the same tier, 2026-12-02, after fleet103's fix; not fixed: a strict xfail): greedy's plan evicted t1's
-  guaranteed j5 with spot diversity and the spot share broken now, and apply's re-check refused it."""
+  test). fleet104 (the same tier, 2026-12-02, after fleet103's fix): greedy's plan evicted t1's guaranteed j5 with spot
+  diversity and the spot share broken: what settle_spot had refused for diversity while a spot host held the ballast's
+  pool slot was not asked again once that host was given up (its test).
+  fleet105 (the same tier, 2026-12-02, on main): greedy's plan evicted t2's guaranteed MIG gang j3 whose spot host
+  settle_spot gave up (pool az-mig at max 1): t1's new normal job and t1's protected low job took the room left on
+  the one instance kept; protected running work is placed anew before new work now, but where its own tenant's higher
+  class waits (its test)."""
 
 from __future__ import annotations
 
@@ -1993,9 +1998,33 @@ def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on
         machine.teardown()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="fleet104: not fixed yet (greedy's plan refused by apply's re-check)")
-def test_greedy_keeps_t1s_guaranteed_job_under_broken_spot_rules_on_fleet104():
-    """fleet104 (the slow property tier, 2026-12-02, on this branch after fleet103's fix; found at the session's end, not
-    diagnosed): greedy's plan evicts t1's guaranteed j5 while the fleet breaks spot diversity and the spot share, and
-    apply's re-check refuses it ("the plan with it kept where it runs ... breaks no rule the plan keeps")."""
-    check_fleet(fleet("fleet104"), time_limit=5)
+def test_greedy_asks_again_for_diversity_a_release_made_possible_on_fleet104():
+    """fleet104 (the slow property tier, 2026-12-02, after fleet103's fix): t1's guaranteed low j5 runs on i0, a spot
+    g5.xlarge, and t1's low j6 on i1, a spot p4d holding aws-a100's one slot, both in us-east-1a; max_spot_fraction 0.25
+    and two spot zones asked. settle_spot tried the spot A100s to buy in eastus for the second zone while i1 held the
+    slot the on-demand p4d ballast needs: no ballast, each undone and marked tried. i1 was given up, but what was tried
+    was not asked again, so i0 went too and t2's new j8 took its place: apply's re-check refused greedy's plan. CP-SAT's
+    keeps j5 beside a spot A100 in eastus and an on-demand p4d. What was refused for want of ballast is asked again
+    once after each release now (cleared after every release, settle_spot kept and gave up the same idle spot host
+    without end: the revert 98aef55)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet104"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j5"] == ("keep", ("i0",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet104"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_places_t2s_guaranteed_gang_before_new_work_on_fleet105():
+    """fleet105 (the slow property tier, 2026-12-02, on main; seed 162308898016606114539372159019356780063): az-mig (one
+    zone's Standard_NC24ads_A100_v4, 7 x 1g.10gb, max_instances 1) runs six instances; t2's protected low zone gang j3
+    runs over the spot i0 and the on-demand i1, t1's protected low jobs beside it; max_spot_fraction 0.25 is broken.
+    settle_spot gave up i0 (no ballast: the pool is at its max), and greedy placed t1's new normal j7 first, then t1's
+    protected low j1 in the last room on i1: t2's j3 was evicted, and apply's re-check refused greedy's plan (t1's new
+    work may take only t1's own protected work's place). CP-SAT's plan moves j3 whole onto i1 beside j7. Protected
+    running work not kept is placed before new work now, but where its own tenant's higher class waits."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet105"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j3"] == ("move", ("i1", "i1")), (p.solver.status, actions)
+        assert actions["j7"] == ("place", ("i1",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet105"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
