@@ -366,6 +366,7 @@ class _Greedy:
         tried: set[str] = set()
         refused: set[str] = set()  # (of `tried`: opened and undone, no ballast mended the share with it)
         diverse: list[_Inst] = []  # spot instances bought (not kept: hosts) for diversity, in the order bought
+        mends: list[_Inst] = []  # idle on-demand hosts kept, and ballast bought, for the fleet's spot share or buffer
         while True:
             spot_hosts = [i for i in self.opened.values() if i.cap.market == "spot"]
             if not spot_hosts and not self._spot_rules_hold():
@@ -377,6 +378,7 @@ class _Greedy:
                     self._unbuy(inst)
                 diverse.clear()
             if not spot_hosts or self._spot_rules_hold():
+                self._drop_mends(mends)
                 return
             fleet_ok = self._fleet_spot_rules_hold()
             if fleet_ok or not self._diversity_holds() and not self._tenants_over_spot():
@@ -431,12 +433,12 @@ class _Greedy:
                 host = next((h for h in spare if self._may_open(h)), None)
                 if host is not None:
                     spare.remove(host)
-                    self._open(host)
+                    mends.append(self._open(host))
                     continue
                 buys = self._ballast_buys() if self._other_spot_rules_hold() else []
                 if buys:  # (fleet11: its on-demand host had to go; giving up the spot host took a guarantee)
                     for c in buys:
-                        self._open(c)
+                        mends.append(self._open(c))
                     continue
             elif self._diversity_holds() and self._release_tenant_spot(order):
                 continue
@@ -455,6 +457,24 @@ class _Greedy:
             # two releases each refused key is asked at most once.
             tried -= refused
             refused.clear()
+
+    def _drop_mends(self, mends: list[_Inst]) -> None:
+        """Once the spot rules hold: the idle on-demand capacity settle_spot opened for the fleet's spot share or buffer
+        that they hold without (the spot host it stood beside given up after), last opened first. Kept, it held the
+        budget or a pool's slot that running work kept out needs: settle_spot kept the idle on-demand i2 for the share,
+        then gave up the spot i3 all the same, and the $15/h budget left no room for i0 where t2's guaranteed j8 ran,
+        so greedy's plan evicted it, and apply's re-check refused it (fleet107; fleet106 alike, t1's guaranteed j2)."""
+        for inst in reversed(mends):
+            c = inst.cap
+            if (inst is not self.opened.get(c.key) if isinstance(c, Host) else inst.key != f"{c.key}#{self.bought.get(c.offer_key, 0) - 1}") \
+                    or any(n for (_, hk), n in (*self.a.stay.items(), *self.a.x.items()) if hk == c.key):
+                continue  # (gone already, work on it, or not its offer's last bought: opened again, it would be another)
+            if isinstance(inst.cap, Host):
+                self._close(inst)
+            else:
+                self._unbuy(inst)
+            if not self._spot_rules_hold():
+                self._open(inst.cap)  # (the rules need it: back)
 
     def _diversity_holds(self) -> bool:
         sp = self.p.spot

@@ -188,7 +188,10 @@ told to make it a plain test).
   fleet105 (the same tier, 2026-12-02, on main): greedy's plan evicted t2's guaranteed MIG gang j3 whose spot host
   settle_spot gave up (pool az-mig at max 1): t1's new normal job and t1's protected low job took the room left on
   the one instance kept; protected running work is placed anew before new work now, but where its own tenant's higher
-  class waits (its test)."""
+  class waits (its test). fleet106 and fleet107 (the same tier, 2026-12-02, on this branch; greedy's plans the same on
+  main): greedy's plan evicted t1's guaranteed high j2, and t2's guaranteed low j8: an idle on-demand host settle_spot
+  kept for the spot share, which held without it once the spot host beside it was given up, kept the budget from the
+  on-demand host they ran on (their tests)."""
 
 from __future__ import annotations
 
@@ -2028,3 +2031,34 @@ def test_greedy_places_t2s_guaranteed_gang_before_new_work_on_fleet105():
         assert actions["j3"] == ("move", ("i1", "i1")), (p.solver.status, actions)
         assert actions["j7"] == ("place", ("i1",)), (p.solver.status, actions)
     check_fleet(fleet("fleet105"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_drops_the_idle_on_demand_host_the_spot_share_holds_without_on_fleet106():
+    """fleet106 (the slow property tier, 2026-12-02, on this branch after fleet105's fix; seed
+    86462951940573544463132473592388124538; greedy's plan is the same on main): gcp-a100 (max 2) runs three
+    instances, i0 (on-demand a2-highgpu-1g, idle), i1 (on-demand a2-highgpu-4g: t1's low j1 and high j2) and i2 (spot
+    a2-highgpu-4g: t1's high j9), over the $15/h budget and the 0.25 spot share. Greedy kept j9 on i2 first, which left
+    the budget no room for i1; settle_spot kept the idle i0 for the share, then gave up i2 all the same, and i0 held
+    the budget i1 needed when the running work was asked again: j2 was evicted and new work placed, and apply's
+    re-check refused greedy's plan. CP-SAT's keeps j2 on i1 and moves j9 beside it. What settle_spot opened for the
+    share and it holds without is closed before running work is asked again; greedy keeps j1 and j2 on i1 now (j9,
+    running, takes no protected job's room: evicted)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet106"), time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j2"] == ("keep", ("i1",)), (p.solver.status, actions)
+    check_fleet(fleet("fleet106"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_keeps_t2s_guaranteed_job_the_budget_had_room_for_on_fleet107():
+    """fleet107 (the slow property tier, 2026-12-02, right after fleet106 was found; seed
+    290526139111248997918985806750343138103; greedy's plan is the same on main): gcp-a100 (max 2) runs i0 (on-demand
+    a2-highgpu-4g, $14.69/h: t1's low j0 and t2's guaranteed low j8), i1 and i2 (idle a2-highgpu-1g, spot and on-demand)
+    and i3 (spot a2-highgpu-4g: t1's j1), over the $15/h budget, the spot share and t1's 4-GPU quota. Greedy kept j1 on
+    i3 first (the budget then refused i0), settle_spot kept the idle on-demand i2 for the share and gave up i3 all the
+    same; i2 still held the budget i0 needed, so j8 was evicted and apply's re-check refused greedy's plan. Fixed as
+    fleet106: greedy keeps j8 on i0 now."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet107"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
+    assert actions["j8"] == ("keep", ("i0",)), (gplan.solver.status, actions)
+    check_fleet(fleet("fleet107"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
