@@ -143,6 +143,7 @@ class _Greedy:
         self.to_heal: list[tuple[Demand, list[Capacity]]] = []
         self.kept: set[str] = set()  # running jobs keep_running kept (or left to healing): not asked again
         self.tie: dict[str, int] = {}  # demand -> its rank in the placing order, demands alike to it but for the name tied
+        self.order: list[Demand] = []  # the placing order (`_run`)
         self.victims: dict[str, tuple[list[tuple[Demand, str]], list[int]]] = {}  # tenant -> what _place_preempting may stop, their classes
         self.reclaimable: tuple[dict[str, list[Demand]], dict[str, list[str]], dict[str, int]] | None = None  # _reclaimable's answer
         self.running_gangs: list[Demand] | None = None  # _place_reclaiming_gang's candidates, in its order
@@ -968,6 +969,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
 
     order = sorted(problem.demands, key=lambda d: (*rank(d), d.key))
     g.tie = {d.key: i for i, (_, ds) in enumerate(itertools.groupby(order, key=rank)) for d in ds}
+    g.order = order
     g.keeping = True
     g.keep_running(order)
     g.keeping = False
@@ -1062,9 +1064,31 @@ def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None
         if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
                 or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
             return False
+        _mend_tenant_spot(g)
         if placed is not None:
             placed()
     return True
+
+
+def _mend_tenant_spot(g: _Greedy) -> None:
+    """After a job is placed: where the running work stopped for it (another tenant's borrowed work reclaimed, its own
+    tenant's lower class preempted or displaced) was a tenant's on-demand work and left that tenant over its own spot
+    share (tenant_max_spot_fraction), its lowest-ranked jobs on spot no longer stay there (`_release_tenant_spot`)
+    until the share holds, and each is placed anew at once where its rules allow (every item placed asks the share).
+    Nothing else breaks a tenant's share once settle_spot has settled it. Unmended, t2's new high j10 reclaimed the
+    on-demand i4 where t1's borrowed j3 ran, t1's CPU j2 stayed on its spot i1, t1 had 1/1 on spot over its 0.5, and
+    apply's re-check refused greedy's plan (fleet108; CP-SAT's moved j2 and kept every rule). Finite: each release
+    takes one of the tenant's jobs off spot, and none is placed back on spot past its share."""
+    if not g._tenants_over_spot():
+        return
+    before = dict(g.a.placed)
+    while g._release_tenant_spot(g.order):
+        pass
+    demands = {d.key: d for d in g.p.demands}
+    for dk, n in before.items():
+        for _ in range(n - g.a.placed[dk]):
+            if not _place_resolving(g, demands[dk]):
+                break
 
 
 class _SpotShareWaits:

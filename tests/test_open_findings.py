@@ -192,8 +192,9 @@ told to make it a plain test).
   main): greedy's plan evicted t1's guaranteed high j2, and t2's guaranteed low j8: an idle on-demand host settle_spot
   kept for the spot share, which held without it once the spot host beside it was given up, kept the budget from the
   on-demand host they ran on (their tests). fleet108 (the same tier, 2026-12-02, on this branch; greedy's plan the same on
-  main; not fixed: a strict xfail): greedy's plan leaves t1 1/1 on spot, over its tenant_max_spot_fraction 0.5: t2's new
-  high j10 (spot share 0) took the on-demand a2-highgpu-1g where t1's j3 ran, and t1's CPU j2 stayed on its spot host."""
+  main): greedy's plan left t1 1/1 on spot, over its tenant_max_spot_fraction 0.5: t2's new high j10 (spot share 0)
+  took the on-demand a2-highgpu-1g where t1's j3 ran, and t1's CPU j2 stayed on its spot host; a stop made after
+  settle_spot was never asked about the stopped work's tenant's spot share (its test)."""
 
 from __future__ import annotations
 
@@ -2066,12 +2067,13 @@ def test_greedy_keeps_t2s_guaranteed_job_the_budget_had_room_for_on_fleet107():
     check_fleet(fleet("fleet107"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="fleet108: not fixed yet (greedy's plan breaks t1's spot share)")
 def test_greedy_keeps_t1s_spot_share_when_its_on_demand_job_gives_way_on_fleet108():
     """fleet108 (the slow property tier, 2026-12-02, on this branch after fleet107's fix; seed
-    64256263978342057788832142507043075303; greedy's plan is the same on main; not diagnosed past this): t1 runs its CPU
-    j2 on the spot m6i.4xlarge i1 and its A100 j3 on the on-demand a2-highgpu-1g i4, tenant_max_spot_fraction t1 0.5 and
-    t2 0. Greedy's plan places t2's new high j10 on i4, evicts j3 and keeps j2 on i1: t1 has 1/1 on spot, over its 0.5
-    (check_plan). CP-SAT's moves j2 and j3 and keeps every rule. Another family than fleet104-107 (a tenant's spot
-    share broken by work placed after settle_spot), left for its own fix."""
+    64256263978342057788832142507043075303; greedy's plan the same on main): t1 runs its CPU j2 on the spot m6i.4xlarge
+    i1 and its A100 j3 on the on-demand a2-highgpu-1g i4 (gcp-a100, max 1), tenant_max_spot_fraction t1 0.5 and t2 0.
+    Greedy's plan placed t2's new high j10 on i4 (`_place_reclaiming`: j3 borrows past t1's 0-GPU guarantee), evicted j3
+    and kept j2 on i1: t1 had 1/1 on spot, over its 0.5 (check_plan), as nothing asked a tenant's share again once
+    settle_spot had settled it and a stop took the tenant's on-demand work. CP-SAT's moves j2 and j3 and keeps every
+    rule. Greedy now mends the share after each job placed (`_mend_tenant_spot`): j2 leaves spot, placed anew on an
+    on-demand m6i.4xlarge."""
     check_fleet(fleet("fleet108"), time_limit=5)
