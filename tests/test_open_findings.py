@@ -183,11 +183,11 @@ told to make it a plain test).
   test). fleet103 (the slow property tier, 2026-12-02, on main too): greedy gave up t1's guaranteed j5's spot host for
   spot diversity where a spot instance bought in a second zone, with on-demand ballast for the spot share, kept it (its
   test). fleet104 (the same tier, 2026-12-02, after fleet103's fix; not fixed: a strict xfail): greedy's plan evicted t1's
-  guaranteed j5 with spot diversity and the spot share broken now, and apply's re-check refused it. fleet107 (the
+  guaranteed j5 with spot diversity and the spot share broken now, and apply's re-check refused it. fleet109 (the
   same tier, 2026-12-02, on the integration branch): CP-SAT's plan ranked below greedy's: searching again with stand-ins
   counted in their rooms, the model counted t2's running high job moved into its low job's room as the room its new
   high job stood in for, so t1's guaranteed job was stopped again, and the hold round kept t1's low job where greedy
-  puts its higher job (its test). fleet108 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence,
+  puts its higher job (its test). fleet110 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence,
   no file): `reconcile plan` failed ("internal error: the plan would stop running work that no rule requires
   stopping"): t1's j4, resized to j5's shape, was given the stay the solver counted for running j5, restarted in place
   and stopped j5 (its test)."""
@@ -2008,8 +2008,8 @@ def test_greedy_keeps_t1s_guaranteed_job_under_broken_spot_rules_on_fleet104():
     check_fleet(fleet("fleet104"), time_limit=5)
 
 
-def test_a_running_job_moved_into_its_tenants_lower_jobs_room_is_no_room_for_a_stand_in_on_fleet107():
-    """fleet107 (the slow property tier, 2026-12-02, seed 196565461454183289081317592521045664663, on the integration
+def test_a_running_job_moved_into_its_tenants_lower_jobs_room_is_no_room_for_a_stand_in_on_fleet109():
+    """fleet109 (the slow property tier, 2026-12-02, seed 196565461454183289081317592521045664663, on the integration
     branch): az-a100-80 (max 2) has four spot A100-80GB instances; t1's low j3 runs on i0, t2's high j4 on i1 and its low
     j5 on i2 (t1 and t2 have no quota: all they run is guaranteed). Two instances stay, so one of j3 and j5 must stop;
     t1's new j10 (priority 50) may take j3's room, t2's new high j12 (spot never) only a new on-demand instance. CP-SAT's
@@ -2020,14 +2020,14 @@ def test_a_running_job_moved_into_its_tenants_lower_jobs_room_is_no_room_for_a_s
     the stand-in's units came from j12 on its new instance: j3 stopped again. The hold round then kept a t1 low job
     running, where greedy's plan puts j10 in j3's room: CP-SAT's plan (j3, j4) ranked below greedy's (j10, j4). Only
     new work stands in, as plancheck's `_arriving` reads it: a running job moved for no rule is no item in the room."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet107"), time_limit=5)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet109"), time_limit=5)
     actions = {j.job: (j.action, j.instances) for j in plan.jobs}
     assert actions["j10"] == ("place", ("i0",)) and actions["j4"] == ("keep", ("i1",)), (plan.solver.note, actions)
-    check_fleet(fleet("fleet107"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    check_fleet(fleet("fleet109"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_on_fleet108(monkeypatch):
-    """fleet108 (the slow lifecycle machine, 2026-12-02, seed 275936409248231398711704013558303347147; on main too),
+def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_on_fleet110(monkeypatch):
+    """fleet110 (the slow lifecycle machine, 2026-12-02, seed 275936409248231398711704013558303347147; on main too),
     replayed as the machine drew it (a sequence, no file). t1 (no quota) runs five low jobs, applied: three 1-GPU A10G
     jobs on a g5.12xlarge and two CPU jobs (spot: never) on the cpu pool's one m6i.4xlarge (max 1): j4 (4 vCPU, 16 GiB)
     and j5 (12 vCPU, 48 GiB). j4 is resized to j5's shape: the two are one class of identical jobs now, and one

@@ -34,7 +34,7 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
     submission order. Of the running ones, those that may run on as they run (rules.runs_settled) before those that
     restart (a changed job): the solver counts only the settled ones as running work kept, so a changed job given
     the stay stopped the running job the count kept (j4 resized to j5's shape restarted in place, in j5's room, and
-    j5 was evicted for its own tenant's new work of its class: the slow lifecycle machine, fleet108)."""
+    j5 was evicted for its own tenant's new work of its class: the slow lifecycle machine, fleet110)."""
     if n <= 0:
         return []
     if d.gang:

@@ -240,7 +240,7 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
             # (nor the items of its running jobs kept as they run and moved for no rule: such a job is no new work, as
             # plancheck's _arriving reads it; only those a rule moves, `forced`. Counted, t2's running high job moved
             # into its low job's room was the room its new high job, placed on a new instance, stood in for, and t1's
-            # guaranteed job was stopped for that new job: fleet107)
+            # guaranteed job was stopped for that new job: fleet109)
             fresh = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-d.replicas, model.krs[d.key]) for d in own[gk] if d.key in model.krs]
             m.add(wsum([(1, y) for y in ys]) <= wsum(fresh) + sum(model.forced.get(d.key, 0) for d in own[gk]))
     rules = p.tenants.get(t)
