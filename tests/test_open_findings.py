@@ -194,7 +194,14 @@ told to make it a plain test).
   on-demand host they ran on (their tests). fleet108 (the same tier, 2026-12-02, on this branch; greedy's plan the same on
   main): greedy's plan left t1 1/1 on spot, over its tenant_max_spot_fraction 0.5: t2's new high j10 (spot share 0)
   took the on-demand a2-highgpu-1g where t1's j3 ran, and t1's CPU j2 stayed on its spot host; a stop made after
-  settle_spot was never asked about the stopped work's tenant's spot share (its test)."""
+  settle_spot was never asked about the stopped work's tenant's spot share (its test). fleet109 (the
+  same tier, 2026-12-02, on the integration branch): CP-SAT's plan ranked below greedy's: searching again with stand-ins
+  counted in their rooms, the model counted t2's running high job moved into its low job's room as the room its new
+  high job stood in for, so t1's guaranteed job was stopped again, and the hold round kept t1's low job where greedy
+  puts its higher job (its test). fleet110 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence,
+  no file): `reconcile plan` failed ("internal error: the plan would stop running work that no rule requires
+  stopping"): t1's j4, resized to j5's shape, was given the stay the solver counted for running j5, restarted in place
+  and stopped j5 (its test)."""
 
 from __future__ import annotations
 
@@ -2077,3 +2084,57 @@ def test_greedy_keeps_t1s_spot_share_when_its_on_demand_job_gives_way_on_fleet10
     rule. Greedy now mends the share after each job placed (`_mend_tenant_spot`): j2 leaves spot, placed anew on an
     on-demand m6i.4xlarge."""
     check_fleet(fleet("fleet108"), time_limit=5)
+
+
+def test_a_running_job_moved_into_its_tenants_lower_jobs_room_is_no_room_for_a_stand_in_on_fleet109():
+    """fleet109 (the slow property tier, 2026-12-02, seed 196565461454183289081317592521045664663, on the integration
+    branch): az-a100-80 (max 2) has four spot A100-80GB instances; t1's low j3 runs on i0, t2's high j4 on i1 and its low
+    j5 on i2 (t1 and t2 have no quota: all they run is guaranteed). Two instances stay, so one of j3 and j5 must stop;
+    t1's new j10 (priority 50) may take j3's room, t2's new high j12 (spot never) only a new on-demand instance. CP-SAT's
+    first answer kept j4, placed j12 and stopped j3 and j5 (j12 counted for j5 wherever it landed): j3 was stopped for
+    another tenant's new work, and `_lawful` searched again with stand-ins counted in their rooms. There the model
+    moved j4 onto i2, j5's instance, and counted that item as t2's higher work in j5's room (objective.stand_in_room
+    bounded a group's items there by those not staying where they run, and a moved running job's item is one), while
+    the stand-in's units came from j12 on its new instance: j3 stopped again. The hold round then kept a t1 low job
+    running, where greedy's plan puts j10 in j3's room: CP-SAT's plan (j3, j4) ranked below greedy's (j10, j4). Only
+    new work stands in, as plancheck's `_arriving` reads it: a running job moved for no rule is no item in the room."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet109"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
+    assert actions["j10"] == ("place", ("i0",)) and actions["j4"] == ("keep", ("i1",)), (plan.solver.note, actions)
+    check_fleet(fleet("fleet109"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_on_fleet110(monkeypatch):
+    """fleet110 (the slow lifecycle machine, 2026-12-02, seed 275936409248231398711704013558303347147; on main too),
+    replayed as the machine drew it (a sequence, no file). t1 (no quota) runs five low jobs, applied: three 1-GPU A10G
+    jobs on a g5.12xlarge and two CPU jobs (spot: never) on the cpu pool's one m6i.4xlarge (max 1): j4 (4 vCPU, 16 GiB)
+    and j5 (12 vCPU, 48 GiB). j4 is resized to j5's shape: the two are one class of identical jobs now, and one
+    m6i.4xlarge holds one of them. The solver kept one of the class's jobs running where it runs (a stay on the host,
+    counted as running work kept: only j5 may run on as it runs); the plan gave that stay to j4, the first by name, so j4
+    restarted in place and j5 was evicted for its own tenant's new work of its class. Apply's re-check refuses that,
+    every search again and greedy's plan (the same assignment) did too, and `reconcile plan` failed with "internal error:
+    the plan would stop running work that no rule requires stopping". plan/assign.choose_jobs gives a class's stays to
+    its settled running jobs first: j5 stays, and j4 is stopped (it waits for room in its new shape)."""
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
+
+    class Draws:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def draw(self, strategy, label=None):
+            return self.values.pop(0)
+
+    a10g, cpu = ["a10g", 0, "t1", "low", "eligible", 2, "zone"], ["t1", "low", "never", 2, "zone"]
+    start = [None, None, None, "either", 1, "either", 1, "on-demand", 1, "spot", 1, 0.5, 0, "WhenUnderutilized", "LowerPriority", 5,
+             *a10g, *a10g, *a10g, "cpu", 0, *cpu, "cpu", 1, *cpu]
+    machine = life.FleetLifeSlow()
+    try:
+        machine.start(Draws(start))
+        machine.edit(Draws([machine._named("Job", "j4"), 1]), "change_resources")
+        machine.plan_it()
+        actions = {j.job: (j.action, j.instances) for j in machine.plan.jobs}
+        assert actions["j5"][0] == "keep" and actions["j4"][0] == "evict", actions
+    finally:
+        machine.teardown()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from reconciler.errors import SolverError
 from reconciler.observe import Observed
 from reconciler.problem import Capacity, Demand, Host, Problem
+from reconciler.problem.rules import runs_settled
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
     from reconciler.solve import Solution
@@ -30,17 +31,21 @@ class Assignment:
 def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, observed: Observed) -> list[str]:
     """Which of a class's identical jobs run: those staying where they are first, then the other
     running ones (most time left first: the victims are those nearly done), then the rest in
-    submission order."""
+    submission order. Of the running ones, those that may run on as they run (rules.runs_settled) before those that
+    restart (a changed job): the solver counts only the settled ones as running work kept, so a changed job given
+    the stay stopped the running job the count kept (j4 resized to j5's shape restarted in place, in j5's room, and
+    j5 was evicted for its own tenant's new work of its class: the slow lifecycle machine, fleet110)."""
     if n <= 0:
         return []
     if d.gang:
         return list(d.jobs)
     running = dict(d.running)
+    settled = {j for j, ids in d.running if runs_settled(d, j, ids)}
     staying, moving = [], []
     left = dict(stay_left)  # (each staying job takes its host's count, as assign_items does: counted only as > 0, a
     # host whose count is 3 of the 4 jobs on it had all 4 called staying, and the 11 of 12 placed left one with no
     # room, "internal: ... no room left": the stable-run exploration, a critical job taking a low job's room)
-    for j in d.jobs:
+    for j in sorted(d.jobs, key=lambda j: j not in settled):  # (stable: submission order within each)
         if j in running:
             hosts = running[j][: d.replicas] if d.bundle == 1 else running[j][:1]
             stays = 0
@@ -49,7 +54,7 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
                     left[h] -= 1
                     stays += 1
             (staying if stays else moving).append(j)
-    moving.sort(key=lambda j: (-problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
+    moving.sort(key=lambda j: (j not in settled, -problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
     rest = [j for j in d.jobs if j not in running]
     return (staying + moving + rest)[:n]
 

@@ -237,6 +237,12 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
         if ys:
             anew = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-1, v) for d in own[gk] for _, v in model.stay_of.get(d.key, [])]
             m.add(wsum([(1, y) for y in ys]) <= wsum(anew))
+            # (nor the items of its running jobs kept as they run and moved for no rule: such a job is no new work, as
+            # plancheck's _arriving reads it; only those a rule moves, `forced`. Counted, t2's running high job moved
+            # into its low job's room was the room its new high job, placed on a new instance, stood in for, and t1's
+            # guaranteed job was stopped for that new job: fleet109)
+            fresh = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-d.replicas, model.krs[d.key]) for d in own[gk] if d.key in model.krs]
+            m.add(wsum([(1, y) for y in ys]) <= wsum(fresh) + sum(model.forced.get(d.key, 0) for d in own[gk]))
     rules = p.tenants.get(t)
     protected = set(rules.protected_jobs) if rules is not None else set()
     small = [d for d in mine if d.key in holds and any(j in protected for j, _ in d.running)]
