@@ -1512,6 +1512,15 @@ def test_an_answer_whose_idle_class_does_not_pack_is_told_apart_on_fleet29(monke
     assert strategy.beyond_count(search, after) == []
 
 
+def both_plans_keep_every_rule(f: Fleet, **expected: tuple[str, tuple[str, ...]]) -> None:
+    """CP-SAT's plan and greedy's give each named job its expected (action, instances), and both keep every rule."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(f, time_limit=5)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert {job: actions[job] for job in expected} == expected, (p.solver.status, actions)
+    check_fleet(f, time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
 @contextmanager
 def _explored(n: int, kind: str):
     """bench.explore_mixed's fleet n in a temporary directory: generated, planned, checked, applied and planned again
@@ -1823,11 +1832,7 @@ def test_greedy_buys_spot_diversity_before_giving_up_a_guaranteed_jobs_spot_host
     i2 (diversity holds once no spot is left); a spot a2-highgpu-1g bought in GCP later mended the rule, i2 was reopened
     for t1's new j0, and j8 was stopped for it: apply's re-check refused greedy's plan (CP-SAT's kept j8 and bought
     that spot instance idle). Greedy now buys the spot instance the rule asks for before it gives up running work."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet92"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet92"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet92"), j8=("keep", ("i2",)))
 
 
 def test_greedy_buys_no_spot_for_diversity_while_a_tenant_must_give_up_spot_work_on_fleet93():
@@ -1859,11 +1864,7 @@ def test_greedy_buys_spot_diversity_and_ballast_before_giving_up_a_guaranteed_jo
     diversity while the buffer was broken, so it gave up i1 and j8 with it; two on-demand A100s filled the pool after,
     and apply's re-check refused greedy's plan (CP-SAT's kept j8). Greedy now mends diversity first where ballast then
     mends the buffer, as the model may, and keeps j8."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet95"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j8"] == ("keep", ("i1",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet95"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet95"), j8=("keep", ("i1",)))
 
 
 def test_greedy_asks_the_next_spot_host_for_diversity_before_giving_up_a_guaranteed_jobs_spot_host_on_fleet96():
@@ -1874,11 +1875,7 @@ def test_greedy_asks_the_next_spot_host_for_diversity_before_giving_up_a_guarant
     closed, and i2 was given up at once with j8 on it; apply's re-check refused greedy's plan (CP-SAT's kept j8 beside
     i3, the spot a2-highgpu-4g in GCP, and an on-demand g5.12xlarge). Greedy now asks the next spot host for diversity
     (i3, then a spot instance to buy) before it gives up running work, and keeps j8 as CP-SAT does."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet96"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet96"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet96"), j8=("keep", ("i2",)))
 
 
 def test_greedy_asks_an_idle_on_demand_host_again_once_a_spot_host_given_up_frees_its_pool_slot_on_fleet97():
@@ -1890,11 +1887,7 @@ def test_greedy_asks_an_idle_on_demand_host_again_once_a_spot_host_given_up_free
     running work was kept again, and t1's new critical j5 took i1, where j4 ran; apply's re-check refused greedy's
     plan (CP-SAT's kept j4, and j5 took j2's room, its own tenant's lower class). A spare host refused now is asked
     again after the next release: i1 stays, j4 with it, and greedy's plan is CP-SAT's."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet97"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j4"] == ("keep", ("i1",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet97"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet97"), j4=("keep", ("i1",)))
 
 
 def test_greedy_keeps_no_spot_bought_for_diversity_once_the_spot_hosts_beside_it_are_given_up_on_fleet98():
@@ -1917,11 +1910,7 @@ def test_greedy_asks_a_spot_instance_to_buy_for_diversity_not_a_host_it_tried_on
     host first), tried already, so i2 was given up and j8 with it, and t2's new critical j0 took az-a100-80's slot.
     CP-SAT's plan keeps j8, buying the spot g5.xlarge in us-east-1b and an on-demand one in aws-a10g to stand idle. A spot
     instance tried is not asked again: greedy's plan is CP-SAT's."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet99"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j8"] == ("keep", ("i2",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet99"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet99"), j8=("keep", ("i2",)))
 
 
 def test_greedy_keeps_a_pools_on_demand_running_job_first_where_the_spot_share_needs_it_on_fleet100():
@@ -1948,11 +1937,7 @@ def test_greedy_keeps_a_gang_that_may_not_move_again_where_its_host_is_opened_ag
     j3 and bought a spot g5.xlarge for the second type, but j9, a running gang that may only stay or stop, was not asked
     again, and apply's re-check refused greedy's plan (j9 stopped where keeping it breaks no rule the plan keeps; CP-SAT's
     plan kept it). A gang that may not move is kept again once the new work is placed, where its hosts are open."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet101"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j9"] == ("keep", ("i1", "i1")), (p.solver.status, actions)
-    check_fleet(fleet("fleet101"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet101"), j9=("keep", ("i1", "i1")))
 
 
 def test_greedy_buys_spot_for_diversity_while_the_fleets_spot_share_is_broken_where_ballast_mends_it_on_fleet103():
@@ -1963,11 +1948,7 @@ def test_greedy_buys_spot_for_diversity_while_the_fleets_spot_share_is_broken_wh
     given up, and t2's new normal j8 took aws-a10g's one slot: apply's re-check refused greedy's plan. CP-SAT's keeps j5
     beside a spot A100 in eastus-2 and an on-demand p4d (the A100 work, and the share). The spot share is not asked of a
     spot instance bought for diversity, as of a spot host kept for it: the ballast asked after mends it, or it is undone."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet103"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j5"] == ("keep", ("i0",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet103"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet103"), j5=("keep", ("i0",)))
 
 
 def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on_fleet102(monkeypatch):
@@ -2020,11 +2001,7 @@ def test_greedy_asks_again_for_diversity_a_release_made_possible_on_fleet104():
     keeps j5 beside a spot A100 in eastus and an on-demand p4d. What was refused for want of ballast is asked again
     once after each release now (cleared after every release, settle_spot kept and gave up the same idle spot host
     without end: the revert 98aef55)."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet104"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j5"] == ("keep", ("i0",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet104"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet104"), j5=("keep", ("i0",)))
 
 
 def test_greedy_places_t2s_guaranteed_gang_before_new_work_on_fleet105():
@@ -2053,11 +2030,7 @@ def test_greedy_drops_the_idle_on_demand_host_the_spot_share_holds_without_on_fl
     re-check refused greedy's plan. CP-SAT's keeps j2 on i1 and moves j9 beside it. What settle_spot opened for the
     share and it holds without is closed before running work is asked again; greedy keeps j1 and j2 on i1 now (j9,
     running, takes no protected job's room: evicted)."""
-    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet106"), time_limit=5)
-    for p in (plan, gplan):
-        actions = {j.job: (j.action, j.instances) for j in p.jobs}
-        assert actions["j2"] == ("keep", ("i1",)), (p.solver.status, actions)
-    check_fleet(fleet("fleet106"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+    both_plans_keep_every_rule(fleet("fleet106"), j2=("keep", ("i1",)))
 
 
 def test_greedy_keeps_t2s_guaranteed_job_the_budget_had_room_for_on_fleet107():
