@@ -597,10 +597,9 @@ class _Greedy:
         for (dk, hk), n in list(self.a.stay.items()):
             if hk == inst.key and n:
                 hosts_of[dk] = n
-        demands = {d.key: d for d in self.p.demands}
         emptied: set[str] = set()
         for dk in hosts_of:
-            d = demands[dk]
+            d = self.p.demand(dk)
             # Every item of d kept anywhere goes (a gang is whole or nothing; identical jobs: those here).
             cells = [(hk, n) for (k, hk), n in self.a.stay.items() if k == dk and n and (d.gang or hk == inst.key)]
             jobs_lost = 1 if d.gang else sum(n for _, n in cells)
@@ -1084,10 +1083,9 @@ def _mend_tenant_spot(g: _Greedy) -> None:
     before = dict(g.a.placed)
     while g._release_tenant_spot(g.order):
         pass
-    demands = {d.key: d for d in g.p.demands}
     for dk, n in before.items():
         for _ in range(n - g.a.placed[dk]):
-            if not _place_resolving(g, demands[dk]):
+            if not _place_resolving(g, g.p.demand(dk)):
                 break
 
 
@@ -1187,7 +1185,6 @@ def _diversity_move(g: _Greedy) -> bool:
     types, zones = g.led.spot_sites()
     deficit = _diversity_deficit(g, types, zones)
     spot = _open_spot(g)
-    demands = {d.key: d for d in g.p.demands}
     offers = [c for c in g.offer.values() if c.market == "spot" and (c.instance_type not in types or c.zone not in zones)]
     last: dict[str, _Inst] = {}  # offer -> its instance bought last: the one `_unbuy` may take back (keys stay n#0..n#k)
     for i in spot:
@@ -1195,7 +1192,7 @@ def _diversity_move(g: _Greedy) -> bool:
             last[i.cap.offer_key] = i
     best = None
     for inst in sorted(last.values(), key=lambda i: i.key):
-        items = [(demands[k], n) for k, n in sorted(inst.items.items()) if n]
+        items = [(g.p.demand(k), n) for k, n in sorted(inst.items.items()) if n]
         if not items or any(d.gang for d, _ in items):
             continue  # (a gang's items move together or not at all: not here)
         old = inst.cap
