@@ -1951,6 +1951,16 @@ def test_greedy_buys_spot_for_diversity_while_the_fleets_spot_share_is_broken_wh
     both_plans_keep_every_rule(fleet("fleet103"), j5=("keep", ("i0",)))
 
 
+class _Draws:
+    """Hypothesis's `data` stand-in for replaying a lifecycle machine's sequence: each draw returns the next value."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def draw(self, strategy, label=None):
+        return self.values.pop(0)
+
+
 def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on_fleet102(monkeypatch):
     """fleet102 (the slow lifecycle machine, 2026-12-02, seed 192029729994492918464157863499741042829; on main too),
     replayed step by step as the machine drew it (a sequence, not one fleet: the State's record of the apply matters).
@@ -1969,13 +1979,6 @@ def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on
     import tests.test_lifecycle_machine as life
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
-    class Draws:
-        def __init__(self, values):
-            self.values = list(values)
-
-        def draw(self, strategy, label=None):
-            return self.values.pop(0)
-
     gang = ["eligible", 2, "zone"]
     start = [None, {"gpus": 4, "burst": {"gpus": 8}}, None, "either", 3, "on-demand", 2, "on-demand", 1, "spot", 1,
              0.5, 0, "WhenUnderutilized", "Never", 5,
@@ -1983,8 +1986,8 @@ def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on
              "a10g", 1, "t2", "high", *gang, "a100", 0, "t1", "low", *gang]
     machine = life.FleetLifeSlow()
     try:
-        machine.start(Draws(start))
-        machine.edit(Draws(["a100nv", 0, "t1", "low", *gang]), "add_job")
+        machine.start(_Draws(start))
+        machine.edit(_Draws(["a100nv", 0, "t1", "low", *gang]), "add_job")
         machine.reclaim_spot(0)
         machine.reclaim_spot(0)
         machine.apply_it(saved=False, allow=False)
@@ -2092,20 +2095,13 @@ def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
 
-    class Draws:
-        def __init__(self, values):
-            self.values = list(values)
-
-        def draw(self, strategy, label=None):
-            return self.values.pop(0)
-
     a10g, cpu = ["a10g", 0, "t1", "low", "eligible", 2, "zone"], ["t1", "low", "never", 2, "zone"]
     start = [None, None, None, "either", 1, "either", 1, "on-demand", 1, "spot", 1, 0.5, 0, "WhenUnderutilized", "LowerPriority", 5,
              *a10g, *a10g, *a10g, "cpu", 0, *cpu, "cpu", 1, *cpu]
     machine = life.FleetLifeSlow()
     try:
-        machine.start(Draws(start))
-        machine.edit(Draws([machine._named("Job", "j4"), 1]), "change_resources")
+        machine.start(_Draws(start))
+        machine.edit(_Draws([machine._named("Job", "j4"), 1]), "change_resources")
         machine.plan_it()
         actions = {j.job: (j.action, j.instances) for j in machine.plan.jobs}
         assert actions["j5"][0] == "keep" and actions["j4"][0] == "evict", actions
