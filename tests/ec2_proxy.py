@@ -8,7 +8,9 @@ moto server unchanged, except:
   each instance RunInstances returned through the proxy is "not found" by the next n DescribeInstances (or
   TerminateInstances / CreateTags) calls that name it by id;
 * injected errors (fail(action, code, message, count)): the next `count` calls of `action` answer this EC2 error
-  (HTTP 400, EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances;
+  (EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances, with the HTTP status EC2 gives the code: 400 for a
+  client error, 500-series for the server error codes ("Error codes for the Amazon EC2 API": InsufficientInstanceCapacity
+  is answered 500, RequestLimitExceeded 503), which SDKs retry as server errors;
 * spot price history (spot_history, when set): DescribeSpotPriceHistory answered from it with EC2's documented
   semantics: the rows within [StartTime, EndTime] plus, per type, zone and product, "the last price change before
   the start time, which is the effective price as of the start time" (moto answers a fixed 2006 row);
@@ -48,6 +50,21 @@ from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 _REGION = re.compile(r"/([a-z]{2}-[a-z]+-[0-9])/ec2/aws4_request")
+
+
+# EC2's server error codes and the status each comes with (the API reference's "Server error codes"; the statuses are
+# those seen on the wire: InsufficientInstanceCapacity 500, RequestLimitExceeded 503). Any other code is a client error.
+SERVER_ERRORS = {"InsufficientAddressCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+                 "InsufficientInstanceCapacity": 500, "InsufficientReservedInstanceCapacity": 500,
+                 "InsufficientVolumeCapacity": 500, "InternalError": 500, "InternalFailure": 500,
+                 "RequestLimitExceeded": 503, "ServiceUnavailable": 503, "Unavailable": 503}
+_CODE = re.compile(rb"<Code>([^<]*)</Code>")
+
+
+def error_status(body: bytes) -> int:
+    """The HTTP status EC2 answers an error body with."""
+    m = _CODE.search(body)
+    return SERVER_ERRORS.get(m.group(1).decode(), 400) if m else 400
 
 
 def ec2_error(code: str, message: str) -> bytes:
@@ -312,7 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
             if err is not None and err.startswith(b"ok:"):
                 return self._reply(200, {"Content-Type": "text/xml;charset=UTF-8"}, err[3:])
             if err is not None:
-                return self._reply(400, {"Content-Type": "text/xml;charset=UTF-8"}, err)
+                return self._reply(error_status(err), {"Content-Type": "text/xml;charset=UTF-8"}, err)
         conn = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}

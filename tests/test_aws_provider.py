@@ -386,6 +386,29 @@ def test_a_plan_before_ec2_lists_the_last_applys_instances_buys_nothing_twice(aw
     assert sorted(d["InstanceId"] for d in mine) == sorted(first.report.created.values())
 
 
+def test_a_stockout_is_a_capacity_error_at_once_not_retried_as_a_server_error(proxy, tmp_path, fleet):
+    """EC2 answers InsufficientInstanceCapacity with HTTP 500 (a server error code, "Error codes for the Amazon EC2
+    API"), and botocore's standard mode retries every 500: each stocked-out create was sent max_attempts times, with up
+    to 15 s of backoff, before apply could mark the zone short and go elsewhere (a burst of them spending RunInstances'
+    request budget). The proxy answered 400, so no test saw it; now it answers EC2's status, and one refusal is final."""
+    from botocore.config import Config
+
+    raw = boto3.client("ec2", region_name="us-east-1", endpoint_url=proxy.url,
+                       config=Config(retries={"mode": "standard", "total_max_attempts": 1}))
+    proxy.fail("DescribeRegions", "InsufficientInstanceCapacity", "x")
+    with pytest.raises(ClientError) as e:
+        raw.describe_regions()
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500  # as EC2 answers it
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    proxy.fail("RunInstances", "InsufficientInstanceCapacity", "We currently do not have sufficient g5.xlarge capacity in "
+                                                               "the Availability Zone you requested (us-east-1a).")
+    with pytest.raises(CapacityError) as e:
+        prov.create(req(fleet, "k-stockout"))
+    assert (e.value.zone, e.value.instance_type) == ("us-east-1a", "g5.xlarge")
+    assert proxy.calls.count("RunInstances") == 1  # (a retry would have launched: the refusal was for one call)
+
+
 # -- quotas (issue 22, item 2) ----------------------------------------------------------------------
 @pytest.mark.parametrize("code, market, itype, quota", [
     ("VcpuLimitExceeded", "on-demand", "g5.xlarge", "L-DB2E81BA"),
