@@ -127,6 +127,18 @@ def test_observe_paginates(prov, fleet, ec2):
     assert len(prov.observe([target()])) == 130  # pages of 100
 
 
+def test_find_asks_for_many_ids_within_ec2_s_filter_value_limit(prov, fleet, ec2):
+    """EC2 refuses a call with more than 200 filter values (FilterLimitExceeded: "The maximum number of filter values
+    specified on a single call is 200"); moto took any number, so find()'s chunking was never put to the test."""
+    run = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=3, MaxCount=3, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}]}])
+    mine = sorted(i["InstanceId"] for i in run["Instances"])
+    absent = [f"i-{n:017x}" for n in range(250)]  # sorted ahead of moto's ids: the real ones are in a later chunk
+    assert sorted(i.id for i in prov.find(absent + mine, [target()])) == mine
+    with pytest.raises(ClientError, match="FilterLimitExceeded"):
+        ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": absent[:201]}])
+
+
 def test_capacity_errors_become_capacity_errors(prov, fleet):
     def no_capacity(**kwargs):
         raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
