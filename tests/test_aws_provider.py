@@ -122,9 +122,12 @@ def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fle
 
 
 def test_observe_paginates(prov, fleet, ec2):
-    ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=130, MaxCount=130, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}, {"Key": "fleetops.io/pool", "Value": "a10g"}]}])
-    assert len(prov.observe([target()])) == 130  # pages of 100
+    """moto pages DescribeInstances by reservation: 130 instances launched by one call were one page, and observe read
+    them all with or without following NextToken. One launch per instance, as the provider launches them."""
+    for _ in range(105):
+        ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}, {"Key": "fleetops.io/pool", "Value": "a10g"}]}])
+    assert len(prov.observe([target()])) == 105  # pages of 100
 
 
 def test_find_asks_for_many_ids_within_ec2_s_filter_value_limit(prov, fleet, ec2):
