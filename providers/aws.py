@@ -622,16 +622,15 @@ class AwsProvider:
     def _owned(self, instance: Instance, verb: str) -> dict | None:
         """The instance as EC2 describes it now, checked to be this fleet's before we `verb` it;
         None if it is already gone. Raises OwnershipError for anyone else's instance."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         pause, deadline = 0.2, time.monotonic() + self.consistency_timeout
         while True:
-            try:
-                resp = self.ec2(instance.region).describe_instances(InstanceIds=[instance.id])
+            try:  # mapped as every call is (a throttled read is transient and says how often it was tried)
+                resp = self._call(f"describe {instance.id}", self.ec2(instance.region).describe_instances,
+                                  InstanceIds=[instance.id])
                 break
-            except ClientError as e:
-                if e.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
-                    raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
+            except ProviderError as e:
+                if "InvalidInstanceID.NotFound" not in str(e):
+                    raise
                 if not _just_launched(instance):
                     return None
                 # EC2 is eventually consistent: an instance launched a moment ago may not be visible yet ("Eventual
@@ -642,8 +641,6 @@ class AwsProvider:
                                                  f"show it yet ({self.consistency_timeout:.0f} s); a rerun tries again") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
-            except BotoCoreError as e:  # connection errors, timeouts: the caller retries
-                raise TransientProviderError(f"aws: describe {instance.id}: {type(e).__name__}: {e}") from None
         found = [d for r in resp["Reservations"] for d in r["Instances"]]
         if not found or found[0]["State"]["Name"] in ("shutting-down", "terminated"):
             return None

@@ -373,6 +373,22 @@ def test_throttled_creates_are_retried_by_botocore_alone_a_bounded_number_of_tim
     assert res.report.ok and len(res.report.created) == creates and proxy.calls.count("RunInstances") == creates + 1
 
 
+def test_a_delete_whose_ownership_read_is_throttled_says_so_and_is_not_retried_again(proxy, tmp_path, fleet):
+    """delete (and record_placements) read the instance first (its fleet tag) with a DescribeInstances of their own:
+    a throttled one, after botocore's tries, was a plain ProviderError naming only the code ("aws: describe i-...:
+    RequestLimitExceeded"), unlike every other EC2 call's, which says it is transient and how often it was tried."""
+    from reconciler.errors import TransientProviderError
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url,
+                                                                                 "max_attempts": "2"}))
+    inst = prov.create(req(fleet, "k-read-throttled"))
+    proxy.fail("DescribeInstances", "RequestLimitExceeded", "Request limit exceeded.", count=10**6)
+    with pytest.raises(TransientProviderError) as e:
+        prov.delete(inst)
+    assert e.value.retried and str(e.value).endswith("RequestLimitExceeded: Request limit exceeded. (after 2 tries)"), str(e.value)
+    assert proxy.calls.count("TerminateInstances") == 0
+
+
 def test_the_ec2_client_retries_in_standard_mode_with_an_explicit_bound(tmp_path, aws_env, fleet):
     """botocore's retry settings are explicit, not its defaults or adaptive mode's client-side rate limiter: standard
     mode, max_attempts tries in all (the first included), 5 unless -o max_attempts=N."""
