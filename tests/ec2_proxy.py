@@ -3,6 +3,9 @@
 moto is strongly consistent and has no account limits; EC2 is neither. The proxy forwards every request to the
 moto server unchanged, except:
 
+* boot time (boot(seconds)): EC2 reports a new instance `pending` until it runs ("pending", then "running": Amazon
+  EC2 instance state changes, EC2 User Guide), moto `running` at once. With boot(s), each instance RunInstances
+  launches through the proxy is pending (code 0) in RunInstances' and DescribeInstances' answers for s seconds;
 * eventual consistency (lag(n)): EC2's API reference ("Eventual consistency in the Amazon EC2 API") says a
   DescribeInstances naming an instance launched a moment ago may answer InvalidInstanceID.NotFound. With lag(n),
   each instance RunInstances returned through the proxy is "not found" by the next n DescribeInstances (or
@@ -44,6 +47,7 @@ import http.client
 import json
 import re
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -93,6 +97,8 @@ class Ec2Proxy:
         self.run_requests: list[dict[str, str]] = []  # the parameters of every RunInstances seen
         self.spot_history: list[tuple[str, str, str, float, str]] | None = None  # (type, zone, product, price, ISO time)  # (region, name) -> {"id", "strategy", "tags", "members"}
         self.public_parameters: dict[str, str] = {}  # SSM name -> value, in every region
+        self.boot_s = 0.0
+        self.booting: dict[str, float] = {}  # instance id -> time.monotonic() it runs at
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -100,6 +106,10 @@ class Ec2Proxy:
     def lag(self, reads: int) -> None:
         with self.lock:
             self.lag_reads = reads
+
+    def boot(self, seconds: float) -> None:
+        with self.lock:
+            self.boot_s = seconds
 
     def fail(self, action: str, code: str, message: str, count: int = 1) -> None:
         with self.lock:
@@ -283,6 +293,24 @@ class Ec2Proxy:
             pos = end
         return ("".join(out) + text[pos:]).encode()
 
+    def show_pending(self, body: bytes) -> bytes:
+        """An instance still booting is `pending` (code 0), whatever moto says; a stopped or terminated one as it is."""
+        now = time.monotonic()
+        with self.lock:
+            booting = {iid for iid, ready in self.booting.items() if ready > now}
+        if not booting:
+            return body
+        text, out, pos = body.decode(), [], 0
+        for mm in re.finditer(r"<instanceId>(i-[0-9a-f]+)</instanceId>", text):
+            if mm.group(1) not in booting or mm.start() < pos:
+                continue
+            state = re.compile(r"<instanceState>\s*<code>16</code>\s*<name>running</name>\s*</instanceState>").search(text, mm.end())
+            if state is None or text.find("<instanceId>", mm.end(), state.start()) >= 0:
+                continue  # no state of its own, or not running
+            out.append(text[pos:state.start()] + "<instanceState><code>0</code><name>pending</name></instanceState>")
+            pos = state.end()
+        return ("".join(out) + text[pos:]).encode()
+
     def _alive(self, region: str, iid: str) -> bool:
         import boto3
 
@@ -296,6 +324,8 @@ class Ec2Proxy:
             for iid in ids:
                 if self.lag_reads:
                     self.unseen[iid.decode()] = self.lag_reads
+                if self.boot_s:
+                    self.booting[iid.decode()] = time.monotonic() + self.boot_s
                 group = self.groups.get((region, (params.get("Placement.GroupName") or [""])[0]))
                 if group is not None:
                     group["members"].add(iid.decode())
@@ -339,7 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
             if action == "RunInstances" and resp.status == 200:
                 self.owner.launched(body, params, m.group(1) if m else "us-east-1")
             if action in ("RunInstances", "DescribeInstances") and resp.status == 200:
-                body = self.owner.show_groups(body, m.group(1) if m else "us-east-1")
+                body = self.owner.show_pending(self.owner.show_groups(body, m.group(1) if m else "us-east-1"))
             self._reply(resp.status, {k: v for k, v in resp.getheaders()
                                       if k.lower() not in ("content-length", "transfer-encoding", "connection")}, body)
         finally:
