@@ -152,8 +152,9 @@ class AwsProvider:
     def ec2(self, region: str):
         with self._clients_lock:  # apply calls in from worker threads; a boto3 Session is not thread-safe (clients are)
             if region not in self._clients:
-                self._clients[region] = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint,
-                                                            config=self.config)
+                client = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint, config=self.config)
+                client.meta.events.register("needs-retry.ec2.RunInstances", _refusal_is_final)
+                self._clients[region] = client
             return self._clients[region]
 
     def _image(self, settings: dict, instance_type: str) -> str | None:
@@ -621,16 +622,15 @@ class AwsProvider:
     def _owned(self, instance: Instance, verb: str) -> dict | None:
         """The instance as EC2 describes it now, checked to be this fleet's before we `verb` it;
         None if it is already gone. Raises OwnershipError for anyone else's instance."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         pause, deadline = 0.2, time.monotonic() + self.consistency_timeout
         while True:
-            try:
-                resp = self.ec2(instance.region).describe_instances(InstanceIds=[instance.id])
+            try:  # mapped as every call is (a throttled read is transient and says how often it was tried)
+                resp = self._call(f"describe {instance.id}", self.ec2(instance.region).describe_instances,
+                                  InstanceIds=[instance.id])
                 break
-            except ClientError as e:
-                if e.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
-                    raise ProviderError(f"aws: describe {instance.id}: {e.response.get('Error', {}).get('Code')}") from None
+            except ProviderError as e:
+                if "InvalidInstanceID.NotFound" not in str(e):
+                    raise
                 if not _just_launched(instance):
                     return None
                 # EC2 is eventually consistent: an instance launched a moment ago may not be visible yet ("Eventual
@@ -641,8 +641,6 @@ class AwsProvider:
                                                  f"show it yet ({self.consistency_timeout:.0f} s); a rerun tries again") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
-            except BotoCoreError as e:  # connection errors, timeouts: the caller retries
-                raise TransientProviderError(f"aws: describe {instance.id}: {type(e).__name__}: {e}") from None
         found = [d for r in resp["Reservations"] for d in r["Instances"]]
         if not found or found[0]["State"]["Name"] in ("shutting-down", "terminated"):
             return None
@@ -670,6 +668,19 @@ class AwsProvider:
         self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
         if stale:
             self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+def _refusal_is_final(response=None, operation=None, **_) -> None:
+    """botocore's needs-retry hook for RunInstances: a capacity refusal ends the call. EC2 answers a stockout
+    (InsufficientInstanceCapacity ...) with HTTP 500, a server error code, which standard mode retries like an outage:
+    max_attempts launches and up to 15 s of backoff per create before apply could mark the zone short and go elsewhere.
+    Raised here, ahead of botocore's own handler (a more specific event's handlers run first), which would otherwise
+    also charge its retry quota for a retry not made."""
+    parsed = response[1] if response is not None else {}
+    if parsed.get("Error", {}).get("Code") in CAPACITY_CODES:
+        from botocore.exceptions import ClientError
+
+        raise ClientError(parsed, operation.name)
 
 
 def latest_spot_prices(ec2, types: list[str], now: datetime) -> dict[tuple[str, str], float]:

@@ -1,4 +1,5 @@
-"""EC2's documented limits on tags and ClientTokens, in front of the moto server (moto checks only the tag count).
+"""EC2's documented limits on tags, ClientTokens and filter values, in front of the moto server (moto checks only
+the tag count).
 
 * Tags (the EC2 API reference's Tag type): "Tag keys are case-sensitive and accept a maximum of 127 Unicode
   characters. May not begin with aws:"; "Tag values ... accept a maximum of 256 Unicode characters". moto stores a
@@ -7,9 +8,13 @@
   enforces itself (TagLimitExceeded).
 * ClientToken ("Ensuring idempotency in Amazon EC2 API requests"): "a unique, case-sensitive string of up to 64 ASCII
   characters". moto takes any string.
+* Filter values: a Describe call with more than 200 of them (Filter.N.Value.M, all filters together) is refused with
+  FilterLimitExceeded, "The maximum number of filter values specified on a single call is 200", as EC2 answers it
+  (quoted in the wild: gjbae1212/gossm#31, convox/rack#2205). moto takes any number.
 
-A request past a limit is answered 400 InvalidParameterValue (the wording is this layer's) and reaches nothing behind
-it. A WSGI middleware around moto's application, like tests/ec2_tokens.py, so every client meets the same rules."""
+A request past a tag or token limit is answered 400 InvalidParameterValue (the wording is this layer's), past the filter
+limit 400 FilterLimitExceeded (EC2's wording); it reaches nothing behind it. A WSGI middleware around moto's
+application, like tests/ec2_tokens.py, so every client meets the same rules."""
 
 from __future__ import annotations
 
@@ -24,6 +29,15 @@ VALUE_MAX = 256
 TOKEN_MAX = 64
 _TAG_KEY = re.compile(r"^(?:TagSpecification\.\d+\.)?Tag\.\d+\.Key$")
 TAGGING = {"RunInstances", "CreateTags", "CreatePlacementGroup"}
+FILTER_VALUES_MAX = 200
+_FILTER_VALUE = re.compile(r"^Filter\.\d+\.Value\.\d+$")
+
+
+def filter_refusal(fields: dict[str, str]) -> str | None:
+    """What EC2 says of a Describe call with too many filter values."""
+    if sum(1 for name in fields if _FILTER_VALUE.fullmatch(name)) > FILTER_VALUES_MAX:
+        return f"The maximum number of filter values specified on a single call is {FILTER_VALUES_MAX}"
+    return None
 
 
 def refusal(fields: dict[str, str]) -> str | None:
@@ -55,11 +69,14 @@ class ParameterRules:
         body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
         environ["wsgi.input"] = io.BytesIO(body)
         fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-        why = refusal(fields) if fields.get("Action") in TAGGING else None
+        action = fields.get("Action", "")
+        code, why = "InvalidParameterValue", refusal(fields) if action in TAGGING else None
+        if why is None and action.startswith("Describe"):
+            code, why = "FilterLimitExceeded", filter_refusal(fields)
         if why is None:
             return self.app(environ, start_response)
         self.refused += 1
-        out = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidParameterValue</Code>'
+        out = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code>'
                f"<Message>{escape(why)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
         start_response("400 Bad Request", [("Content-Type", "text/xml"), ("Content-Length", str(len(out)))])
         return [out]

@@ -3,12 +3,17 @@
 moto is strongly consistent and has no account limits; EC2 is neither. The proxy forwards every request to the
 moto server unchanged, except:
 
+* boot time (boot(seconds)): EC2 reports a new instance `pending` until it runs ("pending", then "running": Amazon
+  EC2 instance state changes, EC2 User Guide), moto `running` at once. With boot(s), each instance RunInstances
+  launches through the proxy is pending (code 0) in RunInstances' and DescribeInstances' answers for s seconds;
 * eventual consistency (lag(n)): EC2's API reference ("Eventual consistency in the Amazon EC2 API") says a
   DescribeInstances naming an instance launched a moment ago may answer InvalidInstanceID.NotFound. With lag(n),
   each instance RunInstances returned through the proxy is "not found" by the next n DescribeInstances (or
   TerminateInstances / CreateTags) calls that name it by id;
 * injected errors (fail(action, code, message, count)): the next `count` calls of `action` answer this EC2 error
-  (HTTP 400, EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances;
+  (EC2's XML error body), e.g. VcpuLimitExceeded from RunInstances, with the HTTP status EC2 gives the code: 400 for a
+  client error, 500-series for the server error codes ("Error codes for the Amazon EC2 API": InsufficientInstanceCapacity
+  is answered 500, RequestLimitExceeded 503), which SDKs retry as server errors;
 * spot price history (spot_history, when set): DescribeSpotPriceHistory answered from it with EC2's documented
   semantics: the rows within [StartTime, EndTime] plus, per type, zone and product, "the last price change before
   the start time, which is the effective price as of the start time" (moto answers a fixed 2006 row);
@@ -42,12 +47,28 @@ import http.client
 import json
 import re
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 _REGION = re.compile(r"/([a-z]{2}-[a-z]+-[0-9])/ec2/aws4_request")
+
+
+# EC2's server error codes and the status each comes with (the API reference's "Server error codes"; the statuses are
+# those seen on the wire: InsufficientInstanceCapacity 500, RequestLimitExceeded 503). Any other code is a client error.
+SERVER_ERRORS = {"InsufficientAddressCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+                 "InsufficientInstanceCapacity": 500, "InsufficientReservedInstanceCapacity": 500,
+                 "InsufficientVolumeCapacity": 500, "InternalError": 500, "InternalFailure": 500,
+                 "RequestLimitExceeded": 503, "ServiceUnavailable": 503, "Unavailable": 503}
+_CODE = re.compile(rb"<Code>([^<]*)</Code>")
+
+
+def error_status(body: bytes) -> int:
+    """The HTTP status EC2 answers an error body with."""
+    m = _CODE.search(body)
+    return SERVER_ERRORS.get(m.group(1).decode(), 400) if m else 400
 
 
 def ec2_error(code: str, message: str) -> bytes:
@@ -76,6 +97,8 @@ class Ec2Proxy:
         self.run_requests: list[dict[str, str]] = []  # the parameters of every RunInstances seen
         self.spot_history: list[tuple[str, str, str, float, str]] | None = None  # (type, zone, product, price, ISO time)  # (region, name) -> {"id", "strategy", "tags", "members"}
         self.public_parameters: dict[str, str] = {}  # SSM name -> value, in every region
+        self.boot_s = 0.0
+        self.booting: dict[str, float] = {}  # instance id -> time.monotonic() it runs at
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -83,6 +106,10 @@ class Ec2Proxy:
     def lag(self, reads: int) -> None:
         with self.lock:
             self.lag_reads = reads
+
+    def boot(self, seconds: float) -> None:
+        with self.lock:
+            self.boot_s = seconds
 
     def fail(self, action: str, code: str, message: str, count: int = 1) -> None:
         with self.lock:
@@ -266,6 +293,24 @@ class Ec2Proxy:
             pos = end
         return ("".join(out) + text[pos:]).encode()
 
+    def show_pending(self, body: bytes) -> bytes:
+        """An instance still booting is `pending` (code 0), whatever moto says; a stopped or terminated one as it is."""
+        now = time.monotonic()
+        with self.lock:
+            booting = {iid for iid, ready in self.booting.items() if ready > now}
+        if not booting:
+            return body
+        text, out, pos = body.decode(), [], 0
+        for mm in re.finditer(r"<instanceId>(i-[0-9a-f]+)</instanceId>", text):
+            if mm.group(1) not in booting or mm.start() < pos:
+                continue
+            state = re.compile(r"<instanceState>\s*<code>16</code>\s*<name>running</name>\s*</instanceState>").search(text, mm.end())
+            if state is None or text.find("<instanceId>", mm.end(), state.start()) >= 0:
+                continue  # no state of its own, or not running
+            out.append(text[pos:state.start()] + "<instanceState><code>0</code><name>pending</name></instanceState>")
+            pos = state.end()
+        return ("".join(out) + text[pos:]).encode()
+
     def _alive(self, region: str, iid: str) -> bool:
         import boto3
 
@@ -279,6 +324,8 @@ class Ec2Proxy:
             for iid in ids:
                 if self.lag_reads:
                     self.unseen[iid.decode()] = self.lag_reads
+                if self.boot_s:
+                    self.booting[iid.decode()] = time.monotonic() + self.boot_s
                 group = self.groups.get((region, (params.get("Placement.GroupName") or [""])[0]))
                 if group is not None:
                     group["members"].add(iid.decode())
@@ -312,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
             if err is not None and err.startswith(b"ok:"):
                 return self._reply(200, {"Content-Type": "text/xml;charset=UTF-8"}, err[3:])
             if err is not None:
-                return self._reply(400, {"Content-Type": "text/xml;charset=UTF-8"}, err)
+                return self._reply(error_status(err), {"Content-Type": "text/xml;charset=UTF-8"}, err)
         conn = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
@@ -322,7 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
             if action == "RunInstances" and resp.status == 200:
                 self.owner.launched(body, params, m.group(1) if m else "us-east-1")
             if action in ("RunInstances", "DescribeInstances") and resp.status == 200:
-                body = self.owner.show_groups(body, m.group(1) if m else "us-east-1")
+                body = self.owner.show_pending(self.owner.show_groups(body, m.group(1) if m else "us-east-1"))
             self._reply(resp.status, {k: v for k, v in resp.getheaders()
                                       if k.lower() not in ("content-length", "transfer-encoding", "connection")}, body)
         finally:

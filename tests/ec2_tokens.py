@@ -12,6 +12,12 @@ As "Ensuring idempotency in Amazon EC2 API requests" documents them:
   launched the instance", EC2 API reference), which moto does not implement: answered with the
   instances the token launched.
 
+And how long EC2 lists a terminated instance ("Recently terminated instances might appear in the returned
+results. This interval is usually less than one hour", DescribeInstances in the EC2 API reference), on demand:
+expire(region, ids) takes terminated instances out of moto (which lists them forever), as an hour later, so
+DescribeInstances shows them no more (by id: InvalidInstanceID.NotFound) while their tokens live on: replayed as
+they were, they answer the launch with its instances terminated.
+
 And EC2's eventual consistency for tag-filtered listings, on demand: lag_tag(key, value) leaves the
 instances tagged key=value out of the next DescribeInstances that filters on that tag, as a listing
 that does not show a just-launched instance yet.
@@ -46,6 +52,24 @@ class ClientTokens:
         self.replays = 0
         self.mismatches = 0
         self.lagging: dict[tuple[str, str], int] = {}  # (tag key, value) -> tag-filtered listings left that miss it
+        self.expired: set[str] = set()  # terminated instances EC2 lists no more (expire)
+
+    def expire(self, region: str, ids: list[str]) -> None:
+        """An hour after their termination: the terminated instances `ids` leave every listing (moto's own state)."""
+        from moto.ec2.models import ec2_backends
+
+        from tests.ec2_quotas import ACCOUNT
+
+        with self.lock:
+            backend = ec2_backends[ACCOUNT][region]
+            for rid, reservation in list(backend.reservations.items()):
+                for instance in list(reservation.instances):
+                    if instance.id in ids:
+                        assert instance.state == "terminated", f"{instance.id} is {instance.state}, not terminated"
+                        reservation.instances.remove(instance)
+                        self.expired.add(instance.id)
+                if not reservation.instances:
+                    del backend.reservations[rid]
 
     def lag_tag(self, key: str, value: str, reads: int = 1) -> None:
         """The next `reads` DescribeInstances filtered on tag:`key` with `value` do not show the instances carrying it."""
@@ -141,13 +165,17 @@ class ClientTokens:
         return _respond(start_response, ET.tostring(root, xml_declaration=True, encoding="utf-8"))
 
     def _with_current_state(self, environ, original: bytes, ids: list[str]) -> bytes:
-        """The original RunInstances answer with each instance's state as DescribeInstances gives it now."""
+        """The original RunInstances answer with each instance's state as DescribeInstances gives it now (an expired
+        one's: terminated)."""
+        listed = [i for i in ids if i not in self.expired]
         query = urlencode([("Action", "DescribeInstances"), ("Version", "2016-11-15")]
-                          + [(f"InstanceId.{n}", i) for n, i in enumerate(ids, 1)]).encode()
+                          + [(f"InstanceId.{n}", i) for n, i in enumerate(listed, 1)]).encode()
         env = {**environ, "wsgi.input": io.BytesIO(query), "CONTENT_LENGTH": str(len(query))}
-        described = ET.fromstring(b"".join(self.app(env, lambda s, h, exc=None: (lambda data: None))))
-        now = {i.findtext(f"{NS}instanceId"): i.find(f"{NS}instanceState") for i in described.iter(f"{NS}item")
-               if i.find(f"{NS}instanceState") is not None}
+        described = ET.fromstring(b"".join(self.app(env, lambda s, h, exc=None: (lambda data: None)))) if listed else None
+        now = {i.findtext(f"{NS}instanceId"): i.find(f"{NS}instanceState") for i in
+               (described.iter(f"{NS}item") if described is not None else ()) if i.find(f"{NS}instanceState") is not None}
+        for iid in set(ids) & self.expired:
+            now[iid] = ET.fromstring(f'<instanceState xmlns="{NS[1:-1]}"><code>48</code><name>terminated</name></instanceState>')
         root = ET.fromstring(original)
         for item in root.find(f"{NS}instancesSet") or ():
             state, current = item.find(f"{NS}instanceState"), now.get(item.findtext(f"{NS}instanceId"))

@@ -108,6 +108,26 @@ def test_a_token_reused_with_other_parameters_is_spent_once_its_instance_is_term
         prov.create(_with_tag(req(fleet, key), "team", "vision"))
 
 
+def test_a_token_whose_terminated_instance_ec2_no_longer_lists_is_spent(aws_env, tmp_path, fleet, ec2, ec2_tokens):
+    """EC2 lists a terminated instance for less than an hour but keeps its ClientToken for at least 24 h; moto lists it
+    forever, so a plan key recurring a day after its instance was reclaimed never met a token whose instance nothing
+    shows. Replayed as it was, the token answers its launch, terminated; with other parameters it is
+    IdempotentParameterMismatch, and with nothing to show for it the key is spent (apply tries the next one)."""
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env,
+                                                                                 "consistency_timeout": "1"}))
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    first = prov.create(req(fleet, key))
+    ec2.terminate_instances(InstanceIds=[first.id])
+    ec2_tokens.expire("us-east-1", [first.id])  # an hour on
+    with pytest.raises(ClientError, match="InvalidInstanceID.NotFound"):
+        ec2.describe_instances(InstanceIds=[first.id])
+    assert prov.find([first.id], [target()]) == []
+    again = prov.create(req(fleet, key))
+    assert (again.id, again.state) == (first.id, "terminated")
+    with pytest.raises(KeySpentError, match="no instance launched with it shows"):
+        prov.create(_with_tag(req(fleet, key), "team", "vision"))
+
+
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fleet, ec2):
     mine = prov.create(req(fleet, "k-mine"))
     bare = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
@@ -122,9 +142,24 @@ def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fle
 
 
 def test_observe_paginates(prov, fleet, ec2):
-    ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=130, MaxCount=130, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}, {"Key": "fleetops.io/pool", "Value": "a10g"}]}])
-    assert len(prov.observe([target()])) == 130  # pages of 100
+    """moto pages DescribeInstances by reservation: 130 instances launched by one call were one page, and observe read
+    them all with or without following NextToken. One launch per instance, as the provider launches them."""
+    for _ in range(101):
+        ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}, {"Key": "fleetops.io/pool", "Value": "a10g"}]}])
+    assert len(prov.observe([target()])) == 101  # pages of 100
+
+
+def test_find_asks_for_many_ids_within_ec2_s_filter_value_limit(prov, fleet, ec2):
+    """EC2 refuses a call with more than 200 filter values (FilterLimitExceeded: "The maximum number of filter values
+    specified on a single call is 200"); moto took any number, so find()'s chunking was never put to the test."""
+    run = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=3, MaxCount=3, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}]}])
+    mine = sorted(i["InstanceId"] for i in run["Instances"])
+    absent = [f"i-{n:017x}" for n in range(250)]  # sorted ahead of moto's ids: the real ones are in a later chunk
+    assert sorted(i.id for i in prov.find(absent + mine, [target()])) == mine
+    with pytest.raises(ClientError, match="FilterLimitExceeded"):
+        ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": absent[:201]}])
 
 
 def test_capacity_errors_become_capacity_errors(prov, fleet):
@@ -297,6 +332,21 @@ def _own_fleet(tmp_path: Path, fleet: str) -> Path:
     return cfg
 
 
+@pytest.mark.slow  # an apply and a plan of examples/aws-only through the proxy (about 6 s)
+def test_instances_still_booting_are_the_fleet_s_not_launched_again(proxy, tmp_path, fleet):
+    """EC2 reports a new instance pending for its first tens of seconds ("pending", then "running": Amazon EC2 instance
+    state changes, EC2 User Guide); moto reports it running at once, so no AWS test met a fleet still booting. A plan
+    right after an apply sees every instance pending, and has nothing to launch or replace."""
+    cfg = _own_fleet(tmp_path, fleet)
+    opts = {"endpoint_url": proxy.url}
+    proxy.boot(600)
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok and len(first.report.created) == 4
+    res = api.plan(cfg, provider="aws", options=opts)
+    assert sorted((i.id, i.state) for i in res.observed.instances) == sorted((i, "pending") for i in first.report.created.values())
+    assert not res.plan.has_changes and not res.plan.deletes
+
+
 def test_a_throttled_create_is_tried_max_attempts_times_in_all(proxy, tmp_path, fleet):
     """Audit (apply under cloud failures, item 3): botocore's adaptive retries (9 tries) ran inside apply's own 4, so
     under RequestLimitExceeded each create made 36 RunInstances (144 and 262 s for 4 creates). Now botocore's standard
@@ -336,6 +386,22 @@ def test_throttled_creates_are_retried_by_botocore_alone_a_bounded_number_of_tim
     proxy.fail("RunInstances", "RequestLimitExceeded", "Request limit exceeded.", count=1)
     res = api.apply(cfg, provider="aws", options=opts)
     assert res.report.ok and len(res.report.created) == creates and proxy.calls.count("RunInstances") == creates + 1
+
+
+def test_a_delete_whose_ownership_read_is_throttled_says_so_and_is_not_retried_again(proxy, tmp_path, fleet):
+    """delete (and record_placements) read the instance first (its fleet tag) with a DescribeInstances of their own:
+    a throttled one, after botocore's tries, was a plain ProviderError naming only the code ("aws: describe i-...:
+    RequestLimitExceeded"), unlike every other EC2 call's, which says it is transient and how often it was tried."""
+    from reconciler.errors import TransientProviderError
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url,
+                                                                                 "max_attempts": "2"}))
+    inst = prov.create(req(fleet, "k-read-throttled"))
+    proxy.fail("DescribeInstances", "RequestLimitExceeded", "Request limit exceeded.", count=10**6)
+    with pytest.raises(TransientProviderError) as e:
+        prov.delete(inst)
+    assert e.value.retried and str(e.value).endswith("RequestLimitExceeded: Request limit exceeded. (after 2 tries)"), str(e.value)
+    assert proxy.calls.count("TerminateInstances") == 0
 
 
 def test_the_ec2_client_retries_in_standard_mode_with_an_explicit_bound(tmp_path, aws_env, fleet):
@@ -384,6 +450,29 @@ def test_a_plan_before_ec2_lists_the_last_applys_instances_buys_nothing_twice(aw
     mine = [d for region in ("us-east-1", "us-west-2") for r in boto3.client("ec2", region_name=region, endpoint_url=aws_env)
             .describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]}])["Reservations"] for d in r["Instances"]]
     assert sorted(d["InstanceId"] for d in mine) == sorted(first.report.created.values())
+
+
+def test_a_stockout_is_a_capacity_error_at_once_not_retried_as_a_server_error(proxy, tmp_path, fleet):
+    """EC2 answers InsufficientInstanceCapacity with HTTP 500 (a server error code, "Error codes for the Amazon EC2
+    API"), and botocore's standard mode retries every 500: each stocked-out create was sent max_attempts times, with up
+    to 15 s of backoff, before apply could mark the zone short and go elsewhere (a burst of them spending RunInstances'
+    request budget). The proxy answered 400, so no test saw it; now it answers EC2's status, and one refusal is final."""
+    from botocore.config import Config
+
+    raw = boto3.client("ec2", region_name="us-east-1", endpoint_url=proxy.url,
+                       config=Config(retries={"mode": "standard", "total_max_attempts": 1}))
+    proxy.fail("DescribeRegions", "InsufficientInstanceCapacity", "x")
+    with pytest.raises(ClientError) as e:
+        raw.describe_regions()
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500  # as EC2 answers it
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url}))
+    proxy.fail("RunInstances", "InsufficientInstanceCapacity", "We currently do not have sufficient g5.xlarge capacity in "
+                                                               "the Availability Zone you requested (us-east-1a).")
+    with pytest.raises(CapacityError) as e:
+        prov.create(req(fleet, "k-stockout"))
+    assert (e.value.zone, e.value.instance_type) == ("us-east-1a", "g5.xlarge")
+    assert proxy.calls.count("RunInstances") == 1  # (a retry would have launched: the refusal was for one call)
 
 
 # -- quotas (issue 22, item 2) ----------------------------------------------------------------------

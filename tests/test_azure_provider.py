@@ -169,6 +169,9 @@ def test_zonal_allocation_failure_is_a_capacity_error_and_leaves_nothing_behind(
     (400, "InvalidParameter", "The value of parameter imageReference is invalid.", ProviderError),
     (409, "OperationNotAllowed", "The VM is being updated.", ProviderError),
     (429, "TooManyRequests", "The request is being throttled.", TransientProviderError),
+    # Compute's own throttling ("Troubleshooting API throttling errors"): 429 with OperationNotAllowed, not a quota
+    (429, "OperationNotAllowed", "The server rejected the request because too many requests have been received for this "
+                                 "subscription.", TransientProviderError),
     (503, "ServiceUnavailable", "The service is unavailable.", TransientProviderError),
 ])
 def test_arm_errors_map_to_reconciler_errors(arm, tmp_path, status, code, message, expected):
