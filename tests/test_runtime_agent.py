@@ -36,17 +36,26 @@ def bus(tmp_path):
 def agents(tmp_path, bus):
     made: list[Agent] = []
 
-    def make(instance: str) -> Agent:
+    def make(instance: str, **kw) -> Agent:
         a = Agent(instance, bus, ProcessRuntime(), tmp_path / instance, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  log=lambda m: None)
+                  log=lambda m: None, **kw)
         made.append(a)
         return a
 
     yield make
-    for a in made:  # never leave a replica process behind
+    for a in made:  # never leave a replica process behind (an agent a test killed has none left: it forgot them)
         for rep in a.replicas.values():
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
+
+
+CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+
+
+@pytest.fixture
+def ck_agents(tmp_path, agents):
+    """Agents that copy checkpoints through the bus, each instance with its own disk (tmp_path/INSTANCE/disk)."""
+    return lambda instance: agents(instance, checkpoint_root=tmp_path / instance / "disk", checkpoint_sync=True)
 
 
 def run_until(agents: list[Agent], done, timeout: float = 60.0):
@@ -667,88 +676,60 @@ while True:
 '''
 
 
-def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on_another_instances_disk(bus, tmp_path):
+def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on_another_instances_disk(bus, ck_agents, tmp_path):
     """Two ranks of one job on one instance write into one checkpoint dir; rank 1 takes longer. The agent uploads
     the dir once neither runs any more (both files), and the agent of another instance, with its own disk, restores
     both before the ranks start there."""
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def gang(master: str, epoch: int) -> list[dict]:
-        return [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=master, epoch=epoch, checkpoint=ck, mode="service",
+        return [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=master, epoch=epoch, checkpoint=CK, mode="service",
                       env={"CK_SECONDS": str(0.2 + 1.0 * r)}) for r in (0, 1)]
 
-    try:
-        bus.put_assignment("i-1", {"serial": 1, "replicas": gang("i-1", 1)})
-        a = agent("i-1")
-        run_until([a], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))
-        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
-        run_until([a], lambda: all((r := bus.run("g", i)) and r["phase"] == "Stopped" for i in (0, 1)))
-        [doc] = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
-        assert sorted(f["path"] for f in doc["files"]) == ["rank-0", "rank-1"] and (doc["instance"], doc["epoch"]) == ("i-1", 1)
-        bus.put_assignment("i-2", {"serial": 3, "replicas": gang("i-2", 2)})
-        b = agent("i-2")
-        run_until([b], lambda: all((r := bus.run("g", i)) and r["instance"] == "i-2" and "found 1" in r["log_tail"] for i in (0, 1)))
-        assert (tmp_path / "i-2" / "disk" / "g" / "ckpt" / "rank-1").read_text() == "1"
-    finally:
-        for a in made:
-            for rep in a.replicas.values():
-                if rep.handle is not None:
-                    a.runtime.kill(rep.handle)
+    bus.put_assignment("i-1", {"serial": 1, "replicas": gang("i-1", 1)})
+    a = ck_agents("i-1")
+    run_until([a], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))
+    bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+    run_until([a], lambda: all((r := bus.run("g", i)) and r["phase"] == "Stopped" for i in (0, 1)))
+    [doc] = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+    assert sorted(f["path"] for f in doc["files"]) == ["rank-0", "rank-1"] and (doc["instance"], doc["epoch"]) == ("i-1", 1)
+    bus.put_assignment("i-2", {"serial": 3, "replicas": gang("i-2", 2)})
+    b = ck_agents("i-2")
+    run_until([b], lambda: all((r := bus.run("g", i)) and r["instance"] == "i-2" and "found 1" in r["log_tail"] for i in (0, 1)))
+    assert (tmp_path / "i-2" / "disk" / "g" / "ckpt" / "rank-1").read_text() == "1"
 
 
-def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_round(bus, tmp_path):
+def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_round(bus, ck_agents, tmp_path):
     """Ranks 0 and 1 on two instances; rank 1 is unassigned (its instance deleted, as an apply does before it publishes
     the gang's next epoch). Rank 0 gets its checkpoint signal as soon as rank 1's stop begins (GangStopped), and waits
     (WaitingForGang) instead of running on alone; both instances upload a manifest of the round naming their rank.
     Then rank 1 past its time limit: rank 0, stopped GangFailed, uploads too, else that round lacked its rank. Before,
     rank 0 was never signalled, and a GangFailed rank uploaded nothing."""
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def rank(r: int, epoch: int, **kw) -> dict:
-        return entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0", epoch=epoch, checkpoint=ck, mode="service",
+        return entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0", epoch=epoch, checkpoint=CK, mode="service",
                      env={"CK_SECONDS": "0.2"}, **kw)
 
     def manifests(epoch: int) -> dict[str, list[int]]:
         docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
         return {d["instance"]: d.get("replicas") for d in docs if d["epoch"] == epoch}
 
-    try:
-        bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
-        bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
-        a, b = agent("i-0"), agent("i-1")
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
-        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
-        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)
-        assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
-        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r)
-        assert "replica 1 stopped (Unassigned) on i-1" in rec["message"], rec
-        assert not a.replicas["g", 0].running  # never ran on alone
-        assert run_until([a, b], lambda: len(m := manifests(1)) == 2 and m) == {"i-0": [0], "i-1": [1]}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
+    bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
+    bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+    rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)
+    assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
+    rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r)
+    assert "replica 1 stopped (Unassigned) on i-1" in rec["message"], rec
+    assert not a.replicas["g", 0].running  # never ran on alone
+    assert run_until([a, b], lambda: len(m := manifests(1)) == 2 and m) == {"i-0": [0], "i-1": [1]}
 
-        bus.put_assignment("i-0", {"serial": 3, "replicas": [rank(0, 3)]})
-        bus.put_assignment("i-1", {"serial": 3, "replicas": [rank(1, 3, time_limit_hours=3 / 3600)]})
-        run_until([a, b], lambda: (r := bus.run("g", 0)) and r["terminal"] and (q := bus.run("g", 1)) and q["terminal"])
-        assert (bus.run("g", 1)["reason"], bus.run("g", 0)["reason"]) == ("DeadlineExceeded", "GangFailed")
-        assert run_until([a, b], lambda: len(m := manifests(3)) == 2 and m) == {"i-0": [0], "i-1": [1]}
-    finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+    bus.put_assignment("i-0", {"serial": 3, "replicas": [rank(0, 3)]})
+    bus.put_assignment("i-1", {"serial": 3, "replicas": [rank(1, 3, time_limit_hours=3 / 3600)]})
+    run_until([a, b], lambda: (r := bus.run("g", 0)) and r["terminal"] and (q := bus.run("g", 1)) and q["terminal"])
+    assert (bus.run("g", 1)["reason"], bus.run("g", 0)["reason"]) == ("DeadlineExceeded", "GangFailed")
+    assert run_until([a, b], lambda: len(m := manifests(3)) == 2 and m) == {"i-0": [0], "i-1": [1]}
 
 
 def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_shows_it_unreachable(bus, tmp_path):
@@ -787,7 +768,7 @@ def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_show
                 a.runtime.kill(rep.handle)
 
 
-def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newest_complete_round(bus, tmp_path, monkeypatch):
+def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newest_complete_round(bus, ck_agents, tmp_path, monkeypatch):
     """Rank 1's instance vanishes (its agent and rank killed, no notice, no Stopped report: its record says Running for
     ever). Before, rank 0 ran on alone (a DDP rank hung in its next collective). Now, once rank 1's agent is no longer
     alive by the bus's rule (heartbeat older than FLEETOPS_HEARTBEAT_STALE_SECONDS, 2 s here), rank 0 gets its checkpoint
@@ -795,116 +776,88 @@ def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newe
     stops nothing). Placed again (rank 1 on a new instance), both resume from the newest complete round, not rank 0's
     own newer file of the round rank 1 never uploaded."""
     monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "2")
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def place(epoch: int, where: dict[int, str]) -> None:
         for r, inst in where.items():
             bus.put_assignment(inst, {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=where[0],
-                                                                          epoch=epoch, checkpoint=ck, mode="service", env={"CK_SECONDS": "0.2"})]})
+                                                                          epoch=epoch, checkpoint=CK, mode="service", env={"CK_SECONDS": "0.2"})]})
 
     def found(agents: list[Agent], what: str) -> None:
         run_until(agents, lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and f"found {what}" in r["log_tail"] for i in (0, 1)),
                   timeout=30)
 
-    try:
-        a, b = agent("i-0"), agent("i-1")
-        place(1, {0: "i-0", 1: "i-1"})
-        found([a, b], "None")
-        place(2, {0: "i-0", 1: "i-1"})  # a new epoch in place: both stop, round 1 is complete (rank-0 and rank-1 hold 1)
-        found([a, b], "1")
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    place(1, {0: "i-0", 1: "i-1"})
+    found([a, b], "None")
+    place(2, {0: "i-0", 1: "i-1"})  # a new epoch in place: both stop, round 1 is complete (rank-0 and rank-1 hold 1)
+    found([a, b], "1")
 
-        for rep in b.replicas.values():  # the instance i-1 vanishes: its rank dies with it, its agent ticks no more
-            b.runtime.kill(rep.handle)
-        lost_at = time.monotonic()
-        while time.monotonic() - lost_at < 1.0:  # within the stale limit: a blip, nothing stops
-            a.tick()
-            time.sleep(0.05)
-        assert bus.run("g", 0)["phase"] == "Running" and a.replicas["g", 0].running
-        seen = []
-        rec = run_until([a], lambda: (r := bus.run("g", 0)) and seen.append(r["reason"]) is None and r["reason"] == "WaitingForGang" and r,
-                        timeout=20)  # before: Running for ever
-        assert "GangPeerLost" in seen, seen
-        assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "it starts again with the gang" in rec["message"], rec
-        assert not a.replicas["g", 0].running and rec["attempt"] == 1, rec
-        assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "2"  # it checkpointed at its signal
-        docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
-        assert [(d["instance"], d["replicas"]) for d in docs if d["epoch"] == 2] == [("i-0", [0])], docs  # and uploaded
-        for _ in range(10):
-            a.tick()
-        assert not a.replicas["g", 0].running  # it waits: never runs with a rank missing
+    for rep in b.replicas.values():  # the instance i-1 vanishes: its rank dies with it, its agent ticks no more
+        b.runtime.kill(rep.handle)
+    lost_at = time.monotonic()
+    while time.monotonic() - lost_at < 1.0:  # within the stale limit: a blip, nothing stops
+        a.tick()
+        time.sleep(0.05)
+    assert bus.run("g", 0)["phase"] == "Running" and a.replicas["g", 0].running
+    seen = []
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and seen.append(r["reason"]) is None and r["reason"] == "WaitingForGang" and r,
+                    timeout=20)  # before: Running for ever
+    assert "GangPeerLost" in seen, seen
+    assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "it starts again with the gang" in rec["message"], rec
+    assert not a.replicas["g", 0].running and rec["attempt"] == 1, rec
+    assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "2"  # it checkpointed at its signal
+    docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+    assert [(d["instance"], d["replicas"]) for d in docs if d["epoch"] == 2] == [("i-0", [0])], docs  # and uploaded
+    for _ in range(10):
+        a.tick()
+    assert not a.replicas["g", 0].running  # it waits: never runs with a rank missing
 
-        c = agent("i-2")
-        bus.delete_assignment("i-1")
-        place(3, {0: "i-0", 1: "i-2"})  # the reconciler places rank 1 anew
-        found([a, c], "1")  # round 1, the newest complete one, for both: not rank 0's own 2
-        assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "1"
-    finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+    c = ck_agents("i-2")
+    bus.delete_assignment("i-1")
+    place(3, {0: "i-0", 1: "i-2"})  # the reconciler places rank 1 anew
+    found([a, c], "1")  # round 1, the newest complete one, for both: not rank 0's own 2
+    assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "1"
 
 
-def test_a_gang_waits_for_a_peer_not_started_yet_and_restarts_whole_when_a_lost_agent_comes_back(bus, tmp_path, monkeypatch):
+def test_a_gang_waits_for_a_peer_not_started_yet_and_restarts_whole_when_a_lost_agent_comes_back(bus, ck_agents, tmp_path, monkeypatch):
     """First start: rank 1's agent starts later than rank 0's (its record absent) and rank 0 runs on: a peer not
     started yet is not lost. Then, in the gang's next epoch (round 1 restored), rank 1's agent is killed (SIGKILL: its
     rank runs on, unwatched, its heartbeat goes stale) and rank 0 stops (GangPeerLost), uploads and waits. The agent
     comes back (systemd) and adopts its rank: the gang restarts whole, both ranks at the next attempt, each from what it
     wrote at its signal (a restart in place), not rank 0 alone beside the copy of rank 1 that ran on without it."""
     monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "1.5")
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def place(epoch: int) -> None:
         for r in (0, 1):
             bus.put_assignment(f"i-{r}", {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0",
-                                                                               checkpoint=ck, epoch=epoch, mode="service", env={"CK_SECONDS": "0.2"})]})
+                                                                               checkpoint=CK, epoch=epoch, mode="service", env={"CK_SECONDS": "0.2"})]})
 
     def said(i: int, attempt: int) -> str | None:  # what that attempt of rank i found (its log: the record's tail may be older)
         text = (tmp_path / f"i-{i}" / "logs" / f"g-{i}.log").read_text().rsplit(f"--- fleetops: attempt {attempt} ", 1)
         return next((ln for ln in text[1].splitlines() if ln.startswith("found")), None) if len(text) == 2 else None
 
     place(1)
-    try:
-        a = agent("i-0")
-        run_until([a], lambda: (r := bus.run("g", 0)) and r["phase"] == "Running")
-        began = time.monotonic()
-        while time.monotonic() - began < 2.0:  # longer than the stale limit, rank 1's agent not started
-            a.tick()
-            time.sleep(0.05)
-        assert bus.run("g", 0)["phase"] == "Running" and bus.run("g", 1) is None
+    a = ck_agents("i-0")
+    run_until([a], lambda: (r := bus.run("g", 0)) and r["phase"] == "Running")
+    began = time.monotonic()
+    while time.monotonic() - began < 2.0:  # longer than the stale limit, rank 1's agent not started
+        a.tick()
+        time.sleep(0.05)
+    assert bus.run("g", 0)["phase"] == "Running" and bus.run("g", 1) is None
 
-        b = agent("i-1")
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))  # (its handler set)
-        place(2)  # a new epoch in place: round 1 (both ranks at 1) uploaded and restored
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and r["epoch"] == 2 and "found 1" in r["log_tail"] for i in (0, 1)))
-        pid = b.replicas["g", 1].handle.pid
-        made.remove(b)  # killed: it ticks no more, its rank runs on
-        rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r, timeout=20)  # before: Running on
-        assert rec["attempt"] == 1 and "replica 1's agent on i-1 is lost" in rec["message"], rec
+    b = ck_agents("i-1")
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))  # (its handler set)
+    place(2)  # a new epoch in place: round 1 (both ranks at 1) uploaded and restored
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["epoch"] == 2 and "found 1" in r["log_tail"] for i in (0, 1)))
+    pid = b.replicas["g", 1].handle.pid
+    b.replicas.clear()  # killed: it ticks no more, its rank runs on (adopted below)
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r, timeout=20)  # before: Running on
+    assert rec["attempt"] == 1 and "replica 1's agent on i-1 is lost" in rec["message"], rec
 
-        back = agent("i-1")  # the same instance's agent again: it adopts rank 1's process
-        run_until([a, back], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and r["attempt"] == 1 for i in (0, 1)), timeout=30)
-        assert back.replicas["g", 1].handle.pid != pid  # restarted with the gang (GangRestart), not left running alone
-        # A restart in place (the same assignment): each rank resumes from what it wrote at its signal, 2. (Before the
-        # marker kept the assignment through rank 0's upload, rank 0 went back to round 1 while rank 1, which uploaded
-        # nothing, kept its own 2.)
-        assert run_until([a, back], lambda: all(got := [said(0, 1), said(1, 1)]) and got) == ["found 2", "found 2"]
-    finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+    back = ck_agents("i-1")  # the same instance's agent again: it adopts rank 1's process
+    run_until([a, back], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and r["attempt"] == 1 for i in (0, 1)), timeout=30)
+    assert back.replicas["g", 1].handle.pid != pid  # restarted with the gang (GangRestart), not left running alone
+    # A restart in place (the same assignment): each rank resumes from what it wrote at its signal, 2. (Before the
+    # marker kept the assignment through rank 0's upload, rank 0 went back to round 1 while rank 1, which uploaded
+    # nothing, kept its own 2.)
+    assert run_until([a, back], lambda: all(got := [said(0, 1), said(1, 1)]) and got) == ["found 2", "found 2"]
