@@ -861,3 +861,39 @@ def test_a_gang_waits_for_a_peer_not_started_yet_and_restarts_whole_when_a_lost_
     # marker kept the assignment through rank 0's upload, rank 0 went back to round 1 while rank 1, which uploaded
     # nothing, kept its own 2.)
     assert run_until([a, back], lambda: all(got := [said(0, 1), said(1, 1)]) and got) == ["found 2", "found 2"]
+
+
+def test_a_gang_rank_whose_peers_agent_died_before_taking_up_the_round_waits_naming_it_not_runs_alone(bus, ck_agents, monkeypatch):
+    """Rank 1's agent dies (with its rank: the instance vanished) just before the gang's next epoch is published, so rank
+    1 has no record of that round. Before, rank 0 waited for rank 1's old copy while its heartbeat was fresh, then
+    started alone once it was stale (Running, hung in its first collective, nothing in status saying why) until the
+    instance was replaced. Now the assignment names where each rank of the round runs (`peers`), and rank 0 judges
+    rank 1 by that instance's agent, by the one stale rule: past it, WaitingForGang naming the lost agent, not run."""
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "1.5")
+
+    def place(epoch: int, where: dict[int, str]) -> None:
+        for r, inst in where.items():
+            bus.put_assignment(inst, {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=where[0],
+                                                                          epoch=epoch, checkpoint=CK, mode="service", env={"CK_SECONDS": "0.2"},
+                                                                          peers=[where[0], where[1]])]})
+
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    place(1, {0: "i-0", 1: "i-1"})
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
+    for rep in b.replicas.values():  # i-1 vanishes: its rank and agent die before it reads epoch 2
+        b.runtime.kill(rep.handle)
+    b.replicas.clear()
+    place(2, {0: "i-0", 1: "i-1"})
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["epoch"] == 2 and (r["phase"] == "Running" or "is lost" in r["message"]) and r,
+                    timeout=20)
+    assert rec["reason"] == "WaitingForGang" and not a.replicas["g", 0].running, rec  # before: Running alone
+    assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "before it took up this round" in rec["message"], rec
+    assert bus.run("g", 1)["epoch"] == 1
+    for _ in range(10):
+        a.tick()
+    assert not a.replicas["g", 0].running  # it waits for the gang to be placed again
+
+    c = ck_agents("i-2")
+    bus.delete_assignment("i-1")
+    place(3, {0: "i-0", 1: "i-2"})  # the reconciler replaces the lost instance
+    run_until([a, c], lambda: all((r := bus.run("g", i)) and r["epoch"] == 3 and r["phase"] == "Running" for i in (0, 1)), timeout=30)

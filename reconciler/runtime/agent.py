@@ -155,14 +155,24 @@ def peer_stop(replica: int, peers: list[dict]) -> str | None:
     return None
 
 
+def unstarted_peers(entry: dict, peers: list[dict]) -> list[dict]:
+    """The ranks of `entry`'s round with no record of it in `peers` (its round's records), each as a record on the
+    instance the assignment places it on (`peers` of the entry: rank -> instance; an older apply wrote none: [])."""
+    have = {r.get("replica") for r in peers}
+    return [{"replica": i, "instance": inst, "unstarted": True} for i, inst in enumerate(entry.get("peers") or [])
+            if i != entry["replica"] and i not in have]
+
+
 def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str], dict | None], now: float, stale: float) -> str | None:
-    """Which peer of a gang's replica `replica` (its round's records `peers`) is lost, or None: one not finished, on
-    another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by the bus's one rule
-    (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks a reclaimed
-    instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run record just
-    before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer lists in the
-    apply that places its work anew. A peer not started yet has no record of the round: not lost either. A network blip
-    shorter than the stale limit keeps the heartbeat fresh. A killed agent or a vanished instance leaves its rank's
+    """Which peer of a gang's replica `replica` (its round's records `peers`, and `unstarted_peers`) is lost, or None:
+    one not finished, on another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by
+    the bus's one rule (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks
+    a reclaimed instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run
+    record just before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer
+    lists in the apply that places its work anew. A peer not started yet (no record of the round) is judged by the
+    agent of the instance it is assigned to: lost only if that agent is (it died before it took up the round; the
+    others waited for it, then ran alone, hung in their first collective with nothing in status saying why). A network
+    blip shorter than the stale limit keeps the heartbeat fresh. A killed agent or a vanished instance leaves its rank's
     record saying Running for ever: the other ranks hung in their next collective (or, with a collective that times
     out, trained on at a smaller world), until an apply moved the gang."""
     for r in sorted(peers, key=lambda r: r.get("replica", 0)):
@@ -174,7 +184,7 @@ def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str]
             continue
         how = f"gone: {doc['lost']}" if doc.get("lost") else "its agent stopped" if doc.get("state") == "Stopped" else \
             f"no heartbeat since {iso(float(doc.get('heartbeat_at', 0)))}"
-        return f"replica {r.get('replica')}'s agent on {inst} is lost ({how})"
+        return f"replica {r.get('replica')}'s agent on {inst} is lost ({how}){' before it took up this round' if r.get('unstarted') else ''}"
     return None
 
 
@@ -623,7 +633,7 @@ class Agent:
                     self.reports[instance] = None
             return self.reports[instance]
 
-        return peer_lost(rep.entry["replica"], self.instance, peers, report, now_unix(), stale_seconds())
+        return peer_lost(rep.entry["replica"], self.instance, peers + unstarted_peers(rep.entry, peers), report, now_unix(), stale_seconds())
 
     def _gang_stopping(self, rep: Replica) -> tuple[str, str] | None:
         """Why this replica's gang stops, from its run records of its round: (GangStopped, peer_stop) or (GangPeerLost,

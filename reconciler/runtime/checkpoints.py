@@ -23,7 +23,9 @@ Gangs (a job of several replicas, its ranks on one or several instances). What i
   manifest names the ranks its instance held (`replicas`, `world_size`). A rank that exits 0 while a peer of its round
   stops (a job that reduces its stop flag over its ranks) is that stop, not Succeeded. A rank whose agent is lost (no
   heartbeat for the stale limit, its instance reported gone: agent.peer_lost) stops the others the same way
-  (GangPeerLost), once that limit has passed; the lost rank uploads nothing, so that round is never complete.
+  (GangPeerLost), once that limit has passed, or, lost before it took up the round (no record of it: judged by the
+  agent of the instance its assignment names), keeps them from starting (WaitingForGang, naming it); the lost rank
+  uploads nothing, so that round is never complete.
 - One round for every rank. Before a rank starts on a new assignment (a new epoch or spec), moved or not, its agent
   waits (a grace plus 30 s at most) until no peer's copy of the round before still runs or uploads, then makes the
   job's directory hold exactly the newest complete round: the newest round whose uploads hold every rank, each
