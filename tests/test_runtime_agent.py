@@ -7,11 +7,12 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from reconciler.backend import backend_for
+from reconciler.backend import LocalBackend, backend_for
 from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
@@ -897,3 +898,55 @@ def test_a_gang_rank_whose_peers_agent_died_before_taking_up_the_round_waits_nam
     bus.delete_assignment("i-1")
     place(3, {0: "i-0", 1: "i-2"})  # the reconciler replaces the lost instance
     run_until([a, c], lambda: all((r := bus.run("g", i)) and r["epoch"] == 3 and r["phase"] == "Running" for i in (0, 1)), timeout=30)
+
+
+class CountingBackend(LocalBackend):
+    """The real local backend, counting its calls by kind and top-level prefix ("LIST runs", "GET agents")."""
+
+    def __init__(self, config_dir: Path):
+        super().__init__(config_dir)
+        self.calls: Counter[str] = Counter()
+
+    def read_key(self, key: str) -> bytes | None:
+        self.calls["GET " + key.split("/")[0]] += 1
+        return super().read_key(key)
+
+    def write_key(self, key: str, body: bytes) -> None:
+        self.calls["PUT " + key.split("/")[0]] += 1
+        super().write_key(key, body)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self.calls["LIST " + prefix.split("/")[0]] += 1
+        return super().list_keys(prefix)
+
+
+@pytest.mark.parametrize("per", [1, 8], ids=["16x1", "2x8"])
+def test_a_16_rank_gangs_agents_read_the_round_by_key_once_a_poll_and_peer_reports_only_when_they_could_go_stale(tmp_path, per):
+    """Every rank listed runs/<job>/ and read each of its records every poll, and each peer instance's report: for 16
+    ranks on 16 instances 16 LIST + 256 GET runs + 240 GET agents a poll (2 s), on 2 instances of 8 ranks 16 LIST +
+    256 GET runs (each rank its own listing). S3 bills a LIST as 12 GETs and throttles a prefix past 5,500 GET/s, which
+    a gang's runs/ prefix reaches at a few hundred ranks. Now each agent reads its gang's round once a poll, by key
+    (no listing), its own ranks from memory, and a peer's report again only once it could be stale by the one rule."""
+    store = CountingBackend(tmp_path)
+    bus = Bus(store)
+    where = [f"i-{r // per}" for r in range(16)]
+    for inst in sorted(set(where)):
+        bus.put_assignment(inst, {"serial": 1, "replicas": [entry("g", ["sleep", "600"], replica=r, world=16, master="i-0", mode="service", peers=where)
+                                                            for r in range(16) if where[r] == inst]})
+    made = [Agent(i, bus, ProcessRuntime(), tmp_path / i, address="127.0.0.1", poll=0.05, heartbeat=3600, log=lambda m: None)
+            for i in sorted(set(where))]
+    try:
+        run_until(made, lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in range(16)))
+        for a in made:
+            a.tick()
+        store.calls.clear()
+        for a in made:  # one poll of every agent, the gang running
+            a.tick()
+        n = len(made)
+        per_poll = dict(store.calls)
+        assert per_poll == {"GET assignments": n, "GET runs": n * (16 - per)}, per_poll  # before: above
+    finally:
+        for a in made:
+            for rep in a.replicas.values():
+                if rep.handle is not None:
+                    a.runtime.kill(rep.handle)

@@ -255,7 +255,10 @@ class Agent:
         # Checkpoints copied through the state backend (reconciler/runtime/checkpoints): FLEETOPS_CHECKPOINT_SYNC=0 off.
         self.checkpoint_sync = checkpoints.enabled() if checkpoint_sync is None else checkpoint_sync
         self.uploads: dict[str, dict] = {}  # job -> the upload due once none of its replicas here runs any more
-        self.reports: dict[str, dict | None] = {}  # gang peers' agents' reports read this tick (one read per instance)
+        # gang peers' agents' reports, each read again only once it could be stale (_lost_peer); their rounds' run
+        # records read this tick (_round_records)
+        self.reports: dict[str, dict | None] = {}
+        self.round_records: dict[tuple, list[dict]] = {}
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -290,7 +293,7 @@ class Agent:
         self._log("stopped")
 
     def tick(self) -> None:
-        self.reports = {}
+        self.round_records = {}
         if not self.adopted:
             self._adopt()
         notice = self.notice.check()
@@ -494,8 +497,7 @@ class Agent:
             if e.get("world_size", 1) <= 1 or rep.terminal or self.bus_error:
                 continue
             try:
-                peers = [r for (j, i), r in self.bus.runs(e["job"]).items() if i != e["replica"]
-                         and (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
+                peers = [r for r in self._round_records(e) if r.get("replica") != e["replica"]]
             except ReconcileError:
                 continue
             failed = [r for r in peers if r.get("terminal") and r.get("phase") == "Failed"]
@@ -622,18 +624,44 @@ class Agent:
         rep.reason, rep.message = "WaitingForPredecessor", msg
         return holder
 
+    def _round_records(self, e: dict, fresh: bool = False) -> list[dict]:
+        """The run records of `e`'s round (its spec hash and epoch), of the ranks that have one: read once a tick (the
+        gang's ranks here share them; `fresh`: read again), each by its key, runs/<job>/<rank>.json for the ranks of its
+        world size (every rank of a round has that size: no listing, which S3 bills as 12 reads and throttles per
+        prefix), and those of the ranks this agent runs from memory (what it writes this tick). ReconcileError when one
+        cannot be read."""
+        job, mine = e["job"], (e["spec_hash"], e["epoch"])
+        key = (job, *mine, e.get("world_size", 1))
+        if fresh or key not in self.round_records:
+            out = []
+            for r in range(e.get("world_size", 1)):
+                here = self.replicas.get((job, r))
+                doc = self._record(here) if here is not None and (here.entry["spec_hash"], here.entry["epoch"]) == mine \
+                    else self.bus.run(job, r)
+                if doc is not None and (doc.get("spec_hash"), doc.get("epoch")) == mine:
+                    out.append(doc)
+            self.round_records[key] = out
+        return self.round_records[key]
+
     def _lost_peer(self, rep: Replica, peers: list[dict]) -> str | None:
         """peer_lost for this replica, its peers' agents' reports read from the bus (one that cannot be read is no
-        evidence of a loss)."""
-        def report(instance: str) -> dict | None:
-            if instance not in self.reports:
-                try:
-                    self.reports[instance] = self.bus.agent(instance)
-                except ReconcileError:
-                    self.reports[instance] = None
-            return self.reports[instance]
+        evidence of a loss). A report alive by the one rule (bus.reports_alive) is not read again until it could no
+        longer be (its heartbeat as old as the stale limit): a lost agent is seen when it was, a peer's report is read
+        about once a stale limit instead of every poll. (A report marked Stopped or lost before then, the sim's reclaim,
+        is seen at that limit: its replicas' stop, when the agent stopped them, is in their run records at once.)"""
+        now, stale = now_unix(), stale_seconds()
 
-        return peer_lost(rep.entry["replica"], self.instance, peers + unstarted_peers(rep.entry, peers), report, now_unix(), stale_seconds())
+        def report(instance: str) -> dict | None:
+            doc = self.reports.get(instance)
+            if doc is None or not reports_alive(doc, now, stale):
+                try:
+                    doc = self.bus.agent(instance)
+                except ReconcileError:
+                    doc = None
+                self.reports[instance] = doc
+            return doc
+
+        return peer_lost(rep.entry["replica"], self.instance, peers + unstarted_peers(rep.entry, peers), report, now, stale)
 
     def _gang_stopping(self, rep: Replica) -> tuple[str, str] | None:
         """Why this replica's gang stops, from its run records of its round: (GangStopped, peer_stop) or (GangPeerLost,
@@ -642,10 +670,9 @@ class Agent:
         if e.get("world_size", 1) <= 1:
             return None
         try:
-            runs = self.bus.runs(e["job"])
+            same = self._round_records(e, fresh=True)
         except ReconcileError:
             return None
-        same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
         why = peer_stop(e["replica"], same)
         if why:
             return "GangStopped", why
