@@ -919,6 +919,10 @@ class CountingBackend(LocalBackend):
         self.calls["LIST " + prefix.split("/")[0]] += 1
         return super().list_keys(prefix)
 
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        self.calls["READ_FILE " + key.split("/")[0]] += 1
+        return super().read_file(key, dest, progress)
+
 
 @pytest.mark.parametrize("per", [1, 8], ids=["16x1", "2x8"])
 def test_a_16_rank_gangs_agents_read_the_round_by_key_once_a_poll_and_peer_reports_only_when_they_could_go_stale(tmp_path, per):
@@ -950,3 +954,45 @@ def test_a_16_rank_gangs_agents_read_the_round_by_key_once_a_poll_and_peer_repor
             for rep in a.replicas.values():
                 if rep.handle is not None:
                     a.runtime.kill(rep.handle)
+
+
+def test_a_replica_whose_checkpoint_the_disk_has_no_room_for_waits_saying_so_and_fetches_nothing(tmp_path, monkeypatch):
+    """The job's newest upload needs more free disk than the instance has. Before, the agent logged the failed
+    downloads and started the replica anyway, from the older files its directory held (a gang: moved aside, from
+    step 0), Running in status. Now it does not start it: Starting, NoRoomForCheckpoint, naming the job, the bytes
+    needed and free; it tries again after the agent's restart delays (doubling) without fetching a file, and restores
+    and starts once there is room."""
+    from types import SimpleNamespace
+
+    from reconciler.runtime import checkpoints
+
+    store = CountingBackend(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.bin").write_bytes(b"7" * 5000)
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    free = [4000]
+    monkeypatch.setattr(checkpoints, "disk_usage", lambda path: SimpleNamespace(total=10**12, used=10**12 - free[0], free=free[0]))
+    cmd = [PY, "-c", "import os,time; p=os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'); "
+                     "print('found', os.path.getsize(p) if os.path.exists(p) else None, flush=True); time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("ft", cmd, epoch=2, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.2,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True)
+    try:
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and r["reason"] != "Assigned" and r)
+        assert (rec["phase"], rec["reason"]) == ("Starting", "NoRoomForCheckpoint") and not a.replicas["ft", 0].running, rec  # before: Running
+        assert "ft: " in rec["message"] and "needs 5000 bytes" in rec["message"] and "4000 free" in rec["message"], rec
+        began = time.monotonic()
+        while time.monotonic() - began < 1.0:
+            a.tick()
+            time.sleep(0.05)
+        assert not a.replicas["ft", 0].running and store.calls["READ_FILE checkpoints"] == 0 and store.calls["LIST checkpoints"] <= 4, store.calls
+        assert not (tmp_path / "i-0" / "disk" / "ft").exists()  # nothing staged, nothing made
+        free[0] = 10**9  # room made
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and "found 5000" in r["log_tail"] and r)
+        assert rec["phase"] == "Running", rec
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

@@ -9,6 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -470,3 +471,39 @@ def test_the_heartbeat_goes_on_within_one_long_file_throttled(store, tmp_path, m
     got = ck.restore(store, "ft", tmp_path / "b", log=lambda m: None, progress=lambda: beats.append("restore"))
     assert got.files == 1 and 1 + 4 <= beats.count("restore") <= 1 + 8, beats
     assert _same(tmp_path / "b" / "model.pt", src / "model.pt")
+
+
+def small_disk(monkeypatch, free: int) -> None:
+    """The local file system, as the restore sees it, has `free` bytes free (checkpoints.disk_usage, its one seam)."""
+    monkeypatch.setattr(ck, "disk_usage", lambda path: SimpleNamespace(total=10**12, used=10**12 - free, free=free))
+
+
+def beside(d: Path) -> list[str]:
+    return sorted(p.name for p in d.parent.iterdir() if p.name != d.name)
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_restore_the_disk_has_no_room_for_fails_naming_the_job_bytes_and_free_and_leaves_the_directory(store, tmp_path, monkeypatch, gang):
+    """A restore stages every file it takes before any replaces a local one. With too little free disk each download
+    failed ("cannot read: skipped", as a broken upload), every older upload was tried and fetched too, and then the
+    replica started from the older local files (one replica) or, a gang, had its local files moved aside and started
+    afresh ("no complete round"). Now it fails first, naming the job, the bytes needed and free, with nothing fetched
+    and the local directory as it was; with room it restores."""
+    now = clock()
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"rank-0": "7" * 3000}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7" * 2000}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u0", {"rank-0": "7" * 3000, "rank-1": "7" * 2000}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = write(tmp_path / "b" / "ckpt", {"rank-0": "3", "scratch": "mine"})
+    os.utime(dest / "rank-0", (1_000_000_000, 1_000_000_000))  # older than the uploads: restored over
+    small_disk(monkeypatch, 4000)
+    out, log = logs()
+    with pytest.raises(ck.NoRoomError) as err:
+        ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    said = str(err.value)
+    assert "g: " in said and "needs 5000 bytes" in said and "4000 free" in said and str(dest) in said, said
+    assert steps(dest) == {"rank-0": "3", "scratch": "mine"} and beside(dest) == [], beside(dest)  # as it was: nothing staged or aside
+    small_disk(monkeypatch, 10**9)
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.files == 2 and steps(dest)["rank-0"] == "7" * 3000, got

@@ -212,6 +212,7 @@ class Replica:
     predecessor: str | None = None  # the instance whose agent ran it before the plan moved it here
     waiting_since: float | None = None  # when it began waiting for that copy to stop
     gang_since: float | None = None  # when it began waiting for its gang's last round to be uploaded
+    no_room: int = 0  # restores in a row the disk had no room for (each waits twice as long as the one before)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -760,7 +761,19 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            no_room = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if no_room is not None:
+                # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
+                # holds; tried again after the restart delays, doubling, which fetch nothing while there is no room)
+                rep.no_room += 1
+                delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.no_room - 1))
+                rep.next_start = time.monotonic() + delay
+                msg = f"{no_room} in {delay:.1f}s"
+                if rep.reason != "NoRoomForCheckpoint":
+                    self._log(f"{job}/{r}: {msg}")
+                rep.reason, rep.message = "NoRoomForCheckpoint", msg
+                return
+            rep.no_room = 0
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -861,22 +874,26 @@ class Agent:
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> None:
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> str | None:
         """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
         (of a job removed once, only one made since, or by the same job put back: `spec_hash`); a gang's, once per
-        assignment, is made the gang's newest complete round (checkpoints.restore_round)."""
+        assignment, is made the gang's newest complete round (checkpoints.restore_round). Returns why the replica must
+        not start: the disk has no room for the restore (checkpoints.NoRoomError; nothing fetched or changed)."""
         if not self.checkpoint_sync:
-            return
+            return None
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
+        except checkpoints.NoRoomError as err:
+            return str(err)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
-            return
+            return None
         if got.marker is not None:
             write_atomic(self._marker(job), json.dumps({**got.marker, "at_time": iso()}).encode())
         elif got.generations:
             self._write_marker(job, got.generations)
+        return None
 
     def _exited(self, rep: Replica, code: int) -> None:
         e = rep.entry

@@ -56,7 +56,8 @@ sha256 reading it back a MiB at a time, and moves files into place only once eve
 Limits: an upload past `max_bytes` in total is not made (logged, the previous generation stays the newest); an upload
 still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A restore
 needs free disk, on the local directory's file system, for every file of the uploads it takes: all are staged before
-the local files of the same names are replaced.
+the local files of the same names are replaced. Without that room it fails before it fetches anything (NoRoomError,
+naming the job, the bytes needed and free), the local directory as it was; the agent does not start the replica.
 
 Only the newest KEEP generations (and the newest round) are kept; the files of an upload cut before its manifest go
 once a complete upload newer than it exists (`prune`). A job removed from the config is marked removed
@@ -93,6 +94,27 @@ ABANDONED_S = 2 * 3600.0
 DEFAULT_RETENTION_DAYS = 7.0
 
 Log = Callable[[str], None]
+# The free space of a file system (the shell's one call of it: tests give a small disk here).
+disk_usage = shutil.disk_usage
+
+
+class NoRoomError(ReconcileError):
+    """A restore the local file system has no room for: nothing fetched, the local directory as it was."""
+
+
+def _room(job: str, local_dir: Path, docs: list[dict], haves: list[dict[str, Path]] | None = None) -> None:
+    """NoRoomError unless the file system of `local_dir` has room to stage every file of the uploads `docs` (but those
+    of `haves`, on disk already): a restore stages them all before one replaces a local file. Without this check each
+    download failed as a broken upload would ("cannot read: skipped"), every older one was fetched in turn, and the
+    replica started from its older local files, or a gang's had its files moved aside and started afresh."""
+    haves = haves or [{} for _ in docs]
+    needed = sum(f["size"] for doc, have in zip(docs, haves) for f in doc["files"] if f["path"] not in have)
+    probe = next((p for p in (local_dir, *local_dir.parents) if p.exists()), local_dir.anchor or Path("/"))
+    free = disk_usage(probe).free
+    if needed > free:
+        raise NoRoomError(f"{job}: its checkpoint ({', '.join(d['generation'] for d in docs)}) needs {needed} bytes "
+                          f"({needed / 2**20:.1f} MiB) free on the file system of {local_dir} to be restored, {free} free "
+                          f"({free / 2**20:.1f} MiB): not restored, the directory left as it is (free the disk: tried again)")
 
 
 def enabled() -> bool:
@@ -419,6 +441,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
     picked: list[tuple[dict, dict[str, Path]]] = []
     try:
         for doc in docs:
+            _room(job, local_dir, [doc])
             got = fetch(store, doc, staging / str(len(picked)), log, progress)
             if got is not None:
                 picked.append((doc, got))
@@ -431,6 +454,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
             if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
                 continue
             seen.add(doc.get("instance"))
+            _room(job, local_dir, [doc])
             got = fetch(store, doc, staging / str(len(picked)), log, progress)
             if got is not None:
                 picked.append((doc, got))
@@ -546,12 +570,14 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
             log(f"{job}: checkpoint round {key[1]} (spec {key[0]}) lacks rank(s) {', '.join(map(str, missing))}: "
                 f"{', '.join(m['generation'] for m in members)} not restored")
             continue
+        haves = [_on_disk(local, doc) for doc in members]
+        _room(job, local_dir, members, haves)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
             got = []
-            for i, doc in enumerate(members):
-                files = fetch(store, doc, staging / str(i), log, progress, have=_on_disk(local, doc))
+            for doc, have in zip(members, haves):
+                files = fetch(store, doc, staging / str(len(got)), log, progress, have=have)
                 if files is None:
                     break
                 got.append((doc, files))
