@@ -507,3 +507,27 @@ def test_a_restore_the_disk_has_no_room_for_fails_naming_the_job_bytes_and_free_
     small_disk(monkeypatch, 10**9)
     got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
     assert got.files == 2 and steps(dest)["rank-0"] == "7" * 3000, got
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_restore_never_writes_through_a_link_the_job_left_in_its_directory(store, tmp_path, gang):
+    """A job (root in its container, its checkpoint dir a host directory) leaves `sub -> /etc` in that directory; an
+    upload (of another rank, another instance) holds `sub/passwd`. The restore, run by the agent as root on the host,
+    wrote the upload's file through the link: /etc/passwd replaced. Now a link in the way of a restored file is
+    removed (never followed) and the file restored into a directory of its own."""
+    now = clock()
+    etc = write(tmp_path / "etc", {"passwd": "root:x:0:0"})
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"sub/passwd": "pwned"}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "1"}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u0", {"sub/passwd": "pwned"}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = tmp_path / "b" / "ckpt"
+    dest.mkdir(parents=True)
+    (dest / "sub").symlink_to(etc)
+    out, log = logs()
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.generations, (got, out)
+    assert (etc / "passwd").read_text() == "root:x:0:0"  # before: pwned
+    assert not (dest / "sub").is_symlink() and (dest / "sub" / "passwd").read_text() == "pwned"
+    assert any("a link" in m and "sub" in m for m in out), out

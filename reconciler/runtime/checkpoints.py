@@ -464,9 +464,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
             merged.update({rel: (path, sizes[rel]) for rel, path in files.items()})
         local_dir.mkdir(parents=True, exist_ok=True)
         for rel, (path, _) in merged.items():
-            target = local_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+            _place(local_dir, rel, path, log, job)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if not picked:
@@ -522,6 +520,22 @@ def _on_disk(local: dict[str, tuple[Path, int]], doc: dict) -> dict[str, Path]:
             except OSError:
                 pass
     return out
+
+
+def _place(local_dir: Path, rel: str, path: Path, log: Log, job: str) -> Path:
+    """Move the staged file `path` to `rel` under `local_dir` (its directories made), never through a link: the job
+    (root in its container) may leave `sub -> /etc` there, and the agent, root on the host, wrote a restored
+    `sub/passwd` to /etc/passwd. A link in the way is removed (it is the job's, not a file of the round), logged."""
+    target = local_dir / rel
+    d = local_dir
+    for part in rel.split("/")[:-1]:
+        d = d / part
+        if d.is_symlink():
+            d.unlink()
+            log(f"{job}: a link at {d} was in the way of the restored {rel}: removed, not followed")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)  # (a link at the file's own name is replaced, not followed)
+    return target
 
 
 def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> int:
@@ -596,9 +610,7 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
             for rel, (mtime_ns, _, path, _) in merged.items():
                 if rel in keep:
                     continue
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
+                target = _place(local_dir, rel, path, log, job)
                 with contextlib.suppress(OSError):
                     os.utime(target, ns=(mtime_ns, mtime_ns))  # (the writer's time: a later restore knows it, _on_disk)
         finally:
