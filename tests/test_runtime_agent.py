@@ -996,3 +996,36 @@ def test_a_replica_whose_checkpoint_the_disk_has_no_room_for_waits_saying_so_and
         for rep in a.replicas.values():
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
+
+
+def test_a_second_agent_on_one_instance_refuses_to_run_naming_the_first(tmp_path):
+    """Two agents with one workdir (a manual `reconcile agent` beside the service, for a look): each adopted or started
+    every replica assigned to the instance, two copies on the same GPUs, and both wrote its records. Now the second
+    exits 1 at once, naming the first's pid (a lock on the workdir, released when the first dies however it ends)."""
+    import subprocess
+
+    from tests.fleetkit import ROOT
+
+    cmd = [PY, "-m", "reconciler.cli", "agent", "i-0", "--dir", str(tmp_path), "--runtime", "process", "--address", "127.0.0.1",
+           "--workdir", str(tmp_path / "w"), "--poll", "0.2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        beat = tmp_path / ".reconcile" / "agents" / "i-0.json"
+        limit = time.monotonic() + 60
+        while not beat.exists() and time.monotonic() < limit and first.poll() is None:
+            time.sleep(0.1)
+        assert beat.exists(), "the first agent never reported"
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=20)  # before: ran beside it (timed out)
+        said = second.stdout + second.stderr
+        assert second.returncode == 1 and f"another agent (pid {first.pid})" in said and "Traceback" not in said, said
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
+    third = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)  # the first gone: runs
+    try:
+        time.sleep(1.5)
+        assert third.poll() is None, third.stderr.read()
+    finally:
+        third.terminate()
+        third.wait(timeout=60)

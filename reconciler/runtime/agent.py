@@ -93,6 +93,33 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
+def hold_workdir(workdir: Path):
+    """This process's exclusive lock on WORKDIR/agent.lock, held while the returned file is open (flock: released when
+    the process ends, however it ends). A second agent on one instance (a manual run beside the service) adopted or
+    started every replica assigned there again, two copies on the same GPUs: it is refused, naming the first's pid."""
+    import fcntl
+
+    workdir = Path(workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        f = open(workdir / "agent.lock", "a+")  # noqa: SIM115 (held open for the agent's life: the lock)
+    except OSError as e:
+        raise ReconcileError(f"cannot lock the agent's --workdir {workdir}: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        other = f.read().strip() or "?"
+        f.close()
+        raise ReconcileError(f"another agent (pid {other}) runs with --workdir {workdir}: one agent an instance (stop it "
+                             "first, e.g. systemctl stop fleetops-agent, or give this one another --workdir)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def same_device(a: str, b: str) -> bool:
     """Whether two of the plan's device ids share hardware: GPU `G`, or MIG device `G:M` (on GPU G)."""
     return a == b or a.split(":")[0] == b.split(":")[0] and (":" not in a or ":" not in b)
