@@ -54,7 +54,11 @@ sha256 reading it back a MiB at a time, and moves files into place only once eve
 `progress` (the agent's heartbeat) is called before each file and every few seconds within one.
 
 Limits: an upload past `max_bytes` in total is not made (logged, the previous generation stays the newest); an upload
-still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A restore
+still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A file is
+begun before the deadline even where the rate measured so far says it cannot end by it: a rate of small files
+underrates a large one's multipart throughput, and where the instance outlives the deadline (a move, an edit) a last
+file sent late still completes the upload, while where it does not (a reclaim) the cut upload has no manifest and the
+previous complete generation stays the newest, as skipping the file would leave it. A restore
 needs free disk, on the local directory's file system, for every file of the uploads it takes: all are staged before
 the local files of the same names are replaced. Without that room it fails before it fetches anything (NoRoomError,
 naming the job, the bytes needed and free), the local directory as it was; the agent does not start the replica.
