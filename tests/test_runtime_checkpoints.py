@@ -531,3 +531,19 @@ def test_a_restore_never_writes_through_a_link_the_job_left_in_its_directory(sto
     assert (etc / "passwd").read_text() == "root:x:0:0"  # before: pwned
     assert not (dest / "sub").is_symlink() and (dest / "sub" / "passwd").read_text() == "pwned"
     assert any("a link" in m and "sub" in m for m in out), out
+
+
+def test_a_file_begun_before_the_upload_deadline_is_sent_whole_and_a_last_one_completes_the_upload(store, tmp_path):
+    """The deadline is checked before each file, never within one: a last file begun in time and ending after it
+    completes the upload (an instance that outlives the deadline, a move or an edit, keeps that checkpoint); a next
+    file past it is not begun, and the upload, without a manifest, leaves the previous complete generation newest."""
+    now = clock()
+    first = ck.upload(store, "ft", write(tmp_path / "a", {"a.bin": "1"}), instance="i-1", spec_hash="h", epoch=1, now=now)
+    slow = lambda: time.sleep(0.3)  # noqa: E731 (the agent's heartbeat, here slow: each file ends past the deadline)
+    late = ck.upload(store, "ft", write(tmp_path / "b", {"a.bin": "2"}), instance="i-1", spec_hash="h", epoch=2, now=now,
+                     deadline=time.monotonic() + 0.1, progress=slow)
+    assert late.complete and late.files == 1, late
+    cut = ck.upload(store, "ft", write(tmp_path / "c", {"a.bin": "3", "b.bin": "3"}), instance="i-1", spec_hash="h", epoch=3, now=now,
+                    deadline=time.monotonic() + 0.1, progress=slow)
+    assert not cut.complete and cut.files == 1 and "out of time after 1/2 file(s)" in cut.why, cut
+    assert [d["generation"] for d in ck.manifests(store, "ft")] == [late.generation, first.generation]
