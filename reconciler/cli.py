@@ -918,10 +918,10 @@ def agent(
     signals.signal(signals.SIGTERM, on_term)
     signals.signal(signals.SIGINT, on_term)
     try:  # (its FLEETOPS_AGENT_* settings are read here: one out of range was an "unexpected" bug report)
-        held = hold_workdir(workdir)  # noqa: F841 (held open while the agent runs)
         ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
                    address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
         stale_seconds()  # read while running (gang peers): checked now
+        held = hold_workdir(workdir)  # noqa: F841 (held open while the agent runs: one agent an instance)
     except ReconcileError as e:
         _fail(e)
     # A sim instance lives in its agent directory under the sim's store: once that is deleted (the
