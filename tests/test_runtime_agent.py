@@ -1030,3 +1030,21 @@ def test_a_second_agent_on_one_instance_refuses_to_run_naming_the_first(tmp_path
     finally:
         third.terminate()
         third.wait(timeout=60)
+
+
+def test_a_peer_with_no_record_of_the_round_is_judged_by_the_agent_of_the_instance_it_is_assigned_to():
+    """peer_lost over unstarted_peers: a rank of the round with no record of it is placed where the assignment's peers
+    say; lost only when that instance's agent is, by the one stale rule (a running rank then stops, GangPeerLost)."""
+    from reconciler.runtime.agent import peer_lost, unstarted_peers
+
+    now, stale = 10_000.0, 60.0
+    reports = {"i-1": {"heartbeat_at": now - 61, "state": "Ready"}, "i-2": {"heartbeat_at": now - 5, "state": "Ready"}}
+    e = entry("g", ["x"], replica=0, world=4, peers=["i-0", "i-1", "i-2", "i-3"])
+    mine = [{"replica": 0, "instance": "i-0", "spec_hash": "h1", "epoch": 1}]
+    absent = unstarted_peers(e, mine)
+    assert [(r["replica"], r["instance"]) for r in absent] == [(1, "i-1"), (2, "i-2"), (3, "i-3")]
+    said = peer_lost(0, "i-0", mine + absent, reports.get, now, stale)
+    assert said is not None and said.startswith("replica 1's agent on i-1 is lost (no heartbeat since") and said.endswith("before it took up this round")
+    reports["i-1"]["heartbeat_at"] = now - 59  # within the limit: not lost; i-3 has no report (booting): not lost
+    assert peer_lost(0, "i-0", mine + absent, reports.get, now, stale) is None
+    assert unstarted_peers(entry("g", ["x"], replica=0, world=2), mine) == []  # an assignment from before peers: as before
