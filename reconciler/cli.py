@@ -892,7 +892,7 @@ def agent(
     import signal as signals
 
     from reconciler.backend import backend_for
-    from reconciler.runtime.agent import Agent
+    from reconciler.runtime.agent import Agent, hold_workdir
     from reconciler.runtime.bus import Bus, stale_seconds
     from reconciler.runtime.metadata import instance_id_from_metadata
     from reconciler.runtime.notices import notice_source
@@ -921,6 +921,7 @@ def agent(
         ag = Agent(instance, bus, RUNTIMES[runtime](), workdir, notice=notice_source(notice, instance, workdir / "notice.json"),
                    address=address, checkpoint_root=checkpoint_root, poll=poll, heartbeat=heartbeat, command_cwd=cwd)
         stale_seconds()  # read while running (gang peers): checked now
+        held = hold_workdir(workdir)  # noqa: F841 (held open while the agent runs: one agent an instance)
     except ReconcileError as e:
         _fail(e)
     # A sim instance lives in its agent directory under the sim's store: once that is deleted (the

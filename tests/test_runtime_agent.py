@@ -7,11 +7,12 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from reconciler.backend import backend_for
+from reconciler.backend import LocalBackend, backend_for
 from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
@@ -36,17 +37,26 @@ def bus(tmp_path):
 def agents(tmp_path, bus):
     made: list[Agent] = []
 
-    def make(instance: str) -> Agent:
+    def make(instance: str, **kw) -> Agent:
         a = Agent(instance, bus, ProcessRuntime(), tmp_path / instance, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  log=lambda m: None)
+                  log=lambda m: None, **kw)
         made.append(a)
         return a
 
     yield make
-    for a in made:  # never leave a replica process behind
+    for a in made:  # never leave a replica process behind (an agent a test killed has none left: it forgot them)
         for rep in a.replicas.values():
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
+
+
+CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+
+
+@pytest.fixture
+def ck_agents(tmp_path, agents):
+    """Agents that copy checkpoints through the bus, each instance with its own disk (tmp_path/INSTANCE/disk)."""
+    return lambda instance: agents(instance, checkpoint_root=tmp_path / instance / "disk", checkpoint_sync=True)
 
 
 def run_until(agents: list[Agent], done, timeout: float = 60.0):
@@ -667,88 +677,60 @@ while True:
 '''
 
 
-def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on_another_instances_disk(bus, tmp_path):
+def test_a_gangs_checkpoint_is_uploaded_once_both_ranks_wrote_it_and_restored_on_another_instances_disk(bus, ck_agents, tmp_path):
     """Two ranks of one job on one instance write into one checkpoint dir; rank 1 takes longer. The agent uploads
     the dir once neither runs any more (both files), and the agent of another instance, with its own disk, restores
     both before the ranks start there."""
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def gang(master: str, epoch: int) -> list[dict]:
-        return [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=master, epoch=epoch, checkpoint=ck, mode="service",
+        return [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=master, epoch=epoch, checkpoint=CK, mode="service",
                       env={"CK_SECONDS": str(0.2 + 1.0 * r)}) for r in (0, 1)]
 
-    try:
-        bus.put_assignment("i-1", {"serial": 1, "replicas": gang("i-1", 1)})
-        a = agent("i-1")
-        run_until([a], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))
-        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
-        run_until([a], lambda: all((r := bus.run("g", i)) and r["phase"] == "Stopped" for i in (0, 1)))
-        [doc] = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
-        assert sorted(f["path"] for f in doc["files"]) == ["rank-0", "rank-1"] and (doc["instance"], doc["epoch"]) == ("i-1", 1)
-        bus.put_assignment("i-2", {"serial": 3, "replicas": gang("i-2", 2)})
-        b = agent("i-2")
-        run_until([b], lambda: all((r := bus.run("g", i)) and r["instance"] == "i-2" and "found 1" in r["log_tail"] for i in (0, 1)))
-        assert (tmp_path / "i-2" / "disk" / "g" / "ckpt" / "rank-1").read_text() == "1"
-    finally:
-        for a in made:
-            for rep in a.replicas.values():
-                if rep.handle is not None:
-                    a.runtime.kill(rep.handle)
+    bus.put_assignment("i-1", {"serial": 1, "replicas": gang("i-1", 1)})
+    a = ck_agents("i-1")
+    run_until([a], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))
+    bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+    run_until([a], lambda: all((r := bus.run("g", i)) and r["phase"] == "Stopped" for i in (0, 1)))
+    [doc] = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+    assert sorted(f["path"] for f in doc["files"]) == ["rank-0", "rank-1"] and (doc["instance"], doc["epoch"]) == ("i-1", 1)
+    bus.put_assignment("i-2", {"serial": 3, "replicas": gang("i-2", 2)})
+    b = ck_agents("i-2")
+    run_until([b], lambda: all((r := bus.run("g", i)) and r["instance"] == "i-2" and "found 1" in r["log_tail"] for i in (0, 1)))
+    assert (tmp_path / "i-2" / "disk" / "g" / "ckpt" / "rank-1").read_text() == "1"
 
 
-def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_round(bus, tmp_path):
+def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_round(bus, ck_agents, tmp_path):
     """Ranks 0 and 1 on two instances; rank 1 is unassigned (its instance deleted, as an apply does before it publishes
     the gang's next epoch). Rank 0 gets its checkpoint signal as soon as rank 1's stop begins (GangStopped), and waits
     (WaitingForGang) instead of running on alone; both instances upload a manifest of the round naming their rank.
     Then rank 1 past its time limit: rank 0, stopped GangFailed, uploads too, else that round lacked its rank. Before,
     rank 0 was never signalled, and a GangFailed rank uploaded nothing."""
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def rank(r: int, epoch: int, **kw) -> dict:
-        return entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0", epoch=epoch, checkpoint=ck, mode="service",
+        return entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0", epoch=epoch, checkpoint=CK, mode="service",
                      env={"CK_SECONDS": "0.2"}, **kw)
 
     def manifests(epoch: int) -> dict[str, list[int]]:
         docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
         return {d["instance"]: d.get("replicas") for d in docs if d["epoch"] == epoch}
 
-    try:
-        bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
-        bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
-        a, b = agent("i-0"), agent("i-1")
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
-        bus.put_assignment("i-1", {"serial": 2, "replicas": []})
-        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)
-        assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
-        rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r)
-        assert "replica 1 stopped (Unassigned) on i-1" in rec["message"], rec
-        assert not a.replicas["g", 0].running  # never ran on alone
-        assert run_until([a, b], lambda: len(m := manifests(1)) == 2 and m) == {"i-0": [0], "i-1": [1]}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
+    bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
+    bus.put_assignment("i-1", {"serial": 2, "replicas": []})
+    rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)
+    assert rec["phase"] == "Starting" and rec["reason"] in ("GangStopped", "WaitingForGang"), rec
+    rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r)
+    assert "replica 1 stopped (Unassigned) on i-1" in rec["message"], rec
+    assert not a.replicas["g", 0].running  # never ran on alone
+    assert run_until([a, b], lambda: len(m := manifests(1)) == 2 and m) == {"i-0": [0], "i-1": [1]}
 
-        bus.put_assignment("i-0", {"serial": 3, "replicas": [rank(0, 3)]})
-        bus.put_assignment("i-1", {"serial": 3, "replicas": [rank(1, 3, time_limit_hours=3 / 3600)]})
-        run_until([a, b], lambda: (r := bus.run("g", 0)) and r["terminal"] and (q := bus.run("g", 1)) and q["terminal"])
-        assert (bus.run("g", 1)["reason"], bus.run("g", 0)["reason"]) == ("DeadlineExceeded", "GangFailed")
-        assert run_until([a, b], lambda: len(m := manifests(3)) == 2 and m) == {"i-0": [0], "i-1": [1]}
-    finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+    bus.put_assignment("i-0", {"serial": 3, "replicas": [rank(0, 3)]})
+    bus.put_assignment("i-1", {"serial": 3, "replicas": [rank(1, 3, time_limit_hours=3 / 3600)]})
+    run_until([a, b], lambda: (r := bus.run("g", 0)) and r["terminal"] and (q := bus.run("g", 1)) and q["terminal"])
+    assert (bus.run("g", 1)["reason"], bus.run("g", 0)["reason"]) == ("DeadlineExceeded", "GangFailed")
+    assert run_until([a, b], lambda: len(m := manifests(3)) == 2 and m) == {"i-0": [0], "i-1": [1]}
 
 
 def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_shows_it_unreachable(bus, tmp_path):
@@ -787,7 +769,7 @@ def test_an_agent_that_cannot_write_its_run_records_says_so_once_and_status_show
                 a.runtime.kill(rep.handle)
 
 
-def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newest_complete_round(bus, tmp_path, monkeypatch):
+def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newest_complete_round(bus, ck_agents, tmp_path, monkeypatch):
     """Rank 1's instance vanishes (its agent and rank killed, no notice, no Stopped report: its record says Running for
     ever). Before, rank 0 ran on alone (a DDP rank hung in its next collective). Now, once rank 1's agent is no longer
     alive by the bus's rule (heartbeat older than FLEETOPS_HEARTBEAT_STALE_SECONDS, 2 s here), rank 0 gets its checkpoint
@@ -795,116 +777,274 @@ def test_a_gang_whose_peers_agent_is_lost_checkpoints_waits_and_resumes_the_newe
     stops nothing). Placed again (rank 1 on a new instance), both resume from the newest complete round, not rank 0's
     own newer file of the round rank 1 never uploaded."""
     monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "2")
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def place(epoch: int, where: dict[int, str]) -> None:
         for r, inst in where.items():
             bus.put_assignment(inst, {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=where[0],
-                                                                          epoch=epoch, checkpoint=ck, mode="service", env={"CK_SECONDS": "0.2"})]})
+                                                                          epoch=epoch, checkpoint=CK, mode="service", env={"CK_SECONDS": "0.2"})]})
 
     def found(agents: list[Agent], what: str) -> None:
         run_until(agents, lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and f"found {what}" in r["log_tail"] for i in (0, 1)),
                   timeout=30)
 
-    try:
-        a, b = agent("i-0"), agent("i-1")
-        place(1, {0: "i-0", 1: "i-1"})
-        found([a, b], "None")
-        place(2, {0: "i-0", 1: "i-1"})  # a new epoch in place: both stop, round 1 is complete (rank-0 and rank-1 hold 1)
-        found([a, b], "1")
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    place(1, {0: "i-0", 1: "i-1"})
+    found([a, b], "None")
+    place(2, {0: "i-0", 1: "i-1"})  # a new epoch in place: both stop, round 1 is complete (rank-0 and rank-1 hold 1)
+    found([a, b], "1")
 
-        for rep in b.replicas.values():  # the instance i-1 vanishes: its rank dies with it, its agent ticks no more
-            b.runtime.kill(rep.handle)
-        lost_at = time.monotonic()
-        while time.monotonic() - lost_at < 1.0:  # within the stale limit: a blip, nothing stops
-            a.tick()
-            time.sleep(0.05)
-        assert bus.run("g", 0)["phase"] == "Running" and a.replicas["g", 0].running
-        seen = []
-        rec = run_until([a], lambda: (r := bus.run("g", 0)) and seen.append(r["reason"]) is None and r["reason"] == "WaitingForGang" and r,
-                        timeout=20)  # before: Running for ever
-        assert "GangPeerLost" in seen, seen
-        assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "it starts again with the gang" in rec["message"], rec
-        assert not a.replicas["g", 0].running and rec["attempt"] == 1, rec
-        assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "2"  # it checkpointed at its signal
-        docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
-        assert [(d["instance"], d["replicas"]) for d in docs if d["epoch"] == 2] == [("i-0", [0])], docs  # and uploaded
-        for _ in range(10):
-            a.tick()
-        assert not a.replicas["g", 0].running  # it waits: never runs with a rank missing
+    for rep in b.replicas.values():  # the instance i-1 vanishes: its rank dies with it, its agent ticks no more
+        b.runtime.kill(rep.handle)
+    lost_at = time.monotonic()
+    while time.monotonic() - lost_at < 1.0:  # within the stale limit: a blip, nothing stops
+        a.tick()
+        time.sleep(0.05)
+    assert bus.run("g", 0)["phase"] == "Running" and a.replicas["g", 0].running
+    seen = []
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and seen.append(r["reason"]) is None and r["reason"] == "WaitingForGang" and r,
+                    timeout=20)  # before: Running for ever
+    assert "GangPeerLost" in seen, seen
+    assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "it starts again with the gang" in rec["message"], rec
+    assert not a.replicas["g", 0].running and rec["attempt"] == 1, rec
+    assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "2"  # it checkpointed at its signal
+    docs = [json.loads(bus.store.read_key(k)) for k in bus.store.list_keys("checkpoints/g/manifests")]
+    assert [(d["instance"], d["replicas"]) for d in docs if d["epoch"] == 2] == [("i-0", [0])], docs  # and uploaded
+    for _ in range(10):
+        a.tick()
+    assert not a.replicas["g", 0].running  # it waits: never runs with a rank missing
 
-        c = agent("i-2")
-        bus.delete_assignment("i-1")
-        place(3, {0: "i-0", 1: "i-2"})  # the reconciler places rank 1 anew
-        found([a, c], "1")  # round 1, the newest complete one, for both: not rank 0's own 2
-        assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "1"
-    finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+    c = ck_agents("i-2")
+    bus.delete_assignment("i-1")
+    place(3, {0: "i-0", 1: "i-2"})  # the reconciler places rank 1 anew
+    found([a, c], "1")  # round 1, the newest complete one, for both: not rank 0's own 2
+    assert (tmp_path / "i-0" / "disk" / "g" / "ckpt" / "rank-0").read_text() == "1"
 
 
-def test_a_gang_waits_for_a_peer_not_started_yet_and_restarts_whole_when_a_lost_agent_comes_back(bus, tmp_path, monkeypatch):
+def test_a_gang_waits_for_a_peer_not_started_yet_and_restarts_whole_when_a_lost_agent_comes_back(bus, ck_agents, tmp_path, monkeypatch):
     """First start: rank 1's agent starts later than rank 0's (its record absent) and rank 0 runs on: a peer not
     started yet is not lost. Then, in the gang's next epoch (round 1 restored), rank 1's agent is killed (SIGKILL: its
     rank runs on, unwatched, its heartbeat goes stale) and rank 0 stops (GangPeerLost), uploads and waits. The agent
     comes back (systemd) and adopts its rank: the gang restarts whole, both ranks at the next attempt, each from what it
     wrote at its signal (a restart in place), not rank 0 alone beside the copy of rank 1 that ran on without it."""
     monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "1.5")
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    made = []
-
-    def agent(name: str) -> Agent:
-        a = Agent(name, bus, ProcessRuntime(), tmp_path / name, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                  checkpoint_root=tmp_path / name / "disk", log=lambda m: None, checkpoint_sync=True)
-        made.append(a)
-        return a
 
     def place(epoch: int) -> None:
         for r in (0, 1):
             bus.put_assignment(f"i-{r}", {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master="i-0",
-                                                                               checkpoint=ck, epoch=epoch, mode="service", env={"CK_SECONDS": "0.2"})]})
+                                                                               checkpoint=CK, epoch=epoch, mode="service", env={"CK_SECONDS": "0.2"})]})
 
     def said(i: int, attempt: int) -> str | None:  # what that attempt of rank i found (its log: the record's tail may be older)
         text = (tmp_path / f"i-{i}" / "logs" / f"g-{i}.log").read_text().rsplit(f"--- fleetops: attempt {attempt} ", 1)
         return next((ln for ln in text[1].splitlines() if ln.startswith("found")), None) if len(text) == 2 else None
 
     place(1)
+    a = ck_agents("i-0")
+    run_until([a], lambda: (r := bus.run("g", 0)) and r["phase"] == "Running")
+    began = time.monotonic()
+    while time.monotonic() - began < 2.0:  # longer than the stale limit, rank 1's agent not started
+        a.tick()
+        time.sleep(0.05)
+    assert bus.run("g", 0)["phase"] == "Running" and bus.run("g", 1) is None
+
+    b = ck_agents("i-1")
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))  # (its handler set)
+    place(2)  # a new epoch in place: round 1 (both ranks at 1) uploaded and restored
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["epoch"] == 2 and "found 1" in r["log_tail"] for i in (0, 1)))
+    pid = b.replicas["g", 1].handle.pid
+    b.replicas.clear()  # killed: it ticks no more, its rank runs on (adopted below)
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r, timeout=20)  # before: Running on
+    assert rec["attempt"] == 1 and "replica 1's agent on i-1 is lost" in rec["message"], rec
+
+    back = ck_agents("i-1")  # the same instance's agent again: it adopts rank 1's process
+    run_until([a, back], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and r["attempt"] == 1 for i in (0, 1)), timeout=30)
+    assert back.replicas["g", 1].handle.pid != pid  # restarted with the gang (GangRestart), not left running alone
+    # A restart in place (the same assignment): each rank resumes from what it wrote at its signal, 2. (Before the
+    # marker kept the assignment through rank 0's upload, rank 0 went back to round 1 while rank 1, which uploaded
+    # nothing, kept its own 2.)
+    assert run_until([a, back], lambda: all(got := [said(0, 1), said(1, 1)]) and got) == ["found 2", "found 2"]
+
+
+def test_a_gang_rank_whose_peers_agent_died_before_taking_up_the_round_waits_naming_it_not_runs_alone(bus, ck_agents, monkeypatch):
+    """Rank 1's agent dies (with its rank: the instance vanished) just before the gang's next epoch is published, so rank
+    1 has no record of that round. Before, rank 0 waited for rank 1's old copy while its heartbeat was fresh, then
+    started alone once it was stale (Running, hung in its first collective, nothing in status saying why) until the
+    instance was replaced. Now the assignment names where each rank of the round runs (`peers`), and rank 0 judges
+    rank 1 by that instance's agent, by the one stale rule: past it, WaitingForGang naming the lost agent, not run."""
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "1.5")
+
+    def place(epoch: int, where: dict[int, str]) -> None:
+        for r, inst in where.items():
+            bus.put_assignment(inst, {"serial": epoch, "replicas": [entry("g", [PY, "-c", RANKED], replica=r, world=2, master=where[0],
+                                                                          epoch=epoch, checkpoint=CK, mode="service", env={"CK_SECONDS": "0.2"},
+                                                                          peers=[where[0], where[1]])]})
+
+    a, b = ck_agents("i-0"), ck_agents("i-1")
+    place(1, {0: "i-0", 1: "i-1"})
+    run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in (0, 1)))
+    for rep in b.replicas.values():  # i-1 vanishes: its rank and agent die before it reads epoch 2
+        b.runtime.kill(rep.handle)
+    b.replicas.clear()
+    place(2, {0: "i-0", 1: "i-1"})
+    rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["epoch"] == 2 and (r["phase"] == "Running" or "is lost" in r["message"]) and r,
+                    timeout=20)
+    assert rec["reason"] == "WaitingForGang" and not a.replicas["g", 0].running, rec  # before: Running alone
+    assert "replica 1's agent on i-1 is lost (no heartbeat since" in rec["message"] and "before it took up this round" in rec["message"], rec
+    assert bus.run("g", 1)["epoch"] == 1
+    for _ in range(10):
+        a.tick()
+    assert not a.replicas["g", 0].running  # it waits for the gang to be placed again
+
+    c = ck_agents("i-2")
+    bus.delete_assignment("i-1")
+    place(3, {0: "i-0", 1: "i-2"})  # the reconciler replaces the lost instance
+    run_until([a, c], lambda: all((r := bus.run("g", i)) and r["epoch"] == 3 and r["phase"] == "Running" for i in (0, 1)), timeout=30)
+
+
+class CountingBackend(LocalBackend):
+    """The real local backend, counting its calls by kind and top-level prefix ("LIST runs", "GET agents")."""
+
+    def __init__(self, config_dir: Path):
+        super().__init__(config_dir)
+        self.calls: Counter[str] = Counter()
+
+    def read_key(self, key: str) -> bytes | None:
+        self.calls["GET " + key.split("/")[0]] += 1
+        return super().read_key(key)
+
+    def write_key(self, key: str, body: bytes) -> None:
+        self.calls["PUT " + key.split("/")[0]] += 1
+        super().write_key(key, body)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self.calls["LIST " + prefix.split("/")[0]] += 1
+        return super().list_keys(prefix)
+
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        self.calls["READ_FILE " + key.split("/")[0]] += 1
+        return super().read_file(key, dest, progress)
+
+
+@pytest.mark.parametrize("per", [1, 8], ids=["16x1", "2x8"])
+def test_a_16_rank_gangs_agents_read_the_round_by_key_once_a_poll_and_peer_reports_only_when_they_could_go_stale(tmp_path, monkeypatch, per):
+    """Every rank listed runs/<job>/ and read each of its records every poll, and each peer instance's report: for 16
+    ranks on 16 instances 16 LIST + 256 GET runs + 240 GET agents a poll (2 s), on 2 instances of 8 ranks 16 LIST +
+    256 GET runs (each rank its own listing). S3 bills a LIST as 12 GETs and throttles a prefix past 5,500 GET/s, which
+    a gang's runs/ prefix reaches at a few hundred ranks. Now each agent reads its gang's round once a poll, by key
+    (no listing), its own ranks from memory, and a peer's report again only once it could be stale by the one rule."""
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "3600")  # (no report can go stale while a slow box starts 16 ranks)
+    store = CountingBackend(tmp_path)
+    bus = Bus(store)
+    where = [f"i-{r // per}" for r in range(16)]
+    for inst in sorted(set(where)):
+        bus.put_assignment(inst, {"serial": 1, "replicas": [entry("g", ["sleep", "600"], replica=r, world=16, master="i-0", mode="service", peers=where)
+                                                            for r in range(16) if where[r] == inst]})
+    made = [Agent(i, bus, ProcessRuntime(), tmp_path / i, address="127.0.0.1", poll=0.05, heartbeat=3600, log=lambda m: None)
+            for i in sorted(set(where))]
     try:
-        a = agent("i-0")
-        run_until([a], lambda: (r := bus.run("g", 0)) and r["phase"] == "Running")
+        run_until(made, lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" for i in range(16)))
+        for a in made:
+            a.tick()
+        store.calls.clear()
+        for a in made:  # one poll of every agent, the gang running
+            a.tick()
+        n = len(made)
+        per_poll = dict(store.calls)
+        assert per_poll == {"GET assignments": n, "GET runs": n * (16 - per)}, per_poll  # before: above
+    finally:
+        for a in made:
+            for rep in a.replicas.values():
+                if rep.handle is not None:
+                    a.runtime.kill(rep.handle)
+
+
+def test_a_replica_whose_checkpoint_the_disk_has_no_room_for_waits_saying_so_and_fetches_nothing(tmp_path, monkeypatch):
+    """The job's newest upload needs more free disk than the instance has. Before, the agent logged the failed
+    downloads and started the replica anyway, from the older files its directory held (a gang: moved aside, from
+    step 0), Running in status. Now it does not start it: Starting, NoRoomForCheckpoint, naming the job, the bytes
+    needed and free; it tries again after the agent's restart delays (doubling) without fetching a file, and restores
+    and starts once there is room."""
+    from types import SimpleNamespace
+
+    from reconciler.runtime import checkpoints
+
+    store = CountingBackend(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.bin").write_bytes(b"7" * 5000)
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    free = [4000]
+    monkeypatch.setattr(checkpoints, "disk_usage", lambda path: SimpleNamespace(total=10**12, used=10**12 - free[0], free=free[0]))
+    cmd = [PY, "-c", "import os,time; p=os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'); "
+                     "print('found', os.path.getsize(p) if os.path.exists(p) else None, flush=True); time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("ft", cmd, epoch=2, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.2,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True)
+    try:
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and r["reason"] != "Assigned" and r)
+        assert (rec["phase"], rec["reason"]) == ("Starting", "NoRoomForCheckpoint") and not a.replicas["ft", 0].running, rec  # before: Running
+        assert "ft: " in rec["message"] and "needs 5000 bytes" in rec["message"] and "4000 free" in rec["message"], rec
         began = time.monotonic()
-        while time.monotonic() - began < 2.0:  # longer than the stale limit, rank 1's agent not started
+        while time.monotonic() - began < 1.0:
             a.tick()
             time.sleep(0.05)
-        assert bus.run("g", 0)["phase"] == "Running" and bus.run("g", 1) is None
-
-        b = agent("i-1")
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and "found None" in r["log_tail"] for i in (0, 1)))  # (its handler set)
-        place(2)  # a new epoch in place: round 1 (both ranks at 1) uploaded and restored
-        run_until([a, b], lambda: all((r := bus.run("g", i)) and r["epoch"] == 2 and "found 1" in r["log_tail"] for i in (0, 1)))
-        pid = b.replicas["g", 1].handle.pid
-        made.remove(b)  # killed: it ticks no more, its rank runs on
-        rec = run_until([a], lambda: (r := bus.run("g", 0)) and r["reason"] == "WaitingForGang" and r, timeout=20)  # before: Running on
-        assert rec["attempt"] == 1 and "replica 1's agent on i-1 is lost" in rec["message"], rec
-
-        back = agent("i-1")  # the same instance's agent again: it adopts rank 1's process
-        run_until([a, back], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and r["attempt"] == 1 for i in (0, 1)), timeout=30)
-        assert back.replicas["g", 1].handle.pid != pid  # restarted with the gang (GangRestart), not left running alone
-        # A restart in place (the same assignment): each rank resumes from what it wrote at its signal, 2. (Before the
-        # marker kept the assignment through rank 0's upload, rank 0 went back to round 1 while rank 1, which uploaded
-        # nothing, kept its own 2.)
-        assert run_until([a, back], lambda: all(got := [said(0, 1), said(1, 1)]) and got) == ["found 2", "found 2"]
+        assert not a.replicas["ft", 0].running and store.calls["READ_FILE checkpoints"] == 0 and store.calls["LIST checkpoints"] <= 4, store.calls
+        assert not (tmp_path / "i-0" / "disk" / "ft").exists()  # nothing staged, nothing made
+        free[0] = 10**9  # room made
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and "found 5000" in r["log_tail"] and r)
+        assert rec["phase"] == "Running", rec
     finally:
-        for x in made:
-            for rep in x.replicas.values():
-                if rep.handle is not None:
-                    x.runtime.kill(rep.handle)
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
+def test_a_second_agent_on_one_instance_refuses_to_run_naming_the_first(tmp_path):
+    """Two agents with one workdir (a manual `reconcile agent` beside the service, for a look): each adopted or started
+    every replica assigned to the instance, two copies on the same GPUs, and both wrote its records. Now the second
+    exits 1 at once, naming the first's pid (a lock on the workdir, released when the first dies however it ends)."""
+    import subprocess
+
+    from tests.fleetkit import ROOT
+
+    cmd = [PY, "-m", "reconciler.cli", "agent", "i-0", "--dir", str(tmp_path), "--runtime", "process", "--address", "127.0.0.1",
+           "--workdir", str(tmp_path / "w"), "--poll", "0.2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        beat = tmp_path / ".reconcile" / "agents" / "i-0.json"
+        limit = time.monotonic() + 60
+        while not beat.exists() and time.monotonic() < limit and first.poll() is None:
+            time.sleep(0.1)
+        assert beat.exists(), "the first agent never reported"
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90)  # before: ran beside it (timed out)
+        said = second.stdout + second.stderr
+        assert second.returncode == 1 and f"another agent (pid {first.pid})" in said and "Traceback" not in said, said
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
+    third = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)  # the first gone: runs
+    try:
+        time.sleep(1.5)
+        assert third.poll() is None, third.stderr.read()
+    finally:
+        third.terminate()
+        third.wait(timeout=60)
+
+
+def test_a_peer_with_no_record_of_the_round_is_judged_by_the_agent_of_the_instance_it_is_assigned_to():
+    """peer_lost over unstarted_peers: a rank of the round with no record of it is placed where the assignment's peers
+    say; lost only when that instance's agent is, by the one stale rule (a running rank then stops, GangPeerLost)."""
+    from reconciler.runtime.agent import peer_lost, unstarted_peers
+
+    now, stale = 10_000.0, 60.0
+    reports = {"i-1": {"heartbeat_at": now - 61, "state": "Ready"}, "i-2": {"heartbeat_at": now - 5, "state": "Ready"}}
+    e = entry("g", ["x"], replica=0, world=4, peers=["i-0", "i-1", "i-2", "i-3"])
+    mine = [{"replica": 0, "instance": "i-0", "spec_hash": "h1", "epoch": 1}]
+    absent = unstarted_peers(e, mine)
+    assert [(r["replica"], r["instance"]) for r in absent] == [(1, "i-1"), (2, "i-2"), (3, "i-3")]
+    said = peer_lost(0, "i-0", mine + absent, reports.get, now, stale)
+    assert said is not None and said.startswith("replica 1's agent on i-1 is lost (no heartbeat since") and said.endswith("before it took up this round")
+    reports["i-1"]["heartbeat_at"] = now - 59  # within the limit: not lost; i-3 has no report (booting): not lost
+    assert peer_lost(0, "i-0", mine + absent, reports.get, now, stale) is None
+    assert unstarted_peers(entry("g", ["x"], replica=0, world=2), mine) == []  # an assignment from before peers: as before

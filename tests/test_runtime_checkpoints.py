@@ -9,6 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -470,3 +471,79 @@ def test_the_heartbeat_goes_on_within_one_long_file_throttled(store, tmp_path, m
     got = ck.restore(store, "ft", tmp_path / "b", log=lambda m: None, progress=lambda: beats.append("restore"))
     assert got.files == 1 and 1 + 4 <= beats.count("restore") <= 1 + 8, beats
     assert _same(tmp_path / "b" / "model.pt", src / "model.pt")
+
+
+def small_disk(monkeypatch, free: int) -> None:
+    """The local file system, as the restore sees it, has `free` bytes free (checkpoints.disk_usage, its one seam)."""
+    monkeypatch.setattr(ck, "disk_usage", lambda path: SimpleNamespace(total=10**12, used=10**12 - free, free=free))
+
+
+def beside(d: Path) -> list[str]:
+    return sorted(p.name for p in d.parent.iterdir() if p.name != d.name)
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_restore_the_disk_has_no_room_for_fails_naming_the_job_bytes_and_free_and_leaves_the_directory(store, tmp_path, monkeypatch, gang):
+    """A restore stages every file it takes before any replaces a local one. With too little free disk each download
+    failed ("cannot read: skipped", as a broken upload), every older upload was tried and fetched too, and then the
+    replica started from the older local files (one replica) or, a gang, had its local files moved aside and started
+    afresh ("no complete round"). Now it fails first, naming the job, the bytes needed and free, with nothing fetched
+    and the local directory as it was; with room it restores."""
+    now = clock()
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"rank-0": "7" * 3000}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7" * 2000}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u0", {"rank-0": "7" * 3000, "rank-1": "7" * 2000}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = write(tmp_path / "b" / "ckpt", {"rank-0": "3", "scratch": "mine"})
+    os.utime(dest / "rank-0", (1_000_000_000, 1_000_000_000))  # older than the uploads: restored over
+    small_disk(monkeypatch, 4000)
+    out, log = logs()
+    with pytest.raises(ck.NoRoomError) as err:
+        ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    said = str(err.value)
+    assert "g: " in said and "needs 5000 bytes" in said and "4000 free" in said and str(dest) in said, said
+    assert steps(dest) == {"rank-0": "3", "scratch": "mine"} and beside(dest) == [], beside(dest)  # as it was: nothing staged or aside
+    small_disk(monkeypatch, 10**9)
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.files == 2 and steps(dest)["rank-0"] == "7" * 3000, got
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_restore_never_writes_through_a_link_the_job_left_in_its_directory(store, tmp_path, gang):
+    """A job (root in its container, its checkpoint dir a host directory) leaves `sub -> /etc` in that directory; an
+    upload (of another rank, another instance) holds `sub/passwd`. The restore, run by the agent as root on the host,
+    wrote the upload's file through the link: /etc/passwd replaced. Now a link in the way of a restored file is
+    removed (never followed) and the file restored into a directory of its own."""
+    now = clock()
+    etc = write(tmp_path / "etc", {"passwd": "root:x:0:0"})
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"sub/passwd": "pwned"}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "1"}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u0", {"sub/passwd": "pwned"}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = tmp_path / "b" / "ckpt"
+    dest.mkdir(parents=True)
+    (dest / "sub").symlink_to(etc)
+    out, log = logs()
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.generations, (got, out)
+    assert (etc / "passwd").read_text() == "root:x:0:0"  # before: pwned
+    assert not (dest / "sub").is_symlink() and (dest / "sub" / "passwd").read_text() == "pwned"
+    assert any("a link" in m and "sub" in m for m in out), out
+
+
+def test_a_file_begun_before_the_upload_deadline_is_sent_whole_and_a_last_one_completes_the_upload(store, tmp_path):
+    """The deadline is checked before each file, never within one: a last file begun in time and ending after it
+    completes the upload (an instance that outlives the deadline, a move or an edit, keeps that checkpoint); a next
+    file past it is not begun, and the upload, without a manifest, leaves the previous complete generation newest."""
+    now = clock()
+    first = ck.upload(store, "ft", write(tmp_path / "a", {"a.bin": "1"}), instance="i-1", spec_hash="h", epoch=1, now=now)
+    slow = lambda: time.sleep(0.3)  # noqa: E731 (the agent's heartbeat, here slow: each file ends past the deadline)
+    late = ck.upload(store, "ft", write(tmp_path / "b", {"a.bin": "2"}), instance="i-1", spec_hash="h", epoch=2, now=now,
+                     deadline=time.monotonic() + 0.1, progress=slow)
+    assert late.complete and late.files == 1, late
+    cut = ck.upload(store, "ft", write(tmp_path / "c", {"a.bin": "3", "b.bin": "3"}), instance="i-1", spec_hash="h", epoch=3, now=now,
+                    deadline=time.monotonic() + 0.1, progress=slow)
+    assert not cut.complete and cut.files == 1 and "out of time after 1/2 file(s)" in cut.why, cut
+    assert [d["generation"] for d in ck.manifests(store, "ft")] == [late.generation, first.generation]

@@ -106,6 +106,9 @@ def test_assignments_carry_the_gang_and_a_new_epoch_only_when_the_placement_chan
     assert same["i-1"]["replicas"][0]["epoch"] == 5
     moved = build_assignments(d, {"j": ["i-1", "i-9"]}, {}, {"i-1": "aws", "i-9": "aws"}, 7, first)
     assert moved["i-9"]["replicas"][0]["epoch"] == 7 and moved["i-1"]["replicas"][0]["epoch"] == 7
+    # where each rank runs, on every rank's entry (agent.unstarted_peers); a job of one replica has no peers
+    assert moved["i-9"]["replicas"][0]["peers"] == moved["i-1"]["replicas"][0]["peers"] == ["i-1", "i-9"]
+    assert "peers" not in build_assignments(d, {"j": ["i-1"]}, {}, {"i-1": "aws"}, 8, {})["i-1"]["replicas"][0]
 
 
 def _published_hash(d, previous=None, serial=5):

@@ -570,6 +570,34 @@ def test_a_gang_whose_instance_is_reclaimed_resumes_every_rank_at_the_same_step(
     assert steps == {0: second[0], 1: second[0]}, (steps, second)
 
 
+def controlled_gang(rt: Path, grace: float):
+    """A 2-rank LOCKSTEP gang (one rank per instance) under the controller loop, which the test steps: (config, the
+    controller's log lines, steps_until(cond, what, timeout, step): the controller stepped (with `step`) until `cond`
+    holds, placed(): rank -> instance as the plan observes it)."""
+    from reconciler.runtime.controller import Controller
+
+    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": grace}
+    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
+                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(rt / "sync")}}))
+    logs: list[str] = []
+    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
+
+    def steps_until(cond, what: str, timeout: float = 90.0, step: bool = True):
+        limit = time.monotonic() + timeout
+        while time.monotonic() < limit:
+            if step:
+                ctl.step()
+            if out := cond():
+                return out
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
+
+    def placed() -> dict[int, str]:
+        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
+
+    return cfg, logs, steps_until, placed
+
+
 def test_the_controller_heals_a_gang_whose_ranks_get_spot_notices_and_both_ranks_resume_from_one_round(rt):
     """The controller loop, not a manual apply, handles a spot notice on one rank of a 2-rank gang: the rank's agent
     checkpoints on the notice and its peer stops with it (GangStopped), both at one step; the controller sees the
@@ -577,26 +605,7 @@ def test_the_controller_heals_a_gang_whose_ranks_get_spot_notices_and_both_ranks
     same for rank 0, the master (the new rank 0 has another address)."""
     import threading
 
-    from reconciler.runtime.controller import Controller
-
-    sync = rt / "sync"
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 5}
-    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
-                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}}))
-    logs: list[str] = []
-    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
-
-    def steps_until(cond, what: str, timeout: float = 90.0):
-        limit = time.monotonic() + timeout
-        while time.monotonic() < limit:
-            ctl.step()
-            if out := cond():
-                return out
-            time.sleep(0.3)
-        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
-
-    def placed() -> dict[int, str]:
-        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
+    cfg, logs, steps_until, placed = controlled_gang(rt, grace=5)
 
     def reclaimed(victim: int, past: int) -> int:
         steps_until(lambda: all((r := bus(cfg).run("gang", i)) and any(f"step {past}" in ln for ln in r["log_tail"]) for i in (0, 1)),
@@ -635,29 +644,9 @@ def test_a_gang_whose_node_is_lost_stops_its_survivor_before_the_controller_heal
     node and both ranks resume from the newest complete round, the reclaim's."""
     import threading
 
-    from reconciler.runtime.controller import Controller
-
     monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "4")
-    sync = rt / "sync"
-    ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 3}
-    cfg = config(rt / "c", job("gang", cpu=15, replicas=2, gang="zone", checkpoint=ck,
-                               run={"command": [PY, "-c", LOCKSTEP, "100000", "0.3"], "env": {"GANG_SYNC": str(sync)}}))
-    logs: list[str] = []
-    ctl = Controller(cfg, time_limit=5, poll=0.5, resync=600, log=logs.append)
+    cfg, logs, steps_until, placed = controlled_gang(rt, grace=3)
     sim = SimCloud(state_dir(cfg))
-
-    def steps_until(cond, what: str, timeout: float = 90.0, step: bool = True):
-        limit = time.monotonic() + timeout
-        while time.monotonic() < limit:
-            if step:
-                ctl.step()
-            if out := cond():
-                return out
-            time.sleep(0.2)
-        raise AssertionError(f"{what}: not within {timeout:g} s; controller said {logs}")
-
-    def placed() -> dict[int, str]:
-        return dict(enumerate(api.plan(cfg, time_limit=5).observed.placements.get("gang", [])))
 
     def past(step: int) -> bool:
         return all((r := bus(cfg).run("gang", i)) and any(f"step {step}" in ln for ln in r["log_tail"]) for i in (0, 1))

@@ -93,6 +93,33 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
+def hold_workdir(workdir: Path):
+    """This process's exclusive lock on WORKDIR/agent.lock, held while the returned file is open (flock: released when
+    the process ends, however it ends). A second agent on one instance (a manual run beside the service) adopted or
+    started every replica assigned there again, two copies on the same GPUs: it is refused, naming the first's pid."""
+    import fcntl
+
+    workdir = Path(workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        f = open(workdir / "agent.lock", "a+")  # noqa: SIM115 (held open for the agent's life: the lock)
+    except OSError as e:
+        raise ReconcileError(f"cannot lock the agent's --workdir {workdir}: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        other = f.read().strip() or "?"
+        f.close()
+        raise ReconcileError(f"another agent (pid {other}) runs with --workdir {workdir}: one agent an instance (stop it "
+                             "first, e.g. systemctl stop fleetops-agent, or give this one another --workdir)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def same_device(a: str, b: str) -> bool:
     """Whether two of the plan's device ids share hardware: GPU `G`, or MIG device `G:M` (on GPU G)."""
     return a == b or a.split(":")[0] == b.split(":")[0] and (":" not in a or ":" not in b)
@@ -155,14 +182,24 @@ def peer_stop(replica: int, peers: list[dict]) -> str | None:
     return None
 
 
+def unstarted_peers(entry: dict, peers: list[dict]) -> list[dict]:
+    """The ranks of `entry`'s round with no record of it in `peers` (its round's records), each as a record on the
+    instance the assignment places it on (`peers` of the entry: rank -> instance; an older apply wrote none: [])."""
+    have = {r.get("replica") for r in peers}
+    return [{"replica": i, "instance": inst, "unstarted": True} for i, inst in enumerate(entry.get("peers") or [])
+            if i != entry["replica"] and i not in have]
+
+
 def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str], dict | None], now: float, stale: float) -> str | None:
-    """Which peer of a gang's replica `replica` (its round's records `peers`) is lost, or None: one not finished, on
-    another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by the bus's one rule
-    (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks a reclaimed
-    instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run record just
-    before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer lists in the
-    apply that places its work anew. A peer not started yet has no record of the round: not lost either. A network blip
-    shorter than the stale limit keeps the heartbeat fresh. A killed agent or a vanished instance leaves its rank's
+    """Which peer of a gang's replica `replica` (its round's records `peers`, and `unstarted_peers`) is lost, or None:
+    one not finished, on another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by
+    the bus's one rule (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks
+    a reclaimed instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run
+    record just before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer
+    lists in the apply that places its work anew. A peer not started yet (no record of the round) is judged by the
+    agent of the instance it is assigned to: lost only if that agent is (it died before it took up the round; the
+    others waited for it, then ran alone, hung in their first collective with nothing in status saying why). A network
+    blip shorter than the stale limit keeps the heartbeat fresh. A killed agent or a vanished instance leaves its rank's
     record saying Running for ever: the other ranks hung in their next collective (or, with a collective that times
     out, trained on at a smaller world), until an apply moved the gang."""
     for r in sorted(peers, key=lambda r: r.get("replica", 0)):
@@ -174,7 +211,7 @@ def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str]
             continue
         how = f"gone: {doc['lost']}" if doc.get("lost") else "its agent stopped" if doc.get("state") == "Stopped" else \
             f"no heartbeat since {iso(float(doc.get('heartbeat_at', 0)))}"
-        return f"replica {r.get('replica')}'s agent on {inst} is lost ({how})"
+        return f"replica {r.get('replica')}'s agent on {inst} is lost ({how}){' before it took up this round' if r.get('unstarted') else ''}"
     return None
 
 
@@ -202,6 +239,7 @@ class Replica:
     predecessor: str | None = None  # the instance whose agent ran it before the plan moved it here
     waiting_since: float | None = None  # when it began waiting for that copy to stop
     gang_since: float | None = None  # when it began waiting for its gang's last round to be uploaded
+    no_room: int = 0  # restores in a row the disk had no room for (each waits twice as long as the one before)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -245,7 +283,10 @@ class Agent:
         # Checkpoints copied through the state backend (reconciler/runtime/checkpoints): FLEETOPS_CHECKPOINT_SYNC=0 off.
         self.checkpoint_sync = checkpoints.enabled() if checkpoint_sync is None else checkpoint_sync
         self.uploads: dict[str, dict] = {}  # job -> the upload due once none of its replicas here runs any more
-        self.reports: dict[str, dict | None] = {}  # gang peers' agents' reports read this tick (one read per instance)
+        # gang peers' agents' reports, each read again only once it could be stale (_lost_peer); their rounds' run
+        # records read this tick (_round_records)
+        self.reports: dict[str, dict | None] = {}
+        self.round_records: dict[tuple, list[dict]] = {}
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
@@ -280,7 +321,7 @@ class Agent:
         self._log("stopped")
 
     def tick(self) -> None:
-        self.reports = {}
+        self.round_records = {}
         if not self.adopted:
             self._adopt()
         notice = self.notice.check()
@@ -484,8 +525,7 @@ class Agent:
             if e.get("world_size", 1) <= 1 or rep.terminal or self.bus_error:
                 continue
             try:
-                peers = [r for (j, i), r in self.bus.runs(e["job"]).items() if i != e["replica"]
-                         and (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
+                peers = [r for r in self._round_records(e) if r.get("replica") != e["replica"]]
             except ReconcileError:
                 continue
             failed = [r for r in peers if r.get("terminal") and r.get("phase") == "Failed"]
@@ -612,18 +652,44 @@ class Agent:
         rep.reason, rep.message = "WaitingForPredecessor", msg
         return holder
 
+    def _round_records(self, e: dict, fresh: bool = False) -> list[dict]:
+        """The run records of `e`'s round (its spec hash and epoch), of the ranks that have one: read once a tick (the
+        gang's ranks here share them; `fresh`: read again), each by its key, runs/<job>/<rank>.json for the ranks of its
+        world size (every rank of a round has that size: no listing, which S3 bills as 12 reads and throttles per
+        prefix), and those of the ranks this agent runs from memory (what it writes this tick). ReconcileError when one
+        cannot be read."""
+        job, mine = e["job"], (e["spec_hash"], e["epoch"])
+        key = (job, *mine, e.get("world_size", 1))
+        if fresh or key not in self.round_records:
+            out = []
+            for r in range(e.get("world_size", 1)):
+                here = self.replicas.get((job, r))
+                doc = self._record(here) if here is not None and (here.entry["spec_hash"], here.entry["epoch"]) == mine \
+                    else self.bus.run(job, r)
+                if doc is not None and (doc.get("spec_hash"), doc.get("epoch")) == mine:
+                    out.append(doc)
+            self.round_records[key] = out
+        return self.round_records[key]
+
     def _lost_peer(self, rep: Replica, peers: list[dict]) -> str | None:
         """peer_lost for this replica, its peers' agents' reports read from the bus (one that cannot be read is no
-        evidence of a loss)."""
-        def report(instance: str) -> dict | None:
-            if instance not in self.reports:
-                try:
-                    self.reports[instance] = self.bus.agent(instance)
-                except ReconcileError:
-                    self.reports[instance] = None
-            return self.reports[instance]
+        evidence of a loss). A report alive by the one rule (bus.reports_alive) is not read again until it could no
+        longer be (its heartbeat as old as the stale limit): a lost agent is seen when it was, a peer's report is read
+        about once a stale limit instead of every poll. (A report marked Stopped or lost before then, the sim's reclaim,
+        is seen at that limit: its replicas' stop, when the agent stopped them, is in their run records at once.)"""
+        now, stale = now_unix(), stale_seconds()
 
-        return peer_lost(rep.entry["replica"], self.instance, peers, report, now_unix(), stale_seconds())
+        def report(instance: str) -> dict | None:
+            doc = self.reports.get(instance)
+            if doc is None or not reports_alive(doc, now, stale):
+                try:
+                    doc = self.bus.agent(instance)
+                except ReconcileError:
+                    doc = None
+                self.reports[instance] = doc
+            return doc
+
+        return peer_lost(rep.entry["replica"], self.instance, peers + unstarted_peers(rep.entry, peers), report, now, stale)
 
     def _gang_stopping(self, rep: Replica) -> tuple[str, str] | None:
         """Why this replica's gang stops, from its run records of its round: (GangStopped, peer_stop) or (GangPeerLost,
@@ -632,10 +698,9 @@ class Agent:
         if e.get("world_size", 1) <= 1:
             return None
         try:
-            runs = self.bus.runs(e["job"])
+            same = self._round_records(e, fresh=True)
         except ReconcileError:
             return None
-        same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == (e["spec_hash"], e["epoch"])]
         why = peer_stop(e["replica"], same)
         if why:
             return "GangStopped", why
@@ -723,7 +788,19 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            no_room = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if no_room is not None:
+                # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
+                # holds; tried again after the restart delays, doubling, which fetch nothing while there is no room)
+                rep.no_room += 1
+                delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.no_room - 1))
+                rep.next_start = time.monotonic() + delay
+                msg = f"{no_room} in {delay:.1f}s"
+                if rep.reason != "NoRoomForCheckpoint":
+                    self._log(f"{job}/{r}: {msg}")
+                rep.reason, rep.message = "NoRoomForCheckpoint", msg
+                return
+            rep.no_room = 0
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -824,22 +901,26 @@ class Agent:
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> None:
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> str | None:
         """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
         (of a job removed once, only one made since, or by the same job put back: `spec_hash`); a gang's, once per
-        assignment, is made the gang's newest complete round (checkpoints.restore_round)."""
+        assignment, is made the gang's newest complete round (checkpoints.restore_round). Returns why the replica must
+        not start: the disk has no room for the restore (checkpoints.NoRoomError; nothing fetched or changed)."""
         if not self.checkpoint_sync:
-            return
+            return None
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
+        except checkpoints.NoRoomError as err:
+            return str(err)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
-            return
+            return None
         if got.marker is not None:
             write_atomic(self._marker(job), json.dumps({**got.marker, "at_time": iso()}).encode())
         elif got.generations:
             self._write_marker(job, got.generations)
+        return None
 
     def _exited(self, rep: Replica, code: int) -> None:
         e = rep.entry

@@ -150,6 +150,9 @@ def build_assignments(desired: DesiredState, placements: Mapping[str, list[str]]
                 "checkpoint": s.checkpoint.model_dump(mode="json") if s.checkpoint else None,
                 "gpus": [str(x) for x in (g[r] if r < len(g) else [])],
                 "master_instance": ids[0], "master_port": master_port(desired.fleet, name, epoch, shared),
+                # (a gang's: where each rank runs, so a rank sees a peer whose agent is lost before it wrote a record of
+                # this round: agent.unstarted_peers)
+                **({"peers": list(ids)} if len(ids) > 1 else {}),
             })
     _assign_mig(out, desired, mig_hosts or {}, previous)
     return out

@@ -23,7 +23,9 @@ Gangs (a job of several replicas, its ranks on one or several instances). What i
   manifest names the ranks its instance held (`replicas`, `world_size`). A rank that exits 0 while a peer of its round
   stops (a job that reduces its stop flag over its ranks) is that stop, not Succeeded. A rank whose agent is lost (no
   heartbeat for the stale limit, its instance reported gone: agent.peer_lost) stops the others the same way
-  (GangPeerLost), once that limit has passed; the lost rank uploads nothing, so that round is never complete.
+  (GangPeerLost), once that limit has passed, or, lost before it took up the round (no record of it: judged by the
+  agent of the instance its assignment names), keeps them from starting (WaitingForGang, naming it); the lost rank
+  uploads nothing, so that round is never complete.
 - One round for every rank. Before a rank starts on a new assignment (a new epoch or spec), moved or not, its agent
   waits (a grace plus 30 s at most) until no peer's copy of the round before still runs or uploads, then makes the
   job's directory hold exactly the newest complete round: the newest round whose uploads hold every rank, each
@@ -52,9 +54,14 @@ sha256 reading it back a MiB at a time, and moves files into place only once eve
 `progress` (the agent's heartbeat) is called before each file and every few seconds within one.
 
 Limits: an upload past `max_bytes` in total is not made (logged, the previous generation stays the newest); an upload
-still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A restore
+still going at its deadline stops before its next file (a file begun is sent whole) and writes no manifest. A file is
+begun before the deadline even where the rate measured so far says it cannot end by it: a rate of small files
+underrates a large one's multipart throughput, and where the instance outlives the deadline (a move, an edit) a last
+file sent late still completes the upload, while where it does not (a reclaim) the cut upload has no manifest and the
+previous complete generation stays the newest, as skipping the file would leave it. A restore
 needs free disk, on the local directory's file system, for every file of the uploads it takes: all are staged before
-the local files of the same names are replaced.
+the local files of the same names are replaced. Without that room it fails before it fetches anything (NoRoomError,
+naming the job, the bytes needed and free), the local directory as it was; the agent does not start the replica.
 
 Only the newest KEEP generations (and the newest round) are kept; the files of an upload cut before its manifest go
 once a complete upload newer than it exists (`prune`). A job removed from the config is marked removed
@@ -91,6 +98,27 @@ ABANDONED_S = 2 * 3600.0
 DEFAULT_RETENTION_DAYS = 7.0
 
 Log = Callable[[str], None]
+# The free space of a file system (the shell's one call of it: tests give a small disk here).
+disk_usage = shutil.disk_usage
+
+
+class NoRoomError(ReconcileError):
+    """A restore the local file system has no room for: nothing fetched, the local directory as it was."""
+
+
+def _room(job: str, local_dir: Path, docs: list[dict], haves: list[dict[str, Path]] | None = None) -> None:
+    """NoRoomError unless the file system of `local_dir` has room to stage every file of the uploads `docs` (but those
+    of `haves`, on disk already): a restore stages them all before one replaces a local file. Without this check each
+    download failed as a broken upload would ("cannot read: skipped"), every older one was fetched in turn, and the
+    replica started from its older local files, or a gang's had its files moved aside and started afresh."""
+    haves = haves or [{} for _ in docs]
+    needed = sum(f["size"] for doc, have in zip(docs, haves) for f in doc["files"] if f["path"] not in have)
+    probe = next((p for p in (local_dir, *local_dir.parents) if p.exists()), local_dir.anchor or Path("/"))
+    free = disk_usage(probe).free
+    if needed > free:
+        raise NoRoomError(f"{job}: its checkpoint ({', '.join(d['generation'] for d in docs)}) needs {needed} bytes "
+                          f"({needed / 2**20:.1f} MiB) free on the file system of {local_dir} to be restored, {free} free "
+                          f"({free / 2**20:.1f} MiB): not restored, the directory left as it is (free the disk: tried again)")
 
 
 def enabled() -> bool:
@@ -417,6 +445,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
     picked: list[tuple[dict, dict[str, Path]]] = []
     try:
         for doc in docs:
+            _room(job, local_dir, [doc])
             got = fetch(store, doc, staging / str(len(picked)), log, progress)
             if got is not None:
                 picked.append((doc, got))
@@ -429,6 +458,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
             if doc is head or round_of(doc) != round_of(head) or doc.get("instance") in seen:
                 continue
             seen.add(doc.get("instance"))
+            _room(job, local_dir, [doc])
             got = fetch(store, doc, staging / str(len(picked)), log, progress)
             if got is not None:
                 picked.append((doc, got))
@@ -438,9 +468,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
             merged.update({rel: (path, sizes[rel]) for rel, path in files.items()})
         local_dir.mkdir(parents=True, exist_ok=True)
         for rel, (path, _) in merged.items():
-            target = local_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+            _place(local_dir, rel, path, log, job)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if not picked:
@@ -498,6 +526,22 @@ def _on_disk(local: dict[str, tuple[Path, int]], doc: dict) -> dict[str, Path]:
     return out
 
 
+def _place(local_dir: Path, rel: str, path: Path, log: Log, job: str) -> Path:
+    """Move the staged file `path` to `rel` under `local_dir` (its directories made), never through a link: the job
+    (root in its container) may leave `sub -> /etc` there, and the agent, root on the host, wrote a restored
+    `sub/passwd` to /etc/passwd. A link in the way is removed (it is the job's, not a file of the round), logged."""
+    target = local_dir / rel
+    d = local_dir
+    for part in rel.split("/")[:-1]:
+        d = d / part
+        if d.is_symlink():
+            d.unlink()
+            log(f"{job}: a link at {d} was in the way of the restored {rel}: removed, not followed")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)  # (a link at the file's own name is replaced, not followed)
+    return target
+
+
 def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> int:
     """Move these local files out of the job's directory into `.<dir>.fleetops-aside/` beside it (emptied first: one
     set is kept), so the job cannot resume from them; logged with where they went."""
@@ -544,12 +588,14 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
             log(f"{job}: checkpoint round {key[1]} (spec {key[0]}) lacks rank(s) {', '.join(map(str, missing))}: "
                 f"{', '.join(m['generation'] for m in members)} not restored")
             continue
+        haves = [_on_disk(local, doc) for doc in members]
+        _room(job, local_dir, members, haves)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
             got = []
-            for i, doc in enumerate(members):
-                files = fetch(store, doc, staging / str(i), log, progress, have=_on_disk(local, doc))
+            for doc, have in zip(members, haves):
+                files = fetch(store, doc, staging / str(len(got)), log, progress, have=have)
                 if files is None:
                     break
                 got.append((doc, files))
@@ -568,9 +614,7 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
             for rel, (mtime_ns, _, path, _) in merged.items():
                 if rel in keep:
                     continue
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
+                target = _place(local_dir, rel, path, log, job)
                 with contextlib.suppress(OSError):
                     os.utime(target, ns=(mtime_ns, mtime_ns))  # (the writer's time: a later restore knows it, _on_disk)
         finally:
