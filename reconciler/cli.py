@@ -195,7 +195,9 @@ def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> 
     text as an indented code block: nothing in it can close a fence)."""
     diags = [_as_typed(d, config_dir) for d in e.diagnostics] if isinstance(e, ConfigError) else []
     if fmt == "json":
-        doc = {"error": {"type": type(e).__name__, "message": redact(str(e)),
+        # The message as ConfigError words it, over the files as the diagnostics (and stderr) name them.
+        message = str(ConfigError(diags)) if isinstance(e, ConfigError) else str(e)
+        doc = {"error": {"type": type(e).__name__, "message": redact(message),
                          "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
                                           "message": redact(d.message)} for d in diags]}}
         return json.dumps(doc, indent=2) + "\n"
