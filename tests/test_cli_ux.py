@@ -392,3 +392,18 @@ def test_a_plan_and_an_apply_whose_reader_left_run_to_their_end(qs):
     assert applied.returncode == 0 and "unexpected" not in applied.stderr, applied.stderr
     after = cli("plan", qs, "--detailed-exitcode")
     assert after.exit_code == 0, after.output
+
+
+def test_every_time_limit_option_says_what_the_limit_is():
+    """The controller's --time-limit said "CP-SAT time limit per plan, in seconds" while it is the work limit every
+    other command's --time-limit describes (deterministic work, the wall clock capped at 10x + 30 s, 0: greedy only):
+    it goes to the same api.plan. Every command that takes it describes it alike."""
+    import typer.main
+
+    helps = {}
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in getattr(command, "params", []):
+            if "--time-limit" in param.opts:
+                helps[name] = param.help
+    assert {"plan", "apply", "diff", "explain", "metrics", "report", "controller"} <= set(helps), helps
+    assert len(set(helps.values())) == 1 and "work limit" in helps["controller"], helps
