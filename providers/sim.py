@@ -718,6 +718,15 @@ class SimProvider:
                         out[(p.cloud, z, t)] = o
         return list(out.values())
 
+    def _raise_quota_command(self, q: dict) -> str:
+        """The `reconcile sim quota` that raises this quota, run as printed: its DIR and every narrowing it was set with
+        (`sim quota` replaces the whole entry, so one without --market or --type counted every type and market)."""
+        narrowing = [f"--market {q['market']}"] if q.get("market") else []
+        narrowing += [f"--gpu-type {shlex.quote(q['gpu_type'])}"] if q.get("gpu_type") else []
+        narrowing += [f"--type {shlex.quote(t)}" for t in q.get("instance_types") or ()]
+        return " ".join([f"reconcile sim quota {shlex.quote(q['name'])} {shlex.quote(str(self.ctx.state_dir.parent))}",
+                         f"--cloud {q['cloud']} --region {shlex.quote(q['region'])} --unit {q['unit']}", *narrowing, "--limit <more>"])
+
     def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
         """The quotas `reconcile sim quota` set, with what the world's live instances use of them now."""
         with self.cloud.world(write=False) as w:
@@ -728,8 +737,7 @@ class SimProvider:
                 if counts:
                     out.append(Quota(cloud=q["cloud"], region=q["region"], name=q["name"], unit=q["unit"], limit=q["limit"],
                                      used=_sim_quota_used(w, q, self.catalog), counts=tuple(counts),
-                                     how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
-                                                  f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>"))
+                                     how_to_raise=self._raise_quota_command(q)))
             return out
 
     def _check_quotas(self, w: dict, request: CreateRequest) -> None:
@@ -741,8 +749,7 @@ class SimProvider:
                 raise QuotaError(f"sim: QuotaExceeded: {request.market} {request.instance_type} in {request.zone} needs "
                                  f"{units:g} {q['unit']}; {used:g} of {q['limit']:g} are used",
                                  cloud=p.cloud, quota=q["name"], region=q["region"] or "all regions",
-                                 how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
-                                              f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>")
+                                 how_to_raise=self._raise_quota_command(q))
 
     def create(self, request: CreateRequest) -> Instance:
         with self.cloud.world() as w:
