@@ -391,6 +391,7 @@ class SimCloud:
     def interrupt(self, instance_id: str, reason: str = "spot-interruption", notice_seconds: float | None = None) -> dict:
         """Reclaim an instance. If a node agent runs on it, it gets a notice first (as a spot
         instance gets its two-minute warning) and up to `notice_seconds` to checkpoint."""
+        notice_seconds = _notice_seconds(notice_seconds)  # (a bad setting is refused before any notice is written)
         with self.world(write=False) as w:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
@@ -457,9 +458,9 @@ class SimCloud:
         and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length), or it dies. Returns
         "checkpointed", "ran out" or "agent died" (an agent that died in the notice had not checkpointed: this said
         "checkpointed" of it, and `sim interrupt` gave no warning)."""
+        limit = time.monotonic() + _notice_seconds(notice_seconds)
         d = self.agent_dir(instance_id)
         (d / "notice.json").write_text(json.dumps({"reason": reason, "time": _now()}))
-        limit = time.monotonic() + (notice_seconds if notice_seconds is not None else float(os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS", "120")))
         while time.monotonic() < limit:
             if (d / "notice.done").exists():
                 return "checkpointed"
@@ -648,6 +649,23 @@ def _quota_problem(q: dict) -> str | None:
     if not isinstance(q.get("gpu_type"), (str, type(None))) or not (types is None or isinstance(types, list) and all(isinstance(t, str) for t in types)):
         return "gpu_type or instance_types is not a name (or a list of names)"
     return None
+
+
+def _notice_seconds(given: float | None) -> float:
+    """How long a reclaimed instance's agent gets to checkpoint: `given`, else FLEETOPS_SIM_NOTICE_SECONDS, else 120 (a
+    spot warning's length). A setting that is no number of seconds 0 or more is an error (float() crashed on it)."""
+    if given is not None:
+        return given
+    raw = os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS")
+    if raw is None:
+        return 120.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ProviderError(f"sim: FLEETOPS_SIM_NOTICE_SECONDS={raw!r} must be a number of seconds, 0 or more")
+    return value
 
 
 def _sim_quota_units(q: dict, catalog, cloud: str, region: str, instance_type: str, market: str) -> float:

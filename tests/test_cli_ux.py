@@ -407,3 +407,18 @@ def test_every_time_limit_option_says_what_the_limit_is():
                 helps[name] = param.help
     assert {"plan", "apply", "diff", "explain", "metrics", "report", "controller"} <= set(helps), helps
     assert len(set(helps.values())) == 1 and "work limit" in helps["controller"], helps
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan"])
+def test_a_sim_notice_setting_that_is_no_number_of_seconds_is_an_error_not_a_bug(qs, monkeypatch, value):
+    """FLEETOPS_SIM_NOTICE_SECONDS=abc made `sim interrupt` crash ("unexpected ValueError ... a bug") after it had written
+    the notice its agent acts on (where none ran, it was never read; -5 and nan were taken). It is checked first, as
+    every FLEETOPS_* setting is: exit 1 naming it, and the instance is not reclaimed."""
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    monkeypatch.setenv("FLEETOPS_SIM_NOTICE_SECONDS", value)
+    r = cli("sim", "interrupt", "sim-aws-00001", qs)
+    assert r.exit_code == 1 and f"FLEETOPS_SIM_NOTICE_SECONDS={value!r}" in r.output and "unexpected" not in r.output, r.output
+    assert {i["id"]: i["state"] for i in SimCloud(state_dir(qs)).instances()}["sim-aws-00001"] == "running"
