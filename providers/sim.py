@@ -391,6 +391,7 @@ class SimCloud:
     def interrupt(self, instance_id: str, reason: str = "spot-interruption", notice_seconds: float | None = None) -> dict:
         """Reclaim an instance. If a node agent runs on it, it gets a notice first (as a spot
         instance gets its two-minute warning) and up to `notice_seconds` to checkpoint."""
+        notice_seconds = _notice_seconds(notice_seconds)  # (a bad setting is refused before any notice is written)
         with self.world(write=False) as w:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
@@ -457,9 +458,9 @@ class SimCloud:
         and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length), or it dies. Returns
         "checkpointed", "ran out" or "agent died" (an agent that died in the notice had not checkpointed: this said
         "checkpointed" of it, and `sim interrupt` gave no warning)."""
+        limit = time.monotonic() + _notice_seconds(notice_seconds)
         d = self.agent_dir(instance_id)
         (d / "notice.json").write_text(json.dumps({"reason": reason, "time": _now()}))
-        limit = time.monotonic() + (notice_seconds if notice_seconds is not None else float(os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS", "120")))
         while time.monotonic() < limit:
             if (d / "notice.done").exists():
                 return "checkpointed"
@@ -650,6 +651,23 @@ def _quota_problem(q: dict) -> str | None:
     return None
 
 
+def _notice_seconds(given: float | None) -> float:
+    """How long a reclaimed instance's agent gets to checkpoint: `given`, else FLEETOPS_SIM_NOTICE_SECONDS, else 120 (a
+    spot warning's length). A setting that is no number of seconds 0 or more is an error (float() crashed on it)."""
+    if given is not None:
+        return given
+    raw = os.environ.get("FLEETOPS_SIM_NOTICE_SECONDS")
+    if raw is None:
+        return 120.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ProviderError(f"sim: FLEETOPS_SIM_NOTICE_SECONDS={raw!r} must be a number of seconds, 0 or more")
+    return value
+
+
 def _sim_quota_units(q: dict, catalog, cloud: str, region: str, instance_type: str, market: str) -> float:
     """Units one instance counts against a sim quota (0: it does not count)."""
     shape = catalog.shape(cloud, instance_type)
@@ -718,6 +736,15 @@ class SimProvider:
                         out[(p.cloud, z, t)] = o
         return list(out.values())
 
+    def _raise_quota_command(self, q: dict) -> str:
+        """The `reconcile sim quota` that raises this quota, run as printed: its DIR and every narrowing it was set with
+        (`sim quota` replaces the whole entry, so one without --market or --type counted every type and market)."""
+        narrowing = [f"--market {q['market']}"] if q.get("market") else []
+        narrowing += [f"--gpu-type {shlex.quote(q['gpu_type'])}"] if q.get("gpu_type") else []
+        narrowing += [f"--type {shlex.quote(t)}" for t in q.get("instance_types") or ()]
+        return " ".join([f"reconcile sim quota {shlex.quote(q['name'])} {shlex.quote(str(self.ctx.state_dir.parent))}",
+                         f"--cloud {q['cloud']} --region {shlex.quote(q['region'])} --unit {q['unit']}", *narrowing, "--limit <more>"])
+
     def quotas(self, pools: Sequence[PoolTarget]) -> list[Quota]:
         """The quotas `reconcile sim quota` set, with what the world's live instances use of them now."""
         with self.cloud.world(write=False) as w:
@@ -728,8 +755,7 @@ class SimProvider:
                 if counts:
                     out.append(Quota(cloud=q["cloud"], region=q["region"], name=q["name"], unit=q["unit"], limit=q["limit"],
                                      used=_sim_quota_used(w, q, self.catalog), counts=tuple(counts),
-                                     how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
-                                                  f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>"))
+                                     how_to_raise=self._raise_quota_command(q)))
             return out
 
     def _check_quotas(self, w: dict, request: CreateRequest) -> None:
@@ -741,8 +767,7 @@ class SimProvider:
                 raise QuotaError(f"sim: QuotaExceeded: {request.market} {request.instance_type} in {request.zone} needs "
                                  f"{units:g} {q['unit']}; {used:g} of {q['limit']:g} are used",
                                  cloud=p.cloud, quota=q["name"], region=q["region"] or "all regions",
-                                 how_to_raise=f"reconcile sim quota {shlex.quote(q['name'])} --cloud {q['cloud']} "
-                                              f"--region {shlex.quote(q['region'])} --unit {q['unit']} --limit <more>")
+                                 how_to_raise=self._raise_quota_command(q))
 
     def create(self, request: CreateRequest) -> Instance:
         with self.cloud.world() as w:

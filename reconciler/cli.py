@@ -155,9 +155,10 @@ def _grace_ok(value: float | None) -> float | None:
 MAX_TIME_LIMIT = 86400.0  # a day of solver work; the wall cap is 10x this + 30 s
 ConfigDir = typer.Argument(Path("."), help="The config directory (YAML documents).", show_default=True)
 ProviderOpt = typer.Option("sim", "--provider", envvar="FLEETOPS_PROVIDER", help="Provider for pools that name none.")
-TimeLimitOpt = typer.Option(20.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT work limit, about seconds on an idle core; counted in the "
-                            "solver's deterministic work, so a busy machine gives the same plan (0: greedy best-fit only). The wall "
-                            "clock is capped at 10x this + 30 s: past it, the plan is greedy's and says so.")
+TIME_LIMIT_HELP = ("CP-SAT work limit, about seconds on an idle core; counted in the solver's deterministic work, so a busy machine "
+                   "gives the same plan (0: greedy best-fit only). The wall clock is capped at 10x this + 30 s: past it, the plan is "
+                   "greedy's and says so.")
+TimeLimitOpt = typer.Option(20.0, "--time-limit", callback=_time_limit_ok, help=TIME_LIMIT_HELP)
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
 StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default), s3://bucket/prefix, gs://bucket/prefix or azblob://account/container/prefix.")
 GapOpt = typer.Option(0.03, "--gap", callback=_gap_ok, help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
@@ -195,7 +196,9 @@ def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> 
     text as an indented code block: nothing in it can close a fence)."""
     diags = [_as_typed(d, config_dir) for d in e.diagnostics] if isinstance(e, ConfigError) else []
     if fmt == "json":
-        doc = {"error": {"type": type(e).__name__, "message": redact(str(e)),
+        # The message as ConfigError words it, over the files as the diagnostics (and stderr) name them.
+        message = str(ConfigError(diags)) if isinstance(e, ConfigError) else str(e)
+        doc = {"error": {"type": type(e).__name__, "message": redact(message),
                          "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
                                           "message": redact(d.message)} for d in diags]}}
         return json.dumps(doc, indent=2) + "\n"
@@ -937,7 +940,7 @@ def controller(
     provider: str = ProviderOpt,
     state: Optional[str] = StateOpt,
     provider_option: Optional[list[str]] = OptionOpt,
-    time_limit: float = typer.Option(10.0, "--time-limit", callback=_time_limit_ok, help="CP-SAT time limit per plan, in seconds."),
+    time_limit: float = typer.Option(10.0, "--time-limit", callback=_time_limit_ok, help=TIME_LIMIT_HELP),  # per plan
     poll: float = typer.Option(2.0, "--poll", callback=_seconds_ok, help="Seconds between looks at the config and the bus."),
     resync: float = typer.Option(60.0, "--resync", callback=_seconds_ok, help="Plan at least this often (drift: vanished instances)."),
     pull: bool = typer.Option(False, "--pull", help="git pull --ff-only the config dir before each look; a force-push taking pulled commits back is followed."),

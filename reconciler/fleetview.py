@@ -26,7 +26,8 @@ REASON_KINDS: tuple[tuple[str, str], ...] = (
     (r"budget", "budget"),
     (r".*pools? at max_instances", "pool-max-instances"),
     (r"gang", "gang"),
-    (r"spot", "spot"),
+    (r"(tenant spot share|on-demand buffer|spot)", "spot"),  # the SpotPolicy's rules
+    (r"license", "license"),
     (r"(preempted|outranked)", "priority"),
 )
 

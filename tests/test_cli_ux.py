@@ -392,3 +392,33 @@ def test_a_plan_and_an_apply_whose_reader_left_run_to_their_end(qs):
     assert applied.returncode == 0 and "unexpected" not in applied.stderr, applied.stderr
     after = cli("plan", qs, "--detailed-exitcode")
     assert after.exit_code == 0, after.output
+
+
+def test_every_time_limit_option_says_what_the_limit_is():
+    """The controller's --time-limit said "CP-SAT time limit per plan, in seconds" while it is the work limit every
+    other command's --time-limit describes (deterministic work, the wall clock capped at 10x + 30 s, 0: greedy only):
+    it goes to the same api.plan. Every command that takes it describes it alike."""
+    import typer.main
+
+    helps = {}
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in getattr(command, "params", []):
+            if "--time-limit" in param.opts:
+                helps[name] = param.help
+    assert {"plan", "apply", "diff", "explain", "metrics", "report", "controller"} <= set(helps), helps
+    assert len(set(helps.values())) == 1 and "work limit" in helps["controller"], helps
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan"])
+def test_a_sim_notice_setting_that_is_no_number_of_seconds_is_an_error_not_a_bug(qs, monkeypatch, value):
+    """FLEETOPS_SIM_NOTICE_SECONDS=abc made `sim interrupt` crash ("unexpected ValueError ... a bug") after it had written
+    the notice its agent acts on (where none ran, it was never read; -5 and nan were taken). It is checked first, as
+    every FLEETOPS_* setting is: exit 1 naming it, and the instance is not reclaimed."""
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    monkeypatch.setenv("FLEETOPS_SIM_NOTICE_SECONDS", value)
+    r = cli("sim", "interrupt", "sim-aws-00001", qs)
+    assert r.exit_code == 1 and f"FLEETOPS_SIM_NOTICE_SECONDS={value!r}" in r.output and "unexpected" not in r.output, r.output
+    assert {i["id"]: i["state"] for i in SimCloud(state_dir(qs)).instances()}["sim-aws-00001"] == "running"

@@ -51,6 +51,31 @@ def test_a_plan_places_up_to_the_quota_and_names_it_for_the_rest(tmp_path, time_
     assert all("288 of 288 vCPUs used" in j.reason for j in again.plan.jobs if j.action == "pending")
 
 
+
+def test_the_sim_quota_raise_it_command_raises_that_quota(tmp_path, monkeypatch):
+    """The pending reason's "raise it: reconcile sim quota NAME --cloud aws --region us-east-1 --unit vCPUs --limit
+    <more>", run as printed, replaced the quota with one over every type and market (its --market and --type left out)
+    and, naming no DIR, acted on the sim of the directory it ran in. Run as printed now, it raises that quota alone."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    cfg, sim = _p4d_fleet(tmp_path)
+    res = api.plan(cfg)
+    reason = next(j.reason for j in res.plan.jobs if j.action == "pending")
+    command = shlex.split(reason.split("raise it: ", 1)[1].replace("<more>", "480"))
+    assert command[:3] == ["reconcile", "sim", "quota"], command
+    monkeypatch.chdir(tmp_path)  # not the config directory
+    out = CliRunner().invoke(app, command[1:])
+    assert out.exit_code == 0, out.output
+    with SimCloud(state_dir(cfg)).world(write=False) as w:
+        (q,) = w["faults"]["quotas"]
+    assert (q["name"], q["limit"], q["market"], q["instance_types"]) == (P_QUOTA, 480.0, "on-demand", ["p4d.24xlarge"]), q
+    again = api.plan(cfg)
+    assert len(again.plan.creates) == 4 and not [j for j in again.plan.jobs if j.action == "pending"]
+
 def test_a_raised_quota_places_the_rest(tmp_path):
     cfg, sim = _p4d_fleet(tmp_path)
     assert api.apply(cfg).report.ok

@@ -102,3 +102,18 @@ def test_explain_tells_where_and_why_through_the_cli(cfg):
     assert "placed on" in out.output and "europe-west4" in out.output and "regions europe-west4" in out.output
     bad = CliRunner().invoke(app, ["explain", str(cfg), "no-such-job"])
     assert bad.exit_code == 1 and "no job 'no-such-job'" in bad.output
+
+
+def test_readmes_big_ablation_names_the_guaranteed_work_by_the_capacity_it_holds(cfg):
+    """README's explain example: a low 4 x 8 A100 gang added for research. Its reason said that other tenants' guaranteed
+    work "holds this capacity: tp-serving", after "4 new p4d.24xlarge spot in aws-a100", while tp-serving runs on a GCP
+    a2-highgpu-8g: the holders are named by the kind of capacity they hold (A100 GPUs anywhere), and now say so."""
+    (cfg / "jobs" / "big.yaml").write_text(
+        "apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: big-ablation}\nspec:\n  tenant: research\n"
+        "  priority: low\n  replicas: 4\n  resources: {gpus: 8, gpu_type: A100, cpu: 90, memory_gib: 1000}\n")
+    res = api.plan(cfg, time_limit=10)
+    jobs, hosts = _jobs(res.plan), _hosts(res.plan, res.observed)
+    reason = jobs["big-ablation"].reason
+    assert "which holds this capacity" not in reason, reason
+    assert "borrowed room never displaces other tenants' work within their guarantees, which holds A100 GPUs: tp-serving)" in reason, reason
+    assert {hosts[r].pool for r in jobs["tp-serving"].instances} == {"gcp-a100"}  # not the aws-a100 the reason is about

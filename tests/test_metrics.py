@@ -359,6 +359,10 @@ def test_a_job_its_agents_have_not_started_counts_starting_never_running(applied
     ("spot share: 4 of 8 GPUs on spot", "spot"),
     ("cloud quota: aws us-east-1 P instances 96/96 vCPU", "cloud-quota"),
     ("pools at max_instances (cpu 1/1)", "pool-max-instances"),
+    # SpotPolicy's other rules are spot rules too, and a license has its own (all three were "other")
+    ("tenant spot share: t's placed work is 60.0% on spot, over its tenant_max_spot_fraction 0.5", "spot"),
+    ("on-demand buffer: 0 idle on-demand vCPU in the plan, 50% of 16 spot vCPU is needed", "spot"),
+    ("license matlab: tenant research holds 2/2 of its quota, by sweep-1, sweep-2; the job needs 1", "license"),
 ])
 def test_an_evicted_jobs_reason_counts_in_the_category_of_its_rule(reason, kind):
     """An evicted job's reason is its rule's, after "evicted: ": only "pools at max_instances" was matched past that

@@ -146,6 +146,21 @@ def test_a_bad_config_is_reported_on_stdout_in_the_format_asked_for(tmp_path):
     assert not state_dir(cfg).exists()
 
 
+def test_a_json_config_error_names_files_alike_in_its_message_and_its_diagnostics(tmp_path):
+    """`plan --format json` named the file as DIR/path in `diagnostics[].file` (and on stderr) but as a path inside the
+    config dir in `message` (`pools.yaml:10: ...`): one document, two names for one file. Both now name it as stderr does."""
+    import json
+
+    cfg = copy_quickstart(tmp_path)
+    (cfg / "pools.yaml").write_text((cfg / "pools.yaml").read_text().replace("max_instances: 3", "max_instances: -3"))
+    out = runner.invoke(app, ["plan", str(cfg), "--format", "json"])
+    err = json.loads(out.stdout)["error"]
+    where = f"{cfg / 'pools.yaml'}:10: Pool/aws-a100: spec.max_instances:"
+    assert out.exit_code == 1 and where in out.stderr, out.stderr
+    assert err["diagnostics"][0]["file"] == str(cfg / "pools.yaml"), err
+    assert err["message"].startswith("1 error in desired state:\n") and where in err["message"], err["message"]
+
+
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-9f8e7d",
     "AWS_SESSION_TOKEN": "planted-session-token-1a2b3c",

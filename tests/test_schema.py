@@ -181,3 +181,19 @@ def test_licenses_reservations_and_deadlines_validate_and_their_typos_do_not(val
     assert not validator.is_valid(job)
     job["spec"]["licenses"] = {"Not A Name": 1}
     assert not validator.is_valid(job)
+
+
+def test_the_readme_config_example_is_a_config_that_validates(tmp_path, validator):
+    """README's "The config repo in 30 seconds" is a whole config repo in one block: a newcomer copies it. Each of its
+    documents validates against the schema, and the block as one file passes `reconcile validate`."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## The config repo in 30 seconds", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    docs = [d for d in yaml.safe_load_all(block) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"Topology", "Tenant", "Pool", "Job", "SpotPolicy", "GuardrailPolicy", "PlacementPolicy"} <= kinds, kinds
+    for d in docs:
+        assert validator.is_valid(_as_json(d)), _errors(validator, _as_json(d))
+    (tmp_path / "fleet.yaml").write_text(block)
+    out = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert out.exit_code == 0 and out.output.startswith("ok: fleet quickstart: 1 tenants, 1 pools, 1 jobs"), out.output

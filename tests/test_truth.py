@@ -548,10 +548,10 @@ def test_a_job_waiting_after_a_reclaim_says_its_tenant_would_borrow_from_guarant
     for name in (f"b-{i:02d}" for i in range(8)):
         assert pending[name] == ("pools at max_instances (onprem 2/2) (tenant b runs 8 GPUs, its guaranteed 8, so this job "
                                  "would borrow; borrowed room never displaces other tenants' work within their "
-                                 "guarantees, which holds this capacity: a-00, a-01, a-02 and 5 more)"), pending[name]
+                                 "guarantees, which holds A100 GPUs: a-00, a-01, a-02 and 5 more)"), pending[name]
     assert pending["a-08"].endswith("(tenant a runs 8 GPUs, its guaranteed 8, so this job would borrow; borrowed room "
-                                    "never displaces other tenants' work within their guarantees, which holds this "
-                                    "capacity: b-08, b-09, b-10 and 5 more)"), pending["a-08"]
+                                    "never displaces other tenants' work within their guarantees, which holds A100 "
+                                    "GPUs: b-08, b-09, b-10 and 5 more)"), pending["a-08"]
     assert pending["c-00"] == ("pools at max_instances (onprem 2/2) (the instances that could hold it run other tenants' "
                                "work within their guarantees, which no other tenant's work displaces: a-00, a-01, a-02 "
                                "and 13 more)"), pending["c-00"]

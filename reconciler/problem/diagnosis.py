@@ -371,9 +371,17 @@ def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool
             return ""
         more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
         return (f" (tenant {d.tenant} runs {use[dim]:g} {_UNIT[dim]}, its guaranteed {g:g}, so this job would borrow; "
-                f"borrowed room never displaces other tenants' work within their guarantees, which holds this capacity: "
+                f"borrowed room never displaces other tenants' work within their guarantees, which holds {_kind_text(d)}: "
                 f"{', '.join(holders[:3])}{more})")
     return ""
+
+
+def _kind_text(d: Demand) -> str:
+    """The kind of capacity `capacity_kind` compares, in words: the holders it names may run anywhere in the fleet (they
+    were said to hold "this capacity", after the offer a reason was about, while they ran on another cloud's)."""
+    if d.mig:
+        return f"{d.gpu_type} MIG devices"
+    return f"{d.gpu_type} GPUs" if d.gpus else "CPU-only capacity"
 
 
 def _who_holds(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, kinds: set[str]) -> str:
