@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from providers.base import TAG_FLEET_UID
-from reconciler.errors import ApplyError, ConfigError, GuardrailError, SolverError, StalePlanError
+from reconciler.errors import ApplyError, ConfigError, GuardrailError, ReconcileError, SolverError, StalePlanError
 from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
@@ -275,6 +275,12 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     return MemoPlan(made, False, seconds, key if kept else None)
 
 
+def no_such_job(job: str, config_dir: str | Path, jobs) -> ReconcileError:
+    """The error for a job name the config does not have (`explain`, `logs`), naming some that it has."""
+    names = sorted(jobs)
+    return ReconcileError(f"no job {job!r} in {config_dir} (jobs: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''})")
+
+
 @few_collections
 def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_limit: float = DEFAULT_TIME_LIMIT,
             options: dict | None = None, state: str | None = None, now: datetime | None = None, gap: float | None = None):
@@ -285,7 +291,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
 
     res = plan(config_dir, provider=provider, time_limit=time_limit, options=options, state=state, now=now, gap=gap)
     if job not in res.desired.jobs:
-        raise ReconcileError(f"no job {job!r} in {config_dir} (jobs: {', '.join(sorted(res.desired.jobs)[:10])}{' ...' if len(res.desired.jobs) > 10 else ''})")
+        raise no_such_job(job, config_dir, res.desired.jobs)
     finished = getattr(res.observed.runtime, "finished", {})
     if job in finished:
         raise ReconcileError(f"job {job} {finished[job]} (its run records have this spec): it demands no capacity until its spec "

@@ -1003,8 +1003,11 @@ def logs(
     except ReconcileError as e:
         _fail(e)
     if rec is None:
-        typer.echo(f"Error: no run of {job}/{replica} has been reported yet", err=True)
-        raise typer.Exit(1)
+        try:
+            why = _no_run(config_dir, job, replica)
+        except ReconcileError as e:  # (the config does not load: that is what to fix first)
+            why = e
+        _fail(why)
     path = _sim_log(config_dir, job, replica, rec)
     earlier = _earlier_sim_logs(config_dir, job, replica, path)
     for instance, log in earlier:
@@ -1053,6 +1056,25 @@ def logs(
             typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
     if rec.get("terminal") or rec.get("phase") == "Stopped":
         typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
+
+
+def _no_run(config_dir: Path, job: str, replica: int) -> ReconcileError:
+    """Why `logs` has no run record to show: the config has no such job or replica, the job runs nothing (it reserves
+    capacity), or its agents have not reported it yet. (A misspelt job read "no run ... reported yet", as if to wait.)"""
+    from reconciler.api import no_such_job
+    from reconciler.load import load
+
+    jobs = load(config_dir).jobs
+    if job not in jobs:
+        return no_such_job(job, config_dir, jobs)
+    spec = jobs[job].spec
+    if replica >= spec.replicas:
+        last = f" to {spec.replicas - 1}" if spec.replicas > 1 else ""
+        return ReconcileError(f"job {job} has {spec.replicas} replica(s), numbered 0{last}: there is no --replica {replica}")
+    if spec.run is None:
+        return ReconcileError(f"job {job} has no `run`: it reserves capacity and runs nothing, so there is no output")
+    return ReconcileError(f"no run of {job}/{replica} has been reported yet (its agent reports it once an apply places it: "
+                          "see `reconcile status`)")
 
 
 def _still_assigned(bus, job: str, replica: int, instance: str | None, scan: dict) -> bool:

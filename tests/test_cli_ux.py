@@ -422,3 +422,16 @@ def test_a_sim_notice_setting_that_is_no_number_of_seconds_is_an_error_not_a_bug
     r = cli("sim", "interrupt", "sim-aws-00001", qs)
     assert r.exit_code == 1 and f"FLEETOPS_SIM_NOTICE_SECONDS={value!r}" in r.output and "unexpected" not in r.output, r.output
     assert {i["id"]: i["state"] for i in SimCloud(state_dir(qs)).instances()}["sim-aws-00001"] == "running"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["nosuchjob"], "no job 'nosuchjob' in"),
+    (["finetune-a", "--replica", "5"], "job finetune-a has 1 replica(s), numbered 0: there is no --replica 5"),
+    (["finetune-a"], "no run of finetune-a/0 has been reported yet"),
+])
+def test_logs_without_a_run_says_why(qs, args, says):
+    """A job or replica the config does not have read "no run of nosuchjob/0 has been reported yet", as if to wait for
+    it; it is named as the error it is (exit 1), and only a job the config has is said to be not reported yet."""
+    r = cli("logs", qs, *args)
+    assert r.exit_code == 1 and says in r.output and "unexpected" not in r.output, r.output
+    assert ("reported yet" in r.output) == (args == ["finetune-a"]), r.output
