@@ -55,6 +55,14 @@ def _plain_flags(params: list) -> list:
     return params
 
 
+def _unwrapped(text: str | None) -> str | None:
+    """A docstring's paragraphs each as one line: typer's command list (`reconcile --help`) keeps a docstring's line
+    breaks under rich markup, so a description broke mid-sentence where its source line ended."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+
+
 class _Group(TyperGroup):
     """Usage errors (`--bogus`, `--format xml`, a missing argument) exit 1 as every other error does, not click's 2:
     2 is `--detailed-exitcode`'s "changes present", and a scheduled workflow ran its heal step on a typo."""
@@ -85,6 +93,7 @@ class _Group(TyperGroup):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             _plain_flags(cmd.get_params(ctx))
+            cmd.help = _unwrapped(cmd.help)
         return cmd
 
     def get_params(self, ctx):

@@ -435,3 +435,32 @@ def test_logs_without_a_run_says_why(qs, args, says):
     r = cli("logs", qs, *args)
     assert r.exit_code == 1 and says in r.output and "unexpected" not in r.output, r.output
     assert ("reported yet" in r.output) == (args == ["finetune-a"]), r.output
+
+
+def _groups(group, path=()):
+    """(path, group) of the CLI's command groups, the root first."""
+    yield path, group
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _groups(cmd, (*path, name))
+
+
+def test_every_command_description_reads_as_whole_sentences():
+    """A docstring's line breaks were kept in `reconcile --help`'s command list (typer's rich markup), so `status`,
+    `controller` and `catalog update` broke mid-sentence ("... with the phases" / "the node agents report ..."). At a
+    width that needs no wrapping, each description is one line, whole, ending in a full stop; so is a command's own."""
+    import typer
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for path, group in _groups(root):
+        out = cli(*path, "--help", env={"COLUMNS": "400"}).output
+        for name, cmd in group.commands.items():
+            text = " ".join((cmd.help or "").split("\n\n")[0].split())
+            assert text.endswith("."), (path, name, text)
+            assert any(f" {name} " in line and text in line for line in out.splitlines()), (path, name, out)
+            if not hasattr(cmd, "commands"):
+                own = cli(*path, name, "--help", env={"COLUMNS": "400"}).output
+                assert any(text in line for line in own.splitlines()), (path, name, own)
+                seen += 1
+    assert seen >= 20
