@@ -24,10 +24,9 @@ def summary_line(plan: Plan) -> str:
     c = plan.counts()
     return (
         f"{c['create']} to create, {c['delete']} to delete; jobs: {c['place']} placed, {c['move']} moved, "
-        f"{c['evict']} evicted, {c['pending']} pending, {c['keep']} unchanged"
+        f"{c['evict']} evicted, {c['pending']} pending, {c['unchanged']} unchanged"
         + f"{f', {n} removed' if (n := c['remove']) else ''}"
-        + "".join(f", {n} {word}" for change, word in RUN_CHANGED.items()
-                  if (n := sum(r.change == change for r in plan.restarted)))  # a run added or taken out is no restart
+        + "".join(f", {n} {word}" for change, word in RUN_CHANGED.items() if (n := c[change]))  # a run added or taken out is no restart
         + "; "
         + f"${plan.cost_before:,.2f}/h -> ${plan.cost_after:,.2f}/h"
     )

@@ -182,3 +182,27 @@ def test_a_plan_that_changes_nothing_but_leaves_jobs_pending_does_not_say_the_fl
         res = cli("plan", cfg, "--detailed-exitcode", "--format", fmt, "--time-limit", 5)
         assert res.exit_code == 0, res.output
         assert "No changes. 1 job(s) stay pending (reasons below)" in res.output and "matches the desired state" not in res.output
+
+
+def test_a_job_restarted_in_place_is_not_also_counted_unchanged(tmp_path):
+    """Audit: a running job whose `run` was edited read "10 unchanged, 1 restarted" on a 10-job fleet: counted twice,
+    once as unchanged. Each job is counted once, as the summary's words say; the human, markdown and JSON plans agree."""
+    from reconciler.plan import Plan
+    from reconciler.render import summary_line
+
+    cfg = copy_quickstart(tmp_path)
+    assert cli("apply", cfg, "--auto-approve", "--time-limit", 5).exit_code == 0
+    jobs = cfg / "jobs" / "platform.yaml"
+    text = jobs.read_text()
+    run_line = '  run: {command: [python3, bin/train.py, "150"]}\n'
+    assert run_line in text
+    jobs.write_text(text.replace(run_line, run_line.replace('"150"', '"151"'), 1))
+    human = cli("plan", cfg, "--time-limit", 5).output
+    assert "9 unchanged, 1 restarted;" in human, human
+    md = cli("plan", cfg, "--format", "markdown", "--time-limit", 5).output
+    plan = Plan.from_json(cli("plan", cfg, "--format", "json", "--time-limit", 5).stdout)
+    line = summary_line(plan)
+    assert f"Plan: {line}" in " ".join(human.split()) and f"**{line}**" in md  # (the terminal's width wraps it)
+    c = plan.counts()
+    each = ("unchanged", "place", "move", "evict", "pending", "restarts", "starts", "stops")
+    assert sum(c[k] for k in each) == len(plan.jobs) and c["restarts"] == 1, c

@@ -87,7 +87,7 @@ _CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_p
 _BALLAST = {"instances": [_STR], "idle": _NUM, "unit": _STR, "cost_per_hour": _NUM, "rule": _STR, "spot_share": _NUM,
             "spot_share_without": _NUM}
 _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
-_RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
+RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
 
 
 def _check_shape(raw: dict) -> None:
@@ -110,8 +110,8 @@ def _check_shape(raw: dict) -> None:
             for f, kind in fields_.items():
                 if f in item:
                     _expect(item[f], kind, f"{name}[{n}].{f}")
-            if name == "restarted" and item.get("change", "restarts") not in _RUN_CHANGES:
-                raise TypeError(f"restarted[{n}].change: {item.get('change')!r} is not one of {', '.join(_RUN_CHANGES)}")
+            if name == "restarted" and item.get("change", "restarts") not in RUN_CHANGES:
+                raise TypeError(f"restarted[{n}].change: {item.get('change')!r} is not one of {', '.join(RUN_CHANGES)}")
             if name == "jobs" and item.get("action") not in _JOB_ACTIONS:
                 raise TypeError(f"jobs[{n}].action: {item.get('action')!r} is not one of {', '.join(_JOB_ACTIONS)}")
     for name in ("solver", "kept"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from reconciler.ledger import SpotBallast, micro
-from reconciler.plan.file import PLAN_FORMAT, encode, nest_site, read_body
+from reconciler.plan.file import PLAN_FORMAT, RUN_CHANGES, encode, nest_site, read_body
 from reconciler.site import OnSite, Site
 
 JobAction = Literal["keep", "place", "move", "evict", "pending"]
@@ -150,10 +150,19 @@ class Plan:
         return sum(map(micro, self.kept.values())) + sum(micro(c.price) for c in self.creates)
 
     def counts(self) -> dict[str, int]:
+        """Actions and jobs by what happens to them: each job's action ("keep" counts every job kept in place), and, each
+        job once, "unchanged" (kept, its run as it was), "restarts", "starts" and "stops" (kept, its run changed:
+        RestartedJob.change). (The summary said "10 unchanged, 1 restarted" of 10 jobs: the restarted one twice.)"""
         c = {a: 0 for a in ("keep", "place", "move", "evict", "pending")}
         for j in self.jobs:
             c[j.action] += 1
-        return {"create": len(self.creates), "delete": len(self.deletes), **c, "remove": len(self.removed), "restart": len(self.restarted)}
+        run = dict.fromkeys(RUN_CHANGES, 0)
+        for r in self.restarted:
+            run[r.change] += 1
+        in_place = {r.job for r in self.restarted}
+        unchanged = sum(j.action == "keep" and j.job not in in_place for j in self.jobs)
+        return {"create": len(self.creates), "delete": len(self.deletes), **c, "unchanged": unchanged, **run,
+                "remove": len(self.removed), "restart": len(self.restarted)}
 
     def to_json(self) -> str:
         """The plan file's text (file.py), encoded once: `reconcile plan` keeps it in the memo and reads it back for the
