@@ -13,29 +13,34 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from reconciler.ledger import GPU_SLICES, Ledger, mig_compute, quota_ok
+from reconciler.plan.quality import UNPACKED
 from reconciler.problem import DIMS, as_utc
+from reconciler.problem.diagnosis import OUTRANKED, OUTRANKED_IN_TENANT, RECLAIMED, STUCK_GANG
 
-# A pending reason's category (a bounded label), by how the reason text starts ("evicted: " aside). An eviction that
-# reclaims the room its tenant borrowed above its guarantee (diagnosis._reclaimed) is "guarantee", whatever rule binds.
+# A pending reason's category (a bounded label), by the rule the reason starts with ("evicted: " and the packer's
+# UNPACKED aside), or by what it says holds the capacity, whatever rule binds: room its tenant borrowed above its
+# guarantee, reclaimed (diagnosis._reclaimed), is "guarantee"; higher-priority work placed first (diagnosis._outranked)
+# is "priority". The clauses are diagnosis's own words, so the two cannot drift apart.
+AWAITING_APPLY = "placed by the next apply"
 REASON_KINDS: tuple[tuple[str, str], ...] = (
-    (r".*\(tenant .* above its guaranteed .* the room it borrowed goes back", "guarantee"),
-    (r"placed by the next apply", "awaiting-apply"),
+    (rf".*\(tenant .* above its guaranteed .*: {re.escape(RECLAIMED)} ", "guarantee"),
+    (rf".*\((?:{re.escape(OUTRANKED)}|{re.escape(OUTRANKED_IN_TENANT)}): ", "priority"),
+    (re.escape(AWAITING_APPLY), "awaiting-apply"),
     (r"cloud quota", "cloud-quota"),
     (r"quota", "quota"),
     (r"tenant budget", "tenant-budget"),
     (r"budget", "budget"),
     (r".*pools? at max_instances", "pool-max-instances"),
-    (r"gang", "gang"),
+    (re.escape(STUCK_GANG), "gang"),
     (r"(tenant spot share|on-demand buffer|spot)", "spot"),  # the SpotPolicy's rules
     (r"license", "license"),
-    (r"(preempted|outranked)", "priority"),
 )
 
 
 def reason_kind(reason: str) -> str:
-    """The category of a pending or evicted job's reason. (An evicted job's reason starts "evicted: ", and every
-    eviction but one for a pool at max_instances was counted "other": a quota, budget, spot or gang eviction too.)"""
-    text = reason.removeprefix("evicted: ")
+    """The category of a pending or evicted job's reason (REASON_KINDS). (An evicted job's reason starts "evicted: ",
+    and every eviction but one for a pool at max_instances was counted "other": a quota, budget, spot or gang eviction too.)"""
+    text = reason.removeprefix("evicted: ").removeprefix(UNPACKED + "; ")
     for pattern, kind in REASON_KINDS:
         if re.match(pattern, text):
             return kind
@@ -216,7 +221,7 @@ def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:
         if j.action in ("pending", "evict"):
             reasons[j.job] = ("pending", j.reason)
         else:
-            reasons[j.job] = ("pending", "placed by the next apply")
+            reasons[j.job] = ("pending", AWAITING_APPLY)
     placements = {j: tuple(ids) for j, ids in observed.placements.items()}
     outstanding = len(plan.creates) + len(plan.deletes)
     return _view(problem, desired, observed, plan, hosts, placements, dict(observed.gpu_indices), reasons, now, outstanding,

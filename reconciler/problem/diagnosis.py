@@ -20,6 +20,13 @@ from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, 
 from reconciler.problem.types import DIMS, Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
 from reconciler.site import Site
 
+# The clauses a reason names what holds the job's capacity by, and the gang's own reason: fleetview.REASON_KINDS
+# counts pending work by them (it matched "preempted"/"outranked", words no reason said: "priority" was never counted).
+OUTRANKED = "capacity goes to higher-priority work first"
+OUTRANKED_IN_TENANT = "its tenant's quota goes to its higher-priority work first"
+RECLAIMED = "the room it borrowed goes back to"
+STUCK_GANG = "under consolidation: WhenEmpty a running gang"
+
 # The order a user would look at the rules in, when several each block a way of placing the job.
 _RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota", "pool-max", "fleet-budget", "tenant-budget", "spot-share", "tenant-spot-share", "spot-buffer", "spot-diversity",
                "vacated")
@@ -271,7 +278,7 @@ def _stuck_reason(problem: Problem) -> str:
     broken = running_ledger(problem).broken_rules()
     why = ("; ".join(broken[k] for k in sorted(broken)) + ", so the plan gives up running work") if broken else \
         "its capacity goes to work that ranks above it in this plan (the tiers in README, How it decides)"
-    return f"under consolidation: WhenEmpty a running gang stays where it runs or stops, never moves, and it cannot stay: {why}"
+    return f"{STUCK_GANG} stays where it runs or stops, never moves, and it cannot stay: {why}"
 
 
 # Rules over capacity all tenants share: only there does higher-priority work take it first.
@@ -336,7 +343,7 @@ def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledge
         if not takers:
             return ""
         more = f" and {len(takers) - 3} more" if len(takers) > 3 else ""
-        return (f" (tenant {d.tenant} ran {ran:g} {_UNIT[dim]}, above its guaranteed {g:g}: the room it borrowed goes back to "
+        return (f" (tenant {d.tenant} ran {ran:g} {_UNIT[dim]}, above its guaranteed {g:g}: {RECLAIMED} "
                 f"other tenants' work within their guarantees: {', '.join(takers[:3])}{more})")
     return ""
 
@@ -406,7 +413,7 @@ def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False, local: bool =
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    what = "its tenant's quota goes to its higher-priority work first" if in_tenant else "capacity goes to higher-priority work first"
+    what = OUTRANKED_IN_TENANT if in_tenant else OUTRANKED
     return f" ({what}: {', '.join(names[:3])}{more})"
 
 
