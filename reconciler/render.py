@@ -343,7 +343,8 @@ def render_diff_markdown(d) -> str:
     lines = [f"### fleetops: what this change does (against `{d.base_ref}`)", ""]
     if not d.has_changes:
         return "\n".join(lines + ["No change to the fleet.", ""]) + "\n"
-    lines += [f"**{len(d.documents)} document(s) changed; {len(d.jobs)} job outcome(s) change; "
+    elsewhere = f" ({len(d.elsewhere)} job(s) not running yet placed elsewhere, below)" if d.elsewhere else ""
+    lines += [f"**{len(d.documents)} document(s) changed; {len(d.jobs)} job outcome(s) change{elsewhere}; "
               f"fleet ${d.base.cost_after:,.2f}/h -> ${d.head.cost_after:,.2f}/h ({delta:+,.2f})**", ""]
     if d.documents:  # (a section like the others: 60 rows, then a marker; the JSON lists every document)
         lines += ["```diff", *d.documents[:MARKDOWN_MAX_ROWS], "```", ""]
@@ -355,6 +356,12 @@ def render_diff_markdown(d) -> str:
     if d.jobs:
         lines += _md_table(["job", "before", "after"], [[j.job, j.base, j.head] for j in d.jobs], "see the JSON plan")
         lines.append("")
+    if d.elsewhere:  # (api.DiffResult.elsewhere: not outcomes of the change, listed apart so none reads as one)
+        lines += [f"<details><summary>Jobs not running yet that both plans start, on other instances in each "
+                  f"({len(d.elsewhere)}): where each plan would start them, no change to anything running (equal-cost "
+                  "choices may fall either way)</summary>", ""]
+        lines += _md_table(["job", "before", "after"], [[j.job, j.base, j.head] for j in d.elsewhere], "see the JSON plan")
+        lines += ["", "</details>", ""]
     for v in d.head.violations:
         lines.append(f"> :no_entry: **Guardrail:** {v}")
     return "\n".join(lines) + "\n"
@@ -383,7 +390,7 @@ def render_diff_json(d) -> str:
     from dataclasses import asdict
 
     return json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
-                       "capacity": [list(c) for c in d.capacity],
+                       "capacity": [list(c) for c in d.capacity], "placed_elsewhere": [asdict(j) for j in d.elsewhere],
                        "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2) + "\n"
 
 

@@ -347,3 +347,31 @@ def test_the_workflows_status_push_survives_a_merge_that_landed_during_the_apply
     files = git(remote, "ls-tree", "-r", "--name-only", "main").split()
     assert {"jobs/a.yaml", "jobs/b.yaml", "status/fleet.yaml"} <= set(files), files
     assert git(remote, "log", "-1", "--format=%s", "main") == "status"
+
+
+def test_a_diff_with_nothing_applied_lists_as_changes_only_what_the_change_does(tmp_path, monkeypatch):
+    """examples/ml-platform, nothing applied, and a PR adding one 1-GPU job: the diff listed 7 job outcomes at the same
+    $/h, 6 of them jobs the PR did not touch that the two plans only start elsewhere (3 in another zone of their pool, 3
+    sharing another instance): neither plan is applied, nothing runs, equal-cost choices fell either way. Only the new
+    job's outcome changes; the others are listed apart, as where each plan would start them, in markdown and JSON."""
+    import json
+
+    for k, v in {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
+                 "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.com"}.items():
+        monkeypatch.setenv(k, v)
+    r = tmp_path / "ml"
+    shutil.copytree(ROOT / "examples" / "ml-platform", r, ignore=shutil.ignore_patterns(".reconcile", "status"))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "add", ".")
+    git(r, "commit", "-q", "-m", "fleet")
+    with open(r / "jobs" / "research.yaml", "a") as f:
+        f.write("---\napiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: sweep-9}\nspec:\n  tenant: research\n"
+                "  priority: low\n  resources: {gpus: 1, gpu_type: A100, cpu: 10, memory_gib: 80}\n")
+    doc = json.loads(cli("diff", r, "--base", "main", "--format", "json", "--time-limit", 5).output)
+    assert [(j["job"], j["base"]) for j in doc["jobs"]] == [("sweep-9", "absent")], doc["jobs"]
+    for j in doc["placed_elsewhere"]:  # (each started by both plans, in the same state: only where differs)
+        assert j["base"] != j["head"] and j["base"].split(" on ")[0] == j["head"].split(" on ")[0], j
+    md = cli("diff", r, "--base", "main", "--time-limit", 5).output
+    assert "1 job outcome(s) change" in md, md
+    rows = [ln.split(" | ")[0] for ln in md.split("<details>")[0].splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert rows == ["| job", "| sweep-9"], md
