@@ -26,6 +26,7 @@ import hashlib
 import re
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar, Sequence
 
@@ -66,7 +67,8 @@ DEFAULT_PARALLELISM = 100
 # botocore's tries of one call, the first included: its standard-mode pauses before the 2nd..5th are random up to
 # 1, 2, 4, 8 s, so a throttled call gives up within 15 s; the apply says so, and the next run tries again.
 DEFAULT_MAX_ATTEMPTS = 5
-FILTER_VALUES = 200  # values asked in one DescribeInstances filter
+FILTER_VALUES = 200  # values in one Describe call's filters (FilterLimitExceeded past them)
+INSTANCE_TYPES_PER_CALL = 100  # DescribeInstanceTypes' InstanceTypes (EC2's API model: at most 100)
 _EC2_ID = re.compile(r"i-[0-9a-f]{8,17}")
 # EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
 SPOT_PRICE_MAX_AGE = timedelta(days=90)
@@ -346,29 +348,19 @@ class AwsProvider:
             types = sorted({t for p in rpools for t in p.instance_types})
             ec2 = self.ec2(region)
             offered = self._zone_offers(ec2, region, types)
-            shapes = self._shapes(ec2, types)
             spot, read_at = self._spot_prices(ec2, region, types)
             for p in rpools:
                 for z in p.zones:
                     for t in p.instance_types:
-                        if (t, z) not in offered:
+                        # The catalog's offering, shape and NVLink domain included: a type it does not price here
+                        # the solver cannot weigh.
+                        cat = self.catalog.offering("aws", region, z, t) if (t, z) in offered else None
+                        if cat is None:
                             continue
-                        cat = self.catalog.offering("aws", region, z, t)
-                        shape = shapes.get(t)
-                        if cat is None and shape is None:
-                            continue
-                        gpus, gpu_type, cpu, mem = (cat.gpus, cat.gpu_type, cat.cpu, cat.memory_gib) if cat else shape  # type: ignore[misc]
-                        od = cat.on_demand_price if cat else None
-                        if od is None:
-                            continue  # no price known: the solver cannot weigh it
-                        live = (t, z) in spot
-                        out.append(Offering(
-                            cloud="aws", region=region, zone=z, instance_type=t, gpus=gpus, gpu_type=gpu_type, cpu=cpu,
-                            memory_gib=mem, on_demand_price=od, spot_price=spot.get((t, z), cat.spot_price if cat else None),
-                            prices_as_of="" if live else cat.prices_as_of,  # od is not None: cat is not None
-                            price_source=(f"{cat.price_source} ({cat.prices_as_of}); spot: live EC2 DescribeSpotPriceHistory, "
-                                          f"read {read_at}") if live else cat.price_source,
-                        ))
+                        if (t, z) in spot:
+                            cat = replace(cat, spot_price=spot[(t, z)], prices_as_of="", price_source=(
+                                f"{cat.price_source} ({cat.prices_as_of}); spot: live EC2 DescribeSpotPriceHistory, read {read_at}"))
+                        out.append(cat)
         return out
 
     def _zone_offers(self, ec2, region: str, types: list[str]) -> set[tuple[str, str]]:
@@ -377,9 +369,11 @@ class AwsProvider:
         changes on the scale of weeks."""
         def read() -> list[list[str]]:
             out: list[list[str]] = []
-            for page in self._call("describe_instance_type_offerings", lambda: list(ec2.get_paginator("describe_instance_type_offerings").paginate(
-                    LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]))):
-                out += [[o["InstanceType"], o["Location"]] for o in page["InstanceTypeOfferings"]]
+            for n in range(0, len(types), FILTER_VALUES):
+                pager = ec2.get_paginator("describe_instance_type_offerings").paginate(
+                    LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types[n:n + FILTER_VALUES]}])
+                for page in self._call("describe_instance_type_offerings", lambda p=pager: list(p)):
+                    out += [[o["InstanceType"], o["Location"]] for o in page["InstanceTypeOfferings"]]
             return out
 
         ttl = self.options.seconds("offerings_ttl")
@@ -387,19 +381,35 @@ class AwsProvider:
         return {(t, z) for t, z in cached(self.ctx.state_dir, key, ttl, read)}
 
     def _shapes(self, ec2, types: list[str]) -> dict[str, tuple[int, str | None, float, float]]:
-        """Shapes of types the catalog may not know, from DescribeInstanceTypes."""
+        """Shapes of types the catalog does not know, from DescribeInstanceTypes, INSTANCE_TYPES_PER_CALL types a call.
+        A type EC2 does not describe fails its whole call (InvalidInstanceType): that call's types are asked again in
+        halves, so only such a type has no shape."""
+        from botocore.exceptions import ClientError
+
+        def described(chunk: list[str]) -> list[dict] | None:
+            try:
+                return [d for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=chunk)
+                        for d in page["InstanceTypes"]]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") == "InvalidInstanceType":
+                    return None
+                raise
+
         out = {}
-        try:
-            resp = self._call("describe_instance_types", ec2.describe_instance_types, InstanceTypes=types)
-        except ProviderError:
-            return out  # an unknown type in the list: the catalog still covers the known ones
-        for t in resp.get("InstanceTypes", []):
-            gpus = t.get("GpuInfo", {}).get("Gpus", [])
-            count = sum(g.get("Count", 0) for g in gpus)
-            name = gpus[0].get("Name") if gpus else None
-            if name == "A100" and gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0) >= 80_000:
-                name = "A100-80GB"
-            out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
+        asks = [types[n:n + INSTANCE_TYPES_PER_CALL] for n in range(0, len(types), INSTANCE_TYPES_PER_CALL)]
+        while asks:
+            chunk = asks.pop()
+            found = self._call("describe_instance_types", described, chunk=chunk)
+            if found is None:
+                asks += [chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]] if len(chunk) > 1 else []
+                continue
+            for t in found:
+                gpus = t.get("GpuInfo", {}).get("Gpus", [])
+                count = sum(g.get("Count", 0) for g in gpus)
+                name = gpus[0].get("Name") if gpus else None
+                if name == "A100" and gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0) >= 80_000:
+                    name = "A100-80GB"
+                out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
         return out
 
     def _spot_prices(self, ec2, region: str, types: list[str]) -> tuple[dict[tuple[str, str], float], str]:
@@ -470,7 +480,7 @@ class AwsProvider:
             Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}], PaginationConfig={"PageSize": 1000})))
         seen = [(d["InstanceType"], "spot" if d.get("InstanceLifecycle") == "spot" else "on-demand")
                 for page in pages for r in page["Reservations"] for d in r["Instances"]]
-        vcpus = self._vcpus(ec2, sorted({t for t, _ in seen}))
+        vcpus = self._vcpus(ec2, sorted({t for t, market in seen if vcpu_quota(t, market)[0] in codes}))
         used: dict[str, float] = {}
         for t, market in seen:
             code = vcpu_quota(t, market)[0]

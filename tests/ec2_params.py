@@ -11,8 +11,12 @@ the tag count).
 * Filter values: a Describe call with more than 200 of them (Filter.N.Value.M, all filters together) is refused with
   FilterLimitExceeded, "The maximum number of filter values specified on a single call is 200", as EC2 answers it
   (quoted in the wild: gjbae1212/gossm#31, convox/rack#2205). moto takes any number.
+* DescribeInstanceTypes' InstanceTypes: at most 100 (EC2's API model, RequestInstanceTypeList max 100; botocore
+  checks only a list's minimum, so the request goes out). moto takes any number. A type EC2 does not describe fails
+  the whole call (InvalidInstanceType, "The following supplied instance types do not exist: [...]"): moto does that.
 
-A request past a tag or token limit is answered 400 InvalidParameterValue (the wording is this layer's), past the filter
+A request past a tag, token or instance-type limit is answered 400 InvalidParameterValue (the wording is this
+layer's), past the filter
 limit 400 FilterLimitExceeded (EC2's wording); it reaches nothing behind it. A WSGI middleware around moto's
 application, like tests/ec2_tokens.py, so every client meets the same rules."""
 
@@ -31,12 +35,22 @@ _TAG_KEY = re.compile(r"^(?:TagSpecification\.\d+\.)?Tag\.\d+\.Key$")
 TAGGING = {"RunInstances", "CreateTags", "CreatePlacementGroup"}
 FILTER_VALUES_MAX = 200
 _FILTER_VALUE = re.compile(r"^Filter\.\d+\.Value\.\d+$")
+INSTANCE_TYPES_MAX = 100
+_INSTANCE_TYPE = re.compile(r"^InstanceType\.\d+$")
 
 
 def filter_refusal(fields: dict[str, str]) -> str | None:
     """What EC2 says of a Describe call with too many filter values."""
     if sum(1 for name in fields if _FILTER_VALUE.fullmatch(name)) > FILTER_VALUES_MAX:
         return f"The maximum number of filter values specified on a single call is {FILTER_VALUES_MAX}"
+    return None
+
+
+def instance_types_refusal(fields: dict[str, str]) -> str | None:
+    """What this layer says of a DescribeInstanceTypes naming more types than EC2 takes."""
+    n = sum(1 for name in fields if _INSTANCE_TYPE.fullmatch(name))
+    if n > INSTANCE_TYPES_MAX:
+        return f"InstanceTypes names {n} instance types; DescribeInstanceTypes takes at most {INSTANCE_TYPES_MAX}."
     return None
 
 
@@ -73,6 +87,8 @@ class ParameterRules:
         code, why = "InvalidParameterValue", refusal(fields) if action in TAGGING else None
         if why is None and action.startswith("Describe"):
             code, why = "FilterLimitExceeded", filter_refusal(fields)
+        if why is None and action == "DescribeInstanceTypes":
+            code, why = "InvalidParameterValue", instance_types_refusal(fields)
         if why is None:
             return self.app(environ, start_response)
         self.refused += 1

@@ -162,6 +162,100 @@ def test_find_asks_for_many_ids_within_ec2_s_filter_value_limit(prov, fleet, ec2
         ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": absent[:201]}])
 
 
+def _moto_types(n: int, *, quota: str | None = None, exclude: set[str] = frozenset()) -> list[str]:
+    """n instance types moto describes (small ones) that the catalog does not know, of one vCPU quota if given."""
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    from providers.aws import vcpu_quota
+
+    cat = load_catalog()
+    out = sorted(t for t, info in INSTANCE_TYPES.items() if cat.shape("aws", t) is None and t not in exclude
+                 and info["VCpuInfo"]["DefaultVCpus"] <= 4 and (quota is None or vcpu_quota(t, "on-demand")[0] == quota))
+    assert len(out) >= n
+    return out[:n]
+
+
+def _vcpus_of(instance_type: str) -> int:
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    return INSTANCE_TYPES[instance_type]["VCpuInfo"]["DefaultVCpus"]
+
+
+def test_ec2_s_limit_on_the_instance_types_of_one_describe_instance_types_is_held(ec2):
+    """EC2's API model caps DescribeInstanceTypes' InstanceTypes at 100 (botocore sends more: it checks a list's
+    minimum only); moto described any number. A type EC2 does not know fails the whole call, as moto answers too."""
+    types = _moto_types(101)
+    assert len(ec2.describe_instance_types(InstanceTypes=types[:100])["InstanceTypes"]) == 100
+    with pytest.raises(ClientError, match=r"InvalidParameterValue.*at most 100"):
+        ec2.describe_instance_types(InstanceTypes=types)
+    with pytest.raises(ClientError, match=r"InvalidInstanceType.*do not exist: \[zz9.large\]"):
+        ec2.describe_instance_types(InstanceTypes=[*types[:3], "zz9.large"])
+
+
+QUOTA_REGION = "eu-west-3"  # no other test launches here: the account's usage is this test's alone
+
+
+@pytest.fixture
+def quota_region(aws_env):
+    """A client of QUOTA_REGION; every instance launched there is terminated after."""
+    client = boto3.client("ec2", region_name=QUOTA_REGION, endpoint_url=aws_env)
+    yield client
+    ids = [i["InstanceId"] for page in client.get_paginator("describe_instances").paginate()
+           for r in page["Reservations"] for i in r["Instances"]]
+    for n in range(0, len(ids), 100):
+        client.terminate_instances(InstanceIds=ids[n:n + 100])
+
+
+def _cpu_pool(region=QUOTA_REGION):
+    return PoolTarget(name="cpu", cloud="aws", region=region, zones=(f"{region}a",), instance_types=("m6i.xlarge",),
+                      settings={"ami": AMI})
+
+
+def test_quota_usage_counts_more_instance_types_than_one_describe_instance_types_takes(prov, quota_region):
+    """The Standard vCPU quota counts every running instance of its families, whoever launched it, so the provider
+    asks DescribeInstanceTypes for the vCPUs of the types the catalog does not know. An account running 101 such types
+    in a Region was one call past EC2's 100, refused, and the plan failed with "the vCPUs of a1.large (running in this
+    account) are unknown"; asked 100 at a time, every one is counted."""
+    types = _moto_types(101, quota="L-1216C47A")
+    for t in types:
+        quota_region.run_instances(ImageId=AMI, InstanceType=t, MinCount=1, MaxCount=1)
+    calls = []
+    prov.ec2(QUOTA_REGION).meta.events.register("before-call.ec2.DescribeInstanceTypes", lambda **kw: calls.append(1))
+    (std,) = [q for q in prov.quotas([_cpu_pool()]) if q.name.endswith("(L-1216C47A)")]
+    assert std.used == sum(_vcpus_of(t) for t in types)
+    assert len(calls) == 2
+
+
+def test_a_running_type_ec2_does_not_describe_loses_only_its_own_vcpus(prov, quota_region):
+    """DescribeInstanceTypes fails as a whole for a type it does not describe (InvalidInstanceType). One such type
+    among those the account runs cost every shape of the call: the plan failed naming a type EC2 knows ("the vCPUs of
+    a1.large ... are unknown"). The refused type is isolated: the error names it, and a type of a quota no pool
+    counts against is not asked about at all."""
+    known = _moto_types(3, quota="L-1216C47A")
+    for t in [*known, "zz9.large"]:  # (moto launches a type it does not describe; "zz" is of the Standard quota)
+        quota_region.run_instances(ImageId=AMI, InstanceType=t, MinCount=1, MaxCount=1)
+    with pytest.raises(ProviderError, match=r"the vCPUs of zz9\.large \(running in this account\) are unknown"):
+        prov.quotas([_cpu_pool()])
+    gone = [i["InstanceId"] for r in quota_region.describe_instances(Filters=[{"Name": "instance-type", "Values": ["zz9.large"]}])[
+        "Reservations"] for i in r["Instances"]]
+    quota_region.terminate_instances(InstanceIds=gone)
+    quota_region.run_instances(ImageId=AMI, InstanceType="p9.large", MinCount=1, MaxCount=1)  # P: not the pool's quota
+    (std,) = [q for q in prov.quotas([_cpu_pool()]) if q.name.endswith("(L-1216C47A)")]
+    assert std.used == sum(_vcpus_of(t) for t in known)
+
+
+def test_offerings_of_more_instance_types_than_one_filter_takes(prov):
+    """What each zone offers is read with an instance-type filter of the Region's types: past EC2's 200 filter values
+    a call is refused (FilterLimitExceeded) and the plan failed. A pinned catalog may add types (reconcile catalog
+    update prices what it lists), so a Region's pools can list more than 200; they are asked 200 at a time."""
+    calls = []
+    prov.ec2("us-east-1").meta.events.register("before-call.ec2.DescribeInstanceTypeOfferings", lambda **kw: calls.append(1))
+    types = (*_moto_types(200), "g5.xlarge")  # the catalog's type in the second call
+    offs = {(o.zone, o.instance_type) for o in prov.offerings([replace(target(), instance_types=types)])}
+    assert offs == {("us-east-1a", "g5.xlarge"), ("us-east-1b", "g5.xlarge")}
+    assert len(calls) == 2
+
+
 def test_capacity_errors_become_capacity_errors(prov, fleet):
     def no_capacity(**kwargs):
         raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
@@ -689,3 +783,20 @@ def test_a_mig_layout_is_tagged_at_launch_read_back_and_a_changed_one_replaces_t
                        lambda layout, profile: cloud_mig_config(cfg, "a100", "p4d.24xlarge", "A100", layout, profile, like="a10g",
                                                                         fleet=fleet),
                        ["3g.20gb", "3g.20gb"], ["2g.10gb", "2g.10gb", "2g.10gb"], ("3g.20gb", "2g.10gb"), raw, lambda v: v)
+
+
+def test_an_nvlink_job_is_placed_on_an_aws_type_whose_gpus_share_one_nvlink_domain(aws_env, tmp_path):
+    """A p4d.24xlarge's eight A100s share one NVSwitch domain (the catalog's nvlink_domain 8), and GCP's and Azure's
+    offerings say so. The AWS provider built its offerings anew from the catalog's fields and left nvlink_domain at
+    its default of 1: an 8-GPU tensor-parallel job (resources.nvlink) found no AWS type for it and stayed pending."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    p = pool("p4d", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=2)
+    p["spec"]["aws"] = {"ami": AMI}
+    tp = job("tp-train", gpus=8, gpu_type="A100", cpu=90, mem=1000)
+    tp["spec"]["resources"]["nvlink"] = True
+    cfg = write_config(tmp_path / "cfg", [topology(name=f"nvl-{uuid.uuid4().hex[:6]}", clouds={"aws": {"us-east-1": ["us-east-1a"]}}),
+                                          tenant("t"), p, tp])
+    res = api.plan(cfg, provider="aws", options={"endpoint_url": aws_env})
+    assert [(c.instance_type, c.zone) for c in res.plan.creates] == [("p4d.24xlarge", "us-east-1a")], \
+        [j.reason for j in res.plan.jobs if j.action == "pending"]
