@@ -380,10 +380,10 @@ class AwsProvider:
         key = f"aws-offers-{region}-" + hashlib.sha256("\n".join(types).encode()).hexdigest()[:16]
         return {(t, z) for t, z in cached(self.ctx.state_dir, key, ttl, read)}
 
-    def _shapes(self, ec2, types: list[str]) -> dict[str, tuple[int, str | None, float, float]]:
-        """Shapes of types the catalog does not know, from DescribeInstanceTypes, INSTANCE_TYPES_PER_CALL types a call.
-        A type EC2 does not describe fails its whole call (InvalidInstanceType): that call's types are asked again in
-        halves, so only such a type has no shape."""
+    def _described_vcpus(self, ec2, types: list[str]) -> dict[str, float]:
+        """Default vCPUs of types from DescribeInstanceTypes, INSTANCE_TYPES_PER_CALL types a call. A type EC2 does not
+        describe fails its whole call (InvalidInstanceType): that call's types are asked again in halves, so only such
+        a type is left out."""
         from botocore.exceptions import ClientError
 
         def described(chunk: list[str]) -> list[dict] | None:
@@ -395,7 +395,7 @@ class AwsProvider:
                     return None
                 raise
 
-        out = {}
+        out: dict[str, float] = {}
         asks = [types[n:n + INSTANCE_TYPES_PER_CALL] for n in range(0, len(types), INSTANCE_TYPES_PER_CALL)]
         while asks:
             chunk = asks.pop()
@@ -403,13 +403,7 @@ class AwsProvider:
             if found is None:
                 asks += [chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]] if len(chunk) > 1 else []
                 continue
-            for t in found:
-                gpus = t.get("GpuInfo", {}).get("Gpus", [])
-                count = sum(g.get("Count", 0) for g in gpus)
-                name = gpus[0].get("Name") if gpus else None
-                if name == "A100" and gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0) >= 80_000:
-                    name = "A100-80GB"
-                out[t["InstanceType"]] = (count, name, float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024)
+            out.update({d["InstanceType"]: float(d["VCpuInfo"]["DefaultVCpus"]) for d in found})
         return out
 
     def _spot_prices(self, ec2, region: str, types: list[str]) -> tuple[dict[tuple[str, str], float], str]:
@@ -471,7 +465,7 @@ class AwsProvider:
         out = {t: s.cpu for t in types if (s := self.catalog.shape("aws", t)) is not None}
         missing = [t for t in types if t not in out]
         if missing:
-            out.update({t: shape[2] for t, shape in self._shapes(ec2, missing).items()})
+            out.update(self._described_vcpus(ec2, missing))
         return out
 
     def _vcpu_usage(self, ec2, codes: set[str]) -> dict[str, float]:

@@ -16,9 +16,8 @@ the tag count).
   the whole call (InvalidInstanceType, "The following supplied instance types do not exist: [...]"): moto does that.
 
 A request past a tag, token or instance-type limit is answered 400 InvalidParameterValue (the wording is this
-layer's), past the filter
-limit 400 FilterLimitExceeded (EC2's wording); it reaches nothing behind it. A WSGI middleware around moto's
-application, like tests/ec2_tokens.py, so every client meets the same rules."""
+layer's), past the filter limit 400 FilterLimitExceeded (EC2's wording); it reaches nothing behind it. A WSGI
+middleware around moto's application, like tests/ec2_tokens.py, so every client meets the same rules."""
 
 from __future__ import annotations
 
