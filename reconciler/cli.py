@@ -689,7 +689,7 @@ def catalog_update(
     in DIR then use). Starts from the catalog DIR pins, else the shipped one; every price names its source and date."""
     import json
 
-    from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, shipped_catalog_text
+    from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, read_catalog_file, shipped_catalog_text
     from providers.pricesources import update_catalog
     from reconciler.atomicfile import write_atomic
 
@@ -707,7 +707,7 @@ def catalog_update(
         pinned = catalog_for(config_dir)
         pin_catalog(pinned)
         catalog = load_catalog()
-        raw = json.loads(pinned.read_text() if pinned else shipped_catalog_text())
+        raw = json.loads(read_catalog_file(pinned) if pinned else shipped_catalog_text())
         new, lines = update_catalog(raw, catalog, cloud, regions)
         write_atomic(target, (json.dumps(new, indent=1) + "\n").encode())
     except ReconcileError as e:

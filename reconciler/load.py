@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
+from providers.files import NotRegularFile, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import seal, sealed
@@ -482,23 +483,16 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
-    """The bytes of a regular file of at most MAX_FILE_BYTES, or None and a diagnostic. Opened
-    non-blocking and checked on the open file, so a fifo or a device is refused, never waited on."""
+    """The bytes of a regular file of at most MAX_FILE_BYTES, or None and a diagnostic (a fifo or a device is
+    refused, never waited on: providers.files.read_regular)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        raw = read_regular(path, MAX_FILE_BYTES)
+    except NotRegularFile:
+        diags.append(Diagnostic(rel, 1, "", "", "<file>", "not a regular file (a fifo, socket or device): remove it or rename it off .yaml"))
+        return None
     except OSError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            diags.append(Diagnostic(rel, 1, "", "", "<file>", "not a regular file (a fifo, socket or device): remove it or rename it off .yaml"))
-            return None
-        try:
-            raw = f.read(MAX_FILE_BYTES + 1)
-        except OSError as e:
-            diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
-            return None
     if len(raw) > MAX_FILE_BYTES:
         diags.append(Diagnostic(rel, 1, "", "", "<file>", f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB: refusing to parse it"))
         return None

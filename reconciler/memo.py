@@ -188,11 +188,11 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
 
 def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now: datetime, options: dict) -> str:
     """SHA-256 over every input of the plan (the module docstring lists them). Raises Unkeyable."""
-    from providers.catalog import catalog_for, shipped_catalog_text
+    from providers.catalog import catalog_for, read_catalog_file, shipped_catalog_text
     from reconciler.runtime.publish import planning_reads
 
     pinned = catalog_for(config_dir)
-    catalog = pinned.read_bytes() if pinned is not None else shipped_catalog_text().encode()
+    catalog = read_catalog_file(pinned) if pinned is not None else shipped_catalog_text().encode()
     body = (
         ("program", program_digest()),
         ("catalog", hashlib.sha256(catalog).hexdigest()),

@@ -312,6 +312,15 @@ def _lost_state_and_fleet_yaml(text: str):
     return lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").write_text(text))
 
 
+def _fleet_yaml_linked_out(cfg: Path) -> None:
+    """The state lost, and status/fleet.yaml a link to a copy of itself outside the config directory."""
+    outside = cfg.parent / "outside-fleet.yaml"
+    outside.write_bytes((cfg / "status/fleet.yaml").read_bytes())
+    _state(cfg).unlink()
+    (cfg / "status/fleet.yaml").unlink()
+    (cfg / "status/fleet.yaml").symlink_to(outside)
+
+
 def _edit_sim(edit):
     """A corruption that edits the sim's snapshot (cloud.json: the first instance created) in place (`edit(world)`)."""
     def corrupt(cfg: Path) -> None:
@@ -395,6 +404,13 @@ CORRUPT = [
     ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
      "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    # A fifo at its name hung plan and apply for ever (it was read as a file); a time without a zone was an "unexpected
+    # TypeError" (compared with the clock's aware time), a bug paragraph naming no file (audit).
+    ("state a fifo", lambda c: (_state(c).unlink(), os.mkfifo(_state(c))), "plan",
+     [_STATE + "not a regular file (a fifo, socket or device)", "move it aside"]),
+    ("state time without a zone", lambda c: _state(c).write_text(
+        '{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "2099-01-01T00:00:00"}]}'),
+     "plan", [_STATE + "short: until '2099-01-01T00:00:00' is not a time with a zone"]),
     ("sim snapshot truncated", lambda c: (c / ".reconcile/sim/cloud.json").write_text((c / ".reconcile/sim/cloud.json").read_text()[:100]), "apply",
      ["sim/cloud.json: the simulated cloud's record is corrupt: not valid JSON", "delete"]),
     ("sim snapshot wrong type", lambda c: (c / ".reconcile/sim/cloud.json").write_text('{"instances": [], "keys": {}, "next_id": 1, "faults": {}}'),
@@ -443,6 +459,13 @@ CORRUPT = [
      [_FLEET_YAML + "metadata.uid is ['a'], not a string"]),
     ("status/fleet.yaml a list, state lost", _lost_state_and_fleet_yaml("[1]\n"), "apply",
      [_FLEET_YAML + "it is not a status document (a YAML list, not a mapping)"]),
+    # ... and it is read as status/ is, never through a link nor from a fifo: a fifo hung plan for ever, and a link to
+    # /dev/zero (a pull request can commit one) read until the machine ran out of memory (audit).
+    ("status/fleet.yaml a fifo, state lost", lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").unlink(),
+                                                        os.mkfifo(c / "status/fleet.yaml")), "plan",
+     ["status/fleet.yaml is not a regular file", "Remove or move it away"]),
+    ("status/fleet.yaml a link out, state lost", _fleet_yaml_linked_out, "plan",
+     ["status/fleet.yaml is a symlink (to ", "Remove or move it away"]),
     ("assignment wrong type", lambda c: _edit_assignment(c, published_at="x"), "apply",
      ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
     ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
@@ -671,6 +694,14 @@ def test_garbled_s3_state_and_lock_objects(s3_state, applied_once, tmp_path):
     res = cli("unlock", lock_id, "--state", url, env=env)
     assert res.returncode == 0, res.stderr
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleet/lock.json")
+
+    # An expiry without a zone (another tool's, a hand edit) is UTC's: compared with the clock as it was, it was an
+    # "unexpected TypeError", a bug paragraph naming no lock and no way out (audit).
+    s3.put_object(Bucket=bucket, Key="fleet/lock.json", Body=json.dumps(
+        {"id": "abc123def456", "host": "ci-7", "pid": 42, "since": "2026-01-01T00:00:00", "expires": "2999-01-01T00:00:00"}).encode())
+    assert_clean_error(cli("apply", cfg, "--auto-approve", "--state", url, env=env),
+                       f"another apply holds the lock {url}/lock.json: abc123def456", "reconcile unlock abc123def456")
+    s3.delete_object(Bucket=bucket, Key="fleet/lock.json")
     assert _live(cfg) == before
 
 
