@@ -460,11 +460,11 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     real = path.resolve(strict=True)
                 except (OSError, RuntimeError) as e:
                     problem = "a symlink loop" if "loop" in str(e).lower() else "a dangling symlink"
-                    refuse(rel, f"{problem} ({os.readlink(path)}): fix or remove it")
+                    refuse(rel, f"{problem} ({_shown(os.readlink(path), 4096)}): fix or remove it")
                     continue
                 if not real.is_relative_to(real_root):
                     if is_yaml or real.is_dir():
-                        refuse(rel, f"symlink points outside the config directory ({real})")
+                        refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
