@@ -38,7 +38,7 @@ def recorded(config_dir: Path, state: State) -> tuple[str, str]:
     fleet's ("belong to another fleet of that name", advising a rename or --adopt-fleet)."""
     if state.fleet_uid:
         return state.fleet_name, state.fleet_uid
-    from reconciler.status import StatusFiles
+    from reconciler.statusfiles import StatusFiles
 
     path = Path(config_dir) / "status" / "fleet.yaml"
     with StatusFiles(config_dir) as files:  # as all of status/: never through a link (to /dev/zero), never a fifo

@@ -312,6 +312,14 @@ def _lost_state_and_fleet_yaml(text: str):
     return lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").write_text(text))
 
 
+def _status_with(text: str):
+    """finetune-a's status file with `text` before what apply wrote."""
+    def corrupt(cfg: Path) -> None:
+        path = cfg / "status/jobs/finetune-a.yaml"
+        path.write_text(text + path.read_text())
+    return corrupt
+
+
 def _fleet_yaml_linked_out(cfg: Path) -> None:
     """The state lost, and status/fleet.yaml a link to a copy of itself outside the config directory."""
     outside = cfg.parent / "outside-fleet.yaml"
@@ -438,6 +446,15 @@ CORRUPT = [
      ["cannot read this status file: not valid YAML (line 2)", "run apply again"]),
     ("status file wrong shape", lambda c: (c / "status/fleet.yaml").write_text("status: {instances: many}\n"), "status",
      ["fleet.yaml: cannot read this status file: metadata.name is missing"]),
+    # A YAML alias (apply writes none; a pull request can commit status/): nine levels of nine made `status --format json`
+    # expand 43M values until killed, and one that names itself was an "unexpected ValueError: Circular reference" (audit).
+    ("status file an alias bomb", _status_with("x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)) + "spec: {extra: *a8}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias", "run apply again"]),
+    ("status file an alias of itself", _status_with("spec: {extra: &r [*r]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
+    ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
      ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
     ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),
