@@ -829,6 +829,16 @@ def test_an_image_docker_would_read_as_its_own_option_is_refused(tmp_path, run, 
     assert any(fragment in e for e in errs), errs
 
 
+def test_a_nul_in_a_command_or_its_environment_is_refused(tmp_path):
+    """Audit: `command: [train, "a\\0b"]` or an env value with a NUL validated and applied, and the node agent died
+    starting it ("unexpected ValueError: embedded null byte"): no process's arguments or environment can hold one, and
+    every other job on that instance was left Starting for ever."""
+    j = job("j", run={"command": ["python3", "a\0b"], "env": {"OK": "fine", "X": "\0"}})
+    errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), j]))
+    nul = "Value error, holds a NUL character (\\0), which no process's arguments or environment can hold"
+    assert [e.split(": ", 2)[2] for e in errs] == [f"spec.run.command.1: {nul}", f"spec.run.env.X: {nul}"], errs
+
+
 @pytest.mark.parametrize("directory,fragment", [
     ("/x/../../../../../../etc", "must not contain `..`"),
     ("ckpt", "must be an absolute path"),
