@@ -77,6 +77,8 @@ class _Group(TyperGroup):
             raise typer.Exit(130)
         except (typer.Exit, typer.Abort, _ClickException):
             raise
+        except ReconcileError as e:  # typed and actionable, though no command caught it (`sim ls`): not a bug
+            _fail(e)
         except Exception as e:  # the last resort: one paragraph, never a bare traceback
             typer.echo(last_resort_message(e, ctx.meta.get(DEBUG_META, False) or _debug_env()), err=True)
             raise typer.Exit(1)
