@@ -17,7 +17,8 @@ API_VERSION = "fleetops.io/v1alpha1"
 #: Named priority classes and the weight each contributes to the objective.
 PRIORITY_CLASSES: dict[str, int] = {"low": 1, "normal": 10, "high": 100, "critical": 1000}
 
-Name = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63)]
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
 NonNeg = Annotated[float, Field(ge=0, le=1e9)]
 
 

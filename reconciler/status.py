@@ -6,6 +6,7 @@ status commits stay quiet when nothing happened."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +15,11 @@ import yaml
 from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
-from reconciler.errors import ReconcileError
+from reconciler.errors import ReconcileError, shown
 from reconciler.fleetview import COUNTED, count_phase
 from providers.redact import redact
 from reconciler.ledger import license_charge, replica_charge, reservation_cost
-from reconciler.model import API_VERSION, DesiredState
+from reconciler.model import API_VERSION, NAME_PATTERN, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
 from reconciler.statusfiles import _LOADER, StatusFiles, has_alias
@@ -318,8 +319,10 @@ def read_status(config_dir: Path) -> dict:
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)
                 problem = f"not valid YAML{f' (line {mark.line + 1})' if mark else ''}"
+            if kind != "fleet" and not re.fullmatch(NAME_PATTERN, name):  # (it is shown: a newline in it forged a line)
+                problem = f"its name is no {kind[:-1]}'s (apply writes status/{kind}/NAME.yaml, NAME a {kind[:-1]}'s)"
             if problem:
-                raise ReconcileError(f"{path}: cannot read this status file: {problem}. status/ is written by "
+                raise ReconcileError(f"{shown(str(path), 4096)}: cannot read this status file: {problem}. status/ is written by "
                                      "`reconcile apply`: delete the file (or restore it from git) and run apply again to rewrite it.")
             if kind == "fleet":
                 out["fleet"] = doc

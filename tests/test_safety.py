@@ -453,6 +453,9 @@ CORRUPT = [
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias", "run apply again"]),
     ("status file an alias of itself", _status_with("spec: {extra: &r [*r]}\n"), "status",
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
+    # A name apply never gives a status file: one with a newline printed a line of its own in `reconcile status` (audit).
+    ("status file of no job's name", lambda c: shutil.copy(c / "status/jobs/finetune-a.yaml", c / "status/jobs/x\nfleet ok.yaml"),
+     "status", ["status/jobs/x\\nfleet ok.yaml: cannot read this status file: its name is no job's (apply writes", "run apply again"]),
     ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
