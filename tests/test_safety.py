@@ -421,6 +421,8 @@ CORRUPT = [
      "plan", [_STATE + "short: until '2099-01-01T00:00:00' is not a time with a zone"]),
     ("sim snapshot truncated", lambda c: (c / ".reconcile/sim/cloud.json").write_text((c / ".reconcile/sim/cloud.json").read_text()[:100]), "apply",
      ["sim/cloud.json: the simulated cloud's record is corrupt: not valid JSON", "delete"]),
+    ("sim snapshot a fifo", lambda c: ((c / ".reconcile/sim/cloud.json").unlink(), os.mkfifo(c / ".reconcile/sim/cloud.json")),
+     "plan", ["sim/cloud.json: cannot read the simulated cloud's record: not a regular file (a fifo, socket or device)"]),
     ("sim snapshot wrong type", lambda c: (c / ".reconcile/sim/cloud.json").write_text('{"instances": [], "keys": {}, "next_id": 1, "faults": {}}'),
      "plan", ["sim/cloud.json: the simulated cloud's record is corrupt: it is not a snapshot"]),
     ("sim journal garbled", _journal_with_garbled_middle, "apply", ["sim/cloud.journal: the simulated cloud's record is corrupt: entry 2"]),
