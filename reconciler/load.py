@@ -23,7 +23,7 @@ from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
 from providers.files import NotRegularFile, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
-from reconciler.localkey import seal, sealed
+from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
 from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
@@ -783,7 +783,7 @@ class _ParseCache:
 
     def get(self, key: str, rel: str) -> list[_Parsed] | None:
         try:
-            head, _, text = (self.dir / f"{key}.json").read_bytes().partition(b"\n")
+            head, _, text = read_cache(self.dir / f"{key}.json").partition(b"\n")
             entry = json.loads(head)
             if set(entry) != {"key", "seal"} or entry["key"] != key or not sealed(key.encode() + b"\n" + text, entry["seal"]):
                 return None  # torn, edited, or not written by this machine (reconciler/localkey.py)

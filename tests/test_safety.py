@@ -244,6 +244,24 @@ def test_a_cache_file_that_cannot_be_replaced_leaves_no_temporary_file(tmp_path,
     assert not [str(p.relative_to(cfg)) for p in (cfg / ".reconcile").rglob("*.tmp")]
 
 
+@pytest.mark.parametrize("where", ["plan-memo.json", "desired.pickle", "parse"])
+def test_a_fifo_at_a_cache_files_name_is_a_miss_not_a_hang(tmp_path, where):
+    """Audit: each cache under .reconcile/cache/ was read with read_bytes, so a fifo at an entry's name (a checkout's
+    .reconcile/ can come with a pull request) hung every plan for ever. An entry that is no regular file is a miss."""
+    cfg = copy_quickstart(tmp_path)
+    assert cli("plan", cfg, "--time-limit", "0").returncode == 0
+    cache = cfg / ".reconcile" / "cache"
+    blocked = list((cache / "parse").glob("*.json")) if where == "parse" else [cache / where]
+    assert blocked
+    for path in blocked:
+        path.unlink()
+        os.mkfifo(path)
+    if where == "parse":
+        (cache / "desired.pickle").unlink()  # else the load snapshot answers and no file is parsed
+    res = cli("plan", cfg, "--time-limit", "0", timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
 def test_links_the_jobs_make_on_the_simulated_disks_are_theirs(tmp_path):
     """What a job writes on its (simulated) instance's disk is its own: a venv's `bin/python` link in its working
     directory, a `latest` link among its checkpoints. Refused, they would have stopped every plan of the fleet."""
