@@ -18,6 +18,7 @@ from pathlib import Path
 
 from providers.base import Offering
 from providers.errors import ReconcileError
+from providers.files import read_regular
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
 
@@ -230,10 +231,9 @@ def _load(path: str | None, mtime_ns: int) -> Catalog:
     if path is None:
         return parse_catalog(json.loads(shipped_catalog_text()), "the shipped catalog (providers/data/catalog.json)")
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise CatalogError(f"{path}: cannot read the pinned price catalog: {getattr(e, 'strerror', None) or e}. "
-                           "Rewrite it with `reconcile catalog update` or delete it to use the shipped catalog.") from None
+        raw = json.loads(read_catalog_file(path))
+    except ValueError as e:
+        raise _unreadable(path, str(e)) from None
     pinned = parse_catalog(raw, path)
     _check_known_shapes(pinned, _load(None, 0), path)
     return pinned
@@ -271,14 +271,39 @@ def load_catalog() -> Catalog:
 
 
 def catalog_bytes() -> bytes:
-    """What load_catalog parses: the pinned file's bytes, or the shipped catalog's. Raises OSError."""
-    return shipped_catalog_text().encode() if _pinned is None else _pinned.read_bytes()
+    """What load_catalog parses: the pinned file's bytes, or the shipped catalog's. Raises CatalogError."""
+    return shipped_catalog_text().encode() if _pinned is None else read_catalog_file(_pinned)
+
+
+MAX_CATALOG_BYTES = 64 << 20  # the shipped one is 43 KB; every type of the three clouds in every region is a few MB
+
+
+def read_catalog_file(path: str | Path) -> bytes:
+    """A pinned catalog's bytes, read as the config's YAML is (providers.files: a fifo at its name hung validate and
+    plan, a link to /dev/zero read until memory ran out); CatalogError naming the file if it cannot be read whole."""
+    try:
+        raw = read_regular(path, MAX_CATALOG_BYTES)
+    except OSError as e:
+        raise _unreadable(path, e.strerror or str(e)) from None
+    if len(raw) > MAX_CATALOG_BYTES:
+        raise _unreadable(path, f"larger than {MAX_CATALOG_BYTES >> 20} MiB")
+    return raw
+
+
+def _unreadable(path: str | Path, problem: str) -> CatalogError:
+    return CatalogError(f"{path}: cannot read the pinned price catalog: {problem}. Rewrite it with `reconcile catalog "
+                        "update` or delete it to use the shipped catalog.")
 
 
 def catalog_for(config_dir: Path) -> Path | None:
-    """The catalog file a config directory pins, if it has one."""
+    """The catalog file a config directory pins, if it has one. A link out of the directory is refused, as a YAML file's
+    is (providers.files): a pull request could point it anywhere on the runner."""
     p = Path(config_dir) / CATALOG_FILE
-    return p if p.exists() else None
+    if not p.exists():
+        return None
+    if p.is_symlink() and not p.resolve().is_relative_to(Path(config_dir).resolve()):
+        raise _unreadable(p, f"it is a symlink out of the config directory ({p.resolve()}); make it a file of the config")
+    return p
 
 
 def mig_layout_error(model: GpuModel | None, layout: list[str]) -> str | None:

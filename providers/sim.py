@@ -25,6 +25,7 @@ from typing import Callable, ClassVar, Collection, Iterator, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
+from providers.files import read_regular
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
@@ -147,6 +148,7 @@ class _Tracked(dict):
 
 _TRACKED = ("instances", "keys")
 _CACHE: dict[Path, tuple[tuple, int, dict]] = {}  # snapshot path -> (its stat, journal bytes read, world)
+MAX_SNAPSHOT_BYTES = 1 << 30  # a bound on what is read: 10k instances are a few MB
 COMPACT_BYTES = 4 << 20  # the journal is folded into the snapshot once it is this big (and bigger than the snapshot)
 
 
@@ -312,7 +314,9 @@ class SimCloud:
 
     def _read_snapshot(self) -> dict:
         with self._io(self.path, "read"):
-            raw = self.path.read_bytes()
+            raw = read_regular(self.path, MAX_SNAPSHOT_BYTES)  # (a fifo at its name hung every command)
+        if len(raw) > MAX_SNAPSHOT_BYTES:
+            raise self._corrupt(self.path, f"it is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB, which no sim writes")
         try:
             data = json.loads(raw)
         except ValueError as e:

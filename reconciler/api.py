@@ -409,7 +409,7 @@ def _write_metrics(status_dir: Path, problem: Problem, desired: DesiredState, ob
     status: its plan time and queue waits change every run). Returns that view (the controller serves it)."""
     from reconciler.fleetview import applied_view
     from reconciler.metrics import exposition
-    from reconciler.status import METRICS_FILE, StatusFiles
+    from reconciler.statusfiles import METRICS_FILE, StatusFiles
 
     view = applied_view(problem, desired, observed, the_plan, report, utcnow(), runtime)
     # As every status file: never through a link (the repo's status/ is a pull request's to change), checked

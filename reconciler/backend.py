@@ -24,7 +24,7 @@ import stat
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
@@ -361,10 +361,12 @@ class LeasedLock:
 
 
 def _when(text) -> datetime | None:
+    """A lock's time; one without a zone is UTC's, as a config's is (compared with the clock, it was a TypeError)."""
     try:
-        return datetime.fromisoformat(text)
+        t = datetime.fromisoformat(text)
     except (TypeError, ValueError):
         return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 class ObjectStoreBackend:

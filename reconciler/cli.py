@@ -85,6 +85,8 @@ class _Group(TyperGroup):
             raise typer.Exit(130)
         except (typer.Exit, typer.Abort, _ClickException):
             raise
+        except ReconcileError as e:  # typed and actionable, though no command caught it (`sim ls`): not a bug
+            _fail(e)
         except Exception as e:  # the last resort: one paragraph, never a bare traceback
             typer.echo(last_resort_message(e, ctx.meta.get(DEBUG_META, False) or _debug_env()), err=True)
             raise typer.Exit(1)
@@ -701,7 +703,7 @@ def catalog_update(
     in DIR then use). Starts from the catalog DIR pins, else the shipped one; every price names its source and date."""
     import json
 
-    from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, shipped_catalog_text
+    from providers.catalog import CATALOG_FILE, catalog_for, load_catalog, pin_catalog, read_catalog_file, shipped_catalog_text
     from providers.pricesources import update_catalog
     from reconciler.atomicfile import write_atomic
 
@@ -719,7 +721,7 @@ def catalog_update(
         pinned = catalog_for(config_dir)
         pin_catalog(pinned)
         catalog = load_catalog()
-        raw = json.loads(pinned.read_text() if pinned else shipped_catalog_text())
+        raw = json.loads(read_catalog_file(pinned) if pinned else shipped_catalog_text())
         new, lines = update_catalog(raw, catalog, cloud, regions)
         write_atomic(target, (json.dumps(new, indent=1) + "\n").encode())
     except ReconcileError as e:

@@ -28,7 +28,7 @@ class Diagnostic:
     def __str__(self) -> str:
         """file:line: Kind/name: field: message, leaving out what a problem has none of (a YAML syntax error has
         no kind and no field: `jobs.yaml:4: invalid YAML: ...`, not `jobs.yaml:4: -: <yaml>: ...`)."""
-        parts = [f"{self.file}:{self.line}"]
+        parts = [f"{shown(self.file, 4096)}:{self.line}"]  # (a file's name is input too: a newline in it forged a line)
         if self.kind:
             parts.append(f"{shown(self.kind)}/{shown(self.name)}")
         if self.field and not self.field.startswith("<"):

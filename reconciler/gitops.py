@@ -129,11 +129,21 @@ def export_config(config_dir: Path, ref: str, dest: Path) -> Path:
         git(root, "rev-parse", "--verify", "-q", spec)
     except GitError:
         raise GitError(f"{rel or '.'} does not exist at {ref}") from None
-    listing = git(root, "ls-tree", "-r", "-z", "--name-only", ref, "--", rel if rel != "." else ".")
-    for name in filter(None, listing.split("\0")):
+    listing = git(root, "ls-tree", "-r", "-z", ref, "--", rel if rel != "." else ".")
+    for entry in filter(None, listing.split("\0")):
+        meta, name = entry.split("\t", 1)
+        mode, kind, obj = meta.split(" ")
         inner = Path(name).relative_to(rel) if rel != "." else Path(name)
         out = dest / inner
         out.parent.mkdir(parents=True, exist_ok=True)
-        data = subprocess.run(["git", "-C", str(root), "show", f"{ref}:{name}"], capture_output=True, check=True).stdout
-        out.write_bytes(data)
+        # As a checkout has it: a submodule (a gitlink) an empty directory, a link a link (load judges where it leads),
+        # each file its blob. (`git show REF:PATH` of a gitlink failed: an "unexpected CalledProcessError", a bug.)
+        if kind == "commit":
+            out.mkdir(exist_ok=True)
+            continue
+        data = subprocess.run(["git", "-C", str(root), "cat-file", "blob", obj], capture_output=True, check=True).stdout
+        if mode == "120000":
+            out.symlink_to(os.fsdecode(data))
+        else:
+            out.write_bytes(data)
     return dest

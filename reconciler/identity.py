@@ -38,13 +38,13 @@ def recorded(config_dir: Path, state: State) -> tuple[str, str]:
     fleet's ("belong to another fleet of that name", advising a rename or --adopt-fleet)."""
     if state.fleet_uid:
         return state.fleet_name, state.fleet_uid
+    from reconciler.statusfiles import StatusFiles
+
     path = Path(config_dir) / "status" / "fleet.yaml"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    with StatusFiles(config_dir) as files:  # as all of status/: never through a link (to /dev/zero), never a fifo
+        text = files.read(path)
+    if text is None:
         return "", ""
-    except (OSError, UnicodeDecodeError) as e:
-        raise _unreadable(path, getattr(e, "strerror", None) or str(e)) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -20,9 +20,10 @@ import yaml
 from pydantic import ValidationError
 
 from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
+from providers.files import NotRegularFile, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
-from reconciler.localkey import seal, sealed
+from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
 from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
@@ -459,11 +460,11 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     real = path.resolve(strict=True)
                 except (OSError, RuntimeError) as e:
                     problem = "a symlink loop" if "loop" in str(e).lower() else "a dangling symlink"
-                    refuse(rel, f"{problem} ({os.readlink(path)}): fix or remove it")
+                    refuse(rel, f"{problem} ({_shown(os.readlink(path), 4096)}): fix or remove it")
                     continue
                 if not real.is_relative_to(real_root):
                     if is_yaml or real.is_dir():
-                        refuse(rel, f"symlink points outside the config directory ({real})")
+                        refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
@@ -482,23 +483,16 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
-    """The bytes of a regular file of at most MAX_FILE_BYTES, or None and a diagnostic. Opened
-    non-blocking and checked on the open file, so a fifo or a device is refused, never waited on."""
+    """The bytes of a regular file of at most MAX_FILE_BYTES, or None and a diagnostic (a fifo or a device is
+    refused, never waited on: providers.files.read_regular)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        raw = read_regular(path, MAX_FILE_BYTES)
+    except NotRegularFile:
+        diags.append(Diagnostic(rel, 1, "", "", "<file>", "not a regular file (a fifo, socket or device): remove it or rename it off .yaml"))
+        return None
     except OSError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            diags.append(Diagnostic(rel, 1, "", "", "<file>", "not a regular file (a fifo, socket or device): remove it or rename it off .yaml"))
-            return None
-        try:
-            raw = f.read(MAX_FILE_BYTES + 1)
-        except OSError as e:
-            diags.append(Diagnostic(rel, 1, "", "", "<file>", f"cannot read: {e.strerror}"))
-            return None
     if len(raw) > MAX_FILE_BYTES:
         diags.append(Diagnostic(rel, 1, "", "", "<file>", f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB: refusing to parse it"))
         return None
@@ -789,7 +783,7 @@ class _ParseCache:
 
     def get(self, key: str, rel: str) -> list[_Parsed] | None:
         try:
-            head, _, text = (self.dir / f"{key}.json").read_bytes().partition(b"\n")
+            head, _, text = read_cache(self.dir / f"{key}.json").partition(b"\n")
             entry = json.loads(head)
             if set(entry) != {"key", "seal"} or entry["key"] != key or not sealed(key.encode() + b"\n" + text, entry["seal"]):
                 return None  # torn, edited, or not written by this machine (reconciler/localkey.py)

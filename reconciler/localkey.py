@@ -10,13 +10,26 @@ run, and plans as without a cache. No key can be made (a read-only home): nothin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
 import secrets
 from pathlib import Path
 
+from providers.files import read_regular
+
 _cached: tuple[Path, bytes] | None = None  # (where it was read, the key): read once a process
+MAX_CACHE_BYTES = 1 << 30  # a bound on what a cache entry read takes: a 10k-job plan's memo is tens of MB
+
+
+def read_cache(path: Path) -> bytes:
+    """A cache entry's bytes, read as providers.files reads (a fifo at its name hung every plan); OSError when it is no
+    regular file or larger than MAX_CACHE_BYTES, which each cache reads as a miss."""
+    raw = read_regular(path, MAX_CACHE_BYTES)
+    if len(raw) > MAX_CACHE_BYTES:
+        raise OSError(errno.EFBIG, "larger than a cache entry", str(path))
+    return raw
 
 
 def key_path() -> Path:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.atomicfile import write_atomic
 from reconciler.deadlines import conditions, ranks, start_by
-from reconciler.localkey import seal, sealed
+from reconciler.localkey import read_cache, seal, sealed
 from reconciler.model import DesiredState
 
 if TYPE_CHECKING:
@@ -188,11 +188,11 @@ def clock_inputs(desired: DesiredState, observed: "Observed", now: datetime) -> 
 
 def memo_key(config_dir: Path, desired: DesiredState, observed: "Observed", now: datetime, options: dict) -> str:
     """SHA-256 over every input of the plan (the module docstring lists them). Raises Unkeyable."""
-    from providers.catalog import catalog_for, shipped_catalog_text
+    from providers.catalog import catalog_for, read_catalog_file, shipped_catalog_text
     from reconciler.runtime.publish import planning_reads
 
     pinned = catalog_for(config_dir)
-    catalog = pinned.read_bytes() if pinned is not None else shipped_catalog_text().encode()
+    catalog = read_catalog_file(pinned) if pinned is not None else shipped_catalog_text().encode()
     body = (
         ("program", program_digest()),
         ("catalog", hashlib.sha256(catalog).hexdigest()),
@@ -235,7 +235,7 @@ def read(config_dir: Path, key: str, desired: DesiredState, observed: "Observed"
     """The memo's plan, if the memo holds a sound entry for exactly this key, made against this desired state and
     fleet (its digests, kept beside it under the seal)."""
     try:
-        head, _, text = (Path(config_dir) / MEMO_FILE).read_bytes().partition(b"\n")
+        head, _, text = read_cache(Path(config_dir) / MEMO_FILE).partition(b"\n")
         entry = json.loads(head)
         tag = entry.pop("seal")
         if set(entry) != {"key", "seconds", *_PLAN_OF} or entry["key"] != key \
@@ -281,7 +281,7 @@ def read_render(config_dir: Path, key: str, variant: str) -> str | None:
     """How the memo's plan was printed last in `variant` (format, colour, --out path), if that was for this key.
     Rendering a 5,000-job plan with rich takes 0.2 s of CPU; the text is a function of the plan and those alone."""
     try:
-        entry = json.loads((Path(config_dir) / RENDER_FILE).read_bytes())
+        entry = json.loads(read_cache(Path(config_dir) / RENDER_FILE))
         text = entry["text"]
         if set(entry) != {"key", "variant", "text", "seal"} or (entry["key"], entry["variant"]) != (key, variant) \
                 or not sealed(_render_body(key, variant, text), entry["seal"]):

@@ -142,7 +142,7 @@ def write_textfile(path: Path, view: FleetView) -> None:
     """`reconcile metrics --out PATH`: atomically (write, then rename), so the textfile collector never reads half a
     file, through reconciler.atomicfile (nothing planted in that directory is written through; the temporary file is
     removed when a step fails). (status/metrics.prom,
-    inside the config repo, goes through reconciler.status.StatusFiles instead, as every status file does.)"""
+    inside the config repo, goes through reconciler.statusfiles.StatusFiles instead, as every status file does.)"""
     path = Path(path)
     text = exposition(view).encode()
     if path.is_dir():

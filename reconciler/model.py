@@ -17,7 +17,8 @@ API_VERSION = "fleetops.io/v1alpha1"
 #: Named priority classes and the weight each contributes to the objective.
 PRIORITY_CLASSES: dict[str, int] = {"low": 1, "normal": 10, "high": 100, "critical": 1000}
 
-Name = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63)]
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
 NonNeg = Annotated[float, Field(ge=0, le=1e9)]
 
 
@@ -230,12 +231,22 @@ def _checkpoint_dir(v: object) -> object:
     return v
 
 
+def _no_nul(v: str) -> str:
+    """exec takes C strings: a NUL in an argument or an environment value killed the node agent starting it."""
+    if "\0" in v:
+        raise ValueError("holds a NUL character (\\0), which no process's arguments or environment can hold")
+    return v
+
+
+ExecText = Annotated[str, AfterValidator(_no_nul)]
+
+
 class RunSpec(Strict):
     """What a replica runs: a container image on the clouds, `command` as a local process on the sim."""
 
     image: ImageRef | None = None
-    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    command: Annotated[list[Annotated[ExecText, Field(min_length=1)]], Field(min_length=1)]
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ExecText] = {}
 
 
 class RestartSpec(Strict):

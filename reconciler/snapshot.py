@@ -22,7 +22,7 @@ import pickle
 from pathlib import Path
 
 from reconciler.atomicfile import write_atomic
-from reconciler.localkey import seal, sealed
+from reconciler.localkey import read_cache, seal, sealed
 from reconciler.model import DesiredState
 
 SNAPSHOT_FILE = Path(".reconcile") / "cache" / "desired.pickle"
@@ -63,7 +63,7 @@ class _Unpickler(pickle.Unpickler):
 def read(root: Path, want: str) -> DesiredState | None:
     """The kept DesiredState, if the snapshot is this machine's, whole, and for exactly `want` (a key)."""
     try:
-        head, _, data = (Path(root) / SNAPSHOT_FILE).read_bytes().partition(b"\n")
+        head, _, data = read_cache(Path(root) / SNAPSHOT_FILE).partition(b"\n")
         got, tag = head.decode("ascii").split(" ")
         if got != want or not sealed(want.encode() + b"\n" + data, tag):
             return None  # another config's, torn, edited, or not written by this machine

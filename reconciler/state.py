@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from providers.files import read_regular
 from providers.placements import SERIAL_MAX
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import LockError, ReconcileError
@@ -71,6 +72,7 @@ def state_dir(config_dir: Path) -> Path:
 # The state document's format: written in every state, refused when above this (a newer fleetops wrote fields this one
 # would drop on its next save, or read otherwise). Raise it with a change a reader of this format would misread.
 STATE_FORMAT = 1
+MAX_STATE_BYTES = 1 << 30  # far above any fleet's (a 10k-job state is a few MB): a bound on what is read, not a format rule
 _STATE_FIELDS = frozenset({"format", "serial", "placements", "gpus", "shapes", "since", "aged", "short", "fleet", "regions", "lost"})
 
 
@@ -267,9 +269,11 @@ def _state_problem(raw) -> str | None:
         return "short is not a list of {cloud, zone, instance_type, market, until}"
     for s in short:
         try:
-            datetime.fromisoformat(s["until"])
+            until = datetime.fromisoformat(s["until"])
         except ValueError:
             return f"short: until {s['until']!r} is not a time"
+        if until.tzinfo is None:  # (apply writes UTC's offset; compared with the clock, a naive time was a TypeError)
+            return f"short: until {s['until']!r} is not a time with a zone (apply writes {utcnow().isoformat()!r})"
     return _shapes_problem(raw.get("shapes", {})) or _identity_problem(raw) or _regions_problem(raw.get("regions", []))
 
 
@@ -296,11 +300,13 @@ def state_from_json(text: str | bytes, where: str = "state") -> State:
 def load_state(config_dir: Path) -> State:
     path = state_dir(config_dir) / "state.json"
     try:
-        text = path.read_bytes()
+        text = read_regular(path, MAX_STATE_BYTES)  # (a fifo at its name hung plan and apply)
     except FileNotFoundError:
         return State(source=str(path))
     except OSError as e:
         raise StateFileError(str(path), e.strerror or str(e)) from None
+    if len(text) > MAX_STATE_BYTES:
+        raise StateFileError(str(path), f"it is larger than {MAX_STATE_BYTES >> 20} MiB, which no apply writes")
     return state_from_json(text, str(path))
 
 

@@ -6,8 +6,7 @@ status commits stay quiet when nothing happened."""
 
 from __future__ import annotations
 
-import os
-import stat
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,13 +15,14 @@ import yaml
 from providers.base import TAG_RESERVATION, Instance
 from providers.catalog import load_catalog
 from reconciler.apply import ApplyReport
-from reconciler.errors import ReconcileError
+from reconciler.errors import ReconcileError, shown
 from reconciler.fleetview import COUNTED, count_phase
 from providers.redact import redact
 from reconciler.ledger import license_charge, replica_charge, reservation_cost
-from reconciler.model import API_VERSION, DesiredState
+from reconciler.model import API_VERSION, NAME_PATTERN, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
+from reconciler.statusfiles import _LOADER, StatusFiles, has_alias
 
 
 @dataclass(frozen=True)
@@ -31,149 +31,6 @@ class Condition:
     status: bool
     reason: str
     message: str
-
-
-METRICS_FILE = "metrics.prom"  # status/metrics.prom: the apply's metrics for node_exporter (reconciler/metrics.py)
-_TEMP_IN_THE_WAY = "is in the way of the temporary file apply writes there (it is not a file apply can remove)"
-
-
-class StatusFiles:
-    """status/ in the config dir, each path component opened relative to its parent's descriptor
-    with O_NOFOLLOW: a symlink anywhere under status/ (status/ itself, status/jobs, a job's file)
-    is refused, never followed, so status is never read, written or deleted outside the config dir.
-    (Before: status/jobs/X.yaml linked to a file outside the repo was overwritten by apply.)"""
-
-    def __init__(self, config_dir: Path):
-        self.config_dir = Path(config_dir)
-        self._dirs: dict[tuple[str, ...], int] = {}
-
-    def __enter__(self) -> "StatusFiles":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
-        self._dirs.clear()
-
-    def _refuse(self, parts: tuple[str, ...], e: OSError | None, what: str = "") -> ReconcileError:
-        rel = "/".join(parts)
-        where = self.config_dir / rel
-        if os.path.islink(where):
-            what = f"is a symlink (to {os.readlink(where)}); status is never written through a link, which could lead out of the config directory"
-        elif not what:
-            what = "is not a directory" if e is not None and e.errno == 20 else f"cannot be used: {e.strerror if e else 'unknown'}"
-        return ReconcileError(f"{where}: {rel} {what}. Remove or move it away: status/ holds only what "
-                              "`reconcile apply` writes, and the next apply writes it again.")
-
-    def _dir(self, parts: tuple[str, ...], create: bool) -> int | None:
-        if parts in self._dirs:
-            return self._dirs[parts]
-        if not parts:
-            fd = os.open(self.config_dir, os.O_RDONLY | os.O_DIRECTORY)
-        else:
-            parent = self._dir(parts[:-1], create)
-            if parent is None:
-                return None
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-            try:
-                try:
-                    fd = os.open(parts[-1], flags, dir_fd=parent)
-                except FileNotFoundError:
-                    if not create:
-                        return None
-                    os.mkdir(parts[-1], 0o755, dir_fd=parent)
-                    fd = os.open(parts[-1], flags, dir_fd=parent)
-            except OSError as e:
-                raise self._refuse(parts, e) from None
-        self._dirs[parts] = fd
-        return fd
-
-    def _parts(self, path: Path) -> tuple[str, ...]:
-        return path.relative_to(self.config_dir).parts
-
-    def read(self, path: Path) -> str | None:
-        """The text of a status file, None if it does not exist."""
-        parts = self._parts(path)
-        d = self._dir(parts[:-1], create=False)
-        if d is None:
-            return None
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise self._refuse(parts, e) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise self._refuse(parts, None, "is not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-
-    def write(self, path: Path, text: str) -> None:
-        """Replace a status file (atomically) unless it already says `text`: written to `.NAME.tmp`, created anew
-        (O_EXCL|O_NOFOLLOW: a link planted at that name is removed, never written through), then renamed over NAME
-        (which replaces a link there, never follows it). The temporary file is removed when any step fails."""
-        parts = self._parts(path)
-        if self.read(path) == text:
-            return
-        d = self._dir(parts[:-1], create=True)
-        tmp = f".{parts[-1]}.tmp"
-        tmp_parts = (*parts[:-1], tmp)
-        try:
-            os.unlink(tmp, dir_fd=d)  # a leftover of a killed run, or a link: the entry itself, never its target
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise self._refuse(tmp_parts, e, _TEMP_IN_THE_WAY) from None
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=d)
-        except OSError as e:
-            raise self._refuse(tmp_parts, e) from None
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, parts[-1], src_dir_fd=d, dst_dir_fd=d)
-        except OSError as e:
-            try:
-                os.unlink(tmp, dir_fd=d)
-            except OSError:
-                pass
-            raise self._refuse(parts, e) from None
-
-    def names(self, directory: Path) -> list[str]:
-        """The *.yaml entries of a status directory (none if it does not exist)."""
-        d = self._dir(self._parts(directory), create=False)
-        return sorted(n for n in os.listdir(d) if n.endswith(".yaml") and not n.startswith(".")) if d is not None else []
-
-    def remove(self, path: Path) -> None:
-        parts = self._parts(path)
-        d = self._dir(parts[:-1], create=False)
-        if d is not None:
-            os.unlink(parts[-1], dir_fd=d)  # a link itself, never what it points to
-
-    def check(self) -> None:
-        """Refuse, before an apply changes anything, a status/ that could not be written safely: a link, directory
-        or other non-file at a name apply writes (status/, jobs/, pools/, *.yaml, fleet.yaml, metrics.prom), or a
-        directory where it puts a temporary file (`.NAME.tmp`)."""
-        for sub in ((), ("jobs",), ("pools",)):
-            directory = self.config_dir / "status" / Path(*sub)
-            for name in self.names(directory) + (["fleet.yaml", METRICS_FILE] if not sub else []):
-                self.read(directory / name)
-            d = self._dir(("status", *sub), create=False)
-            for name in os.listdir(d) if d is not None else ():
-                if name.startswith(".") and name.endswith(".tmp"):
-                    st = os.stat(name, dir_fd=d, follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        raise self._refuse(("status", *sub, name), None, _TEMP_IN_THE_WAY)
-
-    def document(self, path: Path) -> dict:
-        """A status file's YAML as a mapping; {} if it is absent, not YAML or not a mapping
-        (write_status then writes it whole again)."""
-        try:
-            doc = yaml.load(self.read(path) or "", Loader=_LOADER)
-        except yaml.YAMLError:
-            return {}
-        return doc if isinstance(doc, dict) else {}
 
 
 def dated_condition(new: tuple[str, bool, str, str], prev, now: str, since: dict | None = None) -> dict:
@@ -199,10 +56,12 @@ def _conditions(files: StatusFiles, path: Path, new: list[Condition], now: str, 
 
 
 # libyaml's emitter where PyYAML has it: the pure-Python one took 40 s of a 5k-job apply's 248 s (one file per job).
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-# libyaml's parser where PyYAML has it: status of a 2,000-job fleet read its 2,045 files in 7 s of CPU with the pure
-# Python one (apply reads them too, to keep each condition's lastTransitionTime)
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    def ignore_aliases(self, data) -> bool:
+        return True  # a value written twice is written twice: a status file holds no alias (has_alias)
+
+
+_DUMPER = _Dumper
 
 
 def _write(files: StatusFiles, path: Path, doc: dict) -> None:
@@ -416,6 +275,8 @@ def _reservation_status(desired: DesiredState, instances: list[Instance]) -> dic
 
 def _status_problem(kind: str, doc) -> str | None:
     """What `reconcile status` needs from a status file and this one lacks, if anything."""
+    if has_alias(doc):
+        return "it holds a YAML alias (a value named twice: &anchor ... *anchor), which apply never writes"
     body = doc.get("status") if isinstance(doc, dict) else None
     if not isinstance(body, dict):
         return "it is not a status document (no status mapping)"
@@ -458,8 +319,10 @@ def read_status(config_dir: Path) -> dict:
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)
                 problem = f"not valid YAML{f' (line {mark.line + 1})' if mark else ''}"
+            if kind != "fleet" and not re.fullmatch(NAME_PATTERN, name):  # (it is shown: a newline in it forged a line)
+                problem = f"its name is no {kind[:-1]}'s (apply writes status/{kind}/NAME.yaml, NAME a {kind[:-1]}'s)"
             if problem:
-                raise ReconcileError(f"{path}: cannot read this status file: {problem}. status/ is written by "
+                raise ReconcileError(f"{shown(str(path), 4096)}: cannot read this status file: {problem}. status/ is written by "
                                      "`reconcile apply`: delete the file (or restore it from git) and run apply again to rewrite it.")
             if kind == "fleet":
                 out["fleet"] = doc

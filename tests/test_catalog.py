@@ -323,6 +323,26 @@ def test_a_garbled_pinned_catalog_is_an_error_naming_the_file(tmp_path):
     assert f"{qs / 'catalog.json'}: cannot read the pinned price catalog" in res.stderr and "reconcile catalog update" in res.stderr
 
 
+@pytest.mark.parametrize("case", ["fifo", "link out"])
+def test_a_pinned_catalog_that_is_no_file_of_the_config_is_an_error_naming_it(tmp_path, case):
+    """Audit: a fifo at catalog.json hung validate and plan for ever, a link (a pull request can commit one) was read
+    wherever it led (to /dev/zero: until the machine ran out of memory).
+    Each is refused as the config's YAML is, naming the file, before anything is planned."""
+    qs = copy_quickstart(tmp_path / "repo")
+    pinned = qs / "catalog.json"
+    if case == "fifo":
+        os.mkfifo(pinned)
+        says = "not a regular file (a fifo, socket or device)"
+    else:
+        (tmp_path / "prices.json").write_text(shipped_catalog_text())
+        pinned.symlink_to(tmp_path / "prices.json")
+        says = f"a symlink out of the config directory ({tmp_path / 'prices.json'})"
+    for args in (("validate", qs), ("plan", qs, "--time-limit", "0")):
+        res = cli(*args, timeout=60)
+        assert res.returncode == 1 and "Traceback" not in res.stderr and "unexpected" not in res.stderr, res.stderr
+        assert f"{pinned}" in res.stderr and says in res.stderr, res.stderr
+
+
 def test_a_region_the_shipped_catalog_does_not_price_is_priced_by_catalog_update(prices, tmp_path):
     """A westeurope pool is refused (the shipped catalog has no public westeurope price), and the refusal's advice is
     true: `catalog update --region azure/westeurope` prices the region from the Retail Prices API and the same config

@@ -296,8 +296,13 @@ def test_an_agent_setting_out_of_range_is_an_error_not_a_bug(qs, monkeypatch, en
 
 def test_plain_user_errors_are_not_called_bugs(qs, tmp_path):
     """A missing --out directory, --out a directory, a missing DIR, DIR a file: each says what is wrong, exit 1 (before:
-    "unexpected FileNotFoundError ... This is a bug", or "config directory does not exist" for a file)."""
-    for args, says in [(["plan", qs, "--out", tmp_path / "nowhere" / "plan.json"], f"directory {tmp_path / 'nowhere'} does not exist"),
+    "unexpected FileNotFoundError ... This is a bug", or "config directory does not exist" for a file). A typed error
+    no command caught is said as itself: `sim ls` where the sim's record cannot be locked (its .reconcile a file) said
+    "unexpected ProviderError ... This is a bug"."""
+    broken = copy_quickstart(tmp_path / "broken")
+    (broken / ".reconcile").write_text("")
+    for args, says in [(["sim", "ls", broken], "cannot lock the simulated cloud's record: Not a directory"),
+                       (["plan", qs, "--out", tmp_path / "nowhere" / "plan.json"], f"directory {tmp_path / 'nowhere'} does not exist"),
                        (["plan", qs, "--out", tmp_path], f"{tmp_path} is a directory"),
                        (["report", qs, "--out", tmp_path], f"{tmp_path} is a directory"),
                        (["status", tmp_path / "nosuch"], f"config directory {tmp_path / 'nosuch'} does not exist"),

@@ -310,6 +310,24 @@ def test_a_diff_whose_base_does_not_validate_names_the_base_in_its_error(repo):
     assert "main:jobs/product.yaml:" in out.output, out.output
 
 
+def test_a_diff_reads_the_base_as_a_checkout_has_it_with_its_links_and_submodules(repo):
+    """Audit: the base was exported with `git show REF:PATH` of every entry, so a symlinked file became a file holding
+    its target's path (`main:jobs/product.yaml:1` not a document: an error the working tree does not have), and a
+    submodule in the config repo (a gitlink: vendored charts, say) made every diff an "unexpected CalledProcessError ...
+    a bug". A link is a link, as in the checkout, and a submodule an empty directory, as in a checkout without them."""
+    (repo / ".shared").mkdir()
+    (repo / "jobs" / "product.yaml").rename(repo / ".shared" / "product.yaml")
+    (repo / "jobs" / "product.yaml").symlink_to("../.shared/product.yaml")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "product's jobs by a link")
+    d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
+    assert d.exit_code == 0, d.output  # the base is the working tree: no change
+    git(repo, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},vendor")
+    git(repo, "commit", "-q", "-m", "vendor a submodule")
+    d = cli("diff", repo, "--base", "main", "--detailed-exitcode")
+    assert d.exit_code == 0, d.output
+
+
 @pytest.mark.parametrize("workflow", ["apply.yml", "reconcile.yml"])
 def test_the_workflows_status_push_survives_a_merge_that_landed_during_the_apply(tmp_path, monkeypatch, workflow):
     """The example workflows pushed status with a plain `git push origin HEAD:main`: a PR merged while the apply ran

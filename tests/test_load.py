@@ -774,6 +774,27 @@ def test_a_huge_name_is_shown_cut_and_its_controls_escaped(tmp_path):
     assert any("Job/j\\rok: fleet\\x1b[8m: metadata.name" in e for e in errors_of(cfg)), errors_of(cfg)
 
 
+def test_a_file_name_is_shown_with_its_controls_escaped(tmp_path):
+    """Audit: a file's name was printed as it is, so one a pull request adds, with a newline and an escape sequence in
+    it, forged a diagnostic line of its own in validate's output, and in plan's markdown (the PR comment) its text after
+    the newline left the indented block and was rendered as markdown (a heading saying the plan was approved)."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(QUICKSTART, cfg)
+    name = "x\x1b[8m\n# Plan approved\nok.yaml"
+    (cfg / name).write_text("kind: Bogus\n")
+    shown = "x\\x1b[8m\\n# Plan approved\\nok.yaml"
+    assert [e for e in errors_of(cfg) if "Bogus" in e] == [f"{shown}:1: Bogus/?: kind: unknown kind 'Bogus' (expected one of "
+                                                            "GuardrailPolicy, Job, License, PlacementPolicy, Pool, Reservation, "
+                                                            "SpotPolicy, Tenant, Topology)"]
+    res = CliRunner().invoke(app, ["plan", str(cfg), "--format", "markdown"])
+    assert res.exit_code == 1
+    body = res.stdout.split("\n\n", 1)[1]
+    assert body.count("\n") == 1 and body.startswith(f"    {cfg}/{shown}:1: Bogus/?") and "\x1b" not in res.output, res.stdout
+    (cfg / name).unlink()
+    (cfg / "gone.yaml").symlink_to("nowhere\n# Plan approved")  # where a link leads is shown so too
+    assert errors_of(cfg) == ["gone.yaml:1: a dangling symlink (nowhere\\n# Plan approved): fix or remove it"]
+
+
 def test_many_errors_in_one_document_take_linear_time(tmp_path):
     """Audit: each pydantic error scanned every error found before it: 50,000 bad pool names took 71 s to validate and
     199,000 (a 400 kB file) ~20 minutes. Now ~2 s for the 50,000."""
@@ -806,6 +827,16 @@ def test_an_image_docker_would_read_as_its_own_option_is_refused(tmp_path, run, 
     the host's root into the container."""
     errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), job("j", run=run)]))
     assert any(fragment in e for e in errs), errs
+
+
+def test_a_nul_in_a_command_or_its_environment_is_refused(tmp_path):
+    """Audit: `command: [train, "a\\0b"]` or an env value with a NUL validated and applied, and the node agent died
+    starting it ("unexpected ValueError: embedded null byte"): no process's arguments or environment can hold one, and
+    every other job on that instance was left Starting for ever."""
+    j = job("j", run={"command": ["python3", "a\0b"], "env": {"OK": "fine", "X": "\0"}})
+    errs = errors_of(write_config(tmp_path / "c", [topology(), tenant("t"), j]))
+    nul = "Value error, holds a NUL character (\\0), which no process's arguments or environment can hold"
+    assert [e.split(": ", 2)[2] for e in errs] == [f"spec.run.command.1: {nul}", f"spec.run.env.X: {nul}"], errs
 
 
 @pytest.mark.parametrize("directory,fragment", [

@@ -244,6 +244,24 @@ def test_a_cache_file_that_cannot_be_replaced_leaves_no_temporary_file(tmp_path,
     assert not [str(p.relative_to(cfg)) for p in (cfg / ".reconcile").rglob("*.tmp")]
 
 
+@pytest.mark.parametrize("where", ["plan-memo.json", "desired.pickle", "parse"])
+def test_a_fifo_at_a_cache_files_name_is_a_miss_not_a_hang(tmp_path, where):
+    """Audit: each cache under .reconcile/cache/ was read with read_bytes, so a fifo at an entry's name (a checkout's
+    .reconcile/ can come with a pull request) hung every plan for ever. An entry that is no regular file is a miss."""
+    cfg = copy_quickstart(tmp_path)
+    assert cli("plan", cfg, "--time-limit", "0").returncode == 0
+    cache = cfg / ".reconcile" / "cache"
+    blocked = list((cache / "parse").glob("*.json")) if where == "parse" else [cache / where]
+    assert blocked
+    for path in blocked:
+        path.unlink()
+        os.mkfifo(path)
+    if where == "parse":
+        (cache / "desired.pickle").unlink()  # else the load snapshot answers and no file is parsed
+    res = cli("plan", cfg, "--time-limit", "0", timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
 def test_links_the_jobs_make_on_the_simulated_disks_are_theirs(tmp_path):
     """What a job writes on its (simulated) instance's disk is its own: a venv's `bin/python` link in its working
     directory, a `latest` link among its checkpoints. Refused, they would have stopped every plan of the fleet."""
@@ -310,6 +328,23 @@ def _lock(pid: str):
 
 def _lost_state_and_fleet_yaml(text: str):
     return lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").write_text(text))
+
+
+def _status_with(text: str):
+    """finetune-a's status file with `text` before what apply wrote."""
+    def corrupt(cfg: Path) -> None:
+        path = cfg / "status/jobs/finetune-a.yaml"
+        path.write_text(text + path.read_text())
+    return corrupt
+
+
+def _fleet_yaml_linked_out(cfg: Path) -> None:
+    """The state lost, and status/fleet.yaml a link to a copy of itself outside the config directory."""
+    outside = cfg.parent / "outside-fleet.yaml"
+    outside.write_bytes((cfg / "status/fleet.yaml").read_bytes())
+    _state(cfg).unlink()
+    (cfg / "status/fleet.yaml").unlink()
+    (cfg / "status/fleet.yaml").symlink_to(outside)
 
 
 def _edit_sim(edit):
@@ -395,8 +430,17 @@ CORRUPT = [
     ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
      "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    # A fifo at its name hung plan and apply for ever (it was read as a file); a time without a zone was an "unexpected
+    # TypeError" (compared with the clock's aware time), a bug paragraph naming no file (audit).
+    ("state a fifo", lambda c: (_state(c).unlink(), os.mkfifo(_state(c))), "plan",
+     [_STATE + "not a regular file (a fifo, socket or device)", "move it aside"]),
+    ("state time without a zone", lambda c: _state(c).write_text(
+        '{"short": [{"cloud": "aws", "zone": "z", "instance_type": "t", "market": "spot", "until": "2099-01-01T00:00:00"}]}'),
+     "plan", [_STATE + "short: until '2099-01-01T00:00:00' is not a time with a zone"]),
     ("sim snapshot truncated", lambda c: (c / ".reconcile/sim/cloud.json").write_text((c / ".reconcile/sim/cloud.json").read_text()[:100]), "apply",
      ["sim/cloud.json: the simulated cloud's record is corrupt: not valid JSON", "delete"]),
+    ("sim snapshot a fifo", lambda c: ((c / ".reconcile/sim/cloud.json").unlink(), os.mkfifo(c / ".reconcile/sim/cloud.json")),
+     "plan", ["sim/cloud.json: cannot read the simulated cloud's record: not a regular file (a fifo, socket or device)"]),
     ("sim snapshot wrong type", lambda c: (c / ".reconcile/sim/cloud.json").write_text('{"instances": [], "keys": {}, "next_id": 1, "faults": {}}'),
      "plan", ["sim/cloud.json: the simulated cloud's record is corrupt: it is not a snapshot"]),
     ("sim journal garbled", _journal_with_garbled_middle, "apply", ["sim/cloud.journal: the simulated cloud's record is corrupt: entry 2"]),
@@ -422,6 +466,18 @@ CORRUPT = [
      ["cannot read this status file: not valid YAML (line 2)", "run apply again"]),
     ("status file wrong shape", lambda c: (c / "status/fleet.yaml").write_text("status: {instances: many}\n"), "status",
      ["fleet.yaml: cannot read this status file: metadata.name is missing"]),
+    # A YAML alias (apply writes none; a pull request can commit status/): nine levels of nine made `status --format json`
+    # expand 43M values until killed, and one that names itself was an "unexpected ValueError: Circular reference" (audit).
+    ("status file an alias bomb", _status_with("x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)) + "spec: {extra: *a8}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias", "run apply again"]),
+    ("status file an alias of itself", _status_with("spec: {extra: &r [*r]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
+    # A name apply never gives a status file: one with a newline printed a line of its own in `reconcile status` (audit).
+    ("status file of no job's name", lambda c: shutil.copy(c / "status/jobs/finetune-a.yaml", c / "status/jobs/x\nfleet ok.yaml"),
+     "status", ["status/jobs/x\\nfleet ok.yaml: cannot read this status file: its name is no job's (apply writes", "run apply again"]),
+    ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
      ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
     ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),
@@ -443,6 +499,13 @@ CORRUPT = [
      [_FLEET_YAML + "metadata.uid is ['a'], not a string"]),
     ("status/fleet.yaml a list, state lost", _lost_state_and_fleet_yaml("[1]\n"), "apply",
      [_FLEET_YAML + "it is not a status document (a YAML list, not a mapping)"]),
+    # ... and it is read as status/ is, never through a link nor from a fifo: a fifo hung plan for ever, and a link to
+    # /dev/zero (a pull request can commit one) read until the machine ran out of memory (audit).
+    ("status/fleet.yaml a fifo, state lost", lambda c: (_state(c).unlink(), (c / "status/fleet.yaml").unlink(),
+                                                        os.mkfifo(c / "status/fleet.yaml")), "plan",
+     ["status/fleet.yaml is not a regular file", "Remove or move it away"]),
+    ("status/fleet.yaml a link out, state lost", _fleet_yaml_linked_out, "plan",
+     ["status/fleet.yaml is a symlink (to ", "Remove or move it away"]),
     ("assignment wrong type", lambda c: _edit_assignment(c, published_at="x"), "apply",
      ["bus object assignments/sim-aws-00003.json has published_at \"x\", not a unix time", "delete it and its writer rewrites it"]),
     ("assignment garbled", lambda c: (c / ".reconcile/assignments/sim-aws-00003.json").write_text("{"), "apply",
@@ -671,6 +734,14 @@ def test_garbled_s3_state_and_lock_objects(s3_state, applied_once, tmp_path):
     res = cli("unlock", lock_id, "--state", url, env=env)
     assert res.returncode == 0, res.stderr
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleet/lock.json")
+
+    # An expiry without a zone (another tool's, a hand edit) is UTC's: compared with the clock as it was, it was an
+    # "unexpected TypeError", a bug paragraph naming no lock and no way out (audit).
+    s3.put_object(Bucket=bucket, Key="fleet/lock.json", Body=json.dumps(
+        {"id": "abc123def456", "host": "ci-7", "pid": 42, "since": "2026-01-01T00:00:00", "expires": "2999-01-01T00:00:00"}).encode())
+    assert_clean_error(cli("apply", cfg, "--auto-approve", "--state", url, env=env),
+                       f"another apply holds the lock {url}/lock.json: abc123def456", "reconcile unlock abc123def456")
+    s3.delete_object(Bucket=bucket, Key="fleet/lock.json")
     assert _live(cfg) == before
 
 
