@@ -1016,8 +1016,9 @@ def logs(
     if rec is None:
         try:
             why = _no_run(config_dir, job, replica)
-        except ReconcileError as e:  # (the config does not load: that is what to fix first)
-            why = e
+        except ReconcileError:  # (the config does not load: the run records are all there is to ask)
+            why = ReconcileError(f"no run of {job}/{replica} has been reported yet (the config in {config_dir} could "
+                                 "not be read to check that it has this job)")
         _fail(why)
     path = _sim_log(config_dir, job, replica, rec)
     earlier = _earlier_sim_logs(config_dir, job, replica, path)

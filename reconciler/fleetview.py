@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from reconciler.ledger import GPU_SLICES, Ledger, mig_compute, quota_ok
+from reconciler.ledger import GPU_SLICES, OVER_QUOTA_ALONE, Ledger, mig_compute, quota_ok
 from reconciler.plan.quality import UNPACKED
 from reconciler.problem import DIMS, as_utc
 from reconciler.problem.diagnosis import OUTRANKED, OUTRANKED_IN_TENANT, RECLAIMED, STUCK_GANG
@@ -24,6 +24,7 @@ from reconciler.problem.diagnosis import OUTRANKED, OUTRANKED_IN_TENANT, RECLAIM
 AWAITING_APPLY = "placed by the next apply"
 REASON_KINDS: tuple[tuple[str, str], ...] = (
     (rf".*\(tenant .* above its guaranteed .*: {re.escape(RECLAIMED)} ", "guarantee"),
+    (rf"{re.escape(OVER_QUOTA_ALONE)} ", "quota"),  # (beyond its quota alone: no higher work holds it back)
     (rf".*\((?:{re.escape(OUTRANKED)}|{re.escape(OUTRANKED_IN_TENANT)}): ", "priority"),
     (re.escape(AWAITING_APPLY), "awaiting-apply"),
     (r"cloud quota", "cloud-quota"),

@@ -95,6 +95,9 @@ def spot_units(capacities, gpu_fleet: bool | None = None) -> tuple[str, object]:
     return "cpu", lambda c: c.cpu
 
 
+# How a reason starts when the job alone asks more than its tenant's quota allows: fleetview counts it "quota",
+# whatever else the reason names (no other work placed otherwise would let it run).
+OVER_QUOTA_ALONE = "quota: the job needs"
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 DIMS = ("gpus", "cpu", "memory_gib")
 
@@ -1192,7 +1195,7 @@ class Ledger:
             return None
         dim, used, need, limit = short
         if not quota_ok(0.0, need, limit):
-            return Refusal("quota", f"quota: the job needs {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
+            return Refusal("quota", f"{OVER_QUOTA_ALONE} {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
                            d.tenant, need - limit)
         return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, "
                        f"the job needs {need:g} more", d.tenant, used + need - limit)

@@ -33,6 +33,14 @@ def _quota(tmp_path):
     return plan_for(tmp_path, docs), "b"
 
 
+def _over_its_quota_alone(tmp_path):
+    """Asks 2 GPUs (two replicas) of a 1-GPU quota: its reason also names the higher job the full pool goes to (the other limits bind
+    with it), but nothing placed otherwise would let it run: "quota", not "priority" (the report's too-big was)."""
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 1}}), _gpu_pool(hi=1), job("high", priority="high", **A100),
+            job("big", priority="low", replicas=2, **A100)]
+    return plan_for(tmp_path, docs, [instance("i0", "p", *GCP_A)], {"high": ("i0",)}), "big"
+
+
 def _pool_max(tmp_path):
     docs = [topology(), tenant("t"), _gpu_pool(hi=1), job("a", **A100), job("b", **A100)]
     return plan_for(tmp_path, docs), "b"
@@ -95,7 +103,7 @@ def _cloud_quota(tmp_path):
 
 SCENARIOS = {
     "priority": [_outranked_on_a_full_pool, _outranked_in_its_tenant],
-    "quota": [_quota], "pool-max-instances": [_pool_max], "budget": [_fleet_budget], "tenant-budget": [_tenant_budget],
+    "quota": [_quota, _over_its_quota_alone], "pool-max-instances": [_pool_max], "budget": [_fleet_budget], "tenant-budget": [_tenant_budget],
     "spot": [_tenant_spot_share], "license": [_license], "gang": [_stuck_gang], "guarantee": [_reclaimed],
     "cloud-quota": [_cloud_quota], "other": [_zone_out_of_capacity],
 }
