@@ -818,7 +818,10 @@ def _mark_reclaimed(sim, instance_id: str, reason: str, config_dir: Optional[Pat
 @sim_app.command("stop-agents")
 def sim_stop_agents(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt) -> None:
     """Kill every node agent of the simulated fleet and the replicas they started."""
-    _sim(config_dir, dir_opt).stop_all_agents()
+    try:
+        _sim(config_dir, dir_opt).stop_all_agents()
+    except ReconcileError as e:
+        _fail(e)
     typer.echo("agents stopped")
 
 
