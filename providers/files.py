@@ -17,7 +17,12 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     """Up to `limit` + 1 bytes of the regular file at `path` (more than `limit`: the file is larger, for the caller to
     refuse). Opened non-blocking and checked on the open descriptor: a directory raises IsADirectoryError, a fifo,
     socket or device NotRegularFile, and a missing or unreadable file its OSError, each with a strerror to show."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    return read_regular_fd(os.open(path, os.O_RDONLY | os.O_NONBLOCK), limit, path)
+
+
+def read_regular_fd(fd: int, limit: int, path: str | Path) -> bytes:
+    """read_regular of a descriptor the caller opened (O_NONBLOCK; relative to a directory's, O_NOFOLLOW: status/),
+    closed here; `path` names it in the errors."""
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -27,4 +32,4 @@ def read_regular(path: str | Path, limit: int) -> bytes:
         return f.read(limit + 1)
 
 
-__all__ = ["NotRegularFile", "read_regular"]
+__all__ = ["NotRegularFile", "read_regular", "read_regular_fd"]

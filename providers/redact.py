@@ -39,15 +39,22 @@ _AUTH_HEADER = re.compile(r"\b((?:Authorization|Proxy-Authorization)['\"]?\s*[:=
                           re.IGNORECASE)
 
 
+# A secret-named parameter standing in no URL (`-o endpoint_url='notaurl?X-Amz-Signature=...'`, a bare token= or
+# password=): the whole name ends with the secret's word, so max_tokens= or design= stay.
+_BARE_SECRET = re.compile(r"(?<![\w.-])((?:x-amz-[\w-]*|x-goog-[\w-]*|[\w.-]*?(?:sig|signature|token|secret|password|passwd|pwd|"
+                          r"credentials?|api[_-]?key|access[_-]?key))=)(['\"]?)[^&;#\s'\",)]+", re.IGNORECASE)
+
+
 def redact(text: str) -> str:
-    """`text` with every URL's userinfo, the secrets in its query string, a connection string's keys and an
-    Authorization header's credentials replaced by `***`."""
+    """`text` with every URL's userinfo, the secrets in its query string, a connection string's keys, a secret-named
+    parameter anywhere and an Authorization header's credentials replaced by `***`."""
     if "@" in text:
         text = _USERINFO.sub(r"\1***@", text)
     if "?" in text:
         text = _URL_QUERY.sub(lambda m: _SECRET_PARAM.sub(r"\1***", m.group(0)), text)
     if "=" in text:
         text = _SECRET_SETTING.sub(r"\1***", text)
+        text = _BARE_SECRET.sub(r"\1\2***", text)
     if "uthorization" in text:
         text = _AUTH_HEADER.sub(r"\1***", text)
     return text

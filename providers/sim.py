@@ -66,19 +66,34 @@ def _kill_group(pid: int, started: str) -> None:
         pass
 
 
-def _pid_lines(d: Path) -> list[tuple[int, str]]:
-    """The agent of agent directory `d` and the replica process groups it recorded, as (pid, start time)."""
-    out = []
+PID_RECORD_LIMIT = 1 << 20  # agent.pid and replicas.pids: a line per process group
+
+
+def _pid_records(d: Path) -> tuple[list[tuple[int, str]], list[str]]:
+    """The agent of agent directory `d` and the replica process groups it recorded, as (pid, start time), and what
+    of its records could not be read (a missing one is none: the agent never started, or started nothing)."""
+    out, problems = [], []
     for f in (d / "agent.pid", d / "replicas.pids"):
         try:
-            lines = f.read_text().splitlines()
-        except OSError:
+            lines = read_regular(f, PID_RECORD_LIMIT).decode().splitlines()
+        except FileNotFoundError:
             continue
-        for line in lines:
+        except OSError as e:
+            problems.append(f"cannot read {f}: {e.strerror}")
+            continue
+        except UnicodeDecodeError:
+            lines = ["(not text)"]
+        for n, line in enumerate(lines, 1):
             parts = line.split()
             if parts and parts[0].isdigit():
                 out.append((int(parts[0]), parts[1] if len(parts) > 1 else ""))
-    return out
+            elif parts:
+                problems.append(f"{f}:{n} is not 'PID START'")
+    return out, problems
+
+
+def _pid_lines(d: Path) -> list[tuple[int, str]]:
+    return _pid_records(d)[0]
 
 
 def _leftovers(d: Path) -> list[tuple[int, str]]:
@@ -473,9 +488,17 @@ class SimCloud:
             time.sleep(0.1)
         return "ran out"
 
-    def stop_agent(self, instance_id: str) -> None:
-        """The instance is gone: its agent and every replica process it started go with it."""
-        _kill_leftovers(self.agent_dir(instance_id))
+    def stop_agent(self, instance_id: str) -> list[str]:
+        """The instance is gone: its agent and every replica process it started go with it. Returns what could not
+        be done: a record that could not be read (what it names may still run), a process still running."""
+        d = self.agent_dir(instance_id)
+        found, problems = _pid_records(d)
+        for pid, started in found:
+            _kill_group(pid, started)
+        limit = time.monotonic() + 2  # (a SIGKILL is delivered, not awaited)
+        while (still := [pid for pid, _ in _leftovers(d)]) and time.monotonic() < limit:
+            time.sleep(0.05)
+        return problems + ([f"{instance_id}'s process(es) {', '.join(map(str, still))} still run"] if still else [])
 
     def shut_down_agent(self, instance_id: str) -> None:
         """The instance shuts down, as a cloud's termination does: its agent (a system service) gets SIGTERM
@@ -495,8 +518,12 @@ class SimCloud:
             pass
 
     def stop_all_agents(self) -> None:
+        """ProviderError naming what could not be done, once every agent that could be stopped is."""
+        problems = []
         for d in sorted((self.dir / "agents").glob("*")) if (self.dir / "agents").is_dir() else []:
-            self.stop_agent(d.name)
+            problems += self.stop_agent(d.name)
+        if problems:
+            raise ProviderError("sim: not every agent could be stopped: " + "; ".join(problems))
 
     def exhaust(self, zone: str, instance_type: str | None = None, market: str | None = None, restore: bool = False,
                 zones: Collection[str] | None = None) -> None:

@@ -75,6 +75,7 @@ class _Group(TyperGroup):
             raise
 
     def invoke(self, ctx):
+        _FORMAT["asked"] = "human"  # (until a command says which it was asked for)
         try:
             return super().invoke(ctx)
         except _UsageError as e:
@@ -86,7 +87,7 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort, _ClickException):
             raise
         except ReconcileError as e:  # typed and actionable, though no command caught it (`sim ls`): not a bug
-            _fail(e)
+            _fail(e, fmt=_FORMAT["asked"])
         except Exception as e:  # the last resort: one paragraph, never a bare traceback
             typer.echo(last_resort_message(e, ctx.meta.get(DEBUG_META, False) or _debug_env()), err=True)
             raise typer.Exit(1)
@@ -185,6 +186,17 @@ def _options(pairs: Optional[list[str]]) -> dict:
     return out
 
 
+_FORMAT = {"asked": "human"}  # the --format the running command was asked for: an error no command caught is printed in it too
+
+
+def _output_format(fmt: str, allowed: tuple[str, ...]) -> str:
+    """A command's --format, checked, and kept for the errors it may end with (_fail)."""
+    if fmt not in allowed:
+        raise typer.BadParameter(f"--format must be {', '.join(allowed[:-1])} or {allowed[-1]}")
+    _FORMAT["asked"] = fmt
+    return fmt
+
+
 def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[str] = None, fmt: str = "human") -> None:
     """Print an error a user can act on (every diagnostic, for a bad config) and exit. With --format json or markdown
     the error is also printed on stdout in that format: a PR's plan comment is built from stdout (it was empty), and a
@@ -279,8 +291,7 @@ def plan(
         _collector_off()
     from reconciler import api
 
-    if fmt not in ("human", "markdown", "json"):
-        raise typer.BadParameter("--format must be human, markdown or json")
+    _output_format(fmt, ("human", "markdown", "json"))
     if out is not None:
         _writable(out, "--out")
     try:
@@ -568,8 +579,7 @@ def diff(
     from reconciler import api
     from reconciler.render import render_diff_json, render_diff_markdown
 
-    if fmt not in ("markdown", "json"):
-        raise typer.BadParameter("--format must be markdown or json")
+    _output_format(fmt, ("markdown", "json"))
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
@@ -594,12 +604,11 @@ def explain(
     from reconciler import api
     from reconciler.render import render_explanation, render_explanation_json
 
-    if fmt not in ("human", "json"):
-        raise typer.BadParameter("--format must be human or json")
+    _output_format(fmt, ("human", "json"))
     try:
         e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as err:
-        _fail(err, config_dir, state)
+        _fail(err, config_dir, state, fmt)
     typer.echo(render_explanation_json(e) if fmt == "json" else render_explanation(e), nl=False)
 
 
@@ -610,14 +619,13 @@ def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--for
     the node agents report now for jobs that run something."""
     from reconciler import api
 
-    if fmt not in ("human", "json"):
-        raise typer.BadParameter("--format must be human or json")
+    _output_format(fmt, ("human", "json"))
     from reconciler.render import render_status
 
     try:
         st = api.read_status(config_dir, live=True, state=state)
     except ReconcileError as e:
-        _fail(e)
+        _fail(e, config_dir, state, fmt)
     if fmt == "json":
         typer.echo(json.dumps(st, indent=2, default=str))
         return
@@ -810,7 +818,10 @@ def _mark_reclaimed(sim, instance_id: str, reason: str, config_dir: Optional[Pat
 @sim_app.command("stop-agents")
 def sim_stop_agents(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDirOpt) -> None:
     """Kill every node agent of the simulated fleet and the replicas they started."""
-    _sim(config_dir, dir_opt).stop_all_agents()
+    try:
+        _sim(config_dir, dir_opt).stop_all_agents()
+    except ReconcileError as e:
+        _fail(e)
     typer.echo("agents stopped")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -589,6 +590,8 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic], source: bytes | None = 
         for err in e.errors():
             path, branch = _user_path(body, tuple(err["loc"]), err["type"])
             msg = err["msg"]
+            if isinstance(err.get("input"), float) and math.isnan(err["input"]):  # (pydantic: "should be <= 1000000000")
+                msg = "is not a number (NaN)"
             if err["type"] == "extra_forbidden":
                 msg = "unknown field" + (did_you_mean(str(path[-1]), known_fields(kind, path[:-1])) if path else "")
             is_key = err["loc"][-1:] == ("[key]",)

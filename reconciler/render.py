@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from reconciler.errors import shown
 from reconciler.ledger import money
 from reconciler.plan import RANKS_HIGHER, Plan
 from reconciler.words import gpu_span
@@ -234,6 +236,16 @@ def _table(con: Console, title: str, cols: tuple[str, ...], rows: list[tuple[str
     con.print(text, soft_wrap=True, end="")
 
 
+def md_code(text: str) -> str:
+    """`text` as one markdown code span, whatever it holds: fenced by one backtick more than its longest run of them
+    (a ref's backtick closed the span), padded where it starts or ends with one, its controls escaped (a newline ended
+    the heading)."""
+    text = shown(text, 4096)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _md_table(header: list[str], rows: list[list[str]], truncated_note: str) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows[:MARKDOWN_MAX_ROWS]:
@@ -266,7 +278,7 @@ def _tiers_differ(plan: Plan) -> str | None:
 
 
 def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
-    note = f"the full plan is in `{full_plan_path}`" if full_plan_path else "run `reconcile plan --format json` for the full plan"
+    note = f"the full plan is in {md_code(str(full_plan_path))}" if full_plan_path else "run `reconcile plan --format json` for the full plan"
     lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
     if not plan.has_changes:
         lines += [no_changes_line(plan), ""]
@@ -340,7 +352,7 @@ def render(plan: Plan, fmt: str, full_plan_path: str | None = None, color: bool 
 def render_diff_markdown(d) -> str:
     """A PR comment for `reconcile diff`: what merging this change does to the fleet."""
     delta = d.head.cost_after - d.base.cost_after
-    lines = [f"### fleetops: what this change does (against `{d.base_ref}`)", ""]
+    lines = [f"### fleetops: what this change does (against {md_code(d.base_ref)})", ""]
     if not d.has_changes:
         return "\n".join(lines + ["No change to the fleet.", ""]) + "\n"
     elsewhere = f" ({len(d.elsewhere)} job(s) not running yet placed elsewhere, below)" if d.elsewhere else ""

@@ -393,3 +393,21 @@ def test_a_diff_with_nothing_applied_lists_as_changes_only_what_the_change_does(
     assert "1 job outcome(s) change" in md, md
     rows = [ln.split(" | ")[0] for ln in md.split("<details>")[0].splitlines() if ln.startswith("| ") and "---" not in ln]
     assert rows == ["| job", "| sweep-9"], md
+
+
+def test_a_base_ref_holding_a_backtick_stays_one_code_span_in_the_diff_heading(repo):
+    """The heading put --base in backticks as given: a ref with a backtick (git allows one) closed the code span and
+    left the rest of the PR comment's heading as markdown."""
+    git(repo, "branch", "we`ird")
+    d = cli("diff", repo, "--base", "we`ird")
+    assert d.exit_code == 0, d.output
+    assert d.stdout.splitlines()[0] == "### fleetops: what this change does (against ``we`ird``)", d.stdout
+
+
+def test_a_markdown_code_span_holds_any_text():
+    from reconciler.render import md_code
+
+    assert md_code("main") == "`main`"
+    assert md_code("a``b") == "```a``b```"
+    assert md_code("`x") == "`` `x ``"  # (CommonMark strips one space each side when both are there)
+    assert md_code("a\nb") == "`a\\nb`"  # (a newline ended the heading)

@@ -890,3 +890,14 @@ def test_an_unknown_tenant_or_pool_gets_a_suggestion(tmp_path):
     errs = errors_of(cfg)
     assert any("spec.tenant: unknown tenant 'reserch' (did you mean 'research'?)" in e for e in errs), errs
     assert any("unknown pool 'aws-cpuu' (did you mean 'aws-cpu'?)" in e for e in errs), errs
+
+
+@pytest.mark.parametrize("value", [".nan", ".NaN"])
+def test_a_nan_number_is_said_to_be_no_number(tmp_path, value):
+    """A NaN budget was refused as 'Input should be less than or equal to 1000000000', as if it were too large."""
+    write_config(tmp_path, [topology()])
+    (tmp_path / "policy.yaml").write_text("apiVersion: fleetops.io/v1alpha1\nkind: GuardrailPolicy\nmetadata: {name: g}\n"
+                                          f"spec:\n  max_hourly_budget: {value}\n")
+    errs = errors_of(tmp_path)
+    assert any("spec.max_hourly_budget: is not a number (NaN)" in e for e in errs), errs
+    assert not any("less than or equal" in e for e in errs), errs

@@ -198,3 +198,23 @@ def test_a_real_azure_credential_is_never_sent_to_another_endpoint(endpoint, cre
             AzureProvider(ProviderContext("f", Path("/nonexistent"), options))
     else:
         AzureProvider(ProviderContext("f", Path("/nonexistent"), options))
+
+
+def test_redact_masks_secret_looking_parameters_that_stand_in_no_url():
+    """redact masked a query's secrets only after a URL scheme: `-o endpoint_url='notaurl?X-Amz-Signature=...'` echoed
+    the signature in its error, as a bare sig=, token= or password= did. Their names stay; the harmless stay whole."""
+    from providers.redact import redact
+
+    text = ("option endpoint_url='notaurl?X-Amz-Signature=SIG1&X-Amz-Credential=AKIA1/x&b=2' bad; sv=2024&sig=SIG2 "
+            "token=TOK1, password=PW1; db_password='PW2' X-Amz-Security-Token=TOK2 max_tokens=5 design=x key=value")
+    out = redact(text)
+    assert out == ("option endpoint_url='notaurl?X-Amz-Signature=***&X-Amz-Credential=***&b=2' bad; sv=2024&sig=*** "
+                   "token=***, password=***; db_password='***' X-Amz-Security-Token=*** max_tokens=5 design=x key=value"), out
+
+
+def test_a_secret_in_an_option_value_that_is_no_url_is_not_echoed(tmp_path):
+    from reconciler import api
+
+    with pytest.raises(ProviderError) as e:
+        api.plan(_qs(tmp_path), provider="aws", options={"endpoint_url": "notaurl?X-Amz-Signature=SECRETSIG"}, time_limit=1)
+    assert "SECRETSIG" not in str(e.value) and "X-Amz-Signature=***" in str(e.value), str(e.value)

@@ -249,3 +249,21 @@ def test_sigkill_at_twenty_points_including_heal(tmp_path):
         _assert_converged_without_leaks(cfg)
         points += 1
     assert points == 20
+
+
+@pytest.mark.parametrize("args", [["explain", "{cfg}", "nosuchjob"], ["explain", "{cfg}", "train-llama"], ["status", "{cfg}"],
+                                  ["plan", "{cfg}"]])
+def test_every_command_taking_format_json_answers_an_error_as_the_json_error_document(tmp_path, args):
+    """`status --format json` and `explain --format json` printed nothing on stdout on an error (plan and diff printed
+    the JSON error document): a CI script parsing stdout had nothing to read."""
+    import json
+
+    cfg = copy_quickstart(tmp_path)
+    if "nosuchjob" not in args:
+        (cfg / "pools.yaml").write_text((cfg / "pools.yaml").read_text().replace("max_instances: 3", "max_instances: -3"))
+        (cfg / "status").mkdir(exist_ok=True)
+        (cfg / "status" / "fleet.yaml").write_text("a: &x [1]\nb: *x\n")
+    out = runner.invoke(app, [a.format(cfg=cfg) for a in args] + ["--format", "json"])
+    assert out.exit_code == 1, out.output
+    err = json.loads(out.stdout)["error"]
+    assert err["type"] and err["message"] and out.stderr, (err, out.stderr)

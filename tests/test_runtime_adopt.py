@@ -226,3 +226,23 @@ def test_an_agent_restarted_during_a_spot_notice_reports_the_replica_stopped_and
     assert (rec["phase"], rec["reason"]) == ("Stopped", "Interrupted"), rec  # before: Running, from the killed agent
     assert bus.agent("i-0")["running"] == [] and bus.agent("i-0")["state"] == "Interrupting"
     assert len(list((tmp_path / ".reconcile" / "checkpoints" / "ft" / "manifests").iterdir())) == 1
+
+
+@pytest.mark.parametrize("field, value", [("started_unix", "yesterday"), ("attempt", "2"), ("exit_path", 7),
+                                          ("stopping", {"phase": "Stopped", "reason": "Unassigned", "message": "", "terminal": False,
+                                                        "deadline_at": "soon"})])
+def test_a_local_replica_record_an_agent_cannot_use_is_ignored_naming_it_and_the_replica_started(tmp_path, field, value):
+    """A record in the workdir's replicas/ with a field of another type (an older agent's, a hand's) killed the
+    restarted agent ('unexpected ValueError'/'TypeError') before it ran anything."""
+    bus = Bus(backend_for(tmp_path, None))
+    e = entry("etl", [PY, "-c", "print('ran')"])
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    rec = {"entry": e, "attempt": 0, "pid": 1, "started": "1", "exit_path": str(tmp_path / "w" / "x.exit"), "started_unix": 0}
+    rec[field] = value
+    (tmp_path / "w" / "replicas").mkdir(parents=True)
+    (tmp_path / "w" / "replicas" / "etl-0.json").write_text(json.dumps(rec))
+    said: list[str] = []
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=said.append)
+    done = run_until([a], terminal(bus, "etl"), timeout=10)
+    assert (done["phase"], done["log_tail"]) == ("Succeeded", ["ran"]), done
+    assert any("etl-0.json" in m and field in m for m in said), said

@@ -1048,3 +1048,40 @@ def test_a_peer_with_no_record_of_the_round_is_judged_by_the_agent_of_the_instan
     reports["i-1"]["heartbeat_at"] = now - 59  # within the limit: not lost; i-3 has no report (booting): not lost
     assert peer_lost(0, "i-0", mine + absent, reports.get, now, stale) is None
     assert unstarted_peers(entry("g", ["x"], replica=0, world=2), mine) == []  # an assignment from before peers: as before
+
+
+@pytest.mark.parametrize("run, says", [
+    ({"command": ["echo", "a\0b"], "env": {}}, "run.command[1] holds a NUL"),  # an older bus: before the config refused it
+    ({"command": ["echo", "hi"], "env": {"TOKEN": "s3cret\0"}}, "run.env.TOKEN holds a NUL"),
+    ({"command": ["echo", "hi"], "env": {"A=B": "1"}}, "run.env has a variable name 'A=B'"),
+])
+def test_a_replica_that_cannot_be_started_fails_naming_why_and_the_agent_runs_the_others(bus, agents, run, says):
+    """One replica the bus holds in a form no process can take killed the whole agent (an 'unexpected ValueError:
+    embedded null byte' from Popen) and left every job of its instance Starting."""
+    bad = entry("bad", ["echo"])
+    bad["run"] = run
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [bad, entry("good", [PY, "-c", "print('ok')"])]})
+    a = agents("i-0")
+    rec = run_until([a], terminal(bus, "bad"), timeout=10)
+    assert (rec["phase"], rec["reason"], rec["restarts"]) == ("Failed", "StartError", 0), rec
+    assert says in rec["message"] and "s3cret" not in rec["message"], rec["message"]
+    good = run_until([a], terminal(bus, "good"), timeout=10)
+    assert (good["phase"], good["log_tail"]) == ("Succeeded", ["ok"]), good
+
+
+def test_a_checkpoint_directory_that_cannot_be_made_fails_its_replica_naming_it(bus, agents, tmp_path):
+    (tmp_path / "disk").write_text("a file where the checkpoint root should be")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ck", [PY, "-c", "print(1)"], checkpoint=CK)]})
+    rec = run_until([agents("i-0", checkpoint_root=tmp_path / "disk", checkpoint_sync=False)], terminal(bus, "ck"), timeout=10)
+    assert (rec["phase"], rec["reason"]) == ("Failed", "StartError"), rec
+    assert str(tmp_path / "disk") in rec["message"], rec["message"]
+
+
+def test_a_command_directory_that_is_gone_fails_its_replicas_naming_it_and_the_agent_keeps_running(bus, tmp_path):
+    gone = tmp_path / "cfg"
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, command_cwd=gone,
+              log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("prep", [PY, "-c", "print(1)"])]})
+    rec = run_until([a], terminal(bus, "prep"), timeout=10)
+    assert (rec["phase"], rec["reason"]) == ("Failed", "StartError"), rec
+    assert str(gone) in rec["message"] and "directory" in rec["message"], rec["message"]

@@ -694,3 +694,22 @@ def test_the_quickstart_train_py_resumes_a_gangs_ranks_at_one_step(tmp_path):
     assert resumed(0, 2) == f"g rank 0: resuming from checkpoint {ck / 'rank-0.json'} at step 7 (the gang's lowest, rank 1's; this rank's own is at 19)"
     assert resumed(1, 2) == f"g rank 1: resuming from checkpoint {ck / 'rank-1.json'} at step 7"
     assert resumed(0, 1).endswith("at step 19")
+
+
+@pytest.mark.parametrize("plant", ["dir", "garbage"])
+def test_stop_agents_says_which_record_it_could_not_read_and_exits_1(tmp_path, plant):
+    """`sim stop-agents` said 'agents stopped' when an agent's pid record could not be read: its agent and replicas
+    kept running, unnamed."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    d = tmp_path / ".reconcile" / "sim" / "agents" / "sim-aws-00001"
+    d.mkdir(parents=True)
+    if plant == "dir":
+        (d / "agent.pid").mkdir()
+    else:
+        (d / "replicas.pids").write_text("12x 99\n")
+    out = CliRunner().invoke(app, ["sim", "stop-agents", str(tmp_path)])
+    assert out.exit_code == 1 and "agents stopped" not in out.stdout, out.output
+    assert str(d / ("agent.pid" if plant == "dir" else "replicas.pids")) in out.stderr, out.stderr

@@ -478,6 +478,9 @@ CORRUPT = [
      "status", ["status/jobs/x\\nfleet ok.yaml: cannot read this status file: its name is no job's (apply writes", "run apply again"]),
     ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
+    # No size cap: a status file a pull request commits (or grows by hand) was read whole, however large (audit).
+    ("status file past the cap", lambda c: os.truncate(c / "status/jobs/finetune-a.yaml", 65 << 20), "status",
+     ["status/jobs/finetune-a.yaml is larger than 64 MiB"]),
     ("lock without fields", lambda c: (c / ".reconcile/apply.lock").write_text("{}"), "apply",
      ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
     ("lock empty", lambda c: (c / ".reconcile/apply.lock").write_text(""), "apply", ["the lock is empty", "reconcile unlock garbled-"]),

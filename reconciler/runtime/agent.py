@@ -36,9 +36,9 @@ from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
-from reconciler.runtime.bus import Bus, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
+from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exit_record, mig_uuids, nvidia_smi_list
+from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -150,6 +150,18 @@ def _grace(entry: dict) -> float:
     over to may wait for it (plus HANDOFF_MARGIN_S) before starting anyway."""
     ck = entry.get("checkpoint")
     return float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else STOP_GRACE_S
+
+
+_STOPPING: dict[str, Check] = {"phase": (_str, "a phase"), "reason": (_str, "a reason"), "message": (_str, "a message"),
+                               "terminal": (lambda v: isinstance(v, bool), "true or false"), "deadline_at": (_number, "a unix time"),
+                               "restart_attempt": (_opt(_count), "an attempt")}
+LOCAL_FIELDS: dict[str, Check] = {
+    "entry": (lambda v: _shape(v, _ENTRY, ("job", "replica", "spec_hash", "epoch", "run")) is None, "a replica assignment"),
+    "attempt": (_count, "a count"), "backoff_from": (_count, "a count"), "pid": (_count, "a pid"), "started": (_str, "a start time"),
+    "name": (_str, "a name"), "exit_path": (_opt(_str), "a path"), "started_at": (_opt(_str), "a time"),
+    "started_unix": (_number, "a unix time"), "env": (lambda v: isinstance(v, dict), "an environment"),
+    "stopping": (lambda v: _shape(v, _STOPPING, ("phase", "reason", "message", "terminal")) is None, "a stop under way"),
+}
 
 
 def _survives(st: _Stop) -> bool:
@@ -361,10 +373,14 @@ class Agent:
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             try:
                 rec = json.loads(path.read_text())
-                entry, key = rec["entry"], (rec["entry"]["job"], rec["entry"]["replica"])
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError):
                 self._log(f"ignoring the unreadable replica record {path}")
                 continue
+            problem = _shape(rec, LOCAL_FIELDS, ("entry",))  # (a field of another type killed the agent: ValueError, TypeError)
+            if problem is not None:
+                self._log(f"ignoring the replica record {path}: it {problem}")
+                continue
+            entry, key = rec["entry"], (rec["entry"]["job"], rec["entry"]["replica"])
             rep = Replica(entry, attempt=rec.get("attempt", 0), started_at=rec.get("started_at"), env=rec.get("env", {}),
                           backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
@@ -372,7 +388,7 @@ class Agent:
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
             stopping = rec.get("stopping")
             stop = None  # (none under way, or a record an older agent wrote)
-            if isinstance(stopping, dict) and {"phase", "reason", "message", "terminal"} <= stopping.keys():
+            if stopping is not None:
                 stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
                              stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
             if rep.handle is not None:
@@ -754,9 +770,18 @@ class Agent:
             return None
         return "waiting for the gang's last round to be uploaded: " + "; ".join(waits)
 
+    def _cannot_start(self, rep: Replica, why: str) -> None:
+        """The replica cannot be started at all: Failed (StartError) for good, restarting cannot help."""
+        rep.phase, rep.reason, rep.message, rep.terminal, rep.finished_at = "Failed", "StartError", why, True, iso()
+        self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {why}")
+
     def _start(self, rep: Replica) -> None:
         e = rep.entry
         job, r = rep.key
+        problem = exec_problem(e["run"]["command"], e["run"].get("env", {}))  # (an older bus's: before any restore)
+        if problem is not None:
+            self._cannot_start(rep, problem)
+            return
         held = self._holders(rep)
         if held:  # started on the first tick after the last of them exits (or is killed after its grace)
             msg = "waiting for its devices to be released: " + "; ".join(held)
@@ -813,17 +838,20 @@ class Agent:
             try:
                 gpus = mig_uuids(gpus, e.get("mig_layout", []), nvidia_smi_list()) or gpus
             except StartError as err:
-                rep.phase, rep.reason, rep.message, rep.terminal, rep.finished_at = "Failed", "StartError", str(err), True, iso()
-                self._log(f"{job}/{r}: cannot start: {err}")
+                self._cannot_start(rep, str(err))
                 return
         if gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
             if self.runtime.name == "process":  # a container sees only its devices, renumbered from 0
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         log_path = replica_log(self.workdir, job, r)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write(f"--- fleetops: attempt {rep.attempt} of {job}/{r} on {self.instance} at {iso()} ---\n")
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as f:
+                f.write(f"--- fleetops: attempt {rep.attempt} of {job}/{r} on {self.instance} at {iso()} ---\n")
+        except OSError as err:
+            self._cannot_start(rep, f"cannot write its log {log_path}: {err.strerror}")
+            return
         launch = Launch(name=f"fleetops-{job}-{r}-{rep.attempt}", command=tuple(run["command"]), env=env, log_path=log_path,
                         image=run.get("image"), gpus=gpus, checkpoint_dir=ck["dir"] if ck else None,
                         checkpoint_host_dir=ck_host, workdir=self.command_cwd, exit_path=self._exit_path(rep.key))
@@ -832,9 +860,7 @@ class Agent:
         try:
             rep.handle = self.runtime.start(launch)
         except StartError as err:
-            rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", str(err), True
-            rep.finished_at = iso()
-            self._log(f"{job}/{r}: cannot start: {err}")
+            self._cannot_start(rep, str(err))
             return
         rep.started_mono = time.monotonic()
         rep.devices = tuple(str(g) for g in e.get("gpus", ()))

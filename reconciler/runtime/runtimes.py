@@ -23,6 +23,36 @@ class StartError(Exception):
     """The replica could not be started at all (no such command, no docker): retrying cannot help."""
 
 
+def exec_problem(command: object, env: object) -> str | None:
+    """Why no process can be started with this command and environment, or None: exec takes a list of C strings
+    (no NUL) and NAME=value strings. The config refuses these, but an older bus can hold one, and Popen's ValueError or
+    TypeError killed the whole agent. Values are not echoed (an environment holds tokens)."""
+    if not isinstance(command, (list, tuple)) or not command:
+        return f"run.command is {type(command).__name__ if command else 'empty'}, not a non-empty list of arguments"
+    for i, arg in enumerate(command):
+        if not isinstance(arg, str) or "\0" in arg:
+            what = "holds a NUL character (\\0)" if isinstance(arg, str) else f"is {type(arg).__name__}"
+            return f"run.command[{i}] {what}: exec takes strings without NUL"
+    if not isinstance(env, dict):
+        return f"run.env is {type(env).__name__}, not a mapping of names to strings"
+    for k, v in env.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            return f"run.env has a variable name {k!r} no environment can hold"
+        if not isinstance(v, str) or "\0" in v:
+            what = "holds a NUL character (\\0)" if isinstance(v, str) else f"is {type(v).__name__}, not a string"
+            return f"run.env.{k} {what}"
+    return None
+
+
+def _checked(launch: "Launch", cwd: bool = True) -> None:
+    """StartError for a launch no process can be started with (its command, environment, or working directory)."""
+    problem = exec_problem(launch.command, launch.env)
+    if problem is not None:
+        raise StartError(problem)
+    if cwd and launch.workdir is not None and not Path(launch.workdir).is_dir():
+        raise StartError(f"the command's working directory {launch.workdir} is gone (not a directory)")
+
+
 @dataclass(frozen=True)
 class Launch:
     """One attempt of one replica, as the agent asks a runtime to start it."""
@@ -151,8 +181,14 @@ class Runtime(Protocol):
     def kill(self, handle: Handle) -> None: ...
 
 
+def _prepare(launch: Launch) -> None:
+    """The directories a replica writes before it starts: its checkpoints' (on the host) and its log's."""
+    if launch.checkpoint_host_dir is not None:
+        launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
+    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def _log(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
     return open(path, "ab", buffering=0)
 
 
@@ -169,6 +205,7 @@ class ProcessRuntime:
     name = "process"
 
     def start(self, launch: Launch) -> subprocess.Popen:
+        _checked(launch)
         exe = launch.command[0]
         if os.sep in exe:  # a path: as the child resolves it, from its working directory (the sim's: the config dir)
             found = os.access(Path(launch.workdir or ".") / exe, os.X_OK)
@@ -178,14 +215,13 @@ class ProcessRuntime:
             raise StartError(f"command {exe!r} not found or not executable (in {Path(launch.workdir or '.').resolve()})")
         if not found:
             raise StartError(f"command {exe!r} not found (PATH={launch.env.get('PATH', os.environ.get('PATH', ''))})")
-        if launch.checkpoint_host_dir is not None:
-            launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
-        with _log(launch.log_path) as log:
-            try:
+        try:
+            _prepare(launch)
+            with _log(launch.log_path) as log:
                 return subprocess.Popen(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
-            except OSError as e:  # not executable, a bad interpreter line
-                raise StartError(f"cannot start {exe!r}: {e.strerror}") from None
+        except OSError as e:  # not executable, a bad interpreter line, a directory it cannot write
+            raise StartError(f"cannot start {exe!r}: {e.strerror}{f' ({e.filename})' if e.filename else ''}") from None
 
     def poll(self, handle: subprocess.Popen | Detached) -> int | None:
         return handle.poll()
@@ -196,7 +232,7 @@ class ProcessRuntime:
         elif handle.poll() is None:
             try:
                 os.killpg(handle.pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone, or a zombie group's pid reused: nothing of ours to signal
                 pass
 
     def kill(self, handle: subprocess.Popen | Detached) -> None:
@@ -315,25 +351,36 @@ class DockerRuntime:
     def start(self, launch: Launch) -> DockerHandle:
         if shutil.which(self.docker) is None:
             raise StartError("docker is not installed on this instance (use a GPU image with the NVIDIA container toolkit)")
+        _checked(launch, cwd=False)  # (a container runs in its image's directory)
         cmd = docker_command(launch)
         cmd[0] = self.docker
-        if launch.checkpoint_host_dir is not None:
-            launch.checkpoint_host_dir.mkdir(parents=True, exist_ok=True)
-        with _log(launch.log_path) as log:
-            proc = subprocess.Popen(shimmed(launch, cmd), env=docker_env(launch), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _prepare(launch)
+            with _log(launch.log_path) as log:
+                proc = subprocess.Popen(shimmed(launch, cmd), env=docker_env(launch), stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise StartError(f"cannot start {self.docker!r}: {e.strerror}{f' ({e.filename})' if e.filename else ''}") from None
         return DockerHandle(proc.pid, launch.name, proc)
 
     def poll(self, handle: DockerHandle | Detached) -> int | None:
         return handle.proc.poll() if isinstance(handle, DockerHandle) else handle.poll()
 
+    def _kill(self, *args: str) -> None:
+        """`docker kill ARGS`; a docker gone or hung since is no reason to stop the agent: a signal then does not
+        reach the replica (it is killed once its grace is over), a kill falls back to the client's process group."""
+        try:
+            subprocess.run([self.docker, "kill", *args], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
     def signal(self, handle: DockerHandle | Detached, sig: int) -> None:
         if self.poll(handle) is None:
-            subprocess.run([self.docker, "kill", "--signal", signals.Signals(sig).name, handle.name], capture_output=True, timeout=30)
+            self._kill("--signal", signals.Signals(sig).name, handle.name)
 
     def kill(self, handle: DockerHandle | Detached) -> None:
         if self.poll(handle) is None:
-            subprocess.run([self.docker, "kill", handle.name], capture_output=True, timeout=30)
+            self._kill(handle.name)
             if isinstance(handle, Detached):
                 handle.wait(30)
                 return
