@@ -888,16 +888,24 @@ def _stood_in(desired: DesiredState, observed: Observed, plan: Plan, name: str) 
 def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str, higher: list[str]) -> bool:
     """Whether its tenant's higher-class work `higher` takes the room of evicted job `name` (README, Tenants: guaranteed
     work gives way only to a higher class of its own tenant): some of it lands where the job ran, or where a job of the
-    tenant that moved into that room ran; or the tenant's guarantee cannot hold the job beside what the plan keeps of the
-    tenant's work and that higher work (the job would borrow)."""
+    tenant that moved into that room ran, or on a new instance of the pool of one of those the plan deletes, where the
+    pool ends at its max_instances (the slot bought again); or the tenant's guarantee cannot hold the job beside what
+    the plan keeps of the tenant's work and that higher work (the job would borrow)."""
     if not higher:
         return False
     t = desired.jobs[name].spec.tenant
     room = set(observed.placements[name])
     on = {jc.job: set(jc.instances) for jc in plan.jobs}
     moved = [jc.job for jc in plan.jobs if jc.action == "move" and desired.jobs[jc.job].spec.tenant == t]
+    pool_of = {i.id: i.pool for i in observed.instances} | {c.ref: c.site.pool for c in plan.creates}
+    deleted = {d.instance_id for d in plan.deletes}
+    after = Counter(pool_of[i] for i in pool_of if i not in deleted)
     while True:
-        more = {i for k in moved if on[k] & room for i in observed.placements.get(k, ())} - room
+        more = {i for k in moved if on[k] & room for i in observed.placements.get(k, ())}
+        full = {pool_of[i] for i in room & deleted if pool_of.get(i) in desired.pools
+                and after[pool_of[i]] >= desired.pools[pool_of[i]].spec.max_instances}
+        more |= {c.ref for c in plan.creates if c.site.pool in full}
+        more -= room
         if not more:
             break
         room |= more

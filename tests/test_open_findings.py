@@ -201,7 +201,10 @@ told to make it a plain test).
   puts its higher job (its test). fleet110 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence,
   no file): `reconcile plan` failed ("internal error: the plan would stop running work that no rule requires
   stopping"): t1's j4, resized to j5's shape, was given the stay the solver counted for running j5, restarted in place
-  and stopped j5 (its test)."""
+  and stopped j5 (its test). fleet111 (the slow lifecycle machine, 2026-12-02, seed 4242032; on main too; the fleet
+  before the plan, minimised): the plan right after an apply moved t1's critical j4 from the spot A100 where its high
+  j2 ran to an on-demand one in the same slot of its pool (max 1): the plan before had been refused that placement, as
+  j4 landed on no instance j2 ran on; a new instance in the slot of a deleted one is its room now (its tests)."""
 
 from __future__ import annotations
 
@@ -2109,5 +2112,54 @@ def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_
         machine.plan_it()
         actions = {j.job: (j.action, j.instances) for j in machine.plan.jobs}
         assert actions["j5"][0] == "keep" and actions["j4"][0] == "evict", actions
+    finally:
+        machine.teardown()
+
+
+def test_a_higher_class_job_bought_in_the_slot_of_its_tenants_deleted_instance_takes_its_room_on_fleet111():
+    """fleet111 (the slow lifecycle machine, 2026-12-02, seed 4242032; on main too; the fleet before the plan that broke
+    convergence, minimised): pool a100 (max 1) runs i1, a spot a2-highgpu-4g with t1's high j2; t1 (no quota: all it
+    runs is guaranteed) adds a critical 4-GPU NVLink j4 and a spot-required 4-GPU A10G j5 (max_spot_fraction 0.5). The
+    cheapest plan deletes i1 and buys an on-demand a2-highgpu-4g in its slot for j4 (on-demand room for the spot share
+    too), $18.19/h; the re-check refused it (j4 landed on no instance j2 ran on), so the plan put j4 on i1 with an idle
+    on-demand g5.12xlarge for the share, $20.56/h, and the plan right after its apply moved j4 to the on-demand A100
+    all the same. A new instance bought in the slot of one the job ran on that the plan deletes, its pool at
+    max_instances, is its room (plancheck.slots_bought_again)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet111"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
+    new = {c.ref: (c.site.pool, c.site.instance_type, c.site.market) for c in plan.creates}
+    assert actions["j2"][0] == "evict" and actions["j4"][0] == "place", (plan.solver.note, actions)
+    assert new.get(actions["j4"][1][0]) == ("a100", "a2-highgpu-4g", "on-demand"), (actions, new)
+    assert "i1" in {d.instance_id for d in plan.deletes} and plan.cost_after < 18.2, plan.cost_after
+    check_fleet(fleet("fleet111"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_is_a_no_op_on_fleet111(monkeypatch):
+    """fleet111 replayed as the lifecycle machine drew it (shortened): t1 runs two low A10G jobs on a g5.12xlarge and
+    its high j2 on a spot a2-highgpu-4g (pool a100 at max 1); it adds the critical j4 and the spot-required j5. The plan
+    is applied and planned again: a no-op (it moved j4, j1 and j3 for $2.37/h less, 3 creates and 3 deletes)."""
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
+
+    class Draws:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def draw(self, strategy, label=None):
+            return self.values.pop(0)
+
+    def job(kind, shape, priority, spot):
+        return [kind, shape, "t1", priority, spot, 2, "zone"]
+
+    start = [None, None, None, "either", 3, "either", 1, "on-demand", 3, "spot", 2, 0.5, 0, "WhenUnderutilized", "LowerPriority", 3,
+             *job("a10g", 0, "low", "eligible"), *job("a100nv", 0, "high", "eligible"), *job("a10g", 0, "low", "eligible")]
+    machine = life.FleetLifeSlow()
+    try:
+        machine.start(Draws(start))
+        machine.edit(Draws(job("a100nv", 1, "critical", "eligible")), "add_job")
+        machine.edit(Draws(job("a10g", 1, "low", "required")), "add_job")
+        machine.plan_it()
+        machine.apply_it(saved=False, allow=False)  # (checks the plan after it is a no-op)
     finally:
         machine.teardown()
