@@ -234,8 +234,8 @@ def reshaped(job: Job, observed: Observed) -> bool:
 
 
 def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> list[str]:
-    """The tenant's running jobs inside its guarantee, highest priority first, the largest first within a class (the README: 'no
-    tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
+    """The tenant's running jobs inside its guarantee, the longest-running first (`observed.since`), then the highest
+    priority, then the largest (the README: 'no tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
     the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
     return _guaranteed_running(desired, observed, tenant)[0]
 
@@ -252,11 +252,12 @@ def _guaranteed_running(desired: DesiredState, observed: Observed, tenant: str) 
     # (a tenant without a quota is unlimited: everything it runs is inside its guarantee)
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     used = dict.fromkeys(DIMS, 0.0)
+    since = getattr(observed, "since", {})
     whole = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
     stays = [j for j in whole if _legal_now(j, observed, desired, _NO_CHANGES)]  # (a job that cannot stay where it runs is not kept there)
     out: tuple[list[str], list[str]] = ([], [])
     for part, jobs in zip(out, (stays, [j for j in whole if j not in stays])):
-        for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), -job_size(j), j.name)):  # (largest first in a class)
+        for j in sorted(jobs, key=lambda j: (since.get(j.name, 0), -j.spec.priority_weight(), -job_size(j), j.name)):
             r = j.spec.resources
             need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
             if all(used[k] + need[k] <= guar[k] + EPS for k in guar):

@@ -2031,9 +2031,10 @@ def test_greedy_drops_the_idle_on_demand_host_the_spot_share_holds_without_on_fl
     the budget no room for i1; settle_spot kept the idle i0 for the share, then gave up i2 all the same, and i0 held
     the budget i1 needed when the running work was asked again: j2 was evicted and new work placed, and apply's
     re-check refused greedy's plan. CP-SAT's keeps j2 on i1 and moves j9 beside it. What settle_spot opened for the
-    share and it holds without is closed before running work is asked again; greedy keeps j1 and j2 on i1 now (j9,
-    running, takes no protected job's room: evicted)."""
-    both_plans_keep_every_rule(fleet("fleet106"), j2=("keep", ("i1",)))
+    share and it holds without is closed before running work is asked again; greedy keeps j2 on i1 now. And it moves j9
+    into t1's low j1's room, as CP-SAT does (it kept j1 and evicted j9: a protected running job placed anew took no
+    protected job's room, though it keeps its own units; greedy._place_displacing)."""
+    both_plans_keep_every_rule(fleet("fleet106"), j2=("keep", ("i1",)), j9=("move", ("i1",)), j1=("evict", ()))
 
 
 def test_greedy_keeps_t2s_guaranteed_job_the_budget_had_room_for_on_fleet107():
@@ -2161,5 +2162,44 @@ def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_
         machine.edit(Draws(job("a10g", 1, "low", "required")), "add_job")
         machine.plan_it()
         machine.apply_it(saved=False, allow=False)  # (checks the plan after it is a no-op)
+    finally:
+        machine.teardown()
+
+
+def test_a_tenants_new_higher_class_job_placed_beside_its_guaranteed_job_leaves_it_guaranteed_on_fleet112(monkeypatch):
+    """fleet112 (the slow lifecycle machine, 2026-12-02, seed 4242032, after fleet111's fix; on main too), replayed as the
+    machine drew it (shortened; a sequence, no file). t2 (2 GPUs guaranteed, burst 4) runs its normal 2-GPU A100 j1
+    beside t1's normal j3 on the a100 pool's one a2-highgpu-4g (max 1), and its low 1-GPU A10G j2; t1's critical 4-GPU
+    j4 waits for that pool (j1 is inside t2's guarantee). t2 adds a critical 1-GPU A10G j5: the plan places it beside
+    j1 (t2 borrows 1 GPU: keeping j1 inside the guarantee ranks first). Right after the apply, t2's guarantee was
+    filled again highest class first (j5, then j2: j1 no longer fits), so j1 was borrowed and the next plan evicted it
+    and j3 for j4: the fleet did not converge. The guarantee holds the longest-running first across classes now, as
+    under preemption: Never (problem.tenants._fill): the plan that placed j5 kept j1 inside it, and so does the next."""
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
+
+    class Draws:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def draw(self, strategy, label=None):
+            return self.values.pop(0)
+
+    def job(kind, shape, tenant, priority):
+        return [kind, shape, tenant, priority, "eligible", 2, "zone"]
+
+    t2 = {"gpus": 2, "cpu": 16, "burst": {"gpus": 4, "cpu": 32}}
+    start = [None, t2, None, "either", 3, "either", 1, "on-demand", 3, "spot", 2, 0.5, 0, "WhenUnderutilized", "LowerPriority", 3,
+             *job("a100nv", 0, "t2", "normal"), *job("a10g", 0, "t2", "low"), *job("a100nv", 0, "t1", "normal")]
+    machine = life.FleetLifeSlow()
+    try:
+        machine.start(Draws(start))
+        machine.edit(Draws(job("a100nv", 1, "t1", "critical")), "add_job")
+        machine.apply_it(saved=False, allow=True)
+        machine.edit(Draws(job("a10g", 0, "t2", "critical")), "add_job")
+        machine.plan_it()
+        assert {j.job: j.action for j in machine.plan.jobs}["j5"] == "place"
+        machine.apply_it(saved=True, allow=True)  # (checks the plan after it is a no-op)
     finally:
         machine.teardown()
