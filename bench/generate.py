@@ -87,8 +87,11 @@ def bench_catalog(catalog: Catalog) -> Catalog:
     return dataclasses.replace(catalog, shapes={k: s for k, s in catalog.shapes.items() if k[1] in BENCH_TYPES.get(k[0], ())})
 
 
-def _offered(catalog: Catalog, cloud: str, region: str) -> list[InstanceShape]:
-    return [s for (c, _), s in sorted(catalog.shapes.items()) if c == cloud and (s.regions is None or region in s.regions)]
+def _offered(catalog: Catalog, cloud: str, region: str, zones: list[str]) -> list[InstanceShape]:
+    """The types offered in one of `zones` of the region (with --zones-per-region 1, a3-highgpu-8g, offered in
+    europe-west4-b and -c only, went into a pool of europe-west4-a, and the loader refused the config)."""
+    return [s for (c, _), s in sorted(catalog.shapes.items())
+            if c == cloud and region in s.prices and any(s.prices[region].offered_in(z) for z in zones)]
 
 
 def pool_docs(catalog: Catalog, zones_per_region: int, max_instances: int, min_gpus: int = 1,
@@ -103,7 +106,7 @@ def pool_docs(catalog: Catalog, zones_per_region: int, max_instances: int, min_g
         for region, info in sorted(regions.items()):
             zones = info["zones"][:zones_per_region]
             families: dict[str, list[str]] = {}
-            for s in _offered(catalog, cloud, region):
+            for s in _offered(catalog, cloud, region, zones):
                 families.setdefault(s.gpu_type or "cpu", []).append(s)
             for family, shapes in sorted(families.items()):
                 large = [s for s in shapes if s.gpus >= min_gpus]
@@ -185,7 +188,10 @@ def fleet_docs(jobs: int, seed: int = 1, *, tenants: int = 8, quota_fraction: fl
     pools = pool_docs(catalog, zones_per_region, max_instances, min_gpus, reserve=reserve)
     regions = [f"{c}/{r}" for c, rs in sorted(catalog.regions.items()) for r in sorted(rs)]
 
-    eu_families = {s.gpu_type for r in EU_REGIONS for s in _offered(catalog, *r.split("/"))}
+    eu_families: set[str | None] = set()
+    for r in EU_REGIONS:
+        cloud, region = r.split("/")
+        eu_families |= {s.gpu_type for s in _offered(catalog, cloud, region, clouds[cloud]["regions"][region]["zones"])}
     specs = []
     for _ in range(jobs):
         r = rng.random()

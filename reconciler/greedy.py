@@ -1658,9 +1658,13 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
     evicted both and placed it.) Its tenant's protected jobs (TenantRules.protected_jobs) are stopped only as far as
     d stands in for them (ledger.stand_in_units: the guarantees tier, first of the model's): only new work does, so a
     running job that must move takes no protected job's room (it did, in fleet 41 of bench.explore_mixed after a
-    shrink: the warm start lost 14 guarantee units, and the tiers the solver then had to reach again stayed unproven)."""
+    shrink: the warm start lost 14 guarantee units, and the tiers the solver then had to reach again stayed unproven).
+    But a protected running job of d placed anew keeps its own units, as the model's tier counts a moved protected job
+    kept: it may take as many of its tenant's lower protected units (fleet106: t1's high j9, whose spot host had to go,
+    was evicted where CP-SAT moved it into t1's low j1's room)."""
     if g.p.placement.preemption == "Never" or d.bundle != 1 or g.led.quota_short(d) is not None:
         return False
+    keeps_own = _reclaimable(g)[2].get(d.key, 0) > g.a.placed[d.key]  # (one of d's protected running jobs, not placed yet)
     victims, classes = _victims(g, d.tenant)
     on_host: dict[str, list[Demand]] = {}
     for v, hk in victims[:bisect.bisect_left(classes, d.klass)]:
@@ -1676,7 +1680,8 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
 
     def stands_in() -> bool:  # d stands in for every protected unit stopped so far
         gone = [v for vs in lost.values() for v in vs]
-        return not gone or (d.running_jobs == 0 and sum(v.job_size for v in gone) <= stand_in_units(d, gone))
+        units = stand_in_units(d, gone) if d.running_jobs == 0 else d.job_size if keeps_own else 0
+        return not gone or sum(v.job_size for v in gone) <= units
 
     for hk, here_victims in on_host.items():
         inst = g.opened.get(hk)

@@ -322,6 +322,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
                    and observed.placements.get(j.job))
     protected = {t: set(r.protected_jobs) for t, r in problem.tenants.items()}
     by_tenant = TenantMoves.of(plan, demand_of, arriving)
+    rebought = slots_bought_again(plan, observed, problem)
     # (its spot share lets its spot work go, its ceiling its work in a dimension it is over, its budget any: the stop of
     # its on-demand work makes its spot share worse, that of its CPU job mends no GPU ceiling; audit: each was applied)
     use = running_use(problem.demands)
@@ -343,7 +344,7 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
-        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, observed, demand_of, by_tenant, problem):
+        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, observed, demand_of, by_tenant, problem, rebought):
             continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
@@ -721,8 +722,21 @@ def _borrowed(running: list[str], problem: Problem, demand_of: dict[str, Demand]
     return sorted(out)
 
 
+def slots_bought_again(plan: Plan, observed: Observed, problem: Problem) -> dict[str, tuple[str, ...]]:
+    """Instance the plan deletes -> the plan's new instances in its pool, where the pool ends at its max_instances: the
+    deleted instance's slot, bought again (as `KeptInstead._bought_for` reads a deleted instance's room)."""
+    gone = {d.instance_id for d in plan.deletes}
+    count = Counter(i.pool for i in observed.instances if i.id not in gone)
+    count.update(c.site.pool for c in plan.creates)
+    new: dict[str, list[str]] = {}
+    for c in plan.creates:
+        new.setdefault(c.site.pool, []).append(c.ref)
+    return {i.id: tuple(new[i.pool]) for i in observed.instances if i.id in gone and i.pool in new
+            and i.pool in problem.pool_bounds and count[i.pool] >= problem.pool_bounds[i.pool][1]}
+
+
 def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],
-                          problem: Problem) -> bool:
+                          problem: Problem, rebought: dict[str, tuple[str, ...]]) -> bool:
     """Whether the stop of running job `job` (on instances `ran_on`) is its own tenant's higher class taking its place (README, Tenants: its
     guaranteed work gives way only to a higher class of its own tenant, never to another tenant's work). So the
     tenant's arriving work (`TenantMoves.arriving`: placed, or restarted, as new work) of a higher class must take the
@@ -730,7 +744,10 @@ def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[
     moves); or the tenant's guarantee must be full without it (its kept work and that higher work leave no guaranteed
     room for it: the job would borrow, and borrowed room goes back). Its tenant's critical job placed on a new instance
     elsewhere excused the stop of its normal job, whose room another tenant's job took: that tenant took the
-    guarantee (fixed pool of one m6i.4xlarge, tests/test_rules.py)."""
+    guarantee (fixed pool of one m6i.4xlarge, tests/test_rules.py). An instance it ran on that the plan deletes to buy
+    another in its pool at max_instances (`rebought`: slots_bought_again) leaves its room there: t1's critical job on a
+    new on-demand A100 in the slot of its high job's spot one was refused, the plan placed it on the spot one, and the
+    plan after the apply moved it to the on-demand one all the same (fleet111)."""
     d = demand_of[job]
     mine = by_tenant.get(d.tenant)
     higher = [j for c, j in mine.arriving if c > d.klass] if mine else []
@@ -740,6 +757,7 @@ def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[
     grown = True
     while grown:  # (the tenant's jobs moved into the room left room where they ran)
         grown = False
+        room.update(r for i in list(room) for r in rebought.get(i, ()))
         for j in mine.moves:
             if room.intersection(j.instances) and not room.issuperset(observed.placements.get(j.job, ())):
                 room.update(observed.placements.get(j.job, ()))

@@ -234,8 +234,8 @@ def reshaped(job: Job, observed: Observed) -> bool:
 
 
 def protected_jobs(desired: DesiredState, observed: Observed, tenant: str) -> list[str]:
-    """The tenant's running jobs inside its guarantee, highest priority first, the largest first within a class (the README: 'no
-    tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
+    """The tenant's running jobs inside its guarantee, the longest-running first (`observed.since`), then the highest
+    priority, then the largest (the README: 'no tenant loses guaranteed work it runs now to another tenant'). Only jobs running whole in
     the shape they ask for: a grown gang or a changed job needs capacity it does not hold."""
     return _guaranteed_running(desired, observed, tenant)[0]
 
@@ -252,11 +252,12 @@ def _guaranteed_running(desired: DesiredState, observed: Observed, tenant: str) 
     # (a tenant without a quota is unlimited: everything it runs is inside its guarantee)
     guar = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
     used = dict.fromkeys(DIMS, 0.0)
+    since = getattr(observed, "since", {})
     whole = [j for j in desired.jobs.values() if j.spec.tenant == tenant and observed.placements.get(j.name) and not changed(j, observed)]
     stays = [j for j in whole if _legal_now(j, observed, desired, _NO_CHANGES)]  # (a job that cannot stay where it runs is not kept there)
     out: tuple[list[str], list[str]] = ([], [])
     for part, jobs in zip(out, (stays, [j for j in whole if j not in stays])):
-        for j in sorted(jobs, key=lambda j: (-j.spec.priority_weight(), -job_size(j), j.name)):  # (largest first in a class)
+        for j in sorted(jobs, key=lambda j: (since.get(j.name, 0), -j.spec.priority_weight(), -job_size(j), j.name)):
             r = j.spec.resources
             need = {"gpus": r.gpus * j.spec.replicas, "cpu": r.cpu * j.spec.replicas, "memory_gib": r.memory_gib * j.spec.replicas}
             if all(used[k] + need[k] <= guar[k] + EPS for k in guar):
@@ -888,16 +889,24 @@ def _stood_in(desired: DesiredState, observed: Observed, plan: Plan, name: str) 
 def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str, higher: list[str]) -> bool:
     """Whether its tenant's higher-class work `higher` takes the room of evicted job `name` (README, Tenants: guaranteed
     work gives way only to a higher class of its own tenant): some of it lands where the job ran, or where a job of the
-    tenant that moved into that room ran; or the tenant's guarantee cannot hold the job beside what the plan keeps of the
-    tenant's work and that higher work (the job would borrow)."""
+    tenant that moved into that room ran, or on a new instance of the pool of one of those the plan deletes, where the
+    pool ends at its max_instances (the slot bought again); or the tenant's guarantee cannot hold the job beside what
+    the plan keeps of the tenant's work and that higher work (the job would borrow)."""
     if not higher:
         return False
     t = desired.jobs[name].spec.tenant
     room = set(observed.placements[name])
     on = {jc.job: set(jc.instances) for jc in plan.jobs}
     moved = [jc.job for jc in plan.jobs if jc.action == "move" and desired.jobs[jc.job].spec.tenant == t]
+    pool_of = {i.id: i.pool for i in observed.instances} | {c.ref: c.site.pool for c in plan.creates}
+    deleted = {d.instance_id for d in plan.deletes}
+    after = Counter(pool_of[i] for i in pool_of if i not in deleted)
     while True:
-        more = {i for k in moved if on[k] & room for i in observed.placements.get(k, ())} - room
+        more = {i for k in moved if on[k] & room for i in observed.placements.get(k, ())}
+        full = {pool_of[i] for i in room & deleted if pool_of.get(i) in desired.pools
+                and after[pool_of[i]] >= desired.pools[pool_of[i]].spec.max_instances}
+        more |= {c.ref for c in plan.creates if c.site.pool in full}
+        more -= room
         if not more:
             break
         room |= more

@@ -109,3 +109,12 @@ def test_a_kept_fleet_is_planned_again_at_its_recorded_instant(tmp_path):
     first = replan(tmp_path / "kept", time_limit=5)
     assert first.split()[0] in ("OPTIMAL", "FEASIBLE") and first == replan(tmp_path / "kept", time_limit=5)
     assert sorted(p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()) == before
+
+
+def test_a_fleet_generated_on_one_zone_a_region_loads(tmp_path):
+    """`bench.generate --zones-per-region 1`: a pool takes only the types offered in its zone (a3-highgpu-8g, offered in
+    europe-west4-b and -c only, went into a pool of europe-west4-a, and the loader refused the config)."""
+    from reconciler import api
+    from tests.fleetkit import write_config
+
+    api.validate(write_config(tmp_path / "cfg", fleet_docs(8, seed=9101, zones_per_region=1)))

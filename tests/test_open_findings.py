@@ -201,7 +201,10 @@ told to make it a plain test).
   puts its higher job (its test). fleet110 (the slow lifecycle machine, 2026-12-02; on main too; a replayed sequence,
   no file): `reconcile plan` failed ("internal error: the plan would stop running work that no rule requires
   stopping"): t1's j4, resized to j5's shape, was given the stay the solver counted for running j5, restarted in place
-  and stopped j5 (its test)."""
+  and stopped j5 (its test). fleet111 (the slow lifecycle machine, 2026-12-02, seed 4242032; on main too; the fleet
+  before the plan, minimised): the plan right after an apply moved t1's critical j4 from the spot A100 where its high
+  j2 ran to an on-demand one in the same slot of its pool (max 1): the plan before had been refused that placement, as
+  j4 landed on no instance j2 ran on; a new instance in the slot of a deleted one is its room now (its tests)."""
 
 from __future__ import annotations
 
@@ -2031,9 +2034,10 @@ def test_greedy_drops_the_idle_on_demand_host_the_spot_share_holds_without_on_fl
     the budget no room for i1; settle_spot kept the idle i0 for the share, then gave up i2 all the same, and i0 held
     the budget i1 needed when the running work was asked again: j2 was evicted and new work placed, and apply's
     re-check refused greedy's plan. CP-SAT's keeps j2 on i1 and moves j9 beside it. What settle_spot opened for the
-    share and it holds without is closed before running work is asked again; greedy keeps j1 and j2 on i1 now (j9,
-    running, takes no protected job's room: evicted)."""
-    both_plans_keep_every_rule(fleet("fleet106"), j2=("keep", ("i1",)))
+    share and it holds without is closed before running work is asked again; greedy keeps j2 on i1 now. And it moves j9
+    into t1's low j1's room, as CP-SAT does (it kept j1 and evicted j9: a protected running job placed anew took no
+    protected job's room, though it keeps its own units; greedy._place_displacing)."""
+    both_plans_keep_every_rule(fleet("fleet106"), j2=("keep", ("i1",)), j9=("move", ("i1",)), j1=("evict", ()))
 
 
 def test_greedy_keeps_t2s_guaranteed_job_the_budget_had_room_for_on_fleet107():
@@ -2105,5 +2109,93 @@ def test_a_resized_job_restarts_in_no_room_the_count_keeps_for_its_running_twin_
         machine.plan_it()
         actions = {j.job: (j.action, j.instances) for j in machine.plan.jobs}
         assert actions["j5"][0] == "keep" and actions["j4"][0] == "evict", actions
+    finally:
+        machine.teardown()
+
+
+def test_a_higher_class_job_bought_in_the_slot_of_its_tenants_deleted_instance_takes_its_room_on_fleet111():
+    """fleet111 (the slow lifecycle machine, 2026-12-02, seed 4242032; on main too; the fleet before the plan that broke
+    convergence, minimised): pool a100 (max 1) runs i1, a spot a2-highgpu-4g with t1's high j2; t1 (no quota: all it
+    runs is guaranteed) adds a critical 4-GPU NVLink j4 and a spot-required 4-GPU A10G j5 (max_spot_fraction 0.5). The
+    cheapest plan deletes i1 and buys an on-demand a2-highgpu-4g in its slot for j4 (on-demand room for the spot share
+    too), $18.19/h; the re-check refused it (j4 landed on no instance j2 ran on), so the plan put j4 on i1 with an idle
+    on-demand g5.12xlarge for the share, $20.56/h, and the plan right after its apply moved j4 to the on-demand A100
+    all the same. A new instance bought in the slot of one the job ran on that the plan deletes, its pool at
+    max_instances, is its room (plancheck.slots_bought_again)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet111"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
+    new = {c.ref: (c.site.pool, c.site.instance_type, c.site.market) for c in plan.creates}
+    assert actions["j2"][0] == "evict" and actions["j4"][0] == "place", (plan.solver.note, actions)
+    assert new.get(actions["j4"][1][0]) == ("a100", "a2-highgpu-4g", "on-demand"), (actions, new)
+    assert "i1" in {d.instance_id for d in plan.deletes} and plan.cost_after < 18.2, plan.cost_after
+    check_fleet(fleet("fleet111"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_is_a_no_op_on_fleet111(monkeypatch):
+    """fleet111 replayed as the lifecycle machine drew it (shortened): t1 runs two low A10G jobs on a g5.12xlarge and
+    its high j2 on a spot a2-highgpu-4g (pool a100 at max 1); it adds the critical j4 and the spot-required j5. The plan
+    is applied and planned again: a no-op (it moved j4, j1 and j3 for $2.37/h less, 3 creates and 3 deletes)."""
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
+
+    class Draws:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def draw(self, strategy, label=None):
+            return self.values.pop(0)
+
+    def job(kind, shape, priority, spot):
+        return [kind, shape, "t1", priority, spot, 2, "zone"]
+
+    start = [None, None, None, "either", 3, "either", 1, "on-demand", 3, "spot", 2, 0.5, 0, "WhenUnderutilized", "LowerPriority", 3,
+             *job("a10g", 0, "low", "eligible"), *job("a100nv", 0, "high", "eligible"), *job("a10g", 0, "low", "eligible")]
+    machine = life.FleetLifeSlow()
+    try:
+        machine.start(Draws(start))
+        machine.edit(Draws(job("a100nv", 1, "critical", "eligible")), "add_job")
+        machine.edit(Draws(job("a10g", 1, "low", "required")), "add_job")
+        machine.plan_it()
+        machine.apply_it(saved=False, allow=False)  # (checks the plan after it is a no-op)
+    finally:
+        machine.teardown()
+
+
+def test_a_tenants_new_higher_class_job_placed_beside_its_guaranteed_job_leaves_it_guaranteed_on_fleet112(monkeypatch):
+    """fleet112 (the slow lifecycle machine, 2026-12-02, seed 4242032, after fleet111's fix; on main too), replayed as the
+    machine drew it (shortened; a sequence, no file). t2 (2 GPUs guaranteed, burst 4) runs its normal 2-GPU A100 j1
+    beside t1's normal j3 on the a100 pool's one a2-highgpu-4g (max 1), and its low 1-GPU A10G j2; t1's critical 4-GPU
+    j4 waits for that pool (j1 is inside t2's guarantee). t2 adds a critical 1-GPU A10G j5: the plan places it beside
+    j1 (t2 borrows 1 GPU: keeping j1 inside the guarantee ranks first). Right after the apply, t2's guarantee was
+    filled again highest class first (j5, then j2: j1 no longer fits), so j1 was borrowed and the next plan evicted it
+    and j3 for j4: the fleet did not converge. The guarantee holds the longest-running first across classes now, as
+    under preemption: Never (problem.tenants._fill): the plan that placed j5 kept j1 inside it, and so does the next."""
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
+
+    class Draws:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def draw(self, strategy, label=None):
+            return self.values.pop(0)
+
+    def job(kind, shape, tenant, priority):
+        return [kind, shape, tenant, priority, "eligible", 2, "zone"]
+
+    t2 = {"gpus": 2, "cpu": 16, "burst": {"gpus": 4, "cpu": 32}}
+    start = [None, t2, None, "either", 3, "either", 1, "on-demand", 3, "spot", 2, 0.5, 0, "WhenUnderutilized", "LowerPriority", 3,
+             *job("a100nv", 0, "t2", "normal"), *job("a10g", 0, "t2", "low"), *job("a100nv", 0, "t1", "normal")]
+    machine = life.FleetLifeSlow()
+    try:
+        machine.start(Draws(start))
+        machine.edit(Draws(job("a100nv", 1, "t1", "critical")), "add_job")
+        machine.apply_it(saved=False, allow=True)
+        machine.edit(Draws(job("a10g", 0, "t2", "critical")), "add_job")
+        machine.plan_it()
+        assert {j.job: j.action for j in machine.plan.jobs}["j5"] == "place"
+        machine.apply_it(saved=True, allow=True)  # (checks the plan after it is a no-op)
     finally:
         machine.teardown()

@@ -11,8 +11,8 @@ from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules
 
 def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float],
                  since: dict[str, int] | None = None) -> dict[str, TenantRules]:
-    """`since`: job -> the serial of the apply that started it (Observed.since): within a class, the guarantee holds the
-    longest-running first."""
+    """`since`: job -> the serial of the apply that started it (Observed.since): the guarantee holds the longest-running
+    first."""
     since = since or {}
     by_tenant: dict[str, list[Demand]] = {}
     for d in demands:
@@ -23,7 +23,7 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         q = t.spec.quota
         cap = {dim: q.cap(dim) for dim in DIMS if q.cap(dim) is not None}
         guarantee = {dim: quota_guarantee(q, dim) for dim in DIMS if quota_guarantee(q, dim) is not None}
-        # Protected: its running jobs, highest priority first, while they stay inside the guarantee.
+        # Protected: its running jobs, longest-running first, while they stay inside the guarantee (`_fill`).
         # Only jobs running whole in the shape they ask for now: a gang grown by a replica (or a
         # job whose resources changed) needs capacity it does not hold, which is new work. Counted
         # at its new size, it outweighed other tenants' guaranteed work in this sum (a vision gang
@@ -36,12 +36,11 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
                  if len(iids) == d.replicas * d.bundle and job not in d.reshaped]
         stays = {job for d, job, iids in whole if all(i in host_of for i in iids) and not cannot_stay(d, [host_of[i] for i in iids])}
         used = {dim: 0.0 for dim in DIMS}
-        classes = desired.placement.preemption != "Never"
-        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used, since, classes)
+        kept = _fill([(d, job) for d, job, _ in whole if job in stays], guarantee, used, since)
         # Then, in what the guarantee has left, the running jobs that must move (their instance must go or no
         # longer allows them, or a gang runs split): not protected (above), but the guarantee's second tier
         # keeps them running before another tenant's new work (objective.guarantees_tiers).
-        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since, classes)
+        moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since)
         size = {job: d.job_size for d, job, _ in whole}
         protected = sum(size[job] for job in kept)
         # Fair share is measured in the dimension its own demand weighs most on.
@@ -58,10 +57,9 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
 
 
 def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: dict[str, float],
-          since: dict[str, int] | None = None, classes: bool = True) -> list[str]:
-    """The running jobs, highest priority first, within a class the longest-running first (`since`: the apply that
-    started each), then the largest first, that fit in what `used` leaves of the guarantee (used grows). Without
-    `classes` (preemption: Never), the longest-running first across classes too, then the highest class.
+          since: dict[str, int] | None = None) -> list[str]:
+    """The running jobs, the longest-running first (`since`: the apply that started each), then the highest priority,
+    then the largest, that fit in what `used` leaves of the guarantee (used grows).
 
     Longest-running first, as the plan that placed them kept them: its tier keeping running jobs inside the guarantee
     comes before its tier of guaranteed work, so a new job of the class went on borrowed capacity beside them. Filled
@@ -75,14 +73,18 @@ def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: 
     Under preemption: Never no class takes another's place, so the plan that placed a tenant's new higher-class job
     kept its running lower ones inside the guarantee and put the new one on borrowed room; filled by class after the
     apply, t2's new high 4-GPU job was inside and its running low job borrowed, and t1's guaranteed job took that
-    room in the plan after the apply ($11.36/h -> $18.19/h, fleet102)."""
+    room in the plan after the apply ($11.36/h -> $18.19/h, fleet102). Nor does it under LowerPriority where the new
+    job takes no lower one's room: a tenant's higher class stands in for its lower jobs only where it stops them
+    (objective.protected_tier), so the plan that placed t2's new critical job beside its running normal one kept the
+    normal one inside the guarantee; filled by class after the apply, the normal one was borrowed and t1's critical job
+    took its room in the plan after the apply (fleet112)."""
     since = since or {}
     out = []
 
     def order(dj: tuple[Demand, str]) -> tuple:
         d, job = dj
         started = since.get(job, 0)
-        return (-d.priority, started, -d.job_size, job) if classes else (started, -d.priority, -d.job_size, job)
+        return (started, -d.priority, -d.job_size, job)
 
     for d, job in sorted(running, key=order):
         need = {dim: d.req(dim) * d.replicas for dim in DIMS}
