@@ -1972,13 +1972,13 @@ def test_the_plan_after_applying_a_reclaimed_high_jobs_replacement_is_a_no_op_on
     and t2's high j4 (4 A10G) loses its spot g5.12xlarge to a reclaim. The apply's plan (OPTIMAL) re-places j4 on a new
     spot g5.12xlarge as borrowed work (t2's guarantee holds its running j3) and leaves j6 pending, "pools at
     max_instances (a100 2/2)". Right after the apply, j4 runs, and t2's guarantee is filled again by class
-    (problem/tenants._fill): high j4 inside, low j3 borrowed (State.since orders only within a class: fleet71). t1's
+    (problem/tenants._fill): high j4 inside, low j3 borrowed (State.since then ordered only within a class: fleet71). t1's
     guaranteed j6 may then take borrowed room, and the plan moves j3 and j5 onto one new a2-highgpu-4g beside j6 (and j2
     to a spot g5.xlarge), $11.36/h -> $18.19/h: the fleet does not converge. Either the plan that places a tenant's new
     higher-class work should fill the guarantee as the plan after its apply will (j3 borrowed now, j6 placed now), or the
     fill should keep the jobs the last plan kept in the guarantee across classes too. The latter, since under preemption:
     Never no class takes another's place: the guarantee holds the longest-running first across classes (README,
-    Tenants; problem/tenants._fill)."""
+    Tenants; problem/tenants._fill), and since fleet112 under LowerPriority too."""
     import tests.test_lifecycle_machine as life
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
@@ -2139,13 +2139,6 @@ def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
 
-    class Draws:
-        def __init__(self, values):
-            self.values = list(values)
-
-        def draw(self, strategy, label=None):
-            return self.values.pop(0)
-
     def job(kind, shape, priority, spot):
         return [kind, shape, "t1", priority, spot, 2, "zone"]
 
@@ -2153,9 +2146,9 @@ def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_
              *job("a10g", 0, "low", "eligible"), *job("a100nv", 0, "high", "eligible"), *job("a10g", 0, "low", "eligible")]
     machine = life.FleetLifeSlow()
     try:
-        machine.start(Draws(start))
-        machine.edit(Draws(job("a100nv", 1, "critical", "eligible")), "add_job")
-        machine.edit(Draws(job("a10g", 1, "low", "required")), "add_job")
+        machine.start(_Draws(start))
+        machine.edit(_Draws(job("a100nv", 1, "critical", "eligible")), "add_job")
+        machine.edit(_Draws(job("a10g", 1, "low", "required")), "add_job")
         machine.plan_it()
         machine.apply_it(saved=False, allow=False)  # (checks the plan after it is a no-op)
     finally:
@@ -2175,13 +2168,6 @@ def test_a_tenants_new_higher_class_job_placed_beside_its_guaranteed_job_leaves_
 
     monkeypatch.setattr(life, "note", lambda text: None)  # (hypothesis's, outside a hypothesis test)
 
-    class Draws:
-        def __init__(self, values):
-            self.values = list(values)
-
-        def draw(self, strategy, label=None):
-            return self.values.pop(0)
-
     def job(kind, shape, tenant, priority):
         return [kind, shape, tenant, priority, "eligible", 2, "zone"]
 
@@ -2190,10 +2176,10 @@ def test_a_tenants_new_higher_class_job_placed_beside_its_guaranteed_job_leaves_
              *job("a100nv", 0, "t2", "normal"), *job("a10g", 0, "t2", "low"), *job("a100nv", 0, "t1", "normal")]
     machine = life.FleetLifeSlow()
     try:
-        machine.start(Draws(start))
-        machine.edit(Draws(job("a100nv", 1, "t1", "critical")), "add_job")
+        machine.start(_Draws(start))
+        machine.edit(_Draws(job("a100nv", 1, "t1", "critical")), "add_job")
         machine.apply_it(saved=False, allow=True)
-        machine.edit(Draws(job("a10g", 0, "t2", "critical")), "add_job")
+        machine.edit(_Draws(job("a10g", 0, "t2", "critical")), "add_job")
         machine.plan_it()
         assert {j.job: j.action for j in machine.plan.jobs}["j5"] == "place"
         machine.apply_it(saved=True, allow=True)  # (checks the plan after it is a no-op)
