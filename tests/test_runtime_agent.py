@@ -1085,3 +1085,32 @@ def test_a_command_directory_that_is_gone_fails_its_replicas_naming_it_and_the_a
     rec = run_until([a], terminal(bus, "prep"), timeout=10)
     assert (rec["phase"], rec["reason"]) == ("Failed", "StartError"), rec
     assert str(gone) in rec["message"] and "directory" in rec["message"], rec["message"]
+
+
+def test_a_local_record_it_cannot_write_keeps_the_replica_running_is_reported_and_written_once_it_can(bus, agents, tmp_path):
+    """The agent's own files (the replica's local record, replicas.pids) cannot be written just after it started a
+    replica (a full disk: here a directory where each file goes, which stops root too): the agent died with the OSError,
+    its replica left running untracked. It keeps running, the agent's report names the path and errno, and each tick
+    writes again: once it can, an agent restarted on the instance adopts the replica instead of starting a second copy."""
+    work = tmp_path / "i-0"
+    (work / "replicas" / "sleep-0.json").mkdir(parents=True)
+    (work / "replicas.pids").mkdir()
+    a = agents("i-0")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("sleep", [PY, "-c", "import time; time.sleep(60)"])]})
+    a.tick()
+    rep = a.replicas[("sleep", 0)]
+    assert rep.running and a.runtime.poll(rep.handle) is None
+    a.tick()  # (the next tick retries, fails again, and does not die either)
+    said = bus.agent("i-0")["workdir_failed"]
+    assert str(work / "replicas" / "sleep-0.json") in said and "EISDIR" in said, said
+    (work / "replicas" / "sleep-0.json").rmdir()
+    (work / "replicas.pids").rmdir()
+    a.tick()
+    a._publish(force=True)
+    assert "workdir_failed" not in bus.agent("i-0")
+    assert json.loads((work / "replicas" / "sleep-0.json").read_text())["pid"] == rep.handle.pid
+    assert (work / "replicas.pids").read_text().split()[0] == str(rep.handle.pid)
+    again = agents("i-0")  # the agent restarted (systemd): the replica's process is adopted, not started twice
+    again.tick()
+    assert again.replicas[("sleep", 0)].reason == "Adopted" and again.replicas[("sleep", 0)].handle.pid == rep.handle.pid
+    a.runtime.kill(rep.handle)

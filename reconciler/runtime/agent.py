@@ -21,6 +21,7 @@ kill a training run); the reconciler then sees no heartbeat and shows AgentUnrea
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal as signals
@@ -288,6 +289,11 @@ class Agent:
         self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
         self.write_failed: str | None = None  # a run record not written since: in the heartbeat, so status does not trust runs/
         self.written: dict[tuple[str, int], str] = {}
+        # This agent's own files it could not write (a full or read-only disk): path -> why, in its heartbeat. The
+        # replicas keep running; their local records (unsaved) and replicas.pids (pids_due) are written again each tick.
+        self.workdir_failed: dict[str, str] = {}
+        self.unsaved: dict[tuple[str, int], dict] = {}
+        self.pids_due = False
         self.last_beat = 0.0
         self.last_running: list[str] | None = None
         self.stopping = False
@@ -336,6 +342,7 @@ class Agent:
         self.round_records = {}
         if not self.adopted:
             self._adopt()
+        self._write_own_again()
         notice = self.notice.check()
         if notice and not self.notice_seen:
             self.notice_seen = notice
@@ -350,10 +357,9 @@ class Agent:
             self.bus_said = self.write_failed = None
         if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
-            self.notice_done = True
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            (self.workdir / "notice.done").write_text(iso() + "\n")
-            self._log("interruption handled: every replica stopped and reported")
+            if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
+                self.notice_done = True
+                self._log("interruption handled: every replica stopped and reported")
 
     # -------------------------------------------------------------- an agent that restarted
     def _local(self, key: tuple[str, int]) -> Path:
@@ -422,11 +428,41 @@ class Agent:
             self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended while no agent watched it")
 
     def _save_local(self, rep: Replica, launch: Launch) -> None:
-        path = self._local(rep.key)
-        doc = {"entry": rep.entry, "attempt": rep.attempt, "backoff_from": rep.backoff_from, "pid": rep.handle.pid, "started": start_time(rep.handle.pid),
-               "name": launch.name, "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(),
-               "env": rep.env}
-        write_atomic(path, json.dumps(doc).encode(), mode=0o600)  # (it holds the replica's environment: run.env too)
+        self.unsaved[rep.key] = {"entry": rep.entry, "attempt": rep.attempt, "backoff_from": rep.backoff_from, "pid": rep.handle.pid,
+                                 "started": start_time(rep.handle.pid), "name": launch.name, "exit_path": str(launch.exit_path),
+                                 "started_at": rep.started_at, "started_unix": now_unix(), "env": rep.env}
+        self._flush_local(rep.key)
+
+    def _flush_local(self, key: tuple[str, int]) -> None:
+        # (0600: it holds the replica's environment, run.env too)
+        if self._write_own(self._local(key), json.dumps(self.unsaved[key]).encode(), mode=0o600):
+            del self.unsaved[key]
+
+    def _write_own(self, path: Path, data: bytes, mode: int = 0o644, again: bool = True) -> bool:
+        """Write one of this agent's own files; False when it cannot (a full or read-only disk), logged. One written again
+        each tick until it is (`again`) is kept in workdir_failed (the heartbeat's) till then. The agent died with the
+        OSError just after it started a replica: the replica ran on with no agent, and no local record to adopt it by."""
+        try:
+            write_atomic(path, data, mode=mode)
+        except OSError as e:
+            why = f"cannot write {path}: {e.strerror} ({errno.errorcode.get(e.errno or 0, e.errno)}, errno {e.errno})"
+            if not again:
+                self._log(why)
+            elif self.workdir_failed.get(str(path)) != why:
+                self._log(f"{why}; what runs keeps running, written again every poll")
+                self.workdir_failed[str(path)] = why
+            return False
+        if self.workdir_failed.pop(str(path), None) is not None:
+            self._log(f"wrote {path} again")
+        return True
+
+    def _write_own_again(self) -> None:
+        """The local records and replicas.pids not written yet (_write_own): until they are, an agent restarted here
+        would not adopt the replica (it started a second copy) and the sim could not end it with the instance."""
+        for key in list(self.unsaved):
+            self._flush_local(key)
+        if self.pids_due:
+            self._write_pids()
 
     def _ended(self, rep: Replica, ended: dict | None) -> None:
         """A replica's process ended: how (its shim's exit file) decides what follows."""
@@ -504,8 +540,13 @@ class Agent:
                     rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
                 self._last_report(rep)
             del self.replicas[key]
-            self._local(key).unlink(missing_ok=True)
-            self._exit_path(key).unlink(missing_ok=True)
+            self.unsaved.pop(key, None)
+            self.workdir_failed.pop(str(self._local(key)), None)
+            for path in (self._local(key), self._exit_path(key)):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as e:  # (left: an agent restarted here finds it ended and reported, and skips it)
+                    self._log(f"cannot remove {path}: {e.strerror}")
         if self.bus_error is not None and self.assignment is None:
             return
         for key, entry in want.items():
@@ -890,7 +931,8 @@ class Agent:
 
     def _write_marker(self, job: str, generations: list[str], at: list | None = None) -> None:
         """`at`: the assignment (spec hash, epoch) whose round the directory was restored for (restore_round)."""
-        write_atomic(self._marker(job), json.dumps({"generations": generations, "at_time": iso(), **({"at": at} if at else {})}).encode())
+        doc = {"generations": generations, "at_time": iso(), **({"at": at} if at else {})}
+        self._write_own(self._marker(job), json.dumps(doc).encode(), again=False)  # (unwritten: fetched again by the next restore)
 
     def _upload_due(self, rep: Replica, deadline: float) -> None:
         path = self._checkpoint_dir(rep.entry)
@@ -943,7 +985,8 @@ class Agent:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return None
         if got.marker is not None:
-            write_atomic(self._marker(job), json.dumps({**got.marker, "at_time": iso()}).encode())
+            # (unwritten: the next restore fetches this upload again)
+            self._write_own(self._marker(job), json.dumps({**got.marker, "at_time": iso()}).encode(), again=False)
         elif got.generations:
             self._write_marker(job, got.generations)
         return None
@@ -1009,15 +1052,17 @@ class Agent:
     def _note_stop(self, rep: Replica, deadline_at: float) -> None:
         """The stop under way, in the replica's local record (before its signal): an agent that restarts in its grace
         ends the replica as this stop asks, not as its exit code alone would say (_adopt)."""
-        path = self._local(rep.key)
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
+        doc = self.unsaved.get(rep.key)
+        if doc is None:
+            try:
+                doc = json.loads(self._local(rep.key).read_text())
+            except (OSError, ValueError):
+                return
         st = rep.stop
         doc["stopping"] = {"phase": st.phase, "reason": st.reason, "message": st.message, "terminal": st.terminal,
                            "restart_attempt": st.restart_attempt, "deadline_at": deadline_at}
-        write_atomic(path, json.dumps(doc).encode(), mode=0o600)
+        self.unsaved[rep.key] = doc
+        self._flush_local(rep.key)
 
     def _log_path(self, rep: Replica) -> Path:
         return replica_log(self.workdir, *rep.key)
@@ -1026,7 +1071,7 @@ class Agent:
         """The replicas' process groups with their start times, so the sim can end them with the
         instance even after this agent is gone (and never hit a reused pid)."""
         lines = [f"{rep.handle.pid} {start_time(rep.handle.pid)}" for rep in self.replicas.values() if rep.handle is not None]
-        write_atomic(self.workdir / "replicas.pids", "".join(f"{ln}\n" for ln in lines).encode())
+        self.pids_due = not self._write_own(self.workdir / "replicas.pids", "".join(f"{ln}\n" for ln in lines).encode())
 
     # -------------------------------------------------------------- writing the bus
     def _record(self, rep: Replica) -> dict:
@@ -1090,6 +1135,7 @@ class Agent:
             "state": state or ("Interrupting" if self.notice_seen else "Ready"), "notice": self.notice_seen,
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
             "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
+            **({"workdir_failed": "; ".join(sorted(self.workdir_failed.values()))} if self.workdir_failed else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)
