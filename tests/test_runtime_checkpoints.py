@@ -547,3 +547,28 @@ def test_a_file_begun_before_the_upload_deadline_is_sent_whole_and_a_last_one_co
                     deadline=time.monotonic() + 0.1, progress=slow)
     assert not cut.complete and cut.files == 1 and "out of time after 1/2 file(s)" in cut.why, cut
     assert [d["generation"] for d in ck.manifests(store, "ft")] == [late.generation, first.generation]
+
+
+def test_a_manifest_whose_file_keys_lie_outside_its_own_jobs_generation_is_skipped_whole(store, tmp_path):
+    """A manifest under job a's prefix (any agent can write one: the bus is shared) naming another job's file by its key,
+    with that file's size and sha256 (the writer reads both): a's restore took job b's checkpoint, and a's prune deleted
+    it. Each file's key must be the one upload gives it (file_key: its job, its generation, its path)."""
+    now = clock()
+    out, log = logs()
+    other = ck.upload(store, "b", write(tmp_path / "b", {"rank-0.json": "b's weights"}), instance="i-2", spec_hash="hb", epoch=1, now=now, log=log)
+    mine = ck.upload(store, "a", write(tmp_path / "a", {"rank-0.json": "a's own"}), instance="i-1", spec_hash="ha", epoch=1, now=now, log=log)
+    b_file = json.loads(store.read_key(ck.manifest_key("b", other.generation)))["files"][0]
+    for gen, key in (("9999999999990-x", b_file["key"]),  # another job's key outright
+                     ("9999999999991-x", f"{ck.data_prefix('a')}/9999999999991-x/../../../b/data/{other.generation}/rank-0.json"),
+                     ("9999999999992-x", ck.file_key("a", mine.generation, "rank-0.json"))):  # a's, but another generation's
+        forged = json.loads(store.read_key(ck.manifest_key("a", mine.generation)))
+        forged.update(generation=gen, created_unix=float(gen[:13]) / 1000)
+        forged["files"] = [{**b_file, "key": key}]
+        store.write_key(ck.manifest_key("a", gen), json.dumps(forged).encode())
+    assert [d["generation"] for d in ck.manifests(store, "a", log=log)] == [mine.generation]
+    assert sum("names the key" in m and "outside" in m for m in out) == 3, out
+    dest = tmp_path / "restored"
+    assert ck.restore(store, "a", dest, log=log).generations == [mine.generation]
+    assert (dest / "rank-0.json").read_text() == "a's own"
+    ck.prune(store, "a", keep=0, log=log)
+    assert store.read_key(b_file["key"]) == b"b's weights"

@@ -326,7 +326,8 @@ def _valid(doc: object) -> bool:
 
 
 def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
-    """The job's complete uploads, newest first (an unreadable manifest is skipped, logged)."""
+    """The job's complete uploads, newest first (an unreadable manifest, or one naming a file outside its own job's
+    generation, is skipped whole, logged)."""
     out = []
     for key in store.list_keys(manifest_prefix(job)):
         if not key.endswith(".json"):
@@ -341,6 +342,14 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
             continue  # (deleted since listed)
         if not _valid(doc) or f"{manifest_prefix(job)}/{doc['generation']}.json" != key:
             log(f"{job}: checkpoint manifest {key} is not one the agent writes: skipped")
+            continue
+        # Each file's key is the one upload gives its path, in this job's generation: the manifest's writer (any agent:
+        # the bus is shared) also gives the sha256, so a key of another job's file was restored, and pruned, as this one's.
+        gen = doc["generation"]
+        bad = next((f for f in doc["files"] if f["key"] != file_key(job, gen, f["path"])), None)
+        if bad is not None:
+            log(f"{job}: checkpoint manifest {key} names the key {bad['key']!r} for {bad['path']!r}, outside "
+                f"{data_prefix(job)}/{gen}/ (or not the key its upload gives it): skipped")
             continue
         out.append(doc)
     return sorted(out, key=lambda d: (d["created_unix"], d["generation"]), reverse=True)
