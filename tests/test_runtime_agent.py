@@ -1114,3 +1114,20 @@ def test_a_local_record_it_cannot_write_keeps_the_replica_running_is_reported_an
     again.tick()
     assert again.replicas[("sleep", 0)].reason == "Adopted" and again.replicas[("sleep", 0)].handle.pid == rep.handle.pid
     a.runtime.kill(rep.handle)
+
+
+def test_a_notice_handled_whose_notice_done_cannot_be_written_is_reported_and_written_again(bus, agents, tmp_path):
+    """notice.done (the sim waits for it to reclaim the instance) could not be written: the agent died in the notice."""
+    from reconciler.runtime.notices import FileNotice
+
+    notice, work = tmp_path / "notice.json", tmp_path / "i-0"
+    notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+    (work / "notice.done").mkdir(parents=True)
+    a = agents("i-0", notice=FileNotice(notice))
+    bus.put_assignment("i-0", {"serial": 1, "replicas": []})
+    a.tick()
+    a.tick()
+    assert not a.notice_done and "notice.done: Is a directory (EISDIR" in bus.agent("i-0")["workdir_failed"]
+    (work / "notice.done").rmdir()
+    a.tick()
+    assert a.notice_done and (work / "notice.done").is_file()
