@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from reconciler.ledger import GPU_SLICES, OVER_QUOTA_ALONE, Ledger, mig_compute, quota_ok
+from reconciler.ledger import GPU_SLICES, OVER_QUOTA_ALONE, RESERVATION_FULL, Ledger, mig_compute, quota_ok
 from reconciler.plan.quality import UNPACKED
 from reconciler.problem import DIMS, as_utc
 from reconciler.problem.diagnosis import OUTRANKED, OUTRANKED_IN_TENANT, RECLAIMED, STUCK_GANG
@@ -27,6 +27,7 @@ REASON_KINDS: tuple[tuple[str, str], ...] = (
     (rf"{re.escape(OVER_QUOTA_ALONE)} ", "quota"),  # (beyond its quota alone: no higher work holds it back)
     (rf".*\((?:{re.escape(OUTRANKED)}|{re.escape(OUTRANKED_IN_TENANT)}): ", "priority"),
     (re.escape(AWAITING_APPLY), "awaiting-apply"),
+    (rf"reservation .+? {re.escape(RESERVATION_FULL)} ", "reservation"),  # before pool-max: the rule that leads, as diagnosis orders them
     (r"cloud quota", "cloud-quota"),
     (r"quota", "quota"),
     (r"tenant budget", "tenant-budget"),

@@ -98,6 +98,8 @@ def spot_units(capacities, gpu_fleet: bool | None = None) -> tuple[str, object]:
 # How a reason starts when the job alone asks more than its tenant's quota allows: fleetview counts it "quota",
 # whatever else the reason names (no other work placed otherwise would let it run).
 OVER_QUOTA_ALONE = "quota: the job needs"
+# What a reason says of a Reservation at its count ("reservation <name> ..."): fleetview counts it "reservation".
+RESERVATION_FULL = "is fully used in this plan"
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 DIMS = ("gpus", "cpu", "memory_gib")
 
@@ -1006,7 +1008,7 @@ class Ledger:
         rules = self.open_rules(c, n, first=False)
         if "reservation" in rules:
             r, have = p.reservations[c.reservation], self._reserved.get(c.reservation, 0)
-            out.append(Refusal("reservation", f"reservation {r.name} is fully used in this plan ({have}/{r.count} {r.instance_type} "
+            out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
                                               f"in {r.zone})", r.name, self.reservation_over(c, n), n))
         over = self.quotas.short(c, n) if "cloud-quota" in rules else None
         if over is not None:

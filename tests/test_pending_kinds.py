@@ -93,6 +93,16 @@ def _reclaimed(tmp_path):
     return res.plan, next(j.job for j in res.plan.jobs if j.action == "evict")
 
 
+def _reservation_full(tmp_path):
+    """One reserved p4d holds one 8-GPU job; a $10/h budget keeps a second p4d from being bought: the reason leads with
+    the full reservation (it was "other")."""
+    from tests.test_rules import _p4d_fleet, reservation_doc
+
+    docs = _p4d_fleet(2, reservation_doc(count=1), doc("GuardrailPolicy", "g", {"max_hourly_budget": 10.0}))
+    plan = plan_for(tmp_path, docs)
+    return plan, next(j.job for j in plan.jobs if j.action == "pending")
+
+
 def _cloud_quota(tmp_path):
     from tests.test_cloud_quotas import _p4d_fleet
 
@@ -105,7 +115,7 @@ SCENARIOS = {
     "priority": [_outranked_on_a_full_pool, _outranked_in_its_tenant],
     "quota": [_quota, _over_its_quota_alone], "pool-max-instances": [_pool_max], "budget": [_fleet_budget], "tenant-budget": [_tenant_budget],
     "spot": [_tenant_spot_share], "license": [_license], "gang": [_stuck_gang], "guarantee": [_reclaimed],
-    "cloud-quota": [_cloud_quota], "other": [_zone_out_of_capacity],
+    "cloud-quota": [_cloud_quota], "reservation": [_reservation_full], "other": [_zone_out_of_capacity],
 }
 
 
@@ -129,3 +139,13 @@ def test_a_job_the_packer_left_pending_is_counted_by_the_rule_after_the_packers_
 
     reason = "quota exhausted: tenant t uses 8/8 GPUs in this plan, the job needs 1 more"
     assert reason_kind(f"{UNPACKED}; {reason}") == reason_kind(f"evicted: {UNPACKED}; {reason}") == "quota"
+
+
+def test_a_full_reservation_that_leads_several_limits_is_counted_reservation():
+    """diagnosis leads with the first rule in its order (a reservation before max_instances); the pools clause after it
+    does not make it "pool-max-instances"."""
+    from reconciler.ledger import RESERVATION_FULL
+
+    reason = (f"reservation r1 {RESERVATION_FULL} (1/1 p4d.24xlarge in us-east-1a); several limits bind at once with it for "
+              "1 new p4d.24xlarge on-demand (reserved: r1) in p (aws/us-east-1a): pools at max_instances (p 1/1)")
+    assert reason_kind(reason) == reason_kind(f"evicted: {reason}") == "reservation"
