@@ -100,9 +100,12 @@ def _leftovers(d: Path) -> list[tuple[int, str]]:
     return [(pid, started) for pid, started in _pid_lines(d) if running(pid, started or _starttime(pid))]
 
 
-def _kill_leftovers(d: Path) -> None:
-    for pid, started in _pid_lines(d):
+def _kill_leftovers(d: Path) -> list[str]:
+    """Kill the agent of `d` and the replica groups it recorded; returns what of its records could not be read."""
+    found, problems = _pid_records(d)
+    for pid, started in found:
         _kill_group(pid, started)
+    return problems
 
 
 def _longest_grace(d: Path) -> float:
@@ -492,9 +495,7 @@ class SimCloud:
         """The instance is gone: its agent and every replica process it started go with it. Returns what could not
         be done: a record that could not be read (what it names may still run), a process still running."""
         d = self.agent_dir(instance_id)
-        found, problems = _pid_records(d)
-        for pid, started in found:
-            _kill_group(pid, started)
+        problems = _kill_leftovers(d)
         limit = time.monotonic() + 2  # (a SIGKILL is delivered, not awaited)
         while (still := [pid for pid, _ in _leftovers(d)]) and time.monotonic() < limit:
             time.sleep(0.05)
