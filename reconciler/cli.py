@@ -75,7 +75,6 @@ class _Group(TyperGroup):
             raise
 
     def invoke(self, ctx):
-        _FORMAT["asked"] = "human"  # (until a command says which it was asked for)
         try:
             return super().invoke(ctx)
         except _UsageError as e:
@@ -87,7 +86,7 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort, _ClickException):
             raise
         except ReconcileError as e:  # typed and actionable, though no command caught it (`sim ls`): not a bug
-            _fail(e, fmt=_FORMAT["asked"])
+            _fail(e, fmt=ctx.meta.get(FORMAT_META, "human"))
         except Exception as e:  # the last resort: one paragraph, never a bare traceback
             typer.echo(last_resort_message(e, ctx.meta.get(DEBUG_META, False) or _debug_env()), err=True)
             raise typer.Exit(1)
@@ -186,14 +185,15 @@ def _options(pairs: Optional[list[str]]) -> dict:
     return out
 
 
-_FORMAT = {"asked": "human"}  # the --format the running command was asked for: an error no command caught is printed in it too
+FORMAT_META = "fleetops.format"  # click's ctx.meta key (shared by the command's context and its group's): the --format
+# the running command was asked for, so an error no command caught is printed in it too; "human" until one says
 
 
-def _output_format(fmt: str, allowed: tuple[str, ...]) -> str:
+def _output_format(ctx: typer.Context, fmt: str, allowed: tuple[str, ...]) -> str:
     """A command's --format, checked, and kept for the errors it may end with (_fail)."""
     if fmt not in allowed:
         raise typer.BadParameter(f"--format must be {', '.join(allowed[:-1])} or {allowed[-1]}")
-    _FORMAT["asked"] = fmt
+    ctx.meta[FORMAT_META] = fmt
     return fmt
 
 
@@ -273,6 +273,7 @@ def schema() -> None:
 
 @app.command()
 def plan(
+    ctx: typer.Context,
     config_dir: Path = ConfigDir,
     fmt: str = typer.Option("human", "--format", help="human | markdown | json"),
     out: Optional[Path] = typer.Option(None, "--out", help="Also save the plan as JSON here (for apply --plan)."),
@@ -291,7 +292,7 @@ def plan(
         _collector_off()
     from reconciler import api
 
-    _output_format(fmt, ("human", "markdown", "json"))
+    _output_format(ctx, fmt, ("human", "markdown", "json"))
     if out is not None:
         _writable(out, "--out")
     try:
@@ -565,6 +566,7 @@ def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
 
 @app.command()
 def diff(
+    ctx: typer.Context,
     config_dir: Path = ConfigDir,
     base: str = typer.Option(..., "--base", help="The git ref to compare with (e.g. origin/main)."),
     fmt: str = typer.Option("markdown", "--format", help="markdown | json"),
@@ -579,7 +581,7 @@ def diff(
     from reconciler import api
     from reconciler.render import render_diff_json, render_diff_markdown
 
-    _output_format(fmt, ("markdown", "json"))
+    _output_format(ctx, fmt, ("markdown", "json"))
     try:
         d = api.diff(config_dir, base, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as e:
@@ -591,6 +593,7 @@ def diff(
 
 @app.command()
 def explain(
+    ctx: typer.Context,
     config_dir: Path = ConfigDir,
     job: str = typer.Argument(..., help="The Job to explain."),
     fmt: str = typer.Option("human", "--format", help="human | json"),
@@ -604,7 +607,7 @@ def explain(
     from reconciler import api
     from reconciler.render import render_explanation, render_explanation_json
 
-    _output_format(fmt, ("human", "json"))
+    _output_format(ctx, fmt, ("human", "json"))
     try:
         e = api.explain(config_dir, job, provider=provider, time_limit=time_limit, options=_options(provider_option), state=state, gap=gap)
     except ReconcileError as err:
@@ -613,13 +616,13 @@ def explain(
 
 
 @app.command()
-def status(config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--format", help="human | json"),
+def status(ctx: typer.Context, config_dir: Path = ConfigDir, fmt: str = typer.Option("human", "--format", help="human | json"),
            state: Optional[str] = StateOpt) -> None:
     """Show the fleet, jobs, conditions and cost per tenant from the status files, with the phases
     the node agents report now for jobs that run something."""
     from reconciler import api
 
-    _output_format(fmt, ("human", "json"))
+    _output_format(ctx, fmt, ("human", "json"))
     from reconciler.render import render_status
 
     try:

@@ -22,7 +22,7 @@ from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, NAME_PATTERN, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
-from reconciler.statusfiles import _LOADER, StatusFiles, has_alias
+from reconciler.statusfiles import StatusFiles, has_alias, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,7 @@ def read_status(config_dir: Path) -> dict:
             if text is None:
                 continue
             try:
-                doc = yaml.load(text, Loader=_LOADER)
+                doc = parse_yaml(text)
                 problem = _status_problem(kind, doc)
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)

@@ -17,6 +17,12 @@ from reconciler.errors import ReconcileError
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def parse_yaml(text: str):
+    """A status file's text as YAML (libyaml's safe loader where PyYAML has it): what apply (keeping each condition's
+    time) and `reconcile status` both read. Raises yaml.YAMLError; aliases are for the caller to refuse (has_alias)."""
+    return yaml.load(text, Loader=_LOADER)
+
+
 MAX_STATUS_BYTES = 64 << 20  # far above any fleet's (a 10k-job fleet.yaml is a few MB): a bound on what is read
 METRICS_FILE = "metrics.prom"  # status/metrics.prom: the apply's metrics for node_exporter (reconciler/metrics.py)
 _TEMP_IN_THE_WAY = "is in the way of the temporary file apply writes there (it is not a file apply can remove)"
@@ -159,7 +165,7 @@ class StatusFiles:
         """A status file's YAML as a mapping; {} if it is absent, not YAML or not a mapping
         (write_status then writes it whole again)."""
         try:
-            doc = yaml.load(self.read(path) or "", Loader=_LOADER)
+            doc = parse_yaml(self.read(path) or "")
         except yaml.YAMLError:
             return {}
         return doc if isinstance(doc, dict) and not has_alias(doc) else {}
