@@ -13,7 +13,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -599,6 +599,8 @@ def _validate_doc(doc: _Parsed, diags: list[Diagnostic], source: bytes | None = 
                 msg = f"the key: {msg}"
             if isinstance(err.get("input"), bool) and err["type"] in ("string_type", "literal_error"):
                 msg += _bool_hint(source_nodes.text(path, key=is_key), str(err.get("ctx", {}).get("expected", "")) if err["type"] == "literal_error" else None)
+            elif err["type"] == "string_type" and (err.get("input") is None or isinstance(err.get("input"), (int, float, date))):
+                msg += _unquoted_hint(source_nodes.text(path, key=is_key), err["input"])
             # (a dict, not a scan of `found`: 200,000 errors in a list of bad names took ~20 minutes, quadratic)
             same = branches.get(path) if branch else None
             if same is None:
@@ -644,6 +646,17 @@ def _bool_hint(word: str | None, expected: str | None) -> str:
     if expected is not None and f"'{word}'" not in expected:
         return f" (YAML reads `{word}` as a boolean; '{word}' is not one of these either)"
     return f" (YAML reads `{word}` as a boolean; quote it: '{word}')"
+
+
+def _unquoted_hint(word: str | None, value) -> str:
+    """What to say of a number or date YAML read where a string belongs (`command: [train.py, 10]`, `env: {SEED: 1}`,
+    `env: {DAY: 2026-01-01}`, `env: {EMPTY: }`): as a Pod's command and env, these are strings; the fix is the quotes."""
+    if value is None:
+        return " (YAML reads an empty value, `~` or `null` as null: write '' for an empty string)"
+    what = "a date" if isinstance(value, date) else "a number"
+    if word is None:
+        return f" (YAML reads it as {what}: quote it)"
+    return f" (YAML reads `{word}` as {what}; quote it: '{word}')"
 
 
 class _SourceNodes:

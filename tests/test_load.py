@@ -666,6 +666,20 @@ def test_a_yaml_boolean_where_a_string_belongs_gets_a_hint(tmp_path):
                             "(YAML reads `Off` as a boolean; quote it: 'Off')") for e in errs), errs
 
 
+
+def test_a_number_date_or_null_where_a_string_belongs_says_to_quote_it(tmp_path):
+    """`command: [train.py, 100]` and `env: {SEED: 1}` are a Pod's strings; YAML reads the bare 100, 1, 2026-01-01 and
+    an empty value as a number, a date and null, and the error said only "Input should be a valid string"."""
+    cfg = _quickstart(tmp_path)
+    research = cfg / "jobs" / "research.yaml"
+    _edit(research, 'env: {LR: "3e-4"}', 'env: {LR: "3e-4", SEED: 1, DAY: 2026-01-01, EMPTY: }')
+    errs = errors_of(cfg)
+    sweep = [e.split(": ", 2)[2] for e in errs if "sweep-lr" in e]
+    assert sorted(sweep) == ["spec.run.env.DAY: Input should be a valid string (YAML reads `2026-01-01` as a date; quote it: '2026-01-01')",
+                             "spec.run.env.EMPTY: Input should be a valid string (YAML reads an empty value, `~` or `null` as null: "
+                             "write '' for an empty string)",
+                             "spec.run.env.SEED: Input should be a valid string (YAML reads `1` as a number; quote it: '1')"], errs
+
 # -- the config audit of 2026-12-01: hostile and odd YAML, each an error naming file, line and field ------------------
 
 _JOB_HEAD = ("apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n  tenant: t\n"
