@@ -72,6 +72,7 @@ INSTANCE_TYPES_PER_CALL = 100  # DescribeInstanceTypes' InstanceTypes (EC2's API
 _EC2_ID = re.compile(r"i-[0-9a-f]{8,17}")
 # EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
 SPOT_PRICE_MAX_AGE = timedelta(days=90)
+SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")  # the spot prices asked for (EC2-Classic's and VPC's name)
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
           "shutting-down": "terminated", "terminated": "terminated"}
 
@@ -691,18 +692,22 @@ def latest_spot_prices(ec2, types: list[str], now: datetime) -> dict[tuple[str, 
     """The current Linux spot price per (type, zone). Asked with StartTime = now, DescribeSpotPriceHistory returns
     "the last price change before the start time, which is the effective price as of the start time" (EC2 API
     reference): however old that change is, it is today's price, so no row is dropped for its age except beyond
-    the 90 days of history EC2 keeps. Used at plan time (AwsProvider) and by `reconcile catalog update`."""
+    the 90 days of history EC2 keeps. Its instance types and products are filter values, FILTER_VALUES a call
+    together, so the types are asked in chunks, each paged (NextToken, 1000 rows a page by default). Used at plan
+    time (AwsProvider) and by `reconcile catalog update`."""
     latest: dict[tuple[str, str], tuple[datetime, float]] = {}
-    pages = ec2.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now, EndTime=now)
-    for page in pages:
-        for h in page["SpotPriceHistory"]:
-            ts = h["Timestamp"]
-            if now - ts > SPOT_PRICE_MAX_AGE:
-                continue
-            key = (h["InstanceType"], h["AvailabilityZone"])
-            if key not in latest or ts > latest[key][0]:
-                latest[key] = (ts, float(h["SpotPrice"]))
+    per_call = FILTER_VALUES - len(SPOT_PRODUCTS)
+    for n in range(0, len(types), per_call):
+        pages = ec2.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=types[n:n + per_call], ProductDescriptions=list(SPOT_PRODUCTS), StartTime=now, EndTime=now)
+        for page in pages:
+            for h in page["SpotPriceHistory"]:
+                ts = h["Timestamp"]
+                if now - ts > SPOT_PRICE_MAX_AGE:
+                    continue
+                key = (h["InstanceType"], h["AvailabilityZone"])
+                if key not in latest or ts > latest[key][0]:
+                    latest[key] = (ts, float(h["SpotPrice"]))
     return {k: v for k, (_, v) in latest.items()}
 
 
