@@ -128,6 +128,49 @@ def test_a_token_whose_terminated_instance_ec2_no_longer_lists_is_spent(aws_env,
         prov.create(_with_tag(req(fleet, key), "team", "vision"))
 
 
+def test_a_recurring_key_this_state_sent_long_ago_is_spent_without_waiting_for_eventual_consistency(aws_env, tmp_path, fleet,
+                                                                                                      ec2, ec2_tokens):
+    """A plan key recurring a day after its instance was reclaimed, with new placement tags: EC2 answers
+    IdempotentParameterMismatch and shows no instance for the token (it lists a terminated one for about an hour).
+    The provider asked again for consistency_timeout (120 s by default) in case the instance was launched a moment
+    ago, once per spent attempt key of every such create. This state sent the token a day ago, so its instance is a
+    day old and would show if alive: the key is spent at once. Without that record (another checkout's state, or a
+    lost one) the wait stands. And once EC2 forgets the token (some time after 24 h), the key launches anew."""
+    import os
+    import time
+
+    from providers.aws import client_token
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env,
+                                                                                 "consistency_timeout": "5"}))
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    first = prov.create(req(fleet, key))
+    ec2.terminate_instances(InstanceIds=[first.id])
+    ec2_tokens.expire("us-east-1", [first.id])
+    records = list((tmp_path / "cache" / "aws-client-tokens").iterdir())
+    assert len(records) == 1
+    a_day_ago = time.time() - 25 * 3600
+    os.utime(records[0], (a_day_ago, a_day_ago))  # a day on
+    started = time.monotonic()
+    with pytest.raises(KeySpentError, match="no instance launched with it shows, and this state last sent it at"):
+        prov.create(_with_tag(req(fleet, key), "team", "vision"))
+    assert time.monotonic() - started < 2
+
+    elsewhere = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path / "elsewhere", options={
+        "endpoint_url": aws_env, "consistency_timeout": "1"}))
+    started = time.monotonic()
+    with pytest.raises(KeySpentError, match="no instance launched with it shows in 1 s"):
+        elsewhere.create(_with_tag(req(fleet, key), "team", "audio"))
+    assert time.monotonic() - started >= 0.5  # (asked again until the next pause would pass the 1 s)
+
+    ec2_tokens.forget("us-east-1", client_token(key))
+    again = prov.create(_with_tag(req(fleet, key), "team", "vision"))
+    assert again.id != first.id and again.alive
+    mine = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
+    assert mine == [again.id]
+
+
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fleet, ec2):
     mine = prov.create(req(fleet, "k-mine"))
     bare = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
