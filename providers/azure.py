@@ -891,7 +891,7 @@ class AzureProvider:
         Deleted or being deleted, or Failed, the create fails and nothing is sent again: the next plan decides whether
         a VM is still needed."""
         while True:
-            vm = self._get(scope, name)
+            vm = self._get(scope, name, once=True)  # (sent once, as every GET of a create: a throttled one is apply's to retry)
             state = str(vm.provisioning_state or "").lower() if vm is not None else "gone"
             if state in ("gone", "deleting"):
                 raise ProviderError(f"{error}; VM {name} was deleted while it was being created (the write that preempted "
