@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
@@ -72,6 +73,7 @@ INSTANCE_TYPES_PER_CALL = 100  # DescribeInstanceTypes' InstanceTypes (EC2's API
 _EC2_ID = re.compile(r"i-[0-9a-f]{8,17}")
 # EC2 keeps 90 days of spot price history; a row older than that is no price EC2 would give (moto's is from 2006).
 SPOT_PRICE_MAX_AGE = timedelta(days=90)
+SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")  # the spot prices asked for (EC2-Classic's and VPC's name)
 STATES = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
           "shutting-down": "terminated", "terminated": "terminated"}
 
@@ -534,22 +536,44 @@ class AwsProvider:
             if request.max_price is not None:
                 opts["MaxPrice"] = f"{request.max_price:.4f}"
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": opts}
+        sent_before = self._token_sent(p.region, params["ClientToken"])
         try:
             resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
                               cloud_zone=(request.zone, request.instance_type, request.market), **params)
         except KeySpentError as e:
-            return self._launched_with(p.region, params["ClientToken"], request.key, str(e))
+            return self._launched_with(p.region, params["ClientToken"], request.key, str(e), sent_before)
         return self._to_instance(p.region, resp["Instances"][0])
 
-    def _launched_with(self, region: str, token: str, key: str, error: str) -> Instance:
+    def _token_sent(self, region: str, token: str) -> float | None:
+        """When this state's last RunInstances with `token` was sent (time.time()), or None; and it is now. A file per
+        token under .reconcile/cache/aws-client-tokens/, its mtime the time: written before every send, so whatever
+        instance the token launched from here was launched by then. Unreadable or unwritable: None (no record)."""
+        path = Path(self.ctx.state_dir) / "cache" / "aws-client-tokens" / (
+            f"{region}-" + hashlib.sha256(token.encode()).hexdigest()[:32])
+        try:
+            before: float | None = path.stat().st_mtime
+        except OSError:
+            before = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()  # (an existing file's mtime set to now)
+        except OSError:
+            return None
+        return before
+
+    def _launched_with(self, region: str, token: str, key: str, error: str, sent_before: float | None = None) -> Instance:
         """After IdempotentParameterMismatch: EC2 says an earlier RunInstances with this token succeeded with other
         parameters (on a rerun a tag changed, or an SSM alias resolved to a newer AMI), not that its instance is gone.
         Its live instance is the create's (the key's tag lookup above may have missed it: eventual consistency), else
         the key is spent once every instance the token launched is terminated. Looked up by DescribeInstances'
         client-token filter and the key's tag; nothing visible is asked again with backoff for consistency_timeout
         (a just-launched instance may not show yet), then the key counts as spent (EC2 lists a terminated instance
-        for about an hour, and keeps its token for at least 24 h)."""
-        pause, deadline = 0.2, time.monotonic() + self.consistency_timeout
+        for about an hour, and keeps its token for at least 24 h). Not asked again when this state last sent the
+        token over JUST_LAUNCHED ago (`sent_before`): its instance is older than that, and shows if it is alive. A
+        plan key recurring days after its instance was reclaimed waited consistency_timeout (120 s) for an instance
+        nothing would show, once per spent attempt key."""
+        settled = sent_before is not None and time.time() - sent_before > JUST_LAUNCHED.total_seconds()
+        pause, deadline = 0.2, time.monotonic() + (0.0 if settled else self.consistency_timeout)
         while True:
             found = {i.id: i for i in self._describe(region, [{"Name": "client-token", "Values": [token]}])}
             found.update({i.id: i for i in self._describe(region, [{"Name": f"tag:{TAG_CREATE_KEY}", "Values": [key]}])
@@ -559,6 +583,10 @@ class AwsProvider:
                 return ranked[0]  # live, else stopped (not alive: apply tries the next key, as for a replayed token)
             if ranked:
                 raise KeySpentError(f"{error}; {', '.join(f'{i.id} is terminated' for i in ranked)}")
+            if settled:
+                sent = datetime.fromtimestamp(sent_before, timezone.utc).strftime("%Y-%m-%dT%H:%MZ")  # type: ignore[arg-type]
+                raise KeySpentError(f"{error}; no instance launched with it shows, and this state last sent it at {sent}, "
+                                    "so terminated over an hour ago (EC2 lists one for about that long)")
             if time.monotonic() + pause > deadline:
                 raise KeySpentError(f"{error}; no instance launched with it shows in {self.consistency_timeout:.0f} s "
                                     "(so terminated over an hour ago: EC2 lists one for about that long)")
@@ -691,18 +719,22 @@ def latest_spot_prices(ec2, types: list[str], now: datetime) -> dict[tuple[str, 
     """The current Linux spot price per (type, zone). Asked with StartTime = now, DescribeSpotPriceHistory returns
     "the last price change before the start time, which is the effective price as of the start time" (EC2 API
     reference): however old that change is, it is today's price, so no row is dropped for its age except beyond
-    the 90 days of history EC2 keeps. Used at plan time (AwsProvider) and by `reconcile catalog update`."""
+    the 90 days of history EC2 keeps. Its instance types and products are filter values, FILTER_VALUES a call
+    together, so the types are asked in chunks, each paged (NextToken, 1000 rows a page by default). Used at plan
+    time (AwsProvider) and by `reconcile catalog update`."""
     latest: dict[tuple[str, str], tuple[datetime, float]] = {}
-    pages = ec2.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=types, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=now, EndTime=now)
-    for page in pages:
-        for h in page["SpotPriceHistory"]:
-            ts = h["Timestamp"]
-            if now - ts > SPOT_PRICE_MAX_AGE:
-                continue
-            key = (h["InstanceType"], h["AvailabilityZone"])
-            if key not in latest or ts > latest[key][0]:
-                latest[key] = (ts, float(h["SpotPrice"]))
+    per_call = FILTER_VALUES - len(SPOT_PRODUCTS)
+    for n in range(0, len(types), per_call):
+        pages = ec2.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=types[n:n + per_call], ProductDescriptions=list(SPOT_PRODUCTS), StartTime=now, EndTime=now)
+        for page in pages:
+            for h in page["SpotPriceHistory"]:
+                ts = h["Timestamp"]
+                if now - ts > SPOT_PRICE_MAX_AGE:
+                    continue
+                key = (h["InstanceType"], h["AvailabilityZone"])
+                if key not in latest or ts > latest[key][0]:
+                    latest[key] = (ts, float(h["SpotPrice"]))
     return {k: v for k, (_, v) in latest.items()}
 
 

@@ -20,7 +20,8 @@ VM left to the next run, the error saying whether it was still allocating or ARM
 polls stop: azure-core's poller thread would poll it for the rest of the process). A create
 whose status polls failed (the SDK's retries of a throttled poll run out) is retried by apply; the retry finds the VM
 Creating and polls the same operation again (its continuation token) for what is left of that create's `lro_timeout`,
-ending as the first try would have: never a VM still allocating answered as created.
+ending as the first try would have: never a VM still allocating answered as created. A create whose operation
+another write to its VM preempted (Canceled, OperationPreempted) waits on the VM itself (_after_preemption).
 
 Retries: one layer owns each call's. The calls a create or delete makes inside apply's retry window (the GET that
 starts it, the PUT, the DELETE, and the GETs within: the power state of the VM an earlier try made, the Failed VM read
@@ -212,6 +213,11 @@ class _Polls:
             body = None
         error = body.get("error") if isinstance(body, dict) else None
         self.code = str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
+class _Preempted(TransientProviderError):
+    """A VM operation ended Canceled, OperationPreempted: a later write to the VM took over from it. Transient for a
+    DELETE (sent again, it deletes); a create's is waited out on the VM itself (AzureProvider._after_preemption)."""
 
 
 class _GaveUp(Exception):
@@ -432,7 +438,8 @@ class AzureProvider:
             return CapacityError(text, cloud="azure", zone=zone, instance_type=itype, market=market)
         if e.status_code in TRANSIENT_STATUS or code in TRANSIENT_CODES:
             response = getattr(e, "response", None)
-            return TransientProviderError(text, retry_after=retry_after_seconds(getattr(response, "headers", None)))
+            kind = _Preempted if code == "OperationPreempted" else TransientProviderError
+            return kind(text, retry_after=retry_after_seconds(getattr(response, "headers", None)))
         return ProviderError(text)
 
     def _get(self, scope: Scope, name: str, *, expand: str | None = None, once: bool = False):
@@ -870,9 +877,38 @@ class AzureProvider:
         except (CapacityError, QuotaError):
             self._discard_failed(scope, name, deadline)
             raise
+        except _Preempted as e:
+            return self._after_preemption(scope, name, what, str(e), deadline)
         if not done:
             raise self._unfinished(what, polls)
         return self._to_instance(scope, vm, once=True)
+
+    def _after_preemption(self, scope: Scope, name: str, what: str, error: str, deadline: float) -> Instance:
+        """The create's operation was preempted: someone wrote the VM while it was being made (tagged it in the portal,
+        deleted it), and Compute goes on with their operation. The VM is what that makes of it, so it is read (not the
+        dead operation polled again, which a retry of the create did until apply's retry window ran out, however well
+        the allocation went) every polling_interval until it is made, for what is left of the create's lro_timeout.
+        Deleted or being deleted, or Failed, the create fails and nothing is sent again: the next plan decides whether
+        a VM is still needed."""
+        while True:
+            vm = self._get(scope, name, once=True)  # (sent once, as every GET of a create: a throttled one is apply's to retry)
+            state = str(vm.provisioning_state or "").lower() if vm is not None else "gone"
+            if state in ("gone", "deleting"):
+                raise ProviderError(f"{error}; VM {name} was deleted while it was being created (the write that preempted "
+                                    "its create); nothing was placed on it and it is not created again by this run")
+            tags = logical_tags(vm.tags)
+            if tags.get(TAG_FLEET) != self.ctx.fleet:
+                raise OwnershipError(f"{error}; VM {name} was rewritten while it was being created and is not ours any "
+                                     f"more (its {TAG_FLEET} tag is {tags.get(TAG_FLEET)!r}); nothing was placed on it")
+            if state == "failed":
+                self._discard_failed(scope, name, deadline)
+                raise ProviderError(f"{error}; VM {name}'s allocation, carried on by the write that preempted its create, "
+                                    "ended Failed; it was removed, nothing was placed on it, and the next run tries again")
+            if state not in ("creating", "updating"):
+                return self._to_instance(scope, vm, once=True)
+            if time.monotonic() + self.polling_interval > deadline:
+                raise self._unfinished(what, None)
+            time.sleep(self.polling_interval)
 
     def _unfinished(self, what: str, polls: _Polls | None) -> ProviderError:
         """A create whose allocation was not seen to end within lro_timeout. Answered as a pending instance it was

@@ -8,6 +8,9 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 * PUT answers 201 with provisioningState "Creating" and an Azure-AsyncOperation URL,
   DELETE answers 202 with Azure-AsyncOperation and Location URLs (204 if already gone);
   each operation reports "InProgress" on its first poll and its outcome on the next;
+* a PUT or DELETE of a VM whose create is still under way preempts the create: its operation ends "Canceled" with
+  OperationPreempted (PREEMPTED) while the newer operation carries on (a PUT allocates the VM as the create would
+  have, a DELETE removes it); before, a PUT mid-create was a silent tag update and the create still succeeded;
 * an allocation failure is an asynchronous operation that ends "Failed" with the
   ARM error (code ZonalAllocationFailed ...) and leaves the VM in provisioningState
   "Failed", as Azure does; synchronous errors use the ARM error body
@@ -154,6 +157,7 @@ class Operation:
     polls: int = 0
     error: dict | None = None  # the ARM error the operation ends with
     held: bool = False  # InProgress until the test ends it (ArmFake.end_held)
+    preempted: bool = False  # a later PUT or DELETE of its VM took over: it ends Canceled (OperationPreempted)
     start: str = field(default_factory=lambda: _now())
 
 
@@ -167,6 +171,14 @@ class Injected:
     headers: dict
     path_contains: str | None = None
     skip: int = 0  # matching requests let through before the first that fails
+
+
+# A write to a VM whose create is still under way (provisioningState Creating) is accepted, and the create's operation
+# ends Canceled with this error: the VM goes on being made by the newer operation, or deleted by it. As Compute answers
+# it ("status": "Canceled", "error": {"code": "OperationPreempted", ...}: Azure/azure-sdk-for-java#1783, a VM deleted
+# while it was being created; terraform-provider-azurerm and osbuild-composer#1447 report VM creates ending so, and
+# kubernetes-sigs/cloud-provider-azure#5926 retries a PUT preempted so).
+PREEMPTED = {"code": "OperationPreempted", "message": "Operation execution has been preempted by a more recent operation."}
 
 
 def _now() -> str:
@@ -285,7 +297,9 @@ class ArmFake:
             self.holding = False
             ended = []
             for op in self.ops.values():
-                if op.kind == "create" and op.held and op.key in self.vms:
+                if op.kind == "create" and op.held and op.preempted:
+                    op.held = False  # (it ended when it was preempted)
+                elif op.kind == "create" and op.held and op.key in self.vms:
                     if error_code is not None:
                         op.error = {"code": error_code, "message": "Allocation failed. We do not have sufficient capacity "
                                     "for the requested VM size in this zone."}
@@ -653,7 +667,13 @@ class ArmFake:
             if body.get("zones") and body.get("zones") != existing.get("zones"):
                 raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'zones' is not allowed.", "zones")
             existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, the rest kept
-            return 200, copy.deepcopy(existing), {}
+            running = self._preempt(key)
+            if running is None:
+                return 200, copy.deepcopy(existing), {}
+            # The update carries the allocation on in an operation of its own, which ends as the preempted one would have.
+            op = Operation(str(uuid.uuid4()), "create", key, existing["location"], error=running.error, held=running.held)
+            self.ops[op.id] = op
+            return 200, copy.deepcopy(existing), {"Azure-AsyncOperation": self._op_url(base, sub, op, api_version)}
         self._validate(name, body)
         self._check_nic_subnets(sub, rg, body)
         self._check_capacity_group(body)
@@ -690,12 +710,24 @@ class ArmFake:
         self.ops[op.id] = op
         return 201, copy.deepcopy(vm), {"Azure-AsyncOperation": self._op_url(base, sub, op, api_version)}
 
+    def _preempt(self, key: tuple[str, str, str]) -> Operation | None:
+        """A write to a VM whose create is under way preempts that create's operation (PREEMPTED); the one preempted."""
+        vm = self.vms.get(key)
+        if vm is None or vm["properties"].get("provisioningState") != "Creating":
+            return None
+        running = next((op for op in self.ops.values() if op.kind == "create" and op.key == key and not op.preempted
+                        and (op.held or op.polls < 2)), None)
+        if running is not None:
+            running.preempted = True
+        return running
+
     def delete_vm(self, sub: str, rg: str, name: str, base: str, api_version: str) -> tuple[int, dict | None, dict]:
         self._check_scope(sub, rg)
         key = (sub.lower(), rg.lower(), name.lower())
         vm = self.vms.get(key)
         if vm is None:
             return 204, None, {}
+        self._preempt(key)
         vm["properties"]["provisioningState"] = "Deleting"
         op = Operation(str(uuid.uuid4()), "delete", key, vm["location"])
         self.ops[op.id] = op
@@ -710,7 +742,10 @@ class ArmFake:
         if op is None:
             raise ArmError(404, "NotFound", f"The operation '{op_id}' was not found.")
         op.polls += 1
-        if op.polls == 1 or op.held:
+        if op.preempted and op.polls > 1:
+            ended = {"startTime": op.start, "endTime": _now(), "name": op.id, "status": "Canceled", "error": PREEMPTED}
+            return (200, {"error": PREEMPTED}, {}) if monitor else (200, ended, {})
+        if op.polls == 1 or (op.held and not op.preempted):
             if monitor:
                 return 202, None, {}
             return 200, {"startTime": op.start, "status": "InProgress", "name": op.id}, {}

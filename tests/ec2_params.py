@@ -11,6 +11,12 @@ the tag count).
 * Filter values: a Describe call with more than 200 of them (Filter.N.Value.M, all filters together) is refused with
   FilterLimitExceeded, "The maximum number of filter values specified on a single call is 200", as EC2 answers it
   (quoted in the wild: gjbae1212/gossm#31, convox/rack#2205). moto takes any number.
+* DescribeSpotPriceHistory: its InstanceType.N and ProductDescription.N "filter the results" (EC2 API reference) as
+  its instance-type and product-description filters do, and are counted with its Filter.N.Value.M against the same 200
+  values a call (FilterLimitExceeded; this layer's reading: EC2's reference gives the call no limit of its own, and
+  the legacy list parameters are filters by another name). MaxResults: "Specify a value between 1 and 1000. The
+  default value is 1000" (EC2's API model as botocore shipped it, 2016-12 to 2023-02, boto/botocore@727a1115);
+  moto takes any number and pages nothing (tests/ec2_proxy.py pages its history by it).
 * DescribeInstanceTypes' InstanceTypes: at most 100 (EC2's API model, RequestInstanceTypeList max 100; botocore
   checks only a list's minimum, so the request goes out). moto takes any number. A type EC2 does not describe fails
   the whole call (InvalidInstanceType, "The following supplied instance types do not exist: [...]"): moto does that.
@@ -36,12 +42,26 @@ FILTER_VALUES_MAX = 200
 _FILTER_VALUE = re.compile(r"^Filter\.\d+\.Value\.\d+$")
 INSTANCE_TYPES_MAX = 100
 _INSTANCE_TYPE = re.compile(r"^InstanceType\.\d+$")
+_PRODUCT = re.compile(r"^ProductDescription\.\d+$")
+SPOT_PAGE_MAX = 1000  # DescribeSpotPriceHistory's MaxResults: 1 to 1000, 1000 by default
 
 
 def filter_refusal(fields: dict[str, str]) -> str | None:
     """What EC2 says of a Describe call with too many filter values."""
     if sum(1 for name in fields if _FILTER_VALUE.fullmatch(name)) > FILTER_VALUES_MAX:
         return f"The maximum number of filter values specified on a single call is {FILTER_VALUES_MAX}"
+    return None
+
+
+def spot_history_refusal(fields: dict[str, str]) -> tuple[str, str] | None:
+    """(code, message) EC2 answers a DescribeSpotPriceHistory past its limits with: more than 200 filter values, its
+    instance types and product descriptions counted among them, or a MaxResults outside 1..1000."""
+    n = sum(1 for name in fields if _FILTER_VALUE.fullmatch(name) or _INSTANCE_TYPE.fullmatch(name) or _PRODUCT.fullmatch(name))
+    if n > FILTER_VALUES_MAX:
+        return "FilterLimitExceeded", f"The maximum number of filter values specified on a single call is {FILTER_VALUES_MAX}"
+    size = fields.get("MaxResults")
+    if size is not None and not (size.isdigit() and 1 <= int(size) <= SPOT_PAGE_MAX):
+        return "InvalidParameterValue", f"MaxResults {size!r} is not between 1 and {SPOT_PAGE_MAX}."
     return None
 
 
@@ -86,6 +106,8 @@ class ParameterRules:
         code, why = "InvalidParameterValue", refusal(fields) if action in TAGGING else None
         if why is None and action.startswith("Describe"):
             code, why = "FilterLimitExceeded", filter_refusal(fields)
+        if why is None and action == "DescribeSpotPriceHistory":
+            code, why = spot_history_refusal(fields) or (code, None)
         if why is None and action == "DescribeInstanceTypes":
             code, why = "InvalidParameterValue", instance_types_refusal(fields)
         if why is None:

@@ -16,7 +16,8 @@ moto server unchanged, except:
   is answered 500, RequestLimitExceeded 503), which SDKs retry as server errors;
 * spot price history (spot_history, when set): DescribeSpotPriceHistory answered from it with EC2's documented
   semantics: the rows within [StartTime, EndTime] plus, per type, zone and product, "the last price change before
-  the start time, which is the effective price as of the start time" (moto answers a fixed 2006 row);
+  the start time, which is the effective price as of the start time" (moto answers a fixed 2006 row), MaxResults
+  (1000 by default) a page with a NextToken for the rest, and EC2's limits (tests/ec2_params.py) held;
 * placement groups, which moto (5.x) does not implement at all: CreatePlacementGroup (with its tags;
   InvalidPlacementGroup.Duplicate; PlacementGroupLimitExceeded beyond placement_group_limit groups in the
   Region, EC2's per-account-per-Region limit, 500 on real accounts), DescribePlacementGroups (GroupName.N,
@@ -200,12 +201,19 @@ class Ec2Proxy:
         return None
 
     def _spot_history(self, params: dict[str, list[str]]) -> bytes:
+        """The history's answer: refused past EC2's limits (tests/ec2_params.py, as moto's layer refuses them), else
+        the rows in time order, MaxResults (default 1000) a page, the rest behind a NextToken."""
         from datetime import datetime, timezone
+
+        from tests.ec2_params import SPOT_PAGE_MAX, spot_history_refusal
 
         def when(text: str) -> datetime:
             return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
         one = {k: v[0] for k, v in params.items()}
+        refused = spot_history_refusal(one)
+        if refused is not None:
+            return ec2_error(*refused)
         types = {v for k, v in one.items() if re.fullmatch(r"InstanceType\.\d+", k)}
         products = {v for k, v in one.items() if re.fullmatch(r"ProductDescription\.\d+", k)}
         now = datetime.now(timezone.utc)
@@ -213,15 +221,19 @@ class Ec2Proxy:
         end = when(one["EndTime"]) if "EndTime" in one else now
         rows = [r for r in self.spot_history if (not types or r[0] in types) and (not products or r[2] in products)]
         keep = [r for r in rows if start <= when(r[4]) <= end]
-        for key in {(r[0], r[1], r[2]) for r in rows}:
-            before = [r for r in rows if (r[0], r[1], r[2]) == key and when(r[4]) < start]
-            if before:
-                keep.append(max(before, key=lambda r: when(r[4])))
+        last_before: dict[tuple[str, str, str], tuple] = {}
+        for r in rows:
+            if when(r[4]) < start and ((r[0], r[1], r[2]) not in last_before or when(r[4]) > when(last_before[(r[0], r[1], r[2])][4])):
+                last_before[(r[0], r[1], r[2])] = r
+        keep = sorted(keep + list(last_before.values()), key=lambda r: (r[4], r[0], r[1], r[2]))
+        first = int(one.get("NextToken") or 0)
+        page = keep[first:first + int(one.get("MaxResults") or SPOT_PAGE_MAX)]
+        token = str(first + len(page)) if first + len(page) < len(keep) else ""
         items = "".join(f"<item><instanceType>{t}</instanceType><productDescription>{escape(p)}</productDescription>"
                         f"<spotPrice>{price:.6f}</spotPrice><timestamp>{ts}</timestamp><availabilityZone>{z}</availabilityZone>"
-                        "</item>" for t, z, p, price, ts in sorted(keep, key=lambda r: r[4]))
+                        "</item>" for t, z, p, price, ts in page)
         return b"ok:" + (f'<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>'
-                         f"{uuid.uuid4()}</requestId><spotPriceHistorySet>{items}</spotPriceHistorySet><nextToken/>"
+                         f"{uuid.uuid4()}</requestId><spotPriceHistorySet>{items}</spotPriceHistorySet><nextToken>{token}</nextToken>"
                          "</DescribeSpotPriceHistoryResponse>").encode()
 
     def _placement_groups(self, action: str, params: dict[str, list[str]], region: str) -> bytes:

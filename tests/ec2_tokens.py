@@ -18,6 +18,10 @@ expire(region, ids) takes terminated instances out of moto (which lists them for
 DescribeInstances shows them no more (by id: InvalidInstanceID.NotFound) while their tokens live on: replayed as
 they were, they answer the launch with its instances terminated.
 
+And how long EC2 keeps a token ("valid for at least 24 hours after the termination of the instance"; no longer is
+promised), on demand: forget(region, token) drops it, as EC2 may once that day is over: the token is then new and
+launches again.
+
 And EC2's eventual consistency for tag-filtered listings, on demand: lag_tag(key, value) leaves the
 instances tagged key=value out of the next DescribeInstances that filters on that tag, as a listing
 that does not show a just-launched instance yet.
@@ -70,6 +74,11 @@ class ClientTokens:
                         self.expired.add(instance.id)
                 if not reservation.instances:
                     del backend.reservations[rid]
+
+    def forget(self, region: str, token: str) -> None:
+        """A day or more after its last instance terminated: EC2 no longer knows the token."""
+        with self.lock:
+            self.tokens.pop((region, token), None)
 
     def lag_tag(self, key: str, value: str, reads: int = 1) -> None:
         """The next `reads` DescribeInstances filtered on tag:`key` with `value` do not show the instances carrying it."""

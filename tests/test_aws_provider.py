@@ -128,6 +128,49 @@ def test_a_token_whose_terminated_instance_ec2_no_longer_lists_is_spent(aws_env,
         prov.create(_with_tag(req(fleet, key), "team", "vision"))
 
 
+def test_a_recurring_key_this_state_sent_long_ago_is_spent_without_waiting_for_eventual_consistency(aws_env, tmp_path, fleet,
+                                                                                                      ec2, ec2_tokens):
+    """A plan key recurring a day after its instance was reclaimed, with new placement tags: EC2 answers
+    IdempotentParameterMismatch and shows no instance for the token (it lists a terminated one for about an hour).
+    The provider asked again for consistency_timeout (120 s by default) in case the instance was launched a moment
+    ago, once per spent attempt key of every such create. This state sent the token a day ago, so its instance is a
+    day old and would show if alive: the key is spent at once. Without that record (another checkout's state, or a
+    lost one) the wait stands. And once EC2 forgets the token (some time after 24 h), the key launches anew."""
+    import os
+    import time
+
+    from providers.aws import client_token
+
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": aws_env,
+                                                                                 "consistency_timeout": "5"}))
+    key = f"k-{uuid.uuid4().hex[:8]}"
+    first = prov.create(req(fleet, key))
+    ec2.terminate_instances(InstanceIds=[first.id])
+    ec2_tokens.expire("us-east-1", [first.id])
+    records = list((tmp_path / "cache" / "aws-client-tokens").iterdir())
+    assert len(records) == 1
+    a_day_ago = time.time() - 25 * 3600
+    os.utime(records[0], (a_day_ago, a_day_ago))  # a day on
+    started = time.monotonic()
+    with pytest.raises(KeySpentError, match="no instance launched with it shows, and this state last sent it at"):
+        prov.create(_with_tag(req(fleet, key), "team", "vision"))
+    assert time.monotonic() - started < 2
+
+    elsewhere = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path / "elsewhere", options={
+        "endpoint_url": aws_env, "consistency_timeout": "1"}))
+    started = time.monotonic()
+    with pytest.raises(KeySpentError, match="no instance launched with it shows in 1 s"):
+        elsewhere.create(_with_tag(req(fleet, key), "team", "audio"))
+    assert time.monotonic() - started >= 0.5  # (asked again until the next pause would pass the 1 s)
+
+    ec2_tokens.forget("us-east-1", client_token(key))
+    again = prov.create(_with_tag(req(fleet, key), "team", "vision"))
+    assert again.id != first.id and again.alive
+    mine = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_FLEET}", "Values": [fleet]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
+    assert mine == [again.id]
+
+
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, fleet, ec2):
     mine = prov.create(req(fleet, "k-mine"))
     bare = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
@@ -268,12 +311,14 @@ def test_capacity_errors_become_capacity_errors(prov, fleet):
     assert "testing-secret" not in str(e.value)
 
 
-def test_offerings_use_live_types_and_fall_back_to_catalog_prices(prov):
+def test_offerings_are_the_catalogs_and_keep_its_spot_price_where_ec2_has_none_within_90_days(prov):
+    """Shapes and on-demand prices are the catalog's (no DescribeInstanceTypes at plan time since ae08e05); the spot
+    price is EC2's when its history has one, else the catalog's, labelled as such."""
     offs = {(o.zone, o.instance_type): o for o in prov.offerings([target()])}
     g5 = offs[("us-east-1a", "g5.xlarge")]
     assert (g5.gpus, g5.gpu_type, g5.cpu, g5.memory_gib) == (1, "A10G", 4, 16)
     assert g5.on_demand_price == pytest.approx(1.006)
-    # moto's spot history is a 2006 placeholder: stale, so the catalog's spot price is used, labelled as the catalog's.
+    # moto's spot history is a 2006 placeholder, beyond the 90 days EC2 keeps: the catalog's spot price is used.
     assert g5.spot_price == load_catalog().offering("aws", "us-east-1", "us-east-1a", "g5.xlarge").spot_price
     assert g5.price_source == "catalog: skypilot-v8"
 
@@ -616,6 +661,29 @@ def test_the_current_spot_price_is_the_last_change_even_weeks_old(proxy, tmp_pat
     assert {(o.zone, o.instance_type): o for o in again.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.4321)
     fresh = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": proxy.url, "spot_price_ttl": "0"}))
     assert {(o.zone, o.instance_type): o for o in fresh.offerings([target()])}[("us-east-1a", "g5.xlarge")].spot_price == pytest.approx(0.3333)
+
+
+def test_the_spot_prices_of_more_types_than_one_call_takes_are_all_read_page_by_page(proxy):
+    """DescribeSpotPriceHistory's instance types and products are filter values, at most 200 a call with its filters
+    (FilterLimitExceeded past them), and it answers at most MaxResults (1000 by default) rows a page, the rest behind
+    a NextToken. Every type of a Region went into one call: a Region's pools listing more than 198 types failed
+    every plan's spot read (and `reconcile catalog update`'s). 400 types in 6 zones: 2400 prices, several calls of
+    several pages each."""
+    from datetime import datetime, timedelta, timezone
+
+    from providers.aws import latest_spot_prices
+
+    now = datetime.now(timezone.utc)
+    at = (now - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    types = [f"zz{n}.large" for n in range(400)]
+    zones = [f"us-east-1{z}" for z in "abcdef"]
+    proxy.spot_history = [(t, z, "Linux/UNIX", n / 1000 + k / 10, at) for n, t in enumerate(types) for k, z in enumerate(zones)]
+    raw = boto3.client("ec2", region_name="us-east-1", endpoint_url=proxy.url)
+    with pytest.raises(ClientError, match="FilterLimitExceeded"):
+        raw.describe_spot_price_history(InstanceTypes=types[:199], ProductDescriptions=["Linux/UNIX", "Windows"])
+    prices = latest_spot_prices(raw, types, now)
+    assert prices == {(t, z): pytest.approx(n / 1000 + k / 10) for n, t in enumerate(types) for k, z in enumerate(zones)}
+    assert proxy.calls.count("DescribeSpotPriceHistory") > 2 + 3  # the refused call; then pages, more than one a chunk
 
 
 # -- images (issue 22, item 6) -------------------------------------------------------------------------

@@ -886,3 +886,85 @@ def test_a_create_that_gave_up_at_lro_timeout_stops_polling_its_operation(arm, t
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("LROPoller")]
     assert arm.end_held() == [vm_name(FLEET, "k-held")]  # it kept allocating in Azure
     assert prov.create(req("k-held")).state == "running" and len(arm.requests("PUT", "/virtualMachines/")) == 1
+
+
+def _tag_while_allocating(arm, name: str, after_polls: int = 1):
+    """Someone writes the VM while its create is under way (tags it in the portal): a PUT of the VM as it is, with one
+    more tag, once the create's operation has been polled `after_polls` times. Compute preempts the create."""
+    import threading
+    import time
+
+    def write() -> None:
+        deadline = time.monotonic() + 10
+        while len(arm.requests("GET", "/operations/")) < after_polls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with arm.lock:
+            ((sub, rg, _), vm), = [(k, v) for k, v in arm.vms.items() if k[2] == name.lower()]
+            arm.put_vm(sub, rg, name, {**vm, "tags": {**vm["tags"], "costcenter": "ml"}}, arm.base_url, "2024-07-01")
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_create_preempted_by_another_write_to_its_vm_answers_the_vm_that_write_allocates(arm, tmp_path):
+    """Compute takes a write to a VM whose create is under way and preempts the create: its operation ends Canceled,
+    OperationPreempted, while the newer operation allocates the VM (tests/arm_fake.py; the fake took such a PUT as a
+    tag update and the create went on to succeed). The preempted create was a transient error: apply's retries read
+    the VM, found it Creating, and polled the dead operation again, each answered OperationPreempted, until the retry
+    window ran out and the create failed with the VM allocating. The create now waits on the VM itself, within its
+    lro_timeout, and answers it once allocated: one PUT of ours, one VM."""
+    import threading
+    import time
+
+    from reconciler.apply import _retry
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(
+        arm, lro_timeout="6", polling_interval="0.05", retry_window="1")))
+    name = vm_name(FLEET, "k-tagged")
+    arm.hold_creates()
+    writer = _tag_while_allocating(arm, name)
+    def end_once_read_more_than_apply_retries() -> None:  # (apply's 4 tries read the VM once each, then gave up)
+        deadline = time.monotonic() + 10
+        while len(arm.requests("GET", f"/virtualMachines/{name}")) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        arm.end_held()
+
+    ender = threading.Thread(target=end_once_read_more_than_apply_retries, daemon=True)
+    ender.start()
+    started = time.monotonic()
+    got = _retry(lambda: prov.create(req("k-tagged")), "create", prov.retry_window_s)
+    writer.join()
+    ender.join()
+    assert got.state == "running" and got.id.endswith(f"/virtualMachines/{name}") and time.monotonic() - started < 6
+    assert len(arm.snapshot()) == 1 and arm.snapshot()[name]["tags"]["costcenter"] == "ml"
+    assert len([p for p in arm.requests("PUT", "/virtualMachines/")]) == 1  # ours; the tagger's went around the log
+
+
+def test_a_create_preempted_by_a_delete_of_its_vm_says_so_and_launches_nothing_more(arm, tmp_path):
+    """The other write that preempts a create: someone deletes the VM while it allocates. The create fails naming
+    what happened, nothing placed on it and no second VM made behind the delete's back; the next plan, not this
+    create, decides whether one is needed."""
+    import threading
+    import time
+
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(
+        arm, lro_timeout="5", polling_interval="0.05")))
+    name = vm_name(FLEET, "k-deleted")
+    arm.hold_creates()
+
+    def delete() -> None:
+        deadline = time.monotonic() + 10
+        while not arm.requests("GET", "/operations/") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with arm.lock:
+            ((sub, rg, _), _vm), = [(k, v) for k, v in arm.vms.items() if k[2] == name.lower()]
+            arm.delete_vm(sub, rg, name, arm.base_url, "2024-07-01")
+
+    thread = threading.Thread(target=delete, daemon=True)
+    thread.start()
+    with pytest.raises(ProviderError, match="OperationPreempted") as e:
+        prov.create(req("k-deleted"))
+    thread.join()
+    assert not isinstance(e.value, TransientProviderError) and "deleted" in str(e.value), e.value
+    assert len(arm.requests("PUT", "/virtualMachines/")) == 1
