@@ -1,0 +1,110 @@
+"""The node agent when its own disk fails under it: records it cannot read or write (a failed or full disk), a
+checkpoint restore the disk fills in the middle of, hostile job input. Real agent and replica processes on a local bus;
+disk failures are made real (a directory or a symlink loop where a file goes, which stop root too; a file-size limit
+in a child process), never by replacing the agent's own functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.backend import backend_for
+from reconciler.runtime.agent import Agent
+from reconciler.runtime.bus import Bus
+from reconciler.runtime.runtimes import ProcessRuntime
+from tests.fleetkit import poll_until
+from tests.test_runtime_adopt import leftovers, processes_with  # noqa: F401 (leftovers: the fixture below)
+from tests.test_runtime_agent import entry
+
+PY = sys.executable
+pytestmark = pytest.mark.usefixtures("leftovers")  # (whatever a test leaves running under its tmp path is killed)
+
+
+@pytest.fixture
+def bus(tmp_path):
+    return Bus(backend_for(tmp_path, None))
+
+
+def agent(bus: Bus, workdir: Path, **kw) -> Agent:
+    return Agent("i-0", bus, ProcessRuntime(), workdir, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+                 log=lambda m: None, **kw)
+
+
+def copies(marker: Path) -> set[int]:
+    """The copies of a replica that run: the process groups (one a start: its shim and command) named by `marker`."""
+    out = set()
+    for pid in processes_with(str(marker)):
+        try:
+            out.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    return out
+
+
+def sleeper(marker: Path) -> list[str]:
+    """A replica that runs a minute; `marker` (a path under the test's tmp dir) names its processes."""
+    return [PY, "-c", "import sys, time; time.sleep(60)", str(marker)]
+
+
+def test_a_restarted_agent_that_cannot_read_a_replicas_record_does_not_start_a_second_copy(bus, tmp_path):
+    """An agent restarted on an instance whose record of a running replica cannot be read (a failing disk: here a
+    symlink loop where the file is, which stops root too) ignored the record and started the replica again: two copies
+    on the same GPUs. It starts nothing of that replica, says why in its heartbeat and the run record, and adopts the
+    running copy once the record can be read again."""
+    marker = tmp_path / "train-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", sleeper(marker))]})
+    first = agent(bus, tmp_path / "i-0")
+    first.tick()
+    pid = first.replicas[("train", 0)].handle.pid
+    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
+    record = tmp_path / "i-0" / "replicas" / "train-0.json"
+    saved = record.read_bytes()
+    record.unlink()
+    record.symlink_to(record.name)  # reading it: ELOOP, as an I/O error would fail it
+    again = agent(bus, tmp_path / "i-0")  # the first agent crashed (systemd restarts it): its replica runs on
+    for _ in range(3):
+        again.tick()
+    assert copies(marker) == {pid}  # before: a second copy beside it
+    rec = bus.run("train", 0)
+    assert (rec["phase"], rec["reason"]) == ("Starting", "RecordUnreadable"), rec
+    assert str(record) in rec["message"] and "not started a second time" in rec["message"], rec["message"]
+    assert str(record) in bus.agent("i-0")["workdir_failed"]
+    record.unlink()
+    record.write_bytes(saved)
+    again.tick()
+    again._publish(force=True)
+    assert again.replicas[("train", 0)].reason == "Adopted" and again.replicas[("train", 0)].handle.pid == pid
+    assert "workdir_failed" not in bus.agent("i-0")
+    assert copies(marker) == {pid}
+    again.runtime.kill(again.replicas[("train", 0)].handle)
+
+
+def test_a_replica_whose_record_cannot_be_written_is_not_started_and_the_heartbeat_says_why(bus, tmp_path):
+    """The agent started a replica whose local record (its pid, how to find and stop it) it could not write (a full or
+    read-only disk: here a file where the records' folder goes, which stops root too): an agent restarted on the
+    instance could neither adopt nor stop that copy, and started a second. It is not started until it can be recorded."""
+    marker = tmp_path / "etl-marker"
+    (tmp_path / "i-0").mkdir()
+    (tmp_path / "i-0" / "replicas").write_text("")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("etl", sleeper(marker))]})
+    a = agent(bus, tmp_path / "i-0")
+    for _ in range(3):
+        a.tick()
+    assert copies(marker) == set()  # before: started, with no record to adopt or stop it by
+    rec = bus.run("etl", 0)
+    assert (rec["phase"], rec["reason"]) == ("Starting", "CannotRecord"), rec
+    assert "etl-0.json" in rec["message"] and "EEXIST" in rec["message"] and "could neither adopt nor stop" in rec["message"], rec
+    assert "etl-0.json" in bus.agent("i-0")["workdir_failed"]
+    (tmp_path / "i-0" / "replicas").unlink()
+    a.replicas[("etl", 0)].next_start = 0.0  # (its retry delay, doubling, over)
+    a.tick()
+    a._publish(force=True)
+    pid = a.replicas[("etl", 0)].handle.pid
+    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
+    assert json.loads((tmp_path / "i-0" / "replicas" / "etl-0.json").read_text())["pid"] == pid
+    assert "workdir_failed" not in bus.agent("i-0")
+    a.runtime.kill(a.replicas[("etl", 0)].handle)
