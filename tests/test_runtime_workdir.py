@@ -108,3 +108,48 @@ def test_a_replica_whose_record_cannot_be_written_is_not_started_and_the_heartbe
     assert json.loads((tmp_path / "i-0" / "replicas" / "etl-0.json").read_text())["pid"] == pid
     assert "workdir_failed" not in bus.agent("i-0")
     a.runtime.kill(a.replicas[("etl", 0)].handle)
+
+
+# `reconcile ARGS` on a disk that fills at 100 kB a file: a write past it fails (EFBIG, SIGXFSZ ignored) as on a full disk
+SMALL_DISK = ("import os, resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+              "os.execv(sys.executable, [sys.executable, '-m', 'reconciler.cli', *sys.argv[1:]])")
+
+
+def test_an_agent_whose_disk_fills_while_it_restores_a_checkpoint_does_not_start_the_replica(bus, tmp_path):
+    """The agent (`reconcile agent`, its own process) restores the job's newest checkpoint, and the disk fills in the
+    middle of it (for real: a file-size limit on the agent's process, RLIMIT_FSIZE, so the 300 kB weights cannot be
+    written). The download failed as a broken upload would, and the replica started from an empty checkpoint
+    directory: its training lost. It waits, NoRoomForCheckpoint, naming the file; nothing is left half restored."""
+    import signal
+    import subprocess
+    import time
+
+    from reconciler.runtime import checkpoints
+
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "step.json").write_text('{"step": 41}')
+    (src / "weights.bin").write_bytes(os.urandom(300_000))
+    checkpoints.upload(bus.store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    marker = tmp_path / "ft-marker"
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("ft", sleeper(marker), epoch=2, mode="service",
+                                                               checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 5})]})
+
+    disk = tmp_path / "i-0" / "disk"
+    with open(tmp_path / "agent.log", "ab") as out:
+        agent_proc = subprocess.Popen([PY, "-c", SMALL_DISK, "agent", "i-0", "--dir", str(tmp_path), "--runtime", "process",
+                                       "--address", "127.0.0.1", "--workdir", str(tmp_path / "i-0"), "--checkpoint-root", str(disk),
+                                       "--poll", "0.1", "--heartbeat", "0.2"], stdout=out, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "FLEETOPS_CHECKPOINT_SYNC": "1"})
+    try:
+        rec = poll_until(lambda: (r := bus.run("ft", 0)) and r["reason"] != "Assigned" and r, "the replica's record", 60)
+        assert (rec["phase"], rec["reason"]) == ("Starting", "NoRoomForCheckpoint"), rec  # before: Running, from nothing
+        assert "weights.bin" in rec["message"] and "the disk filled" in rec["message"], rec["message"]
+        time.sleep(1)
+        assert copies(marker) == set() and bus.run("ft", 0)["reason"] == "NoRoomForCheckpoint"
+        assert not (disk / "ft").exists(), list((disk / "ft").iterdir())  # nothing half placed, nothing staged left
+    finally:
+        agent_proc.send_signal(signal.SIGKILL)
+        agent_proc.wait(timeout=60)

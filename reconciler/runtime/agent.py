@@ -920,11 +920,11 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            no_room = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
-            if no_room is not None:
+            not_restored = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if not_restored is not None:
                 # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
                 # holds; the retries fetch nothing while there is no room)
-                self._hold_back(rep, "NoRoomForCheckpoint", no_room)
+                self._hold_back(rep, *not_restored)
                 return
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
@@ -1037,18 +1037,20 @@ class Agent:
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> str | None:
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None,
+                            world_size: int = 1) -> tuple[str, str] | None:
         """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
         (of a job removed once, only one made since, or by the same job put back: `spec_hash`); a gang's, once per
         assignment, is made the gang's newest complete round (checkpoints.restore_round). Returns why the replica must
-        not start: the disk has no room for the restore (checkpoints.NoRoomError; nothing fetched or changed)."""
+        not start, as (reason, message): the disk has no room for the restore, or it filled, or a file could not be put in
+        place (checkpoints.NotRestoredError: the directory as it was, older than the upload)."""
         if not self.checkpoint_sync:
             return None
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
-        except checkpoints.NoRoomError as err:
-            return str(err)
+        except checkpoints.NotRestoredError as err:
+            return "NoRoomForCheckpoint" if isinstance(err, checkpoints.NoRoomError) else "CheckpointNotRestored", str(err)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return None
