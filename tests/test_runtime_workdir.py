@@ -153,3 +153,38 @@ def test_an_agent_whose_disk_fills_while_it_restores_a_checkpoint_does_not_start
     finally:
         agent_proc.send_signal(signal.SIGKILL)
         agent_proc.wait(timeout=60)
+
+
+def forker(marker: Path, then: str) -> list[str]:
+    """A replica that starts a child in its process group (a data loader, a launcher's worker) that ignores SIGTERM and
+    runs on, then `then` (Python)."""
+    ready = f"{marker}.ready"
+    child = f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); pathlib.Path({ready!r}).touch(); time.sleep(120)"
+    return [PY, "-c", f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}, {str(marker)!r}])\n"
+            f"while not os.path.exists({ready!r}): time.sleep(0.02)\n" + then, str(marker)]
+
+
+def test_a_replica_that_exits_leaving_children_has_them_killed_with_it(bus, tmp_path):
+    """A replica's main process exits (crashes) and leaves a child of its process group running, holding the GPUs: the
+    agent reported the replica ended and started its restart beside that child, two processes on one GPU, and nothing
+    ever ended the child. As a container's end ends every process in it, the replica's end kills its process group."""
+    marker = tmp_path / "crash-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crash", forker(marker, "sys.exit(3)"),
+                                                                restart={"policy": "Never", "backoff_limit": 0})]})
+    a = agent(bus, tmp_path / "i-0")
+    rec = poll_until(lambda: a.tick() or (r := bus.run("crash", 0)) and r["terminal"] and r, "the replica failed", 30)
+    assert (rec["phase"], rec["exit_code"]) == ("Failed", 3), rec
+    poll_until(lambda: not copies(marker), "its child killed", 10)  # before: running on, two minutes
+
+
+def test_a_stopped_replica_whose_child_ignores_the_signal_has_it_killed(bus, tmp_path):
+    """The replica's main process exits on its stop signal, its child (in its process group) ignores it: the agent
+    took the exit for the end and the child ran on, on the GPUs the plan had moved to another job."""
+    marker = tmp_path / "stop-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("svc", forker(marker, "time.sleep(120)"), mode="service")]})
+    a = agent(bus, tmp_path / "i-0")
+    poll_until(lambda: a.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Running" and Path(f"{marker}.ready").exists(),
+               "the replica and its child running", 30)
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    poll_until(lambda: a.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Stopped" and r, "the replica stopped", 30)
+    poll_until(lambda: not copies(marker), "its child killed", 10)  # before: running on
