@@ -677,3 +677,31 @@ def test_a_restore_that_fails_while_its_files_are_moved_into_place_leaves_the_di
     monkeypatch.setattr(ck.os, "replace", real)
     got = ck.restore(store, "g", dest, log=lambda m: None, spec_hash="h", epoch=2, world_size=2 if gang else 1)
     assert {k: v for k, v in steps(dest).items() if k in files} == files and got.generations, (steps(dest), got)
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+@pytest.mark.parametrize("what", ["file", "link"])
+def test_a_checkpoint_directory_the_job_replaced_by_a_file_or_link_is_restored_in_its_place(store, tmp_path, gang, what):
+    """The job replaced its own checkpoint directory by a file: the restore failed (File exists) and the replica's
+    start on it failed for good (StartError), its checkpoint never resumed from. By a link: the restore wrote through it
+    into the directory it names (a gang's moved that directory's files aside), the agent root on the host. The file or
+    link is replaced by the restored directory; a link is never followed."""
+    now = clock()
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"rank-0": "7"}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7"}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u", {"rank-0": "7", "rank-1": "7"}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = tmp_path / "b" / "ckpt"
+    dest.parent.mkdir()
+    elsewhere = write(tmp_path / "elsewhere", {"keep": "mine"})
+    if what == "file":
+        dest.write_text("not a directory")
+    else:
+        dest.symlink_to(elsewhere)
+    out, log = logs()
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.generations and dest.is_dir() and not dest.is_symlink(), got
+    assert steps(dest) == {"rank-0": "7", "rank-1": "7"} and beside(dest) == [], (steps(dest), beside(dest))
+    assert steps(elsewhere) == {"keep": "mine"}  # (a link's target untouched)
+    assert any(f"a {what} at {dest}" in m for m in out), out

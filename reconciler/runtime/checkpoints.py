@@ -488,7 +488,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
             sizes = {f["path"]: f["size"] for f in doc["files"]}
             merged.update({rel: (path, sizes[rel]) for rel, path in files.items()})
         with _Moves(job, local_dir) as moves:
-            moves.mkdir(local_dir)
+            moves.local_dir_made(log)
             for rel, (path, _) in merged.items():
                 _place(local_dir, rel, path, log, job, moves)
     finally:
@@ -581,6 +581,17 @@ class _Moves:
                 raise NoRoomError(f"{what} (free the disk: tried again)") from None
             raise NotRestoredError(f"{what} (tried again)") from None
 
+    def local_dir_made(self, log: Log) -> None:
+        """The job's directory, made where missing; a file or link at its name (the job's, which replaced its own
+        directory) is replaced (a link never followed): the replica's start failed on it (StartError)."""
+        d = self.local_dir
+        if d.is_symlink() or d.exists() and not d.is_dir():
+            what = "link" if d.is_symlink() else "file"
+            self.mkdir(self.replaced)
+            self.move(d, self.replaced / d.name)
+            log(f"{self.job}: a {what} at {d}, where its checkpoint directory goes, was in the way of the restore: removed, not followed")
+        self.mkdir(d)
+
     def mkdir(self, d: Path) -> None:
         missing = []
         while not d.exists() and not d.is_symlink():
@@ -657,7 +668,8 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
     if not docs:
         # (recorded: a restart in place within this assignment keeps what the job wrote since, on every rank alike)
         return Restore(why="no upload", marker={"generations": [], "round": None, "at": at})
-    local = {rel: (path, size) for rel, path, size in local_files(local_dir)}
+    # (a link the job left at its directory's name is replaced, never followed: _Moves.local_dir_made)
+    local = {rel: (path, size) for rel, path, size in local_files(local_dir)} if not local_dir.is_symlink() else {}
     staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
     for key, members in rounds(docs):
         # (against the round's own world size: a gang resized by an edit, `replicas`, resumes from its last round, all
@@ -690,7 +702,7 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
             keep = {rel for rel, (_, _, path, _) in merged.items() if rel in local and path == local[rel][0]}
             with _Moves(job, local_dir) as moves:
                 aside = _aside(local_dir, sorted(set(local) - keep), log, job, f"not of round {key[1]}, which every rank resumes from", moves)
-                moves.mkdir(local_dir)
+                moves.local_dir_made(log)
                 for rel, (mtime_ns, _, path, _) in merged.items():
                     if rel in keep:
                         continue
