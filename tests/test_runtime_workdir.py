@@ -188,3 +188,35 @@ def test_a_stopped_replica_whose_child_ignores_the_signal_has_it_killed(bus, tmp
     bus.put_assignment("i-0", {"serial": 2, "replicas": []})
     poll_until(lambda: a.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Stopped" and r, "the replica stopped", 30)
     poll_until(lambda: not copies(marker), "its child killed", 10)  # before: running on
+
+
+def test_a_huge_log_is_never_read_whole_when_docker_refuses_a_restart(bus, tmp_path):
+    """A replica's log holds every attempt on the instance (weeks of a chatty training run: GBs). When docker refused
+    to start an attempt (exit 126/127), the agent read the whole log into memory to find docker's line: one such log
+    killed the agent (out of memory). It reads the log's end only, as the log tail does. (Here a 300 MB sparse log,
+    and the agent's Python allocations measured.)"""
+    import tracemalloc
+
+    from reconciler.runtime.agent import replica_log
+    from reconciler.runtime.runtimes import DockerRuntime
+    from tests.test_runtime_agent import run_until, terminal
+
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\necho 'docker: Error response from daemon: exec: \"pyhton3\": executable file not found' >&2\n"
+                    "exit 127\n")
+    fake.chmod(0o755)
+    log = replica_log(tmp_path / "i-0", "typo", 0)
+    log.parent.mkdir(parents=True)
+    with open(log, "wb") as f:
+        f.truncate(300 * 2**20)  # (sparse: no disk used)
+    a = Agent("i-0", bus, DockerRuntime(docker=str(fake)), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2,
+              backoff=0.05, log=lambda m: None)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("typo", ["pyhton3"], run={"image": "img", "command": ["pyhton3"], "env": {}})]})
+    tracemalloc.start()
+    try:
+        rec = run_until([a], terminal(bus, "typo"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (rec["reason"], rec["restarts"]) == ("StartError", 0) and "executable file not found" in rec["message"], rec
+    assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated"  # before: over 300 MiB

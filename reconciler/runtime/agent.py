@@ -58,16 +58,21 @@ def replica_log(workdir: Path, job: str, replica: int) -> Path:
     return Path(workdir) / "logs" / f"{job}-{replica}.log"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+def log_end(path: Path, size: int = 16384) -> str | None:
+    """The last `size` bytes of a replica's log as text (None: unreadable): never the whole log, which holds every
+    attempt on the instance (GBs of a chatty run; read whole, it took the agent's memory)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            text = f.read().decode(errors="replace")
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
-    return [ln for ln in text.splitlines() if not ln.startswith("--- fleetops:")][-lines:]
+        return None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    text = log_end(path)
+    return [ln for ln in (text or "").splitlines() if not ln.startswith("--- fleetops:")][-lines:]
 
 
 def own_secrets(entry: dict) -> tuple[str, ...]:
@@ -532,9 +537,8 @@ class Agent:
         itself included. It was an ordinary failure, restarted backoff_limit times before the job failed."""
         if self.runtime.name != "docker" or code not in (126, 127):
             return None
-        try:  # this attempt's output only (the log holds every attempt's): docker's error comes last, maybe before a hint
-            text = self._log_path(rep).read_bytes()[-16384:].decode(errors="replace")
-        except OSError:
+        text = log_end(self._log_path(rep))  # this attempt's output only: docker's error comes last, maybe before a hint
+        if text is None:
             return None
         attempt = text.rsplit("\n--- fleetops: attempt ", 1)[-1].splitlines()[1:]
         said = [ln for ln in attempt[-5:] if ln.startswith("docker: Error response from daemon")]
