@@ -220,3 +220,27 @@ def test_a_huge_log_is_never_read_whole_when_docker_refuses_a_restart(bus, tmp_p
         tracemalloc.stop()
     assert (rec["reason"], rec["restarts"]) == ("StartError", 0) and "executable file not found" in rec["message"], rec
     assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated"  # before: over 300 MiB
+
+
+def test_an_unreadable_record_of_a_replica_no_longer_assigned_is_kept_and_its_copy_stopped_once_read(bus, tmp_path):
+    """The replica whose record cannot be read is unassigned meanwhile: deleting the record as for any replica that
+    leaves would orphan the copy that may run (nothing could find it again). It is kept, read again, and the copy it
+    names adopted and stopped."""
+    marker = tmp_path / "train-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", sleeper(marker))]})
+    first = agent(bus, tmp_path / "i-0")
+    first.tick()
+    pid = first.replicas[("train", 0)].handle.pid
+    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
+    record = tmp_path / "i-0" / "replicas" / "train-0.json"
+    saved = record.read_bytes()
+    record.unlink()
+    record.symlink_to(record.name)
+    again = agent(bus, tmp_path / "i-0")
+    again.tick()
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    again.tick()
+    assert record.is_symlink() and ("train", 0) not in again.replicas and copies(marker) == {pid}
+    record.unlink()
+    record.write_bytes(saved)
+    poll_until(lambda: again.tick() or not copies(marker) and bus.run("train", 0)["reason"] == "Unassigned", "the adopted copy stopped", 30)
