@@ -244,3 +244,27 @@ def test_an_unreadable_record_of_a_replica_no_longer_assigned_is_kept_and_its_co
     record.unlink()
     record.write_bytes(saved)
     poll_until(lambda: again.tick() or not copies(marker) and bus.run("train", 0)["reason"] == "Unassigned", "the adopted copy stopped", 30)
+
+
+def test_an_agent_that_cannot_list_its_replicas_records_starts_nothing_until_it_can(bus, tmp_path):
+    """The folder of the replicas' records cannot be listed (a failing disk: here a symlink loop at its name): any
+    replica may run, started by an earlier agent, and the agent could not know which (Path.glob took it for empty:
+    every assigned replica was started again; here, its exit file going there too, it failed for good, StartError).
+    Nothing starts, saying why, until it can be listed."""
+    marker = tmp_path / "etl-marker"
+    folder = tmp_path / "i-0" / "replicas"
+    folder.parent.mkdir()
+    folder.symlink_to(folder.name)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("etl", sleeper(marker))]})
+    a = agent(bus, tmp_path / "i-0")
+    for _ in range(3):
+        a.tick()
+    assert copies(marker) == set()
+    rec = bus.run("etl", 0)
+    assert rec["reason"] == "RecordUnreadable" and str(folder) in rec["message"] and "ELOOP" in rec["message"], rec
+    assert str(folder) in bus.agent("i-0")["workdir_failed"]
+    folder.unlink()
+    a.tick()
+    pid = a.replicas[("etl", 0)].handle.pid
+    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
+    a.runtime.kill(a.replicas[("etl", 0)].handle)
