@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
 from reconciler.atomicfile import copy_atomic, write_atomic
-from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
+from reconciler.errors import CorruptBusObjectError, DiskFullError, LockError, ReconcileError, disk_full
 from providers.redact import redact
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
@@ -204,7 +204,7 @@ class LocalBackend:
                 raise ReconcileError(f"local bus: cannot copy {path} to {dest}: {e.strerror}") from None
             return False
         except OSError as e:
-            raise ReconcileError(f"local bus: cannot copy {path} to {dest}: {e.strerror}") from None
+            raise (DiskFullError if disk_full(e) else ReconcileError)(f"local bus: cannot copy {path} to {dest}: {e.strerror}") from None
 
     def delete_key(self, key: str) -> None:
         try:
@@ -493,6 +493,9 @@ class ObjectStoreBackend:
             os.replace(part, dest)
             return True
         except Exception as e:
+            if disk_full(e):
+                raise DiskFullError(f"{self.kind} bus: cannot copy {self.root}/{self.prefix}{key} to {dest}: no room on the local "
+                                    "disk (full, a quota or a file-size limit)") from None
             raise self._bus_error(e, "cannot read", key) from None
         finally:
             with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ reconciler) and re-exported here: the same classes, so `except ReconcileError` c
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 from providers.errors import (
@@ -79,6 +80,25 @@ class WallCap(Exception):
 
 class ApplyError(ReconcileError):
     """Some plan actions failed; the message lists what succeeded and what did not."""
+
+
+# A local file not written for want of room: a full disk, a quota, a file-size limit.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from (an SDK wraps the OSError of the file it writes), is DISK_FULL."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno in DISK_FULL:
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+class DiskFullError(ReconcileError):
+    """A download (StateBackend.read_file) whose local file could not be written for want of room: the disk's fault,
+    not the object's (a checkpoint restore then fails as one without room, not as a broken upload)."""
 
 
 class CorruptBusObjectError(ReconcileError):

@@ -422,6 +422,8 @@ def render_status(st: dict) -> str:
                      + (f", {money(r['wastedPerHour'])}/h wasted on unused reserved instances" if r["wastedPerHour"] else ""))
     for name, lic in (f.get("licenses") or {}).items():
         lines.append(f"  license {name}: {lic['held']}/{lic['count']} held" + (f" ({', '.join(f'{t} {n}' for t, n in lic['tenants'].items())})" if lic["tenants"] else ""))
+    for iid, fault in (st.get("agents") or {}).items():  # (lifecycle.agent_fault's words)
+        lines.append(f"  agent on {iid}: {fault['reason']}: {fault['message']}")
     for name, j in st["jobs"].items():
         c = j["status"]["conditions"][0]
         run = j["status"].get("run")

@@ -304,7 +304,7 @@ def read_status(config_dir: Path) -> dict:
     if not Path(config_dir).is_dir():
         what = "is a file, not a directory" if Path(config_dir).exists() else "does not exist"
         raise ReconcileError(f"config directory {config_dir} {what}")
-    out: dict = {"fleet": None, "pools": {}, "jobs": {}}
+    out: dict = {"fleet": None, "pools": {}, "jobs": {}, "agents": {}}  # agents: what is wrong with those that beat (live)
     with StatusFiles(config_dir) as files:
         root = files.config_dir / "status"
         wanted = [("fleet", "fleet", root / "fleet.yaml")] + [

@@ -1091,11 +1091,20 @@ def test_a_local_record_it_cannot_write_keeps_the_replica_running_is_reported_an
     """The agent's own files (the replica's local record, replicas.pids) cannot be written just after it started a
     replica (a full disk: here a directory where each file goes, which stops root too): the agent died with the OSError,
     its replica left running untracked. It keeps running, the agent's report names the path and errno, and each tick
-    writes again: once it can, an agent restarted on the instance adopts the replica instead of starting a second copy."""
+    writes again: once it can, an agent restarted on the instance adopts the replica instead of starting a second copy.
+    (Before the start its record could be written: one it cannot write then is not started, test_runtime_workdir.)"""
     work = tmp_path / "i-0"
-    (work / "replicas" / "sleep-0.json").mkdir(parents=True)
-    (work / "replicas.pids").mkdir()
+
+    class DiskFailsAtTheStart(ProcessRuntime):
+        def start(self, launch):
+            handle = super().start(launch)
+            (work / "replicas" / "sleep-0.json").unlink()
+            (work / "replicas" / "sleep-0.json").mkdir()
+            (work / "replicas.pids").mkdir()
+            return handle
+
     a = agents("i-0")
+    a.runtime = DiskFailsAtTheStart()
     bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("sleep", [PY, "-c", "import time; time.sleep(60)"])]})
     a.tick()
     rep = a.replicas[("sleep", 0)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -572,3 +574,134 @@ def test_a_manifest_whose_file_keys_lie_outside_its_own_jobs_generation_is_skipp
     assert (dest / "rank-0.json").read_text() == "a's own"
     ck.prune(store, "a", keep=0, log=log)
     assert store.read_key(b_file["key"]) == b"b's weights"
+
+
+RESTORE_UNDER_A_FILE_SIZE_LIMIT = r'''
+import json, resource, signal, sys
+from pathlib import Path
+from reconciler.backend import backend_for
+from reconciler.runtime import checkpoints as ck
+cfg, dest, limit, world, url = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] or None
+store = backend_for(Path(cfg), url)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as one on a full disk does
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+said = []
+try:
+    got = ck.restore(store, "g", dest, log=said.append, spec_hash="h", epoch=2, world_size=world)
+    out = {"restored": got.generations, "why": got.why}
+except ck.NoRoomError as e:
+    out = {"no_room": str(e)}
+print(json.dumps({**out, "log": said}))
+'''
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_disk_that_fills_in_the_middle_of_a_restore_leaves_the_directory_and_restores_no_older_upload(store, tmp_path, gang):
+    """The disk fills while the newest upload is fetched (its room was there when checked: another writer took it, or
+    a quota): each download failed as a broken upload would ("cannot read: skipped"), the next older upload was restored
+    instead (or, none left, the gang's files moved aside) and the replica resumed from older training. It fails as a
+    restore without room does (NoRoomError: the agent does not start the replica), the directory as it was, nothing
+    staged left. The disk is filled for real: a file-size limit (RLIMIT_FSIZE) in the process that restores."""
+    now = clock()
+    if gang:
+        _gang_up(store, tmp_path / "o0", {"rank-0": "1" * 100}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "o1", {"rank-1": "1" * 100}, "i-1", 1, [1], now)
+        _gang_up(store, tmp_path / "u0", {"rank-0": "7" * 100, "weights": os.urandom(300_000)}, "i-0", 2, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7" * 100}, "i-1", 2, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "o", {"rank-0": "1" * 100}), instance="i-0", spec_hash="h", epoch=1, now=now)
+        ck.upload(store, "g", write(tmp_path / "u", {"rank-0": "7" * 100, "weights": os.urandom(300_000)}), instance="i-0",
+                  spec_hash="h", epoch=2, now=now)
+    _restore_under_a_file_size_limit(tmp_path, 2 if gang else 1, "")
+
+
+def _restore_under_a_file_size_limit(tmp_path, world: int, url: str) -> None:
+    dest = write(tmp_path / "b" / "ckpt", {"rank-0": "3", "scratch": "mine"})
+    os.utime(dest / "rank-0", (1_000_000_000, 1_000_000_000))  # older than the uploads: restored over
+    run = subprocess.run([sys.executable, "-c", RESTORE_UNDER_A_FILE_SIZE_LIMIT, str(tmp_path / "cfg"), str(dest), "100000",
+                          str(world), url], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert "no_room" in got, got  # before: restored from the older upload (or the gang's files moved aside)
+    assert "g: " in got["no_room"] and "weights" in got["no_room"] and str(dest) in got["no_room"], got["no_room"]
+    assert steps(dest) == {"rank-0": "3", "scratch": "mine"} and beside(dest) == [], beside(dest)
+
+
+def test_a_disk_that_fills_in_the_middle_of_a_restore_from_s3_fails_as_one_without_room(aws_env, monkeypatch, request, tmp_path):
+    """As above, through s3:// on the moto server: the SDK's download fails on the full disk, not the object."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
+    bucket = f"ck-{abs(hash(request.node.name)) % 10**8}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/fleets/demo"
+    s3, now = backend_for(tmp_path / "cfg", url), clock()
+    ck.upload(s3, "g", write(tmp_path / "o", {"rank-0": "1" * 100}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    ck.upload(s3, "g", write(tmp_path / "u", {"rank-0": "7" * 100, "weights": os.urandom(300_000)}), instance="i-0",
+              spec_hash="h", epoch=2, now=now)
+    _restore_under_a_file_size_limit(tmp_path, 1, url)
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+def test_a_restore_that_fails_while_its_files_are_moved_into_place_leaves_the_directory_as_it_was(store, tmp_path, monkeypatch, gang):
+    """Staged whole, the files are then moved into the local directory one by one; a move that failed (a full disk:
+    a directory entry, a new subdirectory) left it half restored, some files of the upload beside older ones of the
+    job's (the gang's other local files moved aside), and the agent started the replica from it. Every move is undone
+    (nothing else changed) and the restore fails, NoRoomError for a full disk: the replica is not started. The failure
+    is injected at the I/O boundary (os.replace, the third move into place)."""
+    import errno
+
+    now = clock()
+    files = {"a": "7", "b": "7", "sub/c": "7", "sub/d": "7"}
+    if gang:
+        _gang_up(store, tmp_path / "u0", files, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7"}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u", files), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = write(tmp_path / "b" / "ckpt", {"a": "3", "sub/c": "3", "scratch": "mine"})
+    for rel in ("a", "sub/c", "scratch"):
+        os.utime(dest / rel, (1_000_000_000, 1_000_000_000))  # older than the uploads: restored over
+    before = steps(dest)
+    real, moved = os.replace, []
+
+    def replace(src, dst):
+        if ".fleetops-restore" in str(src) and str(dst).startswith(str(dest) + os.sep):
+            moved.append(dst)
+            if len(moved) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", replace)
+    with pytest.raises(ck.NoRoomError) as err:
+        ck.restore(store, "g", dest, log=lambda m: None, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert "No space left on device" in str(err.value) and str(dest) in str(err.value), err.value
+    assert steps(dest) == before and beside(dest) == [], (steps(dest), beside(dest))  # before: half restored
+    monkeypatch.setattr(ck.os, "replace", real)
+    got = ck.restore(store, "g", dest, log=lambda m: None, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert {k: v for k, v in steps(dest).items() if k in files} == files and got.generations, (steps(dest), got)
+
+
+@pytest.mark.parametrize("gang", [False, True], ids=["one", "gang"])
+@pytest.mark.parametrize("what", ["file", "link"])
+def test_a_checkpoint_directory_the_job_replaced_by_a_file_or_link_is_restored_in_its_place(store, tmp_path, gang, what):
+    """The job replaced its own checkpoint directory by a file: the restore failed (File exists) and the replica's
+    start on it failed for good (StartError), its checkpoint never resumed from. By a link: the restore wrote through it
+    into the directory it names (a gang's moved that directory's files aside), the agent root on the host. The file or
+    link is replaced by the restored directory; a link is never followed."""
+    now = clock()
+    if gang:
+        _gang_up(store, tmp_path / "u0", {"rank-0": "7"}, "i-0", 1, [0], now)
+        _gang_up(store, tmp_path / "u1", {"rank-1": "7"}, "i-1", 1, [1], now)
+    else:
+        ck.upload(store, "g", write(tmp_path / "u", {"rank-0": "7", "rank-1": "7"}), instance="i-0", spec_hash="h", epoch=1, now=now)
+    dest = tmp_path / "b" / "ckpt"
+    dest.parent.mkdir()
+    elsewhere = write(tmp_path / "elsewhere", {"keep": "mine"})
+    if what == "file":
+        dest.write_text("not a directory")
+    else:
+        dest.symlink_to(elsewhere)
+    out, log = logs()
+    got = ck.restore(store, "g", dest, log=log, spec_hash="h", epoch=2, world_size=2 if gang else 1)
+    assert got.generations and dest.is_dir() and not dest.is_symlink(), got
+    assert steps(dest) == {"rank-0": "7", "rank-1": "7"} and beside(dest) == [], (steps(dest), beside(dest))
+    assert steps(elsewhere) == {"keep": "mine"}  # (a link's target untouched)
+    assert any(f"a {what} at {dest}" in m for m in out), out

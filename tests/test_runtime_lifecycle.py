@@ -570,3 +570,27 @@ def test_live_status_dates_a_condition_whose_file_lost_its_time_as_apply_does(tm
                        if c["type"] == "Running")
     assert written["lastTransitionTime"] == "2026-01-02T03:04:05+00:00", written
     assert live == written, (live, written)  # before: live lastTransitionTime None
+
+
+def test_status_shows_an_agent_that_cannot_write_its_own_files_beside_the_job_it_runs(tmp_path):
+    """An agent whose disk fails (a local record of a replica it runs cannot be written) says so in its heartbeat
+    (workdir_failed), and status showed the job Running with no word of it: an agent restarted there could neither
+    adopt nor stop that replica. Status (JSON and human) names the instance and the agent's words; the job still runs."""
+    import json
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    why = "cannot write /var/lib/fleetops/replicas/slow-0.json: No space left on device (ENOSPC, errno 28)"
+    bus.put_agent(iid, {**bus.agent(iid), "state": "Ready", "notice": None, "workdir_failed": why})
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    assert st["jobs"]["slow"]["status"]["phase"] == "Running"  # (it does run)
+    fault = st["agents"][iid]
+    assert fault["reason"] == "WorkdirFailed" and why in fault["message"], fault
+    assert [r.get("agent_fault") for r in st["jobs"]["slow"]["status"]["run"]["replicas"]] == [fault["message"]]
+    human = runner.invoke(app, ["status", str(cfg)]).output
+    assert f"agent on {iid}: WorkdirFailed: " in human and why in human, human
+    bus.put_agent(iid, {k: v for k, v in bus.agent(iid).items() if k != "workdir_failed"})  # the disk has room again
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    assert st["agents"] == {} and "agent_fault" not in st["jobs"]["slow"]["status"]["run"]["replicas"][0]
+    assert "WorkdirFailed" not in runner.invoke(app, ["status", str(cfg)]).output

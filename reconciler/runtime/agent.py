@@ -58,16 +58,21 @@ def replica_log(workdir: Path, job: str, replica: int) -> Path:
     return Path(workdir) / "logs" / f"{job}-{replica}.log"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+def log_end(path: Path, size: int = 16384) -> str | None:
+    """The last `size` bytes of a replica's log as text (None: unreadable): never the whole log, which holds every
+    attempt on the instance (GBs of a chatty run; read whole, it took the agent's memory)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            text = f.read().decode(errors="replace")
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
-    return [ln for ln in text.splitlines() if not ln.startswith("--- fleetops:")][-lines:]
+        return None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    text = log_end(path)
+    return [ln for ln in (text or "").splitlines() if not ln.startswith("--- fleetops:")][-lines:]
 
 
 def own_secrets(entry: dict) -> tuple[str, ...]:
@@ -252,7 +257,7 @@ class Replica:
     predecessor: str | None = None  # the instance whose agent ran it before the plan moved it here
     waiting_since: float | None = None  # when it began waiting for that copy to stop
     gang_since: float | None = None  # when it began waiting for its gang's last round to be uploaded
-    no_room: int = 0  # restores in a row the disk had no room for (each waits twice as long as the one before)
+    held_back: int = 0  # starts in a row held back by its disk (no room for its checkpoint, no local record written): each waits twice as long
 
     @property
     def key(self) -> tuple[str, int]:
@@ -289,9 +294,13 @@ class Agent:
         self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
         self.write_failed: str | None = None  # a run record not written since: in the heartbeat, so status does not trust runs/
         self.written: dict[tuple[str, int], str] = {}
-        # This agent's own files it could not write (a full or read-only disk): path -> why, in its heartbeat. The
-        # replicas keep running; their local records (unsaved) and replicas.pids (pids_due) are written again each tick.
+        # This agent's own files it could not write or read (a full, read-only or failing disk): path -> why, in its
+        # heartbeat. The replicas keep running; their local records (unsaved) and replicas.pids (pids_due) are written
+        # again each tick, the records it could not read (unread) read again.
         self.workdir_failed: dict[str, str] = {}
+        # replica -> why its local record could not be read (None: the records' folder could not be listed): it may run,
+        # started by an earlier agent, so it is not started again until the record is read and its process adopted
+        self.unread: dict[tuple[str, int] | None, str] = {}
         self.unsaved: dict[tuple[str, int], dict] = {}
         self.pids_due = False
         self.last_beat = 0.0
@@ -340,7 +349,7 @@ class Agent:
 
     def tick(self) -> None:
         self.round_records = {}
-        if not self.adopted:
+        if not self.adopted or self.unread:
             self._adopt()
         self._write_own_again()
         notice = self.notice.check()
@@ -373,20 +382,45 @@ class Agent:
         it): each replica's local record names its process (pid and start time) and its attempt. A
         process still running is watched again, not started a second time; one that ended while no
         agent watched is reported from its exit file, once. Before this, a restarted agent started a
-        second copy of every running replica beside the first."""
+        second copy of every running replica beside the first. A record that cannot be read (a failing disk) holds its
+        replica back (unread) and is read again each tick: that replica may run, and a second copy was started beside it."""
+        first, retry = not self.adopted, set(self.unread)
         self.adopted = True
         folder = self.workdir / "replicas"
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        except (FileNotFoundError, NotADirectoryError):
+            names = []  # (no record was ever written there)
+        except OSError as e:
+            self._unreadable(None, folder, e)
+            return
+        self._readable(None, folder)
+        for name in names:
+            path = folder / name
+            job, _, num = name[: -len(".json")].rpartition("-")
+            named = (job, int(num)) if num.isdigit() else None
+            if not first and None not in retry and named not in retry:
+                continue  # adopted, or ignored, by an earlier pass
             try:
-                rec = json.loads(path.read_text())
-            except (OSError, ValueError):
+                rec = json.loads(path.read_bytes())
+            except OSError as e:
+                if named is None or named in self.replicas and self.replicas[named].handle is not None:
+                    self._log(f"ignoring the unreadable replica record {path}: {e.strerror}")
+                else:
+                    self._unreadable(named, path, e)
+                continue
+            except ValueError:
+                self._readable(named, path)
                 self._log(f"ignoring the unreadable replica record {path}")
                 continue
+            self._readable(named, path)
             problem = _shape(rec, LOCAL_FIELDS, ("entry",))  # (a field of another type killed the agent: ValueError, TypeError)
             if problem is not None:
                 self._log(f"ignoring the replica record {path}: it {problem}")
                 continue
             entry, key = rec["entry"], (rec["entry"]["job"], rec["entry"]["replica"])
+            if key in self.replicas and self.replicas[key].handle is not None:
+                continue  # (read again after a failure: never in place of a copy this agent runs)
             rep = Replica(entry, attempt=rec.get("attempt", 0), started_at=rec.get("started_at"), env=rec.get("env", {}),
                           backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
@@ -427,10 +461,26 @@ class Agent:
             self._ended(rep, ended)
             self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt - (0 if rep.terminal else 1)} ended while no agent watched it")
 
+    def _unreadable(self, key: tuple[str, int] | None, path: Path, err: OSError) -> None:
+        """A replica's local record (`key`; None: the folder of them) cannot be read: held back, in the heartbeat."""
+        why = f"cannot read {path}: {err.strerror} ({errno.errorcode.get(err.errno or 0, err.errno)}, errno {err.errno})"
+        if self.unread.get(key) != why:
+            self._log(f"{why}; {'its replica is' if key else 'no replica is'} not started until it can be (read again every poll)")
+        self.unread[key] = self.workdir_failed[str(path)] = why
+
+    def _readable(self, key: tuple[str, int] | None, path: Path) -> None:
+        if self.unread.pop(key, None) is not None:
+            self.workdir_failed.pop(str(path), None)
+            self._log(f"read {path} again")
+
+    def _local_doc(self, rep: Replica, launch: Launch) -> dict:
+        """A replica's local record: with its process (pid, start time) once it runs."""
+        ran = {"pid": rep.handle.pid, "started": start_time(rep.handle.pid)} if rep.handle is not None else {}
+        return {"entry": rep.entry, "attempt": rep.attempt, "backoff_from": rep.backoff_from, **ran, "name": launch.name,
+                "exit_path": str(launch.exit_path), "started_at": rep.started_at, "started_unix": now_unix(), "env": rep.env}
+
     def _save_local(self, rep: Replica, launch: Launch) -> None:
-        self.unsaved[rep.key] = {"entry": rep.entry, "attempt": rep.attempt, "backoff_from": rep.backoff_from, "pid": rep.handle.pid,
-                                 "started": start_time(rep.handle.pid), "name": launch.name, "exit_path": str(launch.exit_path),
-                                 "started_at": rep.started_at, "started_unix": now_unix(), "env": rep.env}
+        self.unsaved[rep.key] = self._local_doc(rep, launch)
         self._flush_local(rep.key)
 
     def _flush_local(self, key: tuple[str, int]) -> None:
@@ -487,9 +537,8 @@ class Agent:
         itself included. It was an ordinary failure, restarted backoff_limit times before the job failed."""
         if self.runtime.name != "docker" or code not in (126, 127):
             return None
-        try:  # this attempt's output only (the log holds every attempt's): docker's error comes last, maybe before a hint
-            text = self._log_path(rep).read_bytes()[-16384:].decode(errors="replace")
-        except OSError:
+        text = log_end(self._log_path(rep))  # this attempt's output only: docker's error comes last, maybe before a hint
+        if text is None:
             return None
         attempt = text.rsplit("\n--- fleetops: attempt ", 1)[-1].splitlines()[1:]
         said = [ln for ln in attempt[-5:] if ln.startswith("docker: Error response from daemon")]
@@ -541,6 +590,8 @@ class Agent:
                 self._last_report(rep)
             del self.replicas[key]
             self.unsaved.pop(key, None)
+            if key in self.unread:
+                continue  # (its record stays: read again, it is adopted and stopped as no longer assigned)
             self.workdir_failed.pop(str(self._local(key)), None)
             for path in (self._local(key), self._exit_path(key)):
                 try:
@@ -816,9 +867,28 @@ class Agent:
         rep.phase, rep.reason, rep.message, rep.terminal, rep.finished_at = "Failed", "StartError", why, True, iso()
         self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {why}")
 
+    def _hold_back(self, rep: Replica, reason: str, why: str) -> None:
+        """The replica is not started now for want of its disk (no room for its checkpoint, no local record written):
+        tried again after the restart delays, doubling."""
+        rep.held_back += 1
+        delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.held_back - 1))
+        rep.next_start = time.monotonic() + delay
+        msg = f"{why}; tried again in {delay:.1f}s"
+        if rep.reason != reason:
+            self._log(f"{rep.key[0]}/{rep.key[1]}: {msg}")
+        rep.reason, rep.message = reason, msg
+
     def _start(self, rep: Replica) -> None:
         e = rep.entry
         job, r = rep.key
+        unread = self.unread.get(rep.key, self.unread.get(None))
+        if unread is not None:  # (read again each tick: adopted, or started, once it can be)
+            msg = (f"its local record may say a copy still runs, started by an earlier agent, and {unread}: not started a "
+                   "second time (once it can be read, the agent adopts that copy; if none runs, remove the file)")
+            if (rep.reason, rep.message) != ("RecordUnreadable", msg):
+                self._log(f"{job}/{r}: {msg}")
+            rep.reason, rep.message = "RecordUnreadable", msg
+            return
         problem = exec_problem(e["run"]["command"], e["run"].get("env", {}))  # (an older bus's: before any restore)
         if problem is not None:
             self._cannot_start(rep, problem)
@@ -854,19 +924,12 @@ class Agent:
         ck = e.get("checkpoint")
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
-            no_room = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
-            if no_room is not None:
+            not_restored = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if not_restored is not None:
                 # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
-                # holds; tried again after the restart delays, doubling, which fetch nothing while there is no room)
-                rep.no_room += 1
-                delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.no_room - 1))
-                rep.next_start = time.monotonic() + delay
-                msg = f"{no_room} in {delay:.1f}s"
-                if rep.reason != "NoRoomForCheckpoint":
-                    self._log(f"{job}/{r}: {msg}")
-                rep.reason, rep.message = "NoRoomForCheckpoint", msg
+                # holds; the retries fetch nothing while there is no room)
+                self._hold_back(rep, *not_restored)
                 return
-            rep.no_room = 0
         env = {**run.get("env", {}),
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
@@ -897,6 +960,15 @@ class Agent:
                         image=run.get("image"), gpus=gpus, checkpoint_dir=ck["dir"] if ck else None,
                         checkpoint_host_dir=ck_host, workdir=self.command_cwd, exit_path=self._exit_path(rep.key))
         rep.env = env
+        if not self._write_own(self._local(rep.key), json.dumps(self._local_doc(rep, launch)).encode(), mode=0o600):
+            # A replica this agent cannot record is one an agent restarted here could not adopt (it started a second
+            # copy) nor stop: not started. (The record is written again once it runs, with its pid: _save_local.)
+            self._hold_back(rep, "CannotRecord", f"not started: {self.workdir_failed[str(self._local(rep.key))]}, where "
+                                                 "the agent records what it runs (without it, an agent restarted here "
+                                                 "could neither adopt nor stop the replica)")
+            return
+        self.unsaved.pop(rep.key, None)  # (an earlier attempt's, superseded)
+        rep.held_back = 0
         rep.started_at, rep.finished_at, rep.exit_code = iso(), None, None
         try:
             rep.handle = self.runtime.start(launch)
@@ -969,18 +1041,20 @@ class Agent:
             except (ReconcileError, OSError) as err:
                 self._log(f"{job}: checkpoint not uploaded: {err}")
 
-    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None, world_size: int = 1) -> str | None:
+    def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None,
+                            world_size: int = 1) -> tuple[str, str] | None:
         """Before a replica starts: an empty or older local checkpoint dir is filled from the newest complete upload
         (of a job removed once, only one made since, or by the same job put back: `spec_hash`); a gang's, once per
         assignment, is made the gang's newest complete round (checkpoints.restore_round). Returns why the replica must
-        not start: the disk has no room for the restore (checkpoints.NoRoomError; nothing fetched or changed)."""
+        not start, as (reason, message): the disk has no room for the restore, or it filled, or a file could not be put in
+        place (checkpoints.NotRestoredError: the directory as it was, older than the upload)."""
         if not self.checkpoint_sync:
             return None
         try:
             got = checkpoints.restore(self.bus.store, job, path, marker=self._read_marker(job), log=self._log,
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
-        except checkpoints.NoRoomError as err:
-            return str(err)
+        except checkpoints.NotRestoredError as err:
+            return "NoRoomForCheckpoint" if isinstance(err, checkpoints.NoRoomError) else "CheckpointNotRestored", str(err)
         except (ReconcileError, OSError) as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return None

@@ -83,7 +83,7 @@ from typing import Callable
 from urllib.parse import quote, unquote
 
 from reconciler.backend import Every, StateBackend
-from reconciler.errors import ReconcileError
+from reconciler.errors import DISK_FULL, DiskFullError, ReconcileError
 
 PREFIX = "checkpoints"
 VERSION = 1
@@ -102,7 +102,12 @@ Log = Callable[[str], None]
 disk_usage = shutil.disk_usage
 
 
-class NoRoomError(ReconcileError):
+class NotRestoredError(ReconcileError):
+    """A restore that could not be completed on this disk: the local directory as it was (the agent does not start the
+    replica from it, older than the upload it should hold)."""
+
+
+class NoRoomError(NotRestoredError):
     """A restore the local file system has no room for: nothing fetched, the local directory as it was."""
 
 
@@ -356,12 +361,15 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
 
 
 def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
-          progress: Callable[[], None] | None = None, have: dict[str, Path] | None = None) -> dict[str, Path] | None:
+          progress: Callable[[], None] | None = None, have: dict[str, Path] | None = None,
+          local_dir: Path | None = None) -> dict[str, Path] | None:
     """Every file of one upload, downloaded under the directory `into` (made here), each streamed to disk and checked
     against its size and sha256 as it is read back: {path: downloaded file}. None (logged, `into` removed) when one is
     missing or differs: that upload is skipped whole. `progress`: called before each file and every few seconds
     within one (as upload's). `have`: files of the upload already on this disk (a gang's restore: its own upload, or
-    one restored before, same size and mtime), given back as they are, not fetched again."""
+    one restored before, same size and mtime), given back as they are, not fetched again. NoRoomError when the disk
+    fills as a file is fetched (`local_dir`: the directory it is restored for, named): not a broken upload, whose next
+    older one would be restored instead, the replica resuming from older training."""
     out: dict[str, Path] = {}
     tick = Every(progress)
     try:
@@ -383,6 +391,10 @@ def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
                 return None
             try:
                 found = store.read_file(f["key"], dest, tick)
+            except DiskFullError as e:
+                raise NoRoomError(f"{doc['job']}: the disk filled while its checkpoint {doc['generation']} was fetched "
+                                  f"({rel}: {e}): not restored, {local_dir or into} left as it is (free the disk: tried "
+                                  "again)") from None
             except ReconcileError as e:
                 log(f"{doc['job']}: checkpoint {doc['generation']}: cannot read {rel}: {e}: skipped")
                 return None
@@ -455,7 +467,7 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
     try:
         for doc in docs:
             _room(job, local_dir, [doc])
-            got = fetch(store, doc, staging / str(len(picked)), log, progress)
+            got = fetch(store, doc, staging / str(len(picked)), log, progress, local_dir=local_dir)
             if got is not None:
                 picked.append((doc, got))
                 break
@@ -468,16 +480,17 @@ def restore(store: StateBackend, job: str, local_dir: Path, *, marker: dict | No
                 continue
             seen.add(doc.get("instance"))
             _room(job, local_dir, [doc])
-            got = fetch(store, doc, staging / str(len(picked)), log, progress)
+            got = fetch(store, doc, staging / str(len(picked)), log, progress, local_dir=local_dir)
             if got is not None:
                 picked.append((doc, got))
         merged: dict[str, tuple[Path, int]] = {}
         for doc, files in reversed(picked):  # the newest last: it wins a name two uploads hold
             sizes = {f["path"]: f["size"] for f in doc["files"]}
             merged.update({rel: (path, sizes[rel]) for rel, path in files.items()})
-        local_dir.mkdir(parents=True, exist_ok=True)
-        for rel, (path, _) in merged.items():
-            _place(local_dir, rel, path, log, job)
+        with _Moves(job, local_dir) as moves:
+            moves.local_dir_made(log)
+            for rel, (path, _) in merged.items():
+                _place(local_dir, rel, path, log, job, moves)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if not picked:
@@ -535,23 +548,91 @@ def _on_disk(local: dict[str, tuple[Path, int]], doc: dict) -> dict[str, Path]:
     return out
 
 
-def _place(local_dir: Path, rel: str, path: Path, log: Log, job: str) -> Path:
+class _Moves:
+    """The renames (and directories made) that put a restore in place, all or none: one that fails (a full disk: a
+    directory entry, a new subdirectory) undoes every one made before it, and the restore fails (NoRoomError for a
+    full disk, else NotRestoredError) with the local directory as it was. Before, a failure midway left it half
+    restored, the upload's files beside the job's older ones, and the agent started the replica from it. What the
+    restore replaces is kept in `.<dir>.fleetops-replaced/` beside it until the whole is in place."""
+
+    def __init__(self, job: str, local_dir: Path):
+        self.job, self.local_dir = job, local_dir
+        self.replaced = local_dir.parent / f".{local_dir.name}.fleetops-replaced"
+        self.done: list[tuple[Path, Path]] = []
+        self.made: list[Path] = []
+
+    def __enter__(self) -> "_Moves":
+        shutil.rmtree(self.replaced, ignore_errors=True)
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if err is not None:
+            for src, dst in reversed(self.done):
+                with contextlib.suppress(OSError):
+                    os.replace(dst, src)
+            for d in reversed(self.made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        shutil.rmtree(self.replaced, ignore_errors=True)
+        if isinstance(err, OSError):
+            what = (f"{self.job}: its checkpoint could not be put in place in {self.local_dir} ({err.strerror}"
+                    f"{f': {err.filename}' if err.filename else ''}): every file moved back, the directory as it was")
+            if err.errno in DISK_FULL:
+                raise NoRoomError(f"{what} (free the disk: tried again)") from None
+            raise NotRestoredError(f"{what} (tried again)") from None
+
+    def local_dir_made(self, log: Log) -> None:
+        """The job's directory, made where missing; a file or link at its name (the job's, which replaced its own
+        directory) is replaced (a link never followed): the replica's start failed on it (StartError)."""
+        d = self.local_dir
+        if d.is_symlink() or d.exists() and not d.is_dir():
+            what = "link" if d.is_symlink() else "file"
+            self.mkdir(self.replaced)
+            self.move(d, self.replaced / d.name)
+            log(f"{self.job}: a {what} at {d}, where its checkpoint directory goes, was in the way of the restore: removed, not followed")
+        self.mkdir(d)
+
+    def mkdir(self, d: Path) -> None:
+        missing = []
+        while not d.exists() and not d.is_symlink():
+            missing.append(d)
+            d = d.parent
+        for p in reversed(missing):
+            p.mkdir()
+            self.made.append(p)
+
+    def move(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+        self.done.append((src, dst))
+
+    def out_of_the_way(self, path: Path) -> None:
+        """A local file, link or directory where the restore puts one of its files or directories: replaced."""
+        kept = self.replaced / path.relative_to(self.local_dir)
+        self.mkdir(kept.parent)
+        self.move(path, kept)
+
+
+def _place(local_dir: Path, rel: str, path: Path, log: Log, job: str, moves: _Moves) -> Path:
     """Move the staged file `path` to `rel` under `local_dir` (its directories made), never through a link: the job
     (root in its container) may leave `sub -> /etc` there, and the agent, root on the host, wrote a restored
-    `sub/passwd` to /etc/passwd. A link in the way is removed (it is the job's, not a file of the round), logged."""
+    `sub/passwd` to /etc/passwd. A link in the way is removed (it is the job's, not a file of the round), logged, as is
+    a local file where the upload has a directory; a local file, link or directory at the file's own name is replaced."""
     target = local_dir / rel
     d = local_dir
     for part in rel.split("/")[:-1]:
         d = d / part
-        if d.is_symlink():
-            d.unlink()
-            log(f"{job}: a link at {d} was in the way of the restored {rel}: removed, not followed")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(path, target)  # (a link at the file's own name is replaced, not followed)
+        if d.is_symlink() or d.exists() and not d.is_dir():
+            what = "link" if d.is_symlink() else "file"
+            moves.out_of_the_way(d)
+            log(f"{job}: a {what} at {d} was in the way of the restored {rel}: removed, not followed")
+    moves.mkdir(target.parent)
+    if target.is_symlink() or target.exists():
+        moves.out_of_the_way(target)
+    moves.move(path, target)
     return target
 
 
-def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> int:
+def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str, moves: _Moves) -> int:
     """Move these local files out of the job's directory into `.<dir>.fleetops-aside/` beside it (emptied first: one
     set is kept), so the job cannot resume from them; logged with where they went."""
     if not rels:
@@ -560,8 +641,8 @@ def _aside(local_dir: Path, rels: list[str], log: Log, job: str, why: str) -> in
     shutil.rmtree(aside, ignore_errors=True)
     for rel in rels:
         target = aside / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(local_dir / rel, target)
+        moves.mkdir(target.parent)
+        moves.move(local_dir / rel, target)
     log(f"{job}: {len(rels)} local checkpoint file(s) moved aside to {aside} ({why}): "
         + ", ".join(rels[:5]) + (" ..." if len(rels) > 5 else ""))
     return len(rels)
@@ -587,7 +668,8 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
     if not docs:
         # (recorded: a restart in place within this assignment keeps what the job wrote since, on every rank alike)
         return Restore(why="no upload", marker={"generations": [], "round": None, "at": at})
-    local = {rel: (path, size) for rel, path, size in local_files(local_dir)}
+    # (a link the job left at its directory's name is replaced, never followed: _Moves.local_dir_made)
+    local = {rel: (path, size) for rel, path, size in local_files(local_dir)} if not local_dir.is_symlink() else {}
     staging = local_dir.parent / f".{local_dir.name}.fleetops-restore"
     for key, members in rounds(docs):
         # (against the round's own world size: a gang resized by an edit, `replicas`, resumes from its last round, all
@@ -604,7 +686,7 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
         try:
             got = []
             for doc, have in zip(members, haves):
-                files = fetch(store, doc, staging / str(len(got)), log, progress, have=have)
+                files = fetch(store, doc, staging / str(len(got)), log, progress, have=have, local_dir=local_dir)
                 if files is None:
                     break
                 got.append((doc, files))
@@ -618,14 +700,15 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
                     if f["path"] not in merged or cand[:2] > merged[f["path"]][:2]:
                         merged[f["path"]] = cand
             keep = {rel for rel, (_, _, path, _) in merged.items() if rel in local and path == local[rel][0]}
-            aside = _aside(local_dir, sorted(set(local) - keep), log, job, f"not of round {key[1]}, which every rank resumes from")
-            local_dir.mkdir(parents=True, exist_ok=True)
-            for rel, (mtime_ns, _, path, _) in merged.items():
-                if rel in keep:
-                    continue
-                target = _place(local_dir, rel, path, log, job)
-                with contextlib.suppress(OSError):
-                    os.utime(target, ns=(mtime_ns, mtime_ns))  # (the writer's time: a later restore knows it, _on_disk)
+            with _Moves(job, local_dir) as moves:
+                aside = _aside(local_dir, sorted(set(local) - keep), log, job, f"not of round {key[1]}, which every rank resumes from", moves)
+                moves.local_dir_made(log)
+                for rel, (mtime_ns, _, path, _) in merged.items():
+                    if rel in keep:
+                        continue
+                    target = _place(local_dir, rel, path, log, job, moves)
+                    with contextlib.suppress(OSError):
+                        os.utime(target, ns=(mtime_ns, mtime_ns))  # (the writer's time: a later restore knows it, _on_disk)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         gens = [d["generation"] for d, _ in got]
@@ -634,7 +717,8 @@ def restore_round(store: StateBackend, job: str, local_dir: Path, docs: list[dic
         log(f"{job}: checkpoint round {key[1]} restored from {', '.join(gens)}: {len(merged)} file(s), "
             f"{len(merged) - len(keep)} fetched, {size} bytes in {seconds:.2f}s")
         return Restore(gens, len(merged), size, seconds, marker={"generations": gens, "round": list(key), "at": at}, aside=aside)
-    aside = _aside(local_dir, sorted(local), log, job, "no complete round of the gang's uploads: every rank starts afresh")
+    with _Moves(job, local_dir) as moves:
+        aside = _aside(local_dir, sorted(local), log, job, "no complete round of the gang's uploads: every rank starts afresh", moves)
     return Restore(why="no complete round", seconds=time.monotonic() - began,
                    marker={"generations": [], "round": None, "at": at}, aside=aside)
 

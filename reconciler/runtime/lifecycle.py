@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Mapping
 
+from reconciler.errors import shown
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import current_hashes
 from reconciler.runtime.bus import reports_alive
@@ -35,6 +36,19 @@ class RuntimeView:
     heartbeats: dict[str, float] = field(default_factory=dict)  # instance -> last heartbeat (unix)
     unreadable: dict[str, str] = field(default_factory=dict)  # bus key -> why it was skipped (garbled, wrong types)
     published: dict[str, str] = field(default_factory=dict)  # job -> the spec hash apply last published for it
+    agent_faults: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance -> (reason, message): agent_fault
+
+
+def agent_fault(report: Mapping) -> tuple[str, str] | None:
+    """What is wrong with an agent that beats, from its report, as status shows it (reason, message), or None: it cannot
+    write or read its own files (a full, read-only or failing disk: agent._write_own). What it runs keeps running, but
+    status said only Running while an agent restarted there could neither adopt nor stop a replica it had not recorded."""
+    why = report.get("workdir_failed")
+    if not why:
+        return None
+    return ("WorkdirFailed", f"its agent cannot write or read its own files ({shown(str(why), 600)}): what runs there keeps "
+                             "running, but an agent restarted on it could neither adopt nor stop a replica it has not recorded, "
+                             "and it starts none it cannot record; free or repair the agent's --workdir disk")
 
 
 def _ago(now: float, ts: float) -> str:
@@ -97,6 +111,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     # An agent that beats but cannot write its run records (a policy without runs/*, a full disk): what runs/ holds of
     # its replicas is stale. It showed Starting (Assigned) while they ran, and Running after they ended.
     unwritten = {i: str(a["write_failed"]) for i, a in agents.items() if i in fresh and a.get("write_failed")}
+    faults = {i: f for i, a in agents.items() if i in fresh and (f := agent_fault(a)) is not None}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
@@ -156,7 +171,8 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = here.get("phase", "Starting"), here.get("reason", "")
                 current.append(here)
             reps.append({"replica": i, "instance": iid, "phase": phase, "reason": reason,
-                         "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0)})
+                         "exit_code": (here or {}).get("exit_code"), "attempt": (here or {}).get("attempt", 0),
+                         **({"agent_fault": faults[iid][1]} if iid in faults and not done else {})})
         phases = [r["phase"] for r in reps]
         failures = [r for r in recs if r and r.get("terminal") and r.get("phase") == "Failed"]
         # The replica that failed, not a peer it stopped (GangFailed): its reason, exit code and last lines are the job's.
@@ -199,4 +215,4 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                             tuple(reps), tuple(conds), tail, tuple(sorted(since.items())))
     unhealthy = unhealthy_instances(instances, agents, now, stale)
     beats = {i: float(a.get("heartbeat_at", 0)) for i, a in agents.items()}
-    return RuntimeView(jobs, finished, unhealthy, beats)
+    return RuntimeView(jobs, finished, unhealthy, beats, agent_faults=dict(sorted(faults.items())))

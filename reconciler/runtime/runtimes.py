@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from providers.pids import running
+from providers.pids import running, start_time
 from providers.redact import credential_name
 
 
@@ -157,6 +157,20 @@ class Detached:
             time.sleep(0.05)
 
 
+def end_group(pid: int, started: str | None = None) -> None:
+    """Kill what a replica whose shim (`pid`, the leader of its process group) has ended left running in that group:
+    its children (a launcher's workers, a data loader) ran on, on its GPUs, beside the restart the agent started, and
+    nothing ever ended them; a container's end ends every process in it. Never another group: the kernel does not reuse
+    a pid while a group of that id has a member, so a process at `pid` now is the shim itself (its zombie, `started`)
+    or, where it differs, a new one whose group is not the replica's (left alone)."""
+    if started is not None and start_time(pid) not in ("", started):
+        return
+    try:
+        os.killpg(pid, signals.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no member left
+        pass
+
+
 def adopt(pid: int, started: str, exit_path: Path, name: str = "") -> Detached | None:
     """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
     another start time); None when it has ended (its exit file then says how)."""
@@ -224,12 +238,25 @@ class ProcessRuntime:
             raise StartError(f"cannot start {exe!r}: {e.strerror}{f' ({e.filename})' if e.filename else ''}") from None
 
     def poll(self, handle: subprocess.Popen | Detached) -> int | None:
+        """The exit code once the replica's shim has ended, with what it left in its process group killed (end_group)."""
+        if isinstance(handle, Detached):
+            code = handle.poll()
+            if code is not None:
+                end_group(handle.pid, handle.started)
+            return code
+        if handle.returncode is None:
+            try:  # (ended, not reaped yet: its pid is not reused while the group is ended)
+                ended = os.waitid(os.P_PID, handle.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                ended = False
+            if ended:
+                end_group(handle.pid)
         return handle.poll()
 
     def signal(self, handle: subprocess.Popen | Detached, sig: int) -> None:
         if isinstance(handle, Detached):
             handle.signal(sig)
-        elif handle.poll() is None:
+        elif self.poll(handle) is None:  # (an end seen here ends its group too)
             try:
                 os.killpg(handle.pid, sig)
             except (ProcessLookupError, PermissionError):  # gone, or a zombie group's pid reused: nothing of ours to signal
