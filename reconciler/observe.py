@@ -221,6 +221,9 @@ class Fleet:
                             offerings.append(PoolOffering(p.name, o))
         copied = copies(instances)
         instances = [i for i in instances if i.id not in copied]
+        not_ours = {**{iid: f"another fleet's of this name (uid {u})" for iid, u in foreign},
+                    **{iid: "launched by hand (this fleet's name tag alone)" for iid in by_hand},
+                    **{iid: f"a copy of {first}" for iid, (_, first) in copied.items()}}
         merged = untrusted_gpus(merge_placements(state, instances, self.desired.jobs), instances, _gpu_count(gpus_by_key))
         # A gang apply stopped because its lost replicas could not all be replaced still replaces them (state.lost)
         lost = {**{j: tuple(ids) for j, ids in state.lost.items() if j in self.desired.jobs and j not in merged.placements},
@@ -244,6 +247,10 @@ class Fleet:
                     "key, so it is a copy (cloned in a console, or launched from an image with its tags), launched by "
                     "someone else: left alone (not counted as capacity, never deleted); take its fleetops.io/ tags off, "
                     "or delete it yourself" for iid, (key, first) in sorted(copied.items()))
+            + tuple(f"the state places {job} on {iid}, which is not this fleet's ({not_ours[iid]}): left alone, and the "
+                    f"plan places {job} as if {iid} were gone (the state was edited, or is another fleet's)"
+                    for job, ids in sorted(state.placements.items()) if job in self.desired.jobs
+                    for iid in dict.fromkeys(ids) if iid in not_ours)
             + tuple(f"{iid} is not in {name}'s listing yet but exists (found by its id: the listing lags its launch, "
                     "eventual consistency): counted as it is, its work left on it" for name, iid in sorted(late))
             + tuple(quota_notes),

@@ -293,3 +293,26 @@ def test_a_copy_of_an_instance_with_all_its_tags_is_left_alone(tmp_path):
     assert api.apply(cfg, time_limit=5).report.deleted == [host["id"]]
     assert {d["id"]: d["state"] for d in sim.instances()} == {host["id"]: "terminated", copy: "running"}
 
+
+
+def test_a_state_placing_work_on_an_instance_not_the_fleets_says_so(tmp_path):
+    """A state edited (or restored from another fleet's) to place a job on an instance that is not the fleet's: the
+    instance is left alone and the job placed again, and the plan said it "replaces X: gone (spot interruption)", of
+    an instance that runs. A note says what X is."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    cfg = tmp_path / "cfg"
+    write_config(cfg, [topology("edited", clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"),
+                       pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=3), job("a", gpus=2, gpu_type="A10G")])
+    api.apply(cfg, time_limit=5)
+    sim = SimCloud(state_dir(cfg))
+    (host,) = [d for d in sim.instances() if d["state"] == "running"]
+    by_hand = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", {TAG_FLEET: "edited"})
+    copy = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", dict(host["tags"]))
+    launched_later(sim, copy, host)
+    path = state_dir(cfg) / "state.json"
+    for other in (by_hand, copy):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "placements": {"a": [other]}}))
+        res = api.plan(cfg, time_limit=5)
+        assert any(n.startswith(f"the state places a on {other}, which is not this fleet's") for n in res.plan.notes), res.plan.notes
+        assert other not in {d.instance_id for d in res.plan.deletes}
