@@ -20,7 +20,8 @@ from reconciler.load import load as _load_config
 from providers.catalog import catalog_for, pin_catalog
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed
-from reconciler.backend import backend_for
+from reconciler.placements import next_serial
+from reconciler.backend import backend_for, record_start
 from reconciler.runtime.publish import (agent_bus, block_unhealthy, demanding, publish_assignments, published,
                                         removed_checkpoints, with_runtime)
 from reconciler import identity
@@ -366,8 +367,13 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         # only an assignment whose serial is not below its own, and after a lost state file (recovered from the tags,
         # which an edit of `run` does not rewrite) the next edit was published below it and never taken.
         current.serial = max([current.serial, *(d.get("serial", 0) for d in assigned.values())])
+        serial = next_serial(current, observed.serial, observed.instances)  # (refused here if none is left)
         if on_plan is not None:
             on_plan(the_plan)
+        # Before any provider call, the backend records the serial this apply writes its tags with: a crash before the
+        # state is saved leaves tags newer than it that observe believes, and no others (reconciler/placements.py).
+        backend.check_lock()
+        record_start(backend, current, serial)
         report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
         backend.check_lock()  # never write the shared state without the lock
         backend.save(current)

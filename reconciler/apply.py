@@ -46,6 +46,7 @@ from providers.errors import retrying_until
 from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
+from reconciler.placements import next_serial
 from reconciler.plan import CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import effective_priority, shape_of
 from reconciler.state import State, utcnow
@@ -408,7 +409,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fle
     this agrees with the cloud and the next run carries on."""
     report = ApplyReport(plan.id)
     steps = _Steps(on_event, should_stop, report)
-    serial = max(state.serial, getattr(observed, "serial", 0)) + 1  # newer than anything recorded so far
+    serial = next_serial(state, getattr(observed, "serial", 0), observed.instances)  # newer than anything recorded so far
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 

@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 from reconciler.atomicfile import copy_atomic, write_atomic
 from reconciler.errors import CorruptBusObjectError, DiskFullError, LockError, ReconcileError, disk_full
 from providers.redact import redact
+from providers.placements import SERIAL_MAX
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
 
@@ -130,6 +131,34 @@ def check_key(key: str) -> str:
     return key
 
 
+STARTED_KEY = "started.json"  # beside the state: {"serial": the highest serial an apply began with} (State.started)
+
+
+def read_started(backend: "StateBackend", state: State, where: str) -> State:
+    """`state` with what the backend records of the applies begun (State.started). A record that is there but cannot be
+    read is refused: taken as none, tags of applies that died before they saved would not be believed."""
+    body = backend.read_key(STARTED_KEY)
+    if body is None:
+        return state
+    try:
+        serial = json.loads(body).get("serial")
+    except (ValueError, AttributeError):
+        serial = None
+    if type(serial) is not int or not 0 <= serial <= SERIAL_MAX:
+        raise ReconcileError(f"{where}: cannot read the highest serial an apply began with (expected {{\"serial\": N}}, N "
+                             f"from 0 to 2**63-1). Nothing was changed. Delete it if no apply died since the last one that "
+                             "finished (the next apply writes it again); else set it to that apply's serial.")
+    state.started = serial
+    return state
+
+
+def record_start(backend: "StateBackend", state: State, serial: int) -> None:
+    """Before an apply touches the cloud: record that one began with `serial`, so that the tags it writes are believed
+    should it die before it saves the state (reconciler/placements.py). Under the apply lock."""
+    state.started = max(serial, state.started or 0)
+    backend.write_key(STARTED_KEY, json.dumps({"serial": state.started}).encode())
+
+
 class LocalBackend:
     """.reconcile/state.json and .reconcile/apply.lock beside the config."""
 
@@ -137,7 +166,7 @@ class LocalBackend:
         self.config_dir = Path(config_dir)
 
     def load(self) -> State:
-        return load_state(self.config_dir)
+        return read_started(self, load_state(self.config_dir), str(self._path(STARTED_KEY)))
 
     def save(self, state: State) -> None:
         save_state(self.config_dir, state)
@@ -427,9 +456,8 @@ class ObjectStoreBackend:
             body = self._get(self.state_key)
         except Exception as e:  # the SDK's errors and connection errors
             raise self._error(e, "cannot read") from None
-        if body is None:
-            return State()
-        return state_from_json(body, f"{self.root}/{self.state_key}")
+        state = State() if body is None else state_from_json(body, f"{self.root}/{self.state_key}")
+        return read_started(self, state, f"{self.root}/{self.prefix}{STARTED_KEY}")
 
     def save(self, state: State) -> None:
         try:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_POOL, Instance, InstanceFinder, mig_of, Offering, PoolTarget, Provider, ProviderContext, Quota, QuotaReader, keeps_placement_groups
@@ -20,7 +20,7 @@ from reconciler.errors import ProviderError
 from providers.options import check_options
 from providers.registry import available, declared_options, load_provider
 from reconciler.model import DesiredState, Pool
-from reconciler.placements import merge_placements, untrusted_gpus
+from reconciler.placements import launch_times, merge_placements, untrusted_gpus
 from reconciler.state import State, StateFileError
 
 
@@ -219,6 +219,11 @@ class Fleet:
                         o = by_key.get((t.cloud, z, it))
                         if o is not None:
                             offerings.append(PoolOffering(p.name, o))
+        copied = copies(instances)
+        instances = [i for i in instances if i.id not in copied]
+        not_ours = {**{iid: f"another fleet's of this name (uid {u})" for iid, u in foreign},
+                    **{iid: "launched by hand (this fleet's name tag alone)" for iid in by_hand},
+                    **{iid: f"a copy of {first}" for iid, (_, first) in copied.items()}}
         merged = untrusted_gpus(merge_placements(state, instances, self.desired.jobs), instances, _gpu_count(gpus_by_key))
         # A gang apply stopped because its lost replicas could not all be replaced still replaces them (state.lost)
         lost = {**{j: tuple(ids) for j, ids in state.lost.items() if j in self.desired.jobs and j not in merged.placements},
@@ -238,6 +243,14 @@ class Fleet:
             + tuple(f"{iid} carries this fleet's name tag ({TAG_FLEET}) but no pool, create-key or fleet-uid tag, which "
                     "every instance an apply launches has: launched by hand or another tool, so left alone (not counted as "
                     "capacity, never deleted); take the tag off, or delete it yourself" for iid in sorted(by_hand))
+            + tuple(f"{iid} carries the create key {key} of {first}, launched before it: an apply launches one instance per "
+                    "key, so it is a copy (cloned in a console, or launched from an image with its tags), launched by "
+                    "someone else: left alone (not counted as capacity, never deleted); take its fleetops.io/ tags off, "
+                    "or delete it yourself" for iid, (key, first) in sorted(copied.items()))
+            + tuple(f"the state places {job} on {iid}, which is not this fleet's ({not_ours[iid]}): left alone, and the "
+                    f"plan places {job} as if {iid} were gone (the state was edited, or is another fleet's)"
+                    for job, ids in sorted(state.placements.items()) if job in self.desired.jobs
+                    for iid in dict.fromkeys(ids) if iid in not_ours)
             + tuple(f"{iid} is not in {name}'s listing yet but exists (found by its id: the listing lags its launch, "
                     "eventual consistency): counted as it is, its work left on it" for name, iid in sorted(late))
             + tuple(quota_notes),
@@ -254,6 +267,28 @@ def launched_by_hand(tags: Mapping[str, str]) -> bool:
     fleet's name. It was taken as the fleet's and deleted ("pool '' is no longer in the desired state"). An instance
     whose provider reports no tags at all is left to that provider's word (a plugin may keep none)."""
     return bool(tags.get(TAG_FLEET)) and not any(tags.get(t) for t in (TAG_POOL, TAG_CREATE_KEY, TAG_FLEET_UID))
+
+
+def copies(instances: Sequence[Instance]) -> dict[str, tuple[str, str]]:
+    """copy's id -> (the create key it carries, the id of the instance first launched with it). An apply launches one
+    instance per create key (reconciler/apply.py: each attempt has a key of its own), so of two live instances carrying
+    one, the later launched is a copy of the other's tags (audit: a console clone was taken as the fleet's, and the plan
+    deleted it as idle). Where launch times are unknown or equal, nothing is told apart: all are taken as the fleet's."""
+    by_key: dict[str, dict[str, Instance]] = {}
+    for i in instances:
+        if i.tags.get(TAG_CREATE_KEY):
+            by_key.setdefault(i.tags[TAG_CREATE_KEY], {})[i.id] = i
+    groups = {k: g for k, g in by_key.items() if len(g) > 1}
+    launched = launch_times(i for g in groups.values() for i in g.values())
+    out: dict[str, tuple[str, str]] = {}
+    for key, group in groups.items():
+        if any(iid not in launched for iid in group):
+            continue
+        first, *later = sorted(group, key=lambda iid: launched[iid])
+        if launched[later[0]] == launched[first]:
+            continue
+        out.update({iid: (key, first) for iid in later})
+    return out
 
 
 def _gpu_count(offered: dict[tuple[str, str, str], int]) -> Callable[[Instance], int | None]:

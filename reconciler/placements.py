@@ -9,7 +9,13 @@ the apply that wrote them, which is the serial that apply saves the state with.
 The rule, per instance: if its tags are strictly newer than the state (serial > the
 state's), the tags say what it hosts and the state's claims on it are dropped; otherwise
 the state is authoritative for it and the tags are only compared. Then, per job replica,
-the newest claim wins (a replica the newer tags of another instance claim has moved).
+the newest claim wins (a replica the newer tags of another instance claim has moved), with
+one exception: a claim newer than any apply began (State.started, recorded beside the
+state before an apply touches the cloud) does not take a replica from a live instance that
+holds it. No apply wrote such tags: they were edited, or set on an instance by someone else
+(believed, they moved the work off its real host, which the plan then deleted as idle).
+Tags newer than an older copy of the state, written by the applies since, still win: the
+instances those applies moved work off were retagged before anything was deleted.
 Every disagreement is reported as a note (shown with the plan and logged), never merged
 silently; the next apply rewrites whatever tags are out of date.
 """
@@ -21,7 +27,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from providers.base import Instance
-from providers.placements import TAG_PLACEMENTS, Placement, PlacementRecord, PlacementTagError, read_placements
+from providers.placements import (SERIAL_MAX, TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL, Placement, PlacementRecord,
+                                  PlacementTagError, read_placements)
+from reconciler.errors import ReconcileError
 from reconciler.state import State
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     notes: list[str] = []
     newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
     newest = s
+    bound = believed_through(state)
     for inst in sorted(instances, key=lambda i: i.id):
         try:
             rec = read_placements(inst.tags)
@@ -107,6 +116,11 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     for iid, rec in order:
         for p in _on(rec.placements, jobs):
             prev = claims.get((p.job, p.replica))
+            if prev is not None and prev[0] != iid and prev[0] in alive and bound is not None and rec.serial > bound:
+                notes.append(f"{p.job}/{p.replica} is claimed by the tags of {iid} (serial {rec.serial}), newer than any "
+                             f"apply began ({bound}), so no apply wrote them (edited, or set by someone else), while "
+                             f"{prev[0]}, which runs, holds it (serial {prev[2]}): left on {prev[0]}")
+                continue
             if prev is not None and prev[0] != iid and prev[2] == rec.serial:
                 first = iid in launched and prev[0] in launched and launched[iid] < launched[prev[0]]
                 notes.append(f"{p.job}/{p.replica} is claimed by the tags of both {prev[0]} and {iid} (serial {rec.serial}): "
@@ -137,6 +151,37 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
     return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
+
+
+def believed_through(state: State) -> int | None:
+    """The newest placement serial an apply can have written: the highest one an apply began with (none recorded, as
+    before this was: one apply past the state's serial). None when neither records anything (both lost, or a fleet never
+    applied): then the tags are the only record, and every claim in them is taken."""
+    if state.started is not None:
+        return max(state.started, state.serial)
+    if not state.serial and not state.placements:
+        return None
+    return state.serial + 1
+
+
+class PlacementSerialError(ReconcileError):
+    """The newest placement serial recorded leaves no room for an apply's: an edit, refused before any change."""
+
+
+def next_serial(state: State, newest: int, instances: Iterable[Instance] = ()) -> int:
+    """The serial an apply writes into the state and the tags: above the state's and `newest`, the newest placement
+    serial believed (Merged.serial). Past SERIAL_MAX, the tags it wrote one more were unreadable (a PlacementTagError
+    after its creates) and so was the state it saved; no apply counts that far, so it is refused, naming the record."""
+    top = max(state.serial, newest)
+    if top < SERIAL_MAX:
+        return top + 1
+    tagged = sorted(i.id for i in instances if i.tags.get(TAG_PLACEMENTS_SERIAL) == str(top))
+    where = (f"the {TAG_PLACEMENTS_SERIAL} tag of {', '.join(tagged)}" if tagged
+             else f"the state {state.source} (or an assignment an apply published)")
+    raise PlacementSerialError(
+        f"{where} records serial {top}, the largest there is (2**63-1): one apply past it cannot be written, and no apply "
+        f"counts that far, so it was edited. Nothing was changed. Set it back to the state's serial ({state.serial}), or "
+        f"remove that instance's {TAG_PLACEMENTS} tags (its work is then placed from the state), and run again.")
 
 
 def launch_times(instances: Iterable[Instance]) -> dict[str, float]:

@@ -39,6 +39,11 @@ class State:
     gpus: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> GPU indices per replica on its instance
     short: list[dict] = field(default_factory=list)  # {cloud, zone, instance_type, market, until}
     serial: int = 0  # one more each apply, and above every placement tag's serial seen
+    # The highest serial an apply of this fleet began with, recorded before it touched the cloud: tags up to it may be
+    # newer than `serial` (an apply that died before it saved, or a state restored from an older copy), tags past it no
+    # apply wrote (reconciler/placements.py). Kept by the backend beside the state document, not in it, so that an older
+    # copy put back still knows how far the applies went (reconciler/backend.py STARTED_KEY). None: not recorded.
+    started: int | None = field(default=None, compare=False)
     shapes: dict[str, dict] = field(default_factory=dict)  # job -> the resources it was placed with (problem.shape_of)
     since: dict[str, int] = field(default_factory=dict)  # job -> the serial of the apply that started it, running since
     # job -> the priority aging had raised it to when it was placed (only where above its own): a running job holds it

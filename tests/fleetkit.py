@@ -177,3 +177,12 @@ def assert_converges(cfg: Path, time_limit: float = 0) -> None:
     assert first.report.ok, first.report.failures
     again = api.plan(cfg, time_limit=time_limit).plan
     assert not again.has_changes, [(j.job, j.action, j.reason) for j in again.jobs if j.action != "keep"]
+
+
+def launched_later(sim, copy: str, original: dict) -> None:
+    """The copy's launch a minute after its original's (the sim's clock counts seconds: a copy planted in the same one
+    has the same launch time, which tells neither apart)."""
+    from datetime import datetime, timedelta
+
+    with sim.world() as w:
+        w["instances"][copy]["launched_at"] = (datetime.fromisoformat(original["launched_at"]) + timedelta(minutes=1)).isoformat()

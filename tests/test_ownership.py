@@ -31,7 +31,7 @@ from reconciler.load import load
 from reconciler.observe import pool_target
 from reconciler.state import state_dir
 from tests.conftest import ARM_RESOURCE_GROUP, arm_options
-from tests.fleetkit import copy_example
+from tests.fleetkit import copy_example, launched_later
 
 OTHER = "other-fleet"
 GCP_PROJECT = "fleet-test-project"
@@ -267,3 +267,52 @@ def test_instances_the_fleet_does_not_own_survive_every_apply(rig: Rig):
         with pytest.raises(OwnershipError, match="refusing"):
             prov.delete(rig.impostor(h))
     assert {h: rig.read(h) for h in rig.planted} == planted
+
+
+def test_a_copy_of_an_instance_with_all_its_tags_is_left_alone(tmp_path):
+    """Damage audit: an instance cloned in a console (or launched from an image of one) with every tag of the fleet's
+    original, its create key too, was taken as the fleet's: idle beside the original running the work, the plan deleted
+    it ("no longer needed") with whatever someone ran on it. An apply launches one instance per create key, so of two
+    carrying one the later launched is a copy: left alone (not counted as capacity, never deleted), said in a note."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    cfg = tmp_path / "cfg"
+    docs = [topology("copied", clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"),
+            pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=3), job("a", gpus=2, gpu_type="A10G")]
+    write_config(cfg, docs)
+    api.apply(cfg, time_limit=5)
+    sim = SimCloud(state_dir(cfg))
+    (host,) = [d for d in sim.instances() if d["state"] == "running"]
+    copy = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", dict(host["tags"]))
+    launched_later(sim, copy, host)
+    res = api.plan(cfg, time_limit=5)
+    assert copy not in {i.id for i in res.observed.instances} and not res.plan.deletes
+    assert any(n.startswith(f"{copy} carries the create key {host['tags'][TAG_CREATE_KEY]} of {host['id']}")
+               for n in res.plan.notes), res.plan.notes
+    write_config(cfg, docs[:-1])  # no jobs: the fleet's own instance goes, the copy stays
+    assert api.apply(cfg, time_limit=5).report.deleted == [host["id"]]
+    assert {d["id"]: d["state"] for d in sim.instances()} == {host["id"]: "terminated", copy: "running"}
+
+
+
+def test_a_state_placing_work_on_an_instance_not_the_fleets_says_so(tmp_path):
+    """A state edited (or restored from another fleet's) to place a job on an instance that is not the fleet's: the
+    instance is left alone and the job placed again, and the plan said it "replaces X: gone (spot interruption)", of
+    an instance that runs. A note says what X is."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    cfg = tmp_path / "cfg"
+    write_config(cfg, [topology("edited", clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"),
+                       pool("p", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=3), job("a", gpus=2, gpu_type="A10G")])
+    api.apply(cfg, time_limit=5)
+    sim = SimCloud(state_dir(cfg))
+    (host,) = [d for d in sim.instances() if d["state"] == "running"]
+    by_hand = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", {TAG_FLEET: "edited"})
+    copy = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", dict(host["tags"]))
+    launched_later(sim, copy, host)
+    path = state_dir(cfg) / "state.json"
+    for other in (by_hand, copy):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "placements": {"a": [other]}}))
+        res = api.plan(cfg, time_limit=5)
+        assert any(n.startswith(f"the state places a on {other}, which is not this fleet's") for n in res.plan.notes), res.plan.notes
+        assert other not in {d.instance_id for d in res.plan.deletes}

@@ -22,14 +22,14 @@ import pytest
 from typer.testing import CliRunner
 
 from providers.aws import AwsProvider
-from providers.base import (TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, PoolTarget, ProviderContext,
+from providers.base import (TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, PoolTarget, ProviderContext,
                             ownership_tags)
 from providers.placements import (MAX_TAGS, SERIAL_MAX, TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL, TAG_VALUE_MAX, Placement, PlacementRecord,
                                   PlacementTagError, placement_tags, read_placements)
 from providers.sim import SimCloud, SimProvider
 from reconciler import api
 from reconciler.cli import app
-from reconciler.errors import OwnershipError
+from reconciler.errors import OwnershipError, ReconcileError
 from reconciler.placements import merge_placements, untrusted_gpus
 from reconciler.plan import Plan
 from reconciler.render import render
@@ -139,6 +139,30 @@ def test_a_replica_two_instances_claim_at_one_serial_is_the_first_launched_ones(
     # (unknown launch times: as before, by id)
     m = merge_placements(State(), [_tagged("i-b", 7, p), _tagged("i-c", 7, p)], {"x"})
     assert m.placements == {"x": ("i-c",)}
+
+
+def test_a_claim_newer_than_any_apply_began_takes_no_replica_from_the_live_instance_holding_it():
+    """Damage audit: an instance of the fleet's (one anyone who can tag in the account tagged) with placement tags at
+    serial state+1000 claiming x/0: the newer claim won, so x "ran" there, its real host i-a looked idle and the plan
+    deleted it ("no longer needed"). Each apply records the serial it began with (`started`) before it touches the
+    cloud, so newer tags past it were written by something else: they take no replica a live instance holds."""
+    p = Placement("x", 0, (0, 1))
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5, started=5)
+    m = merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-z", 1005, p)], {"x"})
+    assert m.placements == {"x": ("i-a",)} and m.gpu_indices == {"x": ((0, 1),)}
+    assert any(n.startswith("x/0 is claimed by the tags of i-z (serial 1005), newer than any apply began (5)") for n in m.notes), m.notes
+    # Its real host gone, the claim is all there is (a replacement launched by hand is better than none).
+    assert merge_placements(state, [_tagged("i-z", 1005, p)], {"x"}).placements == {"x": ("i-z",)}
+    # Applies that began at 6 and 7 (two crashes before the state was saved): their claims win, as before.
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5, started=7)
+    m = merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"})
+    assert m.placements == {"x": ("i-b",)} and m.serial == 7
+    # A state saved before `started` was recorded: one interrupted apply past its serial is believed, no more.
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5)
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 6, p)], {"x"}).placements == {"x": ("i-b",)}
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-a",)}
+    # An older copy of the state: the applies since retagged i-a (x moved off it), so i-b's claim holds at any serial.
+    assert merge_placements(state, [_tagged("i-a", 9), _tagged("i-b", 9, p)], {"x"}).placements == {"x": ("i-b",)}
 
 
 def test_without_a_state_placements_come_from_the_tags():
@@ -310,6 +334,104 @@ def test_a_crash_after_the_creates_loses_no_placement(tmp_path, monkeypatch):
     assert any("newer than the state" in n and "the tags win" in n for n in nxt.plan.notes)
     assert Plan.from_json(nxt.plan.to_json()).notes == nxt.plan.notes  # a saved plan keeps its notes
     assert f"> **Note:** {nxt.plan.notes[0]}" in render(nxt.plan, "markdown")
+
+
+def test_a_copy_tagged_newer_than_the_state_moves_no_work_and_deletes_nothing(tmp_path):
+    """The attack end to end: an instance given the fleet's tags (a create key of its own: a copy with the original's
+    is left alone, tests/test_ownership.py) claims its replicas at the state's serial + 1000. The plan deleted the real
+    host as idle; it keeps the work where the state says, through the next apply too."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("forged", [_gpu_job("a"), _gpu_job("b")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    placed = json.loads((state_dir(cfg) / "state.json").read_text())
+    sim = SimCloud(state_dir(cfg))
+    (host,) = [i for i in sim.instances() if i["state"] == "running"]
+    claimed = read_placements(host["tags"]).placements
+    copy = sim.plant("aws", "us-east-1", "us-east-1a", "g5.12xlarge", {**host["tags"], TAG_CREATE_KEY: "k-forged",
+                     **placement_tags(PlacementRecord.of(placed["serial"] + 1000, claimed))})
+    res = api.plan(cfg, time_limit=5)
+    assert res.observed.placements == {"a": (host["id"],), "b": (host["id"],)}
+    assert host["id"] not in {d.instance_id for d in res.plan.deletes}
+    assert any(n.startswith(f"a/0 is claimed by the tags of {copy} (serial {placed['serial'] + 1000}), newer than any apply")
+               for n in res.plan.notes), res.plan.notes
+    api.apply(cfg, time_limit=5)
+    after = json.loads((state_dir(cfg) / "state.json").read_text())
+    assert after["placements"] == placed["placements"]
+    assert any(i["id"] == host["id"] and i["state"] == "running" for i in sim.instances())
+
+
+def test_an_apply_records_the_serial_it_began_with_before_it_touches_the_cloud(tmp_path, monkeypatch):
+    """What makes newer tags believable: a crash after the creates, twice, before the state was saved; the third run
+    still finds every replica where the two crashed applies put it."""
+    cfg = tmp_path / "cfg"
+    jobs = [_gpu_job("a"), _gpu_job("b")]  # one instance, full
+    write_config(cfg, _docs("twice", jobs, 4, aws=False))
+    api.apply(cfg, time_limit=5)
+
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt("killed after the creates")
+
+    for n in range(2):
+        jobs += [_gpu_job(f"n{n}0"), _gpu_job(f"n{n}1")]  # a new instance each time
+        write_config(cfg, _docs("twice", jobs, 4, aws=False))
+        monkeypatch.setattr("reconciler.apply._record_placements", crash)
+        with pytest.raises(KeyboardInterrupt):
+            api.apply(cfg, time_limit=5)
+        monkeypatch.undo()
+        assert json.loads((state_dir(cfg) / "state.json").read_text())["serial"] == 1  # not saved
+        assert json.loads((state_dir(cfg) / "started.json").read_text()) == {"serial": 2 + n}
+    nxt = api.plan(cfg, time_limit=5)
+    assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"serial": -1}', b'{"serial": "7"}', b'{"serial": true}',
+                                  str.encode(f'{{"serial": {2**63}}}')])
+def test_a_record_of_the_applies_begun_that_cannot_be_read_is_refused_naming_it(tmp_path, body):
+    """Taken as none, an apply that died before it saved would have its tags disbelieved: refused, with what to do."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("unread", [_gpu_job("a")], 2, aws=False))
+    (state_dir(cfg)).mkdir(parents=True)
+    (state_dir(cfg) / "started.json").write_bytes(body)
+    with pytest.raises(ReconcileError, match=f"{state_dir(cfg) / 'started.json'}: cannot read .*Nothing was changed. Delete it"):
+        api.plan(cfg, time_limit=5)
+
+
+def test_a_state_put_back_from_an_older_copy_still_believes_the_tags_of_the_applies_since(tmp_path):
+    """StateFileError's advice: restore the state from a backup. Its serial is older than the applies since, whose tags
+    say where the work went; the record of the applies begun is kept beside the state, not in it, so they are believed
+    (judged against the old copy's serial alone, the instances launched since looked idle and were deleted)."""
+    cfg = tmp_path / "cfg"
+    jobs = [_gpu_job("a"), _gpu_job("b")]
+    write_config(cfg, _docs("restored", jobs, 4, aws=False))
+    api.apply(cfg, time_limit=5)
+    backup = (state_dir(cfg) / "state.json").read_text()
+    for n in range(2):
+        jobs += [_gpu_job(f"n{n}0"), _gpu_job(f"n{n}1")]
+        write_config(cfg, _docs("restored", jobs, 4, aws=False))
+        api.apply(cfg, time_limit=5)
+    (state_dir(cfg) / "state.json").write_text(backup)
+    nxt = api.plan(cfg, time_limit=5)
+    assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
+
+
+def test_a_placement_serial_no_apply_can_count_past_is_refused_before_any_change(tmp_path):
+    """Tags at the largest serial (2**63-1) with nothing to bound them (the state and the record of the applies begun
+    lost): the apply wrote its tags one more and died with a traceback after its creates (PlacementTagError), and a
+    state saved one more is refused as corrupt. Refused before any provider change, naming the instance."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("maxed", [_gpu_job("a")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    sim = SimCloud(state_dir(cfg))
+    (host,) = [i for i in sim.instances() if i["state"] == "running"]
+    with sim.world() as w:
+        w["instances"][host["id"]]["tags"][TAG_PLACEMENTS_SERIAL] = str(SERIAL_MAX)
+    (state_dir(cfg) / "state.json").unlink()
+    (state_dir(cfg) / "started.json").unlink()
+    write_config(cfg, _docs("maxed", [_gpu_job("a"), _gpu_job("b"), _gpu_job("c")], 3, aws=False))
+    before = sim.instances()
+    with pytest.raises(ReconcileError, match=f"{host['id']}.*{SERIAL_MAX}"):
+        api.apply(cfg, time_limit=5)
+    assert sim.instances() == before
 
 
 def test_stale_tags_lose_to_a_newer_state_and_the_next_apply_rewrites_them(tmp_path):

@@ -19,7 +19,7 @@ from reconciler import api
 from reconciler.cli import app
 from reconciler.plan import body_digest
 from reconciler.state import state_dir
-from tests.fleetkit import copy_quickstart
+from tests.fleetkit import copy_quickstart, launched_later
 
 runner = CliRunner()
 QUICK = "5"
@@ -144,6 +144,29 @@ def test_delete_of_a_foreign_instance_is_refused_and_never_reported_deleted(appl
     res = _apply(cfg, out)
     _refused(res, f"delete {theirs}: not an instance of fleet 'quickstart'")
     assert "1 deleted" not in res.output and theirs in _live(cfg)
+
+
+def test_delete_of_a_copy_of_the_fleets_instance_is_refused(applied, tmp_path):
+    """A copy of one of the fleet's instances with all its tags (its create key too: cloned in a console) is someone
+    else's (tests/test_ownership.py); a saved plan edited to delete it is refused like any instance not the fleet's."""
+    cfg, _ = applied
+    original = next(i for i in _live(cfg).values() if i["tags"].get("fleetops.io/create-key"))
+    sim = SimCloud(state_dir(cfg))
+    copy = sim.plant(original["cloud"], original["region"], original["zone"], original["instance_type"], tags=dict(original["tags"]))
+    launched_later(sim, copy, original)
+    out = tmp_path / "after.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+    assert copy not in {d["instance_id"] for d in json.loads(out.read_text())["deletes"]}
+
+    def add_delete(raw):
+        raw["deletes"].append({"instance_id": copy, "pool": original["tags"]["fleetops.io/pool"], "provider": "sim",
+                               "cloud": original["cloud"], "region": original["region"], "zone": original["zone"],
+                               "instance_type": original["instance_type"], "market": original["market"], "price": 0.768,
+                               "reason": "no longer needed"})
+
+    _edit(out, add_delete)
+    _refused(_apply(cfg, out), f"delete {copy}: not an instance of fleet 'quickstart'")
+    assert copy in _live(cfg)
 
 
 def test_apply_plan_reports_a_refused_delete_as_a_failure(applied):

@@ -54,6 +54,9 @@ def test_apply_with_s3_state_converges_and_keeps_nothing_local(s3_env, tmp_path)
     assert not api.plan(qs, state=url).plan.has_changes
     # The lock object is gone once the apply is over.
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="fleets/quickstart/lock.json")
+    # Beside the state: the serial the apply began with (reconciler/placements.py), the serial it saved.
+    started = json.loads(s3.get_object(Bucket=bucket, Key="fleets/quickstart/started.json")["Body"].read())
+    assert started == {"serial": backend_for(qs, url).load().serial} == {"serial": backend_for(qs, url).load().started}
 
 
 def test_lock_is_exclusive_and_names_its_holder(s3_env, tmp_path):
