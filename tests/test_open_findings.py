@@ -2136,6 +2136,33 @@ def test_a_higher_class_job_bought_in_the_slot_of_its_tenants_deleted_instance_t
     check_fleet(fleet("fleet111"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
+def test_the_repeat_search_counts_a_higher_class_job_in_a_deleted_instances_slot_as_its_room_on_fleet111():
+    """fleet111 searched as api._lawful searches again (Problem.stand_in_rooms): the model counted t1's critical j4 in
+    its high j2's room only where it landed on i1, not on the on-demand A100 bought in i1's slot (pool a100 at max 1),
+    which plancheck counts (slots_bought_again): its plan kept i1 for j4 with an idle on-demand g5.12xlarge for the
+    spot share, $20.56/h, where $18.19/h keeps every rule (objective._bought_again_rooms)."""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.plancheck import unlawful_evictions
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, write_config
+
+    f = fleet("fleet111")
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    problem = build_problem(desired, observed)
+    plan = make_plan(desired, observed, problem, solve(replace(problem, stand_in_rooms=True), time_limit=5))
+    new = {c.ref: (c.site.pool, c.site.instance_type, c.site.market) for c in plan.creates}
+    j4 = next(j for j in plan.jobs if j.job == "j4")
+    assert j4.action == "place" and new.get(j4.instances[0]) == ("a100", "a2-highgpu-4g", "on-demand"), (j4, new)
+    assert plan.cost_after < 18.2 and not unlawful_evictions(plan, observed, problem), plan.cost_after
+
+
 def test_the_plan_after_applying_a_higher_class_job_in_a_deleted_instances_slot_is_a_no_op_on_fleet111(monkeypatch):
     """fleet111 replayed as the lifecycle machine drew it (shortened): t1 runs two low A10G jobs on a g5.12xlarge and
     its high j2 on a spot a2-highgpu-4g (pool a100 at max 1); it adds the critical j4 and the spot-required j5. The plan
