@@ -94,8 +94,9 @@ class LpMirror:
             x.lower_bound, x.upper_bound = float(v.domain[0]), float(v.domain[-1])
         slow = []
         for c in proto.constraints:
-            if not (c.HasField("linear") and len(c.linear.vars)):
-                continue
+            if not (c.HasField("linear") and len(c.linear.vars)) or len(c.enforcement_literal):
+                continue  # (a row enforced by a literal holds only where it is true: read as always on, the LP of
+                # the repeat search held every tenant's guarantee full, objective.stand_in_room; relaxed, it bounds)
             lin = c.linear
             dom = list(lin.domain)
             if dom[0] <= -(2**62) and dom[-1] >= 2**62:

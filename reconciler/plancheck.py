@@ -423,8 +423,8 @@ class KeptInstead:
     the plan keeps then breaks; instances left standing idle that no rule asks for are not bought, nor kept (padding).
     The stop is lawful where that plan breaks a rule the same plan without the job keeps. Work in its room that cannot
     go back (it must leave where it ran, a gang re-forming, its tenant's higher class) was moved by a rule or outranks
-    it: the planner chose what gives. A replacement the plan buys in the pool of an instance it deletes counts as the
-    job's room. (Edited plans while one instance was under a pool's minimum: guaranteed work stopped for nothing, for
+    it: the planner chose what gives. A replacement the plan buys in the slot of an instance it deletes (its pool at
+    max_instances: slots_bought_again) counts as the job's room. (Edited plans while one instance was under a pool's minimum: guaranteed work stopped for nothing, for
     another tenant's new job on its T4 or an identical T4 bought for it, for a job moved off an instance deleted for no
     rule, for idle instances bought up to the budget: each passed. Then (audit): another tenant's job moved onto the
     stopped job's GPU index on its own instance, another tenant's job that must leave its host or gang re-forming put
@@ -441,9 +441,7 @@ class KeptInstead:
         offers = {c.offer_key: c for c in problem.offers()}
         self.caps: dict[str, Capacity] = {i: self.hosts[i] for i in staying if i in self.hosts}
         self.caps |= {c.ref: offers[c.offer_key] for c in creates if c.offer_key in offers}
-        self.bought: dict[str, list[str]] = {}
-        for c in creates:
-            self.bought.setdefault(c.site.pool, []).append(c.ref)
+        self.rebought = slots_bought_again(plan, observed, problem)
         # (spot first: spot padding gone, the on-demand buffer may ask for less; the plan's new instances, then those it keeps)
         spot_first = lambda r: led.instances[r].market != "spot"  # noqa: E731
         self.creates = sorted((c.ref for c in creates if c.ref in led.instances), key=spot_first)
@@ -467,7 +465,7 @@ class KeptInstead:
         self._back: set[str] = set()  # running work _enter put back where it ran
         self._base: set[str] = set()
         self._padding: list = []  # (ref, capacity) of the idle instances _enter took
-        self._came: dict = {}  # target (or ("pool", name)) -> what arrives there: the plan's, read once
+        self._came: dict = {}  # target (or ("slot", a deleted instance)) -> what arrives there: the plan's, read once
 
     @staticmethod
     def of(plan: Plan, observed: Observed, problem: Problem, staying: set[str], creates: list[CreateAction]) -> KeptInstead | None:
@@ -601,7 +599,7 @@ class KeptInstead:
                 if not came and not fits:
                     return None  # (no work it could go back beside: a rule's choice, or the running fleet overfull)
             elif i in self.hosts and who == job:
-                came = self._bought_for(self.hosts[i].pool) - waits - takers - self._back
+                came = self._bought_for(i) - waits - takers - self._back
             else:
                 came = set()
             for t in sorted(came):
@@ -621,11 +619,13 @@ class KeptInstead:
             came = self._came[target] = {j for j, n in reps.items() if n > sum(i == target for i in self.observed.placements.get(j, ()))}
         return came
 
-    def _bought_for(self, pool: str) -> set[str]:
-        """What arrives on the plan's new instances in `pool` (a deleted instance's room, bought again)."""
-        came = self._came.get(("pool", pool))
+    def _bought_for(self, deleted: str) -> set[str]:
+        """What arrives on the plan's new instances in the slot of an instance it deletes (`slots_bought_again`: its
+        room, bought again). Read as any new instance of its pool, a pool with room for both, another fleet-wide rule
+        broken now, let t1's high job bought beside it stand in for its low job on the deleted one: stopped for nothing."""
+        came = self._came.get(("slot", deleted))
         if came is None:
-            came = self._came[("pool", pool)] = {t for ref in self.bought.get(pool, ()) for t in self._arrived(ref)}
+            came = self._came[("slot", deleted)] = {t for ref in self.rebought.get(deleted, ()) for t in self._arrived(ref)}
         return came
 
     def _fits(self, jobs: list[str], target: str, without: set[str]) -> bool:
@@ -724,7 +724,9 @@ def _borrowed(running: list[str], problem: Problem, demand_of: dict[str, Demand]
 
 def slots_bought_again(plan: Plan, observed: Observed, problem: Problem) -> dict[str, tuple[str, ...]]:
     """Instance the plan deletes -> the plan's new instances in its pool, where the pool ends at its max_instances: the
-    deleted instance's slot, bought again (as `KeptInstead._bought_for` reads a deleted instance's room)."""
+    deleted instance's slot, bought again: its room there (own_higher_class_room's, and `KeptInstead._bought_for`'s).
+    Only at max_instances: below it, the pool has room for the deleted instance beside them. A pool observed over its
+    max_instances counts too: the plan must give up some of it, and keeping a deleted instance still puts out a new one."""
     gone = {d.instance_id for d in plan.deletes}
     count = Counter(i.pool for i in observed.instances if i.id not in gone)
     count.update(c.site.pool for c in plan.creates)

@@ -353,6 +353,22 @@ def test_the_lp_is_solved_from_scratch_once_then_from_its_last_basis_with_the_sa
     assert sol.lp_bound is not None and sol.lp_bound <= sol.cost_milli / 1000 + 1e-6
 
 
+def test_the_lp_relaxation_relaxes_a_row_a_literal_enforces():
+    """A row CP-SAT enforces only where a literal is true (objective.stand_in_room's "guarantee full") bounds nothing
+    the LP can count on: read as always on, the relaxation's optimum was below the model's (the bound a tier's search
+    is capped at and proven by) or, with its opposite row, there was no optimum at all."""
+    from ortools.sat.python import cp_model
+
+    from reconciler.lp import LpMirror
+
+    m = cp_model.CpModel()
+    x, full = m.new_int_var(0, 10, "x"), m.new_bool_var("full")
+    m.add(x <= 3).only_enforce_if(full)
+    assert LpMirror(m).optimum([x.index], [1], 0, maximize=True)[0] == 10
+    m.add(x >= 8).only_enforce_if(full.Not())
+    assert LpMirror(m).optimum([x.index], [1], 0, maximize=False)[0] == 0
+
+
 def random_lp():
     """A CP-SAT model of 3,000 variables in 1,500 random rows, and an objective: an LP CLP takes ~0.8 s over here."""
     import random

@@ -21,13 +21,21 @@ def add_fleet_rules(model: Model) -> None:
     add_spot_rules(model)
 
 
+def pool_units(model: Model, pool: str | None = None) -> dict[str, list] | list:
+    """What counts toward a pool's max_instances (offers, hosts, idle classes: Model.units): per pool, or one pool's."""
+    by_pool = model.__dict__.get("_pool_units")
+    if by_pool is None:  # (built once: objective.stand_in_room asks per tenant)
+        by_pool = model.__dict__["_pool_units"] = {}
+        for c in model.units:
+            by_pool.setdefault(c.pool, []).append(c)
+    return by_pool if pool is None else by_pool.get(pool, [])
+
+
 def add_pool_bounds(model: Model) -> None:
     m, p = model.m, model.p
-    by_pool: dict[str, list] = {}
-    for c in model.units:
-        by_pool.setdefault(c.pool, []).append(model.use[c.key])
+    by_pool = pool_units(model)
     for pool, (lo, hi) in p.pool_bounds.items():
-        vs = by_pool.get(pool, [])
+        vs = [model.use[c.key] for c in by_pool.get(pool, [])]
         if any(is_variable(v) for v in vs):
             m.add(sum(vs) >= lo)
             m.add(sum(vs) <= hi)
@@ -104,4 +112,4 @@ def add_spot_diversity(model: Model, spot: list) -> None:
         m.add(sum(used.values()) >= need * any_spot)
 
 
-__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_reservations", "add_spot_diversity", "add_spot_rules"]
+__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_reservations", "add_spot_diversity", "add_spot_rules", "pool_units"]

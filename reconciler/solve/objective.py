@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_units
-from reconciler.problem import Demand, settled_jobs
+from reconciler.problem import Demand, pools_over_max, settled_jobs
+from reconciler.solve.fleet_rules import pool_units
 from reconciler.solve.tenants import ceiling_rows
 from reconciler.solve.variables import Values, constant, is_zero, scale, wsum
 
@@ -222,17 +223,14 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
             v = model.x.get((gk, h.key), 0)
             if is_zero(v):
                 continue
-            y = m.new_int_var(0, sum(len(d.jobs) * d.replicas for d in own[gk]), f"stand-in share[{t},{gk},{h.key}]")
-            m.add(y <= v)
-            share[gk].append(y)
-            model.stand_in_shares.append((gk, h.key, tuple(d.key for d in own[gk]), y))
-            here.append((max(-(-stand_in_units(d, lower) // d.replicas) for d in own[gk]), y))
+            here.append(_stand_in_share(model, t, gk, h.key, v, own[gk], lower, share))
         if not here:
             continue
         s = m.new_int_var(0, total, f"stand-in room[{t},{h.key}]")
         m.add(s <= wsum(lost))
         m.add(s <= wsum(here))
         parts.append(s)
+    parts += _bought_again_rooms(model, t, hosts_of.get(t, ()), holds, groups, own, lower, share, total)
     for gk, ys in share.items():
         if ys:
             anew = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-1, v) for d in own[gk] for _, v in model.stay_of.get(d.key, [])]
@@ -262,6 +260,66 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
     room = wsum([(1, v) for v in parts] + full)
     memo[t] = room
     return room
+
+
+def _stand_in_share(model: Model, t: str, gk: str, ck: str, v, own: list[Demand], lower: list[Demand], share: dict[str, list]):
+    """Of the items group gk places on capacity ck (`v`), t's higher work's share (extract.split_groups honours it), as
+    (units each item stands in for, the share) for a room's sum."""
+    y = model.m.new_int_var(0, sum(len(d.jobs) * d.replicas for d in own), f"stand-in share[{t},{gk},{ck}]")
+    model.m.add(y <= v)
+    share[gk].append(y)
+    model.stand_in_shares.append((gk, ck, tuple(d.key for d in own), y))
+    return max(-(-stand_in_units(d, lower) // d.replicas) for d in own), y
+
+
+def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: list[str], own: dict[str, list[Demand]],
+                        lower: list[Demand], share: dict[str, list], total: int) -> list:
+    """stand_in_room's room in a host's slot bought again (plancheck.slots_bought_again): a host of t's the plan deletes, in
+    a pool that ends at its max_instances, leaves its room in the pool's new instances. Per pool: the least of the units
+    of t's work holding protected jobs on its deleted hosts (a deleted host keeps nothing) and of t's higher items on
+    its new instances (shares counted with the hosts', so no item stands in twice). (Uncounted, the repeat search put
+    t1's critical job on its high job's spot instance with an idle on-demand one for the spot share, $20.56/h, not on
+    an on-demand one bought in its slot, $18.19/h, which plancheck accepts: fleet111.)"""
+    m, p = model.m, model.p
+    out = []
+    deleted: dict[str, list] = {}
+    like: dict[str, set[str]] = {}  # pool -> the offer and zone-class keys of those hosts
+    # (not in a pool over its max_instances now: some of its instances must go, and a new one there is in no one deleted
+    # host's slot. Counted, t2's new high job bought there stood in for its low job, and t1's low job, whose host went
+    # for it, was stopped for another tenant's new work: fleet109. plancheck counts it, so this is the stricter count)
+    over = model.__dict__.get("_pools_over_max")
+    if over is None:  # (built once, not per tenant)
+        over = model.__dict__["_pools_over_max"] = pools_over_max(model.hosts, p.pool_bounds)
+    for h in hosts:
+        units = sum(model.demands[dk].size * n for dk, _, n in h.residents if dk in holds)
+        if units and h.pool in p.pool_bounds and h.pool not in over and not (isinstance(model.use[h.key], int) and model.use[h.key]):
+            deleted.setdefault(h.pool, []).extend([(units, 1), (-units, model.use[h.key])])
+            like.setdefault(h.pool, set()).update((h.offer_key, h.class_key))
+    for pool, gone in sorted(deleted.items()):
+        here = []
+        for c in [*model.offers, *model.classes.values()]:
+            # (not new instances like those hosts, the same site, or zone-free work on their zone class: the higher work
+            # there has the room of keeping such a host, counted by stand_in_room's hosts. Counted, every pool of a fixed
+            # cluster is at its max and every host can be bought again: 306 more shares on fleet 210's repeat search,
+            # whose high work tier then ended FEASIBLE at 72,800 of its 73,500, where it is proven without them)
+            if c.pool != pool or (c.key if c.key in model.classes else c.offer_key) in like[pool]:
+                continue
+            for gk in groups:
+                v = model.x.get((gk, c.key), 0)
+                if is_zero(v):
+                    continue
+                here.append(_stand_in_share(model, t, gk, c.key, v, own[gk], lower, share))
+        if not here:
+            continue
+        at_max = m.new_bool_var(f"bought again[{t},{pool}]")
+        # (rows, not enforced ones: the LP relaxation, LpMirror, reads a row's enforcement literal as true)
+        m.add(wsum([(1, model.use[c.key]) for c in pool_units(model, pool)] + [(-p.pool_bounds[pool][1], at_max)]) >= 0)
+        s = m.new_int_var(0, total, f"stand-in room[{t},{pool} bought again]")
+        m.add(s <= wsum(gone))
+        m.add(s <= wsum(here))
+        m.add(s <= total * at_max)
+        out.append(s)
+    return out
 
 
 def spot_shares_broken(model: Model) -> set[str]:
