@@ -95,7 +95,7 @@ class Phases:
         import reconciler.problem
         import reconciler.solve
         import reconciler.solve.strategy
-        from ortools.sat.python import cp_model
+        from reconciler.cpsat import cp_model
 
         # Where reconciler.api finds them when it plans: it imports the planner's functions inside `_plan` (a plan read
         # back from the memo imports none of them), so they are wrapped in the modules they come from.

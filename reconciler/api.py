@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from reconciler.solve import Solution
 
 DEFAULT_TIME_LIMIT = 20.0
-# The solver (ortools, which imports pandas and numpy: ~0.5 s of CPU) is imported where a plan is solved, not
+# The solver (ortools, which imports numpy, and pandas but for reconciler/cpsat.py: ~0.2 s of CPU) is imported where a plan is solved, not
 # here: a plan read back from the memo (reconciler/memo.py), `status` and `validate` never load it. gap=None is
 # solve.GAP_LIMIT. Likewise the planner, apply, the guardrails and status/ (with rich, ~0.04 s of CPU): a plan
 # read back from the memo needs none of them.

@@ -352,9 +352,8 @@ def _keep_hit_render(config_dir: Path, res, fmt: str, out: Path | None, color: b
     run's solve time), so a PR's second plan does not render 5,000 jobs with rich (0.2 s of CPU; this costs as much
     once, after a solve of seconds)."""
     from reconciler import memo
-    from reconciler.plan import Plan
 
-    memo.keep_render(config_dir, res.key, variant, _render(Plan.from_json(res.plan.to_json()), fmt, out, color))
+    memo.keep_render(config_dir, res.key, variant, _render(res.plan.read_back(), fmt, out, color))
 
 
 def _render(plan: Plan, fmt: str, out: Path | None, color: bool) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from ortools.linear_solver import pywraplp
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.errors import WallCap
 

@@ -263,7 +263,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
             got[k] += bins[i].free.get(k, 0.0)
     if not chosen:
         return left
-    from ortools.sat.python import cp_model  # (only where a pass left items over: the plan phase imports no solver otherwise)
+    from reconciler.cpsat import cp_model  # (only where a pass left items over: the plan phase imports no solver otherwise)
 
     every = movable + [(d, j, r) for d, j, r, _ in pending]  # (the items the model places: those it moves, then the leftovers)
     need_dims = sorted({k for d, *_ in every for k in d.dims if d.req(k) > 0})
@@ -403,7 +403,7 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     patterns = _patterns(room, need, avail)
     if patterns is None:
         return left
-    from ortools.sat.python import cp_model  # (only where the passes left items over)
+    from reconciler.cpsat import cp_model  # (only where the passes left items over)
 
     m, use = _pattern_model(patterns, avail, len(bins))
     for i in range(len(shapes)):
@@ -459,7 +459,7 @@ def _patterns(room: dict[str, int], need: list[dict[str, int]], avail: list[int]
 
 def _pattern_model(patterns: list[tuple[int, ...]], avail: list[int], instances: int):
     """The configuration model: how many of the `instances` take each pattern (its variables returned beside it)."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     m = cp_model.CpModel()
     use = [m.new_int_var(0, min(instances, min(avail[i] // p[i] for i in range(len(p)) if p[i])), f"p{n}")
@@ -469,7 +469,7 @@ def _pattern_model(patterns: list[tuple[int, ...]], avail: list[int], instances:
 
 
 def _pattern_solver():
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -500,7 +500,7 @@ def most_by_pattern(cap: Capacity, count: int, kinds: list[tuple[Demand, list[tu
     patterns = _patterns(room, need, avail)
     if not patterns:
         return None
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     m, use = _pattern_model(patterns, avail, count)
     gain: dict[int, list] = {}  # class -> its work's terms

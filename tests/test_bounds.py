@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.greedy import greedy
 from reconciler.load import load

@@ -57,6 +57,7 @@ def test_every_plan_ranks_at_least_as_greedys_and_says_which_tiers_were_proven(t
     raw = json.loads(res.plan.to_json())
     assert "seconds" not in raw["solver"]  # the wall clock is not part of the plan
     assert Plan.from_json(res.plan.to_json()).to_json() == res.plan.to_json()
+    assert res.plan.read_back() == Plan.from_json(res.plan.to_json())  # (what `reconcile plan` renders for the memo)
     s = res.plan.solver
     if s.status == "GREEDY_FALLBACK":
         return

@@ -5,7 +5,7 @@ feasibility answer on the model with those values fixed, not by reading the rows
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from bench.trace import MIXES
 from reconciler.load import load

@@ -373,7 +373,7 @@ def random_lp():
     """A CP-SAT model of 3,000 variables in 1,500 random rows, and an objective: an LP CLP takes ~0.8 s over here."""
     import random
 
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     rng = random.Random(7)
     m = cp_model.CpModel()
@@ -464,7 +464,7 @@ def test_an_lp_solve_is_not_cut_short_of_the_cap_by_other_threads_cpu_time():
 def test_a_capacity_row_written_to_the_proto_is_the_row_cp_sats_add_gives(summed, k, n_shape, size):
     """variables.add_at_most_count writes `lhs <= k * n` straight to the proto; it must be the row CP-SAT's own
     `add` makes of the expression, variable for variable (the model, and so every plan, stays the same)."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.solve.variables import add_at_most_count, wsum
 
@@ -488,7 +488,7 @@ def test_a_capacity_row_written_to_the_proto_is_the_row_cp_sats_add_gives(summed
 def test_an_objective_set_from_its_flattened_form_is_the_one_cp_sat_sets(sense):
     """Search.objective writes a tier's or the cost's objective from its cached flattened form; it must be what
     CpModel.minimize / maximize writes (the search, and so the plan, depends on it)."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.solve.strategy import Search
 
@@ -513,7 +513,7 @@ def test_an_objectives_proven_bound_ends_the_search_at_an_answer_that_reaches_it
     """A tier's objective set with its proven bound (an LP's, the tenants' rows'): CP-SAT's own bound on this model is
     loose (a knapsack's fractions), so without it the search goes on proving; with it, the first answer at the bound
     is OPTIMAL, and no answer past the bound is allowed (a bound one short of the optimum shows it)."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.solve.strategy import Search
 
@@ -543,7 +543,7 @@ def test_an_objectives_proven_bound_ends_the_search_at_an_answer_that_reaches_it
 def test_a_bound_written_from_the_flattened_expression_is_the_row_cp_sats_add_gives(sense, shape):
     """variables.add_bound holds a tier (or cuts the cost) from the expression's flattened form; it must be the
     row `m.add(expr >= value)` (or <=) makes, variable for variable."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.solve.variables import add_bound, flatten, wsum
 
@@ -650,7 +650,7 @@ def test_the_fair_share_tiers_bound_is_the_most_the_model_allows(tmp_path, weigh
     reports it. A tenant's share is capped at its room above its guarantee, which as a whole per mille rounded up
     (3 of 56 GPUs: 53.6 -> 54) let the fair share pass its bound where the model counts guaranteed work as borrowed;
     and the bound divided by the tenant's weight where its segments' row has it rounded to hundredths (0.333: 0.33)."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.solve.model import Model
     from reconciler.solve.strategy import warm_start
@@ -892,7 +892,7 @@ def test_an_lp_clp_answers_abnormal_at_once_is_not_solved_again_until_the_cap():
     import time
 
     from ortools.linear_solver import pywraplp
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.lp import LpMirror
 
@@ -908,7 +908,7 @@ def test_an_lp_clp_answers_abnormal_at_once_is_not_solved_again_until_the_cap():
 def test_an_lp_with_no_rows_has_its_optimum_at_the_bounds_its_objective_favours():
     """CLP answers a model with no rows ABNORMAL (read as no optimum: no bound, no guide for the search); its optimum
     is each variable at the bound its coefficient favours."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.lp import LpMirror
 
@@ -918,3 +918,30 @@ def test_an_lp_with_no_rows_has_its_optimum_at_the_bounds_its_objective_favours(
     lp = LpMirror(m)
     assert lp.optimum([0, 1], [2, -1], 7, maximize=True) == (2 * 5 + 2 + 7, [5.0, -2.0, 0.0])
     assert lp.optimum([0, 1], [2, -1], 0, maximize=False) == (2 * 1 - 3, [1.0, 3.0, 0.0])
+
+
+def test_a_solving_plan_imports_no_pandas(tmp_path):
+    """ortools' cp_model imports pandas for an API the planner never calls (its *_series); reconciler.cpsat takes it
+    in without: a `reconcile plan` that solves spends no CPU on pandas (~0.13 s on an idle core, issue 20.3), a later
+    `import pandas` still gets the real one, and cp_model's pandas API refuses plainly instead of answering wrong."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.fleetkit import QUICKSTART
+
+    cfg = tmp_path / "q"
+    shutil.copytree(QUICKSTART, cfg)
+    code = ("import sys; from typer.testing import CliRunner; from reconciler.cli import app; "
+            f"r = CliRunner().invoke(app, ['plan', {str(cfg)!r}, '--no-memo', '--time-limit', '5']); "
+            "assert r.exit_code == 0 and 'Plan:' in r.output, r.output; "
+            "print(sorted(m for m in ('ortools.sat.python.cp_model', 'pandas') if m in sys.modules)); "
+            "from reconciler.cpsat import cp_model; import pandas; assert hasattr(pandas, 'DataFrame'); "
+            "m = cp_model.CpModel()\n"
+            "try: m.new_bool_var_series('x', pandas.Index([1]))\n"
+            "except (TypeError, RuntimeError) as e: print('refused:', e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "['ortools.sat.python.cp_model']"
+    assert lines[1].startswith("refused: ")

@@ -12,7 +12,7 @@ from reconciler.ledger import MILLI
 from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import Capacity, Problem
 
-if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools, pandas and numpy (~0.5 s of CPU)
+if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and numpy (~0.2 s of CPU; pandas no more: reconciler/cpsat.py)
     from reconciler.solve import Solution
 
 UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding

@@ -55,7 +55,7 @@ def tenant_rows_relaxation(model: Model, c: int, held: dict[int, int]):
     which of a higher class's jobs hold the guarantee once that class is held below its bound. (The bench's 100-job
     fleet: the guaranteed normal tier held at 17,750 left room for 243 of the low one, whose LP bound was 530; CP-SAT
     took 3 s on the whole model to prove 243, the relaxation 0.002 s.) None where no tier of class c weighs."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     p = model.p
     m = cp_model.CpModel()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.problem import Capacity, fit
 from reconciler.solve.variables import scale, set_hints

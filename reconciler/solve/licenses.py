@@ -6,7 +6,7 @@ tier takes the least time left), as for any capacity that binds."""
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.ledger import license_need
 from reconciler.solve.variables import wsum

@@ -12,7 +12,7 @@ the model with only some of them (`families`) to check one family alone."""
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.greedy import Assignment
 from reconciler.ledger import may_borrow

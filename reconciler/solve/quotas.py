@@ -6,7 +6,7 @@ the creates (apply is make before break), so hosts do not appear. The units are 
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler.ledger import quota_headroom, quota_units
 

@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 from reconciler import parallel
 from reconciler.errors import SolverError, WallCap

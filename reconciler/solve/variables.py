@@ -8,7 +8,7 @@ built here fold the constants in (`wsum`)."""
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+from reconciler.cpsat import cp_model
 
 MILLI_SCALED = ("cpu", "memory_gib")
 
