@@ -10,6 +10,7 @@ called it, refuses (its isinstance checks fail, or making an Index or Series doe
 
 from __future__ import annotations
 
+import importlib
 import sys
 from types import ModuleType
 
@@ -22,23 +23,27 @@ class _NoPandas:
                            "imports cp_model without pandas")
 
 
-def _import_cp_model() -> ModuleType:
-    if "pandas" in sys.modules or "ortools.sat.python.cp_model" in sys.modules:
-        from ortools.sat.python import cp_model  # noqa: TID251 (the one place)
-
-        return cp_model
+def import_without_pandas(name: str) -> ModuleType:
+    """Module `name` imported against the pandas stand-in (where pandas and it are not imported yet). Should a newer
+    ortools ask the stand-in for more than Index and Series at import, it is imported again with the real pandas:
+    slower, never broken (an AttributeError there would have failed every solving plan after an upgrade)."""
+    if "pandas" in sys.modules or name in sys.modules:
+        return importlib.import_module(name)
     stand_in = ModuleType("pandas", "stand-in while reconciler.cpsat imports ortools' cp_model (see there)")
     stand_in.Index = type("Index", (_NoPandas,), {})  # type: ignore[attr-defined]
     stand_in.Series = type("Series", (_NoPandas,), {})  # type: ignore[attr-defined]
     sys.modules["pandas"] = stand_in
     try:
-        from ortools.sat.python import cp_model  # noqa: TID251 (the one place)
+        return importlib.import_module(name)
+    except Exception:  # (what the stand-in lacks: AttributeError, or an ImportError of `from pandas import X`)
+        sys.modules.pop(name, None)
+        sys.modules.pop("pandas", None)
+        return importlib.import_module(name)
     finally:
         if sys.modules.get("pandas") is stand_in:
             del sys.modules["pandas"]
-    return cp_model
 
 
-cp_model = _import_cp_model()
+cp_model = import_without_pandas("ortools.sat.python.cp_model")
 
 __all__ = ["cp_model"]

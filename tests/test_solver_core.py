@@ -357,7 +357,7 @@ def test_the_lp_relaxation_relaxes_a_row_a_literal_enforces():
     """A row CP-SAT enforces only where a literal is true (objective.stand_in_room's "guarantee full") bounds nothing
     the LP can count on: read as always on, the relaxation's optimum was below the model's (the bound a tier's search
     is capped at and proven by) or, with its opposite row, there was no optimum at all."""
-    from ortools.sat.python import cp_model
+    from reconciler.cpsat import cp_model
 
     from reconciler.lp import LpMirror
 
@@ -945,3 +945,20 @@ def test_a_solving_plan_imports_no_pandas(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "['ortools.sat.python.cp_model']"
     assert lines[1].startswith("refused: ")
+
+
+def test_a_newer_ortools_needing_more_of_pandas_at_import_gets_the_real_one(tmp_path):
+    """The pandas stand-in has only Index and Series: should an ortools upgrade touch more of pandas while cp_model
+    imports (a DataFrame annotation), that import would fail every solving plan. It is imported with real pandas then."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "needs_more_pandas.py").write_text("import pandas as pd\nFRAME = pd.DataFrame\n")
+    code = ("import sys; from reconciler.cpsat import import_without_pandas; "
+            "m = import_without_pandas('needs_more_pandas'); import pandas; "
+            "print(m.FRAME is pandas.DataFrame, sys.modules['pandas'] is pandas)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
