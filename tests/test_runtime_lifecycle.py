@@ -570,3 +570,23 @@ def test_live_status_dates_a_condition_whose_file_lost_its_time_as_apply_does(tm
                        if c["type"] == "Running")
     assert written["lastTransitionTime"] == "2026-01-02T03:04:05+00:00", written
     assert live == written, (live, written)  # before: live lastTransitionTime None
+
+
+def test_status_names_the_plans_reason_for_a_pending_job_that_runs_something(tmp_path):
+    """A job with `run` left pending on its tenant's quota showed in `reconcile status` as "Pending (NotPlaced: waiting
+    for a placement)" (seen on a trace-shaped fleet, trace33), while the same job without `run` showed the plan's
+    "quota exhausted: ...": the agents' view of an unplaced job says nothing the Placed condition does not say better."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    run = {"command": ["python3", "train.py"]}
+    cfg = write_config(tmp_path / "q", [topology(), tenant("t", cpu=4),
+                                        pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
+                                        job("first", cpu=4, mem=4, priority="high", run=run), job("second", cpu=4, mem=4, run=run)])
+    runner = CliRunner()
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
+    assert out.exit_code == 0, out.output
+    human = runner.invoke(app, ["status", str(cfg)]).output
+    line = next(x for x in human.splitlines() if "job second:" in x)
+    assert "quota" in line and "waiting for a placement" not in line, human
