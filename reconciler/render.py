@@ -427,10 +427,10 @@ def render_status(st: dict) -> str:
     for name, j in st["jobs"].items():
         c = j["status"]["conditions"][0]
         run = j["status"].get("run")
-        if run:  # a job that runs something: what its replicas do, as their agents report it
+        if run and run.get("reason") != "NotPlaced":  # a job that runs something: what its replicas do, as their agents report it
             restarts = f", {run['restarts']} restart(s)" if run.get("restarts") else ""
             lines.append(f"  job {name}: {j['status']['phase']} ({run['reason']}: {run['message']}{restarts})")
-        else:
+        else:  # (an unplaced job's agents have nothing to say: the plan's reason it waits, "quota exhausted: ...", does)
             lines.append(f"  job {name}: {j['status']['phase']} ({c['reason']}: {c['message']})")
         for x in j["status"]["conditions"][1:]:  # a deadline that is at risk or missed
             if x.get("type") in ("DeadlineAtRisk", "DeadlineMissed") and x.get("status") == "True":

@@ -594,3 +594,23 @@ def test_status_shows_an_agent_that_cannot_write_its_own_files_beside_the_job_it
     st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
     assert st["agents"] == {} and "agent_fault" not in st["jobs"]["slow"]["status"]["run"]["replicas"][0]
     assert "WorkdirFailed" not in runner.invoke(app, ["status", str(cfg)]).output
+
+
+def test_status_names_the_plans_reason_for_a_pending_job_that_runs_something(tmp_path):
+    """A job with `run` left pending on its tenant's quota showed in `reconcile status` as "Pending (NotPlaced: waiting
+    for a placement)" (seen on a trace-shaped fleet, trace33), while the same job without `run` showed the plan's
+    "quota exhausted: ...": the agents' view of an unplaced job says nothing the Placed condition does not say better."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    run = {"command": ["python3", "train.py"]}
+    cfg = write_config(tmp_path / "q", [topology(), tenant("t", cpu=4),
+                                        pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"]),
+                                        job("first", cpu=4, mem=4, priority="high", run=run), job("second", cpu=4, mem=4, run=run)])
+    runner = CliRunner()
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
+    assert out.exit_code == 0, out.output
+    human = runner.invoke(app, ["status", str(cfg)]).output
+    line = next(x for x in human.splitlines() if "job second:" in x)
+    assert "quota" in line and "waiting for a placement" not in line, human

@@ -204,6 +204,53 @@ def test_the_plan_after_applying_a_generated_fleet_evicts_and_moves_nothing(tmp_
     assert counts["evict"] == 0 and counts["move"] == 0 and counts["delete"] == 0, counts
 
 
+def trace_fleet_with_quotas(jobs: int, seed: int = 1) -> list[dict]:
+    """A platform team's trace-shaped fleet (trace33): bench.trace's whole-GPU job shapes, ~30% of them spot-eligible,
+    a fixed cluster of 8-GPU nodes (min = max) holding half their GPUs, pools that buy 1/4/8-GPU A100 nodes spot or
+    on-demand beside it, and four tenants guaranteed 70% of what their jobs ask, bursting to 85%."""
+    import math
+    import random
+
+    from bench.trace import jobs as trace_jobs
+
+    specs = trace_jobs(jobs, seed)
+    rng = random.Random(seed + 99)
+    for s in specs:
+        if rng.random() < 0.3:
+            s["spot"] = "eligible"
+    asked: dict[str, int] = {}
+    for s in specs:
+        asked[s["tenant"]] = asked.get(s["tenant"], 0) + s["resources"]["gpus"]
+    nodes = max(2, round(sum(asked.values()) * 0.5 / 8))
+    cluster = pool("cluster", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], lo=nodes, hi=nodes)
+    burst = pool("gcp-burst", "gcp", "us-central1", ["us-central1-a", "us-central1-b"],
+                 ["a2-highgpu-8g", "a2-highgpu-4g", "a2-highgpu-1g"], market="either", hi=max(10, nodes))
+    aws = pool("aws-burst", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], market="either", hi=max(10, nodes // 2))
+    return [
+        topology(),
+        doc("SpotPolicy", "default", {"max_spot_fraction": 0.5, "max_price_fraction": 0.8}),
+        *(doc("Tenant", t, {"weight": 1 + i % 2, "quota": {"gpus": math.ceil(n * 0.7), "burst": {"gpus": math.ceil(n * 0.85)}}})
+          for i, (t, n) in enumerate(sorted(asked.items()))),
+        cluster, burst, aws,
+        *(doc("Job", f"job-{i:05d}", s) for i, s in enumerate(specs)),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="trace33: the cold plan of 1,000 trace-shaped jobs leaves a tenant's burst room "
+                   "unused beside 1-GPU jobs of that tenant that a new instance would hold (pending: 'the solver did not "
+                   "find that placement'); the plan after its apply places one on one new instance: not converged in one apply (measured: 1,000 "
+                   "jobs, team-0 at 203 of its 204 GPUs, 37 of its jobs pending so; 2,000 jobs: 10 jobs on 6 new "
+                   "instances, then converged; 200 and 300 jobs converge)")
+def test_the_plan_after_applying_a_trace_shaped_fleet_with_quotas_changes_nothing(tmp_path):
+    """plan -> apply -> plan is a no-op (`--detailed-exitcode` 0) on a trace-shaped fleet with quotas and spot."""
+    cfg = write_config(tmp_path / "cfg", trace_fleet_with_quotas(1000))
+    first = api.plan(cfg)
+    api.apply(cfg, saved_plan=first.plan, allow_destroy=10**6)
+    again = api.plan(cfg)
+    assert not again.plan.has_changes, again.plan.counts()
+
+
 def plan_of_a_gap_stopped_answer(tmp_path, keep: bool, b_at: str | None):
     """Job `a` runs on i0 (an m6i.4xlarge, 16 vCPU); `b` (8 vCPU) is new. The answer a CP-SAT
     search stopped within its gap may give: `a` moves to a new identical instance, i0 kept or
