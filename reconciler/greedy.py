@@ -1386,9 +1386,12 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
     together at the end there (`_place_spot_diverse`). (A SpotPolicy with
     on_demand_buffer_percent 50 and four spot-required 14-vCPU jobs: `--time-limit 0`, and a plan that fell back to
     greedy's, placed none ("on-demand buffer: 0 idle on-demand vCPU in the plan"); CP-SAT bought two on-demand
-    instances to stand idle beside four spot ones.)"""
+    instances to stand idle beside four spot ones.) Where greedy buys spot freely (no buffer, no diversity asked), only
+    for a job the spot share refused: fleet111's spot-required j5 waited where CP-SAT bought the ballast beside it."""
     sp = g.p.spot
-    if g.buy_spot or sp.min_instance_types > 1 or sp.min_zones > 1 or d.gang or not g._quota_ok(d) or not g._other_spot_rules_hold():
+    if g.buy_spot and "spot-share" not in g.a.refused.get(d.key, ()):
+        return False
+    if sp.min_instance_types > 1 or sp.min_zones > 1 or d.gang or not g._quota_ok(d) or not g._other_spot_rules_hold():
         return False
     cands = sorted((c for k in g._keys_at(d, None) if (c := g.offer.get(k)) is not None and c.market == "spot"),
                    key=lambda c: (c.price + g.p.cost_coef(d, c), c.key))
@@ -1402,6 +1405,7 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
         if buys or g._fleet_spot_rules_hold():
             opened += [g._open(b) for b in buys]
             if g._fleet_spot_rules_hold() and _place_resolving(g, d):
+                g.a.refused.pop(d.key, None)  # (the share that refused it first is not why anything is pending now)
                 return True
         else:
             # The rule that refused d is the spot share or buffer its spot instance breaks, which no on-demand capacity

@@ -204,7 +204,9 @@ told to make it a plain test).
   and stopped j5 (its test). fleet111 (the slow lifecycle machine, 2026-12-02, seed 4242032; on main too; the fleet
   before the plan, minimised): the plan right after an apply moved t1's critical j4 from the spot A100 where its high
   j2 ran to an on-demand one in the same slot of its pool (max 1): the plan before had been refused that placement, as
-  j4 landed on no instance j2 ran on; a new instance in the slot of a deleted one is its room now (its tests)."""
+  j4 landed on no instance j2 ran on; a new instance in the slot of a deleted one is its room now (its tests). Greedy's
+  plan of fleet111 (the h5 hunt, 2026-12-03) left the spot-required j5 pending on the spot share where CP-SAT bought
+  on-demand ballast beside it; greedy buys it too now (its test)."""
 
 from __future__ import annotations
 
@@ -2185,3 +2187,18 @@ def test_a_tenants_new_higher_class_job_placed_beside_its_guaranteed_job_leaves_
         machine.apply_it(saved=True, allow=True)  # (checks the plan after it is a no-op)
     finally:
         machine.teardown()
+
+
+def test_greedy_buys_on_demand_ballast_for_a_spot_required_job_the_spot_share_refused_on_fleet111():
+    """fleet111's greedy plan (the h5 hunt, 2026-12-03; on main): no on-demand buffer or spot diversity is asked, so
+    greedy buys spot as it places work, the spot share asked per instance. t1's spot-required 4-GPU j5 would make the fleet
+    8 of 12 GPUs spot, over max_spot_fraction 0.5, and waited ("spot share"), where CP-SAT places it: on-demand
+    capacity bought to stand idle beside its spot instance mends the share (`_place_with_ballast`), which greedy tried only
+    where its own restraint on spot (a buffer) had kept the job off spot. It is tried where the spot share refused the job
+    too: greedy buys a spot and an on-demand g5.12xlarge (a10g, max 3) and places j5."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet111"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
+    new = {c.ref: (c.site.instance_type, c.site.market) for c in gplan.creates}
+    assert actions["j5"][0] == "place" and new[actions["j5"][1][0]] == ("g5.12xlarge", "spot"), (actions, new)
+    assert actions["j4"] == ("place", ("i1",)), actions
+    check_fleet(fleet("fleet111"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
