@@ -206,7 +206,10 @@ told to make it a plain test).
   j2 ran to an on-demand one in the same slot of its pool (max 1): the plan before had been refused that placement, as
   j4 landed on no instance j2 ran on; a new instance in the slot of a deleted one is its room now (its tests). Greedy's
   plan of fleet111 (the h5 hunt, 2026-12-03) left the spot-required j5 pending on the spot share where CP-SAT bought
-  on-demand ballast beside it; greedy buys it too now (its test)."""
+  on-demand ballast beside it; greedy buys it too now (its test). fleet116 (the h5 hunt, 2026-12-03, made by hand: max_spot_fraction
+  and a budget binding together; on main too): of t1's two identical jobs on twin spot hosts, the plan ran the one its
+  guarantee does not hold and stopped the guaranteed one, claiming its "guarantees kept" tier at 14 where the plan
+  keeps 7 (its test)."""
 
 from __future__ import annotations
 
@@ -2202,3 +2205,25 @@ def test_greedy_buys_on_demand_ballast_for_a_spot_required_job_the_spot_share_re
     assert actions["j5"][0] == "place" and new[actions["j5"][1][0]] == ("g5.12xlarge", "spot"), (actions, new)
     assert actions["j4"] == ("place", ("i1",)), actions
     check_fleet(fleet("fleet111"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_the_guaranteed_one_of_two_identical_jobs_keeps_running_on_fleet116():
+    """fleet116 (the h5 hunt, 2026-12-03, made by hand for the spot share + budget chain; on main too): three 1-GPU A10G
+    jobs run on three spot g5.xlarge, t1's j0 and j2 (t1 guarantees 1 GPU, its ceiling too: one of them must stop; j0,
+    by name, is the one inside the guarantee) and t2's j1; t2 adds a critical on-demand-only p0. max_spot_fraction 0.5
+    and a $1.50/h budget leave room for p0 on an on-demand g5.xlarge and one spot host. The model counts a kept identical
+    job for a protected one (objective.protected_tier), so CP-SAT kept i2 and the plan ran j2 there and stopped the
+    guaranteed j0 on its twin i0: the plan claimed its "guarantees kept" tier at 14 (its bound), where the plan it emitted
+    keeps 7 (plan/quality.guarantee_kept), and it ranked below greedy's, which keeps j0. Where the host the protected
+    job runs on is a twin of the one kept (pool, offer, price; each runs one job of the class, nothing else placed there),
+    the plan keeps the protected job's host instead (plan/stability.keep_protected_twins)."""
+    from reconciler.plan.quality import guarantee_kept
+    from reconciler.problem import build_problem
+
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet116"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
+    assert actions["j0"] == ("keep", ("i0",)) and actions["j2"][0] == "evict" and actions["p0"][0] == "place", actions
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    claimed = next(t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept")
+    assert guarantee_kept(build_problem(desired, observed), placed) == claimed
+    check_fleet(fleet("fleet116"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
