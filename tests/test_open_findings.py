@@ -211,7 +211,10 @@ told to make it a plain test).
   guarantee does not hold and stopped the guaranteed one, claiming its "guarantees kept" tier at 14 where the plan
   keeps 7 (its test). fleet117 (the same hunt: identical jobs on hosts that are no twins; on main too; open, a strict
   xfail): the model counts any kept job of a protected job's class of identical jobs as it, so CP-SAT stopped t1's
-  guaranteed j0 to delete its instance and kept the unguaranteed j2, claiming the tier at its bound (its test)."""
+  guaranteed j0 to delete its instance and kept the unguaranteed j2, claiming the tier at its bound (its test).
+  fleet118 (the slow property tier, 2026-12-03, seed 3333; on main too): greedy kept the idle on-demand host cheapest per
+  GPU for the spot share, which mended nothing and took a pool's last slot, and gave up t1's guaranteed j2's spot
+  host (its test)."""
 
 from __future__ import annotations
 
@@ -2252,3 +2255,17 @@ def test_a_tenant_over_its_ceiling_stops_the_job_its_guarantee_does_not_hold_on_
     assert guarantee_kept(build_problem(desired, observed), placed) == claimed, actions
     assert actions["j0"] != "evict" and actions["j1"] != "evict" and actions["j2"] == "evict", actions
     check_fleet(fleet("fleet117"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_keeps_the_idle_on_demand_host_that_alone_mends_the_spot_share_on_fleet118():
+    """fleet118 (the slow property tier, 2026-12-03, seed 3333; on main too): aws-a10g (max 2) runs six instances; t1
+    (no quota: all it runs is guaranteed) runs its spot-required j2 on the spot g5.12xlarge i0, and seven pending low
+    jobs wait (max_spot_fraction 0.5; no spot can be bought under max_price_fraction 0.3). Greedy's settle_spot kept the
+    idle on-demand host cheapest per GPU for the share, the g5.xlarge i4: 4 of 5 GPUs spot mended nothing, the pool's
+    max refused the on-demand g5.12xlarge i5 after it, and i0 was given up: j2 evicted inside t1's guarantee (apply's
+    re-check refuses the plan) and two jobs pending. It keeps the cheapest host that mends the share alone first now,
+    as `_ballast_buys` buys: i0 and i5 kept, all eight jobs run, as in CP-SAT's plan."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet118"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
+    assert actions["j2"] == ("keep", ("i0",)) and all(a in ("keep", "place") for a, _ in actions.values()), actions
+    check_fleet(fleet("fleet118"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
