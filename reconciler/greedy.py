@@ -431,7 +431,12 @@ class _Greedy:
                 # good, the pool slot i5's release freed went to an on-demand A100 bought as ballast, and t2's
                 # guaranteed j4 on the idle host i1 beside it was evicted; fleet97)
                 spare = [h for h in spare if h.key not in self.opened]
-                host = next((h for h in spare if self._may_open(h)), None)
+                # (the cheapest host that mends them alone first, as `_ballast_buys` buys: the cheapest per GPU first,
+                # an idle g5.xlarge took aws-a10g's last slot (max 2) beside a spot g5.12xlarge, mended nothing, and
+                # t1's guaranteed j2 on the spot host was given up where the idle on-demand g5.12xlarge kept it; fleet118)
+                (spot, total), idle = self.led.spot(), self.led.idle_on_demand()
+                alone = sorted((h for h in spare if self._mends_alone(h, spot, total, idle)), key=lambda h: (h.price, h.key))
+                host = next((h for h in (*alone, *spare) if self._may_open(h)), None)
                 if host is not None:
                     spare.remove(host)
                     mends.append(self._open(host))
@@ -541,8 +546,7 @@ class _Greedy:
         while not (spot_share_ok(spot, total, sp.max_spot_fraction) and buffer_ok(idle, spot, sp.on_demand_buffer_percent)):
             # The rules asked of an offer only until one is found (the cheapest that mends, else the cheapest per unit):
             # asking every offer for each of the ~500 instances a 2k-job fleet's 25% buffer buys one by one was 1.4 s.
-            whole = sorted((c for c in offers if spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction)
-                            and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)), key=lambda c: (c.price, c.key))
+            whole = sorted((c for c in offers if self._mends_alone(c, spot, total, idle)), key=lambda c: (c.price, c.key))
             c = next((c for c in whole if openable(c)), None) or next((c for c in offers if openable(c)), None)
             if c is None:
                 return []
@@ -550,6 +554,13 @@ class _Greedy:
             pending.open(c, self._prim(c))
             total, idle = total + self._prim(c), idle + self._prim(c)
         return picked
+
+    def _mends_alone(self, c: Capacity, spot: float, total: float, idle: float) -> bool:
+        """Does on-demand capacity c, standing idle beside the plan's (spot, total, idle on-demand) share units, keep
+        the fleet's spot share and on-demand buffer on its own?"""
+        sp = self.p.spot
+        return spot_share_ok(spot, total + self._prim(c), sp.max_spot_fraction) \
+            and buffer_ok(idle + self._prim(c), spot, sp.on_demand_buffer_percent)
 
     def _adds_diversity(self) -> Callable[[Capacity], bool]:
         """Does spot capacity c add an instance type or zone the SpotPolicy still asks for (in the plan so far)?"""
@@ -1386,9 +1397,12 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
     together at the end there (`_place_spot_diverse`). (A SpotPolicy with
     on_demand_buffer_percent 50 and four spot-required 14-vCPU jobs: `--time-limit 0`, and a plan that fell back to
     greedy's, placed none ("on-demand buffer: 0 idle on-demand vCPU in the plan"); CP-SAT bought two on-demand
-    instances to stand idle beside four spot ones.)"""
+    instances to stand idle beside four spot ones.) Where greedy buys spot freely (no buffer, no diversity asked), only
+    for a job the spot share refused: fleet111's spot-required j5 waited where CP-SAT bought the ballast beside it."""
     sp = g.p.spot
-    if g.buy_spot or sp.min_instance_types > 1 or sp.min_zones > 1 or d.gang or not g._quota_ok(d) or not g._other_spot_rules_hold():
+    if g.buy_spot and "spot-share" not in g.a.refused.get(d.key, ()):
+        return False
+    if sp.min_instance_types > 1 or sp.min_zones > 1 or d.gang or not g._quota_ok(d) or not g._other_spot_rules_hold():
         return False
     cands = sorted((c for k in g._keys_at(d, None) if (c := g.offer.get(k)) is not None and c.market == "spot"),
                    key=lambda c: (c.price + g.p.cost_coef(d, c), c.key))
@@ -1402,6 +1416,7 @@ def _place_with_ballast(g: _Greedy, d: Demand) -> bool:
         if buys or g._fleet_spot_rules_hold():
             opened += [g._open(b) for b in buys]
             if g._fleet_spot_rules_hold() and _place_resolving(g, d):
+                g.a.refused.pop(d.key, None)  # (the share that refused it first is not why anything is pending now)
                 return True
         else:
             # The rule that refused d is the spot share or buffer its spot instance breaks, which no on-demand capacity

@@ -128,3 +128,38 @@ def return_home(problem: Problem, observed: Observed, solution: Solution, bins_o
             hb.reserve(d, [idx])
             hb.items.append((d.key, job, r))
             hb.gpu_of[(job, r)] = (tuple(idx),)
+
+
+def keep_protected_twins(problem: Problem, solution: Solution) -> Solution:
+    """The solver counts a class of identical jobs, so a kept identical job counts for a protected one (objective.
+    protected_tier): of two twin hosts (one offer, one price), each running one job of the class alone, it may keep the
+    one whose job its tenant's guarantee does not hold, and the plan stopped the guaranteed job (fleet116: t1's j0
+    stopped, j2 kept; the plan's "guarantees kept" tier claimed 14, the plan it emitted keeps 7). Here the twin the
+    protected job runs on is kept instead, its stay with it: pool counts, markets and prices are the same, so every
+    fleet and tenant rule holds as the solver counted it."""
+    protected = {j for r in problem.tenants.values() for j in r.protected_jobs}
+    if not protected:
+        return solution
+    hosts = {h.key: h for h in problem.hosts()}
+    given = {ck for (_, ck), n in solution.x.items() if n}  # (hosts new work lands on: not twins)
+    keep, stay = set(solution.keep), dict(solution.stay)
+    for d in problem.demands:
+        if d.gang or d.bundle != 1 or d.replicas != 1:
+            continue
+
+        def alone(job: str, ids: tuple[str, ...]) -> Capacity | None:
+            h = hosts.get(ids[0]) if len(ids) == 1 else None
+            return h if h is not None and h.residents == ((d.key, job, 1),) and h.key not in given and not h.frozen else None
+
+        lost = [h for j, ids in d.running if j in protected and (h := alone(j, ids)) is not None
+                and h.key not in keep and h.keep_blocker is None]
+        spare = [h for j, ids in d.running if j not in protected and (h := alone(j, ids)) is not None
+                 and h.key in keep and stay.get((d.key, h.key), 0) == 1]
+        for h in lost:
+            twin = next((t for t in spare if t.offer_key == h.offer_key and abs(t.price - h.price) < 1e-9 and t.group_of == h.group_of), None)
+            if twin is None:
+                continue
+            spare.remove(twin)
+            keep.symmetric_difference_update({h.key, twin.key})
+            stay[(d.key, h.key)] = stay.pop((d.key, twin.key))
+    return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep), stay=stay)
