@@ -2356,8 +2356,6 @@ def test_the_guaranteed_one_of_two_identical_jobs_keeps_running_on_fleet116():
     check_fleet(fleet("fleet116"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, reason="the model counts any kept job of a protected job's class of identical jobs as "
-                   "that job (objective.protected_tier); counting the protected ones needs per-host rows: left for a session")
 def test_a_tenant_over_its_ceiling_stops_the_job_its_guarantee_does_not_hold_on_fleet117():
     """fleet117 (the h5 hunt, 2026-12-03, a sweep of identical jobs on mixed hosts; on main too; 8 of 60 such fleets):
     t1 guarantees 2 GPUs (its ceiling too) and runs three identical 1-GPU A10G jobs, j0 alone on a spot g5.xlarge i0,
@@ -2366,16 +2364,20 @@ def test_a_tenant_over_its_ceiling_stops_the_job_its_guarantee_does_not_hold_on_
     class, the largest, then by name), so j2 is the one (greedy's plan, $6.16/h). CP-SAT's stops j0 and deletes i0
     ($5.67/h), claiming its "guarantees kept" tier at its bound where the plan keeps one protected job of two
     (plan/quality.guarantee_kept): the model counts j2 kept as j0 kept, as they are one class of identical jobs, and
-    fleet116's twin-host swap cannot apply (i0 and i1 differ). The plan ranks below greedy's by the README's order."""
+    fleet116's twin-host swap cannot apply (i0 and i1 differ). The plan ranked below greedy's by the README's order:
+    where the emitted plan keeps fewer guarantees than its tier claims (plan.quality.guarantees_kept_short), the claim
+    is the plan's, unproven, and greedy's plan, which ranks higher, is emitted (api.emitted)."""
+    from reconciler.plan import RANKS_HIGHER
     from reconciler.plan.quality import guarantee_kept
     from reconciler.problem import build_problem
 
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet117"), time_limit=5)
     actions = {j.job: j.action for j in plan.jobs}
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
-    claimed = next(t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept")
-    assert guarantee_kept(build_problem(desired, observed), placed) == claimed, actions
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)  # (greedy's claims none)
+    assert claimed in (None, guarantee_kept(build_problem(desired, observed), placed)), actions
     assert actions["j0"] != "evict" and actions["j1"] != "evict" and actions["j2"] == "evict", actions
+    assert plan.solver.note.endswith(RANKS_HIGHER) and not plan.solver.optimal, plan.solver
     check_fleet(fleet("fleet117"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 

@@ -11,6 +11,7 @@ from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.ledger import MILLI
 from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import Capacity, Problem
+from reconciler.problem.types import GUARANTEES_TIER
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and numpy (~0.2 s of CPU; pandas no more: reconciler/cpsat.py)
     from reconciler.solve import Solution
@@ -109,6 +110,17 @@ def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> 
                 size -= take
                 total += take
     return total
+
+
+def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
+    """What the emitted plan keeps of the guarantees (`guarantee_kept`), where that is less than its solver's tier of
+    that name claims, else None. The model counts a kept job of a class of identical jobs as the class's protected
+    one, so a plan can claim the tier at its bound while the job it stopped is the protected one (fleet117)."""
+    claimed = next((t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER), None)
+    if not isinstance(claimed, int):
+        return None
+    kept = guarantee_kept(problem, {j.job for j in plan.jobs if j.action in ("keep", "place", "move")})
+    return kept if kept < claimed else None
 
 
 def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:

@@ -29,6 +29,11 @@ def priority_band(priority: int) -> str:
     return f"class {names[k]}: {lo}-{values[k + 1] - 1}" if k + 1 < len(values) else f"class {names[k]}: {lo} and above"
 
 
+# The solver's first tier (objective.protected_tier), as the plan reports it and plan.quality checks it against the
+# emitted plan: each tenant's protected jobs (TenantRules.protected_jobs) kept.
+GUARANTEES_TIER = "guarantees kept"
+
+
 @dataclass(frozen=True)
 class Demand:
     """One class of identical work: a gang (one job, all replicas) or identical 1-replica jobs.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_units
 from reconciler.problem import Demand, pools_over_max, settled_jobs
+from reconciler.problem.types import GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
 from reconciler.solve.tenants import ceiling_rows
 from reconciler.solve.variables import Values, constant, is_zero, scale, wsum
@@ -98,8 +99,8 @@ def guarantees_tiers(model: Model) -> list[Tier]:
     (fleet37). The next tier counts every tenant's; only its spot work left out of the first, its low jobs outweighed
     its normal spot job that had to move onto their room (fleet39)."""
     shares = spot_shares_broken(model)
-    first = protected_tier(model, "guarantees kept", lambda r: r.protected_jobs, shares)
-    whole = protected_tier(model, "guarantees kept, with tenants over their spot share", lambda r: r.protected_jobs) if shares else None
+    first = protected_tier(model, GUARANTEES_TIER, lambda r: r.protected_jobs, shares)
+    whole = protected_tier(model, f"{GUARANTEES_TIER}, with tenants over their spot share", lambda r: r.protected_jobs) if shares else None
     second = None
     if any(r.moving_jobs for r in model.p.tenants.values()):
         second = protected_tier(model, "guaranteed running work kept", lambda r: r.protected_jobs + r.moving_jobs)
