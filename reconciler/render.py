@@ -120,8 +120,13 @@ def consolidation_line(plan: Plan) -> str | None:
     moves = f"Consolidation: {c.moved_replicas} replica(s) move and {len(c.instances_removed)} instance(s) go"
     if c.saving_per_hour is None:
         return f"{moves}, for a one-time {money(c.move_cost)} of restarts (the saving was not measured)"
+    # (a fraction of a cent either way is $0.00 saved, not "$0.00/h more")
+    gain = f"saving {money(c.saving_per_hour)}/h" if round(c.saving_per_hour, 2) >= 0 else f"at {money(-c.saving_per_hour)}/h more"
+    if c.room_jobs:  # (the plan it is measured against runs less: no payback on a like-for-like saving to name)
+        return (f"{moves}, and the room they free runs {c.room_jobs} job{'s' if c.room_jobs > 1 else ''} that the best plan "
+                f"found that moves them not leaves pending, {gain} against it (instances, egress and latency), for a "
+                f"one-time {money(c.move_cost)} of restarts")
     payback = f", paid back in {c.move_cost / c.saving_per_hour:.1f} h" if c.saving_per_hour > 0 else ""
-    gain = f"saving {money(c.saving_per_hour)}/h" if c.saving_per_hour >= 0 else f"at {money(-c.saving_per_hour)}/h more"
     return (f"{moves}, {gain} against the best plan found that moves them not (instances, egress and latency), for a "
             f"one-time {money(c.move_cost)} of restarts{payback}")
 

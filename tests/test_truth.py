@@ -555,3 +555,25 @@ def test_a_job_waiting_after_a_reclaim_says_its_tenant_would_borrow_from_guarant
     assert pending["c-00"] == ("pools at max_instances (onprem 2/2) (the instances that could hold it run other tenants' "
                                "work within their guarantees, which no other tenant's work displaces: a-00, a-01, a-02 "
                                "and 13 more)"), pending["c-00"]
+
+
+def test_a_tenants_last_quota_room_is_named_as_shared_by_the_jobs_that_wait_for_it(tmp_path):
+    """A 1000-job trace fleet: each of 37 pending 1-GPU jobs of team-0 read "not placed by this plan, although 1 new
+    a2-highgpu-1g ... would hold it under every pool, budget, quota and spot rule", while team-0 had room under its cap
+    for one of them: true of each job alone, false of the 37. Here: the plan as the fleet runs (a plan that placed none
+    of them, as a solver out of time leaves it), tenant t's cap leaves 1 GPU, 3 pending 1-GPU jobs."""
+    from reconciler.ledger import running_ledger
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from reconciler.problem.diagnosis import pending_reason
+    from tests.fleetkit import catalog_observed, job, tenant, topology, write_config
+
+    docs = [topology(), tenant("t", gpus=1), _gpu_pool(hi=4), *(job(f"j{i}", tenant="t", **A100) for i in range(3))]
+    desired = load(write_config(tmp_path / "c", docs))
+    problem = build_problem(desired, catalog_observed(desired))
+    ledger = running_ledger(problem)
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    for name in ("j0", "j1", "j2"):
+        reason = pending_reason(demand_of[name], problem, ledger, name)
+        assert "room for 1 more GPU under its quota (0/1 in this plan): for 1 of the 3 of its pending jobs" in reason, reason
+        assert "would hold it under every" not in reason, reason

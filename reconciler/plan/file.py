@@ -83,7 +83,7 @@ _SOLVER = {"status": _STR, "optimal": _BOOL, "gap": _NUM, "tiers": [_DICT], "sco
            "work": _NUM, "unpacked": _INT, "backfilled": _INT, "narrowed": _INT}
 _SOLVER_NEEDS = ("status", "optimal", "gap")
 _TIER = {"name": _STR, "value": _OPT_NUM, "bound": _OPT_NUM, "status": _STR, "proven": _BOOL}
-_CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_per_hour": _OPT_NUM, "move_cost": _NUM}
+_CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_per_hour": _OPT_NUM, "move_cost": _NUM, "room_jobs": _INT}
 _BALLAST = {"instances": [_STR], "idle": _NUM, "unit": _STR, "cost_per_hour": _NUM, "rule": _STR, "spot_share": _NUM,
             "spot_share_without": _NUM}
 _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
@@ -124,7 +124,7 @@ def _check_shape(raw: dict) -> None:
         _check_object(tier, _TIER, f"solver.tiers[{n}]", ("name",))
     for name, fields_ in (("consolidation", _CONSOLIDATION), ("ballast", _BALLAST)):
         if raw.get(name) is not None:
-            _check_object(raw[name], fields_, name, tuple(fields_))
+            _check_object(raw[name], fields_, name, tuple(f for f in fields_ if f != "room_jobs"))  # (room_jobs: since audit33)
     for name in ("notes", "violations"):
         _expect(raw.get(name, []), [_STR], name)
     if not isinstance(raw.get("rules", {}), dict):

@@ -195,6 +195,6 @@ def consolidation(problem: Problem, solution: Solution, kept: frozenset[str], jo
         # The plan's objective carries its moves' cost spread over payback_hours; the saving is before it.
         net = solution.stay_value - emitted_cost(solution, hosts, creates, kept)
         saving = round(net / MILLI + cost / pol.payback_hours, 4)
-    return Consolidation(replicas, removed, saving, round(cost, 2))
+    return Consolidation(replicas, removed, saving, round(cost, 2), solution.room_jobs)
 
 

@@ -106,6 +106,8 @@ class Consolidation:
     # solver found that moves only what must move; None where it did not search one (plan/quality.consolidation)
     saving_per_hour: float | None
     move_cost: float  # one-time USD, as the PlacementPolicy prices a move
+    # the jobs the room the moves free runs that the plan the saving is measured against leaves pending
+    room_jobs: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
         cost_value=None if any(s.cost_value is None for s in sols) else sum(s.cost_value for s in sols),
         cost_bound=None if any(s.cost_bound is None for s in sols) else sum(s.cost_bound for s in sols),
-        stay_value=_stay_value(sols), consolidated=any(s.consolidated for s in sols), slots={k: v for s in sols for k, v in s.slots.items()},
+        stay_value=_stay_value(sols), consolidated=any(s.consolidated for s in sols), room_jobs=sum(s.room_jobs for s in sols),
+        slots={k: v for s in sols for k, v in s.slots.items()},
         narrowed=sum(s.narrowed for s in sols),
     )
 

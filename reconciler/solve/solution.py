@@ -61,6 +61,8 @@ class Solution:
     # The cost stage moved running work for cost alone (strategy.consolidate adopted its answer): with stay_value, what
     # lets the plan call a move a consolidation; else a move names its rule, or says it cannot (plan/jobs.move_note).
     consolidated: bool = False
+    # The jobs a consolidation places in the room it frees that the answer stay_value prices leaves pending (strategy.consolidate)
+    room_jobs: int = 0
     # Offers modelled instance by instance (solve/slots.py): offer key -> its new instances, each as
     # (x's capacity key, group, items): a packing the model proved, which the packer follows.
     slots: dict[str, tuple[tuple[tuple[str, str, int], ...], ...]] = field(default_factory=dict)
