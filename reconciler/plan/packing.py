@@ -64,7 +64,7 @@ def resident_gpus(host: Capacity, problem: Problem, observed: Observed) -> dict[
         for (job, r), idx in out.items():
             b.reserve(problem.demand(next(dk for dk, j, _ in host.residents if j == job)), [idx])
         for d, job, r in sorted(missing, key=lambda m: (-m[0].gpus, m[1], m[2])):
-            single = Demand(**{**d.__dict__, "bundle": 1, "gpus": d.gpus // d.bundle}) if d.bundle > 1 else d
+            single = replace(d, bundle=1, gpus=d.gpus // d.bundle) if d.bundle > 1 else d  # (fields only: klass, size are cached in __dict__)
             idx = b.gpus_for(single) or [()]
             out[(job, r)] = idx[0]
     return out
