@@ -72,20 +72,24 @@ def backfill(problem: Problem, observed, solution: Solution, packing: Packing, c
     if not settled and _displace(problem, observed, slots, packing, spot_drops, targets, ledger, demand_of, placed, fits):
         placed += fill()  # (the work displaced, where other room holds it)
     if not settled:
-        placed += _grow(problem, observed, slots, packing, spot_drops, ledger, creates, pid, fits, by_offer, fill)
+        placed += _grow(problem, observed, slots, packing, spot_drops, ledger, creates, pid, fits, by_offer, fill, solution.keep)
     return placed
 
 
 def _grow(problem: Problem, observed, slots: dict[str, list[str | None]], packing: Packing, spot_drops: dict[str, str], ledger: Ledger,
-          creates: list, pid: str, fits: OfferFits, by_offer: dict[str, list[tuple[Bin, str]]], fill) -> list[str]:
+          creates: list, pid: str, fits: OfferFits, by_offer: dict[str, list[tuple[Bin, str]]], fill, kept) -> list[str]:
     """Pending work the plan's room does not hold, on one new instance each where that alone holds it under every
     rule: the cheapest way the pending reasons would name ("not placed by this plan, although 1 new ... holds it"),
     the one ledger asked (Ledger.options: pool size, cloud quota, budgets, spot share, buffer and diversity, the
     tenant's quota). The search of an unproven tier may stop short of it: trace33's cold plan of 1,000 trace-shaped
     jobs left team-0 at 203 of its 204 GPUs with 37 of its 1-GPU jobs pending so ("borrowed low work" FEASIBLE after
     4.3 s), and the plan after its apply bought one a2-highgpu-1g for one of them. Work is tried in the README's order;
-    each new instance takes the job it is bought for, then what else backfill (`fill`) puts in its room."""
-    offers = {c.key: c for c in problem.offers() if not c.members}
+    each new instance takes the job it is bought for, then what else backfill (`fill`) puts in its room. Never an
+    instance of an offer the plan deletes one of: that would be a move to an identical instance, which the stability
+    phase has already undone where it could (fleet29's answer, the idle repair left out, deleted i78 and bought its
+    twin for j0369)."""
+    deleted = {h.offer_key for h in problem.hosts() if h.key not in kept}
+    offers = {c.key: c for c in problem.offers() if not c.members and c.offer_key not in deleted}
     placed: list[str] = []
     tried: set[str] = set()  # demands no new instance took (the rules or the room refused)
     while True:
@@ -94,7 +98,7 @@ def _grow(problem: Problem, observed, slots: dict[str, list[str | None]], packin
             if d.key in tried or d.replicas != 1 or ledger.refuses_job(d):
                 continue
             free = [o for o in ledger.options(d, fits) if not o.refusals]
-            if free and free[0].offer and free[0].new == 1:  # (room that holds it, which backfill did not take: not bought for)
+            if free and free[0].offer in offers and free[0].new == 1:  # (room that holds it, which backfill did not take: not bought for)
                 grown = d, offers[free[0].offer]
                 break
         if grown is None:
