@@ -141,7 +141,7 @@ def test_backfill_keeps_quotas_placement_rules_and_budgets():
             job("c", tenant="u", spot="required", **A100), job("e", tenant="u", **{**A100, "cpu": 10}),
             doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"u": 3.0}})]
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
-    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of)
+    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of, "p")
     assert placed == ["a"]
     assert slots["a"] == ["i0"] and packing.where[("a", 0)] == "i0" and packing.gpu_of[("a", 0)] == ((1,),)
     assert "b" not in slots and "c" not in slots and "e" not in slots
@@ -151,11 +151,11 @@ def test_backfill_never_moves_running_work_nor_fills_a_host_the_plan_deletes():
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
             job("r", **A100), job("n", **A100)]
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
-    assert backfill(problem, observed, SimpleNamespace(keep=frozenset(), status="FEASIBLE", tiers=()), packing, [], {}, {}, hosts, demand_of) == []
+    assert backfill(problem, observed, SimpleNamespace(keep=frozenset(), status="FEASIBLE", tiers=()), packing, [], {}, {}, hosts, demand_of, "p") == []
     # r is running but the plan placed it nowhere (evicted): backfill does not place it again (that is a move).
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0})
     del slots["r"]
-    assert backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of) == ["n"]
+    assert backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of, "p") == ["n"]
 
 
 def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work_on_the_plan_as_packed():
@@ -166,7 +166,7 @@ def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work_on_the_
     docs = [topology(), tenant("t"), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
             job("r", **A100), job("lo", priority="low", **big), job("n", priority="normal", **big)]
     problem, observed, packing, slots, hosts, demand_of = _one_host(docs, {"r": 0}, ("lo",))
-    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of)
+    placed = backfill(problem, observed, SimpleNamespace(keep=frozenset({"i0"}), status="FEASIBLE", tiers=()), packing, [], slots, {}, hosts, demand_of, "p")
     assert placed == ["n"]
     assert slots["n"] == ["i0"] and slots["r"] == ["i0"] and not slots.get("lo")
     assert packing.gpu_of[("n", 0)] == ((1, 2, 3, 4, 5, 6, 7),)
@@ -193,3 +193,43 @@ def test_pending_work_takes_the_room_of_its_tenants_lower_class_new_work():
         tiers = {t["name"]: t for t in res.plan.solver.tiers}
         assert tiers["guaranteed normal work"]["value"] == 20_720, tiers["guaranteed normal work"]
         assert not (res.plan.solver.backfilled and res.plan.solver.optimal)  # (a plan backfill added to claims no optimum)
+
+
+def plan_of_an_answer_stopped_short(tmp_path, quota: int, hi: int):
+    """Tenant t (GPU quota `quota`) asks for three 1-GPU jobs; pool p buys a2-highgpu-1g (max `hi`). The answer a
+    search stopped short may give, its tiers unproven: a and b on one new instance each, c pending. Returns the
+    plan made of it, checked."""
+    from reconciler.plan import make_plan
+    from reconciler.solve import Solution
+
+    docs = [topology(), tenant("t", gpus=quota), pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=hi),
+            *(job(j, **A100) for j in "abc")]
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = catalog_observed(desired, [], {})
+    problem = build_problem(desired, observed)
+    offer = next(c.key for c in problem.capacities if c.instance_type == "a2-highgpu-1g")
+    (d,) = problem.demands  # (the three jobs are alike: one demand)
+    stopped = Solution(status="FEASIBLE", optimal=False, gap=0.5, seconds=0.1, keep=frozenset(), new={offer: 2}, stay={},
+                       x={(d.key, offer): 2}, placed={d.key: 2}, capacities={c.key: c for c in problem.capacities})
+    plan = make_plan(desired, observed, problem, stopped)
+    check_plan(desired, observed, plan)
+    _, errors = recheck(plan, desired, observed, problem)  # (apply's re-check of the plan)
+    assert not errors, errors
+    return plan
+
+
+def test_pending_work_one_new_instance_holds_under_every_rule_is_placed_on_it(tmp_path):
+    """trace33's cold plan of 1,000 trace-shaped jobs left team-0 at 203 of its 204 GPUs, 37 of its 1-GPU jobs
+    pending "not placed by this plan, although 1 new a2-highgpu-1g ... holds it" (the search of its last tier, borrowed
+    low work, stopped unproven); the plan after its apply bought that instance for one of them. Given such an answer,
+    the plan buys it now: c on a third new instance, nothing pending."""
+    plan = plan_of_an_answer_stopped_short(tmp_path, quota=3, hi=3)
+    assert [j.action for j in sorted(plan.jobs, key=lambda j: j.job)] == ["place"] * 3
+    assert len(plan.creates) == 3 and len({j.instances for j in plan.jobs}) == 3
+
+
+@pytest.mark.parametrize("quota, hi", [(2, 3), (3, 2)], ids=["tenant-quota", "pool-max"])
+def test_no_instance_is_bought_for_pending_work_a_rule_refuses(tmp_path, quota, hi):
+    """The same answer where t's quota (2 GPUs) or the pool's max_instances (2) refuses c: nothing more is bought."""
+    plan = plan_of_an_answer_stopped_short(tmp_path, quota=quota, hi=hi)
+    assert len(plan.creates) == 2 and {j.job for j in plan.jobs if j.action == "pending"} == {"c"}

@@ -237,11 +237,6 @@ def trace_fleet_with_quotas(jobs: int, seed: int = 1) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="trace33: the cold plan of 1,000 trace-shaped jobs leaves a tenant's burst room "
-                   "unused beside 1-GPU jobs of that tenant that a new instance would hold (pending: 'the solver did not "
-                   "find that placement'); the plan after its apply places one on one new instance: not converged in one apply (measured: 1,000 "
-                   "jobs, team-0 at 203 of its 204 GPUs, 37 of its jobs pending so; 2,000 jobs: 10 jobs on 6 new "
-                   "instances, then converged; 200 and 300 jobs converge)")
 def test_the_plan_after_applying_a_trace_shaped_fleet_with_quotas_changes_nothing(tmp_path):
     """plan -> apply -> plan is a no-op (`--detailed-exitcode` 0) on a trace-shaped fleet with quotas and spot."""
     cfg = write_config(tmp_path / "cfg", trace_fleet_with_quotas(1000))

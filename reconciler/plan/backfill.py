@@ -1,6 +1,8 @@
 """Phase 3a of a plan: backfill. Work still pending goes into room the packed plan leaves on the
 instances it keeps and creates anyway, where every rule allows it, as Slurm's and Kueue's backfill
-do: no instance is added, nothing placed or running moves.
+do: nothing placed or running moves. Where the solver's search stopped unproven, work that room does
+not hold gets one new instance where that alone holds it under every rule (`_grow`), as the plan
+after the apply would buy it.
 
 The solver counts capacity summed per offer, so the packer can leave jobs it placed unpacked; the
 room they were counted in then stands idle. On the trace-shaped fixed cluster (bench/trace.py,
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.ledger import Ledger, buffer_use, plan_ledger
 from reconciler.pack import Bin
+from reconciler.plan.instances import create_action
 from reconciler.plan.packing import Packing
 from reconciler.problem import Capacity, Demand, Host, OfferFits, Problem
 
@@ -31,7 +34,7 @@ if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and nu
 
 
 def backfill(problem: Problem, observed, solution: Solution, packing: Packing, creates: list, slots: dict[str, list[str | None]],
-             spot_drops: dict[str, str], hosts: dict[str, Capacity], demand_of: dict[str, Demand]) -> list[str]:
+             spot_drops: dict[str, str], hosts: dict[str, Capacity], demand_of: dict[str, Demand], pid: str) -> list[str]:
     """Place pending work into the named plan's free room (module docstring): the hosts it keeps and the instances
     it creates, the empty ones a rule bought too (a pool's minimum; the on-demand buffer's, which the ledger then
     guards). Each job placed joins `slots`, `where` and `gpu_of`, and leaves `packing.unpacked`; returns the jobs
@@ -40,7 +43,10 @@ def backfill(problem: Problem, observed, solution: Solution, packing: Packing, c
                if isinstance(b.cap, Host) and key in solution.keep and not b.cap.frozen and not b.cap.keep_blocker]
     targets += [(b, packing.named[b.ref]) for key, bins in sorted(packing.bins_of.items()) for b in bins
                 if not isinstance(b.cap, Host) and b.ref in packing.named]
-    if not targets:
+    # (Where every tier is proven and everything the solver placed packed, no displacement can rank higher: the model
+    # holds any plan the ledger allows. Asked on every plan, the index of a 5k-job cold plan's new work took 0.2 s.)
+    settled = solution.status != "GREEDY_FALLBACK" and solution.tiers and all(t.proven for t in solution.tiers) and not (packing.unpacked or spot_drops)
+    if not targets and settled:
         return []
     ledger = plan_ledger(problem, creates, solution.keep, _placements(problem, packing, slots, spot_drops))
     by_offer: dict[str, list[tuple[Bin, str]]] = {}
@@ -62,13 +68,63 @@ def backfill(problem: Problem, observed, solution: Solution, packing: Packing, c
                 placed.append(job)
         return placed
 
-    # (Where every tier is proven and everything the solver placed packed, no displacement can rank higher: the model
-    # holds any plan the ledger allows. Asked on every plan, the index of a 5k-job cold plan's new work took 0.2 s.)
-    settled = solution.status != "GREEDY_FALLBACK" and solution.tiers and all(t.proven for t in solution.tiers) and not (packing.unpacked or spot_drops)
     placed = fill()
     if not settled and _displace(problem, observed, slots, packing, spot_drops, targets, ledger, demand_of, placed, fits):
         placed += fill()  # (the work displaced, where other room holds it)
+    if not settled:
+        placed += _grow(problem, observed, slots, packing, spot_drops, ledger, creates, pid, fits, by_offer, fill, solution.keep)
     return placed
+
+
+def _grow(problem: Problem, observed, slots: dict[str, list[str | None]], packing: Packing, spot_drops: dict[str, str], ledger: Ledger,
+          creates: list, pid: str, fits: OfferFits, by_offer: dict[str, list[tuple[Bin, str]]], fill, kept) -> list[str]:
+    """Pending work the plan's room does not hold, on one new instance each where that alone holds it under every
+    rule: the cheapest way the pending reasons would name ("not placed by this plan, although 1 new ... holds it"),
+    the one ledger asked (Ledger.options: pool size, cloud quota, budgets, spot share, buffer and diversity, the
+    tenant's quota). The search of an unproven tier may stop short of it: trace33's cold plan of 1,000 trace-shaped
+    jobs left team-0 at 203 of its 204 GPUs with 37 of its 1-GPU jobs pending so ("borrowed low work" FEASIBLE after
+    4.3 s), and the plan after its apply bought one a2-highgpu-1g for one of them. Work is tried in the README's order;
+    each new instance takes the job it is bought for, then what else backfill (`fill`) puts in its room. Never an
+    instance of an offer the plan deletes one of: that would be a move to an identical instance, which the stability
+    phase has already undone where it could (fleet29's answer, the idle repair left out, deleted i78 and bought its
+    twin for j0369)."""
+    deleted = {h.offer_key for h in problem.hosts() if h.key not in kept}
+    offers = {c.key: c for c in problem.offers() if not c.members and c.offer_key not in deleted}
+    placed: list[str] = []
+    tried: set[str] = set()  # demands no new instance took (the rules or the room refused)
+    while True:
+        grown = None
+        for d in sorted(_candidates(problem, observed, slots, packing, spot_drops), key=_order):
+            if d.key in tried or d.replicas != 1 or ledger.refuses_job(d):
+                continue
+            free = [o for o in ledger.options(d, fits) if not o.refusals]
+            if free and free[0].offer in offers and free[0].new == 1:  # (room that holds it, which backfill did not take: not bought for)
+                grown = d, offers[free[0].offer]
+                break
+        if grown is None:
+            return placed
+        d, c = grown
+        n = len(creates) + 1
+        b = Bin.empty(c, f"{c.key}#g{n}")
+        creates.append(create_action(pid, n, b))
+        ref = packing.named[b.ref] = creates[-1].ref
+        ledger.add_instance(ref, c)
+        packing.bins_of.setdefault(c.key, []).append(b)
+        job = next(j for j in d.jobs if _waiting(j, observed, slots, packing, spot_drops))
+        if _place(d, job, [(b, ref)], ledger, problem) is None:  # (as the options count it, it holds: never bought empty)
+            ledger.remove_instance(ref)
+            creates.pop()
+            packing.bins_of[c.key].remove(b)
+            del packing.named[b.ref]
+            tried.add(d.key)
+            continue
+        _took(packing, slots, d, job, b, ref, ledger)
+        packing.pool_count[c.pool] = packing.pool_count.get(c.pool, 0) + 1
+        packing.fleet["all"] += packing.prim(c)
+        if c.market == "spot":
+            packing.fleet["spot"] += packing.prim(c)
+        by_offer.setdefault(c.offer_key, []).append((b, ref))
+        placed += [job, *fill()]  # (and what else its room holds)
 
 
 def _took(packing: Packing, slots: dict[str, list[str | None]], d: Demand, job: str, b: Bin, ref: str, ledger: Ledger) -> None:

@@ -64,7 +64,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     creates = name_instances(pid, problem, packing, caps)
 
     # 3a. Backfill: pending work into the room the packing left, on the instances the plan keeps and creates.
-    backfilled = backfill(problem, observed, solution, packing, creates, assigned.slots, spot_drops, hosts, demand_of)
+    backfilled = backfill(problem, observed, solution, packing, creates, assigned.slots, spot_drops, hosts, demand_of, pid)
 
     # 4. Per job: what happens to it. Pending reasons are read off the finished plan.
     jobs = job_changes(desired, observed, problem, solution, assigned.slots, packing, spot_drops, hosts)

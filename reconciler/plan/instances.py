@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reconciler.ledger import pool_min_ok, rules_broken_now, spot_share_ok
+from reconciler.pack import Bin
 from reconciler.plan.packing import Packing
 from reconciler.plan.types import CreateAction, DeleteAction
 from reconciler.problem import Capacity, Host, Problem
@@ -32,20 +33,24 @@ def name_instances(pid: str, problem: Problem, packing: Packing, caps: dict[str,
                 if b.cap.market == "spot":
                     packing.fleet["spot"] -= packing.prim(b.cap)
                 continue
-            n = len(creates) + 1
-            c = b.cap
-            creates.append(CreateAction(
-                ref=f"+{n}", key=f"{pid}-{n:04d}", site=Site.of(c), price=c.price,
-                max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
-                price_source=c.price_source,
-            ))
-            refs[b.ref] = packing.named[b.ref] = f"+{n}"
+            creates.append(create_action(pid, len(creates) + 1, b))
+            refs[b.ref] = packing.named[b.ref] = creates[-1].ref
     for bins in packing.bins_of.values():
         for b in bins:
             for _, job, r in b.items:
                 packing.where[(job, r)] = refs.get(b.ref, b.ref)
                 packing.gpu_of[(job, r)] = tuple(b.gpu_of.get((job, r), ((),)))
     return creates
+
+
+def create_action(pid: str, n: int, b: Bin) -> CreateAction:
+    """The plan's n-th create, for new bin b: keyed `<plan id>-<n>` so the same plan never creates it twice."""
+    c = b.cap
+    return CreateAction(
+        ref=f"+{n}", key=f"{pid}-{n:04d}", site=Site.of(c), price=c.price,
+        max_price=c.on_demand_price if c.market == "spot" else None, placement_group=b.group, reservation=c.reservation,
+        price_source=c.price_source,
+    )
 
 
 def delete_actions(problem: Problem, solution: Solution, jobs=()) -> list[DeleteAction]:
