@@ -91,7 +91,7 @@ def _grow(problem: Problem, observed, slots: dict[str, list[str | None]], packin
     deleted = {h.offer_key for h in problem.hosts() if h.key not in kept}
     offers = {c.key: c for c in problem.offers() if not c.members and c.offer_key not in deleted}
     placed: list[str] = []
-    tried: set[str] = set()  # demands no new instance took (the rules or the room refused)
+    tried: set[str] = set()  # demands no new instance took (the rules, the room or the options refused)
     while True:
         grown = None
         for d in sorted(_candidates(problem, observed, slots, packing, spot_drops), key=_order):
@@ -101,6 +101,10 @@ def _grow(problem: Problem, observed, slots: dict[str, list[str | None]], packin
             if free and free[0].offer in offers and free[0].new == 1:  # (room that holds it, which backfill did not take: not bought for)
                 grown = d, offers[free[0].offer]
                 break
+            # Not asked again after each instance bought: the ledger's options of every pending demand, per instance
+            # bought, were quadratic in a big fleet's pending work. (An on-demand instance bought later can widen the
+            # spot share a spot job was refused on: that job then waits for the next plan, as before this pass.)
+            tried.add(d.key)
         if grown is None:
             return placed
         d, c = grown
