@@ -50,11 +50,10 @@ def sleeper(marker: Path) -> list[str]:
     return [PY, "-c", "import sys, time; time.sleep(60)", str(marker)]
 
 
-def test_a_restarted_agent_that_cannot_read_a_replicas_record_does_not_start_a_second_copy(bus, tmp_path):
-    """An agent restarted on an instance whose record of a running replica cannot be read (a failing disk: here a
-    symlink loop where the file is, which stops root too) ignored the record and started the replica again: two copies
-    on the same GPUs. It starts nothing of that replica, says why in its heartbeat and the run record, and adopts the
-    running copy once the record can be read again."""
+def _restarted_with_an_unreadable_record(bus, tmp_path):
+    """A replica running under a first agent, then that agent gone (crashed: systemd restarts it) and its record of the
+    replica made unreadable (a symlink loop where the file is: ELOOP, as an I/O error would fail it, and it stops root
+    too), and a second agent made on the same workdir: (marker, the running copy's pid, record, its saved bytes, agent)."""
     marker = tmp_path / "train-marker"
     bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", sleeper(marker))]})
     first = agent(bus, tmp_path / "i-0")
@@ -64,8 +63,16 @@ def test_a_restarted_agent_that_cannot_read_a_replicas_record_does_not_start_a_s
     record = tmp_path / "i-0" / "replicas" / "train-0.json"
     saved = record.read_bytes()
     record.unlink()
-    record.symlink_to(record.name)  # reading it: ELOOP, as an I/O error would fail it
-    again = agent(bus, tmp_path / "i-0")  # the first agent crashed (systemd restarts it): its replica runs on
+    record.symlink_to(record.name)
+    return marker, pid, record, saved, agent(bus, tmp_path / "i-0")
+
+
+def test_a_restarted_agent_that_cannot_read_a_replicas_record_does_not_start_a_second_copy(bus, tmp_path):
+    """An agent restarted on an instance whose record of a running replica cannot be read (a failing disk: here a
+    symlink loop where the file is, which stops root too) ignored the record and started the replica again: two copies
+    on the same GPUs. It starts nothing of that replica, says why in its heartbeat and the run record, and adopts the
+    running copy once the record can be read again."""
+    marker, pid, record, saved, again = _restarted_with_an_unreadable_record(bus, tmp_path)
     for _ in range(3):
         again.tick()
     assert copies(marker) == {pid}  # before: a second copy beside it
@@ -226,17 +233,7 @@ def test_an_unreadable_record_of_a_replica_no_longer_assigned_is_kept_and_its_co
     """The replica whose record cannot be read is unassigned meanwhile: deleting the record as for any replica that
     leaves would orphan the copy that may run (nothing could find it again). It is kept, read again, and the copy it
     names adopted and stopped."""
-    marker = tmp_path / "train-marker"
-    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", sleeper(marker))]})
-    first = agent(bus, tmp_path / "i-0")
-    first.tick()
-    pid = first.replicas[("train", 0)].handle.pid
-    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
-    record = tmp_path / "i-0" / "replicas" / "train-0.json"
-    saved = record.read_bytes()
-    record.unlink()
-    record.symlink_to(record.name)
-    again = agent(bus, tmp_path / "i-0")
+    marker, pid, record, saved, again = _restarted_with_an_unreadable_record(bus, tmp_path)
     again.tick()
     bus.put_assignment("i-0", {"serial": 2, "replicas": []})
     again.tick()
