@@ -54,6 +54,13 @@ def _create(raw: dict, n: int, pool: str, zone: str, itype: str, cloud: str = "a
             "placement_group": None, **extra}
 
 
+def _delete_of(iid: str, inst: dict, price: float) -> dict:
+    """A saved plan's delete of live instance `iid` (as `_live` lists it), as a hand edit would add it."""
+    return {"instance_id": iid, "pool": inst["tags"]["fleetops.io/pool"], "provider": "sim", "cloud": inst["cloud"],
+            "region": inst["region"], "zone": inst["zone"], "instance_type": inst["instance_type"],
+            "market": inst["market"], "price": price, "reason": "no longer needed"}
+
+
 def _apply(cfg: Path, plan: Path):
     return runner.invoke(app, ["apply", str(cfg), "--plan", str(plan)])
 
@@ -81,10 +88,7 @@ def test_delete_of_an_instance_running_a_job_is_refused(applied):
     inst = _live(cfg)[host]
 
     def add_delete(raw):
-        raw["deletes"].append({"instance_id": host, "pool": inst["tags"]["fleetops.io/pool"], "provider": "sim",
-                               "cloud": inst["cloud"], "region": inst["region"], "zone": inst["zone"],
-                               "instance_type": inst["instance_type"], "market": inst["market"], "price": 0.0,
-                               "reason": "no longer needed"})
+        raw["deletes"].append(_delete_of(host, inst, 0.0))
 
     _edit(out, add_delete)
     _refused(_apply(cfg, out), f"delete {host}: job finetune-a runs on it and the plan keeps it there")
@@ -159,10 +163,7 @@ def test_delete_of_a_copy_of_the_fleets_instance_is_refused(applied, tmp_path):
     assert copy not in {d["instance_id"] for d in json.loads(out.read_text())["deletes"]}
 
     def add_delete(raw):
-        raw["deletes"].append({"instance_id": copy, "pool": original["tags"]["fleetops.io/pool"], "provider": "sim",
-                               "cloud": original["cloud"], "region": original["region"], "zone": original["zone"],
-                               "instance_type": original["instance_type"], "market": original["market"], "price": 0.768,
-                               "reason": "no longer needed"})
+        raw["deletes"].append(_delete_of(copy, original, 0.768))
 
     _edit(out, add_delete)
     _refused(_apply(cfg, out), f"delete {copy}: not an instance of fleet 'quickstart'")
