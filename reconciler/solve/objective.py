@@ -219,12 +219,7 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
             continue
         for dk in {dk for dk, _, _ in h.residents if dk in holds}:
             lost.append((-model.demands[dk].size, model.stay.get((dk, h.key), 0)))
-        here = []
-        for gk in groups:
-            v = model.x.get((gk, h.key), 0)
-            if is_zero(v):
-                continue
-            here.append(_stand_in_share(model, t, gk, h.key, v, own[gk], lower, share))
+        here = _stand_in_shares(model, t, groups, h.key, own, lower, share)
         if not here:
             continue
         s = m.new_int_var(0, total, f"stand-in room[{t},{h.key}]")
@@ -261,6 +256,17 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
     room = wsum([(1, v) for v in parts] + full)
     memo[t] = room
     return room
+
+
+def _stand_in_shares(model: Model, t: str, groups, ck: str, own: dict[str, list[Demand]], lower: list[Demand],
+                     share: dict[str, list]) -> list:
+    """`_stand_in_share` of each of t's higher groups that capacity ck can hold (its x variable not fixed at 0)."""
+    out = []
+    for gk in groups:
+        v = model.x.get((gk, ck), 0)
+        if not is_zero(v):
+            out.append(_stand_in_share(model, t, gk, ck, v, own[gk], lower, share))
+    return out
 
 
 def _stand_in_share(model: Model, t: str, gk: str, ck: str, v, own: list[Demand], lower: list[Demand], share: dict[str, list]):
@@ -305,11 +311,7 @@ def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: li
             # whose high work tier then ended FEASIBLE at 72,800 of its 73,500, where it is proven without them)
             if c.pool != pool or (c.key if c.key in model.classes else c.offer_key) in like[pool]:
                 continue
-            for gk in groups:
-                v = model.x.get((gk, c.key), 0)
-                if is_zero(v):
-                    continue
-                here.append(_stand_in_share(model, t, gk, c.key, v, own[gk], lower, share))
+            here += _stand_in_shares(model, t, groups, c.key, own, lower, share)
         if not here:
             continue
         at_max = m.new_bool_var(f"bought again[{t},{pool}]")
