@@ -197,6 +197,71 @@ def test_a_stopped_replica_whose_child_ignores_the_signal_has_it_killed(bus, tmp
     poll_until(lambda: not copies(marker), "its child killed", 10)  # before: running on
 
 
+def escaper(marker: Path, then: str, ignores_term: bool = False) -> list[str]:
+    """A replica that starts a child which leaves its process group (os.setsid(): a daemonising launcher, a data
+    server) and runs on, optionally ignoring SIGTERM, then `then` (Python)."""
+    ready = f"{marker}.ready"
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignores_term else ""
+    child = f"import os, pathlib, signal, time; os.setsid(); {ignore}pathlib.Path({ready!r}).touch(); time.sleep(120)"
+    return [PY, "-c", f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}, {str(marker)!r}])\n"
+            f"while not os.path.exists({ready!r}): time.sleep(0.02)\n" + then, str(marker)]
+
+
+def test_a_stopped_replica_whose_child_left_its_process_group_has_it_killed(bus, tmp_path):
+    """A replica's child that calls setsid() is out of the process group the agent signals and kills: it survived the
+    replica's stop, holding the GPUs and ports the plan had given to the next job. The agent marks each replica's
+    environment (FLEETOPS_REPLICA_ID) and, at its end, ends every process of this user that carries the mark."""
+    marker = tmp_path / "svc-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("svc", escaper(marker, "time.sleep(120)"), mode="service")]})
+    a = agent(bus, tmp_path / "i-0")
+    poll_until(lambda: a.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Running" and Path(f"{marker}.ready").exists(),
+               "the replica and its child running", 30)
+    assert len(copies(marker)) == 2  # the replica's group and the child's own session
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    poll_until(lambda: a.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Stopped" and r, "the replica stopped", 30)
+    poll_until(lambda: not copies(marker), "its escaped child killed", 3)  # before: running on, two minutes
+
+
+def test_an_adopted_replica_whose_child_left_its_process_group_has_it_killed_at_its_stop(bus, tmp_path):
+    """An agent restarted (a crash) adopts a replica by its local record, which keeps the replica's mark: its stop ends
+    the child that left its process group too."""
+    marker = tmp_path / "svc-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("svc", escaper(marker, "time.sleep(120)"), mode="service")]})
+    first = agent(bus, tmp_path / "i-0")
+    poll_until(lambda: first.tick() or Path(f"{marker}.ready").exists(), "the replica and its child running", 30)
+    again = agent(bus, tmp_path / "i-0")  # (the first gone without a stop, as in a crash)
+    again.tick()
+    assert again.replicas[("svc", 0)].reason == "Adopted"
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    poll_until(lambda: again.tick() or (r := bus.run("svc", 0)) and r["phase"] == "Stopped" and r, "the replica stopped", 30)
+    poll_until(lambda: not copies(marker), "its escaped child killed", 3)
+
+
+def test_a_replica_that_ended_while_no_agent_watched_has_its_escaped_child_killed_by_the_next_agent(bus, tmp_path):
+    """The replica crashed while its agent was down, leaving a child that left its process group: the agent restarted
+    there learns of the end from the replica's exit file and ends the child before it starts the replica again."""
+    marker = tmp_path / "crash-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crash", escaper(marker, "sys.exit(3)"),
+                                                                restart={"policy": "Never", "backoff_limit": 0})]})
+    agent(bus, tmp_path / "i-0").tick()  # (then gone, as in a crash)
+    poll_until(lambda: (tmp_path / "i-0" / "replicas" / "crash-0.exit").exists(), "the replica ended, unwatched", 30)
+    assert len(copies(marker)) == 1  # its child, in a session of its own
+    again = agent(bus, tmp_path / "i-0")
+    again.tick()
+    assert not copies(marker) and bus.run("crash", 0)["exit_code"] == 3  # before: the child ran on, two minutes
+
+
+def test_a_replica_that_exits_leaving_an_escaped_child_that_ignores_sigterm_has_it_killed(bus, tmp_path):
+    """The replica crashes and its child, in a session of its own, ignores SIGTERM: it is killed after a short grace."""
+    marker = tmp_path / "crash-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crash", escaper(marker, "sys.exit(3)", ignores_term=True),
+                                                                restart={"policy": "Never", "backoff_limit": 0})]})
+    a = agent(bus, tmp_path / "i-0")
+    rec = poll_until(lambda: a.tick() or (r := bus.run("crash", 0)) and r["terminal"] and r, "the replica failed", 30)
+    assert (rec["phase"], rec["exit_code"]) == ("Failed", 3), rec
+    poll_until(lambda: not copies(marker), "its escaped child killed", 3)  # before: running on, two minutes
+
+
 def test_a_huge_log_is_never_read_whole_when_docker_refuses_a_restart(bus, tmp_path):
     """A replica's log holds every attempt on the instance (weeks of a chatty training run: GBs). When docker refused
     to start an attempt (exit 126/127), the agent read the whole log into memory to find docker's line: one such log

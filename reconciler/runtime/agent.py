@@ -27,6 +27,7 @@ import os
 import signal as signals
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
+from reconciler.runtime.runtimes import REPLICA_ID, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -425,7 +426,7 @@ class Agent:
                           backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
-            rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""))
+            rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""), rep.env.get(REPLICA_ID))
             stopping = rec.get("stopping")
             stop = None  # (none under way, or a record an older agent wrote)
             if stopping is not None:
@@ -438,6 +439,8 @@ class Agent:
                 self.replicas[key] = rep
                 self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
                 continue
+            # (ended while no agent watched: what it left running, a child that left its process group, holds its GPUs)
+            self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))
             try:
                 prev = self.bus.run(*key)
             except ReconcileError:
@@ -934,7 +937,7 @@ class Agent:
                "RANK": str(r), "WORLD_SIZE": str(e.get("world_size", 1)), "LOCAL_RANK": str(e.get("local_rank", 0)),
                "MASTER_ADDR": master, "MASTER_PORT": str(e.get("master_port", 29500)),
                "FLEETOPS_JOB": job, "FLEETOPS_REPLICA": str(r), "FLEETOPS_ATTEMPT": str(rep.attempt),
-               "FLEETOPS_INSTANCE": self.instance}
+               "FLEETOPS_INSTANCE": self.instance, REPLICA_ID: f"{self.instance}/{job}/{r}/{rep.attempt}/{uuid.uuid4().hex}"}
         if ck:
             env["FLEETOPS_CHECKPOINT_DIR"] = str(ck_host) if self.runtime.name == "process" else ck["dir"]
         if gpus and e.get("mig_profile"):

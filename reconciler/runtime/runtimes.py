@@ -137,6 +137,7 @@ class Detached:
     started: str
     exit_path: Path
     name: str = ""  # the container, for the docker runtime
+    replica_id: str | None = None  # the mark in its environment (REPLICA_ID): what left its process group is found by it
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -171,10 +172,80 @@ def end_group(pid: int, started: str | None = None) -> None:
         pass
 
 
-def adopt(pid: int, started: str, exit_path: Path, name: str = "") -> Detached | None:
+# A process replica's mark, unique to its attempt, in its environment: every process it starts inherits it, also one that
+# leaves its process group (setsid, setpgid: a daemonising launcher, a data server), which the group's kill misses (the
+# way Jenkins' ProcessTreeKiller finds a build's strays). Only a process that clears its environment on exec loses it.
+REPLICA_ID = "FLEETOPS_REPLICA_ID"
+STRAY_GRACE_S = 2.0  # a stray of an ended replica: SIGTERM, then this long (the agent's loop waits) before SIGKILL
+
+
+def _proc_pids() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:  # no /proc (not Linux): nothing to find
+        return []
+
+
+def marked(replica_id: str) -> dict[int, str]:
+    """The processes whose environment carries `REPLICA_ID=replica_id` exactly, as pid -> start time. One whose
+    environment cannot be read (another user's, gone meanwhile) is skipped."""
+    want = f"{REPLICA_ID}={replica_id}".encode()
+    out = {}
+    for pid in _proc_pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if want in env.split(b"\0"):
+            out[pid] = start_time(pid)
+    return out
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The live descendants of `pid` (by their parent pids, now), as pid -> start time: what a replica started, also
+    what left its process group, while the replica's own processes still run (an orphan's parent is init)."""
+    children: dict[int, list[int]] = {}
+    for p in _proc_pids():
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(p)
+    out, todo = {}, list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out[p] = start_time(p)
+            todo += children.get(p, [])
+    return out
+
+
+def end_strays(replica_id: str | None, known: dict[int, str] | None = None, grace: float = STRAY_GRACE_S) -> None:
+    """End what an ended replica left running outside its process group: the processes carrying its mark (`replica_id`)
+    and `known` (its descendants, taken before its kill), each named by pid and start time (a pid reused since is left
+    alone): SIGTERM, up to `grace` s, then SIGKILL. Never this agent itself."""
+    found = {**(known or {}), **(marked(replica_id) if replica_id else {})}
+    live = {p: s for p, s in found.items() if p != os.getpid() and s and running(p, s)}
+    for sig in (signals.SIGTERM, signals.SIGKILL):
+        for p, s in live.items():
+            if running(p, s):
+                try:
+                    os.kill(p, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        limit = time.monotonic() + (grace if sig == signals.SIGTERM else 1.0)
+        while (live := {p: s for p, s in live.items() if running(p, s)}) and time.monotonic() < limit:
+            time.sleep(0.02)
+        if not live:
+            return
+
+
+def adopt(pid: int, started: str, exit_path: Path, name: str = "", replica_id: str | None = None) -> Detached | None:
     """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
     another start time); None when it has ended (its exit file then says how)."""
-    return Detached(pid, started, exit_path, name) if started and running(pid, started) else None
+    return Detached(pid, started, exit_path, name, replica_id) if started and running(pid, started) else None
 
 
 class Handle(Protocol):
@@ -193,6 +264,10 @@ class Runtime(Protocol):
     def signal(self, handle: Handle, sig: int) -> None: ...
 
     def kill(self, handle: Handle) -> None: ...
+
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
+        """Kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running."""
+        ...
 
 
 def _prepare(launch: Launch) -> None:
@@ -213,12 +288,19 @@ def replica_env(env: dict[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not credential_name(k)}, **env}
 
 
+class ReplicaProcess(subprocess.Popen):
+    """A replica's shim this agent started, with its mark (REPLICA_ID, from its launch's environment)."""
+
+    replica_id: str | None = None
+
+
 class ProcessRuntime:
-    """The command as a local process in its own session (so signals reach its whole tree)."""
+    """The command as a local process in its own session (so signals reach its whole tree), and, at its end, what it
+    left running: in its process group (end_group), or outside it, by its mark or as its descendant (end_strays)."""
 
     name = "process"
 
-    def start(self, launch: Launch) -> subprocess.Popen:
+    def start(self, launch: Launch) -> ReplicaProcess:
         _checked(launch)
         exe = launch.command[0]
         if os.sep in exe:  # a path: as the child resolves it, from its working directory (the sim's: the config dir)
@@ -232,17 +314,21 @@ class ProcessRuntime:
         try:
             _prepare(launch)
             with _log(launch.log_path) as log:
-                return subprocess.Popen(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
+                proc = ReplicaProcess(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
         except OSError as e:  # not executable, a bad interpreter line, a directory it cannot write
             raise StartError(f"cannot start {exe!r}: {e.strerror}{f' ({e.filename})' if e.filename else ''}") from None
+        proc.replica_id = launch.env.get(REPLICA_ID)
+        return proc
 
-    def poll(self, handle: subprocess.Popen | Detached) -> int | None:
-        """The exit code once the replica's shim has ended, with what it left in its process group killed (end_group)."""
+    def poll(self, handle: ReplicaProcess | Detached) -> int | None:
+        """The exit code once the replica's shim has ended, with what it left running killed: in its process group
+        (end_group), and outside it, by its mark (end_strays)."""
         if isinstance(handle, Detached):
             code = handle.poll()
             if code is not None:
                 end_group(handle.pid, handle.started)
+                end_strays(handle.replica_id)
             return code
         if handle.returncode is None:
             try:  # (ended, not reaped yet: its pid is not reused while the group is ended)
@@ -251,9 +337,10 @@ class ProcessRuntime:
                 ended = False
             if ended:
                 end_group(handle.pid)
+                end_strays(handle.replica_id)
         return handle.poll()
 
-    def signal(self, handle: subprocess.Popen | Detached, sig: int) -> None:
+    def signal(self, handle: ReplicaProcess | Detached, sig: int) -> None:
         if isinstance(handle, Detached):
             handle.signal(sig)
         elif self.poll(handle) is None:  # (an end seen here ends its group too)
@@ -262,15 +349,26 @@ class ProcessRuntime:
             except (ProcessLookupError, PermissionError):  # gone, or a zombie group's pid reused: nothing of ours to signal
                 pass
 
-    def kill(self, handle: subprocess.Popen | Detached) -> None:
+    def kill(self, handle: ReplicaProcess | Detached) -> None:
+        """SIGKILL to the replica's process group, then to what it started outside it: its descendants as they were
+        before the kill (a stray that cleared its environment, still under the replica's tree) and its mark's."""
+        tree = descendants(handle.pid) if self.poll(handle) is None else {}
         self.signal(handle, signals.SIGKILL)
         if isinstance(handle, Detached):
             handle.wait(10)
-            return
-        try:
-            handle.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
-            pass
+        else:
+            try:
+                handle.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+                pass
+        end_strays(handle.replica_id, tree)
+
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
+        """What a replica that ended while no agent watched it left in its process group and outside it, as at an end
+        this agent saw (poll). Only a recorded shim (a pid and its start time): killpg(0) is this agent's own group."""
+        if pid > 0 and started:
+            end_group(pid, started)
+            end_strays(replica_id)
 
 
 MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*(MIG-[^)\s]+)\)")
@@ -404,6 +502,9 @@ class DockerRuntime:
     def signal(self, handle: DockerHandle | Detached, sig: int) -> None:
         if self.poll(handle) is None:
             self._kill("--signal", signals.Signals(sig).name, handle.name)
+
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
+        """Nothing: the container (`--rm`) ended with what ran in it."""
 
     def kill(self, handle: DockerHandle | Detached) -> None:
         if self.poll(handle) is None:
