@@ -262,6 +262,42 @@ def test_a_replica_that_exits_leaving_an_escaped_child_that_ignores_sigterm_has_
     poll_until(lambda: not copies(marker), "its escaped child killed", 3)  # before: running on, two minutes
 
 
+@pytest.mark.parametrize("content", [b"[" * 4000, b'{"code": -99999}', b'{"code": "3"}', b'{"code": true}',
+                                     b'{"code": 1, "error": 7}', b"\xff\xfe", "huge"])
+def test_a_malformed_exit_file_of_a_replica_that_ended_unwatched_is_reported_not_a_traceback(bus, tmp_path, content):
+    """The shim's exit file says how a replica that ended while no agent watched it ended; a job (or a failing disk) can
+    leave anything there. A deep nest of brackets (RecursionError) or a code no signal has (Signals(99999)) killed the
+    restarted agent with a traceback, and a huge file was read whole. The end is reported Failed, its exit code unknown,
+    naming the file."""
+    import tracemalloc
+
+    from providers.pids import running, start_time
+
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("crash", [PY, "-c", "import sys; sys.exit(3)"],
+                                                                restart={"policy": "Never", "backoff_limit": 0})]})
+    first = agent(bus, tmp_path / "i-0")
+    first.tick()  # (then gone, as in a crash)
+    pid = first.replicas[("crash", 0)].handle.pid
+    started = start_time(pid)
+    exit_file = tmp_path / "i-0" / "replicas" / "crash-0.exit"
+    poll_until(lambda: exit_file.exists() and not running(pid, started), "the replica ended, unwatched", 30)
+    if content == "huge":
+        with open(exit_file, "wb") as f:
+            f.truncate(300 * 2**20)  # (sparse: no disk used)
+    else:
+        exit_file.write_bytes(content)
+    tracemalloc.start()
+    try:
+        agent(bus, tmp_path / "i-0").tick()  # before: RecursionError, ValueError (no signal 99999)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    rec = bus.run("crash", 0)
+    assert (rec["phase"], rec["reason"], rec["exit_code"]) == ("Failed", "Error", None), rec
+    assert "exit code unknown" in rec["message"] and str(exit_file) in rec["message"], rec["message"]
+    assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated"  # before: 300 MiB read for the huge one
+
+
 def test_a_huge_log_is_never_read_whole_when_docker_refuses_a_restart(bus, tmp_path):
     """A replica's log holds every attempt on the instance (weeks of a chatty training run: GBs). When docker refused
     to start an attempt (exit 126/127), the agent read the whole log into memory to find docker's line: one such log

@@ -40,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import REPLICA_ID, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
+from reconciler.runtime.runtimes import REPLICA_ID, Detached, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -51,6 +51,14 @@ UPLOAD_MIN_S = 10.0  # a checkpoint's upload may go on this long past its replic
 
 def iso(ts: float | None = None) -> str:
     return datetime.fromtimestamp(ts if ts is not None else now_unix(), timezone.utc).isoformat(timespec="seconds")
+
+
+def signal_name(number: int) -> str:
+    """SIGTERM for 15; a real-time signal, which has no name in the enum, as `signal 40`."""
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def replica_log(workdir: Path, job: str, replica: int) -> Path:
@@ -517,9 +525,19 @@ class Agent:
         if self.pids_due:
             self._write_pids()
 
-    def _ended(self, rep: Replica, ended: dict | None) -> None:
-        """A replica's process ended: how (its shim's exit file) decides what follows."""
-        code = ended["code"] if ended else -signals.SIGKILL
+    def _ended(self, rep: Replica, ended: dict | None, seen: int | None = None) -> None:
+        """A replica's process ended: how (its shim's exit file, `ended`) decides what follows. `seen`: the exit status of
+        a shim this agent started (it exits as its command did), for a file missing or not the shim's; without it, no file
+        says the replica was killed with its shim, and a malformed one leaves its exit code unknown (None)."""
+        malformed = ended.get("malformed") if ended else None
+        if malformed:
+            self._log(f"{rep.key[0]}/{rep.key[1]}: {malformed}")
+        if ended and not malformed:
+            code = ended["code"]
+        elif seen is not None or malformed:
+            code = seen
+        else:
+            code = -signals.SIGKILL  # (no file: it died with its shim, killed)
         if ended and ended.get("error"):
             rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
             rep.phase, rep.reason, rep.message, rep.terminal = "Failed", "StartError", ended["error"], True
@@ -532,9 +550,9 @@ class Agent:
             self._write_pids()
             self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {refused}")
             return
-        self._exited(rep, code)
+        self._exited(rep, code, malformed)
 
-    def _docker_refused(self, rep: Replica, code: int) -> str | None:
+    def _docker_refused(self, rep: Replica, code: int | None) -> str | None:
         """Docker's own refusal to start the container's command (exit 126: cannot be run, 127: not found in the
         image), from the line the docker client printed last; None for any other end, an exit 127 of the command
         itself included. It was an ordinary failure, restarted backoff_limit times before the job failed."""
@@ -701,7 +719,8 @@ class Agent:
                     if limit and now - rep.started_mono >= limit * 3600:
                         self._begin_stop(rep, "Failed", "DeadlineExceeded", f"ran past time_limit_hours={limit}", terminal=True)
                     continue
-                self._ended(rep, exit_record(self._exit_path(rep.key)) or {"code": code})
+                seen = None if isinstance(rep.handle, Detached) else code  # (its own child's status: the command's)
+                self._ended(rep, exit_record(self._exit_path(rep.key)), seen)
                 continue
             if not rep.terminal and rep.phase != "Stopped" and now >= rep.next_start and not self.notice_seen:
                 ready.append(rep)
@@ -1068,12 +1087,14 @@ class Agent:
             self._write_marker(job, got.generations)
         return None
 
-    def _exited(self, rep: Replica, code: int) -> None:
+    def _exited(self, rep: Replica, code: int | None, malformed: str | None = None) -> None:
+        """The replica's command ended with `code` (None: unknown, its exit file `malformed`, which the message says)."""
         e = rep.entry
         rep.handle, rep.exit_code, rep.finished_at = None, code, iso()
         self._write_pids()
         job, r = rep.key
-        how = f"exit code {code}" if code >= 0 else f"killed by {signals.Signals(-code).name}"
+        how = "exit code unknown" if code is None else f"exit code {code}" if code >= 0 else f"killed by {signal_name(-code)}"
+        how += f" ({malformed})" if malformed else ""
         policy = e.get("restart", {}).get("policy", "OnFailure")
         limit = e.get("restart", {}).get("backoff_limit", 3)
         why = self._gang_stopping(rep) if code == 0 else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from providers.files import read_regular
 from providers.pids import running, start_time
 from providers.redact import credential_name
 
@@ -116,16 +117,43 @@ def shimmed(launch: Launch, command: list[str]) -> list[str]:
     return [sys.executable, "-S", "-c", SHIM, str(launch.exit_path), *command]
 
 
+EXIT_RECORD_LIMIT = 4096  # the shim writes {"code": n} and at most a strerror: more is not its file
+
+
+def exit_code_problem(code: object) -> str | None:
+    """Why `code` is not an exit code as the shim reports one (0..255, or minus a signal's number), or None."""
+    if not isinstance(code, int) or isinstance(code, bool):
+        return f"its code is {type(code).__name__}, not a number"
+    if not (0 <= code <= 255 or 0 < -code < signals.NSIG):
+        return f"its code {code} is no exit status (0..255) nor a signal (-1..-{signals.NSIG - 1})"
+    return None
+
+
 def exit_record(path: Path | None) -> dict | None:
     """What the shim wrote when the command ended: {"code": n} (negative: killed by that signal),
-    with "error" when the command could not be started at all. None: not ended, or killed with its shim."""
+    with "error" when the command could not be started at all. None: not ended, or killed with its shim. A file that is
+    not the shim's (a job, or a failing disk, can leave anything there; read to EXIT_RECORD_LIMIT bytes only):
+    {"code": None, "malformed": why}, the how of its end unknown."""
     if path is None:
         return None
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = read_regular(path, EXIT_RECORD_LIMIT)
+    except FileNotFoundError:
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("code"), int) else None
+    except OSError as e:
+        return {"code": None, "malformed": f"its exit file {path} cannot be read: {e.strerror}"}
+    doc, problem = None, f"it is larger than the shim writes (over {EXIT_RECORD_LIMIT} bytes)"
+    if len(raw) <= EXIT_RECORD_LIMIT:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError; a deep nest of brackets recurses)
+            problem = "it is not JSON"
+        else:
+            problem = "it is not a mapping" if not isinstance(doc, dict) else exit_code_problem(doc.get("code")) \
+                or ("its error is not text" if not isinstance(doc.get("error", ""), str) else None)
+    if problem is not None:
+        return {"code": None, "malformed": f"its exit file {path} is not the shim's: {problem}"}
+    return doc
 
 
 @dataclass
@@ -143,7 +171,7 @@ class Detached:
         if running(self.pid, self.started):
             return None
         rec = exit_record(self.exit_path)
-        return rec["code"] if rec else -signals.SIGKILL  # it died with its shim: killed
+        return rec["code"] if rec and rec["code"] is not None else -signals.SIGKILL  # it died with its shim: killed
 
     def signal(self, sig: int) -> None:
         if running(self.pid, self.started):
