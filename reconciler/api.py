@@ -474,7 +474,7 @@ def _live_phases(config_dir: Path, out: dict, state: str | None) -> None:
         return  # the files still say what the last apply saw
     if view is None:
         return
-    out["agents"] = {i: {"reason": reason, "message": message} for i, (reason, message) in view.agent_faults.items()}
+    out["agents"] = view.agents_status()
     now = utcnow().isoformat()
     for name, run in view.jobs.items():
         st = (out["jobs"].get(name) or {}).get("status")

@@ -87,7 +87,9 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
     _write_pool_statuses(files, root, now, desired, plan, report, instances, pricing)
     finished = dict(runtime.finished) if runtime is not None else {}
     phases = {n: r.phase for n, r in runtime.jobs.items()} if runtime is not None else {}
-    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished, phases)
+    agents = runtime.agents_status() if runtime is not None else {}
+    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished, phases,
+                        agents)
     return root
 
 
@@ -225,8 +227,9 @@ def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: Desi
 
 def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
                         instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str,
-                        finished: dict[str, str], phases: dict[str, str]) -> None:
-    """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts and the last plan that changed it."""
+                        finished: dict[str, str], phases: dict[str, str], agents: dict[str, dict[str, str]]) -> None:
+    """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts, the last plan that changed it,
+    and what is wrong with the agents that beat (`agents`, as `reconcile status` shows them: RuntimeView.agents_status)."""
     fleet_cost = sum(pricing.hourly(i.id) for i in instances)
     path = root / "fleet.yaml"
     # The last plan that changed something; a run that changes nothing leaves status untouched.
@@ -247,6 +250,7 @@ def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: Desir
             "jobs": job_counts({n: count_phase(bool(report.placements.get(n)), finished.get(n), j.spec.run is None,
                                                phases.get(n)) for n, j in desired.jobs.items()}),
             "lastChangedBy": last, "failures": report.failures,
+            **({"agents": agents} if agents else {}),
             "conditions": _conditions(files, path, [Condition("Converged", report.ok, "Applied" if report.ok else "PartialFailure", "; ".join(report.failures) or "plan applied")], now),
         },
     })
@@ -293,6 +297,10 @@ def _status_problem(kind: str, doc) -> str | None:
         return "status.jobs.running/pending are missing"
     if kind == "fleet" and not all(isinstance(t, dict) and isinstance(t.get("hourlyCost"), (int, float)) for t in body["tenants"].values()):
         return "status.tenants.*.hourlyCost is missing"
+    agents = body.get("agents", {}) if kind == "fleet" else {}
+    if not (isinstance(agents, dict) and all(isinstance(i, str) and isinstance(a, dict) and isinstance(a.get("reason"), str)
+                                             and isinstance(a.get("message"), str) for i, a in agents.items())):
+        return "status.agents is not a mapping of instances to a reason and a message"
     if kind == "jobs" and not (body["conditions"] and all(isinstance(c, dict) and {"reason", "message"} <= set(c) for c in body["conditions"])):
         return "status.conditions has no condition with a reason and a message"
     return None
@@ -326,6 +334,7 @@ def read_status(config_dir: Path) -> dict:
                                      "`reconcile apply`: delete the file (or restore it from git) and run apply again to rewrite it.")
             if kind == "fleet":
                 out["fleet"] = doc
+                out["agents"] = doc["status"].get("agents", {})  # (as of the last apply; live status reads them anew)
             else:
                 out[kind][name] = doc
     return out

@@ -596,6 +596,33 @@ def test_status_shows_an_agent_that_cannot_write_its_own_files_beside_the_job_it
     assert "WorkdirFailed" not in runner.invoke(app, ["status", str(cfg)]).output
 
 
+def test_the_status_files_an_apply_writes_name_an_agent_that_cannot_write_its_own_files(tmp_path):
+    """`reconcile status` showed an agent's WorkdirFailed (JSON `agents`), but status/fleet.yaml, which apply writes back
+    into the config repo (what a reviewer of the repo sees), had no word of it. It carries the same `agents`, derived as
+    status derives them; the files read alone (no bus) give them too, and an apply after the disk is repaired drops them."""
+    import json
+
+    import yaml
+
+    from reconciler.status import read_status
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    why = "cannot write /var/lib/fleetops/replicas/slow-0.json: No space left on device (ENOSPC, errno 28)"
+    bus.put_agent(iid, {**bus.agent(iid), "state": "Ready", "notice": None, "workdir_failed": why})
+    out = runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"])
+    assert out.exit_code == 0, out.output
+    live = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)["agents"]
+    written = yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"].get("agents")
+    assert written == live and written[iid]["reason"] == "WorkdirFailed" and why in written[iid]["message"], (written, live)
+    assert read_status(cfg)["agents"] == live  # (the files alone: as the last apply saw them)
+    bus.put_agent(iid, {k: v for k, v in bus.agent(iid).items() if k != "workdir_failed"})  # the disk has room again
+    assert runner.invoke(app, ["apply", str(cfg), "--auto-approve", "--time-limit", "10"]).exit_code == 0
+    assert "agents" not in yaml.safe_load((cfg / "status" / "fleet.yaml").read_text())["status"]
+    assert read_status(cfg)["agents"] == {}
+
+
 def test_status_names_the_plans_reason_for_a_pending_job_that_runs_something(tmp_path):
     """A job with `run` left pending on its tenant's quota showed in `reconcile status` as "Pending (NotPlaced: waiting
     for a placement)" (seen on a trace-shaped fleet, trace33), while the same job without `run` showed the plan's

@@ -466,6 +466,11 @@ CORRUPT = [
      ["cannot read this status file: not valid YAML (line 2)", "run apply again"]),
     ("status file wrong shape", lambda c: (c / "status/fleet.yaml").write_text("status: {instances: many}\n"), "status",
      ["fleet.yaml: cannot read this status file: metadata.name is missing"]),
+    # Its agents (what is wrong with them, as of the last apply) are shown as they are read: a fault not a reason and a
+    # message would be a traceback in `reconcile status` once no bus could be read.
+    ("status/fleet.yaml agents garbled", lambda c: (c / "status/fleet.yaml").write_text(
+        (c / "status/fleet.yaml").read_text().replace("\nstatus:\n", "\nstatus:\n  agents: {i-1: broken}\n", 1)), "status",
+     ["fleet.yaml: cannot read this status file: status.agents is not a mapping of instances to a reason and a message"]),
     # A YAML alias (apply writes none; a pull request can commit status/): nine levels of nine made `status --format json`
     # expand 43M values until killed, and one that names itself was an "unexpected ValueError: Circular reference" (audit).
     ("status file an alias bomb", _status_with("x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(

@@ -38,6 +38,11 @@ class RuntimeView:
     published: dict[str, str] = field(default_factory=dict)  # job -> the spec hash apply last published for it
     agent_faults: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance -> (reason, message): agent_fault
 
+    def agents_status(self) -> dict[str, dict[str, str]]:
+        """The agents' faults as status shows them (`agents`: live in `reconcile status`, and in status/fleet.yaml as of
+        the last apply): instance -> {reason, message}."""
+        return {i: {"reason": reason, "message": message} for i, (reason, message) in self.agent_faults.items()}
+
 
 def agent_fault(report: Mapping) -> tuple[str, str] | None:
     """What is wrong with an agent that beats, from its report, as status shows it (reason, message), or None: it cannot
