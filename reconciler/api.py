@@ -387,7 +387,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         # state is saved leaves tags newer than it that observe believes, and no others (reconciler/placements.py).
         backend.check_lock()
         record_start(backend, current, serial)
-        report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop)
+        report = apply_plan(desired, observed, the_plan, fleet, current, on_event=on_event, should_stop=should_stop, serial=serial)
         backend.check_lock()  # never write the shared state without the lock
         backend.save(current)
         after = fleet.observe(current).instances

@@ -402,14 +402,16 @@ def _regions(desired: DesiredState, fleet: Fleet, state: State, alive: list[Inst
 
 
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,
-               on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None) -> ApplyReport:
+               on_event: OnEvent | None = None, should_stop: Callable[[], bool] | None = None, serial: int | None = None) -> ApplyReport:
     """on_event: told of every action as it starts and ends (ApplyEvent). should_stop: asked before each
     create and delete; once true, no further action starts (report.stopped, report.not_started), the jobs
     whose new instances exist are placed, and placements are recorded as usual, so the state saved after
-    this agrees with the cloud and the next run carries on."""
+    this agrees with the cloud and the next run carries on. serial: what the tags and the state are written with,
+    as the caller recorded it before any provider call (backend.record_start); None: the next one (next_serial)."""
     report = ApplyReport(plan.id)
     steps = _Steps(on_event, should_stop, report)
-    serial = next_serial(state, getattr(observed, "serial", 0), observed.instances)  # newer than anything recorded so far
+    if serial is None:
+        serial = next_serial(state, getattr(observed, "serial", 0), observed.instances)  # newer than anything recorded so far
     existing = {i.id: i for i in observed.instances}
     already = {i.tags.get(TAG_CREATE_KEY): i for i in observed.instances}
 

@@ -577,3 +577,116 @@ def test_a_tenants_last_quota_room_is_named_as_shared_by_the_jobs_that_wait_for_
         reason = pending_reason(demand_of[name], problem, ledger, name)
         assert "room for 1 more GPU under its quota (0/1 in this plan): for 1 of the 3 of its pending jobs" in reason, reason
         assert "would hold it under every" not in reason, reason
+
+
+def _reasons_where_nothing_new_is_placed(tmp_path, docs, instances=(), placements=None, edit=None) -> dict[str, str]:
+    """Each pending job's reason in the plan as the fleet runs (as a solver out of time leaves it, and the trace
+    fleet's 37 jobs read it); `edit(problem)`: the problem the plan was made for, as a test narrows it."""
+    from reconciler.ledger import running_ledger
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from reconciler.problem.diagnosis import pending_reason
+    from tests.fleetkit import catalog_observed, write_config
+
+    desired = load(write_config(tmp_path / "c", docs))
+    problem = build_problem(desired, catalog_observed(desired, list(instances), placements))
+    problem = edit(problem) if edit else problem
+    ledger = running_ledger(problem)
+    return {j: pending_reason(d, problem, ledger, j) for d in problem.demands for j in d.jobs if j not in ledger.job_demand}
+
+
+def _spot_docs(**policy):
+    from tests.fleetkit import doc, job, pool, tenant, topology
+
+    return [topology(), tenant("t"), pool("od", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            pool("s", "gcp", "us-central1", ["us-central1-b"], ["a2-highgpu-1g"], market="spot", hi=4),
+            doc("SpotPolicy", "sp", policy), job("o0", spot="never", **A100),
+            *(job(f"j{i}", spot="required", **A100) for i in range(3))]
+
+
+def _shared_room_fleets():
+    from tests.fleetkit import doc, instance, job, tenant, topology
+
+    base = [topology(), tenant("t"), _gpu_pool(hi=4)]
+    three = [job(f"j{i}", **A100) for i in range(3)]
+    licensed = [job(f"j{i}", licenses={"matlab": 1}, **A100) for i in range(3)]
+    running = ([instance("i0", "od", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")], {"o0": ("i0",)})
+    yield ("budget", base + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 5.0}), *three], (),
+           "the fleet has room for $5.00/h more under max_hourly_budget ($0.00/h of $5.00/h in this plan): for at most 1 of "
+           "the 3 pending jobs that wait for it")
+    yield ("tenant budget", base + [doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}), *three], (),
+           "its tenant t has room for $5.00/h more under its budget ($0.00/h of $5.00/h in this plan): for at most 1 of the 3 "
+           "of its pending jobs that wait for it")
+    yield ("max_instances", [topology(), tenant("t"), _gpu_pool(hi=1), *three], (),
+           "pool p has room for 1 more instance under max_instances (0/1 in this plan): for at most 1 of the 3 pending jobs "
+           "that wait for it")
+    yield ("license", base + [doc("License", "matlab", {"count": 1}), *licensed], (),
+           "license matlab has room for 1 more held under its count (0/1 held in this plan): for 1 of the 3 pending jobs "
+           "that wait for it")
+    yield ("license quota", base + [doc("License", "matlab", {"count": 5, "tenant_quotas": {"t": 1}}), *licensed], (),
+           "its tenant t has room for 1 more matlab license under its quota of it (0/1 held in this plan): for 1 of the 3 of "
+           "its pending jobs that wait for it")
+    yield ("spot share", _spot_docs(max_spot_fraction=0.5), running,
+           "the fleet has room for 1 more spot GPU under max_spot_fraction 0.5 (0 of 1 GPUs spot in this plan): for at most 1 "
+           "of the 3 pending jobs that wait for it")
+    yield ("tenant spot share", _spot_docs(tenant_max_spot_fraction={"t": 0.5}), running,
+           "its tenant t has room for 7 more work units on spot under its max spot fraction 0.5 (0 of its 7 on spot in this "
+           "plan): for at most 1 of the 3 of its pending jobs that wait for it")
+
+
+@pytest.mark.parametrize("docs, running, clause", [pytest.param(*f[1:], id=f[0]) for f in _shared_room_fleets()])
+def test_the_last_room_a_shared_limit_leaves_is_named_as_shared_by_the_jobs_that_wait_for_it(tmp_path, docs, running, clause):
+    """As a tenant's quota (above): three pending jobs each read that 1 new a2-highgpu-1g "would hold it under every
+    pool, budget, quota and spot rule", the solver having missed it, where the limit left room for one of them: $5/h
+    of budget for $3.67/h instances, one instance under max_instances, one license held of one, room for one spot GPU
+    under the fleet's spot share or 7 work units under the tenant's. True of each job alone, false of the three."""
+    reasons = _reasons_where_nothing_new_is_placed(tmp_path, docs, *running)
+    for job in ("j0", "j1", "j2"):
+        assert reasons[job].startswith(f"not placed by this plan: {clause}, this one among them; 1 new a2-highgpu-1g "), reasons[job]
+        assert "would hold it alone under every" in reasons[job] and "would hold it under every" not in reasons[job], reasons[job]
+
+
+def test_jobs_sharing_new_instances_are_not_said_to_outgrow_the_room_they_fit_in_together(tmp_path):
+    """Room counted in instances or dollars is shared by jobs that share an instance: eight 1-GPU jobs on an 8-GPU
+    a2-highgpu-8g ($29.39/h) under a $30/h budget all fit in the one instance the budget leaves room for, so no reason
+    says the room holds fewer of them than wait (nor of two instances left under max_instances)."""
+    from tests.fleetkit import doc, job, pool, tenant, topology
+
+    eight = pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1)
+    jobs = [job(f"j{i}", **A100) for i in range(8)]
+    for limits in ([doc("GuardrailPolicy", "g", {"max_hourly_budget": 30.0})], []):
+        reasons = _reasons_where_nothing_new_is_placed(tmp_path / str(len(limits)), [topology(), tenant("t"), eight, *limits, *jobs])
+        assert len(reasons) == 8
+        for reason in reasons.values():
+            assert reason.startswith("not placed by this plan, although 1 new a2-highgpu-8g on-demand in p "), reason
+            assert "wait for it" not in reason, reason
+
+
+def test_a_job_an_offers_size_keeps_out_names_the_room_its_tenants_pending_jobs_share(tmp_path):
+    """The reason of a job the offer's size keeps out ("would hold it under every pool, budget, quota and spot rule
+    ..., but the planner offers at most 1 new ...") said, as the solver-missed one did, that the rules hold it, where
+    its tenant's quota had room for one of its three pending jobs: now it names that room."""
+    from dataclasses import replace
+
+    from reconciler.ledger import plan_ledger
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from reconciler.problem.diagnosis import pending_reason
+    from tests.fleetkit import catalog_observed, job, tenant, topology, write_config
+
+    docs = [topology(), tenant("t", gpus=2), _gpu_pool(hi=4), *(job(f"j{i}", **A100) for i in range(4))]
+    desired = load(write_config(tmp_path / "c", docs))
+    problem = build_problem(desired, catalog_observed(desired))
+    problem = replace(problem, capacities=tuple(replace(c, max_new=1, ballast=0) for c in problem.capacities))
+    (offer,) = problem.offers()
+    bought = type("Create", (), {"ref": "+1", "offer_key": offer.offer_key})()  # the plan's one new instance, running j0
+    ledger = plan_ledger(problem, [bought], (), [("j0", ("+1",))])
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    for name in ("j1", "j2", "j3"):
+        reason = pending_reason(demand_of[name], problem, ledger, name)
+        assert reason.startswith("not placed by this plan: its tenant t has room for 1 more GPU under its quota (1/2 in this "
+                                 "plan): for 1 of the 3 of its pending jobs that wait for it, this one among them; 1 new "
+                                 "a2-highgpu-1g on-demand in p (gcp/us-central1-a) would hold it alone under every pool, "
+                                 "budget, quota and spot rule (+$3.67/h), but the planner offers at most 1 new a2-highgpu-1g "
+                                 "on-demand there"), reason
+        assert reason.endswith("and this plan's +1 runs j0"), reason

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from reconciler.ledger import _UNIT, Ledger, Option, Refusal, buffer_ok, capacity_kind, money, quota_ok, running_ledger
+from reconciler.ledger import (_UNIT, Ledger, Option, Refusal, budget_ok, buffer_ok, capacity_kind, charge, item_units, license_need, micro, money,
+                               quota_ok, running_ledger, spot_share_ok, within, work_units)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, running_use, size_fit, stuck_gangs
@@ -84,12 +85,12 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
             + _who_holds(d, problem, ledger, evicted, {"full"})
     open_ = [o for o in options if not o.refusals]
     if open_:
+        shared = "" if evicted else _room_shared(d, open_, problem, ledger, fits)
         sized = {o.offer: c for o in open_ if (c := _sized_out(o, problem, ledger)) is not None}
         o = next((o for o in open_ if o.offer not in sized), None)
         if o is None:  # every open way needs more new instances of an offer than the problem lets the plan buy
-            return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger)
+            return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger, shared)
         behind = [] if evicted or d.running else _stopped_beside(d, problem, ledger)
-        shared = "" if evicted else _quota_room_shared(d, problem, ledger)
         if shared and not behind:
             return head + (f"not placed by this plan: {shared}; {o.label} would hold it alone under every pool, budget, quota and "
                            f"spot rule (+{money(o.price)}/h); the solver did not find that placement: the next run retries (a longer "
@@ -125,45 +126,192 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
 
 
-# ledger -> {(tenant, dimension): the needs of the tenant's jobs left pending that one at a time its quota holds}
+# ledger -> {a limit's key: the needs of the jobs left pending that each alone its room holds, smallest first}
 _WAITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _quota_room_shared(d: Demand, problem: Problem, ledger: Ledger) -> str:
-    """Where the room left under d's tenant's quota holds d alone but not every pending job of its tenant that waits
-    for it, that clause: how much room, how many wait, how many it holds; else "". (A 1000-job trace fleet's 37
-    pending 1-GPU jobs of team-0 each read that a new instance "would hold it under every ... quota ... rule", team-0
-    having room for one of them: true of each job alone, false of the 37.)"""
-    rules = problem.tenants.get(d.tenant)
-    if rules is None:
-        return ""
+@dataclass(frozen=True)
+class _Room:
+    """The room one limit leaves in this plan, which pending jobs may share: a tenant's quota, a license's count or a
+    tenant's quota of it, a pool's max_instances, the fleet's or a tenant's budget, the fleet's or a tenant's spot
+    share. `need(v, ways)`: what one job of demand v takes of it at least (`ways`: v's open ways, asked only where
+    `by_ways`; 0: v does not wait for it). Exact where a job takes it wherever it goes (a quota, a license); else a
+    bound no placement goes under, jobs sharing new instances too, and the jobs it holds are "at most" so many."""
+
+    rule: str  # as Refusal.rule: the order rooms are named in (_RULE_ORDER)
+    key: tuple
+    text: str  # "its tenant t has room for 1 more GPU under its quota (0/1 in this plan)"
+    ok: Callable[[float], bool]  # whether `more` of it stays within the limit
+    need: Callable[[Demand, list[Option]], float]
+    tenant: str | None = None  # only this tenant's jobs wait for it
+    by_ways: bool = False
+    exact: bool = True
+
+
+def _room_shared(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> str:
+    """Where the room a limit leaves in this plan holds d alone (`ways`: its open ways) but not every pending job that
+    waits for it, that clause: how much room, how many wait, how many it holds at most; else "". (A 1000-job trace
+    fleet's 37 pending 1-GPU jobs of team-0 each read that a new instance "would hold it under every ... quota ...
+    rule", team-0 having room for one of them: true of each job alone, false of the 37; three jobs read it so beside
+    one instance left under a pool's max_instances, one license, or $5/h of budget for $3.67/h instances.)"""
     memo = _WAITING.get(ledger)
     if memo is None:
         memo = _WAITING[ledger] = {}
-    use = ledger.tenant_use(d.tenant)
-    for dim, limit in rules.cap.items():
-        need = d.replicas * d.req(dim)
-        if not need or math.isinf(limit):
+    for room in sorted(_rooms(d, ways, problem, ledger, fits), key=lambda r: _RULE_ORDER.index(r.rule)):
+        mine = room.need(d, ways)
+        if mine <= 0 or not room.ok(mine):
             continue
-        used = use.get(dim, 0.0)
-        key = (d.tenant, dim)
-        if key not in memo:
-            memo[key] = sorted(n for v in problem.demands if v.tenant == d.tenant and (n := v.replicas * v.req(dim)) > 0
-                               and quota_ok(used, n, limit)
-                               for job in v.jobs if job not in ledger.job_demand and job not in problem.static_pending)
-        waiting = memo[key]
-        held, total = 0, used
+        if room.key not in memo:
+            memo[room.key] = sorted(
+                n for v in problem.demands if room.tenant in (None, v.tenant)
+                for job in v.jobs if job not in ledger.job_demand and job not in problem.static_pending
+                and (n := room.need(v, _open_ways(v, problem, ledger, fits) if room.by_ways else [])) > 0 and room.ok(n))
+        waiting = memo[room.key]
+        held, total = 0, 0.0
         for n in waiting:  # the smallest first: the most jobs the room could hold
-            if not quota_ok(total, n, limit):
+            if not room.ok(total + n):
                 break
             held, total = held + 1, total + n
         if len(waiting) > held:
-            room = limit - used
-            unit = _UNIT[dim].removesuffix("s") if dim == "gpus" and room == 1 else _UNIT[dim]
-            ceiling = "burst ceiling" if limit > rules.guarantee.get(dim, limit) + 1e-9 else "quota"
-            return (f"its tenant {d.tenant} has room for {room:g} more {unit} under its {ceiling} ({used:g}/{limit:g} in this "
-                    f"plan): for {held} of the {len(waiting)} of its pending jobs that wait for it, this one among them")
+            whose = "of its pending jobs" if room.tenant else "pending jobs"
+            return f"{room.text}: for {'' if room.exact else 'at most '}{held} of the {len(waiting)} {whose} that wait for it, this one among them"
     return ""
+
+
+def _open_ways(v: Demand, problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[Option]:
+    """The ways of placing one more job of v that no rule refuses in this plan, as `_binding` asks them."""
+    def find() -> list[Option]:
+        if ledger.quota_refusal(v) is not None or ledger.license_refusal(v) is not None:
+            return []
+        return [o for o in _with_vacated(v, problem, ledger, ledger.options(v, fits)) if not o.refusals]
+    return ledger.once(("open ways", v.key), find)
+
+
+def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[_Room]:
+    """The limits whose room every open way of d takes (`_Room`), each with what a pending job needs of it."""
+    out: list[_Room] = []
+    rules = problem.tenants.get(d.tenant)
+    t = d.tenant
+    if rules is not None:
+        use = ledger.tenant_use(t)
+        for dim, limit in rules.cap.items():
+            if not d.req(dim) or math.isinf(limit):
+                continue
+            used = use.get(dim, 0.0)
+            unit = _UNIT[dim].removesuffix("s") if dim == "gpus" and limit - used == 1 else _UNIT[dim]
+            ceiling = "burst ceiling" if limit > rules.guarantee.get(dim, limit) + 1e-9 else "quota"
+            out.append(_Room("quota", ("quota", t, dim), f"its tenant {t} has room for {limit - used:g} more {unit} under its "
+                             f"{ceiling} ({used:g}/{limit:g} in this plan)",
+                             lambda more, used=used, limit=limit: quota_ok(used, more, limit),
+                             lambda v, _, dim=dim: v.replicas * v.req(dim), tenant=t))
+    book = ledger.license_book()
+    for name in sorted(license_need(d)):
+        r = problem.licenses.get(name)
+        if r is None:
+            continue
+        held = book.held[name]
+        out.append(_Room("license", ("license", name), f"license {name} has room for {r.count - held} more held under its count "
+                         f"({held}/{r.count} held in this plan)", lambda more, held=held, count=r.count: held + more <= count,
+                         lambda v, _, name=name: license_need(v).get(name, 0)))
+        q = r.tenant_quotas.get(t)
+        if q is not None:
+            mine = book.by_tenant.get((name, t), 0)
+            out.append(_Room("license-quota", ("license-quota", name, t), f"its tenant {t} has room for {q - mine} more {name} license{'' if q - mine == 1 else 's'} "
+                             f"under its quota of it ({mine}/{q} held in this plan)", lambda more, mine=mine, q=q: mine + more <= q,
+                             lambda v, _, name=name: license_need(v).get(name, 0), tenant=t))
+    if ways and all(o.new for o in ways):
+        out += _new_instance_rooms(d, ways, problem, ledger, fits)
+    if rules is not None and rules.budget is not None:
+        spent, budget = ledger.tenant_charge(t), rules.budget
+        out.append(_Room("tenant-budget", ("tenant-budget", t), f"its tenant {t} has room for {money(max(0.0, budget - spent))}/h "
+                         f"more under its budget ({money(spent)}/h of {money(budget)}/h in this plan)",
+                         lambda more: budget_ok(ledger.tenant_spend(t) + micro(more), budget),
+                         lambda v, vs: min((_charge_at_least(v, o, ledger, fits) for o in vs), default=0.0),
+                         tenant=t, by_ways=True, exact=False))
+    f = rules.spot_fraction if rules is not None else None
+    if f is not None and f < 1 and ways and all(_spot_items(d, o, ledger, fits) for o in ways):
+        on, tot = ledger.tenant_spot(t)
+        room = max(0.0, (f * tot - on) / (1 - f))
+        out.append(_Room("tenant-spot-share", ("tenant-spot-share", t), f"its tenant {t} has room for "
+                         f"{room:g} more work unit{'' if room == 1 else 's'} on spot under its max spot fraction {f:g} "
+                         f"({on:g} of its {tot:g} on spot in this plan)", lambda more: spot_share_ok(on + more, tot + more, f),
+                         lambda v, vs: work_units(v) * min((_spot_items(v, o, ledger, fits) for o in vs), default=0),
+                         tenant=t, by_ways=True, exact=False))
+    return out
+
+
+def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[_Room]:
+    """For d whose every open way buys new instances, the rooms they take: the fleet's budget, a pool's max_instances
+    (every way in one pool), the fleet's spot share (every way on spot). Jobs may share a new instance, so what a job
+    needs is a bound: its items on new instances (`_new_items`) at the lowest price per GPU (vCPU of CPU work), as a
+    part of the largest instance, or in spot units, of its ways."""
+    offer = _offers_by_key(ledger)
+
+    def bought(v: Demand, vs: list[Option]) -> list[tuple[Capacity, float]]:
+        """Per open way of v: its offer, and v's GPUs (vCPU) on its new instances at least; [] if a way buys none."""
+        if not vs or not all(o.new for o in vs):
+            return []
+        dim, out = "gpus" if v.gpus or v.mig else "cpu", []
+        for o in vs:
+            c = offer[o.offer]
+            size = c.gpus if dim == "gpus" else c.cpu
+            out.append((c, _new_items(v, o, c, fits) * item_units(v, dim) / size if size else 0.0))
+        return out
+
+    out: list[_Room] = []
+    if problem.budget is not None:
+        cost, budget = ledger.cost(), problem.budget
+        out.append(_Room("fleet-budget", ("fleet-budget",), f"the fleet has room for {money(max(0.0, budget - cost))}/h more under "
+                         f"max_hourly_budget ({money(cost)}/h of {money(budget)}/h in this plan)",
+                         lambda more: budget_ok(ledger.spend() + micro(more), budget),
+                         lambda v, vs: min((share * c.price for c, share in bought(v, vs)), default=0.0), by_ways=True, exact=False))
+    pools = {offer[o.offer].pool for o in ways}
+    if len(pools) == 1:
+        pool = pools.pop()
+        hi, have = problem.pool_bounds.get(pool, (0, 0))[1], ledger.pool_count(pool)
+        out.append(_Room("pool-max", ("pool-max", pool), f"pool {pool} has room for {hi - have} more instance{'' if hi - have == 1 else 's'} "
+                         f"under max_instances ({have}/{hi} in this plan)", lambda more: within(have + more, hi),
+                         lambda v, vs: min((share for c, share in bought(v, vs)), default=0.0)
+                         if all(c.pool == pool for c, _ in bought(v, vs)) else 0.0, by_ways=True, exact=False))
+    f = problem.spot.max_spot_fraction
+    if f < 1 and all(offer[o.offer].market == "spot" for o in ways):
+        spot, total = ledger.spot()
+        room = max(0.0, (f * total - spot) / (1 - f))
+        unit = _UNIT[ledger.dim]
+        out.append(_Room("spot-share", ("spot-share",), f"the fleet has room for {room:g} more spot "
+                         f"{unit.removesuffix('s') if room == 1 else unit} under max_spot_fraction {f:g} ({spot:g} of {total:g} {unit} spot in this plan)",
+                         lambda more: spot_share_ok(spot + more, total + more, f),
+                         lambda v, vs: min((_new_items(v, o, offer[o.offer], fits) * item_units(v, ledger.dim) for o in vs), default=0.0)
+                         if vs and all(o.new and offer[o.offer].market == "spot" for o in vs) else 0.0, by_ways=True, exact=False))
+    return out
+
+
+def _new_items(v: Demand, o: Option, c: Capacity, fits: Callable[[Demand, Capacity], int]) -> int:
+    """Items of one job of v that way o puts on its new instances of offer c, at least: o.new of them are needed, so
+    all but the last hold `fits` items each (the rest of the job may be in room left on the plan's instances)."""
+    return min(v.replicas, (o.new - 1) * fits(v, c) + 1)
+
+
+def _charge_at_least(v: Demand, o: Option, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> float:
+    """What way o charges v's tenant for one job of v, at least: its items on o's new instances (`_new_items`), or in
+    the room it takes on the plan's instances, at the cheapest of them."""
+    if o.new:
+        c = _offers_by_key(ledger)[o.offer]
+        return _new_items(v, o, c, fits) * charge(v, c)
+    return v.replicas * min(charge(v, ledger.instances[refs[0]]) for refs, _ in o.rooms)
+
+
+def _spot_items(v: Demand, o: Option, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> int:
+    """Items of one job of v that way o puts on spot, at least: on a spot offer's new instances (`_new_items`), or all of
+    them in room on spot instances only."""
+    if o.new:
+        c = _offers_by_key(ledger)[o.offer]
+        return _new_items(v, o, c, fits) if c.market == "spot" else 0
+    return v.replicas if all(ledger.instances[refs[0]].market == "spot" for refs, _ in o.rooms) else 0
+
+
+def _offers_by_key(ledger: Ledger) -> dict[str, Capacity]:
+    return ledger.once("offers by key", lambda: {c.key: c for c in ledger.problem.offers()})
 
 
 def never_keeps(d: Demand, problem: Problem, ledger: Ledger) -> list[str]:
@@ -300,8 +448,9 @@ def _sized_out(o: Option, problem: Problem, ledger: Ledger) -> Capacity | None:
     return c if c is not None and len(_bought(ledger, c)) + o.new > c.max_new else None
 
 
-def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger) -> str:
-    """The rules allow the option, the offer's size does not: say what the plan does with the instances it has."""
+def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger, shared: str = "") -> str:
+    """The rules allow the option, the offer's size does not: say what the plan does with the instances it has.
+    `shared`: the room the job's pending peers share (`_room_shared`), which the option holds it in alone."""
     _, prim = spot_measure(problem.capacities, problem.gpu_fleet)
     spot, _ = ledger.spot()
     pct = problem.spot.on_demand_buffer_percent
@@ -314,7 +463,8 @@ def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger) -
             uses.append(f"{ref} stands idle for the on-demand buffer ({pct:g}% of the spot {'GPUs' if ledger.dim == 'gpus' else 'vCPU'})")
         else:
             uses.append(f"{ref} stands idle")
-    return (f"not placed by this plan: {o.label} would hold it under every pool, budget, quota and spot rule (+{money(o.price)}/h), "
+    return (f"not placed by this plan: {shared + '; ' if shared else ''}{o.label} would hold it{' alone' if shared else ''} under every "
+            f"pool, budget, quota and spot rule (+{money(o.price)}/h), "
             f"but the planner offers at most {c.max_new} new {c.instance_type} {c.market} there (an offer is sized to the work "
             f"that fits it) and this plan's {'; '.join(uses)}")
 
