@@ -1385,5 +1385,12 @@ def stand_in_units(d, lower: list) -> int:
     return units
 
 
-__all__ = ["EPS", "MILLI", "stand_in_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
+def stand_in_item_units(d, lower: list) -> int:
+    """The units one item of d stands in for where it lands (`stand_in_units` over its items, rounded up): the model's
+    stand-in room (objective.stand_in_room) and the re-check's (plancheck.own_higher_class_room) count so, one unit of
+    higher work placed in a room for at most one unit of its tenant's protected work lost there."""
+    return -(-stand_in_units(d, lower) // d.replicas)
+
+
+__all__ = ["EPS", "MILLI", "stand_in_units", "stand_in_item_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
            "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]

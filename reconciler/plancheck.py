@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 
 from providers.base import TAG_CREATE_KEY
 from reconciler.ledger import (QuotaBook, budget_ok, jobs_that_must_leave, licensed_by, money, plan_ledger, quota_ok, quota_scope, quota_units, rules_broken_now,
-                              running_ledger)
+                              running_ledger, stand_in_item_units)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
@@ -337,26 +337,25 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
             return True
         cap = problem.tenants[d.tenant].cap if "tenant-cap" in kinds and d.tenant in problem.tenants else {}
         return any(d.req(k) and not quota_ok(use.get(d.tenant, {}).get(k, 0.0), 0.0, v) for k, v in cap.items())
-    errors: dict[str, str] = {}
+    whys: dict[str, str] = {}
     for jc in evicts:
         d, ids = demand_of[jc.job], observed.placements[jc.job]
         if jc.job in d.reshaped or len(ids) != d.replicas * d.bundle or own_rule_lets_go(d, ids):
             continue  # (a tenant's own rule broken now, its spot share say, lets its work go; not another tenant's: fleet37)
         if any(i not in hosts for i in ids) or jc.job in leaving:
             continue  # it cannot stay where it runs
-        if problem.placement.preemption == "LowerPriority" and own_higher_class_room(jc.job, ids, observed, demand_of, by_tenant, problem, rebought):
-            continue  # higher-class work of its own tenant takes its place
         rules = problem.tenants.get(d.tenant)
         if rules is not None and jc.job in protected[d.tenant] and kept[d.key] < sum(j in protected[d.tenant] for j in d.jobs):
-            why = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
-                   "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
-                   "tenant over its ceiling, a fleet-wide rule that keeping it would break, or its instance unable to keep it)")
+            whys[jc.job] = (f"job {jc.job}: evicted, but it runs inside tenant {d.tenant}'s guarantee and no rule requires "
+                            "stopping it (only the planner's rules may: a higher class of its own tenant taking its room, its "
+                            "tenant over its ceiling, a fleet-wide rule that keeping it would break, or its instance unable to keep it)")
         elif d.tenant not in borrowing:
-            why = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
-                   "and it may stay where it runs)")
-        else:
-            continue
-        errors[jc.job] = why
+            whys[jc.job] = (f"job {jc.job}: evicted, but no rule requires stopping it (its tenant {d.tenant} borrows nothing, "
+                            "and it may stay where it runs)")
+    taken = set()  # (higher-class work of its own tenant takes their place)
+    if problem.placement.preemption == "LowerPriority" and whys:
+        taken = own_higher_class_room([(j, observed.placements[j]) for j in whys], observed, demand_of, by_tenant, problem, rebought)
+    errors = {job: why for job, why in whys.items() if job not in taken}
     if fleet_broken and errors:  # something must give for the rules broken now: a stop keeping which breaks one is lawful
         weigh = kept_instead()
         for job in (sorted(errors, key=weigh.order) if weigh is not None else list(errors)):
@@ -737,24 +736,51 @@ def slots_bought_again(plan: Plan, observed: Observed, problem: Problem) -> dict
             and i.pool in problem.pool_bounds and count[i.pool] >= problem.pool_bounds[i.pool][1]}
 
 
-def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[str, Demand], by_tenant: dict[str, TenantMoves],
-                          problem: Problem, rebought: dict[str, tuple[str, ...]]) -> bool:
-    """Whether the stop of running job `job` (on instances `ran_on`) is its own tenant's higher class taking its place (README, Tenants: its
-    guaranteed work gives way only to a higher class of its own tenant, never to another tenant's work). So the
-    tenant's arriving work (`TenantMoves.arriving`: placed, or restarted, as new work) of a higher class must take the
-    job's room: land on an instance it ran on, or on one a job of its tenant left to move into that room (a chain of
-    moves); or the tenant's guarantee must be full without it (its kept work and that higher work leave no guaranteed
-    room for it: the job would borrow, and borrowed room goes back). Its tenant's critical job placed on a new instance
-    elsewhere excused the stop of its normal job, whose room another tenant's job took: that tenant took the
-    guarantee (fixed pool of one m6i.4xlarge, tests/test_rules.py). An instance it ran on that the plan deletes to buy
-    another in its pool at max_instances (`rebought`: slots_bought_again) leaves its room there: t1's critical job on a
-    new on-demand A100 in the slot of its high job's spot one was refused, the plan placed it on the spot one, and the
-    plan after the apply moved it to the on-demand one all the same (fleet111)."""
-    d = demand_of[job]
-    mine = by_tenant.get(d.tenant)
-    higher = [j for c, j in mine.arriving if c > d.klass] if mine else []
-    if not higher:
-        return False
+def own_higher_class_room(stops: list[tuple[str, tuple[str, ...]]], observed: Observed, demand_of: dict[str, Demand],
+                          by_tenant: dict[str, TenantMoves], problem: Problem, rebought: dict[str, tuple[str, ...]]) -> set[str]:
+    """Of the stops of running jobs no other rule requires (job, the instances it ran on), those that are their own
+    tenant's higher class taking their place (README, Tenants: its guaranteed work gives way only to a higher class of
+    its own tenant, never to another tenant's work). So the tenant's arriving work (`TenantMoves.arriving`: placed, or
+    restarted, as new work) of a higher class must take the job's room: land on an instance it ran on, or on one a job
+    of its tenant left to move into that room (a chain of moves: `_room`); or the tenant's guarantee must be full
+    without it (`_guarantee_full_without`). Its tenant's critical job placed on a new instance elsewhere excused the
+    stop of its normal job, whose room another tenant's job took: that tenant took the guarantee (fixed pool of one
+    m6i.4xlarge, tests/test_rules.py). An instance it ran on that the plan deletes to buy another in its pool at
+    max_instances (`rebought`: slots_bought_again) leaves its room there: t1's critical job on a new on-demand A100 in
+    the slot of its high job's spot one was refused, the plan placed it on the spot one, and the plan after the apply
+    moved it to the on-demand one all the same (fleet111).
+
+    Counted in units, as the model counts its stand-in rooms (objective.stand_in_room): each unit of higher work placed
+    in a room (ledger.stand_in_item_units) stands in for at most one unit of stopped work there (Demand.job_size), rooms
+    that share an instance one room. (Any of it there excused every stop in its room: one g5.xlarge bought for t1's
+    high job in the slots of two deleted instances excused the stops of t1's low jobs on both, one of them for t2's new
+    job: fleet114.)"""
+    taken: set[str] = set()
+    stops_of: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for job, ran_on in stops:
+        stops_of.setdefault(demand_of[job].tenant, []).append((job, ran_on))
+    for t, mine_stops in sorted(stops_of.items()):
+        mine = by_tenant.get(t)
+        lowest = min(demand_of[job].klass for job, _ in mine_stops)
+        higher = [(c, j) for c, j in mine.arriving if c > lowest] if mine else []
+        if not higher:
+            continue
+        rooms = {job: _room(ran_on, mine, observed, rebought) for job, ran_on in mine_stops}
+        in_room = [job for job, _ in mine_stops
+                   if any(c > demand_of[job].klass and rooms[job].intersection(j.instances) for c, j in higher)]
+        taken |= _stood_in_by_units(in_room, rooms, higher, demand_of, problem, t)
+        for job, _ in mine_stops:
+            if job in taken:
+                continue
+            d = demand_of[job]
+            if _guarantee_full_without(d, mine, [j for c, j in higher if c > d.klass], demand_of, problem):
+                taken.add(job)
+    return taken
+
+
+def _room(ran_on, mine: TenantMoves, observed: Observed, rebought: dict[str, tuple[str, ...]]) -> set[str]:
+    """A stopped job's room (`own_higher_class_room`): the instances it ran on, the slots bought again of those the plan
+    deletes, and where its tenant's jobs moved into that room ran (and so on)."""
     room = set(ran_on)
     grown = True
     while grown:  # (the tenant's jobs moved into the room left room where they ran)
@@ -764,8 +790,51 @@ def own_higher_class_room(job: str, ran_on, observed: Observed, demand_of: dict[
             if room.intersection(j.instances) and not room.issuperset(observed.placements.get(j.job, ())):
                 room.update(observed.placements.get(j.job, ()))
                 grown = True
-    if any(room.intersection(j.instances) for j in higher):
-        return True
+    return room
+
+
+def _stood_in_by_units(jobs: list[str], rooms: dict[str, set[str]], higher: list, demand_of: dict[str, Demand], problem: Problem,
+                       t: str) -> set[str]:
+    """Of tenant t's stopped `jobs`, those its higher arriving work (`higher`: (class, JobChange)) stands in for, unit for
+    unit within their rooms (`own_higher_class_room`). Rooms sharing an instance are one; in each, the highest class
+    stopped is served first (what stands in for it stands in for any lower class too), then the smallest job."""
+    parent: dict[str, str] = {}
+
+    def find(i: str) -> str:
+        while parent.setdefault(i, i) != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    for job in jobs:
+        first = min(rooms[job])
+        for i in rooms[job]:
+            parent[find(i)] = find(first)
+    protected = set(problem.tenants[t].protected_jobs) if t in problem.tenants else set()
+    lower = [q for q in problem.demands if q.tenant == t and any(j in protected for j, _ in q.running)]
+    supply: dict[str, list[list[int]]] = {}  # room -> [class, units left] of the higher work placed in it
+    for c, j in higher:
+        q = demand_of[j.job]
+        per_room = Counter(find(i) for i in j.instances if i in parent)
+        for r, entries in sorted(per_room.items()):
+            supply.setdefault(r, []).append([c, entries // q.bundle * stand_in_item_units(q, lower)])
+    out: set[str] = set()
+    for job in sorted(jobs, key=lambda j: (-demand_of[j].klass, demand_of[j].job_size, j)):
+        d = demand_of[job]
+        there = [s for s in supply.get(find(next(iter(rooms[job]))), []) if s[0] > d.klass]
+        need = d.job_size
+        if sum(s[1] for s in there) < need:
+            continue
+        for s in there:
+            used = min(need, s[1])
+            s[1] -= used
+            need -= used
+        out.add(job)
+    return out
+
+
+def _guarantee_full_without(d: Demand, mine: TenantMoves, higher: list, demand_of: dict[str, Demand], problem: Problem) -> bool:
+    """Whether d's tenant's guarantee is full without its stopped job (`own_higher_class_room`): its kept work and its
+    `higher` arriving work leave no guaranteed room for it: the job would borrow, and borrowed room goes back."""
     rules = problem.tenants.get(d.tenant)
     if rules is None or not rules.guarantee:
         return False  # (nothing bounds its guaranteed room: the job fits beside what the tenant runs)

@@ -208,8 +208,9 @@ told to make it a plain test).
   fleet113 (a session reading plancheck's two readings of that slot, 2026-12-03; hand-made): the re-check's weighing
   of a stop with the job kept instead (KeptInstead) read any new instance of the deleted instance's pool as its room,
   at max_instances or not, so a stop for a higher job bought beside it passed while a fleet-wide rule was broken; it
-  reads slots_bought_again now (its tests). fleet114 (the same session; open, a strict xfail): one higher job in the
-  room of several stopped jobs of its tenant excuses each stop (own_higher_class_room counts no units). Greedy's
+  reads slots_bought_again now (its tests). fleet114 (the same session): one higher job in the room of several
+  stopped jobs of its tenant excused each stop (own_higher_class_room counted no units; it counts them now, as the
+  model's stand-in room does: its tests). Greedy's
   plan of fleet111 (the h5 hunt, 2026-12-03) left the spot-required j5 pending on the spot share where CP-SAT bought
   on-demand ballast beside it; greedy buys it too now (its test). fleet116 (the h5 hunt, 2026-12-03, made by hand: max_spot_fraction
   and a budget binding together; on main too): of t1's two identical jobs on twin spot hosts, the plan ran the one its
@@ -2305,18 +2306,56 @@ def test_a_higher_class_job_bought_in_a_pool_observed_over_its_max_takes_the_roo
     assert set(_judged(docs, {"j1": "i0"}, idle, stopped={"j1"}, bought={"j3"}, deleted={"i0", "i1", "i2"})) == {"j1"}
 
 
-@pytest.mark.xfail(strict=True, reason="fleet114: own_higher_class_room lets one higher job stand in for every stop in its room")
 def test_one_higher_class_job_in_a_slot_bought_again_stands_in_for_one_deleted_instances_job_fleet114():
-    """fleet114 (this session; open): a10g (max 2) runs t1's low j1 on i0 and low j5 on i1; t1 adds a high j2, t2 a
-    normal j3. A plan that deletes both, buys two, and puts j2 and j3 on them stops j1 and j5: one gives way to j2,
-    the other to t2's new j3, which no rule allows (the guarantee gives way only to its own tenant's higher class).
-    The re-check passes it: own_higher_class_room excuses each stop whose room (i0's or i1's slot bought again: both
-    new instances) holds any of t1's higher work, counting j2 once per stop, where the model counts units
-    (objective.stand_in_room: the least of those lost and those placed there). The same on one g5.12xlarge running
-    j1 and j5 on GPUs 0 and 1, j2 and a 3-GPU j3 placed there: both stops pass."""
+    """fleet114 (a session reading plancheck's two readings of a slot bought again, 2026-12-03): a10g (max 2) runs t1's
+    low j1 on i0 and low j5 on i1; t1 adds a high j2, t2 a normal j3. A plan that deletes both, buys two, and puts j2
+    and j3 on them stops j1 and j5: one gives way to j2, the other to t2's new j3, which no rule allows (the guarantee
+    gives way only to its own tenant's higher class). The re-check passed it: own_higher_class_room excused each stop
+    whose room (i0's or i1's slot bought again: both new instances) held any of t1's higher work, counting j2 once per
+    stop. It counts units now, as the model does (objective.stand_in_room): j2's 7 stand in for one of the 14 lost."""
     docs = _a10g_docs(2, ("j1", "t1", "low"), ("j5", "t1", "low"), ("j2", "t1", "high"), ("j3", "t2", "normal"))
     wrong = _judged(docs, {"j1": "i0", "j5": "i1"}, [], stopped={"j1", "j5"}, bought={"j2", "j3"}, deleted={"i0", "i1"})
-    assert len(wrong) == 1, wrong
+    assert len(wrong) == 1 and "inside tenant t1's guarantee" in next(iter(wrong.values())), wrong
+    # (with j3 t1's high job too, both stops are its own tenant's higher class taking their room)
+    docs = _a10g_docs(2, ("j1", "t1", "low"), ("j5", "t1", "low"), ("j2", "t1", "high"), ("j3", "t1", "high"))
+    assert _judged(docs, {"j1": "i0", "j5": "i1"}, [], stopped={"j1", "j5"}, bought={"j2", "j3"}, deleted={"i0", "i1"}) == {}
+
+
+def test_one_higher_class_gpu_stands_in_for_one_of_two_stopped_jobs_on_one_instance_fleet114():
+    """fleet114 on one instance: a g5.12xlarge (4 A10G) runs t1's low 1-GPU j1 and j5 on GPUs 0 and 1; t1 adds a high
+    1-GPU j2, t2 a normal 3-GPU j3. A plan that stops j1 and j5 and places j2 on GPU 0 and j3 on GPUs 1-3 gives one of
+    t1's guaranteed jobs to t2's j3. Both stops passed (j2 in the instance both ran on); one GPU of higher work stands
+    in for one GPU of stopped work now. (With a 2-GPU j3 on GPUs 2 and 3, j5 stopped for nothing: refused too.)"""
+    import tempfile
+    from dataclasses import replace
+
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.plancheck import unlawful_evictions
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, doc, instance, job, pool, tenant, topology, write_config
+
+    def judged(j3_gpus: int) -> dict[str, str]:
+        docs = [topology(), tenant("t1"), tenant("t2"), pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=1),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty", "preemption": "LowerPriority"}),
+                job("j1", "t1", 1, "A10G", cpu=2, mem=8, priority="low"), job("j5", "t1", 1, "A10G", cpu=2, mem=8, priority="low"),
+                job("j2", "t1", 1, "A10G", cpu=2, mem=8, priority="high"), job("j3", "t2", j3_gpus, "A10G", cpu=2, mem=8, priority="normal")]
+        with tempfile.TemporaryDirectory() as d:
+            desired = load(write_config(Path(d), docs))
+        observed = replace(catalog_observed(desired, [instance("i0", "a10g", "aws", "us-east-1", "us-east-1a", "g5.12xlarge")],
+                                            {"j1": ("i0",), "j5": ("i0",)}), gpu_indices={"j1": ((0,),), "j5": ((1,),)})
+        problem = build_problem(desired, observed)
+        plan = make_plan(desired, observed, problem, solve(problem, time_limit=0))
+        gpus = {"j2": ((0,),), "j3": (tuple(range(4 - j3_gpus, 4)),)}
+        edited = replace(plan, creates=(), deletes=(), jobs=tuple(
+            replace(j, action="evict", instances=(), gpus=()) if j.job in ("j1", "j5") else
+            replace(j, action="place", instances=("i0",), gpus=gpus[j.job], previous=()) for j in plan.jobs))
+        return unlawful_evictions(edited, observed, problem)
+
+    for j3_gpus in (3, 2):
+        wrong = judged(j3_gpus)
+        assert len(wrong) == 1 and "inside tenant t1's guarantee" in next(iter(wrong.values())), (j3_gpus, wrong)
 
 
 def test_greedy_buys_on_demand_ballast_for_a_spot_required_job_the_spot_share_refused_on_fleet111():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_units
+from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_item_units, stand_in_units
 from reconciler.problem import Demand, pools_over_max, settled_jobs
 from reconciler.problem.types import GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
@@ -276,7 +276,7 @@ def _stand_in_share(model: Model, t: str, gk: str, ck: str, v, own: list[Demand]
     model.m.add(y <= v)
     share[gk].append(y)
     model.stand_in_shares.append((gk, ck, tuple(d.key for d in own), y))
-    return max(-(-stand_in_units(d, lower) // d.replicas) for d in own), y
+    return max(stand_in_item_units(d, lower) for d in own), y
 
 
 def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: list[str], own: dict[str, list[Demand]],
