@@ -87,7 +87,6 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     notes: list[str] = []
     newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
     newest = s
-    bound = believed_through(state)
     for inst in sorted(instances, key=lambda i: i.id):
         try:
             rec = read_placements(inst.tags)
@@ -108,6 +107,15 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         else:
             newer[inst.id] = rec
 
+    # How far the applies went: the record of the applies begun, raised by what they published (asked only now: tags
+    # newer than the state are rare, and reading the bus costs a request per agent). Tags up to `completed` are an
+    # apply's that finished and published: what they say runs there.
+    completed = state.published() if newer and state.published is not None else 0
+    started = state.started
+    if completed > (state.serial if started is None else started):
+        started = completed
+    bound = believed_through(replace(state, started=started))
+
     def written(serial: int) -> bool:
         """Whether an apply can have written placement tags at `serial` (one that died before it saved the state)."""
         return bound is None or serial <= bound
@@ -116,7 +124,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     # begun (the first apply after the upgrade, or a state put back from an older copy without it), any: the applies
     # since an older copy retagged the instances they moved work off, and such a drop is believed only where another
     # instance's tags claim the replica, so one instance's tags alone never empty it.
-    believed = {iid: rec for iid, rec in newer.items() if state.started is None or written(rec.serial)}
+    believed = {iid: rec for iid, rec in newer.items() if started is None or written(rec.serial)}
     # Where an apply that died (or one since an older copy of the state) moved each replica: it tagged the new host.
     claimed_by: dict[tuple[str, int], set[str]] = {}
     for iid, rec in believed.items():
@@ -137,7 +145,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         # An apply began at this serial and did not save the state (the record says so, not the tags): what they drop, it
         # evicted or stopped, and the plan it made then is believed. Without that record, only a move is: an apply that
         # moves a replica tags its new host too, and one that died published nothing, so the replica runs here still.
-        died = state.started is not None and rec.serial <= state.started
+        died = started is not None and rec.serial <= started
         kept = [p for p in sorted(ours) if (p.job, p.replica) not in listed and not died
                 and not claimed_by.get((p.job, p.replica), set()) - {iid}]
         if kept and _takes_new_work(theirs, ours, state_on, iid, alive):
@@ -168,7 +176,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
                              f"apply began ({bound}), so no apply wrote them (edited, or set by someone else), while "
                              f"{prev[0]}, which runs, holds it (serial {prev[2]}): left on {prev[0]}")
                 continue
-            if prev is not None and prev[0] != iid and prev[0] in alive and prev[2] <= s:
+            if prev is not None and prev[0] != iid and prev[0] in alive and prev[2] <= s and rec.serial > completed:
                 notes.append(f"{p.job}/{p.replica} is claimed by the tags of {iid} (serial {rec.serial}), but {prev[0]}, "
                              f"which runs and which the state places it on, does not say it left (one instance's tags "
                              f"alone move no work): left on {prev[0]}")

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -205,6 +206,30 @@ def test_one_instances_tags_alone_never_take_a_replica_off_the_live_instance_the
     assert m.placements == {"x": ("i-a",)}, m.notes
     m = merge_placements(state, [_tagged("i-a", 1005, Placement("x", 0, (2, 3)))], {"x"})
     assert m.placements == {"x": ("i-a",)} and m.gpu_indices == {"x": ((0, 1),)}
+
+
+def test_tags_of_applies_that_published_are_believed_over_a_state_and_a_record_put_back_from_older_copies():
+    """The state and started.json put back together from an older copy (serial 5), the applies since moved x to i-b and
+    published it (through serial 7: what the agents report running, and the assignments). Judged by the record alone,
+    their tags were past every apply begun: x stayed on i-a and i-b, running it, looked idle. With i-a's retag failed
+    too (its tags still say x, at 5), i-b's claim took nothing even before. What was published bounds the applies as
+    started.json does, and tags up to it are an apply's that finished: they say where the work runs."""
+    p = Placement("x", 0, (0, 1))
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5, started=5, published=lambda: 7)
+    assert merge_placements(state, [_tagged("i-a", 7), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-b",)}
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-b",)}
+    # Not published (the apply died before it saved the state): x runs on i-a still, whose tags were not rewritten.
+    state.started, state.published = 7, (lambda: 5)
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-a",)}
+    # Past what was published, tags are still no apply's.
+    state.started, state.published = 5, (lambda: 7)
+    assert merge_placements(state, [_tagged("i-a", 1005), _tagged("i-b", 1005, p)], {"x"}).placements == {"x": ("i-a",)}
+
+    def unasked() -> int:
+        raise AssertionError("the bus is read only when tags are newer than the state")
+
+    state.published = unasked
+    assert merge_placements(state, [_tagged("i-a", 5, p)], {"x"}).placements == {"x": ("i-a",)}
 
 
 def test_without_a_state_placements_come_from_the_tags():
@@ -523,6 +548,32 @@ def test_a_state_put_back_from_an_older_copy_still_believes_the_tags_of_the_appl
     (state_dir(cfg) / "state.json").write_text(backup)
     nxt = api.plan(cfg, time_limit=5)
     assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
+
+
+def test_a_state_and_its_record_of_applies_begun_put_back_together_believe_what_the_agents_run(tmp_path):
+    """.reconcile/ put back from a backup at serial 1, state.json and started.json alike; an apply since (serial 2)
+    moved b onto c's instance and published it, retagging both (simulated here by the tags it writes). Judged by the
+    record put back, those tags were past every apply begun: b stayed on its old host in the plan, which would publish
+    it back there (stopping it where it runs). The agents' reports (serial 2) say how far the applies went."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("backup", [_gpu_job("a"), _gpu_job("b"), _gpu_job("c")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    placed = json.loads((state_dir(cfg) / "state.json").read_text())
+    assert json.loads((state_dir(cfg) / "started.json").read_text()) == {"serial": placed["serial"]}
+    host, other = placed["placements"]["a"][0], placed["placements"]["c"][0]
+    gpus = {j: tuple(g[0]) for j, g in placed["gpus"].items()}
+    free = tuple(sorted(set(range(4)) - set(gpus["c"])))[:2]
+    later = placed["serial"] + 1
+    with SimCloud(state_dir(cfg)).world() as w:
+        w["instances"][host]["tags"].update(placement_tags(PlacementRecord.of(later, [Placement("a", 0, gpus["a"])])))
+        w["instances"][other]["tags"].update(placement_tags(PlacementRecord.of(later, [Placement("b", 0, free),
+                                                                                       Placement("c", 0, gpus["c"])])))
+    assert api.plan(cfg, time_limit=5).observed.placements["b"] == (host,)  # the record alone: b never left
+    (state_dir(cfg) / "agents").mkdir(parents=True, exist_ok=True)
+    (state_dir(cfg) / "agents" / f"{other}.json").write_text(json.dumps({"heartbeat_at": time.time(), "serial": later}))
+    res = api.plan(cfg, time_limit=5)
+    assert res.observed.placements == {"a": (host,), "b": (other,), "c": (other,)}
+    assert res.observed.gpu_indices["b"] == (free,)
 
 
 def test_a_placement_serial_no_apply_can_count_past_is_refused_before_any_change(tmp_path):
