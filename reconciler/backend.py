@@ -137,6 +137,7 @@ STARTED_KEY = "started.json"  # beside the state: {"serial": the highest serial 
 def read_started(backend: "StateBackend", state: State, where: str) -> State:
     """`state` with what the backend records of the applies begun (State.started). A record that is there but cannot be
     read is refused: taken as none, tags of applies that died before they saved would not be believed."""
+    state.published = lambda: published_serial(backend)
     body = backend.read_key(STARTED_KEY)
     if body is None:
         return state
@@ -150,6 +151,16 @@ def read_started(backend: "StateBackend", state: State, where: str) -> State:
                              "finished (the next apply writes it again); else set it to that apply's serial.")
     state.started = serial
     return state
+
+
+def published_serial(backend: "StateBackend") -> int:
+    """The newest serial an apply published assignments with (State.published): the published assignments' and those the
+    agents report running (an agent rewrites its report, so it outlives a bus put back from an older copy). 0: none."""
+    from reconciler.runtime.bus import Bus
+
+    bus = Bus(backend)
+    docs = [*bus.agents(skipped={}).values(), *bus.assignments().values()]
+    return max((d["serial"] for d in docs if type(d.get("serial")) is int and 0 <= d["serial"] <= SERIAL_MAX), default=0)
 
 
 def record_start(backend: "StateBackend", state: State, serial: int) -> None:

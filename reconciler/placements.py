@@ -16,6 +16,14 @@ holds it. No apply wrote such tags: they were edited, or set on an instance by s
 (believed, they moved the work off its real host, which the plan then deleted as idle).
 Tags newer than an older copy of the state, written by the applies since, still win: the
 instances those applies moved work off were retagged before anything was deleted.
+And one instance's tags alone never take a replica off the live instance the state places it on
+(a forged "hosts nothing" on the real host made it look idle, and the plan deleted it): past every
+apply begun, its tags are not believed over the state; else a replica they drop stays unless
+another instance's tags claim it (an apply tags both ends of a move) or the record of the applies
+begun says an apply began at their serial and died (its evictions and stops are believed); and a
+claim takes no replica from the live instance the state places it on unless that instance's tags
+drop it. One that died published nothing, so a replica left where the state says still runs there.
+Tags that lay an instance out anew with no record to prove an apply wrote them are refused.
 Every disagreement is reported as a note (shown with the plan and logged), never merged
 silently; the next apply rewrites whatever tags are out of date.
 """
@@ -79,7 +87,6 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     notes: list[str] = []
     newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
     newest = s
-    bound = believed_through(state)
     for inst in sorted(instances, key=lambda i: i.id):
         try:
             rec = read_placements(inst.tags)
@@ -89,8 +96,8 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         if rec is None:
             continue
         newest = max(newest, rec.serial)
-        theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
         if rec.serial <= s:
+            theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
             if rec.complete and theirs != ours:
                 notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, the newer state "
                              f"(serial {s}) says {_fmt(ours)}: the state wins; the next apply rewrites the tags")
@@ -99,12 +106,58 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
                          f"more replicas than tags can; the state alone says what it hosts")
         else:
             newer[inst.id] = rec
-            if (s or state.placements) and theirs != ours:
-                notes.append(f"{inst.id}: its tags (serial {rec.serial}) are newer than the state (serial {s}: an apply "
-                             f"that did not save it, or an old copy) and say it hosts {_fmt(theirs)}, not {_fmt(ours)}: the tags win")
+
+    # How far the applies went: the record of the applies begun, raised by what they published (asked only now: tags
+    # newer than the state are rare, and reading the bus costs a request per agent). Tags up to `completed` are an
+    # apply's that finished and published: what they say runs there.
+    completed = state.published() if newer and state.published is not None else 0
+    started = state.started
+    if completed > (state.serial if started is None else started):
+        started = completed
+    bound = believed_through(replace(state, started=started))
+
+    def written(serial: int) -> bool:
+        """Whether an apply can have written placement tags at `serial` (one that died before it saved the state)."""
+        return bound is None or serial <= bound
+
+    # Tags that may say a replica left their instance: those an apply can have written; with no record of the applies
+    # begun (the first apply after the upgrade, or a state put back from an older copy without it), any: the applies
+    # since an older copy retagged the instances they moved work off, and such a drop is believed only where another
+    # instance's tags claim the replica, so one instance's tags alone never empty it.
+    believed = {iid: rec for iid, rec in newer.items() if started is None or written(rec.serial)}
+    # Where an apply that died (or one since an older copy of the state) moved each replica: it tagged the new host.
+    claimed_by: dict[tuple[str, int], set[str]] = {}
+    for iid, rec in believed.items():
+        for p in _on(rec.placements, jobs):
+            claimed_by.setdefault((p.job, p.replica), set()).add(iid)
+    stays: set[tuple[str, int]] = set()  # the state's claims on an instance with newer tags, kept all the same
+    for iid, rec in newer.items():
+        theirs, ours = _on(rec.placements, jobs), _on(state_on.get(iid, ()), jobs)
+        if theirs == ours or not (s or state.placements):
+            continue
+        if iid not in believed:
+            notes.append(f"{iid}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, not {_fmt(ours)}, but are newer "
+                         f"than any apply began ({bound}), so no apply wrote them (edited, or set by someone else): the state "
+                         "says what it hosts; the next apply rewrites the tags")
+            stays.update((p.job, p.replica) for p in ours)
+            continue
+        listed = {(p.job, p.replica) for p in theirs}
+        # An apply began at this serial and did not save the state (the record says so, not the tags): what they drop, it
+        # evicted or stopped, and the plan it made then is believed. Without that record, only a move is: an apply that
+        # moves a replica tags its new host too, and one that died published nothing, so the replica runs here still.
+        died = started is not None and rec.serial <= started
+        kept = [p for p in sorted(ours) if (p.job, p.replica) not in listed and not died
+                and not claimed_by.get((p.job, p.replica), set()) - {iid}]
+        if kept and _takes_new_work(theirs, ours, state_on, iid, alive):
+            raise PlacementTagsUnprovenError(iid, rec.serial, theirs, ours, state)
+        notes.append(f"{iid}: its tags (serial {rec.serial}) are newer than the state (serial {s}: an apply that did not "
+                     f"save it, or an old copy) and say it hosts {_fmt(theirs)}, not {_fmt(ours)}: the tags win"
+                     + (f", but for {_fmt(kept)}, which no other instance's tags say went elsewhere (one instance's tags "
+                        "alone move no work): left on it" if kept else ""))
+        stays.update((p.job, p.replica) for p in kept)
 
     for key, (iid, _, _) in list(claims.items()):
-        if iid in newer:
+        if iid in newer and key not in stays:
             del claims[key]  # that instance's newer tags say what it hosts
     # The newest claim last, so it wins. At one serial two claims come from a copy (an instance cloned with its tags, or
     # launched from an image of it), which is launched after its original: the first launched last, so it wins (the
@@ -116,10 +169,17 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     for iid, rec in order:
         for p in _on(rec.placements, jobs):
             prev = claims.get((p.job, p.replica))
-            if prev is not None and prev[0] != iid and prev[0] in alive and bound is not None and rec.serial > bound:
+            if prev is not None and prev[0] == iid and (p.job, p.replica) in stays:
+                continue  # tags past every apply begun: the state says what the replica holds there (its GPUs)
+            if prev is not None and prev[0] != iid and prev[0] in alive and not written(rec.serial):
                 notes.append(f"{p.job}/{p.replica} is claimed by the tags of {iid} (serial {rec.serial}), newer than any "
                              f"apply began ({bound}), so no apply wrote them (edited, or set by someone else), while "
                              f"{prev[0]}, which runs, holds it (serial {prev[2]}): left on {prev[0]}")
+                continue
+            if prev is not None and prev[0] != iid and prev[0] in alive and prev[2] <= s and rec.serial > completed:
+                notes.append(f"{p.job}/{p.replica} is claimed by the tags of {iid} (serial {rec.serial}), but {prev[0]}, "
+                             f"which runs and which the state places it on, does not say it left (one instance's tags "
+                             f"alone move no work): left on {prev[0]}")
                 continue
             if prev is not None and prev[0] != iid and prev[2] == rec.serial:
                 first = iid in launched and prev[0] in launched and launched[iid] < launched[prev[0]]
@@ -150,7 +210,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         log.info("placements: %s", n)
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
-    return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, newer, alive, jobs))
+    return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, believed, alive, jobs))
 
 
 def believed_through(state: State) -> int | None:
@@ -162,6 +222,30 @@ def believed_through(state: State) -> int | None:
     if not state.serial and not state.placements:
         return None
     return state.serial + 1
+
+
+def _takes_new_work(theirs: Collection[Placement], ours: Collection[Placement], state_on: dict[str, set[Placement]],
+                    iid: str, alive: set[str]) -> bool:
+    """Whether an instance's tags give it replicas the state does not run on a live instance: work they lay out anew
+    (a critical job in the room of one they evict), not a claim on another host's, which takes nothing."""
+    held = {(p.job, p.replica) for other, ps in state_on.items() if other != iid and other in alive for p in ps}
+    mine = {(p.job, p.replica) for p in ours}
+    return any((p.job, p.replica) not in mine | held for p in theirs)
+
+
+class PlacementTagsUnprovenError(ReconcileError):
+    """An instance's tags newer than the state lay it out anew (they drop a replica no other instance's tags claim, and
+    take other work there), with no record that an apply began at their serial: an apply that died before this version
+    recorded the applies begun, or an edit. Believed, an edit stopped the work; disbelieved, a died apply's eviction left
+    the instance holding more than it has. Refused before any change, saying what to do in either case."""
+
+    def __init__(self, iid: str, serial: int, theirs: Collection[Placement], ours: Collection[Placement], state: State):
+        super().__init__(
+            f"{iid}: its {TAG_PLACEMENTS} tags (serial {serial}) say it hosts {_fmt(theirs)}, the state {state.source} "
+            f"(serial {state.serial}) says {_fmt(ours)}, and no record of the applies begun (started.json beside the state) "
+            f"says an apply wrote them. Nothing was changed. If an apply died after it tagged instances and before it saved "
+            f"the state, write {{\"serial\": {serial}}} to started.json beside the state and run again; if not, someone "
+            f"else set them: remove that instance's {TAG_PLACEMENTS} tags (the state then says what it hosts) and run again.")
 
 
 class PlacementSerialError(ReconcileError):

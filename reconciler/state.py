@@ -17,6 +17,7 @@ import re
 import socket
 import stat
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -56,6 +57,10 @@ class State:
     # again: the next plan says it replaces them (not a resize of its survivors: reconciler/apply.py _placements)
     lost: dict[str, list[str]] = field(default_factory=dict)
     source: str = field(default="state", compare=False)  # where it was read from (errors about it name that): not saved
+    # The newest serial an apply published assignments with (its own: it had saved the state at it), read from the bus
+    # when asked (the backend's load sets it): a record of how far the applies went that a state and a started.json put
+    # back from an older copy do not take back. Asked only when tags are newer than the state (a request per agent).
+    published: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -153,16 +154,82 @@ def test_a_claim_newer_than_any_apply_began_takes_no_replica_from_the_live_insta
     assert any(n.startswith("x/0 is claimed by the tags of i-z (serial 1005), newer than any apply began (5)") for n in m.notes), m.notes
     # Its real host gone, the claim is all there is (a replacement launched by hand is better than none).
     assert merge_placements(state, [_tagged("i-z", 1005, p)], {"x"}).placements == {"x": ("i-z",)}
-    # Applies that began at 6 and 7 (two crashes before the state was saved): their claims win, as before.
+    # Applies that began at 6 and 7 (two crashes before the state was saved): their claims win where i-a's tags agree
+    # that x left it. Not retagged (the apply died after its creates, before it retagged the instances it kept), x still
+    # runs on i-a (an apply publishes after it saves the state): it stays there.
     state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5, started=7)
-    m = merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"})
+    m = merge_placements(state, [_tagged("i-a", 7), _tagged("i-b", 7, p)], {"x"})
     assert m.placements == {"x": ("i-b",)} and m.serial == 7
+    m = merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"})
+    assert m.placements == {"x": ("i-a",)} and m.serial == 7
+    assert any(n.startswith("x/0 is claimed by the tags of i-b (serial 7), but i-a, which runs and which the state places "
+                            "it on, does not say it left") for n in m.notes), m.notes
     # A state saved before `started` was recorded: one interrupted apply past its serial is believed, no more.
     state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5)
-    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 6, p)], {"x"}).placements == {"x": ("i-b",)}
+    assert merge_placements(state, [_tagged("i-a", 6), _tagged("i-b", 6, p)], {"x"}).placements == {"x": ("i-b",)}
     assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-a",)}
     # An older copy of the state: the applies since retagged i-a (x moved off it), so i-b's claim holds at any serial.
     assert merge_placements(state, [_tagged("i-a", 9), _tagged("i-b", 9, p)], {"x"}).placements == {"x": ("i-b",)}
+
+
+def _says_it_stays(notes, iid: str, replica: str) -> bool:
+    """A note says the state keeps `replica` on `iid` over its tags: past every apply begun, the instance's tags at
+    once; else the replica they drop that no other instance's tags claim."""
+    return any(n.startswith(f"{iid}: its tags") and (("no apply wrote them" in n and "the state says what it hosts" in n) or
+               (", but for " in n and replica in n.split(", but for ")[1] and n.endswith("left on it"))) for n in notes)
+
+
+def test_one_instances_tags_alone_never_take_a_replica_off_the_live_instance_the_state_places_it_on():
+    """Damage audit: tags on the real host i-a at a serial past the state's, saying it hosts nothing (or other jobs),
+    were believed: x "ran" nowhere, i-a looked idle and the plan deleted it, or moved x. With no record of the applies
+    begun (the first apply after the upgrade), at the state's serial + 1 they read as an apply that died; with one, at
+    any serial. An apply that moves a replica retags both ends at one serial (the new host at launch or retag, the old
+    one after), and one that died before saving the state published nothing, so the replica still runs where the state
+    says: it moves off a live instance only when that instance's tags and another's, each at a serial an apply can have
+    written, agree that it did. Each record that is not believed says so in a note."""
+    p = Placement("x", 0, (0, 1))
+    y = Placement("y", 0, (2, 3))
+    for started in (None, 5):
+        for serial in (6, 1005):
+            state = State(placements={"x": ["i-a"], "y": ["i-b"]}, gpus={"x": [[0, 1]], "y": [[2, 3]]}, serial=5, started=started)
+            for forged in (_tagged("i-a", serial), _tagged("i-a", serial, y)):  # hosts nothing; hosts y, not x
+                m = merge_placements(state, [forged, _tagged("i-b", 5, y)], {"x", "y"})
+                assert m.placements == {"x": ("i-a",), "y": ("i-b",)}, (started, serial, forged.tags)
+                assert m.gpu_indices == {"x": ((0, 1),), "y": ((2, 3),)}
+                assert _says_it_stays(m.notes, "i-a", "x/0"), m.notes
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5)
+    # Both ends agree at a serial an apply can have written (one that died): moved.
+    assert merge_placements(state, [_tagged("i-a", 6), _tagged("i-b", 6, p)], {"x"}).placements == {"x": ("i-b",)}
+    # Past every apply begun, two forged tags agree in vain, and the instance's own say nothing of the GPUs it gives x.
+    state.started = 5
+    m = merge_placements(state, [_tagged("i-a", 1005), _tagged("i-z", 1005, p)], {"x"})
+    assert m.placements == {"x": ("i-a",)}, m.notes
+    m = merge_placements(state, [_tagged("i-a", 1005, Placement("x", 0, (2, 3)))], {"x"})
+    assert m.placements == {"x": ("i-a",)} and m.gpu_indices == {"x": ((0, 1),)}
+
+
+def test_tags_of_applies_that_published_are_believed_over_a_state_and_a_record_put_back_from_older_copies():
+    """The state and started.json put back together from an older copy (serial 5), the applies since moved x to i-b and
+    published it (through serial 7: what the agents report running, and the assignments). Judged by the record alone,
+    their tags were past every apply begun: x stayed on i-a and i-b, running it, looked idle. With i-a's retag failed
+    too (its tags still say x, at 5), i-b's claim took nothing even before. What was published bounds the applies as
+    started.json does, and tags up to it are an apply's that finished: they say where the work runs."""
+    p = Placement("x", 0, (0, 1))
+    state = State(placements={"x": ["i-a"]}, gpus={"x": [[0, 1]]}, serial=5, started=5, published=lambda: 7)
+    assert merge_placements(state, [_tagged("i-a", 7), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-b",)}
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-b",)}
+    # Not published (the apply died before it saved the state): x runs on i-a still, whose tags were not rewritten.
+    state.started, state.published = 7, (lambda: 5)
+    assert merge_placements(state, [_tagged("i-a", 5, p), _tagged("i-b", 7, p)], {"x"}).placements == {"x": ("i-a",)}
+    # Past what was published, tags are still no apply's.
+    state.started, state.published = 5, (lambda: 7)
+    assert merge_placements(state, [_tagged("i-a", 1005), _tagged("i-b", 1005, p)], {"x"}).placements == {"x": ("i-a",)}
+
+    def unasked() -> int:
+        raise AssertionError("the bus is read only when tags are newer than the state")
+
+    state.published = unasked
+    assert merge_placements(state, [_tagged("i-a", 5, p)], {"x"}).placements == {"x": ("i-a",)}
 
 
 def test_without_a_state_placements_come_from_the_tags():
@@ -360,6 +427,75 @@ def test_a_copy_tagged_newer_than_the_state_moves_no_work_and_deletes_nothing(tm
     assert any(i["id"] == host["id"] and i["state"] == "running" for i in sim.instances())
 
 
+@pytest.mark.parametrize("started", [False, True], ids=["no-record-of-applies-begun", "recorded"])
+@pytest.mark.parametrize("lists", ["nothing", "the-other-hosts-job"])
+def test_tags_on_the_real_host_saying_it_hosts_something_else_delete_nothing_and_move_no_work(tmp_path, started, lists):
+    """The attack end to end: the real host's own placement tags rewritten past the state's serial (one past it without
+    the record of the applies begun, the first apply after the upgrade; a thousand past it with one), saying it hosts
+    nothing, or the job the other instance runs. The plan placed a and b again as if they ran nowhere, and with the
+    other job listed, moved all three jobs (a and b onto the other instance, c onto theirs). It keeps them, and the
+    next apply rewrites the tags."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("forged", [_gpu_job("a"), _gpu_job("b"), _gpu_job("c")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    placed = json.loads((state_dir(cfg) / "state.json").read_text())
+    if not started:
+        (state_dir(cfg) / "started.json").unlink()
+    sim = SimCloud(state_dir(cfg))
+    host, other = placed["placements"]["a"][0], placed["placements"]["c"][0]
+    assert placed["placements"]["b"] == [host] and other != host
+    claims = read_placements({i["id"]: i["tags"] for i in sim.instances()}[other]).placements if lists != "nothing" else ()
+    with sim.world() as w:
+        w["instances"][host]["tags"].update(placement_tags(PlacementRecord.of(placed["serial"] + (1000 if started else 1), claims)))
+    res = api.plan(cfg, time_limit=5)
+    assert res.observed.placements == {j: tuple(ids) for j, ids in placed["placements"].items()}
+    assert not res.plan.has_changes, [(j.job, j.action, j.instances) for j in res.plan.jobs]
+    assert _says_it_stays(res.plan.notes, host, "a/0"), res.plan.notes
+    api.apply(cfg, time_limit=5)
+    assert json.loads((state_dir(cfg) / "state.json").read_text())["placements"] == placed["placements"]
+    assert sorted(i["id"] for i in sim.instances() if i["state"] == "running") == sorted([host, other])
+    assert {p.job for p in read_placements({i["id"]: i["tags"] for i in sim.instances()}[host]).placements} == {"a", "b"}
+
+
+def test_an_eviction_by_an_apply_that_died_is_believed_on_the_record_of_the_applies_begun_alone(tmp_path, monkeypatch):
+    """An apply that evicts b for a critical job retags the instance (c and urgent, not b) and dies before it saves the
+    state. Its tags drop b, which no other instance's tags claim: believed because the backend records that an apply
+    began at their serial. Without that record (an apply of a version before it) they are one instance's tags laying it
+    out anew, as an edit would: disbelieved, the instance held b, c and urgent (more GPUs than it has) and the planner
+    failed with an internal error; believed, an edit stopped b. Refused, naming what to do; done, the plan recovers."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("evict", [_gpu_job("b", priority="low"), _gpu_job("c")], 1, aws=False))
+    api.apply(cfg, time_limit=5)
+    write_config(cfg, _docs("evict", [_gpu_job("b", priority="low"), _gpu_job("c"), _gpu_job("urgent", priority="critical")], 1,
+                            aws=False))
+
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt("killed before the state was saved")
+
+    monkeypatch.setattr("reconciler.apply._update_state", crash)
+    with pytest.raises(KeyboardInterrupt):
+        api.apply(cfg, time_limit=5)
+    monkeypatch.undo()
+    saved = json.loads((state_dir(cfg) / "state.json").read_text())
+    assert saved["serial"] == 1 and set(saved["placements"]) == {"b", "c"}
+    (host,) = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
+    assert {p.job for p in read_placements(host["tags"]).placements} == {"c", "urgent"}
+
+    def recovered() -> None:
+        res = api.plan(cfg, time_limit=5)
+        assert res.observed.placements == {"c": (host["id"],), "urgent": (host["id"],)}
+        assert not res.plan.has_changes and {j.job: j.action for j in res.plan.jobs}["b"] == "pending"
+
+    recovered()
+    (state_dir(cfg) / "started.json").unlink()
+    with pytest.raises(ReconcileError, match=rf"{host['id']}: its {TAG_PLACEMENTS} tags \(serial 2\) say it hosts c/0, "
+                                             rf"urgent/0, the state .* says b/0, c/0.*Nothing was changed.*write "
+                                             r'\{"serial": 2\} to started.json'):
+        api.plan(cfg, time_limit=5)
+    (state_dir(cfg) / "started.json").write_text('{"serial": 2}')
+    recovered()
+
+
 def test_an_apply_records_the_serial_it_began_with_before_it_touches_the_cloud(tmp_path, monkeypatch):
     """What makes newer tags believable: a crash after the creates, twice, before the state was saved; the third run
     still finds every replica where the two crashed applies put it."""
@@ -412,6 +548,32 @@ def test_a_state_put_back_from_an_older_copy_still_believes_the_tags_of_the_appl
     (state_dir(cfg) / "state.json").write_text(backup)
     nxt = api.plan(cfg, time_limit=5)
     assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
+
+
+def test_a_state_and_its_record_of_applies_begun_put_back_together_believe_what_the_agents_run(tmp_path):
+    """.reconcile/ put back from a backup at serial 1, state.json and started.json alike; an apply since (serial 2)
+    moved b onto c's instance and published it, retagging both (simulated here by the tags it writes). Judged by the
+    record put back, those tags were past every apply begun: b stayed on its old host in the plan, which would publish
+    it back there (stopping it where it runs). The agents' reports (serial 2) say how far the applies went."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("backup", [_gpu_job("a"), _gpu_job("b"), _gpu_job("c")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    placed = json.loads((state_dir(cfg) / "state.json").read_text())
+    assert json.loads((state_dir(cfg) / "started.json").read_text()) == {"serial": placed["serial"]}
+    host, other = placed["placements"]["a"][0], placed["placements"]["c"][0]
+    gpus = {j: tuple(g[0]) for j, g in placed["gpus"].items()}
+    free = tuple(sorted(set(range(4)) - set(gpus["c"])))[:2]
+    later = placed["serial"] + 1
+    with SimCloud(state_dir(cfg)).world() as w:
+        w["instances"][host]["tags"].update(placement_tags(PlacementRecord.of(later, [Placement("a", 0, gpus["a"])])))
+        w["instances"][other]["tags"].update(placement_tags(PlacementRecord.of(later, [Placement("b", 0, free),
+                                                                                       Placement("c", 0, gpus["c"])])))
+    assert api.plan(cfg, time_limit=5).observed.placements["b"] == (host,)  # the record alone: b never left
+    (state_dir(cfg) / "agents").mkdir(parents=True, exist_ok=True)
+    (state_dir(cfg) / "agents" / f"{other}.json").write_text(json.dumps({"heartbeat_at": time.time(), "serial": later}))
+    res = api.plan(cfg, time_limit=5)
+    assert res.observed.placements == {"a": (host,), "b": (other,), "c": (other,)}
+    assert res.observed.gpu_indices["b"] == (free,)
 
 
 def test_a_placement_serial_no_apply_can_count_past_is_refused_before_any_change(tmp_path):

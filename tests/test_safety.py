@@ -568,9 +568,10 @@ def test_gpu_indices_past_the_instance_never_reach_the_cloud(applied_once, tmp_p
     host = json.loads(_state(cfg).read_text())["placements"]["finetune-a"][0]
     if where == "state":
         _edit_state(lambda s: s["gpus"].update({"finetune-a": [[99]]}))(cfg)
-    else:  # tags newer than the state: they say what the instance hosts
+    else:  # tags newer than the state, of an apply that began at 50 and died: they say what the instance hosts
         with SimCloud(state_dir(cfg)).world() as w:
             w["instances"][host]["tags"].update({TAG_PLACEMENTS: "finetune-a/0@99", TAG_PLACEMENTS_SERIAL: "50"})
+        (state_dir(cfg) / "started.json").write_text('{"serial": 50}')
     before = _live(cfg)
     for args in (("plan", cfg), ("apply", cfg, "--auto-approve")):
         res = cli(*args)

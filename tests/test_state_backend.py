@@ -198,3 +198,26 @@ def test_a_broken_google_credentials_file_is_said_to_be_broken_not_missing(tmp_p
             make()
         assert f"GOOGLE_APPLICATION_CREDENTIALS names {bad}, which could not be read as credentials" in str(e.value), str(e.value)
         assert "PLANTED" not in str(e.value)
+
+
+@pytest.mark.slow  # (7.6 s: the quickstart applied and planned on a moto S3)
+def test_the_real_hosts_tags_saying_it_hosts_nothing_move_no_work_on_s3_state(s3_env, tmp_path):
+    """The forged-tags attack on a shared state (tests/test_placement_tags.py has it on the local one): started.json
+    gone (the first apply after the upgrade), the tags of an instance the state places work on rewritten one serial past
+    the state's to say it hosts nothing. The plan took its work for gone and placed it again; now it changes nothing."""
+    from providers.placements import PlacementRecord, placement_tags
+    from providers.sim import SimCloud
+
+    _, url, s3, bucket = s3_env
+    qs = copy_quickstart(tmp_path)
+    api.apply(qs, state=url)
+    s3.delete_object(Bucket=bucket, Key="fleets/quickstart/started.json")
+    saved = backend_for(qs, url).load()
+    assert saved.started is None
+    host = min(saved.placements.values())[0]
+    with SimCloud(state_dir(qs)).world() as w:
+        w["instances"][host]["tags"].update(placement_tags(PlacementRecord(saved.serial + 1)))
+    res = api.plan(qs, state=url)
+    assert not res.plan.has_changes, [(j.job, j.action) for j in res.plan.jobs if j.action != "keep"]
+    assert {j: tuple(ids) for j, ids in saved.placements.items()} == res.observed.placements
+    assert any(n.startswith(f"{host}: its tags (serial {saved.serial + 1})") and n.endswith("left on it") for n in res.plan.notes)
