@@ -298,7 +298,7 @@ class ArmFake:
             self._stalls.append([seconds, method, count])
 
     def hold_creates(self) -> None:
-        """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
+        """Later VM creates stay InProgress (provisioningState Creating) however long they run, as a slow
         allocation does, until end_held()."""
         with self.lock:
             self.holding = True

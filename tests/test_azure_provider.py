@@ -1021,3 +1021,22 @@ def test_arm_s_retry_after_paces_the_status_polls_and_lro_timeout_still_bounds_t
     with pytest.raises(ProviderError, match="still allocating after 0.5 s"):
         slow.create(req("k-still-allocating"))
     assert time.monotonic() - started < 3.0
+
+
+def test_a_delete_of_our_vm_while_its_create_still_runs_removes_it_and_nothing_recreates_it(arm, tmp_path):
+    """A plan may drop a VM whose create an earlier run gave up waiting on (still Creating). ARM takes the DELETE: it
+    preempts the create (its operation ends Canceled) and removes the VM; the delete waits for that, not for the
+    allocation, and the VM does not come back when the allocation would have ended."""
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="0.3")))
+    arm.latency = 30.0  # the allocation outlasts the create's wait
+    with pytest.raises(ProviderError, match="still allocating"):
+        prov.create(req("k-dropped"))
+    (pending,) = prov.observe([target()])
+    assert pending.state == "pending"
+    arm.latency = 0.05
+    prov.delete(pending)
+    assert arm.snapshot() == {} and prov.observe([target()]) == []
+    (create,) = [op for op in arm.ops.values() if op.kind == "create"]
+    assert create.preempted
+    arm.clock.advance(60)  # past when the allocation would have ended
+    assert arm.snapshot() == {}
