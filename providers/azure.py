@@ -15,7 +15,8 @@ plan's key, and an existing VM of that name carrying our tags is returned instea
 of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
-Long-running operations are polled to the end (bounded by `lro_timeout`; a create not done by then fails, its
+Long-running operations are polled to the end (bounded by `lro_timeout`; a create not seen done by then is read once,
+as ARM's Retry-After may have put its next poll past the deadline: allocated, it is the create's VM; else it fails, its
 VM left to the next run, the error saying whether it was still allocating or ARM refused its status polls, and its
 polls stop: azure-core's poller thread would poll it for the rest of the process). A create
 whose status polls failed (the SDK's retries of a throttled poll run out) is retried by apply; the retry finds the VM
@@ -880,8 +881,26 @@ class AzureProvider:
         except _Preempted as e:
             return self._after_preemption(scope, name, what, str(e), deadline)
         if not done:
-            raise self._unfinished(what, polls)
+            return self._as_it_stands(scope, name, what, polls)
         return self._to_instance(scope, vm, once=True)
+
+    def _as_it_stands(self, scope: Scope, name: str, what: str, polls: _Polls) -> Instance:
+        """The wait on a create's operation gave up at lro_timeout; its last status poll may be long past (ARM's
+        Retry-After sets when the next is due, and may be longer than what was left of the wait): the VM is read once
+        before the create is failed as still allocating. Allocated (Succeeded), it is the create's VM: a create failed
+        then said "still allocating" of a VM that ran (the next run found it and used it, one run late). Anything else
+        (still Creating, Failed, unreadable, not ours) fails the create as before: nothing placed on it."""
+        try:
+            vm = self._get(scope, name, once=True)
+        except ProviderError:
+            vm = None
+        if (vm is not None and str(vm.provisioning_state or "").lower() == "succeeded"
+                and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet):
+            try:
+                return self._to_instance(scope, vm, once=True)
+            except ProviderError:
+                pass
+        raise self._unfinished(what, polls)
 
     def _after_preemption(self, scope: Scope, name: str, what: str, error: str, deadline: float) -> Instance:
         """The create's operation was preempted: someone wrote the VM while it was being made (tagged it in the portal,

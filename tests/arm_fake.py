@@ -7,7 +7,13 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
   and GET .../virtualMachines (a page of `value` plus `nextLink`), api-version required;
 * PUT answers 201 with provisioningState "Creating" and an Azure-AsyncOperation URL,
   DELETE answers 202 with Azure-AsyncOperation and Location URLs (204 if already gone);
-  each operation reports "InProgress" on its first poll and its outcome on the next;
+  an operation runs `latency` seconds of the fake's clock (tests/fakeclock.py: a test may freeze or advance it) and
+  ends then whether or not anyone polls it, as ARM's do ("Track asynchronous Azure operations", MicrosoftDocs
+  azure-docs articles/azure-resource-manager/management/async-operations.md; the RPC's async-api-reference.md: the
+  resource's provisioningState stays non-terminal while its operation runs): until then a GET or list of the VM shows
+  provisioningState "Creating" (or "Deleting") and its instance view no PowerState, and its status is "InProgress"
+  (the Location URL answers 202); with `retry_after` set, the 201/202 and every InProgress answer carry Retry-After
+  (seconds), as that article documents;
 * a PUT or DELETE of a VM whose create is still under way preempts the create: its operation ends "Canceled" with
   OperationPreempted (PREEMPTED) while the newer operation carries on (a PUT allocates the VM as the create would
   have, a DELETE removes it); before, a PUT mid-create was a silent tag update and the create still succeeded;
@@ -21,7 +27,7 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 The request body is validated the way ARM would reject it (tag names, spot settings,
 a NIC, an image, a Linux SSH key), so a provider bug shows up as a 400 and not as a
 silently accepted VM. Test-side fault injection: exhaust(), plant(), power_off(), lose_host(), fail_next(), throttle_reads(), and
-hold_creates() / end_held() (an allocation still InProgress however long it is polled, then ended by the test).
+hold_creates() / end_held() (an allocation still InProgress however long it runs, then ended by the test).
 GET .../providers/Microsoft.Compute/virtualMachines?statusOnly=true lists a subscription's VMs with their instance views.
 GET .../providers/Microsoft.Compute/locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions[/{v}]
 lists (or gets) the marketplace image versions it holds (MARKETPLACE_IMAGES, add_image()); an unknown one is 404
@@ -62,6 +68,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakeclock import FakeClock
 
 TOKEN = "fake-for-tests"  # the bearer providers.azure's test-only credential hands out; any other is 401
 VM_TYPE = "Microsoft.Compute/virtualMachines"
@@ -154,10 +162,12 @@ class Operation:
     kind: str  # "create" | "delete"
     key: tuple[str, str, str]  # (subscription, resource group, vm name), lower case
     location: str
+    ends_at: float  # the fake clock's time at which it ends (unless held)
     polls: int = 0
     error: dict | None = None  # the ARM error the operation ends with
     held: bool = False  # InProgress until the test ends it (ArmFake.end_held)
-    preempted: bool = False  # a later PUT or DELETE of its VM took over: it ends Canceled (OperationPreempted)
+    preempted: bool = False  # a later PUT or DELETE of its VM took over: it ended Canceled (OperationPreempted)
+    done: bool = False  # ended (Succeeded, Failed, or Canceled if preempted): its effect on the VM is made
     start: str = field(default_factory=lambda: _now())
 
 
@@ -211,6 +221,9 @@ class ArmFake:
         self.capacity_groups: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> the group's location
         self._inject: list[Injected] = []
         self.holding = False  # hold_creates(): create operations stay InProgress until end_held()
+        self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
+        self.latency = 0.05  # seconds (of self.clock) an operation runs: a real VM create takes minutes
+        self.retry_after: int | None = None  # Retry-After (seconds) on accepted writes and InProgress polls, if set
         self._stalls: list[list] = []  # stall(): [seconds, method, count left]
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -285,7 +298,7 @@ class ArmFake:
             self._stalls.append([seconds, method, count])
 
     def hold_creates(self) -> None:
-        """Later VM creates stay InProgress (provisioningState Creating) however long they are polled, as a slow
+        """Later VM creates stay InProgress (provisioningState Creating) however long they run, as a slow
         allocation does, until end_held()."""
         with self.lock:
             self.holding = True
@@ -294,6 +307,7 @@ class ArmFake:
         """Stop holding: every held create ends now, Succeeded, or Failed with `error_code` (the VM left in
         provisioningState Failed with no power state, as after a failed allocation). The names of the VMs ended."""
         with self.lock:
+            self._settle()
             self.holding = False
             ended = []
             for op in self.ops.values():
@@ -303,9 +317,9 @@ class ArmFake:
                     if error_code is not None:
                         op.error = {"code": error_code, "message": "Allocation failed. We do not have sufficient capacity "
                                     "for the requested VM size in this zone."}
-                    op.held = False
-                    self._finish(op)
+                    op.held, op.ends_at = False, self.clock.now()
                     ended.append(self.vms[op.key]["name"])
+            self._settle()
             return sorted(ended)
 
     def plant(self, name: str, *, resource_group: str | None = None, tags: dict | None = None, location: str = "eastus",
@@ -563,6 +577,7 @@ class ArmFake:
     def snapshot(self) -> dict[str, dict]:
         """Every VM by name, as stored (a deep copy)."""
         with self.lock:
+            self._settle()
             return {vm["name"]: copy.deepcopy(vm) for vm in self.vms.values()}
 
     def requests(self, method: str, fragment: str = "") -> list[str]:
@@ -658,6 +673,7 @@ class ArmFake:
             raise ArmError(400, "InvalidParameter", "billingProfile.maxPrice must be -1 or a positive number.", "maxPrice")
 
     def put_vm(self, sub: str, rg: str, name: str, body: dict, base: str, api_version: str) -> tuple[int, dict, dict]:
+        self._settle()
         self._check_scope(sub, rg)
         key = (sub.lower(), rg.lower(), name.lower())
         existing = self.vms.get(key)
@@ -671,9 +687,10 @@ class ArmFake:
             if running is None:
                 return 200, copy.deepcopy(existing), {}
             # The update carries the allocation on in an operation of its own, which ends as the preempted one would have.
-            op = Operation(str(uuid.uuid4()), "create", key, existing["location"], error=running.error, held=running.held)
+            op = Operation(str(uuid.uuid4()), "create", key, existing["location"], running.ends_at, error=running.error,
+                           held=running.held)
             self.ops[op.id] = op
-            return 200, copy.deepcopy(existing), {"Azure-AsyncOperation": self._op_url(base, sub, op, api_version)}
+            return 200, copy.deepcopy(existing), self._accepted(base, sub, op, api_version)
         self._validate(name, body)
         self._check_nic_subnets(sub, rg, body)
         self._check_capacity_group(body)
@@ -699,7 +716,7 @@ class ArmFake:
         if over is not None:
             raise over
         self.vms[key] = vm
-        op = Operation(str(uuid.uuid4()), "create", key, vm["location"], held=self.holding)
+        op = Operation(str(uuid.uuid4()), "create", key, vm["location"], self.clock.now() + self.latency, held=self.holding)
         zone = (vm.get("zones") or [None])[0]
         code = self.exhausted.get((vm["location"], zone)) if zone else None
         if code is not None:
@@ -708,20 +725,36 @@ class ArmFake:
                 f"{vm['properties']['hardwareProfile']['vmSize']} in this zone. Read more about improving likelihood of "
                 "allocation success at http://aka.ms/allocation-guidance")}
         self.ops[op.id] = op
-        return 201, copy.deepcopy(vm), {"Azure-AsyncOperation": self._op_url(base, sub, op, api_version)}
+        return 201, copy.deepcopy(vm), self._accepted(base, sub, op, api_version)
+
+    def _accepted(self, base: str, sub: str, op: Operation, api_version: str, *, location: bool = False) -> dict:
+        """The headers of a write ARM accepted and runs asynchronously."""
+        url = self._op_url(base, sub, op, api_version)
+        headers = {"Azure-AsyncOperation": url, **({"Location": url + "&monitor=true"} if location else {})}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
+
+    def _settle(self) -> None:
+        """End every operation whose time has come (in the order they end), polled or not, as ARM's do."""
+        now = self.clock.now()
+        for op in sorted(self.ops.values(), key=lambda o: o.ends_at):
+            if not op.done and not op.held and op.ends_at <= now:
+                op.done = True
+                self._finish(op)
 
     def _preempt(self, key: tuple[str, str, str]) -> Operation | None:
         """A write to a VM whose create is under way preempts that create's operation (PREEMPTED); the one preempted."""
         vm = self.vms.get(key)
         if vm is None or vm["properties"].get("provisioningState") != "Creating":
             return None
-        running = next((op for op in self.ops.values() if op.kind == "create" and op.key == key and not op.preempted
-                        and (op.held or op.polls < 2)), None)
+        running = next((op for op in self.ops.values() if op.kind == "create" and op.key == key and not op.done), None)
         if running is not None:
-            running.preempted = True
+            running.preempted = running.done = True
         return running
 
     def delete_vm(self, sub: str, rg: str, name: str, base: str, api_version: str) -> tuple[int, dict | None, dict]:
+        self._settle()
         self._check_scope(sub, rg)
         key = (sub.lower(), rg.lower(), name.lower())
         vm = self.vms.get(key)
@@ -729,27 +762,28 @@ class ArmFake:
             return 204, None, {}
         self._preempt(key)
         vm["properties"]["provisioningState"] = "Deleting"
-        op = Operation(str(uuid.uuid4()), "delete", key, vm["location"])
+        op = Operation(str(uuid.uuid4()), "delete", key, vm["location"], self.clock.now() + self.latency)
         self.ops[op.id] = op
-        url = self._op_url(base, sub, op, api_version)
-        return 202, None, {"Azure-AsyncOperation": url, "Location": url + "&monitor=true"}
+        return 202, None, self._accepted(base, sub, op, api_version, location=True)
 
     def _op_url(self, base: str, sub: str, op: Operation, api_version: str) -> str:
         return f"{base}/subscriptions/{sub}/providers/Microsoft.Compute/locations/{op.location}/operations/{op.id}?api-version={api_version}"
 
     def poll(self, op_id: str, monitor: bool) -> tuple[int, dict | None, dict]:
+        """An operation's status (Azure-AsyncOperation) or its Location monitor: InProgress until it has ended."""
+        self._settle()
         op = self.ops.get(op_id)
         if op is None:
             raise ArmError(404, "NotFound", f"The operation '{op_id}' was not found.")
         op.polls += 1
-        if op.preempted and op.polls > 1:
+        if op.preempted:
             ended = {"startTime": op.start, "endTime": _now(), "name": op.id, "status": "Canceled", "error": PREEMPTED}
             return (200, {"error": PREEMPTED}, {}) if monitor else (200, ended, {})
-        if op.polls == 1 or (op.held and not op.preempted):
+        if not op.done:
+            later = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
             if monitor:
-                return 202, None, {}
-            return 200, {"startTime": op.start, "status": "InProgress", "name": op.id}, {}
-        self._finish(op)
+                return 202, None, later
+            return 200, {"startTime": op.start, "status": "InProgress", "name": op.id}, later
         if monitor:
             return (204, None, {}) if op.error is None else (200, {"error": op.error}, {})
         done = {"startTime": op.start, "endTime": _now(), "name": op.id}
@@ -855,6 +889,7 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(stall[0])  # (outside the lock: other requests are answered meanwhile)
         try:
             with arm.lock:
+                arm._settle()  # (operations end by time: what this request sees is what ARM would show now)
                 arm.log.append((method, self.path))
                 if self.headers.get("Authorization") != f"Bearer {arm.token}":
                     raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.",

@@ -25,11 +25,18 @@ labelFingerprint, scheduling, disks, networkInterfaces). HTTP errors use the
 Google JSON error body {"error": {"code", "message", "errors": [{"message",
 "domain", "reason"}]}}.
 
-An operation advances one step per poll (get or wait): PENDING -> RUNNING -> DONE,
-so a client must poll at least twice and must cope with a wait that returns before
-DONE, which the real API documents as possible. An inserted instance exists
-(PROVISIONING) while its operation runs and is RUNNING once it is DONE; a deleted
-one is STOPPING until its operation is DONE, then gone.
+An operation progresses by time, polled or not, as GCE's do: PENDING for the first third of `op_latency` seconds of
+the fake's clock (tests/fakeclock.py: a test may freeze or advance it), RUNNING until op_latency has passed, then DONE.
+An inserted instance exists while its operation runs, PROVISIONING then STAGING (from half-way), and is RUNNING once
+it is DONE, as the instance life cycle documents ("When you create a compute instance, it starts in the PROVISIONING
+state, moves to STAGING, and then enters the RUNNING state", cloud.google.com/compute/docs/instances/instance-lifecycle);
+a deleted one is STOPPING until its operation is DONE, then gone. zoneOperations.wait blocks until the operation is
+DONE or `wait_cap` seconds have passed (GCE: about 2 minutes) and answers the operation as it then stands; "In uncommon
+cases ... the request might return before the default deadline is reached, or might return after zero seconds"
+(zoneOperations.wait reference): early_waits() makes the next waits return at once, so a client must loop. A delete of
+an instance whose insert is still under way is refused 400 resourceNotReady ("The resource '...' is not ready", as
+GCE answers it in the wild: googleapis/google-api-python-client#485; GoogleCloudPlatform/compute-image-tools#542 has
+a delete before the create finished fail, and retry): the delete must be tried again once it is made.
 
 Insert bodies are validated the way GCE rejects them (RFC 1035 names, label
 formats, machine type paths and zones, a boot disk with an image, a network
@@ -47,7 +54,7 @@ instances; a Spot VM counts against the PREEMPTIBLE_ metric where its limit is a
 insert past a limit is accepted and its operation fails with QUOTA_EXCEEDED ("Quota 'NVIDIA_A100_GPUS' exceeded.
 Limit: 16.0 in region us-central1."), as GCE's does.
 
-Realistic latency: op_latency (seconds before an operation is DONE; wait blocks until then), with
+Realistic latency: op_latency (seconds before an operation is DONE; small by default; wait blocks until then), with
 running_ops / max_running_ops to see how many ran at once. Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
 instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
@@ -75,12 +82,13 @@ import json
 import random
 import re
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakeclock import FakeClock
 
 API = "https://www.googleapis.com/compute/v1"  # GCE writes its own URLs into resources, whatever host was called
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f",
@@ -185,20 +193,24 @@ class Operation:
     op_type: str  # insert | delete
     target: str  # instance name
     target_id: str
+    clock: FakeClock = field(repr=False)
+    running_at: float  # the clock's time at which it is RUNNING ...
+    staging_at: float  # ... its instance STAGING (an insert's) ...
+    ready_at: float  # ... and it is DONE (the fake's op_latency after it started)
     error: dict | None = None  # {"code", "message"} the operation ends with
     http_error: tuple[int, str] | None = None
-    polls: int = 0
-    steps: int = 2
-    ready_at: float = 0.0  # time.monotonic() before which it is not DONE (the fake's op_latency)
+    polls: int = 0  # gets and waits of it, for inspection
+    done: bool = False  # set when it is settled: its effect (on_done) is made
     on_done: Callable[[], None] | None = None
+    on_staging: Callable[[], None] | None = None
     insert_time: str = field(default_factory=_now)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
     @property
     def status(self) -> str:
-        if self.polls >= self.steps and time.monotonic() >= self.ready_at:
+        if self.done:
             return "DONE"
-        return "RUNNING" if self.polls else "PENDING"
+        return "RUNNING" if self.clock.now() >= self.running_at else "PENDING"
 
     def json(self) -> dict:
         base = f"{API}/projects/{self.project}/zones/{self.zone}"
@@ -356,11 +368,13 @@ def parse_filter(text: str) -> Callable[[dict], bool]:
 class GceFake:
     """The in-memory Compute Engine. start() binds 127.0.0.1 on a free port and sets `url`."""
 
-    def __init__(self, *, zones: tuple[str, ...] = ZONES, page_limit: int = 500, op_steps: int = 2):
+    def __init__(self, *, zones: tuple[str, ...] = ZONES, page_limit: int = 500):
         self.zones = set(zones)
         self.page_limit = page_limit  # the server's own cap on a page, below the client's maxResults if set low
-        self.op_steps = op_steps  # polls an operation takes to reach DONE
-        self.op_latency = 0.0  # seconds an operation takes at least (a real insert: tens of seconds); wait blocks
+        self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
+        self.op_latency = 0.05  # seconds (of self.clock) an operation runs (a real insert: tens of seconds)
+        self.wait_cap = 120.0  # seconds a zoneOperations.wait blocks at most (GCE: "no more than the 2 minutes")
+        self._early_waits = 0  # early_waits(): waits left that answer at once, DONE or not
         self.running_ops = 0  # operations accepted and not yet DONE, now ...
         self.max_running_ops = 0  # ... and at most, so far
         self.machine_types: set[str] | None = None  # None: any well-formed name exists in every zone
@@ -520,6 +534,12 @@ class GceFake:
             if family:
                 self.images.add((project, "family/", family))
 
+    def early_waits(self, count: int) -> None:
+        """The next `count` zoneOperations.wait calls return at once with the operation as it stands (DONE or not),
+        as GCE's may when it is overloaded."""
+        with self.lock:
+            self._early_waits = count
+
     def forget_request_ids(self) -> None:
         """GCE remembers a requestId for a limited time; forget them all, as if it had passed."""
         with self.lock:
@@ -660,6 +680,7 @@ class GceFake:
     def instances(self, project: str | None = None) -> list[dict]:
         """A copy of every instance (any status), sorted by zone and name."""
         with self.lock:
+            self._settle()
             return [copy.deepcopy(v) for (p, z, n), v in sorted(self.instances_by_key.items())
                     if project is None or p == project]
 
@@ -670,11 +691,7 @@ class GceFake:
     # -- request handling ----------------------------------------------------------
     def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict | None) -> tuple[int, dict]:
         with self.lock:
-            self.log.append((method, path, query))
-            for inj in self._inject:
-                if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
-                    inj.remaining -= 1
-                    raise GceError(inj.status, inj.reason, inj.message, inj.headers)
+            self._settle()  # (operations progress by time: what this request sees is what GCE would show now)
             q = {k: v[-1] for k, v in query.items()}
             if m := _INSTANCES.match(path):
                 project, zone, name = m.groups()
@@ -717,17 +734,46 @@ class GceFake:
                     return 200, self._poll(project, zone, name)
             raise GceError(404, "notFound", f"The requested URL {path} was not found on this server.")
 
+    def admit(self, method: str, path: str, query: dict[str, list[str]]) -> None:
+        """Log a request and answer it with an injected fault (fail_next), if one matches, before anything else (a
+        throttled wait is refused at once, not after blocking)."""
+        with self.lock:
+            self.log.append((method, path, query))
+            for inj in self._inject:
+                if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
+                    inj.remaining -= 1
+                    raise GceError(inj.status, inj.reason, inj.message, inj.headers)
+
     def block_until_ready(self, path: str) -> None:
-        """zoneOperations.wait blocks until the operation is DONE (or about 2 minutes): sleep, outside the lock,
-        until the operation's latency has passed."""
+        """zoneOperations.wait blocks until the operation is DONE (or wait_cap seconds, about 2 minutes at GCE): wait,
+        outside the lock, for the clock to reach the operation's end; an early wait (early_waits) does not."""
         m = _OPERATION.match(path)
         if not m or not m.group(4):
             return
         with self.lock:
             op = self.operations.get(m.groups()[:3])
-            delay = 0.0 if op is None else op.ready_at - time.monotonic()
-        if delay > 0:
-            time.sleep(min(delay, 120.0))
+            if op is None or op.done:
+                return
+            if self._early_waits > 0:
+                self._early_waits -= 1
+                return
+        self.clock.sleep_until(op.ready_at, at_most=self.wait_cap)
+
+    def _settle(self) -> None:
+        """Move every operation on to where the clock says it is, polled or not: its instance STAGING half-way, and
+        the operation's effect made (instance RUNNING, or gone) once it is DONE, in the order they end."""
+        now = self.clock.now()
+        for op in sorted(self.operations.values(), key=lambda o: o.ready_at):
+            if op.done:
+                continue
+            if now >= op.staging_at and op.on_staging is not None:
+                op.on_staging()
+                op.on_staging = None
+            if now >= op.ready_at:
+                op.done = True
+                self.running_ops -= 1
+                if op.on_done is not None:
+                    op.on_done()
 
     def _check_zone(self, zone: str) -> None:
         if zone not in self.zones:
@@ -741,14 +787,14 @@ class GceFake:
 
     def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, **kw) -> Operation:
         name = f"operation-{int(dt.datetime.now().timestamp() * 1000)}-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
-        op = Operation(project, zone, name, op_type, target, target_id, steps=self.op_steps,
-                       ready_at=time.monotonic() + self.op_latency, **kw)
+        now = self.clock.now()
+        op = Operation(project, zone, name, op_type, target, target_id, clock=self.clock,
+                       running_at=now + self.op_latency / 3, staging_at=now + self.op_latency / 2,
+                       ready_at=now + self.op_latency, **kw)
         self.operations[(project, zone, name)] = op
-        if op.status != "DONE":
-            self.running_ops += 1
-            self.max_running_ops = max(self.max_running_ops, self.running_ops)
-        if op.status == "DONE" and op.on_done:
-            op.on_done()
+        self.running_ops += 1
+        self.max_running_ops = max(self.max_running_ops, self.running_ops)
+        self._settle()  # (with no latency it is DONE at once)
         return op
 
     def _image(self, project: str, family: str, name: str) -> dict:
@@ -762,12 +808,7 @@ class GceFake:
         op = self.operations.get((project, zone, name))
         if op is None:
             raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/operations/{name}' was not found")
-        if op.status != "DONE":
-            op.polls += 1
-            if op.status == "DONE":
-                self.running_ops -= 1
-                if op.on_done is not None:
-                    op.on_done()
+        op.polls += 1
         return op.json()
 
     def _validate(self, project: str, zone: str, body: dict) -> None:
@@ -944,20 +985,28 @@ class GceFake:
             if reservation is not None:
                 self.consumed[inst["id"]] = reservation
 
-            def running(key=(project, zone, name), iid=inst["id"]) -> None:
+            def staging(key=(project, zone, name), iid=inst["id"]) -> None:
                 cur = self.instances_by_key.get(key)
                 if cur is not None and cur["id"] == iid and cur["status"] == "PROVISIONING":
+                    cur["status"] = "STAGING"
+
+            def running(key=(project, zone, name), iid=inst["id"]) -> None:
+                cur = self.instances_by_key.get(key)
+                if cur is not None and cur["id"] == iid and cur["status"] in ("PROVISIONING", "STAGING"):
                     cur["status"] = "RUNNING"
                     if zone in self.reclaiming and cur["scheduling"]["provisioningModel"] == "SPOT":
                         self._preempted(key)
 
-            op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running)
+            op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running, on_staging=staging)
         if request_id is not None:
             self.request_ids[(project, request_id)] = (project, zone, op.name)
         return op.json()
 
     def _delete(self, project: str, zone: str, name: str) -> dict:
         inst = self._instance(project, zone, name)
+        if any(op.op_type == "insert" and op.error is None and op.target_id == inst["id"] and not op.done
+               for op in self.operations.values()):
+            raise GceError(400, "resourceNotReady", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready")
         inst["status"] = "STOPPING"
 
         def gone(key=(project, zone, name), iid=inst["id"]) -> None:
@@ -1080,6 +1129,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw) if raw else None
             except ValueError:
                 raise GceError(400, "parseError", "Parse Error") from None
+            self.gce.admit(method, parts.path, query)
             if method == "POST":
                 self.gce.block_until_ready(parts.path)
             status, payload = self.gce.handle(method, parts.path, query, body)

@@ -99,8 +99,8 @@ def test_create_observe_delete_spot_and_on_demand(prov, gce):
     assert raw["status"] == "RUNNING" and raw["labels"][LABEL_FLEET] == "gcp-test_fleet"
     assert raw["scheduling"]["provisioningModel"] == "SPOT" and raw["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert stored(gce, "fo-k-od")["scheduling"]["provisioningModel"] == "STANDARD"
-    # Every insert was waited on: PENDING -> RUNNING -> DONE takes two polls of zoneOperations.wait.
-    assert len(gce.requests("POST", "/wait")) == 4
+    # Every insert was waited on: zoneOperations.wait blocks until the operation is DONE, so once each.
+    assert len(gce.requests("POST", "/wait")) == 2
 
     prov.delete(spot)
     prov.delete(spot)  # already gone: not an error
@@ -440,7 +440,7 @@ def test_operation_capacity_errors_become_capacity_errors(prov, gce, code):
     with pytest.raises(CapacityError, match=code) as e:
         prov.create(req("k-cap", market="spot", zone=ZONE_B))
     assert (e.value.cloud, e.value.zone, e.value.instance_type, e.value.market) == ("gcp", ZONE_B, "g2-standard-4", "spot")
-    assert len(gce.requests("POST", "/wait")) == 2  # the error arrived in the finished operation
+    assert len(gce.requests("POST", "/wait")) == 1  # the error arrived in the finished operation
     assert gce.instances(PROJECT) == []
     assert prov.create(req("k-elsewhere", zone=ZONE_A)).zone == ZONE_A  # other zones are unaffected
 
@@ -488,14 +488,23 @@ def test_an_operation_that_never_finishes_is_waited_for_once_and_the_next_run_us
     nothing twice."""
     cfg = _config(tmp_path)
     opts = {"endpoint": gce.url, "project": PROJECT, "operation_timeout": "1", "retry_window": "0"}
-    gce.op_steps = 10**9  # no operation ever reaches DONE
+    gce.op_latency = 10**6  # no operation reaches DONE while the apply waits
     with pytest.raises(ApplyError, match="is not done after 1 s") as e:
         api.apply(cfg, provider="gcp", options=opts)
     assert "the next run sees how it ended and uses the instance it made" in str(e.value)
     inserts = gce.requests("POST", "/instances")
     assert len(inserts) == len(gce.insert_bodies) == 5, "an unfinished insert was sent again"
-    for op in gce.operations.values():  # GCE gets there in the end
-        op.steps = 0
+    # A plan made while they are still being made (PROVISIONING) sees them pending and launches nothing; so does an
+    # observe once they are STAGING (from half-way).
+    assert {i["status"] for i in gce.instances(PROJECT)} == {"PROVISIONING"}
+    seen = api.plan(cfg, provider="gcp", options=opts)
+    assert [i.state for i in seen.observed.instances] == ["pending"] * 5 and not seen.plan.creates
+    gce.clock.advance(10**6 / 2)
+    assert {i["status"] for i in gce.instances(PROJECT)} == {"STAGING"}
+    fleet = seen.observed.instances[0].tags[TAG_FLEET]
+    prov = GcpProvider(ProviderContext(fleet=fleet, state_dir=tmp_path / "p", options=opts))
+    assert [i.state for i in prov.observe([])] == ["pending"] * 5
+    gce.clock.advance(10**6)  # GCE gets there in the end
     res = api.apply(cfg, provider="gcp", options=opts)
     assert res.report.ok and not res.report.created and len(gce.insert_bodies) == 5
     assert {j.action for j in res.plan.jobs} == {"place"} and all(not i.startswith("+") for j in res.plan.jobs
@@ -570,6 +579,7 @@ def test_a_throttled_operation_wait_retries_its_reads_no_later_than_apply_s_wind
     prov = GcpProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options={
         "endpoint": gce.url, "project": PROJECT, "retry_window": "1", "retry_timeout": "4"}))
     gce.fail_next(429, "rateLimitExceeded", method="POST", path_contains="/wait", count=10**6)
+    gce.op_latency = 10**6  # (and the operation still runs when apply's retries insert again: answered with it)
     started = time.monotonic()
     with pytest.raises(TransientProviderError, match="429|rateLimitExceeded"):
         _within(6.0, lambda: _retry(lambda: prov.create(req("k-wait")), "create", prov.retry_window_s))
@@ -946,3 +956,45 @@ def test_every_catalog_mig_layout_fits_a_gce_label_exactly():
                     longest = max(longest, len(label))
     assert 0 < longest <= 63
     assert mig_tag(()) == NO_MIG and mig_of({"fleetops.io/mig": tag_value(label_value(NO_MIG))}) == ()
+
+
+# ---------------------------------------------------------------- operations that take time, as GCE's do
+
+
+def test_a_wait_that_returns_before_the_operation_is_done_is_waited_again(prov, gce):
+    """zoneOperations.wait is best effort: "the request might return before the default deadline is reached, or might
+    return after zero seconds" (its reference). A create that took the wait's answer as the end would answer an
+    instance still PROVISIONING as created, and miss an error the operation ends with; it waits again until DONE."""
+    gce.op_latency = 0.3
+    gce.early_waits(3)
+    got = prov.create(req("k-early"))
+    assert got.state == "running" and stored(gce, "fo-k-early")["status"] == "RUNNING"
+    assert len(gce.requests("POST", "/wait")) >= 4  # the three early answers, then one that saw it DONE
+
+    gce.exhaust(ZONE_B)
+    gce.early_waits(3)
+    with pytest.raises(CapacityError, match="ZONE_RESOURCE_POOL_EXHAUSTED"):  # the error is in the DONE operation only
+        prov.create(req("k-early-short", zone=ZONE_B))
+
+
+def test_a_delete_of_an_instance_still_being_made_is_retried_until_gce_takes_it(prov, gce):
+    """An instance is visible (PROVISIONING) while its insert runs, and GCE refuses to delete it then: 400
+    resourceNotReady, "The resource ... is not ready" (tests/gce_fake.py). Such a delete (a second run's plan dropping
+    an instance whose insert the first run gave up waiting on) is transient: apply retries it, and it lands once the
+    instance is made. Taken as a plain 400 it failed the apply and left the instance to run on, unwanted."""
+    import time
+
+    from reconciler.apply import _retry
+
+    opts = {"endpoint": gce.url, "project": PROJECT, "operation_timeout": "0.2"}
+    slow = GcpProvider(ProviderContext(fleet=FLEET, state_dir=prov.ctx.state_dir, options=opts))
+    gce.op_latency = 1.5
+    with pytest.raises(ProviderError, match="is not done after 0.2 s"):
+        slow.create(req("k-unwanted"))
+    (pending,) = prov.observe([target()])
+    assert pending.state == "pending" and stored(gce, "fo-k-unwanted")["status"] in ("PROVISIONING", "STAGING")
+    started = time.monotonic()
+    _within(6.0, lambda: _retry(lambda: prov.delete(pending), "delete", 5.0))
+    assert gce.instances(PROJECT) == [] and time.monotonic() - started < 4.0
+    refused = [r for r in gce.requests("DELETE", "/instances/fo-k-unwanted")]
+    assert len(refused) >= 2  # refused while it was being made, then taken
