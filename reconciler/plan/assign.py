@@ -44,9 +44,7 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
         return list(d.jobs)
     running = dict(d.running)
     settled = {j for j, ids in d.running if runs_settled(d, j, ids)}
-    rules = problem.tenants.get(d.tenant)
-    protected = set(rules.protected_jobs) if rules is not None else set()
-    must_move = set(rules.moving_jobs) if rules is not None else set()
+    protected, must_move = _guaranteed(problem)
 
     def rank(j: str) -> tuple[bool, bool, bool]:
         return j not in settled, j not in protected, j not in must_move
@@ -67,6 +65,17 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
     moving.sort(key=lambda j: (*rank(j), -problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
     rest = [j for j in d.jobs if j not in running]
     return (staying + moving + rest)[:n]
+
+
+def _guaranteed(problem: Problem) -> tuple[frozenset[str], frozenset[str]]:
+    """Every tenant's protected jobs and its running jobs that must move (TenantRules), made once a problem (asked per
+    demand: a set per call was the tenant's every job per demand)."""
+    memo = problem.__dict__.get("_guaranteed")
+    if memo is None:
+        memo = (frozenset(j for r in problem.tenants.values() for j in r.protected_jobs),
+                frozenset(j for r in problem.tenants.values() for j in r.moving_jobs))
+        object.__setattr__(problem, "_guaranteed", memo)
+    return memo
 
 
 def assign_items(problem: Problem, observed: Observed, solution: Solution, caps: dict[str, Capacity]) -> Assignment:

@@ -131,8 +131,8 @@ def return_home(problem: Problem, observed: Observed, solution: Solution, bins_o
 
 
 def keep_protected_twins(problem: Problem, solution: Solution) -> Solution:
-    """The solver counts a class of identical jobs, so a kept identical job counts for a protected one (objective.
-    protected_tier): of two twin hosts (one offer, one price), each running one job of the class alone, it may keep the
+    """Greedy counts a class of identical jobs, so a kept identical job counts for a protected one (as the model did
+    before objective.protected_kept): of two twin hosts (one offer, one price), each running one job of the class alone, it may keep the
     one whose job its tenant's guarantee does not hold, and the plan stopped the guaranteed job (fleet116: t1's j0
     stopped, j2 kept; the plan's "guarantees kept" tier claimed 14, the plan it emitted keeps 7). Here the twin the
     protected job runs on is kept instead, its stay with it: pool counts, markets and prices are the same, so every
@@ -177,7 +177,11 @@ def protected_take_twin_stays(problem: Problem, solution: Solution) -> Solution:
     if not protected:
         return solution
     stay, x = dict(solution.stay), dict(solution.x)
+    open_hosts = {h.key for h in problem.hosts() if not h.frozen}  # (a frozen host's residents all stay: nothing lands)
     licensed: list = []  # (rules_broken_now read once, where a swap asks)
+    staying: dict[str, int] = {}
+    for (dk, _), n in stay.items():
+        staying[dk] = staying.get(dk, 0) + n
     for d in problem.demands:
         if d.gang or d.bundle != 1 or d.replicas != 1 or not d.running:
             continue
@@ -189,9 +193,9 @@ def protected_take_twin_stays(problem: Problem, solution: Solution) -> Solution:
         if not mine or not others:
             continue
         kept_here = sum(min(n, stay.get((d.key, h), 0)) for h, n in mine.items())
-        staying = sum(n for (dk, _), n in stay.items() if dk == d.key)
-        lost = sum(mine.values()) - kept_here - max(0, solution.placed.get(d.key, 0) - staying)
-        spare = sorted((h, stay.get((d.key, h), 0) - mine.get(h, 0)) for h in others if stay.get((d.key, h), 0) > mine.get(h, 0))
+        lost = sum(mine.values()) - kept_here - max(0, solution.placed.get(d.key, 0) - staying.get(d.key, 0))
+        spare = sorted((h, stay.get((d.key, h), 0) - mine.get(h, 0)) for h in others
+                       if h in open_hosts and stay.get((d.key, h), 0) > mine.get(h, 0))
         if lost <= 0 or not spare or not _may_move(problem, d, licensed):
             continue
         for h, n in spare:
