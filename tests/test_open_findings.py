@@ -215,12 +215,16 @@ told to make it a plain test).
   on-demand ballast beside it; greedy buys it too now (its test). fleet116 (the h5 hunt, 2026-12-03, made by hand: max_spot_fraction
   and a budget binding together; on main too): of t1's two identical jobs on twin spot hosts, the plan ran the one its
   guarantee does not hold and stopped the guaranteed one, claiming its "guarantees kept" tier at 14 where the plan
-  keeps 7 (its test). fleet117 (the same hunt: identical jobs on hosts that are no twins; on main too; open, a strict
-  xfail): the model counts any kept job of a protected job's class of identical jobs as it, so CP-SAT stopped t1's
-  guaranteed j0 to delete its instance and kept the unguaranteed j2, claiming the tier at its bound (its test).
+  keeps 7 (its test). fleet117 (the same hunt: identical jobs on hosts that are no twins; on main too): the model
+  counted any kept job of a protected job's class of identical jobs as it, so CP-SAT stopped t1's guaranteed j0 to
+  delete its instance and kept the unguaranteed j2, claiming the tier at its bound; the model counts a protected job
+  kept per host now (objective.protected_kept), and the plan moves j0 into j2's room (its test).
   fleet118 (the slow property tier, 2026-12-03, seed 3333; on main too): greedy kept the idle on-demand host cheapest per
   GPU for the spot share, which mended nothing and took a pool's last slot, and gave up t1's guaranteed j2's spot
-  host (its test)."""
+  host (its test). fleet122, fleet123 (the h5 guarantee sweep, tests/test_guarantee_sweep.py, 2026-12-03; on main too):
+  t2's critical job took the host of t1's guaranteed job while t1's borrowed twin ran on (CP-SAT's answer; the net
+  fell back to greedy's); both plans stopped t1's guaranteed job and kept its twin, CP-SAT's emitted with the tier
+  claimed short (its tests)."""
 
 from __future__ import annotations
 
@@ -2390,7 +2394,7 @@ def test_the_guaranteed_one_of_two_identical_jobs_keeps_running_on_fleet116():
     actions = {j.job: (j.action, j.instances) for j in plan.jobs}
     assert actions["j0"] == ("keep", ("i0",)) and actions["j2"][0] == "evict" and actions["p0"][0] == "place", actions
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
-    claimed = next(t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept")
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
     assert guarantee_kept(build_problem(desired, observed), placed) == claimed
     check_fleet(fleet("fleet116"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
@@ -2400,24 +2404,67 @@ def test_a_tenant_over_its_ceiling_stops_the_job_its_guarantee_does_not_hold_on_
     t1 guarantees 2 GPUs (its ceiling too) and runs three identical 1-GPU A10G jobs, j0 alone on a spot g5.xlarge i0,
     j1 and j2 on an on-demand g5.12xlarge i1 beside t2's j3 (WhenEmpty, preemption Never, a $7/h budget the fleet
     keeps). One of t1's jobs must stop; its guarantee holds j0 and j1 (the README: the longest-running, then the highest
-    class, the largest, then by name), so j2 is the one (greedy's plan, $6.16/h). CP-SAT's stops j0 and deletes i0
-    ($5.67/h), claiming its "guarantees kept" tier at its bound where the plan keeps one protected job of two
-    (plan/quality.guarantee_kept): the model counts j2 kept as j0 kept, as they are one class of identical jobs, and
-    fleet116's twin-host swap cannot apply (i0 and i1 differ). The plan ranked below greedy's by the README's order:
-    where the emitted plan keeps fewer guarantees than its tier claims (plan.quality.guarantees_kept_short), the claim
-    is the plan's, unproven, and greedy's plan, which ranks higher, is emitted (api.emitted)."""
-    from reconciler.plan import RANKS_HIGHER
+    class, the largest, then by name), so j2 is the one. CP-SAT's plan stopped j0 and deleted i0 ($5.67/h), claiming
+    its "guarantees kept" tier at its bound where the plan keeps one protected job of two (plan/quality.guarantee_kept):
+    the model counted j2 kept as j0 kept, one class of identical jobs. The net after the solve (quality.
+    guarantees_kept_short, api.emitted) gave greedy's plan ($6.16/h: i0 kept). The model counts a protected job kept
+    only where its class's stay on its host is its or the kept job moves (objective.protected_kept), and the plan
+    gives a host's stay and the moves to protected jobs first (assign.choose_jobs): CP-SAT's plan moves j0 into j2's
+    room on i1 (t1 over its ceiling licenses the move), stops j2 and deletes i0, $5.67/h, its tier true of it."""
     from reconciler.plan.quality import guarantee_kept
     from reconciler.problem import build_problem
 
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet117"), time_limit=5)
-    actions = {j.job: j.action for j in plan.jobs}
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
-    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)  # (greedy's claims none)
-    assert claimed in (None, guarantee_kept(build_problem(desired, observed), placed)), actions
-    assert actions["j0"] != "evict" and actions["j1"] != "evict" and actions["j2"] == "evict", actions
-    assert plan.solver.note.endswith(RANKS_HIGHER) and not plan.solver.optimal, plan.solver
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
+    assert claimed == guarantee_kept(build_problem(desired, observed), placed) == 21, (claimed, actions)
+    assert actions["j0"] == ("move", ("i1",)) and actions["j1"] == ("keep", ("i1",)) and actions["j2"][0] == "evict", actions
+    assert plan.solver.optimal and {d.instance_id for d in plan.deletes} == {"i0"}, (plan.solver, plan.deletes)
     check_fleet(fleet("fleet117"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_another_tenants_work_takes_a_borrowed_job_not_its_guaranteed_twin_on_fleet122():
+    """fleet122 (the h5 guarantee sweep, 2026-12-03, seed 73; on main too): t1 guarantees 2 GPUs (burst 4) and runs
+    three identical 1-GPU A10G jobs, j0 on the spot g5.xlarge i0, j1 and j2 on on-demand ones; its guarantee holds j0 and
+    j1, j2 is borrowed. t2 asks for a critical and a normal job of that shape (max_spot_fraction 0.5, a $7/h budget,
+    WhenEmpty). CP-SAT's answer gave t2's critical j5 the spot host of t1's guaranteed j0 and kept the borrowed j2:
+    another tenant's work took a guarantee, the tier claiming 14 where the plan keeps 7 (the net after the solve fell
+    back to greedy's plan, which leaves j5 pending). Counted per host (objective.protected_kept), j5 reclaims the
+    borrowed j2's host: j0 and j1 kept, j2 stopped, j5 placed, the tier proven and true of the plan."""
+    from reconciler.plan.quality import guarantee_kept
+    from reconciler.problem import build_problem
+
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet122"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in plan.jobs}
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
+    assert claimed == guarantee_kept(build_problem(desired, observed), placed) == 14, (claimed, actions)
+    assert actions["j0"] == ("keep", ("i0",)) and actions["j1"] == ("keep", ("i2",)) and actions["j2"][0] == "evict", actions
+    assert actions["j5"] == ("place", ("i1",)) and plan.solver.optimal, (actions, plan.solver)
+    check_fleet(fleet("fleet122"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_no_plan_stops_a_guaranteed_job_to_keep_its_borrowed_twin_on_fleet123():
+    """fleet123 (the h5 guarantee sweep, 2026-12-03, seed 111; on main too): t1 guarantees 1 GPU (its ceiling) and runs
+    five identical 1-GPU A10G jobs, j2 alone on the on-demand g5.xlarge i0, the others on the g5.12xlarge i2; its
+    guarantee holds j0 (on i2). The fleet breaks the $7/h budget, so i2 goes. Both plans stopped the guaranteed j0 and
+    kept j2 on i0: CP-SAT's claimed its tier at 14 and the net found 7 (FEASIBLE, emitted: greedy's was no better),
+    greedy's counts the class alike (the answer keeps one job of it). Now CP-SAT's moves j0 (objective.protected_kept)
+    and greedy's plan moves j0 into j2's room on i0 (plan/stability.protected_take_twin_stays): each stops j2."""
+    from reconciler.plan.quality import guarantee_kept
+    from reconciler.problem import build_problem
+
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet123"), time_limit=5)
+    problem = build_problem(desired, observed)
+    for p in (plan, gplan):
+        actions = {j.job: (j.action, j.instances) for j in p.jobs}
+        assert actions["j0"][0] == "move" and actions["j2"][0] == "evict", actions
+        assert guarantee_kept(problem, {j.job for j in p.jobs if j.action in ("keep", "place", "move")}) == 14, actions
+    assert {j.job: j.instances for j in gplan.jobs}["j0"] == ("i0",)
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
+    assert claimed == 14 and plan.solver.optimal, plan.solver
+    check_fleet(fleet("fleet123"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
 def test_greedy_keeps_the_idle_on_demand_host_that_alone_mends_the_spot_share_on_fleet118():

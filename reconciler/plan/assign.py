@@ -34,18 +34,26 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
     submission order. Of the running ones, those that may run on as they run (rules.runs_settled) before those that
     restart (a changed job): the solver counts only the settled ones as running work kept, so a changed job given
     the stay stopped the running job the count kept (j4 resized to j5's shape restarted in place, in j5's room, and
-    j5 was evicted for its own tenant's new work of its class: the slow lifecycle machine, fleet110)."""
+    j5 was evicted for its own tenant's new work of its class: the slow lifecycle machine, fleet110). And of those,
+    its tenant's protected jobs first, then those that must move (TenantRules), on a host's stays and among the moved:
+    the solver counts a protected job kept only so (objective.protected_kept). In submission order, of t1's identical
+    jobs the unprotected j0 took the one move the answer kept and the guaranteed j1 was stopped (the h5 sweep)."""
     if n <= 0:
         return []
     if d.gang:
         return list(d.jobs)
     running = dict(d.running)
     settled = {j for j, ids in d.running if runs_settled(d, j, ids)}
+    protected, must_move = _guaranteed(problem)
+
+    def rank(j: str) -> tuple[bool, bool, bool]:
+        return j not in settled, j not in protected, j not in must_move
+
     staying, moving = [], []
     left = dict(stay_left)  # (each staying job takes its host's count, as assign_items does: counted only as > 0, a
     # host whose count is 3 of the 4 jobs on it had all 4 called staying, and the 11 of 12 placed left one with no
     # room, "internal: ... no room left": the stable-run exploration, a critical job taking a low job's room)
-    for j in sorted(d.jobs, key=lambda j: j not in settled):  # (stable: submission order within each)
+    for j in sorted(d.jobs, key=rank):  # (stable: submission order within each)
         if j in running:
             hosts = running[j][: d.replicas] if d.bundle == 1 else running[j][:1]
             stays = 0
@@ -54,9 +62,20 @@ def choose_jobs(d: Demand, n: int, stay_left: dict[str, int], problem: Problem, 
                     left[h] -= 1
                     stays += 1
             (staying if stays else moving).append(j)
-    moving.sort(key=lambda j: (j not in settled, -problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
+    moving.sort(key=lambda j: (*rank(j), -problem.job_end.get(j, 0.0), j))  # most time left first (the same order at any hour)
     rest = [j for j in d.jobs if j not in running]
     return (staying + moving + rest)[:n]
+
+
+def _guaranteed(problem: Problem) -> tuple[frozenset[str], frozenset[str]]:
+    """Every tenant's protected jobs and its running jobs that must move (TenantRules), made once a problem (asked per
+    demand: a set per call was the tenant's every job per demand)."""
+    memo = problem.__dict__.get("_guaranteed")
+    if memo is None:
+        memo = (frozenset(j for r in problem.tenants.values() for j in r.protected_jobs),
+                frozenset(j for r in problem.tenants.values() for j in r.moving_jobs))
+        object.__setattr__(problem, "_guaranteed", memo)
+    return memo
 
 
 def assign_items(problem: Problem, observed: Observed, solution: Solution, caps: dict[str, Capacity]) -> Assignment:

@@ -24,7 +24,7 @@ from reconciler.plan.instances import delete_actions, name_instances
 from reconciler.plan.jobs import job_changes, with_pending_reasons
 from reconciler.plan.packing import capacities_of, pack
 from reconciler.plan.quality import consolidation, emitted_quality, rule_summary
-from reconciler.plan.stability import keep_identical, keep_protected_twins, return_home
+from reconciler.plan.stability import keep_identical, keep_protected_twins, protected_take_twin_stays, return_home
 from reconciler.plan.tenant_spot import settle_tenant_spot
 from reconciler.plan.types import JobChange, Plan, RemovedJob, RestartedJob, SolverReport
 from reconciler.problem import Problem
@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and nu
 def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solution: Solution) -> Plan:
     # 0. Of twin hosts, the one a guaranteed job runs on is kept (the solver counts identical jobs alike).
     solution = keep_protected_twins(problem, solution)
+    # And of a class where an unprotected job stays and a protected one stops, the protected one moves into its room.
+    solution = protected_take_twin_stays(problem, solution)
     # The id covers what the plan does, so two different plans never share idempotency keys.
     pid = plan_id(desired, observed, json.dumps(sorted(solution.new.items())) + json.dumps(sorted(solution.keep)))
     caps = capacities_of(problem, solution)

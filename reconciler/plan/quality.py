@@ -114,8 +114,9 @@ def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> 
 
 def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
     """What the emitted plan keeps of the guarantees (`guarantee_kept`), where that is less than its solver's tier of
-    that name claims, else None. The model counts a kept job of a class of identical jobs as the class's protected
-    one, so a plan can claim the tier at its bound while the job it stopped is the protected one (fleet117)."""
+    that name claims, else None. The model counted a kept job of a class of identical jobs as the class's protected
+    one, so a plan claimed the tier at its bound while the job it stopped was the protected one (fleet117); it counts
+    them per host now (objective.protected_kept), and this stays as a net."""
     claimed = next((t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER), None)
     if not isinstance(claimed, int):
         return None

@@ -131,8 +131,8 @@ def return_home(problem: Problem, observed: Observed, solution: Solution, bins_o
 
 
 def keep_protected_twins(problem: Problem, solution: Solution) -> Solution:
-    """The solver counts a class of identical jobs, so a kept identical job counts for a protected one (objective.
-    protected_tier): of two twin hosts (one offer, one price), each running one job of the class alone, it may keep the
+    """Greedy counts a class of identical jobs, so a kept identical job counts for a protected one (as the model did
+    before objective.protected_kept): of two twin hosts (one offer, one price), each running one job of the class alone, it may keep the
     one whose job its tenant's guarantee does not hold, and the plan stopped the guaranteed job (fleet116: t1's j0
     stopped, j2 kept; the plan's "guarantees kept" tier claimed 14, the plan it emitted keeps 7). Here the twin the
     protected job runs on is kept instead, its stay with it: pool counts, markets and prices are the same, so every
@@ -163,3 +163,60 @@ def keep_protected_twins(problem: Problem, solution: Solution) -> Solution:
             keep.symmetric_difference_update({h.key, twin.key})
             stay[(d.key, h.key)] = stay.pop((d.key, twin.key))
     return solution if keep == set(solution.keep) else replace(solution, keep=frozenset(keep), stay=stay)
+
+
+def protected_take_twin_stays(problem: Problem, solution: Solution) -> Solution:
+    """Of a class of identical 1-replica jobs, an answer may keep an unprotected job where it runs and stop a protected
+    one whose host it gives up (greedy counts the class alike, and so does the model but per host: objective.
+    protected_kept): t1's guaranteed j2 was stopped to delete its spot host for the budget while its borrowed twin j3 ran
+    on (the h5 sweep, fleet123). Where moves are allowed (not WhenEmpty, or a rule the fleet breaks now licenses the
+    tenant's, as the model's moves.licensed reads it), such an unprotected stay becomes a new item on its host: the plan
+    moves the protected job into that room and stops the unprotected one (assign.choose_jobs gives moves to protected
+    jobs first). The same host, shape and count: every capacity, fleet and tenant rule holds as the answer counted it."""
+    protected = {j for r in problem.tenants.values() for j in r.protected_jobs}
+    if not protected:
+        return solution
+    stay, x = dict(solution.stay), dict(solution.x)
+    open_hosts = {h.key for h in problem.hosts() if not h.frozen}  # (a frozen host's residents all stay: nothing lands)
+    licensed: list = []  # (rules_broken_now read once, where a swap asks)
+    staying: dict[str, int] = {}
+    for (dk, _), n in stay.items():
+        staying[dk] = staying.get(dk, 0) + n
+    for d in problem.demands:
+        if d.gang or d.bundle != 1 or d.replicas != 1 or not d.running:
+            continue
+        mine: dict[str, int] = {}  # host -> d's protected jobs there, and its unprotected ones
+        others: dict[str, int] = {}
+        for j, ids in d.running:
+            side = mine if j in protected else others
+            side[ids[0]] = side.get(ids[0], 0) + 1
+        if not mine or not others:
+            continue
+        kept_here = sum(min(n, stay.get((d.key, h), 0)) for h, n in mine.items())
+        lost = sum(mine.values()) - kept_here - max(0, solution.placed.get(d.key, 0) - staying.get(d.key, 0))
+        spare = sorted((h, stay.get((d.key, h), 0) - mine.get(h, 0)) for h in others
+                       if h in open_hosts and stay.get((d.key, h), 0) > mine.get(h, 0))
+        if lost <= 0 or not spare or not _may_move(problem, d, licensed):
+            continue
+        for h, n in spare:
+            take = min(n, lost)
+            stay[(d.key, h)] -= take
+            x[(d.key, h)] = x.get((d.key, h), 0) + take
+            lost -= take
+            if not lost:
+                break
+    if stay == solution.stay:
+        return solution
+    return replace(solution, stay={k: n for k, n in stay.items() if n}, x=x)
+
+
+def _may_move(problem: Problem, d: Demand, licensed: list) -> bool:
+    """May d's running work move for no rule of its own: not under consolidation WhenEmpty, or a rule the fleet breaks
+    now licenses its tenant's (moves.licensed's reading)."""
+    if problem.placement.consolidation != "WhenEmpty":
+        return True
+    from reconciler.ledger import licensed_by, rules_broken_now
+
+    if not licensed:
+        licensed.append(licensed_by(rules_broken_now(problem)))
+    return licensed[0] is None or d.tenant in licensed[0]

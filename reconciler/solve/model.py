@@ -85,6 +85,7 @@ class Model:
         # higher work taking its lower work's room, with the demands they are, which extract.split_groups honours)
         self.stand_in_rooms: dict[str, object] = {}
         self.stand_in_shares: list[tuple[str, str, tuple[str, ...], object]] = []
+        self.protected_kept: dict[tuple[str, frozenset[str]], object] = {}  # (objective.protected_kept, made once)
         if "capacity" in families:
             capacity.add_capacity(self)
         if "patterns" in families:

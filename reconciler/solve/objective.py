@@ -20,7 +20,7 @@ from reconciler.problem import Demand, pools_over_max, settled_jobs
 from reconciler.problem.types import GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
 from reconciler.solve.tenants import ceiling_rows
-from reconciler.solve.variables import Values, constant, is_zero, scale, wsum
+from reconciler.solve.variables import Values, constant, is_variable, is_zero, scale, wsum
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -119,9 +119,9 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
     count per unit: by Hall's theorem (each kept job serves its own class, new work of class k every
     class below k: intervals), at most total - units(a..b) + kept(a..b) + new work above a, for
     every interval a..b of the tenant's protected classes. (Kept is what its demands holding protected jobs
-    keep of those classes, not capped at the protected units: a cap per class made the warm start's
-    completion search, 0.5 deterministic s and 3x the wall time of a 1k-job warm plan; uncapped, only a
-    kept identical job stands in for a protected one. A count per class counted a low unit once
+    keep of their protected jobs, per demand (`protected_kept`): a cap per class made the warm start's
+    completion search, 0.5 deterministic s and 3x the wall time of a 1k-job warm plan; uncapped, a kept
+    identical job stood in for a protected one, stopped to delete its host: fleet117. A count per class counted a low unit once
     per class above it, so CP-SAT kept a tenant's normal job against another's high one; and a count
     of classes <= c did not let a new normal job stand in for a low one beside a running normal job:
     both found by the property tier.)"""
@@ -147,7 +147,8 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         # (only demands with protected jobs keep protected units: a gang that must move whole, kept by moving,
         # stood in for the tenant's protected job of its class, which another job's work then took: property tier)
         holds = {d.key for d in mine if any(j in protected_jobs for j, _ in d.running)}
-        kept = {c: [(d.job_size, model.krg[d.key]) for d in mine if d.klass == c and d.key in model.krg and d.key in holds] for c in levels}
+        kept = {c: [(d.job_size, protected_kept(model, d, protected_jobs)) for d in mine if d.klass == c and d.key in model.krg and d.key in holds]
+                for c in levels}
         pt = m.new_int_var(0, total, f"{name}[{t}]")
         room = stand_in_room(model, t, mine, holds, levels[0]) if stand_ins and p.stand_in_rooms else None
         for i, a in enumerate(levels):
@@ -173,6 +174,49 @@ def protected_tier(model: Model, name: str, units_of, skip: set[str] = frozenset
         prot.append(pt)
         bound += total
     return Tier(name, sum(prot), "max", bound) if prot else None
+
+
+def protected_kept(model: Model, d: Demand, protected_jobs: set[str]):
+    """Of demand d's running jobs, the protected ones (`protected_jobs`) the answer keeps: its running jobs kept in the
+    guaranteed part (krg), but no more than those staying on a host they run on, one per job there (each host's stay
+    goes to its protected jobs first: plan.assign.choose_jobs), plus the kept ones that move (those go to its
+    protected jobs first too). A class of identical jobs counted as one (krg alone), a kept unprotected job stood in
+    for a protected one stopped elsewhere: CP-SAT stopped t1's guaranteed j0 to delete its instance and kept its
+    identical j2, claiming the tier at its bound (fleet117). Rows only where d runs unprotected jobs beside protected
+    ones; one variable per host where both run. Made once per demand and set."""
+    kg = model.krg[d.key]
+    if d.gang or not any(j not in protected_jobs for j, _ in d.running):
+        return kg  # (one job, or every running job protected: any kept running job is a protected one)
+    memo = model.protected_kept
+    key = (d.key, frozenset(j for j, _ in d.running if j in protected_jobs))
+    if key in memo:
+        return memo[key]
+    m = model.m
+    mine, others = {}, {}  # host key -> items of d's protected jobs there, of its other running jobs
+    for h, _ in model.stay_of.get(d.key, []):
+        for dk, job, n in h.residents:
+            if dk == d.key:
+                side = mine if job in protected_jobs else others
+                side[h.key] = side.get(h.key, 0) + n
+    # (a stay beyond a host's protected jobs keeps an unprotected one: it counts against the kept running jobs)
+    spent = []
+    for h, v in model.stay_of.get(d.key, []):
+        if h.key not in others:
+            continue
+        if h.key not in mine:
+            spent.append((1, v))
+        elif not is_variable(v):
+            spent.append((1, max(0, v - mine[h.key])))
+        else:
+            e = m.new_int_var(0, others[h.key], f"unprotected stay[{d.key},{h.key}]")
+            m.add(e >= v - mine[h.key])
+            spent.append((1, e))
+    total = sum(mine.values())
+    pk = m.new_int_var(0, total, f"protected kept[{d.key}]")
+    m.add(pk <= kg)
+    m.add(pk <= wsum([(1, model.krj[d.key])] + [(-c, v) for c, v in spent]))
+    memo[key] = pk
+    return pk
 
 
 def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], lowest: int):
