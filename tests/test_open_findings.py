@@ -2485,3 +2485,34 @@ def test_greedy_keeps_the_idle_on_demand_host_that_alone_mends_the_spot_share_on
     actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
     assert actions["j2"] == ("keep", ("i0",)) and all(a in ("keep", "place") for a, _ in actions.values()), actions
     check_fleet(fleet("fleet118"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_moves_spot_eligible_work_to_on_demand_room_rather_than_buy_idle_ballast_on_fleet120():
+    """fleet120 (h2, 2026-12-03, made by hand: trace33's shape at three jobs): t1's on-demand-only od0 runs on an
+    on-demand g5.12xlarge i0 (3 GPUs free); t1's s0 and t2's s1, spot-eligible, run on spot g5.xlarge i1 and i2. The
+    SpotPolicy's max_spot_fraction, lowered to 0.15, makes 2 of 6 GPUs on spot too many. Greedy's settle_spot kept every
+    spot host and bought on-demand capacity to stand idle beside them (2 spot GPUs need 14 in all: a g5.12xlarge and
+    four g5.xlarge, $16.35/h), where the broken share licenses moving the two spot-eligible jobs into i0's free GPUs and
+    giving up both spot hosts ($5.67/h; CP-SAT's plan moves all three onto g5.xlarge, $3.02/h). Greedy now also plans
+    moving spot-eligible work off the spot hosts before buying idle ballast, and keeps that answer where it places every
+    job the other places for less."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet120"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
+    assert actions["od0"] == ("keep", ("i0",)) and actions["s0"] == ("move", ("i0",)) and actions["s1"] == ("move", ("i0",)), actions
+    assert not gplan.creates and {d.instance_id for d in gplan.deletes} == {"i1", "i2"}, (gplan.creates, gplan.deletes)
+    assert gplan.cost_after == pytest.approx(5.672), gplan.cost_after
+    check_fleet(fleet("fleet120"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_buys_the_cheapest_set_of_idle_ballast_on_fleet121():
+    """fleet121 (h2, 2026-12-03, made by hand): two on-demand-only jobs on on-demand g5.xlarge, two spot-required ones
+    on spot g5.xlarge (they cannot move to on-demand), max_spot_fraction 0.34: 2 of 4 GPUs on spot needs 2 more
+    on-demand GPUs to stand idle. `_ballast_buys` bought the cheapest single offer that mends the share alone, a
+    g5.12xlarge ($5.67/h, 4 GPUs), where two g5.xlarge ($2.01/h) mend it too (CP-SAT's plan). It buys the cheapest of
+    those and of the cheapest-per-GPU instances with one closing offer now."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet121"), time_limit=5)
+    new = sorted((c.site.instance_type, c.site.market) for c in gplan.creates)
+    assert new == [("g5.xlarge", "on-demand")] * 2, new
+    assert all(j.action == "keep" for j in gplan.jobs), gplan.jobs
+    assert gplan.cost_after == pytest.approx(4 * 1.006 + 2 * 0.4886), gplan.cost_after  # (four on-demand g5.xlarge, two spot)
+    check_fleet(fleet("fleet121"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
