@@ -17,9 +17,11 @@ a UUID derived from the key, so GCE itself answers a retried insert with the
 original operation. When that operation succeeded but its instance is gone (the
 same plan made again after its instances were deleted), or failed (GCE remembers a
 failed insert too: the same key back after a stockout's cool-off or a raised quota),
-the create inserts once more under a requestId derived from that operation. Every insert and delete
-waits on its zone operation; the operation's errors are what report a stockout
-or an exhausted quota.
+the create inserts once more under a requestId derived from that operation. What
+tells a remembered operation is its insertTime, from before the insert was sent: an
+insert may be answered with its own operation already DONE, and that failure is
+this insert's. Every insert and delete waits on its zone operation; the operation's
+errors are what report a stockout or an exhausted quota.
 
 GPUs: accelerator-optimized machine types (a2, a3, g2) come with theirs; N1 types
 get theirs attached as guestAccelerators, and their instance type names say so:
@@ -113,6 +115,9 @@ DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
+# How much earlier than this host's clock says an insert was sent GCE may stamp that insert's own operation (the two
+# clocks apart): an operation begun longer before the insert was sent is an earlier insert's, answered for its requestId.
+CLOCK_SKEW_S = 30.0
 # ReservationAffinity.key naming a reservation (Compute v1 reference): values [NAME], or [projects/P/reservations/NAME]
 # for one shared from project P.
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -740,34 +745,55 @@ class GcpProvider:
 
     def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
         """One insert, waited on: (its operation, the instance it made or None if that instance is gone, whether
-        GCE answered with a remembered operation). A fresh insert is PENDING or RUNNING when it is accepted (a VM
-        takes seconds to start); an operation already DONE in the insert's answer is one GCE remembered (for at least
-        60 minutes), failed ones too: a remembered failure is an earlier try's, not this one's, and reads as None
-        (insert again), never as a stockout or an exhausted quota now."""
+        GCE answered with an operation already DONE). A failure GCE remembered (it keeps a requestId's operation for at
+        least 60 minutes, failed ones too) is an earlier try's, not this one's, and reads as None (insert again), never
+        as a stockout or an exhausted quota now; this insert's own failure, answered DONE or not, is that error."""
         from google.api_core.exceptions import Conflict
 
         insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
+        sent_at = time.time()
         try:
             op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
                             where=(zone, request.instance_type, request.market), passthrough=(Conflict,))
         except Conflict:  # the name is taken: ours from an earlier try, or someone else's
             return None, self._adopt(project, zone, name, request), False
-        replayed = op.status == self.compute.Operation.Status.DONE
+        # An instance that is gone is counted as remembered when the answer was DONE (create), however recent: a fresh
+        # insert is rarely DONE at once (a VM takes seconds to start), and a key's instance reclaimed seconds after its
+        # create is re-planned at once, its operation seconds old.
+        answered_done = op.status == self.compute.Operation.Status.DONE
         op = self._wait(what, project, zone, op)
         errors = self._op_errors(op)
         if errors:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
-                return op, self._adopt(project, zone, name, request), replayed
-            if replayed:  # an earlier insert's failure (a stockout, a quota since raised), which says nothing of now:
-                return op, None, True  # inserted again under a requestId of its own, as for a remembered instance gone
+                return op, self._adopt(project, zone, name, request), answered_done
+            if answered_done and self._began_before(op, sent_at):  # an earlier insert's failure (a stockout, a quota
+                return op, None, True  # since raised), which says nothing of now: inserted again under a requestId of its own
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & QUOTA_CODES:
                 raise self._quota_error(text, " ".join(msg for _, msg in errors), zone, project)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
-        return op, self._get(project, zone, name), replayed
+        return op, self._get(project, zone, name), answered_done
+
+    @staticmethod
+    def _began_before(op, sent_at: float) -> bool:
+        """Whether a DONE operation GCE answered an insert sent at `sent_at` (this host's clock) with is an earlier
+        insert's, its requestId seen before ("the server can check if original operation with the same request ID was
+        received, and if so, will ignore the second request": InsertInstanceRequest.request_id, Compute v1). DONE alone
+        does not say so: GCE may answer an insert with its own operation already DONE, a stockout or an exhausted quota
+        in its error (google-api-core's ExtendedOperation handles a first answer "in case the operation came back
+        already complete"; Google's sample compute/.../WaitForOperation.java checks "if the operation hasn't been
+        completed already" before it waits). Its insertTime does: an earlier insert's began before this one was sent,
+        by more than the two clocks may differ (CLOCK_SKEW_S). One without a readable insertTime cannot be dated and is
+        taken as this insert's."""
+        from datetime import datetime
+
+        try:
+            return datetime.fromisoformat(op.insert_time).timestamp() < sent_at - CLOCK_SKEW_S
+        except ValueError:
+            return False
 
     def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
         """The instance holding our name, if it is this fleet's and this key's; never someone else's. A stopped one

@@ -55,7 +55,11 @@ insert past a limit is accepted and its operation fails with QUOTA_EXCEEDED ("Qu
 Limit: 16.0 in region us-central1."), as GCE's does.
 
 Realistic latency: op_latency (seconds before an operation is DONE; small by default; wait blocks until then), with
-running_ops / max_running_ops to see how many ran at once. Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
+running_ops / max_running_ops to see how many ran at once. op_latency = 0: an insert is answered with its operation
+already DONE (a failure GCE finds at once, a stockout or an exhausted quota, is answered so too). age(seconds): time
+passes for the operations held (the clock advances and their insertTime, on this host's wall clock as GCE's stamps are,
+moves back), so a requestId answered again reads as the old insert it is.
+Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
 instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
@@ -82,6 +86,7 @@ import json
 import random
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -176,9 +181,10 @@ def _invalid(field_name: str, value: Any, why: str) -> GceError:
     return GceError(400, "invalid", f"Invalid value for field '{field_name}': '{value}'. {why}")
 
 
-def _now() -> str:
+def _now(at: float | None = None) -> str:
     # GCE timestamps are RFC 3339 with the Pacific offset; any offset parses the same.
-    return dt.datetime.now(dt.timezone(dt.timedelta(hours=-7))).isoformat(timespec="milliseconds")
+    return dt.datetime.fromtimestamp(time.time() if at is None else at,
+                                     dt.timezone(dt.timedelta(hours=-7))).isoformat(timespec="milliseconds")
 
 
 def _fingerprint() -> str:
@@ -203,7 +209,8 @@ class Operation:
     done: bool = False  # set when it is settled: its effect (on_done) is made
     on_done: Callable[[], None] | None = None
     on_staging: Callable[[], None] | None = None
-    insert_time: str = field(default_factory=_now)
+    inserted_at: float = field(default_factory=time.time)  # wall clock, as insertTime (and startTime) say it
+    done_at: float | None = None  # wall clock when it was settled DONE (endTime)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
     @property
@@ -218,12 +225,12 @@ class Operation:
             "kind": "compute#operation", "id": self.id, "name": self.name, "zone": base, "operationType": self.op_type,
             "targetLink": f"{base}/instances/{self.target}", "targetId": self.target_id, "status": self.status,
             "user": "fleetops-test@example.iam.gserviceaccount.com", "progress": 100 if self.status == "DONE" else 0,
-            "insertTime": self.insert_time, "selfLink": f"{base}/operations/{self.name}",
+            "insertTime": _now(self.inserted_at), "selfLink": f"{base}/operations/{self.name}",
         }
         if self.status != "PENDING":
-            body["startTime"] = self.insert_time
+            body["startTime"] = _now(self.inserted_at)
         if self.status == "DONE":
-            body["endTime"] = _now()
+            body["endTime"] = _now(self.done_at)
             if self.error is not None:
                 body["error"] = {"errors": [{**self.error, "errorDetails": [{"help": {"links": [{
                     "description": "Troubleshooting documentation",
@@ -540,6 +547,19 @@ class GceFake:
         with self.lock:
             self._early_waits = count
 
+    def age(self, seconds: float) -> None:
+        """`seconds` pass for the operations GCE holds: the clock advances (one still running ends) and their
+        insertTime, startTime and endTime move back by that much against this host's wall clock, which the provider
+        dates them by, so a requestId answered again reads as the earlier insert it is (GCE remembers one >= 60
+        minutes)."""
+        with self.lock:
+            self.clock.advance(seconds)
+            self._settle()
+            for op in self.operations.values():
+                op.inserted_at -= seconds
+                if op.done_at is not None:
+                    op.done_at -= seconds
+
     def forget_request_ids(self) -> None:
         """GCE remembers a requestId for a limited time; forget them all, as if it had passed."""
         with self.lock:
@@ -770,7 +790,7 @@ class GceFake:
                 op.on_staging()
                 op.on_staging = None
             if now >= op.ready_at:
-                op.done = True
+                op.done, op.done_at = True, time.time()
                 self.running_ops -= 1
                 if op.on_done is not None:
                     op.on_done()

@@ -445,6 +445,39 @@ def test_operation_capacity_errors_become_capacity_errors(prov, gce, code):
     assert prov.create(req("k-elsewhere", zone=ZONE_A)).zone == ZONE_A  # other zones are unaffected
 
 
+@pytest.mark.parametrize("code, error", [("ZONE_RESOURCE_POOL_EXHAUSTED", CapacityError), ("QUOTA_EXCEEDED", QuotaError)])
+def test_an_insert_answered_already_failed_is_that_stockout_or_quota_now(prov, gce, code, error):
+    """GCE may answer an insert with its operation already DONE (clients check the answer's status before waiting), a
+    stockout or an exhausted quota in its error. That failure is this insert's: it was read as a remembered one of an
+    earlier try and inserted again, four requestIds a key and four keys a create, then "spent", so the zone was
+    never cooled off and the planner never tried elsewhere."""
+    gce.op_latency = 0  # answered DONE at insert
+    gce.exhaust(ZONE_B, code)
+    with pytest.raises(error, match=code) as e:
+        prov.create(req("k-at-once", market="spot", zone=ZONE_B))
+    if error is CapacityError:
+        assert (e.value.cloud, e.value.zone, e.value.instance_type, e.value.market) == ("gcp", ZONE_B, "g2-standard-4", "spot")
+    assert len(gce.requests("POST", f"/zones/{ZONE_B}/instances")) == 1 and gce.instances(PROJECT) == []
+
+
+def test_a_remembered_failure_answered_done_is_tried_again_and_a_fresh_one_is_the_error(prov, gce):
+    """The same key back after the zone's 30-minute cool-off, GCE still remembering its failed insert: that old
+    failure says nothing of now, so the create inserts again; the new insert's own failure is the error."""
+    gce.op_latency = 0  # answered DONE at insert
+    gce.exhaust(ZONE_B)
+    with pytest.raises(CapacityError):
+        prov.create(req("k-back", zone=ZONE_B))
+    gce.age(30 * 60)
+    with pytest.raises(CapacityError):  # still short: the new insert's failure
+        prov.create(req("k-back", zone=ZONE_B))
+    gce.age(30 * 60)
+    gce.replenish(ZONE_B)
+    made = prov.create(req("k-back", zone=ZONE_B))
+    assert made.state == "running" and len(gce.instances(PROJECT)) == 1
+    rids = [q["requestId"][0] for _, _, q in gce.requests("POST", f"/zones/{ZONE_B}/instances")]
+    assert len(rids) == 6 and rids[0] == rids[1] == rids[3] and rids[2] == rids[4] and len(set(rids)) == 3
+
+
 @pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED"])
 def test_a_failed_insert_gce_remembers_is_tried_again_not_answered_from_memory(prov, gce, code):
     """GCE answers a repeated requestId with the original operation for at least 60 minutes ("the server can check if
@@ -457,6 +490,7 @@ def test_a_failed_insert_gce_remembers_is_tried_again_not_answered_from_memory(p
     with pytest.raises((CapacityError, QuotaError)):
         prov.create(req("k-later", zone=ZONE_B))
     gce.replenish(ZONE_B)  # capacity is back, or the quota was raised
+    gce.age(30 * 60)
     made = prov.create(req("k-later", zone=ZONE_B))
     assert made.state == "running" and made.zone == ZONE_B
     rids = [q["requestId"][0] for _, _, q in gce.requests("POST", f"/zones/{ZONE_B}/instances")]
@@ -475,6 +509,7 @@ def test_a_raised_quota_lets_the_next_apply_launch_what_it_refused(gce, tmp_path
         api.apply(cfg, provider="gcp", options=opts)
     for z in gce.zones:
         gce.replenish(z)
+    gce.age(10 * 60)  # a quota increase takes minutes to be granted
     again = api.apply(cfg, provider="gcp", options=opts)
     assert again.report.ok and len(_ours(gce)) == len(again.plan.creates) == 5
     assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
