@@ -424,7 +424,12 @@ class AzureProvider:
         if not isinstance(e, HttpResponseError):
             return ProviderError(f"azure: {what}: {type(e).__name__}: {e}")
         code, message = _error_code(e)
-        text = f"azure: {what}: {code or e.status_code}: {message}"
+        return self._classified(what, code, message, capacity, status=e.status_code, response=getattr(e, "response", None))
+
+    def _classified(self, what: str, code: str, message: str, capacity: tuple[str, str, str] | None, *,
+                    status: int | None = None, response: Any = None) -> ProviderError:
+        """The error ARM's `code` and `message` mean: a quota, no capacity (when `capacity` says where), transient."""
+        text = f"azure: {what}: {code or status or 'Failed'}: {message}"
         if capacity is not None and (code in QUOTA_CODES or (code == "OperationNotAllowed" and "quota" in message.lower())):
             m = _QUOTA_NAME.search(message)
             quota = (m.group(1) or m.group(2)) if m else "unknown (see the message)"
@@ -437,8 +442,7 @@ class AzureProvider:
         if capacity_like and capacity is not None:
             zone, itype, market = capacity
             return CapacityError(text, cloud="azure", zone=zone, instance_type=itype, market=market)
-        if e.status_code in TRANSIENT_STATUS or code in TRANSIENT_CODES:
-            response = getattr(e, "response", None)
+        if status in TRANSIENT_STATUS or code in TRANSIENT_CODES:
             kind = _Preempted if code == "OperationPreempted" else TransientProviderError
             return kind(text, retry_after=retry_after_seconds(getattr(response, "headers", None)))
         return ProviderError(text)
@@ -882,6 +886,8 @@ class AzureProvider:
             return self._after_preemption(scope, name, what, str(e), deadline)
         if not done:
             return self._as_it_stands(scope, name, what, polls)
+        if str(getattr(vm, "provisioning_state", "") or "").lower() == "failed":
+            raise self._failed_at_once(scope, name, what, capacity, deadline)
         return self._to_instance(scope, vm, once=True)
 
     def _as_it_stands(self, scope: Scope, name: str, what: str, polls: _Polls) -> Instance:
@@ -901,6 +907,30 @@ class AzureProvider:
             except ProviderError:
                 pass
         raise self._unfinished(what, polls)
+
+    def _failed_at_once(self, scope: Scope, name: str, what: str, capacity: tuple[str, str, str],
+                        deadline: float) -> ProviderError:
+        """The create's PUT was answered with the VM already Failed (200, no operation to poll): azure-core's LROPoller
+        runs no polling (so no check of the status) for a first answer that is terminal, and hands the Failed VM back as
+        its result, raising nothing; it was answered as a `stopping` instance the user was told to delete.
+        It is this create's failed allocation (an earlier one's Failed VM is deleted before the PUT): why is in the
+        instance view, `ProvisioningState/failed/<code>` ("optionally postfixed" with the error code, learn.microsoft.com
+        azure/virtual-machines/states-billing; hail-is/hail#11393 met ProvisioningState/failed/AllocationFailed). Mapped
+        as the operation's error would be (a stockout a CapacityError, a quota a QuotaError); the VM is removed."""
+        code, message = "", "its allocation ended Failed, and Azure said no more"
+        try:
+            full = self._get(scope, name, expand="instanceView", once=True)
+        except ProviderError as e:  # the reason unread: said as such, the VM still removed
+            full, message = None, f"{message} (its instance view could not be read: {e})"
+        for status in getattr(getattr(full, "instance_view", None), "statuses", None) or []:
+            parts = str(getattr(status, "code", "") or "").split("/")
+            if [p.lower() for p in parts[:2]] == ["provisioningstate", "failed"] and len(parts) > 2:
+                code = parts[2]
+                message = str(getattr(status, "message", "") or getattr(status, "display_status", "") or message)
+        error = self._classified(what, code, message.splitlines()[0], capacity)
+        self._discard_failed(scope, name, deadline)
+        return error if isinstance(error, (CapacityError, QuotaError)) else ProviderError(
+            f"{error}; VM {name} was removed and nothing was placed on it")
 
     def _after_preemption(self, scope: Scope, name: str, what: str, error: str, deadline: float) -> Instance:
         """The create's operation was preempted: someone wrote the VM while it was being made (tagged it in the portal,

@@ -19,7 +19,8 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
   have, a DELETE removes it); before, a PUT mid-create was a silent tag update and the create still succeeded;
 * an allocation failure is an asynchronous operation that ends "Failed" with the
   ARM error (code ZonalAllocationFailed ...) and leaves the VM in provisioningState
-  "Failed", as Azure does; synchronous errors use the ARM error body
+  "Failed", as Azure does, its instance view saying why (ProvisioningState/failed/<code>); failed_at_once answers
+  such a create 200 with the VM already Failed, with its operation's URL or none; synchronous errors use the ARM error body
   {"error": {"code", "message", "target"?}};
 * bearer tokens are checked, resource groups and path segments are case-insensitive,
   and list responses spell the resource group in upper case in `id` (Compute does).
@@ -224,6 +225,12 @@ class ArmFake:
         self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
         self.latency = 0.05  # seconds (of self.clock) an operation runs: a real VM create takes minutes
         self.retry_after: int | None = None  # Retry-After (seconds) on accepted writes and InProgress polls, if set
+        # A create in an exhausted zone answered 200 with the VM already provisioningState Failed, its operation ended
+        # at once: with its operation's Azure-AsyncOperation URL ("operation", the operation Failed with the allocation
+        # error at its first poll), or with none ("body": the resource's provisioningState is all the SDK's poller has).
+        # None: 201 Creating, the allocation failing `latency` later.
+        self.failed_at_once: str | None = None
+        self.failures: dict[tuple[str, str, str], dict] = {}  # (sub, rg, name) lower -> the error its allocation failed with
         self._stalls: list[list] = []  # stall(): [seconds, method, count left]
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
@@ -725,6 +732,11 @@ class ArmFake:
                 f"{vm['properties']['hardwareProfile']['vmSize']} in this zone. Read more about improving likelihood of "
                 "allocation success at http://aka.ms/allocation-guidance")}
         self.ops[op.id] = op
+        if op.error is not None and self.failed_at_once is not None:  # the allocation failed before the PUT was answered
+            op.ends_at, op.held, op.done = self.clock.now(), False, True
+            self._finish(op)  # the VM Failed, its instance view saying why
+            headers = self._accepted(base, sub, op, api_version) if self.failed_at_once == "operation" else {}
+            return 200, copy.deepcopy(vm), headers
         return 201, copy.deepcopy(vm), self._accepted(base, sub, op, api_version)
 
     def _accepted(self, base: str, sub: str, op: Operation, api_version: str, *, location: bool = False) -> dict:
@@ -800,11 +812,17 @@ class ArmFake:
                 del self.vms[op.key]
         elif vm["properties"].get("provisioningState") == "Creating":
             vm["properties"]["provisioningState"] = "Failed" if op.error else "Succeeded"
+            if op.error:
+                self.failures[op.key] = op.error
 
     def instance_view(self, vm: dict) -> dict:
         state = vm["properties"].get("provisioningState", "Succeeded")
         statuses = [{"code": f"ProvisioningState/{state.lower()}", "level": "Info" if state != "Failed" else "Error",
                      "displayStatus": f"Provisioning {state.lower()}"}]
+        key = tuple(vm["id"].lower().split("/")[i] for i in (2, 4, 8))
+        failure = self.failures.get(key) if state == "Failed" else None  # type: ignore[call-overload]
+        if failure is not None:  # Compute suffixes the failure's code, and says its message (states-billing)
+            statuses[0].update(code=f"ProvisioningState/failed/{failure['code']}", message=failure["message"])
         if state == "Succeeded":
             sub, rg = vm["id"].split("/")[2], vm["id"].split("/")[4]
             power = self.power.get((sub.lower(), rg.lower(), vm["name"].lower()), "running")

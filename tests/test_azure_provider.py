@@ -160,6 +160,19 @@ def test_zonal_allocation_failure_is_a_capacity_error_and_leaves_nothing_behind(
     assert prov.create(req("k-cap-2", zone="eastus-2")).zone == "eastus-2"
 
 
+@pytest.mark.parametrize("answer", ["operation", "body"])
+def test_a_create_answered_already_failed_is_a_capacity_error_and_leaves_nothing_behind(prov, arm, answer):
+    """ARM may answer a VM's PUT with the VM already provisioningState Failed (200, not 201 Creating): with its
+    operation's URL, whose first poll says why, or with none, the resource's state all there is to go on. Either is
+    this create's failed allocation in that zone, and the Failed VM Azure keeps is removed."""
+    arm.failed_at_once = answer
+    arm.exhaust("eastus", "1")
+    with pytest.raises(CapacityError) as e:
+        prov.create(req("k-at-once", market="spot"))
+    assert (e.value.zone, e.value.instance_type, e.value.market) == ("eastus-1", "Standard_NC4as_T4_v3", "spot")
+    assert arm.snapshot() == {} and len(arm.requests("PUT")) == 1
+
+
 @pytest.mark.parametrize("status,code,message,expected", [
     (409, "SkuNotAvailable", "The requested size for resource is currently not available in location 'eastus' zones '1'.",
      CapacityError),
