@@ -219,7 +219,10 @@ told to make it a plain test).
   guaranteed j0 to delete its instance and kept the unguaranteed j2, claiming the tier at its bound (its test).
   fleet118 (the slow property tier, 2026-12-03, seed 3333; on main too): greedy kept the idle on-demand host cheapest per
   GPU for the spot share, which mended nothing and took a pool's last slot, and gave up t1's guaranteed j2's spot
-  host (its test)."""
+  host (its test). fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
+  in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
+  called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
+  tiers claimed proven (its test)."""
 
 from __future__ import annotations
 
@@ -2393,3 +2396,56 @@ def test_greedy_keeps_the_idle_on_demand_host_that_alone_mends_the_spot_share_on
     actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
     assert actions["j2"] == ("keep", ("i0",)) and all(a in ("keep", "place") for a, _ in actions.values()), actions
     check_fleet(fleet("fleet118"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def _the_part_of(tenant: str, monkeypatch) -> None:
+    """The independent part holding `tenant`'s work falls back to greedy best-fit, as a part does where CP-SAT cannot
+    complete greedy's answer within its work limit (a large part's share: strategy.solve_pass); the other parts' are
+    CP-SAT's."""
+    from reconciler.solve import strategy
+
+    complete = strategy.Search.complete
+    monkeypatch.setattr(strategy.Search, "complete", lambda search, work, fixed=True: None if any(
+        d.tenant == tenant for d in search.problem.demands) else complete(search, work, fixed))
+
+
+def test_a_part_that_fell_back_leaves_the_other_parts_cp_sat_answer_checked_on_fleet119(monkeypatch):
+    """fleet119 (the h10 session, 2026-12-03; on main too): fleet117's A10G pool and tenants without its budget, and
+    t3's pending A100 job on an Azure pool: two independent parts (problem.components). Where t3's part fell back to
+    greedy best-fit, the whole answer was called GREEDY_FALLBACK, so api.emitted skipped its checks of CP-SAT's answers:
+    the plan stopped t1's guaranteed j0 (fleet117's stop) while claiming its "guarantees kept" tier proven at its bound,
+    and ranked below greedy's whole plan, which keeps j0. A plan with a part of CP-SAT's is checked as CP-SAT's now,
+    and claims no tier a part did not measure."""
+    from reconciler.plan import outcome_rank
+    from reconciler.plan.quality import guarantee_kept
+    from reconciler.problem import build_problem, components
+
+    _the_part_of("t3", monkeypatch)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet119"), time_limit=5)
+    problem = build_problem(desired, observed)
+    assert len(components(problem)) == 2
+    actions = {j.job: j.action for j in plan.jobs}
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
+    assert claimed in (None, guarantee_kept(problem, placed)), (actions, plan.solver)
+    assert outcome_rank(problem, plan) >= outcome_rank(problem, gplan), actions
+    assert actions["j0"] != "evict" and actions["j1"] != "evict" and actions["k0"] == "place", actions
+    check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_a_plan_with_a_part_of_greedys_claims_no_tiers_and_says_so_on_fleet119(monkeypatch):
+    """fleet119 with t1's part the one that fell back: t3's part is CP-SAT's, greedy's whole plan ranks no higher, and
+    the plan emitted is that mix. It is no greedy plan (GREEDY_FALLBACK would say more --time-limit helps a plan that
+    is CP-SAT's in part) and no proven one: FEASIBLE, no tiers (t1's part measured none), no gap, its line says why,
+    and the saved plan reads back the same."""
+    from reconciler.plan.types import Plan
+    from reconciler.render import _solver_line
+
+    _the_part_of("t1", monkeypatch)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet119"), time_limit=5)
+    s = plan.solver
+    assert (s.status, s.optimal, s.tiers, s.greedy_parts) == ("FEASIBLE", False, (), 1), s
+    assert "answered 1 of its independent parts with greedy best-fit's" in _solver_line(plan), _solver_line(plan)
+    assert "every tier proven best" not in _solver_line(plan) and "cost within" not in _solver_line(plan), _solver_line(plan)
+    assert Plan.from_json(plan.to_json()).solver.greedy_parts == 1
+    check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
