@@ -2449,3 +2449,60 @@ def test_a_plan_with_a_part_of_greedys_claims_no_tiers_and_says_so_on_fleet119(m
     assert "every tier proven best" not in _solver_line(plan) and "cost within" not in _solver_line(plan), _solver_line(plan)
     assert Plan.from_json(plan.to_json()).solver.greedy_parts == 1
     check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def _stopping(plan, *jobs: str):
+    """`plan` with `jobs` stopped: an answer's stop that no rule requires, as _lawful is asked of it."""
+    from dataclasses import replace
+
+    return replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) if j.job in jobs else j for j in plan.jobs))
+
+
+def _greedys(fleet_name: str):
+    """(desired, observed, problem, greedy's answer and plan) of a finding."""
+    import tempfile
+
+    from dataclasses import replace
+
+    from reconciler import api
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.test_properties import catalog_observed, write_config
+
+    f = fleet(fleet_name)
+    with tempfile.TemporaryDirectory() as d:
+        desired = api.load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    problem = build_problem(desired, observed)
+    gsol = solve(problem, time_limit=0)
+    return desired, observed, problem, (gsol, make_plan(desired, observed, problem, gsol))
+
+
+def test_an_unlawful_stop_in_a_cp_sat_part_gives_way_to_greedys_plan_on_fleet119(monkeypatch):
+    """fleet119, t3's part fallen back: an answer of t1's part that stopped t2's guaranteed j3 (no rule requires it)
+    was refused with "internal error", as the whole answer was called greedy's and _lawful tried neither a search
+    again nor greedy's plan, which is lawful. It is CP-SAT's in part: greedy's plan is emitted, saying why."""
+    from reconciler import api
+    from reconciler.plan import make_plan
+    from reconciler.solve import solve
+
+    _the_part_of("t3", monkeypatch)
+    desired, observed, problem, greedy = _greedys("fleet119")
+    solution = solve(problem, time_limit=5)
+    plan, emitted = api._lawful(observed, problem, _stopping(make_plan(desired, observed, problem, solution), "j3"), solution,
+                                lambda: greedy)
+    assert emitted.status == plan.solver.status == "GREEDY_FALLBACK" and "j3 first: greedy best-fit" in plan.solver.note
+    assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
+
+
+def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_fleet111():
+    """Where greedy's plan stops running work no rule requires stopping too, nothing is emitted: the error named only
+    the first plan's stops (t1's j1 here), not greedy's (t2's j3), which is the plan the planner could not fall back to."""
+    from reconciler import api
+    from reconciler.errors import SolverError
+
+    desired, observed, problem, (gsol, gplan) = _greedys("fleet111")
+    with pytest.raises(SolverError) as e:
+        api._lawful(observed, problem, _stopping(gplan, "j1"), gsol, lambda: (gsol, _stopping(gplan, "j3")))
+    assert "job j1: evicted" in str(e.value) and "greedy best-fit's plan would stop:\n  - job j3: evicted" in str(e.value), str(e.value)
