@@ -119,14 +119,16 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
         fallback = solve(problem, time_limit=0)
         return fallback, make_plan(demand, observed, problem, fallback)
 
-    if (unpacked(plan) or solution.below_floors) and solution.status != "GREEDY_FALLBACK":
+    if (unpacked(plan) or solution.below_floors or solution.greedy_parts) and solution.status != "GREEDY_FALLBACK":
         # The solver's counts did not all pack (or an idle class was searched again below the tiers' floors, greedy's
-        # value among them): its plan may now rank below greedy's, which is packed instance by instance. Never emit a
-        # plan worse than the fallback.
+        # value among them; or some independent parts fell back to greedy best-fit, so the answer claims no tiers for
+        # the check below to hold to the plan): its plan may now rank below greedy's, which is packed instance by
+        # instance. Never emit a plan worse than the fallback.
         fallback, other = greedy()
         if outcome_rank(problem, other) > outcome_rank(problem, plan):
             note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked: {RANKS_HIGHER}" if unpacked(plan) else
-                    f"CP-SAT's answer, searched again instance by instance where its instances did not hold it: {RANKS_HIGHER}")
+                    f"CP-SAT's answer, searched again instance by instance where its instances did not hold it: {RANKS_HIGHER}"
+                    if solution.below_floors else f"{solution.note}: {RANKS_HIGHER}")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
 
@@ -196,15 +198,17 @@ def _lawful(observed: Observed, problem: Problem, plan: Plan, solution: Solution
                     + (", holding the jobs stopped" if held else ""))
             note = f"{answer.note}; {note}" if answer.note else note
             return replace(last, solver=replace(last.solver, note=note)), replace(answer, note=note)
-    if solution.status != "GREEDY_FALLBACK":
-        fallback, other = greedy()
-        if not unlawful_evictions(other, observed, problem):
-            note = (f"CP-SAT's answer stopped {len(first)} running job(s) no rule requires stopping, "
-                    f"{min(first)} first: greedy best-fit")
-            return replace(other, solver=replace(other.solver, note=note)), replace(fallback, note=note)
-    wrong = unlawful_evictions(plan, observed, problem)
+    # Greedy's own plan, whatever the answer's status: one whose parts each fell back is greedy best-fit's part by
+    # part, which need not be greedy's plan of the whole.
+    fallback, other = greedy()
+    greedys = unlawful_evictions(other, observed, problem)
+    if not greedys:
+        note = (f"CP-SAT's answer stopped {len(first)} running job(s) no rule requires stopping, "
+                f"{min(first)} first: greedy best-fit")
+        return replace(other, solver=replace(other.solver, note=note)), replace(fallback, note=note)
     raise SolverError("internal error: the plan would stop running work that no rule requires stopping; refusing to "
-                      "emit it (please report it with the config):\n" + "\n".join(f"  - {w}" for w in wrong.values()))
+                      "emit it (please report it with the config):\n" + "\n".join(f"  - {w}" for w in first.values())
+                      + ("" if greedys == first else "\ngreedy best-fit's plan would stop:\n" + "\n".join(f"  - {w}" for w in greedys.values())))
 
 
 def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: State, adopt: bool) -> Observed:

@@ -67,6 +67,9 @@ def _solver_line(plan: Plan) -> str:
              else "stopped at its work limit")
     if s.optimal:
         quality = "optimal"
+    elif s.greedy_parts:  # (solve.parts: those parts measured no tiers, so the plan claims none)
+        quality = (f"answered {s.greedy_parts} of its independent parts with greedy best-fit's ({s.note}), "
+                   "so no tier or optimality gap is claimed")
     elif s.unpacked:
         # The bound is for plans that place what the solver placed; this one places less. Unproven tiers are still
         # named: the plan says which tiers were proven whatever else it says.

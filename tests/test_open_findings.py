@@ -228,7 +228,11 @@ told to make it a plain test).
   lowered max_spot_fraction greedy keeps the spot hosts and buys idle on-demand ballast where moving the spot-eligible
   work into free on-demand room is cheaper (a move pass exists on branch h2-greedy, held back: see the test). fleet121
   (the same session): greedy's ballast bought the cheapest single offer that mends the share alone where two small
-  ones were cheaper (its test)."""
+  ones were cheaper (its test).
+  fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
+  in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
+  called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
+  tiers claimed proven (its test)."""
 
 from __future__ import annotations
 
@@ -2522,3 +2526,113 @@ def test_greedy_buys_the_cheapest_set_of_idle_ballast_on_fleet121():
     assert all(j.action == "keep" for j in gplan.jobs), gplan.jobs
     assert gplan.cost_after == pytest.approx(4 * 1.006 + 2 * 0.4886), gplan.cost_after  # (four on-demand g5.xlarge, two spot)
     check_fleet(fleet("fleet121"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def _the_part_of(tenant: str, monkeypatch) -> None:
+    """The independent part holding `tenant`'s work falls back to greedy best-fit, as a part does where CP-SAT cannot
+    complete greedy's answer within its work limit (a large part's share: strategy.solve_pass); the other parts' are
+    CP-SAT's."""
+    from reconciler.solve import strategy
+
+    complete = strategy.Search.complete
+    monkeypatch.setattr(strategy.Search, "complete", lambda search, work, fixed=True: None if any(
+        d.tenant == tenant for d in search.problem.demands) else complete(search, work, fixed))
+
+
+def test_a_part_that_fell_back_leaves_the_other_parts_cp_sat_answer_checked_on_fleet119(monkeypatch):
+    """fleet119 (the h10 session, 2026-12-03; on main too): fleet117's A10G pool and tenants without its budget, and
+    t3's pending A100 job on an Azure pool: two independent parts (problem.components). Where t3's part fell back to
+    greedy best-fit, the whole answer was called GREEDY_FALLBACK, so api.emitted skipped its checks of CP-SAT's answers:
+    the plan stopped t1's guaranteed j0 (fleet117's stop) while claiming its "guarantees kept" tier proven at its bound,
+    and ranked below greedy's whole plan, which keeps j0. A plan with a part of CP-SAT's is checked as CP-SAT's now,
+    and claims no tier a part did not measure."""
+    from reconciler.plan import outcome_rank
+    from reconciler.plan.quality import guarantee_kept
+    from reconciler.problem import build_problem, components
+
+    _the_part_of("t3", monkeypatch)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet119"), time_limit=5)
+    problem = build_problem(desired, observed)
+    assert len(components(problem)) == 2
+    actions = {j.job: j.action for j in plan.jobs}
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
+    claimed = next((t["value"] for t in plan.solver.tiers if t["name"] == "guarantees kept"), None)
+    assert claimed in (None, guarantee_kept(problem, placed)), (actions, plan.solver)
+    assert outcome_rank(problem, plan) >= outcome_rank(problem, gplan), actions
+    assert actions["j0"] != "evict" and actions["j1"] != "evict" and actions["k0"] == "place", actions
+    check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_a_plan_with_a_part_of_greedys_claims_no_tiers_and_says_so_on_fleet119(monkeypatch):
+    """fleet119 with t1's part the one that fell back: t3's part is CP-SAT's, greedy's whole plan ranks no higher, and
+    the plan emitted is that mix. It is no greedy plan (GREEDY_FALLBACK would say more --time-limit helps a plan that
+    is CP-SAT's in part) and no proven one: FEASIBLE, no tiers (t1's part measured none), no gap, its line says why,
+    and the saved plan reads back the same."""
+    from reconciler.plan.types import Plan
+    from reconciler.render import _solver_line
+
+    _the_part_of("t1", monkeypatch)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet119"), time_limit=5)
+    s = plan.solver
+    assert (s.status, s.optimal, s.tiers, s.greedy_parts) == ("FEASIBLE", False, (), 1), s
+    assert "answered 1 of its independent parts with greedy best-fit's" in _solver_line(plan), _solver_line(plan)
+    assert "every tier proven best" not in _solver_line(plan) and "cost within" not in _solver_line(plan), _solver_line(plan)
+    assert Plan.from_json(plan.to_json()).solver.greedy_parts == 1
+    check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def _stopping(plan, *jobs: str):
+    """`plan` with `jobs` stopped: an answer's stop that no rule requires, as _lawful is asked of it."""
+    from dataclasses import replace
+
+    return replace(plan, jobs=tuple(replace(j, action="evict", instances=(), gpus=()) if j.job in jobs else j for j in plan.jobs))
+
+
+def _greedys(fleet_name: str):
+    """(desired, observed, problem, greedy's answer and plan) of a finding."""
+    import tempfile
+
+    from dataclasses import replace
+
+    from reconciler import api
+    from reconciler.plan import make_plan
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.test_properties import catalog_observed, write_config
+
+    f = fleet(fleet_name)
+    with tempfile.TemporaryDirectory() as d:
+        desired = api.load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    problem = build_problem(desired, observed)
+    gsol = solve(problem, time_limit=0)
+    return desired, observed, problem, (gsol, make_plan(desired, observed, problem, gsol))
+
+
+def test_an_unlawful_stop_in_a_cp_sat_part_gives_way_to_greedys_plan_on_fleet119(monkeypatch):
+    """fleet119, t3's part fallen back: an answer of t1's part that stopped t2's guaranteed j3 (no rule requires it)
+    was refused with "internal error", as the whole answer was called greedy's and _lawful tried neither a search
+    again nor greedy's plan, which is lawful. It is CP-SAT's in part: greedy's plan is emitted, saying why."""
+    from reconciler import api
+    from reconciler.plan import make_plan
+    from reconciler.solve import solve
+
+    _the_part_of("t3", monkeypatch)
+    desired, observed, problem, greedy = _greedys("fleet119")
+    solution = solve(problem, time_limit=5)
+    plan, emitted = api._lawful(observed, problem, _stopping(make_plan(desired, observed, problem, solution), "j3"), solution,
+                                lambda: greedy)
+    assert emitted.status == plan.solver.status == "GREEDY_FALLBACK" and "j3 first: greedy best-fit" in plan.solver.note
+    assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
+
+
+def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_fleet111():
+    """Where greedy's plan stops running work no rule requires stopping too, nothing is emitted: the error named only
+    the first plan's stops (t1's j1 here), not greedy's (t2's j3), which is the plan the planner could not fall back to."""
+    from reconciler import api
+    from reconciler.errors import SolverError
+
+    desired, observed, problem, (gsol, gplan) = _greedys("fleet111")
+    with pytest.raises(SolverError) as e:
+        api._lawful(observed, problem, _stopping(gplan, "j1"), gsol, lambda: (gsol, _stopping(gplan, "j3")))
+    assert "job j1: evicted" in str(e.value) and "greedy best-fit's plan would stop:\n  - job j3: evicted" in str(e.value), str(e.value)

@@ -88,7 +88,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
             tiers=tuple({"name": t.name, "value": t.value, "bound": t.bound if t.bound is None else round(t.bound, 3), "status": t.status,
                          "proven": t.proven} for t in solution.tiers),
             scope=solution.scope, repairs=packing.repairs, note=solution.note, work=solution.work_spent, unpacked=n_unpacked,
-            backfilled=len(backfilled), narrowed=solution.narrowed,
+            backfilled=len(backfilled), narrowed=solution.narrowed, greedy_parts=solution.greedy_parts,
         ),
         kept={c.instance_id: c.price for c in existing if c.instance_id in solution.keep},
         consolidation=consolidation(problem, solved, solution.keep, jobs, deletes, creates, hosts), notes=tuple(getattr(observed, "notes", ())),

@@ -32,10 +32,11 @@ def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: lis
     added (repairs) or left out are counted at their price, like the solver's own objective.
     Optimal only when nothing was repaired or left unpacked; a plan whose packing left jobs
     the solver placed has not reached the tiers the bound is for: no gap (1.0). Nor has one that placed more
-    than the solver (backfill): its bound was for the tiers the solver reached, which were not the best."""
+    than the solver (backfill): its bound was for the tiers the solver reached, which were not the best. Nor one with
+    independent parts greedy best-fit answered (Solution.greedy_parts): they have no bound."""
     if solution.status == "GREEDY_FALLBACK":
         return solution.status, False, solution.gap
-    if n_unpacked or backfilled:
+    if n_unpacked or backfilled or solution.greedy_parts:
         return "FEASIBLE", False, 1.0
     if solution.cost_value is None or solution.cost_bound is None:
         return solution.status, solution.optimal and not repairs, solution.gap if not repairs else max(solution.gap, 1e-6)
@@ -53,7 +54,8 @@ def gap_withheld(solver, cost_after: float) -> str | None:
         return None
     if solver.status == "GREEDY_FALLBACK":
         return "it is greedy best-fit's"
-    why = ([f"packing left {solver.unpacked} job(s) the solver placed pending"] if solver.unpacked else []) + \
+    why = ([f"{solver.greedy_parts} of its independent parts are greedy best-fit's"] if solver.greedy_parts else []) + \
+        ([f"packing left {solver.unpacked} job(s) the solver placed pending"] if solver.unpacked else []) + \
         ([f"backfill placed {solver.backfilled} pending job(s) beyond the solver's answer"] if solver.backfilled else []) + \
         ([f"{len(solver.unproven)} tier(s) not proven best"] if solver.unproven else [])
     if why:

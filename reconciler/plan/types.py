@@ -89,6 +89,7 @@ class SolverReport:
     unpacked: int = 0  # jobs the solver placed that the packer could not: the plan does not reach its tiers
     backfilled: int = 0  # pending jobs the plan placed in room its packing left (plan/backfill.py): beyond the solver's answer
     narrowed: int = 0  # (job group, host) choices the solver's model left out (solve.model: too many): its bounds are of the rest
+    greedy_parts: int = 0  # independent parts greedy best-fit answered, the others CP-SAT's (solve.parts): no tiers, no gap claimed
 
     @property
     def unproven(self) -> list[str]:

@@ -1,5 +1,7 @@
 """Independent parts' solutions as one: placements and instances joined, tiers summed (proven
-where every part's is), the cost and its bound summed, the gap the worst part's."""
+where every part's is), the cost and its bound summed, the gap the worst part's. Greedy best-fit's answer
+(GREEDY_FALLBACK) only where every part fell back to it; where some did, CP-SAT's answer of the others,
+FEASIBLE, with no tiers (a part that fell back measured none: a sum without it is no claim about the plan)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from reconciler.solve.solution import Solution, TierReport
 def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solution:
     """`t0`: when solving the parts began (the merged answer's seconds count from it)."""
     tiers: dict[str, TierReport] = {}
-    for s in sols:
+    fell = [s for s in sols if s.status == "GREEDY_FALLBACK"]
+    for s in sols if not fell else ():
         for t in s.tiers:
             prev = tiers.get(t.name)
             if prev is None or prev.status == t.status:
@@ -25,7 +28,11 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
             bound = None if t.bound is None or (prev is not None and prev.bound is None) else t.bound + (prev.bound if prev else 0)
             tiers[t.name] = TierReport(t.name, t.sense, t.value + (prev.value if prev else 0), bound, status, t.seconds + (prev.seconds if prev else 0))
     statuses = {s.status for s in sols}
-    status = "GREEDY_FALLBACK" if "GREEDY_FALLBACK" in statuses else ("OPTIMAL" if statuses == {"OPTIMAL"} else "FEASIBLE")
+    status = "GREEDY_FALLBACK" if statuses == {"GREEDY_FALLBACK"} else ("OPTIMAL" if statuses == {"OPTIMAL"} else "FEASIBLE")
+    note = f"solved as {len(sols)} independent parts"
+    if fell:
+        why = "; ".join(sorted({s.note for s in fell if s.note}))
+        note += f", {len(fell)} of them greedy best-fit's" + (f" ({why})" if why else "")
     cost = sum(s.cost_milli for s in sols)
     phases: dict[str, float] = {}
     for s in sols:
@@ -39,7 +46,7 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         tiers=tuple(tiers.values()), work=sum(s.work for s in sols), cost_milli=cost,
         capacities={k: v for s in sols for k, v in s.capacities.items()},
         scope=(sum(s.scope[0] for s in sols), sum(s.scope[1] for s in sols)), variables=sum(s.variables for s in sols),
-        constraints=sum(s.constraints for s in sols), note=f"solved as {len(sols)} independent parts",
+        constraints=sum(s.constraints for s in sols), note=note,
         lp_bound=sum(s.lp_bound for s in sols) if with_lp_bound and all(s.lp_bound is not None for s in sols) else None,
         int_bound=sum(s.int_bound for s in sols) if with_lp_bound and all(s.int_bound is not None for s in sols) else None,
         phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
@@ -47,7 +54,7 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         cost_bound=None if any(s.cost_bound is None for s in sols) else sum(s.cost_bound for s in sols),
         stay_value=_stay_value(sols), consolidated=any(s.consolidated for s in sols), room_jobs=sum(s.room_jobs for s in sols),
         slots={k: v for s in sols for k, v in s.slots.items()},
-        narrowed=sum(s.narrowed for s in sols),
+        narrowed=sum(s.narrowed for s in sols), greedy_parts=len(fell) if len(fell) < len(sols) else 0,
     )
 
 

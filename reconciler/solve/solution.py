@@ -75,6 +75,9 @@ class Solution:
     # (group, host) choices the model left out where offering every one would make it too large (Model.narrowed): its
     # bounds are of the choices offered, so its answer is not called optimal and the plan says so.
     narrowed: int = 0
+    # Independent parts (solve.parts) answered by greedy best-fit where the others are CP-SAT's: the answer is no
+    # greedy's plan, so the API checks it as CP-SAT's and compares it with greedy's whole plan (api.emitted).
+    greedy_parts: int = 0
 
 
 __all__ = ["Solution", "TierReport"]
