@@ -60,6 +60,7 @@ from reconciler.observe import Observed
 from reconciler.plan import CreateAction, DeleteAction, Plan, placement_group_name, removed_jobs, restarted_jobs
 from reconciler.plan.file import PLAN_ID_LEN, is_plan_id
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_tenants, borrows, over_cap_tenants, placement_refusal
+from reconciler.problem.partition import Partition
 from reconciler.problem.rules import running_use
 from reconciler.site import Site
 
@@ -798,17 +799,12 @@ def _stood_in_by_units(jobs: list[str], rooms: dict[str, set[str]], higher: list
     """Of tenant t's stopped `jobs`, those its higher arriving work (`higher`: (class, JobChange)) stands in for, unit for
     unit within their rooms (`own_higher_class_room`). Rooms sharing an instance are one; in each, the highest class
     stopped is served first (what stands in for it stands in for any lower class too), then the smallest job."""
-    parent: dict[str, str] = {}
-
-    def find(i: str) -> str:
-        while parent.setdefault(i, i) != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    parent = Partition()
+    find = parent.find
     for job in jobs:
         first = min(rooms[job])
         for i in rooms[job]:
-            parent[find(i)] = find(first)
+            parent.union(i, first)
     protected = set(problem.tenants[t].protected_jobs) if t in problem.tenants else set()
     lower = [q for q in problem.demands if q.tenant == t and any(j in protected for j, _ in q.running)]
     supply: dict[str, list[list[int]]] = {}  # room -> [class, units left] of the higher work placed in it

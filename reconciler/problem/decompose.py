@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from reconciler.ledger import quota_units
+from reconciler.problem.partition import Partition
 from reconciler.problem.rules import fit
 from reconciler.problem.types import Capacity, Host, Problem, type_class
 
@@ -19,18 +20,8 @@ def components(problem: Problem) -> list[Problem]:
     if problem.budget is not None or sp.max_spot_fraction < 1 or sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 \
             or sp.min_zones > 1 or len(borrowers) > 1:
         return [problem]
-    parent: dict[str, str] = {}
-
-    def find(a: str) -> str:
-        while parent.setdefault(a, a) != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    def union(a: str, b: str) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
+    groups = Partition()
+    find, union = groups.find, groups.union
 
     by_type: dict[tuple, list[Capacity]] = {}
     for c in problem.capacities:
