@@ -96,9 +96,10 @@ def _capacity_of(c: Capacity) -> dict[str, float]:
 
 
 class _Greedy:
-    def __init__(self, problem: Problem, spot_first: bool = False, on_demand_first: bool = False):
+    def __init__(self, problem: Problem, spot_first: bool = False, on_demand_first: bool = False, move_spot: bool = False):
         self.p = problem
         self.on_demand_first = on_demand_first  # keep_running: of running jobs ranked alike, those on on-demand hosts first
+        self.move_spot = move_spot  # move_spot_work before settle_spot (`greedy`)
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         # (spot_first: spot bought as if neither diversity nor an on-demand buffer were asked, both settled at the end:
@@ -355,6 +356,48 @@ class _Greedy:
         self.a.placed[d.key] += 1
         self._charge_quota(d)
         self.kept.add(job)
+
+    def movable_spot_hosts(self) -> list[_Inst]:
+        """While the kept fleet breaks the fleet's spot share or on-demand buffer: the open spot hosts with work staying
+        on them whose going mends them without buying idle capacity, as the model may move running work a broken rule
+        licenses: none of their work spot-required, each of it fits some on-demand capacity, and their going leaves
+        spot diversity no shorter than the SpotPolicy asks. [] where the rules hold."""
+        if self._fleet_spot_rules_hold():
+            return []
+        sp = self.p.spot
+        types, zones = self.led.spot_sites()
+        out = []
+        for inst in self.opened.values():
+            c = inst.cap
+            if c.market != "spot" or c.frozen or not any(inst.items.values()):
+                continue
+            n_type, n_zone = self.led.spot_site_counts(c.instance_type, c.zone)
+            if (sp.min_instance_types > 1 and n_type <= 1 and len(types) <= sp.min_instance_types
+                    or sp.min_zones > 1 and n_zone <= 1 and len(zones) <= sp.min_zones):
+                continue
+            ds = [self.p.demand(k) for k, n in inst.items.items() if n]
+            if all(d.spot != "required" and any(self.rep[k].market != "spot" for k in self._keys_at(d, None)) for d in ds):
+                out.append(inst)
+        return out
+
+    def move_spot_work(self, order: list[Demand]) -> None:
+        """Before settle_spot, where the pass moves spot work (`greedy`): while the kept fleet breaks the fleet's spot
+        share or on-demand buffer, give up the movable spot host whose work ranks lowest (`movable_spot_hosts`) and
+        place its jobs anew at once (on on-demand room the fleet has or buys: the share refuses spot while broken).
+        settle_spot buys idle on-demand capacity beside every spot host kept instead: trace33 (1,000 trace-shaped jobs
+        applied under max_spot_fraction 0.5, then 0.15) bought idle ballast at $3,430/h where CP-SAT's plan moved
+        spot-eligible work onto on-demand at $2,853/h (fleet120 at three jobs). Each host is given up once: finite."""
+        gone: set[str] = set()
+        while hosts := [i for i in self.movable_spot_hosts() if i.key not in gone]:
+            host = self._lowest_ranked(hosts, order)
+            gone.add(host.key)
+            before = dict(self.a.placed)
+            self._release(host)
+            for dk, n in before.items():
+                d = self.p.demand(dk)
+                for _ in range(n - self.a.placed[dk]):
+                    if not _place_resolving(self, d):
+                        break
 
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
@@ -964,15 +1007,19 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     t1's normal job on a spot A100 took the pool's one slot from t2's normal job on the on-demand A100 beside it, the spot
     share then gave up t2's low job's spot T4 too, and greedy kept one job of three where CP-SAT kept two (fleet100).
     Not always: the spot job kept may be the one spot diversity needs."""
-    a, contested = _run(problem, keep_fleet, spot_first=False)
+    a, contested, movable = _run(problem, keep_fleet, spot_first=False)
     od_first = False
     if contested:
-        c, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
+        c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
         if c is not None and _ranks_above(c, a):
             a, od_first = c, True
+    if movable:
+        m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
+        if m is not None and _ranks_above_keeping_running(problem, m, a):
+            a = m
     sp = problem.spot
     if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
-        b, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
+        b, _, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
         if b is not None and _ranks_above(b, a):
             return b
     return a
@@ -983,11 +1030,64 @@ def _ranks_above(b: Assignment, a: Assignment) -> bool:
     return (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost))
 
 
-def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False) -> tuple[Assignment | None, bool]:
+def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bool:
+    """Does b keep every running job a keeps (per demand: no guarantee traded) and rank above it as the model's tiers
+    do: per class, highest first, running jobs kept then work placed, then the cost tier (`_model_cost`)? For a pass
+    that moves running work. (On trace33, the pass that moves spot work keeps team-2's five running low spot-eligible jobs that the
+    other gave up with their spot hosts, leaving five of its new low jobs pending on its quota instead: the same work
+    summed, more of it running work kept.)"""
+    classes = sorted({d.klass for d in p.demands}, reverse=True)
+
+    def rank(x: Assignment) -> tuple:
+        kept = {c: 0 for c in classes}
+        work = {c: 0 for c in classes}
+        for d in p.demands:
+            kept[d.klass] += _running_kept(d, x)
+            work[d.klass] += d.weight * x.placed[d.key]
+        return (*((kept[c], work[c]) for c in classes), -_model_cost(p, x))
+
+    if any(_running_kept(d, b) < _running_kept(d, a) for d in p.demands if d.running_jobs):
+        return False
+    rb, ra = rank(b), rank(a)
+    return rb[:-1] > ra[:-1] or rb[:-1] == ra[:-1] and rb[-1] > ra[-1] + 1e-9 * max(1.0, -ra[-1])
+
+
+def _running_kept(d: Demand, a: Assignment) -> int:
+    """d's running jobs the answer keeps, in place or moved (a placed job of d is one of its running ones first)."""
+    return min(a.placed[d.key], d.running_jobs)
+
+
+def _model_cost(p: Problem, a: Assignment) -> float:
+    """$/h as the model's cost tier counts an answer (objective.cost): instances, each item's egress, latency and spot
+    preference terms, and every running item moved at its amortised restart (objective.move_weight). On instances
+    alone, moving t2's spot T4 job onto the on-demand T4 bought as ballast read $0.06/h cheaper than keeping it, and
+    $0.02/h dearer with the move's $2 over 24 h: CP-SAT's plan keeps it (fleet100)."""
+    from reconciler.ledger import MILLI
+    from reconciler.solve.objective import move_weight
+
+    caps = {c.key: c for c in p.capacities}
+    total = a.cost
+    stays: dict[str, int] = {}
+    for book in (a.stay, a.x):
+        for (dk, ck), n in book.items():
+            if n:
+                total += n * p.cost_coef(p.demand(dk), caps[ck])
+    for (dk, _), n in a.stay.items():
+        stays[dk] = stays.get(dk, 0) + n
+    for d in p.demands:
+        if d.running_jobs:
+            kept = a.placed[d.key] * min(d.running_items, d.replicas) if d.gang else _running_kept(d, a)
+            total += max(0, kept - stays.get(d.key, 0)) * move_weight(d, p.placement) / MILLI
+    return total
+
+
+def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False,
+         move_spot: bool = False) -> tuple[Assignment | None, bool, bool]:
     """One greedy pass (`greedy`); spot_first: spot bought as where neither spot diversity nor an on-demand buffer is
-    asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`. And whether a
-    pass keeping on-demand work first may rank above it (`_on_demand_kept_out`)."""
-    g = _Greedy(problem, spot_first, on_demand_first)
+    asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`; move_spot:
+    `_Greedy.move_spot_work` first. And whether a pass keeping on-demand work first may rank above it
+    (`_on_demand_kept_out`), and whether one moving spot work may (`_Greedy.movable_spot_hosts`)."""
+    g = _Greedy(problem, spot_first, on_demand_first, move_spot)
     cache: dict = {}
 
     def rank(d: Demand) -> tuple:
@@ -1000,6 +1100,9 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     g.keep_running(order)
     g.keeping = False
     contested = not on_demand_first and _on_demand_kept_out(g)
+    movable = not move_spot and bool(g.movable_spot_hosts())
+    if move_spot:
+        g.move_spot_work(order)
     g.settle_spot(order)
     # Running work a pool's maximum kept out (the room went to the work kept before it) is asked again once the spot
     # rules are settled, now under them: where settle_spot gave up a spot host, an on-demand host with work on it may
@@ -1034,12 +1137,12 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     g.keep_stuck_gangs(order, stuck)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
-        return None, contested
+        return None, contested, movable
     if keep_fleet:
         g.drop_idle_hosts()
     g.drop_spare_on_demand()
     g.finish()
-    return g.a, contested
+    return g.a, contested, movable
 
 
 def _on_demand(iids: tuple[str, ...], hosts: dict[str, Capacity]) -> bool:
