@@ -358,39 +358,42 @@ class _Greedy:
         self.kept.add(job)
 
     def movable_spot_hosts(self) -> list[_Inst]:
-        """While the kept fleet breaks the fleet's spot share or on-demand buffer: the open spot hosts with work staying
-        on them whose going mends them without buying idle capacity, as the model may move running work a broken rule
-        licenses: none of their work spot-required, each of it fits some on-demand capacity, and their going leaves
-        spot diversity no shorter than the SpotPolicy asks. [] where the rules hold."""
+        """While the kept fleet breaks the fleet's spot share or on-demand buffer: the open spot hosts whose going
+        mends them without buying idle capacity, as the model may move running work a broken rule licenses
+        (`_movable`). [] where the rules hold."""
         if self._fleet_spot_rules_hold():
             return []
-        sp = self.p.spot
+        return [i for i in self.opened.values() if self._movable(i)]
+
+    def _movable(self, inst: _Inst) -> bool:
+        """Is inst an open spot host with running work staying on it and nothing else, none of it spot-required, each
+        of it fitting some on-demand capacity, whose going leaves spot diversity no shorter than the SpotPolicy asks?
+        (Only stays: `_release` gives up stays, and closes the host.)"""
+        c, sp = inst.cap, self.p.spot
+        if c.market != "spot" or c.frozen or not any(inst.items.values()) or any(self.a.x.get((k, c.key)) for k in inst.items):
+            return False
         types, zones = self.led.spot_sites()
-        out = []
-        for inst in self.opened.values():
-            c = inst.cap
-            if c.market != "spot" or c.frozen or not any(inst.items.values()):
-                continue
-            n_type, n_zone = self.led.spot_site_counts(c.instance_type, c.zone)
-            if (sp.min_instance_types > 1 and n_type <= 1 and len(types) <= sp.min_instance_types
-                    or sp.min_zones > 1 and n_zone <= 1 and len(zones) <= sp.min_zones):
-                continue
-            ds = [self.p.demand(k) for k, n in inst.items.items() if n]
-            if all(d.spot != "required" and any(self.rep[k].market != "spot" for k in self._keys_at(d, None)) for d in ds):
-                out.append(inst)
-        return out
+        n_type, n_zone = self.led.spot_site_counts(c.instance_type, c.zone)
+        if (sp.min_instance_types > 1 and n_type <= 1 and len(types) <= sp.min_instance_types
+                or sp.min_zones > 1 and n_zone <= 1 and len(zones) <= sp.min_zones):
+            return False
+        return all(d.spot != "required" and any(self.rep[k].market != "spot" for k in self._keys_at(d, None))
+                   for d in (self.p.demand(k) for k, n in inst.items.items() if n))
 
     def move_spot_work(self, order: list[Demand]) -> None:
         """Before settle_spot, where the pass moves spot work (`greedy`): while the kept fleet breaks the fleet's spot
-        share or on-demand buffer, give up the movable spot host whose work ranks lowest (`movable_spot_hosts`) and
-        place its jobs anew at once (on on-demand room the fleet has or buys: the share refuses spot while broken).
-        settle_spot buys idle on-demand capacity beside every spot host kept instead: trace33 (1,000 trace-shaped jobs
-        applied under max_spot_fraction 0.5, then 0.15) bought idle ballast at $3,430/h where CP-SAT's plan moved
-        spot-eligible work onto on-demand at $2,853/h (fleet120 at three jobs). Each host is given up once: finite."""
-        gone: set[str] = set()
-        while hosts := [i for i in self.movable_spot_hosts() if i.key not in gone]:
-            host = self._lowest_ranked(hosts, order)
-            gone.add(host.key)
+        share or on-demand buffer, give up the movable spot host whose work ranks lowest (`movable_spot_hosts`, in
+        `_lowest_ranked`'s order) and place its jobs anew at once (on on-demand room the fleet has or buys: the share
+        refuses new spot while broken). settle_spot buys idle on-demand capacity beside every spot host kept instead:
+        trace33 (1,000 trace-shaped jobs applied under max_spot_fraction 0.5, then 0.15) bought idle ballast at
+        $3,430/h where CP-SAT's plan moved spot-eligible work onto on-demand at $2,853/h (fleet120 at three jobs).
+        Each host is asked once: finite."""
+        best = self._host_ranks(order)
+        for host in sorted(self.movable_spot_hosts(), key=lambda i: (best.get(i.key, -1), i.key), reverse=True):
+            if self._fleet_spot_rules_hold():
+                return
+            if self.opened.get(host.cap.key) is not host or not self._movable(host):
+                continue  # (gone with a gang released from another host, or jobs placed anew landed on it)
             before = dict(self.a.placed)
             self._release(host)
             for dk, n in before.items():
@@ -566,12 +569,17 @@ class _Greedy:
         """The host whose best-ranked staying job ranks lowest; a host nothing stays on comes last. Only jobs
         that still stay count: a released job leaves a zero in `stay`, and counting it chose an emptied host
         again and again, forever (fleet14)."""
+        best = self._host_ranks(order)
+        return max(hosts, key=lambda i: (best.get(i.key, -1), i.key))
+
+    def _host_ranks(self, order: list[Demand]) -> dict[str, int]:
+        """Host key -> the rank in `order` of its best-ranked job staying on it (hosts nothing stays on: absent)."""
         rank = {d.key: i for i, d in enumerate(order)}
         best: dict[str, int] = {}
         for (dk, hk), n in self.a.stay.items():
             if n:
                 best[hk] = min(best.get(hk, len(rank)), rank.get(dk, 0))
-        return max(hosts, key=lambda i: (best.get(i.key, -1), i.key))
+        return best
 
     def _ballast_buys(self) -> list[Capacity]:
         """The on-demand instances to buy that, standing idle, mend the fleet's spot share and on-demand buffer for the
