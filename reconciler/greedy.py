@@ -100,6 +100,7 @@ class _Greedy:
         self.p = problem
         self.on_demand_first = on_demand_first  # keep_running: of running jobs ranked alike, those on on-demand hosts first
         self.move_spot = move_spot  # move_spot_work before settle_spot (`greedy`)
+        self.off_spot = False  # plan onto no open spot instance (move_spot_work: settle_spot finds only stays on spot hosts)
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         # (spot_first: spot bought as if neither diversity nor an on-demand buffer were asked, both settled at the end:
@@ -383,8 +384,9 @@ class _Greedy:
     def move_spot_work(self, order: list[Demand]) -> None:
         """Before settle_spot, where the pass moves spot work (`greedy`): while the kept fleet breaks the fleet's spot
         share or on-demand buffer, give up the movable spot host whose work ranks lowest (`movable_spot_hosts`, in
-        `_lowest_ranked`'s order) and place its jobs anew at once (on on-demand room the fleet has or buys: the share
-        refuses new spot while broken). settle_spot buys idle on-demand capacity beside every spot host kept instead:
+        `_lowest_ranked`'s order) and place its jobs anew at once, on on-demand room the fleet has or buys (the share
+        refuses new spot while broken; and on the spot hosts kept, settle_spot after would give up a host with new work
+        on it: it releases stays, and the ledger refused closing the host under the rest). settle_spot buys idle on-demand capacity beside every spot host kept instead:
         trace33 (1,000 trace-shaped jobs applied under max_spot_fraction 0.5, then 0.15) bought idle ballast at
         $3,430/h where CP-SAT's plan moved spot-eligible work onto on-demand at $2,853/h (fleet120 at three jobs).
         Each host is asked once: finite."""
@@ -396,11 +398,15 @@ class _Greedy:
                 continue  # (gone with a gang released from another host, or jobs placed anew landed on it)
             before = dict(self.a.placed)
             self._release(host)
-            for dk, n in before.items():
-                d = self.p.demand(dk)
-                for _ in range(n - self.a.placed[dk]):
-                    if not _place_resolving(self, d):
-                        break
+            self.off_spot = True
+            try:
+                for dk, n in before.items():
+                    d = self.p.demand(dk)
+                    for _ in range(n - self.a.placed[dk]):
+                        if not _place_resolving(self, d):
+                            break
+            finally:
+                self.off_spot = False
 
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
@@ -889,7 +895,7 @@ class _Greedy:
         for kk, inst in self._open_room(d, keys):
             if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
                 continue
-            if self.sparing_buffer and self.led.in_buffer(inst.key):
+            if self.sparing_buffer and self.led.in_buffer(inst.key) or self.off_spot and inst.cap.market == "spot":
                 continue
             free = taken.get(id(inst), inst.free)
             while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
