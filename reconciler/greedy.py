@@ -1002,10 +1002,11 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
     return v
 
 
-def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
+def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) -> Assignment:
     """First-fit decreasing. keep_fleet: once what runs is kept and the spot rules settled, keep
     every other instance the fleet has (within pool ceilings, the budget and the spot share)
-    before placing anything: the answer closest to the fleet as it is.
+    before placing anything: the answer closest to the fleet as it is. move_spot: also plan moving spot work
+    (`_Greedy.move_spot_work`) for greedy's own plan, not CP-SAT's warm start (strategy.greedy_plan says why).
 
     Where the SpotPolicy asks for spot diversity or an on-demand buffer, greedy also plans as it does without them,
     spot bought where it is cheapest, then settles them (`_settle_spot_first`: the idle spot instances of the types and
@@ -1027,7 +1028,7 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
         c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
         if c is not None and _ranks_above(c, a):
             a, od_first = c, True
-    if movable:
+    if movable and move_spot:
         m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
         if m is not None and _ranks_above_keeping_running(problem, m, a):
             a = m
