@@ -212,11 +212,11 @@ def warm_start(problem: Problem, move_spot: bool = False) -> Assignment:
 
 
 def greedy_plan(problem: Problem) -> Assignment:
-    """Greedy's own answer, the plan emitted without CP-SAT (--time-limit 0, the wall-clock cap; api.emitted's
-    fallback): the warm start, also moving spot-eligible work off spot hosts where the spot share or on-demand buffer
-    breaks (greedy's move_spot). Not CP-SAT's warm start: as its hint on trace33 (1,000 trace-shaped jobs, the share
-    lowered 0.5 -> 0.15) CP-SAT's counts left 4 jobs unpacked and greedy's $2,907.85/h plan was emitted, where CP-SAT
-    from the plain warm start emits $2,852.79/h."""
+    """Greedy's own answer, the plan of every GREEDY_FALLBACK (--time-limit 0, the wall-clock cap, an answer CP-SAT
+    could not complete or ranked below its warm start; api.emitted's fallback): the warm start, also moving
+    spot-eligible work off spot hosts where the spot share or on-demand buffer breaks (greedy's move_spot). Not CP-SAT's
+    warm start, whose search it changed: on trace33 (1,000 trace-shaped jobs, the share lowered 0.5 -> 0.15) CP-SAT's
+    counts from it left 4 jobs unpacked, 2 from the plain one."""
     return warm_start(problem, move_spot=True)
 
 
@@ -539,7 +539,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
         model.hint_from(g)
         best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget), fixed=False)
     if best is None:
-        return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0,
+        return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", search.t0,
                                note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit"), {}
     warm = [search.value(best, t.expr) for t in search.tiers]
     search.lap("warm start")
@@ -574,7 +574,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     # it ever were not, greedy's answer is the plan (never a plan worse than the fallback).
     reached = [search.value(hint, t.expr) for t in search.tiers]
     if better(warm, reached, search.tiers):
-        return from_assignment(problem, g, "GREEDY_FALLBACK", search.t0, note="CP-SAT's answer ranked below greedy's: greedy best-fit"), found
+        return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", search.t0, note="CP-SAT's answer ranked below greedy's: greedy best-fit"), found
     sol = finish(search, hint, value, lb, status, reports)
     sol, hint = repair_stage(search, sol, hint, lb, reports)
     if with_lp_bound:
