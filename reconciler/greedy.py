@@ -96,9 +96,11 @@ def _capacity_of(c: Capacity) -> dict[str, float]:
 
 
 class _Greedy:
-    def __init__(self, problem: Problem, spot_first: bool = False, on_demand_first: bool = False):
+    def __init__(self, problem: Problem, spot_first: bool = False, on_demand_first: bool = False, move_spot: bool = False):
         self.p = problem
         self.on_demand_first = on_demand_first  # keep_running: of running jobs ranked alike, those on on-demand hosts first
+        self.move_spot = move_spot  # move_spot_work before settle_spot (`greedy`)
+        self.off_spot = False  # plan onto no open spot instance (move_spot_work: settle_spot finds only stays on spot hosts)
         self.a = Assignment(placed={d.key: 0 for d in problem.demands})
         sp = problem.spot
         # (spot_first: spot bought as if neither diversity nor an on-demand buffer were asked, both settled at the end:
@@ -356,6 +358,56 @@ class _Greedy:
         self._charge_quota(d)
         self.kept.add(job)
 
+    def movable_spot_hosts(self) -> list[_Inst]:
+        """While the kept fleet breaks the fleet's spot share or on-demand buffer: the open spot hosts whose going
+        mends them without buying idle capacity, as the model may move running work a broken rule licenses
+        (`_movable`). [] where the rules hold."""
+        if self._fleet_spot_rules_hold():
+            return []
+        return [i for i in self.opened.values() if self._movable(i)]
+
+    def _movable(self, inst: _Inst) -> bool:
+        """Is inst an open spot host with running work staying on it and nothing else, none of it spot-required, each
+        of it fitting some on-demand capacity, whose going leaves spot diversity no shorter than the SpotPolicy asks?
+        (Only stays: `_release` gives up stays, and closes the host.)"""
+        c, sp = inst.cap, self.p.spot
+        if c.market != "spot" or c.frozen or not any(inst.items.values()) or any(self.a.x.get((k, c.key)) for k in inst.items):
+            return False
+        types, zones = self.led.spot_sites()
+        n_type, n_zone = self.led.spot_site_counts(c.instance_type, c.zone)
+        if (sp.min_instance_types > 1 and n_type <= 1 and len(types) <= sp.min_instance_types
+                or sp.min_zones > 1 and n_zone <= 1 and len(zones) <= sp.min_zones):
+            return False
+        return all(d.spot != "required" and any(self.rep[k].market != "spot" for k in self._keys_at(d, None))
+                   for d in (self.p.demand(k) for k, n in inst.items.items() if n))
+
+    def move_spot_work(self, order: list[Demand]) -> None:
+        """Before settle_spot, where the pass moves spot work (`greedy`): while the kept fleet breaks the fleet's spot
+        share or on-demand buffer, give up the movable spot host whose work ranks lowest (`movable_spot_hosts`, in
+        `_lowest_ranked`'s order) and place its jobs anew at once, on on-demand room the fleet has or buys (the share
+        refuses new spot while broken; and on the spot hosts kept, settle_spot after would give up a host with new work
+        on it: it releases stays, and the ledger refused closing the host under the rest). settle_spot buys idle on-demand capacity beside every spot host kept instead:
+        trace33 (1,000 trace-shaped jobs applied under max_spot_fraction 0.5, then 0.15) bought idle ballast at
+        $3,430/h where CP-SAT's plan moved spot-eligible work onto on-demand at $2,853/h (fleet120 at three jobs).
+        Each host is asked once: finite."""
+        best = self._host_ranks(order)
+        for host in sorted(self.movable_spot_hosts(), key=lambda i: (best.get(i.key, -1), i.key), reverse=True):
+            if self._fleet_spot_rules_hold():
+                return
+            if self.opened.get(host.cap.key) is not host or not self._movable(host):
+                continue  # (gone with a gang released from another host, or jobs placed anew landed on it)
+            before = dict(self.a.placed)
+            self._release(host)
+            self.off_spot = True
+            try:
+                for dk, n in before.items():
+                    d = self.p.demand(dk)
+                    for _ in range(n - self.a.placed[dk]):
+                        if not _place_resolving(self, d):
+                            break
+            finally:
+                self.off_spot = False
+
     def settle_spot(self, order: list[Demand]) -> None:
         """After keeping what runs: while the kept fleet breaks a spot rule (fleet or tenant spot
         share, on-demand buffer, diversity), keep an idle on-demand host the fleet already has
@@ -523,12 +575,17 @@ class _Greedy:
         """The host whose best-ranked staying job ranks lowest; a host nothing stays on comes last. Only jobs
         that still stay count: a released job leaves a zero in `stay`, and counting it chose an emptied host
         again and again, forever (fleet14)."""
+        best = self._host_ranks(order)
+        return max(hosts, key=lambda i: (best.get(i.key, -1), i.key))
+
+    def _host_ranks(self, order: list[Demand]) -> dict[str, int]:
+        """Host key -> the rank in `order` of its best-ranked job staying on it (hosts nothing stays on: absent)."""
         rank = {d.key: i for i, d in enumerate(order)}
         best: dict[str, int] = {}
         for (dk, hk), n in self.a.stay.items():
             if n:
                 best[hk] = min(best.get(hk, len(rank)), rank.get(dk, 0))
-        return max(hosts, key=lambda i: (best.get(i.key, -1), i.key))
+        return best
 
     def _ballast_buys(self) -> list[Capacity]:
         """The on-demand instances to buy that, standing idle, mend the fleet's spot share and on-demand buffer for the
@@ -838,7 +895,7 @@ class _Greedy:
         for kk, inst in self._open_room(d, keys):
             if d.nvlink and isinstance(inst.cap, Host) and inst.gpu_residents and not inst.cap.one_nvlink_domain:
                 continue
-            if self.sparing_buffer and self.led.in_buffer(inst.key):
+            if self.sparing_buffer and self.led.in_buffer(inst.key) or self.off_spot and inst.cap.market == "spot":
                 continue
             free = taken.get(id(inst), inst.free)
             while len(plan) < k and all(free.get(dd, 0) >= d.req(dd) - 1e-9 for dd in d.dims if d.req(dd) > 0):
@@ -945,10 +1002,11 @@ def _dominant(d: Demand, p: Problem, cache: dict) -> float:
     return v
 
 
-def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
+def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) -> Assignment:
     """First-fit decreasing. keep_fleet: once what runs is kept and the spot rules settled, keep
     every other instance the fleet has (within pool ceilings, the budget and the spot share)
-    before placing anything: the answer closest to the fleet as it is.
+    before placing anything: the answer closest to the fleet as it is. move_spot: also plan moving spot work
+    (`_Greedy.move_spot_work`) for greedy's own plan, not CP-SAT's warm start (strategy.greedy_plan says why).
 
     Where the SpotPolicy asks for spot diversity or an on-demand buffer, greedy also plans as it does without them,
     spot bought where it is cheapest, then settles them (`_settle_spot_first`: the idle spot instances of the types and
@@ -964,15 +1022,19 @@ def greedy(problem: Problem, keep_fleet: bool = False) -> Assignment:
     t1's normal job on a spot A100 took the pool's one slot from t2's normal job on the on-demand A100 beside it, the spot
     share then gave up t2's low job's spot T4 too, and greedy kept one job of three where CP-SAT kept two (fleet100).
     Not always: the spot job kept may be the one spot diversity needs."""
-    a, contested = _run(problem, keep_fleet, spot_first=False)
+    a, contested, movable = _run(problem, keep_fleet, spot_first=False)
     od_first = False
     if contested:
-        c, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
+        c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
         if c is not None and _ranks_above(c, a):
             a, od_first = c, True
+    if movable and move_spot:
+        m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
+        if m is not None and _ranks_above_keeping_running(problem, m, a):
+            a = m
     sp = problem.spot
     if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
-        b, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
+        b, _, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
         if b is not None and _ranks_above(b, a):
             return b
     return a
@@ -983,11 +1045,64 @@ def _ranks_above(b: Assignment, a: Assignment) -> bool:
     return (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost))
 
 
-def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False) -> tuple[Assignment | None, bool]:
+def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bool:
+    """Does b keep every running job a keeps (per demand: no guarantee traded) and rank above it as the model's tiers
+    do: per class, highest first, running jobs kept then work placed, then the cost tier (`_model_cost`)? For a pass
+    that moves running work. (On trace33, the pass that moves spot work keeps team-2's five running low spot-eligible jobs that the
+    other gave up with their spot hosts, leaving five of its new low jobs pending on its quota instead: the same work
+    summed, more of it running work kept.)"""
+    classes = sorted({d.klass for d in p.demands}, reverse=True)
+
+    def rank(x: Assignment) -> tuple:
+        kept = {c: 0 for c in classes}
+        work = {c: 0 for c in classes}
+        for d in p.demands:
+            kept[d.klass] += _running_kept(d, x)
+            work[d.klass] += d.weight * x.placed[d.key]
+        return (*((kept[c], work[c]) for c in classes), -_model_cost(p, x))
+
+    if any(_running_kept(d, b) < _running_kept(d, a) for d in p.demands if d.running_jobs):
+        return False
+    rb, ra = rank(b), rank(a)
+    return rb[:-1] > ra[:-1] or rb[:-1] == ra[:-1] and rb[-1] > ra[-1] + 1e-9 * max(1.0, -ra[-1])
+
+
+def _running_kept(d: Demand, a: Assignment) -> int:
+    """d's running jobs the answer keeps, in place or moved (a placed job of d is one of its running ones first)."""
+    return min(a.placed[d.key], d.running_jobs)
+
+
+def _model_cost(p: Problem, a: Assignment) -> float:
+    """$/h as the model's cost tier counts an answer (objective.cost): instances, each item's egress, latency and spot
+    preference terms, and every running item moved at its amortised restart (objective.move_weight). On instances
+    alone, moving t2's spot T4 job onto the on-demand T4 bought as ballast read $0.06/h cheaper than keeping it, and
+    $0.02/h dearer with the move's $2 over 24 h: CP-SAT's plan keeps it (fleet100)."""
+    from reconciler.ledger import MILLI
+    from reconciler.solve.objective import move_weight
+
+    caps = {c.key: c for c in p.capacities}
+    total = a.cost
+    stays: dict[str, int] = {}
+    for book in (a.stay, a.x):
+        for (dk, ck), n in book.items():
+            if n:
+                total += n * p.cost_coef(p.demand(dk), caps[ck])
+    for (dk, _), n in a.stay.items():
+        stays[dk] = stays.get(dk, 0) + n
+    for d in p.demands:
+        if d.running_jobs:
+            kept = a.placed[d.key] * min(d.running_items, d.replicas) if d.gang else _running_kept(d, a)
+            total += max(0, kept - stays.get(d.key, 0)) * move_weight(d, p.placement) / MILLI
+    return total
+
+
+def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False,
+         move_spot: bool = False) -> tuple[Assignment | None, bool, bool]:
     """One greedy pass (`greedy`); spot_first: spot bought as where neither spot diversity nor an on-demand buffer is
-    asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`. And whether a
-    pass keeping on-demand work first may rank above it (`_on_demand_kept_out`)."""
-    g = _Greedy(problem, spot_first, on_demand_first)
+    asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`; move_spot:
+    `_Greedy.move_spot_work` first. And whether a pass keeping on-demand work first may rank above it
+    (`_on_demand_kept_out`), and whether one moving spot work may (`_Greedy.movable_spot_hosts`)."""
+    g = _Greedy(problem, spot_first, on_demand_first, move_spot)
     cache: dict = {}
 
     def rank(d: Demand) -> tuple:
@@ -1000,6 +1115,9 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     g.keep_running(order)
     g.keeping = False
     contested = not on_demand_first and _on_demand_kept_out(g)
+    movable = not move_spot and bool(g.movable_spot_hosts())
+    if move_spot:
+        g.move_spot_work(order)
     g.settle_spot(order)
     # Running work a pool's maximum kept out (the room went to the work kept before it) is asked again once the spot
     # rules are settled, now under them: where settle_spot gave up a spot host, an on-demand host with work on it may
@@ -1034,12 +1152,12 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     g.keep_stuck_gangs(order, stuck)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
-        return None, contested
+        return None, contested, movable
     if keep_fleet:
         g.drop_idle_hosts()
     g.drop_spare_on_demand()
     g.finish()
-    return g.a, contested
+    return g.a, contested, movable
 
 
 def _on_demand(iids: tuple[str, ...], hosts: dict[str, Capacity]) -> bool:

@@ -224,9 +224,9 @@ told to make it a plain test).
   host (its test). fleet122, fleet123 (the h5 guarantee sweep, tests/test_guarantee_sweep.py, 2026-12-03; on main too):
   t2's critical job took the host of t1's guaranteed job while t1's borrowed twin ran on (CP-SAT's answer; the net
   fell back to greedy's); both plans stopped t1's guaranteed job and kept its twin, CP-SAT's emitted with the tier
-  claimed short (its tests). fleet120 (h2, 2026-12-03, trace33's shape at three jobs; open, a strict xfail): under a
+  claimed short (its tests). fleet120 (h2, 2026-12-03, trace33's shape at three jobs): under a
   lowered max_spot_fraction greedy keeps the spot hosts and buys idle on-demand ballast where moving the spot-eligible
-  work into free on-demand room is cheaper (a move pass exists on branch h2-greedy, held back: see the test). fleet121
+  work into free on-demand room is cheaper; greedy's own plan moves it now, CP-SAT's warm start does not (its test). fleet121
   (the same session): greedy's ballast bought the cheapest single offer that mends the share alone where two small
   ones were cheaper (its test).
   fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
@@ -2495,17 +2495,16 @@ def test_greedy_keeps_the_idle_on_demand_host_that_alone_mends_the_spot_share_on
     check_fleet(fleet("fleet118"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, reason="fleet120: greedy's move pass (branch h2-greedy, 8b4d08f..14345f4) is held back: as CP-SAT's "
-                                       "warm start it changed trace33's emitted plan from CP-SAT's $2,852.79/h to greedy's $2,907.85/h")
 def test_greedy_moves_spot_eligible_work_to_on_demand_room_rather_than_buy_idle_ballast_on_fleet120():
     """fleet120 (h2, 2026-12-03, made by hand: trace33's shape at three jobs): t1's on-demand-only od0 runs on an
     on-demand g5.12xlarge i0 (3 GPUs free); t1's s0 and t2's s1, spot-eligible, run on spot g5.xlarge i1 and i2. The
     SpotPolicy's max_spot_fraction, lowered to 0.15, makes 2 of 6 GPUs on spot too many. Greedy's settle_spot kept every
     spot host and bought on-demand capacity to stand idle beside them (2 spot GPUs need 14 in all: a g5.12xlarge and
     four g5.xlarge, $16.35/h), where the broken share licenses moving the two spot-eligible jobs into i0's free GPUs and
-    giving up both spot hosts ($5.67/h; CP-SAT's plan moves all three onto g5.xlarge, $3.02/h). Greedy now also plans
-    moving spot-eligible work off the spot hosts before buying idle ballast, and keeps that answer where it places every
-    job the other places for less."""
+    giving up both spot hosts ($5.67/h; CP-SAT's plan moves all three onto g5.xlarge, $3.02/h). Greedy's own plan (the
+    fallback, `--time-limit 0`) now also plans moving spot-eligible work off the spot hosts before buying idle ballast,
+    and keeps that answer where it places every job the other places for less (CP-SAT's warm start does not:
+    strategy.greedy_plan)."""
     desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet120"), time_limit=5)
     actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
     assert actions["od0"] == ("keep", ("i0",)) and actions["s0"] == ("move", ("i0",)) and actions["s1"] == ("move", ("i0",)), actions
