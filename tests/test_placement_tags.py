@@ -380,20 +380,25 @@ def test_aws_records_placements_and_recovers_them_without_the_state(aws_env, tmp
 # ---------------------------------------------------------------- crashes and stale tags (sim)
 
 
+def _apply_killed_in(step: str, cfg, monkeypatch) -> None:
+    """An apply of cfg killed (KeyboardInterrupt, as a SIGINT's) when it reaches reconciler.apply's `step`:
+    `_record_placements` is after the creates, `_update_state` before the state is saved."""
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt(f"killed at {step}")
+
+    monkeypatch.setattr(f"reconciler.apply.{step}", crash)
+    with pytest.raises(KeyboardInterrupt):
+        api.apply(cfg, time_limit=5)
+    monkeypatch.undo()
+
+
 def test_a_crash_after_the_creates_loses_no_placement(tmp_path, monkeypatch):
     """The new instance carries its replicas from launch: a crash before the state write moves nothing again."""
     cfg = tmp_path / "cfg"
     write_config(cfg, _docs("crash", [_gpu_job("a"), _gpu_job("b")], 3, aws=False))
     api.apply(cfg, time_limit=5)
     write_config(cfg, _docs("crash", [_gpu_job("a"), _gpu_job("b"), *(_gpu_job(f"n{i}") for i in range(3))], 3, aws=False))
-
-    def crash(*_a, **_k):
-        raise KeyboardInterrupt("killed after the creates")
-
-    monkeypatch.setattr("reconciler.apply._record_placements", crash)
-    with pytest.raises(KeyboardInterrupt):
-        api.apply(cfg, time_limit=5)
-    monkeypatch.undo()
+    _apply_killed_in("_record_placements", cfg, monkeypatch)
     assert json.loads((state_dir(cfg) / "state.json").read_text())["serial"] == 1  # the state was not written
     nxt = api.plan(cfg, time_limit=5)
     assert not nxt.plan.has_changes, [(j.job, j.action) for j in nxt.plan.jobs]
@@ -468,14 +473,7 @@ def test_an_eviction_by_an_apply_that_died_is_believed_on_the_record_of_the_appl
     api.apply(cfg, time_limit=5)
     write_config(cfg, _docs("evict", [_gpu_job("b", priority="low"), _gpu_job("c"), _gpu_job("urgent", priority="critical")], 1,
                             aws=False))
-
-    def crash(*_a, **_k):
-        raise KeyboardInterrupt("killed before the state was saved")
-
-    monkeypatch.setattr("reconciler.apply._update_state", crash)
-    with pytest.raises(KeyboardInterrupt):
-        api.apply(cfg, time_limit=5)
-    monkeypatch.undo()
+    _apply_killed_in("_update_state", cfg, monkeypatch)
     saved = json.loads((state_dir(cfg) / "state.json").read_text())
     assert saved["serial"] == 1 and set(saved["placements"]) == {"b", "c"}
     (host,) = [i for i in SimCloud(state_dir(cfg)).instances() if i["state"] == "running"]
@@ -503,17 +501,10 @@ def test_an_apply_records_the_serial_it_began_with_before_it_touches_the_cloud(t
     jobs = [_gpu_job("a"), _gpu_job("b")]  # one instance, full
     write_config(cfg, _docs("twice", jobs, 4, aws=False))
     api.apply(cfg, time_limit=5)
-
-    def crash(*_a, **_k):
-        raise KeyboardInterrupt("killed after the creates")
-
     for n in range(2):
         jobs += [_gpu_job(f"n{n}0"), _gpu_job(f"n{n}1")]  # a new instance each time
         write_config(cfg, _docs("twice", jobs, 4, aws=False))
-        monkeypatch.setattr("reconciler.apply._record_placements", crash)
-        with pytest.raises(KeyboardInterrupt):
-            api.apply(cfg, time_limit=5)
-        monkeypatch.undo()
+        _apply_killed_in("_record_placements", cfg, monkeypatch)
         assert json.loads((state_dir(cfg) / "state.json").read_text())["serial"] == 1  # not saved
         assert json.loads((state_dir(cfg) / "started.json").read_text()) == {"serial": 2 + n}
     nxt = api.plan(cfg, time_limit=5)
