@@ -1022,13 +1022,13 @@ def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) 
     t1's normal job on a spot A100 took the pool's one slot from t2's normal job on the on-demand A100 beside it, the spot
     share then gave up t2's low job's spot T4 too, and greedy kept one job of three where CP-SAT kept two (fleet100).
     Not always: the spot job kept may be the one spot diversity needs."""
-    a, contested, movable = _run(problem, keep_fleet, spot_first=False)
+    a, contested, movable = _run(problem, keep_fleet, spot_first=False, ask_movable=move_spot)
     od_first = False
     if contested:
         c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
         if c is not None and _ranks_above(c, a):
             a, od_first = c, True
-    if movable and move_spot:
+    if movable:
         m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
         if m is not None and _ranks_above_keeping_running(problem, m, a):
             a = m
@@ -1097,11 +1097,12 @@ def _model_cost(p: Problem, a: Assignment) -> float:
 
 
 def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: bool = False,
-         move_spot: bool = False) -> tuple[Assignment | None, bool, bool]:
+         move_spot: bool = False, ask_movable: bool = False) -> tuple[Assignment | None, bool, bool]:
     """One greedy pass (`greedy`); spot_first: spot bought as where neither spot diversity nor an on-demand buffer is
     asked, both settled at the end (None if they cannot be); on_demand_first: `_Greedy.on_demand_first`; move_spot:
     `_Greedy.move_spot_work` first. And whether a pass keeping on-demand work first may rank above it
-    (`_on_demand_kept_out`), and whether one moving spot work may (`_Greedy.movable_spot_hosts`)."""
+    (`_on_demand_kept_out`), and, where ask_movable, whether one moving spot work may (`_Greedy.movable_spot_hosts`;
+    not asked for CP-SAT's warm start, which never runs that pass)."""
     g = _Greedy(problem, spot_first, on_demand_first, move_spot)
     cache: dict = {}
 
@@ -1115,7 +1116,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     g.keep_running(order)
     g.keeping = False
     contested = not on_demand_first and _on_demand_kept_out(g)
-    movable = not move_spot and bool(g.movable_spot_hosts())
+    movable = ask_movable and not move_spot and bool(g.movable_spot_hosts())
     if move_spot:
         g.move_spot_work(order)
     g.settle_spot(order)
