@@ -18,10 +18,11 @@ original operation. When that operation succeeded but its instance is gone (the
 same plan made again after its instances were deleted), or failed (GCE remembers a
 failed insert too: the same key back after a stockout's cool-off or a raised quota),
 the create inserts once more under a requestId derived from that operation. What
-tells a remembered operation is its insertTime, from before the insert was sent: an
-insert may be answered with its own operation already DONE, and that failure is
-this insert's. Every insert and delete waits on its zone operation; the operation's
-errors are what report a stockout or an exhausted quota.
+tells a remembered operation is its insertTime, from before the insert was sent, by
+GCE's clock (the answer's Date header), never this host's: an insert may be answered
+with its own operation already DONE, and that failure (or its Spot VM, preempted as it
+started and gone) is this insert's. Every insert and delete waits on its zone
+operation; the operation's errors are what report a stockout or an exhausted quota.
 
 GPUs: accelerator-optimized machine types (a2, a3, g2) come with theirs; N1 types
 get theirs attached as guestAccelerators, and their instance type names say so:
@@ -115,8 +116,12 @@ DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
-# How much earlier than this host's clock says an insert was sent GCE may stamp that insert's own operation (the two
-# clocks apart): an operation begun longer before the insert was sent is an earlier insert's, answered for its requestId.
+# How much earlier than GCE's own clock says an insert was sent (its answer's Date, less the time the answer took) GCE
+# may stamp that insert's own operation: Date is to the second, and the server that stamps insertTime is not the one
+# that answers. An operation begun longer before is an earlier insert's, answered for its requestId.
+ANSWER_SLACK_S = 5.0
+# The same, dated by this host's clock when an answer has no Date header (an endpoint that sends none): the two clocks
+# may be this far apart.
 CLOCK_SKEW_S = 30.0
 # ReservationAffinity.key naming a reservation (Compute v1 reference): values [NAME], or [projects/P/reservations/NAME]
 # for one shared from project P.
@@ -213,6 +218,31 @@ def _last(url: str) -> str:
 # ---------------------------------------------------------------- the provider
 
 
+def _answer_dates():
+    """An InstancesRestInterceptor that keeps the Date header of each insert's answer (GCE's clock), per thread: the
+    SDK hands a response's headers to an interceptor only (post_insert_with_metadata), and inserts run on apply's
+    threads, one at a time on each."""
+    import threading
+
+    from google.cloud.compute_v1.services.instances.transports.rest import InstancesRestInterceptor
+
+    class AnswerDates(InstancesRestInterceptor):
+        def __init__(self) -> None:
+            self._local = threading.local()
+
+        def post_insert_with_metadata(self, response, metadata):
+            self._local.date = next((str(v) for k, v in metadata if k.lower() == "date"), None)
+            return response, metadata
+
+        def take(self) -> str | None:
+            """The Date of this thread's last insert answer (None if it had none), forgotten as it is read."""
+            date, self._local.date = getattr(self._local, "date", None), None
+            return date
+
+    return AnswerDates()
+
+
+
 def adc_problem(e: Exception) -> str:
     """Why Application Default Credentials could not be had: a GOOGLE_APPLICATION_CREDENTIALS file that is there but
     not credentials (truncated JSON, a wrong kind) is said as such, not as "none found", which sent people looking for
@@ -271,7 +301,13 @@ class GcpProvider:
                 raise ProviderError(f"gcp: {adc_problem(e)}") from None
             self.default_project = self.default_project or adc_project
             options = ClientOptions()
-        self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options, transport="rest")
+        from functools import partial
+
+        from google.cloud.compute_v1.services.instances.transports.rest import InstancesRestTransport
+
+        self._answer_dates = _answer_dates()
+        self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options,
+                                                    transport=partial(InstancesRestTransport, interceptor=self._answer_dates))
         self.machine_types = compute_v1.MachineTypesClient(credentials=credentials, client_options=options, transport="rest")
         self.accelerator_types = compute_v1.AcceleratorTypesClient(credentials=credentials, client_options=options,
                                                                    transport="rest")
@@ -751,49 +787,60 @@ class GcpProvider:
         from google.api_core.exceptions import Conflict
 
         insert = self.compute.InsertInstanceRequest(project=project, zone=zone, instance_resource=resource, request_id=rid)
-        sent_at = time.time()
+        self._answer_dates.take()
+        started = time.monotonic()
         try:
             op = self._call(what, lambda: self.instances.insert_unary(request=insert, timeout=self.timeout),
                             where=(zone, request.instance_type, request.market), passthrough=(Conflict,))
         except Conflict:  # the name is taken: ours from an earlier try, or someone else's
             return None, self._adopt(project, zone, name, request), False
-        # An instance that is gone is counted as remembered when the answer was DONE (create), however recent: a fresh
-        # insert is rarely DONE at once (a VM takes seconds to start), and a key's instance reclaimed seconds after its
-        # create is re-planned at once, its operation seconds old.
-        answered_done = op.status == self.compute.Operation.Status.DONE
+        # Answered DONE and begun before this insert was sent: an earlier insert's operation. Its failure (a stockout, a
+        # quota since raised) says nothing of now, and its instance, gone, was an earlier create's: either way the
+        # create inserts again under a requestId of its own. This insert's own operation (answered DONE at once, a
+        # stockout found at once or a Spot VM preempted as it started) is what happened now.
+        remembered = (op.status == self.compute.Operation.Status.DONE
+                      and self._began_before(op, self._answer_dates.take(), time.monotonic() - started))
         op = self._wait(what, project, zone, op)
         errors = self._op_errors(op)
         if errors:
             codes = {code for code, _ in errors}
             if "RESOURCE_ALREADY_EXISTS" in codes:
-                return op, self._adopt(project, zone, name, request), answered_done
-            if answered_done and self._began_before(op, sent_at):  # an earlier insert's failure (a stockout, a quota
-                return op, None, True  # since raised), which says nothing of now: inserted again under a requestId of its own
+                return op, self._adopt(project, zone, name, request), remembered
+            if remembered:
+                return op, None, True
             text = f"gcp: {what}: " + "; ".join(f"{code}: {msg}" for code, msg in errors)
             if codes & QUOTA_CODES:
                 raise self._quota_error(text, " ".join(msg for _, msg in errors), zone, project)
             if codes & CAPACITY_CODES or any(CAPACITY_TEXT.search(msg) for _, msg in errors):
                 raise CapacityError(text, cloud="gcp", zone=zone, instance_type=request.instance_type, market=request.market)
             raise ProviderError(text)  # a retry with this key would get this same operation back: not transient
-        return op, self._get(project, zone, name), answered_done
+        return op, self._get(project, zone, name), remembered
 
     @staticmethod
-    def _began_before(op, sent_at: float) -> bool:
-        """Whether a DONE operation GCE answered an insert sent at `sent_at` (this host's clock) with is an earlier
-        insert's, its requestId seen before ("the server can check if original operation with the same request ID was
-        received, and if so, will ignore the second request": InsertInstanceRequest.request_id, Compute v1). DONE alone
-        does not say so: GCE may answer an insert with its own operation already DONE, a stockout or an exhausted quota
-        in its error (google-api-core's ExtendedOperation handles a first answer "in case the operation came back
-        already complete"; Google's sample compute/.../WaitForOperation.java checks "if the operation hasn't been
-        completed already" before it waits). Its insertTime does: an earlier insert's began before this one was sent,
-        by more than the two clocks may differ (CLOCK_SKEW_S). One without a readable insertTime cannot be dated and is
-        taken as this insert's."""
+    def _began_before(op, answered: str | None, took: float) -> bool:
+        """Whether a DONE operation GCE answered an insert with is an earlier insert's, its requestId seen before ("the
+        server can check if original operation with the same request ID was received, and if so, will ignore the second
+        request": InsertInstanceRequest.request_id, Compute v1). DONE alone does not say so: GCE may answer an insert
+        with its own operation already DONE, a stockout or an exhausted quota in its error (google-api-core's
+        ExtendedOperation handles a first answer "in case the operation came back already complete"; Google's sample
+        compute/.../WaitForOperation.java checks "if the operation hasn't been completed already" before it waits).
+        Its insertTime does: an earlier insert's began before this one was sent. Both dated by GCE's clock: the answer's
+        Date header (`answered`) less the `took` seconds the answer took, so this host's clock, which may be off by
+        minutes, plays no part (it compared insertTime with it, 30 s allowed: a host 90 s fast read every stockout as
+        remembered and inserted again until the key was spent). With no Date, this host's clock, CLOCK_SKEW_S allowed.
+        One without a readable insertTime cannot be dated and is taken as this insert's."""
         from datetime import datetime
+        from email.utils import parsedate_to_datetime
 
         try:
-            return datetime.fromisoformat(op.insert_time).timestamp() < sent_at - CLOCK_SKEW_S
+            began = datetime.fromisoformat(op.insert_time).timestamp()
         except ValueError:
             return False
+        try:
+            now, slack = parsedate_to_datetime(answered).timestamp(), ANSWER_SLACK_S  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            now, slack = time.time(), CLOCK_SKEW_S
+        return began < now - took - slack
 
     def _adopt(self, project: str, zone: str, name: str, request: CreateRequest):
         """The instance holding our name, if it is this fleet's and this key's; never someone else's. A stopped one

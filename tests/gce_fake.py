@@ -58,7 +58,8 @@ Realistic latency: op_latency (seconds before an operation is DONE; small by def
 running_ops / max_running_ops to see how many ran at once. op_latency = 0: an insert is answered with its operation
 already DONE (a failure GCE finds at once, a stockout or an exhausted quota, is answered so too). age(seconds): time
 passes for the operations held (the clock advances and their insertTime, on this host's wall clock as GCE's stamps are,
-moves back), so a requestId answered again reads as the old insert it is.
+moves back), so a requestId answered again reads as the old insert it is. clock_skew: GCE's wall clock (its timestamps and
+the Date header of its answers) runs ahead of this host's (behind, if negative), as it does for a host whose clock is off.
 Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
 plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
 instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
@@ -82,6 +83,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import email.utils
 import json
 import random
 import re
@@ -181,9 +183,9 @@ def _invalid(field_name: str, value: Any, why: str) -> GceError:
     return GceError(400, "invalid", f"Invalid value for field '{field_name}': '{value}'. {why}")
 
 
-def _now(at: float | None = None) -> str:
+def _now(at: float) -> str:
     # GCE timestamps are RFC 3339 with the Pacific offset; any offset parses the same.
-    return dt.datetime.fromtimestamp(time.time() if at is None else at,
+    return dt.datetime.fromtimestamp(at,
                                      dt.timezone(dt.timedelta(hours=-7))).isoformat(timespec="milliseconds")
 
 
@@ -209,8 +211,8 @@ class Operation:
     done: bool = False  # set when it is settled: its effect (on_done) is made
     on_done: Callable[[], None] | None = None
     on_staging: Callable[[], None] | None = None
-    inserted_at: float = field(default_factory=time.time)  # wall clock, as insertTime (and startTime) say it
-    done_at: float | None = None  # wall clock when it was settled DONE (endTime)
+    inserted_at: float = 0.0  # GCE's wall clock (GceFake.wall), as insertTime (and startTime) say it
+    done_at: float | None = None  # GCE's wall clock when it was settled DONE (endTime)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
     @property
@@ -381,6 +383,7 @@ class GceFake:
         self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
         self.op_latency = 0.05  # seconds (of self.clock) an operation runs (a real insert: tens of seconds)
         self.wait_cap = 120.0  # seconds a zoneOperations.wait blocks at most (GCE: "no more than the 2 minutes")
+        self.clock_skew = 0.0  # seconds GCE's wall clock is ahead of this host's (negative: behind); see wall()
         self._early_waits = 0  # early_waits(): waits left that answer at once, DONE or not
         self.running_ops = 0  # operations accepted and not yet DONE, now ...
         self.max_running_ops = 0  # ... and at most, so far
@@ -549,9 +552,8 @@ class GceFake:
 
     def age(self, seconds: float) -> None:
         """`seconds` pass for the operations GCE holds: the clock advances (one still running ends) and their
-        insertTime, startTime and endTime move back by that much against this host's wall clock, which the provider
-        dates them by, so a requestId answered again reads as the earlier insert it is (GCE remembers one >= 60
-        minutes)."""
+        insertTime, startTime and endTime move back by that much against GCE's wall clock (the Date of its answers),
+        so a requestId answered again reads as the earlier insert it is (GCE remembers one >= 60 minutes)."""
         with self.lock:
             self.clock.advance(seconds)
             self._settle()
@@ -559,6 +561,12 @@ class GceFake:
                 op.inserted_at -= seconds
                 if op.done_at is not None:
                     op.done_at -= seconds
+
+    def wall(self) -> float:
+        """GCE's wall clock, which stamps every time it writes (an operation's insertTime, startTime and endTime, an
+        instance's creationTimestamp) and every answer's Date header: this host's, off by clock_skew, as a host whose
+        clock is off sees GCE's."""
+        return time.time() + self.clock_skew
 
     def forget_request_ids(self) -> None:
         """GCE remembers a requestId for a limited time; forget them all, as if it had passed."""
@@ -790,7 +798,7 @@ class GceFake:
                 op.on_staging()
                 op.on_staging = None
             if now >= op.ready_at:
-                op.done, op.done_at = True, time.time()
+                op.done, op.done_at = True, self.wall()
                 self.running_ops -= 1
                 if op.on_done is not None:
                     op.on_done()
@@ -810,7 +818,7 @@ class GceFake:
         now = self.clock.now()
         op = Operation(project, zone, name, op_type, target, target_id, clock=self.clock,
                        running_at=now + self.op_latency / 3, staging_at=now + self.op_latency / 2,
-                       ready_at=now + self.op_latency, **kw)
+                       ready_at=now + self.op_latency, inserted_at=self.wall(), **kw)
         self.operations[(project, zone, name)] = op
         self.running_ops += 1
         self.max_running_ops = max(self.max_running_ops, self.running_ops)
@@ -943,7 +951,7 @@ class GceFake:
         self._ips += 1
         nic = body["networkInterfaces"][0]
         inst = {
-            "kind": "compute#instance", "id": str(random.randrange(10**18, 10**19)), "creationTimestamp": _now(),
+            "kind": "compute#instance", "id": str(random.randrange(10**18, 10**19)), "creationTimestamp": _now(self.wall()),
             "name": name, "machineType": f"{base}/machineTypes/{mt}", "status": "PROVISIONING", "zone": base,
             "networkInterfaces": [{
                 "kind": "compute#networkInterface", "name": "nic0", "networkIP": f"10.128.{self._ips // 250}.{self._ips % 250}",
@@ -960,7 +968,7 @@ class GceFake:
             "serviceAccounts": body.get("serviceAccounts") or [],
             "selfLink": f"{base}/instances/{name}", "scheduling": sched, "cpuPlatform": "Unknown CPU Platform",
             "labels": dict(body.get("labels") or {}), "labelFingerprint": _fingerprint(), "startRestricted": False,
-            "deletionProtection": False, "fingerprint": _fingerprint(), "lastStartTimestamp": _now(),
+            "deletionProtection": False, "fingerprint": _fingerprint(), "lastStartTimestamp": _now(self.wall()),
             "reservationAffinity": dict(body.get("reservationAffinity") or {"consumeReservationType": "ANY_RESERVATION"}),
         }
         attached = [(ACCELERATOR_TYPE_RE.fullmatch(a["acceleratorType"]).group(3), a["acceleratorCount"])  # type: ignore[union-attr]
@@ -1138,6 +1146,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # quiet
         pass
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header, on GCE's clock (Google's front ends send one on every answer, to the second)."""
+        return email.utils.formatdate(self.gce.wall() if timestamp is None else timestamp, usegmt=True)
 
     def _serve(self, method: str) -> None:
         parts = urlsplit(self.path)

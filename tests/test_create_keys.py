@@ -180,8 +180,11 @@ def test_gcp_reclaimed_replacement_is_replaced_again(gce, tmp_path):
 
     cfg = copy_example(tmp_path, "gcp-only")
 
-    def kill(iid: str) -> None:  # a Spot VM preempted with instanceTerminationAction DELETE
+    def kill(iid: str) -> None:  # a Spot VM preempted with instanceTerminationAction DELETE, a minute into its life
         _, project, _, zone, _, name = iid.split("/")
+        # (A GCE insert takes seconds to be DONE, so the same key's next insert is never within seconds of its last:
+        # here the whole round takes less than one, and the provider tells a remembered operation by its age.)
+        gce.age(60)
         with gce.lock:
             del gce.instances_by_key[(project, zone, name)]
 

@@ -283,12 +283,39 @@ def test_a_key_whose_instance_was_deleted_since_creates_a_new_one(prov, gce, mar
     assert len(gce.insert_bodies) == 2 and len(gce.instances(PROJECT)) == 1
 
 
-def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_error(prov, gce):
+@pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
+def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_error(prov, gce, latency):
+    """GCE preempts a Spot VM whenever it needs the capacity back, as it starts too; with instanceTerminationAction
+    DELETE the insert's operation still ends DONE with no error and the instance is gone. Answered with that operation
+    already DONE, the insert was read as a remembered one of an earlier create and inserted again under derived
+    requestIds, a Spot VM launched (and billed) each time, until the key was "spent" (KeySpentError): never a capacity
+    error, so the zone was never cooled off for spot and the next plan put the key back there."""
+    gce.op_latency = latency
     gce.reclaim_spot(ZONE_B)
     with pytest.raises(CapacityError, match="preempted") as e:
         prov.create(req("k-reclaimed", market="spot", zone=ZONE_B))
     assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
     assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
+
+
+@pytest.mark.parametrize("skew", [-90.0, 90.0], ids=["host-clock-behind", "host-clock-ahead"])
+def test_which_insert_an_operation_answered_done_belongs_to_does_not_depend_on_this_host_s_clock(prov, gce, skew):
+    """An insert answered with an operation already DONE and failed: the insert's own failure (the error now), or an
+    earlier insert's that GCE remembered for the requestId (tried again). That was told by the operation's insertTime
+    (GCE's clock) against this host's clock, 30 s allowed between them: with this host 90 s ahead, every fresh stockout
+    read as remembered and was inserted again until the key was spent (KeySpentError); 90 s behind, a stockout of a
+    minute before read as now's, and the zone, replenished since, was refused."""
+    gce.clock_skew = -skew  # GCE's clock against this host's
+    gce.op_latency = 0  # answered DONE at insert
+    gce.exhaust(ZONE_B)
+    with pytest.raises(CapacityError):
+        prov.create(req("k-skewed", zone=ZONE_B))
+    assert len(gce.requests("POST", f"/zones/{ZONE_B}/instances")) == 1
+    gce.replenish(ZONE_B)
+    gce.age(60)  # a minute on, capacity back: the remembered stockout says nothing of now
+    made = prov.create(req("k-skewed", zone=ZONE_B))
+    assert made.state == "running" and len(gce.instances(PROJECT)) == 1
+    assert len(gce.requests("POST", f"/zones/{ZONE_B}/instances")) == 3
 
 
 def test_unmanaged_and_foreign_instances_are_invisible_and_untouchable(prov, gce):
