@@ -16,9 +16,9 @@ of being written again. The NIC is created by Compute itself
 (networkInterfaceConfigurations in the pool's subnet) and, like the OS disk, is
 deleted with the VM, so the provider needs nothing beyond azure-mgmt-compute.
 Long-running operations are polled to the end (bounded by `lro_timeout`; a create not seen done by then is read once,
-as ARM's Retry-After may have put its next poll past the deadline: allocated, it is the create's VM; else it fails, its
-VM left to the next run, the error saying whether it was still allocating or ARM refused its status polls, and its
-polls stop: azure-core's poller thread would poll it for the rest of the process). A create
+as ARM's Retry-After may have put its next poll past the deadline: allocated, it is the create's VM; Failed, it is the
+create's failed allocation (its error, a stockout a CapacityError, the VM removed); else it fails, its VM left to the
+next run, the error saying whether it was still allocating or ARM refused its status polls, and its polls stop: azure-core's poller thread would poll it for the rest of the process). A create
 whose status polls failed (the SDK's retries of a throttled poll run out) is retried by apply; the retry finds the VM
 Creating and polls the same operation again (its continuation token) for what is left of that create's `lro_timeout`,
 ending as the first try would have: never a VM still allocating answered as created. A create whose operation
@@ -885,23 +885,30 @@ class AzureProvider:
         except _Preempted as e:
             return self._after_preemption(scope, name, what, str(e), deadline)
         if not done:
-            return self._as_it_stands(scope, name, what, polls)
+            return self._as_it_stands(scope, name, what, polls, capacity, deadline)
         if str(getattr(vm, "provisioning_state", "") or "").lower() == "failed":
             raise self._failed_at_once(scope, name, what, capacity, deadline)
         return self._to_instance(scope, vm, once=True)
 
-    def _as_it_stands(self, scope: Scope, name: str, what: str, polls: _Polls) -> Instance:
+    def _as_it_stands(self, scope: Scope, name: str, what: str, polls: _Polls, capacity: tuple[str, str, str],
+                      deadline: float) -> Instance:
         """The wait on a create's operation gave up at lro_timeout; its last status poll may be long past (ARM's
         Retry-After sets when the next is due, and may be longer than what was left of the wait): the VM is read once
         before the create is failed as still allocating. Allocated (Succeeded), it is the create's VM: a create failed
-        then said "still allocating" of a VM that ran (the next run found it and used it, one run late). Anything else
-        (still Creating, Failed, unreadable, not ours) fails the create as before: nothing placed on it."""
+        then said "still allocating" of a VM that ran (the next run found it and used it, one run late). Failed, it is
+        the create's failed allocation, ended as one answered Failed at once (_failed_at_once: its error, a stockout a
+        CapacityError, the VM removed): it was said to be still allocating, no zone marked short. Anything else (still
+        Creating, unreadable, not ours) fails the create as before: nothing placed on it."""
         try:
             vm = self._get(scope, name, once=True)
         except ProviderError:
             vm = None
-        if (vm is not None and str(vm.provisioning_state or "").lower() == "succeeded"
-                and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet):
+        if vm is None or logical_tags(vm.tags).get(TAG_FLEET) != self.ctx.fleet:
+            raise self._unfinished(what, polls)
+        state = str(vm.provisioning_state or "").lower()
+        if state == "failed":
+            raise self._failed_at_once(scope, name, what, capacity, deadline)
+        if state == "succeeded":
             try:
                 return self._to_instance(scope, vm, once=True)
             except ProviderError:
@@ -910,7 +917,8 @@ class AzureProvider:
 
     def _failed_at_once(self, scope: Scope, name: str, what: str, capacity: tuple[str, str, str],
                         deadline: float) -> ProviderError:
-        """The create's PUT was answered with the VM already Failed (200, no operation to poll): azure-core's LROPoller
+        """The create's VM is Failed, and its operation did not say why (read at lro_timeout, _as_it_stands; or this:)
+        the create's PUT was answered with the VM already Failed (200, no operation to poll): azure-core's LROPoller
         runs no polling (so no check of the status) for a first answer that is terminal, and hands the Failed VM back as
         its result, raising nothing; it was answered as a `stopping` instance the user was told to delete.
         It is this create's failed allocation (an earlier one's Failed VM is deleted before the PUT): why is in the
@@ -928,9 +936,10 @@ class AzureProvider:
                 code = parts[2]
                 message = str(getattr(status, "message", "") or getattr(status, "display_status", "") or message)
         error = self._classified(what, code, message.splitlines()[0], capacity)
-        self._discard_failed(scope, name, deadline)
+        removed = self._discard_failed(scope, name, deadline)
         return error if isinstance(error, (CapacityError, QuotaError)) else ProviderError(
-            f"{error}; VM {name} was removed and nothing was placed on it")
+            f"{error}; VM {name} was {'removed' if removed else 'left to the next create with this key, which removes it'} "
+            "and nothing was placed on it")
 
     def _after_preemption(self, scope: Scope, name: str, what: str, error: str, deadline: float) -> Instance:
         """The create's operation was preempted: someone wrote the VM while it was being made (tagged it in the portal,
@@ -975,16 +984,21 @@ class AzureProvider:
         return ProviderError(f"azure: {what}: {known}; nothing was placed on it; the next run sees how it ended and uses "
                              "it, launching nothing twice, or replaces it if it failed (-o lro_timeout=SECONDS waits longer)")
 
-    def _discard_failed(self, scope: Scope, name: str, deadline: float) -> None:
-        """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours. Its GET is sent once: a
-        throttled one leaves the VM to the next create with this key, which clears it."""
+    def _discard_failed(self, scope: Scope, name: str, deadline: float) -> bool:
+        """Azure keeps a VM whose allocation failed, in provisioningState Failed: remove ours (whether it is gone). Its
+        GET is sent once: a throttled one leaves the VM to the next create with this key, which clears it. Past the
+        create's deadline (lro_timeout) its DELETE is sent and not waited on."""
         try:
             vm = self._get(scope, name, once=True)
-            if vm is not None and str(vm.provisioning_state or "").lower() == "failed" \
-                    and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet:
+            if vm is None:
+                return True
+            if str(vm.provisioning_state or "").lower() == "failed" and logical_tags(vm.tags).get(TAG_FLEET) == self.ctx.fleet:
                 self._delete(scope, name, deadline)
+                return True
+            return False
         except ProviderError as e:  # the next create with this key clears it instead
             log.warning("azure: could not remove failed VM %s: %s", name, e)
+            return False
 
     # -- delete --------------------------------------------------------------------
     def _delete(self, scope: Scope, name: str, deadline: float | None = None) -> None:

@@ -1039,6 +1039,24 @@ def test_arm_s_retry_after_paces_the_status_polls_and_lro_timeout_still_bounds_t
     assert time.monotonic() - started < 3.0
 
 
+def test_a_create_whose_wait_ran_out_and_whose_vm_reads_failed_is_that_allocation_s_error(arm, tmp_path):
+    """The wait on a create's operation gives up at lro_timeout (ARM's Retry-After put the next status poll past it) and
+    the VM, read once then, is Failed: its allocation failed in the meantime. That was answered "still allocating after
+    lro_timeout", a VM that had failed said to be under way, no zone marked short, and the Failed VM left for the next
+    run. It is the create's failed allocation, as when the PUT is answered with the VM already Failed: the allocation's
+    error from the instance view (a stockout a CapacityError), and the Failed VM removed."""
+    arm.retry_after, arm.latency = 30, 0.2  # the allocation fails at 0.2 s; the poll after the first is due at 30 s
+    arm.exhaust("eastus", "1")
+    prov = AzureProvider(ProviderContext(fleet=FLEET, state_dir=tmp_path, options=options(arm, lro_timeout="0.5")))
+    with pytest.raises(CapacityError, match="ZonalAllocationFailed") as e:
+        prov.create(req("k-failed-unpolled", market="spot"))
+    assert (e.value.zone, e.value.instance_type, e.value.market) == ("eastus-1", "Standard_NC4as_T4_v3", "spot")
+    assert "still allocating" not in str(e.value) and len(arm.requests("PUT")) == 1
+    assert len(arm.requests("DELETE")) == 1  # its delete sent, not waited on past lro_timeout ...
+    arm.clock.advance(1)
+    assert arm.snapshot() == {}  # ... and done: the Failed VM Azure keeps is removed
+
+
 def test_a_delete_of_our_vm_while_its_create_still_runs_removes_it_and_nothing_recreates_it(arm, tmp_path):
     """A plan may drop a VM whose create an earlier run gave up waiting on (still Creating). ARM takes the DELETE: it
     preempts the create (its operation ends Canceled) and removes the VM; the delete waits for that, not for the
