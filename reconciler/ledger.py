@@ -746,11 +746,15 @@ class Ledger:
                 out.append("spot-share")
         return out
 
+    def reserved(self, name: str) -> int:
+        """Instances of the plan in Reservation `name`: those kept in it and launched into it, as its count counts them."""
+        return self._reserved.get(name, 0)
+
     def reservation_over(self, c, n: int) -> int:
         """How many instances n more of c would put its Reservation over its count (the instances kept in it and
         launched into it, as the model's row counts them: solve/fleet_rules.add_reservations); 0 within it."""
         r = self.problem.reservations.get(c.reservation) if c.reservation else None
-        return reservation_over(self._reserved.get(c.reservation, 0), n, r.count) if r is not None else 0
+        return reservation_over(self.reserved(c.reservation), n, r.count) if r is not None else 0
 
     def refuses_open(self, c, n: int = 1, pending: Pending = _NONE, reserve: int = 0, spot_share: bool = True) -> str | None:
         """The first rule n more instances of c (besides `pending`) would break, or None (open_rules)."""
@@ -1007,7 +1011,7 @@ class Ledger:
         p, out = self.problem, []
         rules = self.open_rules(c, n, first=False)
         if "reservation" in rules:
-            r, have = p.reservations[c.reservation], self._reserved.get(c.reservation, 0)
+            r, have = p.reservations[c.reservation], self.reserved(c.reservation)
             out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
                                               f"in {r.zone})", r.name, self.reservation_over(c, n), n))
         over = self.quotas.short(c, n) if "cloud-quota" in rules else None

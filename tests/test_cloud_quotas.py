@@ -482,3 +482,27 @@ def test_aws_instance_families_count_against_the_vcpu_quota_ec2_documents(itype,
     from providers.aws import vcpu_quota
 
     assert vcpu_quota(itype, market)[0] == code
+
+
+@pytest.mark.parametrize("high_on, low_on, named", [("gcp", "aws", False), ("aws", "aws", True), ("gcp", None, True)])
+def test_a_quota_reason_names_higher_work_only_where_it_takes_the_quota(tmp_path, high_on, low_on, named):
+    """A low job pinned to aws waits for the P quota, which another team's p4d fills: its reason said "capacity goes to
+    higher-priority work first: hi" beside the quota, hi running on a new gcp a2-highgpu-8g the aws quota does not
+    count (hi stopped, the quota would stay full). Where hi's instance takes the quota, hi is named; and where the low
+    job may run on gcp too, whose pool's one instance hi holds ("other capacity is blocked by max_instances")."""
+    cfg = write_config(tmp_path / "cfg", [
+        topology(clouds={"aws": {"us-east-1": ["us-east-1a"]}, "gcp": {"us-central1": ["us-central1-a"]}}), tenant("t"),
+        pool("p4d", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=10),
+        pool("a2", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
+        job("hi", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="high", clouds=[high_on]),
+        job("lo", gpus=8, gpu_type="A100", cpu=90, mem=600, priority="low", **({"clouds": [low_on]} if low_on else {})),
+    ])
+    sim = SimCloud(state_dir(cfg))
+    sim.set_quota(P_QUOTA, "aws", "us-east-1", "vCPUs", 96 * (1 + (high_on == "aws")), market="on-demand", instance_types=["p4d.24xlarge"])
+    sim.plant("aws", "us-east-1", "us-east-1a", "p4d.24xlarge", {"owner": "another-team"})
+    res = api.plan(cfg, time_limit=0)
+    check_plan(res.desired, res.observed, res.plan)
+    jobs = {j.job: j for j in res.plan.jobs}
+    assert jobs["hi"].action == "place" and res.plan.creates[0].cloud == high_on
+    assert jobs["lo"].action == "pending" and jobs["lo"].reason.startswith(f"cloud quota: aws {P_QUOTA} in us-east-1: 96 of "), jobs["lo"].reason
+    assert ("(capacity goes to higher-priority work first: hi)" in jobs["lo"].reason) == named, jobs["lo"].reason

@@ -585,9 +585,12 @@ def test_a_tenants_last_quota_room_is_named_as_shared_by_the_jobs_that_wait_for_
         assert "would hold it under every" not in reason, reason
 
 
-def _reasons_where_nothing_new_is_placed(tmp_path, docs, instances=(), placements=None, edit=None) -> dict[str, str]:
+def _reasons_where_nothing_new_is_placed(tmp_path, docs, instances=(), placements=None, edit=None, quotas=()) -> dict[str, str]:
     """Each pending job's reason in the plan as the fleet runs (as a solver out of time leaves it, and the trace
-    fleet's 37 jobs read it); `edit(problem)`: the problem the plan was made for, as a test narrows it."""
+    fleet's 37 jobs read it); `edit(problem)`: the problem the plan was made for, as a test narrows it; `quotas`: the
+    cloud account quotas the providers read."""
+    from dataclasses import replace
+
     from reconciler.ledger import running_ledger
     from reconciler.load import load
     from reconciler.problem import build_problem
@@ -595,7 +598,7 @@ def _reasons_where_nothing_new_is_placed(tmp_path, docs, instances=(), placement
     from tests.fleetkit import catalog_observed, write_config
 
     desired = load(write_config(tmp_path / "c", docs))
-    problem = build_problem(desired, catalog_observed(desired, list(instances), placements))
+    problem = build_problem(desired, replace(catalog_observed(desired, list(instances), placements), quotas=tuple(quotas)))
     problem = edit(problem) if edit else problem
     ledger = running_ledger(problem)
     return {j: pending_reason(d, problem, ledger, j) for d in problem.demands for j in d.jobs if j not in ledger.job_demand}
@@ -616,20 +619,20 @@ def _shared_room_fleets():
     base = [topology(), tenant("t"), _gpu_pool(hi=4)]
     three = [job(f"j{i}", **A100) for i in range(3)]
     licensed = [job(f"j{i}", licenses={"matlab": 1}, **A100) for i in range(3)]
-    running = ([instance("i0", "od", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")], {"o0": ("i0",)})
-    yield ("budget", base + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 5.0}), *three], (),
+    running = {"instances": [instance("i0", "od", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")], "placements": {"o0": ("i0",)}}
+    yield ("budget", base + [doc("GuardrailPolicy", "g", {"max_hourly_budget": 5.0}), *three], {},
            "the fleet has room for $5.00/h more under max_hourly_budget ($0.00/h of $5.00/h in this plan): for at most 1 of "
            "the 3 pending jobs that wait for it")
-    yield ("tenant budget", base + [doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}), *three], (),
+    yield ("tenant budget", base + [doc("GuardrailPolicy", "g", {"tenant_hourly_budgets": {"t": 5.0}}), *three], {},
            "its tenant t has room for $5.00/h more under its budget ($0.00/h of $5.00/h in this plan): for at most 1 of the 3 "
            "of its pending jobs that wait for it")
-    yield ("max_instances", [topology(), tenant("t"), _gpu_pool(hi=1), *three], (),
+    yield ("max_instances", [topology(), tenant("t"), _gpu_pool(hi=1), *three], {},
            "pool p has room for 1 more instance under max_instances (0/1 in this plan): for at most 1 of the 3 pending jobs "
            "that wait for it")
-    yield ("license", base + [doc("License", "matlab", {"count": 1}), *licensed], (),
+    yield ("license", base + [doc("License", "matlab", {"count": 1}), *licensed], {},
            "license matlab has room for 1 more held under its count (0/1 held in this plan): for 1 of the 3 pending jobs "
            "that wait for it")
-    yield ("license quota", base + [doc("License", "matlab", {"count": 5, "tenant_quotas": {"t": 1}}), *licensed], (),
+    yield ("license quota", base + [doc("License", "matlab", {"count": 5, "tenant_quotas": {"t": 1}}), *licensed], {},
            "its tenant t has room for 1 more matlab license under its quota of it (0/1 held in this plan): for 1 of the 3 of "
            "its pending jobs that wait for it")
     yield ("spot share", _spot_docs(max_spot_fraction=0.5), running,
@@ -638,15 +641,40 @@ def _shared_room_fleets():
     yield ("tenant spot share", _spot_docs(tenant_max_spot_fraction={"t": 0.5}), running,
            "its tenant t has room for 7 more work units on spot under its max spot fraction 0.5 (0 of its 7 on spot in this "
            "plan): for at most 1 of the 3 of its pending jobs that wait for it")
+    yield ("cloud GPU quota", base + three, {"quotas": [_gce_quota("NVIDIA_A100_GPUS", "GPUs", 4, 3, 1)]},
+           "cloud quota gcp NVIDIA_A100_GPUS in us-central1 has room for 1 more GPU (3 of 4 GPUs used): for at most 1 of the "
+           "3 pending jobs that wait for it")
+    yield ("cloud vCPU quota", base + three, {"quotas": [_gce_quota("CPUS", "vCPUs", 48, 30, 12)]},
+           "cloud quota gcp CPUS in us-central1 has room for 18 more vCPUs (30 of 48 vCPUs used): for at most 1 of the 3 "
+           "pending jobs that wait for it")
+    # The reservation's instance is free; the $1/h budget refuses the pool's other on-demand instances.
+    yield ("reservation", base + [_reservation_doc(count=1), doc("GuardrailPolicy", "g", {"max_hourly_budget": 1.0}), *three], {},
+           "reservation r1 has room for 1 more instance under its count (0/1 a2-highgpu-1g in us-central1-a in this plan): for "
+           "at most 1 of the 3 pending jobs that wait for it")
 
 
-@pytest.mark.parametrize("docs, running, clause", [pytest.param(*f[1:], id=f[0]) for f in _shared_room_fleets()])
-def test_the_last_room_a_shared_limit_leaves_is_named_as_shared_by_the_jobs_that_wait_for_it(tmp_path, docs, running, clause):
+def _gce_quota(name: str, unit: str, limit: float, used: float, per_instance: float):
+    """A GCE regional quota over us-central1's on-demand a2-highgpu-1g, as the gcp provider reads it."""
+    from providers.base import Quota
+
+    return Quota("gcp", "us-central1", name, unit, limit, used, (("a2-highgpu-1g", "on-demand", per_instance),))
+
+
+def _reservation_doc(count: int):
+    from tests.fleetkit import doc
+
+    return doc("Reservation", "r1", {"cloud": "gcp", "region": "us-central1", "zone": "us-central1-a",
+                                     "instance_type": "a2-highgpu-1g", "count": count, "hourly_cost": 3.0})
+
+
+@pytest.mark.parametrize("docs, fleet, clause", [pytest.param(*f[1:], id=f[0]) for f in _shared_room_fleets()])
+def test_the_last_room_a_shared_limit_leaves_is_named_as_shared_by_the_jobs_that_wait_for_it(tmp_path, docs, fleet, clause):
     """As a tenant's quota (above): three pending jobs each read that 1 new a2-highgpu-1g "would hold it under every
     pool, budget, quota and spot rule", the solver having missed it, where the limit left room for one of them: $5/h
     of budget for $3.67/h instances, one instance under max_instances, one license held of one, room for one spot GPU
-    under the fleet's spot share or 7 work units under the tenant's. True of each job alone, false of the three."""
-    reasons = _reasons_where_nothing_new_is_placed(tmp_path, docs, *running)
+    under the fleet's spot share or 7 work units under the tenant's, one GPU (18 vCPUs) under a cloud account's quota,
+    one instance of a reservation's count. True of each job alone, false of the three."""
+    reasons = _reasons_where_nothing_new_is_placed(tmp_path, docs, **fleet)
     for job in ("j0", "j1", "j2"):
         assert reasons[job].startswith(f"not placed by this plan: {clause}, this one among them; 1 new a2-highgpu-1g "), reasons[job]
         assert "would hold it alone under every" in reasons[job] and "would hold it under every" not in reasons[job], reasons[job]
@@ -655,16 +683,27 @@ def test_the_last_room_a_shared_limit_leaves_is_named_as_shared_by_the_jobs_that
 def test_jobs_sharing_new_instances_are_not_said_to_outgrow_the_room_they_fit_in_together(tmp_path):
     """Room counted in instances or dollars is shared by jobs that share an instance: eight 1-GPU jobs on an 8-GPU
     a2-highgpu-8g ($29.39/h) under a $30/h budget all fit in the one instance the budget leaves room for, so no reason
-    says the room holds fewer of them than wait (nor of two instances left under max_instances)."""
+    says the room holds fewer of them than wait (nor of one instance left under max_instances, 8 GPUs or 96 vCPUs under
+    a cloud quota, one instance of a reservation)."""
+    from providers.base import Quota
     from tests.fleetkit import doc, job, pool, tenant, topology
 
     eight = pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1)
     jobs = [job(f"j{i}", **A100) for i in range(8)]
-    for limits in ([doc("GuardrailPolicy", "g", {"max_hourly_budget": 30.0})], []):
-        reasons = _reasons_where_nothing_new_is_placed(tmp_path / str(len(limits)), [topology(), tenant("t"), eight, *limits, *jobs])
+    reservation = doc("Reservation", "r1", {"cloud": "gcp", "region": "us-central1", "zone": "us-central1-a",
+                                            "instance_type": "a2-highgpu-8g", "count": 1, "hourly_cost": 20.0})
+
+    def quota(name, unit, limit, per_instance):
+        return Quota("gcp", "us-central1", name, unit, limit, 0, (("a2-highgpu-8g", "on-demand", per_instance),))
+
+    for n, (limits, quotas, offer) in enumerate([
+            ([doc("GuardrailPolicy", "g", {"max_hourly_budget": 30.0})], (), "on-demand in p "), ([], (), "on-demand in p "),
+            ([], [quota("NVIDIA_A100_GPUS", "GPUs", 8, 8)], "on-demand in p "), ([], [quota("CPUS", "vCPUs", 96, 96)], "on-demand in p "),
+            ([reservation, doc("GuardrailPolicy", "g", {"max_hourly_budget": 1.0})], (), "on-demand (reserved: r1) in p ")]):
+        reasons = _reasons_where_nothing_new_is_placed(tmp_path / str(n), [topology(), tenant("t"), eight, *limits, *jobs], quotas=quotas)
         assert len(reasons) == 8
         for reason in reasons.values():
-            assert reason.startswith("not placed by this plan, although 1 new a2-highgpu-8g on-demand in p "), reason
+            assert reason.startswith(f"not placed by this plan, although 1 new a2-highgpu-8g {offer}"), reason
             assert "wait for it" not in reason, reason
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from reconciler.ledger import (_UNIT, Ledger, Option, Refusal, budget_ok, buffer_ok, capacity_kind, charge, item_units, license_need, micro, money,
-                               quota_ok, running_ledger, spot_share_ok, within, work_units)
+                               quota_headroom, quota_ok, quota_scope, quota_units, running_ledger, spot_share_ok, within, work_units)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, running_use, size_fit, stuck_gangs
@@ -114,15 +114,18 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         text = _rule_text(single[kind], ledger)
         others = [k for k in sorted(single, key=_RULE_ORDER.index) if k != kind]
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
-        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, {kind}) if kind in _SHARED
-                                     else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
+        # What holds the room of each shared rule named, the leading one's and those blocking "other capacity".
+        shared = _SHARED.intersection(single) if kind in _SHARED else set()
+        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, shared, _quota_scopes(r for k in shared for r in single[k]))
+                                            if shared else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
             + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
     texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
     # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
     return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:]) + tail
-            + (_who_holds(d, problem, ledger, evicted, _SHARED.intersection(kinds)) if _SHARED.intersection(kinds) else "")
+            + (_who_holds(d, problem, ledger, evicted, _SHARED.intersection(kinds), _quota_scopes(cheapest.refusals))
+               if _SHARED.intersection(kinds) else "")
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
 
 
@@ -241,10 +244,11 @@ def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits
 
 
 def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[_Room]:
-    """For d whose every open way buys new instances, the rooms they take: the fleet's budget, a pool's max_instances
-    (every way in one pool), the fleet's spot share (every way on spot). Jobs may share a new instance, so what a job
-    needs is a bound: its items on new instances (`_new_items`) at the lowest price per GPU (vCPU of CPU work), as a
-    part of the largest instance, or in spot units, of its ways."""
+    """For d whose every open way buys new instances, the rooms they take: a reservation's count (every way in it), a
+    cloud account quota (every way counted by it), a pool's max_instances (every way in one pool), the fleet's budget,
+    the fleet's spot share (every way on spot). Jobs may share a new instance, so what a job needs is a bound: its items
+    on new instances (`_new_items`) at the lowest price per GPU (vCPU of CPU work), as a part of the largest instance,
+    of its quota units, or in spot units, of its ways."""
     offer = _offers_by_key(ledger)
 
     def bought(v: Demand, vs: list[Option]) -> list[tuple[Capacity, float]]:
@@ -258,7 +262,32 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
             out.append((c, _new_items(v, o, c, fits) * item_units(v, dim) / size if size else 0.0))
         return out
 
+    def counted(units: Callable[[Capacity], float]) -> Callable[[Demand, list[Option]], float]:
+        """A job's need of a room its ways' new instances take `units(offer)` each of: the least of its ways, as a part of
+        the instance; 0 (it does not wait for the room) where a way of it takes none."""
+        def need(v: Demand, vs: list[Option]) -> float:
+            per_way = [(units(c), share) for c, share in bought(v, vs)]
+            return min(u * share for u, share in per_way) if per_way and all(u > 0 for u, _ in per_way) else 0.0
+        return need
+
     out: list[_Room] = []
+    names = {offer[o.offer].reservation for o in ways}
+    if len(names) == 1 and (name := names.pop()) and (r := problem.reservations.get(name)) is not None:
+        have = ledger.reserved(name)
+        out.append(_Room("reservation", ("reservation", name), f"reservation {name} has room for {r.count - have} more "
+                         f"instance{'' if r.count - have == 1 else 's'} under its count ({have}/{r.count} {r.instance_type} in "
+                         f"{r.zone} in this plan)", lambda more: within(have + more, r.count),
+                         counted(lambda c: 1.0 if c.reservation == name else 0.0), by_ways=True, exact=False))
+    book = ledger.quota_book()
+    every = set.intersection(*({i for i, _ in book.units(offer[o.offer])} for o in ways)) if ways else set()
+    for i in sorted(every):
+        q, taken = book.quotas[i], book.taken[i]
+        left = quota_headroom(q) - taken
+        plan = f", and this plan's new instances take {taken:g} more" if taken else ""
+        out.append(_Room("cloud-quota", ("cloud-quota", i), f"cloud quota {quota_scope(q)} has room for {left:g} more "
+                         f"{q.unit.removesuffix('s') if left == 1 else q.unit} ({q.used:g} of {q.limit:g} {q.unit} used{plan})",
+                         lambda more, taken=taken, headroom=quota_headroom(q): within(taken + more, headroom),
+                         counted(lambda c, i=i: dict(book.units(c)).get(i, 0)), by_ways=True, exact=False))
     if problem.budget is not None:
         cost, budget = ledger.cost(), problem.budget
         out.append(_Room("fleet-budget", ("fleet-budget",), f"the fleet has room for {money(max(0.0, budget - cost))}/h more under "
@@ -271,8 +300,7 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
         hi, have = problem.pool_bounds.get(pool, (0, 0))[1], ledger.pool_count(pool)
         out.append(_Room("pool-max", ("pool-max", pool), f"pool {pool} has room for {hi - have} more instance{'' if hi - have == 1 else 's'} "
                          f"under max_instances ({have}/{hi} in this plan)", lambda more: within(have + more, hi),
-                         lambda v, vs: min((share for c, share in bought(v, vs)), default=0.0)
-                         if all(c.pool == pool for c, _ in bought(v, vs)) else 0.0, by_ways=True, exact=False))
+                         counted(lambda c: 1.0 if c.pool == pool else 0.0), by_ways=True, exact=False))
     f = problem.spot.max_spot_fraction
     if f < 1 and all(offer[o.offer].market == "spot" for o in ways):
         spot, total = ledger.spot()
@@ -588,25 +616,35 @@ def _kind_text(d: Demand) -> str:
     return f"{d.gpu_type} GPUs" if d.gpus else "CPU-only capacity"
 
 
-def _who_holds(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, kinds: set[str]) -> str:
+def _quota_scopes(refusals) -> frozenset[str]:
+    """The cloud quotas (by quota_scope) among a way's refusals."""
+    return frozenset(r.limit for r in refusals if r.rule == "cloud-quota")
+
+
+def _who_holds(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, kinds: set[str], quotas: frozenset[str] = frozenset()) -> str:
     """What holds the shared capacity d waits for (`kinds`: the rules that bind): higher classes placed (`_outranked`:
-    where d could go, where only such rules bind: `_LOCAL`), then, its tenant at its guarantee, the other tenants'
-    guaranteed work (`_guaranteed_first`), or, a job that waits with no higher class there, the other tenants' running
-    work of its class or below kept within their guarantees there (`_guarantees_hold`)."""
+    where d could go, where only such rules bind: `_LOCAL`; on instances the refusing cloud quotas count, `quotas`, where
+    they bind), then, its tenant at its guarantee, the other tenants' guaranteed work (`_guaranteed_first`), or, a job
+    that waits with no higher class there, the other tenants' running work of its class or below kept within their
+    guarantees there (`_guarantees_hold`)."""
     local = kinds <= _LOCAL
-    out = _outranked(d, ledger, local=local) + _guaranteed_first(d, problem, ledger, evicted)
+    anywhere = bool(kinds - _LOCAL - {"cloud-quota"})  # a budget or a spot share: work anywhere takes it
+    out = _outranked(d, ledger, local=not anywhere and bool(kinds & _LOCAL),
+                     quotas=frozenset() if anywhere or "cloud-quota" not in kinds else quotas) \
+        + _guaranteed_first(d, problem, ledger, evicted)
     return out or ("" if evicted or not local else _guarantees_hold(d, ledger))
 
 
-def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False, local: bool = False) -> str:
+def _outranked(d: Demand, ledger: Ledger, in_tenant: bool = False, local: bool = False, quotas: frozenset[str] = frozenset()) -> str:
     """Higher-class jobs of the same kind of capacity that this plan places (never pending ones); `local`: on instances
     that could hold d (named wherever placed, u's high job pinned to a full fixed pool read "capacity goes to
-    higher-priority work first: crit", t's critical job on a new instance of another pool); in_tenant: its tenant's
-    only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
+    higher-priority work first: crit", t's critical job on a new instance of another pool); `quotas`: or on instances
+    those cloud quotas count (a high job on another cloud was named as taking the aws quota its low job waited for);
+    in_tenant: its tenant's only, to whom its quota goes first (a higher class may take a lower one's place in its tenant)."""
     names = ledger.higher(d, tenant=d.tenant if in_tenant else None)
-    if names and local and not in_tenant:
-        names = ledger.once(("higher, could hold", _placement_shape(d), d.klass),
-                             lambda: tuple(j for j in names if _on_usable(d, j, ledger)))
+    if names and (local or quotas) and not in_tenant:
+        names = ledger.once(("higher, could hold", _placement_shape(d), d.klass, local, quotas),
+                             lambda: tuple(j for j in names if (local and _on_usable(d, j, ledger)) or _on_counted(j, quotas, ledger)))
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
@@ -623,6 +661,16 @@ def _on_usable(d: Demand, job: str, ledger: Ledger) -> bool:
     """Whether placed job `job` holds room on an instance that could hold d (every placement rule and size)."""
     on = ledger.once("instances of jobs", lambda: _instances_of_jobs(ledger))
     return any(fit(d, ledger.instances[ref]) > 0 for ref in on.get(job, ()) if ref in ledger.instances)
+
+
+def _on_counted(job: str, quotas: frozenset[str], ledger: Ledger) -> bool:
+    """Whether placed job `job` runs on an instance one of these cloud quotas (by quota_scope) counts: a new one takes
+    its units in this plan, a kept one in the account's use."""
+    if not quotas:
+        return False
+    on = ledger.once("instances of jobs", lambda: _instances_of_jobs(ledger))
+    scoped = [q for q in ledger.quota_book().quotas if quota_scope(q) in quotas]
+    return any(quota_units(q, ledger.instances[ref]) for ref in on.get(job, ()) if ref in ledger.instances for q in scoped)
 
 
 def _instances_of_jobs(ledger: Ledger) -> dict[str, set[str]]:
