@@ -321,7 +321,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
         """Plan `desired` against the same fleet (or `observed`: the same fleet with an account quota raised)."""
         return _plan(desired, observed if observed is not None else res.observed, provider, quick, None, when, gap).plan
 
-    return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
+    return explain_job(job, res.desired, res.observed, res.problem, res.plan, resolve)
 
 
 @few_collections

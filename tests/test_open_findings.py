@@ -327,7 +327,7 @@ def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
     assert [(c.ref, c.instance_type, c.market) for c in plan.creates] == [("+1", "Standard_NC24ads_A100_v4", "on-demand")]
     assert ("but the planner offers at most 1 new Standard_NC24ads_A100_v4 on-demand there (an offer is sized to the work that "
             "fits it) and this plan's +1 stands idle for the on-demand buffer (25% of the spot GPUs)") in j6.reason, j6.reason
-    e = explain_job("j6", desired, observed, problem, solution, plan, lambda d: planned(d)[2])
+    e = explain_job("j6", desired, observed, problem, plan, lambda d: planned(d)[2])
     assert e.summary == f"pending: {j6.reason}"
 
 
@@ -2578,6 +2578,56 @@ def test_a_plan_with_a_part_of_greedys_claims_no_tiers_and_says_so_on_fleet119(m
     assert "every tier proven best" not in _solver_line(plan) and "cost within" not in _solver_line(plan), _solver_line(plan)
     assert Plan.from_json(plan.to_json()).solver.greedy_parts == 1
     check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def _borrowing_fleet119():
+    """fleet119 with t1 free to borrow (2 GPUs guaranteed, 4 its ceiling) and a new 1-GPU A10G job j4 of t1's: its
+    guarantee holds the running j0 and j1 (the longest-running, then by name), j2 and the new j4 borrow."""
+    from dataclasses import replace
+
+    f = fleet("fleet119")
+    docs = [{**d, "spec": {"quota": {"gpus": 2, "burst": {"gpus": 4}}}} if d["kind"] == "Tenant" and d["metadata"]["name"] == "t1"
+            else d for d in f.docs]
+    j4 = next(d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "j1")
+    return replace(f, docs=docs + [{**j4, "metadata": {"name": "j4"}}])
+
+
+def _guarantee_said(desired, observed, problem, plan) -> dict[str, str]:
+    """What explain says of each placed t1 job's guarantee ("-": nothing)."""
+    from reconciler.explain import explain_job
+
+    out = {}
+    for j in plan.jobs:
+        if j.tenant == "t1" and j.instances:
+            e = explain_job(j.job, desired, observed, problem, plan, lambda d: plan)
+            out[j.job] = next((d for d in e.details if "guarantee" in d), "-")
+    return out
+
+
+@pytest.mark.parametrize("fell_back", ["t1", "whole"])
+def test_explain_says_which_jobs_the_guarantee_holds_in_a_plan_of_greedys_on_fleet119(monkeypatch, fell_back):
+    """fleet119, t1 borrowing (`_borrowing_fleet119`): explain read which jobs are inside their tenant's guarantee from
+    the solver's count (Solution.guaranteed), which a part answered by greedy best-fit, or greedy's whole plan
+    (GREEDY_FALLBACK: --time-limit 0, or greedy's plan emitted over CP-SAT's), does not have: it said nothing of j0, j1,
+    j2 or j4 there. It reads the emitted plan's placements now, as the plan after the apply fills the guarantee."""
+    from reconciler import api
+    from reconciler.problem import build_problem
+    from tests.test_properties import catalog_observed, write_config
+    import tempfile
+    from dataclasses import replace
+
+    f = _borrowing_fleet119()
+    if fell_back == "t1":
+        _the_part_of("t1", monkeypatch)
+    with tempfile.TemporaryDirectory() as d:
+        desired = api.load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    problem = build_problem(desired, observed)
+    plan, solution = api.emitted(desired, observed, problem, 0 if fell_back == "whole" else 5)
+    assert (solution.greedy_parts, solution.status) == ((1, "FEASIBLE") if fell_back == "t1" else (0, "GREEDY_FALLBACK"))
+    said = _guarantee_said(desired, observed, problem, plan)
+    assert said == {"j0": "inside its tenant's guarantee", "j1": "inside its tenant's guarantee",
+                    "j2": said["j2"], "j4": said["j4"]} and all(said[j].startswith("on borrowed capacity") for j in ("j2", "j4")), said
 
 
 def _stopping(plan, *jobs: str):
