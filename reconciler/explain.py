@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from reconciler.problem.diagnosis import never_keeps, pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.model import PRIORITY_CLASSES
-from reconciler.plan.quality import gap_withheld
+from reconciler.plan.quality import gap_withheld, proofs_of
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, held_once_applied, priority_band, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
@@ -109,7 +109,7 @@ def explain_job(job: str, desired, observed, problem: Problem, plan, resolve) ->
         if problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
             placed = {j.job for j in plan.jobs if j.instances}
             details.append(_guarantee_text(job, d, placed, held_once_applied(problem, placed, observed), observed))
-        of = " of the choices the solver was offered" if plan.solver.narrowed else ""  # (its bounds are theirs: solve.model)
+        of = f" {proofs_of(plan.solver)}" if plan.solver.narrowed or plan.solver.held else ""  # (its bounds are theirs)
         # (the gap as the plan's own line claims it, or why it claims none: plan.quality.gap_withheld)
         withheld = gap_withheld(plan.solver, plan.cost_after)
         gap = (f" (no optimality gap is claimed: {withheld})" if withheld else

@@ -2675,6 +2675,42 @@ def test_an_unlawful_stop_in_a_cp_sat_part_gives_way_to_greedys_plan_on_fleet119
     assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
 
 
+def test_a_plan_searched_again_holding_running_jobs_claims_its_proofs_only_of_the_plans_that_keep_them_on_fleet117():
+    """fleet117, where the first answer and the search again with stand-ins in their rooms each stop t2's j3 (as
+    `_stopping` has them, no rule requiring it): the next search holds j3's group (Problem.held), and its answer's tiers
+    and cost bound are of the plans that keep those jobs (strategy.finish: not optimal). Its plan's line said "every
+    tier proven best; cost within 0.00% of a lower bound" and explain "the plan is feasible (cost gap 0.0%)", claims of
+    every plan; both say now of which plans, and the saved plan reads back the same."""
+    from dataclasses import replace
+
+    from reconciler import api
+    from reconciler.explain import explain_job
+    from reconciler.plan import make_plan
+    from reconciler.plan.types import Plan
+    from reconciler.render import _solver_line
+    from reconciler.solve import solve
+
+    desired, observed, problem, greedy = _greedys("fleet117")
+    solution = solve(problem, time_limit=5)
+    first = make_plan(desired, observed, problem, solution)
+    searched = []
+
+    def again(held):
+        searched.append(held)
+        answer = solve(replace(problem, held=held, stand_in_rooms=True), time_limit=5)
+        plan = make_plan(desired, observed, problem, answer)
+        return answer, (plan if held else _stopping(plan, "j3"))
+
+    plan, emitted = api._lawful(observed, problem, _stopping(first, "j3"), solution, lambda: greedy, again)
+    assert searched == [{}, {"d1:j3": 1}] and emitted.status == "FEASIBLE", (searched, emitted.status)
+    assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
+    line = _solver_line(plan)
+    assert "of the plans that keep the 1 running job(s) its search held" in line and "of a lower bound" not in line, line
+    said = next(d for d in explain_job("j3", desired, observed, problem, plan, lambda d: plan).details if d.startswith("the plan is"))
+    assert "of the plans that keep the 1 running job(s) its search held" in said, said
+    assert Plan.from_json(plan.to_json()).solver.held == 1
+
+
 def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_fleet111():
     """Where greedy's plan stops running work no rule requires stopping too, nothing is emitted: the error named only
     the first plan's stops (t1's j1 here), not greedy's (t2's j3), which is the plan the planner could not fall back to."""
