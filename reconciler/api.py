@@ -197,7 +197,7 @@ def _lawful(observed: Observed, problem: Problem, plan: Plan, solution: Solution
                     "searched again with a tenant's higher work in its lower jobs' place only where it takes their room"
                     + (", holding the jobs stopped" if held else ""))
             note = f"{answer.note}; {note}" if answer.note else note
-            return replace(last, solver=replace(last.solver, note=note)), replace(answer, note=note)
+            return replace(last, solver=replace(last.solver, note=note, held=sum(held.values()))), replace(answer, note=note)
     # Greedy's own plan, whatever the answer's status: one whose parts each fell back is greedy best-fit's part by
     # part, which need not be greedy's plan of the whole.
     fallback, other = greedy()
@@ -321,7 +321,7 @@ def explain(config_dir: str | Path, job: str, *, provider: str = "sim", time_lim
         """Plan `desired` against the same fleet (or `observed`: the same fleet with an account quota raised)."""
         return _plan(desired, observed if observed is not None else res.observed, provider, quick, None, when, gap).plan
 
-    return explain_job(job, res.desired, res.observed, res.problem, res.solution, res.plan, resolve)
+    return explain_job(job, res.desired, res.observed, res.problem, res.plan, resolve)
 
 
 @few_collections

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from reconciler.problem.diagnosis import never_keeps, pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
 from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.model import PRIORITY_CLASSES
-from reconciler.plan.quality import gap_withheld
-from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, priority_band, rules_allow
+from reconciler.plan.quality import gap_withheld, proofs_of
+from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, held_once_applied, priority_band, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import gpu_span
 
@@ -61,7 +61,7 @@ def _cap_label(c: Capacity) -> str:
     return f"{c.pool} {c.cloud}/{c.zone} {c.instance_type} {c.market}" + (f" (reserved: {c.reservation})" if c.reservation else "")
 
 
-def explain_job(job: str, desired, observed, problem: Problem, solution, plan, resolve) -> Explanation:
+def explain_job(job: str, desired, observed, problem: Problem, plan, resolve) -> Explanation:
     """`resolve(desired)` plans a modified desired state against the same fleet and returns its
     Plan: used to check what would change a pending job's fate."""
     demand = next((d for d in problem.demands if job in d.jobs), None)
@@ -106,10 +106,10 @@ def explain_job(job: str, desired, observed, problem: Problem, solution, plan, r
         summary = f"{state} on {_where(change, plan, problem)}"
         if change.reason:
             details.append(change.reason)
-        g = solution.guaranteed.get(d.key) if solution.guaranteed else None
-        if g is not None and problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
-            details.append(_guarantee_text(job, d, round(g), problem.tenants[d.tenant], plan))
-        of = " of the choices the solver was offered" if plan.solver.narrowed else ""  # (its bounds are theirs: solve.model)
+        if problem.tenants.get(d.tenant) and problem.tenants[d.tenant].guarantee:
+            placed = {j.job for j in plan.jobs if j.instances}
+            details.append(_guarantee_text(job, d, placed, held_once_applied(problem, placed, observed), observed))
+        of = f" {proofs_of(plan.solver)}" if plan.solver.narrowed or plan.solver.held else ""  # (its bounds are theirs)
         # (the gap as the plan's own line claims it, or why it claims none: plan.quality.gap_withheld)
         withheld = gap_withheld(plan.solver, plan.cost_after)
         gap = (f" (no optimality gap is claimed: {withheld})" if withheld else
@@ -161,27 +161,22 @@ def _unchanged(job: str, reason: str, problem: Problem) -> str:
 _BORROWED = "on borrowed capacity (beyond its tenant's guarantee): reclaimable when another tenant needs its guarantee"
 
 
-def _guarantee_text(job: str, d: Demand, g: int, rules, plan) -> str:
-    """Whether a placed job is inside its tenant's guarantee, for this job. A running job's answer is by name: the
-    guarantee holds its running jobs that TenantRules.protected_jobs (or moving_jobs, in what it leaves) name, and a
-    running job it does not name borrows. New work is counted per group of identical jobs (the plan's guaranteed part
-    of the demand, less its running jobs inside), so a group split across the guarantee says how many of it are
-    inside, not which. (Said of the whole group as one yes/no: all three of tenant a's identical 1-GPU jobs, a
-    guarantee of 2 GPUs, were each "on borrowed capacity", while two of them were protected.)"""
-    inside = set(rules.protected_jobs) | set(rules.moving_jobs)
-    judged = {j for j, ids in d.running if len(ids) == d.replicas * d.bundle and j not in d.reshaped}
-    if job in inside:
-        return "inside its tenant's guarantee"
-    if job in judged:
-        return _BORROWED
-    placed = {j.job for j in plan.jobs if j.instances}
-    new = [j for j in d.jobs if j in placed and j not in inside and j not in judged]
-    fresh = max(0, min(len(new), g - sum(1 for j in d.jobs if j in placed and j in inside)))
+def _guarantee_text(job: str, d: Demand, placed: set[str], held: frozenset[str], observed) -> str:
+    """Whether a placed job is inside its tenant's guarantee, as the emitted plan leaves it (`held`:
+    problem.held_once_applied, the guarantee filled as the plan after the apply fills it). A running job's answer is by
+    name. New jobs of one group of identical jobs are alike until they run, so a group split across the guarantee says
+    how many of it are inside, not which. (Said of the whole group as one yes/no: all three of tenant a's identical
+    1-GPU jobs, a guarantee of 2 GPUs, were each "on borrowed capacity", while two of them were protected. And read
+    from the solver's count, where a part greedy best-fit answered, or greedy's whole plan, has none: nothing was said.)"""
+    if observed.placements.get(job):
+        return "inside its tenant's guarantee" if job in held else _BORROWED
+    new = sorted(j for j in d.jobs if j in placed and not observed.placements.get(j))
+    fresh = sum(1 for j in new if j in held)
     if fresh == len(new):
         return "inside its tenant's guarantee"
     if fresh == 0:
         return _BORROWED
-    return (f"of its identical jobs this plan places {len(new)} anew ({', '.join(sorted(new)[:5])}{' and more' if len(new) > 5 else ''}): "
+    return (f"of its identical jobs this plan places {len(new)} anew ({', '.join(new[:5])}{' and more' if len(new) > 5 else ''}): "
             f"{fresh} inside its tenant's guarantee, {len(new) - fresh} on borrowed capacity (beyond the guarantee: reclaimable when "
             f"another tenant needs its guarantee); which of them is which is settled once they run")
 

@@ -13,6 +13,7 @@ from rich.text import Text
 from reconciler.errors import shown
 from reconciler.ledger import money
 from reconciler.plan import RANKS_HIGHER, Plan
+from reconciler.plan.quality import proofs_of
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -86,8 +87,8 @@ def _solver_line(plan: Plan) -> str:
         quality = f"{limit} with {len(unproven)} tier(s) not proven best ({words}), so no optimality gap is claimed"
     elif plan.cost_after <= 0:  # nothing left to pay for: no cheaper plan exists, whatever the gap's arithmetic says
         quality = "at the least possible cost ($0.00/h)"
-    elif s.narrowed:
-        quality = f"every tier proven best of the choices offered; cost within {s.gap:.2%} of their lower bound"
+    elif s.narrowed or s.held:
+        quality = f"every tier proven best {proofs_of(s)}; cost within {s.gap:.2%} of their lower bound"
     else:
         quality = f"every tier proven best; cost within {s.gap:.2%} of a lower bound"
     scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""

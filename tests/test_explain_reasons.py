@@ -4,6 +4,8 @@ for every instance type, and the rule that evicts a job when no way of placing i
 
 from __future__ import annotations
 
+import pytest
+
 from reconciler import api
 from tests.fleetkit import doc, job, pool, tenant, topology, write_config
 
@@ -21,20 +23,40 @@ def _guarantee_line(e) -> str:
     return next(d for d in e.details if "guarantee" in d)
 
 
-def test_explain_says_per_job_which_of_identical_jobs_borrow(tmp_path, monkeypatch):
+@pytest.mark.parametrize("limit", [5, 0])
+def test_explain_says_per_job_which_of_identical_jobs_borrow(tmp_path, monkeypatch, limit):
     """Tenant a guaranteed 2 GPUs (burst 4), three identical 1-GPU jobs: each of a0, a1, a2 was said to be "on borrowed
     capacity", the group's guaranteed count (2) below its placed count (3) read as a yes/no for every job of it. New, the
-    group says how many are inside; running, the guarantee protects a0 and a1 by name and a2 alone borrows."""
+    group says how many are inside; running, the guarantee protects a0 and a1 by name and a2 alone borrows. Greedy
+    best-fit's plan (--time-limit 0) says the same: read from the solver's count, which greedy's answer has none of,
+    explain said nothing of the guarantee there."""
     monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
     cfg = _borrowing(tmp_path)
     for name in ("a0", "a1", "a2"):
-        line = _guarantee_line(api.explain(cfg, name, time_limit=5))
+        line = _guarantee_line(api.explain(cfg, name, time_limit=limit))
         assert "2 inside its tenant's guarantee, 1 on borrowed capacity" in line, line
         assert "placed 3 anew" not in line and "places 3 anew (a0, a1, a2)" in line, line
-    api.apply(cfg, time_limit=5)
-    said = {name: _guarantee_line(api.explain(cfg, name, time_limit=5)) for name in ("a0", "a1", "a2")}
+    api.apply(cfg, time_limit=limit)
+    said = {name: _guarantee_line(api.explain(cfg, name, time_limit=limit)) for name in ("a0", "a1", "a2")}
     assert said["a0"] == said["a1"] == "inside its tenant's guarantee", said
     assert said["a2"].startswith("on borrowed capacity"), said
+
+
+def test_explain_says_of_new_jobs_what_the_guarantee_holds_once_they_run(tmp_path, monkeypatch):
+    """Tenant a guaranteed 2 GPUs (burst 4), four new 1-GPU jobs that no rule tells apart but their allowlists (four
+    groups): the solver's count put a0's and a3's groups inside the guarantee, and explain said so, while the apply's
+    next plan fills the guarantee by name among equals (a0, a1) and a3 borrows. Explain says, before the apply, what
+    holds after it: a3 was "inside its tenant's guarantee" before and "on borrowed capacity" after."""
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
+    docs = [topology(clouds=AWS), FIXED, doc("Tenant", "a", {"quota": {"gpus": 2, "burst": {"gpus": 4}}})]
+    rules = [{}, {"regions": ["us-east-1"]}, {"spot": "never"}, {"clouds": ["aws"]}]
+    cfg = write_config(tmp_path / "cfg", docs + [job(f"a{i}", tenant="a", **A10G, **r) for i, r in enumerate(rules)])
+    jobs = ("a0", "a1", "a2", "a3")
+    before = {name: _guarantee_line(api.explain(cfg, name, time_limit=5)) for name in jobs}
+    api.apply(cfg, time_limit=5)
+    after = {name: _guarantee_line(api.explain(cfg, name, time_limit=5)) for name in jobs}
+    assert before == after, (before, after)
+    assert after["a0"] == after["a1"] == "inside its tenant's guarantee", after
 
 
 def test_preemption_never_is_named_where_it_keeps_the_tenants_lower_jobs(tmp_path, monkeypatch):

@@ -327,7 +327,7 @@ def test_a_job_an_offers_size_keeps_out_is_told_so_and_explain_agrees():
     assert [(c.ref, c.instance_type, c.market) for c in plan.creates] == [("+1", "Standard_NC24ads_A100_v4", "on-demand")]
     assert ("but the planner offers at most 1 new Standard_NC24ads_A100_v4 on-demand there (an offer is sized to the work that "
             "fits it) and this plan's +1 stands idle for the on-demand buffer (25% of the spot GPUs)") in j6.reason, j6.reason
-    e = explain_job("j6", desired, observed, problem, solution, plan, lambda d: planned(d)[2])
+    e = explain_job("j6", desired, observed, problem, plan, lambda d: planned(d)[2])
     assert e.summary == f"pending: {j6.reason}"
 
 
@@ -2580,6 +2580,56 @@ def test_a_plan_with_a_part_of_greedys_claims_no_tiers_and_says_so_on_fleet119(m
     check_fleet(fleet("fleet119"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
+def _borrowing_fleet119():
+    """fleet119 with t1 free to borrow (2 GPUs guaranteed, 4 its ceiling) and a new 1-GPU A10G job j4 of t1's: its
+    guarantee holds the running j0 and j1 (the longest-running, then by name), j2 and the new j4 borrow."""
+    from dataclasses import replace
+
+    f = fleet("fleet119")
+    docs = [{**d, "spec": {"quota": {"gpus": 2, "burst": {"gpus": 4}}}} if d["kind"] == "Tenant" and d["metadata"]["name"] == "t1"
+            else d for d in f.docs]
+    j4 = next(d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "j1")
+    return replace(f, docs=docs + [{**j4, "metadata": {"name": "j4"}}])
+
+
+def _guarantee_said(desired, observed, problem, plan) -> dict[str, str]:
+    """What explain says of each placed t1 job's guarantee ("-": nothing)."""
+    from reconciler.explain import explain_job
+
+    out = {}
+    for j in plan.jobs:
+        if j.tenant == "t1" and j.instances:
+            e = explain_job(j.job, desired, observed, problem, plan, lambda d: plan)
+            out[j.job] = next((d for d in e.details if "guarantee" in d), "-")
+    return out
+
+
+@pytest.mark.parametrize("fell_back", ["t1", "whole"])
+def test_explain_says_which_jobs_the_guarantee_holds_in_a_plan_of_greedys_on_fleet119(monkeypatch, fell_back):
+    """fleet119, t1 borrowing (`_borrowing_fleet119`): explain read which jobs are inside their tenant's guarantee from
+    the solver's count (Solution.guaranteed), which a part answered by greedy best-fit, or greedy's whole plan
+    (GREEDY_FALLBACK: --time-limit 0, or greedy's plan emitted over CP-SAT's), does not have: it said nothing of j0, j1,
+    j2 or j4 there. It reads the emitted plan's placements now, as the plan after the apply fills the guarantee."""
+    from reconciler import api
+    from reconciler.problem import build_problem
+    from tests.test_properties import catalog_observed, write_config
+    import tempfile
+    from dataclasses import replace
+
+    f = _borrowing_fleet119()
+    if fell_back == "t1":
+        _the_part_of("t1", monkeypatch)
+    with tempfile.TemporaryDirectory() as d:
+        desired = api.load(write_config(Path(d), f.docs))
+    observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
+    problem = build_problem(desired, observed)
+    plan, solution = api.emitted(desired, observed, problem, 0 if fell_back == "whole" else 5)
+    assert (solution.greedy_parts, solution.status) == ((1, "FEASIBLE") if fell_back == "t1" else (0, "GREEDY_FALLBACK"))
+    said = _guarantee_said(desired, observed, problem, plan)
+    assert said == {"j0": "inside its tenant's guarantee", "j1": "inside its tenant's guarantee",
+                    "j2": said["j2"], "j4": said["j4"]} and all(said[j].startswith("on borrowed capacity") for j in ("j2", "j4")), said
+
+
 def _stopping(plan, *jobs: str):
     """`plan` with `jobs` stopped: an answer's stop that no rule requires, as _lawful is asked of it."""
     from dataclasses import replace
@@ -2623,6 +2673,42 @@ def test_an_unlawful_stop_in_a_cp_sat_part_gives_way_to_greedys_plan_on_fleet119
                                 lambda: greedy)
     assert emitted.status == plan.solver.status == "GREEDY_FALLBACK" and "j3 first: greedy best-fit" in plan.solver.note
     assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
+
+
+def test_a_plan_searched_again_holding_running_jobs_claims_its_proofs_only_of_the_plans_that_keep_them_on_fleet117():
+    """fleet117, where the first answer and the search again with stand-ins in their rooms each stop t2's j3 (as
+    `_stopping` has them, no rule requiring it): the next search holds j3's group (Problem.held), and its answer's tiers
+    and cost bound are of the plans that keep those jobs (strategy.finish: not optimal). Its plan's line said "every
+    tier proven best; cost within 0.00% of a lower bound" and explain "the plan is feasible (cost gap 0.0%)", claims of
+    every plan; both say now of which plans, and the saved plan reads back the same."""
+    from dataclasses import replace
+
+    from reconciler import api
+    from reconciler.explain import explain_job
+    from reconciler.plan import make_plan
+    from reconciler.plan.types import Plan
+    from reconciler.render import _solver_line
+    from reconciler.solve import solve
+
+    desired, observed, problem, greedy = _greedys("fleet117")
+    solution = solve(problem, time_limit=5)
+    first = make_plan(desired, observed, problem, solution)
+    searched = []
+
+    def again(held):
+        searched.append(held)
+        answer = solve(replace(problem, held=held, stand_in_rooms=True), time_limit=5)
+        plan = make_plan(desired, observed, problem, answer)
+        return answer, (plan if held else _stopping(plan, "j3"))
+
+    plan, emitted = api._lawful(observed, problem, _stopping(first, "j3"), solution, lambda: greedy, again)
+    assert searched == [{}, {"d1:j3": 1}] and emitted.status == "FEASIBLE", (searched, emitted.status)
+    assert {j.job: j.action for j in plan.jobs}["j3"] == "keep"
+    line = _solver_line(plan)
+    assert "of the plans that keep the 1 running job(s) its search held" in line and "of a lower bound" not in line, line
+    said = next(d for d in explain_job("j3", desired, observed, problem, plan, lambda d: plan).details if d.startswith("the plan is"))
+    assert "of the plans that keep the 1 running job(s) its search held" in said, said
+    assert Plan.from_json(plan.to_json()).solver.held == 1
 
 
 def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_fleet111():

@@ -65,7 +65,7 @@ def test_parts_merged_keep_a_tier_below_greedys_so():
 
     def part(status: str) -> Solution:
         return Solution(status="FEASIBLE", optimal=False, gap=1.0, seconds=0.0, keep=frozenset(), new={}, stay={}, x={},
-                        placed={}, guaranteed={}, tiers=(TierReport("guaranteed low work", "max", 5, None, status, 0.0),))
+                        placed={}, tiers=(TierReport("guaranteed low work", "max", 5, None, status, 0.0),))
 
     for a, b in (("BELOW_GREEDY", "FEASIBLE"), ("OPTIMAL", "BELOW_GREEDY"), ("BELOW_GREEDY", "BELOW_GREEDY")):
         assert merge_parts([part(a), part(b)], 0.0, False).tiers[0].status == "BELOW_GREEDY", (a, b)

@@ -32,6 +32,8 @@ def encode(plan) -> str:
         del raw["solver"]["backfilled"]
     if not raw["solver"]["narrowed"]:  # (only where the solver's model left choices out: solve.model)
         del raw["solver"]["narrowed"]
+    if not raw["solver"]["held"]:  # (only where a search again held running jobs: api._lawful)
+        del raw["solver"]["held"]
     if not raw["solver"]["greedy_parts"]:  # (only where some independent parts fell back to greedy best-fit: solve.parts)
         del raw["solver"]["greedy_parts"]
     raw["creates"] = [flat_site(c) for c in raw["creates"]]
@@ -83,7 +85,7 @@ _SHAPES = {
 _BOOL, _DICT = "true or false", "an object"
 _SOLVER = {"status": _STR, "optimal": _BOOL, "gap": _NUM, "tiers": [_DICT], "scope": [_INT], "repairs": _INT, "note": _STR,
            "work": _NUM, "unpacked": _INT, "backfilled": _INT, "narrowed": _INT,
-           "greedy_parts": _INT}
+           "greedy_parts": _INT, "held": _INT}
 _SOLVER_NEEDS = ("status", "optimal", "gap")
 _TIER = {"name": _STR, "value": _OPT_NUM, "bound": _OPT_NUM, "status": _STR, "proven": _BOOL}
 _CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_per_hour": _OPT_NUM, "move_cost": _NUM, "room_jobs": _INT}

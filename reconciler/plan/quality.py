@@ -65,6 +65,15 @@ def gap_withheld(solver, cost_after: float) -> str | None:
     return None
 
 
+def proofs_of(solver) -> str:
+    """Of which plans a plan's tiers and cost bound are proven, where not of every plan: a model that left choices out
+    (solve.model: narrowed) proves them of the choices it offered, a search that held running jobs (api._lawful:
+    Problem.held) of the plans that keep them. (A held search's plan said "every tier proven best; cost within 0.00% of a
+    lower bound", of every plan, and explain "cost gap 0.0%": fleet117.)"""
+    return " and ".join(w for w, on in (("of the choices offered", solver.narrowed),
+                                        (f"of the plans that keep the {solver.held} running job(s) its search held", solver.held)) if on)
+
+
 def emitted_cost(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], kept: frozenset[str]) -> float:
     """The solver's cost objective (milli-dollars an hour) of the plan as emitted: its instances at their
     price (repairs included), the rest of the objective (egress, latency, moves) as the solver counted it."""

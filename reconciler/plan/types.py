@@ -90,6 +90,7 @@ class SolverReport:
     backfilled: int = 0  # pending jobs the plan placed in room its packing left (plan/backfill.py): beyond the solver's answer
     narrowed: int = 0  # (job group, host) choices the solver's model left out (solve.model: too many): its bounds are of the rest
     greedy_parts: int = 0  # independent parts greedy best-fit answered, the others CP-SAT's (solve.parts): no tiers, no gap claimed
+    held: int = 0  # running jobs the search held (api._lawful, Problem.held): its tiers and bound are of the plans that keep them
 
     @property
     def unproven(self) -> list[str]:

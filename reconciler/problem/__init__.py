@@ -20,9 +20,10 @@ from reconciler.problem.demands import SHAPE_FIELDS, as_utc, effective_priority,
 from reconciler.problem.freeze import FREEZE_ABOVE
 from reconciler.problem.rules import (OfferFits, Rival, borrowing_tenants, borrows, cannot_stay, fit, fit_shape, forced_moves, gang_split, has_room, may_preempt,
                                       outside_group, over_cap_tenants, placement_refusal, pools_over_max, quota_shedding, refuses, rules_allow, runs_settled, settled_jobs, stuck_gangs, wants_room)
+from reconciler.problem.tenants import held_once_applied
 from reconciler.problem.types import DIMS, Capacity, Demand, Host, Offer, Problem, TenantRules, priority_band, priority_class, share, spot_measure, type_class
 
 __all__ = ["build_problem", "parse_time", "active_reservations", "price_label", "components", "SHAPE_FIELDS", "as_utc", "effective_priority", "shape_changes", "shape_of",
            "FREEZE_ABOVE", "OfferFits", "Rival", "borrowing_tenants", "borrows", "cannot_stay", "fit", "fit_shape", "forced_moves", "gang_split", "has_room",
            "may_preempt", "outside_group", "over_cap_tenants", "placement_refusal", "pools_over_max", "quota_shedding", "refuses", "rules_allow", "runs_settled", "settled_jobs", "stuck_gangs", "wants_room", "DIMS", "Capacity", "Demand", "Host", "Offer", "Problem",
-           "TenantRules", "priority_band", "priority_class", "share", "spot_measure", "type_class"]
+           "TenantRules", "held_once_applied", "priority_band", "priority_class", "share", "spot_measure", "type_class"]

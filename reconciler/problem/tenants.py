@@ -3,10 +3,15 @@ and the dimension its fair share is measured in."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from reconciler.ledger import quota_ok
 from reconciler.model import DesiredState, quota_guarantee
 from reconciler.problem.rules import cannot_stay
-from reconciler.problem.types import DIMS, Capacity, Demand, TenantRules
+from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
+
+if TYPE_CHECKING:
+    from reconciler.observe import Observed
 
 
 def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capacity], fleet_capacity: dict[str, float],
@@ -93,3 +98,22 @@ def _fill(running: list[tuple[Demand, str]], guarantee: dict[str, float], used: 
                 used[k] += need[k]
             out.append(job)
     return out
+
+
+def held_once_applied(problem: Problem, placed: set[str], observed: Observed) -> frozenset[str]:
+    """The jobs of `placed` (the jobs a plan runs) that their tenants' guarantees hold once the plan is applied: the
+    guarantee filled as the plan after it fills it (`tenant_rules`: `_fill`), a running job at the apply that started
+    it (Observed.since: kept or moved, it keeps it), a new one at this apply, after every running one (apply.py).
+
+    What explain says of a placed job is this, of the plan emitted: it read the solver's count of a group's jobs inside
+    (Solution.guaranteed), which a part greedy best-fit answered, or greedy's whole plan, does not have, and which
+    packing, backfill and the API's choice of plan may have left behind."""
+    since, running = observed.since, observed.placements
+    now = max(since.values(), default=0) + 1
+    out: set[str] = set()
+    for name, rules in problem.tenants.items():
+        mine = [(d, job) for d in problem.demands if d.tenant == name for job in d.jobs if job in placed]
+        if mine:
+            after = {job: since.get(job, 0) if running.get(job) else now for _, job in mine}
+            out.update(_fill(mine, rules.guarantee, {dim: 0.0 for dim in DIMS}, after))
+    return frozenset(out)

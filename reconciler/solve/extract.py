@@ -24,12 +24,11 @@ def extract(problem: Problem, model: Model, values: list[int], tiers: list[TierR
     placed, stay, x, keep = placements(problem, model, values)
     x = unfold_idle(model, x, keep, val)[0]
     new = {c.key: val(model.use[c.key]) for c in model.offers if val(model.use[c.key]) > 0}
-    guaranteed = {dk: val(v) for dk, v in model.g.items()}
     hosts = len(model.hosts)
     frozen = sum(1 for h in model.hosts if h.frozen)
     return Solution(
         status=status, optimal=optimal, gap=gap, seconds=time.monotonic() - t0, keep=keep, new=new, stay=stay, x=x,
-        placed=placed, guaranteed=guaranteed, tiers=tuple(tiers),
+        placed=placed, tiers=tuple(tiers),
         work=sum(d.weight * placed[d.key] for d in problem.demands),
         cost_milli=sum(round(c.price * MILLI) * (1 if c.instance_id in keep else 0) for c in model.hosts)
         + sum(round(model.caps[k].price * MILLI) * n for k, n in new.items()),
@@ -142,7 +141,7 @@ def from_assignment(problem: Problem, a: Assignment, status: str, t0: float, not
     return Solution(
         status=status, optimal=False, gap=1.0, seconds=time.monotonic() - t0, keep=keep, new=new,
         stay={k: n for k, n in a.stay.items() if n}, x={k: n for k, n in a.x.items() if n}, placed=dict(a.placed),
-        guaranteed={}, work=sum(d.weight * a.placed.get(d.key, 0) for d in problem.demands),
+        work=sum(d.weight * a.placed.get(d.key, 0) for d in problem.demands),
         cost_milli=round(a.cost * MILLI), capacities=caps,
         scope=(sum(1 for h in problem.hosts() if not h.frozen), sum(1 for h in problem.hosts() if h.frozen)),
         note=note,

@@ -42,7 +42,7 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         status=status, optimal=all(s.optimal for s in sols), gap=max(s.gap for s in sols), seconds=time.monotonic() - t0,
         keep=frozenset().union(*(s.keep for s in sols)), new={k: v for s in sols for k, v in s.new.items()},
         stay={k: v for s in sols for k, v in s.stay.items()}, x={k: v for s in sols for k, v in s.x.items()},
-        placed={k: v for s in sols for k, v in s.placed.items()}, guaranteed={k: v for s in sols for k, v in s.guaranteed.items()},
+        placed={k: v for s in sols for k, v in s.placed.items()},
         tiers=tuple(tiers.values()), work=sum(s.work for s in sols), cost_milli=cost,
         capacities={k: v for s in sols for k, v in s.capacities.items()},
         scope=(sum(s.scope[0] for s in sols), sum(s.scope[1] for s in sols)), variables=sum(s.variables for s in sols),

@@ -37,7 +37,6 @@ class Solution:
     stay: dict[tuple[str, str], int]  # (demand key, instance id) -> items that stay where they run
     x: dict[tuple[str, str], int]  # (demand key, capacity key) -> items newly placed there
     placed: dict[str, int]  # demand key -> jobs placed
-    guaranteed: dict[str, int] = field(default_factory=dict)  # demand key -> placed jobs inside the guarantee
     tiers: tuple[TierReport, ...] = ()
     work: int = 0
     cost_milli: int = 0
