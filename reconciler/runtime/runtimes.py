@@ -116,7 +116,11 @@ while code is None:  # the command, and the orphans of its tree this shim adopte
 
 def tree():
     kids = {}
-    for n in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # (no /proc: not Linux, nothing to find)
+        names = []
+    for n in names:
         try:
             with open("/proc/" + n + "/stat") as f:
                 st = f.read().rsplit(")", 1)[1].split()
