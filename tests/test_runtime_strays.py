@@ -174,3 +174,29 @@ def test_the_agents_heartbeat_names_no_untracked_strays_where_the_shim_can_be_th
     a.tick()
     a._publish(force=True)
     assert "strays_untracked" not in bus.agent("i-0") and a.strays_untracked is None
+
+
+@pytest.mark.slow
+def test_a_command_that_left_its_shims_group_and_ignores_sigterm_is_killed_with_its_shim_after_the_margin(bus, tmp_path):
+    """The replica's command itself calls setsid() and ignores SIGTERM: neither its checkpoint signal (its shim's
+    group) nor the kill (SIGTERM out of the group) ends it, so its shim never ends. KILL_MARGIN_S past the strays'
+    grace the agent kills the shim's group and the tree with SIGKILL: a tick never waits the margin out. (~6 s)"""
+    from reconciler.runtime.runtimes import KILL_MARGIN_S, STRAY_GRACE_S
+
+    marker = tmp_path / "hermit-marker"
+    hermit = [PY, "-c", "import os, signal, time\nos.setsid()\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"open({str(marker) + '.ready'!r}, 'w').close()\ntime.sleep(120)", str(marker)]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("hermit", hermit, mode="service",
+                                                                checkpoint={"dir": str(tmp_path / "ck"), "signal": "SIGTERM", "grace_seconds": 0.3})]})
+    a = agent(bus, tmp_path / "i-0")
+    poll_until(lambda: a.tick() or Path(f"{marker}.ready").exists(), "the replica running", 20, 0.05)
+    [pid] = [p for p in processes_with(str(marker)) if os.getsid(p) == p and p != a.replicas[("hermit", 0)].handle.pid]
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    began, longest = time.monotonic(), 0.0
+    while not ((r := bus.run("hermit", 0)) and r["phase"] == "Stopped") and time.monotonic() - began < 20:
+        t = time.monotonic()
+        a.tick()
+        longest = max(longest, time.monotonic() - t)
+        time.sleep(0.05)
+    assert bus.run("hermit", 0)["phase"] == "Stopped" and not processes_with(str(marker))
+    assert time.monotonic() - began < 0.3 + STRAY_GRACE_S + KILL_MARGIN_S + 2 and longest < 1.5, longest

@@ -224,6 +224,7 @@ class Detached:
     exit_path: Path
     name: str = ""  # the container, for the docker runtime
     replica_id: str | None = None  # the mark in its environment (REPLICA_ID): what left its process group is found by it
+    kill_begun: float | None = None  # (monotonic) when runtime.begin_kill began its kill
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -420,6 +421,7 @@ class ReplicaProcess(subprocess.Popen):
     """A replica's shim this agent started, with its mark (REPLICA_ID, from its launch's environment)."""
 
     replica_id: str | None = None
+    kill_begun: float | None = None  # (monotonic) when ProcessRuntime.begin_kill began its kill
 
 
 class ProcessRuntime:
@@ -480,19 +482,23 @@ class ProcessRuntime:
     def begin_kill(self, handle: ReplicaProcess | Detached) -> None:
         """The replica's tree killed (end_tree); its shim ends what is left of it and exits, `poll` then says so."""
         if self.poll(handle) is None:
+            if handle.kill_begun is None:
+                handle.kill_begun = time.monotonic()
             end_tree(handle.pid, handle.started if isinstance(handle, Detached) else None)
 
     def kill(self, handle: ReplicaProcess | Detached) -> None:
-        """begin_kill, and the wait for the shim to end the tree. A shim that has not ended it in KILL_MARGIN_S past
-        the strays' grace (one that is no subreaper: an older agent's, or prctl refused) is killed with its process
-        group; then what the replica left outside it is ended: its descendants as they were before the kill (a stray
-        that cleared its environment, still under the replica's tree) and its mark's (end_strays)."""
+        """begin_kill, and the wait for the shim to end the tree, up to KILL_MARGIN_S past the strays' grace from the
+        kill's beginning (a kill begun ticks ago waits no longer). A shim that has not ended it by then (its command
+        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group; then what
+        the replica left outside it is ended: its descendants as they were before the kill (a stray that cleared its
+        environment, still under the replica's tree) and its mark's (end_strays)."""
         tree = descendants(handle.pid) if self.poll(handle) is None else {}
         self.begin_kill(handle)
-        limit = time.monotonic() + STRAY_GRACE_S + KILL_MARGIN_S
+        limit = (handle.kill_begun or time.monotonic()) + STRAY_GRACE_S + KILL_MARGIN_S
         while self.poll(handle) is None and time.monotonic() < limit:
             time.sleep(0.02)
-        if self.poll(handle) is None:
+        stuck = self.poll(handle) is None
+        if stuck:
             self.signal(handle, signals.SIGKILL)
             if isinstance(handle, Detached):
                 handle.wait(10)
@@ -501,7 +507,7 @@ class ProcessRuntime:
                     handle.wait(timeout=10)
                 except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
                     pass
-        end_strays(handle.replica_id, tree)
+        end_strays(handle.replica_id, tree, grace=0.0 if stuck else STRAY_GRACE_S)  # (stuck: the tree had its SIGTERM)
 
     def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
         """What a replica that ended while no agent watched it left in its process group and outside it, as at an end
