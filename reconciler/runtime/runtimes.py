@@ -425,8 +425,9 @@ class ReplicaProcess(subprocess.Popen):
 
 
 class ProcessRuntime:
-    """The command as a local process in its own session (so signals reach its whole tree), and, at its end, what it
-    left running: in its process group (end_group), or outside it, by its mark or as its descendant (end_strays)."""
+    """The command as a local process in its own session (so signals reach its whole tree), under its shim (SHIM: the
+    subreaper of its tree, which ends what is left of it before it exits), and, at its end, what it still left running:
+    in its process group (end_group), or outside it, by its mark or as its descendant (end_strays)."""
 
     name = "process"
 
