@@ -137,6 +137,21 @@ def test_a_replica_that_ended_while_no_agent_watched_left_no_orphan(bus, tmp_pat
     assert gone(pid)  # its shim ended and reaped it before it wrote the replica's end (before: running on)
 
 
+def test_a_replica_killed_as_it_starts_is_killed_at_once(tmp_path):
+    """A kill that comes while the shim has not forked its command yet (a notice just after the start) found no tree
+    to kill; the shim then started the command, and the kill waited its whole margin (5 s) before it killed the shim."""
+    from reconciler.runtime.runtimes import Launch
+
+    rt = ProcessRuntime()
+    marker = tmp_path / "quick-marker"
+    for _ in range(3):
+        handle = rt.start(Launch(name="quick", command=(PY, "-c", "import time; time.sleep(60)", str(marker)), env={},
+                                 log_path=tmp_path / "quick.log", exit_path=tmp_path / "quick.exit"))
+        began = time.monotonic()
+        rt.kill(handle)
+        assert time.monotonic() - began < 1.5 and handle.returncode == -signal.SIGKILL and not processes_with(str(marker))
+
+
 @pytest.mark.parametrize("on_signal", ["exits", "ignores it"])
 def test_a_spot_notice_ends_every_replicas_strays_at_once_not_one_replica_after_another(bus, tmp_path, on_signal):
     """Three replicas, each with a stray out of its process group that ignores SIGTERM, and a spot notice (30 s on GCP

@@ -80,8 +80,8 @@ class Launch:
 # a process of the tree whose parent exits is re-parented to the shim, not to init, so every process the replica
 # started stays in the shim's tree however it hides (setsid, an emptied environment: no FLEETOPS_REPLICA_ID), found by
 # its ancestry (`descendants`), and reaped by the shim (a container's init may reap nothing: zombies piled up). Once
-# the command ended, the shim ends what is left of its tree (SIGTERM, GRACE s, SIGKILL), and only then writes its exit
-# file and exits: the agent sees the replica (and its GPUs) released once nothing of it runs, and the shims of many
+# the command ended, the shim ends what is left of its tree (its process group's with SIGKILL at once, the rest with
+# SIGTERM, then SIGKILL GRACE s later), and only then writes its exit file and exits: the agent sees the replica (and its GPUs) released once nothing of it runs, and the shims of many
 # replicas ending at once (a spot notice) wait out their strays' grace side by side, never the agent's loop. The
 # subreaper lives in the shim, not in the agent: the agent's restart (a crash, systemd) must not cut the tie between
 # an orphan and its replica, nor must the agent reap children it did not start (a Popen's wait, its exit code).
@@ -146,12 +146,14 @@ while True:
     if not left or now > limit + 5:  # (one stuck in the kernel: the agent's end_group and end_strays follow)
         break
     for p in left:
-        if now >= limit or p not in termed:
-            try:
-                os.kill(p, signal.SIGKILL if now >= limit else signal.SIGTERM)
-            except OSError:
-                pass
-            termed.add(p)
+        try:  # (its process group's at once, as a container's end does; what left the group had no signal yet)
+            if now >= limit or os.getpgid(p) == os.getpid():
+                os.kill(p, signal.SIGKILL)
+            elif p not in termed:
+                os.kill(p, signal.SIGTERM)
+                termed.add(p)
+        except OSError:
+            pass
     time.sleep(0.02)
 doc = {"code": code, **({"error": err.decode(errors="replace")} if err else {})}
 if err:
@@ -354,11 +356,18 @@ def end_tree(shim: int, started: str | None = None) -> None:
     """Begin the kill of a replica whose shim (`shim`, `started`) still runs; returns at once. SIGKILL to every process
     of its tree in its process group but the shim (they had the stop signal and its grace), SIGTERM to the rest of
     the tree (out of the group, e.g. after setsid: it had no signal yet). The command dead, the shim, the subreaper of
-    the tree, ends what is left of it (SIGTERM, STRAY_GRACE_S, SIGKILL), reaps it and exits: the strays of replicas
+    the tree, ends what is left of it (see SHIM), reaps it and exits: the strays of replicas
     killed together end side by side, while the agent's loop goes on."""
     if started is not None and not running(shim, started):
         return
-    for p in descendants(shim):
+    tree = descendants(shim)
+    if not tree:  # (its command not forked yet: the shim alone, which would start it after this kill)
+        try:
+            os.killpg(shim, signals.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    for p in tree:
         try:
             os.kill(p, signals.SIGKILL if os.getpgid(p) == shim else signals.SIGTERM)
         except (ProcessLookupError, PermissionError):
