@@ -41,13 +41,14 @@ def agent(bus: Bus, workdir: Path, **kw) -> Agent:
 
 def orphaner(marker: Path, then: str, ignores_term: bool = False) -> list[str]:
     """A replica whose child starts a grandchild and exits at once: the grandchild, orphaned, leaves the process group
-    (setsid) and execs with an empty environment (FLEETOPS_REPLICA_ID gone), writes its pid to `marker`.ready and runs
+    (setsid) and execs with an empty environment (FLEETOPS_REPLICA_ID gone), writes its facts to `marker`.ready and runs
     on, optionally ignoring SIGTERM (a daemonising data server, `env -i` in a launcher script). The replica then runs
     `then` (Python)."""
     ready = f"{marker}.ready"
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignores_term else ""
-    grandchild = (f"import os, pathlib, signal, time; {ignore}"
-                  f"pathlib.Path({ready + '.tmp'!r}).write_text(str(os.getpid())); os.replace({ready + '.tmp'!r}, {ready!r}); "
+    facts = "json.dumps({'pid': os.getpid(), 'own_session': os.getsid(0) == os.getpid(), 'env': sorted(os.environ)})"
+    grandchild = (f"import json, os, pathlib, signal, time; {ignore}"
+                  f"pathlib.Path({ready + '.tmp'!r}).write_text({facts}); os.replace({ready + '.tmp'!r}, {ready!r}); "
                   "time.sleep(120)")
     child = ("import os, sys, time\nparent = os.getpid()\n"
              "if os.fork() == 0:\n"
@@ -60,11 +61,12 @@ def orphaner(marker: Path, then: str, ignores_term: bool = False) -> list[str]:
 
 
 def orphan(marker: Path) -> int:
-    """The orphaned grandchild's pid, once it runs; checked to be what the test means: in a session of its own, with no
-    replica mark in its environment."""
-    pid = poll_until(lambda: Path(f"{marker}.ready").exists() and int(Path(f"{marker}.ready").read_text()), "the orphan running", 20, 0.05)
-    assert os.getsid(pid) == pid and REPLICA_ID.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
-    return pid
+    """The orphaned grandchild's pid, once it runs; checked to be what the test means (by its own word: it may be
+    ended already): in a session of its own, with no replica mark in its environment."""
+    facts = poll_until(lambda: Path(f"{marker}.ready").exists() and json.loads(Path(f"{marker}.ready").read_text()),
+                       "the orphan running", 20, 0.05)
+    assert facts["own_session"] and REPLICA_ID not in facts["env"], facts
+    return facts["pid"]
 
 
 def gone(pid: int) -> bool:

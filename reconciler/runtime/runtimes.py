@@ -135,15 +135,19 @@ def tree():
                 found.append(p)
     return found
 
-limit, termed = time.monotonic() + grace, set()
-while True:
+def reap():
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
     except ChildProcessError:
         pass
+
+limit, termed = time.monotonic() + grace, set()
+while True:
+    reap()
     left, now = tree(), time.monotonic()
     if not left or now > limit + 5:  # (one stuck in the kernel: the agent's end_group and end_strays follow)
+        reap()  # (one that died since the reap above is a zombie, not in `left`: init may never reap it)
         break
     for p in left:
         try:  # (its process group's at once, as a container's end does; what left the group had no signal yet)
