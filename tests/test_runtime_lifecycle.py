@@ -596,6 +596,22 @@ def test_status_shows_an_agent_that_cannot_write_its_own_files_beside_the_job_it
     assert "WorkdirFailed" not in runner.invoke(app, ["status", str(cfg)]).output
 
 
+def test_status_names_an_agent_whose_replicas_orphans_cannot_be_tracked(tmp_path):
+    """Where a replica's shim cannot be the subreaper of its processes (prctl refused, not Linux), the agent says so in
+    its heartbeat (strays_untracked) and status shows it: an orphan that hides from the replica's end outlives it."""
+    import json
+
+    cfg, runner, app = _rt3(tmp_path)
+    iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
+    bus = _running_report(cfg, iid)
+    why = "prctl(PR_GET_CHILD_SUBREAPER) failed: Operation not permitted"
+    bus.put_agent(iid, {**bus.agent(iid), "state": "Ready", "notice": None, "strays_untracked": why})
+    st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)
+    fault = st["agents"][iid]
+    assert fault["reason"] == "StraysUntracked" and why in fault["message"], fault
+    assert f"agent on {iid}: StraysUntracked: " in runner.invoke(app, ["status", str(cfg)]).output
+
+
 def test_the_status_files_an_apply_writes_name_an_agent_that_cannot_write_its_own_files(tmp_path):
     """`reconcile status` showed an agent's WorkdirFailed (JSON `agents`), but status/fleet.yaml, which apply writes back
     into the config repo (what a reviewer of the repo sees), had no word of it. It carries the same `agents`, derived as

@@ -40,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import REPLICA_ID, Detached, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list
+from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -153,6 +153,7 @@ class _Stop:
     message: str
     terminal: bool
     restart_attempt: int | None = None  # restart at this attempt once stopped (a gang restart)
+    killed: float | None = None  # when its grace ended and its kill began (runtime.begin_kill)
 
 
 # A gang peer's stop that stops the whole gang at its round (its record says it stopped, or, while it checkpoints, that
@@ -323,11 +324,18 @@ class Agent:
         # records read this tick (_round_records)
         self.reports: dict[str, dict | None] = {}
         self.round_records: dict[tuple, list[dict]] = {}
+        # Why a process replica's shim cannot be the subreaper of its tree here (runtimes.SHIM), in the heartbeat: an
+        # orphan that left the replica's group and cleared its environment then outlives the replica. (A container's
+        # processes end with it: docker's.)
+        self.strays_untracked = subreaper_problem() if runtime.name == "process" else None
 
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
             instance_gone: Callable[[], bool] = lambda: False) -> None:
         self._log(f"started (runtime {self.runtime.name}, address {self.address}, poll {self.poll}s, heartbeat {self.heartbeat}s)")
+        if self.strays_untracked:
+            self._log(f"a replica's orphans cannot be tracked ({self.strays_untracked}): one that leaves its process group "
+                      "and clears its environment outlives its replica")
         while not should_stop() and not self.stopping:
             if instance_gone():
                 self.vanish()
@@ -339,9 +347,11 @@ class Agent:
     def vanish(self) -> None:
         """The instance itself is gone (on the sim: its directory was deleted): its processes die with it,
         with no checkpoint and no report, as on a cloud instance that was terminated under them."""
-        for rep in self.replicas.values():
-            if rep.handle is not None:
-                self.runtime.kill(rep.handle)
+        live = [rep.handle for rep in self.replicas.values() if rep.handle is not None]
+        for handle in live:  # (all begun first: their strays' grace runs side by side, not one replica after another)
+            self.runtime.begin_kill(handle)
+        for handle in live:
+            self.runtime.kill(handle)
 
     def shutdown(self) -> None:
         """Checkpoint and stop every replica (SIGTERM to the agent: the instance is going away)."""
@@ -700,10 +710,18 @@ class Agent:
                 code = self.runtime.poll(rep.handle) if rep.handle is not None else -1
                 if code is None and now < rep.stop.deadline:
                     continue
-                if code is None:
+                if code is None and rep.stop.killed is None:
+                    # (begun, not waited for: its shim ends its strays, those of every replica killed now side by side)
                     self._log(f"{rep.key[0]}/{rep.key[1]}: grace period over: killing")
+                    rep.stop.killed = now
+                    self.runtime.begin_kill(rep.handle)
+                    code = self.runtime.poll(rep.handle)
+                elif code is None and now >= rep.stop.killed + STRAY_GRACE_S + KILL_MARGIN_S:
+                    self._log(f"{rep.key[0]}/{rep.key[1]}: still running {now - rep.stop.killed:.0f}s after its kill: killing its shim")
                     self.runtime.kill(rep.handle)
                     code = self.runtime.poll(rep.handle)
+                if code is None:
+                    continue  # (its devices stay held until nothing of it runs)
                 st, rep.stop, rep.handle = rep.stop, None, None
                 self._ended_as(rep, st, code)
                 self._write_pids()
@@ -1234,6 +1252,7 @@ class Agent:
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
             "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
             **({"workdir_failed": "; ".join(sorted(self.workdir_failed.values()))} if self.workdir_failed else {}),
+            **({"strays_untracked": self.strays_untracked} if self.strays_untracked else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)

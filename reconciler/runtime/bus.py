@@ -161,6 +161,7 @@ AGENT_FIELDS: dict[str, Check] = {
     "running": (_strings, "a list of job/replica"), "notice": (_opt(_str), "a string"), "address": (_opt(_str), "an address"),
     "lost": (_opt(_str), "why the instance is gone"), "write_failed": (_opt(_str), "why a run record was not written"),
     "workdir_failed": (_opt(_str), "why the agent's own files were not written"),
+    "strays_untracked": (_opt(_str), "why a replica's orphans are not tracked"),
 }
 RUN_FIELDS: dict[str, Check] = {
     "job": (_str, "a job name"), "replica": (_count, "a replica number"), "instance": (_opt(_str), "an instance id"),

@@ -47,13 +47,20 @@ class RuntimeView:
 def agent_fault(report: Mapping) -> tuple[str, str] | None:
     """What is wrong with an agent that beats, from its report, as status shows it (reason, message), or None: it cannot
     write or read its own files (a full, read-only or failing disk: agent._write_own). What it runs keeps running, but
-    status said only Running while an agent restarted there could neither adopt nor stop a replica it had not recorded."""
+    status said only Running while an agent restarted there could neither adopt nor stop a replica it had not recorded.
+    Else: its replicas' shims cannot be the subreaper of their processes (runtimes.subreaper_problem), which the
+    operator had no way to know: a replica's orphan that hides (setsid, an emptied environment) outlives it."""
     why = report.get("workdir_failed")
-    if not why:
-        return None
-    return ("WorkdirFailed", f"its agent cannot write or read its own files ({shown(str(why), 600)}): what runs there keeps "
-                             "running, but an agent restarted on it could neither adopt nor stop a replica it has not recorded, "
-                             "and it starts none it cannot record; free or repair the agent's --workdir disk")
+    if why:
+        return ("WorkdirFailed", f"its agent cannot write or read its own files ({shown(str(why), 600)}): what runs there keeps "
+                                 "running, but an agent restarted on it could neither adopt nor stop a replica it has not recorded, "
+                                 "and it starts none it cannot record; free or repair the agent's --workdir disk")
+    untracked = report.get("strays_untracked")
+    if untracked:
+        return ("StraysUntracked", f"its agent cannot make a replica's shim the subreaper of its processes ({shown(str(untracked), 300)}): "
+                                   "a process a replica starts that leaves its process group and clears its environment after its "
+                                   "parent exits outlives the replica, on its GPUs (needs Linux 3.4+ prctl, not refused by seccomp)")
+    return None
 
 
 def _ago(now: float, ts: float) -> str:

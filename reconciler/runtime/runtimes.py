@@ -76,11 +76,25 @@ class Launch:
 # it ended (only a parent can wait for a process). Signals sent to the replica's process group reach the
 # command; the shim outlives them (its handlers do nothing) and, once the command ended, ends as it did
 # (the same exit code, or the same signal). `python -S`: no site-packages, about 20 ms.
+# It is also the child subreaper of the command's tree (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4; skipped where refused):
+# a process of the tree whose parent exits is re-parented to the shim, not to init, so every process the replica
+# started stays in the shim's tree however it hides (setsid, an emptied environment: no FLEETOPS_REPLICA_ID), found by
+# its ancestry (`descendants`), and reaped by the shim (a container's init may reap nothing: zombies piled up). Once
+# the command ended, the shim ends what is left of its tree (its process group's with SIGKILL at once, the rest with
+# SIGTERM, then SIGKILL GRACE s later), and only then writes its exit file and exits: the agent sees the replica (and its GPUs) released once nothing of it runs, and the shims of many
+# replicas ending at once (a spot notice) wait out their strays' grace side by side, never the agent's loop. The
+# subreaper lives in the shim, not in the agent: the agent's restart (a crash, systemd) must not cut the tie between
+# an orphan and its replica, nor must the agent reap children it did not start (a Popen's wait, its exit code).
 SHIM = r"""
-import json, os, signal, sys
-out, cmd = sys.argv[1], sys.argv[2:]
+import json, os, signal, sys, time
+out, grace, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
     signal.signal(s, lambda n, f: None)
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except Exception:
+    pass
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -94,11 +108,61 @@ os.close(w)
 err = b""
 while chunk := os.read(r, 4096):
     err += chunk
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+code = None
+while code is None:  # the command, and the orphans of its tree this shim adopted meanwhile (reaped: no zombies)
+    got, status = os.waitpid(-1, 0)
+    if got == pid:
+        code = os.waitstatus_to_exitcode(status)
+
+def tree():
+    kids = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # (no /proc: not Linux, nothing to find)
+        names = []
+    for n in names:
+        try:
+            with open("/proc/" + n + "/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            kids.setdefault(int(st[1]), []).append((int(n), st[0]))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [os.getpid()]
+    while todo:
+        for p, state in kids.get(todo.pop(), ()):
+            todo.append(p)
+            if state != "Z":
+                found.append(p)
+    return found
+
+def reap():
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+limit, termed = time.monotonic() + grace, set()
+while True:
+    reap()
+    left, now = tree(), time.monotonic()
+    if not left or now > limit + 5:  # (one stuck in the kernel: the agent's end_group and end_strays follow)
+        reap()  # (one that died since the reap above is a zombie, not in `left`: init may never reap it)
+        break
+    for p in left:
+        try:  # (its process group's at once, as a container's end does; what left the group had no signal yet)
+            if now >= limit or os.getpgid(p) == os.getpid():
+                os.kill(p, signal.SIGKILL)
+            elif p not in termed:
+                os.kill(p, signal.SIGTERM)
+                termed.add(p)
+        except OSError:
+            pass
+    time.sleep(0.02)
 doc = {"code": code, **({"error": err.decode(errors="replace")} if err else {})}
 if err:
     print(doc["error"], file=sys.stderr, flush=True)
-with open(out + ".tmp", "w") as f:
+with open(out + ".tmp", "w") as f:  # (last: once it is there, nothing of the replica runs)
     json.dump(doc, f)
 os.replace(out + ".tmp", out)
 if code < 0:
@@ -114,7 +178,7 @@ def shimmed(launch: Launch, command: list[str]) -> list[str]:
         return command
     launch.exit_path.parent.mkdir(parents=True, exist_ok=True)
     launch.exit_path.unlink(missing_ok=True)
-    return [sys.executable, "-S", "-c", SHIM, str(launch.exit_path), *command]
+    return [sys.executable, "-S", "-c", SHIM, str(launch.exit_path), str(STRAY_GRACE_S), *command]
 
 
 EXIT_RECORD_LIMIT = 4096  # the shim writes {"code": n} and at most a strerror: more is not its file
@@ -166,6 +230,7 @@ class Detached:
     exit_path: Path
     name: str = ""  # the container, for the docker runtime
     replica_id: str | None = None  # the mark in its environment (REPLICA_ID): what left its process group is found by it
+    kill_begun: float | None = None  # (monotonic) when runtime.begin_kill began its kill
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -204,7 +269,28 @@ def end_group(pid: int, started: str | None = None) -> None:
 # leaves its process group (setsid, setpgid: a daemonising launcher, a data server), which the group's kill misses (the
 # way Jenkins' ProcessTreeKiller finds a build's strays). Only a process that clears its environment on exec loses it.
 REPLICA_ID = "FLEETOPS_REPLICA_ID"
-STRAY_GRACE_S = 2.0  # a stray of an ended replica: SIGTERM, then this long (the agent's loop waits) before SIGKILL
+STRAY_GRACE_S = 2.0  # a stray of an ended replica: SIGTERM, then this long before SIGKILL (its shim waits, not the agent)
+KILL_MARGIN_S = 3.0  # beyond STRAY_GRACE_S: how long a killed replica's shim may take to end its tree before it is killed too
+
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h (Linux 3.4)
+
+
+def subreaper_problem() -> str | None:
+    """Why a replica's shim cannot be the child subreaper of its command's tree here (not Linux, no libc prctl, a
+    seccomp filter refusing it), or None. Asked with PR_GET_CHILD_SUBREAPER, which changes nothing."""
+    if not sys.platform.startswith("linux"):
+        return f"not Linux ({sys.platform})"
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+            return f"prctl(PR_GET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError, ImportError) as e:
+        return f"no prctl: {e}"
+    return None
 
 
 def _proc_pids() -> list[int]:
@@ -270,6 +356,28 @@ def end_strays(replica_id: str | None, known: dict[int, str] | None = None, grac
             return
 
 
+def end_tree(shim: int, started: str | None = None) -> None:
+    """Begin the kill of a replica whose shim (`shim`, `started`) still runs; returns at once. SIGKILL to every process
+    of its tree in its process group but the shim (they had the stop signal and its grace), SIGTERM to the rest of
+    the tree (out of the group, e.g. after setsid: it had no signal yet). The command dead, the shim, the subreaper of
+    the tree, ends what is left of it (see SHIM), reaps it and exits: the strays of replicas
+    killed together end side by side, while the agent's loop goes on."""
+    if started is not None and not running(shim, started):
+        return
+    tree = descendants(shim)
+    if not tree:  # (its command not forked yet: the shim alone, which would start it after this kill)
+        try:
+            os.killpg(shim, signals.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    for p in tree:
+        try:
+            os.kill(p, signals.SIGKILL if os.getpgid(p) == shim else signals.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def adopt(pid: int, started: str, exit_path: Path, name: str = "", replica_id: str | None = None) -> Detached | None:
     """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
     another start time); None when it has ended (its exit file then says how)."""
@@ -291,7 +399,13 @@ class Runtime(Protocol):
 
     def signal(self, handle: Handle, sig: int) -> None: ...
 
-    def kill(self, handle: Handle) -> None: ...
+    def kill(self, handle: Handle) -> None:
+        """End the replica and what it started; returns once it has ended."""
+        ...
+
+    def begin_kill(self, handle: Handle) -> None:
+        """Begin `kill` and return at once: `poll` says when the replica has ended."""
+        ...
 
     def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
         """Kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running."""
@@ -320,11 +434,13 @@ class ReplicaProcess(subprocess.Popen):
     """A replica's shim this agent started, with its mark (REPLICA_ID, from its launch's environment)."""
 
     replica_id: str | None = None
+    kill_begun: float | None = None  # (monotonic) when ProcessRuntime.begin_kill began its kill
 
 
 class ProcessRuntime:
-    """The command as a local process in its own session (so signals reach its whole tree), and, at its end, what it
-    left running: in its process group (end_group), or outside it, by its mark or as its descendant (end_strays)."""
+    """The command as a local process in its own session (so signals reach its whole tree), under its shim (SHIM: the
+    subreaper of its tree, which ends what is left of it before it exits), and, at its end, what it still left running:
+    in its process group (end_group), or outside it, by its mark or as its descendant (end_strays)."""
 
     name = "process"
 
@@ -377,19 +493,35 @@ class ProcessRuntime:
             except (ProcessLookupError, PermissionError):  # gone, or a zombie group's pid reused: nothing of ours to signal
                 pass
 
+    def begin_kill(self, handle: ReplicaProcess | Detached) -> None:
+        """The replica's tree killed (end_tree); its shim ends what is left of it and exits, `poll` then says so."""
+        if self.poll(handle) is None:
+            if handle.kill_begun is None:
+                handle.kill_begun = time.monotonic()
+            end_tree(handle.pid, handle.started if isinstance(handle, Detached) else None)
+
     def kill(self, handle: ReplicaProcess | Detached) -> None:
-        """SIGKILL to the replica's process group, then to what it started outside it: its descendants as they were
-        before the kill (a stray that cleared its environment, still under the replica's tree) and its mark's."""
+        """begin_kill, and the wait for the shim to end the tree, up to KILL_MARGIN_S past the strays' grace from the
+        kill's beginning (a kill begun ticks ago waits no longer). A shim that has not ended it by then (its command
+        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group; then what
+        the replica left outside it is ended: its descendants as they were before the kill (a stray that cleared its
+        environment, still under the replica's tree) and its mark's (end_strays)."""
         tree = descendants(handle.pid) if self.poll(handle) is None else {}
-        self.signal(handle, signals.SIGKILL)
-        if isinstance(handle, Detached):
-            handle.wait(10)
-        else:
-            try:
-                handle.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
-                pass
-        end_strays(handle.replica_id, tree)
+        self.begin_kill(handle)
+        limit = (handle.kill_begun or time.monotonic()) + STRAY_GRACE_S + KILL_MARGIN_S
+        while self.poll(handle) is None and time.monotonic() < limit:
+            time.sleep(0.02)
+        stuck = self.poll(handle) is None
+        if stuck:
+            self.signal(handle, signals.SIGKILL)
+            if isinstance(handle, Detached):
+                handle.wait(10)
+            else:
+                try:
+                    handle.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+                    pass
+        end_strays(handle.replica_id, tree, grace=0.0 if stuck else STRAY_GRACE_S)  # (stuck: the tree had its SIGTERM)
 
     def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
         """What a replica that ended while no agent watched it left in its process group and outside it, as at an end
@@ -533,6 +665,10 @@ class DockerRuntime:
 
     def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
         """Nothing: the container (`--rm`) ended with what ran in it."""
+
+    def begin_kill(self, handle: DockerHandle | Detached) -> None:
+        """`kill`: the container's end is docker's (`docker kill`), with what ran in it."""
+        self.kill(handle)
 
     def kill(self, handle: DockerHandle | Detached) -> None:
         if self.poll(handle) is None:
