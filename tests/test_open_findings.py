@@ -233,6 +233,8 @@ told to make it a plain test).
   filling 24 m6i.4xlarge in sum but needing 27; the repair stage found no answer on 27 (the pool's max) nor a packing
   on 24, and its search again left the 12 jobs packed past the count pending, so greedy's plan was emitted. The items
   packed past the count may now go elsewhere (`strategy.placed_elsewhere`: pool q), every tier held (its test).
+  fleet125 (the same session): fleet124 with the 12 small jobs running on 6 m6i.2xlarge of pool q, whose type q no
+  longer allows: the items past the count were running jobs the answer moved, as on trace33 (its test).
   fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
   in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
   called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
@@ -2656,3 +2658,17 @@ def test_items_packed_past_a_pools_max_go_to_another_pool_on_fleet124():
     assert sorted(Counter(c.instance_type for c in plan.creates).items()) == [("m6i.4xlarge", 24), ("m6i.xlarge", 12)]
     assert plan.cost_after <= gplan.cost_after + 1e-6
     check_fleet(fleet("fleet124"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_running_jobs_packed_past_a_pools_max_move_to_another_pool_on_fleet125():
+    """fleet125 (s34-repair, 2026-12-03, made by hand): fleet124 with its 12 small jobs running, two on each of 6
+    m6i.2xlarge of pool q, a type q no longer allows (they must leave). The answer moved them onto pool p's count, whose
+    packing needs 3 instances past p's max, so the items past it were running jobs, as on trace33: the repair stage's
+    search again gave up part of the work claimed (tiers 600 -> 560) and greedy's plan was emitted. Now they move to
+    new m6i.xlarge of q at the tiers claimed: CP-SAT's plan runs all 60, every running job moved, none stopped."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet125"), time_limit=5)
+    assert plan.solver.status != "GREEDY_FALLBACK" and not solution.below_floors, plan.solver.note
+    actions = Counter(j.action for j in plan.jobs)
+    assert actions == {"place": 48, "move": 12} and not plan.solver.unpacked, actions
+    assert {i for j in plan.jobs if j.job.startswith("e") for i in j.instances} <= {c.ref for c in plan.creates if c.instance_type == "m6i.xlarge"}
+    check_fleet(fleet("fleet125"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
