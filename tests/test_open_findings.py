@@ -229,6 +229,12 @@ told to make it a plain test).
   work into free on-demand room is cheaper; greedy's own plan moves it now, CP-SAT's warm start does not (its test). fleet121
   (the same session): greedy's ballast bought the cheapest single offer that mends the share alone where two small
   ones were cheaper (its test).
+  fleet124 (s34-repair, 2026-12-03, made by hand: trace33's repair at 60 CPU jobs): pool p at its max 24, its jobs
+  filling 24 m6i.4xlarge in sum but needing 27; the repair stage found no answer on 27 (the pool's max) nor a packing
+  on 24, and its search again left the 12 jobs packed past the count pending, so greedy's plan was emitted. The items
+  packed past the count may now go elsewhere (`strategy.placed_elsewhere`: pool q), every tier held (its test).
+  fleet125 (the same session): fleet124 with the 12 small jobs running on 6 m6i.2xlarge of pool q, whose type q no
+  longer allows: the items past the count were running jobs the answer moved, as on trace33 (its test).
   fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
   in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
   called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
@@ -236,6 +242,7 @@ told to make it a plain test).
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -2721,3 +2728,33 @@ def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_flee
     with pytest.raises(SolverError) as e:
         api._lawful(observed, problem, _stopping(gplan, "j1"), gsol, lambda: (gsol, _stopping(gplan, "j3")))
     assert "job j1: evicted" in str(e.value) and "greedy best-fit's plan would stop:\n  - job j3: evicted" in str(e.value), str(e.value)
+
+
+def test_items_packed_past_a_pools_max_go_to_another_pool_on_fleet124():
+    """fleet124 (s34-repair, 2026-12-03, made by hand: trace33's repair step at 60 CPU jobs): 24 12-vCPU, 24 40-GiB
+    and 12 4-vCPU jobs fill pool p's 24 m6i.4xlarge (its max) to the last vCPU in sum, but an instance holding a
+    12-vCPU and a 40-GiB job has 2 vCPU left, so the packer needs 27; pool q's m6i.xlarge hold a 4-vCPU job each. The
+    repair stage found no answer on 27 (`repack`: the pool's max) nor a packing on 24 (`fewer_instances`), and its
+    search again (`within_limits`) left the 12 small jobs pending: greedy's plan was emitted. Now the items packed past
+    the count go elsewhere with every tier held (`strategy.placed_elsewhere`): CP-SAT's plan places all 60, 24
+    m6i.4xlarge and 12 m6i.xlarge, and claims what it reaches."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet124"), time_limit=5)
+    assert plan.solver.status != "GREEDY_FALLBACK" and not solution.below_floors, plan.solver.note
+    assert all(j.action == "place" for j in plan.jobs) and len(plan.jobs) == 60 and not plan.solver.unpacked
+    assert sorted(Counter(c.instance_type for c in plan.creates).items()) == [("m6i.4xlarge", 24), ("m6i.xlarge", 12)]
+    assert plan.cost_after <= gplan.cost_after + 1e-6
+    check_fleet(fleet("fleet124"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_running_jobs_packed_past_a_pools_max_move_to_another_pool_on_fleet125():
+    """fleet125 (s34-repair, 2026-12-03, made by hand): fleet124 with its 12 small jobs running, two on each of 6
+    m6i.2xlarge of pool q, a type q no longer allows (they must leave). The answer moved them onto pool p's count, whose
+    packing needs 3 instances past p's max, so the items past it were running jobs, as on trace33: the repair stage's
+    search again gave up part of the work claimed (tiers 600 -> 560) and greedy's plan was emitted. Now they move to
+    new m6i.xlarge of q at the tiers claimed: CP-SAT's plan runs all 60, every running job moved, none stopped."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet125"), time_limit=5)
+    assert plan.solver.status != "GREEDY_FALLBACK" and not solution.below_floors, plan.solver.note
+    actions = Counter(j.action for j in plan.jobs)
+    assert actions == {"place": 48, "move": 12} and not plan.solver.unpacked, actions
+    assert {i for j in plan.jobs if j.job.startswith("e") for i in j.instances} <= {c.ref for c in plan.creates if c.instance_type == "m6i.xlarge"}
+    check_fleet(fleet("fleet125"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))

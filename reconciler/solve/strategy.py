@@ -1171,7 +1171,9 @@ def repair_stage(search: Search, sol: Solution, hint: list[int], lb: float | Non
     other placement held (`repack`), on fewer of them where a search near it finds that (`fewer_instances`:
     the count the model proved, which the packer's first fit may miss), else as packed. The answer is the better of the two by the tiers, then the cost
     with the instances its packing buys, then the fewest bought so: with every instance counted, the
-    plan says its real gap and has no repair (its items never move: one round packs them all).
+    plan says its real gap and has no repair (its items never move: one round packs them all). Where no answer has
+    the packer's instances (a rule refuses them) nor packs on fewer, the items packed past the count go elsewhere at
+    the same tiers (`placed_elsewhere`), else the answer is searched again within the count (`within_limits`).
     Then, where an idle class's kept hosts do not hold what the answer put on the class, `idle_repair`."""
     sol, hint = offer_repair(search, sol, hint, lb, reports)
     return idle_repair(search, sol, hint, lb, reports)
@@ -1208,16 +1210,67 @@ def offer_repair(search: Search, sol: Solution, hint: list[int], lb: float | Non
         if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
     if found is None:
+        moved = placed_elsewhere(search, sol, hint, lb, reports, added, packed)
+        if moved is not None:
+            return moved
         return within_limits(search, sol, hint, lb, reports, added, packed, handed)
     sol, hint = stay_if_cheaper(search, sol, hint, old_key, lb, reports, [o.key for o in added])
     return replace(sol, packed=handed), hint  # (the parts of its packing that are this answer's too: make_plan takes them)
+
+
+def placed_elsewhere(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport],
+                     added: list, packed: dict[str, tuple]) -> tuple[Solution, list[int]] | None:
+    """Where the packer's packing of the `added` offers (now with slots) takes more instances than the answer's count,
+    no answer has them (`repack` found none) and none packs on fewer (`fewer_instances`): the answer with each offer's
+    count's instances as the packer packed them and the items it packed beyond them placed elsewhere, on any other
+    capacity their groups may use (new instances of other offers bought for them), every other placement and every
+    job placed held, every tier at least at its floor; the cheapest the model finds in REPAIR_WORK, if every offer's
+    new instances then pack as counted (`new_instances`). Else None, and `within_limits` searches again with the
+    tiers let go. (trace33: the aws pool at its 32 instances, 24 new p4d.24xlarge counted and 25 needed, their items
+    filling 192 of 192 GPUs and 2,297 of 2,304 vCPU; the 2 items packed on a 25th were 2 running low jobs, which the plan
+    stopped, so greedy's plan, $82.54/h dearer, ranked higher and was emitted.)"""
+    from reconciler.plan.packing import offer_packing
+
+    model, m = search.model, search.m.clone()
+    offers = {o.key for o in added}
+    units = offers | {model.class_of[k] for k in offers if k in model.class_of}
+    vec = hint + [0] * (len(m.proto.variables) - len(hint))
+    start = dict(packed_within(model, hint, packed, offers, units))
+    moved = {gk for (gk, ck), v in model.x.variable_items() if ck in units and start[v.index] < vec[v.index]}
+    if not moved:
+        return None
+    held = {v.index for v in model.placed.variables()}
+    for i, n in start.items():
+        if i not in held:
+            vec[i] = n
+    free = {v.index for (gk, ck), v in model.x.variable_items() if gk in moved and ck not in units}
+    free |= {model.use[o.key].index for o in model.offers if o.key not in offers and not isinstance(model.use[o.key], int)}
+    free |= {v.index for (ok, _), v in model.on.variable_items() if ok not in offers}  # (a small offer's slots)
+    free |= {v.index for (gk, _, ok, _), v in model.z.variable_items() if gk in moved and ok not in offers}
+    for v in model.primaries():
+        if v.index not in free:
+            dom = m.proto.variables[v.index].domain
+            dom[0], dom[1] = vec[v.index], vec[v.index]
+    search.objective(m, search.cost)
+    set_hints(m, [(v.index, vec[v.index]) for v in model.primaries()])
+    s = search.solver_for(presolve=True)
+    st = search.clock.solve(s, m, REPAIR_WORK)
+    search.lap("repair")
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    answer, value = list(s.response_proto.solution), s.objective_value
+    out = searched_again(search, sol, answer, value, lb, reports, f"items of {sorted(offers)} past their count placed elsewhere")
+    handed = offer_packing(search.problem, out)
+    if any(len(insts) > out.new.get(ok, 0) for ok, insts in handed.instances.items()):
+        return None
+    return replace(out, packed=handed), answer
 
 
 def within_limits(search: Search, sol: Solution, hint: list[int], lb: float | None, reports: list[TierReport],
                   added: list, packed: dict[str, tuple], handed) -> tuple[Solution, list[int]]:
     """Where the packer's packing of the `added` offers (now with slots) takes more instances than the answer's count
     and no answer has them (a pool at its max_instances, a quota or the budget: `repack` found none) nor packs on
-    fewer (`fewer_instances`), the answer searched again around those slots (`around_idle`'s search, which an idle
+    fewer (`fewer_instances`) nor places the items past the count elsewhere (`placed_elsewhere`), the answer searched again around those slots (`around_idle`'s search, which an idle
     class's shortfall gets too): what the answer put there packs instance by instance within the count, or goes
     elsewhere, or waits, whichever the tiers prefer; from the plan the answer gave (the packer's packing on the
     count's instances, what it left over not placed), so it is at least that plan. Else the answer stands, and
