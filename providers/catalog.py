@@ -18,7 +18,7 @@ from pathlib import Path
 
 from providers.base import Offering
 from providers.errors import ReconcileError
-from providers.files import read_regular
+from providers.files import loads_json, read_regular
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
 
@@ -231,9 +231,9 @@ def _load(path: str | None, mtime_ns: int) -> Catalog:
     if path is None:
         return parse_catalog(json.loads(shipped_catalog_text()), "the shipped catalog (providers/data/catalog.json)")
     try:
-        raw = json.loads(read_catalog_file(path))
-    except ValueError as e:
-        raise _unreadable(path, str(e)) from None
+        raw = loads_json(read_catalog_file(path))
+    except ValueError as e:  # also UnicodeDecodeError, a nest too deep, half a surrogate pair
+        raise _unreadable(path, f"not valid JSON ({e})") from None
     pinned = parse_catalog(raw, path)
     _check_known_shapes(pinned, _load(None, 0), path)
     return pinned

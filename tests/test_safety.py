@@ -448,6 +448,28 @@ CORRUPT = [
     ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
      "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    # JSON nested deeper than the decoder recurses, and a \ud800 escape (half a UTF-16 pair, no text): each was an
+    # "unexpected RecursionError / UnicodeEncodeError", a bug paragraph naming no file, from the state, the sim's snapshot
+    # and journal, the lock and a pinned catalog (attacks s34).
+    ("state nested too deep", lambda c: _state(c).write_text("[" * 100_000), "plan",
+     [_STATE + "not valid JSON (nested too deep to be read)", "move it aside"]),
+    ("state a lone surrogate", lambda c: _state(c).write_text(_state(c).read_text().replace('"finetune-a"', '"finetune-\\ud800"', 1)),
+     "plan", [_STATE + "not valid JSON (a string holds \\ud800, half of a UTF-16 surrogate pair)", "move it aside"]),
+    ("sim snapshot nested too deep", lambda c: (c / ".reconcile/sim/cloud.json").write_text("[" * 100_000), "plan",
+     [_SIM + "not valid JSON (nested too deep to be read)", "delete"]),
+    ("sim journal entry nested too deep", lambda c: (c / ".reconcile/sim/cloud.journal").open("a").write("[" * 100_000 + "\n"), "plan",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", "nested too deep to be read"]),
+    ("lock nested too deep", lambda c: (c / ".reconcile/apply.lock").write_text("[" * 100_000), "apply",
+     ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
+    # A file where the reconciler's directories belong: `.reconcile` was an "unexpected FileExistsError" from apply's lock;
+    # `.reconcile/assignments` was listed as no assignments, and apply created an instance before it failed to write its
+    # assignment there (attacks s34).
+    (".reconcile (state and sim) a file", lambda c: (shutil.rmtree(c / ".reconcile"), (c / ".reconcile").write_text("x")), "apply",
+     [".reconcile is not a directory", "Nothing was changed"]),
+    ("assignments a file", lambda c: (shutil.rmtree(c / ".reconcile/assignments"), (c / ".reconcile/assignments").write_text("x")),
+     "apply", [".reconcile/assignments is not a directory", "Nothing was changed"]),
+    ("pinned catalog nested too deep", lambda c: (c / "catalog.json").write_text("[" * 100_000), "plan",
+     ["catalog.json: cannot read the pinned price catalog: not valid JSON (nested too deep to be read)"]),
     # A fifo at its name hung plan and apply for ever (it was read as a file); a time without a zone was an "unexpected
     # TypeError" (compared with the clock's aware time), a bug paragraph naming no file (audit).
     ("state a fifo", lambda c: (_state(c).unlink(), os.mkfifo(_state(c))), "plan",
