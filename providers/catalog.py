@@ -21,6 +21,7 @@ from providers.errors import ReconcileError
 from providers.files import loads_json, read_regular
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
+CATALOG_FORMAT = 2  # what a catalog's fields mean (format 1 had regional multipliers): another is refused, never misread
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
 
     if not isinstance(raw, dict) or not isinstance(raw.get("clouds"), dict):
         raise bad("no `clouds` map")
+    if raw.get("format", CATALOG_FORMAT) != CATALOG_FORMAT or type(raw.get("format", CATALOG_FORMAT)) is not int:
+        raise bad(f"its format is {json.dumps(raw['format'])[:40]}, not {CATALOG_FORMAT} (the format this fleetops reads)")
     try:
         sources = {k: PriceSource(k, str(v["date"]), str(v.get("what", ""))) for k, v in raw.get("sources", {}).items()}
         shapes = {}
