@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -519,6 +520,13 @@ CORRUPT = [
     ("status file an alias of itself", _status_with("spec: {extra: &r [*r]}\n"), "status",
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
     # A name apply never gives a status file: one with a newline printed a line of its own in `reconcile status` (audit).
+    # A number that is no number (apply writes none): `status` showed "$nan/h", and `status --format json` printed NaN,
+    # which is no JSON (attacks s34).
+    ("status/fleet.yaml cost .nan", lambda c: (c / "status/fleet.yaml").write_text(
+        re.sub(r"hourlyCost: [0-9.]+", "hourlyCost: .nan", (c / "status/fleet.yaml").read_text(), count=1)), "status",
+     ["fleet.yaml: cannot read this status file: it holds .nan or .inf", "run apply again"]),
+    ("status file an infinite number", _status_with("spec: {extra: [-.inf]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds .nan or .inf"]),
     ("status file of no job's name", lambda c: shutil.copy(c / "status/jobs/finetune-a.yaml", c / "status/jobs/x\nfleet ok.yaml"),
      "status", ["status/jobs/x\\nfleet ok.yaml: cannot read this status file: its name is no job's (apply writes", "run apply again"]),
     ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",
