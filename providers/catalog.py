@@ -18,9 +18,10 @@ from pathlib import Path
 
 from providers.base import Offering
 from providers.errors import ReconcileError
-from providers.files import read_regular
+from providers.files import loads_json, read_regular
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
+CATALOG_FORMAT = 2  # what a catalog's fields mean (format 1 had regional multipliers): another is refused, never misread
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
 
     if not isinstance(raw, dict) or not isinstance(raw.get("clouds"), dict):
         raise bad("no `clouds` map")
+    if raw.get("format", CATALOG_FORMAT) != CATALOG_FORMAT or type(raw.get("format", CATALOG_FORMAT)) is not int:
+        raise bad(f"its format is {json.dumps(raw['format'])[:40]}, not {CATALOG_FORMAT} (the format this fleetops reads)")
     try:
         sources = {k: PriceSource(k, str(v["date"]), str(v.get("what", ""))) for k, v in raw.get("sources", {}).items()}
         shapes = {}
@@ -231,9 +234,9 @@ def _load(path: str | None, mtime_ns: int) -> Catalog:
     if path is None:
         return parse_catalog(json.loads(shipped_catalog_text()), "the shipped catalog (providers/data/catalog.json)")
     try:
-        raw = json.loads(read_catalog_file(path))
-    except ValueError as e:
-        raise _unreadable(path, str(e)) from None
+        raw = loads_json(read_catalog_file(path))
+    except ValueError as e:  # also UnicodeDecodeError, a nest too deep, half a surrogate pair
+        raise _unreadable(path, f"not valid JSON ({e})") from None
     pinned = parse_catalog(raw, path)
     _check_known_shapes(pinned, _load(None, 0), path)
     return pinned

@@ -4,6 +4,7 @@ directory. One rule for the config's YAML, the pinned price catalog and the reco
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from pathlib import Path
@@ -32,4 +33,20 @@ def read_regular_fd(fd: int, limit: int, path: str | Path) -> bytes:
         return f.read(limit + 1)
 
 
-__all__ = ["NotRegularFile", "read_regular", "read_regular_fd"]
+def loads_json(text: str | bytes):
+    """json.loads of a file we wrote, with every way its text can fail to be JSON a ValueError (a UnicodeDecodeError
+    is one): also a nest deeper than the decoder recurses (`[[[[...`: a RecursionError) and a string holding half of a
+    UTF-16 surrogate pair (`"\\ud800"`: JSON reads it, but it is no text: printing or saving it failed later)."""
+    try:
+        raw = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep to be read") from None
+    if (b"\\u" if isinstance(text, bytes) else "\\u") in text:  # (only an escape can make a surrogate)
+        try:
+            json.dumps(raw, ensure_ascii=False).encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(f"a string holds \\u{ord(e.object[e.start]):04x}, half of a UTF-16 surrogate pair") from None
+    return raw
+
+
+__all__ = ["NotRegularFile", "loads_json", "read_regular", "read_regular_fd"]

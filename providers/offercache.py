@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from providers.files import loads_json
+
 DEFAULT_TTL_S = 3600.0
 
 
@@ -21,7 +23,7 @@ def cached(state_dir: Path, name: str, ttl: float, fetch: Callable[[], Any]) -> 
     path = Path(state_dir) / "cache" / f"{name}.json"
     if ttl > 0:
         try:
-            raw = json.loads(path.read_text())
+            raw = loads_json(path.read_text())
             if isinstance(raw, dict) and time.time() - float(raw["read_at"]) < ttl:
                 return raw["data"]
         except (OSError, ValueError, KeyError, TypeError):

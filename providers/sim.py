@@ -25,7 +25,7 @@ from typing import Callable, ClassVar, Collection, Iterator, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from providers.files import read_regular
+from providers.files import loads_json, read_regular
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
 
@@ -113,7 +113,7 @@ def _longest_grace(d: Path) -> float:
     graces = [DEFAULT_GRACE_S]
     for f in sorted((d / "replicas").glob("*.json")) if (d / "replicas").is_dir() else []:
         try:
-            ck = json.loads(f.read_text())["entry"].get("checkpoint")
+            ck = loads_json(f.read_text())["entry"].get("checkpoint")
             graces.append(float(ck["grace_seconds"]) if ck and ck.get("grace_seconds") is not None else DEFAULT_GRACE_S)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -219,7 +219,7 @@ class SimCloud:
             end = tail.rfind(b"\n") + 1  # a line cut short by a killed process is not a call that happened
             for n, line in enumerate(tail[:end].splitlines()):
                 try:
-                    entry = json.loads(line)
+                    entry = loads_json(line)
                     if not isinstance(entry, dict) or not all(isinstance(entry.get(k, {}), dict) for k in (*_TRACKED, "top")):
                         raise ValueError("not a journal entry")
                     changed = entry.get("instances", {})
@@ -256,7 +256,7 @@ class SimCloud:
                 f"delete {self.dir} to start an empty simulated cloud (every simulated instance is then gone, and the next "
                 "apply creates the fleet again).")
         try:
-            first = json.loads(head) if head.endswith(b"\n") else None
+            first = loads_json(head) if head.endswith(b"\n") else None
         except ValueError:
             first = None
         if first == {"journal": token}:
@@ -275,7 +275,7 @@ class SimCloud:
         with self._io(self.journal, "read"), open(self.journal, "rb") as f:
             lines = f.read().split(b"\n")[:-1]  # whole lines only (a cut last line is not a call)
         try:
-            first = json.loads(lines[0]) if lines else None
+            first = loads_json(lines[0]) if lines else None
         except ValueError:
             first = None  # garbled: replaying it names the line
         if not isinstance(first, dict):
@@ -336,7 +336,7 @@ class SimCloud:
         if len(raw) > MAX_SNAPSHOT_BYTES:
             raise self._corrupt(self.path, f"it is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB, which no sim writes")
         try:
-            data = json.loads(raw)
+            data = loads_json(raw)
         except ValueError as e:
             raise self._corrupt(self.path, f"not valid JSON ({e})") from None
         shapes = {"instances": dict, "keys": dict, "next_id": int, "faults": dict}
@@ -440,7 +440,7 @@ class SimCloud:
     def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
         """The config dir and state URL the instance's agent was started with (start_agent), or None."""
         try:
-            doc = json.loads((self.agent_dir(instance_id) / "target.json").read_text())
+            doc = loads_json((self.agent_dir(instance_id) / "target.json").read_text())
             return Path(doc["config_dir"]), doc.get("state_url")
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -33,6 +33,7 @@ from reconciler.atomicfile import copy_atomic, write_atomic
 from reconciler.errors import CorruptBusObjectError, DiskFullError, LockError, ReconcileError, disk_full
 from providers.redact import redact
 from providers.placements import SERIAL_MAX
+from providers.files import loads_json
 from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
                               state_to_json, utcnow)
 
@@ -142,7 +143,7 @@ def read_started(backend: "StateBackend", state: State, where: str) -> State:
     if body is None:
         return state
     try:
-        serial = json.loads(body).get("serial")
+        serial = loads_json(body).get("serial")
     except (ValueError, AttributeError):
         serial = None
     if type(serial) is not int or not 0 <= serial <= SERIAL_MAX:
@@ -256,6 +257,9 @@ class LocalBackend:
         root = self.config_dir / ".reconcile"
         base = root / check_key(prefix.rstrip("/"))
         if not base.is_dir():
+            if os.path.lexists(base):  # (listed as no objects, apply created instances, then failed to write an assignment)
+                raise ReconcileError(f"local bus: {base} is not a directory. Nothing was changed. Move it away (its objects' "
+                                     "writers write them again), or restore the directory from a backup")
             return []
         # An object's name with something else there is listed too, for its reader to refuse: left out, a directory at
         # assignments/<instance>.json was no assignment, and apply created instances before it failed to write one.

@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
-from providers.files import NotRegularFile, read_regular
+from providers.files import NotRegularFile, loads_json, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
@@ -800,7 +800,7 @@ class _ParseCache:
     def get(self, key: str, rel: str) -> list[_Parsed] | None:
         try:
             head, _, text = read_cache(self.dir / f"{key}.json").partition(b"\n")
-            entry = json.loads(head)
+            entry = loads_json(head)
             if set(entry) != {"key", "seal"} or entry["key"] != key or not sealed(key.encode() + b"\n" + text, entry["seal"]):
                 return None  # torn, edited, or not written by this machine (reconciler/localkey.py)
             return [_Parsed(rel, line, body, pending=lines) for line, body, lines in json.loads(text)]

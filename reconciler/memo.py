@@ -45,6 +45,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from providers.files import loads_json
 from reconciler.atomicfile import write_atomic
 from reconciler.deadlines import conditions, ranks, start_by
 from reconciler.localkey import read_cache, seal, sealed
@@ -236,7 +237,7 @@ def read(config_dir: Path, key: str, desired: DesiredState, observed: "Observed"
     fleet (its digests, kept beside it under the seal)."""
     try:
         head, _, text = read_cache(Path(config_dir) / MEMO_FILE).partition(b"\n")
-        entry = json.loads(head)
+        entry = loads_json(head)
         tag = entry.pop("seal")
         if set(entry) != {"key", "seconds", *_PLAN_OF} or entry["key"] != key \
                 or not sealed(_head(key, entry["seconds"], {k: entry[k] for k in _PLAN_OF}) + b"\n" + text, tag):
@@ -281,7 +282,7 @@ def read_render(config_dir: Path, key: str, variant: str) -> str | None:
     """How the memo's plan was printed last in `variant` (format, colour, --out path), if that was for this key.
     Rendering a 5,000-job plan with rich takes 0.2 s of CPU; the text is a function of the plan and those alone."""
     try:
-        entry = json.loads(read_cache(Path(config_dir) / RENDER_FILE))
+        entry = loads_json(read_cache(Path(config_dir) / RENDER_FILE))
         text = entry["text"]
         if set(entry) != {"key", "variant", "text", "seal"} or (entry["key"], entry["variant"]) != (key, variant) \
                 or not sealed(_render_body(key, variant, text), entry["seal"]):

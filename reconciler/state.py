@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from providers.files import read_regular
+from providers.files import loads_json, read_regular
 from providers.placements import SERIAL_MAX
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import LockError, ReconcileError
@@ -290,8 +290,8 @@ def _state_problem(raw) -> str | None:
 def state_from_json(text: str | bytes, where: str = "state") -> State:
     """Parse a state document; StateFileError (naming `where`) if it is not one."""
     try:
-        raw = json.loads(text)
-    except ValueError as e:  # also UnicodeDecodeError
+        raw = loads_json(text)
+    except ValueError as e:  # also UnicodeDecodeError, a nest too deep, half a surrogate pair
         raise StateFileError(where, f"not valid JSON ({'empty' if not text.strip() else e})") from None
     newer = _newer_problem(raw)
     if newer:
@@ -331,7 +331,7 @@ def lock_holder(body: bytes) -> dict:
     """The holder a lock's bytes name. An empty or garbled lock (a write cut short, a hand edit) names
     none: it gets an id made of its digest, so `reconcile unlock <that id>` breaks exactly that lock."""
     try:
-        h = json.loads(body)
+        h = loads_json(body)
     except ValueError:
         h = None
     if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"] and ("pid" not in h or _is_pid(h["pid"])):
@@ -397,7 +397,11 @@ class ApplyLock:
                          f"if no apply is running, run `reconcile unlock {h['id']}`" + (" (or remove the file)" if "garbled" in h else ""))
 
     def __enter__(self) -> "ApplyLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # (an "unexpected FileExistsError")
+            raise LockError(f"{self.path.parent} is not a directory: the reconciler keeps its state and lock there. "
+                            "Nothing was changed. Move it away, or restore the directory from a backup") from None
         body = json.dumps({"id": self.id, "pid": os.getpid(), "host": socket.gethostname(), "since": utcnow().isoformat()}).encode()
         mine = self.path.with_name(f".apply.lock.{self.id}")
         fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)

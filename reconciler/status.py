@@ -22,7 +22,7 @@ from reconciler.ledger import license_charge, replica_charge, reservation_cost
 from reconciler.model import API_VERSION, NAME_PATTERN, DesiredState
 from reconciler.plan import Plan
 from reconciler.state import utcnow
-from reconciler.statusfiles import StatusFiles, has_alias, parse_yaml
+from reconciler.statusfiles import StatusFiles, has_alias, has_non_finite, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,8 @@ def _status_problem(kind: str, doc) -> str | None:
     """What `reconcile status` needs from a status file and this one lacks, if anything."""
     if has_alias(doc):
         return "it holds a YAML alias (a value named twice: &anchor ... *anchor), which apply never writes"
+    if has_non_finite(doc):
+        return "it holds .nan or .inf, a number apply never writes"
     body = doc.get("status") if isinstance(doc, dict) else None
     if not isinstance(body, dict):
         return "it is not a status document (no status mapping)"

@@ -3,6 +3,7 @@ the planner: identity.py reads status/fleet.yaml on a plan the memo answers)."""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -169,6 +170,19 @@ class StatusFiles:
         except yaml.YAMLError:
             return {}
         return doc if isinstance(doc, dict) and not has_alias(doc) else {}
+
+
+def has_non_finite(doc) -> bool:
+    """Whether a parsed status file (without aliases: has_alias first) holds .nan or .inf. Apply writes none; `status`
+    showed "$nan/h", and `status --format json` printed NaN, which is no JSON."""
+    todo = [doc]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+        if isinstance(v, (dict, list)):
+            todo.extend(v.values() if isinstance(v, dict) else v)
+    return False
 
 
 def has_alias(doc) -> bool:

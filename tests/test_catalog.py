@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.catalog import load_catalog, parse_catalog, shipped_catalog_text
+from providers.catalog import CATALOG_FORMAT, load_catalog, parse_catalog, shipped_catalog_text
 from reconciler.errors import ReconcileError
 from tests.conftest import AWS_ENV
 from tests.fleetkit import copy_quickstart, job, pool, tenant, topology, write_config
@@ -190,6 +190,18 @@ def test_a_pinned_catalogs_numbers_are_range_checked_naming_the_entry_and_field(
     with pytest.raises(ReconcileError) as e:
         parse_catalog(raw, "pinned/catalog.json")
     assert str(e.value).startswith("pinned/catalog.json: not a fleetops price catalog: ") and says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("fmt", [3, 1, "2", None])
+def test_a_pinned_catalog_of_another_format_is_refused_not_misread(fmt):
+    """Attacks s34: the format was never read, so a catalog written by a newer fleetops (or an older one's, before
+    per-region prices) was planned from as if it meant what this one's fields mean."""
+    raw = json.loads(shipped_catalog_text())
+    raw["format"] = fmt
+    with pytest.raises(ReconcileError) as e:
+        parse_catalog(raw, "pinned/catalog.json")
+    assert str(e.value).startswith(f"pinned/catalog.json: not a fleetops price catalog: its format is {json.dumps(fmt)}, "
+                                   f"not {CATALOG_FORMAT} (the format this fleetops reads)"), str(e.value)
 
 
 def test_the_shipped_catalog_is_within_the_bounds_and_a_plan_with_a_negative_price_changes_nothing(tmp_path):

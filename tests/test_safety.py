@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -448,6 +449,28 @@ CORRUPT = [
     ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
      "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    # JSON nested deeper than the decoder recurses, and a \ud800 escape (half a UTF-16 pair, no text): each was an
+    # "unexpected RecursionError / UnicodeEncodeError", a bug paragraph naming no file, from the state, the sim's snapshot
+    # and journal, the lock and a pinned catalog (attacks s34).
+    ("state nested too deep", lambda c: _state(c).write_text("[" * 100_000), "plan",
+     [_STATE + "not valid JSON (nested too deep to be read)", "move it aside"]),
+    ("state a lone surrogate", lambda c: _state(c).write_text(_state(c).read_text().replace('"finetune-a"', '"finetune-\\ud800"', 1)),
+     "plan", [_STATE + "not valid JSON (a string holds \\ud800, half of a UTF-16 surrogate pair)", "move it aside"]),
+    ("sim snapshot nested too deep", lambda c: (c / ".reconcile/sim/cloud.json").write_text("[" * 100_000), "plan",
+     [_SIM + "not valid JSON (nested too deep to be read)", "delete"]),
+    ("sim journal entry nested too deep", lambda c: (c / ".reconcile/sim/cloud.journal").open("a").write("[" * 100_000 + "\n"), "plan",
+     ["sim/cloud.journal: the simulated cloud's record is corrupt: entry", "nested too deep to be read"]),
+    ("lock nested too deep", lambda c: (c / ".reconcile/apply.lock").write_text("[" * 100_000), "apply",
+     ["the lock is garbled (not a lock this tool wrote)", "reconcile unlock garbled-"]),
+    # A file where the reconciler's directories belong: `.reconcile` was an "unexpected FileExistsError" from apply's lock;
+    # `.reconcile/assignments` was listed as no assignments, and apply created an instance before it failed to write its
+    # assignment there (attacks s34).
+    (".reconcile (state and sim) a file", lambda c: (shutil.rmtree(c / ".reconcile"), (c / ".reconcile").write_text("x")), "apply",
+     [".reconcile is not a directory", "Nothing was changed"]),
+    ("assignments a file", lambda c: (shutil.rmtree(c / ".reconcile/assignments"), (c / ".reconcile/assignments").write_text("x")),
+     "apply", [".reconcile/assignments is not a directory", "Nothing was changed"]),
+    ("pinned catalog nested too deep", lambda c: (c / "catalog.json").write_text("[" * 100_000), "plan",
+     ["catalog.json: cannot read the pinned price catalog: not valid JSON (nested too deep to be read)"]),
     # A fifo at its name hung plan and apply for ever (it was read as a file); a time without a zone was an "unexpected
     # TypeError" (compared with the clock's aware time), a bug paragraph naming no file (audit).
     ("state a fifo", lambda c: (_state(c).unlink(), os.mkfifo(_state(c))), "plan",
@@ -497,6 +520,13 @@ CORRUPT = [
     ("status file an alias of itself", _status_with("spec: {extra: &r [*r]}\n"), "status",
      ["finetune-a.yaml: cannot read this status file: it holds a YAML alias"]),
     # A name apply never gives a status file: one with a newline printed a line of its own in `reconcile status` (audit).
+    # A number that is no number (apply writes none): `status` showed "$nan/h", and `status --format json` printed NaN,
+    # which is no JSON (attacks s34).
+    ("status/fleet.yaml cost .nan", lambda c: (c / "status/fleet.yaml").write_text(
+        re.sub(r"hourlyCost: [0-9.]+", "hourlyCost: .nan", (c / "status/fleet.yaml").read_text(), count=1)), "status",
+     ["fleet.yaml: cannot read this status file: it holds .nan or .inf", "run apply again"]),
+    ("status file an infinite number", _status_with("spec: {extra: [-.inf]}\n"), "status",
+     ["finetune-a.yaml: cannot read this status file: it holds .nan or .inf"]),
     ("status file of no job's name", lambda c: shutil.copy(c / "status/jobs/finetune-a.yaml", c / "status/jobs/x\nfleet ok.yaml"),
      "status", ["status/jobs/x\\nfleet ok.yaml: cannot read this status file: its name is no job's (apply writes", "run apply again"]),
     ("status file a string named twice", _status_with("spec: {extra: [&s " + "x" * 1000 + ", *s]}\n"), "status",

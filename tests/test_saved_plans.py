@@ -847,9 +847,11 @@ def _redigested(change):
     (_redigested(lambda raw: raw.update(id='a"b\ncd')), 'id: "a\\"b\\ncd" is not a plan id'),
     (_redigested(lambda raw: raw.update(id="a" * 5000)), "is not a plan id (12 hex digits"),
     (_redigested(lambda raw: raw.update(id=raw["id"].upper())), "is not a plan id (12 hex digits"),
+    # A field no version writes was read past, while one inside an action was refused (attacks s34).
+    (_redigested(lambda raw: raw.update(evict_all=True)), "unknown field 'evict_all' (no fleetops writes it"),
 ], ids=["list", "string", "deep list", "deep in an object", "tiers a string", "solver empty", "tier proven a string", "scope short",
         "solver unknown field", "consolidation short", "notes a string", "id with a space", "id with a quote and newline",
-        "id 5000 chars", "id upper case"])
+        "id 5000 chars", "id upper case", "unknown top-level field"])
 def test_a_malformed_plan_file_is_one_clear_error_and_changes_nothing(applied, corrupt, needle):
     """Audit: `[]` or `"x"` gave "unexpected AttributeError", 100,000 `[` "unexpected RecursionError"; with the body digest
     recomputed (anyone can), `solver.tiers: "x"` an AttributeError and `solver: {}` SolverReport's missing arguments; and
@@ -862,6 +864,16 @@ def test_a_malformed_plan_file_is_one_clear_error_and_changes_nothing(applied, c
     corrupt(out)
     _refused(_apply(cfg, out), f"cannot read plan {out}: ", needle)
     assert _live(cfg) == before
+
+
+def test_a_plan_files_fields_are_the_plans():
+    """The fields read_body takes are the ones `reconcile plan` writes: one added to Plan is not refused as unknown."""
+    from dataclasses import fields
+
+    from reconciler.plan import Plan
+    from reconciler.plan.file import PLAN_FIELDS
+
+    assert sorted(PLAN_FIELDS) == sorted(f.name for f in fields(Plan))
 
 
 def test_a_plan_handed_to_the_api_with_an_id_plan_does_not_make_is_refused(applied):

@@ -95,7 +95,15 @@ _JOB_ACTIONS = ("keep", "place", "move", "evict", "pending")
 RUN_CHANGES = ("restarts", "starts", "stops")  # RestartedJob.change
 
 
+# Every field a plan file holds (the Plan's fields: tests/test_saved_plans.py checks they agree).
+PLAN_FIELDS = ("id", "fleet", "desired_digest", "observed_digest", "creates", "deletes", "jobs", "cost_before", "cost_after",
+               "solver", "violations", "format", "kept", "consolidation", "notes", "ballast", "rules", "removed", "restarted")
+
+
 def _check_shape(raw: dict) -> None:
+    unknown = sorted(set(raw) - set(PLAN_FIELDS))
+    if unknown:  # (read past, as the fields inside an action are not)
+        raise TypeError(f"unknown field {unknown[0][:40]!r} (no fleetops writes it in a plan of format {PLAN_FORMAT})")
     for name in ("id", "fleet", "desired_digest", "observed_digest"):
         _expect(raw.get(name), _STR, name)
     if not is_plan_id(raw["id"]):
