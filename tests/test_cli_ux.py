@@ -106,17 +106,30 @@ def _read_until(fd, pattern: str, timeout: float = 120) -> str:
     return seen
 
 
+# `reconcile ARGS` with SIGINT's and SIGTERM's default disposition, as a terminal's foreground command has them: a
+# shell script that starts pytest in the background (`pytest ... &`) has both SIGINT and SIGQUIT ignored, every child
+# inherits that, and a SIGINT then never reached `logs --follow` (the tier hung 35 minutes on 2026-12-03).
+_DEFAULT_SIGNALS = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\nos.execv(sys.argv[1], sys.argv[1:])\n")
+
+
 def _ctrl_c(args: list[str], after: str, signum: int = signal.SIGINT) -> str:
     """Run `reconcile ARGS`, send it a real SIGINT (or `signum`) once it printed `after`; its output (it must exit 128 +
-    the signal: 130 for SIGINT)."""
+    the signal: 130 for SIGINT). One that does not end within 120 s of the signal fails the test, never hangs it."""
     read, write = os.pipe()
-    proc = subprocess.Popen([RECONCILE, *args], stdout=write, stderr=write, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen([sys.executable, "-c", _DEFAULT_SIGNALS, RECONCILE, *args], stdout=write, stderr=write,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     os.close(write)
     try:
         seen = _read_until(read, after)
         proc.send_signal(signum)
-        while chunk := os.read(read, 65536):
-            seen += chunk.decode(errors="replace")
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline, f"still running 120 s after signal {signum}:\n{seen}"
+            if select.select([read], [], [], 1.0)[0]:
+                if not (chunk := os.read(read, 65536)):
+                    break
+                seen += chunk.decode(errors="replace")
         assert proc.wait(timeout=120) == 128 + signum, seen
     finally:
         if proc.poll() is None:

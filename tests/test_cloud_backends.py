@@ -25,7 +25,7 @@ from reconciler.runtime.bus import Bus
 from reconciler.state import State, state_dir, state_to_json
 from tests.fleetkit import copy_quickstart
 from tests.test_runtime_bus import _round_trip
-from tests.test_safety import assert_clean_error, assert_renewed_while_held_and_lost_lease_noticed, cli
+from tests.test_safety import assert_clean_error, assert_renewed_while_held_and_lost_lease_noticed, cli, cli_here
 
 
 @dataclass
@@ -188,7 +188,7 @@ def test_two_concurrent_applies_exactly_one_proceeds(store, tmp_path):
 @pytest.fixture(scope="module")
 def applied_once(tmp_path_factory):
     cfg = copy_quickstart(tmp_path_factory.mktemp("applied"))
-    assert cli("apply", cfg, "--auto-approve").returncode == 0
+    assert cli_here("apply", cfg, "--auto-approve").returncode == 0
     return cfg
 
 
@@ -196,7 +196,7 @@ def test_garbled_state_and_lock_objects_are_clear_errors(store, applied_once, tm
     cfg = tmp_path / "cfg"
     shutil.copytree(applied_once, cfg)
     store.put("fleet/state.json", b'{"placements": [1, 2')
-    assert_clean_error(cli("apply", cfg, "--auto-approve", "--state", store.url, env=store.env),
+    assert_clean_error(cli_here("apply", cfg, "--auto-approve", "--state", store.url, env=store.env),
                        f"{store.url}/state.json: cannot read the reconciler's state: not valid JSON", "move it aside")
     store.put("fleet/state.json", b'{"placements": {"train": "i-1"}}')
     with pytest.raises(ReconcileError, match=f"{store.url}/state.json: cannot read the reconciler's state: placements is not a map"):
@@ -204,7 +204,7 @@ def test_garbled_state_and_lock_objects_are_clear_errors(store, applied_once, tm
     store.put("fleet/state.json", state_to_json(State()).encode())
 
     store.put("fleet/lock.json", b"\x00not json")
-    res = cli("apply", cfg, "--auto-approve", "--state", store.url, env=store.env)
+    res = cli_here("apply", cfg, "--auto-approve", "--state", store.url, env=store.env)
     assert_clean_error(res, f"another apply holds the lock {store.url}/lock.json: nobody: the lock is garbled", "reconcile unlock garbled-")
     lock_id = res.stderr.split("reconcile unlock ")[1].split()[0].rstrip("`")
     with pytest.raises(LockError, match=f"held by {lock_id}, not garbled-00000000"):

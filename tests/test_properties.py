@@ -356,7 +356,10 @@ def _on_demand(jc, plan, observed) -> bool:
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@settings(max_examples=200, derandomize=True, database=None, **SETTINGS)  # the same fleets every run (CI; the slow tier draws 2,000 new; 320 -> 240 -> 200 for the CI tier's 10 minutes: 621 s on 2026-12-02)
+# The same fleets every run (CI; the slow tier draws 2,000 new, of up to 14 jobs and 8 instances: these and larger).
+# 320 -> 240 -> 200 for the CI tier's 10 minutes (621 s on 2026-12-02); 200 -> 120 on 2026-12-03 (15.1 s of CPU, the tier's
+# heaviest test).
+@settings(max_examples=120, derandomize=True, database=None, **SETTINGS)
 @given(fleet=fleets())
 def test_solver_answer_keeps_every_rule(fleet):
     """Every rule holds on CP-SAT's plan and greedy's, and CP-SAT ranks no worse than greedy."""
@@ -437,12 +440,24 @@ def _violated(model) -> list[str]:
     return out
 
 
-@settings(max_examples=150, derandomize=True, database=None, **SETTINGS)
+# (the same 100 fleets every run in CI: 150 -> 100 on 2026-12-03, 7.2 s of CPU; the slow tier draws 1,000 new below)
+@settings(max_examples=100, derandomize=True, database=None, **SETTINGS)
 @given(fleet=fleets(max_jobs=10, max_instances=6))
 def test_the_greedy_warm_start_is_a_solution_of_the_model(fleet):
     """CP-SAT starts from greedy's answer; where the model cannot express it (a host greedy fills
     after moving a broken gang away had no variable), the warm start is lost, every tier is
     searched from nothing and a 5k-job drift plan fell back to greedy after the whole time limit."""
+    _assert_greedy_warm_start_fits_the_model(fleet)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, **SETTINGS)  # new fleets every run
+@given(fleet=fleets(max_jobs=10, max_instances=6))
+def test_the_greedy_warm_start_is_a_solution_of_the_model_on_new_fleets(fleet):
+    _assert_greedy_warm_start_fits_the_model(fleet)
+
+
+def _assert_greedy_warm_start_fits_the_model(fleet) -> None:
     from reconciler.greedy import greedy
     from reconciler.solve.model import Model
 
