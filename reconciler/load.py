@@ -1279,6 +1279,7 @@ def _check_plannable(f: _Fleet) -> None:
     g = guard.spec if guard is not None else GuardrailPolicySpec()
     frac = spot.spec.max_price_fraction if spot is not None else SpotPolicySpec().max_price_fraction
     floor, spend = 0.0, 0  # USD/h of every pool's minimum, at its cheapest offer (and as the budget counts it: micro)
+    on_demand_spend: float = 0  # micro-USD/h of every pool's minimum on-demand (inf: a spot-only pool's)
     for _, (doc, pool) in sorted(by_kind["Pool"].items()):
         s = pool.spec
         if s.cloud not in catalog.regions or s.min_instances == 0:
@@ -1306,13 +1307,104 @@ def _check_plannable(f: _Fleet) -> None:
             continue
         floor += s.min_instances * min(prices)
         spend += s.min_instances * micro(min(prices))
+        od = [o.on_demand_price for z in s.zones for t in s.instance_types if (o := catalog.offering(s.cloud, s.region, z, t)) is not None]
+        on_demand_spend += s.min_instances * micro(min(od)) if od and "on-demand" in s.markets() else math.inf
     if not budget_ok(spend, g.max_hourly_budget) and guard is not None:
         gdoc = by_kind["GuardrailPolicy"][guard.name][0]
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
                                 f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
+    # (minimums the budget holds on-demand keep every spot rule: the bound below, a linear program, is asked only where
+    # spot must help; validate imports no solver otherwise)
+    elif guard is not None and g.max_hourly_budget is not None and not budget_ok(on_demand_spend, g.max_hourly_budget) \
+            and not f.invalid.get("Pool") and spot is not None \
+            and (spot.spec.max_spot_fraction < 1 or spot.spec.on_demand_buffer_percent > 0 or _spread(spot.spec) > 1):
+        least = _minimums_least_cost(by_kind, g, spot.spec, catalog)
+        if least is not None and math.isfinite(least) and not budget_ok(micro(least), g.max_hourly_budget):
+            gdoc = by_kind["GuardrailPolicy"][guard.name][0]
+            rules = [f"max_spot_fraction {spot.spec.max_spot_fraction:g}"] * (spot.spec.max_spot_fraction < 1) + \
+                [f"on_demand_buffer_percent {spot.spec.on_demand_buffer_percent:g}"] * (spot.spec.on_demand_buffer_percent > 0) + \
+                [f"min_zones {spot.spec.min_zones} and min_instance_types {spot.spec.min_instance_types}"] * (_spread(spot.spec) > 1)
+            diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
+                                    f"the pools' min_instances cost ${floor:,.2f}/h at their cheapest offers, spot among them; under "
+                                    f"SpotPolicy/{spot.name} {', '.join(rules)} they cost at least ${least:,.2f}/h at catalog prices, "
+                                    f"over max_hourly_budget ${g.max_hourly_budget:,.2f}/h (every plan would break one of these rules)"))
     if spot is not None and spot.spec.max_spot_fraction < 1 and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
         _check_spot_minimums(by_kind, g, spot, catalog, diags)
+
+
+def _minimums_least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog) -> float | None:
+    """A lower bound on what a fleet costs per hour that meets every pool's min_instances within max_instances, under
+    the spot share and the on-demand buffer (every instance of such a fleet idle at most), at catalog prices and with
+    reserved capacity at $0: the linear relaxation, instances counted fractionally (fleet127: a minimum the budget holds
+    only on spot, where spot alone breaks the share). Spot diversity splits it in two: no spot, or at least
+    max(min_zones, min_instance_types) spot instances (fleet128). None: no bound (a pool of a plugin's cloud, priced at
+    plan time)."""
+    spread = _spread(sp)
+    bounds = [_least_cost_lp(by_kind, g, sp, catalog, spot_at_least) for spot_at_least in ((None, spread) if spread > 1 else (0,))]
+    return None if any(b is None for b in bounds) else min(bounds)
+
+
+def _spread(sp: SpotPolicySpec) -> int:
+    """The fewest spot instances spot diversity takes once any spot runs."""
+    return max(sp.min_zones, sp.min_instance_types)
+
+
+def _least_cost_lp(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog, spot_at_least: int | None) -> float | None:
+    """_minimums_least_cost's relaxation with at least `spot_at_least` spot instances (None: no spot); math.inf where no
+    such fleet exists."""
+    from ortools.linear_solver import pywraplp
+
+    pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
+    if any(p.spec.cloud not in catalog.regions for p in pools):
+        return None
+    pools = [p for p in pools if (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds)
+             and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
+    shapes = [sh for p in pools for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None]
+    _, prim = spot_units(shapes)
+    lp = pywraplp.Solver.CreateSolver("GLOP")
+    cost, spot, every, per_pool, reserved = [], [], [], {}, {}
+    for p in pools:
+        s = p.spec
+        for z in s.zones:
+            for t in s.instance_types:
+                o, sh = catalog.offering(s.cloud, s.region, z, t), catalog.shape(s.cloud, t)
+                if o is None or sh is None:
+                    continue
+                for m in s.markets():
+                    if m == "spot" and (o.spot_price is None or o.spot_price > sp.max_price_fraction * o.on_demand_price + 1e-9):
+                        continue
+                    x = lp.NumVar(0, s.max_instances, "")
+                    per_pool.setdefault(p.name, []).append(x)
+                    cost.append((o.spot_price if m == "spot" else o.on_demand_price, x))
+                    (spot if m == "spot" else every).append((prim(sh), x))
+    for _, (_, r) in sorted(by_kind["Reservation"].items()):
+        s = r.spec
+        sh = catalog.shape(s.cloud, s.instance_type)
+        for p in reservation_pools(s, pools) if sh is not None else ():
+            x = lp.NumVar(0, s.count, "")
+            per_pool.setdefault(p.name, []).append(x)
+            reserved.setdefault(r.name, []).append(x)
+            every.append((prim(sh), x))
+    for p in pools:
+        xs = per_pool.get(p.name, [])
+        lp.Add(lp.Sum(xs) >= p.spec.min_instances)
+        lp.Add(lp.Sum(xs) <= p.spec.max_instances)
+    for name, xs in reserved.items():
+        lp.Add(lp.Sum(xs) <= by_kind["Reservation"][name][1].spec.count)
+    on_spot, on_demand = lp.Sum([u * x for u, x in spot]), lp.Sum([u * x for u, x in every])
+    lp.Add(on_spot <= sp.max_spot_fraction * (on_spot + on_demand))
+    lp.Add(100 * on_demand >= sp.on_demand_buffer_percent * on_spot)
+    spot_count = lp.Sum([x for _, x in spot])
+    if spot_at_least is None:
+        lp.Add(spot_count <= 0)
+    else:
+        lp.Add(spot_count >= spot_at_least)
+    lp.Minimize(lp.Sum([c * x for c, x in cost]))
+    status = lp.Solve()
+    if status == pywraplp.Solver.INFEASIBLE:
+        return math.inf
+    return lp.Objective().Value() if status == pywraplp.Solver.OPTIMAL else None
 
 
 def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:

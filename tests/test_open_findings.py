@@ -232,7 +232,12 @@ told to make it a plain test).
   fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
   in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
   called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
-  tiers claimed proven (its test)."""
+  tiers claimed proven (its test).
+  fleet127, fleet128 (the h7 hunt, 2026-12-03, random fleets with pool minimums under lowered budgets; on main too): a
+  pool minimum the budget holds only on spot, where the spot share (fleet127) or spot diversity (fleet128) refuses
+  spot alone: no plan keeps every rule, the model was infeasible and greedy's plan deleted the instance that met the
+  minimum, which `apply --plan` refused. Load refuses such a config now, with a bound on what the minimums cost under
+  the spot rules (its tests)."""
 
 from __future__ import annotations
 
@@ -2635,3 +2640,35 @@ def test_the_refusal_names_greedys_unlawful_stops_beside_the_first_plans_on_flee
     with pytest.raises(SolverError) as e:
         api._lawful(observed, problem, _stopping(gplan, "j1"), gsol, lambda: (gsol, _stopping(gplan, "j3")))
     assert "job j1: evicted" in str(e.value) and "greedy best-fit's plan would stop:\n  - job j3: evicted" in str(e.value), str(e.value)
+
+
+def test_pool_minimums_the_budget_holds_only_on_spot_past_the_spot_share_are_refused_at_load_on_fleet127(tmp_path):
+    """fleet127 (the h7 hunt, 2026-12-03; on main too): Pool/az (an A100-80GB `either` pool, min_instances 1) runs one
+    spot instance; max_hourly_budget $0.89/h holds its spot price ($0.44/h) but not its on-demand one ($3.67/h), and
+    max_spot_fraction 0.25 refuses a fleet of spot alone. No fleet keeps all three, and validate said ok (the minimum's
+    cheapest offer is under the budget; the pool is not spot-only). The model was infeasible, greedy's plan (emitted
+    as "could not complete greedy's answer within its work limit") deleted i0, breaking the minimum the fleet meets
+    now, and `apply --plan` refused it. Load refuses such a config now, naming the budget, the share and the least
+    the minimums cost under it (a lower bound: each pool's offers counted fractionally)."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+    from reconciler.errors import ConfigError
+    from tests.fleetkit import write_config
+
+    with pytest.raises(ConfigError, match=r"max_hourly_budget.*min_instances.*max_spot_fraction 0.25.*at least \$2\.8"):
+        solve_both(fleet("fleet127"), time_limit=2)
+    out = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "cfg", fleet("fleet127").docs))])
+    assert out.exit_code == 1 and "fleet.yaml:" in out.output and "spec.max_hourly_budget" in out.output, out.output
+
+
+def test_a_pool_minimum_the_budget_holds_only_on_spot_spot_diversity_refuses_is_refused_at_load_on_fleet128():
+    """fleet128 (the h7 hunt, 2026-12-03, reduced from a random fleet; on main too): Pool/aws-cpu (one zone, `either`,
+    min_instances 1) runs a spot m6i.4xlarge ($0.29/h); max_hourly_budget $0.35/h holds it but not an on-demand one
+    ($0.77/h), and the SpotPolicy's min_zones 2 refuses spot in one zone (two spot instances cost $0.58/h). As fleet127:
+    the model was infeasible, greedy's plan deleted i0 under the minimum the fleet meets, and `apply --plan` refused
+    it. Load's bound on the minimums' cost splits on spot diversity (no spot, or as many spot instances as it asks)."""
+    from reconciler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"min_zones 2.*at least \$0\.58/h.*max_hourly_budget \$0\.35/h"):
+        solve_both(fleet("fleet128"), time_limit=2)
