@@ -1026,7 +1026,7 @@ def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) 
     od_first = False
     if contested:
         c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
-        if c is not None and _ranks_above(c, a):
+        if c is not None and ranks_above(problem, c, a):
             a, od_first = c, True
     if movable:
         m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
@@ -1035,14 +1035,29 @@ def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) 
     sp = problem.spot
     if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
         b, _, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
-        if b is not None and _ranks_above(b, a):
+        if b is not None and ranks_above(problem, b, a):
             return b
     return a
 
 
-def _ranks_above(b: Assignment, a: Assignment) -> bool:
-    """(work, -cost), as strategy.warm_start compares greedy's answers (a hair of cost: rounding)."""
-    return (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost))
+def ranks_above(p: Problem, b: Assignment, a: Assignment, ties: bool = False) -> bool:
+    """(pool minimums met, work, -cost), as greedy's answers are compared (a hair of cost: rounding); `ties`: b ranked
+    the same counts too. The minimums first: a hard rule, which the spot-first pass alone met under an on-demand buffer
+    (greedy restrains spot elsewhere), and the cheaper answer that broke it won (fleet129)."""
+    key_b, key_a = (-pools_short(p, b), b.work), (-pools_short(p, a), a.work)
+    if key_b != key_a:
+        return key_b > key_a
+    return -b.cost >= -a.cost - 1e-9 * max(1.0, a.cost) if ties else -b.cost > -a.cost + 1e-9 * max(1.0, a.cost)
+
+
+def pools_short(p: Problem, a: Assignment) -> int:
+    """Instances the answer leaves its pools short of their min_instances."""
+    pool_of = {c.key: c.pool for c in p.capacities}
+    count: dict[str, int] = {}
+    for k, n in a.use.items():
+        if n and k in pool_of:
+            count[pool_of[k]] = count.get(pool_of[k], 0) + n
+    return sum(max(0, lo - count.get(pool, 0)) for pool, (lo, _) in p.pool_bounds.items())
 
 
 def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bool:
@@ -1061,6 +1076,8 @@ def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bo
             work[d.klass] += d.weight * x.placed[d.key]
         return (*((kept[c], work[c]) for c in classes), -_model_cost(p, x))
 
+    if pools_short(p, b) != pools_short(p, a):
+        return pools_short(p, b) < pools_short(p, a)  # (a hard rule first, as ranks_above)
     if any(_running_kept(d, b) < _running_kept(d, a) for d in p.demands if d.running_jobs):
         return False
     rb, ra = rank(b), rank(a)
