@@ -1331,6 +1331,43 @@ def _check_plannable(f: _Fleet) -> None:
                                     f"over max_hourly_budget ${g.max_hourly_budget:,.2f}/h (every plan would break one of these rules)"))
     if spot is not None and spot.spec.max_spot_fraction < 1 and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
         _check_spot_minimums(by_kind, g, spot, catalog, diags)
+    if spot is not None and _spread(spot.spec) > 1 and not f.invalid.get("Pool"):
+        _check_spot_diversity_minimums(by_kind, g, spot, catalog, diags)
+
+
+def _check_spot_diversity_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:
+    """Spot-only pool minimums (so spot runs) where spot can never span min_zones zones or min_instance_types types: the
+    spot offers (under max_price_fraction, in allowed clouds and regions) have fewer, or the pools that buy spot hold
+    fewer instances at max_instances (the h7 hunt: a spot-only pool at max 1 under min_zones 2; the plan left it empty,
+    tests/test_load.py)."""
+    pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
+    if any(p.spec.cloud not in catalog.regions for p in pools):
+        return  # (a plugin's cloud is priced at plan time)
+    pools = [p for p in pools if (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds)
+             and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
+    forced = [p.name for p in pools if p.spec.min_instances > 0 and p.spec.markets() == ("spot",)]
+    if not forced:
+        return
+    sp = spot.spec
+    zones, types, most = set(), set(), 0
+    for p in pools:
+        s = p.spec
+        offers = [(z, t) for z in s.zones for t in s.instance_types if "spot" in s.markets()
+                  and (o := catalog.offering(s.cloud, s.region, z, t)) is not None and o.spot_price is not None
+                  and o.spot_price <= sp.max_price_fraction * o.on_demand_price + 1e-9]
+        zones |= {(s.cloud, z) for z, _ in offers}
+        types |= {(s.cloud, t) for _, t in offers}
+        most += s.max_instances if offers else 0
+    field, need, have, what = max((("min_zones", sp.min_zones, min(len(zones), most), "zones"),
+                                   ("min_instance_types", sp.min_instance_types, min(len(types), most), "instance types")),
+                                  key=lambda c: c[1] - c[2])
+    if have < need:
+        sdoc = by_kind["SpotPolicy"][spot.name][0]
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", field)), spot.kind, spot.name, f"spec.{field}",
+                                f"spot-only pools {', '.join(forced)} have min_instances, so spot runs, but it can span at most "
+                                f"{have} {what} (the spot offers under max_price_fraction {sp.max_price_fraction:g} in "
+                                f"{len(zones)} zones and {len(types)} instance types, {most} instances at the pools' "
+                                f"max_instances), under {field} {need} (every plan would break one of them)"))
 
 
 def _minimums_least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog) -> float | None:

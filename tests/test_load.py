@@ -465,6 +465,22 @@ def test_spot_only_minimums_no_on_demand_pool_can_balance_are_refused_at_load(tm
     load(write_config(tmp_path / "fits", docs(0.7)))
 
 
+
+def test_spot_only_minimums_spot_diversity_cannot_spread_are_refused_at_load(tmp_path):
+    """A spot-only A100 pool with min_instances 1 and max_instances 1 puts spot in the fleet, and min_zones 2 asks for it
+    in two zones: no fleet keeps both (the h7 hunt, 2026-12-03: the model was infeasible, greedy's plan left the pool
+    empty, noted as "could not complete greedy's answer within its work limit", and apply --plan let it pass: the
+    minimum was not met before). Load names min_zones; a second instance at max, or one zone asked, loads."""
+    def docs(hi, zones):
+        return [topology(), tenant("t"), pool("s", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"],
+                                              market="spot", lo=1, hi=hi),
+                _doc("SpotPolicy", "sp", {"min_zones": zones})]
+    errs = errors_of(write_config(tmp_path / "over", docs(1, 2)))
+    assert any("spec.min_zones" in e and "can span at most 1 zones" in e and "under min_zones 2" in e for e in errs), errs
+    load(write_config(tmp_path / "room", docs(2, 2)))
+    load(write_config(tmp_path / "one", docs(1, 1)))
+
+
 def _the_long_way(text: str) -> list:
     """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
     from reconciler.load import _compose_all, _Converter
