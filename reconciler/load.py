@@ -26,7 +26,7 @@ from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
-from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
+from reconciler.ledger import budget_ok, fraction_milli, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -1314,8 +1314,8 @@ def _check_plannable(f: _Fleet) -> None:
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
                                 f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
-    # (minimums the budget holds on-demand keep every spot rule: the bound below, a linear program, is asked only where
-    # spot must help; validate imports no solver otherwise)
+    # (minimums the budget holds on-demand keep every spot rule: the bound below, a small integer program, is asked only
+    # where spot must help; validate imports no solver otherwise)
     elif guard is not None and g.max_hourly_budget is not None and not budget_ok(on_demand_spend, g.max_hourly_budget) \
             and not f.invalid.get("Pool") and spot is not None \
             and (spot.spec.max_spot_fraction < 1 or spot.spec.on_demand_buffer_percent > 0 or _spread(spot.spec) > 1):
@@ -1373,12 +1373,11 @@ def _check_spot_diversity_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: 
 def _minimums_least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog) -> float | None:
     """A lower bound on what a fleet costs per hour that meets every pool's min_instances within max_instances, under
     the spot share and the on-demand buffer (every instance of such a fleet idle at most), at catalog prices and with
-    reserved capacity at $0: the linear relaxation, instances counted fractionally (fleet127: a minimum the budget holds
-    only on spot, where spot alone breaks the share). Spot diversity splits it in two: no spot, or at least
-    max(min_zones, min_instance_types) spot instances (fleet128). None: no bound (a pool of a plugin's cloud, priced at
-    plan time)."""
+    reserved capacity at $0 (fleet127: a minimum the budget holds only on spot, where spot alone breaks the share). Spot
+    diversity splits it in two: no spot, or at least max(min_zones, min_instance_types) spot instances (fleet128).
+    None: no bound (a pool of a plugin's cloud, priced at plan time; a search that did not finish)."""
     spread = _spread(sp)
-    bounds = [_least_cost_lp(by_kind, g, sp, catalog, spot_at_least) for spot_at_least in ((None, spread) if spread > 1 else (0,))]
+    bounds = [_least_cost(by_kind, g, sp, catalog, spot_at_least) for spot_at_least in ((None, spread) if spread > 1 else (0,))]
     return None if any(b is None for b in bounds) else min(bounds)
 
 
@@ -1387,10 +1386,11 @@ def _spread(sp: SpotPolicySpec) -> int:
     return max(sp.min_zones, sp.min_instance_types)
 
 
-def _least_cost_lp(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog, spot_at_least: int | None) -> float | None:
-    """_minimums_least_cost's relaxation with at least `spot_at_least` spot instances (None: no spot); math.inf where no
-    such fleet exists."""
-    from ortools.linear_solver import pywraplp
+def _least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog, spot_at_least: int | None) -> float | None:
+    """_minimums_least_cost with at least `spot_at_least` spot instances (None: no spot), solved in whole instances
+    (counted fractionally, one A100 pool's minimum of 1 read as half spot, half on-demand, under the budget: a random
+    fleet of the h7 hunt); math.inf where no such fleet exists, None where the search did not finish."""
+    from reconciler.cpsat import cp_model
 
     pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
     if any(p.spec.cloud not in catalog.regions for p in pools):
@@ -1399,7 +1399,7 @@ def _least_cost_lp(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, ca
              and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
     shapes = [sh for p in pools for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None]
     _, prim = spot_units(shapes)
-    lp = pywraplp.Solver.CreateSolver("GLOP")
+    m = cp_model.CpModel()
     cost, spot, every, per_pool, reserved = [], [], [], {}, {}
     for p in pools:
         s = p.spec
@@ -1408,40 +1408,43 @@ def _least_cost_lp(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, ca
                 o, sh = catalog.offering(s.cloud, s.region, z, t), catalog.shape(s.cloud, t)
                 if o is None or sh is None:
                     continue
-                for m in s.markets():
-                    if m == "spot" and (o.spot_price is None or o.spot_price > sp.max_price_fraction * o.on_demand_price + 1e-9):
+                for market in s.markets():
+                    if market == "spot" and (o.spot_price is None or o.spot_price > sp.max_price_fraction * o.on_demand_price + 1e-9):
                         continue
-                    x = lp.NumVar(0, s.max_instances, "")
+                    x = m.new_int_var(0, s.max_instances, "")
                     per_pool.setdefault(p.name, []).append(x)
-                    cost.append((o.spot_price if m == "spot" else o.on_demand_price, x))
-                    (spot if m == "spot" else every).append((prim(sh), x))
+                    cost.append((micro(o.spot_price if market == "spot" else o.on_demand_price), x))
+                    (spot if market == "spot" else every).append((round(prim(sh)), x))
     for _, (_, r) in sorted(by_kind["Reservation"].items()):
         s = r.spec
         sh = catalog.shape(s.cloud, s.instance_type)
         for p in reservation_pools(s, pools) if sh is not None else ():
-            x = lp.NumVar(0, s.count, "")
+            x = m.new_int_var(0, s.count, "")
             per_pool.setdefault(p.name, []).append(x)
             reserved.setdefault(r.name, []).append(x)
-            every.append((prim(sh), x))
+            every.append((round(prim(sh)), x))
     for p in pools:
         xs = per_pool.get(p.name, [])
-        lp.Add(lp.Sum(xs) >= p.spec.min_instances)
-        lp.Add(lp.Sum(xs) <= p.spec.max_instances)
+        m.add(sum(xs) >= p.spec.min_instances)
+        m.add(sum(xs) <= p.spec.max_instances)
     for name, xs in reserved.items():
-        lp.Add(lp.Sum(xs) <= by_kind["Reservation"][name][1].spec.count)
-    on_spot, on_demand = lp.Sum([u * x for u, x in spot]), lp.Sum([u * x for u, x in every])
-    lp.Add(on_spot <= sp.max_spot_fraction * (on_spot + on_demand))
-    lp.Add(100 * on_demand >= sp.on_demand_buffer_percent * on_spot)
-    spot_count = lp.Sum([x for _, x in spot])
+        m.add(sum(xs) <= by_kind["Reservation"][name][1].spec.count)
+    on_spot, on_demand = sum(u * x for u, x in spot), sum(u * x for u, x in every)
+    m.add(1000 * on_spot <= fraction_milli(sp.max_spot_fraction) * (on_spot + on_demand))  # (as the model counts it)
+    m.add(100_000 * on_demand >= round(sp.on_demand_buffer_percent * 1000) * on_spot)
+    spot_count = sum(x for _, x in spot)
     if spot_at_least is None:
-        lp.Add(spot_count <= 0)
+        m.add(spot_count <= 0)
     else:
-        lp.Add(spot_count >= spot_at_least)
-    lp.Minimize(lp.Sum([c * x for c, x in cost]))
-    status = lp.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
+        m.add(spot_count >= spot_at_least)
+    m.minimize(sum(c * x for c, x in cost))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = 1.0
+    status = solver.solve(m)
+    if status == cp_model.INFEASIBLE:
         return math.inf
-    return lp.Objective().Value() if status == pywraplp.Solver.OPTIMAL else None
+    return solver.objective_value / 1_000_000 if status == cp_model.OPTIMAL else None
 
 
 def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:

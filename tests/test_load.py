@@ -481,6 +481,19 @@ def test_spot_only_minimums_spot_diversity_cannot_spread_are_refused_at_load(tmp
     load(write_config(tmp_path / "one", docs(1, 1)))
 
 
+
+def test_a_pool_minimum_of_one_is_no_half_spot_instance_at_load(tmp_path):
+    """One A100-80GB as a minimum (`either`) under max_spot_fraction 0.5: alone it is all spot or on-demand. Counted
+    fractionally (half of each, $2.06/h) it fit a $3.35/h budget and loaded (a random fleet of the h7 hunt; the plan
+    left the pool empty); in whole instances it costs $3.67/h on-demand: load names the budget. $3.70/h loads."""
+    def docs(budget):
+        return [topology(), tenant("t"), pool("az", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="either", lo=1, hi=2),
+                _doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}), _doc("GuardrailPolicy", "g", {"max_hourly_budget": budget})]
+    errs = errors_of(write_config(tmp_path / "over", docs(3.35)))
+    assert any("spec.max_hourly_budget" in e and "at least $3.67/h" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(3.7)))
+
+
 def _the_long_way(text: str) -> list:
     """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
     from reconciler.load import _compose_all, _Converter

@@ -2651,14 +2651,14 @@ def test_pool_minimums_the_budget_holds_only_on_spot_past_the_spot_share_are_ref
     cheapest offer is under the budget; the pool is not spot-only). The model was infeasible, greedy's plan (emitted
     as "could not complete greedy's answer within its work limit") deleted i0, breaking the minimum the fleet meets
     now, and `apply --plan` refused it. Load refuses such a config now, naming the budget, the share and the least
-    the minimums cost under it (a lower bound: each pool's offers counted fractionally)."""
+    the minimums cost under it (one on-demand instance, $3.67/h)."""
     from typer.testing import CliRunner
 
     from reconciler.cli import app
     from reconciler.errors import ConfigError
     from tests.fleetkit import write_config
 
-    with pytest.raises(ConfigError, match=r"max_hourly_budget.*min_instances.*max_spot_fraction 0.25.*at least \$2\.8"):
+    with pytest.raises(ConfigError, match=r"max_hourly_budget.*min_instances.*max_spot_fraction 0.25.*at least \$3\.67/h"):
         solve_both(fleet("fleet127"), time_limit=2)
     out = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "cfg", fleet("fleet127").docs))])
     assert out.exit_code == 1 and "fleet.yaml:" in out.output and "spec.max_hourly_budget" in out.output, out.output
