@@ -841,11 +841,37 @@ class _Greedy:
                     if short is None and self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget":
                         short = c  # the cheapest the budget alone refuses
                 if pick is None:
+                    if any(isinstance(c, Offer) and self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
+                        continue  # (a spot-only pool's minimum beside the on-demand capacity the spot share asks for)
                     if short is None or not self._give_way(short, order):
                         return
                     start = 0  # (a host given up may leave one of this pool's empty: closed, it is a candidate again)
                     continue
                 self._open(pick)
+
+    def _open_with_ballast(self, c: Offer, n: int) -> bool:
+        """Buy up to n instances of spot offer c (what a pool minimum still needs) together with the on-demand
+        capacity that, standing idle, keeps the fleet's spot share and on-demand buffer (`_ballast_buys`), where every
+        spot rule then holds; False, nothing changed, where none does. (A spot-only MIG pool at min_instances 2 under
+        max_spot_fraction 0.25: greedy's plan left it empty, the share refusing its spot instances, where CP-SAT bought
+        on-demand GPUs beside them: the h7 hunt. One at a time, the first one's ballast, three g5.xlarge, filled the
+        pool the second one's needed.)"""
+        opened: list[_Inst] = []
+        for _ in range(min(n, c.max_new - self.bought.get(c.offer_key, 0)) if c.market == "spot" else 0):
+            reserve = self._owed(c, _NOTHING) if self.floor_price else 0  # (as _may_open: unmet pool minimums are owed)
+            if self.led.refuses_open(c, 1, _NOTHING, reserve, spot_share=False):
+                break
+            opened.append(self._open(c))
+        if not opened:
+            return False
+        buys = self._ballast_buys()
+        if buys or self._fleet_spot_rules_hold():
+            opened += [self._open(b) for b in buys]
+            if self._fleet_spot_rules_hold():
+                return True
+        for inst in reversed(opened):
+            self._unbuy(inst)
+        return False
 
     def _give_way(self, c: Capacity, order: list[Demand]) -> bool:
         """Release the kept host, outside c's pool and not frozen, whose work ranks lowest among those whose price

@@ -48,3 +48,19 @@ def test_the_room_the_on_demand_work_makes_goes_to_the_spot_job_ranked_first(tmp
     assert {d.key.split(":")[1]: a.placed[d.key] for d in problem.demands} == {"spot-job": 1, "od-job": 1, "low-spot-job": 1}
     assert not a.refused
     assert sorted(c.market for c in problem.offers() for _ in range(a.use.get(c.key, 0))) == ["on-demand", "on-demand", "spot", "spot"]
+
+
+def test_greedy_buys_a_spot_only_pools_minimum_beside_the_on_demand_capacity_the_share_asks_for(tmp_path):
+    """A spot-only MIG pool at min_instances 2 (one GPU each) under max_spot_fraction 0.25, and an on-demand A10G pool
+    (max 3): the two spot GPUs need six on-demand ones beside them. Greedy's plan (`--time-limit 0`) bought nothing,
+    the share refusing each spot instance, and left the pool under its minimum (the h7 hunt, reduced from a random
+    fleet); CP-SAT's bought a g5.12xlarge and two g5.xlarge to stand idle. Greedy buys the minimum's spot instances
+    together with that ballast now (`_Greedy._open_with_ballast`): the same five instances, $8.57/h."""
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="spot", lo=2, hi=3)
+    mig["spec"]["mig"] = ["4g.40gb", "3g.40gb"]
+    plan = plan_for(tmp_path, [topology(), tenant("t1"), mig, pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], hi=3),
+                               doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25})], time_limit=0)
+    assert sorted((c.pool, c.instance_type, c.market) for c in plan.creates) == [
+        ("aws-a10g", "g5.12xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"),
+        ("az-mig", "Standard_NC24ads_A100_v4", "spot"), ("az-mig", "Standard_NC24ads_A100_v4", "spot")], plan.creates
+    assert plan.cost_after == pytest.approx(8.5729), plan.cost_after
