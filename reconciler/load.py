@@ -26,7 +26,7 @@ from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
-from reconciler.ledger import budget_ok, fraction_milli, micro, spot_share_ok, spot_units
+from reconciler.ledger import budget_ok, buffer_ok, fraction_milli, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -1329,7 +1329,8 @@ def _check_plannable(f: _Fleet) -> None:
                                     f"the pools' min_instances cost ${floor:,.2f}/h at their cheapest offers, spot among them; under "
                                     f"SpotPolicy/{spot.name} {', '.join(rules)} they cost at least ${least:,.2f}/h at catalog prices, "
                                     f"over max_hourly_budget ${g.max_hourly_budget:,.2f}/h (every plan would break one of these rules)"))
-    if spot is not None and spot.spec.max_spot_fraction < 1 and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
+    if spot is not None and (spot.spec.max_spot_fraction < 1 or spot.spec.on_demand_buffer_percent > 0) \
+            and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
         _check_spot_minimums(by_kind, g, spot, catalog, diags)
     if spot is not None and _spread(spot.spec) > 1 and not f.invalid.get("Pool"):
         _check_spot_diversity_minimums(by_kind, g, spot, catalog, diags)
@@ -1449,7 +1450,8 @@ def _least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catal
 
 def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:
     """Spot-only pool minimums that even every on-demand pool at max_instances cannot balance
-    under max_spot_fraction (counted as the solver counts: GPUs in a GPU fleet, else vCPU)."""
+    under max_spot_fraction, or hold the on-demand buffer beside (counted as the solver counts: GPUs in a GPU fleet,
+    else vCPU)."""
     pools = [p for _, (_, p) in sorted(by_kind["Pool"].items()) if p.spec.cloud in catalog.regions
              and (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds) and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
     shapes = {p.name: [sh for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None] for p in pools}
@@ -1457,13 +1459,21 @@ def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy
     unit = "GPUs" if dim == "gpus" else "vCPU"
     on_spot = sum(p.spec.min_instances * min((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if p.spec.markets() == ("spot",))
     on_demand = sum(p.spec.max_instances * max((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if "on-demand" in p.spec.markets())
-    f = spot.spec.max_spot_fraction
+    f, pct = spot.spec.max_spot_fraction, spot.spec.on_demand_buffer_percent
+    sdoc = by_kind["SpotPolicy"][spot.name][0]
     if on_spot > 0 and not spot_share_ok(on_spot, on_spot + on_demand, f):
-        sdoc = by_kind["SpotPolicy"][spot.name][0]
         diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "max_spot_fraction")), spot.kind, spot.name, "spec.max_spot_fraction",
                                 f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot; with every on-demand pool at "
                                 f"max_instances ({on_demand:g} {unit}) spot is {on_spot / (on_spot + on_demand):.0%} of the fleet, over "
                                 f"max_spot_fraction {f:g} (every plan would be refused)"))
+    # (the buffer likewise: a spot-only A10G pool at min_instances 1 beside no on-demand GPU pool under a 25% buffer;
+    # the plan left the pool empty, the h7 hunt)
+    if on_spot > 0 and not buffer_ok(on_demand, on_spot, pct):
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "on_demand_buffer_percent")), spot.kind, spot.name,
+                                "spec.on_demand_buffer_percent",
+                                f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot, so {pct:g}% of it must stand "
+                                f"idle on-demand, but every on-demand pool at max_instances holds {on_demand:g} {unit} (every plan "
+                                "would break one of them)"))
 
 
 

@@ -494,6 +494,20 @@ def test_a_pool_minimum_of_one_is_no_half_spot_instance_at_load(tmp_path):
     load(write_config(tmp_path / "fits", docs(3.7)))
 
 
+
+def test_spot_only_minimums_no_on_demand_pool_can_buffer_are_refused_at_load(tmp_path):
+    """A spot-only A10G pool at min_instances 1 under a 25% on-demand buffer, beside only a CPU pool (which counts 0 in
+    a GPU fleet): no on-demand GPU can stand idle beside the spot one (the h7 hunt, reduced from a random fleet: the plan
+    left the pool empty). Load names on_demand_buffer_percent; an on-demand A10G pool beside it loads."""
+    def docs(*more):
+        return [topology(), tenant("t"), pool("s", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="spot", lo=1, hi=1),
+                pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1),
+                _doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 25}), *more]
+    errs = errors_of(write_config(tmp_path / "over", docs()))
+    assert any("spec.on_demand_buffer_percent" in e and "holds 0 GPUs" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(pool("o", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1))))
+
+
 def _the_long_way(text: str) -> list:
     """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
     from reconciler.load import _compose_all, _Converter
