@@ -841,7 +841,7 @@ class _Greedy:
                     if short is None and self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget":
                         short = c  # the cheapest the budget alone refuses
                 if pick is None:
-                    if any(isinstance(c, Offer) and self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
+                    if any(self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
                         continue  # (a spot-only pool's minimum beside the on-demand capacity the spot share asks for)
                     if short is None or not self._give_way(short, order):
                         return
@@ -849,15 +849,19 @@ class _Greedy:
                     continue
                 self._open(pick)
 
-    def _open_with_ballast(self, c: Offer, n: int) -> bool:
-        """Buy up to n instances of spot offer c (what a pool minimum still needs) together with the on-demand
-        capacity that, standing idle, keeps the fleet's spot share and on-demand buffer (`_ballast_buys`), where every
-        spot rule then holds; False, nothing changed, where none does. (A spot-only MIG pool at min_instances 2 under
-        max_spot_fraction 0.25: greedy's plan left it empty, the share refusing its spot instances, where CP-SAT bought
-        on-demand GPUs beside them: the h7 hunt. One at a time, the first one's ballast, three g5.xlarge, filled the
-        pool the second one's needed.)"""
+    def _open_with_ballast(self, c: Capacity, n: int) -> bool:
+        """Open spot capacity c for a pool minimum, an idle host or up to n instances of an offer (what the minimum still
+        needs), together with the on-demand capacity that, standing idle, keeps the fleet's spot share and on-demand
+        buffer (`_ballast_buys`), where every spot rule then holds (diversity and the tenants' shares too); False,
+        nothing changed, where none does. (A spot-only MIG pool at min_instances 2 under max_spot_fraction 0.25:
+        greedy's plan left it empty, the share refusing its spot instances, where CP-SAT bought on-demand GPUs beside
+        them: the h7 hunt. One at a time, the first one's ballast, three g5.xlarge, filled the pool the second one's
+        needed. Hosts first: an idle spot host the pool has is kept, not bought again.)"""
+        host = isinstance(c, Host)
+        if c.market != "spot" or (host and c.key in self.opened):
+            return False
         opened: list[_Inst] = []
-        for _ in range(min(n, c.max_new - self.bought.get(c.offer_key, 0)) if c.market == "spot" else 0):
+        for _ in range(1 if host else min(n, c.max_new - self.bought.get(c.offer_key, 0))):
             reserve = self._owed(c, _NOTHING) if self.floor_price else 0  # (as _may_open: unmet pool minimums are owed)
             if self.led.refuses_open(c, 1, _NOTHING, reserve, spot_share=False):
                 break
@@ -867,10 +871,13 @@ class _Greedy:
         buys = self._ballast_buys()
         if buys or self._fleet_spot_rules_hold():
             opened += [self._open(b) for b in buys]
-            if self._fleet_spot_rules_hold():
+            if self._spot_rules_hold():
                 return True
         for inst in reversed(opened):
-            self._unbuy(inst)
+            if isinstance(inst.cap, Host):
+                self._close(inst)
+            else:
+                self._unbuy(inst)
         return False
 
     def _give_way(self, c: Capacity, order: list[Demand]) -> bool:

@@ -64,3 +64,23 @@ def test_greedy_buys_a_spot_only_pools_minimum_beside_the_on_demand_capacity_the
         ("aws-a10g", "g5.12xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"),
         ("az-mig", "Standard_NC24ads_A100_v4", "spot"), ("az-mig", "Standard_NC24ads_A100_v4", "spot")], plan.creates
     assert plan.cost_after == pytest.approx(8.5729), plan.cost_after
+
+
+def test_greedy_keeps_a_spot_only_pools_idle_host_for_its_minimum_and_spot_diversity(tmp_path):
+    """A spot-only MIG pool at min_instances 1 runs an idle spot A100 (i0), a CPU pool an idle spot n2 (i2); the SpotPolicy
+    asks min_instance_types 2, which the two keep. Greedy's plan deleted both (it opens no idle spot host while it
+    restrains spot) and left the pool under its minimum (the h7 hunt, reduced from a random fleet); with the minimum
+    bought beside its ballast, it bought an A100 again in i0's place and broke diversity. It keeps both now, as CP-SAT."""
+    from dataclasses import replace
+
+    from tests.fleetkit import instance
+
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1", "eastus-2"], ["Standard_NC24ads_A100_v4"], market="spot", lo=1, hi=1)
+    mig["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    i0 = instance("i0", "az-mig", "azure", "eastus", "eastus-2", "Standard_NC24ads_A100_v4", "spot")
+    insts = [replace(i0, tags={**i0.tags, "fleetops.io/mig": "3g.40gb-2g.20gb-2g.20gb"}),
+             instance("i2", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    plan = plan_for(tmp_path, [topology(), tenant("t1"), mig,
+                               pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
+                               doc("SpotPolicy", "sp", {"min_instance_types": 2})], insts, time_limit=0)
+    assert not plan.creates and not plan.deletes, (plan.creates, plan.deletes)
