@@ -856,7 +856,9 @@ class _Greedy:
         nothing changed, where none does. (A spot-only MIG pool at min_instances 2 under max_spot_fraction 0.25:
         greedy's plan left it empty, the share refusing its spot instances, where CP-SAT bought on-demand GPUs beside
         them: the h7 hunt. One at a time, the first one's ballast, three g5.xlarge, filled the pool the second one's
-        needed. Hosts first: an idle spot host the pool has is kept, not bought again.)"""
+        needed. Hosts first: an idle spot host the pool has is kept, not bought again. And the spot instances spot
+        diversity asks for beside it: a spot-only CPU pool's minimum under min_zones 2 went unmet where CP-SAT bought a
+        spot A100 in a second zone.)"""
         host = isinstance(c, Host)
         if c.market != "spot" or (host and c.key in self.opened):
             return False
@@ -868,6 +870,12 @@ class _Greedy:
             opened.append(self._open(c))
         if not opened:
             return False
+        buy_spot, ballast_after, self.buy_spot, self.ballast_after = self.buy_spot, self.ballast_after, True, True
+        try:  # (the spot instances diversity asks for beside it, as _place_spot_diverse buys them: the share mended after)
+            while not self._diversity_holds() and (spare := _diversity_buy(self)) is not None:
+                opened.append(self._open(spare))
+        finally:
+            self.buy_spot, self.ballast_after = buy_spot, ballast_after
         buys = self._ballast_buys()
         if buys or self._fleet_spot_rules_hold():
             opened += [self._open(b) for b in buys]

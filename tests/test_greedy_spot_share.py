@@ -84,3 +84,15 @@ def test_greedy_keeps_a_spot_only_pools_idle_host_for_its_minimum_and_spot_diver
                                pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
                                doc("SpotPolicy", "sp", {"min_instance_types": 2})], insts, time_limit=0)
     assert not plan.creates and not plan.deletes, (plan.creates, plan.deletes)
+
+
+def test_greedy_buys_a_spot_only_pools_minimum_with_the_spot_diversity_asks_beside_it(tmp_path):
+    """A spot-only n2 pool (one zone) at min_instances 1 under min_zones 2, beside an `either` m6i pool in another
+    cloud's zone: greedy's plan bought nothing (one spot zone breaks diversity) and left the pool under its minimum (the
+    h7 hunt); it buys the n2 and a spot m6i beside it now, $0.53/h as CP-SAT's."""
+    plan = plan_for(tmp_path, [topology(), tenant("t1"),
+                               pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", lo=1, hi=2),
+                               pool("aws-cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="either", hi=2),
+                               doc("SpotPolicy", "sp", {"min_zones": 2})], time_limit=0)
+    assert sorted((c.pool, c.instance_type, c.market) for c in plan.creates) == [
+        ("aws-cpu", "m6i.4xlarge", "spot"), ("gcp-cpu", "n2-standard-16", "spot")], plan.creates
