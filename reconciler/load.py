@@ -1362,13 +1362,21 @@ def _check_spot_diversity_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: 
     field, need, have, what = max((("min_zones", sp.min_zones, min(len(zones), most), "zones"),
                                    ("min_instance_types", sp.min_instance_types, min(len(types), most), "instance types")),
                                   key=lambda c: c[1] - c[2])
+    sdoc = by_kind["SpotPolicy"][spot.name][0]
     if have < need:
-        sdoc = by_kind["SpotPolicy"][spot.name][0]
         diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", field)), spot.kind, spot.name, f"spec.{field}",
                                 f"spot-only pools {', '.join(forced)} have min_instances, so spot runs, but it can span at most "
                                 f"{have} {what} (the spot offers under max_price_fraction {sp.max_price_fraction:g} in "
                                 f"{len(zones)} zones and {len(types)} instance types, {most} instances at the pools' "
                                 f"max_instances), under {field} {need} (every plan would break one of them)"))
+    elif (sp.max_spot_fraction < 1 or sp.on_demand_buffer_percent > 0) and _least_cost(by_kind, g, sp, catalog, _spread(sp)) == math.inf:
+        # (as many spot instances as diversity asks, beside the minimums, past the share or the buffer every on-demand
+        # pool at max_instances holds: a spot-only MIG pool at min 1 and two p4d minimums, min_zones 2, share 0.5)
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", field)), spot.kind, spot.name, f"spec.{field}",
+                                f"spot-only pools {', '.join(forced)} have min_instances, so spot runs, and {field} {need} asks "
+                                f"for at least {_spread(sp)} spot instances; no fleet within the pools' min_instances and "
+                                f"max_instances holds them under max_spot_fraction {sp.max_spot_fraction:g} and "
+                                f"on_demand_buffer_percent {sp.on_demand_buffer_percent:g} (every plan would break one of them)"))
 
 
 def _minimums_least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog) -> float | None:

@@ -508,6 +508,22 @@ def test_spot_only_minimums_no_on_demand_pool_can_buffer_are_refused_at_load(tmp
     load(write_config(tmp_path / "fits", docs(pool("o", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1))))
 
 
+
+def test_spot_only_minimums_whose_diverse_spot_no_share_holds_are_refused_at_load(tmp_path):
+    """A spot-only MIG pool at min_instances 1 (one zone) under min_zones 2 needs a second spot zone: only a spot p4d,
+    whose pool's minimum and maximum are 2, so 9 of 17 GPUs are spot, over max_spot_fraction 0.5 (the h7 hunt: the plan
+    left the MIG pool empty). Load names min_zones; a share of 0.6 loads."""
+    def docs(fraction):
+        mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="spot", lo=1, hi=1)
+        mig["spec"]["mig"] = ["4g.40gb", "3g.40gb"]
+        return [topology(), tenant("t"), mig, pool("p4d", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"],
+                                                     market="either", lo=2, hi=2),
+                _doc("SpotPolicy", "sp", {"min_zones": 2, "max_spot_fraction": fraction})]
+    errs = errors_of(write_config(tmp_path / "over", docs(0.5)))
+    assert any("spec.min_zones" in e and "at least 2 spot instances" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(0.6)))
+
+
 def _the_long_way(text: str) -> list:
     """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
     from reconciler.load import _compose_all, _Converter
