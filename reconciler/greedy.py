@@ -841,11 +841,52 @@ class _Greedy:
                     if short is None and self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget":
                         short = c  # the cheapest the budget alone refuses
                 if pick is None:
+                    if any(self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
+                        continue  # (a spot-only pool's minimum beside the on-demand capacity the spot share asks for)
                     if short is None or not self._give_way(short, order):
                         return
                     start = 0  # (a host given up may leave one of this pool's empty: closed, it is a candidate again)
                     continue
                 self._open(pick)
+
+    def _open_with_ballast(self, c: Capacity, n: int) -> bool:
+        """Open spot capacity c for a pool minimum, an idle host or up to n instances of an offer (what the minimum still
+        needs), together with the on-demand capacity that, standing idle, keeps the fleet's spot share and on-demand
+        buffer (`_ballast_buys`), where every spot rule then holds (diversity and the tenants' shares too); False,
+        nothing changed, where none does. (A spot-only MIG pool at min_instances 2 under max_spot_fraction 0.25:
+        greedy's plan left it empty, the share refusing its spot instances, where CP-SAT bought on-demand GPUs beside
+        them: the h7 hunt. One at a time, the first one's ballast, three g5.xlarge, filled the pool the second one's
+        needed. Hosts first: an idle spot host the pool has is kept, not bought again. And the spot instances spot
+        diversity asks for beside it: a spot-only CPU pool's minimum under min_zones 2 went unmet where CP-SAT bought a
+        spot A100 in a second zone.)"""
+        host = isinstance(c, Host)
+        if c.market != "spot" or (host and c.key in self.opened):
+            return False
+        opened: list[_Inst] = []
+        for _ in range(1 if host else min(n, c.max_new - self.bought.get(c.offer_key, 0))):
+            reserve = self._owed(c, _NOTHING) if self.floor_price else 0  # (as _may_open: unmet pool minimums are owed)
+            if self.led.refuses_open(c, 1, _NOTHING, reserve, spot_share=False):
+                break
+            opened.append(self._open(c))
+        if not opened:
+            return False
+        buy_spot, ballast_after, self.buy_spot, self.ballast_after = self.buy_spot, self.ballast_after, True, True
+        try:  # (the spot instances diversity asks for beside it, as _place_spot_diverse buys them: the share mended after)
+            while not self._diversity_holds() and (spare := _diversity_buy(self)) is not None:
+                opened.append(self._open(spare))
+        finally:
+            self.buy_spot, self.ballast_after = buy_spot, ballast_after
+        buys = self._ballast_buys()
+        if buys or self._fleet_spot_rules_hold():
+            opened += [self._open(b) for b in buys]
+            if self._spot_rules_hold():
+                return True
+        for inst in reversed(opened):
+            if isinstance(inst.cap, Host):
+                self._close(inst)
+            else:
+                self._unbuy(inst)
+        return False
 
     def _give_way(self, c: Capacity, order: list[Demand]) -> bool:
         """Release the kept host, outside c's pool and not frozen, whose work ranks lowest among those whose price
@@ -1026,7 +1067,7 @@ def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) 
     od_first = False
     if contested:
         c, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=True)
-        if c is not None and _ranks_above(c, a):
+        if c is not None and ranks_above(problem, c, a):
             a, od_first = c, True
     if movable:
         m, _, _ = _run(problem, keep_fleet, spot_first=False, on_demand_first=od_first, move_spot=True)
@@ -1035,14 +1076,29 @@ def greedy(problem: Problem, keep_fleet: bool = False, move_spot: bool = False) 
     sp = problem.spot
     if sp.on_demand_buffer_percent > 0 or sp.min_instance_types > 1 or sp.min_zones > 1:
         b, _, _ = _run(problem, keep_fleet, spot_first=True, on_demand_first=od_first)
-        if b is not None and _ranks_above(b, a):
+        if b is not None and ranks_above(problem, b, a):
             return b
     return a
 
 
-def _ranks_above(b: Assignment, a: Assignment) -> bool:
-    """(work, -cost), as strategy.warm_start compares greedy's answers (a hair of cost: rounding)."""
-    return (b.work, -b.cost) > (a.work, -a.cost + 1e-9 * max(1.0, a.cost))
+def ranks_above(p: Problem, b: Assignment, a: Assignment, ties: bool = False) -> bool:
+    """(pool minimums met, work, -cost), as greedy's answers are compared (a hair of cost: rounding); `ties`: b ranked
+    the same counts too. The minimums first: a hard rule, which the spot-first pass alone met under an on-demand buffer
+    (greedy restrains spot elsewhere), and the cheaper answer that broke it won (fleet129)."""
+    key_b, key_a = (-pools_short(p, b), b.work), (-pools_short(p, a), a.work)
+    if key_b != key_a:
+        return key_b > key_a
+    return -b.cost >= -a.cost - 1e-9 * max(1.0, a.cost) if ties else -b.cost > -a.cost + 1e-9 * max(1.0, a.cost)
+
+
+def pools_short(p: Problem, a: Assignment) -> int:
+    """Instances the answer leaves its pools short of their min_instances."""
+    pool_of = {c.key: c.pool for c in p.capacities}
+    count: dict[str, int] = {}
+    for k, n in a.use.items():
+        if n and k in pool_of:
+            count[pool_of[k]] = count.get(pool_of[k], 0) + n
+    return sum(max(0, lo - count.get(pool, 0)) for pool, (lo, _) in p.pool_bounds.items())
 
 
 def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bool:
@@ -1061,6 +1117,8 @@ def _ranks_above_keeping_running(p: Problem, b: Assignment, a: Assignment) -> bo
             work[d.klass] += d.weight * x.placed[d.key]
         return (*((kept[c], work[c]) for c in classes), -_model_cost(p, x))
 
+    if pools_short(p, b) != pools_short(p, a):
+        return pools_short(p, b) < pools_short(p, a)  # (a hard rule first, as ranks_above)
     if any(_running_kept(d, b) < _running_kept(d, a) for d in p.demands if d.running_jobs):
         return False
     rb, ra = rank(b), rank(a)

@@ -1333,11 +1333,17 @@ def jobs_that_must_leave(problem) -> set[str]:
     does not hold them, and placed elsewhere they arrive as new work does. (fleet59: t2's spot share held only with
     its spot-required j5 on an on-demand host; without it t2 ran all its work on spot, so its j0 had to go too, and
     apply's re-check refused the plan that stopped it: every plan of that fleet was refused. A job leaving a removed
-    pool for its tenant's low job's room was not counted here, and the re-check refused that plan too.)"""
+    pool for its tenant's low job's room was not counted here, and the re-check refused that plan too.) And a job that
+    alone holds more of a License than its count or its tenant's quota of it: it runs nowhere. (The h7 hunt: with
+    License sim lowered to 0, t3's j1 holding 2 of it was put back in its room, as guaranteed work a higher class of its
+    tenant took it from, where the re-check weighed the stop of t1's j3 holding 1; the license broken with j1 there,
+    j3 kept broke "no rule the plan keeps" and greedy's plan was refused.)"""
     from reconciler.problem.rules import cannot_stay
 
     hosts = {c.instance_id: c for c in problem.hosts()}
-    return {job for d in problem.demands for job, ids in d.running if cannot_stay(d, [hosts.get(i) for i in ids])}
+    alone = LicenseBook(problem.licenses)
+    return {job for d in problem.demands for job, ids in d.running
+            if cannot_stay(d, [hosts.get(i) for i in ids]) or (d.licenses and alone.short(d) is not None)}
 
 
 _BROKEN_NOW: list = []  # [(a weak reference to the problem, its rules broken now)]: asked by the model, the objective,

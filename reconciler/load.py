@@ -26,7 +26,7 @@ from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
-from reconciler.ledger import budget_ok, micro, spot_share_ok, spot_units
+from reconciler.ledger import budget_ok, buffer_ok, fraction_milli, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -1279,6 +1279,7 @@ def _check_plannable(f: _Fleet) -> None:
     g = guard.spec if guard is not None else GuardrailPolicySpec()
     frac = spot.spec.max_price_fraction if spot is not None else SpotPolicySpec().max_price_fraction
     floor, spend = 0.0, 0  # USD/h of every pool's minimum, at its cheapest offer (and as the budget counts it: micro)
+    on_demand_spend: float = 0  # micro-USD/h of every pool's minimum on-demand (inf: a spot-only pool's)
     for _, (doc, pool) in sorted(by_kind["Pool"].items()):
         s = pool.spec
         if s.cloud not in catalog.regions or s.min_instances == 0:
@@ -1306,18 +1307,159 @@ def _check_plannable(f: _Fleet) -> None:
             continue
         floor += s.min_instances * min(prices)
         spend += s.min_instances * micro(min(prices))
+        od = [o.on_demand_price for z in s.zones for t in s.instance_types if (o := catalog.offering(s.cloud, s.region, z, t)) is not None]
+        on_demand_spend += s.min_instances * micro(min(od)) if od and "on-demand" in s.markets() else math.inf
     if not budget_ok(spend, g.max_hourly_budget) and guard is not None:
         gdoc = by_kind["GuardrailPolicy"][guard.name][0]
         diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
                                 f"the pools' min_instances cost at least ${floor:,.2f}/h at catalog prices, over max_hourly_budget "
                                 f"${g.max_hourly_budget:,.2f}/h (every plan would be refused)"))
-    if spot is not None and spot.spec.max_spot_fraction < 1 and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
+    # (minimums the budget holds on-demand keep every spot rule: the bound below, a small integer program, is asked only
+    # where spot must help; validate imports no solver otherwise)
+    elif guard is not None and g.max_hourly_budget is not None and not budget_ok(on_demand_spend, g.max_hourly_budget) \
+            and not f.invalid.get("Pool") and spot is not None \
+            and (spot.spec.max_spot_fraction < 1 or spot.spec.on_demand_buffer_percent > 0 or _spread(spot.spec) > 1):
+        least = _minimums_least_cost(by_kind, g, spot.spec, catalog)
+        if least is not None and math.isfinite(least) and not budget_ok(micro(least), g.max_hourly_budget):
+            gdoc = by_kind["GuardrailPolicy"][guard.name][0]
+            rules = [f"max_spot_fraction {spot.spec.max_spot_fraction:g}"] * (spot.spec.max_spot_fraction < 1) + \
+                [f"on_demand_buffer_percent {spot.spec.on_demand_buffer_percent:g}"] * (spot.spec.on_demand_buffer_percent > 0) + \
+                [f"min_zones {spot.spec.min_zones} and min_instance_types {spot.spec.min_instance_types}"] * (_spread(spot.spec) > 1)
+            diags.append(Diagnostic(gdoc.file, gdoc.line_of(("spec", "max_hourly_budget")), guard.kind, guard.name, "spec.max_hourly_budget",
+                                    f"the pools' min_instances cost ${floor:,.2f}/h at their cheapest offers, spot among them; under "
+                                    f"SpotPolicy/{spot.name} {', '.join(rules)} they cost at least ${least:,.2f}/h at catalog prices, "
+                                    f"over max_hourly_budget ${g.max_hourly_budget:,.2f}/h (every plan would break one of these rules)"))
+    if spot is not None and (spot.spec.max_spot_fraction < 1 or spot.spec.on_demand_buffer_percent > 0) \
+            and not f.invalid.get("Pool"):  # (an invalid pool's room is unknown)
         _check_spot_minimums(by_kind, g, spot, catalog, diags)
+    if spot is not None and _spread(spot.spec) > 1 and not f.invalid.get("Pool"):
+        _check_spot_diversity_minimums(by_kind, g, spot, catalog, diags)
+
+
+def _check_spot_diversity_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:
+    """Spot-only pool minimums (so spot runs) where spot can never span min_zones zones or min_instance_types types: the
+    spot offers (under max_price_fraction, in allowed clouds and regions) have fewer, or the pools that buy spot hold
+    fewer instances at max_instances (the h7 hunt: a spot-only pool at max 1 under min_zones 2; the plan left it empty,
+    tests/test_load.py)."""
+    pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
+    if any(p.spec.cloud not in catalog.regions for p in pools):
+        return  # (a plugin's cloud is priced at plan time)
+    pools = [p for p in pools if (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds)
+             and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
+    forced = [p.name for p in pools if p.spec.min_instances > 0 and p.spec.markets() == ("spot",)]
+    if not forced:
+        return
+    sp = spot.spec
+    zones, types, most = set(), set(), 0
+    for p in pools:
+        s = p.spec
+        offers = [(z, t) for z in s.zones for t in s.instance_types if "spot" in s.markets()
+                  and (o := catalog.offering(s.cloud, s.region, z, t)) is not None and o.spot_price is not None
+                  and o.spot_price <= sp.max_price_fraction * o.on_demand_price + 1e-9]
+        zones |= {(s.cloud, z) for z, _ in offers}
+        types |= {(s.cloud, t) for _, t in offers}
+        most += s.max_instances if offers else 0
+    field, need, have, what = max((("min_zones", sp.min_zones, min(len(zones), most), "zones"),
+                                   ("min_instance_types", sp.min_instance_types, min(len(types), most), "instance types")),
+                                  key=lambda c: c[1] - c[2])
+    sdoc = by_kind["SpotPolicy"][spot.name][0]
+    if have < need:
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", field)), spot.kind, spot.name, f"spec.{field}",
+                                f"spot-only pools {', '.join(forced)} have min_instances, so spot runs, but it can span at most "
+                                f"{have} {what} (the spot offers under max_price_fraction {sp.max_price_fraction:g} in "
+                                f"{len(zones)} zones and {len(types)} instance types, {most} instances at the pools' "
+                                f"max_instances), under {field} {need} (every plan would break one of them)"))
+    elif (sp.max_spot_fraction < 1 or sp.on_demand_buffer_percent > 0) and _least_cost(by_kind, g, sp, catalog, _spread(sp)) == math.inf:
+        # (as many spot instances as diversity asks, beside the minimums, past the share or the buffer every on-demand
+        # pool at max_instances holds: a spot-only MIG pool at min 1 and two p4d minimums, min_zones 2, share 0.5)
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", field)), spot.kind, spot.name, f"spec.{field}",
+                                f"spot-only pools {', '.join(forced)} have min_instances, so spot runs, and {field} {need} asks "
+                                f"for at least {_spread(sp)} spot instances; no fleet within the pools' min_instances and "
+                                f"max_instances holds them under max_spot_fraction {sp.max_spot_fraction:g} and "
+                                f"on_demand_buffer_percent {sp.on_demand_buffer_percent:g} (every plan would break one of them)"))
+
+
+def _minimums_least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog) -> float | None:
+    """A lower bound on what a fleet costs per hour that meets every pool's min_instances within max_instances, under
+    the spot share and the on-demand buffer (every instance of such a fleet idle at most), at catalog prices and with
+    reserved capacity at $0 (fleet127: a minimum the budget holds only on spot, where spot alone breaks the share). Spot
+    diversity splits it in two: no spot, or at least max(min_zones, min_instance_types) spot instances (fleet128).
+    None: no bound (a pool of a plugin's cloud, priced at plan time; a search that did not finish)."""
+    spread = _spread(sp)
+    bounds = [_least_cost(by_kind, g, sp, catalog, spot_at_least) for spot_at_least in ((None, spread) if spread > 1 else (0,))]
+    return None if any(b is None for b in bounds) else min(bounds)
+
+
+def _spread(sp: SpotPolicySpec) -> int:
+    """The fewest spot instances spot diversity takes once any spot runs."""
+    return max(sp.min_zones, sp.min_instance_types)
+
+
+def _least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catalog, spot_at_least: int | None) -> float | None:
+    """_minimums_least_cost with at least `spot_at_least` spot instances (None: no spot), solved in whole instances
+    (counted fractionally, one A100 pool's minimum of 1 read as half spot, half on-demand, under the budget: a random
+    fleet of the h7 hunt); math.inf where no such fleet exists, None where the search did not finish."""
+    from reconciler.cpsat import cp_model
+
+    pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
+    if any(p.spec.cloud not in catalog.regions for p in pools):
+        return None
+    pools = [p for p in pools if (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds)
+             and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
+    shapes = [sh for p in pools for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None]
+    _, prim = spot_units(shapes)
+    m = cp_model.CpModel()
+    cost, spot, every, per_pool, reserved = [], [], [], {}, {}
+    for p in pools:
+        s = p.spec
+        for z in s.zones:
+            for t in s.instance_types:
+                o, sh = catalog.offering(s.cloud, s.region, z, t), catalog.shape(s.cloud, t)
+                if o is None or sh is None:
+                    continue
+                for market in s.markets():
+                    if market == "spot" and (o.spot_price is None or o.spot_price > sp.max_price_fraction * o.on_demand_price + 1e-9):
+                        continue
+                    x = m.new_int_var(0, s.max_instances, "")
+                    per_pool.setdefault(p.name, []).append(x)
+                    cost.append((micro(o.spot_price if market == "spot" else o.on_demand_price), x))
+                    (spot if market == "spot" else every).append((round(prim(sh)), x))
+    for _, (_, r) in sorted(by_kind["Reservation"].items()):
+        s = r.spec
+        sh = catalog.shape(s.cloud, s.instance_type)
+        for p in reservation_pools(s, pools) if sh is not None else ():
+            x = m.new_int_var(0, s.count, "")
+            per_pool.setdefault(p.name, []).append(x)
+            reserved.setdefault(r.name, []).append(x)
+            every.append((round(prim(sh)), x))
+    for p in pools:
+        xs = per_pool.get(p.name, [])
+        m.add(sum(xs) >= p.spec.min_instances)
+        m.add(sum(xs) <= p.spec.max_instances)
+    for name, xs in reserved.items():
+        m.add(sum(xs) <= by_kind["Reservation"][name][1].spec.count)
+    on_spot, on_demand = sum(u * x for u, x in spot), sum(u * x for u, x in every)
+    m.add(1000 * on_spot <= fraction_milli(sp.max_spot_fraction) * (on_spot + on_demand))  # (as the model counts it)
+    m.add(100_000 * on_demand >= round(sp.on_demand_buffer_percent * 1000) * on_spot)
+    spot_count = sum(x for _, x in spot)
+    if spot_at_least is None:
+        m.add(spot_count <= 0)
+    else:
+        m.add(spot_count >= spot_at_least)
+    m.minimize(sum(c * x for c, x in cost))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = 1.0
+    status = solver.solve(m)
+    if status == cp_model.INFEASIBLE:
+        return math.inf
+    return solver.objective_value / 1_000_000 if status == cp_model.OPTIMAL else None
 
 
 def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy, catalog, diags: list[Diagnostic]) -> None:
     """Spot-only pool minimums that even every on-demand pool at max_instances cannot balance
-    under max_spot_fraction (counted as the solver counts: GPUs in a GPU fleet, else vCPU)."""
+    under max_spot_fraction, or hold the on-demand buffer beside (counted as the solver counts: GPUs in a GPU fleet,
+    else vCPU)."""
     pools = [p for _, (_, p) in sorted(by_kind["Pool"].items()) if p.spec.cloud in catalog.regions
              and (g.allowed_clouds is None or p.spec.cloud in g.allowed_clouds) and region_matches(g.allowed_regions, p.spec.cloud, p.spec.region)]
     shapes = {p.name: [sh for t in p.spec.instance_types if (sh := catalog.shape(p.spec.cloud, t)) is not None] for p in pools}
@@ -1325,13 +1467,21 @@ def _check_spot_minimums(by_kind: dict, g: GuardrailPolicySpec, spot: SpotPolicy
     unit = "GPUs" if dim == "gpus" else "vCPU"
     on_spot = sum(p.spec.min_instances * min((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if p.spec.markets() == ("spot",))
     on_demand = sum(p.spec.max_instances * max((prim(sh) for sh in shapes[p.name]), default=0) for p in pools if "on-demand" in p.spec.markets())
-    f = spot.spec.max_spot_fraction
+    f, pct = spot.spec.max_spot_fraction, spot.spec.on_demand_buffer_percent
+    sdoc = by_kind["SpotPolicy"][spot.name][0]
     if on_spot > 0 and not spot_share_ok(on_spot, on_spot + on_demand, f):
-        sdoc = by_kind["SpotPolicy"][spot.name][0]
         diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "max_spot_fraction")), spot.kind, spot.name, "spec.max_spot_fraction",
                                 f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot; with every on-demand pool at "
                                 f"max_instances ({on_demand:g} {unit}) spot is {on_spot / (on_spot + on_demand):.0%} of the fleet, over "
                                 f"max_spot_fraction {f:g} (every plan would be refused)"))
+    # (the buffer likewise: a spot-only A10G pool at min_instances 1 beside no on-demand GPU pool under a 25% buffer;
+    # the plan left the pool empty, the h7 hunt)
+    if on_spot > 0 and not buffer_ok(on_demand, on_spot, pct):
+        diags.append(Diagnostic(sdoc.file, sdoc.line_of(("spec", "on_demand_buffer_percent")), spot.kind, spot.name,
+                                "spec.on_demand_buffer_percent",
+                                f"spot-only pools' min_instances put at least {on_spot:g} {unit} on spot, so {pct:g}% of it must stand "
+                                f"idle on-demand, but every on-demand pool at max_instances holds {on_demand:g} {unit} (every plan "
+                                "would break one of them)"))
 
 
 

@@ -48,3 +48,51 @@ def test_the_room_the_on_demand_work_makes_goes_to_the_spot_job_ranked_first(tmp
     assert {d.key.split(":")[1]: a.placed[d.key] for d in problem.demands} == {"spot-job": 1, "od-job": 1, "low-spot-job": 1}
     assert not a.refused
     assert sorted(c.market for c in problem.offers() for _ in range(a.use.get(c.key, 0))) == ["on-demand", "on-demand", "spot", "spot"]
+
+
+def test_greedy_buys_a_spot_only_pools_minimum_beside_the_on_demand_capacity_the_share_asks_for(tmp_path):
+    """A spot-only MIG pool at min_instances 2 (one GPU each) under max_spot_fraction 0.25, and an on-demand A10G pool
+    (max 3): the two spot GPUs need six on-demand ones beside them. Greedy's plan (`--time-limit 0`) bought nothing,
+    the share refusing each spot instance, and left the pool under its minimum (the h7 hunt, reduced from a random
+    fleet); CP-SAT's bought a g5.12xlarge and two g5.xlarge to stand idle. Greedy buys the minimum's spot instances
+    together with that ballast now (`_Greedy._open_with_ballast`): the same five instances, $8.57/h."""
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="spot", lo=2, hi=3)
+    mig["spec"]["mig"] = ["4g.40gb", "3g.40gb"]
+    plan = plan_for(tmp_path, [topology(), tenant("t1"), mig, pool("aws-a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], hi=3),
+                               doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25})], time_limit=0)
+    assert sorted((c.pool, c.instance_type, c.market) for c in plan.creates) == [
+        ("aws-a10g", "g5.12xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"), ("aws-a10g", "g5.xlarge", "on-demand"),
+        ("az-mig", "Standard_NC24ads_A100_v4", "spot"), ("az-mig", "Standard_NC24ads_A100_v4", "spot")], plan.creates
+    assert plan.cost_after == pytest.approx(8.5729), plan.cost_after
+
+
+def test_greedy_keeps_a_spot_only_pools_idle_host_for_its_minimum_and_spot_diversity(tmp_path):
+    """A spot-only MIG pool at min_instances 1 runs an idle spot A100 (i0), a CPU pool an idle spot n2 (i2); the SpotPolicy
+    asks min_instance_types 2, which the two keep. Greedy's plan deleted both (it opens no idle spot host while it
+    restrains spot) and left the pool under its minimum (the h7 hunt, reduced from a random fleet); with the minimum
+    bought beside its ballast, it bought an A100 again in i0's place and broke diversity. It keeps both now, as CP-SAT."""
+    from dataclasses import replace
+
+    from tests.fleetkit import instance
+
+    mig = pool("az-mig", "azure", "eastus", ["eastus-1", "eastus-2"], ["Standard_NC24ads_A100_v4"], market="spot", lo=1, hi=1)
+    mig["spec"]["mig"] = ["3g.40gb", "2g.20gb", "2g.20gb"]
+    i0 = instance("i0", "az-mig", "azure", "eastus", "eastus-2", "Standard_NC24ads_A100_v4", "spot")
+    insts = [replace(i0, tags={**i0.tags, "fleetops.io/mig": "3g.40gb-2g.20gb-2g.20gb"}),
+             instance("i2", "gcp-cpu", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot")]
+    plan = plan_for(tmp_path, [topology(), tenant("t1"), mig,
+                               pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="either", hi=2),
+                               doc("SpotPolicy", "sp", {"min_instance_types": 2})], insts, time_limit=0)
+    assert not plan.creates and not plan.deletes, (plan.creates, plan.deletes)
+
+
+def test_greedy_buys_a_spot_only_pools_minimum_with_the_spot_diversity_asks_beside_it(tmp_path):
+    """A spot-only n2 pool (one zone) at min_instances 1 under min_zones 2, beside an `either` m6i pool in another
+    cloud's zone: greedy's plan bought nothing (one spot zone breaks diversity) and left the pool under its minimum (the
+    h7 hunt); it buys the n2 and a spot m6i beside it now, $0.53/h as CP-SAT's."""
+    plan = plan_for(tmp_path, [topology(), tenant("t1"),
+                               pool("gcp-cpu", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", lo=1, hi=2),
+                               pool("aws-cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], market="either", hi=2),
+                               doc("SpotPolicy", "sp", {"min_zones": 2})], time_limit=0)
+    assert sorted((c.pool, c.instance_type, c.market) for c in plan.creates) == [
+        ("aws-cpu", "m6i.4xlarge", "spot"), ("gcp-cpu", "n2-standard-16", "spot")], plan.creates

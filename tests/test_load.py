@@ -465,6 +465,65 @@ def test_spot_only_minimums_no_on_demand_pool_can_balance_are_refused_at_load(tm
     load(write_config(tmp_path / "fits", docs(0.7)))
 
 
+
+def test_spot_only_minimums_spot_diversity_cannot_spread_are_refused_at_load(tmp_path):
+    """A spot-only A100 pool with min_instances 1 and max_instances 1 puts spot in the fleet, and min_zones 2 asks for it
+    in two zones: no fleet keeps both (the h7 hunt, 2026-12-03: the model was infeasible, greedy's plan left the pool
+    empty, noted as "could not complete greedy's answer within its work limit", and apply --plan let it pass: the
+    minimum was not met before). Load names min_zones; a second instance at max, or one zone asked, loads."""
+    def docs(hi, zones):
+        return [topology(), tenant("t"), pool("s", "gcp", "us-central1", ["us-central1-a", "us-central1-b"], ["a2-highgpu-1g"],
+                                              market="spot", lo=1, hi=hi),
+                _doc("SpotPolicy", "sp", {"min_zones": zones})]
+    errs = errors_of(write_config(tmp_path / "over", docs(1, 2)))
+    assert any("spec.min_zones" in e and "can span at most 1 zones" in e and "under min_zones 2" in e for e in errs), errs
+    load(write_config(tmp_path / "room", docs(2, 2)))
+    load(write_config(tmp_path / "one", docs(1, 1)))
+
+
+
+def test_a_pool_minimum_of_one_is_no_half_spot_instance_at_load(tmp_path):
+    """One A100-80GB as a minimum (`either`) under max_spot_fraction 0.5: alone it is all spot or on-demand. Counted
+    fractionally (half of each, $2.06/h) it fit a $3.35/h budget and loaded (a random fleet of the h7 hunt; the plan
+    left the pool empty); in whole instances it costs $3.67/h on-demand: load names the budget. $3.70/h loads."""
+    def docs(budget):
+        return [topology(), tenant("t"), pool("az", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="either", lo=1, hi=2),
+                _doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5}), _doc("GuardrailPolicy", "g", {"max_hourly_budget": budget})]
+    errs = errors_of(write_config(tmp_path / "over", docs(3.35)))
+    assert any("spec.max_hourly_budget" in e and "at least $3.67/h" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(3.7)))
+
+
+
+def test_spot_only_minimums_no_on_demand_pool_can_buffer_are_refused_at_load(tmp_path):
+    """A spot-only A10G pool at min_instances 1 under a 25% on-demand buffer, beside only a CPU pool (which counts 0 in
+    a GPU fleet): no on-demand GPU can stand idle beside the spot one (the h7 hunt, reduced from a random fleet: the plan
+    left the pool empty). Load names on_demand_buffer_percent; an on-demand A10G pool beside it loads."""
+    def docs(*more):
+        return [topology(), tenant("t"), pool("s", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="spot", lo=1, hi=1),
+                pool("c", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1),
+                _doc("SpotPolicy", "sp", {"on_demand_buffer_percent": 25}), *more]
+    errs = errors_of(write_config(tmp_path / "over", docs()))
+    assert any("spec.on_demand_buffer_percent" in e and "holds 0 GPUs" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(pool("o", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], hi=1))))
+
+
+
+def test_spot_only_minimums_whose_diverse_spot_no_share_holds_are_refused_at_load(tmp_path):
+    """A spot-only MIG pool at min_instances 1 (one zone) under min_zones 2 needs a second spot zone: only a spot p4d,
+    whose pool's minimum and maximum are 2, so 9 of 17 GPUs are spot, over max_spot_fraction 0.5 (the h7 hunt: the plan
+    left the MIG pool empty). Load names min_zones; a share of 0.6 loads."""
+    def docs(fraction):
+        mig = pool("az-mig", "azure", "eastus", ["eastus-1"], ["Standard_NC24ads_A100_v4"], market="spot", lo=1, hi=1)
+        mig["spec"]["mig"] = ["4g.40gb", "3g.40gb"]
+        return [topology(), tenant("t"), mig, pool("p4d", "aws", "us-east-1", ["us-east-1a", "us-east-1b"], ["p4d.24xlarge"],
+                                                     market="either", lo=2, hi=2),
+                _doc("SpotPolicy", "sp", {"min_zones": 2, "max_spot_fraction": fraction})]
+    errs = errors_of(write_config(tmp_path / "over", docs(0.5)))
+    assert any("spec.min_zones" in e and "at least 2 spot instances" in e for e in errs), errs
+    load(write_config(tmp_path / "fits", docs(0.6)))
+
+
 def _the_long_way(text: str) -> list:
     """(line, value, lines in _paths' order) of every document, composed into YAML nodes and converted."""
     from reconciler.load import _compose_all, _Converter

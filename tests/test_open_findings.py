@@ -238,7 +238,14 @@ told to make it a plain test).
   fleet119 (the h10 session, 2026-12-03, made by hand: fleet117 without its budget, and t3's A100 job
   in a part of its own; on main too): where one independent part fell back to greedy best-fit, the whole answer was
   called greedy's, and the other part's CP-SAT answer, which stopped t1's guaranteed j0, was emitted unchecked with its
-  tiers claimed proven (its test)."""
+  tiers claimed proven (its test).
+  fleet127, fleet128 (the h7 hunt, 2026-12-03, random fleets with pool minimums under lowered budgets; on main too): a
+  pool minimum the budget holds only on spot, where the spot share (fleet127) or spot diversity (fleet128) refuses
+  spot alone: no plan keeps every rule, the model was infeasible and greedy's plan deleted the instance that met the
+  minimum, which `apply --plan` refused. Load refuses such a config now, with a bound on what the minimums cost under
+  the spot rules (its tests). fleet129 (the same hunt): greedy bought no spot for a spot-only pool's minimum under an
+  on-demand buffer (its restraint on spot), and the answer under the minimum beat its spot-first pass's on cost; the
+  minimums met rank first now (its test)."""
 
 from __future__ import annotations
 
@@ -2758,3 +2765,50 @@ def test_running_jobs_packed_past_a_pools_max_move_to_another_pool_on_fleet125()
     assert actions == {"place": 48, "move": 12} and not plan.solver.unpacked, actions
     assert {i for j in plan.jobs if j.job.startswith("e") for i in j.instances} <= {c.ref for c in plan.creates if c.instance_type == "m6i.xlarge"}
     check_fleet(fleet("fleet125"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_pool_minimums_the_budget_holds_only_on_spot_past_the_spot_share_are_refused_at_load_on_fleet127(tmp_path):
+    """fleet127 (the h7 hunt, 2026-12-03; on main too): Pool/az (an A100-80GB `either` pool, min_instances 1) runs one
+    spot instance; max_hourly_budget $0.89/h holds its spot price ($0.44/h) but not its on-demand one ($3.67/h), and
+    max_spot_fraction 0.25 refuses a fleet of spot alone. No fleet keeps all three, and validate said ok (the minimum's
+    cheapest offer is under the budget; the pool is not spot-only). The model was infeasible, greedy's plan (emitted
+    as "could not complete greedy's answer within its work limit") deleted i0, breaking the minimum the fleet meets
+    now, and `apply --plan` refused it. Load refuses such a config now, naming the budget, the share and the least
+    the minimums cost under it (one on-demand instance, $3.67/h)."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+    from reconciler.errors import ConfigError
+    from tests.fleetkit import write_config
+
+    with pytest.raises(ConfigError, match=r"max_hourly_budget.*min_instances.*max_spot_fraction 0.25.*at least \$3\.67/h"):
+        solve_both(fleet("fleet127"), time_limit=2)
+    out = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "cfg", fleet("fleet127").docs))])
+    assert out.exit_code == 1 and "fleet.yaml:" in out.output and "spec.max_hourly_budget" in out.output, out.output
+
+
+def test_a_pool_minimum_the_budget_holds_only_on_spot_spot_diversity_refuses_is_refused_at_load_on_fleet128():
+    """fleet128 (the h7 hunt, 2026-12-03, reduced from a random fleet; on main too): Pool/aws-cpu (one zone, `either`,
+    min_instances 1) runs a spot m6i.4xlarge ($0.29/h); max_hourly_budget $0.35/h holds it but not an on-demand one
+    ($0.77/h), and the SpotPolicy's min_zones 2 refuses spot in one zone (two spot instances cost $0.58/h). As fleet127:
+    the model was infeasible, greedy's plan deleted i0 under the minimum the fleet meets, and `apply --plan` refused
+    it. Load's bound on the minimums' cost splits on spot diversity (no spot, or as many spot instances as it asks)."""
+    from reconciler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"min_zones 2.*at least \$0\.58/h.*max_hourly_budget \$0\.35/h"):
+        solve_both(fleet("fleet128"), time_limit=2)
+
+
+def test_greedy_buys_a_spot_only_pools_minimum_under_an_on_demand_buffer_on_fleet129():
+    """fleet129 (the h7 hunt, 2026-12-03, reduced from a random fleet; on main too): Pool/aws-a10g is spot-only with
+    min_instances 2 and no instance yet; Pool/az runs one idle on-demand A100 i0; the SpotPolicy asks a 25% on-demand
+    buffer. CP-SAT's plan buys two spot g5.xlarge and keeps i0 idle for the buffer (0.5 of the 2 spot GPUs needed).
+    Greedy's (the fallback, `--time-limit 0`) bought none and deleted i0: the pool ended at 0 of its minimum 2. Greedy
+    opens no spot for a minimum while it restrains spot (an on-demand buffer or diversity asked); its spot-first pass
+    met the minimum, and lost to the plain pass's answer on cost ((work, -cost)). Greedy's answers are compared by the
+    pool minimums met first now (greedy.ranks_above; strategy.warm_start too): two spot g5.xlarge bought, i0 kept."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet129"), time_limit=5)
+    for p in (plan, gplan):
+        assert sorted((c.site.instance_type, c.site.market) for c in p.creates) == [("g5.xlarge", "spot")] * 2, p.creates
+        assert not p.deletes, p.deletes
+    check_fleet(fleet("fleet129"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))

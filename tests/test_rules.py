@@ -1049,6 +1049,33 @@ def test_a_higher_class_takes_the_license_of_the_lowest_priority_holder_when_pre
     assert jobs["crit"].action == "pending" and jobs["crit"].reason.startswith("license matlab: 2/2 held, by low, normal")
 
 
+
+def test_a_license_count_lowered_to_zero_stops_its_holders_and_every_plan_is_emitted(tmp_path):
+    """License sim lowered to 0 under two holders on one g5.12xlarge (a pool at max 1): t3's j1 (2 of it) and t1's
+    guaranteed low j3 (1), while t3 asks for a critical 4-GPU j6 there. Neither holder can run anywhere, so both stop
+    and j6 takes the instance. Apply's re-check weighed j3's stop with j1 put back in its room (guaranteed work of
+    t3's that t3's higher class took): the license broken with j1 there, keeping j3 broke "no rule the plan keeps", and
+    every plan was refused ("internal error: the plan would stop running work that no rule requires stopping"; the h7
+    hunt, reduced from a random fleet). A job that alone holds more of a License than its count, or its tenant's quota
+    of it, cannot stay anywhere now (ledger.jobs_that_must_leave)."""
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+
+    docs = [topology(), tenant("t1", gpus=2), tenant("t3", gpus=5),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=1), doc("License", "sim", {"count": 0}),
+            job("j1", tenant="t3", gpus=1, gpu_type="A10G", cpu=4, mem=16, licenses={"sim": 2}),
+            job("j3", tenant="t1", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="low", licenses={"sim": 1}),
+            job("j6", tenant="t3", gpus=4, gpu_type="A10G", cpu=40, mem=160, priority="critical")]
+    insts, running = [instance("i0", "a10g", "aws", "us-east-1", "us-east-1a", "g5.12xlarge")], {"j1": ("i0",), "j3": ("i0",)}
+    desired = load(write_config(tmp_path / "cfg", docs))
+    observed = replace(catalog_observed(desired, insts, running), gpu_indices={"j1": ((0,),), "j3": ((1,),)})
+    problem = build_problem(desired, observed)
+    for limit in (5, 0):
+        plan, _ = api.emitted(desired, observed, problem, limit)
+        assert {j.job: j.action for j in plan.jobs} == {"j1": "evict", "j3": "evict", "j6": "place"}, (limit, plan.jobs)
+        assert recheck(plan, desired, observed, build_problem(desired, observed))[1] == [], limit
+
+
 @pytest.mark.parametrize("lowered", ["license", "pool"])
 def test_a_rule_lowered_below_what_runs_stops_one_guaranteed_job_and_the_recheck_takes_that_stop_not_two(tmp_path, lowered):
     """Tenants t and u each run one guaranteed 1-GPU job on its own a2-highgpu-1g; then a license count (or the pool's

@@ -23,7 +23,7 @@ from reconciler.cpsat import cp_model
 
 from reconciler import parallel
 from reconciler.errors import SolverError, WallCap
-from reconciler.greedy import Assignment, greedy
+from reconciler.greedy import Assignment, greedy, ranks_above
 from reconciler.ledger import MILLI
 from reconciler.problem import Host, Problem, components
 from reconciler.solve.extract import extract, from_assignment
@@ -206,7 +206,7 @@ def warm_start(problem: Problem, move_spot: bool = False) -> Assignment:
     g = greedy(problem, move_spot=move_spot)
     if problem.hosts():
         kept = greedy(problem, keep_fleet=True, move_spot=move_spot)
-        if (kept.work, -kept.cost) >= (g.work, -g.cost - 1e-9 * max(1.0, g.cost)):
+        if ranks_above(problem, kept, g, ties=True):
             g = kept
     return g
 
