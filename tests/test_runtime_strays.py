@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 from reconciler.backend import backend_for
-from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.notices import FileNotice
 from reconciler.runtime.runtimes import REPLICA_ID, ProcessRuntime, subreaper_problem
 from tests.fleetkit import poll_until
 from tests.test_runtime_adopt import leftovers, processes_with  # noqa: F401 (leftovers: the fixture below)
 from tests.test_runtime_agent import entry
-from tests.test_runtime_workdir import escaper
+from tests.test_runtime_workdir import agent, escaper
 
 PY = sys.executable
 pytestmark = [pytest.mark.usefixtures("leftovers"),
@@ -32,11 +31,6 @@ pytestmark = [pytest.mark.usefixtures("leftovers"),
 @pytest.fixture
 def bus(tmp_path):
     return Bus(backend_for(tmp_path, None))
-
-
-def agent(bus: Bus, workdir: Path, **kw) -> Agent:
-    return Agent("i-0", bus, ProcessRuntime(), workdir, address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
-                 log=lambda m: None, **kw)
 
 
 def orphaner(marker: Path, then: str, ignores_term: bool = False) -> list[str]:
