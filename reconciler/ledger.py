@@ -16,6 +16,7 @@ import heapq
 import math
 import weakref
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 
 from providers.catalog import load_catalog
@@ -224,9 +225,35 @@ def milli_down(usd: float) -> int:
     return math.floor(usd * MILLI)
 
 
-def fraction_milli(fraction: float) -> int:
-    """A spot fraction as the model's integer coefficient (per mille)."""
-    return round(fraction * 1000)
+# The spot share and the on-demand buffer as integer rows (CP-SAT: the solver's fleet rules, a tenant's spot share,
+# load's bound on what pool minimums cost). Exact for the decimal the config wrote, so a row accepts what
+# spot_share_ok and buffer_ok accept: each scale is the smallest multiple of its base that makes the coefficient whole.
+# (The share had been rounded to the per mille, the buffer to 1/700 % in the solver and 1/1000 % in load: at
+# max_spot_fraction 0.0625 the rows refused 1 spot GPU of 16, at on_demand_buffer_percent 3.125 the solver refused 1
+# idle GPU beside 32 spot, both of which greedy, load and apply's re-check accepted.) The config's decimals are
+# bounded (model.SpotPolicySpec) so the float checks' tolerance (EPS) cannot accept what a row refuses.
+SHARE_SCALE = 1000  # the share row's base: x 1000 (a per-mille fraction's coefficient is whole)
+BUFFER_SCALE = 70000  # the buffer row's base: 7 x 10000, so a MIG item's compute slices / 7 of a GPU count exactly
+
+
+def _decimal(x: float) -> Fraction:
+    """The decimal a config wrote (the shortest that reads back as this float), exactly."""
+    return Fraction(repr(float(x)))
+
+
+def share_row(fraction: float) -> tuple[int, int]:
+    """max_spot_fraction (the fleet's or a tenant's) as integers (scale, coef): the share holds iff
+    scale x spot <= coef x total, exactly as spot_share_ok."""
+    c = _decimal(fraction) * SHARE_SCALE
+    return SHARE_SCALE * c.denominator, c.numerator
+
+
+def buffer_row(percent: float) -> tuple[int, int]:
+    """on_demand_buffer_percent as integers (scale, coef): the buffer holds iff scale x idle >= coef x spot, exactly
+    as buffer_ok."""
+    c = _decimal(percent) * BUFFER_SCALE / 100
+    return BUFFER_SCALE * c.denominator, c.numerator
+
 
 
 # ---------------------------------------------------------------- floating licenses
@@ -1403,4 +1430,4 @@ def stand_in_item_units(d, lower: list) -> int:
 
 
 __all__ = ["EPS", "MILLI", "stand_in_units", "stand_in_item_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "fraction_milli", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]
+           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "share_row", "buffer_row", "SHARE_SCALE", "BUFFER_SCALE", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]

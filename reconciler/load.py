@@ -26,7 +26,7 @@ from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
 from reconciler.errors import ConfigError, Diagnostic, shown as _shown
-from reconciler.ledger import budget_ok, buffer_ok, fraction_milli, micro, spot_share_ok, spot_units
+from reconciler.ledger import budget_ok, buffer_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
     KINDS,
@@ -1400,6 +1400,7 @@ def _least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catal
     (counted fractionally, one A100 pool's minimum of 1 read as half spot, half on-demand, under the budget: a random
     fleet of the h7 hunt); math.inf where no such fleet exists, None where the search did not finish."""
     from reconciler.cpsat import cp_model
+    from reconciler.solve.fleet_rules import buffer_row_of, spot_share_row
 
     pools = [p for _, (_, p) in sorted(by_kind["Pool"].items())]
     if any(p.spec.cloud not in catalog.regions for p in pools):
@@ -1438,9 +1439,9 @@ def _least_cost(by_kind: dict, g: GuardrailPolicySpec, sp: SpotPolicySpec, catal
         m.add(sum(xs) <= p.spec.max_instances)
     for name, xs in reserved.items():
         m.add(sum(xs) <= by_kind["Reservation"][name][1].spec.count)
-    on_spot, on_demand = sum(u * x for u, x in spot), sum(u * x for u, x in every)
-    m.add(1000 * on_spot <= fraction_milli(sp.max_spot_fraction) * (on_spot + on_demand))  # (as the model counts it)
-    m.add(100_000 * on_demand >= round(sp.on_demand_buffer_percent * 1000) * on_spot)
+    m.add(spot_share_row(spot, spot + every, sp.max_spot_fraction))  # (the solver's rows: one definition)
+    if sp.on_demand_buffer_percent > 0:
+        m.add(buffer_row_of(every, spot, sp.on_demand_buffer_percent))
     spot_count = sum(x for _, x in spot)
     if spot_at_least is None:
         m.add(spot_count <= 0)

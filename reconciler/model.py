@@ -8,6 +8,7 @@ in the config repo fails validation instead of silently meaning something else.
 from __future__ import annotations
 
 from datetime import date, datetime
+from fractions import Fraction
 from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -320,15 +321,26 @@ class JobSpec(Strict):
 # ---------------------------------------------------------------- Policies
 
 
-Fraction = Annotated[float, Field(ge=0, le=1)]
+def _decimals_at_most(places: int):
+    """A spot rule's number with at most `places` decimals: the planner's integer rows hold it exactly (ledger.share_row,
+    buffer_row), so the solver, greedy, load and apply's re-check accept the same fleets; past that their float
+    tolerance could accept what a row refuses."""
+    def check(v: float) -> float:
+        if (Fraction(repr(float(v))) * 10**places).denominator != 1:
+            raise ValueError(f"{v!r} has more than {places} decimal places (write at most {places})")
+        return v
+    return AfterValidator(check)
+
+
+SpotFraction = Annotated[float, Field(ge=0, le=1), _decimals_at_most(6)]
 
 
 class SpotPolicySpec(Strict):
-    max_spot_fraction: Fraction = 1.0  # of the fleet's GPUs (or vCPUs for a CPU-only fleet)
-    tenant_max_spot_fraction: dict[Name, Fraction] = {}  # of each named tenant's placed work (7 per GPU, 1 per MIG slice or CPU replica)
+    max_spot_fraction: SpotFraction = 1.0  # of the fleet's GPUs (or vCPUs for a CPU-only fleet)
+    tenant_max_spot_fraction: dict[Name, SpotFraction] = {}  # of each named tenant's placed work (7 per GPU, 1 per MIG slice or CPU replica)
     # Idle on-demand GPUs kept as a landing zone for interrupted spot work, as a percentage
     # of the GPUs on spot instances.
-    on_demand_buffer_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
+    on_demand_buffer_percent: Annotated[float, Field(ge=0, le=100), _decimals_at_most(4)] = 0.0
     min_instance_types: Annotated[int, Field(ge=1, le=100)] = 1  # distinct types whenever spot is used
     min_zones: Annotated[int, Field(ge=1, le=100)] = 1  # distinct zones whenever spot is used
     max_price_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # spot price / on-demand price

@@ -7,8 +7,8 @@ rules, the guardrail re-check and the model's coefficients call. tests/invariant
 
 from __future__ import annotations
 
-from reconciler.ledger import (Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, fraction_milli, item_units, milli_down,
-                               micro, pool_min_ok, pool_ok, quota_ok, spot_share_ok, within, work_units)
+from reconciler.ledger import (Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, item_units, milli_down,
+                               micro, pool_min_ok, pool_ok, quota_ok, share_row, spot_share_ok, within, work_units)
 from reconciler.model import SpotPolicySpec
 from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
 from reconciler.site import Site
@@ -100,9 +100,9 @@ def test_charges_are_the_share_of_the_instance_price():
     assert charge(demand(cpu=2), cap("cpu", cpu=8, price=0.4)) == 0.1
 
 
-def test_model_coefficients_round_bound_prices_down_and_fractions_to_per_mille():
+def test_model_coefficients_round_bound_prices_down_and_hold_fractions_exactly():
     assert milli_down(99.9999) == 99999
-    assert fraction_milli(0.5) == 500 and fraction_milli(0.3333) == 333
+    assert share_row(0.5) == (1000, 500) and share_row(0.3333) == (10000, 3333)
 
 
 # ---------------------------------------------------------------- copies that disagreed before

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import buffer_use, fraction_milli, micro
-from reconciler.problem import Demand, spot_measure
+from reconciler.ledger import buffer_row, buffer_use, micro, share_row
+from reconciler.problem import spot_measure
 from reconciler.solve.variables import is_variable, wsum
 
 if TYPE_CHECKING:
@@ -72,28 +72,31 @@ def add_spot_rules(model: Model) -> None:
     prim = lambda c: round(measure(c))  # noqa: E731 - integer coefficients
     spot = [c for c in caps if c.market == "spot"]
     if spot and sp.max_spot_fraction < 1:
-        frac = fraction_milli(sp.max_spot_fraction)
-        m.add(1000 * wsum([(prim(c), model.use[c.key]) for c in spot]) <= frac * wsum([(prim(c), model.use[c.key]) for c in caps]))
+        m.add(spot_share_row([(prim(c), model.use[c.key]) for c in spot], [(prim(c), model.use[c.key]) for c in caps], sp.max_spot_fraction))
     if spot and sp.on_demand_buffer_percent > 0:
-        od = [c for c in caps if c.market != "spot"]
-        # idle on-demand capacity (x 70000) >= percent (x 700) of spot capacity. 70000 = 7 x 10000:
-        # a MIG item uses its compute slices / 7 of a GPU, so a GPU's seven slices count exactly
-        # one GPU (at x 10000 each 1g slice rounded to 1429 and a full GPU was 10003 used).
-        need = [(round(sp.on_demand_buffer_percent * 700) * prim(c), model.use[c.key]) for c in spot]
-        idle = [(70000 * prim(c), model.use[c.key]) for c in od]
-
-        def used(d: Demand) -> int:  # x 70000 (deadline-critical work may use the buffer's capacity)
-            return round(70000 * buffer_use(d, dim))
-        for (gk, ck), v in model.x.items():
-            if model.caps[ck].market != "spot":
-                idle.append((-used(model.demands[p.groups[gk][0]]), v))
-        for (dk, hk), v in model.stay.items():
-            c = model.caps[hk]
-            if c.market != "spot":
-                idle.append((-used(model.demands[dk]), v))
-        m.add(wsum(idle) >= wsum(need))
+        idle = [(prim(c), model.use[c.key]) for c in caps if c.market != "spot"]
+        used = [(buffer_use(model.demands[p.groups[gk][0]], dim), v) for (gk, ck), v in model.x.items() if model.caps[ck].market != "spot"]
+        used += [(buffer_use(model.demands[dk], dim), v) for (dk, hk), v in model.stay.items() if model.caps[hk].market != "spot"]
+        m.add(buffer_row_of(idle, [(prim(c), model.use[c.key]) for c in spot], sp.on_demand_buffer_percent, used))
     if spot and (sp.min_instance_types > 1 or sp.min_zones > 1):
         add_spot_diversity(model, spot)
+
+
+def spot_share_row(spot: list, every: list, fraction: float):
+    """The spot share (max_spot_fraction, or a tenant's) as one linear row: `spot` and `every` (spot among it) are
+    (integer units, value) terms. The solver's fleet rules, its tenant rules and load's bound on what pool minimums
+    cost (load._least_cost) all build it here, on the ledger's coefficients (ledger.share_row)."""
+    scale, coef = share_row(fraction)
+    return scale * wsum(spot) <= coef * wsum(every)
+
+
+def buffer_row_of(idle: list, spot: list, percent: float, used: list = ()):
+    """The on-demand buffer (on_demand_buffer_percent) as one linear row: `idle` the on-demand capacity and `spot` the
+    spot capacity, (integer units, value) terms; `used` what work takes of the on-demand capacity, (units, value) with
+    fractional units (a MIG item's slices / 7 of a GPU: ledger.buffer_use). The solver and load._least_cost (which
+    counts every instance idle) build it here, on the ledger's coefficients (ledger.buffer_row)."""
+    scale, coef = buffer_row(percent)
+    return wsum([(scale * u, v) for u, v in idle] + [(-round(scale * u), v) for u, v in used]) >= wsum([(coef * u, v) for u, v in spot])
 
 
 def add_spot_diversity(model: Model, spot: list) -> None:
@@ -112,4 +115,4 @@ def add_spot_diversity(model: Model, spot: list) -> None:
         m.add(sum(used.values()) >= need * any_spot)
 
 
-__all__ = ["add_fleet_budget", "add_fleet_rules", "add_pool_bounds", "add_reservations", "add_spot_diversity", "add_spot_rules", "pool_units"]
+__all__ = ["add_fleet_budget", "buffer_row_of", "spot_share_row", "add_fleet_rules", "add_pool_bounds", "add_reservations", "add_spot_diversity", "add_spot_rules", "pool_units"]

@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import charge, fraction_milli, micro, work_units
+from reconciler.ledger import charge, micro, work_units
 from reconciler.problem import Demand
+from reconciler.solve.fleet_rules import spot_share_row
 from reconciler.solve.variables import scale, wsum
 
 if TYPE_CHECKING:
@@ -52,8 +53,7 @@ def add_tenant_rules(model: Model) -> None:
                 for c, v in model.x_of_group[gk]:
                     if c.market == "spot":
                         on_spot.append((work_units(rep), v))
-            f = fraction_milli(r.spot_fraction)
-            m.add(1000 * wsum(on_spot) <= f * wsum(total))
+            m.add(spot_share_row(on_spot, total, r.spot_fraction))
 
 
 def tenant_cost_terms(model: Model, mine: list[Demand]) -> list[tuple[int, object]]:
