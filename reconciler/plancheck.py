@@ -11,7 +11,9 @@ never read from the plan:
   type and market, inside the guardrails' regions and the spot price cap, not in a capacity
   cool-off), the provider that pool uses, and a key and ref of this plan's form; its price and
   spot bid come from the offering;
-* no pool ends with more than max_instances, nor under a min_instances the fleet meets now, and the creates fit the headroom of every cloud account quota
+* no pool ends with more than max_instances, nor under a min_instances the fleet meets now, nor, under one it does not
+  meet (quota-lowered, as the planner reads it), with fewer instances than it keeps there or short of an instance of its
+  offers that breaks no rule (what the planner buys; a zone in a capacity cool-off has no offer), and the creates fit the headroom of every cloud account quota
   as apply reads it now (quotas are not in the observed digest: another team's launch or a lowered limit since
   the plan was made is found here), by the one rule in reconciler/ledger.py (apply creates before it deletes,
   so a delete frees nothing for this plan); before, such a plan launched until the cloud refused, half applied;
@@ -92,6 +94,7 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
         errors += _tenant_errors(problem, after, before)
         broken_now = rules_broken_now(problem) | before.broken_rules()  # (as it runs, and as it can stay)
         errors += _fleet_rule_errors(after, broken_now)
+        errors += _pool_min_errors(problem, after, broken_now, creates)
         errors += _eviction_errors(plan, observed, problem, broken_now, lambda: KeptInstead.of(plan, observed, problem, staying, creates))
 
     cost_before = round(sum(host_price.get(i, 0.0) for i in instances), 4)
@@ -243,6 +246,51 @@ def _fleet_rule_errors(after, broken_now: dict[str, str]) -> list[str]:
     return [f"the plan breaks a rule the fleet keeps now: {why}" for rule, why in sorted(after.broken_rules().items())
             if rule not in broken_now and rule.split(":")[0] in ("spot-share", "spot-buffer", "spot-diversity", "tenant-spot", "license",
                                                                  "pool-min")]
+
+
+def _pool_min_errors(problem: Problem, after, broken_now: dict[str, str], creates: list[CreateAction]) -> list[str]:
+    """Pools under their min_instances now (quota-lowered, as the planner reads them: problem.pool_bounds) that the
+    plan leaves under it where it could do better, as the planner would: with fewer instances than the fleet can keep
+    there, or without an instance of the pool's offers that breaks no rule (the ledger's: reservation, max_instances,
+    cloud quota, budget, the spot rules) bought for it. A minimum the planner cannot meet (a zone in a capacity
+    cool-off has no offer, a quota no room, the budget none) is no one's fault: such a plan stays acceptable. (Under
+    its minimum now, a pool was let through empty: `pool-min` broken now licensed any plan for it, one that bought
+    nothing for the minimum or even deleted the pool's last instance. A minimum the fleet keeps is _fleet_rule_errors'.)"""
+    errors = []
+    bought = Counter(c.offer_key for c in creates)
+    for pool, (lo, _) in sorted(problem.pool_bounds.items()):
+        have = after.pool_count(pool)
+        if f"pool-min:{pool}" not in broken_now or have >= lo:
+            continue
+        can_stay = sum(1 for h in problem.hosts() if h.pool == pool and h.keep_blocker is None)
+        if have < min(lo, can_stay):
+            errors.append(f"pool {pool}: the plan leaves {have} instances, under its min_instances {lo}, where the fleet "
+                          f"keeps {can_stay} (a pool under its minimum may not lose an instance it can keep)")
+            continue
+        floor = (f"its minimum {lo} ({problem.quota_floors[pool].removeprefix(f'pool {pool}: ')})" if pool in problem.quota_floors
+                 else f"its min_instances {lo}")
+        buyable = _rule_keeping_offer(after, [c for c in problem.offers() if c.pool == pool and not c.members
+                                              and bought[c.offer_key] < c.max_new])
+        if buyable is not None:
+            errors.append(f"pool {pool}: the plan leaves {have} instances, under {floor}, where one more "
+                          f"{buyable.market} {buyable.instance_type} in {buyable.zone} breaks no rule (the planner buys it)")
+    return errors
+
+
+def _rule_keeping_offer(after, offers: list[Capacity]) -> Capacity | None:
+    """The cheapest offer one more instance of which the plan's fleet (`after`) takes with no rule broken that it
+    keeps, as the planner opens one for a pool minimum; None if each breaks one."""
+    broken = set(after.broken_rules())
+    for c in sorted(offers, key=lambda c: (c.price, c.key)):
+        if after.open_rules(c, 1):
+            continue
+        after.add_instance("+pool-min", c)
+        try:
+            if set(after.broken_rules()) <= broken:
+                return c
+        finally:
+            after.remove_instance("+pool-min")
+    return None
 
 
 def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list[CreateAction]) -> list[str]:

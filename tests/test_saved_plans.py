@@ -1103,3 +1103,48 @@ def test_a_tenant_over_its_gpu_ceiling_licenses_no_stop_of_its_cpu_work(tmp_path
         assert [j.job for j in plan.jobs if j.action == "evict"] == ["g2"]
         edit = _deleting(_set(_set(_set(plan, "c", "evict"), "g1", "keep", ["i1"], [(0,)]), "g2", "keep", ["i2"], [(0,)]), fleet[2])
         assert any("job c: evicted, but it runs inside tenant t1's guarantee" in e for e in check(edit)), check(edit)
+
+
+def test_a_pool_under_its_minimum_is_left_under_it_only_where_the_planner_cannot_buy_for_it(tmp_path):
+    """Pool cpu (min_instances 3) runs one m6i.xlarge, i0: under its minimum now. `pool-min` broken now licensed any
+    plan for it: an edit that bought nothing for it, or deleted i0 too, applied. A plan that could meet the minimum
+    (an offer of the pool breaks no rule) and does not, or takes an instance it can keep, is refused now; the
+    planner's own plans where it cannot (its zone in a capacity cool-off; a cloud quota with room for one more) are not."""
+    from providers.base import Quota
+    from reconciler.load import load
+    from reconciler.plan import make_plan
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from reconciler.solve import solve
+    from tests.fleetkit import catalog_observed, instance, pool, tenant, topology, write_config
+
+    i0 = instance("i0", "cpu", "aws", "us-east-1", "us-east-1a", "m6i.xlarge")
+    desired = load(write_config(tmp_path, [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.xlarge"], lo=3, hi=4)]))
+
+    def planned(**observed_too):
+        """The planners' plans (CP-SAT's, greedy's) and the re-check of a plan."""
+        observed = replace(catalog_observed(desired, [i0], {}), **observed_too)
+        problem = build_problem(desired, observed)
+        plans = [make_plan(desired, observed, problem, solve(problem, time_limit=tl)) for tl in (10, 0)]
+        return plans, lambda plan: recheck(plan, desired, observed, build_problem(desired, observed))[1]
+
+    plans, check = planned()
+    for plan in plans:
+        assert len(plan.creates) == 2 and check(plan) == []
+        assert check(replace(plan, creates=plan.creates[:1])) == [
+            "pool cpu: the plan leaves 2 instances, under its min_instances 3, where one more on-demand m6i.xlarge in "
+            "us-east-1a breaks no rule (the planner buys it)"]
+        assert check(_deleting(replace(plan, creates=()), i0)) == [
+            "pool cpu: the plan leaves 0 instances, under its min_instances 3, where the fleet keeps 1 (a pool under its "
+            "minimum may not lose an instance it can keep)"]
+    plans, check = planned(short=frozenset({("aws", "us-east-1a", "m6i.xlarge", "on-demand")}))
+    for plan in plans:
+        assert not plan.creates and not plan.deletes and check(plan) == []
+    quota = Quota("aws", "us-east-1", "Running On-Demand Standard instances", "vCPUs", 8, 4, (("m6i.xlarge", "on-demand", 4),))
+    plans, check = planned(quotas=(quota,))
+    for plan in plans:
+        assert len(plan.creates) == 1 and check(plan) == []
+        assert check(replace(plan, creates=())) == [
+            "pool cpu: the plan leaves 1 instances, under its minimum 2 (min_instances 3 lowered to 2: cloud quota aws Running "
+            "On-Demand Standard instances in us-east-1 has no room for more), where one more on-demand m6i.xlarge in "
+            "us-east-1a breaks no rule (the planner buys it)"]
