@@ -12,8 +12,8 @@ from rich.text import Text
 
 from reconciler.errors import shown
 from reconciler.ledger import money
-from reconciler.plan import RANKS_HIGHER, Plan
-from reconciler.plan.quality import proofs_of
+from reconciler.plan import Plan
+from reconciler.plan.quality import greedy_advice, proofs_of
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -58,9 +58,10 @@ def _solver_line(plan: Plan) -> str:
     took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
     if s.status == "GREEDY_FALLBACK":
         why = s.note or f"CP-SAT found no solution{took}"
-        if why.endswith(RANKS_HIGHER):  # (more work is no promise here: plan.quality.RANKS_HIGHER)
+        advice = greedy_advice(why)  # (what a longer search would do depends on why the plan is greedy's)
+        if advice is None:
             return f"{why}; plan {plan.id}"
-        return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
+        return f"{why}: this plan is greedy best-fit; {advice}; plan {plan.id}"
     unproven = s.unproven
     words = _unproven_words(s)
     # (a tier below greedy's comes from the repair stage's answer, searched again instance by instance, not a limit)

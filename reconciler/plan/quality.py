@@ -23,6 +23,28 @@ UNPACKED = "its replicas could not be packed onto the instances the plan buys"  
 # (api.plan): more --time-limit is then no promise of a better one (the repair stages' work is fixed), so the plan line
 # gives none (render._solver_line).
 RANKS_HIGHER = "this plan is greedy best-fit's, which ranks higher by the tiers"
+# Why a plan is greedy best-fit's, where what a longer search would do differs (solve.strategy's notes; `greedy_advice`).
+GREEDY_ONLY = "greedy best-fit only (--time-limit 0)"
+WALL_CAP = "the solver's wall-clock safety cap"
+MODEL_INFEASIBLE = ("CP-SAT proved its model infeasible, so no plan keeps every rule as it counts them (pool minimums, "
+                    "budgets, quotas and spot rules together) and greedy's answer breaks one: greedy best-fit")
+
+
+def greedy_advice(note: str) -> str | None:
+    """What a plan of greedy best-fit's says would give a better one, by why it is greedy's (its note), or None where
+    nothing would: more work is no promise where greedy's plan ranks higher than CP-SAT's packed one, and none where
+    the model was proven infeasible (no work limit was hit). `--time-limit 0` asked for greedy's plan alone; CP-SAT's
+    plan is then another run's, never ranked below it, not always better (the quickstart: both $53.40/h). The wall-clock
+    cap grows with --time-limit as the work does: a less loaded machine, not more work, gets CP-SAT's plan."""
+    if note.endswith(RANKS_HIGHER):
+        return None
+    if note.startswith(GREEDY_ONLY):
+        return "a --time-limit above 0 has CP-SAT search for a better one and prove how good it is"
+    if WALL_CAP in note:
+        return "a run on a less loaded machine gets CP-SAT's"
+    if MODEL_INFEASIBLE in note and "work limit" not in note.replace(MODEL_INFEASIBLE, ""):
+        return "no longer --time-limit changes that"
+    return "a longer --time-limit may find a better one"
 
 def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
                     n_unpacked: int, kept: frozenset[str], backfilled: int = 0) -> tuple[str, bool, float]:

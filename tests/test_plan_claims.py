@@ -1,0 +1,80 @@
+"""What a plan says of itself holds for the plan the user gets: greedy best-fit's plans (--time-limit 0, the wall-clock
+cap's fallback, a model proven infeasible), a tier the emitted plan keeps short of the solver's count, and a plan of
+independent parts some of which greedy answered."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from reconciler import api
+from reconciler.load import load
+from reconciler.plan import make_plan
+from reconciler.problem import build_problem
+from reconciler.render import _solver_line, render_human, render_markdown
+from reconciler.solve import solve
+from tests.fleetkit import catalog_observed, copy_quickstart, job, pool, tenant, topology, write_config
+
+
+def _built(docs: list[dict]):
+    with tempfile.TemporaryDirectory() as d:
+        desired = load(write_config(Path(d), docs))
+    observed = catalog_observed(desired)
+    return desired, observed, build_problem(desired, observed)
+
+
+def test_a_model_proven_infeasible_is_not_said_to_have_hit_its_work_limit():
+    """A pool minimum (one m6i.4xlarge, $0.77/h) under a fleet budget of $0.10/h: no plan keeps both (load refuses
+    such a config; the problem is made so here, as a contradiction load does not see would reach the solver). CP-SAT
+    proved its model infeasible in 0.02 s, and the plan said "CP-SAT could not complete greedy's answer within its work
+    limit ... raise --time-limit for a better one": no work limit was hit, and no --time-limit changes the plan."""
+    desired, observed, problem = _built([topology(), tenant("t"), job("j", cpu=2, mem=4),
+                                         pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], lo=1, hi=2)])
+    problem = replace(problem, budget=0.1)
+    solution = solve(problem, time_limit=2)
+    assert solution.status == "GREEDY_FALLBACK"
+    assert "proved its model infeasible" in solution.note and "work limit" not in solution.note, solution.note
+    line = _solver_line(make_plan(desired, observed, problem, solution))
+    assert "raise --time-limit" not in line and "may find a better one" not in line, line
+    assert "no longer --time-limit changes that" in line, line
+
+
+def test_greedys_plan_asked_for_with_time_limit_0_promises_no_better_plan(tmp_path):
+    """`--time-limit 0` on the quickstart: greedy's plan is $53.40/h, as CP-SAT's optimal one is; its line said "raise
+    --time-limit for a better one". A longer search is what it offers, not a better plan."""
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=0).plan
+    assert plan.solver.status == "GREEDY_FALLBACK" and round(plan.cost_after, 2) == 53.40
+    for text in (render_human(plan), render_markdown(plan)):
+        assert "for a better one" not in text.replace("search for a better one", ""), text
+        assert "greedy best-fit only (--time-limit 0): this plan is greedy best-fit; a --time-limit above 0 has CP-SAT search " \
+               "for a better one and prove how good it is" in text, text
+
+
+def test_the_wall_clock_caps_fallback_points_at_the_load_not_at_more_work(tmp_path, monkeypatch):
+    """The wall-clock safety cap (10 x --time-limit + 30 s) hit: the cap grows with --time-limit as the work does, so
+    "raise --time-limit for a better one" was no promise; a less loaded machine is what gets CP-SAT's plan."""
+    from reconciler.solve import strategy
+
+    monkeypatch.setattr(strategy, "WALL_FACTOR", 0.0)
+    monkeypatch.setattr(strategy, "WALL_SLACK", 0.0)  # (a machine so busy that no work fits the cap)
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    line = _solver_line(plan)
+    assert plan.solver.status == "GREEDY_FALLBACK" and "wall-clock safety cap" in line, line
+    assert "raise --time-limit" not in line and "a run on a less loaded machine gets CP-SAT's" in line, line
+
+
+def test_a_pending_reason_in_greedys_plan_promises_no_search_it_did_not_make(tmp_path):
+    """A job that fits a new instance under every rule, left pending by greedy best-fit's answer, read "the solver did
+    not find that placement: the next run retries (a longer --time-limit searches more)": greedy's plan is the same
+    every run on this input, and no solver searched it. (Greedy's answer here is made to place nothing: no finding's
+    greedy plan leaves such a job, so the reason is asked of an answer that does.)"""
+    cfg = copy_quickstart(tmp_path)
+    res = api.plan(cfg, time_limit=0)
+    nothing = replace(res.solution, keep=frozenset(), new={}, stay={}, x={}, placed={})
+    plan = make_plan(res.desired, res.observed, res.problem, nothing)
+    reasons = [j.reason for j in plan.jobs if j.action == "pending" and "would hold it" in j.reason]
+    assert reasons, [j.reason for j in plan.jobs]
+    for reason in reasons:
+        assert "--time-limit" not in reason and "next run retries" not in reason, reason
+        assert "greedy best-fit, which made this plan, did not find that placement" in reason, reason
