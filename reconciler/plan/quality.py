@@ -5,6 +5,7 @@ saving, the scheduling rules' figures, and the README's order of outcomes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import conditions as deadline_conditions
@@ -155,6 +156,16 @@ def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
         return None
     kept = guarantee_kept(problem, {j.job for j in plan.jobs if j.action in ("keep", "place", "move")})
     return kept if kept < claimed else None
+
+
+def as_kept(plan: Plan, kept: int) -> Plan:
+    """`plan` with its guarantees tier at `kept`, what the plan keeps where that is short of the solver's count
+    (`guarantees_kept_short`): unproven and FEASIBLE, the plan's status too. The tier's status with it: a tier left
+    HELD below its bound read "how: held" in the PR comment's table. FEASIBLE says at least greedy's; api.emitted
+    emits greedy's plan where it ranks higher (`outcome_rank`, the guarantees first), so it holds of the plan emitted."""
+    tiers = tuple({**t, "value": kept, "status": "FEASIBLE", "proven": False} if t.get("name") == GUARANTEES_TIER else t
+                  for t in plan.solver.tiers)
+    return replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
 
 
 def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
