@@ -12,6 +12,7 @@ from reconciler import api
 from reconciler.load import load
 from reconciler.plan import make_plan
 from reconciler.problem import build_problem
+from reconciler.explain import explain_job
 from reconciler.render import _solver_line, render_human, render_markdown
 from reconciler.solve import solve
 from tests.fleetkit import catalog_observed, copy_quickstart, job, pool, tenant, topology, write_config
@@ -107,3 +108,19 @@ def test_a_guarantees_tier_the_plan_keeps_short_of_is_not_said_held(monkeypatch)
     assert plan.solver.status == "FEASIBLE" and not plan.solver.optimal
     row = next(line for line in render_markdown(plan).splitlines() if line.startswith("| guarantees kept |"))
     assert row == "| guarantees kept | 21 | 22 | feasible | no: at least greedy's |", row
+
+
+def test_explain_does_not_say_greedys_plan_has_no_cheaper_option(tmp_path):
+    """ml-platform with --time-limit 0: greedy's plan costs $206.83/h, CP-SAT's $199.00/h; explain said of every placed
+    job of greedy's "cheaper options are either taken by the rules above or cost more in the whole plan". Only an
+    optimal plan proves that."""
+    from tests.fleetkit import copy_example
+
+    cfg = copy_example(tmp_path, "ml-platform")
+    greedy = api.plan(cfg, time_limit=0)
+    assert greedy.plan.cost_after > api.plan(cfg, time_limit=3).plan.cost_after + 7
+    job = next(j.job for j in greedy.plan.jobs if j.instances)
+    said = next(d for d in explain_job(job, greedy.desired, greedy.observed, greedy.problem, greedy.plan, lambda d: greedy.plan).details
+                if d.startswith("the plan is"))
+    assert "cheaper options are either taken" not in said, said
+    assert "or was not found by greedy best-fit: this plan is not proven the cheapest" in said, said
