@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reconciler import api
 from reconciler.load import load
-from reconciler.plan import make_plan
+from reconciler.plan import Plan, make_plan
 from reconciler.problem import build_problem
 from reconciler.explain import explain_job
 from reconciler.render import _solver_line, render_human, render_markdown
@@ -84,8 +84,9 @@ def test_a_pending_reason_in_greedys_plan_promises_no_search_it_did_not_make(tmp
 def test_a_guarantees_tier_the_plan_keeps_short_of_is_not_said_held(monkeypatch):
     """api.emitted's net (plan.quality.guarantees_kept_short: the model once counted a kept job of a class of identical
     jobs as its protected one, fleet117) set the emitted plan's guarantees tier to what it keeps, unproven, and left its
-    status HELD: the PR comment's table said "how: held" of a tier below its bound. The solver's count is made one
-    above what fleet119's plan keeps here, as that model's was."""
+    status HELD: the PR comment's table said "how: held" of a tier below its bound (FEASIBLE would make the plan's line
+    say "stopped at its work limit", where the search was optimal). The solver's count is made one above what
+    fleet119's plan keeps here, as that model's was."""
     from reconciler import solve as solve_module
     from reconciler.solve import TierReport
     from tests.test_open_findings import fleet
@@ -104,10 +105,15 @@ def test_a_guarantees_tier_the_plan_keeps_short_of_is_not_said_held(monkeypatch)
     observed = replace(catalog_observed(desired, f.instances, f.placements), gpu_indices=f.gpu_indices)
     plan, _ = api.emitted(desired, observed, build_problem(desired, observed), time_limit=1)
     tier = next(t for t in plan.solver.tiers if t["name"] == "guarantees kept")
-    assert (tier["value"], tier["bound"], tier["proven"], tier["status"]) == (21, 22, False, "FEASIBLE"), tier
+    assert (tier["value"], tier["bound"], tier["proven"], tier["status"]) == (21, 22, False, "KEPT_SHORT"), tier
     assert plan.solver.status == "FEASIBLE" and not plan.solver.optimal
     row = next(line for line in render_markdown(plan).splitlines() if line.startswith("| guarantees kept |"))
-    assert row == "| guarantees kept | 21 | 22 | feasible | no: at least greedy's |", row
+    assert row == "| guarantees kept | 21 | 22 | as the plan keeps it | no: at least greedy's |", row
+    assert Plan.from_json(plan.to_json()).solver.tiers == plan.solver.tiers
+    # (and no work limit stopped it: the search was optimal in 0.3 s)
+    line = _solver_line(plan)
+    assert "work limit" not in line and "CP-SAT counted more than the plan keeps with 1 tier(s) not proven best (guarantees kept: " \
+        "the plan's value, at least greedy's), so no optimality gap is claimed" in line, line
 
 
 def test_explain_does_not_say_greedys_plan_has_no_cheaper_option(tmp_path):

@@ -158,12 +158,17 @@ def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
     return kept if kept < claimed else None
 
 
+# A tier's status where the emitted plan keeps less than the solver counted (`as_kept`): no search stopped it there.
+KEPT_SHORT = "KEPT_SHORT"
+
+
 def as_kept(plan: Plan, kept: int) -> Plan:
     """`plan` with its guarantees tier at `kept`, what the plan keeps where that is short of the solver's count
-    (`guarantees_kept_short`): unproven and FEASIBLE, the plan's status too. The tier's status with it: a tier left
-    HELD below its bound read "how: held" in the PR comment's table. FEASIBLE says at least greedy's; api.emitted
-    emits greedy's plan where it ranks higher (`outcome_rank`, the guarantees first), so it holds of the plan emitted."""
-    tiers = tuple({**t, "value": kept, "status": "FEASIBLE", "proven": False} if t.get("name") == GUARANTEES_TIER else t
+    (`guarantees_kept_short`): unproven, status KEPT_SHORT, the plan FEASIBLE. The tier's status with it: a tier left
+    HELD below its bound read "how: held" in the PR comment's table, and FEASIBLE "stopped at its work limit" on the
+    plan's line (fleet119's answer was optimal in 0.26 s). It is at least greedy's: api.emitted emits greedy's plan
+    where that ranks higher (`outcome_rank`, the guarantees first)."""
+    tiers = tuple({**t, "value": kept, "status": KEPT_SHORT, "proven": False} if t.get("name") == GUARANTEES_TIER else t
                   for t in plan.solver.tiers)
     return replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
 

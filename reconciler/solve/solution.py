@@ -15,7 +15,8 @@ class TierReport:
     value: int
     bound: float | None  # the best value possible (None: not computed)
     # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN | BELOW_GREEDY (below the warm
-    # start's value: the repair stage's answer gave it up for a tier ranked above, strategy.searched_again)
+    # start's value: the repair stage's answer gave it up for a tier ranked above, strategy.searched_again); in a plan, also
+    # KEPT_SHORT (the plan keeps less than the solver counted: plan.quality.as_kept)
     status: str
     seconds: float
 
