@@ -130,3 +130,51 @@ def test_explain_does_not_say_greedys_plan_has_no_cheaper_option(tmp_path):
                 if d.startswith("the plan is"))
     assert "cheaper options are either taken" not in said, said
     assert "or was not found by greedy best-fit: this plan is not proven the cheapest" in said, said
+
+
+def _two_parts(path: Path, tenants=("a", "b")):
+    """Two independent parts (problem.components): tenant a's two 4-GPU jobs, each on its own p4d, where one p4d holds
+    both (a consolidation: one moves, one instance goes); tenant b's two 2-GPU jobs on two g5.12xlarge at the pool's
+    max, and a new 4-GPU one."""
+    from tests.fleetkit import instance
+
+    docs = [topology(), *(tenant(t) for t in tenants)]
+    insts, placements = [], {}
+    if "a" in tenants:
+        docs += [pool("p", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], hi=3),
+                 *(job(j, tenant="a", gpus=4, gpu_type="A100", cpu=40, mem=400) for j in ("a1", "a2"))]
+        insts += [instance(i, "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for i in ("i0", "i1")]
+        placements |= {"a1": ("i0",), "a2": ("i1",)}
+    if "b" in tenants:
+        docs += [pool("q", "aws", "us-east-1", ["us-east-1b"], ["g5.12xlarge"], hi=2),
+                 *(job(j, tenant="b", gpus=g, gpu_type="A10G", cpu=2, mem=8) for j, g in (("b1", 2), ("b2", 2), ("b3", 4)))]
+        insts += [instance(i, "q", "aws", "us-east-1", "us-east-1b", "g5.12xlarge") for i in ("k0", "k1")]
+        placements |= {"b1": ("k0",), "b2": ("k1",)}
+    desired = load(write_config(path, docs))
+    observed = catalog_observed(desired, insts, placements)
+    return desired, observed, build_problem(desired, observed)
+
+
+def test_a_consolidation_in_a_plan_with_a_part_of_greedys_says_what_it_saves(tmp_path, monkeypatch):
+    """Tenant b's part answered by greedy best-fit (as where CP-SAT cannot complete greedy's answer in a part's share
+    of the work), tenant a's by CP-SAT, which moves a1 to free a p4d. The plan said "(the saving was not measured)":
+    greedy's part measured no cost, so the parts' sum was none, though a's part measured what its move saves and b's
+    moves nothing for cost. The saving is a's, as a's fleet alone plans it; b's jobs are no consolidation's."""
+    from reconciler.problem import components
+    from reconciler.solve import strategy
+
+    alone, _ = api.emitted(*_two_parts(tmp_path / "a", ("a",)), time_limit=2)
+    saved = alone.consolidation.saving_per_hour
+    assert saved > 20, alone.consolidation
+
+    complete = strategy.Search.complete
+    monkeypatch.setattr(strategy.Search, "complete", lambda search, work, fixed=True: None if any(
+        d.tenant == "b" for d in search.problem.demands) else complete(search, work, fixed))
+    desired, observed, problem = _two_parts(tmp_path / "ab")
+    assert len(components(problem)) == 2
+    plan, solution = api.emitted(desired, observed, problem, time_limit=2)
+    assert solution.greedy_parts == 1
+    assert {j.job: j.reason for j in plan.jobs if j.action == "move"} == {"a1": "consolidation: its instance is removed"}
+    c = plan.consolidation
+    assert c.saving_per_hour is not None and abs(c.saving_per_hour - saved) < 0.01, (c, saved)
+    assert "not measured" not in render_human(plan)

@@ -133,7 +133,8 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
     why = rules.get(f"tenant-spot:{d.tenant}") if spot_left else None
     if why:
         return f"leaves spot ({spot_left[0]}): {why}"
-    consolidated = solution.consolidated or solution.stay_value is not None
+    consolidated = (solution.consolidated or solution.stay_value is not None) and \
+        (solution.moves_measured is None or d.key in solution.moves_measured)  # (not a part greedy best-fit answered)
     for h in removed:  # its instance goes: the rule that shrinks its pool or the fleet, else the work that takes the room
         pool = hosts[h].pool
         most = problem.pool_bounds.get(pool, (0, math.inf))[1] if problem is not None else math.inf
