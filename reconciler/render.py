@@ -347,6 +347,8 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
                              if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
         if differs := _tiers_differ(plan):
             lines += ["", differs]
+        elif plan.solver.narrowed or plan.solver.held:  # (as the plan's line says: its bounds are of those plans only)
+            lines += ["", f"_Best possible and proven {proofs_of(plan.solver)}._"]
         lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
     text = "\n".join(lines) + "\n"

@@ -178,3 +178,16 @@ def test_a_consolidation_in_a_plan_with_a_part_of_greedys_says_what_it_saves(tmp
     c = plan.consolidation
     assert c.saving_per_hour is not None and abs(c.saving_per_hour - saved) < 0.01, (c, saved)
     assert "not measured" not in render_human(plan)
+
+
+def test_the_tiers_table_of_a_held_search_says_of_which_plans_its_bounds_are(tmp_path):
+    """A plan searched again holding running jobs (api._lawful: Problem.held) proves its tiers and cost of the plans that
+    keep them, as its line says; the PR comment's tiers table said "best possible ..., proven: yes" with no such word
+    (the line is below it, the table what a reviewer reads). Likewise a model that left choices out (narrowed)."""
+    plan = api.plan(copy_quickstart(tmp_path), time_limit=5).plan
+    for changed, words in (({"held": 2}, "of the plans that keep the 2 running job(s) its search held"),
+                           ({"narrowed": 40}, "of the choices offered")):
+        md = render_markdown(replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, **changed)))
+        tiers = md[md.index("Objective tiers"):md.index("</details>", md.index("Objective tiers"))]
+        assert f"_Best possible and proven {words}._" in tiers, tiers
+    assert "Best possible and proven" not in render_markdown(plan)
