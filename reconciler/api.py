@@ -107,7 +107,7 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
     did not pack, and never one that stops running work no rule requires stopping (`_lawful`). The property tests
     check this, what a user gets, not the first search's answer."""
     from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
-    from reconciler.plan.quality import GUARANTEES_TIER, guarantees_kept_short
+    from reconciler.plan.quality import as_kept, guarantees_kept_short
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
@@ -136,8 +136,7 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
         # The model counts any kept job of a class of identical jobs as its protected one (objective.protected_tier);
         # the plan's stop may fall on the protected job itself (fleet117: j0 stopped to delete its host, j2 kept). Its
         # tier claim is then the emitted plan's, unproven, and greedy's plan, kept job by job, is emitted if it ranks higher.
-        plan = replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tuple(
-            {**t, "value": kept, "proven": False} if t.get("name") == GUARANTEES_TIER else t for t in plan.solver.tiers)))
+        plan = as_kept(plan, kept)
         fallback, other = greedy()
         if outcome_rank(problem, other) > outcome_rank(problem, plan):
             note = f"CP-SAT's answer stopped a job its tenant's guarantee holds where its model counted another kept: {RANKS_HIGHER}"

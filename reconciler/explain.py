@@ -114,8 +114,7 @@ def explain_job(job: str, desired, observed, problem: Problem, plan, resolve) ->
         withheld = gap_withheld(plan.solver, plan.cost_after)
         gap = (f" (no optimality gap is claimed: {withheld})" if withheld else
                f" (cost gap {plan.solver.gap:.1%}{of})" if not plan.solver.optimal else "")
-        details.append(f"the plan is {plan.solver.status.lower()}" + gap
-                       + "; cheaper options are either taken by the rules above or cost more in the whole plan (pool sizes, spot share, budgets, moves)")
+        details.append(f"the plan is {plan.solver.status.lower()}" + gap + _cheaper_options(plan.solver))
         return Explanation(job, state, summary, tuple(details), tuple(alts[:5]))
 
     state = "evicted" if change.action == "evict" else "pending"
@@ -179,6 +178,17 @@ def _guarantee_text(job: str, d: Demand, placed: set[str], held: frozenset[str],
     return (f"of its identical jobs this plan places {len(new)} anew ({', '.join(new[:5])}{' and more' if len(new) > 5 else ''}): "
             f"{fresh} inside its tenant's guarantee, {len(new) - fresh} on borrowed capacity (beyond the guarantee: reclaimable when "
             f"another tenant needs its guarantee); which of them is which is settled once they run")
+
+
+def _cheaper_options(solver) -> str:
+    """What the plan says of the options cheaper than where the job runs. Only an optimal plan proves each is taken
+    by the rules or costs more in the whole plan; greedy best-fit's (--time-limit 0: ml-platform's at $206.83/h, where
+    CP-SAT's is $199.00/h) or one the search did not prove may have missed one."""
+    if solver.optimal:
+        return "; cheaper options are either taken by the rules above or cost more in the whole plan (pool sizes, spot share, budgets, moves)"
+    who = "greedy best-fit" if solver.status == "GREEDY_FALLBACK" else "the search"
+    return (f"; a cheaper option is taken by the rules above, costs more in the whole plan (pool sizes, spot share, budgets, "
+            f"moves), or was not found by {who}: this plan is not proven the cheapest")
 
 
 def _where(change, plan, problem: Problem) -> str:

@@ -12,8 +12,8 @@ from rich.text import Text
 
 from reconciler.errors import shown
 from reconciler.ledger import money
-from reconciler.plan import RANKS_HIGHER, Plan
-from reconciler.plan.quality import proofs_of
+from reconciler.plan import Plan
+from reconciler.plan.quality import KEPT_SHORT, greedy_advice, proofs_of
 from reconciler.words import gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
@@ -48,8 +48,10 @@ def _unproven_words(s) -> str:
     """The tiers not proven best, and what is known of each: at least greedy's answer there (the warm start is their
     floor), or below it where the repair stage's answer gave it up for a tier ranked above (status BELOW_GREEDY)."""
     below = [t["name"] for t in s.tiers if t.get("status") == "BELOW_GREEDY"]
-    rest = [n for n in s.unproven if n not in below]
+    short = [t["name"] for t in s.tiers if t.get("status") == KEPT_SHORT]
+    rest = [n for n in s.unproven if n not in below and n not in short]
     return "; ".join(([f"{', '.join(rest)}; each at least greedy's"] if rest else []) +
+                     ([f"{', '.join(short)}: the plan's value, at least greedy's"] if short else []) +
                      ([f"{', '.join(below)}: below greedy's, for a tier ranked above"] if below else []))
 
 
@@ -58,14 +60,16 @@ def _solver_line(plan: Plan) -> str:
     took = f" in {s.seconds:.2f}s" if s.seconds else ""  # (a saved plan has no wall clock: its JSON is the same every run)
     if s.status == "GREEDY_FALLBACK":
         why = s.note or f"CP-SAT found no solution{took}"
-        if why.endswith(RANKS_HIGHER):  # (more work is no promise here: plan.quality.RANKS_HIGHER)
+        advice = greedy_advice(why)  # (what a longer search would do depends on why the plan is greedy's)
+        if advice is None:
             return f"{why}; plan {plan.id}"
-        return f"{why}: this plan is greedy best-fit; raise --time-limit for a better one; plan {plan.id}"
+        return f"{why}: this plan is greedy best-fit; {advice}; plan {plan.id}"
     unproven = s.unproven
     words = _unproven_words(s)
     # (a tier below greedy's comes from the repair stage's answer, searched again instance by instance, not a limit)
-    limit = ("was searched again where its counts did not pack" if any(t.get("status") == "BELOW_GREEDY" for t in s.tiers)
-             else "stopped at its work limit")
+    how = {t.get("status") for t in s.tiers if t["name"] in unproven}
+    limit = ("was searched again where its counts did not pack" if "BELOW_GREEDY" in how
+             else "counted more than the plan keeps" if how == {KEPT_SHORT} else "stopped at its work limit")
     if s.optimal:
         quality = "optimal"
     elif s.greedy_parts:  # (solve.parts: those parts measured no tiers, so the plan claims none)
@@ -337,11 +341,14 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += ["<details><summary>Objective tiers (each held while the next was solved)</summary>", ""]
         unproven = set(plan.solver.unproven)
         lines += _md_table(["tier", "value", "best possible", "how", "proven"],
-                           [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}", t["status"].lower(),
+                           [[t["name"], f"{t['value']:,}", "-" if t["bound"] is None else f"{round(t['bound']) + 0:,}",
+                             "as the plan keeps it" if t["status"] == KEPT_SHORT else t["status"].lower(),
                              ("no: below greedy's, for a tier above" if t["status"] == "BELOW_GREEDY" else "no: at least greedy's")
                              if t["name"] in unproven else "yes"] for t in plan.solver.tiers], note)
         if differs := _tiers_differ(plan):
             lines += ["", differs]
+        elif plan.solver.narrowed or plan.solver.held:  # (as the plan's line says: its bounds are of those plans only)
+            lines += ["", f"_Best possible and proven {proofs_of(plan.solver)}._"]
         lines += ["", "</details>", ""]
     lines.append(f"<sub>{_solver_line(plan)}</sub>")
     text = "\n".join(lines) + "\n"

@@ -278,7 +278,7 @@ def test_greedy_fallback_is_valid_and_said_so(tmp_path):
     assert solution.work == g.work and plan.counts()["place"] == 3
     from reconciler.render import render_human
     text = render_human(plan)
-    assert "greedy best-fit only (--time-limit 0)" in text and "raise --time-limit" in text
+    assert "greedy best-fit only (--time-limit 0)" in text and "a --time-limit above 0 has CP-SAT search for a better one" in text
     # With time, CP-SAT sees that one 8-GPU instance holds all five jobs.
     full = solve(problem, time_limit=10)
     assert full.optimal and full.work > g.work

@@ -71,7 +71,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     # 4. Per job: what happens to it. Pending reasons are read off the finished plan.
     jobs = job_changes(desired, observed, problem, solution, assigned.slots, packing, spot_drops, hosts)
     ledger = plan_ledger(problem, creates, solution.keep, [(j.job, j.instances) for j in jobs if j.instances])
-    jobs = with_pending_reasons(jobs, problem, ledger, packing.unpacked, demand_of)
+    jobs = with_pending_reasons(jobs, problem, ledger, packing.unpacked, demand_of, greedy=solution.status == "GREEDY_FALLBACK")
 
     deletes = delete_actions(problem, solution, jobs)
     existing = problem.hosts()

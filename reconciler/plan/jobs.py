@@ -91,13 +91,13 @@ def job_changes(desired: DesiredState, observed: Observed, problem: Problem, sol
 
 
 def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger, unpacked: set[str],
-                         demand_of: dict[str, Demand]) -> list[JobChange]:
+                         demand_of: dict[str, Demand], greedy: bool = False) -> list[JobChange]:
     """Each job left without instances and a reason gets its reason from the finished plan's
     ledger (its instances, charges and spot share); sorted by name. One OfferFits for them all:
     a 10k-job cold plan has ~900 pending jobs of ~800 demands but a few hundred shapes (fit()
-    asked 25k times otherwise)."""
+    asked 25k times otherwise). `greedy`: the plan is greedy best-fit's (diagnosis.pending_reason)."""
     fits = OfferFits()
-    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job, fits))
+    jobs = [replace(j, reason=(UNPACKED + "; " if j.job in unpacked else "") + pending_reason(demand_of[j.job], problem, ledger, j.job, fits, greedy))
             if not j.instances and not j.reason else j for j in jobs]
     jobs.sort(key=lambda j: j.job)
     return jobs
@@ -133,7 +133,8 @@ def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], 
     why = rules.get(f"tenant-spot:{d.tenant}") if spot_left else None
     if why:
         return f"leaves spot ({spot_left[0]}): {why}"
-    consolidated = solution.consolidated or solution.stay_value is not None
+    consolidated = (solution.consolidated or solution.stay_value is not None) and \
+        (solution.moves_measured is None or d.key in solution.moves_measured)  # (not a part greedy best-fit answered)
     for h in removed:  # its instance goes: the rule that shrinks its pool or the fleet, else the work that takes the room
         pool = hosts[h].pool
         most = problem.pool_bounds.get(pool, (0, math.inf))[1] if problem is not None else math.inf

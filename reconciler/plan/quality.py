@@ -5,6 +5,7 @@ saving, the scheduling rules' figures, and the README's order of outcomes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import conditions as deadline_conditions
@@ -23,6 +24,28 @@ UNPACKED = "its replicas could not be packed onto the instances the plan buys"  
 # (api.plan): more --time-limit is then no promise of a better one (the repair stages' work is fixed), so the plan line
 # gives none (render._solver_line).
 RANKS_HIGHER = "this plan is greedy best-fit's, which ranks higher by the tiers"
+# Why a plan is greedy best-fit's, where what a longer search would do differs (solve.strategy's notes; `greedy_advice`).
+GREEDY_ONLY = "greedy best-fit only (--time-limit 0)"
+WALL_CAP = "the solver's wall-clock safety cap"
+MODEL_INFEASIBLE = ("CP-SAT proved its model infeasible, so no plan keeps every rule as it counts them (pool minimums, "
+                    "budgets, quotas and spot rules together) and greedy's answer breaks one: greedy best-fit")
+
+
+def greedy_advice(note: str) -> str | None:
+    """What a plan of greedy best-fit's says would give a better one, by why it is greedy's (its note), or None where
+    nothing would: more work is no promise where greedy's plan ranks higher than CP-SAT's packed one, and none where
+    the model was proven infeasible (no work limit was hit). `--time-limit 0` asked for greedy's plan alone; CP-SAT's
+    plan is then another run's, never ranked below it, not always better (the quickstart: both $53.40/h). The wall-clock
+    cap grows with --time-limit as the work does: a less loaded machine, not more work, gets CP-SAT's plan."""
+    if note.endswith(RANKS_HIGHER):
+        return None
+    if note.startswith(GREEDY_ONLY):
+        return "a --time-limit above 0 has CP-SAT search for a better one and prove how good it is"
+    if WALL_CAP in note:
+        return "a run on a less loaded machine gets CP-SAT's"
+    if MODEL_INFEASIBLE in note and "work limit" not in note.replace(MODEL_INFEASIBLE, ""):
+        return "no longer --time-limit changes that"
+    return "a longer --time-limit may find a better one"
 
 def emitted_quality(solution: Solution, hosts: dict[str, Capacity], creates: list[CreateAction], repairs: int,
                     n_unpacked: int, kept: frozenset[str], backfilled: int = 0) -> tuple[str, bool, float]:
@@ -133,6 +156,21 @@ def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
         return None
     kept = guarantee_kept(problem, {j.job for j in plan.jobs if j.action in ("keep", "place", "move")})
     return kept if kept < claimed else None
+
+
+# A tier's status where the emitted plan keeps less than the solver counted (`as_kept`): no search stopped it there.
+KEPT_SHORT = "KEPT_SHORT"
+
+
+def as_kept(plan: Plan, kept: int) -> Plan:
+    """`plan` with its guarantees tier at `kept`, what the plan keeps where that is short of the solver's count
+    (`guarantees_kept_short`): unproven, status KEPT_SHORT, the plan FEASIBLE. The tier's status with it: a tier left
+    HELD below its bound read "how: held" in the PR comment's table, and FEASIBLE "stopped at its work limit" on the
+    plan's line (fleet119's answer was optimal in 0.26 s). It is at least greedy's: api.emitted emits greedy's plan
+    where that ranks higher (`outcome_rank`, the guarantees first)."""
+    tiers = tuple({**t, "value": kept, "status": KEPT_SHORT, "proven": False} if t.get("name") == GUARANTEES_TIER else t
+                  for t in plan.solver.tiers)
+    return replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
 
 
 def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:

@@ -45,24 +45,36 @@ def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
     return min(refusals, key=lambda r: r.shortfall).message
 
 
-def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit) -> str:
+def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit,
+                   greedy: bool = False) -> str:
     """The rule that binds for this job in this plan, with the plan's own numbers (the ledger
     of the finished plan: its instances, charges, spot share). Every way of placing the job is
     tried against the ledger: on new instances of each offer, or in room left on an instance.
     The reason names the rule that alone blocks the cheapest of them (lifting it would let the
     job be placed), or says that several bind at once. `fits`: fit, or an OfferFits shared by
     the reasons of one plan (demands of one shape fit alike). An evicted job whose tenant ran on
-    borrowed room says so, and whose work takes the room back (`_reclaimed`)."""
+    borrowed room says so, and whose work takes the room back (`_reclaimed`). `greedy`: the plan is greedy best-fit's
+    (GREEDY_FALLBACK), which no longer search of this run's would have searched differently (`_not_found`)."""
     evicted = job is not None and any(j == job for j, _ in d.running)
-    reason = _binding(d, problem, ledger, evicted, fits, job)
+    reason = _binding(d, problem, ledger, evicted, fits, job, greedy)
     return reason + _reclaimed(d, problem, ledger) if evicted else reason
 
 
 _NOTHING_NEW = "its zones are short of capacity or in cool-off, or spot is over max_price_fraction"
 
 
+def _not_found(greedy: bool) -> str:
+    """Who missed a placement every rule allows, and what searches more. A plan of greedy best-fit's was searched by no
+    solver: more --time-limit of this run is no promise (`--time-limit 0` asked for greedy's alone; an infeasible model
+    or a plan ranking higher than CP-SAT's is no work limit), and its solver line says why it is greedy's and what
+    would help (plan.quality.greedy_advice)."""
+    if greedy:
+        return "greedy best-fit, which made this plan, did not find that placement (the plan's solver line says why it is greedy's)"
+    return "the solver did not find that placement: the next run retries (a longer --time-limit searches more)"
+
+
 def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: Callable[[Demand, Capacity], int],
-             job: str | None = None) -> str:
+             job: str | None = None, greedy: bool = False) -> str:
     """pending_reason's rule that binds (evicted: the job ran before this plan)."""
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
@@ -93,8 +105,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         behind = [] if evicted or d.running else _stopped_beside(d, problem, ledger)
         if shared and not behind:
             return head + (f"not placed by this plan: {shared}; {o.label} would hold it alone under every pool, budget, quota and "
-                           f"spot rule (+{money(o.price)}/h); the solver did not find that placement: the next run retries (a longer "
-                           "--time-limit searches more)")
+                           f"spot rule (+{money(o.price)}/h); {_not_found(greedy)}")
         if behind:
             return head + (f"waits for the next plan: its tenant's running {', '.join(behind[:3])}{' and more' if len(behind) > 3 else ''} "
                            f"(of its class or above) stop{'s' if len(behind) == 1 else ''} in this plan, and a tenant's new work does not "
@@ -102,8 +113,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
                            f"{o.label} would hold it{' alone' if shared else ''} under every rule (+{money(o.price)}/h)"
                            + (f"; {shared}" if shared else ""))
         return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
-                       f"(+{money(o.price)}/h); the solver did not find that placement: the next run retries "
-                       "(a longer --time-limit searches more)")
+                       f"(+{money(o.price)}/h); {_not_found(greedy)}")
     single: dict[str, list[Refusal]] = {}
     for o in options:
         kinds = {r.rule for r in o.refusals}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from reconciler.ledger import MILLI
+from reconciler.problem import Host
 from reconciler.solve.solution import Solution, TierReport
 
 
@@ -50,9 +52,10 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
         lp_bound=sum(s.lp_bound for s in sols) if with_lp_bound and all(s.lp_bound is not None for s in sols) else None,
         int_bound=sum(s.int_bound for s in sols) if with_lp_bound and all(s.int_bound is not None for s in sols) else None,
         phases=phases, work_spent=round(sum(s.work_spent for s in sols), 3),
-        cost_value=None if any(s.cost_value is None for s in sols) else sum(s.cost_value for s in sols),
+        cost_value=_cost_value(sols, lambda s: s.cost_value),
         cost_bound=None if any(s.cost_bound is None for s in sols) else sum(s.cost_bound for s in sols),
         stay_value=_stay_value(sols), consolidated=any(s.consolidated for s in sols), room_jobs=sum(s.room_jobs for s in sols),
+        moves_measured=frozenset(k for s in sols if s.status != "GREEDY_FALLBACK" for k in _demands(s)) if fell else None,
         slots={k: v for s in sols for k, v in s.slots.items()},
         narrowed=sum(s.narrowed for s in sols), greedy_parts=len(fell) if len(fell) < len(sols) else 0,
     )
@@ -60,9 +63,31 @@ def merge_parts(sols: list[Solution], t0: float, with_lp_bound: bool) -> Solutio
 
 def _stay_value(sols: list[Solution]) -> float | None:
     """The parts' cost had only what must move moved: a part that moves no more than that counts as it is."""
-    if all(s.stay_value is None for s in sols) or any(s.cost_value is None for s in sols):
+    if all(s.stay_value is None for s in sols):
         return None
-    return sum(s.stay_value if s.stay_value is not None else s.cost_value for s in sols)
+    return _cost_value(sols, lambda s: s.stay_value if s.stay_value is not None else s.cost_value)
+
+
+def _cost_value(sols: list[Solution], of) -> float | None:
+    """The parts' cost objective (`of` a part: its cost_value or stay_value). A part greedy best-fit answered measured
+    none; it counts its instances at their price in both (`_priced`), which its moves, no consolidation's (Solution.
+    moves_measured), leave alike: their difference, what the consolidation saves (plan.quality.consolidation), is the
+    other parts'. (It was none: a consolidation in a CP-SAT part said "the saving was not measured".)"""
+    if all(s.status == "GREEDY_FALLBACK" for s in sols):
+        return None  # (greedy best-fit's whole answer: no cost measured, as where it was solved in one)
+    values = [_priced(s) if s.status == "GREEDY_FALLBACK" else of(s) for s in sols]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _priced(s: Solution) -> float:
+    """An answer's instances at their price, as the cost objective counts them (plan.quality.emitted_cost)."""
+    hosts = {c.instance_id: c for c in s.capacities.values() if isinstance(c, Host)}
+    return sum(round(hosts[h].price * MILLI) for h in s.keep if h in hosts) + \
+        sum((round(s.capacities[k].price * MILLI) + 1) * n for k, n in s.new.items() if k in s.capacities)
+
+
+def _demands(s: Solution) -> set[str]:
+    return set(s.placed) | {k for k, _ in s.stay} | {k for k, _ in s.x}
 
 
 __all__ = ["merge_parts"]

@@ -15,7 +15,8 @@ class TierReport:
     value: int
     bound: float | None  # the best value possible (None: not computed)
     # HELD (the warm start already reached its bound) | OPTIMAL | FEASIBLE | UNKNOWN | BELOW_GREEDY (below the warm
-    # start's value: the repair stage's answer gave it up for a tier ranked above, strategy.searched_again)
+    # start's value: the repair stage's answer gave it up for a tier ranked above, strategy.searched_again); in a plan, also
+    # KEPT_SHORT (the plan keeps less than the solver counted: plan.quality.as_kept)
     status: str
     seconds: float
 
@@ -52,7 +53,7 @@ class Solution:
     # The cost objective (milli-dollars: instances, egress, latency, moves) of this answer, and a
     # proven lower bound on it at the tiers reached (the LP's or CP-SAT's): the plan re-measures
     # its gap against the bound after packing (make_plan), since repairs add to the cost.
-    cost_value: float | None = None
+    cost_value: float | None = None  # (parts some of which greedy answered: those at their instances' prices, merge_parts)
     cost_bound: float | None = None
     # The cost (same units) of the best answer found that moves only the running work that must move,
     # when this answer moves more (strategy.stay_put): what the moves save is stay_value - cost_value.
@@ -77,6 +78,9 @@ class Solution:
     # Independent parts (solve.parts) answered by greedy best-fit where the others are CP-SAT's: the answer is no
     # greedy's plan, so the API checks it as CP-SAT's and compares it with greedy's whole plan (api.emitted).
     greedy_parts: int = 0
+    # The demands whose moves `consolidated` and stay_value speak for (None: every one): where some parts are greedy
+    # best-fit's, the other parts' (merge_parts). Greedy measured no saving: its moves are no consolidation's.
+    moves_measured: frozenset[str] | None = None
 
 
 __all__ = ["Solution", "TierReport"]

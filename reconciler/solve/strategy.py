@@ -25,6 +25,7 @@ from reconciler import parallel
 from reconciler.errors import SolverError, WallCap
 from reconciler.greedy import Assignment, greedy, ranks_above
 from reconciler.ledger import MILLI
+from reconciler.plan.quality import GREEDY_ONLY, MODEL_INFEASIBLE, WALL_CAP
 from reconciler.problem import Host, Problem, components
 from reconciler.solve.extract import extract, from_assignment
 from reconciler.solve.fewer import fewer_instances
@@ -168,7 +169,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     `processes`: how many, default by the parts' sizes and the CPUs), else one by one."""
     t0 = time.monotonic()
     if time_limit <= 0:  # --time-limit 0: greedy best-fit only
-        return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", t0, note="greedy best-fit only (--time-limit 0)")
+        return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", t0, note=GREEDY_ONLY)
     clock = Work(t0 + WALL_FACTOR * time_limit + WALL_SLACK)
     work = time_limit * WORK_PER_SECOND
     try:
@@ -180,7 +181,7 @@ def solve(problem: Problem, time_limit: float = 20.0, workers: int | None = None
     except WallCap:
         cap = WALL_FACTOR * time_limit + WALL_SLACK
         return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", t0,
-                               note=f"the solver's wall-clock safety cap ({cap:.0f} s) was hit before its work limit (a busy machine?): "
+                               note=f"{WALL_CAP} ({cap:.0f} s) was hit before its work limit (a busy machine?): "
                                     "greedy best-fit, as every run on this input gets when the cap is hit")
 
 
@@ -531,7 +532,8 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     # are every tier's floor; without them nothing could promise an answer at least greedy's.
     model.hint_from(g)
     best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget))
-    if best is None and search.infeasible:
+    breaks = best is None and search.infeasible
+    if breaks:
         # Greedy's answer breaks a rule the model keeps (fleet26: it gave up the only instance of a pool at its
         # min_instances and could not afford another under the budget: apply's re-check refuses such a plan). Its
         # floors would hold a broken answer, so CP-SAT starts from its own, greedy's answer as a hint only. Only where
@@ -540,7 +542,7 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
         best = search.complete(max(WARM_WORK[0], WARM_WORK[1] * budget), fixed=False)
     if best is None:
         return from_assignment(problem, greedy_plan(problem), "GREEDY_FALLBACK", search.t0,
-                               note="CP-SAT could not complete greedy's answer within its work limit: greedy best-fit"), {}
+                               note=no_warm_start(breaks, search.infeasible)), {}
     warm = [search.value(best, t.expr) for t in search.tiers]
     search.lap("warm start")
 
@@ -580,6 +582,18 @@ def solve_pass(problem: Problem, g: Assignment, exempt: dict[str, int], budget: 
     if with_lp_bound:
         sol = with_bounds(search, sol, bound_model, hint[:len(bound_model.proto.variables)])
     return replace(sol, phases={k: round(v, 3) for k, v in search.phases.items()}), found
+
+
+def no_warm_start(breaks: bool, infeasible: bool) -> str:
+    """Why CP-SAT has no answer to start from, as the fallback's note says it (`solve_pass`): greedy's answer breaks a
+    rule the model keeps (`breaks`, proven) and no plan keeps them all (`infeasible`, proven: no work limit was hit, and
+    more would change nothing), or no plan was found within the work; else the work ran out completing greedy's."""
+    if breaks and infeasible:
+        return MODEL_INFEASIBLE
+    if breaks:
+        return ("CP-SAT proved greedy's answer breaks a rule its model keeps and found no plan of its own within its work "
+                "limit: greedy best-fit")
+    return "CP-SAT could not complete greedy's answer within its work limit: greedy best-fit"
 
 
 def place_more(search: Search, best: list[int], waiting: list, classes: set[int]) -> bool:
