@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -118,3 +119,54 @@ def test_a_fleet_generated_on_one_zone_a_region_loads(tmp_path):
     from tests.fleetkit import write_config
 
     api.validate(write_config(tmp_path / "cfg", fleet_docs(8, seed=9101, zones_per_region=1)))
+
+
+def _openb_csvs(tmp_path, nodes: list[str], pods: list[str]):
+    """A node-shape list and a pod list in bench/data/openb's CSV forms."""
+    n, p = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    n.write_text("model,gpu,cpu_milli,memory_mib,nodes\n" + "".join(f"{r}\n" for r in nodes))
+    p.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n" + "".join(f"{r}\n" for r in pods))
+    return n, p
+
+
+def test_the_fixed_cluster_gpu_bound_counts_a_job_only_on_its_gpu_model(tmp_path):
+    """gpu_packing's bound (the 99% target's "any exact packing") counted a job on every instance type its size fits,
+    whatever the GPU model: on a cluster of one 2 x T4 and one 8 x A100 node, four 1-GPU T4 jobs were bounded at 4
+    GPUs placed where no packing places more than the T4 node's 2, and the plan's 2 read as 50% of "the bound"."""
+    from bench.openb import generate
+    from bench.run import gpu_packing
+    from reconciler import api
+
+    nodes, pods = _openb_csvs(tmp_path, ["T4,2,8000,32768,1", "G2,8,96000,393216,1"],
+                              [f"openb-pod-{i:04d},4000,8192,1,1000,T4,LS" for i in range(4)])
+    cfg, _ = generate(tmp_path / "cfg", pods, nodes, node_scale=1)
+    r = api.plan(cfg, time_limit=2)
+    got = gpu_packing(r)
+    assert (got["gpus_placed"], got["gpus_bound"]) == (2, 2.0)
+
+
+def test_the_openb_excerpt_converts_to_fixed_pools_every_job_fits(tmp_path):
+    """bench.openb: the excerpt's 1,015 pods (every 5th the converter keeps) on 1/5 of the trace's 27 node shapes, each
+    a fixed pool of a pinned test type of its shape; every job's GPU type is one its pod allows and some pool of that
+    type holds it; the config validates (its pinned catalog included)."""
+    import yaml
+
+    from bench.openb import GPU_TYPES, PODS, generate
+    from reconciler import api
+
+    cfg, seen = generate(tmp_path / "cfg", node_scale=5)
+    assert seen == {"GPU, one of several types": 532, "GPU, one type": 261, "CPU-only": 222}
+    pools = [d["spec"] for d in yaml.safe_load_all((cfg / "pools.yaml").read_text())]
+    assert len(pools) == 27 and all(p["min_instances"] == p["max_instances"] >= 1 for p in pools)
+    assert sum(p["min_instances"] for p in pools) == 309
+    types = json.loads((cfg / "catalog.json").read_text())["clouds"]["gcp"]["instance_types"]
+    spec = {r["name"]: r["gpu_spec"] for r in csv.DictReader(PODS.open())}
+    jobs = [d for f in sorted((cfg / "jobs").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    for j in jobs:
+        res = j["spec"]["resources"]
+        holds = [t for t in (types[p["instance_types"][0]] for p in pools) if t["gpus"] >= res["gpus"] and
+                 t["cpu"] >= res["cpu"] and t["memory_gib"] >= res["memory_gib"] and t.get("gpu_type") == res.get("gpu_type")]
+        assert holds, j
+        allowed = spec[j["metadata"]["name"]]
+        assert not allowed or res["gpu_type"] in {GPU_TYPES[m] for m in allowed.split("|")}, j
+    assert len(api.validate(cfg).jobs) == 1015
