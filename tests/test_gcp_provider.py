@@ -298,6 +298,64 @@ def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_err
     assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
 
 
+@pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
+@pytest.mark.parametrize("market", ["spot", "on-demand"])
+def test_a_vm_someone_deletes_as_it_starts_is_not_read_as_preempted_nor_launched_again(prov, gce, latency, market):
+    """An insert that succeeded and whose VM is gone: a Spot VM preempted, or one someone else deleted (a person, a
+    clean-up job). Both were read as a preemption: a capacity error that cooled the zone off for spot, and for an
+    on-demand VM a guess ("deleted by someone else?"). GCE records which it was, a compute.instances.preempted
+    operation or that principal's delete, and the create reads it: a plain error naming who deleted it."""
+    gce.op_latency = latency
+    gce.delete_at_start(ZONE_B, user="janitor@example.iam.gserviceaccount.com")
+    with pytest.raises(ProviderError, match="deleted by janitor@example.iam.gserviceaccount.com") as e:
+        prov.create(req("k-snatched", market=market, zone=ZONE_B))
+    assert not isinstance(e.value, CapacityError)
+    assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []  # (the first may be an earlier insert's)
+    listed = gce.requests("GET", f"/zones/{ZONE_B}/operations")
+    assert [q["filter"] for _, path, q in listed if path.endswith("/operations")] == [
+        [f'(targetLink = "https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE_B}/instances/fo-k-snatched")']]
+
+
+def test_a_preemption_is_told_by_the_operation_gce_records_for_it(prov, gce):
+    """What tells a preemption is GCE's compute.instances.preempted operation on that VM (its targetId, as names are
+    used again): one of an earlier VM of the same name says nothing of this one."""
+    gce.op_latency = 0
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted"):
+        prov.create(req("k-twice", market="spot", zone=ZONE_B))
+    gce.reclaiming.clear()
+    gce.delete_at_start(ZONE_B)
+    gce.forget_request_ids()
+    with pytest.raises(ProviderError, match="deleted by someone@example.com") as e:
+        prov.create(req("k-twice", market="spot", zone=ZONE_B))
+    assert not isinstance(e.value, CapacityError)
+    preempted = [o for o in gce.operations.values() if o.op_type == "compute.instances.preempted"]
+    assert len(preempted) == 2 and all(o.user == "system" and o.target == "fo-k-twice" for o in preempted)
+
+
+def test_an_instance_deleted_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(gce, tmp_path):
+    """An on-demand instance of the fleet deleted outside it (the console, another tool): observe no longer sees it, the
+    plan launches a replacement for its place and deletes nothing, and the instances the fleet does not own (one
+    planted by hand, one labelled for another fleet) are left as they were."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    foreign = [gce.plant(PROJECT, ZONE_A, "hand-made", machine_type="a2-highgpu-1g"),
+               gce.plant(PROJECT, ZONE_B, "other-fleet", labels={LABEL_FLEET: "other-fleet"})]
+    gone = next(i for i in _ours(gce) if i["scheduling"]["provisioningModel"] == "STANDARD")
+    gce.delete_instance(PROJECT, _zone(gone), gone["name"])
+    res = api.plan(cfg, provider="gcp", options=opts)
+    gone_id = f"projects/{PROJECT}/zones/{_zone(gone)}/instances/{gone['name']}"
+    assert gone_id not in {i.id for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes
+    again = api.apply(cfg, provider="gcp", options=opts)
+    assert again.report.ok and len(again.report.created) == 1
+    assert len(_ours(gce)) == len(first.plan.creates) and all(i["status"] == "RUNNING" for i in _ours(gce))
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+    assert [(i["name"], i["id"], i["status"]) for i in gce.instances(PROJECT) if i["name"] in ("hand-made", "other-fleet")] == [
+        (f["name"], f["id"], "RUNNING") for f in foreign]
+
+
 @pytest.mark.parametrize("skew", [-90.0, 90.0], ids=["host-clock-behind", "host-clock-ahead"])
 def test_which_insert_an_operation_answered_done_belongs_to_does_not_depend_on_this_host_s_clock(prov, gce, skew):
     """An insert answered with an operation already DONE and failed: the insert's own failure (the error now), or an
