@@ -405,6 +405,36 @@ def test_a_stopped_instance_is_noted_left_alone_and_its_work_placed_elsewhere(aw
     assert ec2.describe_instances(InstanceIds=[victim])["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
 
 
+def test_an_instance_terminated_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(aws_env, tmp_path, fleet):
+    """An on-demand instance of the fleet terminated outside it (the console, another tool): observe no longer counts it
+    (EC2 lists it terminated for a while), the plan launches one replacement for it and deletes nothing, and EC2
+    answers the replayed ClientToken with the terminated instance, so apply launches under the key's next attempt.
+    Instances the fleet does not own (one launched by hand, one tagged for another fleet) are left running."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    opts = {"endpoint_url": aws_env}
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok
+    observed = api.plan(cfg, provider="aws", options=opts).observed.instances
+    victim = next(i for i in observed if i.market == "on-demand")
+    ec2 = boto3.client("ec2", region_name=victim.region, endpoint_url=aws_env)
+    foreign = [ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, **tags)["Instances"][0]["InstanceId"]
+               for tags in ({}, {"TagSpecifications": [{"ResourceType": "instance", "Tags": [
+                   {"Key": TAG_FLEET, "Value": f"{fleet}-other"}]}]})]
+    ec2.terminate_instances(InstanceIds=[victim.id])
+    res = api.plan(cfg, provider="aws", options=opts)
+    assert victim.id not in {i.id for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes
+    again = api.apply(cfg, provider="aws", options=opts)
+    assert again.report.ok and len(again.report.created) == 1 and victim.id not in again.report.created.values()
+    after = api.plan(cfg, provider="aws", options=opts)
+    assert not after.plan.has_changes and len(after.observed.instances) == len(observed)
+    states = {d["InstanceId"]: d["State"]["Name"] for r in ec2.describe_instances(InstanceIds=foreign + [victim.id])["Reservations"]
+              for d in r["Instances"]}
+    assert states == {foreign[0]: "running", foreign[1]: "running", victim.id: "terminated"}
+
+
 def test_a_create_whose_key_holds_a_stopped_instance_launches_no_second_one(aws_env, tmp_path, fleet):
     """Every instance stopped: the plan (and its create keys) is the first apply's again, and EC2 answers each key
     with its stopped instance. Launching under the next key would make a second instance for the key; the create
