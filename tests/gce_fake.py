@@ -35,7 +35,10 @@ a deleted one is STOPPING until its operation is DONE, then gone. A preemption i
 (operationType compute.instances.preempted, by the system, DONE, its targetLink and targetId the VM's: "Determine if a
 VM was preempted" in cloud.google.com/compute/docs/instances/create-use-spot, and Google's preemption_history sample,
 which lists a zone's operations filtered on operationType and targetLink): zoneOperations.list tells a Spot VM
-preempted apart from one someone deleted (a `delete` operation by that principal). zoneOperations.wait blocks until the operation is
+preempted apart from one someone deleted (a `delete` operation by that principal). A preemption is not instant: GCE
+sends the VM an ACPI soft off and gives it up to 30 seconds before it powers it off ("Preemption process", Spot VMs
+documentation), so the VM is STOPPING for `preempt_grace` seconds of the fake's clock, the preemption's operation
+RUNNING, and only then stopped (TERMINATED) or deleted as its instanceTerminationAction says. zoneOperations.wait blocks until the operation is
 DONE or `wait_cap` seconds have passed (GCE: about 2 minutes) and answers the operation as it then stands; "In uncommon
 cases ... the request might return before the default deadline is reached, or might return after zero seconds"
 (zoneOperations.wait reference): early_waits() makes the next waits return at once, so a client must loop. A delete of
@@ -390,6 +393,7 @@ class GceFake:
         self.page_limit = page_limit  # the server's own cap on a page, below the client's maxResults if set low
         self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
         self.op_latency = 0.05  # seconds (of self.clock) an operation runs (a real insert: tens of seconds)
+        self.preempt_grace = 30.0  # seconds (of self.clock) a preempted VM is STOPPING before it is stopped or deleted
         self.wait_cap = 120.0  # seconds a zoneOperations.wait blocks at most (GCE: "no more than the 2 minutes")
         self.clock_skew = 0.0  # seconds GCE's wall clock is ahead of this host's (negative: behind); see wall()
         self._early_waits = 0  # early_waits(): waits left that answer at once, DONE or not
@@ -613,14 +617,26 @@ class GceFake:
         """GCE reclaims a Spot VM: what its scheduling.instanceTerminationAction says (GCE's default STOP keeps it,
         TERMINATED, its disks still billed; DELETE deletes it)."""
         with self.lock:
+            if self.instances_by_key[(project, zone, name)]["scheduling"].get("provisioningModel") != "SPOT":
+                raise ValueError(f"{name} is not a Spot VM: GCE preempts only Spot (and preemptible) VMs")
             self._preempted((project, zone, name))
 
     def _preempted(self, key: tuple[str, str, str]) -> None:
-        self._record(key, "compute.instances.preempted", "system")
-        if self.instances_by_key[key]["scheduling"].get("instanceTerminationAction", "STOP") == "DELETE":
-            del self.instances_by_key[key]
-        else:
-            self.instances_by_key[key]["status"] = "TERMINATED"
+        """The system's compute.instances.preempted operation: the VM STOPPING for preempt_grace, then stopped or gone."""
+        inst = self.instances_by_key[key]
+        inst["status"] = "STOPPING"
+
+        def ended(iid=inst["id"]) -> None:
+            cur = self.instances_by_key.get(key)
+            if cur is None or cur["id"] != iid:
+                return
+            if cur["scheduling"].get("instanceTerminationAction", "STOP") == "DELETE":
+                del self.instances_by_key[key]
+            else:
+                cur["status"] = "TERMINATED"
+
+        self._new_op(key[0], key[1], "compute.instances.preempted", key[2], inst["id"], latency=self.preempt_grace, user="system",
+                     on_done=ended)
 
     def stop_instance(self, project: str, zone: str, name: str) -> None:
         """`gcloud compute instances stop`, done: the instance stays, TERMINATED (GCE's stopped)."""
@@ -847,12 +863,14 @@ class GceFake:
                        running_at=now, staging_at=now, ready_at=now, inserted_at=wall, user=user, done=True, done_at=wall)
         self.operations[(project, zone, op.name)] = op
 
-    def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, **kw) -> Operation:
+    def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, *, latency: float | None = None,
+                **kw) -> Operation:
         name = _operation_name()
         now = self.clock.now()
+        latency = self.op_latency if latency is None else latency
         op = Operation(project, zone, name, op_type, target, target_id, clock=self.clock,
-                       running_at=now + self.op_latency / 3, staging_at=now + self.op_latency / 2,
-                       ready_at=now + self.op_latency, inserted_at=self.wall(), **kw)
+                       running_at=now + latency / 3, staging_at=now + latency / 2,
+                       ready_at=now + latency, inserted_at=self.wall(), **kw)
         self.operations[(project, zone, name)] = op
         self.running_ops += 1
         self.max_running_ops = max(self.max_running_ops, self.running_ops)

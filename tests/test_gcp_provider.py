@@ -289,13 +289,40 @@ def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_err
     DELETE the insert's operation still ends DONE with no error and the instance is gone. Answered with that operation
     already DONE, the insert was read as a remembered one of an earlier create and inserted again under derived
     requestIds, a Spot VM launched (and billed) each time, until the key was "spent" (KeySpentError): never a capacity
-    error, so the zone was never cooled off for spot and the next plan put the key back there."""
+    error, so the zone was never cooled off for spot and the next plan put the key back there. (Gone before the create
+    looks: preempt_grace 0; test_a_spot_vm_preempted_as_it_starts_and_still_stopping_... has GCE's 30 s.)"""
     gce.op_latency = latency
+    gce.preempt_grace = 0
     gce.reclaim_spot(ZONE_B)
     with pytest.raises(CapacityError, match="preempted") as e:
         prov.create(req("k-reclaimed", market="spot", zone=ZONE_B))
     assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
     assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
+
+
+@pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
+def test_a_spot_vm_preempted_as_it_starts_and_still_stopping_is_a_capacity_error_not_a_stopped_vm(prov, gce, latency):
+    """A preempted Spot VM is not gone at once: GCE gives it up to 30 s to shut down, STOPPING, before it deletes it
+    (instanceTerminationAction DELETE). The fake deleted it at once; against GCE the create read it back STOPPING and
+    answered a stopped VM, which apply reported as "exists but does not run ... start it, or delete it yourself", and
+    no capacity error cooled the zone off for spot. GCE's compute.instances.preempted operation says what it is."""
+    gce.op_latency = latency
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted") as e:
+        prov.create(req("k-stopping", market="spot", zone=ZONE_B))
+    assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
+    assert len(gce.insert_bodies) == 1 and [i["status"] for i in gce.instances(PROJECT)] == ["STOPPING"]
+    gce.clock.advance(gce.preempt_grace)
+    assert gce.instances(PROJECT) == []
+
+
+def test_a_spot_vm_someone_stops_as_it_starts_is_answered_stopped(prov, gce):
+    """Stopped by someone (not preempted): the create answers the VM as it is, stopped, for apply to report."""
+    gce.op_latency = 0
+    made = prov.create(req("k-stopped", market="spot", zone=ZONE_B))
+    gce.stop_instance(PROJECT, ZONE_B, "fo-k-stopped")
+    again = prov.create(req("k-stopped", market="spot", zone=ZONE_B))
+    assert (again.id, again.state) == (made.id, "stopping")
 
 
 @pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
@@ -319,7 +346,7 @@ def test_a_vm_someone_deletes_as_it_starts_is_not_read_as_preempted_nor_launched
 def test_a_preemption_is_told_by_the_operation_gce_records_for_it(prov, gce):
     """What tells a preemption is GCE's compute.instances.preempted operation on that VM (its targetId, as names are
     used again): one of an earlier VM of the same name says nothing of this one."""
-    gce.op_latency = 0
+    gce.op_latency, gce.preempt_grace = 0, 0
     gce.reclaim_spot(ZONE_B)
     with pytest.raises(CapacityError, match="preempted"):
         prov.create(req("k-twice", market="spot", zone=ZONE_B))
@@ -480,6 +507,8 @@ def test_a_preempted_spot_vm_is_deleted_or_kept_as_its_termination_action_says(p
     gce.plant(PROJECT, ZONE_A, "mine-spot-stop", labels={LABEL_FLEET: "gcp-test_fleet"}, spot=True)  # GCE's default
     gce.preempt(PROJECT, ZONE_A, "fo-k-spot")
     gce.preempt(PROJECT, ZONE_A, "mine-spot-stop")
+    assert [i["status"] for i in gce.instances(PROJECT)] == ["STOPPING", "STOPPING"]  # GCE's soft off, up to 30 s
+    gce.clock.advance(gce.preempt_grace)
     assert [(i["name"], i["status"]) for i in gce.instances(PROJECT)] == [("mine-spot-stop", "TERMINATED")]
     assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-spot-stop", "stopping")]
     assert ours.id not in {i.id for i in prov.observe([target()])}
