@@ -343,9 +343,13 @@ def test_a_vm_someone_deletes_as_it_starts_is_not_read_as_preempted_nor_launched
         [f'(targetLink = "https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE_B}/instances/fo-k-snatched")']]
 
 
-def test_a_preemption_is_told_by_the_operation_gce_records_for_it(prov, gce):
+@pytest.mark.parametrize("server", ["strict", "one-a-page", "filter-ignored"])
+def test_a_preemption_is_told_by_the_operation_gce_records_for_it(prov, gce, server):
     """What tells a preemption is GCE's compute.instances.preempted operation on that VM (its targetId, as names are
-    used again): one of an earlier VM of the same name says nothing of this one."""
+    used again): one of an earlier VM of the same name says nothing of this one. Read page by page, and checked again
+    on this side should the server ignore the filter."""
+    gce.page_limit = 1 if server == "one-a-page" else 500
+    gce.honour_filters = server != "filter-ignored"
     gce.op_latency, gce.preempt_grace = 0, 0
     gce.reclaim_spot(ZONE_B)
     with pytest.raises(CapacityError, match="preempted"):
