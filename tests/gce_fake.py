@@ -223,6 +223,7 @@ class Operation:
     on_staging: Callable[[], None] | None = None
     inserted_at: float = 0.0  # GCE's wall clock (GceFake.wall), as insertTime (and startTime) say it
     user: str = "fleetops-test@example.iam.gserviceaccount.com"  # the principal that started it ("system": GCE itself)
+    counted: bool = True  # in running_ops (a request's operation; GCE's own, a preemption, is not)
     done_at: float | None = None  # GCE's wall clock when it was settled DONE (endTime)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
@@ -635,7 +636,7 @@ class GceFake:
             else:
                 cur["status"] = "TERMINATED"
 
-        self._new_op(key[0], key[1], "compute.instances.preempted", key[2], inst["id"], latency=self.preempt_grace, user="system",
+        self._new_op(key[0], key[1], "compute.instances.preempted", key[2], inst["id"], latency=self.preempt_grace, user="system", counted=False,
                      on_done=ended)
 
     def stop_instance(self, project: str, zone: str, name: str) -> None:
@@ -840,7 +841,7 @@ class GceFake:
                 op.on_staging = None
             if now >= op.ready_at:
                 op.done, op.done_at = True, self.wall()
-                self.running_ops -= 1
+                self.running_ops -= op.counted
                 if op.on_done is not None:
                     op.on_done()
 
@@ -872,7 +873,7 @@ class GceFake:
                        running_at=now + latency / 3, staging_at=now + latency / 2,
                        ready_at=now + latency, inserted_at=self.wall(), **kw)
         self.operations[(project, zone, name)] = op
-        self.running_ops += 1
+        self.running_ops += op.counted
         self.max_running_ops = max(self.max_running_ops, self.running_ops)
         self._settle()  # (with no latency it is DONE at once)
         return op
