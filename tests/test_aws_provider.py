@@ -376,6 +376,39 @@ def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):
     assert state == "running"
 
 
+def _readme_iam_actions() -> set[str]:
+    """The actions the README's minimal IAM policy allows (its JSON block), as IAM names."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("Minimal IAM policy", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    return {a for st in json.loads(block)["Statement"] if st["Effect"] == "Allow"
+            for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+
+
+def test_the_readme_s_minimal_iam_policy_allows_every_call_a_plan_apply_and_teardown_makes(aws_env, tmp_path, fleet, ec2,
+                                                                                          aws_calls):
+    """moto enforces no IAM, so a policy missing an action the provider calls is found only on a real account, as
+    UnauthorizedOperation. A pool with subnets and a security group (checked at plan time), an apply, and the teardown:
+    every action sent is one the README's policy allows."""
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]}
+    vpc = ec2.describe_subnets(SubnetIds=[subnets["us-east-1a"]])["Subnets"][0]["VpcId"]
+    group = ec2.create_security_group(GroupName=f"{fleet}-nodes", Description="fleet nodes", VpcId=vpc)["GroupId"]
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}").replace(
+        "security_groups: []", f"security_groups: [{group}]\n    subnets: {{us-east-1a: {subnets['us-east-1a']}, "
+        f"us-east-1b: {subnets['us-east-1b']}}}"))
+    opts = {"endpoint_url": aws_env}
+    aws_calls.take()  # (the test's own calls above)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    for job in (cfg / "jobs").glob("*.yaml"):
+        job.unlink()
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    sent = aws_calls.take()
+    assert {"ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:RunInstances", "ec2:TerminateInstances"} <= sent
+    assert sorted(sent - _readme_iam_actions()) == [], sorted(sent)
+
+
 def test_a_stopped_instance_is_observed_as_stopping_not_gone(prov, fleet, ec2):
     """A stopped EC2 instance still exists (its EBS volumes are billed): observe reports it, not alive, never drops it."""
     inst = prov.create(req(fleet, "k-stopped"))
