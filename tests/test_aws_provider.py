@@ -440,9 +440,8 @@ def test_a_stopped_instance_is_noted_left_alone_and_its_work_placed_elsewhere(aw
 
 def test_an_instance_terminated_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(aws_env, tmp_path, fleet):
     """An on-demand instance of the fleet terminated outside it (the console, another tool): observe no longer counts it
-    (EC2 lists it terminated for a while), the plan launches one replacement for it and deletes nothing, and EC2
-    answers the replayed ClientToken with the terminated instance, so apply launches under the key's next attempt.
-    Instances the fleet does not own (one launched by hand, one tagged for another fleet) are left running."""
+    (EC2 lists it terminated for a while), the plan launches one replacement for it and deletes nothing, and
+    instances the fleet does not own (one launched by hand, one tagged for another fleet) are left running."""
     cfg = _config(tmp_path)
     f = cfg / "fleet.yaml"
     f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
