@@ -115,6 +115,7 @@ _IMAGE_REF = re.compile(r"^(?:.*/)?projects/(?P<project>[^/]+)/global/images/(?P
 DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_DISK_TYPE = "pd-balanced"  # the one persistent disk type the a2, a3-highgpu, g2 and n2 families all accept
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+PREEMPTED = "compute.instances.preempted"  # the operationType GCE records a preemption under
 MAX_INSERTS = 4  # remembered operations followed for one key before it counts as spent (KeySpentError)
 # How much earlier than GCE's own clock says an insert was sent (its answer's Date, less the time the answer took) GCE
 # may stamp that insert's own operation: Date is to the second, and the server that stamps insertTime is not the one
@@ -760,24 +761,55 @@ class GcpProvider:
         for _ in range(MAX_INSERTS):
             op, d, replayed = self._insert(project, zone, name, request, resource, rid, what)
             if d is not None:
+                # A Spot VM preempted as it started is STOPPING for up to 30 s (GCE's soft off) before it is deleted:
+                # not a stopped VM to start again, a preemption.
+                if (not replayed and op is not None and d.status in STOPPED_STATUSES and d.scheduling.provisioning_model == "SPOT"
+                        and self._preempted(self._ended_by(project, zone, name, op, what))):
+                    raise self._preemption(what, name, request)
                 return self._to_instance(project, d)
             # The operation succeeded but its instance is gone. Either GCE answered our requestId with the operation
             # of an earlier create of this key whose instance was deleted since (the same plan made again: a config
-            # reverted while GCE still remembers the requestId), or a Spot VM was preempted as it started. Insert once
-            # more, under a requestId derived from that operation, so a retry of the new insert is still deduplicated;
-            # a chain of remembered operations (the plan came back more than once) is followed the same way. So is a
-            # remembered operation that failed (the same key back after a stockout's cool-off or a quota raised).
+            # reverted while GCE still remembers the requestId), or this insert's VM went as it started (a Spot VM
+            # preempted, or deleted by someone else). Insert once more, under a requestId derived from that operation,
+            # so a retry of the new insert is still deduplicated; a chain of remembered operations (the plan came back
+            # more than once) is followed the same way. So is a remembered operation that failed (the same key back
+            # after a stockout's cool-off or a quota raised). An operation answered DONE within ANSWER_SLACK_S of the
+            # insert may be either (_began_before), so the first fresh one gone is inserted again too.
             fresh_gone += not replayed
-            if fresh_gone == 2:
-                break
+            if fresh_gone == 2:  # gone twice before we could look: preempted (no spot capacity there), or deleted
+                by = self._ended_by(project, zone, name, op, what)
+                if self._preempted(by):
+                    raise self._preemption(what, name, request)
+                if by is not None:
+                    raise ProviderError(f"gcp: {what}: {name} was deleted by {by.user or 'someone'} (operation {by.name}) "
+                                        "as soon as it was made, twice; not launched again by this run")
+                raise ProviderError(f"gcp: {what}: {name} was made and is gone, twice, and GCE records neither a "
+                                    "preemption nor a delete of it; not launched again by this run")
             rid = request_id(self.ctx.fleet, f"{request.key}\n{op.id}")
-        if fresh_gone < 2:
-            raise KeySpentError(f"gcp: {what}: GCE answered {MAX_INSERTS} requestIds of key {request.key} with operations "
-                                "whose instances are gone, or which failed earlier")
-        if request.market == "spot":  # preempted (and deleted) twice before we could look: no spot capacity there
-            raise CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=zone,
-                                instance_type=request.instance_type, market=request.market)
-        raise ProviderError(f"gcp: {what}: {name} was created but is gone (deleted by someone else?)")
+        raise KeySpentError(f"gcp: {what}: GCE answered {MAX_INSERTS} requestIds of key {request.key} with operations "
+                            "whose instances are gone, or which failed earlier")
+
+    def _ended_by(self, project: str, zone: str, name: str, insert, what: str):
+        """GCE's record of what ended the VM `insert` made: its compute.instances.preempted operation if GCE preempted
+        it, else the last `delete` of it (by whom: its user), else None. A preemption is an operation of its own, whose
+        targetLink and targetId are the VM's ("Determine if a VM was preempted", Spot VMs guide; Google's
+        preemption_history sample lists a zone's operations filtered on them). Without it, a VM a person or a clean-up
+        job deleted read as a Spot VM preempted: a capacity error that cooled the zone off for spot."""
+        request = self.compute.ListZoneOperationsRequest(project=project, zone=zone, max_results=MAX_PAGE,
+                                                         filter=f'(targetLink = "{insert.target_link}")')
+        history = self._call(f"{what}: list the operations on {name}", lambda: list(self.operations.list(
+            request=request, timeout=self.timeout, retry=self._reads())))
+        ended = [o for o in history if o.target_id == insert.target_id and o.operation_type in (PREEMPTED, "delete")]
+        return next((o for o in ended if o.operation_type == PREEMPTED), ended[-1] if ended else None)
+
+    @staticmethod
+    def _preempted(by) -> bool:
+        return by is not None and by.operation_type == PREEMPTED
+
+    @staticmethod
+    def _preemption(what: str, name: str, request: CreateRequest) -> CapacityError:
+        return CapacityError(f"gcp: {what}: {name} was preempted right after it started", cloud="gcp", zone=request.zone,
+                             instance_type=request.instance_type, market=request.market)
 
     def _insert(self, project: str, zone: str, name: str, request: CreateRequest, resource, rid: str, what: str):
         """One insert, waited on: (its operation, the instance it made or None if that instance is gone, whether

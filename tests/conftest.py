@@ -117,6 +117,7 @@ def moto_server():
     from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
+    from tests.aws_calls import ApiCalls
     from tests.ec2_params import ParameterRules
     from tests.ec2_quotas import Ec2Quotas
     from tests.ec2_tokens import ClientTokens
@@ -124,11 +125,12 @@ def moto_server():
     quotas = Ec2Quotas(DomainDispatcherApplication(create_backend_app))
     tokens = ClientTokens(quotas)  # a replayed token is answered before any quota is counted, as EC2 does
     params = ParameterRules(tokens)  # a malformed request is refused before anything else looks at it
-    server = make_server("127.0.0.1", 0, params, threaded=True, request_handler=MotoRequestHandler)
+    calls = ApiCalls(params)  # every action sent, by its IAM name (tests/aws_calls.py)
+    server = make_server("127.0.0.1", 0, calls, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     host, port = server.server_address[:2]
-    yield f"http://{host}:{port}", tokens, quotas
+    yield f"http://{host}:{port}", tokens, quotas, calls
     server.shutdown()
     thread.join()
 
@@ -151,6 +153,13 @@ def ec2_quotas(moto_server):
     """EC2's vCPU quotas and Service Quotas in front of moto (tests/ec2_quotas.py): limits set by the test, reset after."""
     yield moto_server[2]
     moto_server[2].reset()
+
+
+@pytest.fixture
+def aws_calls(moto_server):
+    """The AWS actions (IAM names) sent to the session's moto server from now on (tests/aws_calls.py)."""
+    moto_server[3].take()
+    return moto_server[3]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ real InstancesClient and ZoneOperationsClient unmodified:
 * GET    /compute/v1/projects/{p}/regions/{r}                     regions.get, with the region's `quotas`
 * GET    /compute/v1/projects/{p}                                 projects.get, with the project's global `quotas`
 * GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}       get
+* GET    /compute/v1/projects/{p}/zones/{z}/operations            list: `filter` (same grammar), maxResults/pageToken
 * POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait  wait
 
 Resources have the real JSON shapes: Operation (kind compute#operation, id, name,
@@ -30,7 +31,14 @@ the fake's clock (tests/fakeclock.py: a test may freeze or advance it), RUNNING 
 An inserted instance exists while its operation runs, PROVISIONING then STAGING (from half-way), and is RUNNING once
 it is DONE, as the instance life cycle documents ("When you create a compute instance, it starts in the PROVISIONING
 state, moves to STAGING, and then enters the RUNNING state", cloud.google.com/compute/docs/instances/instance-lifecycle);
-a deleted one is STOPPING until its operation is DONE, then gone. zoneOperations.wait blocks until the operation is
+a deleted one is STOPPING until its operation is DONE, then gone. A preemption is an operation too, as GCE records it
+(operationType compute.instances.preempted, by the system, DONE, its targetLink and targetId the VM's: "Determine if a
+VM was preempted" in cloud.google.com/compute/docs/instances/create-use-spot, and Google's preemption_history sample,
+which lists a zone's operations filtered on operationType and targetLink): zoneOperations.list tells a Spot VM
+preempted apart from one someone deleted (a `delete` operation by that principal). A preemption is not instant: GCE
+sends the VM an ACPI soft off and gives it up to 30 seconds before it powers it off ("Preemption process", Spot VMs
+documentation), so the VM is STOPPING for `preempt_grace` seconds of the fake's clock, the preemption's operation
+RUNNING, and only then stopped (TERMINATED) or deleted as its instanceTerminationAction says. zoneOperations.wait blocks until the operation is
 DONE or `wait_cap` seconds have passed (GCE: about 2 minutes) and answers the operation as it then stands; "In uncommon
 cases ... the request might return before the default deadline is reached, or might return after zero seconds"
 (zoneOperations.wait reference): early_waits() makes the next waits return at once, so a client must loop. A delete of
@@ -61,7 +69,8 @@ passes for the operations held (the clock advances and their insertTime, on this
 moves back), so a requestId answered again reads as the old insert it is. clock_skew: GCE's wall clock (its timestamps and
 the Date header of its answers) runs ahead of this host's (behind, if negative), as it does for a host whose clock is off.
 Test-side fault injection: exhaust(zone), cut_off(zone) (UNREACHABLE in aggregatedList), reclaim_spot(zone), withhold(zone, type), fail_next(status),
-plant(...), preempt(...) and stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
+plant(...), preempt(...), delete_instance(...) and delete_at_start(zone) (someone else's instances.delete), and
+stop_instance(...) (a preempted Spot VM is deleted or kept TERMINATED as its
 instanceTerminationAction says, GCE's default STOP; a stopped one is TERMINATED), forget_request_ids(), conflicts = "operation" (a taken name fails the
 operation with RESOURCE_ALREADY_EXISTS instead of a synchronous 409); inspection:
 instances(), requests(), log, insert_bodies.
@@ -141,6 +150,7 @@ REGIONAL_METRICS = tuple(sorted({*CPU_METRICS.values(), *GPU_METRICS.values(), "
                                  *(f"PREEMPTIBLE_{m}" for m in GPU_METRICS.values())}))
 GLOBAL_METRICS = ("CPUS_ALL_REGIONS", "GPUS_ALL_REGIONS")
 _INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
+_OPERATIONS = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
 _AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances/?$")
 _IMAGE = re.compile(r"^/compute/v1/projects/([^/]+)/global/images/(family/)?([^/]+)/?$")
@@ -212,6 +222,8 @@ class Operation:
     on_done: Callable[[], None] | None = None
     on_staging: Callable[[], None] | None = None
     inserted_at: float = 0.0  # GCE's wall clock (GceFake.wall), as insertTime (and startTime) say it
+    user: str = "fleetops-test@example.iam.gserviceaccount.com"  # the principal that started it ("system": GCE itself)
+    counted: bool = True  # in running_ops (a request's operation; GCE's own, a preemption, is not)
     done_at: float | None = None  # GCE's wall clock when it was settled DONE (endTime)
     id: str = field(default_factory=lambda: str(random.randrange(10**18, 10**19)))
 
@@ -226,7 +238,7 @@ class Operation:
         body = {
             "kind": "compute#operation", "id": self.id, "name": self.name, "zone": base, "operationType": self.op_type,
             "targetLink": f"{base}/instances/{self.target}", "targetId": self.target_id, "status": self.status,
-            "user": "fleetops-test@example.iam.gserviceaccount.com", "progress": 100 if self.status == "DONE" else 0,
+            "user": self.user, "progress": 100 if self.status == "DONE" else 0,
             "insertTime": _now(self.inserted_at), "selfLink": f"{base}/operations/{self.name}",
         }
         if self.status != "PENDING":
@@ -382,6 +394,7 @@ class GceFake:
         self.page_limit = page_limit  # the server's own cap on a page, below the client's maxResults if set low
         self.clock = FakeClock()  # what operations progress by (freeze/advance it to hold or end them)
         self.op_latency = 0.05  # seconds (of self.clock) an operation runs (a real insert: tens of seconds)
+        self.preempt_grace = 30.0  # seconds (of self.clock) a preempted VM is STOPPING before it is stopped or deleted
         self.wait_cap = 120.0  # seconds a zoneOperations.wait blocks at most (GCE: "no more than the 2 minutes")
         self.clock_skew = 0.0  # seconds GCE's wall clock is ahead of this host's (negative: behind); see wall()
         self._early_waits = 0  # early_waits(): waits left that answer at once, DONE or not
@@ -396,6 +409,7 @@ class GceFake:
         self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}  # (project, requestId) -> operation key
         self.exhausted: dict[str, str] = {}  # zone -> error code every insert's operation there ends with
         self.reclaiming: set[str] = set()  # zones whose Spot VMs are preempted the moment they start (instanceTerminationAction)
+        self.deleting_at_start: dict[str, str] = {}  # zone -> the principal that deletes each instance there as it starts
         self.withheld: set[tuple[str, str]] = set()  # (zone, machine type) that does not exist there
         self.unreachable: set[str] = set()  # zones aggregatedList cannot reach: a warning instead of their instances
         self.insert_bodies: list[tuple[str, str, dict]] = []  # (project, zone, body) of every accepted insert
@@ -462,6 +476,18 @@ class GceFake:
         (instanceTerminationAction DELETE) or TERMINATED (STOP, GCE's default)."""
         with self.lock:
             self.reclaiming.add(zone)
+
+    def delete_at_start(self, zone: str, user: str = "someone@example.com") -> None:
+        """Instances inserted in `zone` are deleted by `user` (another principal: a person, a clean-up job) the moment
+        their insert is DONE, as a `delete` operation of theirs records."""
+        with self.lock:
+            self.deleting_at_start[zone] = user
+
+    def delete_instance(self, project: str, zone: str, name: str, user: str = "someone@example.com") -> None:
+        """`user`'s instances.delete of the instance, done at once (its `delete` operation in the zone's history)."""
+        with self.lock:
+            self._record((project, zone, name), "delete", user)
+            del self.instances_by_key[(project, zone, name)]
 
     def cut_off(self, zone: str, reachable: bool = False) -> None:
         """aggregatedList cannot reach `zone`: as GCE does, it still answers 200, leaves the zone's instances out and
@@ -592,13 +618,26 @@ class GceFake:
         """GCE reclaims a Spot VM: what its scheduling.instanceTerminationAction says (GCE's default STOP keeps it,
         TERMINATED, its disks still billed; DELETE deletes it)."""
         with self.lock:
+            if self.instances_by_key[(project, zone, name)]["scheduling"].get("provisioningModel") != "SPOT":
+                raise ValueError(f"{name} is not a Spot VM: GCE preempts only Spot (and preemptible) VMs")
             self._preempted((project, zone, name))
 
     def _preempted(self, key: tuple[str, str, str]) -> None:
-        if self.instances_by_key[key]["scheduling"].get("instanceTerminationAction", "STOP") == "DELETE":
-            del self.instances_by_key[key]
-        else:
-            self.instances_by_key[key]["status"] = "TERMINATED"
+        """The system's compute.instances.preempted operation: the VM STOPPING for preempt_grace, then stopped or gone."""
+        inst = self.instances_by_key[key]
+        inst["status"] = "STOPPING"
+
+        def ended(iid=inst["id"]) -> None:
+            cur = self.instances_by_key.get(key)
+            if cur is None or cur["id"] != iid:
+                return
+            if cur["scheduling"].get("instanceTerminationAction", "STOP") == "DELETE":
+                del self.instances_by_key[key]
+            else:
+                cur["status"] = "TERMINATED"
+
+        self._new_op(key[0], key[1], "compute.instances.preempted", key[2], inst["id"], latency=self.preempt_grace, user="system", counted=False,
+                     on_done=ended)
 
     def stop_instance(self, project: str, zone: str, name: str) -> None:
         """`gcloud compute instances stop`, done: the instance stays, TERMINATED (GCE's stopped)."""
@@ -756,6 +795,9 @@ class GceFake:
                 if method == "GET":
                     return 200, {"kind": "compute#project", "name": m.group(1), "id": str(abs(hash(m.group(1))) % 10**18),
                                  "quotas": self._quotas(m.group(1), ""), "selfLink": f"{API}/projects/{m.group(1)}"}
+            elif m := _OPERATIONS.match(path):
+                if method == "GET":
+                    return 200, self._list_operations(m.group(1), m.group(2), q)
             elif m := _OPERATION.match(path):
                 project, zone, name, wait = m.groups()
                 if (method, bool(wait)) in (("GET", False), ("POST", True)):
@@ -799,7 +841,7 @@ class GceFake:
                 op.on_staging = None
             if now >= op.ready_at:
                 op.done, op.done_at = True, self.wall()
-                self.running_ops -= 1
+                self.running_ops -= op.counted
                 if op.on_done is not None:
                     op.on_done()
 
@@ -813,14 +855,25 @@ class GceFake:
             raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         return inst
 
-    def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, **kw) -> Operation:
-        name = f"operation-{int(dt.datetime.now().timestamp() * 1000)}-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
+    def _record(self, key: tuple[str, str, str], op_type: str, user: str) -> None:
+        """An operation on an instance that is over as it starts (a preemption by the system, someone else's delete):
+        DONE, in the zone's history for zoneOperations.list."""
+        project, zone, name = key
+        now, wall = self.clock.now(), self.wall()
+        op = Operation(project, zone, _operation_name(), op_type, name, self.instances_by_key[key]["id"], clock=self.clock,
+                       running_at=now, staging_at=now, ready_at=now, inserted_at=wall, user=user, done=True, done_at=wall)
+        self.operations[(project, zone, op.name)] = op
+
+    def _new_op(self, project: str, zone: str, op_type: str, target: str, target_id: str, *, latency: float | None = None,
+                **kw) -> Operation:
+        name = _operation_name()
         now = self.clock.now()
+        latency = self.op_latency if latency is None else latency
         op = Operation(project, zone, name, op_type, target, target_id, clock=self.clock,
-                       running_at=now + self.op_latency / 3, staging_at=now + self.op_latency / 2,
-                       ready_at=now + self.op_latency, inserted_at=self.wall(), **kw)
+                       running_at=now + latency / 3, staging_at=now + latency / 2,
+                       ready_at=now + latency, inserted_at=self.wall(), **kw)
         self.operations[(project, zone, name)] = op
-        self.running_ops += 1
+        self.running_ops += op.counted
         self.max_running_ops = max(self.max_running_ops, self.running_ops)
         self._settle()  # (with no latency it is DONE at once)
         return op
@@ -1024,6 +1077,9 @@ class GceFake:
                     cur["status"] = "RUNNING"
                     if zone in self.reclaiming and cur["scheduling"]["provisioningModel"] == "SPOT":
                         self._preempted(key)
+                    elif zone in self.deleting_at_start:
+                        self._record(key, "delete", self.deleting_at_start[zone])
+                        del self.instances_by_key[key]
 
             op = self._new_op(project, zone, "insert", name, inst["id"], on_done=running, on_staging=staging)
         if request_id is not None:
@@ -1078,16 +1134,7 @@ class GceFake:
             pred = parse_filter(q.get("filter", ""))
         except ValueError as e:
             raise _invalid("filter", q.get("filter", ""), f"Invalid list filter expression: {e}.") from None
-        try:
-            limit = min(int(q.get("maxResults", "500")), 500, self.page_limit)
-            if limit < 0:
-                raise ValueError
-        except ValueError:
-            raise _invalid("maxResults", q.get("maxResults"), "Must be between 0 and 500.") from None
-        try:
-            offset = int(base64.urlsafe_b64decode(q["pageToken"]).decode().split(":")[1]) if q.get("pageToken") else 0
-        except (ValueError, IndexError, UnicodeDecodeError):
-            raise _invalid("pageToken", q.get("pageToken"), "Invalid page token.") from None
+        limit, offset = self._paging(q)
         matching = [(z, inst) for (p, z, n), inst in sorted(self.instances_by_key.items())
                     if p == project and z not in self.unreachable and (pred(inst) or not self.honour_filters)]
         page = matching[offset:offset + limit] if limit else []
@@ -1107,8 +1154,49 @@ class GceFake:
         if self.unreachable:
             out["unreachables"] = [f"zones/{z}" for z in sorted(self.unreachable)]
         if offset + len(page) < len(matching):
-            out["nextPageToken"] = base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset + len(page)}".encode()).decode()
+            out["nextPageToken"] = _page_token(offset + len(page))
         return out
+
+    def _paging(self, q: dict[str, str]) -> tuple[int, int]:
+        """(page size, offset) of a list call: maxResults (at most 500, GCE's cap, or the fake's page_limit) and the
+        pageToken of the page before."""
+        try:
+            limit = min(int(q.get("maxResults", "500")), 500, self.page_limit)
+            if limit < 0:
+                raise ValueError
+        except ValueError:
+            raise _invalid("maxResults", q.get("maxResults"), "Must be between 0 and 500.") from None
+        try:
+            offset = int(base64.urlsafe_b64decode(q["pageToken"]).decode().split(":")[1]) if q.get("pageToken") else 0
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise _invalid("pageToken", q.get("pageToken"), "Invalid page token.") from None
+        return limit, offset
+
+    def _list_operations(self, project: str, zone: str, q: dict[str, str]) -> dict:
+        """zoneOperations.list: the zone's operations, oldest first, that `filter` selects, a page at a time."""
+        self._check_zone(zone)
+        try:
+            pred = parse_filter(q.get("filter", ""))
+        except ValueError as e:
+            raise _invalid("filter", q.get("filter", ""), f"Invalid list filter expression: {e}.") from None
+        limit, offset = self._paging(q)
+        ops = sorted((op for (p, z, _), op in self.operations.items() if (p, z) == (project, zone)),
+                     key=lambda op: (op.inserted_at, op.name))
+        matching = [body for op in ops if pred(body := op.json()) or not self.honour_filters]
+        page = matching[offset:offset + limit] if limit else []
+        out = {"kind": "compute#operationList", "id": f"projects/{project}/zones/{zone}/operations", "items": page,
+               "selfLink": f"{API}/projects/{project}/zones/{zone}/operations"}
+        if offset + len(page) < len(matching):
+            out["nextPageToken"] = _page_token(offset + len(page))
+        return out
+
+
+def _page_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"{uuid.uuid4().hex[:8]}:{offset}".encode()).decode()
+
+
+def _operation_name() -> str:
+    return f"operation-{int(dt.datetime.now().timestamp() * 1000)}-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
 
 
 def _vcpus(machine_type: str) -> int:

@@ -376,6 +376,39 @@ def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):
     assert state == "running"
 
 
+def _readme_iam_actions() -> set[str]:
+    """The actions the README's minimal IAM policy allows (its JSON block), as IAM names."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("Minimal IAM policy", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    return {a for st in json.loads(block)["Statement"] if st["Effect"] == "Allow"
+            for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+
+
+def test_the_readme_s_minimal_iam_policy_allows_every_call_a_plan_apply_and_teardown_makes(aws_env, tmp_path, fleet, ec2,
+                                                                                          aws_calls):
+    """moto enforces no IAM, so a policy missing an action the provider calls is found only on a real account, as
+    UnauthorizedOperation. A pool with subnets and a security group (checked at plan time), an apply, and the teardown:
+    every action sent is one the README's policy allows."""
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]}
+    vpc = ec2.describe_subnets(SubnetIds=[subnets["us-east-1a"]])["Subnets"][0]["VpcId"]
+    group = ec2.create_security_group(GroupName=f"{fleet}-nodes", Description="fleet nodes", VpcId=vpc)["GroupId"]
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}").replace(
+        "security_groups: []", f"security_groups: [{group}]\n    subnets: {{us-east-1a: {subnets['us-east-1a']}, "
+        f"us-east-1b: {subnets['us-east-1b']}}}"))
+    opts = {"endpoint_url": aws_env}
+    aws_calls.take()  # (the test's own calls above)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    for job in (cfg / "jobs").glob("*.yaml"):
+        job.unlink()
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    sent = aws_calls.take()
+    assert {"ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:RunInstances", "ec2:TerminateInstances"} <= sent
+    assert sorted(sent - _readme_iam_actions()) == [], sorted(sent)
+
+
 def test_a_stopped_instance_is_observed_as_stopping_not_gone(prov, fleet, ec2):
     """A stopped EC2 instance still exists (its EBS volumes are billed): observe reports it, not alive, never drops it."""
     inst = prov.create(req(fleet, "k-stopped"))
@@ -403,6 +436,35 @@ def test_a_stopped_instance_is_noted_left_alone_and_its_work_placed_elsewhere(aw
     assert any(n.startswith(f"{victim} exists but does not run") and "may still be billed" in n for n in res.plan.notes)
     assert api.apply(cfg, provider="aws", options=opts).report.ok
     assert ec2.describe_instances(InstanceIds=[victim])["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
+
+
+def test_an_instance_terminated_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(aws_env, tmp_path, fleet):
+    """An on-demand instance of the fleet terminated outside it (the console, another tool): observe no longer counts it
+    (EC2 lists it terminated for a while), the plan launches one replacement for it and deletes nothing, and
+    instances the fleet does not own (one launched by hand, one tagged for another fleet) are left running."""
+    cfg = _config(tmp_path)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {fleet}}}"))
+    opts = {"endpoint_url": aws_env}
+    first = api.apply(cfg, provider="aws", options=opts)
+    assert first.report.ok
+    observed = api.plan(cfg, provider="aws", options=opts).observed.instances
+    victim = next(i for i in observed if i.market == "on-demand")
+    ec2 = boto3.client("ec2", region_name=victim.region, endpoint_url=aws_env)
+    foreign = [ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, **tags)["Instances"][0]["InstanceId"]
+               for tags in ({}, {"TagSpecifications": [{"ResourceType": "instance", "Tags": [
+                   {"Key": TAG_FLEET, "Value": f"{fleet}-other"}]}]})]
+    ec2.terminate_instances(InstanceIds=[victim.id])
+    res = api.plan(cfg, provider="aws", options=opts)
+    assert victim.id not in {i.id for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes
+    again = api.apply(cfg, provider="aws", options=opts)
+    assert again.report.ok and len(again.report.created) == 1 and victim.id not in again.report.created.values()
+    after = api.plan(cfg, provider="aws", options=opts)
+    assert not after.plan.has_changes and len(after.observed.instances) == len(observed)
+    states = {d["InstanceId"]: d["State"]["Name"] for r in ec2.describe_instances(InstanceIds=foreign + [victim.id])["Reservations"]
+              for d in r["Instances"]}
+    assert states == {foreign[0]: "running", foreign[1]: "running", victim.id: "terminated"}
 
 
 def test_a_create_whose_key_holds_a_stopped_instance_launches_no_second_one(aws_env, tmp_path, fleet):

@@ -343,6 +343,30 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     assert set(arm.snapshot()) == {"hand-made"}
 
 
+def test_a_vm_deleted_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(arm, tmp_path):
+    """A regular VM of the fleet deleted outside it (the portal, another tool): observe no longer sees it, the plan
+    creates one replacement for it and deletes nothing, and the VMs the fleet does not own (one made by hand, one
+    tagged for another fleet) are left as they were."""
+    cfg = _config(tmp_path)
+    opts = options(arm)
+    first = api.apply(cfg, provider="azure", options=opts)
+    assert first.report.ok
+    arm.plant("hand-made", tags={"owner": "alice"})
+    arm.plant("other-fleet", tags={azure_tag_name(TAG_FLEET): "another-fleet"})
+    victim = next(n for n, v in arm.snapshot().items()
+                  if v["tags"].get(azure_tag_name(TAG_FLEET)) == "azure-fleet" and v["properties"]["priority"] == "Regular")
+    arm.evict(victim)  # deleted, as a delete from outside leaves it: gone from ARM
+    res = api.plan(cfg, provider="azure", options=opts)
+    assert victim not in {i.id.rsplit("/", 1)[1] for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes
+    again = api.apply(cfg, provider="azure", options=opts)
+    assert again.report.ok and len(again.report.created) == 1
+    assert not api.plan(cfg, provider="azure", options=opts).plan.has_changes
+    vms = arm.snapshot()
+    assert {"hand-made", "other-fleet"} <= set(vms)
+    assert sum(v["tags"].get(azure_tag_name(TAG_FLEET)) == "azure-fleet" for v in vms.values()) == len(first.plan.creates)
+
+
 @pytest.mark.parametrize("code, message", [
     ("AnotherOperationInProgress", "Operation 'PutVirtualMachine' is not allowed since the Virtual Machine is marked for "
                                    "another operation in progress."),

@@ -184,9 +184,9 @@ def test_gcp_reclaimed_replacement_is_replaced_again(gce, tmp_path):
         _, project, _, zone, _, name = iid.split("/")
         # (A GCE insert takes seconds to be DONE, so the same key's next insert is never within seconds of its last:
         # here the whole round takes less than one, and the provider tells a remembered operation by its age.)
+        gce.preempt(project, zone, name)  # STOPPING for GCE's 30 s, then deleted: the minute below ends it
         gce.age(60)
-        with gce.lock:
-            del gce.instances_by_key[(project, zone, name)]
+        assert not any(i["name"] == name for i in gce.instances(project))
 
     _reclaim_and_heal(cfg, "gcp", {"endpoint": gce.url, "project": PROJECT}, kill)
 

@@ -289,13 +289,102 @@ def test_a_spot_vm_reclaimed_as_it_starts_is_tried_once_more_then_a_capacity_err
     DELETE the insert's operation still ends DONE with no error and the instance is gone. Answered with that operation
     already DONE, the insert was read as a remembered one of an earlier create and inserted again under derived
     requestIds, a Spot VM launched (and billed) each time, until the key was "spent" (KeySpentError): never a capacity
-    error, so the zone was never cooled off for spot and the next plan put the key back there."""
+    error, so the zone was never cooled off for spot and the next plan put the key back there. (Gone before the create
+    looks: preempt_grace 0; test_a_spot_vm_preempted_as_it_starts_and_still_stopping_... has GCE's 30 s.)"""
     gce.op_latency = latency
+    gce.preempt_grace = 0
     gce.reclaim_spot(ZONE_B)
     with pytest.raises(CapacityError, match="preempted") as e:
         prov.create(req("k-reclaimed", market="spot", zone=ZONE_B))
     assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
     assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []
+
+
+@pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
+def test_a_spot_vm_preempted_as_it_starts_and_still_stopping_is_a_capacity_error_not_a_stopped_vm(prov, gce, latency):
+    """A preempted Spot VM is not gone at once: GCE gives it up to 30 s to shut down, STOPPING, before it deletes it
+    (instanceTerminationAction DELETE). The fake deleted it at once; against GCE the create read it back STOPPING and
+    answered a stopped VM, which apply reported as "exists but does not run ... start it, or delete it yourself", and
+    no capacity error cooled the zone off for spot. GCE's compute.instances.preempted operation says what it is."""
+    gce.op_latency = latency
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted") as e:
+        prov.create(req("k-stopping", market="spot", zone=ZONE_B))
+    assert (e.value.zone, e.value.market) == (ZONE_B, "spot")
+    assert len(gce.insert_bodies) == 1 and [i["status"] for i in gce.instances(PROJECT)] == ["STOPPING"]
+    gce.clock.advance(gce.preempt_grace)
+    assert gce.instances(PROJECT) == []
+
+
+def test_a_spot_vm_someone_stops_as_it_starts_is_answered_stopped(prov, gce):
+    """Stopped by someone (not preempted): the create answers the VM as it is, stopped, for apply to report."""
+    gce.op_latency = 0
+    made = prov.create(req("k-stopped", market="spot", zone=ZONE_B))
+    gce.stop_instance(PROJECT, ZONE_B, "fo-k-stopped")
+    again = prov.create(req("k-stopped", market="spot", zone=ZONE_B))
+    assert (again.id, again.state) == (made.id, "stopping")
+
+
+@pytest.mark.parametrize("latency", [0.05, 0], ids=["answered-running", "answered-done"])
+@pytest.mark.parametrize("market", ["spot", "on-demand"])
+def test_a_vm_someone_deletes_as_it_starts_is_not_read_as_preempted_nor_launched_again(prov, gce, latency, market):
+    """An insert that succeeded and whose VM is gone: a Spot VM preempted, or one someone else deleted (a person, a
+    clean-up job). Both were read as a preemption: a capacity error that cooled the zone off for spot, and for an
+    on-demand VM a guess ("deleted by someone else?"). GCE records which it was, a compute.instances.preempted
+    operation or that principal's delete, and the create reads it: a plain error naming who deleted it."""
+    gce.op_latency = latency
+    gce.delete_at_start(ZONE_B, user="janitor@example.iam.gserviceaccount.com")
+    with pytest.raises(ProviderError, match="deleted by janitor@example.iam.gserviceaccount.com") as e:
+        prov.create(req("k-snatched", market=market, zone=ZONE_B))
+    assert not isinstance(e.value, CapacityError)
+    assert len(gce.insert_bodies) == 2 and gce.instances(PROJECT) == []  # (the first may be an earlier insert's)
+    listed = gce.requests("GET", f"/zones/{ZONE_B}/operations")
+    assert [q["filter"] for _, path, q in listed if path.endswith("/operations")] == [
+        [f'(targetLink = "https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE_B}/instances/fo-k-snatched")']]
+
+
+@pytest.mark.parametrize("server", ["strict", "one-a-page", "filter-ignored"])
+def test_a_preemption_is_told_by_the_operation_gce_records_for_it(prov, gce, server):
+    """What tells a preemption is GCE's compute.instances.preempted operation on that VM (its targetId, as names are
+    used again): one of an earlier VM of the same name says nothing of this one. Read page by page, and checked again
+    on this side should the server ignore the filter."""
+    gce.page_limit = 1 if server == "one-a-page" else 500
+    gce.honour_filters = server != "filter-ignored"
+    gce.op_latency, gce.preempt_grace = 0, 0
+    gce.reclaim_spot(ZONE_B)
+    with pytest.raises(CapacityError, match="preempted"):
+        prov.create(req("k-twice", market="spot", zone=ZONE_B))
+    gce.reclaiming.clear()
+    gce.delete_at_start(ZONE_B)
+    gce.forget_request_ids()
+    with pytest.raises(ProviderError, match="deleted by someone@example.com") as e:
+        prov.create(req("k-twice", market="spot", zone=ZONE_B))
+    assert not isinstance(e.value, CapacityError)
+    preempted = [o for o in gce.operations.values() if o.op_type == "compute.instances.preempted"]
+    assert len(preempted) == 2 and all(o.user == "system" and o.target == "fo-k-twice" for o in preempted)
+
+
+def test_an_instance_deleted_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(gce, tmp_path):
+    """An on-demand instance of the fleet deleted outside it (the console, another tool): observe no longer sees it, the
+    plan launches a replacement for its place and deletes nothing, and the instances the fleet does not own (one
+    planted by hand, one labelled for another fleet) are left as they were."""
+    cfg = _config(tmp_path)
+    opts = {"endpoint": gce.url, "project": PROJECT}
+    first = api.apply(cfg, provider="gcp", options=opts)
+    foreign = [gce.plant(PROJECT, ZONE_A, "hand-made", machine_type="a2-highgpu-1g"),
+               gce.plant(PROJECT, ZONE_B, "other-fleet", labels={LABEL_FLEET: "other-fleet"})]
+    gone = next(i for i in _ours(gce) if i["scheduling"]["provisioningModel"] == "STANDARD")
+    gce.delete_instance(PROJECT, _zone(gone), gone["name"])
+    res = api.plan(cfg, provider="gcp", options=opts)
+    gone_id = f"projects/{PROJECT}/zones/{_zone(gone)}/instances/{gone['name']}"
+    assert gone_id not in {i.id for i in res.observed.instances}
+    assert len(res.plan.creates) == 1 and not res.plan.deletes
+    again = api.apply(cfg, provider="gcp", options=opts)
+    assert again.report.ok and len(again.report.created) == 1
+    assert len(_ours(gce)) == len(first.plan.creates) and all(i["status"] == "RUNNING" for i in _ours(gce))
+    assert not api.plan(cfg, provider="gcp", options=opts).plan.has_changes
+    assert [(i["name"], i["id"], i["status"]) for i in gce.instances(PROJECT) if i["name"] in ("hand-made", "other-fleet")] == [
+        (f["name"], f["id"], "RUNNING") for f in foreign]
 
 
 @pytest.mark.parametrize("skew", [-90.0, 90.0], ids=["host-clock-behind", "host-clock-ahead"])
@@ -422,6 +511,8 @@ def test_a_preempted_spot_vm_is_deleted_or_kept_as_its_termination_action_says(p
     gce.plant(PROJECT, ZONE_A, "mine-spot-stop", labels={LABEL_FLEET: "gcp-test_fleet"}, spot=True)  # GCE's default
     gce.preempt(PROJECT, ZONE_A, "fo-k-spot")
     gce.preempt(PROJECT, ZONE_A, "mine-spot-stop")
+    assert [i["status"] for i in gce.instances(PROJECT)] == ["STOPPING", "STOPPING"]  # GCE's soft off, up to 30 s
+    gce.clock.advance(gce.preempt_grace)
     assert [(i["name"], i["status"]) for i in gce.instances(PROJECT)] == [("mine-spot-stop", "TERMINATED")]
     assert [(i.id.rsplit("/", 1)[1], i.state) for i in prov.observe([target()])] == [("mine-spot-stop", "stopping")]
     assert ours.id not in {i.id for i in prov.observe([target()])}
