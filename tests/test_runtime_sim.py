@@ -713,3 +713,61 @@ def test_stop_agents_says_which_record_it_could_not_read_and_exits_1(tmp_path, p
     out = CliRunner().invoke(app, ["sim", "stop-agents", str(tmp_path)])
     assert out.exit_code == 1 and "agents stopped" not in out.stdout, out.output
     assert str(d / ("agent.pid" if plant == "dir" else "replicas.pids")) in out.stderr, out.stderr
+
+
+# A replica that ignores its checkpoint signal and leaves behind, outside its process group and with an emptied
+# environment, a process of its own (a data server that daemonised): neither the group's kill nor the mark finds it.
+STUBBORN = r'''
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True, env={})
+with open(os.environ["STRAY_PID"], "w") as f:
+    f.write(str(p.pid))
+while True:
+    time.sleep(0.2)
+'''
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_reclaim_ends_every_process_of_the_instance_and_the_replacement_resumes_from_the_upload(rt):
+    """A spot reclaim is the VM's end: once the notice is over nothing of the instance runs, also a replica still in
+    its grace and what it left outside its process group with its environment cleared (the sim killed the recorded
+    process groups only, and such a process ran on after its instance was gone, holding what it held). The replica
+    that checkpointed within the notice resumes on the replacement from its upload."""
+    stray_file = rt / "stray.pid"
+    ft = job("ft", cpu=2, run={"command": [PY, TRAIN, "100000", "0.05"]}, checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30})
+    stubborn = job("stubborn", cpu=2, mode="service", run={"command": [PY, "-c", STUBBORN], "env": {"STRAY_PID": str(stray_file)}},
+                   checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 120})
+    cfg = config(rt / "c", ft, stubborn, job("hold", cpu=11))
+    api.apply(cfg, time_limit=5)
+    [first] = live(cfg)
+    wait(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]), what="ft past step 3")
+    wait(lambda: stray_file.exists() and stray_file.read_text(), what="the stray started")
+    sim = SimCloud(state_dir(cfg))
+    d = sim.agent_dir(first)
+    agent_pid = int((d / "agent.pid").read_text().split()[0])
+    shims = [int(ln.split()[0]) for ln in (d / "replicas.pids").read_text().splitlines()]
+    stray = int(stray_file.read_text())
+    out = sim.interrupt(first, notice_seconds=8)  # stubborn outlasts the notice: killed with its instance
+    assert out["checkpointed"] is False and out["notice"] == "ran out"
+    everything = [agent_pid, *shims, stray, *replicas_on(first)]
+    wait(lambda: not [p for p in everything if proc_alive(p)], timeout=10, what=f"every process of {first} gone")
+    assert not replicas_on(first)
+    api.apply(cfg, time_limit=5)
+    second = api.plan(cfg, time_limit=5).observed.placements["ft"][0]
+    assert second != first and second in live(cfg)
+    [manifest] = (state_dir(cfg) / "checkpoints" / "ft" / "manifests").iterdir()
+    saved = json.loads(manifest.read_text())
+    assert saved["instance"] == first
+    rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] == second and any("resuming" in ln for ln in r["log_tail"]) and r,
+               what="ft resumed on the replacement")
+    old = (state_dir(cfg) / "sim" / "disks" / first / "checkpoints" / "ft" / "ckpt" / "rank-0.json").read_text()
+    step = int(old.split(":")[1].strip(" }"))
+    assert any(f"at step {step}" in ln for ln in rec["log_tail"]), rec["log_tail"]
