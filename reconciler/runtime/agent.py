@@ -455,7 +455,8 @@ class Agent:
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
                 rep.stop = stop  # (its signal was sent, if any: the rest of its grace, then the kill)
                 self.replicas[key] = rep
-                self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
+                self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running"
+                          + ("" if getattr(rep.handle, "subreaps", True) else " under an earlier agent version's shim: its orphans are not tracked"))
                 continue
             # (ended while no agent watched: what it left running, a child that left its process group, holds its GPUs)
             self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))
@@ -1245,6 +1246,16 @@ class Agent:
         if now - self.last_beat >= self.heartbeat:
             self._beat(now, list(self.last_running or []), None)
 
+    def _strays_untracked(self) -> str | None:
+        """Why some replica's orphans are not tracked here (the heartbeat's, StraysUntracked in status): no subreaper at
+        all (strays_untracked), or replicas adopted under the shim of an agent version from before the subreaper, which
+        stays theirs until they next start."""
+        old = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.handle is not None and not getattr(rep.handle, "subreaps", True))
+        said = [self.strays_untracked] if self.strays_untracked else []
+        if old and self.runtime.name == "process":
+            said.append(f"{', '.join(old)} run under the shim of an earlier agent version, not their subreaper, until they next start")
+        return "; ".join(said) or None
+
     def _beat(self, now: float, running: list[str], state: str | None) -> None:
         doc = {
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
@@ -1252,7 +1263,7 @@ class Agent:
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
             "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
             **({"workdir_failed": "; ".join(sorted(self.workdir_failed.values()))} if self.workdir_failed else {}),
-            **({"strays_untracked": self.strays_untracked} if self.strays_untracked else {}),
+            **({"strays_untracked": untracked} if (untracked := self._strays_untracked()) else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)
