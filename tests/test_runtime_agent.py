@@ -583,6 +583,42 @@ def test_a_replica_moved_to_another_instance_starts_only_once_its_old_copy_has_e
     assert waiting["instance"] == "i-1" and waiting["phase"] == "Starting" and "previous copy on i-0" in waiting["message"], waiting
 
 
+@pytest.mark.parametrize("fault", ["corrupt", "unreachable"])
+def test_a_moved_replica_waits_for_its_old_copy_while_the_old_agents_report_cannot_be_read(bus, agents, tmp_path, fault):
+    """The old copy checkpoints through its grace; its agent's report is garbled (a torn write on a store without atomic
+    puts, a hand edit) or the bus fails the read. That was taken as "no evidence that it still runs" and the new copy
+    started at once beside it: one rank twice, two writers of one checkpoint. A report that cannot be read holds the
+    rank as the last one did; the wait still ends after the grace plus its margin, as for a report that never changes."""
+    from reconciler.errors import ReconcileError
+
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1, checkpoint_seconds=30)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    run_until([old], noted_at(notes, ("old", "checkpointing")))  # the old copy in its 30 s grace; its agent reports it
+    assert "g3/1" in bus.agent("i-0")["running"]
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2, master="i-1")]})
+    if fault == "corrupt":
+        bus.store.write_key("agents/i-0.json", b'{"instance": "i-0", "runn')
+    else:
+        real = bus.store.read_key
+
+        def read_key(key):  # (the store fails this one read: a network error, throttling)
+            if key == "agents/i-0.json":
+                raise ReconcileError("s3: cannot read agents/i-0.json: connection reset by peer")
+            return real(key)
+
+        bus.store.read_key = read_key
+    began = time.monotonic()
+    while time.monotonic() - began < 1.5:
+        new.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g3", 1)
+    assert rec["instance"] == "i-1" and rec["reason"] == "WaitingForPredecessor" and "i-0" in rec["message"], rec
+
+
 def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents, tmp_path, monkeypatch):
     """The old agent stopped reporting (its instance lost): its stale heartbeat holds nothing, so the
     moved replica starts once that heartbeat is stale, not never."""

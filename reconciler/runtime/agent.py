@@ -766,8 +766,8 @@ class Agent:
         """The other instance whose agent still runs (or is stopping) this replica, which the plan moved
         here: starting now would run one rank twice, and the old copy's checkpoint, written through its
         grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`; apply keeps
-        a deleted instance's key while it does: publish.shutting_down); a stale or Stopped agent, or one
-        whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
+        a deleted instance's key while it does: publish.shutting_down), and so does one that cannot be read; a stale or
+        Stopped agent, or one whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
         job, r = rep.key
         olds = {rep.predecessor} - {None}
         try:
@@ -776,12 +776,15 @@ class Agent:
             rec = None
         if rec and rec.get("instance") not in (None, self.instance) and not rec.get("terminal"):
             olds.add(rec["instance"])
-        holder = None
+        holder, unread = None, ""
         for old in sorted(olds):
             try:
                 doc = self.bus.agent(old)
-            except ReconcileError:
-                continue  # unreadable: no evidence that it still runs
+            except ReconcileError as e:
+                # (no evidence that it stopped: the copy there may checkpoint on; it started at once beside it, one rank
+                # twice. Waited for as a report that says it runs: read again each poll, up to the same bound.)
+                holder, unread = old, f"; its agent's report cannot be read: {e}"
+                break
             if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{r}" in doc.get("running", []):
                 holder = old
                 break
@@ -795,7 +798,7 @@ class Agent:
             self._log(f"{job}/{r}: the agent on {holder} still reports it running {waited:.0f}s after the move: starting anyway")
             rep.predecessor = None
             return None
-        msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s)"
+        msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s){unread}"
         if (rep.reason, rep.message) != ("WaitingForPredecessor", msg):
             self._log(f"{job}/{r}: {msg}")
         rep.reason, rep.message = "WaitingForPredecessor", msg
