@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.backend import LocalBackend, backend_for
+from reconciler.errors import ReconcileError
 from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
@@ -51,6 +52,62 @@ def agents(tmp_path, bus):
 
 
 CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+
+
+class FailingCheckpointReads(LocalBackend):
+    """The real local backend whose reads under checkpoints/ fail while `failing` (a network error, throttling, a
+    missing permission), as a remote store's do."""
+
+    failing = True
+
+    def _check(self, key: str) -> None:
+        if self.failing and key.startswith("checkpoints/"):
+            raise ReconcileError(f"s3: cannot read {key}: connection reset by peer")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self._check(prefix)
+        return super().list_keys(prefix)
+
+    def read_key(self, key: str) -> bytes | None:
+        self._check(key)
+        return super().read_key(key)
+
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        self._check(key)
+        return super().read_file(key, dest, progress)
+
+
+def test_a_replica_whose_checkpoint_cannot_be_read_from_the_bus_waits_instead_of_starting_afresh(tmp_path):
+    """A replica moved to a new instance (an empty directory) while the state backend fails its reads: the agent
+    logged "checkpoint not restored" and started it from step 0, and its next upload, newer, buried the upload it
+    should have resumed from (three kept: a few such stops and the training was gone). Now it waits (Starting,
+    CheckpointNotRestored, naming the error), tried again after the restart delays, and resumes once the read works."""
+    from reconciler.runtime import checkpoints
+
+    store = FailingCheckpointReads(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.bin").write_bytes(b"7" * 5000)
+    store.failing = False
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    store.failing = True
+    cmd = [PY, "-c", "import os,time; p=os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'); "
+                     "print('found', os.path.getsize(p) if os.path.exists(p) else None, flush=True); time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("ft", cmd, epoch=2, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True)
+    try:
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and r["reason"] != "Assigned" and r)
+        assert (rec["phase"], rec["reason"]) == ("Starting", "CheckpointNotRestored") and not a.replicas["ft", 0].running, rec
+        assert "connection reset by peer" in rec["message"], rec
+        store.failing = False
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and "found 5000" in r["log_tail"] and r)
+        assert rec["phase"] == "Running", rec
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
 
 
 @pytest.fixture
@@ -589,8 +646,6 @@ def test_a_moved_replica_waits_for_its_old_copy_while_the_old_agents_report_cann
     puts, a hand edit) or the bus fails the read. That was taken as "no evidence that it still runs" and the new copy
     started at once beside it: one rank twice, two writers of one checkpoint. A report that cannot be read holds the
     rank as the last one did; the wait still ends after the grace plus its margin, as for a report that never changes."""
-    from reconciler.errors import ReconcileError
-
     notes = tmp_path / "notes"
     bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1, checkpoint_seconds=30)]})
     old, new = agents("i-0"), agents("i-1")

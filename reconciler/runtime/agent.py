@@ -912,8 +912,8 @@ class Agent:
         self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {why}")
 
     def _hold_back(self, rep: Replica, reason: str, why: str) -> None:
-        """The replica is not started now for want of its disk (no room for its checkpoint, no local record written):
-        tried again after the restart delays, doubling."""
+        """The replica is not started now for want of its disk (no room for its checkpoint, no local record written) or of
+        its uploaded checkpoint (the state backend failing its reads): tried again after the restart delays, doubling."""
         rep.held_back += 1
         delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.held_back - 1))
         rep.next_start = time.monotonic() + delay
@@ -1099,7 +1099,11 @@ class Agent:
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
         except checkpoints.NotRestoredError as err:
             return "NoRoomForCheckpoint" if isinstance(err, checkpoints.NoRoomError) else "CheckpointNotRestored", str(err)
-        except (ReconcileError, OSError) as err:
+        except ReconcileError as err:
+            # (the state backend failing its reads: started from what the directory holds, older or nothing, the replica
+            # lost the training its upload holds, and its own next upload, newer, buried that one)
+            return "CheckpointNotRestored", f"{job}: its uploaded checkpoints cannot be read ({err}): not started from what {path} holds"
+        except OSError as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return None
         if got.marker is not None:
