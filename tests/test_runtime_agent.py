@@ -55,13 +55,13 @@ CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
 
 
 class FailingCheckpointReads(LocalBackend):
-    """The real local backend whose reads under checkpoints/ fail while `failing` (a network error, throttling, a
+    """The real local backend whose reads under `prefix` fail while `failing` (a network error, throttling, a
     missing permission), as a remote store's do."""
 
-    failing = True
+    failing, prefix = True, "checkpoints/"
 
     def _check(self, key: str) -> None:
-        if self.failing and key.startswith("checkpoints/"):
+        if self.failing and key.startswith(self.prefix):
             raise ReconcileError(f"s3: cannot read {key}: connection reset by peer")
 
     def list_keys(self, prefix: str) -> list[str]:
@@ -672,6 +672,30 @@ def test_a_moved_replica_waits_for_its_old_copy_while_the_old_agents_report_cann
     assert ("new", "start") not in notes_of(notes)
     rec = bus.run("g3", 1)
     assert rec["instance"] == "i-1" and rec["reason"] == "WaitingForPredecessor" and "i-0" in rec["message"], rec
+
+
+@pytest.mark.parametrize("fault", ["report garbled", "runs unreadable"])
+def test_a_gang_rank_waits_for_a_peers_upload_while_that_peers_agents_report_cannot_be_read(bus, ck_agents, tmp_path, fault):
+    """Rank 0 of the gang's last round still runs (or uploads) on i-9 by its agent's last word; that report is now garbled.
+    Rank 1, placed anew on i-1, took the unreadable report as nothing running and restored at once: the round without
+    rank 0's upload, an older one than rank 0 would resume from. It waits as for a report that lists rank 0."""
+    bus.put_run("g", 0, {"job": "g", "replica": 0, "instance": "i-9", "spec_hash": "h1", "epoch": 1, "phase": "Running",
+                         "reason": "Started", "terminal": False, "attempt": 0})
+    bus.store.write_key("agents/i-9.json", b'{"instance": "i-9", "running": ["g/')
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g", notes, tag="new", replica=1, epoch=2, world_size=2, master="i-1")]})
+    a = ck_agents("i-1")
+    if fault == "runs unreadable":  # the run records' listing fails instead: whether rank 0 still runs is unknown too
+        store = FailingCheckpointReads(tmp_path)
+        store.prefix = "runs/g"
+        a.bus = Bus(store)
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        a.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g", 1)
+    assert rec["reason"] == "WaitingForGang" and "cannot be read" in rec["message"], rec
 
 
 def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents, tmp_path, monkeypatch):

@@ -870,16 +870,17 @@ class Agent:
         job, me = rep.key
         if e.get("world_size", 1) <= 1:
             return None
+        waits = []
         try:
             runs = self.bus.runs(job)
-        except ReconcileError:
-            return None
+        except ReconcileError as err:  # (whether a peer still uploads is unknown: waited for, up to the same bound)
+            runs = {}
+            waits.append(f"the gang's run records, which cannot be read ({err})")
         mine = (e["spec_hash"], e["epoch"])
         same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == mine]
         why = peer_stop(me, same) or self._lost_peer(rep, same)
         if why:
             return f"{why}; it starts again with the gang"
-        waits = []
         if job in self.uploads or any(x.handle is not None and (x.entry["spec_hash"], x.entry["epoch"]) != mine
                                       for (j, _), x in self.replicas.items() if j == job):
             waits.append(f"this instance's upload of {job}'s last round")
@@ -892,7 +893,8 @@ class Agent:
             elif r.get("instance") not in (None, self.instance):
                 try:
                     doc = self.bus.agent(r["instance"])
-                except ReconcileError:
+                except ReconcileError as err:  # (no evidence that it is done: waited for as a report that lists it)
+                    waits.append(f"replica {i} on {r['instance']}, whose agent's report cannot be read ({err})")
                     continue
                 if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{i}" in doc.get("running", []):
                     waits.append(f"replica {i} on {r['instance']}, still running or uploading its checkpoint")
