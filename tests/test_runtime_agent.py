@@ -77,6 +77,58 @@ class FailingCheckpointReads(LocalBackend):
         return super().read_file(key, dest, progress)
 
 
+class FailingCheckpointWrites(LocalBackend):
+    """The real local backend whose writes under checkpoints/ fail while `failing` (a network blip)."""
+
+    failing = True
+
+    def write_file(self, key: str, path: Path, progress=None) -> None:
+        if self.failing and key.startswith("checkpoints/"):
+            raise ReconcileError(f"s3: cannot write {key}: connection reset by peer")
+        super().write_file(key, path, progress)
+
+
+def test_a_checkpoint_upload_the_bus_fails_is_tried_again_within_its_time_and_the_replica_listed_till_it_is_done(tmp_path):
+    """A spot notice: the replica checkpoints and exits; the first upload fails (the bus blips). The upload was dropped
+    at once, logged, with most of the notice left: the replacement resumed from an older upload, or from step 0, and
+    the agent said the notice was handled (the sim took that as "checkpointed"). Now it is tried again each poll until
+    its deadline (the grace's end, or 10 s after the exit), the replica is listed in the heartbeat meanwhile (a moved
+    copy waits for that), and the notice is handled once it is uploaded."""
+    from reconciler.runtime import checkpoints
+    from reconciler.runtime.notices import FileNotice
+
+    store = FailingCheckpointWrites(tmp_path)
+    bus = Bus(store)
+    notice = tmp_path / "notice.json"
+    cmd = [PY, "-c", "import os, signal, sys, time\n"
+                     "def stop(s, f):\n"
+                     "    open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w').write('step 7')\n"
+                     "    sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, stop)\n"
+                     "print('ready', flush=True)\n"
+                     "time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", cmd, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True, notice=FileNotice(notice))
+    try:
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["log_tail"][-1:] == ["ready"])
+        notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped")
+        for _ in range(5):
+            a.tick()
+            time.sleep(0.05)
+        assert not a.notice_done and "ft/0" in bus.agent("i-0")["running"]  # before: handled, with nothing uploaded
+        store.failing = False
+        run_until([a], lambda: a.notice_done)
+        [doc] = checkpoints.manifests(store, "ft", log=lambda m: None)
+        assert [f["path"] for f in doc["files"]] == ["model.bin"], doc
+        assert bus.agent("i-0")["running"] == []
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
 def test_a_replica_whose_checkpoint_cannot_be_read_from_the_bus_waits_instead_of_starting_afresh(tmp_path):
     """A replica moved to a new instance (an empty directory) while the state backend fails its reads: the agent
     logged "checkpoint not restored" and started it from step 0, and its next upload, newer, buried the upload it

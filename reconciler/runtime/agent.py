@@ -359,7 +359,7 @@ class Agent:
             if rep.running and rep.stop is None:
                 self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
         self._publish(force=True)  # at once: the reconciler may have removed our key with the instance
-        while any(r.running for r in self.replicas.values()):
+        while any(r.running for r in self.replicas.values()) or self.uploads:  # (an upload tried again: up to its deadline)
             self._supervise(starts=False)  # a replica that started now would never be stopped
             self._publish()  # what still runs: the agent a replica moved to waits for it to stop
             time.sleep(min(self.poll, 0.2))
@@ -383,7 +383,8 @@ class Agent:
         if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
             self._log("the bus is reachable again")
             self.bus_said = self.write_failed = None
-        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
+        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and not self.uploads \
+                and self.bus_error is None:
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
@@ -1085,7 +1086,14 @@ class Agent:
                     self._write_marker(job, [up.generation], was if was == [due["spec_hash"], due["epoch"]] else None)
                     checkpoints.prune(self.bus.store, job, log=self._log)
             except (ReconcileError, OSError) as err:
-                self._log(f"{job}: checkpoint not uploaded: {err}")
+                if time.monotonic() < due["deadline"]:
+                    # (a blip of the bus: dropped, the replacement resumed from an older upload with most of a notice
+                    # left. Tried again each poll; the replica stays listed running till then, so a moved copy waits)
+                    if not due.get("failed"):
+                        self._log(f"{job}: checkpoint upload failed: {err}; tried again each poll until its deadline")
+                    self.uploads[job] = {**due, "failed": str(err)}
+                else:
+                    self._log(f"{job}: checkpoint not uploaded: {err}")
 
     def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None,
                             world_size: int = 1) -> tuple[str, str] | None:
@@ -1242,10 +1250,16 @@ class Agent:
         for rep in self.replicas.values():
             self._write_run(rep)
         now = now_unix()
-        running = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running)
+        running = self._running()
         if not force and now - self.last_beat < self.heartbeat and running == self.last_running:
             return  # a change in what runs is reported at once: an agent a replica moved to waits on it
         self._beat(now, running, state)
+
+    def _running(self) -> list[str]:
+        """What the heartbeat lists running: each replica whose process runs, and those whose checkpoint upload is still
+        due (a moved copy waits for that, then restores the upload)."""
+        due = {f"{job}/{r}" for job, up in self.uploads.items() for r in up["replicas"]}
+        return sorted(due | {f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running})
 
     def _keepalive(self) -> None:
         """The heartbeat, due, while a checkpoint's upload or restore runs (the loop waits for it: one longer than the
