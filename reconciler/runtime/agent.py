@@ -449,7 +449,9 @@ class Agent:
             stopping = rec.get("stopping")
             stop = None  # (none under way, or a record an older agent wrote)
             if stopping is not None:
-                stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
+                # (the rest of its grace, never more than the grace: the wall clock set back since made it an hour)
+                left = min(_grace(entry), max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()))
+                stop = _Stop(time.monotonic() + left, stopping["phase"],
                              stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
