@@ -752,8 +752,9 @@ class Agent:
 
     def _holders(self, rep: Replica) -> list[str]:
         """Why `rep` cannot start yet: each device it is given that another replica's process still
-        holds (one stopping through its checkpoint grace, or an older spec of this replica). Starting
-        beside it would put two processes on one GPU until that one exits."""
+        holds (one stopping through its checkpoint grace, or an older spec of this replica), or may hold (the copy a
+        local record this agent cannot read names). Starting beside it would put two processes on one GPU until that
+        one exits."""
         mine = [str(g) for g in rep.entry.get("gpus", ())]
         out = []
         for other in self.replicas.values():
@@ -763,6 +764,9 @@ class Agent:
             if shared:
                 state = f"stopping ({other.stop.reason})" if other.stop else other.phase
                 out.append(f"{device_names(shared)} held by {other.key[0]}/{other.key[1]}, {state}")
+        if mine:  # (a copy an earlier agent started, its record unread: which devices it holds is unknown, maybe these)
+            out += [f"{device_names(mine)} may be held by the copy of {key[0]}/{key[1]} its unreadable record names ({why})"
+                    for key, why in sorted(self.unread.items(), key=lambda kv: str(kv[0])) if key is not None and key != rep.key]
         return out
 
     def _predecessor(self, rep: Replica) -> str | None:
