@@ -473,13 +473,14 @@ class SimCloud:
             gone = inst["state"] == "terminated"
             if not gone:
                 inst["state"], inst["terminated_reason"] = "terminated", reason
-        self.stop_agent(instance_id)
+        not_ended = self.stop_agent(instance_id)
+        # not_ended: what of the instance's records could not be read, or still runs (stop_agent);
         # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when it did not (the
         # notice ran out first, or its agent died during it: notice says which; they were killed mid-checkpoint), None
         # without an agent alive; terminated_during_notice: the instance was gone before the reclaim (its
         # terminated_reason says by what)
         return {**inst, "checkpointed": None if outcome is None else outcome == "checkpointed", "notice": outcome,
-                "terminated_during_notice": gone}
+                "terminated_during_notice": gone, "not_ended": not_ended}
 
     def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
         """The config dir and state URL the instance's agent was started with (start_agent), or None."""

@@ -771,3 +771,20 @@ def test_a_reclaim_ends_every_process_of_the_instance_and_the_replacement_resume
     old = (state_dir(cfg) / "sim" / "disks" / first / "checkpoints" / "ft" / "ckpt" / "rank-0.json").read_text()
     step = int(old.split(":")[1].strip(" }"))
     assert any(f"at step {step}" in ln for ln in rec["log_tail"]), rec["log_tail"]
+
+
+def test_sim_interrupt_warns_when_a_record_of_what_the_instance_runs_could_not_be_read(tmp_path):
+    """The reclaim ends what the instance's records name; one that cannot be read may name a process still running. `sim
+    interrupt` said only 'interrupted' (the reclaim's problems were dropped), as `sim stop-agents` once did."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    sim = SimCloud(tmp_path / ".reconcile")
+    iid = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", {})
+    d = sim.agent_dir(iid)
+    d.mkdir(parents=True)
+    (d / "replicas.pids").write_text("12x 99\n")
+    out = CliRunner().invoke(app, ["sim", "interrupt", iid, str(tmp_path)])
+    assert out.exit_code == 0 and f"interrupted {iid}" in out.stdout, out.output
+    assert "warning: " in out.stderr and str(d / "replicas.pids") in out.stderr, out.stderr
