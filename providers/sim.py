@@ -126,6 +126,8 @@ def _end_instance(d: Path) -> tuple[list[str], dict[int, str]]:
     what they started, in their groups or not (the sim ended the recorded process groups only, and a replica's process
     that had left its group ran on after its instance was gone). Each is stopped (SIGSTOP: it can fork no more) until
     none is left unfound, then all are SIGKILLed. Returns what of its records could not be read, and what was killed."""
+    if not d.exists():
+        return [], {}  # (no agent was ever started for it: nothing of it runs)
     found, problems = _pid_records(d)
     frozen: dict[int, str] = {}
     for _ in range(50):  # (a fixpoint in a few rounds: a stopped process starts nothing)
