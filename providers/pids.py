@@ -28,6 +28,17 @@ def running(pid: int, started: str) -> bool:
     return len(fields) > 19 and fields[19] == started and fields[0] != "Z"
 
 
+def age(started: str) -> float | None:
+    """Seconds since a process with start time `started` (start_time: clock ticks since boot) began, by the clock since
+    boot, which no setting of the wall clock moves; None where it cannot be told (no /proc)."""
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(started) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def proc_pids() -> list[int]:
     try:
         return [int(n) for n in os.listdir("/proc") if n.isdigit()]
@@ -86,4 +97,4 @@ def marked(name: str, value: str) -> dict[int, str]:
     return out
 
 
-__all__ = ["descendants", "marked", "parents", "proc_pids", "running", "start_time", "table"]
+__all__ = ["age", "descendants", "marked", "parents", "proc_pids", "running", "start_time", "table"]

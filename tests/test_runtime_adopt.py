@@ -268,3 +268,25 @@ def test_a_stop_begun_before_the_wall_clock_went_back_is_killed_after_its_grace_
     new = in_process(bus, "i-0", tmp_path / "w")
     rec = run_until([new], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped" and r, timeout=15)
     assert rec["exit_code"] == -signal.SIGKILL, rec
+
+
+def test_an_adopted_replicas_time_limit_counts_from_its_process_start_not_a_wall_clock_that_jumped(tmp_path, leftovers):
+    """The wall clock jumped two days ahead (a host whose clock was far behind, set right by NTP at boot of the agent)
+    between a replica's start and its agent's restart: the restarted agent took the replica to have run two days and
+    stopped it at once, Failed (DeadlineExceeded), a day and 23 hours early. Its age is its process's, since boot."""
+    bus = Bus(backend_for(tmp_path, None))
+    cmd = [PY, "-c", "import time\nprint('started', flush=True)\ntime.sleep(600)"]
+    e = entry("ft", cmd, mode="service", time_limit_hours=1)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (r := bus.run("ft", 0)) and "started" in " ".join(r["log_tail"]))
+    record = tmp_path / "w" / "replicas" / "ft-0.json"
+    doc = json.loads(record.read_text())
+    doc["started_unix"] -= 2 * 86400  # what the clock said at its start, two days behind the clock now
+    record.write_text(json.dumps(doc))
+    new = in_process(bus, "i-0", tmp_path / "w")
+    for _ in range(5):
+        new.tick()
+    rec = bus.run("ft", 0)
+    assert (rec["phase"], rec["reason"]) == ("Running", "Adopted"), rec
+    new.runtime.kill(new.replicas[("ft", 0)].handle)

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from providers.pids import start_time
+from providers.pids import age as process_age, start_time
 from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
@@ -446,6 +446,10 @@ class Agent:
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""), rep.env.get(REPLICA_ID))
+            if rep.handle is not None and (ran := process_age(rep.handle.started)) is not None:
+                # (its shim's age, since boot: a wall clock set since, ahead or back, moved started_unix's count, and
+                # a jump ahead stopped it at its time limit, Failed, days early)
+                rep.started_mono = time.monotonic() - ran
             stopping = rec.get("stopping")
             stop = None  # (none under way, or a record an older agent wrote)
             if stopping is not None:
