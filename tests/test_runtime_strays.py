@@ -300,3 +300,28 @@ def test_an_upgraded_agent_adopts_replicas_under_the_old_shim_says_their_strays_
     assert {bus.run(f"j{i}", 0)["reason"] for i in range(3)} == {"Interrupted"}
     a._publish(force=True)
     assert "strays_untracked" not in bus.agent("i-0")  # none of the old shims runs any more
+
+
+def test_an_upgraded_agent_ends_the_strays_of_old_shim_replicas_that_ended_unwatched_side_by_side(bus, tmp_path, monkeypatch):
+    """Three replicas under the earlier version's shim crashed while no agent ran, each leaving a stray out of its
+    group that ignores SIGTERM (the old shim ends none). The upgraded agent ends them before it starts the replicas
+    again: one after another, 2-3 s each, in its first tick (~7-9 s here, no heartbeat meanwhile). Now side by side."""
+    from reconciler.runtime import runtimes
+
+    markers = [tmp_path / f"c{i}-marker" for i in range(3)]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry(f"c{i}", escaper(m, "sys.exit(3)", ignores_term=True), mode="service")
+                                                         for i, m in enumerate(markers)]})
+    with monkeypatch.context() as old:
+        old.setattr(runtimes, "shimmed", old_shimmed)
+        before = agent(bus, tmp_path / "i-0")
+        before.tick()  # (then gone: the replicas crash with no agent watching)
+    exits = [tmp_path / "i-0" / "replicas" / f"c{i}-0.exit" for i in range(3)]
+    poll_until(lambda: all(p.exists() for p in exits), "the old replicas ended, unwatched", 20, 0.05)
+    strays = [p for m in markers for p in processes_with(str(m))]
+    assert len(strays) == 3  # each replica's stray runs on
+    a = agent(bus, tmp_path / "i-0")
+    began = time.monotonic()
+    a.tick()
+    took = time.monotonic() - began
+    assert not [p for m in markers for p in processes_with(str(m)) if p in strays]
+    assert took < 4.5, took  # before: ~3 s a replica

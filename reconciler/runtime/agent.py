@@ -40,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
+from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -415,6 +415,14 @@ class Agent:
             self._unreadable(None, folder, e)
             return
         self._readable(None, folder)
+        left: list[StrayEnd] = []  # what replicas that ended unwatched left running: ended side by side, below
+        try:
+            self._adopt_records(folder, names, first, retry, left)
+        finally:
+            while [end for end in left if not end.done()]:  # (each polled: its SIGKILL is due at its own time)
+                time.sleep(0.02)
+
+    def _adopt_records(self, folder: Path, names: list[str], first: bool, retry: set, left: list[StrayEnd]) -> None:
         for name in names:
             path = folder / name
             job, _, num = name[: -len(".json")].rpartition("-")
@@ -454,8 +462,8 @@ class Agent:
             stop = None  # (none under way, or a record an older agent wrote)
             if stopping is not None:
                 # (the rest of its grace, never more than the grace: the wall clock set back since made it an hour)
-                left = min(_grace(entry), max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()))
-                stop = _Stop(time.monotonic() + left, stopping["phase"],
+                rest = min(_grace(entry), max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()))
+                stop = _Stop(time.monotonic() + rest, stopping["phase"],
                              stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
@@ -466,7 +474,8 @@ class Agent:
                           + ("" if getattr(rep.handle, "subreaps", True) else " under an earlier agent version's shim: its orphans are not tracked"))
                 continue
             # (ended while no agent watched: what it left running, a child that left its process group, holds its GPUs)
-            self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))
+            if (end := self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))) is not None:
+                left.append(end)
             try:
                 prev = self.bus.run(*key)
             except ReconcileError:

@@ -403,8 +403,9 @@ class Runtime(Protocol):
         """Begin `kill` and return at once: `poll` says when the replica has ended."""
         ...
 
-    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
-        """Kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running."""
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> "StrayEnd | None":
+        """Begin to kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running;
+        what is returned (StrayEnd) says when that is over."""
         ...
 
 
@@ -524,12 +525,14 @@ class ProcessRuntime:
                     pass
         end_strays(handle.replica_id, tree, grace=0.0 if stuck else STRAY_GRACE_S)  # (stuck: the tree had its SIGTERM)
 
-    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
-        """What a replica that ended while no agent watched it left in its process group and outside it, as at an end
-        this agent saw (poll). Only a recorded shim (a pid and its start time): killpg(0) is this agent's own group."""
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> StrayEnd | None:
+        """What a replica that ended while no agent watched it left in its process group (killed now) and outside it
+        (StrayEnd, begun: the agent waits for those of every such replica side by side), as at an end this agent saw
+        (poll). Only a recorded shim (a pid and its start time): killpg(0) is this agent's own group."""
         if pid > 0 and started:
             end_group(pid, started)
-            end_strays(replica_id)
+            return StrayEnd(replica_id)
+        return None
 
 
 MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*(MIG-[^)\s]+)\)")
