@@ -111,8 +111,11 @@ def _instance_processes(d: Path, found: list[tuple[int, str]], frozen: dict[int,
     instance's mark (VM_MARK), or descends from any of these (a stray that left its replica's group and cleared its
     environment is still its shim's, the subreaper of its tree). Never this process."""
     procs = table()
-    leaders = {pid for pid, started in found if running(pid, started or _starttime(pid))}
-    roots = set(leaders) | set(marked(VM_MARK, str(d.resolve()))) | set(frozen)
+    # A recorded leader that runs, or is gone: the kernel reuses no pid while a group or session of that id has a member,
+    # so what is left in a gone shim's group is still its replica's. (A line without its start time may name a pid
+    # reused since: only its group is killed, in _end_instance, as before.)
+    leaders = {pid for pid, started in found if started and (running(pid, started) or _starttime(pid) in ("", started))}
+    roots = {pid for pid in leaders if pid in procs} | set(marked(VM_MARK, str(d.resolve()))) | set(frozen)
     roots |= {p for p, (_, pgrp, sid) in procs.items() if pgrp in leaders or sid in leaders}
     children = parents(procs)
     out = {p: _starttime(p) for p in roots}

@@ -788,3 +788,36 @@ def test_sim_interrupt_warns_when_a_record_of_what_the_instance_runs_could_not_b
     out = CliRunner().invoke(app, ["sim", "interrupt", iid, str(tmp_path)])
     assert out.exit_code == 0 and f"interrupted {iid}" in out.stdout, out.output
     assert "warning: " in out.stderr and str(d / "replicas.pids") in out.stderr, out.stderr
+
+
+def test_a_reclaim_ends_what_is_left_in_the_group_of_a_replica_whose_shim_died_before(tmp_path):
+    """A replica's shim was killed on its own (the OOM killer) and its command ran on in the shim's process group, its
+    environment cleared: the reclaim killed the group only through its leader's pid, gone, so it skipped the group and
+    the command outlived its instance. A group whose recorded leader is gone is still that replica's (no pid is reused
+    while its group has a member)."""
+    from providers.pids import start_time
+
+    sim = SimCloud(tmp_path / ".reconcile")
+    iid = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", {})
+    d = sim.agent_dir(iid)
+    d.mkdir(parents=True)
+    ready = tmp_path / "member.pid"
+    leader = subprocess.Popen([PY, "-c", "import os, subprocess, sys, time\n"
+                               f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env={{}})\n"
+                               f"open({str(ready)!r}, 'w').write(str(p.pid))\n"
+                               "time.sleep(120)"], start_new_session=True)
+    poll_until(lambda: ready.exists() and ready.read_text(), "the group's member running", 20)
+    member = int(ready.read_text())
+    (d / "replicas.pids").write_text(f"{leader.pid} {start_time(leader.pid)}\n")
+    leader.kill()
+    leader.wait()  # the shim gone, reaped; its command runs on in its group
+    assert os.getpgid(member) == leader.pid
+    try:
+        assert sim.stop_agent(iid) == []
+        poll_until(lambda: not (Path("/proc") / str(member)).exists() or
+                   (Path("/proc") / str(member) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the member killed", 5)
+    finally:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
