@@ -27,7 +27,7 @@ from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from providers.files import loads_json, read_regular
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
-from providers.pids import running, start_time as _starttime  # with the pid, names one process: a reused pid is never signalled
+from providers.pids import descendants, marked, parents, running, start_time as _starttime, table  # (pid, start): a reused pid is never signalled
 
 DEFAULT_GRACE_S = 10.0  # the agent's stop grace for a replica without a checkpoint spec (reconciler/runtime/agent.py)
 SHUTDOWN_MARGIN_S = 10.0  # beyond the longest grace: the agent's poll and its own kill at the end of a grace
@@ -38,12 +38,17 @@ SHUTDOWN_MARGIN_S = 10.0  # beyond the longest grace: the agent's poll and its o
 REAPER = r"""
 import sys, time
 from pathlib import Path
-from providers.sim import _kill_leftovers, _leftovers
+from providers.sim import _end_instance, _leftovers
 d, deadline = Path(sys.argv[1]), time.monotonic() + float(sys.argv[2])
 while time.monotonic() < deadline and _leftovers(d):
     time.sleep(0.2)
-_kill_leftovers(d)
+_end_instance(d)
 """
+
+# In the environment of every agent the sim starts (the agent's directory, unique to the instance and the sim's store),
+# hence of every process it starts that keeps its environment: with the agent's tree and its replicas' sessions, it
+# names what runs on the instance, which ends with it.
+VM_MARK = "FLEETOPS_SIM_VM"
 
 _EMPTY = {"next_id": 1, "instances": {}, "keys": {},
           "faults": {"exhausted": [], "throttle": 0, "fail_after": None, "reject_every": None, "latency_ms": 0}, "calls": 0}
@@ -100,12 +105,56 @@ def _leftovers(d: Path) -> list[tuple[int, str]]:
     return [(pid, started) for pid, started in _pid_lines(d) if running(pid, started or _starttime(pid))]
 
 
-def _kill_leftovers(d: Path) -> list[str]:
-    """Kill the agent of `d` and the replica groups it recorded; returns what of its records could not be read."""
+def _instance_processes(d: Path, found: list[tuple[int, str]], frozen: dict[int, str]) -> dict[int, str]:
+    """What runs on the instance of agent directory `d` and is not in `frozen` yet, as pid -> start time: its agent
+    and the replicas' shims (`found`, their records), whatever is in their sessions or process groups, carries the
+    instance's mark (VM_MARK), or descends from any of these (a stray that left its replica's group and cleared its
+    environment is still its shim's, the subreaper of its tree). Never this process."""
+    procs = table()
+    # A recorded leader that runs, or is gone: the kernel reuses no pid while a group or session of that id has a member,
+    # so what is left in a gone shim's group is still its replica's. (A line without its start time may name a pid
+    # reused since: only its group is killed, in _end_instance, as before.)
+    leaders = {pid for pid, started in found if started and (running(pid, started) or _starttime(pid) in ("", started))}
+    roots = {pid for pid in leaders if pid in procs} | set(marked(VM_MARK, str(d.resolve()))) | set(frozen)
+    roots |= {p for p, (_, pgrp, sid) in procs.items() if pgrp in leaders or sid in leaders}
+    children = parents(procs)
+    out = {p: _starttime(p) for p in roots}
+    for p in roots:
+        out.update(descendants(p, children))
+    return {p: s for p, s in out.items() if p not in frozen and p != os.getpid() and s}
+
+
+def _end_instance(d: Path) -> tuple[list[str], dict[int, str]]:
+    """End everything the instance of agent directory `d` runs, as a VM's stop does: its agent, the replicas' shims and
+    what they started, in their groups or not (the sim ended the recorded process groups only, and a replica's process
+    that had left its group ran on after its instance was gone). Each is stopped (SIGSTOP: it can fork no more) until
+    none is left unfound, then all are SIGKILLed. Returns what of its records could not be read, and what was killed."""
+    if not d.exists():
+        return [], {}  # (no agent was ever started for it: nothing of it runs)
     found, problems = _pid_records(d)
-    for pid, started in found:
+    frozen: dict[int, str] = {}
+    for _ in range(50):  # (a fixpoint in a few rounds: a stopped process starts nothing)
+        new = _instance_processes(d, found, frozen)
+        if not new:
+            break
+        for pid, started in new.items():
+            if running(pid, started):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+        frozen.update(new)
+    for pid, started in frozen.items():
+        _kill_one(pid, started)
+    for pid, started in found:  # (a group's members were found and killed above; its leader's record, if its own)
         _kill_group(pid, started)
-    return problems
+    return problems, frozen
+
+
+def _kill_one(pid: int, started: str) -> None:
+    if running(pid, started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # our own child (a test's): reap it
 
 
 def _longest_grace(d: Path) -> float:
@@ -429,13 +478,14 @@ class SimCloud:
             gone = inst["state"] == "terminated"
             if not gone:
                 inst["state"], inst["terminated_reason"] = "terminated", reason
-        self.stop_agent(instance_id)
+        not_ended = self.stop_agent(instance_id)
+        # not_ended: what of the instance's records could not be read, or still runs (stop_agent);
         # checkpointed: True once its agent reported its replicas checkpointed and stopped, False when it did not (the
         # notice ran out first, or its agent died during it: notice says which; they were killed mid-checkpoint), None
         # without an agent alive; terminated_during_notice: the instance was gone before the reclaim (its
         # terminated_reason says by what)
         return {**inst, "checkpointed": None if outcome is None else outcome == "checkpointed", "notice": outcome,
-                "terminated_during_notice": gone}
+                "terminated_during_notice": gone, "not_ended": not_ended}
 
     def agent_target(self, instance_id: str) -> tuple[Path, str | None] | None:
         """The config dir and state URL the instance's agent was started with (start_agent), or None."""
@@ -471,7 +521,8 @@ class SimCloud:
         if state_url:
             cmd += ["--state", state_url]
         with open(d / "agent.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, VM_MARK: str(d)})
         (d / "agent.pid").write_text(f"{proc.pid} {_starttime(proc.pid)}\n")
         return True
 
@@ -495,9 +546,9 @@ class SimCloud:
         """The instance is gone: its agent and every replica process it started go with it. Returns what could not
         be done: a record that could not be read (what it names may still run), a process still running."""
         d = self.agent_dir(instance_id)
-        problems = _kill_leftovers(d)
+        problems, ended = _end_instance(d)
         limit = time.monotonic() + 2  # (a SIGKILL is delivered, not awaited)
-        while (still := [pid for pid, _ in _leftovers(d)]) and time.monotonic() < limit:
+        while (still := [pid for pid, started in ended.items() if running(pid, started)]) and time.monotonic() < limit:
             time.sleep(0.05)
         return problems + ([f"{instance_id}'s process(es) {', '.join(map(str, still))} still run"] if still else [])
 

@@ -798,6 +798,8 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
     elif inst.get("checkpointed") is False:
         typer.echo(f"warning: {instance_id}'s agent had not reported its replicas checkpointed and stopped when the notice "
                    "ran out: they were killed with the instance, maybe mid-checkpoint", err=True)
+    if inst.get("not_ended"):
+        typer.echo(f"warning: not every process of {instance_id} could be ended with it: {'; '.join(inst['not_ended'])}", err=True)
     _mark_reclaimed(sim, instance_id, reason, config_dir or dir_opt)
     typer.echo(f"interrupted {instance_id}")
 

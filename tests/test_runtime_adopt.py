@@ -246,3 +246,47 @@ def test_a_local_replica_record_an_agent_cannot_use_is_ignored_naming_it_and_the
     done = run_until([a], terminal(bus, "etl"), timeout=10)
     assert (done["phase"], done["log_tail"]) == ("Succeeded", ["ran"]), done
     assert any("etl-0.json" in m and field in m for m in said), said
+
+
+def test_a_stop_begun_before_the_wall_clock_went_back_is_killed_after_its_grace_not_the_jump(tmp_path, leftovers):
+    """The agent signalled a replica that ignores its signal and was restarted in its grace, the wall clock set back an
+    hour meanwhile (NTP stepping a clock that ran fast, a VM resumed). The local record's end of the grace, a wall-clock
+    time, then lay an hour ahead: the adopted replica ran on through it, on its GPUs, while its moved copy elsewhere
+    started after the grace plus 30 s (one rank twice). The rest of a grace is never more than the grace."""
+    bus = Bus(backend_for(tmp_path, None))
+    cmd = [PY, "-c", "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\nprint('started', flush=True)\ntime.sleep(600)"]
+    e = entry("ft", cmd, mode="service", checkpoint={"dir": str(tmp_path / "ck"), "signal": "SIGUSR1", "grace_seconds": 1})
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (r := bus.run("ft", 0)) and "started" in " ".join(r["log_tail"]))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    old.tick()  # signalled: its stop, with the grace's end, in its local record; then the agent is gone
+    record = tmp_path / "w" / "replicas" / "ft-0.json"
+    doc = json.loads(record.read_text())
+    doc["stopping"]["deadline_at"] += 3600  # what the record says once the clock went back an hour
+    record.write_text(json.dumps(doc))
+    new = in_process(bus, "i-0", tmp_path / "w")
+    rec = run_until([new], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped" and r, timeout=15)
+    assert rec["exit_code"] == -signal.SIGKILL, rec
+
+
+def test_an_adopted_replicas_time_limit_counts_from_its_process_start_not_a_wall_clock_that_jumped(tmp_path, leftovers):
+    """The wall clock jumped two days ahead (a host whose clock was far behind, set right by NTP at boot of the agent)
+    between a replica's start and its agent's restart: the restarted agent took the replica to have run two days and
+    stopped it at once, Failed (DeadlineExceeded), a day and 23 hours early. Its age is its process's, since boot."""
+    bus = Bus(backend_for(tmp_path, None))
+    cmd = [PY, "-c", "import time\nprint('started', flush=True)\ntime.sleep(600)"]
+    e = entry("ft", cmd, mode="service", time_limit_hours=1)
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [e]})
+    old = in_process(bus, "i-0", tmp_path / "w")
+    run_until([old], lambda: (r := bus.run("ft", 0)) and "started" in " ".join(r["log_tail"]))
+    record = tmp_path / "w" / "replicas" / "ft-0.json"
+    doc = json.loads(record.read_text())
+    doc["started_unix"] -= 2 * 86400  # what the clock said at its start, two days behind the clock now
+    record.write_text(json.dumps(doc))
+    new = in_process(bus, "i-0", tmp_path / "w")
+    for _ in range(5):
+        new.tick()
+    rec = bus.run("ft", 0)
+    assert (rec["phase"], rec["reason"]) == ("Running", "Adopted"), rec
+    new.runtime.kill(new.replicas[("ft", 0)].handle)

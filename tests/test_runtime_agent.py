@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.backend import LocalBackend, backend_for
+from reconciler.errors import ReconcileError
 from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
@@ -51,6 +52,114 @@ def agents(tmp_path, bus):
 
 
 CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
+
+
+class FailingCheckpointReads(LocalBackend):
+    """The real local backend whose reads under `prefix` fail while `failing` (a network error, throttling, a
+    missing permission), as a remote store's do."""
+
+    failing, prefix = True, "checkpoints/"
+
+    def _check(self, key: str) -> None:
+        if self.failing and key.startswith(self.prefix):
+            raise ReconcileError(f"s3: cannot read {key}: connection reset by peer")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self._check(prefix)
+        return super().list_keys(prefix)
+
+    def read_key(self, key: str) -> bytes | None:
+        self._check(key)
+        return super().read_key(key)
+
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        self._check(key)
+        return super().read_file(key, dest, progress)
+
+
+class FailingCheckpointWrites(LocalBackend):
+    """The real local backend whose writes under checkpoints/ fail while `failing` (a network blip)."""
+
+    failing = True
+
+    def write_file(self, key: str, path: Path, progress=None) -> None:
+        if self.failing and key.startswith("checkpoints/"):
+            raise ReconcileError(f"s3: cannot write {key}: connection reset by peer")
+        super().write_file(key, path, progress)
+
+
+def test_a_checkpoint_upload_the_bus_fails_is_tried_again_within_its_time_and_the_replica_listed_till_it_is_done(tmp_path):
+    """A spot notice: the replica checkpoints and exits; the first upload fails (the bus blips). The upload was dropped
+    at once, logged, with most of the notice left: the replacement resumed from an older upload, or from step 0, and
+    the agent said the notice was handled (the sim took that as "checkpointed"). Now it is tried again each poll until
+    its deadline (the grace's end, or 10 s after the exit), the replica is listed in the heartbeat meanwhile (a moved
+    copy waits for that), and the notice is handled once it is uploaded."""
+    from reconciler.runtime import checkpoints
+    from reconciler.runtime.notices import FileNotice
+
+    store = FailingCheckpointWrites(tmp_path)
+    bus = Bus(store)
+    notice = tmp_path / "notice.json"
+    cmd = [PY, "-c", "import os, signal, sys, time\n"
+                     "def stop(s, f):\n"
+                     "    open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w').write('step 7')\n"
+                     "    sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, stop)\n"
+                     "print('ready', flush=True)\n"
+                     "time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", cmd, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True, notice=FileNotice(notice))
+    try:
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["log_tail"][-1:] == ["ready"])
+        notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["phase"] == "Stopped")
+        for _ in range(5):
+            a.tick()
+            time.sleep(0.05)
+        assert not a.notice_done and "ft/0" in bus.agent("i-0")["running"]  # before: handled, with nothing uploaded
+        store.failing = False
+        run_until([a], lambda: a.notice_done)
+        [doc] = checkpoints.manifests(store, "ft", log=lambda m: None)
+        assert [f["path"] for f in doc["files"]] == ["model.bin"], doc
+        assert bus.agent("i-0")["running"] == []
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
+def test_a_replica_whose_checkpoint_cannot_be_read_from_the_bus_waits_instead_of_starting_afresh(tmp_path):
+    """A replica moved to a new instance (an empty directory) while the state backend fails its reads: the agent
+    logged "checkpoint not restored" and started it from step 0, and its next upload, newer, buried the upload it
+    should have resumed from (three kept: a few such stops and the training was gone). Now it waits (Starting,
+    CheckpointNotRestored, naming the error), tried again after the restart delays, and resumes once the read works."""
+    from reconciler.runtime import checkpoints
+
+    store = FailingCheckpointReads(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.bin").write_bytes(b"7" * 5000)
+    store.failing = False
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    store.failing = True
+    cmd = [PY, "-c", "import os,time; p=os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'); "
+                     "print('found', os.path.getsize(p) if os.path.exists(p) else None, flush=True); time.sleep(600)"]
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("ft", cmd, epoch=2, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True)
+    try:
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and r["reason"] != "Assigned" and r)
+        assert (rec["phase"], rec["reason"]) == ("Starting", "CheckpointNotRestored") and not a.replicas["ft", 0].running, rec
+        assert "connection reset by peer" in rec["message"], rec
+        store.failing = False
+        rec = run_until([a], lambda: (r := bus.run("ft", 0)) and "found 5000" in r["log_tail"] and r)
+        assert rec["phase"] == "Running", rec
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
 
 
 @pytest.fixture
@@ -581,6 +690,64 @@ def test_a_replica_moved_to_another_instance_starts_only_once_its_old_copy_has_e
     assert n["new", "start"] >= n["old", "exit"], n  # never the same rank twice
     waiting = next(r for r in seen if r and r["reason"] == "WaitingForPredecessor")
     assert waiting["instance"] == "i-1" and waiting["phase"] == "Starting" and "previous copy on i-0" in waiting["message"], waiting
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "unreachable"])
+def test_a_moved_replica_waits_for_its_old_copy_while_the_old_agents_report_cannot_be_read(bus, agents, tmp_path, fault):
+    """The old copy checkpoints through its grace; its agent's report is garbled (a torn write on a store without atomic
+    puts, a hand edit) or the bus fails the read. That was taken as "no evidence that it still runs" and the new copy
+    started at once beside it: one rank twice, two writers of one checkpoint. A report that cannot be read holds the
+    rank as the last one did; the wait still ends after the grace plus its margin, as for a report that never changes."""
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1, checkpoint_seconds=30)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    run_until([old], noted_at(notes, ("old", "checkpointing")))  # the old copy in its 30 s grace; its agent reports it
+    assert "g3/1" in bus.agent("i-0")["running"]
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2, master="i-1")]})
+    if fault == "corrupt":
+        bus.store.write_key("agents/i-0.json", b'{"instance": "i-0", "runn')
+    else:
+        real = bus.store.read_key
+
+        def read_key(key):  # (the store fails this one read: a network error, throttling)
+            if key == "agents/i-0.json":
+                raise ReconcileError("s3: cannot read agents/i-0.json: connection reset by peer")
+            return real(key)
+
+        bus.store.read_key = read_key
+    began = time.monotonic()
+    while time.monotonic() - began < 1.5:
+        new.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g3", 1)
+    assert rec["instance"] == "i-1" and rec["reason"] == "WaitingForPredecessor" and "i-0" in rec["message"], rec
+
+
+@pytest.mark.parametrize("fault", ["report garbled", "runs unreadable"])
+def test_a_gang_rank_waits_for_a_peers_upload_while_that_peers_agents_report_cannot_be_read(bus, ck_agents, tmp_path, fault):
+    """Rank 0 of the gang's last round still runs (or uploads) on i-9 by its agent's last word; that report is now garbled.
+    Rank 1, placed anew on i-1, took the unreadable report as nothing running and restored at once: the round without
+    rank 0's upload, an older one than rank 0 would resume from. It waits as for a report that lists rank 0."""
+    bus.put_run("g", 0, {"job": "g", "replica": 0, "instance": "i-9", "spec_hash": "h1", "epoch": 1, "phase": "Running",
+                         "reason": "Started", "terminal": False, "attempt": 0})
+    bus.store.write_key("agents/i-9.json", b'{"instance": "i-9", "running": ["g/')
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g", notes, tag="new", replica=1, epoch=2, world_size=2, master="i-1")]})
+    a = ck_agents("i-1")
+    if fault == "runs unreadable":  # the run records' listing fails instead: whether rank 0 still runs is unknown too
+        store = FailingCheckpointReads(tmp_path)
+        store.prefix = "runs/g"
+        a.bus = Bus(store)
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        a.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g", 1)
+    assert rec["reason"] == "WaitingForGang" and "cannot be read" in rec["message"], rec
 
 
 def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents, tmp_path, monkeypatch):

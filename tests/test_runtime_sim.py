@@ -713,3 +713,111 @@ def test_stop_agents_says_which_record_it_could_not_read_and_exits_1(tmp_path, p
     out = CliRunner().invoke(app, ["sim", "stop-agents", str(tmp_path)])
     assert out.exit_code == 1 and "agents stopped" not in out.stdout, out.output
     assert str(d / ("agent.pid" if plant == "dir" else "replicas.pids")) in out.stderr, out.stderr
+
+
+# A replica that ignores its checkpoint signal and leaves behind, outside its process group and with an emptied
+# environment, a process of its own (a data server that daemonised): neither the group's kill nor the mark finds it.
+STUBBORN = r'''
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True, env={})
+with open(os.environ["STRAY_PID"], "w") as f:
+    f.write(str(p.pid))
+while True:
+    time.sleep(0.2)
+'''
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_reclaim_ends_every_process_of_the_instance_and_the_replacement_resumes_from_the_upload(rt):
+    """A spot reclaim is the VM's end: once the notice is over nothing of the instance runs, also a replica still in
+    its grace and what it left outside its process group with its environment cleared (the sim killed the recorded
+    process groups only, and such a process ran on after its instance was gone, holding what it held). The replica
+    that checkpointed within the notice resumes on the replacement from its upload."""
+    stray_file = rt / "stray.pid"
+    ft = job("ft", cpu=2, run={"command": [PY, TRAIN, "100000", "0.05"]}, checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30})
+    stubborn = job("stubborn", cpu=2, mode="service", run={"command": [PY, "-c", STUBBORN], "env": {"STRAY_PID": str(stray_file)}},
+                   checkpoint={"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 120})
+    cfg = config(rt / "c", ft, stubborn, job("hold", cpu=11))
+    api.apply(cfg, time_limit=5)
+    [first] = live(cfg)
+    wait(lambda: (r := bus(cfg).run("ft", 0)) and any("step 3/" in ln for ln in r["log_tail"]), what="ft past step 3")
+    wait(lambda: stray_file.exists() and stray_file.read_text(), what="the stray started")
+    sim = SimCloud(state_dir(cfg))
+    d = sim.agent_dir(first)
+    agent_pid = int((d / "agent.pid").read_text().split()[0])
+    shims = [int(ln.split()[0]) for ln in (d / "replicas.pids").read_text().splitlines()]
+    stray = int(stray_file.read_text())
+    out = sim.interrupt(first, notice_seconds=8)  # stubborn outlasts the notice: killed with its instance
+    assert out["checkpointed"] is False and out["notice"] == "ran out"
+    everything = [agent_pid, *shims, stray, *replicas_on(first)]
+    wait(lambda: not [p for p in everything if proc_alive(p)], timeout=10, what=f"every process of {first} gone")
+    assert not replicas_on(first)
+    api.apply(cfg, time_limit=5)
+    second = api.plan(cfg, time_limit=5).observed.placements["ft"][0]
+    assert second != first and second in live(cfg)
+    [manifest] = (state_dir(cfg) / "checkpoints" / "ft" / "manifests").iterdir()
+    saved = json.loads(manifest.read_text())
+    assert saved["instance"] == first
+    rec = wait(lambda: (r := bus(cfg).run("ft", 0)) and r["instance"] == second and any("resuming" in ln for ln in r["log_tail"]) and r,
+               what="ft resumed on the replacement")
+    old = (state_dir(cfg) / "sim" / "disks" / first / "checkpoints" / "ft" / "ckpt" / "rank-0.json").read_text()
+    step = int(old.split(":")[1].strip(" }"))
+    assert any(f"at step {step}" in ln for ln in rec["log_tail"]), rec["log_tail"]
+
+
+def test_sim_interrupt_warns_when_a_record_of_what_the_instance_runs_could_not_be_read(tmp_path):
+    """The reclaim ends what the instance's records name; one that cannot be read may name a process still running. `sim
+    interrupt` said only 'interrupted' (the reclaim's problems were dropped), as `sim stop-agents` once did."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    sim = SimCloud(tmp_path / ".reconcile")
+    iid = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", {})
+    d = sim.agent_dir(iid)
+    d.mkdir(parents=True)
+    (d / "replicas.pids").write_text("12x 99\n")
+    out = CliRunner().invoke(app, ["sim", "interrupt", iid, str(tmp_path)])
+    assert out.exit_code == 0 and f"interrupted {iid}" in out.stdout, out.output
+    assert "warning: " in out.stderr and str(d / "replicas.pids") in out.stderr, out.stderr
+
+
+def test_a_reclaim_ends_what_is_left_in_the_group_of_a_replica_whose_shim_died_before(tmp_path):
+    """A replica's shim was killed on its own (the OOM killer) and its command ran on in the shim's process group, its
+    environment cleared: the reclaim killed the group only through its leader's pid, gone, so it skipped the group and
+    the command outlived its instance. A group whose recorded leader is gone is still that replica's (no pid is reused
+    while its group has a member)."""
+    from providers.pids import start_time
+
+    sim = SimCloud(tmp_path / ".reconcile")
+    iid = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge", {})
+    d = sim.agent_dir(iid)
+    d.mkdir(parents=True)
+    ready = tmp_path / "member.pid"
+    leader = subprocess.Popen([PY, "-c", "import os, subprocess, sys, time\n"
+                               f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env={{}})\n"
+                               f"open({str(ready)!r}, 'w').write(str(p.pid))\n"
+                               "time.sleep(120)"], start_new_session=True)
+    poll_until(lambda: ready.exists() and ready.read_text(), "the group's member running", 20)
+    member = int(ready.read_text())
+    (d / "replicas.pids").write_text(f"{leader.pid} {start_time(leader.pid)}\n")
+    leader.kill()
+    leader.wait()  # the shim gone, reaped; its command runs on in its group
+    assert os.getpgid(member) == leader.pid
+    try:
+        assert sim.stop_agent(iid) == []
+        poll_until(lambda: not (Path("/proc") / str(member)).exists() or
+                   (Path("/proc") / str(member) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the member killed", 5)
+    finally:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -211,3 +211,117 @@ def test_a_command_that_left_its_shims_group_and_ignores_sigterm_is_killed_with_
         time.sleep(0.05)
     assert bus.run("hermit", 0)["phase"] == "Stopped" and not processes_with(str(marker))
     assert time.monotonic() - began < 0.3 + STRAY_GRACE_S + KILL_MARGIN_S + 2 and longest < 1.5, longest
+
+
+# The shim as agents before the subreaper ran it (961505c^): it waits for its command alone and exits with it, leaving
+# whatever the command started outside its process group to the agent. Such shims still run after an agent upgrade.
+OLD_SHIM = r"""
+import json, os, signal, sys
+out, cmd = sys.argv[1], sys.argv[2:]
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+    signal.signal(s, lambda n, f: None)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        os.write(w, f"cannot start {cmd[0]!r}: {e.strerror}".encode())
+        os._exit(127)
+os.close(w)
+err = b""
+while chunk := os.read(r, 4096):
+    err += chunk
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+doc = {"code": code, **({"error": err.decode(errors="replace")} if err else {})}
+if err:
+    print(doc["error"], file=sys.stderr, flush=True)
+with open(out + ".tmp", "w") as f:
+    json.dump(doc, f)
+os.replace(out + ".tmp", out)
+if code < 0:
+    if -code != signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+os._exit(code if code >= 0 else 128 - code)
+"""
+
+
+def old_shimmed(launch, command):
+    """What the agent before the subreaper ran a replica under (its argv: no strays' grace)."""
+    launch.exit_path.parent.mkdir(parents=True, exist_ok=True)
+    launch.exit_path.unlink(missing_ok=True)
+    return [PY, "-S", "-c", OLD_SHIM, str(launch.exit_path), *command]
+
+
+def test_an_upgraded_agent_adopts_replicas_under_the_old_shim_says_their_strays_are_untracked_and_ends_them_side_by_side(
+        bus, tmp_path, monkeypatch):
+    """An agent upgraded while replicas run under the earlier version's shim (not their subreaper, gone with its command)
+    adopts them: none is started a second time. Its heartbeat says their orphans are not tracked (StraysUntracked, as
+    where prctl is refused: it said nothing, the subreaper being available to new shims). At a spot notice each one's
+    stray, out of its group and ignoring SIGTERM, is ended beside the others': the agent's tick waited each one's
+    2 s grace and kill, one replica after another (~3 s a replica, the old agent's wait)."""
+    from reconciler.runtime import runtimes
+    from reconciler.runtime.lifecycle import agent_fault
+    from tests.test_runtime_workdir import copies
+
+    notice = tmp_path / "notice.json"
+    markers = [tmp_path / f"r{i}-marker" for i in range(3)]
+    ck = {"dir": str(tmp_path / "ck"), "signal": "SIGTERM", "grace_seconds": 0.3}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry(f"j{i}", escaper(m, "time.sleep(120)", ignores_term=True), mode="service",
+                                                               checkpoint=ck) for i, m in enumerate(markers)]})
+    with monkeypatch.context() as old:
+        old.setattr(runtimes, "shimmed", old_shimmed)
+        before = agent(bus, tmp_path / "i-0")
+        poll_until(lambda: before.tick() or all(Path(f"{m}.ready").exists() for m in markers), "the old replicas and strays running", 20, 0.05)
+    shims = {key: rep.handle.pid for key, rep in before.replicas.items()}
+    a = agent(bus, tmp_path / "i-0", notice=FileNotice(notice))  # the upgraded agent (the old one gone, as at a restart)
+    a.tick()
+    assert {key: rep.reason for key, rep in a.replicas.items()} == {(f"j{i}", 0): "Adopted" for i in range(3)}
+    assert {key: rep.handle.pid for key, rep in a.replicas.items()} == shims
+    assert all(len(copies(m)) == 2 for m in markers)  # the one copy's group and its stray's session: none started again
+    a._publish(force=True)
+    report = bus.agent("i-0")
+    assert "j0/0" in report.get("strays_untracked", ""), report
+    assert agent_fault(report)[0] == "StraysUntracked"
+    strays = {p for m in markers for p in processes_with(str(m)) if os.getsid(p) == p and p not in shims.values()}
+    assert len(strays) == 3
+    notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+    began, longest = time.monotonic(), 0.0
+    while not a.notice_done and time.monotonic() - began < 15:
+        t = time.monotonic()
+        a.tick()
+        longest = max(longest, time.monotonic() - t)
+        time.sleep(0.05)
+    took = time.monotonic() - began
+    assert a.notice_done and not [p for m in markers for p in processes_with(str(m))]  # (init's zombies, maybe: no shim reaps them)
+    assert longest < 1.0 and took < 4.5, (longest, took)  # before: a tick of ~3 s a replica
+    assert {bus.run(f"j{i}", 0)["reason"] for i in range(3)} == {"Interrupted"}
+    a._publish(force=True)
+    assert "strays_untracked" not in bus.agent("i-0")  # none of the old shims runs any more
+
+
+def test_an_upgraded_agent_ends_the_strays_of_old_shim_replicas_that_ended_unwatched_side_by_side(bus, tmp_path, monkeypatch):
+    """Three replicas under the earlier version's shim crashed while no agent ran, each leaving a stray out of its
+    group that ignores SIGTERM (the old shim ends none). The upgraded agent ends them before it starts the replicas
+    again: one after another, 2-3 s each, in its first tick (~7-9 s here, no heartbeat meanwhile). Now side by side."""
+    from reconciler.runtime import runtimes
+
+    markers = [tmp_path / f"c{i}-marker" for i in range(3)]
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry(f"c{i}", escaper(m, "sys.exit(3)", ignores_term=True), mode="service")
+                                                         for i, m in enumerate(markers)]})
+    with monkeypatch.context() as old:
+        old.setattr(runtimes, "shimmed", old_shimmed)
+        before = agent(bus, tmp_path / "i-0")
+        before.tick()  # (then gone: the replicas crash with no agent watching)
+    exits = [tmp_path / "i-0" / "replicas" / f"c{i}-0.exit" for i in range(3)]
+    poll_until(lambda: all(p.exists() for p in exits), "the old replicas ended, unwatched", 20, 0.05)
+    strays = [p for m in markers for p in processes_with(str(m))]
+    assert len(strays) == 3  # each replica's stray runs on
+    a = agent(bus, tmp_path / "i-0")
+    began = time.monotonic()
+    a.tick()
+    took = time.monotonic() - began
+    assert not [p for m in markers for p in processes_with(str(m)) if p in strays]
+    assert took < 4.5, took  # before: ~3 s a replica

@@ -90,6 +90,39 @@ def test_a_restarted_agent_that_cannot_read_a_replicas_record_does_not_start_a_s
     again.runtime.kill(again.replicas[("train", 0)].handle)
 
 
+def test_a_replica_given_gpus_waits_while_a_record_that_may_hold_them_cannot_be_read(bus, tmp_path):
+    """The running copy of `train` holds GPU 2; its record is unreadable to the restarted agent, and the new assignment
+    moved `train` away and gave GPU 2 to `infer`. `infer` started at once on GPU 2 beside `train`'s copy, which no
+    agent could stop (its pid is in the record): two processes on one GPU. A replica given GPUs waits while any record
+    of a copy that may run cannot be read (WaitingForGPUs, naming it); one without GPUs does not."""
+    marker = tmp_path / "train-marker"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("train", sleeper(marker), gpus=["2"])]})
+    first = agent(bus, tmp_path / "i-0")
+    first.tick()
+    pid = first.replicas[("train", 0)].handle.pid
+    poll_until(lambda: copies(marker) == {pid}, "the replica running", 30)
+    record = tmp_path / "i-0" / "replicas" / "train-0.json"
+    saved = record.read_bytes()
+    record.unlink()
+    record.symlink_to(record.name)
+    infer, etl = tmp_path / "infer-marker", tmp_path / "etl-marker"
+    bus.put_assignment("i-0", {"serial": 2, "replicas": [entry("infer", sleeper(infer), gpus=["2"]), entry("etl", sleeper(etl))]})
+    again = agent(bus, tmp_path / "i-0")
+    for _ in range(3):
+        again.tick()
+    poll_until(lambda: len(copies(etl)) == 1, "etl (no GPUs) running", 30)
+    assert copies(infer) == set()  # before: started on GPU 2 beside train's copy
+    rec = bus.run("infer", 0)
+    assert (rec["phase"], rec["reason"]) == ("Starting", "WaitingForGPUs") and str(record) in rec["message"], rec
+    record.unlink()
+    record.write_bytes(saved)  # readable again: train's copy adopted, and stopped (no longer assigned); then infer starts
+    poll_until(lambda: again.tick() or len(copies(infer)) == 1, "infer running once train's copy is gone", 60, 0.05)
+    assert copies(marker) == set()
+    for rep in again.replicas.values():
+        if rep.handle is not None:
+            again.runtime.kill(rep.handle)
+
+
 def test_a_replica_whose_record_cannot_be_written_is_not_started_and_the_heartbeat_says_why(bus, tmp_path):
     """The agent started a replica whose local record (its pid, how to find and stop it) it could not write (a full or
     read-only disk: here a file where the records' folder goes, which stops root too): an agent restarted on the

@@ -33,14 +33,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from providers.pids import start_time
+from providers.pids import age as process_age, start_time
 from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
+from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -359,7 +359,7 @@ class Agent:
             if rep.running and rep.stop is None:
                 self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
         self._publish(force=True)  # at once: the reconciler may have removed our key with the instance
-        while any(r.running for r in self.replicas.values()):
+        while any(r.running for r in self.replicas.values()) or self.uploads:  # (an upload tried again: up to its deadline)
             self._supervise(starts=False)  # a replica that started now would never be stopped
             self._publish()  # what still runs: the agent a replica moved to waits for it to stop
             time.sleep(min(self.poll, 0.2))
@@ -383,7 +383,8 @@ class Agent:
         if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
             self._log("the bus is reachable again")
             self.bus_said = self.write_failed = None
-        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and self.bus_error is None:
+        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and not self.uploads \
+                and self.bus_error is None:
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
@@ -414,6 +415,14 @@ class Agent:
             self._unreadable(None, folder, e)
             return
         self._readable(None, folder)
+        left: list[StrayEnd] = []  # what replicas that ended unwatched left running: ended side by side, below
+        try:
+            self._adopt_records(folder, names, first, retry, left)
+        finally:
+            while [end for end in left if not end.done()]:  # (each polled: its SIGKILL is due at its own time)
+                time.sleep(0.02)
+
+    def _adopt_records(self, folder: Path, names: list[str], first: bool, retry: set, left: list[StrayEnd]) -> None:
         for name in names:
             path = folder / name
             job, _, num = name[: -len(".json")].rpartition("-")
@@ -445,20 +454,28 @@ class Agent:
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""), rep.env.get(REPLICA_ID))
+            if rep.handle is not None and (ran := process_age(rep.handle.started)) is not None:
+                # (its shim's age, since boot: a wall clock set since, ahead or back, moved started_unix's count, and
+                # a jump ahead stopped it at its time limit, Failed, days early)
+                rep.started_mono = time.monotonic() - ran
             stopping = rec.get("stopping")
             stop = None  # (none under way, or a record an older agent wrote)
             if stopping is not None:
-                stop = _Stop(time.monotonic() + max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()), stopping["phase"],
+                # (the rest of its grace, never more than the grace: the wall clock set back since made it an hour)
+                rest = min(_grace(entry), max(0.0, float(stopping.get("deadline_at", 0)) - now_unix()))
+                stop = _Stop(time.monotonic() + rest, stopping["phase"],
                              stopping["reason"], stopping["message"], stopping["terminal"], stopping.get("restart_attempt"))
             if rep.handle is not None:
                 rep.devices = tuple(str(g) for g in entry.get("gpus", ()))  # the entry it was started with
                 rep.phase, rep.reason, rep.message = "Running", "Adopted", f"attempt {rep.attempt}, started by an earlier agent"
                 rep.stop = stop  # (its signal was sent, if any: the rest of its grace, then the kill)
                 self.replicas[key] = rep
-                self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running")
+                self._log(f"{key[0]}/{key[1]}: adopted attempt {rep.attempt} (pid {rep.handle.pid}), still running"
+                          + ("" if getattr(rep.handle, "subreaps", True) else " under an earlier agent version's shim: its orphans are not tracked"))
                 continue
             # (ended while no agent watched: what it left running, a child that left its process group, holds its GPUs)
-            self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))
+            if (end := self.runtime.end_left(rec.get("pid", 0), rec.get("started", ""), rep.env.get(REPLICA_ID))) is not None:
+                left.append(end)
             try:
                 prev = self.bus.run(*key)
             except ReconcileError:
@@ -748,8 +765,9 @@ class Agent:
 
     def _holders(self, rep: Replica) -> list[str]:
         """Why `rep` cannot start yet: each device it is given that another replica's process still
-        holds (one stopping through its checkpoint grace, or an older spec of this replica). Starting
-        beside it would put two processes on one GPU until that one exits."""
+        holds (one stopping through its checkpoint grace, or an older spec of this replica), or may hold (the copy a
+        local record this agent cannot read names). Starting beside it would put two processes on one GPU until that
+        one exits."""
         mine = [str(g) for g in rep.entry.get("gpus", ())]
         out = []
         for other in self.replicas.values():
@@ -759,14 +777,17 @@ class Agent:
             if shared:
                 state = f"stopping ({other.stop.reason})" if other.stop else other.phase
                 out.append(f"{device_names(shared)} held by {other.key[0]}/{other.key[1]}, {state}")
+        if mine:  # (a copy an earlier agent started, its record unread: which devices it holds is unknown, maybe these)
+            out += [f"{device_names(mine)} may be held by the copy of {key[0]}/{key[1]} its unreadable record names ({why})"
+                    for key, why in sorted(self.unread.items(), key=lambda kv: str(kv[0])) if key is not None and key != rep.key]
         return out
 
     def _predecessor(self, rep: Replica) -> str | None:
         """The other instance whose agent still runs (or is stopping) this replica, which the plan moved
         here: starting now would run one rank twice, and the old copy's checkpoint, written through its
         grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`; apply keeps
-        a deleted instance's key while it does: publish.shutting_down); a stale or Stopped agent, or one
-        whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
+        a deleted instance's key while it does: publish.shutting_down), and so does one that cannot be read; a stale or
+        Stopped agent, or one whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
         job, r = rep.key
         olds = {rep.predecessor} - {None}
         try:
@@ -775,12 +796,15 @@ class Agent:
             rec = None
         if rec and rec.get("instance") not in (None, self.instance) and not rec.get("terminal"):
             olds.add(rec["instance"])
-        holder = None
+        holder, unread = None, ""
         for old in sorted(olds):
             try:
                 doc = self.bus.agent(old)
-            except ReconcileError:
-                continue  # unreadable: no evidence that it still runs
+            except ReconcileError as e:
+                # (no evidence that it stopped: the copy there may checkpoint on; it started at once beside it, one rank
+                # twice. Waited for as a report that says it runs: read again each poll, up to the same bound.)
+                holder, unread = old, f"; its agent's report cannot be read: {e}"
+                break
             if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{r}" in doc.get("running", []):
                 holder = old
                 break
@@ -794,7 +818,7 @@ class Agent:
             self._log(f"{job}/{r}: the agent on {holder} still reports it running {waited:.0f}s after the move: starting anyway")
             rep.predecessor = None
             return None
-        msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s)"
+        msg = f"waiting for its previous copy on {holder} to stop (checkpoint grace {grace:g}s){unread}"
         if (rep.reason, rep.message) != ("WaitingForPredecessor", msg):
             self._log(f"{job}/{r}: {msg}")
         rep.reason, rep.message = "WaitingForPredecessor", msg
@@ -866,16 +890,17 @@ class Agent:
         job, me = rep.key
         if e.get("world_size", 1) <= 1:
             return None
+        waits = []
         try:
             runs = self.bus.runs(job)
-        except ReconcileError:
-            return None
+        except ReconcileError as err:  # (whether a peer still uploads is unknown: waited for, up to the same bound)
+            runs = {}
+            waits.append(f"the gang's run records, which cannot be read ({err})")
         mine = (e["spec_hash"], e["epoch"])
         same = [r for r in runs.values() if (r.get("spec_hash"), r.get("epoch")) == mine]
         why = peer_stop(me, same) or self._lost_peer(rep, same)
         if why:
             return f"{why}; it starts again with the gang"
-        waits = []
         if job in self.uploads or any(x.handle is not None and (x.entry["spec_hash"], x.entry["epoch"]) != mine
                                       for (j, _), x in self.replicas.items() if j == job):
             waits.append(f"this instance's upload of {job}'s last round")
@@ -888,7 +913,8 @@ class Agent:
             elif r.get("instance") not in (None, self.instance):
                 try:
                     doc = self.bus.agent(r["instance"])
-                except ReconcileError:
+                except ReconcileError as err:  # (no evidence that it is done: waited for as a report that lists it)
+                    waits.append(f"replica {i} on {r['instance']}, whose agent's report cannot be read ({err})")
                     continue
                 if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{i}" in doc.get("running", []):
                     waits.append(f"replica {i} on {r['instance']}, still running or uploading its checkpoint")
@@ -908,8 +934,8 @@ class Agent:
         self._log(f"{rep.key[0]}/{rep.key[1]}: cannot start: {why}")
 
     def _hold_back(self, rep: Replica, reason: str, why: str) -> None:
-        """The replica is not started now for want of its disk (no room for its checkpoint, no local record written):
-        tried again after the restart delays, doubling."""
+        """The replica is not started now for want of its disk (no room for its checkpoint, no local record written) or of
+        its uploaded checkpoint (the state backend failing its reads): tried again after the restart delays, doubling."""
         rep.held_back += 1
         delay = min(MAX_BACKOFF_S, self.backoff * 2 ** (rep.held_back - 1))
         rep.next_start = time.monotonic() + delay
@@ -1079,7 +1105,14 @@ class Agent:
                     self._write_marker(job, [up.generation], was if was == [due["spec_hash"], due["epoch"]] else None)
                     checkpoints.prune(self.bus.store, job, log=self._log)
             except (ReconcileError, OSError) as err:
-                self._log(f"{job}: checkpoint not uploaded: {err}")
+                if time.monotonic() < due["deadline"]:
+                    # (a blip of the bus: dropped, the replacement resumed from an older upload with most of a notice
+                    # left. Tried again each poll; the replica stays listed running till then, so a moved copy waits)
+                    if not due.get("failed"):
+                        self._log(f"{job}: checkpoint upload failed: {err}; tried again each poll until its deadline")
+                    self.uploads[job] = {**due, "failed": str(err)}
+                else:
+                    self._log(f"{job}: checkpoint not uploaded: {err}")
 
     def _restore_checkpoint(self, job: str, path: Path, spec_hash: str | None, epoch: int | None = None,
                             world_size: int = 1) -> tuple[str, str] | None:
@@ -1095,7 +1128,11 @@ class Agent:
                                       progress=self._keepalive, spec_hash=spec_hash, epoch=epoch, world_size=world_size)
         except checkpoints.NotRestoredError as err:
             return "NoRoomForCheckpoint" if isinstance(err, checkpoints.NoRoomError) else "CheckpointNotRestored", str(err)
-        except (ReconcileError, OSError) as err:
+        except ReconcileError as err:
+            # (the state backend failing its reads: started from what the directory holds, older or nothing, the replica
+            # lost the training its upload holds, and its own next upload, newer, buried that one)
+            return "CheckpointNotRestored", f"{job}: its uploaded checkpoints cannot be read ({err}): not started from what {path} holds"
+        except OSError as err:
             self._log(f"{job}: checkpoint not restored: {err}; starting from what {path} holds")
             return None
         if got.marker is not None:
@@ -1232,10 +1269,16 @@ class Agent:
         for rep in self.replicas.values():
             self._write_run(rep)
         now = now_unix()
-        running = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running)
+        running = self._running()
         if not force and now - self.last_beat < self.heartbeat and running == self.last_running:
             return  # a change in what runs is reported at once: an agent a replica moved to waits on it
         self._beat(now, running, state)
+
+    def _running(self) -> list[str]:
+        """What the heartbeat lists running: each replica whose process runs, and those whose checkpoint upload is still
+        due (a moved copy waits for that, then restores the upload)."""
+        due = {f"{job}/{r}" for job, up in self.uploads.items() for r in up["replicas"]}
+        return sorted(due | {f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.running})
 
     def _keepalive(self) -> None:
         """The heartbeat, due, while a checkpoint's upload or restore runs (the loop waits for it: one longer than the
@@ -1245,6 +1288,16 @@ class Agent:
         if now - self.last_beat >= self.heartbeat:
             self._beat(now, list(self.last_running or []), None)
 
+    def _strays_untracked(self) -> str | None:
+        """Why some replica's orphans are not tracked here (the heartbeat's, StraysUntracked in status): no subreaper at
+        all (strays_untracked), or replicas adopted under the shim of an agent version from before the subreaper, which
+        stays theirs until they next start."""
+        old = sorted(f"{j}/{r}" for (j, r), rep in self.replicas.items() if rep.handle is not None and not getattr(rep.handle, "subreaps", True))
+        said = [self.strays_untracked] if self.strays_untracked else []
+        if old and self.runtime.name == "process":
+            said.append(f"{', '.join(old)} run under the shim of an earlier agent version, not their subreaper, until they next start")
+        return "; ".join(said) or None
+
     def _beat(self, now: float, running: list[str], state: str | None) -> None:
         doc = {
             "instance": self.instance, "address": self.address, "pid": os.getpid(), "runtime": self.runtime.name,
@@ -1252,7 +1305,7 @@ class Agent:
             "heartbeat_at": now, "heartbeat": iso(now), "serial": (self.assignment or {}).get("serial", 0),
             "running": running, **({"write_failed": self.write_failed} if self.write_failed else {}),
             **({"workdir_failed": "; ".join(sorted(self.workdir_failed.values()))} if self.workdir_failed else {}),
-            **({"strays_untracked": self.strays_untracked} if self.strays_untracked else {}),
+            **({"strays_untracked": untracked} if (untracked := self._strays_untracked()) else {}),
         }
         try:
             self.bus.put_agent(self.instance, doc)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from providers.files import read_regular
-from providers.pids import running, start_time
+from providers import pids
+from providers.pids import descendants, running, start_time
 from providers.redact import credential_name
 
 
@@ -231,6 +232,8 @@ class Detached:
     name: str = ""  # the container, for the docker runtime
     replica_id: str | None = None  # the mark in its environment (REPLICA_ID): what left its process group is found by it
     kill_begun: float | None = None  # (monotonic) when runtime.begin_kill began its kill
+    subreaps: bool = True  # its shim is the subreaper of its tree (shim_subreaps): not one of an earlier agent version
+    strays: "StrayEnd | None" = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -293,67 +296,58 @@ def subreaper_problem() -> str | None:
     return None
 
 
-def _proc_pids() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:  # no /proc (not Linux): nothing to find
-        return []
-
-
 def marked(replica_id: str) -> dict[int, str]:
-    """The processes whose environment carries `REPLICA_ID=replica_id` exactly, as pid -> start time. One whose
-    environment cannot be read (another user's, gone meanwhile) is skipped."""
-    want = f"{REPLICA_ID}={replica_id}".encode()
-    out = {}
-    for pid in _proc_pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if want in env.split(b"\0"):
-            out[pid] = start_time(pid)
-    return out
+    """The processes whose environment carries `REPLICA_ID=replica_id` exactly, as pid -> start time."""
+    return pids.marked(REPLICA_ID, replica_id)
 
 
-def descendants(pid: int) -> dict[int, str]:
-    """The live descendants of `pid` (by their parent pids, now), as pid -> start time: what a replica started, also
-    what left its process group, while the replica's own processes still run (an orphan's parent is init)."""
-    children: dict[int, list[int]] = {}
-    for p in _proc_pids():
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(p)
-    out, todo = {}, list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        if p not in out:
-            out[p] = start_time(p)
-            todo += children.get(p, [])
-    return out
+class StrayEnd:
+    """The end of what an ended replica left running outside its process group: the processes carrying its mark
+    (`replica_id`) and `known` (its descendants, taken before its kill), each named by pid and start time (a pid reused
+    since is left alone): SIGTERM now, SIGKILL `grace` s later, given up 1 s after that (a process stuck in the kernel).
+    `done` says whether it is over and never waits, so the strays of replicas ending together end side by side. Never
+    this agent itself."""
 
+    def __init__(self, replica_id: str | None, known: dict[int, str] | None = None, grace: float = STRAY_GRACE_S):
+        found = {**(known or {}), **(marked(replica_id) if replica_id else {})}
+        self.live = {p: s for p, s in found.items() if p != os.getpid() and s and running(p, s)}
+        self.kill_at, self.killed_at = time.monotonic() + grace, None
+        self._send(signals.SIGTERM)
 
-def end_strays(replica_id: str | None, known: dict[int, str] | None = None, grace: float = STRAY_GRACE_S) -> None:
-    """End what an ended replica left running outside its process group: the processes carrying its mark (`replica_id`)
-    and `known` (its descendants, taken before its kill), each named by pid and start time (a pid reused since is left
-    alone): SIGTERM, up to `grace` s, then SIGKILL. Never this agent itself."""
-    found = {**(known or {}), **(marked(replica_id) if replica_id else {})}
-    live = {p: s for p, s in found.items() if p != os.getpid() and s and running(p, s)}
-    for sig in (signals.SIGTERM, signals.SIGKILL):
-        for p, s in live.items():
+    def _send(self, sig: int) -> None:
+        for p, s in self.live.items():
             if running(p, s):
                 try:
                     os.kill(p, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-        limit = time.monotonic() + (grace if sig == signals.SIGTERM else 1.0)
-        while (live := {p: s for p, s in live.items() if running(p, s)}) and time.monotonic() < limit:
-            time.sleep(0.02)
-        if not live:
-            return
+
+    def done(self) -> bool:
+        self.live = {p: s for p, s in self.live.items() if running(p, s)}
+        now = time.monotonic()
+        if self.live and self.killed_at is None and now >= self.kill_at:
+            self._send(signals.SIGKILL)
+            self.killed_at = now
+        return not self.live or self.killed_at is not None and now >= self.killed_at + 1.0
+
+
+def end_strays(replica_id: str | None, known: dict[int, str] | None = None, grace: float = STRAY_GRACE_S) -> None:
+    """StrayEnd, waited for."""
+    end = StrayEnd(replica_id, known, grace)
+    while not end.done():
+        time.sleep(0.02)
+
+
+def shim_subreaps(pid: int) -> bool:
+    """Whether the shim at `pid` is one that makes itself the subreaper of its command's tree (SHIM): one an earlier
+    agent version started (before 961505c) is not, and leaves what its command started outside its group to the agent."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return True  # (gone: nothing of it left to track)
+    script = args[args.index(b"-c") + 1] if b"-c" in args[:-1] else b""
+    return b"PR_SET_CHILD_SUBREAPER" in script
 
 
 def end_tree(shim: int, started: str | None = None) -> None:
@@ -381,7 +375,9 @@ def end_tree(shim: int, started: str | None = None) -> None:
 def adopt(pid: int, started: str, exit_path: Path, name: str = "", replica_id: str | None = None) -> Detached | None:
     """The replica an earlier agent recorded, if that very process still runs (a pid reused since has
     another start time); None when it has ended (its exit file then says how)."""
-    return Detached(pid, started, exit_path, name, replica_id) if started and running(pid, started) else None
+    if not (started and running(pid, started)):
+        return None
+    return Detached(pid, started, exit_path, name, replica_id, subreaps=shim_subreaps(pid))
 
 
 class Handle(Protocol):
@@ -407,8 +403,9 @@ class Runtime(Protocol):
         """Begin `kill` and return at once: `poll` says when the replica has ended."""
         ...
 
-    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
-        """Kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running."""
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> "StrayEnd | None":
+        """Begin to kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running;
+        what is returned (StrayEnd) says when that is over."""
         ...
 
 
@@ -435,6 +432,8 @@ class ReplicaProcess(subprocess.Popen):
 
     replica_id: str | None = None
     kill_begun: float | None = None  # (monotonic) when ProcessRuntime.begin_kill began its kill
+    subreaps = True  # (this agent's shim)
+    strays: StrayEnd | None = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
 
 
 class ProcessRuntime:
@@ -466,22 +465,25 @@ class ProcessRuntime:
         return proc
 
     def poll(self, handle: ReplicaProcess | Detached) -> int | None:
-        """The exit code once the replica's shim has ended, with what it left running killed: in its process group
-        (end_group), and outside it, by its mark (end_strays)."""
+        """The exit code once the replica's shim has ended and what it left running is gone: in its process group
+        (end_group, at once), and outside it, by its mark (StrayEnd: their grace is waited out over later polls, not
+        here; a shim that is their subreaper has ended them already)."""
         if isinstance(handle, Detached):
             code = handle.poll()
-            if code is not None:
+            if code is not None and handle.strays is None:
                 end_group(handle.pid, handle.started)
-                end_strays(handle.replica_id)
-            return code
+                handle.strays = StrayEnd(handle.replica_id)
+            return code if code is None or handle.strays.done() else None
         if handle.returncode is None:
             try:  # (ended, not reaped yet: its pid is not reused while the group is ended)
                 ended = os.waitid(os.P_PID, handle.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
                 ended = False
-            if ended:
+            if ended and handle.strays is None:
                 end_group(handle.pid)
-                end_strays(handle.replica_id)
+                handle.strays = StrayEnd(handle.replica_id)
+            if ended and not handle.strays.done():
+                return None
         return handle.poll()
 
     def signal(self, handle: ReplicaProcess | Detached, sig: int) -> None:
@@ -523,12 +525,14 @@ class ProcessRuntime:
                     pass
         end_strays(handle.replica_id, tree, grace=0.0 if stuck else STRAY_GRACE_S)  # (stuck: the tree had its SIGTERM)
 
-    def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
-        """What a replica that ended while no agent watched it left in its process group and outside it, as at an end
-        this agent saw (poll). Only a recorded shim (a pid and its start time): killpg(0) is this agent's own group."""
+    def end_left(self, pid: int, started: str, replica_id: str | None) -> StrayEnd | None:
+        """What a replica that ended while no agent watched it left in its process group (killed now) and outside it
+        (StrayEnd, begun: the agent waits for those of every such replica side by side), as at an end this agent saw
+        (poll). Only a recorded shim (a pid and its start time): killpg(0) is this agent's own group."""
         if pid > 0 and started:
             end_group(pid, started)
-            end_strays(replica_id)
+            return StrayEnd(replica_id)
+        return None
 
 
 MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*(MIG-[^)\s]+)\)")
