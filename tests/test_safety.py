@@ -478,6 +478,9 @@ CORRUPT = [
      "apply", ['bus object assignments/sim-aws-00003.json is not valid JSON (the key "serial" appears twice']),
     # The state was read up to 1 GiB (parsed: ~10 GiB of memory); a 50k-job fleet's is 9.5 MiB (s35).
     ("state past the cap", lambda c: os.truncate(_state(c), (256 << 20) + 1), "plan", [_STATE + "it is larger than 256 MiB"]),
+    # Any object of the local bus was read whole: a 3 GiB started.json was an "unexpected MemoryError" (s35).
+    ("started.json past the cap", lambda c: os.truncate(c / ".reconcile/started.json", (256 << 20) + 1), "plan",
+     ["bus object started.json is larger than 256 MiB"]),
     # Writable by others than its owner: any user of the host chose what an apply deleted and placed (s35). Plan and
     # status only read it, and go on.
     ("state world-writable", lambda c: _state(c).chmod(0o666), "apply",
