@@ -350,8 +350,17 @@ def _writable(path: Path, flag: str) -> None:
 
 
 def _write(path: Path, text: str) -> None:
+    """--out's file (plan, report), replaced whole as `metrics --out` is (reconciler.atomicfile): a link at its name, as
+    a pull request can commit `plan.json` for the gitops plan workflow's `--out plan.json`, is replaced, never written
+    through (it overwrote the file it led to, anywhere the runner could write). A device or a pipe (/dev/stdout) is
+    written as it is."""
+    from reconciler.atomicfile import write_atomic
+
     try:
-        path.write_text(text)
+        if path.exists() and not path.is_file():
+            path.write_text(text)
+        else:
+            write_atomic(path, text.encode())
     except OSError as e:
         _fail(ReconcileError(f"cannot write {path}: {e.strerror or e}"))
 

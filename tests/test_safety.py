@@ -213,6 +213,29 @@ def test_metrics_prom_in_the_way_is_refused_before_any_change(tmp_path, case):
     assert _live(cfg) == []
 
 
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_out_never_writes_through_a_link_at_its_name(tmp_path, command):
+    """s35: `plan --out plan.json` (the gitops plan workflow's) and `report --out` wrote with a plain write, through a
+    link at that name: a pull request that commits `plan.json -> /home/runner/.profile` had CI overwrite that file.
+    --out now replaces the link with the file, as `metrics --out` and status/ do; /dev/stdout is still written."""
+    cfg = copy_quickstart(tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone's file\n")
+    out = cfg / ("plan.json" if command == "plan" else "report.html")
+    out.symlink_to(outside)
+    args = (command, cfg, "--out", out, "--time-limit", "0")
+    res = cli_here(*args)
+    if command == "report" and "needs plotly" in res.stderr:
+        pytest.skip("reconcile report needs plotly")
+    assert res.returncode == 0, res.stderr
+    assert outside.read_text() == "someone's file\n"
+    assert not out.is_symlink() and out.stat().st_size > 0
+    if command == "plan":
+        assert json.loads(out.read_text())["format"] == 2
+        res = cli("plan", cfg, "--out", "/dev/stdout", "--time-limit", "0", "--format", "json")
+        assert res.returncode == 0 and res.stdout.count('"body_digest"') == 2, res.stderr  # (the printed plan, then --out's)
+
+
 def test_metrics_out_is_written_atomically_and_refuses_a_directory(applied, tmp_path):
     """`reconcile metrics --out`: a directory is a clear error (was "unexpected IsADirectoryError"); the temporary
     file next to the output has an unpredictable name, so a link planted there is not written through."""
