@@ -153,19 +153,31 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
         return CatalogError(f"{where}: not a fleetops price catalog: {what}. Rewrite it with `reconcile catalog update` "
                             "or delete it to use the shipped catalog.")
 
+    def mapping(v, at: str, of: str) -> dict:
+        """`v`, a JSON object (a list or a string where one belongs was an AttributeError's text, naming no field)."""
+        if not isinstance(v, dict):
+            raise bad(f"{at} is {_json_kind(v)}, not a map of {of}")
+        return v
+
     if not isinstance(raw, dict) or not isinstance(raw.get("clouds"), dict):
         raise bad("no `clouds` map")
     if raw.get("format", CATALOG_FORMAT) != CATALOG_FORMAT or type(raw.get("format", CATALOG_FORMAT)) is not int:
         raise bad(f"its format is {json.dumps(raw['format'])[:40]}, not {CATALOG_FORMAT} (the format this fleetops reads)")
     try:
-        sources = {k: PriceSource(k, str(v["date"]), str(v.get("what", ""))) for k, v in raw.get("sources", {}).items()}
+        sources = {k: PriceSource(k, str(mapping(v, f"sources.{k}", "date, what")["date"]), str(v.get("what", "")))
+                   for k, v in mapping(raw.get("sources", {}), "sources", "source -> {date, what}").items()}
         shapes = {}
         for cloud, c in raw["clouds"].items():
-            for name, t in c["instance_types"].items():
+            types = mapping(mapping(c, f"clouds.{cloud}", "regions, instance_types").get("instance_types"),
+                            f"clouds.{cloud}.instance_types", "type name -> its shape and prices")
+            for name, t in types.items():
                 at = f"clouds.{cloud}.instance_types.{name}"
                 prices = {}
-                for region, p in t.get("prices", {}).items():
+                regional = mapping(mapping(t, at, "gpus, cpu, memory_gib, prices").get("prices", {}), f"{at}.prices",
+                                   "region -> {on_demand, spot, source}")
+                for region, p in regional.items():
                     here = f"{at}.prices.{region}"
+                    mapping(p, here, "on_demand, spot, source")
 
                     def price(v, field: str) -> float:  # a price: above 0 (no spot market is no `spot`, not 0)
                         return _number(v, f"{here}.{field} (USD per hour)", 0, MAX_PRICE, above=True)
@@ -191,11 +203,13 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
                 )
         regions = {cloud: c["regions"] for cloud, c in raw["clouds"].items()}
         models = {}
-        for name, m in raw.get("gpu_models", {}).items():
+        for name, m in mapping(raw.get("gpu_models", {}), "gpu_models", "GPU model -> {memory_gib, mig_profiles}").items():
             if name.startswith("_"):
                 continue
             profiles = {}
-            for prof, v in m.get("mig_profiles", {}).items():
+            mig = mapping(mapping(m, f"gpu_models.{name}", "memory_gib, mig_profiles").get("mig_profiles", {}),
+                          f"gpu_models.{name}.mig_profiles", "profile -> [compute slices, memory slices, max per GPU]")
+            for prof, v in mig.items():
                 if not (isinstance(v, list) and len(v) == 3):
                     raise CatalogError(f"gpu_models.{name}.mig_profiles.{prof} is {v!r}, not [compute slices, memory slices, "
                                        "max per GPU]")
@@ -212,6 +226,11 @@ def parse_catalog(raw: dict, where: str) -> Catalog:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise bad(f"{type(e).__name__}: {e}") from None
     return Catalog(date=str(raw.get("date", "")), regions=regions, shapes=shapes, gpu_models=models, sources=sources, path=where)
+
+
+def _json_kind(v) -> str:
+    return {list: "a list", str: "a string", bool: "true or false", int: "a number", float: "a number",
+            type(None): "null or missing"}.get(type(v), type(v).__name__)
 
 
 def shipped_catalog_text() -> str:

@@ -1,11 +1,14 @@
 """Reading a file a person or a pull request may have put something else at the name of: a fifo, a device, a
-directory. One rule for the config's YAML, the pinned price catalog and the reconciler's state."""
+directory. One rule for the config's YAML, the pinned price catalog and the reconciler's state; one JSON reader for the
+files we write (a duplicate key refused); and one rule for who beside a file's owner could have rewritten it."""
 
 from __future__ import annotations
 
 import errno
+import grp
 import json
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -35,10 +38,12 @@ def read_regular_fd(fd: int, limit: int, path: str | Path) -> bytes:
 
 def loads_json(text: str | bytes):
     """json.loads of a file we wrote, with every way its text can fail to be JSON a ValueError (a UnicodeDecodeError
-    is one): also a nest deeper than the decoder recurses (`[[[[...`: a RecursionError) and a string holding half of a
-    UTF-16 surrogate pair (`"\\ud800"`: JSON reads it, but it is no text: printing or saving it failed later)."""
+    is one): also a nest deeper than the decoder recurses (`[[[[...`: a RecursionError), a string holding half of a
+    UTF-16 surrogate pair (`"\\ud800"`: JSON reads it, but it is no text: printing or saving it failed later) and a key
+    twice in one object (JSON's last one won silently, while a person reading the file sees the first: a saved plan's
+    digest covers the parsed body, so an edit that added a second `"fleet"` passed it)."""
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deep to be read") from None
     if (b"\\u" if isinstance(text, bytes) else "\\u") in text:  # (only an escape can make a surrogate)
@@ -49,4 +54,52 @@ def loads_json(text: str | bytes):
     return raw
 
 
-__all__ = ["NotRegularFile", "loads_json", "read_regular", "read_regular_fd"]
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) < len(pairs):  # (the check costs a length compare per object; the search only when one is repeated)
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {json.dumps(key)[:60]} appears twice in one object (which one counts is a guess)")
+            seen.add(key)
+    return out
+
+
+def others_may_write(path: str | Path) -> str | None:
+    """Who beside the owner (and root) could rewrite the file or directory at `path`, or replace it in its directory:
+    None if nobody; else what lets them, with the chmod that stops it. Writable by all ("o+w"), or by a group other than
+    the owner's own private group (a umask of 002 makes files group-writable on distributions that give each user a
+    group of their own: that is no one else); the directory holding it likewise, but for a sticky one (/tmp), where
+    none may replace another's file. Ownership is not checked: a CI job running as root on a checkout another user
+    owns is the usual case, not an attack."""
+    path = Path(path)
+    for p, holder in ((path, False), (path.parent, True)):
+        st = os.stat(p)
+        if holder and st.st_mode & stat.S_ISVTX:
+            continue
+        who = ("anyone" if st.st_mode & stat.S_IWOTH else
+               f"the group {_group_name(st.st_gid)}" if st.st_mode & stat.S_IWGRP and not _private_group(st) else None)
+        if who:
+            bits = "o-w" if who == "anyone" else "g-w"
+            what = f"its directory {p}" if holder else str(p)
+            return f"{what} is writable by {who} (`chmod {bits} {p}`)"
+    return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _private_group(st: os.stat_result) -> bool:
+    """Whether the group of the file is its owner's own: named as the owner, with no other member listed."""
+    try:
+        owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid)
+    except KeyError:
+        return False
+    return group.gr_name == owner and set(group.gr_mem) <= {owner}
+
+
+__all__ = ["NotRegularFile", "loads_json", "others_may_write", "read_regular", "read_regular_fd"]

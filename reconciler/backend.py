@@ -33,9 +33,9 @@ from reconciler.atomicfile import copy_atomic, write_atomic
 from reconciler.errors import CorruptBusObjectError, DiskFullError, LockError, ReconcileError, disk_full
 from providers.redact import redact
 from providers.placements import SERIAL_MAX
-from providers.files import loads_json
-from reconciler.state import (ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state, state_from_json,
-                              state_to_json, utcnow)
+from providers.files import loads_json, read_regular
+from reconciler.state import (MAX_STATE_BYTES, ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state,
+                              state_from_json, state_to_json, utcnow)
 
 LOCK_TTL = timedelta(minutes=30)
 # While one file is copied, `progress` (the agent's heartbeat) is called at least this often (and at most: Every).
@@ -205,12 +205,18 @@ class LocalBackend:
         return self.config_dir / ".reconcile" / check_key(key)
 
     def read_key(self, key: str) -> bytes | None:
+        """The object's bytes, None if there is none. Read as the state is: a regular file (a fifo would block the read
+        for ever) of at most MAX_STATE_BYTES, no object being larger than the state (a 3 GiB started.json was read whole:
+        "unexpected MemoryError")."""
         path = self._path(key)
         try:
             mode = path.stat().st_mode
-            if not stat.S_ISREG(mode):  # (a fifo would block the read for ever)
+            if not stat.S_ISREG(mode):
                 raise CorruptBusObjectError(key, f"is not a file ({'a directory' if stat.S_ISDIR(mode) else 'a special file'})")
-            return path.read_bytes()
+            body = read_regular(path, MAX_STATE_BYTES)
+            if len(body) > MAX_STATE_BYTES:
+                raise CorruptBusObjectError(key, f"is larger than {MAX_STATE_BYTES >> 20} MiB, more than any writer of the bus writes")
+            return body
         except FileNotFoundError:
             return None
         except OSError as e:

@@ -152,6 +152,15 @@ def _seconds_ok(value: float | None) -> float | None:
     return _seconds(value)
 
 
+def _state_ok(value: str | None) -> str | None:
+    """An empty --state (`--state "$STATE"` with STATE unset) meant the local state, and an apply meant for a bucket's
+    fleet acted on whatever .reconcile/ the runner had. Left out, the state is local; given, it is named."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("is empty: give 'local', s3://bucket/prefix, gs://bucket/prefix or "
+                                 "azblob://account/container/prefix, or leave --state out for the local state")
+    return value
+
+
 def _port_ok(value: int | None) -> int | None:
     if value is not None and not 0 <= value <= 65535:
         raise typer.BadParameter(f"{value} is not a TCP port from 0 (a free one) to 65535")
@@ -171,7 +180,7 @@ TIME_LIMIT_HELP = ("CP-SAT work limit, about seconds on an idle core; counted in
                    "greedy's and says so.")
 TimeLimitOpt = typer.Option(20.0, "--time-limit", callback=_time_limit_ok, help=TIME_LIMIT_HELP)
 OptionOpt = typer.Option(None, "--provider-option", "-o", help="KEY=VALUE passed to providers (e.g. endpoint_url=...).")
-StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", help="State backend: local (default), s3://bucket/prefix, gs://bucket/prefix or azblob://account/container/prefix.")
+StateOpt = typer.Option(None, "--state", envvar="FLEETOPS_STATE", callback=_state_ok, help="State backend: local (default), s3://bucket/prefix, gs://bucket/prefix or azblob://account/container/prefix.")
 GapOpt = typer.Option(0.03, "--gap", callback=_gap_ok, help="Stop once the plan's cost is provably within this fraction of the LP bound (0: search to the time limit).")
 
 
@@ -341,8 +350,17 @@ def _writable(path: Path, flag: str) -> None:
 
 
 def _write(path: Path, text: str) -> None:
+    """--out's file (plan, report), replaced whole as `metrics --out` is (reconciler.atomicfile): a link at its name, as
+    a pull request can commit `plan.json` for the gitops plan workflow's `--out plan.json`, is replaced, never written
+    through (it overwrote the file it led to, anywhere the runner could write). A device or a pipe (/dev/stdout) is
+    written as it is."""
+    from reconciler.atomicfile import write_atomic
+
     try:
-        path.write_text(text)
+        if path.exists() and not path.is_file():
+            path.write_text(text)
+        else:
+            write_atomic(path, text.encode())
     except OSError as e:
         _fail(ReconcileError(f"cannot write {path}: {e.strerror or e}"))
 
@@ -457,12 +475,25 @@ def apply(
 
 
 def _read_plan(plan_file: Path) -> Plan:
-    """A saved plan (--plan); one that cannot be read is a ReconcileError naming the file."""
+    """A saved plan (--plan); one that cannot be read is a ReconcileError naming the file. Read as the state is: a
+    regular file only (a fifo hung apply for ever, /dev/zero was read until memory ran out), of at most MAX_PLAN_BYTES,
+    and only if no one beside its owner could have rewritten it (apply acts on it)."""
+    from providers.files import others_may_write, read_regular
     from reconciler.plan import Plan
+    from reconciler.plan.file import MAX_PLAN_BYTES
 
     try:
-        return Plan.from_json(plan_file.read_text())
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        text = read_regular(plan_file, MAX_PLAN_BYTES)
+        if len(text) > MAX_PLAN_BYTES:
+            raise ValueError(f"it is larger than {MAX_PLAN_BYTES >> 20} MiB, which no plan is (a 50k-job plan is ~26 MiB)")
+        loose = others_may_write(plan_file)
+        if loose:
+            raise ValueError(f"{loose}: anyone who can write it chooses what this apply does. Make it writable by its "
+                             "owner only, check that it is the plan you reviewed, and apply it again")
+        return Plan.from_json(text.decode())
+    except OSError as e:
+        raise ReconcileError(f"cannot read plan {plan_file}: {e.strerror or e}") from e
+    except (ValueError, KeyError, TypeError) as e:  # (a UnicodeDecodeError is a ValueError)
         raise ReconcileError(f"cannot read plan {plan_file}: {e}") from e
 
 

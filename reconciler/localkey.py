@@ -53,11 +53,17 @@ def _load() -> bytes | None:
     except OSError:
         return None
     try:
-        data = path.read_bytes()
+        data = read_regular(path, 32)
+        st = os.stat(path)
     except OSError:
         return None
     if len(data) != 32:
         return None  # torn by a concurrent first write, or not a key this program made: seal nothing
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        # Another user's file (XDG_CACHE_HOME=/tmp/x: one made /tmp/x/fleetops/cache-seal.key first), or one others may
+        # read or write: they know the key, and an entry sealed with it is read as ours (a pickled parse of the config,
+        # a plan). Seal nothing: plan and apply run as without a cache.
+        return None
     _cached = (path, data)
     return data
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from providers.files import loads_json, read_regular
+from providers.files import loads_json, others_may_write, read_regular
 from providers.placements import SERIAL_MAX
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import LockError, ReconcileError
@@ -82,7 +82,10 @@ def state_dir(config_dir: Path) -> Path:
 # The state document's format: written in every state, refused when above this (a newer fleetops wrote fields this one
 # would drop on its next save, or read otherwise). Raise it with a change a reader of this format would misread.
 STATE_FORMAT = 1
-MAX_STATE_BYTES = 1 << 30  # far above any fleet's (a 10k-job state is a few MB): a bound on what is read, not a format rule
+# A bound on what is read, not a format rule: a 50k-job state is 9.5 MiB (bench.generate --jobs 50000, applied: 39,099
+# jobs placed), so 256 MiB is far above any fleet's, and parsing it takes a few GiB at most (1 GiB allowed ~10).
+MAX_STATE_BYTES = 256 << 20
+LOCK_BYTES = 1 << 16  # what is read of a lock file (an apply writes ~150 bytes): the same bytes name a garbled one's id
 _STATE_FIELDS = frozenset({"format", "serial", "placements", "gpus", "shapes", "since", "aged", "short", "fleet", "regions", "lost"})
 
 
@@ -105,6 +108,10 @@ class StateFileError(ReconcileError):
                   "to start from an empty state (each instance's placement tags, where its provider keeps them, then say "
                   "again what runs where).")
         super().__init__(f"{where}: cannot read the reconciler's state: {problem}. Nothing was changed. {advice}")
+
+
+class StatePermissionError(ReconcileError):
+    """The state, or the directory it is in, could be rewritten by someone beside its owner: no apply acts on it."""
 
 
 class StateLinkError(ReconcileError):
@@ -147,6 +154,25 @@ def refuse_links(config_dir: Path) -> None:
                              "its state through a link, which could lead out of the config directory. Nothing was "
                              f"changed. Remove the link (`rm {first}`); its files are rewritten by the next run, or restore "
                              "them from a backup.")
+
+
+def refuse_loose_state(top: Path) -> None:
+    """Refuse to act (apply, the controller: whoever takes the apply lock) on a state that someone beside its owner
+    could have rewritten: state.json records which job runs on which instance, and the sim's world and the bus's
+    objects are beside it. A world-writable .reconcile/ or state.json let any user of the host choose what an apply
+    deleted and placed (ssh refuses such an authorized_keys for the same reason). Plan and status only read it."""
+    for path in (top, top / "state.json"):
+        try:
+            loose = others_may_write(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # (whatever reads it next reports a file it cannot read)
+            raise StatePermissionError(f"{path}: cannot check who may write it: {e.strerror}. Nothing was changed.") from None
+        if loose:
+            raise StatePermissionError(
+                f"{loose}: anyone who can write there chooses what this apply launches and deletes, so no apply acts on "
+                "it. Nothing was changed. Make it writable by its owner only and run again (check, if others had write "
+                "access, that the state is the one your applies wrote).")
 
 
 def _names(d: str) -> list[str]:
@@ -368,7 +394,7 @@ class ApplyLock:
             mode = os.lstat(self.path).st_mode
             if not stat.S_ISREG(mode):  # (a fifo's read would block for ever)
                 raise self._not_a_lock(mode)
-            return lock_holder(self.path.read_bytes())
+            return lock_holder(read_regular(self.path, LOCK_BYTES)[:LOCK_BYTES])
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -402,6 +428,7 @@ class ApplyLock:
         except (FileExistsError, NotADirectoryError):  # (an "unexpected FileExistsError")
             raise LockError(f"{self.path.parent} is not a directory: the reconciler keeps its state and lock there. "
                             "Nothing was changed. Move it away, or restore the directory from a backup") from None
+        refuse_loose_state(self.path.parent)
         body = json.dumps({"id": self.id, "pid": os.getpid(), "host": socket.gethostname(), "since": utcnow().isoformat()}).encode()
         mine = self.path.with_name(f".apply.lock.{self.id}")
         fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
@@ -439,7 +466,7 @@ class ApplyLock:
             if not stat.S_ISREG(mode):  # (a directory's read was an "unexpected IsADirectoryError")
                 raise self._not_a_lock(mode)
             try:
-                body = os.read(old, 1 << 16)
+                body = os.read(old, LOCK_BYTES)
             except OSError as e:
                 raise self._cannot_read(e) from None
             h = lock_holder(body)

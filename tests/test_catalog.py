@@ -181,6 +181,9 @@ P4D = "clouds.aws.instance_types.p4d.24xlarge"
     (lambda t: t.update(cpu=0), f"{P4D}.cpu (vCPUs) is 0"),
     (lambda t: t.update(cpu=4096), f"{P4D}.cpu (vCPUs) is 4096"),
     (lambda t: t.update(nvlink_domain=0), f"{P4D}.nvlink_domain (GPUs per NVLink domain) is 0, not a whole number from 1 to 8"),
+    # A list or a string where a map belongs was "AttributeError: 'list' object has no attribute 'items'" (s35).
+    (lambda t: t.update(prices=list(t["prices"].values())), f"{P4D}.prices is a list, not a map of region -> {{on_demand, spot, source}}"),
+    (lambda t: t["prices"].update({"us-east-1": "55"}), f"{P4D}.prices.us-east-1 is a string, not a map of on_demand, spot, source"),
 ])
 def test_a_pinned_catalogs_numbers_are_range_checked_naming_the_entry_and_field(edit, says):
     """Before, parse_catalog took any float()/int(): a negative price planned `$0.00/h -> $-155.93/h` past the budget
@@ -190,6 +193,25 @@ def test_a_pinned_catalogs_numbers_are_range_checked_naming_the_entry_and_field(
     with pytest.raises(ReconcileError) as e:
         parse_catalog(raw, "pinned/catalog.json")
     assert str(e.value).startswith("pinned/catalog.json: not a fleetops price catalog: ") and says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda raw: raw["clouds"].update(aws=[]), "clouds.aws is a list, not a map of regions, instance_types"),
+    (lambda raw: raw["clouds"]["aws"].update(instance_types=None), "clouds.aws.instance_types is null or missing, not a map of"),
+    (lambda raw: raw["clouds"]["aws"]["instance_types"].update({"p4d.24xlarge": 1}), f"{P4D} is a number, not a map of"),
+    (lambda raw: raw.update(sources=["aws"]), "sources is a list, not a map of source -> {date, what}"),
+    (lambda raw: raw.update(gpu_models={"A100": []}), "gpu_models.A100 is a list, not a map of memory_gib, mig_profiles"),
+    (lambda raw: raw["gpu_models"]["A100"].update(mig_profiles="1g.10gb"), "gpu_models.A100.mig_profiles is a string, not a map"),
+])
+def test_a_pinned_catalogs_maps_are_checked_naming_the_field(edit, says):
+    """s35: a list or a string where the catalog has a map gave the text of an AttributeError ("'list' object has no
+    attribute 'items'") inside the clean error, naming no field to fix."""
+    raw = json.loads(shipped_catalog_text())
+    edit(raw)
+    with pytest.raises(ReconcileError) as e:
+        parse_catalog(raw, "pinned/catalog.json")
+    assert str(e.value).startswith("pinned/catalog.json: not a fleetops price catalog: ") and says in str(e.value), str(e.value)
+    assert "attribute" not in str(e.value)
 
 
 @pytest.mark.parametrize("fmt", [3, 1, "2", None])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import shutil
 from pathlib import Path
 
@@ -407,6 +410,31 @@ def test_a_parse_cache_entry_that_came_with_the_checkout_is_not_read(tmp_path, m
     load(cfg, cache=True)
     assert json.loads(entry.read_bytes().partition(b"\n")[0])["seal"] != json.loads(head)["seal"]  # not read: parsed, resealed
     assert (tmp_path / "home-a" / "fleetops" / "cache-seal.key").stat().st_mode & 0o077 == 0  # the key is the user's alone
+
+
+@pytest.mark.parametrize("case", ["another user's", "readable by others", "a fifo"])
+def test_a_seal_key_others_could_know_seals_nothing(tmp_path, monkeypatch, case):
+    """s35: the key was read from wherever XDG_CACHE_HOME said, whoever had made it: with XDG_CACHE_HOME=/tmp/x another
+    user of the host who made /tmp/x/fleetops/cache-seal.key first knew the key, and a cache entry (a pickled parse of
+    the config, a plan) sealed with it was read as this machine's own. A key not this user's alone seals nothing (no
+    cache is read or written); a fifo at its name hung every plan."""
+    from reconciler import localkey
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "shared"))
+    monkeypatch.setattr(localkey, "_cached", None)
+    key = localkey.key_path()
+    key.parent.mkdir(parents=True)
+    if case == "a fifo":
+        os.mkfifo(key, 0o600)
+    else:
+        key.write_bytes(b"k" * 32)
+        key.chmod(0o600 if case == "another user's" else 0o644)
+        if case == "another user's":
+            if os.geteuid() != 0:
+                pytest.skip("giving a file to another user takes root")
+            os.chown(key, 65534, -1)
+    assert localkey.seal(b"data") is None
+    assert localkey.sealed(b"data", hmac.new(b"k" * 32, b"data", hashlib.sha256).hexdigest()) is False
 
 
 def test_values_json_cannot_hold_are_not_cached(tmp_path):

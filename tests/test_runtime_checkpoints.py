@@ -705,3 +705,38 @@ def test_a_checkpoint_directory_the_job_replaced_by_a_file_or_link_is_restored_i
     assert steps(dest) == {"rank-0": "7", "rank-1": "7"} and beside(dest) == [], (steps(dest), beside(dest))
     assert steps(elsewhere) == {"keep": "mine"}  # (a link's target untouched)
     assert any(f"a {what} at {dest}" in m for m in out), out
+
+
+@pytest.mark.parametrize("days", ["nan", "-1", "inf", "1e300", "seven"])
+def test_a_retention_that_is_no_number_of_days_deletes_nothing_and_says_why(tmp_path, monkeypatch, days):
+    """s35: FLEETOPS_CHECKPOINT_RETENTION_DAYS=nan or -1 was a retention of 0 (max(0, nan) is 0): the apply after the
+    one that marked a removed job's checkpoints deleted them, the loss the retention is there to prevent; inf or 1e300
+    was an "unexpected OverflowError" (the deletion date) after the apply had changed the fleet; "seven" was 7 days,
+    silently. Each is a note saying what to fix, and nothing is marked or deleted."""
+    from reconciler import api
+    from reconciler.runtime.publish import removed_checkpoints
+
+    cfg = _config(tmp_path / "c", "other")
+    n = _planted(cfg, "ft", tmp_path)
+    store = backend_for(cfg, None)
+    api.apply(cfg)  # marks ft's checkpoints removed
+    monkeypatch.setenv("FLEETOPS_CHECKPOINT_RETENTION_DAYS", days)
+    notes = removed_checkpoints(store, api.load(cfg), {}, now=time.time() + 3600)
+    assert notes == [f"checkpoints of removed jobs not collected: FLEETOPS_CHECKPOINT_RETENTION_DAYS={days!r} is not a "
+                     "number of days from 0 to 36500; tried again by the next apply"], notes
+    assert len(store.list_keys("checkpoints/ft")) == n + 1
+
+
+@pytest.mark.parametrize("mb", ["nan", "-1", "inf", "1e400", "lots"])
+def test_a_sync_limit_that_is_no_number_of_mb_is_an_error_naming_it(tmp_path, monkeypatch, mb):
+    """s35: FLEETOPS_CHECKPOINT_SYNC_MAX_MB=nan or -1 was a limit of 0 bytes (max(0, nan) is 0): no checkpoint was ever
+    uploaded, said only in the agent's log as "over the 0 byte limit"; inf an OverflowError the agent did not catch.
+    Each is the error the agent logs for a checkpoint not uploaded, naming the variable; nothing is uploaded."""
+    from reconciler.errors import ReconcileError
+
+    store = backend_for(tmp_path / "cfg", None)
+    src = write(tmp_path / "src", {"rank-0.json": '{"step": 1}'})
+    monkeypatch.setenv("FLEETOPS_CHECKPOINT_SYNC_MAX_MB", mb)
+    with pytest.raises(ReconcileError, match=f"FLEETOPS_CHECKPOINT_SYNC_MAX_MB='{mb}' is not a number of MB from 0 to "):
+        ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None)
+    assert store.list_keys("checkpoints/ft") == []

@@ -20,10 +20,15 @@ from tests.fleetkit import copy_quickstart
 RECONCILE = [sys.executable, "-m", "reconciler.cli"]
 
 
-def cli(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`reconcile ARGS` in its own process: a crash (SIGSEGV) or a traceback shows as what it is."""
+def cli(*args, env: dict | None = None, timeout: float = 120, memory: int | None = None) -> subprocess.CompletedProcess:
+    """`reconcile ARGS` in its own process: a crash (SIGSEGV) or a traceback shows as what it is. With `memory`, its
+    address space is capped at that many bytes (a read that would run the machine out of memory ends in a MemoryError)."""
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     return subprocess.run([*RECONCILE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, preexec_fn=cap if memory else None)
 
 
 def cli_here(*args, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -208,6 +213,29 @@ def test_metrics_prom_in_the_way_is_refused_before_any_change(tmp_path, case):
     assert _live(cfg) == []
 
 
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_out_never_writes_through_a_link_at_its_name(tmp_path, command):
+    """s35: `plan --out plan.json` (the gitops plan workflow's) and `report --out` wrote with a plain write, through a
+    link at that name: a pull request that commits `plan.json -> /home/runner/.profile` had CI overwrite that file.
+    --out now replaces the link with the file, as `metrics --out` and status/ do; /dev/stdout is still written."""
+    cfg = copy_quickstart(tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone's file\n")
+    out = cfg / ("plan.json" if command == "plan" else "report.html")
+    out.symlink_to(outside)
+    args = (command, cfg, "--out", out, "--time-limit", "0")
+    res = cli_here(*args)
+    if command == "report" and "needs plotly" in res.stderr:
+        pytest.skip("reconcile report needs plotly")
+    assert res.returncode == 0, res.stderr
+    assert outside.read_text() == "someone's file\n"
+    assert not out.is_symlink() and out.stat().st_size > 0
+    if command == "plan":
+        assert json.loads(out.read_text())["format"] == 2
+        res = cli("plan", cfg, "--out", "/dev/stdout", "--time-limit", "0", "--format", "json")
+        assert res.returncode == 0 and res.stdout.count('"body_digest"') == 2, res.stderr  # (the printed plan, then --out's)
+
+
 def test_metrics_out_is_written_atomically_and_refuses_a_directory(applied, tmp_path):
     """`reconcile metrics --out`: a directory is a clear error (was "unexpected IsADirectoryError"); the temporary
     file next to the output has an unpredictable name, so a link planted there is not written through."""
@@ -389,6 +417,19 @@ def _edit_sim_journal(edit):
 
 
 _STATE = "state.json: cannot read the reconciler's state: "
+_LOOSE = "anyone who can write there chooses what this apply launches and deletes, so no apply acts on it. Nothing was changed"
+
+
+def _other_group() -> int:
+    """A group of this host that is not the owner's own (root's, as the tests run): group-writable then means others."""
+    import grp
+
+    return next(g.gr_gid for g in grp.getgrall() if g.gr_name != "root" and g.gr_gid != os.getgid())
+
+
+def _group_writable(path: Path) -> None:
+    os.chown(path, -1, _other_group())
+    path.chmod(path.stat().st_mode | 0o020)
 _SIM = "sim/cloud.json: the simulated cloud's record is corrupt: "
 _ASSIGNMENT = ".reconcile/assignments/sim-aws-00003.json"
 _MALFORMED_LOCK = ["apply.lock: nobody: the lock is garbled (its pid", "reconcile unlock garbled-", "or remove the file"]
@@ -450,6 +491,29 @@ CORRUPT = [
     ("state gpus twice", _edit_state(lambda s: s["gpus"].update({"llm-pretrain": [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 3, 4, 5, 6]]})),
      "apply", [_STATE + "gpus.llm-pretrain: replica 1 holds GPU 0 twice"]),
     ("state a directory", lambda c: (_state(c).unlink(), _state(c).mkdir()), "apply", ["state.json: cannot read the reconciler's state: Is a directory"]),
+    # A key twice: JSON's last one won, silently, while a person reading the file sees the first (s35).
+    ("state a key twice", lambda c: _state(c).write_text('{"serial": 0, ' + _state(c).read_text()[1:]), "plan",
+     [_STATE + 'not valid JSON (the key "serial" appears twice in one object', "move it aside"]),
+    ("sim snapshot a key twice", lambda c: (c / ".reconcile/sim/cloud.json").write_text(
+        '{"next_id": 1, ' + (c / ".reconcile/sim/cloud.json").read_text()[1:]), "plan",
+     [_SIM + 'not valid JSON (the key "next_id" appears twice in one object']),
+    ("assignment a key twice", lambda c: (c / _ASSIGNMENT).write_text('{"serial": 0, ' + (c / _ASSIGNMENT).read_text()[1:]),
+     "apply", ['bus object assignments/sim-aws-00003.json is not valid JSON (the key "serial" appears twice']),
+    # The state was read up to 1 GiB (parsed: ~10 GiB of memory); a 50k-job fleet's is 9.5 MiB (s35).
+    ("state past the cap", lambda c: os.truncate(_state(c), (256 << 20) + 1), "plan", [_STATE + "it is larger than 256 MiB"]),
+    # Any object of the local bus was read whole: a 3 GiB started.json was an "unexpected MemoryError" (s35).
+    ("started.json past the cap", lambda c: os.truncate(c / ".reconcile/started.json", (256 << 20) + 1), "plan",
+     ["bus object started.json is larger than 256 MiB"]),
+    # Writable by others than its owner: any user of the host chose what an apply deleted and placed (s35). Plan and
+    # status only read it, and go on.
+    ("state world-writable", lambda c: _state(c).chmod(0o666), "apply",
+     ["state.json is writable by anyone (`chmod o-w {cfg}/.reconcile/state.json`)", _LOOSE]),
+    (".reconcile world-writable", lambda c: (c / ".reconcile").chmod(0o777), "apply",
+     ["/.reconcile is writable by anyone (`chmod o-w ", _LOOSE]),
+    (".reconcile writable by another group", lambda c: _group_writable(c / ".reconcile"), "apply",
+     ["/.reconcile is writable by the group ", "(`chmod g-w ", _LOOSE]),
+    ("the config dir world-writable", lambda c: c.chmod(0o777), "apply",
+     ["/cfg is writable by anyone (`chmod o-w ", _LOOSE]),
     # JSON nested deeper than the decoder recurses, and a \ud800 escape (half a UTF-16 pair, no text): each was an
     # "unexpected RecursionError / UnicodeEncodeError", a bug paragraph naming no file, from the state, the sim's snapshot
     # and journal, the lock and a pinned catalog (attacks s34).
@@ -596,9 +660,80 @@ def test_corrupt_files_are_one_clear_error(applied_once, tmp_path, name, corrupt
         from providers import sim
 
         sim._CACHE.clear()
-    assert_clean_error(cli_here(*args), *needles)
+    assert_clean_error(cli_here(*args), *(n.replace("{cfg}", str(cfg)) for n in needles))
     if "sim" not in name:
         assert _live(cfg) == before  # nothing launched or deleted on the strength of it
+
+
+@pytest.mark.parametrize("case", ["fifo", "/dev/zero", "past the cap", "world-writable", "writable by another group"])
+def test_a_saved_plan_is_read_only_from_a_file_its_owner_alone_writes(applied_once, tmp_path, case):
+    """s35: `apply --plan FIFO` waited for a writer for ever, `--plan /dev/zero` was read until memory ran out, a plan
+    file of any size was read whole, and one that any user of the host could rewrite was applied: the plan is what
+    apply does. Each is refused naming the file, before anything is done."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    (cfg / "jobs" / "platform.yaml").write_text((cfg / "jobs" / "platform.yaml").read_text().replace("cpu: 14", "cpu: 13"))
+    plan = tmp_path / "plan.json"
+    assert cli_here("plan", cfg, "--out", plan, "--time-limit", "1").returncode == 0
+    before = _live(cfg)
+    says = {"fifo": "not a regular file (a fifo, socket or device)", "/dev/zero": "not a regular file (a fifo, socket or device)",
+            "past the cap": "it is larger than 256 MiB, which no plan is",
+            "world-writable": f"{plan} is writable by anyone (`chmod o-w {plan}`)",
+            "writable by another group": f"{plan} is writable by the group "}[case]
+    if case == "fifo":
+        plan.unlink()
+        os.mkfifo(plan)
+    elif case == "/dev/zero":
+        plan.unlink()
+        plan.symlink_to("/dev/zero")
+    elif case == "past the cap":
+        os.truncate(plan, (256 << 20) + 1)
+    elif case == "world-writable":
+        plan.chmod(0o666)
+    else:
+        _group_writable(plan)
+    args = ("apply", cfg, "--plan", plan)
+    # (a process where the read could hang, or eat the machine's memory: the fix's absence fails, it does not hang)
+    res = cli(*args, timeout=30, memory=2 << 30) if case in ("fifo", "/dev/zero") else cli_here(*args)
+    assert_clean_error(res, f"cannot read plan {plan}: {says}")
+    assert _live(cfg) == before
+
+
+def test_a_garbled_lock_past_what_is_read_of_it_is_broken_by_the_id_apply_names(applied_once, tmp_path):
+    """s35: apply read the first 64 KiB of a lock to name a garbled one's id, unlock read all of it: for a lock larger
+    than that, the id apply named was never the one unlock found, and the lock could not be broken but by hand."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    (cfg / ".reconcile/apply.lock").write_bytes(b"x" * 100_000)
+    res = cli_here("apply", cfg, "--auto-approve")
+    assert_clean_error(res, "the lock is garbled", "reconcile unlock garbled-")
+    lock_id = res.stderr.split("reconcile unlock ")[1].split()[0].rstrip("`")
+    res = cli_here("unlock", lock_id, "--dir", cfg)
+    assert res.returncode == 0, res.stderr
+    assert not (cfg / ".reconcile/apply.lock").exists()
+
+
+@pytest.mark.parametrize("args", [("plan", "{cfg}", "--state", ""), ("apply", "{cfg}", "--auto-approve", "--state", " "),
+                                  ("status", "{cfg}", "--state", "")])
+def test_an_empty_state_option_is_a_usage_error_not_the_local_state(applied_once, tmp_path, args):
+    """s35: `--state ""` (`--state "$STATE"` with STATE unset) meant the local state: an apply meant for a bucket's fleet
+    acted on whatever .reconcile/ the runner had (a fresh CI checkout: none, so the whole fleet again)."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    before = _live(cfg)
+    res = cli_here(*(a.replace("{cfg}", str(cfg)) for a in args))
+    assert_clean_error(res, "Invalid value for '--state'", "is empty")
+    assert _live(cfg) == before
+
+
+def test_plan_and_status_read_a_state_others_may_write(applied_once, tmp_path):
+    """Only acting on it is refused: plan shows what an apply would do and status what is, from the same state."""
+    cfg = tmp_path / "cfg"
+    shutil.copytree(applied_once, cfg)
+    _state(cfg).chmod(0o666)
+    for args in (("plan", cfg, "--time-limit", "1"), ("status", cfg)):
+        res = cli_here(*args)
+        assert res.returncode == 0, res.stderr
 
 
 def test_state_serial_is_a_64_bit_counter():

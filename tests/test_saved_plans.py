@@ -846,8 +846,14 @@ def _redigested(change):
 @pytest.mark.parametrize("corrupt,needle", [
     (_text("[]"), "not a plan: a JSON array, not an object"),
     (_text('"x"'), "not a plan: a JSON string, not an object"),
-    (_text("[" * 100_000), "not a plan: nested too deep to be one"),
-    (_text('{"format": 2, "id": ' + "[" * 100_000), "not a plan: nested too deep to be one"),
+    (_text("[" * 100_000), "not a plan: nested too deep to be read"),
+    (_text('{"format": 2, "id": ' + "[" * 100_000), "not a plan: nested too deep to be read"),
+    # A key twice: JSON's last one won, so a `"fleet"` added before the real one passed the digest (which covers the
+    # parsed body) while the file showed a reader another fleet; likewise inside an action (s35).
+    (lambda path: path.write_text('{"fleet": "someone-else", ' + path.read_text().lstrip()[1:]),
+     'not a plan: the key "fleet" appears twice in one object'),
+    (lambda path: path.write_text(path.read_text().replace('"key": ', '"pool": "x", "key": ', 1)),
+     'not a plan: the key "pool" appears twice'),
     (_redigested(lambda raw: raw["solver"].update(tiers="x")), "solver.tiers: expected a list, got str"),
     (_redigested(lambda raw: raw.update(solver={})), "solver: status is missing"),
     (_redigested(lambda raw: raw["solver"]["tiers"][0].update(proven="yes")), 'solver.tiers[0].proven: expected true or false, got "yes"'),
@@ -862,7 +868,7 @@ def _redigested(change):
     (_redigested(lambda raw: raw.update(id=raw["id"].upper())), "is not a plan id (12 hex digits"),
     # A field no version writes was read past, while one inside an action was refused (attacks s34).
     (_redigested(lambda raw: raw.update(evict_all=True)), "unknown field 'evict_all' (no fleetops writes it"),
-], ids=["list", "string", "deep list", "deep in an object", "tiers a string", "solver empty", "tier proven a string", "scope short",
+], ids=["list", "string", "deep list", "deep in an object", "a key twice", "a key twice in a create", "tiers a string", "solver empty", "tier proven a string", "scope short",
         "solver unknown field", "consolidation short", "notes a string", "id with a space", "id with a quote and newline",
         "id 5000 chars", "id upper case", "unknown top-level field"])
 def test_a_malformed_plan_file_is_one_clear_error_and_changes_nothing(applied, corrupt, needle):

@@ -11,11 +11,16 @@ import hashlib
 import json
 from dataclasses import fields, is_dataclass
 
+from providers.files import loads_json
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.site import SITE_FIELDS, Site
 
 PLAN_FORMAT = 2
+# A bound on what `apply --plan` reads, checked before a byte is parsed: a 50k-job cold plan is 26 MiB (bench.generate
+# --jobs 50000, greedy: 28,533 creates, 39,099 placed), so ten times that is far above any fleet's, and /dev/zero or a
+# file grown by mistake is refused rather than read until memory runs out.
+MAX_PLAN_BYTES = 256 << 20
 
 
 def encode(plan) -> str:
@@ -52,9 +57,11 @@ def encode(plan) -> str:
 def read_body(text: str) -> dict:
     """A saved plan's body, checked: this version's format, and every field as `reconcile plan` wrote it."""
     try:
-        raw = json.loads(text)
-    except RecursionError:  # (`[[[[...` 100,000 deep: JSON's decoder recurses per level)
-        raise ValueError("not a plan: nested too deep to be one") from None
+        raw = loads_json(text)  # (JSON's own errors as they are; a nest too deep, a key twice: not a plan)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:
+        raise ValueError(f"not a plan: {e}") from None
     if not isinstance(raw, dict):
         kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(raw), "null")
         raise TypeError(f"not a plan: a JSON {kind}, not an object")

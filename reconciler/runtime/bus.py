@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import quote, unquote
 
+from providers.files import loads_json
 from reconciler.backend import StateBackend
 from reconciler.errors import CorruptBusObjectError, ReconcileError
 
@@ -217,9 +218,9 @@ class Bus:
         if raw is None:
             return None
         try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise CorruptBusObjectError(key, "is not valid JSON") from None
+            doc = loads_json(raw)
+        except ValueError as e:  # (also a UnicodeDecodeError, a nest too deep, a key twice: providers.files)
+            raise CorruptBusObjectError(key, f"is not valid JSON ({e})") from None
         why = problem(doc)
         if why is not None:
             raise CorruptBusObjectError(key, why)

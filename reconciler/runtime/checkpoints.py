@@ -74,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -89,6 +90,7 @@ PREFIX = "checkpoints"
 VERSION = 1
 KEEP = 3  # generations kept per job (beside the newest round's)
 DEFAULT_MAX_MB = 2048.0
+MAX_SYNC_MB = float(1 << 30)  # a PiB: past any checkpoint (and int(inf) overflowed)
 # A cut upload of another instance is collected this long after it began: it is over by then (its replica's grace is at
 # most an hour, model.Checkpoint, and the upload stops before its next file past it; an hour more for that last file).
 # Sooner it may be a gang peer's upload of the same round, still going while this instance's finished first.
@@ -132,12 +134,16 @@ def enabled() -> bool:
 
 
 def max_bytes() -> int:
+    """FLEETOPS_CHECKPOINT_SYNC_MAX_MB in bytes. NaN was a limit of 0 (max(0, nan) is 0: no checkpoint was ever
+    uploaded, silently but for the agent's log) and inf an "unexpected OverflowError" in the agent's upload."""
     raw = os.environ.get("FLEETOPS_CHECKPOINT_SYNC_MAX_MB")
     try:
         mb = float(raw) if raw is not None else DEFAULT_MAX_MB
     except ValueError:
-        raise ReconcileError(f"FLEETOPS_CHECKPOINT_SYNC_MAX_MB={raw!r} is not a number") from None
-    return int(max(0.0, mb) * 1024 * 1024)
+        mb = math.nan
+    if not 0 <= mb <= MAX_SYNC_MB:
+        raise ReconcileError(f"FLEETOPS_CHECKPOINT_SYNC_MAX_MB={raw!r} is not a number of MB from 0 to {MAX_SYNC_MB:g}")
+    return int(mb * 1024 * 1024)
 
 
 def segment(name: str) -> str:
@@ -159,12 +165,22 @@ def removed_key(job: str) -> str:
     return f"{job_prefix(job)}/removed.json"
 
 
+MAX_RETENTION_DAYS = 36500.0  # a century: past it, the deletion date is no date (time.gmtime overflowed at 1e300)
+
+
 def retention_seconds() -> float:
+    """FLEETOPS_CHECKPOINT_RETENTION_DAYS in seconds; a ReconcileError if it is no number of days from 0 to a century.
+    NaN and negatives were a retention of 0 (max(0, nan) is 0), deleting what the retention is there to keep."""
+    raw = os.environ.get("FLEETOPS_CHECKPOINT_RETENTION_DAYS", "")
+    if not raw.strip():
+        return DEFAULT_RETENTION_DAYS * 86400.0
     try:
-        days = float(os.environ.get("FLEETOPS_CHECKPOINT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS))
+        days = float(raw)
     except ValueError:
-        days = DEFAULT_RETENTION_DAYS
-    return max(0.0, days) * 86400.0
+        days = math.nan
+    if not 0 <= days <= MAX_RETENTION_DAYS:
+        raise ReconcileError(f"FLEETOPS_CHECKPOINT_RETENTION_DAYS={raw!r} is not a number of days from 0 to {MAX_RETENTION_DAYS:g}")
+    return days * 86400.0
 
 
 def removed_at(store: StateBackend, job: str) -> float | None:

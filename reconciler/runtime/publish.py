@@ -167,6 +167,7 @@ def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: 
         if not gone:
             return []
         reports = Bus(backend).agents(skipped=skipped)
+        keep_s = checkpoints.retention_seconds()
     except ReconcileError as e:
         return [f"checkpoints of removed jobs not collected: {e}; tried again by the next apply"]
     assigned = {e.get("job") for doc in previous.values() for e in doc.get("replicas", []) if isinstance(e, dict)}
@@ -177,7 +178,6 @@ def removed_checkpoints(backend: StateBackend, desired: DesiredState, previous: 
     for iid, doc in sorted(reports.items()):
         for name in doc.get("running", []):
             running.setdefault(name.rpartition("/")[0], []).append(iid)
-    keep_s = checkpoints.retention_seconds()
     notes = []
     for job in gone:
         if job in assigned or job in running:
