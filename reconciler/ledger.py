@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from providers.catalog import load_catalog
 from reconciler.site import Host
+from reconciler.words import amount
 
 GPU_SLICES = 7  # MIG compute slices of one GPU
 
@@ -316,8 +317,8 @@ class QuotaBook:
         q, u = self.quotas[i], quota_units(self.quotas[i], c)
         plan = f", and this plan's new instances take {self.taken[i]:g} more" if self.taken[i] else ""
         raise_it = f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""
-        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used{plan}; the job needs {n} more "
-                f"{c.instance_type} {c.market} ({n * u:g} {q.unit}){raise_it}")
+        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}; the job needs {n} more "
+                f"{c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
 
     def summary(self) -> dict[str, dict]:
         """Per quota: its limit, the account's use when read, what the plan's new instances take, what is left."""
@@ -918,7 +919,7 @@ class Ledger:
                                                 f"over its budget {money(r.budget)}/h")
             on, tot = self.tenant_spot(name)
             if r.spot_fraction is not None and not spot_share_ok(on, tot, r.spot_fraction):
-                out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {tot:g} work units on spot, "
+                out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {amount(tot, 'work units')} on spot, "
                                               f"over its max_spot_fraction {r.spot_fraction:g}")
         book = self.license_book()
         for name, r in sorted(p.licenses.items()):
@@ -1002,8 +1003,8 @@ class Ledger:
             return []
         pct, spot, idle = self.problem.spot.on_demand_buffer_percent, self._spot.value, self.idle_on_demand()
         unit = "GPUs" if self.dim == "gpus" else "vCPU"
-        return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
-                                       f"the plan keeps; {pct:g}% of {spot:g} spot {unit} must stay idle")]
+        return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {amount(idle, 'idle on-demand ' + unit)} "
+                                       f"the plan keeps; {pct:g}% of {amount(spot, 'spot ' + unit)} must stay idle")]
 
     def new_refusals(self, c, n: int) -> list[Refusal]:
         """Pool size, fleet budget and spot rules for n more instances of offer c (all of them, where
@@ -1034,13 +1035,13 @@ class Ledger:
             if "spot-share" in rules:
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
-                out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {total:g} {unit}); "
+                out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {amount(total, unit)}); "
                                    f"{n} more spot {c.instance_type} would make it {after:.1%}, over max_spot_fraction {sp.max_spot_fraction:g}"))
             if sp.on_demand_buffer_percent > 0:
                 idle = self.idle_on_demand()
                 if not buffer_ok(idle, spot + add, sp.on_demand_buffer_percent):
-                    out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
-                                       f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"
+                    out.append(Refusal("spot-buffer", f"on-demand buffer: {amount(idle, 'idle on-demand ' + unit)} in the plan, "
+                                       f"{sp.on_demand_buffer_percent:g}% of {amount(spot + add, 'spot ' + unit)} is needed"
                                        + self._buffer_unaffordable(c, n, sp.on_demand_buffer_percent / 100 * (spot + add) - idle)))
             have_types, have_zones = self.spot_sites()
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
@@ -1201,7 +1202,7 @@ class Ledger:
             return None
         dim, used, need, limit = short
         if not quota_ok(0.0, need, limit):
-            return Refusal("quota", f"{OVER_QUOTA_ALONE} {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
+            return Refusal("quota", f"{OVER_QUOTA_ALONE} {amount(need, _UNIT[dim])} but tenant {d.tenant}'s limit is {limit:g}",
                            d.tenant, need - limit)
         return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, "
                        f"the job needs {need:g} more", d.tenant, used + need - limit)

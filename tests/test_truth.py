@@ -636,7 +636,7 @@ def _shared_room_fleets():
            "its tenant t has room for 1 more matlab license under its quota of it (0/1 held in this plan): for 1 of the 3 of "
            "its pending jobs that wait for it")
     yield ("spot share", _spot_docs(max_spot_fraction=0.5), running,
-           "the fleet has room for 1 more spot GPU under max_spot_fraction 0.5 (0 of 1 GPUs spot in this plan): for at most 1 "
+           "the fleet has room for 1 more spot GPU under max_spot_fraction 0.5 (0 of 1 GPU spot in this plan): for at most 1 "
            "of the 3 pending jobs that wait for it")
     yield ("tenant spot share", _spot_docs(tenant_max_spot_fraction={"t": 0.5}), running,
            "its tenant t has room for 7 more work units on spot under its max spot fraction 0.5 (0 of its 7 on spot in this "
@@ -735,3 +735,69 @@ def test_a_job_an_offers_size_keeps_out_names_the_room_its_tenants_pending_jobs_
                                  "budget, quota and spot rule (+$3.67/h), but the planner offers at most 1 new a2-highgpu-1g "
                                  "on-demand there"), reason
         assert reason.endswith("and this plan's +1 runs j0"), reason
+
+
+def test_a_free_reserved_instance_is_named_as_shared_beside_the_pools_on_demand_offer(tmp_path):
+    """Reservation r1 has one free a2-highgpu-1g beside the pool's on-demand offer (max_instances 4): each of 3 pending
+    jobs read "1 new a2-highgpu-1g on-demand (reserved: r1) ... would hold it under every pool, budget, quota and spot rule
+    (+$0.00/h)": true of each alone, false of the three (room for one; the others on on-demand at $3.67/h). The reason
+    names the reservation's room as shared, the on-demand way beside it, and why the reserved one adds $0.00/h."""
+    from tests.fleetkit import job, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(hi=4), _reservation_doc(count=1), *(job(f"j{i}", **A100) for i in range(3))]
+    reasons = _reasons_where_nothing_new_is_placed(tmp_path, docs)
+    for name in ("j0", "j1", "j2"):
+        assert reasons[name] == (
+            "not placed by this plan: reservation r1 has room for 1 more instance under its count (0/1 a2-highgpu-1g in "
+            "us-central1-a in this plan): for at most 1 of the 3 pending jobs that could use it, this one among them; 1 new "
+            "a2-highgpu-1g on-demand (reserved: r1) in p (gcp/us-central1-a) would hold it alone (+$0.00/h: r1's $3.00/h per "
+            "instance is paid, used or not), else 1 new a2-highgpu-1g on-demand in p (gcp/us-central1-a) would (+$3.67/h), "
+            "under every pool, budget, quota and spot rule; the solver did not find that placement: the next run retries "
+            "(a longer --time-limit searches more)"), reasons[name]
+
+
+def test_a_reservation_with_room_for_every_waiting_job_is_not_named_as_shared(tmp_path):
+    """Three free reserved instances for three jobs: each job's reason names the reserved way, with nothing shared."""
+    from tests.fleetkit import job, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(hi=4), _reservation_doc(count=3), *(job(f"j{i}", **A100) for i in range(3))]
+    for reason in _reasons_where_nothing_new_is_placed(tmp_path, docs).values():
+        assert reason.startswith("not placed by this plan, although 1 new a2-highgpu-1g on-demand (reserved: r1) in p "
+                                 "(gcp/us-central1-a) would hold it under every pool, budget, quota and spot rule (+$0.00/h: "
+                                 "r1's $3.00/h per instance is paid, used or not)"), reason
+
+
+def test_room_under_two_regions_cloud_quotas_is_named_as_shared_by_the_jobs_that_wait_for_it(tmp_path):
+    """A job that may run in us-central1 or europe-west4, each region's NVIDIA_A100_GPUS quota with room for one GPU: each
+    of 3 pending jobs read "1 new a2-highgpu-1g on-demand in q ... would hold it under every pool, budget, quota and spot
+    rule", no one quota counting every way of it; the two quotas hold two of the three between them."""
+    from providers.base import Quota
+    from tests.fleetkit import TOPOLOGY, job, pool, tenant, topology
+
+    def a100_quota(region: str) -> Quota:
+        return Quota("gcp", region, "NVIDIA_A100_GPUS", "GPUs", 4, 3, (("a2-highgpu-1g", "on-demand", 1),))
+
+    regions = topology(clouds={**TOPOLOGY, "gcp": {"us-central1": ["us-central1-a"], "europe-west4": ["europe-west4-a"]}})
+    docs = [regions, tenant("t"), _gpu_pool(hi=4), pool("q", "gcp", "europe-west4", ["europe-west4-a"], ["a2-highgpu-1g"], hi=4),
+            *(job(f"j{i}", **A100) for i in range(3))]
+    reasons = _reasons_where_nothing_new_is_placed(tmp_path, docs, quotas=[a100_quota("us-central1"), a100_quota("europe-west4")])
+    for name in ("j0", "j1", "j2"):
+        assert reasons[name].startswith(
+            "not placed by this plan: cloud quotas gcp NVIDIA_A100_GPUS in europe-west4 and us-central1 have room for 2 more GPUs "
+            "between them (europe-west4: 3 of 4 GPUs used; us-central1: 3 of 4 GPUs used): for at most 2 of the 3 pending jobs "
+            "that wait for them, this one among them; 1 new a2-highgpu-1g on-demand in q (gcp/europe-west4-a) would hold it alone "
+            "under every"), reasons[name]
+
+
+def test_counts_of_one_read_singular_in_pending_reasons(tmp_path):
+    """A cloud quota's reason said "the job needs 1 more a2-highgpu-1g on-demand (1 GPUs)"; a tenant's quota the job alone
+    exceeds said "the job needs 1 GPUs". One helper (words.amount) spells every count and its unit."""
+    from tests.fleetkit import job, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(hi=4), job("j0", **A100)]
+    reason = _reasons_where_nothing_new_is_placed(tmp_path / "q", docs, quotas=[_gce_quota("NVIDIA_A100_GPUS", "GPUs", 4, 4, 1)])["j0"]
+    assert reason.startswith("cloud quota: gcp NVIDIA_A100_GPUS in us-central1: 4 of 4 GPUs used; the job needs 1 more "
+                             "a2-highgpu-1g on-demand (1 GPU)"), reason
+    docs = [topology(), tenant("t", gpus=0), _gpu_pool(hi=4), job("j0", **A100)]
+    reason = _reasons_where_nothing_new_is_placed(tmp_path / "t", docs)["j0"]
+    assert reason.startswith("quota: the job needs 1 GPU but tenant t's limit is 0"), reason
