@@ -801,3 +801,52 @@ def test_counts_of_one_read_singular_in_pending_reasons(tmp_path):
     docs = [topology(), tenant("t", gpus=0), _gpu_pool(hi=4), job("j0", **A100)]
     reason = _reasons_where_nothing_new_is_placed(tmp_path / "t", docs)["j0"]
     assert reason.startswith("quota: the job needs 1 GPU but tenant t's limit is 0"), reason
+
+
+@pytest.mark.parametrize("count, tenant_quota, need, reason", [
+    (1, 2, 4, "license sim: the job needs 4 but its count is 1 (1 held in this plan, by run); several limits bind at once "
+              "with it: license sim: the job needs 4 but tenant t's quota of it is 2 (tenant t holds 1 in this plan, by run)"),
+    (5, 1, 2, "license sim: the job needs 2 but tenant t's quota of it is 1 (tenant t holds 1 in this plan, by run)"),
+    (2, 5, 3, "license sim: the job needs 3 but its count is 2 (1 held in this plan, by run)"),
+    (5, 2, 3, "license sim: the job needs 3 but tenant t's quota of it is 2 (tenant t holds 1 in this plan, by run)")])
+def test_a_license_reason_names_every_limit_of_it_the_job_is_short_of(tmp_path, count, tenant_quota, need, reason):
+    """Found by a random hunt (raise the limit a reason names by what it says is short; the job must then place): a job
+    needing 4 seats of a License with count 1 and its tenant's quota of it 2 read "license sim: the job needs 4 but tenant
+    t's quota of it is 2"; raised to 4, the job stayed pending on the count. Both bind alone, and both are named. And
+    "the job needs 2 but its count is 1", raised to 2, left it pending beside the seat a running job holds: named."""
+    from tests.fleetkit import doc, instance, job, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(hi=4), doc("License", "sim", {"count": count, "tenant_quotas": {"t": tenant_quota}}),
+            job("run", licenses={"sim": 1}, **A100), job("j0", licenses={"sim": need}, **A100)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
+    assert _reasons_where_nothing_new_is_placed(tmp_path, docs, [i0], {"run": ("i0",)}) == {"j0": reason}
+
+
+@pytest.mark.parametrize("quota, gpus, cpu, reason", [
+    ({"gpus": 2}, 3, 8, "quota: the job needs 3 GPUs but tenant t's limit is 2 (it uses 1 in this plan)"),
+    ({"gpus": 1, "cpu": 8}, 1, 10, "quota exhausted: tenant t uses 1/1 GPUs in this plan, the job needs 1 more; and it uses 8/8 vCPU "
+                                   "in this plan, the job needs 10 more")])
+def test_a_tenant_quota_reason_says_all_a_raise_must_cover(tmp_path, quota, gpus, cpu, reason):
+    """Found by a random hunt: "quota: the job needs 6 GPUs but tenant t1's limit is 2", raised by the 4 that reads as
+    short, left the job pending (its tenant used 1 GPU more in the plan); a job short of GPUs and vCPU named the GPUs
+    alone, and raising them left it pending on the vCPU. The reason now says what the tenant uses and every dimension."""
+    from tests.fleetkit import instance, job, pool, tenant, topology
+
+    four = pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-4g"], hi=1)
+    docs = [topology(), tenant("t", **quota), four, job("run", **A100), job("j0", gpus=gpus, gpu_type="A100", cpu=cpu, mem=60)]
+    i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-4g")
+    assert _reasons_where_nothing_new_is_placed(tmp_path, docs, [i0], {"run": ("i0",)}) == {"j0": reason}
+
+
+def test_a_cloud_quota_reason_names_every_quota_the_way_is_short_of(tmp_path):
+    """Found by a random hunt: two cloud quotas (an all-regions and a regional GPU quota, both used up) count the only
+    way of placing a job; the reason named one, and raised by what it said, the job waited on the other. Both bind
+    alone, and both are named (here a GPU and a vCPU quota over a2-highgpu-1g)."""
+    from tests.fleetkit import job, tenant, topology
+
+    docs = [topology(), tenant("t"), _gpu_pool(hi=4), job("j0", **A100)]
+    quotas = [_gce_quota("NVIDIA_A100_GPUS", "GPUs", 4, 4, 1), _gce_quota("CPUS", "vCPUs", 24, 20, 12)]
+    reason = _reasons_where_nothing_new_is_placed(tmp_path, docs, quotas=quotas)["j0"]
+    assert reason.startswith("cloud quota: gcp NVIDIA_A100_GPUS in us-central1: 4 of 4 GPUs used; the job needs 1 more a2-highgpu-1g "
+                             "on-demand (1 GPU); several limits bind at once with it: cloud quota: gcp CPUS in us-central1: 20 of "
+                             "24 vCPUs used; the job needs 1 more a2-highgpu-1g on-demand (12 vCPUs)"), reason

@@ -34,8 +34,11 @@ _RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota"
                "vacated")
 
 
-def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
-    """One rule's refusals (one kind, maybe several pools) as one clause with the plan's numbers."""
+def _rule_text(ways: list[tuple[Refusal, ...]], ledger: Ledger) -> str:
+    """One rule's refusals (one kind) of each way it refuses (maybe several pools) as one clause with the plan's numbers:
+    the way it refuses least, and every limit of that kind that refuses that way (a vCPU and a GPU cloud quota, two
+    Licenses: each binds alone, and one named alone, raised, left the job pending on the other)."""
+    refusals = [r for way in ways for r in way]
     first = refusals[0]
     if first.rule == "pool-max":
         bounds = ledger.problem.pool_bounds
@@ -43,7 +46,8 @@ def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
         n = min(r.instances for r in refusals)
         need = f"; the job needs {n} new instances" if n > 1 else ""
         return f"pools at max_instances ({parts}){need}"
-    return min(refusals, key=lambda r: r.shortfall).message
+    least = sorted(min(ways, key=lambda way: (len(way), min(r.shortfall for r in way))), key=lambda r: r.shortfall)
+    return least[0].message + (f"; several limits bind at once with it: {'; '.join(r.message for r in least[1:])}" if len(least) > 1 else "")
 
 
 def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit) -> str:
@@ -68,7 +72,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
-    blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
+    blanket = [r for r in (ledger.quota_refusal(d), *ledger.license_refusals(d)) if r is not None]
     options = _with_vacated(d, problem, ledger, ledger.options(d, fits))
     tail = ""
     if not options and evicted and job is not None:
@@ -112,11 +116,11 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
                            f"{holds('rule')}" + (f"; {shared}" if shared else ""))
         return head + (f"not placed by this plan, although {holds('pool, budget, quota and spot rule')}; the solver did not find "
                        "that placement: the next run retries (a longer --time-limit searches more)")
-    single: dict[str, list[Refusal]] = {}
+    single: dict[str, list[tuple[Refusal, ...]]] = {}  # kind -> the refusals of each way that it alone refuses
     for o in options:
         kinds = {r.rule for r in o.refusals}
         if len(kinds) == 1:
-            single.setdefault(kinds.pop(), []).extend(o.refusals)
+            single.setdefault(kinds.pop(), []).append(o.refusals)
     if single:
         kind = min(single, key=_RULE_ORDER.index)
         text = _rule_text(single[kind], ledger)
@@ -124,14 +128,16 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
         # What holds the room of each shared rule named, the leading one's and those blocking "other capacity".
         shared = _SHARED.intersection(single) if kind in _SHARED else set()
-        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, shared, _quota_scopes(r for k in shared for r in single[k]))
+        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, shared, _quota_scopes(r for k in shared for way in single[k] for r in way))
                                             if shared else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
             + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
-    texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
-    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
-    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:]) + tail
+    texts = [_rule_text([tuple(r for r in cheapest.refusals if r.rule == k)], ledger) for k in kinds]
+    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others; "for" the
+    # way, unless they refuse every way alike (a License's count and its tenant's quota of it).
+    way = "" if set(cheapest.refusals) <= set(blanket) else f" for {cheapest.label}"
+    return (head + texts[0] + f"; several limits bind at once with it{way}: " + "; ".join(texts[1:]) + tail
             + (_who_holds(d, problem, ledger, evicted, _SHARED.intersection(kinds), _quota_scopes(cheapest.refusals))
                if _SHARED.intersection(kinds) else "")
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
