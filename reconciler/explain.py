@@ -14,7 +14,7 @@ from reconciler.model import PRIORITY_CLASSES
 from reconciler.plan.quality import gap_withheld, proofs_of
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, held_once_applied, priority_band, rules_allow
 from reconciler.whatif import WhatIf
-from reconciler.words import gpu_span
+from reconciler.words import amount, gpu_span
 
 _UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
@@ -266,7 +266,7 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
                 if q.burst is not None:
                     new_q = new_q.model_copy(update={"burst": q.burst.model_copy(update={
                         dim: getattr(q.burst, dim) + more[dim] for dim in more if getattr(q.burst, dim) is not None})})
-                label = f"raise tenant {d.tenant} quota by " + ", ".join(f"{more[k]:g} {_UNIT[k]}" for k in sorted(more))
+                label = f"raise tenant {d.tenant} quota by " + ", ".join(amount(more[k], _UNIT[k]) for k in sorted(more))
                 cands.append((label, _with_tenant(desired, d.tenant, t.model_copy(update={"spec": t.spec.model_copy(update={"quota": new_q})}))))
             out.append(cands)
     lic = ledger.license_refusal(d)
@@ -347,7 +347,7 @@ def _cloud_quota_relaxations(desired, observed, ledger: Ledger, d: Demand):
         cands = []
         for more in sorted({math.ceil(n), math.ceil(3 * n)}):
             raised = tuple(replace(x, limit=x.limit + more) if x is q else x for x in observed.quotas)
-            cands.append((f"raise cloud quota {scope} by {more:g} {q.unit} (to {q.limit + more:g})", desired,
+            cands.append((f"raise cloud quota {scope} by {amount(more, q.unit)} (to {q.limit + more:g})", desired,
                           replace(observed, quotas=raised)))
         out.append(cands)
     return out

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from providers.catalog import load_catalog
 from reconciler.site import Host
+from reconciler.words import amount
 
 GPU_SLICES = 7  # MIG compute slices of one GPU
 
@@ -326,12 +327,17 @@ class QuotaBook:
     def short(self, c, n: int = 1, extra=None) -> tuple[int, int] | None:
         """(quota index, units over its headroom) of the first quota n more new instances of c would exceed;
         `extra`: (capacity, count) pairs planned but not taken yet."""
+        return next(iter(self.shorts(c, n, extra)), None)
+
+    def shorts(self, c, n: int = 1, extra=None) -> list[tuple[int, int]]:
+        """(quota index, units over its headroom) of every quota n more new instances of c would exceed (`short`)."""
+        out = []
         for i, u in self.units(c):
             more = sum(k * v for x, k in (extra or ()) for j, v in self.units(x) if j == i)
             over = self.taken[i] + more + n * u - quota_headroom(self.quotas[i])
             if over > 0:
-                return i, over
-        return None
+                out.append((i, over))
+        return out
 
     def take(self, c, n: int = 1) -> None:
         for i, u in self.units(c):
@@ -343,8 +349,8 @@ class QuotaBook:
         q, u = self.quotas[i], quota_units(self.quotas[i], c)
         plan = f", and this plan's new instances take {self.taken[i]:g} more" if self.taken[i] else ""
         raise_it = f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""
-        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used{plan}; the job needs {n} more "
-                f"{c.instance_type} {c.market} ({n * u:g} {q.unit}){raise_it}")
+        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}; the job needs {n} more "
+                f"{c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
 
     def summary(self) -> dict[str, dict]:
         """Per quota: its limit, the account's use when read, what the plan's new instances take, what is left."""
@@ -398,16 +404,25 @@ class LicenseBook:
 
     def short(self, d) -> LicenseShort | None:
         """The first license (by name) one more job of d would hold beyond its tenant's quota or its count."""
+        return next(iter(self.shorts(d)), None)
+
+    def shorts(self, d) -> list[LicenseShort]:
+        """Every limit one more job of d would hold a license beyond, by license name, its tenant's quota of it before
+        its count: each binds alone (a job needing 4 under a tenant quota of 2 and a count of 1 was said to wait for the
+        tenant quota only, which raised left it pending). Beside its tenant's quota, a count only where the job alone
+        needs more: a count its holders fill may be freed by preempting them, which this book does not know."""
+        out = []
         for name, need in sorted(license_need(d).items()):
             r = self.rules.get(name)
             if r is None:
                 continue
-            q = r.tenant_quotas.get(d.tenant)  # the tenant's own limit first: raising the count would not lift it
-            if q is not None and self.by_tenant.get((name, d.tenant), 0) + need > q:
-                return LicenseShort(name, "tenant", self.by_tenant.get((name, d.tenant), 0), q, need)
-            if self.held[name] + need > r.count:
-                return LicenseShort(name, "count", self.held[name], r.count, need)
-        return None
+            q = r.tenant_quotas.get(d.tenant)
+            tenant_short = q is not None and self.by_tenant.get((name, d.tenant), 0) + need > q
+            if tenant_short:
+                out.append(LicenseShort(name, "tenant", self.by_tenant.get((name, d.tenant), 0), q, need))
+            if self.held[name] + need > r.count and (not tenant_short or need > r.count):
+                out.append(LicenseShort(name, "count", self.held[name], r.count, need))
+        return out
 
     def take(self, d, job: str = "", sign: int = 1) -> None:
         """Job `job` of d holds its licenses (sign -1: gives them back)."""
@@ -433,7 +448,10 @@ class LicenseBook:
         by = (f", by {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")) if names else ""
         if s.need > s.limit:
             where = f"tenant {d.tenant}'s quota of it is {s.limit}" if s.scope == "tenant" else f"its count is {s.limit}"
-            return f"license {s.license}: the job needs {s.need} but {where}"
+            # (what is held beside it: a raise to what the job needs leaves it short)
+            held = "" if not s.held else f" (tenant {d.tenant} holds {s.held} in this plan{by})" if s.scope == "tenant" else \
+                f" ({s.held} held in this plan{by})"
+            return f"license {s.license}: the job needs {s.need} but {where}{held}"
         if s.scope == "tenant":
             return f"license {s.license}: tenant {d.tenant} holds {s.held}/{s.limit} of its quota{by}; the job needs {s.need}"
         return f"license {s.license}: {s.held}/{s.limit} held{by}; the job needs {s.need}"
@@ -945,7 +963,7 @@ class Ledger:
                                                 f"over its budget {money(r.budget)}/h")
             on, tot = self.tenant_spot(name)
             if r.spot_fraction is not None and not spot_share_ok(on, tot, r.spot_fraction):
-                out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {tot:g} work units on spot, "
+                out[f"tenant-spot:{name}"] = (f"tenant {name} runs {on:g} of {amount(tot, 'work units')} on spot, "
                                               f"over its max_spot_fraction {r.spot_fraction:g}")
         book = self.license_book()
         for name, r in sorted(p.licenses.items()):
@@ -954,16 +972,17 @@ class Ledger:
         return out
 
     def license_refusal(self, d) -> Refusal | None:
-        """A license the job would hold beyond its count or its tenant's quota of it, in this plan."""
+        """A license the job would hold beyond its count or its tenant's quota of it, in this plan (the first)."""
+        return next(iter(self.license_refusals(d)), None)
+
+    def license_refusals(self, d) -> list[Refusal]:
+        """Every license limit the job would hold beyond in this plan: a License's count, a tenant's quota of it."""
         if not d.licenses:
-            return None
+            return []
         book = self.license_book()
-        s = book.short(d)
-        if s is None:
-            return None
         priority = {j: o.priority for j, o in self.job_demand.items()}
-        return Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
-                       s.held + s.need - s.limit)
+        return [Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
+                        s.held + s.need - s.limit) for s in book.shorts(d)]
 
     def reservation_summary(self) -> dict[str, dict]:
         """Per Reservation in force: instances of the plan in it, what it commits per hour, and the
@@ -1029,8 +1048,8 @@ class Ledger:
             return []
         pct, spot, idle = self.problem.spot.on_demand_buffer_percent, self._spot.value, self.idle_on_demand()
         unit = "GPUs" if self.dim == "gpus" else "vCPU"
-        return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {idle:g} idle on-demand {unit} "
-                                       f"the plan keeps; {pct:g}% of {spot:g} spot {unit} must stay idle")]
+        return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {amount(idle, 'idle on-demand ' + unit)} "
+                                       f"the plan keeps; {pct:g}% of {amount(spot, 'spot ' + unit)} must stay idle")]
 
     def new_refusals(self, c, n: int) -> list[Refusal]:
         """Pool size, fleet budget and spot rules for n more instances of offer c (all of them, where
@@ -1041,9 +1060,8 @@ class Ledger:
             r, have = p.reservations[c.reservation], self.reserved(c.reservation)
             out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
                                               f"in {r.zone})", r.name, self.reservation_over(c, n), n))
-        over = self.quotas.short(c, n) if "cloud-quota" in rules else None
-        if over is not None:
-            out.append(Refusal("cloud-quota", self.quotas.message(over[0], c, n), quota_scope(self.quotas.quotas[over[0]]), over[1], n))
+        for i, over in self.quotas.shorts(c, n) if "cloud-quota" in rules else ():  # (each binds alone: a vCPU and a GPU quota)
+            out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]), over, n))
         if "pool-max" in rules:
             hi, have = p.pool_bounds.get(c.pool, (0, 0))[1], self.pool_count(c.pool)
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
@@ -1061,13 +1079,13 @@ class Ledger:
             if "spot-share" in rules:
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
-                out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {total:g} {unit}); "
+                out.append(Refusal("spot-share", f"spot share: the plan's fleet is {now:.1%} spot ({spot:g} of {amount(total, unit)}); "
                                    f"{n} more spot {c.instance_type} would make it {after:.1%}, over max_spot_fraction {sp.max_spot_fraction:g}"))
             if sp.on_demand_buffer_percent > 0:
                 idle = self.idle_on_demand()
                 if not buffer_ok(idle, spot + add, sp.on_demand_buffer_percent):
-                    out.append(Refusal("spot-buffer", f"on-demand buffer: {idle:g} idle on-demand {unit} in the plan, "
-                                       f"{sp.on_demand_buffer_percent:g}% of {spot + add:g} spot {unit} is needed"
+                    out.append(Refusal("spot-buffer", f"on-demand buffer: {amount(idle, 'idle on-demand ' + unit)} in the plan, "
+                                       f"{sp.on_demand_buffer_percent:g}% of {amount(spot + add, 'spot ' + unit)} is needed"
                                        + self._buffer_unaffordable(c, n, sp.on_demand_buffer_percent / 100 * (spot + add) - idle)))
             have_types, have_zones = self.spot_sites()
             types, zones = len(have_types | {c.instance_type}), len(have_zones | {c.zone})
@@ -1223,15 +1241,23 @@ class Ledger:
         return sorted(out, key=lambda o: (o.price, o.label))
 
     def quota_refusal(self, d) -> Refusal | None:
-        short = self.quota_short(d)
-        if short is None:
+        """Its tenant's quota, where one more job of d breaks it: every dimension short, each with what the tenant uses
+        in this plan where that is not 0 (a job needing 6 GPUs beside its tenant's 1 under a limit of 2 read "needs 6
+        GPUs but ... limit is 2", then raised by 4 still waited; one needing 4 GPUs and 40 vCPU named the GPUs alone)."""
+        r = self.problem.tenants.get(d.tenant)
+        use = self._use.get(d.tenant)
+        shorts = [] if r is None else [(dim, u, need, limit) for dim, limit in r.cap.items()
+                                       if (need := d.replicas * d.req(dim)) and not quota_ok(u := use[dim].value if use else 0.0, need, limit)]
+        if not shorts:
             return None
-        dim, used, need, limit = short
+        dim, used, need, limit = shorts[0]
         if not quota_ok(0.0, need, limit):
-            return Refusal("quota", f"{OVER_QUOTA_ALONE} {need:g} {_UNIT[dim]} but tenant {d.tenant}'s limit is {limit:g}",
-                           d.tenant, need - limit)
-        return Refusal("quota", f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, "
-                       f"the job needs {need:g} more", d.tenant, used + need - limit)
+            text = f"{OVER_QUOTA_ALONE} {amount(need, _UNIT[dim])} but tenant {d.tenant}'s limit is {limit:g}" + (
+                f" (it uses {used:g} in this plan)" if used else "")
+        else:
+            text = f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, the job needs {need:g} more"
+        text += "".join(f"; and it uses {u:g}/{lim:g} {_UNIT[k]} in this plan, the job needs {n:g} more" for k, u, n, lim in shorts[1:])
+        return Refusal("quota", text, d.tenant, used + need - limit)
 
 
 class _RoomKind:

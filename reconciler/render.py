@@ -12,9 +12,9 @@ from rich.text import Text
 
 from reconciler.errors import shown
 from reconciler.ledger import money
-from reconciler.plan import Plan
+from reconciler.plan import RANKS_HIGHER, Plan
 from reconciler.plan.quality import KEPT_SHORT, greedy_advice, proofs_of
-from reconciler.words import gpu_span
+from reconciler.words import amount, gpu_span
 
 MARKDOWN_MAX_ROWS = 60  # per section
 # RestartedJob.change, as the plan's table says it and as its summary line counts it
@@ -95,7 +95,7 @@ def _solver_line(plan: Plan) -> str:
         quality = f"every tier proven best {proofs_of(s)}; cost within {s.gap:.2%} of their lower bound"
     else:
         quality = f"every tier proven best; cost within {s.gap:.2%} of a lower bound"
-    scope = f"; {s.scope[0]} of {s.scope[0] + s.scope[1]} instances re-optimised, the rest unchanged" if s.scope[1] else ""
+    scope = f"; {s.scope[0]} of {amount(s.scope[0] + s.scope[1], 'instances')} re-optimised, the rest unchanged" if s.scope[1] else ""
     if s.narrowed:  # (solve.model: the bounds above are of the choices the model offered)
         scope += f"; {s.narrowed:,} (job group, instance) choices not offered to the solver (too many to offer every one)"
     repairs = f"; {s.repairs} instance(s) added where counts did not pack" if s.repairs else ""
@@ -425,8 +425,8 @@ def render_diff_json(d) -> str:
 def render_status(st: dict) -> str:
     """`reconcile status` for people, from the status files (api.read_status)."""
     f = st["fleet"]["status"]
-    lines = [f"fleet {st['fleet']['metadata']['name']}: {f['instances']} instances, {money(f['hourlyCost'])}/h, "
-             f"{f['jobs']['running']} jobs running"
+    lines = [f"fleet {st['fleet']['metadata']['name']}: {amount(f['instances'], 'instances')}, {money(f['hourlyCost'])}/h, "
+             f"{amount(f['jobs']['running'], 'jobs')} running"
              + "".join(f", {f['jobs'][k]} {k}" for k in ("starting", "unknown", "reserved") if f["jobs"].get(k))
              + f", {f['jobs']['pending']} pending"
              + "".join(f", {f['jobs'][k]} {k}" for k in ("succeeded", "failed") if f["jobs"].get(k))

@@ -149,7 +149,7 @@ def test_gcp_plans_within_the_project_quota_gce_reports(gce, tmp_path, metric, r
     assert len(res.plan.creates) == 2
     (pending,) = [j for j in res.plan.jobs if j.action == "pending"]
     assert pending.reason.startswith(f"cloud quota: gcp {metric} in {scope}: 1 of 3 GPUs used, and this plan's new instances "
-                                     "take 2 more; the job needs 1 more a2-highgpu-1g on-demand (1 GPUs); raise it: "
+                                     "take 2 more; the job needs 1 more a2-highgpu-1g on-demand (1 GPU); raise it: "
                                      f"https://console.cloud.google.com/iam-admin/quotas?project={GCP_PROJECT}"), pending.reason
     out = api.apply(cfg, provider="gcp", options=opts)
     assert out.report.ok and len(out.report.created) == 2

@@ -18,6 +18,7 @@ from reconciler.pack import Bin
 from reconciler.plan.instances import spare
 from reconciler.plan.packing import Packing
 from reconciler.problem import Capacity, Demand, Problem, fit, rules_allow
+from reconciler.words import amount
 
 
 def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, list[str | None]], packing: Packing,
@@ -68,7 +69,7 @@ def settle_tenant_spot(problem: Problem, observed: Observed, slots: dict[str, li
                 spared = sorted(job for job, s, _ in order if job in protected and s)
                 stays = f"; its running spot work inside its guarantee stays ({', '.join(spared)})"
         for job in chosen:
-            drops[job] = (f"tenant spot share: {tenant}'s placed work would be {on:g} of {tot:g} work units on spot, over its "
+            drops[job] = (f"tenant spot share: {tenant}'s placed work would be {on:g} of {amount(tot, 'work units')} on spot, over its "
                           f"max_spot_fraction {frac:g}, as on-demand work the solver placed could not be packed{stays}")
     for bins in bins_of.values():
         for b in bins:

@@ -20,6 +20,7 @@ from reconciler.observe import Observed
 from reconciler.problem.rules import fit, guardrail_refusal, placement_refusal, running_use, size_fit, stuck_gangs
 from reconciler.problem.types import DIMS, Capacity, Demand, Host, Offer, Problem, TenantRules, spot_measure
 from reconciler.site import Site
+from reconciler.words import amount
 
 # The clauses a reason names what holds the job's capacity by, and the gang's own reason: fleetview.REASON_KINDS
 # counts pending work by them (it matched "preempted"/"outranked", words no reason said: "priority" was never counted).
@@ -33,8 +34,11 @@ _RULE_ORDER = ("quota", "license", "license-quota", "reservation", "cloud-quota"
                "vacated")
 
 
-def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
-    """One rule's refusals (one kind, maybe several pools) as one clause with the plan's numbers."""
+def _rule_text(ways: list[tuple[Refusal, ...]], ledger: Ledger) -> str:
+    """One rule's refusals (one kind) of each way it refuses (maybe several pools) as one clause with the plan's numbers:
+    the way it refuses least, and every limit of that kind that refuses that way (a vCPU and a GPU cloud quota, two
+    Licenses: each binds alone, and one named alone, raised, left the job pending on the other)."""
+    refusals = [r for way in ways for r in way]
     first = refusals[0]
     if first.rule == "pool-max":
         bounds = ledger.problem.pool_bounds
@@ -42,7 +46,8 @@ def _rule_text(refusals: list[Refusal], ledger: Ledger) -> str:
         n = min(r.instances for r in refusals)
         need = f"; the job needs {n} new instances" if n > 1 else ""
         return f"pools at max_instances ({parts}){need}"
-    return min(refusals, key=lambda r: r.shortfall).message
+    least = sorted(min(ways, key=lambda way: (len(way), min(r.shortfall for r in way))), key=lambda r: r.shortfall)
+    return least[0].message + (f"; several limits bind at once with it: {'; '.join(r.message for r in least[1:])}" if len(least) > 1 else "")
 
 
 def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit,
@@ -79,7 +84,7 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
     head = "evicted: " if evicted else ""
     if evicted and d.key in stuck_gangs(problem):
         return head + _stuck_reason(problem)
-    blanket = [r for r in (ledger.quota_refusal(d), ledger.license_refusal(d)) if r is not None]
+    blanket = [r for r in (ledger.quota_refusal(d), *ledger.license_refusals(d)) if r is not None]
     options = _with_vacated(d, problem, ledger, ledger.options(d, fits))
     tail = ""
     if not options and evicted and job is not None:
@@ -103,22 +108,29 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         if o is None:  # every open way needs more new instances of an offer than the problem lets the plan buy
             return head + _offer_size_text(open_[0], sized[open_[0].offer], problem, ledger, shared)
         behind = [] if evicted or d.running else _stopped_beside(d, problem, ledger)
+        beside = None  # the cheapest open way outside the Reservation o launches into, where that room is shared
+        if not shared and not evicted:
+            shared, beside = _reserved_way_shared(d, o, [w for w in open_ if w.offer not in sized], problem, ledger, fits)
+
+        def holds(rules: str) -> str:
+            """"<way> would hold it under every <rules> (+$/h)", its room shared: alone, or else the way beside it."""
+            if beside is not None:
+                return (f"{o.label} would hold it alone ({_price_text(o, ledger)}), else {beside.label} would "
+                        f"({_price_text(beside, ledger)}), under every {rules}")
+            return f"{o.label} would hold it{' alone' if shared else ''} under every {rules} ({_price_text(o, ledger)})"
         if shared and not behind:
-            return head + (f"not placed by this plan: {shared}; {o.label} would hold it alone under every pool, budget, quota and "
-                           f"spot rule (+{money(o.price)}/h); {_not_found(greedy)}")
+            return head + f"not placed by this plan: {shared}; {holds('pool, budget, quota and spot rule')}; {_not_found(greedy)}"
         if behind:
             return head + (f"waits for the next plan: its tenant's running {', '.join(behind[:3])}{' and more' if len(behind) > 3 else ''} "
                            f"(of its class or above) stop{'s' if len(behind) == 1 else ''} in this plan, and a tenant's new work does not "
                            f"take its running work's place in the plan that stops it (README, How it decides: the swaps tier); "
-                           f"{o.label} would hold it{' alone' if shared else ''} under every rule (+{money(o.price)}/h)"
-                           + (f"; {shared}" if shared else ""))
-        return head + (f"not placed by this plan, although {o.label} would hold it under every pool, budget, quota and spot rule "
-                       f"(+{money(o.price)}/h); {_not_found(greedy)}")
-    single: dict[str, list[Refusal]] = {}
+                           f"{holds('rule')}" + (f"; {shared}" if shared else ""))
+        return head + f"not placed by this plan, although {holds('pool, budget, quota and spot rule')}; {_not_found(greedy)}"
+    single: dict[str, list[tuple[Refusal, ...]]] = {}  # kind -> the refusals of each way that it alone refuses
     for o in options:
         kinds = {r.rule for r in o.refusals}
         if len(kinds) == 1:
-            single.setdefault(kinds.pop(), []).extend(o.refusals)
+            single.setdefault(kinds.pop(), []).append(o.refusals)
     if single:
         kind = min(single, key=_RULE_ORDER.index)
         text = _rule_text(single[kind], ledger)
@@ -126,14 +138,16 @@ def _binding(d: Demand, problem: Problem, ledger: Ledger, evicted: bool, fits: C
         also = f"; other capacity is blocked by {', '.join(_RULE_NAMES[k] for k in others)}" if others else ""
         # What holds the room of each shared rule named, the leading one's and those blocking "other capacity".
         shared = _SHARED.intersection(single) if kind in _SHARED else set()
-        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, shared, _quota_scopes(r for k in shared for r in single[k]))
+        return head + text + tail + also + (_who_holds(d, problem, ledger, evicted, shared, _quota_scopes(r for k in shared for way in single[k] for r in way))
                                             if shared else _outranked(d, ledger, in_tenant=True) if kind == "quota" else "") \
             + ("" if evicted else _never_keeps(d, problem, ledger, {kind}))
     cheapest = options[0]
     kinds = sorted({r.rule for r in cheapest.refusals}, key=_RULE_ORDER.index)
-    texts = [_rule_text([r for r in cheapest.refusals if r.rule == k], ledger) for k in kinds]
-    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others.
-    return (head + texts[0] + f"; several limits bind at once with it for {cheapest.label}: " + "; ".join(texts[1:]) + tail
+    texts = [_rule_text([tuple(r for r in cheapest.refusals if r.rule == k)], ledger) for k in kinds]
+    # The first rule in a user's order leads (a quota the job alone exceeds reads as that), then the others; "for" the
+    # way, unless they refuse every way alike (a License's count and its tenant's quota of it).
+    way = "" if set(cheapest.refusals) <= set(blanket) else f" for {cheapest.label}"
+    return (head + texts[0] + f"; several limits bind at once with it{way}: " + "; ".join(texts[1:]) + tail
             + (_who_holds(d, problem, ledger, evicted, _SHARED.intersection(kinds), _quota_scopes(cheapest.refusals))
                if _SHARED.intersection(kinds) else "")
             + ("" if evicted else _never_keeps(d, problem, ledger, set(kinds))))
@@ -159,6 +173,7 @@ class _Room:
     tenant: str | None = None  # only this tenant's jobs wait for it
     by_ways: bool = False
     exact: bool = True
+    waits: str = "wait for it"  # what the pending jobs it counts do: all their ways take it, or some ("could use it")
 
 
 def _room_shared(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> str:
@@ -167,28 +182,86 @@ def _room_shared(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger
     fleet's 37 pending 1-GPU jobs of team-0 each read that a new instance "would hold it under every ... quota ...
     rule", team-0 having room for one of them: true of each job alone, false of the 37; three jobs read it so beside
     one instance left under a pool's max_instances, one license, or $5/h of budget for $3.67/h instances.)"""
+    for room in sorted(_rooms(d, ways, problem, ledger, fits), key=lambda r: _RULE_ORDER.index(r.rule)):
+        if clause := _room_clause(room, d, ways, problem, ledger, fits):
+            return clause
+    return ""
+
+
+def _room_clause(room: _Room, d: Demand, ways: list[Option], problem: Problem, ledger: Ledger,
+                 fits: Callable[[Demand, Capacity], int]) -> str:
+    """`_room_shared`'s clause for one room: "" where it holds every pending job that needs it (or not d)."""
     memo = _WAITING.get(ledger)
     if memo is None:
         memo = _WAITING[ledger] = {}
-    for room in sorted(_rooms(d, ways, problem, ledger, fits), key=lambda r: _RULE_ORDER.index(r.rule)):
-        mine = room.need(d, ways)
-        if mine <= 0 or not room.ok(mine):
-            continue
-        if room.key not in memo:
-            memo[room.key] = sorted(
-                n for v in problem.demands if room.tenant in (None, v.tenant)
-                for job in v.jobs if job not in ledger.job_demand and job not in problem.static_pending
-                and (n := room.need(v, _open_ways(v, problem, ledger, fits) if room.by_ways else [])) > 0 and room.ok(n))
-        waiting = memo[room.key]
-        held, total = 0, 0.0
-        for n in waiting:  # the smallest first: the most jobs the room could hold
-            if not room.ok(total + n):
-                break
-            held, total = held + 1, total + n
-        if len(waiting) > held:
-            whose = "of its pending jobs" if room.tenant else "pending jobs"
-            return f"{room.text}: for {'' if room.exact else 'at most '}{held} of the {len(waiting)} {whose} that wait for it, this one among them"
-    return ""
+    mine = room.need(d, ways)
+    if mine <= 0 or not room.ok(mine):
+        return ""
+    if room.key not in memo:
+        memo[room.key] = sorted(
+            n for v in problem.demands if room.tenant in (None, v.tenant)
+            for job in v.jobs if job not in ledger.job_demand and job not in problem.static_pending
+            and (n := room.need(v, _open_ways(v, problem, ledger, fits) if room.by_ways else [])) > 0 and room.ok(n))
+    waiting = memo[room.key]
+    held, total = 0, 0.0
+    for n in waiting:  # the smallest first: the most jobs the room could hold
+        if not room.ok(total + n):
+            break
+        held, total = held + 1, total + n
+    if len(waiting) <= held:
+        return ""
+    whose = "of its pending jobs" if room.tenant else "pending jobs"
+    return f"{room.text}: for {'' if room.exact else 'at most '}{held} of the {len(waiting)} {whose} that {room.waits}, this one among them"
+
+
+def _reserved_way_shared(d: Demand, o: Option, ways: list[Option], problem: Problem, ledger: Ledger,
+                         fits: Callable[[Demand, Capacity], int]) -> tuple[str, Option | None]:
+    """Where the way named for d (`o`) launches into a Reservation whose room holds fewer of the pending jobs that
+    could use it than there are, beside open ways outside it: that clause, and the cheapest of those other ways (a free
+    reserved instance beside the pool's on-demand offer was said to hold each of three jobs at $0.00/h, room for one).
+    ("", None) where o is not reserved, the reservation holds them all, or it is every open way (`_room_shared`)."""
+    offer = _offers_by_key(ledger)
+    name = offer[o.offer].reservation if o.offer else None
+    r = problem.reservations.get(name) if name else None
+    others = [w for w in ways if not (w.offer and offer[w.offer].reservation == name)]
+    if r is None or not others:
+        return "", None
+    have = ledger.reserved(name)
+
+    def need(v: Demand, vs: list[Option]) -> float:
+        """At least the part of a reserved instance one job of v takes, on the least of its ways into the reservation."""
+        return min((share for _, share in _new_shares(v, [w for w in vs if w.offer and offer[w.offer].reservation == name], ledger, fits)),
+                   default=0.0)
+
+    room = _Room("reservation", ("reservation way", name), _reservation_text(r, have), lambda more: within(have + more, r.count),
+                 need, by_ways=True, exact=False, waits="could use it")
+    clause = _room_clause(room, d, ways, problem, ledger, fits)
+    return (clause, others[0]) if clause else ("", None)
+
+
+def _reservation_text(r, have: int) -> str:
+    return (f"reservation {r.name} has room for {amount(r.count - have, 'more instances')} under its "
+            f"count ({have}/{r.count} {r.instance_type} in {r.zone} in this plan)")
+
+
+def _new_shares(v: Demand, vs: list[Option], ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[tuple[Capacity, float]]:
+    """Per way of v: its offer, and the part of its new instances one job of v takes at least (its GPUs, vCPU for CPU
+    work, on them: `_new_items`); [] if a way buys none."""
+    if not vs or not all(o.new for o in vs):
+        return []
+    offer, dim, out = _offers_by_key(ledger), "gpus" if v.gpus or v.mig else "cpu", []
+    for o in vs:
+        c = offer[o.offer]
+        size = c.gpus if dim == "gpus" else c.cpu
+        out.append((c, _new_items(v, o, c, fits) * item_units(v, dim) / size if size else 0.0))
+    return out
+
+
+def _price_text(o: Option, ledger: Ledger) -> str:
+    """What way o adds to the plan's $/h, and, launched into a Reservation, why that is $0: its cost is committed."""
+    r = ledger.problem.reservations.get(_offers_by_key(ledger)[o.offer].reservation or "") if o.offer else None
+    committed = f": {r.name}'s {money(r.hourly_cost)}/h per instance is paid, used or not" if r is not None and not o.price else ""
+    return f"+{money(o.price)}/h{committed}"
 
 
 def _open_ways(v: Demand, problem: Problem, ledger: Ledger, fits: Callable[[Demand, Capacity], int]) -> list[Option]:
@@ -211,9 +284,8 @@ def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits
             if not d.req(dim) or math.isinf(limit):
                 continue
             used = use.get(dim, 0.0)
-            unit = _UNIT[dim].removesuffix("s") if dim == "gpus" and limit - used == 1 else _UNIT[dim]
             ceiling = "burst ceiling" if limit > rules.guarantee.get(dim, limit) + 1e-9 else "quota"
-            out.append(_Room("quota", ("quota", t, dim), f"its tenant {t} has room for {limit - used:g} more {unit} under its "
+            out.append(_Room("quota", ("quota", t, dim), f"its tenant {t} has room for {amount(limit - used, 'more ' + _UNIT[dim])} under its "
                              f"{ceiling} ({used:g}/{limit:g} in this plan)",
                              lambda more, used=used, limit=limit: quota_ok(used, more, limit),
                              lambda v, _, dim=dim: v.replicas * v.req(dim), tenant=t))
@@ -229,7 +301,7 @@ def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits
         q = r.tenant_quotas.get(t)
         if q is not None:
             mine = book.by_tenant.get((name, t), 0)
-            out.append(_Room("license-quota", ("license-quota", name, t), f"its tenant {t} has room for {q - mine} more {name} license{'' if q - mine == 1 else 's'} "
+            out.append(_Room("license-quota", ("license-quota", name, t), f"its tenant {t} has room for {amount(q - mine, f'more {name} licenses')} "
                              f"under its quota of it ({mine}/{q} held in this plan)", lambda more, mine=mine, q=q: mine + more <= q,
                              lambda v, _, name=name: license_need(v).get(name, 0), tenant=t))
     if ways and all(o.new for o in ways):
@@ -246,7 +318,7 @@ def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits
         on, tot = ledger.tenant_spot(t)
         room = max(0.0, (f * tot - on) / (1 - f))
         out.append(_Room("tenant-spot-share", ("tenant-spot-share", t), f"its tenant {t} has room for "
-                         f"{room:g} more work unit{'' if room == 1 else 's'} on spot under its max spot fraction {f:g} "
+                         f"{amount(room, 'more work units')} on spot under its max spot fraction {f:g} "
                          f"({on:g} of its {tot:g} on spot in this plan)", lambda more: spot_share_ok(on + more, tot + more, f),
                          lambda v, vs: work_units(v) * min((_spot_items(v, o, ledger, fits) for o in vs), default=0),
                          tenant=t, by_ways=True, exact=False))
@@ -262,15 +334,7 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
     offer = _offers_by_key(ledger)
 
     def bought(v: Demand, vs: list[Option]) -> list[tuple[Capacity, float]]:
-        """Per open way of v: its offer, and v's GPUs (vCPU) on its new instances at least; [] if a way buys none."""
-        if not vs or not all(o.new for o in vs):
-            return []
-        dim, out = "gpus" if v.gpus or v.mig else "cpu", []
-        for o in vs:
-            c = offer[o.offer]
-            size = c.gpus if dim == "gpus" else c.cpu
-            out.append((c, _new_items(v, o, c, fits) * item_units(v, dim) / size if size else 0.0))
-        return out
+        return _new_shares(v, vs, ledger, fits)
 
     def counted(units: Callable[[Capacity], float]) -> Callable[[Demand, list[Option]], float]:
         """A job's need of a room its ways' new instances take `units(offer)` each of: the least of its ways, as a part of
@@ -284,20 +348,9 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
     names = {offer[o.offer].reservation for o in ways}
     if len(names) == 1 and (name := names.pop()) and (r := problem.reservations.get(name)) is not None:
         have = ledger.reserved(name)
-        out.append(_Room("reservation", ("reservation", name), f"reservation {name} has room for {r.count - have} more "
-                         f"instance{'' if r.count - have == 1 else 's'} under its count ({have}/{r.count} {r.instance_type} in "
-                         f"{r.zone} in this plan)", lambda more: within(have + more, r.count),
+        out.append(_Room("reservation", ("reservation", name), _reservation_text(r, have), lambda more: within(have + more, r.count),
                          counted(lambda c: 1.0 if c.reservation == name else 0.0), by_ways=True, exact=False))
-    book = ledger.quota_book()
-    every = set.intersection(*({i for i, _ in book.units(offer[o.offer])} for o in ways)) if ways else set()
-    for i in sorted(every):
-        q, taken = book.quotas[i], book.taken[i]
-        left = quota_headroom(q) - taken
-        plan = f", and this plan's new instances take {taken:g} more" if taken else ""
-        out.append(_Room("cloud-quota", ("cloud-quota", i), f"cloud quota {quota_scope(q)} has room for {left:g} more "
-                         f"{q.unit.removesuffix('s') if left == 1 else q.unit} ({q.used:g} of {q.limit:g} {q.unit} used{plan})",
-                         lambda more, taken=taken, headroom=quota_headroom(q): within(taken + more, headroom),
-                         counted(lambda c, i=i: dict(book.units(c)).get(i, 0)), by_ways=True, exact=False))
+    out += _cloud_quota_rooms(ways, ledger, counted)
     if problem.budget is not None:
         cost, budget = ledger.cost(), problem.budget
         out.append(_Room("fleet-budget", ("fleet-budget",), f"the fleet has room for {money(max(0.0, budget - cost))}/h more under "
@@ -308,7 +361,7 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
     if len(pools) == 1:
         pool = pools.pop()
         hi, have = problem.pool_bounds.get(pool, (0, 0))[1], ledger.pool_count(pool)
-        out.append(_Room("pool-max", ("pool-max", pool), f"pool {pool} has room for {hi - have} more instance{'' if hi - have == 1 else 's'} "
+        out.append(_Room("pool-max", ("pool-max", pool), f"pool {pool} has room for {amount(hi - have, 'more instances')} "
                          f"under max_instances ({have}/{hi} in this plan)", lambda more: within(have + more, hi),
                          counted(lambda c: 1.0 if c.pool == pool else 0.0), by_ways=True, exact=False))
     f = problem.spot.max_spot_fraction
@@ -316,11 +369,48 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
         spot, total = ledger.spot()
         room = max(0.0, (f * total - spot) / (1 - f))
         unit = _UNIT[ledger.dim]
-        out.append(_Room("spot-share", ("spot-share",), f"the fleet has room for {room:g} more spot "
-                         f"{unit.removesuffix('s') if room == 1 else unit} under max_spot_fraction {f:g} ({spot:g} of {total:g} {unit} spot in this plan)",
+        out.append(_Room("spot-share", ("spot-share",), f"the fleet has room for {amount(room, 'more spot ' + unit)} "
+                         f"under max_spot_fraction {f:g} ({spot:g} of {amount(total, unit)} spot in this plan)",
                          lambda more: spot_share_ok(spot + more, total + more, f),
                          lambda v, vs: min((_new_items(v, o, offer[o.offer], fits) * item_units(v, ledger.dim) for o in vs), default=0.0)
                          if vs and all(o.new and offer[o.offer].market == "spot" for o in vs) else 0.0, by_ways=True, exact=False))
+    return out
+
+
+def _cloud_quota_rooms(ways: list[Option], ledger: Ledger, counted) -> list[_Room]:
+    """`_new_instance_rooms`' cloud quota rooms: each quota that counts every way, and, for ways in several regions, the
+    quotas of one name (a GPU quota per region) that count them between them, as one room: their headroom summed, a
+    bound no placement goes past (a job spread over two regions' A100 quotas, with room for one job in each, read that
+    each of three jobs "would hold it" in one region: no room was named, no one quota counting every way)."""
+    book, offer = ledger.quota_book(), _offers_by_key(ledger)
+    counted_by = [{i for i, _ in book.units(offer[o.offer])} for o in ways]
+    every = set.intersection(*counted_by) if ways else set()
+    groups: dict[tuple, list[int]] = {}
+    for i, q in enumerate(book.quotas):
+        groups.setdefault((q.cloud, q.name, q.unit), []).append(i)
+    rooms = [(i,) for i in sorted(every)]
+    for members in groups.values():
+        use = tuple(sorted((i for i in members if any(i in c for c in counted_by)), key=lambda i: book.quotas[i].region))
+        if len(use) > 1 and not every.intersection(use) and all(c.intersection(use) for c in counted_by):
+            rooms.append(use)
+    out = []
+    for use in rooms:
+        quotas = [book.quotas[i] for i in use]
+        taken, headroom = sum(book.taken[i] for i in use), sum(quota_headroom(book.quotas[i]) for i in use)
+
+        def used(i: int) -> str:
+            q, plan = book.quotas[i], f", and this plan's new instances take {book.taken[i]:g} more" if book.taken[i] else ""
+            return f"{q.used:g} of {amount(q.limit, q.unit)} used{plan}"
+        q = quotas[0]
+        if len(use) == 1:
+            scope, uses = quota_scope(q), used(use[0])
+        else:
+            scope = f"{q.cloud} {q.name} in {' and '.join(x.region or 'all regions' for x in quotas)}"
+            uses = "; ".join(f"{x.region or 'all regions'}: {used(i)}" for i, x in zip(use, quotas))
+        have = "quota {} has room for {}" if len(use) == 1 else "quotas {} have room for {} between them"
+        out.append(_Room("cloud-quota", ("cloud-quota", use), f"cloud {have.format(scope, amount(headroom - taken, 'more ' + q.unit))} ({uses})", lambda more, taken=taken, headroom=headroom: within(taken + more, headroom),
+                         counted(lambda c, use=use: sum(n for i, n in book.units(c) if i in use)), by_ways=True, exact=False,
+                         waits="wait for it" if len(use) == 1 else "wait for them"))
     return out
 
 
@@ -502,7 +592,7 @@ def _offer_size_text(o: Option, c: Capacity, problem: Problem, ledger: Ledger, s
         else:
             uses.append(f"{ref} stands idle")
     return (f"not placed by this plan: {shared + '; ' if shared else ''}{o.label} would hold it{' alone' if shared else ''} under every "
-            f"pool, budget, quota and spot rule (+{money(o.price)}/h), "
+            f"pool, budget, quota and spot rule ({_price_text(o, ledger)}), "
             f"but the planner offers at most {c.max_new} new {c.instance_type} {c.market} there (an offer is sized to the work "
             f"that fits it) and this plan's {'; '.join(uses)}")
 
@@ -578,7 +668,7 @@ def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledge
         if not takers:
             return ""
         more = f" and {len(takers) - 3} more" if len(takers) > 3 else ""
-        return (f" (tenant {d.tenant} ran {ran:g} {_UNIT[dim]}, above its guaranteed {g:g}: {RECLAIMED} "
+        return (f" (tenant {d.tenant} ran {amount(ran, _UNIT[dim])}, above its guaranteed {g:g}: {RECLAIMED} "
                 f"other tenants' work within their guarantees: {', '.join(takers[:3])}{more})")
     return ""
 
@@ -612,7 +702,7 @@ def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool
         if not holders:
             return ""
         more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
-        return (f" (tenant {d.tenant} runs {use[dim]:g} {_UNIT[dim]}, its guaranteed {g:g}, so this job would borrow; "
+        return (f" (tenant {d.tenant} runs {amount(use[dim], _UNIT[dim])}, its guaranteed {g:g}, so this job would borrow; "
                 f"borrowed room never displaces other tenants' work within their guarantees, which holds {_kind_text(d)}: "
                 f"{', '.join(holders[:3])}{more})")
     return ""

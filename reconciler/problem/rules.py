@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from reconciler.ledger import pool_ok, quota_ok
 from reconciler.model import region_matches
 from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
+from reconciler.words import amount
 
 
 def has_room(free: dict[str, float], smallest: dict[str, float]) -> bool:
@@ -35,7 +36,7 @@ def _kind(d: Demand, c: Capacity) -> str | None:
             return f"its instance does not offer MIG {d.mig[0]} of {d.gpu_type}"
     elif d.gpus > 0:
         if c.gpu_type != d.gpu_type or c.mig:
-            return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
+            return f"its instance does not offer {amount(d.gpus, f'whole {d.gpu_type} GPUs')}"
     elif c.gpus > 0:
         return "CPU work does not run on GPU instances"  # tainted for GPU work, as GPU node pools usually are
     return None
@@ -43,7 +44,7 @@ def _kind(d: Demand, c: Capacity) -> str | None:
 
 def _gpu_count(d: Demand, c: Capacity) -> str | None:
     if d.mig is None and d.gpus > 0 and c.gpus < d.gpus:
-        return f"its instance does not offer {d.gpus} whole {d.gpu_type} GPUs"
+        return f"its instance does not offer {amount(d.gpus, f'whole {d.gpu_type} GPUs')}"
     return None
 
 
