@@ -12,7 +12,7 @@ from rich.text import Text
 
 from reconciler.errors import shown
 from reconciler.ledger import money
-from reconciler.plan import RANKS_HIGHER, Plan
+from reconciler.plan import Plan
 from reconciler.plan.quality import KEPT_SHORT, greedy_advice, proofs_of
 from reconciler.words import amount, gpu_span
 
