@@ -819,7 +819,8 @@ class _Greedy:
         again: its jobs are placed anew after (on cheaper capacity where there is some). A pool minimum and the
         budget are both hard rules; the kept fleet can break them together only where it lost what met the
         minimum (fleet26: a spot m6i that spot diversity gave up was aws-cpu's only instance, and keeping an
-        a2-highgpu-4g for a 1-GPU job left no budget for an on-demand one; greedy's answer broke the minimum)."""
+        a2-highgpu-4g for a 1-GPU job left no budget for an on-demand one; greedy's answer broke the minimum). A minimum
+        it cannot buy is left unmet, and the next pool's is bought."""
         for pool, (lo, _) in self.p.pool_bounds.items():
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
@@ -844,7 +845,10 @@ class _Greedy:
                     if any(self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
                         continue  # (a spot-only pool's minimum beside the on-demand capacity the spot share asks for)
                     if short is None or not self._give_way(short, order):
-                        return
+                        # (the pools after it still get theirs, and the budget keeps nothing for a minimum that cannot be
+                        # bought: greedy had returned here, and a later pool's affordable minimum went unbought)
+                        self.floor_price.pop(pool, None)
+                        break
                     start = 0  # (a host given up may leave one of this pool's empty: closed, it is a candidate again)
                     continue
                 self._open(pick)

@@ -7,11 +7,10 @@ whose count is small also gets rows per instance (`slots`): exact there."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from reconciler.problem import Capacity, Demand
-from reconciler.solve.variables import add_at_most_count, is_zero, scale
+from reconciler.solve.variables import add_at_most_count, is_zero, room, units
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -53,11 +52,10 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
     quarter of an instance: asking every item again per cut was most of the model's build, 3 of 7.4 s at 20k jobs.)"""
     dims = sorted({k for d, _ in items for k in d.dims if d.req(k) > 0})
     for dim in dims:
-        s = scale(dim)
         cap = c.cap(dim)
         sized = [(r, v) for d, v in items if (r := d.req(dim)) > 0]
-        terms = [(round(r * s), v) for r, v in sized]
-        add_at_most_count(m, terms, math.floor(cap * s + 1e-6), n)
+        terms = [(units(r, dim), v) for r, v in sized]
+        add_at_most_count(m, terms, room(cap, dim), n)
         if most > 1:  # (an offer's, a zone or idle class's: a host's is 1)
             # Valid cuts: at most k items bigger than 1/(k+1) of an instance fit on one,
             # in any dimension. They close most of the gap between the count and packing.
@@ -66,7 +64,7 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
                 big = [v for r, v in over if r * (k + 1) > cap + 1e-9]
                 if len(big) > k - 1 and (k == 1 or len(big) > 1):
                     add_at_most_count(m, [(1, v) for v in big], k, n, summed=True)
-            big_item_cuts(m, terms, math.floor(cap * s + 1e-6), n)
+            big_item_cuts(m, terms, room(cap, dim), n)
 
 
 def big_item_cuts(m, terms: list[tuple[int, object]], cap: int, n) -> None:

@@ -20,13 +20,12 @@ budgets) is asked of it by the model itself, and a plan that finds none pays one
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from reconciler.cpsat import cp_model
 
 from reconciler.problem import Capacity, fit
-from reconciler.solve.variables import scale, set_hints
+from reconciler.solve.variables import room, set_hints, units
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -94,8 +93,7 @@ class _Packing:
                 hints.append((row[j].index, now.get((gk, ck, i), 0)))
         for j, cells in enumerate(per_bin):
             for dim in sorted({k for d, _ in cells for k in d.dims if d.req(k) > 0}):
-                s = scale(dim)
-                m.add(sum(round(d.req(dim) * s) * v for d, v in cells if d.req(dim) > 0) <= math.floor(o.cap(dim) * s + 1e-6) * self.bins[j])
+                m.add(sum(units(d.req(dim), dim) * v for d, v in cells if d.req(dim) > 0) <= room(o.cap(dim), dim) * self.bins[j])
             pg = [(d, v) for d, v in cells if d.gang and d.gang_mode == "placement-group"]
             if len(pg) > 1:
                 ys = [m.new_bool_var(f"pg[{d.key},{j}]") for d, _ in pg]

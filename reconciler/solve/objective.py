@@ -20,7 +20,7 @@ from reconciler.problem import Demand, pools_over_max, settled_jobs
 from reconciler.problem.types import GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
 from reconciler.solve.tenants import ceiling_rows
-from reconciler.solve.variables import Values, constant, is_variable, is_zero, scale, wsum
+from reconciler.solve.variables import Values, constant, is_variable, is_zero, scale, units, wsum
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -562,10 +562,10 @@ def fair_share_tier(model: Model) -> Tier | None:
         cap = p.fleet_capacity.get(dim) or 0
         if cap <= 0:
             continue
-        beta = [(round(d.req(dim) * scale(dim)) * d.replicas, model.b[d.key]) for d in mine if d.req(dim)]
+        beta = [(units(d.req(dim), dim) * d.replicas, model.b[d.key]) for d in mine if d.req(dim)]
         if not beta:
             continue
-        most = sum(round(d.req(dim) * scale(dim)) * d.replicas * len(d.jobs) for d in mine)
+        most = sum(units(d.req(dim), dim) * d.replicas * len(d.jobs) for d in mine)
         room = r.cap.get(dim, math.inf) - r.guarantee.get(dim, 0.0)
         most = min(most, room * scale(dim)) if math.isfinite(room) else most
         borrowers.append((t, r, beta, cap * scale(dim), most))

@@ -17,11 +17,10 @@ Variables (`slot_vars`) and rows (`add_slot_rows`) apart: the rows are a constra
 from __future__ import annotations
 
 import itertools
-import math
 from typing import TYPE_CHECKING
 
 from reconciler.problem import Capacity, Demand, fit
-from reconciler.solve.variables import Values, is_zero, scale, wsum
+from reconciler.solve.variables import Values, is_zero, room, units, wsum
 
 if TYPE_CHECKING:
     from reconciler.greedy import Assignment
@@ -164,9 +163,8 @@ def add_slot_rows(model: Model, offers: list[Capacity] | None = None, shared: li
         items = [(model.demands[model.p.groups[gk][0]], v) for gk, v in cells]
         dims = sorted({k for d, _ in items for k in d.dims if d.req(k) > 0})
         for dim in dims:
-            s = scale(dim)
-            terms = [(round(d.req(dim) * s), v) for d, v in items if d.req(dim) > 0]
-            m.add(wsum(terms) <= math.floor(o.cap(dim) * s + 1e-6) * model.on[(ok, i)])
+            terms = [(units(d.req(dim), dim), v) for d, v in items if d.req(dim) > 0]
+            m.add(wsum(terms) <= room(o.cap(dim), dim) * model.on[(ok, i)])
         one_group(model, ok, i, [(d, v) for d, v in items if d.gang and d.gang_mode == "placement-group"])
 
 

@@ -4,13 +4,12 @@ The charges and units are the ledger's."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from reconciler.ledger import charge, micro, work_units
 from reconciler.problem import Demand
 from reconciler.solve.fleet_rules import spot_share_row
-from reconciler.solve.variables import scale, wsum
+from reconciler.solve.variables import room, units, wsum
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -23,9 +22,9 @@ def ceiling_rows(mine: list[Demand], cap: dict[str, float]) -> list[tuple[dict[s
     guaranteed part; bounds.guaranteed_work_bound reads both."""
     rows = []
     for dim, limit in cap.items():
-        coefs = {d.key: round(d.req(dim) * scale(dim)) * d.replicas for d in mine if d.req(dim)}
+        coefs = {d.key: units(d.req(dim), dim) * d.replicas for d in mine if d.req(dim)}
         if coefs:
-            rows.append((coefs, math.floor(limit * scale(dim) + 1e-6)))
+            rows.append((coefs, room(limit, dim)))
     return rows
 
 

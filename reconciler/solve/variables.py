@@ -8,6 +8,8 @@ built here fold the constants in (`wsum`)."""
 
 from __future__ import annotations
 
+import math
+
 from reconciler.cpsat import cp_model
 
 MILLI_SCALED = ("cpu", "memory_gib")
@@ -16,6 +18,19 @@ MILLI_SCALED = ("cpu", "memory_gib")
 def scale(dim: str) -> int:
     """Integer units per resource unit: GPUs and MIG devices are counted, vCPU and GiB in thousandths."""
     return 1000 if dim in MILLI_SCALED else 1
+
+
+def units(request: float, dim: str) -> int:
+    """A request in the model's integer units, counted up to the next whole unit: never below what the ledger counts
+    (quota_ok, has_room: exact floats), so no row admits what they refuse. (Rounded to the nearest, 0.0625 GiB counted
+    0.062: ten fit a 0.62 GiB quota in the model, the ledger refused the tenth.) Within 1e-6 of a unit it is that unit:
+    a written thousandth (1.1 vCPU, 1100.0000000000002 in floats) counts as itself."""
+    return math.ceil(request * scale(dim) - 1e-6)
+
+
+def room(limit: float, dim: str) -> int:
+    """A limit (a quota, an instance's capacity) in the model's integer units, counted down (`units`' other side)."""
+    return math.floor(limit * scale(dim) + 1e-6)
 
 
 def is_variable(v) -> bool:
@@ -153,4 +168,4 @@ def set_full_hints(m: cp_model.CpModel, values: list[int]) -> None:
     h.values.extend(values)
 
 
-__all__ = ["Values", "add_at_most_count", "add_bound", "scale", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_full_hints", "set_hints"]
+__all__ = ["Values", "add_at_most_count", "add_bound", "room", "scale", "units", "is_variable", "is_zero", "constant", "solved", "wsum", "flatten", "evaluate", "set_full_hints", "set_hints"]
