@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from reconciler.problem import DIMS, Capacity, Demand, has_room
+from reconciler import units as exact
 
 
 def _pow2(n: int) -> int:
@@ -197,12 +198,10 @@ REPACK_MAX_BINS = 96
 REPACK_ITEMS = 800
 REPACK_LEFT = 64
 REPACK_WORK = 0.5  # CP-SAT deterministic seconds per re-pack: deterministic, so two plans of one input agree
-_SCALE = 1000  # vCPU and GiB in thousandths, requests rounded up and room down: never more than the instance has
-
-
 def _units(d: Demand, k: str) -> int:
-    """What an item asks of dimension k in the exact passes' integers (GPUs whole, the rest in thousandths, up)."""
-    return -int(-d.req(k) * _SCALE // 1) if k != "gpus" else int(d.req(k))
+    """What an item asks of dimension k in the exact passes' integers: the model's (reconciler.units), so a pattern
+    the model counts is one these passes pack. (Their own ceil without a tolerance counted 4.03 vCPU as 4031.)"""
+    return exact.units(d.req(k), k)
 
 
 def _needs(shapes: list[Demand]) -> tuple[list[str], list[dict[str, int]]] | None:
@@ -215,7 +214,7 @@ def _needs(shapes: list[Demand]) -> tuple[list[str], list[dict[str, int]]] | Non
 
 def _room(v: float, k: str) -> int:
     """Free room `v` of dimension k in the exact passes' integers (down)."""
-    return int(v * _SCALE + 1e-6) if k != "gpus" else int(v + 1e-9)
+    return exact.room(v, k)
 
 
 def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],

@@ -66,3 +66,17 @@ def test_the_capacity_row_holds_an_instance_to_what_it_has_for_requests_with_fou
     assert admits(model, [(new, 1), (items, 253)])
     assert not admits(model, [(new, 1), (items, 254)])
     assert not admits(model, [(new, 1), (items, 257)])
+
+
+def test_the_packers_exact_passes_count_as_the_model_does():
+    """pack's exact passes (the re-pack of leftovers, the pattern rows patterns.py reads) count in the model's units
+    (reconciler.units), so what the model holds on an instance they pack: jobs asking 2.007 and 13.993 vCPU fill a
+    16-vCPU instance in both. (Their own ceil, with no tolerance, counted 2.007 as 2008: the pair did not fit there.)"""
+    from dataclasses import replace
+
+    from reconciler.pack import _needs, _room
+    from tests.test_plan_tenant_spot import cpu_job
+
+    dims, need = _needs([replace(cpu_job("a"), cpu=2.007), replace(cpu_job("b"), cpu=13.993)])
+    assert [n["cpu"] for n in need] == [units(2.007, "cpu"), units(13.993, "cpu")] == [2007, 13993]
+    assert sum(n["cpu"] for n in need) <= _room(16, "cpu") == room(16, "cpu")
