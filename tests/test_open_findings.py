@@ -248,7 +248,9 @@ told to make it a plain test).
   minimums met rank first now (its test). fleet130, fleet131 (the same hunt's last two, 2026-12-03): greedy left a pool
   minimum unmet where CP-SAT meets it: an `either` pool's minimum bought on-demand took the one slot a spot-only
   pool's minimum needed for its second spot zone (fleet130), and under a budget each minimum was owed its on-demand
-  price where greedy meets it on spot too, more than the budget before anything was bought (fleet131)."""
+  price where greedy meets it on spot too, more than the budget before anything was bought (fleet131). fleet132 (s35's
+  stable-run hunt): every plan was refused as stopping a guaranteed job that a tenant's own broken ceiling, through its
+  spot share, requires stopping (its test)."""
 
 from __future__ import annotations
 
@@ -2844,3 +2846,18 @@ def test_greedy_owes_a_pool_minimum_its_spot_price_under_a_budget_on_fleet131():
         assert Counter(c.pool for c in p.creates) == {"aws-a100": 2, "az-mig": 2}, p.creates
         assert p.cost_after <= 40.0
     check_fleet(fleet("fleet131"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_a_job_its_tenants_spot_share_stops_once_its_ceiling_stops_another_is_lawful_on_fleet132():
+    """fleet132 (s35's stable-run hunt, 2026-12-03: a fleet applied on the sim, then t3's quota lowered to 0 GPUs; reduced):
+    t3 runs j4 (1 A100, on-demand) and j1 (2 x MIG 1g.10gb x 2, spot), tenant_max_spot_fraction 0.5. Over its
+    ceiling, j4 must stop; j1, left alone on spot, then breaks t3's spot share, so both plans stop it too (no plan keeps
+    it and every rule). But j1 is inside t3's guarantee (MIG counts no GPUs of the ceiling) and t3's spot share holds
+    now, so the re-check found no rule requiring its stop: `plan` failed with "internal error: the plan would stop
+    running work that no rule requires stopping" for CP-SAT and greedy alike, and so would every plan after. A tenant's
+    own rule broken now weighs its jobs' stops as a fleet-wide one does (plancheck.KeptInstead): kept, j1 breaks t3's
+    spot share, so its stop is lawful."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet132"), time_limit=5)
+    for p in (plan, gplan):
+        assert {j.job: j.action for j in p.jobs} == {"j1": "evict", "j4": "evict"}, p.jobs
+    check_fleet(fleet("fleet132"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
