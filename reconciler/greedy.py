@@ -151,14 +151,15 @@ class _Greedy:
         self.running_gangs: list[Demand] | None = None  # _place_reclaiming_gang's candidates, in its order
         # Under a budget, the pool minimums not met yet are owed at least their cheapest instance
         # each: nothing else may spend that (keeping a dear running instance first once left a
-        # pool's minimum unbought, a plan that breaks a hard rule). Only what pool_minimums may
-        # open: no spot where greedy opens no idle spot (priced at an idle spot host it would not
-        # keep, the minimum went unmet: fleet18).
+        # pool's minimum unbought, a plan that breaks a hard rule). What pool_minimums may open: spot too
+        # (`_open_with_ballast`). Priced at on-demand where greedy opens spot for the minimum with its ballast, two
+        # `either` pools' minimums owed $51.25/h under a $40/h budget and greedy bought none where CP-SAT met both
+        # at $35.35/h (fleet131's random fleet); priced at spot, a kept host the budget then cannot pay beside the
+        # minimum gives way (`_give_way`: fleet18, fleet26).
         self.floor_price: dict[str, int] = {}  # pool -> micro-dollars/h (ledger.micro: what the budget counts)
         if problem.budget is not None:
             for c in problem.capacities:
-                if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0 \
-                        and (c.market != "spot" or self.buy_spot):
+                if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
                     price = micro(c.price)
                     self.floor_price[c.pool] = min(self.floor_price.get(c.pool, price), price)
 
@@ -819,9 +820,15 @@ class _Greedy:
         again: its jobs are placed anew after (on cheaper capacity where there is some). A pool minimum and the
         budget are both hard rules; the kept fleet can break them together only where it lost what met the
         minimum (fleet26: a spot m6i that spot diversity gave up was aws-cpu's only instance, and keeping an
-        a2-highgpu-4g for a 1-GPU job left no budget for an on-demand one; greedy's answer broke the minimum). A minimum
-        it cannot buy is left unmet, and the next pool's is bought."""
-        for pool, (lo, _) in self.p.pool_bounds.items():
+        a2-highgpu-4g for a 1-GPU job left no budget for an on-demand one; greedy's answer broke the minimum).
+        Spot-only pools first: only the spot rules' help meets their minimums (the spot diversity asks for beside them,
+        the on-demand ballast), which may need the slots another pool's minimum would take on-demand (fleet130: gcp-a100's
+        minimum, met first on-demand, took the one slot of the only spot in a second zone gcp-cpu's needed). A minimum it cannot buy is left
+        unmet, and the next pool's is bought."""
+        markets: dict[str, set[str]] = {}
+        for c in self.p.capacities:
+            markets.setdefault(c.pool, set()).add(c.market)
+        for pool, (lo, _) in sorted(self.p.pool_bounds.items(), key=lambda kv: markets.get(kv[0]) != {"spot"}):
             cands = [h for hs in self.idle.values() for h in hs if h.pool == pool]
             cands += [o for o in self.offer.values() if o.pool == pool]
             cands.sort(key=lambda c: (not isinstance(c, Host), c.price, c.key))  # hosts first

@@ -405,9 +405,16 @@ def _unlawful(plan: Plan, observed: Observed, problem: Problem, broken_now: dict
     if problem.placement.preemption == "LowerPriority" and whys:
         taken = own_higher_class_room([(j, observed.placements[j]) for j in whys], observed, demand_of, by_tenant, problem, rebought)
     errors = {job: why for job, why in whys.items() if job not in taken}
-    if fleet_broken and errors:  # something must give for the rules broken now: a stop keeping which breaks one is lawful
+    # Something must give for the rules broken now: a stop keeping which breaks one the plan keeps is lawful. Any
+    # tenant's job where a fleet-wide rule is broken; else a job of a tenant whose own rule is (its ceiling, budget or
+    # spot share): t3 over its GPU ceiling must stop its 1-GPU on-demand job, and its MIG job then left alone on spot
+    # breaks its spot share 0.5, so both go; the MIG job, inside its guarantee (MIG counts no GPUs of the ceiling),
+    # was refused, every plan with it (fleet132).
+    own = (licensed or set()) | over_cap
+    weighed = list(errors) if fleet_broken else [job for job in errors if demand_of[job].tenant in own]
+    if weighed:
         weigh = kept_instead()
-        for job in (sorted(errors, key=weigh.order) if weigh is not None else list(errors)):
+        for job in (sorted(weighed, key=weigh.order) if weigh is not None else weighed):
             if weigh is None or weigh.breaks_a_rule(job):
                 del errors[job]
             else:

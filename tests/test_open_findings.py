@@ -245,7 +245,13 @@ told to make it a plain test).
   minimum, which `apply --plan` refused. Load refuses such a config now, with a bound on what the minimums cost under
   the spot rules (its tests). fleet129 (the same hunt): greedy bought no spot for a spot-only pool's minimum under an
   on-demand buffer (its restraint on spot), and the answer under the minimum beat its spot-first pass's on cost; the
-  minimums met rank first now (its test)."""
+  minimums met rank first now (its test). fleet130, fleet131 (the same hunt's last two, 2026-12-03): greedy left a pool
+  minimum unmet where CP-SAT meets it: an `either` pool's minimum bought on-demand took the one slot a spot-only
+  pool's minimum needed for its second spot zone (fleet130), and under a budget each minimum was owed its on-demand
+  price where greedy meets it on spot too, more than the budget before anything was bought (fleet131). fleet132 (s35's
+  stable-run hunt): every plan was refused as stopping a guaranteed job that a tenant's own broken ceiling, through its
+  spot share, requires stopping (its test). fleet133 (the same hunt, open): greedy's plan launches into a Reservation
+  past its count (its strict xfail)."""
 
 from __future__ import annotations
 
@@ -2812,3 +2818,59 @@ def test_greedy_buys_a_spot_only_pools_minimum_under_an_on_demand_buffer_on_flee
         assert sorted((c.site.instance_type, c.site.market) for c in p.creates) == [("g5.xlarge", "spot")] * 2, p.creates
         assert not p.deletes, p.deletes
     check_fleet(fleet("fleet129"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_meets_a_spot_only_pools_minimum_before_another_pool_takes_its_second_spot_zone_on_fleet130():
+    """fleet130 (the h7 hunt, 2026-12-03, reduced from a random fleet): Pool/gcp-cpu is spot-only in us-central1-a with
+    min_instances 1; Pool/gcp-a100 (`either`, us-central1-b, min 1 max 1) is the only spot in a second zone, which
+    min_zones 2 asks for beside it; max_spot_fraction 0.5 asks 8 on-demand GPUs beside its spot a2-highgpu-8g. CP-SAT
+    buys the two spot instances and eight on-demand A100s ($44.06/h). Greedy met gcp-a100's minimum first (the pools in
+    name order) on an on-demand a2-highgpu-8g, the pool's one slot, and gcp-cpu ended at 0 of its minimum 1 in every
+    plan it made (`--time-limit 0`, the fallback). It meets the spot-only pools' minimums first now."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet130"), time_limit=5)
+    for p in (plan, gplan):
+        pools = Counter((c.pool, c.site.market) for c in p.creates)
+        assert pools[("gcp-cpu", "spot")] == 1 and pools[("gcp-a100", "spot")] == 1, pools
+    check_fleet(fleet("fleet130"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_greedy_owes_a_pool_minimum_its_spot_price_under_a_budget_on_fleet131():
+    """fleet131 (the h7 hunt, 2026-12-03, reduced from a random fleet): Pool/aws-a100 (p4d.24xlarge) and Pool/az-mig
+    (an A100 each), both `either` in one zone, must keep 2 instances each under max_hourly_budget $40/h and a 50%
+    on-demand buffer. CP-SAT buys an on-demand and a spot p4d and two spot A100s ($35.35/h: the on-demand p4d's 8 idle
+    GPUs hold the buffer for the 10 spot ones). Greedy owed each unmet minimum its cheapest on-demand instance (it
+    opens no spot but with its ballast for a minimum): $51.25/h, over the budget before anything was bought, so it
+    bought nothing and both pools ended at 0 of 2 (`--time-limit 0`, the fallback). A minimum is owed its cheapest
+    instance, spot too, now: greedy buys an on-demand and a spot p4d, and an on-demand and a spot A100 ($38.57/h)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet131"), time_limit=5)
+    for p in (plan, gplan):
+        assert Counter(c.pool for c in p.creates) == {"aws-a100": 2, "az-mig": 2}, p.creates
+        assert p.cost_after <= 40.0
+    check_fleet(fleet("fleet131"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+def test_a_job_its_tenants_spot_share_stops_once_its_ceiling_stops_another_is_lawful_on_fleet132():
+    """fleet132 (s35's stable-run hunt, 2026-12-03: a fleet applied on the sim, then t3's quota lowered to 0 GPUs; reduced):
+    t3 runs j4 (1 A100, on-demand) and j1 (2 x MIG 1g.10gb x 2, spot), tenant_max_spot_fraction 0.5. Over its
+    ceiling, j4 must stop; j1, left alone on spot, then breaks t3's spot share, so both plans stop it too (no plan keeps
+    it and every rule). But j1 is inside t3's guarantee (MIG counts no GPUs of the ceiling) and t3's spot share holds
+    now, so the re-check found no rule requiring its stop: `plan` failed with "internal error: the plan would stop
+    running work that no rule requires stopping" for CP-SAT and greedy alike, and so would every plan after. A tenant's
+    own rule broken now weighs its jobs' stops as a fleet-wide one does (plancheck.KeptInstead): kept, j1 breaks t3's
+    spot share, so its stop is lawful."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet132"), time_limit=5)
+    for p in (plan, gplan):
+        assert {j.job: j.action for j in p.jobs} == {"j1": "evict", "j4": "evict"}, p.jobs
+    check_fleet(fleet("fleet132"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+@pytest.mark.xfail(strict=True, reason="open: greedy's plan buys a p4d into Reservation/p4d (count 1) beside the reserved "
+                   "p4d it keeps, where CP-SAT deletes only the idle planted instance (fleet133)")
+def test_greedy_launches_no_reserved_instance_past_the_reservations_count_on_fleet133():
+    """fleet133 (s35's stable-run hunt, 2026-12-03, not reduced; on main too): after an apply, an owned idle on-demand
+    p4d the state did not know (a crashed apply's launch) puts Pool/aws-a100 at 3 of its max 2; sim-aws-00003 runs on
+    Reservation/p4d (count 1, us-east-1b) beside spot sim-aws-00004, j10's 2 x 8-GPU gang over both. CP-SAT deletes the
+    idle p4d ($20.07/h). Greedy's plan (`--time-limit 0`) deletes j10's spot p4d for the pool's max and buys a p4d into
+    the reservation for its replica: 2 reserved instances after the plan, over the count 1; it also moves j0 off its
+    two spot MIG hosts ($7.35/h after). Not fixed in s35's time box."""
+    check_fleet(fleet("fleet133"), time_limit=5)
