@@ -162,6 +162,12 @@ class _Greedy:
                 if not (isinstance(c, Host) and c.keep_blocker is not None) and problem.pool_bounds.get(c.pool, (0, 0))[0] > 0:
                     price = micro(c.price)
                     self.floor_price[c.pool] = min(self.floor_price.get(c.pool, price), price)
+        # The hosts kept in each Reservation (at most its count: problem/capacity), which take its room before any new
+        # instance is launched into it (`_may_open`).
+        self.reserved_hosts: dict[str, list[str]] = {}
+        for c in problem.capacities:
+            if isinstance(c, Host) and c.reservation:
+                self.reserved_hosts.setdefault(c.reservation, []).append(c.key)
 
     # -- bookkeeping
 
@@ -181,8 +187,19 @@ class _Greedy:
         reserve = self._owed(c, pending) if self.floor_price else 0
         if self._refuses(self.led.refuses_open(c, 1, pending, reserve, spot_share=not (self.keeping or self.ballast_after))):
             return False
+        if isinstance(c, Offer) and c.reservation and self._reservation_held(c):
+            return False
         # An idle spot host opened now would escape the buffer and diversity rules too (greedy's restraint, not a rule).
         return not (c.market == "spot" and not self.keeping and not self.buy_spot)
+
+    def _reservation_held(self, c: Offer) -> bool:
+        """Greedy's restraint: a new instance of c would launch into its Reservation where the room left is held by the
+        Reservation's hosts not opened yet. The ledger counts a host in it once opened, and hosts are opened as greedy
+        goes: a gang re-placed across a kept reserved host and a new instance bought the new one into the Reservation
+        first, then opened the host, and the plan had 2 instances in a Reservation of 1 (fleet133). Such a host holds
+        whatever a new instance of its type there would, so its room goes to it first."""
+        waiting = sum(1 for h in self.reserved_hosts.get(c.reservation, ()) if h not in self.opened)
+        return waiting > 0 and self.led.reservation_over(c, 1 + waiting) > 0
 
     def _owed(self, c: Capacity, pending: Pending) -> int:
         """Micro-dollars/h the pool minimums still unmet once c is open will cost at least."""

@@ -250,8 +250,8 @@ told to make it a plain test).
   pool's minimum needed for its second spot zone (fleet130), and under a budget each minimum was owed its on-demand
   price where greedy meets it on spot too, more than the budget before anything was bought (fleet131). fleet132 (s35's
   stable-run hunt): every plan was refused as stopping a guaranteed job that a tenant's own broken ceiling, through its
-  spot share, requires stopping (its test). fleet133 (the same hunt, open): greedy's plan launches into a Reservation
-  past its count (its strict xfail)."""
+  spot share, requires stopping (its test). fleet133 (the same hunt): greedy's plan launched into a Reservation past its
+  count (a Reservation's hosts not opened yet now hold its room)."""
 
 from __future__ import annotations
 
@@ -2864,13 +2864,13 @@ def test_a_job_its_tenants_spot_share_stops_once_its_ceiling_stops_another_is_la
     check_fleet(fleet("fleet132"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, reason="open: greedy's plan buys a p4d into Reservation/p4d (count 1) beside the reserved "
-                   "p4d it keeps, where CP-SAT deletes only the idle planted instance (fleet133)")
 def test_greedy_launches_no_reserved_instance_past_the_reservations_count_on_fleet133():
     """fleet133 (s35's stable-run hunt, 2026-12-03, not reduced; on main too): after an apply, an owned idle on-demand
     p4d the state did not know (a crashed apply's launch) puts Pool/aws-a100 at 3 of its max 2; sim-aws-00003 runs on
     Reservation/p4d (count 1, us-east-1b) beside spot sim-aws-00004, j10's 2 x 8-GPU gang over both. CP-SAT deletes the
     idle p4d ($20.07/h). Greedy's plan (`--time-limit 0`) deletes j10's spot p4d for the pool's max and buys a p4d into
-    the reservation for its replica: 2 reserved instances after the plan, over the count 1; it also moves j0 off its
-    two spot MIG hosts ($7.35/h after). Not fixed in s35's time box."""
+    the reservation for its replica: 2 reserved instances after the plan, over the count 1; it also moved j0 off its
+    two spot MIG hosts ($7.35/h after). It had bought the new p4d into the Reservation before opening the reserved host
+    for the gang; a Reservation's hosts not opened yet now hold its room (greedy._reservation_held): greedy deletes the
+    idle p4d, as CP-SAT does."""
     check_fleet(fleet("fleet133"), time_limit=5)
