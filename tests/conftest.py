@@ -96,6 +96,16 @@ def _no_sim_agents(monkeypatch):
     monkeypatch.setenv("FLEETOPS_SIM_AGENTS", "0")
 
 
+@pytest.fixture(autouse=True)
+def _shipped_catalog_after():
+    """A test that plans a config pinning its own catalog.json (api.plan pins it for the process) leaves the shipped
+    one pinned after it: the next test of the worker that reads load_catalog() directly saw bench.openb's test types."""
+    yield
+    from providers.catalog import pin_catalog
+
+    pin_catalog(None)
+
+
 @pytest.fixture
 def aggregate_only(monkeypatch):
     """Every offer's new instances summed per dimension, as a large offer's are (no per-instance rows: solve/slots.py):
