@@ -750,6 +750,61 @@ def test_a_gang_rank_waits_for_a_peers_upload_while_that_peers_agents_report_can
     assert rec["reason"] == "WaitingForGang" and "cannot be read" in rec["message"], rec
 
 
+def test_a_moved_replica_waits_for_an_old_agent_whose_clock_runs_behind(bus, agents, tmp_path):
+    """The old copy's agent beats every poll, but its host's clock is 120 s behind this one's: its heartbeat times,
+    compared with this host's clock, looked older than the stale limit (60 s), so the moved copy took the agent as
+    lost and started beside the old copy, one rank twice. A report is judged by when this agent last saw its
+    heartbeat change, on its own monotonic clock: the wait holds until that agent drops the replica."""
+    from reconciler.runtime.bus import now_unix
+
+    notes = tmp_path / "notes"
+    bus.put_run("g3", 1, {"job": "g3", "replica": 1, "instance": "i-0", "spec_hash": "h1", "epoch": 1, "phase": "Running",
+                          "reason": "Started", "terminal": False, "attempt": 0})
+
+    def beat(running):  # (i-0's agent, its clock 120 s behind)
+        bus.put_agent("i-0", {"instance": "i-0", "heartbeat_at": now_unix() - 120, "state": "Ready", "running": running})
+
+    beat(["g3/1"])
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2, master="i-1")]})
+    new = agents("i-1")
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        beat(["g3/1"])
+        new.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g3", 1)
+    assert rec["instance"] == "i-1" and rec["reason"] == "WaitingForPredecessor" and "i-0" in rec["message"], rec
+    beat([])  # the old copy stopped
+    run_until([new], noted_at(notes, ("new", "start")), timeout=10)
+
+
+def test_a_moved_replica_keeps_waiting_when_its_old_agents_live_report_is_deleted(bus, agents, tmp_path, monkeypatch):
+    """The old copy checkpoints through its grace; its agent's report, which lists it, is deleted (an apply that judged
+    it stale by a skewed clock); the agent writes it again at its next heartbeat. Meanwhile the moved copy read the
+    missing key as "holds nothing" and started beside the old copy. A report seen alive and listing the replica, then
+    deleted, holds it as it last said until it is stale by this agent's own clock (here 2 s)."""
+    monkeypatch.setenv("FLEETOPS_HEARTBEAT_STALE_SECONDS", "2")
+    notes = tmp_path / "notes"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [noted("g3", notes, tag="old", replica=1, checkpoint_seconds=30)]})
+    old, new = agents("i-0"), agents("i-1")
+    run_until([old], noted_at(notes, ("old", "start")))
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    run_until([old], noted_at(notes, ("old", "checkpointing")))
+    bus.put_assignment("i-1", {"serial": 2, "replicas": [noted("g3", notes, tag="new", replica=1, epoch=2, master="i-1")]})
+    run_until([old, new], lambda: (r := bus.run("g3", 1)) and r["reason"] == "WaitingForPredecessor")
+    bus.store.delete_key("agents/i-0.json")  # (i-0's agent between two heartbeats from here on)
+    deleted = time.monotonic()
+    while time.monotonic() - deleted < 1.0:
+        new.tick()
+        time.sleep(0.05)
+    assert ("new", "start") not in notes_of(notes)
+    rec = bus.run("g3", 1)
+    assert rec["reason"] == "WaitingForPredecessor" and "i-0" in rec["message"], rec
+    run_until([new], noted_at(notes, ("new", "start")), timeout=10)  # stale by this agent's clock: it holds nothing
+    assert time.monotonic() - deleted >= 1.0
+
+
 def test_a_moved_replica_does_not_wait_for_an_agent_that_went_silent(bus, agents, tmp_path, monkeypatch):
     """The old agent stopped reporting (its instance lost): its stale heartbeat holds nothing, so the
     moved replica starts once that heartbeat is stale, not never."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reconciler.load import load
 from reconciler.runtime.assign import build_assignments, spec_hash
 from reconciler.runtime.lifecycle import runtime_view, unhealthy_instances
@@ -657,3 +659,30 @@ def test_status_names_the_plans_reason_for_a_pending_job_that_runs_something(tmp
     human = runner.invoke(app, ["status", str(cfg)]).output
     line = next(x for x in human.splitlines() if "job second:" in x)
     assert "quota" in line and "waiting for a placement" not in line, human
+
+
+@pytest.mark.parametrize("fault", ["garbled", "read fails"])
+def test_a_deleted_instances_heartbeat_that_cannot_be_read_is_kept(tmp_path, fault):
+    """An instance the apply deleted (not one that vanished) whose agent's report cannot be read: publish.shutting_down
+    took that as "no evidence that it still runs" and deleted the key. The agent, still stopping its replicas through
+    their grace, rewrote it within a heartbeat, but meanwhile the moved copy read the key as gone and started beside
+    the old copy still checkpointing. What could not be read is never deleted; the moved copy waits on it."""
+    from reconciler.backend import LocalBackend
+    from reconciler.errors import ReconcileError
+    from reconciler.runtime.bus import Bus, now_unix
+    from reconciler.runtime.publish import publish
+
+    class FailingReport(LocalBackend):
+        def read_key(self, key: str):
+            if fault == "read fails" and key == "agents/i-stopping.json":
+                raise ReconcileError("s3: cannot read agents/i-stopping.json: connection reset by peer")
+            return super().read_key(key)
+
+    d = desired(tmp_path / "c")
+    backend = FailingReport(tmp_path / "c")
+    bus = Bus(backend)
+    bus.put_agent("i-stopping", {"instance": "i-stopping", "heartbeat_at": now_unix() - 1, "state": "Ready", "running": ["j/0"]})
+    if fault == "garbled":
+        backend.write_key("agents/i-stopping.json", b'{"instance": "i-stopping", "runn')
+    publish(backend, d, {}, {}, 1, [], {}, tmp_path / "c", None, previous={"i-stopping": {"serial": 0, "replicas": []}})
+    assert bus.agent_instances() == ["i-stopping"]

@@ -38,7 +38,7 @@ from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
-from reconciler.runtime.bus import _ENTRY, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
+from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
@@ -323,6 +323,7 @@ class Agent:
         # gang peers' agents' reports, each read again only once it could be stale (_lost_peer); their rounds' run
         # records read this tick (_round_records)
         self.reports: dict[str, dict | None] = {}
+        self.beats = BeatWatch()  # predecessors' reports, judged by this agent's clock (a moved replica's wait)
         self.round_records: dict[tuple, list[dict]] = {}
         # Why a process replica's shim cannot be the subreaper of its tree here (runtimes.SHIM), in the heartbeat: an
         # orphan that left the replica's group and cleared its environment then outlives the replica. (A container's
@@ -785,9 +786,11 @@ class Agent:
     def _predecessor(self, rep: Replica) -> str | None:
         """The other instance whose agent still runs (or is stopping) this replica, which the plan moved
         here: starting now would run one rank twice, and the old copy's checkpoint, written through its
-        grace, would overwrite the new copy's. Its agent's fresh heartbeat says so (`running`; apply keeps
-        a deleted instance's key while it does: publish.shutting_down), and so does one that cannot be read; a stale or
-        Stopped agent, or one whose key is gone, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
+        grace, would overwrite the new copy's. Its agent's heartbeat says so (`running`; apply keeps a deleted
+        instance's key while it does, or cannot be read: publish.shutting_down), and so does one that cannot be read, or
+        one seen listing it and then deleted; fresh means seen changing within the stale limit by this agent's clock
+        (bus.BeatWatch: another host's clock may be minutes off). A stale or Stopped agent, or one whose key is gone since
+        before it was first read, holds nothing, and the wait ends anyway after the replica's grace plus a margin."""
         job, r = rep.key
         olds = {rep.predecessor} - {None}
         try:
@@ -799,14 +802,17 @@ class Agent:
         holder, unread = None, ""
         for old in sorted(olds):
             try:
-                doc = self.bus.agent(old)
+                read = self.bus.agent(old)
             except ReconcileError as e:
                 # (no evidence that it stopped: the copy there may checkpoint on; it started at once beside it, one rank
                 # twice. Waited for as a report that says it runs: read again each poll, up to the same bound.)
                 holder, unread = old, f"; its agent's report cannot be read: {e}"
                 break
-            if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{r}" in doc.get("running", []):
+            doc, alive = self.beats.judge(old, read, stale_seconds())
+            if alive and f"{job}/{r}" in doc.get("running", []):
                 holder = old
+                if read is None:
+                    unread = "; its agent's report was deleted while it listed it (held as it last said until stale)"
                 break
         if holder is None:
             rep.waiting_since = None
@@ -916,7 +922,8 @@ class Agent:
                 except ReconcileError as err:  # (no evidence that it is done: waited for as a report that lists it)
                     waits.append(f"replica {i} on {r['instance']}, whose agent's report cannot be read ({err})")
                     continue
-                if reports_alive(doc, now_unix(), stale_seconds()) and f"{job}/{i}" in doc.get("running", []):
+                doc, alive = self.beats.judge(r["instance"], doc, stale_seconds())
+                if alive and f"{job}/{i}" in doc.get("running", []):
                     waits.append(f"replica {i} on {r['instance']}, still running or uploading its checkpoint")
         if not waits:
             return None

@@ -70,6 +70,31 @@ def reports_alive(doc: dict | None, now: float, stale: float) -> bool:
     return bool(doc) and doc.get("state") != "Stopped" and now - float(doc.get("heartbeat_at", 0)) <= stale
 
 
+class BeatWatch:
+    """Other agents' reports judged alive by this process's own clock: by when it last saw a report's heartbeat change
+    (time.monotonic), never by the heartbeat's time, which the writer's host clock wrote (a host 60 s behind looked
+    lost while it beat every 5 s). A report read for the first time counts as changed then. A report seen alive that
+    is then deleted (an apply that judged it stale by its own clock; its agent writes it again at its next heartbeat)
+    is judged as it last read until it is stale by this clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.seen: dict[str, tuple[dict, float]] = {}  # instance -> (its report last read, when its heartbeat changed)
+
+    def judge(self, instance: str, doc: dict | None, stale: float) -> tuple[dict | None, bool]:
+        """(the report to go by: `doc`, or the last one read when the key is gone; whether it is alive: not Stopped,
+        its heartbeat changed at most `stale` seconds ago by this clock)."""
+        now, last = self.clock(), self.seen.get(instance)
+        if doc is None:
+            if last is None:
+                return None, False
+            doc, changed = last
+        else:
+            changed = last[1] if last is not None and last[0].get("heartbeat_at") == doc.get("heartbeat_at") else now
+            self.seen[instance] = (doc, changed)
+        return doc, bool(doc) and doc.get("state") != "Stopped" and now - changed <= stale
+
+
 def stale_seconds() -> float:
     """A heartbeat older than this is a lost node: a few missed beats, not one slow write."""
     return setting("HEARTBEAT_STALE_SECONDS", 60.0)

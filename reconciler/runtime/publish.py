@@ -131,15 +131,17 @@ def publish(backend: StateBackend, desired: DesiredState, placements: Mapping[st
 
 
 def shutting_down(bus: Bus, instance: str) -> bool:
-    """Does the agent of an instance the cloud no longer lists still report replicas running, with a fresh heartbeat?
-    A deleted instance shuts down as a cloud instance does: its agent stops its replicas through their checkpoint
-    grace. A replica the plan moved waits for its old copy by that report (agent.Agent._predecessor), so the key stays
-    until it says Stopped or goes stale: deleted at once, the moved copy started while the old one still wrote its
-    checkpoint (test_runtime_sim, the moved replica)."""
+    """May the agent of an instance the cloud no longer lists still run replicas: its report lists some with a fresh
+    heartbeat, or cannot be read? A deleted instance shuts down as a cloud instance does: its agent stops its replicas
+    through their checkpoint grace. A replica the plan moved waits for its old copy by that report
+    (agent.Agent._predecessor), so the key stays until it says Stopped or goes stale: deleted at once, the moved copy
+    started while the old one still wrote its checkpoint (test_runtime_sim, the moved replica). One that cannot be read
+    stays too (never deleted unread): deleted, the moved copy read the missing key as "holds nothing" and started before
+    the agent wrote it again. A garbled one its agent no longer rewrites stays, named by each plan among those skipped."""
     try:
         doc = bus.agent(instance)
     except ReconcileError:
-        return False  # unreadable: no evidence that it still runs
+        return True  # unreadable: it may still list replicas running
     return reports_alive(doc, now_unix(), stale_seconds()) and bool(doc.get("running"))
 
 
