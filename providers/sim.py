@@ -15,6 +15,7 @@ import math
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from typing import Callable, ClassVar, Collection, Iterator, Sequence
 from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, AgentTarget, CreateRequest, Instance, Offering, PoolTarget, ProviderContext, Quota
 from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
-from providers.files import loads_json, read_regular
+from providers.files import loads_json, read_regular, read_regular_fd
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
 from providers.pids import descendants, marked, parents, running, start_time as _starttime, table  # (pid, start): a reused pid is never signalled
 
@@ -217,6 +218,9 @@ _TRACKED = ("instances", "keys")
 _CACHE: dict[Path, tuple[tuple, int, dict]] = {}  # snapshot path -> (its stat, journal bytes read, world)
 MAX_SNAPSHOT_BYTES = 1 << 30  # a bound on what is read: 10k instances are a few MB
 COMPACT_BYTES = 4 << 20  # the journal is folded into the snapshot once it is this big (and bigger than the snapshot)
+# Folded so, the journal holds at most about the snapshot's bytes and one call's line (no larger than the world): a
+# bound on what is read, as the snapshot's is.
+MAX_JOURNAL_BYTES = 2 * MAX_SNAPSHOT_BYTES
 
 
 class SimCloud:
@@ -262,9 +266,7 @@ class SimCloud:
         elif not stamp and size:
             self._check_genesis(size)
         if size > offset:
-            with self._io(self.journal, "read"), open(self.journal, "rb") as f:
-                f.seek(offset)
-                tail = f.read()
+            tail = self._read_journal(offset)
             end = tail.rfind(b"\n") + 1  # a line cut short by a killed process is not a call that happened
             for n, line in enumerate(tail[:end].splitlines()):
                 try:
@@ -321,8 +323,7 @@ class SimCloud:
         snapshot begins a journal with a header naming it: a journal of that first line alone (a kill between the
         two writes) rebuilds the world by itself; one with a header, or more calls, continued a snapshot that is
         gone, and reading it over an empty world would silently drop the instances the snapshot held."""
-        with self._io(self.journal, "read"), open(self.journal, "rb") as f:
-            lines = f.read().split(b"\n")[:-1]  # whole lines only (a cut last line is not a call)
+        lines = self._read_journal().split(b"\n")[:-1]  # whole lines only (a cut last line is not a call)
         try:
             first = loads_json(lines[0]) if lines else None
         except ValueError:
@@ -372,12 +373,28 @@ class SimCloud:
     def _bad_faults(self, problem: str) -> ProviderError:
         """Faults are saved in the journal's last line once there is one, else in the snapshot (a journal of its
         header line alone holds no call)."""
-        calls = self.journal.exists() and self.journal.read_bytes().count(b"\n") > 1
+        calls = self.journal.exists() and self._read_journal().count(b"\n") > 1
         where = self.journal if calls else self.path
         return ProviderError(
             f"{where}: the simulated cloud's injected faults are invalid: {problem}. Nothing was changed. Set it again "
             "with `reconcile sim fault`, `reconcile sim exhaust ZONE --restore` or `reconcile sim quota NAME --cloud C "
             f"--remove`, or delete {self.dir} to start an empty simulated cloud.")
+
+    def _read_journal(self, offset: int = 0) -> bytes:
+        """The journal from `offset`: a regular file (a fifo would block the read for ever) of at most
+        MAX_JOURNAL_BYTES, refused unread above it (read whole, a 3 GiB one was taken into memory)."""
+        with self._io(self.journal, "read"):
+            fd = os.open(self.journal, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode):
+                    if st.st_size > MAX_JOURNAL_BYTES:
+                        raise self._corrupt(self.journal, f"it is larger than {MAX_JOURNAL_BYTES >> 20} MiB, which no sim writes")
+                    os.lseek(fd, offset, os.SEEK_SET)
+            except BaseException:
+                os.close(fd)
+                raise
+            return read_regular_fd(fd, MAX_JOURNAL_BYTES, self.journal)  # (closes it; a fifo or device refused there)
 
     def _read_snapshot(self) -> dict:
         with self._io(self.path, "read"):

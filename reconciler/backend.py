@@ -34,8 +34,8 @@ from reconciler.errors import CorruptBusObjectError, DiskFullError, LockError, R
 from providers.redact import redact
 from providers.placements import SERIAL_MAX
 from providers.files import loads_json, read_regular
-from reconciler.state import (MAX_STATE_BYTES, ApplyLock, State, break_lock, describe_holder, load_state, lock_holder, save_state,
-                              state_from_json, state_to_json, utcnow)
+from reconciler.state import (LOCK_BYTES, MAX_STATE_BYTES, ApplyLock, State, break_lock, describe_holder, load_state, lock_holder,
+                              save_state, state_from_json, state_to_json, state_too_large, utcnow)
 
 LOCK_TTL = timedelta(minutes=30)
 # While one file is copied, `progress` (the agent's heartbeat) is called at least this often (and at most: Every).
@@ -132,6 +132,38 @@ def check_key(key: str) -> str:
     return key
 
 
+def bus_object_too_large(key: str, where: str = "") -> CorruptBusObjectError:
+    """A bus object above MAX_STATE_BYTES (no object is larger than the state): refused unread. `where`: its URL."""
+    return CorruptBusObjectError(key, f"{f'({where}) ' if where else ''}is larger than {MAX_STATE_BYTES >> 20} MiB, more than any "
+                                      "writer of the bus writes")
+
+
+class TooLarge(Exception):
+    """An object above the size its reader allows (`size`: the size the store reported, None if it was found reading)."""
+
+    def __init__(self, size: int | None = None):
+        super().__init__(size)
+        self.size = size
+
+
+class CappedSink:
+    """A stream an SDK downloads into, holding at most about `limit` bytes: TooLarge once it is given more, so that the
+    download stops there (the bytes it holds then are the object's first, for a reader that wants only those)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.parts, self.got = limit, [], 0
+
+    def write(self, chunk: bytes) -> int:
+        self.parts.append(bytes(chunk))
+        self.got += len(chunk)
+        if self.got > self.limit:
+            raise TooLarge()
+        return len(chunk)
+
+    def value(self) -> bytes:
+        return b"".join(self.parts)
+
+
 STARTED_KEY = "started.json"  # beside the state: {"serial": the highest serial an apply began with} (State.started)
 
 
@@ -215,7 +247,7 @@ class LocalBackend:
                 raise CorruptBusObjectError(key, f"is not a file ({'a directory' if stat.S_ISDIR(mode) else 'a special file'})")
             body = read_regular(path, MAX_STATE_BYTES)
             if len(body) > MAX_STATE_BYTES:
-                raise CorruptBusObjectError(key, f"is larger than {MAX_STATE_BYTES >> 20} MiB, more than any writer of the bus writes")
+                raise bus_object_too_large(key)
             return body
         except FileNotFoundError:
             return None
@@ -439,7 +471,9 @@ class ObjectStoreBackend:
         self.lease = LeasedLock(self, self.ttl)
 
     # -- the object calls each store implements (they raise the SDK's own errors) --------------------
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, limit: int) -> bytes | None:
+        """The whole object, None if there is none; TooLarge, having read little more than `limit` bytes of it (or
+        nothing, where the store reports its size first), if it is larger than `limit`."""
         raise NotImplementedError
 
     def _put(self, key: str, body: bytes) -> None:
@@ -474,7 +508,9 @@ class ObjectStoreBackend:
 
     def load(self) -> State:
         try:
-            body = self._get(self.state_key)
+            body = self._get(self.state_key, MAX_STATE_BYTES)
+        except TooLarge:  # (read whole, a 3 GiB object was an unbounded download, then a MemoryError)
+            raise state_too_large(f"{self.root}/{self.state_key}") from None
         except Exception as e:  # the SDK's errors and connection errors
             raise self._error(e, "cannot read") from None
         state = State() if body is None else state_from_json(body, f"{self.root}/{self.state_key}")
@@ -507,7 +543,9 @@ class ObjectStoreBackend:
     def read_key(self, key: str) -> bytes | None:
         check_key(key)
         try:
-            return self._get(self.prefix + key)
+            return self._get(self.prefix + key, MAX_STATE_BYTES)
+        except TooLarge:
+            raise bus_object_too_large(key, f"{self.root}/{self.prefix}{key}") from None
         except Exception as e:
             raise self._bus_error(e, "cannot read", key) from None
 
@@ -592,11 +630,18 @@ class S3Backend(ObjectStoreBackend):
     def _code(self, e: Exception) -> str:
         return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, limit: int) -> bytes | None:
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            obj = self.s3.get_object(Bucket=self.bucket, Key=key)
         except self.s3.exceptions.NoSuchKey:
             return None
+        with contextlib.closing(obj["Body"]) as body:  # (closed unread: the rest of a large body is never downloaded)
+            if obj.get("ContentLength", 0) > limit:
+                raise TooLarge(obj["ContentLength"])
+            sink = CappedSink(limit)
+            for chunk in body.iter_chunks(1 << 20):
+                sink.write(chunk)
+            return sink.value()
 
     def _put(self, key: str, body: bytes) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
@@ -653,7 +698,8 @@ class S3Backend(ObjectStoreBackend):
     def lock_read(self) -> tuple[bytes, str] | None:
         try:
             obj = self.s3.get_object(Bucket=self.bucket, Key=self.lock_key)
-            return obj["Body"].read(), obj["ETag"]
+            with contextlib.closing(obj["Body"]) as body:  # its first LOCK_BYTES, as of a lock file (a lock is ~150 bytes)
+                return body.read(LOCK_BYTES), obj["ETag"]
         except self.s3.exceptions.NoSuchKey:
             return None
         except Exception as e:
@@ -720,11 +766,13 @@ class GcsBackend(ObjectStoreBackend):
             return redact(f"HTTP {e.code} {e.message}".strip())
         return redact(str(e)) or type(e).__name__
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, limit: int) -> bytes | None:
+        sink = CappedSink(limit)  # (the download stops once it is past `limit`)
         try:
-            return self.bucket.blob(key).download_as_bytes(retry=self._retry)
+            self.bucket.blob(key).download_to_file(sink, retry=self._retry)
         except self._exc.NotFound:
             return None
+        return sink.value()
 
     def _put(self, key: str, body: bytes) -> None:
         self.bucket.blob(key).upload_from_string(body, content_type="application/json", retry=self._retry)
@@ -764,11 +812,17 @@ class GcsBackend(ObjectStoreBackend):
                 return None
             # The body of exactly that generation: if it changed between the two calls, look again.
             generation = blob.generation
-            ok, body = self._conditional("cannot read the lock",
-                                         lambda: blob.download_as_bytes(if_generation_match=generation, retry=self._retry))
+            ok, body = self._conditional("cannot read the lock", lambda: self._lock_bytes(generation))
             if ok:
                 return body, str(generation)
         raise self._error(ReconcileError("it changed on every read"), "cannot read the lock", self.lock_key)
+
+    def _lock_bytes(self, generation: int) -> bytes:
+        """The first LOCK_BYTES of the lock at `generation`, as of a lock file (a lock is ~150 bytes)."""
+        sink = CappedSink(LOCK_BYTES)
+        with contextlib.suppress(TooLarge):  # (the download stopped there: those bytes name a garbled lock's id)
+            self.bucket.blob(self.lock_key).download_to_file(sink, if_generation_match=generation, retry=self._retry)
+        return sink.value()[:LOCK_BYTES]
 
     def _upload_lock(self, what: str, body: bytes, generation: int) -> str | None:
         blob = self.bucket.blob(self.lock_key)
@@ -847,11 +901,14 @@ class AzureBlobBackend(ObjectStoreBackend):
             return redact(f"HTTP {e.status_code} {e.error_code or e.reason or ''}".strip())
         return redact(str(e).splitlines()[0] if str(e) else "") or type(e).__name__
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, limit: int) -> bytes | None:
         try:
-            return self.container.get_blob_client(key).download_blob().readall()
+            download = self.container.get_blob_client(key).download_blob()  # (its first GET: AZBLOB_BLOCK at most)
         except self._exc.ResourceNotFoundError:
             return None
+        if download.size > limit:  # (the blob's size, from the first GET's Content-Range)
+            raise TooLarge(download.size)
+        return download.readall()
 
     def _put(self, key: str, body: bytes) -> None:
         self.container.get_blob_client(key).upload_blob(body, overwrite=True, content_settings=self._json)
@@ -889,7 +946,8 @@ class AzureBlobBackend(ObjectStoreBackend):
     def lock_read(self) -> tuple[bytes, str] | None:
         def read():
             download = self.container.get_blob_client(self.lock_key).download_blob()
-            return download.readall(), download.properties.etag  # one GET: the body and its ETag agree
+            # One GET: the body and its ETag agree. Its first LOCK_BYTES, as of a lock file (a lock is ~150 bytes).
+            return download.read(LOCK_BYTES), download.properties.etag
 
         ok, current = self._conditional("cannot read the lock", read)
         return current if ok else None  # type: ignore[return-value]

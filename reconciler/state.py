@@ -342,8 +342,13 @@ def load_state(config_dir: Path) -> State:
     except OSError as e:
         raise StateFileError(str(path), e.strerror or str(e)) from None
     if len(text) > MAX_STATE_BYTES:
-        raise StateFileError(str(path), f"it is larger than {MAX_STATE_BYTES >> 20} MiB, which no apply writes")
+        raise state_too_large(str(path))
     return state_from_json(text, str(path))
+
+
+def state_too_large(where: str) -> StateFileError:
+    """A state file or object above MAX_STATE_BYTES: refused unread (parsing it could take all the memory there is)."""
+    return StateFileError(where, f"it is larger than {MAX_STATE_BYTES >> 20} MiB, which no apply writes")
 
 
 def save_state(config_dir: Path, state: State) -> None:
@@ -540,5 +545,5 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-__all__ = ["State", "StateFileError", "load_state", "save_state", "state_to_json", "state_from_json", "ApplyLock", "break_lock",
+__all__ = ["State", "StateFileError", "load_state", "save_state", "state_to_json", "state_from_json", "state_too_large", "ApplyLock", "break_lock",
            "lock_holder", "describe_holder", "state_dir", "utcnow"]

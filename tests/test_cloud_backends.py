@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,9 +21,9 @@ import pytest
 from providers.sim import SimCloud
 from reconciler import api
 from reconciler.backend import AzureBlobBackend, GcsBackend, backend_for
-from reconciler.errors import LockError, ReconcileError
+from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
 from reconciler.runtime.bus import Bus
-from reconciler.state import State, state_dir, state_to_json
+from reconciler.state import State, StateFileError, state_dir, state_to_json
 from tests.fleetkit import copy_quickstart
 from tests.test_runtime_bus import _round_trip
 from tests.test_safety import assert_clean_error, assert_renewed_while_held_and_lost_lease_noticed, cli, cli_here
@@ -302,3 +303,61 @@ def test_a_large_file_is_streamed_up_in_chunks_or_blocks_and_back_and_a_checkpoi
     assert got.generations == [up.generation] and got.bytes == len(body) + 11
     assert (tmp_path / "c" / "model.pt").read_bytes() == body and (tmp_path / "c" / "rank-0.json").read_text() == '{"step": 4}'
     assert (tmp_path / "c" / "empty.bin").read_bytes() == b""
+
+
+def check_oversized_objects_are_refused(url: str, put: Callable[[str, bytes], None], get: Callable[[str], bytes | None],
+                                        monkeypatch, tmp_path) -> None:
+    """Shared by every remote store (`put`/`get` take keys under the URL's prefix). The state, a bus object and the lock
+    were downloaded whole, however large: a huge object was an unbounded download, then a MemoryError. Each is read as
+    its local file is: the state and a bus object up to MAX_STATE_BYTES (here 1 MiB: a 3 MiB object, valid but for
+    its size), refused naming the object; the lock's first LOCK_BYTES, a garbled lock `reconcile unlock` breaks."""
+    from reconciler import backend, state
+
+    monkeypatch.setattr(state, "MAX_STATE_BYTES", 1 << 20)
+    monkeypatch.setattr(backend, "MAX_STATE_BYTES", 1 << 20)
+    padded = state_to_json(State()).encode() + b" " * (3 << 20)  # (before: read whole, it loaded)
+    put("state.json", padded)
+    qs = copy_quickstart(tmp_path)
+    with pytest.raises(StateFileError, match=re.escape(f"{url}/state.json: cannot read the reconciler's state: it is larger "
+                                                       "than 1 MiB, which no apply writes. Nothing was changed.")):
+        api.apply(qs, state=url)
+    assert get("state.json") == padded and get("lock.json") is None and SimCloud(state_dir(qs)).instances() == []
+
+    put("assignments/i-1.json", json.dumps({"serial": 1, "replicas": []}).encode() + b" " * (3 << 20))
+    with pytest.raises(CorruptBusObjectError, match=re.escape(f"bus object assignments/i-1.json ({url}/assignments/i-1.json) is "
+                                                              "larger than 1 MiB, more than any writer of the bus writes; delete it")):
+        Bus(backend_for(tmp_path, url)).assignment("i-1")
+
+    put("lock.json", b"x" * (3 << 20))
+    with pytest.raises(LockError, match=f"another apply holds the lock {re.escape(url)}/lock.json: nobody: the lock is garbled") as e:
+        with backend_for(tmp_path, url).lock():
+            pass
+    backend_for(tmp_path, url).unlock(str(e.value).split("reconcile unlock ")[1].split()[0].rstrip("`"))
+    assert get("lock.json") is None
+
+
+def test_oversized_state_bus_and_lock_objects_are_refused_unread(store, monkeypatch, tmp_path):
+    check_oversized_objects_are_refused(store.url, lambda k, b: store.put(f"fleet/{k}", b), lambda k: store.get(f"fleet/{k}"),
+                                        monkeypatch, tmp_path)
+
+
+def test_a_huge_state_object_is_not_downloaded_past_the_cap(gcs_emulator, monkeypatch, tmp_path):
+    """The download stops a chunk past the cap (here 1 MiB, the object 48 MiB): before, the whole object was taken into
+    memory, then parsed. (GCS: its emulator runs in this process and serves without copying, so the peak measured is
+    the client's; S3's ContentLength and Azure's first ranged GET stop theirs before the body.)"""
+    import tracemalloc
+
+    from reconciler import backend, state
+
+    store = _gcs_store(gcs_emulator, monkeypatch, "fleet-huge")
+    store.put("fleet/state.json", b" " * (48 << 20))
+    monkeypatch.setattr(state, "MAX_STATE_BYTES", 1 << 20)
+    monkeypatch.setattr(backend, "MAX_STATE_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(StateFileError, match="it is larger than 1 MiB"):
+            backend_for(tmp_path, store.url).load()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB allocated"  # before: 96 MiB

@@ -235,3 +235,31 @@ def test_an_agent_that_dies_during_its_notice_is_not_reported_checkpointed(tmp_p
     finally:
         proc.wait()
     assert (out["checkpointed"], out["notice"]) == (False, "agent died"), out
+
+
+def test_a_huge_journal_is_refused_unread_and_left_as_it_is(tmp_path, monkeypatch):
+    """cloud.journal was read whole from where a process last read it: a huge one (here 300 MiB of zeros past the
+    calls, sparse; the bound patched to 64 MiB) was taken into memory, then cut away as "a line a killed process left".
+    No sim writes a journal that large (it is folded into the snapshot): refused unread, naming it, nothing changed."""
+    import os
+    import tracemalloc
+
+    import pytest
+
+    from providers.errors import ProviderError
+
+    monkeypatch.setattr(sim_mod, "MAX_JOURNAL_BYTES", 64 << 20, raising=False)
+    sim = SimCloud(tmp_path)
+    ids = _plant(sim, 3)
+    os.truncate(sim.journal, 300 << 20)
+    sim_mod._CACHE.clear()  # as a new process
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProviderError, match=r"cloud.journal: the simulated cloud's record is corrupt: it is larger than 64 MiB, "
+                                                r"which no sim writes. Nothing was changed"):
+            _plant(sim, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 << 20, f"{peak / 2**20:.0f} MiB allocated"
+    assert sim.journal.stat().st_size == 300 << 20 and len(json.loads(sim.path.read_text())["instances"]) <= len(ids)

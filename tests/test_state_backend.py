@@ -225,3 +225,18 @@ def test_the_real_hosts_tags_saying_it_hosts_nothing_move_no_work_on_s3_state(s3
     assert not res.plan.has_changes, [(j.job, j.action) for j in res.plan.jobs if j.action != "keep"]
     assert {j: tuple(ids) for j, ids in saved.placements.items()} == res.observed.placements
     assert any(n.startswith(f"{host}: its tags (serial {saved.serial + 1})") and n.endswith("left on it") for n in res.plan.notes)
+
+
+def test_oversized_state_bus_and_lock_objects_are_refused_unread(s3_env, monkeypatch, tmp_path):
+    from tests.test_cloud_backends import check_oversized_objects_are_refused
+
+    _, url, s3, bucket = s3_env
+
+    def get(key):
+        try:
+            return s3.get_object(Bucket=bucket, Key=f"fleets/quickstart/{key}")["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            return None
+
+    check_oversized_objects_are_refused(url, lambda k, b: s3.put_object(Bucket=bucket, Key=f"fleets/quickstart/{k}", Body=b), get,
+                                        monkeypatch, tmp_path)
