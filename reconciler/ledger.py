@@ -863,13 +863,18 @@ class Ledger:
         return r is not None and may_borrow(r) and self._short(d, r.guarantee) is not None
 
     def _short(self, d, limits: dict[str, float]) -> tuple[str, float, float, float] | None:
+        return next(iter(self._shorts(d, limits)), None)
+
+    def _shorts(self, d, limits: dict[str, float]) -> list[tuple[str, float, float, float]]:
+        """Every dimension of `limits` one more job of d would break, as (dimension, used, need, limit) (`_short`)."""
         use = self._use.get(d.tenant)
+        out = []
         for dim, limit in limits.items():
             need = d.replicas * d.req(dim)
             used = use[dim].value if use else 0.0
             if need and not quota_ok(used, need, limit):
-                return dim, used, need, limit
-        return None
+                out.append((dim, used, need, limit))
+        return out
 
     def refuses_buffer(self, d, taken: float) -> str | None:
         """"spot-buffer" if d's items would take `taken` (buffer_use) of the idle on-demand capacity the buffer keeps."""
@@ -1245,9 +1250,7 @@ class Ledger:
         in this plan where that is not 0 (a job needing 6 GPUs beside its tenant's 1 under a limit of 2 read "needs 6
         GPUs but ... limit is 2", then raised by 4 still waited; one needing 4 GPUs and 40 vCPU named the GPUs alone)."""
         r = self.problem.tenants.get(d.tenant)
-        use = self._use.get(d.tenant)
-        shorts = [] if r is None else [(dim, u, need, limit) for dim, limit in r.cap.items()
-                                       if (need := d.replicas * d.req(dim)) and not quota_ok(u := use[dim].value if use else 0.0, need, limit)]
+        shorts = [] if r is None else self._shorts(d, r.cap)
         if not shorts:
             return None
         dim, used, need, limit = shorts[0]
