@@ -210,6 +210,8 @@ class ArmFake:
         self.custom_data: dict[tuple[str, str, str], str] = {}
         self.ops: dict[str, Operation] = {}
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
+        self.put_bodies: list[dict] = []  # the body of every VM PUT, and every VM a DELETE removed (tests/cloud_iam.py)
+        self.deleted_vms: list[dict] = []
         self.exhausted: dict[tuple[str, str], str] = {}  # (location, zone) -> error code
         self.sku_restrictions: dict[tuple[str, str], tuple[str, ...]] = {}  # (location, size) -> zones not offered
         self.power: dict[tuple[str, str, str], str] = {}  # (sub, rg, name) lower -> power state, when not "running"
@@ -773,6 +775,7 @@ class ArmFake:
         if vm is None:
             return 204, None, {}
         self._preempt(key)
+        self.deleted_vms.append(copy.deepcopy(vm))
         vm["properties"]["provisioningState"] = "Deleting"
         op = Operation(str(uuid.uuid4()), "delete", key, vm["location"], self.clock.now() + self.latency)
         self.ops[op.id] = op
@@ -965,6 +968,7 @@ class _Handler(BaseHTTPRequestHandler):
                         body = json.loads(raw or b"{}")
                     except json.JSONDecodeError:
                         raise ArmError(400, "InvalidRequestContent", "The request content was invalid and could not be deserialized.")
+                    arm.put_bodies.append(copy.deepcopy(body))
                     status, out, headers = arm.put_vm(sub, rg, name, body, base, api_version)
                     return self._send(status, out, headers)
                 if method == "DELETE":

@@ -6,6 +6,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -15,6 +17,7 @@ from providers.catalog import load_catalog
 from reconciler import api
 from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from tests.cloud_iam import ENCLOSING, arm_calls, scope_kind
 from tests.conftest import ARM_RESOURCE_GROUP, ARM_SUBNET
 from tests.conftest import arm_options as options
 from tests.fleetkit import copy_example
@@ -341,6 +344,43 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     api.apply(cfg, provider="azure", options=opts)
     assert not api.plan(cfg, provider="azure", options=opts).observed.instances
     assert set(arm.snapshot()) == {"hand-made"}
+    # Every action its requests needed, at the scope ARM checks it (the SKU list, the power-state list and the image
+    # check at the subscription's), is granted by the README's roles: the fake enforces no RBAC (tests/cloud_iam.py).
+    assert _not_granted(arm_calls(arm)) == []
+
+
+def _readme_azure_roles() -> dict[str, set[str]]:
+    """Scope kind -> the actions the README's Azure custom roles (its JSON block) grant there."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("### Azure", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    out: dict[str, set[str]] = {}
+    for role in json.loads(block):
+        for scope in role["AssignableScopes"]:
+            out.setdefault(scope_kind(scope), set()).update(role["Actions"])
+    return out
+
+
+def _not_granted(sent: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (action, scope kind) pairs no README role grants at that scope or one enclosing it."""
+    roles = _readme_azure_roles()
+    return sorted((a, k) for a, k in sent if not any(a in roles.get(s, ()) for s in ENCLOSING[k]))
+
+
+def test_the_readme_s_roles_grant_what_a_create_with_every_setting_needs(prov, arm):
+    """The fake enforces no RBAC, so a role missing an action the provider needs is found only by a user, as a 403 on
+    a real subscription. A create with the agent's customData and a capacity reservation group, and its delete: every
+    action their requests need (the NIC and disk Compute makes and removes, the subnet join, the group's deploy) is
+    granted at its scope by the README's roles (the plan, apply and teardown of examples/azure-only:
+    test_full_plan_apply_converge...)."""
+    arm.add_capacity_reservation_group("t4-crg")
+    inst = prov.create(replace(req("k-all"), capacity_reservation="t4-crg", agent_state_url="s3://bus/fleet"))
+    prov.delete(inst)
+    sent = arm_calls(arm)
+    assert {("Microsoft.Compute/virtualMachines/write", "resource group"),
+            ("Microsoft.Network/virtualNetworks/subnets/join/action", "subnet"),
+            ("Microsoft.Compute/capacityReservationGroups/deploy/action", "resource group"),
+            ("Microsoft.Network/networkInterfaces/delete", "resource group")} <= sent
+    assert _not_granted(sent) == []
 
 
 def test_a_vm_deleted_outside_is_replaced_and_nothing_the_fleet_does_not_own_is_touched(arm, tmp_path):

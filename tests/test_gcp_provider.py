@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -24,6 +25,7 @@ from reconciler.cli import app
 from reconciler.errors import (
     ApplyError, CapacityError, IncompleteObservationError, OwnershipError, ProviderError, QuotaError, TransientProviderError,
 )
+from tests.cloud_iam import gce_calls
 from tests.fleetkit import copy_example
 from tests.gce_fake import LABEL_KEY_RE, LABEL_VALUE_RE, NAME_RE, GceFake, parse_filter
 
@@ -882,6 +884,9 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     api.apply(cfg, provider="gcp", options=opts, allow_destroy=5)  # the example allows 4 at a time
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
+    # Every permission its requests needed (observe, offerings, quotas, the image and network checks, inserts and their
+    # operations, deletes) is in the README's custom role: the fake enforces no IAM (tests/cloud_iam.py).
+    assert sorted(gce_calls(gce) - _readme_gcp_role()) == []
 
 
 def test_a_reverted_config_applies_again(gce, tmp_path):
@@ -1151,3 +1156,30 @@ def test_a_delete_of_an_instance_still_being_made_is_retried_until_gce_takes_it(
     assert gce.instances(PROJECT) == [] and time.monotonic() - started < 4.0
     refused = [r for r in gce.requests("DELETE", "/instances/fo-k-unwanted")]
     assert len(refused) >= 2  # refused while it was being made, then taken
+
+
+# ---------------------------------------------------------------- permissions
+
+
+def _readme_gcp_role() -> set[str]:
+    """The permissions of the README's GCP custom role (its YAML block, `gcloud iam roles create --file`)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("### GCP", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    return set(yaml.safe_load(block)["includedPermissions"])
+
+
+def test_the_readme_s_custom_role_grants_what_a_create_with_every_pool_setting_needs(prov, gce):
+    """The fake enforces no IAM, so a role missing a permission the provider needs is found only by a user, as a 403
+    on a real project. A create with a service account, a subnetwork and the agent's startup script (setMetadata,
+    setServiceAccount, actAs), and a VM gone as it starts (zoneOperations.list): every permission their requests need
+    is in the README's role (the plan, apply and teardown of examples/gcp-only: test_full_plan_apply_converge...)."""
+    pool = target(subnetwork="default", service_account="node@fleet-test-project.iam.gserviceaccount.com")
+    prov.create(replace(req("k-agent", pool=pool), agent_state_url="s3://bus/fleet"))
+    gce.delete_at_start(ZONE_B)
+    with pytest.raises(ProviderError, match="deleted"):
+        prov.create(req("k-gone", zone=ZONE_B))
+    sent = gce_calls(gce)
+    assert {"compute.instances.create", "compute.instances.setLabels", "compute.instances.setMetadata",
+            "compute.instances.setServiceAccount", "iam.serviceAccounts.actAs", "compute.zoneOperations.list",
+            "compute.subnetworks.use", "compute.disks.create", "compute.images.useReadOnly"} <= sent
+    assert sorted(sent - _readme_gcp_role()) == [], sorted(sent)
