@@ -208,6 +208,7 @@ class ArmFake:
         self.vms: dict[tuple[str, str, str], dict] = {}  # (sub, rg, name) lower -> VM JSON as stored
         # osProfile.customData as created: ARM never returns it on GET, so tests read it here
         self.custom_data: dict[tuple[str, str, str], str] = {}
+        self.admin_passwords: dict[tuple[str, str, str], str] = {}  # what a create sent, never shown by GET
         self.ops: dict[str, Operation] = {}
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request, for assertions
         self.put_bodies: list[dict] = []  # the body of every VM PUT, and every VM a DELETE removed (tests/cloud_iam.py)
@@ -689,9 +690,11 @@ class ArmFake:
         if existing is not None:
             if existing["properties"].get("provisioningState") == "Deleting":
                 raise ArmError(409, "OperationNotAllowed", f"The VM '{name}' is being deleted.")
-            if body.get("zones") and body.get("zones") != existing.get("zones"):
-                raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'zones' is not allowed.", "zones")
-            existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, the rest kept
+            self._check_update(key, existing, body)
+            existing["tags"] = dict(body.get("tags") or {})  # an update: tags are replaced, a resize made, the rest kept
+            size = ((body.get("properties") or {}).get("hardwareProfile") or {}).get("vmSize")
+            if size:
+                existing["properties"]["hardwareProfile"]["vmSize"] = size
             running = self._preempt(key)
             if running is None:
                 return 200, copy.deepcopy(existing), {}
@@ -720,6 +723,11 @@ class ArmFake:
             body = copy.deepcopy(body)
             del body["properties"]["osProfile"]["customData"]  # not part of the VM as GET shows it
             self.custom_data[key] = raw.decode()
+        password = ((body.get("properties") or {}).get("osProfile") or {}).get("adminPassword")
+        if password is not None:
+            body = copy.deepcopy(body)
+            del body["properties"]["osProfile"]["adminPassword"]  # never shown by GET either
+            self.admin_passwords[key] = password
         vm = self._new_vm(sub, self.resource_groups[rg.lower()], name, body)
         over = self._over_quota(vm)
         if over is not None:
@@ -740,6 +748,41 @@ class ArmFake:
             headers = self._accepted(base, sub, op, api_version) if self.failed_at_once == "operation" else {}
             return 200, copy.deepcopy(vm), headers
         return 201, copy.deepcopy(vm), self._accepted(base, sub, op, api_version)
+
+    def _check_update(self, key: tuple[str, str, str], existing: dict, body: dict) -> None:
+        """A PUT to an existing VM is an update: its tags and size may change, not how it was made. ARM refuses a
+        change of location (InvalidResourceLocation), zones, image, OS profile (computer name, admin user, customData,
+        adminPassword: compared with what the create sent, which GET never shows) or priority with 409
+        PropertyChangeNotAllowed, "Changing property 'X' is not allowed."; a property the update leaves out is kept."""
+        location = body.get("location")
+        if isinstance(location, str) and location.replace(" ", "").lower() != existing["location"]:
+            raise ArmError(409, "InvalidResourceLocation", f"The resource '{existing['name']}' already exists in location "
+                           f"'{existing['location']}' in resource group '{key[1]}'. A resource with the same name cannot be "
+                           f"created in location '{location}'. Please select a new resource name.")
+        p, was = body.get("properties") or {}, existing["properties"]
+        image_keys = ("id", "publisher", "offer", "sku", "version")
+
+        def image(props: dict) -> dict | None:
+            ref = (props.get("storageProfile") or {}).get("imageReference")
+            return None if ref is None else {k: str(ref.get(k) or "").lower() for k in image_keys}
+
+        custom = (p.get("osProfile") or {}).get("customData")
+        try:
+            custom = None if custom is None else base64.b64decode(custom).decode()
+        except (ValueError, TypeError):
+            raise ArmError(400, "InvalidParameter", "customData must be base64-encoded.", "customData") from None
+        os_new, os_was = p.get("osProfile") or {}, was.get("osProfile") or {}
+        for name, new, old in (
+                ("zones", body.get("zones"), existing.get("zones")),
+                ("imageReference", image(p), image(was)),
+                ("computerName", os_new.get("computerName"), os_was.get("computerName")),
+                ("adminUsername", os_new.get("adminUsername"), os_was.get("adminUsername")),
+                ("customData", custom, self.custom_data.get(key)),
+                ("adminPassword", os_new.get("adminPassword"), self.admin_passwords.get(key)),
+                ("priority", p.get("priority"), was.get("priority", "Regular")),
+                ("evictionPolicy", p.get("evictionPolicy"), was.get("evictionPolicy"))):
+            if new is not None and new != old:
+                raise ArmError(409, "PropertyChangeNotAllowed", f"Changing property '{name}' is not allowed.", name)
 
     def _accepted(self, base: str, sub: str, op: Operation, api_version: str, *, location: bool = False) -> dict:
         """The headers of a write ARM accepted and runs asynchronously."""

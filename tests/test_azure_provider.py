@@ -1138,3 +1138,37 @@ def test_a_delete_of_our_vm_while_its_create_still_runs_removes_it_and_nothing_r
     assert create.preempted
     arm.clock.advance(60)  # past when the allocation would have ended
     assert arm.snapshot() == {}
+
+
+def test_arm_refuses_an_update_that_changes_how_a_vm_was_made(prov, arm):
+    """A PUT to an existing VM is an update: ARM lets its tags and size change, not its location, zone, image, OS
+    profile (customData, computer name, admin user) or priority (409 PropertyChangeNotAllowed). The fake let every such
+    PUT through but a zone change, so a create re-sent over its VM with another body (a new agent bootstrap, a changed
+    pool image) passed here and failed on Azure. The provider's own retried create, with the same body, is accepted."""
+    from azure.core.exceptions import HttpResponseError
+
+    request = replace(req("k-upd"), agent_state_url="s3://bus/fleet")
+    prov.create(request)
+    name = vm_name(FLEET, "k-upd")
+    body = prov._vm_body(request, name, "1")
+    vms = prov.compute(arm.subscription).virtual_machines
+
+    def put(b: dict):
+        return vms.begin_create_or_update(RG, name, b, polling_interval=0).result()
+
+    assert put({**body, "tags": {**body["tags"], "costcenter": "ml"}}).tags["costcenter"] == "ml"  # the same VM, retagged
+    other = replace(request, agent_state_url="s3://bus/other")
+    changes = {
+        "customData": prov._vm_body(other, name, "1"),
+        "imageReference": prov._vm_body(replace(request, pool=target(image="Canonical:ubuntu-24_04-lts:server:latest")),
+                                        name, "1"),
+        "priority": prov._vm_body(replace(request, market="spot", max_price=0.5), name, "1"),
+        "zones": prov._vm_body(request, name, "2"),
+    }
+    for prop, changed in changes.items():
+        with pytest.raises(HttpResponseError, match=f"Changing property '{prop}' is not allowed"):
+            put(changed)
+    with pytest.raises(HttpResponseError, match="InvalidResourceLocation"):
+        put({**body, "location": "westus2"})
+    assert prov.create(request).state == "running"  # the key's create again: its VM as it is, nothing re-sent
+    assert len(arm.requests("PUT", f"/virtualMachines/{name}")) == 1 + 1 + len(changes) + 1
