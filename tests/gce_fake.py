@@ -127,6 +127,9 @@ N1_RE = re.compile(r"^n1-(?:standard|highmem|highcpu)-([0-9]+)$")
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+METADATA_KEY_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+METADATA_VALUE_BYTES = 262144  # 256 KiB, a value at most
+METADATA_TOTAL_BYTES = 512 * 1024  # every key and value together, under
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # ReservationAffinity.key that names a reservation
 _RESERVATION_VALUE = re.compile(r"^(?:projects/([^/]+)/reservations/)?([a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)$")
 MACHINE_TYPE_RE = re.compile(r"^(?:(?:https?://[^/]+)?/?compute/v1/)?(?:projects/[^/]+/)?zones/([^/]+)/machineTypes/([a-z0-9-]+)$")
@@ -917,6 +920,7 @@ class GceFake:
                 raise _invalid("resource.labels", "", f"Label value '{v}' violates format constraints. The value can only "
                                "contain lowercase letters, numeric characters, underscores and dashes. The value can be "
                                "at most 63 characters long.")
+        self._validate_metadata((body.get("metadata") or {}).get("items") or [])
         disks = body.get("disks") or []
         boot = [d for d in disks if d.get("boot")]
         if len(boot) != 1:
@@ -956,6 +960,27 @@ class GceFake:
         if gpus and sched.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
             raise _invalid("resource.scheduling.onHostMaintenance", sched.get("onHostMaintenance", "MIGRATE"),
                            "Instances with guest accelerators do not support live migration.")
+
+    @staticmethod
+    def _validate_metadata(items: list[dict]) -> None:
+        """Metadata items as the API reference's `Items` and `Metadata` say: keys of [a-zA-Z0-9-_], under 128 bytes,
+        each once; a value at most 262144 bytes (256 KiB); all keys and values together under 512 KB."""
+        seen: set[str] = set()
+        total = 0
+        for i, item in enumerate(items):
+            key, value = str(item.get("key") or ""), str(item.get("value") or "")
+            if not METADATA_KEY_RE.fullmatch(key) or len(key.encode()) >= 128:
+                raise _invalid(f"resource.metadata.items[{i}].key", key, "Must be a match of regex '[a-zA-Z0-9-_]{1,128}'")
+            if key in seen:
+                raise _invalid("resource.metadata", "", f"Metadata has duplicate key '{key}'.")
+            seen.add(key)
+            if len(value.encode()) > METADATA_VALUE_BYTES:
+                raise _invalid(f"resource.metadata.items[{i}].value", "", f"Metadata value for key '{key}' is "
+                               f"{len(value.encode())} bytes, over the limit of {METADATA_VALUE_BYTES} bytes.")
+            total += len(key.encode()) + len(value.encode())
+        if total >= METADATA_TOTAL_BYTES:
+            raise _invalid("resource.metadata", "", f"Metadata is {total} bytes in all, over the limit of "
+                           f"{METADATA_TOTAL_BYTES} bytes.")
 
     def _validate_accelerators(self, zone: str, mt_name: str, accelerators: list[dict]) -> None:
         """GPUs attach to N1 machine types only, in supported counts and vCPU sizes; accelerator-optimized types come

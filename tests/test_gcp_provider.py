@@ -1183,3 +1183,23 @@ def test_the_readme_s_custom_role_grants_what_a_create_with_every_pool_setting_n
             "compute.instances.setServiceAccount", "iam.serviceAccounts.actAs", "compute.zoneOperations.list",
             "compute.subnetworks.use", "compute.disks.create", "compute.images.useReadOnly"} <= sent
     assert sorted(sent - _readme_gcp_role()) == [], sorted(sent)
+
+
+def test_gce_refuses_metadata_past_its_limits_and_the_agent_s_startup_script_is_within_them(prov, gce):
+    """GCE refuses an insert whose metadata breaks the API reference's `Items` rules: a value over 262144 bytes, a key
+    not of [a-zA-Z0-9-_] or repeated. The fake took any metadata, so a node-agent startup script grown past the limit
+    passed here and would have failed every create on GCE."""
+    from google.api_core.exceptions import BadRequest
+
+    request = replace(req("k-boot"), agent_state_url="s3://bus/" + "x" * 200)
+    inst = prov.create(request)
+    assert [i["key"] for i in stored(gce, inst.id.rsplit("/", 1)[-1])["metadata"]["items"]] == ["startup-script"]
+    for key, value, why in [("startup-script", "#" * 262145, "over the limit of 262144 bytes"),
+                            ("startup script", "#", "Must be a match of regex"),
+                            ("startup-script", "#", "duplicate key")]:
+        body = prov._resource(replace(request, key="k-big"), PROJECT, "fo-k-big")
+        items = body.metadata.items if why == "duplicate key" else []
+        body.metadata = type(body.metadata)(items=[*items, type(body.metadata.items[0])(key=key, value=value)])
+        with pytest.raises(BadRequest, match=why):
+            prov.instances.insert_unary(project=PROJECT, zone=ZONE_A, instance_resource=body)
+    assert [i["name"] for i in gce.instances(PROJECT)] == [inst.id.rsplit("/", 1)[-1]]
