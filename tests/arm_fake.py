@@ -17,6 +17,9 @@ azure.mgmt.compute.ComputeManagementClient unmodified:
 * a PUT or DELETE of a VM whose create is still under way preempts the create: its operation ends "Canceled" with
   OperationPreempted (PREEMPTED) while the newer operation carries on (a PUT allocates the VM as the create would
   have, a DELETE removes it); before, a PUT mid-create was a silent tag update and the create still succeeded;
+* a PUT to an existing VM is an update: its tags and size change; a change of location, zones, image, OS profile
+  (customData and adminPassword compared with what the create sent, as GET never shows them) or priority is refused
+  409 PropertyChangeNotAllowed "Changing property 'X' is not allowed." (InvalidResourceLocation for a location);
 * an allocation failure is an asynchronous operation that ends "Failed" with the
   ARM error (code ZonalAllocationFailed ...) and leaves the VM in provisioningState
   "Failed", as Azure does, its instance view saying why (ProvisioningState/failed/<code>); failed_at_once answers

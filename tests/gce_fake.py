@@ -51,7 +51,7 @@ formats, machine type paths and zones, a boot disk with an image, a network
 interface, a boot image that exists (the public images in PUBLIC_IMAGES and those add_image()
 registered; any other is 404 notFound, as GCE answers), Spot scheduling, GPU machine families needing onHostMaintenance
 TERMINATE, guestAccelerators only on N1 types in supported counts and vCPU sizes,
-requestId a UUID), so a provider bug shows up as a 400 and not as a silently
+requestId a UUID, metadata keys and sizes as the `Items` reference limits them), so a provider bug shows up as a 400 and not as a silently
 accepted instance. Instances report their GPUs as guestAccelerators with full
 acceleratorType URLs, accelerator-optimized types (a2, a3, g2) their built-in ones.
 
