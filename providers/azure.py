@@ -543,13 +543,16 @@ class AzureProvider:
             client = self.compute(scope.subscription)
             vms = self._call(f"list VMs in {scope.resource_group}",
                              lambda: list(client.virtual_machines.list(scope.resource_group)))
+            if scope.subscription.lower() not in power:
+                # Read whether or not the fleet has a VM yet: it is read at subscription scope, and a caller that may
+                # not (a role on the resource group alone) is stopped at the first plan, before anything is launched,
+                # not at the plan after, with a fleet running that it can then neither observe nor tear down.
+                power[scope.subscription.lower()] = self._power_states(scope.subscription)
             for vm in vms:
                 if (vm.tags or {}).get(fleet_tag) != self.ctx.fleet:
                     continue  # not ours: never reported, so never planned against
                 inst = self._to_instance(scope, vm)
                 if inst.state == "running":
-                    if scope.subscription.lower() not in power:
-                        power[scope.subscription.lower()] = self._power_states(scope.subscription)
                     state = power[scope.subscription.lower()].get(inst.id.lower())
                     if state is None:  # created after the status list was read: ask for this one
                         full = self._get(scope, vm.name, expand="instanceView")

@@ -1172,3 +1172,23 @@ def test_arm_refuses_an_update_that_changes_how_a_vm_was_made(prov, arm):
         put({**body, "location": "westus2"})
     assert prov.create(request).state == "running"  # the key's create again: its VM as it is, nothing re-sent
     assert len(arm.requests("PUT", f"/virtualMachines/{name}")) == 1 + 1 + len(changes) + 1
+
+
+@pytest.mark.parametrize("path, action", [
+    ("/providers/Microsoft.Compute/skus", "Microsoft.Compute/skus/read"),
+    ("/providers/Microsoft.Compute/virtualMachines", "Microsoft.Compute/virtualMachines/read"),
+])
+def test_a_role_missing_a_subscription_read_stops_the_plan_naming_the_action(arm, tmp_path, path, action):
+    """The README asked for Virtual Machine Contributor on the resource group and called Reader on the subscription
+    optional; the SKU list and the VM power-state list are read at subscription scope, where ARM refuses a caller
+    without a role there. The plan stops with ARM's error, which names the action and scope, and creates nothing.
+    Audit: the power states were read only once the fleet had a running VM, so such a caller's first apply launched
+    the whole fleet, and every plan after it (the teardown too) failed on that read, the VMs left running."""
+    cfg = _config(tmp_path)
+    scope = f"/subscriptions/{arm.subscription}"
+    arm.fail_next(403, "AuthorizationFailed", f"The client 'fleetops' with object id 'x' does not have authorization to "
+                  f"perform action '{action}' over scope '{scope}' or the scope is invalid.", method="GET",
+                  path_contains=f"{scope}{path}", count=100)
+    with pytest.raises(ProviderError, match=re.escape(action)):
+        api.apply(cfg, provider="azure", options=options(arm))
+    assert arm.requests("PUT") == [] and arm.snapshot() == {}
