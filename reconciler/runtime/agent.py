@@ -38,7 +38,7 @@ from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
-from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
+from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, beat_time, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
@@ -238,7 +238,7 @@ def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str]
         if doc is None or reports_alive(doc, now, stale):
             continue
         how = f"gone: {doc['lost']}" if doc.get("lost") else "its agent stopped" if doc.get("state") == "Stopped" else \
-            f"no heartbeat since {iso(float(doc.get('heartbeat_at', 0)))}"
+            f"no heartbeat since {iso(beat_time(doc))}"
         return f"replica {r.get('replica')}'s agent on {inst} is lost ({how}){' before it took up this round' if r.get('unstarted') else ''}"
     return None
 
