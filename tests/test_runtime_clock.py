@@ -7,22 +7,15 @@ test_cloud_backends (_round_trip)."""
 from __future__ import annotations
 
 import json
-import os
 
 from reconciler.backend import backend_for
 from reconciler.runtime.agent import peer_lost
-from reconciler.runtime.bus import Bus, instance_key, now_unix, stale_seconds
+from reconciler.runtime.bus import Bus, now_unix, stale_seconds
 from reconciler.runtime.publish import publish, shutting_down
+from tests.fleetkit import report_written_ago
 from tests.test_runtime_lifecycle import _rt3, _running_report, desired
 
 BEHIND = -120.0  # a host clock two minutes slow: past the 60 s stale limit at every beat
-
-
-def _last_written(cfg, iid: str, ago: float) -> None:
-    """The report's last write `ago` seconds ago, as the store recorded it (its agent has written nothing since)."""
-    path = cfg / ".reconcile" / "agents" / f"{instance_key(iid)}.json"
-    t = now_unix() - ago
-    os.utime(path, (t, t))
 
 
 def _skewed(bus: Bus, iid: str, ahead: float, **fields) -> None:
@@ -57,7 +50,7 @@ def test_a_dead_agent_whose_host_clock_was_ahead_is_a_lost_node(tmp_path):
     iid = json.loads((cfg / ".reconcile" / "state.json").read_text())["placements"]["slow"][0]
     bus = _running_report(cfg, iid)
     _skewed(bus, iid, 3600.0, state="Ready", notice=None)
-    _last_written(cfg, iid, 120)
+    report_written_ago(cfg, iid, 120)
     st = json.loads(runner.invoke(app, ["status", str(cfg), "--format", "json"]).stdout)["jobs"]["slow"]["status"]
     assert (st["phase"], st["run"]["reason"]) == ("Unknown", "AgentUnreachable"), st
     plan = runner.invoke(app, ["plan", str(cfg), "--time-limit", "10"])
@@ -74,7 +67,7 @@ def test_a_deleted_instances_key_stays_while_its_skewed_agent_stops_a_replica(tm
     bus = Bus(backend)
     _skewed(bus, "i-stopping", BEHIND, running=["j/0"])
     _skewed(bus, "i-dead", 3600.0, running=["j/1"])
-    _last_written(cfg, "i-dead", 120)
+    report_written_ago(cfg, "i-dead", 120)
     assert shutting_down(bus, "i-stopping") and not shutting_down(bus, "i-dead")
     publish(backend, d, {}, {}, 1, [], {}, cfg, None, previous={"i-stopping": {"serial": 0, "replicas": []}})
     assert bus.agent_instances() == ["i-stopping"]
@@ -88,6 +81,6 @@ def test_a_gang_peer_on_a_host_whose_clock_is_behind_is_not_lost(tmp_path):
     _skewed(bus, "i-c", 3600.0, running=["j/2"])
     peers = [{"replica": 1, "instance": "i-b"}, {"replica": 2, "instance": "i-c"}]
     assert peer_lost(0, "i-a", peers[:1], bus.agent, now_unix(), stale_seconds()) is None
-    _last_written(tmp_path, "i-c", 120)
+    report_written_ago(tmp_path, "i-c", 120)
     lost = peer_lost(0, "i-a", peers, bus.agent, now_unix(), stale_seconds())
     assert lost is not None and "replica 2's agent on i-c is lost" in lost, lost
