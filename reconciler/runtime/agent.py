@@ -221,7 +221,8 @@ def unstarted_peers(entry: dict, peers: list[dict]) -> list[dict]:
 def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str], dict | None], now: float, stale: float) -> str | None:
     """Which peer of a gang's replica `replica` (its round's records `peers`, and `unstarted_peers`) is lost, or None:
     one not finished, on another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by
-    the bus's one rule (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks
+    the bus's one rule (bus.reports_alive: written at most `stale` seconds ago by the store's clock, whatever the peer's
+    host clock says, and not Stopped; publish.mark_lost marks
     a reclaimed instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run
     record just before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer
     lists in the apply that places its work anew. A peer not started yet (no record of the round) is judged by the
