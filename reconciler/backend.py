@@ -24,6 +24,7 @@ import stat
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -40,6 +41,27 @@ from reconciler.state import (LOCK_BYTES, MAX_STATE_BYTES, ApplyLock, State, bre
 LOCK_TTL = timedelta(minutes=30)
 # While one file is copied, `progress` (the agent's heartbeat) is called at least this often (and at most: Every).
 PROGRESS_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Stamped:
+    """An object read with when the store recorded its last write, by the store's own clock: `modified` (unix) and `age`
+    (the store's time of the read minus `modified`). The one clock every writer and reader shares: an agent's host clock
+    minutes off made its heartbeat_at look stale (its live instance replaced) or fresh for ever (a dead one never)."""
+
+    body: bytes
+    modified: float
+    age: float
+
+
+def _http_date(text: str | None) -> float | None:
+    """An HTTP Date or Last-Modified header (RFC 7231) as unix seconds, None if absent or unreadable."""
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return parsedate_to_datetime(text).timestamp() if text else None
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 class StateBackend(Protocol):
@@ -61,6 +83,11 @@ class StateBackend(Protocol):
     # The bus (reconciler/runtime/bus.py): small objects under the state's prefix, written by
     # apply (assignments/) and by node agents (runs/, agents/).
     def read_key(self, key: str) -> bytes | None: ...
+
+    def read_key_stamped(self, key: str) -> Stamped | None:
+        """read_key's object with the store's times of its last write and of the read (Stamped), from one response
+        where the store gives both. How a reader judges how old an agent's report is: never by the writer's clock."""
+        ...
 
     def write_key(self, key: str, body: bytes) -> None: ...
 
@@ -253,6 +280,21 @@ class LocalBackend:
             return None
         except OSError as e:
             raise ReconcileError(f"local bus: cannot read {path}: {e.strerror}") from None
+
+    def read_key_stamped(self, key: str) -> Stamped | None:
+        """The file's mtime, which this host's kernel set as it renamed the object into place (write_atomic), against
+        this host's clock now: the same clock, whatever clock the writer's host keeps. (Stat after the read: an object
+        replaced between the two was written later still, its writer no less alive.)"""
+        body = self.read_key(key)
+        if body is None:
+            return None
+        try:
+            modified = self._path(key).stat().st_mtime
+        except FileNotFoundError:
+            return None  # (deleted since: read as gone, as a read a moment later would be)
+        except OSError as e:
+            raise ReconcileError(f"local bus: cannot read {self._path(key)}: {e.strerror}") from None
+        return Stamped(body, modified, time.time() - modified)
 
     def write_key(self, key: str, body: bytes) -> None:
         path = self._path(key)
@@ -476,6 +518,10 @@ class ObjectStoreBackend:
         nothing, where the store reports its size first), if it is larger than `limit`."""
         raise NotImplementedError
 
+    def _get_stamped(self, key: str, limit: int) -> Stamped | None:
+        """_get's object with the store's times of its last write and of the response (Stamped); TooLarge as _get."""
+        raise NotImplementedError
+
     def _put(self, key: str, body: bytes) -> None:
         raise NotImplementedError
 
@@ -544,6 +590,15 @@ class ObjectStoreBackend:
         check_key(key)
         try:
             return self._get(self.prefix + key, MAX_STATE_BYTES)
+        except TooLarge:
+            raise bus_object_too_large(key, f"{self.root}/{self.prefix}{key}") from None
+        except Exception as e:
+            raise self._bus_error(e, "cannot read", key) from None
+
+    def read_key_stamped(self, key: str) -> Stamped | None:
+        check_key(key)
+        try:
+            return self._get_stamped(self.prefix + key, MAX_STATE_BYTES)
         except TooLarge:
             raise bus_object_too_large(key, f"{self.root}/{self.prefix}{key}") from None
         except Exception as e:
@@ -631,6 +686,10 @@ class S3Backend(ObjectStoreBackend):
         return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
 
     def _get(self, key: str, limit: int) -> bytes | None:
+        got = self._get_object(key, limit)
+        return None if got is None else got[0]
+
+    def _get_object(self, key: str, limit: int) -> tuple[bytes, dict] | None:
         try:
             obj = self.s3.get_object(Bucket=self.bucket, Key=key)
         except self.s3.exceptions.NoSuchKey:
@@ -641,7 +700,19 @@ class S3Backend(ObjectStoreBackend):
             sink = CappedSink(limit)
             for chunk in body.iter_chunks(1 << 20):
                 sink.write(chunk)
-            return sink.value()
+            return sink.value(), obj
+
+    def _get_stamped(self, key: str, limit: int) -> Stamped | None:
+        """LastModified against the same response's Date header: both S3's clock (whole seconds)."""
+        got = self._get_object(key, limit)
+        if got is None:
+            return None
+        body, obj = got
+        modified = obj["LastModified"].timestamp()
+        now = _http_date(obj.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date"))
+        if now is None:
+            raise ReconcileError(f"the response for {key} has no Date header: the store's clock is unknown")
+        return Stamped(body, modified, now - modified)
 
     def _put(self, key: str, body: bytes) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
@@ -760,6 +831,12 @@ class GcsBackend(ObjectStoreBackend):
 
             raise ReconcileError(f"gs state backend: {adc_problem(e)}") from None
         self.bucket = self.client.bucket(u.netloc)
+        self._dates = threading.local()  # the Date header of this thread's last response: GCS's clock (_get_stamped)
+        self.client._http.hooks["response"].append(self._saw_response)
+
+    def _saw_response(self, response, *args, **kwargs):
+        self._dates.last = response.headers.get("Date")
+        return response
 
     def _code(self, e: Exception) -> str:
         if isinstance(e, self._exc.GoogleAPICallError):
@@ -773,6 +850,27 @@ class GcsBackend(ObjectStoreBackend):
         except self._exc.NotFound:
             return None
         return sink.value()
+
+    def _get_stamped(self, key: str, limit: int) -> Stamped | None:
+        """The object's metadata (`updated`, and the Date header of that response: both GCS's clock), then the body of
+        exactly that generation (changed between the two calls: read again). The media download carries no time the
+        client exposes, and on the emulator none at all."""
+        for _ in range(5):
+            self._dates.last = None
+            blob = self.bucket.get_blob(key, retry=self._retry)
+            if blob is None:
+                return None
+            now = _http_date(self._dates.last)
+            sink = CappedSink(limit)
+            try:
+                self.bucket.blob(key).download_to_file(sink, if_generation_match=blob.generation, retry=self._retry)
+            except (self._exc.PreconditionFailed, self._exc.NotFound):
+                continue
+            if now is None or blob.updated is None:
+                raise ReconcileError(f"the metadata of {key} has no time of its last write, or its response no Date header")
+            modified = blob.updated.timestamp()
+            return Stamped(sink.value(), modified, now - modified)
+        raise ReconcileError(f"{key} changed on every read")
 
     def _put(self, key: str, body: bytes) -> None:
         self.bucket.blob(key).upload_from_string(body, content_type="application/json", retry=self._retry)
@@ -909,6 +1007,22 @@ class AzureBlobBackend(ObjectStoreBackend):
         if download.size > limit:  # (the blob's size, from the first GET's Content-Range)
             raise TooLarge(download.size)
         return download.readall()
+
+    def _get_stamped(self, key: str, limit: int) -> Stamped | None:
+        """The blob's Last-Modified against the Date header of the same GET: both Azure's clock."""
+        date: list[str | None] = []
+        try:
+            download = self.container.get_blob_client(key).download_blob(
+                raw_response_hook=lambda r: date.append(r.http_response.headers.get("Date")))
+        except self._exc.ResourceNotFoundError:
+            return None
+        if download.size > limit:
+            raise TooLarge(download.size)
+        body = download.readall()
+        now, modified = _http_date(date[0] if date else None), download.properties.last_modified
+        if now is None or modified is None:
+            raise ReconcileError(f"the response for {key} has no Date or Last-Modified header: the store's clock is unknown")
+        return Stamped(body, modified.timestamp(), now - modified.timestamp())
 
     def _put(self, key: str, body: bytes) -> None:
         self.container.get_blob_client(key).upload_blob(body, overwrite=True, content_settings=self._json)

@@ -186,3 +186,14 @@ def launched_later(sim, copy: str, original: dict) -> None:
 
     with sim.world() as w:
         w["instances"][copy]["launched_at"] = (datetime.fromisoformat(original["launched_at"]) + timedelta(minutes=1)).isoformat()
+
+
+def report_written_ago(config_dir, instance: str, ago: float) -> None:
+    """An agent's report on the local bus last written `ago` seconds ago as the store records it (its file's mtime):
+    how a silent agent looks, whatever heartbeat_at its host's clock wrote (bus.beat_time)."""
+    import os
+
+    from reconciler.runtime.bus import instance_key
+
+    t = time.time() - ago
+    os.utime(Path(config_dir) / ".reconcile" / "agents" / f"{instance_key(instance)}.json", (t, t))

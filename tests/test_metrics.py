@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from reconciler import api
 from reconciler.cli import app
 from reconciler.metrics import METRICS, serve
-from tests.fleetkit import copy_quickstart
+from tests.fleetkit import copy_quickstart, report_written_ago
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -348,6 +348,7 @@ def test_a_job_its_agents_have_not_started_counts_starting_never_running(applied
 
     gone = status["finetune-a"]["instances"][0]
     Bus(backend_for(applied, None)).put_agent(gone, {"instance": gone, "heartbeat_at": 1.0, "state": "Ready", "running": []})
+    report_written_ago(applied, gone, 3600)
     live = json.loads(cli("status", applied, "--format", "json").output)["fleet"]["status"]["jobs"]
     assert live["unknown"] >= 1 and live["running"] + live["unknown"] + live["starting"] == 9, live
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 
 import boto3
 import pytest
 
 from reconciler.backend import backend_for
 from reconciler.errors import CorruptBusObjectError, ReconcileError
-from reconciler.runtime.bus import Bus
+from providers.files import loads_json
+from reconciler.runtime.bus import CLOCK_AHEAD, READ_ONLY_FIELDS, SEEN_AT, Bus, now_unix, reports_alive
 
 
 @pytest.fixture
@@ -33,7 +35,18 @@ def _round_trip(bus: Bus) -> None:
     assert sorted(bus.assignments()) == ["i-1", "i-2"]
     assert bus.runs() == {("eval", 0): {"phase": "Succeeded"}, ("train", 0): {"phase": "Running"}, ("train", 1): {"phase": "Starting"}}
     assert set(bus.runs("train")) == {("train", 0), ("train", 1)}
-    assert bus.agents() == {"i-1": {"heartbeat_at": 1.0}}
+    # A report as read carries the store's record of its write (its clock, not the writer's: heartbeat_at 1.0 is a
+    # host clock 56 years slow), never written back.
+    report = bus.agents()["i-1"]
+    assert {k: v for k, v in report.items() if k not in READ_ONLY_FIELDS} == {"heartbeat_at": 1.0}
+    assert abs(report[SEEN_AT] - now_unix()) < 5 and abs(report[CLOCK_AHEAD] + now_unix()) < 5, report
+    assert reports_alive(report, now_unix(), 60)
+    bus.put_agent("i-1", report)
+    assert set(loads_json(bus.store.read_key("agents/i-1.json"))) == {"heartbeat_at"}
+    time.sleep(1.5)
+    stamped = bus.store.read_key_stamped("agents/i-1.json")
+    assert 0 <= stamped.age <= 5 and abs(stamped.modified - (time.time() - 1.5)) < 3, stamped  # (S3's: whole seconds)
+    assert bus.store.read_key_stamped("agents/i-9.json") is None
     bus.delete_assignment("i-2")
     assert list(bus.assignments()) == ["i-1"]
     for bad in ("../state.json", "/etc/passwd", "runs/../../x", ""):
@@ -106,7 +119,8 @@ def test_the_agents_reports_are_read_past_one_bad_object(tmp_path):
     (tmp_path / ".reconcile/agents/i-3.json").write_text("{not json")
     (tmp_path / ".reconcile/runs/train/1.json").write_text('{"restarts": "x"}')
     skipped: dict[str, str] = {}
-    assert bus.agents(skipped=skipped) == {"i-1": {"heartbeat_at": 5.0, "state": "Ready"}}
+    assert {i: {k: v for k, v in a.items() if k not in READ_ONLY_FIELDS} for i, a in bus.agents(skipped=skipped).items()} == \
+        {"i-1": {"heartbeat_at": 5.0, "state": "Ready"}}
     assert bus.runs(skipped=skipped) == {("train", 0): {"phase": "Running", "restarts": 0}}
     assert sorted(skipped) == ["agents/i-2.json", "agents/i-3.json", "runs/train/1.json"]
     assert "is not valid JSON" in skipped["agents/i-3.json"] and "restarts" in skipped["runs/train/1.json"]

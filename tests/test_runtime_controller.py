@@ -11,7 +11,7 @@ from pathlib import Path
 from providers.sim import SimCloud
 from reconciler.runtime.controller import Controller
 from reconciler.state import state_dir
-from tests.fleetkit import job, pool, tenant, topology, write_config
+from tests.fleetkit import job, pool, report_written_ago, tenant, topology, write_config
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -119,6 +119,7 @@ def test_a_replaced_instance_calls_for_no_second_plan(tmp_path, monkeypatch):
     assert ctl.step()
     iid = backend_for(cfg).load().placements["a"][0]
     Bus(backend_for(cfg)).put_agent(iid, {"instance": iid, "heartbeat_at": now_unix() - 3600, "state": "Ready", "running": ["a/0"]})
+    report_written_ago(cfg, iid, 3600)
     assert ctl.step() and any(m.startswith(f"replace {iid}: lost node") for m in logs), logs
     # (and why the instance went, after the apply: its work is elsewhere)
     gone = next(m for m in logs if m.startswith(f"  deleted {iid}: "))

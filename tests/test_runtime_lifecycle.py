@@ -7,7 +7,7 @@ import pytest
 from reconciler.load import load
 from reconciler.runtime.assign import build_assignments, spec_hash
 from reconciler.runtime.lifecycle import runtime_view, unhealthy_instances
-from tests.fleetkit import job, pool, tenant, topology, write_config
+from tests.fleetkit import job, pool, report_written_ago, tenant, topology, write_config
 
 NOW = 1_000_000.0
 
@@ -221,6 +221,7 @@ def test_a_deleted_instances_heartbeat_stays_while_its_agent_still_stops_replica
     bus.put_agent("i-stopped", {"instance": "i-stopped", "heartbeat_at": now - 1, "state": "Stopped", "running": []})
     bus.put_agent("i-idle", {"instance": "i-idle", "heartbeat_at": now - 1, "state": "Ready", "running": []})
     bus.put_agent("i-stale", {"instance": "i-stale", "heartbeat_at": now - 3600, "state": "Ready", "running": ["j/1"]})
+    report_written_ago(tmp_path / "c", "i-stale", 3600)  # (stale by the store's clock)
     publish(backend, d, {}, {}, 1, [], {}, tmp_path / "c", None, previous={"i-stopping": {"serial": 0, "replicas": []}})
     assert sorted(bus.agent_instances()) == ["i-stopping"]
 

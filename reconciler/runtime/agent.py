@@ -38,7 +38,7 @@ from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
 from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
-from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
+from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, beat_time, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
 from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
 
@@ -221,7 +221,8 @@ def unstarted_peers(entry: dict, peers: list[dict]) -> list[dict]:
 def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str], dict | None], now: float, stale: float) -> str | None:
     """Which peer of a gang's replica `replica` (its round's records `peers`, and `unstarted_peers`) is lost, or None:
     one not finished, on another instance than `here`, whose agent's report (`report(instance)`) is no longer alive by
-    the bus's one rule (bus.reports_alive: a heartbeat at most `stale` seconds old, not Stopped; publish.mark_lost marks
+    the bus's one rule (bus.reports_alive: written at most `stale` seconds ago by the store's clock, whatever the peer's
+    host clock says, and not Stopped; publish.mark_lost marks
     a reclaimed instance's report Stopped). A peer with no report at all is not lost: an agent writes its first run
     record just before its first heartbeat, and the reconciler deletes the report of an instance the cloud no longer
     lists in the apply that places its work anew. A peer not started yet (no record of the round) is judged by the
@@ -238,7 +239,7 @@ def peer_lost(replica: int, here: str, peers: list[dict], report: Callable[[str]
         if doc is None or reports_alive(doc, now, stale):
             continue
         how = f"gone: {doc['lost']}" if doc.get("lost") else "its agent stopped" if doc.get("state") == "Stopped" else \
-            f"no heartbeat since {iso(float(doc.get('heartbeat_at', 0)))}"
+            f"no heartbeat since {iso(beat_time(doc))}"
         return f"replica {r.get('replica')}'s agent on {inst} is lost ({how}){' before it took up this round' if r.get('unstarted') else ''}"
     return None
 

@@ -63,11 +63,34 @@ def heartbeat_seconds() -> float:
     return setting("AGENT_HEARTBEAT_SECONDS", 5.0)
 
 
+# What Bus.agent and Bus.agents add to a report as read (never written back: put_agent drops them), from the store's own
+# clock (StateBackend.read_key_stamped): when the store recorded the report's last write, on this reader's clock
+# (this reader's now_unix() at the read minus the store's age of the object), and how far the writer's clock (its
+# heartbeat_at) was from the store's at that write.
+SEEN_AT, CLOCK_AHEAD = "stored_seen_at", "clock_ahead_seconds"
+READ_ONLY_FIELDS = (SEEN_AT, CLOCK_AHEAD)
+
+
+def beat_time(doc: dict) -> float:
+    """When an agent's report was last written, on this reader's clock: by the store's record of the write (SEEN_AT),
+    never by heartbeat_at, the writer's host clock (a host 2 minutes behind looked lost while it beat every 5 s, its
+    live instance replaced; one ahead looked alive for ever once dead). heartbeat_at only for a report read from a store
+    that cannot say when it was written (none of ours: a test's fake)."""
+    return float(doc.get(SEEN_AT, doc.get("heartbeat_at", 0)))
+
+
 def reports_alive(doc: dict | None, now: float, stale: float) -> bool:
-    """An agent's report that says it is up: a heartbeat at most `stale` seconds old, and not Stopped. The one rule of
-    a lost agent: status and the controller's replacements (lifecycle), a moved replica's wait (agent._predecessor),
-    and a gang's ranks, which stop when a peer's agent is lost (agent.peer_lost)."""
-    return bool(doc) and doc.get("state") != "Stopped" and now - float(doc.get("heartbeat_at", 0)) <= stale
+    """An agent's report that says it is up: written at most `stale` seconds before `now` (beat_time: by the store's
+    clock, as of this reader's), and not Stopped. The one rule of a lost agent: status and the controller's
+    replacements (lifecycle), a deleted instance's key kept while it stops its replicas (publish.shutting_down), and a
+    gang's ranks, which stop when a peer's agent is lost (agent.peer_lost). (A moved replica's wait judges its
+    predecessor by when it saw the report change: BeatWatch.)"""
+    return bool(doc) and doc.get("state") != "Stopped" and now - beat_time(doc) <= stale
+
+
+def clock_skew_seconds() -> float:
+    """An agent host's clock further than this from the store's is said in status (ClockSkew): fix its NTP."""
+    return setting("CLOCK_SKEW_SECONDS", 10.0)
 
 
 class BeatWatch:
@@ -240,8 +263,9 @@ class Bus:
     def _read(self, key: str, problem: Callable[[Any], str | None]) -> dict | None:
         """The object at `key`, None when there is none; CorruptBusObjectError when it is not what its writer writes."""
         raw = self.store.read_key(key)
-        if raw is None:
-            return None
+        return None if raw is None else self._parse(key, raw, problem)
+
+    def _parse(self, key: str, raw: bytes, problem: Callable[[Any], str | None]) -> dict:
         try:
             doc = loads_json(raw)
         except ValueError as e:  # (also a UnicodeDecodeError, a nest too deep, a key twice: providers.files)
@@ -251,10 +275,10 @@ class Bus:
             raise CorruptBusObjectError(key, why)
         return doc
 
-    def _read_or_skip(self, key: str, problem: Callable[[Any], str | None], skipped: dict[str, str] | None) -> dict | None:
-        """With `skipped`, a corrupt object is left out and noted there (key -> the error), not raised."""
+    def _read_or_skip(self, key: str, read: Callable[[str], dict | None], skipped: dict[str, str] | None) -> dict | None:
+        """read(key); with `skipped`, a corrupt object is left out and noted there (key -> the error), not raised."""
         try:
-            return self._read(key, problem)
+            return read(key)
         except CorruptBusObjectError as e:
             if skipped is None:
                 raise
@@ -298,17 +322,29 @@ class Bus:
             parts = key.split("/")
             if len(parts) != 3 or not parts[2].endswith(".json") or not parts[2][:-5].isdigit():
                 continue
-            doc = self._read_or_skip(key, _run_problem, skipped)
+            doc = self._read_or_skip(key, lambda k: self._read(k, _run_problem), skipped)
             if doc is not None:
                 out[(parts[1], int(parts[2][:-5]))] = doc
         return out
 
     # agents/ (agents)
     def agent(self, instance: str) -> dict | None:
-        return self._read(f"{AGENTS}/{instance_key(instance)}.json", _agent_problem)
+        """The report with when the store recorded it (SEEN_AT) and the writer's clock offset (CLOCK_AHEAD)."""
+        return self._read_report(f"{AGENTS}/{instance_key(instance)}.json")
+
+    def _read_report(self, key: str) -> dict | None:
+        stamped = getattr(self.store, "read_key_stamped", None)
+        if stamped is None:  # (a store that cannot say when an object was written: judged by heartbeat_at)
+            return self._read(key, _agent_problem)
+        got = stamped(key)
+        if got is None:
+            return None
+        doc = self._parse(key, got.body, _agent_problem)
+        return {**doc, SEEN_AT: now_unix() - got.age, CLOCK_AHEAD: float(doc["heartbeat_at"]) - got.modified}
 
     def put_agent(self, instance: str, doc: dict) -> None:
-        self._write(f"{AGENTS}/{instance_key(instance)}.json", doc)
+        """(A report as read carries what the reader learned of it: not the writer's to say, never written back.)"""
+        self._write(f"{AGENTS}/{instance_key(instance)}.json", {k: v for k, v in doc.items() if k not in READ_ONLY_FIELDS})
 
     def agent_instances(self) -> list[str]:
         return [i for k in self.store.list_keys(AGENTS) if (i := instance_of(k, AGENTS)) is not None]
@@ -321,6 +357,6 @@ class Bus:
         out = {}
         for key in self.store.list_keys(AGENTS):
             iid = instance_of(key, AGENTS)
-            if iid is not None and (doc := self._read_or_skip(key, _agent_problem, skipped)) is not None:
+            if iid is not None and (doc := self._read_or_skip(key, self._read_report, skipped)) is not None:
                 out[iid] = doc
         return out

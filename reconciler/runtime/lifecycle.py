@@ -10,7 +10,7 @@ from typing import Mapping
 from reconciler.errors import shown
 from reconciler.model import DesiredState
 from reconciler.runtime.assign import current_hashes
-from reconciler.runtime.bus import reports_alive
+from reconciler.runtime.bus import CLOCK_AHEAD, beat_time, clock_skew_seconds, reports_alive
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,20 @@ def agent_fault(report: Mapping) -> tuple[str, str] | None:
     return None
 
 
+def clock_fault(report: Mapping, limit: float | None = None) -> tuple[str, str] | None:
+    """An agent whose host's clock is more than `limit` (FLEETOPS_CLOCK_SKEW_SECONDS, 10 s) from the state store's, by
+    its heartbeat_at against the store's time of that write (bus.CLOCK_AHEAD), as status shows it, or None. Its liveness
+    is judged by the store's clock whatever its own says, but the times it writes (run records, logs, a restart's
+    backoff) are off by as much, and an older reconciler judging by heartbeat_at replaced it or never did."""
+    ahead = report.get(CLOCK_AHEAD)
+    limit = clock_skew_seconds() if limit is None else limit
+    if ahead is None or abs(ahead) <= limit:
+        return None
+    return ("ClockSkew", f"its host's clock is about {round(abs(ahead), -1):.0f}s {'ahead of' if ahead > 0 else 'behind'} the state store's "
+                         f"(more than {limit:g}s): liveness is judged by the store's clock, but the times it writes are off; "
+                         "fix the host's time sync (chrony, systemd-timesyncd, the cloud's NTP service)")
+
+
 def _ago(now: float, ts: float) -> str:
     return f"{max(0, int(now - ts))}s ago ({datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec='seconds')})"
 
@@ -75,7 +89,7 @@ def unhealthy_instances(instances: list[str], agents: Mapping[str, dict], now: f
         a = agents.get(iid)
         if a is None:
             continue
-        beat = float(a.get("heartbeat_at", 0))
+        beat = beat_time(a)
         if a.get("lost"):
             out[iid] = f"gone: {a['lost']}"
         elif a.get("state") == "Interrupting":
@@ -123,7 +137,7 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
     # An agent that beats but cannot write its run records (a policy without runs/*, a full disk): what runs/ holds of
     # its replicas is stale. It showed Starting (Assigned) while they ran, and Running after they ended.
     unwritten = {i: str(a["write_failed"]) for i, a in agents.items() if i in fresh and a.get("write_failed")}
-    faults = {i: f for i, a in agents.items() if i in fresh and (f := agent_fault(a)) is not None}
+    faults = {i: f for i, a in agents.items() if i in fresh and (f := agent_fault(a) or clock_fault(a)) is not None}
     jobs: dict[str, JobRun] = {}
     finished: dict[str, str] = {}
     for name, job in desired.jobs.items():
@@ -167,8 +181,8 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
                 phase, reason = "Starting", "AgentStarting"
             elif iid not in fresh:
                 phase, reason = "Unknown", "AgentUnreachable"
-                beat = agents.get(iid, {}).get("heartbeat_at")
-                unreachable.append(f"{iid} ({'no heartbeat yet' if beat is None else 'last heartbeat ' + _ago(now, float(beat))})")
+                beat = beat_time(agents[iid]) if iid in agents else None
+                unreachable.append(f"{iid} ({'no heartbeat yet' if beat is None else 'last heartbeat ' + _ago(now, beat)})")
             elif iid in unwritten:
                 phase, reason = "Unknown", "AgentUnreachable"
                 unreachable.append(f"{iid} (its agent beats but cannot write its run records: {unwritten[iid]})")
@@ -226,5 +240,5 @@ def runtime_view(desired: DesiredState, placements: Mapping[str, list[str] | tup
         jobs[name] = JobRun(name, phase, reason, message, restarts, started, ended if phase in ("Succeeded", "Failed") else None,
                             tuple(reps), tuple(conds), tail, tuple(sorted(since.items())))
     unhealthy = unhealthy_instances(instances, agents, now, stale)
-    beats = {i: float(a.get("heartbeat_at", 0)) for i, a in agents.items()}
+    beats = {i: beat_time(a) for i, a in agents.items()}
     return RuntimeView(jobs, finished, unhealthy, beats, agent_faults=dict(sorted(faults.items())))
