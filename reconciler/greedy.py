@@ -14,7 +14,8 @@ Order: what runs stays where it is (gangs whole, healed around survivors); pool
 minimums are bought; then the remaining jobs by class, running-first, then largest
 dominant share first, each on the open instance it fits first, else on the offer
 with the lowest price per item (gangs zone by zone, cheapest zone wins): every
-tenant's guaranteed jobs in that order first, then the borrowed ones.
+tenant's guaranteed jobs in that order first, then the borrowed ones, one job at a time
+to the tenant borrowing the least share over its weight (the model's fair share).
 
 Its fleet-wide state is a Ledger (reconciler/ledger.py): what it opens and places
 is added there (and removed when it gives up a host), and the ledger names the
