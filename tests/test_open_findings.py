@@ -251,7 +251,9 @@ told to make it a plain test).
   price where greedy meets it on spot too, more than the budget before anything was bought (fleet131). fleet132 (s35's
   stable-run hunt): every plan was refused as stopping a guaranteed job that a tenant's own broken ceiling, through its
   spot share, requires stopping (its test). fleet133 (the same hunt): greedy's plan launched into a Reservation past its
-  count (a Reservation's hosts not opened yet now hold its room)."""
+  count (a Reservation's hosts not opened yet now hold its room). fleet134 (s36, a second public trace converted:
+  Alibaba's DLRM serving trace, bench/dlrm.py): greedy gave one tenant all the borrowed room where the fair-share tier
+  splits it (its test)."""
 
 from __future__ import annotations
 
@@ -2874,3 +2876,18 @@ def test_greedy_launches_no_reserved_instance_past_the_reservations_count_on_fle
     for the gang; a Reservation's hosts not opened yet now hold its room (greedy._reservation_held): greedy deletes the
     idle p4d, as CP-SAT does."""
     check_fleet(fleet("fleet133"), time_limit=5)
+
+
+def test_greedy_splits_borrowed_room_by_fair_share_on_fleet134():
+    """fleet134 (s36's second public trace, 2026-12-03: bench.dlrm, Alibaba's GPU-disaggregated DLRM serving trace,
+    reduced by hand): pool p, 4 g5.8xlarge (1 A10G each) at most; t1 to t4 guarantee no GPUs (burst 4 for t1, 1 for
+    each other), t1 asks four 16-vCPU jobs, t2 to t4 one 8-vCPU job each. The model's fair-share tier splits the 4
+    borrowed GPUs one per tenant (CP-SAT's plan); greedy placed each demand's jobs whole in its order, largest first,
+    and gave t1 all four while t2 to t4 waited. Greedy's is the plan wherever CP-SAT's answer does not pack or ranks
+    lower (on the converted trace at --time-limit 20 and 60: 75 borrowed GPUs to 20 services, 13 to one, while 80
+    services under their caps borrowed none). Greedy now places borrowed work one job at a time to the tenant
+    borrowing the least share over its weight (greedy._place_borrowed)."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet134"), time_limit=5)
+    for p in (plan, gplan):
+        assert Counter(j.tenant for j in p.jobs if j.action == "place") == {"t1": 1, "t2": 1, "t3": 1, "t4": 1}, p.jobs
+    check_fleet(fleet("fleet134"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
