@@ -34,16 +34,24 @@ class Diagnostic:
             parts.append(f"{shown(self.kind)}/{shown(self.name)}")
         if self.field and not self.field.startswith("<"):
             parts.append(shown(self.field, 200))
-        return ": ".join([*parts, self.message])
+        return ": ".join([*parts, printable(self.message)])  # (one line, whatever the message quotes)
+
+
+def printable(text: str) -> str:
+    """`text` with each character that is not printable written as its escape (`\\x1b`, `\\r`, `\\n`, `\\u202e`), the
+    rest as it is: text the program did not write itself (a name read back from a file, a provider's or a process's
+    words) printed raw rewrote the terminal (an escape sequence, a `\\r`, a right-to-left override), or ended a line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def shown(text: str, limit: int = 80) -> str:
-    """Text of the input as a diagnostic shows it: control characters escaped (a name with `\r` or an escape sequence
-    rewrote the terminal's line), and at most `limit` characters (a 2 MB metadata.name was printed whole in each of its
-    document's errors: 20,000 of them took 40 GB)."""
+    """Text of the input as a diagnostic shows it: control characters escaped (printable), and at most `limit`
+    characters (a 2 MB metadata.name was printed whole in each of its document's errors: 20,000 of them took 40 GB)."""
     text = str(text)
-    head = text[:limit]
-    head = head if head.isprintable() else head.encode("unicode_escape").decode("ascii")
+    head = printable(text[:limit])
     return head if len(text) <= limit else head + f"... ({len(text):,} characters)"
 
 
@@ -110,6 +118,6 @@ class CorruptBusObjectError(ReconcileError):
         super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
 
 
-__all__ = ["ReconcileError", "Diagnostic", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+__all__ = ["ReconcileError", "Diagnostic", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
            "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]
