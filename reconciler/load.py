@@ -25,7 +25,7 @@ from providers.files import NotRegularFile, loads_json, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
-from reconciler.errors import ConfigError, Diagnostic, shown as _shown
+from reconciler.errors import ConfigError, Diagnostic, printable, shown as _shown
 from reconciler.ledger import budget_ok, buffer_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
@@ -451,7 +451,7 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             refuse(rel_dir, f"cannot list this directory: {e.strerror}")
             continue
         for entry in entries:
-            if entry.name.startswith(".") or (entry.name in SKIP_DIRS and rel_dir == Path()):
+            if _not_config(rel_dir / entry.name):
                 continue
             path, rel = directory / entry.name, rel_dir / entry.name
             is_yaml = entry.name.lower().endswith((".yaml", ".yml"))  # (jobs in a .YAML file are jobs: skipped, their instances went)
@@ -467,6 +467,11 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     if is_yaml or real.is_dir():
                         refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
+                if _not_config(inside := real.relative_to(real_root)):
+                    if is_yaml or real.is_dir():
+                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config (hidden files "
+                                    "and directories, and status/, are never read): make it a file of the config")
+                    continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
             except OSError as e:
@@ -481,6 +486,13 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             elif is_yaml:
                 out.append(path)  # a fifo or device is refused by _read_config, not waited on
     return sorted(out)
+
+
+def _not_config(rel: Path) -> bool:
+    """Whether a path under the config directory is one the walk never reads: hidden at any depth (.git, .reconcile,
+    .github), or directly under it one of SKIP_DIRS. A link into one is refused as one out of the directory is: the
+    checkout's .git/config holds CI's token, and YAML's errors quote words of what they read."""
+    return any(part.startswith(".") for part in rel.parts) or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS)
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
@@ -545,6 +557,13 @@ def _parse_bytes(rel: str, raw: bytes, diags: list[Diagnostic]) -> list[_Parsed]
             diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"YAML nested more than {MAX_DEPTH} deep: refusing"))
         else:
             diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}{_tab_hint(text, e)}"))
+    except yaml.reader.ReaderError as e:
+        # A control character (the text is decoded already): the error has no mark, and printed itself on two lines
+        # ending `in "<unicode string>", position 31`. Its position is the character's index (libyaml gives its code).
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        diags.append(Diagnostic(rel, text.count("\n", 0, e.position) + 1, "", "", "<yaml>",
+                                f"invalid YAML: the control character U+{code:04X} is not allowed in YAML: remove it, or "
+                                f"write it as an escape ({printable(chr(code))}) in a double-quoted string"))
     except yaml.YAMLError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
     except _TooBig as e:

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from reconciler.cli import app
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, Diagnostic
 from reconciler.load import load
 from tests.fleetkit import QUICKSTART, job, pool, tenant, topology, write_config
 
@@ -198,6 +198,40 @@ def test_non_utf8_and_symlink_outside(tmp_path):
     errs = errors_of(cfg)
     assert any(e.startswith("latin1.yaml:2:") and "not valid UTF-8" in e for e in errs), errs
     assert any(e.startswith("link.yaml:1:") and "symlink points outside" in e for e in errs), errs
+
+
+@pytest.mark.parametrize("target", [".git/config", ".env", "status/fleet.yaml", ".reconcile", ".git"])
+def test_a_symlink_into_what_is_not_config_is_refused(tmp_path, target):
+    """A pull request's `jobs/x.yaml -> ../.git/config` stayed inside the config directory, so it was read as config:
+    the checkout's .git/config holds the CI token (actions/checkout's `extraheader`), and YAML's errors quote words of
+    what they read (`found undefined alias 's3cr3t'`). What the walk never reads as config (hidden files and
+    directories, status/) is not read through a link either: refused, naming the link."""
+    write_config(tmp_path, [topology(), tenant("t")])
+    for f in (".git/config", ".env", "status/fleet.yaml", ".reconcile/state.yaml"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("token: *s3cr3t\n")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "x.yaml").symlink_to(tmp_path / target)
+    errs = errors_of(tmp_path)
+    assert errs == [f"jobs/x.yaml:1: symlink points into {target}, which is not config (hidden files and directories, "
+                    "and status/, are never read): make it a file of the config"], errs
+    assert not any("s3cr3t" in e for e in errs)
+
+
+def test_a_control_character_names_its_line_in_one_line(tmp_path):
+    """YAML refuses a control character with a reader error that has no mark: it was reported on line 1, in two lines
+    (`  in "<unicode string>", position 31`), and the second left the PR comment's indented code block as markdown."""
+    write_config(tmp_path, [topology()])
+    (tmp_path / "b.yaml").write_bytes(b"kind: Tenant\nmetadata: {name: a\x1b]0;x}\n")
+    assert errors_of(tmp_path) == ["b.yaml:2: invalid YAML: the control character U+001B is not allowed in YAML: remove it, "
+                                   "or write it as an escape (\\x1b) in a double-quoted string"]
+    res = CliRunner().invoke(app, ["plan", str(tmp_path), "--format", "markdown"])
+    body = res.stdout.split("\n\n", 1)[1]
+    assert res.exit_code == 1 and all(line.startswith("    ") for line in body.splitlines()), res.stdout
+
+
+def test_a_diagnostic_is_one_line_whatever_its_message_holds():
+    assert str(Diagnostic("a.yaml", 3, "Job", "j", "spec", "x\ny\x1b")) == "a.yaml:3: Job/j: spec: x\\ny\\x1b"
 
 
 def test_status_and_hidden_dirs_are_not_config(tmp_path):
