@@ -234,9 +234,18 @@ def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> 
                          "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
                                           "message": redact(d.message)} for d in diags]}}
         return json.dumps(doc, indent=2) + "\n"
+    from reconciler.render import MARKDOWN_MAX_CHARS
+
     body = [redact(str(d)) for d in diags] if diags else redact(str(e)).splitlines()
     head = (f"the config does not validate ({len(diags)} error(s)); nothing was planned" if diags else "the plan failed")
-    return f"### fleetops: {head}\n\n" + "".join(f"    {line}\n" for line in body)
+    text = f"### fleetops: {head}\n\n"
+    for kept, line in enumerate(body):  # (as many as a comment holds: a PR's 1,500 bad jobs made one GitHub refused)
+        if len(text) + len(line) + 5 > MARKDOWN_MAX_CHARS:
+            left = (f"{len(body) - kept} more error(s) left out; `reconcile validate` lists every one" if diags
+                    else f"{len(body) - kept} more line(s) left out; the command's standard error has them all")
+            return text + f"\n_... {left}_\n"
+        text += f"    {line}\n"
+    return text
 
 
 def _as_typed(diag, config_dir: Optional[Path]):

@@ -83,3 +83,17 @@ def test_a_replicas_log_lines_in_status_do_not_reach_the_terminal_raw():
                                     "run": {"reason": "Error", "message": "exit 1; last lines: \x1b[31mboom\x1b]0;t\x07\r"}}}}}
     out = render_status(st)
     assert not CONTROLS.search(out.replace("\n", "")) and "\\x1b[31mboom" in out, repr(out)
+
+
+def test_a_config_with_thousands_of_errors_gives_a_pr_comment_github_takes(tmp_path):
+    """The error section of `plan --format markdown` had no bound: 1,500 bad jobs (a PR can add as many) made a
+    comment of 182,626 characters, which GitHub refuses (65,536), so the PR showed nothing. Cut as the plan's is, with
+    a line saying how many errors are left out and where to see them all."""
+    from tests.fleetkit import job, tenant, topology, write_config
+
+    write_config(tmp_path, [topology(), tenant("t")] + [job(f"j{i}", tenant="t", colour="blue") for i in range(700)])
+    res = CliRunner().invoke(app, ["plan", str(tmp_path), "--format", "markdown"])
+    assert res.exit_code == 1
+    assert len(res.stdout) < 65_536, len(res.stdout)
+    assert res.stdout.rstrip().endswith("more error(s) left out; `reconcile validate` lists every one_"), res.stdout[-300:]
+    assert res.stdout.count("unknown field") > 100
