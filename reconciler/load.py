@@ -46,6 +46,8 @@ MAX_NODES = 200_000  # per file, counted while composing and again after alias e
 # Text per file after alias expansion: MAX_NODES alone let a 3 MB file of 5,000 aliases to one 3 MB string through
 # (5,000 nodes), and the digest's JSON of it took 15 GB. A file without aliases has at most MAX_FILE_BYTES of text.
 MAX_TEXT = 4 * MAX_FILE_BYTES
+# Digits of an int (`0x` and `_` included): a field's largest bound has 10 or so; Python converts at most 4,300.
+MAX_INT_DIGITS = 1000
 MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
 # Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
 # what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
@@ -221,6 +223,14 @@ class _Converter:
             # 10k-job config's 250k scalars are strings: the constructor's dispatch for each was
             # ~0.2 s of a 1.7 s first (uncached) load.
             return node.value
+        if node.tag == _NUMBER_TAGS[0] and len(node.value) > MAX_INT_DIGITS:
+            # (Python's own refusal read "Exceeds the limit (4300 digits) for integer string conversion ... use
+            # sys.set_int_max_str_digits() to increase the limit": advice to the program, not to the config's author)
+            if diags is not None:
+                diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>",
+                                        f"YAML reads `{_shown(node.value)}` as an int of {len(node.value):,} digits, larger "
+                                        "than any field takes: write the number you mean"))
+            return _FAILED
         try:
             value = self.scalars.construct_object(node)
         except yaml.YAMLError:
@@ -229,9 +239,10 @@ class _Converter:
             if diags is None:
                 return _FAILED
             what = node.tag.rsplit(":", 1)[-1] if node.tag.startswith("tag:yaml.org,2002:") else node.tag
+            what = f"an {what}" if what[:1] in ("a", "e", "i", "o", "u") else f"a {what}"
             why = f": {e}" if isinstance(e, (ValueError, OverflowError)) and str(e) else ""
             diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>",
-                                    f"YAML reads `{_shown(node.value)}` as a {what}, and it is not one{why}: fix it, or quote it if it is text"))
+                                    f"YAML reads `{_shown(node.value)}` as {what}, and it is not one{why}: fix it, or quote it if it is text"))
             return _FAILED
         finally:
             # The loader memoizes every node it constructs: cleared, so 5k jobs' nodes and their two

@@ -817,7 +817,9 @@ def _with_job(tmp_path, body: str) -> Path:
     ("2026-02-30", "YAML reads `2026-02-30` as a timestamp, and it is not one: day is out of range for month"),
     ("2026-13-01T00:00:00", "YAML reads `2026-13-01T00:00:00` as a timestamp, and it is not one: month must be in 1..12"),
     ("2026-01-01 25:00:00", "hour must be in 0..23"),
-    ("!!int abc", "YAML reads `abc` as a int, and it is not one"),
+    ("!!int abc", "YAML reads `abc` as an int, and it is not one"),
+    ("9" * 5000, "YAML reads `" + "9" * 80 + "... (5,000 characters)` as an int of 5,000 digits, larger than any field takes: "
+                 "write the number you mean"),
     ("!!bool maybe", "YAML reads `maybe` as a bool, and it is not one"),
     ("!!timestamp soon", "YAML reads `soon` as a timestamp, and it is not one"),
     ("!!float ''", "YAML reads `` as a float, and it is not one"),
