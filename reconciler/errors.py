@@ -40,11 +40,19 @@ class Diagnostic:
 def printable(text: str) -> str:
     """`text` with each character that is not printable written as its escape (`\\x1b`, `\\r`, `\\n`, `\\u202e`), the
     rest as it is: text the program did not write itself (a name read back from a file, a provider's or a process's
-    words) printed raw rewrote the terminal (an escape sequence, a `\\r`, a right-to-left override), or ended a line."""
+    words) printed raw rewrote the terminal (an escape sequence, a `\\r`, a right-to-left override), or ended a line;
+    and the `#` or `:` that makes such text a CI workflow command written `\\x23` or `\\x3a`."""
     text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    # A CI runner's workflow command, which GitHub's reads in a step's output and acts on (set-output, add-mask,
+    # stop-commands, an error annotation): `##[command]` anywhere in a line, `::command::` where a line starts.
+    if "##[" in text:
+        text = text.replace("##[", "#\\x23[")
+    if text.lstrip().startswith("::"):
+        at = text.index("::")
+        text = text[:at] + "\\x3a" + text[at + 1:]
+    return text
 
 
 def shown(text: str, limit: int = 80) -> str:

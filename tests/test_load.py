@@ -230,6 +230,21 @@ def test_a_control_character_names_its_line_in_one_line(tmp_path):
     assert res.exit_code == 1 and all(line.startswith("    ") for line in body.splitlines()), res.stdout
 
 
+def test_a_config_cannot_write_a_ci_workflow_command_into_the_log(tmp_path, monkeypatch):
+    """GitHub's runner reads `##[command]data` anywhere in a line of a step's output, and `::command::data` at a line's
+    start, and acts on it (set-output, add-mask, stop-commands, error annotations). A PR's file named
+    `::error title=Approved::x.yaml`, or `kind: '##[set-output name=safe;]yes'`, put one into the plan job's log through
+    the error naming it. Such text is printed with the `#` or `:` that would make it a command escaped."""
+    write_config(tmp_path, [topology()])
+    (tmp_path / "::error title=Approved::x.yaml").write_text("kind: '##[set-output name=safe;]yes'\n")
+    monkeypatch.chdir(tmp_path)  # (`reconcile validate .`: each error's line starts with the file's name)
+    res = CliRunner().invoke(app, ["validate", "."])
+    assert res.exit_code == 1 and "x.yaml:1" in res.output, res.output
+    for line in res.output.splitlines():
+        assert "##[" not in line and not line.lstrip().startswith("::"), line
+    assert "#\\x23[set-output name=safe;]yes" in res.output  # (what the file says, still readable)
+
+
 def test_a_diagnostic_is_one_line_whatever_its_message_holds():
     assert str(Diagnostic("a.yaml", 3, "Job", "j", "spec", "x\ny\x1b")) == "a.yaml:3: Job/j: spec: x\\ny\\x1b"
 

@@ -97,3 +97,14 @@ def test_a_config_with_thousands_of_errors_gives_a_pr_comment_github_takes(tmp_p
     assert len(res.stdout) < 65_536, len(res.stdout)
     assert res.stdout.rstrip().endswith("more error(s) left out; `reconcile validate` lists every one_"), res.stdout[-300:]
     assert res.stdout.count("unknown field") > 100
+
+
+def test_an_error_quoting_what_a_pr_wrote_is_printed_as_text(tmp_path):
+    """Errors other than the config's diagnostics quote input too: `.reconcile` committed as a link is refused with its
+    target, which the PR chose (an escape sequence, a CI workflow command)."""
+    cfg = copy_quickstart(tmp_path)
+    (cfg / ".reconcile").symlink_to("##[set-output name=safe;]yes\x1b]0;pwned\x07")
+    for fmt in ("human", "markdown", "json"):
+        res = CliRunner().invoke(app, ["plan", str(cfg), "--format", fmt])
+        assert res.exit_code == 1 and "is a symlink" in res.output, res.output
+        assert "##[" not in res.output and "\x1b" not in res.output and "\x07" not in res.output, res.output
