@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from typer.core import TyperGroup
 
-from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError, printable
+from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError, json_printed, printable
 from providers.redact import redact
 
 if TYPE_CHECKING:  # the CLI imports what a command needs when it runs
@@ -239,7 +239,7 @@ def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> 
         doc = {"error": {"type": type(e).__name__, "message": _said(message),
                          "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
                                           "message": _said(d.message)} for d in diags]}}
-        return json.dumps(doc, indent=2) + "\n"
+        return json_printed(json.dumps(doc, indent=2)) + "\n"
     from reconciler.render import MARKDOWN_MAX_CHARS
 
     body = [redact(str(d)) for d in diags] if diags else _said(str(e)).split("\n")
@@ -675,7 +675,7 @@ def status(ctx: typer.Context, config_dir: Path = ConfigDir, fmt: str = typer.Op
     except ReconcileError as e:
         _fail(e, config_dir, state, fmt)
     if fmt == "json":
-        typer.echo(json.dumps(st, indent=2, default=str))
+        typer.echo(json_printed(json.dumps(st, indent=2, default=str)))
         return
     if st["fleet"] is None:
         typer.echo("No status yet: run `reconcile apply` first.")

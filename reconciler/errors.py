@@ -55,6 +55,12 @@ def printable(text: str) -> str:
     return text
 
 
+def json_printed(text: str) -> str:
+    """A JSON document as it is printed: `##[` written `#\\u0023[`, the same JSON to any reader, and no workflow command
+    to a CI runner reading the step's output (printable)."""
+    return text.replace("##[", "#\\u0023[") if "##[" in text else text
+
+
 def shown(text: str, limit: int = 80) -> str:
     """Text of the input as a diagnostic shows it: control characters escaped (printable), and at most `limit`
     characters (a 2 MB metadata.name was printed whole in each of its document's errors: 20,000 of them took 40 GB)."""
@@ -126,6 +132,6 @@ class CorruptBusObjectError(ReconcileError):
         super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
 
 
-__all__ = ["ReconcileError", "Diagnostic", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+__all__ = ["ReconcileError", "Diagnostic", "json_printed", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
            "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]

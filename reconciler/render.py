@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reconciler.errors import printable, shown
+from reconciler.errors import json_printed, printable, shown
 from reconciler.ledger import money
 from reconciler.plan import Plan
 from reconciler.plan.quality import KEPT_SHORT, greedy_advice, proofs_of
@@ -385,7 +385,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
 
 def render(plan: Plan, fmt: str, full_plan_path: str | None = None, color: bool = False) -> str:
     if fmt == "json":
-        return plan.to_json() + "\n"
+        return json_printed(plan.to_json()) + "\n"
     if fmt == "markdown":
         return render_markdown(plan, full_plan_path)
     return render_human(plan, color=color)
@@ -443,9 +443,9 @@ def render_diff_json(d) -> str:
     """`reconcile diff --format json`: what differs between the plans at --base and of the working config."""
     from dataclasses import asdict
 
-    return json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
-                       "capacity": [list(c) for c in d.capacity], "placed_elsewhere": [asdict(j) for j in d.elsewhere],
-                       "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2) + "\n"
+    return json_printed(json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
+                                    "capacity": [list(c) for c in d.capacity], "placed_elsewhere": [asdict(j) for j in d.elsewhere],
+                                    "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2)) + "\n"
 
 
 def render_status(st: dict) -> str:
@@ -490,4 +490,4 @@ def render_explanation_json(e) -> str:
     body = asdict(e)
     body["would_change"] = [as_dict(w) for w in e.would_change]
     body["tried"] = [as_dict(w) for w in e.tried]
-    return json.dumps(body, indent=2) + "\n"
+    return json_printed(json.dumps(body, indent=2)) + "\n"

@@ -19,7 +19,8 @@ from reconciler.plan.types import RemovedJob
 from reconciler.render import render_human, render_markdown, render_status
 from tests.fleetkit import copy_quickstart
 
-HOSTILE = "x[/y]\x1b]0;pwned\x07\x1b[2K\r| cell | <details open>@org/team [c](javascript:alert(1))\n# heading `tick\u202e"
+HOSTILE = ("x[/y]\x1b]0;pwned\x07\x1b[2K\r| cell | <details open>@org/team [c](javascript:alert(1))\n# heading `tick\u202e"
+           " ##[set-output name=safe;]yes")
 CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -41,11 +42,13 @@ def test_a_hostile_name_in_the_human_plan_is_printed_as_text(hostile_plan):
         assert "\\x1b]0;pwned\\x07" in out and "\\r" in out and "\\u202e" in out, out
         without_colour = re.sub(r"\x1b\[[0-9;]*m", "", out)  # (the plan's own colours, on a terminal)
         assert not CONTROLS.search(without_colour), repr(CONTROLS.search(without_colour))
+        assert "##[" not in out
 
 
 def test_a_hostile_name_in_the_pr_comment_stays_in_its_cell(hostile_plan):
     md = render_markdown(hostile_plan)
     assert not CONTROLS.search(md), repr(CONTROLS.search(md))
+    assert "##[" not in md
     assert not re.search(r"(?<!\\)<details open>@", md) and "\\<details open>" in md  # no HTML of the input's
     assert not re.search(r"(?<![\w`])@org/team", md)  # no team notified
     assert "[c](javascript" not in md  # no link
@@ -53,6 +56,16 @@ def test_a_hostile_name_in_the_pr_comment_stays_in_its_cell(hostile_plan):
     start = md.index("Jobs removed from the config")
     rows = [line for line in md[start:md.index("</details>", start)].splitlines() if line.startswith("| ")]
     assert len(rows) == 2 and len(re.findall(r"(?<!\\)\|", rows[1])) == 3, rows  # the header, and one row of two cells
+
+
+def test_a_hostile_name_in_the_json_plan_is_the_same_json_without_a_workflow_command(hostile_plan):
+    """GitHub's runner acts on `##[command]` anywhere in a line of a step's output: a JSON plan printed to the CI log
+    carried one in a name from the state. The JSON writes that `#` as \\u0023, the same string to any reader."""
+    from reconciler.render import render
+
+    text = render(hostile_plan, "json")
+    assert "##[" not in text
+    assert json.loads(text)["removed"][0]["job"] == HOSTILE
 
 
 @pytest.mark.slow
