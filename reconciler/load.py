@@ -462,7 +462,7 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             refuse(rel_dir, f"cannot list this directory: {e.strerror}")
             continue
         for entry in entries:
-            if _not_config(rel_dir / entry.name):
+            if entry.name.startswith(".") or (entry.name in SKIP_DIRS and rel_dir == Path()):
                 continue
             path, rel = directory / entry.name, rel_dir / entry.name
             is_yaml = entry.name.lower().endswith((".yaml", ".yml"))  # (jobs in a .YAML file are jobs: skipped, their instances went)
@@ -478,10 +478,10 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     if is_yaml or real.is_dir():
                         refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
-                if _not_config(inside := real.relative_to(real_root)):
+                if _not_a_link_target(inside := real.relative_to(real_root)):
                     if is_yaml or real.is_dir():
-                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config (hidden files "
-                                    "and directories, and status/, are never read): make it a file of the config")
+                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config (git's and "
+                                    "the reconciler's own files, a hidden file, status/): make it a file of the config")
                     continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
@@ -499,11 +499,13 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
     return sorted(out)
 
 
-def _not_config(rel: Path) -> bool:
-    """Whether a path under the config directory is one the walk never reads: hidden at any depth (.git, .reconcile,
-    .github), or directly under it one of SKIP_DIRS. A link into one is refused as one out of the directory is: the
-    checkout's .git/config holds CI's token, and YAML's errors quote words of what they read."""
-    return any(part.startswith(".") for part in rel.parts) or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS)
+def _not_a_link_target(rel: Path) -> bool:
+    """Whether a link to this path under the config directory is refused, as one out of the directory is: into git's
+    or the reconciler's own files (the checkout's .git/config holds CI's token, and YAML's errors quote words of what
+    they read), to a hidden file (.env, .netrc) or into status/ or node_modules/. A hidden directory's config stays a
+    link's target (`jobs -> .shared/jobs`: the walk skips .shared, so its jobs are read once, through the link)."""
+    return (rel.name.startswith(".") or any(part in (".git", ".reconcile") for part in rel.parts)
+            or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS))
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:

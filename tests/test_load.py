@@ -204,8 +204,9 @@ def test_non_utf8_and_symlink_outside(tmp_path):
 def test_a_symlink_into_what_is_not_config_is_refused(tmp_path, target):
     """A pull request's `jobs/x.yaml -> ../.git/config` stayed inside the config directory, so it was read as config:
     the checkout's .git/config holds the CI token (actions/checkout's `extraheader`), and YAML's errors quote words of
-    what they read (`found undefined alias 's3cr3t'`). What the walk never reads as config (hidden files and
-    directories, status/) is not read through a link either: refused, naming the link."""
+    what they read (`found undefined alias 's3cr3t'`). Git's and the reconciler's own files, a hidden file and
+    status/ are not read through a link: refused, naming the link (a hidden directory of config, `jobs ->
+    .shared/jobs`, still is: tests/test_safety.py)."""
     write_config(tmp_path, [topology(), tenant("t")])
     for f in (".git/config", ".env", "status/fleet.yaml", ".reconcile/state.yaml"):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
@@ -213,8 +214,8 @@ def test_a_symlink_into_what_is_not_config_is_refused(tmp_path, target):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "x.yaml").symlink_to(tmp_path / target)
     errs = errors_of(tmp_path)
-    assert errs == [f"jobs/x.yaml:1: symlink points into {target}, which is not config (hidden files and directories, "
-                    "and status/, are never read): make it a file of the config"], errs
+    assert errs == [f"jobs/x.yaml:1: symlink points into {target}, which is not config (git's and the reconciler's own "
+                    "files, a hidden file, status/): make it a file of the config"], errs
     assert not any("s3cr3t" in e for e in errs)
 
 
