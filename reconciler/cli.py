@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from typer.core import TyperGroup
 
-from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError
+from reconciler.errors import ApplyError, ConfigError, LockError, ReconcileError, json_printed, printable
 from providers.redact import redact
 
 if TYPE_CHECKING:  # the CLI imports what a command needs when it runs
@@ -44,7 +44,7 @@ def last_resort_message(e: BaseException, debug: bool) -> str:
             "adds the traceback. Run `reconcile plan` to see the fleet as it is now.")
     if debug:
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__)) + text
-    return redact(text)
+    return _said(text)
 
 
 def _plain_flags(params: list) -> list:
@@ -217,10 +217,16 @@ def _fail(e: ReconcileError, config_dir: Optional[Path] = None, state: Optional[
             typer.echo(redact(str(_as_typed(diag, config_dir))), err=True)
         typer.echo(f"{len(e.diagnostics)} error(s) in the desired state; nothing was changed", err=True)
     elif isinstance(e, LockError) and config_dir is not None:
-        typer.echo(redact(f"Error: {_unlock_hint(str(e), config_dir, state)}"), err=True)
+        typer.echo(_said(f"Error: {_unlock_hint(str(e), config_dir, state)}"), err=True)
     else:
-        typer.echo(redact(f"Error: {e}"), err=True)
+        typer.echo(_said(f"Error: {e}"), err=True)
     raise typer.Exit(e.exit_code)
+
+
+def _said(message: str) -> str:
+    """An error's message as it is printed: credentials redacted, and each line's controls and CI workflow commands
+    escaped (errors.printable): a message quotes input (a link's target a PR chose, a provider's words)."""
+    return "\n".join(map(printable, redact(message).split("\n")))
 
 
 def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> str:
@@ -230,13 +236,22 @@ def _error_document(e: ReconcileError, config_dir: Optional[Path], fmt: str) -> 
     if fmt == "json":
         # The message as ConfigError words it, over the files as the diagnostics (and stderr) name them.
         message = str(ConfigError(diags)) if isinstance(e, ConfigError) else str(e)
-        doc = {"error": {"type": type(e).__name__, "message": redact(message),
+        doc = {"error": {"type": type(e).__name__, "message": _said(message),
                          "diagnostics": [{"file": d.file, "line": d.line, "kind": d.kind, "name": d.name, "field": d.field,
-                                          "message": redact(d.message)} for d in diags]}}
-        return json.dumps(doc, indent=2) + "\n"
-    body = [redact(str(d)) for d in diags] if diags else redact(str(e)).splitlines()
+                                          "message": _said(d.message)} for d in diags]}}
+        return json_printed(json.dumps(doc, indent=2)) + "\n"
+    from reconciler.render import MARKDOWN_MAX_CHARS
+
+    body = [redact(str(d)) for d in diags] if diags else _said(str(e)).split("\n")
     head = (f"the config does not validate ({len(diags)} error(s)); nothing was planned" if diags else "the plan failed")
-    return f"### fleetops: {head}\n\n" + "".join(f"    {line}\n" for line in body)
+    text = f"### fleetops: {head}\n\n"
+    for kept, line in enumerate(body):  # (as many as a comment holds: a PR's 1,500 bad jobs made one GitHub refused)
+        if len(text) + len(line) + 5 > MARKDOWN_MAX_CHARS:
+            left = (f"{len(body) - kept} more error(s) left out; `reconcile validate` lists every one" if diags
+                    else f"{len(body) - kept} more line(s) left out; the command's standard error has them all")
+            return text + f"\n_... {left}_\n"
+        text += f"    {line}\n"
+    return text
 
 
 def _as_typed(diag, config_dir: Optional[Path]):
@@ -660,7 +675,7 @@ def status(ctx: typer.Context, config_dir: Path = ConfigDir, fmt: str = typer.Op
     except ReconcileError as e:
         _fail(e, config_dir, state, fmt)
     if fmt == "json":
-        typer.echo(json.dumps(st, indent=2, default=str))
+        typer.echo(json_printed(json.dumps(st, indent=2, default=str)))
         return
     if st["fleet"] is None:
         typer.echo("No status yet: run `reconcile apply` first.")

@@ -34,16 +34,38 @@ class Diagnostic:
             parts.append(f"{shown(self.kind)}/{shown(self.name)}")
         if self.field and not self.field.startswith("<"):
             parts.append(shown(self.field, 200))
-        return ": ".join([*parts, self.message])
+        return ": ".join([*parts, printable(self.message)])  # (one line, whatever the message quotes)
+
+
+def printable(text: str) -> str:
+    """`text` with each character that is not printable written as its escape (`\\x1b`, `\\r`, `\\n`, `\\u202e`), the
+    rest as it is: text the program did not write itself (a name read back from a file, a provider's or a process's
+    words) printed raw rewrote the terminal (an escape sequence, a `\\r`, a right-to-left override), or ended a line;
+    and the `#` or `:` that makes such text a CI workflow command written `\\x23` or `\\x3a`."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    # A CI runner's workflow command, which GitHub's reads in a step's output and acts on (set-output, add-mask,
+    # stop-commands, an error annotation): `##[command]` anywhere in a line, `::command::` where a line starts.
+    if "##[" in text:
+        text = text.replace("##[", "#\\x23[")
+    if text.lstrip().startswith("::"):
+        at = text.index("::")
+        text = text[:at] + "\\x3a" + text[at + 1:]
+    return text
+
+
+def json_printed(text: str) -> str:
+    """A JSON document as it is printed: `##[` written `#\\u0023[`, the same JSON to any reader, and no workflow command
+    to a CI runner reading the step's output (printable)."""
+    return text.replace("##[", "#\\u0023[") if "##[" in text else text
 
 
 def shown(text: str, limit: int = 80) -> str:
-    """Text of the input as a diagnostic shows it: control characters escaped (a name with `\r` or an escape sequence
-    rewrote the terminal's line), and at most `limit` characters (a 2 MB metadata.name was printed whole in each of its
-    document's errors: 20,000 of them took 40 GB)."""
+    """Text of the input as a diagnostic shows it: control characters escaped (printable), and at most `limit`
+    characters (a 2 MB metadata.name was printed whole in each of its document's errors: 20,000 of them took 40 GB)."""
     text = str(text)
-    head = text[:limit]
-    head = head if head.isprintable() else head.encode("unicode_escape").decode("ascii")
+    head = printable(text[:limit])
     return head if len(text) <= limit else head + f"... ({len(text):,} characters)"
 
 
@@ -110,6 +132,6 @@ class CorruptBusObjectError(ReconcileError):
         super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
 
 
-__all__ = ["ReconcileError", "Diagnostic", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+__all__ = ["ReconcileError", "Diagnostic", "json_printed", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
            "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]

@@ -25,7 +25,7 @@ from providers.files import NotRegularFile, loads_json, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
-from reconciler.errors import ConfigError, Diagnostic, shown as _shown
+from reconciler.errors import ConfigError, Diagnostic, printable, shown as _shown
 from reconciler.ledger import budget_ok, buffer_ok, micro, spot_share_ok, spot_units
 from reconciler.schema import did_you_mean, known_fields
 from reconciler.model import (
@@ -46,6 +46,8 @@ MAX_NODES = 200_000  # per file, counted while composing and again after alias e
 # Text per file after alias expansion: MAX_NODES alone let a 3 MB file of 5,000 aliases to one 3 MB string through
 # (5,000 nodes), and the digest's JSON of it took 15 GB. A file without aliases has at most MAX_FILE_BYTES of text.
 MAX_TEXT = 4 * MAX_FILE_BYTES
+# Digits of an int (`0x` and `_` included): a field's largest bound has 10 or so; Python converts at most 4,300.
+MAX_INT_DIGITS = 1000
 MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
 # Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
 # what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
@@ -221,6 +223,14 @@ class _Converter:
             # 10k-job config's 250k scalars are strings: the constructor's dispatch for each was
             # ~0.2 s of a 1.7 s first (uncached) load.
             return node.value
+        if node.tag == _NUMBER_TAGS[0] and len(node.value) > MAX_INT_DIGITS:
+            # (Python's own refusal read "Exceeds the limit (4300 digits) for integer string conversion ... use
+            # sys.set_int_max_str_digits() to increase the limit": advice to the program, not to the config's author)
+            if diags is not None:
+                diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>",
+                                        f"YAML reads `{_shown(node.value)}` as an int of {len(node.value):,} digits, larger "
+                                        "than any field takes: write the number you mean"))
+            return _FAILED
         try:
             value = self.scalars.construct_object(node)
         except yaml.YAMLError:
@@ -229,9 +239,10 @@ class _Converter:
             if diags is None:
                 return _FAILED
             what = node.tag.rsplit(":", 1)[-1] if node.tag.startswith("tag:yaml.org,2002:") else node.tag
+            what = f"an {what}" if what[:1] in ("a", "e", "i", "o", "u") else f"a {what}"
             why = f": {e}" if isinstance(e, (ValueError, OverflowError)) and str(e) else ""
             diags.append(Diagnostic(self.file, node.start_mark.line + 1, "", "", ".".join(map(str, path)) or "<document>",
-                                    f"YAML reads `{_shown(node.value)}` as a {what}, and it is not one{why}: fix it, or quote it if it is text"))
+                                    f"YAML reads `{_shown(node.value)}` as {what}, and it is not one{why}: fix it, or quote it if it is text"))
             return _FAILED
         finally:
             # The loader memoizes every node it constructs: cleared, so 5k jobs' nodes and their two
@@ -467,6 +478,11 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     if is_yaml or real.is_dir():
                         refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
+                if _not_a_link_target(inside := real.relative_to(real_root)):
+                    if is_yaml or real.is_dir():
+                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config (git's and "
+                                    "the reconciler's own files, a hidden file, status/): make it a file of the config")
+                    continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
             except OSError as e:
@@ -481,6 +497,15 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             elif is_yaml:
                 out.append(path)  # a fifo or device is refused by _read_config, not waited on
     return sorted(out)
+
+
+def _not_a_link_target(rel: Path) -> bool:
+    """Whether a link to this path under the config directory is refused, as one out of the directory is: into git's
+    or the reconciler's own files (the checkout's .git/config holds CI's token, and YAML's errors quote words of what
+    they read), to a hidden file (.env, .netrc) or into status/ or node_modules/. A hidden directory's config stays a
+    link's target (`jobs -> .shared/jobs`: the walk skips .shared, so its jobs are read once, through the link)."""
+    return (rel.name.startswith(".") or any(part in (".git", ".reconcile") for part in rel.parts)
+            or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS))
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:
@@ -545,6 +570,13 @@ def _parse_bytes(rel: str, raw: bytes, diags: list[Diagnostic]) -> list[_Parsed]
             diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"YAML nested more than {MAX_DEPTH} deep: refusing"))
         else:
             diags.append(Diagnostic(rel, line, "", "", "<yaml>", f"invalid YAML: {e.problem or e.context}{_tab_hint(text, e)}"))
+    except yaml.reader.ReaderError as e:
+        # A control character (the text is decoded already): the error has no mark, and printed itself on two lines
+        # ending `in "<unicode string>", position 31`. Its position is the character's index (libyaml gives its code).
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        diags.append(Diagnostic(rel, text.count("\n", 0, e.position) + 1, "", "", "<yaml>",
+                                f"invalid YAML: the control character U+{code:04X} is not allowed in YAML: remove it, or "
+                                f"write it as an escape ({printable(chr(code))}) in a double-quoted string"))
     except yaml.YAMLError as e:
         diags.append(Diagnostic(rel, 1, "", "", "<yaml>", f"invalid YAML: {e}"))
     except _TooBig as e:

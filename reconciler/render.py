@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reconciler.errors import shown
+from reconciler.errors import json_printed, printable, shown
 from reconciler.ledger import money
 from reconciler.plan import Plan
 from reconciler.plan.quality import KEPT_SHORT, greedy_advice, proofs_of
@@ -180,13 +180,17 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
                   no_color=not color, highlight=False)
     style = {"place": "green", "move": "yellow", "evict": "red"}
+
+    def say(line: str) -> None:
+        con.print(_text(line))
+
     if not plan.has_changes:
-        con.print(no_changes_line(plan))
+        say(no_changes_line(plan))
     if plan.creates:
         _table(con, "Instances to create", ("ref", "pool", "cloud/zone", "type", "market", "$/h"),
                [(c.ref, c.site.pool, f"{c.site.cloud}/{c.site.zone}", c.site.instance_type, _market(c), f"{c.price:.3f}") for c in plan.creates],
                ["green"] * len(plan.creates))
-        con.print(prices_line(plan))
+        say(prices_line(plan))
     if plan.deletes:
         _table(con, "Instances to delete", ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"),
                [(d.instance_id, d.site.pool, f"{d.site.cloud}/{d.site.zone}", d.site.instance_type, d.site.market, f"{d.price:.3f}", d.reason)
@@ -203,11 +207,11 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         _table(con, "Jobs whose run spec changed (they restart in place, or start or stop there)", ("job", "on", "change"),
                [(r.job, ", ".join(r.instances), RUN_CHANGES[r.change]) for r in plan.restarted], ["yellow"] * len(plan.restarted))
     if consolidation_line(plan):
-        con.print(consolidation_line(plan))
+        say(consolidation_line(plan))
     if ballast_line(plan):
-        con.print(ballast_line(plan))
+        say(ballast_line(plan))
     for line in rules_lines(plan):
-        con.print(line)
+        say(line)
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:  # the summary counts evicted and pending apart; the table says which each row is
         evicted = any(j.action == "evict" for j in pending)
@@ -215,11 +219,11 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
                [(j.job, j.tenant, "evicted" if j.action == "evict" else "pending", j.reason) for j in pending], [None] * len(pending),
                last_style="dim")
     for v in plan.violations:
-        con.print(f"GUARDRAIL: {v}")
+        say(f"GUARDRAIL: {v}")
     for n in plan.notes:
-        con.print(f"Note: {n}")
-    con.print(f"Plan: {summary_line(plan)}")
-    con.print(_solver_line(plan), soft_wrap=True)  # (one line, however long: the terminal wraps it, grep finds it)
+        say(f"Note: {n}")
+    say(f"Plan: {summary_line(plan)}")
+    con.print(_text(_solver_line(plan)), soft_wrap=True)  # (one line, however long: the terminal wraps it, grep finds it)
     return buf.getvalue()
 
 
@@ -228,16 +232,23 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
 PLAIN_TABLE_ROWS = 300
 
 
+def _text(text: str, style: str = "") -> Text:
+    """`text` as rich prints it literally: not read as rich's markup (a job named `x[/y]` read from the state raised
+    MarkupError, "a bug in reconcile", and `[c]` vanished), its controls escaped (reconciler.errors.printable)."""
+    return Text(printable(text), style=style)
+
+
 def _table(con: Console, title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]], styles: list[str | None],
            last_style: str | None = None) -> None:
     """One table of the human plan: rich's, or above PLAIN_TABLE_ROWS the same columns aligned in plain text, a row a
     line, the last column unpadded (a long reason runs on: the terminal wraps it, grep finds it), each row its style."""
+    rows = [tuple(map(printable, r)) for r in rows]
     if len(rows) <= PLAIN_TABLE_ROWS:
         t = Table(title=title, title_justify="left")
         for col in cols:
             t.add_column(col)
         for r, st in zip(rows, styles):
-            t.add_row(*r[:-1], Text(r[-1], style=last_style) if last_style else r[-1], style=st)
+            t.add_row(*map(Text, r[:-1]), Text(r[-1], style=last_style or ""), style=st)
         con.print(t)
         return
     widths = [max(len(col), max(len(r[i]) for r in rows)) for i, col in enumerate(cols[:-1])]
@@ -259,10 +270,25 @@ def md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+# What markdown reads as its own syntax in a line of text: `\\` an escape, a backtick code, `|` a table cell, `<` HTML
+# (<details>, <img>), `[` `]` a link or an image, and an @mention at the start of a word (GitHub notifies whom it names).
+_MD_SYNTAX = re.compile(r"[\\`|<\[\]]")
+_MENTION = re.compile(r"(?<![\w`])@(?=\w)")
+
+
+def md_text(text: str) -> str:
+    """Text the plan did not write itself (a job's name as the state or a saved plan has it, a reason, a provider's
+    note) as literal text on one line of the PR comment: its controls escaped (a newline ended the table row, `\\x1b`
+    and a right-to-left override reordered it), markdown's syntax backslash-escaped, an @mention broken by a zero-width
+    space. A name the config validated has none of these, and reads as it did."""
+    text = _MD_SYNTAX.sub(r"\\\g<0>", printable(text))
+    return _MENTION.sub("@\u200b", text) if "@" in text else text
+
+
 def _md_table(header: list[str], rows: list[list[str]], truncated_note: str) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows[:MARKDOWN_MAX_ROWS]:
-        out.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
+        out.append("| " + " | ".join(map(md_text, r)) + " |")
     if len(rows) > MARKDOWN_MAX_ROWS:
         out.append(f"\n_... {len(rows) - MARKDOWN_MAX_ROWS} more rows truncated; {truncated_note}_")
     return out
@@ -292,22 +318,22 @@ def _tiers_differ(plan: Plan) -> str | None:
 
 def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
     note = f"the full plan is in {md_code(str(full_plan_path))}" if full_plan_path else "run `reconcile plan --format json` for the full plan"
-    lines = [f"### fleetops plan for `{plan.fleet}`", "", f"**{summary_line(plan)}**", ""]
+    lines = [f"### fleetops plan for {md_code(plan.fleet)}", "", f"**{md_text(summary_line(plan))}**", ""]
     if not plan.has_changes:
         lines += [no_changes_line(plan), ""]
     for v in plan.violations:
-        lines.append(f"> :no_entry: **Guardrail:** {v}")
+        lines.append(f"> :no_entry: **Guardrail:** {md_text(v)}")
     if plan.violations:
         lines.append("")
     for n in plan.notes:
-        lines.append(f"> **Note:** {n}")
+        lines.append(f"> **Note:** {md_text(n)}")
     if plan.notes:
         lines.append("")
     clouds = sorted({c.site.cloud for c in plan.creates} | {d.site.cloud for d in plan.deletes})
     for cloud in clouds:
         cr = [c for c in plan.creates if c.site.cloud == cloud]
         de = [d for d in plan.deletes if d.site.cloud == cloud]
-        lines += [f"<details><summary>{cloud}: {len(cr)} to create, {len(de)} to delete</summary>", ""]
+        lines += [f"<details><summary>{md_text(cloud)}: {len(cr)} to create, {len(de)} to delete</summary>", ""]
         rows = [["+ create", c.ref, c.site.pool, c.site.zone, c.site.instance_type, _market(c), f"{c.price:.3f}"] for c in cr]
         rows += [["- delete", d.instance_id, d.site.pool, d.site.zone, d.site.instance_type, d.site.market, f"{d.price:.3f}"] for d in de]
         lines += _md_table(["action", "instance", "pool", "zone", "type", "market", "$/h"], rows, note)
@@ -326,11 +352,11 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         lines += _md_table(["job", "on", "change"], [[r.job, ", ".join(r.instances), RUN_CHANGES[r.change]] for r in plan.restarted], note)
         lines += ["", "</details>", ""]
     if consolidation_line(plan):
-        lines += [f"**{consolidation_line(plan)}**", ""]
+        lines += [f"**{md_text(consolidation_line(plan))}**", ""]
     if ballast_line(plan):
-        lines += [f"**{ballast_line(plan)}**", ""]
+        lines += [f"**{md_text(ballast_line(plan))}**", ""]
     if rules_lines(plan):
-        lines += [f"- {line}" for line in rules_lines(plan)] + [""]
+        lines += [f"- {md_text(line)}" for line in rules_lines(plan)] + [""]
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:
         evicted = sum(j.action == "evict" for j in pending)
@@ -350,7 +376,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
         elif plan.solver.narrowed or plan.solver.held:  # (as the plan's line says: its bounds are of those plans only)
             lines += ["", f"_Best possible and proven {proofs_of(plan.solver)}._"]
         lines += ["", "</details>", ""]
-    lines.append(f"<sub>{_solver_line(plan)}</sub>")
+    lines.append(f"<sub>{md_text(_solver_line(plan))}</sub>")
     text = "\n".join(lines) + "\n"
     if len(text) > MARKDOWN_MAX_CHARS:
         text = text[:MARKDOWN_MAX_CHARS].rsplit("\n", 1)[0] + f"\n\n_... truncated at {MARKDOWN_MAX_CHARS} characters; {note}_\n"
@@ -359,7 +385,7 @@ def render_markdown(plan: Plan, full_plan_path: str | None = None) -> str:
 
 def render(plan: Plan, fmt: str, full_plan_path: str | None = None, color: bool = False) -> str:
     if fmt == "json":
-        return plan.to_json() + "\n"
+        return json_printed(plan.to_json()) + "\n"
     if fmt == "markdown":
         return render_markdown(plan, full_plan_path)
     return render_human(plan, color=color)
@@ -391,7 +417,7 @@ def render_diff_markdown(d) -> str:
         lines += _md_table(["job", "before", "after"], [[j.job, j.base, j.head] for j in d.elsewhere], "see the JSON plan")
         lines += ["", "</details>", ""]
     for v in d.head.violations:
-        lines.append(f"> :no_entry: **Guardrail:** {v}")
+        lines.append(f"> :no_entry: **Guardrail:** {md_text(v)}")
     return "\n".join(lines) + "\n"
 
 
@@ -410,16 +436,16 @@ def render_explanation(e) -> str:
         lines += [f"    - {w}" for w in e.tried]
     if e.state in ("pending", "evicted") and not e.would_change:
         lines.append(f"  {e.unchanged or 'No single change tried places it.'}")
-    return "\n".join(lines) + "\n"
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 def render_diff_json(d) -> str:
     """`reconcile diff --format json`: what differs between the plans at --base and of the working config."""
     from dataclasses import asdict
 
-    return json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
-                       "capacity": [list(c) for c in d.capacity], "placed_elsewhere": [asdict(j) for j in d.elsewhere],
-                       "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2) + "\n"
+    return json_printed(json.dumps({"base": d.base_ref, "documents": list(d.documents), "jobs": [asdict(j) for j in d.jobs],
+                                    "capacity": [list(c) for c in d.capacity], "placed_elsewhere": [asdict(j) for j in d.elsewhere],
+                                    "cost_base": float(d.base.cost_after), "cost_head": float(d.head.cost_after)}, indent=2)) + "\n"
 
 
 def render_status(st: dict) -> str:
@@ -451,7 +477,8 @@ def render_status(st: dict) -> str:
         for x in j["status"]["conditions"][1:]:  # a deadline that is at risk or missed
             if x.get("type") in ("DeadlineAtRisk", "DeadlineMissed") and x.get("status") == "True":
                 lines.append(f"    {x['type']}: {x['message']}")
-    return "\n".join(lines) + "\n"
+    # (a replica's message ends with its last log lines: colours, a title rewrite, a `\r`, printed as text)
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 def render_explanation_json(e) -> str:
@@ -463,4 +490,4 @@ def render_explanation_json(e) -> str:
     body = asdict(e)
     body["would_change"] = [as_dict(w) for w in e.would_change]
     body["tried"] = [as_dict(w) for w in e.tried]
-    return json.dumps(body, indent=2) + "\n"
+    return json_printed(json.dumps(body, indent=2)) + "\n"

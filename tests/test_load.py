@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from reconciler.cli import app
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, Diagnostic
 from reconciler.load import load
 from tests.fleetkit import QUICKSTART, job, pool, tenant, topology, write_config
 
@@ -198,6 +198,56 @@ def test_non_utf8_and_symlink_outside(tmp_path):
     errs = errors_of(cfg)
     assert any(e.startswith("latin1.yaml:2:") and "not valid UTF-8" in e for e in errs), errs
     assert any(e.startswith("link.yaml:1:") and "symlink points outside" in e for e in errs), errs
+
+
+@pytest.mark.parametrize("target", [".git/config", ".env", "status/fleet.yaml", ".reconcile", ".git"])
+def test_a_symlink_into_what_is_not_config_is_refused(tmp_path, target):
+    """A pull request's `jobs/x.yaml -> ../.git/config` stayed inside the config directory, so it was read as config:
+    the checkout's .git/config holds the CI token (actions/checkout's `extraheader`), and YAML's errors quote words of
+    what they read (`found undefined alias 's3cr3t'`). Git's and the reconciler's own files, a hidden file and
+    status/ are not read through a link: refused, naming the link (a hidden directory of config, `jobs ->
+    .shared/jobs`, still is: tests/test_safety.py)."""
+    write_config(tmp_path, [topology(), tenant("t")])
+    for f in (".git/config", ".env", "status/fleet.yaml", ".reconcile/state.yaml"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("token: *s3cr3t\n")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "x.yaml").symlink_to(tmp_path / target)
+    errs = errors_of(tmp_path)
+    assert errs == [f"jobs/x.yaml:1: symlink points into {target}, which is not config (git's and the reconciler's own "
+                    "files, a hidden file, status/): make it a file of the config"], errs
+    assert not any("s3cr3t" in e for e in errs)
+
+
+def test_a_control_character_names_its_line_in_one_line(tmp_path):
+    """YAML refuses a control character with a reader error that has no mark: it was reported on line 1, in two lines
+    (`  in "<unicode string>", position 31`), and the second left the PR comment's indented code block as markdown."""
+    write_config(tmp_path, [topology()])
+    (tmp_path / "b.yaml").write_bytes(b"kind: Tenant\nmetadata: {name: a\x1b]0;x}\n")
+    assert errors_of(tmp_path) == ["b.yaml:2: invalid YAML: the control character U+001B is not allowed in YAML: remove it, "
+                                   "or write it as an escape (\\x1b) in a double-quoted string"]
+    res = CliRunner().invoke(app, ["plan", str(tmp_path), "--format", "markdown"])
+    body = res.stdout.split("\n\n", 1)[1]
+    assert res.exit_code == 1 and all(line.startswith("    ") for line in body.splitlines()), res.stdout
+
+
+def test_a_config_cannot_write_a_ci_workflow_command_into_the_log(tmp_path, monkeypatch):
+    """GitHub's runner reads `##[command]data` anywhere in a line of a step's output, and `::command::data` at a line's
+    start, and acts on it (set-output, add-mask, stop-commands, error annotations). A PR's file named
+    `::error title=Approved::x.yaml`, or `kind: '##[set-output name=safe;]yes'`, put one into the plan job's log through
+    the error naming it. Such text is printed with the `#` or `:` that would make it a command escaped."""
+    write_config(tmp_path, [topology()])
+    (tmp_path / "::error title=Approved::x.yaml").write_text("kind: '##[set-output name=safe;]yes'\n")
+    monkeypatch.chdir(tmp_path)  # (`reconcile validate .`: each error's line starts with the file's name)
+    res = CliRunner().invoke(app, ["validate", "."])
+    assert res.exit_code == 1 and "x.yaml:1" in res.output, res.output
+    for line in res.output.splitlines():
+        assert "##[" not in line and not line.lstrip().startswith("::"), line
+    assert "#\\x23[set-output name=safe;]yes" in res.output  # (what the file says, still readable)
+
+
+def test_a_diagnostic_is_one_line_whatever_its_message_holds():
+    assert str(Diagnostic("a.yaml", 3, "Job", "j", "spec", "x\ny\x1b")) == "a.yaml:3: Job/j: spec: x\\ny\\x1b"
 
 
 def test_status_and_hidden_dirs_are_not_config(tmp_path):
@@ -783,7 +833,9 @@ def _with_job(tmp_path, body: str) -> Path:
     ("2026-02-30", "YAML reads `2026-02-30` as a timestamp, and it is not one: day is out of range for month"),
     ("2026-13-01T00:00:00", "YAML reads `2026-13-01T00:00:00` as a timestamp, and it is not one: month must be in 1..12"),
     ("2026-01-01 25:00:00", "hour must be in 0..23"),
-    ("!!int abc", "YAML reads `abc` as a int, and it is not one"),
+    ("!!int abc", "YAML reads `abc` as an int, and it is not one"),
+    ("9" * 5000, "YAML reads `" + "9" * 80 + "... (5,000 characters)` as an int of 5,000 digits, larger than any field takes: "
+                 "write the number you mean"),
     ("!!bool maybe", "YAML reads `maybe` as a bool, and it is not one"),
     ("!!timestamp soon", "YAML reads `soon` as a timestamp, and it is not one"),
     ("!!float ''", "YAML reads `` as a float, and it is not one"),
