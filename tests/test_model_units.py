@@ -147,3 +147,12 @@ def test_load_refuses_an_amount_no_row_holds_exactly_naming_file_line_and_field(
     errs = [str(d) for d in e.value.diagnostics]
     assert any(".yaml:" in s and "quota.memory_gib" in s and "more than 6 decimal places" in s for s in errs), errs
     assert any(".yaml:" in s and "resources.cpu" in s and "more than 6 decimal places" in s for s in errs), errs
+
+
+def test_whole_mib_count_exactly():
+    """memory_mib / 1024 (the openb trace's pods: 30,517 MiB is 29.8017578125 GiB, ten decimals) is read as written,
+    not rounded to nine decimals: load admits it and a row counts it whole."""
+    from reconciler.units import written_exactly
+
+    assert written_exactly(30517 / 1024) and scale("memory_gib", [30517 / 1024]) == 128_000
+    assert units(30517 / 1024, "memory_gib", 128_000) == 30517 * 125
