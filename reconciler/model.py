@@ -196,7 +196,7 @@ class Resources(Strict):
     # domain is smaller are not considered. Without it, GPUs are still given in one domain
     # when they fit in one.
     nvlink: bool = False
-    # At least a thousandth: the model counts vCPU and GiB in thousandths (solve/variables.scale), and a smaller ask
+    # At least a thousandth (the model counts vCPU and GiB in thousandths or finer: reconciler.units.scale), and a smaller ask
     # (cpu: 1.0e-20) was a 1.6e21-replica bound that crashed the solver on a config that validated.
     cpu: Annotated[float, Field(ge=0.001, le=100_000), AfterValidator(_held_exactly)] = 1.0
     memory_gib: Annotated[float, Field(ge=0.001, le=1_000_000), AfterValidator(_held_exactly)] = 1.0
