@@ -13,6 +13,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from reconciler.units import written_exactly
+
 API_VERSION = "fleetops.io/v1alpha1"
 
 #: Named priority classes and the weight each contributes to the objective.
@@ -66,12 +68,24 @@ class Metadata(Strict):
 # ---------------------------------------------------------------- Tenant
 
 
+def _held_exactly(v: float) -> float:
+    """A vCPU or GiB amount the planner's integer rows hold exactly (reconciler.units.written_exactly), so the solver,
+    greedy and apply's re-check admit the same work under a quota and on an instance; past that the ledger's float
+    tolerance could admit what a row refuses."""
+    if not written_exactly(v):
+        raise ValueError(f"{v!r} has more than 6 decimal places (write at most 6, or a whole number of MiB: n/1024 GiB)")
+    return v
+
+
+Amount = Annotated[float, Field(ge=0, le=1e9), AfterValidator(_held_exactly)]
+
+
 class Limits(Strict):
     """Resource amounts; a field left out means 'no limit on this dimension'."""
 
     gpus: Count | None = None
-    cpu: NonNeg | None = None
-    memory_gib: NonNeg | None = None
+    cpu: Amount | None = None
+    memory_gib: Amount | None = None
 
 
 class Quota(Limits):
@@ -182,10 +196,10 @@ class Resources(Strict):
     # domain is smaller are not considered. Without it, GPUs are still given in one domain
     # when they fit in one.
     nvlink: bool = False
-    # At least a thousandth: the model counts vCPU and GiB in thousandths (solve/variables.scale), and a smaller ask
+    # At least a thousandth (the model counts vCPU and GiB in thousandths or finer: reconciler.units.scale), and a smaller ask
     # (cpu: 1.0e-20) was a 1.6e21-replica bound that crashed the solver on a config that validated.
-    cpu: Annotated[float, Field(ge=0.001, le=100_000)] = 1.0
-    memory_gib: Annotated[float, Field(ge=0.001, le=1_000_000)] = 1.0
+    cpu: Annotated[float, Field(ge=0.001, le=100_000), AfterValidator(_held_exactly)] = 1.0
+    memory_gib: Annotated[float, Field(ge=0.001, le=1_000_000), AfterValidator(_held_exactly)] = 1.0
 
     @model_validator(mode="after")
     def _gpu_type_iff_gpus(self) -> "Resources":

@@ -198,23 +198,32 @@ REPACK_MAX_BINS = 96
 REPACK_ITEMS = 800
 REPACK_LEFT = 64
 REPACK_WORK = 0.5  # CP-SAT deterministic seconds per re-pack: deterministic, so two plans of one input agree
-def _units(d: Demand, k: str) -> int:
-    """What an item asks of dimension k in the exact passes' integers: the model's (reconciler.units), so a pattern
-    the model counts is one these passes pack. (Their own ceil without a tolerance counted 4.03 vCPU as 4031.)"""
-    return exact.units(d.req(k), k)
+def _per(items: list[Demand], dims: list[str]) -> dict[str, int]:
+    """Each dimension's integer units per vCPU, GiB or GPU over these items, as the model's rows count them
+    (reconciler.units.scale: exact for the decimals the requests have)."""
+    return {k: exact.scale(k, {d.req(k) for d in items}) for k in dims}
 
 
-def _needs(shapes: list[Demand]) -> tuple[list[str], list[dict[str, int]]] | None:
-    """The dimensions these shapes ask for and each one's integer requests in them (`_units`), as the pattern passes
-    count them; None where a shape asks for nothing (no pattern bounds how many one instance holds)."""
+def _units(d: Demand, k: str, per: dict[str, int]) -> int:
+    """What an item asks of dimension k in the exact passes' integers (`per`: `_per`): the model's (reconciler.units),
+    so a pattern the model counts is one these passes pack. (Their own ceil without a tolerance counted 4.03 vCPU as
+    4031.)"""
+    return exact.units(d.req(k), k, per[k])
+
+
+def _needs(shapes: list[Demand]) -> tuple[list[str], list[dict[str, int]], dict[str, int]] | None:
+    """The dimensions these shapes ask for, each one's integer requests in them (`_units`) and the units they are in
+    (`_per`), as the pattern passes count them; None where a shape asks for nothing (no pattern bounds how many one
+    instance holds)."""
     dims = sorted({k for d in shapes for k in d.dims if d.req(k) > 0})
-    need = [{k: _units(d, k) for k in dims} for d in shapes]
-    return None if any(all(v == 0 for v in n.values()) for n in need) else (dims, need)
+    per = _per(shapes, dims)
+    need = [{k: _units(d, k, per) for k in dims} for d in shapes]
+    return None if any(all(v == 0 for v in n.values()) for n in need) else (dims, need, per)
 
 
-def _room(v: float, k: str) -> int:
-    """Free room `v` of dimension k in the exact passes' integers (down)."""
-    return exact.room(v, k)
+def _room(v: float, k: str, per: dict[str, int]) -> int:
+    """Free room `v` of dimension k in the exact passes' integers (down), in the units `per` (`_per`) counts."""
+    return exact.room(v, k, per[k])
 
 
 def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
@@ -271,7 +280,8 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
     for (d, _, _), i in zip(movable, at):
         for k in need_dims:
             free[i][k] += d.req(k)
-    base = {i: {k: _room(v, k) for k, v in f.items()} for i, f in free.items()}
+    per = _per([d for d, *_ in every], need_dims)
+    base = {i: {k: _room(v, k, per) for k, v in f.items()} for i, f in free.items()}
 
     # Items of one shape are interchangeable here (`place` reads only the shape): the model counts items of each shape
     # per instance, so thousands of alike items are not thousands of symmetric variables (per item, 32 instances' 212
@@ -292,7 +302,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         d = shape_of[sh]
         most = moving[n] + sum(c[n] for c in per_job.values())
         for i in chosen:
-            fit = min((base[i][k] // _units(d, k) for k in need_dims if _units(d, k) > 0), default=most)
+            fit = min((base[i][k] // _units(d, k, per) for k in need_dims if _units(d, k, per) > 0), default=most)
             if min(fit, most) > 0:
                 cnt[(n, i)] = m.new_int_var(0, min(fit, most), f"n{n}_{i}")
     y = {j: m.new_bool_var(f"y_{j}") for j in jobs_left}
@@ -300,7 +310,7 @@ def _repack(bins: list[Bin], items: list[tuple[Demand, str, int, str | None]],
         m.add(sum(v for (nn, _), v in cnt.items() if nn == n) == moving[n] + sum(c[n] * y[j] for j, c in per_job.items() if c[n]))
     for i in chosen:
         for k in need_dims:
-            terms = [(_units(shape_of[shapes[n]], k), v) for (n, ii), v in cnt.items() if ii == i and _units(shape_of[shapes[n]], k)]
+            terms = [(u, v) for (n, ii), v in cnt.items() if ii == i and (u := _units(shape_of[shapes[n]], k, per))]
             if terms:
                 m.add(sum(c * v for c, v in terms) <= base[i][k])
     for j, v in y.items():  # a job's leftover items together or not at all (its other items are placed, or it is a 1-item job)
@@ -394,8 +404,8 @@ def _pattern_pack(bins: list[Bin], items: list[tuple[Demand, str, int, str | Non
     asked = _needs([shape_of[sh] for sh in shapes])
     if asked is None:
         return left
-    dims, need = asked
-    room = {k: _room(cap.cap(k), k) for k in dims}
+    dims, need, per = asked
+    room = {k: _room(cap.cap(k), k, per) for k in dims}
     avail = [len(of_shape[sh]) for sh in shapes]
     if any(sum(n[k] * a for n, a in zip(need, avail)) > room[k] * len(bins) for k in dims):
         return left  # (more than the instances hold in sum)
@@ -493,8 +503,8 @@ def most_by_pattern(cap: Capacity, count: int, kinds: list[tuple[Demand, list[tu
     asked = _needs([d for d, _ in kinds])
     if asked is None:
         return None
-    dims, need = asked
-    room = {k: _room(cap.cap(k), k) for k in dims}
+    dims, need, per = asked
+    room = {k: _room(cap.cap(k), k, per) for k in dims}
     avail = [len(v) for _, v in kinds]
     patterns = _patterns(room, need, avail)
     if not patterns:

@@ -442,7 +442,7 @@ def check_plan(desired: DesiredState, observed: Observed, plan: Plan, now=None) 
     _check_gpu_indices(desired, reps)
     _check_capacity(desired, hosts, reps)
     _check_tenants(desired, reps)
-    _check_pools(desired, observed, plan, hosts)
+    _check_pools(desired, observed, plan, hosts, now)
     _check_spot(desired, hosts, reps, now)
     _check_guardrails(desired, plan, hosts)
     _check_licenses(desired, reps)
@@ -460,24 +460,6 @@ def _check_cloud_quotas(observed: Observed, plan: Plan) -> None:
                    if c.cloud == q.cloud and (not q.region or c.region == q.region))
         assert took <= max(0.0, q.limit - q.used) + 1e-6, (f"cloud quota {q.cloud} {q.name} ({q.region or 'all regions'}): the plan's creates "
                                                  f"take {took:g} {q.unit}, {q.used:g} of {q.limit:g} were used")
-
-
-def _quota_blocks(observed: Observed, plan: Plan, spec) -> bool:
-    """Would one more instance of every type and market the pool may launch take some cloud quota past its room (a
-    pool minimum yields to the account's quotas: they limit launches)?"""
-    quotas = getattr(observed, "quotas", ())
-
-    def full(itype: str, market: str) -> bool:
-        for q in quotas:
-            per = {(t, m): u for t, m, u in q.counts}
-            if q.cloud != spec.cloud or (q.region and q.region != spec.region) or (itype, market) not in per:
-                continue
-            took = sum(per.get((c.instance_type, c.market), 0) for c in plan.creates
-                       if c.cloud == q.cloud and (not q.region or c.region == q.region))
-            if took + per[(itype, market)] > max(0.0, q.limit - q.used) + 1e-6:
-                return True
-        return False
-    return bool(quotas) and all(full(t, m) for t in spec.instance_types for m in spec.markets())
 
 
 def _check_reservations(desired: DesiredState, observed: Observed, plan: Plan) -> None:
@@ -668,11 +650,18 @@ def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> Non
         assert spot <= frac * total + EPS, f"tenant {tname} has {spot:g}/{total:g} on spot, over its max {frac}"
 
 
-def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host]) -> None:
+def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host], now=None) -> None:
     per_pool: Counter = Counter(h.pool for h in hosts.values())
     for name, p in desired.pools.items():
         assert per_pool[name] <= p.spec.max_instances, f"pool {name} has {per_pool[name]} instances"
-        assert p.spec.min_instances <= per_pool[name] or _quota_blocks(observed, plan, p.spec), f"pool {name} has {per_pool[name]} instances"
+    if any(per_pool[name] < p.spec.min_instances for name, p in desired.pools.items()):
+        # A pool under min_instances: apply's rule says whether the plan could have done better (a cloud quota, a
+        # capacity cool-off or the budget may keep it under), one definition (plancheck.pool_min_errors).
+        from reconciler.plancheck import pool_min_errors
+        from reconciler.problem import build_problem
+
+        errors = pool_min_errors(plan, desired, observed, build_problem(desired, observed, now=now))
+        assert not errors, errors
     short = observed.short
     for h in hosts.values():
         pool = desired.pools.get(h.pool)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from reconciler.load import load
 from reconciler.plan import make_plan
 from reconciler.plancheck import recheck
 from reconciler.problem import build_problem
 from reconciler.solve import solve
 from tests.fleetkit import catalog_observed, doc, pool, tenant, topology, write_config
+from tests.invariants import check_plan
 
 
 POOLS = [pool("a-gpu", "aws", "us-east-1", ["us-east-1a"], ["p4d.24xlarge"], lo=1, hi=1),
@@ -33,7 +36,7 @@ def test_a_minimum_greedy_cannot_buy_leaves_a_later_pools_minimum_to_be_bought(t
     desired = load(write_config(tmp_path, [topology(), tenant("t"), *POOLS]))
     plan, errors = _greedy_plan(desired, catalog_observed(desired, short={("aws", "us-east-1a", "p4d.24xlarge", "on-demand")}))
     assert [c.site.pool for c in plan.creates] == ["b-cpu"]
-    assert errors == []  # (tests/invariants.py reads a cool-off as no excuse: apply's re-check is the judge here)
+    assert errors == []
 
 
 def test_a_minimum_the_budget_refuses_keeps_no_budget_from_a_later_pools_minimum(tmp_path):
@@ -47,3 +50,18 @@ def test_a_minimum_the_budget_refuses_keeps_no_budget_from_a_later_pools_minimum
     plan, errors = _greedy_plan(desired, replace(observed, offerings=dear))
     assert [c.site.pool for c in plan.creates] == ["b-cpu"]
     assert errors == []
+
+
+def test_the_oracle_excuses_a_minimum_a_cool_off_keeps_unmet_as_apply_does(tmp_path):
+    """tests/invariants.py judged pool minimums by its own rule (only a cloud quota excused a pool under its minimum):
+    it failed this plan, which apply's re-check takes (pool a-gpu's only offer is in a capacity cool-off). It now asks
+    apply's rule (plancheck.pool_min_errors), and still fails a plan that leaves b-cpu's affordable minimum unbought."""
+    desired = load(write_config(tmp_path, [topology(), tenant("t"), *POOLS]))
+    observed = catalog_observed(desired, short={("aws", "us-east-1a", "p4d.24xlarge", "on-demand")})
+    plan, errors = _greedy_plan(desired, observed)
+    assert errors == []
+    check_plan(desired, observed, plan)
+    bare = replace(plan, creates=())
+    assert any("b-cpu" in e for e in recheck(bare, desired, observed, build_problem(desired, observed))[1])
+    with pytest.raises(AssertionError, match="pool b-cpu: the plan leaves 0 instances"):
+        check_plan(desired, observed, bare)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reconciler.problem import Capacity, Demand
-from reconciler.solve.variables import add_at_most_count, is_zero, room, units
+from reconciler.solve.variables import add_at_most_count, is_zero, room, scale, units
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -54,8 +54,9 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
     for dim in dims:
         cap = c.cap(dim)
         sized = [(r, v) for d, v in items if (r := d.req(dim)) > 0]
-        terms = [(units(r, dim), v) for r, v in sized]
-        add_at_most_count(m, terms, room(cap, dim), n)
+        per = scale(dim, (r for r, _ in sized))  # (the row's integer units: exact for the decimals its requests have)
+        terms = [(units(r, dim, per), v) for r, v in sized]
+        add_at_most_count(m, terms, room(cap, dim, per), n)
         if most > 1:  # (an offer's, a zone or idle class's: a host's is 1)
             # Valid cuts: at most k items bigger than 1/(k+1) of an instance fit on one,
             # in any dimension. They close most of the gap between the count and packing.
@@ -64,7 +65,7 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
                 big = [v for r, v in over if r * (k + 1) > cap + 1e-9]
                 if len(big) > k - 1 and (k == 1 or len(big) > 1):
                     add_at_most_count(m, [(1, v) for v in big], k, n, summed=True)
-            big_item_cuts(m, terms, room(cap, dim), n)
+            big_item_cuts(m, terms, room(cap, dim, per), n)
 
 
 def big_item_cuts(m, terms: list[tuple[int, object]], cap: int, n) -> None:

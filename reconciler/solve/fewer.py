@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from reconciler.cpsat import cp_model
 
 from reconciler.problem import Capacity, fit
-from reconciler.solve.variables import room, set_hints, units
+from reconciler.solve.variables import room, scale, set_hints, units
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -93,7 +93,8 @@ class _Packing:
                 hints.append((row[j].index, now.get((gk, ck, i), 0)))
         for j, cells in enumerate(per_bin):
             for dim in sorted({k for d, _ in cells for k in d.dims if d.req(k) > 0}):
-                m.add(sum(units(d.req(dim), dim) * v for d, v in cells if d.req(dim) > 0) <= room(o.cap(dim), dim) * self.bins[j])
+                per = scale(dim, (d.req(dim) for d, _ in cells))
+                m.add(sum(units(d.req(dim), dim, per) * v for d, v in cells if d.req(dim) > 0) <= room(o.cap(dim), dim, per) * self.bins[j])
             pg = [(d, v) for d, v in cells if d.gang and d.gang_mode == "placement-group"]
             if len(pg) > 1:
                 ys = [m.new_bool_var(f"pg[{d.key},{j}]") for d, _ in pg]

@@ -68,8 +68,8 @@ def patterns_of(c: Capacity, items: list) -> tuple[list, dict, list] | None:
     asked = _needs([rep[sh] for sh in order])
     if asked is None:
         return None
-    dims, need = asked
-    patterns = _patterns({k: _room(c.cap(k), k) for k in dims}, need, [10**9] * len(need), limit=PATTERNS_MOST) if order else []
+    dims, need, per = asked
+    patterns = _patterns({k: _room(c.cap(k), k, per) for k in dims}, need, [10**9] * len(need), limit=PATTERNS_MOST) if order else []
     return None if patterns is None else (order, shapes, patterns)
 
 

@@ -20,7 +20,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from reconciler.problem import Capacity, Demand, fit
-from reconciler.solve.variables import Values, is_zero, room, units, wsum
+from reconciler.solve.variables import Values, is_zero, room, scale, units, wsum
 
 if TYPE_CHECKING:
     from reconciler.greedy import Assignment
@@ -163,8 +163,9 @@ def add_slot_rows(model: Model, offers: list[Capacity] | None = None, shared: li
         items = [(model.demands[model.p.groups[gk][0]], v) for gk, v in cells]
         dims = sorted({k for d, _ in items for k in d.dims if d.req(k) > 0})
         for dim in dims:
-            terms = [(units(d.req(dim), dim), v) for d, v in items if d.req(dim) > 0]
-            m.add(wsum(terms) <= room(o.cap(dim), dim) * model.on[(ok, i)])
+            per = scale(dim, (d.req(dim) for d, _ in items))
+            terms = [(units(d.req(dim), dim, per), v) for d, v in items if d.req(dim) > 0]
+            m.add(wsum(terms) <= room(o.cap(dim), dim, per) * model.on[(ok, i)])
         one_group(model, ok, i, [(d, v) for d, v in items if d.gang and d.gang_mode == "placement-group"])
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from reconciler.ledger import charge, micro, work_units
 from reconciler.problem import Demand
 from reconciler.solve.fleet_rules import spot_share_row
-from reconciler.solve.variables import room, units, wsum
+from reconciler.solve.variables import room, scale, units, wsum
 
 if TYPE_CHECKING:
     from reconciler.solve.model import Model
@@ -22,9 +22,10 @@ def ceiling_rows(mine: list[Demand], cap: dict[str, float]) -> list[tuple[dict[s
     guaranteed part; bounds.guaranteed_work_bound reads both."""
     rows = []
     for dim, limit in cap.items():
-        coefs = {d.key: units(d.req(dim), dim) * d.replicas for d in mine if d.req(dim)}
+        per = scale(dim, (d.req(dim) for d in mine))  # (exact for the decimals the tenant's requests have)
+        coefs = {d.key: units(d.req(dim), dim, per) * d.replicas for d in mine if d.req(dim)}
         if coefs:
-            rows.append((coefs, room(limit, dim)))
+            rows.append((coefs, room(limit, dim, per)))
     return rows
 
 
