@@ -462,6 +462,26 @@ def _check_cloud_quotas(observed: Observed, plan: Plan) -> None:
                                                  f"take {took:g} {q.unit}, {q.used:g} of {q.limit:g} were used")
 
 
+def _quota_blocks(observed: Observed, plan: Plan, spec) -> bool:
+    """Would one more instance of every type and market the pool may launch take some cloud quota past its room (a
+    pool minimum yields to the account's quotas: they limit launches)? Only for the fleet as it runs (_broken_as): a
+    plan's pool minimums are judged by apply's rule (plancheck.pool_min_errors), which weighs the budget the plan
+    leaves; the fleet as it runs is under a minimum the budget can meet by stopping work (fleet25)."""
+    quotas = getattr(observed, "quotas", ())
+
+    def full(itype: str, market: str) -> bool:
+        for q in quotas:
+            per = {(t, m): u for t, m, u in q.counts}
+            if q.cloud != spec.cloud or (q.region and q.region != spec.region) or (itype, market) not in per:
+                continue
+            took = sum(per.get((c.instance_type, c.market), 0) for c in plan.creates
+                       if c.cloud == q.cloud and (not q.region or c.region == q.region))
+            if took + per[(itype, market)] > max(0.0, q.limit - q.used) + 1e-6:
+                return True
+        return False
+    return bool(quotas) and all(full(t, m) for t in spec.instance_types for m in spec.markets())
+
+
 def _check_reservations(desired: DesiredState, observed: Observed, plan: Plan) -> None:
     """No more instances in a Reservation after the plan than its count."""
     deleted = {d.instance_id for d in plan.deletes}
@@ -650,11 +670,14 @@ def _check_tenants(desired: DesiredState, reps: dict[str, list[Replica]]) -> Non
         assert spot <= frac * total + EPS, f"tenant {tname} has {spot:g}/{total:g} on spot, over its max {frac}"
 
 
-def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host], now=None) -> None:
+def _check_pools(desired: DesiredState, observed: Observed, plan: Plan, hosts: dict[str, Host], now=None,
+                 as_it_runs: bool = False) -> None:
     per_pool: Counter = Counter(h.pool for h in hosts.values())
     for name, p in desired.pools.items():
         assert per_pool[name] <= p.spec.max_instances, f"pool {name} has {per_pool[name]} instances"
-    if any(per_pool[name] < p.spec.min_instances for name, p in desired.pools.items()):
+        if as_it_runs:
+            assert p.spec.min_instances <= per_pool[name] or _quota_blocks(observed, plan, p.spec), f"pool {name} has {per_pool[name]} instances"
+    if not as_it_runs and any(per_pool[name] < p.spec.min_instances for name, p in desired.pools.items()):
         # A pool under min_instances: apply's rule says whether the plan could have done better (a cloud quota, a
         # capacity cool-off or the budget may keep it under), one definition (plancheck.pool_min_errors).
         from reconciler.plancheck import pool_min_errors
@@ -821,7 +844,7 @@ def _broken_as(desired: DesiredState, observed: Observed, stays) -> bool:
     try:
         reps = replicas_of(as_it_runs, hosts)
         _check_tenants(desired, reps)
-        _check_pools(desired, observed, as_it_runs, hosts)
+        _check_pools(desired, observed, as_it_runs, hosts, as_it_runs=True)
         _check_spot(desired, hosts, reps)
         _check_guardrails(desired, as_it_runs, hosts)
         _check_licenses(desired, reps)  # (a license count lowered below what is held: audit21 saw it flag the planner's eviction)
