@@ -40,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
+from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem, unrecorded_shim
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -454,6 +454,13 @@ class Agent:
                           backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
+            if not rec.get("pid") and (shim := unrecorded_shim(rep.env.get(REPLICA_ID))) is not None:
+                # (its agent died between the start and this record's pid: read as killed, it was started a second time)
+                rec = {**rec, "pid": shim[0], "started": shim[1]}
+                self.unsaved[key] = rec
+                self._flush_local(key)
+                self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} runs (pid {shim[0]}), unrecorded by the agent that "
+                          "started it: found by its mark")
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""), rep.env.get(REPLICA_ID))
             if rep.handle is not None and (ran := process_age(rep.handle.started)) is not None:
                 # (its shim's age, since boot: a wall clock set since, ahead or back, moved started_unix's count, and

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from providers.files import read_regular
 from providers import pids
-from providers.pids import descendants, running, start_time
+from providers.pids import descendants, running, start_time, table
 from providers.redact import credential_name
 
 
@@ -380,6 +380,19 @@ def adopt(pid: int, started: str, exit_path: Path, name: str = "", replica_id: s
     return Detached(pid, started, exit_path, name, replica_id, subreaps=shim_subreaps(pid))
 
 
+def unrecorded_shim(replica_id: str | None) -> tuple[int, str] | None:
+    """The shim of an attempt whose agent died between its start and the record of its pid (the local record, written
+    before the start, holds the attempt's mark, REPLICA_ID, which the shim and all it starts carry), as (pid, start
+    time); None when none runs. The shim is the oldest process carrying the mark and leads its own session (started
+    with start_new_session); an oldest one that does not (its shim is gone, the command or a stray runs on) is none."""
+    found = marked(replica_id) if replica_id else {}
+    if not found:
+        return None
+    pid, started = min(found.items(), key=lambda kv: (int(kv[1]) if kv[1].isdigit() else 1 << 62, kv[0]))
+    _, group, session = table().get(pid, (0, 0, 0))
+    return (pid, started) if started and pid == group == session else None
+
+
 class Handle(Protocol):
     pid: int
 
@@ -618,8 +631,10 @@ def hidden_in_argv(name: str) -> bool:
 
 
 def docker_env(launch: Launch) -> dict[str, str]:
-    """The docker client's environment: the agent's, and the values of the variables `docker_command` names alone."""
-    return {**os.environ, **{k: v for k, v in launch.env.items() if hidden_in_argv(k)}}
+    """The docker client's environment: the agent's, the values of the variables `docker_command` names alone, and the
+    replica's mark (REPLICA_ID: its shim is found by it, unrecorded_shim)."""
+    mark = {REPLICA_ID: launch.env[REPLICA_ID]} if REPLICA_ID in launch.env else {}
+    return {**os.environ, **{k: v for k, v in launch.env.items() if hidden_in_argv(k)}, **mark}
 
 
 DOCKER_CALL_S = 30.0  # the longest one `docker kill` may go unanswered before it is given up (a hung daemon)
