@@ -1442,3 +1442,56 @@ def test_a_notice_signals_every_container_at_once_and_kills_one_docker_does_not_
         for rep in a.replicas.values():
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
+
+
+class SlowCheckpointReads(LocalBackend):
+    """The real local backend whose checkpoint file reads each take `delay` s (a checkpoint of GBs, a slow link); the
+    first of them writes the spot notice `notice` (one arriving while a restore runs) and notes when in `noticed`."""
+
+    delay, notice, noticed = 0.5, None, None
+
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        if self.notice is not None and self.noticed is None:
+            self.notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+            self.noticed = time.time()
+        time.sleep(self.delay)
+        return super().read_file(key, dest, progress)
+
+
+def test_a_notice_arriving_while_a_checkpoint_is_restored_signals_the_running_replicas_at_once(tmp_path):
+    """A replica starts on an instance where another runs, and its checkpoint is restored first, in the agent's loop
+    (GBs take minutes). A spot notice arriving meanwhile was seen only once the restore was over: the running replica
+    got its checkpoint signal that much later into the notice (GCE and Azure give 30 s), and the restored one was
+    started, inside the notice, to be stopped again. Now the restore's progress calls (the heartbeat's) look at the
+    notice too: the running replica is signalled at once, and the restored one is not started."""
+    from reconciler.runtime import checkpoints
+    from reconciler.runtime.notices import FileNotice
+
+    store = SlowCheckpointReads(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    for i in range(8):
+        (src / f"shard-{i}.bin").write_bytes(b"7" * 1000)
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    notes, notice = tmp_path / "notes", tmp_path / "notice.json"
+    running = noted("run", notes, checkpoint_seconds=0.2, grace=10)
+    restored = entry("ft", [PY, "-c", "print('started', flush=True); import time; time.sleep(600)"], epoch=2, checkpoint=CK,
+                     mode="service")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [running]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True, notice=FileNotice(notice))
+    try:
+        run_until([a], noted_at(notes, ("run", "start")))
+        store.notice = notice
+        bus.put_assignment("i-0", {"serial": 2, "replicas": [running, restored]})
+        n = run_until([a], noted_at(notes, ("run", "checkpointing")))
+        assert n["run", "checkpointing"] - store.noticed < 2.0, n  # before: after the whole restore, 8 x 0.5 s
+        run_until([a], lambda: a.notice_done, timeout=30)
+        rec = bus.run("ft", 0)
+        assert (rec["phase"], rec["reason"]) == ("Stopped", "Interrupted") and rec["started_at"] is None, rec  # never started
+        assert bus.run("run", 0)["exit_code"] == 0
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

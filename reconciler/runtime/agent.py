@@ -299,6 +299,7 @@ class Agent:
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.assignment: dict | None = None
         self.notice_seen: str | None = None
+        self.notice_asked = 0.0  # (monotonic) when the notice source was last asked
         self.notice_done = False
         self.bus_error: str | None = None
         self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
@@ -372,10 +373,7 @@ class Agent:
         if not self.adopted or self.unread:
             self._adopt()
         self._write_own_again()
-        notice = self.notice.check()
-        if notice and not self.notice_seen:
-            self.notice_seen = notice
-            self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
+        self._check_notice()
         self._read_assignment()
         self._reconcile()
         self._gang_sync()
@@ -390,6 +388,21 @@ class Agent:
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
                 self._log("interruption handled: every replica stopped and reported")
+
+    def _check_notice(self) -> None:
+        """An interruption notice, first seen: every running replica gets its checkpoint signal now (_reconcile stops
+        what is left). Also asked while a checkpoint's restore or upload holds the loop (_keepalive, once a poll): a
+        notice that came meanwhile was seen once that was over (a restore of GBs takes minutes), and the running
+        replicas got their signal that much later into the notice (GCE and Azure give 30 s)."""
+        self.notice_asked = time.monotonic()
+        notice = None if self.notice_seen else self.notice.check()
+        if not notice:
+            return
+        self.notice_seen = notice
+        self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
+        for rep in self.replicas.values():
+            if rep.running and rep.stop is None:
+                self._begin_stop(rep, "Stopped", "Interrupted", notice, terminal=False)
 
     # -------------------------------------------------------------- an agent that restarted
     def _local(self, key: tuple[str, int]) -> Path:
@@ -769,6 +782,8 @@ class Agent:
                 ready.append(rep)
         self._upload_checkpoints()  # before the heartbeat says they stopped: a moved copy waits for that, then restores
         for rep in ready if starts else ():  # after every exit of this tick: the GPUs it released are free
+            if self.notice_seen:  # (seen during an earlier one's restore)
+                break
             self._start(rep)
 
     def _holders(self, rep: Replica) -> list[str]:
@@ -1005,6 +1020,8 @@ class Agent:
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
             not_restored = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if self.notice_seen:
+                return  # (a notice seen while it was restored: nothing starts in a notice)
             if not_restored is not None:
                 # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
                 # holds; the retries fetch nothing while there is no room)
@@ -1301,6 +1318,8 @@ class Agent:
         now = now_unix()
         if now - self.last_beat >= self.heartbeat:
             self._beat(now, list(self.last_running or []), None)
+        if time.monotonic() - self.notice_asked >= self.poll:
+            self._check_notice()
 
     def _strays_untracked(self) -> str | None:
         """Why some replica's orphans are not tracked here (the heartbeat's, StraysUntracked in status): no subreaper at
