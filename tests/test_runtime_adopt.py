@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,38 @@ def test_an_adopted_replicas_time_limit_counts_from_its_process_start_not_a_wall
     rec = bus.run("ft", 0)
     assert (rec["phase"], rec["reason"]) == ("Running", "Adopted"), rec
     new.runtime.kill(new.replicas[("ft", 0)].handle)
+
+
+def test_an_agent_that_died_before_recording_its_replicas_pid_leaves_it_adopted_not_started_twice(tmp_path, leftovers):
+    """The agent writes a replica's local record (its attempt and mark, REPLICA_ID) before the start and its pid only
+    after: an agent killed between the two (an OOM kill, systemd restarting it; wider on a loaded host, where the
+    record's write waits on the disk) left a record without a pid. The agent restarted after it read that as a replica
+    killed with its shim and started the next attempt beside the first, still running: one replica twice, on the same
+    GPUs. Now the process is found by its mark (the oldest carrying it, leading its own session: its shim) and adopted.
+    The record such a crash leaves is made here by taking the pid out of a running replica's record."""
+    bus = Bus(backend_for(tmp_path, None))
+    release = tmp_path / "release"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("t", waiter(release))]})
+
+    def agent() -> Agent:
+        return Agent("i-0", bus, ProcessRuntime(), tmp_path / "w", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.05,
+                     log=lambda m: None)
+
+    run_until([agent()], lambda: (r := bus.run("t", 0)) and "started" in " ".join(r["log_tail"]))
+    record = tmp_path / "w" / "replicas" / "t-0.json"
+    doc = json.loads(record.read_text())
+    pid = doc.pop("pid")
+    del doc["started"]
+    record.write_text(json.dumps(doc))
+    restarted = agent()
+    for _ in range(20):  # (its backoff is 0.05 s: a restart it decided on would start within these ticks)
+        restarted.tick()
+        time.sleep(0.05)
+    log = (tmp_path / "w" / "logs" / "t-0.log").read_text()
+    assert log.count("\nstarted ") == 1, log  # before: attempt 1 started beside attempt 0
+    rep = restarted.replicas["t", 0]
+    assert (rep.reason, rep.attempt, rep.handle.pid) == ("Adopted", 0, pid), (rep.reason, rep.message)
+    assert json.loads(record.read_text())["pid"] == pid  # (recorded now: an agent restarted again adopts it at once)
+    release.touch()
+    rec = run_until([restarted], terminal(bus, "t"))
+    assert (rec["phase"], rec["exit_code"], rec["restarts"]) == ("Succeeded", 0, 0), rec

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -375,7 +376,6 @@ def test_docker_runtime_command_line():
         "ghcr.io/acme/train:1.4", "python", "train.py", "--epochs", "3",
     ]
     # What a shell would pass: `--gpus '"device=0,1"'` arrives as this one argument.
-    import shlex
     assert shlex.split("""docker run --gpus '"device=0,1"'""")[3] == '"device=0,1"'
 
 
@@ -1363,3 +1363,135 @@ def test_a_notice_handled_whose_notice_done_cannot_be_written_is_reported_and_wr
     (work / "notice.done").rmdir()
     a.tick()
     assert a.notice_done and (work / "notice.done").is_file()
+
+
+# A stand-in `docker` (sh: it answers at once, even on a loaded machine): `run` execs the command in place of a container
+# (its pid recorded under the container's name, the --env it is given set), `kill [--signal S] NAME` signals that
+# process. Every call is noted in STATE/calls; a `kill` naming a container listed in STATE/hang hangs (a docker daemon
+# that does not answer) while the name stays listed.
+FAKE_DOCKER = r'''
+echo "$*" >> "$STATE/calls"
+case "$1" in
+run)
+    shift
+    while :; do
+        case "$1" in
+            --rm) shift ;;
+            --name) name=$2; shift 2 ;;
+            --env) case "$2" in *=*) export "$2" ;; esac; shift 2 ;;
+            --*) shift 2 ;;
+            *) break ;;
+        esac
+    done
+    echo $$ > "$STATE/$name.pid"
+    shift
+    exec "$@" ;;
+kill)
+    if [ "$2" = --signal ]; then sig=${3#SIG}; name=$4; else sig=KILL; name=$2; fi
+    while [ -f "$STATE/hang" ] && grep -qx "$name" "$STATE/hang"; do sleep 0.05; done
+    kill -s "$sig" "$(cat "$STATE/$name.pid")" 2>/dev/null || { echo "Error response from daemon: No such container: $name" >&2; exit 1; } ;;
+esac
+'''
+
+
+def fake_docker(tmp_path: Path) -> tuple[Path, Path]:
+    """FAKE_DOCKER in tmp_path/bin/docker, and the directory of its state (calls, hang, pids)."""
+    state, exe = tmp_path / "docker-state", tmp_path / "bin" / "docker"
+    state.mkdir()
+    exe.parent.mkdir()
+    exe.write_text(f"#!/bin/sh\nSTATE={shlex.quote(str(state))}\n" + FAKE_DOCKER)
+    exe.chmod(0o755)
+    return exe, state
+
+
+def test_a_notice_signals_every_container_at_once_and_kills_one_docker_does_not_answer_for(bus, tmp_path):
+    """A spot notice on an instance with three containers, its docker daemon hung for the first one (`docker kill`
+    does not answer). The agent sent each container its checkpoint signal by `docker kill --signal`, one after another,
+    each waited for up to 30 s: the other two got theirs half a minute into the notice (GCP and Azure give 30 s, AWS
+    2 minutes), and the kill after the grace waited 30 s per container again. Now every signal goes at once, each call
+    bounded by the replica's grace (its kill begins then), and a container docker does not kill within the kill's margin
+    is ended through its client's process group."""
+    from reconciler.runtime.notices import FileNotice
+
+    docker, state = fake_docker(tmp_path)
+    (state / "hang").write_text("fleetops-c0-0-0\n")
+    notes, notice = tmp_path / "notes", tmp_path / "notice.json"
+    ck = {"dir": str(tmp_path / "ck"), "signal": "SIGTERM", "grace_seconds": 2}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [
+        {**noted(f"c{i}", notes, checkpoint_seconds=0.2), "run": {"image": "img", "command": [PY, "-c", NOTED],
+                                                                  "env": {"NOTES": str(notes), "TAG": f"c{i}", "CHECKPOINT_SECONDS": "0.2"}},
+         "checkpoint": ck} for i in range(3)]})
+    a = Agent("i-0", bus, DockerRuntime(docker=str(docker)), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2,
+              log=lambda m: None, checkpoint_sync=False, notice=FileNotice(notice))
+    try:
+        run_until([a], noted_at(notes, *((f"c{i}", "start") for i in range(3))))
+        notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+        at = time.time()
+        n = run_until([a], noted_at(notes, ("c1", "exit"), ("c2", "exit")), timeout=60)
+        # (before: 30 s into the notice, a GCP or Azure notice's whole length; a loaded host takes a second or two)
+        assert max(n["c1", "checkpointing"], n["c2", "checkpointing"]) - at < 5.0, n
+        run_until([a], lambda: a.notice_done, timeout=30)
+        took = time.time() - at
+        assert ("c0", "checkpointing") not in notes_of(notes)  # (its signal never came through)
+        recs = {i: bus.run(f"c{i}", 0) for i in range(3)}
+        assert [(r["phase"], r["reason"]) for r in recs.values()] == [("Stopped", "Interrupted")] * 3, recs
+        assert recs[0]["exit_code"] == -9 and recs[1]["exit_code"] == recs[2]["exit_code"] == 0, recs
+        assert took < 2 + 5 + 2, took  # its grace, the kill's margin (STRAY_GRACE_S + KILL_MARGIN_S), a poll's slack
+    finally:
+        (state / "hang").unlink(missing_ok=True)
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+
+
+class SlowCheckpointReads(LocalBackend):
+    """The real local backend whose checkpoint file reads each take `delay` s (a checkpoint of GBs, a slow link); the
+    first of them writes the spot notice `notice` (one arriving while a restore runs) and notes when in `noticed`."""
+
+    delay, notice, noticed = 0.5, None, None
+
+    def read_file(self, key: str, dest: Path, progress=None) -> bool:
+        if self.notice is not None and self.noticed is None:
+            self.notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+            self.noticed = time.time()
+        time.sleep(self.delay)
+        return super().read_file(key, dest, progress)
+
+
+def test_a_notice_arriving_while_a_checkpoint_is_restored_signals_the_running_replicas_at_once(tmp_path):
+    """A replica starts on an instance where another runs, and its checkpoint is restored first, in the agent's loop
+    (GBs take minutes). A spot notice arriving meanwhile was seen only once the restore was over: the running replica
+    got its checkpoint signal that much later into the notice (GCE and Azure give 30 s), and the restored one was
+    started, inside the notice, to be stopped again. Now the restore's progress calls (the heartbeat's) look at the
+    notice too: the running replica is signalled at once, and the restored one is not started."""
+    from reconciler.runtime import checkpoints
+    from reconciler.runtime.notices import FileNotice
+
+    store = SlowCheckpointReads(tmp_path)
+    bus = Bus(store)
+    src = tmp_path / "elsewhere" / "ckpt"
+    src.mkdir(parents=True)
+    for i in range(8):
+        (src / f"shard-{i}.bin").write_bytes(b"7" * 1000)
+    checkpoints.upload(store, "ft", src, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    notes, notice = tmp_path / "notes", tmp_path / "notice.json"
+    running = noted("run", notes, checkpoint_seconds=0.2, grace=10)
+    restored = entry("ft", [PY, "-c", "print('started', flush=True); import time; time.sleep(600)"], epoch=2, checkpoint=CK,
+                     mode="service")
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [running]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True, notice=FileNotice(notice))
+    try:
+        run_until([a], noted_at(notes, ("run", "start")))
+        store.notice = notice
+        bus.put_assignment("i-0", {"serial": 2, "replicas": [running, restored]})
+        n = run_until([a], noted_at(notes, ("run", "checkpointing")))
+        assert n["run", "checkpointing"] - store.noticed < 2.0, n  # before: after the whole restore, 8 x 0.5 s
+        run_until([a], lambda: a.notice_done, timeout=30)
+        rec = bus.run("ft", 0)
+        assert (rec["phase"], rec["reason"]) == ("Stopped", "Interrupted") and rec["started_at"] is None, rec  # never started
+        assert bus.run("run", 0)["exit_code"] == 0
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

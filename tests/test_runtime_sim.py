@@ -430,16 +430,23 @@ def test_a_replica_on_a_deleted_instance_gets_its_checkpoint_signal_and_grace(rt
 
 def test_a_replica_moved_off_a_deleted_instance_starts_anew_only_after_its_old_copy_checkpointed(rt):
     """The pool's instance type changes: apply creates the new instance, deletes the old one and moves the replica.
-    The old copy checkpoints through its grace (2 s here) while the new instance's agent boots; the new copy starts
-    only after the old one exited (reported as WaitingForPredecessor meanwhile), so the rank never runs twice. (Apply
-    keeps the deleted instance's heartbeat while its agent still reports the replica: deleted with the instance, the
-    new agent read the missing key as gone and started at once, 1 run in ~6 under load.)"""
+    The old copy checkpoints through its grace while the new instance's agent boots; the new copy starts only after
+    the old one exited (reported as WaitingForPredecessor meanwhile), so the rank never runs twice. (Apply keeps the
+    deleted instance's heartbeat while its agent still reports the replica: deleted with the instance, the new agent
+    read the missing key as gone and started at once, 1 run in ~6 under load.) The old copy's checkpoint lasts until
+    the new agent says it waits for it (the test's `release`): a fixed 2 s one was over before a loaded machine had
+    booted the new agent, which then had nothing to wait for (2 runs in 10 beside two CPU hogs)."""
     from tests.test_runtime_agent import NOTED, notes_of
 
-    notes = rt / "notes"
-    cmd = [PY, "-c", NOTED.replace("os.environ['TAG']", "os.environ['FLEETOPS_INSTANCE']")]  # each copy notes its instance
+    notes, release = rt / "notes", rt / "release"
+    checkpoint = 'time.sleep(float(os.environ["CHECKPOINT_SECONDS"]))'
+    held = ('limit = time.time() + 25\n    while not os.path.exists(os.environ["RELEASE"]) and time.time() < limit:\n'
+            '        time.sleep(0.05)')
+    assert checkpoint in NOTED
+    script = NOTED.replace("os.environ['TAG']", "os.environ['FLEETOPS_INSTANCE']").replace(checkpoint, held)  # each copy notes its instance
     ck = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
-    spec = job("ft", cpu=2, mode="service", run={"command": cmd, "env": {"NOTES": str(notes), "CHECKPOINT_SECONDS": "2"}}, checkpoint=ck)
+    spec = job("ft", cpu=2, mode="service", run={"command": [PY, "-c", script], "env": {"NOTES": str(notes), "RELEASE": str(release)}},
+               checkpoint=ck)
 
     def on(itype: str) -> Path:
         return write_config(rt / "c", [topology(), tenant("t"), pool("cpu", "aws", "us-east-1", ["us-east-1a"], [itype], hi=4), spec])
@@ -451,11 +458,13 @@ def test_a_replica_moved_off_a_deleted_instance_starts_anew_only_after_its_old_c
     res = api.apply(on("c6i.8xlarge"), time_limit=5)
     assert res.report.deleted == [old] and len(live(cfg)) == 1
     new = live(cfg)[0]
+    log = SimCloud(state_dir(cfg)).agent_dir(new) / "agent.log"
+    waiting = f"ft/0: waiting for its previous copy on {old} to stop"
+    wait(lambda: log.exists() and waiting in log.read_text(), timeout=60, what="the new agent waiting for the old copy")
+    release.touch()
     n = wait(lambda: (x := notes_of(notes)) and (old, "exit") in x and (new, "start") in x and x, timeout=60,
              what="the old copy exited and the new one started")
     assert n[new, "start"] >= n[old, "exit"], n
-    log = (SimCloud(state_dir(cfg)).agent_dir(new) / "agent.log").read_text()
-    assert f"ft/0: waiting for its previous copy on {old} to stop" in log, log
 
 
 # A gang's training step in lockstep, as DDP's: each step ends in a collective (every rank's post of the step, in a

@@ -40,7 +40,7 @@ from reconciler.errors import ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, beat_time, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
-from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem
+from reconciler.runtime.runtimes import KILL_MARGIN_S, REPLICA_ID, STRAY_GRACE_S, Detached, Launch, Runtime, StartError, StrayEnd, adopt, exec_problem, exit_record, mig_uuids, nvidia_smi_list, subreaper_problem, unrecorded_shim
 
 STOP_GRACE_S = 10.0  # without a checkpoint spec: SIGTERM, then this long before SIGKILL
 MAX_BACKOFF_S = 300.0
@@ -300,6 +300,7 @@ class Agent:
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.assignment: dict | None = None
         self.notice_seen: str | None = None
+        self.notice_asked = 0.0  # (monotonic) when the notice source was last asked
         self.notice_done = False
         self.bus_error: str | None = None
         self.bus_said: str | None = None  # the bus failure last logged: each is logged once, and its end
@@ -373,10 +374,7 @@ class Agent:
         if not self.adopted or self.unread:
             self._adopt()
         self._write_own_again()
-        notice = self.notice.check()
-        if notice and not self.notice_seen:
-            self.notice_seen = notice
-            self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
+        self._check_notice()
         self._read_assignment()
         self._reconcile()
         self._gang_sync()
@@ -391,6 +389,21 @@ class Agent:
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
                 self._log("interruption handled: every replica stopped and reported")
+
+    def _check_notice(self) -> None:
+        """An interruption notice, first seen: every running replica gets its checkpoint signal now (_reconcile stops
+        what is left). Also asked while a checkpoint's restore or upload holds the loop (_keepalive, once a poll): a
+        notice that came meanwhile was seen once that was over (a restore of GBs takes minutes), and the running
+        replicas got their signal that much later into the notice (GCE and Azure give 30 s)."""
+        self.notice_asked = time.monotonic()
+        notice = None if self.notice_seen else self.notice.check()
+        if not notice:
+            return
+        self.notice_seen = notice
+        self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
+        for rep in self.replicas.values():
+            if rep.running and rep.stop is None:
+                self._begin_stop(rep, "Stopped", "Interrupted", notice, terminal=False)
 
     # -------------------------------------------------------------- an agent that restarted
     def _local(self, key: tuple[str, int]) -> Path:
@@ -455,6 +468,13 @@ class Agent:
                           backoff_from=rec.get("backoff_from", 0))
             rep.started_mono = time.monotonic() - max(0.0, now_unix() - rec.get("started_unix", now_unix()))
             exit_path = Path(rec.get("exit_path") or self._exit_path(key))
+            if not rec.get("pid") and (shim := unrecorded_shim(rep.env.get(REPLICA_ID))) is not None:
+                # (its agent died between the start and this record's pid: read as killed, it was started a second time)
+                rec = {**rec, "pid": shim[0], "started": shim[1]}
+                self.unsaved[key] = rec
+                self._flush_local(key)
+                self._log(f"{key[0]}/{key[1]}: attempt {rep.attempt} runs (pid {shim[0]}), unrecorded by the agent that "
+                          "started it: found by its mark")
             rep.handle = adopt(rec.get("pid", 0), rec.get("started", ""), exit_path, rec.get("name", ""), rep.env.get(REPLICA_ID))
             if rep.handle is not None and (ran := process_age(rep.handle.started)) is not None:
                 # (its shim's age, since boot: a wall clock set since, ahead or back, moved started_unix's count, and
@@ -763,6 +783,8 @@ class Agent:
                 ready.append(rep)
         self._upload_checkpoints()  # before the heartbeat says they stopped: a moved copy waits for that, then restores
         for rep in ready if starts else ():  # after every exit of this tick: the GPUs it released are free
+            if self.notice_seen:  # (seen during an earlier one's restore)
+                break
             self._start(rep)
 
     def _holders(self, rep: Replica) -> list[str]:
@@ -999,6 +1021,8 @@ class Agent:
         ck_host = self._checkpoint_dir(e)
         if ck_host is not None:
             not_restored = self._restore_checkpoint(job, ck_host, e.get("spec_hash"), e.get("epoch"), e.get("world_size", 1))
+            if self.notice_seen:
+                return  # (a notice seen while it was restored: nothing starts in a notice)
             if not_restored is not None:
                 # (not started: from the older files it holds, or afresh, it would lose the training its checkpoint
                 # holds; the retries fetch nothing while there is no room)
@@ -1295,6 +1319,8 @@ class Agent:
         now = now_unix()
         if now - self.last_beat >= self.heartbeat:
             self._beat(now, list(self.last_running or []), None)
+        if time.monotonic() - self.notice_asked >= self.poll:
+            self._check_notice()
 
     def _strays_untracked(self) -> str | None:
         """Why some replica's orphans are not tracked here (the heartbeat's, StraysUntracked in status): no subreaper at

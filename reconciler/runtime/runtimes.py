@@ -17,7 +17,7 @@ from typing import Protocol
 
 from providers.files import read_regular
 from providers import pids
-from providers.pids import descendants, running, start_time
+from providers.pids import descendants, running, start_time, table
 from providers.redact import credential_name
 
 
@@ -380,6 +380,19 @@ def adopt(pid: int, started: str, exit_path: Path, name: str = "", replica_id: s
     return Detached(pid, started, exit_path, name, replica_id, subreaps=shim_subreaps(pid))
 
 
+def unrecorded_shim(replica_id: str | None) -> tuple[int, str] | None:
+    """The shim of an attempt whose agent died between its start and the record of its pid (the local record, written
+    before the start, holds the attempt's mark, REPLICA_ID, which the shim and all it starts carry), as (pid, start
+    time); None when none runs. The shim is the oldest process carrying the mark and leads its own session (started
+    with start_new_session); an oldest one that does not (its shim is gone, the command or a stray runs on) is none."""
+    found = marked(replica_id) if replica_id else {}
+    if not found:
+        return None
+    pid, started = min(found.items(), key=lambda kv: (int(kv[1]) if kv[1].isdigit() else 1 << 62, kv[0]))
+    _, group, session = table().get(pid, (0, 0, 0))
+    return (pid, started) if started and pid == group == session else None
+
+
 class Handle(Protocol):
     pid: int
 
@@ -618,8 +631,14 @@ def hidden_in_argv(name: str) -> bool:
 
 
 def docker_env(launch: Launch) -> dict[str, str]:
-    """The docker client's environment: the agent's, and the values of the variables `docker_command` names alone."""
-    return {**os.environ, **{k: v for k, v in launch.env.items() if hidden_in_argv(k)}}
+    """The docker client's environment: the agent's, the values of the variables `docker_command` names alone, and the
+    replica's mark (REPLICA_ID: its shim is found by it, unrecorded_shim)."""
+    mark = {REPLICA_ID: launch.env[REPLICA_ID]} if REPLICA_ID in launch.env else {}
+    return {**os.environ, **{k: v for k, v in launch.env.items() if hidden_in_argv(k)}, **mark}
+
+
+DOCKER_CALL_S = 30.0  # the longest one `docker kill` may go unanswered before it is given up (a hung daemon)
+DOCKER_KILL_WAIT_S = STRAY_GRACE_S + KILL_MARGIN_S  # from a container's kill: how long docker has to end it before its client's group is killed
 
 
 @dataclass
@@ -627,15 +646,33 @@ class DockerHandle:
     pid: int
     name: str
     proc: subprocess.Popen
+    kill_begun: float | None = None  # (monotonic) when DockerRuntime.begin_kill began its kill
+
+
+@dataclass
+class DockerCall:
+    """One `docker kill` under way for a container (`name`): given up (its client killed) at `until` (monotonic)."""
+
+    name: str
+    args: tuple[str, ...]
+    proc: subprocess.Popen
+    until: float
 
 
 class DockerRuntime:
-    """`docker run` in the foreground, its output into the replica's log; signals via `docker kill`."""
+    """`docker run` in the foreground, its output into the replica's log; signals via `docker kill`.
+
+    Every `docker kill` runs beside the agent's loop, never waited for: a spot notice signals all of an instance's
+    containers at once, and a daemon that does not answer for one container (a hung `docker kill`, up to DOCKER_CALL_S)
+    delays no other, nor the agent. A checkpoint signal's call is given up when the replica's kill begins (its grace is
+    over: the signal is moot); a container docker has not ended DOCKER_KILL_WAIT_S after its kill began is ended through
+    its client's process group (`kill`: the shim and the `docker run` client), which the agent sees as the replica's end."""
 
     name = "docker"
 
     def __init__(self, docker: str = "docker"):
         self.docker = docker
+        self.calls: list[DockerCall] = []
 
     def start(self, launch: Launch) -> DockerHandle:
         if shutil.which(self.docker) is None:
@@ -653,37 +690,71 @@ class DockerRuntime:
         return DockerHandle(proc.pid, launch.name, proc)
 
     def poll(self, handle: DockerHandle | Detached) -> int | None:
+        self._reap()
         return handle.proc.poll() if isinstance(handle, DockerHandle) else handle.poll()
 
-    def _kill(self, *args: str) -> None:
-        """`docker kill ARGS`; a docker gone or hung since is no reason to stop the agent: a signal then does not
-        reach the replica (it is killed once its grace is over), a kill falls back to the client's process group."""
+    def _reap(self) -> None:
+        """Drop the `docker kill` calls that ended; kill those past their time (`until`), a daemon that did not answer."""
+        now = time.monotonic()
+        for call in list(self.calls):
+            if call.proc.poll() is None and now < call.until:
+                continue
+            if call.proc.returncode is None:
+                call.proc.kill()
+                call.proc.wait()  # (SIGKILL: at once)
+            self.calls.remove(call)
+
+    def _call(self, name: str, *args: str) -> None:
+        """`docker kill ARGS NAME` begun, not waited for; none begun while the same call for `name` is under way. A
+        docker gone since is no reason to stop the agent: a signal then does not reach the replica (it is killed once
+        its grace is over), a kill falls back to the client's process group."""
+        self._reap()
+        if any(c.name == name and c.args == args for c in self.calls):
+            return
         try:
-            subprocess.run([self.docker, "kill", *args], capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+            proc = subprocess.Popen([self.docker, "kill", *args, name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        except OSError:
+            return
+        self.calls.append(DockerCall(name, args, proc, time.monotonic() + DOCKER_CALL_S))
 
     def signal(self, handle: DockerHandle | Detached, sig: int) -> None:
         if self.poll(handle) is None:
-            self._kill("--signal", signals.Signals(sig).name, handle.name)
+            self._call(handle.name, "--signal", signals.Signals(sig).name)
 
     def end_left(self, pid: int, started: str, replica_id: str | None) -> None:
         """Nothing: the container (`--rm`) ended with what ran in it."""
 
     def begin_kill(self, handle: DockerHandle | Detached) -> None:
-        """`kill`: the container's end is docker's (`docker kill`), with what ran in it."""
-        self.kill(handle)
+        """The container's end begun (`docker kill`, with what ran in it); returns at once: `poll` says when it ended.
+        Its checkpoint signal's call, still unanswered, is given up (the grace it was for is over)."""
+        if self.poll(handle) is None:
+            if handle.kill_begun is None:
+                handle.kill_begun = time.monotonic()
+            for call in self.calls:
+                if call.name == handle.name and call.args:
+                    call.until = 0.0
+            self._call(handle.name)
 
     def kill(self, handle: DockerHandle | Detached) -> None:
+        """begin_kill, and the wait for docker to end the container, up to DOCKER_KILL_WAIT_S from the kill's beginning
+        (a kill begun that long ago waits no longer); then, docker not having answered, the client's process group is
+        killed (its shim and `docker run`). Its `docker kill` goes on up to DOCKER_CALL_S: a daemon that comes back
+        still ends the container."""
+        self.begin_kill(handle)
+        limit = (handle.kill_begun or time.monotonic()) + DOCKER_KILL_WAIT_S
+        while self.poll(handle) is None and time.monotonic() < limit:
+            time.sleep(0.02)
         if self.poll(handle) is None:
-            self._kill(handle.name)
             if isinstance(handle, Detached):
-                handle.wait(30)
+                handle.signal(signals.SIGKILL)
+                handle.wait(10)
                 return
+            end_group(handle.pid)
             try:
-                handle.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                handle.proc.kill()
+                handle.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+                pass
 
 
 RUNTIMES = {"process": ProcessRuntime, "docker": DockerRuntime}
