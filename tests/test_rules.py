@@ -1340,7 +1340,8 @@ def test_deadline_conditions_reach_status_and_explain(tmp_path):
 
 def test_the_benchmark_config_with_rules_plans_every_rule(tmp_path):
     """bench.generate --rules (licenses, reservations, deadlines on a generated fleet) plans, and the plan keeps every
-    rule (the oracle), holds licenses, fills its reservations and flags deadlines."""
+    rule (the oracle), holds licenses, fills its reservations and flags deadlines. 20 jobs have all three (50 did too, at
+    5.2 s of CPU to 20's 1.1 s)."""
     from dataclasses import replace as dc_replace
 
     from bench.generate import generate
@@ -1352,7 +1353,7 @@ def test_the_benchmark_config_with_rules_plans_every_rule(tmp_path):
     from tests.invariants import check_plan
 
     now = datetime(2026, 11, 25, tzinfo=timezone.utc)
-    desired = load(generate(tmp_path / "b", 50, seed=3, rules=True))
+    desired = load(generate(tmp_path / "b", 20, seed=3, rules=True))
     assert desired.licenses and desired.reservations and any(j.spec.deadline for j in desired.jobs.values())
     observed = dc_replace(catalog_observed(desired), gpu_indices={})
     problem = build_problem(desired, observed, now=now)

@@ -978,7 +978,7 @@ while time.time() < start:
 try:
     with ApplyLock(cfg) as held:
         print("won", held.id, flush=True)
-        time.sleep(1.5)
+        sys.stdin.readline()  # held until every other racer has tried (the test says so; it slept 1.5 s)
 except LockError as e:
     print("lost", e, flush=True)
 """
@@ -988,6 +988,7 @@ def test_stale_local_lock_is_taken_over_by_exactly_one_of_many_racers(tmp_path):
     import json
     import socket
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     cfg = tmp_path / "cfg"
     (cfg / ".reconcile").mkdir(parents=True)
@@ -1004,7 +1005,13 @@ def test_stale_local_lock_is_taken_over_by_exactly_one_of_many_racers(tmp_path):
         for r in racers:
             r.stdin.write(f"{start}\n")
             r.stdin.flush()
-        outs = [r.communicate(timeout=120) for r in racers]
+        with ThreadPoolExecutor(len(racers)) as pool:  # each racer's outcome, the winner's while it still holds
+            firsts = [f.result(timeout=120) for f in [pool.submit(r.stdout.readline) for r in racers]]
+        for r, first in zip(racers, firsts):
+            if first.startswith("won"):
+                r.stdin.write("release\n")
+                r.stdin.flush()
+        outs = [(first + o, e) for first, (o, e) in zip(firsts, (r.communicate(timeout=120) for r in racers))]
         won = [o for o, _ in outs if o.startswith("won")]
         assert len(won) == 1, outs
         assert all(o.startswith(("won", "lost another apply holds the lock")) for o, _ in outs), outs
