@@ -107,10 +107,11 @@ def lift(docs, quotas, reason: str, tenant: str):
             spec["count"] = int(need) + int(held or 0)
         return docs, quotas, f"license {name} to need"
     if m := re.match(r"cloud quota: (\S+) (.+?) in (\S+(?: regions)?): ([\d.]+) of ([\d.]+) \w+ used(?:, and this plan's new instances "
-                     r"take ([\d.]+) more)?; the job needs \d+ more \S+ \S+ \(([\d.]+) \w+\)", r):
-        cloud, name, region, used, limit, taken, need = m.groups()
+                     r"take ([\d.]+) more)?(?:, and pool minimums it holds back take ([\d.]+) more first \([^)]*\))?; "
+                     r"the job needs \d+ more \S+ \S+ \(([\d.]+) \w+\)", r):
+        cloud, name, region, used, limit, taken, held_back, need = m.groups()
         region = "" if region == "all regions" else region
-        short = float(used) + float(taken or 0) + float(need) - float(limit)
+        short = float(used) + float(taken or 0) + float(held_back or 0) + float(need) - float(limit)
         quotas = [replace(q, limit=q.limit + short) if (q.cloud, q.name, q.region) == (cloud, name, region) else q for q in quotas]
         return docs, quotas, f"cloud quota {name} +{short:g}"
     if r.startswith("pools at max_instances"):

@@ -311,10 +311,15 @@ class QuotaBook:
     """Units of each cloud quota the new instances of a plan take, against its headroom: what the solver's quota
     rows count, kept by greedy, the packer's repairs, the plan's ledger and pending reasons alike."""
 
-    def __init__(self, quotas) -> None:
+    def __init__(self, quotas, floor_gaps: dict[str, tuple[tuple[str, int, str], ...]] | None = None) -> None:
+        """`floor_gaps`: Problem.quota_floor_gaps, the pool minimums each quota holds back (only words read them)."""
         self.quotas = tuple(quotas)
         self.taken = [0] * len(self.quotas)
         self._units: dict[tuple, tuple[tuple[int, int], ...]] = {}
+        self.held_back: dict[str, list[tuple[str, int, str]]] = {}  # quota_scope -> (pool, units, "1 m6i.4xlarge")
+        for pool, gaps in sorted((floor_gaps or {}).items()):
+            for scope, units, what in gaps:
+                self.held_back.setdefault(scope, []).append((pool, units, what))
 
     def units(self, c) -> tuple[tuple[int, int], ...]:
         """(quota index, units) of every quota one new instance of c counts against."""
@@ -349,8 +354,21 @@ class QuotaBook:
         q, u = self.quotas[i], quota_units(self.quotas[i], c)
         plan = f", and this plan's new instances take {self.taken[i]:g} more" if self.taken[i] else ""
         raise_it = f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""
-        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}; the job needs {n} more "
-                f"{c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
+        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}{self._held_back_text(i)}; the job "
+                f"needs {n} more {c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
+
+    def held_back_units(self, i: int) -> int:
+        """Units of quota i the pool minimums it holds back would take first, were it raised."""
+        return sum(units for _, units, _ in self.held_back.get(quota_scope(self.quotas[i]), ()))
+
+    def _held_back_text(self, i: int) -> str:
+        """", and pool minimums it holds back take 16 more first (aws-cpu: 1 m6i.4xlarge)", or "": a raise of the quota
+        by the job's units alone went to the minimum, and the job stayed pending."""
+        gaps = self.held_back.get(quota_scope(self.quotas[i]))
+        if not gaps:
+            return ""
+        pools = ", ".join(f"{pool}: {what}" for pool, _, what in gaps)
+        return f", and pool minimums it holds back take {self.held_back_units(i):g} more first ({pools})"
 
     def summary(self) -> dict[str, dict]:
         """Per quota: its limit, the account's use when read, what the plan's new instances take, what is left."""
@@ -406,11 +424,13 @@ class LicenseBook:
         """The first license (by name) one more job of d would hold beyond its tenant's quota or its count."""
         return next(iter(self.shorts(d)), None)
 
-    def shorts(self, d) -> list[LicenseShort]:
+    def shorts(self, d, may_take=None) -> list[LicenseShort]:
         """Every limit one more job of d would hold a license beyond, by license name, its tenant's quota of it before
         its count: each binds alone (a job needing 4 under a tenant quota of 2 and a count of 1 was said to wait for the
         tenant quota only, which raised left it pending). Beside its tenant's quota, a count only where the job alone
-        needs more: a count its holders fill may be freed by preempting them, which this book does not know."""
+        needs more, or, given `may_take` (holding job -> whether d may ever preempt it), where the seats held by work
+        it may never take leave too few: preempting the others could free the rest (a count of 2 held by its tenant's
+        job and another tenant's critical one went unnamed, and the tenant's quota raised alone left the job pending)."""
         out = []
         for name, need in sorted(license_need(d).items()):
             r = self.rules.get(name)
@@ -420,9 +440,17 @@ class LicenseBook:
             tenant_short = q is not None and self.by_tenant.get((name, d.tenant), 0) + need > q
             if tenant_short:
                 out.append(LicenseShort(name, "tenant", self.by_tenant.get((name, d.tenant), 0), q, need))
-            if self.held[name] + need > r.count and (not tenant_short or need > r.count):
+            if self.held[name] + need > r.count and (not tenant_short or need > r.count
+                                                       or self._kept_from(name, may_take) + need > r.count):
                 out.append(LicenseShort(name, "count", self.held[name], r.count, need))
         return out
+
+    def _kept_from(self, name: str, may_take) -> int:
+        """Seats of license `name` held by work a job may never take (`may_take`: holding job -> whether it may); with
+        no `may_take`, none are known to be (any holder may be preempted)."""
+        if may_take is None:
+            return 0
+        return self.held[name] - sum(n for job, (_, n) in self.holders[name].items() if may_take(job))
 
     def take(self, d, job: str = "", sign: int = 1) -> None:
         """Job `job` of d holds its licenses (sign -1: gives them back)."""
@@ -585,7 +613,7 @@ class Ledger:
         self._tenant_spot: dict[str, list[float]] = {}  # tenant -> [work units on spot, in all] (whole numbers)
         self._use: dict[str, dict[str, ExactSum]] = {}  # tenant -> dimension -> what its placed jobs request
         self.licenses = LicenseBook(problem.licenses)
-        self.quotas = QuotaBook(getattr(problem, "quotas", ()))  # what the new instances take of cloud quotas
+        self.quotas = QuotaBook(getattr(problem, "quotas", ()), getattr(problem, "quota_floor_gaps", None))  # what the new instances take of cloud quotas
 
     def once(self, key, compute):
         """compute(), made once while the ledger stays as it is (every add or remove forgets it): what explain and the
@@ -984,10 +1012,18 @@ class Ledger:
         """Every license limit the job would hold beyond in this plan: a License's count, a tenant's quota of it."""
         if not d.licenses:
             return []
+        from reconciler.problem.rules import borrowing_tenants, may_preempt
+
         book = self.license_book()
         priority = {j: o.priority for j, o in self.job_demand.items()}
+        p = self.problem
+        borrowing = self.once("borrowing tenants", lambda: borrowing_tenants(p.demands, p.tenants))
+        jobs = self.job_demand
+
+        def may_take(job: str) -> bool:
+            return job in jobs and may_preempt(d, jobs[job], borrowing, p.placement.preemption)
         return [Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
-                        s.held + s.need - s.limit) for s in book.shorts(d)]
+                        s.held + s.need - s.limit) for s in book.shorts(d, may_take)]
 
     def reservation_summary(self) -> dict[str, dict]:
         """Per Reservation in force: instances of the plan in it, what it commits per hour, and the
@@ -1066,7 +1102,8 @@ class Ledger:
             out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
                                               f"in {r.zone})", r.name, self.reservation_over(c, n), n))
         for i, over in self.quotas.shorts(c, n) if "cloud-quota" in rules else ():  # (each binds alone: a vCPU and a GPU quota)
-            out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]), over, n))
+            out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]),
+                               over + self.quotas.held_back_units(i), n))
         if "pool-max" in rules:
             hi, have = p.pool_bounds.get(c.pool, (0, 0))[1], self.pool_count(c.pool)
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
