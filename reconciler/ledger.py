@@ -782,6 +782,11 @@ class Ledger:
         """Does the on-demand buffer count this instance's idle capacity (so work placed there takes from it)?"""
         return self.instances[ref].market != "spot"
 
+    @property
+    def spot_unit(self) -> str:
+        """What the spot share and the on-demand buffer count, in words (spot_units' dimension)."""
+        return "GPUs" if self.dim == "gpus" else "vCPU"
+
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
         on, tot = self._tenant_spot.get(tenant, (0, 0))
@@ -970,18 +975,19 @@ class Ledger:
         # (from the running counts, not the instances: plancheck.KeptInstead asks it per stop it weighs, at 11.7k instances)
         for pool in sorted(q for q, n in self._pools.items() if n > 0):
             if not pool_ok(self.pool_count(pool), 0, p.pool_bounds.get(pool, (0, math.inf))[1]):
-                out[f"pool:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, over its max_instances"
+                out[f"pool:{pool}"] = f"pool {pool} has {amount(self.pool_count(pool), 'instances')}, over its max_instances"
         # (a minimum the fleet does not meet is bought by the plan, and what that costs may be a running job's room under
         # the budget: an honest plan evicting a guaranteed job for it was refused by apply's re-check, fleet25)
         for pool, (lo, _) in sorted(p.pool_bounds.items()):
             if not pool_min_ok(self.pool_count(pool), lo):
-                out[f"pool-min:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, under its min_instances {lo}"
+                out[f"pool-min:{pool}"] = f"pool {pool} has {amount(self.pool_count(pool), 'instances')}, under its min_instances {lo}"
         sp = p.spot
         spot, total = self.spot()
         if spot and sp.max_spot_fraction < 1 and not spot_share_ok(spot, total, sp.max_spot_fraction):
             out["spot-share"] = f"the fleet is {spot / total:.1%} spot, over max_spot_fraction {sp.max_spot_fraction:g}"
         if not buffer_ok(self.idle_on_demand(), spot, sp.on_demand_buffer_percent):
-            out["spot-buffer"] = f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {spot:g} spot) is not idle"
+            out["spot-buffer"] = (f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {amount(spot, 'spot ' + self.spot_unit)}) "
+                                  f"is not idle")
         types, zones = self.spot_sites()  # (any spot instance, CPU ones too)
         if types:
             if not diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones):
@@ -1088,7 +1094,7 @@ class Ledger:
         if not self.refuses_buffer(d, taken):
             return []
         pct, spot, idle = self.problem.spot.on_demand_buffer_percent, self._spot.value, self.idle_on_demand()
-        unit = "GPUs" if self.dim == "gpus" else "vCPU"
+        unit = self.spot_unit
         return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {amount(idle, 'idle on-demand ' + unit)} "
                                        f"the plan keeps; {pct:g}% of {amount(spot, 'spot ' + unit)} must stay idle")]
 
@@ -1117,7 +1123,7 @@ class Ledger:
             sp = p.spot
             spot, total = self.spot()
             add = n * self._prim(c)
-            unit = "GPUs" if self.dim == "gpus" else "vCPU"
+            unit = self.spot_unit
             if "spot-share" in rules:
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
@@ -1356,7 +1362,7 @@ def spot_ballast(led: Ledger) -> SpotBallast | None:
     if not idle or not rules:
         return None
     cost = sum(led.instances[r].price * v / led._prim(led.instances[r]) for r, v in idle.items())
-    return SpotBallast(tuple(idle), round(gone, 3), "GPUs" if led.dim == "gpus" else "vCPU", round(cost, 4), " and ".join(rules),
+    return SpotBallast(tuple(idle), round(gone, 3), led.spot_unit, round(cost, 4), " and ".join(rules),
                        round(spot / total, 4), round(spot / (total - gone), 4) if total > gone else 1.0)
 
 
