@@ -62,7 +62,8 @@ def lift(docs, quotas, reason: str, tenant: str):
     r = reason.removeprefix("evicted: ")
     if "several limits bind" in r:
         # every clause named, lifted together
-        parts = re.split(r"; several limits bind at once with it(?: for [^:]*)?: |; (?=(?:quota exhausted:|quota: the job|license |cloud quota: "
+        # (the way "for 1 new p4d.24xlarge on-demand (reserved: p4d) in ...": a colon inside its parentheses)
+        parts = re.split(r"; several limits bind at once with it(?: for (?:[^:(]|\([^)]*\))*)?: |; (?=(?:quota exhausted:|quota: the job|license |cloud quota: "
                          r"|pools at max_instances|budget: |tenant budget: |spot share: |tenant spot share: |on-demand buffer: "
                          r"|spot diversity: |reservation \S+ is fully))", r)
         whats = []
