@@ -116,7 +116,7 @@ def lift(docs, quotas, reason: str, tenant: str):
         quotas = [replace(q, limit=q.limit + short) if (q.cloud, q.name, q.region) == (cloud, name, region) else q for q in quotas]
         return docs, quotas, f"cloud quota {name} +{short:g}"
     if r.startswith("pools at max_instances"):
-        n = re.search(r"the job needs (\d+) new instances", r)
+        n = re.search(r"a raise of (\d+) instances", r) or re.search(r"the job needs (\d+) new instances", r)
         for name in re.findall(r"([\w-]+) \d+/\d+", r.split(")")[0]):
             by[("Pool", name)]["spec"]["max_instances"] += int(n.group(1)) if n else 1
         return docs, quotas, "pools +n"
@@ -138,8 +138,8 @@ def lift(docs, quotas, reason: str, tenant: str):
     if r.startswith("spot diversity:"):
         policy("SpotPolicy").update(min_instance_types=1, min_zones=1)
         return docs, quotas, "diversity"
-    if m := re.match(r"reservation (\S+) is fully used in this plan", r):
-        by[("Reservation", m.group(1))]["spec"]["count"] += 1
+    if m := re.match(r"reservation (\S+) is fully used in this plan[^;]*(?:; the job needs (\d+) more of it)?", r):
+        by[("Reservation", m.group(1))]["spec"]["count"] += int(m.group(2) or 1)
         return docs, quotas, "reservation +1"
     return None
 

@@ -428,7 +428,7 @@ class LicenseBook:
         """Every limit one more job of d would hold a license beyond, by license name, its tenant's quota of it before
         its count: each binds alone (a job needing 4 under a tenant quota of 2 and a count of 1 was said to wait for the
         tenant quota only, which raised left it pending). Beside its tenant's quota, a count only where the job alone
-        needs more, or, given `may_take` (holding job -> whether d may ever preempt it), where the seats held by work
+        needs more, or, given `may_take` (holding job -> whether d may ever take its seats), where the seats held by work
         it may never take leave too few: preempting the others could free the rest (a count of 2 held by its tenant's
         job and another tenant's critical one went unnamed, and the tenant's quota raised alone left the job pending)."""
         out = []
@@ -1027,7 +1027,13 @@ class Ledger:
         jobs = self.job_demand
 
         def may_take(job: str) -> bool:
-            return job in jobs and may_preempt(d, jobs[job], borrowing, p.placement.preemption)
+            """Running work as preemption allows; new work of a lower class (the tiers place a higher class first)."""
+            o = jobs.get(job)
+            if o is None:
+                return False
+            if any(j == job for j, _ in o.running):
+                return may_preempt(d, o, borrowing, p.placement.preemption)
+            return d.klass > o.klass
         return [Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
                         s.held + s.need - s.limit) for s in book.shorts(d, may_take)]
 
@@ -1105,8 +1111,11 @@ class Ledger:
         rules = self.open_rules(c, n, first=False)
         if "reservation" in rules:
             r, have = p.reservations[c.reservation], self.reserved(c.reservation)
+            over = self.reservation_over(c, n)
+            # (how many: raised by one, a reservation the job's 2 new instances both launch into left it pending)
             out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
-                                              f"in {r.zone})", r.name, self.reservation_over(c, n), n))
+                                              f"in {r.zone})" + (f"; the job needs {over} more of it" if over > 1 else ""),
+                               r.name, over, n))
         for i, over in self.quotas.shorts(c, n) if "cloud-quota" in rules else ():  # (each binds alone: a vCPU and a GPU quota)
             out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]),
                                over + self.quotas.held_back_units(i), n))

@@ -899,3 +899,37 @@ def test_a_cloud_quota_raised_by_what_its_reason_says_places_the_job_beside_a_po
     assert m, before.reason
     after = plan(96 + sum(float(g or 0) for g in m.groups()))
     assert after.instances, after.reason
+
+
+def test_a_pool_max_raised_by_what_its_reason_says_places_the_job_beside_work_the_plan_moved_off_a_deleted_instance(tmp_path):
+    """Found by the random hunt (fleets 163/351's kind): "pools at max_instances (a10g 3/3)", where this plan deletes
+    i0 and moves t3's j5 off it to make on-demand room for the buffer beside t2's critical spot j1. Raised by the one
+    instance that reads as short, the re-plan kept i0 with j5 on it (running work moves only where a rule makes it)
+    and j0 stayed pending. The reason now says a raise may keep i0 first, and by how much to raise."""
+    import re
+
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, doc, instance, job, pool, topology, write_config
+
+    def plan(hi: int):
+        docs = [topology(), doc("Tenant", "t2", {"quota": {"gpus": 4, "burst": {"gpus": 8}}}),
+                doc("Tenant", "t3", {"quota": {"gpus": 0, "burst": {"gpus": 16}}}),
+                pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=hi),
+                doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "on_demand_buffer_percent": 25, "tenant_max_spot_fraction": {"t2": 0.5}}),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenUnderutilized", "preemption": "LowerPriority"}),
+                job("j1", tenant="t2", priority="critical", spot="required", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+                job("j4", tenant="t2", gpus=4, gpu_type="A10G", cpu=40, mem=160),
+                job("j5", tenant="t3", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+                job("j0", tenant="t3", priority="low", gpus=4, gpu_type="A10G", cpu=40, mem=160)]
+        desired = load(write_config(tmp_path / f"c{hi}", docs))
+        i0 = instance("i0", "a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge")
+        observed = catalog_observed(desired, [i0], {"j5": ("i0",)})
+        return next(j for j in api.emitted(desired, observed, build_problem(desired, observed), 5)[0].jobs if j.job == "j0")
+
+    before = plan(3)
+    assert before.reason.startswith("pools at max_instances (a10g 3/3); raised by 1 instance alone, the plan may keep i0 instead, "
+                                    "which it deletes with work on it (j5): a raise of 2 instances leaves room for both"), before.reason
+    raise_by = int(re.search(r"a raise of (\d+) instances", before.reason).group(1))
+    after = plan(3 + raise_by)
+    assert after.instances, after.reason
