@@ -62,7 +62,8 @@ def lift(docs, quotas, reason: str, tenant: str):
     r = reason.removeprefix("evicted: ")
     if "several limits bind" in r:
         # every clause named, lifted together
-        parts = re.split(r"; several limits bind at once with it(?: for [^:]*)?: |; (?=(?:quota exhausted:|quota: the job|license |cloud quota: "
+        # (the way "for 1 new p4d.24xlarge on-demand (reserved: p4d) in ...": a colon inside its parentheses)
+        parts = re.split(r"; several limits bind at once with it(?: for (?:[^:(]|\([^)]*\))*)?: |; (?=(?:quota exhausted:|quota: the job|license |cloud quota: "
                          r"|pools at max_instances|budget: |tenant budget: |spot share: |tenant spot share: |on-demand buffer: "
                          r"|spot diversity: |reservation \S+ is fully))", r)
         whats = []
@@ -107,14 +108,15 @@ def lift(docs, quotas, reason: str, tenant: str):
             spec["count"] = int(need) + int(held or 0)
         return docs, quotas, f"license {name} to need"
     if m := re.match(r"cloud quota: (\S+) (.+?) in (\S+(?: regions)?): ([\d.]+) of ([\d.]+) \w+ used(?:, and this plan's new instances "
-                     r"take ([\d.]+) more)?; the job needs \d+ more \S+ \S+ \(([\d.]+) \w+\)", r):
-        cloud, name, region, used, limit, taken, need = m.groups()
+                     r"take ([\d.]+) more)?(?:, and pool minimums it holds back take ([\d.]+) more first \([^)]*\))?; "
+                     r"the job needs \d+ more \S+ \S+ \(([\d.]+) \w+\)", r):
+        cloud, name, region, used, limit, taken, held_back, need = m.groups()
         region = "" if region == "all regions" else region
-        short = float(used) + float(taken or 0) + float(need) - float(limit)
+        short = float(used) + float(taken or 0) + float(held_back or 0) + float(need) - float(limit)
         quotas = [replace(q, limit=q.limit + short) if (q.cloud, q.name, q.region) == (cloud, name, region) else q for q in quotas]
         return docs, quotas, f"cloud quota {name} +{short:g}"
     if r.startswith("pools at max_instances"):
-        n = re.search(r"the job needs (\d+) new instances", r)
+        n = re.search(r"a raise of (\d+) instances", r) or re.search(r"the job needs (\d+) new instances", r)
         for name in re.findall(r"([\w-]+) \d+/\d+", r.split(")")[0]):
             by[("Pool", name)]["spec"]["max_instances"] += int(n.group(1)) if n else 1
         return docs, quotas, "pools +n"
@@ -136,8 +138,8 @@ def lift(docs, quotas, reason: str, tenant: str):
     if r.startswith("spot diversity:"):
         policy("SpotPolicy").update(min_instance_types=1, min_zones=1)
         return docs, quotas, "diversity"
-    if m := re.match(r"reservation (\S+) is fully used in this plan", r):
-        by[("Reservation", m.group(1))]["spec"]["count"] += 1
+    if m := re.match(r"reservation (\S+) is fully used in this plan[^;]*(?:; the job needs (\d+) more of it)?", r):
+        by[("Reservation", m.group(1))]["spec"]["count"] += int(m.group(2) or 1)
         return docs, quotas, "reservation +1"
     return None
 

@@ -311,10 +311,15 @@ class QuotaBook:
     """Units of each cloud quota the new instances of a plan take, against its headroom: what the solver's quota
     rows count, kept by greedy, the packer's repairs, the plan's ledger and pending reasons alike."""
 
-    def __init__(self, quotas) -> None:
+    def __init__(self, quotas, floor_gaps: dict[str, tuple[tuple[str, int, str], ...]] | None = None) -> None:
+        """`floor_gaps`: Problem.quota_floor_gaps, the pool minimums each quota holds back (only words read them)."""
         self.quotas = tuple(quotas)
         self.taken = [0] * len(self.quotas)
         self._units: dict[tuple, tuple[tuple[int, int], ...]] = {}
+        self.held_back: dict[str, list[tuple[str, int, str]]] = {}  # quota_scope -> (pool, units, "1 m6i.4xlarge")
+        for pool, gaps in sorted((floor_gaps or {}).items()):
+            for scope, units, what in gaps:
+                self.held_back.setdefault(scope, []).append((pool, units, what))
 
     def units(self, c) -> tuple[tuple[int, int], ...]:
         """(quota index, units) of every quota one new instance of c counts against."""
@@ -349,8 +354,21 @@ class QuotaBook:
         q, u = self.quotas[i], quota_units(self.quotas[i], c)
         plan = f", and this plan's new instances take {self.taken[i]:g} more" if self.taken[i] else ""
         raise_it = f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""
-        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}; the job needs {n} more "
-                f"{c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
+        return (f"cloud quota: {quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used{plan}{self._held_back_text(i)}; the job "
+                f"needs {n} more {c.instance_type} {c.market} ({amount(n * u, q.unit)}){raise_it}")
+
+    def held_back_units(self, i: int) -> int:
+        """Units of quota i the pool minimums it holds back would take first, were it raised."""
+        return sum(units for _, units, _ in self.held_back.get(quota_scope(self.quotas[i]), ()))
+
+    def _held_back_text(self, i: int) -> str:
+        """", and pool minimums it holds back take 16 more first (aws-cpu: 1 m6i.4xlarge)", or "": a raise of the quota
+        by the job's units alone went to the minimum, and the job stayed pending."""
+        gaps = self.held_back.get(quota_scope(self.quotas[i]))
+        if not gaps:
+            return ""
+        pools = ", ".join(f"{pool}: {what}" for pool, _, what in gaps)
+        return f", and pool minimums it holds back take {self.held_back_units(i):g} more first ({pools})"
 
     def summary(self) -> dict[str, dict]:
         """Per quota: its limit, the account's use when read, what the plan's new instances take, what is left."""
@@ -406,11 +424,13 @@ class LicenseBook:
         """The first license (by name) one more job of d would hold beyond its tenant's quota or its count."""
         return next(iter(self.shorts(d)), None)
 
-    def shorts(self, d) -> list[LicenseShort]:
+    def shorts(self, d, may_take=None) -> list[LicenseShort]:
         """Every limit one more job of d would hold a license beyond, by license name, its tenant's quota of it before
         its count: each binds alone (a job needing 4 under a tenant quota of 2 and a count of 1 was said to wait for the
         tenant quota only, which raised left it pending). Beside its tenant's quota, a count only where the job alone
-        needs more: a count its holders fill may be freed by preempting them, which this book does not know."""
+        needs more, or, given `may_take` (holding job -> whether d may ever take its seats), where the seats held by work
+        it may never take leave too few: preempting the others could free the rest (a count of 2 held by its tenant's
+        job and another tenant's critical one went unnamed, and the tenant's quota raised alone left the job pending)."""
         out = []
         for name, need in sorted(license_need(d).items()):
             r = self.rules.get(name)
@@ -420,9 +440,17 @@ class LicenseBook:
             tenant_short = q is not None and self.by_tenant.get((name, d.tenant), 0) + need > q
             if tenant_short:
                 out.append(LicenseShort(name, "tenant", self.by_tenant.get((name, d.tenant), 0), q, need))
-            if self.held[name] + need > r.count and (not tenant_short or need > r.count):
+            if self.held[name] + need > r.count and (not tenant_short or need > r.count
+                                                       or self._kept_from(name, may_take) + need > r.count):
                 out.append(LicenseShort(name, "count", self.held[name], r.count, need))
         return out
+
+    def _kept_from(self, name: str, may_take) -> int:
+        """Seats of license `name` held by work a job may never take (`may_take`: holding job -> whether it may); with
+        no `may_take`, none are known to be (any holder may be preempted)."""
+        if may_take is None:
+            return 0
+        return self.held[name] - sum(n for job, (_, n) in self.holders[name].items() if may_take(job))
 
     def take(self, d, job: str = "", sign: int = 1) -> None:
         """Job `job` of d holds its licenses (sign -1: gives them back)."""
@@ -585,7 +613,7 @@ class Ledger:
         self._tenant_spot: dict[str, list[float]] = {}  # tenant -> [work units on spot, in all] (whole numbers)
         self._use: dict[str, dict[str, ExactSum]] = {}  # tenant -> dimension -> what its placed jobs request
         self.licenses = LicenseBook(problem.licenses)
-        self.quotas = QuotaBook(getattr(problem, "quotas", ()))  # what the new instances take of cloud quotas
+        self.quotas = QuotaBook(getattr(problem, "quotas", ()), getattr(problem, "quota_floor_gaps", None))  # what the new instances take of cloud quotas
 
     def once(self, key, compute):
         """compute(), made once while the ledger stays as it is (every add or remove forgets it): what explain and the
@@ -753,6 +781,11 @@ class Ledger:
     def in_buffer(self, ref: str) -> bool:
         """Does the on-demand buffer count this instance's idle capacity (so work placed there takes from it)?"""
         return self.instances[ref].market != "spot"
+
+    @property
+    def spot_unit(self) -> str:
+        """What the spot share and the on-demand buffer count, in words (spot_units' dimension)."""
+        return "GPUs" if self.dim == "gpus" else "vCPU"
 
     def tenant_spot(self, tenant: str) -> tuple[float, float]:
         """Work units of the tenant's items on spot, and in all."""
@@ -942,18 +975,19 @@ class Ledger:
         # (from the running counts, not the instances: plancheck.KeptInstead asks it per stop it weighs, at 11.7k instances)
         for pool in sorted(q for q, n in self._pools.items() if n > 0):
             if not pool_ok(self.pool_count(pool), 0, p.pool_bounds.get(pool, (0, math.inf))[1]):
-                out[f"pool:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, over its max_instances"
+                out[f"pool:{pool}"] = f"pool {pool} has {amount(self.pool_count(pool), 'instances')}, over its max_instances"
         # (a minimum the fleet does not meet is bought by the plan, and what that costs may be a running job's room under
         # the budget: an honest plan evicting a guaranteed job for it was refused by apply's re-check, fleet25)
         for pool, (lo, _) in sorted(p.pool_bounds.items()):
             if not pool_min_ok(self.pool_count(pool), lo):
-                out[f"pool-min:{pool}"] = f"pool {pool} has {self.pool_count(pool)} instances, under its min_instances {lo}"
+                out[f"pool-min:{pool}"] = f"pool {pool} has {amount(self.pool_count(pool), 'instances')}, under its min_instances {lo}"
         sp = p.spot
         spot, total = self.spot()
         if spot and sp.max_spot_fraction < 1 and not spot_share_ok(spot, total, sp.max_spot_fraction):
             out["spot-share"] = f"the fleet is {spot / total:.1%} spot, over max_spot_fraction {sp.max_spot_fraction:g}"
         if not buffer_ok(self.idle_on_demand(), spot, sp.on_demand_buffer_percent):
-            out["spot-buffer"] = f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {spot:g} spot) is not idle"
+            out["spot-buffer"] = (f"the on-demand buffer ({sp.on_demand_buffer_percent:g}% of {amount(spot, 'spot ' + self.spot_unit)}) "
+                                  f"is not idle")
         types, zones = self.spot_sites()  # (any spot instance, CPU ones too)
         if types:
             if not diversity_ok(len(types), len(zones), sp.min_instance_types, sp.min_zones):
@@ -984,10 +1018,24 @@ class Ledger:
         """Every license limit the job would hold beyond in this plan: a License's count, a tenant's quota of it."""
         if not d.licenses:
             return []
+        from reconciler.problem.rules import borrowing_tenants, may_preempt
+
         book = self.license_book()
         priority = {j: o.priority for j, o in self.job_demand.items()}
+        p = self.problem
+        borrowing = self.once("borrowing tenants", lambda: borrowing_tenants(p.demands, p.tenants))
+        jobs = self.job_demand
+
+        def may_take(job: str) -> bool:
+            """Running work as preemption allows; new work of a lower class (the tiers place a higher class first)."""
+            o = jobs.get(job)
+            if o is None:
+                return False
+            if any(j == job for j, _ in o.running):
+                return may_preempt(d, o, borrowing, p.placement.preemption)
+            return d.klass > o.klass
         return [Refusal("license" if s.scope == "count" else "license-quota", book.message(s, d, priority), s.license,
-                        s.held + s.need - s.limit) for s in book.shorts(d)]
+                        s.held + s.need - s.limit) for s in book.shorts(d, may_take)]
 
     def reservation_summary(self) -> dict[str, dict]:
         """Per Reservation in force: instances of the plan in it, what it commits per hour, and the
@@ -1052,7 +1100,7 @@ class Ledger:
         if not self.refuses_buffer(d, taken):
             return []
         pct, spot, idle = self.problem.spot.on_demand_buffer_percent, self._spot.value, self.idle_on_demand()
-        unit = "GPUs" if self.dim == "gpus" else "vCPU"
+        unit = self.spot_unit
         return [Refusal("spot-buffer", f"on-demand buffer: the job would take {taken:g} of the {amount(idle, 'idle on-demand ' + unit)} "
                                        f"the plan keeps; {pct:g}% of {amount(spot, 'spot ' + unit)} must stay idle")]
 
@@ -1063,10 +1111,14 @@ class Ledger:
         rules = self.open_rules(c, n, first=False)
         if "reservation" in rules:
             r, have = p.reservations[c.reservation], self.reserved(c.reservation)
+            over = self.reservation_over(c, n)
+            # (how many: raised by one, a reservation the job's 2 new instances both launch into left it pending)
             out.append(Refusal("reservation", f"reservation {r.name} {RESERVATION_FULL} ({have}/{r.count} {r.instance_type} "
-                                              f"in {r.zone})", r.name, self.reservation_over(c, n), n))
+                                              f"in {r.zone})" + (f"; the job needs {over} more of it" if over > 1 else ""),
+                               r.name, over, n))
         for i, over in self.quotas.shorts(c, n) if "cloud-quota" in rules else ():  # (each binds alone: a vCPU and a GPU quota)
-            out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]), over, n))
+            out.append(Refusal("cloud-quota", self.quotas.message(i, c, n), quota_scope(self.quotas.quotas[i]),
+                               over + self.quotas.held_back_units(i), n))
         if "pool-max" in rules:
             hi, have = p.pool_bounds.get(c.pool, (0, 0))[1], self.pool_count(c.pool)
             out.append(Refusal("pool-max", f"pool {c.pool} is at {have}/{hi} instances (max_instances)"
@@ -1080,7 +1132,7 @@ class Ledger:
             sp = p.spot
             spot, total = self.spot()
             add = n * self._prim(c)
-            unit = "GPUs" if self.dim == "gpus" else "vCPU"
+            unit = self.spot_unit
             if "spot-share" in rules:
                 now = spot / total if total else 0.0
                 after = (spot + add) / (total + add) if total + add else 1.0
@@ -1319,7 +1371,7 @@ def spot_ballast(led: Ledger) -> SpotBallast | None:
     if not idle or not rules:
         return None
     cost = sum(led.instances[r].price * v / led._prim(led.instances[r]) for r, v in idle.items())
-    return SpotBallast(tuple(idle), round(gone, 3), "GPUs" if led.dim == "gpus" else "vCPU", round(cost, 4), " and ".join(rules),
+    return SpotBallast(tuple(idle), round(gone, 3), led.spot_unit, round(cost, 4), " and ".join(rules),
                        round(spot / total, 4), round(spot / (total - gone), 4) if total > gone else 1.0)
 
 

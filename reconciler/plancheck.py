@@ -65,6 +65,7 @@ from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, borrowing_
 from reconciler.problem.partition import Partition
 from reconciler.problem.rules import running_use
 from reconciler.site import Site
+from reconciler.words import amount
 
 
 def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Problem) -> tuple[Plan, list[str]]:
@@ -188,7 +189,7 @@ def _pool_errors(desired: DesiredState, instances: dict, staying: set[str], crea
     for pool in sorted({c.site.pool for c in creates}):
         hi = desired.pools[pool].spec.max_instances
         if count[pool] > hi:
-            errors.append(f"pool {pool}: the plan would run {count[pool]} instances, over its max_instances {hi}")
+            errors.append(f"pool {pool}: the plan would run {amount(count[pool], 'instances')}, over its max_instances {hi}")
     return errors
 
 
@@ -230,10 +231,10 @@ def _quota_errors(problem: Problem, creates: list[CreateAction], offers: dict) -
         short = book.short(cap)
         if short is not None:
             q = book.quotas[short[0]]
-            taken = f", and the plan's creates before it take {book.taken[short[0]]:g} more" if book.taken[short[0]] else ""
+            taken = f", and the plan's creates before it take {amount(book.taken[short[0]], q.unit)} more" if book.taken[short[0]] else ""
             errors.append(f"create {c.ref} ({c.site.market} {c.site.instance_type} in {c.site.zone}, pool {c.site.pool!r}): cloud quota: "
-                          f"{quota_scope(q)}: {q.used:g} of {q.limit:g} {q.unit} used when read{taken}; it needs "
-                          f"{quota_units(q, cap):g} more" + (f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""))
+                          f"{quota_scope(q)}: {q.used:g} of {amount(q.limit, q.unit)} used when read{taken}; it needs "
+                          f"{amount(quota_units(q, cap), q.unit)} more" + (f"; raise it: {q.how_to_raise}" if q.how_to_raise else ""))
         book.take(cap)
     return errors
 
@@ -285,15 +286,15 @@ def _pool_min_errors(problem: Problem, after, broken_now: dict[str, str], create
             continue
         can_stay = sum(1 for h in problem.hosts() if h.pool == pool and h.keep_blocker is None)
         if have < min(lo, can_stay):
-            errors.append(f"pool {pool}: the plan leaves {have} instances, under its min_instances {lo}, where the fleet "
-                          f"keeps {can_stay} (a pool under its minimum may not lose an instance it can keep)")
+            errors.append(f"pool {pool}: the plan leaves {amount(have, 'instances')}, under its min_instances {lo}, where the fleet "
+                          f"keeps {amount(can_stay, 'instances')} (a pool under its minimum may not lose an instance it can keep)")
             continue
         floor = (f"its minimum {lo} ({problem.quota_floors[pool].removeprefix(f'pool {pool}: ')})" if pool in problem.quota_floors
                  else f"its min_instances {lo}")
         buyable = _rule_keeping_offer(after, [c for c in problem.offers() if c.pool == pool and not c.members
                                               and bought[c.offer_key] < c.max_new])
         if buyable is not None:
-            errors.append(f"pool {pool}: the plan leaves {have} instances, under {floor}, where one more "
+            errors.append(f"pool {pool}: the plan leaves {amount(have, 'instances')}, under {floor}, where one more "
                           f"{buyable.market} {buyable.instance_type} in {buyable.zone} breaks no rule (the planner buys it)")
     return errors
 
@@ -329,7 +330,7 @@ def _gang_errors(plan: Plan, observed: Observed, problem: Problem, creates: list
         if len({(c, z) for c, z, _, _ in where}) > 1:
             errors.append(f"job {j.job}: its replicas span zones {sorted({z for _, z, _, _ in where})}; a gang runs in one zone")
         elif d.gang_mode == "instance" and len(set(j.instances)) > 1:
-            errors.append(f"job {j.job}: gang: instance, but its replicas span {len(set(j.instances))} instances")
+            errors.append(f"job {j.job}: gang: instance, but its replicas span {amount(len(set(j.instances)), 'instances')}")
         elif d.gang_mode == "placement-group":
             new_groups = {g for i, (_, _, _, g) in zip(j.instances, where) if i in {c.ref for c in creates}}
             if len({t for _, _, t, _ in where}) > 1 or None in new_groups or len(new_groups) > 1:
@@ -941,8 +942,8 @@ def _tenant_errors(problem: Problem, after, before) -> list[str]:
         use, was = after.tenant_use(name), before.tenant_use(name)
         for dim, cap in sorted(rules.cap.items()):
             if not quota_ok(use.get(dim, 0.0), 0.0, cap) and use.get(dim, 0.0) > was.get(dim, 0.0) + 1e-9:
-                errors.append(f"tenant {name}: the plan gives it {use[dim]:g} {_UNITS.get(dim, dim)}, over its ceiling of "
-                              f"{cap:g} (quota, or burst where it may borrow)")
+                errors.append(f"tenant {name}: the plan gives it {amount(use[dim], _UNITS.get(dim, dim))}, over its ceiling of "
+                              f"{amount(cap, _UNITS.get(dim, dim))} (quota, or burst where it may borrow)")
         if rules.budget is not None:
             pay = after.tenant_spend(name)
             if not budget_ok(pay, rules.budget) and pay > before.tenant_spend(name):
@@ -980,7 +981,7 @@ def _fit_errors(plan: Plan, observed: Observed, problem: Problem, created: dict[
             continue
         want = d.replicas * d.bundle
         if len(j.instances) != want:
-            errors.append(f"job {j.job}: {j.action} of {len(j.instances)} replica(s); the job has {want}")
+            errors.append(f"job {j.job}: {j.action} of {amount(len(j.instances), 'replicas')}; the job has {amount(want, 'replicas')}")
             continue
         if j.action == "keep" and sorted(j.instances) != sorted(j.previous):
             errors.append(f"job {j.job}: keep, but on {list(j.instances)}, not where it runs ({list(j.previous)})")
@@ -994,7 +995,7 @@ def _fit_errors(plan: Plan, observed: Observed, problem: Problem, created: dict[
         if (j.action == "move") != bool(j.previous) and j.action != "keep":
             errors.append(f"job {j.job}: {j.action}, but it " + ("does not run" if j.action == "move" else f"runs on {list(j.previous)}"))
         if j.gpus and len(j.gpus) != want:
-            errors.append(f"job {j.job}: GPU indices for {len(j.gpus)} replica(s); the job has {want}")
+            errors.append(f"job {j.job}: GPU indices for {amount(len(j.gpus), 'replicas')}; the job has {amount(want, 'replicas')}")
             continue
         for r, target in enumerate(j.instances):
             placed.setdefault(target, []).append((j.job, r, tuple(j.gpus[r]) if j.gpus else ()))
@@ -1033,14 +1034,14 @@ def _instance_errors(target: str, cap: Capacity, reps: list[tuple[str, int, tupl
         used = sum(_replica_need(demand_of[job], dim) for job, _, _ in reps)
         if used > cap.cap(dim) + 1e-9:
             unit = _UNITS.get(dim, f"MIG {dim[4:]} slices")
-            errors.append(f"{where}: the plan puts {used:g} {unit} on it, it has {cap.cap(dim):g} "
+            errors.append(f"{where}: the plan puts {amount(used, unit)} on it, it has {amount(cap.cap(dim), unit)} "
                           f"({', '.join(sorted({job for job, _, _ in reps if _replica_need(demand_of[job], dim)}))})")
     owner: dict[int, tuple[str, int]] = {}
     for job, r, gpus in sorted(reps):
         n = _whole_gpus(demand_of[job], cap)
         if len(gpus) != n or len(set(gpus)) != n or any(not 0 <= g < cap.gpus for g in gpus):
-            errors.append(f"job {job} replica {r} on {where}: GPU indices {list(gpus)} are not {n} distinct GPU(s) of "
-                          f"the {0 if cap.mig else cap.gpus} it has (0..{max(0, cap.gpus - 1)})")
+            errors.append(f"job {job} replica {r} on {where}: GPU indices {list(gpus)} are not {amount(n, 'distinct GPUs')} of "
+                          f"the {amount(0 if cap.mig else cap.gpus, 'GPUs')} it has (0..{max(0, cap.gpus - 1)})")
             continue
         for g in gpus:
             if g in owner:

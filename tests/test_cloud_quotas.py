@@ -238,7 +238,7 @@ def test_azure_a_saved_plan_past_a_lowered_quota_is_refused_before_anything_laun
     arm.set_quota("eastus", "StandardNCADSA100v4Family", 0)
     with pytest.raises(Exception) as e:
         api.apply(cfg, provider="azure", options=arm_options(arm), saved_plan=plan)
-    assert ("cloud quota: azure StandardNCADSA100v4Family in eastus: 0 of 0 vCPUs used when read; it needs 24 more; "
+    assert ("cloud quota: azure StandardNCADSA100v4Family in eastus: 0 of 0 vCPUs used when read; it needs 24 vCPUs more; "
             "raise it: ") in str(e.value)
     assert not arm.vms
 

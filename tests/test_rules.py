@@ -1465,3 +1465,23 @@ def split_instance_gang_docs() -> list[dict]:
 SPLIT_INSTANCE_GANG = ([instance(i, "p", "aws", "us-east-1", "us-east-1a", "p4d.24xlarge") for i in ("i0", "i1")],
                        {"tp": ("i0", "i1")} | {f"f{k}": ("i0" if k < 4 else "i1",) for k in range(8)},
                        {"tp": ((0, 1, 2, 3), (0, 1, 2, 3))} | {f"f{k}": ((4 + k % 4,),) for k in range(8)})
+
+
+def test_a_full_reservation_says_how_many_more_of_it_a_gang_needs(tmp_path):
+    """Found by the random hunt: "reservation r1 is fully used in this plan (1/1 ...)", the job a 2-replica gang whose
+    only way (a $10/h budget leaves no other p4d) is 2 new reserved instances: raised by one, it stayed pending. The
+    reason says how many more of the reservation the way needs, and raised by that, the job runs."""
+    import re
+
+    gang = job("g", gpus=8, gpu_type="A100", cpu=90, mem=1000, replicas=2, gang="zone")
+
+    def waiting(count: int) -> list:
+        docs = _p4d_fleet(1, reservation_doc(count=count), doc("GuardrailPolicy", "g", {"max_hourly_budget": 10.0}), gang)
+        return [j for j in by_job(plan_for(tmp_path / str(count), docs)).values() if not j.instances]
+
+    before = waiting(1)
+    assert [j.job for j in before] == ["g"], before
+    m = re.match(r"reservation r1 is fully used in this plan \(1/1 p4d.24xlarge in us-east-1a\); the job needs (\d+) more of it",
+                 before[0].reason)
+    assert m, before[0].reason
+    assert waiting(1 + int(m.group(1))) == []

@@ -246,7 +246,7 @@ def test_two_replicas_on_one_gpu_are_refused_and_distinct_gpus_apply(applied):
                                "given to job finetune-a replica 0 (GPU overcommit)")
     assert set(_live(cfg)) == before
     _fresh(out, pristine, both_on([3], [2, 3]))  # one replica given two GPUs: one of them another's
-    _refused(_apply(cfg, out), "GPU indices [2, 3] are not 1 distinct GPU(s) of the 8 it has")
+    _refused(_apply(cfg, out), "GPU indices [2, 3] are not 1 distinct GPU of the 8 GPUs it has")
     assert set(_live(cfg)) == before
     # The same edit with a GPU each is a plan the planner could have made: it is carried out (the check is no blanket refusal).
     _fresh(out, pristine, both_on([0], [1]))
@@ -262,10 +262,10 @@ def test_nine_gpus_on_an_eight_gpu_instance_are_refused(applied):
     p4d = _host(cfg, "llm-pretrain")
     where = f"{p4d} (on-demand p4d.24xlarge in "
     _fresh(out, pristine, lambda raw: _move(raw, "finetune-a", [p4d], [[7]]))
-    _refused(_apply(cfg, out), where, "the plan puts 9 GPUs on it, it has 8 (finetune-a, llm-pretrain)",
+    _refused(_apply(cfg, out), where, "the plan puts 9 GPUs on it, it has 8 GPUs (finetune-a, llm-pretrain)",
              "GPU 7 is also given to job finetune-a replica 0 (GPU overcommit)")
     _fresh(out, pristine, lambda raw: _move(raw, "finetune-a", [p4d], [[8]]))  # a GPU the instance does not have
-    _refused(_apply(cfg, out), "job finetune-a replica 0 on " + where, "GPU indices [8] are not 1 distinct GPU(s) of the 8 it has (0..7)")
+    _refused(_apply(cfg, out), "job finetune-a replica 0 on " + where, "GPU indices [8] are not 1 distinct GPU of the 8 GPUs it has (0..7)")
     _fresh(out, pristine, lambda raw: _job(raw, "llm-pretrain")["gpus"].__setitem__(0, list(range(9))))  # kept, 9 indices
     _refused(_apply(cfg, out), "job llm-pretrain replica 0 on " + where, "GPU indices [0, 1, 2, 3, 4, 5, 6, 7, 8] are not 8")
     assert set(_live(cfg)) == before
@@ -281,7 +281,7 @@ def test_memory_and_placement_rules_of_an_instance_are_rechecked(applied):
         _move(raw, "llm-pretrain", [first, "+1"], [list(range(8)), list(range(8))])
 
     _fresh(out, pristine, half_gang_on_a2)
-    _refused(_apply(cfg, out), "+1 (on-demand a2-highgpu-8g in us-central1-a): the plan puts 1000 GiB of memory on it, it has 680")
+    _refused(_apply(cfg, out), "+1 (on-demand a2-highgpu-8g in us-central1-a): the plan puts 1000 GiB of memory on it, it has 680 GiB of memory")
     gpu_box = _host(cfg, "eval-nightly")  # a g5.xlarge: CPU work is kept off GPU instances
     _fresh(out, pristine, lambda raw: _move(raw, "label-sync", [gpu_box], [[]]))
     _refused(_apply(cfg, out), f"job label-sync onto {gpu_box} (spot g5.xlarge in us-east-1", "CPU work does not run on GPU instances")
@@ -307,7 +307,7 @@ def test_mig_slices_past_the_instance_are_refused(tmp_path):
     box, before = _host(cfg, "mig-a"), set(_live(cfg))
     _edit(out, lambda raw: _job(raw, "mig-b").update(action="place", instances=[box], gpus=[]))
     _refused(_apply(cfg, out), f"{box} (on-demand a2-ultragpu-8g in us-central1-a): the plan puts 17 MIG 3g.40gb slices on it, "
-                               "it has 16 (mig-a, mig-b)")
+                               "it has 16 MIG 3g.40gb slices (mig-a, mig-b)")
     assert set(_live(cfg)) == before
 
 
@@ -325,7 +325,7 @@ def test_stopping_running_work_is_only_an_evict_of_what_the_snapshot_runs(applie
     _refused(_apply(cfg, out), "job finetune-a: listed more than once")
     _fresh(out, pristine, lambda raw: _job(raw, "llm-pretrain").update(instances=_job(raw, "llm-pretrain")["instances"][:1],
                                                                         gpus=[list(range(8))]))
-    _refused(_apply(cfg, out), "job llm-pretrain: keep of 1 replica(s); the job has 2")
+    _refused(_apply(cfg, out), "job llm-pretrain: keep of 1 replica; the job has 2 replicas")
     _fresh(out, pristine, lambda raw: _job(raw, "finetune-a").update(action="keep", instances=[_host(cfg, "finetune-b")]))
     _refused(_apply(cfg, out), "job finetune-a: keep, but on")
     assert set(_live(cfg)) == before
@@ -371,7 +371,7 @@ def test_a_job_its_quota_keeps_pending_cannot_be_placed_by_an_edit(tmp_path):
         _job(raw, "backfill").update(action="place", instances=["+1"], gpus=[])
 
     _edit(out, place)
-    _refused(_apply(cfg, out), "tenant platform: the plan gives it 56 vCPUs, over its ceiling of 48")
+    _refused(_apply(cfg, out), "tenant platform: the plan gives it 56 vCPUs, over its ceiling of 48 vCPUs")
     assert set(_live(cfg)) == before
 
 
@@ -1141,7 +1141,7 @@ def test_a_pool_under_its_minimum_is_left_under_it_only_where_the_planner_cannot
             "pool cpu: the plan leaves 2 instances, under its min_instances 3, where one more on-demand m6i.xlarge in "
             "us-east-1a breaks no rule (the planner buys it)"]
         assert check(_deleting(replace(plan, creates=()), i0)) == [
-            "pool cpu: the plan leaves 0 instances, under its min_instances 3, where the fleet keeps 1 (a pool under its "
+            "pool cpu: the plan leaves 0 instances, under its min_instances 3, where the fleet keeps 1 instance (a pool under its "
             "minimum may not lose an instance it can keep)"]
     plans, check = planned(short=frozenset({("aws", "us-east-1a", "m6i.xlarge", "on-demand")}))
     for plan in plans:
@@ -1151,6 +1151,6 @@ def test_a_pool_under_its_minimum_is_left_under_it_only_where_the_planner_cannot
     for plan in plans:
         assert len(plan.creates) == 1 and check(plan) == []
         assert check(replace(plan, creates=())) == [
-            "pool cpu: the plan leaves 1 instances, under its minimum 2 (min_instances 3 lowered to 2: cloud quota aws Running "
+            "pool cpu: the plan leaves 1 instance, under its minimum 2 (min_instances 3 lowered to 2: cloud quota aws Running "
             "On-Demand Standard instances in us-east-1 has no room for more), where one more on-demand m6i.xlarge in "
             "us-east-1a breaks no rule (the planner buys it)"]

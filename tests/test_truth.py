@@ -852,13 +852,11 @@ def test_a_cloud_quota_reason_names_every_quota_the_way_is_short_of(tmp_path):
                              "24 vCPUs used; the job needs 1 more a2-highgpu-1g on-demand (12 vCPUs)"), reason
 
 
-@pytest.mark.xfail(strict=True, reason="LicenseBook.shorts names a count its holders fill beside the tenant's quota only where "
-                   "the job alone needs more than the count: whether preemption could free the seats (may_preempt over the "
-                   "holders) is not asked, so a count held by work the job may never take goes unnamed")
 def test_a_license_count_held_by_work_the_job_may_not_take_is_named_beside_its_tenants_quota(tmp_path):
     """Found by the random hunt: "license sim: tenant t holds 1/1 of its quota, by a; the job needs 1", with the count
-    (2/2) held too, by another tenant's job the pending one may never preempt: raised alone, the tenant's quota leaves
-    the job pending on the count."""
+    (2/2) held too, by another tenant's job the pending one may never preempt: raised alone, the tenant's quota left
+    the job pending on the count. Both bind alone, and both are named (the count first, as where the job alone needs
+    more than either)."""
     from tests.fleetkit import doc, instance, job, tenant, topology
 
     docs = [topology(), tenant("t"), tenant("u"), _gpu_pool(hi=4), doc("License", "sim", {"count": 2, "tenant_quotas": {"t": 1}}),
@@ -867,16 +865,15 @@ def test_a_license_count_held_by_work_the_job_may_not_take_is_named_beside_its_t
     i0 = instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
     i1 = instance("i1", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g")
     reason = _reasons_where_nothing_new_is_placed(tmp_path, docs, [i0, i1], {"a": ("i0",), "b": ("i1",)})["j0"]
-    assert reason.startswith("license sim: tenant t holds 1/1 of its quota, by a; the job needs 1"), reason
-    assert "2/2 held" in reason, reason
+    assert reason == ("license sim: 2/2 held, by a, b; the job needs 1; several limits bind at once with it: "
+                      "license sim: tenant t holds 1/1 of its quota, by a; the job needs 1"), reason
 
 
-@pytest.mark.xfail(strict=True, reason="a cloud quota's reason counts what the job's way needs past its headroom, not the "
-                   "pool minimums the same quota holds back: raised by that much, a pool's min_instances takes part of it first")
 def test_a_cloud_quota_raised_by_what_its_reason_says_places_the_job_beside_a_pool_minimum_it_holds_back(tmp_path):
     """Found by the random hunt: an all-regions vCPU quota (limit 0, 96 used) counts p4d.24xlarge (96) and m6i.4xlarge (16);
     aws-cpu's min_instances 1 is unmet under it. The 1-GPU job's reason says it needs 96 vCPUs more than the 96 used of
-    0: raised by 192, the pool's minimum takes 16 of it first and the job stays pending."""
+    0: raised by 192, the pool's minimum took 16 of it first and the job stayed pending. The reason now counts the
+    minimums the quota holds back."""
     import re
     from dataclasses import replace
 
@@ -896,8 +893,43 @@ def test_a_cloud_quota_raised_by_what_its_reason_says_places_the_job_beside_a_po
         return next(j for j in api.emitted(desired, observed, build_problem(desired, observed), 5)[0].jobs if j.job == "j1")
 
     before = plan(0)
-    m = re.match(r"cloud quota: aws q0 in all regions: 96 of 0 vCPUs used(?:, and this plan's new instances take (\d+) more)?; "
+    m = re.match(r"cloud quota: aws q0 in all regions: 96 of 0 vCPUs used(?:, and this plan's new instances take (\d+) more)?"
+                 r"(?:, and pool minimums it holds back take (\d+) more first \([^)]*\))?; "
                  r"the job needs 1 more p4d.24xlarge on-demand \((\d+) vCPUs\)", before.reason)
     assert m, before.reason
-    after = plan(96 + float(m.group(1) or 0) + float(m.group(2)))
+    after = plan(96 + sum(float(g or 0) for g in m.groups()))
+    assert after.instances, after.reason
+
+
+def test_a_pool_max_raised_by_what_its_reason_says_places_the_job_beside_work_the_plan_moved_off_a_deleted_instance(tmp_path):
+    """Found by the random hunt (fleets 163/351's kind): "pools at max_instances (a10g 3/3)", where this plan deletes
+    i0 and moves t3's j5 off it to make on-demand room for the buffer beside t2's critical spot j1. Raised by the one
+    instance that reads as short, the re-plan kept i0 with j5 on it (running work moves only where a rule makes it)
+    and j0 stayed pending. The reason now says a raise may keep i0 first, and by how much to raise."""
+    import re
+
+    from reconciler.load import load
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed, doc, instance, job, pool, topology, write_config
+
+    def plan(hi: int):
+        docs = [topology(), doc("Tenant", "t2", {"quota": {"gpus": 4, "burst": {"gpus": 8}}}),
+                doc("Tenant", "t3", {"quota": {"gpus": 0, "burst": {"gpus": 16}}}),
+                pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], market="either", hi=hi),
+                doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25, "on_demand_buffer_percent": 25, "tenant_max_spot_fraction": {"t2": 0.5}}),
+                doc("PlacementPolicy", "pp", {"consolidation": "WhenUnderutilized", "preemption": "LowerPriority"}),
+                job("j1", tenant="t2", priority="critical", spot="required", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+                job("j4", tenant="t2", gpus=4, gpu_type="A10G", cpu=40, mem=160),
+                job("j5", tenant="t3", gpus=1, gpu_type="A10G", cpu=4, mem=16),
+                job("j0", tenant="t3", priority="low", gpus=4, gpu_type="A10G", cpu=40, mem=160)]
+        desired = load(write_config(tmp_path / f"c{hi}", docs))
+        i0 = instance("i0", "a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge")
+        observed = catalog_observed(desired, [i0], {"j5": ("i0",)})
+        return next(j for j in api.emitted(desired, observed, build_problem(desired, observed), 5)[0].jobs if j.job == "j0")
+
+    before = plan(3)
+    assert before.reason.startswith("pools at max_instances (a10g 3/3); raised by 1 instance alone, the plan may keep i0 instead, "
+                                    "which it deletes with work on it (j5): a raise of 2 instances leaves room for both"), before.reason
+    raise_by = int(re.search(r"a raise of (\d+) instances", before.reason).group(1))
+    after = plan(3 + raise_by)
     assert after.instances, after.reason

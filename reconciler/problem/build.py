@@ -36,7 +36,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
     offers = size_offers(offers_of(desired, observed, default_provider) + reserved_offers(desired, observed, default_provider, reservations),
                          demands, pool_bounds, desired.spot_policy, hosts, gpu_fleet)
     quotas = _cloud_quotas(observed, offers)
-    pool_bounds, quota_floors = _quota_floors(pool_bounds, hosts, offers, quotas)
+    pool_bounds, quota_floors, quota_floor_gaps = _quota_floors(pool_bounds, hosts, offers, quotas)
 
     fleet_capacity = {dim: 0.0 for dim in DIMS}
     best: dict[tuple[str, str], float] = {}
@@ -80,6 +80,7 @@ def build_problem(desired: DesiredState, observed: Observed, default_provider: s
         desired_spot=desired.spot_policy, placement=desired.placement, budget=desired.guardrails.max_hourly_budget,
         fleet_capacity=fleet_capacity, static_pending=static_pending, job_remaining=job_remaining, job_end=job_end, coef=coef, now=now,
         licenses=_licenses(desired), reservations=reservations, deadlines=deadlines, quotas=quotas, quota_floors=quota_floors,
+        quota_floor_gaps=quota_floor_gaps,
         gpu_fleet=gpu_fleet,
     )
 
@@ -127,22 +128,26 @@ def _static_pending(demands: list[Demand], caps: list[Capacity], desired: Desire
 
 
 def _quota_floors(pool_bounds: dict[str, tuple[int, int]], hosts: list[Capacity], offers: list[Capacity],
-                  quotas: tuple) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+                  quotas: tuple) -> tuple[dict[str, tuple[int, int]], dict[str, str], dict[str, tuple[tuple[str, int, str], ...]]]:
     """A pool minimum the account's quotas leave no room to launch is lowered to what they allow (a quota limits
     launches; a minimum it blocks would leave no plan at all): pools in name order, each filling its minimum from its
-    cheapest offers while the quotas (shared between pools) have room. Returns the bounds and, per lowered pool, why."""
+    cheapest offers while the quotas (shared between pools) have room. Returns the bounds, per lowered pool why, and
+    per lowered pool what it lacks of each quota that holds it back (Problem.quota_floor_gaps): the instances a raise
+    would launch first, cheapest first as here."""
     if not quotas:
-        return pool_bounds, {}
+        return pool_bounds, {}, {}
     book = QuotaBook(quotas)
     have: dict[str, int] = {}
     for h in hosts:
         if h.keep_blocker is None:
             have[h.pool] = have.get(h.pool, 0) + 1
-    bounds, why = dict(pool_bounds), {}
+    bounds, why, gaps = dict(pool_bounds), {}, {}
     for pool in sorted(pool_bounds):
         lo, hi = pool_bounds[pool]
         need, got, blocked = lo - have.get(pool, 0), 0, None
-        for o in sorted((o for o in offers if o.pool == pool), key=lambda o: (o.price, o.key)):
+        cheapest = sorted((o for o in offers if o.pool == pool), key=lambda o: (o.price, o.key))
+        took: dict[str, int] = {}
+        for o in cheapest:
             for _ in range(min(o.max_new, max(0, need - got))):
                 over = book.short(o)
                 if over is not None:
@@ -150,10 +155,28 @@ def _quota_floors(pool_bounds: dict[str, tuple[int, int]], hosts: list[Capacity]
                     break
                 book.take(o)
                 got += 1
+                took[o.key] = took.get(o.key, 0) + 1
         if need > 0 and got < need and blocked:
             bounds[pool] = (lo - (need - got), hi)
             why[pool] = f"pool {pool}: min_instances {lo} lowered to {lo - (need - got)}: cloud quota {blocked} has no room for more"
-    return bounds, why
+            gaps[pool] = tuple(_floor_gap(book, cheapest, took, need - got))
+    return bounds, why, gaps
+
+
+def _floor_gap(book: QuotaBook, cheapest: list[Capacity], took: dict[str, int], lack: int) -> list[tuple[str, int, str]]:
+    """(quota_scope, units, "1 m6i.4xlarge") of each quota that refuses the `lack` instances a lowered minimum misses,
+    on its cheapest offers with launches left (`took`: what it launched of each)."""
+    out = []
+    for o in cheapest:
+        k = min(o.max_new - took.get(o.key, 0), lack)
+        if k <= 0:
+            continue
+        for i, _ in book.shorts(o, k):
+            out.append((quota_scope(book.quotas[i]), k * quota_units(book.quotas[i], o), f"{k} {o.instance_type}"))
+        lack -= k
+        if not lack:
+            break
+    return out
 
 
 def _cloud_quotas(observed: Observed, offers: list[Capacity]) -> tuple:

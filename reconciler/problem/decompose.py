@@ -75,6 +75,7 @@ def components(problem: Problem) -> list[Problem]:
             reservations=problem.reservations, deadlines={j: v for j, v in problem.deadlines.items() if j in jobs},
             quotas=tuple(q for q in problem.quotas if any(not isinstance(c, Host) and quota_units(q, c) for c in part["c"])),
             quota_floors={p: w for p, w in problem.quota_floors.items() if p in part["p"]},
+            quota_floor_gaps={p: g for p, g in problem.quota_floor_gaps.items() if p in part["p"]},
             gpu_fleet=problem.gpu_fleet, held={k: n for k, n in problem.held.items() if k in keys},
             stand_in_rooms=problem.stand_in_rooms,
         ))

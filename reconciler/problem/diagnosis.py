@@ -42,12 +42,30 @@ def _rule_text(ways: list[tuple[Refusal, ...]], ledger: Ledger) -> str:
     first = refusals[0]
     if first.rule == "pool-max":
         bounds = ledger.problem.pool_bounds
-        parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in sorted({r.limit for r in refusals}))
+        pools = sorted({r.limit for r in refusals})
+        parts = ", ".join(f"{p} {ledger.pool_count(p)}/{bounds[p][1]}" for p in pools)
         n = min(r.instances for r in refusals)
         need = f"; the job needs {n} new instances" if n > 1 else ""
-        return f"pools at max_instances ({parts}){need}"
+        return f"pools at max_instances ({parts}){need}{_deleted_with_work(ledger, pools, n)}"
     least = sorted(min(ways, key=lambda way: (len(way), min(r.shortfall for r in way))), key=lambda r: r.shortfall)
     return least[0].message + (f"; several limits bind at once with it: {'; '.join(r.message for r in least[1:])}" if len(least) > 1 else "")
+
+
+def _deleted_with_work(ledger: Ledger, pools: list[str], n: int) -> str:
+    """Where this plan deletes instances of the pools that run work now (and could stay), the clause saying a raise of
+    max_instances may keep them first: their work moved off them to fit the max or another fleet rule the room left,
+    and running work moves only where a rule makes it. (Raised by the one instance a reason named, a re-plan kept i0
+    with j5 on it, where this plan moved j5 to buy on-demand room for the buffer; the job stayed pending.)"""
+    gone = [h for h in ledger.problem.hosts() if h.pool in pools and h.keep_blocker is None and h.residents
+            and h.key not in ledger.instances]
+    if not gone:
+        return ""
+    jobs = sorted({job for h in gone for _, job, _ in h.residents})
+    ids = sorted(h.instance_id for h in gone)
+    more = f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""
+    return (f"; raised by {amount(n, 'instances')} alone, the plan may keep {', '.join(ids[:3])}{' and more' if len(ids) > 3 else ''} "
+            f"instead, which it deletes with work on {'it' if len(ids) == 1 else 'them'} ({', '.join(jobs[:3])}{more}): "
+            f"a raise of {amount(n + len(gone), 'instances')} leaves room for both")
 
 
 def pending_reason(d: Demand, problem: Problem, ledger: Ledger, job: str | None = None, fits: Callable[[Demand, Capacity], int] = fit,

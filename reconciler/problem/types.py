@@ -181,6 +181,9 @@ class Problem:
     deadlines: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # job -> (deadline, hours it still needs)
     quotas: tuple = ()  # providers.base.Quota: the cloud account quotas some offer's new instances count against
     quota_floors: dict[str, str] = field(default_factory=dict)  # pool -> why its min_instances was lowered to fit a quota
+    # pool -> what its lowered minimum lacks, per quota that holds it back: (quota_scope, units, "1 m6i.4xlarge"); a raise
+    # of that quota goes to the minimum first (a job's reason that counted only its own units, raised by them, left it pending)
+    quota_floor_gaps: dict[str, tuple[tuple[str, int, str], ...]] = field(default_factory=dict)
     gpu_fleet: bool | None = None  # do the fleet's pools offer GPUs (the spot share counts GPUs)? None: read the capacities
     # demand -> running jobs of it a plan keeps, at least: set where an answer stopped some that no rule requires
     # stopping (api._lawful), so the search again is for a plan that keeps them
