@@ -157,16 +157,20 @@ def check(cfg: Path, time_limit: float) -> dict:
 
     from reconciler import api
 
-    t = time.perf_counter()
-    first = api.plan(cfg, time_limit=time_limit).plan
-    wall = time.perf_counter() - t
+    from bench.run import gpu_packing
+
+    t, cpu = time.perf_counter(), time.process_time()
+    result = api.plan(cfg, time_limit=time_limit)
+    first, wall, cpu = result.plan, time.perf_counter() - t, time.process_time() - cpu
+    packing = gpu_packing(result)  # greedy best-fit on the same problem, and the project's own bound, beside ours
     again = api.plan(cfg, time_limit=time_limit).plan
     doc = json.loads(first.to_json())
     wrong, figures = check_plan(cfg, doc)
     api.apply(cfg, saved_plan=first, time_limit=time_limit, allow_destroy=10**6)
     after = api.plan(cfg, time_limit=time_limit).plan
     return {"wrong": wrong, **figures, "gpu_bound": gpu_bound(cfg), "status": doc["solver"]["status"],
-            "gap": doc["solver"]["gap"], "unproven": first.solver.unproven, "wall_s": round(wall, 1),
+            "gap": doc["solver"]["gap"], "unproven": first.solver.unproven, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "greedy_gpus_placed": packing["greedy_gpus_placed"], "project_gpu_bound": packing["gpus_bound"],
             "identical": first.to_json() == again.to_json(), "after_apply": after.counts(),
             "after_apply_changes": after.has_changes}
 
@@ -271,6 +275,11 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
         if burst is not None and placed[t] > burst:
             wrong.append(f"tenant {t}: {placed[t]} GPUs placed, over its burst {burst}")
     guaranteed = {t: s.get("quota", {}).get("gpus", 0) for t, s in tenants.items()}
+    placed_jobs: dict[str, list[str]] = {}
+    for j in plan["jobs"]:
+        if j["action"] not in ("pending", "evict"):
+            for i in j["instances"]:
+                placed_jobs.setdefault(i, []).append(j["job"])
     borrowers = {t for t in tenants if placed[t] > guaranteed[t]}
     for j, spec, need, r in pending:
         t = spec["tenant"]
@@ -279,21 +288,22 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
             if r > 1 and free >= r or r == 1 and any(fits(h["room"], need) for h in inst.values() if h["zone"] == zone):
                 wrong.append(f"{j['job']} pending, yet it fits the room left in {zone}")
         if placed[t] + need["gpus"] * r <= guaranteed[t]:
-            # within its guarantee: no borrower's job (one whose going leaves its tenant at or above its guarantee)
-            # may hold room it could run in
+            # within its guarantee: no borrower's job (one whose going leaves its tenant at or above its guarantee) may
+            # hold room it could run in (a gang: room for each replica on as many instances of one zone; each instance
+            # counted alone, so two that need the same borrower's excess twice would be named too: look closer then)
+            reclaimable = Counter()
             for i, h in inst.items():
-                if r > 1:
-                    break
                 room = dict(h["room"])
-                for k in plan["jobs"]:
-                    o = jobs[k["job"]]
-                    if i in k["instances"] and o["tenant"] in borrowers and k["action"] not in ("pending", "evict") and \
-                            placed[o["tenant"]] - o["resources"]["gpus"] * o.get("replicas", 1) >= guaranteed[o["tenant"]]:
+                for k in placed_jobs.get(i, ()):
+                    o = jobs[k]
+                    if o["tenant"] in borrowers and placed[o["tenant"]] - o["resources"]["gpus"] * o.get("replicas", 1) >= \
+                            guaranteed[o["tenant"]]:
                         room = {x: room[x] + o["resources"][x] for x in room}
                 if fits(room, need):
-                    wrong.append(f"{j['job']} of {t} ({placed[t]} of its guaranteed {guaranteed[t]} GPUs) pending while "
-                                 f"borrowed work holds room for it on {i}")
-                    break
+                    reclaimable[h["zone"]] += 1
+            if any(n >= r for n in reclaimable.values()):
+                wrong.append(f"{j['job']} of {t} ({placed[t]} of its guaranteed {guaranteed[t]} GPUs) pending while "
+                             f"borrowed work holds room for it in {sorted(z for z, n in reclaimable.items() if n >= r)}")
         reason = j.get("reason", "")
         for who, runs, owed in _tenant_figures(reason):
             if placed[who] != int(runs) or guaranteed.get(who) != int(owed):
@@ -303,8 +313,25 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
             if name not in pools or per_pool[name] != int(got) or int(mx) != pools[name]["max_instances"]:
                 wrong.append(f"{j['job']}: reason says {name} {got}/{mx}; the plan has {per_pool.get(name)} of max "
                              f"{pools.get(name, {}).get('max_instances')}")
+    asked: dict[str, list[int]] = {}
+    for spec in jobs.values():
+        asked.setdefault(spec["tenant"], []).append(spec["resources"]["gpus"] * spec.get("replicas", 1))
+    bound = sum(most_within(asked.get(t, []), g) for t, g in guaranteed.items())
+    # the guaranteed tier's work is 7 units a GPU x priority 10 (every job here is normal): no more than whole jobs fit
+    claimed = sum(t["value"] for t in plan.get("solver", {}).get("tiers", []) if t["name"] == "guaranteed normal work") / 70
+    if claimed > bound:
+        wrong.append(f"the guaranteed tier claims {claimed:g} GPUs; whole jobs within the guarantees hold {bound}")
     return wrong, {"placed": dict(placed), "pending": len(pending), "guaranteed": guaranteed,
-                   "gpus_placed": sum(placed.values())}
+                   "gpus_placed": sum(placed.values()), "guaranteed_claimed": claimed, "guaranteed_bound": bound}
+
+
+def most_within(sizes: list[int], cap: int) -> int:
+    """The largest sum of whole jobs no more than cap (a tenant's guaranteed GPUs no plan can fill further)."""
+    sums = 1
+    for s in sizes:
+        sums |= sums << s
+    sums &= (1 << (cap + 1)) - 1
+    return sums.bit_length() - 1
 
 
 def _pools_at_max(reason: str) -> list[tuple[str, str, str]]:

@@ -198,7 +198,9 @@ def test_the_philly_checker_finds_an_overcommitted_instance_and_a_split_gang(tmp
     8-GPU machine, or a gang's two replicas in two zones, is named as wrong (the checker would miss nothing it claims)."""
     from bench.philly import check_plan, generate, read_config
 
-    cfg, _ = generate(tmp_path / "cfg", node_scale=200)  # 2 + 2 machines: one of each shape per zone
+    rows = tmp_path / "jobs.csv"
+    rows.write_text("vc,app_id,submit_time,num_gpus,service\nee9e8c,1,0,8,1\nee9e8c,2,0,8,1\n6214e9,3,0,16,1\n6214e9,4,0,1,1\n")
+    cfg, _ = generate(tmp_path / "cfg", rows, node_scale=200)  # 2 + 2 machines: one of each shape per zone
     creates = [{"ref": f"+{k}", "instance_type": t, "zone": z, "pool": f"{t}-{z[-1]}"}
                for k, (t, z) in enumerate([(t, z) for t in ("philly-2g", "philly-8g") for z in ("us-central1-a", "us-central1-b")], 1)]
     big = list(read_config(cfg)[0].items())
