@@ -17,7 +17,7 @@ public re-publications of its parts that are stored), in bench/data/philly/ (rea
                              from the VC's first job, num_jobs = the job's GPUs, service = GPU-seconds), keeping the
                              494 jobs running 45 days after their VC's first job (submit <= 45 d < submit +
                              service / GPUs): 1,344 GPUs of 11 VCs; philly_jobs_day46.csv likewise a day on
-                             (720 jobs, 1,523 GPUs: 391 of day 45's still running, 286 new), for a replan
+                             (720 jobs, 1,523 GPUs: 416 of day 45's still running, 304 new), for a replan
 
 Conversion:
 - each machine shape is a test type (catalog.json beside the config: the shipped catalog plus these types, nominal
@@ -37,8 +37,9 @@ Conversion:
 
 --check plans it, checks the plan from outside (check_plan: placements within each machine's GPUs, vCPU and memory,
 GPU indices distinct; gangs whole and in one zone; no tenant past its burst; no pending job that fits the room left;
-no tenant within its guarantee left pending where a borrower's job holds its room; each pending reason's pool counts
-and tenant figures), plans again (the same bytes?), applies it to the sim and plans again (nothing to do?); --then
+no tenant within its guarantee left pending where a borrower's job holds its room; each pending or evicted job's
+reason: its pool counts, its tenant figures, the jobs it names placed for other tenants; the guaranteed tier's claim
+against whole jobs within each guarantee), plans again (the same bytes?), applies it to the sim and plans again (nothing to do?); --then
 replans a day on against the fleet that apply left and checks that plan the same way.
 """
 
@@ -191,6 +192,7 @@ def replan(cfg: Path, job_rows: Path, time_limit: float) -> dict:
     plan = api.plan(cfg, time_limit=time_limit).plan
     again = api.plan(cfg, time_limit=time_limit).plan
     doc = json.loads(plan.to_json())
+    (cfg.parent / f"{cfg.name}-replan.json").write_text(plan.to_json())  # beside the config, to read further
     wrong, figures = check_plan(cfg, doc, running)
     return {"wrong": wrong, **figures, "counts": plan.counts(), "status": doc["solver"]["status"],
             "gap": doc["solver"]["gap"], "unproven": plan.solver.unproven, "identical": plan.to_json() == again.to_json()}
@@ -275,6 +277,12 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
         if burst is not None and placed[t] > burst:
             wrong.append(f"tenant {t}: {placed[t]} GPUs placed, over its burst {burst}")
     guaranteed = {t: s.get("quota", {}).get("gpus", 0) for t, s in tenants.items()}
+    ran_before = Counter()  # GPUs each tenant ran before the plan
+    for j in plan["jobs"]:
+        if j.get("previous"):
+            spec = jobs[j["job"]]
+            ran_before[spec["tenant"]] += spec["resources"]["gpus"] * spec.get("replicas", 1)
+    placed_names = {j["job"] for j in plan["jobs"] if j["action"] not in ("pending", "evict")}
     placed_jobs: dict[str, list[str]] = {}
     for j in plan["jobs"]:
         if j["action"] not in ("pending", "evict"):
@@ -305,6 +313,13 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
                 wrong.append(f"{j['job']} of {t} ({placed[t]} of its guaranteed {guaranteed[t]} GPUs) pending while "
                              f"borrowed work holds room for it in {sorted(z for z, n in reclaimable.items() if n >= r)}")
         reason = j.get("reason", "")
+        for who, ran, owed in _eviction_figures(reason):
+            if ran_before[who] != int(ran) or guaranteed.get(who) != int(owed) or int(ran) <= int(owed):
+                wrong.append(f"{j['job']}: reason says tenant {who} ran {ran} GPUs, above its guaranteed {owed}; it ran "
+                             f"{ran_before[who]}, its guarantee is {guaranteed.get(who)}")
+        for name in _named_jobs(reason):
+            if name not in placed_names or jobs[name]["tenant"] == t:
+                wrong.append(f"{j['job']}: reason names {name}, which the plan does not place for another tenant")
         for who, runs, owed in _tenant_figures(reason):
             if placed[who] != int(runs) or guaranteed.get(who) != int(owed):
                 wrong.append(f"{j['job']}: reason says tenant {who} runs {runs} GPUs of its guaranteed {owed}; the plan "
@@ -347,6 +362,24 @@ def _tenant_figures(reason: str) -> list[tuple[str, str, str]]:
     import re
 
     return re.findall(r"tenant ([\w-]+) runs (\d+) GPUs, its guaranteed (\d+)", reason)
+
+
+def _eviction_figures(reason: str) -> list[tuple[str, str, str]]:
+    """("tenant", "ran", "guaranteed") of "(tenant b ran 16 GPUs, above its guaranteed 8: ..." in an eviction's reason."""
+    import re
+
+    return re.findall(r"tenant ([\w-]+) ran (\d+) GPUs, above its guaranteed (\d+)", reason)
+
+
+def _named_jobs(reason: str) -> list[str]:
+    """The jobs "...within their guarantees: a-00, a-01 and 5 more)" names (the first few; "and N more" is not a name)."""
+    import re
+
+    m = re.search(r"within their guarantees(?:, [^:)]*)?: ([^)]*)\)", reason)
+    if not m:
+        return []
+    names = re.split(r", | and ", m.group(1))
+    return [n for n in names if n and not re.fullmatch(r"\d+ more", n)]
 
 
 def gpu_bound(cfg: Path) -> int:

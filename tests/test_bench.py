@@ -213,3 +213,19 @@ def test_the_philly_checker_finds_an_overcommitted_instance_and_a_split_gang(tmp
     split = {"creates": creates, "jobs": rest + [{"job": n, "action": "pending", "instances": [], "gpus": []} for n in eight]
              + [{"job": gang, "action": "place", "instances": ["+3", "+4"], "gpus": [list(range(8))] * 2}]}
     assert any("gang over zones" in w for w in check_plan(cfg, split)[0])
+
+
+@pytest.mark.slow
+def test_the_philly_day45_plan_passes_every_outside_check(tmp_path):
+    """The Philly excerpt on a third of its machines (830 GPUs for 1,344 asked, 11 VCs contending): the plan, read as
+    JSON by bench.philly.check_plan alone, overcommits nothing, keeps gangs whole in one zone, leaves no job pending
+    that fits the room left or that borrowed work keeps from its guarantee, tells each pending job its pools' and
+    tenant's true figures, fills every GPU, and its guaranteed tier is what whole jobs within the guarantees hold."""
+    from bench.philly import check_plan, generate, gpu_bound
+    from reconciler import api
+
+    cfg, _ = generate(tmp_path / "cfg", node_scale=3)
+    wrong, got = check_plan(cfg, json.loads(api.plan(cfg, time_limit=5).plan.to_json()))
+    assert wrong == []
+    assert got["gpus_placed"] == gpu_bound(cfg) == 830
+    assert got["guaranteed_claimed"] == got["guaranteed_bound"] == 736
