@@ -38,7 +38,7 @@ Conversion:
 --check plans it, checks the plan from outside (check_plan: placements within each machine's GPUs, vCPU and memory,
 GPU indices distinct; gangs whole and in one zone; no tenant past its burst; no pending job that fits the room left;
 no tenant within its guarantee left pending where a borrower's job holds its room; each pending or evicted job's
-reason: its pool counts, its tenant figures, the jobs it names placed for other tenants; the guaranteed tier's claim
+reason: its pool counts, its tenant and quota figures, the jobs it names placed for other tenants; the guaranteed tier's claim
 against whole jobs within each guarantee), plans again (the same bytes?), applies it to the sim and plans again (nothing to do?); --then
 replans a day on against the fleet that apply left and checks that plan the same way.
 """
@@ -289,9 +289,16 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
             for i in j["instances"]:
                 placed_jobs.setdefault(i, []).append(j["job"])
     borrowers = {t for t in tenants if placed[t] > guaranteed[t]}
+    limit = {t: s.get("quota", {}).get("burst", {}).get("gpus", s.get("quota", {}).get("gpus")) for t, s in tenants.items()}
     for j, spec, need, r in pending:
         t = spec["tenant"]
-        for zone in {h["zone"] for h in inst.values()}:
+        quota = _quota_figures(j.get("reason", ""))
+        for who, used, cap, more in quota:
+            if who != t or int(used) != placed[t] or int(cap) != limit[t] or int(more) != need["gpus"] * r or \
+                    placed[t] + need["gpus"] * r <= limit[t]:
+                wrong.append(f"{j['job']}: reason says tenant {who} uses {used}/{cap} GPUs and needs {more} more; it places "
+                             f"{placed[t]} of {limit[t]}, the job asks {need['gpus'] * r}")
+        for zone in {h["zone"] for h in inst.values()} if not quota else ():
             free = sum(fits(h["room"], need) for h in inst.values() if h["zone"] == zone) if r > 1 else 0
             if r > 1 and free >= r or r == 1 and any(fits(h["room"], need) for h in inst.values() if h["zone"] == zone):
                 wrong.append(f"{j['job']} pending, yet it fits the room left in {zone}")
@@ -337,7 +344,8 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
     if claimed > bound:
         wrong.append(f"the guaranteed tier claims {claimed:g} GPUs; whole jobs within the guarantees hold {bound}")
     return wrong, {"placed": dict(placed), "pending": len(pending), "guaranteed": guaranteed,
-                   "gpus_placed": sum(placed.values()), "guaranteed_claimed": claimed, "guaranteed_bound": bound}
+                   "gpus_placed": sum(placed.values()), "guaranteed_claimed": claimed, "guaranteed_bound": bound,
+                   "burst_bound": sum(most_within(asked.get(t, []), c) for t, c in limit.items() if c is not None)}
 
 
 def most_within(sizes: list[int], cap: int) -> int:
@@ -362,6 +370,14 @@ def _tenant_figures(reason: str) -> list[tuple[str, str, str]]:
     import re
 
     return re.findall(r"tenant ([\w-]+) runs (\d+) GPUs, its guaranteed (\d+)", reason)
+
+
+def _quota_figures(reason: str) -> list[tuple[str, str, str, str]]:
+    """("tenant", "used", "limit", "more") of "quota exhausted: tenant b uses 14/16 GPUs in this plan, the job needs 4
+    more" (the GPUs only: this fleet limits nothing else)."""
+    import re
+
+    return re.findall(r"quota exhausted: tenant ([\w-]+) uses (\d+)/(\d+) GPUs in this plan, the job needs (\d+) more", reason)
 
 
 def _eviction_figures(reason: str) -> list[tuple[str, str, str]]:
