@@ -226,3 +226,62 @@ def test_greedys_plan_of_the_dlrm_excerpt_holds_every_outside_check(tmp_path):
     assert summary(c, plan)["gpus_placed"] == 887
     placed = Counter(j["tenant"] for j in plan["jobs"] if j["action"] != "pending")
     assert max(placed[t] - _guarantee(q) for t, q in c["tenants"].items()) == 1
+
+
+def test_the_philly_excerpt_converts_to_vc_tenants_fixed_pools_and_gangs(tmp_path):
+    """bench.philly: the 494 jobs of 11 VCs running on day 45 on half of Philly's machines (two shapes, two zones,
+    fixed); each VC a tenant guaranteed its share of the VC nodes, the 16-GPU jobs gangs of two 8-GPU replicas; every
+    replica fits a machine; the config validates (its pinned catalog included)."""
+    import yaml
+
+    from bench.philly import generate, gpu_bound
+    from reconciler import api
+
+    cfg, seen = generate(tmp_path / "cfg")
+    assert seen == {"1 x 1 GPUs": 336, "1 x 2 GPUs": 24, "1 x 4 GPUs": 38, "1 x 8 GPUs": 91, "2 x 8 GPUs": 5}
+    pools = [d["spec"] for d in yaml.safe_load_all((cfg / "pools.yaml").read_text())]
+    assert sorted((p["instance_types"][0], p["zones"][0], p["min_instances"]) for p in pools if p["min_instances"] == p["max_instances"]) == [
+        ("philly-2g", "us-central1-a", 80), ("philly-2g", "us-central1-b", 80),
+        ("philly-8g", "us-central1-a", 58), ("philly-8g", "us-central1-b", 58)]
+    tenants = {d["metadata"]["name"]: d["spec"]["quota"] for d in yaml.safe_load_all((cfg / "tenants.yaml").read_text())}
+    assert len(tenants) == 11 and sum(q["gpus"] for q in tenants.values()) <= 1248
+    assert {q["burst"]["gpus"] for q in tenants.values()} == {1248} and tenants["6214e9"]["gpus"] == 1248 * 64 // 352
+    assert gpu_bound(cfg) == 1248 and len(api.validate(cfg).jobs) == 494
+
+
+def test_the_philly_checker_finds_an_overcommitted_instance_and_a_split_gang(tmp_path):
+    """bench.philly.check_plan reads only the config and the plan JSON: a plan doctored to put two 8-GPU replicas on one
+    8-GPU machine, or a gang's two replicas in two zones, is named as wrong (the checker would miss nothing it claims)."""
+    from bench.philly import check_plan, generate, read_config
+
+    rows = tmp_path / "jobs.csv"
+    rows.write_text("vc,app_id,submit_time,num_gpus,service\nee9e8c,1,0,8,1\nee9e8c,2,0,8,1\n6214e9,3,0,16,1\n6214e9,4,0,1,1\n")
+    cfg, _ = generate(tmp_path / "cfg", rows, node_scale=200)  # 2 + 2 machines: one of each shape per zone
+    creates = [{"ref": f"+{k}", "instance_type": t, "zone": z, "pool": f"{t}-{z[-1]}"}
+               for k, (t, z) in enumerate([(t, z) for t in ("philly-2g", "philly-8g") for z in ("us-central1-a", "us-central1-b")], 1)]
+    big = list(read_config(cfg)[0].items())
+    eight = [n for n, s in big if s["resources"]["gpus"] == 8 and s.get("replicas", 1) == 1][:2]
+    gang = next(n for n, s in big if s.get("replicas", 1) == 2)
+    rest = [{"job": n, "action": "pending", "instances": [], "gpus": [], "reason": ""} for n, _ in big if n not in (*eight, gang)]
+    over = {"creates": creates, "jobs": rest + [{"job": n, "action": "place", "instances": ["+3"], "gpus": [list(range(8))]}
+                                                for n in eight] + [{"job": gang, "action": "pending", "instances": [], "gpus": []}]}
+    assert any("overcommitted" in w for w in check_plan(cfg, over)[0])
+    split = {"creates": creates, "jobs": rest + [{"job": n, "action": "pending", "instances": [], "gpus": []} for n in eight]
+             + [{"job": gang, "action": "place", "instances": ["+3", "+4"], "gpus": [list(range(8))] * 2}]}
+    assert any("gang over zones" in w for w in check_plan(cfg, split)[0])
+
+
+@pytest.mark.slow
+def test_the_philly_day45_plan_passes_every_outside_check(tmp_path):
+    """The Philly excerpt on a third of its machines (830 GPUs for 1,344 asked, 11 VCs contending): the plan, read as
+    JSON by bench.philly.check_plan alone, overcommits nothing, keeps gangs whole in one zone, leaves no job pending
+    that fits the room left or that borrowed work keeps from its guarantee, tells each pending job its pools' and
+    tenant's true figures, fills every GPU, and its guaranteed tier is what whole jobs within the guarantees hold."""
+    from bench.philly import check_plan, generate, gpu_bound
+    from reconciler import api
+
+    cfg, _ = generate(tmp_path / "cfg", node_scale=3)
+    wrong, got = check_plan(cfg, json.loads(api.plan(cfg, time_limit=5).plan.to_json()))
+    assert wrong == []
+    assert got["gpus_placed"] == gpu_bound(cfg) == 830
+    assert got["guaranteed_claimed"] == got["guaranteed_bound"] == 736
