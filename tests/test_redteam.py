@@ -35,13 +35,17 @@ def _plan(cfg: Path) -> dict:
     return json.loads(res.stdout)
 
 
-def test_a_move_off_spot_to_dearer_on_demand_is_not_called_a_consolidation(applied):
-    """aws-a100's max_instances lowered below the 2 instances llm-pretrain's gang runs on: the gang stops, and with its
-    16 on-demand GPUs gone the fleet would be 90% spot, so ablation-attn leaves its $2.00/h spot g5.12xlarge for a new
-    $5.67/h on-demand one. Its reason said "consolidation: its instance is removed" and its old instance's delete
-    "consolidated: its replicas fit more cheaply elsewhere": a saving claimed for a move that costs $3.67/h more."""
-    pools = applied / "pools.yaml"
-    pools.write_text(pools.read_text().replace("max_instances: 3", "max_instances: 1", 1))
+@pytest.mark.parametrize("edit", [("pools.yaml", "max_instances: 3", "max_instances: 1"),
+                                  ("policies.yaml", "max_hourly_budget: 150", "max_hourly_budget: 40")], ids=["max_instances", "budget"])
+def test_a_move_off_spot_to_dearer_on_demand_is_not_said_to_be_for_cost(applied, edit):
+    """aws-a100's max_instances lowered below the 2 instances llm-pretrain's gang runs on (or the budget below what the
+    fleet costs): the gang stops, and with its 16 on-demand GPUs gone the fleet would be 90% spot, so ablation-attn
+    leaves its $2.00/h spot g5.12xlarge for a new $5.67/h on-demand one. Its reason said "consolidation: its instance is
+    removed" and its old instance's delete "consolidated: its replicas fit more cheaply elsewhere" (under the budget:
+    "leaves ...: the fleet costs $53.40/h, over max_hourly_budget $40.00/h"): a saving claimed for a move that costs
+    $3.67/h more."""
+    name, old, new = edit
+    (applied / name).write_text((applied / name).read_text().replace(old, new, 1))
     plan = _plan(applied)
     move = next(j for j in plan["jobs"] if j["job"] == "ablation-attn")
     assert move["action"] == "move", move
@@ -50,7 +54,7 @@ def test_a_move_off_spot_to_dearer_on_demand_is_not_called_a_consolidation(appli
     old = next(d for d in plan["deletes"] if d["instance_id"] == left)
     new = next(c for c in plan["creates"] if c["ref"] == came)
     assert (old["market"], new["market"]) == ("spot", "on-demand") and new["price"] > old["price"], (old, new)
-    assert "consolidat" not in move["reason"], move["reason"]
+    assert "consolidat" not in move["reason"] and "max_hourly_budget" not in move["reason"], move["reason"]
     assert "more cheaply" not in old["reason"], old["reason"]
     assert "max_spot_fraction" in move["reason"], move["reason"]  # the rule that moves it, named
 

@@ -105,7 +105,7 @@ def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger
 
 def spot_share_moves(jobs: list[JobChange], problem: Problem, ledger: Ledger, hosts: dict[str, Capacity],
                      keep: frozenset[str]) -> list[JobChange]:
-    """A move named a consolidation that takes a job off spot onto on-demand only, where the finished plan (`ledger`)
+    """A move said to be for cost (_claims_cost) that takes a job off spot onto on-demand only, where the finished plan (`ledger`)
     with the job left on its spot instances (kept, and its new on-demand instances holding nothing else not bought)
     breaks max_spot_fraction: the spot share moves it, not a saving. move_note reads the rules the fleet breaks now, and
     this one broke only once the plan stopped other on-demand work: a pool's max_instances lowered under a running gang
@@ -120,7 +120,7 @@ def spot_share_moves(jobs: list[JobChange], problem: Problem, ledger: Ledger, ho
     for j in jobs:
         left = [h for h in dict.fromkeys(j.previous) if h not in j.instances and h in hosts]
         now = [ledger.instances.get(ref) for ref in dict.fromkeys(j.instances)]
-        if (j.action == "move" and j.reason.startswith("consolidation") and left and all(hosts[h].market == "spot" for h in left)
+        if (j.action == "move" and left and _claims_cost(j.reason, left, problem) and all(hosts[h].market == "spot" for h in left)
                 and all(c is not None and c.market == "on-demand" for c in now)):
             back = sum(units(hosts[h]) for h in left if h not in keep)  # its spot instances, kept
             unbought = sum(units(ledger.instances[ref]) for ref in dict.fromkeys(j.instances)
@@ -131,6 +131,13 @@ def spot_share_moves(jobs: list[JobChange], problem: Problem, ledger: Ledger, ho
                                       f"{stay_spot / stay_total:.1%} spot, over max_spot_fraction {fraction:g}")
         out.append(j)
     return out
+
+
+def _claims_cost(reason: str, left: list[str], problem: Problem) -> bool:
+    """Whether a move's reason (move_note's) says it is for cost: a consolidation, or the fleet's budget, which the fleet
+    breaks now (a move off spot to dearer on-demand read "leaves ...: the fleet costs $53.40/h, over max_hourly_budget")."""
+    budget = rules_broken_now(problem).get("budget")
+    return reason.startswith("consolidation") or (budget is not None and any(reason == f"leaves {h}: {budget}" for h in left))
 
 
 def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],
