@@ -220,9 +220,11 @@ class Fleet:
                         if o is not None:
                             offerings.append(PoolOffering(p.name, o))
         copied = copies(instances)
-        instances = [i for i in instances if i.id not in copied]
+        uidless = launched_without_uid(instances, uid)
+        instances = [i for i in instances if i.id not in copied and i.id not in uidless]
         not_ours = {**{iid: f"another fleet's of this name (uid {u})" for iid, u in foreign},
                     **{iid: "launched by hand (this fleet's name tag alone)" for iid in by_hand},
+                    **{iid: f"launched without the fleet's uid after {first}" for iid, first in uidless.items()},
                     **{iid: f"a copy of {first}" for iid, (_, first) in copied.items()}}
         merged = untrusted_gpus(merge_placements(state, instances, self.desired.jobs), instances, _gpu_count(gpus_by_key))
         # A gang apply stopped because its lost replicas could not all be replaced still replaces them (state.lost)
@@ -247,6 +249,10 @@ class Fleet:
                     "key, so it is a copy (cloned in a console, or launched from an image with its tags), launched by "
                     "someone else: left alone (not counted as capacity, never deleted); take its fleetops.io/ tags off, "
                     "or delete it yourself" for iid, (key, first) in sorted(copied.items()))
+            + tuple(f"{iid} carries this fleet's name but no fleet-uid tag, and was launched after {first}, which carries "
+                    f"the fleet's uid {uid}: every launch since the fleet had a uid writes it, so {iid} was launched by "
+                    "someone else (another tool, or tags copied by hand): left alone (not counted as capacity, never "
+                    "deleted); take its fleetops.io/ tags off, or delete it yourself" for iid, first in sorted(uidless.items()))
             + tuple(f"the state places {job} on {iid}, which is not this fleet's ({not_ours[iid]}): left alone, and the "
                     f"plan places {job} as if {iid} were gone (the state was edited, or is another fleet's)"
                     for job, ids in sorted(state.placements.items()) if job in self.desired.jobs
@@ -267,6 +273,21 @@ def launched_by_hand(tags: Mapping[str, str]) -> bool:
     fleet's name. It was taken as the fleet's and deleted ("pool '' is no longer in the desired state"). An instance
     whose provider reports no tags at all is left to that provider's word (a plugin may keep none)."""
     return bool(tags.get(TAG_FLEET)) and not any(tags.get(t) for t in (TAG_POOL, TAG_CREATE_KEY, TAG_FLEET_UID))
+
+
+def launched_without_uid(instances: Sequence[Instance], uid: str) -> dict[str, str]:
+    """uid-less instance's id -> the first-launched instance carrying `uid`, for each launched strictly after it. An
+    instance without a uid is the fleet's only as one launched before uids (launched_by_hand: its pool and create-key
+    tags), and every launch since the fleet had its uid writes it: one launched later is someone else's with the
+    fleet's tags copied (s36: it was taken as the fleet's, idle, and deleted). Launch times unknown or equal: no verdict."""
+    if not uid:
+        return {}
+    launched = launch_times(instances)
+    carriers = sorted((launched[i.id], i.id) for i in instances if i.tags.get(TAG_FLEET_UID) == uid and i.id in launched)
+    if not carriers:
+        return {}
+    since, first = carriers[0]
+    return {i.id: first for i in instances if not i.tags.get(TAG_FLEET_UID) and launched.get(i.id, since) > since}
 
 
 def copies(instances: Sequence[Instance]) -> dict[str, tuple[str, str]]:

@@ -153,6 +153,8 @@ def test_an_instance_tagged_with_the_fleets_name_alone_is_left_alone_not_deleted
     assert any(hand in n and "left alone" in n for n in res.plan.notes), res.plan.notes
     legacy = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
                        tags={TAG_FLEET: "quickstart", TAG_POOL: "aws-cpu", TAG_CREATE_KEY: "k-legacy"})
+    with sim.world() as w:  # launched before uids, so before the fleet's first uid-tagged instance (one after is not
+        w["instances"][legacy]["launched_at"] = "2025-01-01T00:00:00+00:00"  # the fleet's: tests/test_redteam.py)
     res = api.apply(cfg, time_limit=QUICK)
     assert legacy in res.report.deleted and hand not in res.report.deleted, res.report.deleted
     assert hand in _live_ids(cfg)

@@ -21,7 +21,7 @@ from reconciler.plan.assign import assign_items
 from reconciler.plan.backfill import backfill
 from reconciler.plan.file import plan_id
 from reconciler.plan.instances import delete_actions, name_instances
-from reconciler.plan.jobs import job_changes, with_pending_reasons
+from reconciler.plan.jobs import job_changes, spot_share_moves, with_pending_reasons
 from reconciler.plan.packing import capacities_of, pack
 from reconciler.plan.quality import consolidation, emitted_quality, rule_summary
 from reconciler.plan.stability import keep_identical, keep_protected_twins, protected_take_twin_stays, return_home
@@ -72,6 +72,7 @@ def make_plan(desired: DesiredState, observed: Observed, problem: Problem, solut
     jobs = job_changes(desired, observed, problem, solution, assigned.slots, packing, spot_drops, hosts)
     ledger = plan_ledger(problem, creates, solution.keep, [(j.job, j.instances) for j in jobs if j.instances])
     jobs = with_pending_reasons(jobs, problem, ledger, packing.unpacked, demand_of, greedy=solution.status == "GREEDY_FALLBACK")
+    jobs = spot_share_moves(jobs, problem, ledger, hosts, solution.keep)
 
     deletes = delete_actions(problem, solution, jobs)
     existing = problem.hosts()

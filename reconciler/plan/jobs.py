@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from reconciler.problem.diagnosis import pending_reason
-from reconciler.ledger import Ledger, rules_broken_now
+from reconciler.ledger import Ledger, rules_broken_now, spot_share_ok
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
 from reconciler.plan.packing import Packing
 from reconciler.plan.quality import UNPACKED
 from reconciler.plan.types import JobAction, JobChange
-from reconciler.problem import Capacity, Demand, OfferFits, Problem, gang_split, placement_refusal, shape_changes
+from reconciler.problem import Capacity, Demand, OfferFits, Problem, gang_split, placement_refusal, shape_changes, spot_measure
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and numpy (~0.2 s of CPU; pandas no more: reconciler/cpsat.py)
     from reconciler.solve import Solution
@@ -101,6 +101,43 @@ def with_pending_reasons(jobs: list[JobChange], problem: Problem, ledger: Ledger
             if not j.instances and not j.reason else j for j in jobs]
     jobs.sort(key=lambda j: j.job)
     return jobs
+
+
+def spot_share_moves(jobs: list[JobChange], problem: Problem, ledger: Ledger, hosts: dict[str, Capacity],
+                     keep: frozenset[str]) -> list[JobChange]:
+    """A move said to be for cost (_claims_cost) that takes a job off spot onto on-demand only, where the finished plan (`ledger`)
+    with the job left on its spot instances (kept, and its new on-demand instances holding nothing else not bought)
+    breaks max_spot_fraction: the spot share moves it, not a saving. move_note reads the rules the fleet breaks now, and
+    this one broke only once the plan stopped other on-demand work: a pool's max_instances lowered under a running gang
+    of 16 on-demand GPUs left the fleet 90% spot, and a job moved from a $2.00/h spot instance to a $5.67/h on-demand
+    one read "consolidation: its instance is removed", its old instance "consolidated: ... more cheaply" (s36)."""
+    fraction = problem.spot.max_spot_fraction
+    if fraction >= 1:
+        return jobs
+    spot, total = ledger.spot()
+    _, units = spot_measure(list(hosts.values()) + list(ledger.instances.values()), problem.gpu_fleet)
+    out = []
+    for j in jobs:
+        left = [h for h in dict.fromkeys(j.previous) if h not in j.instances and h in hosts]
+        now = [ledger.instances.get(ref) for ref in dict.fromkeys(j.instances)]
+        if (j.action == "move" and left and _claims_cost(j.reason, left, problem) and all(hosts[h].market == "spot" for h in left)
+                and all(c is not None and c.market == "on-demand" for c in now)):
+            back = sum(units(hosts[h]) for h in left if h not in keep)  # its spot instances, kept
+            unbought = sum(units(ledger.instances[ref]) for ref in dict.fromkeys(j.instances)
+                           if ref not in hosts and all(job == j.job for _, job in ledger.items[ref]))
+            stay_spot, stay_total = spot + back, total + back - unbought
+            if stay_total and not spot_share_ok(stay_spot, stay_total, fraction):
+                j = replace(j, reason=f"leaves spot ({left[0]}): left there, the fleet after this plan would be "
+                                      f"{stay_spot / stay_total:.1%} spot, over max_spot_fraction {fraction:g}")
+        out.append(j)
+    return out
+
+
+def _claims_cost(reason: str, left: list[str], problem: Problem) -> bool:
+    """Whether a move's reason (move_note's) says it is for cost: a consolidation, or the fleet's budget, which the fleet
+    breaks now (a move off spot to dearer on-demand read "leaves ...: the fleet costs $53.40/h, over max_hourly_budget")."""
+    budget = rules_broken_now(problem).get("budget")
+    return reason.startswith("consolidation") or (budget is not None and any(reason == f"leaves {h}: {budget}" for h in left))
 
 
 def move_note(d: Demand, job: str, prev: tuple[str, ...], now: tuple[str, ...], observed: Observed, hosts: dict[str, Capacity],

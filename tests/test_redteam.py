@@ -1,0 +1,81 @@
+"""Black-box red team (s36): an outsider's scenarios through the CLI on the simulated cloud, each checked from the plan
+JSON and the sim's own record, not from the planner's view of itself. What held is listed in the branch's report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.fleetkit import copy_quickstart
+from tests.test_safety import cli_here
+
+
+@pytest.fixture(scope="module")
+def applied_once(tmp_path_factory) -> Path:
+    """The quickstart applied once for the module on the sim: tests copy it, never change it."""
+    cfg = copy_quickstart(tmp_path_factory.mktemp("applied"))
+    res = cli_here("apply", cfg, "--auto-approve")
+    assert res.returncode == 0, res.stderr
+    return cfg
+
+
+@pytest.fixture
+def applied(applied_once, tmp_path) -> Path:
+    cfg = tmp_path / "quickstart"
+    shutil.copytree(applied_once, cfg)
+    return cfg
+
+
+def _plan(cfg: Path) -> dict:
+    res = cli_here("plan", cfg, "--format", "json", "--no-memo")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("edit", [("pools.yaml", "max_instances: 3", "max_instances: 1"),
+                                  ("policies.yaml", "max_hourly_budget: 150", "max_hourly_budget: 40")], ids=["max_instances", "budget"])
+def test_a_move_off_spot_to_dearer_on_demand_is_not_said_to_be_for_cost(applied, edit):
+    """aws-a100's max_instances lowered below the 2 instances llm-pretrain's gang runs on (or the budget below what the
+    fleet costs): the gang stops, and with its 16 on-demand GPUs gone the fleet would be 90% spot, so ablation-attn
+    leaves its $2.00/h spot g5.12xlarge for a new $5.67/h on-demand one. Its reason said "consolidation: its instance is
+    removed" and its old instance's delete "consolidated: its replicas fit more cheaply elsewhere" (under the budget:
+    "leaves ...: the fleet costs $53.40/h, over max_hourly_budget $40.00/h"): a saving claimed for a move that costs
+    $3.67/h more."""
+    name, old, new = edit
+    (applied / name).write_text((applied / name).read_text().replace(old, new, 1))
+    plan = _plan(applied)
+    move = next(j for j in plan["jobs"] if j["job"] == "ablation-attn")
+    assert move["action"] == "move", move
+    (left,) = move["previous"]
+    (came,) = move["instances"]
+    old = next(d for d in plan["deletes"] if d["instance_id"] == left)
+    new = next(c for c in plan["creates"] if c["ref"] == came)
+    assert (old["market"], new["market"]) == ("spot", "on-demand") and new["price"] > old["price"], (old, new)
+    assert "consolidat" not in move["reason"] and "max_hourly_budget" not in move["reason"], move["reason"]
+    assert "more cheaply" not in old["reason"], old["reason"]
+    assert "max_spot_fraction" in move["reason"], move["reason"]  # the rule that moves it, named
+
+
+def test_an_instance_without_the_fleets_uid_launched_after_it_had_one_is_not_deleted(applied):
+    """Someone launches an instance tagged with the fleet's name, a pool and a create key (another tool's template, or
+    tags copied by hand), but not the fleet's uid. Uid-less instances are taken as launched before uids existed, so it was
+    the fleet's, idle, and the plan deleted it as "no longer needed". Every launch since this fleet had a uid carries it,
+    so one launched after the fleet's first uid-tagged instance is no launch of this fleet: left alone, with a note."""
+    from datetime import datetime, timedelta
+
+    from providers.sim import SimCloud
+
+    sim = SimCloud(applied / ".reconcile")
+    last = max(datetime.fromisoformat(i["launched_at"]) for i in sim.instances())
+    stray = sim.plant("aws", "us-east-1", "us-east-1a", "m6i.4xlarge",
+                      {"fleetops.io/fleet": "quickstart", "fleetops.io/pool": "aws-cpu", "fleetops.io/create-key": "abcdef012345-0001"})
+    with sim.world() as w:
+        w["instances"][stray]["launched_at"] = (last + timedelta(minutes=5)).isoformat()
+    plan = _plan(applied)
+    assert stray not in {d["instance_id"] for d in plan["deletes"]}, plan["deletes"]
+    assert any(n.startswith(stray) for n in plan["notes"]), plan["notes"]
+    assert cli_here("apply", applied, "--auto-approve").returncode == 0
+    assert {i["id"]: i["state"] for i in sim.instances()}[stray] == "running"
