@@ -11,6 +11,7 @@ Billing Catalog with an API key: providers/livespot.py) override the catalog's s
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from providers.base import Offering
 from providers.errors import ReconcileError
-from providers.files import loads_json, read_regular
+from providers.files import NOT_CONFIG, loads_json, not_a_link_target, read_regular
 
 CATALOG_FILE = "catalog.json"  # the name a config repo pins its catalog under
 CATALOG_FORMAT = 2  # what a catalog's fields mean (format 1 had regional multipliers): another is refused, never misread
@@ -318,13 +319,23 @@ def _unreadable(path: str | Path, problem: str) -> CatalogError:
 
 
 def catalog_for(config_dir: Path) -> Path | None:
-    """The catalog file a config directory pins, if it has one. A link out of the directory is refused, as a YAML file's
-    is (providers.files): a pull request could point it anywhere on the runner."""
+    """The catalog file a config directory pins, if it has one. A link is refused where a YAML file's is (reconciler.load,
+    by providers.files.not_a_link_target): out of the directory (a pull request could point it anywhere on the runner),
+    into .git/ (the checkout's token), the state, a hidden file or status/; and a dangling one, which planned at the
+    shipped prices as if nothing were pinned."""
     p = Path(config_dir) / CATALOG_FILE
-    if not p.exists():
-        return None
-    if p.is_symlink() and not p.resolve().is_relative_to(Path(config_dir).resolve()):
-        raise _unreadable(p, f"it is a symlink out of the config directory ({p.resolve()}); make it a file of the config")
+    if not p.is_symlink():
+        return p if p.exists() else None
+    root = Path(config_dir).resolve()
+    try:
+        real = p.resolve(strict=True)
+    except (OSError, RuntimeError) as e:
+        problem = "a symlink loop" if "loop" in str(e).lower() else "a dangling symlink"
+        raise _unreadable(p, f"{problem} ({os.readlink(p)}); fix or remove it") from None
+    if not real.is_relative_to(root):
+        raise _unreadable(p, f"it is a symlink out of the config directory ({real}); make it a file of the config")
+    if not_a_link_target(inside := real.relative_to(root)):
+        raise _unreadable(p, f"a symlink into {inside.as_posix()}, which is not config ({NOT_CONFIG}); make it a file of the config")
     return p
 
 

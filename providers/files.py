@@ -1,6 +1,7 @@
 """Reading a file a person or a pull request may have put something else at the name of: a fifo, a device, a
-directory. One rule for the config's YAML, the pinned price catalog and the reconciler's state; one JSON reader for the
-files we write (a duplicate key refused); and one rule for who beside a file's owner could have rewritten it."""
+directory. One rule for the config's YAML, the pinned price catalog and the reconciler's state; one for what a link in
+the config may point into; one JSON reader for the files we write (a duplicate key refused); and one rule for who beside
+a file's owner could have rewritten it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,25 @@ import os
 import pwd
 import stat
 from pathlib import Path
+
+
+# Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
+# what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
+# (teams/status/) is config like any other (skipped, its jobs vanished and the plan deleted their instances). Hidden
+# files and directories (.reconcile, .git, .github) are skipped at every depth.
+SKIP_DIRS = {"status", "node_modules"}
+# What a link to a path of the config refused by not_a_link_target points into, as its error says.
+NOT_CONFIG = "git's and the reconciler's own files, a hidden file, status/"
+
+
+def not_a_link_target(rel: Path) -> bool:
+    """Whether a link to this path under the config directory is refused, as one out of the directory is: into git's
+    or the reconciler's own files (the checkout's .git/config holds CI's token, and YAML's errors quote words of what
+    they read), to a hidden file (.env, .netrc) or into status/ or node_modules/. A hidden directory's config stays a
+    link's target (`jobs -> .shared/jobs`: the walk skips .shared, so its jobs are read once, through the link). One
+    rule for the config's YAML (reconciler.load) and its pinned price catalog (providers.catalog.catalog_for)."""
+    return (rel.name.startswith(".") or any(part in (".git", ".reconcile") for part in rel.parts)
+            or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS))
 
 
 class NotRegularFile(OSError):

@@ -580,9 +580,9 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
         typer.echo(f"Applied plan {res.plan.id}: {summary_line(res.plan)}")
     typer.echo(f"{r.counts}; status written to {res.status_dir}")
     for iid, why in r.skipped_deletes.items():
-        typer.echo(f"kept {iid}: {why}")
+        typer.echo(_said(f"kept {iid}: {why}"))
     for n in [*res.plan.notes, *r.notes]:
-        typer.echo(f"note: {n}")
+        typer.echo(_said(f"note: {n}"))
     if r.stopped:
         _say_stopped(res, stop)
         raise typer.Exit(stop.exit_code)
@@ -590,9 +590,9 @@ def _report_applied(res: ApplyResult, config_dir: Path, commit: bool, status_bra
 
 def _say_stopped(res, stop: StopOnInterrupt) -> None:
     r = res.report
-    typer.echo(f"Stopped plan {res.plan.id} by {stop.how}: {r.counts}, {len(r.not_started)} action(s) not "
-               f"started ({', '.join(r.not_started[:5])}{' ...' if len(r.not_started) > 5 else ''}); status written, lock released. "
-               "Run `reconcile apply` again to finish.", err=True)
+    typer.echo(_said(f"Stopped plan {res.plan.id} by {stop.how}: {r.counts}, {len(r.not_started)} action(s) not "
+                     f"started ({', '.join(r.not_started[:5])}{' ...' if len(r.not_started) > 5 else ''}); status written, lock "
+                     "released. Run `reconcile apply` again to finish."), err=True)
 
 
 def _commit_status(config_dir: Path, res, branch: Optional[str]) -> None:
@@ -785,7 +785,7 @@ def catalog_update(
     except OSError as e:
         _fail(ReconcileError(f"cannot write {target}: {e.strerror}"))
     for line in lines:
-        typer.echo(line)
+        typer.echo(_said(line))  # (a price source's words)
     typer.echo(f"catalog written to {target} (dated {new['date']})")
 
 
@@ -836,7 +836,7 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
     except ReconcileError as e:
         _fail(e)
     if inst.get("terminated_during_notice"):
-        typer.echo(f"{instance_id} was terminated during its notice ({inst.get('terminated_reason')}): nothing left to reclaim")
+        typer.echo(_said(f"{instance_id} was terminated during its notice ({inst.get('terminated_reason')}): nothing left to reclaim"))
         return
     if inst.get("checkpointed") is False and inst.get("notice") == "agent died":
         typer.echo(f"warning: {instance_id}'s agent died during the notice before it reported its replicas checkpointed and "
@@ -845,7 +845,7 @@ def sim_interrupt(instance_id: str, config_dir: Optional[Path] = SimDir, dir_opt
         typer.echo(f"warning: {instance_id}'s agent had not reported its replicas checkpointed and stopped when the notice "
                    "ran out: they were killed with the instance, maybe mid-checkpoint", err=True)
     if inst.get("not_ended"):
-        typer.echo(f"warning: not every process of {instance_id} could be ended with it: {'; '.join(inst['not_ended'])}", err=True)
+        typer.echo(_said(f"warning: not every process of {instance_id} could be ended with it: {'; '.join(inst['not_ended'])}"), err=True)
     _mark_reclaimed(sim, instance_id, reason, config_dir or dir_opt)
     typer.echo(f"interrupted {instance_id}")
 
@@ -861,8 +861,8 @@ def _mark_reclaimed(sim, instance_id: str, reason: str, config_dir: Optional[Pat
     try:
         mark_lost(backend_for(Path(where), url), instance_id, f"{reason}: the sim reclaimed it")
     except ReconcileError as e:
-        typer.echo(f"warning: could not mark {instance_id}'s agent report lost ({e}); status shows its replicas "
-                   "unreachable once its heartbeat is stale", err=True)
+        typer.echo(_said(f"warning: could not mark {instance_id}'s agent report lost ({e}); status shows its replicas "
+                         "unreachable once its heartbeat is stale"), err=True)
 
 
 @sim_app.command("stop-agents")
@@ -944,8 +944,9 @@ def sim_ls(config_dir: Optional[Path] = SimDir, dir_opt: Optional[Path] = SimDir
             except PlacementTagError:
                 rec = None
             hosted = "-" if rec is None else ",".join(f"{p.job}/{p.replica}" for p in rec.placements) if rec.complete else "(too many)"
-            typer.echo(f"{i['id']}\t{i['state']}\t{i['cloud']}/{i['zone']}\t{i['instance_type']}\t{i['market']}\t"
-                       f"{i['tags'].get('fleetops.io/pool', '-')}\t{hosted or '-'}")
+            fields = (i["id"], i["state"], f"{i['cloud']}/{i['zone']}", i["instance_type"], i["market"],
+                      i["tags"].get("fleetops.io/pool", "-"), hosted or "-")
+            typer.echo("\t".join(map(printable, fields)))  # (the sim's state is a file: an id in it is any text)
 
 
 @app.command()
@@ -1036,7 +1037,7 @@ def controller(
     signals.signal(signals.SIGTERM, on_term)
     signals.signal(signals.SIGINT, on_term)
     ctl = Controller(config_dir, provider=provider, state=state, options=_options(provider_option), time_limit=time_limit,
-                     poll=poll, resync=resync, pull=pull, log=lambda m: typer.echo(f"{utcnow().isoformat()} controller: {m}"))
+                     poll=poll, resync=resync, pull=pull, log=lambda m: typer.echo(_said(f"{utcnow().isoformat()} controller: {m}")))
     server = None
     if metrics_port is not None:
         from reconciler.metrics import serve
@@ -1084,11 +1085,11 @@ def logs(
     path = _sim_log(config_dir, job, replica, rec)
     earlier = _earlier_sim_logs(config_dir, job, replica, path)
     for instance, log in earlier:
-        typer.echo(f"--- {job}/{replica} on {instance} (placed there before)", err=True)
+        typer.echo(_said(f"--- {job}/{replica} on {instance} (placed there before)"), err=True)
         sys.stdout.write(log.read_bytes().decode(errors="replace"))
         sys.stdout.flush()
     if earlier:
-        typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
+        typer.echo(_said(f"--- {job}/{replica} on {rec.get('instance')} (now)"), err=True)
     offset = 0
     shown_tail: list[str] = []
     noted = None  # the stop last said (--follow)
@@ -1117,8 +1118,8 @@ def logs(
                 break
             if (stop := (rec.get("instance"), rec.get("spec_hash"), rec.get("epoch"), rec.get("attempt"))) != noted:
                 noted = stop
-                typer.echo(f"--- {job}/{replica}: {rec.get('phase')} on {rec.get('instance')} ({rec.get('reason')}: {rec.get('message')}); "
-                           "the plan still places it: following it", err=True)
+                typer.echo(_said(f"--- {job}/{replica}: {rec.get('phase')} on {rec.get('instance')} ({rec.get('reason')}: "
+                                 f"{rec.get('message')}); the plan still places it: following it"), err=True)
         time.sleep(wait)
         try:
             rec = bus.run(job, replica) or rec
@@ -1126,9 +1127,9 @@ def logs(
             pass
         if (moved := _sim_log(config_dir, job, replica, rec)) is not None and moved != path:
             path, offset = moved, 0  # placed again elsewhere: the new attempt's log
-            typer.echo(f"--- {job}/{replica} on {rec.get('instance')} (now)", err=True)
+            typer.echo(_said(f"--- {job}/{replica} on {rec.get('instance')} (now)"), err=True)
     if rec.get("terminal") or rec.get("phase") == "Stopped":
-        typer.echo(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})", err=True)
+        typer.echo(_said(f"--- {job}/{replica}: {rec.get('phase')} ({rec.get('reason')}: {rec.get('message')})"), err=True)
 
 
 def _no_run(config_dir: Path, job: str, replica: int) -> ReconcileError:

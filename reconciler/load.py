@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from providers.catalog import catalog_bytes, load_catalog, mig_layout_error
-from providers.files import NotRegularFile, loads_json, read_regular
+from providers.files import NOT_CONFIG, SKIP_DIRS, NotRegularFile, loads_json, not_a_link_target, read_regular
 from reconciler import snapshot
 from reconciler.atomicfile import write_atomic
 from reconciler.localkey import read_cache, seal, sealed
@@ -49,11 +49,6 @@ MAX_TEXT = 4 * MAX_FILE_BYTES
 # Digits of an int (`0x` and `_` included): a field's largest bound has 10 or so; Python converts at most 4,300.
 MAX_INT_DIGITS = 1000
 MAX_DEPTH = 64  # nesting per document, checked while composing (a real config nests about 8 deep)
-# Directories directly under the config dir that are not config: status/ is the reconciler's own output, node_modules/
-# what `npm install` leaves beside a package.json at the repo root. Only there: a directory of either name deeper down
-# (teams/status/) is config like any other (skipped, its jobs vanished and the plan deleted their instances). Hidden
-# files and directories (.reconcile, .git, .github) are skipped at every depth.
-SKIP_DIRS = {"status", "node_modules"}
 # libyaml's parser when PyYAML has it (about 5x faster at 1,000 jobs than the pure-Python one); line
 # marks are the same. Its events are composed into nodes by _compose_all below, not by libyaml's own
 # composer: that one recurses in C, so `a: [[[[...` 25,000 deep crashed the process (SIGSEGV), and it
@@ -478,10 +473,10 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
                     if is_yaml or real.is_dir():
                         refuse(rel, f"symlink points outside the config directory ({_shown(str(real), 4096)})")
                     continue
-                if _not_a_link_target(inside := real.relative_to(real_root)):
+                if not_a_link_target(inside := real.relative_to(real_root)):
                     if is_yaml or real.is_dir():
-                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config (git's and "
-                                    "the reconciler's own files, a hidden file, status/): make it a file of the config")
+                        refuse(rel, f"symlink points into {_shown(inside.as_posix(), 4096)}, which is not config "
+                                    f"({NOT_CONFIG}): make it a file of the config")
                     continue
             try:
                 is_dir = stat.S_ISDIR(os.stat(path).st_mode)
@@ -497,15 +492,6 @@ def _config_files(root: Path, diags: list[Diagnostic]) -> list[Path]:
             elif is_yaml:
                 out.append(path)  # a fifo or device is refused by _read_config, not waited on
     return sorted(out)
-
-
-def _not_a_link_target(rel: Path) -> bool:
-    """Whether a link to this path under the config directory is refused, as one out of the directory is: into git's
-    or the reconciler's own files (the checkout's .git/config holds CI's token, and YAML's errors quote words of what
-    they read), to a hidden file (.env, .netrc) or into status/ or node_modules/. A hidden directory's config stays a
-    link's target (`jobs -> .shared/jobs`: the walk skips .shared, so its jobs are read once, through the link)."""
-    return (rel.name.startswith(".") or any(part in (".git", ".reconcile") for part in rel.parts)
-            or (rel.parts[:1] != () and rel.parts[0] in SKIP_DIRS))
 
 
 def _read_config(path: Path, rel: str, diags: list[Diagnostic]) -> bytes | None:

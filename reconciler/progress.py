@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from reconciler.apply import ApplyEvent
+from reconciler.errors import printable
 from reconciler.plan import Plan
 from reconciler.words import use_color
 
@@ -40,7 +41,7 @@ class ApplyProgress:
 
     def __enter__(self) -> ApplyProgress:
         if self.live and self.total:
-            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=self.console, transient=True)
             self._task = self._bar.add_task("applying", total=self.total)
             self._bar.start()
@@ -54,7 +55,7 @@ class ApplyProgress:
         counted = e.action in ("create", "delete")
         if e.phase == "started":
             if self._bar is not None:
-                self._bar.update(self._task, description=f"{e.action} {e.target} ({e.what})")
+                self._bar.update(self._task, description=printable(f"{e.action} {e.target} ({e.what})"))
             return
         if e.phase == "skipped":
             return
@@ -71,7 +72,8 @@ class ApplyProgress:
         else:
             style = {"create": "green", "delete": "red"}.get(e.action, "dim")
             line = f"{step}{_DONE[e.action]} {subject}{what} in {e.elapsed_s:.2f}s"
-        self.console.print(line, style=style if self.color else None, markup=False)
+        # (an instance id is the cloud's, a delete's target read back from it: escaped as errors are, errors.printable)
+        self.console.print(printable(line), style=style if self.color else None, markup=False)
 
 
 class StopOnInterrupt:

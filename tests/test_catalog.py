@@ -377,6 +377,27 @@ def test_a_pinned_catalog_that_is_no_file_of_the_config_is_an_error_naming_it(tm
         assert f"{pinned}" in res.stderr and says in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("target", [".git/prices.json", ".reconcile/prices.json", ".prices.json", "status/prices.json",
+                                    "node_modules/prices.json", "gone.json"])
+def test_a_pinned_catalog_linked_to_what_is_not_config_is_refused_as_the_yamls_link_is(tmp_path, target):
+    """catalog.json committed as a link into .git/ (whose config holds CI's token), the state, a hidden file or status/
+    was read as the pinned catalog: only a link out of the directory was refused, where load refuses these too (one
+    rule, providers.files.not_a_link_target). A dangling link planned at the shipped prices as if nothing were pinned."""
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    qs = copy_quickstart(tmp_path)
+    if target != "gone.json":
+        (qs / target).parent.mkdir(exist_ok=True)
+        (qs / target).write_text(shipped_catalog_text())  # (a catalog that reads: refused for where it is, not what)
+    (qs / "catalog.json").symlink_to(target)
+    res = CliRunner().invoke(app, ["validate", str(qs)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    says = "a dangling symlink" if target == "gone.json" else f"a symlink into {target}, which is not config"
+    assert f"{qs / 'catalog.json'}: cannot read the pinned price catalog: {says}" in res.stderr, res.stderr
+
+
 def test_a_region_the_shipped_catalog_does_not_price_is_priced_by_catalog_update(prices, tmp_path):
     """A westeurope pool is refused (the shipped catalog has no public westeurope price), and the refusal's advice is
     true: `catalog update --region azure/westeurope` prices the region from the Retail Prices API and the same config
