@@ -54,6 +54,22 @@ class Stamped:
     age: float
 
 
+@dataclass(frozen=True)
+class Listed:
+    """An object as a listing saw it, for a stamped read of that version of it (StateBackend.list_keys_stamped): its
+    version token (GCS: generation), when the store recorded its last write (`modified`, unix), the store's age of it
+    at the listing (its response's Date minus `modified`) and this host's time.monotonic() then (`at`)."""
+
+    version: str
+    modified: float
+    age: float
+    at: float
+
+    def age_now(self) -> float:
+        """Its age on the store's clock now: the listing's, plus the time this host has counted since."""
+        return self.age + time.monotonic() - self.at
+
+
 def _http_date(text: str | None) -> float | None:
     """An HTTP Date or Last-Modified header (RFC 7231) as unix seconds, None if absent or unreadable."""
     from email.utils import parsedate_to_datetime
@@ -84,9 +100,17 @@ class StateBackend(Protocol):
     # apply (assignments/) and by node agents (runs/, agents/).
     def read_key(self, key: str) -> bytes | None: ...
 
-    def read_key_stamped(self, key: str) -> Stamped | None:
+    def read_key_stamped(self, key: str, listed: Listed | None = None) -> Stamped | None:
         """read_key's object with the store's times of its last write and of the read (Stamped), from one response
-        where the store gives both. How a reader judges how old an agent's report is: never by the writer's clock."""
+        where the store gives both. How a reader judges how old an agent's report is: never by the writer's clock.
+        `listed`: what list_keys_stamped said of it; where the store cannot stamp a read in one request (GCS), the
+        body of exactly that version is read and judged by the listing's stamp (rewritten since: read afresh)."""
+        ...
+
+    def list_keys_stamped(self, prefix: str) -> dict[str, Listed | None]:
+        """list_keys, each key with what the listing says of its object for read_key_stamped (None: nothing it needs:
+        a local file and an S3 or Azure GET carry their own stamp, as cheaply and fresher). Readers of every agent's
+        report (Bus.agents, each plan) pay one listing and one read a report, not two (GCS: metadata, then body)."""
         ...
 
     def write_key(self, key: str, body: bytes) -> None: ...
@@ -281,7 +305,10 @@ class LocalBackend:
         except OSError as e:
             raise ReconcileError(f"local bus: cannot read {path}: {e.strerror}") from None
 
-    def read_key_stamped(self, key: str) -> Stamped | None:
+    def list_keys_stamped(self, prefix: str) -> dict[str, Listed | None]:
+        return dict.fromkeys(self.list_keys(prefix))
+
+    def read_key_stamped(self, key: str, listed: Listed | None = None) -> Stamped | None:
         """The file's mtime, which this host's kernel set as it renamed the object into place (write_atomic), against
         this host's clock now: the same clock, whatever clock the writer's host keeps. (Stat after the read: an object
         replaced between the two was written later still, its writer no less alive.)"""
@@ -522,6 +549,16 @@ class ObjectStoreBackend:
         """_get's object with the store's times of its last write and of the response (Stamped); TooLarge as _get."""
         raise NotImplementedError
 
+    def _get_listed(self, key: str, limit: int, listed: Listed) -> Stamped | None:
+        """The body of exactly the version `listed`, judged by the listing's stamp; rewritten since the listing: read
+        afresh (_get_stamped); gone: None. Only a store whose _list_stamped gives a Listed implements it."""
+        raise NotImplementedError
+
+    def _list_stamped(self, prefix: str) -> list[tuple[str, Listed | None]]:
+        """_list's keys with what the listing says of each: None here, where a GET stamps its object in the same
+        response (S3, Azure). A store whose stamped read costs more (GCS) returns the listing's stamps."""
+        return [(k, None) for k in self._list(prefix)]
+
     def _put(self, key: str, body: bytes) -> None:
         raise NotImplementedError
 
@@ -595,9 +632,11 @@ class ObjectStoreBackend:
         except Exception as e:
             raise self._bus_error(e, "cannot read", key) from None
 
-    def read_key_stamped(self, key: str) -> Stamped | None:
+    def read_key_stamped(self, key: str, listed: Listed | None = None) -> Stamped | None:
         check_key(key)
         try:
+            if listed is not None:
+                return self._get_listed(self.prefix + key, MAX_STATE_BYTES, listed)
             return self._get_stamped(self.prefix + key, MAX_STATE_BYTES)
         except TooLarge:
             raise bus_object_too_large(key, f"{self.root}/{self.prefix}{key}") from None
@@ -644,9 +683,12 @@ class ObjectStoreBackend:
                 part.unlink(missing_ok=True)
 
     def list_keys(self, prefix: str) -> list[str]:
+        return list(self.list_keys_stamped(prefix))
+
+    def list_keys_stamped(self, prefix: str) -> dict[str, Listed | None]:
         base = self.prefix + check_key(prefix.rstrip("/")) + "/"
         try:
-            return sorted(k[len(self.prefix):] for k in self._list(base))
+            return {k[len(self.prefix):]: listed for k, listed in sorted(self._list_stamped(base), key=lambda kv: kv[0])}
         except Exception as e:
             raise self._bus_error(e, "cannot list", prefix) from None
 
@@ -872,15 +914,36 @@ class GcsBackend(ObjectStoreBackend):
             return Stamped(sink.value(), modified, now - modified)
         raise ReconcileError(f"{key} changed on every read")
 
+    def _get_listed(self, key: str, limit: int, listed: Listed) -> Stamped | None:
+        sink = CappedSink(limit)
+        try:
+            self.bucket.blob(key).download_to_file(sink, if_generation_match=int(listed.version), retry=self._retry)
+        except self._exc.NotFound:
+            return None  # (deleted since the listing: gone, as a read a moment later would find it)
+        except self._exc.PreconditionFailed:
+            return self._get_stamped(key, limit)  # rewritten since: never judged by the older write's stamp
+        return Stamped(sink.value(), listed.modified, listed.age_now())
+
+    def _list_stamped(self, prefix: str) -> list[tuple[str, Listed | None]]:
+        """Each object's generation and `updated`, against the Date header of its page's response (GCS's clock)."""
+        out: list[tuple[str, Listed | None]] = []
+        pages = iter(self.client.list_blobs(self.bucket, prefix=prefix, retry=self._retry).pages)
+        while True:
+            self._dates.last = None
+            page = next(pages, None)
+            if page is None:
+                return out
+            now, at = _http_date(self._dates.last), time.monotonic()
+            for b in page:
+                stamp = None if now is None or b.updated is None or b.generation is None else b.updated.timestamp()
+                out.append((b.name, None if stamp is None else Listed(str(b.generation), stamp, now - stamp, at)))
+
     def _put(self, key: str, body: bytes) -> None:
         self.bucket.blob(key).upload_from_string(body, content_type="application/json", retry=self._retry)
 
     def _remove(self, key: str) -> None:
         with contextlib.suppress(self._exc.NotFound):
             self.bucket.blob(key).delete(retry=self._retry)
-
-    def _list(self, prefix: str) -> list[str]:
-        return [b.name for b in self.client.list_blobs(self.bucket, prefix=prefix, retry=self._retry)]
 
     def _put_file(self, key: str, path: Path) -> None:
         # (a file over 8 MiB, or any with chunk_size set: a resumable upload, chunk by chunk, each chunk retried)

@@ -25,7 +25,7 @@ from reconciler.errors import CorruptBusObjectError, LockError, ReconcileError
 from reconciler.runtime.bus import Bus
 from reconciler.state import State, StateFileError, state_dir, state_to_json
 from tests.fleetkit import copy_quickstart
-from tests.test_runtime_bus import _round_trip
+from tests.test_runtime_bus import _round_trip, reading_five_reports_costs
 from tests.test_safety import assert_clean_error, assert_renewed_while_held_and_lost_lease_noticed, cli, cli_here
 
 
@@ -221,6 +221,12 @@ def test_bus_round_trips(store, tmp_path):
                             "fleet/runs/train/0.json", "fleet/runs/train/1.json"]
 
 
+def test_every_agents_report_is_read_in_one_request_plus_the_listing(store, tmp_path, monkeypatch):
+    """GCS: each report cost its metadata, then that generation's body (11 requests for 5); now the listing's stamps
+    (`updated`, the list response's Date) judge them and each body is read pinned to the generation listed (6)."""
+    assert reading_five_reports_costs(Bus(backend_for(tmp_path, store.url)), monkeypatch) == {"GET": 6}
+
+
 @pytest.mark.parametrize("scheme", ["gs", "azblob"])
 def test_an_unreachable_store_is_a_clear_error_without_credentials(scheme, monkeypatch, tmp_path):
     from reconciler import backend
@@ -361,3 +367,23 @@ def test_a_huge_state_object_is_not_downloaded_past_the_cap(gcs_emulator, monkey
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB allocated"  # before: 96 MiB
+
+
+def test_a_report_read_by_its_listed_generation_is_judged_by_the_write_it_holds(gcs_emulator, monkeypatch, tmp_path):
+    """GCS's listing stamps each report (Bus.agents: one request a report). A report rewritten after the listing is
+    read afresh with the stamp of the write it holds, never the older listed one; one deleted since is gone; one
+    unchanged is as old as the listing said plus the time since (its age counted on, not frozen at the listing)."""
+    store = _gcs_store(gcs_emulator, monkeypatch, "fleet-listed")
+    backend = backend_for(tmp_path, store.url)
+    for name in ("a", "b", "c"):
+        backend.write_key(f"agents/{name}.json", name.encode())
+    listing = backend.list_keys_stamped("agents")
+    assert list(listing) == ["agents/a.json", "agents/b.json", "agents/c.json"] and None not in listing.values(), listing
+    time.sleep(1.2)
+    backend.write_key("agents/b.json", b"b2")
+    backend.delete_key("agents/c.json")
+    a = backend.read_key_stamped("agents/a.json", listing["agents/a.json"])
+    assert (a.body, a.modified) == (b"a", listing["agents/a.json"].modified) and a.age >= listing["agents/a.json"].age + 1.2, a
+    b = backend.read_key_stamped("agents/b.json", listing["agents/b.json"])
+    assert b.body == b"b2" and b.modified >= listing["agents/b.json"].modified + 1.2 and b.age < 1.2, b
+    assert backend.read_key_stamped("agents/c.json", listing["agents/c.json"]) is None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 import boto3
 import pytest
+import urllib3
 
 from reconciler.backend import backend_for
 from reconciler.errors import CorruptBusObjectError, ReconcileError
@@ -52,6 +54,36 @@ def _round_trip(bus: Bus) -> None:
     for bad in ("../state.json", "/etc/passwd", "runs/../../x", ""):
         with pytest.raises(ReconcileError, match="invalid bus key"):
             bus.store.read_key(bad)
+
+
+def count_requests(monkeypatch) -> Counter[str]:
+    """Every HTTP request this process sends from now on, by method (all three SDKs send through urllib3's pools)."""
+    sent: Counter[str] = Counter()
+    urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
+
+    def counted(pool, method, url, *args, **kwargs):
+        sent[method] += 1
+        return urlopen(pool, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.connectionpool.HTTPConnectionPool, "urlopen", counted)
+    return sent
+
+
+def reading_five_reports_costs(bus: Bus, monkeypatch) -> Counter[str]:
+    """The requests Bus.agents sends to read five agents' reports, each judged by the store's clock: one listing and
+    one GET a report, not two (GCS: metadata, then that generation's body) -- a plan over N agents paid 2N + 1."""
+    for i in range(5):
+        bus.put_agent(f"i-{i}", {"heartbeat_at": 1.0, "state": "Ready"})
+    sent = count_requests(monkeypatch)
+    reports = bus.agents()
+    assert sorted(reports) == [f"i-{i}" for i in range(5)]
+    for report in reports.values():  # (each by the store's record of its write: heartbeat_at 1.0 is 56 years slow)
+        assert abs(report[SEEN_AT] - now_unix()) < 5 and reports_alive(report, now_unix(), 60), report
+    return sent
+
+
+def test_s3_reads_every_agents_report_in_one_request_each_plus_the_listing(s3_bus, monkeypatch):
+    assert reading_five_reports_costs(s3_bus[0], monkeypatch) == {"GET": 6}
 
 
 def test_local_bus_round_trips_under_dot_reconcile(tmp_path):

@@ -17,11 +17,12 @@ import math
 import os
 import signal
 import time
+from functools import partial
 from typing import Any, Callable
 from urllib.parse import quote, unquote
 
 from providers.files import loads_json
-from reconciler.backend import StateBackend
+from reconciler.backend import Listed, StateBackend
 from reconciler.errors import CorruptBusObjectError, ReconcileError
 
 ASSIGNMENTS, RUNS, AGENTS = "assignments", "runs", "agents"
@@ -332,11 +333,12 @@ class Bus:
         """The report with when the store recorded it (SEEN_AT) and the writer's clock offset (CLOCK_AHEAD)."""
         return self._read_report(f"{AGENTS}/{instance_key(instance)}.json")
 
-    def _read_report(self, key: str) -> dict | None:
+    def _read_report(self, key: str, listed: Listed | None = None) -> dict | None:
+        """`listed`: what the listing of agents/ said of it (StateBackend.list_keys_stamped), for a read in one request."""
         stamped = getattr(self.store, "read_key_stamped", None)
         if stamped is None:  # (a store that cannot say when an object was written: judged by heartbeat_at)
             return self._read(key, _agent_problem)
-        got = stamped(key)
+        got = stamped(key) if listed is None else stamped(key, listed)
         if got is None:
             return None
         doc = self._parse(key, got.body, _agent_problem)
@@ -354,9 +356,12 @@ class Bus:
         self.store.delete_key(f"{AGENTS}/{instance_key(instance)}.json")
 
     def agents(self, skipped: dict[str, str] | None = None) -> dict[str, dict]:
+        """Every agent's report, as Bus.agent reads one: one listing, then one read of each (the listing's stamps)."""
+        listing = getattr(self.store, "list_keys_stamped", None)
+        listed = listing(AGENTS) if listing is not None else dict.fromkeys(self.store.list_keys(AGENTS))
         out = {}
-        for key in self.store.list_keys(AGENTS):
+        for key, stamp in listed.items():
             iid = instance_of(key, AGENTS)
-            if iid is not None and (doc := self._read_or_skip(key, self._read_report, skipped)) is not None:
+            if iid is not None and (doc := self._read_or_skip(key, partial(self._read_report, listed=stamp), skipped)) is not None:
                 out[iid] = doc
         return out
