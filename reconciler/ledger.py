@@ -335,11 +335,14 @@ class QuotaBook:
         return next(iter(self.shorts(c, n, extra)), None)
 
     def shorts(self, c, n: int = 1, extra=None) -> list[tuple[int, int]]:
-        """(quota index, units over its headroom) of every quota n more new instances of c would exceed (`short`)."""
+        """(quota index, units over its headroom) of every quota n more new instances of c would exceed (`short`).
+        The units over count from the limit, not from a headroom clamped at 0: an account already 48 over its quota
+        needs a raise of the job's units and those 48 (explain's first raise fell short by them)."""
         out = []
         for i, u in self.units(c):
             more = sum(k * v for x, k in (extra or ()) for j, v in self.units(x) if j == i)
-            over = self.taken[i] + more + n * u - quota_headroom(self.quotas[i])
+            q = self.quotas[i]
+            over = self.taken[i] + more + n * u - math.floor(q.limit - q.used + EPS)  # (quota_headroom, unclamped)
             if over > 0:
                 out.append((i, over))
         return out

@@ -506,3 +506,16 @@ def test_a_quota_reason_names_higher_work_only_where_it_takes_the_quota(tmp_path
     assert jobs["hi"].action == "place" and res.plan.creates[0].cloud == high_on
     assert jobs["lo"].action == "pending" and jobs["lo"].reason.startswith(f"cloud quota: aws {P_QUOTA} in us-east-1: 96 of "), jobs["lo"].reason
     assert ("(capacity goes to higher-priority work first: hi)" in jobs["lo"].reason) == named, jobs["lo"].reason
+
+
+def test_explain_raises_a_quota_already_over_its_limit_by_what_places_the_job(tmp_path):
+    """Another team's p4d holds 96 vCPUs of a P quota lowered to 48 (the account is 48 over it). The job needs 96 more:
+    a raise of 96 (to 144) still leaves the quota full, so the smallest raise that places it is 144 (to 192). The
+    ledger counted the shortfall from a headroom clamped at 0 (96), and explain offered only its triple, 288 (to 336)
+    (a red-team finding: "+12 (to 32)" where +5 was enough)."""
+    cfg, sim = _p4d_fleet(tmp_path, jobs=1)
+    sim.set_quota(P_QUOTA, "aws", "us-east-1", "vCPUs", 48, market="on-demand", instance_types=["p4d.24xlarge"])
+    e = api.explain(cfg, "train-0")
+    assert e.state == "pending", e.summary
+    raises = [w for w in e.would_change if w.startswith("raise cloud quota")]
+    assert raises and raises[0].startswith(f"raise cloud quota aws {P_QUOTA} in us-east-1 by 144 vCPUs (to 192): it would run"), e.would_change
