@@ -159,6 +159,9 @@ class Offer(Capacity):
     # Of max_new, the instances an optimum may buy only to stand idle for the spot share and the on-demand buffer
     # (problem/capacity.py, size_offers): counted by the fleet rules and the cost, never given work (no slots).
     ballast: int = 0
+    # The work that may land here fills its pool's max_instances of it, counted in sum per dimension
+    # (problem/capacity.py, size_offers): the pool, not the work, caps the count (slots.pool_capped).
+    fills_pool: bool = False
 
     @property
     def most(self) -> int:

@@ -253,7 +253,8 @@ told to make it a plain test).
   spot share, requires stopping (its test). fleet133 (the same hunt): greedy's plan launched into a Reservation past its
   count (a Reservation's hosts not opened yet now hold its room). fleet134 (s36, a second public trace converted:
   Alibaba's DLRM serving trace, bench/dlrm.py): greedy gave one tenant all the borrowed room where the fair-share tier
-  splits it (its test)."""
+  splits it (its test). fleet135 (the same trace's plans, all greedy's, reduced): a pool at its max_instances modelled
+  in sum, whose counts did not pack (memory per instance), is counted instance by instance now (its test)."""
 
 from __future__ import annotations
 
@@ -2912,3 +2913,21 @@ def test_cp_sat_ranks_at_least_as_high_as_greedy_on_fleet140():
     the model forbids an eviction the rules allow (then OPTIMAL is of a stricter model than the plan's rules) or the
     oracle's rank is not the model's order; not looked into yet."""
     check_fleet(fleet("fleet140"), time_limit=5)
+
+
+def test_a_pool_at_its_max_counts_what_packs_on_fleet135():
+    """fleet135 (s36, the DLRM trace's plans reduced, 2026-12-03): pool p4, 17 g5.12xlarge (4 A10G, 48 vCPU, 192 GiB)
+    at most, p1 4 g5.4xlarge (1 A10G, 64 GiB); 6 jobs of 12 vCPU / 120 GiB, 70 of 8 / 40. p4's count, 17 instances,
+    was modelled in sum (past slots.SLOTS_MOST): 6 x 120 + 62 x 40 = 3,200 of 3,264 GiB passes, but an instance that
+    holds a 120-GiB job holds one 40-GiB job beside it, so the answer did not pack; the pool at its max, the repair
+    searched again and the plan was FEASIBLE, $102.92/h. p4's max is below what its work fills (Offer.fills_pool), so
+    it is counted instance by instance now, as a fixed pool's is (slots.pool_capped): the optimum, proven, 68 of the
+    40-GiB jobs on the 17 instances and 2 on g5.4xlarge, $99.67/h. (At the trace's size, 52 g5.12xlarge and 20
+    g5.48xlarge, the search again fell below greedy's fair-share tier and every plan was greedy's, $1,552.55/h; now
+    CP-SAT's, $1,420.30/h: bench/README.md, DLRM section.)"""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet135"), time_limit=5)
+    assert plan.solver.status == "OPTIMAL", plan.solver
+    assert (plan.solver.unpacked, plan.solver.repairs) == (0, 0)
+    assert plan.cost_after == pytest.approx(17 * 5.672 + 2 * 1.624)
+    assert Counter((j.action, j.job in {f"j{i}" for i in range(6)}) for j in plan.jobs) == {("place", False): 70, ("pending", True): 6}
+    check_fleet(fleet("fleet135"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))

@@ -17,6 +17,9 @@ from reconciler.problem.rules import OfferFits, guardrail_refusal
 from reconciler.problem.types import Capacity, Demand, Host, Offer, spot_measure, type_class
 from reconciler.site import Site
 
+FILL_DIMS = ("gpus", "cpu", "memory_gib")  # what size_offers sums to tell whether an offer's work fills its pool
+
+
 def _offering_lookup(observed: Observed, catalog):
     by_key = {(po.offering.cloud, po.offering.zone, po.offering.instance_type): po.offering for po in observed.offerings}
 
@@ -211,6 +214,9 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
     spot capacity the problem can buy and keep; the budget, quotas and max_instances only gain. It saves its
     price, so no optimum has it (a reservation's instance is free: an optimum without it is one too).
 
+    `fills_pool`: the items that fit the offer, summed per dimension (FILL_DIMS), fill at least its pool's
+    max_instances of it, so the pool caps its count (solve/slots.pool_capped models it as a fixed pool's).
+
     Model size: the ballast gets no per-instance slots (solve/slots.py sizes those by `work_most`), so an
     offer modelled instance by instance stays so however much idle capacity the buffer could ask for."""
     # Each demand with its shape's number: an offer's fit is asked once per shape, then read by number
@@ -220,17 +226,22 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
     for d in demands:
         by_type.setdefault(type_class(d), []).append((d, fits.shape(d), len(d.jobs) * d.replicas))
     bounds: dict[str, int] = {}
+    filled: dict[str, int] = {}  # the instances the work that fits would fill, in sum per dimension
     for c in offers:
         bound = 0
         okey = c.offer_key
         of_shape: dict[int, int] = {}
+        asked = dict.fromkeys(FILL_DIMS, 0.0)
         for d, shape, items in by_type.get(type_class(c), []):
             f = of_shape.get(shape)
             if f is None:
                 f = of_shape[shape] = fits.at(d, okey, c)
             if f:
                 bound += math.ceil(items / f)
+                for dim in FILL_DIMS:
+                    asked[dim] += items * d.req(dim)
         bounds[c.key] = bound
+        filled[c.key] = max((math.ceil(v / c.cap(dim) - 1e-9) for dim, v in asked.items() if c.cap(dim) > 0), default=0)
     # Spot diversity (min_instance_types, min_zones) may make an optimum buy one idle spot instance of a type or zone
     # no work needs: each spot offer may stand for one. (Sized to its items alone, a spot offer no job fits was
     # offered 0 times, so a fleet whose spot needed a second zone could use no spot at all, and its plan, "OPTIMAL",
@@ -249,7 +260,7 @@ def size_offers(offers: list[Capacity], demands: list[Demand], pool_bounds: dict
     for c in offers:
         n = size(c, ballast(c))
         if n > 0:
-            sized.append(replace(c, max_new=n, ballast=n - work[c.key]))
+            sized.append(replace(c, max_new=n, ballast=n - work[c.key], fills_pool=filled[c.key] >= pool_bounds[c.pool][1]))
     return sized
 
 

@@ -1,4 +1,5 @@
-"""Patterns: on a fixed pool's offer modelled in sum (more instances than `slots.FIXED_MOST`), the items fit the
+"""Patterns: on the offer of a pool that caps its count (`slots.pool_capped`: a fixed pool, or max_instances below what
+the work could take) modelled in sum (more instances than `slots.FIXED_MOST`), the items fit the
 instances one pattern each. A pattern is a way one instance holds items of the shapes that may land there (a count
 per shape within every dimension, requests rounded up and room down, as the packer counts them: `pack._patterns`);
 a count per pattern, within the instances, covers each shape's items. This is the configuration model of cutting
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reconciler.problem import Capacity
+from reconciler.solve.slots import pool_capped
 from reconciler.solve.variables import is_zero
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ PATTERNS_MOST = 5_000
 
 
 def add_patterns(model: Model) -> None:
-    """The pattern rows of every fixed pool's offer (or zone class) modelled in sum; for a GPU type, only where each
+    """The pattern rows of every capped pool's offer (or zone class) modelled in sum; for a GPU type, only where each
     of its such capacities gets them. (Exact on one pool and summed on another, the answer moved work to the summed
     one, where its counts did not pack: trace-mixed-5k's 2-GPU pool by pattern and its 8-GPU pool, whose shapes give
     more than PATTERNS_MOST, in sum, left 60 jobs unpacked on the latter, and greedy's plan, 76 GPUs fewer than the
@@ -42,12 +44,13 @@ def add_patterns(model: Model) -> None:
 
 
 def fixed_in_sum(model: Model, c: Capacity) -> bool:
-    """A new-instance capacity of fixed pools (min_instances = max_instances) with no per-instance rows (slots)."""
+    """A new-instance capacity of pools that cap its count (`slots.pool_capped`: fixed, or max_instances below what
+    its work could take) with no per-instance rows (slots)."""
     keys = list(getattr(c, "members", ()) or ()) or [c.key]
     if c.key in model.idle or any(k not in model.caps or k in model.slots_of for k in keys):
         return False
     bounds = model.p.pool_bounds
-    return all((b := bounds.get(model.caps[k].pool)) is not None and b[0] == b[1] for k in keys)
+    return all(model.caps[k].pool in bounds and pool_capped(model.caps[k], bounds) for k in keys)
 
 
 def patterns_of(c: Capacity, items: list) -> tuple[list, dict, list] | None:

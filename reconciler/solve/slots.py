@@ -35,15 +35,26 @@ SLOT_VARS = 20_000
 
 def per_instance(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dict[str, int] | None = None) -> bool:
     """The one definition of which offers get per-instance rows: those whose count is small (at
-    most SLOTS_MOST new instances), or fixed by their pool (min = max) and at most FIXED_MOST; and
+    most SLOTS_MOST new instances), or capped by their pool (`pool_capped`) and at most FIXED_MOST; and
     those whose aggregate counts did not pack in an answer (`need`: the repair stage, strategy.py)."""
     return small(o, pool_bounds) or (need is not None and o.key in need)
 
 
 def small(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
     """Whether the instances that may hold work are few (an offer's ballast, which stands idle, gets no slot)."""
+    return o.work_most <= SLOTS_MOST or (pool_capped(o, pool_bounds) and o.work_most <= FIXED_MOST)
+
+
+def pool_capped(o: Capacity, pool_bounds: dict[str, tuple[int, int]]) -> bool:
+    """Whether the offer's count is its pool's to cap, not its work's: a fixed pool (min_instances = max_instances),
+    or one whose max_instances the work that may land there fills, in sum per dimension (`Offer.fills_pool`). There
+    a repair cannot buy past the count, so the model counts what packs (slots here, pattern rows past FIXED_MOST:
+    patterns.py). (The DLRM trace's g5 pools at 52 and 20 instances, summed: CP-SAT put 20 jobs of 120 GiB and 188
+    of 40 GiB on 52 g5.12xlarge, 9,920 of 9,984 GiB, where an instance holding a 120-GiB job holds one 40-GiB job
+    beside it; they took 66; searched again within 52, the fair-share tier fell from 158,000 to 116,000, and greedy's plan,
+    $132/h dearer, was emitted.)"""
     lo, hi = pool_bounds.get(o.pool, (0, 0))
-    return o.work_most <= SLOTS_MOST or (lo == hi and o.work_most <= FIXED_MOST)
+    return lo == hi or getattr(o, "fills_pool", False)
 
 
 def slot_count(o: Capacity, pool_bounds: dict[str, tuple[int, int]], need: dict[str, int] | None = None) -> int:
@@ -262,5 +273,5 @@ def slot_variables(model: Model) -> list:
     return model.on.variables() + [v for v in model.z.values() if not is_zero(v)]
 
 
-__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "extend_idle_slots", "extend_slots", "holds", "per_instance", "slot_contents", "slot_count",
+__all__ = ["FIXED_MOST", "SLOTS_MOST", "add_slot_rows", "exact_offers", "extend_idle_slots", "extend_slots", "holds", "per_instance", "pool_capped", "slot_contents", "slot_count",
            "slot_hints", "slot_vars", "slot_variables"]
