@@ -272,43 +272,61 @@ def _protected(desired: DesiredState, observed: Observed, tenant: str) -> int:
     return sum(job_size(desired.jobs[j]) for j in protected_jobs(desired, observed, tenant))
 
 
-def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, placed: set[str], moving: bool = False) -> int:
-    """Work units of the tenant's protected jobs that the plan keeps (in place or moved), or whose place its own
-    new work of a higher class takes (the README: a higher class may evict a lower one of its tenant; the
-    same class never). A pending job of a lost one's class does not stand in for it. moving: the second
-    guarantee tier, where its running jobs that must move (`moving_jobs`) count as its own units, not as new work."""
-    lost: dict[bool, dict[int, int]] = {True: defaultdict(int), False: defaultdict(int)}  # GPU work? -> class -> units
-    lost_jobs: list[Job] = []
+def _guarantee_kept(desired: DesiredState, observed: Observed, tenant: str, plan: Plan, moving: bool = False) -> int:
+    """Work units of the tenant's protected jobs that the plan keeps (in place or moved), or whose room its own
+    new work of a higher class takes (`_room_taken`; the README, Tenants: guaranteed work gives way only to a higher class
+    of its own tenant that takes its room, not where that work lands on other capacity while another tenant's work
+    takes the room). A pending job of a lost one's class does not stand in for it. moving: the second guarantee tier,
+    where its running jobs that must move (`moving_jobs`) count as its own units, not as new work. (A stand-in counted
+    anywhere ranked greedy's plan above CP-SAT's OPTIMAL one: t3's critical job on a new A10G instance stood in for its
+    guaranteed low job on the only A100 slot, whose room t1's job took, fleet140.)"""
+    placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
+    left: dict[str, int] = {}  # a lost protected job -> its units not stood in for yet
     kept = 0
     protected = protected_jobs(desired, observed, tenant) + (moving_jobs(desired, observed, tenant) if moving else [])
     for name in protected:
-        j = desired.jobs[name]
         if name in placed:
-            kept += job_size(j)
+            kept += job_size(desired.jobs[name])
         else:
-            lost[bool(j.spec.resources.gpus or j.spec.resources.mig)][priority_class(j.spec.priority_weight())] += job_size(j)
-            lost_jobs.append(j)
+            left[name] = job_size(desired.jobs[name])
+    if desired.placement.preemption == "Never" or not left:
+        return kept  # (no class takes another's place: nothing stands in)
     # (its other placed jobs are new work: pending ones, and running ones it does not protect, e.g. a gang that
     # must move whole or a changed job, which need capacity anew)
-    new = sorted((priority_class(j.spec.priority_weight()), job_size(j), _stands_in_for(j, lost_jobs)) for j in desired.jobs.values()
+    new = sorted((priority_class(j.spec.priority_weight()), job_size(j), j.name) for j in desired.jobs.values()
                  if j.spec.tenant == tenant and j.name in placed and j.name not in protected)
-    if desired.placement.preemption == "Never":
-        new = []  # (no class takes another's place: nothing stands in)
-    classes = sorted(set(lost[True]) | set(lost[False]))
-    # Smallest class first: each covers lost units of any class below its own, with its own units any work's, and with
-    # the room it takes beyond them (_stands_in_for) lost CPU work's only (counted for any, a 12-vCPU critical job stood
-    # in for 3 units of a lost 1-GPU job, measured on a 4-vCPU job: greedy's plan outranked CP-SAT's, fleet87).
-    for klass, own, size in new:
-        for c in classes:
+    lost_jobs = [desired.jobs[n] for n in left]
+
+    def gpu_work(j: Job) -> bool:
+        return bool(j.spec.resources.gpus or j.spec.resources.mig)
+
+    # Smallest class first: each covers lost units of any class below its own whose room it takes, with its own units
+    # any work's, and with the room it takes beyond them (_stands_in_for) lost CPU work's only (counted for any, a
+    # 12-vCPU critical job stood in for 3 units of a lost 1-GPU job, measured on a 4-vCPU job: greedy's plan outranked
+    # CP-SAT's, fleet87).
+    order = sorted(left, key=lambda n: (priority_class(desired.jobs[n].spec.priority_weight()), not gpu_work(desired.jobs[n]), n))
+    for klass, own, name in new:
+        size = _stands_in_for(desired.jobs[name], lost_jobs)
+        for q in order:
+            c = priority_class(desired.jobs[q].spec.priority_weight())
             if c >= klass or size <= 0:
                 break
-            take = min(own, size, lost[True][c])
-            lost[True][c] -= take
-            own, size, kept = own - take, size - take, kept + take
-            take = min(size, lost[False][c])
-            lost[False][c] -= take
-            own, size, kept = min(own, size - take), size - take, kept + take
+            above = [k for _, _, k in new if _class(desired, k) > c]  # (the guarantee holds q beside all of it, or not)
+            if not left[q] or not _room_taken(desired, observed, plan, q, [name], above):
+                continue
+            if gpu_work(desired.jobs[q]):
+                take = min(own, size, left[q])
+                own, size = own - take, size - take
+            else:
+                take = min(size, left[q])
+                own, size = min(own, size - take), size - take
+            left[q] -= take
+            kept += take
     return kept
+
+
+def _class(desired: DesiredState, job: str) -> int:
+    return priority_class(desired.jobs[job].spec.priority_weight())
 
 
 def _stands_in_for(job: Job, lost: list[Job]) -> int:
@@ -339,8 +357,8 @@ def ranking(desired: DesiredState, observed: Observed, plan: Plan) -> tuple[int,
     evicted jobs' time left (10 x work units x hours; with no clock, a job's expected_hours)."""
     assert not can_borrow(desired), "with borrowing, fair share and guaranteed/borrowed tiers come in between"
     placed = {jc.job for jc in plan.jobs if jc.action not in ("pending", "evict")}
-    kept = sum(_guarantee_kept(desired, observed, t, placed) for t in desired.tenants)
-    kept_moving = sum(_guarantee_kept(desired, observed, t, placed, moving=True) for t in desired.tenants)
+    kept = sum(_guarantee_kept(desired, observed, t, plan) for t in desired.tenants)
+    kept_moving = sum(_guarantee_kept(desired, observed, t, plan, moving=True) for t in desired.tenants)
     rank = _deadline_ranks(desired, observed)
     run, deadline, work = [0] * 4, [0] * 4, [0] * 4
     victims = 0
@@ -898,12 +916,14 @@ def _stood_in(desired: DesiredState, observed: Observed, plan: Plan, name: str) 
     return sum(j in kept for j in alike) >= sum(j in protected for j in alike)
 
 
-def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str, higher: list[str]) -> bool:
+def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str, higher: list[str],
+                held_beside: list[str] | None = None) -> bool:
     """Whether its tenant's higher-class work `higher` takes the room of evicted job `name` (README, Tenants: guaranteed
     work gives way only to a higher class of its own tenant): some of it lands where the job ran, or where a job of the
     tenant that moved into that room ran, or on a new instance of the pool of one of those the plan deletes, where the
     pool ends at its max_instances (the slot bought again); or the tenant's guarantee cannot hold the job beside what
-    the plan keeps of the tenant's work and that higher work (the job would borrow)."""
+    the plan keeps of the tenant's work and that higher work (the job would borrow; `held_beside`: the higher work held
+    there, where it is more than `higher`)."""
     if not higher:
         return False
     t = desired.jobs[name].spec.tenant
@@ -927,7 +947,7 @@ def _room_taken(desired: DesiredState, observed: Observed, plan: Plan, name: str
     q = desired.tenants[t].spec.quota if t in desired.tenants else None
     if q is None:
         return False
-    held = set(higher) | {jc.job for jc in plan.jobs if jc.action in ("keep", "move")}
+    held = set(higher if held_beside is None else held_beside) | {jc.job for jc in plan.jobs if jc.action in ("keep", "move")}
     use = dict.fromkeys(DIMS, 0.0)
     for k in held | {name}:
         if desired.jobs[k].spec.tenant == t:
