@@ -300,7 +300,12 @@ def quota_headroom(q) -> int:
     """What new instances may still take of quota q: its limit less what the account uses now. Usage includes the
     fleet's own instances, and apply creates before it deletes (make before break), so an instance the plan deletes
     frees its units for the next run, not for this plan's creates."""
-    return max(0, math.floor(q.limit - q.used + EPS))
+    return max(0, quota_room(q))
+
+
+def quota_room(q) -> int:
+    """Whole units of quota q left, negative where the account is over it already (quota_headroom clamps it at 0)."""
+    return math.floor(q.limit - q.used + EPS)
 
 
 def quota_scope(q) -> str:
@@ -341,8 +346,7 @@ class QuotaBook:
         out = []
         for i, u in self.units(c):
             more = sum(k * v for x, k in (extra or ()) for j, v in self.units(x) if j == i)
-            q = self.quotas[i]
-            over = self.taken[i] + more + n * u - math.floor(q.limit - q.used + EPS)  # (quota_headroom, unclamped)
+            over = self.taken[i] + more + n * u - quota_room(self.quotas[i])
             if over > 0:
                 out.append((i, over))
         return out
