@@ -108,6 +108,7 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
     check this, what a user gets, not the first search's answer."""
     from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
     from reconciler.plan.quality import as_kept, guarantees_kept_short
+    from reconciler.problem.types import GUARANTEES_TIER
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
@@ -125,27 +126,40 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
         # the check below to hold to the plan): its plan may now rank below greedy's, which is packed instance by
         # instance. Never emit a plan worse than the fallback.
         fallback, other = greedy()
-        if outcome_rank(problem, other) > outcome_rank(problem, plan):
+        if outcome_rank(problem, other, observed) > outcome_rank(problem, plan, observed):
             note = (f"CP-SAT's counts left {unpacked(plan)} job(s) unpacked: {RANKS_HIGHER}" if unpacked(plan) else
                     f"CP-SAT's answer, searched again instance by instance where its instances did not hold it: {RANKS_HIGHER}"
                     if solution.below_floors else f"{solution.note}: {RANKS_HIGHER}")
             solution = replace(fallback, note=note)
             plan = replace(other, solver=replace(other.solver, note=note))
 
-    if solution.status != "GREEDY_FALLBACK" and (kept := guarantees_kept_short(problem, plan)) is not None:
-        # The model counts any kept job of a class of identical jobs as its protected one (objective.protected_tier);
-        # the plan's stop may fall on the protected job itself (fleet117: j0 stopped to delete its host, j2 kept). Its
-        # tier claim is then the emitted plan's, unproven, and greedy's plan, kept job by job, is emitted if it ranks higher.
-        plan = as_kept(plan, kept)
-        fallback, other = greedy()
-        if outcome_rank(problem, other) > outcome_rank(problem, plan):
-            note = f"CP-SAT's answer stopped a job its tenant's guarantee holds where its model counted another kept: {RANKS_HIGHER}"
-            solution = replace(fallback, note=note)
-            plan = replace(other, solver=replace(other.solver, note=note))
-
     def again(held: dict[str, int]) -> tuple[Solution, Plan]:  # CP-SAT's search again, stand-ins in their rooms
         again_solution = solve(replace(problem, held=held, stand_in_rooms=True), time_limit=time_limit, gap_limit=gap, with_lp_bound=lp_bound)
         return again_solution, make_plan(demand, observed, problem, again_solution)
+
+    if solution.status != "GREEDY_FALLBACK" and (kept := guarantees_kept_short(problem, plan, observed)) is not None:
+        # The model counts any kept job of a class of identical jobs as its protected one (objective.protected_tier);
+        # the plan's stop may fall on the protected job itself (fleet117: j0 stopped to delete its host, j2 kept). And
+        # its first search counts a stand-in wherever it lands (fleet136: t1's normal job on a new instance for its low
+        # jobs on one a pool over its max_instances gave up). Searched again with stand-ins in their rooms, its answer
+        # stands where its claim is the plan's; else the tier claim is the emitted plan's, unproven, and greedy's plan,
+        # kept job by job, is emitted if it ranks higher.
+        claimed = next(t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER)
+        plan = as_kept(plan, kept)
+        if not problem.stand_in_rooms and not problem.held:
+            again_solution, again_plan = again({})
+            if again_solution.status != "GREEDY_FALLBACK" and guarantees_kept_short(problem, again_plan, observed) is None \
+                    and outcome_rank(problem, again_plan, observed) >= outcome_rank(problem, plan, observed):
+                note = (f"CP-SAT's first answer kept {kept} units of the guarantees where its model counted {claimed}: searched "
+                        "again with a tenant's higher work in its lower jobs' place only where it takes their room")
+                note = f"{again_solution.note}; {note}" if again_solution.note else note
+                solution = replace(again_solution, note=note)
+                plan = replace(again_plan, solver=replace(again_plan.solver, note=note))
+        fallback, other = greedy()
+        if outcome_rank(problem, other, observed) > outcome_rank(problem, plan, observed):
+            note = f"CP-SAT's answer kept fewer units of the guarantees than its model counted: {RANKS_HIGHER}"
+            solution = replace(fallback, note=note)
+            plan = replace(other, solver=replace(other.solver, note=note))
 
     return _lawful(observed, problem, plan, solution, greedy, again)
 

@@ -817,7 +817,29 @@ def slots_bought_again(plan: Plan, observed: Observed, problem: Problem) -> dict
 def own_higher_class_room(stops: list[tuple[str, tuple[str, ...]]], observed: Observed, demand_of: dict[str, Demand],
                           by_tenant: dict[str, TenantMoves], problem: Problem, rebought: dict[str, tuple[str, ...]]) -> set[str]:
     """Of the stops of running jobs no other rule requires (job, the instances it ran on), those that are their own
-    tenant's higher class taking their place (README, Tenants: its guaranteed work gives way only to a higher class of
+    tenant's higher class taking their place, whole (`own_higher_class_units`)."""
+    units = own_higher_class_units(stops, observed, demand_of, by_tenant, problem, rebought)
+    return {job for job, n in units.items() if n >= demand_of[job].job_size}
+
+
+def stood_in_units(plan: Plan, observed: Observed, problem: Problem, stops: list[str], not_new: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Of the plan's stopped running jobs `stops`, the units (Demand.job_size) its tenants' higher-class work stands in for
+    by the rule the re-check applies (`own_higher_class_units`): what the guarantees tiers of a finished plan count
+    (plan.quality.guarantee_kept). `not_new`: running jobs counted as kept units, not as new work (the second tier's
+    jobs that must move)."""
+    demand_of = {j: d for d in problem.demands for j in d.jobs}
+    stops = [j for j in stops if j in demand_of and observed.placements.get(j)]
+    if not stops:
+        return {}
+    arriving = [j for j in _arriving(plan, observed, demand_of, jobs_that_must_leave(problem)) if j.job not in not_new]
+    return own_higher_class_units([(j, tuple(observed.placements[j])) for j in stops], observed, demand_of,
+                                  TenantMoves.of(plan, demand_of, arriving), problem, slots_bought_again(plan, observed, problem))
+
+
+def own_higher_class_units(stops: list[tuple[str, tuple[str, ...]]], observed: Observed, demand_of: dict[str, Demand],
+                           by_tenant: dict[str, TenantMoves], problem: Problem, rebought: dict[str, tuple[str, ...]]) -> dict[str, int]:
+    """Of the stops of running jobs (job, the instances it ran on), the units of each that are its own tenant's higher
+    class taking its place (README, Tenants: its guaranteed work gives way only to a higher class of
     its own tenant, never to another tenant's work). So the tenant's arriving work (`TenantMoves.arriving`: placed, or
     restarted, as new work) of a higher class must take the job's room: land on an instance it ran on, or on one a job
     of its tenant left to move into that room (a chain of moves: `_room`); or the tenant's guarantee must be full
@@ -833,7 +855,7 @@ def own_higher_class_room(stops: list[tuple[str, tuple[str, ...]]], observed: Ob
     that share an instance one room. (Any of it there excused every stop in its room: one g5.xlarge bought for t1's
     high job in the slots of two deleted instances excused the stops of t1's low jobs on both, one of them for t2's new
     job: fleet114.)"""
-    taken: set[str] = set()
+    units: dict[str, int] = {}
     stops_of: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     for job, ran_on in stops:
         stops_of.setdefault(demand_of[job].tenant, []).append((job, ran_on))
@@ -846,14 +868,14 @@ def own_higher_class_room(stops: list[tuple[str, tuple[str, ...]]], observed: Ob
         rooms = {job: _room(ran_on, mine, observed, rebought) for job, ran_on in mine_stops}
         in_room = [job for job, _ in mine_stops
                    if any(c > demand_of[job].klass and rooms[job].intersection(j.instances) for c, j in higher)]
-        taken |= _stood_in_by_units(in_room, rooms, higher, demand_of, problem, t)
+        units |= _stood_in_by_units(in_room, rooms, higher, demand_of, problem, t)
         for job, _ in mine_stops:
-            if job in taken:
-                continue
             d = demand_of[job]
+            if units.get(job, 0) >= d.job_size:
+                continue
             if _guarantee_full_without(d, mine, [j for c, j in higher if c > d.klass], demand_of, problem):
-                taken.add(job)
-    return taken
+                units[job] = d.job_size
+    return units
 
 
 def _room(ran_on, mine: TenantMoves, observed: Observed, rebought: dict[str, tuple[str, ...]]) -> set[str]:
@@ -872,10 +894,11 @@ def _room(ran_on, mine: TenantMoves, observed: Observed, rebought: dict[str, tup
 
 
 def _stood_in_by_units(jobs: list[str], rooms: dict[str, set[str]], higher: list, demand_of: dict[str, Demand], problem: Problem,
-                       t: str) -> set[str]:
-    """Of tenant t's stopped `jobs`, those its higher arriving work (`higher`: (class, JobChange)) stands in for, unit for
-    unit within their rooms (`own_higher_class_room`). Rooms sharing an instance are one; in each, the highest class
-    stopped is served first (what stands in for it stands in for any lower class too), then the smallest job."""
+                       t: str) -> dict[str, int]:
+    """Of tenant t's stopped `jobs`, the units its higher arriving work (`higher`: (class, JobChange)) stands in for, unit
+    for unit within their rooms (`own_higher_class_units`). Rooms sharing an instance are one; in each, the highest class
+    stopped is served first (what stands in for it stands in for any lower class too), then the smallest job; whole jobs
+    first, then what is left there stands in for part of one (a unit kept of the guarantee, no job's stop excused)."""
     parent = Partition()
     find = parent.find
     for job in jobs:
@@ -890,18 +913,21 @@ def _stood_in_by_units(jobs: list[str], rooms: dict[str, set[str]], higher: list
         per_room = Counter(find(i) for i in j.instances if i in parent)
         for r, entries in sorted(per_room.items()):
             supply.setdefault(r, []).append([c, entries // q.bundle * stand_in_item_units(q, lower)])
-    out: set[str] = set()
-    for job in sorted(jobs, key=lambda j: (-demand_of[j].klass, demand_of[j].job_size, j)):
-        d = demand_of[job]
-        there = [s for s in supply.get(find(next(iter(rooms[job]))), []) if s[0] > d.klass]
-        need = d.job_size
-        if sum(s[1] for s in there) < need:
-            continue
-        for s in there:
-            used = min(need, s[1])
-            s[1] -= used
-            need -= used
-        out.add(job)
+    out: dict[str, int] = {}
+    order = sorted(jobs, key=lambda j: (-demand_of[j].klass, demand_of[j].job_size, j))
+    for whole in (True, False):
+        for job in order:
+            d = demand_of[job]
+            there = [s for s in supply.get(find(next(iter(rooms[job]))), []) if s[0] > d.klass]
+            need = d.job_size - out.get(job, 0)
+            if not need or whole and sum(s[1] for s in there) < need:
+                continue
+            for s in there:
+                used = min(need, s[1])
+                s[1] -= used
+                need -= used
+            if d.job_size - need:
+                out[job] = d.job_size - need
     return out
 
 

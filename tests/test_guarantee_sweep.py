@@ -99,7 +99,7 @@ def check_guarantees(seed: int, time_limit: float = 3) -> None:
     problem = build_problem(desired, observed)
     own = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit))
     if own.solver.status != "GREEDY_FALLBACK" and (tier := claimed(own)) is not None:
-        kept = guarantee_kept(problem, {j.job for j in own.jobs if j.action in ("keep", "place", "move")})
+        kept = guarantee_kept(problem, own, observed)
         assert kept == tier, f"seed {seed}: CP-SAT's plan keeps {kept} guaranteed units, its tier claims {tier}"
     for name, p in (("emitted", plan), ("CP-SAT's own", own), ("greedy", gplan)):
         assert not (lost := twin_stopped(problem, p)), f"seed {seed}: the {name} plan stops guaranteed {lost} and keeps an identical unguaranteed job"

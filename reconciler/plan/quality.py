@@ -15,6 +15,7 @@ from reconciler.problem import Capacity, Problem
 from reconciler.problem.types import GUARANTEES_TIER
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and numpy (~0.2 s of CPU; pandas no more: reconciler/cpsat.py)
+    from reconciler.observe import Observed
     from reconciler.solve import Solution
 
 UNPACKED = "its replicas could not be packed onto the instances the plan buys"  # then the rule the ledger finds binding
@@ -111,19 +112,24 @@ def unpacked(plan: Plan) -> int:
     return sum(1 for j in plan.jobs if j.reason.startswith(UNPACKED))
 
 
-def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> int:
+def guarantee_kept(problem: Problem, plan: Plan, observed: Observed, moving: bool = False) -> int:
     """The README's first tiers as a finished plan shows them: the units of each tenant's protected jobs
-    (TenantRules.protected_jobs; with `moving`, also its running jobs that must move) that the plan runs, or whose
-    place its own placed work of a higher class takes (not under preemption: Never, where no class takes another's
-    place), one unit at most per unit of that work, from the class just below it down."""
+    (TenantRules.protected_jobs; with `moving`, also its running jobs that must move, then kept units, not new work) that
+    the plan runs, or whose room its own placed work of a higher class takes, unit for unit, by the rule the re-check
+    applies (plancheck.stood_in_units; not under preemption: Never, where no class takes another's place). Counted
+    wherever that work landed, t1's normal job on a new A100-80GB instance stood in for its low A100 job on an
+    instance its pool, over max_instances, gave up: CP-SAT's plan ranked above greedy's, which placed t3's critical
+    job there, and claimed its guarantees tier OPTIMAL at 126 units where it kept 119 (fleet136)."""
+    from reconciler.plancheck import stood_in_units  # (plancheck imports the plan package)
+
+    placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
     by_job = {j: d for d in problem.demands for j in d.jobs}
-    stand_ins = problem.placement.preemption != "Never"
     total = 0
-    for t, rules in problem.tenants.items():
+    lost: list[str] = []
+    not_new: set[str] = set()
+    for rules in problem.tenants.values():
         protected = set(rules.protected_jobs) | (set(rules.moving_jobs) if moving else set())
-        if not protected:
-            continue
-        lost: dict[int, int] = {}
+        not_new |= set(rules.moving_jobs) if moving else set()
         for j in protected:
             d = by_job.get(j)
             if d is None:
@@ -131,30 +137,22 @@ def guarantee_kept(problem: Problem, placed: set[str], moving: bool = False) -> 
             if j in placed:
                 total += d.job_size
             else:
-                lost[d.klass] = lost.get(d.klass, 0) + d.job_size
-        if not lost or not stand_ins:
-            continue
-        new = sorted((d.klass, d.job_size) for d in problem.demands if d.tenant == t for j in d.jobs if j in placed and j not in protected)
-        for klass, size in new:  # the lowest class first: each covers lost units of any class below its own
-            for c in sorted(lost):
-                if c >= klass or size <= 0:
-                    break
-                take = min(size, lost[c])
-                lost[c] -= take
-                size -= take
-                total += take
+                lost.append(j)
+    if lost and problem.placement.preemption != "Never":
+        total += sum(stood_in_units(plan, observed, problem, sorted(lost), frozenset(not_new)).values())
     return total
 
 
-def guarantees_kept_short(problem: Problem, plan: Plan) -> int | None:
+def guarantees_kept_short(problem: Problem, plan: Plan, observed: Observed) -> int | None:
     """What the emitted plan keeps of the guarantees (`guarantee_kept`), where that is less than its solver's tier of
     that name claims, else None. The model counted a kept job of a class of identical jobs as the class's protected
     one, so a plan claimed the tier at its bound while the job it stopped was the protected one (fleet117); it counts
-    them per host now (objective.protected_kept), and this stays as a net."""
+    them per host now (objective.protected_kept), and this stays as a net. Its first search counts a stand-in wherever
+    it lands (Problem.stand_in_rooms), so its claim may be of a looser count than the plan's (fleet136)."""
     claimed = next((t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER), None)
     if not isinstance(claimed, int):
         return None
-    kept = guarantee_kept(problem, {j.job for j in plan.jobs if j.action in ("keep", "place", "move")})
+    kept = guarantee_kept(problem, plan, observed)
     return kept if kept < claimed else None
 
 
@@ -173,7 +171,7 @@ def as_kept(plan: Plan, kept: int) -> Plan:
     return replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
 
 
-def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
+def outcome_rank(problem: Problem, plan: Plan, observed: Observed) -> tuple[int, ...]:
     """The README's order as a finished plan shows it, higher is better: the guarantees kept (`guarantee_kept`,
     then with the running jobs that must move), then per priority class from the highest, the running work kept
     (in place or moved, by size; every class's first under preemption: Never), then its deadline work (the
@@ -187,7 +185,7 @@ def outcome_rank(problem: Problem, plan: Plan) -> tuple[int, ...]:
     running = {j for d in problem.demands for j, _ in d.running}
     placed = {j.job for j in plan.jobs if j.action in ("keep", "place", "move")}
     classes = sorted({d.klass for d in problem.demands}, reverse=True)
-    out: list[int] = [guarantee_kept(problem, placed), guarantee_kept(problem, placed, moving=True)]
+    out: list[int] = [guarantee_kept(problem, plan, observed), guarantee_kept(problem, plan, observed, moving=True)]
     run, work = [], []
     for c in classes:
         ds = [d for d in problem.demands if d.klass == c]

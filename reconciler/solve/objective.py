@@ -253,16 +253,11 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
             if not h.frozen:
                 for tenant in {model.demands[dk].tenant for dk, _, _ in h.residents if dk in model.demands}:
                     hosts_of.setdefault(tenant, []).append(h)
+    stopped = _stopped_items(model, hosts_of.get(t, ()), holds)
     for h in hosts_of.get(t, ()):
-        lost = []
-        for dk, _, n in h.residents:
-            if dk in holds:
-                d = model.demands[dk]
-                lost.append((d.size * n, 1))
+        lost = [(model.demands[dk].size, v) for (dk, hk), v in stopped.items() if hk == h.key]
         if not lost:
             continue
-        for dk in {dk for dk, _, _ in h.residents if dk in holds}:
-            lost.append((-model.demands[dk].size, model.stay.get((dk, h.key), 0)))
         here = _stand_in_shares(model, t, groups, h.key, own, lower, share)
         if not here:
             continue
@@ -270,7 +265,7 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
         m.add(s <= wsum(lost))
         m.add(s <= wsum(here))
         parts.append(s)
-    parts += _bought_again_rooms(model, t, hosts_of.get(t, ()), holds, groups, own, lower, share, total)
+    parts += _bought_again_rooms(model, t, hosts_of.get(t, ()), holds, groups, own, lower, share, total, stopped)
     for gk, ys in share.items():
         if ys:
             anew = [(d.replicas, model.placed[d.key]) for d in own[gk]] + [(-1, v) for d in own[gk] for _, v in model.stay_of.get(d.key, [])]
@@ -302,6 +297,31 @@ def stand_in_room(model: Model, t: str, mine: list[Demand], holds: set[str], low
     return room
 
 
+def _stopped_items(model: Model, hosts, holds: set[str]) -> dict[tuple[str, str], object]:
+    """(demand, host) -> items of its running jobs on the host that stop (neither stay nor move): at most those that
+    leave it, and per demand at most its running items not kept. A stopped job's room is where it ran
+    (stand_in_room); counted as the items leaving a host, a job moved elsewhere left a room its tenant's new work
+    stood in for the job stopped on another host: t1's normal job on its low j8's A100-80GB host, j8 moved to a new
+    one, for its low jobs on an instance its pool, over max_instances, gave up (fleet136: 126 claimed, 119 kept)."""
+    m = model.m
+    out: dict[tuple[str, str], object] = {}
+    of_demand: dict[str, list] = {}
+    for h in hosts:
+        here: dict[str, int] = {}
+        for dk, _, n in h.residents:
+            if dk in holds:
+                here[dk] = here.get(dk, 0) + n
+        for dk, n in sorted(here.items()):
+            v = m.new_int_var(0, n, f"stopped[{dk},{h.key}]")
+            m.add(v <= n - model.stay.get((dk, h.key), 0))
+            out[(dk, h.key)] = v
+            of_demand.setdefault(dk, []).append(v)
+    for dk, vs in of_demand.items():
+        d = model.demands[dk]
+        m.add(wsum([(1, v) for v in vs]) <= d.running_items - model.kept_items(d))
+    return out
+
+
 def _stand_in_shares(model: Model, t: str, groups, ck: str, own: dict[str, list[Demand]], lower: list[Demand],
                      share: dict[str, list]) -> list:
     """`_stand_in_share` of each of t's higher groups that capacity ck can hold (its x variable not fixed at 0)."""
@@ -324,7 +344,7 @@ def _stand_in_share(model: Model, t: str, gk: str, ck: str, v, own: list[Demand]
 
 
 def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: list[str], own: dict[str, list[Demand]],
-                        lower: list[Demand], share: dict[str, list], total: int) -> list:
+                        lower: list[Demand], share: dict[str, list], total: int, stopped: dict[tuple[str, str], object]) -> list:
     """stand_in_room's room in a host's slot bought again (plancheck.slots_bought_again): a host of t's the plan deletes, in
     a pool that ends at its max_instances, leaves its room in the pool's new instances. Per pool: the least of the units
     of t's work holding protected jobs on its deleted hosts (a deleted host keeps nothing) and of t's higher items on
@@ -334,6 +354,7 @@ def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: li
     m, p = model.m, model.p
     out = []
     deleted: dict[str, list] = {}
+    gone_items: dict[str, list] = {}  # pool -> the items stopped on its deleted hosts (`_stopped_items`)
     like: dict[str, set[str]] = {}  # pool -> the offer and zone-class keys of those hosts
     # (not in a pool over its max_instances now: some of its instances must go, and a new one there is in no one deleted
     # host's slot. Counted, t2's new high job bought there stood in for its low job, and t1's low job, whose host went
@@ -345,6 +366,7 @@ def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: li
         units = sum(model.demands[dk].size * n for dk, _, n in h.residents if dk in holds)
         if units and h.pool in p.pool_bounds and h.pool not in over and not (isinstance(model.use[h.key], int) and model.use[h.key]):
             deleted.setdefault(h.pool, []).extend([(units, 1), (-units, model.use[h.key])])
+            gone_items.setdefault(h.pool, []).extend((model.demands[dk].size, v) for (dk, hk), v in stopped.items() if hk == h.key)
             like.setdefault(h.pool, set()).update((h.offer_key, h.class_key))
     for pool, gone in sorted(deleted.items()):
         here = []
@@ -363,6 +385,7 @@ def _bought_again_rooms(model: Model, t: str, hosts, holds: set[str], groups: li
         m.add(wsum([(1, model.use[c.key]) for c in pool_units(model, pool)] + [(-p.pool_bounds[pool][1], at_max)]) >= 0)
         s = m.new_int_var(0, total, f"stand-in room[{t},{pool} bought again]")
         m.add(s <= wsum(gone))
+        m.add(s <= wsum(gone_items[pool]))
         m.add(s <= wsum(here))
         m.add(s <= total * at_max)
         out.append(s)
