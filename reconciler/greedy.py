@@ -118,6 +118,7 @@ class _Greedy:
         self.full: list[_Inst] = []  # open instances with no room for any item
         self.offer: dict[str, Capacity] = {c.offer_key: c for c in problem.offers()}
         self.bought: dict[str, int] = {}
+        self.bought_insts: dict[str, list[_Inst]] = {}  # offer key -> its instances bought, in order (`_unbuy`: the last)
         self.idle: dict[str, list[Capacity]] = {}  # offer key -> keepable hosts not yet opened
         self.opened: dict[str, _Inst] = {}  # host id -> its open instance
         self.sparing_buffer = False  # plan onto no open on-demand instance (the on-demand buffer counts the room of each)
@@ -228,6 +229,7 @@ class _Greedy:
             self.bought[c.offer_key] = n + 1
             self.a.use[c.key] = self.a.use.get(c.key, 0) + 1
             inst = _Inst(c, _capacity_of(c), f"{c.key}#{n}")
+            self.bought_insts.setdefault(c.offer_key, []).append(inst)
         self.buckets.setdefault(c.offer_key, []).append(inst)
         self.led.add_instance(inst.key, c)
         return inst
@@ -237,6 +239,7 @@ class _Greedy:
         c = inst.cap
         (self.full if inst in self.full else self.buckets[c.offer_key]).remove(inst)
         self.bought[c.offer_key] -= 1
+        _drop(self.bought_insts[c.offer_key], inst)
         self.a.use[c.key] -= 1
         self.led.remove_instance(inst.key)
 
@@ -1309,8 +1312,8 @@ def _on_demand_kept_out(g: _Greedy) -> bool:
 def _place_protected(g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]) -> None:
     """Before any new work: the running jobs inside their tenants' guarantees (TenantRules.protected_jobs) that are not
     kept where they run (settle_spot gave up their host, a pool's max kept them out), placed anew in `order`, as the
-    model's first tier ranks them above all work; but not a tenant's where its own new work of a higher class waits,
-    which may take their place (the README; not under preemption: Never): they wait for it, in `order`. Placed in
+    model's first tier ranks them above all work; but not a tenant's where its own new work of a higher class waits
+    that may take their place (`_may_take_place`; not under preemption: Never): they wait for it, in `order`. Placed in
     `order` with the new work, t1's new normal j7 went first, then t1's protected low j1 took the last room on the
     pool's one instance left, and t2's protected low j3, whose spot host settle_spot gave up, was evicted: apply's
     re-check refused greedy's plan, where CP-SAT's moved j3 beside j7 (fleet105)."""
@@ -1323,9 +1326,34 @@ def _place_protected(g: _Greedy, order: list[Demand], stuck: set[str], placed: C
         n = sum(j in protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
         if n <= 0 or d.key in stuck:
             continue
-        if stand_ins and any(q.klass > d.klass and g.a.placed[q.key] < len(q.jobs) for q in mine[d.tenant]):
+        if stand_ins and _may_take_place(g, d, mine[d.tenant]):
             continue
         _place_jobs(g, d, False, placed, most=n)
+
+
+def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand]) -> bool:
+    """May its tenant's waiting work of a higher class (of `mine`, the tenant's demands) take the place of d's protected
+    jobs, which then wait for it (`_place_protected`)? Only where it could take their room (README, Tenants): some of
+    it fits an offer d fits, or the tenant's guarantee cannot hold its protected work and all of it, in a dimension d
+    asks for. t3's critical A10G j6, waiting, held back its protected low A100 j5, whose host settle_spot gave up, and
+    t2's critical j4 took the pool's one A100 slot first: greedy evicted j5 and apply's re-check refused the plan
+    (fleet126)."""
+    higher = {q.key for q in mine if q.klass > d.klass and g.a.placed[q.key] < len(q.jobs)}
+    if not higher:
+        return False
+    room = set(g._keys_at(d, None))
+    if any(room.intersection(g._keys_at(q, None)) for q in mine if q.key in higher):
+        return True
+    rules = g.p.tenants.get(d.tenant)
+    if rules is None:
+        return False
+    protected = set(rules.protected_jobs)
+    use = dict.fromkeys(DIMS, 0.0)
+    for q in mine:
+        n = len(q.jobs) if q.key in higher else sum(j in protected for j in q.jobs)
+        for k in DIMS:
+            use[k] += q.req(k) * q.replicas * n
+    return any(d.req(k) and k in rules.guarantee and not quota_ok(use[k], 0.0, rules.guarantee[k]) for k in DIMS)
 
 
 def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None] | None = None, most: int | None = None) -> bool:
@@ -1335,12 +1363,80 @@ def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None
         if not borrowed and g.led.borrows_job(d):
             break
         if not (_place_resolving(g, d) or _place_preempting(g, d) or _place_with_ballast(g, d) or _place_reclaiming(g, d)
-                or _place_reclaiming_gang(g, d) or _place_displacing(g, d)):
+                or _place_reclaiming_gang(g, d) or _place_displacing(g, d) or _place_upgrading(g, d)):
             return False
         _mend_tenant_spot(g)
         if placed is not None:
             placed()
     return True
+
+
+def _place_upgrading(g: _Greedy, d: Demand) -> bool:
+    """Where a pool's max alone keeps one job of d out: swap an instance bought this pass in that pool (its offer's
+    last, holding new 1-replica work only) for the cheapest larger type of the pool, zone and market that holds what
+    it holds and d, and place d there. Bought one job at a time, cheapest per item, a pool at its max held a 1-GPU
+    g5.xlarge for t1's protected low j0 while t3's critical j6 waited: CP-SAT put both on a g5.12xlarge (fleet140).
+    Nothing changes if it cannot be placed so."""
+    if d.gang or d.replicas != 1 or not g._quota_ok(d):
+        return False
+    demands = {q.key: q for q in g.p.demands}
+    for kk in g._keys_at(d, None):
+        big = g.offer.get(kk)
+        if big is None or g.led.refuses_open(big) != "pool-max" or big.market == "spot" and g.p.spot.min_instance_types > 1:
+            continue  # (a spot type swapped for another could take one the spot diversity counts)
+        for small in _upgradable(g, big, demands):
+            items = [(demands[q], n) for q, n in small.items.items() if n]
+            if not all(g.fits(q, big) and big.offer_key in g._keys_at(q, None) for q, _ in items) \
+                    or not big.one_nvlink_domain and any(q.nvlink for q, _ in [*items, (d, 1)]):
+                continue
+            room = _capacity_of(big)
+            for q, n in [*items, (d, 1)]:
+                for k in q.dims:
+                    room[k] = room.get(k, 0.0) - n * q.req(k)
+            if any(v < -1e-9 for v in room.values()):
+                continue
+            bucket = g.buckets.get(small.cap.offer_key, [])
+            at = next((i for i, x in enumerate(bucket) if x is small), None)
+            _move_all(g, items, small, None)
+            g._unbuy(small)
+            if g._may_open(big):
+                inst = g._open(big)
+                _move_all(g, items, None, inst)
+                if _place_resolving(g, d):
+                    g.a.refused.pop(d.key, None)
+                    return True
+                _move_all(g, items, inst, None)
+                g._unbuy(inst)
+            again = g._open(small.cap)  # (the same key: its offer's last again)
+            _move_all(g, items, None, again)
+            if at is not None and again in bucket:  # (where it was: first fit asks the open instances in order)
+                _drop(bucket, again)
+                bucket.insert(at, again)
+    return False
+
+
+def _upgradable(g: _Greedy, big: Capacity, demands: dict[str, Demand]) -> list[_Inst]:
+    """The instances `_place_upgrading` may swap for one of `big`: bought this pass in big's pool, zone and market,
+    of a cheaper type, each its offer's last (`_unbuy`), holding only new 1-replica jobs that are no gang."""
+    out = []
+    for c in g.offer.values():
+        if c.pool != big.pool or c.cloud_zone != big.cloud_zone or c.market != big.market or c.price >= big.price \
+                or c.reservation or big.reservation or not g.bought_insts.get(c.offer_key):
+            continue
+        inst = g.bought_insts[c.offer_key][-1]
+        if all(demands[q].replicas == 1 and not demands[q].gang for q, n in inst.items.items() if n):
+            out.append(inst)
+    return sorted(out, key=lambda i: (i.cap.price, i.key))
+
+
+def _move_all(g: _Greedy, items: list[tuple[Demand, int]], src: _Inst | None, dst: _Inst | None) -> None:
+    """Take new items off src and/or put them on dst (`_place_upgrading`)."""
+    for q, n in items:
+        for _ in range(n):
+            if src is not None:
+                g._unrecord(q, src, stay=False)
+            if dst is not None:
+                g._record(q, dst, stay=False)
 
 
 def _mend_tenant_spot(g: _Greedy) -> None:
