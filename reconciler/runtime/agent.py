@@ -36,7 +36,7 @@ from typing import Callable
 from providers.pids import age as process_age, start_time
 from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
-from reconciler.errors import ReconcileError
+from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, beat_time, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
@@ -382,9 +382,11 @@ class Agent:
         self._publish(force=bool(self.notice_seen) and not self.notice_done)
         if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
             self._log("the bus is reachable again")
-            self.bus_said = self.write_failed = None
-        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and not self.uploads \
-                and self.bus_error is None:
+            cleared, self.bus_said, self.write_failed = self.write_failed, None, None
+            if cleared:
+                self._publish(force=True)  # (status trusts runs/ again now, not a heartbeat later)
+        if self.notice_seen and not self.notice_done and not self.replicas and not self.uploads and self.bus_error is None:
+            # (a notice leaves none assigned: a replica still here runs, or its end is not written yet)
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
@@ -651,13 +653,12 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
-            elif self.notice_seen:
-                self._last_report(rep)  # (one adopted as stopped, by an agent restarted in the notice: never written)
-            else:
-                if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
-                    rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
-                    rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
-                self._last_report(rep)
+            elif not self.notice_seen and not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
+                rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
+                rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
+            # (also one adopted as stopped, by an agent restarted in the notice: never written)
+            if not self._last_report(rep):
+                continue  # kept, its end written again each poll: dropped, its record said Running for good
             del self.replicas[key]
             self.unsaved.pop(key, None)
             if key in self.unread:
@@ -1272,18 +1273,25 @@ class Agent:
             **({"stopping": rep.stop.reason} if rep.stop is not None and rep.handle is not None and _survives(rep.stop) else {}),
         }
 
-    def _last_report(self, rep: Replica) -> None:
+    def _last_report(self, rep: Replica) -> bool:
         """A replica's record as it leaves this agent, where not written yet (its end in the tick it is dropped, or it was
         backing off): its record said Starting (BackOff), or Running, for good. Only while the record on the bus is still
-        this instance's: the agent the plan moved it to may have written its own."""
+        this instance's: the agent the plan moved it to may have written its own. False while the store fails the read
+        or the write (the replica is kept and this is tried again next poll: a store full or cut off at a spot notice
+        left its record Running, and the notice was said handled once the store was back)."""
         if self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True):
-            return
+            return True
         try:
             now = self.bus.run(*rep.key)
-        except ReconcileError:
-            return
+        except CorruptBusObjectError:
+            now = None  # (garbled: ours to write again, as a missing one)
+        except ReconcileError as e:
+            self._bus_failed(f"cannot read the run record of {rep.key[0]}/{rep.key[1]}", e)
+            return False
         if now is None or now.get("instance") == self.instance:
             self._write_run(rep)
+            return self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True)
+        return True
 
     def _write_run(self, rep: Replica, force: bool = False) -> None:
         doc = self._record(rep)
