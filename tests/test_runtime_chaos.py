@@ -74,3 +74,47 @@ def test_a_replica_stopped_by_a_notice_while_its_record_cannot_be_written_is_rep
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
 
+
+def test_a_replica_killed_at_the_end_of_its_grace_has_no_upload_and_its_replacement_resumes_from_the_last_complete_one(tmp_path):
+    """A spot notice; the replica begins writing its checkpoint on the signal but is still writing when its grace ends,
+    and the agent kills it. Its directory then held a file cut mid-write, and the agent uploaded it as a complete
+    generation (every file with its sha256): the moved copy restored the torn file, newer than the last good upload.
+    Now a replica killed at its grace's end uploads nothing (logged): the replacement resumes from the last upload made
+    after a stop that ended by itself."""
+    from reconciler.runtime import checkpoints
+
+    store = LocalBackend(tmp_path)
+    bus = Bus(store)
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "model.bin").write_text("step 5 " * 1000)
+    before = checkpoints.upload(store, "ft", good, instance="i-9", spec_hash="h1", epoch=1, log=lambda m: None)
+    assert before.complete
+    slow = [PY, "-c", "import os, signal, time\n"
+                      "def stop(s, f):\n"
+                      "    with open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w') as out:\n"
+                      "        out.write('step 9 ' * 10); out.flush()\n"
+                      "        print('writing', flush=True); time.sleep(600)  # (the rest never comes)\n"
+                      "signal.signal(signal.SIGTERM, stop)\n"
+                      "print('ready', flush=True)\n"
+                      "time.sleep(600)"]
+    notice = tmp_path / "notice.json"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", slow, checkpoint={**CK, "grace_seconds": 0.5}, mode="service")]})
+    said: list[str] = []
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=said.append, checkpoint_sync=True, notice=FileNotice(notice))
+    try:
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["log_tail"][-1:] == ["ready"])
+        notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+        run_until([a], lambda: a.notice_done)
+        assert (tmp_path / "i-0" / "disk" / "ft" / "ckpt" / "model.bin").read_text() == "step 9 " * 10  # (cut mid-write)
+        assert [d["generation"] for d in checkpoints.manifests(store, "ft", log=lambda m: None)] == [before.generation]
+        assert any("killed at the end of its grace" in m and "not uploaded" in m for m in said), said
+        moved = tmp_path / "moved"
+        got = checkpoints.restore(store, "ft", moved, log=lambda m: None)
+        assert got.generations == [before.generation] and (moved / "model.bin").read_text() == "step 5 " * 1000
+    finally:
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)
+

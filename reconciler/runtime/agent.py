@@ -766,7 +766,7 @@ class Agent:
                 self._ended_as(rep, st, code)
                 self._write_pids()
                 if _uploads_after(st):  # its checkpoint travels
-                    self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S))
+                    self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S), killed=st.killed is not None)
                 continue
             if rep.running:
                 code = self.runtime.poll(rep.handle)
@@ -1105,7 +1105,9 @@ class Agent:
         doc = {"generations": generations, "at_time": iso(), **({"at": at} if at else {})}
         self._write_own(self._marker(job), json.dumps(doc).encode(), again=False)  # (unwritten: fetched again by the next restore)
 
-    def _upload_due(self, rep: Replica, deadline: float) -> None:
+    def _upload_due(self, rep: Replica, deadline: float, killed: bool = False) -> None:
+        """`killed`: the replica was killed at its grace's end, maybe in the middle of writing its checkpoint: the job's
+        directory (a gang's ranks here share it) is not uploaded this round (_upload_checkpoints)."""
         path = self._checkpoint_dir(rep.entry)
         if self.checkpoint_sync and path is not None:
             e = rep.entry
@@ -1114,10 +1116,13 @@ class Agent:
             ranks = {r for (j, r), x in self.replicas.items()
                      if j == e["job"] and (x.entry["spec_hash"], x.entry["epoch"]) == (e["spec_hash"], e["epoch"])}
             before = self.uploads.get(e["job"])
+            cut = [e["replica"]] if killed else []
             if before and (before["spec_hash"], before["epoch"]) == (e["spec_hash"], e["epoch"]):
                 ranks |= set(before["replicas"])
+                cut += before.get("killed", [])
             self.uploads[e["job"]] = {"dir": path, "spec_hash": e["spec_hash"], "epoch": e["epoch"], "deadline": deadline,
-                                      "replicas": sorted(ranks | {e["replica"]}), "world_size": e.get("world_size", 1)}
+                                      "replicas": sorted(ranks | {e["replica"]}), "world_size": e.get("world_size", 1),
+                                      **({"killed": sorted(cut)} if cut else {})}
 
     def _upload_checkpoints(self) -> None:
         """Upload each job's checkpoint dir once none of its replicas here still runs (a gang's ranks write into one
@@ -1126,6 +1131,12 @@ class Agent:
             if any(r.handle is not None for (j, _), r in self.replicas.items() if j == job):
                 continue
             del self.uploads[job]
+            if due.get("killed"):
+                # (what it held was certified by the manifest's sha256s, and its replacement resumed from a file cut
+                # mid-write, newer than the last good upload)
+                self._log(f"{job}: checkpoint not uploaded: {', '.join(f'{job}/{r}' for r in due['killed'])} killed at the end "
+                          f"of its grace, maybe in the middle of writing it; its replacement resumes from the last complete upload")
+                continue
             try:
                 up = checkpoints.upload(self.bus.store, job, due["dir"], instance=self.instance, spec_hash=due["spec_hash"],
                                         epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive,
