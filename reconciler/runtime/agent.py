@@ -1299,22 +1299,22 @@ class Agent:
         except ReconcileError as e:
             self._bus_failed(f"cannot read the run record of {rep.key[0]}/{rep.key[1]}", e)
             return False
-        if now is None or now.get("instance") == self.instance:
-            self._write_run(rep)
-            return self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True)
-        return True
+        return self._write_run(rep) if now is None or now.get("instance") == self.instance else True
 
-    def _write_run(self, rep: Replica, force: bool = False) -> None:
+    def _write_run(self, rep: Replica, force: bool = False) -> bool:
+        """The replica's run record on the bus (unless as last written); False when the write failed."""
         doc = self._record(rep)
         body = json.dumps(doc, sort_keys=True)
         if not force and self.written.get(rep.key) == body:
-            return
+            return True
         try:
             self.bus.put_run(rep.key[0], rep.key[1], {**doc, "updated_at": iso()})
             self.written[rep.key] = body
+            return True
         except ReconcileError as e:
             self._bus_failed(f"cannot write the run record of {rep.key[0]}/{rep.key[1]}", e)
             self.write_failed = self.bus_said
+            return False
 
     def _publish(self, force: bool = False, state: str | None = None) -> None:
         for rep in self.replicas.values():
