@@ -118,3 +118,24 @@ def test_a_replica_killed_at_the_end_of_its_grace_has_no_upload_and_its_replacem
             if rep.handle is not None:
                 a.runtime.kill(rep.handle)
 
+
+def test_an_upload_from_a_host_whose_clock_is_behind_is_still_the_newest_one_restored(tmp_path):
+    """The job ran on i-0 (its clock right) and uploaded step 5 at a move; then on i-1, whose clock is an hour behind,
+    and uploaded step 9 at a spot notice. The uploads were ordered by the writers' clocks (the manifest's created_unix),
+    so step 5 was the newest: the replacement resumed from it, the hour on i-1 lost, and the prune of later uploads
+    (the newest 3 kept) could delete step 9. The store's own time of each manifest orders them now, as it judges
+    heartbeats: step 9 is restored."""
+    from reconciler.runtime import checkpoints
+
+    store = LocalBackend(tmp_path)
+    for instance, step, skew in (("i-0", "step 5", 0.0), ("i-1", "step 9", -3600.0)):
+        d = tmp_path / instance
+        d.mkdir()
+        (d / "model.bin").write_text(step)
+        up = checkpoints.upload(store, "ft", d, instance=instance, spec_hash="h1", epoch=1, log=lambda m: None,
+                                now=lambda skew=skew: time.time() + skew)
+        assert up.complete
+    assert [d["instance"] for d in checkpoints.manifests(store, "ft", log=lambda m: None)] == ["i-1", "i-0"]
+    got = checkpoints.restore(store, "ft", tmp_path / "i-2", log=lambda m: None)
+    assert (tmp_path / "i-2" / "model.bin").read_text() == "step 9", got
+
