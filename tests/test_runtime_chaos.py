@@ -139,3 +139,39 @@ def test_an_upload_from_a_host_whose_clock_is_behind_is_still_the_newest_one_res
     got = checkpoints.restore(store, "ft", tmp_path / "i-2", log=lambda m: None)
     assert (tmp_path / "i-2" / "model.bin").read_text() == "step 9", got
 
+
+def test_an_s3_store_that_stops_answering_is_a_bus_error_the_agent_retries_not_a_crash(monkeypatch, tmp_path):
+    """The S3 endpoint accepts connections and never answers (a hung or overloaded server, a proxy blackholing the
+    store). Measured against such a socket: one read of the agent's assignment blocked its loop 362 s (botocore's 60 s
+    read timeout, 5 attempts: no notice seen, no kill at a grace's end meanwhile), then raised AttributeError from the
+    error's message (a timeout's `response` is None), which no caller catches: the agent died, and systemd's restarts
+    crash-looped while the store hung. Now the client gives up within seconds a try and the error is the bus's: the
+    agent logs it and polls on."""
+    import socket
+
+    from botocore.config import Config
+
+    from providers.aws import aws_session
+    from reconciler.backend import backend_for
+    from tests.conftest import AWS_ENV
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # (the kernel completes the handshake; nothing ever reads the request)
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{hung.getsockname()[1]}")
+    try:
+        store = backend_for(tmp_path, "s3://bucket/fleet")
+        cfg = store.s3.meta.config
+        assert cfg.connect_timeout <= 5 and cfg.read_timeout <= 10, (cfg.connect_timeout, cfg.read_timeout)  # before: 60, 60
+        # (the same client on a test's timescale: what the agent sees once the tries are over)
+        store.s3 = aws_session().client("s3", config=Config(connect_timeout=0.3, read_timeout=0.3, retries={"mode": "standard", "max_attempts": 1}))
+        bus = Bus(store)
+        said: list[str] = []
+        a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=said.append)
+        a.tick()  # before: AttributeError: 'NoneType' object has no attribute 'get'
+        assert a.bus_error and "Read timeout" in a.bus_error, a.bus_error
+        assert any(m.startswith("cannot reach the bus") for m in said), said
+    finally:
+        hung.close()
