@@ -697,8 +697,16 @@ class ObjectStoreBackend:
 # above ~100 MB), S3_CONCURRENCY at a time: about S3_PART_SIZE * S3_CONCURRENCY bytes in memory. (Parts are 5 MiB to
 # 5 GiB, at most 10,000 of them: boto3 makes the parts of a file over 160 GB larger.)
 S3_MULTIPART_THRESHOLD = 64 << 20
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_READ_TIMEOUT_S = 10.0
 S3_PART_SIZE = 16 << 20
 S3_CONCURRENCY = 4
+
+
+def _s3_response(e: Exception) -> dict:
+    """The S3 response an error carries ({} for none): a ClientError's; a timeout or a dropped connection has
+    `response` None (read as a dict, that was an AttributeError out of the bus's error message: the agent died)."""
+    return getattr(e, "response", None) or {}
 
 
 class S3Backend(ObjectStoreBackend):
@@ -721,11 +729,15 @@ class S3Backend(ObjectStoreBackend):
             from providers.aws import aws_session
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the s3 state backend needs boto3: pip install 'fleetops-reconciler[aws]'") from e
-        self.s3 = aws_session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}))
+        # (botocore's 60 s connect and read timeouts, 5 tries: a store that stopped answering held one read 362 s, the
+        # agent's loop with it: no notice seen, no kill at a grace's end. A read timeout is per socket read, not per
+        # object: a large checkpoint's transfer is not cut by it)
+        self.s3 = aws_session().client("s3", config=Config(connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=S3_READ_TIMEOUT_S,
+                                                           retries={"mode": "standard", "max_attempts": 5}))
         self.multipart_threshold, self.part_size = S3_MULTIPART_THRESHOLD, S3_PART_SIZE
 
     def _code(self, e: Exception) -> str:
-        return getattr(e, "response", {}).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
+        return _s3_response(e).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
 
     def _get(self, key: str, limit: int) -> bytes | None:
         got = self._get_object(key, limit)
@@ -782,7 +794,7 @@ class S3Backend(ObjectStoreBackend):
         try:
             self.s3.download_file(self.bucket, key, str(dest), Config=self._transfer())  # ranged GETs above the threshold
         except ClientError as e:
-            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            if _s3_response(e).get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 self.s3.head_bucket(Bucket=self.bucket)  # (a HEAD's 404 has no reason: a missing bucket is no missing key)
                 return False
             raise
@@ -791,7 +803,7 @@ class S3Backend(ObjectStoreBackend):
     # -- the lock: LeasedLock over these four conditional operations ------------------------------
     @staticmethod
     def _precondition_failed(e: Exception) -> bool:
-        r = getattr(e, "response", None) or {}
+        r = _s3_response(e)
         return r.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey") or \
             r.get("ResponseMetadata", {}).get("HTTPStatusCode") in (404, 409, 412)
 

@@ -463,7 +463,7 @@ def test_the_heartbeat_goes_on_within_one_long_file_throttled(store, tmp_path, m
     def monotonic() -> float:  # (backend.Every's clock: one second more at every look, a look per chunk)
         t[0] += 1.0
         return t[0]
-    monkeypatch.setattr(backend, "time", SimpleNamespace(monotonic=monotonic), raising=False)
+    monkeypatch.setattr(backend, "time", SimpleNamespace(monotonic=monotonic, time=time.time), raising=False)  # (time: a stamped read)
     monkeypatch.setattr(backend, "PROGRESS_EVERY_S", 5.0, raising=False)
     beats: list[str] = []
     up = ck.upload(store, "ft", src, instance="i-1", spec_hash="h", epoch=1, log=lambda m: None, progress=lambda: beats.append("up"))

@@ -36,7 +36,7 @@ from typing import Callable
 from providers.pids import age as process_age, start_time
 from providers.redact import credential_name
 from reconciler.atomicfile import write_atomic
-from reconciler.errors import ReconcileError
+from reconciler.errors import CorruptBusObjectError, ReconcileError
 from reconciler.runtime import checkpoints
 from reconciler.runtime.bus import _ENTRY, BeatWatch, Bus, beat_time, Check, _count, _number, _opt, _shape, _str, backoff_reset_seconds, backoff_seconds, heartbeat_seconds, now_unix, poll_seconds, reports_alive, stale_seconds
 from reconciler.runtime.notices import NoNotice, NoticeSource
@@ -382,9 +382,11 @@ class Agent:
         self._publish(force=bool(self.notice_seen) and not self.notice_done)
         if self.bus_error is None and self.bus_said is not None:  # a whole tick's reads and writes went through
             self._log("the bus is reachable again")
-            self.bus_said = self.write_failed = None
-        if self.notice_seen and not self.notice_done and not any(r.running for r in self.replicas.values()) and not self.uploads \
-                and self.bus_error is None:
+            cleared, self.bus_said, self.write_failed = self.write_failed, None, None
+            if cleared:
+                self._publish(force=True)  # (status trusts runs/ again now, not a heartbeat later)
+        if self.notice_seen and not self.notice_done and not self.replicas and not self.uploads and self.bus_error is None:
+            # (a notice leaves none assigned: a replica still here runs, or its end is not written yet)
             # Everything checkpointed and reported: the instance may go (the sim waits for this).
             if self._write_own(self.workdir / "notice.done", (iso() + "\n").encode()):  # (else again next tick)
                 self.notice_done = True
@@ -651,13 +653,12 @@ class Agent:
             if self.notice_seen and not rep.terminal and rep.phase != "Stopped":
                 rep.phase, rep.reason, rep.message = "Stopped", "Interrupted", self.notice_seen
                 self._write_run(rep, force=True)
-            elif self.notice_seen:
-                self._last_report(rep)  # (one adopted as stopped, by an agent restarted in the notice: never written)
-            else:
-                if not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
-                    rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
-                    rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
-                self._last_report(rep)
+            elif not self.notice_seen and not rep.terminal and rep.phase != "Stopped":  # (backing off, or never started here)
+                rep.phase, rep.reason = "Stopped", "Unassigned" if entry is None else "Replaced"
+                rep.message = "no longer assigned here" if entry is None else "spec or placement changed"
+            # (also one adopted as stopped, by an agent restarted in the notice: never written)
+            if not self._last_report(rep):
+                continue  # kept, its end written again each poll: dropped, its record said Running for good
             del self.replicas[key]
             self.unsaved.pop(key, None)
             if key in self.unread:
@@ -765,7 +766,7 @@ class Agent:
                 self._ended_as(rep, st, code)
                 self._write_pids()
                 if _uploads_after(st):  # its checkpoint travels
-                    self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S))
+                    self._upload_due(rep, max(st.deadline, now + UPLOAD_MIN_S), killed=st.killed is not None)
                 continue
             if rep.running:
                 code = self.runtime.poll(rep.handle)
@@ -1104,7 +1105,9 @@ class Agent:
         doc = {"generations": generations, "at_time": iso(), **({"at": at} if at else {})}
         self._write_own(self._marker(job), json.dumps(doc).encode(), again=False)  # (unwritten: fetched again by the next restore)
 
-    def _upload_due(self, rep: Replica, deadline: float) -> None:
+    def _upload_due(self, rep: Replica, deadline: float, killed: bool = False) -> None:
+        """`killed`: the replica was killed at its grace's end, maybe in the middle of writing its checkpoint: the job's
+        directory (a gang's ranks here share it) is not uploaded this round (_upload_checkpoints)."""
         path = self._checkpoint_dir(rep.entry)
         if self.checkpoint_sync and path is not None:
             e = rep.entry
@@ -1113,10 +1116,13 @@ class Agent:
             ranks = {r for (j, r), x in self.replicas.items()
                      if j == e["job"] and (x.entry["spec_hash"], x.entry["epoch"]) == (e["spec_hash"], e["epoch"])}
             before = self.uploads.get(e["job"])
+            cut = [e["replica"]] if killed else []
             if before and (before["spec_hash"], before["epoch"]) == (e["spec_hash"], e["epoch"]):
                 ranks |= set(before["replicas"])
+                cut += before.get("killed", [])
             self.uploads[e["job"]] = {"dir": path, "spec_hash": e["spec_hash"], "epoch": e["epoch"], "deadline": deadline,
-                                      "replicas": sorted(ranks | {e["replica"]}), "world_size": e.get("world_size", 1)}
+                                      "replicas": sorted(ranks | {e["replica"]}), "world_size": e.get("world_size", 1),
+                                      **({"killed": sorted(cut)} if cut else {})}
 
     def _upload_checkpoints(self) -> None:
         """Upload each job's checkpoint dir once none of its replicas here still runs (a gang's ranks write into one
@@ -1125,6 +1131,12 @@ class Agent:
             if any(r.handle is not None for (j, _), r in self.replicas.items() if j == job):
                 continue
             del self.uploads[job]
+            if due.get("killed"):
+                # (what it held was certified by the manifest's sha256s, and its replacement resumed from a file cut
+                # mid-write, newer than the last good upload)
+                self._log(f"{job}: checkpoint not uploaded: {', '.join(f'{job}/{r}' for r in due['killed'])} killed at the end "
+                          f"of its grace, maybe in the middle of writing it; its replacement resumes from the last complete upload")
+                continue
             try:
                 up = checkpoints.upload(self.bus.store, job, due["dir"], instance=self.instance, spec_hash=due["spec_hash"],
                                         epoch=due["epoch"], deadline=due["deadline"], log=self._log, progress=self._keepalive,
@@ -1272,30 +1284,37 @@ class Agent:
             **({"stopping": rep.stop.reason} if rep.stop is not None and rep.handle is not None and _survives(rep.stop) else {}),
         }
 
-    def _last_report(self, rep: Replica) -> None:
+    def _last_report(self, rep: Replica) -> bool:
         """A replica's record as it leaves this agent, where not written yet (its end in the tick it is dropped, or it was
         backing off): its record said Starting (BackOff), or Running, for good. Only while the record on the bus is still
-        this instance's: the agent the plan moved it to may have written its own."""
+        this instance's: the agent the plan moved it to may have written its own. False while the store fails the read
+        or the write (the replica is kept and this is tried again next poll: a store full or cut off at a spot notice
+        left its record Running, and the notice was said handled once the store was back)."""
         if self.written.get(rep.key) == json.dumps(self._record(rep), sort_keys=True):
-            return
+            return True
         try:
             now = self.bus.run(*rep.key)
-        except ReconcileError:
-            return
-        if now is None or now.get("instance") == self.instance:
-            self._write_run(rep)
+        except CorruptBusObjectError:
+            now = None  # (garbled: ours to write again, as a missing one)
+        except ReconcileError as e:
+            self._bus_failed(f"cannot read the run record of {rep.key[0]}/{rep.key[1]}", e)
+            return False
+        return self._write_run(rep) if now is None or now.get("instance") == self.instance else True
 
-    def _write_run(self, rep: Replica, force: bool = False) -> None:
+    def _write_run(self, rep: Replica, force: bool = False) -> bool:
+        """The replica's run record on the bus (unless as last written); False when the write failed."""
         doc = self._record(rep)
         body = json.dumps(doc, sort_keys=True)
         if not force and self.written.get(rep.key) == body:
-            return
+            return True
         try:
             self.bus.put_run(rep.key[0], rep.key[1], {**doc, "updated_at": iso()})
             self.written[rep.key] = body
+            return True
         except ReconcileError as e:
             self._bus_failed(f"cannot write the run record of {rep.key[0]}/{rep.key[1]}", e)
             self.write_failed = self.bus_said
+            return False
 
     def _publish(self, force: bool = False, state: str | None = None) -> None:
         for rep in self.replicas.values():

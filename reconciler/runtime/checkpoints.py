@@ -348,14 +348,16 @@ def _valid(doc: object) -> bool:
 
 def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
     """The job's complete uploads, newest first (an unreadable manifest, or one naming a file outside its own job's
-    generation, is skipped whole, logged)."""
+    generation, is skipped whole, logged). Newest by the store's clock (when it recorded each manifest, as heartbeats
+    are judged), then the writer's: ordered by the writers' clocks alone, an upload from a host an hour behind was older
+    than the one made an hour before it elsewhere, and its replacement resumed from that one."""
     out = []
-    for key in store.list_keys(manifest_prefix(job)):
+    for key, listed in store.list_keys_stamped(manifest_prefix(job)).items():
         if not key.endswith(".json"):
             continue
         try:
-            raw = store.read_key(key)
-            doc = json.loads(raw) if raw is not None else None
+            got = store.read_key_stamped(key, listed)
+            doc = json.loads(got.body) if got is not None else None
         except (ReconcileError, ValueError, UnicodeDecodeError) as e:
             log(f"{job}: checkpoint manifest {key} unreadable ({e}): skipped")
             continue
@@ -372,8 +374,8 @@ def manifests(store: StateBackend, job: str, log: Log = print) -> list[dict]:
             log(f"{job}: checkpoint manifest {key} names the key {bad['key']!r} for {bad['path']!r}, outside "
                 f"{data_prefix(job)}/{gen}/ (or not the key its upload gives it): skipped")
             continue
-        out.append(doc)
-    return sorted(out, key=lambda d: (d["created_unix"], d["generation"]), reverse=True)
+        out.append((got.modified, doc))
+    return [doc for _, doc in sorted(out, key=lambda m: (m[0], m[1]["created_unix"], m[1]["generation"]), reverse=True)]
 
 
 def fetch(store: StateBackend, doc: dict, into: Path, log: Log = print,
