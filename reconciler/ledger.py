@@ -168,7 +168,13 @@ def may_borrow(rules) -> bool:
     """Whether a tenant (its TenantRules) may run work beyond its guarantee (a ceiling above it in a guaranteed
     dimension): only then is any of its work borrowed, the part the model's tiers rank after every tenant's guaranteed
     work (solve/model.py splits it, solve/objective.py ranks it); all of any other tenant's work is guaranteed."""
-    return any(rules.cap.get(dim, math.inf) > v + 1e-9 for dim, v in rules.guarantee.items())
+    return bool(borrow_dims(rules.cap, rules.guarantee))
+
+
+def borrow_dims(cap: dict[str, float], guarantee: dict[str, float]) -> list[str]:
+    """The dimensions a tenant may borrow in: guaranteed, with a ceiling above the guarantee (a dimension left out is
+    unlimited and fully guaranteed: nothing of it is borrowed)."""
+    return [dim for dim, v in guarantee.items() if cap.get(dim, math.inf) > v + 1e-9]
 
 
 def borrow_room(rules, dim: str) -> float:
