@@ -39,7 +39,8 @@ Conversion:
 GPU indices distinct; gangs whole and in one zone; no tenant past its burst; no pending job that fits the room left;
 no tenant within its guarantee left pending where a borrower's job holds its room; each pending or evicted job's
 reason: its pool counts, its tenant and quota figures, the jobs it names placed for other tenants; the guaranteed tier's claim
-against whole jobs within each guarantee), plans again (the same bytes?), applies it to the sim and plans again (nothing to do?); --then
+against whole jobs within each guarantee; the fair-share tier's value, bound and status against an exact best split of the
+borrowed GPUs: fair_share_check), plans again (the same bytes?), applies it to the sim and plans again (nothing to do?); --then
 replans a day on against the fleet that apply left and checks that plan the same way.
 """
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -167,9 +169,10 @@ def check(cfg: Path, time_limit: float) -> dict:
     again = api.plan(cfg, time_limit=time_limit).plan
     doc = json.loads(first.to_json())
     wrong, figures = check_plan(cfg, doc)
+    fair_wrong, fair = fair_share_check(cfg, doc)
     api.apply(cfg, saved_plan=first, time_limit=time_limit, allow_destroy=10**6)
     after = api.plan(cfg, time_limit=time_limit).plan
-    return {"wrong": wrong, **figures, "gpu_bound": gpu_bound(cfg), "status": doc["solver"]["status"],
+    return {"wrong": wrong + fair_wrong, **figures, "fair_share": fair, "gpu_bound": gpu_bound(cfg), "status": doc["solver"]["status"],
             "gap": doc["solver"]["gap"], "unproven": first.solver.unproven, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "greedy_gpus_placed": packing["greedy_gpus_placed"], "project_gpu_bound": packing["gpus_bound"],
             "identical": first.to_json() == again.to_json(), "after_apply": after.counts(),
@@ -194,7 +197,10 @@ def replan(cfg: Path, job_rows: Path, time_limit: float) -> dict:
     doc = json.loads(plan.to_json())
     (cfg.parent / f"{cfg.name}-replan.json").write_text(plan.to_json())  # beside the config, to read further
     wrong, figures = check_plan(cfg, doc, running)
-    return {"wrong": wrong, **figures, "counts": plan.counts(), "status": doc["solver"]["status"],
+    fair_wrong, fair = fair_share_check(cfg, doc)
+    greedy = json.loads(api.plan(cfg, time_limit=0).plan.to_json())  # greedy's plan of the same replan, its split beside
+    return {"wrong": wrong + fair_wrong, **figures, "fair_share": fair, "greedy_fair_share": fair_share_check(cfg, greedy)[1],
+            "counts": plan.counts(), "status": doc["solver"]["status"],
             "gap": doc["solver"]["gap"], "unproven": plan.solver.unproven, "identical": plan.to_json() == again.to_json()}
 
 
@@ -346,6 +352,118 @@ def check_plan(cfg: Path, plan: dict, running: dict[str, dict] | None = None) ->
     return wrong, {"placed": dict(placed), "pending": len(pending), "guaranteed": guaranteed,
                    "gpus_placed": sum(placed.values()), "guaranteed_claimed": claimed, "guaranteed_bound": bound,
                    "burst_bound": sum(most_within(asked.get(t, []), c) for t, c in limit.items() if c is not None)}
+
+
+FAIR_TIER = "fair share of borrowed capacity"
+SEGMENTS = 20  # README, Tenants: the fair share's concave utility has 20 steps, of per-mille shares over weights
+
+
+def fair_utility(share: int, weight: float, step: int) -> int:
+    """The README's weighted DRF utility of one tenant's borrowed share (whole per mille): its share over its weight
+    (hundredths) in SEGMENTS steps of `step`, the k-th worth weight x (SEGMENTS - k) a per mille."""
+    w = max(1, round(weight * 100))
+    left, value = 100 * share // w, 0
+    for k in range(SEGMENTS):
+        take = max(0, min(step, left))
+        value += w * (SEGMENTS - k) * take
+        left -= take
+    return value
+
+
+def fair_share_check(cfg: Path, plan: dict) -> tuple[list[str], dict]:
+    """The fair-share tier of borrowed capacity checked from outside (README, Tenants: each borrowing tenant's GPUs
+    above its guarantee, as whole per mille of the pools' GPUs, at most its room and its jobs, through the concave
+    utility): the value the plan's placements give, the guaranteed split being the one its guaranteed tier holds (the
+    most whole placed jobs within each guarantee: `most_within`); an exact best value with that tier held (a knapsack
+    over tenants of the borrowed GPUs the held guarantees leave: cap - guaranteed GPUs claimed, each tenant at most the
+    GPUs it asks, packing ignored, so never below the true best); and a max-min water-filling of the same borrowed GPUs
+    over the tenants' own job sizes (the fairest split whole jobs allow, as a reference). Wrong: a claimed value other
+    than the placements give; a bound below the value; a value above the exact best; proven where it is below it."""
+    jobs, tenants, pools, types = read_config(cfg)
+    cap = sum(types[p["instance_types"][0]]["gpus"] * p["max_instances"] for p in pools.values())
+    tier = next((t for t in plan.get("solver", {}).get("tiers", []) if t["name"] == FAIR_TIER), None)
+    guarantee = {t: s.get("quota", {}).get("gpus", 0) for t, s in tenants.items()}
+    burst = {t: s.get("quota", {}).get("burst", {}).get("gpus", guarantee[t]) for t, s in tenants.items()}
+    asked: dict[str, list[int]] = {t: [] for t in tenants}
+    placed: dict[str, list[int]] = {t: [] for t in tenants}
+    for j in plan["jobs"]:
+        spec = jobs[j["job"]]
+        n = spec["resources"]["gpus"] * spec.get("replicas", 1)
+        asked[spec["tenant"]].append(n)
+        if j["action"] not in ("pending", "evict"):
+            placed[spec["tenant"]].append(n)
+    borrowers = [t for t in tenants if burst[t] > guarantee[t] and asked[t]]
+    weight = {t: tenants[t].get("weight", 1.0) for t in tenants}
+    step = max(1, math.ceil(max((1000.0 / max(weight[t], 1e-3) for t in borrowers), default=1000.0) / SEGMENTS))
+    top = {t: min(1000, 1000 * min(sum(asked[t]), burst[t] - guarantee[t]) // cap) for t in borrowers}
+
+    def value(t: str, gpus: int) -> int:
+        return fair_utility(min(top[t], 1000 * gpus // cap), weight[t], step)
+
+    kept = {t: most_within(placed[t], guarantee[t]) for t in tenants}
+    borrowed = {t: sum(placed[t]) - kept[t] for t in borrowers}
+    emitted = sum(value(t, b) for t, b in borrowed.items()) if len(borrowers) > 1 else 0
+    claimed_guaranteed = sum(t["value"] for t in plan.get("solver", {}).get("tiers", []) if t["name"] == "guaranteed normal work") / 70
+    # the GPUs borrowed work may hold beside the guaranteed tier held (a plan without tiers, greedy's: its own split)
+    held = round(claimed_guaranteed) if tier is not None else sum(kept.values())
+    room = cap - held
+    best = [0] + [-1] * room  # best[x]: the most utility of x borrowed GPUs over the tenants so far
+    for t in borrowers:
+        most = min(room, sum(asked[t]))
+        best = [max((best[x - b] + value(t, b) for b in range(min(x, most) + 1) if best[x - b] >= 0), default=-1)
+                for x in range(room + 1)]
+    exact = max(best) if len(borrowers) > 1 else 0
+    fill = water_fill(room, {t: beyond(asked[t], placed[t], kept[t]) for t in borrowers}, kept, burst, weight)
+    figures = {"borrowed": {t: b for t, b in borrowed.items() if b}, "room": room, "emitted": emitted, "exact_best": exact,
+               "water_fill": {t: b for t, b in fill.items() if b},
+               "water_fill_value": sum(value(t, b) for t, b in fill.items()) if len(borrowers) > 1 else 0,
+               "split_held": sum(kept.values()) == held}
+    wrong: list[str] = []
+    if tier is None:  # (greedy's plan, or one borrower: no claim)
+        return wrong, figures
+    figures.update(claimed=tier["value"], bound=tier["bound"], proven=tier["proven"], bound_valid=tier["bound"] >= exact)
+    if figures["split_held"] and tier["value"] != emitted:
+        wrong.append(f"the fair-share tier claims {tier['value']}; the plan's borrowed GPUs {figures['borrowed']} give {emitted}")
+    if tier["bound"] < tier["value"]:
+        wrong.append(f"the fair-share tier's bound {tier['bound']} is below its value {tier['value']}")
+    if tier["value"] > exact:
+        wrong.append(f"the fair-share tier claims {tier['value']}; no split of the {room} borrowed GPUs reaches more than {exact}")
+    if tier["proven"] and tier["value"] < exact:
+        wrong.append(f"the fair-share tier claims {tier['value']} proven; {exact} may be reached (packing ignored: look closer)")
+    return wrong, figures
+
+
+def water_fill(room: int, sizes: dict[str, list[int]], kept: dict[str, int], burst: dict[str, int],
+               weight: dict[str, float]) -> dict[str, int]:
+    """Max-min fair borrowed GPUs over whole jobs, packing ignored: while `room` lasts, the tenant borrowing least over
+    its weight takes its next smallest job (of `sizes`, those outside its guaranteed part `kept`) that fits the room and
+    its burst; a tenant none of whose jobs fits drops out."""
+    left = {t: sorted(s) for t, s in sizes.items()}
+    borrowed = {t: 0 for t in sizes}
+    live = set(sizes)
+    while live:
+        t = min(live, key=lambda t: (borrowed[t] / max(weight[t], 1e-3), t))
+        fit = next((n for n in left[t] if n <= room and kept[t] + borrowed[t] + n <= burst[t]), None)
+        if fit is None:
+            live.discard(t)
+            continue
+        left[t].remove(fit)
+        room -= fit
+        borrowed[t] += fit
+    return borrowed
+
+
+def beyond(asked: list[int], placed: list[int], kept: int) -> list[int]:
+    """The job sizes of `asked` left once placed jobs summing to `kept` (its guaranteed part) are set aside."""
+    reach = {0: []}
+    for i, n in enumerate(placed):
+        for s, used in list(reach.items()):
+            if s + n <= kept and s + n not in reach:
+                reach[s + n] = used + [i]
+    rest = list(asked)
+    for i in reach.get(kept, []):
+        rest.remove(placed[i])
+    return rest
 
 
 def most_within(sizes: list[int], cap: int) -> int:

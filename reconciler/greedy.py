@@ -31,7 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
+from reconciler.ledger import Ledger, Pending, borrowed_share, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, borrows, gang_split, has_room, refuses, rules_allow,
                                 stuck_gangs, type_class)
 
@@ -1253,15 +1253,10 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
 
 
 def _borrowed_share(g: _Greedy, tenant: str) -> float:
-    """The tenant's borrowed part of its dominant resource, as a share of the fleet's and over its weight: what the
-    model's fair-share tier equalises (solve/objective.fair_share_tier)."""
+    """The tenant's borrowed share as greedy has placed so far (ledger.borrowed_share: what the model's fair-share tier
+    equalises)."""
     r = g.p.tenants.get(tenant)
-    if r is None:
-        return 0.0
-    dim = r.dominant
-    over = g.led.tenant_use(tenant)[dim] - r.guarantee.get(dim, math.inf)
-    cap = g.p.fleet_capacity.get(dim) or 0.0
-    return max(0.0, over) / cap / max(r.weight, 1e-3) if cap > 0 else 0.0
+    return 0.0 if r is None else borrowed_share(r, g.led.tenant_use(tenant), g.p.fleet_capacity)
 
 
 def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[str], share: "_SpotShareWaits") -> None:

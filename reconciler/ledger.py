@@ -168,7 +168,42 @@ def may_borrow(rules) -> bool:
     """Whether a tenant (its TenantRules) may run work beyond its guarantee (a ceiling above it in a guaranteed
     dimension): only then is any of its work borrowed, the part the model's tiers rank after every tenant's guaranteed
     work (solve/model.py splits it, solve/objective.py ranks it); all of any other tenant's work is guaranteed."""
-    return any(rules.cap.get(dim, math.inf) > v + 1e-9 for dim, v in rules.guarantee.items())
+    return bool(borrow_dims(rules.cap, rules.guarantee))
+
+
+def borrow_dims(cap: dict[str, float], guarantee: dict[str, float]) -> list[str]:
+    """The dimensions a tenant may borrow in: guaranteed, with a ceiling above the guarantee (a dimension left out is
+    unlimited and fully guaranteed: nothing of it is borrowed)."""
+    return [dim for dim, v in guarantee.items() if cap.get(dim, math.inf) > v + 1e-9]
+
+
+def borrow_room(rules, dim: str) -> float:
+    """What a tenant may borrow in `dim`: its ceiling above its guarantee (unlimited where it has no ceiling there)."""
+    return rules.cap.get(dim, math.inf) - rules.guarantee.get(dim, 0.0)
+
+
+def share_weight(rules) -> float:
+    """A tenant's weight as its borrowed share is divided by it (README, Tenants: weighted DRF)."""
+    return max(rules.weight, 1e-3)
+
+
+def share_capacity(rules, fleet_capacity: dict[str, float]) -> float:
+    """The fleet's capacity in the tenant's dominant dimension (rules.dominant), its borrowed share's denominator; 0
+    where the fleet has none: no share is counted there."""
+    return max(0.0, fleet_capacity.get(rules.dominant) or 0.0)
+
+
+def borrowed_share(rules, use: dict[str, float], fleet_capacity: dict[str, float]) -> float:
+    """README, Tenants: a tenant's borrowed share, the one measure borrowed capacity is split by: what it uses above its
+    guarantee in its dominant dimension (none where that dimension is fully guaranteed), at most its room above the
+    guarantee (`borrow_room`), over the fleet's capacity there (`share_capacity`), over its weight (`share_weight`).
+    Greedy lends the next borrowed job to the tenant of the least; the model's fair-share tier equalises the same
+    measure of its borrowed part (solve/objective.fair_share_tier)."""
+    dim, cap = rules.dominant, share_capacity(rules, fleet_capacity)
+    if cap <= 0:
+        return 0.0
+    over = min(use.get(dim, 0.0) - rules.guarantee.get(dim, math.inf), borrow_room(rules, dim))
+    return max(0.0, over) / cap / share_weight(rules)
 
 
 def spot_share_ok(spot: float, total: float, fraction: float) -> bool:

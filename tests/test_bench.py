@@ -271,6 +271,37 @@ def test_the_philly_checker_finds_an_overcommitted_instance_and_a_split_gang(tmp
     assert any("gang over zones" in w for w in check_plan(cfg, split)[0])
 
 
+def test_the_philly_fair_share_check_recomputes_the_tier_and_finds_a_false_proof(tmp_path):
+    """bench.philly.fair_share_check: 20 GPUs, two VCs guaranteed 3 each (their share of the VC nodes), 13 and 10 1-GPU
+    jobs; a plan placing 13 of one's and 7 of the other's borrows 10 and 4: per mille of 20 GPUs 500 and 200, worth
+    100 x 50 x (20 + ... + 11) + 100 x 50 x (20 + ... + 17) = 775,000 + 370,000 (README, Tenants: 20 steps of 50 per
+    mille); 7 and 7, 350 per mille each, are worth 2 x 595,000, the best of the 14 borrowed GPUs. Claimed as proven,
+    the tier is named wrong; claimed above the best, too; not proven below a bound past the best, it is true."""
+    from bench.philly import fair_share_check, generate, read_config
+
+    rows = tmp_path / "jobs.csv"
+    rows.write_text("vc,app_id,submit_time,num_gpus,service\n" + "".join(
+        f"{vc},{k},0,1,1\n" for vc, base, n in (("ee9e8c", 0, 13), ("6214e9", 100, 10)) for k in range(base, base + n)))
+    cfg, _ = generate(tmp_path / "cfg", rows, node_scale=200)  # 2 + 2 machines of 2 and 8 GPUs: 20 GPUs
+    jobs, tenants, _, _ = read_config(cfg)
+    assert (tenants["ee9e8c"]["quota"]["gpus"], tenants["6214e9"]["quota"]["gpus"]) == (3, 3)
+    names = {vc: sorted(n for n, s in jobs.items() if s["tenant"] == vc) for vc in ("ee9e8c", "6214e9")}
+    placed = set(names["ee9e8c"] + names["6214e9"][:7])  # 13 and 7 GPUs
+    moves = [{"job": n, "action": "place" if n in placed else "pending", "instances": []} for n in jobs]
+
+    def plan(value: int, bound: int, proven: bool) -> dict:
+        tiers = [{"name": "guaranteed normal work", "value": 70 * 6}, {"name": "fair share of borrowed capacity",
+                 "value": value, "bound": bound, "proven": proven}]
+        return {"jobs": moves, "solver": {"tiers": tiers}}
+
+    wrong, got = fair_share_check(cfg, plan(1_145_000, 1_300_000, False))
+    assert wrong == [] and got["borrowed"] == {"ee9e8c": 10, "6214e9": 4} and got["emitted"] == 1_145_000
+    assert got["exact_best"] == 1_190_000 and got["water_fill"] == {"ee9e8c": 7, "6214e9": 7} and got["bound_valid"]
+    assert any("proven" in w for w in fair_share_check(cfg, plan(1_145_000, 1_145_000, True))[0])
+    assert any("no split" in w for w in fair_share_check(cfg, plan(1_200_000, 1_300_000, False))[0])
+    assert any("give 1145000" in w for w in fair_share_check(cfg, plan(1_150_000, 1_300_000, False))[0])
+
+
 @pytest.mark.slow
 def test_the_philly_day45_plan_passes_every_outside_check(tmp_path):
     """The Philly excerpt on a third of its machines (830 GPUs for 1,344 asked, 11 VCs contending): the plan, read as

@@ -7,7 +7,7 @@ rules, the guardrail re-check and the model's coefficients call. tests/invariant
 
 from __future__ import annotations
 
-from reconciler.ledger import (Ledger, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, item_units, milli_down,
+from reconciler.ledger import (Ledger, borrow_room, borrowed_share, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, item_units, milli_down,
                                micro, pool_min_ok, pool_ok, quota_ok, share_row, spot_share_ok, within, work_units)
 from reconciler.model import SpotPolicySpec
 from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
@@ -32,6 +32,19 @@ def problem(caps, spot: SpotPolicySpec | None = None, tenants=None, budget=None)
 
 
 # ---------------------------------------------------------------- the functions, at and past their limits
+
+
+def test_a_borrowed_share_is_use_above_the_guarantee_at_most_the_room_over_the_fleet_and_weight():
+    """README, Tenants: the one measure greedy lends borrowed jobs by and the model's fair-share tier equalises."""
+    r = TenantRules(name="t", weight=2.0, cap={"gpus": 12.0}, guarantee={"gpus": 4.0}, dominant="gpus")
+    fleet = {"gpus": 40.0}
+    assert borrow_room(r, "gpus") == 8.0 and borrow_room(r, "cpu") == float("inf")
+    assert borrowed_share(r, {"gpus": 3.0}, fleet) == 0.0  # within its guarantee: nothing borrowed
+    assert borrowed_share(r, {"gpus": 10.0}, fleet) == 6 / 40 / 2
+    assert borrowed_share(r, {"gpus": 20.0}, fleet) == 8 / 40 / 2  # (no more than its room above the guarantee)
+    assert borrowed_share(r, {"gpus": 10.0}, {"gpus": 0.0}) == 0.0  # no such capacity: no share counted
+    light = TenantRules(name="l", weight=1e-9, cap={"gpus": 12.0}, guarantee={"gpus": 4.0}, dominant="gpus")
+    assert borrowed_share(light, {"gpus": 5.0}, fleet) == 1 / 40 / 1e-3
 
 
 def test_budgets_count_whole_micro_dollars_up_to_the_budget():

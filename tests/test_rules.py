@@ -262,6 +262,20 @@ def test_weighted_fair_share_splits_borrowed_capacity_by_weight(tmp_path):
     assert (placed.count("heavy"), placed.count("light")) == (6, 2)
 
 
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_borrowed_gpus_are_split_fairly_where_a_tenants_demand_weighs_most_on_vcpu(tmp_path, time_limit):
+    """Two GPUs, all borrowed (guarantee 0, burst 2 each); a and b each ask two 1-GPU jobs and a 30-vCPU job no
+    instance holds, so their demand weighs most on vCPU, which their quotas leave unlimited (nothing borrowed there).
+    Each gets one GPU, greedy as CP-SAT: greedy measured a tenant's borrowed share as its use above its guarantee in
+    that dimension, none, so a's jobs stayed first in line and took both GPUs while b borrowed none."""
+    burst = {"quota": {"gpus": 0, "burst": {"gpus": 2}}}
+    docs = [topology(), doc("Tenant", "a", burst), doc("Tenant", "b", burst), one_gpu_pool(hi=2)]
+    docs += [job(f"{t}{i}", tenant=t, **A100) for t in "ab" for i in range(2)]
+    docs += [job(f"{t}-cpu", tenant=t, cpu=30, mem=8) for t in "ab"]
+    placed = [j.tenant for j in plan_for(tmp_path, docs, time_limit=time_limit).jobs if j.instances]
+    assert sorted(placed) == ["a", "b"]
+
+
 # ---------------------------------------------------------------- spot policy
 
 

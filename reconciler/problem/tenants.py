@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.ledger import quota_ok
+from reconciler.ledger import borrow_dims, quota_ok
 from reconciler.model import DesiredState, quota_guarantee
 from reconciler.problem.rules import cannot_stay
 from reconciler.problem.types import DIMS, Capacity, Demand, Problem, TenantRules
@@ -48,10 +48,12 @@ def tenant_rules(desired: DesiredState, demands: list[Demand], hosts: list[Capac
         moving = _fill([(d, job) for d, job, _ in whole if job not in stays], guarantee, used, since)
         size = {job: d.job_size for d, job, _ in whole}
         protected = sum(size[job] for job in kept)
-        # Fair share is measured in the dimension its own demand weighs most on.
+        # Fair share is measured in the dimension its own demand weighs most on, of those it may borrow in: measured in
+        # one it borrows nothing of (vCPU its quota leaves unlimited, where it borrows GPUs), greedy counted no share,
+        # so its jobs stayed first in line for every borrowed GPU (ledger.borrowed_share).
         demand_dim = {dim: sum(d.req(dim) * d.replicas * len(d.jobs) for d in by_tenant.get(name, [])) / fleet_capacity[dim]
                       if fleet_capacity.get(dim) else 0.0 for dim in DIMS}
-        dominant = max(DIMS, key=lambda k: (demand_dim[k], k == "gpus"))
+        dominant = max(borrow_dims(cap, guarantee) or DIMS, key=lambda k: (demand_dim[k], k == "gpus"))
         out[name] = TenantRules(
             name=name, weight=t.spec.weight, cap=cap, guarantee=guarantee,
             budget=desired.guardrails.tenant_hourly_budgets.get(name),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, licensed_by, milli_down, rules_broken_now, stand_in_item_units, stand_in_units
+from reconciler.ledger import MILLI, borrow_room, licensed_by, milli_down, rules_broken_now, share_capacity, share_weight, stand_in_item_units, stand_in_units
 from reconciler.problem import Demand, pools_over_max, settled_jobs
 from reconciler.problem.types import GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
@@ -581,20 +581,19 @@ def fair_share_tier(model: Model) -> Tier | None:
         mine = [d for d in p.demands if d.tenant == t and model.b.is_variable(d.key)]
         if not mine:
             continue
-        dim = r.dominant
-        cap = p.fleet_capacity.get(dim) or 0
+        dim, cap = r.dominant, share_capacity(r, p.fleet_capacity)
         if cap <= 0:
             continue
         beta = [(units(d.req(dim), dim) * d.replicas, model.b[d.key]) for d in mine if d.req(dim)]
         if not beta:
             continue
         most = sum(units(d.req(dim), dim) * d.replicas * len(d.jobs) for d in mine)
-        room = r.cap.get(dim, math.inf) - r.guarantee.get(dim, 0.0)
+        room = borrow_room(r, dim)
         most = min(most, room * scale(dim)) if math.isfinite(room) else most
         borrowers.append((t, r, beta, cap * scale(dim), most))
     if len(borrowers) < 2:
         return None
-    top = max(1000.0 / max(r.weight, 1e-3) for _, r, *_ in borrowers)
+    top = max(1000.0 / share_weight(r) for _, r, *_ in borrowers)
     step = max(1, math.ceil(top / SEGMENTS))
     terms, bound = [], 0
     for t, r, beta, denom, most in borrowers:
