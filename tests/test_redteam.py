@@ -4,6 +4,7 @@ JSON and the sim's own record, not from the planner's view of itself. What held 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -131,3 +132,21 @@ def test_a_state_that_swaps_two_replicas_against_their_tags_restarts_nothing_uns
     assert res.returncode == 0, res.stderr
     moved_said = "0 moved" not in res.stdout
     assert _hosts(applied) == before or moved_said, (_hosts(applied), res.stdout[-400:])
+
+
+def test_unlock_refuses_a_lock_a_running_apply_holds(applied):
+    """The refusal a second apply gets says "if no apply is running, run `reconcile unlock ID`", and unlock is for a
+    stale lock; yet `reconcile unlock` broke the lock of an apply running on this host ("lock ... broken", exit 0), and
+    the next apply ran beside it: the first stops only before its next provider call, its actions in flight go on while
+    the second observes and launches for the same work (on a real cloud, before they are listed). The holder keeps its
+    lock file flock()ed while it runs (the kernel drops that when it dies, which is how a dead holder's lock is taken
+    over), so a held flock is a live apply, not a guess: refused, naming it and how to stop it."""
+    from reconciler.state import ApplyLock
+
+    with ApplyLock(applied) as held:  # an apply in progress, as its lock and flock show it
+        res = cli_here("unlock", held.id, "--dir", applied)
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "Traceback" not in res.stderr and f"pid {os.getpid()}" in res.stderr and "running" in res.stderr, res.stderr
+        assert held.still_held()
+    res = cli_here("unlock", held.id, "--dir", applied)  # released: nothing left to break
+    assert res.returncode == 1 and "no lock is held" in res.stderr, res.stderr
