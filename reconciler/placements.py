@@ -99,7 +99,9 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         if rec.serial <= s:
             theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
             if rec.complete and theirs != ours:
-                notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, the newer state "
+                # (equal serials: one apply wrote both, so one of them was edited since; "newer" would be untrue)
+                which = "the newer state" if rec.serial < s else "the state, of the same apply,"
+                notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, {which} "
                              f"(serial {s}) says {_fmt(ours)}: the state wins; the next apply rewrites the tags")
         elif not rec.complete:
             notes.append(f"{inst.id}: its tags (serial {rec.serial}) are newer than the state (serial {s}) but hold "

@@ -518,13 +518,35 @@ class ApplyLock:
 
 
 def break_lock(config_dir: Path, lock_id: str) -> None:
+    """`reconcile unlock`: remove a stale lock. One whose flock a process holds is a running apply's (the kernel drops
+    the flock when its holder dies): broken, it went on beside the next apply (it stops only before its next provider
+    call, its actions in flight do not), so it is refused, as the refusal that sent the user here says."""
     lock = ApplyLock(config_dir)
     h = lock.holder()
     if h is None:
         raise LockError("no lock is held")
     if h.get("id") != lock_id:
         raise LockError(f"the lock is held by {h.get('id')}, not {lock_id}; refusing to break it")
+    if _flock_held(lock.path):
+        raise LockError(f"the lock {lock.path} is held by an apply that is running: {describe_holder(h)}; refusing to "
+                        "break it. Stop that apply (Ctrl-C, or `kill` its pid) and it releases the lock; a lock whose "
+                        "holder died is taken over by the next apply without `reconcile unlock`")
     lock.path.unlink(missing_ok=True)
+
+
+def _flock_held(path: Path) -> bool:
+    """Whether a live process holds the lock file's flock (an apply running, on this host or one sharing the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (closing drops the flock taken just now)
+    return False
 
 
 PID_MAX = 1 << 22  # Linux's highest pid_max
