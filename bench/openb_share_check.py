@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
+from itertools import combinations
 from pathlib import Path
 
 import yaml
@@ -66,12 +67,35 @@ def room_holds(c: dict, pool: str, left: dict, job: dict) -> bool:
     return left["gpus"] >= r.get("gpus", 0)
 
 
+def stand_in_stop(c: dict, pool: str, left: dict, job: dict, lower: list[str]) -> tuple[str, ...] | None:
+    """Lower jobs whose stop makes room for the job on the instance and whose work units are at most the job's own (a
+    tenant's running work within its guarantee is protected: README "Priorities, preemption and aging", new work of a
+    higher class takes its room only as far as it stands in for it, a GPU job for its own units). None: no such set."""
+    for k in range(1, len(lower) + 1):
+        for stop in combinations(lower, k):
+            if sum(units(c, c["jobs"][n]) for n in stop) > units(c, job):
+                continue
+            freed = dict(left, devices=Counter(left["devices"]))
+            for n in stop:
+                r = c["jobs"][n]["resources"]
+                freed["cpu"] += r["cpu"]
+                freed["memory_gib"] += r["memory_gib"]
+                if r.get("mig"):
+                    freed["devices"][r["mig"]["profile"]] += r["mig"]["count"]
+                else:
+                    freed["gpus"] += r.get("gpus", 0)
+            if room_holds(c, pool, freed, job):
+                return stop
+    return None
+
+
 def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> tuple[dict[str, list[str]], dict]:
     jobs, pools, types = c["jobs"], c["pools"], c["types"]
     inst = {**{i: running[i] for i in plan.get("kept", {}) if running and i in running}, **{i["ref"]: i for i in plan["creates"]}}
     if missing := [i for i in plan.get("kept", {}) if i not in inst]:
         raise SystemExit(f"the plan keeps {len(missing)} instances this check cannot see: {missing[:3]}")
-    out: dict[str, list[str]] = {k: [] for k in ("capacity", "pending", "reasons", "claims")}
+    out: dict[str, list[str]] = {k: [] for k in ("capacity", "pending", "preemption", "reasons", "claims")}
+    on: dict[str, list[str]] = defaultdict(list)
     left = {}
     for ref, i in inst.items():
         t, layout = types[i["instance_type"]], pools[i["pool"]].get("mig") or []
@@ -88,6 +112,7 @@ def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> t
         placed[j["job"]] = j
         r = spec["resources"]
         for k, ref in enumerate(j["instances"]):
+            on[ref].append(j["job"])
             i, lf = inst[ref], left[ref]
             t = types[i["instance_type"]]
             lf["cpu"] -= r["cpu"]
@@ -120,6 +145,16 @@ def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> t
             out["pending"].append(f"{j['job']} pending, fits the room left on {room[:3]}")
         if below := [p for p in ok if count[p] < pools[p].get("max_instances", 10**9)]:
             out["pending"].append(f"{j['job']} pending, pools below max take it: {below}")
+        rank = {"critical": 4, "high": 3, "normal": 2, "low": 1}
+        for ref in inst:
+            if inst[ref]["pool"] not in ok:
+                continue
+            lower = [n for n in on[ref] if rank[jobs[n]["priority"]] < rank[spec["priority"]] and jobs[n]["tenant"] == spec["tenant"]]
+            if stop := stand_in_stop(c, inst[ref]["pool"], left[ref], spec, lower):
+                out["preemption"].append(f"{j['job']} ({spec['priority']}) pending; stopping its tenant's lower {stop} on "
+                                         f"{ref} ({sum(units(c, jobs[n]) for n in stop)} units, it stands in for {units(c, spec)}) "
+                                         "makes room for it")
+                break
         m = re.search(r"pools at max_instances \(([^)]*)\)", j["reason"])
         if not m:
             out["reasons"].append(f"{j['job']}: reason names no pools at max: {j['reason'][:120]}")
@@ -131,7 +166,6 @@ def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> t
             if p in pools and (int(n) != count[p] or count[p] != pools[p].get("max_instances")):
                 out["reasons"].append(f"{j['job']}: names {p} {n}, plan has {count[p]} of max {pools[p].get('max_instances')}")
         if h := re.search(r"higher-priority work first: ([^)]*)\)", j["reason"]):
-            rank = {"critical": 4, "high": 3, "normal": 2, "low": 1}
             for name in re.findall(r"openb-pod-\d+", h.group(1)):
                 if name not in placed or rank[jobs[name]["priority"]] <= rank[spec["priority"]]:
                     out["reasons"].append(f"{j['job']}: names {name} as higher-priority work placed; it is not")
@@ -160,9 +194,10 @@ def figures_of(c: dict, plan: dict, placed: dict, inst: dict) -> dict:
             "cost": round(sum(c["types"][i["instance_type"]]["prices"]["us-central1"]["on_demand"] for i in inst.values()), 2)}
 
 
-def lp_bound(c: dict, priority: str | None = None) -> float:
+def lp_bound(c: dict, priority: str | None = None, work: tuple[int, int] | None = None) -> float:
     """The most work units of the class (all classes: None) any plan places: jobs fractionally onto pools, each
-    pool's max_instances of devices per profile, GPUs, vCPU and memory (GLOP)."""
+    pool's max_instances of devices per profile, GPUs, vCPU and memory (GLOP). With `work` (high, low units): the
+    least $/h of fractional instances that place at least that much."""
     from ortools.linear_solver import pywraplp
 
     s = pywraplp.Solver.CreateSolver("GLOP")
@@ -170,9 +205,10 @@ def lp_bound(c: dict, priority: str | None = None) -> float:
     x = {(n, p): s.NumVar(0, 1, "") for n, j in jobs.items() for p in c["pools"] if takes(c, p, j)}
     for n in jobs:
         s.Add(sum(v for (m, _), v in x.items() if m == n) <= 1)
+    bought = {}
     for p, spec in c["pools"].items():
         t = c["types"][spec["instance_types"][0]]
-        cap = spec.get("max_instances", 0)
+        cap = bought[p] = s.NumVar(0, spec.get("max_instances", 0), "") if work else spec.get("max_instances", 0)
         on = [(n, v) for (n, q), v in x.items() if q == p]
         if not on:
             continue
@@ -183,7 +219,12 @@ def lp_bound(c: dict, priority: str | None = None) -> float:
                 s.Add(sum(v for n, v in on if jobs[n]["resources"]["mig"]["profile"] == prof) <= cap * t["gpus"] * spec["mig"].count(prof))
         else:
             s.Add(sum(jobs[n]["resources"].get("gpus", 0) * v for n, v in on) <= cap * t["gpus"])
-    s.Maximize(sum(units(c, jobs[n]) * v for (n, _), v in x.items()))
+    if work:
+        s.Add(sum(units(c, jobs[n]) * v for (n, _), v in x.items() if jobs[n]["priority"] == "high") >= work[0])
+        s.Add(sum(units(c, jobs[n]) * v for (n, _), v in x.items() if jobs[n]["priority"] != "high") >= work[1])
+        s.Minimize(sum(c["types"][c["pools"][p]["instance_types"][0]]["prices"]["us-central1"]["on_demand"] * y for p, y in bought.items()))
+    else:
+        s.Maximize(sum(units(c, jobs[n]) * v for (n, _), v in x.items()))
     s.Solve()
     return s.Objective().Value()
 
@@ -239,10 +280,11 @@ if __name__ == "__main__":
     main()
 
 
-def exact(c: dict, seconds: float = 60, work: tuple[int, int] | None = None) -> dict:
+def exact(c: dict, seconds: float = 60, work: tuple[int, int] | None = None, plan: dict | None = None) -> dict:
     """An exact search outside the planner (CP-SAT, instance by instance: every pool's max_instances as bins): the
     most high-priority work, then the most low-priority, then (with `work` given: at least that (high, low)) the least
-    $/h. Returns status, value and bound as CP-SAT proves them."""
+    $/h. plan: a cold plan's JSON, its placements given as a hint. Returns status, value and bound as CP-SAT proves
+    them."""
     from reconciler.cpsat import cp_model  # the module only: none of the planner
 
     m = cp_model.CpModel()
@@ -278,6 +320,16 @@ def exact(c: dict, seconds: float = 60, work: tuple[int, int] | None = None) -> 
         m.Minimize(sum(cents[b] * used[b] for b in bins))
     else:
         m.Maximize(100_000 * high + low)
+    if plan:
+        ordinal, at = Counter(), {}
+        for i in plan["creates"]:
+            at[i["ref"]] = (i["pool"], ordinal[i["pool"]])
+            ordinal[i["pool"]] += 1
+        hinted = {(j["job"], at[j["instances"][0]]) for j in plan["jobs"] if j["action"] != "pending"}
+        for key, v in x.items():
+            m.AddHint(v, key in hinted)
+        for b, v in used.items():
+            m.AddHint(v, b[1] < ordinal[b[0]])
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = seconds
     s.parameters.num_workers = 2
