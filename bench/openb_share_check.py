@@ -106,7 +106,7 @@ def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> t
     placed, pending = {}, []
     for j in plan["jobs"]:
         spec = jobs[j["job"]]
-        if j["action"] == "pending":
+        if j["action"] in ("pending", "evict"):  # an evicted job waits after the plan as a pending one does
             pending.append(j)
             continue
         placed[j["job"]] = j
@@ -188,7 +188,7 @@ def figures_of(c: dict, plan: dict, placed: dict, inst: dict) -> dict:
     by = Counter()
     for name in placed:
         by[c["jobs"][name]["priority"]] += 1
-    return {"placed": dict(by), "pending": sum(j["action"] == "pending" for j in plan["jobs"]),
+    return {"placed": dict(by), "pending": len(c["jobs"]) - len(placed), "evicted": sum(j["action"] == "evict" for j in plan["jobs"]),
             "high_units": sum(units(c, c["jobs"][n]) for n in placed if c["jobs"][n]["priority"] == "high"),
             "units": sum(units(c, c["jobs"][n]) for n in placed),
             "cost": round(sum(c["types"][i["instance_type"]]["prices"]["us-central1"]["on_demand"] for i in inst.values()), 2)}
