@@ -2049,7 +2049,10 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
 
     def stands_in() -> bool:  # d stands in for every protected unit stopped so far
         gone = [v for vs in lost.values() for v in vs]
-        units = stand_in_units(d, gone) if d.running_jobs == 0 else d.job_size if keeps_own else 0
+        # a placed job of d is one of its running ones first (`_running_kept`): past them, this one is new work (a new
+        # job identical to running ones shares their demand: taken for a running one, it waited beside its tenant's
+        # lower jobs, bench.openb_share's day-2 replan)
+        units = stand_in_units(d, gone) if g.a.placed[d.key] >= d.running_jobs else d.job_size if keeps_own else 0
         return not gone or sum(v.job_size for v in gone) <= units
 
     for hk, here_victims in on_host.items():
@@ -2058,7 +2061,10 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
             continue
         here = stopped.setdefault(hk, [])
         for v in here_victims:
-            while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0:
+            # only a job holding some of what d is short of here: a 3g.20gb job's stop frees no 4g.20gb device, and
+            # stopping such jobs first spent more protected units than d stands in for, so nothing was stopped (a
+            # high 4g job waited beside its tenant's low 4g one on the openb sharing pods' day-2 replan)
+            while not inst.fits(d) and g.a.stay.get((v.key, hk), 0) > 0 and _frees_short(inst, d, v):
                 if _stop_takes_protected(g, v):
                     lost.setdefault(hk, []).append(v)  # (identical jobs stand in for each other: one of v's protected)
                 g._stop_running(v, inst)
@@ -2073,6 +2079,12 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
     for hk in list(stopped):
         undo(hk)
     return False
+
+
+def _frees_short(inst: _Inst, d: Demand, v: Demand) -> bool:
+    """Whether stopping a job of v frees some of a dimension (vCPU, memory, GPUs, a MIG profile's devices) in which
+    the instance is short of room for d."""
+    return any(v.req(k) > 0 for k in d.dims if d.req(k) > 0 and inst.free.get(k, 0.0) < d.req(k) - 1e-9)
 
 
 def _borrowed(g: _Greedy, v: Demand, r: TenantRules, hosts: list[str], protected: int) -> bool:

@@ -316,3 +316,45 @@ def test_the_philly_day45_plan_passes_every_outside_check(tmp_path):
     assert wrong == []
     assert got["gpus_placed"] == gpu_bound(cfg) == 830
     assert got["guaranteed_claimed"] == got["guaranteed_bound"] == 736
+
+
+def test_the_openb_sharing_pods_convert_to_mig_devices_and_whole_gpus(tmp_path):
+    """bench.openb_share: the excerpt's 616 GPU-sharing pods (stripe 0) are each the smallest A100 MIG profile covering
+    its fraction (1g up to 142 milli-GPU, 2g 285, 3g 428, 4g 571) or, past 4/7, a whole GPU of a model whose node
+    holds it; the A100 and A100-80GB shapes get two MIG pools each ([4g, 3g] and [2g, 2g, 2g, 1g] per GPU); day 2 is
+    stripe 0 less the quarter deleted first plus stripe 1's later pods; the config validates."""
+    import yaml
+
+    from bench.openb_share import PODS, generate, read_pods, slices
+    from reconciler import api
+
+    assert [slices(m) for m in (50, 142, 143, 285, 286, 428, 429, 571, 572, 950)] == [1, 1, 2, 2, 3, 3, 4, 4, None, None]
+    cfg, seen = generate(tmp_path / "cfg")
+    assert seen == {"MIG 4g": 206, "MIG 2g": 61, "whole GPU (over 4/7)": 277, "MIG 3g": 67, "MIG 1g": 5}
+    pools = {d["metadata"]["name"]: d["spec"] for d in yaml.safe_load_all((cfg / "pools.yaml").read_text())}
+    assert pools["openb-g2-8g-96c-384m-mig43"]["mig"] == ["4g.20gb", "3g.20gb"]
+    assert pools["openb-g3-8g-128c-768m-mig2221"]["mig"] == ["2g.20gb", "2g.20gb", "2g.20gb", "1g.10gb"]
+    assert all(p["min_instances"] == 0 < p["max_instances"] for p in pools.values())
+    day2 = read_pods(PODS, 2)
+    assert len(day2) == 462 + 308 and len({r["name"] for r in day2} & {r["name"] for r in read_pods(PODS, 1)}) == 462
+    assert len(api.validate(cfg).jobs) == 616
+
+
+def test_the_openb_share_checker_finds_a_mig_overcommit_and_a_whole_gpu_on_a_mig_pool(tmp_path):
+    """bench.openb_share_check reads only YAML, catalog.json and plan JSON: seventeen 4g.20gb replicas on one [4g, 3g]
+    instance of 8 GPUs (16 such devices), and a whole-GPU job on that instance, are each named (it checks, not just
+    passes)."""
+    from bench.openb_share import generate
+    from bench.openb_share_check import check_plan, read_config
+
+    c = read_config(generate(tmp_path / "cfg")[0])
+    fours = sorted(n for n, j in c["jobs"].items() if (j["resources"].get("mig") or {}).get("profile") == "4g.20gb"
+                   and j["resources"]["cpu"] <= 4.2 and j["resources"]["memory_gib"] <= 22.4)[:17]
+    whole = next(n for n, j in c["jobs"].items() if j["resources"].get("gpus") == 1 and j["resources"]["gpu_type"] == "A100")
+    plan = {"creates": [{"ref": "+1", "pool": "openb-g2-8g-96c-384m-mig43", "instance_type": "openb-g2-8g-96c-384m"}],
+            "kept": {}, "solver": {}, "jobs": [{"job": n, "action": "place", "instances": ["+1"], "gpus": [], "reason": ""} for n in fours]}
+    v, _ = check_plan(c, plan)
+    assert len(fours) == 17 and any("overcommitted" in x for x in v["capacity"]), v
+    plan["jobs"] = plan["jobs"][:16] + [{"job": whole, "action": "place", "instances": ["+1"], "gpus": [[0]], "reason": ""}]
+    v, _ = check_plan(c, plan)
+    assert any("(whole GPU) on +1 of MIG pool" in x for x in v["capacity"]), v

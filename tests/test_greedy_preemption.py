@@ -155,3 +155,60 @@ def test_greedy_takes_a_lower_jobs_room_for_its_tenants_budget_only_where_the_hi
     jobs = by_job(plan)
     assert jobs["new"].instances == ("i0",) and jobs["old"].action == "evict", {k: (v.action, v.instances) for k, v in jobs.items()}
     assert jobs["theirs"].action == "keep"
+
+
+@pytest.mark.parametrize("time_limit", [0, 10], ids=["greedy", "cp-sat"])
+def test_a_new_job_identical_to_running_ones_takes_its_tenants_lower_jobs_room(tmp_path, time_limit):
+    """One a2-highgpu-8g (pool at max 1) runs t's five low and three high 1-GPU jobs; t's new high job is identical to
+    the running high ones, so the solver groups them in one demand. Greedy took that demand's running jobs for the one
+    being placed (a running job that must move stands in for no protected job) and left the new job pending, "pools at
+    max_instances (p 1/1)", where a distinct new job (4.5 vCPU) took a low job's room; CP-SAT placed it. Found on the
+    openb sharing pods' day-2 replan (bench.openb_share_check: 11 high jobs so pending beside low ones). A placed job
+    of a demand is one of its running ones first (`_running_kept`): past them, the job is new work and stands in."""
+    one = {"gpus": 1, "gpu_type": "A100", "cpu": 4, "mem": 10}
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 16}}),
+            pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1),
+            *[job(f"low{k}", "t", priority="low", **one) for k in range(5)],
+            *[job(f"high{k}", "t", priority="high", **one) for k in range(3)], job("new", "t", priority="high", **one)]
+    fleet = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g")]
+    running = {n["metadata"]["name"]: ("i0",) for n in docs if n["kind"] == "Job" and n["metadata"]["name"] != "new"}
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=time_limit)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "place", {k: (v.action, v.reason) for k, v in jobs.items()}
+    assert [k for k, v in jobs.items() if v.action == "evict"] == ["low4"]
+    assert "(capacity goes to higher-priority work first: " in jobs["low4"].reason
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, fleet, running)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
+
+
+def test_greedy_stops_a_lower_job_of_the_mig_profile_that_is_short_not_others_first(tmp_path):
+    """One a2-highgpu-8g partitioned [4g.20gb, 3g.20gb] (pool at max 1): t runs seven high and one low 4g.20gb jobs and
+    eight low 3g.20gb ones; its new high 4g.20gb job needs the one 4g device a low job holds. Greedy stopped the low
+    jobs smallest first, the 3g ones, which free no 4g device, spent more protected units than the new job stands in
+    for, undid it all and left the job pending; the stop now skips jobs holding nothing it is short of: the low 4g job
+    goes (bench.openb_share's day-2 replan: 7 high 4g jobs so pending)."""
+    four = {"gpu_type": "A100", "mig": {"profile": "4g.20gb", "count": 1}, "cpu": 4, "memory_gib": 10}
+    three = {"gpu_type": "A100", "mig": {"profile": "3g.20gb", "count": 1}, "cpu": 1, "memory_gib": 2}
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 16}}),
+            {**pool("p", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-8g"], hi=1)},
+            *[doc("Job", f"high{k}", {"tenant": "t", "priority": "high", "resources": dict(four, cpu=5)}) for k in range(7)],
+            doc("Job", "low4g", {"tenant": "t", "priority": "low", "resources": four}),
+            *[doc("Job", f"low3g-{k}", {"tenant": "t", "priority": "low", "resources": three}) for k in range(8)],
+            doc("Job", "new", {"tenant": "t", "priority": "high", "resources": dict(four, cpu=6)})]
+    docs[2]["spec"]["mig"] = ["4g.20gb", "3g.20gb"]
+    fleet = [instance("i0", "p", "gcp", "us-central1", "us-central1-a", "a2-highgpu-8g")]
+    running = {d["metadata"]["name"]: ("i0",) for d in docs if d["kind"] == "Job" and d["metadata"]["name"] != "new"}
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=0)
+    jobs = by_job(plan)
+    assert jobs["new"].action == "place", {k: (v.action, v.reason) for k, v in jobs.items() if v.action != "keep"}
+    assert [k for k, v in jobs.items() if v.action == "evict"] == ["low4g"]
+    from reconciler.load import load
+    from tests.fleetkit import catalog_observed
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, fleet, running)
+    check_plan(desired, observed, plan)
+    check_stability(desired, observed, plan)
