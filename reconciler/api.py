@@ -108,7 +108,6 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
     check this, what a user gets, not the first search's answer."""
     from reconciler.plan import RANKS_HIGHER, make_plan, outcome_rank, unpacked
     from reconciler.plan.quality import as_kept, guarantees_kept_short
-    from reconciler.problem.types import GUARANTEES_TIER
     from reconciler.solve import GAP_LIMIT, solve
 
     gap = GAP_LIMIT if gap is None else gap
@@ -141,16 +140,18 @@ def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_lim
         # The model counts any kept job of a class of identical jobs as its protected one (objective.protected_tier);
         # the plan's stop may fall on the protected job itself (fleet117: j0 stopped to delete its host, j2 kept). And
         # its first search counts a stand-in wherever it lands (fleet136: t1's normal job on a new instance for its low
-        # jobs on one a pool over its max_instances gave up). Searched again with stand-ins in their rooms, its answer
+        # jobs on one a pool over its max_instances gave up; fleet137: in the next tier, t1's new normal job on a gcp A100
+        # for its low CPU job that must leave aws-cpu and fits nowhere). Searched again with stand-ins in their rooms, its answer
         # stands where its claim is the plan's; else the tier claim is the emitted plan's, unproven, and greedy's plan,
         # kept job by job, is emitted if it ranks higher.
-        claimed = next(t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER)
+        claimed = {t["name"]: t.get("value") for t in plan.solver.tiers if t.get("name") in kept}
         plan = as_kept(plan, kept)
         if not problem.stand_in_rooms and not problem.held:
             again_solution, again_plan = again({})
             if again_solution.status != "GREEDY_FALLBACK" and guarantees_kept_short(problem, again_plan, observed) is None \
                     and outcome_rank(problem, again_plan, observed) >= outcome_rank(problem, plan, observed):
-                note = (f"CP-SAT's first answer kept {kept} units of the guarantees where its model counted {claimed}: searched "
+                counts = "; ".join(f"{name}: {kept[name]} units where its model counted {claimed[name]}" for name in kept)
+                note = (f"CP-SAT's first answer kept fewer units of the guarantees than its model counted ({counts}): searched "
                         "again with a tenant's higher work in its lower jobs' place only where it takes their room")
                 note = f"{again_solution.note}; {note}" if again_solution.note else note
                 solution = replace(again_solution, note=note)

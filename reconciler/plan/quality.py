@@ -12,7 +12,7 @@ from reconciler.deadlines import conditions as deadline_conditions
 from reconciler.ledger import MILLI
 from reconciler.plan.types import Consolidation, CreateAction, DeleteAction, JobChange, Plan
 from reconciler.problem import Capacity, Problem
-from reconciler.problem.types import GUARANTEES_TIER
+from reconciler.problem.types import GUARANTEES_TIER, RUNNING_GUARANTEES_TIER
 
 if TYPE_CHECKING:  # annotations only: importing the solver pulls ortools and numpy (~0.2 s of CPU; pandas no more: reconciler/cpsat.py)
     from reconciler.observe import Observed
@@ -143,30 +143,34 @@ def guarantee_kept(problem: Problem, plan: Plan, observed: Observed, moving: boo
     return total
 
 
-def guarantees_kept_short(problem: Problem, plan: Plan, observed: Observed) -> int | None:
-    """What the emitted plan keeps of the guarantees (`guarantee_kept`), where that is less than its solver's tier of
-    that name claims, else None. The model counted a kept job of a class of identical jobs as the class's protected
-    one, so a plan claimed the tier at its bound while the job it stopped was the protected one (fleet117); it counts
-    them per host now (objective.protected_kept), and this stays as a net. Its first search counts a stand-in wherever
-    it lands (Problem.stand_in_rooms), so its claim may be of a looser count than the plan's (fleet136)."""
-    claimed = next((t.get("value") for t in plan.solver.tiers if t.get("name") == GUARANTEES_TIER), None)
-    if not isinstance(claimed, int):
-        return None
-    kept = guarantee_kept(problem, plan, observed)
-    return kept if kept < claimed else None
+def guarantees_kept_short(problem: Problem, plan: Plan, observed: Observed) -> dict[str, int] | None:
+    """What the emitted plan keeps of the guarantees tiers (`guarantee_kept`; with the jobs that must move, the next
+    tier), {tier: kept} of those where that is less than its solver's tier of that name claims, else None. The model
+    counted a kept job of a class of identical jobs as the class's protected one, so a plan claimed the tier at its
+    bound while the job it stopped was the protected one (fleet117); it counts them per host now
+    (objective.protected_kept), and this stays as a net. Its first search counts a stand-in wherever it lands
+    (Problem.stand_in_rooms), so its claim may be of a looser count than the plan's (fleet136); in the next tier too:
+    t1's new normal job on a gcp A100 stood in for its low CPU job that must leave aws-cpu for its data's latency, the
+    tier claimed 1 where the plan kept 0, and held so it kept t2's high job off the pool's one instance (fleet137)."""
+    short = {}
+    for name, moving in ((GUARANTEES_TIER, False), (RUNNING_GUARANTEES_TIER, True)):
+        claimed = next((t.get("value") for t in plan.solver.tiers if t.get("name") == name), None)
+        if isinstance(claimed, int) and (kept := guarantee_kept(problem, plan, observed, moving=moving)) < claimed:
+            short[name] = kept
+    return short or None
 
 
 # A tier's status where the emitted plan keeps less than the solver counted (`as_kept`): no search stopped it there.
 KEPT_SHORT = "KEPT_SHORT"
 
 
-def as_kept(plan: Plan, kept: int) -> Plan:
-    """`plan` with its guarantees tier at `kept`, what the plan keeps where that is short of the solver's count
-    (`guarantees_kept_short`): unproven, status KEPT_SHORT, the plan FEASIBLE. The tier's status with it: a tier left
+def as_kept(plan: Plan, kept: dict[str, int]) -> Plan:
+    """`plan` with its guarantees tiers at `kept` ({tier: units}), what the plan keeps where that is short of the solver's
+    count (`guarantees_kept_short`): unproven, status KEPT_SHORT, the plan FEASIBLE. The tier's status with it: a tier left
     HELD below its bound read "how: held" in the PR comment's table, and FEASIBLE "stopped at its work limit" on the
     plan's line (fleet119's answer was optimal in 0.26 s). It is at least greedy's: api.emitted emits greedy's plan
     where that ranks higher (`outcome_rank`, the guarantees first)."""
-    tiers = tuple({**t, "value": kept, "status": KEPT_SHORT, "proven": False} if t.get("name") == GUARANTEES_TIER else t
+    tiers = tuple({**t, "value": kept[t["name"]], "status": KEPT_SHORT, "proven": False} if t.get("name") in kept else t
                   for t in plan.solver.tiers)
     return replace(plan, solver=replace(plan.solver, status="FEASIBLE", optimal=False, tiers=tiers))
 

@@ -32,6 +32,8 @@ def priority_band(priority: int) -> str:
 # The solver's first tier (objective.protected_tier), as the plan reports it and plan.quality checks it against the
 # emitted plan: each tenant's protected jobs (TenantRules.protected_jobs) kept.
 GUARANTEES_TIER = "guarantees kept"
+# Its next tier (objective.guarantees_tiers): the same count with the tenants' running jobs that must move.
+RUNNING_GUARANTEES_TIER = "guaranteed running work kept"
 
 
 @dataclass(frozen=True)

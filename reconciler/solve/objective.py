@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from reconciler.deadlines import tier_terms as deadline_tier_terms
 from reconciler.ledger import MILLI, borrow_room, licensed_by, milli_down, rules_broken_now, share_capacity, share_weight, stand_in_item_units, stand_in_units
 from reconciler.problem import Demand, pools_over_max, settled_jobs
-from reconciler.problem.types import GUARANTEES_TIER
+from reconciler.problem.types import GUARANTEES_TIER, RUNNING_GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
 from reconciler.solve.tenants import ceiling_rows
 from reconciler.solve.variables import Values, constant, is_variable, is_zero, scale, units, wsum
@@ -103,7 +103,7 @@ def guarantees_tiers(model: Model) -> list[Tier]:
     whole = protected_tier(model, f"{GUARANTEES_TIER}, with tenants over their spot share", lambda r: r.protected_jobs) if shares else None
     second = None
     if any(r.moving_jobs for r in model.p.tenants.values()):
-        second = protected_tier(model, "guaranteed running work kept", lambda r: r.protected_jobs + r.moving_jobs)
+        second = protected_tier(model, RUNNING_GUARANTEES_TIER, lambda r: r.protected_jobs + r.moving_jobs)
     return [t for t in (first, whole, second) if t is not None]
 
 
