@@ -1,0 +1,162 @@
+"""The AWS provider under the README's minimal IAM policy with one action taken away, against a moto server that
+enforces IAM (tests/ec2_iam.py): a plan needs only the reads (PR CI plans with read-only credentials), and an apply
+that could not tag or terminate what it launches is refused before anything is launched, naming the action."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from reconciler import api
+from reconciler.cli import app
+from reconciler.errors import ReconcileError
+from tests.ec2_iam import allow, readme_policy_actions
+from tests.fleetkit import copy_example
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = readme_policy_actions()
+READS = {a for a in POLICY if a.split(":", 1)[1].startswith(("Describe", "Get"))}
+REGIONS = ("us-east-1", "us-west-2")
+
+
+@pytest.fixture(scope="module")
+def iam_moto():
+    """A moto server of its own that enforces IAM, for this module (tests/ec2_iam.py)."""
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.ec2_iam"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        yield info
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _admin(iam_moto, service: str, region: str = "us-east-1"):
+    key, secret = iam_moto["admin"]
+    return boto3.client(service, endpoint_url=iam_moto["url"], region_name=region, aws_access_key_id=key,
+                        aws_secret_access_key=secret)
+
+
+@pytest.fixture
+def as_user(iam_moto, monkeypatch):
+    """as_user(actions): the AWS credentials in the environment become a new IAM user's, allowed `actions`."""
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    iam = _admin(iam_moto, "iam")
+
+    def use(actions: set[str]) -> tuple[str, str]:
+        name = f"u-{uuid.uuid4().hex[:10]}"
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName="fleetops", PolicyDocument=allow(actions))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+        return key["AccessKeyId"], key["SecretAccessKey"]
+    return use
+
+
+@pytest.fixture
+def fleet_cfg(tmp_path):
+    """examples/aws-only under a fleet name of its own (the module's server is shared)."""
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    cfg = copy_example(tmp_path, "aws-only")
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("metadata: {name: aws-fleet}", f"metadata: {{name: {name}}}"))
+    return cfg, name
+
+
+def _instances(iam_moto, fleet: str | None = None) -> dict[str, str]:
+    """{instance id: state} in the example's regions (the fleet's, or every instance), as the admin sees them."""
+    out = {}
+    for region in REGIONS:
+        kw = {"Filters": [{"Name": "tag:fleetops.io/fleet", "Values": [fleet]}]} if fleet else {}
+        for r in _admin(iam_moto, "ec2", region).describe_instances(**kw)["Reservations"]:
+            out.update({d["InstanceId"]: d["State"]["Name"] for d in r["Instances"]})
+    return out
+
+
+def test_a_plan_with_read_only_credentials_is_the_plan_the_whole_policy_makes(iam_moto, as_user, fleet_cfg):
+    """PR CI plans with read-only credentials: a plan sends no write (nor a dry run of one), and says what the whole
+    policy's plan says, before an apply and after it."""
+    cfg, name = fleet_cfg
+    opts = {"endpoint_url": iam_moto["url"]}
+    as_user(READS)
+    before = api.plan(cfg, provider="aws", options=opts).plan
+    as_user(POLICY)
+    whole = api.plan(cfg, provider="aws", options=opts).plan
+    assert [(c.site, c.key) for c in before.creates] == [(c.site, c.key) for c in whole.creates] and len(whole.creates) == 4
+    assert before.notes == whole.notes
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    key, secret = as_user(READS)
+    result = CliRunner().invoke(app, ["plan", str(cfg), "--detailed-exitcode", "--provider", "aws", "-o",
+                                      f"endpoint_url={iam_moto['url']}"])
+    assert result.exit_code == 0, result.output
+    assert key not in result.output and secret not in result.output
+
+
+@pytest.mark.parametrize("missing", ["ec2:RunInstances", "ec2:CreateTags"])
+def test_an_apply_that_may_not_launch_or_tag_is_refused_before_any_launch(iam_moto, as_user, fleet_cfg, missing):
+    """RunInstances with TagSpecifications needs ec2:CreateTags too (EC2 refuses the launch without it): either one
+    missing, the apply is refused before anything is created, naming the action, and never shows the credentials."""
+    cfg, name = fleet_cfg
+    opts = {"endpoint_url": iam_moto["url"]}
+    everything = set(_instances(iam_moto))
+    key, secret = as_user(POLICY - {missing})
+    with pytest.raises(ReconcileError) as e:
+        api.apply(cfg, provider="aws", options=opts)
+    text = str(e.value)
+    assert missing in text and "nothing was changed" in text, text
+    assert key not in text and secret not in text
+    assert set(_instances(iam_moto)) == everything  # nothing launched, ours or untagged
+    assert not (cfg / ".reconcile" / "state.json").exists() or not json.loads(
+        (cfg / ".reconcile" / "state.json").read_text()).get("instances")
+
+
+def test_an_apply_that_may_not_terminate_what_it_replaces_launches_nothing(iam_moto, as_user, fleet_cfg):
+    """Make before break: a plan that replaces instances launches the new ones, then deletes the old. Without
+    ec2:TerminateInstances the deletes failed after the launches: old and new both ran (and billed). Refused before
+    the first launch, naming the action; the next plan still sees the old instances and plans the same."""
+    cfg, name = fleet_cfg
+    opts = {"endpoint_url": iam_moto["url"]}
+    as_user(POLICY)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    ours = _instances(iam_moto, name)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("instance_types: [g4dn.xlarge]", "instance_types: [g4dn.2xlarge]"))
+    replacing = api.plan(cfg, provider="aws", options=opts).plan
+    assert replacing.creates and replacing.deletes
+    as_user(POLICY - {"ec2:TerminateInstances"})
+    with pytest.raises(ReconcileError) as e:
+        api.apply(cfg, provider="aws", options=opts)
+    assert "ec2:TerminateInstances" in str(e.value) and "nothing was changed" in str(e.value), str(e.value)
+    assert _instances(iam_moto, name) == ours
+    as_user(READS)
+    again = api.plan(cfg, provider="aws", options=opts).plan
+    assert [c.key for c in again.creates] == [c.key for c in replacing.creates]
+    assert [d.instance_id for d in again.deletes] == [d.instance_id for d in replacing.deletes]
+
+
+@pytest.mark.parametrize("missing", ["ec2:DescribeInstances", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeImages",
+                                     "ec2:DescribeSpotPriceHistory", "servicequotas:GetServiceQuota"])
+def test_a_plan_missing_a_read_says_which_action_and_shows_no_credentials(iam_moto, as_user, fleet_cfg, missing):
+    """A read the plan needs and may not make: the plan stops with an error naming the action (or, for the quotas, plans
+    as without them and says so, naming it); nothing is launched, and the credentials are never shown."""
+    cfg, name = fleet_cfg
+    key, secret = as_user(READS - {missing})
+    result = CliRunner().invoke(app, ["plan", str(cfg), "--provider", "aws", "-o", f"endpoint_url={iam_moto['url']}"])
+    print(result.output)
+    assert missing in result.output, result.output
+    assert key not in result.output and secret not in result.output
+    assert not _instances(iam_moto, name)
