@@ -14,7 +14,9 @@ moto's evaluation, and what this layer does about it:
   evaluation and answers as EC2 does.
 * Tag on create: RunInstances (or CreatePlacementGroup) with TagSpecifications also needs `ec2:CreateTags`; without it
   EC2 refuses the whole launch, UnauthorizedOperation (EC2 User Guide, "Grant permission to tag resources during
-  creation"). moto checks only the call's own action: this layer checks both.
+  creation"). moto checks only the call's own action: this layer checks both. Likewise a launch with an instance
+  profile needs `iam:PassRole` for its role ("Using an IAM role to grant permissions to applications running on
+  Amazon EC2 instances").
 * DryRun: moto answers a permitted dry run DryRunOperation after the authorisation above, as EC2 does.
 * Service Quotas for ec2: moto knows none; tests/ec2_quotas.py answers them behind this layer (its default limits).
 
@@ -86,6 +88,8 @@ class Ec2Iam:
         needed = [f"ec2:{action}"]
         if action in TAG_ON_CREATE and any(k.startswith(_TAG_SPEC) for k in fields):
             needed.append("ec2:CreateTags")
+        if action == "RunInstances" and any(k.startswith("IamInstanceProfile.") for k in fields):
+            needed.append("iam:PassRole")
         key_id, region = auth.split("Credential=", 1)[1].split("/")[0], auth.split("Credential=", 1)[1].split("/")[2]
         denied = _denied(key_id, needed)
         if denied is None:

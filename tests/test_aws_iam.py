@@ -160,3 +160,56 @@ def test_a_plan_missing_a_read_says_which_action_and_shows_no_credentials(iam_mo
     assert missing in result.output, result.output
     assert key not in result.output and secret not in result.output
     assert not _instances(iam_moto, name)
+
+
+def test_a_scale_up_without_terminate_is_refused_where_the_fleet_has_an_instance_to_dry_run_it_on(iam_moto, as_user,
+                                                                                                   fleet_cfg):
+    """An apply that only launches still needs ec2:TerminateInstances: a gang whose last create fails is rolled back,
+    and the next plans delete what this one launches. Dry-run on one of the fleet's instances in the region."""
+    cfg, name = fleet_cfg
+    opts = {"endpoint_url": iam_moto["url"]}
+    as_user(POLICY)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    ours = _instances(iam_moto, name)
+    (cfg / "jobs" / "more.yaml").write_text(
+        "apiVersion: fleetops.io/v1alpha1\nkind: Job\nmetadata: {name: inference-two}\nspec:\n  tenant: product\n"
+        "  priority: critical\n  resources: {gpus: 1, gpu_type: T4, cpu: 4, memory_gib: 16}\n  spot: never\n")
+    growing = api.plan(cfg, provider="aws", options=opts).plan
+    assert growing.creates and not growing.deletes
+    as_user(POLICY - {"ec2:TerminateInstances"})
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*ec2:TerminateInstances"):
+        api.apply(cfg, provider="aws", options=opts)
+    assert _instances(iam_moto, name) == ours
+
+
+def test_a_launch_with_an_instance_profile_it_may_not_pass_is_refused_naming_iam_pass_role(iam_moto, as_user, fleet_cfg):
+    """EC2's refusal of the launch names no action; the dry runs narrow it down to iam:PassRole."""
+    cfg, name = fleet_cfg
+    _admin(iam_moto, "iam").create_instance_profile(InstanceProfileName=f"{name}-node")
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("# iam_instance_profile: fleetops-node", f"iam_instance_profile: {name}-node"))
+    as_user(POLICY - {"iam:PassRole"})
+    with pytest.raises(ReconcileError) as e:
+        api.apply(cfg, provider="aws", options={"endpoint_url": iam_moto["url"]})
+    assert "may not iam:PassRole," in str(e.value) and "ec2:RunInstances" not in str(e.value), str(e.value)
+    assert not _instances(iam_moto, name)
+
+
+def test_a_delete_the_credentials_may_not_make_names_the_action_and_leaves_the_instance(iam_moto, as_user, tmp_path):
+    """Past the apply's check (the policy changed under it, or a first apply in a region had no instance to dry-run a
+    terminate on), the refused call itself names its action, not only EC2's encoded message."""
+    from providers.aws import AwsProvider
+    from providers.base import ProviderContext
+    from reconciler.errors import AccessDeniedError
+    from tests.test_aws_provider import req
+
+    fleet = f"fleet-{uuid.uuid4().hex[:8]}"
+    as_user(POLICY)
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": iam_moto["url"]}))
+    inst = prov.create(req(fleet, "k-1"))
+    key, secret = as_user(POLICY - {"ec2:TerminateInstances"})
+    prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": iam_moto["url"]}))
+    with pytest.raises(AccessDeniedError, match="may not ec2:TerminateInstances; allow it") as e:
+        prov.delete(inst)
+    assert e.value.actions == ("ec2:TerminateInstances",) and key not in str(e.value) and secret not in str(e.value)
+    assert _instances(iam_moto, fleet) == {inst.id: "running"}
