@@ -503,8 +503,9 @@ class AwsProvider:
         it changes: a launch of each pool and market as it will be sent (its tags and instance profile too), a
         placement group as a gang creates it, the terminate of the instances the plan deletes (else of one of the
         fleet's: a failed gang is rolled back, and a later plan deletes what this one launches), and the placement tags'
-        CreateTags on one the apply keeps (DeleteTags, needed only when a long placement list shrinks, is not asked). Without one of them an apply launched and then could not tag
-        or delete: a replacement ran beside the instance it replaced. An AccessDeniedError names every action missing.
+        CreateTags on one the apply keeps (DeleteTags, needed only when a long placement list shrinks, is not asked).
+        Without one of them an apply launched and then could not tag or delete: a replacement ran beside the instance it
+        replaced. An AccessDeniedError names every action missing.
         A region where the fleet has no instance yet cannot dry-run a terminate (it needs one of the fleet's: the
         policy's condition reads its tag). Not at plan time: plans run with read-only credentials."""
         missing: dict[str, str] = {}  # action -> what was refused
@@ -561,8 +562,9 @@ class AwsProvider:
                 missing, "iam:PassRole", f"{what} with instance profile {request.pool.settings.get('iam_instance_profile')}",
                 ec2.run_instances, **{**bare, "IamInstanceProfile": params["IamInstanceProfile"]}) is not None:
             return
-        self._dry_run(missing, "ec2:CreateTags", f"{what} with its tags (tag on create)", ec2.run_instances,
-                      **{**bare, "TagSpecifications": params["TagSpecifications"]})
+        if self._dry_run(missing, "ec2:CreateTags", f"{what} with its tags (tag on create)", ec2.run_instances,
+                         **{**bare, "TagSpecifications": params["TagSpecifications"]}) is None:
+            missing.setdefault("ec2:RunInstances", f"{what} with its tags and instance profile together")  # (each alone passed)
 
     def _dry_run(self, missing: dict[str, str], action: str, what: str, fn, **kw) -> str | None:
         """Dry-run one call: None if EC2 would allow it, else its refusal (recorded in `missing` under `action`). Any

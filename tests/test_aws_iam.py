@@ -199,14 +199,16 @@ def test_a_delete_the_credentials_may_not_make_names_the_action_and_leaves_the_i
     """Past the apply's check (the policy changed under it, or a first apply in a region had no instance to dry-run a
     terminate on), the refused call itself names its action, not only EC2's encoded message."""
     from providers.aws import AwsProvider
-    from providers.base import ProviderContext
+    from providers.base import CreateRequest, PoolTarget, ProviderContext, ownership_tags
     from reconciler.errors import AccessDeniedError
-    from tests.test_aws_provider import req
 
     fleet = f"fleet-{uuid.uuid4().hex[:8]}"
     as_user(POLICY)
     prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": iam_moto["url"]}))
-    inst = prov.create(req(fleet, "k-1"))
+    pool = PoolTarget(name="a10g", cloud="aws", region="us-east-1", zones=("us-east-1a",), instance_types=("g5.xlarge",),
+                      settings={"ami": "ami-03cf127a"})
+    inst = prov.create(CreateRequest(key="k-1", pool=pool, zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                     max_price=None, tags=ownership_tags(fleet, "a10g", "k-1")))
     key, secret = as_user(POLICY - {"ec2:TerminateInstances"})
     prov = AwsProvider(ProviderContext(fleet=fleet, state_dir=tmp_path, options={"endpoint_url": iam_moto["url"]}))
     with pytest.raises(AccessDeniedError, match="may not ec2:TerminateInstances; allow it") as e:
