@@ -215,3 +215,24 @@ def test_a_delete_the_credentials_may_not_make_names_the_action_and_leaves_the_i
         prov.delete(inst)
     assert e.value.actions == ("ec2:TerminateInstances",) and key not in str(e.value) and secret not in str(e.value)
     assert _instances(iam_moto, fleet) == {inst.id: "running"}
+
+
+S3_READ = {"s3:GetObject", "s3:ListBucket"}
+
+
+def test_the_s3_state_backend_plans_read_only_and_an_apply_that_cannot_write_its_state_launches_nothing(
+        iam_moto, as_user, fleet_cfg, monkeypatch):
+    """With the state in S3: a plan reads it (s3:GetObject, s3:ListBucket) and writes nothing; an apply whose
+    credentials may not write the state (its lock, its serial, the state itself) stops before the first launch."""
+    cfg, name = fleet_cfg
+    bucket = f"state-{uuid.uuid4().hex[:8]}"
+    _admin(iam_moto, "s3").create_bucket(Bucket=bucket)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", iam_moto["url"])
+    opts, state = {"endpoint_url": iam_moto["url"]}, f"s3://{bucket}/fleet"
+    as_user(READS | S3_READ)
+    assert len(api.plan(cfg, provider="aws", options=opts, state=state).plan.creates) == 4
+    key, secret = as_user(POLICY | S3_READ)
+    with pytest.raises(ReconcileError) as e:
+        api.apply(cfg, provider="aws", options=opts, state=state)
+    assert "may not s3:PutObject" in str(e.value) and key not in str(e.value) and secret not in str(e.value), str(e.value)
+    assert not _instances(iam_moto, name)
