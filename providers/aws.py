@@ -272,6 +272,7 @@ class AwsProvider:
         errors): such an error is TransientProviderError(retried=True), which apply does not retry again."""
         from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
         from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.parsers import ResponseParserError
 
         try:
             return fn(**kw)
@@ -294,6 +295,9 @@ class AwsProvider:
             if code == "IdempotentParameterMismatch":  # the ClientToken launched with other parameters: create() looks
                 raise KeySpentError(text) from None   # its instance up, live or spent
             raise ProviderError(text) from None
+        except ResponseParserError:  # an answer botocore cannot read (an HTML 500 page from a proxy): no ResponseParserError
+            # is a BotoCoreError, so it went up as a traceback; its text quotes the whole body
+            raise TransientProviderError(f"aws: {what}: the endpoint's answer could not be read (not EC2's XML)") from None
         except BotoCoreError as e:  # connection errors, timeouts (botocore retried those), missing credentials
             raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}",
                                          retried=isinstance(e, (BotoConnectionError, HTTPClientError))) from None
