@@ -35,9 +35,10 @@ from providers.base import TAG_CREATE_KEY, TAG_FLEET, TAG_POOL, CreateRequest, I
 from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
-from providers.placements import PlacementRecord, is_placement_key, placement_tags
+from providers.placements import TAG_PLACEMENTS, PlacementRecord, is_placement_key, placement_tags
 from providers.options import Option, ProviderOptions, count, seconds, text, url
-from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.errors import (AccessDeniedError, CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError,
+                             TransientProviderError)
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "SpotMaxPriceTooLow", "Unsupported",
@@ -63,6 +64,13 @@ VCPU_QUOTAS = {
 }
 STANDARD_QUOTAS = (("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
                    ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"))
+# IAM's refusals: EC2 answers UnauthorizedOperation, the JSON APIs (SSM, Service Quotas) AccessDeniedException.
+DENIED_CODES = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException"}
+_SERVICE_OF = {"GetParameter": "ssm", "GetServiceQuota": "servicequotas"}  # IAM's prefix of the calls not EC2's
+# What a call needs besides its own action (README, Minimal IAM policy), named in its refusal: EC2 answers a refused
+# launch "You are not authorized to perform this operation. Encoded authorization failure message: ...", naming none.
+IMPLIED = {"RunInstances": "ec2:CreateTags for the tags it launches with, iam:PassRole for an instance profile",
+           "CreatePlacementGroup": "ec2:CreateTags for the tag it is created with"}
 TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ServiceUnavailable", "InternalError", "Unavailable"}
 DEFAULT_PARALLELISM = 100
 # botocore's tries of one call, the first included: its standard-mode pauses before the 2nd..5th are random up to
@@ -264,6 +272,7 @@ class AwsProvider:
         errors): such an error is TransientProviderError(retried=True), which apply does not retry again."""
         from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
         from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.parsers import ResponseParserError
 
         try:
             return fn(**kw)
@@ -281,9 +290,14 @@ class AwsProvider:
                 retried = bool(meta.get("MaxAttemptsReached") or meta.get("RetryAttempts"))
                 tries = f" (after {int(meta.get('RetryAttempts') or 0) + 1} tries)" if retried else ""
                 raise TransientProviderError(text + tries, retried=retried) from None
+            if code in DENIED_CODES:
+                raise denied_error(what, e.operation_name, code, msg) from None
             if code == "IdempotentParameterMismatch":  # the ClientToken launched with other parameters: create() looks
                 raise KeySpentError(text) from None   # its instance up, live or spent
             raise ProviderError(text) from None
+        except ResponseParserError:  # an answer botocore cannot read (an HTML 500 page from a proxy): no ResponseParserError
+            # is a BotoCoreError, so it went up as a traceback; its text quotes the whole body
+            raise TransientProviderError(f"aws: {what}: the endpoint's answer could not be read (not EC2's XML)") from None
         except BotoCoreError as e:  # connection errors, timeouts (botocore retried those), missing credentials
             raise TransientProviderError(f"aws: {what}: {type(e).__name__}: {e}",
                                          retried=isinstance(e, (BotoConnectionError, HTTPClientError))) from None
@@ -486,15 +500,112 @@ class AwsProvider:
                 used[code] = used.get(code, 0.0) + vcpus[t]
         return used
 
+    # -- apply-time permission check -------------------------------------------------
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance]) -> None:
+        """Apply time, before anything is created (base.Preflight): EC2's dry runs (DryRun=True: DryRunOperation if the
+        call would be allowed, UnauthorizedOperation if not; nothing is done) of what the apply may send in each region
+        it changes: a launch of each pool and market as it will be sent (its tags and instance profile too), a
+        placement group as a gang creates it, the terminate of the instances the plan deletes (else of one of the
+        fleet's: a failed gang is rolled back, and a later plan deletes what this one launches), and the placement tags'
+        CreateTags on one the apply keeps (DeleteTags, needed only when a long placement list shrinks, is not asked).
+        Without one of them an apply launched and then could not tag or delete: a replacement ran beside the instance it
+        replaced. An AccessDeniedError names every action missing.
+        A region where the fleet has no instance yet cannot dry-run a terminate (it needs one of the fleet's: the
+        policy's condition reads its tag). Not at plan time: plans run with read-only credentials."""
+        missing: dict[str, str] = {}  # action -> what was refused
+        for region in sorted({r.pool.region for r in creates} | {i.region for i in deletes}):
+            ec2 = self.ec2(region)
+            if not self._honours_dry_run(ec2, region):
+                continue
+            for request in _one_per_launch([r for r in creates if r.pool.region == region]):
+                self._dry_run_launch(ec2, request, missing)
+            group = next((r for r in creates if r.pool.region == region and r.placement_group), None)
+            if group is not None:
+                self._dry_run(missing, "ec2:CreatePlacementGroup", f"create placement group in {region}",
+                              ec2.create_placement_group, GroupName=group.placement_group, Strategy="cluster",
+                              TagSpecifications=[{"ResourceType": "placement-group",
+                                                  "Tags": [{"Key": TAG_FLEET, "Value": self.ctx.fleet}]}])
+            leaving = {i.id for i in deletes}
+            ours = sorted(i.id for i in instances if i.region == region and i.tags.get(TAG_FLEET) == self.ctx.fleet)
+            gone = sorted(i.id for i in deletes if i.region == region) or ours[:1]
+            for n in range(0, len(gone), FILTER_VALUES):
+                self._dry_run(missing, "ec2:TerminateInstances", f"terminate {', '.join(gone[n:n + 3])} in {region}",
+                              ec2.terminate_instances, InstanceIds=gone[n:n + FILTER_VALUES])
+            kept = [i for i in ours if i not in leaving][:1]
+            if kept:
+                self._dry_run(missing, "ec2:CreateTags", f"tag {kept[0]}'s placements", ec2.create_tags, Resources=kept,
+                              Tags=[{"Key": TAG_PLACEMENTS, "Value": ""}])
+        if missing:
+            raise AccessDeniedError(
+                "aws: the credentials may not " + ", ".join(missing) + ", which this apply needs (EC2's dry runs: "
+                + "; ".join(f"{a}: {why}" for a, why in missing.items()) + "); allow them (README, AWS: Minimal IAM policy) "
+                "and apply again", actions=tuple(missing))
+
+    def _honours_dry_run(self, ec2, region: str) -> bool:
+        """The endpoint answers DryRun as EC2 does, asked with a read: one that ignored it would carry the dry-run writes
+        out. (Real EC2 does; an EC2-compatible endpoint may not: its writes are then not dry-run.)"""
+        try:
+            self._call(f"describe_instances (dry run) in {region}", ec2.describe_instances, DryRun=True, MaxResults=5)
+        except (AccessDeniedError, TransientProviderError):
+            raise
+        except ProviderError as e:
+            return "DryRunOperation" in str(e)
+        return False
+
+    def _dry_run_launch(self, ec2, request: CreateRequest, missing: dict[str, str]) -> None:
+        """A launch as create() sends it, dry-run; refused, asked again without its tags and instance profile, so the
+        action missing is named (EC2's refusal of a launch names none)."""
+        params = {k: v for k, v in self._run_params(request).items() if k != "ClientToken"}
+        what = f"launch {request.market} {request.instance_type} in {request.zone} (pool {request.pool.name})"
+        if self._dry_run({}, "", what, ec2.run_instances, **params) is None:
+            return
+        bare = {k: v for k, v in params.items() if k not in ("TagSpecifications", "IamInstanceProfile")}
+        if self._dry_run(missing, "ec2:RunInstances", what, ec2.run_instances, **bare) is not None:
+            return
+        if "IamInstanceProfile" in params and self._dry_run(
+                missing, "iam:PassRole", f"{what} with instance profile {request.pool.settings.get('iam_instance_profile')}",
+                ec2.run_instances, **{**bare, "IamInstanceProfile": params["IamInstanceProfile"]}) is not None:
+            return
+        if self._dry_run(missing, "ec2:CreateTags", f"{what} with its tags (tag on create)", ec2.run_instances,
+                         **{**bare, "TagSpecifications": params["TagSpecifications"]}) is None:
+            missing.setdefault("ec2:RunInstances", f"{what} with its tags and instance profile together")  # (each alone passed)
+
+    def _dry_run(self, missing: dict[str, str], action: str, what: str, fn, **kw) -> str | None:
+        """Dry-run one call: None if EC2 would allow it, else its refusal (recorded in `missing` under `action`). Any
+        other answer (an unknown AMI, a bad parameter) is the real call's to report, as it would without this."""
+        try:
+            self._call(f"{what} (dry run)", fn, DryRun=True, **kw)
+        except AccessDeniedError as e:
+            missing.setdefault(action, what)
+            return str(e)
+        except ProviderError:
+            return None
+        return None
+
     # -- create / delete -----------------------------------------------------------
     def create(self, request: CreateRequest) -> Instance:
         p = request.pool
         ec2 = self.ec2(p.region)
-        placed = placement_tags(request.placements) if request.placements is not None else {}
         existing = [i for i in self._describe(p.region, [{"Name": f"tag:{TAG_CREATE_KEY}", "Values": [request.key]}])
                     if i.state != "terminated" and i.tags.get(TAG_FLEET) == self.ctx.fleet]
         if existing:
             return existing[0]
+        params = self._run_params(request)
+        if request.placement_group:
+            self._placement_group(ec2, request.placement_group, p.region)
+            params["Placement"]["GroupName"] = request.placement_group
+        sent_before = self._token_sent(p.region, params["ClientToken"])
+        try:
+            resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
+                              cloud_zone=(request.zone, request.instance_type, request.market), **params)
+        except KeySpentError as e:
+            return self._launched_with(p.region, params["ClientToken"], request.key, str(e), sent_before)
+        return self._to_instance(p.region, resp["Instances"][0])
+
+    def _run_params(self, request: CreateRequest) -> dict[str, Any]:
+        """RunInstances' parameters for a create, its placement group aside (created first: create())."""
+        p = request.pool
+        placed = placement_tags(request.placements) if request.placements is not None else {}
         s = dict(p.settings)
         params: dict[str, Any] = {
             "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1, "ClientToken": client_token(request.key),
@@ -522,9 +633,6 @@ class AwsProvider:
         if s.get("iam_instance_profile"):
             prof = s["iam_instance_profile"]
             params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
-        if request.placement_group:
-            self._placement_group(ec2, request.placement_group, p.region)
-            params["Placement"]["GroupName"] = request.placement_group
         if request.agent_state_url:  # cloud-init runs it at first boot: it installs and starts the node agent
             from providers.bootstrap import bootstrap_script
 
@@ -536,13 +644,7 @@ class AwsProvider:
             if request.max_price is not None:
                 opts["MaxPrice"] = f"{request.max_price:.4f}"
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": opts}
-        sent_before = self._token_sent(p.region, params["ClientToken"])
-        try:
-            resp = self._call(f"run_instances {request.instance_type} in {request.zone}", ec2.run_instances,
-                              cloud_zone=(request.zone, request.instance_type, request.market), **params)
-        except KeySpentError as e:
-            return self._launched_with(p.region, params["ClientToken"], request.key, str(e), sent_before)
-        return self._to_instance(p.region, resp["Instances"][0])
+        return params
 
     def _token_sent(self, region: str, token: str) -> float | None:
         """When this state's last RunInstances with `token` was sent (time.time()), or None; and it is now. A file per
@@ -700,6 +802,24 @@ class AwsProvider:
         self._call(f"create_tags {instance.id}", ec2.create_tags, Resources=[instance.id], Tags=_tag_list(new))
         if stale:
             self._call(f"delete_tags {instance.id}", ec2.delete_tags, Resources=[instance.id], Tags=[{"Key": k} for k in stale])
+
+
+def denied_error(what: str, operation: str, code: str, message: str) -> AccessDeniedError:
+    """An IAM refusal, naming the action: AWS's message names it ("... is not authorized to perform: ec2:X"), else it is
+    the call's own (with what it implies: EC2 encodes the detail of a refused launch)."""
+    named = re.search(r"not authorized to perform: \(?([a-z0-9-]+:[A-Za-z0-9]+)", message)
+    action = named.group(1) if named else f"{_SERVICE_OF.get(operation, 'ec2')}:{operation}"
+    implied = f" (or what it implies: {IMPLIED[operation]})" if not named and operation in IMPLIED else ""
+    return AccessDeniedError(f"aws: {what}: {code}: the credentials may not {action}{implied}; allow it (README, AWS: "
+                             f"Minimal IAM policy) and run again. AWS said: {message}", actions=(action,))
+
+
+def _one_per_launch(requests: Sequence[CreateRequest]) -> list[CreateRequest]:
+    """One create of each pool and market (they launch with the same image, network, profile and tags)."""
+    seen: dict[tuple[str, str], CreateRequest] = {}
+    for r in requests:
+        seen.setdefault((r.pool.name, r.market), r)
+    return list(seen.values())
 
 
 def _refusal_is_final(response=None, operation=None, **_) -> None:

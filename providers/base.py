@@ -219,6 +219,18 @@ class Janitor(Protocol):
         ...
 
 
+@runtime_checkable
+class Preflight(Protocol):
+    """An optional capability: a provider that can ask its cloud, without changing anything, whether the credentials
+    may make the calls an apply will make (EC2's DryRun), so an apply that could launch but not tag or delete is
+    refused before its first launch, not stopped halfway with a replacement running beside what it replaced."""
+
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance]) -> None:
+        """Raise AccessDeniedError naming what the credentials may not do of: launching `creates` as they will be
+        sent, deleting `deletes`, tagging `instances` (the fleet's, observed). Called at apply time only."""
+        ...
+
+
 def ownership_tags(fleet: str, pool: str, key: str) -> dict[str, str]:
     return {TAG_FLEET: fleet, TAG_POOL: pool, TAG_CREATE_KEY: key}
 

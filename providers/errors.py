@@ -50,6 +50,15 @@ class QuotaError(ProviderError):
         self.cloud, self.quota, self.region, self.how_to_raise = cloud, quota, region, how_to_raise
 
 
+class AccessDeniedError(ProviderError):
+    """The credentials may not make a call (IAM's UnauthorizedOperation, AccessDenied): no retry, zone or key helps,
+    only a permission added. `actions`: the permissions the message names as missing."""
+
+    def __init__(self, message: str, *, actions: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.actions = actions
+
+
 class TransientProviderError(ProviderError):
     """Throttling, timeouts: safe to retry with the same idempotency key. `retried`: the cloud's SDK has already
     retried the call with backoff (botocore's retry mode), so the caller does not retry it again: one layer owns a

@@ -347,9 +347,9 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
 
     on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
     on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
-    before any provider call; raises ApplyError after writing status when some actions failed."""
+    before any provider call, AccessDeniedError before any change (check_permissions); raises ApplyError after writing status when some actions failed."""
     from policies.guardrails import violations
-    from reconciler.apply import apply_plan
+    from reconciler.apply import apply_plan, check_permissions
     from reconciler.plancheck import recheck
     from reconciler.problem import build_problem
     from reconciler.status import StatusFiles, write_status
@@ -399,6 +399,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         # which an edit of `run` does not rewrite) the next edit was published below it and never taken.
         current.serial = max([current.serial, *(d.get("serial", 0) for d in assigned.values())])
         serial = next_serial(current, observed.serial, observed.instances)  # (refused here if none is left)
+        check_permissions(desired, observed, the_plan, fleet, current, serial)  # (refused here: nothing changed yet)
         if on_plan is not None:
             on_plan(the_plan)
         # Before any provider call, the backend records the serial this apply writes its tags with: a crash before the

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import (TAG_CREATE_KEY, TAG_FLEET, TAG_FLEET_UID, TAG_MIG, TAG_RESERVATION, CreateRequest, Instance, Janitor,
-                            PlacementRecorder, mig_tag, ownership_tags)
+                            PlacementRecorder, Preflight, mig_tag, ownership_tags)
 from providers.placements import Placement, PlacementRecord, PlacementTagError, placement_tags, read_placements
 from providers.errors import retrying_until
-from reconciler.errors import CapacityError, KeySpentError, ProviderError, TransientProviderError
+from reconciler.errors import AccessDeniedError, CapacityError, KeySpentError, ProviderError, TransientProviderError
 from reconciler.model import DesiredState
 from reconciler.observe import Fleet, Observed, pool_target, provider_for
 from reconciler.placements import next_serial
@@ -222,9 +222,9 @@ def _run_all(items: list, lane: Callable[[Any], tuple[str, str]], limit: Callabl
                 finish(item, started, None if error is not None else fut.result(), error)
 
 
-def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str,
-            hosted: list[Placement]) -> Instance:
-    provider = fleet.provider(c.site.provider)
+def create_request(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str,
+                   hosted: list[Placement]) -> CreateRequest:
+    """What a provider is asked to launch for a create (its attempt `key`), tags and placements included."""
     target = pool_target(desired.pools[c.site.pool])
     tags = {**ownership_tags(desired.fleet, c.site.pool, key), "fleetops.io/plan": plan.id, **({TAG_FLEET_UID: uid} if uid else {})}
     # The layout the bootstrap partitions its GPUs with (target.mig), once: how the next plans know it when the pool's
@@ -233,12 +233,18 @@ def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, se
     reservation = desired.reservations.get(c.reservation) if c.reservation else None
     if c.reservation:
         tags[TAG_RESERVATION] = c.reservation  # how the next plan knows it is reserved capacity (price 0)
-    req = CreateRequest(
+    return CreateRequest(
         key=key, pool=target, zone=c.site.zone, instance_type=c.site.instance_type,
         market=c.site.market, max_price=c.max_price, tags=tags, placement_group=c.placement_group,  # type: ignore[arg-type]
         placements=PlacementRecord.of(serial, hosted), agent_state_url=getattr(fleet, "agent_state_url", None),
         capacity_reservation=reservation.spec.target.reservation_id if reservation is not None and reservation.spec.target else None,
     )
+
+
+def _create(fleet: Fleet, desired: DesiredState, plan: Plan, c: CreateAction, serial: int, key: str, uid: str,
+            hosted: list[Placement]) -> Instance:
+    provider = fleet.provider(c.site.provider)
+    req = create_request(fleet, desired, plan, c, serial, key, uid, hosted)
     return _retry(lambda: provider.create(req), f"create {c.ref}", _window(provider))
 
 
@@ -399,6 +405,28 @@ def _regions(desired: DesiredState, fleet: Fleet, state: State, alive: list[Inst
                       "settings": {s: settings[s] for s in SCOPE_SETTINGS if settings.get(s)}}
     live = {(i.provider, i.cloud, i.region) for i in alive}
     return [r for k, r in sorted(out.items()) if k in live or k in pooled]
+
+
+def check_permissions(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State, serial: int) -> None:
+    """Before an apply changes anything: each provider that can (base.Preflight) is asked whether the credentials may make
+    the plan's launches (as they will be sent), its deletes, and the placement tags' writes; a refusal stops the apply
+    with nothing changed, naming the actions (an apply that could launch but not tag or delete left a replacement
+    running beside what it replaced, and a failed gang's instances up)."""
+    arriving = _arrivals(plan)
+    existing = {i.id: i for i in observed.instances}
+    for name in sorted({c.site.provider for c in plan.creates} | {existing[d.instance_id].provider for d in plan.deletes
+                                                                     if d.instance_id in existing}):
+        provider = fleet.provider(name)
+        if not isinstance(provider, Preflight):
+            continue
+        creates = [create_request(fleet, desired, plan, c, serial, c.key, state.fleet_uid, arriving.get(c.ref, []))
+                   for c in plan.creates if c.site.provider == name]
+        deletes = [existing[d.instance_id] for d in plan.deletes if existing.get(d.instance_id) and existing[d.instance_id].provider == name]
+        try:
+            _retry(lambda: provider.preflight(creates, deletes, [i for i in observed.instances if i.provider == name]),
+                   f"check {name}'s permissions", _window(provider))
+        except AccessDeniedError as e:
+            raise AccessDeniedError(f"refusing to apply; nothing was changed:\n  - {e}", actions=e.actions) from None
 
 
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,

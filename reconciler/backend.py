@@ -700,6 +700,10 @@ S3_MULTIPART_THRESHOLD = 64 << 20
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_READ_TIMEOUT_S = 10.0
 S3_PART_SIZE = 16 << 20
+# The IAM action of each S3 call the backend makes whose name is not its own (Amazon S3's "Actions, resources, and
+# condition keys"): a listing is s3:ListBucket, a HEAD a GetObject, a multipart upload's parts PutObject.
+S3_ACTIONS = {"ListObjectsV2": "ListBucket", "HeadObject": "GetObject", "CreateMultipartUpload": "PutObject",
+              "UploadPart": "PutObject", "CompleteMultipartUpload": "PutObject", "CopyObject": "PutObject"}
 S3_CONCURRENCY = 4
 
 
@@ -737,7 +741,12 @@ class S3Backend(ObjectStoreBackend):
         self.multipart_threshold, self.part_size = S3_MULTIPART_THRESHOLD, S3_PART_SIZE
 
     def _code(self, e: Exception) -> str:
-        return _s3_response(e).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
+        """S3's error code; a refusal (AccessDenied) names the IAM action the call needs, which S3's message does not."""
+        code = _s3_response(e).get("Error", {}).get("Code") or redact(str(e)) or type(e).__name__
+        operation = getattr(e, "operation_name", "")
+        if code == "AccessDenied" and operation:
+            return f"{code} (the credentials may not s3:{S3_ACTIONS.get(operation, operation)})"
+        return code
 
     def _get(self, key: str, limit: int) -> bytes | None:
         got = self._get_object(key, limit)

@@ -10,7 +10,7 @@ import errno
 from dataclasses import dataclass
 
 from providers.errors import (
-    CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, PluginError, ProviderError, QuotaError,
+    AccessDeniedError, CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, PluginError, ProviderError, QuotaError,
     ReconcileError, TransientProviderError,
 )
 
@@ -132,6 +132,6 @@ class CorruptBusObjectError(ReconcileError):
         super().__init__(f"bus object {key} {why}; delete it and its writer rewrites it")
 
 
-__all__ = ["ReconcileError", "Diagnostic", "json_printed", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
+__all__ = ["AccessDeniedError", "ReconcileError", "Diagnostic", "json_printed", "printable", "shown", "ConfigError", "ProviderError", "CapacityError", "QuotaError",
            "TransientProviderError", "KeySpentError", "OwnershipError", "IncompleteObservationError", "PluginError",
            "StalePlanError", "LockError", "GuardrailError", "SolverError", "WallCap", "ApplyError", "CorruptBusObjectError"]

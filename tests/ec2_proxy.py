@@ -69,6 +69,8 @@ _CODE = re.compile(rb"<Code>([^<]*)</Code>")
 def error_status(body: bytes) -> int:
     """The HTTP status EC2 answers an error body with."""
     m = _CODE.search(body)
+    if m and m.group(1) == b"DryRunOperation":
+        return 412  # EC2's answer to a dry run that would have succeeded
     return SERVER_ERRORS.get(m.group(1).decode(), 400) if m else 400
 
 
@@ -140,7 +142,13 @@ class Ec2Proxy:
 
     # -- the EC2 behaviour ---------------------------------------------------------
     def intercept(self, action: str, params: dict[str, list[str]], region: str) -> bytes | None:
-        """An EC2 error body to answer instead of forwarding, or None."""
+        """An EC2 error body to answer instead of forwarding, or None. A dry run (apply's permission check) goes to moto as
+        it is (EC2 checks its permissions only, and it is no call a test counts or injects a failure into), but for the
+        placement groups this layer keeps itself, which it answers as EC2 answers a permitted dry run."""
+        if params.get("DryRun", ["false"])[0].lower() == "true":
+            if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
+                return ec2_error("DryRunOperation", "Request would have succeeded, but DryRun flag is set.")
+            return None
         with self.lock:
             self.calls.append(action)
             for f in self.failures:

@@ -8,7 +8,7 @@ unsent (`before`), or also holds the answer of the last of the `after` (`answer-
 so with a file once every launch sent was answered (launch lanes run concurrently). The test then acts at that exact point, and
 releases the gate (or kills the process). What the cloud does and what the apply does with its
 answers are unchanged: the hook wraps only the launch call (the sim provider's create, or
-botocore's RunInstances)."""
+botocore's RunInstances, not its dry runs: apply's permission check)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ _SITE = textwrap.dedent('''
         _launch = _gated(_call)
 
         def _api_call(self, operation, params):
-            return (_launch if operation == "RunInstances" else _call)(self, operation, params)
+            launch = operation == "RunInstances" and not params.get("DryRun")  # (a dry run launches nothing)
+            return (_launch if launch else _call)(self, operation, params)
 
         botocore.client.BaseClient._make_api_call = _api_call
     else:

@@ -24,6 +24,7 @@ from reconciler.cli import app
 from reconciler.errors import ApplyError, CapacityError, KeySpentError, OwnershipError, ProviderError
 from reconciler.state import load_state
 from tests.conftest import AWS_ENV
+from tests.ec2_iam import readme_policy_actions
 from tests.fleetkit import copy_example
 
 AMI = "ami-03cf127a"  # one of moto's built-in images
@@ -376,14 +377,6 @@ def test_full_plan_apply_converge_against_moto(aws_env, tmp_path, ec2):
     assert state == "running"
 
 
-def _readme_iam_actions() -> set[str]:
-    """The actions the README's minimal IAM policy allows (its JSON block), as IAM names."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("Minimal IAM policy", 1)[1].split("```json", 1)[1].split("```", 1)[0]
-    return {a for st in json.loads(block)["Statement"] if st["Effect"] == "Allow"
-            for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
-
-
 def test_the_readme_s_minimal_iam_policy_allows_every_call_a_plan_apply_and_teardown_makes(aws_env, tmp_path, fleet, ec2,
                                                                                           aws_calls):
     """moto enforces no IAM, so a policy missing an action the provider calls is found only on a real account, as
@@ -406,7 +399,7 @@ def test_the_readme_s_minimal_iam_policy_allows_every_call_a_plan_apply_and_tear
     assert api.apply(cfg, provider="aws", options=opts).report.ok
     sent = aws_calls.take()
     assert {"ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:RunInstances", "ec2:TerminateInstances"} <= sent
-    assert sorted(sent - _readme_iam_actions()) == [], sorted(sent)
+    assert sorted(sent - readme_policy_actions()) == [], sorted(sent)
 
 
 def test_a_stopped_instance_is_observed_as_stopping_not_gone(prov, fleet, ec2):
