@@ -184,13 +184,32 @@ def borrow_room(rules, dim: str) -> float:
 
 def share_weight(rules) -> float:
     """A tenant's weight as its borrowed share is divided by it (README, Tenants: weighted DRF)."""
-    return max(rules.weight, 1e-3)
+    return share_weight_of(rules.weight)
 
 
 def share_capacity(rules, fleet_capacity: dict[str, float]) -> float:
     """The fleet's capacity in the tenant's dominant dimension (rules.dominant), its borrowed share's denominator; 0
     where the fleet has none: no share is counted there."""
     return max(0.0, fleet_capacity.get(rules.dominant) or 0.0)
+
+
+def fair_share_level(reach: list[tuple[float, float]], free: float) -> float:
+    """The share over weight borrowers reach when `free` is water-filled over them, each (its reach, its weight) taking
+    weight x level up to its reach (all in one unit, e.g. per mille of the fleet): where the fair share's equalising is
+    decided, so the model's utility steps are sized by it rather than by the whole fleet (objective.fair_share_tier)."""
+    left, level, weights = max(0.0, free), 0.0, sum(share_weight_of(w) for _, w in reach)
+    for r, w in sorted(reach, key=lambda rw: rw[0] / share_weight_of(rw[1])):
+        top = r / share_weight_of(w)
+        need = (top - level) * weights
+        if need >= left:
+            return level + left / weights
+        left, level, weights = left - need, top, weights - share_weight_of(w)
+    return level
+
+
+def share_weight_of(weight: float) -> float:
+    """A weight as a borrowed share is divided by it (never below 1e-3)."""
+    return max(weight, 1e-3)
 
 
 def borrowed_share(rules, use: dict[str, float], fleet_capacity: dict[str, float]) -> float:

@@ -271,12 +271,15 @@ def test_the_philly_checker_finds_an_overcommitted_instance_and_a_split_gang(tmp
     assert any("gang over zones" in w for w in check_plan(cfg, split)[0])
 
 
-def test_the_philly_fair_share_check_recomputes_the_tier_and_finds_a_false_proof(tmp_path):
+def test_the_philly_fair_share_check_recomputes_the_tier_and_notes_a_proof_to_look_at(tmp_path):
     """bench.philly.fair_share_check: 20 GPUs, two VCs guaranteed 3 each (their share of the VC nodes), 13 and 10 1-GPU
-    jobs; a plan placing 13 of one's and 7 of the other's borrows 10 and 4: per mille of 20 GPUs 500 and 200, worth
-    100 x 50 x (20 + ... + 11) + 100 x 50 x (20 + ... + 17) = 775,000 + 370,000 (README, Tenants: 20 steps of 50 per
-    mille); 7 and 7, 350 per mille each, are worth 2 x 595,000, the best of the 14 borrowed GPUs. Claimed as proven,
-    the tier is named wrong; claimed above the best, too; not proven below a bound past the best, it is true."""
+    jobs; a plan placing 13 of one's and 7 of the other's borrows 10 and 4: per mille of 20 GPUs 500 and 200. The
+    steps (README, Tenants) are 35 per mille: twice the level, 350, the 14 GPUs the guarantees leave of what is asked
+    (700 per mille) reach water-filled over the two, over 20. So 500 is worth 100 x (35 x (20 + ... + 7) + 10 x 6) =
+    667,500 and 200 100 x (35 x (20 + ... + 16) + 25 x 15) = 352,500; 7 and 7, 350 per mille each, are worth
+    2 x 100 x 35 x (20 + ... + 11) = 2 x 542,500, the best of the 14 borrowed GPUs. Claimed as proven, the tier is
+    noted to look closer at (the best ignores packing: no contradiction); claimed above the best, it is named wrong;
+    not proven below a bound past the best, it is true."""
     from bench.philly import fair_share_check, generate, read_config
 
     rows = tmp_path / "jobs.csv"
@@ -294,12 +297,13 @@ def test_the_philly_fair_share_check_recomputes_the_tier_and_finds_a_false_proof
                  "value": value, "bound": bound, "proven": proven}]
         return {"jobs": moves, "solver": {"tiers": tiers}}
 
-    wrong, got = fair_share_check(cfg, plan(1_145_000, 1_300_000, False))
-    assert wrong == [] and got["borrowed"] == {"ee9e8c": 10, "6214e9": 4} and got["emitted"] == 1_145_000
-    assert got["exact_best"] == 1_190_000 and got["water_fill"] == {"ee9e8c": 7, "6214e9": 7} and got["bound_valid"]
-    assert any("proven" in w for w in fair_share_check(cfg, plan(1_145_000, 1_145_000, True))[0])
-    assert any("no split" in w for w in fair_share_check(cfg, plan(1_200_000, 1_300_000, False))[0])
-    assert any("give 1145000" in w for w in fair_share_check(cfg, plan(1_150_000, 1_300_000, False))[0])
+    wrong, got = fair_share_check(cfg, plan(1_020_000, 1_300_000, False))
+    assert wrong == [] and got["borrowed"] == {"ee9e8c": 10, "6214e9": 4} and got["emitted"] == 1_020_000
+    assert got["exact_best"] == 1_085_000 and got["water_fill"] == {"ee9e8c": 7, "6214e9": 7} and got["bound_valid"]
+    wrong, got = fair_share_check(cfg, plan(1_020_000, 1_020_000, True))
+    assert wrong == [] and "1085000 with packing ignored" in got["look_closer"]
+    assert any("no split" in w for w in fair_share_check(cfg, plan(1_100_000, 1_300_000, False))[0])
+    assert any("give 1020000" in w for w in fair_share_check(cfg, plan(1_030_000, 1_300_000, False))[0])
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconciler.deadlines import tier_terms as deadline_tier_terms
-from reconciler.ledger import MILLI, borrow_room, licensed_by, milli_down, rules_broken_now, share_capacity, share_weight, stand_in_item_units, stand_in_units
+from reconciler.ledger import MILLI, borrow_room, fair_share_level, licensed_by, milli_down, rules_broken_now, share_capacity, stand_in_item_units, stand_in_units
 from reconciler.problem import Demand, pools_over_max, settled_jobs
 from reconciler.problem.types import GUARANTEES_TIER, RUNNING_GUARANTEES_TIER
 from reconciler.solve.fleet_rules import pool_units
@@ -574,7 +574,12 @@ def victims_tier(model: Model) -> Tier | None:
 
 def fair_share_tier(model: Model) -> Tier | None:
     """Weighted dominant-resource fair share of borrowed capacity: a concave utility of each
-    borrowing tenant's share / weight, in SEGMENTS steps (two borrowers at least, else None)."""
+    borrowing tenant's share / weight, in SEGMENTS steps (two borrowers at least, else None).
+
+    The steps are sized by the level the borrowers can reach (`fair_share_step`), the rest of a share past them at the
+    last step's worth: sized by the whole fleet (50 per mille), shares below one step were not equalised (the utility is
+    linear there): the Philly replan split its 63 borrowable GPUs of 830 44/19, as 21/21/21 scored the same (bench/README,
+    s37-fair)."""
     p, m = model.p, model.m
     borrowers = []
     for t, r in p.tenants.items():
@@ -593,8 +598,7 @@ def fair_share_tier(model: Model) -> Tier | None:
         borrowers.append((t, r, beta, cap * scale(dim), most))
     if len(borrowers) < 2:
         return None
-    top = max(1000.0 / share_weight(r) for _, r, *_ in borrowers)
-    step = max(1, math.ceil(top / SEGMENTS))
+    step = fair_share_step(model, [(t, r, denom, most) for t, r, _, denom, most in borrowers])
     terms, bound = [], 0
     for t, r, beta, denom, most in borrowers:
         # (at most the share its room above the guarantee is: the split of a tenant's work between its guarantee and
@@ -607,18 +611,51 @@ def fair_share_tier(model: Model) -> Tier | None:
         s = m.new_int_var(0, top_share, f"share[{t}]")
         m.add(round(denom) * s <= 1000 * wsum(beta))
         w = max(1, round(r.weight * 100))
-        segs = [m.new_int_var(0, step, f"fair[{t},{k}]") for k in range(SEGMENTS)]
+        x_max = 100 * top_share / w  # (the segments' row's weight, w / 100: at r.weight 0.333 they passed the bound)
+        sizes = fair_steps(step, x_max)
+        segs = [m.new_int_var(0, size, f"fair[{t},{k}]") for k, size in enumerate(sizes)]
         m.add(w * sum(segs) <= 100 * s)  # the segments fill up to share / weight
         # Weighted utility, weight x f(share / weight): its slope in share is f' alone, so the
         # optimum equalises share / weight (without the factor the heavier tenant got less).
         terms += [(w * (SEGMENTS - k), v) for k, v in enumerate(segs)]
-        x_max = 100 * top_share / w  # (the segments' row's weight, w / 100: at r.weight 0.333 they passed the bound)
         left = x_max
-        for k in range(SEGMENTS):
-            take = max(0.0, min(step, left))
+        for k, size in enumerate(sizes):
+            take = max(0.0, min(size, left))
             bound += w * (SEGMENTS - k) * take
             left -= take
     return Tier("fair share of borrowed capacity", wsum(terms), "max", math.floor(bound))
+
+
+def fair_steps(step: int, x_max: float) -> list[int]:
+    """A tenant's SEGMENTS steps of the fair-share utility, of share / weight in whole per mille: `step` each, the last
+    the rest up to `x_max` (what its share can reach over its weight), so every borrowed per mille still counts."""
+    return [step] * (SEGMENTS - 1) + [max(step, math.ceil(x_max - (SEGMENTS - 1) * step))]
+
+
+def fair_share_step(model: Model, borrowers: list[tuple]) -> int:
+    """The fair-share utility's step (per mille of share / weight): twice the level the borrowers reach when the
+    capacity the guarantees do not hold is water-filled over them (ledger.fair_share_level), in SEGMENTS steps, so the
+    utility is concave where the borrowed shares fall. The capacity the guarantees hold, per dimension: each tenant's
+    ask there up to its guarantee (all of it where the dimension is not guaranteed: nothing of it is borrowed); an
+    estimate (a guaranteed job that cannot be placed leaves more), which bounds no value: a share past the steps still
+    counts at the last step's worth. `borrowers`: (tenant, rules, capacity of its dimension in units, most it borrows)."""
+    p = model.p
+    asked: dict[tuple[str, str], float] = {}
+    for d in p.demands:
+        for dim in {r.dominant for _, r, _, _ in borrowers}:
+            asked[d.tenant, dim] = asked.get((d.tenant, dim), 0.0) + d.req(dim) * d.replicas * len(d.jobs)
+    reach, free = [], 0.0
+    for _, r, denom, most in borrowers:
+        dim = r.dominant
+        held = 0.0
+        for (t, dm), a in asked.items():
+            if dm == dim:
+                rules = p.tenants.get(t)
+                held += min(a, rules.guarantee.get(dim, math.inf) if rules is not None else math.inf)
+        left = 1000 * max(0.0, p.fleet_capacity.get(dim, 0.0) - held) / (denom / scale(dim))
+        reach.append((min(1000 * most / denom, left), r.weight))
+        free = max(free, left)
+    return max(1, math.ceil(2 * fair_share_level(reach, free) / SEGMENTS))
 
 
 def cost(model: Model):
@@ -659,5 +696,5 @@ def instance_cost(model: Model):
     return wsum([(milli_down(c.price), model.use[c.key]) for c in model.units])
 
 
-__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_tier", "guarantees_tiers", "instance_cost", "moves_tier", "protected_tier", "running_tiers", "spot_shares_broken",
+__all__ = ["CLASS_NAMES", "SEGMENTS", "Tier", "cost", "fair_share_step", "fair_share_tier", "fair_steps", "guarantees_tiers", "instance_cost", "moves_tier", "protected_tier", "running_tiers", "spot_shares_broken",
            "tiers", "victims_tier", "work_tiers"]
