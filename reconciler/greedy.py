@@ -31,7 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, borrowed_share, buffer_ok, buffer_use, diversity_ok, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
+from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, lending_share, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, borrows, gang_split, has_room, refuses, rules_allow,
                                 stuck_gangs, type_class)
 
@@ -1252,39 +1252,45 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     return g.a, contested, movable
 
 
-def _borrowed_share(g: _Greedy, tenant: str) -> float:
-    """The tenant's borrowed share as greedy has placed so far (ledger.borrowed_share: what the model's fair-share tier
-    equalises)."""
-    r = g.p.tenants.get(tenant)
-    return 0.0 if r is None else borrowed_share(r, g.led.tenant_use(tenant), g.p.fleet_capacity)
+def _lending_share(g: _Greedy, d: Demand) -> float:
+    """Its tenant's borrowed share half way through one more job of d, as greedy has placed so far (ledger.lending_share,
+    of ledger.borrowed_share: what the model's fair-share tier equalises)."""
+    r = g.p.tenants.get(d.tenant)
+    return 0.0 if r is None else lending_share(r, g.led.tenant_use(d.tenant), d, g.p.fleet_capacity)
 
 
 def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[str], share: "_SpotShareWaits") -> None:
-    """The jobs left once every tenant's guaranteed work is placed (they borrow, or could not be placed), rank band by
-    rank band of `order` (its ranks but the dominant share), one job at a time to the demand whose tenant borrows the
-    least share over its weight (`_borrowed_share`), then in `order`: the model's fair-share tier ranks right after the
-    work tiers. Each demand's jobs placed whole in `order` gave the tenant of the largest jobs all the borrowed room
-    (bench.dlrm, the emitted plan greedy's: 13 GPUs borrowed by one service while 80 waited borrowing none; fleet134)."""
-    def band(d: Demand) -> tuple:
-        return d.klass, d.deadline_rank, d.priority, d.running_jobs > 0, d.gang
-
+    """The jobs left once every tenant's guaranteed work is placed (they borrow, or could not be placed), one job at a
+    time to the tenant borrowing the least share over its weight half way through its next job (`_lending_share`), its
+    demands in `order` (class first): the model's tiers rank the fair share of borrowed capacity above every class's
+    borrowed work (README, How it decides: tier 3, then 4; Tenants: equalised, then the rest by priority). Each
+    demand's jobs placed whole in
+    `order` gave the tenant of the largest jobs all the borrowed room (bench.dlrm, the emitted plan greedy's: 13 GPUs
+    borrowed by one service while 80 waited borrowing none; fleet134); lent class by class, a tenant's high 1-GPU jobs
+    took 4 of 6 borrowed GPUs where three tenants asked and CP-SAT split them 2/2/2 (tests/test_rules.py)."""
     at = {d.key: i for i, d in enumerate(order)}
-    for _, ds in itertools.groupby(order, key=band):
-        heap = [(_borrowed_share(g, d.tenant), at[d.key], d) for d in ds if d.key not in stuck and d.key not in done]
-        heapq.heapify(heap)
-        while heap:
-            was, i, d = heapq.heappop(heap)
-            now = _borrowed_share(g, d.tenant)
-            if now > was + 1e-12:  # its tenant borrowed more since: back in line at its share now
-                heapq.heappush(heap, (now, i, d))
-                continue
-            if g.a.placed[d.key] >= len(d.jobs):
-                continue
-            if not _place_jobs(g, d, True, share.retry, most=1):
-                done.add(d.key)
-                share.add(d)
-                continue
-            heapq.heappush(heap, (_borrowed_share(g, d.tenant), i, d))
+    queues: dict[str, list[Demand]] = {}  # tenant -> its demands left, in reverse `order` (the next one last)
+    for d in reversed(order):
+        if d.key not in stuck and d.key not in done:
+            queues.setdefault(d.tenant, []).append(d)
+    heap = [(_lending_share(g, q[-1]), at[q[-1].key], t) for t, q in queues.items()]
+    heapq.heapify(heap)
+    while heap:
+        was, _, t = heapq.heappop(heap)
+        q = queues[t]
+        now = _lending_share(g, q[-1])
+        if now > was + 1e-12:  # it borrowed more since (share.retry placed a job of its): in line at its share now
+            heapq.heappush(heap, (now, at[q[-1].key], t))
+            continue
+        d = q[-1]
+        if g.a.placed[d.key] >= len(d.jobs):
+            q.pop()
+        elif not _place_jobs(g, d, True, share.retry, most=1):
+            done.add(d.key)
+            share.add(d)
+            q.pop()
+        if q:
+            heapq.heappush(heap, (_lending_share(g, q[-1]), at[q[-1].key], t))
 
 
 def _on_demand(iids: tuple[str, ...], hosts: dict[str, Capacity]) -> bool:
