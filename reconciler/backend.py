@@ -693,12 +693,16 @@ class ObjectStoreBackend:
             raise self._bus_error(e, "cannot list", prefix) from None
 
 
+# An object store request's connect and read timeouts (S3, GCS, Azure Blob): the libraries' own (botocore 60 s each, 5
+# tries; GCS 60 s each; Azure 20 s and 60 s, then a backoff of 15 s and more a retry) held one call of a store that
+# stopped answering minutes, the agent's loop with it. A read timeout is per socket read, not per object: a large
+# checkpoint's transfer is not cut by it.
+STORE_CONNECT_TIMEOUT_S = 5.0
+STORE_READ_TIMEOUT_S = 10.0
 # A file above the threshold is uploaded in parts (S3's PutObject refuses a body over 5 GB; AWS recommends multipart
 # above ~100 MB), S3_CONCURRENCY at a time: about S3_PART_SIZE * S3_CONCURRENCY bytes in memory. (Parts are 5 MiB to
 # 5 GiB, at most 10,000 of them: boto3 makes the parts of a file over 160 GB larger.)
 S3_MULTIPART_THRESHOLD = 64 << 20
-S3_CONNECT_TIMEOUT_S = 5.0
-S3_READ_TIMEOUT_S = 10.0
 S3_PART_SIZE = 16 << 20
 # The IAM action of each S3 call the backend makes whose name is not its own (Amazon S3's "Actions, resources, and
 # condition keys"): a listing is s3:ListBucket, a HEAD a GetObject, a multipart upload's parts PutObject.
@@ -736,7 +740,7 @@ class S3Backend(ObjectStoreBackend):
         # (botocore's 60 s connect and read timeouts, 5 tries: a store that stopped answering held one read 362 s, the
         # agent's loop with it: no notice seen, no kill at a grace's end. A read timeout is per socket read, not per
         # object: a large checkpoint's transfer is not cut by it)
-        self.s3 = aws_session().client("s3", config=Config(connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=S3_READ_TIMEOUT_S,
+        self.s3 = aws_session().client("s3", config=Config(connect_timeout=STORE_CONNECT_TIMEOUT_S, read_timeout=STORE_READ_TIMEOUT_S,
                                                            retries={"mode": "standard", "max_attempts": 5}))
         self.multipart_threshold, self.part_size = S3_MULTIPART_THRESHOLD, S3_PART_SIZE
 
@@ -853,6 +857,7 @@ class S3Backend(ObjectStoreBackend):
 
 GCS_RETRY_SECONDS = 60.0  # how long one GCS call retries transient errors (the client's default is 120 s)
 AZBLOB_RETRIES = 5  # retries of one Azure Blob call (the SDK's default is 10, exponential backoff)
+AZBLOB_BACKOFF_S = 1.0  # Azure's first retry after this, then 2 s more, 4 s, ... (the SDK's: 15 s, then 3 s, 9 s, ...)
 # A file is uploaded resumably in chunks of this (a multiple of 256 KiB; the library's default is 100 MiB, held in memory)
 GCS_CHUNK = 16 << 20
 # A blob above AZBLOB_BLOCK is uploaded in blocks (Put Block, then Put Block List), AZBLOB_CONCURRENCY at a time, and
@@ -886,7 +891,8 @@ class GcsBackend(ObjectStoreBackend):
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ReconcileError("the gs state backend needs google-cloud-storage: pip install 'fleetops-reconciler[gcp]'") from e
         self._exc = exceptions
-        self._retry: Retry = DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS)
+        retry: Retry = DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS)
+        self._call = {"retry": retry, "timeout": (STORE_CONNECT_TIMEOUT_S, STORE_READ_TIMEOUT_S)}  # each request's
         try:
             self.client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
         except DefaultCredentialsError as e:
@@ -909,7 +915,7 @@ class GcsBackend(ObjectStoreBackend):
     def _get(self, key: str, limit: int) -> bytes | None:
         sink = CappedSink(limit)  # (the download stops once it is past `limit`)
         try:
-            self.bucket.blob(key).download_to_file(sink, retry=self._retry)
+            self.bucket.blob(key).download_to_file(sink, **self._call)
         except self._exc.NotFound:
             return None
         return sink.value()
@@ -920,13 +926,13 @@ class GcsBackend(ObjectStoreBackend):
         client exposes, and on the emulator none at all."""
         for _ in range(5):
             self._dates.last = None
-            blob = self.bucket.get_blob(key, retry=self._retry)
+            blob = self.bucket.get_blob(key, **self._call)
             if blob is None:
                 return None
             now = _http_date(self._dates.last)
             sink = CappedSink(limit)
             try:
-                self.bucket.blob(key).download_to_file(sink, if_generation_match=blob.generation, retry=self._retry)
+                self.bucket.blob(key).download_to_file(sink, if_generation_match=blob.generation, **self._call)
             except (self._exc.PreconditionFailed, self._exc.NotFound):
                 continue
             if now is None or blob.updated is None:
@@ -938,7 +944,7 @@ class GcsBackend(ObjectStoreBackend):
     def _get_listed(self, key: str, limit: int, listed: Listed) -> Stamped | None:
         sink = CappedSink(limit)
         try:
-            self.bucket.blob(key).download_to_file(sink, if_generation_match=int(listed.version), retry=self._retry)
+            self.bucket.blob(key).download_to_file(sink, if_generation_match=int(listed.version), **self._call)
         except self._exc.NotFound:
             return None  # (deleted since the listing: gone, as a read a moment later would find it)
         except self._exc.PreconditionFailed:
@@ -948,7 +954,7 @@ class GcsBackend(ObjectStoreBackend):
     def _list_stamped(self, prefix: str) -> list[tuple[str, Listed | None]]:
         """Each object's generation and `updated`, against the Date header of its page's response (GCS's clock)."""
         out: list[tuple[str, Listed | None]] = []
-        pages = iter(self.client.list_blobs(self.bucket, prefix=prefix, retry=self._retry).pages)
+        pages = iter(self.client.list_blobs(self.bucket, prefix=prefix, **self._call).pages)
         while True:
             self._dates.last = None
             page = next(pages, None)
@@ -960,20 +966,20 @@ class GcsBackend(ObjectStoreBackend):
                 out.append((b.name, None if stamp is None else Listed(str(b.generation), stamp, now - stamp, at)))
 
     def _put(self, key: str, body: bytes) -> None:
-        self.bucket.blob(key).upload_from_string(body, content_type="application/json", retry=self._retry)
+        self.bucket.blob(key).upload_from_string(body, content_type="application/json", **self._call)
 
     def _remove(self, key: str) -> None:
         with contextlib.suppress(self._exc.NotFound):
-            self.bucket.blob(key).delete(retry=self._retry)
+            self.bucket.blob(key).delete(**self._call)
 
     def _put_file(self, key: str, path: Path) -> None:
         # (a file over 8 MiB, or any with chunk_size set: a resumable upload, chunk by chunk, each chunk retried)
         self.bucket.blob(key, chunk_size=GCS_CHUNK).upload_from_filename(str(path), content_type="application/octet-stream",
-                                                                         retry=self._retry)
+                                                                         **self._call)
 
     def _get_file(self, key: str, dest: Path) -> bool:
         try:
-            self.bucket.blob(key).download_to_filename(str(dest), retry=self._retry)  # streamed, its checksum checked
+            self.bucket.blob(key).download_to_filename(str(dest), **self._call)  # streamed, its checksum checked
         except self._exc.NotFound:
             return False
         return True
@@ -989,7 +995,7 @@ class GcsBackend(ObjectStoreBackend):
 
     def lock_read(self) -> tuple[bytes, str] | None:
         for _ in range(5):
-            ok, blob = self._conditional("cannot read the lock", lambda: self.bucket.get_blob(self.lock_key, retry=self._retry))
+            ok, blob = self._conditional("cannot read the lock", lambda: self.bucket.get_blob(self.lock_key, **self._call))
             if not ok or blob is None:
                 return None
             # The body of exactly that generation: if it changed between the two calls, look again.
@@ -1003,13 +1009,13 @@ class GcsBackend(ObjectStoreBackend):
         """The first LOCK_BYTES of the lock at `generation`, as of a lock file (a lock is ~150 bytes)."""
         sink = CappedSink(LOCK_BYTES)
         with contextlib.suppress(TooLarge):  # (the download stopped there: those bytes name a garbled lock's id)
-            self.bucket.blob(self.lock_key).download_to_file(sink, if_generation_match=generation, retry=self._retry)
+            self.bucket.blob(self.lock_key).download_to_file(sink, if_generation_match=generation, **self._call)
         return sink.value()[:LOCK_BYTES]
 
     def _upload_lock(self, what: str, body: bytes, generation: int) -> str | None:
         blob = self.bucket.blob(self.lock_key)
         ok, _ = self._conditional(what, lambda: blob.upload_from_string(body, content_type="application/json",
-                                                                          if_generation_match=generation, retry=self._retry))
+                                                                          if_generation_match=generation, **self._call))
         return str(blob.generation) if ok else None
 
     def lock_create(self, body: bytes) -> str | None:
@@ -1020,7 +1026,7 @@ class GcsBackend(ObjectStoreBackend):
 
     def lock_delete(self, token: str) -> bool:
         return self._conditional("cannot unlock", lambda: self.bucket.blob(self.lock_key).delete(
-            if_generation_match=int(token), retry=self._retry))[0]
+            if_generation_match=int(token), **self._call))[0]
 
 
 class AzureBlobBackend(ObjectStoreBackend):
@@ -1049,7 +1055,8 @@ class AzureBlobBackend(ObjectStoreBackend):
         self._exc, self._unmodified = exceptions, MatchConditions.IfNotModified
         self._json = ContentSettings(content_type="application/json")
         self._octets = ContentSettings(content_type="application/octet-stream")
-        options = {"retry_total": AZBLOB_RETRIES, "max_single_put_size": AZBLOB_BLOCK, "max_block_size": AZBLOB_BLOCK,
+        options = {"retry_total": AZBLOB_RETRIES, "initial_backoff": AZBLOB_BACKOFF_S, "increment_base": 2,
+                   "connection_timeout": STORE_CONNECT_TIMEOUT_S, "read_timeout": STORE_READ_TIMEOUT_S, "max_single_put_size": AZBLOB_BLOCK, "max_block_size": AZBLOB_BLOCK,
                    "max_single_get_size": AZBLOB_BLOCK, "max_chunk_get_size": AZBLOB_BLOCK}  # (a get's chunk is held whole)
         conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         if conn:

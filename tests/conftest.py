@@ -4,6 +4,7 @@ Azure Resource Manager fakes the GCP and Azure providers' real SDK clients talk 
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -234,3 +235,16 @@ def azurite():
     emu = Azurite()
     yield emu
     emu.stop()
+
+
+@pytest.fixture
+def hung_endpoint():
+    """A server that accepts connections and never answers (a hung or overloaded store, a proxy blackholing it): the
+    kernel completes the handshake; nothing ever reads the request. Yields its listening socket."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    try:
+        yield hung
+    finally:
+        hung.close()

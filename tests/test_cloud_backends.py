@@ -249,6 +249,45 @@ def test_an_unreachable_store_is_a_clear_error_without_credentials(scheme, monke
     assert "UzNDUkVUS0VZ" not in str(e.value)
 
 
+@pytest.mark.parametrize("scheme", ["gs", "azblob"])
+def test_a_store_that_stops_answering_is_a_clear_error_within_seconds(scheme, monkeypatch, tmp_path, hung_endpoint):
+    """The store accepts connections and never answers (a hung server, a proxy blackholing it). GCS's client waited 60 s
+    a try, then retried for GCS_RETRY_SECONDS; Azure's 60 s a try, 6 tries, 15 s and more between them: minutes for one
+    read, the agent's loop held with it (tests/test_runtime_chaos.py). Each request now gives up after the timeouts S3's
+    does (5 s to connect, 10 s a read); on this test's timescale (0.3 s, no retry) the read is the bus's error."""
+    from reconciler import backend
+
+    assert (backend.STORE_CONNECT_TIMEOUT_S, backend.STORE_READ_TIMEOUT_S) == (5.0, 10.0)
+    at = f"127.0.0.1:{hung_endpoint.getsockname()[1]}"
+    for name in ("STORE_CONNECT_TIMEOUT_S", "STORE_READ_TIMEOUT_S"):
+        monkeypatch.setattr(backend, name, 0.3, raising=False)
+    if scheme == "gs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{at}")
+        monkeypatch.setattr(backend, "GCS_RETRY_SECONDS", 0.5)
+        url = "gs://hung/fleet"
+    else:
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=http;AccountName=acct;"
+                           f"AccountKey=UzNDUkVUS0VZ;BlobEndpoint=http://{at}/acct;")
+        monkeypatch.setattr(backend, "AZBLOB_RETRIES", 0)
+        url = "azblob://acct/hung/fleet"
+    bus = Bus(backend_for(tmp_path, url))
+    said: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            bus.assignment("i-1")
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            said.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    began = time.monotonic()
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "the read still hangs after 5 s"  # before: 60 s or more
+    assert said and isinstance(said[0], ReconcileError) and f"{scheme} bus: cannot read {url}/assignments/i-1.json" in str(said[0]), said
+    assert time.monotonic() - began < 3
+
+
 def test_a_connection_string_for_another_account_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=https;AccountName=other;AccountKey=eA==")
     with pytest.raises(ReconcileError, match="AZURE_STORAGE_CONNECTION_STRING is for account 'other', not 'mine'"):

@@ -5,7 +5,9 @@ wait polls for a condition."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import threading
 import time
 
 from reconciler.backend import LocalBackend
@@ -140,38 +142,82 @@ def test_an_upload_from_a_host_whose_clock_is_behind_is_still_the_newest_one_res
     assert (tmp_path / "i-2" / "model.bin").read_text() == "step 9", got
 
 
-def test_an_s3_store_that_stops_answering_is_a_bus_error_the_agent_retries_not_a_crash(monkeypatch, tmp_path):
+def s3_store_at(monkeypatch, tmp_path, sock: socket.socket):
+    """The real s3 backend, its endpoint the server `sock` listens as."""
+    from reconciler.backend import backend_for
+    from tests.conftest import AWS_ENV
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    return backend_for(tmp_path, "s3://bucket/fleet")
+
+
+def test_an_s3_store_that_stops_answering_is_a_bus_error_the_agent_retries_not_a_crash(monkeypatch, tmp_path, hung_endpoint):
     """The S3 endpoint accepts connections and never answers (a hung or overloaded server, a proxy blackholing the
     store). Measured against such a socket: one read of the agent's assignment blocked its loop 362 s (botocore's 60 s
     read timeout, 5 attempts: no notice seen, no kill at a grace's end meanwhile), then raised AttributeError from the
     error's message (a timeout's `response` is None), which no caller catches: the agent died, and systemd's restarts
     crash-looped while the store hung. Now the client gives up within seconds a try and the error is the bus's: the
     agent logs it and polls on."""
-    import socket
-
     from botocore.config import Config
 
     from providers.aws import aws_session
-    from reconciler.backend import backend_for
-    from tests.conftest import AWS_ENV
 
-    hung = socket.socket()
-    hung.bind(("127.0.0.1", 0))
-    hung.listen(8)  # (the kernel completes the handshake; nothing ever reads the request)
-    for k, v in AWS_ENV.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{hung.getsockname()[1]}")
+    store = s3_store_at(monkeypatch, tmp_path, hung_endpoint)
+    cfg = store.s3.meta.config
+    assert cfg.connect_timeout <= 5 and cfg.read_timeout <= 10, (cfg.connect_timeout, cfg.read_timeout)  # before: 60, 60
+    # (the same client on a test's timescale: what the agent sees once the tries are over)
+    store.s3 = aws_session().client("s3", config=Config(connect_timeout=0.3, read_timeout=0.3, retries={"mode": "standard", "max_attempts": 1}))
+    bus = Bus(store)
+    said: list[str] = []
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=said.append)
+    a.tick()  # before: AttributeError: 'NoneType' object has no attribute 'get'
+    assert a.bus_error and "Read timeout" in a.bus_error, a.bus_error
+    assert any(m.startswith("cannot reach the bus") for m in said), said
+
+
+def test_a_notice_while_the_store_hangs_signals_the_replicas_at_once(monkeypatch, tmp_path, hung_endpoint):
+    """A GCE or Azure preemption notice gives 30 s. The agent asked for it once a poll, between its store calls: one
+    that hung (an S3 endpoint that stopped answering) held the loop up to ~60 s (10 s a read, botocore's retries), and
+    the replicas got their checkpoint signal that late into the notice, or never. Now a watcher thread asks for the
+    notice while a store call is in flight and signals them itself: measured here against a store that never answers,
+    the signal within 2 s of the notice while the assignment's read still hangs (before: not until the read gave up)."""
+    from botocore.config import Config
+
+    from providers.aws import aws_session
+
+    bus = Bus(LocalBackend(tmp_path))
+    notice = tmp_path / "notice.json"
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", CHECKPOINTER, checkpoint=CK, mode="service")]})
+    a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
+              checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=False, notice=FileNotice(notice))
+    stop = threading.Event()
+    loop = threading.Thread(target=a.run, kwargs={"should_stop": stop.is_set}, daemon=True)
+    checkpoint = tmp_path / "i-0" / "disk" / "ft" / "ckpt" / "model.bin"
+    held = None
     try:
-        store = backend_for(tmp_path, "s3://bucket/fleet")
-        cfg = store.s3.meta.config
-        assert cfg.connect_timeout <= 5 and cfg.read_timeout <= 10, (cfg.connect_timeout, cfg.read_timeout)  # before: 60, 60
-        # (the same client on a test's timescale: what the agent sees once the tries are over)
-        store.s3 = aws_session().client("s3", config=Config(connect_timeout=0.3, read_timeout=0.3, retries={"mode": "standard", "max_attempts": 1}))
-        bus = Bus(store)
-        said: list[str] = []
-        a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, log=said.append)
-        a.tick()  # before: AttributeError: 'NoneType' object has no attribute 'get'
-        assert a.bus_error and "Read timeout" in a.bus_error, a.bus_error
-        assert any(m.startswith("cannot reach the bus") for m in said), said
+        run_until([a], lambda: (r := bus.run("ft", 0)) and r["log_tail"][-1:] == ["ready"])
+        hung = s3_store_at(monkeypatch, tmp_path, hung_endpoint)
+        # (one try, each read given up after 20 s: the store's hang outlasts the test)
+        hung.s3 = aws_session().client("s3", config=Config(connect_timeout=20, read_timeout=20, retries={"mode": "standard", "max_attempts": 1}))
+        a.bus = Bus(hung)
+        loop.start()
+        hung_endpoint.settimeout(10)
+        held, _ = hung_endpoint.accept()  # the agent's first store call of its loop is in flight, and stays so
+        noticed = time.monotonic()
+        notice.write_text(json.dumps({"reason": "spot-interruption", "time": "now"}))
+        while not checkpoint.exists() and time.monotonic() - noticed < 5:
+            time.sleep(0.02)
+        signalled = time.monotonic() - noticed
+        assert checkpoint.exists() and signalled < 2, f"no checkpoint signal {signalled:.1f}s into the notice"  # before: none in 5 s
+        assert a.notice_seen and loop.is_alive()
     finally:
-        hung.close()
+        stop.set()
+        for sock in (held, hung_endpoint):
+            if sock is not None:
+                sock.close()  # (the agent's calls fail at once from here on: its loop ends)
+        loop.join(20)
+        for rep in a.replicas.values():
+            if rep.handle is not None:
+                a.runtime.kill(rep.handle)

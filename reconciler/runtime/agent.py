@@ -26,12 +26,14 @@ import json
 import os
 import signal as signals
 import socket
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from providers.pids import age as process_age, start_time
 from providers.redact import credential_name
@@ -279,12 +281,79 @@ class Replica:
         return self.handle is not None
 
 
+class Turn:
+    """Whose turn it is to act on the agent's replicas: its loop's, or the notice watcher's. The loop holds it through a
+    tick and gives it up only while a store call is in flight (StoreOffTurn) or it sleeps between polls: the watcher then
+    signals the replicas at a notice, and the loop finds them stopping when the store answers. (A re-entrant lock whose
+    holder can give up every level at once around one call, as threading.Condition does with an RLock.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> Turn:
+        me = threading.get_ident()
+        if self._owner != me:
+            self._lock.acquire()
+            self._owner = me
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+            self._lock.release()
+
+    @contextmanager
+    def given_up(self) -> Iterator[None]:
+        """Given up while the body runs, if this thread holds it; taken back after, at the depth it was held."""
+        if self._owner != threading.get_ident():
+            yield
+            return
+        depth, self._depth, self._owner = self._depth, 0, None
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+            self._owner, self._depth = threading.get_ident(), depth
+
+
+class StoreOffTurn:
+    """The state backend, each call of which gives up the agent's Turn while it is in flight (a hung store held the loop
+    ~60 s, two notices' worth: botocore's retries). A `progress` callback (the agent's heartbeat during a checkpoint's
+    transfer) takes the turn back while it runs. Attributes are the store's own, read at each call (tests replace them)."""
+
+    def __init__(self, store: Any, turn: Turn):
+        self._store, self._turn = store, turn
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        turn = self._turn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            progress = kwargs.get("progress")
+            if progress is not None:
+                def in_turn() -> None:
+                    with turn:
+                        progress()
+                kwargs["progress"] = in_turn
+            with turn.given_up():
+                return attr(*args, **kwargs)
+        return call
+
+
 class Agent:
     def __init__(self, instance: str, bus: Bus, runtime: Runtime, workdir: Path, *, notice: NoticeSource | None = None,
                  address: str | None = None, checkpoint_root: Path | None = None, poll: float | None = None,
                  heartbeat: float | None = None, backoff: float | None = None, backoff_reset: float | None = None, command_cwd: Path | None = None,
                  log: Callable[[str], None] | None = None, checkpoint_sync: bool | None = None):
         self.instance = instance
+        self.turn = Turn()  # the loop's or the notice watcher's (_watch_notice)
         self.bus = bus
         self.runtime = runtime
         self.workdir = Path(workdir)
@@ -332,6 +401,15 @@ class Agent:
         # processes end with it: docker's.)
         self.strays_untracked = subreaper_problem() if runtime.name == "process" else None
 
+    @property
+    def bus(self) -> Bus:
+        return self._bus
+
+    @bus.setter
+    def bus(self, bus: Bus) -> None:
+        """The bus, its store giving up the turn during each call: the notice watcher acts while a store call hangs."""
+        self._bus = Bus(StoreOffTurn(bus.store, self.turn))
+
     # -------------------------------------------------------------- the loop
     def run(self, should_stop: Callable[[], bool] = lambda: False,
             instance_gone: Callable[[], bool] = lambda: False) -> None:
@@ -339,13 +417,32 @@ class Agent:
         if self.strays_untracked:
             self._log(f"a replica's orphans cannot be tracked ({self.strays_untracked}): one that leaves its process group "
                       "and clears its environment outlives its replica")
-        while not should_stop() and not self.stopping:
-            if instance_gone():
-                self.vanish()
-                return
-            self.tick()
-            time.sleep(self.poll)
-        self.shutdown()
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch_notice, args=(done,), name="fleetops-notice", daemon=True)
+        watcher.start()
+        try:
+            while not should_stop() and not self.stopping:
+                if instance_gone():
+                    with self.turn:
+                        self.vanish()
+                    return
+                self.tick()
+                time.sleep(self.poll)
+            self.shutdown()
+        finally:
+            done.set()
+            watcher.join()
+
+    def _watch_notice(self, done: threading.Event) -> None:
+        """Asks for the notice once a poll beside the loop, till one is seen: at a notice it takes the turn, which the
+        loop gives up while a store call is in flight, and signals every running replica (_notice). What needs the store,
+        the uploads and the reports, stays the loop's, done when the store answers. Before, a store call that hung held
+        the notice, and the checkpoint signal, up to ~60 s of a 30 s GCE or Azure notice."""
+        while not done.wait(self.poll) and not self.notice_seen:
+            notice = self.notice.check()  # (outside the turn: a metadata endpoint that is slow holds nothing)
+            if notice:
+                with self.turn:
+                    self._notice(notice)
 
     def vanish(self) -> None:
         """The instance itself is gone (on the sim: its directory was deleted): its processes die with it,
@@ -358,18 +455,27 @@ class Agent:
 
     def shutdown(self) -> None:
         """Checkpoint and stop every replica (SIGTERM to the agent: the instance is going away)."""
-        for rep in self.replicas.values():
-            if rep.running and rep.stop is None:
-                self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
-        self._publish(force=True)  # at once: the reconciler may have removed our key with the instance
-        while any(r.running for r in self.replicas.values()) or self.uploads:  # (an upload tried again: up to its deadline)
-            self._supervise(starts=False)  # a replica that started now would never be stopped
-            self._publish()  # what still runs: the agent a replica moved to waits for it to stop
+        with self.turn:
+            for rep in self.replicas.values():
+                if rep.running and rep.stop is None:
+                    self._begin_stop(rep, "Stopped", "AgentStopped", "the agent was stopped", terminal=False)
+            self._publish(force=True)  # at once: the reconciler may have removed our key with the instance
+        while True:
+            with self.turn:
+                if not (any(r.running for r in self.replicas.values()) or self.uploads):  # (an upload tried again: up to its deadline)
+                    break
+                self._supervise(starts=False)  # a replica that started now would never be stopped
+                self._publish()  # what still runs: the agent a replica moved to waits for it to stop
             time.sleep(min(self.poll, 0.2))
-        self._publish(force=True, state="Stopped")
+        with self.turn:
+            self._publish(force=True, state="Stopped")
         self._log("stopped")
 
     def tick(self) -> None:
+        with self.turn:
+            self._tick()
+
+    def _tick(self) -> None:
         self.round_records = {}
         if not self.adopted or self.unread:
             self._adopt()
@@ -399,7 +505,13 @@ class Agent:
         replicas got their signal that much later into the notice (GCE and Azure give 30 s)."""
         self.notice_asked = time.monotonic()
         notice = None if self.notice_seen else self.notice.check()
-        if not notice:
+        if notice:
+            self._notice(notice)
+
+    def _notice(self, notice: str) -> None:
+        """The notice `notice`, first seen (by the loop or its watcher): every running replica gets its checkpoint
+        signal; nothing starts from now on."""
+        if self.notice_seen:
             return
         self.notice_seen = notice
         self._log(f"interruption notice: {notice}; checkpointing and stopping every replica")
@@ -1058,6 +1170,8 @@ class Agent:
         launch = Launch(name=f"fleetops-{job}-{r}-{rep.attempt}", command=tuple(run["command"]), env=env, log_path=log_path,
                         image=run.get("image"), gpus=gpus, checkpoint_dir=ck["dir"] if ck else None,
                         checkpoint_host_dir=ck_host, workdir=self.command_cwd, exit_path=self._exit_path(rep.key))
+        if self.notice_seen:
+            return  # (the watcher saw a notice while a store call above was in flight: nothing starts in a notice)
         rep.env = env
         if not self._write_own(self._local(rep.key), json.dumps(self._local_doc(rep, launch)).encode(), mode=0o600):
             # A replica this agent cannot record is one an agent restarted here could not adopt (it started a second
