@@ -249,7 +249,9 @@ def _settle_ties(tied: dict[str, PlacementRecord], state_on: dict[str, set[Place
             if prev is not None and prev[2] > serial:
                 continue  # newer tags placed it: they win, as above
             if holder == iid:
-                claims[key] = (iid, p.gpus, serial)  # where both place it, the tags say which GPUs
+                if (prev[1] or ()) != p.gpus:  # type: ignore[index]
+                    claims[key] = (iid, p.gpus, serial)  # where both place it, the tags say which GPUs
+                    taken.setdefault(iid, []).append(p)
                 continue
             runs = reported(key)
             if runs != {iid}:
@@ -269,16 +271,16 @@ def _settle_ties(tied: dict[str, PlacementRecord], state_on: dict[str, set[Place
         kept = [p for p in sorted(ours) if (p.job, p.replica) not in theirs and claims.get((p.job, p.replica), ("",))[0] == iid]
         gpus = {(p.job, p.replica) for p in theirs.values()} == {(p.job, p.replica) for p in ours}  # they differ there
         said = [f"the state and its tags disagree at serial {serial} (one apply writes both, so one was edited since): "
-                f"its tags say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}",
-                "the tags win (the cloud's record, which a pull request cannot edit)"]
-        ran = sorted(p for p in taken.get(iid, ()) if reported((p.job, p.replica)) == {iid})
-        if ran:
-            said[-1] += f", and its agent reports {_fmt(ran)} running"
+                f"its tags say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
+        if taken.get(iid):
+            ran = sorted(p for p in taken[iid] if reported((p.job, p.replica)) == {iid})
+            said.append(f"the tags win for {_fmt(taken[iid], gpus)} (the cloud's record, which a pull request cannot edit)"
+                        + (f"; its agent reports {_fmt(ran)} running" if ran else ""))
         if left.get(iid):
-            said.append(f"but for {'; '.join(left[iid])}: left there")
+            said.append(f"the state's placement stands for {'; '.join(left[iid])}")
         if kept:
-            said.append(f"but {_fmt(kept)}, which no other instance's tags claim, stays on it (one instance's tags alone "
-                        "move no work)")
+            said.append(f"{_fmt(kept)}, which no other instance's tags claim, stays on it (one instance's tags alone move "
+                        "no work)")
         notes.append(f"{iid}: {'; '.join(said)}; the next apply rewrites the record that disagrees")
     return notes
 
