@@ -223,6 +223,7 @@ def read_started(backend: "StateBackend", state: State, where: str) -> State:
     read is refused: taken as none, tags of applies that died before they saved would not be believed."""
     state.published = lambda: published_serial(backend)
     state.running = lambda: running_replicas(backend)
+    state.assigned = lambda: assigned_replicas(backend)
     body = backend.read_key(STARTED_KEY)
     if body is None:
         return state
@@ -256,6 +257,23 @@ def running_replicas(backend: "StateBackend") -> dict[str, frozenset[str]]:
     now, stale = now_unix(), stale_seconds()
     return {iid: frozenset(doc.get("running", ())) for iid, doc in Bus(backend).agents(skipped={}).items()
             if reports_alive(doc, now, stale) and not doc.get("lost")}
+
+
+def assigned_replicas(backend: "StateBackend") -> dict[str, frozenset[str]]:
+    """instance -> the "job/replica"s its published assignment lists (State.assigned); one that cannot be read says
+    nothing (apply refuses it before any change; a plan names it)."""
+    from reconciler.errors import CorruptBusObjectError
+    from reconciler.runtime.bus import Bus
+
+    bus, out = Bus(backend), {}
+    for iid in bus.assigned_instances():
+        try:
+            doc = bus.assignment(iid)
+        except CorruptBusObjectError:
+            continue
+        if doc is not None:
+            out[iid] = frozenset(f"{e['job']}/{e['replica']}" for e in doc.get("replicas", []))
+    return out
 
 
 def record_start(backend: "StateBackend", state: State, serial: int) -> None:

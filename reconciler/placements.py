@@ -13,7 +13,11 @@ unreadable, the state is authoritative for it and the tags are only compared. At
 state's own serial one apply wrote both, so a disagreement means one was edited since (a
 state.json committed in a pull request swapped two jobs: believed, apply restarted both
 under "No changes"): what the agents report running decides, else the tags (the cloud's
-record) win, and one instance's tags alone move no work (_settle_ties). Then, per job replica,
+record) win, and one instance's tags alone move no work (_settle_ties). So do older tags
+that the instance's published assignment agrees with: an apply rewrites both only where
+they differ from what it hosts, so two records of its last apply against the state are an
+edit of the state (after a later apply, the same swap); a failed tag write leaves old tags
+the assignment published since does not repeat. Then, per job replica,
 the newest claim wins (a replica the newer tags of another instance claim has moved), with
 one exception: a claim newer than any apply began (State.started, recorded beside the
 state before an apply touches the cloud) does not take a replica from a live instance that
@@ -69,6 +73,14 @@ def _fmt(ps: Collection[Placement], gpus: bool = False) -> str:
 _NONE: frozenset[Placement] = frozenset()
 
 
+def _assigned_as_tagged(theirs: Collection[Placement], assigned: dict[str, frozenset[str]] | None, iid: str,
+                        jobs: Collection[str]) -> bool:
+    """Whether the instance's published assignment lists the desired job replicas its tags do: a second record of the
+    apply that last changed it (none published: no evidence)."""
+    said = (assigned or {}).get(iid)
+    return said is not None and {n for n in said if n.rsplit("/", 1)[0] in jobs} == {f"{p.job}/{p.replica}" for p in theirs}
+
+
 def _on(ps: Collection[Placement], jobs: Collection[str]) -> frozenset[Placement]:
     # Half the instances of a big fleet host nothing: no generator for them (merge 0.07 -> 0.05 s at 11k instances).
     return frozenset(p for p in ps if p.job in jobs) if ps else _NONE
@@ -94,6 +106,7 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     notes: list[str] = []
     newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
     tied: dict[str, PlacementRecord] = {}  # instance -> complete tags of the state's serial that disagree with it
+    assigned: dict[str, frozenset[str]] | None = None  # the published assignments, read at the first older disagreement
     newest = s
     for inst in sorted(instances, key=lambda i: i.id):
         try:
@@ -106,8 +119,10 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         newest = max(newest, rec.serial)
         if rec.serial <= s:
             theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
-            if rec.complete and theirs != ours and rec.serial == s:
-                tied[inst.id] = rec  # one apply wrote both, so one of them was edited since: settled below
+            if rec.complete and theirs != ours and rec.serial < s and assigned is None:
+                assigned = state.assigned() if state.assigned is not None else {}
+            if rec.complete and theirs != ours and (rec.serial == s or _assigned_as_tagged(theirs, assigned, inst.id, jobs)):
+                tied[inst.id] = rec  # one apply wrote both (or its tags and assignment agree): settled below
             elif rec.complete and theirs != ours:
                 notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, the newer state "
                              f"(serial {s}) says {_fmt(ours)}: the state wins; the next apply rewrites the tags")
@@ -270,8 +285,13 @@ def _settle_ties(tied: dict[str, PlacementRecord], state_on: dict[str, set[Place
         theirs, ours = listed[iid], _on(state_on.get(iid, ()), jobs)
         kept = [p for p in sorted(ours) if (p.job, p.replica) not in theirs and claims.get((p.job, p.replica), ("",))[0] == iid]
         gpus = {(p.job, p.replica) for p in theirs.values()} == {(p.job, p.replica) for p in ours}  # they differ there
-        said = [f"the state and its tags disagree at serial {serial} (one apply writes both, so one was edited since): "
-                f"its tags say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
+        if tied[iid].serial == serial:
+            said = [f"the state and its tags disagree at serial {serial} (one apply writes both, so one was edited since): "
+                    f"its tags say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
+        else:  # an apply retags and republishes each instance whose record differs from what it hosts
+            said = [f"the state (serial {serial}) disagrees with its tags (serial {tied[iid].serial}) and its published "
+                    f"assignment, which agree (an apply rewrites both where they differ from what it hosts, so the state was "
+                    f"edited since): they say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
         if taken.get(iid):
             ran = sorted(p for p in taken[iid] if reported((p.job, p.replica)) == {iid})
             said.append(f"the tags win for {_fmt(taken[iid], gpus)} (the cloud's record, which a pull request cannot edit)"

@@ -64,6 +64,9 @@ class State:
     # instance -> the "job/replica"s its live agent reports running, read from the bus when asked (the backend's load
     # sets it): what runs, which settles a state and tags that disagree at one serial. Asked only then.
     running: Callable[[], dict[str, frozenset[str]]] | None = field(default=None, compare=False, repr=False)
+    # instance -> the "job/replica"s its published assignment (bus assignments/) lists, read when asked: with the
+    # instance's tags, a second record against a state edited since its last apply. Asked only then.
+    assigned: Callable[[], dict[str, frozenset[str]]] | None = field(default=None, compare=False, repr=False)
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()

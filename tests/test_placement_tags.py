@@ -194,6 +194,17 @@ def test_at_the_states_own_serial_what_runs_decides_else_the_tags_and_one_instan
         assert m.placements == {"x": ("i-a",), "y": ("i-b",)}, (forged.tags, m.notes)
         (said,) = [n for n in m.notes if n.startswith("i-a: the state and its tags disagree at serial 5")]
         assert "x/0, which no other instance's tags claim, stays on it" in said and "tags win" not in said, said
+    # Older tags (an apply rewrites only those that differ) against a newer state: the state wins, unless the instance's
+    # published assignment lists what its tags do (two records of its last apply against one edited since). A tag write
+    # that failed as an apply moved x to i-b leaves i-a's old tags, but its assignment was published without x.
+    moved = State(placements={"x": ["i-b"]}, gpus={"x": [[0, 1]]}, serial=6, started=6,
+                  assigned=lambda: {"i-a": frozenset(), "i-b": frozenset({"x/0"})})
+    assert merge_placements(moved, [_tagged("i-a", 5, x), _tagged("i-b", 6, x)], {"x"}).placements == {"x": ("i-b",)}
+    swapped.serial, swapped.started, swapped.running = 6, 6, None
+    assert merge_placements(swapped, tags, {"x", "y"}).placements == {"x": ("i-b",), "y": ("i-a",)}  # no second record
+    swapped.assigned = lambda: {"i-a": frozenset({"x/0"}), "i-b": frozenset({"y/0"})}
+    assert merge_placements(swapped, tags, {"x", "y"}).placements == {"x": ("i-a",), "y": ("i-b",)}
+    swapped.serial = swapped.started = 5
     # Tags at the state's serial that hold more than tags can are not read: the state says what the instance hosts.
     over = _tagged("i-a", 5, **{TAG_PLACEMENTS: "!overflow 400"})
     assert merge_placements(swapped, [over, _tagged("i-b", 5, y)], {"x", "y"}).placements == {"x": ("i-b",), "y": ("i-a",)}
