@@ -222,6 +222,8 @@ def read_started(backend: "StateBackend", state: State, where: str) -> State:
     """`state` with what the backend records of the applies begun (State.started). A record that is there but cannot be
     read is refused: taken as none, tags of applies that died before they saved would not be believed."""
     state.published = lambda: published_serial(backend)
+    state.running = lambda: running_replicas(backend)
+    state.assigned = lambda: assigned_replicas(backend)
     body = backend.read_key(STARTED_KEY)
     if body is None:
         return state
@@ -245,6 +247,33 @@ def published_serial(backend: "StateBackend") -> int:
     bus = Bus(backend)
     docs = [*bus.agents(skipped={}).values(), *bus.assignments().values()]
     return max((d["serial"] for d in docs if type(d.get("serial")) is int and 0 <= d["serial"] <= SERIAL_MAX), default=0)
+
+
+def running_replicas(backend: "StateBackend") -> dict[str, frozenset[str]]:
+    """instance -> the "job/replica"s its agent reports running (State.running), of the reports alive by the bus's one
+    rule (bus.reports_alive) and not marked lost; a report that cannot be read says nothing."""
+    from reconciler.runtime.bus import Bus, now_unix, reports_alive, stale_seconds
+
+    now, stale = now_unix(), stale_seconds()
+    return {iid: frozenset(doc.get("running", ())) for iid, doc in Bus(backend).agents(skipped={}).items()
+            if reports_alive(doc, now, stale) and not doc.get("lost")}
+
+
+def assigned_replicas(backend: "StateBackend") -> dict[str, frozenset[str]]:
+    """instance -> the "job/replica"s its published assignment lists (State.assigned); one that cannot be read says
+    nothing (apply refuses it before any change; a plan names it)."""
+    from reconciler.errors import CorruptBusObjectError
+    from reconciler.runtime.bus import Bus
+
+    bus, out = Bus(backend), {}
+    for iid in bus.assigned_instances():
+        try:
+            doc = bus.assignment(iid)
+        except CorruptBusObjectError:
+            continue
+        if doc is not None:
+            out[iid] = frozenset(f"{e['job']}/{e['replica']}" for e in doc.get("replicas", []))
+    return out
 
 
 def record_start(backend: "StateBackend", state: State, serial: int) -> None:

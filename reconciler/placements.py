@@ -7,8 +7,17 @@ tag write can fail). Each carries a serial: the state its own, the tags the seri
 the apply that wrote them, which is the serial that apply saves the state with.
 
 The rule, per instance: if its tags are strictly newer than the state (serial > the
-state's), the tags say what it hosts and the state's claims on it are dropped; otherwise
-the state is authoritative for it and the tags are only compared. Then, per job replica,
+state's), the tags say what it hosts and the state's claims on it are dropped; if older, or
+more than tags can hold (the cloud's tag limits: marked incomplete, never read in part), or
+unreadable, the state is authoritative for it and the tags are only compared. At the
+state's own serial one apply wrote both, so a disagreement means one was edited since (a
+state.json committed in a pull request swapped two jobs: believed, apply restarted both
+under "No changes"): what the agents report running decides, else the tags (the cloud's
+record) win, and one instance's tags alone move no work (_settle_ties). So do older tags
+that the instance's published assignment agrees with: an apply rewrites both only where
+they differ from what it hosts, so two records of its last apply against the state are an
+edit of the state (after a later apply, the same swap); a failed tag write leaves old tags
+the assignment published since does not repeat. Then, per job replica,
 the newest claim wins (a replica the newer tags of another instance claim has moved), with
 one exception: a claim newer than any apply began (State.started, recorded beside the
 state before an apply touches the cloud) does not take a replica from a live instance that
@@ -55,11 +64,21 @@ class Merged:
     removed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a job not desired -> its live instances
 
 
-def _fmt(ps: Collection[Placement]) -> str:
-    return ", ".join(f"{p.job}/{p.replica}" for p in sorted(ps)) or "nothing"
+def _fmt(ps: Collection[Placement], gpus: bool = False) -> str:
+    """`gpus`: with the GPUs each replica holds, where it records them."""
+    return ", ".join(f"{p.job}/{p.replica}" + (f" on GPU(s) {list(p.gpus)}" if gpus and p.gpus else "")
+                     for p in sorted(ps)) or "nothing"
 
 
 _NONE: frozenset[Placement] = frozenset()
+
+
+def _assigned_as_tagged(theirs: Collection[Placement], assigned: dict[str, frozenset[str]] | None, iid: str,
+                        jobs: Collection[str]) -> bool:
+    """Whether the instance's published assignment lists the desired job replicas its tags do: a second record of the
+    apply that last changed it (none published: no evidence)."""
+    said = (assigned or {}).get(iid)
+    return said is not None and {n for n in said if n.rsplit("/", 1)[0] in jobs} == {f"{p.job}/{p.replica}" for p in theirs}
 
 
 def _on(ps: Collection[Placement], jobs: Collection[str]) -> frozenset[Placement]:
@@ -86,6 +105,8 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
 
     notes: list[str] = []
     newer: dict[str, PlacementRecord] = {}  # instance -> tags newer than the state
+    tied: dict[str, PlacementRecord] = {}  # instance -> complete tags of the state's serial that disagree with it
+    assigned: dict[str, frozenset[str]] | None = None  # the published assignments, read at the first older disagreement
     newest = s
     for inst in sorted(instances, key=lambda i: i.id):
         try:
@@ -98,10 +119,12 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
         newest = max(newest, rec.serial)
         if rec.serial <= s:
             theirs, ours = _on(rec.placements, jobs), _on(state_on.get(inst.id, ()), jobs)
-            if rec.complete and theirs != ours:
-                # (equal serials: one apply wrote both, so one of them was edited since; "newer" would be untrue)
-                which = "the newer state" if rec.serial < s else "the state, of the same apply,"
-                notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, {which} "
+            if rec.complete and theirs != ours and rec.serial < s and assigned is None:
+                assigned = state.assigned() if state.assigned is not None else {}
+            if rec.complete and theirs != ours and (rec.serial == s or _assigned_as_tagged(theirs, assigned, inst.id, jobs)):
+                tied[inst.id] = rec  # one apply wrote both (or its tags and assignment agree): settled below
+            elif rec.complete and theirs != ours:
+                notes.append(f"{inst.id}: its tags (serial {rec.serial}) say it hosts {_fmt(theirs)}, the newer state "
                              f"(serial {s}) says {_fmt(ours)}: the state wins; the next apply rewrites the tags")
         elif not rec.complete:
             notes.append(f"{inst.id}: its tags (serial {rec.serial}) are newer than the state (serial {s}) but hold "
@@ -188,6 +211,8 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
                 notes.append(f"{p.job}/{p.replica} is claimed by the tags of both {prev[0]} and {iid} (serial {rec.serial}): "
                              f"taking {iid}" + (", launched first (the other's tags are a copy of its own)" if first else ""))
             claims[(p.job, p.replica)] = (iid, p.gpus, rec.serial)
+    if tied:
+        notes += _settle_ties(tied, state_on, claims, alive, jobs, s, state.running() if state.running is not None else {})
     if newer and not s and not state.placements:
         n = sum(len(_on(r.placements, jobs)) for r in newer.values())
         notes.insert(0, f"the state records no placements: {n} replica(s) on {len(newer)} instance(s) recovered from "
@@ -213,6 +238,71 @@ def merge_placements(state: State, instances: Sequence[Instance], jobs: Collecti
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + [f"... and {len(notes) - MAX_NOTES} more placement notes"]
     return Merged(placements, lost, gpu_indices, newest, tuple(notes), _undesired(state, believed, alive, jobs))
+
+
+def _settle_ties(tied: dict[str, PlacementRecord], state_on: dict[str, set[Placement]],
+                 claims: dict[tuple[str, int], tuple[str, tuple[int, ...] | None, int]], alive: set[str],
+                 jobs: Collection[str], serial: int, running: dict[str, frozenset[str]]) -> list[str]:
+    """Settle, in `claims`, the replicas that the state and the `tied` instances' tags place apart at the state's own
+    serial. One apply writes both with one serial, so one was edited since (a state.json committed in a pull request:
+    believed, apply published two swapped jobs each to the other's instance, restarting both under "No changes"). What
+    runs decides: a replica a live agent reports running (`running`) on one of the two instances is placed there.
+    Else the tags, the cloud's record, which no pull request edits, win over the state file, with the rule newer tags
+    keep: one instance's tags alone move no work (a replica leaves the live instance the state places it on only where
+    that instance's tags drop it too). Returns a note per instance."""
+    listed = {iid: {(p.job, p.replica): p for p in _on(rec.placements, jobs)} for iid, rec in tied.items()}
+
+    def reported(key: tuple[str, int]) -> set[str]:
+        return {iid for iid, reps in running.items() if iid in alive and f"{key[0]}/{key[1]}" in reps}
+
+    taken: dict[str, list[Placement]] = {}
+    left: dict[str, list[str]] = {}  # instance -> its tags' claims not taken, and why
+    for iid in sorted(tied):
+        for key, p in sorted(listed[iid].items()):
+            prev = claims.get(key)
+            holder = prev[0] if prev is not None else None
+            if prev is not None and prev[2] > serial:
+                continue  # newer tags placed it: they win, as above
+            if holder == iid:
+                if (prev[1] or ()) != p.gpus:  # type: ignore[index]
+                    claims[key] = (iid, p.gpus, serial)  # where both place it, the tags say which GPUs
+                    taken.setdefault(iid, []).append(p)
+                continue
+            runs = reported(key)
+            if runs != {iid}:
+                if holder is not None and runs == {holder}:
+                    left.setdefault(iid, []).append(f"{p.job}/{p.replica}, which the agent of {holder} reports running")
+                    continue
+                if holder in alive and not (holder in tied and key not in listed[holder]):
+                    left.setdefault(iid, []).append(f"{p.job}/{p.replica}, which the state places on {holder}, live, "
+                                                    "whose own tags do not drop it (one instance's tags alone move no work)")
+                    continue
+            claims[key] = (iid, p.gpus, serial)
+            taken.setdefault(iid, []).append(p)
+
+    notes = []
+    for iid in sorted(tied):
+        theirs, ours = listed[iid], _on(state_on.get(iid, ()), jobs)
+        kept = [p for p in sorted(ours) if (p.job, p.replica) not in theirs and claims.get((p.job, p.replica), ("",))[0] == iid]
+        gpus = {(p.job, p.replica) for p in theirs.values()} == {(p.job, p.replica) for p in ours}  # they differ there
+        if tied[iid].serial == serial:
+            said = [f"the state and its tags disagree at serial {serial} (one apply writes both, so one was edited since): "
+                    f"its tags say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
+        else:  # an apply retags and republishes each instance whose record differs from what it hosts
+            said = [f"the state (serial {serial}) disagrees with its tags (serial {tied[iid].serial}) and its published "
+                    f"assignment, which agree (an apply rewrites both where they differ from what it hosts, so the state was "
+                    f"edited since): they say it hosts {_fmt(theirs.values(), gpus)}, the state says {_fmt(ours, gpus)}"]
+        if taken.get(iid):
+            ran = sorted(p for p in taken[iid] if reported((p.job, p.replica)) == {iid})
+            said.append(f"the tags win for {_fmt(taken[iid], gpus)} (the cloud's record, which a pull request cannot edit)"
+                        + (f"; its agent reports {_fmt(ran)} running" if ran else ""))
+        if left.get(iid):
+            said.append(f"the state's placement stands for {'; '.join(left[iid])}")
+        if kept:
+            said.append(f"{_fmt(kept)}, which no other instance's tags claim, stays on it (one instance's tags alone move "
+                        "no work)")
+        notes.append(f"{iid}: {'; '.join(said)}; the next apply rewrites the record that disagrees")
+    return notes
 
 
 def believed_through(state: State) -> int | None:

@@ -61,6 +61,12 @@ class State:
     # when asked (the backend's load sets it): a record of how far the applies went that a state and a started.json put
     # back from an older copy do not take back. Asked only when tags are newer than the state (a request per agent).
     published: Callable[[], int] | None = field(default=None, compare=False, repr=False)
+    # instance -> the "job/replica"s its live agent reports running, read from the bus when asked (the backend's load
+    # sets it): what runs, which settles a state and tags that disagree at one serial. Asked only then.
+    running: Callable[[], dict[str, frozenset[str]]] | None = field(default=None, compare=False, repr=False)
+    # instance -> the "job/replica"s its published assignment (bus assignments/) lists, read when asked: with the
+    # instance's tags, a second record against a state edited since its last apply. Asked only then.
+    assigned: Callable[[], dict[str, frozenset[str]]] | None = field(default=None, compare=False, repr=False)
 
     def short_now(self, now: datetime | None = None) -> frozenset[tuple[str, str, str, str]]:
         now = now or utcnow()

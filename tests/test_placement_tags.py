@@ -172,6 +172,44 @@ def test_a_claim_newer_than_any_apply_began_takes_no_replica_from_the_live_insta
     assert merge_placements(state, [_tagged("i-a", 9), _tagged("i-b", 9, p)], {"x"}).placements == {"x": ("i-b",)}
 
 
+def test_at_the_states_own_serial_what_runs_decides_else_the_tags_and_one_instances_tags_alone_move_nothing():
+    """One apply writes the state and the tags with one serial, so at that serial a disagreement is an edit. A state
+    with x and y swapped (a state.json committed in a pull request) was believed: apply moved both, restarting them,
+    under "No changes". The agents' reports of what runs decide; without them the tags (the cloud's record) win, but a
+    replica leaves the live instance the state places it on only where that instance's own tags drop it too."""
+    x, y = Placement("x", 0, (0, 1)), Placement("y", 0, (2, 3))
+    swapped = State(placements={"x": ["i-b"], "y": ["i-a"]}, gpus={"x": [[0, 1]], "y": [[2, 3]]}, serial=5, started=5)
+    tags = [_tagged("i-a", 5, x), _tagged("i-b", 5, y)]
+    m = merge_placements(swapped, tags, {"x", "y"})
+    assert m.placements == {"x": ("i-a",), "y": ("i-b",)} and m.gpu_indices == {"x": ((0, 1),), "y": ((2, 3),)}
+    assert [n.split(":")[0] for n in m.notes] == ["i-a", "i-b"], m.notes
+    assert all("disagree at serial 5" in n and "the tags win" in n for n in m.notes), m.notes
+    # What the agents report running decides over both (here: the state was right, the tags were edited).
+    swapped.running = lambda: {"i-a": frozenset({"y/0"}), "i-b": frozenset({"x/0"})}
+    assert merge_placements(swapped, tags, {"x", "y"}).placements == {"x": ("i-b",), "y": ("i-a",)}
+    # A forged "hosts nothing" (or another's job) on the real host at the state's serial moves nothing off it.
+    state = State(placements={"x": ["i-a"], "y": ["i-b"]}, gpus={"x": [[0, 1]], "y": [[2, 3]]}, serial=5, started=5)
+    for forged in (_tagged("i-a", 5), _tagged("i-a", 5, y)):
+        m = merge_placements(state, [forged, _tagged("i-b", 5, y)], {"x", "y"})
+        assert m.placements == {"x": ("i-a",), "y": ("i-b",)}, (forged.tags, m.notes)
+        (said,) = [n for n in m.notes if n.startswith("i-a: the state and its tags disagree at serial 5")]
+        assert "x/0, which no other instance's tags claim, stays on it" in said and "tags win" not in said, said
+    # Older tags (an apply rewrites only those that differ) against a newer state: the state wins, unless the instance's
+    # published assignment lists what its tags do (two records of its last apply against one edited since). A tag write
+    # that failed as an apply moved x to i-b leaves i-a's old tags, but its assignment was published without x.
+    moved = State(placements={"x": ["i-b"]}, gpus={"x": [[0, 1]]}, serial=6, started=6,
+                  assigned=lambda: {"i-a": frozenset(), "i-b": frozenset({"x/0"})})
+    assert merge_placements(moved, [_tagged("i-a", 5, x), _tagged("i-b", 6, x)], {"x"}).placements == {"x": ("i-b",)}
+    swapped.serial, swapped.started, swapped.running = 6, 6, None
+    assert merge_placements(swapped, tags, {"x", "y"}).placements == {"x": ("i-b",), "y": ("i-a",)}  # no second record
+    swapped.assigned = lambda: {"i-a": frozenset({"x/0"}), "i-b": frozenset({"y/0"})}
+    assert merge_placements(swapped, tags, {"x", "y"}).placements == {"x": ("i-a",), "y": ("i-b",)}
+    swapped.serial = swapped.started = 5
+    # Tags at the state's serial that hold more than tags can are not read: the state says what the instance hosts.
+    over = _tagged("i-a", 5, **{TAG_PLACEMENTS: "!overflow 400"})
+    assert merge_placements(swapped, [over, _tagged("i-b", 5, y)], {"x", "y"}).placements == {"x": ("i-b",), "y": ("i-a",)}
+
+
 def _says_it_stays(notes, iid: str, replica: str) -> bool:
     """A note says the state keeps `replica` on `iid` over its tags: past every apply begun, the instance's tags at
     once; else the replica they drop that no other instance's tags claim."""
@@ -565,6 +603,28 @@ def test_a_state_and_its_record_of_applies_begun_put_back_together_believe_what_
     res = api.plan(cfg, time_limit=5)
     assert res.observed.placements == {"a": (host,), "b": (other,), "c": (other,)}
     assert res.observed.gpu_indices["b"] == (free,)
+
+
+def test_a_state_edited_at_its_own_serial_yields_to_the_tags_and_both_to_what_the_agents_run(tmp_path):
+    """state.json edited (a pull request) at the serial the last apply saved: a and c swapped between their instances.
+    The instances' tags, of that apply, say where they run, so the plan keeps them there and says so; and where the
+    agents report what runs (bus agents/), that decides over both."""
+    cfg = tmp_path / "cfg"
+    write_config(cfg, _docs("tie", [_gpu_job("a"), _gpu_job("b"), _gpu_job("c")], 3, aws=False))
+    api.apply(cfg, time_limit=5)
+    path = state_dir(cfg) / "state.json"
+    placed = json.loads(path.read_text())
+    host, other = placed["placements"]["a"][0], placed["placements"]["c"][0]
+    edited = {**placed, "placements": {**placed["placements"], "a": [other], "c": [host]}}
+    path.write_text(json.dumps(edited))
+    res = api.plan(cfg, time_limit=5)
+    assert res.observed.placements == {j: tuple(ids) for j, ids in placed["placements"].items()}
+    assert not res.plan.has_changes, [(j.job, j.action, j.instances) for j in res.plan.jobs]
+    assert sum(f"disagree at serial {placed['serial']}" in n for n in res.plan.notes) == 2, res.plan.notes
+    (state_dir(cfg) / "agents").mkdir(parents=True, exist_ok=True)
+    for iid, running in ((host, ["b/0", "c/0"]), (other, ["a/0"])):
+        (state_dir(cfg) / "agents" / f"{iid}.json").write_text(json.dumps({"heartbeat_at": time.time(), "running": running}))
+    assert api.plan(cfg, time_limit=5).observed.placements == {"a": (other,), "b": (host,), "c": (host,)}
 
 
 def test_a_placement_serial_no_apply_can_count_past_is_refused_before_any_change(tmp_path):

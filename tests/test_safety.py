@@ -748,7 +748,8 @@ def test_state_serial_is_a_64_bit_counter():
 def test_gpu_indices_past_the_instance_never_reach_the_cloud(applied_once, tmp_path, where):
     """Audit: finetune-a recorded on GPU 99 of its 1-GPU a2-highgpu-1g (the state edited, or tags a corrupt state's apply
     wrote) planned as "No changes", and apply wrote `finetune-a/0@99` into the instance's placement tags and GPU "99"
-    into its agent assignment. Such indices are not trusted: dropped with a note, the replica is given GPU 0 again."""
+    into its agent assignment. Such indices are not trusted: dropped with a note, the replica is given GPU 0 again.
+    (The state edited at its own serial: the instance's tags of that apply, GPU 0, win, said in a note.)"""
     from providers.placements import TAG_PLACEMENTS, TAG_PLACEMENTS_SERIAL
     from providers.sim import SimCloud
     from reconciler.state import state_dir
@@ -767,8 +768,12 @@ def test_gpu_indices_past_the_instance_never_reach_the_cloud(applied_once, tmp_p
         res = cli_here(*args)
         assert res.returncode == 0 and "unexpected" not in res.stderr, res.stderr
         out = " ".join((res.stdout + res.stderr).split())
-        assert (f"job finetune-a: its recorded GPU indices are not trusted (replica 0 on {host} is recorded on GPU(s) [99], "
-                "but its a2-highgpu-1g has 1 GPU(s) (0..0)); the plan gives its replicas GPUs anew") in out, out
+        if where == "state" and args[0] == "plan":
+            assert (f"{host}: the state and its tags disagree at serial 1 (one apply writes both, so one was edited since): "
+                    "its tags say it hosts finetune-a/0 on GPU(s) [0], the state says finetune-a/0 on GPU(s) [99]; the tags win") in out, out
+        elif where == "tags":
+            assert (f"job finetune-a: its recorded GPU indices are not trusted (replica 0 on {host} is recorded on GPU(s) [99], "
+                    "but its a2-highgpu-1g has 1 GPU(s) (0..0)); the plan gives its replicas GPUs anew") in out, out
     assert _live(cfg) == before
     with SimCloud(state_dir(cfg)).world(write=False) as w:
         assert w["instances"][host]["tags"][TAG_PLACEMENTS] == "finetune-a/0@0"
