@@ -435,7 +435,13 @@ class ApplyLock:
             return self._not_a_lock(mode)
         return LockError(f"cannot read the apply lock {self.path}: {e.strerror or e}. Nothing was changed.")
 
-    def _refuse(self, h: dict) -> LockError:
+    def _refuse(self, h: dict, running: bool = False) -> LockError:
+        """`running`: a live process holds the lock's flock, an apply that is running, which `reconcile unlock` refuses
+        to break (`break_lock`): the advice is to wait for it or stop it, not an unlock that would be refused."""
+        if running:
+            return LockError(f"another apply holds the lock {self.path}: {describe_holder(h)}, and it is running (it "
+                             "holds the lock file's flock). Nothing was changed. Wait for it to finish, or stop it "
+                             "(Ctrl-C, or `kill` its pid); a lock whose holder died is taken over by the next apply")
         return LockError(f"another apply holds the lock {self.path}: {describe_holder(h)}; "
                          f"if no apply is running, run `reconcile unlock {h['id']}`" + (" (or remove the file)" if "garbled" in h else ""))
 
@@ -490,7 +496,7 @@ class ApplyLock:
             try:
                 fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise self._refuse(h) from None  # a live process here holds it
+                raise self._refuse(h, running=True) from None  # a live process here holds it
             try:
                 if os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(old).st_ino:
                     return False  # replaced while we looked: look again

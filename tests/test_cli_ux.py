@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from reconciler.backend import backend_for
 from reconciler.cli import app
+from reconciler.state import state_dir
 from tests.fleetkit import copy_quickstart
 
 runner = CliRunner()
@@ -73,17 +74,28 @@ def test_sim_commands_take_dir_like_the_others(qs):
 
 
 def test_lock_error_gives_the_exact_unlock_command(qs, tmp_path, monkeypatch):
-    """The suggested command, run as printed from another directory, breaks the lock."""
+    """The suggested command, run as printed from another directory, breaks the lock (one another host's apply left:
+    no flock here says whether it runs, so the user is asked)."""
     monkeypatch.chdir(tmp_path)
+    lock = state_dir(qs) / "apply.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"id": "abc123def456", "pid": 42, "host": "ci-7", "since": "2026-01-01T00:00:00+00:00"}))
+    r = cli("apply", qs, "--auto-approve")
+    assert r.exit_code == 1
+    command = re.search(r"`(reconcile unlock [^`]+)`", r.output)
+    assert command, r.output
+    assert f"--dir {shlex.quote(str(qs))}" in command.group(1)
+    args = shlex.split(command.group(1))[1:]
+    assert cli(*args).exit_code == 0
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+
+
+def test_a_running_applys_lock_is_not_answered_with_an_unlock_it_would_refuse(qs):
+    """An apply running here holds its lock's flock; `reconcile unlock` refuses to break that (s37-redteam), so the
+    second apply's refusal says to wait for it or stop it, not to run an unlock that would be refused."""
     with backend_for(qs, None).lock():
         r = cli("apply", qs, "--auto-approve")
-        assert r.exit_code == 1
-        command = re.search(r"`(reconcile unlock [^`]+)`", r.output)
-        assert command, r.output
-        assert f"--dir {shlex.quote(str(qs))}" in command.group(1)
-        args = shlex.split(command.group(1))[1:]
-        assert cli(*args).exit_code == 0
-        assert cli("apply", qs, "--auto-approve").exit_code == 0
+        assert r.exit_code == 1 and "it is running" in r.output and "reconcile unlock" not in r.output, r.output
 
 
 def test_a_lock_naming_a_command_as_its_id_is_not_suggested_to_run(qs):

@@ -274,15 +274,17 @@ def test_greedy_fallback_is_valid_and_said_so(tmp_path):
     assert solution.status == "GREEDY_FALLBACK" and not solution.optimal
     plan = make_plan(desired, observed, problem, solution)
     check_plan(desired, observed, plan)
-    # Greedy buys the cheapest instance per job (a2-highgpu-1g) until the pool's max of 3 stops it.
-    assert solution.work == g.work and plan.counts()["place"] == 3
+    # Greedy buys the cheapest instance per job (a2-highgpu-1g) until the pool's max of 3 stops it; then it swaps its own
+    # small instance for an a2-highgpu-8g that holds the waiting jobs too (greedy._place_upgrading): all five placed.
+    assert solution.work == g.work and plan.counts()["place"] == 5
     from reconciler.render import render_human
     text = render_human(plan)
     assert "greedy best-fit only (--time-limit 0)" in text and "a --time-limit above 0 has CP-SAT search for a better one" in text
-    # With time, CP-SAT sees that one 8-GPU instance holds all five jobs.
+    # With time, CP-SAT proves that is the most work there is (one 8-GPU instance holds all five jobs), at no more cost.
     full = solve(problem, time_limit=10)
-    assert full.optimal and full.work > g.work
+    assert full.optimal and full.work == g.work
     assert sum(full.placed.values()) == 5
+    assert make_plan(desired, observed, problem, full).cost_after <= plan.cost_after + 1e-9
 
 
 def test_room_evictions_free_is_offered_within_a_bound(tmp_path, monkeypatch):
