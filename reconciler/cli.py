@@ -30,7 +30,14 @@ DEBUG_META = "fleetops.debug"
 
 
 def _debug_env() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """FLEETOPS_DEBUG as settings.flag reads it; a bad value (refused before any command: settings.check_all) is no
+    reason to hide the traceback of the error being printed."""
+    from providers.settings import SettingError, flag
+
+    try:
+        return flag(DEBUG_ENV)
+    except SettingError:
+        return True
 
 
 def last_resort_message(e: BaseException, debug: bool) -> str:
@@ -118,6 +125,10 @@ def _root(ctx: typer.Context,
                                             help="Print the version and exit."),
           debug: bool = typer.Option(False, "--debug", help=f"On an unexpected error, print the traceback (also: {DEBUG_ENV}=1).")) -> None:
     ctx.meta[DEBUG_META] = debug
+    if ctx.invoked_subcommand is not None:  # (a bad FLEETOPS_* setting stops a command before it calls a cloud)
+        from reconciler.settings import check_all
+
+        check_all()
 
 
 sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
