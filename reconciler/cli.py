@@ -485,7 +485,8 @@ def apply(
             saved = _preview_and_confirm(config_dir, color, planning)
             if saved is None:
                 return
-        res = _apply_with_progress(config_dir, saved, plan_file is not None or auto_approve, color, stop, planning)
+        res = _apply_with_progress(config_dir, saved, plan_file is not None or auto_approve, color, stop, planning,
+                                   from_file=plan_file is not None)
     except KeyboardInterrupt:
         if stop.applying:
             typer.echo("Aborted in the middle of an action: the state was not saved and the lock was released; run "
@@ -543,9 +544,10 @@ def _preview_and_confirm(config_dir: Path, color: bool, planning: dict) -> Plan 
 
 
 def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color: bool, stop: StopOnInterrupt,
-                         planning: dict) -> ApplyResult:
+                         planning: dict, from_file: bool = False) -> ApplyResult:
     """Apply `saved` (None: plan afresh), showing each action as it runs; Ctrl-C asks `stop` to start no more
-    actions once applying began. `show`: print the plan first (the interactive path already showed it)."""
+    actions once applying began. `show`: print the plan first (the interactive path already showed it); `from_file`:
+    `saved` was read from a file, whose claims are printed as its words (render_human)."""
     from reconciler import api
     from reconciler.progress import ApplyProgress
     from reconciler.render import render_human
@@ -554,7 +556,7 @@ def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color
 
     def show_plan(p: Plan) -> None:
         if show:
-            typer.echo(render_human(p, color=color), nl=False)
+            typer.echo(render_human(p, color=color, from_file=from_file), nl=False)
         progress.append(ApplyProgress(p, sys.stdout, color=color).__enter__())
         stop.applying = True
 
