@@ -263,7 +263,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
         "phases_s": phases.breakdown(wall, r.solution.phases.get("lp bound", 0.0)), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
         "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
         # The plan's own status and gap (after packing: issue 20), not the solver's counts'.
-        "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": round(r.plan.solver.gap, 4),
+        "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": None if r.plan.solver.gap is None else round(r.plan.solver.gap, 4),
         "solver_status": r.solution.status, "solver_gap": round(r.solution.gap, 4),
         "narrowed": r.plan.solver.narrowed,  # (group, instance) choices the model left out: its bounds are of the rest
         "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
@@ -437,7 +437,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "demands" in r:
-            cells = [r["tier"], r["step"], _n(r["wall_s"]), _n(r.get("cpu_s")), _n(r["solve_s"]), r["status"], _n(r["gap"] * 100, "{:.1f}%"),
+            cells = [r["tier"], r["step"], _n(r["wall_s"]), _n(r.get("cpu_s")), _n(r["solve_s"]), r["status"], _n(None if r["gap"] is None else r["gap"] * 100, "{:.1f}%"),
                      f"{r['demands']} / {r['capacities']} / {r['units']}",
                      f"{_n(r['cp_vars'], '{:,}')} / {_n(r['cp_constraints'], '{:,}')}" if r["cp_vars"] is not None else "",
                      str(r["instances_before"]), f"+{r['creates']} / -{r['deletes']}", f"{r['placed']} / {r['pending']}",

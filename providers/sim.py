@@ -28,6 +28,7 @@ from providers.catalog import load_catalog
 from providers.placements import PlacementRecord, is_placement_key, placement_tags
 from providers.files import loads_json, read_regular, read_regular_fd
 from providers.errors import CapacityError, KeySpentError, OwnershipError, ProviderError, QuotaError, TransientProviderError
+from providers.settings import flag
 from providers.pids import descendants, marked, parents, running, start_time as _starttime, table  # (pid, start): a reused pid is never signalled
 
 DEFAULT_GRACE_S = 10.0  # the agent's stop grace for a replica without a checkpoint spec (reconciler/runtime/agent.py)
@@ -479,7 +480,7 @@ class SimCloud:
     def interrupt(self, instance_id: str, reason: str = "spot-interruption", notice_seconds: float | None = None) -> dict:
         """Reclaim an instance. If a node agent runs on it, it gets a notice first (as a spot
         instance gets its two-minute warning) and up to `notice_seconds` to checkpoint."""
-        notice_seconds = _notice_seconds(notice_seconds)  # (a bad setting is refused before any notice is written)
+        notice_seconds = sim_notice_seconds(notice_seconds)  # (a bad setting is refused before any notice is written)
         with self.world(write=False) as w:
             inst = w["instances"].get(instance_id)
             if inst is None or inst["state"] == "terminated":
@@ -548,7 +549,7 @@ class SimCloud:
         and stopped (notice.done), or `notice_seconds` (default 120, a spot warning's length), or it dies. Returns
         "checkpointed", "ran out" or "agent died" (an agent that died in the notice had not checkpointed: this said
         "checkpointed" of it, and `sim interrupt` gave no warning)."""
-        limit = time.monotonic() + _notice_seconds(notice_seconds)
+        limit = time.monotonic() + sim_notice_seconds(notice_seconds)
         d = self.agent_dir(instance_id)
         (d / "notice.json").write_text(json.dumps({"reason": reason, "time": _now()}))
         while time.monotonic() < limit:
@@ -751,7 +752,7 @@ def _quota_problem(q: dict) -> str | None:
     return None
 
 
-def _notice_seconds(given: float | None) -> float:
+def sim_notice_seconds(given: float | None) -> float:
     """How long a reclaimed instance's agent gets to checkpoint: `given`, else FLEETOPS_SIM_NOTICE_SECONDS, else 120 (a
     spot warning's length). A setting that is no number of seconds 0 or more is an error (float() crashed on it)."""
     if given is not None:
@@ -932,7 +933,7 @@ class SimProvider:
 
     def ensure_agent(self, instance: Instance, target: AgentTarget) -> None:
         """One agent process per instance with work, unless FLEETOPS_SIM_AGENTS=0 (most tests)."""
-        if os.environ.get("FLEETOPS_SIM_AGENTS", "1") != "0":
+        if flag("FLEETOPS_SIM_AGENTS"):
             self.cloud.start_agent(instance.id, target.config_dir, target.state_url)
 
     def record_placements(self, instance: Instance, record: PlacementRecord) -> None:

@@ -30,7 +30,14 @@ DEBUG_META = "fleetops.debug"
 
 
 def _debug_env() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """FLEETOPS_DEBUG as settings.flag reads it; a bad value (refused before any command: settings.check_all) is no
+    reason to hide the traceback of the error being printed."""
+    from providers.settings import SettingError, flag
+
+    try:
+        return flag(DEBUG_ENV)
+    except SettingError:
+        return True
 
 
 def last_resort_message(e: BaseException, debug: bool) -> str:
@@ -118,6 +125,10 @@ def _root(ctx: typer.Context,
                                             help="Print the version and exit."),
           debug: bool = typer.Option(False, "--debug", help=f"On an unexpected error, print the traceback (also: {DEBUG_ENV}=1).")) -> None:
     ctx.meta[DEBUG_META] = debug
+    if ctx.invoked_subcommand is not None:  # (a bad FLEETOPS_* setting stops a command before it calls a cloud)
+        from reconciler.settings import check_all
+
+        check_all()
 
 
 sim_app = typer.Typer(cls=_Group, no_args_is_help=True, help="Drive the simulated cloud: inject faults, list instances.")
@@ -474,7 +485,8 @@ def apply(
             saved = _preview_and_confirm(config_dir, color, planning)
             if saved is None:
                 return
-        res = _apply_with_progress(config_dir, saved, plan_file is not None or auto_approve, color, stop, planning)
+        res = _apply_with_progress(config_dir, saved, plan_file is not None or auto_approve, color, stop, planning,
+                                   from_file=plan_file is not None)
     except KeyboardInterrupt:
         if stop.applying:
             typer.echo("Aborted in the middle of an action: the state was not saved and the lock was released; run "
@@ -532,9 +544,10 @@ def _preview_and_confirm(config_dir: Path, color: bool, planning: dict) -> Plan 
 
 
 def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color: bool, stop: StopOnInterrupt,
-                         planning: dict) -> ApplyResult:
+                         planning: dict, from_file: bool = False) -> ApplyResult:
     """Apply `saved` (None: plan afresh), showing each action as it runs; Ctrl-C asks `stop` to start no more
-    actions once applying began. `show`: print the plan first (the interactive path already showed it)."""
+    actions once applying began. `show`: print the plan first (the interactive path already showed it); `from_file`:
+    `saved` was read from a file, whose claims are printed as its words (render_human)."""
     from reconciler import api
     from reconciler.progress import ApplyProgress
     from reconciler.render import render_human
@@ -543,7 +556,7 @@ def _apply_with_progress(config_dir: Path, saved: Plan | None, show: bool, color
 
     def show_plan(p: Plan) -> None:
         if show:
-            typer.echo(render_human(p, color=color), nl=False)
+            typer.echo(render_human(p, color=color, from_file=from_file), nl=False)
         progress.append(ApplyProgress(p, sys.stdout, color=color).__enter__())
         stop.applying = True
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from reconciler.ledger import GPU_SLICES, OVER_QUOTA_ALONE, RESERVATION_FULL, Ledger, mig_compute, quota_ok
-from reconciler.plan.quality import UNPACKED
+from reconciler.plan.quality import UNPACKED, claimed_gap
 from reconciler.problem import DIMS, as_utc
 from reconciler.problem.diagnosis import OUTRANKED, OUTRANKED_IN_TENANT, RECLAIMED, STUCK_GANG
 
@@ -104,7 +104,7 @@ class FleetView:
     evictions: int  # jobs the plan evicts
     instances_lost: int  # instances found gone (spot interruptions, lost hosts) by the observe
     plan_seconds: float
-    solver_gap: float | None  # None where the plan claims no gap (plan.quality.gap_withheld: unproven tiers, greedy's)
+    solver_gap: float | None  # None where the plan claims no gap (plan.quality.claimed_gap: unproven tiers, greedy's)
     solver_optimal: bool
     changes_outstanding: int  # creates + deletes not applied yet
     tenant_license_cost: dict[str, float] = field(default_factory=dict)  # USD/h of the licenses its running jobs hold
@@ -197,21 +197,10 @@ def _view(problem, desired, observed, plan, hosts: dict, placements: dict[str, t
         jobs=tuple(jobs), tenant_cost={t: charges.get(t, 0.0) for t in sorted(set(desired.tenants) | set(charges))},
         pool_cost=pool_cost, over_quota=over, evictions=sum(j.action == "evict" for j in plan.jobs),
         instances_lost=len({i for ids in observed.lost.values() for i in ids}),
-        plan_seconds=plan.solver.seconds, solver_gap=_claimed_gap(plan), solver_optimal=plan.solver.optimal,
+        plan_seconds=plan.solver.seconds, solver_gap=claimed_gap(plan.solver, plan.cost_after), solver_optimal=plan.solver.optimal,
         changes_outstanding=changes_outstanding,
         tenant_license_cost={t: round(led.tenant_license_charges().get(t, 0.0), 6) for t in sorted(desired.tenants)},
     )
-
-
-def _claimed_gap(plan) -> float | None:
-    """The cost gap the plan's own line claims (0 at the least possible cost), None where it claims none: `solver.gap`
-    is 1.0 there, no claim, and metrics exported it as the fleet's gap (100%) beside a plan saying "no optimality gap
-    is claimed"."""
-    from reconciler.plan.quality import gap_withheld
-
-    if plan.solver.optimal or plan.cost_after <= 0:
-        return 0.0
-    return None if gap_withheld(plan.solver, plan.cost_after) else plan.solver.gap
 
 
 def current_view(problem, desired, observed, plan, now: datetime) -> FleetView:

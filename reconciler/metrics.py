@@ -100,7 +100,7 @@ def families(view: FleetView) -> list[GaugeMetricFamily]:
     for t, over in sorted(view.over_quota.items()):
         fam["fleetops_tenant_over_quota"].add_metric([f, t], 1 if over else 0)
     fam["fleetops_plan_duration_seconds"].add_metric([f], round(view.plan_seconds, 3))
-    if view.solver_gap is not None:  # (no sample where the plan claims no gap: fleetview._claimed_gap)
+    if view.solver_gap is not None:  # (no sample where the plan claims no gap: plan.quality.claimed_gap)
         fam["fleetops_solver_gap_ratio"].add_metric([f], 0.0 if view.solver_optimal else round(max(0.0, view.solver_gap), 6))
     fam["fleetops_plan_changes_outstanding"].add_metric([f], view.changes_outstanding)
     return list(fam.values())

@@ -22,10 +22,11 @@ ENV_PROCESSES = "FLEETOPS_SOLVE_PROCESSES"  # at most this many workers; 0 or 1:
 
 def processes_for(sizes: list[int]) -> int:
     """How many worker processes to use for parts of these sizes (<= 1: none)."""
-    try:
-        cap = int(os.environ.get(ENV_PROCESSES, "")) if os.environ.get(ENV_PROCESSES) else len(os.sched_getaffinity(0))
-    except ValueError:
-        cap = 1
+    from providers.settings import count
+
+    cap = count(ENV_PROCESSES)
+    if cap is None:
+        cap = len(os.sched_getaffinity(0))
     big = sum(1 for s in sizes if s >= MIN_PART)
     return min(cap, big) if big > 1 else 1
 

@@ -103,6 +103,8 @@ def recheck(plan: Plan, desired: DesiredState, observed: Observed, problem: Prob
     cost_after = round(sum(kept.values()) + sum(c.price for c in creates), 4)
     checked = replace(plan, creates=tuple(creates), deletes=tuple(deletes), cost_before=cost_before, cost_after=cost_after,
                       kept=kept, removed=removed_jobs(desired, observed),  # (what stops is what the fleet runs, never the file's word)
+                      notes=tuple(getattr(observed, "notes", ())),  # (what observe says now, as plan.build takes them: a forged
+                      # "approved by security" was printed as a note of the tool's own)
                       restarted=restarted_jobs(desired, observed, plan.jobs))
     return checked, errors
 

@@ -174,8 +174,13 @@ def _market(c) -> str:
     return f"{c.site.market} (reserved: {c.reservation})" if getattr(c, "reservation", None) else c.site.market
 
 
-def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
-    """color (a terminal without NO_COLOR): creates green, deletes and evictions red, moves yellow, pending reasons dim."""
+QUOTED = "The plan file says: "  # a line of a saved plan's claims, which apply's re-check does not recompute
+
+
+def render_human(plan: Plan, width: int = 120, color: bool = False, from_file: bool = False) -> str:
+    """color (a terminal without NO_COLOR): creates green, deletes and evictions red, moves yellow, pending reasons dim.
+    from_file (`apply --plan`): the re-check recomputes a saved plan's actions, prices and notes, not what only a solve
+    could (its solver line, reasons, consolidation, ballast and rules lines): those are marked as the file's words."""
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
                   no_color=not color, highlight=False)
@@ -183,6 +188,12 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
 
     def say(line: str) -> None:
         con.print(_text(line))
+
+    def claim(line: str) -> str:
+        return QUOTED + line if from_file else line
+
+    def why(column: str) -> str:
+        return f"{column} (the plan file's)" if from_file else column
 
     if not plan.has_changes:
         say(no_changes_line(plan))
@@ -192,12 +203,12 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
                ["green"] * len(plan.creates))
         say(prices_line(plan))
     if plan.deletes:
-        _table(con, "Instances to delete", ("instance", "pool", "cloud/zone", "type", "market", "$/h", "why"),
+        _table(con, "Instances to delete", ("instance", "pool", "cloud/zone", "type", "market", "$/h", why("why")),
                [(d.instance_id, d.site.pool, f"{d.site.cloud}/{d.site.zone}", d.site.instance_type, d.site.market, f"{d.price:.3f}", d.reason)
                 for d in plan.deletes], ["red"] * len(plan.deletes))
     moving = [j for j in plan.jobs if j.action in ("place", "move", "evict")]
     if moving:
-        _table(con, "Job placements", ("job", "tenant", "action", "instances", "from", "note"),
+        _table(con, "Job placements", ("job", "tenant", "action", "instances", "from", why("note")),
                [(j.job, j.tenant, j.action, where(j) or "-", ", ".join(j.previous) or "-", j.reason if j.action != "evict" else "")
                 for j in moving], [style[j.action] for j in moving])
     if plan.removed:
@@ -207,15 +218,15 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
         _table(con, "Jobs whose run spec changed (they restart in place, or start or stop there)", ("job", "on", "change"),
                [(r.job, ", ".join(r.instances), RUN_CHANGES[r.change]) for r in plan.restarted], ["yellow"] * len(plan.restarted))
     if consolidation_line(plan):
-        say(consolidation_line(plan))
+        say(claim(consolidation_line(plan)))
     if ballast_line(plan):
-        say(ballast_line(plan))
+        say(claim(ballast_line(plan)))
     for line in rules_lines(plan):
-        say(line)
+        say(claim(line))
     pending = [j for j in plan.jobs if j.action in ("pending", "evict")]
     if pending:  # the summary counts evicted and pending apart; the table says which each row is
         evicted = any(j.action == "evict" for j in pending)
-        _table(con, "Pending and evicted jobs" if evicted else "Pending jobs", ("job", "tenant", "state", "reason"),
+        _table(con, "Pending and evicted jobs" if evicted else "Pending jobs", ("job", "tenant", "state", why("reason")),
                [(j.job, j.tenant, "evicted" if j.action == "evict" else "pending", j.reason) for j in pending], [None] * len(pending),
                last_style="dim")
     for v in plan.violations:
@@ -223,7 +234,7 @@ def render_human(plan: Plan, width: int = 120, color: bool = False) -> str:
     for n in plan.notes:
         say(f"Note: {n}")
     say(f"Plan: {summary_line(plan)}")
-    con.print(_text(_solver_line(plan)), soft_wrap=True)  # (one line, however long: the terminal wraps it, grep finds it)
+    con.print(_text(claim(_solver_line(plan))), soft_wrap=True)  # (one line, however long: the terminal wraps it, grep finds it)
     return buf.getvalue()
 
 

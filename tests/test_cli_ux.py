@@ -511,3 +511,36 @@ def test_every_command_description_reads_as_whole_sentences():
                 assert any(text in line for line in own.splitlines()), (path, name, own)
                 seen += 1
     assert seen >= 20
+
+
+@pytest.mark.parametrize("env, value, accepted", [
+    ("FLEETOPS_SIM_AGENTS", "maybe", "1/true/yes/on or 0/false/no/off"),
+    ("FLEETOPS_CHECKPOINT_SYNC", "nope", "1/true/yes/on or 0/false/no/off"),
+    ("FLEETOPS_DEBUG", "2", "1/true/yes/on or 0/false/no/off"),
+    ("FLEETOPS_SOLVE_PROCESSES", "four", "whole number from 0 to 1024"),
+    ("FLEETOPS_SOLVE_PROCESSES", "-1", "whole number from 0 to 1024"),
+    ("FLEETOPS_AGENT_BOOT_SECONDS", "0", "must be above 0"),
+])
+def test_a_bad_environment_setting_stops_apply_before_any_cloud_call(qs, monkeypatch, env, value, accepted):
+    """FLEETOPS_SOLVE_PROCESSES=four ran one process and FLEETOPS_SIM_AGENTS=maybe started agents, silently; a period read
+    late (FLEETOPS_AGENT_BOOT_SECONDS) stopped an apply after it had launched. Every FLEETOPS_* setting is parsed first:
+    exit 1 naming the variable and what it accepts, nothing launched."""
+    from providers.sim import SimCloud
+    from reconciler.state import state_dir
+
+    monkeypatch.setenv(env, value)
+    r = cli("apply", qs, "--auto-approve")
+    assert r.exit_code == 1 and f"{env}={value!r}" in r.output and accepted in r.output and "unexpected" not in r.output, r.output
+    assert not (qs / ".reconcile" / "state.json").exists() and not SimCloud(state_dir(qs)).instances()
+
+
+@pytest.mark.parametrize("value", ["off", "false", "No", "0"])
+def test_sim_agents_off_in_any_spelling_starts_no_agent(qs, monkeypatch, value):
+    """FLEETOPS_SIM_AGENTS started agents for anything but "0": "off" and "false" started them."""
+    from providers.sim import SimCloud
+
+    started = []
+    monkeypatch.setattr(SimCloud, "start_agent", lambda self, *a: started.append(a))
+    monkeypatch.setenv("FLEETOPS_SIM_AGENTS", value)
+    assert cli("apply", qs, "--auto-approve").exit_code == 0
+    assert not started

@@ -191,3 +191,28 @@ def test_the_tiers_table_of_a_held_search_says_of_which_plans_its_bounds_are(tmp
         tiers = md[md.index("Objective tiers"):md.index("</details>", md.index("Objective tiers"))]
         assert f"_Best possible and proven {words}._" in tiers, tiers
     assert "Best possible and proven" not in render_markdown(plan)
+
+
+def test_the_json_claims_no_gap_where_the_plan_claims_none(tmp_path):
+    """Greedy's plan says "no optimality gap is claimed" (and metrics export none), but its JSON said `"gap": 1.0` (a
+    100% gap read as a number). `solver.gap` is the gap the plan claims: null where it claims none; such a file is
+    read back, and applied, as a saved plan; a file with a number there (written before) still reads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from reconciler.cli import app
+
+    cfg, out = copy_quickstart(tmp_path), tmp_path / "plan.json"
+    runner = CliRunner()
+    assert runner.invoke(app, ["plan", str(cfg), "--time-limit", "0", "--out", str(out)]).exit_code == 0
+    raw = json.loads(out.read_text())
+    assert raw["solver"]["status"] == "GREEDY_FALLBACK" and raw["solver"]["gap"] is None, raw["solver"]
+    old = {k: v for k, v in raw.items() if k != "body_digest"}
+    old["solver"]["gap"] = 1.0  # (as written before)
+    from reconciler.plan import body_digest
+    assert Plan.from_json(json.dumps({**old, "body_digest": body_digest(old)})).solver.gap == 1.0
+    res = runner.invoke(app, ["apply", str(cfg), "--plan", str(out)])
+    assert res.exit_code == 0 and "unexpected" not in res.output, res.output
+    optimal = json.loads(runner.invoke(app, ["plan", str(cfg), "--format", "json"]).output)
+    assert optimal["solver"]["optimal"] and optimal["solver"]["gap"] == 0.0, optimal["solver"]

@@ -1154,3 +1154,24 @@ def test_a_pool_under_its_minimum_is_left_under_it_only_where_the_planner_cannot
             "pool cpu: the plan leaves 1 instance, under its minimum 2 (min_instances 3 lowered to 2: cloud quota aws Running "
             "On-Demand Standard instances in us-east-1 has no room for more), where one more on-demand m6i.xlarge in "
             "us-east-1a breaks no rule (the planner buys it)"]
+
+
+def test_a_saved_plans_notes_and_claims_are_not_printed_as_the_tools_own(tmp_path):
+    """`apply --plan` printed the file's notes, solver line and job reasons as written: a forged "Note: approved by
+    security" read as the tool's own word. Notes are what observe says now (the fleet as apply sees it); the solver's
+    claims and the reasons, which only a solve could recompute, are printed marked as the plan file's words."""
+    cfg = copy_quickstart(tmp_path)
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(cfg), "--out", str(out), "--time-limit", QUICK]).exit_code == 0
+
+    def forge(raw):
+        raw["notes"] = ["approved by security"]
+        raw["solver"].update(status="GREEDY_FALLBACK", note="signed off by security")
+        next(j for j in raw["jobs"] if j["action"] == "place")["reason"] = "cleared by security"
+    _edit(out, forge)
+    res = _apply(cfg, out)
+    assert res.exit_code == 0, res.output
+    assert "approved by security" not in res.output, res.output
+    said = [line for line in res.output.splitlines() if "signed off by security" in line]
+    assert said and all(line.startswith("The plan file says: ") for line in said), res.output
+    assert "cleared by security" in res.output and "note (the plan file's)" in res.output, res.output

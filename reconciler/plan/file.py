@@ -25,8 +25,11 @@ MAX_PLAN_BYTES = 256 << 20
 
 def encode(plan) -> str:
     """The plan as JSON, byte for byte the same for the same (desired, observed), ending in its body digest."""
+    from reconciler.plan.quality import claimed_gap
+
     raw = _json_ready(plan)
     del raw["solver"]["seconds"]  # the wall clock: the same (desired, observed) gives the same JSON, byte for byte
+    raw["solver"]["gap"] = claimed_gap(plan.solver, plan.cost_after)  # (null where the plan claims none, not 1.0)
     if not raw["rules"]:
         del raw["rules"]
     if not raw["removed"]:  # (only where a running job left the config: other plans are as before, byte for byte)
@@ -90,10 +93,10 @@ _SHAPES = {
 }
 # The fields read as they are (shown with the plan, not acted on), typed so that showing them cannot fail.
 _BOOL, _DICT = "true or false", "an object"
-_SOLVER = {"status": _STR, "optimal": _BOOL, "gap": _NUM, "tiers": [_DICT], "scope": [_INT], "repairs": _INT, "note": _STR,
+_SOLVER = {"status": _STR, "optimal": _BOOL, "gap": _OPT_NUM, "tiers": [_DICT], "scope": [_INT], "repairs": _INT, "note": _STR,
            "work": _NUM, "unpacked": _INT, "backfilled": _INT, "narrowed": _INT,
            "greedy_parts": _INT, "held": _INT}
-_SOLVER_NEEDS = ("status", "optimal", "gap")
+_SOLVER_NEEDS = ("status", "optimal", "gap")  # (gap: null where no gap is claimed; a number in files written before)
 _TIER = {"name": _STR, "value": _OPT_NUM, "bound": _OPT_NUM, "status": _STR, "proven": _BOOL}
 _CONSOLIDATION = {"moved_replicas": _INT, "instances_removed": [_STR], "saving_per_hour": _OPT_NUM, "move_cost": _NUM, "room_jobs": _INT}
 _BALLAST = {"instances": [_STR], "idle": _NUM, "unit": _STR, "cost_per_hour": _NUM, "rule": _STR, "spot_share": _NUM,

@@ -89,6 +89,15 @@ def gap_withheld(solver, cost_after: float) -> str | None:
     return None
 
 
+def claimed_gap(solver, cost_after: float) -> float | None:
+    """The cost gap the plan's own line claims (0 when optimal or at the least possible cost), None where it claims
+    none (gap_withheld: `solver.gap` is then 1.0, a stand-in, or greedy's). What the JSON's `solver.gap` and the
+    metrics' gap say: the JSON said 1.0 and metrics 100% beside a plan saying "no optimality gap is claimed"."""
+    if solver.optimal or cost_after <= 0:
+        return 0.0
+    return None if gap_withheld(solver, cost_after) else solver.gap
+
+
 def proofs_of(solver) -> str:
     """Of which plans a plan's tiers and cost bound are proven, where not of every plan: a model that left choices out
     (solve.model: narrowed) proves them of the choices it offered, a search that held running jobs (api._lawful:

@@ -79,7 +79,7 @@ class RestartedJob:
 class SolverReport:
     status: str
     optimal: bool
-    gap: float
+    gap: float | None  # the solver's; read back from JSON, the plan's claim (quality.claimed_gap): None where it claims none
     seconds: float  # wall clock: shown to people, left out of the JSON (the same input gives the same JSON)
     tiers: tuple[dict, ...] = ()  # what each objective tier reached (name, value, bound, status, proven)
     scope: tuple[int, int] = (0, 0)  # existing instances solved, frozen as they are

@@ -85,6 +85,7 @@ from urllib.parse import quote, unquote
 
 from reconciler.backend import Every, StateBackend
 from reconciler.errors import DISK_FULL, DiskFullError, ReconcileError
+from providers.settings import flag
 
 PREFIX = "checkpoints"
 VERSION = 1
@@ -130,7 +131,7 @@ def _room(job: str, local_dir: Path, docs: list[dict], haves: list[dict[str, Pat
 
 def enabled() -> bool:
     """FLEETOPS_CHECKPOINT_SYNC=0 turns the copying off (each instance keeps its own checkpoints, as before)."""
-    return os.environ.get("FLEETOPS_CHECKPOINT_SYNC", "1").strip().lower() not in ("0", "false", "no", "off")
+    return flag("FLEETOPS_CHECKPOINT_SYNC")
 
 
 def max_bytes() -> int:

@@ -15,10 +15,10 @@ greedy's plan."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 
+from providers.settings import flag
 from reconciler.cpsat import cp_model
 
 from reconciler import parallel
@@ -815,7 +815,7 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         set_full_hints(sub, hint)
         s = search.solver_for(presolve=True, num_workers=1, linearization_level=2)
         st = search.clock.solve(s, sub, max(0.05, (end - search.clock.used) / n))
-        if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+        if flag("FLEETOPS_SOLVER_DEBUG"):
             print(f"[solve] {tier.name} lp-guided: {st} {s.objective_value} work {s.response_proto.deterministic_time:.2f} round {n} opened {None if opened is None else len(opened)}", flush=True)
         before = search.value(hint, tier.expr)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or not improves(s.objective_value, before, tier.sense):
@@ -830,7 +830,7 @@ def tier_lp_guided(search: Search, tier: Tier, hint: list[int], bound: float, wo
         found = list(s.response_proto.solution)
         emitted = emitted_value(search, tier, found, round(s.objective_value))
         if emitted is None or not improves(emitted, before, tier.sense):
-            if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+            if flag("FLEETOPS_SOLVER_DEBUG"):
                 print(f"[solve] {tier.name} lp-guided: its answer packed reaches {emitted}, not taken", flush=True)
             break
         hint = best = found
@@ -939,7 +939,7 @@ def cost_stage(search: Search, hint: list[int]) -> tuple[list[int], float | None
         search.lap("cost: lp-guided")
     if value is None and not fixed:
         value = search.value(hint, cost)
-    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+    if flag("FLEETOPS_SOLVER_DEBUG"):
         print(f"[solve] lb={lb} after lp-guided: {status} value={value}", flush=True)
     may_move = not fixed and search.model.p.placement.consolidation != "WhenEmpty" and bool(search.model.moved)
     # the work stay_put may need at the end, or, while moves are held, what consolidate may need after
@@ -1098,7 +1098,7 @@ def lp_guided(search: Search, hint: list[int], lp_values: list[float]) -> tuple[
     # 12.8k). It stops once within the gap of the LP bound (the cut above is in the clone):
     # about 0.2 s at 1k jobs, 2.3 s at 5k; up to half the work left otherwise.
     s = search.solver_for(presolve=True, num_workers=1, linearization_level=2,
-                          relative_gap_limit=search.gap_limit, log_search_progress=bool(os.environ.get("FLEETOPS_SOLVER_DEBUG")))
+                          relative_gap_limit=search.gap_limit, log_search_progress=flag("FLEETOPS_SOLVER_DEBUG"))
     if len(sub.proto.variables) >= DIVE_MOST:
         s.parameters.hint_conflict_limit = 0  # (no dive along the hint first: DIVE_MOST)
     st = search.clock.solve(s, sub, max(0.1, search.left() * 0.5))
@@ -1219,7 +1219,7 @@ def offer_repair(search: Search, sol: Solution, hint: list[int], lb: float | Non
         new_hint, value = found
         done = {o.key for o in added}
         new_key = emitted(search, new_hint, {ok: n for ok, n in more.items() if ok not in done})
-        if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+        if flag("FLEETOPS_SOLVER_DEBUG"):
             print(f"[repair] {len(more)} offers short, {len(done)} with slots: {old_key[1:]} -> {new_key[1:]}", flush=True)
         if better(new_key[0], old_key[0], search.tiers) or (new_key[0] == old_key[0] and new_key[1:] < old_key[1:]):
             sol, hint, old_key = finish(search, new_hint, value, lb, status_of(value, lb), reports), new_hint, new_key
@@ -1312,7 +1312,7 @@ def searched_again(search: Search, sol: Solution, answer: list[int], value: floa
     which repair, for the solver's debug output."""
     out = moved_reports(search.tiers, reports, [search.value(answer, t.expr) for t in search.tiers], search.warm)
     same = out == reports
-    if os.environ.get("FLEETOPS_SOLVER_DEBUG"):
+    if flag("FLEETOPS_SOLVER_DEBUG"):
         print(f"[repair] {what}: tiers {[r.value for r in reports]} -> {[r.value for r in out]}, cost {sol.cost_value} -> {value}", flush=True)
     lb = lb if same else None
     return replace(finish(search, answer, value, lb, status_of(value, lb), out), below_floors=not same)
