@@ -122,6 +122,14 @@ def generate(out: Path, pods: Path = PODS, nodes: Path = NODES, node_scale: int 
     body, seen = jobs(pods, shapes)
     pools = [_doc("Pool", type_name(*k), {"cloud": CLOUD, "region": REGION, "zones": [ZONE], "instance_types": [type_name(*k)],
                                          "market": "on-demand", "min_instances": n, "max_instances": n}) for k, n in shapes.items()]
+    write_config(out, pools, body, shapes)
+    return out, seen
+
+
+def write_config(out: Path, pools: list[dict], body: list[dict], shapes: dict, per_file: int | None = 500) -> None:
+    """The config of a converted openb trace (one cloud, region, zone and tenant): topology, policy, tenant, `pools`,
+    the jobs `body` in files of `per_file` (None: all in jobs/jobs.yaml, which bench.openb_share's day 2 rewrites), and
+    the catalog of the node `shapes`."""
     (out / "jobs").mkdir(parents=True, exist_ok=True)
 
     def dump(path: Path, items: list[dict]) -> None:
@@ -131,10 +139,12 @@ def generate(out: Path, pods: Path = PODS, nodes: Path = NODES, node_scale: int 
     dump(out / "policies.yaml", [_doc("GuardrailPolicy", "default", {"allowed_regions": [f"{CLOUD}/{REGION}"]})])
     dump(out / "tenants.yaml", [_doc("Tenant", TENANT, {"weight": 1.0})])
     dump(out / "pools.yaml", pools)
-    for k in range(0, len(body), 500):
-        dump(out / "jobs" / f"jobs-{k // 500:03d}.yaml", body[k:k + 500])
+    if per_file is None:
+        dump(out / "jobs" / "jobs.yaml", body)
+    else:
+        for k in range(0, len(body), per_file):
+            dump(out / "jobs" / f"jobs-{k // per_file:03d}.yaml", body[k:k + per_file])
     (out / "catalog.json").write_text(json.dumps(catalog(shapes), indent=1))
-    return out, seen
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from bench.generate import _doc
-from bench.openb import CLOUD, GPU_TYPES, NODES, REGION, ZONE, catalog, node_shapes, type_name
+from bench.openb import CLOUD, GPU_TYPES, NODES, REGION, ZONE, node_shapes, type_name, write_config
 
 DATA = Path(__file__).parent / "data" / "openb_share"
 PODS = DATA / "openb_sharing_pods.csv"
@@ -130,17 +130,7 @@ def generate(out: Path, pods: Path = PODS, node_scale: int = 25, mig_share: floa
         raise FileExistsError(f"{out} is not empty; generate into an empty directory")
     shapes = {k: n for k, n in node_shapes(NODES, node_scale).items() if k[1]}  # GPU shapes: no CPU-only pod here
     body, seen = jobs(read_pods(pods, day), shapes)
-    (out / "jobs").mkdir(parents=True, exist_ok=True)
-
-    def dump(path: Path, items: list[dict]) -> None:
-        path.write_text(yaml.safe_dump_all(items, sort_keys=False, default_flow_style=None))
-
-    dump(out / "topology.yaml", [_doc("Topology", TENANT, {"clouds": {CLOUD: {"regions": {REGION: {"zones": [ZONE]}}}}})])
-    dump(out / "policies.yaml", [_doc("GuardrailPolicy", "default", {"allowed_regions": [f"{CLOUD}/{REGION}"]})])
-    dump(out / "tenants.yaml", [_doc("Tenant", TENANT, {"weight": 1.0})])
-    dump(out / "pools.yaml", pools(shapes, body, mig_share))
-    dump(out / "jobs" / "jobs.yaml", body)
-    (out / "catalog.json").write_text(json.dumps(catalog(shapes), indent=1))
+    write_config(out, pools(shapes, body, mig_share), body, shapes, per_file=None)
     return out, seen
 
 

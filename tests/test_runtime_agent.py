@@ -20,6 +20,14 @@ from reconciler.runtime.bus import Bus
 from reconciler.runtime.runtimes import DockerRuntime, Launch, ProcessRuntime, docker_command
 
 PY = sys.executable
+# A replica that says it is ready, then on SIGTERM writes its checkpoint and exits 0.
+CHECKPOINTER = [PY, "-c", "import os, signal, sys, time\n"
+                          "def stop(s, f):\n"
+                          "    open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w').write('step 7')\n"
+                          "    sys.exit(0)\n"
+                          "signal.signal(signal.SIGTERM, stop)\n"
+                          "print('ready', flush=True)\n"
+                          "time.sleep(600)"]
 
 
 def entry(job: str, command: list[str], replica: int = 0, world: int = 1, master: str = "i-0", **kw) -> dict:
@@ -101,13 +109,7 @@ def test_a_checkpoint_upload_the_bus_fails_is_tried_again_within_its_time_and_th
     store = FailingCheckpointWrites(tmp_path)
     bus = Bus(store)
     notice = tmp_path / "notice.json"
-    cmd = [PY, "-c", "import os, signal, sys, time\n"
-                     "def stop(s, f):\n"
-                     "    open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w').write('step 7')\n"
-                     "    sys.exit(0)\n"
-                     "signal.signal(signal.SIGTERM, stop)\n"
-                     "print('ready', flush=True)\n"
-                     "time.sleep(600)"]
+    cmd = CHECKPOINTER
     bus.put_assignment("i-0", {"serial": 1, "replicas": [entry("ft", cmd, checkpoint=CK, mode="service")]})
     a = Agent("i-0", bus, ProcessRuntime(), tmp_path / "i-0", address="127.0.0.1", poll=0.05, heartbeat=0.2, backoff=0.1,
               checkpoint_root=tmp_path / "i-0" / "disk", log=lambda m: None, checkpoint_sync=True, notice=FileNotice(notice))

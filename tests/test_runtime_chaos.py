@@ -16,18 +16,10 @@ from reconciler.runtime.agent import Agent
 from reconciler.runtime.bus import Bus
 from reconciler.runtime.notices import FileNotice
 from reconciler.runtime.runtimes import ProcessRuntime
-from tests.test_runtime_agent import entry, run_until
+from tests.test_runtime_agent import CHECKPOINTER, entry, run_until
 
 PY = sys.executable
 
-# A replica that says it is ready, then on SIGTERM writes its checkpoint and exits 0.
-CHECKPOINTER = [PY, "-c", "import os, signal, sys, time\n"
-                          "def stop(s, f):\n"
-                          "    open(os.path.join(os.environ['FLEETOPS_CHECKPOINT_DIR'], 'model.bin'), 'w').write('step 7')\n"
-                          "    sys.exit(0)\n"
-                          "signal.signal(signal.SIGTERM, stop)\n"
-                          "print('ready', flush=True)\n"
-                          "time.sleep(600)"]
 CK = {"dir": "/ckpt", "signal": "SIGTERM", "grace_seconds": 30}
 
 
