@@ -455,11 +455,13 @@ def water_fill(room: int, sizes: dict[str, list[int]], kept: dict[str, int], bur
     """Max-min fair borrowed GPUs over whole jobs, packing ignored: while `room` lasts, the tenant borrowing least over
     its weight takes its next smallest job (of `sizes`, those outside its guaranteed part `kept`) that fits the room and
     its burst; a tenant none of whose jobs fits drops out."""
+    from reconciler.ledger import share_weight
+
     left = {t: sorted(s) for t, s in sizes.items()}
     borrowed = {t: 0 for t in sizes}
     live = set(sizes)
     while live:
-        t = min(live, key=lambda t: (borrowed[t] / max(weight[t], 1e-3), t))
+        t = min(live, key=lambda t: (borrowed[t] / share_weight(weight[t]), t))
         fit = next((n for n in left[t] if n <= room and kept[t] + borrowed[t] + n <= burst[t]), None)
         if fit is None:
             live.discard(t)

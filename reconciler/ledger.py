@@ -102,8 +102,9 @@ def spot_units(capacities, gpu_fleet: bool | None = None) -> tuple[str, object]:
 OVER_QUOTA_ALONE = "quota: the job needs"
 # What a reason says of a Reservation at its count ("reservation <name> ..."): fleetview counts it "reservation".
 RESERVATION_FULL = "is fully used in this plan"
-_UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
+# The dimensions a job asks and a tenant's quota counts, and the words their amounts are said in (reasons, explain).
 DIMS = ("gpus", "cpu", "memory_gib")
+DIM_UNITS = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
 
 # ---------------------------------------------------------------- the rules, as arithmetic on plain numbers
@@ -182,9 +183,12 @@ def borrow_room(rules, dim: str) -> float:
     return rules.cap.get(dim, math.inf) - rules.guarantee.get(dim, 0.0)
 
 
-def share_weight(rules) -> float:
-    """A tenant's weight as its borrowed share is divided by it (README, Tenants: weighted DRF)."""
-    return share_weight_of(rules.weight)
+def share_weight(weight: float) -> float:
+    """A tenant's weight (TenantRules.weight) as its borrowed share is divided by it (README, Tenants: weighted DRF):
+    never below 1e-3, so a share over it stays finite. The one definition: `borrowed_share`, `fair_share_level` (the
+    model's step) and bench/philly's water-fill read it (it was defined twice,
+    `share_weight(rules)` beside `share_weight_of(weight)`)."""
+    return max(weight, 1e-3)
 
 
 def share_capacity(rules, fleet_capacity: dict[str, float]) -> float:
@@ -197,19 +201,14 @@ def fair_share_level(reach: list[tuple[float, float]], free: float) -> float:
     """The share over weight borrowers reach when `free` is water-filled over them, each (its reach, its weight) taking
     weight x level up to its reach (all in one unit, e.g. per mille of the fleet): where the fair share's equalising is
     decided, so the model's utility steps are sized by it rather than by the whole fleet (objective.fair_share_tier)."""
-    left, level, weights = max(0.0, free), 0.0, sum(share_weight_of(w) for _, w in reach)
-    for r, w in sorted(reach, key=lambda rw: rw[0] / share_weight_of(rw[1])):
-        top = r / share_weight_of(w)
+    left, level, weights = max(0.0, free), 0.0, sum(share_weight(w) for _, w in reach)
+    for r, w in sorted(reach, key=lambda rw: rw[0] / share_weight(rw[1])):
+        top = r / share_weight(w)
         need = (top - level) * weights
         if need >= left:
             return level + left / weights
-        left, level, weights = left - need, top, weights - share_weight_of(w)
+        left, level, weights = left - need, top, weights - share_weight(w)
     return level
-
-
-def share_weight_of(weight: float) -> float:
-    """A weight as a borrowed share is divided by it (never below 1e-3)."""
-    return max(weight, 1e-3)
 
 
 def borrowed_share(rules, use: dict[str, float], fleet_capacity: dict[str, float]) -> float:
@@ -222,7 +221,7 @@ def borrowed_share(rules, use: dict[str, float], fleet_capacity: dict[str, float
     if cap <= 0:
         return 0.0
     over = min(use.get(dim, 0.0) - rules.guarantee.get(dim, math.inf), borrow_room(rules, dim))
-    return max(0.0, over) / cap / share_weight(rules)
+    return max(0.0, over) / cap / share_weight(rules.weight)
 
 
 def lending_share(rules, use: dict[str, float], d, fleet_capacity: dict[str, float]) -> float:
@@ -1378,11 +1377,11 @@ class Ledger:
             return None
         dim, used, need, limit = shorts[0]
         if not quota_ok(0.0, need, limit):
-            text = f"{OVER_QUOTA_ALONE} {amount(need, _UNIT[dim])} but tenant {d.tenant}'s limit is {limit:g}" + (
+            text = f"{OVER_QUOTA_ALONE} {amount(need, DIM_UNITS[dim])} but tenant {d.tenant}'s limit is {limit:g}" + (
                 f" (it uses {used:g} in this plan)" if used else "")
         else:
-            text = f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {_UNIT[dim]} in this plan, the job needs {need:g} more"
-        text += "".join(f"; and it uses {u:g}/{lim:g} {_UNIT[k]} in this plan, the job needs {n:g} more" for k, u, n, lim in shorts[1:])
+            text = f"quota exhausted: tenant {d.tenant} uses {used:g}/{limit:g} {DIM_UNITS[dim]} in this plan, the job needs {need:g} more"
+        text += "".join(f"; and it uses {u:g}/{lim:g} {DIM_UNITS[k]} in this plan, the job needs {n:g} more" for k, u, n, lim in shorts[1:])
         return Refusal("quota", text, d.tenant, used + need - limit)
 
 
@@ -1446,9 +1445,10 @@ def spot_ballast(led: Ledger) -> SpotBallast | None:
                        round(spot / total, 4), round(spot / (total - gone), 4) if total > gone else 1.0)
 
 
-def plan_ledger(problem, creates, kept, placements) -> Ledger:
+def plan_ledger(problem, creates, kept, placements, as_running: bool = False) -> Ledger:
     """The ledger of a finished plan. `creates`: CreateActions; `kept`: ids of the existing
-    instances that stay; `placements`: (job, instances per replica) of every placed job."""
+    instances that stay; `placements`: (job, instances per replica) of every placed job, each in its
+    demand's shape, or with `as_running` in the shape it runs in now (`_as_running`)."""
     led = Ledger(problem)
     hosts = {c.key: c for c in problem.hosts()}
     offers = {c.offer_key: c for c in problem.offers() if not c.members}
@@ -1460,7 +1460,7 @@ def plan_ledger(problem, creates, kept, placements) -> Ledger:
             led.add_instance(cr.ref, cap)
     demand_of = {j: d for d in problem.demands for j in d.jobs}
     for job, instances in placements:
-        d = demand_of[job]
+        d = demand_of[job].as_it_runs(job) if as_running else demand_of[job]
         for ref in instances[:: d.bundle]:
             if ref in led.instances:
                 led.add_item(d, job, ref)
@@ -1478,14 +1478,7 @@ def _as_running(problem, kept: list[str], placements: list[tuple[str, tuple[str,
     """plan_ledger of running jobs where they run, each in the shape it runs in (Demand.as_it_runs): a job whose
     resources a PR raised is not running at its new size yet (counted so, a running job raised from 1 to 2 T4s read
     its tenant over its quota now, and apply's re-check then let any eviction through: 'something must give')."""
-    led = plan_ledger(problem, (), kept, ())
-    demand_of = {j: d for d in problem.demands for j in d.jobs}
-    for job, instances in placements:
-        d = demand_of[job].as_it_runs(job)
-        for ref in instances[:: d.bundle]:
-            if ref in led.instances:
-                led.add_item(d, job, ref)
-    return led
+    return plan_ledger(problem, (), kept, placements, as_running=True)
 
 
 def staying_ledger(problem, leaving: set[str] | None = None) -> Ledger:
@@ -1581,5 +1574,6 @@ def stand_in_item_units(d, lower: list) -> int:
     return -(-stand_in_units(d, lower) // d.replicas)
 
 
-__all__ = ["EPS", "MILLI", "stand_in_units", "stand_in_item_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "lending_share", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
-           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "share_row", "buffer_row", "SHARE_SCALE", "BUFFER_SCALE", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by"]
+__all__ = ["EPS", "MILLI", "stand_in_units", "stand_in_item_units", "within", "capacity_kind", "budget_ok", "pool_ok", "pool_min_ok", "quota_ok", "may_borrow", "borrow_dims", "borrow_room", "share_weight", "share_capacity", "fair_share_level", "borrowed_share", "lending_share", "spot_share_ok", "buffer_ok", "diversity_ok", "item_units",
+           "buffer_use", "work_units", "MICRO", "micro", "milli_down", "reservation_over", "share_row", "buffer_row", "SHARE_SCALE", "BUFFER_SCALE", "quota_units", "quota_headroom", "quota_scope", "QuotaBook", "ReservationRules", "reservation_cost", "LicenseBook", "LicenseRules", "LicenseShort", "license_charge", "license_need", "SpotBallast", "spot_ballast", "charge", "item_share", "instance_share", "replica_charge", "mig_compute", "money", "Ledger", "ExactSum", "Pending", "Refusal", "Option", "plan_ledger", "running_ledger", "staying_ledger", "rules_broken_now", "licensed_by", "GPU_SLICES", "DIMS", "DIM_UNITS", "OVER_QUOTA_ALONE", "RESERVATION_FULL",
+           "round_up", "spot_units", "tenant_spot_drops", "jobs_that_must_leave"]

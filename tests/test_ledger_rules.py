@@ -7,8 +7,8 @@ rules, the guardrail re-check and the model's coefficients call. tests/invariant
 
 from __future__ import annotations
 
-from reconciler.ledger import (Ledger, borrow_room, borrowed_share, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, item_units, milli_down,
-                               micro, pool_min_ok, pool_ok, quota_ok, share_row, spot_share_ok, within, work_units)
+from reconciler.ledger import (Ledger, borrow_room, borrowed_share, budget_ok, buffer_ok, buffer_use, charge, diversity_ok, fair_share_level, item_units,
+                               milli_down, micro, pool_min_ok, pool_ok, quota_ok, share_row, share_weight, spot_share_ok, within, work_units)
 from reconciler.model import SpotPolicySpec
 from reconciler.problem import Capacity, Demand, Host, Problem, TenantRules
 from reconciler.site import Site
@@ -45,6 +45,26 @@ def test_a_borrowed_share_is_use_above_the_guarantee_at_most_the_room_over_the_f
     assert borrowed_share(r, {"gpus": 10.0}, {"gpus": 0.0}) == 0.0  # no such capacity: no share counted
     light = TenantRules(name="l", weight=1e-9, cap={"gpus": 12.0}, guarantee={"gpus": 4.0}, dominant="gpus")
     assert borrowed_share(light, {"gpus": 5.0}, fleet) == 1 / 40 / 1e-3
+    assert share_weight(1e-9) == 1e-3 and share_weight(2.0) == 2.0  # (the one floor, which the model's step reads too)
+    assert fair_share_level([(10.0, 1e-9), (10.0, 1.0)], 1.0) == 1.0 / (1e-3 + 1.0)
+
+
+def test_every_ledger_name_another_module_imports_is_exported():
+    """`__all__` says what the ledger offers: `borrowed_share`, the fair-share measure greedy and the model's tier are
+    defined by, and ten more imported names were missing from it, so `from reconciler.ledger import *` and the
+    readers of `__all__` did not see them."""
+    import ast
+
+    from reconciler import ledger
+    from tests.fleetkit import ROOT
+
+    imported = set()
+    for path in [*ROOT.glob("reconciler/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("policies/*.py"), *ROOT.glob("providers/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "reconciler.ledger":
+                imported |= {a.name for a in node.names}
+    assert imported and not imported - set(ledger.__all__), sorted(imported - set(ledger.__all__))
+    assert all(hasattr(ledger, n) for n in ledger.__all__)
 
 
 def test_budgets_count_whole_micro_dollars_up_to_the_budget():
