@@ -9,14 +9,12 @@ import math
 from dataclasses import dataclass, field, replace
 
 from reconciler.problem.diagnosis import never_keeps, pending_reason  # (re-exported: the plan's pending reasons were long imported from here)
-from reconciler.ledger import Ledger, charge, money, plan_ledger, quota_ok, round_up
+from reconciler.ledger import DIM_UNITS, Ledger, charge, money, plan_ledger, quota_ok, round_up
 from reconciler.model import PRIORITY_CLASSES
 from reconciler.plan.quality import gap_withheld, proofs_of
 from reconciler.problem import DIMS, Capacity, Demand, Host, Problem, fit, held_once_applied, priority_band, rules_allow
 from reconciler.whatif import WhatIf
 from reconciler.words import amount, gpu_span
-
-_UNIT = {"gpus": "GPUs", "cpu": "vCPU", "memory_gib": "GiB memory"}
 
 
 def _what(d: Demand) -> str:
@@ -266,7 +264,7 @@ def _relaxations(desired, d: Demand, job: str, problem: Problem, ledger: Ledger)
                 if q.burst is not None:
                     new_q = new_q.model_copy(update={"burst": q.burst.model_copy(update={
                         dim: getattr(q.burst, dim) + more[dim] for dim in more if getattr(q.burst, dim) is not None})})
-                label = f"raise tenant {d.tenant} quota by " + ", ".join(amount(more[k], _UNIT[k]) for k in sorted(more))
+                label = f"raise tenant {d.tenant} quota by " + ", ".join(amount(more[k], DIM_UNITS[k]) for k in sorted(more))
                 cands.append((label, _with_tenant(desired, d.tenant, t.model_copy(update={"spec": t.spec.model_copy(update={"quota": new_q})}))))
             out.append(cands)
     lic = ledger.license_refusal(d)

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from reconciler.ledger import (_UNIT, Ledger, Option, Refusal, budget_ok, buffer_ok, capacity_kind, charge, item_units, license_need, micro, money,
+from reconciler.ledger import (DIM_UNITS, Ledger, Option, Refusal, budget_ok, buffer_ok, capacity_kind, charge, item_units, license_need, micro, money,
                                quota_headroom, quota_ok, quota_scope, quota_units, running_ledger, spot_share_ok, within, work_units)
 from reconciler.model import DesiredState
 from reconciler.observe import Observed
@@ -303,7 +303,7 @@ def _rooms(d: Demand, ways: list[Option], problem: Problem, ledger: Ledger, fits
                 continue
             used = use.get(dim, 0.0)
             ceiling = "burst ceiling" if limit > rules.guarantee.get(dim, limit) + 1e-9 else "quota"
-            out.append(_Room("quota", ("quota", t, dim), f"its tenant {t} has room for {amount(limit - used, 'more ' + _UNIT[dim])} under its "
+            out.append(_Room("quota", ("quota", t, dim), f"its tenant {t} has room for {amount(limit - used, 'more ' + DIM_UNITS[dim])} under its "
                              f"{ceiling} ({used:g}/{limit:g} in this plan)",
                              lambda more, used=used, limit=limit: quota_ok(used, more, limit),
                              lambda v, _, dim=dim: v.replicas * v.req(dim), tenant=t))
@@ -386,7 +386,7 @@ def _new_instance_rooms(d: Demand, ways: list[Option], problem: Problem, ledger:
     if f < 1 and all(offer[o.offer].market == "spot" for o in ways):
         spot, total = ledger.spot()
         room = max(0.0, (f * total - spot) / (1 - f))
-        unit = _UNIT[ledger.dim]
+        unit = DIM_UNITS[ledger.dim]
         out.append(_Room("spot-share", ("spot-share",), f"the fleet has room for {amount(room, 'more spot ' + unit)} "
                          f"under max_spot_fraction {f:g} ({spot:g} of {amount(total, unit)} spot in this plan)",
                          lambda more: spot_share_ok(spot + more, total + more, f),
@@ -686,7 +686,7 @@ def _reclaim_text(d: Demand, rules: TenantRules, problem: Problem, ledger: Ledge
         if not takers:
             return ""
         more = f" and {len(takers) - 3} more" if len(takers) > 3 else ""
-        return (f" (tenant {d.tenant} ran {amount(ran, _UNIT[dim])}, above its guaranteed {g:g}: {RECLAIMED} "
+        return (f" (tenant {d.tenant} ran {amount(ran, DIM_UNITS[dim])}, above its guaranteed {g:g}: {RECLAIMED} "
                 f"other tenants' work within their guarantees: {', '.join(takers[:3])}{more})")
     return ""
 
@@ -720,7 +720,7 @@ def _guaranteed_first(d: Demand, problem: Problem, ledger: Ledger, evicted: bool
         if not holders:
             return ""
         more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
-        return (f" (tenant {d.tenant} runs {amount(use[dim], _UNIT[dim])}, its guaranteed {g:g}, so this job would borrow; "
+        return (f" (tenant {d.tenant} runs {amount(use[dim], DIM_UNITS[dim])}, its guaranteed {g:g}, so this job would borrow; "
                 f"borrowed room never displaces other tenants' work within their guarantees, which holds {_kind_text(d)}: "
                 f"{', '.join(holders[:3])}{more})")
     return ""

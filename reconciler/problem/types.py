@@ -8,11 +8,9 @@ from datetime import datetime
 from functools import cached_property
 from typing import Callable
 
-from reconciler.ledger import LicenseRules, ReservationRules, item_share, mig_compute, spot_units
+from reconciler.ledger import DIMS, LicenseRules, ReservationRules, item_share, mig_compute, spot_units  # noqa: F401 (DIMS: the ledger's, re-exported)
 from reconciler.model import PRIORITY_CLASSES, PlacementPolicySpec, SpotPolicySpec
 from reconciler.site import Capacity, Host, Offer
-
-DIMS = ("gpus", "cpu", "memory_gib")
 
 
 def priority_class(priority: int) -> int:
