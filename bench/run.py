@@ -248,6 +248,7 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
     """Time one reconciler.api.plan and describe it. Returns (row, PlanResult). With
     lp_bound, also compare with greedy and the LP bound (not counted in the wall time)."""
     from reconciler import api
+    from reconciler.plan.quality import claimed_gap, gap_withheld
 
     phases.reset()
     t, cpu = time.perf_counter(), time.process_time()
@@ -258,12 +259,16 @@ def plan_row(step: str, phases: Phases, cfg: Path, time_limit: float, lp_bound: 
     cp = phases.cp_model_size
     running = {j.job for j in r.plan.jobs if j.action in ("keep", "place", "move")}
     plan_work = sum(d.weight for d in r.problem.demands for j in d.jobs if j in running)  # Demand.weight: priority x job size
+    gap = claimed_gap(r.plan.solver, r.plan.cost_after)
     row = {
         "step": step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "solve_s": round(r.solution.seconds, 3),
         "phases_s": phases.breakdown(wall, r.solution.phases.get("lp bound", 0.0)), "cpsat_calls": phases.calls["cpsat"], "stages": phases.stages,
         "work": plan_work,  # priority-weighted work the plan places (the solver's stage-1 objective)
-        # The plan's own status and gap (after packing: issue 20), not the solver's counts'.
-        "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": None if r.plan.solver.gap is None else round(r.plan.solver.gap, 4),
+        # The plan's own status and gap (after packing: issue 20), not the solver's counts'; the gap the plan claims
+        # (plan.quality.claimed_gap, as its JSON's solver.gap), None where it claims none, and why (gap_withheld): the
+        # raw solver.gap recorded here was 1.0 or the solver's figure beside a plan saying "no optimality gap is claimed".
+        "status": r.plan.solver.status, "optimal": r.plan.solver.optimal, "gap": None if gap is None else round(gap, 4),
+        "gap_withheld": gap_withheld(r.plan.solver, r.plan.cost_after) if gap is None else None,
         "solver_status": r.solution.status, "solver_gap": round(r.solution.gap, 4),
         "narrowed": r.plan.solver.narrowed,  # (group, instance) choices the model left out: its bounds are of the rest
         "demands": len(r.problem.demands), "capacities": len(r.problem.capacities), "units": r.solution.scope[0] + len(r.problem.offers()),
@@ -431,13 +436,18 @@ def _n(v, fmt: str = "{:,.2f}") -> str:
     return "" if v is None else fmt.format(v)
 
 
+def _gap_cell(r: dict) -> str:
+    """The plan's claimed gap (plan.quality.claimed_gap), or "none" where it claims none (its line says so)."""
+    return "none" if r["gap"] is None else f"{r['gap'] * 100:.1f}%"
+
+
 def table(rows: list[dict]) -> str:
-    head = ["tier", "step", "wall s", "CPU s", "solve s", "status", "gap", "demands / caps / units", "CP vars / cons",
+    head = ["tier", "step", "wall s", "CPU s", "solve s", "status", "gap claimed", "demands / caps / units", "CP vars / cons",
             "instances", "+create / -delete", "placed / pending", "$/h before -> after", "GPU alloc", "changes", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "demands" in r:
-            cells = [r["tier"], r["step"], _n(r["wall_s"]), _n(r.get("cpu_s")), _n(r["solve_s"]), r["status"], _n(None if r["gap"] is None else r["gap"] * 100, "{:.1f}%"),
+            cells = [r["tier"], r["step"], _n(r["wall_s"]), _n(r.get("cpu_s")), _n(r["solve_s"]), r["status"], _gap_cell(r),
                      f"{r['demands']} / {r['capacities']} / {r['units']}",
                      f"{_n(r['cp_vars'], '{:,}')} / {_n(r['cp_constraints'], '{:,}')}" if r["cp_vars"] is not None else "",
                      str(r["instances_before"]), f"+{r['creates']} / -{r['deletes']}", f"{r['placed']} / {r['pending']}",

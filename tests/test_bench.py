@@ -67,6 +67,24 @@ def test_bench_run_compares_with_greedy_and_the_lp_bound(tmp_path):
     assert all(again[k] > 0 for k in ("load", "problem", "greedy", "model", "cpsat", "plan")), again
 
 
+def test_a_bench_row_records_the_gap_the_plan_claims(tmp_path):
+    """bench.run recorded `solver.gap` as the plan's gap: 1.0 (a "100.0%" cell) for greedy's plan, whose own line says
+    "no optimality gap is claimed", and the solver's figure beside unproven tiers. It records what the plan's JSON
+    says (plan.quality.claimed_gap): none here, and why."""
+    from bench.run import Phases, plan_row, table
+    from tests.fleetkit import copy_quickstart
+
+    cfg = copy_quickstart(tmp_path)
+    phases = Phases()
+    with phases.installed():
+        row, r = plan_row("cold plan", phases, cfg, time_limit=0)
+    assert r.plan.solver.status == "GREEDY_FALLBACK" and r.plan.solver.gap == 1.0  # (the stand-in the row recorded)
+    assert row["gap"] is None and row["gap_withheld"] == "it is greedy best-fit's", row
+    assert "| status | gap claimed |" in table([{**row, "tier": "small"}])
+    assert "| GREEDY_FALLBACK | none |" in table([{**row, "tier": "small"}])
+    assert json.loads(r.plan.to_json())["solver"]["gap"] is None  # (the same claim as the plan file's)
+
+
 @pytest.mark.slow
 def test_the_10k_tier_plans_applies_and_heals_under_2_gib(tmp_path):
     """Issue 7's load test: 5,000 jobs on ~11,700 instances, cold plan, apply, warm and drift
