@@ -11,10 +11,14 @@ What it checks (each a list of violations, empty when the plan holds):
             it below its max (a fresh instance)
   reasons   a pending reason's "pools at max_instances (...)" names exactly the pools that take the job, each at the
             count the plan gives it and at its max; the jobs it names as higher-priority work are placed and above it
-  claims    a tier the plan calls proven is not beaten by the bound below; the gap is (bound - value) / bound of the
-            plan's own figures
+  claims    each work tier's value is what the placements give (README "How it decides": a class's work is its
+            priority weight, low 1 ... critical 1,000, x its jobs' units, 7 a GPU and 1 a MIG compute slice), its bound
+            is not below it, and a tier called proven is at its bound
 and figures: jobs and GPU-equivalents placed by class, $/h, and an LP bound (GLOP) of the most high-priority work any
 plan places (jobs fractionally onto pools: devices of each profile, GPUs, vCPU and memory of max_instances).
+`tier_search` then checks a claimed low-work tier against an exact search outside the planner (`run` does both days):
+no plan that keeps what this one keeps and places at least its high work may place more low work than the tier's
+bound (more than its value where it is called proven).
 
     python -m bench.openb_share_check CONFIG PLAN.json
 """
@@ -32,6 +36,8 @@ import yaml
 
 CLOUD = "gcp"
 UNITS_GPU, UNITS_SLICE = 7, 1  # README "How it decides": 7 units a GPU, 1 a MIG compute slice
+CLASS_WEIGHT = {"low": 1, "normal": 10, "high": 100, "critical": 1000}  # README, Job: a priority class's weight
+TIER = re.compile(r"^(?:guaranteed |borrowed )?(critical|high|normal|low) work$")  # a work tier's name (the plan JSON's)
 
 
 def read_config(cfg: Path) -> dict:
@@ -170,11 +176,31 @@ def check_plan(c: dict, plan: dict, running: dict[str, dict] | None = None) -> t
                 if name not in placed or rank[jobs[name]["priority"]] <= rank[spec["priority"]]:
                     out["reasons"].append(f"{j['job']}: names {name} as higher-priority work placed; it is not")
     figures = figures_of(c, plan, placed, inst)
-    solver = plan["solver"]
-    for tier in solver.get("tiers", []):
-        if tier.get("proven") and tier.get("name", "").startswith("high") and figures["high_units"] < tier.get("value", 0) - 1e-6:
-            out["claims"].append(f"tier {tier} claims more high units than placed: {figures['high_units']}")
+    out["claims"] += tier_claims(c, plan, placed)
     return out, figures
+
+
+def tier_claims(c: dict, plan: dict, placed: dict) -> list[str]:
+    """Each class's work tiers against the placements: their values (a guaranteed and a borrowed tier of one class
+    summed) are the class's weight x the units its placed jobs ask; a bound below the value, or a tier called proven
+    short of its bound, is a false claim. (The check here before read only tiers named "high...", which the plan's
+    tiers never are ("guaranteed high work"), and compared their weighted value with unweighted units: it never ran.)"""
+    wrong, claimed = [], Counter()
+    for tier in plan["solver"].get("tiers") or []:
+        m = TIER.match(tier.get("name", ""))
+        if not m:
+            continue
+        claimed[m.group(1)] += tier["value"]
+        bound = tier.get("bound")  # (None: the plan claims no bound for it)
+        if bound is not None and bound < tier["value"] - 1e-6:
+            wrong.append(f"tier {tier['name']}: bound {bound} below its value {tier['value']}")
+        if tier.get("proven") and (bound is None or tier["value"] < bound - 1e-6):
+            wrong.append(f"tier {tier['name']} called proven at {tier['value']}, short of its bound {bound}")
+    for cls, value in claimed.items():
+        got = CLASS_WEIGHT[cls] * sum(units(c, c["jobs"][n]) for n in placed if c["jobs"][n]["priority"] == cls)
+        if abs(got - value) > 1e-6:
+            wrong.append(f"{cls} work claimed {value:g}, the placements give {got:g}")
+    return wrong
 
 
 def units(c: dict, spec: dict) -> int:
@@ -256,6 +282,8 @@ def run(cfg: Path, time_limit: float, warm: bool = False) -> dict:
     doc = json.loads(first.to_json())
     (Path(str(cfg) + ("-warm" if warm else "-cold") + ".json")).write_text(first.to_json())
     wrong, figures = check_plan(c, doc, running)
+    low_tier = tier_search(c, doc, running)  # (the day-2 low tier was left unchecked: bench/README, s37-trace)
+    wrong["claims"] += low_tier["wrong"]
     _, greedy_figures = check_plan(c, greedy, running)
     api.apply(cfg, saved_plan=first, time_limit=time_limit, allow_destroy=10**6)
     after = api.plan(cfg, time_limit=time_limit).plan
@@ -265,6 +293,7 @@ def run(cfg: Path, time_limit: float, warm: bool = False) -> dict:
             "wrong_after_apply": {k: v[:5] for k, v in wrong_after.items() if v}, **figures,
             "greedy": greedy_figures, "lp_bound_high_units": round(lp_bound(c, "high"), 1), "lp_bound_units": round(lp_bound(c), 1),
             "status": doc["solver"]["status"], "gap": doc["solver"]["gap"], "tiers": doc["solver"].get("tiers"),
+            "low_tier_search": {k: v for k, v in low_tier.items() if k != "tier"},
             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "identical": first.to_json() == again.to_json(),
             "after_apply": after.counts(), "after_apply_changes": after.has_changes}
 
@@ -280,39 +309,61 @@ if __name__ == "__main__":
     main()
 
 
+def _bins_model(c: dict, kept: dict[str, dict] | None = None, pinned: dict[str, str] | None = None, free=None):
+    """The instance-by-instance CP-SAT model `exact` and `tier_search` search (outside the planner: every pool's
+    max_instances as bins): `kept` (ref -> instance_type, pool) are bins that exist, `pinned` (job -> kept or created
+    ref) jobs held where they are, `free` the jobs that may go anywhere their pool takes them (default: every job).
+    Returns (model, x[(job, bin)], used[new bin], high units, low units, bins); a kept instance is its own bin (its
+    ref), the rest of a pool's max (pool, k)."""
+    from reconciler.cpsat import cp_model  # the module only: none of the planner
+
+    kept, pinned = kept or {}, pinned or {}
+    free = list(c["jobs"]) if free is None else list(free)
+    m = cp_model.CpModel()
+    n_kept = Counter(i["pool"] for i in kept.values())
+    bins = sorted(kept) + [(p, k) for p, s in sorted(c["pools"].items()) for k in range(max(0, s.get("max_instances", 0) - n_kept[p]))]
+    x, used = {}, {}
+    for b in bins:
+        p, ty = (kept[b]["pool"], kept[b]["instance_type"]) if b in kept else (b[0], c["pools"][b[0]]["instance_types"][0])
+        t = c["types"][ty]
+        on = {n: m.NewBoolVar("") for n in free if takes(c, p, c["jobs"][n])}
+        if b not in kept:  # (a kept instance is there whatever goes on it)
+            used[b] = m.NewBoolVar("")
+            for v in on.values():
+                m.AddImplication(v, used[b])
+        for n, v in on.items():
+            x[n, b] = v
+        held = [n for n, ref in pinned.items() if ref == b]
+        r = {n: c["jobs"][n]["resources"] for n in [*on, *held]}
+        m.Add(sum(round(r[n]["cpu"] * 1000) * v for n, v in on.items()) <= round(t["cpu"] * 1000) - sum(round(r[n]["cpu"] * 1000) for n in held))
+        m.Add(sum(round(r[n]["memory_gib"] * 1024) * v for n, v in on.items())
+              <= round(t["memory_gib"] * 1024) - sum(round(r[n]["memory_gib"] * 1024) for n in held))
+        layout = c["pools"][p].get("mig")
+        if layout:
+            for prof in set(layout):
+                mine = [n for n in held if (r[n].get("mig") or {}).get("profile") == prof]
+                m.Add(sum(v for n, v in on.items() if r[n]["mig"]["profile"] == prof) <= t["gpus"] * layout.count(prof) - len(mine))
+        else:
+            m.Add(sum(r[n].get("gpus", 0) * v for n, v in on.items()) <= t["gpus"] - sum(r[n].get("gpus", 0) for n in held))
+        if b not in kept and b[1]:
+            m.AddImplication(used[b], used[(p, b[1] - 1)])
+    for n in free:
+        m.AddAtMostOne(v for (j, _), v in x.items() if j == n)
+
+    def work(high: bool):
+        return sum(units(c, c["jobs"][n]) * v for (n, _), v in x.items() if (c["jobs"][n]["priority"] == "high") == high) + \
+            sum(units(c, c["jobs"][n]) for n in pinned if (c["jobs"][n]["priority"] == "high") == high)
+    return m, x, used, work(True), work(False), bins
+
+
 def exact(c: dict, seconds: float = 60, work: tuple[int, int] | None = None, plan: dict | None = None) -> dict:
     """An exact search outside the planner (CP-SAT, instance by instance: every pool's max_instances as bins): the
     most high-priority work, then the most low-priority, then (with `work` given: at least that (high, low)) the least
     $/h. plan: a cold plan's JSON, its placements given as a hint. Returns status, value and bound as CP-SAT proves
     them."""
-    from reconciler.cpsat import cp_model  # the module only: none of the planner
+    from reconciler.cpsat import cp_model
 
-    m = cp_model.CpModel()
-    bins = [(p, k) for p, s in sorted(c["pools"].items()) for k in range(s.get("max_instances", 0))]
-    x, used = {}, {}
-    for b in bins:
-        p = b[0]
-        t = c["types"][c["pools"][p]["instance_types"][0]]
-        used[b] = m.NewBoolVar("")
-        on = {n: m.NewBoolVar("") for n, j in c["jobs"].items() if takes(c, p, j)}
-        for n, v in on.items():
-            x[n, b] = v
-            m.AddImplication(v, used[b])
-        r = {n: c["jobs"][n]["resources"] for n in on}
-        m.Add(sum(round(r[n]["cpu"] * 1000) * v for n, v in on.items()) <= round(t["cpu"] * 1000))
-        m.Add(sum(round(r[n]["memory_gib"] * 1024) * v for n, v in on.items()) <= round(t["memory_gib"] * 1024))
-        layout = c["pools"][p].get("mig")
-        if layout:
-            for prof in set(layout):
-                m.Add(sum(v for n, v in on.items() if r[n]["mig"]["profile"] == prof) <= t["gpus"] * layout.count(prof))
-        else:
-            m.Add(sum(r[n].get("gpus", 0) * v for n, v in on.items()) <= t["gpus"])
-        if b[1]:
-            m.AddImplication(used[b], used[(p, b[1] - 1)])
-    for n in c["jobs"]:
-        m.AddAtMostOne(v for (j, _), v in x.items() if j == n)
-    high = sum(units(c, c["jobs"][n]) * v for (n, _), v in x.items() if c["jobs"][n]["priority"] == "high")
-    low = sum(units(c, c["jobs"][n]) * v for (n, _), v in x.items() if c["jobs"][n]["priority"] != "high")
+    m, x, used, high, low, bins = _bins_model(c)
     cents = {b: round(c["types"][c["pools"][b[0]]["instance_types"][0]]["prices"]["us-central1"]["on_demand"] * 100) for b in bins}
     if work:
         m.Add(high >= work[0])
@@ -321,17 +372,63 @@ def exact(c: dict, seconds: float = 60, work: tuple[int, int] | None = None, pla
     else:
         m.Maximize(100_000 * high + low)
     if plan:
-        ordinal, at = Counter(), {}
-        for i in plan["creates"]:
-            at[i["ref"]] = (i["pool"], ordinal[i["pool"]])
-            ordinal[i["pool"]] += 1
-        hinted = {(j["job"], at[j["instances"][0]]) for j in plan["jobs"] if j["action"] != "pending"}
-        for key, v in x.items():
-            m.AddHint(v, key in hinted)
-        for b, v in used.items():
-            m.AddHint(v, b[1] < ordinal[b[0]])
+        _hint(m, x, used, plan, {})
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = seconds
     s.parameters.num_workers = 2
     st = s.Solve(m)
     return {"status": s.StatusName(st), "value": s.ObjectiveValue(), "bound": s.BestObjectiveBound(), "wall_s": round(s.WallTime(), 1)}
+
+
+def _hint(m, x, used, plan: dict, kept: dict) -> None:
+    """The plan's placements as the search's hint: its created instances are the first bins of their pools."""
+    ordinal, at = Counter(), {ref: ref for ref in kept}
+    for i in plan["creates"]:
+        at[i["ref"]] = (i["pool"], ordinal[i["pool"]])
+        ordinal[i["pool"]] += 1
+    hinted = {(j["job"], at[j["instances"][0]]) for j in plan["jobs"] if j["action"] not in ("pending", "evict")}
+    for key, v in x.items():
+        m.AddHint(v, key in hinted)
+    for b, v in used.items():
+        m.AddHint(v, b[1] < ordinal[b[0]])
+
+
+def tier_search(c: dict, plan: dict, running: dict[str, dict] | None = None, seconds: float = 120) -> dict:
+    """The plan's low-work tier against an exact search outside the planner. The plans searched are ones the rules
+    allow whenever this one is allowed: the instances it keeps and every pool's max, the running jobs it keeps or
+    moves held where it puts them, the jobs it evicts left out, the rest (the jobs it places new and the ones it leaves
+    pending) anywhere their pools take them, with at least its high work; the most low work found there is a plan's,
+    so a tier bound below it (or a tier called proven below it) is a false claim. Day 2 (a warm plan): README's
+    rules keep a running job within its tenant's guarantee from other work of its class, so the running jobs stay as
+    the plan leaves them. Returns the claim, what the search found and proved, and `wrong` (empty when it holds)."""
+    from reconciler.cpsat import cp_model
+
+    kept = {ref: running[ref] for ref in plan.get("kept", {})} if running else {}
+    placed = {j["job"]: j for j in plan["jobs"] if j["action"] not in ("pending", "evict")}
+    pinned = {n: j["instances"][0] for n, j in placed.items() if j["action"] in ("keep", "move")}
+    free = [j["job"] for j in plan["jobs"] if j["action"] in ("place", "pending")]
+    # (a created instance holding a pinned job is a bin of its own: held as a kept one)
+    created = {i["ref"]: {"instance_type": i["instance_type"], "pool": i["pool"]} for i in plan["creates"]}
+    held_new = {ref: created[ref] for ref in set(pinned.values()) if ref in created}
+    plan = dict(plan, creates=[i for i in plan["creates"] if i["ref"] not in held_new])
+    kept = {**kept, **held_new}
+    m, x, used, high, low, _ = _bins_model(c, kept, pinned, free)
+    high_units = sum(units(c, c["jobs"][n]) for n in placed if c["jobs"][n]["priority"] == "high")
+    m.Add(high >= high_units)
+    m.Maximize(low)
+    _hint(m, x, used, plan, kept)
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = seconds
+    s.parameters.num_workers = 2
+    st = s.Solve(m)
+    tier = next((t for t in plan["solver"].get("tiers") or [] if (TIER.match(t.get("name", "")) or [None, None])[1] == "low"), None)
+    out = {"tier": tier, "high_units_held": high_units, "status": s.StatusName(st), "wall_s": round(s.WallTime(), 1), "wrong": []}
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or tier is None:
+        return out
+    found = round(s.ObjectiveValue()) * CLASS_WEIGHT["low"]
+    out.update(found=found, bound=round(s.BestObjectiveBound()) * CLASS_WEIGHT["low"])
+    if tier.get("bound") is not None and found > tier["bound"] + 1e-6:
+        out["wrong"].append(f"tier {tier['name']}: bound {tier['bound']:g}, a plan the rules allow places {found}")
+    if tier.get("proven") and found > tier["value"] + 1e-6:
+        out["wrong"].append(f"tier {tier['name']} called proven at {tier['value']:g}, a plan the rules allow places {found}")
+    return out

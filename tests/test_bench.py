@@ -380,3 +380,37 @@ def test_the_openb_share_checker_finds_a_mig_overcommit_and_a_whole_gpu_on_a_mig
     plan["jobs"] = plan["jobs"][:16] + [{"job": whole, "action": "place", "instances": ["+1"], "gpus": [[0]], "reason": ""}]
     v, _ = check_plan(c, plan)
     assert any("(whole GPU) on +1 of MIG pool" in x for x in v["capacity"]), v
+
+
+def test_the_openb_share_checker_checks_the_work_tiers_claims_against_an_outside_search(tmp_path):
+    """The checker's claims check never ran (it read tiers named "high...", the plan's are "guaranteed high work", and
+    compared weighted values with units), and the day-2 low tier went unchecked. A work tier's value is now recomputed
+    from the placements, and a low tier called proven is searched outside the planner (tier_search), with the running
+    jobs the plan keeps held where they are: a plan keeping 3 of 8 fitting low jobs that calls its 12 units proven is
+    named, cold and warm; one placing all 8 is not."""
+    from bench.openb_share import generate
+    from bench.openb_share_check import check_plan, read_config, tier_search
+
+    c = read_config(generate(tmp_path / "cfg")[0])
+    pool = "openb-g2-8g-96c-384m-mig43"
+    eight = sorted(n for n, j in c["jobs"].items() if (j["resources"].get("mig") or {}).get("profile") == "4g.20gb"
+                   and j["priority"] == "low" and j["resources"]["cpu"] <= 4.2 and j["resources"]["memory_gib"] <= 22.4)[:8]
+    c = dict(c, jobs={n: c["jobs"][n] for n in eight}, pools={pool: dict(c["pools"][pool], max_instances=1)})
+    assert len(eight) == 8 and {c["jobs"][n]["priority"] for n in eight} == {"low"}
+
+    def plan(action: str, placed: int, value: int, kept=None):
+        return {"creates": [] if kept else [{"ref": "+1", "pool": pool, "instance_type": "openb-g2-8g-96c-384m"}],
+                "kept": kept or {}, "solver": {"tiers": [{"name": "guaranteed low work", "value": value, "bound": value,
+                                                          "status": "OPTIMAL", "proven": True}]},
+                "jobs": [{"job": n, "action": action if k < placed else "pending", "reason": "",
+                          "instances": [next(iter(kept or {"+1": 0}))] if k < placed else [], "gpus": []} for k, n in enumerate(eight)]}
+
+    v, _ = check_plan(c, plan("place", 3, 13))
+    assert v["claims"] == ["low work claimed 13, the placements give 12"], v
+    cold = tier_search(c, plan("place", 3, 12), seconds=20)
+    assert (cold["found"], cold["status"]) == (32, "OPTIMAL") and len(cold["wrong"]) == 2, cold  # bound and proven
+    running = {"i-1": {"instance_type": "openb-g2-8g-96c-384m", "pool": pool}}
+    warm = tier_search(c, plan("keep", 3, 12, kept={"i-1": {}}), running, seconds=20)
+    assert warm["found"] == 32 and any("called proven at 12" in w for w in warm["wrong"]), warm
+    assert tier_search(c, plan("place", 8, 32), seconds=20)["wrong"] == []
+    assert check_plan(c, plan("place", 8, 32))[0]["claims"] == []
