@@ -1398,6 +1398,18 @@ def _by_class(values) -> list[int]:
     return out
 
 
+def _hint_cells(model: Model, vec: list[int], cells: dict[tuple, int], slotted: set[str], units: set[str]) -> None:
+    """Sets in `vec` the hint of each slot cell z of an offer or class in `slotted` from `cells` ((group, capacity,
+    offer, slot) -> items; none: 0), and of each x of a capacity in `units` to the sum of its cells: the one way
+    `packed_within` and `packed_less_left` turn a packing into z and x."""
+    for (gk, ck, ok, i), v in model.z.variable_items():
+        if ok in slotted:
+            vec[v.index] = cells.get((gk, ck, ok, i), 0)
+    for (gk, ck), v in model.x.variable_items():
+        if ck in units:
+            vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
+
+
 def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], offers: set[str], units: set[str]) -> list[tuple[int, int]]:
     """Hints for the primary variables of the plan `answer` gives where the packer's packing of `offers` (now with
     slots) took more instances than the answer buys: each offer's first instances, as many as the answer buys, as
@@ -1417,12 +1429,7 @@ def packed_within(model: Model, answer: list[int], packed: dict[str, tuple], off
                     left[gk] = left.get(gk, 0) + n
         for i in range(model.slots_of.get(ok, 0)):
             vec[model.on[(ok, i)].index] = 1 if i < count else 0
-    for (gk, ck, ok, i), v in model.z.variable_items():
-        if ok in offers:
-            vec[v.index] = cells.get((gk, ck, ok, i), 0)
-    for (gk, ck), v in model.x.variable_items():
-        if ck in units:
-            vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
+    _hint_cells(model, vec, cells, offers, units)
     for gk, n in left.items():
         # (the least important first, as the packer leaves them: a group is one shape, any class; taken by its last
         # demands first, it dropped a mixed cluster's high jobs beside its normal ones)
@@ -1495,12 +1502,7 @@ def packed_less_left(model: Model, answer: list[int], unfolded: dict[tuple[str, 
                 cells[k] = cells.get(k, 0) + n
         for i in range(model.slots_of[ik]):
             vec[model.on[(ik, i)].index] = 1 if i < answer[model.use[ik].index] else 0
-    for (gk, ck, ok, i), v in model.z.variable_items():
-        if ok in classes:
-            vec[v.index] = cells.get((gk, ck, ok, i), 0)
-    for (gk, ck), v in model.x.variable_items():
-        if ck in classes:
-            vec[v.index] = sum(n for (g, c, _, _), n in cells.items() if (g, c) == (gk, ck))
+    _hint_cells(model, vec, cells, classes, classes)
     for dk, n in gone.items():
         v = model.placed[dk]
         if not isinstance(v, int):
