@@ -11,6 +11,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -72,11 +73,22 @@ class Launch:
     exit_path: Path | None = None  # the shim writes the exit code here (see SHIM); None: no shim
 
 
+# The signals an agent sends a replica's process group (its stop's, the checkpoint signal's) that the shim outlives.
+FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1, signals.SIGUSR2, signals.SIGQUIT)
+
+
 # The replica's shim: it runs the command as its child and writes the exit code to a file, so an agent
 # that restarted (a crash, `systemctl restart`) can adopt a replica it did not start and still learn how
 # it ended (only a parent can wait for a process). Signals sent to the replica's process group reach the
 # command; the shim outlives them (its handlers do nothing) and, once the command ended, ends as it did
 # (the same exit code, or the same signal). `python -S`: no site-packages, about 20 ms.
+# None of them is lost in the replica's first moments (before, one that came before the command's exec, ~10-40 ms, a
+# stop's SIGTERM just after the start, was swallowed by the shim's handler, in the shim or in its child, and the replica
+# ran on to its grace's end): they are blocked (FORWARDED) from before the shim runs (the agent starts it so) until the
+# fork; the child waits until the shim has passed on what it got before the fork (only the shim had it; what came since
+# reached the child too), then restores their default action and unblocks them just before its exec: one pending then
+# ends it as it would the command (killed by that signal). A fork that fails (EAGAIN, ENOMEM) is an ordinary failure
+# (exit code 1, restarted after its backoff), its reason in the replica's log.
 # It is also the child subreaper of the command's tree (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4; skipped where refused):
 # a process of the tree whose parent exits is re-parented to the shim, not to init, so every process the replica
 # started stays in the shim's tree however it hides (setsid, an emptied environment: no FLEETOPS_REPLICA_ID), found by
@@ -89,7 +101,9 @@ class Launch:
 SHIM = r"""
 import json, os, signal, sys, time
 out, grace, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+FWD = {@FORWARDED@}
+signal.pthread_sigmask(signal.SIG_BLOCK, FWD)  # (blocked already: the agent starts the shim so, _forwarded_blocked)
+for s in FWD:
     signal.signal(s, lambda n, f: None)
 try:
     import ctypes
@@ -97,19 +111,35 @@ try:
 except Exception:
     pass
 r, w = os.pipe()
-pid = os.fork()
+go, gone = os.pipe()
+try:
+    pid = os.fork()
+except OSError as e:  # (EAGAIN, ENOMEM: no process now; an ordinary failure, restarted after its backoff, no StartError)
+    print(f"fleetops shim: cannot fork to start {cmd[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
+    pid = -1
 if pid == 0:
     os.close(r)
+    os.close(gone)
+    os.read(go, 1)  # (EOF: the shim has passed on what it got before the fork)
+    for s in (*FWD, signal.SIGPIPE, signal.SIGXFSZ):  # (Python ignores SIGPIPE and SIGXFSZ; exec keeps what is ignored)
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FWD)  # a signal pending now ends it as it would the command (SIG_DFL)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         os.write(w, f"cannot start {cmd[0]!r}: {e.strerror}".encode())
         os._exit(127)
 os.close(w)
+os.close(go)
+if pid > 0:  # what came before the fork reached the shim alone: the child's now (it waits, blocked, until `gone` closes)
+    for s in signal.sigpending() & FWD:
+        os.kill(pid, s)
+os.close(gone)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, FWD)  # (what is pending here now reached the child too: dropped)
 err = b""
 while chunk := os.read(r, 4096):
     err += chunk
-code = None
+code = None if pid > 0 else 1
 while code is None:  # the command, and the orphans of its tree this shim adopted meanwhile (reaped: no zombies)
     got, status = os.waitpid(-1, 0)
     if got == pid:
@@ -171,7 +201,20 @@ if code < 0:
         signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 os._exit(code if code >= 0 else 128 - code)
-"""
+""".replace("@FORWARDED@", ", ".join(f"signal.{s.name}" for s in FORWARDED))
+
+
+@contextmanager
+def _forwarded_blocked():
+    """FORWARDED blocked in this thread while it starts a shim, which inherits the mask (fork and exec keep it): a stop's
+    signal in the shim's own first ~20 ms (Python's start, before the shim blocks them itself) waits for the shim, which
+    passes it on to its command, instead of killing the shim before it forked (no exit file: an agent that adopts the
+    replica then reads it as killed). A signal meant for the agent meanwhile goes to another of its threads or waits."""
+    old = signals.pthread_sigmask(signals.SIG_BLOCK, FORWARDED)
+    try:
+        yield
+    finally:
+        signals.pthread_sigmask(signals.SIG_SETMASK, old)
 
 
 def shimmed(launch: Launch, command: list[str]) -> list[str]:
@@ -469,7 +512,7 @@ class ProcessRuntime:
             raise StartError(f"command {exe!r} not found (PATH={launch.env.get('PATH', os.environ.get('PATH', ''))})")
         try:
             _prepare(launch)
-            with _log(launch.log_path) as log:
+            with _log(launch.log_path) as log, _forwarded_blocked():
                 proc = ReplicaProcess(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
         except OSError as e:  # not executable, a bad interpreter line, a directory it cannot write
@@ -682,7 +725,7 @@ class DockerRuntime:
         cmd[0] = self.docker
         try:
             _prepare(launch)
-            with _log(launch.log_path) as log:
+            with _log(launch.log_path) as log, _forwarded_blocked():
                 proc = subprocess.Popen(shimmed(launch, cmd), env=docker_env(launch), stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
