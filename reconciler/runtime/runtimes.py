@@ -277,6 +277,7 @@ class Detached:
     kill_begun: float | None = None  # (monotonic) when runtime.begin_kill began its kill
     subreaps: bool = True  # its shim is the subreaper of its tree (shim_subreaps): not one of an earlier agent version
     strays: "StrayEnd | None" = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
+    forced: dict[int, str] | None = None  # its tree when its shim was killed (ProcessRuntime.force_kill): ended with its strays
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -459,6 +460,11 @@ class Runtime(Protocol):
         """Begin `kill` and return at once: `poll` says when the replica has ended."""
         ...
 
+    def force_kill(self, handle: Handle) -> None:
+        """Begin the last step of `kill`, for a replica `begin_kill` did not end within its margin (STRAY_GRACE_S +
+        KILL_MARGIN_S): its shim killed too; returns at once, `poll` says when it has ended."""
+        ...
+
     def end_left(self, pid: int, started: str, replica_id: str | None) -> "StrayEnd | None":
         """Begin to kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running;
         what is returned (StrayEnd) says when that is over."""
@@ -483,6 +489,14 @@ def replica_env(env: dict[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not credential_name(k)}, **env}
 
 
+def _strays(handle: "ReplicaProcess | Detached") -> StrayEnd:
+    """The end of what a replica whose shim ended left running: its mark's, and, its shim killed (force_kill), its tree
+    as it was then (SIGKILL at once: it had its SIGTERM at the kill's beginning)."""
+    if handle.forced is None:
+        return StrayEnd(handle.replica_id)
+    return StrayEnd(handle.replica_id, handle.forced, grace=0.0)
+
+
 class ReplicaProcess(subprocess.Popen):
     """A replica's shim this agent started, with its mark (REPLICA_ID, from its launch's environment)."""
 
@@ -490,6 +504,7 @@ class ReplicaProcess(subprocess.Popen):
     kill_begun: float | None = None  # (monotonic) when ProcessRuntime.begin_kill began its kill
     subreaps = True  # (this agent's shim)
     strays: StrayEnd | None = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
+    forced: dict[int, str] | None = None  # its tree when its shim was killed (ProcessRuntime.force_kill): ended with its strays
 
 
 class ProcessRuntime:
@@ -528,7 +543,7 @@ class ProcessRuntime:
             code = handle.poll()
             if code is not None and handle.strays is None:
                 end_group(handle.pid, handle.started)
-                handle.strays = StrayEnd(handle.replica_id)
+                handle.strays = _strays(handle)
             return code if code is None or handle.strays.done() else None
         if handle.returncode is None:
             try:  # (ended, not reaped yet: its pid is not reused while the group is ended)
@@ -537,7 +552,7 @@ class ProcessRuntime:
                 ended = False
             if ended and handle.strays is None:
                 end_group(handle.pid)
-                handle.strays = StrayEnd(handle.replica_id)
+                handle.strays = _strays(handle)
             if ended and not handle.strays.done():
                 return None
         return handle.poll()
@@ -558,12 +573,29 @@ class ProcessRuntime:
                 handle.kill_begun = time.monotonic()
             end_tree(handle.pid, handle.started if isinstance(handle, Detached) else None)
 
+    def force_kill(self, handle: ReplicaProcess | Detached) -> None:
+        """The kill's last step, begun, for a shim that has not ended its tree KILL_MARGIN_S past the strays' grace (its
+        command left the group and ignores SIGTERM, a process stuck in the kernel): SIGKILL to its process group and to
+        its tree as it is now (`forced`: what left the group, whose subreaper dies with the shim); returns at once.
+        `poll` ends what is left with its strays (StrayEnd, SIGKILL at once, given up 1 s later: one stuck in the kernel)
+        over later polls. The agent's loop waited for it (`kill`): 1 s per replica with a process SIGKILL cannot end,
+        one after another, and 10 s more, every tick, for such a shim; the heartbeat and every other stop held up."""
+        if self.poll(handle) is None:
+            handle.forced = descendants(handle.pid)
+            self.signal(handle, signals.SIGKILL)
+            for p, started in handle.forced.items():
+                if running(p, started):
+                    try:
+                        os.kill(p, signals.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
     def kill(self, handle: ReplicaProcess | Detached) -> None:
         """begin_kill, and the wait for the shim to end the tree, up to KILL_MARGIN_S past the strays' grace from the
         kill's beginning (a kill begun ticks ago waits no longer). A shim that has not ended it by then (its command
-        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group; then what
-        the replica left outside it is ended: its descendants as they were before the kill (a stray that cleared its
-        environment, still under the replica's tree) and its mark's (end_strays)."""
+        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group (force_kill);
+        then what the replica left outside it is ended: its descendants as they were before the kill (a stray that
+        cleared its environment, still under the replica's tree) and its mark's (end_strays)."""
         tree = descendants(handle.pid) if self.poll(handle) is None else {}
         self.begin_kill(handle)
         limit = (handle.kill_begun or time.monotonic()) + STRAY_GRACE_S + KILL_MARGIN_S
@@ -571,7 +603,7 @@ class ProcessRuntime:
             time.sleep(0.02)
         stuck = self.poll(handle) is None
         if stuck:
-            self.signal(handle, signals.SIGKILL)
+            self.force_kill(handle)
             if isinstance(handle, Detached):
                 handle.wait(10)
             else:
@@ -789,15 +821,23 @@ class DockerRuntime:
         while self.poll(handle) is None and time.monotonic() < limit:
             time.sleep(0.02)
         if self.poll(handle) is None:
+            self.force_kill(handle)
             if isinstance(handle, Detached):
-                handle.signal(signals.SIGKILL)
                 handle.wait(10)
                 return
-            end_group(handle.pid)
             try:
                 handle.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
                 pass
+
+    def force_kill(self, handle: DockerHandle | Detached) -> None:
+        """The kill's last step, begun: docker did not end the container within DOCKER_KILL_WAIT_S (a hung daemon), its
+        client's process group is killed (its shim and `docker run`); returns at once, `poll` says when it has ended."""
+        if self.poll(handle) is None:
+            if isinstance(handle, Detached):
+                handle.signal(signals.SIGKILL)
+            else:
+                end_group(handle.pid)
 
 
 RUNTIMES = {"process": ProcessRuntime, "docker": DockerRuntime}
