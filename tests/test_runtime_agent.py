@@ -896,7 +896,7 @@ def on(s, f):
     open(path, "w").write(str(int(found or 0) + 1))
     sys.exit(0)
 signal.signal(signal.SIGTERM, on)
-if os.environ.get("READY_DIR"):  # (its handler set: a SIGTERM before this, in the shim's fork, was lost)
+if os.environ.get("READY_DIR"):  # (its handler set: a SIGTERM before this ends it, SIG_DFL, with no checkpoint)
     open(os.path.join(os.environ["READY_DIR"], f"ready-{r}"), "w").close()
 while True:
     time.sleep(0.05)
@@ -943,8 +943,8 @@ def test_a_gang_stops_with_a_rank_that_stops_and_every_instance_uploads_its_roun
     bus.put_assignment("i-0", {"serial": 1, "replicas": [rank(0, 1)]})
     bus.put_assignment("i-1", {"serial": 1, "replicas": [rank(1, 1)]})
     a, b = ck_agents("i-0"), ck_agents("i-1")
-    # (both ranks' handlers set before the stop: a SIGTERM in a replica's first ~0.1 s, before its shim forked it, was
-    # lost, and the rank ran on to its grace's end: flaky, ~1 in 7)
+    # (both ranks' handlers set before the stop, whose checkpoints this test follows: a SIGTERM before a rank's handler
+    # ends it by its default action, with no checkpoint; before the shim's fix it was lost, test_runtime_shim)
     run_until([a, b], lambda: all((r := bus.run("g", i)) and r["phase"] == "Running" and (tmp_path / f"ready-{i}").exists() for i in (0, 1)))
     bus.put_assignment("i-1", {"serial": 2, "replicas": []})
     rec = run_until([a, b], lambda: (r := bus.run("g", 0)) and r["phase"] != "Running" and r)

@@ -213,6 +213,90 @@ def test_a_command_that_left_its_shims_group_and_ignores_sigterm_is_killed_with_
     assert time.monotonic() - began < 0.3 + STRAY_GRACE_S + KILL_MARGIN_S + 2 and longest < 1.5, longest
 
 
+
+class StuckFs:
+    """A FUSE file system that answers its INIT and reads every later request without answering it: a process that
+    opens a file in it waits in the kernel, uninterruptibly (state D) once its request was read and it was signalled,
+    and SIGKILL does not end it (as on a hung NFS mount, or a GPU driver's hang) until the file system goes (`close`:
+    the kernel aborts its requests). Root only (mount), with /dev/fuse."""
+
+    def __init__(self, mnt: Path):
+        import ctypes
+        import struct
+        import threading
+
+        self.mnt, self.libc, self.lookups = mnt, ctypes.CDLL(None, use_errno=True), 0
+        mnt.mkdir()
+        self.fd = os.open("/dev/fuse", os.O_RDWR)
+        opts = f"fd={self.fd},rootmode=40000,user_id=0,group_id=0".encode()
+        if self.libc.mount(b"fleetops-stuck", str(mnt).encode(), b"fuse", 0, opts) != 0:
+            err = ctypes.get_errno()
+            os.close(self.fd)
+            pytest.skip(f"cannot mount a FUSE file system here: {os.strerror(err)}")
+        unique = struct.unpack_from("<IIQ", os.read(self.fd, 1 << 17))[2]  # FUSE_INIT
+        # (protocol 7.22: the short reply the kernel still takes; FUSE_PARALLEL_DIROPS: a lookup does not wait for another)
+        init = struct.pack("<IIIIHHI", 7, 22, 0, 1 << 18, 0, 0, 4096)
+        os.write(self.fd, struct.pack("<IiQ", 16 + len(init), 0, unique) + init)
+        self.stop = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        import select
+        import struct
+
+        while not self.stop.is_set():
+            if select.select([self.fd], [], [], 0.05)[0]:
+                try:
+                    got = os.read(self.fd, 1 << 17)
+                except OSError:
+                    return
+                self.lookups += struct.unpack_from("<I", got, 4)[0] == 1  # FUSE_LOOKUP
+
+    def close(self) -> None:
+        self.stop.set()
+        self.reader.join()
+        os.close(self.fd)
+        self.libc.umount2(str(self.mnt).encode(), 2)  # MNT_DETACH
+
+
+@pytest.fixture
+def stuck_fs(tmp_path):
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("a FUSE mount needs root and /dev/fuse")
+    fs = StuckFs(tmp_path / "stuck")
+    yield fs
+    fs.close()
+
+
+def test_replicas_stuck_in_the_kernel_past_their_kill_hold_up_no_tick(bus, tmp_path, stuck_fs):
+    """Two replicas whose commands are stuck in the kernel (a read from a hung file system: SIGKILL does not end them)
+    are stopped. KILL_MARGIN_S past their strays' grace the agent kills their shims. Before, it did so in its loop
+    (runtime.kill) and waited there for each one's tree, 1 s after its SIGKILL before it gave up, one replica after
+    another (a shim SIGKILL could not end either: 10 s more, and again every tick): the heartbeat, the notice's other
+    replicas' stops and uploads held up meanwhile (a tick of ~2 s here). Now it begins that kill (force_kill) and polls
+    on; each replica ends as before, once its tree is dead or given up (1 s)."""
+    from reconciler.runtime.runtimes import KILL_MARGIN_S, STRAY_GRACE_S
+
+    markers = [tmp_path / f"s{i}-marker" for i in range(2)]
+    stuck = [PY, "-c", f"import os, sys\nopen({str(stuck_fs.mnt)!r} + '/' + os.path.basename(sys.argv[1]))"]  # (a name each: one lookup each)
+    ck = {"dir": str(tmp_path / "ck"), "signal": "SIGTERM", "grace_seconds": 0.3}
+    bus.put_assignment("i-0", {"serial": 1, "replicas": [entry(f"s{i}", [*stuck, str(m)], mode="service", checkpoint=ck)
+                                                         for i, m in enumerate(markers)]})
+    a = agent(bus, tmp_path / "i-0")
+    poll_until(lambda: a.tick() or stuck_fs.lookups >= 2, "both commands waiting on the file system", 20, 0.05)
+    bus.put_assignment("i-0", {"serial": 2, "replicas": []})
+    began, longest = time.monotonic(), 0.0
+    while not all((r := bus.run(f"s{i}", 0)) and r["phase"] == "Stopped" for i in range(2)) and time.monotonic() - began < 20:
+        t = time.monotonic()
+        a.tick()
+        longest = max(longest, time.monotonic() - t)
+        time.sleep(0.05)
+    assert [bus.run(f"s{i}", 0)["phase"] for i in range(2)] == ["Stopped", "Stopped"]
+    assert time.monotonic() - began < 0.3 + STRAY_GRACE_S + KILL_MARGIN_S + 3 and longest < 0.8, longest
+    states = {Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] for m in markers for p in processes_with(str(m))}
+    assert states == {"D"}  # (what the test means: the commands outlived their SIGKILL; they end with the file system)
+
 # The shim as agents before the subreaper ran it (961505c^): it waits for its command alone and exits with it, leaving
 # whatever the command started outside its process group to the agent. Such shims still run after an agent upgrade.
 OLD_SHIM = r"""

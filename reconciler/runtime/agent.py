@@ -156,6 +156,7 @@ class _Stop:
     terminal: bool
     restart_attempt: int | None = None  # restart at this attempt once stopped (a gang restart)
     killed: float | None = None  # when its grace ended and its kill began (runtime.begin_kill)
+    forced: float | None = None  # when its kill's last step began, its shim killed too (runtime.force_kill)
 
 
 # A gang peer's stop that stops the whole gang at its round (its record says it stopped, or, while it checkpoints, that
@@ -868,9 +869,12 @@ class Agent:
                     rep.stop.killed = now
                     self.runtime.begin_kill(rep.handle)
                     code = self.runtime.poll(rep.handle)
-                elif code is None and now >= rep.stop.killed + STRAY_GRACE_S + KILL_MARGIN_S:
+                elif code is None and rep.stop.forced is None and now >= rep.stop.killed + STRAY_GRACE_S + KILL_MARGIN_S:
+                    # (begun too, not waited for: a process SIGKILL cannot end, stuck in the kernel, held the loop 1 s
+                    # per replica, and 10 s more every tick for such a shim; `poll` says when it has ended or is given up)
                     self._log(f"{rep.key[0]}/{rep.key[1]}: still running {now - rep.stop.killed:.0f}s after its kill: killing its shim")
-                    self.runtime.kill(rep.handle)
+                    rep.stop.forced = now
+                    self.runtime.force_kill(rep.handle)
                     code = self.runtime.poll(rep.handle)
                 if code is None:
                     continue  # (its devices stay held until nothing of it runs)

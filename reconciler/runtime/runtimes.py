@@ -11,6 +11,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -72,11 +73,22 @@ class Launch:
     exit_path: Path | None = None  # the shim writes the exit code here (see SHIM); None: no shim
 
 
+# The signals an agent sends a replica's process group (its stop's, the checkpoint signal's) that the shim outlives.
+FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1, signals.SIGUSR2, signals.SIGQUIT)
+
+
 # The replica's shim: it runs the command as its child and writes the exit code to a file, so an agent
 # that restarted (a crash, `systemctl restart`) can adopt a replica it did not start and still learn how
 # it ended (only a parent can wait for a process). Signals sent to the replica's process group reach the
 # command; the shim outlives them (its handlers do nothing) and, once the command ended, ends as it did
 # (the same exit code, or the same signal). `python -S`: no site-packages, about 20 ms.
+# None of them is lost in the replica's first moments (before, one that came before the command's exec, ~10-40 ms, a
+# stop's SIGTERM just after the start, was swallowed by the shim's handler, in the shim or in its child, and the replica
+# ran on to its grace's end): they are blocked (FORWARDED) from before the shim runs (the agent starts it so) until the
+# fork; the child waits until the shim has passed on what it got before the fork (only the shim had it; what came since
+# reached the child too), then restores their default action and unblocks them just before its exec: one pending then
+# ends it as it would the command (killed by that signal). A fork that fails (EAGAIN, ENOMEM) is an ordinary failure
+# (exit code 1, restarted after its backoff), its reason in the replica's log.
 # It is also the child subreaper of the command's tree (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4; skipped where refused):
 # a process of the tree whose parent exits is re-parented to the shim, not to init, so every process the replica
 # started stays in the shim's tree however it hides (setsid, an emptied environment: no FLEETOPS_REPLICA_ID), found by
@@ -89,7 +101,9 @@ class Launch:
 SHIM = r"""
 import json, os, signal, sys, time
 out, grace, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+FWD = {@FORWARDED@}
+signal.pthread_sigmask(signal.SIG_BLOCK, FWD)  # (blocked already: the agent starts the shim so, _forwarded_blocked)
+for s in FWD:
     signal.signal(s, lambda n, f: None)
 try:
     import ctypes
@@ -97,19 +111,35 @@ try:
 except Exception:
     pass
 r, w = os.pipe()
-pid = os.fork()
+go, gone = os.pipe()
+try:
+    pid = os.fork()
+except OSError as e:  # (EAGAIN, ENOMEM: no process now; an ordinary failure, restarted after its backoff, no StartError)
+    print(f"fleetops shim: cannot fork to start {cmd[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
+    pid = -1
 if pid == 0:
     os.close(r)
+    os.close(gone)
+    os.read(go, 1)  # (EOF: the shim has passed on what it got before the fork)
+    for s in (*FWD, signal.SIGPIPE, signal.SIGXFSZ):  # (Python ignores SIGPIPE and SIGXFSZ; exec keeps what is ignored)
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FWD)  # a signal pending now ends it as it would the command (SIG_DFL)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         os.write(w, f"cannot start {cmd[0]!r}: {e.strerror}".encode())
         os._exit(127)
 os.close(w)
+os.close(go)
+if pid > 0:  # what came before the fork reached the shim alone: the child's now (it waits, blocked, until `gone` closes)
+    for s in signal.sigpending() & FWD:
+        os.kill(pid, s)
+os.close(gone)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, FWD)  # (what is pending here now reached the child too: dropped)
 err = b""
 while chunk := os.read(r, 4096):
     err += chunk
-code = None
+code = None if pid > 0 else 1
 while code is None:  # the command, and the orphans of its tree this shim adopted meanwhile (reaped: no zombies)
     got, status = os.waitpid(-1, 0)
     if got == pid:
@@ -171,7 +201,20 @@ if code < 0:
         signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 os._exit(code if code >= 0 else 128 - code)
-"""
+""".replace("@FORWARDED@", ", ".join(f"signal.{s.name}" for s in FORWARDED))
+
+
+@contextmanager
+def _forwarded_blocked():
+    """FORWARDED blocked in this thread while it starts a shim, which inherits the mask (fork and exec keep it): a stop's
+    signal in the shim's own first ~20 ms (Python's start, before the shim blocks them itself) waits for the shim, which
+    passes it on to its command, instead of killing the shim before it forked (no exit file: an agent that adopts the
+    replica then reads it as killed). A signal meant for the agent meanwhile goes to another of its threads or waits."""
+    old = signals.pthread_sigmask(signals.SIG_BLOCK, FORWARDED)
+    try:
+        yield
+    finally:
+        signals.pthread_sigmask(signals.SIG_SETMASK, old)
 
 
 def shimmed(launch: Launch, command: list[str]) -> list[str]:
@@ -234,6 +277,7 @@ class Detached:
     kill_begun: float | None = None  # (monotonic) when runtime.begin_kill began its kill
     subreaps: bool = True  # its shim is the subreaper of its tree (shim_subreaps): not one of an earlier agent version
     strays: "StrayEnd | None" = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
+    forced: dict[int, str] | None = None  # its tree when its shim was killed (ProcessRuntime.force_kill): ended with its strays
 
     def poll(self) -> int | None:
         if running(self.pid, self.started):
@@ -416,6 +460,11 @@ class Runtime(Protocol):
         """Begin `kill` and return at once: `poll` says when the replica has ended."""
         ...
 
+    def force_kill(self, handle: Handle) -> None:
+        """Begin the last step of `kill`, for a replica `begin_kill` did not end within its margin (STRAY_GRACE_S +
+        KILL_MARGIN_S): its shim killed too; returns at once, `poll` says when it has ended."""
+        ...
+
     def end_left(self, pid: int, started: str, replica_id: str | None) -> "StrayEnd | None":
         """Begin to kill what a replica that ended while no agent watched it (shim `pid`, `started`) left running;
         what is returned (StrayEnd) says when that is over."""
@@ -440,6 +489,14 @@ def replica_env(env: dict[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not credential_name(k)}, **env}
 
 
+def _strays(handle: "ReplicaProcess | Detached") -> StrayEnd:
+    """The end of what a replica whose shim ended left running: its mark's, and, its shim killed (force_kill), its tree
+    as it was then (SIGKILL at once: it had its SIGTERM at the kill's beginning)."""
+    if handle.forced is None:
+        return StrayEnd(handle.replica_id)
+    return StrayEnd(handle.replica_id, handle.forced, grace=0.0)
+
+
 class ReplicaProcess(subprocess.Popen):
     """A replica's shim this agent started, with its mark (REPLICA_ID, from its launch's environment)."""
 
@@ -447,6 +504,7 @@ class ReplicaProcess(subprocess.Popen):
     kill_begun: float | None = None  # (monotonic) when ProcessRuntime.begin_kill began its kill
     subreaps = True  # (this agent's shim)
     strays: StrayEnd | None = None  # its shim ended: the end of what it left outside its group (ProcessRuntime.poll)
+    forced: dict[int, str] | None = None  # its tree when its shim was killed (ProcessRuntime.force_kill): ended with its strays
 
 
 class ProcessRuntime:
@@ -469,7 +527,7 @@ class ProcessRuntime:
             raise StartError(f"command {exe!r} not found (PATH={launch.env.get('PATH', os.environ.get('PATH', ''))})")
         try:
             _prepare(launch)
-            with _log(launch.log_path) as log:
+            with _log(launch.log_path) as log, _forwarded_blocked():
                 proc = ReplicaProcess(shimmed(launch, list(launch.command)), env=replica_env(launch.env), stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, cwd=launch.workdir, start_new_session=True)
         except OSError as e:  # not executable, a bad interpreter line, a directory it cannot write
@@ -485,7 +543,7 @@ class ProcessRuntime:
             code = handle.poll()
             if code is not None and handle.strays is None:
                 end_group(handle.pid, handle.started)
-                handle.strays = StrayEnd(handle.replica_id)
+                handle.strays = _strays(handle)
             return code if code is None or handle.strays.done() else None
         if handle.returncode is None:
             try:  # (ended, not reaped yet: its pid is not reused while the group is ended)
@@ -494,7 +552,7 @@ class ProcessRuntime:
                 ended = False
             if ended and handle.strays is None:
                 end_group(handle.pid)
-                handle.strays = StrayEnd(handle.replica_id)
+                handle.strays = _strays(handle)
             if ended and not handle.strays.done():
                 return None
         return handle.poll()
@@ -515,12 +573,29 @@ class ProcessRuntime:
                 handle.kill_begun = time.monotonic()
             end_tree(handle.pid, handle.started if isinstance(handle, Detached) else None)
 
+    def force_kill(self, handle: ReplicaProcess | Detached) -> None:
+        """The kill's last step, begun, for a shim that has not ended its tree KILL_MARGIN_S past the strays' grace (its
+        command left the group and ignores SIGTERM, a process stuck in the kernel): SIGKILL to its process group and to
+        its tree as it is now (`forced`: what left the group, whose subreaper dies with the shim); returns at once.
+        `poll` ends what is left with its strays (StrayEnd, SIGKILL at once, given up 1 s later: one stuck in the kernel)
+        over later polls. The agent's loop waited for it (`kill`): 1 s per replica with a process SIGKILL cannot end,
+        one after another, and 10 s more, every tick, for such a shim; the heartbeat and every other stop held up."""
+        if self.poll(handle) is None:
+            handle.forced = descendants(handle.pid)
+            self.signal(handle, signals.SIGKILL)
+            for p, started in handle.forced.items():
+                if running(p, started):
+                    try:
+                        os.kill(p, signals.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
     def kill(self, handle: ReplicaProcess | Detached) -> None:
         """begin_kill, and the wait for the shim to end the tree, up to KILL_MARGIN_S past the strays' grace from the
         kill's beginning (a kill begun ticks ago waits no longer). A shim that has not ended it by then (its command
-        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group; then what
-        the replica left outside it is ended: its descendants as they were before the kill (a stray that cleared its
-        environment, still under the replica's tree) and its mark's (end_strays)."""
+        left the group and ignores SIGTERM, a process stuck in the kernel) is killed with its process group (force_kill);
+        then what the replica left outside it is ended: its descendants as they were before the kill (a stray that
+        cleared its environment, still under the replica's tree) and its mark's (end_strays)."""
         tree = descendants(handle.pid) if self.poll(handle) is None else {}
         self.begin_kill(handle)
         limit = (handle.kill_begun or time.monotonic()) + STRAY_GRACE_S + KILL_MARGIN_S
@@ -528,7 +603,7 @@ class ProcessRuntime:
             time.sleep(0.02)
         stuck = self.poll(handle) is None
         if stuck:
-            self.signal(handle, signals.SIGKILL)
+            self.force_kill(handle)
             if isinstance(handle, Detached):
                 handle.wait(10)
             else:
@@ -682,7 +757,7 @@ class DockerRuntime:
         cmd[0] = self.docker
         try:
             _prepare(launch)
-            with _log(launch.log_path) as log:
+            with _log(launch.log_path) as log, _forwarded_blocked():
                 proc = subprocess.Popen(shimmed(launch, cmd), env=docker_env(launch), stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
@@ -746,15 +821,23 @@ class DockerRuntime:
         while self.poll(handle) is None and time.monotonic() < limit:
             time.sleep(0.02)
         if self.poll(handle) is None:
+            self.force_kill(handle)
             if isinstance(handle, Detached):
-                handle.signal(signals.SIGKILL)
                 handle.wait(10)
                 return
-            end_group(handle.pid)
             try:
                 handle.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
                 pass
+
+    def force_kill(self, handle: DockerHandle | Detached) -> None:
+        """The kill's last step, begun: docker did not end the container within DOCKER_KILL_WAIT_S (a hung daemon), its
+        client's process group is killed (its shim and `docker run`); returns at once, `poll` says when it has ended."""
+        if self.poll(handle) is None:
+            if isinstance(handle, Detached):
+                handle.signal(signals.SIGKILL)
+            else:
+                end_group(handle.pid)
 
 
 RUNTIMES = {"process": ProcessRuntime, "docker": DockerRuntime}
