@@ -274,3 +274,48 @@ def test_an_empty_status_fleet_yaml_with_the_state_lost_is_named(tmp_path, text,
     said = _said(res)
     assert f"status/fleet.yaml: cannot read the fleet's identity: {problem}" in said and "Restore it from git" in said, said
     assert "another fleet of that name" not in said and _live(cfg) == ours
+
+
+def test_with_the_state_in_s3_a_lost_state_is_recovered_and_another_prefix_is_refused(aws_env, monkeypatch, tmp_path):
+    """The gitops workflow keeps the state in a bucket (FLEETOPS_STATE). Its object lost, the same URL (however spelt:
+    a trailing slash) recovers the fleet's instances from status/fleet.yaml; a fork of the repo with its own prefix is
+    refused while they carry the uid."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
+    bucket = f"ident-{uuid.uuid4().hex[:8]}"
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    s3.create_bucket(Bucket=bucket)
+    cfg = copy_quickstart(tmp_path / "a")
+    api.apply(cfg, time_limit=QUICK, state=f"s3://{bucket}/fleet")
+    uid, ours = api.read_status(cfg)["fleet"]["metadata"]["uid"], _live(cfg)
+    assert api.read_status(cfg)["fleet"]["metadata"]["annotations"] == {"fleetops.io/state": f"s3://{bucket}/fleet"}
+    s3.delete_object(Bucket=bucket, Key="fleet/state.json")
+    assert not api.plan(cfg, time_limit=QUICK, state=f"s3://{bucket}/fleet/").plan.has_changes
+    fork = _fork(cfg, tmp_path / "b")
+    with pytest.raises(FleetIdentityError, match=f"recorded the fleet's state at s3://{bucket}/fleet;"):
+        api.plan(fork, time_limit=QUICK, state=f"s3://{bucket}/fork")
+    with pytest.raises(FleetIdentityError, match=f"this run's state \\(s3://{bucket}/fork\\) records no fleet"):
+        api.apply(fork, time_limit=QUICK, state=f"s3://{bucket}/fork", allow_destroy=20)
+    assert _live(cfg) == ours and api.read_status(cfg)["fleet"]["metadata"]["uid"] == uid
+
+
+def test_an_identity_taken_by_an_apply_that_stops_early_is_in_status_too(tmp_path):
+    """apply saves a new identity (here a rename's, with --adopt-fleet) in the state before anything else, but wrote
+    status/fleet.yaml only at its end: stopped in between (here a stale saved plan; a kill), the two disagreed, which
+    every later run refuses. status/fleet.yaml takes it with the state."""
+    from reconciler.errors import StalePlanError
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    old = load_state(cfg).fleet_uid
+    saved = api.plan(cfg, time_limit=QUICK).plan
+    topo = cfg / "topology.yaml"
+    topo.write_text(topo.read_text().replace("name: quickstart", "name: quickstart-v2"))
+    with pytest.raises(StalePlanError):
+        api.apply(cfg, saved_plan=saved, adopt_fleet=True)
+    st = load_state(cfg)
+    assert st.fleet_name == "quickstart-v2" and st.fleet_uid != old
+    meta = api.read_status(cfg)["fleet"]["metadata"]
+    assert (meta["name"], meta["uid"]) == ("quickstart-v2", st.fleet_uid)
+    api.plan(cfg, time_limit=QUICK)  # not refused
