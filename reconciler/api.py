@@ -225,13 +225,25 @@ def _lawful(observed: Observed, problem: Problem, plan: Plan, solution: Solution
                       + ("" if greedys == first else "\ngreedy best-fit's plan would stop:\n" + "\n".join(f"  - {w}" for w in greedys.values())))
 
 
-def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: State, adopt: bool) -> Observed:
+def _observe(config_dir: Path, desired: DesiredState, fleet: Fleet, current: State, adopt: bool, backend) -> Observed:
     """Observe as the fleet the config, the state and status/ agree this is (reconciler/identity.py), or raise.
     Sets the state's identity (a new uid on a first apply), which an apply saves."""
-    name, uid = identity.recorded(config_dir, current)
-    uid = identity.check_name(desired.fleet, name, uid, adopt)
+    known = identity.recorded(config_dir, current)
+    uid = identity.check_name(desired.fleet, known.name, known.uid, adopt)
     observed = fleet.observe(current, uid)
     own = sum(1 for i in observed.instances if uid and i.tags.get(TAG_FLEET_UID) == uid)
+    here = backend.location
+    where = getattr(backend, "describe_location", lambda: here)()
+    confirmed = identity.check_confirmed(desired.fleet, known, here, where, own, adopt,
+                                         Path(config_dir) / "status" / "fleet.yaml") if uid else uid
+    if confirmed != uid:  # status/fleet.yaml's uid, recorded with a state kept elsewhere, and no instance carries it
+        uid, observed = confirmed, fleet.observe(current, confirmed)
+        observed = replace(observed, notes=observed.notes + (
+            f"status/fleet.yaml names uid {known.uid}, recorded with the fleet's state "
+            f"{f'at {known.state_at}' if known.state_at else 'somewhere it does not say'}; this run's state ({where}) records "
+            "no fleet and no instance carries that uid, so this config is taken as a fleet of its own, with a new uid "
+            "(apply writes it into status/fleet.yaml)",))
+        own = 0
     adopted = identity.check_foreign(desired.fleet, uid, observed.foreign, adopt, own)
     if adopted is not None:
         uid = adopted
@@ -252,7 +264,7 @@ def plan(config_dir: str | Path, *, provider: str = "sim", time_limit: float = D
     desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
-    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet))
+    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet, backend))
     return _plan(desired, observed, provider, time_limit, allow_destroy, now, gap, lp_bound)
 
 
@@ -289,7 +301,7 @@ def plan_with_memo(config_dir: str | Path, *, provider: str = "sim", time_limit:
     desired = load(config_dir, cache=True)
     backend = backend_for(config_dir, state)
     fleet = Fleet(desired, state_dir(config_dir), provider, options)
-    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet))
+    observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, backend.load(), adopt_fleet, backend))
     when = now or utcnow()
     try:
         key = memo.memo_key(config_dir, desired, observed, when, {
@@ -352,7 +364,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     from reconciler.apply import apply_plan, check_permissions
     from reconciler.plancheck import recheck
     from reconciler.problem import build_problem
-    from reconciler.status import StatusFiles, write_status
+    from reconciler.status import StatusFiles, record_identity, write_status
 
     config_dir = Path(config_dir)
     desired = load(config_dir, cache=True)
@@ -365,9 +377,11 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         fleet.agent_state_url = agent_bus(desired, state)  # type: ignore[attr-defined]
         fleet.guard = backend.check_lock  # a lost lock stops the apply before its next provider call
         before = (current.fleet_name, current.fleet_uid)
-        observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, current, adopt_fleet))
+        observed = with_runtime(backend, desired, _observe(config_dir, desired, fleet, current, adopt_fleet, backend))
         if (current.fleet_name, current.fleet_uid) != before:
             backend.save(current)  # the identity before any launch carries it: a killed apply's instances stay ours
+            # ... and status/fleet.yaml with it (if there is one): the next run refuses the two disagreeing (identity.py)
+            record_identity(config_dir, current.fleet_name, current.fleet_uid, backend.location)
         if saved_plan is not None:
             if saved_plan.fleet != desired.fleet:
                 raise StalePlanError(f"the plan is for fleet {saved_plan.fleet!r}, this config is fleet {desired.fleet!r}")
@@ -415,7 +429,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
         view = publish_assignments(backend, desired, current, list(after), fleet, config_dir, state, assigned, vanished)
         report.notes.extend(removed_checkpoints(backend, desired, assigned))
         status_dir = write_status(config_dir, desired, the_plan, report, list(after), runtime=view,
-                                  fleet_uid=current.fleet_uid)
+                                  fleet_uid=current.fleet_uid, state_at=backend.location)
         left = _write_metrics(status_dir, problem or build_problem(demanding(desired, observed), observed, provider, now=utcnow()),
                               desired, observed, the_plan, report, view)
     result = ApplyResult(the_plan, report, status_dir, left)

@@ -85,6 +85,12 @@ class StateBackend(Protocol):
 
     def save(self, state: State) -> None: ...
 
+    @property
+    def location(self) -> str:
+        """Where this state is kept, as status/fleet.yaml records it (reconciler/identity.py check_confirmed): the
+        same string for the same place from any run, another for a fork's or another checkout's state."""
+        ...
+
     def lock(self) -> contextlib.AbstractContextManager[str]:
         """Hold the apply lock for a block; yields the lock id; raises LockError naming the holder."""
         ...
@@ -288,6 +294,19 @@ class LocalBackend:
 
     def __init__(self, config_dir: Path):
         self.config_dir = Path(config_dir)
+
+    @property
+    def location(self) -> str:
+        """`local:` and a digest of this host's name and the state directory's real path: a clone of the config repo
+        elsewhere (another directory, another machine) keeps its state elsewhere. A digest, not the path, since
+        status/fleet.yaml is committed (a home directory and a host name in a public repo); describe_location says it."""
+        import hashlib
+
+        where = f"{socket.gethostname()}:{(self.config_dir / '.reconcile').resolve()}"
+        return "local:" + hashlib.sha256(where.encode()).hexdigest()[:16]
+
+    def describe_location(self) -> str:
+        return f"{self.location}, i.e. {(self.config_dir / '.reconcile').resolve()} on {socket.gethostname()}"
 
     def load(self) -> State:
         return read_started(self, load_state(self.config_dir), str(self._path(STARTED_KEY)))
@@ -563,6 +582,7 @@ class ObjectStoreBackend:
         self.url, self.root = url, root  # root: scheme://bucket (or account/container)
         prefix = prefix.strip("/")
         self.prefix = f"{prefix}/" if prefix else ""
+        self.location = f"{root}/{prefix}" if prefix else root  # (s3://b/p/ and s3://b/p name one place)
         self.state_key = f"{self.prefix}state.json"
         self.lock_key = f"{self.prefix}lock.json"
         self.ttl = ttl if ttl is not None else LOCK_TTL

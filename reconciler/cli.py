@@ -319,7 +319,7 @@ def plan(
     allow_destroy: Optional[int] = typer.Option(None, "--allow-destroy", min=0, help="Allow this apply to delete up to N instances in all, above max_destroy_per_apply."),
     provider_option: Optional[list[str]] = OptionOpt,
     state: Optional[str] = StateOpt,
-    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
+    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename, or a state lost where status/fleet.yaml does not say it was kept; see the identity error)."),
     no_memo: bool = typer.Option(False, "--no-memo", help="Solve again even when .reconcile/cache/plan-memo.json holds the plan for these exact inputs."),
 ) -> None:
     """Observe the fleet, solve placement and provisioning, print the plan."""
@@ -458,7 +458,7 @@ def apply(
     state: Optional[str] = StateOpt,
     commit: bool = typer.Option(False, "--commit", help="Commit the status/ changes (and nothing else) to git."),
     status_branch: Optional[str] = typer.Option(None, "--status-branch", help="With --commit: commit status to this branch instead of the current one."),
-    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename or a lost state; see the identity error)."),
+    adopt_fleet: bool = typer.Option(False, "--adopt-fleet", help="Take this Topology's name, and the instances carrying it, as this fleet's (after a rename, or a state lost where status/fleet.yaml does not say it was kept; see the identity error)."),
 ) -> None:
     """Apply a plan through the providers, then write status/ back into the config dir."""
     from reconciler.progress import StopOnInterrupt, use_color

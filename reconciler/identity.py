@@ -9,13 +9,18 @@ file), and writes it on every instance it launches (fleetops.io/fleet-uid). Then
 * a config whose Topology name is not the recorded one is refused (a rename), with instructions;
 * instances with our name but another uid are another fleet's: observe leaves them out, and plan
   and apply refuse until someone decides (rename one Topology, or adopt them with --adopt-fleet);
-* instances without a uid (launched before uids existed) are this fleet's, as they always were.
+* instances without a uid (launched before uids existed) are this fleet's, as they always were;
+* a status/fleet.yaml whose uid is not the state's is refused (edited, or the state is another fleet's);
+* a uid that only status/fleet.yaml gives (no state) is taken as this fleet's only where status/fleet.yaml says the
+  fleet keeps its state (a lost state there): a fork or another checkout with a state of its own is refused while
+  instances carry that uid, but with --adopt-fleet, and takes a new uid when none does (check_confirmed).
 
-The imperative part (reading status/) is `recorded`; `resolve` is pure."""
+The imperative part (reading status/) is `recorded`; the checks are pure."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -32,37 +37,109 @@ def new_uid() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def recorded(config_dir: Path, state: State) -> tuple[str, str]:
-    """(name, uid) as the state records them, else as status/fleet.yaml does, else ("", ""). A status/fleet.yaml that
-    is there but cannot be read is an error naming it: taken as no identity, the fleet's instances looked like another
-    fleet's ("belong to another fleet of that name", advising a rename or --adopt-fleet)."""
-    if state.fleet_uid:
-        return state.fleet_name, state.fleet_uid
-    from reconciler.statusfiles import StatusFiles
+STATE_AT = "fleetops.io/state"  # status/fleet.yaml's metadata.annotations key: where the fleet keeps its state
 
+
+@dataclass(frozen=True)
+class Known:
+    """The identity a run starts from. `source`: "state" (the state records it), "status" (the state records none, and
+    status/fleet.yaml names one) or "" (neither). `state_at`: where status/fleet.yaml says the fleet keeps its state
+    ("" when it does not say: written before fleetops recorded it)."""
+
+    name: str = ""
+    uid: str = ""
+    source: str = ""
+    state_at: str = ""
+
+
+def recorded(config_dir: Path, state: State) -> Known:
+    """The identity as the state records it, else as status/fleet.yaml does. A status/fleet.yaml naming another uid
+    than the state's is refused (mismatch): one of the two is not this fleet's, and which one is not ours to guess.
+    Without a uid in the state, a status/fleet.yaml that is there but cannot be read, or says nothing (empty, no
+    metadata), is an error naming it: taken as no identity, the fleet's instances looked like another fleet's."""
     path = Path(config_dir) / "status" / "fleet.yaml"
+    if state.fleet_uid:
+        try:
+            name, uid, _ = _status_identity(path, config_dir) or ("", "", "")
+        except FleetIdentityError:  # unreadable: no claim against the state's uid (apply rewrites the file)
+            name, uid = "", ""
+        if uid and uid != state.fleet_uid:
+            raise mismatch(path, name, uid, state.fleet_name, state.fleet_uid)
+        return Known(state.fleet_name, state.fleet_uid, "state")
+    found = _status_identity(path, config_dir)
+    if found is None:
+        return Known()
+    name, uid, state_at = found
+    return Known(name, uid, "status" if uid else "", state_at)
+
+
+def _status_identity(path: Path, config_dir: Path) -> tuple[str, str, str] | None:
+    """(metadata.name, metadata.uid, the state location annotation) of status/fleet.yaml; None if there is none."""
+    from reconciler.statusfiles import StatusFiles, parse_yaml
+
     with StatusFiles(config_dir) as files:  # as all of status/: never through a link (to /dev/zero), never a fifo
         text = files.read(path)
     if text is None:
-        return "", ""
+        return None
     try:
-        doc = yaml.safe_load(text)
+        # libyaml's loader: read on every plan now (to check it against the state), and a large fleet's fleet.yaml is
+        # MBs (its failures and agents): 2.6 MB took 1.87 s of CPU with yaml.safe_load, 0.17 s with this
+        doc = parse_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise _unreadable(path, f"not valid YAML{f' (line {mark.line + 1})' if mark else ''}") from None
-    if doc is None:
-        return "", ""
+    if doc is None:  # apply never writes one without metadata: an emptied file (a bad merge, an edit), not "no fleet"
+        raise _unreadable(path, "it is empty" if not text.strip() else "it holds no YAML document (comments only)")
     if not isinstance(doc, dict):
         raise _unreadable(path, f"it is not a status document (a YAML {_kind(doc)}, not a mapping)")
     meta = doc.get("metadata")
     if meta is None:
-        return "", ""
+        raise _unreadable(path, "it has no metadata (apply writes metadata.name and metadata.uid)")
     if not isinstance(meta, dict):
         raise _unreadable(path, f"metadata is a YAML {_kind(meta)}, not a mapping")
     for k in ("name", "uid"):
         if meta.get(k) is not None and not isinstance(meta[k], str):
             raise _unreadable(path, f"metadata.{k} is {meta[k]!r}, not a string")
-    return meta.get("name") or "", meta.get("uid") or ""
+    notes = meta.get("annotations")
+    state_at = notes.get(STATE_AT) if isinstance(notes, dict) else None
+    return meta.get("name") or "", meta.get("uid") or "", state_at if isinstance(state_at, str) else ""
+
+
+def mismatch(path: Path, name: str, uid: str, state_name: str, state_uid: str) -> FleetIdentityError:
+    return FleetIdentityError(
+        f"{path}: metadata.uid is {uid!r}{f' (fleet {name!r})' if name and name != state_name else ''}, but the state "
+        f"records fleet {state_name!r} with uid {state_uid!r}; nothing was changed. status/fleet.yaml says which fleet "
+        "this is when the state is lost, so the two must agree: a uid there copied from another fleet of the same name "
+        "makes this fleet's plans take that fleet's instances as its own, and delete them. If status/fleet.yaml was "
+        "edited (a pull request, a merge), restore it from git, or delete it (the next apply writes it from the state). "
+        "If the state is not this fleet's (--state or FLEETOPS_STATE naming another fleet's), point it at this fleet's.")
+
+
+def check_confirmed(fleet: str, known: Known, here: str, where: str, own: int, adopt: bool, path: Path) -> str:
+    """The uid to plan with when only status/fleet.yaml names it (known.source == "status"), or raise. `here`: this
+    run's state's location (StateBackend.location), `where` the same said for a reader; `own`: instances carrying it.
+
+    status/fleet.yaml outlives a lost state (that is why it holds the uid), but a fork or another checkout of the config
+    repo carries it too, with a state of its own: taking the uid there took the other fleet's instances as its own
+    and planned deleting them. Nothing in the repo tells the two apart, since a fork copies it all; where the state is
+    kept does, so status/fleet.yaml records that (STATE_AT). The same place, its state gone: a lost state, and the uid
+    is this fleet's. Elsewhere (or not recorded, by an older fleetops), `own` instances carrying the uid are refused
+    but with --adopt-fleet (the user's word that they are this fleet's), and with none the config takes a new uid:
+    kept, it would share the other fleet's, which would then take this one's instances as its own."""
+    if known.source != "status" or known.state_at == here or adopt:
+        return known.uid
+    if not own:
+        return ""
+    recorded_at = f"recorded the fleet's state at {known.state_at}" if known.state_at else \
+        "does not say where the fleet keeps its state (written by an older fleetops)"
+    raise FleetIdentityError(
+        f"{path} says this config is fleet {fleet!r} (uid {known.uid}), and {own} instance(s) carry that uid, but this "
+        f"run's state ({where}) records no fleet, and status/fleet.yaml {recorded_at}; nothing was changed. A fork or "
+        "another checkout of the config repo (its own state, the same cloud account) would take the other fleet's "
+        "instances as its own, and delete what it does not run. If this config is that fleet's own and its state was "
+        "lost, run again with --adopt-fleet (read the plan first: it may stop or delete those instances). If it is a "
+        "copy of another fleet's config repo, those instances are not its own: rename this Topology, or point --state "
+        "(FLEETOPS_STATE) at that fleet's state if it is to manage it.")
 
 
 def _kind(v) -> str:
@@ -117,4 +194,4 @@ def check_foreign(fleet: str, uid: str, foreign: tuple[tuple[str, str], ...], ad
         "one of the Topologies." + how)
 
 
-__all__ = ["FleetIdentityError", "new_uid", "recorded", "check_name", "check_foreign"]
+__all__ = ["FleetIdentityError", "Known", "STATE_AT", "new_uid", "recorded", "check_name", "check_confirmed", "check_foreign"]

@@ -69,16 +69,34 @@ def _write(files: StatusFiles, path: Path, doc: dict) -> None:
 
 
 def write_status(config_dir: Path, desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
-                 runtime=None, fleet_uid: str = "") -> Path:
+                 runtime=None, fleet_uid: str = "", state_at: str = "") -> Path:
     """Status after an apply. `instances` is the fleet as observed after it; `runtime` what the
     node agents reported (reconciler.runtime.lifecycle.RuntimeView) for jobs that run something.
-    `fleet_uid` goes in fleet.yaml's metadata: the config repo's record of which fleet it is (reconciler/identity.py)."""
+    `fleet_uid` and `state_at` (where the state is kept) go in fleet.yaml's metadata: the config repo's record of which
+    fleet it is, and where that fleet's state is (reconciler/identity.py)."""
     with StatusFiles(config_dir) as files:
-        return _write_status(files, desired, plan, report, instances, runtime, fleet_uid)
+        return _write_status(files, desired, plan, report, instances, runtime, _metadata(desired.fleet, fleet_uid, state_at))
+
+
+def _metadata(name: str, uid: str, state_at: str) -> dict:
+    from reconciler.identity import STATE_AT
+
+    return {"name": name, **({"uid": uid} if uid else {}), **({"annotations": {STATE_AT: state_at}} if uid and state_at else {})}
+
+
+def record_identity(config_dir: Path, name: str, uid: str, state_at: str) -> None:
+    """Put a fleet identity the state has just taken (adopted, or a rename's new uid) into status/fleet.yaml's metadata
+    at once, where that file exists: written only at the apply's end, a killed apply left the two disagreeing, which
+    the next run refuses (reconciler/identity.py)."""
+    with StatusFiles(config_dir) as files:
+        path = files.config_dir / "status" / "fleet.yaml"
+        doc = files.document(path)
+        if doc:
+            _write(files, path, {**doc, "metadata": _metadata(name, uid, state_at)})
 
 
 def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, report: ApplyReport, instances: list[Instance],
-                  runtime=None, fleet_uid: str = "") -> Path:
+                  runtime=None, metadata: dict | None = None) -> Path:
     root = files.config_dir / "status"
     now = utcnow().isoformat()
     pricing = _Pricing(plan, report, instances)
@@ -88,8 +106,8 @@ def _write_status(files: "StatusFiles", desired: DesiredState, plan: Plan, repor
     finished = dict(runtime.finished) if runtime is not None else {}
     phases = {n: r.phase for n, r in runtime.jobs.items()} if runtime is not None else {}
     agents = runtime.agents_status() if runtime is not None else {}
-    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges, fleet_uid, finished, phases,
-                        agents)
+    _write_fleet_status(files, root, now, desired, plan, report, instances, pricing, licenses, charges,
+                        metadata or {"name": desired.fleet}, finished, phases, agents)
     return root
 
 
@@ -226,7 +244,7 @@ def _write_pool_statuses(files: StatusFiles, root: Path, now: str, desired: Desi
 
 
 def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: DesiredState, plan: Plan, report: ApplyReport,
-                        instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, fleet_uid: str,
+                        instances: list[Instance], pricing: _Pricing, licenses: dict, charges: _Charges, metadata: dict,
                         finished: dict[str, str], phases: dict[str, str], agents: dict[str, dict[str, str]]) -> None:
     """status/fleet.yaml: the fleet's cost, per tenant and license, reservations, job counts, the last plan that changed it,
     and what is wrong with the agents that beat (`agents`, as `reconcile status` shows them: RuntimeView.agents_status)."""
@@ -239,7 +257,7 @@ def _write_fleet_status(files: StatusFiles, root: Path, now: str, desired: Desir
         last = old.get("lastChangedBy", plan.id) if isinstance(old, dict) else plan.id
     held = charges.held
     _write(files, path, {
-        "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": {"name": desired.fleet, **({"uid": fleet_uid} if fleet_uid else {})},
+        "apiVersion": API_VERSION, "kind": "FleetStatus", "metadata": metadata,
         "status": {
             "instances": len(instances), "hourlyCost": round(fleet_cost, 4),
             "tenants": {t: {"hourlyCost": round(c, 4), **({"licenseCostPerHour": round(charges.license_cost.get(t, 0.0), 4)} if licenses else {})}

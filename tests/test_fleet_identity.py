@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from providers.base import TAG_FLEET_UID
@@ -162,3 +163,159 @@ def test_an_instance_tagged_with_the_fleets_name_alone_is_left_alone_not_deleted
 
 def _live_ids(cfg) -> set[str]:
     return {i["id"] for i in SimCloud(state_dir(cfg)).instances() if i["state"] != "terminated"}
+
+
+def _fork(first: Path, second: Path) -> Path:
+    """A fork (or another checkout) of `first`'s config repo, status/ included, with a state of its own and the same
+    cloud account; it runs none of the first's jobs, so the first's instances would all be "unneeded" to it."""
+    shutil.copytree(first, second, ignore=shutil.ignore_patterns(".reconcile"))
+    state_dir(second).mkdir(parents=True)
+    (state_dir(second) / "sim").symlink_to(state_dir(first) / "sim")
+    for p in (second / "jobs").glob("*.yaml"):
+        p.unlink()
+    return second
+
+
+def _said(res) -> str:
+    return " ".join(res.output.split())
+
+
+def test_a_fork_of_the_config_repo_does_not_take_the_fleets_instances(tmp_path):
+    """status/fleet.yaml names the fleet's uid so that a lost state is survived, but a fork of the config repo (its own
+    state, the same account) carries it too: it took that uid, saw the fleet's 10 instances as its own and planned
+    deleting them all (apply with --allow-destroy deleted them). Refused now, plan and apply, until --adopt-fleet."""
+    first = copy_quickstart(tmp_path / "a")
+    api.apply(first, time_limit=QUICK)
+    uid, ours = load_state(first).fleet_uid, _live(first)
+    second = _fork(first, tmp_path / "b")
+    for args in (["plan", str(second)], ["apply", str(second), "--auto-approve", "--allow-destroy", "20"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 1, res.output
+        said = _said(res)
+        assert f"says this config is fleet 'quickstart' (uid {uid}), and 10 instance(s) carry that uid" in said, said
+        assert "recorded the fleet's state at local:" in said and "--adopt-fleet" in said, said
+    assert _live(first) == ours and not load_state(second).fleet_uid
+    assert not api.plan(first, time_limit=QUICK).plan.has_changes  # the fleet itself is untouched
+    # --adopt-fleet is the user's word that the instances are this config's: the plan is made (9 deletes: a pool minimum)
+    deletes = {d.instance_id for d in api.plan(second, time_limit=QUICK, adopt_fleet=True).plan.deletes}
+    assert deletes and deletes <= set(ours), deletes
+
+
+def test_a_lost_state_is_recovered_where_status_says_the_state_was(tmp_path):
+    """The reason status/fleet.yaml holds the uid: the state lost where it was kept, the fleet's own instances are
+    recognised without a word (status/fleet.yaml records where the state is); one written by an older fleetops, which
+    does not say, needs --adopt-fleet while instances carry the uid."""
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    uid, ours = load_state(cfg).fleet_uid, _live(cfg)
+    fleet_yaml = cfg / "status" / "fleet.yaml"
+    assert yaml.safe_load(fleet_yaml.read_text())["metadata"]["annotations"]["fleetops.io/state"].startswith("local:")
+    (state_dir(cfg) / "state.json").unlink()
+    assert not api.apply(cfg, time_limit=QUICK).plan.has_changes and load_state(cfg).fleet_uid == uid
+    doc = yaml.safe_load(fleet_yaml.read_text())
+    del doc["metadata"]["annotations"]
+    fleet_yaml.write_text(yaml.safe_dump(doc))
+    (state_dir(cfg) / "state.json").unlink()
+    res = runner.invoke(app, ["plan", str(cfg)])
+    assert res.exit_code == 1 and "does not say where the fleet keeps its state" in _said(res), res.output
+    assert not api.apply(cfg, time_limit=QUICK, adopt_fleet=True).plan.has_changes and load_state(cfg).fleet_uid == uid
+    assert _live(cfg) == ours
+
+
+def test_a_copied_status_of_an_empty_fleet_gives_the_copy_a_uid_of_its_own(tmp_path):
+    """A fork whose fleet runs nothing (yet): it kept the other fleet's uid, and the two were one fleet to each other,
+    each taking the other's instances as its own from then on. It takes a new uid, said in a note."""
+    first = copy_quickstart(tmp_path / "a")
+    api.apply(first, time_limit=QUICK)
+    uid = load_state(first).fleet_uid
+    second = copy_quickstart(tmp_path / "b")  # its own (empty) cloud account
+    (second / "status").mkdir()
+    shutil.copy(first / "status" / "fleet.yaml", second / "status" / "fleet.yaml")
+    res = api.apply(second, time_limit=QUICK)
+    assert any(f"names uid {uid}" in n and "a new uid" in n for n in res.plan.notes), res.plan.notes
+    mine = load_state(second).fleet_uid
+    assert mine and mine != uid and api.read_status(second)["fleet"]["metadata"]["uid"] == mine
+    assert {i["tags"].get(TAG_FLEET_UID) for i in _live(second).values()} == {mine}
+
+
+def test_status_naming_another_uid_than_the_state_is_refused(tmp_path):
+    """The state records the uid and status/fleet.yaml (edited in a pull request, or the state another fleet's) names
+    another: nothing noticed, and the edit waited for the state's loss to turn the fleet on the other's instances."""
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    uid, ours = load_state(cfg).fleet_uid, _live(cfg)
+    path = cfg / "status" / "fleet.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["uid"] = "0123456789abcdef"
+    path.write_text(yaml.safe_dump(doc))
+    for args in (["plan", str(cfg)], ["apply", str(cfg), "--auto-approve"], ["apply", str(cfg), "--auto-approve", "--adopt-fleet"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 1, res.output
+        said = _said(res)
+        assert f"metadata.uid is '0123456789abcdef', but the state records fleet 'quickstart' with uid '{uid}'" in said, said
+        assert "restore it from git, or delete it" in said, said
+    assert _live(cfg) == ours and "0123456789abcdef" in path.read_text()  # not overwritten either
+    path.unlink()  # the way out the error gives: apply writes it again from the state
+    assert not api.apply(cfg, time_limit=QUICK).plan.has_changes and api.read_status(cfg)["fleet"]["metadata"]["uid"] == uid
+
+
+@pytest.mark.parametrize("text,problem", [("", "it is empty"), ("  \n\n", "it is empty"),
+                                          ("# nothing\n", "it holds no YAML document"),
+                                          ("status: {instances: 10}\n", "it has no metadata")])
+def test_an_empty_status_fleet_yaml_with_the_state_lost_is_named(tmp_path, text, problem):
+    """It was read as "no identity", and the error blamed "another fleet of that name" (rename a Topology)."""
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    ours = _live(cfg)
+    (cfg / "status" / "fleet.yaml").write_text(text)
+    (state_dir(cfg) / "state.json").unlink()
+    res = runner.invoke(app, ["plan", str(cfg)])
+    assert res.exit_code == 1, res.output
+    said = _said(res)
+    assert f"status/fleet.yaml: cannot read the fleet's identity: {problem}" in said and "Restore it from git" in said, said
+    assert "another fleet of that name" not in said and _live(cfg) == ours
+
+
+def test_with_the_state_in_s3_a_lost_state_is_recovered_and_another_prefix_is_refused(aws_env, monkeypatch, tmp_path):
+    """The gitops workflow keeps the state in a bucket (FLEETOPS_STATE). Its object lost, the same URL (however spelt:
+    a trailing slash) recovers the fleet's instances from status/fleet.yaml; a fork of the repo with its own prefix is
+    refused while they carry the uid."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws_env)
+    bucket = f"ident-{uuid.uuid4().hex[:8]}"
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    s3.create_bucket(Bucket=bucket)
+    cfg = copy_quickstart(tmp_path / "a")
+    api.apply(cfg, time_limit=QUICK, state=f"s3://{bucket}/fleet")
+    uid, ours = api.read_status(cfg)["fleet"]["metadata"]["uid"], _live(cfg)
+    assert api.read_status(cfg)["fleet"]["metadata"]["annotations"] == {"fleetops.io/state": f"s3://{bucket}/fleet"}
+    s3.delete_object(Bucket=bucket, Key="fleet/state.json")
+    assert not api.plan(cfg, time_limit=QUICK, state=f"s3://{bucket}/fleet/").plan.has_changes
+    fork = _fork(cfg, tmp_path / "b")
+    with pytest.raises(FleetIdentityError, match=f"recorded the fleet's state at s3://{bucket}/fleet;"):
+        api.plan(fork, time_limit=QUICK, state=f"s3://{bucket}/fork")
+    with pytest.raises(FleetIdentityError, match=f"this run's state \\(s3://{bucket}/fork\\) records no fleet"):
+        api.apply(fork, time_limit=QUICK, state=f"s3://{bucket}/fork", allow_destroy=20)
+    assert _live(cfg) == ours and api.read_status(cfg)["fleet"]["metadata"]["uid"] == uid
+
+
+def test_an_identity_taken_by_an_apply_that_stops_early_is_in_status_too(tmp_path):
+    """apply saves a new identity (here a rename's, with --adopt-fleet) in the state before anything else, but wrote
+    status/fleet.yaml only at its end: stopped in between (here a stale saved plan; a kill), the two disagreed, which
+    every later run refuses. status/fleet.yaml takes it with the state."""
+    from reconciler.errors import StalePlanError
+
+    cfg = copy_quickstart(tmp_path)
+    api.apply(cfg, time_limit=QUICK)
+    old = load_state(cfg).fleet_uid
+    saved = api.plan(cfg, time_limit=QUICK).plan
+    topo = cfg / "topology.yaml"
+    topo.write_text(topo.read_text().replace("name: quickstart", "name: quickstart-v2"))
+    with pytest.raises(StalePlanError):
+        api.apply(cfg, saved_plan=saved, adopt_fleet=True)
+    st = load_state(cfg)
+    assert st.fleet_name == "quickstart-v2" and st.fleet_uid != old
+    meta = api.read_status(cfg)["fleet"]["metadata"]
+    assert (meta["name"], meta["uid"]) == ("quickstart-v2", st.fleet_uid)
+    api.plan(cfg, time_limit=QUICK)  # not refused
