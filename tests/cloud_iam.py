@@ -100,6 +100,10 @@ _ARM_METHODS: list[tuple[str, re.Pattern, str, str]] = [(m, re.compile(p + "/?$"
 ]]
 
 
+# Permissions - List (apply's check) asks what the caller may do; it needs no action of its own.
+_PERMISSIONS_LIST = re.compile(r"^/subscriptions/.+/providers/microsoft\.authorization/permissions/?$", re.I)
+
+
 def arm_action(method: str, path: str) -> tuple[str, str]:
     """(RBAC action, scope kind) of one ARM request; an unknown request is an error."""
     path = path.split("?", 1)[0]
@@ -142,6 +146,7 @@ def arm_calls(fake) -> set[tuple[str, str]]:
     """Every (action, scope kind) the requests an ArmFake received need, its writes' linked actions included."""
     with fake.lock:
         log, puts, deleted = list(fake.log), list(fake.put_bodies), list(fake.deleted_vms)
+    log = [(m, p) for m, p in log if not _PERMISSIONS_LIST.match(p.split("?", 1)[0])]
     return ({arm_action(m, p) for m, p in log} | {a for b in puts for a in arm_put_actions(b)}
             | {a for vm in deleted for a in arm_delete_actions(vm)})
 

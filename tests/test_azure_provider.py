@@ -1192,3 +1192,57 @@ def test_a_role_missing_a_subscription_read_stops_the_plan_naming_the_action(arm
     with pytest.raises(ProviderError, match=re.escape(action)):
         api.apply(cfg, provider="azure", options=options(arm))
     assert arm.requests("PUT") == [] and arm.snapshot() == {}
+
+
+# -- apply's permission check (ARM's permissions list; the fake enforces RBAC once a role is assigned) -----------------
+def _assign(arm, rg_not: tuple[str, ...] = (), subnet: bool = True) -> None:
+    """Reader on the subscription, a Virtual Machine Contributor-like role on the VMs' group (less `rg_not`), and the
+    subnet's join (unless not `subnet`): the README's roles, one action taken away."""
+    sub = f"/subscriptions/{arm.subscription}"
+    arm.roles = None
+    arm.assign(sub, ["*/read"])
+    arm.assign(f"{sub}/resourceGroups/{RG}", ["Microsoft.Compute/*", "Microsoft.Network/networkInterfaces/*"], list(rg_not))
+    if subnet:
+        arm.assign(SUBNET, ["Microsoft.Network/virtualNetworks/subnets/join/action"])
+
+
+def test_an_apply_that_may_not_delete_what_it_replaces_is_refused_before_any_create(arm, tmp_path):
+    """Make before break: the replacements are created, then the old VMs deleted. Without
+    Microsoft.Compute/virtualMachines/delete on the group the deletes failed after the creates (403 from ARM): old and
+    new both ran, billed. Refused before the first PUT, naming the action and scope; the next plan is the same plan."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), options(arm)
+    _assign(arm)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok  # the whole roles: RBAC on, everything allowed
+    before, puts = arm.snapshot(), len(arm.requests("PUT"))
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("instance_types: [Standard_NC4as_T4_v3, Standard_NC64as_T4_v3]",
+                                       "instance_types: [Standard_NC64as_T4_v3]"))
+    replacing = api.plan(cfg, provider="azure", options=opts).plan
+    assert replacing.creates and replacing.deletes
+    _assign(arm, rg_not=("Microsoft.Compute/virtualMachines/delete",))
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not "
+                                             "Microsoft.Compute/virtualMachines/delete.*over /subscriptions/") as e:
+        api.apply(cfg, provider="azure", options=opts)
+    assert e.value.actions == ("Microsoft.Compute/virtualMachines/delete",)
+    assert arm.snapshot() == before and len(arm.requests("PUT")) == puts and not arm.requests("DELETE")
+    again = api.plan(cfg, provider="azure", options=opts).plan
+    assert [c.key for c in again.creates] == [c.key for c in replacing.creates]
+
+
+def test_an_apply_that_may_not_join_the_subnet_is_refused_naming_it_and_creates_nothing(arm, tmp_path):
+    """Without the subnet's join action every VM create was refused by ARM (403 LinkedAuthorizationFailed), one by one,
+    the apply failing part-way; refused before any PUT, naming the action and the subnet. The check reads the caller's
+    permissions only: with the role on the subnet it goes through."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), options(arm)
+    _assign(arm, subnet=False)
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not "
+                                             "Microsoft.Network/virtualNetworks/subnets/join/action") as e:
+        api.apply(cfg, provider="azure", options=opts)
+    assert ARM_SUBNET in str(e.value) and not arm.requests("PUT") and arm.snapshot() == {}
+    _assign(arm)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok and len(arm.snapshot()) == 4
+    assert all("microsoft.authorization/permissions" in p.lower() for p in arm.requests("GET", "/permissions"))
