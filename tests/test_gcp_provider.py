@@ -1203,3 +1203,28 @@ def test_gce_refuses_metadata_past_its_limits_and_the_agent_s_startup_script_is_
         with pytest.raises(BadRequest, match=why):
             prov.instances.insert_unary(project=PROJECT, zone=ZONE_A, instance_resource=body)
     assert [i["name"] for i in gce.instances(PROJECT)] == [inst.id.rsplit("/", 1)[-1]]
+
+
+# -- apply's permission check (instances.testIamPermissions; the fake refuses what deny() withholds) -------------------
+def test_an_apply_that_may_not_delete_what_it_replaces_is_refused_before_any_insert(gce, tmp_path):
+    """Make before break: the replacements are inserted, then the old instances deleted. Without
+    compute.instances.delete every delete failed after the inserts (GCE's 403 forbidden): old and new both ran,
+    billed. Refused before the first insert, naming the permission and the instances; nothing changed."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), {"endpoint": gce.url, "project": PROJECT}
+    assert api.apply(cfg, provider="gcp", options=opts).report.ok
+    before, inserts = {i["name"]: i["status"] for i in _ours(gce)}, len(gce.insert_bodies)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("instance_types: [g2-standard-4, g2-standard-48]", "instance_types: [g2-standard-48]"))
+    replacing = api.plan(cfg, provider="gcp", options=opts).plan
+    assert replacing.creates and replacing.deletes
+    gce.deny("compute.instances.delete")
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not compute.instances.delete"
+                                             f".*projects/{PROJECT}/zones/") as e:
+        api.apply(cfg, provider="gcp", options=opts)
+    assert e.value.actions == ("compute.instances.delete",)
+    assert {i["name"]: i["status"] for i in _ours(gce)} == before and len(gce.insert_bodies) == inserts
+    assert not gce.requests("DELETE")
+    gce.withheld.clear()  # allowed again, it applies
+    assert api.apply(cfg, provider="gcp", options=opts).report.ok
