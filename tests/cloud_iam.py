@@ -1,6 +1,6 @@
 """What each request the GCE and ARM fakes received asks of the caller, by the clouds' own permission names, so a
-test can hold the README's documented roles to what the providers really send: neither fake enforces IAM or RBAC, and
-a role missing a permission the provider needs is found only by a user, as a 403 on a real project or subscription
+test can hold the README's documented roles to what the providers really send: neither fake checks the README's roles (their
+RBAC and IAM, ArmFake.assign and GceFake.deny, enforce what a test sets), and a role missing a permission the provider needs is found only by a user, as a 403 on a real project or subscription
 (on AWS a missing ec2:DescribeSubnets failed every plan: tests/aws_calls.py does the same for moto).
 
 GCE: the permission each method's REST reference names under "IAM Permissions" (`instances.insert` is

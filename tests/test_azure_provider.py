@@ -345,7 +345,7 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     assert not api.plan(cfg, provider="azure", options=opts).observed.instances
     assert set(arm.snapshot()) == {"hand-made"}
     # Every action its requests needed, at the scope ARM checks it (the SKU list, the power-state list and the image
-    # check at the subscription's), is granted by the README's roles: the fake enforces no RBAC (tests/cloud_iam.py).
+    # check at the subscription's), is granted by the README's roles: the fake enforces RBAC only once a test assigns a role (tests/cloud_iam.py).
     assert _not_granted(arm_calls(arm)) == []
 
 
@@ -367,7 +367,7 @@ def _not_granted(sent: set[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def test_the_readme_s_roles_grant_what_a_create_with_every_setting_needs(prov, arm):
-    """The fake enforces no RBAC, so a role missing an action the provider needs is found only by a user, as a 403 on
+    """The fake enforces only the roles a test assigns, so a README role missing an action the provider needs is found only by a user, as a 403 on
     a real subscription. A create with the agent's customData and a capacity reservation group, and its delete: every
     action their requests need (the NIC and disk Compute makes and removes, the subnet join, the group's deploy) is
     granted at its scope by the README's roles (the plan, apply and teardown of examples/azure-only:

@@ -885,7 +885,7 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
     # Every permission its requests needed (observe, offerings, quotas, the image and network checks, inserts and their
-    # operations, deletes) is in the README's custom role: the fake enforces no IAM (tests/cloud_iam.py).
+    # operations, deletes) is in the README's custom role: the fake enforces IAM only for what a test deny()s (tests/cloud_iam.py).
     assert sorted(gce_calls(gce) - _readme_gcp_role()) == []
 
 
@@ -1169,7 +1169,7 @@ def _readme_gcp_role() -> set[str]:
 
 
 def test_the_readme_s_custom_role_grants_what_a_create_with_every_pool_setting_needs(prov, gce):
-    """The fake enforces no IAM, so a role missing a permission the provider needs is found only by a user, as a 403
+    """The fake withholds only what a test deny()s, so a README role missing a permission the provider needs is found only by a user, as a 403
     on a real project. A create with a service account, a subnetwork and the agent's startup script (setMetadata,
     setServiceAccount, actAs), and a VM gone as it starts (zoneOperations.list): every permission their requests need
     is in the README's role (the plan, apply and teardown of examples/gcp-only: test_full_plan_apply_converge...)."""
