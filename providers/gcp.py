@@ -258,6 +258,7 @@ def adc_problem(e: Exception) -> str:
 
 
 DELETE_PERMISSION = "compute.instances.delete"
+PERMISSION_ASKS = 50  # instances asked one by one before an apply; past that, one per zone
 
 
 class GcpProvider:
@@ -483,8 +484,9 @@ class GcpProvider:
         answers which of the permissions asked the caller holds on an instance (its own IAM policy and every one above
         it, conditions evaluated on it; no permission needed to ask). Asked compute.instances.delete on each instance
         the plan deletes, and where the apply only creates in a project, on one of the fleet's instances there (a failed
-        gang is rolled back, and later plans delete what this one launches). Without it an apply created the
-        replacements and then failed every delete (403 forbidden): old and new both ran, billed. Refused, naming it.
+        gang is rolled back, and later plans delete what this one launches); past PERMISSION_ASKS instances, one per
+        zone. Without it an apply created the replacements and then failed every delete (403 forbidden): old and new
+        both ran, billed. Refused, naming it.
         Not asked: what a create needs (compute.instances.create, disks.create, subnetworks.use, setLabels, setMetadata,
         iam.serviceAccounts.actAs): they are project permissions (or the service account's, the subnet's), which
         Compute's testIamPermissions cannot answer for an instance not made yet; Cloud Resource Manager's
@@ -504,6 +506,14 @@ class GcpProvider:
                           key=lambda i: i.id)
             if mine:
                 targets[mine[0].id] = mine[0]
+        if len(targets) > PERMISSION_ASKS:  # (a teardown of thousands: one read each would take minutes of GCE's
+            # per-project read rate) one per zone, whose answer is the project's policy; an instance's own policy
+            # refusing a delete the others may make is then met at the call
+            by_zone: dict[tuple[str, str], Instance] = {}
+            for iid, inst in sorted(targets.items()):
+                m = _INSTANCE_ID.fullmatch(iid)
+                by_zone.setdefault((m.group(1), m.group(2)) if m else ("", inst.zone), inst)
+            targets = {i.id: i for i in by_zone.values()}
         refused: list[str] = []
         for iid, inst in sorted(targets.items()):
             try:

@@ -419,7 +419,8 @@ def check_permissions(desired: DesiredState, observed: Observed, plan: Plan, fle
     running beside what it replaced, and a failed gang's instances up)."""
     arriving = _arrivals(plan)
     existing = {i.id: i for i in observed.instances}
-    retag = _retagging(plan, observed, fleet, serial)
+    checks = any(isinstance(fleet.provider(n), Preflight) for n in {i.provider for i in observed.instances})
+    retag = _retagging(plan, observed, fleet, serial) if checks else []  # (no provider would be asked: not worked out)
     for name in sorted({c.site.provider for c in plan.creates} | {existing[d.instance_id].provider for d in plan.deletes
                                                                      if d.instance_id in existing}
                        | {i.provider for i in retag}):

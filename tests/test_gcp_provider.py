@@ -1228,3 +1228,29 @@ def test_an_apply_that_may_not_delete_what_it_replaces_is_refused_before_any_ins
     assert not gce.requests("DELETE")
     gce.withheld.clear()  # allowed again, it applies
     assert api.apply(cfg, provider="gcp", options=opts).report.ok
+
+
+def test_a_teardown_of_many_asks_one_instance_per_zone_and_a_few_each(gce, tmp_path):
+    """Past PERMISSION_ASKS instances to delete the check asks one per zone (a read each would spend minutes of GCE's
+    per-project read rate before a teardown); up to it, each one, so an instance's own policy is seen too."""
+    from providers.gcp import PERMISSION_ASKS
+    from reconciler.errors import AccessDeniedError
+
+    prov = GcpProvider(ProviderContext(fleet="gcp-fleet", state_dir=tmp_path, options={"endpoint": gce.url, "project": PROJECT}))
+
+    def planted(n: int, zone: str) -> Instance:
+        gce.plant(PROJECT, zone, f"vm-{zone[-1]}-{n}")
+        return Instance(id=f"projects/{PROJECT}/zones/{zone}/instances/vm-{zone[-1]}-{n}", provider="gcp", cloud="gcp",
+                        region="us-central1", zone=zone, instance_type="g2-standard-4", market="on-demand", state="running",
+                        pool="l4")
+
+    few = [planted(n, ZONE_A) for n in range(3)]
+    many = few + [planted(n, z) for z in (ZONE_A, ZONE_B) for n in range(3, 3 + PERMISSION_ASKS // 2)]
+    prov.preflight([], few, [])
+    assert len(gce.requests("POST", "/testIamPermissions")) == 3
+    prov.preflight([], many, [])
+    assert len(gce.requests("POST", "/testIamPermissions")) == 3 + 2
+    gce.deny("compute.instances.delete")
+    with pytest.raises(AccessDeniedError, match="may not compute.instances.delete.*and 2 more"):
+        prov.preflight([], few + many[-2:], [])
+    assert not gce.requests("DELETE")
