@@ -515,7 +515,8 @@ class GceFake:
     def fail_next(self, status: int, reason: str, message: str = "", *, method: str | None = None,
                   path_contains: str | None = None, count: int = 1, headers: dict | None = None) -> None:
         """The next `count` matching requests fail synchronously with this HTTP error (and these headers, e.g.
-        Retry-After)."""
+        Retry-After). An instance's testIamPermissions (apply's check) matches only a `path_contains` naming it: a
+        fault aimed at inserts or deletes is theirs."""
         with self.lock:
             self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count,
                                          dict(headers or {})))
@@ -849,7 +850,9 @@ class GceFake:
         with self.lock:
             self.log.append((method, path, query))
             for inj in self._inject:
-                if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
+                checking = path.rstrip("/").endswith("/testIamPermissions") and "testIamPermissions" not in (inj.path_contains or "")
+                if inj.remaining > 0 and not checking and (inj.method in (None, method)) and (
+                        inj.path_contains is None or inj.path_contains in path):
                     inj.remaining -= 1
                     raise GceError(inj.status, inj.reason, inj.message, inj.headers)
 
