@@ -1246,3 +1246,24 @@ def test_an_apply_that_may_not_join_the_subnet_is_refused_naming_it_and_creates_
     _assign(arm)
     assert api.apply(cfg, provider="azure", options=opts).report.ok and len(arm.snapshot()) == 4
     assert all("microsoft.authorization/permissions" in p.lower() for p in arm.requests("GET", "/permissions"))
+
+
+def test_permissions_are_each_roles_actions_less_its_not_actions_added_up_across_roles():
+    """RBAC: NotActions is no deny; it only narrows its own role, and another role may grant what it left out."""
+    from providers.azure import permitted
+
+    contributor = {"actions": ["Microsoft.Compute/*"], "notActions": ["Microsoft.Compute/*/delete"]}
+    assert permitted([contributor], "microsoft.compute/virtualMachines/WRITE")
+    assert not permitted([contributor], "Microsoft.Compute/virtualMachines/delete")
+    assert permitted([contributor, {"actions": ["*/delete"], "notActions": []}], "Microsoft.Compute/virtualMachines/delete")
+    assert not permitted([{"actions": ["*/read"], "notActions": []}], "Microsoft.Compute/virtualMachines/write")
+    assert not permitted([], "Microsoft.Compute/virtualMachines/write")
+
+
+def test_a_permissions_list_arm_will_not_give_refuses_nothing(arm, tmp_path):
+    """A scope whose list ARM refuses (403) is not checked: the apply goes on and its calls answer for themselves."""
+    cfg, opts = _config(tmp_path), options(arm)
+    arm.fail_next(403, "AuthorizationFailed", "not allowed to list permissions", method="GET",
+                  path_contains="/providers/Microsoft.Authorization/permissions", count=100)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok and len(arm.snapshot()) == 4
+    assert arm.requests("GET", "/providers/Microsoft.Authorization/permissions")
