@@ -501,19 +501,27 @@ class AwsProvider:
         return used
 
     # -- apply-time permission check -------------------------------------------------
-    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance]) -> None:
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance],
+                  retag: Sequence[Instance] = ()) -> None:
         """Apply time, before anything is created (base.Preflight): EC2's dry runs (DryRun=True: DryRunOperation if the
-        call would be allowed, UnauthorizedOperation if not; nothing is done) of what the apply may send in each region
-        it changes: a launch of each pool and market as it will be sent (its tags and instance profile too), a
+        call would be allowed, UnauthorizedOperation if not; nothing is done) of every write the apply may send in each
+        region it changes: a launch of each pool and market as it will be sent (its tags and instance profile too), a
         placement group as a gang creates it, the terminate of the instances the plan deletes (else of one of the
         fleet's: a failed gang is rolled back, and a later plan deletes what this one launches), and the placement tags'
-        CreateTags on one the apply keeps (DeleteTags, needed only when a long placement list shrinks, is not asked).
+        writes: CreateTags on an instance the apply retags (else on one it keeps), and DeleteTags of a chunk key on a
+        retagged instance whose list spans several tags (a shorter list deletes the chunks it no longer needs:
+        record_placements). A plan that only moves or stops jobs still retags, so is checked too.
         Without one of them an apply launched and then could not tag or delete: a replacement ran beside the instance it
-        replaced. An AccessDeniedError names every action missing.
-        A region where the fleet has no instance yet cannot dry-run a terminate (it needs one of the fleet's: the
-        policy's condition reads its tag). Not at plan time: plans run with read-only credentials."""
+        replaced, or a shrunk placement list failed half-written. An AccessDeniedError names every action missing.
+        A region where the fleet has no instance yet cannot dry-run a terminate: EC2 authorises it against the
+        instance's ARN and tags (the policy's condition reads its fleet tag), so it needs one of the fleet's; an id of
+        no instance proves nothing (README, AWS: the first apply in a region). The placement groups' DeletePlacementGroup
+        (clean_up, after the apply) is not asked: a refusal there leaves an empty group, retried by the next apply.
+        Not at plan time: plans run with read-only credentials."""
         missing: dict[str, str] = {}  # action -> what was refused
-        for region in sorted({r.pool.region for r in creates} | {i.region for i in deletes}):
+        launching = {r.pool.region for r in creates}
+        changing = launching | {i.region for i in deletes}
+        for region in sorted(changing | {i.region for i in retag}):
             ec2 = self.ec2(region)
             if not self._honours_dry_run(ec2, region):
                 continue
@@ -527,14 +535,21 @@ class AwsProvider:
                                                   "Tags": [{"Key": TAG_FLEET, "Value": self.ctx.fleet}]}])
             leaving = {i.id for i in deletes}
             ours = sorted(i.id for i in instances if i.region == region and i.tags.get(TAG_FLEET) == self.ctx.fleet)
-            gone = sorted(i.id for i in deletes if i.region == region) or ours[:1]
-            for n in range(0, len(gone), FILTER_VALUES):
-                self._dry_run(missing, "ec2:TerminateInstances", f"terminate {', '.join(gone[n:n + 3])} in {region}",
-                              ec2.terminate_instances, InstanceIds=gone[n:n + FILTER_VALUES])
-            kept = [i for i in ours if i not in leaving][:1]
+            if region in changing:
+                gone = sorted(i.id for i in deletes if i.region == region) or ours[:1]
+                for n in range(0, len(gone), FILTER_VALUES):
+                    self._dry_run(missing, "ec2:TerminateInstances", f"terminate {', '.join(gone[n:n + 3])} in {region}",
+                                  ec2.terminate_instances, InstanceIds=gone[n:n + FILTER_VALUES])
+            rewritten = sorted((i for i in retag if i.region == region and i.id not in leaving), key=lambda i: i.id)
+            kept = [i.id for i in rewritten][:1] or ([i for i in ours if i not in leaving][:1] if region in changing else [])
             if kept:
                 self._dry_run(missing, "ec2:CreateTags", f"tag {kept[0]}'s placements", ec2.create_tags, Resources=kept,
                               Tags=[{"Key": TAG_PLACEMENTS, "Value": ""}])
+            chunked = [(i.id, k) for i in rewritten for k in sorted(i.tags) if _chunk_beyond_first(k)][:1]
+            if chunked:
+                (iid, key), = chunked
+                self._dry_run(missing, "ec2:DeleteTags", f"delete {iid}'s placement tag {key} (a shorter list)",
+                              ec2.delete_tags, Resources=[iid], Tags=[{"Key": key}])
         if missing:
             raise AccessDeniedError(
                 "aws: the credentials may not " + ", ".join(missing) + ", which this apply needs (EC2's dry runs: "
@@ -812,6 +827,11 @@ def denied_error(what: str, operation: str, code: str, message: str) -> AccessDe
     implied = f" (or what it implies: {IMPLIED[operation]})" if not named and operation in IMPLIED else ""
     return AccessDeniedError(f"aws: {what}: {code}: the credentials may not {action}{implied}; allow it (README, AWS: "
                              f"Minimal IAM policy) and run again. AWS said: {message}", actions=(action,))
+
+
+def _chunk_beyond_first(key: str) -> bool:
+    """A placement chunk's key past the first (fleetops.io/placements-2, ...): one a shorter list deletes."""
+    return is_placement_key(key) and key != TAG_PLACEMENTS and key[len(TAG_PLACEMENTS) + 1:].isdigit()
 
 
 def _one_per_launch(requests: Sequence[CreateRequest]) -> list[CreateRequest]:

@@ -62,7 +62,8 @@ from providers.catalog import load_catalog
 from providers.offercache import DEFAULT_TTL_S, cached
 from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
-from providers.errors import CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError, retry_after_seconds
+from providers.errors import (AccessDeniedError, CapacityError, OwnershipError, ProviderError, QuotaError, TransientProviderError,
+                             retry_after_seconds)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # CPU sizes; Gen2
 # stack; plain Ubuntu has no driver, so the fleet's work could not use a GPU. Pin a version with azure.image.
 DEFAULT_GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 NETWORK_API_VERSION = "2020-11-01"  # lets Compute create the NIC itself
+PERMISSIONS_API_VERSION = "2022-04-01"  # Microsoft.Authorization Permissions - List For Resource Group / For Resource
 ARM_HOST = "management.azure.com"  # where a real credential's token may go (the SDK's scope: its .default)
 TEST_CREDENTIAL = "fake-for-tests"  # TEST ONLY: a static bearer token, refused without a custom endpoint
 
@@ -682,6 +684,81 @@ class AzureProvider:
         except AzureError as e:
             raise self._map_error(f"read {path.rsplit('/providers/', 1)[-1]}", e, None) from None
 
+    # -- apply-time permission check -------------------------------------------------
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance],
+                  retag: Sequence[Instance] = ()) -> None:
+        """Apply time, before anything is created (base.Preflight). ARM has no dry run of a write; it lists what the caller
+        may do at a scope (Permissions - List For Resource Group / For Resource: the actions and notActions of every role
+        assigned there or above, read with the caller's own token, no permission needed). Asked where the apply acts: on
+        each resource group it creates in, Microsoft.Compute/virtualMachines/write, and .../delete too (a failed gang is
+        rolled back, and later plans delete what this one launches); on each it deletes in, .../delete; on a pool's
+        subnet, Microsoft.Network/virtualNetworks/subnets/join/action; on a named capacity reservation group, its
+        deploy/action; on an image or gallery image version id, its read. Without one, an apply launched and then could
+        not delete what it replaced (both billed), or failed each create with LinkedAuthorizationFailed. Refused, naming
+        every action and its scope. Not seen by the list: deny assignments and role-assignment conditions (a condition
+        is read as granting: never a refusal on a guess), nor the actions ARM checks for the NIC and OS disk Compute
+        makes; those still fail at the call. A scope whose list cannot be read (403, 404) is not checked."""
+        needed: dict[tuple[str, str], set[str]] = {}  # (subscription, scope id) -> actions
+        vm = "Microsoft.Compute/virtualMachines/"
+        for request in creates:
+            s = dict(request.pool.settings)
+            try:
+                scope = self._scope(s)
+            except ProviderError:
+                continue  # the create says so
+            group = f"/subscriptions/{scope.subscription}/resourceGroups/{scope.resource_group}"
+            needed.setdefault((scope.subscription, group), set()).update({vm + "write", vm + "delete"})
+            if s.get("subnet_id"):
+                needed.setdefault((scope.subscription, str(s["subnet_id"])), set()).add(
+                    "Microsoft.Network/virtualNetworks/subnets/join/action")
+            if request.capacity_reservation:
+                needed.setdefault((scope.subscription, capacity_group_id(scope, request.capacity_reservation)), set()).add(
+                    "Microsoft.Compute/capacityReservationGroups/deploy/action")
+            image = parse_image(image_for(s, self._gpus(request.instance_type))).get("id")
+            if image:
+                needed.setdefault((scope.subscription, image), set()).add(
+                    "Microsoft.Compute/galleries/images/versions/read" if "/galleries/" in image.lower()
+                    else "Microsoft.Compute/images/read")
+        for inst in deletes:
+            m = _VM_ID.match(inst.id)
+            if m is not None:
+                needed.setdefault((m.group(1), f"/subscriptions/{m.group(1)}/resourceGroups/{m.group(2)}"), set()).add(vm + "delete")
+        missing: dict[str, str] = {}  # action -> scope
+        for (subscription, scope_id), actions in sorted(needed.items(), key=lambda kv: kv[0][1].lower()):
+            granted = self._permissions(subscription, scope_id)
+            if granted is None:
+                continue
+            for action in sorted(actions):
+                if not permitted(granted, action):
+                    missing.setdefault(action, scope_id)
+        if missing:
+            raise AccessDeniedError(
+                "azure: the credentials may not " + ", ".join(missing) + ", which this apply needs (the roles assigned to "
+                "the caller, as ARM lists them: " + "; ".join(f"{a} over {sc}" for a, sc in missing.items())
+                + "); assign a role holding them there (README, Azure: Permissions) and apply again", actions=tuple(missing))
+
+    def _permissions(self, subscription: str, scope_id: str) -> list[dict] | None:
+        """The caller's permissions at a scope (each {"actions", "notActions", ...}, nextLink followed), or None when
+        ARM will not say (403, 404): then nothing is refused on it. Other errors are mapped as every ARM call's are."""
+        from providers.azure_network import NotReadable
+
+        path, out = f"{scope_id.rstrip('/')}/providers/Microsoft.Authorization/permissions", []
+        for _ in range(100):  # (pages: one in practice)
+            try:
+                page = self._arm_get(subscription, path, PERMISSIONS_API_VERSION)
+            except NotReadable:
+                return None
+            if page is None:
+                return None
+            out.extend(page.get("value") or [])
+            link = page.get("nextLink")
+            if not link:
+                return out
+            split = urlsplit(link)  # (its api-version is sent again by _arm_get)
+            query = "&".join(q for q in split.query.split("&") if q and not q.lower().startswith("api-version="))
+            path = split.path + (f"?{query}" if query else "")
+        return out
+
     def _zone_offers(self, subscription: str, region: str) -> set[tuple[str, str]]:
         """{(zone `<region>-<n>`, VM size lower case)} offered to the subscription in the region."""
         return {(z, n) for z, n in self._skus(subscription, region)["zones"]}
@@ -1026,6 +1103,15 @@ class AzureProvider:
         if str(vm.provisioning_state or "").lower() == "deleting":
             return
         self._delete(scope, name)
+
+
+def permitted(permissions: Sequence[dict], action: str) -> bool:
+    """Whether a list of role permissions (ARM's Permission: actions and notActions, `*` a wildcard, case-insensitive)
+    grants `action`: one entry matches it in its actions and not in its notActions (RBAC: "Allowed = Actions -
+    NotActions", per role, the roles' grants added up)."""
+    def matches(patterns) -> bool:
+        return any(re.fullmatch(".*".join(re.escape(part) for part in str(p).split("*")), action, re.I) for p in patterns or ())
+    return any(matches(p.get("actions")) and not matches(p.get("notActions")) for p in permissions)
 
 
 def _error_code(e) -> tuple[str, str]:

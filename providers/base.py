@@ -225,9 +225,11 @@ class Preflight(Protocol):
     may make the calls an apply will make (EC2's DryRun), so an apply that could launch but not tag or delete is
     refused before its first launch, not stopped halfway with a replacement running beside what it replaced."""
 
-    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance]) -> None:
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance],
+                  retag: Sequence[Instance] = ()) -> None:
         """Raise AccessDeniedError naming what the credentials may not do of: launching `creates` as they will be
-        sent, deleting `deletes`, tagging `instances` (the fleet's, observed). Called at apply time only."""
+        sent, deleting `deletes`, rewriting the placement tags of `retag` (PlacementRecorder). `instances`: the fleet's,
+        observed. Called at apply time only, for each provider the plan launches, deletes or retags with."""
         ...
 
 

@@ -60,7 +60,7 @@ from providers.livespot import DEFAULT_SPOT_TTL_S
 from providers.options import Option, ProviderOptions, count, seconds, switch, text, url
 from providers.redact import redact
 from providers.errors import (
-    CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
+    AccessDeniedError, CapacityError, IncompleteObservationError, KeySpentError, OwnershipError, ProviderError, QuotaError,
     TransientProviderError, retry_after_seconds, retry_deadline,
 )
 
@@ -255,6 +255,10 @@ def adc_problem(e: Exception) -> str:
                 "replace that file, or unset it to use `gcloud auth application-default login` or the attached service account")
     return ("no Application Default Credentials found: run `gcloud auth application-default login`, attach a service "
             "account, or set GOOGLE_APPLICATION_CREDENTIALS")
+
+
+DELETE_PERMISSION = "compute.instances.delete"
+PERMISSION_ASKS = 50  # instances asked one by one before an apply; past that, one per zone
 
 
 class GcpProvider:
@@ -472,6 +476,64 @@ class GcpProvider:
         if not self.default_project:
             raise ProviderError(f"gcp: cannot tell the project of instance {instance.id}; pass -o project=ID")
         return self.default_project, instance.zone, instance.id
+
+    # -- apply-time permission check -------------------------------------------------
+    def preflight(self, creates: Sequence[CreateRequest], deletes: Sequence[Instance], instances: Sequence[Instance],
+                  retag: Sequence[Instance] = ()) -> None:
+        """Apply time, before anything is created (base.Preflight). GCE has no dry run; instances.testIamPermissions
+        answers which of the permissions asked the caller holds on an instance (its own IAM policy and every one above
+        it, conditions evaluated on it; no permission needed to ask). Asked compute.instances.delete on each instance
+        the plan deletes, and where the apply only creates in a project, on one of the fleet's instances there (a failed
+        gang is rolled back, and later plans delete what this one launches); past PERMISSION_ASKS instances, one per
+        zone. Without it an apply created the replacements and then failed every delete (403 forbidden): old and new
+        both ran, billed. Refused, naming it.
+        Not asked: what a create needs (compute.instances.create, disks.create, subnetworks.use, setLabels, setMetadata,
+        iam.serviceAccounts.actAs): they are project permissions (or the service account's, the subnet's), which
+        Compute's testIamPermissions cannot answer for an instance not made yet; Cloud Resource Manager's
+        projects.testIamPermissions could (README, GCP: Permissions). A refused create changes nothing: it fails as
+        before. Nor in a project where the fleet has no instance yet: as on AWS, nothing of its own to ask on."""
+        from google.api_core.exceptions import NotFound
+
+        targets = {i.id: i for i in deletes}
+        asked = set()
+        for i in deletes:
+            try:
+                asked.add(self._locate(i)[0])
+            except ProviderError:
+                continue
+        for project in sorted({p for r in creates if (p := r.pool.settings.get("project") or self.default_project)} - asked):
+            mine = sorted((i for i in instances if i.alive and _INSTANCE_ID.fullmatch(i.id) and self._locate(i)[0] == project),
+                          key=lambda i: i.id)
+            if mine:
+                targets[mine[0].id] = mine[0]
+        if len(targets) > PERMISSION_ASKS:  # (a teardown of thousands: one read each would take minutes of GCE's
+            # per-project read rate) one per zone, whose answer is the project's policy; an instance's own policy
+            # refusing a delete the others may make is then met at the call
+            by_zone: dict[tuple[str, str], Instance] = {}
+            for iid, inst in sorted(targets.items()):
+                m = _INSTANCE_ID.fullmatch(iid)
+                by_zone.setdefault((m.group(1), m.group(2)) if m else ("", inst.zone), inst)
+            targets = {i.id: i for i in by_zone.values()}
+        refused: list[str] = []
+        for iid, inst in sorted(targets.items()):
+            try:
+                project, zone, name = self._locate(inst)
+            except ProviderError:
+                continue
+            request = self.compute.TestPermissionsRequest(permissions=[DELETE_PERMISSION])
+            try:
+                held = self._call(f"test permissions on {name} in {zone}", lambda: self.instances.test_iam_permissions(
+                    project=project, zone=zone, resource=name, test_permissions_request_resource=request,
+                    timeout=self.timeout, retry=self.read_retry), passthrough=(NotFound,))
+            except NotFound:
+                continue  # gone: its delete has nothing to do
+            if DELETE_PERMISSION not in list(held.permissions):
+                refused.append(f"projects/{project}/zones/{zone}/instances/{name}")
+        if refused:
+            raise AccessDeniedError(
+                f"gcp: the credentials may not {DELETE_PERMISSION}, which this apply needs (instances.testIamPermissions "
+                f"on {', '.join(refused[:3])}{f' and {len(refused) - 3} more' if len(refused) > 3 else ''}); grant a role "
+                "holding it (README, GCP: Permissions) and apply again", actions=(DELETE_PERMISSION,))
 
     # -- observe -------------------------------------------------------------------
     def observe(self, pools: Sequence[PoolTarget]) -> list[Instance]:

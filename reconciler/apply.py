@@ -304,6 +304,16 @@ def _hosted(placements: dict[str, list[str]], gpus: dict[str, list[list[int]]]) 
     return out
 
 
+def _retagged(inst: Instance, want: PlacementRecord) -> bool:
+    """Whether recording `want` on the instance rewrites its placement tags: they would read back differently."""
+    try:
+        have = read_placements(inst.tags)
+    except PlacementTagError:
+        have = None
+    shown = read_placements(placement_tags(want))  # what a reader gets back (too many reads as incomplete)
+    return have is None or shown is None or (have.placements, have.complete) != (shown.placements, shown.complete)
+
+
 def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str, list[Placement]], serial: int,
                        report: ApplyReport, steps: _Steps) -> None:
     """Retag each instance whose placement tags would read back differently from what it now hosts
@@ -313,12 +323,7 @@ def _record_placements(fleet: Fleet, instances: list[Instance], hosted: dict[str
         if not isinstance(provider, PlacementRecorder):
             continue
         want = PlacementRecord.of(serial, hosted.get(inst.id, ()))
-        try:
-            have = read_placements(inst.tags)
-        except PlacementTagError:
-            have = None
-        shown = read_placements(placement_tags(want))  # what a reader gets back (too many reads as incomplete)
-        if have is not None and shown is not None and (have.placements, have.complete) == (shown.placements, shown.complete):
+        if not _retagged(inst, want):
             continue
         # Recording is not an action a stop skips: the tags must agree with the state saved after this.
         started = time.monotonic()
@@ -414,19 +419,34 @@ def check_permissions(desired: DesiredState, observed: Observed, plan: Plan, fle
     running beside what it replaced, and a failed gang's instances up)."""
     arriving = _arrivals(plan)
     existing = {i.id: i for i in observed.instances}
+    checks = any(isinstance(fleet.provider(n), Preflight) for n in {i.provider for i in observed.instances})
+    retag = _retagging(plan, observed, fleet, serial) if checks else []  # (no provider would be asked: not worked out)
     for name in sorted({c.site.provider for c in plan.creates} | {existing[d.instance_id].provider for d in plan.deletes
-                                                                     if d.instance_id in existing}):
+                                                                     if d.instance_id in existing}
+                       | {i.provider for i in retag}):
         provider = fleet.provider(name)
         if not isinstance(provider, Preflight):
             continue
         creates = [create_request(fleet, desired, plan, c, serial, c.key, state.fleet_uid, arriving.get(c.ref, []))
                    for c in plan.creates if c.site.provider == name]
         deletes = [existing[d.instance_id] for d in plan.deletes if existing.get(d.instance_id) and existing[d.instance_id].provider == name]
+        mine = [i for i in retag if i.provider == name]
         try:
-            _retry(lambda: provider.preflight(creates, deletes, [i for i in observed.instances if i.provider == name]),
+            _retry(lambda: provider.preflight(creates, deletes, [i for i in observed.instances if i.provider == name],
+                                              retag=mine),
                    f"check {name}'s permissions", _window(provider))
         except AccessDeniedError as e:
             raise AccessDeniedError(f"refusing to apply; nothing was changed:\n  - {e}", actions=e.actions) from None
+
+
+def _retagging(plan: Plan, observed: Observed, fleet: Fleet, serial: int) -> list[Instance]:
+    """The instances whose placement tags the apply rewrites when its creates succeed (as _record_placements decides):
+    the instances it keeps whose replicas change. A plan that only moves or stops jobs still writes tags."""
+    placed = _placements(plan, observed, ApplyReport(plan.id), coming={c.ref for c in plan.creates}, failures=[])
+    hosted = _hosted(placed.ids, placed.gpus)
+    leaving = {d.instance_id for d in plan.deletes}
+    return [i for i in observed.instances if i.id not in leaving and isinstance(fleet.provider(i.provider), PlacementRecorder)
+            and _retagged(i, PlacementRecord.of(serial, hosted.get(i.id, ())))]
 
 
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, fleet: Fleet, state: State,

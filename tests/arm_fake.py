@@ -54,6 +54,17 @@ the group must be explicitly referenced as a property of the VM", Associate a VM
 properties.capacityReservation.capacityReservationGroup.id); a VM that names none is associated with nothing. A
 malformed group id is 400 LinkedInvalidPropertyId, a group that does not exist or is in another location 400
 InvalidParameter (the fake's wording). More VMs than reserved may be associated (Azure documents overallocation).
+RBAC (assign(); off until a test assigns a role, every caller then an Owner): each request is authorised as ARM does,
+against the roles assigned at its scope or one enclosing it (Actions less NotActions, `*` a wildcard): the action
+tests/cloud_iam.py names for it, and for a VM's PUT the linked actions on what it references (the subnet's join, a
+capacity reservation group's deploy, an image's read, and the NIC and OS disk Compute makes) and for its DELETE what
+goes with it. A refusal is ARM's 403 AuthorizationFailed ("... does not have authorization to perform action 'A' over
+scope 'S' or the scope is invalid ...") or, for a linked action, 403 LinkedAuthorizationFailed ("... has permission to
+perform action 'Microsoft.Compute/virtualMachines/write' on scope 'S'; however, it does not have permission to perform
+action(s) 'A' on the linked scope(s) 'L' (respectively) or the linked scope(s) are invalid."). GET
+{scope}/providers/Microsoft.Authorization/permissions (Permissions - List For Resource Group / For Resource,
+2022-04-01) lists the caller's: {"value": [{"actions", "notActions", "dataActions", "notDataActions"}]}, one entry per
+role assigned there or above.
 """
 
 from __future__ import annotations
@@ -110,6 +121,20 @@ _NETWORK = re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers
 _ALL_VMS = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/virtualmachines/?$", re.I)
 _CAPACITY_GROUP = re.compile(r"^/?subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
                              r"capacityreservationgroups/([^/]+)/?$", re.I)
+_PERMISSIONS = re.compile(r"^/subscriptions/.+/providers/microsoft\.authorization/permissions/?$", re.I)
+_CLIENT, _OBJECT_ID = "fleetops-test", "00000000-0000-0000-0000-0000000000ab"
+
+
+def _encloses(scope: str, path: str) -> bool:
+    """A role assigned at `scope` holds at `path` (the scope itself or anything under it)."""
+    path = path.rstrip("/").lower()
+    return path == scope or path.startswith(scope + "/")
+
+
+def _any_match(patterns, action: str) -> bool:
+    return any(re.fullmatch(".*".join(map(re.escape, p.lower().split("*"))), action.lower()) for p in patterns)
+
+
 _OP = re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/locations/([^/]+)/operations/([^/]+)/?$", re.I)
 
 
@@ -238,6 +263,7 @@ class ArmFake:
         self.failed_at_once: str | None = None
         self.failures: dict[tuple[str, str, str], dict] = {}  # (sub, rg, name) lower -> the error its allocation failed with
         self._stalls: list[list] = []  # stall(): [seconds, method, count left]
+        self.roles: list[tuple[str, tuple[str, ...], tuple[str, ...]]] | None = None  # assign(): (scope, actions, notActions)
         self.lock = threading.RLock()
         self.cert_path, self._key_path = make_certificate(cert_dir)
         self.base_url = ""
@@ -463,6 +489,69 @@ class ArmFake:
                 "name": vnet, "resource_group": resource_group, "location": location.lower(),
                 "subnets": {n.lower(): n for n in subnets}}
         return [self._network_id(sub, resource_group, vnet) + f"/subnets/{n}" for n in subnets]
+
+    def assign(self, scope: str, actions: list[str], not_actions: list[str] = ()) -> None:  # type: ignore[assignment]
+        """A role assignment to the caller at `scope` (a resource id: subscription, group, resource); the first turns RBAC
+        on: from then on a request no assigned role grants is refused, as ARM refuses it."""
+        with self.lock:
+            self.roles = (self.roles or []) + [(scope.rstrip("/").lower(), tuple(actions), tuple(not_actions))]
+
+    def permissions(self, scope: str) -> list[dict]:
+        """The caller's roles that hold at `scope`, as Permissions - List answers them."""
+        if self.roles is None:
+            return [{"actions": ["*"], "notActions": [], "dataActions": [], "notDataActions": []}]
+        return [{"actions": list(a), "notActions": list(n), "dataActions": [], "notDataActions": []}
+                for at, a, n in self.roles if _encloses(at, scope)]
+
+    def granted(self, action: str, scope: str) -> bool:
+        return any(_any_match(e["actions"], action) and not _any_match(e["notActions"], action) for e in self.permissions(scope))
+
+    def authorize(self, method: str, path: str, raw: bytes) -> None:
+        """Refuse the request as ARM would when RBAC is on (assign()) and no role grants what it needs."""
+        from tests.cloud_iam import RESOURCE_GROUP, SUBNET, arm_action, arm_delete_actions, arm_put_actions
+
+        if self.roles is None:
+            return
+        try:
+            action, _ = arm_action(method, path)
+        except LookupError:
+            return  # (a request tests/cloud_iam.py names no action for: not checked)
+        if not self.granted(action, path):
+            raise ArmError(403, "AuthorizationFailed", f"The client '{_CLIENT}' with object id '{_OBJECT_ID}' does not have "
+                           f"authorization to perform action '{action}' over scope '{path}' or the scope is invalid. If "
+                           "access was recently granted, please refresh your credentials.")
+        m = _VM.match(path)
+        if m is None or m.group(3) is None or method not in ("PUT", "DELETE"):
+            return
+        group = path.split("/providers/", 1)[0]
+        if method == "PUT":
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                return
+            props = body.get("properties") or {}
+            linked = []
+            for a, kind in sorted(arm_put_actions(body)):
+                at = group
+                if kind == SUBNET:
+                    nics = (props.get("networkProfile") or {}).get("networkInterfaceConfigurations") or [{}]
+                    at = (((nics[0].get("properties") or {}).get("ipConfigurations") or [{}])[0].get("properties") or {}).get(
+                        "subnet", {}).get("id", group)
+                elif a.startswith("Microsoft.Compute/capacityReservationGroups/"):
+                    at = props["capacityReservation"]["capacityReservationGroup"]["id"]
+                elif a.endswith(("images/read", "versions/read")):
+                    at = props["storageProfile"]["imageReference"]["id"]
+                assert kind in (RESOURCE_GROUP, SUBNET)
+                if not self.granted(a, at):
+                    linked.append((a, at))
+        else:
+            vm = self.vms.get(tuple(x.lower() for x in m.groups()))  # type: ignore[arg-type]
+            linked = [(a, group) for a, _ in sorted(arm_delete_actions(vm or {})) if not self.granted(a, group)]
+        if linked:
+            raise ArmError(403, "LinkedAuthorizationFailed", f"The client '{_CLIENT}' with object id '{_OBJECT_ID}' has "
+                           f"permission to perform action '{action}' on scope '{path}'; however, it does not have permission "
+                           f"to perform action(s) '{','.join(a for a, _ in linked)}' on the linked scope(s) "
+                           f"'{','.join(at for _, at in linked)}' (respectively) or the linked scope(s) are invalid.")
 
     def forbid_read(self, vnet: str, *, resource_group: str, subnets: bool = False, subscription: str | None = None) -> None:
         """The caller may not read this VNet (403 AuthorizationFailed), as with a role assigned on a subnet only; with
@@ -968,6 +1057,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if not api_version:
                     raise ArmError(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is required "
                                                                       "for all requests.")
+                if _PERMISSIONS.match(parts.path):
+                    if method != "GET":
+                        raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")
+                    return self._send(200, {"value": arm.permissions(parts.path.rsplit("/providers/", 1)[0])})
+                arm.authorize(method, parts.path, raw)
                 if m := _OP.match(parts.path):
                     if method != "GET":
                         raise ArmError(405, "MethodNotAllowed", f"{method} is not supported here.")

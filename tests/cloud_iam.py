@@ -1,6 +1,6 @@
 """What each request the GCE and ARM fakes received asks of the caller, by the clouds' own permission names, so a
-test can hold the README's documented roles to what the providers really send: neither fake enforces IAM or RBAC, and
-a role missing a permission the provider needs is found only by a user, as a 403 on a real project or subscription
+test can hold the README's documented roles to what the providers really send: neither fake checks the README's roles (their
+RBAC and IAM, ArmFake.assign and GceFake.deny, enforce what a test sets), and a role missing a permission the provider needs is found only by a user, as a 403 on a real project or subscription
 (on AWS a missing ec2:DescribeSubnets failed every plan: tests/aws_calls.py does the same for moto).
 
 GCE: the permission each method's REST reference names under "IAM Permissions" (`instances.insert` is
@@ -71,6 +71,7 @@ def gce_calls(fake) -> set[str]:
     """Every permission the requests a GceFake received since its start (or since `fake.log` was cleared) need."""
     with fake.lock:
         log, bodies = list(fake.log), [b for _, _, b in fake.insert_bodies]
+    log = [(m, p, q) for m, p, q in log if not p.rstrip("/").endswith("/testIamPermissions")]  # (needs none)
     return {gce_permissions(m, p) for m, p, _ in log} | {p for b in bodies for p in gce_insert_permissions(b)}
 
 
@@ -98,6 +99,10 @@ _ARM_METHODS: list[tuple[str, re.Pattern, str, str]] = [(m, re.compile(p + "/?$"
     ("GET", _RG + "/providers/microsoft.network/virtualnetworks/[^/]+/subnets/[^/]+",
      "Microsoft.Network/virtualNetworks/subnets/read", SUBNET),
 ]]
+
+
+# Permissions - List (apply's check) asks what the caller may do; it needs no action of its own.
+_PERMISSIONS_LIST = re.compile(r"^/subscriptions/.+/providers/microsoft\.authorization/permissions/?$", re.I)
 
 
 def arm_action(method: str, path: str) -> tuple[str, str]:
@@ -142,6 +147,7 @@ def arm_calls(fake) -> set[tuple[str, str]]:
     """Every (action, scope kind) the requests an ArmFake received need, its writes' linked actions included."""
     with fake.lock:
         log, puts, deleted = list(fake.log), list(fake.put_bodies), list(fake.deleted_vms)
+    log = [(m, p) for m, p in log if not _PERMISSIONS_LIST.match(p.split("?", 1)[0])]
     return ({arm_action(m, p) for m, p in log} | {a for b in puts for a in arm_put_actions(b)}
             | {a for vm in deleted for a in arm_delete_actions(vm)})
 

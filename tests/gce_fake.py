@@ -82,6 +82,12 @@ does ("only VMs that target the reservation by name can consume from this reserv
 refused (400 invalid) when it does not exist in the zone, does not require targeting ("can not be targeted as
 specificReservationRequired is not set", GCE's answer), is of another machine type, or is full. Only the first and the
 third sentence of those refusals are GCE's wording as seen in the wild; the others are the fake's.
+IAM (deny(); nothing withheld by default): a permission withheld from the caller refuses every request that needs it
+(tests/cloud_iam.py names what each needs, an insert's body included) with GCE's 403, reason "forbidden", "Required
+'compute.instances.delete' permission for 'projects/P/zones/Z/instances/N'". instances.testIamPermissions (POST
+.../instances/{name}/testIamPermissions, {"permissions": [...]}) answers the subset the caller holds on that instance,
+the field left out when it holds none (proto3 JSON), 404 notFound for an instance that does not exist; it needs no
+permission of its own.
 Networks: networks.get and subnetworks.get (add_network, add_subnetwork; every project has the auto-mode "default"
 network with a "default" subnetwork per region); an insert whose NIC names a network or subnetwork that does not exist,
 or a subnetwork of another region or network, is 400 invalid, as GCE answers.
@@ -152,6 +158,7 @@ GPU_METRICS = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-tesla-v100": "NVIDIA
 REGIONAL_METRICS = tuple(sorted({*CPU_METRICS.values(), *GPU_METRICS.values(), "INSTANCES", "PREEMPTIBLE_CPUS",
                                  *(f"PREEMPTIBLE_{m}" for m in GPU_METRICS.values())}))
 GLOBAL_METRICS = ("CPUS_ALL_REGIONS", "GPUS_ALL_REGIONS")
+_TEST_PERMISSIONS = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/testIamPermissions/?$")
 _INSTANCES = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?/?$")
 _OPERATIONS = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+?)(/wait)?/?$")
@@ -423,6 +430,7 @@ class GceFake:
         self.subnetworks: dict[tuple[str, str, str], str] = {}
         self.default_network = True
         self.log: list[tuple[str, str, dict[str, list[str]]]] = []  # (method, path, query) of every request
+        self.withheld: set[str] = set()  # deny(): permissions the caller lacks
         self.quota_limits: dict[tuple[str, str], float] = {}  # (region, or "" for the project's, metric) -> limit
         # (project, zone, name) -> {"machine_type", "count", "specific"}; and which reservation each instance took a
         # slot of: instance id -> (project, zone, name). A slot is held while the instance is not stopped.
@@ -507,7 +515,8 @@ class GceFake:
     def fail_next(self, status: int, reason: str, message: str = "", *, method: str | None = None,
                   path_contains: str | None = None, count: int = 1, headers: dict | None = None) -> None:
         """The next `count` matching requests fail synchronously with this HTTP error (and these headers, e.g.
-        Retry-After)."""
+        Retry-After). An instance's testIamPermissions (apply's check) matches only a `path_contains` naming it: a
+        fault aimed at inserts or deletes is theirs."""
         with self.lock:
             self._inject.append(Injected(status, reason, message or f"injected {reason}", method, path_contains, count,
                                          dict(headers or {})))
@@ -758,11 +767,39 @@ class GceFake:
         with self.lock:
             return [r for r in self.log if r[0] == method and path_contains in r[1]]
 
+    def deny(self, *permissions: str) -> None:
+        """The caller lacks these permissions from now on (IAM, above)."""
+        with self.lock:
+            self.withheld.update(permissions)
+
+    def _authorize(self, method: str, path: str, body: dict | None) -> None:
+        from tests.cloud_iam import gce_insert_permissions, gce_permissions
+
+        if not self.withheld:
+            return
+        try:
+            needed = [gce_permissions(method, path)]
+        except LookupError:
+            return
+        m = _INSTANCES.match(path)
+        resource = path.split("/compute/v1/", 1)[1]
+        if m and method == "POST" and m.group(3) is None:
+            needed += sorted(gce_insert_permissions(body or {}))
+            resource += f"/{(body or {}).get('name', '')}"
+        for perm in needed:
+            if perm in self.withheld:
+                raise GceError(403, "forbidden", f"Required '{perm}' permission for '{resource}'")
+
     # -- request handling ----------------------------------------------------------
     def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict | None) -> tuple[int, dict]:
         with self.lock:
             self._settle()  # (operations progress by time: what this request sees is what GCE would show now)
             q = {k: v[-1] for k, v in query.items()}
+            if (m := _TEST_PERMISSIONS.match(path)) and method == "POST":
+                self._instance(*m.groups())  # (404 notFound when there is none)
+                held = [p for p in (body or {}).get("permissions") or [] if p not in self.withheld]
+                return 200, ({"permissions": held} if held else {})
+            self._authorize(method, path, body)
             if m := _INSTANCES.match(path):
                 project, zone, name = m.groups()
                 self._check_zone(zone)
@@ -813,7 +850,9 @@ class GceFake:
         with self.lock:
             self.log.append((method, path, query))
             for inj in self._inject:
-                if inj.remaining > 0 and (inj.method in (None, method)) and (inj.path_contains is None or inj.path_contains in path):
+                checking = path.rstrip("/").endswith("/testIamPermissions") and "testIamPermissions" not in (inj.path_contains or "")
+                if inj.remaining > 0 and not checking and (inj.method in (None, method)) and (
+                        inj.path_contains is None or inj.path_contains in path):
                     inj.remaining -= 1
                     raise GceError(inj.status, inj.reason, inj.message, inj.headers)
 

@@ -269,3 +269,44 @@ def test_an_answer_that_is_not_ec2s_xml_is_an_error_not_a_traceback(iam_moto, as
     with pytest.raises(ReconcileError, match="create_placement_group .*the endpoint's answer could not be read"):
         api.apply(cfg, provider="aws", options={"endpoint_url": iam_moto["url"]}, time_limit=5)
     assert not _instances(iam_moto, name)
+
+
+def _shards_config(path: Path, name: str, shards: int) -> Path:
+    """One m6i.12xlarge hosting `shards` CPU jobs with long names: 24 of them span four placement tags, 2 one."""
+    from tests.fleetkit import job, pool, tenant, topology, write_config
+
+    p = pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.12xlarge"], hi=1)
+    p["spec"]["provider"], p["spec"]["aws"] = "aws", {"ami": "ami-03cf127a"}
+    return write_config(path, [topology(name, clouds={"aws": {"us-east-1": ["us-east-1a"]}}), tenant("t"), p,
+                               *[job(f"shard-with-a-rather-long-job-name-{n:02d}", cpu=1, mem=1) for n in range(shards)]])
+
+
+def _placement_tags(iam_moto, iid: str) -> dict[str, str]:
+    d = _admin(iam_moto, "ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    return {t["Key"]: t["Value"] for t in d["Tags"] if t["Key"].startswith("fleetops.io/placements")}
+
+
+@pytest.mark.parametrize("missing", ["ec2:CreateTags", "ec2:DeleteTags"])
+def test_an_apply_that_only_retags_is_checked_and_a_shrinking_list_needs_delete_tags(iam_moto, as_user, tmp_path, missing):
+    """A plan that only stops jobs launches and deletes nothing, but rewrites the placement tags of the instance they ran
+    on, and a list that spanned several tags and now needs fewer deletes the chunks left over (DeleteTags). Neither was
+    checked: without CreateTags the apply failed at the tag, without DeleteTags after rewriting the first chunks (the
+    tags half-written, exit 1). Refused before any write, naming the action; the tags are as they were."""
+    name = f"tags-{uuid.uuid4().hex[:6]}"
+    cfg = _shards_config(tmp_path / "cfg", name, 24)
+    opts = {"endpoint_url": iam_moto["url"]}
+    as_user(POLICY)
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    (iid,) = _instances(iam_moto, name)
+    before = _placement_tags(iam_moto, iid)
+    assert "fleetops.io/placements-3" in before, before  # the list spans several tags
+    _shards_config(tmp_path / "cfg", name, 2)
+    shrinking = api.plan(cfg, provider="aws", options=opts).plan
+    assert not shrinking.creates and not shrinking.deletes
+    as_user(POLICY - {missing})
+    with pytest.raises(ReconcileError, match=f"(?s)refusing to apply; nothing was changed:.*may not {missing}"):
+        api.apply(cfg, provider="aws", options=opts)
+    assert _placement_tags(iam_moto, iid) == before
+    as_user(POLICY)  # with the whole policy it applies, and the list shrinks to one tag
+    assert api.apply(cfg, provider="aws", options=opts).report.ok
+    assert not {k for k in _placement_tags(iam_moto, iid) if k[len("fleetops.io/placements-"):].isdigit()}

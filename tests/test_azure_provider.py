@@ -345,7 +345,7 @@ def test_full_plan_apply_converge_against_the_fake(arm, tmp_path):
     assert not api.plan(cfg, provider="azure", options=opts).observed.instances
     assert set(arm.snapshot()) == {"hand-made"}
     # Every action its requests needed, at the scope ARM checks it (the SKU list, the power-state list and the image
-    # check at the subscription's), is granted by the README's roles: the fake enforces no RBAC (tests/cloud_iam.py).
+    # check at the subscription's), is granted by the README's roles: the fake enforces RBAC only once a test assigns a role (tests/cloud_iam.py).
     assert _not_granted(arm_calls(arm)) == []
 
 
@@ -367,7 +367,7 @@ def _not_granted(sent: set[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def test_the_readme_s_roles_grant_what_a_create_with_every_setting_needs(prov, arm):
-    """The fake enforces no RBAC, so a role missing an action the provider needs is found only by a user, as a 403 on
+    """The fake enforces only the roles a test assigns, so a README role missing an action the provider needs is found only by a user, as a 403 on
     a real subscription. A create with the agent's customData and a capacity reservation group, and its delete: every
     action their requests need (the NIC and disk Compute makes and removes, the subnet join, the group's deploy) is
     granted at its scope by the README's roles (the plan, apply and teardown of examples/azure-only:
@@ -1192,3 +1192,78 @@ def test_a_role_missing_a_subscription_read_stops_the_plan_naming_the_action(arm
     with pytest.raises(ProviderError, match=re.escape(action)):
         api.apply(cfg, provider="azure", options=options(arm))
     assert arm.requests("PUT") == [] and arm.snapshot() == {}
+
+
+# -- apply's permission check (ARM's permissions list; the fake enforces RBAC once a role is assigned) -----------------
+def _assign(arm, rg_not: tuple[str, ...] = (), subnet: bool = True) -> None:
+    """Reader on the subscription, a Virtual Machine Contributor-like role on the VMs' group (less `rg_not`), and the
+    subnet's join (unless not `subnet`): the README's roles, one action taken away."""
+    sub = f"/subscriptions/{arm.subscription}"
+    arm.roles = None
+    arm.assign(sub, ["*/read"])
+    arm.assign(f"{sub}/resourceGroups/{RG}", ["Microsoft.Compute/*", "Microsoft.Network/networkInterfaces/*"], list(rg_not))
+    if subnet:
+        arm.assign(SUBNET, ["Microsoft.Network/virtualNetworks/subnets/join/action"])
+
+
+def test_an_apply_that_may_not_delete_what_it_replaces_is_refused_before_any_create(arm, tmp_path):
+    """Make before break: the replacements are created, then the old VMs deleted. Without
+    Microsoft.Compute/virtualMachines/delete on the group the deletes failed after the creates (403 from ARM): old and
+    new both ran, billed. Refused before the first PUT, naming the action and scope; the next plan is the same plan."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), options(arm)
+    _assign(arm)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok  # the whole roles: RBAC on, everything allowed
+    before, puts = arm.snapshot(), len(arm.requests("PUT"))
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("instance_types: [Standard_NC4as_T4_v3, Standard_NC64as_T4_v3]",
+                                       "instance_types: [Standard_NC64as_T4_v3]"))
+    replacing = api.plan(cfg, provider="azure", options=opts).plan
+    assert replacing.creates and replacing.deletes
+    _assign(arm, rg_not=("Microsoft.Compute/virtualMachines/delete",))
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not "
+                                             "Microsoft.Compute/virtualMachines/delete.*over /subscriptions/") as e:
+        api.apply(cfg, provider="azure", options=opts)
+    assert e.value.actions == ("Microsoft.Compute/virtualMachines/delete",)
+    assert arm.snapshot() == before and len(arm.requests("PUT")) == puts and not arm.requests("DELETE")
+    again = api.plan(cfg, provider="azure", options=opts).plan
+    assert [c.key for c in again.creates] == [c.key for c in replacing.creates]
+
+
+def test_an_apply_that_may_not_join_the_subnet_is_refused_naming_it_and_creates_nothing(arm, tmp_path):
+    """Without the subnet's join action every VM create was refused by ARM (403 LinkedAuthorizationFailed), one by one,
+    the apply failing part-way; refused before any PUT, naming the action and the subnet. The check reads the caller's
+    permissions only: with the role on the subnet it goes through."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), options(arm)
+    _assign(arm, subnet=False)
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not "
+                                             "Microsoft.Network/virtualNetworks/subnets/join/action") as e:
+        api.apply(cfg, provider="azure", options=opts)
+    assert ARM_SUBNET in str(e.value) and not arm.requests("PUT") and arm.snapshot() == {}
+    _assign(arm)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok and len(arm.snapshot()) == 4
+    assert all("microsoft.authorization/permissions" in p.lower() for p in arm.requests("GET", "/permissions"))
+
+
+def test_permissions_are_each_roles_actions_less_its_not_actions_added_up_across_roles():
+    """RBAC: NotActions is no deny; it only narrows its own role, and another role may grant what it left out."""
+    from providers.azure import permitted
+
+    contributor = {"actions": ["Microsoft.Compute/*"], "notActions": ["Microsoft.Compute/*/delete"]}
+    assert permitted([contributor], "microsoft.compute/virtualMachines/WRITE")
+    assert not permitted([contributor], "Microsoft.Compute/virtualMachines/delete")
+    assert permitted([contributor, {"actions": ["*/delete"], "notActions": []}], "Microsoft.Compute/virtualMachines/delete")
+    assert not permitted([{"actions": ["*/read"], "notActions": []}], "Microsoft.Compute/virtualMachines/write")
+    assert not permitted([], "Microsoft.Compute/virtualMachines/write")
+
+
+def test_a_permissions_list_arm_will_not_give_refuses_nothing(arm, tmp_path):
+    """A scope whose list ARM refuses (403) is not checked: the apply goes on and its calls answer for themselves."""
+    cfg, opts = _config(tmp_path), options(arm)
+    arm.fail_next(403, "AuthorizationFailed", "not allowed to list permissions", method="GET",
+                  path_contains="/providers/Microsoft.Authorization/permissions", count=100)
+    assert api.apply(cfg, provider="azure", options=opts).report.ok and len(arm.snapshot()) == 4
+    assert arm.requests("GET", "/providers/Microsoft.Authorization/permissions")

@@ -885,7 +885,7 @@ def test_full_plan_apply_converge_against_the_fake(gce, tmp_path):
     assert _ours(gce) == [] and not api.plan(cfg, provider="gcp", options=opts).observed.instances
     assert [(i["name"], i["status"], i["id"]) for i in gce.instances(PROJECT)] == [("hand-made", "RUNNING", planted["id"])]
     # Every permission its requests needed (observe, offerings, quotas, the image and network checks, inserts and their
-    # operations, deletes) is in the README's custom role: the fake enforces no IAM (tests/cloud_iam.py).
+    # operations, deletes) is in the README's custom role: the fake enforces IAM only for what a test deny()s (tests/cloud_iam.py).
     assert sorted(gce_calls(gce) - _readme_gcp_role()) == []
 
 
@@ -1169,7 +1169,7 @@ def _readme_gcp_role() -> set[str]:
 
 
 def test_the_readme_s_custom_role_grants_what_a_create_with_every_pool_setting_needs(prov, gce):
-    """The fake enforces no IAM, so a role missing a permission the provider needs is found only by a user, as a 403
+    """The fake withholds only what a test deny()s, so a README role missing a permission the provider needs is found only by a user, as a 403
     on a real project. A create with a service account, a subnetwork and the agent's startup script (setMetadata,
     setServiceAccount, actAs), and a VM gone as it starts (zoneOperations.list): every permission their requests need
     is in the README's role (the plan, apply and teardown of examples/gcp-only: test_full_plan_apply_converge...)."""
@@ -1203,3 +1203,54 @@ def test_gce_refuses_metadata_past_its_limits_and_the_agent_s_startup_script_is_
         with pytest.raises(BadRequest, match=why):
             prov.instances.insert_unary(project=PROJECT, zone=ZONE_A, instance_resource=body)
     assert [i["name"] for i in gce.instances(PROJECT)] == [inst.id.rsplit("/", 1)[-1]]
+
+
+# -- apply's permission check (instances.testIamPermissions; the fake refuses what deny() withholds) -------------------
+def test_an_apply_that_may_not_delete_what_it_replaces_is_refused_before_any_insert(gce, tmp_path):
+    """Make before break: the replacements are inserted, then the old instances deleted. Without
+    compute.instances.delete every delete failed after the inserts (GCE's 403 forbidden): old and new both ran,
+    billed. Refused before the first insert, naming the permission and the instances; nothing changed."""
+    from reconciler.errors import ReconcileError
+
+    cfg, opts = _config(tmp_path), {"endpoint": gce.url, "project": PROJECT}
+    assert api.apply(cfg, provider="gcp", options=opts).report.ok
+    before, inserts = {i["name"]: i["status"] for i in _ours(gce)}, len(gce.insert_bodies)
+    f = cfg / "fleet.yaml"
+    f.write_text(f.read_text().replace("instance_types: [g2-standard-4, g2-standard-48]", "instance_types: [g2-standard-48]"))
+    replacing = api.plan(cfg, provider="gcp", options=opts).plan
+    assert replacing.creates and replacing.deletes
+    gce.deny("compute.instances.delete")
+    with pytest.raises(ReconcileError, match="(?s)refusing to apply; nothing was changed:.*may not compute.instances.delete"
+                                             f".*projects/{PROJECT}/zones/") as e:
+        api.apply(cfg, provider="gcp", options=opts)
+    assert e.value.actions == ("compute.instances.delete",)
+    assert {i["name"]: i["status"] for i in _ours(gce)} == before and len(gce.insert_bodies) == inserts
+    assert not gce.requests("DELETE")
+    gce.withheld.clear()  # allowed again, it applies
+    assert api.apply(cfg, provider="gcp", options=opts).report.ok
+
+
+def test_a_teardown_of_many_asks_one_instance_per_zone_and_a_few_each(gce, tmp_path):
+    """Past PERMISSION_ASKS instances to delete the check asks one per zone (a read each would spend minutes of GCE's
+    per-project read rate before a teardown); up to it, each one, so an instance's own policy is seen too."""
+    from providers.gcp import PERMISSION_ASKS
+    from reconciler.errors import AccessDeniedError
+
+    prov = GcpProvider(ProviderContext(fleet="gcp-fleet", state_dir=tmp_path, options={"endpoint": gce.url, "project": PROJECT}))
+
+    def planted(n: int, zone: str) -> Instance:
+        gce.plant(PROJECT, zone, f"vm-{zone[-1]}-{n}")
+        return Instance(id=f"projects/{PROJECT}/zones/{zone}/instances/vm-{zone[-1]}-{n}", provider="gcp", cloud="gcp",
+                        region="us-central1", zone=zone, instance_type="g2-standard-4", market="on-demand", state="running",
+                        pool="l4")
+
+    few = [planted(n, ZONE_A) for n in range(3)]
+    many = few + [planted(n, z) for z in (ZONE_A, ZONE_B) for n in range(3, 3 + PERMISSION_ASKS // 2)]
+    prov.preflight([], few, [])
+    assert len(gce.requests("POST", "/testIamPermissions")) == 3
+    prov.preflight([], many, [])
+    assert len(gce.requests("POST", "/testIamPermissions")) == 3 + 2
+    gce.deny("compute.instances.delete")
+    with pytest.raises(AccessDeniedError, match="may not compute.instances.delete.*and 2 more"):
+        prov.preflight([], few + many[-2:], [])
+    assert not gce.requests("DELETE")
