@@ -858,7 +858,7 @@ class _Greedy:
             # (each instance opened scanned them all again: the applied 5k fleet's plain greedy opens its 10,000
             # instances kept warm here, ~600 a pool, 0.15 s of CPU)
             while not pool_min_ok(self.led.pool_count(pool), lo):
-                pick, short = None, None
+                pick, refused = None, []
                 for i in range(start, len(cands)):
                     c = cands[i]
                     if isinstance(c, Host) and c.key in self.opened or isinstance(c, Offer) and self.bought.get(c.offer_key, 0) >= c.max_new:
@@ -868,9 +868,13 @@ class _Greedy:
                     if self._may_open(c):
                         pick = c
                         break
-                    if short is None and self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget":
-                        short = c  # the cheapest the budget alone refuses
+                    refused.append(c)
                 if pick is None:
+                    # The cheapest the budget alone refuses, asked only now that it is needed: nothing changed since the
+                    # scan (_may_open changes no total), so it is the one the scan would have found. (Asked of every
+                    # candidate refused before the pick, the applied 5k fleet's plain greedy asked it 15k times to open
+                    # 3.7k instances: ~0.05 s of CPU a PR plan on a quiet core.)
+                    short = next((c for c in refused if self.led.refuses_open(c, 1, _NOTHING, self._owed(c, _NOTHING)) == "fleet-budget"), None)
                     if any(self._open_with_ballast(c, lo - self.led.pool_count(pool)) for c in cands[start:]):
                         continue  # (a spot-only pool's minimum beside the on-demand capacity the spot share asks for)
                     if short is None or not self._give_way(short, order):

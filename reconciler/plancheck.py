@@ -345,12 +345,15 @@ def unlawful_evictions(plan: Plan, observed: Observed, problem: Problem) -> dict
     """The re-check's rule on evictions (`_eviction_errors`), asked of a plan the planner just made: a plan whose
     guarantees tier was not proven could stop a job inside its tenant's guarantee that no rule requires stopping
     (bench.explore_mixed's fleet 80 after tenant quotas were set: team-2's job-00007), and `reconcile apply` without
-    --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads."""
+    --plan would have carried it out unchecked. The fleet as it runs is read by the one ledger the re-check reads:
+    rules_broken_now holds what it breaks already (its rules are the running ledger's `|` the staying one's, the running
+    one's read last), so it is not built again here (one ledger of the 10,857 instances and 4,400 running jobs of the
+    applied 5k fleet: ~0.1 s of CPU of its PR plans)."""
     if not any(j.action == "evict" for j in plan.jobs):
         return {}
     gone = {d.instance_id for d in plan.deletes}
     staying = {c.instance_id for c in problem.hosts()} - gone
-    return _unlawful(plan, observed, problem, rules_broken_now(problem) | running_ledger(problem).broken_rules(),
+    return _unlawful(plan, observed, problem, rules_broken_now(problem),
                      lambda: KeptInstead.of(plan, observed, problem, staying, list(plan.creates)))
 
 

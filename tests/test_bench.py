@@ -414,3 +414,22 @@ def test_the_openb_share_checker_checks_the_work_tiers_claims_against_an_outside
     assert warm["found"] == 32 and any("called proven at 12" in w for w in warm["wrong"]), warm
     assert tier_search(c, plan("place", 8, 32), seconds=20)["wrong"] == []
     assert check_plan(c, plan("place", 8, 32))[0]["claims"] == []
+
+def test_the_pr_stage_timer_prints_the_plan_as_it_is_and_no_more_cpu_than_the_process_used(tmp_path):
+    """bench.pr_phases (the stage table of a one-job PR plan): the plan it lets `reconcile plan` print is the plan's own
+    bytes, and its stages, counted exclusively, add up to no more than the process's CPU (a stage counted inside
+    another as well would)."""
+    import shutil
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(ROOT / "examples" / "quickstart", cfg, ignore=shutil.ignore_patterns(".reconcile"))
+    args = ["plan", str(cfg), "--format", "json", "--no-memo", "--time-limit", "5"]
+    plain = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    timed = subprocess.run([sys.executable, "-m", "bench.pr_phases", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == timed.returncode == 0, plain.stderr[-2000:] + timed.stderr[-2000:]
+    assert timed.stdout == plain.stdout and json.loads(plain.stdout)["jobs"]
+    stages = json.loads(next(line for line in timed.stderr.splitlines() if line.startswith("PHASES "))[len("PHASES "):])
+    assert {"imports", "load", "observe", "build_problem", "greedy", "CP-SAT model", "LP", "make_plan"} <= stages.keys()
+    assert stages["_calls"]["greedy"] >= 1 and stages["_calls"]["build_problem"] == 1
+    spent = sum(v for k, v in stages.items() if not k.startswith("_"))
+    assert 0 < spent <= stages["_process_cpu"] + 0.02, stages
