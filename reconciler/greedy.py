@@ -1232,13 +1232,13 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     done: set[str] = set()  # demands a job of which could not be placed: not asked again
     share = _SpotShareWaits(g, done)
     share.borrowed = False
-    _place_protected(g, order, stuck, share.retry)
+    protected = _Protected(g, order, stuck, share.retry)
     for d in order:
-        if d.key in stuck or d.key in done:
-            continue  # as in the model: a running gang's jobs stay where they are or not at all
-        if not _place_jobs(g, d, False, share.retry):
+        # (a stuck demand is skipped as in the model: a running gang's jobs stay where they are or not at all)
+        if d.key not in stuck and d.key not in done and not _place_jobs(g, d, False, share.retry):
             done.add(d.key)
             share.add(d)
+        protected.asked(d)
     share.borrowed = True
     _place_borrowed(g, order, stuck, done, share)
     g.keep_stuck_gangs(order, stuck)
@@ -1310,36 +1310,59 @@ def _on_demand_kept_out(g: _Greedy) -> bool:
                for d in g.p.demands for job, iids in d.running)
 
 
-def _place_protected(g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]) -> None:
+class _Protected:
     """Before any new work: the running jobs inside their tenants' guarantees (TenantRules.protected_jobs) that are not
     kept where they run (settle_spot gave up their host, a pool's max kept them out), placed anew in `order`, as the
     model's first tier ranks them above all work; but not a tenant's where its own new work of a higher class waits
-    that may take their place (`_may_take_place`; not under preemption: Never): they wait for it, in `order`. Placed in
-    `order` with the new work, t1's new normal j7 went first, then t1's protected low j1 took the last room on the
-    pool's one instance left, and t2's protected low j3, whose spot host settle_spot gave up, was evicted: apply's
-    re-check refused greedy's plan, where CP-SAT's moved j3 beside j7 (fleet105)."""
-    protected = {j for r in g.p.tenants.values() for j in r.protected_jobs}
-    stand_ins = g.p.placement.preemption != "Never"
-    mine: dict[str, list[Demand]] = {}
-    for d in order:
-        mine.setdefault(d.tenant, []).append(d)
-    for d in order:
-        n = sum(j in protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
-        if n <= 0 or d.key in stuck:
-            continue
-        if stand_ins and _may_take_place(g, d, mine[d.tenant]):
-            continue
-        _place_jobs(g, d, False, placed, most=n)
+    that may take their place (`_may_take_place`; not under preemption: Never): they are held for it, and placed as soon
+    as the guaranteed tier has asked that work (`asked`), before the work ranked after it. Placed in `order` with the
+    new work, t1's new normal j7 went first, then t1's protected low j1 took the last room on the pool's one instance
+    left, and t2's protected low j3, whose spot host settle_spot gave up, was evicted: apply's re-check refused greedy's
+    plan, where CP-SAT's moved j3 beside j7 (fleet105). Held until its own turn in `order`, t3's protected low j5 (its
+    spot host given up for the fleet's spot share) waited for t3's normal 4-GPU j1, which t3's 4-GPU guarantee cannot
+    hold beside it; j1 found no room (its pool at max_instances), and t1's new normal j2, ranked between them, took the
+    pool's one A100 slot j5 could have had: greedy evicted j5 for no rule and apply's re-check refused the plan (fleet141;
+    a higher class takes a protected job's place only where it is placed: plancheck.own_higher_class_units)."""
+
+    def __init__(self, g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]):
+        self.g, self.stuck, self.placed = g, stuck, placed
+        self.protected = {j for r in g.p.tenants.values() for j in r.protected_jobs}
+        self.stand_ins = g.p.placement.preemption != "Never"
+        self.mine: dict[str, list[Demand]] = {}  # tenant -> its demands, in `order`
+        for d in order:
+            self.mine.setdefault(d.tenant, []).append(d)
+        self.tried: set[str] = set()  # demands the guaranteed tier has asked: what of them is not placed waits no more
+        self.held: dict[str, list[Demand]] = {}  # tenant -> its demands held for its waiting higher class, in `order`
+        self._place(order)
+
+    def _place(self, ds: list[Demand]) -> None:
+        g = self.g
+        for d in ds:
+            n = sum(j in self.protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
+            if n <= 0 or d.key in self.stuck:
+                continue
+            if self.stand_ins and _may_take_place(g, d, self.mine[d.tenant], self.tried):
+                self.held.setdefault(d.tenant, []).append(d)
+                continue
+            _place_jobs(g, d, False, self.placed, most=n)
+
+    def asked(self, q: Demand) -> None:
+        """The guaranteed tier has just asked q (placed what of it it could): its tenant's protected jobs held for it
+        that nothing waiting may take the place of now are placed, before the work ranked after q."""
+        self.tried.add(q.key)
+        if q.tenant in self.held:
+            self._place(self.held.pop(q.tenant))
 
 
-def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand]) -> bool:
-    """May its tenant's waiting work of a higher class (of `mine`, the tenant's demands) take the place of d's protected
-    jobs, which then wait for it (`_place_protected`)? Only where it could take their room (README, Tenants): some of
-    it fits an offer d fits, or the tenant's guarantee cannot hold its protected work and all of it, in a dimension d
-    asks for. t3's critical A10G j6, waiting, held back its protected low A100 j5, whose host settle_spot gave up, and
-    t2's critical j4 took the pool's one A100 slot first: greedy evicted j5 and apply's re-check refused the plan
-    (fleet126)."""
-    higher = {q.key for q in mine if q.klass > d.klass and g.a.placed[q.key] < len(q.jobs)}
+def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand], asked: Collection[str] = ()) -> bool:
+    """May its tenant's waiting work of a higher class (of `mine`, the tenant's demands; not placed whole, nor `asked`
+    already by the guaranteed tier: what it could not place then takes no room) take the place of d's protected jobs,
+    which then wait for it (`_Protected`)? Only where it could take their room (README, Tenants): some of it fits an
+    offer d fits, or the tenant's guarantee cannot hold its protected work and all of it, in a dimension d asks for
+    (the job would borrow: problem.borrows, as plancheck's `_guarantee_full_without` reads it). t3's critical A10G j6,
+    waiting, held back its protected low A100 j5, whose host settle_spot gave up, and t2's critical j4 took the pool's
+    one A100 slot first: greedy evicted j5 and apply's re-check refused the plan (fleet126)."""
+    higher = {q.key for q in mine if q.klass > d.klass and g.a.placed[q.key] < len(q.jobs) and q.key not in asked}
     if not higher:
         return False
     room = set(g._keys_at(d, None))
@@ -1354,7 +1377,7 @@ def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand]) -> bool:
         n = len(q.jobs) if q.key in higher else sum(j in protected for j in q.jobs)
         for k in DIMS:
             use[k] += q.req(k) * q.replicas * n
-    return any(d.req(k) and k in rules.guarantee and not quota_ok(use[k], 0.0, rules.guarantee[k]) for k in DIMS)
+    return borrows({k: v for k, v in use.items() if d.req(k)}, rules)
 
 
 def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None] | None = None, most: int | None = None) -> bool:
