@@ -138,6 +138,7 @@ class _Greedy:
         for k, hs in self.idle.items():
             self.rep.setdefault(k, hs[0])
         self.keeping = False  # phase 1: spot rules are settled after, over the whole fleet kept
+        self.log: list[_Inst] | None = None  # where set, every instance an item is recorded on (`_Protected`)
         # The smallest item of each GPU model, dimension by dimension: an instance with less free
         # than that is full, and leaves its bucket's open list (so scans stay short at 5k jobs).
         self.smallest: dict[tuple, dict[str, float]] = {}
@@ -252,6 +253,8 @@ class _Greedy:
                 self.full.append(inst)
 
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
+        if self.log is not None:
+            self.log.append(inst)
         inst.take(d)
         self._retire_if_full(inst)
         key = (d.key, inst.cap.key)
@@ -815,6 +818,21 @@ class _Greedy:
             if not self._spot_rules_hold():
                 self._open(c)  # (an idle on-demand host the spot share or the buffer counts, a spot one diversity does)
 
+    def drop_idle(self, inst: _Inst) -> None:
+        """An open instance nothing runs on now goes where no rule needs it (its pool's minimum, the spot rules): a host
+        closed, an instance bought given back if it is its offer's last (`_unbuy`)."""
+        c = inst.cap
+        if isinstance(c, Host):
+            if self.opened.get(c.key) is not inst:
+                return
+        elif not self.bought_insts.get(c.offer_key) or self.bought_insts[c.offer_key][-1] is not inst:
+            return
+        if not pool_min_ok(self.led.pool_count(c.pool) - 1, self.p.pool_bounds.get(c.pool, (0, 0))[0]):
+            return
+        self._close(inst) if isinstance(c, Host) else self._unbuy(inst)
+        if not self._spot_rules_hold():
+            self._open(c)  # (the rules need it: back; bought, the same key: its offer's last again)
+
     def drop_spare_on_demand(self) -> None:
         """Once nothing more is placed: an idle on-demand instance (a host kept or ballast bought for the spot share or
         the buffer) that the fleet's spot rules then hold without (the idle room of on-demand instances bought for work
@@ -1235,7 +1253,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     protected = _Protected(g, order, stuck, share.retry)
     for d in order:
         # (a stuck demand is skipped as in the model: a running gang's jobs stay where they are or not at all)
-        if d.key not in stuck and d.key not in done and not _place_jobs(g, d, False, share.retry):
+        if d.key not in stuck and d.key not in done and not protected.ask(d):
             done.add(d.key)
             share.add(d)
         protected.asked(d)
@@ -1313,16 +1331,20 @@ def _on_demand_kept_out(g: _Greedy) -> bool:
 class _Protected:
     """Before any new work: the running jobs inside their tenants' guarantees (TenantRules.protected_jobs) that are not
     kept where they run (settle_spot gave up their host, a pool's max kept them out), placed anew in `order`, as the
-    model's first tier ranks them above all work; but not a tenant's where its own new work of a higher class waits
-    that may take their place (`_may_take_place`; not under preemption: Never): they are held for it, and placed as soon
-    as the guaranteed tier has asked that work (`asked`), before the work ranked after it. Placed in `order` with the
-    new work, t1's new normal j7 went first, then t1's protected low j1 took the last room on the pool's one instance
-    left, and t2's protected low j3, whose spot host settle_spot gave up, was evicted: apply's re-check refused greedy's
-    plan, where CP-SAT's moved j3 beside j7 (fleet105). Held until its own turn in `order`, t3's protected low j5 (its
-    spot host given up for the fleet's spot share) waited for t3's normal 4-GPU j1, which t3's 4-GPU guarantee cannot
-    hold beside it; j1 found no room (its pool at max_instances), and t1's new normal j2, ranked between them, took the
-    pool's one A100 slot j5 could have had: greedy evicted j5 for no rule and apply's re-check refused the plan (fleet141;
-    a higher class takes a protected job's place only where it is placed: plancheck.own_higher_class_units)."""
+    model's first tier ranks them above all work. Placed in `order` with the new work, t1's new normal j7 went first,
+    then t1's protected low j1 took the last room on the pool's one instance left, and t2's protected low j3, whose spot
+    host settle_spot gave up, was evicted: apply's re-check refused greedy's plan, where CP-SAT's moved j3 beside j7
+    (fleet105).
+
+    Its tenant's new work of a higher class may take such a job's place (`_may_take_place`; not under preemption:
+    Never), as the tier counts it. A 1-replica job is placed all the same, and gives way only while that work is asked
+    (`ask`): taken off, then placed again where that work left it room and quota. Other work (a gang) is held for it
+    instead, until the guaranteed tier has asked it (`asked`). Held until its own turn, t3's protected low j5 (its spot
+    host given up for the fleet's spot share) waited for t3's normal 4-GPU j1, which t3's 4-GPU guarantee cannot hold
+    beside it; j1 found no room (its pool at max_instances), and t1's new normal j2 took the pool's one A100 slot: greedy
+    evicted j5 for no rule and apply's re-check refused the plan (fleet141; a higher class takes a protected job's place
+    only where it is placed: plancheck.own_higher_class_units). Held only until j1 was asked, j5 still lost the slot to
+    another tenant's work ranked before j1 (tests/test_greedy_preemption.py)."""
 
     def __init__(self, g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]):
         self.g, self.stuck, self.placed = g, stuck, placed
@@ -1333,6 +1355,8 @@ class _Protected:
             self.mine.setdefault(d.tenant, []).append(d)
         self.tried: set[str] = set()  # demands the guaranteed tier has asked: what of them is not placed waits no more
         self.held: dict[str, list[Demand]] = {}  # tenant -> its demands held for its waiting higher class, in `order`
+        # tenant -> its 1-replica protected demands placed first that may give way (`ask`), and where they were placed
+        self.placed_first: dict[str, dict[str, tuple[Demand, list[_Inst]]]] = {}
         self._place(order)
 
     def _place(self, ds: list[Demand]) -> None:
@@ -1341,10 +1365,60 @@ class _Protected:
             n = sum(j in self.protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
             if n <= 0 or d.key in self.stuck:
                 continue
-            if self.stand_ins and _may_take_place(g, d, self.mine[d.tenant], self.tried):
+            if not (self.stand_ins and _may_take_place(g, d, self.mine[d.tenant], self.tried)):
+                _place_jobs(g, d, False, self.placed, most=n)
+            elif d.gang or d.replicas != 1 or d.bundle != 1:
                 self.held.setdefault(d.tenant, []).append(d)
+            else:
+                self._place_first(d, n, self.placed)
+
+    def _place_first(self, d: Demand, n: int, placed: Callable[[], None] | None) -> None:
+        """Place up to n jobs of d (1-replica) that may give way (`ask`), noting the instances they land on."""
+        g = self.g
+        g.log = []
+        try:
+            _place_jobs(g, d, False, placed, most=n)
+            where = [i for i in g.log if i.items.get(d.key, 0) > 0]
+        finally:
+            g.log = None
+        if where:
+            self.placed_first.setdefault(d.tenant, {})[d.key] = (d, where)
+
+    def ask(self, q: Demand) -> bool:
+        """Place q's jobs in the guaranteed tier (`_place_jobs`), with its tenant's protected jobs placed first
+        (`_place_first`) that q may take the place of off while it is asked (their new items there), then, where q
+        took none of their room, placed again, first fit, where q left them room and quota (the room they had is left
+        open: q's first). Meanwhile no other work is placed (the spot share's waiting jobs are asked after: `placed`).
+        An instance they leave idle goes where no rule needs it."""
+        g = self.g
+        off: list[tuple[Demand, int, list[_Inst]]] = []
+        for d, where in list(self.placed_first.get(q.tenant, {}).values()):
+            if d.klass >= q.klass or not _may_take_place(g, d, self.mine[q.tenant], self.tried):
                 continue
-            _place_jobs(g, d, False, self.placed, most=n)
+            n = 0
+            for inst in where:
+                while inst.items.get(d.key, 0) > 0 and g.a.x.get((d.key, inst.cap.key), 0) > 0:
+                    g._unrecord(d, inst, stay=False)
+                    g.a.placed[d.key] -= 1
+                    g._charge_quota(d, -1)
+                    n += 1
+            if n:
+                del self.placed_first[q.tenant][d.key]
+                off.append((d, n, where))
+        if not off:
+            return _place_jobs(g, q, False, self.placed)
+        ok = _place_jobs(g, q, False, None)
+        for d, n, where in off:
+            # (where q took their room, it stands in for them, as the tier counts it: they are work of their class now,
+            # asked in their turn; placed first again, t's protected low job took a pool's last slot beside t's new
+            # normal job, which CP-SAT gives u's new normal job: tests/test_greedy_preemption.py)
+            if not any(inst.items.get(q.key, 0) for inst in where):
+                self._place_first(d, n, None)
+            for inst in where:
+                if not any(inst.items.values()):
+                    g.drop_idle(inst)
+        self.placed()
+        return ok
 
     def asked(self, q: Demand) -> None:
         """The guaranteed tier has just asked q (placed what of it it could): its tenant's protected jobs held for it

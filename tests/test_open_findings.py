@@ -3060,12 +3060,18 @@ def test_a_tenants_higher_job_in_the_slot_its_job_that_must_move_leaves_keeps_th
     check_fleet(f, time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
 
 
-@pytest.mark.xfail(strict=True, reason="open: greedy evicts a guaranteed job no rule requires stopping (fleet126's kind)")
 def test_greedy_keeps_t3s_guaranteed_job_under_a_broken_spot_share_on_fleet141():
-    """fleet141 (s37's slow property tier on main 1e8628b, larger fleets, 2026-12-03; not reduced, not diagnosed): the fleet
-    breaks its spot share as it runs; greedy's plan evicts t3's j5 (on i1, inside t3's guarantee) and `apply --plan`'s
-    re-check refuses it ("no rule requires stopping it ... the plan with it kept where it runs ... breaks no rule the plan
-    keeps"). Safe as it stands (greedy's plan is refused at apply; CP-SAT's is emitted where it answers), but greedy is
-    the fallback. fleet126's kind (settle_spot gives a spot host up; the protected job is not placed back first); the
-    tier passed at 0685441, before s37-fairstep / s37-gfair changed how borrowed room is lent."""
-    check_fleet(fleet("fleet141"), time_limit=5)
+    """fleet141 (s37's slow property tier on main 1e8628b, larger fleets, 2026-12-03; on 0685441 too: greedy's plan
+    there is the same, and refused): the fleet is all spot (i0 g5.xlarge, i1 A100), over max_spot_fraction 0.25, and no
+    on-demand capacity can be bought beside it (aws-a10g and az-a100-80 at their max 1), so settle_spot gives up both
+    hosts. t1's protected j6 goes first on a g5.xlarge (later swapped for a g5.12xlarge with t1's j0); t3's protected
+    j5 was held back (greedy._may_take_place) for t3's waiting normal 4-GPU j1, which t3's 4-GPU guarantee cannot hold
+    beside it. j1 found no room (aws-a10g at its max), yet j5 waited until its own turn, low, and t1's new normal j2
+    took az-a100-80's one slot first: greedy's plan evicted j5 and `apply --plan`'s re-check refused it ("no rule
+    requires stopping it ... the plan with it kept where it runs ... breaks no rule the plan keeps": kept on i1 beside
+    the g5.12xlarge, 1 spot GPU of 5). Now j5 is placed before new work and gives way only while j1 is asked
+    (greedy._Protected): j1 takes nothing of it, so j5 moves to the on-demand A100 in its slot and j2 waits."""
+    desired, observed, (solution, plan), (gsol, gplan) = solved = solve_both(fleet("fleet141"), time_limit=5)
+    jobs = {j.job: j for j in gplan.jobs}
+    assert (jobs["j5"].action, jobs["j2"].action) == ("move", "pending"), {k: (v.action, v.reason) for k, v in jobs.items()}
+    check_fleet(fleet("fleet141"), time_limit=5, solved=solved)
