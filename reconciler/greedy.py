@@ -1407,12 +1407,13 @@ class _Protected:
                 off.append((d, n, where))
         if not off:
             return _place_jobs(g, q, False, self.placed)
+        had = {id(inst): inst.items.get(q.key, 0) for _, _, where in off for inst in where}
         ok = _place_jobs(g, q, False, None)
         for d, n, where in off:
             # (where q took their room, it stands in for them, as the tier counts it: they are work of their class now,
             # asked in their turn; placed first again, t's protected low job took a pool's last slot beside t's new
             # normal job, which CP-SAT gives u's new normal job: tests/test_greedy_preemption.py)
-            if not any(inst.items.get(q.key, 0) for inst in where):
+            if not any(inst.items.get(q.key, 0) > had[id(inst)] for inst in where):
                 self._place_first(d, n, None)
             for inst in where:
                 if not any(inst.items.values()):
