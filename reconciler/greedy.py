@@ -138,6 +138,7 @@ class _Greedy:
         for k, hs in self.idle.items():
             self.rep.setdefault(k, hs[0])
         self.keeping = False  # phase 1: spot rules are settled after, over the whole fleet kept
+        self.log: list[_Inst] | None = None  # where set, every instance an item is recorded on (`_Protected`)
         # The smallest item of each GPU model, dimension by dimension: an instance with less free
         # than that is full, and leaves its bucket's open list (so scans stay short at 5k jobs).
         self.smallest: dict[tuple, dict[str, float]] = {}
@@ -252,6 +253,8 @@ class _Greedy:
                 self.full.append(inst)
 
     def _record(self, d: Demand, inst: _Inst, stay: bool) -> None:
+        if self.log is not None:
+            self.log.append(inst)
         inst.take(d)
         self._retire_if_full(inst)
         key = (d.key, inst.cap.key)
@@ -815,6 +818,21 @@ class _Greedy:
             if not self._spot_rules_hold():
                 self._open(c)  # (an idle on-demand host the spot share or the buffer counts, a spot one diversity does)
 
+    def drop_idle(self, inst: _Inst) -> None:
+        """An open instance nothing runs on now goes where no rule needs it (its pool's minimum, the spot rules): a host
+        closed, an instance bought given back if it is its offer's last (`_unbuy`)."""
+        c = inst.cap
+        if isinstance(c, Host):
+            if self.opened.get(c.key) is not inst:
+                return
+        elif not self.bought_insts.get(c.offer_key) or self.bought_insts[c.offer_key][-1] is not inst:
+            return
+        if not pool_min_ok(self.led.pool_count(c.pool) - 1, self.p.pool_bounds.get(c.pool, (0, 0))[0]):
+            return
+        self._close(inst) if isinstance(c, Host) else self._unbuy(inst)
+        if not self._spot_rules_hold():
+            self._open(c)  # (the rules need it: back; bought, the same key: its offer's last again)
+
     def drop_spare_on_demand(self) -> None:
         """Once nothing more is placed: an idle on-demand instance (a host kept or ballast bought for the spot share or
         the buffer) that the fleet's spot rules then hold without (the idle room of on-demand instances bought for work
@@ -1236,13 +1254,13 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
     done: set[str] = set()  # demands a job of which could not be placed: not asked again
     share = _SpotShareWaits(g, done)
     share.borrowed = False
-    _place_protected(g, order, stuck, share.retry)
+    protected = _Protected(g, order, stuck, share.retry)
     for d in order:
-        if d.key in stuck or d.key in done:
-            continue  # as in the model: a running gang's jobs stay where they are or not at all
-        if not _place_jobs(g, d, False, share.retry):
+        # (a stuck demand is skipped as in the model: a running gang's jobs stay where they are or not at all)
+        if d.key not in stuck and d.key not in done and not protected.ask(d):
             done.add(d.key)
             share.add(d)
+        protected.asked(d)
     share.borrowed = True
     _place_borrowed(g, order, stuck, done, share)
     g.keep_stuck_gangs(order, stuck)
@@ -1314,36 +1332,116 @@ def _on_demand_kept_out(g: _Greedy) -> bool:
                for d in g.p.demands for job, iids in d.running)
 
 
-def _place_protected(g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]) -> None:
+class _Protected:
     """Before any new work: the running jobs inside their tenants' guarantees (TenantRules.protected_jobs) that are not
     kept where they run (settle_spot gave up their host, a pool's max kept them out), placed anew in `order`, as the
-    model's first tier ranks them above all work; but not a tenant's where its own new work of a higher class waits
-    that may take their place (`_may_take_place`; not under preemption: Never): they wait for it, in `order`. Placed in
-    `order` with the new work, t1's new normal j7 went first, then t1's protected low j1 took the last room on the
-    pool's one instance left, and t2's protected low j3, whose spot host settle_spot gave up, was evicted: apply's
-    re-check refused greedy's plan, where CP-SAT's moved j3 beside j7 (fleet105)."""
-    protected = {j for r in g.p.tenants.values() for j in r.protected_jobs}
-    stand_ins = g.p.placement.preemption != "Never"
-    mine: dict[str, list[Demand]] = {}
-    for d in order:
-        mine.setdefault(d.tenant, []).append(d)
-    for d in order:
-        n = sum(j in protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
-        if n <= 0 or d.key in stuck:
-            continue
-        if stand_ins and _may_take_place(g, d, mine[d.tenant]):
-            continue
-        _place_jobs(g, d, False, placed, most=n)
+    model's first tier ranks them above all work. Placed in `order` with the new work, t1's new normal j7 went first,
+    then t1's protected low j1 took the last room on the pool's one instance left, and t2's protected low j3, whose spot
+    host settle_spot gave up, was evicted: apply's re-check refused greedy's plan, where CP-SAT's moved j3 beside j7
+    (fleet105).
+
+    Its tenant's new work of a higher class may take such a job's place (`_may_take_place`; not under preemption:
+    Never), as the tier counts it. A 1-replica job is placed all the same, and gives way only while that work is asked
+    (`ask`): taken off, then placed again where that work left it room and quota. Other work (a gang) is held for it
+    instead, until the guaranteed tier has asked it (`asked`). Held until its own turn, t3's protected low j5 (its spot
+    host given up for the fleet's spot share) waited for t3's normal 4-GPU j1, which t3's 4-GPU guarantee cannot hold
+    beside it; j1 found no room (its pool at max_instances), and t1's new normal j2 took the pool's one A100 slot: greedy
+    evicted j5 for no rule and apply's re-check refused the plan (fleet141; a higher class takes a protected job's place
+    only where it is placed: plancheck.own_higher_class_units). Held only until j1 was asked, j5 still lost the slot to
+    another tenant's work ranked before j1 (tests/test_greedy_preemption.py)."""
+
+    def __init__(self, g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]):
+        self.g, self.stuck, self.placed = g, stuck, placed
+        self.protected = {j for r in g.p.tenants.values() for j in r.protected_jobs}
+        self.stand_ins = g.p.placement.preemption != "Never"
+        self.mine: dict[str, list[Demand]] = {}  # tenant -> its demands, in `order`
+        for d in order:
+            self.mine.setdefault(d.tenant, []).append(d)
+        self.tried: set[str] = set()  # demands the guaranteed tier has asked: what of them is not placed waits no more
+        self.held: dict[str, list[Demand]] = {}  # tenant -> its demands held for its waiting higher class, in `order`
+        # tenant -> its 1-replica protected demands placed first that may give way (`ask`), and where they were placed
+        self.placed_first: dict[str, dict[str, tuple[Demand, list[_Inst]]]] = {}
+        self._place(order)
+
+    def _place(self, ds: list[Demand]) -> None:
+        g = self.g
+        for d in ds:
+            n = sum(j in self.protected for j, _ in d.running) - g.a.placed[d.key]  # (identical jobs stand in for each other)
+            if n <= 0 or d.key in self.stuck:
+                continue
+            if not (self.stand_ins and _may_take_place(g, d, self.mine[d.tenant], self.tried)):
+                _place_jobs(g, d, False, self.placed, most=n)
+            elif d.gang or d.replicas != 1 or d.bundle != 1:
+                self.held.setdefault(d.tenant, []).append(d)
+            else:
+                self._place_first(d, n, self.placed)
+
+    def _place_first(self, d: Demand, n: int, placed: Callable[[], None] | None) -> None:
+        """Place up to n jobs of d (1-replica) that may give way (`ask`), noting the instances they land on."""
+        g = self.g
+        g.log = []
+        try:
+            _place_jobs(g, d, False, placed, most=n)
+            where = [i for i in g.log if i.items.get(d.key, 0) > 0]
+        finally:
+            g.log = None
+        if where:
+            self.placed_first.setdefault(d.tenant, {})[d.key] = (d, where)
+
+    def ask(self, q: Demand) -> bool:
+        """Place q's jobs in the guaranteed tier (`_place_jobs`), with its tenant's protected jobs placed first
+        (`_place_first`) that q may take the place of off while it is asked (their new items there), then, where q
+        took none of their room, placed again, first fit, where q left them room and quota (the room they had is left
+        open: q's first). Meanwhile no other work is placed (the spot share's waiting jobs are asked after: `placed`).
+        An instance they leave idle goes where no rule needs it."""
+        g = self.g
+        off: list[tuple[Demand, int, list[_Inst]]] = []
+        for d, where in list(self.placed_first.get(q.tenant, {}).values()):
+            if d.klass >= q.klass or not _may_take_place(g, d, self.mine[q.tenant], self.tried):
+                continue
+            n = 0
+            for inst in where:
+                while inst.items.get(d.key, 0) > 0 and g.a.x.get((d.key, inst.cap.key), 0) > 0:
+                    g._unrecord(d, inst, stay=False)
+                    g.a.placed[d.key] -= 1
+                    g._charge_quota(d, -1)
+                    n += 1
+            if n:
+                del self.placed_first[q.tenant][d.key]
+                off.append((d, n, where))
+        if not off:
+            return _place_jobs(g, q, False, self.placed)
+        had = {id(inst): inst.items.get(q.key, 0) for _, _, where in off for inst in where}
+        ok = _place_jobs(g, q, False, None)
+        for d, n, where in off:
+            # (where q took their room, it stands in for them, as the tier counts it: they are work of their class now,
+            # asked in their turn; placed first again, t's protected low job took a pool's last slot beside t's new
+            # normal job, which CP-SAT gives u's new normal job: tests/test_greedy_preemption.py)
+            if not any(inst.items.get(q.key, 0) > had[id(inst)] for inst in where):
+                self._place_first(d, n, None)
+            for inst in where:
+                if not any(inst.items.values()):
+                    g.drop_idle(inst)
+        self.placed()
+        return ok
+
+    def asked(self, q: Demand) -> None:
+        """The guaranteed tier has just asked q (placed what of it it could): its tenant's protected jobs held for it
+        that nothing waiting may take the place of now are placed, before the work ranked after q."""
+        self.tried.add(q.key)
+        if q.tenant in self.held:
+            self._place(self.held.pop(q.tenant))
 
 
-def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand]) -> bool:
-    """May its tenant's waiting work of a higher class (of `mine`, the tenant's demands) take the place of d's protected
-    jobs, which then wait for it (`_place_protected`)? Only where it could take their room (README, Tenants): some of
-    it fits an offer d fits, or the tenant's guarantee cannot hold its protected work and all of it, in a dimension d
-    asks for. t3's critical A10G j6, waiting, held back its protected low A100 j5, whose host settle_spot gave up, and
-    t2's critical j4 took the pool's one A100 slot first: greedy evicted j5 and apply's re-check refused the plan
-    (fleet126)."""
-    higher = {q.key for q in mine if q.klass > d.klass and g.a.placed[q.key] < len(q.jobs)}
+def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand], asked: Collection[str] = ()) -> bool:
+    """May its tenant's waiting work of a higher class (of `mine`, the tenant's demands; not placed whole, nor `asked`
+    already by the guaranteed tier: what it could not place then takes no room) take the place of d's protected jobs,
+    which then wait for it (`_Protected`)? Only where it could take their room (README, Tenants): some of it fits an
+    offer d fits, or the tenant's guarantee cannot hold its protected work and all of it, in a dimension d asks for
+    (the job would borrow: problem.borrows, as plancheck's `_guarantee_full_without` reads it). t3's critical A10G j6,
+    waiting, held back its protected low A100 j5, whose host settle_spot gave up, and t2's critical j4 took the pool's
+    one A100 slot first: greedy evicted j5 and apply's re-check refused the plan (fleet126)."""
+    higher = {q.key for q in mine if q.klass > d.klass and g.a.placed[q.key] < len(q.jobs) and q.key not in asked}
     if not higher:
         return False
     room = set(g._keys_at(d, None))
@@ -1358,7 +1456,7 @@ def _may_take_place(g: _Greedy, d: Demand, mine: list[Demand]) -> bool:
         n = len(q.jobs) if q.key in higher else sum(j in protected for j in q.jobs)
         for k in DIMS:
             use[k] += q.req(k) * q.replicas * n
-    return any(d.req(k) and k in rules.guarantee and not quota_ok(use[k], 0.0, rules.guarantee[k]) for k in DIMS)
+    return borrows({k: v for k, v in use.items() if d.req(k)}, rules)
 
 
 def _place_jobs(g: _Greedy, d: Demand, borrowed: bool, placed: Callable[[], None] | None = None, most: int | None = None) -> bool:

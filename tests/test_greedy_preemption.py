@@ -212,3 +212,80 @@ def test_greedy_stops_a_lower_job_of_the_mig_profile_that_is_short_not_others_fi
     observed = catalog_observed(desired, fleet, running)
     check_plan(desired, observed, plan)
     check_stability(desired, observed, plan)
+
+
+
+
+A10G = {"gpus": 1, "gpu_type": "A10G", "cpu": 4, "mem": 16}
+
+
+def held_docs(theirs: str | int = "normal") -> tuple[list[dict], list, dict]:
+    """fleet141's shape at five jobs: t (4 GPUs guaranteed) runs its low A100 job `mine` on a spot a2-highgpu-1g, the
+    one slot of pool a100 (max 1), and asks for a normal 4-GPU A10G job `big`, which its guarantee cannot hold beside
+    `mine`; u (no quota) runs its low A10G `other` on a spot g5.xlarge, the one slot of pool a10g (max 1), and asks for
+    a low A10G `extra` and a normal A100 `theirs`. The fleet is all spot, over max_spot_fraction 0.25, and no on-demand
+    capacity can be bought beside it (both pools at their max), so greedy gives up both spot hosts; `other` and
+    `extra` then share a g5.12xlarge (no room left for `big`), and `mine` needs the a100 slot again (on-demand), as
+    1 spot GPU of 5 would do too (CP-SAT keeps it on its spot host)."""
+    both = {"market": "either", "hi": 1}
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 4}}), doc("Tenant", "u", {}),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], **both),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge", "g5.12xlarge"], **both),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.25}),
+            job("mine", "t", priority="low", spot="eligible", **A100),
+            job("big", "t", priority="normal", gpus=4, gpu_type="A10G", cpu=40, mem=160),
+            job("other", "u", priority="low", spot="eligible", **A10G), job("extra", "u", priority="low", spot="eligible", **A10G),
+            job("theirs", "u", priority=theirs, spot="eligible", **A100)]
+    fleet = [instance("i0", "a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot"),
+             instance("i1", "a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge", market="spot")]
+    return docs, fleet, {"mine": ("i0",), "other": ("i1",)}
+
+
+@pytest.mark.parametrize("theirs", ["normal", 50], ids=["after", "before"])
+def test_a_protected_job_held_for_its_tenants_higher_class_that_finds_no_room_keeps_its_place(tmp_path, theirs):
+    """`held_docs`. Greedy (--time-limit 0) held `mine` for `big` (greedy._may_take_place: t's guarantee cannot hold
+    both) until `mine`'s own turn, low; `big` found no room (a10g at its max), and u's normal `theirs`, ranked after
+    `big` (priority 10 to big's 10, its dominant share less), took the a100 slot first: `mine` was evicted where no rule
+    requires it, and apply's re-check refused the plan (fleet141). Held only until `big` was asked, `mine` still lost
+    the slot to `theirs` at priority 50, ranked before `big`. Placed first, `mine` gives way only while `big` is asked
+    (greedy._Protected): it moves into the slot and `theirs` waits."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs, fleet, running = held_docs(theirs)
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=0)
+    jobs = by_job(plan)
+    assert (jobs["mine"].action, jobs["theirs"].action, jobs["big"].action) == ("move", "pending", "pending"), \
+        {k: (v.action, v.reason) for k, v in jobs.items()}
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, fleet, running)
+    assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
+    check_stability(desired, observed, plan)
+
+
+def test_a_protected_job_its_tenants_higher_class_stands_in_for_waits_for_its_own_turn(tmp_path):
+    """t runs its low A100 job `mine` on a spot a2-highgpu-1g (pool a100, max 2) that must go (max_spot_fraction 0) and
+    asks for a normal A100 job `n1`; u asks for a normal A100 job `theirs`. `mine`, placed first, gives way while `n1`
+    is asked; `n1` takes its room (in the slot of its spot host), so it stands in for `mine` in the guarantees tier, and
+    `mine` is low work in its turn: the second slot goes to `theirs`, normal, as in CP-SAT's plan (placed again at once,
+    `mine` took it and `theirs` waited)."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 4}}), doc("Tenant", "u", {}),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=2),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.0}),
+            job("mine", "t", priority="low", spot="eligible", **A100), job("n1", "t", priority="normal", spot="eligible", **A100),
+            job("theirs", "u", priority="normal", spot="eligible", **A100)]
+    fleet = [instance("i0", "a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", market="spot")]
+    running = {"mine": ("i0",)}
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=0)
+    assert {j.job: j.action for j in plan.jobs} == {"mine": "evict", "n1": "place", "theirs": "place"}, plan.jobs
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, fleet, running)
+    assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
+    check_stability(desired, observed, plan)
