@@ -54,8 +54,10 @@ def add_row(m, c: Capacity, items: list[tuple[Demand, object]], n, most: int) ->
     for dim in dims:
         cap = c.cap(dim)
         sized = [(r, v) for d, v in items if (r := d.req(dim)) > 0]
-        per = scale(dim, (r for r, _ in sized))  # (the row's integer units: exact for the decimals its requests have)
-        terms = [(units(r, dim, per), v) for r, v in sized]
+        sizes = {r for r, _ in sized}  # (a row's items come in a few sizes: each counted once, not once an item)
+        per = scale(dim, sizes)  # (the row's integer units: exact for the decimals its requests have)
+        unit = {r: units(r, dim, per) for r in sizes}
+        terms = [(unit[r], v) for r, v in sized]
         add_at_most_count(m, terms, room(cap, dim, per), n)
         if most > 1:  # (an offer's, a zone or idle class's: a host's is 1)
             # Valid cuts: at most k items bigger than 1/(k+1) of an instance fit on one,
