@@ -1301,7 +1301,7 @@ def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[
         was, _, t = heapq.heappop(heap)
         q = queues[t]
         now = _lending_share(g, q[-1])
-        if now > was + 1e-12:  # it borrowed more since (share.retry placed a job of its): in line at its share now
+        if now > was + 1e-12:  # it borrowed more since (`placed` placed a job of its): in line at its share now
             heapq.heappush(heap, (now, at[q[-1].key], t))
             continue
         d = q[-1]
@@ -1388,14 +1388,18 @@ class _Protected:
 
     def retry(self) -> None:
         """After a job is placed: where running jobs were stopped since (net of stops undone), the protected jobs
-        waiting for room are asked again (`_place`), in `order`, until no more stops; then `placed`. Every job placed
-        calls it, in both tiers, so the room a stop frees goes to them before any work placed after."""
+        waiting for room are asked again (`_place`), in `order`; then `placed` (the spot share's waiting jobs, which
+        may stop more); until no more stops. Every job placed calls it, in both tiers, so the room a stop frees goes to
+        them before any work placed after."""
         g = self.g
-        while self.waiting and g.stops != self.seen:
-            self.seen = g.stops
-            ds, self.waiting = self.waiting, []
-            self._place(ds)
-        self.placed()
+        while True:
+            while self.waiting and g.stops != self.seen:
+                self.seen = g.stops
+                ds, self.waiting = self.waiting, []
+                self._place(ds)
+            self.placed()
+            if not self.waiting or g.stops == self.seen:
+                return
 
     def _place_first(self, d: Demand, n: int, placed: Callable[[], None] | None) -> None:
         """Place up to n jobs of d (1-replica) that may give way (`ask`), noting the instances they land on."""
