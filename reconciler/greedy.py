@@ -139,6 +139,7 @@ class _Greedy:
             self.rep.setdefault(k, hs[0])
         self.keeping = False  # phase 1: spot rules are settled after, over the whole fleet kept
         self.log: list[_Inst] | None = None  # where set, every instance an item is recorded on (`_Protected`)
+        self.stops = 0  # running jobs stopped and not kept again (`_stop_running`): room `_Protected.retry` offers
         # The smallest item of each GPU model, dimension by dimension: an instance with less free
         # than that is full, and leaves its bucket's open list (so scans stay short at 5k jobs).
         self.smallest: dict[tuple, dict[str, float]] = {}
@@ -760,12 +761,14 @@ class _Greedy:
 
     def _stop_running(self, v: Demand, inst: _Inst) -> None:
         """Stop one running job of v on inst (preempted, reclaimed or displaced): its room, its placement, its quota."""
+        self.stops += 1
         self._unrecord(v, inst, stay=True)
         self.a.placed[v.key] -= 1
         self._charge_quota(v, -1)
 
     def _keep_running_again(self, v: Demand, inst: _Inst) -> None:
         """Undo `_stop_running`."""
+        self.stops -= 1
         self._record(v, inst, stay=True)
         self.a.placed[v.key] += 1
         self._charge_quota(v)
@@ -1262,7 +1265,7 @@ def _run(problem: Problem, keep_fleet: bool, spot_first: bool, on_demand_first: 
             share.add(d)
         protected.asked(d)
     share.borrowed = True
-    _place_borrowed(g, order, stuck, done, share)
+    _place_borrowed(g, order, stuck, done, share, protected.retry)
     g.keep_stuck_gangs(order, stuck)
     _place_spot_diverse(g, order)
     if spot_first and not _settle_spot_first(g):
@@ -1281,7 +1284,8 @@ def _lending_share(g: _Greedy, d: Demand) -> float:
     return 0.0 if r is None else lending_share(r, g.led.tenant_use(d.tenant), d, g.p.fleet_capacity)
 
 
-def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[str], share: "_SpotShareWaits") -> None:
+def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[str], share: "_SpotShareWaits",
+                    placed: Callable[[], None]) -> None:
     """The jobs left once every tenant's guaranteed work is placed (they borrow, or could not be placed), one job at a
     time to the tenant borrowing the least share over its weight half way through its next job (`_lending_share`), its
     demands in `order` (class first): the model's tiers rank the fair share of borrowed capacity above every class's
@@ -1301,13 +1305,13 @@ def _place_borrowed(g: _Greedy, order: list[Demand], stuck: set[str], done: set[
         was, _, t = heapq.heappop(heap)
         q = queues[t]
         now = _lending_share(g, q[-1])
-        if now > was + 1e-12:  # it borrowed more since (share.retry placed a job of its): in line at its share now
+        if now > was + 1e-12:  # it borrowed more since (`placed` placed a job of its): in line at its share now
             heapq.heappush(heap, (now, at[q[-1].key], t))
             continue
         d = q[-1]
         if g.a.placed[d.key] >= len(d.jobs):
             q.pop()
-        elif not _place_jobs(g, d, True, share.retry, most=1):
+        elif not _place_jobs(g, d, True, placed, most=1):
             done.add(d.key)
             share.add(d)
             q.pop()
@@ -1348,7 +1352,12 @@ class _Protected:
     beside it; j1 found no room (its pool at max_instances), and t1's new normal j2 took the pool's one A100 slot: greedy
     evicted j5 for no rule and apply's re-check refused the plan (fleet141; a higher class takes a protected job's place
     only where it is placed: plancheck.own_higher_class_units). Held only until j1 was asked, j5 still lost the slot to
-    another tenant's work ranked before j1 (tests/test_greedy_preemption.py)."""
+    another tenant's work ranked before j1 (tests/test_greedy_preemption.py).
+
+    One that found no room waits for it, and is asked again as soon as a stop frees some (`retry`), before any work
+    placed after. az-a100-80 (max 1) ran t2's protected j2 on i1 and t3's on i2; j2 kept first, t3's j3 found no room;
+    t2's new high j8 then stopped j2 for t2's quota (lawful), and t1's new normal j6 took the room j2 left on i1: greedy
+    evicted j3 and apply's re-check refused the plan, where CP-SAT kept i2 with j3 (fleet142)."""
 
     def __init__(self, g: _Greedy, order: list[Demand], stuck: set[str], placed: Callable[[], None]):
         self.g, self.stuck, self.placed = g, stuck, placed
@@ -1361,7 +1370,9 @@ class _Protected:
         self.held: dict[str, list[Demand]] = {}  # tenant -> its demands held for its waiting higher class, in `order`
         # tenant -> its 1-replica protected demands placed first that may give way (`ask`), and where they were placed
         self.placed_first: dict[str, dict[str, tuple[Demand, list[_Inst]]]] = {}
+        self.waiting: list[Demand] = []  # demands some protected jobs of which found no room, in `order`
         self._place(order)
+        self.seen = g.stops  # the stops `retry` has offered their room to `waiting`
 
     def _place(self, ds: list[Demand]) -> None:
         g = self.g
@@ -1373,8 +1384,26 @@ class _Protected:
                 _place_jobs(g, d, False, self.placed, most=n)
             elif d.gang or d.replicas != 1 or d.bundle != 1:
                 self.held.setdefault(d.tenant, []).append(d)
+                continue
             else:
                 self._place_first(d, n, self.placed)
+            if sum(j in self.protected for j, _ in d.running) > g.a.placed[d.key]:
+                self.waiting.append(d)
+
+    def retry(self) -> None:
+        """After a job is placed: where running jobs were stopped since (net of stops undone), the protected jobs
+        waiting for room are asked again (`_place`), in `order`; then `placed` (the spot share's waiting jobs, which
+        may stop more); until no more stops. Every job placed calls it, in both tiers, so the room a stop frees goes to
+        them before any work placed after."""
+        g = self.g
+        while True:
+            while self.waiting and g.stops != self.seen:
+                self.seen = g.stops
+                ds, self.waiting = self.waiting, []
+                self._place(ds)
+            self.placed()
+            if not self.waiting or g.stops == self.seen:
+                return
 
     def _place_first(self, d: Demand, n: int, placed: Callable[[], None] | None) -> None:
         """Place up to n jobs of d (1-replica) that may give way (`ask`), noting the instances they land on."""
@@ -1410,7 +1439,7 @@ class _Protected:
                 del self.placed_first[q.tenant][d.key]
                 off.append((d, n, where))
         if not off:
-            return _place_jobs(g, q, False, self.placed)
+            return _place_jobs(g, q, False, self.retry)
         had = {id(inst): inst.items.get(q.key, 0) for _, _, where in off for inst in where}
         ok = _place_jobs(g, q, False, None)
         for d, n, where in off:
@@ -1422,7 +1451,7 @@ class _Protected:
             for inst in where:
                 if not any(inst.items.values()):
                     g.drop_idle(inst)
-        self.placed()
+        self.retry()
         return ok
 
     def asked(self, q: Demand) -> None:
@@ -2066,6 +2095,7 @@ def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
         for hk, n in cells:
             for _ in range(n):
                 g._unrecord(v, g.opened[hk], stay=True)
+        g.stops += 1
         g.a.placed[v.key] -= 1
         g._charge_quota(v, -1)
         plan = _plan_in_freed_room(g, d, {hk for hk, _ in cells})
@@ -2075,6 +2105,7 @@ def _place_reclaiming_gang(g: _Greedy, d: Demand) -> bool:
         for hk, n in cells:  # undo, before anything is placed: d takes none of the gang's room (`_place_in_freed_room`)
             for _ in range(n):
                 g._record(v, g.opened[hk], stay=True)
+        g.stops -= 1
         g.a.placed[v.key] += 1
         g._charge_quota(v)
     return False

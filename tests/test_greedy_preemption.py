@@ -289,3 +289,34 @@ def test_a_protected_job_its_tenants_higher_class_stands_in_for_waits_for_its_ow
     observed = catalog_observed(desired, fleet, running)
     assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
     check_stability(desired, observed, plan)
+
+
+def test_room_a_lawful_stop_frees_goes_to_a_protected_job_waiting_for_room_before_new_work(tmp_path):
+    """fleet142's shape at four jobs: pool a100 (on-demand, max 1) runs two instances, t's protected low `held` on i0
+    and u's (no quota) protected low `kept` on i1, so one must go; greedy keeps i0 first (`held` is first by name), and
+    `kept` finds no room when the protected jobs are placed (greedy._Protected). t's new high 4-GPU A10G `big` then
+    stops `held` for t's 4-GPU quota (lawful: its tenant's higher class, `_place_preempting`), and the room `held` left
+    on i0 went to v's new normal `theirs`: greedy evicted `kept` for no rule and apply's re-check refused the plan
+    (CP-SAT keeps i1 with `kept`). A protected job that waits for room is asked again as soon as a stop frees some, before new work
+    (`_Protected.retry`): `kept` moves to i0 and `theirs` waits."""
+    from reconciler.load import load
+    from reconciler.plancheck import recheck
+    from reconciler.problem import build_problem
+    from tests.fleetkit import catalog_observed
+
+    docs = [topology(), doc("Tenant", "t", {"quota": {"gpus": 4}}), doc("Tenant", "u", {}), doc("Tenant", "v", {}),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], hi=1),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.12xlarge"], hi=1),
+            job("held", "t", priority="low", **A100), job("kept", "u", priority="low", **A100),
+            job("big", "t", priority="high", gpus=4, gpu_type="A10G", cpu=40, mem=160),
+            job("theirs", "v", priority="normal", **A100)]
+    fleet = [instance(f"i{k}", "a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g") for k in range(2)]
+    running = {"held": ("i0",), "kept": ("i1",)}
+    plan = plan_for(tmp_path / "p", docs, fleet, running, time_limit=0)
+    jobs = by_job(plan)
+    assert (jobs["held"].action, jobs["big"].action, jobs["theirs"].action) == ("evict", "place", "pending"), plan.jobs
+    assert jobs["kept"].action in ("keep", "move"), plan.jobs
+    desired = load(tmp_path / "p")
+    observed = catalog_observed(desired, fleet, running)
+    assert not recheck(plan, desired, observed, build_problem(desired, observed))[1]
+    check_stability(desired, observed, plan)

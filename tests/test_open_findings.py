@@ -259,7 +259,10 @@ told to make it a plain test).
   not take its room, and another tenant's work took it; fixed with fleet140's greedy plan (their tests). fleet141 (s37's
   slow property tier): greedy held a tenant's protected job back for its own higher class until its own turn; that
   class found no room and another tenant's new job took the protected job's slot. Such a job is placed first now and
-  gives way only while the higher class is asked (its test; tests/test_greedy_preemption.py)."""
+  gives way only while the higher class is asked (its test; tests/test_greedy_preemption.py). fleet142 (s38's slow
+  property tier): a protected job a pool's max kept out found no room; another tenant's higher class then stopped its
+  own tenant's protected job (lawful), and new work took the room that freed. A protected job waiting for room is asked
+  again as soon as a stop frees some (its test; tests/test_greedy_preemption.py)."""
 
 from __future__ import annotations
 
@@ -3080,12 +3083,17 @@ def test_greedy_keeps_t3s_guaranteed_job_under_a_broken_spot_share_on_fleet141()
     check_fleet(fleet("fleet141"), time_limit=5, solved=solved)
 
 
-@pytest.mark.xfail(strict=True, reason="open: greedy gives the room its tenant's higher class freed to new work before a protected job (fleet142)")
 def test_greedy_keeps_t3s_guaranteed_job_when_a_pool_over_its_max_must_shrink_on_fleet142():
     """fleet142 (s38's slow property tier on s38-f141, larger fleets, 2026-12-03; on main a8d9436 too: not from the
     fleet141 change; not reduced): az-a100-80 (on-demand, max 1) runs two instances, t2's protected j2 on i1 and t3's
     (no quota) protected j3 on i2, so one must go; t2's new high 4-GPU A10G j8 needs t2's whole 4-GPU guarantee. Greedy
     keeps i1 (j2 kept first), so j3 has no room when the protected jobs are placed; then j8 stops j2 for t2's quota
     (lawful: its own higher class), and the room j2 leaves on i1 goes to t1's new normal j6, not to j3: greedy's plan
-    evicts j3 and `apply --plan`'s re-check refuses it. CP-SAT keeps i2 with j3 and deletes i1."""
-    check_fleet(fleet("fleet142"), time_limit=5)
+    evicts j3 and `apply --plan`'s re-check refuses it. CP-SAT keeps i2 with j3 and deletes i1. Now a protected job
+    that found no room is asked again as soon as a stop frees some (greedy._Protected.retry): j3 moves to i1 and j6
+    waits."""
+    desired, observed, (solution, plan), (gsol, gplan) = solved = solve_both(fleet("fleet142"), time_limit=5)
+    jobs = {j.job: j for j in gplan.jobs}
+    assert (jobs["j3"].action, jobs["j2"].action, jobs["j6"].action) == ("move", "evict", "pending"), \
+        {k: (v.action, v.reason) for k, v in jobs.items()}
+    check_fleet(fleet("fleet142"), time_limit=5, solved=solved)
