@@ -258,7 +258,8 @@ told to make it a plain test).
   (s36's slow property tier): greedy held a tenant's protected job back for its own waiting higher class that could
   not take its room, and another tenant's work took it; fixed with fleet140's greedy plan (their tests). fleet143 (s38's
   guarantee sweep past its 200 seeds): the sweep held CP-SAT's first answer, which counts a stand-in wherever it lands,
-  to its claim; the emitted plan's was true (its test)."""
+  to its claim; the emitted plan's was true (its test). fleet144 (the same sweep): greedy reclaimed a borrowed twin's
+  room by host name, stopping the guaranteed job of two identical ones (its test)."""
 
 from __future__ import annotations
 
@@ -3108,3 +3109,24 @@ def test_the_guarantee_sweeps_claim_check_reads_the_emitted_plan_and_the_search_
     assert claim(plan) == guarantee_kept(problem, plan, observed) == 28 and plan.solver.optimal, plan.solver
     assert {j.job: j.action for j in plan.jobs if j.job in ("j3", "j4")} == {"j3": "move", "j4": "pending"}, plan.jobs
     check_guarantees(691)
+
+
+def test_greedy_reclaims_the_borrowed_twins_host_not_the_guaranteed_jobs_on_fleet144():
+    """fleet144 (s38's guarantee sweep past its 200 seeds, seed 2114, 2026-12-03; on main too): t1 guarantees 1 GPU
+    (burst 3) and runs its identical normal jobs j0 on the spot g5.xlarge i0 (its guarantee holds j0) and j1 on the
+    twin i1 in the other zone (borrowed); t2 (2 GPUs guaranteed) asks for j4 and j5 of that shape; the pool is at its
+    max 2, WhenEmpty. Greedy reclaimed borrowed room for t2's j4 host by host by name: i0 first, so it stopped the
+    guaranteed j0 and kept its borrowed twin j1 (apply's re-check passes it, j1 standing in for j0's unit, so the stop
+    would land: j0 restarts where j1 should have, t1 still at its 1 GPU). Greedy's fallback plan only: CP-SAT's keeps j0
+    and buys a g5.12xlarge. `greedy._place_reclaiming` tries the hosts where the lenders run fewer protected jobs first:
+    j4 takes i1, j1 stops, j0 keeps i0."""
+    from reconciler.problem import build_problem
+    from tests.test_guarantee_sweep import check_guarantees, identical_jobs_fleet, twin_stopped
+
+    assert fleet("fleet144") == identical_jobs_fleet(2114)
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet144"), time_limit=5)
+    actions = {j.job: (j.action, j.instances) for j in gplan.jobs}
+    assert (actions["j0"], actions["j1"][0], actions["j4"]) == (("keep", ("i0",)), "evict", ("place", ("i1",))), actions
+    problem = build_problem(desired, observed)
+    assert twin_stopped(problem, gplan) == twin_stopped(problem, plan) == [], (gplan.jobs, plan.jobs)
+    check_guarantees(2114)
