@@ -259,7 +259,8 @@ told to make it a plain test).
   not take its room, and another tenant's work took it; fixed with fleet140's greedy plan (their tests). fleet143 (s38's
   guarantee sweep past its 200 seeds): the sweep held CP-SAT's first answer, which counts a stand-in wherever it lands,
   to its claim; the emitted plan's was true (its test). fleet144 (the same sweep): greedy reclaimed a borrowed twin's
-  room by host name, stopping the guaranteed job of two identical ones (its test)."""
+  room by host name, stopping the guaranteed job of two identical ones (its test). fleet145 (s38's hand attack): greedy
+  reclaimed a borrowed normal job's host before its tenant's low job's, then moved it there (its test)."""
 
 from __future__ import annotations
 
@@ -3130,3 +3131,17 @@ def test_greedy_reclaims_the_borrowed_twins_host_not_the_guaranteed_jobs_on_flee
     problem = build_problem(desired, observed)
     assert twin_stopped(problem, gplan) == twin_stopped(problem, plan) == [], (gplan.jobs, plan.jobs)
     check_guarantees(2114)
+
+
+def test_greedy_reclaims_the_lowest_borrowed_job_not_a_higher_one_it_then_moves_on_fleet145():
+    """fleet145 (s38's hand attack on the quickstart: a tenant's quota lowered under what it runs, another's critical
+    job added, the A100 pools at their max; reduced by hand, on main too): t1 guarantees 1 GPU (burst 3) and runs its
+    normal j0 (guaranteed), normal j1 and low j2 (borrowed) on the three on-demand a2-highgpu-1g of a pool at its max 3;
+    t2 (1 GPU guaranteed) asks for its critical j3. Greedy reclaimed host by host by name: it stopped j1 on i1 for j3,
+    then placed j1 again by evicting its tenant's low j2, a move "makes room on i1 for t2's higher-priority work" that
+    no rule needed (j1 restarts; CP-SAT's plan evicts j2 and puts j3 in its room). Greedy's fallback plan only, no rule
+    broken. `greedy._place_reclaiming` tries the hosts whose lenders' lowest class is lowest first: j2's."""
+    desired, observed, (solution, plan), (gsol, gplan) = solve_both(fleet("fleet145"), time_limit=5)
+    for p in (plan, gplan):
+        assert {j.job: (j.action, j.instances) for j in p.jobs if j.action != "keep"} == {"j2": ("evict", ()), "j3": ("place", ("i2",))}, p.jobs
+    check_fleet(fleet("fleet145"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
