@@ -260,7 +260,8 @@ told to make it a plain test).
   guarantee sweep past its 200 seeds): the sweep held CP-SAT's first answer, which counts a stand-in wherever it lands,
   to its claim; the emitted plan's was true (its test). fleet144 (the same sweep): greedy reclaimed a borrowed twin's
   room by host name, stopping the guaranteed job of two identical ones (its test). fleet145 (s38's hand attack): greedy
-  reclaimed a borrowed normal job's host before its tenant's low job's, then moved it there (its test)."""
+  reclaimed a borrowed normal job's host before its tenant's low job's, then moved it there (its test). fleet146 (s38's
+  lifecycle machine, greedy alone): greedy's plan right after an apply moved a running job, naming no rule (open)."""
 
 from __future__ import annotations
 
@@ -3145,3 +3146,27 @@ def test_greedy_reclaims_the_lowest_borrowed_job_not_a_higher_one_it_then_moves_
     for p in (plan, gplan):
         assert {j.job: (j.action, j.instances) for j in p.jobs if j.action != "keep"} == {"j2": ("evict", ()), "j3": ("place", ("i2",))}, p.jobs
     check_fleet(fleet("fleet145"), time_limit=5, solved=(desired, observed, (solution, plan), (gsol, gplan)))
+
+
+@pytest.mark.xfail(strict=True, reason="open: greedy's plan right after an apply moves a running job and deletes its host, naming no rule (fleet146)")
+def test_greedys_plan_right_after_an_apply_is_a_no_op_on_fleet146(monkeypatch):
+    """fleet146 (s38's lifecycle machine, greedy alone: FLEETOPS_LIFE_TIME_LIMIT=0, 100 lives of 30 steps, seed 38303;
+    on main too; not reduced, not diagnosed; the steps in tests/data/findings/fleet146.txt): after spot reclaims, a new
+    t2 CPU job and a priority change, `apply` (planning itself) ran; the plan right after it, nothing changed, moved t3's
+    critical CPU j3 from sim-gcp-00007 to sim-aws-00009 and deleted sim-gcp-00007, "leaves sim-gcp-00007: its instance is
+    removed (the plan cannot name the rule or saving that moves it)". No damage (no rule broken, the reason says it
+    knows none), but the fallback does not converge: each such plan restarts a running job for nothing. Replayed with
+    the machine's own checks (hypothesis's reproduce_failure blob, the version pinned in the venv)."""
+    from hypothesis import HealthCheck, Phase, reproduce_failure, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    import tests.test_lifecycle_machine as life
+
+    monkeypatch.setattr(life, "TIME_LIMIT", 0.0)
+
+    @reproduce_failure("6.170.17", b"AXicPU7BEcAwCIJo/12ig7hL95+hKtrLyaEgBuFx5TthgS42nmZCdi+uqWUR8SbkEpi8mJfq44A8UiDVKmE3XPeASSnPQTzLoSkXvcJ8flEX2P77T24n8QGAvRT0")
+    class Fleet146(life.FleetLife):
+        pass
+
+    run_state_machine_as_test(Fleet146, settings=settings(max_examples=1, stateful_step_count=30, deadline=None, database=None,
+                                                          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
