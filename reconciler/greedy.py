@@ -2040,7 +2040,19 @@ def _place_reclaiming(g: _Greedy, d: Demand) -> bool:
         for v in reversed(stopped.pop(hk)):
             g._keep_running_again(v, inst)
 
-    for hk in sorted(on_host):
+    # Hosts whose lenders' lowest class is lowest first, then those where they run fewer protected jobs: by name, of twin
+    # hosts each with one job of a class of identical jobs, the one whose job the guarantee holds was stopped while its
+    # borrowed twin ran on (the guarantee sweep's seed 2114, fleet144; apply's re-check passes it, one running job of the
+    # class standing in for the other), and a borrowed normal job stopped, then moved to the host of its tenant's low job
+    # that it evicted (fleet145), where the low job's host was the one to reclaim.
+    mine = {j for r in lenders.values() for j in r.protected_jobs}
+
+    def order(hk: str) -> tuple:
+        lent = [v for v in on_host[hk] if v.tenant in lenders]
+        guarded = sum(j in mine and hk in ids for v in lent for j, ids in v.running)
+        return min((v.klass for v in lent), default=float("inf")), guarded, hk
+
+    for hk in sorted(on_host, key=order):
         inst = g.opened.get(hk)
         if inst is None or g.fits.at(d, inst.cap.offer_key, inst.cap) <= 0:
             continue

@@ -2,8 +2,10 @@
 (fleet116, fleet117): the solver counts a class of identical jobs, so it could keep an unguaranteed one and stop the
 guaranteed twin while claiming its "guarantees kept" tier. Two checks per fleet:
 
-- the plan of CP-SAT's own answer (no after-check, no greedy in its place) keeps what its "guarantees kept" tier
-  claims (plan.quality.guarantee_kept), so the tier's proven bound is true of the plan it is about;
+- the plan of CP-SAT's own answer (no after-check, no greedy in its place), searched with a stand-in counted only in
+  its room, and the emitted plan keep what their "guarantees kept" tier claims (plan.quality.guarantee_kept), so the
+  tier's proven bound is true of the plan it is about (the first search counts stand-ins anywhere: its claim may only
+  be looser, fleet143);
 - no plan stops a tenant's guaranteed job while running on an identical job of that tenant its guarantee does not
   hold (the guaranteed one could take its place);
 - and both plans keep every rule (test_properties.check_fleet).
@@ -13,6 +15,7 @@ The CI tier runs a few seeds; `-m slow` runs the sweep (fleet122, fleet123 came 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -93,20 +96,26 @@ def twin_stopped(problem, plan) -> list[str]:
 
 
 def check_guarantees(seed: int, time_limit: float = 3) -> None:
+    """The emitted plan's "guarantees kept" tier and that of CP-SAT's own answer counting a stand-in only in its room
+    (the search api.emitted makes again where the first one's count was short) are what the plan keeps. The first
+    search counts a stand-in wherever it lands (Problem.stand_in_rooms, fleet136), so its claim may only be looser: seed
+    691 (fleet143), t2's new high job on a new host for its guaranteed low job, claimed 28 where its plan keeps 21."""
     fleet = identical_jobs_fleet(seed)
     solved = solve_both(fleet, time_limit=time_limit)
     desired, observed, (solution, plan), (gsol, gplan) = solved
     problem = build_problem(desired, observed)
-    own = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit))
-    if own.solver.status != "GREEDY_FALLBACK" and (tier := claimed(own)) is not None:
-        kept = guarantee_kept(problem, own, observed)
-        assert kept == tier, f"seed {seed}: CP-SAT's plan keeps {kept} guaranteed units, its tier claims {tier}"
-    for name, p in (("emitted", plan), ("CP-SAT's own", own), ("greedy", gplan)):
+    first = make_plan(desired, observed, problem, solve(problem, time_limit=time_limit))
+    own = make_plan(desired, observed, problem, solve(replace(problem, stand_in_rooms=True), time_limit=time_limit))
+    for name, p, exact in (("CP-SAT's first", first, False), ("CP-SAT's own", own, True), ("emitted", plan, True)):
+        if p.solver.status != "GREEDY_FALLBACK" and (tier := claimed(p)) is not None:
+            kept = guarantee_kept(problem, p, observed)
+            assert kept == tier if exact else kept <= tier, f"seed {seed}: the {name} plan keeps {kept} guaranteed units, its tier claims {tier}"
+    for name, p in (("emitted", plan), ("CP-SAT's first", first), ("CP-SAT's own", own), ("greedy", gplan)):
         assert not (lost := twin_stopped(problem, p)), f"seed {seed}: the {name} plan stops guaranteed {lost} and keeps an identical unguaranteed job"
     check_fleet(fleet, time_limit=time_limit, solved=solved)  # (and every rule, stability and apply's re-check)
 
 
-@pytest.mark.parametrize("seed", [24, 81, 86])  # (each failed on main, 2026-12-03: the model, greedy, the moved job chosen)
+@pytest.mark.parametrize("seed", [24, 81, 86, 691])  # (each failed on main, 2026-12-03: the model, greedy, the moved job chosen; 691: the check)
 def test_identical_jobs_keep_the_guaranteed_one(seed):
     check_guarantees(seed)
 
