@@ -215,13 +215,15 @@ def test_a_pull_is_not_stopped_for_ever_by_the_controllers_own_copy_of_a_tracked
     (author / ".gitignore").write_text(".reconcile/\n")
     write_config(author / "fleet", fleet_docs(job("a", cpu=15)))
     (author / "fleet" / "status").mkdir()
-    (author / "fleet" / "status" / "fleet.yaml").write_text("committed: 1\n")
+    # (a status document as apply writes one, before any uid: an empty or metadata-less fleet.yaml is refused as
+    # unreadable where the state records no uid, s38-ident)
+    (author / "fleet" / "status" / "fleet.yaml").write_text("metadata: {}\ncommitted: 1\n")
     push(author, "one job, status committed")
     subprocess.run(["git", "clone", "-q", str(remote), str(cfg)], check=True, timeout=60, capture_output=True)
     logs: list[str] = []
     ctl = Controller(cfg / "fleet", time_limit=5, pull=True, log=logs.append)
     assert ctl.step() and live(cfg / "fleet") == 1  # its apply rewrote status/fleet.yaml (and wrote new status files)
-    assert (cfg / "fleet" / "status" / "fleet.yaml").read_text() != "committed: 1\n"
+    assert (cfg / "fleet" / "status" / "fleet.yaml").read_text() != "metadata: {}\ncommitted: 1\n"
 
     # CI applied and committed status/ (a file the controller also wrote, untracked here, among it), and a job is added.
     (author / "fleet" / "status" / "fleet.yaml").write_text("committed: 2\n")
