@@ -2,19 +2,64 @@
 
 from __future__ import annotations
 
-from reconciler.ledger import budget_ok
+from collections.abc import Mapping
+
+from providers.catalog import PriceOverride, price_override
+from reconciler.ledger import MICRO, budget_ok, micro
 from reconciler.model import GuardrailPolicySpec, region_matches
 from reconciler.plan import Plan
+from reconciler.site import Site
 
 
-def violations(plan: Plan, guard: GuardrailPolicySpec, allow_destroy: int | None = None) -> list[str]:
-    """Every guardrail the plan breaks, each with the override or fix a user can apply."""
+def price_overrides(plan: Plan, sites: Mapping[str, Site]) -> list[tuple[float, PriceOverride]]:
+    """(the price the plan counts, its override) for each instance the plan keeps or creates whose price is a pinned
+    catalog.json's below the public one or not public at all (providers.catalog.price_override). `sites`: the kept
+    instances' sites (observed), by id. A reservation's 0 is its committed cost, not a catalog price."""
+    out = []
+    for c in plan.creates:
+        if c.reservation is None and c.price_source.startswith("catalog:") and (o := _override(c.site, c.price)):
+            out.append((c.price, o))
+    for iid, price in plan.kept.items():
+        if price > 0 and (site := sites.get(iid)) is not None and (o := _override(site, price)):
+            out.append((price, o))
+    return out
+
+
+def _override(site: Site, price: float) -> PriceOverride | None:
+    return price_override(site.cloud, site.region, site.zone, site.instance_type, site.market, price)
+
+
+def override_notes(overrides: list[tuple[float, PriceOverride]], guard: GuardrailPolicySpec) -> list[str]:
+    """What a reviewer is told of the plan's catalog.json prices: each distinct site once, with how many instances."""
+    count: dict[PriceOverride, int] = {}
+    for _, o in overrides:
+        count[o] = count.get(o, 0) + 1
+    budgeted = ("the budget guardrail counts them (allow_negotiated_prices)" if guard.allow_negotiated_prices else
+                "the budget guardrail counts the public price where there is one")
+    return [f"priced from catalog.json: {n} x {o.describe()}; {budgeted}" for o, n in sorted(count.items(), key=lambda x: x[0].describe())]
+
+
+def violations(plan: Plan, guard: GuardrailPolicySpec, allow_destroy: int | None = None,
+               sites: Mapping[str, Site] | None = None) -> list[str]:
+    """Every guardrail the plan breaks, each with the override or fix a user can apply. `sites` (the observed instances'
+    by id) lets the budget see the kept instances' catalog.json prices; the creates carry theirs."""
     out = []
     for c in plan.creates:
         if not region_matches(guard.allowed_regions, c.site.cloud, c.site.region):
             out.append(f"allowed_regions: would create {c.site.instance_type} in {c.site.cloud}/{c.site.region}, which is not allowed")
     if not budget_ok(plan.spend, guard.max_hourly_budget):
         out.append(f"max_hourly_budget: the fleet would cost ${plan.cost_after:,.2f}/h, over the ${guard.max_hourly_budget:,.2f}/h budget")
+    elif guard.max_hourly_budget is not None and not guard.allow_negotiated_prices:
+        # A pull request that lowers catalog.json's prices (or prices a type it adds at $0.01/h) passed the budget while
+        # the bill went past it: the budget takes the public price of each instance catalog.json prices below it.
+        lowered = [(p, o) for p, o in price_overrides(plan, sites or {}) if o.public is not None]
+        public = plan.spend + sum(micro(o.public) - micro(p) for p, o in lowered)
+        if not budget_ok(public, guard.max_hourly_budget):
+            first = min(lowered, key=lambda x: x[0] - x[1].public)[1]
+            out.append(f"max_hourly_budget: the fleet would cost ${public / MICRO:,.2f}/h at public prices, over the "
+                       f"${guard.max_hourly_budget:,.2f}/h budget (${plan.cost_after:,.2f}/h at catalog.json's prices, which "
+                       f"price {len(lowered)} instance(s) below the public price, e.g. {first.describe()}); if those are "
+                       "negotiated prices, set `allow_negotiated_prices: true` in the GuardrailPolicy")
     limit = guard.max_destroy_per_apply
     if limit is not None and len(plan.deletes) > limit and (allow_destroy is None or len(plan.deletes) > allow_destroy):
         out.append(
