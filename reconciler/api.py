@@ -109,7 +109,7 @@ def guarded(plan: Plan, desired: DesiredState, observed: Observed, allow_destroy
 
     sites = {i.id: Site.of(i) for i in observed.instances}
     notes = tuple(n for n in override_notes(price_overrides(plan, sites), desired.guardrails) if n not in plan.notes)
-    return replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy, sites)), notes=plan.notes + notes)
+    return replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy, sites, desired)), notes=plan.notes + notes)
 
 
 def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_limit: float, gap: float | None = None,

@@ -491,3 +491,24 @@ def test_a_pull_request_that_lowers_catalog_json_prices_under_the_budget_is_show
     policies.write_text(policies.read_text().replace("\n  allow_negotiated_prices: true", ""))
     plan = json.loads(cli("plan", qs, "--format", "json").stdout)
     assert any(f"${public:,.2f}/h at public prices" in v for v in plan["violations"]), plan
+
+
+def test_a_tenants_budget_counts_the_public_price_of_what_catalog_json_prices_below_it(tmp_path):
+    """The same for tenant_hourly_budgets: research's replicas on p4d.24xlarge priced at $2/h in catalog.json cost it
+    under $20/h at those prices, and far more at the public $21.96/h: the plan says so and apply refuses."""
+    qs = copy_quickstart(tmp_path)
+    policies = qs / "policies.yaml"
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 150\n  tenant_hourly_budgets: {research: 20}"))
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["p4d.24xlarge"]["prices"]["us-east-1"]["on_demand"] = 2.0
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    plan = json.loads(cli("plan", qs, "--format", "json").stdout)
+    on_p4d = {c["ref"] for c in plan["creates"] if c["instance_type"] == "p4d.24xlarge"}
+    assert any(set(j["instances"]) & on_p4d for j in plan["jobs"] if j["tenant"] == "research"), plan["jobs"]
+    assert [v for v in plan["violations"] if v.startswith("tenant_hourly_budgets: tenant research would cost $")
+            and "at public prices, over its $20.00/h budget" in v], plan["violations"]
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode != 0 and "tenant research would cost" in res.stderr, res.stdout + res.stderr
+    assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()
+    policies.write_text(policies.read_text().replace("{research: 20}", "{research: 20}\n  allow_negotiated_prices: true"))
+    assert json.loads(cli("plan", qs, "--format", "json").stdout)["violations"] == []
