@@ -293,6 +293,49 @@ def load_catalog() -> Catalog:
     return _load(str(_pinned), mtime)
 
 
+@dataclass(frozen=True)
+class PriceOverride:
+    """A price a plan uses that the pinned catalog.json sets below the shipped (public) catalog's for the same type,
+    region, zone and market, or that only catalog.json prices (`public` None: a type or region the shipped one lacks)."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: str
+    price: float  # catalog.json's, USD per hour
+    public: float | None  # the shipped catalog's
+    public_source: str = ""  # its source and date
+
+    def describe(self) -> str:
+        where = f"{self.instance_type} {self.market} in {self.cloud}/{self.zone}"
+        if self.public is None:
+            return f"{where} at ${self.price:,.4g}/h, a price only catalog.json gives (the shipped catalog has none to compare)"
+        return (f"{where} at ${self.price:,.4g}/h where the public price is ${self.public:,.4g}/h "
+                f"({self.public_source}, the shipped catalog)")
+
+
+def price_override(cloud: str, region: str, zone: str, instance_type: str, market: str, price: float) -> PriceOverride | None:
+    """The override when `price` is the pinned catalog.json's for this site and the shipped catalog prices it higher or
+    not at all; None with no pinned catalog, or when the price is not catalog.json's (a live spot price, a reservation's
+    0), or is at least the public one. A pull request that lowers catalog.json's prices lowers what the budget guardrail
+    sees, not the bill: plans show these, and the guardrail budgets at the public price unless the GuardrailPolicy says
+    `allow_negotiated_prices`."""
+    if _pinned is None:
+        return None
+    pinned, shipped = load_catalog(), _load(None, 0)
+    o = pinned.offering(cloud, region, zone, instance_type)
+    mine = (o.spot_price if market == "spot" else o.on_demand_price) if o is not None else None
+    if mine is None or abs(mine - price) > 1e-9:
+        return None
+    s = shipped.offering(cloud, region, zone, instance_type)
+    public = (s.spot_price if market == "spot" else s.on_demand_price) if s is not None else None
+    if public is not None and public <= mine + 1e-9:
+        return None
+    src = shipped.describe_source(shipped.shapes[(cloud, instance_type)].prices[region].source) if s is not None else ""
+    return PriceOverride(cloud, region, zone, instance_type, market, mine, public, src)
+
+
 def catalog_bytes() -> bytes:
     """What load_catalog parses: the pinned file's bytes, or the shipped catalog's. Raises CatalogError."""
     return shipped_catalog_text().encode() if _pinned is None else read_catalog_file(_pinned)

@@ -91,14 +91,25 @@ def validate(config_dir: str | Path) -> DesiredState:
 
 def _plan(desired: DesiredState, observed: Observed, provider: str, time_limit: float, allow_destroy: int | None,
           now: datetime | None = None, gap: float | None = None, lp_bound: bool = False) -> PlanResult:
-    from policies.guardrails import violations
     from reconciler.problem import build_problem
 
     demand = demanding(desired, observed)  # finished jobs demand no capacity
     problem = block_unhealthy(build_problem(demand, observed, provider, now=now or utcnow()), observed)
     plan, solution = emitted(demand, observed, problem, time_limit, gap, lp_bound)
-    plan = replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy)))
+    plan = guarded(plan, desired, observed, allow_destroy)
     return PlanResult(plan, desired, observed, problem, solution)
+
+
+def guarded(plan: Plan, desired: DesiredState, observed: Observed, allow_destroy: int | None) -> Plan:
+    """The plan with the guardrails it breaks, and a note for each price it takes from a pinned catalog.json below
+    the public one (policies.guardrails.price_overrides: what a reviewer of a catalog change must see)."""
+    from policies.guardrails import override_notes, price_overrides, violations
+
+    from reconciler.site import Site
+
+    sites = {i.id: Site.of(i) for i in observed.instances}
+    notes = tuple(n for n in override_notes(price_overrides(plan, sites), desired.guardrails) if n not in plan.notes)
+    return replace(plan, violations=tuple(violations(plan, desired.guardrails, allow_destroy, sites, desired)), notes=plan.notes + notes)
 
 
 def emitted(demand: DesiredState, observed: Observed, problem: Problem, time_limit: float, gap: float | None = None,
@@ -360,7 +371,6 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
     on_plan: shown the plan that is about to be applied (after the guardrails passed, before any action);
     on_event, should_stop: progress and Ctrl-C, as in apply_plan. Raises StalePlanError or GuardrailError
     before any provider call, AccessDeniedError before any change (check_permissions); raises ApplyError after writing status when some actions failed."""
-    from policies.guardrails import violations
     from reconciler.apply import apply_plan, check_permissions
     from reconciler.plancheck import recheck
     from reconciler.problem import build_problem
@@ -394,7 +404,7 @@ def apply(config_dir: str | Path, *, saved_plan: Plan | None = None, provider: s
             checked, refused = recheck(saved_plan, demand, observed, problem)
             if refused:
                 raise StalePlanError("refusing the saved plan; nothing was changed:\n" + "\n".join(f"  - {r}" for r in refused))
-            the_plan = replace(checked, violations=tuple(violations(checked, desired.guardrails, allow_destroy)))
+            the_plan = guarded(checked, desired, observed, allow_destroy)
         else:
             planned = _plan(desired, observed, provider, time_limit, allow_destroy, gap=gap)
             the_plan, problem = planned.plan, planned.problem

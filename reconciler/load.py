@@ -958,11 +958,14 @@ def _identity(body: Any) -> tuple[str, str] | None:
 
 
 def _digest_body(obj: Any) -> dict:
-    """A document as the digest hashes it. A Job's `licenses` is left out while empty, so a config
-    that uses none has the digest (and so the plan id) it had before the field existed."""
+    """A document as the digest hashes it. A Job's `licenses` is left out while empty, and a GuardrailPolicy's
+    `allow_negotiated_prices` while false, so a config that uses neither has the digest (and so the plan id) it had
+    before the field existed."""
     body = obj.model_dump(mode="json", by_alias=True)
     if obj.kind == "Job" and not body["spec"].get("licenses"):
         body["spec"].pop("licenses", None)
+    if obj.kind == "GuardrailPolicy" and not body["spec"].get("allow_negotiated_prices"):
+        body["spec"].pop("allow_negotiated_prices", None)
     return body
 
 

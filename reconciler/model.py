@@ -366,6 +366,9 @@ class GuardrailPolicySpec(Strict):
     max_hourly_budget: NonNeg | None = None
     tenant_hourly_budgets: dict[Name, NonNeg] = {}  # USD/h of each named tenant's replicas
     max_destroy_per_apply: Count | None = None
+    # Budget at a pinned catalog.json's prices where they are below the shipped public ones (negotiated discounts,
+    # on-prem pools the team prices); by default the budget guardrail takes the public price (catalog.price_override).
+    allow_negotiated_prices: bool = False
 
 
 class AgingSpec(Strict):

@@ -449,3 +449,66 @@ def test_a_pinned_catalog_cannot_change_what_a_known_type_is(tmp_path):
 
         pin_catalog(None)  # (in process: the next test of this worker plans with the shipped catalog)
     assert res.exit_code == 0, res.stderr
+
+
+def test_a_pull_request_that_lowers_catalog_json_prices_under_the_budget_is_shown_and_refused(tmp_path):
+    """Audit: catalog.json in the config repo sets the prices the budget guardrail counts, so a pull request that priced
+    p4d.24xlarge at $2/h (public: $21.96/h) planned two of them under max_hourly_budget 40 and apply launched them: a
+    fleet of $53/h or more past a $40/h guardrail. The plan names each price catalog.json sets below the public one (human,
+    markdown, JSON), the budget takes the public price, and apply refuses, launching nothing; a GuardrailPolicy with
+    `allow_negotiated_prices: true` (a discount the team negotiated) budgets at catalog.json's prices."""
+    qs = copy_quickstart(tmp_path)
+    policies = qs / "policies.yaml"
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 40"))
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["p4d.24xlarge"]["prices"]["us-east-1"]["on_demand"] = 2.0
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    res = cli("plan", qs, "--format", "json")
+    plan = json.loads(res.stdout)
+    p4d = [c for c in plan["creates"] if c["instance_type"] == "p4d.24xlarge"]
+    assert len(p4d) >= 2 and {c["price"] for c in p4d} == {2.0} and plan["cost_after"] < 40, res.stdout
+    public = plan["cost_after"] + len(p4d) * (21.957642 - 2.0)
+    note = ("x p4d.24xlarge on-demand in aws/us-east-1a at $2/h where the public price is $21.96/h (skypilot-v8 "
+            "(2026-11-23), the shipped catalog); the budget guardrail counts the public price")
+    assert any(n.startswith("priced from catalog.json: ") and note in n for n in plan["notes"]), plan["notes"]
+    assert any(v.startswith(f"max_hourly_budget: the fleet would cost ${public:,.2f}/h at public prices, over the $40.00/h budget")
+               for v in plan["violations"]), plan["violations"]
+    human = cli("plan", qs).stdout
+    assert "Note: priced from catalog.json:" in human and "at public prices" in human, human
+    assert "priced from catalog.json:" in cli("plan", qs, "--format", "markdown").stdout
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode != 0 and "at public prices, over the $40.00/h budget" in res.stderr, res.stdout + res.stderr
+    assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()  # nothing launched
+
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 40", "max_hourly_budget: 40\n  allow_negotiated_prices: true"))
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode == 0, res.stdout + res.stderr
+    # The kept instances: the budget sees their catalog.json price as the public one again when negotiated prices are
+    # no longer allowed (a later pull request that drops the field is refused, not applied past the budget).
+    plan = json.loads(cli("plan", qs, "--format", "json").stdout)
+    assert plan["violations"] == [] and any("p4d.24xlarge on-demand in aws/us-east-1a at $2/h" in n and "(allow_negotiated_prices)" in n
+                                            for n in plan["notes"]), plan
+    policies.write_text(policies.read_text().replace("\n  allow_negotiated_prices: true", ""))
+    plan = json.loads(cli("plan", qs, "--format", "json").stdout)
+    assert any(f"${public:,.2f}/h at public prices" in v for v in plan["violations"]), plan
+
+
+def test_a_tenants_budget_counts_the_public_price_of_what_catalog_json_prices_below_it(tmp_path):
+    """The same for tenant_hourly_budgets: research's replicas on p4d.24xlarge priced at $2/h in catalog.json cost it
+    under $20/h at those prices, and far more at the public $21.96/h: the plan says so and apply refuses."""
+    qs = copy_quickstart(tmp_path)
+    policies = qs / "policies.yaml"
+    policies.write_text(policies.read_text().replace("max_hourly_budget: 150", "max_hourly_budget: 150\n  tenant_hourly_budgets: {research: 20}"))
+    raw = json.loads(shipped_catalog_text())
+    raw["clouds"]["aws"]["instance_types"]["p4d.24xlarge"]["prices"]["us-east-1"]["on_demand"] = 2.0
+    (qs / "catalog.json").write_text(json.dumps(raw))
+    plan = json.loads(cli("plan", qs, "--format", "json").stdout)
+    on_p4d = {c["ref"] for c in plan["creates"] if c["instance_type"] == "p4d.24xlarge"}
+    assert any(set(j["instances"]) & on_p4d for j in plan["jobs"] if j["tenant"] == "research"), plan["jobs"]
+    assert [v for v in plan["violations"] if v.startswith("tenant_hourly_budgets: tenant research would cost $")
+            and "at public prices, over its $20.00/h budget" in v], plan["violations"]
+    res = cli("apply", qs, "--auto-approve")
+    assert res.returncode != 0 and "tenant research would cost" in res.stderr, res.stdout + res.stderr
+    assert not (qs / ".reconcile" / "sim" / "cloud.json").exists()
+    policies.write_text(policies.read_text().replace("{research: 20}", "{research: 20}\n  allow_negotiated_prices: true"))
+    assert json.loads(cli("plan", qs, "--format", "json").stdout)["violations"] == []
