@@ -394,11 +394,15 @@ class _Greedy:
         return [i for i in self.opened.values() if self._movable(i)]
 
     def _movable(self, inst: _Inst) -> bool:
-        """Is inst an open spot host with running work staying on it and nothing else, none of it spot-required, each
-        of it fitting some on-demand capacity, whose going leaves spot diversity no shorter than the SpotPolicy asks?
-        (Only stays: `_release` gives up stays, and closes the host.)"""
+        """Is inst an open spot host that the spot share and the on-demand buffer count (spot_units: a CPU host counts
+        0 in a GPU fleet, and its going mends neither), with running work staying on it and nothing else, none of it
+        spot-required, each of it fitting some on-demand capacity, whose going leaves spot diversity no shorter than
+        the SpotPolicy asks? (Only stays: `_release` gives up stays, and closes the host.) Without the count, the pass
+        moved t3's critical CPU job off its spot n2-standard-16 onto room on an on-demand CPU host, mending nothing,
+        and won on cost alone: a move no rule licenses, which greedy's plan before it had not made (fleet146)."""
         c, sp = inst.cap, self.p.spot
-        if c.market != "spot" or c.frozen or not any(inst.items.values()) or any(self.a.x.get((k, c.key)) for k in inst.items):
+        if (c.market != "spot" or c.frozen or not self._prim(c) or not any(inst.items.values())
+                or any(self.a.x.get((k, c.key)) for k in inst.items)):
             return False
         types, zones = self.led.spot_sites()
         n_type, n_zone = self.led.spot_site_counts(c.instance_type, c.zone)
