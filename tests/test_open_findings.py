@@ -3184,21 +3184,41 @@ def test_greedys_plan_right_after_an_apply_is_a_no_op_on_fleet146(monkeypatch):
     critical CPU j3 from sim-gcp-00007 to sim-aws-00009 and deleted sim-gcp-00007, "leaves sim-gcp-00007: its instance is
     removed (the plan cannot name the rule or saving that moves it)". No damage (no rule broken, the reason says it
     knows none), but the fallback does not converge: each such plan restarts a running job for nothing. Replayed with
-    the machine's own checks (hypothesis's reproduce_failure blob, the version pinned in the venv). Diagnosed (s38-f146):
-    greedy's pass moving spot work (`_Greedy.move_spot_work`) read the kept fleet's share broken (the idle on-demand
-    A10G is kept only after) and took j3's n2-standard-16 as a movable spot host, though a CPU host counts 0 GPUs in the
-    share and its going mends nothing; the cheaper answer won on cost. `_movable` asks the host count now
-    (tests/test_greedy_spot_share.py's test)."""
-    from hypothesis import HealthCheck, Phase, reproduce_failure, settings
+    the machine's own checks: the choices of hypothesis's reproduce_failure blob (the version pinned in the venv), and
+    a stop after the last step (the blob ended on the failure; a passing run draws whether to go on), served as the one
+    example a database holds (reproduce_failure demands a failure). Diagnosed (s38-f146): greedy's pass moving spot
+    work (`_Greedy.move_spot_work`) read the kept fleet's share broken (the idle on-demand A10G is kept only after) and
+    took j3's n2-standard-16 as a movable spot host, though a CPU host counts 0 GPUs in the share and its going mends
+    nothing; the cheaper answer won on cost. `_movable` asks the host count now (tests/test_greedy_spot_share.py)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.core import decode_failure
+    from hypothesis.database import ExampleDatabase, choices_to_bytes
     from hypothesis.stateful import run_state_machine_as_test
 
     import tests.test_lifecycle_machine as life
 
     monkeypatch.setattr(life, "TIME_LIMIT", 0.0)
+    blob = b"AXicPU7BEcAwCIJo/12ig7hL95+hKtrLyaEgBuFx5TthgS42nmZCdi+uqWUR8SbkEpi8mJfq44A8UiDVKmE3XPeASSnPQTzLoSkXvcJ8flEX2P77T24n8QGAvRT0"
+    applies = []
 
-    @reproduce_failure("6.170.17", b"AXicPU7BEcAwCIJo/12ig7hL95+hKtrLyaEgBuFx5TthgS42nmZCdi+uqWUR8SbkEpi8mJfq44A8UiDVKmE3XPeASSnPQTzLoSkXvcJ8flEX2P77T24n8QGAvRT0")
+    class Recorded(ExampleDatabase):
+        def fetch(self, key):
+            yield choices_to_bytes((*decode_failure(blob), True))
+
+        def save(self, key, value):
+            pass
+
+        def delete(self, key, value):
+            pass
+
+        def move(self, src, dst, value):
+            pass
+
     class Fleet146(life.FleetLife):
-        pass
+        def _check_applied(self):
+            applies.append(1)
+            super()._check_applied()
 
-    run_state_machine_as_test(Fleet146, settings=settings(max_examples=1, stateful_step_count=30, deadline=None, database=None,
-                                                          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(Fleet146, settings=settings(max_examples=1, stateful_step_count=30, deadline=None, database=Recorded(),
+                                                          phases=[Phase.reuse], suppress_health_check=list(HealthCheck)))
+    assert len(applies) == 8, f"the recorded steps did not all run: {len(applies)} applies of 8"  # (a run cut short passes unasked)
