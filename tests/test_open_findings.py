@@ -268,7 +268,7 @@ told to make it a plain test).
   room by host name, stopping the guaranteed job of two identical ones (its test). fleet145 (s38's hand attack): greedy
   reclaimed a borrowed normal job's host before its tenant's low job's, then moved it there (its test). fleet146 (s38's
   lifecycle machine, greedy alone): greedy's plan right after an apply moved a running job, naming no rule: its pass
-  moving spot work took a CPU spot host, which the GPU fleet's share counts 0, as movable (its test)."""
+  moving spot work ran on the kept fleet's reading of the share, no rule broken as the fleet ran (its test)."""
 
 from __future__ import annotations
 
@@ -3187,9 +3187,11 @@ def test_greedys_plan_right_after_an_apply_is_a_no_op_on_fleet146(monkeypatch):
     the machine's own checks: the choices of hypothesis's reproduce_failure blob (the version pinned in the venv), and
     a stop after the last step (the blob ended on the failure; a passing run draws whether to go on), served as the one
     example a database holds (reproduce_failure demands a failure). Diagnosed (s38-f146): greedy's pass moving spot
-    work (`_Greedy.move_spot_work`) read the kept fleet's share broken (the idle on-demand A10G is kept only after) and
-    took j3's n2-standard-16 as a movable spot host, though a CPU host counts 0 GPUs in the share and its going mends
-    nothing; the cheaper answer won on cost. `_movable` asks the host count now (tests/test_greedy_spot_share.py)."""
+    work (`_Greedy.move_spot_work`) ran because the kept fleet read the share and the buffer broken (the idle on-demand
+    A10G is kept only after, by settle_spot), where the fleet as it ran broke no rule; it moved j3 off its spot n2 (a
+    CPU host, 0 GPUs in the share: mending nothing) and the cheaper answer won on cost. The apply's plan had had no
+    on-demand room to move it to yet. The pass runs only where a fleet-wide rule broken now licenses moves, as the
+    model's (`movable_spot_hosts`; tests/test_greedy_spot_share.py)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.core import decode_failure
     from hypothesis.database import ExampleDatabase, choices_to_bytes
