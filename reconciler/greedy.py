@@ -31,7 +31,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from reconciler.ledger import Ledger, Pending, buffer_ok, buffer_use, diversity_ok, lending_share, micro, pool_min_ok, quota_ok, spot_share_ok, stand_in_units
+from reconciler.ledger import (Ledger, Pending, buffer_ok, buffer_use, diversity_ok, lending_share, licensed_by, micro, pool_min_ok, quota_ok,
+                               rules_broken_now, spot_share_ok, stand_in_units)
 from reconciler.problem import (DIMS, Capacity, Demand, Host, Offer, OfferFits, Problem, TenantRules, borrows, gang_split, has_room, refuses, rules_allow,
                                 stuck_gangs, type_class)
 
@@ -388,8 +389,14 @@ class _Greedy:
     def movable_spot_hosts(self) -> list[_Inst]:
         """While the kept fleet breaks the fleet's spot share or on-demand buffer: the open spot hosts whose going
         mends them without buying idle capacity, as the model may move running work a broken rule licenses
-        (`_movable`). [] where the rules hold."""
-        if self._fleet_spot_rules_hold():
+        (`_movable`). [] where the rules hold, or where the fleet as it runs breaks no fleet-wide rule: no rule licenses
+        a move then (solve/moves.licensed, the one license: ledger.licensed_by of rules_broken_now). The kept fleet
+        reads the share broken before the idle on-demand hosts settle_spot keeps are counted: a spot A10G job moved onto
+        an idle on-demand A10G beside it, its host deleted, where the fleet as it ran kept every rule, under
+        consolidation WhenEmpty too; CP-SAT's plan kept it. And a CPU job moved off a spot n2 onto an on-demand m6i's
+        room in a GPU fleet (its host counts 0 GPUs in the share: the move mended nothing), the plan right after an apply
+        that had kept it (fleet146)."""
+        if self._fleet_spot_rules_hold() or licensed_by(rules_broken_now(self.p)) is not None:
             return []
         return [i for i in self.opened.values() if self._movable(i)]
 

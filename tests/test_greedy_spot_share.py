@@ -96,3 +96,54 @@ def test_greedy_buys_a_spot_only_pools_minimum_with_the_spot_diversity_asks_besi
                                doc("SpotPolicy", "sp", {"min_zones": 2})], time_limit=0)
     assert sorted((c.pool, c.instance_type, c.market) for c in plan.creates) == [
         ("aws-cpu", "m6i.4xlarge", "spot"), ("gcp-cpu", "n2-standard-16", "spot")], plan.creates
+
+
+def _kept_fleet(insts: list, *extra: dict) -> tuple[list[dict], list]:
+    """A GPU fleet under max_spot_fraction 0.5 and a 25% on-demand buffer, consolidation WhenEmpty: t2's spot-required job
+    on a spot A100 (a2) and on-demand A10Gs; as it runs, the fleet keeps every rule. Its kept fleet, before settle_spot
+    keeps the idle on-demand A10Gs, reads the share and the buffer broken."""
+    from tests.fleetkit import instance
+
+    docs = [topology(), tenant("t2"), tenant("t3"),
+            pool("a10g", "aws", "us-east-1", ["us-east-1a"], ["g5.xlarge"], market="either", hi=4),
+            pool("a100", "gcp", "us-central1", ["us-central1-a"], ["a2-highgpu-1g"], market="either", hi=3),
+            doc("SpotPolicy", "sp", {"max_spot_fraction": 0.5, "on_demand_buffer_percent": 25}),
+            doc("PlacementPolicy", "pp", {"consolidation": "WhenEmpty"}),
+            job("gpu-spot", "t2", gpus=1, gpu_type="A100", cpu=8, mem=60, spot="required"), *extra]
+    where = {"a2": ("a100", "gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "spot"),
+             "g5": ("a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge", "on-demand"),
+             "g5b": ("a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge", "on-demand"),
+             "g5s": ("a10g", "aws", "us-east-1", "us-east-1a", "g5.xlarge", "spot"),
+             "n2": ("cpu-spot", "gcp", "us-central1", "us-central1-a", "n2-standard-16", "spot"),
+             "m6i": ("cpu", "aws", "us-east-1", "us-east-1a", "m6i.4xlarge", "on-demand")}
+    return docs, [instance(i, *where[i]) for i in ["a2", *insts]]
+
+
+def _assert_kept(tmp_path, docs, insts, placements, gpu_indices):
+    for time_limit in (0, 5):  # greedy's plan (the fallback), CP-SAT's
+        plan = plan_for(tmp_path / str(time_limit), docs, insts, {"gpu-spot": ["a2"], **placements},
+                        gpu_indices={"gpu-spot": [[0]], **gpu_indices}, time_limit=time_limit)
+        assert not plan.has_changes, (time_limit, [(j.job, j.action, j.instances, j.reason) for j in plan.jobs], plan.deletes)
+
+
+def test_greedy_moves_no_cpu_work_off_spot_where_no_rule_the_fleet_breaks_licenses_it(tmp_path):
+    """fleet146 reduced by hand: beside the A100s, an idle on-demand A10G, t3's critical spot-eligible 12-vCPU job on a
+    spot n2-standard-16 and t2's 4-vCPU job on an on-demand m6i.4xlarge with 12 vCPU free. Greedy's pass moving spot
+    work moved the critical job onto the m6i and deleted the n2, "the plan cannot name the rule or saving that moves it"
+    (a CPU host counts 0 GPUs in the share: the move mended nothing even of the kept fleet); the plan right after an
+    apply that had kept it. Greedy keeps it now, as CP-SAT."""
+    docs, insts = _kept_fleet(["g5", "n2", "m6i"],
+                              job("cpu-crit", "t3", cpu=12, mem=48, priority="critical", spot="eligible"),
+                              job("cpu-od", "t2", cpu=4, mem=16, priority="low", spot="never"))
+    docs[3:3] = [pool("cpu", "aws", "us-east-1", ["us-east-1a"], ["m6i.4xlarge"], hi=1),
+                 pool("cpu-spot", "gcp", "us-central1", ["us-central1-a"], ["n2-standard-16"], market="spot", hi=3)]
+    _assert_kept(tmp_path, docs, insts, {"cpu-crit": ["n2"], "cpu-od": ["m6i"]}, {})
+
+
+def test_greedy_moves_no_gpu_work_off_spot_where_no_rule_the_fleet_breaks_licenses_it(tmp_path):
+    """The same with a GPU job: t3's critical spot-eligible A10G job on a spot g5.xlarge beside two idle on-demand ones
+    (the fleet 2 of 4 GPUs spot, 2 idle on-demand: both rules hold). Greedy's pass moved it onto an idle on-demand
+    A10G and deleted its spot host, a saving consolidation WhenEmpty does not allow and no broken rule licenses."""
+    docs, insts = _kept_fleet(["g5", "g5b", "g5s"],
+                              job("a10-crit", "t3", gpus=1, gpu_type="A10G", cpu=4, mem=16, priority="critical", spot="eligible"))
+    _assert_kept(tmp_path, docs, insts, {"a10-crit": ["g5s"]}, {"a10-crit": [[0]]})
