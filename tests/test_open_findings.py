@@ -269,8 +269,9 @@ told to make it a plain test).
   reclaimed a borrowed normal job's host before its tenant's low job's, then moved it there (its test). fleet146 (s38's
   lifecycle machine, greedy alone): greedy's plan right after an apply moved a running job, naming no rule: its pass
   moving spot work ran on the kept fleet's reading of the share, no rule broken as the fleet ran (its test). fleet147
-  (the same machine, greedy alone; open): greedy's first plan placed a low job and left its tenant's normal gang out;
-  the plan right after evicts the low job for the gang (its test)."""
+  (the same machine, greedy alone): greedy's first plan placed a low job and left its tenant's normal gang out;
+  the plan right after stopped the low job, protected, for the gang, which borrows beside it: a higher class takes a
+  lower one's place inside the guarantee only (its test)."""
 
 from __future__ import annotations
 
@@ -3228,16 +3229,18 @@ def test_greedys_plan_right_after_an_apply_is_a_no_op_on_fleet146(monkeypatch):
     assert len(applies) == 8, f"the recorded steps did not all run: {len(applies)} applies of 8"  # (a run cut short passes unasked)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="fleet147: greedy's first plan leaves a normal gang out for a low job")
 def test_greedys_plan_right_after_the_first_apply_is_a_no_op_on_fleet147(monkeypatch):
     """fleet147 (s38's lifecycle machine, greedy alone: FLEETOPS_LIFE_TIME_LIMIT=0, 100 lives of 30 steps, seed 38401;
     on main too; the draws in tests/data/findings/fleet147.txt): the life's first step, `start`, fails. Its apply's plan
     (greedy, an empty fleet, a100 pool at most 2 instances) placed t3's low a100nv j3 and t1's low j2 and left t3's
-    normal 3-replica gang j4 (6 A100, within t3's burst) out; the plan right after it, nothing changed, evicts j3 for
+    normal 3-replica gang j4 (6 A100, within t3's burst) out; the plan right after it, nothing changed, evicted j3 for
     j4: "evicted: pools at max_instances (a100 2/2) (capacity goes to higher-priority work first: j4)" (preemption
-    LowerPriority). No damage (the eviction is lawful, no rule broken), but greedy does not converge: the first plan
-    could have placed j4 instead of j3, and each life so started restarts j3's work for nothing. Replayed as the machine
-    runs `start` (its own checks), the draws served in order; about a second."""
+    LowerPriority). No damage (the plan checks passed: no rule broken), but greedy did not converge. The first plan is
+    the model's (CP-SAT's is the same: t3's guaranteed work first, and j4 borrows 2 GPUs past the 4 guaranteed); the
+    second was wrong: `_place_displacing` stopped t3's protected low j3 for j4, which borrows even in j3's room, where
+    the class tiers count a higher class taking a lower one's place inside the guarantee only (CP-SAT, on the same
+    fleet, keeps j3). Fixed (s38-f147): no protected job is stopped for work that borrows beside it. Replayed as the
+    machine runs `start` (its own checks), the draws served in order; about a second."""
     import ast
 
     import tests.test_lifecycle_machine as life
