@@ -2188,7 +2188,7 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
     shrink: the warm start lost 14 guarantee units, and the tiers the solver then had to reach again stayed unproven).
     But a protected running job of d placed anew keeps its own units, as the model's tier counts a moved protected job
     kept: it may take as many of its tenant's lower protected units (fleet106: t1's high j9, whose spot host had to go,
-    was evicted where CP-SAT moved it into t1's low j1's room)."""
+    was evicted where CP-SAT moved it into t1's low j1's room). Nor for work that borrows beside what it stops (fleet147)."""
     if g.p.placement.preemption == "Never" or d.bundle != 1 or g.led.quota_short(d) is not None:
         return False
     keeps_own = _reclaimable(g)[2].get(d.key, 0) > g.a.placed[d.key]  # (one of d's protected running jobs, not placed yet)
@@ -2211,6 +2211,12 @@ def _place_displacing(g: _Greedy, d: Demand) -> bool:
         # job identical to running ones shares their demand: taken for a running one, it waited beside its tenant's
         # lower jobs, bench.openb_share's day-2 replan)
         units = stand_in_units(d, gone) if g.a.placed[d.key] >= d.running_jobs else d.job_size if keeps_own else 0
+        if gone and g.led.borrows_job(d):
+            # d borrows even in the room they free: the model's class tiers count a higher class taking a lower one's
+            # place inside the guarantee only, so the stop loses its class a guaranteed running job for borrowed work
+            # (fleet147: t3's normal 6-GPU gang, over its 4-GPU guarantee, stopped its low 2-GPU job the plan before
+            # had started; CP-SAT kept it, and greedy's plan after each apply was not a no-op)
+            return False
         return not gone or sum(v.job_size for v in gone) <= units
 
     for hk, here_victims in on_host.items():
